@@ -1,0 +1,122 @@
+"""The server's exception tree. Each class carries its HTTP status and a stable ``code`` string.
+
+    TorchbayError (500 internal_error)
+    ├── ConfigError (500 config_error)           bad configuration, raised at start
+    ├── BadRequest (400 bad_request)
+    │   └── InvalidModelVersion (400 invalid_model_version)  (unregister an unknown version)
+    ├── Unauthorized (401 unauthorized)
+    ├── Forbidden (403 forbidden)
+    │   └── DefaultVersionInUse (403 default_version_in_use)
+    ├── NotFound (404 not_found)
+    │   ├── ModelNotFound (404 model_not_found)
+    │   └── ModelVersionNotFound (404 model_version_not_found)
+    ├── MethodNotAllowed (405 method_not_allowed)
+    ├── Conflict (409 conflict)                   (register a name/version that exists)
+    ├── PayloadTooLarge (413 payload_too_large)
+    ├── HandlerFailed (500 handler_error)         the handler raised or broke its contract
+    ├── ServiceUnavailable (503 service_unavailable)
+    │   ├── QueueFull (503 queue_full)            with Retry-After
+    │   ├── NoWorker (503 no_worker)
+    │   ├── WorkerDied (503 worker_died)
+    │   └── ShuttingDown (503 shutting_down)
+    └── RequestTimeout (504 timeout)
+
+Foreign exceptions are mapped at the boundary; nothing here classifies errors by message text.
+This module imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+
+class TorchbayError(Exception):
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        """The TorchServe-style ``type`` field of the error body (the exception class name)."""
+        return type(self).__name__
+
+    def to_json(self) -> dict[str, object]:
+        return {"code": self.status, "type": self.type, "message": self.message}
+
+
+class ConfigError(TorchbayError):
+    code = "config_error"
+
+
+class BadRequest(TorchbayError):
+    status, code = 400, "bad_request"
+
+
+class InvalidModelVersion(BadRequest):
+    code = "invalid_model_version"
+
+
+class Unauthorized(TorchbayError):
+    status, code = 401, "unauthorized"
+
+
+class Forbidden(TorchbayError):
+    status, code = 403, "forbidden"
+
+
+class DefaultVersionInUse(Forbidden):
+    code = "default_version_in_use"
+
+
+class NotFound(TorchbayError):
+    status, code = 404, "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class ModelVersionNotFound(NotFound):
+    code = "model_version_not_found"
+
+
+class MethodNotAllowed(TorchbayError):
+    status, code = 405, "method_not_allowed"
+
+
+class Conflict(TorchbayError):
+    status, code = 409, "conflict"
+
+
+class PayloadTooLarge(TorchbayError):
+    status, code = 413, "payload_too_large"
+
+
+class HandlerFailed(TorchbayError):
+    code = "handler_error"
+
+
+class ServiceUnavailable(TorchbayError):
+    status, code = 503, "service_unavailable"
+
+
+class QueueFull(ServiceUnavailable):
+    code = "queue_full"
+
+
+class NoWorker(ServiceUnavailable):
+    code = "no_worker"
+
+
+class WorkerDied(ServiceUnavailable):
+    code = "worker_died"
+
+
+class ShuttingDown(ServiceUnavailable):
+    code = "shutting_down"
+
+
+class RequestTimeout(TorchbayError):
+    status, code = 504, "timeout"

@@ -1,0 +1,261 @@
+"""The frontend <-> worker protocol. This module owns every byte that crosses the worker socket.
+
+A frame is::
+
+    u32 length | u8 kind | u32 header_length | header (JSON, UTF-8) | blob 0 | blob 1 | ...
+
+``length`` counts everything after itself. The header is a JSON object of the message's fields;
+byte payloads (request and response bodies) travel as raw blobs after it, and the header's
+``"_blobs"`` list gives their sizes in order, so bodies are never base64'd or JSON-escaped.
+Anything malformed raises :class:`ProtocolError`. Torch-free: the frontend imports this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import socket
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+_PREFIX = struct.Struct("!IBI")  # length, kind, header_length
+_LENGTH = struct.Struct("!I")
+MAX_FRAME = 1 << 31  # 2 GiB: the u32 length's practical ceiling
+
+
+class ProtocolError(Exception):
+    """A frame that does not parse, or a message that does not fit the protocol."""
+
+
+class Kind(enum.IntEnum):
+    LOAD = 1
+    READY = 2
+    LOAD_FAILED = 3
+    INFER = 4
+    RESULT = 5
+    SHUTDOWN = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Frontend -> worker, first message: load this model onto this device."""
+
+    kind: ClassVar[Kind] = Kind.LOAD
+    model_dir: str
+    model_name: str
+    model_version: str
+    batch_size: int
+    gpu_id: int | None = None  # None: CPU
+    handler: str | None = None  # overrides the manifest's handler (management API)
+    num_threads: int = 1
+    server_version: str = ""
+    limit_max_image_pixels: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Worker -> frontend: the model is loaded and the worker takes batches."""
+
+    kind: ClassVar[Kind] = Kind.READY
+    pid: int
+    device: str
+    load_time_ms: float
+    num_threads: int
+    torch_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailed:
+    kind: ClassVar[Kind] = Kind.LOAD_FAILED
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class WireRequest:
+    request_id: str
+    body: bytes
+    content_type: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
+    query: str = ""  # raw query string; TorchServe passes its parameters to the handler
+    protocol: str = "predict"  # "predict" (TorchServe) | "v2" (Open Inference Protocol)
+
+
+@dataclass(frozen=True, slots=True)
+class WireResponse:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Infer:
+    kind: ClassVar[Kind] = Kind.INFER
+    batch_id: int
+    requests: list[WireRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """Worker -> frontend: exactly one response per request of batch ``batch_id``, in order."""
+
+    kind: ClassVar[Kind] = Kind.RESULT
+    batch_id: int
+    responses: list[WireResponse]
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # custom handler metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    kind: ClassVar[Kind] = Kind.SHUTDOWN
+
+
+Message = Load | Ready | LoadFailed | Infer | Result | Shutdown
+
+
+# -- encoding ---------------------------------------------------------------------------------
+
+
+def encode(message: Message) -> bytes:
+    """Serialise one message into one frame."""
+    blobs: list[bytes] = []
+    if isinstance(message, Infer):
+        header: dict[str, Any] = {
+            "batch_id": message.batch_id,
+            "requests": [
+                [r.request_id, r.content_type, r.headers, r.query, r.protocol]
+                for r in message.requests
+            ],
+        }
+        blobs = [r.body for r in message.requests]
+    elif isinstance(message, Result):
+        header = {
+            "batch_id": message.batch_id,
+            "responses": [[r.status, r.content_type, r.headers] for r in message.responses],
+            "timings": message.timings,
+            "metrics": message.metrics,
+        }
+        blobs = [r.body for r in message.responses]
+    else:
+        header = asdict(message)
+    if blobs:
+        header["_blobs"] = [len(b) for b in blobs]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    total = 1 + 4 + len(head) + sum(len(b) for b in blobs)
+    if total >= MAX_FRAME:
+        raise ProtocolError(f"frame of {total} bytes exceeds the {MAX_FRAME}-byte limit")
+    return b"".join([_PREFIX.pack(total, message.kind, len(head)), head, *blobs])
+
+
+def decode(kind: int, payload: memoryview | bytes) -> Message:
+    """Parse a frame's body (everything after the length prefix and kind byte)."""
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise ProtocolError(f"unknown message kind {kind}") from None
+    view = memoryview(payload)
+    if len(view) < 4:
+        raise ProtocolError("frame too short for its header length")
+    (head_len,) = _LENGTH.unpack_from(view)
+    if 4 + head_len > len(view):
+        raise ProtocolError("header length runs past the frame")
+    try:
+        header = json.loads(bytes(view[4 : 4 + head_len]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a JSON object")
+    blobs = _split_blobs(header.pop("_blobs", []), view[4 + head_len :])
+    try:
+        return _build(kind, header, blobs)
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        raise ProtocolError(f"malformed {kind.name} message: {exc}") from None
+
+
+def _split_blobs(sizes: Any, rest: memoryview) -> list[bytes]:
+    if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes):
+        raise ProtocolError("_blobs must be a list of sizes")
+    if sum(sizes) != len(rest):
+        raise ProtocolError(f"blob sizes add up to {sum(sizes)}, frame carries {len(rest)}")
+    blobs, offset = [], 0
+    for n in sizes:
+        blobs.append(bytes(rest[offset : offset + n]))
+        offset += n
+    return blobs
+
+
+def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
+    if kind is Kind.INFER:
+        items = header["requests"]
+        if len(items) != len(blobs):
+            raise ProtocolError("INFER: one body per request expected")
+        requests = [
+            WireRequest(str(rid), body, str(ctype), dict(headers), str(query), str(proto))
+            for (rid, ctype, headers, query, proto), body in zip(items, blobs, strict=True)
+        ]
+        return Infer(batch_id=int(header["batch_id"]), requests=requests)
+    if kind is Kind.RESULT:
+        items = header["responses"]
+        if len(items) != len(blobs):
+            raise ProtocolError("RESULT: one body per response expected")
+        responses = [
+            WireResponse(int(status), body, str(ctype), dict(headers))
+            for (status, ctype, headers), body in zip(items, blobs, strict=True)
+        ]
+        return Result(
+            batch_id=int(header["batch_id"]),
+            responses=responses,
+            timings=dict(header.get("timings") or {}),
+            metrics=list(header.get("metrics") or []),
+        )
+    if blobs:
+        raise ProtocolError(f"{kind.name} carries no blobs")
+    cls = {
+        Kind.LOAD: Load,
+        Kind.READY: Ready,
+        Kind.LOAD_FAILED: LoadFailed,
+        Kind.SHUTDOWN: Shutdown,
+    }[kind]
+    return cls(**header)
+
+
+# -- transport --------------------------------------------------------------------------------
+
+
+async def read_message(reader: asyncio.StreamReader) -> Message:
+    """Read one frame; ``asyncio.IncompleteReadError`` means the peer closed the socket."""
+    prefix = await reader.readexactly(5)
+    length, kind = struct.unpack("!IB", prefix)
+    if length < 5:
+        raise ProtocolError(f"frame length {length} is too short")
+    payload = await reader.readexactly(length - 1)
+    return decode(kind, payload)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        chunk = sock.recv_into(view[got:], n - got)
+        if chunk == 0:
+            raise EOFError("peer closed the socket")
+        got += chunk
+    return buf
+
+
+def recv_message(sock: socket.socket) -> Message:
+    """Blocking read of one frame (the worker side). ``EOFError`` when the frontend is gone."""
+    prefix = _recv_exactly(sock, 5)
+    length, kind = struct.unpack("!IB", prefix)
+    if length < 5:
+        raise ProtocolError(f"frame length {length} is too short")
+    return decode(kind, _recv_exactly(sock, length - 1))
+
+
+def send_message(sock: socket.socket, message: Message) -> None:
+    sock.sendall(encode(message))

@@ -1,0 +1,3 @@
+from torchbay.cli import main
+
+raise SystemExit(main())

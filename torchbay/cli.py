@@ -1,0 +1,97 @@
+"""The ``torchbay`` command: a thin dispatcher over one function per verb.
+
+Each part registers its verbs (``register(subparsers)``) and owns the core functions they call, so
+tests call those functions directly. Domain errors print one line and exit 1; configuration errors
+print field by field and exit 2; a traceback only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from torchbay import __version__
+
+# Modules that register verbs. Each must be importable without torch.
+_VERB_MODULES = (
+    "torchbay.archiver.cli",
+    "torchbay.server.cli",
+    "torchbay.benchmarks.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchbay",
+        description="Serve PyTorch models: archive, serve, manage, observe and benchmark.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchbay {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
+    for name in _VERB_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a part not built yet
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def _domain_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = []
+    for module_name, attr in (
+        ("torchbay.server.errors", "TorchbayError"),
+        ("torchbay.archiver.errors", "ArchiveError"),
+        ("torchbay.handlers.errors", "HandlerError"),
+        ("torchbay.benchmarks.errors", "BenchError"),
+    ):
+        try:
+            errors.append(getattr(importlib.import_module(module_name), attr))
+        except (ModuleNotFoundError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+def _print_validation_error(exc: BaseException) -> None:
+    print("torchbay: invalid configuration:", file=sys.stderr)
+    for err in exc.errors():  # type: ignore[attr-defined]
+        where = ".".join(str(part) for part in err.get("loc", ())) or "(root)"
+        print(f"  {where}: {err.get('msg')}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from pydantic import ValidationError
+
+    try:
+        result = args.func(args)
+    except ValidationError as exc:
+        if args.debug:
+            raise
+        _print_validation_error(exc)
+        return 2
+    except _domain_errors() as exc:
+        if args.debug:
+            raise
+        print(f"torchbay: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
