@@ -1,0 +1,366 @@
+"""Safe unpacking of model archives. Torch-free: the server imports this.
+
+``extract_archive`` accepts a ``.mar`` (zip, deflated or stored), a TorchServe ``.tar.gz`` (all
+members under ``<model-name>/``) or an archive directory (``no-archive``), and refuses, naming the
+member: absolute paths, ``..``, symlinks / hardlinks / device or FIFO members, duplicate names,
+encrypted members, a member or a total over the size limits (checked against the declared sizes
+first, then by counting the bytes actually written, because a zip bomb's headers lie), and, when
+the manifest has a ``torchbay.files`` table, any file whose sha256 differs, any file not listed and
+any listed file that is missing.
+
+Default limits: 2 GiB per member and 8 GiB in all. That is far above every model this server
+targets (the reference models are < 2 MB; a 1B-parameter fp16 checkpoint is 2 GB), yet it stops an
+upload from filling the model store's disk. Operators who serve bigger checkpoints raise them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from torchbay.archiver.errors import (
+    ArchiveError,
+    CorruptArchiveError,
+    HashMismatchError,
+    ManifestError,
+    UnsafeMemberError,
+)
+from torchbay.archiver.manifest import (
+    MANIFEST_PATH,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    parse_manifest,
+    read_manifest,
+    safe_relpath,
+    tar_manifest_name,
+)
+
+DEFAULT_MAX_MEMBER_BYTES = 2 << 30
+DEFAULT_MAX_TOTAL_BYTES = 8 << 30
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _Budget:
+    """Counts bytes per member and in total; raises before a limit is passed."""
+
+    def __init__(self, max_member: int, max_total: int) -> None:
+        self.max_member = max_member
+        self.max_total = max_total
+        self.total = 0
+
+    def declare(self, name: str, size: int, declared_total: int) -> None:
+        if size > self.max_member:
+            raise UnsafeMemberError(
+                name, f"declared size {size} bytes exceeds the member limit {self.max_member}"
+            )
+        if declared_total > self.max_total:
+            raise UnsafeMemberError(
+                name, f"archive total {declared_total} bytes exceeds the limit {self.max_total}"
+            )
+
+    def copy(self, name: str, src: IO[bytes], dst: IO[bytes]) -> str:
+        """Copy ``src`` to ``dst`` counting bytes; returns the sha256 of what was written."""
+        digest = hashlib.sha256()
+        written = 0
+        while chunk := src.read(_CHUNK):
+            written += len(chunk)
+            self.total += len(chunk)
+            if written > self.max_member:
+                raise UnsafeMemberError(
+                    name, f"expands past the member limit of {self.max_member} bytes"
+                )
+            if self.total > self.max_total:
+                raise UnsafeMemberError(
+                    name, f"archive expands past the total limit of {self.max_total} bytes"
+                )
+            digest.update(chunk)
+            dst.write(chunk)
+        return digest.hexdigest()
+
+
+def _normalize(name: str) -> str:
+    """Check a member name and return its canonical relative form (no ``./``, no trailing /)."""
+    why = safe_relpath(name)
+    if why:
+        raise UnsafeMemberError(name, why)
+    parts = [p for p in PurePosixPath(name).parts if p != "."]
+    if not parts:
+        raise UnsafeMemberError(name, "empty path")
+    return "/".join(parts)
+
+
+class _Writer:
+    """Writes checked members under ``dest`` and checks hashes against the manifest."""
+
+    def __init__(self, dest: Path, manifest: Manifest, budget: _Budget) -> None:
+        self.dest = dest
+        self.root = dest.resolve()
+        self.budget = budget
+        self.expected = dict(manifest.torchbay.files) if manifest.torchbay else None
+        self.seen: set[str] = set()
+
+    def target(self, name: str) -> Path:
+        if name in self.seen:
+            raise UnsafeMemberError(name, "duplicate member name")
+        self.seen.add(name)
+        target = (self.dest / name).resolve()
+        # Belt and braces: a name that passed the checks still must land inside dest.
+        if self.root not in target.parents:
+            raise UnsafeMemberError(name, "resolves outside the destination")
+        return target
+
+    def check_listed(self, names: list[str]) -> None:
+        """Before writing anything: every file listed, every listed file present."""
+        if self.expected is None:
+            return
+        present = {n for n in names if n != MANIFEST_PATH}
+        for name in sorted(present - self.expected.keys()):
+            raise HashMismatchError(name, "not listed in the manifest's torchbay.files")
+        for name in sorted(self.expected.keys() - present):
+            raise HashMismatchError(name, "listed in the manifest but missing from the archive")
+
+    def write(self, name: str, src: IO[bytes]) -> None:
+        target = self.target(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as dst:
+            digest = self.budget.copy(name, src, dst)
+        os.chmod(target, 0o644)  # never carry modes (setuid, exec) over from the archive
+        if self.expected is not None and name != MANIFEST_PATH:
+            want = self.expected[name]
+            if digest != want:
+                raise HashMismatchError(
+                    name, f"sha256 mismatch (manifest {want[:12]}..., content {digest[:12]}...)"
+                )
+
+
+def _zip_kind(info: zipfile.ZipInfo) -> str:
+    mode = info.external_attr >> 16
+    fmt = stat.S_IFMT(mode)
+    if info.is_dir() or fmt == stat.S_IFDIR:
+        return "dir"
+    if fmt in (0, stat.S_IFREG):
+        return "file"
+    if fmt == stat.S_IFLNK:
+        return "symlink"
+    return "special file"
+
+
+def _extract_zip(path: Path, dest: Path, budget: _Budget) -> Manifest:
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise CorruptArchiveError(f"{path}: corrupt zip archive ({exc})") from None
+    with zf:
+        files: list[tuple[str, zipfile.ZipInfo]] = []
+        declared_total = 0
+        for info in zf.infolist():
+            name = _normalize(info.filename)
+            kind = _zip_kind(info)
+            if kind == "dir":
+                continue
+            if kind != "file":
+                raise UnsafeMemberError(info.filename, f"{kind} members are not allowed")
+            if info.flag_bits & 0x1:
+                raise UnsafeMemberError(info.filename, "encrypted members are not supported")
+            declared_total += info.file_size
+            budget.declare(name, info.file_size, declared_total)
+            files.append((name, info))
+        manifest = _zip_manifest(path, zf, files)
+        writer = _Writer(dest, manifest, budget)
+        writer.check_listed([n for n, _ in files])
+        for name, info in files:
+            try:
+                with zf.open(info) as src:
+                    writer.write(name, src)
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+                # zipfile raises BadZipFile on a CRC error, zlib errors surface as OSError.
+                raise CorruptArchiveError(f"{path}: member {name!r} is corrupt ({exc})") from None
+    return manifest
+
+
+def _zip_manifest(
+    path: Path, zf: zipfile.ZipFile, files: list[tuple[str, zipfile.ZipInfo]]
+) -> Manifest:
+    for name, info in files:
+        if name == MANIFEST_PATH:
+            if info.file_size > MAX_MANIFEST_BYTES:
+                raise ManifestError(f"{path}: {MANIFEST_PATH} is too large")
+            try:
+                with zf.open(info) as fh:
+                    raw = fh.read(MAX_MANIFEST_BYTES + 1)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                raise CorruptArchiveError(f"{path}: member {name!r} is corrupt ({exc})") from None
+            return parse_manifest(raw, source=f"{path}:{MANIFEST_PATH}")
+    raise ManifestError(f"{path}: no {MANIFEST_PATH} in the archive")
+
+
+def _extract_tar(path: Path, dest: Path, budget: _Budget) -> Manifest:
+    try:
+        tf = tarfile.open(path, "r:*")  # noqa: SIM115 (closed by the with below)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise CorruptArchiveError(f"{path}: corrupt tar archive ({exc})") from None
+    with tf:
+        try:
+            members = tf.getmembers()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise CorruptArchiveError(f"{path}: corrupt tar archive ({exc})") from None
+        manifest_name = tar_manifest_name([m.name for m in members])
+        if manifest_name is None:
+            raise ManifestError(f"{path}: no {MANIFEST_PATH} in the archive")
+        # TorchServe's tgz puts everything under "<model-name>/"; strip that prefix.
+        prefix = manifest_name[: -len(MANIFEST_PATH)]
+        files: list[tuple[str, tarfile.TarInfo]] = []
+        declared_total = 0
+        for member in members:
+            name = _normalize(member.name)
+            if member.isdir():
+                continue
+            if member.issym() or member.islnk():
+                raise UnsafeMemberError(member.name, "link members are not allowed")
+            if not member.isfile():
+                raise UnsafeMemberError(member.name, "special file members are not allowed")
+            if prefix and not (name + "/").startswith(prefix):
+                raise UnsafeMemberError(member.name, f"outside the archive's top folder {prefix!r}")
+            declared_total += member.size
+            budget.declare(name, member.size, declared_total)
+            files.append((name[len(prefix) :], member))
+        fh = tf.extractfile(manifest_name)
+        assert fh is not None
+        manifest = parse_manifest(fh.read(MAX_MANIFEST_BYTES + 1), source=f"{path}:{manifest_name}")
+        writer = _Writer(dest, manifest, budget)
+        writer.check_listed([n for n, _ in files])
+        for name, member in files:
+            try:
+                src = tf.extractfile(member)
+                assert src is not None
+                writer.write(name, src)
+            except (tarfile.TarError, OSError, EOFError) as exc:
+                raise CorruptArchiveError(f"{path}: member {name!r} is corrupt ({exc})") from None
+    return manifest
+
+
+def verify_directory(
+    path: str | Path,
+    *,
+    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
+    max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+) -> Manifest:
+    """Check an archive directory in place (no copy): links, sizes and sha256 as for a zip."""
+    root = Path(path)
+    manifest = read_manifest(root)
+    budget = _Budget(max_member_bytes, max_total_bytes)
+    names: list[str] = []
+    declared_total = 0
+    for name, full in _walk(root):
+        size = full.stat().st_size
+        declared_total += size
+        budget.declare(name, size, declared_total)
+        names.append(name)
+    expected = dict(manifest.torchbay.files) if manifest.torchbay else None
+    if expected is not None:
+        _Writer(root, manifest, budget).check_listed(names)
+        for name in names:
+            if name != MANIFEST_PATH and sha256_file(root / name) != expected[name]:
+                raise HashMismatchError(name, "sha256 differs from the manifest")
+    return manifest
+
+
+def _walk(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every regular file under ``root`` as (relative POSIX name, path); refuses links/specials."""
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for entry in dirnames + filenames:
+            full = Path(dirpath) / entry
+            rel = full.relative_to(root).as_posix()
+            mode = full.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise UnsafeMemberError(rel, "links are not allowed")
+            if stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                raise UnsafeMemberError(rel, "special files are not allowed")
+            yield rel, full
+
+
+@contextmanager
+def _cleanup_on_error(dest: Path) -> Iterator[None]:
+    created = not dest.exists()
+    if not created and any(dest.iterdir()):
+        raise ArchiveError(f"destination {dest} is not empty")
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created:
+            shutil.rmtree(dest, ignore_errors=True)
+        else:
+            for child in dest.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        raise
+
+
+def extract_archive(
+    path: str | Path,
+    dest_dir: str | Path,
+    *,
+    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
+    max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+) -> Manifest:
+    """Unpack ``path`` into ``dest_dir`` (created; must be empty) and return its manifest.
+
+    ``path`` is a ``.mar``/zip, a ``.tar.gz`` or an archive directory. A directory equal to
+    ``dest_dir`` is verified in place; another directory is verified and copied. On any failure
+    the destination is left empty and an ArchiveError subclass names the offending member.
+    """
+    src = Path(path)
+    dest = Path(dest_dir)
+    if src.is_dir():
+        if dest.exists() and dest.resolve() == src.resolve():
+            return verify_directory(
+                src, max_member_bytes=max_member_bytes, max_total_bytes=max_total_bytes
+            )
+        with _cleanup_on_error(dest):
+            manifest = verify_directory(
+                src, max_member_bytes=max_member_bytes, max_total_bytes=max_total_bytes
+            )
+            budget = _Budget(max_member_bytes, max_total_bytes)
+            writer = _Writer(dest, manifest, budget)
+            for name, full in _walk(src):
+                with open(full, "rb") as fh:
+                    writer.write(name, fh)
+        return manifest
+    if not src.is_file():
+        raise ArchiveError(f"{src}: no such archive")
+    budget = _Budget(max_member_bytes, max_total_bytes)
+    with _cleanup_on_error(dest):
+        if zipfile.is_zipfile(src):
+            return _extract_zip(src, dest, budget)
+        if _is_tar(src):
+            return _extract_tar(src, dest, budget)
+        raise CorruptArchiveError(f"{src}: not a zip (.mar), a .tar.gz or an archive directory")
+
+
+def _is_tar(path: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except (OSError, tarfile.TarError):
+        return False

@@ -1,0 +1,235 @@
+"""The archive manifest (``MAR-INF/MANIFEST.json``): TorchServe's schema plus a ``torchbay`` object.
+
+Torch-free: the server imports this. TorchServe 0.12 manifests (no ``torchbay`` object) validate
+too; unknown fields are kept so a manifest round-trips unchanged.
+
+    {"createdOn": "%d/%m/%Y %H:%M:%S", "runtime": "python", "archiverVersion": "0.12.0",
+     "model": {"modelName", "modelVersion", "serializedFile"?, "handler", "modelFile"?,
+               "configFile"?, "requirementsFile"?, "extensions"?},
+     "torchbay": {"format", "precision", "files": {relpath: sha256}, "parity", "example_input",
+                  "input_shape", "input_dtype", "archiver_version"}?}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+import zipfile
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from torchbay.archiver.errors import CorruptArchiveError, ManifestError
+
+MANIFEST_PATH = "MAR-INF/MANIFEST.json"
+CREATED_ON_FORMAT = "%d/%m/%Y %H:%M:%S"
+# torch-model-archiver's rule (model_packaging_utils.check_model_name_regex_or_exit).
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
+# A manifest is a few KiB; refuse to read a huge one into memory.
+MAX_MANIFEST_BYTES = 1 << 20
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+Format = Literal["torchscript", "exported", "eager"]
+Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic"]
+
+
+def is_valid_model_name(name: str) -> bool:
+    """True when ``name`` passes torch-model-archiver's model-name rule."""
+    return bool(MODEL_NAME_RE.match(name))
+
+
+def safe_relpath(name: str) -> str | None:
+    """Why ``name`` is not a safe relative POSIX path inside an archive, or None when it is."""
+    if not name or "\x00" in name:
+        return "empty name or NUL byte"
+    if "\\" in name:
+        return "backslash in path"
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        return "absolute path"
+    if ".." in PurePosixPath(name).parts:
+        return "'..' in path"
+    return None
+
+
+class Tolerance(BaseModel):
+    """Parity limits: a packed model passes when it is within every limit that is set."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    min_top1_agreement: float | None = None
+
+
+class Parity(BaseModel):
+    """What the parity check measured between the reference model and the packed one."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    max_abs_error: float
+    max_rel_error: float
+    top1_agreement: float | None = None
+    tolerance: Tolerance
+    passed: bool
+    allowed_drift: bool = False
+
+
+class TorchbayInfo(BaseModel):
+    """torchbay's additions to the manifest."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    format: Format
+    precision: Precision = "fp32"
+    files: dict[str, str] = Field(default_factory=dict)
+    parity: Parity | None = None
+    example_input: str | None = None
+    input_shape: list[int] | None = None
+    input_dtype: str = "float32"
+    archiver_version: str = ""
+
+    @field_validator("files")
+    @classmethod
+    def _check_files(cls, files: dict[str, str]) -> dict[str, str]:
+        for name, digest in files.items():
+            why = safe_relpath(name)
+            if why:
+                raise ValueError(f"files[{name!r}]: {why}")
+            if not _SHA256_RE.match(digest):
+                raise ValueError(f"files[{name!r}]: not a lowercase sha256 hex digest")
+        return files
+
+
+class ModelInfo(BaseModel):
+    """The ``model`` object, with TorchServe's camelCase field names."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+
+    model_name: str = Field(alias="modelName")
+    # torch-model-archiver always writes it; very old archives may not (TorchServe uses "1.0").
+    model_version: str = Field(default="1.0", alias="modelVersion")
+    serialized_file: str | None = Field(default=None, alias="serializedFile")
+    handler: str
+    model_file: str | None = Field(default=None, alias="modelFile")
+    config_file: str | None = Field(default=None, alias="configFile")
+    requirements_file: str | None = Field(default=None, alias="requirementsFile")
+    extensions: Any = None
+
+    @field_validator("model_name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if not is_valid_model_name(name):
+            raise ValueError(
+                f"model name {name!r} must match {MODEL_NAME_RE.pattern} "
+                "(letters, digits, '_', '-', '.'; not starting with a symbol)"
+            )
+        return name
+
+    @field_validator("model_version", mode="before")
+    @classmethod
+    def _version_as_str(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int | float) else value
+
+
+class Manifest(BaseModel):
+    """MAR-INF/MANIFEST.json. ``torchbay`` is None for archives made by torch-model-archiver."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+
+    created_on: str = Field(
+        default_factory=lambda: datetime.now().strftime(CREATED_ON_FORMAT), alias="createdOn"
+    )
+    runtime: str = "python"
+    archiver_version: str = Field(default="", alias="archiverVersion")
+    model: ModelInfo
+    torchbay: TorchbayInfo | None = None
+
+    def to_json(self) -> str:
+        """Serialize with TorchServe's field names, omitting unset optional fields."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.model_dump(by_alias=True, exclude_none=True)
+        # exclude_none would drop parity/example_input; keep the torchbay object complete.
+        if self.torchbay is not None:
+            data["torchbay"] = self.torchbay.model_dump(mode="json")
+        return data
+
+
+def parse_manifest(raw: bytes | str, *, source: str = MANIFEST_PATH) -> Manifest:
+    """Validate manifest JSON text; raises ManifestError naming the first bad field."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{source}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source}: must be a JSON object")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "(root)"
+        raise ManifestError(
+            f"{source}: {where}: {first.get('msg')} ({exc.error_count()} error(s))"
+        ) from None
+
+
+def _read_limited(stream: Any, source: str) -> bytes:
+    raw = stream.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{source}: larger than {MAX_MANIFEST_BYTES} bytes")
+    return raw
+
+
+def tar_manifest_name(names: list[str]) -> str | None:
+    """The manifest member of a TorchServe ``.tar.gz`` (``<model>/MAR-INF/MANIFEST.json``)."""
+    for name in names:
+        parts = PurePosixPath(name).parts
+        if parts[-2:] == ("MAR-INF", "MANIFEST.json") and len(parts) <= 3:
+            return name
+    return None
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Read the manifest of a ``.mar``/zip, a TorchServe ``.tar.gz`` or an archive directory.
+
+    Only the manifest is read; nothing is extracted. Raises ManifestError when it is missing or
+    invalid, CorruptArchiveError when the archive cannot be opened.
+    """
+    path = Path(path)
+    if path.is_dir():
+        target = path / MANIFEST_PATH
+        if not target.is_file():
+            raise ManifestError(f"{path}: no {MANIFEST_PATH} (not an archive directory)")
+        with target.open("rb") as fh:
+            return parse_manifest(_read_limited(fh, str(target)), source=str(target))
+    if not path.is_file():
+        raise ManifestError(f"{path}: no such archive")
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                try:
+                    info = zf.getinfo(MANIFEST_PATH)
+                except KeyError:
+                    raise ManifestError(f"{path}: no {MANIFEST_PATH} in the archive") from None
+                with zf.open(info) as fh:
+                    raw = _read_limited(fh, MANIFEST_PATH)
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise CorruptArchiveError(f"{path}: corrupt zip archive ({exc})") from None
+        return parse_manifest(raw, source=f"{path}:{MANIFEST_PATH}")
+    if tarfile.is_tarfile(path):
+        try:
+            with tarfile.open(path, "r:*") as tf:
+                name = tar_manifest_name(tf.getnames())
+                member = tf.getmember(name) if name else None
+                if member is None or not member.isfile():
+                    raise ManifestError(f"{path}: no {MANIFEST_PATH} in the archive")
+                fh = tf.extractfile(member)
+                assert fh is not None
+                raw = _read_limited(fh, name or MANIFEST_PATH)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise CorruptArchiveError(f"{path}: corrupt tar archive ({exc})") from None
+        return parse_manifest(raw, source=f"{path}:{name}")
+    raise CorruptArchiveError(f"{path}: not a zip (.mar), a .tar.gz or an archive directory")
