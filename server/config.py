@@ -1,0 +1,566 @@
+"""Server and model configuration: two frozen pydantic models and the functions that layer sources.
+
+Server sources, later wins (``load_server_config``)::
+
+    defaults < config.properties < TS_<KEY> env (only with enable_envvars_config=true)
+             < TORCHBAY_<KEY> env < command-line flags the user set
+
+TorchServe ranks env above the CLI; torchbay ranks the CLI last (DESIGN.md), because a flag typed
+now is the most deliberate source. Model settings, later wins (``resolve_model_config``)::
+
+    ServerConfig defaults < models={...} entry < archive's model-config.yaml < management API
+
+TorchServe keys torchbay has no use for (``vmargs``, netty, gRPC, ``parallelType``, ...) are never
+fatal: they come back as notes for the caller to log, as do unknown keys (users bring whole
+TorchServe configs). Bad values of keys torchbay uses raise pydantic's ``ValidationError``; an
+unreadable config file raises ``ConfigError``. Torch-free; nothing here reads ``os.environ``.
+
+Deliberate default differences from TorchServe:
+
+* ``default_workers_per_model=1`` (TorchServe: #GPUs or #CPUs, which spawned one worker per core
+  and crashed laptops, pytorch/serve#2432).
+* ``allowed_urls=[]``: only archives in the model store can be registered (TorchServe allows every
+  http(s) and file URL by default, pytorch/serve#2531).
+* ``metrics_mode`` accepts TorchServe's values but torchbay always serves Prometheus on /metrics.
+* ``deviceType: neuron`` (AWS Inferentia) is rejected with a clear error rather than run on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import ConfigError
+from .properties import PropertiesError, parse_properties
+
+log = logging.getLogger(__name__)
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+# --------------------------------------------------------------------------------------- models
+class ModelConfig(BaseModel):
+    """Frontend settings of one model version. camelCase TorchServe names are accepted as aliases.
+
+    ``max_workers`` defaults to ``min_workers``. ``handler_config`` holds model-config.yaml's
+    other keys (TorchServe's backend parameters, ``context.model_yaml_config``).
+    """
+
+    model_config = _FROZEN
+
+    min_workers: int = Field(1, ge=0, alias="minWorkers")
+    max_workers: int | None = Field(None, ge=0, alias="maxWorkers")
+    batch_size: int = Field(1, ge=1, alias="batchSize")
+    max_batch_delay_ms: float = Field(100.0, ge=0, alias="maxBatchDelay")
+    response_timeout_s: float = Field(120.0, gt=0, alias="responseTimeout")
+    startup_timeout_s: float = Field(120.0, gt=0, alias="startupTimeout")
+    device_type: Literal["cpu", "gpu", "auto"] = Field("auto", alias="deviceType")
+    device_ids: list[int] | None = Field(None, alias="deviceIds")
+    job_queue_size: int = Field(100, ge=1, alias="jobQueueSize")
+    client_timeout_ms: float = Field(0.0, ge=0, alias="clientTimeoutInMills")  # 0 = none
+    max_retry_timeout_s: float = Field(300.0, ge=0, alias="maxRetryTimeoutInSec")
+    cpu_threads: int | None = Field(None, ge=1)  # None: cores // workers
+    cpu_affinity: bool = False
+    default_version: bool = Field(False, alias="defaultVersion")
+    mar_name: str | None = Field(None, alias="marName")
+    handler: str | None = None  # overrides the manifest's handler (management API)
+    handler_config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("device_type", mode="before")
+    @classmethod
+    def _device_type(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if value == "neuron":
+                raise ValueError(
+                    "deviceType 'neuron' (AWS Inferentia) is not supported; use cpu, gpu or auto"
+                )
+        return value
+
+    @field_validator("device_ids", mode="before")
+    @classmethod
+    def _device_ids(cls, value: Any) -> Any:
+        if isinstance(value, str):  # "0,1" from a query string or env
+            value = [part for part in value.replace(" ", "").split(",") if part]
+        if value is not None and len(value) == 0:
+            return None
+        return value
+
+    @field_validator("device_ids")
+    @classmethod
+    def _device_ids_nonnegative(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(i < 0 for i in value):
+            raise ValueError(f"device ids must be >= 0, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _workers(self) -> ModelConfig:
+        if self.max_workers is None:
+            # Frozen model: set the derived default without marking it as user-set, so
+            # model_dump(exclude_unset=True) still tells layers what was given.
+            object.__setattr__(self, "max_workers", self.min_workers)
+        elif self.max_workers < self.min_workers:
+            raise ValueError(
+                f"max_workers ({self.max_workers}) must be >= min_workers ({self.min_workers})"
+            )
+        return self
+
+
+# TorchServe frontend keys of model-config.yaml / models={...} that torchbay accepts and ignores.
+MODEL_IGNORED_KEYS = frozenset(
+    {
+        "parallelType", "parallelLevel", "parallelization", "torchrun", "continuousBatching",
+        "sequenceBatching", "sequenceMaxIdleMSec", "sequenceTimeoutMSec", "maxNumSequence",
+        "maxSequenceJobQueueSize", "useJobTicket", "asyncCommunication", "useVenv", "stateful",
+        "runtimeType", "runtime",
+    }
+)  # fmt: skip
+_MODEL_ALIASES = {
+    f.alias or name: name for name, f in ModelConfig.model_fields.items() if f.alias is not None
+}
+
+# Management API parameter -> ModelConfig field (TorchServe snake_case query names).
+_API_NAMES = {
+    "batch_size": "batch_size",
+    "max_batch_delay": "max_batch_delay_ms",
+    "response_timeout": "response_timeout_s",
+    "startup_timeout": "startup_timeout_s",
+    "min_worker": "min_workers",
+    "max_worker": "max_workers",
+    "handler": "handler",
+}
+
+
+def _split_model_keys(
+    raw: Mapping[str, Any], *, where: str, backend_params: bool
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Split TorchServe model settings into (fields, backend parameters, notes)."""
+    fields: dict[str, Any] = {}
+    backend: dict[str, Any] = {}
+    notes: list[str] = []
+    for key, value in raw.items():
+        field = _MODEL_ALIASES.get(key, key if key in ModelConfig.model_fields else None)
+        if backend_params and key in ("handler", "handler_config"):
+            field = None  # in model-config.yaml, `handler:` is a backend-parameter section
+        if field is not None:
+            fields[field] = value
+        elif key in MODEL_IGNORED_KEYS:
+            notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
+        elif backend_params:
+            backend[key] = value
+        else:
+            notes.append(f"{where}: ignored unknown key {key!r}")
+    return fields, backend, notes
+
+
+# --------------------------------------------------------------------------------------- server
+class Address(BaseModel):
+    """A parsed listener address."""
+
+    model_config = _FROZEN
+
+    scheme: Literal["http", "https"]
+    host: str
+    port: int = Field(ge=0, le=65535)
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "https"
+
+
+def parse_address(value: str) -> Address:
+    """Parse ``http(s)://host:port`` (IPv6 hosts in brackets). Raises ValueError."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"address must look like http://host:port, got {value!r}")
+    if parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"address must not have a path or query, got {value!r}")
+    port = parts.port  # raises ValueError for a bad port
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    return Address(scheme=parts.scheme, host=parts.hostname, port=port)
+
+
+class ModelSpec(BaseModel):
+    """One ``load_models`` entry: ``x.mar`` (name from the archive) or ``name=x.mar|url``."""
+
+    model_config = _FROZEN
+
+    name: str | None
+    url: str
+
+
+# TorchServe's restart backoff (seconds), shortened: the last value repeats.
+RESTART_BACKOFF_S = (0.0, 1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0)
+
+
+class ServerConfig(BaseModel):
+    """Everything ``torchbay serve`` needs, validated once at start."""
+
+    model_config = _FROZEN
+
+    inference_address: str = "http://127.0.0.1:8080"
+    management_address: str = "http://127.0.0.1:8081"
+    metrics_address: str = "http://127.0.0.1:8082"
+    private_key_file: Path | None = None  # TLS for https:// addresses (PEM)
+    certificate_file: Path | None = None
+    model_store: Path | None = None
+    load_models: list[str] = Field(default_factory=list)  # "all", "x.mar", "name=x.mar|url"
+    models: dict[str, dict[str, ModelConfig]] = Field(default_factory=dict)
+    default_workers_per_model: int = Field(1, ge=0)
+    number_of_gpu: int | None = Field(None, ge=0)  # None: detect
+    job_queue_size: int = Field(100, ge=1)
+    batch_size: int = Field(1, ge=1)
+    max_batch_delay_ms: float = Field(100.0, ge=0)
+    default_response_timeout_s: float = Field(120.0, gt=0)
+    default_startup_timeout_s: float = Field(120.0, gt=0)
+    unregister_model_timeout_s: float = Field(120.0, gt=0)
+    workers_start_timeout_s: float = Field(300.0, gt=0)  # serve waits this long for startup models
+    max_request_size: int = Field(6553500, ge=1)
+    max_response_size: int = Field(6553500, ge=1)
+    decode_input_request: bool = True
+    limit_max_image_pixels: bool = True
+    allowed_urls: list[str] = Field(default_factory=list)  # regexes; [] = model store only
+    disable_token_authorization: bool = False
+    token_expiration_min: float = Field(60.0, gt=0)
+    key_file: Path = Path("key_file.json")
+    enable_model_api: bool = False
+    enable_envvars_config: bool = False
+    metrics_mode: Literal["log", "prometheus", "legacy"] = "prometheus"
+    enable_metrics_api: bool = True
+    disable_system_metrics: bool = False
+    log_format: Literal["text", "json"] = "text"
+    cpu_threads_per_worker: int | None = Field(None, ge=1)  # None: cores // workers
+    cpu_affinity: bool = False
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    restart_backoff_s: tuple[float, ...] = RESTART_BACKOFF_S
+    cors_allowed_origin: str | None = None
+    cors_allowed_methods: str | None = None
+    cors_allowed_headers: str | None = None
+
+    @field_validator("load_models", "allowed_urls", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",")]
+        if isinstance(value, list | tuple):
+            value = [v for v in value if not (isinstance(v, str) and not v.strip())]
+            if [v.lower() if isinstance(v, str) else v for v in value] == ["standalone"]:
+                return []  # TorchServe's "load nothing" spelling
+        return value
+
+    @field_validator("metrics_mode", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_json(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("allowed_urls")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"allowed_urls: bad regex {pattern!r}: {exc}") from None
+        return value
+
+    @field_validator("restart_backoff_s")
+    @classmethod
+    def _backoff(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(v < 0 for v in value):
+            raise ValueError("restart_backoff_s needs at least one delay, none negative")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerConfig:
+        for name in ("inference_address", "management_address", "metrics_address"):
+            address = parse_address(getattr(self, name))
+            if address.tls and not (self.private_key_file and self.certificate_file):
+                raise ValueError(
+                    f"{name} is https:// but private_key_file and certificate_file are not both "
+                    "set (Java keystores are not supported)"
+                )
+        for spec in self.load_models:
+            if spec.lower() != "all":
+                parse_model_spec(spec)
+        return self
+
+    @property
+    def inference(self) -> Address:
+        return parse_address(self.inference_address)
+
+    @property
+    def management(self) -> Address:
+        return parse_address(self.management_address)
+
+    @property
+    def metrics(self) -> Address:
+        return parse_address(self.metrics_address)
+
+    @property
+    def load_all(self) -> bool:
+        """``load_models=all``: every archive in the model store."""
+        return any(spec.lower() == "all" for spec in self.load_models)
+
+    def model_specs(self) -> list[ModelSpec]:
+        """The named ``load_models`` entries (``all`` excluded, see ``load_all``)."""
+        return [parse_model_spec(s) for s in self.load_models if s.lower() != "all"]
+
+    def restart_delay_s(self, attempt: int) -> float:
+        """Delay before restart number ``attempt`` (0-based) of a failed worker."""
+        return self.restart_backoff_s[min(max(attempt, 0), len(self.restart_backoff_s) - 1)]
+
+
+def parse_model_spec(spec: str) -> ModelSpec:
+    """``x.mar`` -> (None, "x.mar"); ``name=x.mar`` or ``name=https://...`` -> (name, url)."""
+    spec = spec.strip()
+    name, sep, url = spec.partition("=")
+    if not sep or "/" in name or ":" in name:  # a bare URL whose query has "="
+        name, url = "", spec
+    if not url or (sep and not name.strip()):
+        raise ValueError(f"load_models entry must be 'x.mar' or 'name=x.mar', got {spec!r}")
+    return ModelSpec(name=name.strip() or None, url=url.strip())
+
+
+# --------------------------------------------------------------------------------------- loading
+# TorchServe property name -> ServerConfig field, where they differ (field names work as keys too).
+SERVER_KEY_ALIASES = {
+    "max_batch_delay": "max_batch_delay_ms",
+    "default_response_timeout": "default_response_timeout_s",
+    "default_startup_timeout": "default_startup_timeout_s",
+    "unregister_model_timeout": "unregister_model_timeout_s",
+    "cors_allowed_origins": "cors_allowed_origin",
+}
+# TorchServe config.properties keys torchbay accepts and ignores (logged, never fatal).
+SERVER_IGNORED_KEYS = frozenset(
+    {
+        "vmargs", "number_of_netty_threads", "netty_client_threads", "prefer_direct_buffer",
+        "async_logging", "grpc_inference_port", "grpc_management_port", "grpc_inference_address",
+        "grpc_management_address", "enable_grpc_ssl", "grpc_inference_max_connection_age_ms",
+        "grpc_management_max_connection_age_ms", "grpc_inference_max_connection_age_grace_ms",
+        "grpc_management_max_connection_age_grace_ms", "workflow_store",
+        "install_py_dep_per_model", "initial_worker_port", "initial_distribution_port",
+        "blacklist_env_vars", "use_env_allowed_urls", "metrics_config",
+        "model_metrics_auto_detect", "system_metrics_cmd", "plugins_path", "keystore",
+        "keystore_pass", "keystore_type", "model_snapshot", "tsConfigFile", "model_server_home",
+        "ipex_enable", "ipex_gpu_enable", "cpp_log_config", "use_native_io", "io_ratio",
+        "service_envelope", "default_service_handler", "max_idle_time", "enable_grpc",
+        "ts_config_file", "log_location", "metrics_location", "headless",
+    }
+)  # fmt: skip
+_FIELDS = frozenset(ServerConfig.model_fields)
+_PATH_FIELDS = ("model_store", "key_file", "private_key_file", "certificate_file")
+
+
+def load_server_config(
+    *,
+    ts_config: str | Path | None,
+    env: Mapping[str, str],
+    cli: Mapping[str, Any],
+    cwd: str | Path | None = None,
+) -> tuple[ServerConfig, list[str]]:
+    """Layer every server source and validate once. Returns the config and notes to log.
+
+    ``ts_config`` (``--ts-config``) else ``env["TS_CONFIG_FILE"]`` else ``<cwd>/config.properties``
+    if it exists. ``cli`` holds only flags the user set (keys: field or TorchServe names; ``None``
+    values are skipped). Relative paths (``model_store``, ``key_file``, TLS files) resolve against
+    ``cwd`` (default: the process's cwd).
+    Raises ConfigError (unreadable file, bad models= JSON, unknown cli key) or ValidationError.
+    """
+    base = Path(cwd) if cwd is not None else Path.cwd()
+    notes: list[str] = []
+    path = _config_path(ts_config, env, base)
+    props: dict[str, Any] = {}
+    if path is not None:
+        props = _normalize(_read_properties(path), f"{path}", notes)
+        notes.insert(0, f"configuration from {path}")
+    unknown_cli = [k for k in cli if k not in _FIELDS and k not in SERVER_KEY_ALIASES]
+    if unknown_cli:
+        raise ConfigError(f"unknown command-line setting(s): {', '.join(sorted(unknown_cli))}")
+    flags = _normalize({k: v for k, v in cli.items() if v is not None}, "command line", notes)
+    own_env = _normalize(_env_layer(env, "TORCHBAY_", notes, known_only=False), "env", notes)
+    envvars_on = {**props, **own_env, **flags}.get("enable_envvars_config", False)
+    ts_env_raw = _env_layer(env, "TS_", notes, known_only=True)
+    ts_env: dict[str, Any] = {}
+    if _truthy(envvars_on):
+        ts_env = _normalize(ts_env_raw, "env", notes)
+    elif ts_env_raw:
+        names = ", ".join(f"TS_{k.upper()}" for k in ts_env_raw)
+        notes.append(f"ignored {names}: TorchServe env vars need enable_envvars_config=true")
+    merged = {"key_file": "key_file.json", **props, **ts_env, **own_env, **flags}
+    for key in _PATH_FIELDS:
+        if merged.get(key) not in (None, ""):
+            merged[key] = base / Path(merged[key])
+    config = ServerConfig.model_validate(merged)
+    if config.metrics_mode != "prometheus":
+        notes.append(
+            f"metrics_mode={config.metrics_mode}: torchbay always serves Prometheus metrics"
+        )
+    return config, notes
+
+
+def _config_path(ts_config: str | Path | None, env: Mapping[str, str], base: Path) -> Path | None:
+    chosen = ts_config if ts_config not in (None, "") else env.get("TS_CONFIG_FILE") or None
+    if chosen is not None:
+        path = base / Path(chosen)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        return path
+    default = base / "config.properties"
+    return default if default.is_file() else None
+
+
+def _read_properties(path: Path) -> dict[str, str]:
+    try:
+        return parse_properties(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, PropertiesError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def _env_layer(
+    env: Mapping[str, str], prefix: str, notes: list[str], *, known_only: bool
+) -> dict[str, str]:
+    """``PREFIX_<KEY>`` variables as {key: value}. Unknown ones are noted (or skipped)."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not name.startswith(prefix) or name == "TS_CONFIG_FILE":
+            continue
+        key = name[len(prefix) :].lower()
+        if key in _FIELDS or key in SERVER_KEY_ALIASES or key in SERVER_IGNORED_KEYS:
+            out[key] = value
+        elif not known_only:
+            notes.append(f"ignored unknown environment variable {name}")
+    return out
+
+
+def _normalize(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
+    """Map TorchServe names to fields; drop (and note) ignored and unknown keys."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        field = SERVER_KEY_ALIASES.get(key, key)
+        if key in SERVER_IGNORED_KEYS:
+            notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
+        elif field not in _FIELDS:
+            notes.append(f"{where}: ignored unknown key {key!r}")
+        elif field == "models" and isinstance(value, str | Mapping):
+            out[field] = _models_layer(value, where, notes)
+        else:
+            out[field] = value
+    return out
+
+
+def _models_layer(value: str | Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
+    """The ``models={...}`` JSON: name -> version -> settings, unknown keys noted and dropped."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: models= is not valid JSON: {exc}") from exc
+    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+        raise ConfigError(f"{where}: models= must map model name -> version -> settings")
+    out: dict[str, dict[str, Any]] = {}
+    for name, versions in value.items():
+        out[name] = {}
+        for version, settings in versions.items():
+            if not isinstance(settings, Mapping):
+                raise ConfigError(f"{where}: models.{name}.{version} must be an object")
+            fields, _, more = _split_model_keys(
+                settings, where=f"{where}: models.{name}.{version}", backend_params=False
+            )
+            notes.extend(more)
+            out[name][version] = fields
+    return out
+
+
+# --------------------------------------------------------------------------------------- resolve
+def resolve_model_config(
+    server: ServerConfig,
+    *,
+    name: str,
+    version: str,
+    archive_yaml: Mapping[str, Any] | None,
+    api_overrides: Mapping[str, Any] | None,
+) -> ModelConfig:
+    """The settings of one model version, TorchServe's precedence, later wins::
+
+        ServerConfig defaults < server.models[name][version] < model-config.yaml < management API
+
+    ``archive_yaml`` is the parsed model-config.yaml (camelCase); keys that are not frontend
+    settings become ``handler_config``; TorchServe keys torchbay ignores are logged.
+    ``api_overrides`` holds only the parameters present in the request, by TorchServe name
+    (``batch_size``, ``max_batch_delay``, ``initial_workers``, ``response_timeout``,
+    ``startup_timeout``, ``min_worker``, ``max_worker``, ``handler``) or by field name.
+    A layer that raises ``min_workers`` without giving ``max_workers`` raises the maximum with it.
+    Raises ValidationError for bad values, ConfigError for an unknown API parameter.
+    """
+    merged: dict[str, Any] = {
+        "min_workers": server.default_workers_per_model,
+        "max_workers": server.default_workers_per_model,
+        "batch_size": server.batch_size,
+        "max_batch_delay_ms": server.max_batch_delay_ms,
+        "response_timeout_s": server.default_response_timeout_s,
+        "startup_timeout_s": server.default_startup_timeout_s,
+        "job_queue_size": server.job_queue_size,
+        "cpu_threads": server.cpu_threads_per_worker,
+        "cpu_affinity": server.cpu_affinity,
+    }
+    entry = server.models.get(name, {}).get(version)
+    if entry is not None:
+        _apply(merged, entry.model_dump(exclude_unset=True))
+    if archive_yaml:
+        fields, backend, notes = _split_model_keys(
+            archive_yaml, where=f"model {name} {version} model-config.yaml", backend_params=True
+        )
+        for note in notes:
+            log.info("%s", note)
+        _apply(merged, {**fields, "handler_config": backend})
+    if api_overrides:
+        _apply(merged, _api_fields(api_overrides))
+    return ModelConfig.model_validate(merged)
+
+
+def _api_fields(params: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == "initial_workers":
+            out["min_workers"] = value
+        elif key in _API_NAMES:
+            out[_API_NAMES[key]] = value
+        elif key in ModelConfig.model_fields:
+            out[key] = value
+        else:
+            raise ConfigError(f"unknown model setting {key!r}")
+    return out
+
+
+def _apply(merged: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    if "min_workers" in layer and "max_workers" not in layer:
+        # TorchServe: max defaults to min. Coerce here so "4" from a query string compares.
+        new_min = _as_int(layer["min_workers"])
+        old_max = _as_int(merged.get("max_workers"))
+        if new_min is not None and (old_max is None or old_max < new_min):
+            merged["max_workers"] = new_min
+    merged.update(layer)
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None  # validation reports it
