@@ -1,0 +1,61 @@
+"""The bare-HTTP ceiling: a raw ASGI app (no framework) that reads the POST body and answers a
+small JSON. Any path and method is answered 200, so readiness polls and wrk use the same URL.
+
+    python -m torchbay.benchmarks.ceilings.echo_asgi --port 8080
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from torchbay.benchmarks.ceilings._serve import add_server_args, serve
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_HEADERS = [(b"content-type", b"application/json")]
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer ``{"ok":true,"bytes":N}`` with N the body length; lifespan is acknowledged."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] != "http":
+        return
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
+    body = b'{"ok":true,"bytes":%d}' % size
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [*_HEADERS, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_args(parser)
+    args = parser.parse_args(argv)
+    serve(app, args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

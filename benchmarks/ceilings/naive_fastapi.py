@@ -1,0 +1,61 @@
+"""The naive FastAPI ceiling: a sync (``def``) endpoint, so Starlette runs it in its thread pool,
+that runs the scripted model per request with the baseline's handler logic.
+
+    python -m torchbay.benchmarks.ceilings.naive_fastapi --port 8080 --model cnn --pt cnn.pt
+
+``POST /predictions/{model}`` with the raw float32 body answers ``{"class": k, "score": s}``.
+This is what a user writes first; issue 3 asks torchbay (cnn, c=10, batch 1, 2 workers) to be at
+least as fast. Deliberately no batching, no workers, no tuning beyond ``torch.set_num_threads(1)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from torchbay.benchmarks.ceilings._serve import add_server_args, serve
+
+SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}
+
+
+def create_app(model_name: str, pt_path: str) -> Any:
+    """Load the scripted model at ``pt_path`` and return the app serving it as ``model_name``."""
+    import torch
+    from fastapi import Depends, FastAPI, HTTPException, Request
+
+    torch.set_num_threads(1)
+    model = torch.jit.load(pt_path).eval()
+    shape = SAMPLE_SHAPES[model_name]
+    app = FastAPI()
+
+    async def raw_body(request: Request) -> bytes:
+        return await request.body()
+
+    @app.get("/ping")
+    def ping() -> dict:
+        return {"status": "Healthy"}
+
+    @app.post("/predictions/{name}")
+    def predict(name: str, body: bytes = Depends(raw_body)) -> dict:
+        if name != model_name:
+            raise HTTPException(404, f"unknown model {name}")
+        x = torch.stack([torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(shape)])
+        with torch.inference_mode():
+            score, cls = torch.softmax(model(x), dim=1).max(dim=1)
+        return {"class": int(cls[0]), "score": float(score[0])}
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_args(parser)
+    parser.add_argument("--model", choices=sorted(SAMPLE_SHAPES), required=True)
+    parser.add_argument("--pt", required=True, help="TorchScript file (torch.jit.script)")
+    args = parser.parse_args(argv)
+    serve(create_app(args.model, args.pt), args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

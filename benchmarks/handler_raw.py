@@ -1,0 +1,87 @@
+"""The baseline's handler for the reference models: raw float32 bodies in, top-1 class out.
+
+A standalone handler file (archived with ``--handler``), so it imports nothing of
+``torchbay.benchmarks``: it runs under torchbay and, unchanged, under TorchServe, because it uses
+only the BaseHandler API (``initialize`` loads the TorchScript ``serializedFile``).
+
+Per request: ``torch.frombuffer`` of a bytearray copy of the body (frombuffer needs a writable
+buffer), reshaped to one sample; the batch is ``torch.stack``-ed, run under
+``torch.inference_mode()``, and each request gets ``{"class": k, "score": s}`` from the softmax max.
+
+The sample shape comes from ``input_shape.json`` in the model directory (``{"shape": [3, 64, 64]}``,
+an extra file of the archive) or else from the model name (``tiny``/``cnn``). Threads: 1 (as every
+worker in the baseline), unless ``model-config.yaml`` sets ``handler: {num_threads: N}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+try:
+    from torchbay.handlers.base_handler import BaseHandler
+except ImportError:  # running under TorchServe
+    from ts.torch_handler.base_handler import BaseHandler
+
+SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}
+SHAPE_FILE = "input_shape.json"
+
+
+def resolve_shape(model_name: str, model_dir: str | None) -> tuple[int, ...]:
+    """The shape of one sample: ``input_shape.json`` in ``model_dir`` wins over the name table."""
+    if model_dir:
+        path = os.path.join(model_dir, SHAPE_FILE)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                return tuple(int(d) for d in json.load(fh)["shape"])
+    if model_name in SAMPLE_SHAPES:
+        return SAMPLE_SHAPES[model_name]
+    raise ValueError(f"no sample shape for model {model_name!r}: add {SHAPE_FILE} to the archive")
+
+
+def decode_batch(requests: list[dict], shape: tuple[int, ...]) -> torch.Tensor:
+    """Stack one float32 sample per request; a body of the wrong size raises ValueError."""
+    expected = 4
+    for dim in shape:
+        expected *= dim
+    samples = []
+    for row in requests:
+        body = row.get("data")
+        if body is None:
+            body = row.get("body")
+        if not isinstance(body, (bytes, bytearray, memoryview)) or len(body) != expected:
+            raise ValueError(f"expected a raw float32 body of {expected} bytes")
+        samples.append(torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(shape))
+    return torch.stack(samples)
+
+
+def top1(logits: torch.Tensor) -> list[dict]:
+    """One ``{"class": k, "score": s}`` per row of ``logits``."""
+    scores, classes = torch.softmax(logits, dim=1).max(dim=1)
+    pairs = zip(classes.tolist(), scores.tolist(), strict=True)
+    return [{"class": k, "score": s} for k, s in pairs]
+
+
+class RawTensorHandler(BaseHandler):
+    """Raw float32 bodies -> TorchScript model -> top-1 class and score per request."""
+
+    def initialize(self, context) -> None:
+        yaml_config = getattr(context, "model_yaml_config", None) or {}
+        threads = int((yaml_config.get("handler") or {}).get("num_threads", 1))
+        torch.set_num_threads(threads)
+        super().initialize(context)
+        model_name = context.manifest["model"]["modelName"]
+        self.sample_shape = resolve_shape(model_name, context.system_properties.get("model_dir"))
+
+    def preprocess(self, data: list[dict]) -> torch.Tensor:
+        return decode_batch(data, self.sample_shape)
+
+    def inference(self, data: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        device = getattr(self, "device", None)
+        with torch.inference_mode():
+            return self.model(data if device is None else data.to(device))
+
+    def postprocess(self, data: torch.Tensor) -> list[dict]:
+        return top1(data)

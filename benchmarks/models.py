@@ -1,0 +1,124 @@
+"""The two reference models of ``shared/reference/baseline.md`` and their request bodies.
+
+- **tiny**: ``Linear(64,256) -> ReLU -> Linear(256,10)``; one sample is 64 float32 (256 bytes).
+- **cnn**: a small ResNet (stem conv 3->32 + BN + ReLU, basic blocks 32/64/128 with strides 1/2/2,
+  global average pool, ``Linear(128,10)``); 308,650 parameters; one sample is 3x64x64 float32
+  (49,152 bytes).
+
+Both are built seeded and in eval mode, so every run (and every machine) measures the same weights;
+bodies are raw little-endian float32, exactly what the handler's ``torch.frombuffer`` expects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchbay.benchmarks.errors import BenchError
+
+MODEL_NAMES = ("tiny", "cnn")
+# Shape of ONE sample (no batch dimension), as the handler reshapes each request body.
+SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}
+NUM_CLASSES = 10
+_SEED = 0
+
+
+def _check_name(name: str) -> None:
+    if name not in SAMPLE_SHAPES:
+        choices = ", ".join(MODEL_NAMES)
+        raise BenchError(f"unknown reference model {name!r}; choose one of {choices}")
+
+
+def build_tiny() -> nn.Module:
+    """Return the seeded tiny MLP in eval mode."""
+    torch.manual_seed(_SEED)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, NUM_CLASSES))
+    return model.eval()
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 convs with BN; identity or 1x1-conv+BN shortcut."""
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_ch)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_ch)
+        if stride != 1 or in_ch != out_ch:
+            self.shortcut: nn.Module = nn.Sequential(
+                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
+            )
+        else:
+            self.shortcut = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """The baseline's cnn: stem, three basic blocks (32/64/128, strides 1/2/2), pool, linear."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 32, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU()
+        )
+        self.layer1 = BasicBlock(32, 32, 1)
+        self.layer2 = BasicBlock(32, 64, 2)
+        self.layer3 = BasicBlock(64, 128, 2)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer3(self.layer2(self.layer1(self.stem(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def build_cnn() -> nn.Module:
+    """Return the seeded small ResNet in eval mode."""
+    torch.manual_seed(_SEED)
+    return SmallResNet().eval()
+
+
+def build(name: str) -> nn.Module:
+    """Build a reference model by name (``tiny`` or ``cnn``)."""
+    _check_name(name)
+    return build_tiny() if name == "tiny" else build_cnn()
+
+
+def save_scripted(model: nn.Module, path: str | Path) -> Path:
+    """Script ``model`` with ``torch.jit.script`` and save it to ``path``; return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.script(model).save(str(path))
+    return path
+
+
+def sample_tensor(name: str) -> torch.Tensor:
+    """One deterministic sample for ``name`` (no batch dimension), float32."""
+    _check_name(name)
+    gen = torch.Generator().manual_seed(1234)
+    return torch.randn(SAMPLE_SHAPES[name], generator=gen, dtype=torch.float32)
+
+
+def sample_body(name: str) -> bytes:
+    """The request body for ``name``: one sample as raw little-endian float32."""
+    return sample_tensor(name).numpy().astype("<f4").tobytes()
+
+
+def body_size(name: str) -> int:
+    """Size in bytes of one request body for ``name`` (256 for tiny, 49,152 for cnn)."""
+    _check_name(name)
+    n = 1
+    for dim in SAMPLE_SHAPES[name]:
+        n *= dim
+    return 4 * n
+
+
+def param_count(model: nn.Module) -> int:
+    """Number of trainable parameters (BN running stats are buffers, not counted)."""
+    return sum(p.numel() for p in model.parameters())
