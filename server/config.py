@@ -245,6 +245,12 @@ class ServerConfig(BaseModel):
     cors_allowed_methods: str | None = None
     cors_allowed_headers: str | None = None
 
+    @field_validator("inference_address", "management_address", "metrics_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        parse_address(value)
+        return value.strip()
+
     @field_validator("load_models", "allowed_urls", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
@@ -283,18 +289,24 @@ class ServerConfig(BaseModel):
             raise ValueError("restart_backoff_s needs at least one delay, none negative")
         return value
 
+    @field_validator("load_models")
+    @classmethod
+    def _specs(cls, value: list[str]) -> list[str]:
+        for spec in value:
+            if spec.lower() != "all":
+                parse_model_spec(spec)
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> ServerConfig:
         for name in ("inference_address", "management_address", "metrics_address"):
-            address = parse_address(getattr(self, name))
-            if address.tls and not (self.private_key_file and self.certificate_file):
+            if parse_address(getattr(self, name)).tls and not (
+                self.private_key_file and self.certificate_file
+            ):
                 raise ValueError(
                     f"{name} is https:// but private_key_file and certificate_file are not both "
                     "set (Java keystores are not supported)"
                 )
-        for spec in self.load_models:
-            if spec.lower() != "all":
-                parse_model_spec(spec)
         return self
 
     @property
@@ -327,7 +339,9 @@ def parse_model_spec(spec: str) -> ModelSpec:
     """``x.mar`` -> (None, "x.mar"); ``name=x.mar`` or ``name=https://...`` -> (name, url)."""
     spec = spec.strip()
     name, sep, url = spec.partition("=")
-    if not sep or "/" in name or ":" in name:  # a bare URL whose query has "="
+    if sep and ("/" in name or ":" in name):  # a bare URL whose query has "="
+        name, sep, url = "", "", spec
+    if not sep:
         name, url = "", spec
     if not url or (sep and not name.strip()):
         raise ValueError(f"load_models entry must be 'x.mar' or 'name=x.mar', got {spec!r}")

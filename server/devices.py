@@ -1,0 +1,149 @@
+"""Devices without torch: count the visible GPUs, assign workers to GPUs, size CPU threads.
+
+GPU assignment follows TorchServe's ``WorkLoadManager.addThreads`` (anchors 1.10):
+
+* a model without ``device_ids`` takes the next GPU of one server-wide counter shared by every
+  worker of every model and version (round robin over all workers);
+* a model with ``device_ids`` has its own counter and takes ``device_ids[0]``, ``[1]``, ... in turn;
+* ``device_type="cpu"``, or ``"auto"`` on a host without GPUs, gives ``None`` (CPU);
+  ``device_type="gpu"`` on a host without GPUs is a ``ConfigError``.
+
+Deliberate difference: torchbay's global counter starts at GPU 0. TorchServe pre-increments, so
+its first worker lands on GPU 1 (workers 1, 0, 1, 0 on two GPUs).
+
+The id is the index among the GPUs visible to the server (after ``CUDA_VISIBLE_DEVICES``); the
+worker inherits the server's mask and uses ``cuda:<id>``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from .errors import ConfigError
+
+_SMI_TIMEOUT_S = 5.0
+
+
+def detect_gpu_count(
+    env: Mapping[str, str], *, physical: Callable[[Mapping[str, str]], int] | None = None
+) -> int:
+    """GPUs this process may use: the physical count (NVML, else ``nvidia-smi -L``, else 0)
+    narrowed by ``CUDA_VISIBLE_DEVICES`` from ``env``. ``physical`` replaces the probe (tests)."""
+    mask = env.get("CUDA_VISIBLE_DEVICES")
+    if mask is not None and _mask_len(mask) == 0:
+        return 0  # don't even probe: the user hid every GPU
+    count = (physical or _physical_gpu_count)(env)
+    if mask is None or count == 0:
+        return count
+    return min(count, _mask_len(mask))
+
+
+def _mask_len(mask: str) -> int:
+    """Entries CUDA honours: up to the first invalid one (CUDA stops there, "-1" hides all)."""
+    n = 0
+    for entry in mask.split(","):
+        entry = entry.strip()
+        if entry.isdigit() or entry.startswith(("GPU-", "MIG-")):
+            n += 1
+        else:
+            break
+    return n
+
+
+def _physical_gpu_count(env: Mapping[str, str]) -> int:
+    count = _nvml_count()
+    return count if count is not None else _smi_count(env)
+
+
+def _nvml_count() -> int | None:
+    try:
+        import pynvml  # nvidia-ml-py, optional (torchbay[gpu])
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None  # no driver: fall back to nvidia-smi (it will say the same, cheaply)
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _smi_count(env: Mapping[str, str]) -> int:
+    exe = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run(
+            [exe, "-L"], capture_output=True, text=True, timeout=_SMI_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if out.returncode != 0:
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+class DeviceAssigner:
+    """Hands out a GPU id (or None for CPU) per worker start. One per server; thread-safe."""
+
+    def __init__(self, gpu_count: int) -> None:
+        if gpu_count < 0:
+            raise ValueError("gpu_count must be >= 0")
+        self.gpu_count = gpu_count
+        self._next_global = 0
+        self._per_model: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def assign(
+        self, model_key: str, device_type: str, device_ids: Sequence[int] | None
+    ) -> int | None:
+        """The device for the next worker of ``model_key`` (e.g. ``"name/version"``)."""
+        if device_type == "cpu":
+            return None
+        if self.gpu_count == 0:
+            if device_type == "gpu":
+                raise ConfigError(f"model {model_key} needs deviceType gpu but no GPU is visible")
+            return None
+        with self._lock:
+            if device_ids:
+                bad = [i for i in device_ids if not 0 <= i < self.gpu_count]
+                if bad:
+                    raise ConfigError(
+                        f"model {model_key}: deviceIds {bad} out of range "
+                        f"({self.gpu_count} visible GPUs: 0..{self.gpu_count - 1})"
+                    )
+                n = self._per_model.get(model_key, 0)
+                self._per_model[model_key] = n + 1
+                return device_ids[n % len(device_ids)]
+            gpu = self._next_global % self.gpu_count
+            self._next_global += 1
+            return gpu
+
+    def forget(self, model_key: str) -> None:
+        """Drop a model's per-model counter (after it is unregistered)."""
+        with self._lock:
+            self._per_model.pop(model_key, None)
+
+
+def cpu_threads_for(worker_count_total: int, cores: int, configured: int | None) -> int:
+    """Threads per worker: ``configured`` if set, else ``cores // workers``, at least 1."""
+    if configured is not None:
+        return max(1, configured)
+    return max(1, cores // max(1, worker_count_total))
+
+
+def cpu_affinity_for(worker_index: int, threads: int, cores: int) -> list[int] | None:
+    """Cores to pin worker ``worker_index`` to: contiguous slices of ``threads`` cores, handed out
+    round robin. ``None`` (no pinning) when one slice would cover every core."""
+    if cores <= 0 or threads <= 0 or threads >= cores:
+        return None
+    slices = cores // threads
+    start = (worker_index % slices) * threads
+    return list(range(start, start + threads))
