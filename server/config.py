@@ -521,6 +521,7 @@ def resolve_model_config(
     (``batch_size``, ``max_batch_delay``, ``initial_workers``, ``response_timeout``,
     ``startup_timeout``, ``min_worker``, ``max_worker``, ``handler``) or by field name.
     A layer that raises ``min_workers`` without giving ``max_workers`` raises the maximum with it.
+    Unlike TorchServe, ``initial_workers`` beats a yaml ``minWorkers>0`` (the API always wins).
     Raises ValidationError for bad values, ConfigError for an unknown API parameter.
     """
     merged: dict[str, Any] = {
