@@ -1,0 +1,187 @@
+"""TorchServe's ``BaseHandler`` shape with batch-aware per-item failures.
+
+``handle(data, context)`` runs ``preprocess -> inference -> postprocess`` and records each stage's
+duration (ms) in ``context.stage_timings``, which the Service returns with the batch.
+
+Per-item failures: a subclass preprocesses item by item with ``self.map_items(data, fn)``. When
+``fn`` raises ``PredictionException`` (e.g. ``BadInput``) for an item, that item is dropped from the
+batch, its response status is set to the exception's ``error_code`` and its response body becomes
+``{"code": N, "type": "<ExceptionClass>", "message": "..."}``. The remaining items run as a smaller
+batch; ``postprocess`` returns one result per *remaining* item and ``handle`` re-inserts the error
+bodies at the failed positions, so it always returns exactly ``len(data)`` items. If every item
+fails, inference is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from . import loading
+from .errors import PredictionException
+from .utils import load_label_mapping
+
+logger = logging.getLogger(__name__)
+
+
+class _AllItemsFailed(Exception):
+    """Raised by map_items when no item of the batch is left to run."""
+
+
+def error_body(exc: PredictionException) -> dict[str, Any]:
+    return {"code": exc.error_code, "type": type(exc).__name__, "message": exc.message}
+
+
+class BaseHandler:
+    """Loads the archive's model onto the worker's device and serves tensors through it."""
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.mapping: dict[str, str] | None = None
+        self.device: torch.device | None = None
+        self.initialized = False
+        self.context: Any = None
+        self.manifest: dict[str, Any] | None = None
+        self.map_location: str | None = None
+        self.model_dir: str | None = None
+        self.model_input_dtype: torch.dtype = torch.float32
+        self.explain = False
+        self.target = 0
+        self._failures: dict[int, dict[str, Any]] = {}
+        self.kept_indices: list[int] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def initialize(self, context: Any) -> None:
+        """Pick the device, load the model and the optional ``index_to_name.json`` mapping."""
+        self.context = context
+        properties = context.system_properties
+        self.manifest = context.manifest
+        self.model_dir = str(properties.get("model_dir"))
+        gpu_id = properties.get("gpu_id")
+        if gpu_id is not None and torch.cuda.is_available():
+            self.map_location = "cuda"
+            self.device = torch.device(f"cuda:{gpu_id}")
+        else:
+            self.map_location = "cpu"
+            self.device = torch.device("cpu")
+        self.model = loading.load_model(self.model_dir, self.manifest, self.device)
+        self.model_input_dtype = loading.model_input_dtype(self.model, self.manifest)
+        self.mapping = load_label_mapping(os.path.join(self.model_dir, "index_to_name.json"))
+        self.initialized = True
+
+    # -- stages ----------------------------------------------------------------------------
+    def preprocess(self, data: list[Any]) -> Any:
+        return torch.as_tensor(data, device=self.device)
+
+    def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode():
+            if isinstance(data, torch.Tensor):
+                data = data.to(self.device)
+            return self.model(data, *args, **kwargs)
+
+    def postprocess(self, data: Any) -> list[Any]:
+        return data.tolist()
+
+    # -- per-item failures -----------------------------------------------------------------
+    def map_items(self, data: list[Any], fn: Callable[[Any], Any]) -> list[Any]:
+        """``[fn(item)]`` for the items that do not raise ``PredictionException``.
+
+        A failing item is recorded (status + error body, see the module docstring) and left out.
+        Call it at most once per batch, on the full ``data`` list given to ``handle``;
+        ``self.kept_indices[j]`` is then the request index of the j-th result.
+        """
+        out = []
+        self.kept_indices = []
+        for idx, item in enumerate(data):
+            try:
+                out.append(fn(item))
+            except PredictionException as exc:
+                self.fail_item(idx, exc)
+                continue
+            self.kept_indices.append(idx)
+        if not out and data:
+            raise _AllItemsFailed
+        return out
+
+    def fail_item(self, idx: int, exc: PredictionException) -> None:
+        """Mark request ``idx`` failed with ``exc``; it is answered with the error body."""
+        self._failures[idx] = error_body(exc)
+        if self.context is not None:
+            self.context.set_response_status(exc.error_code, exc.message, idx)
+
+    def _merge_failures(self, results: list[Any], n: int) -> list[Any]:
+        if not self._failures:
+            return results
+        if not isinstance(results, list) or len(results) != n - len(self._failures):
+            return results  # the Service reports the count mismatch
+        it = iter(results)
+        return [self._failures[i] if i in self._failures else next(it) for i in range(n)]
+
+    # -- entry point -----------------------------------------------------------------------
+    def handle(self, data: list[Any], context: Any) -> list[Any]:
+        """Run the stages over one batch; returns exactly ``len(data)`` items (see module doc)."""
+        self.context = context
+        self._failures = {}
+        timings: dict[str, float] = {}
+        if hasattr(context, "stage_timings"):
+            context.stage_timings = timings
+        if self._is_describe():
+            return [self.describe_handle()]
+        start = perf_counter()
+        try:
+            batch = self.preprocess(data)
+        except _AllItemsFailed:
+            timings["preprocess"] = (perf_counter() - start) * 1000
+            return [self._failures[i] for i in range(len(data))]
+        t1 = perf_counter()
+        timings["preprocess"] = (t1 - start) * 1000
+        if self._is_explain():
+            output = self.explain_handle(batch, data)
+            timings["inference"] = (perf_counter() - t1) * 1000
+            return self._merge_failures(output, len(data))
+        output = self.inference(batch)
+        t2 = perf_counter()
+        timings["inference"] = (t2 - t1) * 1000
+        results = self.postprocess(output)
+        timings["postprocess"] = (perf_counter() - t2) * 1000
+        return self._merge_failures(results, len(data))
+
+    # -- explain / describe (TorchServe stubs) ---------------------------------------------
+    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> list[Any]:
+        """Captum-style explanations; subclasses override ``get_insights``."""
+        output_explain = None
+        inputs = None
+        target = 0
+        row = raw_data[0] if raw_data else {}
+        if isinstance(row, dict):
+            inputs = row.get("data") or row.get("body")
+            target = row.get("target") or 0
+        output_explain = self.get_insights(data_preprocess, inputs, target)
+        return output_explain
+
+    def get_insights(self, tensor_data: Any, raw_data: Any, target: Any) -> list[Any]:
+        raise PredictionException("this handler does not support explanations", 501)
+
+    def describe_handle(self) -> str:
+        """Model description returned for a request with the ``describe`` header."""
+        return "{}"
+
+    def _header(self, name: str) -> Any:
+        try:
+            return self.context.get_request_header(0, name)
+        except (AttributeError, IndexError, TypeError):
+            return None
+
+    def _is_explain(self) -> bool:
+        if self._header("explain"):
+            self.explain = True
+            return True
+        return False
+
+    def _is_describe(self) -> bool:
+        return bool(self._header("describe"))

@@ -1,0 +1,144 @@
+"""TorchServe's ``Context`` and ``RequestProcessor`` (ts/context.py), torch-free.
+
+A ``Context`` is built once per loaded model. The Service resets the per-batch state
+(``request_ids``, ``request_processor``, ``stage_timings``) before every batch, so response
+statuses and headers a handler sets apply to the current batch only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RequestProcessor:
+    """Request headers in, response status and headers out, for one request of a batch."""
+
+    def __init__(self, request_header: dict[str, str]) -> None:
+        self._status_code = 200
+        self._reason_phrase: str | None = None
+        self._response_header: dict[str, str] = {}
+        self._request_header = request_header
+
+    def get_request_property(self, key: str) -> str | None:
+        value = self._request_header.get(key)
+        return value if value is not None else self._request_header.get(key.lower())
+
+    def get_request_properties(self) -> dict[str, str]:
+        return self._request_header
+
+    def report_status(self, code: int, reason_phrase: str | None = None) -> None:
+        self._status_code = int(code)
+        self._reason_phrase = reason_phrase
+
+    def get_response_status_code(self) -> int:
+        return self._status_code
+
+    def get_response_status_phrase(self) -> str | None:
+        return self._reason_phrase
+
+    def add_response_property(self, key: str, value: str) -> None:
+        self._response_header[key] = value
+
+    def get_response_headers(self) -> dict[str, str]:
+        return self._response_header
+
+    def get_response_header(self, key: str) -> str | None:
+        return self._response_header.get(key)
+
+
+class Context:
+    """Model-level facts fixed at load time plus per-batch request/response state."""
+
+    def __init__(
+        self,
+        model_name: str,
+        model_dir: str,
+        manifest: dict[str, Any],
+        batch_size: int,
+        gpu: int | None,
+        mms_version: str,
+        limit_max_image_pixels: bool = True,
+        metrics: Any = None,
+        model_yaml_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.manifest = manifest
+        self._system_properties: dict[str, Any] = {
+            "model_dir": model_dir,
+            "gpu_id": gpu,
+            "batch_size": batch_size,
+            "server_name": "MMS",
+            "server_version": mms_version,
+            "limit_max_image_pixels": limit_max_image_pixels,
+        }
+        self.request_ids: dict[int, str] | None = None
+        self._request_processor: list[RequestProcessor] | None = None
+        self.metrics = metrics
+        self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
+        # Stage durations (ms) recorded by BaseHandler.handle for the current batch.
+        self.stage_timings: dict[str, float] = {}
+        self.cl_socket = None
+
+    @property
+    def system_properties(self) -> dict[str, Any]:
+        return self._system_properties
+
+    @property
+    def request_processor(self) -> list[RequestProcessor] | None:
+        return self._request_processor
+
+    @request_processor.setter
+    def request_processor(self, request_processor: list[RequestProcessor] | None) -> None:
+        self._request_processor = request_processor
+
+    def reset_batch(self, request_ids: list[str], headers: list[dict[str, str]]) -> None:
+        """Start a new batch: fresh ids, request headers and response state (Service calls it)."""
+        self.request_ids = dict(enumerate(request_ids))
+        self._request_processor = [RequestProcessor(dict(h)) for h in headers]
+        self.stage_timings = {}
+        if hasattr(self.metrics, "request_ids"):
+            self.metrics.request_ids = self.request_ids
+
+    def get_request_id(self, idx: int = 0) -> str | None:
+        if self.request_ids is None:
+            return None
+        return self.request_ids.get(idx)
+
+    def get_request_header(self, idx: int, key: str) -> str | None:
+        return self._processor(idx).get_request_property(key)
+
+    def get_all_request_header(self, idx: int) -> dict[str, str]:
+        return self._processor(idx).get_request_properties()
+
+    def get_sequence_id(self, idx: int = 0) -> str | None:
+        return self._processor(idx).get_request_property("ts_request_sequence_id")
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self.set_response_header(idx, "content-type", value)
+
+    def get_response_content_type(self, idx: int) -> str | None:
+        return self.get_response_headers(idx).get("content-type")
+
+    def get_response_status(self, idx: int) -> tuple[int, str | None]:
+        processor = self._processor(idx)
+        return processor.get_response_status_code(), processor.get_response_status_phrase()
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+        """Set the status of request ``idx`` (index into the list given to ``handle``)."""
+        if self._request_processor is not None and idx < len(self._request_processor):
+            self._request_processor[idx].report_status(code, reason_phrase=phrase)
+
+    def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
+        for processor in self._request_processor or []:
+            processor.report_status(code, reason_phrase=phrase)
+
+    def get_response_headers(self, idx: int) -> dict[str, str]:
+        return self._processor(idx).get_response_headers()
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
+        self._processor(idx).add_response_property(key, value)
+
+    def _processor(self, idx: int) -> RequestProcessor:
+        if self._request_processor is None:
+            raise IndexError("no batch is being processed")
+        return self._request_processor[idx]

@@ -1,0 +1,233 @@
+"""Request decoding into TorchServe's input rows, and the Open Inference Protocol (v2) envelope.
+
+Torch-free. ``decode_request`` turns one request into TorchServe's row dict; ``parse_v2_request``
+validates an OIP inference request; ``v2_body`` / ``v2_response`` wrap a handler that does not
+speak v2 natively (like TorchServe's kservev2 envelope).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+from urllib.parse import parse_qsl
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from .errors import BadInput
+
+_V2_NAMES = "BOOL UINT8 UINT16 UINT32 UINT64 INT8 INT16 INT32 INT64 FP16 FP32 FP64 BF16 BYTES"
+V2_DATATYPES = frozenset(_V2_NAMES.split(" "))
+
+
+def split_content_type(content_type: str) -> tuple[str, dict[str, str]]:
+    """``("application/json", {"charset": "utf-8"})`` from a Content-Type value."""
+    mime, params = parse_options_header(content_type or "")
+    return mime.decode("latin-1").lower(), {
+        k.decode("latin-1").lower(): v.decode("latin-1") for k, v in params.items()
+    }
+
+
+def decode_text(body: bytes, charset: str = "utf-8") -> str:
+    try:
+        return body.decode(charset or "utf-8")
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise BadInput(f"body is not valid {charset} text") from exc
+
+
+def decode_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadInput(f"body is not valid JSON: {exc}") from exc
+
+
+def decode_body(body: bytes, content_type: str) -> dict[str, Any]:
+    """The row entries a body yields: ``{"body": value}`` or one entry per form field."""
+    mime, params = split_content_type(content_type)
+    if mime == "application/json" or mime.endswith("+json"):
+        return {"body": decode_json(body)}
+    if mime.startswith("text/"):
+        return {"body": decode_text(body, params.get("charset", "utf-8"))}
+    if mime == "multipart/form-data":
+        boundary = params.get("boundary")
+        if not boundary:
+            raise BadInput("multipart/form-data body without a boundary")
+        return parse_multipart(body, boundary)
+    if mime == "application/x-www-form-urlencoded":
+        return dict(parse_qsl(decode_text(body, params.get("charset", "utf-8")), True))
+    return {"body": body}
+
+
+def decode_request(body: bytes, content_type: str, query: str) -> dict[str, Any]:
+    """TorchServe's input row for one request; raises BadInput for an undecodable body."""
+    row: dict[str, Any] = decode_body(body, content_type) if body else {}
+    for key, value in parse_qsl(query or "", keep_blank_values=True):
+        row.setdefault(key, value)
+    if not row:
+        row["body"] = body
+    return row
+
+
+def parse_multipart(body: bytes, boundary: str) -> dict[str, Any]:
+    """Form fields as str, file parts as bytes (a part with a filename is a file)."""
+    fields: dict[str, Any] = {}
+    state: dict[str, Any] = {}
+
+    def on_part_begin() -> None:
+        state.update(headers={}, field=b"", value=b"", data=bytearray())
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        state["field"] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        state["value"] += data[start:end]
+
+    def on_header_end() -> None:
+        state["headers"][state["field"].decode("latin-1").lower()] = state["value"]
+        state["field"], state["value"] = b"", b""
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        state["data"] += data[start:end]
+
+    def on_part_end() -> None:
+        _, opts = parse_options_header(state["headers"].get("content-disposition", b""))
+        name = opts.get(b"name", b"").decode("utf-8", "replace")
+        data = bytes(state["data"])
+        if b"filename" in opts:
+            fields[name] = data
+        else:
+            fields[name] = decode_text(data)
+
+    parser = MultipartParser(
+        boundary,
+        {
+            "on_part_begin": on_part_begin,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+        },
+    )
+    try:
+        parser.write(body)
+        parser.finalize()
+    except Exception as exc:  # python-multipart raises its own error types
+        raise BadInput(f"malformed multipart body: {exc}") from exc
+    return fields
+
+
+# -- Open Inference Protocol (KServe v2) -------------------------------------------------------
+
+
+def parse_v2_request(body: bytes) -> dict[str, Any]:
+    """Validate an OIP inference request; raises BadInput naming the problem."""
+    request = decode_json(body)
+    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
+        raise BadInput("v2 request must be a JSON object with an 'inputs' list")
+    if not request["inputs"]:
+        raise BadInput("v2 request has no inputs")
+    for i, tensor in enumerate(request["inputs"]):
+        if not isinstance(tensor, dict):
+            raise BadInput(f"v2 input {i} is not an object")
+        missing = [k for k in ("name", "shape", "datatype", "data") if k not in tensor]
+        if missing:
+            raise BadInput(f"v2 input {i} lacks {missing}")
+        shape = tensor["shape"]
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise BadInput(f"v2 input {tensor['name']!r} has an invalid shape {shape!r}")
+        if tensor["datatype"] not in V2_DATATYPES:
+            raise BadInput(
+                f"v2 input {tensor['name']!r} has unknown datatype {tensor['datatype']!r}"
+            )
+        flat = flatten(tensor["data"])
+        if len(flat) != math.prod(shape):
+            raise BadInput(
+                f"v2 input {tensor['name']!r}: {len(flat)} values do not fill shape {shape}"
+            )
+    outputs = request.get("outputs")
+    if outputs is not None and not (
+        isinstance(outputs, list) and all(isinstance(o, dict) and "name" in o for o in outputs)
+    ):
+        raise BadInput("v2 'outputs' must be a list of objects with a 'name'")
+    return request
+
+
+def flatten(data: Any) -> list[Any]:
+    """Row-major flattening of nested JSON lists."""
+    if not isinstance(data, list):
+        return [data]
+    out: list[Any] = []
+    for item in data:
+        out.extend(flatten(item) if isinstance(item, list) else [item])
+    return out
+
+
+def v2_body(request: dict[str, Any]) -> Any:
+    """What a non-v2 handler sees as ``body``: the first input's data, unwrapped when single."""
+    data = [_input_value(t) for t in request["inputs"]]
+    return data[0] if len(data) == 1 else data
+
+
+def _input_value(tensor: dict[str, Any]) -> Any:
+    flat = flatten(tensor["data"])
+    if tensor["datatype"] == "BYTES" and len(flat) == 1:
+        return flat[0]
+    return tensor["data"]
+
+
+def output_names(request: dict[str, Any]) -> list[str]:
+    return [str(o["name"]) for o in request.get("outputs") or []]
+
+
+def v2_response(
+    outputs: list[dict[str, Any]], request: dict[str, Any], model_name: str, model_version: str
+) -> dict[str, Any]:
+    response: dict[str, Any] = {"model_name": model_name}
+    if model_version:
+        response["model_version"] = model_version
+    if "id" in request:
+        response["id"] = request["id"]
+    response["outputs"] = outputs
+    return response
+
+
+def wrap_result(result: Any, request: dict[str, Any]) -> list[dict[str, Any]]:
+    """A non-v2 handler's result for one request as a one-tensor OIP output list."""
+    names = output_names(request)
+    name = names[0] if names else "output0"
+    if isinstance(result, bytes):
+        result = result.decode("utf-8", "replace")
+    if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):
+        data = [result if isinstance(result, str) else json.dumps(result, separators=(",", ":"))]
+        return [{"name": name, "shape": [1], "datatype": "BYTES", "data": data}]
+    flat = flatten(result)
+    return [
+        {
+            "name": name,
+            "shape": nested_shape(result),
+            "datatype": infer_datatype(flat),
+            "data": flat,
+        }
+    ]
+
+
+def _is_numeric(value: Any) -> bool:
+    return all(isinstance(v, (int, float, bool)) for v in flatten(value))
+
+
+def nested_shape(value: Any) -> list[int]:
+    shape: list[int] = []
+    while isinstance(value, list):
+        shape.append(len(value))
+        value = value[0] if value else None
+    return shape
+
+
+def infer_datatype(flat: list[Any]) -> str:
+    if flat and all(isinstance(v, bool) for v in flat):
+        return "BOOL"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+        return "INT64"
+    return "FP32"

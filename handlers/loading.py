@@ -1,0 +1,199 @@
+"""Load a model by serialized format onto a device with the precision the manifest records.
+
+The manifest is ``MAR-INF/MANIFEST.json`` in the model directory. Archives made by torchbay
+carry a ``torchbay`` object (``format``, ``precision``, ``files``, ``input_shape``...);
+TorchServe archives do not, and their format is inferred as TorchServe's BaseHandler does: a
+``.pt2`` serialized file is a ``torch.export`` program, a serialized file with a ``modelFile``
+is an eager state dict, anything else is TorchScript.
+
+fp16/bf16 models are stored already cast by the archiver; ``model_input_dtype`` tells handlers the
+dtype to cast floating inputs to. int8-dynamic models are TorchScript (loaded as is) or eager (the
+model is dynamically quantized, Linear/LSTM, before its quantized state dict is loaded).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from .errors import HandlerLoadError
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_PATH = "MAR-INF/MANIFEST.json"
+FORMATS = ("torchscript", "exported", "eager")
+_PRECISION_DTYPES = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "int8-dynamic": torch.float32,
+}
+
+
+def read_manifest(model_dir: str | Path) -> dict[str, Any]:
+    """The parsed manifest, or a minimal one when the directory has none (loose model dir)."""
+    path = Path(model_dir) / MANIFEST_PATH
+    if not path.is_file():
+        return {"model": {}}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HandlerLoadError(f"cannot read manifest {path}: {exc}") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("model", {}), dict):
+        raise HandlerLoadError(f"manifest {path} is not a JSON object with a 'model' object")
+    manifest.setdefault("model", {})
+    return manifest
+
+
+def torchbay_info(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``torchbay`` object, or ``{}`` for a TorchServe archive."""
+    info = manifest.get("torchbay")
+    return info if isinstance(info, dict) else {}
+
+
+def model_format(manifest: dict[str, Any]) -> str | None:
+    """``torchscript`` | ``exported`` | ``eager``, or None when there is no serialized file."""
+    info = torchbay_info(manifest)
+    fmt = info.get("format")
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise HandlerLoadError(f"unknown model format {fmt!r} in manifest (want {FORMATS})")
+        return str(fmt)
+    model = manifest.get("model", {})
+    serialized = model.get("serializedFile")
+    if not serialized:
+        return None
+    if str(serialized).endswith(".pt2"):
+        return "exported"
+    return "eager" if model.get("modelFile") else "torchscript"
+
+
+def model_precision(manifest: dict[str, Any]) -> str:
+    precision = str(torchbay_info(manifest).get("precision") or "fp32")
+    if precision not in _PRECISION_DTYPES:
+        raise HandlerLoadError(f"unknown precision {precision!r} in manifest")
+    return precision
+
+
+def load_model(model_dir: str | Path, manifest: dict[str, Any], device: str | torch.device) -> Any:
+    """Load the manifest's serialized model onto ``device``, in eval mode where applicable.
+
+    Returns None when the manifest names no serialized file (a handler that loads its own model).
+    Raises HandlerLoadError naming the file on any failure.
+    """
+    fmt = model_format(manifest)
+    if fmt is None:
+        return None
+    model_dir = Path(model_dir)
+    serialized = str(manifest["model"]["serializedFile"])
+    path = model_dir / serialized
+    if not path.is_file():
+        raise HandlerLoadError(f"model file {serialized!r} not found in {model_dir}")
+    device = torch.device(device)
+    precision = model_precision(manifest)
+    try:
+        if fmt == "torchscript":
+            model = torch.jit.load(str(path), map_location=device)
+            model.eval()
+        elif fmt == "exported":
+            model = _load_exported(path, device)
+        else:
+            model = _load_eager(model_dir, manifest, path, device, precision)
+    except HandlerLoadError:
+        raise
+    except Exception as exc:  # torch raises many unrelated types for a bad file
+        raise HandlerLoadError(f"cannot load {fmt} model {serialized!r}: {exc}") from exc
+    logger.info("loaded %s model %s (%s) on %s", fmt, serialized, precision, device)
+    return model
+
+
+def _load_exported(path: Path, device: torch.device) -> Any:
+    program = torch.export.load(str(path))
+    if device.type != "cpu":
+        # Constants baked into the graph stay on the export device unless the program is moved.
+        from torch.export.passes import move_to_device_pass
+
+        program = move_to_device_pass(program, device)
+    # Exported modules refuse .eval()/.train(): they are already traced in the mode exported.
+    return program.module()
+
+
+def _load_eager(
+    model_dir: Path, manifest: dict[str, Any], path: Path, device: torch.device, precision: str
+) -> torch.nn.Module:
+    model_file = manifest["model"].get("modelFile")
+    if not model_file:
+        raise HandlerLoadError("eager model needs 'modelFile' in the manifest")
+    module = import_file(model_dir / str(model_file))
+    cls = single_module_class(module, model_file)
+    try:
+        model = cls()
+    except TypeError as exc:
+        raise HandlerLoadError(
+            f"model class {cls.__name__} in {model_file!r} must be constructible with no "
+            f"arguments: {exc}"
+        ) from exc
+    if precision == "int8-dynamic":
+        model = torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8
+        )
+    state = torch.load(str(path), map_location=device, weights_only=True)
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    # assign=True keeps the stored dtype (fp16/bf16 weights stay half) and device.
+    model.load_state_dict(state, assign=precision != "int8-dynamic")
+    model.to(device)
+    model.eval()
+    return model
+
+
+def import_file(path: Path, name: str | None = None) -> ModuleType:
+    """Import a Python file by path as module ``name`` (default: its stem)."""
+    if not path.is_file():
+        raise HandlerLoadError(f"model/handler file {path.name!r} not found in {path.parent}")
+    name = name or path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise HandlerLoadError(f"cannot import {path.name!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise HandlerLoadError(f"importing {path.name!r} failed: {exc!r}") from exc
+    return module
+
+
+def single_module_class(module: ModuleType, filename: str) -> type[torch.nn.Module]:
+    """The one ``nn.Module`` subclass defined in ``module`` (as TorchServe requires)."""
+    classes = [
+        c
+        for _, c in inspect.getmembers(module, inspect.isclass)
+        if c.__module__ == module.__name__ and issubclass(c, torch.nn.Module)
+    ]
+    if len(classes) != 1:
+        names = [c.__name__ for c in classes]
+        raise HandlerLoadError(
+            f"{filename!r} must define exactly one nn.Module class, found {len(classes)} {names}"
+        )
+    return classes[0]
+
+
+def model_input_dtype(model: Any, manifest: dict[str, Any] | None = None) -> torch.dtype:
+    """The floating dtype a handler should cast inputs to (float32 unless stored half)."""
+    if manifest is not None and torchbay_info(manifest).get("precision"):
+        return _PRECISION_DTYPES[model_precision(manifest)]
+    if isinstance(model, torch.nn.Module):
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.is_floating_point():
+                return tensor.dtype
+    return torch.float32

@@ -1,0 +1,200 @@
+"""The ``context.metrics`` handle: TorchServe's MetricsCacheYamlImpl API, recording plain dicts.
+
+Handlers record custom metrics here; the Service drains the buffer after each batch and the dicts
+ride back to the frontend with the results (workers never touch Prometheus). A record is::
+
+    {"name": str, "type": "counter" | "gauge" | "histogram", "unit": str, "value": float,
+     "dimensions": {str: str}}
+
+with ``ModelName`` and ``Level="Model"`` added to the dimensions unless given. Torch-free.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+class MetricTypes(str, enum.Enum):
+    """TorchServe's ``ts.metrics.metric_type_enum.MetricTypes``."""
+
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class Dimension:
+    """TorchServe's ``ts.metrics.dimension.Dimension``: a name/value pair."""
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name = name
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Dimension({self.name!r}, {self.value!r})"
+
+
+DimensionsLike = Mapping[str, Any] | Iterable[Dimension] | None
+
+
+def _type_name(metric_type: MetricTypes | str) -> str:
+    value = metric_type.value if isinstance(metric_type, MetricTypes) else str(metric_type).lower()
+    if value not in ("counter", "gauge", "histogram"):
+        raise ValueError(f"unknown metric type {metric_type!r}")
+    return value
+
+
+class Metric:
+    """A named metric with fixed dimension names, as ``add_metric_to_cache`` returns it."""
+
+    def __init__(
+        self,
+        cache: MetricsCache,
+        name: str,
+        unit: str,
+        dimension_names: Sequence[str],
+        metric_type: MetricTypes | str,
+    ) -> None:
+        self._cache = cache
+        self.name = name
+        self.unit = unit
+        self.dimension_names = list(dimension_names)
+        self.metric_type = MetricTypes(_type_name(metric_type))
+
+    def add_or_update(
+        self, value: float, dimension_values: Sequence[str] = (), request_id: str = ""
+    ) -> None:
+        """Record ``value`` with one value per dimension name (in order)."""
+        if len(dimension_values) != len(self.dimension_names):
+            raise ValueError(
+                f"metric {self.name!r} has dimensions {self.dimension_names}, "
+                f"got values {list(dimension_values)}"
+            )
+        dims = dict(zip(self.dimension_names, (str(v) for v in dimension_values), strict=True))
+        self._cache._record(self.name, self.metric_type.value, self.unit, value, dims)
+
+    def update(self, value: float, request_id: str = "", dimensions: DimensionsLike = None) -> None:
+        """Record ``value`` with the given dimensions (or none beyond the defaults)."""
+        self._cache._record(self.name, self.metric_type.value, self.unit, value, _dims(dimensions))
+
+
+def _dims(dimensions: DimensionsLike) -> dict[str, str]:
+    if dimensions is None:
+        return {}
+    if isinstance(dimensions, Mapping):
+        return {str(k): str(v) for k, v in dimensions.items()}
+    return {str(d.name): str(d.value) for d in dimensions}
+
+
+class MetricsCache:
+    """Buffer of custom metric records for one model; ``drain()`` empties it."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self._buffer: list[dict[str, Any]] = []
+        self._metrics: dict[tuple[str, str], Metric] = {}
+        self.request_ids: dict[int, str] | None = None
+
+    # -- recording ----------------------------------------------------------------------------
+    def _record(
+        self, name: str, metric_type: str, unit: str, value: float, dims: dict[str, str]
+    ) -> None:
+        dimensions = {"ModelName": self.model_name, "Level": "Model", **dims}
+        self._buffer.append(
+            {
+                "name": str(name),
+                "type": metric_type,
+                "unit": str(unit),
+                "value": float(value),
+                "dimensions": dimensions,
+            }
+        )
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Return and clear every record made since the last drain."""
+        out, self._buffer = self._buffer, []
+        return out
+
+    # -- TorchServe's convenience API -----------------------------------------------------------
+    def add_metric(
+        self,
+        name: str,
+        value: float,
+        unit: str,
+        idx: int | None = None,
+        dimensions: DimensionsLike = None,
+        metric_type: MetricTypes | str = MetricTypes.COUNTER,
+    ) -> None:
+        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
+
+    def add_counter(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        dimensions: DimensionsLike = None,
+        metric_type: MetricTypes | str = MetricTypes.COUNTER,
+    ) -> None:
+        self._record(name, _type_name(metric_type), "count", value, _dims(dimensions))
+
+    def add_time(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        unit: str = "ms",
+        dimensions: DimensionsLike = None,
+        metric_type: MetricTypes | str = MetricTypes.GAUGE,
+    ) -> None:
+        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
+
+    def add_size(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        unit: str = "MB",
+        dimensions: DimensionsLike = None,
+        metric_type: MetricTypes | str = MetricTypes.GAUGE,
+    ) -> None:
+        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
+
+    def add_percent(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        dimensions: DimensionsLike = None,
+        metric_type: MetricTypes | str = MetricTypes.GAUGE,
+    ) -> None:
+        self._record(name, _type_name(metric_type), "percent", value, _dims(dimensions))
+
+    def add_error(self, name: str, value: float, dimensions: DimensionsLike = None) -> None:
+        self._record(name, "counter", "", value, _dims(dimensions))
+
+    def set_gauge(
+        self, name: str, value: float, unit: str = "", dimensions: DimensionsLike = None
+    ) -> None:
+        """Record a gauge's current value."""
+        self._record(name, "gauge", unit, value, _dims(dimensions))
+
+    def add_metric_to_cache(
+        self,
+        metric_name: str,
+        unit: str,
+        dimension_names: Sequence[str] = (),
+        metric_type: MetricTypes | str = MetricTypes.COUNTER,
+    ) -> Metric:
+        metric = Metric(self, metric_name, unit, dimension_names, metric_type)
+        self._metrics[(metric.metric_type.value, metric_name)] = metric
+        return metric
+
+    def get_metric(
+        self, metric_name: str, metric_type: MetricTypes | str = MetricTypes.COUNTER
+    ) -> Metric:
+        """The metric registered under this name and type (created unit-less if unknown)."""
+        key = (_type_name(metric_type), metric_name)
+        if key not in self._metrics:
+            return self.add_metric_to_cache(metric_name, "", (), metric_type)
+        return self._metrics[key]

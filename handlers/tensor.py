@@ -1,0 +1,235 @@
+"""The ``tensor`` built-in handler: tensors in, the model's output as JSON out.
+
+Input per request (the ``body``, or a form field ``data``):
+  * ``.npy`` bytes (``\\x93NUMPY`` magic; loaded with ``allow_pickle=False``);
+  * raw little-endian float32 bytes (``application/octet-stream``);
+  * JSON nested lists (``[[...]]``), or an object ``{"data": ...}`` / ``{"input": ...}``, or
+    ``{"instances": [...]}`` (a list of samples).
+Per-sample shape: the manifest's ``torchbay.input_shape``, else the request header
+``x-input-shape: 1,28,28``. Raw float32 without any shape is 1-D. A request holds one sample (its
+shape equals the per-sample shape) or several (shape ``[n, *sample_shape]``); with no known shape
+the whole input is one sample. Inputs are cast to the model's dtype (fp16/bf16 archives) unless
+the header ``x-input-dtype`` (e.g. ``int64``) or the manifest's ``torchbay.input_dtype`` names an
+integer type. Requests whose samples share a shape are batched together.
+
+Output per request: ``{"output": <nested lists>}``: the model's output for the one sample, or a
+list of per-sample outputs for several; a model returning a tuple gives a list of such outputs.
+
+Open Inference Protocol (v2) natively: each input tensor is built from ``shape``/``datatype``/
+``data`` (its first dimension is the batch), passed to the model positionally; each output tensor
+comes back as ``{"name", "shape", "datatype", "data"}`` (flattened; fp16/bf16 as FP32).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .base_handler import BaseHandler
+from .errors import BadInput, PredictionException
+from .loading import torchbay_info
+
+_DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+    "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}  # fmt: skip
+_V2_DTYPES = {
+    "BOOL": torch.bool, "UINT8": torch.uint8, "INT8": torch.int8, "INT16": torch.int16,
+    "INT32": torch.int32, "INT64": torch.int64, "FP16": torch.float16, "FP32": torch.float32,
+    "FP64": torch.float64, "BF16": torch.bfloat16, "UINT16": torch.int32, "UINT32": torch.int64,
+    "UINT64": torch.int64,
+}  # fmt: skip
+_V2_NAMES = {
+    torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
+    torch.int32: "INT32", torch.int64: "INT64", torch.float64: "FP64",
+}  # fmt: skip
+
+
+def parse_shape(text: str) -> list[int]:
+    try:
+        shape = [int(p) for p in str(text).replace("x", ",").split(",") if p.strip()]
+    except ValueError as exc:
+        raise BadInput(f"invalid x-input-shape {text!r}: want e.g. '1,28,28'") from exc
+    if any(d <= 0 for d in shape):
+        raise BadInput(f"invalid x-input-shape {text!r}: dimensions must be positive")
+    return shape
+
+
+class TensorHandler(BaseHandler):
+    """Generic tensor-in/JSON-out handler (see the module docstring for formats)."""
+
+    supports_v2 = True
+
+    def initialize(self, context: Any) -> None:
+        super().initialize(context)
+        info = torchbay_info(self.manifest or {})
+        shape = info.get("input_shape")
+        self.input_shape: list[int] | None = [int(d) for d in shape] if shape else None
+        declared = _DTYPES.get(str(info.get("input_dtype") or "").lower())
+        # Integer inputs (token ids) keep their dtype; float inputs follow the model's precision.
+        self.declared_dtype = declared if declared is not None and not declared.is_floating_point \
+            else None  # fmt: skip
+
+    # -- preprocess: one entry per remaining request: (inputs, single) --------------------------
+    def preprocess(self, data: list[Any]) -> list[tuple[list[torch.Tensor], bool]]:
+        self._rows = data
+        items = self.map_items(list(enumerate(data)), self._item)
+        self._single = [single for _, single in items]
+        return items
+
+    def _item(self, pair: tuple[int, dict[str, Any]]) -> tuple[list[torch.Tensor], bool]:
+        idx, row = pair
+        if not isinstance(row, dict):
+            raise BadInput("request row is not a dict")
+        if row.get("protocol") == "v2":
+            return [self._v2_tensor(t) for t in row["body"]["inputs"]], False
+        value = row.get("data") if row.get("data") is not None else row.get("body")
+        shape = self.input_shape
+        header = self._request_header(idx, "x-input-shape")
+        if header:
+            shape = parse_shape(header)
+        tensor = self._to_tensor(value, shape)
+        dtype = self._target_dtype(idx, tensor)
+        tensor = tensor.to(device=self.device, dtype=dtype)
+        if shape is None:
+            return [tensor.unsqueeze(0)], True
+        if list(tensor.shape) == shape:
+            return [tensor.unsqueeze(0)], True
+        if tensor.dim() == len(shape) + 1 and list(tensor.shape[1:]) == shape:
+            return [tensor], False
+        if tensor.numel() == math.prod(shape):
+            return [tensor.reshape(1, *shape)], True
+        raise BadInput(f"input of shape {list(tensor.shape)} does not match sample shape {shape}")
+
+    def _request_header(self, idx: int, name: str) -> str | None:
+        try:
+            return self.context.get_request_header(idx, name)
+        except (AttributeError, IndexError, TypeError):
+            return None
+
+    def _target_dtype(self, idx: int, tensor: torch.Tensor) -> torch.dtype:
+        header = self._request_header(idx, "x-input-dtype")
+        if header:
+            dtype = _DTYPES.get(header.strip().lower())
+            if dtype is None:
+                raise BadInput(f"unknown x-input-dtype {header!r}")
+            return self.model_input_dtype if dtype.is_floating_point else dtype
+        return self.declared_dtype or self.model_input_dtype
+
+    def _to_tensor(self, value: Any, shape: list[int] | None) -> torch.Tensor:
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value)
+            if value.startswith(b"\x93NUMPY"):
+                try:
+                    array = np.load(io.BytesIO(value), allow_pickle=False)
+                except (ValueError, OSError, EOFError) as exc:
+                    raise BadInput(f"invalid .npy payload: {exc}") from exc
+                return torch.from_numpy(np.ascontiguousarray(array))
+            if not value or len(value) % 4:
+                raise BadInput(
+                    f"raw float32 body must be a non-empty multiple of 4 bytes, got {len(value)}"
+                )
+            flat = torch.from_numpy(np.frombuffer(value, dtype="<f4").copy())
+            if shape is not None and flat.numel() % math.prod(shape) == 0:
+                n = flat.numel() // math.prod(shape)
+                return flat.reshape(*shape) if n == 1 else flat.reshape(n, *shape)
+            return flat
+        if isinstance(value, str):
+            raise BadInput("text input: send JSON (application/json), .npy or raw float32 bytes")
+        if isinstance(value, dict):
+            for key in ("data", "input", "inputs", "instances"):
+                if key in value:
+                    return self._to_tensor(value[key], shape)
+            raise BadInput("JSON object input needs a 'data', 'input' or 'instances' key")
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise BadInput(f"JSON input is not a rectangular numeric array: {exc}") from exc
+
+    def _v2_tensor(self, spec: dict[str, Any]) -> torch.Tensor:
+        dtype = _V2_DTYPES.get(spec["datatype"])
+        if dtype is None:
+            raise BadInput(f"v2 datatype {spec['datatype']} is not supported by the tensor handler")
+        try:
+            tensor = torch.tensor(spec["data"], dtype=torch.float64 if dtype.is_floating_point
+                                  else dtype).reshape(spec["shape"])  # fmt: skip
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise BadInput(f"v2 input {spec['name']!r}: {exc}") from exc
+        if dtype.is_floating_point:
+            dtype = self.model_input_dtype
+        return tensor.to(device=self.device, dtype=dtype)
+
+    # -- inference: group requests whose inputs share trailing shapes ---------------------------
+    def inference(self, data: list[tuple[list[torch.Tensor], bool]], *args: Any, **kwargs: Any
+                  ) -> list[Any]:  # fmt: skip
+        groups: dict[tuple, list[int]] = {}
+        for j, (inputs, _) in enumerate(data):
+            key = tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)
+            groups.setdefault(key, []).append(j)
+        outputs: list[Any] = [None] * len(data)
+        for members in groups.values():
+            try:
+                self._run_group(data, members, outputs, args, kwargs)
+            except PredictionException:
+                raise
+            except Exception as exc:
+                if len(groups) == 1:
+                    raise
+                # Other shape groups can still succeed; this group's requests fail alone.
+                for j in members:
+                    self.fail_item(self.kept_indices[j], PredictionException(str(exc), 500))
+        return outputs
+
+    def _run_group(self, data: list[Any], members: list[int], outputs: list[Any],
+                   args: Any, kwargs: Any) -> None:  # fmt: skip
+        counts = [data[j][0][0].shape[0] for j in members]
+        n_inputs = len(data[members[0]][0])
+        batch = [torch.cat([data[j][0][k] for j in members]) for k in range(n_inputs)]
+        with torch.inference_mode():
+            result = self.model(*batch, *args, **kwargs)
+        multi = isinstance(result, (tuple, list))
+        results = list(result) if multi else [result]
+        offset = 0
+        for j, count in zip(members, counts, strict=True):
+            outputs[j] = ([r[offset : offset + count] for r in results], multi)
+            offset += count
+
+    # -- postprocess ----------------------------------------------------------------------------
+    def postprocess(self, data: list[Any]) -> list[Any]:
+        out = []
+        for j, item in enumerate(data):
+            if item is None:
+                continue
+            tensors, multi = item
+            if self._is_v2(j):
+                out.append({"outputs": self._v2_outputs(j, tensors)})
+                continue
+            single = self._single[j]
+            values = [(t[0] if single else t).float().tolist() if t.is_floating_point()
+                      else (t[0] if single else t).tolist() for t in tensors]  # fmt: skip
+            out.append({"output": values if multi else values[0]})
+        return out
+
+    def _is_v2(self, j: int) -> bool:
+        row = self._rows[self.kept_indices[j]]
+        return isinstance(row, dict) and row.get("protocol") == "v2"
+
+    def _v2_outputs(self, j: int, tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
+        row = self._rows[self.kept_indices[j]]
+        names = [str(o["name"]) for o in row["body"].get("outputs") or []]
+        outs = []
+        for k, t in enumerate(tensors):
+            name = names[k] if k < len(names) else f"output{k}"
+            if t.is_floating_point() and t.dtype != torch.float64:
+                t, datatype = t.float(), "FP32"
+            else:
+                datatype = _V2_NAMES.get(t.dtype, "FP32")
+            outs.append({"name": name, "shape": list(t.shape), "datatype": datatype,
+                         "data": t.reshape(-1).tolist()})  # fmt: skip
+        return outs

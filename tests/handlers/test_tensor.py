@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from torchbay.handlers.service import load_service
+
+from .conftest import body_json, req
+
+X = [1.0, 2.0, 3.0, 4.0]
+
+
+def expected(model: torch.nn.Module, x: list[float]) -> list[float]:
+    with torch.no_grad():
+        return model(torch.tensor([x])).tolist()[0]
+
+
+def test_json_npy_raw_in_one_batch(torchscript_dir, tiny_model) -> None:
+    service = load_service(torchscript_dir(), batch_size=3)
+    buf = io.BytesIO()
+    np.save(buf, np.array(X, dtype=np.float32))
+    outcome = service.predict(
+        [
+            req(json.dumps(X), "application/json", "a"),
+            req(buf.getvalue(), "application/octet-stream", "b"),
+            req(np.array(X, dtype="<f4").tobytes(), "application/octet-stream", "c"),
+        ]
+    )
+    assert [r.status for r in outcome.responses] == [200, 200, 200]
+    want = expected(tiny_model, X)
+    for response in outcome.responses:
+        assert response.content_type == "application/json"
+        assert body_json(response)["output"] == pytest.approx(want, rel=1e-5)
+    assert {"preprocess", "inference", "postprocess", "handler"} <= set(outcome.timings)
+    assert service.device == "cpu" and service.model_name == "tiny"
+    assert service.model_version == "1.0"
+
+
+def test_bad_item_fails_only_its_request(torchscript_dir) -> None:
+    service = load_service(torchscript_dir(torchbay={"input_shape": [4]}))
+    outcome = service.predict(
+        [
+            req(json.dumps(X), "application/json", "a"),
+            req(b"\x00\x01\x02", "application/octet-stream", "b"),
+            req("{not json", "application/json", "c"),
+            req(json.dumps([1.0, 2.0]), "application/json", "d"),
+            req(json.dumps([X, X]), "application/json", "e"),
+        ]
+    )
+    assert [r.status for r in outcome.responses] == [200, 400, 400, 400, 200]
+    error = body_json(outcome.responses[1])
+    assert error["code"] == 400 and error["type"] == "BadInput" and "4 bytes" in error["message"]
+    assert body_json(outcome.responses[2])["type"] == "BadInput"
+    assert len(body_json(outcome.responses[4])["output"]) == 2  # two samples in one request
+
+
+def test_shape_header_and_fp16(tmp_path, tiny_model) -> None:
+    from .conftest import write_manifest
+
+    torch.jit.trace(tiny_model.half(), torch.ones(1, 1, 4, dtype=torch.float16)).save(
+        str(tmp_path / "m.pt")
+    )
+    write_manifest(tmp_path, serialized="m.pt", handler="tensor", torchbay={"precision": "fp16"})
+    service = load_service(tmp_path)
+    assert service.handler.model_input_dtype == torch.float16
+    raw = np.array(X, dtype="<f4").tobytes()
+    outcome = service.predict(
+        [req(raw, "application/octet-stream", headers={"x-input-shape": "1,4"})]
+    )
+    assert outcome.responses[0].status == 200, outcome.responses[0].body
+    out = body_json(outcome.responses[0])["output"]
+    assert np.array(out).shape == (1, 3)
+
+
+def test_v2_native(torchscript_dir, tiny_model) -> None:
+    service = load_service(torchscript_dir())
+    request = {
+        "id": "42",
+        "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": X + X}],
+        "outputs": [{"name": "logits"}],
+    }
+    outcome = service.predict(
+        [
+            req(json.dumps(request), "application/json", protocol="v2"),
+            req(b'{"inputs": 3}', "application/json", protocol="v2"),
+        ]
+    )
+    assert [r.status for r in outcome.responses] == [200, 400]
+    body = body_json(outcome.responses[0])
+    assert body["model_name"] == "tiny" and body["model_version"] == "1.0" and body["id"] == "42"
+    [out] = body["outputs"]
+    assert out["name"] == "logits" and out["shape"] == [2, 3] and out["datatype"] == "FP32"
+    assert out["data"][:3] == pytest.approx(expected(tiny_model, X), rel=1e-5)
+    assert "error" in body_json(outcome.responses[1])
