@@ -88,6 +88,9 @@ class TorchbayInfo(BaseModel):
     example_input: str | None = None
     input_shape: list[int] | None = None
     input_dtype: str = "float32"
+    # TorchScript frozen by --optimize; the loader should run torch.jit.optimize_for_inference
+    # (its MKLDNN-prepacked constants cannot be serialized, so that pass runs at load time).
+    optimized: bool = False
     archiver_version: str = ""
 
     @field_validator("files")

@@ -1,0 +1,196 @@
+"""Build the serialized model of an archive: precision, conversion, save, parity (imports torch).
+
+Called by ``package.package`` when the model is transformed or an example input is given.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torchbay.archiver import convert
+from torchbay.archiver.errors import ConversionError
+from torchbay.archiver.manifest import Format, Parity
+from torchbay.archiver.parity import check
+
+if TYPE_CHECKING:
+    from torchbay.archiver.package import ArchiveOptions, _Stage
+
+
+def build_model(
+    options: ArchiveOptions,
+    stage: _Stage,
+    source: Format,
+    target: Format,
+    serialized: Path,
+    model_file: Path | None,
+) -> tuple[str, str | None, Parity, torch.Tensor]:
+    """Stage the (converted) model and the example; returns (serializedFile, modelFile, parity,
+    example). Raises ConversionError / ParityError / ArchiveArgumentError."""
+    from torchbay.archiver.package import EXAMPLE_NAME
+
+    assert options.example_input is not None
+    example = convert.load_example(Path(options.example_input))
+    if source == "eager":
+        assert model_file is not None
+        reference: nn.Module = convert.load_eager(model_file, serialized)
+    else:
+        reference = convert.load_torchscript(serialized)
+    _run_reference(reference, example)
+    packed = _apply_precision(options.precision, reference, source, target, serialized, example)
+
+    if target == "eager":
+        name = serialized.name
+        if options.precision == "fp32":
+            stage.add(name, serialized)
+        else:
+            convert.save_state_dict(packed, stage.written(name))
+        assert model_file is not None
+        stage.add(model_file.name, model_file)
+        model_name: str | None = model_file.name
+    elif target == "torchscript":
+        module = _to_torchscript(options.convert, packed, example)
+        if options.optimize:
+            module = convert.freeze(module)
+        name = serialized.name if options.convert == "none" else "model.pt"
+        convert.save_torchscript(module, stage.written(name))
+        model_name = None
+    else:
+        dtype = convert._DTYPES.get(options.precision)
+        x = example.to(dtype) if dtype is not None and example.is_floating_point() else example
+        program = convert.export(packed, x)
+        name = "model.pt2"
+        convert.save_exported(program, stage.written(name))
+        model_name = None
+    convert.save_example(example, stage.written(EXAMPLE_NAME))
+
+    parity = _parity(options, stage, target, name, model_name, reference, example)
+    return name, model_name, parity, example
+
+
+def _run_reference(reference: nn.Module, example: torch.Tensor) -> None:
+    if isinstance(reference, torch.jit.ScriptModule):
+        try:
+            with torch.inference_mode(), convert.quiet():
+                reference(example)
+        except Exception as exc:
+            raise ConversionError(
+                f"the model fails on the example input {list(example.shape)}: "
+                f"{str(exc).strip().splitlines()[0]}"
+            ) from None
+        return
+    convert.locate_failure(reference, example, "the example input")
+
+
+def _apply_precision(
+    precision: str,
+    reference: nn.Module,
+    source: Format,
+    target: Format,
+    serialized: Path,
+    example: torch.Tensor,
+) -> nn.Module:
+    if precision == "fp32":
+        return reference
+    if precision == "int8-dynamic":
+        if source == "torchscript":
+            raise ConversionError(
+                "int8-dynamic needs the eager model (--model-file and a state dict): a "
+                "TorchScript file cannot be re-quantized"
+            )
+        if target == "exported":
+            layers = convert.quantizable_layers(reference, convert.QUANTIZABLE)
+            layer = layers[0] if layers else None
+            raise ConversionError(
+                "torch.export cannot take dynamically quantized layers"
+                + (f" (e.g. {layer!r})" if layer else "")
+                + ": their packed int8 weights do not serialize into a .pt2 program. Use "
+                "--convert torchscript-trace (or torchscript-script) with int8-dynamic, or "
+                "fp16/bf16 with --convert export",
+                layer=layer,
+            )
+        types = convert.EAGER_QUANTIZABLE if target == "eager" else convert.QUANTIZABLE
+        quantized = convert.quantize_int8(reference, types)
+        convert.locate_failure(quantized, example, "int8-dynamic")
+        return quantized
+    # fp16 / bf16
+    if source == "torchscript":
+        cast: nn.Module = convert.load_torchscript(serialized).to(convert._DTYPES[precision])
+    else:
+        cast = convert.cast(reference, precision)
+        x = example.to(convert._DTYPES[precision]) if example.is_floating_point() else example
+        convert.locate_failure(cast, x, precision)
+    if target != "torchscript":
+        return cast  # exported programs are specialized on the (half) input dtype
+    return convert.with_cast(cast, precision)
+
+
+def _to_torchscript(how: str, packed: nn.Module, example: torch.Tensor) -> Any:
+    if how == "torchscript-trace":
+        return convert.trace(packed, example)
+    if isinstance(packed, torch.jit.ScriptModule):
+        return packed
+    return convert.script(packed)
+
+
+def _parity(
+    options: ArchiveOptions,
+    stage: _Stage,
+    target: Format,
+    serialized_name: str,
+    model_file_name: str | None,
+    reference: nn.Module,
+    example: torch.Tensor,
+) -> Parity:
+    """Load the staged model as a worker does (torchbay.handlers.loading) and compare."""
+    from torchbay.archiver.package import default_tolerance
+    from torchbay.handlers.errors import HandlerError
+    from torchbay.handlers.loading import load_model, model_input_dtype
+
+    load_dir = stage.root / "parity"
+    load_dir.mkdir()
+    for name in filter(None, (serialized_name, model_file_name)):
+        shutil.copyfile(stage.files[name], load_dir / name)
+    manifest: dict[str, Any] = {
+        "model": {
+            "modelName": options.model_name,
+            "serializedFile": serialized_name,
+            "handler": options.handler,
+            **({"modelFile": model_file_name} if model_file_name else {}),
+        },
+        "torchbay": {
+            "format": target,
+            "precision": options.precision,
+            "optimized": options.optimize,
+        },
+    }
+    try:
+        with convert.quiet():
+            loaded = load_model(load_dir, manifest, "cpu")
+    except HandlerError as exc:
+        raise ConversionError(f"the packed model does not load: {exc}") from None
+    if options.optimize:
+        loaded = convert.optimize_for_inference(loaded)  # what the loader runs (see convert)
+    dtype = model_input_dtype(loaded, manifest)
+
+    def run_packed(x: torch.Tensor) -> Any:
+        with convert.quiet():
+            return loaded(x.to(dtype) if x.is_floating_point() else x)
+
+    def run_reference(x: torch.Tensor) -> Any:
+        with convert.quiet():
+            return reference(x)
+
+    three = torch.cat([example] * 3)[:3]
+    what = f"{options.precision} {target}" + (" (optimized)" if options.optimize else "")
+    return check(
+        run_reference,
+        run_packed,
+        [example, example[:1], three],
+        default_tolerance(options),
+        allow_drift=options.allow_drift,
+        what=what,
+    )

@@ -1,0 +1,301 @@
+"""Model conversion for ``torchbay archive``: load the reference, apply a precision, serialize.
+
+Imports torch; only ``package.package`` imports this (inside the call). Every failure a user can
+cause raises ConversionError naming the layer or op, or ArchiveArgumentError for a bad input file.
+
+Formats and what each precision can take:
+  torchscript (trace/script, model.pt): fp32, fp16, bf16, int8-dynamic; ``optimize`` freezes and
+      runs torch.jit.optimize_for_inference.
+  exported (torch.export, model.pt2, dynamic batch dimension): fp32, fp16, bf16. Not
+      int8-dynamic: torch.export cannot serialize the packed-weight objects of dynamically
+      quantized layers, and the pt2e quantization flow now lives in torchao, which is not a
+      dependency.
+  eager (model file + state dict): fp32, fp16, bf16, int8-dynamic (the loader quantizes the
+      Linear/LSTM layers before loading the quantized state dict).
+fp16/bf16 TorchScript models take float32 or half input and return float32 (the cast is baked into
+the graph, so any handler can feed them). Exported fp16/bf16 programs are specialized on the input
+dtype: they take half input (the loader's ``model_input_dtype``) and return half.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import sys
+import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
+
+# The layer types torch's dynamic quantization replaces; the eager loader in torchbay.handlers
+# quantizes exactly Linear and LSTM, so the eager format is limited to those.
+QUANTIZABLE = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
+EAGER_QUANTIZABLE = (nn.Linear, nn.LSTM)
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence torch's deprecation and tracer chatter during conversion (stderr stays readable).
+
+    The batch-size and parity checks catch what a TracerWarning would have hinted at.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def load_example(path: Path) -> torch.Tensor:
+    """A saved tensor (torch.save) or a .npy array, batch dimension first."""
+    if not path.is_file():
+        raise ArchiveArgumentError(f"example input {str(path)!r} does not exist")
+    try:
+        if path.suffix == ".npy":
+            tensor = torch.from_numpy(np.load(path, allow_pickle=False))
+        else:
+            tensor = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # numpy/torch raise many types for a bad file
+        raise ArchiveArgumentError(f"cannot read example input {path.name!r}: {exc}") from None
+    if not isinstance(tensor, torch.Tensor):
+        raise ArchiveArgumentError(
+            f"example input {path.name!r} must hold one tensor, got {type(tensor).__name__}"
+        )
+    if tensor.dim() < 1 or tensor.shape[0] < 1:
+        raise ArchiveArgumentError(
+            f"example input {path.name!r} needs a batch dimension first "
+            f"(shape {list(tensor.shape)})"
+        )
+    if tensor.is_floating_point():
+        tensor = tensor.float()
+    return tensor.contiguous()
+
+
+def import_model_class(model_file: Path) -> type[nn.Module]:
+    """The single nn.Module class defined in ``model_file`` (TorchServe's rule)."""
+    name = f"_torchbay_model_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, model_file)
+    if spec is None or spec.loader is None:
+        raise ArchiveArgumentError(f"cannot import model file {model_file.name!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ArchiveArgumentError(f"importing {model_file.name!r} failed: {exc!r}") from None
+    classes = [
+        c
+        for _, c in inspect.getmembers(module, inspect.isclass)
+        if c.__module__ == name and issubclass(c, nn.Module)
+    ]
+    if len(classes) != 1:
+        raise ArchiveArgumentError(
+            f"{model_file.name!r} must define exactly one nn.Module class, found "
+            f"{[c.__name__ for c in classes]}"
+        )
+    return classes[0]
+
+
+def load_eager(model_file: Path, state_file: Path) -> nn.Module:
+    """Instantiate the model file's class and load the state dict (weights_only) in eval mode."""
+    cls = import_model_class(model_file)
+    try:
+        model = cls()
+    except TypeError as exc:
+        raise ArchiveArgumentError(
+            f"model class {cls.__name__} must be constructible with no arguments: {exc}"
+        ) from None
+    try:
+        state = torch.load(state_file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ArchiveArgumentError(
+            f"cannot read state dict {state_file.name!r} (weights_only): {exc}"
+        ) from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ArchiveArgumentError(f"{state_file.name!r} is not a state dict")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ArchiveArgumentError(
+            f"{state_file.name!r} does not fit {cls.__name__}: {str(exc).splitlines()[0]}"
+        ) from None
+    return model.eval()
+
+
+def load_torchscript(path: Path) -> torch.jit.ScriptModule:
+    try:
+        return torch.jit.load(str(path), map_location="cpu").eval()
+    except Exception as exc:
+        raise ArchiveArgumentError(f"{path.name!r} is not a TorchScript file: {exc}") from None
+
+
+def quantizable_layers(model: nn.Module, types: tuple[type[nn.Module], ...]) -> list[str]:
+    return [name for name, mod in model.named_modules() if isinstance(mod, types)]
+
+
+def quantize_int8(model: nn.Module, types: tuple[type[nn.Module], ...]) -> nn.Module:
+    """Dynamic int8 quantization of ``types`` layers; ConversionError when there are none."""
+    if not quantizable_layers(model, types):
+        kinds = "/".join(t.__name__ for t in types)
+        layers = sorted({type(m).__name__ for m in model.modules() if not list(m.children())})
+        raise ConversionError(
+            f"int8-dynamic quantizes only {kinds} layers and this model has none "
+            f"(its layers: {', '.join(layers) or 'none'}); use fp16 or bf16 instead"
+        )
+    with quiet():
+        return torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(model), set(types), dtype=torch.qint8
+        ).eval()
+
+
+def cast(model: nn.Module, precision: str) -> nn.Module:
+    return copy.deepcopy(model).to(_DTYPES[precision]).eval()
+
+
+class _Half(nn.Module):
+    """float32 in, float32 out around an fp16 model (scriptable: no dtype attribute)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point():
+            x = x.to(torch.float16)
+        return self.inner(x).float()
+
+
+class _BFloat16(nn.Module):
+    """float32 in, float32 out around a bf16 model."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point():
+            x = x.to(torch.bfloat16)
+        return self.inner(x).float()
+
+
+def with_cast(model: nn.Module, precision: str) -> nn.Module:
+    """Wrap a half-precision model so it takes and returns float32 (floating inputs only)."""
+    return (_Half if precision == "fp16" else _BFloat16)(model).eval()
+
+
+def locate_failure(model: nn.Module, example: torch.Tensor, what: str) -> None:
+    """Run ``model`` eagerly; on failure raise ConversionError naming the innermost layer."""
+    stack: list[str] = []
+    failed: list[str] = []
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def pre(mod: nn.Module, _args: Any) -> None:
+        stack.append(names.get(id(mod), type(mod).__name__))
+
+    def post(_mod: nn.Module, _args: Any, _out: Any) -> None:
+        stack.pop()
+
+    handles = [m.register_forward_pre_hook(pre) for m in model.modules()]
+    handles += [m.register_forward_hook(post) for m in model.modules()]
+    try:
+        with torch.inference_mode(), quiet():
+            model(example)
+    except Exception as exc:
+        failed = stack[-1:] or ["<model>"]
+        layer = failed[0] or "<model>"
+        kind = type(dict(model.named_modules()).get(layer, model)).__name__
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConversionError(
+            f"{what} cannot take layer {layer!r} ({kind}): {first}", layer=layer
+        ) from None
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def trace(model: nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+    try:
+        with torch.no_grad(), quiet():
+            return torch.jit.trace(model, (example,), check_trace=False)
+    except Exception as exc:
+        raise ConversionError(f"torch.jit.trace failed: {_one_line(exc)}") from None
+
+
+def script(model: nn.Module) -> torch.jit.ScriptModule:
+    try:
+        with quiet():
+            return torch.jit.script(model)
+    except Exception as exc:
+        raise ConversionError(
+            f"torch.jit.script failed (try --convert torchscript-trace): {_one_line(exc)}"
+        ) from None
+
+
+def freeze(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    """torch.jit.freeze: inline weights as constants, fold conv/bn and constant subgraphs.
+
+    optimize_for_inference is not applied here: it embeds MKLDNN tensors that torch.jit.save
+    cannot serialize, so the loader runs it (``optimize_for_inference`` below) after loading.
+    """
+    try:
+        with quiet():
+            return torch.jit.freeze(module.eval())
+    except Exception as exc:
+        raise ConversionError(f"--optimize: torch.jit.freeze failed: {_one_line(exc)}") from None
+
+
+def optimize_for_inference(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    try:
+        with quiet():
+            return torch.jit.optimize_for_inference(module)
+    except Exception as exc:
+        raise ConversionError(
+            f"--optimize: torch.jit.optimize_for_inference failed: {_one_line(exc)}"
+        ) from None
+
+
+def export(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
+    """torch.export with a dynamic batch dimension, in eval and no-grad mode."""
+    if example.shape[0] < 2:
+        # A batch of 1 would be specialized (0/1 specialization); export with 2 rows instead.
+        example = torch.cat([example, example])
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    try:
+        with torch.no_grad(), quiet():
+            return torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    except Exception as exc:
+        raise ConversionError(
+            f"torch.export failed (try --convert torchscript-trace): {_one_line(exc)}"
+        ) from None
+
+
+def save_torchscript(module: torch.jit.ScriptModule, path: Path) -> None:
+    torch.jit.save(module, str(path))
+
+
+def save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
+    with quiet():
+        torch.export.save(program, str(path))
+
+
+def save_state_dict(model: nn.Module, path: Path) -> None:
+    torch.save(model.state_dict(), path)
+
+
+def save_example(example: torch.Tensor, path: Path) -> None:
+    np.save(path, example.numpy(), allow_pickle=False)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[0][:400] if lines else type(exc).__name__

@@ -1,0 +1,389 @@
+"""``torchbay archive``: torch-model-archiver's flags and layout, plus conversion and parity.
+
+``package(options)`` stages every file in a temporary folder (basenames at the root, as
+torch-model-archiver does), converts the model when asked, runs the parity check on the packed
+model loaded exactly as a worker loads it, hashes every file into the manifest and writes the
+archive (``<name>.mar`` deflated or stored, ``<name>.tar.gz``, or a ``<name>/`` folder) atomically.
+This module imports torch only inside ``package`` and only when a model must be loaded.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import glob
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+from torchbay.archiver.errors import ArchiveArgumentError, ArchiveError
+from torchbay.archiver.extract import sha256_file
+from torchbay.archiver.manifest import (
+    MANIFEST_PATH,
+    MODEL_NAME_RE,
+    Format,
+    Manifest,
+    ModelInfo,
+    Parity,
+    Precision,
+    Tolerance,
+    TorchbayInfo,
+    is_valid_model_name,
+)
+
+from torchbay import __version__
+
+BUILTIN_HANDLERS = ("tensor", "image_classifier", "text_classifier")
+ArchiveFormat = Literal["default", "zip-store", "no-archive", "tgz"]
+Convert = Literal["none", "torchscript-trace", "torchscript-script", "export"]
+EXAMPLE_NAME = "example_input.npy"
+_SKIP_DIRS = {"__pycache__", "__MACOSX"}
+
+
+class ArchiveOptions(BaseModel):
+    """Everything ``torchbay archive`` takes; paths are resolved against the current directory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_name: str
+    version: str
+    handler: str
+    serialized_file: Path | None = None
+    model_file: Path | None = None
+    extra_files: tuple[str, ...] = ()
+    requirements_file: Path | None = None
+    config_file: Path | None = None
+    export_path: Path = Path(".")
+    archive_format: ArchiveFormat = "default"
+    force: bool = False
+    runtime: Literal["python", "python3"] = "python"
+    convert: Convert = "none"
+    precision: Precision = "fp32"
+    optimize: bool = False
+    example_input: Path | None = None
+    tolerance: float | None = None
+    min_top1_agreement: float | None = None
+    allow_drift: bool = False
+
+    @field_validator("model_name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not is_valid_model_name(value):
+            raise ValueError(f"must match {MODEL_NAME_RE.pattern}")
+        return value
+
+    @field_validator("extra_files", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        # torch-model-archiver takes one comma-separated string.
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
+
+
+@dataclass
+class _Stage:
+    """Files to pack: archive name -> source path (None = already written in the staging dir)."""
+
+    root: Path
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def add(self, name: str, source: Path) -> None:
+        if name in self.files and not filecmp.cmp(self.files[name], source, shallow=False):
+            raise ArchiveArgumentError(
+                f"two different files would be packed as {name!r} ({self.files[name]} and {source})"
+            )
+        if name.split("/")[0] == "MAR-INF":
+            raise ArchiveArgumentError(f"{source}: MAR-INF/ is reserved for the manifest")
+        self.files[name] = source
+
+    def written(self, name: str) -> Path:
+        """A path in the staging dir for a file the archiver writes itself."""
+        path = self.root / "generated" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.files[name] = path
+        return path
+
+
+def output_path(options: ArchiveOptions) -> Path:
+    """Where the archive goes: ``<export>/<name>.mar``, ``.tar.gz`` or ``<name>/``."""
+    suffix = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}
+    return Path(options.export_path) / f"{options.model_name}{suffix[options.archive_format]}"
+
+
+def _require_file(path: Path | None, flag: str) -> Path | None:
+    if path is not None and not Path(path).is_file():
+        raise ArchiveArgumentError(f"{flag} {str(path)!r} does not exist or is not a file")
+    return Path(path) if path is not None else None
+
+
+def resolve_handler(handler: str) -> tuple[str, Path | None]:
+    """(manifest handler value, file to copy in). A file is stored by basename, like TorchServe."""
+    if handler in BUILTIN_HANDLERS:
+        return handler, None
+    file_part, sep, function = handler.partition(":")
+    path = Path(file_part)
+    if path.suffix != ".py":
+        path = path.with_name(path.name + ".py")  # torch-model-archiver appends .py
+    if not path.is_file():
+        raise ArchiveArgumentError(
+            f"unknown handler {handler!r}: not a built-in ({', '.join(BUILTIN_HANDLERS)}) "
+            f"and no file {str(path)!r}"
+        )
+    return path.name + (sep + function if function else ""), path
+
+
+def _add_extra(stage: _Stage, spec: str) -> None:
+    """torch-model-archiver's --extra-files: files by basename, directories' contents at root."""
+    wildcard = any(ch in spec for ch in "*?[")
+    matches = sorted(glob.glob(spec)) if wildcard else [spec]
+    if not wildcard and not Path(spec).exists():
+        raise ArchiveArgumentError(f"--extra-files {spec!r} does not exist")
+    if wildcard and not matches:
+        raise ArchiveArgumentError(f"--extra-files pattern {spec!r} matched nothing")
+    for match in matches:
+        path = Path(match)
+        if path.is_file():
+            stage.add(path.name, path)
+        elif path.is_dir():
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d[0] != ".")
+                for name in sorted(filenames):
+                    full = Path(dirpath) / name
+                    if full.is_symlink():
+                        raise ArchiveArgumentError(f"--extra-files: {full} is a link")
+                    stage.add(full.relative_to(path).as_posix(), full)
+        else:
+            raise ArchiveArgumentError(f"--extra-files {match!r} is not a file or directory")
+
+
+def _is_torchscript_file(path: Path) -> bool:
+    """TorchScript archives carry a ``code/`` folder; plain torch.save zips do not."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return any("/code/" in n or n.endswith("constants.pkl") for n in zf.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def _source_format(options: ArchiveOptions) -> Format:
+    """The format of the given serialized file, inferred as TorchServe's BaseHandler does."""
+    serialized = options.serialized_file
+    if serialized is not None and serialized.suffix == ".pt2":
+        return "exported"
+    if options.model_file is not None or serialized is None:
+        return "eager"
+    return "torchscript"
+
+
+def _target_format(options: ArchiveOptions, source: Format) -> Format:
+    return {
+        "none": source,
+        "torchscript-trace": "torchscript",
+        "torchscript-script": "torchscript",
+        "export": "exported",
+    }[options.convert]
+
+
+def _check_options(options: ArchiveOptions, source: Format, target: Format) -> None:
+    transforms = options.convert != "none" or options.precision != "fp32" or options.optimize
+    if options.convert != "none" and source == "exported":
+        raise ArchiveArgumentError("an exported .pt2 program cannot be converted again")
+    if options.convert == "export" and source != "eager":
+        raise ArchiveArgumentError("--convert export needs an eager model (--model-file)")
+    if transforms and options.serialized_file is None:
+        raise ArchiveArgumentError(
+            "--convert/--precision/--optimize need --serialized-file (a state dict with "
+            "--model-file, or a TorchScript file)"
+        )
+    if transforms and source == "exported":
+        raise ArchiveArgumentError(
+            "an exported .pt2 cannot be re-cast; export again from the eager model"
+        )
+    if transforms and options.example_input is None:
+        raise ArchiveArgumentError(
+            "--convert/--precision/--optimize need --example-input FILE (a tensor saved with "
+            "torch.save, or .npy, batch dimension first) for tracing and the parity check"
+        )
+    if options.optimize and target != "torchscript":
+        raise ArchiveArgumentError(
+            "--optimize applies to TorchScript only: add --convert torchscript-trace or "
+            "torchscript-script"
+        )
+
+
+def package(options: ArchiveOptions) -> Path:
+    """Build the archive described by ``options`` and return its path.
+
+    Raises ArchiveArgumentError (bad options, missing files, unknown handler, existing output
+    without ``force``), ConversionError (a format/precision cannot take the model) and ParityError
+    (the packed model drifts past the tolerance without ``allow_drift``).
+    """
+    serialized = _require_file(options.serialized_file, "--serialized-file")
+    model_file = _require_file(options.model_file, "--model-file")
+    _require_file(options.requirements_file, "--requirements-file")
+    _require_file(options.config_file, "--config-file")
+    _require_file(options.example_input, "--example-input")
+    handler_value, handler_file = resolve_handler(options.handler)
+    if model_file is not None and serialized is None:
+        raise ArchiveArgumentError("--model-file needs --serialized-file (the state dict)")
+    source = _source_format(options)
+    target = _target_format(options, source)
+    _check_options(options, source, target)
+    out = output_path(options)
+    export_dir = Path(options.export_path)
+    if not export_dir.is_dir():
+        raise ArchiveArgumentError(f"--export-path {str(export_dir)!r} is not a directory")
+    if out.exists() and not options.force:
+        raise ArchiveArgumentError(f"{out} already exists; use -f/--force to overwrite")
+
+    with tempfile.TemporaryDirectory(prefix="torchbay-archive-") as tmp:
+        stage = _Stage(Path(tmp))
+        serialized_name, packed_model_file, parity, example = _model_files(
+            options, stage, source, target, serialized, model_file
+        )
+        if handler_file is not None:
+            stage.add(handler_file.name, handler_file)
+        for spec in options.extra_files:
+            _add_extra(stage, spec)
+        for path in (options.requirements_file, options.config_file):
+            if path is not None:
+                stage.add(Path(path).name, Path(path))
+        files = {name: sha256_file(src) for name, src in sorted(stage.files.items())}
+        manifest = _manifest(
+            options,
+            handler_value,
+            serialized_name,
+            packed_model_file,
+            target,
+            files,
+            parity,
+            example,
+        )
+        _write(options.archive_format, out, stage, manifest, options.model_name)
+    return out
+
+
+def _model_files(
+    options: ArchiveOptions,
+    stage: _Stage,
+    source: Format,
+    target: Format,
+    serialized: Path | None,
+    model_file: Path | None,
+) -> tuple[str | None, str | None, Parity | None, Any]:
+    """Stage the serialized model (converted if asked) and the model file; run the parity check.
+
+    Returns (serializedFile, modelFile, parity, example tensor or None).
+    """
+    transforms = options.convert != "none" or options.precision != "fp32" or options.optimize
+    if serialized is None:
+        return None, None, None, None
+    if not transforms and options.example_input is None:
+        stage.add(serialized.name, serialized)
+        if model_file is not None:
+            stage.add(model_file.name, model_file)
+        return serialized.name, model_file.name if model_file else None, None, None
+    from torchbay.archiver import build  # torch lives behind this import
+
+    assert options.example_input is not None
+    return build.build_model(options, stage, source, target, serialized, model_file)
+
+
+def _manifest(
+    options: ArchiveOptions,
+    handler: str,
+    serialized_name: str | None,
+    model_file_name: str | None,
+    target: Format,
+    files: dict[str, str],
+    parity: Parity | None,
+    example: Any,
+) -> Manifest:
+    model = ModelInfo(
+        model_name=options.model_name,
+        model_version=options.version,
+        serialized_file=serialized_name,
+        handler=handler,
+        model_file=model_file_name,
+        config_file=Path(options.config_file).name if options.config_file else None,
+        requirements_file=(
+            Path(options.requirements_file).name if options.requirements_file else None
+        ),
+    )
+    info = TorchbayInfo(
+        format=target,
+        precision=options.precision,
+        files=files,
+        parity=parity,
+        example_input=EXAMPLE_NAME if example is not None else None,
+        input_shape=list(example.shape[1:]) if example is not None else None,
+        input_dtype=str(example.dtype).removeprefix("torch.") if example is not None else "float32",
+        optimized=options.optimize,
+        archiver_version=__version__,
+    )
+    return Manifest(
+        runtime=options.runtime,
+        archiver_version=__version__,
+        model=model,
+        torchbay=info,
+    )
+
+
+def default_tolerance(options: ArchiveOptions) -> Tolerance:
+    """The precision's default limits with --tolerance / --min-top1-agreement applied."""
+    from torchbay.archiver.parity import DEFAULT_TOLERANCES
+
+    base = DEFAULT_TOLERANCES[options.precision]
+    update: dict[str, float] = {}
+    if options.tolerance is not None:
+        update["max_rel_error"] = options.tolerance
+    if options.min_top1_agreement is not None:
+        update["min_top1_agreement"] = options.min_top1_agreement
+    return base.model_copy(update=update)
+
+
+def _write(fmt: ArchiveFormat, out: Path, stage: _Stage, manifest: Manifest, name: str) -> None:
+    """Write the archive next to ``out`` and move it into place (no half-written archive)."""
+    manifest_bytes = manifest.to_json().encode()
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    try:
+        if fmt == "no-archive":
+            target = tmp_dir / name
+            for arcname, src in stage.files.items():
+                dst = target / arcname
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+            (target / "MAR-INF").mkdir(parents=True, exist_ok=True)
+            (target / MANIFEST_PATH).write_bytes(manifest_bytes)
+            if out.exists():
+                shutil.rmtree(out) if out.is_dir() else out.unlink()
+            os.replace(target, out)
+            return
+        target = tmp_dir / out.name
+        if fmt == "tgz":
+            with tarfile.open(target, "w:gz") as tf:
+                for arcname, src in sorted(stage.files.items()):
+                    tf.add(src, arcname=f"{name}/{arcname}", recursive=False)
+                info = tarfile.TarInfo(f"{name}/{MANIFEST_PATH}")
+                info.size = len(manifest_bytes)
+                tf.addfile(info, io.BytesIO(manifest_bytes))
+        else:
+            mode = zipfile.ZIP_STORED if fmt == "zip-store" else zipfile.ZIP_DEFLATED
+            with zipfile.ZipFile(target, "w", mode) as zf:
+                for arcname, src in sorted(stage.files.items()):
+                    zf.write(src, arcname)
+                zf.writestr(MANIFEST_PATH, manifest_bytes)
+        if out.is_dir():
+            shutil.rmtree(out)
+        os.replace(target, out)
+    except OSError as exc:
+        raise ArchiveError(f"cannot write {out}: {exc}") from None
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)

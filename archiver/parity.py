@@ -1,0 +1,130 @@
+"""The parity check: the reference model against the packed model as the server will load it.
+
+Metrics over every output tensor (flattened, as float64):
+  max_abs_error = max |a - b|
+  max_rel_error = max |a - b| / max |a|   (relative to the output's scale, so logits near zero
+                                           do not blow it up as an element-wise ratio would)
+  top1_agreement = share of rows whose argmax matches, for outputs shaped [batch, classes>1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torchbay.archiver.errors import ConversionError, ParityError
+from torchbay.archiver.manifest import Parity, Tolerance
+
+# Chosen so a healthy conversion packs without flags: the digits CNN measures ~1e-7 (fp32),
+# ~1e-3 (fp16), ~1e-2 (bf16, int8) relative error with full top-1 agreement.
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance(max_rel_error=1e-4),
+    "fp16": Tolerance(max_rel_error=5e-2, min_top1_agreement=0.9),
+    "bf16": Tolerance(max_rel_error=1e-1, min_top1_agreement=0.9),
+    "int8-dynamic": Tolerance(max_rel_error=1e-1, min_top1_agreement=0.9),
+}
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        return [t for v in output.values() for t in _tensors(v)]
+    if isinstance(output, list | tuple):
+        return [t for v in output for t in _tensors(v)]
+    return []
+
+
+def measure(reference: Any, packed: Any) -> tuple[float, float, float | None]:
+    """(max_abs_error, max_rel_error, top1_agreement) between two model outputs."""
+    refs, outs = _tensors(reference), _tensors(packed)
+    if not refs or len(refs) != len(outs):
+        raise ConversionError(
+            f"packed model returns {len(outs)} tensor(s), the reference {len(refs)}"
+        )
+    max_abs, scale, agree, rows = 0.0, 0.0, 0, 0
+    for a, b in zip(refs, outs, strict=True):
+        if a.shape != b.shape:
+            raise ConversionError(
+                f"packed model output shape {list(b.shape)} differs from the reference "
+                f"{list(a.shape)}"
+            )
+        a64, b64 = a.detach().double(), b.detach().double()
+        if a64.numel():
+            diff = (a64 - b64).abs().nan_to_num(nan=math.inf)  # max() would skip a NaN
+            max_abs = max(max_abs, diff.max().item())
+            scale = max(scale, a64.abs().max().item())
+        if a.dim() == 2 and a.shape[1] > 1:
+            agree += int((a64.argmax(1) == b64.argmax(1)).sum().item())
+            rows += a.shape[0]
+    max_rel = max_abs / scale if scale > 0 else max_abs
+    top1 = agree / rows if rows else None
+    return max_abs, max_rel, top1
+
+
+def check(
+    run_reference: Callable[[torch.Tensor], Any],
+    run_packed: Callable[[torch.Tensor], Any],
+    inputs: list[torch.Tensor],
+    tolerance: Tolerance,
+    *,
+    allow_drift: bool,
+    what: str,
+) -> Parity:
+    """Compare both models on every input; ParityError past tolerance unless ``allow_drift``."""
+    max_abs, max_rel, agree, rows = 0.0, 0.0, 0.0, 0
+    top1_seen = False
+    for x in inputs:
+        with torch.inference_mode():
+            ref = run_reference(x)
+            try:
+                out = run_packed(x)
+            except Exception as exc:
+                raise ConversionError(
+                    f"the packed model fails on a batch of {x.shape[0]}: "
+                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+                ) from None
+        a, r, t = measure(ref, out)
+        max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+        if t is not None:
+            top1_seen = True
+            agree += t * x.shape[0]
+            rows += x.shape[0]
+    top1 = agree / rows if top1_seen and rows else None
+    problems = _problems(max_abs, max_rel, top1, tolerance)
+    parity = Parity(
+        max_abs_error=max_abs,
+        max_rel_error=max_rel,
+        top1_agreement=top1,
+        tolerance=tolerance,
+        passed=not problems,
+        allowed_drift=bool(problems) and allow_drift,
+    )
+    if problems and not allow_drift:
+        raise ParityError(
+            f"parity check failed for {what}: {'; '.join(problems)}. Raise the limit with "
+            "--tolerance REL (or --min-top1-agreement), or pack anyway with --allow-drift",
+            parity=parity.model_dump(),
+        )
+    return parity
+
+
+def _problems(
+    max_abs: float, max_rel: float, top1: float | None, tolerance: Tolerance
+) -> list[str]:
+    problems = []
+    if not (math.isfinite(max_abs) and math.isfinite(max_rel)):
+        problems.append("the packed model's outputs are not finite (nan/inf)")
+    if tolerance.max_abs_error is not None and max_abs > tolerance.max_abs_error:
+        problems.append(f"max_abs_error {max_abs:.3g} > tolerance {tolerance.max_abs_error:.3g}")
+    if tolerance.max_rel_error is not None and max_rel > tolerance.max_rel_error:
+        problems.append(f"max_rel_error {max_rel:.3g} > tolerance {tolerance.max_rel_error:.3g}")
+    if (
+        tolerance.min_top1_agreement is not None
+        and top1 is not None
+        and top1 < tolerance.min_top1_agreement
+    ):
+        problems.append(f"top1_agreement {top1:.3f} < required {tolerance.min_top1_agreement:.3f}")
+    return problems
