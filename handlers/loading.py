@@ -18,6 +18,7 @@ import inspect
 import json
 import logging
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -142,9 +143,7 @@ def _load_eager(
             f"arguments: {exc}"
         ) from exc
     if precision == "int8-dynamic":
-        model = torch.ao.quantization.quantize_dynamic(
-            model, {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8
-        )
+        model = quantize_dynamic(model)
     state = torch.load(str(path), map_location=device, weights_only=True)
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
@@ -153,6 +152,16 @@ def _load_eager(
     model.to(device)
     model.eval()
     return model
+
+
+def quantize_dynamic(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of Linear/LSTM layers (the archiver's int8-dynamic recipe)."""
+    with warnings.catch_warnings():
+        # torch.ao.quantization warns it is deprecated (in favour of torchao, not installed).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8
+        )
 
 
 def import_file(path: Path, name: str | None = None) -> ModuleType:
