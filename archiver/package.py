@@ -39,7 +39,9 @@ from torchbay.archiver.manifest import (
 
 from torchbay import __version__
 
-BUILTIN_HANDLERS = ("tensor", "image_classifier", "text_classifier")
+BUILTIN_HANDLERS = ("tensor", "base", "image_classifier", "text_classifier")
+# Handlers given as an importable module path are not copied in (resolved by the worker).
+_MODULE_HANDLER_PREFIXES = ("torchbay.handlers.", "ts.torch_handler.")
 ArchiveFormat = Literal["default", "zip-store", "no-archive", "tgz"]
 Convert = Literal["none", "torchscript-trace", "torchscript-script", "export"]
 EXAMPLE_NAME = "example_input.npy"
@@ -125,7 +127,7 @@ def _require_file(path: Path | None, flag: str) -> Path | None:
 
 def resolve_handler(handler: str) -> tuple[str, Path | None]:
     """(manifest handler value, file to copy in). A file is stored by basename, like TorchServe."""
-    if handler in BUILTIN_HANDLERS:
+    if handler in BUILTIN_HANDLERS or handler.startswith(_MODULE_HANDLER_PREFIXES):
         return handler, None
     file_part, sep, function = handler.partition(":")
     path = Path(file_part)

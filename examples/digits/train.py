@@ -30,14 +30,15 @@ from model import DigitsNet  # noqa: E402
 
 MEAN, STD = 0.5, 0.5
 MODEL_CONFIG = f"""\
-# image_classifier preprocessing for the digits CNN (must match train.py)
+# image_classifier preprocessing for the digits CNN (must match examples/digits/train.py)
 handler:
-  image_size: [8, 8]
-  resize: [8, 8]
-  grayscale: true
-  mean: [{MEAN}]
-  std: [{STD}]
-  topk: 3
+  image:
+    resize: [8, 8]
+    crop: null
+    grayscale: true
+    mean: [{MEAN}]
+    std: [{STD}]
+    topk: 3
 """
 
 

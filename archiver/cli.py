@@ -1,0 +1,142 @@
+"""The archiver's verbs: ``torchbay archive | inspect | verify``. Importable without torch."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+_TS_DEFAULTS = "same meaning as torch-model-archiver's"
+
+
+def register(subparsers: Any) -> None:
+    """Add the archiver's verbs to the ``torchbay`` command."""
+    _add_archive(subparsers)
+    p = subparsers.add_parser(
+        "inspect", help="print an archive's manifest, files, hashes and parity"
+    )
+    p.add_argument("archive", type=Path, help=".mar, .tar.gz or archive directory")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=inspect_command)
+
+    p = subparsers.add_parser(
+        "verify", help="unpack an archive, load it as a worker does and run one input"
+    )
+    p.add_argument("archive", type=Path, help=".mar, .tar.gz or archive directory")
+    p.add_argument("--input", type=Path, help="request body file (default: stored example)")
+    p.add_argument("--content-type", help="request content type (default: from --input's suffix)")
+    p.add_argument("--handler", help="override the manifest's handler")
+    p.set_defaults(func=verify_command)
+
+
+def _add_archive(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "archive",
+        help="pack a model into a .mar (torch-model-archiver's flags, plus convert and check)",
+        description="Pack a model as torch-model-archiver does; optionally convert it "
+        "(TorchScript, torch.export), change its precision and check parity.",
+    )
+    p.add_argument("--model-name", required=True, help="archive name (^[A-Za-z0-9][\\w\\-.]*$)")
+    p.add_argument("-v", "--version", required=True, help="model version, e.g. 1.0")
+    p.add_argument("--serialized-file", type=Path, help="state dict (.pt/.pth) or TorchScript")
+    p.add_argument("--model-file", type=Path, help="Python file with one nn.Module class")
+    p.add_argument(
+        "--handler",
+        required=True,
+        help="built-in (tensor, image_classifier, text_classifier) or file.py[:function]",
+    )
+    p.add_argument(
+        "--extra-files", default="", help="comma list; a directory's contents go to the root"
+    )
+    p.add_argument("-r", "--requirements-file", type=Path)
+    p.add_argument("-c", "--config-file", type=Path, help="model-config.yaml")
+    p.add_argument("--export-path", type=Path, default=Path("."), help="default: current dir")
+    p.add_argument(
+        "--archive-format",
+        choices=["default", "zip-store", "no-archive", "tgz"],
+        default="default",
+        help="default: deflated .mar; zip-store: stored .mar; tgz: .tar.gz; no-archive: folder",
+    )
+    p.add_argument("-f", "--force", action="store_true", help="overwrite an existing archive")
+    p.add_argument("--runtime", choices=["python", "python3"], default="python")
+    p.add_argument(
+        "--convert",
+        choices=["none", "torchscript-trace", "torchscript-script", "export"],
+        default="none",
+        help="convert an eager model (--model-file + state dict); default none",
+    )
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "int8-dynamic"], default="fp32")
+    p.add_argument(
+        "--optimize", action="store_true", help="TorchScript: freeze + optimize_for_inference"
+    )
+    p.add_argument(
+        "--example-input", type=Path, help="tensor (torch.save) or .npy, batch dimension first"
+    )
+    p.add_argument(
+        "--tolerance", type=float, help="max relative error (max|a-b| / max|a|) to accept"
+    )
+    p.add_argument("--min-top1-agreement", type=float, help="minimum top-1 agreement to accept")
+    p.add_argument("--allow-drift", action="store_true", help="pack even past tolerance (recorded)")
+    p.set_defaults(func=archive_command)
+
+
+def archive_command(args: argparse.Namespace) -> int:
+    from torchbay.archiver.manifest import read_manifest
+    from torchbay.archiver.package import ArchiveOptions, package
+
+    options = ArchiveOptions(
+        model_name=args.model_name,
+        version=args.version,
+        handler=args.handler,
+        serialized_file=args.serialized_file,
+        model_file=args.model_file,
+        extra_files=args.extra_files,
+        requirements_file=args.requirements_file,
+        config_file=args.config_file,
+        export_path=args.export_path,
+        archive_format=args.archive_format,
+        force=args.force,
+        runtime=args.runtime,
+        convert=args.convert,
+        precision=args.precision,
+        optimize=args.optimize,
+        example_input=args.example_input,
+        tolerance=args.tolerance,
+        min_top1_agreement=args.min_top1_agreement,
+        allow_drift=args.allow_drift,
+    )
+    out = package(options)
+    tb = read_manifest(out).torchbay
+    summary = f"wrote {out}"
+    if tb is not None:
+        summary += f" ({tb.format}, {tb.precision}"
+        if tb.parity is not None:
+            p = tb.parity
+            summary += f", parity max_rel_error={p.max_rel_error:.3g}"
+            if p.top1_agreement is not None:
+                summary += f" top1_agreement={p.top1_agreement:.3f}"
+            if not p.passed:
+                summary += " PAST TOLERANCE (--allow-drift)"
+        summary += ")"
+    print(summary)
+    return 0
+
+
+def inspect_command(args: argparse.Namespace) -> int:
+    from torchbay.archiver.inspect import inspect_archive
+
+    print(inspect_archive(args.archive, as_json=args.json))
+    return 0
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    from torchbay.archiver.verify import render, verify_archive
+
+    result = verify_archive(
+        args.archive,
+        input_file=args.input,
+        content_type=args.content_type,
+        handler=args.handler,
+    )
+    print(render(result))
+    return 0
