@@ -133,3 +133,12 @@ def test_text_classifier_without_vocab(tmp_path: Path) -> None:
     text_dir(tmp_path, "vocab.json").joinpath("vocab.json").unlink()
     with pytest.raises(HandlerLoadError, match="vocabulary"):
         load_service(tmp_path)
+
+
+def test_image_over_v2_envelope(image_dir: Path) -> None:
+    b64 = base64.b64encode(png()).decode()
+    request = {"inputs": [{"name": "img", "shape": [1], "datatype": "BYTES", "data": [b64]}]}
+    outcome = load_service(image_dir).predict([req(json.dumps(request), protocol="v2")])
+    assert outcome.responses[0].status == 200, outcome.responses[0].body
+    [out] = body_json(outcome.responses[0])["outputs"]
+    assert out["datatype"] == "BYTES" and len(json.loads(out["data"][0])) == 3

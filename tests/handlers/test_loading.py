@@ -128,5 +128,5 @@ def test_eager_model_file_with_two_classes(tmp_path: Path) -> None:
     )
     torch.save({}, tmp_path / "w.pt")
     write_manifest(tmp_path, serialized="w.pt", handler="tensor", model_file="model.py")
-    with pytest.raises(HandlerLoadError, match="exactly one nn.Module"):
+    with pytest.raises(HandlerLoadError, match=r"exactly one nn\.Module"):
         load_service(tmp_path)

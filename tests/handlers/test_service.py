@@ -214,8 +214,8 @@ def test_resolution_forms(
         ("no_such_handler", None, "unknown handler"),
         ("missing.py", None, "not found"),
         ("h.py:nope", "def run(d, c):\n    return d\n", "no function"),
-        ("h.py", "class A:\n    def handle(self, d, c): ...\nclass B:\n    def handle(self, d, c): ...\n",
-         "several handler classes"),
+        ("h.py", "class A:\n    def handle(self, d, c): ...\n"
+                 "class B:\n    def handle(self, d, c): ...\n", "several handler classes"),
         ("h.py", "raise ImportError('needs a package')\n", "importing"),
         ("h.py", "X = 1\n", "no handler class"),
     ],
@@ -234,7 +234,8 @@ def test_lightweight_modules_do_not_import_torch() -> None:
         import sys
         import torchbay.handlers
         import torchbay.handlers.errors, torchbay.handlers.context, torchbay.handlers.metrics
-        import torchbay.handlers.utils, torchbay.handlers.envelopes
+        import torchbay.handlers.utils, torchbay.handlers.envelopes, torchbay.handlers.service
+        from torchbay.handlers import load_service, Request, HandlerLoadError
         assert "torch" not in sys.modules, "torch was imported"
         assert "ts" not in sys.modules, "the ts alias was installed at import"
         """

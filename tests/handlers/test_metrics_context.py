@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import pytest
+from torchbay.handlers.context import Context
+from torchbay.handlers.errors import BadInput, HandlerError, PredictionException
+from torchbay.handlers.metrics import Dimension, MetricsCache, MetricTypes
+
+
+def test_metrics_api_records_plain_dicts() -> None:
+    cache = MetricsCache("m")
+    cache.add_time("Latency", 1.5)
+    cache.add_size("Blob", 2, unit="kB", dimensions=[Dimension("Part", "a")])
+    cache.add_percent("Busy", 50)
+    cache.add_metric("Raw", 3, "items", metric_type=MetricTypes.HISTOGRAM)
+    cache.set_gauge("Queue", 4, dimensions={"Level": "Host"})
+    metric = cache.add_metric_to_cache("Hits", "count", ["Route"], MetricTypes.COUNTER)
+    metric.add_or_update(1, ["/a"])
+    cache.get_metric("Hits", MetricTypes.COUNTER).update(2)
+    with pytest.raises(ValueError, match="dimensions"):
+        metric.add_or_update(1, [])
+    records = cache.drain()
+    assert cache.drain() == []
+    assert [(r["name"], r["type"], r["unit"], r["value"]) for r in records] == [
+        ("Latency", "gauge", "ms", 1.5),
+        ("Blob", "gauge", "kB", 2.0),
+        ("Busy", "gauge", "percent", 50.0),
+        ("Raw", "histogram", "items", 3.0),
+        ("Queue", "gauge", "", 4.0),
+        ("Hits", "counter", "count", 1.0),
+        ("Hits", "counter", "count", 2.0),
+    ]
+    assert records[1]["dimensions"] == {"ModelName": "m", "Level": "Model", "Part": "a"}
+    assert records[4]["dimensions"]["Level"] == "Host"
+    assert records[5]["dimensions"]["Route"] == "/a"
+
+
+def test_context_per_request_state() -> None:
+    context = Context("m", "/tmp/m", {"model": {}}, 2, None, "1.0")
+    assert context.system_properties["server_name"] == "MMS"
+    assert context.system_properties["limit_max_image_pixels"] is True
+    context.reset_batch(["a", "b"], [{"x-h": "1"}, {"ts_request_sequence_id": "s"}])
+    assert context.get_request_id(1) == "b" and context.get_request_header(0, "x-h") == "1"
+    assert context.get_all_request_header(0) == {"x-h": "1"}
+    assert context.get_sequence_id(1) == "s"
+    context.set_response_status(404, "nope", idx=1)
+    context.set_response_content_type(0, "text/csv")
+    assert context.get_response_status(1) == (404, "nope")
+    assert context.get_response_content_type(0) == "text/csv"
+    context.set_all_response_status(202, "accepted")
+    assert [context.get_response_status(i)[0] for i in range(2)] == [202, 202]
+    context.reset_batch(["c"], [{}])
+    assert context.get_response_status(0) == (200, None)
+
+
+def test_error_tree() -> None:
+    exc = BadInput("bad")
+    assert isinstance(exc, PredictionException) and isinstance(exc, HandlerError)
+    assert (exc.error_code, exc.message) == (400, "bad")
+    assert PredictionException("x").error_code == 500
+    assert PredictionException("x", error_code=503).error_code == 503
