@@ -1,0 +1,210 @@
+"""Pull-based dynamic batching: one bounded queue per model version, pulled by free workers.
+
+Contract:
+
+* ``put`` admits a request or raises :class:`QueueFull` at once; it never waits.
+* ``take`` is called by a dispatcher whose worker is free. It returns up to ``batch_size`` requests,
+  in arrival order. A full batch leaves at once. Otherwise the batch may wait for more requests,
+  but never past ``max_delay`` after the OLDEST queued request arrived, and only while waiting can
+  plausibly fill it: the queue measures how many requests actually arrive while it waits
+  (closed-loop clients send nothing while their request is queued, so waiting for them only
+  adds latency), and waits only when that rate predicts at least one more request before the
+  deadline. Every
+  ``probe_interval`` seconds it waits once anyway to refresh the estimate.
+* Requests whose caller left (future done) are dropped before dispatch; requests past their
+  deadline are answered with :class:`RequestTimeout` and never run.
+* ``take`` pops requests only at its very end, synchronously, so cancelling a waiting ``take``
+  loses nothing.
+
+Torch-free, and free of our worker and HTTP code: it only knows futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from torchbay.server.errors import QueueFull, RequestTimeout, TorchbayError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(slots=True, eq=False)
+class Pending(Generic[T, R]):
+    """One admitted request: its payload, the future its caller awaits, and its clock."""
+
+    payload: T
+    future: asyncio.Future[R]
+    arrival: float  # loop.time() at admission
+    deadline: float | None = None  # loop.time() after which it must not run
+    dispatched: float | None = field(default=None)  # loop.time() when a worker took it
+
+
+def resolve(future: asyncio.Future, result: object) -> None:
+    """Set a result only if the caller still waits (it may have left or been answered)."""
+    if not future.done():
+        future.set_result(result)
+
+
+def reject(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+class BatchQueue(Generic[T, R]):
+    """The bounded, event-driven queue of one model version (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        max_delay_s: float,
+        capacity: int,
+        probe_interval_s: float = 1.0,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.batch_size = batch_size
+        self.max_delay_s = max(0.0, max_delay_s)
+        self.capacity = capacity
+        self.probe_interval_s = probe_interval_s
+        self._items: collections.deque[Pending[T, R]] = collections.deque()
+        self._waker: asyncio.Future[None] | None = None
+        self._take_lock = asyncio.Lock()
+        self._arrivals = 0  # admitted so far (monotonic counter)
+        # Arrivals observed while a batch waited, and for how long it waited (decayed sums).
+        self._wait_gain = 0.0
+        self._wait_time = 0.0
+        self._last_wait = float("-inf")
+        self._closed: TorchbayError | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def remaining_capacity(self) -> int:
+        return max(0, self.capacity - len(self._items))
+
+    def configure(self, *, batch_size: int | None = None, max_delay_s: float | None = None) -> None:
+        """Change batching live (management API); takes effect at the next ``take``."""
+        if batch_size is not None:
+            if batch_size < 1:
+                raise ValueError("batch_size must be at least 1")
+            self.batch_size = batch_size
+        if max_delay_s is not None:
+            self.max_delay_s = max(0.0, max_delay_s)
+        self._wake()
+
+    # -- producer side ------------------------------------------------------------------------
+
+    def put(self, item: Pending[T, R]) -> None:
+        if self._closed is not None:
+            raise self._closed
+        if len(self._items) >= self.capacity:
+            raise QueueFull(
+                f"The queue of this model is full ({self.capacity} requests waiting); retry later",
+                headers={"retry-after": "1"},
+            )
+        self._items.append(item)
+        self._arrivals += 1
+        self._wake()
+
+    def requeue_front(self, items: Iterable[Pending[T, R]]) -> None:
+        """Give back a batch that could not be dispatched (its worker died before it ran)."""
+        self._items.extendleft(reversed(list(items)))
+        self._wake()
+
+    def close(self, exc: TorchbayError) -> list[Pending[T, R]]:
+        """Refuse new requests with ``exc``; return (and remove) everything still queued."""
+        self._closed = exc
+        drained = list(self._items)
+        self._items.clear()
+        self._wake()
+        return drained
+
+    def reopen(self) -> None:
+        """Admit requests again after ``close``."""
+        self._closed = None
+
+    def _wake(self) -> None:
+        waker = self._waker
+        if waker is not None and not waker.done():
+            waker.set_result(None)
+
+    # -- consumer side ------------------------------------------------------------------------
+
+    async def take(self) -> list[Pending[T, R]]:
+        """Wait for and return the next batch (never empty). See the module docstring."""
+        async with self._take_lock:
+            return await self._assemble()
+
+    async def _assemble(self) -> list[Pending[T, R]]:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            self._drop_dead(now)
+            n = len(self._items)
+            if n == 0:
+                await self._sleep(loop, None)
+                continue
+            if n >= self.batch_size:
+                return self._pop(self.batch_size, now)
+            window_end = self._items[0].arrival + self.max_delay_s
+            remaining = window_end - now
+            if remaining <= 0 or not self._worth_waiting(now, remaining):
+                return self._pop(n, now)
+            arrivals_before = self._arrivals
+            await self._sleep(loop, window_end)
+            waited = loop.time() - now
+            self._learn(self._arrivals - arrivals_before, waited, now)
+
+    def _worth_waiting(self, now: float, remaining: float) -> bool:
+        if now - self._last_wait >= self.probe_interval_s or self._wait_time <= 0:
+            return True  # probe: no fresh evidence either way
+        rate = self._wait_gain / self._wait_time  # requests per second while waiting
+        return rate * remaining >= 1.0
+
+    def _learn(self, gained: int, waited: float, now: float) -> None:
+        decay = 0.8
+        self._wait_gain = self._wait_gain * decay + gained
+        self._wait_time = self._wait_time * decay + max(waited, 1e-6)
+        self._last_wait = now
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
+        waker = loop.create_future()
+        self._waker = waker
+        timer = loop.call_at(until, resolve, waker, None) if until is not None else None
+        try:
+            await waker
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._waker = None
+
+    def _drop_dead(self, now: float) -> None:
+        items = self._items
+        if not items:
+            return
+        if all(not p.future.done() and (p.deadline is None or p.deadline > now) for p in items):
+            return
+        alive: list[Pending[T, R]] = []
+        for p in items:
+            if p.future.done():
+                continue  # the caller left or was answered already
+            if p.deadline is not None and p.deadline <= now:
+                reject(p.future, RequestTimeout("The request waited past its deadline; not run"))
+                continue
+            alive.append(p)
+        items.clear()
+        items.extend(alive)
+
+    def _pop(self, n: int, now: float) -> list[Pending[T, R]]:
+        items = self._items
+        batch = [items.popleft() for _ in range(n)]
+        for p in batch:
+            p.dispatched = now
+        return batch

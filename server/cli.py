@@ -1,0 +1,98 @@
+"""``torchbay serve``: TorchServe's command-line flags, so scripts change only the binary name."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("torchbay.cli")
+
+
+def register(subparsers: Any) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="serve model archives (runs in the foreground)",
+        description="Serve model archives: inference (8080), management (8081), metrics (8082).",
+    )
+    serve.add_argument("--model-store", help="folder holding the .mar archives")
+    serve.add_argument(
+        "--models",
+        nargs="+",
+        metavar="SPEC",
+        help="models to load at start: all | x.mar | name=x.mar (TorchServe's load_models)",
+    )
+    serve.add_argument("--ts-config", help="a TorchServe config.properties")
+    serve.add_argument("--inference-address", help="default http://127.0.0.1:8080")
+    serve.add_argument("--management-address", help="default http://127.0.0.1:8081")
+    serve.add_argument("--metrics-address", help="default http://127.0.0.1:8082")
+    serve.add_argument(
+        "--disable-token-auth", action="store_true", default=None, help="serve without API keys"
+    )
+    serve.add_argument(
+        "--enable-model-api",
+        action="store_true",
+        default=None,
+        help="allow registering and unregistering models through the management API",
+    )
+    serve.add_argument("--number-of-gpu", type=int, help="GPUs to use (default: all visible)")
+    serve.add_argument("--log-format", choices=("text", "json"))
+    serve.add_argument(
+        "--ready-file", help="write the bound ports as JSON here once every startup model loaded"
+    )
+    # Accepted for TorchServe compatibility: torchbay always runs in the foreground and never
+    # writes config snapshots.
+    for flag in ("--start", "--foreground", "--ncs", "--no-config-snapshots"):
+        serve.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    serve.add_argument("--log-config", help=argparse.SUPPRESS)
+    serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
+    serve.add_argument("--workflow-store", help=argparse.SUPPRESS)
+    serve.set_defaults(func=run_serve)
+
+
+def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
+    settings = {
+        "model_store": args.model_store,
+        "load_models": args.models,
+        "inference_address": args.inference_address,
+        "management_address": args.management_address,
+        "metrics_address": args.metrics_address,
+        "disable_token_authorization": args.disable_token_auth,
+        "enable_model_api": args.enable_model_api,
+        "number_of_gpu": args.number_of_gpu,
+        "log_format": args.log_format,
+    }
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from torchbay.server.config import load_server_config
+    from torchbay.server.serve import TorchbayServer
+
+    for flag in ("log_config", "plugins_path", "workflow_store"):
+        if getattr(args, flag):
+            log.info("--%s is a TorchServe option torchbay ignores", flag.replace("_", "-"))
+    config, notes = load_server_config(
+        ts_config=args.ts_config, env=dict(os.environ), cli=_cli_settings(args)
+    )
+    for note in notes:
+        log.info("%s", note)
+    server = TorchbayServer(
+        config,
+        env=dict(os.environ),
+        ready_file=Path(args.ready_file) if args.ready_file else None,
+    )
+    _run(server)
+    return 0
+
+
+def _run(server: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+        asyncio.run(server.serve())
+    else:
+        uvloop.run(server.serve())

@@ -1,0 +1,275 @@
+"""The inference listener (default 8080): TorchServe's inference API and the Open Inference
+Protocol (KServe v2) REST endpoints, as one raw ASGI app.
+
+    GET  /ping                                   200 Healthy | 500 Unhealthy
+    POST|PUT /predictions/{model}[/{version}]    TorchServe predictions (raw, multipart, JSON)
+    POST /explanations/{model}[/{version}]       same, with the ``explain`` header set
+    GET  /v2  /v2/health/live  /v2/health/ready
+    GET  /v2/models/{m}[/versions/{v}]           model metadata
+    GET  /v2/models/{m}[/versions/{v}]/ready
+    POST /v2/models/{m}[/versions/{v}]/infer     OIP JSON tensors in and out
+    OPTIONS /  GET /api-description  GET /openapi.json   this API's OpenAPI description
+
+The frontend never decodes bodies: raw bytes and headers go to the worker, which parses them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote
+
+from torchbay.server import protocol as p
+from torchbay.server.errors import (
+    MethodNotAllowed,
+    NotFound,
+    ServiceUnavailable,
+    TorchbayError,
+)
+from torchbay.server.http import Receive, Scope, Send, read_body, send_bytes, send_error, send_json
+from torchbay.server.model import ModelStatus, ModelVersion
+from torchbay.server.registry import ModelRegistry
+
+log = logging.getLogger("torchbay.inference")
+
+# (model name, version or None, status, seconds) -> None; see server.metrics.
+RequestHook = Callable[[str, "str | None", int, float, "ModelVersion | None"], None]
+# Raises Unauthorized when the request may not use this API; see server.auth.
+AuthHook = Callable[[Scope, str], None]
+
+
+class InferenceApp:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        *,
+        max_request_size: int,
+        server_version: str,
+        on_request: RequestHook | None = None,
+        authorize: AuthHook | None = None,
+        openapi: dict[str, Any] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.max_request_size = max_request_size
+        self.server_version = server_version
+        self.on_request = on_request
+        self.authorize = authorize
+        self.openapi = openapi or {"openapi": "3.0.1", "info": {"title": "torchbay inference"}}
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid():x}-{int(time.time()):x}-"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await _lifespan(receive, send)
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        oip = path.startswith("/v2")
+        try:
+            if path.startswith("/predictions/") and method in ("POST", "PUT"):
+                await self._predict(scope, receive, send, path[len("/predictions/") :], False)
+            elif path.startswith("/explanations/") and method == "POST":
+                await self._predict(scope, receive, send, path[len("/explanations/") :], True)
+            elif oip:
+                await self._v2(scope, receive, send, path, method)
+            elif path == "/ping" and method == "GET":
+                await self._ping(send)
+            elif path in ("/", "/api-description", "/openapi.json") and method in (
+                "OPTIONS",
+                "GET",
+            ):
+                if path == "/" and method == "GET":
+                    raise NotFound("Requested resource is not found, please refer to API document.")
+                await send_json(send, 200, self.openapi)
+            else:
+                raise NotFound("Requested resource is not found, please refer to API document.")
+        except TorchbayError as exc:
+            await send_error(send, exc, oip=oip)
+
+    # -- TorchServe API -----------------------------------------------------------------------
+
+    async def _ping(self, send: Send) -> None:
+        healthy = all(
+            mv.ready_workers >= mv.settings.min_workers
+            for name, default in self.registry.defaults.items()
+            for mv in (self.registry.models[name][default],)
+        )
+        await send_json(
+            send, 200 if healthy else 500, {"status": "Healthy" if healthy else "Unhealthy"}
+        )
+
+    async def _predict(
+        self, scope: Scope, receive: Receive, send: Send, rest: str, explain: bool
+    ) -> None:
+        started = time.perf_counter()
+        parts = rest.split("/")
+        name = unquote(parts[0])
+        version = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
+        url_path = "/".join(parts[2:])
+        mv: ModelVersion | None = None
+        status = 500
+        try:
+            if self.authorize is not None:
+                self.authorize(scope, "inference")
+            mv = self.registry.resolve(name, version)
+            body = await read_body(scope, receive, self.max_request_size)
+            extra = {"explain": "True"} if explain else None
+            if url_path:
+                extra = {**(extra or {}), "url_path": url_path}
+            request = self._wire_request(scope, body, "predict", extra)
+            response = await mv.submit(request)
+            status = response.status
+            await send_bytes(
+                send,
+                response.status,
+                response.body,
+                response.content_type.encode("latin-1"),
+                _encode_headers(response.headers),
+            )
+        except TorchbayError as exc:
+            status = exc.status
+            raise
+        finally:
+            if self.on_request is not None:
+                self.on_request(name, version, status, time.perf_counter() - started, mv)
+
+    def _wire_request(
+        self, scope: Scope, body: bytes, protocol: str, extra: dict[str, str] | None = None
+    ) -> p.WireRequest:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if extra:
+            headers.update(extra)
+        return p.WireRequest(
+            request_id=self._id_prefix + str(next(self._ids)),
+            body=body,
+            content_type=headers.get("content-type", ""),
+            headers=headers,
+            query=scope.get("query_string", b"").decode("latin-1"),
+            protocol=protocol,
+        )
+
+    # -- Open Inference Protocol ----------------------------------------------------------------
+
+    async def _v2(self, scope: Scope, receive: Receive, send: Send, path: str, method: str) -> None:
+        parts = [unquote(s) for s in path.strip("/").split("/")]  # ["v2", ...]
+        if parts == ["v2"] and method == "GET":
+            await send_json(
+                send, 200, {"name": "torchbay", "version": self.server_version, "extensions": []}
+            )
+            return
+        if parts[:2] == ["v2", "health"] and len(parts) == 3 and method == "GET":
+            if parts[2] == "live":
+                await send_json(send, 200, {"live": True})
+                return
+            if parts[2] == "ready":
+                ready = self._all_ready()
+                await send_json(send, 200 if ready else 503, {"ready": ready})
+                return
+        if len(parts) >= 3 and parts[1] == "models":
+            name, version, action = _parse_v2_model_path(parts[2:])
+            if action == "infer" and method == "POST":
+                await self._v2_infer(scope, receive, send, name, version)
+                return
+            if method == "GET" and action in ("", "ready"):
+                if self.authorize is not None:
+                    self.authorize(scope, "inference")
+                mv = self.registry.resolve(name, version)
+                if action == "ready":
+                    ready = mv.status is ModelStatus.READY and mv.ready_workers > 0
+                    await send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
+                else:
+                    await send_json(send, 200, self._v2_metadata(mv))
+                return
+            if action in ("", "ready", "infer"):
+                raise MethodNotAllowed(f"{method} is not allowed on {path}")
+        raise NotFound(f"No route for {method} {path}")
+
+    async def _v2_infer(
+        self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
+    ) -> None:
+        started = time.perf_counter()
+        mv: ModelVersion | None = None
+        status = 500
+        try:
+            if self.authorize is not None:
+                self.authorize(scope, "inference")
+            mv = self.registry.resolve(name, version)
+            body = await read_body(scope, receive, self.max_request_size)
+            response = await mv.submit(self._wire_request(scope, body, "v2"))
+            status = response.status
+            await send_bytes(
+                send,
+                response.status,
+                response.body,
+                response.content_type.encode("latin-1"),
+                _encode_headers(response.headers),
+            )
+        except TorchbayError as exc:
+            status = exc.status
+            raise
+        finally:
+            if self.on_request is not None:
+                self.on_request(name, version, status, time.perf_counter() - started, mv)
+
+    def _all_ready(self) -> bool:
+        versions = self.registry.all_versions()
+        return bool(versions) and all(
+            mv.status is ModelStatus.READY and mv.ready_workers > 0 for mv in versions
+        )
+
+    def _v2_metadata(self, mv: ModelVersion) -> dict[str, Any]:
+        info = getattr(mv.manifest, "torchbay", None)
+        fmt = getattr(info, "format", None) or "torchscript"
+        inputs: list[dict[str, Any]] = []
+        if info is not None and getattr(info, "input_shape", None):
+            dtype = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16", "int64": "INT64"}
+            inputs.append(
+                {
+                    "name": "input0",
+                    "datatype": dtype.get(getattr(info, "input_dtype", "float32"), "FP32"),
+                    "shape": [-1, *info.input_shape],
+                }
+            )
+        return {
+            "name": mv.name,
+            "versions": sorted(self.registry.models.get(mv.name, {})),
+            "platform": f"pytorch_{fmt}",
+            "inputs": inputs,
+            "outputs": [],
+        }
+
+
+def _parse_v2_model_path(rest: list[str]) -> tuple[str, str | None, str]:
+    """``[m]``, ``[m, "ready"]``, ``[m, "versions", v, "infer"]`` -> (m, v, action)."""
+    name = rest[0]
+    tail = rest[1:]
+    version = None
+    if len(tail) >= 2 and tail[0] == "versions":
+        version, tail = tail[1], tail[2:]
+    if len(tail) > 1:
+        return name, version, "/".join(tail)
+    return name, version, tail[0] if tail else ""
+
+
+def _encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]] | None:
+    if not headers:
+        return None
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+__all__ = ["InferenceApp", "ServiceUnavailable"]

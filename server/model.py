@@ -1,0 +1,463 @@
+"""One served model version: its queue, its worker slots, and how requests flow through them.
+
+A *slot* owns one worker process at a time. Its supervisor starts the worker and restarts it
+with back-off when it dies; its dispatcher pulls a batch from the shared queue only while its
+worker is READY, so a restarting worker never holds requests another worker could serve.
+Scaling adds or retires slots; a retiring slot finishes the batch it holds and takes no more.
+
+Every admitted request gets exactly one response: a result, a handler error, 504 (deadline or
+response timeout), 503 (worker died, no worker, shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchbay.server import protocol as p
+from torchbay.server.batching import BatchQueue, Pending, reject, resolve
+from torchbay.server.errors import (
+    HandlerFailed,
+    NoWorker,
+    ShuttingDown,
+    TorchbayError,
+)
+from torchbay.server.workers import WorkerLoadError, WorkerProcess, WorkerState
+
+log = logging.getLogger("torchbay.model")
+
+# TorchServe's restart back-off (seconds), indexed by consecutive failures.
+BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 1597)
+# A worker that lived this long before dying resets the back-off.
+HEALTHY_UPTIME_S = 10.0
+
+
+class ModelStatus(enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one worker runs: a GPU id (None = CPU), its torch threads, optional core affinity."""
+
+    gpu_id: int | None
+    threads: int
+    cpu_affinity: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """What an observer learns from one batch."""
+
+    size: int
+    queue_times_s: list[float]
+    timings_ms: dict[str, float]
+    metrics: list[dict[str, Any]]
+
+
+class Observer:
+    """Hooks for metrics and logs; the default does nothing. Implemented by server.metrics."""
+
+    def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
+        pass
+
+    def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The live-tunable settings of one model version (already resolved from every source)."""
+
+    batch_size: int = 1
+    max_batch_delay_ms: float = 100.0
+    response_timeout_s: float = 120.0
+    startup_timeout_s: float = 120.0
+    job_queue_size: int = 100
+    client_timeout_ms: float = 0.0
+    max_retry_timeout_s: float = 300.0
+    min_workers: int = 1
+    max_workers: int = 1
+
+
+class ModelVersion:
+    """A loaded archive served by a pool of worker processes."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        model_dir: Path,
+        settings: ModelSettings,
+        place: Callable[[ModelVersion, int], Placement],
+        server_version: str = "",
+        handler: str | None = None,
+        url: str = "",
+        manifest: Any = None,
+        observer: Observer | None = None,
+        worker_env: dict[str, str] | None = None,
+        limit_max_image_pixels: bool = True,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.model_dir = model_dir
+        self.settings = settings
+        self.url = url
+        self.manifest = manifest
+        self.handler = handler
+        self.server_version = server_version
+        self.limit_max_image_pixels = limit_max_image_pixels
+        self.observer = observer or Observer()
+        self.worker_env = worker_env
+        self._place = place
+        self.status = ModelStatus.LOADING
+        self.load_error: str | None = None
+        self.queue: BatchQueue[p.WireRequest, p.WireResponse] = BatchQueue(
+            batch_size=settings.batch_size,
+            max_delay_s=settings.max_batch_delay_ms / 1000,
+            capacity=settings.job_queue_size,
+        )
+        self.slots: list[WorkerSlot] = []
+        self._slot_index = 0
+        self.inflight = 0
+        self.restarts = 0
+        self.closing = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.version}"
+
+    async def start(self, workers: int | None = None) -> None:
+        """Start ``workers`` (default min_workers) and wait for their first load.
+
+        Raises WorkerLoadError when every worker fails to load (the model is FAILED). With zero
+        workers the model is registered but answers 503 until scaled, as TorchServe does.
+        """
+        count = self.settings.min_workers if workers is None else workers
+        errors = await self._add_slots(count)
+        if count and not any(slot.ready for slot in self.slots):
+            error = errors[0] if errors else WorkerLoadError("no worker could load the model")
+            self.load_error = str(error)
+            await self.stop(timeout=5)
+            self.status = ModelStatus.FAILED
+            raise error
+        self.status = ModelStatus.READY
+
+    async def _add_slots(self, count: int) -> list[WorkerLoadError]:
+        """Start ``count`` new slots; drop (and return the errors of) those that cannot load."""
+        new = []
+        for _ in range(count):
+            slot = WorkerSlot(self, self._slot_index, self._place(self, self._slot_index))
+            self._slot_index += 1
+            new.append(slot)
+            self.slots.append(slot)
+        await asyncio.gather(*(slot.start() for slot in new))
+        errors = []
+        for slot in new:
+            if slot.load_error is not None and not slot.ready:
+                errors.append(slot.load_error)
+                self.slots.remove(slot)
+        return errors
+
+    async def scale(self, min_workers: int, max_workers: int | None = None) -> None:
+        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops."""
+        max_workers = min_workers if max_workers is None else max_workers
+        self.settings = _replace(self.settings, min_workers=min_workers, max_workers=max_workers)
+        live = [s for s in self.slots if not s.retiring]
+        if min_workers > len(live):
+            await self._add_slots(min_workers - len(live))
+        elif min_workers < len(live):
+            leaving = live[min_workers:]
+            await asyncio.gather(*(slot.retire() for slot in leaving))
+            for slot in leaving:
+                if slot in self.slots:
+                    self.slots.remove(slot)
+            self.fail_if_unserved()
+        if self.status is ModelStatus.FAILED and any(s.ready for s in self.slots):
+            self.status = ModelStatus.READY
+
+    def fail_if_unserved(self) -> None:
+        """When no slot can ever serve again, answer everything queued with 503 at once."""
+        if any(s.may_serve for s in self.slots):
+            return
+        message = f'Model "{self.name}" version {self.version} has no worker left'
+        for item in list(self.queue.close(NoWorker(message))):
+            reject(item.future, NoWorker(message))
+        self.queue.reopen()
+
+    def configure(
+        self,
+        *,
+        batch_size: int | None = None,
+        max_batch_delay_ms: float | None = None,
+        response_timeout_s: float | None = None,
+    ) -> None:
+        """Change batching and timeouts live."""
+        self.settings = _replace(
+            self.settings,
+            batch_size=batch_size,
+            max_batch_delay_ms=max_batch_delay_ms,
+            response_timeout_s=response_timeout_s,
+        )
+        self.queue.configure(
+            batch_size=batch_size,
+            max_delay_s=None if max_batch_delay_ms is None else max_batch_delay_ms / 1000,
+        )
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop admitting; wait up to ``timeout`` for queued and running requests to finish.
+
+        Whatever is left afterwards is answered 503 ShuttingDown. Returns True if all finished.
+        """
+        self.closing = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while (len(self.queue) or self.inflight) and loop.time() < end:
+            if not any(s.ready for s in self.slots):
+                break  # nobody will ever run them
+            await asyncio.sleep(0.02)
+        clean = not len(self.queue) and not self.inflight
+        exc = ShuttingDown("The server is shutting down")
+        for item in self.queue.close(exc):
+            reject(item.future, ShuttingDown(exc.message))
+        for slot in self.slots:
+            slot.fail_running(exc)
+        return clean
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop every worker (after ``drain`` for a graceful stop)."""
+        self.closing = True
+        for item in self.queue.close(ShuttingDown("The model is being unloaded")):
+            reject(item.future, ShuttingDown("The model is being unloaded"))
+        await asyncio.gather(*(slot.retire(timeout) for slot in list(self.slots)))
+        self.slots.clear()
+        if self.status is not ModelStatus.FAILED:
+            self.status = ModelStatus.STOPPED
+
+    # -- the request path ---------------------------------------------------------------------
+
+    @property
+    def ready_workers(self) -> int:
+        return sum(1 for s in self.slots if s.ready)
+
+    def admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
+        """Queue one request; raises QueueFull / NoWorker / ShuttingDown at once."""
+        if self.closing:
+            raise ShuttingDown("The server is shutting down")
+        if not any(s.may_serve for s in self.slots):
+            raise NoWorker(
+                f'Model "{self.name}" version {self.version} has no worker to serve inference '
+                "requests; scale it up with the management API"
+            )
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        timeout_ms = self.settings.client_timeout_ms
+        item: Pending[p.WireRequest, p.WireResponse] = Pending(
+            request, loop.create_future(), now, now + timeout_ms / 1000 if timeout_ms else None
+        )
+        self.queue.put(item)
+        return item
+
+    async def submit(self, request: p.WireRequest) -> p.WireResponse:
+        item = self.admit(request)
+        self.inflight += 1
+        try:
+            return await item.future
+        finally:
+            self.inflight -= 1
+
+    async def run_batch(
+        self, worker: WorkerProcess, batch: list[Pending[p.WireRequest, p.WireResponse]]
+    ) -> None:
+        try:
+            result = await worker.infer(
+                [item.payload for item in batch], self.settings.response_timeout_s or None
+            )
+        except TorchbayError as exc:  # WorkerDied, RequestTimeout
+            for item in batch:
+                reject(item.future, type(exc)(exc.message))
+            return
+        if len(result.responses) != len(batch):
+            for item in batch:
+                reject(
+                    item.future, HandlerFailed("The worker answered the wrong number of results")
+                )
+            return
+        for item, response in zip(batch, result.responses, strict=True):
+            resolve(item.future, response)
+        self.observer.batch_done(
+            self,
+            BatchRecord(
+                size=len(batch),
+                queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],
+                timings_ms=result.timings,
+                metrics=result.metrics,
+            ),
+        )
+
+
+class WorkerSlot:
+    """One place for a worker: a supervisor (start, restart with back-off) and a dispatcher."""
+
+    def __init__(self, model: ModelVersion, index: int, placement: Placement) -> None:
+        self.model = model
+        self.index = index
+        self.placement = placement
+        self.worker: WorkerProcess | None = None
+        self.load_error: WorkerLoadError | None = None
+        self.retiring = False
+        self.gave_up = False  # restarts exhausted the retry window
+        self.restarts = 0
+        self._ready = asyncio.Event()
+        self._first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._supervisor: asyncio.Task | None = None
+        self._dispatcher: asyncio.Task | None = None
+        self._in_take = False
+        self._running: list[Pending] = []
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self.worker is not None and self.worker.alive
+
+    @property
+    def may_serve(self) -> bool:
+        """Ready now, or expected to be after a restart."""
+        return not self.retiring and not self.gave_up and (self.ready or self.worker is not None)
+
+    def _load_message(self) -> p.Load:
+        m = self.model
+        return p.Load(
+            model_dir=str(m.model_dir),
+            model_name=m.name,
+            model_version=m.version,
+            batch_size=m.settings.batch_size,
+            gpu_id=self.placement.gpu_id,
+            handler=m.handler,
+            num_threads=self.placement.threads,
+            server_version=m.server_version,
+            limit_max_image_pixels=m.limit_max_image_pixels,
+        )
+
+    async def start(self) -> None:
+        """Start the supervisor and dispatcher; return after the first load attempt."""
+        self._supervisor = asyncio.ensure_future(self._supervise())
+        self._dispatcher = asyncio.ensure_future(self._dispatch())
+        await asyncio.shield(self._first)
+        if self.load_error is not None and not self.ready:
+            await self.retire()
+
+    async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        failures = 0
+        window_start: float | None = None
+        while not self.retiring:
+            worker = WorkerProcess(
+                self._load_message(),
+                cpu_affinity=self.placement.cpu_affinity,
+                env=self.model.worker_env,
+            )
+            self.worker = worker
+            try:
+                await worker.start(self.model.settings.startup_timeout_s)
+            except WorkerLoadError as exc:
+                self.load_error = exc
+                log.error("model %s: worker failed to load: %s", self.model.key, exc)
+                if not self._first.done():
+                    self._first.set_result(None)
+                    return  # a model that cannot load at all is reported, not retried
+            else:
+                self.load_error = None
+                first = not self._first.done()
+                if first:
+                    self._first.set_result(None)
+                else:
+                    self.restarts += 1
+                    self.model.restarts += 1
+                self.model.observer.worker_started(self.model, worker, restart=not first)
+                started = loop.time()
+                self._ready.set()
+                await worker.exited  # type: ignore[misc]
+                self._ready.clear()
+                if self.retiring or self.model.closing:
+                    return
+                if loop.time() - started >= HEALTHY_UPTIME_S:
+                    failures, window_start = 0, None
+            window_start = loop.time() if window_start is None else window_start
+            if loop.time() - window_start > self.model.settings.max_retry_timeout_s:
+                log.error("model %s: worker keeps failing; giving up", self.model.key)
+                self.gave_up = True
+                self.worker = None
+                self.model.fail_if_unserved()
+                return
+            delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
+            failures += 1
+            log.warning("model %s: restarting worker in %ss", self.model.key, delay)
+            await asyncio.sleep(delay)
+
+    async def _dispatch(self) -> None:
+        queue = self.model.queue
+        while not self.retiring:
+            await self._ready.wait()
+            if self.retiring:
+                return
+            self._in_take = True
+            try:
+                batch = await queue.take()
+            finally:
+                self._in_take = False
+            worker = self.worker
+            if self.retiring or worker is None or not worker.alive:
+                queue.requeue_front(batch)  # its worker died meanwhile: let another run it
+                continue
+            self._running = batch
+            try:
+                await self.model.run_batch(worker, batch)
+            finally:
+                self._running = []
+
+    def fail_running(self, exc: TorchbayError) -> None:
+        for item in self._running:
+            reject(item.future, type(exc)(exc.message))
+
+    async def retire(self, timeout: float = 10.0) -> None:
+        """Finish the batch in hand, take no more, stop the worker."""
+        self.retiring = True
+        self._ready.set()  # release a dispatcher waiting for readiness so it can exit
+        dispatcher = self._dispatcher
+        if dispatcher is not None and not dispatcher.done():
+            if self._in_take or not self._running:
+                dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dispatcher
+        self._ready.clear()
+        if self.worker is not None:
+            await self.worker.stop(timeout)
+        supervisor = self._supervisor
+        if supervisor is not None and not supervisor.done():
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+
+    @property
+    def state(self) -> WorkerState:
+        if self.worker is None:
+            return WorkerState.FAILED if self.gave_up else WorkerState.STOPPED
+        return self.worker.state
+
+
+def _replace(settings: ModelSettings, **changes: Any) -> ModelSettings:
+    from dataclasses import replace
+
+    return replace(settings, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,285 @@
+"""The model registry: names -> versions -> ModelVersion, the default version, load and unload.
+
+Archives come from the model store (or, through ``fetch``, from an allowed URL); each is unpacked
+once, with hash checks, into the server's work folder and shared by all its workers. Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from torchbay.archiver.errors import ArchiveError
+from torchbay.archiver.extract import extract_archive
+from torchbay.archiver.manifest import Manifest, read_manifest
+from torchbay.server.config import ModelConfig, ServerConfig, resolve_model_config
+from torchbay.server.errors import (
+    BadRequest,
+    Conflict,
+    DefaultVersionInUse,
+    InvalidModelVersion,
+    ModelNotFound,
+    ModelVersionNotFound,
+    NotFound,
+)
+from torchbay.server.model import ModelSettings, ModelVersion, Observer, Placement
+
+log = logging.getLogger("torchbay.registry")
+
+ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz", ".zip")
+
+# (model version, slot index, model config) -> where that worker runs
+PlaceFn = Callable[[ModelVersion, int, ModelConfig], Placement]
+# url -> local archive path (remote registration; see server.fetch)
+FetchFn = Callable[[str], Awaitable[Path]]
+
+
+def settings_from(config: ModelConfig) -> ModelSettings:
+    return ModelSettings(
+        batch_size=config.batch_size,
+        max_batch_delay_ms=config.max_batch_delay_ms,
+        response_timeout_s=config.response_timeout_s,
+        startup_timeout_s=config.startup_timeout_s,
+        job_queue_size=config.job_queue_size,
+        client_timeout_ms=config.client_timeout_ms,
+        max_retry_timeout_s=config.max_retry_timeout_s,
+        min_workers=config.min_workers,
+        max_workers=config.max_workers if config.max_workers is not None else config.min_workers,
+    )
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        place: PlaceFn,
+        server_version: str,
+        observer: Observer | None = None,
+        fetch: FetchFn | None = None,
+        workdir: Path | None = None,
+        worker_env: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.place = place
+        self.server_version = server_version
+        self.observer = observer
+        self.fetch = fetch
+        self.worker_env = worker_env
+        self._owns_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="torchbay-models-"))
+        self.models: dict[str, dict[str, ModelVersion]] = {}
+        self.defaults: dict[str, str] = {}
+        self.model_configs: dict[str, ModelConfig] = {}  # key "name/version"
+        self._lock = asyncio.Lock()
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def resolve(self, name: str, version: str | None = None) -> ModelVersion:
+        versions = self.models.get(name)
+        if not versions:
+            raise ModelNotFound(f"Model not found: {name}")
+        if version is None:
+            version = self.defaults[name]
+        try:
+            return versions[version]
+        except KeyError:
+            raise ModelVersionNotFound(
+                f"Model version {version} does not exist for model {name}"
+            ) from None
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [mv for versions in self.models.values() for mv in versions.values()]
+
+    def is_default(self, mv: ModelVersion) -> bool:
+        return self.defaults.get(mv.name) == mv.version
+
+    # -- registration ---------------------------------------------------------------------------
+
+    def archive_path(self, url: str) -> Path:
+        """A model-store archive named by ``url`` (a file name or path inside the store)."""
+        store = self.config.model_store
+        if store is None:
+            raise BadRequest("No model store is configured (--model-store)")
+        if url.startswith("file://"):
+            url = url[len("file://") :]
+        candidate = (store / url).resolve()
+        root = store.resolve()
+        if candidate != root and root not in candidate.parents:
+            raise BadRequest(f"Model archive must be inside the model store: {url}")
+        if not candidate.exists():
+            raise BadRequest(f"Model archive not found in the model store: {url}")
+        return candidate
+
+    def store_archives(self) -> list[Path]:
+        """Every archive in the model store (``load_models=all``)."""
+        store = self.config.model_store
+        if store is None or not store.is_dir():
+            return []
+        return [
+            path
+            for path in sorted(store.iterdir())
+            if (path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES))
+            or (path.is_dir() and (path / "MAR-INF" / "MANIFEST.json").is_file())
+        ]
+
+    async def register(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        initial_workers: int | None = None,
+        synchronous: bool = True,
+    ) -> ModelVersion:
+        """Unpack, configure and start one model version. Raises Conflict, BadRequest, load errors.
+
+        With ``synchronous=False`` the workers start in the background and this returns as soon
+        as the version is registered (status LOADING).
+        """
+        if url.startswith(("http://", "https://")):
+            if self.fetch is None:
+                raise BadRequest("Registering from a URL is not enabled (allowed_urls)")
+            path = await self.fetch(url)
+        else:
+            path = self.archive_path(url)
+        try:
+            manifest: Manifest = await asyncio.to_thread(read_manifest, path)
+        except ArchiveError as exc:
+            raise BadRequest(str(exc)) from None
+        name = name or manifest.model.model_name
+        version = str(manifest.model.model_version or "1.0")
+        async with self._lock:
+            if version in self.models.get(name, {}):
+                raise Conflict(
+                    f"Model version {version} for model {name} has already been registered."
+                )
+            model_dir = self.workdir / f"{name}-{version}-{uuid.uuid4().hex[:8]}"
+            try:
+                await asyncio.to_thread(extract_archive, path, model_dir)
+            except ArchiveError as exc:
+                shutil.rmtree(model_dir, ignore_errors=True)
+                raise BadRequest(str(exc)) from None
+            archive_yaml = _read_model_yaml(model_dir, manifest)
+            api = dict(overrides or {})
+            if initial_workers is not None:
+                api["min_worker"] = initial_workers
+                api.setdefault("max_worker", max(initial_workers, 0))
+            config = resolve_model_config(
+                self.config,
+                name=name,
+                version=version,
+                archive_yaml=archive_yaml,
+                api_overrides=api,
+            )
+            mv = ModelVersion(
+                name=name,
+                version=version,
+                model_dir=model_dir,
+                settings=settings_from(config),
+                place=lambda m, i: self.place(m, i, config),
+                server_version=self.server_version,
+                handler=config.handler,
+                url=url,
+                manifest=manifest,
+                observer=self.observer,
+                worker_env=self.worker_env,
+                limit_max_image_pixels=self.config.limit_max_image_pixels,
+            )
+            self.models.setdefault(name, {})[version] = mv
+            self.model_configs[mv.key] = config
+            if name not in self.defaults or config.default_version:
+                self.defaults[name] = version
+        if synchronous:
+            await self._start(mv)
+        else:
+            task = asyncio.ensure_future(self._start(mv, quiet=True))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+        return mv
+
+    async def _start(self, mv: ModelVersion, quiet: bool = False) -> None:
+        try:
+            await mv.start()
+        except Exception:
+            self._forget(mv)
+            if quiet:
+                log.error("model %s failed to load", mv.key, exc_info=True)
+                return
+            raise
+        log.info(
+            "model %s ready: %d worker(s) on %s, batch_size=%d, max_batch_delay=%gms",
+            mv.key,
+            mv.ready_workers,
+            ", ".join(sorted({s.worker.device for s in mv.slots if s.worker})) or "-",
+            mv.settings.batch_size,
+            mv.settings.max_batch_delay_ms,
+        )
+
+    def _forget(self, mv: ModelVersion) -> None:
+        versions = self.models.get(mv.name, {})
+        if versions.get(mv.version) is mv:
+            del versions[mv.version]
+        self.model_configs.pop(mv.key, None)
+        if not versions:
+            self.models.pop(mv.name, None)
+            self.defaults.pop(mv.name, None)
+        elif self.defaults.get(mv.name) == mv.version:
+            self.defaults[mv.name] = sorted(versions)[-1]
+        shutil.rmtree(mv.model_dir, ignore_errors=True)
+
+    async def unregister(self, name: str, version: str | None = None, timeout: float = 120) -> None:
+        """Drain then stop one version. The default version goes only when it is the last."""
+        versions = self.models.get(name)
+        if not versions:
+            raise ModelNotFound(f"Model not found: {name}")
+        version = version or self.defaults[name]
+        mv = versions.get(version)
+        if mv is None:
+            raise InvalidModelVersion(f"Model version {version} does not exist for model {name}")
+        if self.defaults.get(name) == version and len(versions) > 1:
+            raise DefaultVersionInUse(
+                f"Cannot remove default version {version} for model {name}; "
+                "set another version as default first"
+            )
+        await mv.drain(timeout)
+        await mv.stop()
+        self._forget(mv)
+
+    def set_default(self, name: str, version: str) -> None:
+        mv = self.resolve(name, version)
+        self.defaults[name] = mv.version
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def drain(self, timeout: float) -> None:
+        await asyncio.gather(*(mv.drain(timeout) for mv in self.all_versions()))
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        await asyncio.gather(*(mv.stop(timeout) for mv in self.all_versions()))
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_background: set[asyncio.Task] = set()
+
+
+def _read_model_yaml(model_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
+    config_file = manifest.model.config_file
+    if not config_file:
+        return None
+    path = model_dir / config_file
+    if not path.is_file():
+        raise NotFound(f"The archive's config file {config_file} is missing")
+    # safe_load only: TorchServe's YAML parsing of archive configs was an RCE (CVE-2022-1471).
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise BadRequest(f"{config_file} must be a YAML mapping")
+    return data

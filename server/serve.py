@@ -1,0 +1,263 @@
+"""The server's lifecycle: ``serve -> startup -> main loop -> shutdown`` (uvicorn's shape).
+
+Startup binds the three listeners (port 0 allowed; the bound ports are reported), starts them,
+then loads the startup models concurrently; a model that fails to load is logged with its reason
+and the others keep serving. Signal handlers only set a flag. Shutdown is bounded: stop accepting,
+drain queued and running requests for ``shutdown_grace_s`` (what is left gets 503), stop workers
+(Shutdown -> terminate -> kill), then close the metrics listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from torchbay.server.config import ModelConfig, ServerConfig, parse_address
+from torchbay.server.devices import (
+    DeviceAssigner,
+    cpu_affinity_for,
+    cpu_threads_for,
+    detect_gpu_count,
+)
+from torchbay.server.http import ASGIApp
+from torchbay.server.model import ModelVersion, Placement
+from torchbay.server.registry import ModelRegistry
+
+from torchbay import __version__
+
+log = logging.getLogger("torchbay.serve")
+
+
+@dataclass
+class Ports:
+    inference: int = 0
+    management: int = 0
+    metrics: int = 0
+
+
+@dataclass
+class ServerState:
+    """What tests and the CLI can observe of a running server."""
+
+    ports: Ports = field(default_factory=Ports)
+    started: threading.Event = field(default_factory=threading.Event)  # listeners up, models loaded
+    failed_models: dict[str, str] = field(default_factory=dict)
+
+
+class TorchbayServer:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        env: Mapping[str, str] | None = None,
+        gpu_count: int | None = None,
+        cores: int | None = None,
+        ready_file: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.env = dict(env if env is not None else {})
+        if gpu_count is None:
+            gpu_count = (
+                config.number_of_gpu
+                if config.number_of_gpu is not None
+                else detect_gpu_count(self.env)
+            )
+        self.gpu_count = gpu_count
+        self.cores = cores or _available_cores()
+        self.ready_file = ready_file
+        self.state = ServerState()
+        self.assigner = DeviceAssigner(gpu_count)
+        self._worker_counter = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None  # created inside the running loop
+        self._servers: list[tuple[str, uvicorn.Server, socket.socket]] = []
+        self.registry: ModelRegistry | None = None
+        self.metrics: Any = None
+
+    # -- placement ------------------------------------------------------------------------------
+
+    def place(self, mv: ModelVersion, slot_index: int, config: ModelConfig) -> Placement:
+        """GPU round-robin (TorchServe's rule, from 0) or CPU threads and optional affinity."""
+        gpu_id = self.assigner.assign(mv.key, config.device_type, config.device_ids)
+        workers = max(config.min_workers, 1)
+        threads = cpu_threads_for(workers, self.cores, config.cpu_threads)
+        affinity = None
+        if gpu_id is None and config.cpu_affinity:
+            cores = cpu_affinity_for(self._worker_counter, threads, self.cores)
+            affinity = tuple(cores) if cores else None
+        self._worker_counter += 1
+        return Placement(gpu_id=gpu_id, threads=threads, cpu_affinity=affinity)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Thread-safe: ask a running server to shut down gracefully."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            loop.call_soon_threadsafe(stop.set)
+
+    async def serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._install_signal_handlers()
+        try:
+            await self.startup()
+            await self._stop.wait()
+        finally:
+            await self.shutdown()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self._stop is not None:
+            if self._stop.is_set() and sig == signal.SIGINT:
+                log.warning("second interrupt: stopping workers now")
+                for _, server, _ in self._servers:
+                    server.force_exit = True
+            self._stop.set()
+
+    async def startup(self) -> None:
+        from torchbay.server.apps import build_apps
+
+        config = self.config
+        apps = build_apps(self)
+        self.registry = apps.registry
+        self.metrics = apps.metrics
+        for name, address, app in (
+            ("inference", config.inference_address, apps.inference),
+            ("management", config.management_address, apps.management),
+            ("metrics", config.metrics_address, apps.metrics_app),
+        ):
+            await self._listen(name, address, app)
+        await self._load_startup_models()
+        self.state.started.set()
+        self._write_ready_file()
+        log.info(
+            "torchbay %s ready: inference :%d, management :%d, metrics :%d",
+            __version__,
+            self.state.ports.inference,
+            self.state.ports.management,
+            self.state.ports.metrics,
+        )
+
+    async def _listen(self, name: str, address: str, app: ASGIApp) -> None:
+        parsed = parse_address(address)
+        family = socket.AF_INET6 if ":" in parsed.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((parsed.host, parsed.port))
+        sock.listen(2048)
+        sock.setblocking(False)
+        setattr(self.state.ports, name, sock.getsockname()[1])
+        if parsed.host in ("0.0.0.0", "::") and self.config.disable_token_authorization:
+            log.warning(
+                "%s listener binds %s with token auth disabled: anyone who can reach this host "
+                "can use it",
+                name,
+                parsed.host,
+            )
+        ssl = {}
+        if parsed.tls:
+            ssl = {
+                "ssl_keyfile": str(self.config.private_key_file),
+                "ssl_certfile": str(self.config.certificate_file),
+            }
+        uv_config = uvicorn.Config(
+            app,
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            http="httptools",
+            loop="none",
+            timeout_graceful_shutdown=self.config.shutdown_grace_s + 5,
+            timeout_keep_alive=30,
+            server_header=False,
+            **ssl,
+        )
+        uv_config.load()
+        server = uvicorn.Server(uv_config)
+        server.lifespan = uv_config.lifespan_class(uv_config)
+        await server.startup(sockets=[sock])
+        self._servers.append((name, server, sock))
+
+    async def _load_startup_models(self) -> None:
+        assert self.registry is not None
+        registry, config = self.registry, self.config
+        jobs: list[tuple[str, str | None]] = []
+        if config.load_all:
+            jobs += [(path.name, None) for path in registry.store_archives()]
+        jobs += [(spec.url, spec.name) for spec in config.model_specs()]
+        named = {name for _, name in jobs if name}
+        # models={...} entries with a marName load too, unless load_models named them already.
+        for model_name, versions in config.models.items():
+            for model_config in versions.values():
+                if model_config.mar_name and model_name not in named:
+                    jobs.append((model_config.mar_name, model_name))
+                    named.add(model_name)
+        jobs = list(dict.fromkeys(jobs))
+
+        async def load(url: str, name: str | None) -> None:
+            try:
+                await registry.register(url, name=name)
+            except Exception as exc:  # one bad model never stops the others
+                label = name or url
+                self.state.failed_models[label] = str(exc)
+                log.error("model %s failed to load: %s", label, exc)
+
+        await asyncio.gather(*(load(url, name) for url, name in jobs))
+
+    def _write_ready_file(self) -> None:
+        if self.ready_file is None:
+            return
+        ports = self.state.ports
+        data = {
+            "pid": os.getpid(),
+            "inference": ports.inference,
+            "management": ports.management,
+            "metrics": ports.metrics,
+            "failed_models": self.state.failed_models,
+        }
+        tmp = self.ready_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.ready_file)
+
+    async def shutdown(self) -> None:
+        log.info("shutting down: draining for up to %gs", self.config.shutdown_grace_s)
+        front = [s for s in self._servers if s[0] != "metrics"]
+        back = [s for s in self._servers if s[0] == "metrics"]
+        drain = (
+            self.registry.drain(self.config.shutdown_grace_s)
+            if self.registry is not None
+            else asyncio.sleep(0)
+        )
+        await asyncio.gather(drain, *(server.shutdown(sockets=[sock]) for _, server, sock in front))
+        if self.registry is not None:
+            await self.registry.stop()
+        for _, server, sock in back:
+            await server.shutdown(sockets=[sock])
+        if self.metrics is not None and hasattr(self.metrics, "close"):
+            self.metrics.close()
+        log.info("stopped")
+
+
+def _available_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

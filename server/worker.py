@@ -1,0 +1,126 @@
+"""The worker process: ``python -m torchbay.server.worker --fd N``.
+
+Spawned (never forked) by the frontend with one end of a socketpair. It reads a ``Load``, loads the
+model through the same ``load_service`` that ``torchbay verify`` uses, answers ``Ready`` (or
+``LoadFailed``), then serves ``Infer`` frames one at a time until ``Shutdown`` or EOF. This is the
+only server module that imports torch (through the handlers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from torchbay.server import protocol as p
+
+log = logging.getLogger("torchbay.worker")
+
+
+def _pin(load: p.Load, cpu_affinity: list[int] | None) -> None:
+    import torch
+
+    torch.set_num_threads(max(1, load.num_threads))
+    if cpu_affinity and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpu_affinity)
+
+
+def _to_wire(response: object) -> p.WireResponse:
+    return p.WireResponse(
+        status=response.status,  # type: ignore[attr-defined]
+        body=response.body,  # type: ignore[attr-defined]
+        content_type=response.content_type,  # type: ignore[attr-defined]
+        headers=dict(response.headers),  # type: ignore[attr-defined]
+    )
+
+
+def serve(sock: socket.socket, cpu_affinity: list[int] | None = None) -> int:
+    """Run the worker protocol on ``sock``. Returns the process exit code."""
+    message = p.recv_message(sock)
+    if not isinstance(message, p.Load):
+        raise p.ProtocolError(f"expected LOAD first, got {type(message).__name__}")
+    load = message
+    started = time.perf_counter()
+    try:
+        _pin(load, cpu_affinity)
+        from torchbay.handlers.service import load_service
+
+        service = load_service(
+            load.model_dir,
+            handler=load.handler,
+            batch_size=load.batch_size,
+            gpu_id=load.gpu_id,
+            server_version=load.server_version,
+            limit_max_image_pixels=load.limit_max_image_pixels,
+            model_name=load.model_name,
+            model_version=load.model_version,
+        )
+    except Exception as exc:  # report any load failure to the frontend, then exit
+        log.error("loading %s failed", load.model_name, exc_info=True)
+        p.send_message(sock, p.LoadFailed(type(exc).__name__, str(exc) or repr(exc)))
+        return 1
+    import torch
+
+    p.send_message(
+        sock,
+        p.Ready(
+            pid=os.getpid(),
+            device=str(service.device),
+            load_time_ms=(time.perf_counter() - started) * 1000,
+            num_threads=torch.get_num_threads(),
+            torch_version=torch.__version__,
+        ),
+    )
+    while True:
+        try:
+            message = p.recv_message(sock)
+        except EOFError:
+            return 0  # the frontend is gone
+        if isinstance(message, p.Shutdown):
+            return 0
+        if not isinstance(message, p.Infer):
+            raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")
+        outcome = service.predict(message.requests)
+        p.send_message(
+            sock,
+            p.Result(
+                batch_id=message.batch_id,
+                responses=[_to_wire(r) for r in outcome.responses],
+                timings=outcome.timings,
+                metrics=outcome.metrics,
+            ),
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchbay-worker")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket file descriptor")
+    parser.add_argument("--cpu-affinity", default="", help="comma-separated core ids")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    # Ctrl-C reaches the whole process group; the frontend decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s worker[{os.getpid()}] %(name)s: %(message)s",
+    )
+    affinity = [int(c) for c in args.cpu_affinity.split(",") if c.strip()] or None
+    sock = socket.socket(fileno=args.fd)
+    try:
+        return serve(sock, affinity)
+    except p.ProtocolError:
+        log.error("protocol error; exiting", exc_info=True)
+        return 3
+    except (BrokenPipeError, ConnectionResetError):
+        return 0
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,253 @@
+"""The frontend's handle on one worker process: spawn, handshake, one batch at a time, death.
+
+States (``WorkerState``)::
+
+    STARTING --Ready--> READY <--> BUSY --> DRAINING --> STOPPED
+        |                  |        |
+        +--LoadFailed/exit-+--------+--> FAILED
+
+A worker becomes READY only on a ``Ready`` message (pid, device, load time). Death is seen from
+the socket's EOF and the process's exit, never from logs. Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from torchbay.server import protocol as p
+from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
+
+log = logging.getLogger("torchbay.workers")
+
+
+class WorkerState(enum.Enum):
+    STARTING = "STARTING"
+    READY = "READY"
+    BUSY = "BUSY"
+    DRAINING = "DRAINING"
+    STOPPED = "STOPPED"
+    FAILED = "FAILED"
+
+
+class WorkerLoadError(TorchbayError):
+    """The worker could not load its model (the handler's own error type and message)."""
+
+    code = "model_load_failed"
+
+    def __init__(self, message: str, *, error_type: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class WorkerProcess:
+    """One spawned worker. ``infer`` sends one batch and awaits its ``Result``."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        load: p.Load,
+        *,
+        name: str = "",
+        cpu_affinity: Sequence[int] | None = None,
+        env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        on_exit: Callable[[WorkerProcess], None] | None = None,
+    ) -> None:
+        self.load = load
+        self.id = next(self._ids)
+        self.name = name or f"W-{self.id}-{load.model_name}_{load.model_version}"
+        self.cpu_affinity = list(cpu_affinity) if cpu_affinity else None
+        self.env = dict(env) if env is not None else None
+        self.python = python
+        self.on_exit = on_exit
+        self.state = WorkerState.STARTING
+        self.pid: int | None = None
+        self.device: str = "cpu" if load.gpu_id is None else f"cuda:{load.gpu_id}"
+        self.load_time_ms: float | None = None
+        self.start_time = time.time()
+        self.exit_code: int | None = None
+        self.batches = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._batch_ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[p.Result]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.exited: asyncio.Future[int] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (WorkerState.READY, WorkerState.BUSY, WorkerState.DRAINING)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, timeout: float) -> p.Ready:
+        """Spawn the process, send ``Load``, and wait for ``Ready``. Raises WorkerLoadError."""
+        loop = asyncio.get_running_loop()
+        self.exited = loop.create_future()
+        parent, child = socket.socketpair()
+        args = [self.python, "-m", "torchbay.server.worker", "--fd", str(child.fileno())]
+        if self.cpu_affinity:
+            args += ["--cpu-affinity", ",".join(map(str, self.cpu_affinity))]
+        env = dict(os.environ if self.env is None else self.env)
+        threads = str(max(1, self.load.num_threads))
+        env.setdefault("OMP_NUM_THREADS", threads)
+        env.setdefault("MKL_NUM_THREADS", threads)
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *args,
+                pass_fds=(child.fileno(),),
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                # Own session: a signal to the server's process group (Ctrl-C, `timeout`) must not
+                # kill workers mid-batch; the frontend stops them after draining. A worker whose
+                # frontend vanished sees EOF on its socket and exits.
+                start_new_session=True,
+            )
+        finally:
+            child.close()
+        self.pid = self._proc.pid
+        self._spawn(self._watch_exit())
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        self._writer.write(p.encode(self.load))
+        try:
+            message = await asyncio.wait_for(p.read_message(self._reader), timeout)
+        except asyncio.TimeoutError:
+            self.kill()
+            raise WorkerLoadError(f"worker {self.name} did not load within {timeout:g}s") from None
+        except (asyncio.IncompleteReadError, ConnectionError):
+            code = await self._exit_code()
+            raise WorkerLoadError(
+                f"worker {self.name} exited with code {code} while loading"
+            ) from None
+        if isinstance(message, p.LoadFailed):
+            self.state = WorkerState.FAILED
+            await self._exit_code()
+            raise WorkerLoadError(message.message, error_type=message.error_type)
+        if not isinstance(message, p.Ready):
+            self.kill()
+            raise WorkerLoadError(f"worker {self.name} sent {type(message).__name__} before Ready")
+        self.pid, self.device, self.load_time_ms = message.pid, message.device, message.load_time_ms
+        self.state = WorkerState.READY
+        self._spawn(self._read_results())
+        log.debug("worker %s ready pid=%s device=%s", self.name, self.pid, self.device)
+        return message
+
+    async def infer(self, requests: list[p.WireRequest], timeout: float | None) -> p.Result:
+        """Run one batch. Raises WorkerDied, or RequestTimeout (and kills the worker)."""
+        if not self.alive or self._writer is None:
+            raise WorkerDied(f"worker {self.name} is not running")
+        batch_id = next(self._batch_ids)
+        future: asyncio.Future[p.Result] = asyncio.get_running_loop().create_future()
+        self._pending[batch_id] = future
+        previous = self.state
+        self.state = WorkerState.BUSY
+        try:
+            self._writer.write(p.encode(p.Infer(batch_id, requests)))
+            if timeout is None:
+                return await future
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            log.error("worker %s did not answer within %gs; killing it", self.name, timeout)
+            self.kill()
+            raise RequestTimeout(
+                f"The model did not answer within {timeout:g}s; its worker is being restarted"
+            ) from None
+        finally:
+            self._pending.pop(batch_id, None)
+            self.batches += 1
+            if self.state is WorkerState.BUSY:
+                self.state = previous if previous is WorkerState.DRAINING else WorkerState.READY
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Ask the worker to exit; then terminate, then kill. Idempotent."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            self._mark_stopped()
+            return
+        self.state = WorkerState.DRAINING if self.alive else self.state
+        if self._writer is not None and not self._writer.is_closing():
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self._writer.write(p.encode(p.Shutdown()))
+        for action in (None, proc.terminate, proc.kill):
+            if action is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    action()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._exit_code()), timeout)
+                break
+            except asyncio.TimeoutError:
+                continue
+        self._mark_stopped()
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGKILL)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _exit_code(self) -> int:
+        assert self.exited is not None
+        return await self.exited
+
+    async def _watch_exit(self) -> None:
+        assert self._proc is not None and self.exited is not None
+        code = await self._proc.wait()
+        self.exit_code = code
+        if self.state is not WorkerState.STOPPED:
+            if self.state is not WorkerState.DRAINING:
+                log.warning("worker %s (pid %s) exited with code %s", self.name, self.pid, code)
+            self.state = (
+                WorkerState.STOPPED if self.state is WorkerState.DRAINING else WorkerState.FAILED
+            )
+        self._fail_pending(code)
+        if self._writer is not None:
+            self._writer.close()
+        if not self.exited.done():
+            self.exited.set_result(code)
+        if self.on_exit is not None:
+            self.on_exit(self)
+
+    async def _read_results(self) -> None:
+        assert self._reader is not None
+        try:
+            while True:
+                message = await p.read_message(self._reader)
+                if not isinstance(message, p.Result):
+                    raise p.ProtocolError(f"unexpected {type(message).__name__} from worker")
+                future = self._pending.get(message.batch_id)
+                if future is not None and not future.done():
+                    future.set_result(message)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # EOF: the process is exiting; _watch_exit finishes the job
+        except p.ProtocolError:
+            log.error("worker %s broke the protocol; killing it", self.name, exc_info=True)
+            self.kill()
+
+    def _fail_pending(self, code: int | None) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(
+                    WorkerDied(f"The worker serving this request died (exit code {code})")
+                )
+
+    def _mark_stopped(self) -> None:
+        if self.state is not WorkerState.FAILED:
+            self.state = WorkerState.STOPPED

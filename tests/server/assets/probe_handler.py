@@ -1,0 +1,68 @@
+"""A test handler that reports what the server did: batch size, pid, gpu id.
+
+Each request is a JSON object; keys change what happens to it:
+  {"sleep": s}   the batch sleeps max(s) seconds before answering (a slow or stuck model)
+  {"bad": true}  this item fails with 400 (BadInput); the others still run
+  {"crash": true} the worker process dies mid-batch (os._exit)
+  {"echo": x}    returned as is; the handler also remembers every echo it ran
+  {"ran": true}  returns the list of echoes this worker ran so far
+The archive's TorchScript model really runs on every batch (one row per surviving item).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torchbay.handlers.base_handler import BaseHandler
+from torchbay.handlers.errors import BadInput
+
+RAN: list[object] = []
+
+
+class ProbeHandler(BaseHandler):
+    def initialize(self, context):
+        super().initialize(context)
+        if os.environ.get("PROBE_FAIL_LOAD"):
+            raise RuntimeError("probe told to fail loading")
+        self.gpu_id = context.system_properties.get("gpu_id")
+
+    def preprocess(self, data):
+        def one(item):
+            body = item.get("body") if isinstance(item, dict) else None
+            if not isinstance(body, dict):
+                raise BadInput("probe wants a JSON object body")
+            if body.get("bad"):
+                raise BadInput("this item was marked bad")
+            return body
+
+        self.batch_in = len(data)
+        self.bodies = self.map_items(data, one)
+        return torch.zeros(len(self.bodies), 64)
+
+    def inference(self, batch, *args, **kwargs):
+        if any(b.get("crash") for b in self.bodies):
+            os._exit(17)
+        delay = max((float(b.get("sleep", 0)) for b in self.bodies), default=0.0)
+        if delay:
+            time.sleep(delay)
+        return super().inference(batch)
+
+    def postprocess(self, output):
+        results = []
+        for body, row in zip(self.bodies, output, strict=True):
+            if "echo" in body:
+                RAN.append(body["echo"])
+            result = {
+                "pid": os.getpid(),
+                "batch": len(self.bodies),
+                "batch_in": self.batch_in,
+                "gpu_id": self.gpu_id,
+                "echo": body.get("echo"),
+                "logits": len(row),
+            }
+            if body.get("ran"):
+                result["ran"] = list(RAN)
+            results.append(result)
+        return results

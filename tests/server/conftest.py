@@ -1,0 +1,144 @@
+"""Live-server fixtures: real uvicorn listeners on 127.0.0.1 port 0, real worker processes,
+real archives built by our archiver. Readiness comes from the server's own event, never sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import torch
+from torchbay.archiver.package import ArchiveOptions, package
+from torchbay.server.config import ServerConfig
+from torchbay.server.serve import TorchbayServer
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+def _tiny_model(path: Path) -> Path:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    torch.jit.save(torch.jit.script(model.eval()), str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model store with ``probe.mar`` (the probe handler over a tiny TorchScript model) and
+    ``tiny.mar`` (the built-in tensor handler)."""
+    root = tmp_path_factory.mktemp("store")
+    work = tmp_path_factory.mktemp("build")
+    model = _tiny_model(work / "model.pt")
+    for name, handler in (("probe", str(ASSETS / "probe_handler.py")), ("tiny", "tensor")):
+        package(
+            ArchiveOptions(
+                model_name=name,
+                version="1.0",
+                serialized_file=model,
+                handler=handler,
+                export_path=root,
+            )
+        )
+    return root
+
+
+class LiveServer:
+    """A TorchbayServer running in a background thread with its own event loop."""
+
+    def __init__(self, config: ServerConfig, **kwargs: Any) -> None:
+        self.server = TorchbayServer(config, env=dict(os.environ), **kwargs)
+        self._thread = threading.Thread(target=self._run, name="torchbay-test-server", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self.server.serve())
+        except BaseException as exc:  # surfaced by start()/stop()
+            self._error = exc
+            self.server.state.started.set()
+
+    def start(self) -> LiveServer:
+        self._thread.start()
+        assert self.server.state.started.wait(120), "server did not start"
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.state.ports.inference}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.state.ports.management}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.state.ports.metrics}"
+
+    def worker_pids(self) -> list[int]:
+        registry = self.server.registry
+        assert registry is not None
+        return [
+            slot.worker.pid
+            for mv in registry.all_versions()
+            for slot in mv.slots
+            if slot.worker is not None and slot.worker.pid is not None
+        ]
+
+    def stop(self) -> None:
+        pids = self.worker_pids()
+        self.server.request_stop()
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "server did not stop"
+        for pid in pids:  # every child exited
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc = psutil.Process(pid)
+                assert proc.status() == psutil.STATUS_ZOMBIE, f"worker {pid} still running"
+        if self._error is not None:
+            raise self._error
+
+
+def make_config(store: Path, **overrides: Any) -> ServerConfig:
+    settings: dict[str, Any] = {
+        "model_store": store,
+        "inference_address": "http://127.0.0.1:0",
+        "management_address": "http://127.0.0.1:0",
+        "metrics_address": "http://127.0.0.1:0",
+        "disable_token_authorization": True,
+        "shutdown_grace_s": 10,
+    }
+    settings.update(overrides)
+    return ServerConfig.model_validate(settings)
+
+
+@pytest.fixture
+def live_server(model_store: Path) -> Iterator[Any]:
+    """Call ``live_server(load_models=[...], models={...}, ...)`` to start a server."""
+    servers: list[LiveServer] = []
+
+    def start(*, gpu_count: int | None = None, **overrides: Any) -> LiveServer:
+        kwargs = {"gpu_count": gpu_count} if gpu_count is not None else {}
+        server = LiveServer(make_config(model_store, **overrides), **kwargs).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def probe_models(**settings: Any) -> dict[str, Any]:
+    """``models={...}`` for the probe archive with TorchServe's camelCase settings."""
+    return {"probe": {"1.0": {"marName": "probe.mar", "defaultVersion": True, **settings}}}
+
+
+async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> httpx.Response:
+    return await client.post(url, json=body)
