@@ -11,18 +11,17 @@ least as fast. Deliberately no batching, no workers, no tuning beyond ``torch.se
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
+# Module-level imports: FastAPI resolves the endpoints' (string) annotations in these globals.
+import torch
+from fastapi import Depends, FastAPI, HTTPException, Request
 from torchbay.benchmarks.ceilings._serve import add_server_args, serve
 
 SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}
 
 
-def create_app(model_name: str, pt_path: str) -> Any:
+def create_app(model_name: str, pt_path: str) -> FastAPI:
     """Load the scripted model at ``pt_path`` and return the app serving it as ``model_name``."""
-    import torch
-    from fastapi import Depends, FastAPI, HTTPException, Request
-
     torch.set_num_threads(1)
     model = torch.jit.load(pt_path).eval()
     shape = SAMPLE_SHAPES[model_name]

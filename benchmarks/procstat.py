@@ -1,0 +1,134 @@
+"""CPU and memory of a server's process tree (the process and all its descendants).
+
+CPU: take :func:`cpu_snapshot` before and after a load run; :func:`cpu_seconds_between` gives the
+tree's CPU seconds spent in between and :func:`cpu_ms_per_request` divides by the requests served.
+Processes are keyed by (pid, create time) so a reused pid is never subtracted from a stranger; a
+process born during the run counts all its CPU; children that exited and were reaped by the root
+count through the root's ``children_user``/``children_system``. (A child that dies unreaped, or is
+reaped by a grandparent, loses its last interval: the price of sampling, noted for workers that
+crash mid-run.)
+
+Memory: :func:`memory_snapshot` gives RSS and PSS (proportional set size: shared pages split
+between the processes sharing them, so the tree's PSS does not count torch's libraries once per
+worker) of the root ("frontend") and of the whole tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+
+_MB = 1024 * 1024
+ProcKey = tuple[int, float]
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU seconds (user + system) of each live process of a tree, and of its reaped children."""
+
+    per_process: dict[ProcKey, float]
+    reaped_children_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.per_process.values()) + self.reaped_children_s
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """Resident and proportional memory in MB of the root process and of the whole tree."""
+
+    frontend_rss_mb: float
+    frontend_pss_mb: float | None
+    tree_rss_mb: float
+    tree_pss_mb: float | None
+    processes: int
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return [root]
+
+
+def cpu_snapshot(pid: int) -> CpuSnapshot:
+    """CPU times of ``pid`` and its descendants now. Raises ``psutil.NoSuchProcess`` if the root is
+    gone; descendants that vanish while being read are skipped."""
+    per_process: dict[ProcKey, float] = {}
+    reaped = 0.0
+    for proc in _tree(pid):
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                key = (proc.pid, proc.create_time())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        per_process[key] = times.user + times.system
+        if proc.pid == pid:
+            reaped = times.children_user + times.children_system
+    return CpuSnapshot(per_process=per_process, reaped_children_s=reaped)
+
+
+def cpu_seconds_between(before: CpuSnapshot, after: CpuSnapshot) -> float:
+    """CPU seconds the tree spent between two snapshots (never negative)."""
+    spent = sum(cpu - before.per_process.get(key, 0.0) for key, cpu in after.per_process.items())
+    spent += after.reaped_children_s - before.reaped_children_s
+    return max(spent, 0.0)
+
+
+def cpu_ms_per_request(cpu_seconds: float, requests: int) -> float:
+    """Server CPU milliseconds per request; NaN when no request was served."""
+    if requests <= 0:
+        return float("nan")
+    return cpu_seconds * 1000.0 / requests
+
+
+def memory_snapshot(pid: int) -> MemorySnapshot:
+    """RSS/PSS of ``pid`` (the frontend) and of its whole tree. PSS is None where the platform or
+    permissions do not give it (it needs /proc/PID/smaps)."""
+    frontend_rss = 0
+    frontend_pss: int | None = None
+    tree_rss = 0
+    tree_pss: int | None = 0
+    count = 0
+    for proc in _tree(pid):
+        try:
+            rss = proc.memory_info().rss
+            try:
+                pss: int | None = proc.memory_full_info().pss
+            except (psutil.AccessDenied, AttributeError):
+                pss = None
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        count += 1
+        tree_rss += rss
+        tree_pss = None if tree_pss is None or pss is None else tree_pss + pss
+        if proc.pid == pid:
+            frontend_rss, frontend_pss = rss, pss
+    return MemorySnapshot(
+        frontend_rss_mb=frontend_rss / _MB,
+        frontend_pss_mb=None if frontend_pss is None else frontend_pss / _MB,
+        tree_rss_mb=tree_rss / _MB,
+        tree_pss_mb=None if tree_pss is None else tree_pss / _MB,
+        processes=count,
+    )
+
+
+def system_busy_seconds() -> float:
+    """CPU seconds all cores of the machine spent not idle since boot (idle and iowait excluded)."""
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return sum(times) - idle - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+
+
+def foreign_cpu_percent(
+    busy_s: float, server_s: float, client_s: float, wall_s: float, cores: int
+) -> float:
+    """Share of the machine's capacity (``wall_s * cores``) used by processes that are neither the
+    server nor the load generator during a run: a noise flag for shared machines (0 when quiet)."""
+    if wall_s <= 0 or cores <= 0:
+        return float("nan")
+    return max(busy_s - server_s - client_s, 0.0) / (wall_s * cores) * 100.0

@@ -1,0 +1,267 @@
+"""Summaries of a scenario run: medians over rounds, the target checks, a plain-text table for the
+terminal and a markdown fragment for ``benchmarks/RESULTS.md``."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from torchbay.benchmarks.runner import ScenarioResult
+from torchbay.benchmarks.scenarios import Scenario, Target
+
+METRICS = (
+    "req_per_s",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "errors",
+    "cpu_ms_per_req",
+    "frontend_rss_mb",
+    "tree_pss_mb",
+    "start_s",
+    "foreign_cpu_pct",
+)
+
+
+@dataclass(frozen=True)
+class Machine:
+    cpu: str
+    cores: int
+    memory_gib: float
+    python: str
+    torch: str
+    wrk: str
+    torchbay: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.cpu}, {self.cores} cores, {self.memory_gib:.0f} GiB; Python {self.python}; "
+            f"torch {self.torch}; {self.wrk}; torchbay {self.torchbay}"
+        )
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit(repo: Path) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
+
+
+def machine_info() -> Machine:
+    """Describe this machine and the software versions that matter to the numbers."""
+    import psutil
+    import torch
+
+    import torchbay
+
+    proc = subprocess.run(["wrk", "--version"], capture_output=True, text=True)
+    wrk_version = (proc.stdout or proc.stderr).split("Copyright")[0].strip() or "wrk ?"
+    repo = Path(__file__).resolve().parent.parent
+    return Machine(
+        cpu=_cpu_model(),
+        cores=os.cpu_count() or 0,
+        memory_gib=psutil.virtual_memory().total / 2**30,
+        python=platform.python_version(),
+        torch=torch.__version__,
+        wrk=wrk_version,
+        torchbay=f"{torchbay.__version__} (git {_git_commit(repo)})",
+    )
+
+
+def medians(results: Iterable[ScenarioResult]) -> dict[str, dict[str, float]]:
+    """Per scenario, the median of each metric over its successful runs."""
+    runs: dict[str, list[ScenarioResult]] = {}
+    for result in results:
+        if result.error is None:
+            runs.setdefault(result.scenario, []).append(result)
+    out: dict[str, dict[str, float]] = {}
+    for name, group in runs.items():
+        out[name] = {}
+        for metric in METRICS:
+            values = [float(getattr(r, metric)) for r in group]
+            values = [v for v in values if not math.isnan(v)]
+            out[name][metric] = statistics.median(values) if values else float("nan")
+        out[name]["runs"] = len(group)
+    return out
+
+
+def inprocess_medians(rounds: Sequence[dict[str, dict[int, float]]]) -> dict[str, dict[int, float]]:
+    """Median samples/s per model and batch size over the rounds of the in-process loop."""
+    out: dict[str, dict[int, float]] = {}
+    for name in {n for r in rounds for n in r}:
+        batches = sorted({b for r in rounds for b in r.get(name, {})})
+        out[name] = {
+            b: statistics.median([r[name][b] for r in rounds if b in r.get(name, {})])
+            for b in batches
+        }
+    return out
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _row(name: str, scenario: Scenario | None, m: dict[str, float], per_run: str) -> list[str]:
+    setup = (
+        f"c={scenario.concurrency} b={scenario.batch_size} d={scenario.max_batch_delay_ms}"
+        f" w={scenario.workers}"
+        if scenario and scenario.server == "torchbay"
+        else (f"c={scenario.concurrency}" if scenario else "")
+    )
+    return [
+        name,
+        setup,
+        _fmt(m.get("req_per_s"), 0),
+        _fmt(m.get("p50_ms"), 2),
+        _fmt(m.get("p90_ms"), 2),
+        _fmt(m.get("p99_ms"), 2),
+        _fmt(m.get("errors"), 0),
+        _fmt(m.get("cpu_ms_per_req"), 3),
+        _fmt(m.get("frontend_rss_mb"), 0),
+        _fmt(m.get("tree_pss_mb"), 0),
+        _fmt(m.get("start_s"), 2),
+        _fmt(m.get("foreign_cpu_pct"), 0),
+        per_run,
+    ]
+
+
+HEADER = [
+    "scenario",
+    "setup",
+    "req/s",
+    "p50 ms",
+    "p90 ms",
+    "p99 ms",
+    "errors",
+    "CPU ms/req",
+    "frontend RSS MB",
+    "tree PSS MB",
+    "start s",
+    "other CPU %",
+    "req/s per run",
+]
+
+
+def table_rows(scenarios: Sequence[Scenario], results: Sequence[ScenarioResult]) -> list[list[str]]:
+    """One row per scenario: medians, then each run's req/s (or FAILED)."""
+    med = medians(results)
+    rows = []
+    for scenario in scenarios:
+        runs = [r for r in results if r.scenario == scenario.name]
+        per_run = ", ".join(
+            "FAILED" if r.error else _fmt(r.req_per_s, 0)
+            for r in sorted(runs, key=lambda r: r.round)
+        )
+        rows.append(_row(scenario.name, scenario, med.get(scenario.name, {}), per_run))
+    return rows
+
+
+def target_rows(targets: Sequence[Target], med: dict[str, dict[str, float]]) -> list[list[str]]:
+    rows = []
+    for target in targets:
+        value = target.value(med)
+        if value is None:
+            verdict, shown = "not measured", "-"
+        else:
+            verdict = "met" if target.met(value) else "MISSED"
+            shown = f"{value:.2f}x" if target.denominator else _fmt(value, 2)
+        rows.append([target.key, target.about, shown, target.describe_bound(), verdict])
+    return rows
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False))
+        for row in [header, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(
+    *,
+    command: str,
+    machine: Machine,
+    settings_line: str,
+    scenarios: Sequence[Scenario],
+    results: Sequence[ScenarioResult],
+    targets: Sequence[Target],
+    inprocess: dict[str, dict[int, float]] | None,
+    when: str,
+) -> str:
+    """The fragment for RESULTS.md: command, machine, scenario table, targets, in-process loop,
+    and the first line of each failure."""
+    med = medians(results)
+    parts = [
+        f"### Scenario run {when}",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine.describe()}  ",
+        f"Load: {settings_line}",
+        "",
+        markdown_table(HEADER, table_rows(scenarios, results)),
+        "",
+        '"other CPU %": the machine\'s CPU used by processes that were neither the server nor wrk '
+        "during the measured run, as a share of all cores; above a few percent the run was "
+        "disturbed and its numbers are low.",
+        "",
+        "Targets (ratios of medians within this run):",
+        "",
+        markdown_table(
+            ["target", "what", "measured", "bound", "verdict"], target_rows(targets, med)
+        ),
+    ]
+    if inprocess:
+        batches = sorted({b for per in inprocess.values() for b in per})
+        rows = [
+            [n, *(_fmt(per.get(b), 0) for b in batches)] for n, per in sorted(inprocess.items())
+        ]
+        parts += [
+            "",
+            "Model in process, one thread (samples/s, median over rounds):",
+            "",
+            markdown_table(["model", *(f"batch {b}" for b in batches)], rows),
+        ]
+    failures = [r for r in results if r.error]
+    if failures:
+        parts += ["", "Failed runs:", ""]
+        parts += [
+            f"- {r.scenario} round {r.round}: {r.error.splitlines()[0]} (log: {r.log})"
+            for r in failures
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def results_json(results: Sequence[ScenarioResult]) -> list[dict]:
+    """Every run as a plain dict (NaN kept as null) for machines."""
+    return [
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()}
+        for r in results
+    ]

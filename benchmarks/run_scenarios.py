@@ -1,0 +1,127 @@
+"""Run the issue-3 benchmark scenarios and write ``out/latest.md`` (+ ``latest.json``).
+
+    python -m torchbay.benchmarks.run_scenarios [--quick] [--only NAME[,NAME]] [--repeat N]
+
+``--only`` takes scenario names (globs allowed), a server kind (``echo``, ``naive``, ``torchbay``)
+or a tag (``ceiling``, ``a``..``d``); ``inprocess`` selects the in-process model loop. Every round
+runs each selected scenario once, so drift over time spreads across scenarios; the report shows
+medians over rounds. Exit status 1 if any run failed (its log path is in the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchbay.benchmarks import report, runner
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.scenarios import TARGETS, select
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "out"
+INPROCESS = "inprocess"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchbay.benchmarks.run_scenarios",
+        description="Run torchbay's reference scenarios beside the ceilings; write a report.",
+    )
+    parser.add_argument("--quick", action="store_true", help="1 s warm-up, 3 s runs, 1 round")
+    parser.add_argument("--only", action="append", default=[], help="NAME, glob, server or tag")
+    parser.add_argument("--repeat", type=int, help="rounds (default 2; --quick: 1)")
+    parser.add_argument("--duration", type=float, help="measured seconds per run (default 20)")
+    parser.add_argument("--warmup", type=float, help="warm-up seconds per run (default 5)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> runner.RunSettings:
+    quick = args.quick
+    return runner.RunSettings(
+        out_dir=args.out,
+        warmup_s=args.warmup if args.warmup is not None else (1.0 if quick else 5.0),
+        duration_s=args.duration if args.duration is not None else (3.0 if quick else 20.0),
+        repeat=args.repeat if args.repeat is not None else (1 if quick else 2),
+        inprocess_seconds=0.5 if quick else 2.0,
+    )
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    patterns = [p.strip() for item in args.only for p in item.split(",") if p.strip()]
+    want_inprocess = not patterns or INPROCESS in patterns or "ceiling" in patterns
+    patterns = [p for p in patterns if p != INPROCESS]
+    scenarios = select(patterns) if patterns or not want_inprocess else select(None)
+    if args.only and not patterns:  # only the in-process loop was asked for
+        scenarios = []
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+
+    assets = runner.prepare_models(settings.out_dir)
+    if any(s.server == "torchbay" for s in scenarios):
+        assets = runner.archive_models(assets, settings.out_dir, settings.python)
+        print(f"archived with {assets.archiver} into {assets.model_store}", flush=True)
+
+    results: list[runner.ScenarioResult] = []
+    inprocess_rounds: list[dict[str, dict[int, float]]] = []
+    for round_no in range(1, settings.repeat + 1):
+        if want_inprocess:
+            inprocess_rounds.append(runner.run_inprocess(assets, settings))
+            print(f"[round {round_no}] in-process loop: {inprocess_rounds[-1]}", flush=True)
+        for scenario in scenarios:
+            result = runner.run_scenario(scenario, assets, settings, round_no)
+            results.append(result)
+            status = (
+                f"FAILED: {result.error.splitlines()[0]}"
+                if result.error
+                else f"{result.req_per_s:,.0f} req/s, p99 {result.p99_ms:.2f} ms"
+            )
+            print(f"[round {round_no}] {scenario.name}: {status}", flush=True)
+
+    command = "python -m torchbay.benchmarks.run_scenarios " + shlex.join(
+        sys.argv[1:] if argv is None else list(argv)
+    )
+    settings_line = (
+        f"wrk -t1 -cC --latency, keep-alive, raw float32 body; warm-up {settings.warmup_s:g} s, "
+        f"{settings.duration_s:g} s measured; medians of {settings.repeat} round(s)."
+    )
+    print()
+    print(report.text_table(report.HEADER, report.table_rows(scenarios, results)))
+    print()
+    med = report.medians(results)
+    print(report.text_table(["target", "what", "measured", "bound", "verdict"],
+                            report.target_rows(TARGETS, med)))  # fmt: skip
+    inprocess = report.inprocess_medians(inprocess_rounds) if inprocess_rounds else None
+    markdown = report.render_markdown(
+        command=command.strip(),
+        machine=report.machine_info(),
+        settings_line=settings_line,
+        scenarios=scenarios,
+        results=results,
+        targets=TARGETS,
+        inprocess=inprocess,
+        when=dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+    )
+    (settings.out_dir / "latest.md").write_text(markdown, encoding="utf-8")
+    (settings.out_dir / "latest.json").write_text(
+        json.dumps({"runs": report.results_json(results), "inprocess": inprocess}, indent=2)
+    )
+    print(f"\nwrote {settings.out_dir / 'latest.md'}")
+    return 1 if any(r.error for r in results) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except BenchError as exc:
+        print(f"run_scenarios: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
