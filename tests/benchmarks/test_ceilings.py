@@ -1,0 +1,106 @@
+"""The ceiling servers answer as the runner expects, in process and live under wrk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from torchbay.benchmarks import models, runner, wrk
+from torchbay.benchmarks.ceilings import echo_asgi, inprocess, naive_fastapi
+from torchbay.benchmarks.scenarios import select
+
+
+def _post(app: object, *paths_and_bodies: tuple[str, bytes]) -> list[httpx.Response]:
+    """POST in process through httpx's ASGI transport (no server, no port)."""
+
+    async def post() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return [await client.post(path, content=body) for path, body in paths_and_bodies]
+
+    return asyncio.run(post())
+
+
+def test_echo_app_answers_body_length() -> None:
+    (response,) = _post(echo_asgi.app, ("/predictions/tiny", b"x" * 256))
+    assert response.status_code == 200
+    assert response.json() == {"ok": True, "bytes": 256}
+
+
+def test_naive_fastapi_runs_the_model(assets: runner.Assets) -> None:
+    threads = torch.get_num_threads()
+    try:
+        app = naive_fastapi.create_app("tiny", str(assets.pt["tiny"]))
+    finally:
+        torch.set_num_threads(threads)
+    body = models.sample_body("tiny")
+    ok, missing = _post(app, ("/predictions/tiny", body), ("/predictions/other", body))
+    assert ok.status_code == 200
+    assert set(ok.json()) == {"class", "score"}
+    assert missing.status_code == 404
+
+
+def test_inprocess_loop_reports_every_batch(assets: runner.Assets) -> None:
+    threads = torch.get_num_threads()
+    try:
+        rates = inprocess.measure({"tiny": str(assets.pt["tiny"])}, (1, 4), seconds=0.05)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(rates["tiny"]) == {1, 4}
+    assert all(rate > 0 for rate in rates["tiny"].values())
+
+
+needs_wrk = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk not installed")
+
+
+@pytest.mark.slow
+@needs_wrk
+def test_runner_measures_the_echo_server(tmp_path: Path, assets: runner.Assets) -> None:
+    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
+    (scenario,) = select(["echo-c16"])
+    result = runner.run_scenario(scenario, assets, settings, 1)
+    assert result.error is None, result.error
+    assert result.requests > 0 and result.errors == 0
+    assert result.cpu_ms_per_req > 0
+    assert result.frontend_rss_mb > 0 and result.start_s > 0
+
+
+@pytest.mark.slow
+@needs_wrk
+def test_wrk_counts_non_2xx(tmp_path: Path, assets: runner.Assets) -> None:
+    (scenario,) = select(["naive-tiny-c16"])
+    (port,) = runner.free_ports(1)
+    cmd = runner.server_command(
+        scenario, assets, [port], tmp_path, runner.RunSettings(tmp_path).python
+    )
+    server = runner.ServerProcess(cmd, tmp_path / "server.log")
+    try:
+        server.start()
+        server.wait_first_answer(port, "/predictions/tiny", assets.body["tiny"].read_bytes(), 60)
+        result = wrk.run_wrk(
+            f"http://127.0.0.1:{port}/predictions/nope",
+            assets.body["tiny"],
+            concurrency=2,
+            duration_s=1,
+        )
+    finally:
+        server.stop()
+    assert server.proc is not None and server.proc.returncode is not None
+    assert result.requests > 0
+    assert result.non2xx == result.requests  # every answer was a 404
+
+
+def test_unstartable_server_is_reported(tmp_path: Path, assets: runner.Assets) -> None:
+    (scenario,) = select(["echo-c16"])
+    broken = replace(scenario, server="naive", model="tiny")
+    bad_assets = runner.Assets(pt={"tiny": tmp_path / "missing.pt"}, body=assets.body)
+    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
+    result = runner.run_scenario(broken, bad_assets, settings, 1)
+    assert result.error is not None and "server exited" in result.error
+    assert json.dumps(result.error)  # printable in the report
