@@ -1,0 +1,59 @@
+"""Shared fixtures: one digits model trained per session, archive helpers."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_train_module():
+    spec = importlib.util.spec_from_file_location(
+        "_digits_train", REPO / "examples" / "digits" / "train.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trained digits model folder (model.py, digits.pt, example_input.pt, sample_*.png...)."""
+    out = tmp_path_factory.mktemp("digits")
+    accuracy = _load_train_module().train(out, epochs=15)
+    assert accuracy > 0.9
+    return out
+
+
+@pytest.fixture
+def digits_options(digits: Path, tmp_path: Path) -> dict:
+    """ArchiveOptions fields for the digits model with the image_classifier handler."""
+    return {
+        "model_name": "digits",
+        "version": "1.0",
+        "handler": "image_classifier",
+        "serialized_file": digits / "digits.pt",
+        "model_file": digits / "model.py",
+        "extra_files": str(digits / "index_to_name.json"),
+        "config_file": digits / "model-config.yaml",
+        "example_input": digits / "example_input.pt",
+        "export_path": tmp_path,
+    }
+
+
+def run_torchbay(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m torchbay ARGS`` in a subprocess (what a user runs)."""
+    return subprocess.run(
+        [sys.executable, "-m", "torchbay", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )
