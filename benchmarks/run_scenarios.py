@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torchbay.benchmarks import report, runner
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.scenarios import TARGETS, select
+from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 INPROCESS = "inprocess"
@@ -51,15 +51,19 @@ def settings_from_args(args: argparse.Namespace) -> runner.RunSettings:
     )
 
 
+def plan(only: Sequence[str]) -> tuple[list[Scenario], bool]:
+    """The scenarios ``--only`` selects, and whether the in-process loop runs. No ``--only``:
+    everything; otherwise the loop runs when ``inprocess`` or ``ceiling`` is asked for."""
+    asked = [p.strip() for item in only for p in item.split(",") if p.strip()]
+    patterns = [p for p in asked if p != INPROCESS]
+    want_inprocess = not asked or INPROCESS in asked or "ceiling" in asked
+    return (select(patterns) if patterns or not asked else []), want_inprocess
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
-    patterns = [p.strip() for item in args.only for p in item.split(",") if p.strip()]
-    want_inprocess = not patterns or INPROCESS in patterns or "ceiling" in patterns
-    patterns = [p for p in patterns if p != INPROCESS]
-    scenarios = select(patterns) if patterns or not want_inprocess else select(None)
-    if args.only and not patterns:  # only the in-process loop was asked for
-        scenarios = []
+    scenarios, want_inprocess = plan(args.only)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
 
     assets = runner.prepare_models(settings.out_dir)

@@ -91,3 +91,16 @@ def test_markdown_fragment() -> None:
 def test_inprocess_medians() -> None:
     rounds = [{"cnn": {1: 150.0, 8: 140.0}}, {"cnn": {1: 160.0, 8: 146.0}}]
     assert report.inprocess_medians(rounds) == {"cnn": {1: 155.0, 8: 143.0}}
+
+
+def test_run_scenarios_plan() -> None:
+    from torchbay.benchmarks.run_scenarios import plan
+
+    everything, loop = plan([])
+    assert len(everything) == len(scenarios.SCENARIOS) and loop
+    chosen, loop = plan(["ceiling"])
+    assert [s.server for s in chosen] == ["echo", "naive", "naive"] and loop
+    chosen, loop = plan(["inprocess"])
+    assert chosen == [] and loop
+    chosen, loop = plan(["tb-tiny*,echo-c16"])
+    assert [s.name for s in chosen] == ["echo-c16", "tb-tiny-c16-b8-w1"] and not loop
