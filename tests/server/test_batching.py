@@ -1,0 +1,193 @@
+"""The batching queue on its own: admission, batch formation, deadlines, adaptive waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from torchbay.server.batching import BatchQueue, Pending
+from torchbay.server.errors import QueueFull, RequestTimeout, ShuttingDown
+
+
+def _item(
+    loop: asyncio.AbstractEventLoop, payload: object, deadline: float | None = None
+) -> Pending:
+    return Pending(payload, loop.create_future(), loop.time(), deadline)
+
+
+def run(coro):  # noqa: ANN001, ANN201 - tiny helper
+    return asyncio.run(coro)
+
+
+def test_full_batch_leaves_at_once_in_arrival_order():
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=3, max_delay_s=60, capacity=10)
+        for i in range(5):
+            q.put(_item(loop, i))
+        batch = await asyncio.wait_for(q.take(), 5)  # would hang 60 s if it waited
+        return [p.payload for p in batch]
+
+    assert run(scenario()) == [0, 1, 2]
+
+
+def test_partial_batch_waits_for_more_until_full():
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=3, max_delay_s=60, capacity=10)
+        q.put(_item(loop, "a"))
+        taker = asyncio.ensure_future(q.take())
+        await asyncio.sleep(0.05)
+        assert not taker.done()  # first batch probes: it waits for company
+        q.put(_item(loop, "b"))
+        q.put(_item(loop, "c"))
+        batch = await asyncio.wait_for(taker, 5)
+        return [p.payload for p in batch]
+
+    assert run(scenario()) == ["a", "b", "c"]
+
+
+def test_delay_counts_from_the_oldest_request():
+    async def scenario() -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=8, max_delay_s=0.3, capacity=10)
+        first = _item(loop, 0)
+        first.arrival -= 0.25  # it has already waited 250 ms of its 300 ms
+        q.put(first)
+        started = loop.time()
+        batch = await asyncio.wait_for(q.take(), 5)
+        return len(batch), loop.time() - started
+
+    size, waited = run(scenario())
+    assert size == 1
+    assert waited < 0.25  # only the remaining ~50 ms, not a fresh 300 ms window
+
+
+def test_no_waiting_when_nothing_arrives_while_waiting():
+    """A closed-loop single client: after one useless wait the queue stops waiting."""
+
+    async def scenario() -> list[float]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(
+            batch_size=8, max_delay_s=0.5, capacity=10, probe_interval_s=3600
+        )
+        waits = []
+        for i in range(4):
+            q.put(_item(loop, i))
+            started = loop.time()
+            await asyncio.wait_for(q.take(), 5)
+            waits.append(loop.time() - started)
+        return waits
+
+    waits = run(scenario())
+    assert waits[0] >= 0.45  # the first batch probed the full window and gained nothing
+    assert all(w < 0.25 for w in waits[1:])  # then it dispatched at once
+
+
+def test_waits_again_when_requests_do_arrive_while_waiting():
+    async def scenario() -> list[int]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(
+            batch_size=4, max_delay_s=1.0, capacity=10, probe_interval_s=3600
+        )
+        sizes = []
+        for _ in range(3):
+            q.put(_item(loop, "x"))
+            taker = asyncio.ensure_future(q.take())
+            for _ in range(3):
+                await asyncio.sleep(0.02)
+                q.put(_item(loop, "y"))
+            sizes.append(len(await asyncio.wait_for(taker, 5)))
+        return sizes
+
+    assert run(scenario()) == [4, 4, 4]
+
+
+def test_queue_full_rejects_at_once_with_retry_after():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=1, max_delay_s=0, capacity=2)
+        q.put(_item(loop, 1))
+        q.put(_item(loop, 2))
+        with pytest.raises(QueueFull) as info:
+            q.put(_item(loop, 3))
+        assert info.value.status == 503 and info.value.headers["retry-after"] == "1"
+        assert len(q) == 2
+
+    run(scenario())
+
+
+def test_expired_requests_are_answered_and_never_dispatched():
+    async def scenario() -> tuple[list[object], BaseException | None]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=4, max_delay_s=0, capacity=10)
+        expired = _item(loop, "late", deadline=loop.time() - 1)
+        q.put(expired)
+        q.put(_item(loop, "ok"))
+        batch = await q.take()
+        return [p.payload for p in batch], expired.future.exception()
+
+    payloads, exc = run(scenario())
+    assert payloads == ["ok"]
+    assert isinstance(exc, RequestTimeout) and exc.status == 504
+
+
+def test_callers_who_left_are_dropped_before_dispatch():
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=4, max_delay_s=0, capacity=10)
+        gone = _item(loop, "gone")
+        q.put(gone)
+        q.put(_item(loop, "here"))
+        gone.future.cancel()
+        return [p.payload for p in await q.take()]
+
+    assert run(scenario()) == ["here"]
+
+
+def test_cancelled_take_loses_nothing_and_requeue_keeps_order():
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=3, max_delay_s=60, capacity=10)
+        q.put(_item(loop, "a"))
+        taker = asyncio.ensure_future(q.take())
+        await asyncio.sleep(0.02)
+        taker.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await taker
+        assert len(q) == 1
+        q.put(_item(loop, "b"))
+        q.put(_item(loop, "c"))
+        batch = await q.take()
+        q.requeue_front(batch)
+        return [p.payload for p in await q.take()]
+
+    assert run(scenario()) == ["a", "b", "c"]
+
+
+def test_close_refuses_new_and_returns_queued():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=1, max_delay_s=0, capacity=5)
+        q.put(_item(loop, 1))
+        drained = q.close(ShuttingDown("bye"))
+        assert [p.payload for p in drained] == [1]
+        with pytest.raises(ShuttingDown):
+            q.put(_item(loop, 2))
+
+    run(scenario())
+
+
+def test_live_reconfigure_changes_batch_size():
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=8, max_delay_s=60, capacity=10)
+        q.put(_item(loop, 1))
+        q.put(_item(loop, 2))
+        taker = asyncio.ensure_future(q.take())
+        await asyncio.sleep(0.02)
+        q.configure(batch_size=2)  # now the two queued requests are a full batch
+        return len(await asyncio.wait_for(taker, 5))
+
+    assert run(scenario()) == 2

@@ -1,0 +1,125 @@
+"""The worker protocol: round trips, malformed frames, and a real worker fed garbage."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from torchbay.server import protocol as p
+
+
+def _roundtrip(message: p.Message) -> p.Message:
+    frame = p.encode(message)
+    (length,) = struct.unpack("!I", frame[:4])
+    assert length == len(frame) - 4
+    return p.decode(frame[4], frame[5:])
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        p.Load("/m", "name", "1.0", 8, gpu_id=1, handler="h.py", num_threads=2),
+        p.Ready(pid=1, device="cpu", load_time_ms=3.5, num_threads=1, torch_version="x"),
+        p.LoadFailed("HandlerLoadError", "no such handler"),
+        p.Infer(
+            7,
+            [
+                p.WireRequest("a", b"\x00\xff" * 10, "application/octet-stream", {"x": "y"}),
+                p.WireRequest("b", b"", "", {}, "k=v", "v2"),
+            ],
+        ),
+        p.Result(
+            7,
+            [p.WireResponse(200, b"{}"), p.WireResponse(400, b"e", "text/plain", {"h": "1"})],
+            {"inference": 1.0},
+            [{"name": "m", "value": 1}],
+        ),
+        p.Shutdown(),
+    ],
+)
+def test_every_message_round_trips(message):
+    assert _roundtrip(message) == message
+
+
+def _frame(kind: int, header: object, blobs: bytes = b"", raw_header: bytes | None = None) -> bytes:
+    head = raw_header if raw_header is not None else json.dumps(header).encode()
+    return struct.pack("!BI", kind, len(head)) + head + blobs
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _frame(99, {}),  # unknown kind
+        _frame(p.Kind.LOAD, {}, raw_header=b"{not json"),
+        _frame(p.Kind.LOAD, [1, 2]),  # header not an object
+        _frame(p.Kind.LOAD, {"model_dir": "/m"}),  # missing fields
+        _frame(
+            p.Kind.LOAD,
+            {
+                "surprise": 1,
+                "model_dir": "/m",
+                "model_name": "m",
+                "model_version": "1",
+                "batch_size": 1,
+            },
+        ),
+        _frame(
+            p.Kind.INFER,
+            {"batch_id": 1, "requests": [["a", "", {}, "", "predict"]], "_blobs": [5]},
+            b"abc",
+        ),  # blob sizes lie
+        _frame(p.Kind.INFER, {"batch_id": 1, "requests": [], "_blobs": [3]}, b"abc"),
+        _frame(p.Kind.SHUTDOWN, {"_blobs": [1]}, b"x"),
+        b"\x01\x00",  # shorter than a header length
+    ],
+)
+def test_malformed_frames_raise_protocol_error(payload):
+    with pytest.raises(p.ProtocolError):
+        p.decode(payload[0], payload[1:])
+
+
+def test_a_real_worker_exits_on_a_malformed_first_frame():
+    parent, child = socket.socketpair()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchbay.server.worker", "--fd", str(child.fileno())],
+        pass_fds=(child.fileno(),),
+        stderr=subprocess.PIPE,
+    )
+    child.close()
+    try:
+        garbage = _frame(p.Kind.LOAD, {}, raw_header=b"\xff\xfe")
+        parent.sendall(struct.pack("!I", len(garbage)) + garbage)
+        _, err_bytes = proc.communicate(timeout=30)
+        code, err = proc.returncode, err_bytes.decode()
+    finally:
+        parent.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 3
+    assert "protocol error" in err
+
+
+def test_a_real_worker_reports_load_failure_as_a_message(tmp_path):
+    parent, child = socket.socketpair()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchbay.server.worker", "--fd", str(child.fileno())],
+        pass_fds=(child.fileno(),),
+        stderr=subprocess.DEVNULL,
+    )
+    child.close()
+    try:
+        p.send_message(parent, p.Load(str(tmp_path), "ghost", "1.0", 1))
+        reply = p.recv_message(parent)
+        code = proc.wait(timeout=30)
+    finally:
+        parent.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert isinstance(reply, p.LoadFailed)
+    assert reply.error_type == "HandlerLoadError"
+    assert code == 1

@@ -1,0 +1,115 @@
+"""``torchbay serve`` as a real process: SIGTERM with requests in flight answers them all."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _start(
+    model_store: Path, tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, dict]:
+    ready = tmp_path / "ready.json"
+    config = tmp_path / "config.properties"
+    config.write_text(
+        "models={\\\n"
+        '  "probe": {"1.0": {"marName": "probe.mar", "minWorkers": 1, "batchSize": 4,\\\n'
+        '                    "maxBatchDelay": 20}}\\\n'
+        "}\n"
+        "shutdown_grace_s=20\n"
+    )
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "torchbay", "serve",
+            "--model-store", str(model_store), "--ts-config", str(config), "--ncs",
+            "--disable-token-auth", "--ready-file", str(ready),
+            "--inference-address", "http://127.0.0.1:0",
+            "--management-address", "http://127.0.0.1:0",
+            "--metrics-address", "http://127.0.0.1:0",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log.close()  # the child holds its own descriptor
+    # The server writes the ready file once its listeners are up and its models loaded; the
+    # process exiting first is a failure we report with its output.
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if proc.poll() is not None:
+            out = (tmp_path / "serve.log").read_text()
+            pytest.fail(f"server exited early ({proc.returncode}):\n{out}")
+        assert time.monotonic() < deadline, "server never became ready"
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())
+
+
+def test_sigterm_drains_in_flight_requests(model_store, tmp_path):
+    proc, info = _start(model_store, tmp_path)
+    workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert workers, "no worker process found"
+    url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            tasks = [
+                asyncio.ensure_future(client.post(url, json={"sleep": 1.0, "echo": i}))
+                for i in range(6)
+            ]
+            await asyncio.sleep(0.5)  # all six admitted: one batch running, the rest queued
+            os.kill(proc.pid, signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    try:
+        responses = asyncio.run(scenario())
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [r.status_code for r in responses] == [200] * 6
+    assert sorted(r.json()["echo"] for r in responses) == list(range(6))
+    assert code == 0
+    for pid in workers:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_answers_503_for_work_past_the_grace_period(model_store, tmp_path):
+    # TORCHBAY_* settings override config.properties: a 1 s grace, then 503 for what is left.
+    proc, info = _start(model_store, tmp_path, env={"TORCHBAY_SHUTDOWN_GRACE_S": "1"})
+    url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            tasks = [
+                asyncio.ensure_future(client.post(url, json={"sleep": 3.0, "echo": i}))
+                for i in range(6)
+            ]
+            await asyncio.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    try:
+        responses = asyncio.run(scenario())
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    codes = [r.status_code for r in responses]
+    # Every request got exactly one answer: nothing hung up on, the unfinished ones 503.
+    assert set(codes) <= {200, 503} and 503 in codes
+    assert all(r.json()["type"] == "ShuttingDown" for r in responses if r.status_code == 503)
+    assert code == 0
