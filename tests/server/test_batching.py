@@ -16,7 +16,7 @@ def _item(
     return Pending(payload, loop.create_future(), loop.time(), deadline)
 
 
-def run(coro):  # noqa: ANN001, ANN201 - tiny helper
+def run(coro):
     return asyncio.run(coro)
 
 
