@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
 from torchbay.archiver import convert
 from torchbay.archiver.errors import ConversionError
 from torchbay.archiver.manifest import Format, Parity

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
 
 # The layer types torch's dynamic quantization replaces; the eager loader in torchbay.handlers

@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from torchbay.archiver.errors import CorruptArchiveError, ManifestError
 
 MANIFEST_PATH = "MAR-INF/MANIFEST.json"

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
+
+from torchbay import __version__
 from torchbay.archiver.errors import ArchiveArgumentError, ArchiveError
 from torchbay.archiver.extract import sha256_file
 from torchbay.archiver.manifest import (
@@ -36,8 +38,6 @@ from torchbay.archiver.manifest import (
     TorchbayInfo,
     is_valid_model_name,
 )
-
-from torchbay import __version__
 
 BUILTIN_HANDLERS = ("tensor", "base", "image_classifier", "text_classifier")
 # Handlers given as an importable module path are not copied in (resolved by the worker).

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from torchbay.archiver.errors import ConversionError, ParityError
 from torchbay.archiver.manifest import Parity, Tolerance
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchbay import __version__
 from torchbay.archiver.errors import ArchiveArgumentError, ArchiveError
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import Manifest
-
-from torchbay import __version__
 
 _CONTENT_TYPES = {
     ".png": "image/png",
@@ -102,14 +101,15 @@ def verify_archive(
     handler: str | None = None,
 ) -> VerifyResult:
     """Extract ``path`` with the hash checks, load its service, predict one request."""
-    from torchbay.handlers.errors import HandlerError
-    from torchbay.handlers.service import Request, load_service
-
     if not Path(path).exists():
         raise ArchiveArgumentError(f"{path}: no such archive")
     with tempfile.TemporaryDirectory(prefix="torchbay-verify-") as tmp:
         model_dir = Path(tmp) / "model"
         manifest = extract_archive(path, model_dir)
+        # Imported after the safety checks: an unsafe archive fails fast, without torch.
+        from torchbay.handlers.errors import HandlerError
+        from torchbay.handlers.service import Request, load_service
+
         spec = handler or manifest.model.handler
         body, ctype, what = _request_body(
             model_dir, manifest, spec, Path(input_file) if input_file else None, content_type

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from torchbay.archiver.errors import (
     CorruptArchiveError,
     HashMismatchError,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError, ParityError
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import read_manifest

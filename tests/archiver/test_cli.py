@@ -1,0 +1,243 @@
+"""The verbs as a user runs them: acceptance on digits, TorchServe archives, bad inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchbay.archiver.manifest import read_manifest
+from torchbay.cli import main
+
+from .conftest import run_torchbay
+
+
+def _archive_args(digits: Path, store: Path, name: str) -> list[str]:
+    return [
+        "archive", "--model-name", name, "-v", "1.0",
+        "--serialized-file", str(digits / "digits.pt"), "--model-file", str(digits / "model.py"),
+        "--handler", "image_classifier", "--extra-files", str(digits / "index_to_name.json"),
+        "-c", str(digits / "model-config.yaml"),
+        "--example-input", str(digits / "example_input.pt"), "--export-path", str(store),
+    ]  # fmt: skip
+
+
+def _top_label(stdout: str) -> str:
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("output:"))
+    scores = json.loads(line.split(":", 1)[1])
+    return max(scores, key=scores.get)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "flags", "digit"),
+    [
+        ("d-int8", ["--convert", "torchscript-trace", "--precision", "int8-dynamic"], 3),
+        ("d-fp16", ["--convert", "torchscript-trace", "--precision", "fp16"], 7),
+        ("d-export", ["--convert", "export"], 5),
+    ],
+)
+def test_acceptance_archive_inspect_verify_digits(
+    digits: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name, flags, digit
+) -> None:
+    assert main(_archive_args(digits, tmp_path, name) + flags) == 0
+    mar = tmp_path / f"{name}.mar"
+    assert mar.is_file() and "wrote" in capsys.readouterr().out
+    assert main(["inspect", str(mar)]) == 0
+    text = capsys.readouterr().out
+    assert "parity:     passed: max_abs_error=" in text and "top1_agreement=1.000" in text
+    assert main(["inspect", "--json", str(mar)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["manifest"]["torchbay"]["parity"]["passed"] is True
+    sample = digits / f"sample_{digit}.png"
+    assert main(["verify", str(mar), "--input", str(sample)]) == 0
+    out = capsys.readouterr().out
+    assert _top_label(out) == str(digit)
+    assert "preprocess" in out and "inference" in out and "verify: OK" in out
+
+
+def test_verify_subprocess_prints_digit_and_rejects_wrong_handler(
+    digits: Path, tmp_path: Path
+) -> None:
+    assert main([*_archive_args(digits, tmp_path, "d"), "--convert", "torchscript-trace"]) == 0
+    proc = run_torchbay("verify", str(tmp_path / "d.mar"), "--input", str(digits / "sample_4.png"))
+    assert proc.returncode == 0, proc.stderr
+    assert _top_label(proc.stdout) == "4"
+    # The stored example (a tensor) goes to the tensor handler as one raw float32 sample.
+    proc = run_torchbay("verify", str(tmp_path / "d.mar"), "--handler", "tensor")
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout.split("output:", 1)[1].splitlines()[0])["output"]) == 10
+
+
+TS_HANDLER = """\
+import json
+
+import torch
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class DoubleHandler(BaseHandler):
+    def preprocess(self, data):
+        rows = []
+        for row in data:
+            value = row.get("data") or row.get("body")
+            if isinstance(value, (bytes, bytearray)):  # TorchServe parses JSON bodies itself
+                value = json.loads(value)
+            rows.append(value)
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def postprocess(self, data):
+        return [{"sum": float(row.sum())} for row in data]
+"""
+
+
+@pytest.mark.slow
+def test_torch_model_archiver_archive_passes_verify(tmp_path: Path) -> None:
+    archiver = shutil.which("torch-model-archiver") or str(
+        Path(__import__("sys").executable).parent / "torch-model-archiver"
+    )
+    model = torch.jit.script(torch.nn.Linear(4, 2).eval())
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+        model.bias.fill_(0.0)
+    torch.jit.save(model, str(tmp_path / "linear.pt"))
+    (tmp_path / "double_handler.py").write_text(TS_HANDLER)
+    import subprocess
+
+    subprocess.run(
+        [
+            archiver, "--model-name", "linear", "--version", "1.0",
+            "--serialized-file", str(tmp_path / "linear.pt"),
+            "--handler", str(tmp_path / "double_handler.py"), "--export-path", str(tmp_path),
+        ],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    mar = tmp_path / "linear.mar"
+    manifest = read_manifest(mar)
+    assert manifest.torchbay is None and manifest.archiver_version == "0.12.0"
+    assert manifest.model.handler == "double_handler.py"
+    (tmp_path / "in.json").write_text("[1, 2, 3, 4]")
+    proc = run_torchbay("verify", str(mar), "--input", str(tmp_path / "in.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert '"sum": 20.0' in proc.stdout.replace('"sum":20.0', '"sum": 20.0')
+    assert main(["inspect", str(mar)]) == 0
+
+
+def _good_mar(tmp_path: Path) -> Path:
+    """A small valid torchbay-style archive (tensor handler, no model needed to read)."""
+    body = b"weights"
+    manifest = {
+        "createdOn": "01/01/2026 00:00:00",
+        "runtime": "python",
+        "archiverVersion": "0.1.0",
+        "model": {"modelName": "m", "modelVersion": "1", "handler": "tensor"},
+        "torchbay": {
+            "format": "eager",
+            "files": {"w.bin": hashlib.sha256(body).hexdigest()},
+        },
+    }
+    mar = tmp_path / "good.mar"
+    with zipfile.ZipFile(mar, "w") as zf:
+        zf.writestr("w.bin", body)
+        zf.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+    return mar
+
+
+def _with_member(tmp_path: Path, name: str, member: zipfile.ZipInfo | str, data: bytes) -> Path:
+    src = _good_mar(tmp_path)
+    out = tmp_path / f"{name}.mar"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(info, zin.read(info))
+        zout.writestr(member, data)
+    return out
+
+
+def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]]:
+    good = _good_mar(tmp_path)
+    tampered = tmp_path / "tampered.mar"
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(tampered, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            zout.writestr(info, b"evil!!!" if info.filename == "w.bin" else data)
+    corrupt = tmp_path / "corrupt.mar"
+    corrupt.write_bytes(good.read_bytes()[:40])
+    link = zipfile.ZipInfo("link.bin")
+    link.external_attr = (stat.S_IFLNK | 0o777) << 16
+    (tmp_path / "convnet.py").write_text(
+        "import torch\n"
+        "class ConvNet(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.conv = torch.nn.Conv2d(1, 2, 3)\n"
+        "    def forward(self, x):\n"
+        "        return self.conv(x).mean((2, 3))\n"
+    )
+    holder = torch.nn.Module()
+    holder.conv = torch.nn.Conv2d(1, 2, 3)
+    torch.save(holder.state_dict(), tmp_path / "conv.pt")
+    archive = ["archive", "--model-name", "x", "-v", "1", "--export-path", str(tmp_path)]
+    int8_args = [
+        *archive, "--handler", "tensor", "--model-file", str(tmp_path / "convnet.py"),
+        "--serialized-file", str(tmp_path / "conv.pt"), "--convert", "torchscript-trace",
+        "--precision", "int8-dynamic", "--example-input", str(digits / "example_input.pt"),
+    ]  # fmt: skip
+    return {
+        "missing file": (
+            [*archive, "--handler", "tensor", "--serialized-file", str(tmp_path / "nope.pt")],
+            "does not exist",
+        ),
+        "unknown handler": (
+            [*archive, "--handler", "no_such_handler", "--serialized-file", str(good)],
+            "unknown handler 'no_such_handler'",
+        ),
+        "corrupt zip": (["verify", str(corrupt)], "corrupt.mar"),
+        "tampered member": (["verify", str(tampered)], "'w.bin': sha256 mismatch"),
+        "dotdot member": (
+            ["verify", str(_with_member(tmp_path, "dotdot", "../evil.py", b"x"))],
+            "'../evil.py'",
+        ),
+        "absolute member": (
+            ["verify", str(_with_member(tmp_path, "abs", "/tmp/evil.py", b"x"))],
+            "'/tmp/evil.py': absolute path",
+        ),
+        "symlink member": (
+            ["verify", str(_with_member(tmp_path, "sym", link, b"/etc/passwd"))],
+            "'link.bin': symlink members are not allowed",
+        ),
+        "missing archive": (["inspect", str(tmp_path / "nothing.mar")], "no such archive"),
+        "precision the model cannot take": (
+            int8_args,
+            "int8-dynamic quantizes only Linear",
+        ),
+    }
+
+
+CASES = [
+    "missing file",
+    "unknown handler",
+    "corrupt zip",
+    "tampered member",
+    "dotdot member",
+    "absolute member",
+    "symlink member",
+    "missing archive",
+    "precision the model cannot take",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_gives_one_error_line_and_exit_1(case: str, tmp_path: Path, digits: Path) -> None:
+    args, expected = _bad_inputs(tmp_path, digits)[case]
+    proc = run_torchbay(*args)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("torchbay: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert expected in errors[0]
+    assert "Traceback" not in proc.stderr
