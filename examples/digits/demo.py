@@ -1,0 +1,98 @@
+"""The whole first run: train and archive the digits CNN, serve it, and ask for a prediction.
+
+    .venv/bin/python examples/digits/demo.py [--keep-running]
+
+1. ``examples/digits/build.py`` trains on scikit-learn's bundled digits, archives four variants
+   (fp32 TorchScript, int8, fp16, torch.export) and verifies each;
+2. ``torchbay serve`` starts on free local ports with the fp32 and int8 archives;
+3. a sample PNG is POSTed to ``/predictions/digits`` (with the inference key the server wrote);
+4. it prints the prediction and where the metrics and management APIs are, then stops the
+   server (or keeps it running with ``--keep-running`` until Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep-running", action="store_true", help="leave the server up")
+    args = parser.parse_args()
+
+    out = HERE / "out"
+    store = out / "model_store"
+    subprocess.run(
+        [sys.executable, str(HERE / "build.py"), "--out", str(out), "--store", str(store)],
+        check=True,
+    )
+
+    run_dir = Path(tempfile.mkdtemp(prefix="torchbay-demo-"))
+    ready = run_dir / "ready.json"
+    print("\nstarting: torchbay serve --model-store", store, "--models digits=digits.mar ...")
+    server = subprocess.Popen(
+        [
+            sys.executable, "-m", "torchbay", "serve",
+            "--model-store", str(store),
+            "--models", "digits=digits.mar", "digits-int8=digits-int8.mar",
+            "--inference-address", "http://127.0.0.1:0",
+            "--management-address", "http://127.0.0.1:0",
+            "--metrics-address", "http://127.0.0.1:0",
+            "--ready-file", str(ready),
+        ],
+        cwd=run_dir,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                print("the server did not start", file=sys.stderr)
+                return 1
+            time.sleep(0.1)
+        ports = json.loads(ready.read_text())
+        headers = {}
+        key_file = run_dir / "key_file.json"
+        if key_file.exists():  # token auth is on by default
+            headers["Authorization"] = f"Bearer {json.loads(key_file.read_text())['inference']['key']}"
+        base = f"http://127.0.0.1:{ports['inference']}"
+        for model in ("digits", "digits-int8"):
+            sample = out / "sample_7.png"
+            reply = httpx.post(
+                f"{base}/predictions/{model}",
+                content=sample.read_bytes(),
+                headers={**headers, "content-type": "image/png"},
+                timeout=30,
+            )
+            reply.raise_for_status()
+            top = max(reply.json().items(), key=lambda kv: kv[1])
+            print(f"\nPOST {base}/predictions/{model} < {sample.name}")
+            print(f"  -> {reply.text}")
+            print(f"  predicted digit {top[0]} (p={top[1]:.3f}); the image shows a 7")
+        print(f"\nmetrics (Prometheus):  curl http://127.0.0.1:{ports['metrics']}/metrics")
+        mgmt = f"http://127.0.0.1:{ports['management']}"
+        auth_hint = f" -H 'Authorization: Bearer <management key in {key_file}>'" if key_file.exists() else ""
+        print(f"management API:        curl{auth_hint} {mgmt}/models/digits")
+        if args.keep_running:
+            print("\nserver running; Ctrl-C to stop")
+            server.wait()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
