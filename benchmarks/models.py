@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
 from torchbay.benchmarks.errors import BenchError
 
 MODEL_NAMES = ("tiny", "cnn")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
 from torchbay.benchmarks import models, procstat, wrk
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.scenarios import Scenario, torchbay_models_json

@@ -15,6 +15,7 @@ import argparse
 # Module-level imports: FastAPI resolves the endpoints' (string) annotations in these globals.
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
+
 from torchbay.benchmarks.ceilings._serve import add_server_args, serve
 
 SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}

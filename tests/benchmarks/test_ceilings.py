@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+
 from torchbay.benchmarks import models, runner, wrk
 from torchbay.benchmarks.ceilings import echo_asgi, inprocess, naive_fastapi
 from torchbay.benchmarks.scenarios import select

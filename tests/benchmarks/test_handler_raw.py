@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.benchmarks import handler_raw, models, runner
 from torchbay.handlers.service import Request, load_service

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from torchbay.benchmarks import models
 from torchbay.benchmarks.errors import BenchError
 

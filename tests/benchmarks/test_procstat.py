@@ -4,6 +4,7 @@ import math
 import os
 
 import pytest
+
 from torchbay.benchmarks import procstat
 
 

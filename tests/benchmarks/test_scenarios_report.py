@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from torchbay.benchmarks import report, scenarios
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.runner import ScenarioResult

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from torchbay.benchmarks import wrk
 from torchbay.benchmarks.errors import BenchError
 
