@@ -6,10 +6,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import make_asgi_app
+from torchbay.server.auth import TokenAuth
+from torchbay.server.fetch import Fetcher
 from torchbay.server.http import ASGIApp
 from torchbay.server.inference_app import InferenceApp
 from torchbay.server.management import build_management_app
 from torchbay.server.metrics import ServerMetrics
+from torchbay.server.openapi import inference_openapi, metrics_openapi, with_openapi
 from torchbay.server.registry import ModelRegistry
 
 from torchbay import __version__
@@ -25,6 +28,7 @@ class Apps:
     inference: ASGIApp
     management: ASGIApp
     metrics_app: ASGIApp
+    auth: TokenAuth | None = None  # None: token authorization disabled
 
 
 def build_apps(server: TorchbayServer) -> Apps:
@@ -37,17 +41,26 @@ def build_apps(server: TorchbayServer) -> Apps:
         observer=metrics,
         worker_env=server.env or None,
     )
+    # URL registration: only allowed_urls (none by default), into the registry's own work folder.
+    registry.fetch = Fetcher(config.allowed_urls, registry.workdir / "downloads")
+    auth = None
+    if not config.disable_token_authorization:
+        auth = TokenAuth(config.key_file, config.token_expiration_min)
+        auth.write_key_file()
     inference = InferenceApp(
         registry,
         max_request_size=config.max_request_size,
         server_version=__version__,
         on_request=metrics.request_done,
+        authorize=auth.authorize if auth is not None else None,
+        openapi=inference_openapi(__version__),
     )
-    management = build_management_app(registry, config)
+    management = build_management_app(registry, config, auth=auth)
     return Apps(
         registry=registry,
         metrics=metrics,
         inference=inference,
         management=management,
-        metrics_app=make_asgi_app(metrics.registry),
+        metrics_app=with_openapi(make_asgi_app(metrics.registry), metrics_openapi(__version__)),
+        auth=auth,
     )

@@ -1,20 +1,92 @@
 """The management listener (default 8081), TorchServe-compatible.
 
-This first cut lists and describes models; registration, scaling, set-default and unregister
-build on the same registry.
+    GET    /models?limit=&next_page_token=            list (a page of) model names
+    POST   /models?url=&model_name=&...               register (or a JSON body); model API only
+    GET    /models/{m}[/{v}|/all]                     describe: a JSON array
+    PUT    /models/{m}[/{v}]?min_worker=&max_worker=  scale (and batch_size, max_batch_delay,
+                                                      response_timeout live)
+    PUT    /models/{m}/{v}/set-default                choose the version /predictions/{m} uses
+    DELETE /models/{m}[/{v}]                          drain and unregister; model API only
+    GET    /v1/models/{m}                             KServe v1 readiness {"name", "ready"}
+    GET    /token?type=management|inference          rotate a key (needs the API key)
+    OPTIONS /   GET /openapi.json                     this API's OpenAPI description
+
+With token auth on, every route but the API description needs ``Authorization: Bearer`` with
+the management key (``/token``: the API key). Register and unregister answer 405 unless
+``enable_model_api``. Errors are ``{"code", "type", "message"}``; bad parameter values are 400.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+import weakref
 from typing import Any
 
-from fastapi import FastAPI, Request
+import psutil
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from torchbay.server.auth import TokenAuth
 from torchbay.server.config import ServerConfig
-from torchbay.server.errors import BadRequest, TorchbayError
-from torchbay.server.model import ModelVersion
+from torchbay.server.errors import (
+    BadRequest,
+    ConfigError,
+    MethodNotAllowed,
+    NotFound,
+    TorchbayError,
+)
+from torchbay.server.model import ModelStatus, ModelVersion
 from torchbay.server.registry import ModelRegistry
+
+log = logging.getLogger("torchbay.management")
+
+_background: set[asyncio.Task] = set()
+
+
+class RegisterParams(BaseModel):
+    """``POST /models`` parameters (TorchServe's names), from the query string or a JSON body."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    url: str = Field(min_length=1)
+    model_name: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    handler: str | None = None
+    runtime: str | None = None  # accepted; torchbay runs Python handlers only
+    batch_size: int | None = Field(None, ge=1)
+    max_batch_delay: float | None = Field(None, ge=0)
+    initial_workers: int | None = Field(None, ge=0)
+    synchronous: bool = True  # TorchServe's code default (its docs say false)
+    response_timeout: float | None = Field(None, gt=0)
+    startup_timeout: float | None = Field(None, gt=0)
+    s3_sse_kms: bool | None = None  # accepted and ignored (no S3 here)
+
+
+class ScaleParams(BaseModel):
+    """``PUT /models/{m}[/{v}]`` parameters."""
+
+    model_config = ConfigDict(frozen=True)
+
+    min_worker: int | None = Field(None, ge=0)
+    max_worker: int | None = Field(None, ge=0)
+    synchronous: bool = False
+    timeout: float = -1  # TorchServe's drain timeout; torchbay always drains the batch in hand
+    batch_size: int | None = Field(None, ge=1)
+    max_batch_delay: float | None = Field(None, ge=0)
+    response_timeout: float | None = Field(None, gt=0)
+
+
+def _rss(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.Error, OSError):
+        return 0  # the worker just exited
 
 
 def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
@@ -25,6 +97,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
     workers = []
     for slot in mv.slots:
         w = slot.worker
+        pid = w.pid if w else None
         workers.append(
             {
                 "id": str(w.id if w else slot.index),
@@ -32,8 +105,8 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
                 if w
                 else None,
                 "status": slot.state.value,
-                "memoryUsage": 0,
-                "pid": w.pid if w else None,
+                "memoryUsage": _rss(pid),
+                "pid": pid,
                 "gpu": slot.placement.gpu_id is not None,
                 "gpuUsage": "N/A",
                 "device": w.device if w else None,
@@ -60,6 +133,11 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "loadedAtStartup": True,
         "isDefault": registry.is_default(mv),
         "workers": workers,
+        "metrics": {
+            "rejectedRequests": mv.requests_rejected,
+            "waitingQueueSize": len(mv.queue),
+            "requests": mv.requests_received,
+        },
         "jobQueueStatus": {
             "remainingCapacity": mv.queue.remaining_capacity,
             "pendingRequests": len(mv.queue),
@@ -69,14 +147,81 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
     }
 
 
-def build_management_app(registry: ModelRegistry, config: ServerConfig) -> FastAPI:
-    app = FastAPI(title="torchbay management", docs_url=None, redoc_url=None)
+def _status(message: str, code: int = 200) -> JSONResponse:
+    return JSONResponse({"status": message}, status_code=code)
 
+
+def _validation_message(exc: ValidationError | RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("query", "body", "path")]
+        parts.append(f"{'.'.join(loc) or 'request'}: {err.get('msg')}")
+    return "Invalid parameter(s): " + "; ".join(parts)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TorchbayError)
     async def _torchbay_error(request: Request, exc: TorchbayError) -> JSONResponse:
         return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers or None)
 
-    @app.get("/models")
+    @app.exception_handler(RequestValidationError)
+    async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(BadRequest(_validation_message(exc)).to_json(), status_code=400)
+
+    @app.exception_handler(ValidationError)
+    async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
+        return JSONResponse(BadRequest(_validation_message(exc)).to_json(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error: TorchbayError
+        if exc.status_code == 404:
+            error = NotFound("Requested resource is not found, please refer to API document.")
+        elif exc.status_code == 405:
+            error = MethodNotAllowed(
+                "Requested method is not allowed, please refer to API document."
+            )
+        else:
+            error = TorchbayError(str(exc.detail))
+            error.status = exc.status_code
+        return JSONResponse(error.to_json(), status_code=error.status, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.error("management request %s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(TorchbayError("Internal server error").to_json(), status_code=500)
+
+
+def build_management_app(
+    registry: ModelRegistry, config: ServerConfig, *, auth: TokenAuth | None = None
+) -> FastAPI:
+    """The management API over ``registry``; ``auth`` None means token auth is off."""
+    app = FastAPI(title="torchbay management", docs_url=None, redoc_url=None)
+    _install_error_handlers(app)
+    locks: weakref.WeakKeyDictionary[ModelVersion, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+    def lock_for(mv: ModelVersion) -> asyncio.Lock:
+        lock = locks.get(mv)
+        if lock is None:
+            lock = locks[mv] = asyncio.Lock()
+        return lock
+
+    def management_key(request: Request) -> None:
+        if auth is not None:
+            auth.check(request.headers.get("authorization"), "management")
+
+    def model_api() -> None:
+        if not config.enable_model_api:
+            raise MethodNotAllowed(
+                "Model API control is disabled: registering and unregistering models needs "
+                "--enable-model-api (enable_model_api=true)"
+            )
+
+    api = APIRouter(dependencies=[Depends(management_key)])
+
+    # -- list, describe -------------------------------------------------------------------------
+
+    @api.get("/models")
     async def list_models(limit: int = 100, next_page_token: int = 0) -> dict[str, Any]:
         if next_page_token < 0:
             raise BadRequest("next_page_token must be >= 0")
@@ -90,15 +235,218 @@ def build_management_app(registry: ModelRegistry, config: ServerConfig) -> FastA
             body["nextPageToken"] = str(next_page_token + limit)
         return body
 
-    @app.get("/models/{name}")
+    @api.get("/models/{name}")
     async def describe_default(name: str) -> list[dict[str, Any]]:
         return [describe(registry, registry.resolve(name))]
 
-    @app.get("/models/{name}/{version}")
+    @api.get("/models/{name}/{version}")
     async def describe_version(name: str, version: str) -> list[dict[str, Any]]:
         if version == "all":
             registry.resolve(name)
             return [describe(registry, mv) for mv in registry.models[name].values()]
         return [describe(registry, registry.resolve(name, version))]
 
+    @api.get("/v1/models/{name}")
+    async def kserve_ready(name: str) -> dict[str, Any]:
+        mv = registry.resolve(name)
+        return {"name": name, "ready": mv.status is ModelStatus.READY and mv.ready_workers > 0}
+
+    # -- register -------------------------------------------------------------------------------
+
+    @api.post("/models", dependencies=[Depends(model_api)])
+    async def register_model(
+        request: Request,
+        url: str | None = None,
+        model_name: str | None = None,
+        handler: str | None = None,
+        runtime: str | None = None,
+        batch_size: int | None = None,
+        max_batch_delay: float | None = None,
+        initial_workers: int | None = None,
+        synchronous: bool | None = None,
+        response_timeout: float | None = None,
+        startup_timeout: float | None = None,
+    ) -> JSONResponse:
+        raw = {k: v for k, v in request.query_params.items()}
+        if request.headers.get("content-type", "").startswith("application/json"):
+            body = await request.body()
+            if body.strip():
+                try:
+                    data = await request.json()
+                except ValueError:
+                    raise BadRequest("The request body is not valid JSON") from None
+                if not isinstance(data, dict):
+                    raise BadRequest("The JSON body must be an object of register parameters")
+                raw.update(data)
+        params = RegisterParams.model_validate(raw)
+        overrides = {
+            key: value
+            for key in ("batch_size", "max_batch_delay", "response_timeout", "startup_timeout")
+            if (value := getattr(params, key)) is not None
+        }
+        if params.handler is not None:
+            overrides["handler"] = params.handler
+        try:
+            mv = await registry.register(
+                params.url,
+                name=params.model_name,
+                overrides=overrides,
+                initial_workers=params.initial_workers,
+                synchronous=params.synchronous,
+            )
+        except ConfigError as exc:  # a bad setting from the request, mapped at the boundary
+            raise BadRequest(exc.message) from None
+        if not params.synchronous:
+            return _status("Processing worker updates...", 202)
+        return _status(
+            f'Model "{mv.name}" Version: {mv.version} registered with '
+            f"{mv.ready_workers} initial workers"
+        )
+
+    # -- scale and tune -------------------------------------------------------------------------
+
+    async def scale(mv: ModelVersion, params: ScaleParams) -> None:
+        async with lock_for(mv):
+            if (
+                params.batch_size is not None
+                or params.max_batch_delay is not None
+                or params.response_timeout is not None
+            ):
+                mv.configure(
+                    batch_size=params.batch_size,
+                    max_batch_delay_ms=params.max_batch_delay,
+                    response_timeout_s=params.response_timeout,
+                )
+            if params.min_worker is not None:
+                await mv.scale(params.min_worker, params.max_worker)
+
+    async def scale_route(
+        name: str,
+        version: str | None,
+        min_worker: int | None,
+        max_worker: int | None,
+        synchronous: bool,
+        timeout: float,
+        batch_size: int | None,
+        max_batch_delay: float | None,
+        response_timeout: float | None,
+    ) -> JSONResponse:
+        mv = registry.resolve(name, version)
+        tuning = (batch_size, max_batch_delay, response_timeout)
+        if min_worker is None and all(v is None for v in tuning):
+            min_worker = 1  # TorchServe's default
+        if min_worker is not None and max_worker is None:
+            max_worker = max(min_worker, 0)
+        if min_worker is None and max_worker is not None:
+            raise BadRequest("max_worker needs min_worker")
+        if max_worker is not None and min_worker is not None and max_worker < min_worker:
+            raise BadRequest(
+                f"max_worker ({max_worker}) cannot be less than min_worker ({min_worker})"
+            )
+        params = ScaleParams(
+            min_worker=min_worker,
+            max_worker=max_worker,
+            synchronous=synchronous,
+            timeout=timeout,
+            batch_size=batch_size,
+            max_batch_delay=max_batch_delay,
+            response_timeout=response_timeout,
+        )
+        if not synchronous:
+            task = asyncio.ensure_future(scale(mv, params))
+            _background.add(task)
+            task.add_done_callback(_scale_done)
+            return _status("Processing worker updates...", 202)
+        await scale(mv, params)
+        if min_worker is None:
+            return _status(f"Model {mv.name} version {mv.version} updated")
+        ready = mv.ready_workers
+        if ready < min_worker:
+            return _status(
+                f"Workers scaled to {ready} of {min_worker} for model: {mv.name}; "
+                f"{mv.load_error or 'some workers failed to start'}",
+                206,
+            )
+        return _status(f"Workers scaled to {min_worker} for model: {mv.name}")
+
+    @api.put("/models/{name}")
+    async def scale_default(
+        name: str,
+        min_worker: int | None = None,
+        max_worker: int | None = None,
+        synchronous: bool = False,
+        timeout: float = -1,
+        batch_size: int | None = None,
+        max_batch_delay: float | None = None,
+        response_timeout: float | None = None,
+    ) -> JSONResponse:
+        return await scale_route(
+            name, None, min_worker, max_worker, synchronous, timeout,
+            batch_size, max_batch_delay, response_timeout,
+        )  # fmt: skip
+
+    @api.put("/models/{name}/{version}")
+    async def scale_version(
+        name: str,
+        version: str,
+        min_worker: int | None = None,
+        max_worker: int | None = None,
+        synchronous: bool = False,
+        timeout: float = -1,
+        batch_size: int | None = None,
+        max_batch_delay: float | None = None,
+        response_timeout: float | None = None,
+    ) -> JSONResponse:
+        return await scale_route(
+            name, version, min_worker, max_worker, synchronous, timeout,
+            batch_size, max_batch_delay, response_timeout,
+        )  # fmt: skip
+
+    # -- default version, unregister ------------------------------------------------------------
+
+    @api.put("/models/{name}/{version}/set-default")
+    async def set_default(name: str, version: str) -> JSONResponse:
+        registry.set_default(name, version)
+        return _status(f'Default version successfully updated for model "{name}" to "{version}"')
+
+    async def unregister(name: str, version: str | None) -> JSONResponse:
+        versions = registry.models.get(name) or {}
+        target = versions.get(version if version is not None else registry.defaults.get(name, ""))
+        if target is None:
+            # Unknown model (404) or version (400, as TorchServe): the registry says which.
+            await registry.unregister(name, version, config.unregister_model_timeout_s)
+            raise NotFound(f"Model not found: {name}")
+        async with lock_for(target):
+            await registry.unregister(name, target.version, config.unregister_model_timeout_s)
+        return _status(f'Model "{name}" unregistered')
+
+    @api.delete("/models/{name}", dependencies=[Depends(model_api)])
+    async def unregister_default(name: str) -> JSONResponse:
+        return await unregister(name, None)
+
+    @api.delete("/models/{name}/{version}", dependencies=[Depends(model_api)])
+    async def unregister_version(name: str, version: str) -> JSONResponse:
+        return await unregister(name, version)
+
+    app.include_router(api)
+
+    # -- keys and API description (outside the management-key router) --------------------------
+
+    @app.get("/token")
+    async def rotate_token(request: Request, type: str = "management") -> dict[str, Any]:
+        if auth is None:
+            raise NotFound("Token authorization is disabled on this server")
+        auth.check(request.headers.get("authorization"), "API")
+        return auth.rotate(type)
+
+    @app.options("/")
+    async def api_description() -> dict[str, Any]:
+        return app.openapi()
+
     return app
+
+
+def _scale_done(task: asyncio.Task) -> None:
+    _background.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("scaling failed", exc_info=task.exception())

@@ -131,6 +131,9 @@ class ModelVersion:
         self._slot_index = 0
         self.inflight = 0
         self.restarts = 0
+        # Counted for the management API's describe (TorchServe's ``metrics`` object).
+        self.requests_received = 0
+        self.requests_rejected = 0
         self.closing = False
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -254,6 +257,14 @@ class ModelVersion:
 
     def admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
         """Queue one request; raises QueueFull / NoWorker / ShuttingDown at once."""
+        self.requests_received += 1
+        try:
+            return self._admit(request)
+        except TorchbayError:
+            self.requests_rejected += 1
+            raise
+
+    def _admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
         if self.closing:
             raise ShuttingDown("The server is shutting down")
         if not any(s.may_serve for s in self.slots):

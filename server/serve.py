@@ -84,6 +84,7 @@ class TorchbayServer:
         self._servers: list[tuple[str, uvicorn.Server, socket.socket]] = []
         self.registry: ModelRegistry | None = None
         self.metrics: Any = None
+        self.auth: Any = None  # server.auth.TokenAuth while token authorization is on
 
     # -- placement ------------------------------------------------------------------------------
 
@@ -140,6 +141,9 @@ class TorchbayServer:
         apps = build_apps(self)
         self.registry = apps.registry
         self.metrics = apps.metrics
+        self.auth = apps.auth
+        if self.auth is not None:
+            log.info("token authorization on: keys in %s", self.auth.key_file)
         for name, address, app in (
             ("inference", config.inference_address, apps.inference),
             ("management", config.management_address, apps.management),
@@ -254,6 +258,8 @@ class TorchbayServer:
             await server.shutdown(sockets=[sock])
         if self.metrics is not None and hasattr(self.metrics, "close"):
             self.metrics.close()
+        if self.auth is not None:
+            self.auth.delete_key_file()  # as TorchServe does
         log.info("stopped")
 
 

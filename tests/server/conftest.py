@@ -142,3 +142,26 @@ def probe_models(**settings: Any) -> dict[str, Any]:
 
 async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> httpx.Response:
     return await client.post(url, json=body)
+
+
+@pytest.fixture(scope="session")
+def versioned_store(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model store with ``probe.mar`` (version 1.0), ``probe-v2.mar`` (the same probe model
+    as version 2.0) and ``tiny.mar``: for side-by-side versions."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("versioned-store")
+    for name in ("probe.mar", "tiny.mar"):
+        shutil.copy(model_store / name, root / name)
+    work = tmp_path_factory.mktemp("build-v2")
+    built = package(
+        ArchiveOptions(
+            model_name="probe",
+            version="2.0",
+            serialized_file=_tiny_model(work / "model.pt"),
+            handler=str(ASSETS / "probe_handler.py"),
+            export_path=work,
+        )
+    )
+    shutil.move(built, root / "probe-v2.mar")
+    return root

@@ -1,0 +1,146 @@
+"""Token authorization, TorchServe 0.11.1 semantics: three keys, a key file, expiry and rotation.
+
+At start the server writes ``key_file.json`` (mode 0600) in TorchServe's shape::
+
+    {"management": {"key": "...", "expiration time": "2024-02-16T21:12:24.801167Z"},
+     "inference":  {"key": "...", "expiration time": "..."},
+     "API":        {"key": "..."}}
+
+Inference routes need ``Authorization: Bearer <inference key>``, management routes the
+management key, ``GET /token?type=management|inference`` (rotation) the API key, which never
+expires. An expired key answers 401 until rotated. Keys are compared in constant time. The
+key file is deleted at shutdown, as TorchServe does. Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hmac
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from torchbay.server.errors import BadRequest, Unauthorized
+from torchbay.server.http import Scope, header
+
+log = logging.getLogger("torchbay.auth")
+
+KeyKind = Literal["management", "inference", "API"]
+ROTATABLE = ("management", "inference")
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+@dataclass
+class _Key:
+    value: str
+    expires_at: float | None  # epoch seconds; None = never (the API key)
+
+    def to_json(self) -> dict[str, str]:
+        out = {"key": self.value}
+        if self.expires_at is not None:
+            stamp = dt.datetime.fromtimestamp(self.expires_at, dt.timezone.utc)
+            out["expiration time"] = stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return out
+
+
+def new_key() -> str:
+    """A fresh random key: 32 url-safe characters (192 bits; TorchServe's are 8)."""
+    return secrets.token_urlsafe(24)
+
+
+class TokenAuth:
+    """The server's three keys. ``check`` raises Unauthorized; ``rotate`` replaces one key."""
+
+    def __init__(
+        self,
+        key_file: Path,
+        expiration_min: float,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.key_file = key_file
+        self.expiration_s = expiration_min * 60
+        self.clock = clock
+        now = clock()
+        self.keys: dict[str, _Key] = {
+            "management": _Key(new_key(), now + self.expiration_s),
+            "inference": _Key(new_key(), now + self.expiration_s),
+            "API": _Key(new_key(), None),
+        }
+
+    # -- the key file ---------------------------------------------------------------------------
+
+    def key_file_json(self) -> dict[str, Any]:
+        return {kind: key.to_json() for kind, key in self.keys.items()}
+
+    def write_key_file(self) -> None:
+        """Write the keys atomically, readable by the owner only (0600 from creation on)."""
+        path = self.key_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.key_file_json(), f, indent=2)
+        os.chmod(tmp, 0o600)  # a umask can only remove bits, but be explicit
+        tmp.replace(path)
+
+    def delete_key_file(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.key_file.unlink()
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def check(self, authorization: bytes | str | None, kind: KeyKind) -> None:
+        """Accept ``Bearer <key of this kind>`` that has not expired; else raise Unauthorized."""
+        if authorization is None:
+            raise Unauthorized(
+                f"Token authorization failed: missing 'Authorization: Bearer <{kind} key>' "
+                "header (keys are in the server's key file)",
+                headers=_CHALLENGE,
+            )
+        if isinstance(authorization, str):
+            authorization = authorization.encode("latin-1", "replace")
+        scheme, _, token = authorization.strip().partition(b" ")
+        key = self.keys[kind]
+        # compare_digest on bytes of any length: the time taken does not reveal the key.
+        good = scheme.lower() == b"bearer" and hmac.compare_digest(
+            token.strip(), key.value.encode()
+        )
+        if not good:
+            raise Unauthorized(
+                f"Token authorization failed: not a valid {kind} key", headers=_CHALLENGE
+            )
+        if key.expires_at is not None and self.clock() >= key.expires_at:
+            raise Unauthorized(
+                f"Token authorization failed: the {kind} key expired; rotate it with "
+                f"GET /token?type={kind} on the management port",
+                headers=_CHALLENGE,
+            )
+
+    def authorize(self, scope: Scope, kind: str) -> None:
+        """The ASGI hook: check the request's Authorization header for ``kind``'s key."""
+        self.check(header(scope, b"authorization"), kind)  # type: ignore[arg-type]
+
+    def rotate(self, kind: str) -> dict[str, Any]:
+        """Replace the management or inference key (new expiry too); rewrite the key file."""
+        if kind not in ROTATABLE:
+            raise BadRequest(f"type must be one of {', '.join(ROTATABLE)}, got {kind!r}")
+        self.keys[kind] = _Key(new_key(), self.clock() + self.expiration_s)
+        self.write_key_file()
+        log.info("rotated the %s key", kind)
+        return {kind: self.keys[kind].to_json()}
+
+
+def read_key(key_file: Path, kind: KeyKind = "management") -> str:
+    """The ``kind`` key from a key file (for clients). Raises OSError, KeyError, ValueError."""
+    data = json.loads(Path(key_file).read_text())
+    return str(data[kind]["key"])

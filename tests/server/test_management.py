@@ -1,0 +1,221 @@
+"""The management API on a live server: register, describe, scale, set-default, unregister,
+with inference traffic flowing the whole time, and the error answers TorchServe users expect."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import probe_models
+
+pytestmark = pytest.mark.slow
+
+
+class Traffic:
+    """Background clients posting to /predictions/probe until stopped; every outcome recorded."""
+
+    def __init__(self, url: str, clients: int = 3) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.lock = threading.Condition()
+        self.results: list[tuple[int, dict[str, Any]]] = []
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
+
+    def _run(self, client_id: int) -> None:
+        n = 0
+        with httpx.Client(timeout=60) as client:
+            while not self.stop.is_set():
+                n += 1
+                try:
+                    r = client.post(self.url, json={"sleep": 0.05, "echo": f"{client_id}-{n}"})
+                except httpx.HTTPError as exc:  # no answer at all: a failure too
+                    with self.lock:
+                        self.errors.append(exc)
+                    continue
+                with self.lock:
+                    self.results.append((r.status_code, r.json()))
+                    self.lock.notify_all()
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.results)
+
+    def wait_for_more(self, n: int) -> None:
+        """Block until ``n`` more answers arrived (the traffic really flows across each step)."""
+        with self.lock:
+            target = len(self.results) + n
+            assert self.lock.wait_for(lambda: len(self.results) >= target, timeout=60)
+
+
+def test_lifecycle_under_continuous_traffic(live_server, versioned_store, request):
+    server = live_server(
+        model_store=versioned_store,
+        models=probe_models(batchSize=2, maxBatchDelay=10),
+        enable_model_api=True,
+    )
+    m = httpx.Client(base_url=server.management_url, timeout=120)
+    request.addfinalizer(m.close)
+    with Traffic(f"{server.url}/predictions/probe") as traffic:
+        traffic.wait_for_more(5)
+        r = m.post("/models", params={"url": "probe-v2.mar", "initial_workers": 1})
+        assert r.status_code == 200, r.text
+        assert r.json() == {
+            "status": 'Model "probe" Version: 2.0 registered with 1 initial workers'
+        }
+        assert m.post("/models", params={"url": "probe-v2.mar"}).status_code == 409
+
+        both = m.get("/models/probe/all").json()
+        assert sorted(d["modelVersion"] for d in both) == ["1.0", "2.0"]
+        assert {d["modelVersion"]: d["isDefault"] for d in both} == {"1.0": True, "2.0": False}
+
+        r = m.put("/models/probe/1.0", params={"min_worker": 2, "synchronous": "true"})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"status": "Workers scaled to 2 for model: probe"}
+        [v1] = m.get("/models/probe/1.0").json()
+        assert (v1["minWorkers"], v1["maxWorkers"]) == (2, 2)
+        assert [w["status"] for w in v1["workers"]] in (
+            ["READY"] * 2,
+            ["READY", "BUSY"],
+            ["BUSY", "READY"],
+            ["BUSY"] * 2,
+        )
+        assert all(w["memoryUsage"] > 1_000_000 for w in v1["workers"])  # real RSS, bytes
+        assert v1["metrics"]["requests"] > 0 and v1["metrics"]["rejectedRequests"] == 0
+        traffic.wait_for_more(10)
+
+        r = m.put("/models/probe/1.0", params={"min_worker": 1, "synchronous": "true"})
+        assert r.status_code == 200 and r.json()["status"].startswith("Workers scaled to 1")
+        assert len(m.get("/models/probe/1.0").json()[0]["workers"]) == 1
+        traffic.wait_for_more(10)
+
+        refused = m.delete("/models/probe/1.0")
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["type"] == "DefaultVersionInUse"
+
+        r = m.put("/models/probe/2.0/set-default")
+        assert r.status_code == 200, r.text
+        [v2] = m.get("/models/probe").json()
+        assert v2["modelVersion"] == "2.0" and v2["isDefault"]
+        v2_pids = {w["pid"] for w in v2["workers"]}
+        direct = httpx.post(f"{server.url}/predictions/probe", json={"echo": "v2"}, timeout=60)
+        assert direct.json()["pid"] in v2_pids
+        traffic.wait_for_more(5)
+
+        r = m.delete("/models/probe/1.0")
+        assert r.status_code == 200 and r.json() == {"status": 'Model "probe" unregistered'}
+        traffic.wait_for_more(5)
+
+    assert traffic.errors == []
+    statuses = [status for status, _ in traffic.results]
+    assert len(statuses) >= 35
+    assert statuses == [200] * len(statuses), [b for s, b in traffic.results if s != 200][:3]
+    echoes = [body["echo"] for _, body in traffic.results]
+    assert len(set(echoes)) == len(echoes)  # exactly one answer per request
+    assert m.get("/models").json() == {
+        "models": [{"modelName": "probe", "modelUrl": "probe-v2.mar"}]
+    }
+    assert [d["modelVersion"] for d in m.get("/models/probe/all").json()] == ["2.0"]
+    assert m.get("/models/probe/1.0").status_code == 404
+
+
+def test_registration_scaling_and_errors_without_workers(live_server, versioned_store, request):
+    server = live_server(model_store=versioned_store, enable_model_api=True)
+    m = httpx.Client(base_url=server.management_url, timeout=60)
+    request.addfinalizer(m.close)
+
+    r = m.post("/models", params={"url": "tiny.mar", "initial_workers": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == 'Model "tiny" Version: 1.0 registered with 0 initial workers'
+    # A JSON body works like the query string; async registration answers 202.
+    r = m.post(
+        "/models",
+        json={"url": "tiny.mar", "model_name": "tiny2", "initial_workers": 0, "batch_size": 4,
+              "max_batch_delay": 7, "synchronous": False},
+    )  # fmt: skip
+    assert r.status_code == 202 and r.json() == {"status": "Processing worker updates..."}
+    [tiny2] = m.get("/models/tiny2").json()
+    assert (tiny2["batchSize"], tiny2["maxBatchDelay"]) == (4, 7)
+
+    listing = m.get("/models", params={"limit": 1}).json()
+    assert listing == {
+        "nextPageToken": "1",
+        "models": [{"modelName": "tiny", "modelUrl": "tiny.mar"}],
+    }
+    assert m.get("/models", params={"limit": 1, "next_page_token": 1}).json() == {
+        "models": [{"modelName": "tiny2", "modelUrl": "tiny.mar"}]
+    }
+    assert m.get("/v1/models/tiny").json() == {"name": "tiny", "ready": False}
+    assert httpx.post(f"{server.url}/predictions/tiny", content=b"x").status_code == 503
+
+    # Live tuning without touching workers.
+    r = m.put("/models/tiny", params={"batch_size": 8, "max_batch_delay": 3})
+    assert r.status_code == 202
+    r = m.put("/models/tiny/1.0", params={"min_worker": 0, "synchronous": True})
+    assert r.json() == {"status": "Workers scaled to 0 for model: tiny"}
+    [tiny] = m.get("/models/tiny").json()
+    assert (tiny["batchSize"], tiny["maxBatchDelay"], tiny["workers"]) == (8, 3, [])
+
+    def error(r: httpx.Response, status: int, type_: str) -> None:
+        assert r.status_code == status, r.text
+        body = r.json()
+        assert body["code"] == status and body["type"] == type_ and body["message"]
+
+    error(m.post("/models", params={"url": "tiny.mar", "initial_workers": 0}), 409, "Conflict")
+    error(m.post("/models", params={"url": "tiny.mar", "batch_size": 0}), 400, "BadRequest")
+    error(m.post("/models", params={"url": "tiny.mar", "batch_size": "x"}), 400, "BadRequest")
+    error(m.post("/models"), 400, "BadRequest")
+    error(m.post("/models", params={"url": "../tiny.mar"}), 400, "BadRequest")
+    error(m.post("/models", params={"url": "missing.mar"}), 400, "BadRequest")
+    error(m.post("/models", content=b"{nope", headers={"content-type": "application/json"}),
+          400, "BadRequest")  # fmt: skip
+    error(m.put("/models/tiny", params={"min_worker": 3, "max_worker": 1}), 400, "BadRequest")
+    error(m.put("/models/tiny", params={"min_worker": -1}), 400, "BadRequest")
+    error(m.get("/models", params={"limit": "many"}), 400, "BadRequest")
+    error(m.get("/models/nope"), 404, "ModelNotFound")
+    error(m.get("/models/tiny/9.9"), 404, "ModelVersionNotFound")
+    error(m.put("/models/tiny/9.9/set-default"), 404, "ModelVersionNotFound")
+    error(m.delete("/models/nope"), 404, "ModelNotFound")
+    error(m.delete("/models/tiny/9.9"), 400, "InvalidModelVersion")
+    error(m.get("/no/such/route"), 404, "NotFound")
+    error(m.patch("/models"), 405, "MethodNotAllowed")
+
+    described = m.request("OPTIONS", "/")
+    assert described.status_code == 200
+    paths = described.json()["paths"]
+    assert {"/models", "/models/{name}", "/models/{name}/{version}/set-default"} <= set(paths)
+    assert m.get("/openapi.json").json()["paths"] == paths
+
+    assert m.delete("/models/tiny2").status_code == 200
+    assert m.delete("/models/tiny").status_code == 200
+    assert m.get("/models").json() == {"models": []}
+
+
+def test_model_api_off_by_default(live_server, request):
+    server = live_server(load_models=[])
+    m = httpx.Client(base_url=server.management_url, timeout=60)
+    request.addfinalizer(m.close)
+    for r in (m.post("/models", params={"url": "tiny.mar"}), m.delete("/models/tiny")):
+        assert r.status_code == 405, r.text
+        assert r.json()["type"] == "MethodNotAllowed"
+        assert "enable-model-api" in r.json()["message"]
+    assert m.get("/models").json() == {"models": []}
+    # The other ports describe themselves too.
+    for base in (server.url, server.metrics_url):
+        doc = httpx.request("OPTIONS", f"{base}/")
+        assert doc.status_code == 200 and doc.json()["openapi"].startswith("3.")
+    assert "/predictions/{model_name}" in httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert "/metrics" in httpx.get(f"{server.metrics_url}/openapi.json").json()["paths"]
