@@ -173,8 +173,6 @@ def _parity(
             loaded = load_model(load_dir, manifest, "cpu")
     except HandlerError as exc:
         raise ConversionError(f"the packed model does not load: {exc}") from None
-    if options.optimize:
-        loaded = convert.optimize_for_inference(loaded)  # what the loader runs (see convert)
     dtype = model_input_dtype(loaded, manifest)
 
     def run_packed(x: torch.Tensor) -> Any:

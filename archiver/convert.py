@@ -245,23 +245,14 @@ def freeze(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
     """torch.jit.freeze: inline weights as constants, fold conv/bn and constant subgraphs.
 
     optimize_for_inference is not applied here: it embeds MKLDNN tensors that torch.jit.save
-    cannot serialize, so the loader runs it (``optimize_for_inference`` below) after loading.
+    cannot serialize, so every loader runs it after loading (handlers.loading, which the
+    parity check uses too).
     """
     try:
         with quiet():
             return torch.jit.freeze(module.eval())
     except Exception as exc:
         raise ConversionError(f"--optimize: torch.jit.freeze failed: {_one_line(exc)}") from None
-
-
-def optimize_for_inference(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
-    try:
-        with quiet():
-            return torch.jit.optimize_for_inference(module)
-    except Exception as exc:
-        raise ConversionError(
-            f"--optimize: torch.jit.optimize_for_inference failed: {_one_line(exc)}"
-        ) from None
 
 
 def export(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:

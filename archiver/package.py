@@ -240,8 +240,9 @@ def package(options: ArchiveOptions) -> Path:
     _check_options(options, source, target)
     out = output_path(options)
     export_dir = Path(options.export_path)
-    if not export_dir.is_dir():
+    if export_dir.exists() and not export_dir.is_dir():
         raise ArchiveArgumentError(f"--export-path {str(export_dir)!r} is not a directory")
+    export_dir.mkdir(parents=True, exist_ok=True)
     if out.exists() and not options.force:
         raise ArchiveArgumentError(f"{out} already exists; use -f/--force to overwrite")
 

@@ -104,6 +104,8 @@ def load_model(model_dir: str | Path, manifest: dict[str, Any], device: str | to
         if fmt == "torchscript":
             model = torch.jit.load(str(path), map_location=device)
             model.eval()
+            if (manifest.get("torchbay") or {}).get("optimized"):
+                model = _optimize(model, serialized)
         elif fmt == "exported":
             model = _load_exported(path, device)
         else:
@@ -114,6 +116,21 @@ def load_model(model_dir: str | Path, manifest: dict[str, Any], device: str | to
         raise HandlerLoadError(f"cannot load {fmt} model {serialized!r}: {exc}") from exc
     logger.info("loaded %s model %s (%s) on %s", fmt, serialized, precision, device)
     return model
+
+
+def _optimize(model: Any, serialized: str) -> Any:
+    """Apply ``torch.jit.optimize_for_inference`` to a frozen archive (``--optimize``).
+
+    It cannot be saved (it embeds MKLDNN tensors), so the archiver stores the frozen module and
+    every loader (workers, verify, the archiver's parity check) runs this same step.
+    """
+    try:
+        return torch.jit.optimize_for_inference(model)
+    except Exception as exc:  # keep serving the frozen module rather than fail the load
+        logger.warning(
+            "optimize_for_inference failed for %s; serving it frozen: %s", serialized, exc
+        )
+        return model
 
 
 def _load_exported(path: Path, device: torch.device) -> Any:
