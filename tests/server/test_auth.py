@@ -1,0 +1,176 @@
+"""Token authorization: the key file, the auth matrix over every route of every port, rotation,
+expiry, and the key file's removal at shutdown."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import httpx
+import pytest
+
+from torchbay.server.auth import TokenAuth
+from torchbay.server.errors import BadRequest, Unauthorized
+
+from .conftest import LiveServer, make_config
+
+TINY = bytes(256)  # 64 float32 zeros for the tensor handler
+V2_BODY = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_keys_expire_rotate_and_compare_exactly(tmp_path):
+    clock = Clock()
+    auth = TokenAuth(tmp_path / "keys.json", expiration_min=1, clock=clock)
+    key = auth.keys["management"].value
+    auth.check(f"Bearer {key}", "management")
+    auth.check(f"bearer {key}".encode(), "management")
+    for bad in (None, key, f"Bearer {key}x", f"Bearer {key[:-1]}", "Bearer ", f"Basic {key}"):
+        with pytest.raises(Unauthorized):
+            auth.check(bad, "management")
+    with pytest.raises(Unauthorized):  # the right key of another kind
+        auth.check(f"Bearer {auth.keys['inference'].value}", "management")
+    clock.now += 61
+    with pytest.raises(Unauthorized, match="expired"):
+        auth.check(f"Bearer {key}", "management")
+    api_key = auth.keys["API"].value
+    auth.check(f"Bearer {api_key}", "API")  # the API key never expires
+    fresh = auth.rotate("management")["management"]["key"]
+    assert fresh != key
+    auth.check(f"Bearer {fresh}", "management")
+    with pytest.raises(BadRequest):
+        auth.rotate("API")
+    on_disk = json.loads((tmp_path / "keys.json").read_text())
+    assert on_disk["management"]["key"] == fresh
+
+
+@pytest.mark.slow
+def test_auth_matrix_rotation_and_key_file_lifecycle(model_store, tmp_path):
+    key_file = tmp_path / "run" / "key_file.json"
+    server = LiveServer(
+        make_config(
+            model_store,
+            load_models=["tiny=tiny.mar"],
+            disable_token_authorization=False,
+            enable_model_api=True,
+            key_file=key_file,
+        )
+    ).start()
+    try:
+        _check_key_file(key_file)
+        keys = json.loads(key_file.read_text())
+        _matrix(server, keys)
+        _rotation(server, key_file, keys)
+    finally:
+        server.stop()
+    assert not key_file.exists()  # deleted at shutdown, as TorchServe does
+
+
+def _check_key_file(key_file: Path) -> None:
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    keys = json.loads(key_file.read_text())
+    assert set(keys) == {"management", "inference", "API"}
+    assert set(keys["management"]) == {"key", "expiration time"}
+    assert set(keys["inference"]) == {"key", "expiration time"}
+    assert set(keys["API"]) == {"key"}
+    assert len({keys[k]["key"] for k in keys}) == 3
+
+
+def _matrix(server: LiveServer, keys: dict) -> None:
+    inf, mgmt = server.url, server.management_url
+    # (method, url, kwargs, key kind, status with the right key)
+    protected = [
+        ("POST", f"{inf}/predictions/tiny", {"content": TINY}, "inference", 200),
+        ("PUT", f"{inf}/predictions/tiny/1.0", {"content": TINY}, "inference", 200),
+        ("POST", f"{inf}/explanations/tiny", {"content": TINY}, "inference", 501),  # no explain
+        ("POST", f"{inf}/predictions/nope", {"content": TINY}, "inference", 404),
+        ("GET", f"{inf}/v2/models/tiny", {}, "inference", 200),
+        ("GET", f"{inf}/v2/models/tiny/versions/1.0", {}, "inference", 200),
+        ("GET", f"{inf}/v2/models/tiny/ready", {}, "inference", 200),
+        ("POST", f"{inf}/v2/models/tiny/infer", {"json": V2_BODY}, "inference", 200),
+        ("GET", f"{mgmt}/models", {}, "management", 200),
+        ("GET", f"{mgmt}/models/tiny", {}, "management", 200),
+        ("GET", f"{mgmt}/models/tiny/all", {}, "management", 200),
+        ("GET", f"{mgmt}/v1/models/tiny", {}, "management", 200),
+        ("PUT", f"{mgmt}/models/tiny", {"params": {"batch_size": 1}}, "management", 202),
+        ("PUT", f"{mgmt}/models/tiny/1.0/set-default", {}, "management", 200),
+        ("POST", f"{mgmt}/models", {"params": {"url": "none.mar"}}, "management", 400),
+        ("DELETE", f"{mgmt}/models/nope", {}, "management", 404),
+        ("DELETE", f"{mgmt}/models/tiny/9.9", {}, "management", 400),
+        ("GET", f"{mgmt}/token", {"params": {"type": "inference"}}, "API", 200),
+    ]
+    other = {"inference": "management", "management": "inference", "API": "management"}
+    with httpx.Client(timeout=60) as client:
+        for method, url, kwargs, kind, ok in protected:
+            right = keys[kind]["key"]
+            for label, headers in (
+                ("no token", {}),
+                ("wrong token", {"Authorization": "Bearer not-a-key"}),
+                ("other kind", {"Authorization": f"Bearer {keys[other[kind]]['key']}"}),
+                ("no scheme", {"Authorization": right}),
+            ):
+                r = client.request(method, url, headers=headers, **kwargs)
+                assert r.status_code == 401, (method, url, label, r.text)
+                body = r.json()  # OIP routes answer OIP's {"error": ...} shape
+                assert body.get("type") == "Unauthorized" or "error" in body, (url, label)
+                assert r.headers["www-authenticate"] == "Bearer"
+            if kind == "API":
+                continue  # rotating the inference key would spoil the rows after it
+            r = client.request(method, url, headers={"Authorization": f"Bearer {right}"}, **kwargs)
+            assert r.status_code == ok, (method, url, r.text)
+        # Open routes: health, metrics, API descriptions.
+        for url in (
+            f"{inf}/ping",
+            f"{inf}/v2/health/live",
+            f"{inf}/v2/health/ready",
+            f"{server.metrics_url}/metrics",
+            f"{inf}/openapi.json",
+            f"{mgmt}/openapi.json",
+            f"{server.metrics_url}/openapi.json",
+        ):
+            assert client.get(url).status_code == 200, url
+        for base in (inf, mgmt, server.metrics_url):
+            assert client.request("OPTIONS", f"{base}/").status_code == 200, base
+
+
+def _rotation(server: LiveServer, key_file: Path, keys: dict) -> None:
+    old = keys["management"]["key"]
+    api = {"Authorization": f"Bearer {keys['API']['key']}"}
+    with httpx.Client(base_url=server.management_url, timeout=60) as client:
+        r = client.get("/token", params={"type": "management"}, headers=api)
+        assert r.status_code == 200, r.text
+        new = r.json()["management"]["key"]
+        assert new != old and "expiration time" in r.json()["management"]
+        assert json.loads(key_file.read_text())["management"]["key"] == new
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        assert client.get("/models", headers={"Authorization": f"Bearer {old}"}).status_code == 401
+        assert client.get("/models", headers={"Authorization": f"Bearer {new}"}).status_code == 200
+        bad = client.get("/token", params={"type": "API"}, headers=api)
+        assert bad.status_code == 400
+        # The inference key rotates the same way and the old one stops working at once.
+        old_inf = json.loads(key_file.read_text())["inference"]["key"]
+        new_inf = client.get("/token", params={"type": "inference"}, headers=api).json()
+        new_inf = new_inf["inference"]["key"]
+    predict = f"{server.url}/predictions/tiny"
+    old_h = {"Authorization": f"Bearer {old_inf}"}
+    assert httpx.post(predict, content=TINY, headers=old_h).status_code == 401
+    new_h = {"Authorization": f"Bearer {new_inf}"}
+    assert httpx.post(predict, content=TINY, headers=new_h).status_code == 200
+
+
+@pytest.mark.slow
+def test_auth_disabled_needs_no_key_and_writes_no_file(live_server, tmp_path):
+    key_file = tmp_path / "key_file.json"
+    server = live_server(key_file=key_file)  # the fixture's default: token auth off
+    assert not key_file.exists()
+    assert httpx.get(f"{server.management_url}/models").status_code == 200
+    r = httpx.get(f"{server.management_url}/token", params={"type": "management"})
+    assert r.status_code == 404
