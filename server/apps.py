@@ -6,16 +6,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import make_asgi_app
+
+from torchbay import __version__
 from torchbay.server.auth import TokenAuth
 from torchbay.server.fetch import Fetcher
 from torchbay.server.http import ASGIApp
 from torchbay.server.inference_app import InferenceApp
+from torchbay.server.logs import request_hook
 from torchbay.server.management import build_management_app
 from torchbay.server.metrics import ServerMetrics
 from torchbay.server.openapi import inference_openapi, metrics_openapi, with_openapi
 from torchbay.server.registry import ModelRegistry
-
-from torchbay import __version__
 
 if TYPE_CHECKING:
     from torchbay.server.serve import TorchbayServer
@@ -33,7 +34,7 @@ class Apps:
 
 def build_apps(server: TorchbayServer) -> Apps:
     config = server.config
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(system_metrics=not config.disable_system_metrics)
     registry = ModelRegistry(
         config,
         place=server.place,
@@ -41,6 +42,7 @@ def build_apps(server: TorchbayServer) -> Apps:
         observer=metrics,
         worker_env=server.env or None,
     )
+    metrics.watch(registry)
     # URL registration: only allowed_urls (none by default), into the registry's own work folder.
     registry.fetch = Fetcher(config.allowed_urls, registry.workdir / "downloads")
     auth = None
@@ -51,7 +53,7 @@ def build_apps(server: TorchbayServer) -> Apps:
         registry,
         max_request_size=config.max_request_size,
         server_version=__version__,
-        on_request=metrics.request_done,
+        on_request=request_hook(metrics.request_done),
         authorize=auth.authorize if auth is not None else None,
         openapi=inference_openapi(__version__),
     )

@@ -80,12 +80,18 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     for note in notes:
         log.info("%s", note)
-    server = TorchbayServer(
-        config,
-        env=dict(os.environ),
-        ready_file=Path(args.ready_file) if args.ready_file else None,
-    )
-    _run(server)
+    from torchbay.server.logs import configure_logging
+
+    stop_logging = configure_logging(config.log_format)  # --log-format json: one object a line
+    try:
+        server = TorchbayServer(
+            config,
+            env=dict(os.environ),
+            ready_file=Path(args.ready_file) if args.ready_file else None,
+        )
+        _run(server)
+    finally:
+        stop_logging()
     return 0
 
 

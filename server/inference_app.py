@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from torchbay.server import protocol as p
+from torchbay.server.batching import Pending
 from torchbay.server.errors import (
     MethodNotAllowed,
     NotFound,
@@ -36,8 +37,11 @@ from torchbay.server.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.inference")
 
-# (model name, version or None, status, seconds) -> None; see server.metrics.
-RequestHook = Callable[[str, "str | None", int, float, "ModelVersion | None"], None]
+# (scope, model name, version or None, status, seconds, queue seconds or None when no worker
+# took the request, model version or None when unrouted) -> None; see server.logs.request_hook.
+RequestHook = Callable[
+    [Scope, str, "str | None", int, float, "float | None", "ModelVersion | None"], None
+]
 # Raises Unauthorized when the request may not use this API; see server.auth.
 AuthHook = Callable[[Scope, str], None]
 
@@ -112,6 +116,7 @@ class InferenceApp:
         version = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
         url_path = "/".join(parts[2:])
         mv: ModelVersion | None = None
+        item: Pending[p.WireRequest, p.WireResponse] | None = None
         status = 500
         try:
             if self.authorize is not None:
@@ -121,8 +126,12 @@ class InferenceApp:
             extra = {"explain": "True"} if explain else None
             if url_path:
                 extra = {**(extra or {}), "url_path": url_path}
-            request = self._wire_request(scope, body, "predict", extra)
-            response = await mv.submit(request)
+            item = mv.admit(self._wire_request(scope, body, "predict", extra))
+            mv.inflight += 1
+            try:
+                response = await item.future
+            finally:
+                mv.inflight -= 1
             status = response.status
             await send_bytes(
                 send,
@@ -136,7 +145,12 @@ class InferenceApp:
             raise
         finally:
             if self.on_request is not None:
-                self.on_request(name, version, status, time.perf_counter() - started, mv)
+                queue_s = None
+                if item is not None and item.dispatched is not None:
+                    queue_s = item.dispatched - item.arrival
+                self.on_request(
+                    scope, name, version, status, time.perf_counter() - started, queue_s, mv
+                )
 
     def _wire_request(
         self, scope: Scope, body: bytes, protocol: str, extra: dict[str, str] | None = None
@@ -194,13 +208,19 @@ class InferenceApp:
     ) -> None:
         started = time.perf_counter()
         mv: ModelVersion | None = None
+        item: Pending[p.WireRequest, p.WireResponse] | None = None
         status = 500
         try:
             if self.authorize is not None:
                 self.authorize(scope, "inference")
             mv = self.registry.resolve(name, version)
             body = await read_body(scope, receive, self.max_request_size)
-            response = await mv.submit(self._wire_request(scope, body, "v2"))
+            item = mv.admit(self._wire_request(scope, body, "v2"))
+            mv.inflight += 1
+            try:
+                response = await item.future
+            finally:
+                mv.inflight -= 1
             status = response.status
             await send_bytes(
                 send,
@@ -214,7 +234,12 @@ class InferenceApp:
             raise
         finally:
             if self.on_request is not None:
-                self.on_request(name, version, status, time.perf_counter() - started, mv)
+                queue_s = None
+                if item is not None and item.dispatched is not None:
+                    queue_s = item.dispatched - item.arrival
+                self.on_request(
+                    scope, name, version, status, time.perf_counter() - started, queue_s, mv
+                )
 
     def _all_ready(self) -> bool:
         versions = self.registry.all_versions()

@@ -1,17 +1,74 @@
 """Prometheus metrics: one CollectorRegistry owned by the server, fed from the frontend only.
 
 Workers never touch Prometheus: their stage timings and custom metrics ride back in each
-``Result`` and are recorded here. Torch-free.
+``Result`` and are recorded here, on the event loop. Torch-free.
+
+Per model version (labels ``model``, ``version``)::
+
+    torchbay_requests_total{code}            every request routed to the model, by status code
+    torchbay_request_latency_seconds         histogram, end to end (queue included)
+    torchbay_queue_latency_seconds           histogram, admission -> a worker took it
+    torchbay_handler_seconds{stage}          histogram per batch: preprocess, inference,
+                                             postprocess, handler (the whole handle call)
+    torchbay_batch_size                      histogram of requests per batch
+    torchbay_worker_restarts_total           restarts after a worker died
+    torchbay_model_load_seconds              load time of the most recently started worker
+    torchbay_queue_depth, torchbay_inflight_requests, torchbay_workers{state},
+    torchbay_model_ready                     read at scrape time from the model registry
+
+    torchbay_unrouted_requests_total{code}   requests that reached no model (unknown model or
+                                             version: 404; refused before routing: 401/403)
+
+The latency and queue histograms count the requests a worker took (answered by the handler, or
+lost with a dying worker); requests refused at admission (503 queue full or no worker, 504
+expired in the queue) count only in ``torchbay_requests_total``, so overload never drags the
+latency percentiles down with instant rejections.
+
+TorchServe's frontend names, so existing dashboards and alerts keep working (anchors 1.6):
+``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
+``ts_queue_latency_microseconds`` (``model_name``, ``model_version``, ``hostname``; the version is
+``"default"`` when the URL named none, as in TorchServe), ``Requests2XX/4XX/5XX`` (``Level``,
+``Hostname``; unknown models count here too), ``QueueTime`` and ``WorkerThreadTime`` (last
+request, ms), ``WorkerLoadTime`` (per live worker, ms). Their sample names are exactly
+TorchServe's, so the cumulative ones are exposed untyped (prometheus_client would append
+``_total`` to a counter). Host and GPU metrics: server.system_metrics. Custom handler metrics:
+:class:`CustomMetrics`.
+
+The hot path only bumps floats and cached labelled children; everything that describes state
+(queue depth, in-flight, workers) is read when scraped, by a collector.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from torchbay.server.model import BatchRecord, ModelVersion, Observer
-from torchbay.server.workers import WorkerProcess
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from torchbay.server.model import BatchRecord, ModelStatus, ModelVersion, Observer
+from torchbay.server.system_metrics import GpuCollector, HostCollector, load_nvml
+from torchbay.server.workers import WorkerProcess, WorkerState
+
+if TYPE_CHECKING:
+    from torchbay.server.registry import ModelRegistry
+
+log = logging.getLogger("torchbay.metrics")
+
+# No ``*_created`` series: one extra gauge per labelled counter/histogram that TorchServe never
+# had and dashboards never use. prometheus_client's switch is process-wide; this process is
+# the server.
+disable_created_metrics()
 
 # Latency buckets (seconds): sub-millisecond overhead-bound models up to slow ones.
 LATENCY_BUCKETS = (
@@ -19,112 +76,429 @@ LATENCY_BUCKETS = (
     0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Unit-agnostic buckets for handler histograms (handlers mostly report milliseconds).
+CUSTOM_BUCKETS = (
+    0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 60000,
+)  # fmt: skip
+STAGES = frozenset(("preprocess", "inference", "postprocess", "handler"))
+LABELS = ("model", "version")
+TS_LABELS = ("model_name", "model_version", "hostname")
+
+
+class _Series:
+    """The labelled children of one model version, cached so a request does no label lookups."""
+
+    __slots__ = ("batch", "codes", "latency", "queue", "stages", "ts_default", "ts_named")
+
+    def __init__(self, metrics: ServerMetrics, mv: ModelVersion) -> None:
+        name, version = mv.name, mv.version
+        self.latency = metrics.latency.labels(name, version)
+        self.queue = metrics.queue_time.labels(name, version)
+        self.batch = metrics.batch_size.labels(name, version)
+        self.codes: dict[int, Any] = {}
+        self.stages: dict[str, Any] = {}
+        # TorchServe accumulators [requests, latency us, queue us], shared by every ModelVersion
+        # object with the same labels (a model unloaded and loaded again continues its series).
+        self.ts_default = metrics._ts_acc.setdefault((name, "default"), [0.0, 0.0, 0.0])
+        self.ts_named = metrics._ts_acc.setdefault((name, version), [0.0, 0.0, 0.0])
 
 
 class ServerMetrics(Observer):
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    """Everything the server exports, on one registry. See the module docstring for the names.
+
+    ``system_metrics=False`` (config ``disable_system_metrics``) leaves out host and GPU series;
+    ``nvml`` overrides NVML discovery (None: no GPU series). Call :meth:`watch` once the model
+    registry exists, and :meth:`close` at shutdown.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        hostname: str | None = None,
+        system_metrics: bool = True,
+        nvml: Any = "auto",
+        max_custom_metrics: int = 100,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
-        self.hostname = socket.gethostname()
+        self.hostname = hostname or socket.gethostname()
+        self.models: ModelRegistry | None = None
         r = self.registry
-        labels = ("model", "version")
         self.requests = Counter(
-            "torchbay_requests", "Inference requests by status code", (*labels, "code"), registry=r
+            "torchbay_requests", "Inference requests by status code", (*LABELS, "code"), registry=r
+        )
+        self.unrouted = Counter(
+            "torchbay_unrouted_requests",
+            "Inference requests that reached no model (unknown model or version, refused auth)",
+            ("code",),
+            registry=r,
         )
         self.latency = Histogram(
             "torchbay_request_latency_seconds",
             "End-to-end latency in the frontend, queue included",
-            labels,
+            LABELS,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.queue_time = Histogram(
             "torchbay_queue_latency_seconds",
-            "Time a request waited in its model's queue",
-            labels,
+            "Time a request waited in its model's queue before a worker took it",
+            LABELS,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(
-            "torchbay_batch_size", "Requests per batch", labels, buckets=BATCH_BUCKETS, registry=r
+            "torchbay_batch_size", "Requests per batch", LABELS, buckets=BATCH_BUCKETS, registry=r
         )
         self.handler_time = Histogram(
             "torchbay_handler_seconds",
             "Handler time per batch by stage (preprocess, inference, postprocess, handler)",
-            (*labels, "stage"),
+            (*LABELS, "stage"),
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.worker_restarts = Counter(
-            "torchbay_worker_restarts", "Worker processes restarted", labels, registry=r
+            "torchbay_worker_restarts", "Worker processes restarted", LABELS, registry=r
         )
-        # TorchServe's frontend names, so existing dashboards keep working.
-        ts_labels = ("model_name", "model_version", "hostname")
-        self.ts_requests = Counter(
-            "ts_inference_requests", "Total number of inference requests.", ts_labels, registry=r
-        )
-        self.ts_latency = Counter(
-            "ts_inference_latency_microseconds",
-            "Cumulative inference duration in microseconds",
-            ts_labels,
+        self.load_time = Gauge(
+            "torchbay_model_load_seconds",
+            "Load time of the most recently started worker",
+            LABELS,
             registry=r,
         )
-        self.ts_queue = Counter(
-            "ts_queue_latency_microseconds",
-            "Cumulative queue duration in microseconds",
-            ts_labels,
-            registry=r,
-        )
-        self.ts_codes = {
-            cls: Counter(
-                f"Requests{cls}XX",
-                f"Total number of requests with response in {cls}00-{cls}99 status code range.",
-                ("Level", "Hostname"),
-                registry=r,
-            ).labels("Host", self.hostname)
-            for cls in (2, 4, 5)
-        }
-        self._children: dict[tuple[str, str], Any] = {}
+        self._series: dict[ModelVersion, _Series] = {}
+        self._unrouted: dict[int, Any] = {}
+        self._ts_acc: dict[tuple[str, str], list[float]] = {}
+        self._codes = [0.0] * 6  # Requests{2,4,5}XX by status // 100
+        self._last_total_s: float | None = None
+        self._last_queue_s = 0.0
+        self._last_handler_ms = 0.0
+        self.custom = CustomMetrics(r, max_metrics=max_custom_metrics)
+        r.register(_ScrapeCollector(self))
+        self._gpu: GpuCollector | None = None
+        if system_metrics:
+            r.register(HostCollector(self.hostname))
+            self._register_gpu(load_nvml() if nvml == "auto" else nvml)
 
-    def _model(self, name: str, version: str) -> Any:
-        key = (name, version)
-        children = self._children.get(key)
-        if children is None:
-            children = (
-                self.latency.labels(name, version),
-                self.queue_time.labels(name, version),
-                self.batch_size.labels(name, version),
-                self.ts_requests.labels(name, version, self.hostname),
-                self.ts_latency.labels(name, version, self.hostname),
-                self.ts_queue.labels(name, version, self.hostname),
-            )
-            self._children[key] = children
-        return children
+    def _register_gpu(self, nvml: Any) -> None:
+        if nvml is None:
+            return
+        gpu = GpuCollector(self.hostname, nvml)
+        if gpu.device_count:
+            self.registry.register(gpu)
+            self._gpu = gpu
+        else:
+            gpu.close()
 
-    # -- hooks --------------------------------------------------------------------------------
+    def watch(self, models: ModelRegistry) -> None:
+        """Read queue depth, in-flight requests and worker states from ``models`` when scraped."""
+        self.models = models
+
+    def close(self) -> None:
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
+
+    def _new_series(self, mv: ModelVersion) -> _Series:
+        series = self._series[mv] = _Series(self, mv)
+        return series
+
+    # -- hooks (the hot path) -------------------------------------------------------------------
 
     def request_done(
-        self, name: str, version: str | None, status: int, seconds: float, mv: ModelVersion | None
+        self,
+        name: str,
+        version: str | None,
+        status: int,
+        seconds: float,
+        queue_s: float | None,
+        mv: ModelVersion | None,
     ) -> None:
-        cls = self.ts_codes.get(status // 100)
-        if cls is not None:
-            cls.inc()
-        if mv is None:
-            return  # unknown model: no per-model series (unbounded label values)
-        self.requests.labels(mv.name, mv.version, str(status)).inc()
-        latency, _, _, ts_requests, ts_latency, _ = self._model(mv.name, mv.version)
-        latency.observe(seconds)
-        ts_requests.inc()
-        ts_latency.inc(seconds * 1e6)
+        """One inference request answered. ``queue_s`` is None when no worker took it."""
+        cls = status // 100
+        if 2 <= cls <= 5:
+            self._codes[cls] += 1
+        if mv is None:  # no per-model series: the name came from the URL (unbounded values)
+            child = self._unrouted.get(status)
+            if child is None:
+                child = self._unrouted[status] = self.unrouted.labels(str(status))
+            child.inc()
+            return
+        series = self._series.get(mv) or self._new_series(mv)
+        child = series.codes.get(status)
+        if child is None:
+            child = series.codes[status] = self.requests.labels(mv.name, mv.version, str(status))
+        child.inc()
+        ts = series.ts_default if version is None else series.ts_named
+        ts[0] += 1
+        if queue_s is not None:
+            series.latency.observe(seconds)
+            series.queue.observe(queue_s)
+            ts[1] += seconds * 1e6
+            ts[2] += queue_s * 1e6
+            self._last_total_s = seconds
+            self._last_queue_s = queue_s
 
     def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
-        _, queue_time, batch_size, _, _, ts_queue = self._model(model.name, model.version)
-        batch_size.observe(record.size)
-        for waited in record.queue_times_s:
-            queue_time.observe(waited)
-        ts_queue.inc(sum(record.queue_times_s) * 1e6)
+        series = self._series.get(model) or self._new_series(model)
+        series.batch.observe(record.size)
+        stages = series.stages
         for stage, ms in record.timings_ms.items():
-            self.handler_time.labels(model.name, model.version, stage).observe(ms / 1000)
+            child = stages.get(stage)
+            if child is None:
+                if stage not in STAGES:
+                    continue  # stage names come from the worker: keep the label bounded
+                child = stages[stage] = self.handler_time.labels(model.name, model.version, stage)
+            child.observe(ms / 1000)
+        handler_ms = record.timings_ms.get("handler")
+        if handler_ms is not None:
+            self._last_handler_ms = handler_ms
+        if record.metrics:
+            self.custom.record(model, record.metrics)
 
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
+        restarts = self.worker_restarts.labels(model.name, model.version)  # the series exists at 0
         if restart:
-            self.worker_restarts.labels(model.name, model.version).inc()
+            restarts.inc()
+        if worker.load_time_ms is not None:
+            self.load_time.labels(model.name, model.version).set(worker.load_time_ms / 1000)
+
+
+class _ScrapeCollector(Collector):
+    """What is read when scraped: model state, and TorchServe's exact-name frontend series."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._model_families()
+        yield from self._ts_families()
+
+    def _model_families(self) -> tuple[GaugeMetricFamily, ...]:
+        host = ("WorkerName", "Level", "Hostname")
+        return (
+            GaugeMetricFamily(
+                "torchbay_queue_depth", "Requests waiting in the queue", labels=LABELS
+            ),
+            GaugeMetricFamily(
+                "torchbay_inflight_requests",
+                "Requests admitted and not yet answered (queued or running)",
+                labels=LABELS,
+            ),
+            GaugeMetricFamily(
+                "torchbay_workers", "Worker processes by state", labels=(*LABELS, "state")
+            ),
+            GaugeMetricFamily(
+                "torchbay_model_ready", "1 when the model version is READY", labels=LABELS
+            ),
+            GaugeMetricFamily("WorkerLoadTime", "Worker load time (milliseconds)", labels=host),
+        )
+
+    def _ts_families(self) -> tuple[Metric, ...]:
+        host = ("Level", "Hostname")
+        families: list[Metric] = [
+            CounterMetricFamily(
+                "ts_inference_requests", "Total number of inference requests.", labels=TS_LABELS
+            ),
+            Metric(
+                "ts_inference_latency_microseconds",
+                "Cumulative inference duration in microseconds",
+                "unknown",
+            ),
+            Metric(
+                "ts_queue_latency_microseconds",
+                "Cumulative queue duration in microseconds",
+                "unknown",
+            ),
+        ]
+        for cls in (2, 4, 5):
+            families.append(
+                Metric(
+                    f"Requests{cls}XX",
+                    f"Total number of requests with response in {cls}00-{cls}99 status code range.",
+                    "unknown",
+                )
+            )
+        families.append(GaugeMetricFamily("QueueTime", "Last queue time (ms)", labels=host))
+        families.append(
+            GaugeMetricFamily(
+                "WorkerThreadTime",
+                "Last request's time outside the queue and the handler (ms)",
+                labels=host,
+            )
+        )
+        return tuple(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._collect_models()
+        yield from self._collect_ts()
+
+    def _collect_models(self) -> Iterator[Metric]:
+        m = self.metrics
+        depth, inflight, workers, ready, load = self._model_families()
+        models = m.models
+        versions = list(models.all_versions()) if models is not None else []
+        states = list(WorkerState)
+        for mv in versions:
+            labels = [mv.name, mv.version]
+            depth.add_metric(labels, len(mv.queue))
+            inflight.add_metric(labels, mv.inflight)
+            ready.add_metric(labels, 1.0 if mv.status is ModelStatus.READY else 0.0)
+            counts = dict.fromkeys(states, 0)
+            for slot in list(mv.slots):
+                counts[slot.state] += 1
+                worker = slot.worker
+                if worker is not None and worker.load_time_ms is not None:
+                    load.add_metric([worker.name, "Host", m.hostname], worker.load_time_ms)
+            for state, count in counts.items():
+                workers.add_metric([*labels, state.value], count)
+        yield from (depth, inflight, workers, ready, load)
+
+    def _collect_ts(self) -> Iterator[Metric]:
+        m = self.metrics
+        requests, latency, queue, r2, r4, r5, queue_time, thread_time = self._ts_families()
+        for (name, version), (count, latency_us, queue_us) in list(m._ts_acc.items()):
+            if not count:
+                continue
+            labels = {"model_name": name, "model_version": version, "hostname": m.hostname}
+            requests.add_metric(list(labels.values()), count)
+            latency.add_sample(latency.name, labels, latency_us)
+            queue.add_sample(queue.name, labels, queue_us)
+        host = {"Level": "Host", "Hostname": m.hostname}
+        for family, cls in ((r2, 2), (r4, 4), (r5, 5)):
+            family.add_sample(family.name, host, m._codes[cls])
+        families = [requests, latency, queue, r2, r4, r5]
+        if m._last_total_s is not None:
+            queue_time.add_metric(["Host", m.hostname], m._last_queue_s * 1000)
+            outside = (m._last_total_s - m._last_queue_s) * 1000 - m._last_handler_ms
+            thread_time.add_metric(["Host", m.hostname], max(0.0, outside))
+            families += [queue_time, thread_time]
+        yield from families
+
+
+# -- custom handler metrics -----------------------------------------------------------------------
+
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
+_LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def metric_name(raw: str) -> str:
+    """``raw`` made a valid Prometheus metric name (invalid characters become ``_``)."""
+    name = _NAME_BAD.sub("_", raw) or "_"
+    return "_" + name if name[0].isdigit() else name
+
+
+def label_name(raw: str) -> str:
+    """``raw`` made a valid, non-reserved label name; ``model``/``version`` become
+    ``exported_model``/``exported_version`` (Prometheus' own rule for clashing labels)."""
+    name = _LABEL_BAD.sub("_", raw) or "_"
+    if name[0].isdigit():
+        name = "_" + name
+    if name.startswith("__"):
+        name = "x" + name
+    return "exported_" + name if name in LABELS else name
+
+
+class _Custom:
+    __slots__ = ("children", "keys", "kind", "metric")
+
+    def __init__(self, kind: str, keys: tuple[str, ...], metric: Any) -> None:
+        self.kind = kind
+        self.keys = keys  # the raw dimension names, sorted
+        self.metric = metric
+        self.children: dict[tuple[Any, ...], Any] = {}
+
+
+class CustomMetrics:
+    """Handler metrics (``context.metrics``) registered on first sight, by name and type.
+
+    A record is ``{"name", "type": counter|gauge|histogram, "unit", "value", "dimensions"}``.
+    Labels are ``model``, ``version`` and the record's dimension names (sanitised). A record
+    that cannot be recorded (another type or dimension set than the metric's first record, a
+    name clashing with a server metric, a negative counter increment, past ``max_metrics``
+    metrics or ``max_series`` label sets per metric) is dropped and logged once; the server
+    never fails on a handler's metric.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry, *, max_metrics: int = 100, max_series: int = 1000
+    ) -> None:
+        self.registry = registry
+        self.max_metrics = max_metrics
+        self.max_series = max_series
+        self._metrics: dict[str, _Custom | None] = {}  # raw name -> metric, None if refused
+        self._warned: set[str] = set()
+
+    def record(self, mv: ModelVersion, records: list[dict[str, Any]]) -> None:
+        for rec in records:
+            try:
+                self._record_one(mv, rec)
+            except Exception as exc:  # a handler's bad metric never reaches the request path
+                name = rec.get("name") if isinstance(rec, dict) else None
+                self._warn(f"value:{name}", "dropping custom metric %r: %s", name, exc)
+
+    def _record_one(self, mv: ModelVersion, rec: dict[str, Any]) -> None:
+        raw = str(rec["name"])
+        kind = str(rec.get("type", "counter"))
+        dims = rec.get("dimensions") or {}
+        keys = tuple(sorted(dims))
+        entry = self._metrics.get(raw)
+        if entry is None:
+            if raw in self._metrics:
+                return  # refused before, already logged
+            entry = self._register(raw, kind, keys, str(rec.get("unit", "")))
+            if entry is None:
+                return
+        if entry.kind != kind or entry.keys != keys:
+            self._warn(
+                f"shape:{raw}",
+                "dropping custom metric %r: recorded as %s %s before, now %s %s",
+                raw,
+                entry.kind,
+                list(entry.keys),
+                kind,
+                list(keys),
+            )
+            return
+        values = (mv.name, mv.version, *(str(dims[k]) for k in keys))
+        child = entry.children.get(values)
+        if child is None:
+            if len(entry.children) >= self.max_series:
+                self._warn(f"series:{raw}", "custom metric %r: too many label sets", raw)
+                return
+            child = entry.children[values] = entry.metric.labels(*values)
+        value = float(rec["value"])
+        if kind == "counter":
+            child.inc(value)
+        elif kind == "gauge":
+            child.set(value)
+        else:
+            child.observe(value)
+
+    def _register(self, raw: str, kind: str, keys: tuple[str, ...], unit: str) -> _Custom | None:
+        if len(self._metrics) >= self.max_metrics:
+            self._warn("cap", "more than %d custom metrics; dropping new ones", self.max_metrics)
+            return None  # not remembered either: the map stays bounded
+        cls = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}.get(kind)
+        labels = (*LABELS, *(label_name(k) for k in keys))
+        name = metric_name(raw)
+        doc = f"Custom handler metric {raw}" + (f" ({unit})" if unit else "")
+        try:
+            if cls is None:
+                raise ValueError(f"unknown metric type {kind!r}")
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"dimension names clash once sanitised: {list(keys)}")
+            extra = {"buckets": CUSTOM_BUCKETS} if cls is Histogram else {}
+            metric = cls(name, doc, labels, registry=self.registry, **extra)
+        except ValueError as exc:  # bad type, clashing labels, or a name already registered
+            self._warn(f"register:{raw}", "refusing custom metric %r: %s", raw, exc)
+            self._metrics[raw] = None
+            return None
+        entry = self._metrics[raw] = _Custom(kind, keys, metric)
+        return entry
+
+    def _warn(self, key: str, message: str, *args: Any) -> None:
+        if key in self._warned or len(self._warned) > 10 * self.max_metrics:
+            return
+        self._warned.add(key)
+        log.warning(message, *args)

@@ -1,0 +1,175 @@
+"""Logging for ``torchbay serve``: the access log, the JSON formatter, and the root setup.
+
+Access log: one INFO line per inference request on the ``torchbay.access`` logger::
+
+    127.0.0.1:53412 "POST /predictions/resnet HTTP/1.1" 200 model=resnet version=1.0
+        total_ms=3.214 queue_ms=0.41      (one line)
+
+``queue_ms`` is ``None`` when no worker took the request (rejected at admission, unknown model).
+The line costs one ``isEnabledFor`` check when the logger is off, and is formatted lazily.
+
+``--log-format json`` makes every record one JSON object per line: ``time`` (ISO 8601, UTC),
+``level``, ``logger``, ``message``, ``process``, the access fields (``client``, ``method``,
+``path``, ``http_version``, ``status``, ``model``, ``version``, ``total_ms``, ``queue_ms``) on
+access records, ``exc_info`` when there is a traceback, and any ``extra=`` attributes.
+
+:func:`configure_logging` writes through a queue and a listener thread, so a slow stderr reader
+(a pipe to a log shipper) never blocks the event loop: records are formatted on the caller's
+thread and only the write moves. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import queue
+import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from torchbay.server.http import Scope
+    from torchbay.server.model import ModelVersion
+
+ACCESS_LOGGER = "torchbay.access"
+ACCESS_FIELDS = (
+    "client",
+    "method",
+    "path",
+    "http_version",
+    "status",
+    "model",
+    "version",
+    "total_ms",
+    "queue_ms",
+)
+_ACCESS_FORMAT = '%s "%s %s HTTP/%s" %d model=%s version=%s total_ms=%.3f queue_ms=%s'
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+access_log = logging.getLogger(ACCESS_LOGGER)
+
+# (name, version, status, seconds, queue seconds, model version) -> None: ServerMetrics.request_done
+RecordHook = Callable[[str, "str | None", int, float, "float | None", "ModelVersion | None"], None]
+# The inference app's on_request: the same, with the ASGI scope first.
+RequestHook = Callable[
+    ["Scope", str, "str | None", int, float, "float | None", "ModelVersion | None"], None
+]
+
+
+def request_hook(record: RecordHook | None) -> RequestHook:
+    """The inference app's ``on_request``: ``record`` (metrics), then one access-log line."""
+    enabled = access_log.isEnabledFor
+
+    def on_request(
+        scope: Scope,
+        name: str,
+        version: str | None,
+        status: int,
+        seconds: float,
+        queue_s: float | None,
+        mv: ModelVersion | None,
+    ) -> None:
+        if record is not None:
+            record(name, version, status, seconds, queue_s, mv)
+        if enabled(logging.INFO):
+            log_access(scope, name, version, status, seconds, queue_s, mv)
+
+    return on_request
+
+
+def log_access(
+    scope: Scope,
+    name: str,
+    version: str | None,
+    status: int,
+    seconds: float,
+    queue_s: float | None,
+    mv: ModelVersion | None,
+) -> None:
+    """Write one access line for a finished request (see the module docstring)."""
+    client = scope.get("client")
+    access_log.info(
+        _ACCESS_FORMAT,
+        f"{client[0]}:{client[1]}" if client else "-",
+        scope["method"],
+        scope["path"],
+        scope.get("http_version", "1.1"),
+        status,
+        name,
+        mv.version if mv is not None else version,
+        seconds * 1000,
+        None if queue_s is None else round(queue_s * 1000, 3),
+    )
+
+
+# Attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, one line (see the module docstring for the keys)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "process": record.process,
+        }
+        args = record.args
+        if (
+            record.name == ACCESS_LOGGER
+            and isinstance(args, tuple)
+            and len(args) == len(ACCESS_FIELDS)
+        ):
+            out.update(zip(ACCESS_FIELDS, args, strict=True))
+            out["total_ms"] = round(out["total_ms"], 3)
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and key not in out:
+                out[key] = value
+        if record.exc_info:
+            out["exc_info"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc_info"] = record.exc_text
+        if record.stack_info:
+            out["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(out, default=str)
+
+
+def make_formatter(log_format: str) -> logging.Formatter:
+    return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+
+
+def configure_logging(
+    log_format: str = "text", *, level: int | None = None, stream: TextIO | None = None
+) -> Callable[[], None]:
+    """Route every log record (ours, uvicorn's) through one formatter to ``stream`` (stderr).
+
+    Replaces the root logger's handlers; ``level`` None keeps the root level. Returns a function
+    that flushes what is queued and restores nothing else: call it once at exit.
+    """
+    root = logging.getLogger()
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    front = logging.handlers.QueueHandler(records)
+    front.setFormatter(make_formatter(log_format))  # format here; the listener only writes
+    back = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    back.setFormatter(logging.Formatter("%(message)s"))
+    listener = logging.handlers.QueueListener(records, back)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(front)
+    if level is not None:
+        root.setLevel(level)
+    listener.start()
+
+    def stop() -> None:
+        listener.stop()
+        root.removeHandler(front)
+        back.flush()
+
+    return stop

@@ -1,0 +1,159 @@
+"""The access log and ``--log-format json``."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from torchbay.server.logs import (
+    ACCESS_FIELDS,
+    ACCESS_LOGGER,
+    JsonFormatter,
+    configure_logging,
+    log_access,
+    request_hook,
+)
+
+from .conftest import probe_models
+
+SCOPE = {
+    "type": "http",
+    "method": "POST",
+    "path": "/predictions/m",
+    "http_version": "1.1",
+    "client": ("127.0.0.1", 5000),
+}
+
+
+@pytest.fixture
+def root_logging() -> Iterator[logging.Logger]:
+    """Give a test the root logger and put its handlers and level back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield root
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _record(name: str, msg: str, args: Any, **kwargs: Any) -> logging.LogRecord:
+    return logging.getLogger(name).makeRecord(
+        name, logging.INFO, __file__, 1, msg, args, kwargs.pop("exc_info", None), extra=kwargs
+    )
+
+
+def test_json_formatter_one_object_per_line() -> None:
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        import sys
+
+        exc_info = sys.exc_info()
+    record = _record("torchbay.x", "loaded %s in %d ms", ("m", 12), exc_info=exc_info, model="m")
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    data = json.loads(line)
+    assert data["message"] == "loaded m in 12 ms"
+    assert data["level"] == "INFO" and data["logger"] == "torchbay.x"
+    assert data["model"] == "m"  # extra= attributes are kept
+    assert "ValueError: boom" in data["exc_info"]
+    assert data["time"].endswith("+00:00")
+
+
+def test_access_line_text_and_json(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    log_access(SCOPE, "m", None, 200, 0.0123, 0.0004, None)
+    log_access(SCOPE, "nope", "2.0", 404, 0.001, None, None)
+    ok, missing = caplog.records
+    assert ok.getMessage() == (
+        '127.0.0.1:5000 "POST /predictions/m HTTP/1.1" 200 model=m version=None '
+        "total_ms=12.300 queue_ms=0.4"
+    )
+    assert "version=2.0" in missing.getMessage() and "queue_ms=None" in missing.getMessage()
+    data = json.loads(JsonFormatter().format(ok))
+    assert {k: data[k] for k in ACCESS_FIELDS} == {
+        "client": "127.0.0.1:5000",
+        "method": "POST",
+        "path": "/predictions/m",
+        "http_version": "1.1",
+        "status": 200,
+        "model": "m",
+        "version": None,
+        "total_ms": 12.3,
+        "queue_ms": 0.4,
+    }
+
+
+def test_access_log_off_costs_no_formatting() -> None:
+    access = logging.getLogger(ACCESS_LOGGER)
+    seen: list[tuple[Any, ...]] = []
+    hook = request_hook(lambda *args: seen.append(args))
+    old = access.level
+    access.setLevel(logging.WARNING)
+    try:
+        # A scope without "method" would raise if the line were built.
+        hook({"path": "/x"}, "m", None, 200, 0.01, None, None)
+    finally:
+        access.setLevel(old)
+    assert seen == [("m", None, 200, 0.01, None, None)]
+
+
+def test_configure_logging_json_routes_every_logger(root_logging: logging.Logger) -> None:
+    stream = io.StringIO()
+    stop = configure_logging("json", level=logging.INFO, stream=stream)
+    try:
+        logging.getLogger("uvicorn.error").info("listening on %s", "127.0.0.1")
+        logging.getLogger("torchbay.serve").warning("careful")
+        log_access(SCOPE, "m", "1.0", 503, 0.002, None, None)
+    finally:
+        stop()
+    lines = stream.getvalue().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["logger"] for r in records] == ["uvicorn.error", "torchbay.serve", ACCESS_LOGGER]
+    assert records[0]["message"] == "listening on 127.0.0.1"
+    assert records[2]["status"] == 503 and records[2]["version"] == "1.0"
+
+
+def test_configure_logging_text(root_logging: logging.Logger) -> None:
+    stream = io.StringIO()
+    stop = configure_logging("text", level=logging.INFO, stream=stream)
+    try:
+        logging.getLogger("torchbay.serve").info("ready")
+    finally:
+        stop()
+    (line,) = stream.getvalue().splitlines()
+    assert line.endswith(" INFO torchbay.serve: ready")
+
+
+@pytest.mark.slow
+def test_one_access_line_per_request(live_server, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    server = live_server(models=probe_models())
+    assert httpx.post(f"{server.url}/predictions/probe", json={}, timeout=60).status_code == 200
+    assert httpx.post(f"{server.url}/predictions/probe/1.0", json={"bad": True}).status_code == 400
+    assert httpx.post(f"{server.url}/v2/models/nope/infer", json={}).status_code == 404
+    lines = [r for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert len(lines) == 3
+    fields = [dict(zip(ACCESS_FIELDS, r.args, strict=True)) for r in lines]  # type: ignore[arg-type]
+    assert [(f["method"], f["path"], f["status"]) for f in fields] == [
+        ("POST", "/predictions/probe", 200),
+        ("POST", "/predictions/probe/1.0", 400),
+        ("POST", "/v2/models/nope/infer", 404),
+    ]
+    assert [(f["model"], f["version"]) for f in fields] == [
+        ("probe", "1.0"),
+        ("probe", "1.0"),
+        ("nope", None),
+    ]
+    assert fields[0]["queue_ms"] is not None and fields[0]["queue_ms"] >= 0
+    assert fields[0]["total_ms"] >= fields[0]["queue_ms"]
+    assert fields[2]["queue_ms"] is None
+    assert fields[0]["client"].startswith("127.0.0.1:")
