@@ -41,6 +41,7 @@ def build_apps(server: TorchbayServer) -> Apps:
         server_version=__version__,
         observer=metrics,
         worker_env=server.env or None,
+        prewarmed=server.take_prewarmed,
     )
     metrics.watch(registry)
     # URL registration: only allowed_urls (none by default), into the registry's own work folder.

@@ -68,9 +68,21 @@ def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if v is not None}
 
 
+def expected_startup_workers(config: Any) -> int:
+    """A cheap guess at how many workers the startup models need (archives not yet read)."""
+    named = {spec.name or spec.url for spec in config.model_specs()}
+    count = len(named) * config.default_workers_per_model
+    for name, versions in config.models.items():
+        if name not in named:
+            count += sum(max(v.min_workers, 0) for v in versions.values() if v.mar_name)
+    if config.load_all and config.model_store is not None and config.model_store.is_dir():
+        count += sum(1 for p in config.model_store.iterdir() if p.suffix == ".mar")
+    return min(count, 2 * (os.cpu_count() or 1))
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from torchbay.server.config import load_server_config
-    from torchbay.server.serve import TorchbayServer
+    from torchbay.server.workers import spawn_process
 
     for flag in ("log_config", "plugins_path", "workflow_store"):
         if getattr(args, flag):
@@ -80,7 +92,11 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     for note in notes:
         log.info("%s", note)
+    # Start the workers' processes first: each imports torch (the slowest part of start-up)
+    # while the frontend imports the rest, binds and unpacks the archives.
+    prewarmed = [spawn_process(os.environ) for _ in range(expected_startup_workers(config))]
     from torchbay.server.logs import configure_logging
+    from torchbay.server.serve import TorchbayServer
 
     stop_logging = configure_logging(config.log_format)  # --log-format json: one object a line
     try:
@@ -88,6 +104,7 @@ def run_serve(args: argparse.Namespace) -> int:
             config,
             env=dict(os.environ),
             ready_file=Path(args.ready_file) if args.ready_file else None,
+            prewarmed=prewarmed,
         )
         _run(server)
     finally:

@@ -28,7 +28,7 @@ from torchbay.server.errors import (
     ShuttingDown,
     TorchbayError,
 )
-from torchbay.server.workers import WorkerLoadError, WorkerProcess, WorkerState
+from torchbay.server.workers import Spawned, WorkerLoadError, WorkerProcess, WorkerState
 
 log = logging.getLogger("torchbay.model")
 
@@ -107,6 +107,7 @@ class ModelVersion:
         observer: Observer | None = None,
         worker_env: dict[str, str] | None = None,
         limit_max_image_pixels: bool = True,
+        prewarmed: Callable[[], Spawned | None] | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -120,6 +121,7 @@ class ModelVersion:
         self.observer = observer or Observer()
         self.worker_env = worker_env
         self._place = place
+        self.prewarmed: Callable[[], Spawned | None] = prewarmed or (lambda: None)
         self.status = ModelStatus.LOADING
         self.load_error: str | None = None
         self.queue: BatchQueue[p.WireRequest, p.WireResponse] = BatchQueue(
@@ -357,6 +359,7 @@ class WorkerSlot:
             gpu_id=self.placement.gpu_id,
             handler=m.handler,
             num_threads=self.placement.threads,
+            cpu_affinity=list(self.placement.cpu_affinity) if self.placement.cpu_affinity else None,
             server_version=m.server_version,
             limit_max_image_pixels=m.limit_max_image_pixels,
         )
@@ -374,14 +377,10 @@ class WorkerSlot:
         failures = 0
         window_start: float | None = None
         while not self.retiring:
-            worker = WorkerProcess(
-                self._load_message(),
-                cpu_affinity=self.placement.cpu_affinity,
-                env=self.model.worker_env,
-            )
+            worker = WorkerProcess(self._load_message(), env=self.model.worker_env)
             self.worker = worker
             try:
-                await worker.start(self.model.settings.startup_timeout_s)
+                await worker.start(self.model.settings.startup_timeout_s, self.model.prewarmed())
             except WorkerLoadError as exc:
                 self.load_error = exc
                 log.error("model %s: worker failed to load: %s", self.model.key, exc)

@@ -50,6 +50,7 @@ class Load:
     gpu_id: int | None = None  # None: CPU
     handler: str | None = None  # overrides the manifest's handler (management API)
     num_threads: int = 1
+    cpu_affinity: list[int] | None = None  # cores to pin the worker to
     server_version: str = ""
     limit_max_image_pixels: bool = True
 

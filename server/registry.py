@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from torchbay.archiver.errors import ArchiveError
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import Manifest, read_manifest
@@ -30,6 +31,7 @@ from torchbay.server.errors import (
     NotFound,
 )
 from torchbay.server.model import ModelSettings, ModelVersion, Observer, Placement
+from torchbay.server.workers import Spawned
 
 log = logging.getLogger("torchbay.registry")
 
@@ -66,8 +68,10 @@ class ModelRegistry:
         fetch: FetchFn | None = None,
         workdir: Path | None = None,
         worker_env: dict[str, str] | None = None,
+        prewarmed: Callable[[], Spawned | None] | None = None,
     ) -> None:
         self.config = config
+        self.prewarmed = prewarmed
         self.place = place
         self.server_version = server_version
         self.observer = observer
@@ -192,6 +196,7 @@ class ModelRegistry:
                 observer=self.observer,
                 worker_env=self.worker_env,
                 limit_max_image_pixels=self.config.limit_max_image_pixels,
+                prewarmed=self.prewarmed,
             )
             self.models.setdefault(name, {})[version] = mv
             self.model_configs[mv.key] = config

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+from torchbay import __version__
 from torchbay.server.config import ModelConfig, ServerConfig, parse_address
 from torchbay.server.devices import (
     DeviceAssigner,
@@ -33,8 +35,7 @@ from torchbay.server.devices import (
 from torchbay.server.http import ASGIApp
 from torchbay.server.model import ModelVersion, Placement
 from torchbay.server.registry import ModelRegistry
-
-from torchbay import __version__
+from torchbay.server.workers import Spawned
 
 log = logging.getLogger("torchbay.serve")
 
@@ -64,8 +65,11 @@ class TorchbayServer:
         gpu_count: int | None = None,
         cores: int | None = None,
         ready_file: Path | None = None,
+        prewarmed: list[Spawned] | None = None,
     ) -> None:
         self.config = config
+        # Worker processes the CLI spawned before the frontend's imports (see workers.py).
+        self._prewarmed = list(prewarmed or [])
         self.env = dict(env if env is not None else {})
         if gpu_count is None:
             gpu_count = (
@@ -87,6 +91,20 @@ class TorchbayServer:
         self.auth: Any = None  # server.auth.TokenAuth while token authorization is on
 
     # -- placement ------------------------------------------------------------------------------
+
+    def take_prewarmed(self) -> Spawned | None:
+        """A pre-warmed worker process for the next worker start, if one is left."""
+        while self._prewarmed:
+            spawned = self._prewarmed.pop()
+            if spawned.proc.poll() is None:
+                return spawned
+            spawned.sock.close()
+        return None
+
+    def _discard_prewarmed(self) -> None:
+        leftovers, self._prewarmed = self._prewarmed, []
+        for spawned in leftovers:
+            spawned.discard()
 
     def place(self, mv: ModelVersion, slot_index: int, config: ModelConfig) -> Placement:
         """GPU round-robin (TorchServe's rule, from 0) or CPU threads and optional affinity."""
@@ -151,6 +169,7 @@ class TorchbayServer:
         ):
             await self._listen(name, address, app)
         await self._load_startup_models()
+        await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()
         self._write_ready_file()
         log.info(
@@ -244,6 +263,7 @@ class TorchbayServer:
 
     async def shutdown(self) -> None:
         log.info("shutting down: draining for up to %gs", self.config.shutdown_grace_s)
+        await asyncio.to_thread(self._discard_prewarmed)
         front = [s for s in self._servers if s[0] != "metrics"]
         back = [s for s in self._servers if s[0] == "metrics"]
         drain = (

@@ -21,12 +21,12 @@ from torchbay.server import protocol as p
 log = logging.getLogger("torchbay.worker")
 
 
-def _pin(load: p.Load, cpu_affinity: list[int] | None) -> None:
+def _pin(load: p.Load) -> None:
     import torch
 
     torch.set_num_threads(max(1, load.num_threads))
-    if cpu_affinity and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cpu_affinity)
+    if load.cpu_affinity and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, load.cpu_affinity)
 
 
 def _to_wire(response: object) -> p.WireResponse:
@@ -38,17 +38,24 @@ def _to_wire(response: object) -> p.WireResponse:
     )
 
 
-def serve(sock: socket.socket, cpu_affinity: list[int] | None = None) -> int:
+def serve(sock: socket.socket) -> int:
     """Run the worker protocol on ``sock``. Returns the process exit code."""
-    message = p.recv_message(sock)
+    # Import torch and the handlers before the Load arrives: a worker spawned early (see
+    # workers.spawn_process) overlaps this, the slowest part of its start, with the frontend's.
+    import torch
+
+    from torchbay.handlers.service import load_service
+
+    try:
+        message = p.recv_message(sock)
+    except EOFError:
+        return 0  # a pre-warmed worker nobody needed
     if not isinstance(message, p.Load):
         raise p.ProtocolError(f"expected LOAD first, got {type(message).__name__}")
     load = message
     started = time.perf_counter()
     try:
-        _pin(load, cpu_affinity)
-        from torchbay.handlers.service import load_service
-
+        _pin(load)
         service = load_service(
             load.model_dir,
             handler=load.handler,
@@ -63,8 +70,6 @@ def serve(sock: socket.socket, cpu_affinity: list[int] | None = None) -> int:
         log.error("loading %s failed", load.model_name, exc_info=True)
         p.send_message(sock, p.LoadFailed(type(exc).__name__, str(exc) or repr(exc)))
         return 1
-    import torch
-
     p.send_message(
         sock,
         p.Ready(
@@ -99,7 +104,6 @@ def serve(sock: socket.socket, cpu_affinity: list[int] | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchbay-worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket file descriptor")
-    parser.add_argument("--cpu-affinity", default="", help="comma-separated core ids")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     # Ctrl-C reaches the whole process group; the frontend decides when workers stop.
@@ -109,10 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s worker[{os.getpid()}] %(name)s: %(message)s",
     )
-    affinity = [int(c) for c in args.cpu_affinity.split(",") if c.strip()] or None
     sock = socket.socket(fileno=args.fd)
     try:
-        return serve(sock, affinity)
+        return serve(sock)
     except p.ProtocolError:
         log.error("protocol error; exiting", exc_info=True)
         return 3

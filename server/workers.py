@@ -20,9 +20,12 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from torchbay.server import protocol as p
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
@@ -49,6 +52,49 @@ class WorkerLoadError(TorchbayError):
         self.error_type = error_type
 
 
+@dataclass
+class Spawned:
+    """A started worker process that has not been sent its ``Load`` yet."""
+
+    proc: subprocess.Popen
+    sock: socket.socket  # the frontend's end of the socketpair
+
+    def discard(self) -> None:
+        """Close our end: an idle worker sees EOF and exits."""
+        self.sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def spawn_process(env: Mapping[str, str] | None = None, python: str = sys.executable) -> Spawned:
+    """Start ``python -m torchbay.server.worker`` on one end of a socketpair (synchronous, cheap).
+
+    The worker imports torch and the handlers at once and then waits for its ``Load``, so a
+    process spawned early overlaps torch's import with the frontend's own start-up.
+    """
+    parent, child = socket.socketpair()
+    try:
+        proc = subprocess.Popen(
+            [python, "-m", "torchbay.server.worker", "--fd", str(child.fileno())],
+            pass_fds=(child.fileno(),),
+            env=dict(os.environ if env is None else env),
+            stdin=subprocess.DEVNULL,
+            # Own session: a signal to the server's process group (Ctrl-C, `timeout`) must not
+            # kill workers mid-batch; the frontend stops them after draining. A worker whose
+            # frontend vanished sees EOF on its socket and exits.
+            start_new_session=True,
+        )
+    except BaseException:
+        parent.close()
+        raise
+    finally:
+        child.close()
+    return Spawned(proc, parent)
+
+
 class WorkerProcess:
     """One spawned worker. ``infer`` sends one batch and awaits its ``Result``."""
 
@@ -59,7 +105,6 @@ class WorkerProcess:
         load: p.Load,
         *,
         name: str = "",
-        cpu_affinity: Sequence[int] | None = None,
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
         on_exit: Callable[[WorkerProcess], None] | None = None,
@@ -67,7 +112,6 @@ class WorkerProcess:
         self.load = load
         self.id = next(self._ids)
         self.name = name or f"W-{self.id}-{load.model_name}_{load.model_version}"
-        self.cpu_affinity = list(cpu_affinity) if cpu_affinity else None
         self.env = dict(env) if env is not None else None
         self.python = python
         self.on_exit = on_exit
@@ -78,7 +122,7 @@ class WorkerProcess:
         self.start_time = time.time()
         self.exit_code: int | None = None
         self.batches = 0
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: subprocess.Popen | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._batch_ids = itertools.count(1)
@@ -92,33 +136,19 @@ class WorkerProcess:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    async def start(self, timeout: float) -> p.Ready:
-        """Spawn the process, send ``Load``, and wait for ``Ready``. Raises WorkerLoadError."""
+    async def start(self, timeout: float, spawned: Spawned | None = None) -> p.Ready:
+        """Spawn the process (or adopt a pre-warmed one), send ``Load``, wait for ``Ready``.
+
+        Raises WorkerLoadError.
+        """
         loop = asyncio.get_running_loop()
         self.exited = loop.create_future()
-        parent, child = socket.socketpair()
-        args = [self.python, "-m", "torchbay.server.worker", "--fd", str(child.fileno())]
-        if self.cpu_affinity:
-            args += ["--cpu-affinity", ",".join(map(str, self.cpu_affinity))]
-        env = dict(os.environ if self.env is None else self.env)
-        threads = str(max(1, self.load.num_threads))
-        env.setdefault("OMP_NUM_THREADS", threads)
-        env.setdefault("MKL_NUM_THREADS", threads)
-        try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *args,
-                pass_fds=(child.fileno(),),
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                # Own session: a signal to the server's process group (Ctrl-C, `timeout`) must not
-                # kill workers mid-batch; the frontend stops them after draining. A worker whose
-                # frontend vanished sees EOF on its socket and exits.
-                start_new_session=True,
-            )
-        finally:
-            child.close()
+        if spawned is None:
+            spawned = spawn_process(self.env, self.python)
+        self._proc, parent = spawned.proc, spawned.sock
         self.pid = self._proc.pid
-        self._spawn(self._watch_exit())
+        log.debug("worker %s uses pid=%s", self.name, self.pid)
+        self._watch_exit_in_thread(loop)
         self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
         self._writer.write(p.encode(self.load))
         try:
@@ -173,14 +203,14 @@ class WorkerProcess:
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; then terminate, then kill. Idempotent."""
         proc = self._proc
-        if proc is None or proc.returncode is not None:
+        if proc is None or self.exit_code is not None:
             self._mark_stopped()
             return
         self.state = WorkerState.DRAINING if self.alive else self.state
         if self._writer is not None and not self._writer.is_closing():
             with contextlib.suppress(ConnectionError, RuntimeError):
                 self._writer.write(p.encode(p.Shutdown()))
-        for action in (None, proc.terminate, proc.kill):
+        for action in (None, proc.terminate, proc.kill):  # Shutdown, then SIGTERM, then SIGKILL
             if action is not None:
                 with contextlib.suppress(ProcessLookupError):
                     action()
@@ -192,7 +222,7 @@ class WorkerProcess:
         self._mark_stopped()
 
     def kill(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
+        if self._proc is not None and self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.send_signal(signal.SIGKILL)
 
@@ -207,9 +237,20 @@ class WorkerProcess:
         assert self.exited is not None
         return await self.exited
 
-    async def _watch_exit(self) -> None:
-        assert self._proc is not None and self.exited is not None
-        code = await self._proc.wait()
+    def _watch_exit_in_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for the process in a thread (Popen.wait) and report back on the loop."""
+        proc = self._proc
+        assert proc is not None
+
+        def wait() -> None:
+            code = proc.wait()
+            with contextlib.suppress(RuntimeError):  # the loop may be closed at exit
+                loop.call_soon_threadsafe(self._on_exit, code)
+
+        threading.Thread(target=wait, name=f"wait-{self.name}", daemon=True).start()
+
+    def _on_exit(self, code: int) -> None:
+        assert self.exited is not None
         self.exit_code = code
         if self.state is not WorkerState.STOPPED:
             if self.state is not WorkerState.DRAINING:
