@@ -32,7 +32,7 @@ TorchServe's frontend names, so existing dashboards and alerts keep working (anc
 request, ms), ``WorkerLoadTime`` (per live worker, ms). Their sample names are exactly
 TorchServe's, so the cumulative ones are exposed untyped (prometheus_client would append
 ``_total`` to a counter). Host and GPU metrics: server.system_metrics. Custom handler metrics:
-:class:`CustomMetrics`.
+server.custom_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -41,7 +41,6 @@ The hot path only bumps floats and cached labelled children; everything that des
 from __future__ import annotations
 
 import logging
-import re
 import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -56,6 +55,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from torchbay.server.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.model import BatchRecord, ModelStatus, ModelVersion, Observer
 from torchbay.server.system_metrics import GpuCollector, HostCollector, load_nvml
 from torchbay.server.workers import WorkerProcess, WorkerState
@@ -76,12 +76,7 @@ LATENCY_BUCKETS = (
     0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Unit-agnostic buckets for handler histograms (handlers mostly report milliseconds).
-CUSTOM_BUCKETS = (
-    0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 60000,
-)  # fmt: skip
 STAGES = frozenset(("preprocess", "inference", "postprocess", "handler"))
-LABELS = ("model", "version")
 TS_LABELS = ("model_name", "model_version", "hostname")
 
 
@@ -374,131 +369,3 @@ class _ScrapeCollector(Collector):
             thread_time.add_metric(["Host", m.hostname], max(0.0, outside))
             families += [queue_time, thread_time]
         yield from families
-
-
-# -- custom handler metrics -----------------------------------------------------------------------
-
-_NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
-_LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
-
-
-def metric_name(raw: str) -> str:
-    """``raw`` made a valid Prometheus metric name (invalid characters become ``_``)."""
-    name = _NAME_BAD.sub("_", raw) or "_"
-    return "_" + name if name[0].isdigit() else name
-
-
-def label_name(raw: str) -> str:
-    """``raw`` made a valid, non-reserved label name; ``model``/``version`` become
-    ``exported_model``/``exported_version`` (Prometheus' own rule for clashing labels)."""
-    name = _LABEL_BAD.sub("_", raw) or "_"
-    if name[0].isdigit():
-        name = "_" + name
-    if name.startswith("__"):
-        name = "x" + name
-    return "exported_" + name if name in LABELS else name
-
-
-class _Custom:
-    __slots__ = ("children", "keys", "kind", "metric")
-
-    def __init__(self, kind: str, keys: tuple[str, ...], metric: Any) -> None:
-        self.kind = kind
-        self.keys = keys  # the raw dimension names, sorted
-        self.metric = metric
-        self.children: dict[tuple[Any, ...], Any] = {}
-
-
-class CustomMetrics:
-    """Handler metrics (``context.metrics``) registered on first sight, by name and type.
-
-    A record is ``{"name", "type": counter|gauge|histogram, "unit", "value", "dimensions"}``.
-    Labels are ``model``, ``version`` and the record's dimension names (sanitised). A record
-    that cannot be recorded (another type or dimension set than the metric's first record, a
-    name clashing with a server metric, a negative counter increment, past ``max_metrics``
-    metrics or ``max_series`` label sets per metric) is dropped and logged once; the server
-    never fails on a handler's metric.
-    """
-
-    def __init__(
-        self, registry: CollectorRegistry, *, max_metrics: int = 100, max_series: int = 1000
-    ) -> None:
-        self.registry = registry
-        self.max_metrics = max_metrics
-        self.max_series = max_series
-        self._metrics: dict[str, _Custom | None] = {}  # raw name -> metric, None if refused
-        self._warned: set[str] = set()
-
-    def record(self, mv: ModelVersion, records: list[dict[str, Any]]) -> None:
-        for rec in records:
-            try:
-                self._record_one(mv, rec)
-            except Exception as exc:  # a handler's bad metric never reaches the request path
-                name = rec.get("name") if isinstance(rec, dict) else None
-                self._warn(f"value:{name}", "dropping custom metric %r: %s", name, exc)
-
-    def _record_one(self, mv: ModelVersion, rec: dict[str, Any]) -> None:
-        raw = str(rec["name"])
-        kind = str(rec.get("type", "counter"))
-        dims = rec.get("dimensions") or {}
-        keys = tuple(sorted(dims))
-        entry = self._metrics.get(raw)
-        if entry is None:
-            if raw in self._metrics:
-                return  # refused before, already logged
-            entry = self._register(raw, kind, keys, str(rec.get("unit", "")))
-            if entry is None:
-                return
-        if entry.kind != kind or entry.keys != keys:
-            self._warn(
-                f"shape:{raw}",
-                "dropping custom metric %r: recorded as %s %s before, now %s %s",
-                raw,
-                entry.kind,
-                list(entry.keys),
-                kind,
-                list(keys),
-            )
-            return
-        values = (mv.name, mv.version, *(str(dims[k]) for k in keys))
-        child = entry.children.get(values)
-        if child is None:
-            if len(entry.children) >= self.max_series:
-                self._warn(f"series:{raw}", "custom metric %r: too many label sets", raw)
-                return
-            child = entry.children[values] = entry.metric.labels(*values)
-        value = float(rec["value"])
-        if kind == "counter":
-            child.inc(value)
-        elif kind == "gauge":
-            child.set(value)
-        else:
-            child.observe(value)
-
-    def _register(self, raw: str, kind: str, keys: tuple[str, ...], unit: str) -> _Custom | None:
-        if len(self._metrics) >= self.max_metrics:
-            self._warn("cap", "more than %d custom metrics; dropping new ones", self.max_metrics)
-            return None  # not remembered either: the map stays bounded
-        cls = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}.get(kind)
-        labels = (*LABELS, *(label_name(k) for k in keys))
-        name = metric_name(raw)
-        doc = f"Custom handler metric {raw}" + (f" ({unit})" if unit else "")
-        try:
-            if cls is None:
-                raise ValueError(f"unknown metric type {kind!r}")
-            if len(set(labels)) != len(labels):
-                raise ValueError(f"dimension names clash once sanitised: {list(keys)}")
-            extra = {"buckets": CUSTOM_BUCKETS} if cls is Histogram else {}
-            metric = cls(name, doc, labels, registry=self.registry, **extra)
-        except ValueError as exc:  # bad type, clashing labels, or a name already registered
-            self._warn(f"register:{raw}", "refusing custom metric %r: %s", raw, exc)
-            self._metrics[raw] = None
-            return None
-        entry = self._metrics[raw] = _Custom(kind, keys, metric)
-        return entry
-
-    def _warn(self, key: str, message: str, *args: Any) -> None:
-        if key in self._warned or len(self._warned) > 10 * self.max_metrics:
-            return
-        self._warned.add(key)
-        log.warning(message, *args)

@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.archiver.package import ArchiveOptions, package
-from torchbay.server.metrics import CustomMetrics, ServerMetrics, label_name, metric_name
+from torchbay.server.custom_metrics import CustomMetrics, label_name, metric_name
+from torchbay.server.metrics import ServerMetrics
 from torchbay.server.model import ModelSettings, ModelVersion, Placement
 from torchbay.server.system_metrics import GPU_METRICS, HOST_METRICS, load_nvml
 
