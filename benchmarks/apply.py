@@ -1,0 +1,109 @@
+"""``bench sla --apply``: write the winning settings into an archive's ``model-config.yaml``.
+
+The archive is unpacked with the archiver's safe extraction (which checks every sha256), the YAML
+gets ``batchSize``, ``maxBatchDelay``, ``minWorkers`` and ``maxWorkers`` (every other key is kept;
+comments are not, since PyYAML does not round-trip them), the manifest's hash of the file is
+updated (and ``configFile`` set when the archive had none), and the archive is written back in its
+own format through the archiver's atomic writer, so the next ``torchbay serve`` uses the winner.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.managed import ModelSettings
+
+DEFAULT_CONFIG_NAME = "model-config.yaml"
+
+
+def updated_config(data: dict[str, Any], settings: ModelSettings) -> dict[str, Any]:
+    """``data`` with the frontend keys of ``settings`` set (others untouched, order kept)."""
+    out = dict(data)
+    if settings.batch_size is not None:
+        out["batchSize"] = settings.batch_size
+    if settings.max_batch_delay_ms is not None:
+        delay = settings.max_batch_delay_ms
+        out["maxBatchDelay"] = int(delay) if float(delay).is_integer() else delay
+    if settings.workers is not None:
+        out["minWorkers"] = settings.workers
+        out["maxWorkers"] = settings.workers
+    return out
+
+
+def _archive_format(path: Path) -> str:
+    if path.is_dir():
+        return "no-archive"
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            stored = all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist())
+        return "zip-store" if stored else "default"
+    return "tgz"
+
+
+class _Files:
+    """The archiver's staging shape: archive name -> source path."""
+
+    def __init__(self, root: Path) -> None:
+        self.files: dict[str, Path] = {}
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root).as_posix()
+            if path.is_file() and not rel.startswith("MAR-INF/"):
+                self.files[rel] = path
+
+
+def apply_settings(archive: str | Path, settings: ModelSettings) -> Path:
+    """Rewrite ``archive`` in place with ``settings`` in its model-config.yaml; returns the path.
+    Raises BenchError (or the archiver's ArchiveError) when it cannot be read or written."""
+    from torchbay.archiver.extract import extract_archive, sha256_file
+    from torchbay.archiver.package import _write
+
+    archive = Path(archive)
+    fmt = _archive_format(archive)
+    work = Path(tempfile.mkdtemp(prefix="tb-apply-"))
+    try:
+        root = work / "x"
+        manifest = extract_archive(archive, root)
+        name = manifest.model.config_file or DEFAULT_CONFIG_NAME
+        config_path = root / name
+        data: Any = {}
+        if config_path.is_file():
+            data = yaml.safe_load(config_path.read_text()) or {}
+            if not isinstance(data, dict):
+                raise BenchError(f"{archive}:{name} is not a YAML mapping")
+        text = yaml.safe_dump(updated_config(data, settings), sort_keys=False)
+        config_path.write_text(text)
+        update: dict[str, Any] = {}
+        if manifest.model.config_file is None:
+            update["model"] = manifest.model.model_copy(update={"config_file": name})
+        if manifest.torchbay is not None:
+            files = dict(manifest.torchbay.files)
+            files[name] = sha256_file(config_path)
+            update["torchbay"] = manifest.torchbay.model_copy(update={"files": files})
+        new_manifest = manifest.model_copy(update=update)
+        # For a .tar.gz the name is the top folder TorchServe expects: the model's name.
+        _write(fmt, archive, _Files(root), new_manifest, manifest.model.model_name)  # type: ignore[arg-type]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return archive
+
+
+def read_config(archive: str | Path) -> dict[str, Any]:
+    """The archive's model-config.yaml as a dict ({} when it has none)."""
+    from torchbay.archiver.extract import extract_archive
+
+    work = Path(tempfile.mkdtemp(prefix="tb-apply-"))
+    try:
+        manifest = extract_archive(archive, work / "x")
+        name = manifest.model.config_file
+        if not name:
+            return {}
+        return yaml.safe_load((work / "x" / name).read_text()) or {}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

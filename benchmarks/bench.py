@@ -1,0 +1,393 @@
+"""``torchbay bench run``: one load test against a running server or one started from an archive.
+
+:func:`run_bench` is the core the CLI calls: resolve the target (URL or archive), apply batching
+and workers through the management API, scrape ``/metrics``, run the load, scrape again, and
+return a :class:`BenchReport` (client view + server view). :func:`format_report` renders the table.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from torchbay.benchmarks import scrape
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Progress, Target
+from torchbay.benchmarks.managed import (
+    Endpoints,
+    ManagedServer,
+    Management,
+    ModelSettings,
+    parse_url,
+    read_key_file,
+)
+from torchbay.benchmarks.stats import Arrival
+
+Protocol = Literal["predict", "v2"]
+_CONTENT_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".json": "application/json",
+    ".txt": "text/plain",
+}
+
+
+class RunOptions(BaseModel):
+    """Everything ``torchbay bench run`` takes. Exactly one of ``url`` / ``archive``; exactly one
+    of ``concurrency`` (closed loop) / ``rate`` (open loop)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str | None = None
+    archive: Path | None = None
+    model: str | None = None
+    version: str | None = None
+    token: str | None = None
+    key_file: Path | None = None
+    metrics_url: str | None = None
+    management_url: str | None = None
+    batch_size: int | None = Field(None, ge=1)
+    max_batch_delay_ms: float | None = Field(None, ge=0)
+    workers: int | None = Field(None, ge=1)
+    protocol: Protocol = "predict"
+    inputs: tuple[Path, ...] = ()
+    content_type: str | None = None
+    concurrency: int | None = Field(None, ge=1)
+    rate: float | None = Field(None, gt=0)
+    arrival: Arrival = "constant"
+    duration_s: float | None = Field(None, gt=0)
+    requests: int | None = Field(None, ge=1)
+    warmup_s: float = Field(2.0, ge=0)
+    timeout_s: float = Field(10.0, gt=0)
+    processes: int = Field(1, ge=1)
+    max_connections: int = Field(1024, ge=1)
+    seed: int = 0
+    run_dir: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RunOptions:
+        if (self.url is None) == (self.archive is None):
+            raise ValueError("give exactly one of url (a running server) or archive")
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("give exactly one of concurrency (closed loop) or rate (open loop)")
+        if not self.inputs:
+            raise ValueError("give at least one input file")
+        if self.url is not None and self.model is None:
+            raise ValueError("model is required with url")
+        return self
+
+    def plan(self, target: Target) -> LoadPlan:
+        duration = self.duration_s if self.duration_s or self.requests else 10.0
+        return LoadPlan(
+            target=target,
+            mode="open" if self.rate else "closed",
+            concurrency=self.concurrency or 0,
+            rate=self.rate or 0.0,
+            arrival=self.arrival,
+            duration_s=duration,
+            requests=self.requests,
+            warmup_s=self.warmup_s,
+            timeout_s=self.timeout_s,
+            seed=self.seed,
+            max_connections=self.max_connections,
+        )
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """One run: what was measured, the client's numbers and the server's own view."""
+
+    model: str
+    version: str | None
+    url: str
+    settings: dict[str, Any]
+    result: LoadResult
+    server: scrape.ServerView | None
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "version": self.version,
+            "url": self.url,
+            "settings": self.settings,
+            "client": self.result.as_dict(),
+            "server": self.server.as_dict() if self.server else None,
+            "notes": list(self.notes),
+        }
+
+
+def guess_content_type(path: Path) -> str:
+    return _CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
+
+
+def load_payloads(paths: tuple[Path, ...], protocol: Protocol) -> tuple[tuple[bytes, ...], bool]:
+    """The request bodies, in order; for the OIP route a non-JSON file is wrapped into a v2
+    request with one BYTES input holding it base64-encoded. Returns (bodies, wrapped)."""
+    bodies, wrapped = [], False
+    for path in paths:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise BenchError(f"cannot read input {path}: {exc}") from None
+        if protocol == "v2" and not raw.lstrip().startswith(b"{"):
+            raw = v2_bytes_request(raw)
+            wrapped = True
+        bodies.append(raw)
+    return tuple(bodies), wrapped
+
+
+def v2_bytes_request(raw: bytes, name: str = "data") -> bytes:
+    """An OIP inference request carrying ``raw`` as one base64 BYTES element."""
+    tensor = {
+        "name": name,
+        "shape": [1],
+        "datatype": "BYTES",
+        "data": [base64.b64encode(raw).decode()],
+    }
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def route(protocol: Protocol, model: str, version: str | None) -> str:
+    """The inference path for a model: TorchServe's predictions or the OIP infer route."""
+    if protocol == "v2":
+        return f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    return f"/predictions/{model}" + (f"/{version}" if version else "")
+
+
+def make_target(
+    endpoints: Endpoints, options: RunOptions, model: str, version: str | None
+) -> Target:
+    payloads, wrapped = load_payloads(options.inputs, options.protocol)
+    content_type = options.content_type
+    if content_type is None:
+        content_type = (
+            "application/json"
+            if wrapped or options.protocol == "v2"
+            else guess_content_type(options.inputs[0])
+        )
+    headers = [("Content-Type", content_type)]
+    if endpoints.inference_key:
+        headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
+    return Target(
+        host=endpoints.host,
+        port=endpoints.inference_port,
+        path=route(options.protocol, model, version),
+        payloads=payloads,
+        headers=tuple(headers),
+    )
+
+
+def _port(url: str | None) -> int | None:
+    return parse_url(url)[1] if url else None
+
+
+@contextmanager
+def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | None]]:
+    """Yield (endpoints, model, version): the given URL, or a server started from the archive
+    (stopped on exit)."""
+    if options.url is not None:
+        host, port, _path = parse_url(options.url)
+        inference_key = options.token
+        management_key = None
+        if options.key_file is not None:
+            inference_key, management_key = read_key_file(options.key_file)
+        yield (
+            Endpoints(
+                host,
+                port,
+                _port(options.management_url),
+                _port(options.metrics_url),
+                inference_key,
+                management_key or options.token,
+            ),
+            options.model or "",
+            options.version,
+        )
+        return
+    from torchbay.archiver.manifest import read_manifest
+
+    assert options.archive is not None
+    manifest = read_manifest(options.archive)
+    with ExitStack() as stack:
+        run_dir = options.run_dir
+        if run_dir is None:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-bench-")))
+        server = ManagedServer(options.archive, run_dir)
+        endpoints = stack.enter_context(server)
+        yield endpoints, options.model or manifest.model.model_name, options.version
+
+
+def _scrape(endpoints: Endpoints, notes: list[str]) -> scrape.Snapshot | None:
+    if endpoints.metrics_port is None:
+        return None
+    try:
+        return scrape.parse_snapshot(scrape.fetch_metrics(endpoints.host, endpoints.metrics_port))
+    except BenchError as exc:
+        notes.append(f"server view unavailable: {exc}")
+        return None
+
+
+def run_bench(
+    options: RunOptions, on_progress: Callable[[Progress], None] | None = None
+) -> BenchReport:
+    """Run one load test as ``options`` say and return the client's and the server's numbers."""
+    notes: list[str] = []
+    with open_server(options) as (endpoints, model, version):
+        settings = ModelSettings(options.batch_size, options.max_batch_delay_ms, options.workers)
+        if any(
+            v is not None
+            for v in (settings.batch_size, settings.max_batch_delay_ms, settings.workers)
+        ):
+            if endpoints.management_port is None:
+                raise BenchError("batch/worker settings need the management API (--management-url)")
+            mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
+            mgmt.configure(model, version, settings)
+        target = make_target(endpoints, options, model, version)
+        plan = options.plan(target)
+        with LoadGenerator(options.processes) as gen:
+            before = _scrape(endpoints, notes) if plan.warmup_s == 0 else None
+            if plan.warmup_s > 0:
+                # Warm up separately so the server view covers only the measured window.
+                warm = LoadPlan(
+                    **{
+                        **plan.__dict__,
+                        "duration_s": plan.warmup_s,
+                        "warmup_s": 0.0,
+                        "requests": None,
+                    }
+                )
+                gen.run(warm)
+                before = _scrape(endpoints, notes)
+            result = gen.run(_no_warmup(plan), on_progress)
+            after = _scrape(endpoints, notes)
+        described = {}
+        if endpoints.management_port is not None:
+            try:
+                mgmt = Management(
+                    endpoints.host, endpoints.management_port, endpoints.management_key
+                )
+                info = mgmt.describe(model, version)
+                described = {
+                    k: info.get(k)
+                    for k in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
+                }
+            except BenchError as exc:
+                notes.append(f"cannot describe the model: {exc}")
+    view = scrape.server_view(before, after, model, version) if before and after else None
+    notes.extend(result.behind)
+    return BenchReport(
+        model=model,
+        version=version,
+        url=f"http://{target.host}:{target.port}{target.path}",
+        settings=described,
+        result=result,
+        server=view,
+        notes=tuple(notes),
+    )
+
+
+def _no_warmup(plan: LoadPlan) -> LoadPlan:
+    return LoadPlan(**{**plan.__dict__, "warmup_s": 0.0})
+
+
+def _f(value: float, digits: int = 2) -> str:
+    return (
+        "-"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else (f"{value:,.{digits}f}")
+    )
+
+
+def format_report(report: BenchReport) -> str:
+    """The human table printed at the end of ``bench run``."""
+    r = report.result
+    load = (
+        f"open loop {r.offered_rate:g} req/s"
+        if r.mode == "open"
+        else (f"closed loop, concurrency {r.concurrency}")
+    )
+    lines = [
+        f"{report.url}  ({load})",
+        f"settings: {report.settings or 'as served'}",
+        "",
+        f"  requests      {r.sent:,} sent, {r.ok:,} ok, {r.errors:,} errors "
+        f"({100 * r.error_rate:.2f}%) in {r.window_s:.2f} s",
+        f"  throughput    {_f(r.req_per_s, 1)} req/s ({_f(r.ok_per_s, 1)} ok/s)",
+        "  latency (ms)  "
+        f"p50 {_f(r.latency.p50_ms)}  p90 {_f(r.latency.p90_ms)}  p99 {_f(r.latency.p99_ms)}  "
+        f"p99.9 {_f(r.latency.p999_ms)}  max {_f(r.latency.max_ms)}  mean {_f(r.latency.mean_ms)}",
+        f"  statuses      {', '.join(f'{k}: {v:,}' for k, v in r.statuses.items()) or '-'}",
+    ]
+    if r.mode == "open":
+        lines.append(
+            f"  send lag (ms) p50 {_f(r.lag.p50_ms)}  p99 {_f(r.lag.p99_ms)}  "
+            f"max {_f(r.lag.max_ms)}"
+        )
+    cpu = ", ".join(f"{c:.0f}%" for c in r.generator_cpu_pct)
+    lines.append(f"  generator CPU {cpu} of a core per process")
+    s = report.server
+    if s is not None:
+        handler = "  ".join(f"{k} {_f(v)}" for k, v in s.handler_mean_ms.items()) or "-"
+        lines += [
+            "server view (from /metrics):",
+            f"  requests      {', '.join(f'{k}: {v:,.0f}' for k, v in s.requests.items()) or '-'}",
+            f"  latency (ms)  mean {_f(s.request_mean_ms)}  p99~ {_f(s.request_p99_ms)}",
+            f"  queue (ms)    mean {_f(s.queue_mean_ms)}  p99~ {_f(s.queue_p99_ms)}",
+            f"  handler (ms)  {handler}",
+            f"  batches       {s.batches:,.0f}, mean batch size {_f(s.mean_batch_size)}",
+        ]
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+class ProgressLine:
+    """A progress line on a stream: rewritten in place on a TTY, one line every few seconds
+    otherwise (so logs stay readable)."""
+
+    def __init__(self, total_s: float | None, stream: TextIO = sys.stderr) -> None:
+        self.total_s = total_s
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last_print = 0.0
+        self.last_completed = 0
+        self.last_t = 0.0
+        self.active = False
+
+    def __call__(self, p: Progress) -> None:
+        now = time.monotonic()
+        if not self.tty and now - self.last_print < 5.0:
+            return
+        dt = p.elapsed_s - self.last_t
+        rps = (p.completed - self.last_completed) / dt if dt > 0 else 0.0
+        self.last_completed, self.last_t, self.last_print = p.completed, p.elapsed_s, now
+        total = f"/{self.total_s:.0f}" if self.total_s else ""
+        text = f"  {max(p.elapsed_s, 0):5.1f}{total} s  {p.completed:,} answered  {rps:,.0f} req/s"
+        if self.tty:
+            bar = ""
+            if self.total_s:
+                done = min(1.0, max(0.0, p.elapsed_s / self.total_s))
+                bar = "[" + "#" * int(20 * done) + "." * (20 - int(20 * done)) + "] "
+            self.stream.write("\r" + bar + text + "   ")
+            self.active = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.active:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,196 @@
+"""``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a file).
+
+Importable without torch: every verb imports its core lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _csv(kind: type) -> Any:
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            msg = f"expected comma-separated numbers, got {text!r}"
+            raise argparse.ArgumentTypeError(msg) from None
+
+    return parse
+
+
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--input",
+        dest="inputs",
+        action="append",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="request body file; repeat for several (cycled in order)",
+    )
+    p.add_argument("--content-type", help="default: from the file suffix (octet-stream otherwise)")
+    p.add_argument(
+        "--protocol",
+        choices=("predict", "v2"),
+        default="predict",
+        help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route",
+    )
+    p.add_argument(
+        "--procs", type=int, default=1, metavar="N", help="load generator processes (default 1)"
+    )
+
+
+def register(subparsers: Any) -> None:
+    bench = subparsers.add_parser(
+        "bench", help="load tests and SLA search", description="Load tests and the SLA search."
+    )
+    verbs = bench.add_subparsers(dest="bench_verb", metavar="COMMAND")
+    bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+
+    run = verbs.add_parser("run", help="one load test (closed or open loop)")
+    where = run.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running server's inference base URL, http://host:port")
+    where.add_argument(
+        "--archive", type=Path, help="start a server for this .mar and stop it after"
+    )
+    run.add_argument("--model", help="model name (default: the archive's)")
+    run.add_argument("--model-version")
+    run.add_argument("--token", help="inference API key (Bearer)")
+    run.add_argument("--key-file", type=Path, help="the server's key_file.json")
+    run.add_argument("--metrics-url", help="with --url: metrics base URL for the server's view")
+    run.add_argument("--management-url", help="with --url: management base URL (for settings)")
+    run.add_argument("--batch-size", type=int)
+    run.add_argument("--max-batch-delay", type=float, metavar="MS")
+    run.add_argument("--workers", type=int)
+    load = run.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", "-c", type=int, help="closed loop with N connections")
+    load.add_argument("--rate", "-r", type=float, help="open loop at R requests/s")
+    run.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
+    run.add_argument("--duration", type=float, metavar="S", help="measured seconds (default 10)")
+    run.add_argument("--requests", "-n", type=int, help="measured requests instead of a duration")
+    run.add_argument("--warmup", type=float, default=2.0, metavar="S")
+    run.add_argument("--timeout", type=float, default=10.0, metavar="S")
+    run.add_argument("--max-connections", type=int, default=1024)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    _add_load_args(run)
+    run.set_defaults(func=run_run)
+
+    sla = verbs.add_parser("sla", help="find the configuration with the most traffic under a p99")
+    sla.add_argument("--archive", type=Path, required=True)
+    sla.add_argument("--sla-p99-ms", type=float, required=True)
+    sla.add_argument("--batch-sizes", type=_csv(int), default=(1,), metavar="1,2,4")
+    sla.add_argument("--max-delays-ms", type=_csv(float), default=(5.0,), metavar="2,5,10")
+    sla.add_argument("--workers", type=_csv(int), default=(1,), metavar="1,2")
+    sla.add_argument("--max-error-rate", type=float, default=0.001)
+    sla.add_argument("--step", type=float, default=3.0, metavar="S", help="seconds per step")
+    sla.add_argument("--step-warmup", type=float, default=0.5, metavar="S")
+    sla.add_argument("--probe", type=float, default=2.0, metavar="S")
+    sla.add_argument("--repeats", type=int, default=3)
+    sla.add_argument("--arrival", choices=("constant", "poisson"), default="poisson")
+    sla.add_argument("--no-prune", action="store_true", help="search every configuration")
+    sla.add_argument("--out", type=Path, default=Path("bench-sla"), help="report folder")
+    sla.add_argument(
+        "--apply", action="store_true", help="write the winner into the archive's model-config.yaml"
+    )
+    sla.add_argument("--seed", type=int, default=0)
+    _add_load_args(sla)
+    sla.set_defaults(func=run_sla)
+
+    scen = verbs.add_parser("scenario", help="run a scenario file (benchmarks/scenarios/*.yaml)")
+    scen.add_argument("file", help="a YAML file, or the name of a bundled one (tiny, cnn, digits)")
+    scen.add_argument("--out", type=Path, default=None, help="work folder (default benchmarks/out)")
+    scen.add_argument("--json", action="store_true")
+    scen.set_defaults(func=run_scenario)
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from torchbay.benchmarks.bench import ProgressLine, RunOptions, format_report, run_bench
+
+    options = RunOptions(
+        url=args.url,
+        archive=args.archive,
+        model=args.model,
+        version=args.model_version,
+        token=args.token,
+        key_file=args.key_file,
+        metrics_url=args.metrics_url,
+        management_url=args.management_url,
+        batch_size=args.batch_size,
+        max_batch_delay_ms=args.max_batch_delay,
+        workers=args.workers,
+        protocol=args.protocol,
+        inputs=tuple(args.inputs),
+        content_type=args.content_type,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        arrival=args.arrival,
+        duration_s=args.duration,
+        requests=args.requests,
+        warmup_s=args.warmup,
+        timeout_s=args.timeout,
+        processes=args.procs,
+        max_connections=args.max_connections,
+        seed=args.seed,
+    )
+    progress = ProgressLine(None if args.requests else (args.duration or 10.0))
+    try:
+        report = run_bench(options, progress)
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, default=str))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def run_sla(args: argparse.Namespace) -> int:
+    from torchbay.benchmarks.sla import SlaOptions, run_sla
+
+    options = SlaOptions(
+        archive=args.archive,
+        inputs=tuple(args.inputs),
+        sla_p99_ms=args.sla_p99_ms,
+        batch_sizes=args.batch_sizes,
+        max_delays_ms=args.max_delays_ms,
+        workers=args.workers,
+        protocol=args.protocol,
+        content_type=args.content_type,
+        max_error_rate=args.max_error_rate,
+        step_s=args.step,
+        step_warmup_s=args.step_warmup,
+        probe_s=args.probe,
+        repeats=args.repeats,
+        arrival=args.arrival,
+        prune=not args.no_prune,
+        processes=args.procs,
+        seed=args.seed,
+        out_dir=args.out,
+        apply=args.apply,
+    )
+    result = run_sla(options, log=lambda line: print(line, file=sys.stderr, flush=True))
+    if result.winner is None:
+        print(f"no configuration met p99 <= {options.sla_p99_ms:g} ms; report in {options.out_dir}")
+        return 1
+    w = result.winner
+    print(f"winner: {w.label} at {w.best_rate:,.1f} req/s with p99 <= {options.sla_p99_ms:g} ms")
+    print(f"report: {options.out_dir / 'report.md'}")
+    return 0
+
+
+def run_scenario(args: argparse.Namespace) -> int:
+    from torchbay.benchmarks.scenario_files import load_scenario, run_scenario_file
+
+    scenario = load_scenario(args.file)
+    outcome = run_scenario_file(scenario, args.out, log=lambda s: print(s, file=sys.stderr))
+    if args.json:
+        print(json.dumps(outcome, indent=2, default=str))
+    else:
+        print(outcome["text"])
+    return 0

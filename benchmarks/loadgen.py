@@ -1,0 +1,655 @@
+"""The load generator: N spawned processes, each one asyncio loop with keep-alive connections.
+
+Closed loop (``concurrency``): each connection sends, waits for the answer, sends again; latency is
+measured from the actual send. Open loop (``rate``): requests are scheduled at fixed times
+(constant or Poisson arrivals, :func:`stats.arrival_offsets`) whatever the server does, and each
+latency is measured from the request's SCHEDULED time, so a server that stalls cannot hide the
+queue it built (no coordinated omission). When every connection is busy the generator opens
+another (up to ``max_connections``); a request that still waits keeps its scheduled start.
+How late each request left its schedule is reported as ``lag``; a p99 lag above
+:data:`LAG_WARN_MS`, a connection cap reached or a generator process near 100% CPU mark the run
+``behind`` with the reason, because then the numbers describe the generator, not the server.
+
+Timer granularity: event-loop timers fire with ~1 ms resolution, so open-loop lag is typically
+0.1-1 ms; a request that leaves early is timed from its actual send, never from before it.
+
+Capacity on the development machine (2 vCPU AMD EPYC, Python 3.11, uvloop), against the bare
+raw-ASGI echo server (``benchmarks/ceilings/echo_asgi.py``, 256-byte POST, keep-alive, c=16, both
+sharing the two cores with the server): one generator process 11.3k req/s at 100% of its core
+(server at ~70% of the other); ``wrk -t1 -c16`` 17.1k req/s. The generator needs ~0.09 ms of CPU per request
+against wrk's ~0.03 ms, so on this machine it saturates at ~11k req/s per process: ample for
+model servers (torchbay tiny ~5-8k, cnn ~150-300 req/s) but use ``wrk`` for bare-HTTP ceilings.
+
+    with LoadGenerator(processes=1) as gen:
+        result = gen.run(LoadPlan(target=..., mode="open", rate=200, duration_s=5))
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import itertools
+import math
+import multiprocessing
+import resource
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Literal
+
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser, build_request
+from torchbay.benchmarks.stats import Arrival, LatencySummary, arrival_offsets, rate, summarize
+
+Mode = Literal["closed", "open"]
+LAG_WARN_MS = 5.0
+CPU_WARN_PCT = 90.0
+CONN_ERROR = "conn-error"
+TIMEOUT = "timeout"
+_START_MARGIN_S = 0.3  # time for the plan to reach every process before the common start
+_PROGRESS_EVERY_S = 0.25
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send: one route, headers, and payloads (cycled in order)."""
+
+    host: str
+    port: int
+    path: str
+    payloads: tuple[bytes, ...]
+    headers: tuple[tuple[str, str], ...] = ()
+    method: str = "POST"
+
+    def requests(self) -> list[bytes]:
+        """The complete wire bytes of one request per payload."""
+        host = f"{self.host}:{self.port}"
+        return [
+            build_request(self.method, self.path, host, body, dict(self.headers))
+            for body in self.payloads
+        ]
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """One measured run. ``duration_s`` or ``requests`` bounds it (after ``warmup_s``)."""
+
+    target: Target
+    mode: Mode = "closed"
+    concurrency: int = 1
+    rate: float = 0.0
+    arrival: Arrival = "constant"
+    duration_s: float | None = 10.0
+    requests: int | None = None
+    warmup_s: float = 0.0
+    timeout_s: float = 10.0
+    seed: int = 0
+    max_connections: int = 1024
+
+    def check(self) -> None:
+        if self.mode == "closed" and self.concurrency < 1:
+            raise BenchError("closed loop needs concurrency >= 1")
+        if self.mode == "open" and not self.rate > 0:
+            raise BenchError("open loop needs a rate > 0")
+        if self.duration_s is None and self.requests is None:
+            raise BenchError("give a duration or a number of requests")
+        if not self.target.payloads:
+            raise BenchError("no payloads to send")
+
+
+@dataclass(frozen=True)
+class _Share:
+    """One process's part of a plan."""
+
+    concurrency: int
+    rate: float
+    requests: int | None
+    phase: float
+    seed: int
+
+
+@dataclass
+class _Part:
+    """What one process measured (arrays of seconds, kept flat to pickle fast)."""
+
+    latency: bytes = b""
+    service: bytes = b""
+    lag: bytes = b""
+    statuses: dict[str, int] = field(default_factory=dict)
+    sent: int = 0
+    first_sent: float = math.inf
+    last_done: float = 0.0
+    window_start: float = 0.0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    capped: bool = False
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """One run as the client saw it. Latencies in ms; ``statuses`` maps "200", "503", ...,
+    ``conn-error`` and ``timeout`` to counts over the measured window."""
+
+    mode: Mode
+    offered_rate: float | None
+    concurrency: int | None
+    window_s: float
+    sent: int
+    completed: int
+    ok: int
+    statuses: dict[str, int]
+    latency: LatencySummary
+    service: LatencySummary
+    lag: LatencySummary
+    req_per_s: float
+    ok_per_s: float
+    generator_cpu_pct: list[float]
+    behind: list[str]
+
+    @property
+    def errors(self) -> int:
+        return self.sent - self.ok
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.sent if self.sent else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "offered_rate": self.offered_rate,
+            "concurrency": self.concurrency,
+            "window_s": self.window_s,
+            "sent": self.sent,
+            "completed": self.completed,
+            "ok": self.ok,
+            "errors": self.errors,
+            "error_rate": self.error_rate,
+            "statuses": self.statuses,
+            "req_per_s": self.req_per_s,
+            "ok_per_s": self.ok_per_s,
+            "latency": self.latency.as_dict(),
+            "service_latency": self.service.as_dict(),
+            "lag": self.lag.as_dict(),
+            "generator_cpu_pct": self.generator_cpu_pct,
+            "behind": self.behind,
+        }
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Periodic totals across processes while a run is in flight."""
+
+    elapsed_s: float
+    completed: int
+    recorded: int
+
+
+def split_plan(plan: LoadPlan, processes: int) -> list[_Share]:
+    """Divide concurrency, rate and the request budget over ``processes`` (the remainder goes to
+    the first ones); constant schedules get staggered phases so they interleave evenly."""
+    shares = []
+    for i in range(processes):
+        conc = plan.concurrency // processes + (i < plan.concurrency % processes)
+        budget = None
+        if plan.requests is not None:
+            budget = plan.requests // processes + (i < plan.requests % processes)
+        shares.append(
+            _Share(
+                concurrency=conc if plan.mode == "closed" else 0,
+                rate=plan.rate / processes if plan.mode == "open" else 0.0,
+                requests=budget,
+                phase=i / processes,
+                seed=plan.seed * 1009 + i,
+            )
+        )
+    return shares
+
+
+# -- inside a generator process -------------------------------------------------------------
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; ``roundtrip`` sends a request and awaits its status."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = ResponseParser()
+        self.waiter: asyncio.Future | None = None
+        self.open = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            responses = self.parser.feed(data)
+        except HttpParseError as exc:
+            self._fail(exc)
+            return
+        for status, _size, keep_alive in responses:
+            if not keep_alive:
+                self.open = False
+            waiter, self.waiter = self.waiter, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        try:
+            last = self.parser.feed_eof()
+        except HttpParseError as err:
+            self._fail(err)
+            return
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            if last is not None:
+                waiter.set_result(last[0])
+            else:
+                waiter.set_exception(ConnectionError("connection closed"))
+
+    def _fail(self, exc: Exception) -> None:
+        self.open = False
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def roundtrip(self, request: bytes) -> int:
+        self.waiter = self.loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+        return await self.waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Recorder:
+    """Collects one process's measurements for requests started inside the window."""
+
+    def __init__(self, window_start: float) -> None:
+        self.window_start = window_start
+        self.latency = array.array("d")
+        self.service = array.array("d")
+        self.lag = array.array("d")
+        self.statuses: Counter[str] = Counter()
+        self.completed = 0
+        self.sent = 0
+        self.first_sent = math.inf
+        self.last_done = 0.0
+
+    def record(self, scheduled: float | None, sent: float, done: float, status: str) -> None:
+        self.completed += 1
+        start = sent if scheduled is None else scheduled
+        if start < self.window_start:
+            return  # warm-up
+        self.statuses[status] += 1
+        if status in (CONN_ERROR, TIMEOUT):
+            return
+        # A request that left early is timed from its actual send (never flatter than real).
+        self.latency.append(done - max(start, sent))
+        self.service.append(done - sent)
+        if scheduled is not None:
+            self.lag.append(max(0.0, sent - scheduled))
+        self.last_done = max(self.last_done, done)
+
+    def count_sent(self, start: float) -> None:
+        if start >= self.window_start:
+            self.sent += 1
+            self.first_sent = min(self.first_sent, start)
+
+
+class _Runner:
+    """Runs one share of a plan on this process's event loop."""
+
+    def __init__(self, plan: LoadPlan, share: _Share, start_at: float) -> None:
+        self.plan = plan
+        self.share = share
+        self.start_at = start_at
+        self.window_start = start_at + plan.warmup_s
+        self.end = math.inf if plan.duration_s is None else self.window_start + plan.duration_s
+        self.requests = plan.target.requests()
+        self.cycle = itertools.cycle(range(len(self.requests)))
+        self.rec = _Recorder(self.window_start)
+        self.budget = share.requests
+        self.capped = False
+        self.conns: list[_Conn] = []
+        self.inflight = 0
+        self.last_activity = start_at
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        target = self.plan.target
+        _transport, conn = await loop.create_connection(
+            lambda: _Conn(loop), target.host, target.port
+        )
+        self.conns.append(conn)
+        return conn
+
+    def _take_budget(self, start: float) -> bool:
+        """False once this share's request budget (counted after warm-up) is spent."""
+        if self.budget is None or start < self.window_start:
+            return True
+        if self.budget <= 0:
+            return False
+        self.budget -= 1
+        return True
+
+    async def _one(self, conn: _Conn | None, scheduled: float | None) -> _Conn | None:
+        """Send one request (reconnecting if needed) and record it; returns the connection to
+        reuse, or None after a failure."""
+        sent = time.monotonic()
+        self.rec.count_sent(sent if scheduled is None else scheduled)
+        request = self.requests[next(self.cycle)]
+        self.inflight += 1
+        self.last_activity = sent
+        try:
+            if conn is None or not conn.open:
+                conn = await self._connect()
+            status = await conn.roundtrip(request)
+        except (OSError, HttpParseError):
+            self._finish(scheduled, sent, CONN_ERROR)
+            if conn is not None:
+                conn.close()
+            return None
+        self._finish(scheduled, sent, str(status))
+        return conn
+
+    def _finish(self, scheduled: float | None, sent: float, status: str) -> None:
+        done = time.monotonic()
+        self.inflight -= 1
+        self.last_activity = done
+        self.rec.record(scheduled, sent, done, status)
+
+    async def _closed_worker(self) -> None:
+        conn: _Conn | None = None
+        while True:
+            now = time.monotonic()
+            if now >= self.end or not self._take_budget(now):
+                break
+            conn = await self._one(conn, None)
+        if conn is not None:
+            conn.close()
+
+    async def _open_worker(self, queue: deque[float]) -> None:
+        loop = asyncio.get_running_loop()
+        conn: _Conn | None = None
+        while True:
+            if queue:
+                conn = await self._one(conn, queue.popleft())
+                continue
+            if self._dispatch_done:
+                break
+            waiter = loop.create_future()
+            self._idle.append(waiter)
+            await waiter
+        if conn is not None:
+            conn.close()
+
+    def _wake_one(self) -> bool:
+        """Hand the queue to the most recently idle connection (LIFO keeps few sockets hot)."""
+        while self._idle:
+            waiter = self._idle.pop()
+            if not waiter.done():
+                waiter.set_result(None)
+                return True
+        return False
+
+    async def _open_loop(self) -> None:
+        queue: deque[float] = deque()
+        self._dispatch_done = False
+        self._idle: list[asyncio.Future] = []
+        workers: list[asyncio.Task] = []
+        cap = max(1, self.plan.max_connections)
+        offsets = arrival_offsets(
+            self.share.rate, arrival=self.plan.arrival, seed=self.share.seed, phase=self.share.phase
+        )
+        for offset in offsets:
+            scheduled = self.start_at + offset
+            if scheduled >= self.end or not self._take_budget(scheduled):
+                break
+            delay = scheduled - time.monotonic()
+            if delay > 0.0002:
+                await asyncio.sleep(delay)
+            queue.append(scheduled)
+            if self._wake_one():
+                continue
+            if len(workers) < cap:
+                workers.append(asyncio.ensure_future(self._open_worker(queue)))
+            else:
+                self.capped = True
+        self._dispatch_done = True
+        while self._wake_one():
+            pass
+        await asyncio.gather(*workers)
+
+    async def run(self) -> _Part:
+        delay = self.start_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        cpu0, wall0 = _cpu_s(), time.monotonic()
+        if self.plan.mode == "closed":
+            coro = asyncio.gather(*(self._closed_worker() for _ in range(self.share.concurrency)))
+        else:
+            coro = self._open_loop()
+        task = asyncio.ensure_future(coro)
+        timeout = self.plan.timeout_s
+        # Requests still unanswered timeout_s after the window closed, or after nothing was sent
+        # or answered for timeout_s, count as timeouts.
+        while not task.done():
+            now = time.monotonic()
+            if now > self.end + timeout:
+                break
+            if self.inflight and now - self.last_activity > timeout:
+                break
+            await asyncio.wait({task}, timeout=min(0.5, timeout))
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._count_timeouts()
+        for conn in self.conns:
+            conn.close()
+        rec = self.rec
+        return _Part(
+            latency=rec.latency.tobytes(),
+            service=rec.service.tobytes(),
+            lag=rec.lag.tobytes(),
+            statuses=dict(rec.statuses),
+            sent=rec.sent,
+            first_sent=rec.first_sent,
+            last_done=rec.last_done,
+            window_start=self.window_start,
+            cpu_s=_cpu_s() - cpu0,
+            wall_s=time.monotonic() - wall0,
+            capped=self.capped,
+        )
+
+    def _count_timeouts(self) -> None:
+        answered = sum(self.rec.statuses.values())
+        missing = self.rec.sent - answered
+        if missing > 0:
+            self.rec.statuses[TIMEOUT] += missing
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _process_main(pipe: Connection) -> None:
+    """A generator process: run plans from the pipe until told to stop."""
+    try:
+        import uvloop
+
+        new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a server dependency
+        new_loop = asyncio.new_event_loop
+    loop = new_loop()
+    asyncio.set_event_loop(loop)
+    while True:
+        try:
+            message = pipe.recv()
+        except EOFError:
+            return
+        if message[0] == "stop":
+            return
+        _, plan, share, start_at = message
+        runner = _Runner(plan, share, start_at)
+        reporter = loop.create_task(_report_progress(pipe, runner))
+        try:
+            part = loop.run_until_complete(runner.run())
+        except Exception as exc:  # report any crash to the parent as data, then go on
+            reporter.cancel()
+            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+            continue
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(reporter)
+        pipe.send(("done", part))
+
+
+async def _report_progress(pipe: Connection, runner: _Runner) -> None:
+    while True:
+        await asyncio.sleep(_PROGRESS_EVERY_S)
+        pipe.send(("progress", runner.rec.completed, sum(runner.rec.statuses.values())))
+
+
+# -- the parent side ------------------------------------------------------------------------
+
+
+class LoadGenerator:
+    """A pool of generator processes that runs :class:`LoadPlan`s one after another."""
+
+    def __init__(self, processes: int = 1) -> None:
+        if processes < 1:
+            raise BenchError("need at least one generator process")
+        ctx = multiprocessing.get_context("spawn")
+        self.pipes: list[Connection] = []
+        self.procs: list[Any] = []
+        for i in range(processes):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_process_main, args=(child,), name=f"torchbay-loadgen-{i}", daemon=True
+            )
+            proc.start()
+            child.close()
+            self.pipes.append(parent)
+            self.procs.append(proc)
+
+    def __enter__(self) -> LoadGenerator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(("stop",))
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for pipe in self.pipes:
+            pipe.close()
+        self.pipes, self.procs = [], []
+
+    def run(
+        self, plan: LoadPlan, on_progress: Callable[[Progress], None] | None = None
+    ) -> LoadResult:
+        """Run ``plan`` on every process from a common start; raises BenchError if a process
+        failed. ``on_progress`` is called about every 0.25 s from this thread."""
+        plan.check()
+        shares = split_plan(plan, len(self.pipes))
+        start_at = time.monotonic() + _START_MARGIN_S
+        active = [
+            (pipe, share)
+            for pipe, share in zip(self.pipes, shares, strict=True)
+            if share.concurrency or share.rate
+        ]
+        for pipe, share in active:
+            pipe.send(("run", plan, share, start_at))
+        parts: dict[int, _Part] = {}
+        progress: dict[int, tuple[int, int]] = {}
+        failures = []
+        waiting = {id(pipe): pipe for pipe, _ in active}
+        while waiting:
+            for pipe in multiprocessing.connection.wait(list(waiting.values()), timeout=1.0):
+                try:
+                    message = pipe.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    failures.append("a generator process died")
+                    del waiting[id(pipe)]
+                    continue
+                if message[0] == "progress":
+                    progress[id(pipe)] = (message[1], message[2])
+                    if on_progress is not None:
+                        on_progress(
+                            Progress(
+                                elapsed_s=time.monotonic() - start_at,
+                                completed=sum(p[0] for p in progress.values()),
+                                recorded=sum(p[1] for p in progress.values()),
+                            )
+                        )
+                    continue
+                del waiting[id(pipe)]
+                if message[0] == "error":
+                    failures.append(message[1])
+                else:
+                    parts[id(pipe)] = message[1]
+        if failures:
+            raise BenchError("load generator failed: " + "; ".join(failures))
+        return merge(plan, list(parts.values()))
+
+
+def merge(plan: LoadPlan, parts: list[_Part]) -> LoadResult:
+    """Combine the processes' measurements into one :class:`LoadResult`."""
+    latency, service, lag = array.array("d"), array.array("d"), array.array("d")
+    statuses: Counter[str] = Counter()
+    for part in parts:
+        latency.frombytes(part.latency)
+        service.frombytes(part.service)
+        lag.frombytes(part.lag)
+        statuses.update(part.statuses)
+    sent = sum(p.sent for p in parts)
+    completed = len(latency)
+    ok = sum(n for code, n in statuses.items() if code.isdigit() and 200 <= int(code) < 300)
+    window_start = min((p.window_start for p in parts), default=0.0)
+    last_done = max((p.last_done for p in parts), default=0.0)
+    window = max(0.0, last_done - window_start) if completed else 0.0
+    lag_summary = summarize(lag)
+    cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
+    behind = []
+    if plan.mode == "open" and lag_summary.count and lag_summary.p99_ms > LAG_WARN_MS:
+        behind.append(f"p99 send lag {lag_summary.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
+    if any(p.capped for p in parts):
+        behind.append(f"all {plan.max_connections} connections busy; requests waited to be sent")
+    if any(c > CPU_WARN_PCT for c in cpu_pct):
+        behind.append(f"a generator process used > {CPU_WARN_PCT:g}% of a core")
+    return LoadResult(
+        mode=plan.mode,
+        offered_rate=plan.rate if plan.mode == "open" else None,
+        concurrency=plan.concurrency if plan.mode == "closed" else None,
+        window_s=window,
+        sent=sent,
+        completed=completed,
+        ok=ok,
+        statuses=dict(sorted(statuses.items())),
+        latency=summarize(latency),
+        service=summarize(service),
+        lag=lag_summary,
+        req_per_s=rate(completed, window),
+        ok_per_s=rate(ok, window),
+        generator_cpu_pct=cpu_pct,
+        behind=behind,
+    )

@@ -1,0 +1,96 @@
+"""PNG plots of an SLA search (matplotlib, imported lazily, Agg backend: no display needed).
+
+- ``latency_vs_throughput.png``: one panel per measured configuration, p50/p90/p99 latency against
+  achieved throughput for each open-loop step, with the SLA as a horizontal line.
+- ``best_throughput.png``: the best rate under the SLA per configuration (skipped and infeasible
+  ones shown as empty bars with the reason in the label).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torchbay.benchmarks.errors import BenchError
+
+if TYPE_CHECKING:
+    from torchbay.benchmarks.sla import SlaResult
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BenchError("plots need matplotlib: pip install 'torchbay[bench]'") from None
+    return plt
+
+
+def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
+    plt = _pyplot()
+    shown = [oc for oc in result.outcomes if any(s.phase != "probe" for s in oc.steps)]
+    n = max(1, len(shown))
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    sla = result.options.sla_p99_ms
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    for ax, oc in zip(axes.flat, shown, strict=False):
+        steps = sorted((s for s in oc.steps if s.phase != "probe"), key=lambda s: s.offered_rate)
+        x = [s.result.ok_per_s for s in steps]
+        for attr, style in (("p50_ms", ":"), ("p90_ms", "--"), ("p99_ms", "-")):
+            ax.plot(
+                x,
+                [getattr(s.result.latency, attr) for s in steps],
+                style,
+                marker=".",
+                label=attr.removesuffix("_ms"),
+            )
+        breached = [s for s in steps if not s.passed]
+        ax.scatter(
+            [s.result.ok_per_s for s in breached],
+            [s.result.latency.p99_ms for s in breached],
+            color="red",
+            zorder=3,
+            s=18,
+            label="breach",
+        )
+        ax.axhline(sla, color="black", linewidth=1, label=f"SLA p99 {sla:g} ms")
+        ax.set_yscale("log")
+        ax.set_title(oc.label, fontsize=9)
+        ax.set_xlabel("throughput (ok req/s)", fontsize=8)
+        ax.set_ylabel("latency (ms)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    if shown:
+        axes.flat[0].legend(fontsize=6)
+    fig.suptitle(f"{result.model}: latency against throughput (open loop)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def best_throughput(result: SlaResult, path: Path) -> Path:
+    plt = _pyplot()
+    outcomes = result.outcomes
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(outcomes) + 1.2))
+    labels, values, colors = [], [], []
+    winner = result.winner.label if result.winner else None
+    for oc in outcomes:
+        suffix = "" if oc.status in ("searched", "same-as") else f" ({oc.status})"
+        labels.append(oc.label + suffix)
+        values.append(oc.best_rate if oc.status in ("searched", "same-as") else 0.0)
+        colors.append("tab:green" if oc.label == winner else "tab:blue")
+    ax.barh(labels, values, color=colors)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"best rate with p99 <= {result.options.sla_p99_ms:g} ms (req/s)")
+    ax.set_title(f"{result.model}: throughput under the SLA per configuration", fontsize=10)
+    ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,177 @@
+"""The server's own view of a run: ``/metrics`` scraped before and after, differenced.
+
+Reads torchbay's per model/version series (``torchbay_request_latency_seconds``,
+``torchbay_queue_latency_seconds``, ``torchbay_batch_size``, ``torchbay_handler_seconds{stage}``,
+``torchbay_requests_total{code}``) with prometheus_client's text parser. Histograms give means over
+the window (``_sum`` / ``_count`` deltas) and bucket-interpolated p50/p99 (Prometheus'
+``histogram_quantile`` over the bucket deltas).
+"""
+
+from __future__ import annotations
+
+import http.client
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.stats import histogram_mean, histogram_quantile
+
+# sample key: (metric sample name, sorted label items)
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every sample of one scrape, keyed by name and labels."""
+
+    samples: dict[Sample, float]
+
+
+def fetch_metrics(host: str, port: int, *, token: str | None = None, timeout: float = 5.0) -> str:
+    """GET /metrics as text; raises BenchError when the endpoint does not answer 200."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        conn.request("GET", "/metrics", headers=headers)
+        response = conn.getresponse()
+        body = response.read().decode("utf-8", "replace")
+    except OSError as exc:
+        raise BenchError(f"cannot scrape http://{host}:{port}/metrics: {exc}") from None
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise BenchError(f"/metrics answered {response.status}: {body[:200]}")
+    return body
+
+
+def parse_snapshot(text: str) -> Snapshot:
+    """Parse Prometheus text exposition into a :class:`Snapshot`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[Sample, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    except ValueError as exc:
+        raise BenchError(f"cannot parse /metrics: {exc}") from None
+    return Snapshot(samples)
+
+
+@dataclass(frozen=True)
+class HistogramDelta:
+    """One histogram's change over the window."""
+
+    count: float
+    sum: float
+    buckets: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return histogram_mean(self.sum, self.count)
+
+    def quantile(self, q: float) -> float:
+        return histogram_quantile(q, self.buckets)
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """The server's numbers over the window (times in ms; NaN when the server recorded none)."""
+
+    requests: dict[str, float]
+    request_mean_ms: float
+    request_p99_ms: float
+    queue_mean_ms: float
+    queue_p99_ms: float
+    handler_mean_ms: dict[str, float]
+    batches: float
+    mean_batch_size: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "request_mean_ms": self.request_mean_ms,
+            "request_p99_ms": self.request_p99_ms,
+            "queue_mean_ms": self.queue_mean_ms,
+            "queue_p99_ms": self.queue_p99_ms,
+            "handler_mean_ms": self.handler_mean_ms,
+            "batches": self.batches,
+            "mean_batch_size": self.mean_batch_size,
+        }
+
+
+def _matches(labels: tuple[tuple[str, str], ...], want: dict[str, str]) -> bool:
+    have = dict(labels)
+    return all(have.get(k) == v for k, v in want.items())
+
+
+def histogram_delta(
+    before: Snapshot, after: Snapshot, name: str, labels: dict[str, str]
+) -> HistogramDelta:
+    """``name``'s change between two snapshots, summed over series matching ``labels``."""
+
+    def total(snap: Snapshot, suffix: str) -> float:
+        return sum(
+            v
+            for (n, lab), v in snap.samples.items()
+            if n == name + suffix and _matches(lab, labels)
+        )
+
+    buckets: dict[float, float] = defaultdict(float)
+    for snap, sign in ((after, 1.0), (before, -1.0)):
+        for (n, lab), v in snap.samples.items():
+            if n == name + "_bucket" and _matches(lab, labels):
+                buckets[float(dict(lab)["le"])] += sign * v
+    return HistogramDelta(
+        count=total(after, "_count") - total(before, "_count"),
+        sum=total(after, "_sum") - total(before, "_sum"),
+        buckets=sorted(buckets.items()),
+    )
+
+
+def _ms(seconds: float) -> float:
+    return 1e3 * seconds if math.isfinite(seconds) else math.nan
+
+
+def server_view(
+    before: Snapshot, after: Snapshot, model: str, version: str | None = None
+) -> ServerView:
+    """What the server recorded for ``model`` (all versions unless ``version``) in between."""
+    labels = {"model": model} | ({"version": version} if version else {})
+    requests: dict[str, float] = defaultdict(float)
+    for snap, sign in ((after, 1.0), (before, -1.0)):
+        for (n, lab), v in snap.samples.items():
+            if n == "torchbay_requests_total" and _matches(lab, labels):
+                requests[dict(lab).get("code", "?")] += sign * v
+    latency = histogram_delta(before, after, "torchbay_request_latency_seconds", labels)
+    queue = histogram_delta(before, after, "torchbay_queue_latency_seconds", labels)
+    batch = histogram_delta(before, after, "torchbay_batch_size", labels)
+    stages = sorted(
+        {
+            dict(lab)["stage"]
+            for (n, lab) in after.samples
+            if n == "torchbay_handler_seconds_count"
+            and _matches(lab, labels)
+            and "stage" in dict(lab)
+        }
+    )
+    handler = {
+        stage: _ms(
+            histogram_delta(
+                before, after, "torchbay_handler_seconds", labels | {"stage": stage}
+            ).mean
+        )
+        for stage in stages
+    }
+    return ServerView(
+        requests={k: v for k, v in sorted(requests.items()) if v},
+        request_mean_ms=_ms(latency.mean),
+        request_p99_ms=_ms(latency.quantile(0.99)),
+        queue_mean_ms=_ms(queue.mean),
+        queue_p99_ms=_ms(queue.quantile(0.99)),
+        handler_mean_ms=handler,
+        batches=batch.count,
+        mean_batch_size=batch.mean,
+    )

@@ -1,0 +1,439 @@
+"""``torchbay bench sla``: find the batching/worker configuration that serves the most traffic
+within a p99 latency SLA, on one server reconfigured live through the management API.
+
+The search, per configuration (batch size b, max delay d, workers w):
+
+1. **Probe**: a short closed-loop run at concurrency ``max(4, 2*b*w)`` measures capacity C, an
+   upper bound on any open-loop rate the configuration can sustain (an open loop at a rate above
+   capacity builds an unbounded queue).
+2. **Ramp**: open-loop steps from ``0.5*C``, multiplying the rate by ``ramp_factor`` until a step
+   breaches (p99 above the SLA, or an error rate above ``max_error_rate``); if the first step
+   breaches, halve until one passes (or give up: the SLA cannot be met at any load).
+3. **Bisect** between the last passing and the first breaching rate (geometric midpoint) until they
+   are within ``precision`` of each other. The configuration's score is the highest passing rate.
+
+What is skipped, and why it cannot change the answer:
+
+- **batch size 1 ignores the delay**: a batch of one leaves as soon as a worker is free, so
+  ``max_batch_delay`` never applies; only the first delay is measured, the others reuse it.
+- **branch and bound**: configurations are searched in descending probe capacity; one whose
+  capacity times ``1 + bound_margin`` is below the best score found so far cannot win and is not
+  searched (the margin absorbs probe noise).
+
+Noise: after the search the winner and the runner-up are measured again ``repeats`` times each,
+alternating, at their found rates; the report gives the spread and whether their difference is
+larger than it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from torchbay.benchmarks import scrape
+from torchbay.benchmarks.bench import Protocol, guess_content_type, load_payloads, route
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, ModelSettings
+from torchbay.benchmarks.stats import Arrival, spread_pct
+
+
+class SlaOptions(BaseModel):
+    """Settings of one SLA search."""
+
+    model_config = ConfigDict(frozen=True)
+
+    archive: Path
+    inputs: tuple[Path, ...]
+    sla_p99_ms: float = Field(gt=0)
+    batch_sizes: tuple[int, ...] = (1,)
+    max_delays_ms: tuple[float, ...] = (5.0,)
+    workers: tuple[int, ...] = (1,)
+    protocol: Protocol = "predict"
+    content_type: str | None = None
+    max_error_rate: float = Field(0.001, ge=0, le=1)
+    step_s: float = Field(3.0, gt=0)
+    step_warmup_s: float = Field(0.5, ge=0)
+    probe_s: float = Field(2.0, gt=0)
+    ramp_factor: float = Field(1.5, gt=1)
+    precision: float = Field(0.05, gt=0)
+    max_steps: int = Field(12, ge=2)
+    bound_margin: float = Field(0.1, ge=0)
+    prune: bool = True
+    repeats: int = Field(3, ge=0)
+    arrival: Arrival = "poisson"
+    processes: int = Field(1, ge=1)
+    timeout_s: float = Field(5.0, gt=0)
+    seed: int = 0
+    out_dir: Path = Path("bench-sla")
+    apply: bool = False
+
+    @field_validator("batch_sizes", "workers")
+    @classmethod
+    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if not values or any(v < 1 for v in values):
+            raise ValueError("give one or more values >= 1")
+        return tuple(dict.fromkeys(values))
+
+    @field_validator("max_delays_ms")
+    @classmethod
+    def _delays(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        if not values or any(v < 0 for v in values):
+            raise ValueError("give one or more delays >= 0")
+        return tuple(dict.fromkeys(values))
+
+    def configurations(self) -> list[ModelSettings]:
+        """Every grid point, workers outermost (scaling workers is the slow change)."""
+        return [
+            ModelSettings(b, d, w)
+            for w in self.workers
+            for b in self.batch_sizes
+            for d in self.max_delays_ms
+        ]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One open-loop (or probe) measurement of one configuration."""
+
+    config: ModelSettings
+    phase: str  # probe | ramp | bisect | repeat
+    offered_rate: float
+    result: LoadResult
+    passed: bool
+    reason: str
+    mean_batch_size: float = math.nan
+    queue_mean_ms: float = math.nan
+
+
+@dataclass
+class Outcome:
+    """A configuration's search result. ``status``: searched | infeasible | skipped | same-as."""
+
+    config: ModelSettings
+    status: str = "pending"
+    why: str = ""
+    capacity: float = math.nan
+    best_rate: float = 0.0
+    best_step: Step | None = None
+    steps: list[Step] = field(default_factory=list)
+    same_as: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.config.label()
+
+
+@dataclass(frozen=True)
+class Repeat:
+    label: str
+    rate: float
+    p99_ms: list[float]
+    ok_per_s: list[float]
+    passed: list[bool]
+
+    @property
+    def p99_spread_pct(self) -> float:
+        return spread_pct(self.p99_ms)
+
+    @property
+    def throughput_spread_pct(self) -> float:
+        return spread_pct(self.ok_per_s)
+
+
+@dataclass
+class SlaResult:
+    options: SlaOptions
+    model: str
+    version: str | None
+    outcomes: list[Outcome]
+    winner: Outcome | None
+    runner_up: Outcome | None
+    repeats: list[Repeat]
+    elapsed_s: float
+    applied: Path | None = None
+
+
+Log = Callable[[str], None]
+
+
+class _Search:
+    def __init__(
+        self,
+        options: SlaOptions,
+        endpoints: Endpoints,
+        model: str,
+        gen: LoadGenerator,
+        log: Log,
+    ) -> None:
+        self.o = options
+        self.endpoints = endpoints
+        self.model = model
+        self.gen = gen
+        self.log = log
+        self.mgmt = Management(
+            endpoints.host, endpoints.management_port or 0, endpoints.management_key
+        )
+        self.target = self._target()
+        self.current: ModelSettings | None = None
+
+    def _target(self) -> Target:
+        payloads, wrapped = load_payloads(self.o.inputs, self.o.protocol)
+        content_type = self.o.content_type or (
+            "application/json"
+            if wrapped or self.o.protocol == "v2"
+            else guess_content_type(self.o.inputs[0])
+        )
+        headers = [("Content-Type", content_type)]
+        if self.endpoints.inference_key:
+            headers.append(("Authorization", f"Bearer {self.endpoints.inference_key}"))
+        return Target(
+            self.endpoints.host,
+            self.endpoints.inference_port,
+            route(self.o.protocol, self.model, None),
+            payloads,
+            tuple(headers),
+        )
+
+    def configure(self, config: ModelSettings) -> None:
+        if config != self.current:
+            self.mgmt.configure(self.model, None, config)
+            self.current = config
+
+    def _snapshot(self) -> scrape.Snapshot | None:
+        if self.endpoints.metrics_port is None:
+            return None
+        text = scrape.fetch_metrics(self.endpoints.host, self.endpoints.metrics_port)
+        return scrape.parse_snapshot(text)
+
+    def measure(self, config: ModelSettings, phase: str, rate: float) -> Step:
+        """One open-loop step at ``rate`` (or a closed-loop probe when phase is 'probe')."""
+        self.configure(config)
+        if phase == "probe":
+            plan = LoadPlan(
+                self.target,
+                "closed",
+                concurrency=max(4, 2 * (config.batch_size or 1) * (config.workers or 1)),
+                duration_s=self.o.probe_s,
+                warmup_s=self.o.step_warmup_s,
+                timeout_s=self.o.timeout_s,
+            )
+        else:
+            plan = LoadPlan(
+                self.target,
+                "open",
+                rate=rate,
+                arrival=self.o.arrival,
+                duration_s=self.o.step_s,
+                warmup_s=self.o.step_warmup_s,
+                timeout_s=self.o.timeout_s,
+                seed=self.o.seed,
+            )
+        before = self._snapshot()
+        result = self.gen.run(plan)
+        after = self._snapshot()
+        view = scrape.server_view(before, after, self.model) if before and after else None
+        passed, reason = self.judge(result)
+        step = Step(
+            config,
+            phase,
+            rate if phase != "probe" else result.ok_per_s,
+            result,
+            passed,
+            reason,
+            mean_batch_size=view.mean_batch_size if view else math.nan,
+            queue_mean_ms=view.queue_mean_ms if view else math.nan,
+        )
+        self.log(
+            f"  {config.label():<16} {phase:<6} {step.offered_rate:9.1f} req/s -> "
+            f"{result.ok_per_s:9.1f} ok/s  p99 {result.latency.p99_ms:8.2f} ms  "
+            f"err {100 * result.error_rate:5.2f}%  {'ok' if passed else 'BREACH: ' + reason}"
+        )
+        return step
+
+    def judge(self, result: LoadResult) -> tuple[bool, str]:
+        """A step passes when p99 is within the SLA and errors within the allowed rate."""
+        if result.sent == 0 or result.ok == 0:
+            return False, "no successful responses"
+        if result.error_rate > self.o.max_error_rate:
+            return False, f"error rate {100 * result.error_rate:.2f}%"
+        if not result.latency.p99_ms <= self.o.sla_p99_ms:
+            return False, f"p99 {result.latency.p99_ms:.1f} ms > {self.o.sla_p99_ms:g} ms"
+        return True, ""
+
+    def probe(self, outcome: Outcome) -> None:
+        step = self.measure(outcome.config, "probe", 0.0)
+        outcome.steps.append(step)
+        outcome.capacity = step.result.ok_per_s if step.result.ok else 0.0
+
+    def search(self, outcome: Outcome) -> None:
+        """Ramp then bisect; sets best_rate/best_step and status."""
+        o = self.o
+        cap = outcome.capacity
+        if not cap > 0:
+            outcome.status, outcome.why = "infeasible", "no successful response in the probe"
+            return
+        steps_left = o.max_steps
+        rate = 0.5 * cap
+        lo: Step | None = None
+        hi_rate: float | None = None
+        while steps_left > 0:  # ramp up (or down while the first step breaches)
+            step = self.measure(outcome.config, "ramp", rate)
+            outcome.steps.append(step)
+            steps_left -= 1
+            if step.passed:
+                lo = step
+                rate *= o.ramp_factor
+                if hi_rate is not None:
+                    break
+            else:
+                hi_rate = rate
+                if lo is not None:
+                    break
+                rate /= 2
+                if rate < cap / 64:
+                    break
+        if lo is None:
+            outcome.status = "infeasible"
+            outcome.why = f"breached the SLA even at {hi_rate:.1f} req/s"
+            return
+        if hi_rate is None:
+            outcome.status, outcome.best_rate, outcome.best_step = "searched", lo.offered_rate, lo
+            outcome.why = "no breach found within the step budget"
+            return
+        lo_rate = lo.offered_rate
+        while steps_left > 0 and hi_rate / lo_rate > 1 + o.precision:
+            mid = math.sqrt(lo_rate * hi_rate)
+            step = self.measure(outcome.config, "bisect", mid)
+            outcome.steps.append(step)
+            steps_left -= 1
+            if step.passed:
+                lo, lo_rate = step, mid
+            else:
+                hi_rate = mid
+        outcome.status, outcome.best_rate, outcome.best_step = "searched", lo_rate, lo
+        outcome.why = f"passes at {lo_rate:.1f}, breaches at {hi_rate:.1f} req/s"
+
+
+def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
+    """Start one server from ``options.archive``, search every configuration, repeat the top two,
+    write the report files into ``options.out_dir`` and optionally apply the winner."""
+    from torchbay.archiver.manifest import read_manifest
+    from torchbay.benchmarks import sla_report
+
+    manifest = read_manifest(options.archive)
+    model = manifest.model.model_name
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    server = ManagedServer(options.archive, options.out_dir / "server")
+    with server as endpoints, LoadGenerator(options.processes) as gen:
+        if endpoints.management_port is None:
+            raise BenchError("the server has no management API")
+        search = _Search(options, endpoints, model, gen, log)
+        outcomes, winner, runner_up = _search_all(search, options, log)
+        repeats = _repeat(search, options, winner, runner_up, log)
+    result = SlaResult(
+        options=options,
+        model=model,
+        version=manifest.model.model_version,
+        outcomes=outcomes,
+        winner=winner,
+        runner_up=runner_up,
+        repeats=repeats,
+        elapsed_s=time.monotonic() - started,
+    )
+    if options.apply and winner is not None:
+        from torchbay.benchmarks.apply import apply_settings
+
+        apply_settings(options.archive, winner.config)
+        result.applied = options.archive
+        log(f"applied {winner.label} to {options.archive}")
+    sla_report.write_all(result)
+    return result
+
+
+def _search_all(
+    search: _Search, options: SlaOptions, log: Log
+) -> tuple[list[Outcome], Outcome | None, Outcome | None]:
+    outcomes = [Outcome(c) for c in options.configurations()]
+    first_delay: dict[tuple[int | None, int | None], Outcome] = {}
+    measured: list[Outcome] = []
+    for outcome in outcomes:
+        key = (outcome.config.batch_size, outcome.config.workers)
+        if outcome.config.batch_size == 1 and key in first_delay:
+            outcome.status, outcome.same_as = "same-as", first_delay[key].label
+            outcome.why = "batch size 1 never waits for a batch: the delay does not apply"
+            continue
+        first_delay.setdefault(key, outcome)
+        measured.append(outcome)
+    log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")
+    for outcome in measured:
+        search.probe(outcome)
+    measured.sort(key=lambda oc: oc.capacity, reverse=True)
+    best: Outcome | None = None
+    for outcome in measured:
+        if options.prune and best is not None:
+            bound = outcome.capacity * (1 + options.bound_margin)
+            if bound < best.best_rate:
+                outcome.status = "skipped"
+                outcome.why = (
+                    f"capacity {outcome.capacity:.1f} req/s (+{100 * options.bound_margin:g}%) "
+                    f"is below the best SLA rate so far ({best.best_rate:.1f}, {best.label})"
+                )
+                log(f"  {outcome.label:<16} skipped: {outcome.why}")
+                continue
+        log(f"searching {outcome.label} (capacity {outcome.capacity:.1f} req/s)")
+        search.search(outcome)
+        if outcome.best_step is not None and (best is None or outcome.best_rate > best.best_rate):
+            best = outcome
+    by_label = {oc.label: oc for oc in outcomes}
+    for outcome in outcomes:
+        if outcome.same_as:
+            src = by_label[outcome.same_as]
+            outcome.capacity, outcome.best_rate, outcome.best_step = (
+                src.capacity,
+                src.best_rate,
+                src.best_step,
+            )
+    ranked = sorted(
+        (oc for oc in measured if oc.best_step is not None),
+        key=lambda oc: oc.best_rate,
+        reverse=True,
+    )
+    winner = ranked[0] if ranked else None
+    runner_up = ranked[1] if len(ranked) > 1 else None
+    return outcomes, winner, runner_up
+
+
+def _repeat(
+    search: _Search,
+    options: SlaOptions,
+    winner: Outcome | None,
+    runner_up: Outcome | None,
+    log: Log,
+) -> list[Repeat]:
+    top = [oc for oc in (winner, runner_up) if oc is not None]
+    if not top or options.repeats == 0:
+        return []
+    log(f"repeating the top {len(top)} configuration(s) {options.repeats} times each")
+    runs: dict[str, list[Step]] = {oc.label: [] for oc in top}
+    for _ in range(options.repeats):
+        for oc in top:  # alternate, so slow drift of the machine hits both alike
+            step = search.measure(oc.config, "repeat", oc.best_rate)
+            oc.steps.append(step)
+            runs[oc.label].append(step)
+    return [
+        Repeat(
+            label=oc.label,
+            rate=oc.best_rate,
+            p99_ms=[s.result.latency.p99_ms for s in runs[oc.label]],
+            ok_per_s=[s.result.ok_per_s for s in runs[oc.label]],
+            passed=[s.passed for s in runs[oc.label]],
+        )
+        for oc in top
+    ]

@@ -1,0 +1,312 @@
+"""The files of an SLA search: ``report.md``, ``results.csv``, ``result.json`` and the plots.
+
+``results.csv`` has one row per measured step (probe, ramp, bisect, repeat) so every point of
+the plots can be checked; ``report.md`` the per-configuration table, the winner, the repeats'
+spread, how the search went, and the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchbay import __version__
+
+if TYPE_CHECKING:
+    from torchbay.benchmarks.sla import Outcome, SlaResult, Step
+
+CSV_COLUMNS = (
+    "config",
+    "batch_size",
+    "max_delay_ms",
+    "workers",
+    "phase",
+    "offered_rate",
+    "ok_per_s",
+    "sent",
+    "ok",
+    "error_rate",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "p99.9_ms",
+    "max_ms",
+    "passed",
+    "reason",
+    "mean_batch_size",
+    "queue_mean_ms",
+    "lag_p99_ms",
+)
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, OS, Python and torch versions (torch read from package metadata, not
+    imported)."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch_version,
+        "torchbay": __version__,
+    }
+
+
+def _num(value: float, digits: int = 1) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
+
+
+def step_row(step: Step) -> dict[str, Any]:
+    r = step.result
+    c = step.config
+    return {
+        "config": c.label(),
+        "batch_size": c.batch_size,
+        "max_delay_ms": c.max_batch_delay_ms,
+        "workers": c.workers,
+        "phase": step.phase,
+        "offered_rate": round(step.offered_rate, 3),
+        "ok_per_s": round(r.ok_per_s, 3) if math.isfinite(r.ok_per_s) else "",
+        "sent": r.sent,
+        "ok": r.ok,
+        "error_rate": round(r.error_rate, 6),
+        "p50_ms": round(r.latency.p50_ms, 3),
+        "p90_ms": round(r.latency.p90_ms, 3),
+        "p99_ms": round(r.latency.p99_ms, 3),
+        "p99.9_ms": round(r.latency.p999_ms, 3),
+        "max_ms": round(r.latency.max_ms, 3),
+        "passed": int(step.passed),
+        "reason": step.reason,
+        "mean_batch_size": round(step.mean_batch_size, 3),
+        "queue_mean_ms": round(step.queue_mean_ms, 3),
+        "lag_p99_ms": round(r.lag.p99_ms, 3),
+    }
+
+
+def write_csv(result: SlaResult, path: Path) -> Path:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for outcome in result.outcomes:
+            for step in outcome.steps:
+                writer.writerow(step_row(step))
+    return path
+
+
+def _outcome_cells(oc: Outcome) -> list[str]:
+    c = oc.config
+    best = oc.best_step
+    lat = best.result.latency if best else None
+    status = oc.status + (f" {oc.same_as}" if oc.same_as else "")
+    return [
+        oc.label,
+        str(c.batch_size),
+        f"{c.max_batch_delay_ms:g}",
+        str(c.workers),
+        _num(oc.capacity),
+        _num(oc.best_rate) if best else "-",
+        _num(best.result.ok_per_s) if best else "-",
+        _num(lat.p50_ms, 2) if lat else "-",
+        _num(lat.p99_ms, 2) if lat else "-",
+        _num(best.mean_batch_size, 2) if best else "-",
+        str(sum(1 for s in oc.steps if s.phase in ("probe", "ramp", "bisect"))),
+        status,
+        oc.why,
+    ]
+
+
+def render_markdown(result: SlaResult, command: str | None = None) -> str:
+    o = result.options
+    m = machine()
+    lines = [
+        f"# SLA search: {result.model} (p99 <= {o.sla_p99_ms:g} ms)",
+        "",
+    ]
+    if command:
+        lines += ["```", command, "```", ""]
+    lines += [
+        f"- archive: `{o.archive}` (model {result.model}, version {result.version})",
+        f"- inputs: {', '.join(f'`{p}`' for p in o.inputs)}; route: {o.protocol}",
+        f"- grid: batch sizes {list(o.batch_sizes)}, max delays (ms) {list(o.max_delays_ms)}, "
+        f"workers {list(o.workers)}",
+        f"- machine: {m['cpu']}, {m['cores']} cores; {m['os']}; Python {m['python']}, "
+        f"torch {m['torch']}, torchbay {m['torchbay']}",
+        f"- search took {result.elapsed_s:.0f} s; load generator: {o.processes} process(es), "
+        f"{o.arrival} arrivals, {o.step_s:g} s steps after {o.step_warmup_s:g} s warm-up",
+        "",
+        "## Winner",
+        "",
+    ]
+    if result.winner is None:
+        lines.append("No configuration met the SLA at any tested load.")
+    else:
+        w = result.winner
+        best = w.best_step
+        assert best is not None
+        lines.append(
+            f"**{w.label}**: batch size {w.config.batch_size}, max batch delay "
+            f"{w.config.max_batch_delay_ms:g} ms, {w.config.workers} worker(s): "
+            f"**{w.best_rate:,.1f} req/s** offered ({best.result.ok_per_s:,.1f} ok/s measured) "
+            f"with p99 {best.result.latency.p99_ms:.2f} ms."
+        )
+        if result.runner_up is not None:
+            r = result.runner_up
+            lines.append(f"Runner-up: {r.label} at {r.best_rate:,.1f} req/s.")
+        if result.applied:
+            lines.append(f"Applied to `{result.applied}` (model-config.yaml).")
+    lines += ["", "## Repeats (noise)", ""]
+    if result.repeats:
+        lines += [
+            "| config | rate (req/s) | p99 per run (ms) | p99 spread | ok/s per run | "
+            "throughput spread | SLA held |",
+            "|---|---:|---|---:|---|---:|---:|",
+        ]
+        for rep in result.repeats:
+            lines.append(
+                f"| {rep.label} | {rep.rate:,.1f} | {', '.join(_num(v, 2) for v in rep.p99_ms)} "
+                f"| {_num(rep.p99_spread_pct)}% | {', '.join(_num(v) for v in rep.ok_per_s)} | "
+                f"{_num(rep.throughput_spread_pct)}% | {sum(rep.passed)}/{len(rep.passed)} |"
+            )
+        lines += ["", _verdict(result)]
+    else:
+        lines.append("No repeats were run.")
+    lines += [
+        "",
+        "## All configurations",
+        "",
+        "| config | batch | delay (ms) | workers | probe capacity (req/s) | best rate (req/s) | "
+        "ok/s at best | p50 (ms) | p99 (ms) | mean batch | steps | status | notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for oc in result.outcomes:
+        lines.append("| " + " | ".join(_outcome_cells(oc)) + " |")
+    searched = sum(1 for oc in result.outcomes if oc.status in ("searched", "infeasible"))
+    lines += [
+        "",
+        "## How it was found",
+        "",
+        f"{len(result.outcomes)} configurations in the grid; {searched} searched, "
+        f"{sum(1 for oc in result.outcomes if oc.status == 'skipped')} skipped by the capacity "
+        f"bound, {sum(1 for oc in result.outcomes if oc.status == 'same-as')} identical to another "
+        "(batch size 1 ignores the delay).",
+        "",
+        "Each configuration was set live through the management API "
+        "(`PUT /models/{m}?batch_size=&max_batch_delay=&min_worker=&max_worker="
+        "&synchronous=true`), "
+        "without restarting the server. A closed-loop probe "
+        f"({o.probe_s:g} s at concurrency max(4, 2 x batch x workers)) measured its capacity, an "
+        "upper bound on any rate it can sustain. Configurations were then searched in descending "
+        "capacity: open-loop steps from half the capacity, multiplied by "
+        f"{o.ramp_factor:g} until a step breached, then bisected (geometric midpoint) until the "
+        f"passing and breaching rates were within {100 * o.precision:g}%. A step breaches when its "
+        f"p99 exceeds {o.sla_p99_ms:g} ms or more than {100 * o.max_error_rate:g}% of its requests "
+        "fail. Latency is measured from each request's scheduled send time (no coordinated "
+        "omission). A configuration whose capacity (plus "
+        f"{100 * o.bound_margin:g}% for probe noise) is below the best rate already found cannot "
+        "win and was skipped.",
+        "",
+        "## Files",
+        "",
+        "- `results.csv`: every step (probe, ramp, bisect, repeat)",
+        "- `result.json`: the same, machine-readable",
+        "- ![latency against throughput](latency_vs_throughput.png)",
+        "- ![best throughput under the SLA](best_throughput.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _verdict(result: SlaResult) -> str:
+    reps = {rep.label: rep for rep in result.repeats}
+    if result.winner is None or result.runner_up is None:
+        return ""
+    w, r = reps.get(result.winner.label), reps.get(result.runner_up.label)
+    if w is None or r is None or not r.rate:
+        return ""
+    gap = 100.0 * (w.rate - r.rate) / r.rate
+    noise = max(
+        (x for x in (w.throughput_spread_pct, r.throughput_spread_pct) if math.isfinite(x)),
+        default=math.nan,
+    )
+    held = f"The winner held the SLA in {sum(w.passed)} of {len(w.passed)} repeats."
+    if math.isfinite(noise) and gap <= noise:
+        return (
+            f"{held} Its rate is {gap:.1f}% above the runner-up's, within the {noise:.1f}% "
+            "throughput spread of the repeats: the two are too close to call on this machine."
+        )
+    return f"{held} Its rate is {gap:.1f}% above the runner-up's (repeat spread {_num(noise)}%)."
+
+
+def result_json(result: SlaResult) -> dict[str, Any]:
+    return {
+        "model": result.model,
+        "version": result.version,
+        "sla_p99_ms": result.options.sla_p99_ms,
+        "machine": machine(),
+        "elapsed_s": result.elapsed_s,
+        "winner": result.winner.label if result.winner else None,
+        "runner_up": result.runner_up.label if result.runner_up else None,
+        "configurations": [
+            {
+                "config": oc.label,
+                "batch_size": oc.config.batch_size,
+                "max_delay_ms": oc.config.max_batch_delay_ms,
+                "workers": oc.config.workers,
+                "status": oc.status,
+                "why": oc.why,
+                "capacity": oc.capacity,
+                "best_rate": oc.best_rate,
+                "steps": [step_row(s) for s in oc.steps],
+            }
+            for oc in result.outcomes
+        ],
+        "repeats": [
+            {
+                "config": rep.label,
+                "rate": rep.rate,
+                "p99_ms": rep.p99_ms,
+                "ok_per_s": rep.ok_per_s,
+                "passed": rep.passed,
+            }
+            for rep in result.repeats
+        ],
+        "applied": str(result.applied) if result.applied else None,
+    }
+
+
+def write_all(result: SlaResult, command: str | None = None) -> dict[str, Path]:
+    """Write every report file into ``result.options.out_dir``; returns them by kind."""
+    from torchbay.benchmarks import plots
+
+    out = result.options.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "csv": write_csv(result, out / "results.csv"),
+        "latency_plot": plots.latency_vs_throughput(result, out / "latency_vs_throughput.png"),
+        "best_plot": plots.best_throughput(result, out / "best_throughput.png"),
+    }
+    files["json"] = out / "result.json"
+    files["json"].write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
+    files["report"] = out / "report.md"
+    files["report"].write_text(render_markdown(result, command or " ".join(sys.argv)))
+    return files

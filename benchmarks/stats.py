@@ -1,0 +1,153 @@
+"""Arithmetic of a load test: percentiles, rates, and open-loop arrival schedules.
+
+Pure functions over plain numbers (no numpy needed, no I/O), so they are unit-tested against
+known inputs. Percentiles interpolate linearly between the two closest ranks (numpy's default,
+``method="linear"``): ``p(q) = x[floor(h)] + (h - floor(h)) * (x[floor(h)+1] - x[floor(h)])`` with
+``h = (n - 1) * q / 100`` over the sorted sample.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from torchbay.benchmarks.errors import BenchError
+
+Arrival = Literal["constant", "poisson"]
+# The percentiles every report shows (p99.9 is why results keep every latency, not a histogram).
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of an ascending sequence; NaN when it is empty."""
+    if not 0.0 <= q <= 100.0:
+        raise BenchError(f"percentile {q} is outside 0..100")
+    n = len(sorted_values)
+    if n == 0:
+        return math.nan
+    h = (n - 1) * q / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Latencies in milliseconds over ``count`` samples (NaN when there were none)."""
+
+    count: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "count": self.count,
+            "mean_ms": self.mean_ms,
+            "p50_ms": self.p50_ms,
+            "p90_ms": self.p90_ms,
+            "p99_ms": self.p99_ms,
+            "p99.9_ms": self.p999_ms,
+            "max_ms": self.max_ms,
+        }
+
+
+def summarize(latencies_s: Sequence[float]) -> LatencySummary:
+    """Summarize latencies given in SECONDS into a millisecond :class:`LatencySummary`."""
+    values = sorted(latencies_s)
+    if not values:
+        nan = math.nan
+        return LatencySummary(0, nan, nan, nan, nan, nan, nan)
+    p50, p90, p99, p999 = (1e3 * percentile(values, q) for q in PERCENTILES)
+    return LatencySummary(
+        count=len(values),
+        mean_ms=1e3 * math.fsum(values) / len(values),
+        p50_ms=p50,
+        p90_ms=p90,
+        p99_ms=p99,
+        p999_ms=p999,
+        max_ms=1e3 * values[-1],
+    )
+
+
+def rate(count: int, seconds: float) -> float:
+    """Events per second; NaN for an empty or zero-length window (never a division error)."""
+    if seconds <= 0 or count < 0:
+        return math.nan
+    return count / seconds
+
+
+def error_rate(errors: int, total: int) -> float:
+    """Share of failed requests in 0..1; 0 when nothing was sent."""
+    return errors / total if total > 0 else 0.0
+
+
+def spread_pct(values: Sequence[float]) -> float:
+    """(max - min) / mean in percent: how far repeated measurements disagree; NaN if < 2."""
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < 2:
+        return math.nan
+    mean = math.fsum(finite) / len(finite)
+    return 100.0 * (max(finite) - min(finite)) / mean if mean else math.nan
+
+
+def arrival_offsets(
+    rate_per_s: float,
+    *,
+    arrival: Arrival = "constant",
+    seed: int = 0,
+    phase: float = 0.0,
+) -> Iterator[float]:
+    """Endless scheduled send times (seconds after the start) of an open-loop load.
+
+    ``constant``: ``(k + phase) / rate`` for k = 0, 1, ...; ``poisson``: exponential gaps with mean
+    ``1 / rate`` drawn from ``random.Random(seed)`` (deterministic for a seed), the first one
+    included, so no request is ever at exactly 0. ``phase`` (0..1) staggers the constant schedules
+    of several generator processes that each run ``rate / N``: together they interleave evenly.
+    """
+    if not rate_per_s > 0:
+        raise BenchError(f"rate must be > 0, not {rate_per_s}")
+    if arrival == "constant":
+        gap = 1.0 / rate_per_s
+        k = 0
+        while True:
+            yield (k + phase) * gap
+            k += 1
+    elif arrival == "poisson":
+        rng = random.Random(seed)
+        t = 0.0
+        while True:
+            t += rng.expovariate(rate_per_s)
+            yield t
+    else:
+        raise BenchError(f"unknown arrival process {arrival!r}; choose constant or poisson")
+
+
+def histogram_mean(sum_delta: float, count_delta: float) -> float:
+    """Mean of a Prometheus histogram over a window from its ``_sum`` / ``_count`` deltas."""
+    return sum_delta / count_delta if count_delta > 0 else math.nan
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
+    """Prometheus' ``histogram_quantile``: ``q`` in 0..1 over cumulative ``(upper bound, count)``
+    buckets (ascending, the last being +Inf), interpolating linearly inside the bucket."""
+    if not buckets or buckets[-1][1] <= 0:
+        return math.nan
+    total = buckets[-1][1]
+    target = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= target:
+            if math.isinf(bound):
+                return prev_bound  # as Prometheus: the highest finite bound
+            if count == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (target - prev_count) / (count - prev_count)
+        prev_bound, prev_count = bound, count
+    return prev_bound
