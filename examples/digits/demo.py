@@ -63,7 +63,8 @@ def main() -> int:
         headers = {}
         key_file = run_dir / "key_file.json"
         if key_file.exists():  # token auth is on by default
-            headers["Authorization"] = f"Bearer {json.loads(key_file.read_text())['inference']['key']}"
+            key = json.loads(key_file.read_text())["inference"]["key"]
+            headers["Authorization"] = f"Bearer {key}"
         base = f"http://127.0.0.1:{ports['inference']}"
         for model in ("digits", "digits-int8"):
             sample = out / "sample_7.png"
@@ -80,7 +81,9 @@ def main() -> int:
             print(f"  predicted digit {top[0]} (p={top[1]:.3f}); the image shows a 7")
         print(f"\nmetrics (Prometheus):  curl http://127.0.0.1:{ports['metrics']}/metrics")
         mgmt = f"http://127.0.0.1:{ports['management']}"
-        auth_hint = f" -H 'Authorization: Bearer <management key in {key_file}>'" if key_file.exists() else ""
+        auth_hint = ""
+        if key_file.exists():
+            auth_hint = f" -H 'Authorization: Bearer <management key in {key_file}>'"
         print(f"management API:        curl{auth_hint} {mgmt}/models/digits")
         if args.keep_running:
             print("\nserver running; Ctrl-C to stop")

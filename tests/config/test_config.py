@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+
 from torchbay.server.config import (
     ModelConfig,
     ModelSpec,

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+
 from torchbay.server.devices import (
     DeviceAssigner,
     cpu_affinity_for,

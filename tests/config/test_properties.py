@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from torchbay.server.properties import PropertiesError, parse_properties
 
 # The shape of anchors 1.7's example: models= JSON continued over lines with backslashes.

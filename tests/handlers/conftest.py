@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from torchbay.handlers.service import Request
 
 

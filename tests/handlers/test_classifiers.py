@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+
 from torchbay.handlers.errors import HandlerLoadError
 from torchbay.handlers.service import load_service
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from torchbay.handlers.errors import HandlerLoadError
 from torchbay.handlers.loading import (
     load_model,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from torchbay.handlers.context import Context
 from torchbay.handlers.errors import BadInput, HandlerError, PredictionException
 from torchbay.handlers.metrics import Dimension, MetricsCache, MetricTypes

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from torchbay.handlers.errors import HandlerLoadError
 from torchbay.handlers.service import load_service
 

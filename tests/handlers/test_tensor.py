@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from torchbay.handlers.service import load_service
 
 from .conftest import body_json, req

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from torchbay.handlers.service import load_service
 
 from .conftest import TinyLinear, body_json, req

@@ -15,6 +15,7 @@ import httpx
 import psutil
 import pytest
 import torch
+
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.config import ServerConfig
 from torchbay.server.serve import TorchbayServer

@@ -15,6 +15,7 @@ import os
 import time
 
 import torch
+
 from torchbay.handlers.base_handler import BaseHandler
 from torchbay.handlers.errors import BadInput
 
