@@ -62,6 +62,14 @@ def test_sigterm_drains_in_flight_requests(model_store, tmp_path):
     proc, info = _start(model_store, tmp_path)
     workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     assert workers, "no worker process found"
+
+    # The frontend never loads torch: no libtorch mapped in the serving process, while its
+    # workers have it.
+    def maps_torch(pid: int) -> bool:
+        return any("libtorch" in m.path for m in psutil.Process(pid).memory_maps())
+
+    assert not maps_torch(proc.pid)
+    assert all(maps_torch(pid) for pid in workers)
     url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
 
     async def scenario() -> list[httpx.Response]:
