@@ -92,6 +92,19 @@ def register(subparsers: Any) -> None:
     sla.add_argument("--step-warmup", type=float, default=0.5, metavar="S")
     sla.add_argument("--probe", type=float, default=2.0, metavar="S")
     sla.add_argument("--repeats", type=int, default=3)
+    sla.add_argument(
+        "--config-warmup",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="closed-loop warm-up after each reconfiguration",
+    )
+    sla.add_argument(
+        "--min-requests",
+        type=int,
+        default=200,
+        help="lengthen low-rate steps to at least this many requests (max 5 steps)",
+    )
     sla.add_argument("--arrival", choices=("constant", "poisson"), default="poisson")
     sla.add_argument("--no-prune", action="store_true", help="search every configuration")
     sla.add_argument("--out", type=Path, default=Path("bench-sla"), help="report folder")
@@ -105,6 +118,9 @@ def register(subparsers: Any) -> None:
     scen = verbs.add_parser("scenario", help="run a scenario file (benchmarks/scenarios/*.yaml)")
     scen.add_argument("file", help="a YAML file, or the name of a bundled one (tiny, cnn, digits)")
     scen.add_argument("--out", type=Path, default=None, help="work folder (default benchmarks/out)")
+    scen.add_argument("--sla", action="store_true", help="also run the file's SLA search")
+    scen.add_argument("--duration", type=float, metavar="S", help="override every run's duration")
+    scen.add_argument("--warmup", type=float, metavar="S", help="override every run's warm-up")
     scen.add_argument("--json", action="store_true")
     scen.set_defaults(func=run_scenario)
 
@@ -173,6 +189,8 @@ def run_sla(args: argparse.Namespace) -> int:
         seed=args.seed,
         out_dir=args.out,
         apply=args.apply,
+        config_warmup_s=args.config_warmup,
+        min_requests=args.min_requests,
     )
     result = run_sla(options, log=lambda line: print(line, file=sys.stderr, flush=True))
     if result.winner is None:
@@ -188,7 +206,14 @@ def run_scenario(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.scenario_files import load_scenario, run_scenario_file
 
     scenario = load_scenario(args.file)
-    outcome = run_scenario_file(scenario, args.out, log=lambda s: print(s, file=sys.stderr))
+    outcome = run_scenario_file(
+        scenario,
+        args.out,
+        log=lambda s: print(s, file=sys.stderr, flush=True),
+        with_sla=args.sla,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+    )
     if args.json:
         print(json.dumps(outcome, indent=2, default=str))
     else:

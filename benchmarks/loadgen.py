@@ -13,12 +13,14 @@ How late each request left its schedule is reported as ``lag``; a p99 lag above
 Timer granularity: event-loop timers fire with ~1 ms resolution, so open-loop lag is typically
 0.1-1 ms; a request that leaves early is timed from its actual send, never from before it.
 
-Capacity on the development machine (2 vCPU AMD EPYC, Python 3.11, uvloop), against the bare
-raw-ASGI echo server (``benchmarks/ceilings/echo_asgi.py``, 256-byte POST, keep-alive, c=16, both
-sharing the two cores with the server): one generator process 11.3k req/s at 100% of its core
-(server at ~70% of the other); ``wrk -t1 -c16`` 17.1k req/s. The generator needs ~0.09 ms of CPU per request
-against wrk's ~0.03 ms, so on this machine it saturates at ~11k req/s per process: ample for
-model servers (torchbay tiny ~5-8k, cnn ~150-300 req/s) but use ``wrk`` for bare-HTTP ceilings.
+Capacity on the development machine (2 vCPU AMD EPYC, Python 3.11, uvloop), measured against the
+bare raw-ASGI echo server (``benchmarks/ceilings/echo_asgi.py``, one uvicorn process, 256-byte
+POST, keep-alive, concurrency 16, 5 s, generator and server sharing the two cores, other jobs on
+the machine): ``wrk -t1 -c16`` 29.0k / 25.5k req/s; one generator process 22.7k / 26.3k req/s at
+45-50% of a core (~0.02 ms of generator CPU per request); two processes 18.3k / 13.8k (they take
+CPU from the server on 2 cores). The echo server's single core is the limit in every case, so
+one process is within ~10-20% of wrk and far above any model server here (torchbay tiny ~5-8k,
+cnn ~150-300 req/s). Use more processes (``--procs``) only on machines with spare cores.
 
     with LoadGenerator(processes=1) as gen:
         result = gen.run(LoadPlan(target=..., mode="open", rate=200, duration_s=5))
@@ -626,7 +628,11 @@ def merge(plan: LoadPlan, parts: list[_Part]) -> LoadResult:
     ok = sum(n for code, n in statuses.items() if code.isdigit() and 200 <= int(code) < 300)
     window_start = min((p.window_start for p in parts), default=0.0)
     last_done = max((p.last_done for p in parts), default=0.0)
+    # A timed run's window is at least its duration (a few early answers must not inflate the
+    # rate); a counted run's window ends at its last answer.
     window = max(0.0, last_done - window_start) if completed else 0.0
+    if plan.duration_s is not None and plan.requests is None:
+        window = max(window, plan.duration_s)
     lag_summary = summarize(lag)
     cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
     behind = []

@@ -66,6 +66,8 @@ class SlaOptions(BaseModel):
     bound_margin: float = Field(0.1, ge=0)
     prune: bool = True
     repeats: int = Field(3, ge=0)
+    config_warmup_s: float = Field(2.0, ge=0)
+    min_requests: int = Field(200, ge=1)
     arrival: Arrival = "poisson"
     processes: int = Field(1, ge=1)
     timeout_s: float = Field(5.0, gt=0)
@@ -201,9 +203,18 @@ class _Search:
         )
 
     def configure(self, config: ModelSettings) -> None:
-        if config != self.current:
-            self.mgmt.configure(self.model, None, config)
-            self.current = config
+        """Apply ``config`` live, then warm it up: closed loops at concurrency 1 and 2*b*w, so
+        the worker has seen both single requests and full batches before anything is measured
+        (TorchScript specializes per input shape on its first calls)."""
+        if config == self.current:
+            return
+        self.mgmt.configure(self.model, None, config)
+        self.current = config
+        if self.o.config_warmup_s > 0:
+            for conc in (1, _full(config)):
+                self.gen.run(LoadPlan(self.target, "closed", concurrency=conc,
+                                      duration_s=self.o.config_warmup_s / 2,
+                                      timeout_s=self.o.timeout_s))  # fmt: skip
 
     def _snapshot(self) -> scrape.Snapshot | None:
         if self.endpoints.metrics_port is None:
@@ -218,7 +229,7 @@ class _Search:
             plan = LoadPlan(
                 self.target,
                 "closed",
-                concurrency=max(4, 2 * (config.batch_size or 1) * (config.workers or 1)),
+                concurrency=_full(config),
                 duration_s=self.o.probe_s,
                 warmup_s=self.o.step_warmup_s,
                 timeout_s=self.o.timeout_s,
@@ -229,7 +240,8 @@ class _Search:
                 "open",
                 rate=rate,
                 arrival=self.o.arrival,
-                duration_s=self.o.step_s,
+                # Enough requests for a meaningful p99 at low rates, within a bound.
+                duration_s=min(max(self.o.step_s, self.o.min_requests / rate), 5 * self.o.step_s),
                 warmup_s=self.o.step_warmup_s,
                 timeout_s=self.o.timeout_s,
                 seed=self.o.seed,
@@ -318,6 +330,11 @@ class _Search:
                 hi_rate = mid
         outcome.status, outcome.best_rate, outcome.best_step = "searched", lo_rate, lo
         outcome.why = f"passes at {lo_rate:.1f}, breaches at {hi_rate:.1f} req/s"
+
+
+def _full(config: ModelSettings) -> int:
+    """Closed-loop concurrency that keeps every worker's batches full: max(4, 2 * b * w)."""
+    return max(4, 2 * (config.batch_size or 1) * (config.workers or 1))
 
 
 def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
