@@ -296,8 +296,9 @@ class _Recorder:
         self.statuses[status] += 1
         if status in (CONN_ERROR, TIMEOUT):
             return
-        # A request that left early is timed from its actual send (never flatter than real).
-        self.latency.append(done - max(start, sent))
+        # Timed from the schedule, so a late send counts its wait (no coordinated omission); a
+        # request that left early is timed from its actual send (never flatter than real).
+        self.latency.append(done - min(start, sent))
         self.service.append(done - sent)
         if scheduled is not None:
             self.lag.append(max(0.0, sent - scheduled))

@@ -1,0 +1,212 @@
+"""``bench run`` and ``bench sla`` against a real ``torchbay serve`` with the tiny model.
+
+Short runs (a few hundred requests, sub-second steps): these check behaviour (every request
+answered and counted on both sides, settings applied live, report files well-formed, --apply
+rewrites a verifiable archive), never speed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from torchbay.archiver.extract import extract_archive
+from torchbay.archiver.manifest import read_manifest
+from torchbay.benchmarks import runner
+from torchbay.benchmarks.apply import apply_settings, read_config
+from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, ModelSettings
+from torchbay.benchmarks.scenario_files import bundled, load_scenario
+from torchbay.benchmarks.sla import SlaOptions, run_sla
+from torchbay.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(tiny.mar built by our archiver with the raw handler, one raw body file)."""
+    out = tmp_path_factory.mktemp("tb-bench")
+    assets = runner.prepare_models(out)
+    only = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
+    archived = runner.archive_models(only, out, sys.executable)
+    assert archived.model_store is not None
+    return archived.model_store / "tiny.mar", assets.body["tiny"]
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Endpoints, Path]]:
+    run_dir = tmp_path_factory.mktemp("tb-serve")
+    managed = ManagedServer(tiny[0], run_dir)
+    endpoints = managed.start()
+    try:
+        yield endpoints, run_dir / "key_file.json"
+    finally:
+        managed.stop()
+        assert managed.proc is not None and managed.proc.poll() is not None
+
+
+def _url_options(endpoints: Endpoints, key_file: Path, body: Path, **load: object) -> RunOptions:
+    h = endpoints.host
+    return RunOptions(
+        url=f"http://{h}:{endpoints.inference_port}",
+        management_url=f"http://{h}:{endpoints.management_port}",
+        metrics_url=f"http://{h}:{endpoints.metrics_port}",
+        key_file=key_file,
+        model="tiny",
+        inputs=(body,),
+        warmup_s=0.0,
+        **load,
+    )
+
+
+def test_closed_loop_counts_match_the_servers_view(server, tiny) -> None:
+    endpoints, key_file = server
+    options = _url_options(
+        endpoints, key_file, tiny[1], concurrency=4, requests=300, batch_size=4,
+        max_batch_delay_ms=1.0,
+    )  # fmt: skip
+    report = run_bench(options)
+    r = report.result
+    assert r.statuses == {"200": 300}
+    assert r.ok == r.sent == r.completed == 300
+    assert r.latency.count == 300 and r.latency.p50_ms <= r.latency.p99_ms <= r.latency.max_ms
+    assert report.settings["batchSize"] == 4 and report.settings["maxBatchDelay"] == 1.0
+    assert report.server is not None
+    assert report.server.requests == {"200": 300.0}
+    assert 1.0 <= report.server.mean_batch_size <= 4.0
+    assert "inference" in report.server.handler_mean_ms
+    assert "p99.9" in format_report(report)
+
+
+def test_open_loop_measures_from_the_schedule(server, tiny) -> None:
+    endpoints, key_file = server
+    options = _url_options(
+        endpoints, key_file, tiny[1], rate=300.0, arrival="poisson", duration_s=1.0
+    )
+    r = run_bench(options).result
+    assert r.mode == "open" and r.offered_rate == 300.0
+    assert r.sent > 100 and r.ok == r.sent
+    assert r.lag.count == r.sent  # every request has a scheduled time and a lag
+    # From the schedule: never shorter than from the actual send (late sends add their lag).
+    assert r.latency.mean_ms >= r.service.mean_ms
+    assert r.latency.max_ms >= r.service.max_ms
+    assert r.window_s >= 1.0
+
+
+def test_wrong_token_is_counted_as_401(server, tiny) -> None:
+    endpoints, _ = server
+    options = RunOptions(
+        url=f"http://{endpoints.host}:{endpoints.inference_port}", model="tiny",
+        token="not-the-key", inputs=(tiny[1],), concurrency=2, requests=20, warmup_s=0.0,
+    )  # fmt: skip
+    r = run_bench(options).result
+    assert r.statuses == {"401": 20}
+    assert r.ok == 0 and r.error_rate == 1.0
+
+
+def test_cli_run_starts_its_own_server(tiny, capsys) -> None:
+    code = main(
+        [
+            "bench",
+            "run",
+            "--archive",
+            str(tiny[0]),
+            "--input",
+            str(tiny[1]),
+            "-c",
+            "2",
+            "-n",
+            "50",
+            "--warmup",
+            "0",
+            "--batch-size",
+            "2",
+            "--json",
+        ]
+    )
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["client"]["statuses"] == {"200": 50}
+    assert data["settings"]["batchSize"] == 2
+    assert data["server"]["requests"] == {"200": 50.0}
+
+
+def test_sla_search_reports_and_apply(tiny, tmp_path) -> None:
+    archive = tmp_path / "tiny.mar"
+    shutil.copy(tiny[0], archive)
+    options = SlaOptions(
+        archive=archive, inputs=(tiny[1],), sla_p99_ms=200.0, batch_sizes=(1, 4),
+        max_delays_ms=(1.0, 2.0), workers=(1,), step_s=0.4, step_warmup_s=0.1, probe_s=0.4,
+        config_warmup_s=0.2, max_steps=3, repeats=1, min_requests=20, out_dir=tmp_path / "out",
+        apply=True,
+    )  # fmt: skip
+    result = run_sla(options, log=lambda _line: None)
+    labels = {oc.label: oc for oc in result.outcomes}
+    assert set(labels) == {"b1-d1-w1", "b1-d2-w1", "b4-d1-w1", "b4-d2-w1"}
+    assert labels["b1-d2-w1"].status == "same-as"  # batch 1 never waits: not measured twice
+    assert labels["b1-d2-w1"].steps == []
+    assert result.winner is not None and result.winner.best_rate > 0
+    assert {rep.label for rep in result.repeats} <= set(labels)
+
+    out = options.out_dir
+    report = (out / "report.md").read_text()
+    assert f"**{result.winner.label}**" in report and "## How it was found" in report
+    assert "cores" in report and "torch" in report
+    with (out / "results.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    phases = {row["phase"] for row in rows}
+    assert {"probe", "ramp"} <= phases
+    assert all(float(row["p99_ms"]) >= float(row["p50_ms"]) for row in rows if row["p99_ms"])
+    for png in ("latency_vs_throughput.png", "best_throughput.png"):
+        with Image.open(out / png) as img:
+            img.verify()
+            assert img.format == "PNG" and img.size[0] > 100
+    assert json.loads((out / "result.json").read_text())["winner"] == result.winner.label
+
+    # --apply: the winner is in model-config.yaml and the archive still passes its hash checks.
+    config = read_config(archive)
+    w = result.winner.config
+    assert config["batchSize"] == w.batch_size and config["maxBatchDelay"] == w.max_batch_delay_ms
+    assert config["minWorkers"] == config["maxWorkers"] == 1
+    extract_archive(archive, tmp_path / "check")
+    assert read_manifest(archive).model.config_file == "model-config.yaml"
+
+
+def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
+    config = tmp_path / "cfg" / "model-config.yaml"
+    config.parent.mkdir()
+    config.write_text("# ours\nresponseTimeout: 30\nbatchSize: 2\nhandler:\n  num_threads: 1\n")
+    pt = tiny[0].parent.parent / "models" / "tiny.pt"
+    cmd = [sys.executable, "-m", "torchbay", "archive", "--model-name", "tiny", "--version", "1.0",
+           "--serialized-file", str(pt), "--handler", str(runner.HANDLER_FILE),
+           "--config-file", str(config), "--export-path", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True)
+    archive = tmp_path / "tiny.mar"
+    apply_settings(archive, ModelSettings(8, 5.0, 2))
+    assert read_config(archive) == {
+        "responseTimeout": 30, "batchSize": 8, "handler": {"num_threads": 1},
+        "maxBatchDelay": 5, "minWorkers": 2, "maxWorkers": 2,
+    }  # fmt: skip
+    manifest = extract_archive(archive, tmp_path / "x")  # hashes checked
+    assert manifest.model.config_file == "model-config.yaml"
+    with zipfile.ZipFile(archive) as zf:
+        assert zf.namelist().count("model-config.yaml") == 1
+
+
+def test_bundled_scenarios_parse() -> None:
+    assert {"tiny", "cnn", "digits"} <= set(bundled())
+    for name in bundled():
+        scenario = load_scenario(name)
+        assert scenario.runs and scenario.sla and scenario.sla["sla_p99_ms"] > 0
