@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -32,6 +33,10 @@ from torchbay.server.errors import QueueFull, RequestTimeout, TorchbayError
 T = TypeVar("T")
 R = TypeVar("R")
 
+# The queue's clock. Not loop.time(): uvloop's advances in whole milliseconds, too coarse for
+# queue times and millisecond batch windows. Timers are scheduled relative (call_later).
+clock = time.monotonic
+
 
 @dataclass(slots=True, eq=False)
 class Pending(Generic[T, R]):
@@ -39,9 +44,9 @@ class Pending(Generic[T, R]):
 
     payload: T
     future: asyncio.Future[R]
-    arrival: float  # loop.time() at admission
-    deadline: float | None = None  # loop.time() after which it must not run
-    dispatched: float | None = field(default=None)  # loop.time() when a worker took it
+    arrival: float  # clock() at admission
+    deadline: float | None = None  # clock() after which it must not run
+    dispatched: float | None = field(default=None)  # clock() when a worker took it
 
 
 def resolve(future: asyncio.Future, result: object) -> None:
@@ -145,7 +150,7 @@ class BatchQueue(Generic[T, R]):
     async def _assemble(self) -> list[Pending[T, R]]:
         loop = asyncio.get_running_loop()
         while True:
-            now = loop.time()
+            now = clock()
             self._drop_dead(now)
             n = len(self._items)
             if n == 0:
@@ -158,8 +163,8 @@ class BatchQueue(Generic[T, R]):
             if remaining <= 0 or not self._worth_waiting(now, remaining):
                 return self._pop(n, now)
             arrivals_before = self._arrivals
-            await self._sleep(loop, window_end)
-            waited = loop.time() - now
+            await self._sleep(loop, remaining)
+            waited = clock() - now
             self._learn(self._arrivals - arrivals_before, waited, now)
 
     def _worth_waiting(self, now: float, remaining: float) -> bool:
@@ -174,10 +179,11 @@ class BatchQueue(Generic[T, R]):
         self._wait_time = self._wait_time * decay + max(waited, 1e-6)
         self._last_wait = now
 
-    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, seconds: float | None) -> None:
+        """Wait until ``put``/``configure`` wakes us, or ``seconds`` pass (None: no limit)."""
         waker = loop.create_future()
         self._waker = waker
-        timer = loop.call_at(until, resolve, waker, None) if until is not None else None
+        timer = loop.call_later(seconds, resolve, waker, None) if seconds is not None else None
         try:
             await waker
         finally:

@@ -41,6 +41,13 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--number-of-gpu", type=int, help="GPUs to use (default: all visible)")
     serve.add_argument("--log-format", choices=("text", "json"))
     serve.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        default=None,
+        help="no access-log line per inference request",
+    )
+    serve.add_argument(
         "--ready-file", help="write the bound ports as JSON here once every startup model loaded"
     )
     # Accepted for TorchServe compatibility: torchbay always runs in the foreground and never
@@ -64,6 +71,7 @@ def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
         "enable_model_api": args.enable_model_api,
         "number_of_gpu": args.number_of_gpu,
         "log_format": args.log_format,
+        "access_log": args.access_log,
     }
     return {k: v for k, v in settings.items() if v is not None}
 
@@ -90,15 +98,19 @@ def run_serve(args: argparse.Namespace) -> int:
     config, notes = load_server_config(
         ts_config=args.ts_config, env=dict(os.environ), cli=_cli_settings(args)
     )
-    for note in notes:
-        log.info("%s", note)
     # Start the workers' processes first: each imports torch (the slowest part of start-up)
     # while the frontend imports the rest, binds and unpacks the archives.
-    prewarmed = [spawn_process(os.environ) for _ in range(expected_startup_workers(config))]
+    prewarmed = [
+        spawn_process(os.environ, log_format=config.log_format)
+        for _ in range(expected_startup_workers(config))
+    ]
     from torchbay.server.logs import configure_logging
     from torchbay.server.serve import TorchbayServer
 
-    stop_logging = configure_logging(config.log_format)  # --log-format json: one object a line
+    # --log-format json: one object a line, from the frontend and its workers alike.
+    stop_logging = configure_logging(config.log_format, access_log=config.access_log)
+    for note in notes:
+        log.info("%s", note)
     try:
         server = TorchbayServer(
             config,

@@ -237,6 +237,7 @@ class ServerConfig(BaseModel):
     enable_metrics_api: bool = True
     disable_system_metrics: bool = False
     log_format: Literal["text", "json"] = "text"
+    access_log: bool = True  # one line per inference request on logger torchbay.access
     cpu_threads_per_worker: int | None = Field(None, ge=1)  # None: cores // workers
     cpu_affinity: bool = False
     shutdown_grace_s: float = Field(30.0, ge=0)

@@ -145,19 +145,42 @@ def make_formatter(log_format: str) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
 
 
+class _IdleFlushHandler(logging.StreamHandler):
+    """The listener's writer: flushes when the queue runs dry, not after every line, so a busy
+    access log costs one write call per burst instead of one per request."""
+
+    def __init__(self, stream: TextIO, records: queue.SimpleQueue) -> None:
+        super().__init__(stream)
+        self._records = records
+
+    def flush(self) -> None:
+        if self._records.empty():
+            super().flush()
+
+
 def configure_logging(
-    log_format: str = "text", *, level: int | None = None, stream: TextIO | None = None
+    log_format: str = "text",
+    *,
+    level: int | None = None,
+    stream: TextIO | None = None,
+    access_log: bool = True,
 ) -> Callable[[], None]:
     """Route every log record (ours, uvicorn's) through one formatter to ``stream`` (stderr).
 
-    Replaces the root logger's handlers; ``level`` None keeps the root level. Returns a function
-    that flushes what is queued and restores nothing else: call it once at exit.
+    Replaces the root logger's handlers; ``level`` None keeps the root level; ``access_log``
+    False silences the ``torchbay.access`` logger. Returns a function that flushes what is
+    queued and restores nothing else: call it once at exit.
     """
+    # No caller lookup per record (file, line, function): none of our formats prints it, and it
+    # walks the stack on every call (logging's documented optimisation).
+    srcfile = logging._srcfile  # type: ignore[attr-defined]
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO if access_log else logging.WARNING)
     root = logging.getLogger()
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     front = logging.handlers.QueueHandler(records)
     front.setFormatter(make_formatter(log_format))  # format here; the listener only writes
-    back = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    back = _IdleFlushHandler(stream if stream is not None else sys.stderr, records)
     back.setFormatter(logging.Formatter("%(message)s"))
     listener = logging.handlers.QueueListener(records, back)
     for handler in list(root.handlers):
@@ -170,6 +193,7 @@ def configure_logging(
     def stop() -> None:
         listener.stop()
         root.removeHandler(front)
-        back.flush()
+        logging.StreamHandler.flush(back)
+        logging._srcfile = srcfile  # type: ignore[attr-defined]
 
     return stop

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.server import protocol as p
-from torchbay.server.batching import BatchQueue, Pending, reject, resolve
+from torchbay.server.batching import BatchQueue, Pending, clock, reject, resolve
 from torchbay.server.errors import (
     HandlerFailed,
     NoWorker,
@@ -108,6 +108,7 @@ class ModelVersion:
         worker_env: dict[str, str] | None = None,
         limit_max_image_pixels: bool = True,
         prewarmed: Callable[[], Spawned | None] | None = None,
+        log_format: str = "text",
     ) -> None:
         self.name = name
         self.version = version
@@ -120,6 +121,7 @@ class ModelVersion:
         self.limit_max_image_pixels = limit_max_image_pixels
         self.observer = observer or Observer()
         self.worker_env = worker_env
+        self.log_format = log_format
         self._place = place
         self.prewarmed: Callable[[], Spawned | None] = prewarmed or (lambda: None)
         self.status = ModelStatus.LOADING
@@ -275,7 +277,7 @@ class ModelVersion:
                 "requests; scale it up with the management API"
             )
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = clock()
         timeout_ms = self.settings.client_timeout_ms
         item: Pending[p.WireRequest, p.WireResponse] = Pending(
             request, loop.create_future(), now, now + timeout_ms / 1000 if timeout_ms else None
@@ -377,7 +379,9 @@ class WorkerSlot:
         failures = 0
         window_start: float | None = None
         while not self.retiring:
-            worker = WorkerProcess(self._load_message(), env=self.model.worker_env)
+            worker = WorkerProcess(
+                self._load_message(), env=self.model.worker_env, log_format=self.model.log_format
+            )
             self.worker = worker
             try:
                 await worker.start(self.model.settings.startup_timeout_s, self.model.prewarmed())

@@ -197,6 +197,7 @@ class ModelRegistry:
                 worker_env=self.worker_env,
                 limit_max_image_pixels=self.config.limit_max_image_pixels,
                 prewarmed=self.prewarmed,
+                log_format=self.config.log_format,
             )
             self.models.setdefault(name, {})[version] = mv
             self.model_configs[mv.key] = config

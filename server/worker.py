@@ -105,14 +105,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchbay-worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket file descriptor")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
     # Ctrl-C reaches the whole process group; the frontend decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s worker[{os.getpid()}] %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if args.log_format == "json":
+        from torchbay.server.logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s %(levelname)s worker[{os.getpid()}] %(name)s: %(message)s"
+            )
+        )
+    logging.basicConfig(level=args.log_level, handlers=[handler])
     sock = socket.socket(fileno=args.fd)
     try:
         return serve(sock)

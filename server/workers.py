@@ -69,16 +69,20 @@ class Spawned:
             self.proc.wait()
 
 
-def spawn_process(env: Mapping[str, str] | None = None, python: str = sys.executable) -> Spawned:
+def spawn_process(
+    env: Mapping[str, str] | None = None, python: str = sys.executable, log_format: str = "text"
+) -> Spawned:
     """Start ``python -m torchbay.server.worker`` on one end of a socketpair (synchronous, cheap).
 
     The worker imports torch and the handlers at once and then waits for its ``Load``, so a
     process spawned early overlaps torch's import with the frontend's own start-up.
     """
     parent, child = socket.socketpair()
+    args = [python, "-m", "torchbay.server.worker", "--fd", str(child.fileno())]
+    args += ["--log-format", log_format]
     try:
         proc = subprocess.Popen(
-            [python, "-m", "torchbay.server.worker", "--fd", str(child.fileno())],
+            args,
             pass_fds=(child.fileno(),),
             env=dict(os.environ if env is None else env),
             stdin=subprocess.DEVNULL,
@@ -108,12 +112,14 @@ class WorkerProcess:
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
         on_exit: Callable[[WorkerProcess], None] | None = None,
+        log_format: str = "text",
     ) -> None:
         self.load = load
         self.id = next(self._ids)
         self.name = name or f"W-{self.id}-{load.model_name}_{load.model_version}"
         self.env = dict(env) if env is not None else None
         self.python = python
+        self.log_format = log_format
         self.on_exit = on_exit
         self.state = WorkerState.STARTING
         self.pid: int | None = None
@@ -144,7 +150,7 @@ class WorkerProcess:
         loop = asyncio.get_running_loop()
         self.exited = loop.create_future()
         if spawned is None:
-            spawned = spawn_process(self.env, self.python)
+            spawned = spawn_process(self.env, self.python, self.log_format)
         self._proc, parent = spawned.proc, spawned.sock
         self.pid = self._proc.pid
         log.debug("worker %s uses pid=%s", self.name, self.pid)

@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 
-from torchbay.server.batching import BatchQueue, Pending
+from torchbay.server.batching import BatchQueue, Pending, clock
 from torchbay.server.errors import QueueFull, RequestTimeout, ShuttingDown
 
 
 def _item(
     loop: asyncio.AbstractEventLoop, payload: object, deadline: float | None = None
 ) -> Pending:
-    return Pending(payload, loop.create_future(), loop.time(), deadline)
+    return Pending(payload, loop.create_future(), clock(), deadline)
 
 
 def run(coro):
@@ -55,9 +55,9 @@ def test_delay_counts_from_the_oldest_request():
         first = _item(loop, 0)
         first.arrival -= 0.25  # it has already waited 250 ms of its 300 ms
         q.put(first)
-        started = loop.time()
+        started = clock()
         batch = await asyncio.wait_for(q.take(), 5)
-        return len(batch), loop.time() - started
+        return len(batch), clock() - started
 
     size, waited = run(scenario())
     assert size == 1
@@ -75,9 +75,9 @@ def test_no_waiting_when_nothing_arrives_while_waiting():
         waits = []
         for i in range(4):
             q.put(_item(loop, i))
-            started = loop.time()
+            started = clock()
             await asyncio.wait_for(q.take(), 5)
-            waits.append(loop.time() - started)
+            waits.append(clock() - started)
         return waits
 
     waits = run(scenario())
@@ -122,7 +122,7 @@ def test_expired_requests_are_answered_and_never_dispatched():
     async def scenario() -> tuple[list[object], BaseException | None]:
         loop = asyncio.get_running_loop()
         q: BatchQueue = BatchQueue(batch_size=4, max_delay_s=0, capacity=10)
-        expired = _item(loop, "late", deadline=loop.time() - 1)
+        expired = _item(loop, "late", deadline=clock() - 1)
         q.put(expired)
         q.put(_item(loop, "ok"))
         batch = await q.take()

@@ -121,3 +121,22 @@ def test_sigterm_answers_503_for_work_past_the_grace_period(model_store, tmp_pat
     assert set(codes) <= {200, 503} and 503 in codes
     assert all(r.json()["type"] == "ShuttingDown" for r in responses if r.status_code == 503)
     assert code == 0
+
+
+def test_log_format_json_covers_frontend_workers_and_access(model_store, tmp_path):
+    proc, info = _start(model_store, tmp_path, env={"TORCHBAY_LOG_FORMAT": "json"})
+    url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
+    try:
+        assert httpx.post(url, json={"echo": 1}, timeout=60).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [line for line in (tmp_path / "serve.log").read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    loggers = {r["logger"] for r in records}
+    assert "torchbay.access" in loggers  # the frontend's access log
+    assert any(name.startswith("torchbay.handlers") for name in loggers)  # a worker's record
+    access = next(r for r in records if r["logger"] == "torchbay.access")
+    assert access["status"] == 200 and access["model"] == "probe"
