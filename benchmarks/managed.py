@@ -165,7 +165,8 @@ class ManagedServer:
 
     @property
     def ready_file(self) -> Path:
-        return self.run_dir / "ready.json"
+        # Absolute: the server runs with run_dir as its cwd.
+        return self.run_dir.resolve() / "ready.json"
 
     @property
     def log_path(self) -> Path:

@@ -18,7 +18,8 @@ What is skipped, and why it cannot change the answer:
   ``max_batch_delay`` never applies; only the first delay is measured, the others reuse it.
 - **branch and bound**: configurations are searched in descending probe capacity; one whose
   capacity times ``1 + bound_margin`` is below the best score found so far cannot win and is not
-  searched (the margin absorbs probe noise).
+  searched (the margin absorbs probe noise; a configuration about to be skipped is probed a
+  second time and keeps the better capacity, so one unlucky probe does not disqualify it).
 
 Noise: after the search the winner and the runner-up are measured again ``repeats`` times each,
 alternating, at their found rates; the report gives the spread and whether their difference is
@@ -396,6 +397,13 @@ def _search_all(
     for outcome in measured:
         if options.prune and best is not None:
             bound = outcome.capacity * (1 + options.bound_margin)
+            if bound < best.best_rate:
+                # One unlucky probe must not disqualify a configuration: probe again, keep the
+                # better of the two, and skip only if that still cannot win.
+                first = outcome.capacity
+                search.probe(outcome)
+                outcome.capacity = max(first, outcome.capacity)
+                bound = outcome.capacity * (1 + options.bound_margin)
             if bound < best.best_rate:
                 outcome.status = "skipped"
                 outcome.why = (

@@ -223,7 +223,7 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
         "fail. Latency is measured from each request's scheduled send time (no coordinated "
         "omission). A configuration whose capacity (plus "
         f"{100 * o.bound_margin:g}% for probe noise) is below the best rate already found cannot "
-        "win and was skipped.",
+        "win and was skipped (after a second probe, keeping the better capacity).",
         "",
         "## Files",
         "",
