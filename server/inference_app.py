@@ -110,11 +110,28 @@ class InferenceApp:
     async def _predict(
         self, scope: Scope, receive: Receive, send: Send, rest: str, explain: bool
     ) -> None:
-        started = time.perf_counter()
+        """TorchServe: ``{model}[/{version}][/extra/path]``; extra segments reach the handler as
+        the ``url_path`` header, ``/explanations`` as ``explain: True``."""
         parts = rest.split("/")
         name = unquote(parts[0])
         version = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
-        url_path = "/".join(parts[2:])
+        extra = {"explain": "True"} if explain else {}
+        if len(parts) > 2:
+            extra["url_path"] = "/".join(parts[2:])
+        await self._infer(scope, receive, send, name, version, "predict", extra)
+
+    async def _infer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        name: str,
+        version: str | None,
+        protocol: str,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        """The hot path: admit one request to its model's queue, await its one response."""
+        started = time.perf_counter()
         mv: ModelVersion | None = None
         item: Pending[p.WireRequest, p.WireResponse] | None = None
         status = 500
@@ -123,10 +140,7 @@ class InferenceApp:
                 self.authorize(scope, "inference")
             mv = self.registry.resolve(name, version)
             body = await read_body(scope, receive, self.max_request_size)
-            extra = {"explain": "True"} if explain else None
-            if url_path:
-                extra = {**(extra or {}), "url_path": url_path}
-            item = mv.admit(self._wire_request(scope, body, "predict", extra))
+            item = mv.admit(self._wire_request(scope, body, protocol, extra))
             mv.inflight += 1
             try:
                 response = await item.future
@@ -187,7 +201,7 @@ class InferenceApp:
         if len(parts) >= 3 and parts[1] == "models":
             name, version, action = _parse_v2_model_path(parts[2:])
             if action == "infer" and method == "POST":
-                await self._v2_infer(scope, receive, send, name, version)
+                await self._infer(scope, receive, send, name, version, "v2")
                 return
             if method == "GET" and action in ("", "ready"):
                 if self.authorize is not None:
@@ -202,44 +216,6 @@ class InferenceApp:
             if action in ("", "ready", "infer"):
                 raise MethodNotAllowed(f"{method} is not allowed on {path}")
         raise NotFound(f"No route for {method} {path}")
-
-    async def _v2_infer(
-        self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
-    ) -> None:
-        started = time.perf_counter()
-        mv: ModelVersion | None = None
-        item: Pending[p.WireRequest, p.WireResponse] | None = None
-        status = 500
-        try:
-            if self.authorize is not None:
-                self.authorize(scope, "inference")
-            mv = self.registry.resolve(name, version)
-            body = await read_body(scope, receive, self.max_request_size)
-            item = mv.admit(self._wire_request(scope, body, "v2"))
-            mv.inflight += 1
-            try:
-                response = await item.future
-            finally:
-                mv.inflight -= 1
-            status = response.status
-            await send_bytes(
-                send,
-                response.status,
-                response.body,
-                response.content_type.encode("latin-1"),
-                _encode_headers(response.headers),
-            )
-        except TorchbayError as exc:
-            status = exc.status
-            raise
-        finally:
-            if self.on_request is not None:
-                queue_s = None
-                if item is not None and item.dispatched is not None:
-                    queue_s = item.dispatched - item.arrival
-                self.on_request(
-                    scope, name, version, status, time.perf_counter() - started, queue_s, mv
-                )
 
     def _all_ready(self) -> bool:
         versions = self.registry.all_versions()
