@@ -370,25 +370,10 @@ def build_management_app(
         return _status(f"Workers scaled to {min_worker} for model: {mv.name}")
 
     @api.put("/models/{name}")
-    async def scale_default(
-        name: str,
-        min_worker: int | None = None,
-        max_worker: int | None = None,
-        synchronous: bool = False,
-        timeout: float = -1,
-        batch_size: int | None = None,
-        max_batch_delay: float | None = None,
-        response_timeout: float | None = None,
-    ) -> JSONResponse:
-        return await scale_route(
-            name, None, min_worker, max_worker, synchronous, timeout,
-            batch_size, max_batch_delay, response_timeout,
-        )  # fmt: skip
-
     @api.put("/models/{name}/{version}")
-    async def scale_version(
+    async def scale_model(
         name: str,
-        version: str,
+        version: str | None = None,
         min_worker: int | None = None,
         max_worker: int | None = None,
         synchronous: bool = False,
