@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,7 @@ def step_row(step: Step) -> dict[str, Any]:
         "max_ms": round(r.latency.max_ms, 3),
         "passed": int(step.passed),
         "reason": step.reason,
+        "statuses": " ".join(f"{k}:{v}" for k, v in r.statuses.items()),
         "mean_batch_size": round(step.mean_batch_size, 3),
         "queue_mean_ms": round(step.queue_mean_ms, 3),
         "lag_p99_ms": round(r.lag.p99_ms, 3),
@@ -172,6 +174,11 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
         if result.runner_up is not None:
             r = result.runner_up
             lines.append(f"Runner-up: {r.label} at {r.best_rate:,.1f} req/s.")
+        if result.swapped:
+            lines.append(
+                f"(The search's first pick, {result.runner_up.label if result.runner_up else '-'}, "
+                "held the SLA in fewer of its repeats than this one, so the repeats decided.)"
+            )
         if result.applied:
             lines.append(f"Applied to `{result.applied}` (model-config.yaml).")
     lines += ["", "## Repeats (noise)", ""]
@@ -248,7 +255,12 @@ def _verdict(result: SlaResult) -> str:
         (x for x in (w.throughput_spread_pct, r.throughput_spread_pct) if math.isfinite(x)),
         default=math.nan,
     )
-    held = f"The winner held the SLA in {sum(w.passed)} of {len(w.passed)} repeats."
+    held = (
+        f"The winner held the SLA in {sum(w.passed)} of {len(w.passed)} repeats, the runner-up "
+        f"in {sum(r.passed)} of {len(r.passed)}."
+    )
+    if gap < 0:
+        return f"{held} Its rate is {-gap:.1f}% below the runner-up's search result."
     if math.isfinite(noise) and gap <= noise:
         return (
             f"{held} Its rate is {gap:.1f}% above the runner-up's, within the {noise:.1f}% "
@@ -294,6 +306,12 @@ def result_json(result: SlaResult) -> dict[str, Any]:
     }
 
 
+def _command_line() -> str:
+    args = " ".join(shlex.quote(a) for a in sys.argv[1:])
+    prog = sys.argv[0] if sys.argv else ""
+    return f"torchbay {args}" if prog.endswith(("__main__.py", "torchbay")) else f"{prog} {args}"
+
+
 def write_all(result: SlaResult, command: str | None = None) -> dict[str, Path]:
     """Write every report file into ``result.options.out_dir``; returns them by kind."""
     from torchbay.benchmarks import plots
@@ -308,5 +326,5 @@ def write_all(result: SlaResult, command: str | None = None) -> dict[str, Path]:
     files["json"] = out / "result.json"
     files["json"].write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
     files["report"] = out / "report.md"
-    files["report"].write_text(render_markdown(result, command or " ".join(sys.argv)))
+    files["report"].write_text(render_markdown(result, command or _command_line()))
     return files
