@@ -41,6 +41,7 @@ CSV_COLUMNS = (
     "max_ms",
     "passed",
     "reason",
+    "statuses",
     "mean_batch_size",
     "queue_mean_ms",
     "lag_p99_ms",
