@@ -40,7 +40,14 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     for ax, oc in zip(axes.flat, shown, strict=False):
-        steps = sorted((s for s in oc.steps if s.phase != "probe"), key=lambda s: s.offered_rate)
+        steps = sorted(
+            (s for s in oc.steps if s.phase in ("ramp", "bisect")), key=lambda s: s.offered_rate
+        )
+        repeats = [s for s in oc.steps if s.phase == "repeat"]
+        if repeats:
+            ax.scatter([s.result.ok_per_s for s in repeats],
+                       [s.result.latency.p99_ms for s in repeats], marker="x", color="purple",
+                       zorder=4, s=24, label="p99, repeats")  # fmt: skip
         x = [s.result.ok_per_s for s in steps]
         for attr, style in (("p50_ms", ":"), ("p90_ms", "--"), ("p99_ms", "-")):
             ax.plot(
@@ -50,7 +57,7 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
                 marker=".",
                 label=attr.removesuffix("_ms"),
             )
-        breached = [s for s in steps if not s.passed]
+        breached = [s for s in steps if not s.passed]  # by p99 or by errors
         ax.scatter(
             [s.result.ok_per_s for s in breached],
             [s.result.latency.p99_ms for s in breached],
