@@ -38,6 +38,7 @@ def build_apps(server: TorchbayServer) -> Apps:
     registry = ModelRegistry(
         config,
         place=server.place,
+        threads_for=server.threads_for,
         server_version=__version__,
         observer=metrics,
         worker_env=server.env or None,

@@ -16,7 +16,7 @@ import contextlib
 import enum
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,7 @@ class ModelVersion:
         model_dir: Path,
         settings: ModelSettings,
         place: Callable[[ModelVersion, int], Placement],
+        threads_for: Callable[[ModelVersion], int] | None = None,
         server_version: str = "",
         handler: str | None = None,
         url: str = "",
@@ -123,6 +124,7 @@ class ModelVersion:
         self.worker_env = worker_env
         self.log_format = log_format
         self._place = place
+        self._threads_for = threads_for
         self.prewarmed: Callable[[], Spawned | None] = prewarmed or (lambda: None)
         self.status = ModelStatus.LOADING
         self.load_error: str | None = None
@@ -192,8 +194,21 @@ class ModelVersion:
                 if slot in self.slots:
                     self.slots.remove(slot)
             self.fail_if_unserved()
+        self._retune()
         if self.status is ModelStatus.FAILED and any(s.ready for s in self.slots):
             self.status = ModelStatus.READY
+
+    def _retune(self) -> None:
+        """After scaling, give every worker its share of the cores again (a worker started
+        alone took them all; two of those would oversubscribe the CPU)."""
+        if self._threads_for is None:
+            return
+        threads = self._threads_for(self)
+        for slot in self.slots:
+            if slot.placement.gpu_id is None and slot.placement.threads != threads:
+                slot.placement = replace(slot.placement, threads=threads)
+                if slot.worker is not None:
+                    slot.worker.tune(threads)
 
     def fail_if_unserved(self) -> None:
         """When no slot can ever serve again, answer everything queued with 503 at once."""
@@ -472,6 +487,4 @@ class WorkerSlot:
 
 
 def _replace(settings: ModelSettings, **changes: Any) -> ModelSettings:
-    from dataclasses import replace
-
     return replace(settings, **{k: v for k, v in changes.items() if v is not None})

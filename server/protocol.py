@@ -36,6 +36,7 @@ class Kind(enum.IntEnum):
     INFER = 4
     RESULT = 5
     SHUTDOWN = 6
+    TUNE = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,15 @@ class Shutdown:
     kind: ClassVar[Kind] = Kind.SHUTDOWN
 
 
-Message = Load | Ready | LoadFailed | Infer | Result | Shutdown
+@dataclass(frozen=True, slots=True)
+class Tune:
+    """Frontend -> worker, between batches: change torch's intra-op threads (after scaling)."""
+
+    kind: ClassVar[Kind] = Kind.TUNE
+    num_threads: int
+
+
+Message = Load | Ready | LoadFailed | Infer | Result | Shutdown | Tune
 
 
 # -- encoding ---------------------------------------------------------------------------------
@@ -220,6 +229,7 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
         Kind.READY: Ready,
         Kind.LOAD_FAILED: LoadFailed,
         Kind.SHUTDOWN: Shutdown,
+        Kind.TUNE: Tune,
     }[kind]
     return cls(**header)
 

@@ -64,6 +64,7 @@ class ModelRegistry:
         *,
         place: PlaceFn,
         server_version: str,
+        threads_for: Callable[[ModelVersion, ModelConfig], int] | None = None,
         observer: Observer | None = None,
         fetch: FetchFn | None = None,
         workdir: Path | None = None,
@@ -73,6 +74,7 @@ class ModelRegistry:
         self.config = config
         self.prewarmed = prewarmed
         self.place = place
+        self.threads_for = threads_for or (lambda m, c: 1)
         self.server_version = server_version
         self.observer = observer
         self.fetch = fetch
@@ -189,6 +191,7 @@ class ModelRegistry:
                 model_dir=model_dir,
                 settings=settings_from(config),
                 place=lambda m, i: self.place(m, i, config),
+                threads_for=lambda m: self.threads_for(m, config),
                 server_version=self.server_version,
                 handler=config.handler,
                 url=url,

@@ -109,14 +109,18 @@ class TorchbayServer:
     def place(self, mv: ModelVersion, slot_index: int, config: ModelConfig) -> Placement:
         """GPU round-robin (TorchServe's rule, from 0) or CPU threads and optional affinity."""
         gpu_id = self.assigner.assign(mv.key, config.device_type, config.device_ids)
-        workers = max(config.min_workers, 1)
-        threads = cpu_threads_for(workers, self.cores, config.cpu_threads)
+        threads = self.threads_for(mv, config)
         affinity = None
         if gpu_id is None and config.cpu_affinity:
             cores = cpu_affinity_for(self._worker_counter, threads, self.cores)
             affinity = tuple(cores) if cores else None
         self._worker_counter += 1
         return Placement(gpu_id=gpu_id, threads=threads, cpu_affinity=affinity)
+
+    def threads_for(self, mv: ModelVersion, config: ModelConfig) -> int:
+        """Torch threads per worker: ``cpu_threads`` if set, else cores / the model's current
+        worker count (live: scaling re-tunes running workers, see ModelVersion.scale)."""
+        return cpu_threads_for(max(mv.settings.min_workers, 1), self.cores, config.cpu_threads)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -117,6 +117,9 @@ def serve(sock: socket.socket) -> int:
             return 0  # the frontend is gone
         if isinstance(message, p.Shutdown):
             return 0
+        if isinstance(message, p.Tune):
+            torch.set_num_threads(max(1, message.num_threads))
+            continue
         if not isinstance(message, p.Infer):
             raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")
         if first:

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torchbay.server import protocol as p
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
@@ -226,6 +226,12 @@ class WorkerProcess:
             except asyncio.TimeoutError:
                 continue
         self._mark_stopped()
+
+    def tune(self, num_threads: int) -> None:
+        """Change the worker's torch threads; it applies them before its next batch."""
+        if self.alive and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(p.encode(p.Tune(num_threads)))
+            self.load = replace(self.load, num_threads=num_threads)
 
     def kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

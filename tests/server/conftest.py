@@ -125,8 +125,12 @@ def live_server(model_store: Path) -> Iterator[Any]:
     """Call ``live_server(load_models=[...], models={...}, ...)`` to start a server."""
     servers: list[LiveServer] = []
 
-    def start(*, gpu_count: int | None = None, **overrides: Any) -> LiveServer:
-        kwargs = {"gpu_count": gpu_count} if gpu_count is not None else {}
+    def start(
+        *, gpu_count: int | None = None, cores: int | None = None, **overrides: Any
+    ) -> LiveServer:
+        kwargs: dict[str, Any] = {"gpu_count": gpu_count} if gpu_count is not None else {}
+        if cores is not None:
+            kwargs["cores"] = cores
         server = LiveServer(make_config(model_store, **overrides), **kwargs).start()
         servers.append(server)
         return server

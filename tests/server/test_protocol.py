@@ -40,6 +40,7 @@ def _roundtrip(message: p.Message) -> p.Message:
             [{"name": "m", "value": 1}],
         ),
         p.Shutdown(),
+        p.Tune(num_threads=3),
     ],
 )
 def test_every_message_round_trips(message):

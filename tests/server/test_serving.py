@@ -75,6 +75,23 @@ def test_two_workers_both_serve(live_server):
     assert sorted(server.worker_pids()) == sorted({r.json()["pid"] for r in responses})
 
 
+def test_scaling_rebalances_cpu_threads(live_server):
+    # Four (injected) cores: one worker takes all four; after scaling to two, each takes two,
+    # the first one re-tuned live rather than left oversubscribing the CPU.
+    server = live_server(cores=4, models=probe_models(batchSize=1))
+    url = f"{server.url}/predictions/probe"
+    assert httpx.post(url, json={}).json()["threads"] == 4
+    scaled = httpx.put(
+        f"{server.management_url}/models/probe",
+        params={"min_worker": 2, "synchronous": "true"},
+        timeout=60,
+    )
+    assert scaled.status_code == 200, scaled.text
+    responses = asyncio.run(_post_many(url, [{"sleep": 0.3}] * 4))
+    assert len({r.json()["pid"] for r in responses}) == 2
+    assert {r.json()["threads"] for r in responses} == {2}
+
+
 def test_gpu_ids_round_robin_across_models(live_server, model_store):
     # Two GPUs injected: workers of all models share one counter starting at GPU 0.
     server = live_server(

@@ -60,6 +60,7 @@ class ProbeHandler(BaseHandler):
                 "batch": len(self.bodies),
                 "batch_in": self.batch_in,
                 "gpu_id": self.gpu_id,
+                "threads": torch.get_num_threads(),
                 "echo": body.get("echo"),
                 "logits": len(row),
             }
