@@ -17,6 +17,7 @@ import shutil
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -269,7 +270,7 @@ def package(options: ArchiveOptions) -> Path:
             parity,
             example,
         )
-        _write(options.archive_format, out, stage, manifest, options.model_name)
+        write_archive(options.archive_format, out, stage.files, manifest, options.model_name)
     return out
 
 
@@ -352,14 +353,18 @@ def default_tolerance(options: ArchiveOptions) -> Tolerance:
     return base.model_copy(update=update)
 
 
-def _write(fmt: ArchiveFormat, out: Path, stage: _Stage, manifest: Manifest, name: str) -> None:
-    """Write the archive next to ``out`` and move it into place (no half-written archive)."""
+def write_archive(
+    fmt: ArchiveFormat, out: Path, files: Mapping[str, Path], manifest: Manifest, name: str
+) -> None:
+    """Write ``files`` (archive name -> source path) and ``manifest`` as an archive of format
+    ``fmt`` next to ``out``, then move it into place (never a half-written archive). ``name`` is
+    the model name (the top folder of a tgz)."""
     manifest_bytes = manifest.to_json().encode()
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
     try:
         if fmt == "no-archive":
             target = tmp_dir / name
-            for arcname, src in stage.files.items():
+            for arcname, src in files.items():
                 dst = target / arcname
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dst)
@@ -372,7 +377,7 @@ def _write(fmt: ArchiveFormat, out: Path, stage: _Stage, manifest: Manifest, nam
         target = tmp_dir / out.name
         if fmt == "tgz":
             with tarfile.open(target, "w:gz") as tf:
-                for arcname, src in sorted(stage.files.items()):
+                for arcname, src in sorted(files.items()):
                     tf.add(src, arcname=f"{name}/{arcname}", recursive=False)
                 info = tarfile.TarInfo(f"{name}/{MANIFEST_PATH}")
                 info.size = len(manifest_bytes)
@@ -380,7 +385,7 @@ def _write(fmt: ArchiveFormat, out: Path, stage: _Stage, manifest: Manifest, nam
         else:
             mode = zipfile.ZIP_STORED if fmt == "zip-store" else zipfile.ZIP_DEFLATED
             with zipfile.ZipFile(target, "w", mode) as zf:
-                for arcname, src in sorted(stage.files.items()):
+                for arcname, src in sorted(files.items()):
                     zf.write(src, arcname)
                 zf.writestr(MANIFEST_PATH, manifest_bytes)
         if out.is_dir():

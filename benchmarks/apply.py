@@ -47,22 +47,11 @@ def _archive_format(path: Path) -> str:
     return "tgz"
 
 
-class _Files:
-    """The archiver's staging shape: archive name -> source path."""
-
-    def __init__(self, root: Path) -> None:
-        self.files: dict[str, Path] = {}
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root).as_posix()
-            if path.is_file() and not rel.startswith("MAR-INF/"):
-                self.files[rel] = path
-
-
 def apply_settings(archive: str | Path, settings: ModelSettings) -> Path:
     """Rewrite ``archive`` in place with ``settings`` in its model-config.yaml; returns the path.
     Raises BenchError (or the archiver's ArchiveError) when it cannot be read or written."""
     from torchbay.archiver.extract import extract_archive, sha256_file
-    from torchbay.archiver.package import _write
+    from torchbay.archiver.package import write_archive
 
     archive = Path(archive)
     fmt = _archive_format(archive)
@@ -88,7 +77,12 @@ def apply_settings(archive: str | Path, settings: ModelSettings) -> Path:
             update["torchbay"] = manifest.torchbay.model_copy(update={"files": files})
         new_manifest = manifest.model_copy(update=update)
         # For a .tar.gz the name is the top folder TorchServe expects: the model's name.
-        _write(fmt, archive, _Files(root), new_manifest, manifest.model.model_name)  # type: ignore[arg-type]
+        files = {
+            path.relative_to(root).as_posix(): path
+            for path in sorted(root.rglob("*"))
+            if path.is_file() and not path.relative_to(root).as_posix().startswith("MAR-INF/")
+        }
+        write_archive(fmt, archive, files, new_manifest, manifest.model.model_name)  # type: ignore[arg-type]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return archive

@@ -161,6 +161,7 @@ def server_command(
         *("--management-address", f"http://127.0.0.1:{management}"),
         *("--metrics-address", f"http://127.0.0.1:{metrics}"),
         *("--ts-config", str(config)),
+        *scenario.server_args,
     ]
 
 

@@ -33,6 +33,7 @@ class Scenario:
     workers: int = 1
     tags: tuple[str, ...] = ()
     about: str = ""
+    server_args: tuple[str, ...] = ()  # extra `torchbay serve` flags
 
     def matches(self, pattern: str) -> bool:
         """True if ``pattern`` is this scenario's name (glob allowed), its server or a tag."""
@@ -83,6 +84,18 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "tb-tiny-c16-b8-w1", "torchbay", "tiny", 16, 8, 5, 1, tags=("a", "d"), about="target a, d"
     ),
+    Scenario(
+        "tb-tiny-c16-b8-w1-nolog",
+        "torchbay",
+        "tiny",
+        16,
+        8,
+        5,
+        1,
+        tags=("a",),
+        about="target a without the access log",
+        server_args=("--no-access-log",),
+    ),
     Scenario("tb-cnn-c1-b1-w1", "torchbay", "cnn", 1, 1, 10, 1, tags=("b",), about="target b"),
     Scenario("tb-cnn-c1-b8-w1", "torchbay", "cnn", 1, 8, 10, 1, tags=("b",), about="target b"),
     Scenario("tb-cnn-c10-b1-w2", "torchbay", "cnn", 10, 1, 10, 2, tags=("c",), about="target c"),
@@ -90,6 +103,8 @@ SCENARIOS: tuple[Scenario, ...] = (
 
 TARGETS: tuple[Target, ...] = (
     Target("a", "tiny c16 b8 w1 vs bare ASGI echo", "tb-tiny-c16-b8-w1", "req_per_s", 0.30,
+           "echo-c16"),
+    Target("a-nolog", "same, --no-access-log", "tb-tiny-c16-b8-w1-nolog", "req_per_s", 0.30,
            "echo-c16"),
     Target("b", "cnn c1: batch 8 vs batch 1", "tb-cnn-c1-b8-w1", "req_per_s", 0.95,
            "tb-cnn-c1-b1-w1"),

@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
 import queue
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
@@ -104,6 +106,8 @@ def log_access(
     )
 
 
+_PID = os.getpid()
+
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -119,7 +123,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
-            "process": record.process,
+            "process": record.process or _PID,
         }
         args = record.args
         if (
@@ -141,8 +145,40 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """``TEXT_FORMAT``, formatting the timestamp's seconds once per second, not per record."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+        self._second = -1
+        self._stamp = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second, self._stamp = (
+                second,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second)),
+            )
+        return f"{self._stamp},{int(record.msecs):03d}"
+
+
+class _OwnedQueueHandler(logging.handlers.QueueHandler):
+    """QueueHandler that formats in place instead of copying the record: it is the only handler
+    on the root logger, so no other handler sees the record after it."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record.msg = self.format(record)
+        record.message = record.msg
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+        record.stack_info = None
+        return record
+
+
 def make_formatter(log_format: str) -> logging.Formatter:
-    return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    return JsonFormatter() if log_format == "json" else TextFormatter()
 
 
 class _IdleFlushHandler(logging.StreamHandler):
@@ -175,10 +211,13 @@ def configure_logging(
     # walks the stack on every call (logging's documented optimisation).
     srcfile = logging._srcfile  # type: ignore[attr-defined]
     logging._srcfile = None  # type: ignore[attr-defined]
+    # Nor thread and process names: no format of ours shows them (JSON gets the pid anyway).
+    saved_flags = (logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO if access_log else logging.WARNING)
     root = logging.getLogger()
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    front = logging.handlers.QueueHandler(records)
+    front = _OwnedQueueHandler(records)
     front.setFormatter(make_formatter(log_format))  # format here; the listener only writes
     back = _IdleFlushHandler(stream if stream is not None else sys.stderr, records)
     back.setFormatter(logging.Formatter("%(message)s"))
@@ -195,5 +234,6 @@ def configure_logging(
         root.removeHandler(front)
         logging.StreamHandler.flush(back)
         logging._srcfile = srcfile  # type: ignore[attr-defined]
+        logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved_flags
 
     return stop
