@@ -219,7 +219,12 @@ def configure_logging(
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     front = _OwnedQueueHandler(records)
     front.setFormatter(make_formatter(log_format))  # format here; the listener only writes
-    back = _IdleFlushHandler(stream if stream is not None else sys.stderr, records)
+    if stream is None:
+        # stderr is line-buffered: one write syscall per line. Give the writer thread its own
+        # buffer; _IdleFlushHandler flushes it whenever the queue runs dry.
+        sys.stderr.flush()
+        stream = open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False)  # noqa: SIM115
+    back = _IdleFlushHandler(stream, records)
     back.setFormatter(logging.Formatter("%(message)s"))
     listener = logging.handlers.QueueListener(records, back)
     for handler in list(root.handlers):
