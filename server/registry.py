@@ -30,7 +30,8 @@ from torchbay.server.errors import (
     ModelVersionNotFound,
     NotFound,
 )
-from torchbay.server.model import ModelSettings, ModelVersion, Observer, Placement
+from torchbay.server.model import ModelSettings, ModelVersion, Observer
+from torchbay.server.slot import Placement
 from torchbay.server.workers import Spawned
 
 log = logging.getLogger("torchbay.registry")

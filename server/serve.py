@@ -33,8 +33,9 @@ from torchbay.server.devices import (
     detect_gpu_count,
 )
 from torchbay.server.http import ASGIApp
-from torchbay.server.model import ModelVersion, Placement
+from torchbay.server.model import ModelVersion
 from torchbay.server.registry import ModelRegistry
+from torchbay.server.slot import Placement
 from torchbay.server.workers import Spawned
 
 log = logging.getLogger("torchbay.serve")

@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.custom_metrics import CustomMetrics, label_name, metric_name
 from torchbay.server.metrics import ServerMetrics
-from torchbay.server.model import ModelSettings, ModelVersion, Placement
+from torchbay.server.model import ModelSettings, ModelVersion
+from torchbay.server.slot import Placement
 from torchbay.server.system_metrics import GPU_METRICS, HOST_METRICS, load_nvml
 
 from .conftest import ASSETS, LiveServer, _tiny_model, make_config
