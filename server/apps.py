@@ -46,7 +46,12 @@ def build_apps(server: TorchbayServer) -> Apps:
     )
     metrics.watch(registry)
     # URL registration: only allowed_urls (none by default), into the registry's own work folder.
-    registry.fetch = Fetcher(config.allowed_urls, registry.workdir / "downloads")
+    registry.fetch = Fetcher(
+        config.allowed_urls,
+        registry.workdir / "downloads",
+        max_bytes=config.max_download_size,
+        timeout_s=config.download_timeout_s,
+    )
     auth = None
     if not config.disable_token_authorization:
         auth = TokenAuth(config.key_file, config.token_expiration_min)

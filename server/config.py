@@ -228,6 +228,8 @@ class ServerConfig(BaseModel):
     decode_input_request: bool = True
     limit_max_image_pixels: bool = True
     allowed_urls: list[str] = Field(default_factory=list)  # regexes; [] = model store only
+    max_download_size: int = Field(2 << 30, ge=1)  # bytes, for archives registered by URL
+    download_timeout_s: float = Field(600.0, gt=0)
     disable_token_authorization: bool = False
     token_expiration_min: float = Field(60.0, gt=0)
     key_file: Path = Path("key_file.json")

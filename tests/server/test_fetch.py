@@ -172,3 +172,17 @@ def test_default_server_refuses_every_url(live_server, origin):
     )
     assert r.status_code == 403 and "allowed_urls" in r.json()["message"]
     assert origin.seen == []
+
+
+@pytest.mark.slow
+def test_server_config_caps_url_downloads(live_server, origin):
+    # max_download_size from the server's config reaches the fetcher: a real archive over it
+    # is refused with 413 and nothing gets registered.
+    server = live_server(enable_model_api=True, allowed_urls=origin.allowed(), max_download_size=64)
+    r = httpx.post(
+        f"{server.management_url}/models",
+        params={"url": f"{origin.base}/archive/probe-v2.mar", "initial_workers": 0},
+        timeout=60,
+    )
+    assert r.status_code == 413, r.text
+    assert httpx.get(f"{server.management_url}/models").json()["models"] == []
