@@ -31,7 +31,16 @@ from torchbay.server.errors import (
     ServiceUnavailable,
     TorchbayError,
 )
-from torchbay.server.http import Receive, Scope, Send, read_body, send_bytes, send_error, send_json
+from torchbay.server.http import (
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_bytes,
+    send_error,
+    send_json,
+)
 from torchbay.server.model import ModelStatus, ModelVersion
 from torchbay.server.registry import ModelRegistry
 
@@ -169,16 +178,20 @@ class InferenceApp:
     def _wire_request(
         self, scope: Scope, body: bytes, protocol: str, extra: dict[str, str] | None = None
     ) -> p.WireRequest:
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        pairs: list[tuple[bytes, bytes]] = scope["headers"]
         if extra:
-            headers.update(extra)
+            pairs = [
+                *pairs,
+                *((k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()),
+            ]
+        content_type = header(scope, b"content-type")
         return p.WireRequest(
             request_id=self._id_prefix + str(next(self._ids)),
             body=body,
-            content_type=headers.get("content-type", ""),
-            headers=headers,
+            content_type=content_type.decode("latin-1") if content_type else "",
             query=scope.get("query_string", b"").decode("latin-1"),
             protocol=protocol,
+            raw_headers=p.join_headers(pairs),  # decoded by the worker, not here
         )
 
     # -- Open Inference Protocol ----------------------------------------------------------------

@@ -17,6 +17,7 @@ import enum
 import json
 import socket
 import struct
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -77,12 +78,35 @@ class LoadFailed:
 
 @dataclass(frozen=True, slots=True)
 class WireRequest:
+    """One request as the worker sees it. The frontend fills ``raw_headers`` (HTTP header lines,
+    ``name: value`` joined by CRLF, names lower-case) and never decodes them; the worker's
+    decoded view is ``headers``."""
+
     request_id: str
     body: bytes
     content_type: str = ""
     headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
     query: str = ""  # raw query string; TorchServe passes its parameters to the handler
     protocol: str = "predict"  # "predict" (TorchServe) | "v2" (Open Inference Protocol)
+    raw_headers: bytes = b""
+
+
+def join_headers(pairs: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """ASGI header pairs as CRLF-separated ``name: value`` lines (the wire form)."""
+    return b"\r\n".join([name + b": " + value for name, value in pairs])
+
+
+def parse_headers(raw: bytes) -> dict[str, str]:
+    """The inverse of ``join_headers`` (latin-1, as HTTP/1.1 headers are); last one wins."""
+    headers: dict[str, str] = {}
+    if not raw:
+        return headers
+    for line in raw.split(b"\r\n"):
+        name, sep, value = line.partition(b": ")
+        if not sep:
+            raise ProtocolError(f"malformed header line {line[:40]!r}")
+        headers[name.decode("latin-1")] = value.decode("latin-1")
+    return headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +161,14 @@ def encode(message: Message) -> bytes:
         header: dict[str, Any] = {
             "batch_id": message.batch_id,
             "requests": [
-                [r.request_id, r.content_type, r.headers, r.query, r.protocol]
-                for r in message.requests
+                [r.request_id, r.content_type, r.query, r.protocol] for r in message.requests
             ],
         }
-        blobs = [r.body for r in message.requests]
+        for r in message.requests:  # two blobs a request: its header lines, then its body
+            raw = r.raw_headers or join_headers(
+                (k.encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()
+            )
+            blobs += (raw, r.body)
     elif isinstance(message, Result):
         header = {
             "batch_id": message.batch_id,
@@ -201,12 +228,15 @@ def _split_blobs(sizes: Any, rest: memoryview) -> list[bytes]:
 def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
     if kind is Kind.INFER:
         items = header["requests"]
-        if len(items) != len(blobs):
-            raise ProtocolError("INFER: one body per request expected")
+        if 2 * len(items) != len(blobs):
+            raise ProtocolError("INFER: header lines and a body per request expected")
         requests = [
-            WireRequest(str(rid), body, str(ctype), dict(headers), str(query), str(proto))
-            for (rid, ctype, headers, query, proto), body in zip(items, blobs, strict=True)
-        ]
+            WireRequest(
+                str(rid), blobs[2 * i + 1], str(ctype), parse_headers(blobs[2 * i]), str(query),
+                str(proto),
+            )
+            for i, (rid, ctype, query, proto) in enumerate(items)
+        ]  # fmt: skip
         return Infer(batch_id=int(header["batch_id"]), requests=requests)
     if kind is Kind.RESULT:
         items = header["responses"]
