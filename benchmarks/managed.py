@@ -9,10 +9,8 @@ describe a model, and set batch size, delay and worker count live (``PUT /models
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -21,8 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-import psutil
-
+from torchbay.benchmarks import procstat
 from torchbay.benchmarks.errors import BenchError
 
 
@@ -216,27 +213,12 @@ class ManagedServer:
         return self.endpoints
 
     def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return procstat.log_tail(self.log_path, lines)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM, wait ``grace_s``, then kill the server and any descendant left behind."""
+        """SIGTERM the server, wait ``grace_s``, then kill it and any descendant left behind."""
         if self.proc is not None:
-            try:
-                tree = psutil.Process(self.proc.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                tree = []
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(grace_s)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-            _gone, alive = psutil.wait_procs(tree, timeout=5)
-            for child in alive:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
+            procstat.stop_tree(self.proc, grace_s)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -15,7 +15,11 @@ worker) of the root ("frontend") and of the whole tree.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -132,3 +136,28 @@ def foreign_cpu_percent(
     if wall_s <= 0 or cores <= 0:
         return float("nan")
     return max(busy_s - server_s - client_s, 0.0) / (wall_s * cores) * 100.0
+
+
+def stop_tree(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM ``proc``, wait ``grace_s``, then kill it and any descendant left behind."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    _gone, alive = psutil.wait_procs(tree, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a server's log file (empty if it has none)."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])

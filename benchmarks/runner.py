@@ -14,7 +14,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -210,28 +209,12 @@ class ServerProcess:
         raise BenchError(f"no answer from {path} within {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return procstat.log_tail(self.log_path, lines)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the server, wait ``grace_s``, then kill it and any descendant left behind."""
-        if self.proc is None:
-            return
-        try:
-            tree = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            tree = []
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        _gone, alive = psutil.wait_procs(tree, timeout=5)
-        for child in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
+        if self.proc is not None:
+            procstat.stop_tree(self.proc, grace_s)
         if self._log is not None:
             self._log.close()
 
