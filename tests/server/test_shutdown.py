@@ -58,6 +58,30 @@ def _start(
     return proc, json.loads(ready.read_text())
 
 
+def _sigterm_during(
+    proc: subprocess.Popen, url: str, *, sleep: float, n: int = 6
+) -> tuple[list[httpx.Response], int]:
+    """Send ``n`` requests whose batches take ``sleep`` s, SIGTERM the server once all are
+    admitted (one batch running, the rest queued), and return the answers and the exit code."""
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            tasks = [
+                asyncio.ensure_future(client.post(url, json={"sleep": sleep, "echo": i}))
+                for i in range(n)
+            ]
+            await asyncio.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    try:
+        responses = asyncio.run(scenario())
+        return responses, proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_sigterm_drains_in_flight_requests(model_store, tmp_path):
     proc, info = _start(model_store, tmp_path)
     workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -72,22 +96,7 @@ def test_sigterm_drains_in_flight_requests(model_store, tmp_path):
     assert all(maps_torch(pid) for pid in workers)
     url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
 
-    async def scenario() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=60) as client:
-            tasks = [
-                asyncio.ensure_future(client.post(url, json={"sleep": 1.0, "echo": i}))
-                for i in range(6)
-            ]
-            await asyncio.sleep(0.5)  # all six admitted: one batch running, the rest queued
-            os.kill(proc.pid, signal.SIGTERM)
-            return await asyncio.gather(*tasks)
-
-    try:
-        responses = asyncio.run(scenario())
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    responses, code = _sigterm_during(proc, url, sleep=1.0)
     assert [r.status_code for r in responses] == [200] * 6
     assert sorted(r.json()["echo"] for r in responses) == list(range(6))
     assert code == 0
@@ -100,22 +109,7 @@ def test_sigterm_answers_503_for_work_past_the_grace_period(model_store, tmp_pat
     proc, info = _start(model_store, tmp_path, env={"TORCHBAY_SHUTDOWN_GRACE_S": "1"})
     url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
 
-    async def scenario() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=60) as client:
-            tasks = [
-                asyncio.ensure_future(client.post(url, json={"sleep": 3.0, "echo": i}))
-                for i in range(6)
-            ]
-            await asyncio.sleep(0.5)
-            proc.send_signal(signal.SIGTERM)
-            return await asyncio.gather(*tasks)
-
-    try:
-        responses = asyncio.run(scenario())
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    responses, code = _sigterm_during(proc, url, sleep=3.0)
     codes = [r.status_code for r in responses]
     # Every request got exactly one answer: nothing hung up on, the unfinished ones 503.
     assert set(codes) <= {200, 503} and 503 in codes
