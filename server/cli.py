@@ -89,7 +89,7 @@ def expected_startup_workers(config: Any) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from torchbay.server.config import load_server_config
+    from torchbay.server.config_sources import load_server_config
     from torchbay.server.workers import spawn_process
 
     for flag in ("log_config", "plugins_path", "workflow_store"):

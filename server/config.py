@@ -1,4 +1,5 @@
-"""Server and model configuration: two frozen pydantic models and the functions that layer sources.
+"""Server and model configuration: two frozen pydantic models (the sources and their layering
+are in ``config_sources``).
 
 Server sources, later wins (``load_server_config``)::
 
@@ -36,9 +37,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from .errors import ConfigError
-from .properties import PropertiesError, parse_properties
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +120,12 @@ MODEL_IGNORED_KEYS = frozenset(
         "runtimeType", "runtime",
     }
 )  # fmt: skip
-_MODEL_ALIASES = {
+MODEL_ALIASES = {
     f.alias or name: name for name, f in ModelConfig.model_fields.items() if f.alias is not None
 }
 
 # Management API parameter -> ModelConfig field (TorchServe snake_case query names).
-_API_NAMES = {
+API_NAMES = {
     "batch_size": "batch_size",
     "max_batch_delay": "max_batch_delay_ms",
     "response_timeout": "response_timeout_s",
@@ -138,7 +136,7 @@ _API_NAMES = {
 }
 
 
-def _split_model_keys(
+def split_model_keys(
     raw: Mapping[str, Any], *, where: str, backend_params: bool
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Split TorchServe model settings into (fields, backend parameters, notes)."""
@@ -146,7 +144,7 @@ def _split_model_keys(
     backend: dict[str, Any] = {}
     notes: list[str] = []
     for key, value in raw.items():
-        field = _MODEL_ALIASES.get(key, key if key in ModelConfig.model_fields else None)
+        field = MODEL_ALIASES.get(key, key if key in ModelConfig.model_fields else None)
         if backend_params and key in ("handler", "handler_config"):
             field = None  # in model-config.yaml, `handler:` is a backend-parameter section
         if field is not None:
@@ -349,236 +347,3 @@ def parse_model_spec(spec: str) -> ModelSpec:
     if not url or (sep and not name.strip()):
         raise ValueError(f"load_models entry must be 'x.mar' or 'name=x.mar', got {spec!r}")
     return ModelSpec(name=name.strip() or None, url=url.strip())
-
-
-# --------------------------------------------------------------------------------------- loading
-# TorchServe property name -> ServerConfig field, where they differ (field names work as keys too).
-SERVER_KEY_ALIASES = {
-    "max_batch_delay": "max_batch_delay_ms",
-    "default_response_timeout": "default_response_timeout_s",
-    "default_startup_timeout": "default_startup_timeout_s",
-    "unregister_model_timeout": "unregister_model_timeout_s",
-    "cors_allowed_origins": "cors_allowed_origin",
-}
-# TorchServe config.properties keys torchbay accepts and ignores (logged, never fatal).
-SERVER_IGNORED_KEYS = frozenset(
-    {
-        "vmargs", "number_of_netty_threads", "netty_client_threads", "prefer_direct_buffer",
-        "async_logging", "grpc_inference_port", "grpc_management_port", "grpc_inference_address",
-        "grpc_management_address", "enable_grpc_ssl", "grpc_inference_max_connection_age_ms",
-        "grpc_management_max_connection_age_ms", "grpc_inference_max_connection_age_grace_ms",
-        "grpc_management_max_connection_age_grace_ms", "workflow_store",
-        "install_py_dep_per_model", "initial_worker_port", "initial_distribution_port",
-        "blacklist_env_vars", "use_env_allowed_urls", "metrics_config",
-        "model_metrics_auto_detect", "system_metrics_cmd", "plugins_path", "keystore",
-        "keystore_pass", "keystore_type", "model_snapshot", "tsConfigFile", "model_server_home",
-        "ipex_enable", "ipex_gpu_enable", "cpp_log_config", "use_native_io", "io_ratio",
-        "service_envelope", "default_service_handler", "max_idle_time", "enable_grpc",
-        "ts_config_file", "log_location", "metrics_location", "headless",
-    }
-)  # fmt: skip
-_FIELDS = frozenset(ServerConfig.model_fields)
-_PATH_FIELDS = ("model_store", "key_file", "private_key_file", "certificate_file")
-
-
-def load_server_config(
-    *,
-    ts_config: str | Path | None,
-    env: Mapping[str, str],
-    cli: Mapping[str, Any],
-    cwd: str | Path | None = None,
-) -> tuple[ServerConfig, list[str]]:
-    """Layer every server source and validate once. Returns the config and notes to log.
-
-    ``ts_config`` (``--ts-config``) else ``env["TS_CONFIG_FILE"]`` else ``<cwd>/config.properties``
-    if it exists. ``cli`` holds only flags the user set (keys: field or TorchServe names; ``None``
-    values are skipped). Relative paths (``model_store``, ``key_file``, TLS files) resolve against
-    ``cwd`` (default: the process's cwd).
-    Raises ConfigError (unreadable file, bad models= JSON, unknown cli key) or ValidationError.
-    """
-    base = Path(cwd) if cwd is not None else Path.cwd()
-    notes: list[str] = []
-    path = _config_path(ts_config, env, base)
-    props: dict[str, Any] = {}
-    if path is not None:
-        props = _normalize(_read_properties(path), f"{path}", notes)
-        notes.insert(0, f"configuration from {path}")
-    unknown_cli = [k for k in cli if k not in _FIELDS and k not in SERVER_KEY_ALIASES]
-    if unknown_cli:
-        raise ConfigError(f"unknown command-line setting(s): {', '.join(sorted(unknown_cli))}")
-    flags = _normalize({k: v for k, v in cli.items() if v is not None}, "command line", notes)
-    own_env = _normalize(_env_layer(env, "TORCHBAY_", notes, known_only=False), "env", notes)
-    envvars_on = {**props, **own_env, **flags}.get("enable_envvars_config", False)
-    ts_env_raw = _env_layer(env, "TS_", notes, known_only=True)
-    ts_env: dict[str, Any] = {}
-    if _truthy(envvars_on):
-        ts_env = _normalize(ts_env_raw, "env", notes)
-    elif ts_env_raw:
-        names = ", ".join(f"TS_{k.upper()}" for k in ts_env_raw)
-        notes.append(f"ignored {names}: TorchServe env vars need enable_envvars_config=true")
-    merged = {"key_file": "key_file.json", **props, **ts_env, **own_env, **flags}
-    for key in _PATH_FIELDS:
-        if merged.get(key) not in (None, ""):
-            merged[key] = base / Path(merged[key])
-    config = ServerConfig.model_validate(merged)
-    if config.metrics_mode != "prometheus":
-        notes.append(
-            f"metrics_mode={config.metrics_mode}: torchbay always serves Prometheus metrics"
-        )
-    return config, notes
-
-
-def _config_path(ts_config: str | Path | None, env: Mapping[str, str], base: Path) -> Path | None:
-    chosen = ts_config if ts_config not in (None, "") else env.get("TS_CONFIG_FILE") or None
-    if chosen is not None:
-        path = base / Path(chosen)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        return path
-    default = base / "config.properties"
-    return default if default.is_file() else None
-
-
-def _read_properties(path: Path) -> dict[str, str]:
-    try:
-        return parse_properties(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, PropertiesError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-
-
-def _truthy(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
-
-
-def _env_layer(
-    env: Mapping[str, str], prefix: str, notes: list[str], *, known_only: bool
-) -> dict[str, str]:
-    """``PREFIX_<KEY>`` variables as {key: value}. Unknown ones are noted (or skipped)."""
-    out: dict[str, str] = {}
-    for name, value in env.items():
-        if not name.startswith(prefix) or name == "TS_CONFIG_FILE":
-            continue
-        key = name[len(prefix) :].lower()
-        if key in _FIELDS or key in SERVER_KEY_ALIASES or key in SERVER_IGNORED_KEYS:
-            out[key] = value
-        elif not known_only:
-            notes.append(f"ignored unknown environment variable {name}")
-    return out
-
-
-def _normalize(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
-    """Map TorchServe names to fields; drop (and note) ignored and unknown keys."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        field = SERVER_KEY_ALIASES.get(key, key)
-        if key in SERVER_IGNORED_KEYS:
-            notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
-        elif field not in _FIELDS:
-            notes.append(f"{where}: ignored unknown key {key!r}")
-        elif field == "models" and isinstance(value, str | Mapping):
-            out[field] = _models_layer(value, where, notes)
-        else:
-            out[field] = value
-    return out
-
-
-def _models_layer(value: str | Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
-    """The ``models={...}`` JSON: name -> version -> settings, unknown keys noted and dropped."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: models= is not valid JSON: {exc}") from exc
-    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
-        raise ConfigError(f"{where}: models= must map model name -> version -> settings")
-    out: dict[str, dict[str, Any]] = {}
-    for name, versions in value.items():
-        out[name] = {}
-        for version, settings in versions.items():
-            if not isinstance(settings, Mapping):
-                raise ConfigError(f"{where}: models.{name}.{version} must be an object")
-            fields, _, more = _split_model_keys(
-                settings, where=f"{where}: models.{name}.{version}", backend_params=False
-            )
-            notes.extend(more)
-            out[name][version] = fields
-    return out
-
-
-# --------------------------------------------------------------------------------------- resolve
-def resolve_model_config(
-    server: ServerConfig,
-    *,
-    name: str,
-    version: str,
-    archive_yaml: Mapping[str, Any] | None,
-    api_overrides: Mapping[str, Any] | None,
-) -> ModelConfig:
-    """The settings of one model version, TorchServe's precedence, later wins::
-
-        ServerConfig defaults < server.models[name][version] < model-config.yaml < management API
-
-    ``archive_yaml`` is the parsed model-config.yaml (camelCase); keys that are not frontend
-    settings become ``handler_config``; TorchServe keys torchbay ignores are logged.
-    ``api_overrides`` holds only the parameters present in the request, by TorchServe name
-    (``batch_size``, ``max_batch_delay``, ``initial_workers``, ``response_timeout``,
-    ``startup_timeout``, ``min_worker``, ``max_worker``, ``handler``) or by field name.
-    A layer that raises ``min_workers`` without giving ``max_workers`` raises the maximum with it.
-    Unlike TorchServe, ``initial_workers`` beats a yaml ``minWorkers>0`` (the API always wins).
-    Raises ValidationError for bad values, ConfigError for an unknown API parameter.
-    """
-    merged: dict[str, Any] = {
-        "min_workers": server.default_workers_per_model,
-        "max_workers": server.default_workers_per_model,
-        "batch_size": server.batch_size,
-        "max_batch_delay_ms": server.max_batch_delay_ms,
-        "response_timeout_s": server.default_response_timeout_s,
-        "startup_timeout_s": server.default_startup_timeout_s,
-        "job_queue_size": server.job_queue_size,
-        "cpu_threads": server.cpu_threads_per_worker,
-        "cpu_affinity": server.cpu_affinity,
-    }
-    entry = server.models.get(name, {}).get(version)
-    if entry is not None:
-        _apply(merged, entry.model_dump(exclude_unset=True))
-    if archive_yaml:
-        fields, backend, notes = _split_model_keys(
-            archive_yaml, where=f"model {name} {version} model-config.yaml", backend_params=True
-        )
-        for note in notes:
-            log.info("%s", note)
-        _apply(merged, {**fields, "handler_config": backend})
-    if api_overrides:
-        _apply(merged, _api_fields(api_overrides))
-    return ModelConfig.model_validate(merged)
-
-
-def _api_fields(params: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        if key == "initial_workers":
-            out["min_workers"] = value
-        elif key in _API_NAMES:
-            out[_API_NAMES[key]] = value
-        elif key in ModelConfig.model_fields:
-            out[key] = value
-        else:
-            raise ConfigError(f"unknown model setting {key!r}")
-    return out
-
-
-def _apply(merged: dict[str, Any], layer: Mapping[str, Any]) -> None:
-    if "min_workers" in layer and "max_workers" not in layer:
-        # TorchServe: max defaults to min. Coerce here so "4" from a query string compares.
-        new_min = _as_int(layer["min_workers"])
-        old_max = _as_int(merged.get("max_workers"))
-        if new_min is not None and (old_max is None or old_max < new_min):
-            merged["max_workers"] = new_min
-    merged.update(layer)
-
-
-def _as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None  # validation reports it

@@ -20,7 +20,8 @@ import yaml
 from torchbay.archiver.errors import ArchiveError
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import Manifest, read_manifest
-from torchbay.server.config import ModelConfig, ServerConfig, resolve_model_config
+from torchbay.server.config import ModelConfig, ServerConfig
+from torchbay.server.config_sources import resolve_model_config
 from torchbay.server.errors import (
     BadRequest,
     Conflict,
