@@ -88,6 +88,8 @@ def main() -> int:
         if args.keep_running:
             print("\nserver running; Ctrl-C to stop")
             server.wait()
+        else:
+            print("(stopping the server now; `bash scripts/demo.sh --keep-running` leaves it up)")
         return 0
     except KeyboardInterrupt:
         return 0
