@@ -109,7 +109,9 @@ def serve(sock: socket.socket) -> int:
             torch_version=torch.__version__,
         ),
     )
-    first = True
+    # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect
+    # was measured on CPU.
+    first = load.gpu_id is None
     while True:
         try:
             message = p.recv_message(sock)
