@@ -57,3 +57,29 @@ def run_torchbay(*args: str, cwd: Path | None = None) -> subprocess.CompletedPro
         timeout=120,
         check=False,
     )
+
+
+CONV_MODEL_SOURCE = (
+    "import torch\n"
+    "class ConvNet(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.conv = torch.nn.Conv2d(1, 2, 3)\n"
+    "    def forward(self, x):\n"
+    "        return self.conv(x).mean((2, 3))\n"
+)
+
+
+def write_conv_model(folder: Path) -> tuple[Path, Path]:
+    """A model with no Linear/LSTM layer (so int8-dynamic cannot take it): its model file and
+    state dict, written into ``folder``."""
+    import torch
+
+    model_file = folder / "convnet.py"
+    model_file.write_text(CONV_MODEL_SOURCE)
+    torch.manual_seed(0)
+    holder = torch.nn.Module()
+    holder.conv = torch.nn.Conv2d(1, 2, 3)
+    state = folder / "conv.pt"
+    torch.save(holder.state_dict(), state)
+    return model_file, state

@@ -15,7 +15,7 @@ import torch
 from torchbay.archiver.manifest import read_manifest
 from torchbay.cli import main
 
-from .conftest import run_torchbay
+from .conftest import run_torchbay, write_conv_model
 
 
 def _archive_args(digits: Path, store: Path, name: str) -> list[str]:
@@ -170,22 +170,11 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
     corrupt.write_bytes(good.read_bytes()[:40])
     link = zipfile.ZipInfo("link.bin")
     link.external_attr = (stat.S_IFLNK | 0o777) << 16
-    (tmp_path / "convnet.py").write_text(
-        "import torch\n"
-        "class ConvNet(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.conv = torch.nn.Conv2d(1, 2, 3)\n"
-        "    def forward(self, x):\n"
-        "        return self.conv(x).mean((2, 3))\n"
-    )
-    holder = torch.nn.Module()
-    holder.conv = torch.nn.Conv2d(1, 2, 3)
-    torch.save(holder.state_dict(), tmp_path / "conv.pt")
+    conv_file, conv_state = write_conv_model(tmp_path)
     archive = ["archive", "--model-name", "x", "-v", "1", "--export-path", str(tmp_path)]
     int8_args = [
-        *archive, "--handler", "tensor", "--model-file", str(tmp_path / "convnet.py"),
-        "--serialized-file", str(tmp_path / "conv.pt"), "--convert", "torchscript-trace",
+        *archive, "--handler", "tensor", "--model-file", str(conv_file),
+        "--serialized-file", str(conv_state), "--convert", "torchscript-trace",
         "--precision", "int8-dynamic", "--example-input", str(digits / "example_input.pt"),
     ]  # fmt: skip
     return {

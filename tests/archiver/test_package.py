@@ -17,6 +17,8 @@ from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.handlers.loading import load_model, model_input_dtype
 from torchbay.handlers.loading import read_manifest as read_dict
 
+from .conftest import write_conv_model
+
 
 def _load_and_run(archive: Path, dest: Path, x: torch.Tensor) -> torch.Tensor:
     """Unpack and load as a worker does, then run ``x``."""
@@ -86,23 +88,11 @@ def test_parity_refusal_and_allow_drift(digits_options: dict) -> None:
 
 
 def test_precision_the_model_cannot_take(tmp_path: Path, digits_options: dict) -> None:
-    (tmp_path / "convnet.py").write_text(
-        "import torch\n"
-        "class ConvNet(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.conv = torch.nn.Conv2d(1, 2, 3)\n"
-        "    def forward(self, x):\n"
-        "        return self.conv(x).mean((2, 3))\n"
-    )
-    torch.manual_seed(0)
-    model = torch.nn.Module()
-    model.conv = torch.nn.Conv2d(1, 2, 3)
-    torch.save(model.state_dict(), tmp_path / "conv.pt")
+    conv_file, conv_state = write_conv_model(tmp_path)
     opts = {
         **digits_options,
-        "model_file": tmp_path / "convnet.py",
-        "serialized_file": tmp_path / "conv.pt",
+        "model_file": conv_file,
+        "serialized_file": conv_state,
         "convert": "torchscript-trace",
         "precision": "int8-dynamic",
     }
