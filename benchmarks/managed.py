@@ -135,7 +135,7 @@ class Management:
 
 
 @dataclass
-class ManagedServer:
+class ManagedServer(procstat.LoggedServer):
     """``torchbay serve`` for one archive, started in ``run_dir`` (log, ready file, keys)."""
 
     archive: Path
@@ -211,14 +211,3 @@ class ManagedServer:
             management_key,
         )
         return self.endpoints
-
-    def log_tail(self, lines: int = 30) -> str:
-        return procstat.log_tail(self.log_path, lines)
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the server, wait ``grace_s``, then kill it and any descendant left behind."""
-        if self.proc is not None:
-            procstat.stop_tree(self.proc, grace_s)
-        if self._log is not None:
-            self._log.close()
-            self._log = None

@@ -20,6 +20,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -161,3 +162,23 @@ def log_tail(path: Path, lines: int = 30) -> str:
     """The last ``lines`` lines of a server's log file (empty if it has none)."""
     text = path.read_text(errors="replace") if path.exists() else ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+class LoggedServer:
+    """Mixin for a server subprocess whose output goes to ``log_path`` (the subclass provides
+    ``proc``, ``log_path`` and the open log file ``_log``)."""
+
+    proc: subprocess.Popen | None
+    log_path: Path
+    _log: Any
+
+    def log_tail(self, lines: int = 30) -> str:
+        return log_tail(self.log_path, lines)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server, wait ``grace_s``, then kill it and any descendant left behind."""
+        if self.proc is not None:
+            stop_tree(self.proc, grace_s)
+        if self._log is not None:
+            self._log.close()
+            self._log = None

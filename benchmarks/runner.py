@@ -176,7 +176,7 @@ def _post_ok(port: int, path: str, body: bytes) -> bool:
 
 
 @dataclass
-class ServerProcess:
+class ServerProcess(procstat.LoggedServer):
     """A server subprocess whose stdout/stderr go to ``log_path``; stop() ends its whole tree."""
 
     cmd: list[str]
@@ -207,16 +207,6 @@ class ServerProcess:
                 return time.perf_counter() - self.started_at
             time.sleep(0.01)  # poll interval, not a readiness guess
         raise BenchError(f"no answer from {path} within {timeout_s:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 30) -> str:
-        return procstat.log_tail(self.log_path, lines)
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the server, wait ``grace_s``, then kill it and any descendant left behind."""
-        if self.proc is not None:
-            procstat.stop_tree(self.proc, grace_s)
-        if self._log is not None:
-            self._log.close()
 
 
 def _children_cpu_s() -> float:
