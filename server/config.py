@@ -40,7 +40,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 log = logging.getLogger(__name__)
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+# No NaN or infinity anywhere: ``max_batch_delay=inf`` is a typo, never a setting.
+_FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+# Upper bounds for every numeric setting (config.properties, model-config.yaml, models={...},
+# environment, flags and the management API all validate through these two models). They are far
+# above any real deployment and far below what breaks the server (``min_worker=10**12`` used to
+# raise MemoryError): a value past one is a mistake, answered with a clear 400 or start-up error.
+MAX_WORKERS = 512  # per model version
+MAX_BATCH_SIZE = 4096
+MAX_QUEUE_SIZE = 1_000_000
+MAX_DELAY_MS = 60_000.0  # a batch delay longer than a minute is a misconfiguration
+MAX_TIMEOUT_S = 7 * 86_400.0  # a week, for every timeout
+MAX_THREADS = 4096
+MAX_DEVICE_ID = 1023
+MAX_BODY_BYTES = (1 << 31) - 1  # the worker protocol's frame ceiling (protocol.MAX_FRAME)
 
 
 # --------------------------------------------------------------------------------------- models
@@ -53,22 +67,28 @@ class ModelConfig(BaseModel):
 
     model_config = _FROZEN
 
-    min_workers: int = Field(1, ge=0, alias="minWorkers")
-    max_workers: int | None = Field(None, ge=0, alias="maxWorkers")
-    batch_size: int = Field(1, ge=1, alias="batchSize")
-    max_batch_delay_ms: float = Field(100.0, ge=0, alias="maxBatchDelay")
-    response_timeout_s: float = Field(120.0, gt=0, alias="responseTimeout")
-    startup_timeout_s: float = Field(120.0, gt=0, alias="startupTimeout")
+    min_workers: int = Field(1, ge=0, le=MAX_WORKERS, alias="minWorkers")
+    max_workers: int | None = Field(None, ge=0, le=MAX_WORKERS, alias="maxWorkers")
+    batch_size: int = Field(1, ge=1, le=MAX_BATCH_SIZE, alias="batchSize")
+    max_batch_delay_ms: float = Field(100.0, ge=0, le=MAX_DELAY_MS, alias="maxBatchDelay")
+    response_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S, alias="responseTimeout")
+    startup_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S, alias="startupTimeout")
     device_type: Literal["cpu", "gpu", "auto"] = Field("auto", alias="deviceType")
     device_ids: list[int] | None = Field(None, alias="deviceIds")
-    job_queue_size: int = Field(100, ge=1, alias="jobQueueSize")
-    client_timeout_ms: float = Field(0.0, ge=0, alias="clientTimeoutInMills")  # 0 = none
-    max_retry_timeout_s: float = Field(300.0, ge=0, alias="maxRetryTimeoutInSec")
-    cpu_threads: int | None = Field(None, ge=1)  # None: cores // workers
+    job_queue_size: int = Field(100, ge=1, le=MAX_QUEUE_SIZE, alias="jobQueueSize")
+    client_timeout_ms: float = Field(
+        0.0, ge=0, le=MAX_TIMEOUT_S * 1000, alias="clientTimeoutInMills"
+    )  # 0 = none
+    max_retry_timeout_s: float = Field(300.0, ge=0, le=MAX_TIMEOUT_S, alias="maxRetryTimeoutInSec")
+    cpu_threads: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: cores // workers
     cpu_affinity: bool = False
     default_version: bool = Field(False, alias="defaultVersion")
     mar_name: str | None = Field(None, alias="marName")
     handler: str | None = None  # overrides the manifest's handler (management API)
+    # Worker recycling (0 = off): restart a worker gracefully, without dropping a request, after
+    # this many requests or once its resident memory passes this many MiB (a leaking handler).
+    max_requests_per_worker: int = Field(0, ge=0, le=10**12, alias="maxRequestsPerWorker")
+    max_worker_rss_mb: int = Field(0, ge=0, le=1 << 24, alias="maxWorkerRssMb")
     handler_config: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("device_type", mode="before")
@@ -94,8 +114,8 @@ class ModelConfig(BaseModel):
     @field_validator("device_ids")
     @classmethod
     def _device_ids_nonnegative(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(i < 0 for i in value):
-            raise ValueError(f"device ids must be >= 0, got {value}")
+        if value is not None and any(not 0 <= i <= MAX_DEVICE_ID for i in value):
+            raise ValueError(f"device ids must be 0 to {MAX_DEVICE_ID}, got {value}")
         return value
 
     @model_validator(mode="after")
@@ -212,24 +232,26 @@ class ServerConfig(BaseModel):
     model_store: Path | None = None
     load_models: list[str] = Field(default_factory=list)  # "all", "x.mar", "name=x.mar|url"
     models: dict[str, dict[str, ModelConfig]] = Field(default_factory=dict)
-    default_workers_per_model: int = Field(1, ge=0)
-    number_of_gpu: int | None = Field(None, ge=0)  # None: detect
-    job_queue_size: int = Field(100, ge=1)
-    batch_size: int = Field(1, ge=1)
-    max_batch_delay_ms: float = Field(100.0, ge=0)
-    default_response_timeout_s: float = Field(120.0, gt=0)
-    default_startup_timeout_s: float = Field(120.0, gt=0)
-    unregister_model_timeout_s: float = Field(120.0, gt=0)
-    workers_start_timeout_s: float = Field(300.0, gt=0)  # serve waits this long for startup models
-    max_request_size: int = Field(6553500, ge=1)
-    max_response_size: int = Field(6553500, ge=1)
+    default_workers_per_model: int = Field(1, ge=0, le=MAX_WORKERS)
+    number_of_gpu: int | None = Field(None, ge=0, le=MAX_DEVICE_ID + 1)  # None: detect
+    job_queue_size: int = Field(100, ge=1, le=MAX_QUEUE_SIZE)
+    batch_size: int = Field(1, ge=1, le=MAX_BATCH_SIZE)
+    max_batch_delay_ms: float = Field(100.0, ge=0, le=MAX_DELAY_MS)
+    default_response_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
+    default_startup_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
+    unregister_model_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
+    # serve waits this long for startup models
+    workers_start_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S)
+    max_request_size: int = Field(6553500, ge=1, le=MAX_BODY_BYTES)
+    max_response_size: int = Field(6553500, ge=1, le=MAX_BODY_BYTES)
     decode_input_request: bool = True
     limit_max_image_pixels: bool = True
     allowed_urls: list[str] = Field(default_factory=list)  # regexes; [] = model store only
-    max_download_size: int = Field(2 << 30, ge=1)  # bytes, for archives registered by URL
-    download_timeout_s: float = Field(600.0, gt=0)
+    # bytes, for archives registered by URL
+    max_download_size: int = Field(2 << 30, ge=1, le=1 << 44)
+    download_timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
     disable_token_authorization: bool = False
-    token_expiration_min: float = Field(60.0, gt=0)
+    token_expiration_min: float = Field(60.0, gt=0, le=525_600)  # a year at most
     key_file: Path = Path("key_file.json")
     enable_model_api: bool = False
     enable_envvars_config: bool = False
@@ -238,10 +260,24 @@ class ServerConfig(BaseModel):
     disable_system_metrics: bool = False
     log_format: Literal["text", "json"] = "text"
     access_log: bool = True  # one line per inference request on logger torchbay.access
-    cpu_threads_per_worker: int | None = Field(None, ge=1)  # None: cores // workers
+    cpu_threads_per_worker: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: cores // workers
     cpu_affinity: bool = False
-    shutdown_grace_s: float = Field(30.0, ge=0)
+    shutdown_grace_s: float = Field(30.0, ge=0, le=3600)
     restart_backoff_s: tuple[float, ...] = RESTART_BACKOFF_S
+    # Archive unpacking (model store and URL registration alike): the total expanded size, and
+    # the largest expanded/compressed ratio of any member past 1 MiB. Weights barely compress
+    # (~1.1x), so 100x stops zip bombs (Apache POI's ZipSecureFile uses the same 1%) while a
+    # multi-GB checkpoint still loads; the free disk space is checked too.
+    max_archive_expanded_size: int = Field(64 << 30, ge=1, le=1 << 44)
+    max_archive_compression_ratio: float = Field(100.0, ge=1, le=1e6)
+    # HTTP limits on every port (nginx's client_header_timeout / client_body_timeout /
+    # large_client_header_buffers; uvicorn's timeout_keep_alive): a client that never finishes its
+    # headers or body is answered 408 and closed; oversized headers get 431.
+    http_header_timeout_s: float = Field(30.0, gt=0, le=3600)
+    http_body_timeout_s: float = Field(60.0, gt=0, le=3600)  # between two reads of the body
+    keep_alive_timeout_s: float = Field(30.0, gt=0, le=3600)
+    max_header_size: int = Field(64 << 10, ge=1024, le=16 << 20)  # request line + all headers
+    max_header_count: int = Field(256, ge=8, le=10_000)
     cors_allowed_origin: str | None = None
     cors_allowed_methods: str | None = None
     cors_allowed_headers: str | None = None
@@ -286,8 +322,8 @@ class ServerConfig(BaseModel):
     @field_validator("restart_backoff_s")
     @classmethod
     def _backoff(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if not value or any(v < 0 for v in value):
-            raise ValueError("restart_backoff_s needs at least one delay, none negative")
+        if not value or len(value) > 64 or any(not 0 <= v <= 3600 for v in value):
+            raise ValueError("restart_backoff_s needs 1 to 64 delays, each 0 to 3600 seconds")
         return value
 
     @field_validator("load_models")

@@ -138,12 +138,12 @@ def test_precedence_properties_ts_env_torchbay_env_cli(tmp_path: Path) -> None:
         "TORCHBAY_NUMBER_OF_GPU": "500",
     }
     config, _ = load(
-        tmp_path, ts_config=path, env=env, cli={"number_of_gpu": 5000, "model_store": None}
+        tmp_path, ts_config=path, env=env, cli={"number_of_gpu": 1000, "model_store": None}
     )
     assert config.batch_size == 2  # properties only
     assert config.job_queue_size == 30  # TS_ env over properties
     assert config.max_request_size == 400  # TORCHBAY_ env over TS_ env
-    assert config.number_of_gpu == 5000  # CLI over everything
+    assert config.number_of_gpu == 1000  # CLI over everything
     assert config.model_store is None  # a None flag is "not set"
 
 
@@ -368,3 +368,30 @@ def test_resolve_server_cpu_settings(tmp_path: Path) -> None:
         server, name="x", version="1", archive_yaml={"minWorkers": 0}, api_overrides=None
     )
     assert (cfg.cpu_threads, cfg.cpu_affinity, cfg.min_workers, cfg.max_workers) == (2, True, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("model", "settings"),
+    [
+        (ModelConfig, {"min_workers": 10**12}),
+        (ModelConfig, {"max_batch_delay_ms": float("inf")}),
+        (ModelConfig, {"max_batch_delay_ms": float("nan")}),
+        (ModelConfig, {"batch_size": 10**9}),
+        (ModelConfig, {"response_timeout_s": 1e300}),
+        (ModelConfig, {"device_ids": [1 << 40]}),
+        (ServerConfig, {"job_queue_size": 10**12}),
+        (ServerConfig, {"max_request_size": 1 << 40}),
+        (ServerConfig, {"restart_backoff_s": (float("inf"),)}),
+        (ServerConfig, {"max_archive_compression_ratio": float("inf")}),
+        (ServerConfig, {"http_header_timeout_s": 0}),
+    ],
+)
+def test_every_numeric_setting_is_bounded(model: type, settings: dict) -> None:
+    with pytest.raises(ValidationError):
+        model(**settings)
+
+
+def test_bounds_apply_to_config_properties_too(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.properties", "max_batch_delay=inf\n")
+    with pytest.raises(ValidationError, match="finite"):
+        load(tmp_path, ts_config=path, env={}, cli={})
