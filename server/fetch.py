@@ -20,7 +20,6 @@ Proxies and ``.netrc`` from the environment are ignored (``trust_env=False``). T
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import uuid
@@ -218,9 +217,3 @@ def _file_name(url: str) -> str:
     name = PurePosixPath(urlsplit(url).path).name or "model.mar"
     name = _SAFE_NAME.sub("_", name).lstrip(".") or "model.mar"
     return name[-100:]
-
-
-def cleanup(path: Path) -> None:
-    """Remove a downloaded archive (the registry unpacks it and no longer needs it)."""
-    with contextlib.suppress(OSError):
-        path.unlink()

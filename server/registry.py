@@ -124,6 +124,8 @@ class ModelRegistry:
             raise BadRequest("No model store is configured (--model-store)")
         if url.startswith("file://"):
             url = url[len("file://") :]
+        if any(ord(c) < 0x20 for c in url):
+            raise BadRequest(f"Model archive name {url!r} has a control character")
         candidate = (store / url).resolve()
         root = store.resolve()
         if candidate != root and root not in candidate.parents:

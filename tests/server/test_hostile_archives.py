@@ -200,6 +200,9 @@ def test_hostile_archives_refused_at_startup_and_through_the_api(live_server, ho
         ):
             r = m.post("/models", params={"url": url})
             assert r.status_code == 403 and r.json()["type"] == "UrlNotAllowed", r.text
+        for store_url in ("tiny.mar\x00.txt", "../store/tiny.mar\n"):
+            r = m.post("/models", params={"url": store_url})
+            assert r.status_code == 400, (store_url, r.text)
         for bad_name in ("tiny2\n", "../tiny2", "a/b"):
             r = m.post("/models", params={"url": "tiny.mar", "model_name": bad_name})
             assert r.status_code == 400, (bad_name, r.text)
