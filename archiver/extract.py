@@ -3,7 +3,7 @@
 ``extract_archive`` accepts a ``.mar`` (zip, deflated or stored), a TorchServe ``.tar.gz`` (all
 members under ``<model-name>/``) or an archive directory (``no-archive``), and refuses, naming the
 member: absolute paths, ``..``, symlinks / hardlinks / device or FIFO members, duplicate names,
-encrypted members, a member or a total over the size limits (checked against the declared sizes
+encrypted members, a total or compression ratio over the limits (checked on the declared sizes
 first, then by counting the bytes actually written, because a zip bomb's headers lie), and, when
 the manifest has a ``torchbay.files`` table, any file whose sha256 differs, any file not listed and
 any listed file that is missing.
