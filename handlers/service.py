@@ -205,9 +205,11 @@ def _model_yaml_config(model_dir: Path, manifest: dict[str, Any]) -> dict[str, A
     config_file = manifest.get("model", {}).get("configFile")
     if not config_file:
         return {}
-    path = model_dir / str(config_file)
+    from .loading import inside  # the configFile must stay inside the model folder
+
+    path = inside(model_dir, str(config_file), "configFile")
     if not path.is_file():
-        raise HandlerLoadError(f"config file {config_file!r} not found in {model_dir}")
+        raise HandlerLoadError(f"config file {config_file!r} not found in the archive")
     import yaml
 
     try:
