@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from . import loading
-from .errors import PredictionException
+from .errors import PredictionException, scrub_message
+from .responses import error_status
 from .utils import load_label_mapping
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ class _AllItemsFailed(Exception):
 
 
 def error_body(exc: PredictionException) -> dict[str, Any]:
-    return {"code": exc.error_code, "type": type(exc).__name__, "message": exc.message}
+    message = scrub_message(exc.message)
+    return {"code": error_status(exc.error_code), "type": type(exc).__name__, "message": message}
 
 
 class BaseHandler:
@@ -112,7 +114,8 @@ class BaseHandler:
         """Mark request ``idx`` failed with ``exc``; it is answered with the error body."""
         self._failures[idx] = error_body(exc)
         if self.context is not None:
-            self.context.set_response_status(exc.error_code, exc.message, idx)
+            status = error_status(exc.error_code)
+            self.context.set_response_status(status, scrub_message(exc.message), idx)
 
     def _merge_failures(self, results: list[Any], n: int) -> list[Any]:
         if not self._failures:
