@@ -150,13 +150,18 @@ def parse_multipart(body: bytes, boundary: str) -> dict[str, Any]:
             "on_header_end": on_header_end,
             "on_part_data": on_part_data,
             "on_part_end": on_part_end,
+            "on_end": lambda: state.update(ended=True),
         },
     )
     try:
         parser.write(body)
         parser.finalize()
+    except BadInput:
+        raise
     except Exception as exc:  # python-multipart raises its own error types
         raise BadInput(f"malformed multipart body: {exc}") from exc
+    if not state.get("ended"):
+        raise BadInput("malformed multipart body: no closing boundary")
     return fields
 
 

@@ -23,8 +23,8 @@ import re
 _MAX_MESSAGE = 1000
 # A line that starts a traceback (Python's, or TorchScript's interpreter report).
 _TRACEBACK_LINE = re.compile(
-    r"^\s*(Traceback \(most recent call last\)|File \"|The following operation failed"
-    r"|Traceback of TorchScript|at .*\.py:\d+|.*\.py\", line \d+)",
+    r"^\s*(Traceback \(most recent|File \"|Traceback of TorchScript|at .*\.py:\d+"
+    r"|.*\.py\", line \d+)",
 )
 # Absolute POSIX paths (two or more segments, or one with a file suffix), Windows drive paths
 # and file:// URLs.
