@@ -344,3 +344,25 @@ def test_worker_answers_every_request_when_predict_itself_raises(poison_dir: Pat
         _assert_clean(response.body)
     first = _predict(service, infer, first=True)  # the first batch runs in a fresh thread
     assert [r.status for r in first.responses] == [500, 500]
+
+
+def test_image_the_model_cannot_take_is_422_and_its_mates_answered(tmp_path: Path) -> None:
+    from .test_classifiers import TinyCNN, png
+
+    torch.manual_seed(0)
+    torch.jit.script(TinyCNN().eval()).save(str(tmp_path / "cnn.pt"))
+    write_manifest(tmp_path, serialized="cnn.pt", handler="image_classifier")
+    service = load_service(tmp_path, batch_size=4)
+    five_channels = [[[0.5] * 8 for _ in range(8)] for _ in range(5)]  # the CNN wants 3
+    outcome = service.predict(
+        [
+            req(png(), "image/png", "a"),
+            _json({"data": five_channels}, "five"),
+            req(png(), "image/png", "c"),
+        ]
+    )
+    assert [r.status for r in outcome.responses] == [200, 422, 200]
+    assert body_json(outcome.responses[0]) == body_json(outcome.responses[2])
+    error = body_json(outcome.responses[1])
+    assert error["type"] == "UnprocessableInput" and error["message"].endswith("request id five")
+    _assert_clean(outcome.responses[1].body)
