@@ -22,6 +22,7 @@ import numpy as np
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from .errors import BadInput
+from .responses import dumps
 
 _V2_NAMES = "BOOL UINT8 UINT16 UINT32 UINT64 INT8 INT16 INT32 INT64 FP16 FP32 FP64 BF16 BYTES"
 V2_DATATYPES = frozenset(_V2_NAMES.split(" "))
@@ -280,7 +281,7 @@ def wrap_result(result: Any, request: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(result, bytes):
         result = result.decode("utf-8", "replace")
     if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):
-        data = [result if isinstance(result, str) else json.dumps(result, separators=(",", ":"))]
+        data = [result if isinstance(result, str) else dumps(result).decode()]
         return [{"name": name, "shape": [1], "datatype": "BYTES", "data": data}]
     flat = flatten(result)
     return [

@@ -200,7 +200,7 @@ class Service:
         logger.error("handler failed on request %s", rid, exc_info=exc)
         return error_response(500, type(exc).__name__, failure_message(exc, [rid]), v2)
 
-    def _run(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response] | Exception:
+    def _run(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response] | BaseException:
         """The responses of one handler run over ``jobs``, or the exception it raised."""
         requests = [job.request for job in jobs]
         self.context.reset_batch(
@@ -211,7 +211,8 @@ class Service:
         start = perf_counter()
         try:
             results = self._entry(rows, self.context)
-        except Exception as exc:  # bisected by the caller, answered per request
+        except (Exception, SystemExit) as exc:  # bisected by the caller, answered per request
+            # (a handler calling sys.exit() is a handler bug, not a reason for the worker to stop)
             return exc
         finally:
             _add(timings, "handler", (perf_counter() - start) * 1000)

@@ -22,7 +22,9 @@ from .conftest import body_json, req, write_manifest
 X = [1.0, 2.0, 3.0, 4.0]
 
 POISON_HANDLER = '''
+import json
 import math
+import sys
 
 
 class Poison:
@@ -36,9 +38,13 @@ class Poison:
         out = []
         for i, row in enumerate(data):
             body = row.get("body")
+            if isinstance(body, str) and body.startswith("{"):  # a v2 BYTES input
+                body = json.loads(body)
             body = body if isinstance(body, dict) else {"raw": str(body)}
             if body.get("raise") == "runtime":
                 raise RuntimeError("secret at /srv/models/p.py\\nTraceback (most recent call last)")
+            if body.get("raise") == "exit":
+                sys.exit(3)
             if body.get("raise") == "prediction":
                 raise PredictionException(body.get("message", "nope"), body.get("code", 418))
             if "status" in body:
@@ -222,6 +228,14 @@ def test_a_raising_input_fails_alone_and_its_mates_are_answered(poison_dir: Path
     assert outcome.timings["handler"] > 0
 
 
+def test_a_handler_calling_sys_exit_fails_its_request_only(poison_dir: Path) -> None:
+    outcome = load_service(poison_dir).predict(
+        [_json({"raise": "exit"}, "quitter"), _json({"echo": 1})]
+    )
+    assert [r.status for r in outcome.responses] == [500, 200]
+    assert body_json(outcome.responses[0])["type"] == "SystemExit"
+
+
 def test_prediction_exception_on_a_batch_is_bisected_and_scrubbed(poison_dir: Path) -> None:
     service = load_service(poison_dir)
     bad = {"raise": "prediction", "code": 409, "message": "busy\nTraceback (most recent"}
@@ -309,8 +323,14 @@ def test_valid_headers_pass_and_framing_headers_are_dropped(poison_dir: Path) ->
 
 
 def test_nan_and_infinity_are_written_as_null(poison_dir: Path, torchscript_dir) -> None:
-    outcome = load_service(poison_dir).predict([_json({"nan": True})])
+    nan_in = {"name": "x", "shape": [1], "datatype": "BYTES", "data": ['{"nan": true}']}
+    v2_nan = {"inputs": [nan_in], "parameters": {}}
+    service = load_service(poison_dir)
+    outcome = service.predict([_json({"nan": True}), req(json.dumps(v2_nan), protocol="v2")])
     assert outcome.responses[0].body == b'{"values":[null,null,null,1.5]}'
+    # a v2 request to a handler that does not speak v2: its result is one BYTES tensor of JSON
+    [out] = body_json(outcome.responses[1])["outputs"]
+    assert out["datatype"] == "BYTES" and out["data"] == ['{"values":[null,null,null,1.5]}']
     service = load_service(torchscript_dir())
     nan_in = req(b"[NaN, 1, 2, 3]", "application/json")
     v2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1e39, 1, 2, 3]}]}
