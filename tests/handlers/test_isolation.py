@@ -386,3 +386,20 @@ def test_image_the_model_cannot_take_is_422_and_its_mates_answered(tmp_path: Pat
     error = body_json(outcome.responses[1])
     assert error["type"] == "UnprocessableInput" and error["message"].endswith("request id five")
     _assert_clean(outcome.responses[1].body)
+
+
+def test_worker_answers_every_request_when_a_result_cannot_be_framed() -> None:
+    import socket
+
+    from torchbay.server.worker import _frame
+
+    infer = p.Infer(batch_id=4, requests=[p.WireRequest("a", b""), p.WireRequest("b", b"")])
+    ok = p.WireResponse(200, b"{}")
+    unframable = p.Result(4, [ok, ok], {}, [{"value": {1, 2}}])  # a set is not JSON
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(_frame(unframable, infer))
+        result = p.recv_message(right)
+    assert isinstance(result, p.Result) and result.batch_id == 4
+    assert [r.status for r in result.responses] == [500, 500]
+    assert body_json(result.responses[0])["message"].endswith("request id a")
