@@ -71,6 +71,26 @@ def parse_shape(text: str) -> list[int]:
     return shape
 
 
+def _load_npy(payload: bytes) -> np.ndarray:
+    """An .npy payload whose header agrees with its size (no allocation a header merely claims)."""
+    stream = io.BytesIO(payload)
+    fmt = np.lib.format
+    try:
+        major, _ = fmt.read_magic(stream)
+        if major in (1, 2):
+            read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+            shape, _, dtype = read(stream)
+            want = math.prod(shape) * dtype.itemsize
+            if not dtype.hasobject and len(payload) - stream.tell() != want:
+                raise BadInput(f".npy header declares shape {list(shape)} of {dtype}, "
+                               f"but the payload does not hold {want} bytes")  # fmt: skip
+        return np.load(io.BytesIO(payload), allow_pickle=False)
+    except MemoryError as exc:
+        raise PredictionException(".npy payload too large to load", 413) from exc
+    except (ValueError, OSError, EOFError, TypeError) as exc:
+        raise BadInput(f"invalid .npy payload: {exc}") from exc
+
+
 class TensorHandler(BaseHandler):
     """Generic tensor-in/JSON-out handler (see the module docstring for formats)."""
 
@@ -139,11 +159,7 @@ class TensorHandler(BaseHandler):
         if isinstance(value, (bytes, bytearray)):
             value = bytes(value)
             if value.startswith(b"\x93NUMPY"):
-                try:
-                    array = np.load(io.BytesIO(value), allow_pickle=False)
-                except (ValueError, OSError, EOFError) as exc:
-                    raise BadInput(f"invalid .npy payload: {exc}") from exc
-                return torch.from_numpy(np.ascontiguousarray(array))
+                return torch.from_numpy(np.ascontiguousarray(_load_npy(value)))
             if not value or len(value) % 4:
                 raise BadInput(
                     f"raw float32 body must be a non-empty multiple of 4 bytes, got {len(value)}"

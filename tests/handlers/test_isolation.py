@@ -403,3 +403,30 @@ def test_worker_answers_every_request_when_a_result_cannot_be_framed() -> None:
     assert isinstance(result, p.Result) and result.batch_id == 4
     assert [r.status for r in result.responses] == [500, 500]
     assert body_json(result.responses[0])["message"].endswith("request id a")
+
+
+def test_npy_header_claiming_a_huge_array_is_400_without_allocating(torchscript_dir) -> None:
+    import io
+
+    import numpy as np
+
+    def npy(shape: tuple[int, ...], payload: bytes, descr: str = "<f4") -> bytes:
+        out = io.BytesIO()
+        header = {"descr": descr, "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(out, header)
+        return out.getvalue() + payload
+
+    good = io.BytesIO()
+    np.save(good, np.array(X, dtype=np.float32))
+    service = load_service(torchscript_dir())
+    octet = "application/octet-stream"
+    outcome = service.predict(
+        [
+            req(npy((10**12,), b"\0" * 16), octet, "huge"),
+            req(npy((10**6, 10**6, 10**6), b"\0" * 16), octet, "overflow"),
+            req(npy((2,), b"\0" * 16, "|O"), octet, "pickled"),
+            req(good.getvalue(), octet, "good"),
+        ]
+    )
+    assert [r.status for r in outcome.responses] == [400, 400, 400, 200]
+    assert "does not hold" in body_json(outcome.responses[0])["message"]
