@@ -8,19 +8,22 @@ never raises for anything a request carries, and one request never fails another
 Isolation:
 
 * decoding happens per request; a request that cannot be decoded is answered alone;
-* when ``handle()`` raises on a batch of n > 1 requests (any exception), the batch is run again in
-  halves, recursively, so the failure is pinned on the request(s) that cause it and every other
-  request gets its answer (per-item failures through ``BaseHandler.map_items`` stay as they are).
+* when ``handle()`` raises on a batch of n > 1 requests (any exception), or returns a wrong number
+  of results, the batch is run again in halves, recursively, so the failure is pinned on the
+  request(s) that cause it and every other request gets its answer (per-item failures through
+  ``BaseHandler.map_items`` stay as they are).
   Stage timings are summed over all the runs of one batch.
 
 Status classes, decided by exception type and where it was raised, never by message text:
 
 * 400: the body cannot be decoded or is invalid (bad JSON, JSON nested deeper than
   ``envelopes.MAX_JSON_DEPTH``, malformed v2 or multipart, bad text encoding), or ``BadInput``;
-* 413: decoding ran out of memory (a size limit is the cause);
+* 413: a size limit is the cause: decoding ran out of memory (the built-in ``tensor`` handler
+  also answers 413 when loading an .npy, or the model on an input alone, runs out of memory);
 * 422: a well-formed input the model cannot process: ``UnprocessableInput``, which the built-in
-  ``tensor`` handler raises when the model raises on an input alone, or when the input's shape
-  does not match the manifest's;
+  handlers raise when the model raises on an input alone (after bisecting isolated it), and the
+  ``tensor`` handler when the input's shape does not match the manifest's ``input_shape`` or its
+  v2 datatype has no tensor type;
 * a ``PredictionException`` from the handler on a request alone answers its ``error_code``
   (400..599, else 500);
 * 500: a handler bug: any other exception on a request alone, a wrong number of results, a
@@ -103,6 +106,10 @@ class _Job:
     request: RequestLike
     row: Any
     v2: dict[str, Any] | None
+
+
+class _CountMismatch(Exception):
+    """The handler returned a non-list or a list of the wrong length (bisected like a raise)."""
 
 
 def _decode_failure(exc: Exception, request: RequestLike) -> Response:
@@ -194,6 +201,10 @@ class Service:
     def _handler_failure(self, exc: BaseException, job: _Job) -> Response:
         rid = job.request.request_id
         v2 = job.v2 is not None
+        if isinstance(exc, _CountMismatch):
+            logger.error("request %s: %s", rid, exc)
+            message = "number of batch response mismatched"
+            return error_response(500, "InternalServerException", message, v2)
         if isinstance(exc, PredictionException):
             logger.info("request %s: %s: %s", rid, type(exc).__name__, exc.message)
             return error_response(error_status(exc.error_code), type(exc).__name__, exc.message, v2)
@@ -220,21 +231,7 @@ class Service:
                 _add(timings, stage, ms)
         if not isinstance(results, list) or len(results) != len(jobs):
             got = len(results) if isinstance(results, list) else type(results).__name__
-            logger.error(
-                "handler returned %s results for a batch of %d (request ids %s)",
-                got,
-                len(jobs),
-                ", ".join(r.request_id for r in requests),
-            )
-            return [
-                error_response(
-                    500,
-                    "InternalServerException",
-                    "number of batch response mismatched",
-                    j.v2 is not None,
-                )
-                for j in jobs
-            ]
+            return _CountMismatch(f"handler returned {got} results for a batch of {len(jobs)}")
         pairs = enumerate(zip(results, jobs, strict=True))
         return [self._encode(i, item, job) for i, (item, job) in pairs]
 
