@@ -130,6 +130,8 @@ def check_clean(poison: Poison, response: httpx.Response) -> Any:
         assert body["output"] == [None, None, None], poison.name
     else:
         assert body["code"] == poison.status and body["message"], (poison.name, body)
+        if poison.path.startswith("/v2"):
+            assert body["error"] == body["message"], poison.name  # the OIP error field
     return body
 
 
