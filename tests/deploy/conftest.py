@@ -15,11 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+
+from torchbay.archiver.package import ArchiveOptions, package
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 ENTRYPOINT = DEPLOY / "docker" / "entrypoint.sh"
 VENV_BIN = Path(sys.executable).parent
+SAMPLE = [float(i % 7) / 7.0 for i in range(64)]  # one input of the archive's model
 
 
 def find_tool(name: str, *extra_dirs: Path) -> str | None:
@@ -111,3 +115,21 @@ def container() -> Iterator[Any]:
             run.proc.kill()
             run.proc.wait()
         run.log.close()
+
+
+@pytest.fixture(scope="session")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``mnist.mar``: the built-in tensor handler over a tiny TorchScript model (64 -> 10)."""
+    work = tmp_path_factory.mktemp("deploy-archive")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    torch.jit.save(torch.jit.script(model.eval()), str(work / "model.pt"))
+    return package(
+        ArchiveOptions(
+            model_name="mnist",
+            version="1.0",
+            serialized_file=work / "model.pt",
+            handler="tensor",
+            export_path=work,
+        )
+    )

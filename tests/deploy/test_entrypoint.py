@@ -18,33 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 
-from torchbay.archiver.package import ArchiveOptions, package
-
-from .conftest import DEPLOY, free_port
+from .conftest import DEPLOY, SAMPLE, free_port
 
 pytestmark = pytest.mark.slow
-
-SAMPLE = [float(i % 7) / 7.0 for i in range(64)]
-
-
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``mnist.mar``: the built-in tensor handler over a tiny TorchScript model (64 -> 10)."""
-    work = tmp_path_factory.mktemp("deploy-archive")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
-    torch.jit.save(torch.jit.script(model.eval()), str(work / "model.pt"))
-    return package(
-        ArchiveOptions(
-            model_name="mnist",
-            version="1.0",
-            serialized_file=work / "model.pt",
-            handler="tensor",
-            export_path=work,
-        )
-    )
 
 
 def _exercise(base: str, headers: dict[str, str] | None = None) -> None:
