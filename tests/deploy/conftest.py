@@ -133,3 +133,34 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
             export_path=work,
         )
     )
+
+
+@pytest.fixture(scope="session")
+def image_server(archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The image's own layout and config.properties (load_models=all, token auth on) run by the
+    entrypoint from TORCHBAY_HOME, addresses from TORCHBAY_HOST and the port variables.
+    Yields (run, ports, keys); stopping it with SIGTERM must exit 0."""
+    root = tmp_path_factory.mktemp("image-layout")
+    home = root / "home"
+    (home / "model-store").mkdir(parents=True)
+    shutil.copy(archive, home / "model-store" / "mnist.mar")
+    shutil.copy(DEPLOY / "docker" / "config.properties", home / "config.properties")
+    env = {
+        "TORCHBAY_KSERVE_ROOT": str(root / "no-kserve"),
+        "TORCHBAY_HOME": str(home),
+        "TORCHBAY_HOST": "127.0.0.1",
+        "TORCHBAY_INFERENCE_PORT": "0",
+        "TORCHBAY_MANAGEMENT_PORT": "0",
+        "TORCHBAY_METRICS_PORT": "0",
+    }
+    run = Container(env, home, home / "ready.json")
+    try:
+        ports = run.wait_ready()
+        keys = json.loads((home / "key_file.json").read_text())
+        yield run, ports, keys
+        assert run.stop() == 0, run.output()
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+        run.log.close()

@@ -10,7 +10,6 @@ and stops cleanly on SIGTERM (exit 0).
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -86,31 +85,14 @@ def test_kserve_layout(archive: Path, container: Any, tmp_path: Path) -> None:
     assert run.stop() == 0, run.output()
 
 
-def test_torchserve_layout(archive: Path, container: Any, tmp_path: Path) -> None:
+def test_torchserve_layout(image_server: Any) -> None:
     """The image's own config.properties (load_models=all, token auth on) from TORCHBAY_HOME,
-    addresses from TORCHBAY_HOST and the port variables."""
-    home = tmp_path / "home"
-    (home / "model-store").mkdir(parents=True)
-    shutil.copy(archive, home / "model-store" / "mnist.mar")
-    shutil.copy(DEPLOY / "docker" / "config.properties", home / "config.properties")
-    run = container(
-        {
-            "TORCHBAY_KSERVE_ROOT": str(tmp_path / "no-kserve"),
-            "TORCHBAY_HOME": str(home),
-            "TORCHBAY_HOST": "127.0.0.1",
-            "TORCHBAY_INFERENCE_PORT": "0",
-            "TORCHBAY_MANAGEMENT_PORT": "0",
-            "TORCHBAY_METRICS_PORT": "0",
-        },
-        home,
-    )
-    ports = run.wait_ready()
+    addresses from TORCHBAY_HOST and the port variables (see the image_server fixture)."""
+    run, ports, keys = image_server
     assert len({ports["inference"], ports["management"], ports["metrics"]}) == 3
-    keys = json.loads((home / "key_file.json").read_text())
     base = f"http://127.0.0.1:{ports['inference']}"
     assert httpx.get(f"{base}/v1/models/mnist:predict", timeout=30).status_code == 404
     unauthorized = httpx.post(f"{base}/predictions/mnist", json=SAMPLE, timeout=30)
     assert unauthorized.status_code == 401
     _exercise(base, {"Authorization": f"Bearer {keys['inference']['key']}"})
-    assert run.stop() == 0, run.output()
     assert re.search(r"configuration from .*config\.properties", run.output())

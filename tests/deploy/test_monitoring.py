@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -103,27 +102,15 @@ def referenced_torchbay_metrics() -> dict[str, set[str]]:
 
 
 @pytest.mark.slow
-def test_metric_names_exist_on_a_running_server(
-    archive: Path, container: Any, tmp_path: Path
-) -> None:
-    home = tmp_path / "home"
-    (home / "model-store").mkdir(parents=True)
-    shutil.copy(archive, home / "model-store" / "mnist.mar")
-    shutil.copy(DEPLOY / "docker" / "config.properties", home / "config.properties")
-    env = {str(k): str(v) for k, v in compose()["services"]["torchbay"]["environment"].items()}
-    env.update(
-        TORCHBAY_HOME=str(home),
-        TORCHBAY_KSERVE_ROOT=str(tmp_path / "none"),
-        TORCHBAY_HOST="127.0.0.1",
-        TORCHBAY_INFERENCE_PORT="0",
-        TORCHBAY_MANAGEMENT_PORT="0",
-        TORCHBAY_METRICS_PORT="0",
-    )
-    run = container(env, home)
-    ports = run.wait_ready()
+def test_metric_names_exist_on_a_running_server(image_server: Any) -> None:
+    """The server the image runs (see the image_server fixture), after some traffic."""
+    _, ports, keys = image_server
     base = f"http://127.0.0.1:{ports['inference']}"
-    assert httpx.post(f"{base}/predictions/mnist", json=SAMPLE, timeout=30).status_code == 200
-    assert httpx.post(f"{base}/predictions/nope", json=SAMPLE, timeout=30).status_code == 404
+    auth = {"Authorization": f"Bearer {keys['inference']['key']}"}
+    ok = httpx.post(f"{base}/predictions/mnist", json=SAMPLE, headers=auth, timeout=30)
+    assert ok.status_code == 200
+    missing = httpx.post(f"{base}/predictions/nope", json=SAMPLE, headers=auth, timeout=30)
+    assert missing.status_code == 404
     page = httpx.get(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=30).text
     exported = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][\w:]*)[{ ]", page, re.M)}
     # A family's name also covers its samples' suffixes (torchbay_requests -> _total).
@@ -139,4 +126,3 @@ def test_metric_names_exist_on_a_running_server(
     declared = (ROOT / "server" / "system_metrics.py").read_text()
     assert all(f'"{n}"' in declared for n in gpu), gpu
     assert not names - exported - gpu, f"dashboard metrics not exported: {names - exported}"
-    assert run.stop() == 0, run.output()
