@@ -116,3 +116,28 @@ def _admit_all(
             item.future.cancel()
         raise
     return items
+
+
+def openapi_path() -> dict[str, Any]:
+    """This route's entry in the inference port's OpenAPI description."""
+    instances = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
+    predictions = {"type": "object", "properties": {"predictions": {"type": "array"}}}
+    return {
+        "post": {
+            "summary": "KServe v1 predict: one queued request per instance, answers in order",
+            "security": [{"bearer": []}],
+            "parameters": [
+                {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
+            "requestBody": {"content": {"application/json": {"schema": instances}}},
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": predictions}},
+                },
+                "400": {"description": "Not {'instances': [...]}, or an instance was refused"},
+                "404": {"description": "Unknown model"},
+                "503": {"description": "Queue full, no worker, or shutting down"},
+            },
+        }
+    }

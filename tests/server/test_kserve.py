@@ -72,6 +72,8 @@ def test_v1_predict_routes(live_server: Any) -> None:
     assert httpx.post(f"{server.url}/v1/models/nope:predict", json=body).status_code == 404
     assert httpx.post(f"{server.url}/v1/models/probe:explain", json=body).status_code == 404
     assert httpx.post(f"{server.url}/v1/models/probe", json=body).status_code == 404
+    described = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert "post" in described["/v1/models/{model_name}:predict"]
 
 
 def test_v1_predict_queue_full_cancels_the_admitted_instances(live_server: Any) -> None:
