@@ -1,8 +1,8 @@
 """KServe v1 predict on the frontend: ``POST /v1/models/{m}:predict`` with ``{"instances": [...]}``
 answers ``{"predictions": [...]}``, as TorchServe's ``kserve`` envelope does.
 
-Each instance becomes one request to the model's queue (a JSON body, so the handler's row is
-``{"body": instance}``); the batcher groups them like any other requests and the results come back
+Each instance becomes one request to the model's queue (see ``encode_instance`` for the row the
+handler gets); the batcher groups them like any other requests and the results come back
 in order. No worker or handler change: a handler that answers ``/predictions`` answers this too.
 Every instance is admitted before any is awaited; if one is refused (queue full, no worker), the
 ones already queued are cancelled (the batcher skips them) and the call gets that one error.
@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlencode
 
 from torchbay.server import protocol as p
 from torchbay.server.batching import Pending
@@ -47,6 +47,19 @@ def parse_instances(body: bytes) -> list[Any]:
     if not isinstance(instances, list) or not instances:
         raise BadRequest('KServe v1 body must be {"instances": [...]} with at least one instance')
     return instances
+
+
+def encode_instance(instance: Any) -> tuple[bytes, bytes]:
+    """One instance as a request body. An object of strings (``{"data": "<base64>"}``, KServe's
+    image examples) goes form-encoded, so the handler's row IS the instance, as with
+    TorchServe's kserve envelope; anything else goes as JSON (row ``{"body": instance}``)."""
+    if (
+        isinstance(instance, dict)
+        and instance
+        and all(isinstance(v, str) for v in instance.values())
+    ):
+        return urlencode(instance).encode(), b"application/x-www-form-urlencoded"
+    return json.dumps(instance).encode(), b"application/json"
 
 
 def decode_prediction(response: p.WireResponse) -> Any:
@@ -104,13 +117,12 @@ def _admit_all(
     app: InferenceApp, mv: ModelVersion, scope: Scope, instances: list[Any]
 ) -> list[Pending[p.WireRequest, p.WireResponse]]:
     headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED_HEADERS]
-    headers.append((b"content-type", b"application/json"))
     items: list[Pending[p.WireRequest, p.WireResponse]] = []
     try:
         for instance in instances:
-            body = json.dumps(instance).encode()
-            request = app._wire_request({**scope, "headers": headers}, body, "predict")
-            items.append(mv.admit(request))
+            body, content_type = encode_instance(instance)
+            one = {**scope, "headers": [*headers, (b"content-type", content_type)]}
+            items.append(mv.admit(app._wire_request(one, body, "predict")))
     except TorchbayError:
         for item in items:
             item.future.cancel()

@@ -10,11 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
+from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.combined import combine_listeners, is_management_path, same_address
 from torchbay.server.config_sources import load_server_config
 from torchbay.server.errors import ConfigError
 
-from .conftest import probe_models
+from .conftest import ASSETS, _tiny_model, probe_models
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +48,34 @@ BAD_BODIES = [
     b'{"instances": {"a": 1}}',
     b'{"instances": [{"bad": true}, {"echo": 1}]}',  # one instance fails the whole call
 ]
+
+
+def test_v1_instance_rows_match_torchserves_kserve_envelope(
+    live_server: Any, model_store: Path, tmp_path: Path
+) -> None:
+    """An object of strings ({"data": "<base64>"}, KServe's image examples) reaches the handler
+    as the row itself, as TorchServe's kserve envelope passes it; anything else as the body."""
+    package(
+        ArchiveOptions(
+            model_name="rows",
+            version="1.0",
+            serialized_file=_tiny_model(tmp_path / "model.pt"),
+            handler=str(ASSETS / "row_handler.py"),
+            export_path=model_store,
+        )
+    )
+    server = live_server(models={"rows": {"1.0": {"marName": "rows.mar"}}})
+    instances = [{"data": "aGk+Pz8=", "kind": "a&b=c"}, {"data": [1, 2]}, [0.5, 1], "text"]
+    reply = httpx.post(
+        f"{server.url}/v1/models/rows:predict", json={"instances": instances}, timeout=30
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["predictions"] == [
+        {"data": "aGk+Pz8=", "kind": "a&b=c"},
+        {"body": {"data": [1, 2]}},
+        {"body": [0.5, 1]},
+        {"body": "text"},
+    ]
 
 
 def test_v1_predict_bad_input_is_4xx(live_server: Any) -> None:
