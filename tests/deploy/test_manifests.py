@@ -151,6 +151,14 @@ def test_services_network_policy_and_disruption_budget() -> None:
     rules = policy["spec"]["ingress"]
     open_ports = [p["port"] for rule in rules if "from" not in rule for p in rule["ports"]]
     assert open_ports == ["inference"]  # management and metrics only from named peers
+    admins = [r["from"] for r in rules if r["ports"] == [{"port": "management"}]]
+    assert admins == [[{"podSelector": {"matchLabels": {"torchbay-admin": "true"}}}]]
+    (deployment,) = by_kind("cpu", "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= pod_labels.items()
+    for service in services.values():
+        assert service["spec"]["selector"].items() <= pod_labels.items()
     (pdb,) = by_kind("cpu", "PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == 1
     (monitor,) = by_kind("cpu", "ServiceMonitor")
