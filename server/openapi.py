@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchbay.server.http import ASGIApp, Receive, Scope, Send, send_json
+from torchbay.server.kserve_v1 import openapi_path
 
 _ERROR = {
     "type": "object",
@@ -147,6 +148,7 @@ def inference_openapi(server_version: str) -> dict[str, Any]:
         paths[base] = _v2_model("", version)
         paths[base + "/ready"] = _v2_model("ready", version)
         paths[base + "/infer"] = _v2_model("infer", version)
+    paths["/v1/models/{model_name}:predict"] = openapi_path()
     return _document("torchbay inference API", server_version, paths)
 
 
