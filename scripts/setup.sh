@@ -16,13 +16,3 @@ if ! .venv/bin/python -c "import torchbay, pytest, sklearn" >/dev/null 2>&1 \
   .venv/bin/pip install --quiet -e ".[dev]"
   touch .venv/.torchbay-installed
 fi
-# checkov (tests/deploy's security scan) pins packaging<24, which pytest refuses: it gets its own
-# venv. Best effort: without it that one test skips and says how to install it.
-if [ ! -x .venv-checkov/bin/checkov ] || [ deploy/requirements-lint.txt -nt .venv-checkov/.installed ]; then
-  if "$PYTHON" -m venv .venv-checkov \
-     && .venv-checkov/bin/pip install --quiet -r deploy/requirements-lint.txt; then
-    touch .venv-checkov/.installed
-  else
-    echo "setup: checkov not installed (tests/deploy/test_lint.py::test_checkov will skip)" >&2
-  fi
-fi
