@@ -56,7 +56,7 @@ _background: set[asyncio.Task] = set()
 class RegisterParams(BaseModel):
     """``POST /models`` parameters (TorchServe's names), from the query string or a JSON body."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     url: str = Field(min_length=1)
     model_name: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -74,7 +74,7 @@ class RegisterParams(BaseModel):
 class ScaleParams(BaseModel):
     """``PUT /models/{m}[/{v}]`` parameters."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     min_worker: int | None = Field(None, ge=0)
     max_worker: int | None = Field(None, ge=0)
