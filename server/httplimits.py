@@ -206,8 +206,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
-            # An earlier (pipelined) response is still being written: close after it.
+            # An earlier (pipelined) response is still being written: close after it, and
+            # read nothing more.
             cycle.keep_alive = False
+            self._phase = _CLOSING
             self.flow.pause_reading()
             return
         self._send_error(status, message)

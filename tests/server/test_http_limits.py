@@ -171,6 +171,10 @@ def test_normal_requests_still_work_and_the_server_stays_ready(server):
             assert chunk, data
             data += chunk
     assert data.startswith(b"HTTP/1.1 200 ")
+    # Pipelined requests in one write: both answered, in order.
+    two = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nConnection: close\r\n\r\n"
+    raw, closed = _exchange(_ports(server)["inference"], two)
+    assert closed and raw.count(b"HTTP/1.1 200 OK") == 2, raw
     exactly = b"GET /ping HTTP/1.1\r\n" + b"X-Pad: " + b"p" * 3000 + b"\r\n\r\n"
     raw, _ = _exchange(_ports(server)["inference"], exactly)
     assert _parse(raw)[0] == 200
