@@ -4,19 +4,25 @@ uvicorn (httptools) cancels its keep-alive timer on the first byte of a request 
 on header size, so a client that never finishes its headers, or declares a body and stops
 sending it, holds a connection forever. :class:`LimitedHttpToolsProtocol` adds, per connection:
 
-* a header timer (nginx ``client_header_timeout``), armed when the connection opens and on the
-  first byte of each later request, cancelled when the headers are complete. On expiry: ``408``
-  and close (a connection that sent nothing at all is just closed);
-* a body timer (nginx ``client_body_timeout``): the longest gap between two reads while the body
-  is incomplete. On expiry: ``408`` and close; the ASGI app's ``receive()`` answers
-  ``http.disconnect`` and whatever it sends afterwards is dropped, so the request never runs;
+* a header deadline (nginx ``client_header_timeout``), from the connection's opening for its
+  first request and from the first byte of each later one, until the headers are complete. Past
+  it: ``408`` and close (a connection that sent nothing at all is just closed);
+* a body deadline (nginx ``client_body_timeout``): the longest gap between two reads while the
+  body is incomplete (not counted while we, not the client, hold reading paused). Past it: ``408``
+  and close; the ASGI app's ``receive()`` answers ``http.disconnect`` and whatever it sends
+  afterwards is dropped, so the request never runs;
 * ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close.
 
 Idle keep-alive between requests stays uvicorn's ``timeout_keep_alive``. Error bodies are the
 server's ``{"code", "type", "message"}`` JSON with ``connection: close``, then a lingering close
-(half-close, discard the rest of the upload briefly) so the client sees it. The hot path pays one
-timer handle per request (the header timer; the body timer only when a body spans reads) and a
-few integer updates per header.
+(half-close, discard the rest of the upload for up to ``LINGER_S``) so a client mid-upload reads
+the answer rather than a reset. A refusal while an earlier pipelined response is still being
+written just closes the connection after that response.
+
+The hot path stays cheap: the deadlines share one lazy timer per connection that fires at or
+before the earliest deadline and re-arms itself if the deadline moved, so a busy keep-alive
+connection allocates a timer handle about once per header timeout, not per request; per request
+the cost is a clock read and a few integer updates per header.
 """
 
 from __future__ import annotations
@@ -65,12 +71,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with header/body timeouts and header limits."""
 
     limits: HttpLimits = HttpLimits()  # set per listener by protocol_class()
+    _max_size = limits.max_header_size  # the two checked per header, as plain class attributes
+    _max_count = limits.max_header_count
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # One lazy timer per connection: it fires at or before the earliest deadline and
+        # re-arms itself if that moved, so a busy keep-alive connection creates a timer handle
+        # about once per header timeout rather than once per request.
         self._timer: TimerHandle | None = None
+        self._timer_at = 0.0
         self._phase = _IDLE
-        self._begun = False  # a byte of the current request arrived
+        self._begun = False  # a byte of a request arrived on this connection
+        self._header_due = 0.0  # loop time the current headers must be complete by; 0: none
+        self._close_due = 0.0  # while closing: loop time of the forced close; 0: none
         self._raw = 0  # bytes read while the current headers were incomplete (a coarse bound)
         self._size = 0  # request line + header bytes, exact
         self._count = 0
@@ -82,10 +96,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._phase = _HEADERS  # the first request is due within the header timeout
-        self._arm(self.limits.header_timeout_s, self._header_timeout)
+        self._header_due = self.loop.time() + self.limits.header_timeout_s
+        self._ensure_timer(self._header_due)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -115,29 +132,30 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._phase == _HEADERS:
             if self._raw > self.limits.max_header_size:
                 self._refuse_headers(431, self._too_large())
-        elif self._phase == _BODY and self._timer is None:
-            self._arm(self.limits.body_timeout_s, self._body_timeout)
+        elif self._phase == _BODY:
+            self._ensure_timer(self._last_read + self.limits.body_timeout_s)
 
     # -- parser callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._phase, self._begun, self._size, self._count = _HEADERS, True, 0, 0
-        if self._timer is None:
-            self._arm(self.limits.header_timeout_s, self._header_timeout)
+        if not self._header_due:  # not the connection's first request: due from its first byte
+            self._header_due = self._last_read + self.limits.header_timeout_s
+            self._ensure_timer(self._header_due)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
         self._size += len(url)
-        if self._size > self.limits.max_header_size:
+        if self._size > self._max_size:
             self._refuse(431, self._too_large())
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count += 1
-        self._size += len(name) + len(value) + 4
-        if self._count > self.limits.max_header_count:
-            self._refuse(431, f"more than {self.limits.max_header_count} request headers")
-        if self._size > self.limits.max_header_size:
+        count = self._count = self._count + 1
+        size = self._size = self._size + len(name) + len(value) + 4
+        if count > self._max_count or size > self._max_size:
+            if count > self._max_count:
+                self._refuse(431, f"more than {self._max_count} request headers")
             self._refuse(431, self._too_large())
         name = name.lower()  # uvicorn's on_header, inlined
         if name == b"expect" and value.lower() == b"100-continue":
@@ -145,44 +163,55 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._disarm()
-        self._phase = _BODY
+        self._phase, self._header_due = _BODY, 0.0
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._disarm()
-        self._phase, self._begun, self._raw = _IDLE, False, 0
+        self._phase, self._raw = _IDLE, 0
         super().on_message_complete()
 
-    # -- timers ---------------------------------------------------------------------------------
+    # -- the timer ------------------------------------------------------------------------------
 
-    def _arm(self, delay: float, callback: Any) -> None:
-        self._timer = self.loop.call_later(delay, callback)
+    def _ensure_timer(self, due: float) -> None:
+        """Make the timer fire no later than ``due`` (loop time)."""
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= due:
+                return
+            timer.cancel()
+        self._timer = self.loop.call_at(due, self._on_timer)
+        self._timer_at = due
 
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _header_timeout(self) -> None:
+    def _on_timer(self) -> None:
         self._timer = None
         if self.transport.is_closing():
             return
-        if not self._begun:  # nothing of a request arrived: just close
-            self.transport.close()
-            return
-        limit = self.limits.header_timeout_s
-        self._refuse_headers(408, f"the request headers did not arrive within {limit:g} s")
+        now, phase = self.loop.time(), self._phase
+        if phase == _HEADERS:
+            if now < self._header_due:
+                self._ensure_timer(self._header_due)
+            elif not self._begun:  # nothing of a request arrived: just close
+                self.transport.close()
+            else:
+                limit = self.limits.header_timeout_s
+                self._refuse_headers(408, f"the request headers did not arrive within {limit:g} s")
+        elif phase == _BODY:
+            due = self._last_read + self.limits.body_timeout_s
+            if now < due:
+                self._ensure_timer(due)
+            elif self.flow.read_paused:  # we are the ones not reading: not the client's stall
+                self._ensure_timer(now + self.limits.body_timeout_s)
+            else:
+                self._body_stalled()
+        elif phase == _CLOSING and self._close_due:
+            if now < self._close_due:
+                self._ensure_timer(self._close_due)
+            else:
+                self.transport.close()
+        # _IDLE: nothing is due (between requests, uvicorn's keep-alive timer runs)
 
-    def _body_timeout(self) -> None:
-        self._timer = None
-        if self.transport.is_closing() or self._phase != _BODY:
-            return
+    def _body_stalled(self) -> None:
         limit = self.limits.body_timeout_s
-        idle = self.loop.time() - self._last_read
-        if idle < limit or self.flow.read_paused:  # data came, or we are the ones not reading
-            self._arm(limit - idle if idle < limit else limit, self._body_timeout)
-            return
         cycle = self.cycle
         if cycle is None or cycle.response_started or self.pipeline:
             self.transport.close()  # a response is under way: nothing to answer with
@@ -203,7 +232,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse_headers(self, status: int, message: str) -> None:
         """Refuse the request whose headers are being read."""
-        self._disarm()
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             # An earlier (pipelined) response is still being written: close after it, and
@@ -227,14 +255,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         content.append(body)
         transport = self.transport
         transport.write(b"".join(content))
-        self._disarm()
         self._phase = _CLOSING
         if not transport.can_write_eof():
             transport.close()
             return
         transport.write_eof()  # the answer, then FIN; the client's EOF (or the timer) closes
         self.flow.resume_reading()
-        self._arm(LINGER_S, transport.close)
+        self._close_due = self.loop.time() + LINGER_S
+        self._ensure_timer(self._close_due)
 
 
 def _client(client: tuple[str, int] | None) -> str:
@@ -243,4 +271,9 @@ def _client(client: tuple[str, int] | None) -> str:
 
 def protocol_class(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
     """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits``."""
-    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+    attrs = {
+        "limits": limits,
+        "_max_size": limits.max_header_size,
+        "_max_count": limits.max_header_count,
+    }
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), attrs)
