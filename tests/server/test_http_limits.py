@@ -86,6 +86,12 @@ def _describe(server: LiveServer) -> dict:
     return probe
 
 
+def _probe_metric(server: LiveServer, name: str) -> float:
+    text = httpx.get(f"{server.metrics_url}/metrics", timeout=WAIT_S).text
+    lines = [ln for ln in text.splitlines() if ln.startswith(name) and 'model="probe"' in ln]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
+
+
 def test_unfinished_headers_get_408_then_eof_on_every_port(server):
     for name, port in _ports(server).items():
         raw, closed = _exchange(port, b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -94,7 +100,14 @@ def test_unfinished_headers_get_408_then_eof_on_every_port(server):
 
 
 def test_stalled_body_gets_408_and_never_reaches_the_model(server):
+    warm = httpx.post(f"{server.url}/predictions/probe", json={"echo": "warm"}, timeout=WAIT_S)
+    assert warm.status_code == 200, warm.text
     before = _describe(server)["metrics"]["requests"]
+    served = [
+        _probe_metric(server, m)
+        for m in ("torchbay_request_latency_seconds_count", "torchbay_handler_seconds_count")
+    ]
+    assert all(served), served  # the series exist: the comparison below can fail
     # A complete JSON object, but 100 bytes declared: run on what arrived, it would echo.
     body = b'{"echo": "stalled"}'
     raw, closed = _exchange(
@@ -107,6 +120,10 @@ def test_stalled_body_gets_408_and_never_reaches_the_model(server):
     probe = _describe(server)
     assert probe["metrics"]["requests"] == before  # never admitted
     assert probe["jobQueueStatus"]["pendingRequests"] == 0
+    assert served == [
+        _probe_metric(server, m)
+        for m in ("torchbay_request_latency_seconds_count", "torchbay_handler_seconds_count")
+    ]
     ran = httpx.post(f"{server.url}/predictions/probe", json={"ran": True}, timeout=WAIT_S)
     assert ran.status_code == 200, ran.text
     assert "stalled" not in ran.json()["ran"]
