@@ -37,7 +37,7 @@ from torchbay.server.devices import (
 )
 from torchbay.server.http import ASGIApp
 from torchbay.server.httplimits import HttpLimits, protocol_class
-from torchbay.server.listeners import LISTENERS, bind_listeners, close_all
+from torchbay.server.listeners import LISTENERS, bind_listeners, check_tls, close_all
 from torchbay.server.model import ModelVersion
 from torchbay.server.registry import ModelRegistry
 from torchbay.server.slot import Placement
@@ -169,7 +169,8 @@ class TorchbayServer:
         from torchbay.server.apps import build_apps
 
         config = self.config
-        if not self._sockets:  # raises TorchbayError naming the listener; nothing written yet
+        if not self._sockets:  # raises TorchbayError naming the file or listener; nothing written
+            check_tls(config)
             self._sockets = bind_listeners(config)
         for name, sock in self._sockets.items():
             setattr(self.state.ports, name, sock.getsockname()[1])
