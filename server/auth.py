@@ -9,7 +9,9 @@ At start the server writes ``key_file.json`` (mode 0600) in TorchServe's shape::
 Inference routes need ``Authorization: Bearer <inference key>``, management routes the
 management key, ``GET /token?type=management|inference`` (rotation) the API key, which never
 expires. An expired key answers 401 until rotated. Keys are compared in constant time. The
-key file is deleted at shutdown, as TorchServe does. Torch-free.
+key file is deleted at shutdown, as TorchServe does, but only while it still holds what this
+server wrote: a second server (a failed start, or one sharing the path) never deletes another's
+keys. Torch-free.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class TokenAuth:
         self.key_file = key_file
         self.expiration_s = expiration_min * 60
         self.clock = clock
+        self._written: str | None = None  # the key file's text as this server last wrote it
         now = clock()
         self.keys: dict[str, _Key] = {
             "management": _Key(new_key(), now + self.expiration_s),
@@ -87,15 +90,29 @@ class TokenAuth:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        text = json.dumps(self.key_file_json(), indent=2)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(self.key_file_json(), f, indent=2)
+            f.write(text)
         os.chmod(tmp, 0o600)  # a umask can only remove bits, but be explicit
         tmp.replace(path)
+        self._written = text
 
-    def delete_key_file(self) -> None:
+    def delete_key_file(self) -> bool:
+        """Delete the key file if it still holds the keys this server wrote; True if deleted."""
+        if self._written is None:
+            return False
+        try:
+            current = self.key_file.read_text()
+        except OSError:  # gone already, or not ours to read
+            return False
+        if current != self._written:
+            log.info("key file %s now holds another server's keys: left in place", self.key_file)
+            return False
         with contextlib.suppress(FileNotFoundError):
             self.key_file.unlink()
+        self._written = None
+        return True
 
     # -- checks ---------------------------------------------------------------------------------
 

@@ -90,6 +90,7 @@ def expected_startup_workers(config: Any) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from torchbay.server.config_sources import load_server_config
+    from torchbay.server.listeners import bind_listeners, close_all, preflight
     from torchbay.server.workers import spawn_process
 
     for flag in ("log_config", "plugins_path", "workflow_store"):
@@ -98,8 +99,13 @@ def run_serve(args: argparse.Namespace) -> int:
     config, notes = load_server_config(
         ts_config=args.ts_config, env=dict(os.environ), cli=_cli_settings(args)
     )
-    # Start the workers' processes first: each imports torch (the slowest part of start-up)
-    # while the frontend imports the rest, binds and unpacks the archives.
+    # Everything that can make the start fail on its own (a missing store, unreadable TLS files,
+    # a port in use) is checked before a worker is spawned, a log line written or the key file
+    # touched: the error is one line, and a server already on that port is left alone.
+    preflight(config)
+    listeners = bind_listeners(config)
+    # Then start the workers' processes: each imports torch (the slowest part of start-up)
+    # while the frontend imports the rest and unpacks the archives.
     prewarmed = [
         spawn_process(os.environ, log_format=config.log_format)
         for _ in range(expected_startup_workers(config))
@@ -117,9 +123,11 @@ def run_serve(args: argparse.Namespace) -> int:
             env=dict(os.environ),
             ready_file=Path(args.ready_file) if args.ready_file else None,
             prewarmed=prewarmed,
+            listeners=listeners,
         )
         _run(server)
     finally:
+        close_all(listeners)  # the server took them; only a failure before that leaves any
         stop_logging()
     return 0
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 from torchbay.server.config import parse_address
 from torchbay.server.http import ASGIApp, Receive, Scope, Send
 
-Listener = tuple[str, str, ASGIApp]  # (name, address, app), as serve.startup() binds them
-
 
 def is_management_path(method: str, path: str) -> bool:
     if path == "/token" or path == "/models" or path.startswith("/models/"):
@@ -42,17 +40,3 @@ def same_address(a: str, b: str) -> bool:
     """Both addresses name one fixed host:port (and scheme), so only one socket can bind it."""
     first, second = parse_address(a), parse_address(b)
     return first.port != 0 and first == second
-
-
-def combine_listeners(listeners: list[Listener]) -> list[Listener]:
-    """Merge the inference and management listeners into one when they share an address."""
-    by_name = {name: (address, app) for name, address, app in listeners}
-    inference, management = by_name.get("inference"), by_name.get("management")
-    if inference is None or management is None or not same_address(inference[0], management[0]):
-        return listeners
-    combined = CombinedApp(inference[1], management[1])
-    return [
-        ("inference", address, combined) if name == "inference" else (name, address, app)
-        for name, address, app in listeners
-        if name != "management"
-    ]

@@ -10,7 +10,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from torchbay.server.errors import PayloadTooLarge, TorchbayError
+from torchbay.server.errors import BadRequest, PayloadTooLarge, TorchbayError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -36,7 +36,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         raise PayloadTooLarge(
             f"Request body of {int(declared)} bytes exceeds the {limit}-byte limit"
         )
-    message = await receive()
+    message = await _receive_body(receive)
     body = message.get("body", b"")
     if not message.get("more_body", False):
         if len(body) > limit:
@@ -45,13 +45,21 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     chunks = [body]
     size = len(body)
     while message.get("more_body", False):
-        message = await receive()
+        message = await _receive_body(receive)
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"Request body exceeds the {limit}-byte limit")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _receive_body(receive: Receive) -> Message:
+    """The next body message; a disconnect mid-body is BadRequest, never a truncated body."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise BadRequest("the client disconnected before sending the whole request body")
+    return message
 
 
 async def send_bytes(

@@ -14,12 +14,16 @@
 With token auth on, every route but the API description needs ``Authorization: Bearer`` with
 the management key (``/token``: the API key). Register and unregister answer 405 unless
 ``enable_model_api``. Errors are ``{"code", "type", "message"}``; bad parameter values are 400.
+Model settings (batch size, delay, timeouts, workers) are checked against ``ModelConfig``'s own
+bounds before anything changes: an out-of-range, NaN or infinite value is a 400 naming the
+parameter and the bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import weakref
 from typing import Any
@@ -30,9 +34,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from torchbay.server.auth import TokenAuth
-from torchbay.server.config import ServerConfig
+from torchbay.server.config import API_NAMES, MAX_TIMEOUT_S, ModelConfig, ServerConfig
 from torchbay.server.errors import (
     BadRequest,
     ConfigError,
@@ -51,7 +56,7 @@ _background: set[asyncio.Task] = set()
 class RegisterParams(BaseModel):
     """``POST /models`` parameters (TorchServe's names), from the query string or a JSON body."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     url: str = Field(min_length=1)
     model_name: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -69,7 +74,7 @@ class RegisterParams(BaseModel):
 class ScaleParams(BaseModel):
     """``PUT /models/{m}[/{v}]`` parameters."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     min_worker: int | None = Field(None, ge=0)
     max_worker: int | None = Field(None, ge=0)
@@ -78,6 +83,35 @@ class ScaleParams(BaseModel):
     batch_size: int | None = Field(None, ge=1)
     max_batch_delay: float | None = Field(None, ge=0)
     response_timeout: float | None = Field(None, gt=0)
+
+
+# API parameter -> ModelConfig field, for the bounds check (register's initial_workers too).
+_BOUNDED = {
+    **{k: v for k, v in API_NAMES.items() if k != "handler"},
+    "initial_workers": "min_workers",
+}
+
+
+def check_model_settings(params: dict[str, Any]) -> None:
+    """Raise BadRequest unless each given API parameter is within ``ModelConfig``'s bounds.
+
+    ``params`` maps TorchServe parameter names to values (None = not given). ModelConfig is the
+    one definition of the limits (config.properties, model-config.yaml and this API share it).
+    """
+    fields = {_BOUNDED[k]: v for k, v in params.items() if v is not None and k in _BOUNDED}
+    if not fields:
+        return
+    try:
+        ModelConfig.model_validate(fields)
+    except ValidationError as exc:
+        names = {_BOUNDED[k]: k for k, v in params.items() if v is not None and k in _BOUNDED}
+        parts = []
+        for err in exc.errors():
+            loc = [names.get(str(p), str(p)) for p in err.get("loc", ())]
+            parts.append(
+                f"{'.'.join(loc) or 'request'}: {err.get('msg')} (got {err.get('input')!r})"
+            )
+        raise BadRequest("Invalid parameter(s): " + "; ".join(parts)) from None
 
 
 def _rss(pid: int | None) -> int:
@@ -186,6 +220,12 @@ def _install_error_handlers(app: FastAPI) -> None:
             error.status = exc.status_code
         return JSONResponse(error.to_json(), status_code=error.status, headers=exc.headers)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client left (or was timed out) mid-body: nobody reads this answer.
+        log.info("management request %s %s: client disconnected", request.method, request.url.path)
+        return JSONResponse(BadRequest("client disconnected").to_json(), status_code=400)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.error("management request %s %s failed", request.method, request.url.path, exc_info=exc)
@@ -279,6 +319,7 @@ def build_management_app(
                     raise BadRequest("The JSON body must be an object of register parameters")
                 raw.update(data)
         params = RegisterParams.model_validate(raw)
+        check_model_settings(params.model_dump())
         overrides = {
             key: value
             for key in ("batch_size", "max_batch_delay", "response_timeout", "startup_timeout")
@@ -332,6 +373,8 @@ def build_management_app(
         response_timeout: float | None,
     ) -> JSONResponse:
         mv = registry.resolve(name, version)
+        if not (math.isfinite(timeout) and -1 <= timeout <= MAX_TIMEOUT_S):
+            raise BadRequest(f"timeout must be -1 to {MAX_TIMEOUT_S:g} seconds, got {timeout}")
         tuning = (batch_size, max_batch_delay, response_timeout)
         if min_worker is None and all(v is None for v in tuning):
             min_worker = 1  # TorchServe's default
@@ -343,6 +386,15 @@ def build_management_app(
             raise BadRequest(
                 f"max_worker ({max_worker}) cannot be less than min_worker ({min_worker})"
             )
+        check_model_settings(
+            {
+                "min_worker": min_worker,
+                "max_worker": max_worker,
+                "batch_size": batch_size,
+                "max_batch_delay": max_batch_delay,
+                "response_timeout": response_timeout,
+            }
+        )
         params = ScaleParams(
             min_worker=min_worker,
             max_worker=max_worker,

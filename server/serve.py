@@ -1,10 +1,13 @@
 """The server's lifecycle: ``serve -> startup -> main loop -> shutdown`` (uvicorn's shape).
 
-Startup binds the three listeners (port 0 allowed; the bound ports are reported), starts them,
-then loads the startup models concurrently; a model that fails to load is logged with its reason
-and the others keep serving. Signal handlers only set a flag. Shutdown is bounded: stop accepting,
-drain queued and running requests for ``shutdown_grace_s`` (what is left gets 503), stop workers
-(Shutdown -> terminate -> kill), then close the metrics listener.
+Startup binds the three listeners first (port 0 allowed; the bound ports are reported), and only
+then builds the apps (which writes the key file), so a start that cannot bind touches nothing of a
+server already running there. Every listener speaks HTTP through ``httplimits`` (header and body
+timeouts, header limits). It then loads the startup models concurrently; a model that fails to
+load is logged with its reason and the others keep serving. Signal handlers only set a flag.
+Shutdown is bounded: stop accepting, drain queued and running requests for ``shutdown_grace_s``
+(what is left gets 503), stop workers (Shutdown -> terminate -> kill), then close the metrics
+listener.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import uvicorn
 
 from torchbay import __version__
+from torchbay.server.combined import CombinedApp
 from torchbay.server.config import ModelConfig, ServerConfig, parse_address
 from torchbay.server.devices import (
     DeviceAssigner,
@@ -33,6 +37,8 @@ from torchbay.server.devices import (
     detect_gpu_count,
 )
 from torchbay.server.http import ASGIApp
+from torchbay.server.httplimits import HttpLimits, protocol_class
+from torchbay.server.listeners import bind_listeners, check_tls, close_all
 from torchbay.server.model import ModelVersion
 from torchbay.server.registry import ModelRegistry
 from torchbay.server.slot import Placement
@@ -67,8 +73,11 @@ class TorchbayServer:
         cores: int | None = None,
         ready_file: Path | None = None,
         prewarmed: list[Spawned] | None = None,
+        listeners: dict[str, socket.socket] | None = None,
     ) -> None:
         self.config = config
+        # Sockets bound by the caller (the CLI binds before anything else); else startup binds.
+        self._sockets: dict[str, socket.socket] = dict(listeners or {})
         # Worker processes the CLI spawned before the frontend's imports (see workers.py).
         self._prewarmed = list(prewarmed or [])
         self.env = dict(env if env is not None else {})
@@ -161,25 +170,29 @@ class TorchbayServer:
         from torchbay.server.apps import build_apps
 
         config = self.config
-        apps = build_apps(self)
+        if not self._sockets:  # raises TorchbayError naming the file or listener; nothing written
+            check_tls(config)
+            self._sockets = bind_listeners(config)
+        for name, sock in self._sockets.items():
+            setattr(self.state.ports, name, sock.getsockname()[1])
+        apps = build_apps(self)  # writes the key file: every listener is bound by now
         self.registry = apps.registry
         self.metrics = apps.metrics
         self.auth = apps.auth
         if self.auth is not None:
             log.info("token authorization on: keys in %s", self.auth.key_file)
-        from torchbay.server.combined import combine_listeners
-
-        listeners = combine_listeners(
-            [
-                ("inference", config.inference_address, apps.inference),
-                ("management", config.management_address, apps.management),
-                ("metrics", config.metrics_address, apps.metrics_app),
-            ]
-        )
-        for name, address, app in listeners:
-            await self._listen(name, address, app)
-        if len(listeners) == 2:  # inference and management share one listener (KServe's config)
+        routes: dict[str, ASGIApp] = {
+            "inference": apps.inference,
+            "management": apps.management,
+            "metrics": apps.metrics_app,
+        }
+        if "management" not in self._sockets:  # shares the inference address (KServe's config)
+            routes["inference"] = CombinedApp(apps.inference, apps.management)
+            del routes["management"]
             self.state.ports.management = self.state.ports.inference
+        protocol = protocol_class(HttpLimits.from_config(config))
+        for name, app in routes.items():
+            await self._listen(name, app, protocol)
         await self._load_startup_models()
         await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()
@@ -192,15 +205,8 @@ class TorchbayServer:
             self.state.ports.metrics,
         )
 
-    async def _listen(self, name: str, address: str, app: ASGIApp) -> None:
-        parsed = parse_address(address)
-        family = socket.AF_INET6 if ":" in parsed.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((parsed.host, parsed.port))
-        sock.listen(2048)
-        sock.setblocking(False)
-        setattr(self.state.ports, name, sock.getsockname()[1])
+    async def _listen(self, name: str, app: ASGIApp, protocol: type) -> None:
+        parsed = parse_address(getattr(self.config, f"{name}_address"))
         if parsed.host in ("0.0.0.0", "::") and self.config.disable_token_authorization:
             log.warning(
                 "%s listener binds %s with token auth disabled: anyone who can reach this host "
@@ -219,10 +225,11 @@ class TorchbayServer:
             lifespan="off",
             access_log=False,
             log_config=None,
-            http="httptools",
+            http=protocol,  # httptools plus header/body timeouts and header limits
+            ws="none",
             loop="none",
             timeout_graceful_shutdown=self.config.shutdown_grace_s + 5,
-            timeout_keep_alive=30,
+            timeout_keep_alive=self.config.keep_alive_timeout_s,  # type: ignore[arg-type]
             server_header=False,
             # No X-Forwarded-* rewriting: one less ASGI layer on every request. Put a proxy's
             # own access log in front if client addresses behind it matter.
@@ -232,7 +239,12 @@ class TorchbayServer:
         uv_config.load()
         server = uvicorn.Server(uv_config)
         server.lifespan = uv_config.lifespan_class(uv_config)
-        await server.startup(sockets=[sock])
+        sock = self._sockets.pop(name)
+        try:
+            await server.startup(sockets=[sock])
+        except BaseException:
+            sock.close()
+            raise
         self._servers.append((name, server, sock))
 
     async def _load_startup_models(self) -> None:
@@ -278,6 +290,7 @@ class TorchbayServer:
 
     async def shutdown(self) -> None:
         log.info("shutting down: draining for up to %gs", self.config.shutdown_grace_s)
+        close_all(self._sockets)  # bound but never served: a start that failed half-way
         await asyncio.to_thread(self._discard_prewarmed)
         front = [s for s in self._servers if s[0] != "metrics"]
         back = [s for s in self._servers if s[0] == "metrics"]
@@ -294,7 +307,7 @@ class TorchbayServer:
         if self.metrics is not None and hasattr(self.metrics, "close"):
             self.metrics.close()
         if self.auth is not None:
-            self.auth.delete_key_file()  # as TorchServe does
+            self.auth.delete_key_file()  # as TorchServe does; only if it is still ours
         log.info("stopped")
 
 

@@ -2,7 +2,8 @@
 
 Each part registers its verbs (``register(subparsers)``) and owns the core functions they call, so
 tests call those functions directly. Domain errors print one line and exit 1; configuration errors
-print field by field and exit 2; a traceback only with ``--debug``.
+(a bad value: one line per field; an unreadable config file) exit 2; a traceback only with
+``--debug`` or ``TORCHBAY_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -59,10 +61,20 @@ def _domain_errors() -> tuple[type[BaseException], ...]:
 
 
 def _print_validation_error(exc: BaseException) -> None:
-    print("torchbay: invalid configuration:", file=sys.stderr)
+    """One line per bad field: ``torchbay: invalid configuration: max_batch_delay_ms: ...``."""
     for err in exc.errors():  # type: ignore[attr-defined]
         where = ".".join(str(part) for part in err.get("loc", ())) or "(root)"
-        print(f"  {where}: {err.get('msg')}", file=sys.stderr)
+        message = str(err.get("msg", "invalid")).replace("\n", " ")
+        value = err.get("input")
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            shown = repr(value)
+            if len(shown) <= 60 and repr(value) not in message:
+                message += f" (got {shown})"
+        print(f"torchbay: invalid configuration: {where}: {message}", file=sys.stderr)
+
+
+def _debug(args: argparse.Namespace) -> bool:
+    return bool(args.debug) or os.environ.get("TORCHBAY_DEBUG", "") not in ("", "0")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,21 +83,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    debug = _debug(args)
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO,
+        level=logging.DEBUG if debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from pydantic import ValidationError
 
+    from torchbay.server.errors import ConfigError
+
     try:
         result = args.func(args)
     except ValidationError as exc:
-        if args.debug:
+        if debug:
             raise
         _print_validation_error(exc)
         return 2
+    except ConfigError as exc:
+        if debug:
+            raise
+        print(f"torchbay: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     except _domain_errors() as exc:
-        if args.debug:
+        if debug:
             raise
         print(f"torchbay: error: {exc}", file=sys.stderr)
         return 1

@@ -52,6 +52,25 @@ def test_keys_expire_rotate_and_compare_exactly(tmp_path):
     assert on_disk["management"]["key"] == fresh
 
 
+def test_a_server_deletes_only_the_key_file_it_wrote(tmp_path):
+    path = tmp_path / "key_file.json"
+    never_wrote = TokenAuth(path, expiration_min=1)
+    first = TokenAuth(path, expiration_min=1)
+    first.write_key_file()
+    assert never_wrote.delete_key_file() is False  # a failed start wrote nothing: deletes nothing
+    assert json.loads(path.read_text()) == first.key_file_json()
+
+    second = TokenAuth(path, expiration_min=1)  # another server on the same path
+    second.write_key_file()
+    assert first.delete_key_file() is False  # not first's keys any more
+    assert json.loads(path.read_text()) == second.key_file_json()
+
+    second.rotate("inference")  # rewritten by its owner: still its own
+    assert second.delete_key_file() is True
+    assert not path.exists()
+    assert second.delete_key_file() is False  # already gone
+
+
 @pytest.mark.slow
 def test_auth_matrix_rotation_and_key_file_lifecycle(model_store, tmp_path):
     key_file = tmp_path / "run" / "key_file.json"

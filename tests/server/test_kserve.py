@@ -11,17 +11,15 @@ import httpx
 import pytest
 
 from torchbay.archiver.package import ArchiveOptions, package
-from torchbay.server.combined import combine_listeners, is_management_path, same_address
+from torchbay.server.combined import is_management_path, same_address
+from torchbay.server.config import ServerConfig
 from torchbay.server.config_sources import load_server_config
 from torchbay.server.errors import ConfigError
+from torchbay.server.listeners import listener_names
 
 from .conftest import ASSETS, _tiny_model, probe_models
 
 pytestmark = pytest.mark.slow
-
-
-async def _noop(scope: Any, receive: Any, send: Any) -> None:
-    return None
 
 
 def _no_leak(body: dict[str, Any]) -> None:
@@ -156,16 +154,16 @@ def test_model_snapshot_bad_json_is_a_config_error(tmp_path: Path, value: str) -
 
 
 def test_shared_address_makes_one_listener() -> None:
-    listeners = [
-        ("inference", "http://0.0.0.0:8085", _noop),
-        ("management", "http://0.0.0.0:8085", _noop),
-        ("metrics", "http://0.0.0.0:8082", _noop),
-    ]
-    merged = combine_listeners(listeners)
-    assert [name for name, _, _ in merged] == ["inference", "metrics"]
+    shared = ServerConfig(
+        inference_address="http://0.0.0.0:8085",
+        management_address="http://0.0.0.0:8085",
+        metrics_address="http://0.0.0.0:8082",
+    )
+    assert listener_names(shared) == ("inference", "metrics")
     assert not same_address("http://127.0.0.1:0", "http://127.0.0.1:0")  # two ephemeral ports
     assert not same_address("http://0.0.0.0:8085", "https://0.0.0.0:8085")
-    assert combine_listeners(listeners[1:]) == listeners[1:]
+    apart = shared.model_copy(update={"management_address": "http://0.0.0.0:8081"})
+    assert listener_names(apart) == ("inference", "management", "metrics")
 
 
 @pytest.mark.parametrize(

@@ -219,3 +219,65 @@ def test_model_api_off_by_default(live_server, request):
         assert doc.status_code == 200 and doc.json()["openapi"].startswith("3.")
     assert "/predictions/{model_name}" in httpx.get(f"{server.url}/openapi.json").json()["paths"]
     assert "/metrics" in httpx.get(f"{server.metrics_url}/openapi.json").json()["paths"]
+
+
+def test_out_of_range_nan_and_infinite_parameters_are_400_and_change_nothing(
+    live_server, versioned_store, request
+):
+    server = live_server(model_store=versioned_store, enable_model_api=True)
+    m = httpx.Client(base_url=server.management_url, timeout=60)
+    request.addfinalizer(m.close)
+    assert m.post("/models", params={"url": "tiny.mar", "initial_workers": 0}).status_code == 200
+    [before] = m.get("/models/tiny").json()
+
+    def refused(r: httpx.Response, *words: str) -> None:
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert body["type"] == "BadRequest", body
+        for word in words:
+            assert word in body["message"], body
+
+    big = 10**12
+    # Register: the query string and a JSON body (NaN and 1e999 are what Python's json reads).
+    for params, words in (
+        ({"batch_size": 5000}, ("batch_size", "4096")),
+        ({"max_batch_delay": "inf"}, ("max_batch_delay", "finite")),
+        ({"max_batch_delay": 1e9}, ("max_batch_delay", "60000")),
+        ({"initial_workers": big}, ("initial_workers", "512")),
+        ({"response_timeout": "nan"}, ("response_timeout", "finite")),
+        ({"response_timeout": 1e12}, ("response_timeout", "604800")),
+        ({"startup_timeout": "-inf"}, ("startup_timeout",)),
+        ({"startup_timeout": 1e12}, ("startup_timeout", "604800")),
+    ):
+        refused(m.post("/models", params={"url": "tiny.mar", "model_name": "t2", **params}), *words)
+    for raw, words in (
+        (b'{"url": "tiny.mar", "model_name": "t2", "max_batch_delay": NaN}', ("max_batch_delay",)),
+        (b'{"url": "tiny.mar", "model_name": "t2", "response_timeout": 1e999}', ("finite",)),
+        (b'{"url": "tiny.mar", "model_name": "t2", "initial_workers": 1000000000000}', ("512",)),
+    ):
+        r = m.post("/models", content=raw, headers={"content-type": "application/json"})
+        refused(r, *words)
+    assert [x["modelName"] for x in m.get("/models").json()["models"]] == ["tiny"]
+
+    # Scale and tune, default version and an explicit one.
+    for path in ("/models/tiny", "/models/tiny/1.0"):
+        for params, words in (
+            ({"min_worker": big}, ("min_worker", "512")),
+            ({"min_worker": 1, "max_worker": big}, ("max_worker", "512")),
+            ({"batch_size": 5000}, ("batch_size", "4096")),
+            ({"max_batch_delay": "inf"}, ("max_batch_delay", "finite")),
+            ({"max_batch_delay": "nan"}, ("max_batch_delay", "finite")),
+            ({"max_batch_delay": 1e9}, ("max_batch_delay", "60000")),
+            ({"response_timeout": "inf"}, ("response_timeout", "finite")),
+            ({"response_timeout": 1e12}, ("response_timeout", "604800")),
+            ({"min_worker": 0, "timeout": "inf"}, ("timeout",)),
+        ):
+            refused(m.put(path, params={**params, "synchronous": True}), *words)
+            refused(m.put(path, params=params), *words)  # asynchronous: checked before the 202
+    [after] = m.get("/models/tiny").json()
+    assert after == before
+    # The server still works: an in-range change is applied.
+    r = m.put("/models/tiny", params={"batch_size": 4096, "max_batch_delay": 60000})
+    assert r.status_code == 202, r.text
+    [tuned] = m.get("/models/tiny").json()
+    assert (tuned["batchSize"], tuned["maxBatchDelay"]) == (4096, 60000)

@@ -1,0 +1,279 @@
+"""HTTP/1.1 edge limits for every listener: uvicorn's httptools protocol plus nginx's timeouts.
+
+uvicorn (httptools) cancels its keep-alive timer on the first byte of a request and has no limit
+on header size, so a client that never finishes its headers, or declares a body and stops
+sending it, holds a connection forever. :class:`LimitedHttpToolsProtocol` adds, per connection:
+
+* a header deadline (nginx ``client_header_timeout``), from the connection's opening for its
+  first request and from the first byte of each later one, until the headers are complete. Past
+  it: ``408`` and close (a connection that sent nothing at all is just closed);
+* a body deadline (nginx ``client_body_timeout``): the longest gap between two reads while the
+  body is incomplete (not counted while we, not the client, hold reading paused). Past it: ``408``
+  and close; the ASGI app's ``receive()`` answers ``http.disconnect`` and whatever it sends
+  afterwards is dropped, so the request never runs;
+* ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close.
+
+Idle keep-alive between requests stays uvicorn's ``timeout_keep_alive``. Error bodies are the
+server's ``{"code", "type", "message"}`` JSON with ``connection: close``, then a lingering close
+(half-close, discard the rest of the upload for up to ``LINGER_S``) so a client mid-upload reads
+the answer rather than a reset. A refusal while an earlier pipelined response is still being
+written just closes the connection after that response.
+
+The hot path stays cheap: the deadlines share one lazy timer per connection that fires at or
+before the earliest deadline and re-arms itself if the deadline moved, so a busy keep-alive
+connection allocates a timer handle about once per header timeout, not per request; per request
+the cost is a clock read and a few integer updates per header.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from asyncio import TimerHandle
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+log = logging.getLogger("torchbay.http")
+
+_IDLE, _HEADERS, _BODY, _CLOSING = 0, 1, 2, 3
+# After an error answer: half-close and discard what the client still sends for up to this long,
+# so a client mid-upload reads the answer instead of a reset (nginx's lingering close).
+LINGER_S = 2.0
+_TYPES = {408: "RequestTimeout", 431: "RequestHeaderFieldsTooLarge"}
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    header_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
+    max_header_size: int = 64 << 10
+    max_header_count: int = 256
+
+    @classmethod
+    def from_config(cls, config: Any) -> HttpLimits:
+        """The limits of a ``ServerConfig``."""
+        return cls(
+            header_timeout_s=config.http_header_timeout_s,
+            body_timeout_s=config.http_body_timeout_s,
+            max_header_size=config.max_header_size,
+            max_header_count=config.max_header_count,
+        )
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing; ``_rejection`` says what to answer."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with header/body timeouts and header limits."""
+
+    limits: HttpLimits = HttpLimits()  # set per listener by protocol_class()
+    _max_size = limits.max_header_size  # the two checked per header, as plain class attributes
+    _max_count = limits.max_header_count
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # One lazy timer per connection: it fires at or before the earliest deadline and
+        # re-arms itself if that moved, so a busy keep-alive connection creates a timer handle
+        # about once per header timeout rather than once per request.
+        self._timer: TimerHandle | None = None
+        self._timer_at = 0.0
+        self._phase = _IDLE
+        self._begun = False  # a byte of a request arrived on this connection
+        self._header_due = 0.0  # loop time the current headers must be complete by; 0: none
+        self._close_due = 0.0  # while closing: loop time of the forced close; 0: none
+        self._raw = 0  # bytes read while the current headers were incomplete (a coarse bound)
+        self._size = 0  # request line + header bytes, exact
+        self._count = 0
+        self._last_read = 0.0
+        self._rejection: tuple[int, str] | None = None
+
+    # -- connection -----------------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._phase = _HEADERS  # the first request is due within the header timeout
+        self._header_due = self.loop.time() + self.limits.header_timeout_s
+        self._ensure_timer(self._header_due)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase == _CLOSING:
+            return  # answered and closing: discard
+        self._unset_keepalive_if_required()
+        self._last_read = self.loop.time()
+        if self._phase != _BODY:
+            self._raw += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():  # pragma: no cover - our listeners serve no websockets
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            rejection, self._rejection = self._rejection, None
+            if rejection is not None:
+                self._refuse_headers(*rejection)
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        if self._phase == _HEADERS:
+            if self._raw > self.limits.max_header_size:
+                self._refuse_headers(431, self._too_large())
+        elif self._phase == _BODY:
+            self._ensure_timer(self._last_read + self.limits.body_timeout_s)
+
+    # -- parser callbacks -----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase, self._begun, self._size, self._count = _HEADERS, True, 0, 0
+        if not self._header_due:  # not the connection's first request: due from its first byte
+            self._header_due = self._last_read + self.limits.header_timeout_s
+            self._ensure_timer(self._header_due)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._size += len(url)
+        if self._size > self._max_size:
+            self._refuse(431, self._too_large())
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        count = self._count = self._count + 1
+        size = self._size = self._size + len(name) + len(value) + 4
+        if count > self._max_count or size > self._max_size:
+            if count > self._max_count:
+                self._refuse(431, f"more than {self._max_count} request headers")
+            self._refuse(431, self._too_large())
+        name = name.lower()  # uvicorn's on_header, inlined
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._phase, self._header_due = _BODY, 0.0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._phase, self._raw = _IDLE, 0
+        super().on_message_complete()
+
+    # -- the timer ------------------------------------------------------------------------------
+
+    def _ensure_timer(self, due: float) -> None:
+        """Make the timer fire no later than ``due`` (loop time)."""
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= due:
+                return
+            timer.cancel()
+        self._timer = self.loop.call_at(due, self._on_timer)
+        self._timer_at = due
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        now, phase = self.loop.time(), self._phase
+        if phase == _HEADERS:
+            if now < self._header_due:
+                self._ensure_timer(self._header_due)
+            elif not self._begun:  # nothing of a request arrived: just close
+                self.transport.close()
+            else:
+                limit = self.limits.header_timeout_s
+                self._refuse_headers(408, f"the request headers did not arrive within {limit:g} s")
+        elif phase == _BODY:
+            due = self._last_read + self.limits.body_timeout_s
+            if now < due:
+                self._ensure_timer(due)
+            elif self.flow.read_paused:  # we are the ones not reading: not the client's stall
+                self._ensure_timer(now + self.limits.body_timeout_s)
+            else:
+                self._body_stalled()
+        elif phase == _CLOSING and self._close_due:
+            if now < self._close_due:
+                self._ensure_timer(self._close_due)
+            else:
+                self.transport.close()
+        # _IDLE: nothing is due (between requests, uvicorn's keep-alive timer runs)
+
+    def _body_stalled(self) -> None:
+        limit = self.limits.body_timeout_s
+        cycle = self.cycle
+        if cycle is None or cycle.response_started or self.pipeline:
+            self.transport.close()  # a response is under way: nothing to answer with
+            return
+        # The app's receive() now answers http.disconnect and its send() is dropped.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._send_error(408, f"the request body stalled for {limit:g} s")
+
+    # -- refusals -------------------------------------------------------------------------------
+
+    def _too_large(self) -> str:
+        return f"the request line and headers exceed {self.limits.max_header_size} bytes"
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._rejection = (status, message)
+        raise _Refused(message)
+
+    def _refuse_headers(self, status: int, message: str) -> None:
+        """Refuse the request whose headers are being read."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # An earlier (pipelined) response is still being written: close after it, and
+            # read nothing more.
+            cycle.keep_alive = False
+            self._phase = _CLOSING
+            self.flow.pause_reading()
+            return
+        self._send_error(status, message)
+
+    def _send_error(self, status: int, message: str) -> None:
+        log.info("%s: %d %s", _client(self.client), status, message)
+        body = json.dumps({"code": status, "type": _TYPES[status], "message": message}).encode()
+        content = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            % len(body)
+        )
+        content.append(body)
+        transport = self.transport
+        transport.write(b"".join(content))
+        self._phase = _CLOSING
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # the answer, then FIN; the client's EOF (or the timer) closes
+        self.flow.resume_reading()
+        self._close_due = self.loop.time() + LINGER_S
+        self._ensure_timer(self._close_due)
+
+
+def _client(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "client"
+
+
+def protocol_class(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits``."""
+    attrs = {
+        "limits": limits,
+        "_max_size": limits.max_header_size,
+        "_max_count": limits.max_header_count,
+    }
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), attrs)

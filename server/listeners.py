@@ -1,0 +1,109 @@
+"""Start-up checks that must pass before the server touches anything: the model store, the TLS
+files, and the three listening sockets.
+
+``torchbay serve`` runs these first, before it spawns a worker, writes the key file or logs a
+line, so a start that cannot succeed (a port in use, a missing store, an unreadable key) fails
+with one sentence and leaves a server already running on that port, and its key file, alone.
+Each failure is a ``TorchbayError`` whose message names the listener or file. Light imports only
+(the CLI calls this before importing the server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import ssl
+
+from torchbay.server.combined import same_address
+from torchbay.server.config import ServerConfig, parse_address
+from torchbay.server.errors import TorchbayError
+
+LISTENERS = ("inference", "management", "metrics")
+
+
+def preflight(config: ServerConfig) -> None:
+    """Raise TorchbayError when the model store or the TLS files cannot be used."""
+    store = config.model_store
+    if store is not None and not store.is_dir():
+        what = "is not a folder" if store.exists() else "does not exist"
+        raise TorchbayError(f"model store {store} {what}")
+    check_tls(config)
+
+
+def check_tls(config: ServerConfig) -> None:
+    """Load the certificate and key as the listeners will, if any address is https://."""
+    if not any(parse_address(getattr(config, f"{n}_address")).tls for n in LISTENERS):
+        return
+    cert, key = config.certificate_file, config.private_key_file
+    for path in (cert, key):
+        try:
+            with open(str(path), "rb"):
+                pass
+        except OSError as exc:
+            raise TorchbayError(f"cannot read TLS file {path}: {_reason(exc)}") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, OSError) as exc:
+        reason = getattr(exc, "reason", None)
+        detail = f" ({reason.lower().replace('_', ' ')})" if reason else ""
+        raise TorchbayError(
+            f"cannot use TLS certificate {cert} with key {key}: not a PEM certificate and its "
+            f"private key{detail}"
+        ) from None
+
+
+def listener_names(config: ServerConfig) -> tuple[str, ...]:
+    """The listeners to bind: management shares the inference socket when both name one fixed
+    address (TorchServe's ``ConnectorType.BOTH``, KServe's config); see server.combined."""
+    if same_address(config.inference_address, config.management_address):
+        return tuple(name for name in LISTENERS if name != "management")
+    return LISTENERS
+
+
+def bind_listeners(config: ServerConfig) -> dict[str, socket.socket]:
+    """Bind and listen on the addresses (port 0: any free port), all or none."""
+    bound: dict[str, socket.socket] = {}
+    try:
+        for name in listener_names(config):
+            bound[name] = _bind(name, getattr(config, f"{name}_address"))
+    except BaseException:
+        close_all(bound)
+        raise
+    return bound
+
+
+def close_all(sockets: dict[str, socket.socket]) -> None:
+    for sock in sockets.values():
+        with contextlib.suppress(OSError):
+            sock.close()
+    sockets.clear()
+
+
+def _bind(name: str, address: str) -> socket.socket:
+    parsed = parse_address(address)
+    family = socket.AF_INET6 if ":" in parsed.host else socket.AF_INET
+    where = f"[{parsed.host}]" if family == socket.AF_INET6 else parsed.host
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((parsed.host, parsed.port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise TorchbayError(
+            f"cannot listen on {where}:{parsed.port} ({name}): {_reason(exc)}"
+        ) from None
+    return sock
+
+
+def _reason(exc: OSError) -> str:
+    """``address already in use``: the OS's words, lower-cased, without the errno."""
+    if exc.errno is not None and exc.errno in errno.errorcode:
+        text = os.strerror(exc.errno)
+    else:
+        text = exc.strerror or str(exc)
+    return text[:1].lower() + text[1:]

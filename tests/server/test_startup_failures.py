@@ -1,0 +1,143 @@
+"""A ``torchbay serve`` that cannot start says so in one line, exits non-zero (1; 2 for bad
+configuration) and touches nothing of a server already running: its key file and its ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from torchbay.server.errors import TorchbayError
+
+from .conftest import LiveServer, make_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def running(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A live server with token auth on, its key file at ``<run dir>/key_file.json``."""
+    run_dir = tmp_path_factory.mktemp("run")
+    live = LiveServer(
+        make_config(
+            model_store,
+            load_models=[],
+            disable_token_authorization=False,
+            key_file=run_dir / "key_file.json",
+        )
+    ).start()
+    yield live
+    live.stop()
+
+
+def _key_file(server: LiveServer) -> Path:
+    return server.server.config.key_file
+
+
+def _serve(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """Run the real CLI; (exit code, stderr lines)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHBAY_", "TS_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchbay", "serve", *args],
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc.returncode, proc.stderr.splitlines()
+
+
+def _addresses(**held: int) -> list[str]:
+    args = []
+    for name in ("inference", "management", "metrics"):
+        args += [f"--{name}-address", f"http://127.0.0.1:{held.get(name, 0)}"]
+    return args
+
+
+def _still_serving(server: LiveServer, key_text: str) -> None:
+    assert _key_file(server).read_text() == key_text  # intact: same keys, same file
+    assert httpx.get(f"{server.url}/ping", timeout=30).status_code == 200
+    key = json.loads(key_text)["management"]["key"]
+    r = httpx.get(
+        f"{server.management_url}/models", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_a_port_in_use_is_one_line_and_leaves_the_running_server_alone(running, model_store):
+    key_text = _key_file(running).read_text()
+    run_dir = _key_file(running).parent  # the failing server's key file is the same file
+    ports = running.server.state.ports
+    for name in ("inference", "management", "metrics"):
+        port = getattr(ports, name)
+        code, err = _serve(run_dir, "--model-store", str(model_store), *_addresses(**{name: port}))
+        assert code == 1
+        assert err == [
+            f"torchbay: error: cannot listen on 127.0.0.1:{port} ({name}): address already in use"
+        ]
+        _still_serving(running, key_text)
+
+
+def test_a_port_in_use_in_process_writes_no_key_file(running, model_store):
+    key_text = _key_file(running).read_text()
+    config = make_config(
+        model_store,
+        inference_address=f"http://127.0.0.1:{running.server.state.ports.inference}",
+        disable_token_authorization=False,
+        key_file=_key_file(running),
+    )
+    with pytest.raises(TorchbayError, match=r"cannot listen on .*\(inference\)"):
+        LiveServer(config).start()
+    _still_serving(running, key_text)
+
+
+def test_missing_model_store_and_unreadable_tls_files(tmp_path, model_store):
+    code, err = _serve(tmp_path, "--model-store", str(tmp_path / "nowhere"), *_addresses())
+    assert code == 1
+    assert err == [f"torchbay: error: model store {tmp_path / 'nowhere'} does not exist"]
+
+    tls = tmp_path / "tls.properties"
+    tls.write_text(f"private_key_file={tmp_path}/key.pem\ncertificate_file={tmp_path}/cert.pem\n")
+    (tmp_path / "key.pem").write_text("not a key\n")
+    args = ["--model-store", str(model_store), "--ts-config", str(tls), *_addresses()]
+    args[args.index("--inference-address") + 1] = "https://127.0.0.1:0"
+    code, err = _serve(tmp_path, *args)
+    assert code == 1
+    assert err == [
+        f"torchbay: error: cannot read TLS file {tmp_path}/cert.pem: no such file or directory"
+    ]
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    code, err = _serve(tmp_path, *args)
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith("torchbay: error: cannot use TLS certificate")
+    assert not (tmp_path / "key_file.json").exists()
+
+
+def test_bad_configuration_is_one_line_per_field_and_exit_2(tmp_path, model_store):
+    config = tmp_path / "config.properties"
+    config.write_text("max_batch_delay=inf\n")
+    args = ["--model-store", str(model_store), "--ts-config", str(config), *_addresses()]
+    code, err = _serve(tmp_path, *args)
+    assert code == 2
+    assert err == [
+        "torchbay: invalid configuration: max_batch_delay_ms: Input should be a finite number "
+        "(got 'inf')"
+    ]
+    config.write_text("max_batch_delay=inf\nbatch_size=0\nmodels={not json\n")
+    code, err = _serve(tmp_path, *args)
+    assert code == 2 and len(err) == 1 and "models=" in err[0], err
+    config.write_text("max_batch_delay=inf\nbatch_size=0\n")
+    code, err = _serve(tmp_path, *args)
+    assert code == 2 and len(err) == 2, err
+    assert all(line.startswith("torchbay: invalid configuration: ") for line in err)
+    assert any("batch_size: " in line and "greater than or equal to 1" in line for line in err)
+    # A traceback stays one switch away, for debugging.
+    code, err = _serve(tmp_path, *args, env={"TORCHBAY_DEBUG": "1"})
+    assert code != 0 and "Traceback (most recent call last):" in err
