@@ -1,0 +1,334 @@
+"""Chaos on a live server: workers killed, spawning failing, handlers hanging, leaking or
+answering garbage. Every request gets exactly one answer, and each test ends with a serving
+model whose state agrees across /ping, /v2/health/ready, /v2/models/{m}/ready, describe,
+KServe v1 readiness and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from torchbay.archiver.package import ArchiveOptions, package
+from torchbay.server.workers import spawn_process
+
+from .conftest import ASSETS, LiveServer, _tiny_model
+
+pytestmark = pytest.mark.slow
+
+FAST_BACKOFF = (0.0, 0.1, 0.2)
+
+
+@pytest.fixture(scope="module")
+def model_store(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared store's ``probe.mar``, plus ``chaos.mar`` (tests/server/assets/chaos_handler)."""
+    root = tmp_path_factory.mktemp("chaos-store")
+    shutil.copy(model_store / "probe.mar", root / "probe.mar")
+    work = tmp_path_factory.mktemp("chaos-build")
+    package(
+        ArchiveOptions(
+            model_name="chaos",
+            version="1.0",
+            serialized_file=_tiny_model(work / "model.pt"),
+            handler=str(ASSETS / "chaos_handler.py"),
+            export_path=root,
+        )
+    )
+    return root
+
+
+def _models(name: str, **settings: Any) -> dict[str, Any]:
+    return {name: {"1.0": {"marName": f"{name}.mar", "defaultVersion": True, **settings}}}
+
+
+def _describe(server: LiveServer, name: str) -> dict[str, Any]:
+    r = httpx.get(f"{server.management_url}/models/{name}", timeout=30)
+    assert r.status_code == 200
+    return r.json()[0]
+
+
+def _metric(server: LiveServer, sample: str, **labels: str) -> float:
+    text = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _states(server: LiveServer, name: str) -> dict[str, Any]:
+    """Every place that says whether ``name`` can serve."""
+    inf, mgmt = server.url, server.management_url
+    described = _describe(server, name)
+    return {
+        "ping": httpx.get(f"{inf}/ping").status_code,
+        "health": httpx.get(f"{inf}/v2/health/ready").status_code,
+        "model_ready": httpx.get(f"{inf}/v2/models/{name}/ready").status_code,
+        "kserve": httpx.get(f"{mgmt}/v1/models/{name}").json()["ready"],
+        "status": described["status"],
+        "live_workers": sum(w["status"] in ("READY", "BUSY") for w in described["workers"]),
+        "gauge": _metric(server, "torchbay_model_ready", model=name),
+    }
+
+
+SERVING = {
+    "ping": 200,
+    "health": 200,
+    "model_ready": 200,
+    "kserve": True,
+    "status": "READY",
+    "live_workers": 1,
+    "gauge": 1.0,
+}
+FAILED = {
+    "ping": 500,
+    "health": 503,
+    "model_ready": 503,
+    "kserve": False,
+    "status": "FAILED",
+    "live_workers": 0,
+    "gauge": 0.0,
+}
+
+
+def _assert_serving(server: LiveServer, name: str) -> None:
+    _wait_for(lambda: _describe(server, name)["status"] == "READY", f"{name} READY")
+    assert _states(server, name) == SERVING
+    r = httpx.post(f"{server.url}/predictions/{name}", json={"echo": "still here"}, timeout=30)
+    assert r.status_code == 200
+
+
+def _requests_counted(server: LiveServer, name: str) -> float:
+    return _metric(server, "torchbay_requests_total", model=name)
+
+
+# -- (a) a worker SIGKILLed while requests flow ----------------------------------------------------
+
+
+def test_worker_killed_while_requests_flow(live_server):
+    server = live_server(
+        models=_models("probe", batchSize=2, maxBatchDelay=5), restart_backoff_s=FAST_BACKOFF
+    )
+    url = f"{server.url}/predictions/probe"
+    [old_pid] = server.worker_pids()
+    sent = 0
+
+    async def client(client: httpx.AsyncClient, n: int) -> list[httpx.Response]:
+        nonlocal sent
+        out = []
+        for i in range(n):
+            sent += 1
+            out.append(await client.post(url, json={"echo": i, "sleep": 0.02}))
+        return out
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            flows = [asyncio.ensure_future(client(c, 15)) for _ in range(4)]
+            await asyncio.sleep(0.3)
+            os.kill(old_pid, signal.SIGKILL)
+            return [r for flow in await asyncio.gather(*flows) for r in flow]
+
+    responses = asyncio.run(scenario())
+    assert len(responses) == sent == 60
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 503}, codes
+    assert all(r.json()["type"] in ("WorkerDied", "NoWorker") for r in responses if r.is_error)
+    assert any(r.json()["pid"] != old_pid for r in responses if r.status_code == 200)
+    assert _requests_counted(server, "probe") == sent  # one answer each, counted once
+    _assert_serving(server, "probe")
+    assert _describe(server, "probe")["workerRestarts"] == 1
+
+
+# -- (b) spawning fails (EMFILE) -------------------------------------------------------------------
+
+
+class FlakySpawn:
+    """The spawn seam: fail the first ``failures`` spawns as an exhausted host does."""
+
+    def __init__(self, failures: int) -> None:
+        self.left = failures
+        self.calls = 0
+
+    def __call__(self, env: Any, python: str, log_format: str) -> Any:
+        self.calls += 1
+        if self.left > 0:
+            self.left -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return spawn_process(env, python, log_format)
+
+
+def test_spawn_failures_back_off_and_recover(live_server):
+    server = live_server(
+        models=_models("probe", maxRetryTimeoutInSec=120), restart_backoff_s=FAST_BACKOFF
+    )
+    registry = server.server.registry
+    assert registry is not None
+    spawn = FlakySpawn(3)
+    registry.resolve("probe").spawn = spawn
+    [old_pid] = server.worker_pids()
+    os.kill(old_pid, signal.SIGKILL)
+    # Queued while the worker cannot be spawned: served once it can.
+    r = httpx.post(f"{server.url}/predictions/probe", json={"echo": "queued"}, timeout=60)
+    assert r.status_code == 200 and r.json()["pid"] != old_pid
+    assert spawn.calls == 4
+    described = _describe(server, "probe")
+    assert described["workerStartFailures"] == 3
+    assert described["workers"][0]["startFailures"] == 3
+    assert _metric(server, "torchbay_worker_start_failures_total", model="probe") == 3
+    _assert_serving(server, "probe")
+
+
+# -- (c) a handler hangs past responseTimeout ------------------------------------------------------
+
+
+def test_hang_past_response_timeout_then_next_batch_served_by_new_worker(live_server):
+    server = live_server(
+        models=_models("probe", responseTimeout=1, batchSize=1), restart_backoff_s=FAST_BACKOFF
+    )
+    url = f"{server.url}/predictions/probe"
+    [old_pid] = server.worker_pids()
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            stuck = asyncio.ensure_future(c.post(url, json={"sleep": 30}))
+            await asyncio.sleep(0.3)  # queued behind the stuck batch
+            following = asyncio.ensure_future(c.post(url, json={"echo": "next"}))
+            return list(await asyncio.gather(stuck, following))
+
+    stuck, following = asyncio.run(scenario())
+    assert stuck.status_code == 504 and stuck.json()["type"] == "RequestTimeout"
+    assert following.status_code == 200, following.text
+    assert following.json()["pid"] != old_pid
+    _assert_serving(server, "probe")
+
+
+# -- (d) recycling ---------------------------------------------------------------------------------
+
+
+def _send_until_recycled(url: str, body: dict[str, Any], first_pid: int) -> list[httpx.Response]:
+    """Send continuously (two clients) until a new worker answered a few times."""
+    deadline = time.monotonic() + 90
+
+    async def flow(c: httpx.AsyncClient, out: list[httpx.Response]) -> None:
+        while time.monotonic() < deadline:
+            out.append(await c.post(url, json=body))
+            if sum(r.status_code == 200 and r.json()["pid"] != first_pid for r in out) >= 3:
+                return
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            outs: list[list[httpx.Response]] = [[], []]
+            await asyncio.gather(*(flow(c, out) for out in outs))
+            return outs[0] + outs[1]
+
+    return asyncio.run(scenario())
+
+
+def test_leaking_worker_is_recycled_without_dropping_a_request(live_server):
+    server = live_server(models=_models("chaos", maxWorkerRssMb=1024))
+    [old_pid] = server.worker_pids()
+    url = f"{server.url}/predictions/chaos"
+    responses = _send_until_recycled(url, {"leak_mb": 40, "sleep": 0.05}, old_pid)
+    assert [r.status_code for r in responses] == [200] * len(responses)
+    pids = {r.json()["pid"] for r in responses}
+    assert old_pid in pids and len(pids) >= 2
+    _wait_for(lambda: not _pid_alive(old_pid), "the old worker to exit")
+    described = _describe(server, "chaos")
+    assert described["workerRecycles"] >= 1 and described["workerRestarts"] == 0
+    assert _metric(server, "torchbay_worker_recycles_total", model="chaos") >= 1
+    _assert_serving(server, "chaos")
+
+
+def test_worker_recycled_after_max_requests(live_server):
+    server = live_server(models=_models("probe", maxRequestsPerWorker=5))
+    [old_pid] = server.worker_pids()
+    responses = _send_until_recycled(f"{server.url}/predictions/probe", {"echo": 1}, old_pid)
+    assert [r.status_code for r in responses] == [200] * len(responses)
+    assert len({r.json()["pid"] for r in responses}) >= 2
+    assert _describe(server, "probe")["workerRecycles"] >= 1
+    _assert_serving(server, "probe")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped) is not alive
+        return f.read().split(") ")[-1][0] != "Z"
+
+
+# -- FAILED for good, then scaled back up ----------------------------------------------------------
+
+
+def test_model_that_gave_up_is_consistently_failed_and_scales_back_up(live_server):
+    server = live_server(
+        models=_models("probe", maxRetryTimeoutInSec=0), restart_backoff_s=FAST_BACKOFF
+    )
+    url = f"{server.url}/predictions/probe"
+    crashed = httpx.post(url, json={"crash": True}, timeout=60)  # no retry window: gives up
+    assert crashed.status_code == 503
+    _wait_for(lambda: _describe(server, "probe")["status"] == "FAILED", "giving up")
+    assert _states(server, "probe") == FAILED
+    refused = httpx.post(url, json={"echo": 1}, timeout=30)
+    assert refused.status_code == 503 and refused.json()["type"] == "NoWorker"
+
+    scaled = httpx.put(
+        f"{server.management_url}/models/probe",
+        params={"min_worker": 1, "synchronous": "true"},
+        timeout=60,
+    )
+    assert scaled.status_code == 200, scaled.text
+    _assert_serving(server, "probe")
+    assert [w["status"] for w in _describe(server, "probe")["workers"]] == ["READY"]
+
+
+# -- limits and garbage from the handler -----------------------------------------------------------
+
+
+INVALID = [
+    {"status": 99999},
+    {"status": 42},
+    {"header": ["x-bad", "a\r\nset-cookie: evil=1"]},
+    {"header": ["bad name", "v"]},
+    {"header": ["x-nul", "a\x00b"]},
+]
+
+
+def test_oversized_response_and_invalid_status_or_header_are_500(live_server):
+    server = live_server(models=_models("chaos"), max_response_size=4096)
+    url = f"{server.url}/predictions/chaos"
+    small = httpx.post(url, json={"big": 100}, timeout=30)
+    assert small.status_code == 200 and small.json()["big"] == "x" * 100
+    big = httpx.post(url, json={"big": 10_000}, timeout=30)
+    assert big.status_code == 500
+    assert big.json()["type"] == "HandlerFailed"
+    assert "max_response_size" in big.json()["message"] and "xxxx" not in big.text
+
+    for body in INVALID:
+        r = httpx.post(url, json=body, timeout=30)
+        assert r.status_code == 500, (body, r.text)
+        assert r.json()["type"] == "HandlerFailed" and "evil" not in r.text
+        assert "set-cookie" not in r.headers
+    assert _metric(server, "torchbay_requests_total", model="chaos", code="500") == 1 + len(INVALID)
+    ok = httpx.post(url, json={"header": ["x-fine", "yes"], "status": 201}, timeout=30)
+    assert ok.status_code == 201 and ok.headers["x-fine"] == "yes"
+    _assert_serving(server, "chaos")
