@@ -20,6 +20,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.archiver.package import ArchiveOptions, package
+from torchbay.server.config import ModelConfig, ServerConfig
+from torchbay.server.errors import HandlerFailed
+from torchbay.server.inference_app import _checked_response
+from torchbay.server.protocol import WireResponse
+from torchbay.server.registry import settings_from
 from torchbay.server.workers import spawn_process
 
 from .conftest import ASSETS, LiveServer, _tiny_model
@@ -332,3 +337,43 @@ def test_oversized_response_and_invalid_status_or_header_are_500(live_server):
     ok = httpx.post(url, json={"header": ["x-fine", "yes"], "status": 201}, timeout=30)
     assert ok.status_code == 201 and ok.headers["x-fine"] == "yes"
     _assert_serving(server, "chaos")
+
+
+# -- the pieces, without a server -----------------------------------------------------------------
+
+
+def test_settings_carry_recycling_backoff_and_response_limit():
+    model = ModelConfig.model_validate({"maxRequestsPerWorker": 7, "maxWorkerRssMb": 300})
+    server = ServerConfig(restart_backoff_s=(0.5, 2.0), max_response_size=1234)
+    settings = settings_from(model, server)
+    assert settings.max_requests_per_worker == 7 and settings.max_worker_rss_mb == 300
+    assert settings.restart_backoff_s == (0.5, 2.0) and settings.max_response_size == 1234
+
+
+@pytest.mark.parametrize(
+    "status, headers, content_type",
+    [
+        (99999, {}, "application/json"),
+        (100, {}, "application/json"),
+        (200, {"x-a": "1\r\nx-b: 2"}, "application/json"),
+        (200, {"x a": "1"}, "application/json"),
+        (200, {"x-a": "\x00"}, "application/json"),
+        (200, {"x-a": "snow\u2603"}, "application/json"),
+        (200, {}, "text/plain\r\nx-b: 2"),
+    ],
+)
+def test_invalid_handler_status_or_header_never_reaches_the_http_server(
+    status, headers, content_type
+):
+    response = WireResponse(status, b"{}", content_type, headers)
+    with pytest.raises(HandlerFailed):
+        _checked_response(response, "req-1")
+
+
+def test_valid_handler_headers_pass_and_framing_is_the_frontends():
+    response = WireResponse(
+        201, b"{}", "application/json", {"x-ok": "yes", "Content-Length": "99", "ETag": '"a"'}
+    )
+    content_type, headers = _checked_response(response, "req-1")
+    assert content_type == b"application/json"
+    assert headers == [(b"x-ok", b"yes"), (b"ETag", b'"a"')]
