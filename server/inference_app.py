@@ -13,7 +13,8 @@ Protocol (KServe v2) REST endpoints, as one raw ASGI app.
 The frontend never decodes bodies: raw bytes and headers go to the worker, which parses them.
 It does check what comes back before handing it to the HTTP server: a status outside 200..599
 or a header that is not a valid HTTP field (name not a token; CR, LF or NUL in a value; not
-latin-1) is answered 500 with an error body, never passed on (uvicorn would send nothing).
+latin-1) is answered 500 with an error body, never passed on (uvicorn would send nothing);
+a 204 or 304 goes out without the body the handler gave it.
 """
 
 from __future__ import annotations
@@ -163,7 +164,13 @@ class InferenceApp:
                 mv.inflight -= 1
             content_type, headers = _checked_response(response, wire.request_id)
             status = response.status
-            await send_bytes(send, response.status, response.body, content_type, headers)
+            if status in (204, 304):
+                # No body allowed: one sent anyway would be read as the start of the next
+                # response on this keep-alive connection.
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": b""})
+            else:
+                await send_bytes(send, status, response.body, content_type, headers)
         except TorchbayError as exc:
             status = exc.status
             raise

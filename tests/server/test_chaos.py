@@ -336,6 +336,11 @@ def test_oversized_response_and_invalid_status_or_header_are_500(live_server):
     assert _metric(server, "torchbay_requests_total", model="chaos", code="500") == 1 + len(INVALID)
     ok = httpx.post(url, json={"header": ["x-fine", "yes"], "status": 201}, timeout=30)
     assert ok.status_code == 201 and ok.headers["x-fine"] == "yes"
+    with httpx.Client(timeout=30) as keep_alive:  # a 204's body must not leak into the next
+        empty = keep_alive.post(url, json={"status": 204})
+        assert empty.status_code == 204 and empty.content == b""
+        after = keep_alive.post(url, json={"echo": 1})
+        assert after.status_code == 200 and "pid" in after.json()
     _assert_serving(server, "chaos")
 
 
