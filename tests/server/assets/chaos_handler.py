@@ -2,6 +2,7 @@
 
 Each request is a JSON object; keys change what happens to it:
   {"leak_mb": n}          keep n MiB allocated (touched) for the worker's lifetime: a leak
+                          (up to "leak_cap_mb" in all, when given, to bound a test's memory)
   {"sleep": s}            the batch sleeps max(s) seconds before answering
   {"status": code}        answer with this HTTP status (even an invalid one)
   {"header": [k, v]}      add this response header (even an invalid one)
@@ -29,7 +30,8 @@ class ChaosHandler(BaseHandler):
             time.sleep(delay)
         results = []
         for idx, body in enumerate(bodies):
-            if body.get("leak_mb"):
+            cap = int(body.get("leak_cap_mb", 1 << 20)) << 20
+            if body.get("leak_mb") and sum(len(b) for b in LEAKED) < cap:
                 LEAKED.append(bytearray(b"\x01") * (int(body["leak_mb"]) << 20))
             if "status" in body:
                 context.set_response_status(int(body["status"]), "chaos", idx)
