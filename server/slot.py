@@ -71,6 +71,7 @@ class WorkerSlot:
         self._first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._recycle = asyncio.Event()  # the dispatcher asks the supervisor for a recycle
         self._recycle_hold_until = 0.0
+        self._replacing = False  # a successor is being started
         self._idle = asyncio.Event()  # no batch in hand
         self._idle.set()
         self._supervisor: asyncio.Task | None = None
@@ -193,8 +194,12 @@ class WorkerSlot:
                 wanted.cancel()
             if worker.exited.done():
                 break
-            self._recycle.clear()
-            successor = await self._replace(worker)
+            self._replacing = True
+            try:
+                successor = await self._replace(worker)
+            finally:
+                self._replacing = False
+                self._recycle.clear()  # asked again while replacing: that was this recycle
             if successor is not None:
                 worker, started = successor, loop.time()
         self._ready.clear()
@@ -267,7 +272,7 @@ class WorkerSlot:
 
     def _wants_recycle(self, worker: WorkerProcess) -> bool:
         settings = self.model.settings
-        if not worker.alive or self._recycle.is_set():
+        if not worker.alive or self._recycle.is_set() or self._replacing:
             return False
         loop_time = asyncio.get_running_loop().time()
         if loop_time < self._recycle_hold_until:
