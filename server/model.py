@@ -220,6 +220,8 @@ class ModelVersion:
                 self.slots.remove(slot)
         if errors:
             self.load_error = str(errors[0])
+        elif new:
+            self.load_error = None  # it loads again
         return errors
 
     async def scale(self, min_workers: int, max_workers: int | None = None) -> None:
