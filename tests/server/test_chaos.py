@@ -309,6 +309,21 @@ def test_model_that_gave_up_is_consistently_failed_and_scales_back_up(live_serve
     _assert_serving(server, "probe")
     assert [w["status"] for w in _describe(server, "probe")["workers"]] == ["READY"]
 
+    # Zero workers on request: healthy (TorchServe's /ping), not ready, STOPPED everywhere.
+    put = f"{server.management_url}/models/probe"
+    assert (
+        httpx.put(put, params={"min_worker": 0, "synchronous": "true"}, timeout=60).status_code
+        == 200
+    )
+    assert _states(server, "probe") == {
+        **FAILED, "ping": 200, "status": "STOPPED"
+    }  # fmt: skip
+    assert (
+        httpx.put(put, params={"min_worker": 1, "synchronous": "true"}, timeout=60).status_code
+        == 200
+    )
+    _assert_serving(server, "probe")
+
 
 class _CrashingObserver:
     """Delegates to the server's metrics, but raises in the first ``worker_started``: a bug in
