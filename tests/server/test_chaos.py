@@ -201,6 +201,33 @@ def test_spawn_failures_back_off_and_recover(live_server):
     _assert_serving(server, "probe")
 
 
+def test_spawn_failing_past_the_retry_window_answers_queued_requests_503(live_server):
+    server = live_server(
+        models=_models("probe", maxRetryTimeoutInSec=1), restart_backoff_s=FAST_BACKOFF
+    )
+    registry = server.server.registry
+    assert registry is not None
+    mv = registry.resolve("probe")
+    spawn = FlakySpawn(10**6)
+    mv.spawn = spawn
+    [old_pid] = server.worker_pids()
+    os.kill(old_pid, signal.SIGKILL)
+    # Admitted while a restart is still expected; answered at once when the slot gives up.
+    r = httpx.post(f"{server.url}/predictions/probe", json={"echo": "queued"}, timeout=60)
+    assert r.status_code == 503 and r.json()["type"] in ("NoWorker", "WorkerDied")
+    _wait_for(lambda: _describe(server, "probe")["status"] == "FAILED", "giving up")
+    assert _states(server, "probe") == FAILED
+    assert _describe(server, "probe")["workerStartFailures"] == spawn.calls >= 2
+    spawn.left = 0  # the host recovers
+    scaled = httpx.put(
+        f"{server.management_url}/models/probe",
+        params={"min_worker": 1, "synchronous": "true"},
+        timeout=60,
+    )
+    assert scaled.status_code == 200, scaled.text
+    _assert_serving(server, "probe")
+
+
 # -- (c) a handler hangs past responseTimeout ------------------------------------------------------
 
 
