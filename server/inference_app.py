@@ -12,6 +12,10 @@ Protocol (KServe v2) REST endpoints, as one raw ASGI app.
     OPTIONS /  GET /api-description  GET /openapi.json   this API's OpenAPI description
 
 The frontend never decodes bodies: raw bytes and headers go to the worker, which parses them.
+It does check what comes back before handing it to the HTTP server: a status outside 200..599
+or a header that is not a valid HTTP field (name not a token; CR, LF or NUL in a value; not
+latin-1) is answered 500 with an error body, never passed on (uvicorn would send nothing);
+a 204 or 304 goes out without the body the handler gave it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +33,7 @@ from torchbay.server import kserve_v1
 from torchbay.server import protocol as p
 from torchbay.server.batching import Pending
 from torchbay.server.errors import (
+    HandlerFailed,
     MethodNotAllowed,
     NotFound,
     ServiceUnavailable,
@@ -112,7 +118,7 @@ class InferenceApp:
 
     async def _ping(self, send: Send) -> None:
         healthy = all(
-            mv.ready_workers >= mv.settings.min_workers
+            mv.healthy
             for name, default in self.registry.defaults.items()
             for mv in (self.registry.models[name][default],)
         )
@@ -153,20 +159,22 @@ class InferenceApp:
                 self.authorize(scope, "inference")
             mv = self.registry.resolve(name, version)
             body = await read_body(scope, receive, self.max_request_size)
-            item = mv.admit(self._wire_request(scope, body, protocol, extra))
+            wire = self._wire_request(scope, body, protocol, extra)
+            item = mv.admit(wire)
             mv.inflight += 1
             try:
                 response = await item.future
             finally:
                 mv.inflight -= 1
+            content_type, headers = _checked_response(response, wire.request_id)
             status = response.status
-            await send_bytes(
-                send,
-                response.status,
-                response.body,
-                response.content_type.encode("latin-1"),
-                _encode_headers(response.headers),
-            )
+            if status in (204, 304):
+                # No body allowed: one sent anyway would be read as the start of the next
+                # response on this keep-alive connection.
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": b""})
+            else:
+                await send_bytes(send, status, response.body, content_type, headers)
         except TorchbayError as exc:
             status = exc.status
             raise
@@ -225,7 +233,7 @@ class InferenceApp:
                     self.authorize(scope, "inference")
                 mv = self.registry.resolve(name, version)
                 if action == "ready":
-                    ready = mv.status is ModelStatus.READY and mv.ready_workers > 0
+                    ready = mv.status is ModelStatus.READY
                     await send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
                 else:
                     await send_json(send, 200, self._v2_metadata(mv))
@@ -236,9 +244,7 @@ class InferenceApp:
 
     def _all_ready(self) -> bool:
         versions = self.registry.all_versions()
-        return bool(versions) and all(
-            mv.status is ModelStatus.READY and mv.ready_workers > 0 for mv in versions
-        )
+        return bool(versions) and all(mv.status is ModelStatus.READY for mv in versions)
 
     def _v2_metadata(self, mv: ModelVersion) -> dict[str, Any]:
         info = getattr(mv.manifest, "torchbay", None)
@@ -274,10 +280,40 @@ def _parse_v2_model_path(rest: list[str]) -> tuple[str, str | None, str]:
     return name, version, tail[0] if tail else ""
 
 
-def _encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]] | None:
-    if not headers:
-        return None
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(rb"[\r\n\x00]")
+# Framing is the frontend's: a handler's own copies would contradict the body it sends.
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+
+
+def _checked_response(
+    response: p.WireResponse, request_id: str
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The content type and headers to send, or HandlerFailed (500) when the handler's status or
+    headers are not valid HTTP (logged with the request id and the offending field)."""
+    status = response.status
+    if type(status) is not int or not 200 <= status <= 599:
+        log.error("request %s: the handler answered with the invalid HTTP status %r; "
+                  "answered 500", request_id, status)  # fmt: skip
+        raise HandlerFailed("The model answered with an invalid HTTP status")
+    try:
+        content_type = response.content_type.encode("latin-1")
+        pairs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
+    except (UnicodeEncodeError, AttributeError):
+        log.error("request %s: the handler answered with a header that is not latin-1 text; "
+                  "answered 500", request_id)  # fmt: skip
+        raise HandlerFailed("The model answered with an invalid HTTP header") from None
+    bad = [(b"content-type", content_type)] if _BAD_VALUE.search(content_type) else []
+    bad += [(k, v) for k, v in pairs if not _TOKEN.fullmatch(k) or _BAD_VALUE.search(v)]
+    if bad:
+        log.error("request %s: the handler answered with the invalid header %r: %r; "
+                  "answered 500", request_id, bad[0][0][:100], bad[0][1][:100])  # fmt: skip
+        raise HandlerFailed("The model answered with an invalid HTTP header")
+    headers = []
+    for name, value in pairs:
+        if name.lower() not in _FRAMING:
+            headers.append((name, value))
+    return content_type, headers
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

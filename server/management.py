@@ -146,6 +146,8 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
                 "device": w.device if w else None,
                 "threads": slot.placement.threads,
                 "restarts": slot.restarts,
+                "startFailures": slot.start_failures,
+                "recycles": slot.recycles,
             }
         )
     return {
@@ -164,6 +166,12 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "deviceType": config.device_type if config else "auto",
         "deviceIds": config.device_ids if config else None,
         "status": mv.status.value,
+        "loadError": mv.load_error,
+        "workerRestarts": mv.restarts,
+        "workerStartFailures": mv.start_failures,
+        "workerRecycles": mv.recycles,
+        "maxRequestsPerWorker": s.max_requests_per_worker,
+        "maxWorkerRssMb": s.max_worker_rss_mb,
         "loadedAtStartup": True,
         "isDefault": registry.is_default(mv),
         "workers": workers,
@@ -289,7 +297,7 @@ def build_management_app(
     @api.get("/v1/models/{name}")
     async def kserve_ready(name: str) -> dict[str, Any]:
         mv = registry.resolve(name)
-        return {"name": name, "ready": mv.status is ModelStatus.READY and mv.ready_workers > 0}
+        return {"name": name, "ready": mv.status is ModelStatus.READY}
 
     # -- register -------------------------------------------------------------------------------
 

@@ -12,9 +12,14 @@ Per model version (labels ``model``, ``version``)::
                                              postprocess, handler (the whole handle call)
     torchbay_batch_size                      histogram of requests per batch
     torchbay_worker_restarts_total           restarts after a worker died
+    torchbay_worker_start_failures_total     worker starts that failed (spawn OSError, load
+                                             failure, start-up timeout)
+    torchbay_worker_recycles_total           workers replaced on max_requests_per_worker or
+                                             max_worker_rss_mb
     torchbay_model_load_seconds              load time of the most recently started worker
     torchbay_queue_depth, torchbay_inflight_requests, torchbay_workers{state},
     torchbay_model_ready                     read at scrape time from the model registry
+                                             (1 when ModelVersion.status is READY)
 
     torchbay_unrouted_requests_total{code}   requests that reached no model (unknown model or
                                              version: 404; refused before routing: 401/403)
@@ -155,6 +160,18 @@ class ServerMetrics(Observer):
         self.worker_restarts = Counter(
             "torchbay_worker_restarts", "Worker processes restarted", LABELS, registry=r
         )
+        self.start_failures = Counter(
+            "torchbay_worker_start_failures",
+            "Worker starts that failed (spawn error, load failure, start-up timeout)",
+            LABELS,
+            registry=r,
+        )
+        self.recycles = Counter(
+            "torchbay_worker_recycles",
+            "Workers replaced after max_requests_per_worker or max_worker_rss_mb",
+            LABELS,
+            registry=r,
+        )
         self.load_time = Gauge(
             "torchbay_model_load_seconds",
             "Load time of the most recently started worker",
@@ -253,10 +270,18 @@ class ServerMetrics(Observer):
 
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
         restarts = self.worker_restarts.labels(model.name, model.version)  # the series exists at 0
+        self.start_failures.labels(model.name, model.version)
+        self.recycles.labels(model.name, model.version)
         if restart:
             restarts.inc()
         if worker.load_time_ms is not None:
             self.load_time.labels(model.name, model.version).set(worker.load_time_ms / 1000)
+
+    def worker_start_failed(self, model: ModelVersion, error: Exception) -> None:
+        self.start_failures.labels(model.name, model.version).inc()
+
+    def worker_recycled(self, model: ModelVersion, worker: WorkerProcess) -> None:
+        self.recycles.labels(model.name, model.version).inc()
 
 
 class _ScrapeCollector(Collector):

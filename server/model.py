@@ -5,7 +5,12 @@ queue while its worker is READY. Scaling adds or retires slots (a retiring slot 
 batch it holds) and re-tunes the survivors' CPU threads.
 
 Every admitted request gets exactly one response: a result, a handler error, 504 (deadline or
-response timeout), 503 (worker died, no worker, shutdown).
+response timeout), 503 (worker died, no worker, shutdown), 500 (a response past
+``max_response_size``).
+
+A version's status has one source, :meth:`ModelVersion.status`, computed from its slots; every
+health and readiness answer (``/ping``, ``/v2/health/ready``, ``/v2/models/{m}/ready``, KServe
+v1, describe, the ``torchbay_model_ready`` gauge) reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 from torchbay.server import protocol as p
 from torchbay.server.batching import BatchQueue, Pending, clock, reject, resolve
+from torchbay.server.config import RESTART_BACKOFF_S
 from torchbay.server.errors import (
     HandlerFailed,
     NoWorker,
@@ -27,12 +33,23 @@ from torchbay.server.errors import (
     TorchbayError,
 )
 from torchbay.server.slot import Placement, WorkerSlot
-from torchbay.server.workers import Spawned, WorkerLoadError, WorkerProcess
+from torchbay.server.workers import (
+    Spawned,
+    SpawnFn,
+    WorkerLoadError,
+    WorkerProcess,
+    spawn_process,
+)
 
 log = logging.getLogger("torchbay.model")
 
 
 class ModelStatus(enum.Enum):
+    """LOADING: no live worker yet, one is starting (first start, or a restart under way).
+    READY: at least one live worker. FAILED: no slot can ever serve (the model failed to load,
+    or every worker's restarts gave up) until scaled up again. STOPPED: unregistered, or
+    scaled to zero workers on request."""
+
     LOADING = "LOADING"
     READY = "READY"
     FAILED = "FAILED"
@@ -58,6 +75,12 @@ class Observer:
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
         pass
 
+    def worker_start_failed(self, model: ModelVersion, error: Exception) -> None:
+        pass
+
+    def worker_recycled(self, model: ModelVersion, worker: WorkerProcess) -> None:
+        pass
+
 
 @dataclass(frozen=True)
 class ModelSettings:
@@ -72,6 +95,10 @@ class ModelSettings:
     max_retry_timeout_s: float = 300.0
     min_workers: int = 1
     max_workers: int = 1
+    restart_backoff_s: tuple[float, ...] = RESTART_BACKOFF_S  # the server's, by failure count
+    max_requests_per_worker: int = 0  # recycle a worker after this many requests (0: never)
+    max_worker_rss_mb: int = 0  # recycle a worker past this resident memory (0: never)
+    max_response_size: int = 0  # bytes of one response body (0: no limit)
 
 
 class ModelVersion:
@@ -95,6 +122,7 @@ class ModelVersion:
         limit_max_image_pixels: bool = True,
         prewarmed: Callable[[], Spawned | None] | None = None,
         log_format: str = "text",
+        spawn: SpawnFn | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -111,7 +139,9 @@ class ModelVersion:
         self._place = place
         self._threads_for = threads_for
         self.prewarmed: Callable[[], Spawned | None] = prewarmed or (lambda: None)
-        self.status = ModelStatus.LOADING
+        self.spawn: SpawnFn = spawn or spawn_process  # the seam tests use to fail spawning
+        self._final: ModelStatus | None = None  # FAILED (never loaded) or STOPPED (unloaded)
+        self._loading = True  # until start() has made its first attempt
         self.load_error: str | None = None
         self.queue: BatchQueue[p.WireRequest, p.WireResponse] = BatchQueue(
             batch_size=settings.batch_size,
@@ -122,6 +152,8 @@ class ModelVersion:
         self._slot_index = 0
         self.inflight = 0
         self.restarts = 0
+        self.start_failures = 0
+        self.recycles = 0
         # Counted for the management API's describe (TorchServe's ``metrics`` object).
         self.requests_received = 0
         self.requests_rejected = 0
@@ -133,6 +165,27 @@ class ModelVersion:
     def key(self) -> str:
         return f"{self.name}/{self.version}"
 
+    @property
+    def status(self) -> ModelStatus:
+        """The one answer to "can this version serve?" (see ModelStatus)."""
+        if self._final is not None:
+            return self._final
+        slots = [s for s in self.slots if not s.retiring]
+        if any(s.ready for s in slots):
+            return ModelStatus.READY
+        if self._loading or any(s.may_serve or s.starting for s in slots):
+            return ModelStatus.LOADING
+        if not slots and self.settings.min_workers == 0:
+            return ModelStatus.STOPPED  # scaled to zero on request
+        return ModelStatus.FAILED
+
+    @property
+    def healthy(self) -> bool:
+        """TorchServe's /ping: serving, or holding zero workers on request."""
+        return self.status is ModelStatus.READY or (
+            self.status is ModelStatus.STOPPED and self._final is None
+        )
+
     async def start(self, workers: int | None = None) -> None:
         """Start ``workers`` (default min_workers) and wait for their first load.
 
@@ -140,14 +193,16 @@ class ModelVersion:
         workers the model is registered but answers 503 until scaled, as TorchServe does.
         """
         count = self.settings.min_workers if workers is None else workers
-        errors = await self._add_slots(count)
+        try:
+            errors = await self._add_slots(count)
+        finally:
+            self._loading = False
         if count and not any(slot.ready for slot in self.slots):
             error = errors[0] if errors else WorkerLoadError("no worker could load the model")
             self.load_error = str(error)
             await self.stop(timeout=5)
-            self.status = ModelStatus.FAILED
+            self._final = ModelStatus.FAILED
             raise error
-        self.status = ModelStatus.READY
 
     async def _add_slots(self, count: int) -> list[WorkerLoadError]:
         """Start ``count`` new slots; drop (and return the errors of) those that cannot load."""
@@ -163,12 +218,20 @@ class ModelVersion:
             if slot.load_error is not None and not slot.ready:
                 errors.append(slot.load_error)
                 self.slots.remove(slot)
+        if errors:
+            self.load_error = str(errors[0])
+        elif new:
+            self.load_error = None  # it loads again
         return errors
 
     async def scale(self, min_workers: int, max_workers: int | None = None) -> None:
         """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops."""
         max_workers = min_workers if max_workers is None else max_workers
         self.settings = _replace(self.settings, min_workers=min_workers, max_workers=max_workers)
+        gone = [s for s in self.slots if s.gave_up]  # replaced by new slots below
+        for slot in gone:
+            self.slots.remove(slot)
+        await asyncio.gather(*(slot.retire() for slot in gone))
         live = [s for s in self.slots if not s.retiring]
         if min_workers > len(live):
             await self._add_slots(min_workers - len(live))
@@ -180,8 +243,6 @@ class ModelVersion:
                     self.slots.remove(slot)
             self.fail_if_unserved()
         self._retune()
-        if self.status is ModelStatus.FAILED and any(s.ready for s in self.slots):
-            self.status = ModelStatus.READY
 
     def _retune(self) -> None:
         """After scaling, give every worker its share of the cores again (a worker started
@@ -250,8 +311,8 @@ class ModelVersion:
             reject(item.future, ShuttingDown("The model is being unloaded"))
         await asyncio.gather(*(slot.retire(timeout) for slot in list(self.slots)))
         self.slots.clear()
-        if self.status is not ModelStatus.FAILED:
-            self.status = ModelStatus.STOPPED
+        if self._final is None:
+            self._final = ModelStatus.STOPPED
 
     # -- the request path ---------------------------------------------------------------------
 
@@ -310,7 +371,19 @@ class ModelVersion:
                     item.future, HandlerFailed("The worker answered the wrong number of results")
                 )
             return
+        limit = self.settings.max_response_size
         for item, response in zip(batch, result.responses, strict=True):
+            if limit and len(response.body) > limit:
+                log.error(
+                    "model %s: request %s: the handler's response of %d bytes exceeds "
+                    "max_response_size (%d bytes); answered 500",
+                    self.key, item.payload.request_id, len(response.body), limit,
+                )  # fmt: skip
+                reject(item.future, HandlerFailed(
+                    f"The model's response of {len(response.body)} bytes exceeds the "
+                    f"server's max_response_size of {limit} bytes"
+                ))  # fmt: skip
+                continue
             resolve(item.future, response)
         self.observer.batch_done(
             self,

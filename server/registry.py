@@ -51,7 +51,15 @@ PlaceFn = Callable[[ModelVersion, int, ModelConfig], Placement]
 FetchFn = Callable[[str], Awaitable[Path]]
 
 
-def settings_from(config: ModelConfig) -> ModelSettings:
+def settings_from(config: ModelConfig, server: ServerConfig | None = None) -> ModelSettings:
+    """A model's live settings; the server-wide ones (restart back-off, response limit) from
+    ``server`` when given."""
+    extra: dict[str, Any] = {}
+    if server is not None:
+        extra = {
+            "restart_backoff_s": server.restart_backoff_s,
+            "max_response_size": server.max_response_size,
+        }
     return ModelSettings(
         batch_size=config.batch_size,
         max_batch_delay_ms=config.max_batch_delay_ms,
@@ -62,6 +70,9 @@ def settings_from(config: ModelConfig) -> ModelSettings:
         max_retry_timeout_s=config.max_retry_timeout_s,
         min_workers=config.min_workers,
         max_workers=config.max_workers if config.max_workers is not None else config.min_workers,
+        max_requests_per_worker=config.max_requests_per_worker,
+        max_worker_rss_mb=config.max_worker_rss_mb,
+        **extra,
     )
 
 
@@ -216,7 +227,7 @@ class ModelRegistry:
                 name=name,
                 version=version,
                 model_dir=model_dir,
-                settings=settings_from(config),
+                settings=settings_from(config, self.config),
                 place=lambda m, i: self.place(m, i, config),
                 threads_for=lambda m: self.threads_for(m, config),
                 server_version=self.server_version,

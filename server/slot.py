@@ -1,7 +1,18 @@
-"""One worker slot of a model version: a supervisor that starts the worker and restarts it with
-back-off, and a dispatcher that pulls batches from the model's queue only while its worker is
-READY (so a restarting worker never holds requests another worker could serve). A retiring slot
-finishes the batch it holds and takes no more. Torch-free.
+"""One worker slot of a model version: a supervisor that starts the worker, restarts it with
+back-off and recycles it, and a dispatcher that pulls batches from the model's queue only while
+its worker is alive and READY (so a restarting worker never holds requests another worker could
+serve). A retiring slot finishes the batch it holds and takes no more. Torch-free.
+
+Supervision: a worker that fails to start at all on the slot's first attempt (its model does not
+load) is reported, not retried. Afterwards every failure (the worker died, it failed to load
+again, spawning it raised OSError such as EMFILE or ENOMEM) is retried after the server's
+``restart_backoff_s`` delays, until failures have lasted ``max_retry_timeout_s``: then the slot
+gives up (FAILED) and, when no slot can serve, everything queued is answered 503 at once.
+
+Recycling (``max_requests_per_worker``, ``max_worker_rss_mb``): make-before-break. After a
+batch, a worker past a limit gets a replacement started beside it; the slot keeps serving with
+the old worker until the replacement is READY, then switches and stops the old one once its
+batch is done. No request is dropped or refused.
 """
 
 from __future__ import annotations
@@ -11,6 +22,8 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import psutil
 
 from torchbay.server import protocol as p
 from torchbay.server.batching import Pending, reject
@@ -22,10 +35,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("torchbay.model")
 
-# TorchServe's restart back-off (seconds), indexed by consecutive failures.
-BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 1597)
 # A worker that lived this long before dying resets the back-off.
 HEALTHY_UPTIME_S = 10.0
+# A worker's RSS is read at most this often (recycling on memory).
+RSS_CHECK_INTERVAL_S = 1.0
+# After a replacement failed to start, the old worker serves on for this long before another try.
+RECYCLE_RETRY_S = 5.0
+_MIB = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +65,15 @@ class WorkerSlot:
         self.retiring = False
         self.gave_up = False  # restarts exhausted the retry window
         self.restarts = 0
+        self.start_failures = 0  # starts that raised (spawn OSError, load failure, timeout)
+        self.recycles = 0
         self._ready = asyncio.Event()
         self._first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._recycle = asyncio.Event()  # the dispatcher asks the supervisor for a recycle
+        self._recycle_hold_until = 0.0
+        self._replacing = False  # a successor is being started
+        self._idle = asyncio.Event()  # no batch in hand
+        self._idle.set()
         self._supervisor: asyncio.Task | None = None
         self._dispatcher: asyncio.Task | None = None
         self._in_take = False
@@ -61,8 +84,13 @@ class WorkerSlot:
         return self._ready.is_set() and self.worker is not None and self.worker.alive
 
     @property
+    def starting(self) -> bool:
+        """The slot's first start is under way."""
+        return not self._first.done()
+
+    @property
     def may_serve(self) -> bool:
-        """Ready now, or expected to be after a restart."""
+        """Ready now, or expected to be after a (re)start."""
         return not self.retiring and not self.gave_up and (self.ready or self.worker is not None)
 
     def _load_message(self) -> p.Load:
@@ -80,66 +108,149 @@ class WorkerSlot:
             limit_max_image_pixels=m.limit_max_image_pixels,
         )
 
+    def _new_worker(self) -> WorkerProcess:
+        m = self.model
+        return WorkerProcess(
+            self._load_message(), env=m.worker_env, log_format=m.log_format, spawn=m.spawn
+        )
+
     async def start(self) -> None:
         """Start the supervisor and dispatcher; return after the first load attempt."""
         self._supervisor = asyncio.ensure_future(self._supervise())
+        self._supervisor.add_done_callback(self._supervisor_done)
         self._dispatcher = asyncio.ensure_future(self._dispatch())
         await asyncio.shield(self._first)
         if self.load_error is not None and not self.ready:
             await self.retire()
 
+    # -- supervision ----------------------------------------------------------------------------
+
+    def _stopping(self) -> bool:
+        return self.retiring or self.model.closing
+
+    async def _boot(self, worker: WorkerProcess) -> bool:
+        """Start ``worker``; False (logged, counted) when it could not start."""
+        try:
+            await worker.start(self.model.settings.startup_timeout_s, self.model.prewarmed())
+        except WorkerLoadError as exc:
+            self.load_error = exc
+            log.error("model %s: worker failed to load: %s", self.model.key, exc)
+        except Exception as exc:  # OSError from spawning (EMFILE, ENOMEM), a broken socket...
+            self.load_error = WorkerLoadError(f"could not start a worker: {exc!r}")
+            log.error("model %s: could not start a worker: %r", self.model.key, exc)
+        else:
+            self.load_error = None
+            return True
+        self.start_failures += 1
+        self.model.start_failures += 1
+        self.model.observer.worker_start_failed(self.model, self.load_error)
+        return False
+
     async def _supervise(self) -> None:
         loop = asyncio.get_running_loop()
         failures = 0
         window_start: float | None = None
-        while not self.retiring:
-            worker = WorkerProcess(
-                self._load_message(), env=self.model.worker_env, log_format=self.model.log_format
-            )
+        while not self._stopping():
+            first = not self._first.done()
+            worker = self._new_worker()
             self.worker = worker
-            try:
-                await worker.start(self.model.settings.startup_timeout_s, self.model.prewarmed())
-            except WorkerLoadError as exc:
-                self.load_error = exc
-                log.error("model %s: worker failed to load: %s", self.model.key, exc)
-                if not self._first.done():
-                    self._first.set_result(None)
-                    return  # a model that cannot load at all is reported, not retried
-            else:
-                self.load_error = None
-                first = not self._first.done()
+            if await self._boot(worker):
                 if first:
                     self._first.set_result(None)
                 else:
                     self.restarts += 1
                     self.model.restarts += 1
                 self.model.observer.worker_started(self.model, worker, restart=not first)
-                started = loop.time()
-                self._ready.set()
-                await worker.exited  # type: ignore[misc]
-                self._ready.clear()
-                if self.retiring or self.model.closing:
+                uptime = await self._watch(worker)
+                if self._stopping():
                     return
-                if loop.time() - started >= HEALTHY_UPTIME_S:
+                if uptime >= HEALTHY_UPTIME_S:
                     failures, window_start = 0, None
+            elif first:
+                self._first.set_result(None)
+                return  # a model that cannot load at all is reported, not retried
             window_start = loop.time() if window_start is None else window_start
             if loop.time() - window_start > self.model.settings.max_retry_timeout_s:
                 log.error("model %s: worker keeps failing; giving up", self.model.key)
-                self.gave_up = True
-                self.worker = None
-                self.model.fail_if_unserved()
+                self._give_up()
                 return
-            delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
+            backoff = self.model.settings.restart_backoff_s
+            delay = backoff[min(failures, len(backoff) - 1)]
             failures += 1
-            log.warning("model %s: restarting worker in %ss", self.model.key, delay)
+            log.warning("model %s: restarting worker in %gs", self.model.key, delay)
             await asyncio.sleep(delay)
+
+    async def _watch(self, worker: WorkerProcess) -> float:
+        """Serve with ``worker`` (and its recycled successors) until one dies; its uptime."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self._ready.set()
+        while True:
+            assert worker.exited is not None
+            wanted = asyncio.ensure_future(self._recycle.wait())
+            try:
+                await asyncio.wait((worker.exited, wanted), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wanted.cancel()
+            if worker.exited.done():
+                break
+            self._replacing = True
+            try:
+                successor = await self._replace(worker)
+            finally:
+                self._replacing = False
+                self._recycle.clear()  # asked again while replacing: that was this recycle
+            if successor is not None:
+                worker, started = successor, loop.time()
+        self._ready.clear()
+        return loop.time() - started
+
+    async def _replace(self, old: WorkerProcess) -> WorkerProcess | None:
+        """Make-before-break: start a successor beside ``old``, switch, stop ``old``."""
+        new = self._new_worker()
+        if not await self._boot(new):
+            self._recycle_hold_until = asyncio.get_running_loop().time() + RECYCLE_RETRY_S
+            log.warning("model %s: recycling %s failed; it serves on", self.model.key, old.name)
+            return None
+        self.worker = new  # the dispatcher's next batch goes to the new worker
+        self._ready.set()
+        self.recycles += 1
+        self.model.recycles += 1
+        self.model.observer.worker_recycled(self.model, new)
+        self.model.observer.worker_started(self.model, new, restart=False)
+        log.info("model %s: recycled worker %s (pid %s) as %s (pid %s)",
+                 self.model.key, old.name, old.pid, new.name, new.pid)  # fmt: skip
+        await self._idle.wait()  # the old worker's batch, if any, is answered first
+        await asyncio.shield(old.stop(self.model.settings.response_timeout_s or 10.0))
+        return new
+
+    def _give_up(self) -> None:
+        self.gave_up = True
+        self.worker = None
+        self._ready.set()  # release the dispatcher: it sees gave_up and exits
+        self.model.fail_if_unserved()
+
+    def _supervisor_done(self, task: asyncio.Task) -> None:
+        """Backstop: a supervisor that ended on an unexpected exception fails its slot loudly."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("model %s: worker supervisor crashed", self.model.key, exc_info=task.exception())
+        if self.worker is not None:
+            self.worker.kill()
+        if not self._first.done():
+            self.load_error = WorkerLoadError("the worker supervisor crashed")
+            self._first.set_result(None)
+        self._give_up()
+
+    # -- dispatching ----------------------------------------------------------------------------
 
     async def _dispatch(self) -> None:
         queue = self.model.queue
-        while not self.retiring:
-            await self._ready.wait()
-            if self.retiring:
-                return
+        while not self.retiring and not self.gave_up:
+            if not self.ready:
+                self._ready.clear()  # its worker died or was killed: wait for the restart
+                await self._ready.wait()
+                continue
             self._in_take = True
             try:
                 batch = await queue.take()
@@ -150,10 +261,40 @@ class WorkerSlot:
                 queue.requeue_front(batch)  # its worker died meanwhile: let another run it
                 continue
             self._running = batch
+            self._idle.clear()
             try:
                 await self.model.run_batch(worker, batch)
             finally:
                 self._running = []
+                self._idle.set()
+            if worker is self.worker and self._wants_recycle(worker):
+                self._recycle.set()
+
+    def _wants_recycle(self, worker: WorkerProcess) -> bool:
+        settings = self.model.settings
+        if not worker.alive or self._recycle.is_set() or self._replacing:
+            return False
+        loop_time = asyncio.get_running_loop().time()
+        if loop_time < self._recycle_hold_until:
+            return False
+        limit = settings.max_requests_per_worker
+        if limit and worker.requests >= limit:
+            log.info("model %s: worker %s served %d requests (limit %d); recycling it",
+                     self.model.key, worker.name, worker.requests, limit)  # fmt: skip
+            return True
+        limit_mb = settings.max_worker_rss_mb
+        if not limit_mb or loop_time - worker.rss_checked_at < RSS_CHECK_INTERVAL_S:
+            return False
+        worker.rss_checked_at = loop_time
+        try:
+            rss = psutil.Process(worker.pid).memory_info().rss if worker.pid else 0
+        except (psutil.Error, OSError):
+            return False  # it is exiting; the supervisor sees that
+        if rss > limit_mb * _MIB:
+            log.info("model %s: worker %s uses %d MiB (limit %d MiB); recycling it",
+                     self.model.key, worker.name, rss // _MIB, limit_mb)  # fmt: skip
+            return True
+        return False
 
     def fail_running(self, exc: TorchbayError) -> None:
         for item in self._running:
@@ -170,13 +311,13 @@ class WorkerSlot:
             with contextlib.suppress(asyncio.CancelledError):
                 await dispatcher
         self._ready.clear()
-        if self.worker is not None:
-            await self.worker.stop(timeout)
         supervisor = self._supervisor
         if supervisor is not None and not supervisor.done():
-            supervisor.cancel()
+            supervisor.cancel()  # a successor being started is killed by its own cleanup
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
+        if self.worker is not None:
+            await self.worker.stop(timeout)
 
     @property
     def state(self) -> WorkerState:

@@ -32,6 +32,10 @@ from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
 
 log = logging.getLogger("torchbay.workers")
 
+# (env, python, log format) -> a spawned worker process: the seam a test uses to make spawning
+# fail (OSError EMFILE/ENOMEM from Popen) the way an exhausted host does.
+SpawnFn = Callable[["Mapping[str, str] | None", str, str], "Spawned"]
+
 
 class WorkerState(enum.Enum):
     STARTING = "STARTING"
@@ -113,6 +117,7 @@ class WorkerProcess:
         python: str = sys.executable,
         on_exit: Callable[[WorkerProcess], None] | None = None,
         log_format: str = "text",
+        spawn: SpawnFn | None = None,
     ) -> None:
         self.load = load
         self.id = next(self._ids)
@@ -121,6 +126,7 @@ class WorkerProcess:
         self.python = python
         self.log_format = log_format
         self.on_exit = on_exit
+        self.spawn = spawn or spawn_process
         self.state = WorkerState.STARTING
         self.pid: int | None = None
         self.device: str = "cpu" if load.gpu_id is None else f"cuda:{load.gpu_id}"
@@ -128,6 +134,8 @@ class WorkerProcess:
         self.start_time = time.time()
         self.exit_code: int | None = None
         self.batches = 0
+        self.requests = 0  # requests sent to this worker (recycling counts them)
+        self.rss_checked_at = 0.0  # loop time of the last RSS check (recycling)
         self._proc: subprocess.Popen | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -145,12 +153,27 @@ class WorkerProcess:
     async def start(self, timeout: float, spawned: Spawned | None = None) -> p.Ready:
         """Spawn the process (or adopt a pre-warmed one), send ``Load``, wait for ``Ready``.
 
-        Raises WorkerLoadError.
+        Raises WorkerLoadError, or whatever spawning raised (OSError: EMFILE, ENOMEM, ...). On
+        any failure, cancellation included, the worker is FAILED and its process killed.
         """
+        self.exited = asyncio.get_running_loop().create_future()
+        try:
+            return await self._start(timeout, spawned)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """A start that did not finish: FAILED, the process killed; ``exited`` resolves."""
+        self.state = WorkerState.FAILED
+        self.kill()
+        if self._proc is None and self.exited is not None and not self.exited.done():
+            self.exited.set_result(-1)  # nothing was spawned: nothing will ever exit
+
+    async def _start(self, timeout: float, spawned: Spawned | None) -> p.Ready:
         loop = asyncio.get_running_loop()
-        self.exited = loop.create_future()
         if spawned is None:
-            spawned = spawn_process(self.env, self.python, self.log_format)
+            spawned = self.spawn(self.env, self.python, self.log_format)
         self._proc, parent = spawned.proc, spawned.sock
         self.pid = self._proc.pid
         log.debug("worker %s uses pid=%s", self.name, self.pid)
@@ -189,6 +212,7 @@ class WorkerProcess:
         self._pending[batch_id] = future
         previous = self.state
         self.state = WorkerState.BUSY
+        self.requests += len(requests)
         try:
             self._writer.write(p.encode(p.Infer(batch_id, requests)))
             if timeout is None:
@@ -196,6 +220,8 @@ class WorkerProcess:
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             log.error("worker %s did not answer within %gs; killing it", self.name, timeout)
+            # Not alive from now on (the exit is observed later): no batch may reach it.
+            self.state = WorkerState.FAILED
             self.kill()
             raise RequestTimeout(
                 f"The model did not answer within {timeout:g}s; its worker is being restarted"

@@ -65,7 +65,7 @@ def test_client_against_a_live_server(live_server, versioned_store, tmp_path, ca
     described = run(build_parser().parse_args(["models", "describe", "probe", "--json", *common]))
     assert json.loads(described)[0]["modelVersion"] == "2.0"
     text = run(build_parser().parse_args(["models", "describe", "tiny", *common]))
-    assert "1.0 (default)" in text and "READY" in text
+    assert "1.0 (default)" in text and "STOPPED" in text  # zero workers, on request
 
     assert main(["models", "unregister", "nope", *common]) == 1
     assert "torchbay: error: 404 ModelNotFound" in capsys.readouterr().err
