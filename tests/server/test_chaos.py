@@ -190,7 +190,9 @@ def test_spawn_failures_back_off_and_recover(live_server):
     registry.resolve("probe").spawn = spawn
     [old_pid] = server.worker_pids()
     os.kill(old_pid, signal.SIGKILL)
-    # Queued while the worker cannot be spawned: served once it can.
+    # Once the frontend has seen the death (a request racing the kill is answered 503 WorkerDied),
+    # a request queued while the worker cannot be spawned is served once it can.
+    _wait_for(lambda: spawn.calls >= 1, "the first restart attempt")
     r = httpx.post(f"{server.url}/predictions/probe", json={"echo": "queued"}, timeout=60)
     assert r.status_code == 200 and r.json()["pid"] != old_pid
     assert spawn.calls == 4
