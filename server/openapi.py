@@ -226,6 +226,7 @@ def metrics_openapi(server_version: str) -> dict[str, Any]:
             "responses": {"200": {"description": "OK", "content": {"text/plain": {}}}},
         }
     }
+    paths["/metrics"]["head"] = {**paths["/metrics"]["get"], "summary": "The same, headers only"}
     for item in paths.values():
         for operation in _operations(item):
             _generic(operation, METRICS_GENERIC)

@@ -176,10 +176,10 @@ class Fuzzer:
         for m in fs.MODELS:
             if self._settings(m) != self.baseline[m]:
                 broken.append(f"{m}'s settings changed: {self._settings(m)}")
-        report = self.findings.report() if self.findings.seen else ""
-        assert not broken and not self.findings.seen, (
-            f"after {self.findings.count} requests:\n" + "\n".join(broken) + "\n" + report
-        )
+        if broken or self.findings.seen:
+            report = self.findings.report() if self.findings.seen else ""
+            lines = "\n".join(broken)
+            pytest.fail(f"after {self.findings.count} requests:\n{lines}\n{report}", False)
 
 
 def _scaled_model(req: Req) -> str | None:
@@ -450,7 +450,7 @@ def test_known_hard_inputs(open_server):
     fuzzer.assert_clean()
 
 
-@pytest.mark.parametrize(("port", "n"), [("inference", 120), ("management", 120), ("metrics", 40)])
+@pytest.mark.parametrize(("port", "n"), [("inference", 300), ("management", 300), ("metrics", 80)])
 def test_fuzz_port(open_server, port, n):
     fuzzer = Fuzzer(open_server)
     fuzz(fuzzer, port, examples(n))
@@ -460,7 +460,7 @@ def test_fuzz_port(open_server, port, n):
 def test_fuzz_with_token_auth(auth_server):
     """Token auth on: most requests carry the right key, the others none or a bad one."""
     fuzzer = Fuzzer(auth_server)
-    for port, n in (("inference", 60), ("management", 60), ("metrics", 10)):
+    for port, n in (("inference", 150), ("management", 150), ("metrics", 20)):
         fuzz(fuzzer, port, examples(n), authed=True)
     fuzzer.assert_clean()
 
