@@ -51,7 +51,7 @@ STATUS_TEXT = {
     422: "The model cannot process this input (a shape or type it does not take)",
     431: "Request headers too large",
     500: "Internal error: the handler failed (or a bug of ours)",
-    501: "The handler does not support this (explanations)",
+    501: "The handler does not support explanations (/explanations or an explain header)",
     503: "Queue full, no worker, or shutting down; see Retry-After",
     504: "Timed out",
 }
@@ -87,7 +87,7 @@ def _path_params(*names: str) -> list[dict[str, Any]]:
 
 def _predict(version: bool, explain: bool = False) -> dict[str, Any]:
     verb = "Explain" if explain else "Predict"
-    codes = _PREDICT_STATUSES + ((501,) if explain else ())
+    codes = (*_PREDICT_STATUSES, 501)  # 501: explain (also the Explain header) unsupported
     return {
         "summary": f"{verb} with the {'given' if version else 'default'} version of a model",
         "description": "Further path segments reach the handler as the url_path header. The "
