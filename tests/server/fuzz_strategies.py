@@ -244,7 +244,7 @@ def v2_payload(draw: Callable) -> tuple[bytes, str, str]:
         del tensor[draw(st.sampled_from(["name", "shape", "datatype", "data"]))]
     elif flaw == "outputs":
         payload["outputs"] = draw(st.sampled_from([[{"name": "y"}], "y", [1], None, [{}]]))
-        flaw = "none" if payload["outputs"] == [{"name": "y"}] else flaw
+        flaw = "output_y" if payload["outputs"] == [{"name": "y"}] else flaw
     elif flaw == "id":
         payload["id"] = draw(json_leaf)
         flaw = "none" if isinstance(payload["id"], str) else flaw
@@ -253,7 +253,7 @@ def v2_payload(draw: Callable) -> tuple[bytes, str, str]:
         flaw = "bool"  # a BOOL input to a float model: refused (4xx) or converted, not a 5xx
     # NaN/Infinity tokens: refusing them or answering valid JSON are both fine; the response
     # checks catch a bare NaN in the answer.
-    expect = {"none": "ok", "bool": "", "nan": "", "inf": ""}.get(flaw, "4xx")
+    expect = {"none": "ok", "bool": "", "nan": "", "inf": "", "output_y": ""}.get(flaw, "4xx")
     return dumps(payload), expect, f"v2 {flaw}"
 
 
