@@ -15,6 +15,7 @@ Findings are collected (one example per distinct problem) and reported together 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 
 from . import fuzz_strategies as fs
 from .conftest import LiveServer, make_config
-from .fuzzing import Findings, Req, Resp, problems, send
+from .fuzzing import Findings, Req, Resp, operation, problems, send
 
 EXAMPLES = int(os.environ.get("TORCHBAY_FUZZ_EXAMPLES", "0") or 0)
 # A long run gets time for its examples (about 0.5 s a request on a loaded 2-core machine).
@@ -88,8 +89,18 @@ class Fuzzer:
         self.auth = server.server.auth
         self.docs = {port: self._document(port) for port in self.ports}
         self.findings = Findings()
+        self.hit: set[tuple[str, str, str]] = set()  # (port, method, documented path)
+        self._wait_ready()
         self.pids = sorted(server.worker_pids())
         self.baseline = {m: self._settings(m) for m in fs.MODELS}
+
+    def _wait_ready(self, deadline_s: float = 90.0) -> None:
+        """A worker an earlier test killed may still be restarting: wait for all (bounded)."""
+        end = time.monotonic() + deadline_s
+        while self._get("inference", "/v2/health/ready", "inference").status_code != 200:
+            if time.monotonic() > end:
+                return  # assert_clean reports it
+            time.sleep(0.2)
 
     def _get(self, port: str, path: str, kind: str | None = None) -> httpx.Response:
         headers = {}
@@ -127,6 +138,9 @@ class Fuzzer:
         return False
 
     def check(self, req: Req) -> None:
+        matched = operation(self.docs[req.port], req)
+        if matched is not None:
+            self.hit.add((req.port, req.method.lower(), matched[0]))
         resp = send("127.0.0.1", self.ports[req.port], req)
         found = problems(self.docs[req.port], req, resp, authorized=self.authorized(req))
         found.extend(self._scale_oracle(req, resp))
@@ -429,7 +443,34 @@ STRATEGIES = {
 }
 
 
+def sweep(fuzzer: Fuzzer, port: str) -> None:
+    """Every operation of the port's document, with loaded and unknown models and versions,
+    an empty and a JSON body: each route is reached whatever Hypothesis draws."""
+    keys = fuzzer.keys()
+    kind = "inference" if port == "inference" else "management"
+    auth = (("Authorization", f"Bearer {keys[kind]}"),) if kind in keys else ()
+    for path, item in fuzzer.docs[port]["paths"].items():
+        for method in item:
+            if method not in ("get", "head", "put", "post", "delete", "options", "patch"):
+                continue
+            for name, version in (("tiny", "1.0"), ("probe", "9.9"), ("%2e%2e", "..")):
+                if method == "delete" and (name in fs.MODELS and version == "1.0"):
+                    continue  # never unregister a loaded model
+                if method == "delete" and "{version}" not in path and name in fs.MODELS:
+                    continue
+                filled = (
+                    path.replace("{model_name}", name)
+                    .replace("{name}", name)
+                    .replace("{model_version}", version)
+                    .replace("{version}", version)
+                )
+                for body in (b"", b"{}"):
+                    ct = (("Content-Type", "application/json"),) if body else ()
+                    fuzzer.check(Req(port, method.upper(), filled, "", auth + ct, body))
+
+
 def fuzz(fuzzer: Fuzzer, port: str, n: int, *, authed: bool = False) -> None:
+    sweep(fuzzer, port)
     strategy = STRATEGIES[port](fuzzer.keys(), authed)
 
     @fuzz_settings(n)
@@ -455,6 +496,13 @@ def test_known_hard_inputs(open_server):
 def test_fuzz_port(open_server, port, n):
     fuzzer = Fuzzer(open_server)
     fuzz(fuzzer, port, examples(n))
+    documented = {
+        (port, method, path)
+        for path, item in fuzzer.docs[port]["paths"].items()
+        for method in item
+        if method in ("get", "head", "put", "post", "delete", "options", "patch")
+    }
+    assert documented <= fuzzer.hit, f"never sent: {sorted(documented - fuzzer.hit)}"
     fuzzer.assert_clean()
 
 
