@@ -42,7 +42,8 @@ STATUS_TEXT = {
     206: "Partial: fewer workers started than asked for",
     400: "Bad input (a malformed request, parameter, body or tensor)",
     401: "Missing, wrong or expired key (token authorization on)",
-    403: "Forbidden (the default version of a model with other versions)",
+    403: "Forbidden: a URL not in allowed_urls, or unregistering the default version of a "
+    "model that has others",
     404: "Unknown route, model or version",
     405: "Method not allowed (or the model API is disabled)",
     408: "The client was too slow sending its request",
@@ -271,7 +272,7 @@ def _document(
 # (method, path) -> the statuses the route's code answers besides the generic ones.
 MANAGEMENT_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("get", "/models"): (200, 400, 401),
-    ("post", "/models"): (200, 202, 400, 401, 404, 405, 409, 413, 500, 503, 504),
+    ("post", "/models"): (200, 202, 400, 401, 403, 404, 405, 409, 413, 500, 503, 504),
     ("get", "/models/{name}"): (200, 401, 404),
     ("put", "/models/{name}"): (200, 202, 206, 400, 401, 404),
     ("delete", "/models/{name}"): (200, 400, 401, 403, 404, 405, 503, 504),
@@ -284,7 +285,7 @@ MANAGEMENT_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("options", "/"): (200,),
     ("get", "/openapi.json"): (200,),
 }
-_UNAUTHENTICATED = {("get", "/token"), ("options", "/"), ("get", "/openapi.json")}
+_UNAUTHENTICATED = {("options", "/"), ("get", "/openapi.json")}  # /token: the API key
 
 
 def management_document(document: dict[str, Any]) -> dict[str, Any]:

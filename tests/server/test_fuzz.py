@@ -153,11 +153,8 @@ class Fuzzer:
         if model is None or not 200 <= resp.status < 300:
             return []
         self._restore(model)
-        bad = [
-            f"{k}={v}"
-            for k, v in parse_qsl(req.query, keep_blank_values=True)
-            if k in fs.LIMITS and fs.out_of_bounds(k, v)
-        ]
+        params = dict(parse_qsl(req.query, keep_blank_values=True))  # the last value wins
+        bad = [f"{k}={v}" for k, v in params.items() if k in fs.LIMITS and fs.out_of_bounds(k, v)]
         return [f"scale accepted out-of-bounds {', '.join(bad)}"] if bad else []
 
     def _restore(self, model: str) -> None:
@@ -524,6 +521,10 @@ def test_fuzz_long(open_server):
     fuzzer.assert_clean()
 
 
+_REGISTER_URLS = ("../../../etc/passwd", "%2e%2e/%2e%2e/x.mar", "/etc/passwd", "tiny.mar")
+_REGISTER_URLS += ("x" * 3000, "https://example.invalid/x.mar")
+
+
 def corpus() -> list[Req]:
     json_ct = (("Content-Type", "application/json"),)
 
@@ -542,6 +543,7 @@ def corpus() -> list[Req]:
         Req("inference", "POST", "/predictions/tiny", "", (), b"\xff" * 256),  # NaN float32s
         Req("inference", "POST", "/explanations/tiny", "", (), b"\0" * 256),
         Req("inference", "POST", "/predictions/tiny", "", (("Content-Length", "9" * 12),), b"x"),
+        Req("inference", "POST", "/predictions/tiny/1.0/%E6%A8%A1", "", (), b"\0" * 256),
         v2(good, "valid", "ok"),
         *(v2({**good, "datatype": d}, f"datatype {d!r}") for d in fs.DATATYPES[9:]),
         v2({**good, "shape": [-1, 64]}, "negative dimension"),
@@ -566,8 +568,7 @@ def corpus() -> list[Req]:
         for q in ("limit=1e309", "limit=-1", "next_page_token=" + "9" * 40, "limit=nan")
     ]
     reqs += [
-        Req("management", "POST", "/models", f"url={quote(u, safe='')}")
-        for u in ("../../../etc/passwd", "%2e%2e/%2e%2e/x.mar", "/etc/passwd", "tiny.mar")
+        Req("management", "POST", "/models", f"url={quote(u, safe='')}") for u in _REGISTER_URLS
     ]
     reqs += [
         Req("management", "POST", "/models", "", json_ct, fs.deep(100_000, "dict")),
