@@ -9,7 +9,9 @@ The server: ``tiny`` (tensor handler) and ``probe`` loaded, ``enable_model_api``
 for most tests and on for one. Hypothesis runs derandomized with a bounded number of examples;
 ``TORCHBAY_FUZZ_EXAMPLES=N`` sets every test's count, and enables ``test_fuzz_long`` (marker
 ``fuzz_long``, skipped without the variable): ``TORCHBAY_FUZZ_EXAMPLES=2000 pytest -m fuzz_long``.
-Findings are collected (one example per distinct problem) and reported together at the end.
+A quick run: ``TORCHBAY_FUZZ_EXAMPLES=20 pytest tests/server/test_fuzz.py`` (every documented
+operation is still swept once per port). Findings are collected (one example per distinct
+problem, with a repro line) and reported together at the end of each test.
 """
 
 from __future__ import annotations
