@@ -3,7 +3,7 @@
     ArchiveError                      base: every archiver failure; the CLI prints one line, exit 1
     ├── ArchiveArgumentError          bad options, a missing input file, an unknown handler
     ├── UnsafeMemberError             absolute path, ``..``, link or special member, duplicate name,
-    │                                 a member or the total over its size limit
+    │                                 a total, free-disk or compression-ratio limit passed
     ├── HashMismatchError             a member's sha256 differs from the manifest (or is unlisted)
     ├── CorruptArchiveError           not a readable zip / tar / archive directory
     ├── ManifestError                 MANIFEST.json missing or invalid

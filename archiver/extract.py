@@ -3,14 +3,17 @@
 ``extract_archive`` accepts a ``.mar`` (zip, deflated or stored), a TorchServe ``.tar.gz`` (all
 members under ``<model-name>/``) or an archive directory (``no-archive``), and refuses, naming the
 member: absolute paths, ``..``, symlinks / hardlinks / device or FIFO members, duplicate names,
-encrypted members, a member or a total over the size limits (checked against the declared sizes
+encrypted members, a total or compression ratio over the limits (checked on the declared sizes
 first, then by counting the bytes actually written, because a zip bomb's headers lie), and, when
 the manifest has a ``torchbay.files`` table, any file whose sha256 differs, any file not listed and
 any listed file that is missing.
 
-Default limits: 2 GiB per member and 8 GiB in all. That is far above every model this server
-targets (the reference models are < 2 MB; a 1B-parameter fp16 checkpoint is 2 GB), yet it stops an
-upload from filling the model store's disk. Operators who serve bigger checkpoints raise them.
+Limits (``ServerConfig.max_archive_expanded_size`` / ``max_archive_compression_ratio``): the
+expanded total (64 GiB by default) and the free disk space of the destination, and the
+expanded/compressed ratio (100 by default) of every member and of the whole archive once it
+expands past 1 MiB. Weights barely compress, so a multi-GB checkpoint loads (there is no
+per-member cap), while a zip bomb is refused from its declared sizes before anything is written,
+and again while writing, by counting the bytes actually written (headers lie).
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ from torchbay.archiver.manifest import (
     tar_manifest_name,
 )
 
-DEFAULT_MAX_MEMBER_BYTES = 2 << 30
-DEFAULT_MAX_TOTAL_BYTES = 8 << 30
+DEFAULT_MAX_TOTAL_BYTES = 64 << 30
+DEFAULT_MAX_RATIO = 100.0
+# Members (and archives) that expand to less than this are not held to the ratio.
+RATIO_FLOOR_BYTES = 1 << 20
 _CHUNK = 1 << 20
 
 
@@ -57,39 +62,80 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-class _Budget:
-    """Counts bytes per member and in total; raises before a limit is passed."""
+def free_bytes(folder: Path) -> int:
+    """Free disk space where ``folder`` is (or would be created)."""
+    for candidate in (folder, *folder.parents):
+        if candidate.is_dir():
+            return shutil.disk_usage(candidate).free
+    return shutil.disk_usage(".").free
 
-    def __init__(self, max_member: int, max_total: int) -> None:
-        self.max_member = max_member
+
+class _Budget:
+    """Counts expanded bytes; raises before the total, the free space or the ratio is passed.
+
+    ``archive_bytes`` is the compressed archive's size (None for a directory: no ratio).
+    """
+
+    def __init__(
+        self,
+        max_total: int,
+        max_ratio: float = DEFAULT_MAX_RATIO,
+        *,
+        archive_bytes: int | None = None,
+        free: int | None = None,
+    ) -> None:
         self.max_total = max_total
+        self.max_ratio = max_ratio
+        self.archive_bytes = archive_bytes
+        self.free = free
         self.total = 0
 
-    def declare(self, name: str, size: int, declared_total: int) -> None:
-        if size > self.max_member:
+    def _check_total(self, name: str, total: int, verb: str) -> None:
+        if total > self.max_total:
             raise UnsafeMemberError(
-                name, f"declared size {size} bytes exceeds the member limit {self.max_member}"
+                name, f"archive {verb} {total} bytes, over the limit of {self.max_total} bytes"
             )
-        if declared_total > self.max_total:
+        if self.free is not None and total > self.free:
             raise UnsafeMemberError(
-                name, f"archive total {declared_total} bytes exceeds the limit {self.max_total}"
+                name, f"archive {verb} {total} bytes, more than the {self.free} bytes free on disk"
+            )
+        if (
+            self.archive_bytes is not None
+            and total > RATIO_FLOOR_BYTES
+            and total > self.archive_bytes * self.max_ratio
+        ):
+            raise UnsafeMemberError(
+                name,
+                f"archive {verb} {total} bytes from {self.archive_bytes}: compression ratio "
+                f"over the limit of {self.max_ratio:g}",
             )
 
-    def copy(self, name: str, src: IO[bytes], dst: IO[bytes]) -> str:
+    def _check_ratio(self, name: str, size: int, compressed: int | None, verb: str) -> None:
+        if compressed is None or size <= RATIO_FLOOR_BYTES:
+            return
+        if size > max(compressed, 1) * self.max_ratio:
+            raise UnsafeMemberError(
+                name,
+                f"{verb} {size} bytes from {compressed}: compression ratio over the limit "
+                f"of {self.max_ratio:g}",
+            )
+
+    def declare(
+        self, name: str, size: int, declared_total: int, compressed: int | None = None
+    ) -> None:
+        """Check a member's declared size (and the running declared total) before writing."""
+        self._check_ratio(name, size, compressed, "declares")
+        self._check_total(name, declared_total, "declares")
+
+    def copy(self, name: str, src: IO[bytes], dst: IO[bytes], compressed: int | None = None) -> str:
         """Copy ``src`` to ``dst`` counting bytes; returns the sha256 of what was written."""
         digest = hashlib.sha256()
         written = 0
         while chunk := src.read(_CHUNK):
             written += len(chunk)
             self.total += len(chunk)
-            if written > self.max_member:
-                raise UnsafeMemberError(
-                    name, f"expands past the member limit of {self.max_member} bytes"
-                )
-            if self.total > self.max_total:
-                raise UnsafeMemberError(
-                    name, f"archive expands past the total limit of {self.max_total} bytes"
-                )
+            self._check_ratio(name, written, compressed, "expands past")
+            self._check_total(name, self.total, "expands past")
             digest.update(chunk)
             dst.write(chunk)
         return digest.hexdigest()
@@ -136,11 +182,11 @@ class _Writer:
         for name in sorted(self.expected.keys() - present):
             raise HashMismatchError(name, "listed in the manifest but missing from the archive")
 
-    def write(self, name: str, src: IO[bytes]) -> None:
+    def write(self, name: str, src: IO[bytes], compressed: int | None = None) -> None:
         target = self.target(name)
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "wb") as dst:
-            digest = self.budget.copy(name, src, dst)
+            digest = self.budget.copy(name, src, dst, compressed)
         os.chmod(target, 0o644)  # never carry modes (setuid, exec) over from the archive
         if self.expected is not None and name != MANIFEST_PATH:
             want = self.expected[name]
@@ -166,7 +212,7 @@ def _extract_zip(path: Path, dest: Path, budget: _Budget) -> Manifest:
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise CorruptArchiveError(f"{path}: corrupt zip archive ({exc})") from None
+        raise CorruptArchiveError(f"{path.name}: corrupt zip archive ({exc})") from None
     with zf:
         files: list[tuple[str, zipfile.ZipInfo]] = []
         declared_total = 0
@@ -180,7 +226,7 @@ def _extract_zip(path: Path, dest: Path, budget: _Budget) -> Manifest:
             if info.flag_bits & 0x1:
                 raise UnsafeMemberError(info.filename, "encrypted members are not supported")
             declared_total += info.file_size
-            budget.declare(name, info.file_size, declared_total)
+            budget.declare(name, info.file_size, declared_total, info.compress_size)
             files.append((name, info))
         manifest = _zip_manifest(path, zf, files)
         writer = _Writer(dest, manifest, budget)
@@ -188,10 +234,12 @@ def _extract_zip(path: Path, dest: Path, budget: _Budget) -> Manifest:
         for name, info in files:
             try:
                 with zf.open(info) as src:
-                    writer.write(name, src)
+                    writer.write(name, src, info.compress_size)
             except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
                 # zipfile raises BadZipFile on a CRC error, zlib errors surface as OSError.
-                raise CorruptArchiveError(f"{path}: member {name!r} is corrupt ({exc})") from None
+                raise CorruptArchiveError(
+                    f"{path.name}: member {name!r} is corrupt ({exc})"
+                ) from None
     return manifest
 
 
@@ -201,49 +249,65 @@ def _zip_manifest(
     for name, info in files:
         if name == MANIFEST_PATH:
             if info.file_size > MAX_MANIFEST_BYTES:
-                raise ManifestError(f"{path}: {MANIFEST_PATH} is too large")
+                raise ManifestError(f"{path.name}: {MANIFEST_PATH} is too large")
             try:
                 with zf.open(info) as fh:
                     raw = fh.read(MAX_MANIFEST_BYTES + 1)
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
-                raise CorruptArchiveError(f"{path}: member {name!r} is corrupt ({exc})") from None
-            return parse_manifest(raw, source=f"{path}:{MANIFEST_PATH}")
-    raise ManifestError(f"{path}: no {MANIFEST_PATH} in the archive")
+                raise CorruptArchiveError(
+                    f"{path.name}: member {name!r} is corrupt ({exc})"
+                ) from None
+            return parse_manifest(raw, source=f"{path.name}:{MANIFEST_PATH}")
+    raise ManifestError(f"{path.name}: no {MANIFEST_PATH} in the archive")
 
 
-def _extract_tar(path: Path, dest: Path, budget: _Budget) -> Manifest:
+def _tar_members(path: Path, tf: tarfile.TarFile, budget: _Budget) -> list[tarfile.TarInfo]:
+    """Read the headers one by one, checking kinds and the running declared size as they come,
+    so a tar bomb is refused at its first oversized header rather than after inflating it all."""
+    members: list[tarfile.TarInfo] = []
+    declared_total = 0
     try:
-        tf = tarfile.open(path, "r:*")  # noqa: SIM115 (closed by the with below)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise CorruptArchiveError(f"{path}: corrupt tar archive ({exc})") from None
-    with tf:
-        try:
-            members = tf.getmembers()
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise CorruptArchiveError(f"{path}: corrupt tar archive ({exc})") from None
-        manifest_name = tar_manifest_name([m.name for m in members])
-        if manifest_name is None:
-            raise ManifestError(f"{path}: no {MANIFEST_PATH} in the archive")
-        # TorchServe's tgz puts everything under "<model-name>/"; strip that prefix.
-        prefix = manifest_name[: -len(MANIFEST_PATH)]
-        files: list[tuple[str, tarfile.TarInfo]] = []
-        declared_total = 0
-        for member in members:
-            name = _normalize(member.name)
+        for member in tf:
+            _normalize(member.name)
             if member.isdir():
                 continue
             if member.issym() or member.islnk():
                 raise UnsafeMemberError(member.name, "link members are not allowed")
             if not member.isfile():
                 raise UnsafeMemberError(member.name, "special file members are not allowed")
+            declared_total += member.size
+            budget.declare(member.name, member.size, declared_total)
+            members.append(member)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise CorruptArchiveError(f"{path.name}: corrupt tar archive ({exc})") from None
+    return members
+
+
+def _extract_tar(path: Path, dest: Path, budget: _Budget) -> Manifest:
+    try:
+        tf = tarfile.open(path, "r:*")  # noqa: SIM115 (closed by the with below)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise CorruptArchiveError(f"{path.name}: corrupt tar archive ({exc})") from None
+    with tf:
+        members = _tar_members(path, tf, budget)
+        manifest_name = tar_manifest_name([m.name for m in members])
+        if manifest_name is None:
+            raise ManifestError(f"{path.name}: no {MANIFEST_PATH} in the archive")
+        # TorchServe's tgz puts everything under "<model-name>/"; strip that prefix.
+        prefix = manifest_name[: -len(MANIFEST_PATH)]
+        files: list[tuple[str, tarfile.TarInfo]] = []
+        for member in members:
+            name = _normalize(member.name)
             if prefix and not (name + "/").startswith(prefix):
                 raise UnsafeMemberError(member.name, f"outside the archive's top folder {prefix!r}")
-            declared_total += member.size
-            budget.declare(name, member.size, declared_total)
             files.append((name[len(prefix) :], member))
-        fh = tf.extractfile(manifest_name)
-        assert fh is not None
-        manifest = parse_manifest(fh.read(MAX_MANIFEST_BYTES + 1), source=f"{path}:{manifest_name}")
+        try:
+            fh = tf.extractfile(manifest_name)
+            assert fh is not None
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise CorruptArchiveError(f"{path.name}: corrupt tar archive ({exc})") from None
+        manifest = parse_manifest(raw, source=f"{path.name}:{manifest_name}")
         writer = _Writer(dest, manifest, budget)
         writer.check_listed([n for n, _ in files])
         for name, member in files:
@@ -252,20 +316,19 @@ def _extract_tar(path: Path, dest: Path, budget: _Budget) -> Manifest:
                 assert src is not None
                 writer.write(name, src)
             except (tarfile.TarError, OSError, EOFError) as exc:
-                raise CorruptArchiveError(f"{path}: member {name!r} is corrupt ({exc})") from None
+                raise CorruptArchiveError(
+                    f"{path.name}: member {name!r} is corrupt ({exc})"
+                ) from None
     return manifest
 
 
 def verify_directory(
-    path: str | Path,
-    *,
-    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
-    max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    path: str | Path, *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES
 ) -> Manifest:
     """Check an archive directory in place (no copy): links, sizes and sha256 as for a zip."""
     root = Path(path)
     manifest = read_manifest(root)
-    budget = _Budget(max_member_bytes, max_total_bytes)
+    budget = _Budget(max_total_bytes)
     names: list[str] = []
     declared_total = 0
     for name, full in _walk(root):
@@ -302,7 +365,7 @@ def _walk(root: Path) -> Iterator[tuple[str, Path]]:
 def _cleanup_on_error(dest: Path) -> Iterator[None]:
     created = not dest.exists()
     if not created and any(dest.iterdir()):
-        raise ArchiveError(f"destination {dest} is not empty")
+        raise ArchiveError(f"destination folder {dest.name!r} is not empty")
     dest.mkdir(parents=True, exist_ok=True)
     try:
         yield
@@ -322,41 +385,43 @@ def extract_archive(
     path: str | Path,
     dest_dir: str | Path,
     *,
-    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
     max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    max_ratio: float = DEFAULT_MAX_RATIO,
 ) -> Manifest:
     """Unpack ``path`` into ``dest_dir`` (created; must be empty) and return its manifest.
 
     ``path`` is a ``.mar``/zip, a ``.tar.gz`` or an archive directory. A directory equal to
-    ``dest_dir`` is verified in place; another directory is verified and copied. On any failure
-    the destination is left empty and an ArchiveError subclass names the offending member.
+    ``dest_dir`` is verified in place; another directory is verified and copied. The expanded
+    total may not pass ``max_total_bytes`` nor the destination's free disk space, and no member
+    past 1 MiB (nor the archive as a whole) may expand more than ``max_ratio`` times. On any
+    failure the destination is left empty and an ArchiveError subclass names the offending member.
     """
     src = Path(path)
     dest = Path(dest_dir)
     if src.is_dir():
         if dest.exists() and dest.resolve() == src.resolve():
-            return verify_directory(
-                src, max_member_bytes=max_member_bytes, max_total_bytes=max_total_bytes
-            )
+            return verify_directory(src, max_total_bytes=max_total_bytes)
+        free = free_bytes(dest)
         with _cleanup_on_error(dest):
-            manifest = verify_directory(
-                src, max_member_bytes=max_member_bytes, max_total_bytes=max_total_bytes
-            )
-            budget = _Budget(max_member_bytes, max_total_bytes)
-            writer = _Writer(dest, manifest, budget)
+            manifest = verify_directory(src, max_total_bytes=min(max_total_bytes, free))
+            writer = _Writer(dest, manifest, _Budget(max_total_bytes, max_ratio, free=free))
             for name, full in _walk(src):
                 with open(full, "rb") as fh:
                     writer.write(name, fh)
         return manifest
     if not src.is_file():
-        raise ArchiveError(f"{src}: no such archive")
-    budget = _Budget(max_member_bytes, max_total_bytes)
+        raise ArchiveError(f"{src.name}: no such archive")
+    budget = _Budget(
+        max_total_bytes, max_ratio, archive_bytes=src.stat().st_size, free=free_bytes(dest)
+    )
     with _cleanup_on_error(dest):
         if zipfile.is_zipfile(src):
             return _extract_zip(src, dest, budget)
         if _is_tar(src):
             return _extract_tar(src, dest, budget)
-        raise CorruptArchiveError(f"{src}: not a zip (.mar), a .tar.gz or an archive directory")
+        raise CorruptArchiveError(
+            f"{src.name}: not a zip (.mar), a .tar.gz or an archive directory"
+        )
 
 
 def _is_tar(path: Path) -> bool:

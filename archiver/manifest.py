@@ -20,14 +20,25 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from torchbay.archiver.errors import CorruptArchiveError, ManifestError
 
 MANIFEST_PATH = "MAR-INF/MANIFEST.json"
 CREATED_ON_FORMAT = "%d/%m/%Y %H:%M:%S"
-# torch-model-archiver's rule (model_packaging_utils.check_model_name_regex_or_exit).
-MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
+# torch-model-archiver's rule (model_packaging_utils.check_model_name_regex_or_exit), matched
+# with fullmatch (``$`` would let a trailing newline through). Names and versions become folder
+# names, so both are capped and can never hold "/" or be "..".
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
+MAX_MODEL_NAME_LEN = 128
+# TorchServe versions look like "1.0", "2", "1.0.0-rc1", "2.1+cu121".
+MODEL_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.+]*")
+MAX_MODEL_VERSION_LEN = 64
+# A handler's module part: a built-in name, a dotted module path or a file in the model folder.
+_FUNCTION_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# model fields (and unknown ones with these suffixes) that name a file inside the archive
+_PATH_FIELDS = ("serializedFile", "modelFile", "configFile", "requirementsFile", "extensions")
+_PATH_SUFFIXES = ("File", "Files", "Path", "Paths")
 # A manifest is a few KiB; refuse to read a huge one into memory.
 MAX_MANIFEST_BYTES = 1 << 20
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -38,7 +49,31 @@ Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic"]
 
 def is_valid_model_name(name: str) -> bool:
     """True when ``name`` passes torch-model-archiver's model-name rule."""
-    return bool(MODEL_NAME_RE.match(name))
+    return (
+        isinstance(name, str)
+        and len(name) <= MAX_MODEL_NAME_LEN
+        and MODEL_NAME_RE.fullmatch(name) is not None
+    )
+
+
+def is_valid_model_version(version: str) -> bool:
+    """True for a version that is safe as part of a folder name (``1.0``, ``2``, ``1.0.0-rc1``)."""
+    return (
+        isinstance(version, str)
+        and len(version) <= MAX_MODEL_VERSION_LEN
+        and MODEL_VERSION_RE.fullmatch(version) is not None
+    )
+
+
+def handler_spec_problem(spec: str) -> str | None:
+    """Why a handler spec is unsafe, or None. Specs: a built-in name, a dotted module path,
+    ``file.py``, ``file.py:fn`` or ``module:fn``; file paths must stay inside the model folder."""
+    module, sep, function = spec.strip().partition(":")
+    if not module:
+        return "empty handler"
+    if sep and not _FUNCTION_RE.fullmatch(function):
+        return f"{function!r} is not a Python function name"
+    return safe_relpath(module)
 
 
 def safe_relpath(name: str) -> str | None:
@@ -51,7 +86,35 @@ def safe_relpath(name: str) -> str | None:
         return "absolute path"
     if ".." in PurePosixPath(name).parts:
         return "'..' in path"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "control character in path"
     return None
+
+
+def _path_values(value: Any) -> list[Any]:
+    """The strings a path-like manifest field holds (a string, a list or a mapping of them)."""
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return [v for item in value for v in _path_values(item)]
+    if isinstance(value, dict):
+        return [v for item in value.values() for v in _path_values(item)]
+    return [value]
+
+
+def check_model_paths(model: dict[str, Any]) -> None:
+    """Raise ValueError naming the first ``model`` field that is not a safe relative path."""
+    for key, value in model.items():
+        if key not in _PATH_FIELDS and not key.endswith(_PATH_SUFFIXES):
+            continue
+        for item in _path_values(value):
+            if not isinstance(item, str):
+                raise ValueError(f"{key}: must be a file name, got {type(item).__name__}")
+            if key == "extensions" and not item.strip():
+                continue
+            why = safe_relpath(item)
+            if why:
+                raise ValueError(f"{key} {item!r} must be a path inside the archive: {why}")
 
 
 class Tolerance(BaseModel):
@@ -127,7 +190,8 @@ class ModelInfo(BaseModel):
         if not is_valid_model_name(name):
             raise ValueError(
                 f"model name {name!r} must match {MODEL_NAME_RE.pattern} "
-                "(letters, digits, '_', '-', '.'; not starting with a symbol)"
+                f"(letters, digits, '_', '-', '.'; not starting with a symbol; "
+                f"at most {MAX_MODEL_NAME_LEN} characters)"
             )
         return name
 
@@ -135,6 +199,34 @@ class ModelInfo(BaseModel):
     @classmethod
     def _version_as_str(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int | float) else value
+
+    @field_validator("model_version")
+    @classmethod
+    def _check_version(cls, version: str) -> str:
+        if not is_valid_model_version(version):
+            raise ValueError(
+                f"model version {version!r} must match {MODEL_VERSION_RE.pattern} "
+                f"(like 1.0, 2 or 1.0.0-rc1; at most {MAX_MODEL_VERSION_LEN} characters)"
+            )
+        return version
+
+    @field_validator("handler")
+    @classmethod
+    def _check_handler(cls, handler: str) -> str:
+        why = handler_spec_problem(handler)
+        if why:
+            raise ValueError(
+                f"handler {handler!r} must be a built-in, a module or a file "
+                f"inside the archive: {why}"
+            )
+        return handler
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_paths(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            check_model_paths(data)
+        return data
 
 
 class Manifest(BaseModel):
@@ -203,37 +295,39 @@ def read_manifest(path: str | Path) -> Manifest:
     invalid, CorruptArchiveError when the archive cannot be opened.
     """
     path = Path(path)
+    label = path.name  # never the absolute path: these messages reach API clients
     if path.is_dir():
         target = path / MANIFEST_PATH
         if not target.is_file():
-            raise ManifestError(f"{path}: no {MANIFEST_PATH} (not an archive directory)")
+            raise ManifestError(f"{label}: no {MANIFEST_PATH} (not an archive directory)")
         with target.open("rb") as fh:
-            return parse_manifest(_read_limited(fh, str(target)), source=str(target))
+            source = f"{label}/{MANIFEST_PATH}"
+            return parse_manifest(_read_limited(fh, source), source=source)
     if not path.is_file():
-        raise ManifestError(f"{path}: no such archive")
+        raise ManifestError(f"{label}: no such archive")
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as zf:
                 try:
                     info = zf.getinfo(MANIFEST_PATH)
                 except KeyError:
-                    raise ManifestError(f"{path}: no {MANIFEST_PATH} in the archive") from None
+                    raise ManifestError(f"{label}: no {MANIFEST_PATH} in the archive") from None
                 with zf.open(info) as fh:
                     raw = _read_limited(fh, MANIFEST_PATH)
         except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise CorruptArchiveError(f"{path}: corrupt zip archive ({exc})") from None
-        return parse_manifest(raw, source=f"{path}:{MANIFEST_PATH}")
+            raise CorruptArchiveError(f"{label}: corrupt zip archive ({exc})") from None
+        return parse_manifest(raw, source=f"{label}:{MANIFEST_PATH}")
     if tarfile.is_tarfile(path):
         try:
             with tarfile.open(path, "r:*") as tf:
                 name = tar_manifest_name(tf.getnames())
                 member = tf.getmember(name) if name else None
                 if member is None or not member.isfile():
-                    raise ManifestError(f"{path}: no {MANIFEST_PATH} in the archive")
+                    raise ManifestError(f"{label}: no {MANIFEST_PATH} in the archive")
                 fh = tf.extractfile(member)
                 assert fh is not None
                 raw = _read_limited(fh, name or MANIFEST_PATH)
         except (tarfile.TarError, OSError, EOFError) as exc:
-            raise CorruptArchiveError(f"{path}: corrupt tar archive ({exc})") from None
-        return parse_manifest(raw, source=f"{path}:{name}")
-    raise CorruptArchiveError(f"{path}: not a zip (.mar), a .tar.gz or an archive directory")
+            raise CorruptArchiveError(f"{label}: corrupt tar archive ({exc})") from None
+        return parse_manifest(raw, source=f"{label}:{name}")
+    raise CorruptArchiveError(f"{label}: not a zip (.mar), a .tar.gz or an archive directory")

@@ -38,6 +38,7 @@ from torchbay.archiver.manifest import (
     Tolerance,
     TorchbayInfo,
     is_valid_model_name,
+    is_valid_model_version,
 )
 
 BUILTIN_HANDLERS = ("tensor", "base", "image_classifier", "text_classifier")
@@ -79,6 +80,13 @@ class ArchiveOptions(BaseModel):
     def _name(cls, value: str) -> str:
         if not is_valid_model_name(value):
             raise ValueError(f"must match {MODEL_NAME_RE.pattern}")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not is_valid_model_version(value):
+            raise ValueError("must look like 1.0, 2 or 1.0.0-rc1 (letters, digits, '.', '-', '_')")
         return value
 
     @field_validator("extra_files", mode="before")

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from . import loading
-from .errors import PredictionException
+from .errors import PredictionException, UnprocessableInput, scrub_message
+from .responses import error_status
 from .utils import load_label_mapping
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ class _AllItemsFailed(Exception):
 
 
 def error_body(exc: PredictionException) -> dict[str, Any]:
-    return {"code": exc.error_code, "type": type(exc).__name__, "message": exc.message}
+    message = scrub_message(exc.message)
+    return {"code": error_status(exc.error_code), "type": type(exc).__name__, "message": message}
 
 
 class BaseHandler:
@@ -112,7 +114,23 @@ class BaseHandler:
         """Mark request ``idx`` failed with ``exc``; it is answered with the error body."""
         self._failures[idx] = error_body(exc)
         if self.context is not None:
-            self.context.set_response_status(exc.error_code, exc.message, idx)
+            status = error_status(exc.error_code)
+            self.context.set_response_status(status, scrub_message(exc.message), idx)
+
+    def model_error(self, exc: Exception) -> Exception:
+        """What to raise when the model raised ``exc`` on the requests map_items kept.
+
+        With one request left, its input is one the model cannot process: UnprocessableInput
+        (422, the model's message only in the log). With more, ``exc`` itself, and the Service
+        re-runs the batch in halves to find the request at fault.
+        """
+        if len(self.kept_indices) != 1:
+            return exc
+        idx = self.kept_indices[0]
+        rid = self.context.get_request_id(idx) if self.context is not None else None
+        logger.warning("the model raised on request %s alone", rid, exc_info=exc)
+        name = type(exc).__name__
+        return UnprocessableInput(f"the model cannot process this input ({name}); request id {rid}")
 
     def _merge_failures(self, results: list[Any], n: int) -> list[Any]:
         if not self._failures:

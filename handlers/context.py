@@ -27,7 +27,8 @@ class RequestProcessor:
         return self._request_header
 
     def report_status(self, code: int, reason_phrase: str | None = None) -> None:
-        self._status_code = int(code)
+        # A bool is kept as given so the Service rejects it (int(True) would be a valid-looking 1).
+        self._status_code = code if isinstance(code, bool) else int(code)
         self._reason_phrase = reason_phrase
 
     def get_response_status_code(self) -> int:

@@ -3,18 +3,26 @@
 Torch-free. ``decode_request`` turns one request into TorchServe's row dict; ``parse_v2_request``
 validates an OIP inference request; ``v2_body`` / ``v2_response`` wrap a handler that does not
 speak v2 natively (like TorchServe's kservev2 envelope).
+
+JSON nesting is capped at ``MAX_JSON_DEPTH`` (128) levels, checked by a linear scan *before*
+``json.loads`` recurses: a tensor needs one level per dimension (real ones have fewer than 10), and
+128 stays far below Python's recursion limit (1000), so nothing downstream that walks the decoded
+value (flatten, torch.as_tensor, json.dumps of an echo) can overflow the stack. Deeper is 400.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 from urllib.parse import parse_qsl
 
+import numpy as np
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from .errors import BadInput
+from .responses import dumps
 
 _V2_NAMES = "BOOL UINT8 UINT16 UINT32 UINT64 INT8 INT16 INT32 INT64 FP16 FP32 FP64 BF16 BYTES"
 V2_DATATYPES = frozenset(_V2_NAMES.split(" "))
@@ -35,10 +43,45 @@ def decode_text(body: bytes, charset: str = "utf-8") -> str:
         raise BadInput(f"body is not valid {charset} text") from exc
 
 
+MAX_JSON_DEPTH = 128
+_BRACKETS_ONLY = bytes(c for c in range(256) if c not in b"[]{}")
+_DELTA = np.zeros(256, dtype=np.int8)
+_DELTA[list(b"[{")] = 1
+_DELTA[list(b"]}")] = -1
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')
+
+
+def json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """The bracket nesting depth of a JSON text (0 when it cannot exceed ``limit``).
+
+    Linear and recursion-free, all in C loops: drop escape pairs (``\\x``), then string literals,
+    then everything but brackets, and take the maximum of the running sum. Text after an
+    unterminated string is ignored (``json.loads`` stops there with a ValueError); a backslash
+    outside a string is likewise a point json.loads never parses past.
+    """
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return 0  # cannot be deeper than the number of openers
+    if b'"' in body:
+        body = _STRING.sub(b"", _ESCAPE.sub(b"", body))
+        quote = body.find(b'"')
+        if quote >= 0:
+            body = body[:quote]
+    brackets = np.frombuffer(body.translate(None, _BRACKETS_ONLY), dtype=np.uint8)
+    if not brackets.size:
+        return 0
+    return int(np.cumsum(_DELTA[brackets], dtype=np.int64).max())
+
+
 def decode_json(body: bytes) -> Any:
+    """``json.loads`` with the nesting cap; raises BadInput for anything undecodable."""
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise BadInput(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except RecursionError as exc:  # defence in depth: the scan above should have caught it
+        raise BadInput(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from exc
+    except (ValueError, UnicodeError) as exc:
         raise BadInput(f"body is not valid JSON: {exc}") from exc
 
 
@@ -108,13 +151,18 @@ def parse_multipart(body: bytes, boundary: str) -> dict[str, Any]:
             "on_header_end": on_header_end,
             "on_part_data": on_part_data,
             "on_part_end": on_part_end,
+            "on_end": lambda: state.update(ended=True),
         },
     )
     try:
         parser.write(body)
         parser.finalize()
+    except BadInput:
+        raise
     except Exception as exc:  # python-multipart raises its own error types
         raise BadInput(f"malformed multipart body: {exc}") from exc
+    if not state.get("ended"):
+        raise BadInput("malformed multipart body: no closing boundary")
     return fields
 
 
@@ -122,45 +170,78 @@ def parse_multipart(body: bytes, boundary: str) -> dict[str, Any]:
 
 
 def parse_v2_request(body: bytes) -> dict[str, Any]:
-    """Validate an OIP inference request; raises BadInput naming the problem."""
+    """Validate an OIP inference request; raises BadInput naming the offending field."""
     request = decode_json(body)
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise BadInput("v2 request must be a JSON object with an 'inputs' list")
     if not request["inputs"]:
         raise BadInput("v2 request has no inputs")
+    if "id" in request and not isinstance(request["id"], str):
+        raise BadInput("v2 field 'id' must be a string")
+    _check_parameters(request, "v2 request")
     for i, tensor in enumerate(request["inputs"]):
-        if not isinstance(tensor, dict):
-            raise BadInput(f"v2 input {i} is not an object")
-        missing = [k for k in ("name", "shape", "datatype", "data") if k not in tensor]
-        if missing:
-            raise BadInput(f"v2 input {i} lacks {missing}")
-        shape = tensor["shape"]
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise BadInput(f"v2 input {tensor['name']!r} has an invalid shape {shape!r}")
-        if tensor["datatype"] not in V2_DATATYPES:
-            raise BadInput(
-                f"v2 input {tensor['name']!r} has unknown datatype {tensor['datatype']!r}"
-            )
-        flat = flatten(tensor["data"])
-        if len(flat) != math.prod(shape):
-            raise BadInput(
-                f"v2 input {tensor['name']!r}: {len(flat)} values do not fill shape {shape}"
-            )
+        _check_input(tensor, i)
     outputs = request.get("outputs")
-    if outputs is not None and not (
-        isinstance(outputs, list) and all(isinstance(o, dict) and "name" in o for o in outputs)
-    ):
-        raise BadInput("v2 'outputs' must be a list of objects with a 'name'")
+    if outputs is not None:
+        if not isinstance(outputs, list):
+            raise BadInput("v2 field 'outputs' must be a list of objects with a string 'name'")
+        for i, output in enumerate(outputs):
+            if not isinstance(output, dict) or not isinstance(output.get("name"), str):
+                raise BadInput(f"v2 field 'outputs[{i}].name' must be a string")
+            _check_parameters(output, f"v2 output {output['name']!r}")
     return request
 
 
+def _check_parameters(obj: dict[str, Any], where: str) -> None:
+    if "parameters" in obj and not isinstance(obj["parameters"], (dict, type(None))):
+        raise BadInput(f"{where}: field 'parameters' must be an object")
+
+
+def _check_input(tensor: Any, i: int) -> None:
+    if not isinstance(tensor, dict):
+        raise BadInput(f"v2 input {i} is not an object")
+    missing = [k for k in ("name", "shape", "datatype", "data") if k not in tensor]
+    if missing:
+        raise BadInput(f"v2 input {i} lacks {missing}")
+    name = tensor["name"]
+    if not isinstance(name, str):
+        raise BadInput(f"v2 field 'inputs[{i}].name' must be a string")
+    datatype = tensor["datatype"]
+    if not isinstance(datatype, str) or datatype not in V2_DATATYPES:
+        raise BadInput(
+            f"v2 field 'inputs[{i}].datatype' of {name!r} must be one of {_V2_NAMES.split()}"
+        )
+    shape = tensor["shape"]
+    if not isinstance(shape, list) or not all(
+        type(d) is int and d >= 0
+        for d in shape  # bool is not a dimension
+    ):
+        raise BadInput(
+            f"v2 field 'inputs[{i}].shape' of {name!r} must be a list of non-negative integers"
+        )
+    data = tensor["data"]
+    if not isinstance(data, (list, str, int, float, bool)):
+        raise BadInput(f"v2 field 'inputs[{i}].data' of {name!r} must be a list or a scalar")
+    _check_parameters(tensor, f"v2 input {name!r}")
+    flat = flatten(data)
+    if len(flat) != math.prod(shape):
+        raise BadInput(f"v2 input {name!r}: {len(flat)} values do not fill shape {shape}")
+
+
 def flatten(data: Any) -> list[Any]:
-    """Row-major flattening of nested JSON lists."""
+    """Row-major flattening of nested JSON lists (iterative: no recursion however deep)."""
     if not isinstance(data, list):
         return [data]
     out: list[Any] = []
-    for item in data:
-        out.extend(flatten(item) if isinstance(item, list) else [item])
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
     return out
 
 
@@ -200,7 +281,7 @@ def wrap_result(result: Any, request: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(result, bytes):
         result = result.decode("utf-8", "replace")
     if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):
-        data = [result if isinstance(result, str) else json.dumps(result, separators=(",", ":"))]
+        data = [result if isinstance(result, str) else dumps(result).decode()]
         return [{"name": name, "shape": [1], "datatype": "BYTES", "data": data}]
     flat = flatten(result)
     return [

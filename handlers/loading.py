@@ -54,6 +54,25 @@ def read_manifest(model_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def inside(model_dir: str | Path, relpath: str, field: str) -> Path:
+    """``model_dir / relpath``, refused unless it is a relative path that stays inside the model
+    folder (the manifest is checked at registration; this guards the worker all the same)."""
+    rel = str(relpath)
+    root = Path(model_dir).resolve()
+    if (
+        not rel
+        or "\\" in rel
+        or "\x00" in rel
+        or Path(rel).is_absolute()
+        or ".." in Path(rel).parts
+    ):
+        raise HandlerLoadError(f"{field} {rel!r} must be a relative path inside the archive")
+    path = (root / rel).resolve()
+    if root not in path.parents:
+        raise HandlerLoadError(f"{field} {rel!r} resolves outside the archive")
+    return path
+
+
 def torchbay_info(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's ``torchbay`` object, or ``{}`` for a TorchServe archive."""
     info = manifest.get("torchbay")
@@ -95,9 +114,9 @@ def load_model(model_dir: str | Path, manifest: dict[str, Any], device: str | to
         return None
     model_dir = Path(model_dir)
     serialized = str(manifest["model"]["serializedFile"])
-    path = model_dir / serialized
+    path = inside(model_dir, serialized, "serializedFile")
     if not path.is_file():
-        raise HandlerLoadError(f"model file {serialized!r} not found in {model_dir}")
+        raise HandlerLoadError(f"model file {serialized!r} not found in the archive")
     device = torch.device(device)
     precision = model_precision(manifest)
     try:
@@ -150,7 +169,7 @@ def _load_eager(
     model_file = manifest["model"].get("modelFile")
     if not model_file:
         raise HandlerLoadError("eager model needs 'modelFile' in the manifest")
-    module = import_file(model_dir / str(model_file))
+    module = import_file(inside(model_dir, str(model_file), "modelFile"))
     cls = single_module_class(module, model_file)
     try:
         model = cls()
@@ -184,7 +203,7 @@ def quantize_dynamic(model: torch.nn.Module) -> torch.nn.Module:
 def import_file(path: Path, name: str | None = None) -> ModuleType:
     """Import a Python file by path as module ``name`` (default: its stem)."""
     if not path.is_file():
-        raise HandlerLoadError(f"model/handler file {path.name!r} not found in {path.parent}")
+        raise HandlerLoadError(f"model/handler file {path.name!r} not found in the archive")
     name = name or path.stem
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -73,14 +73,15 @@ def resolve_handler(spec: str, model_dir: str | Path) -> ResolvedHandler:
 def _import_handler_module(name: str, model_dir: Path) -> types.ModuleType:
     if name in BUILTIN_HANDLERS:
         return importlib.import_module(BUILTIN_HANDLERS[name])
-    stem = name[:-3] if name.endswith(".py") else name
-    path = model_dir / f"{stem}.py"
-    if path.is_file():
-        from .loading import import_file
+    from .loading import import_file, inside
 
+    stem = name[:-3] if name.endswith(".py") else name
+    # Only a path inside the model folder is ever imported as a file (no "/abs", no "..").
+    path = inside(model_dir, f"{stem}.py", "handler")
+    if path.is_file():
         return import_file(path, stem)
     if name.endswith(".py") or "/" in name:
-        raise HandlerLoadError(f"handler file {name!r} not found in {model_dir}")
+        raise HandlerLoadError(f"handler file {name!r} not found in the archive")
     try:
         return importlib.import_module(stem)
     except ImportError as exc:

@@ -2,19 +2,49 @@
 
 ``load_service(model_dir, ...)`` reads the manifest, installs the ``ts`` alias, resolves and
 initializes the handler. ``Service.predict(requests)`` turns a batch of raw requests into
-TorchServe's input rows, runs the handler and returns exactly one ``Response`` per request; it
-never raises for a handler fault:
+TorchServe's input rows, runs the handler and returns exactly one ``Response`` per request. It
+never raises for anything a request carries, and one request never fails another.
 
-* a body that cannot be decoded (bad JSON, malformed v2) -> 400 for that request only;
-* an exception escaping the handler -> every request of the batch answers 500 (a
-  ``PredictionException`` answers its ``error_code``), body ``{"code", "type", "message"}``;
-* a result that is not a list of ``len(batch)`` items -> 500 "number of batch response mismatched";
-* statuses/headers set through ``context.set_response_status`` etc. apply per request.
+Isolation:
+
+* decoding happens per request; a request that cannot be decoded is answered alone;
+* when ``handle()`` raises on a batch of n > 1 requests (any exception), or returns a wrong number
+  of results, the batch is run again in halves, recursively, so the failure is pinned on the
+  request(s) that cause it and every other request gets its answer (per-item failures through
+  ``BaseHandler.map_items`` stay as they are).
+  Stage timings are summed over all the runs of one batch.
+
+Status classes, decided by exception type and where it was raised, never by message text:
+
+* 400: the body cannot be decoded or is invalid (bad JSON, JSON nested deeper than
+  ``envelopes.MAX_JSON_DEPTH``, malformed v2 or multipart, bad text encoding), or ``BadInput``;
+* 413: a size limit is the cause: decoding ran out of memory (the built-in ``tensor`` handler
+  also answers 413 when loading an .npy, or the model on an input alone, runs out of memory);
+* 422: a well-formed input the model cannot process: ``UnprocessableInput``, which the built-in
+  handlers raise when the model raises on an input alone (after bisecting isolated it), and the
+  ``tensor`` handler when the input's shape does not match the manifest's ``input_shape`` or its
+  v2 datatype has no tensor type;
+* a ``PredictionException`` from the handler on a request alone answers its ``error_code``
+  (400..599, else 500);
+* 500: a handler bug: any other exception on a request alone, a wrong number of results, a
+  result that cannot be encoded, or an invalid status/header set through the context.
+
+Error bodies are ``{"code", "type", "message"}`` (v2 adds ``"error"``). A message from an
+exception other than ``PredictionException`` is never shown: the body names the exception type
+and the request id, the worker log keeps the traceback tagged with the request id.
+``PredictionException`` messages pass through ``errors.scrub_message`` (no traceback, no path).
+
+Statuses and headers set through ``context.set_response_status`` etc. apply per request and are
+validated: the status an int 100..599 (not bool), header names RFC 7230 tokens, values latin-1
+without CR, LF or NUL; framing headers (Content-Length, Transfer-Encoding, Connection) are
+dropped with a warning.
+
+Every JSON body is valid JSON: NaN and +-Infinity are written as ``null`` (as KServe's server via
+orjson and JavaScript's JSON.stringify do), in v2 outputs and TorchServe predict outputs alike.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -26,8 +56,19 @@ from typing import Any, Protocol
 
 from . import envelopes
 from .context import Context
-from .errors import HandlerError, HandlerLoadError, PredictionException
+from .errors import HandlerError, HandlerLoadError, PredictionException, failure_message
 from .metrics import MetricsCache
+from .responses import (
+    FRAMING_HEADERS,
+    Response,
+    dumps,
+    error_response,
+    error_status,
+    header_problem,
+    status_problem,
+)
+
+__all__ = ["BatchOutcome", "Request", "Response", "Service", "error_response", "load_service"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,38 +93,45 @@ class Request:
 
 
 @dataclass
-class Response:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
 class BatchOutcome:
     responses: list[Response]
     timings: dict[str, float]
     metrics: list[dict[str, Any]]
 
 
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), default=_json_default).encode()
+@dataclass
+class _Job:
+    """One decoded request on its way through the handler."""
+
+    request: RequestLike
+    row: Any
+    v2: dict[str, Any] | None
 
 
-def _json_default(value: Any) -> Any:
-    # numpy scalars/arrays and tensors, without importing either here.
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+class _CountMismatch(Exception):
+    """The handler returned a non-list or a list of the wrong length (bisected like a raise)."""
 
 
-def error_response(status: int, kind: str, message: str, v2: bool = False) -> Response:
-    body: dict[str, Any] = {"code": status, "type": kind, "message": message}
-    if v2:
-        body["error"] = message  # the OIP error field
-    return Response(status, _dumps(body))
+def _decode_failure(exc: Exception, request: RequestLike) -> Response:
+    v2 = request.protocol == "v2"
+    if isinstance(exc, PredictionException):
+        return error_response(error_status(exc.error_code), type(exc).__name__, exc.message, v2)
+    rid = request.request_id
+    if isinstance(exc, RecursionError):
+        message = f"input nested too deeply to decode; request id {rid}"
+        return error_response(400, "BadInput", message, v2)
+    if isinstance(exc, (MemoryError, OverflowError)):
+        message = f"input too large to decode ({type(exc).__name__}); request id {rid}"
+        return error_response(413, "RequestTooLarge", message, v2)
+    logger.error("decoding request %s failed", rid, exc_info=exc)
+    if isinstance(exc, (ValueError, TypeError, LookupError)):  # UnicodeError is a ValueError
+        message = f"input cannot be decoded ({type(exc).__name__}); request id {rid}"
+        return error_response(400, "BadInput", message, v2)
+    return error_response(500, type(exc).__name__, failure_message(exc, [rid]), v2)
+
+
+def _add(timings: dict[str, float], stage: str, ms: float) -> None:
+    timings[stage] = timings.get(stage, 0.0) + ms
 
 
 class Service:
@@ -107,75 +155,128 @@ class Service:
 
     def predict(self, requests: Sequence[RequestLike]) -> BatchOutcome:
         """One Response per request, in order (see the module docstring for the error rules)."""
-        n = len(requests)
-        responses: list[Response | None] = [None] * n
-        rows: list[dict[str, Any]] = []
-        v2_requests: dict[int, dict[str, Any]] = {}
+        responses: list[Response | None] = [None] * len(requests)
+        jobs: list[_Job] = []
         kept: list[int] = []
         for i, request in enumerate(requests):
             try:
-                rows.append(self._row(request, i, v2_requests))
+                jobs.append(self._decode(request))
                 kept.append(i)
-            except PredictionException as exc:
-                responses[i] = error_response(
-                    exc.error_code, type(exc).__name__, exc.message, request.protocol == "v2"
-                )
+            except Exception as exc:  # whatever decoding raises answers this request alone
+                responses[i] = _decode_failure(exc, request)
         timings: dict[str, float] = {}
-        if kept:
-            batch = [requests[i] for i in kept]
-            outs = self._run(batch, rows, [v2_requests.get(i) for i in kept], timings)
-            for i, response in zip(kept, outs, strict=True):
+        if jobs:
+            for i, response in zip(kept, self._run_isolated(jobs, timings), strict=True):
                 responses[i] = response
         metrics = self.context.metrics.drain() if self.context.metrics is not None else []
         return BatchOutcome([r for r in responses if r is not None], timings, metrics)
 
-    def _row(self, request: RequestLike, i: int, v2_requests: dict[int, Any]) -> dict[str, Any]:
+    def _decode(self, request: RequestLike) -> _Job:
         if request.protocol == "v2":
             oip = envelopes.parse_v2_request(request.body)
-            v2_requests[i] = oip
             if self.native_v2:
-                return {"body": oip, "protocol": "v2"}
+                return _Job(request, {"body": oip, "protocol": "v2"}, oip)
             body = envelopes.v2_body(oip)
-            return {"body": body, "data": body}
-        return envelopes.decode_request(request.body, request.content_type, request.query)
+            return _Job(request, {"body": body, "data": body}, oip)
+        row = envelopes.decode_request(request.body, request.content_type, request.query)
+        return _Job(request, row, None)
 
-    def _run(
-        self,
-        batch: list[RequestLike],
-        rows: list[dict[str, Any]],
-        v2: list[dict[str, Any] | None],
-        timings: dict[str, float],
-    ) -> list[Response]:
-        self.context.reset_batch([r.request_id for r in batch], [dict(r.headers) for r in batch])
+    def _run_isolated(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response]:
+        """Run ``jobs``; if the handler raises, run each half again until the culprit is alone."""
+        outcome = self._run(jobs, timings)
+        if not isinstance(outcome, BaseException):
+            return outcome
+        ids = [job.request.request_id for job in jobs]
+        if len(jobs) == 1:
+            return [self._handler_failure(outcome, jobs[0])]
+        logger.warning(
+            "handler raised %s on a batch of %d (request ids %s); retrying in halves",
+            type(outcome).__name__,
+            len(jobs),
+            ", ".join(ids),
+        )
+        mid = len(jobs) // 2
+        return self._run_isolated(jobs[:mid], timings) + self._run_isolated(jobs[mid:], timings)
+
+    def _handler_failure(self, exc: BaseException, job: _Job) -> Response:
+        rid = job.request.request_id
+        v2 = job.v2 is not None
+        if isinstance(exc, _CountMismatch):
+            logger.error("request %s: %s", rid, exc)
+            message = "number of batch response mismatched"
+            return error_response(500, "InternalServerException", message, v2)
+        if isinstance(exc, PredictionException):
+            logger.info("request %s: %s: %s", rid, type(exc).__name__, exc.message)
+            return error_response(error_status(exc.error_code), type(exc).__name__, exc.message, v2)
+        logger.error("handler failed on request %s", rid, exc_info=exc)
+        return error_response(500, type(exc).__name__, failure_message(exc, [rid]), v2)
+
+    def _run(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response] | BaseException:
+        """The responses of one handler run over ``jobs``, or the exception it raised."""
+        requests = [job.request for job in jobs]
+        self.context.reset_batch(
+            [r.request_id for r in requests], [dict(r.headers) for r in requests]
+        )
+        # A shallow copy per run: a handler that edits its rows must not spoil a retry.
+        rows = [dict(job.row) if isinstance(job.row, dict) else job.row for job in jobs]
         start = perf_counter()
         try:
             results = self._entry(rows, self.context)
-        except Exception as exc:  # any handler fault answers the batch, never the worker
-            timings["handler"] = (perf_counter() - start) * 1000
-            logger.error("handler failed on a batch of %d", len(batch), exc_info=True)
-            status = exc.error_code if isinstance(exc, PredictionException) else 500
-            message = exc.message if isinstance(exc, PredictionException) else str(exc)
-            return [error_response(status, type(exc).__name__, message, v is not None) for v in v2]
-        timings["handler"] = (perf_counter() - start) * 1000
-        timings.update(getattr(self.context, "stage_timings", {}) or {})
-        if not isinstance(results, list) or len(results) != len(batch):
+        except (Exception, SystemExit) as exc:  # bisected by the caller, answered per request
+            # (a handler calling sys.exit() is a handler bug, not a reason for the worker to stop)
+            return exc
+        finally:
+            _add(timings, "handler", (perf_counter() - start) * 1000)
+            for stage, ms in (getattr(self.context, "stage_timings", None) or {}).items():
+                _add(timings, stage, ms)
+        if not isinstance(results, list) or len(results) != len(jobs):
             got = len(results) if isinstance(results, list) else type(results).__name__
-            logger.error("handler returned %s results for a batch of %d", got, len(batch))
-            return [
-                error_response(
-                    500,
-                    "InternalServerException",
-                    "number of batch response mismatched",
-                    v is not None,
-                )
-                for v in v2
-            ]
-        return [self._encode(i, item, v2[i]) for i, item in enumerate(results)]
+            return _CountMismatch(f"handler returned {got} results for a batch of {len(jobs)}")
+        pairs = enumerate(zip(results, jobs, strict=True))
+        return [self._encode(i, item, job) for i, (item, job) in pairs]
 
-    def _encode(self, idx: int, item: Any, v2: dict[str, Any] | None) -> Response:
-        status, phrase = self.context.get_response_status(idx)
-        headers = dict(self.context.get_response_headers(idx))
-        content_type = headers.pop("content-type", None) or headers.pop("Content-Type", None)
+    def _encode(self, idx: int, item: Any, job: _Job) -> Response:
+        """The response for result ``idx``; a result or header that cannot be sent is a 500."""
+        rid = job.request.request_id
+        try:
+            status, phrase = self.context.get_response_status(idx)
+            headers = self._headers(idx, status, rid)
+            if headers is None:
+                message = f"The handler set an invalid response status or header; request id {rid}"
+                return error_response(500, "InvalidResponse", message, job.v2 is not None)
+            content_type = headers.pop("content-type", None)
+            return self._body(status, phrase, item, job, headers, content_type)
+        except Exception as exc:  # an unencodable result fails its own request only
+            logger.error("cannot encode the result of request %s", rid, exc_info=exc)
+            message = f"The handler's result cannot be encoded ({type(exc).__name__}); "
+            message += f"request id {rid}"
+            return error_response(500, type(exc).__name__, message, job.v2 is not None)
+
+    def _headers(self, idx: int, status: object, rid: str) -> dict[str, str] | None:
+        """The validated response headers (lower-case names), or None with the reason logged."""
+        problem = status_problem(status)
+        headers: dict[str, str] = {}
+        for name, value in dict(self.context.get_response_headers(idx)).items():
+            problem = problem or header_problem(name, value)
+            if problem is None and name.lower() in FRAMING_HEADERS:
+                logger.warning("request %s: dropping the handler's %s header", rid, name)
+            elif problem is None:
+                headers[name.lower()] = value
+        if problem is not None:
+            logger.error("request %s: the handler set an invalid response: %s", rid, problem)
+            return None
+        return headers
+
+    def _body(
+        self,
+        status: int,
+        phrase: str | None,
+        item: Any,
+        job: _Job,
+        headers: dict[str, str],
+        content_type: str | None,
+    ) -> Response:
+        v2 = job.v2
         if status >= 400 and item is None:
             return error_response(status, "PredictionException", phrase or "", v2 is not None)
         if v2 is not None and status < 400:
@@ -183,31 +284,29 @@ class Service:
             if self.native_v2 and isinstance(item, dict) and "outputs" in item:
                 outputs = item["outputs"]
             body = envelopes.v2_response(outputs, v2, self.model_name, self.model_version)
-            return Response(status, _dumps(body), "application/json", headers)
+            return Response(status, dumps(body), "application/json", headers)
         if v2 is not None and isinstance(item, dict) and "message" in item:
             item = {**item, "error": item["message"]}
-        try:
-            if isinstance(item, (bytes, bytearray, memoryview)):
-                return Response(
-                    status, bytes(item), content_type or "application/octet-stream", headers
-                )
-            if isinstance(item, str):
-                return Response(
-                    status, item.encode(), content_type or "text/plain; charset=utf-8", headers
-                )
-            return Response(status, _dumps(item), content_type or "application/json", headers)
-        except (TypeError, ValueError) as exc:
-            logger.error("cannot encode the handler's result %d", idx, exc_info=True)
-            return error_response(500, type(exc).__name__, f"cannot encode result: {exc}")
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            return Response(
+                status, bytes(item), content_type or "application/octet-stream", headers
+            )
+        if isinstance(item, str):
+            return Response(
+                status, item.encode(), content_type or "text/plain; charset=utf-8", headers
+            )
+        return Response(status, dumps(item), content_type or "application/json", headers)
 
 
 def _model_yaml_config(model_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     config_file = manifest.get("model", {}).get("configFile")
     if not config_file:
         return {}
-    path = model_dir / str(config_file)
+    from .loading import inside  # the configFile must stay inside the model folder
+
+    path = inside(model_dir, str(config_file), "configFile")
     if not path.is_file():
-        raise HandlerLoadError(f"config file {config_file!r} not found in {model_dir}")
+        raise HandlerLoadError(f"config file {config_file!r} not found in the archive")
     import yaml
 
     try:

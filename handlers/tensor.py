@@ -18,11 +18,19 @@ list of per-sample outputs for several; a model returning a tuple gives a list o
 Open Inference Protocol (v2) natively: each input tensor is built from ``shape``/``datatype``/
 ``data`` (its first dimension is the batch), passed to the model positionally; each output tensor
 comes back as ``{"name", "shape", "datatype", "data"}`` (flattened; fp16/bf16 as FP32).
+
+Errors: an undecodable input is 400 (``BadInput``); a well-formed input the model cannot process
+is 422 (``UnprocessableInput``): its shape differs from the manifest's ``input_shape``, its v2
+datatype has no tensor type, or the model raised on it alone. When the model raises on a group of
+several requests the exception propagates, and the Service re-runs the batch in halves until the
+request that causes it runs alone. The model's own message (a TorchScript traceback with file
+paths) only goes to the worker log.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 from typing import Any
 
@@ -30,7 +38,7 @@ import numpy as np
 import torch
 
 from .base_handler import BaseHandler
-from .errors import BadInput, PredictionException
+from .errors import BadInput, PredictionException, UnprocessableInput
 from .loading import torchbay_info
 
 _DTYPES = {
@@ -49,6 +57,8 @@ _V2_NAMES = {
     torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
     torch.int32: "INT32", torch.int64: "INT64", torch.float64: "FP64",
 }  # fmt: skip
+logger = logging.getLogger(__name__)
+_OUT_OF_MEMORY = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
 
 
 def parse_shape(text: str) -> list[int]:
@@ -59,6 +69,26 @@ def parse_shape(text: str) -> list[int]:
     if any(d <= 0 for d in shape):
         raise BadInput(f"invalid x-input-shape {text!r}: dimensions must be positive")
     return shape
+
+
+def _load_npy(payload: bytes) -> np.ndarray:
+    """An .npy payload whose header agrees with its size (no allocation a header merely claims)."""
+    stream = io.BytesIO(payload)
+    fmt = np.lib.format
+    try:
+        major, _ = fmt.read_magic(stream)
+        if major in (1, 2):
+            read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+            shape, _, dtype = read(stream)
+            want = math.prod(shape) * dtype.itemsize
+            if not dtype.hasobject and len(payload) - stream.tell() != want:
+                raise BadInput(f".npy header declares shape {list(shape)} of {dtype}, "
+                               f"but the payload does not hold {want} bytes")  # fmt: skip
+        return np.load(io.BytesIO(payload), allow_pickle=False)
+    except MemoryError as exc:
+        raise PredictionException(".npy payload too large to load", 413) from exc
+    except (ValueError, OSError, EOFError, TypeError) as exc:
+        raise BadInput(f"invalid .npy payload: {exc}") from exc
 
 
 class TensorHandler(BaseHandler):
@@ -94,6 +124,9 @@ class TensorHandler(BaseHandler):
         header = self._request_header(idx, "x-input-shape")
         if header:
             shape = parse_shape(header)
+        # A mismatch with the manifest's shape is the model's limit (422); with the client's own
+        # header, a contradictory request (400).
+        mismatch = BadInput if header else UnprocessableInput
         tensor = self._to_tensor(value, shape)
         dtype = self._target_dtype(idx, tensor)
         tensor = tensor.to(device=self.device, dtype=dtype)
@@ -105,7 +138,7 @@ class TensorHandler(BaseHandler):
             return [tensor], False
         if tensor.numel() == math.prod(shape):
             return [tensor.reshape(1, *shape)], True
-        raise BadInput(f"input of shape {list(tensor.shape)} does not match sample shape {shape}")
+        raise mismatch(f"input of shape {list(tensor.shape)} does not match sample shape {shape}")
 
     def _request_header(self, idx: int, name: str) -> str | None:
         try:
@@ -126,11 +159,7 @@ class TensorHandler(BaseHandler):
         if isinstance(value, (bytes, bytearray)):
             value = bytes(value)
             if value.startswith(b"\x93NUMPY"):
-                try:
-                    array = np.load(io.BytesIO(value), allow_pickle=False)
-                except (ValueError, OSError, EOFError) as exc:
-                    raise BadInput(f"invalid .npy payload: {exc}") from exc
-                return torch.from_numpy(np.ascontiguousarray(array))
+                return torch.from_numpy(np.ascontiguousarray(_load_npy(value)))
             if not value or len(value) % 4:
                 raise BadInput(
                     f"raw float32 body must be a non-empty multiple of 4 bytes, got {len(value)}"
@@ -155,12 +184,21 @@ class TensorHandler(BaseHandler):
     def _v2_tensor(self, spec: dict[str, Any]) -> torch.Tensor:
         dtype = _V2_DTYPES.get(spec["datatype"])
         if dtype is None:
-            raise BadInput(f"v2 datatype {spec['datatype']} is not supported by the tensor handler")
+            raise UnprocessableInput(
+                f"v2 datatype {spec['datatype']} is not supported by the tensor handler"
+            )
         try:
             tensor = torch.tensor(spec["data"], dtype=torch.float64 if dtype.is_floating_point
                                   else dtype).reshape(spec["shape"])  # fmt: skip
         except (TypeError, ValueError, RuntimeError) as exc:
             raise BadInput(f"v2 input {spec['name']!r}: {exc}") from exc
+        sample = list(tensor.shape[1:])
+        if self.input_shape is not None and len(self.input_shape) == len(sample) and \
+                sample != self.input_shape:  # fmt: skip
+            raise UnprocessableInput(
+                f"v2 input {spec['name']!r}: sample shape {sample} is not the model's "
+                f"{self.input_shape}"
+            )
         if dtype.is_floating_point:
             dtype = self.model_input_dtype
         return tensor.to(device=self.device, dtype=dtype)
@@ -179,12 +217,25 @@ class TensorHandler(BaseHandler):
             except PredictionException:
                 raise
             except Exception as exc:
-                if len(groups) == 1:
-                    raise
-                # Other shape groups can still succeed; this group's requests fail alone.
-                for j in members:
-                    self.fail_item(self.kept_indices[j], PredictionException(str(exc), 500))
+                if len(members) > 1:
+                    raise  # the Service bisects the batch to find the request(s) at fault
+                self._model_failed(self.kept_indices[members[0]], exc)
         return outputs
+
+    def _model_failed(self, idx: int, exc: Exception) -> None:
+        """The model raised on request ``idx`` alone: 422 (413 when it ran out of memory)."""
+        rid = self.context.get_request_id(idx) if self.context is not None else None
+        logger.warning("the model raised on request %s alone", rid, exc_info=exc)
+        name = type(exc).__name__
+        if isinstance(exc, _OUT_OF_MEMORY):
+            failure: PredictionException = PredictionException(
+                f"the model ran out of memory on this input ({name}); request id {rid}", 413
+            )
+        else:
+            failure = UnprocessableInput(
+                f"the model cannot process this input ({name}); request id {rid}"
+            )
+        self.fail_item(idx, failure)
 
     def _run_group(self, data: list[Any], members: list[int], outputs: list[Any],
                    args: Any, kwargs: Any) -> None:  # fmt: skip

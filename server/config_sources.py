@@ -44,7 +44,7 @@ SERVER_IGNORED_KEYS = frozenset(
         "install_py_dep_per_model", "initial_worker_port", "initial_distribution_port",
         "blacklist_env_vars", "use_env_allowed_urls", "metrics_config",
         "model_metrics_auto_detect", "system_metrics_cmd", "plugins_path", "keystore",
-        "keystore_pass", "keystore_type", "model_snapshot", "tsConfigFile", "model_server_home",
+        "keystore_pass", "keystore_type", "tsConfigFile", "model_server_home",
         "ipex_enable", "ipex_gpu_enable", "cpp_log_config", "use_native_io", "io_ratio",
         "service_envelope", "default_service_handler", "max_idle_time", "enable_grpc",
         "ts_config_file", "log_location", "metrics_location", "headless",
@@ -142,9 +142,12 @@ def _env_layer(
 def _normalize(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
     """Map TorchServe names to fields; drop (and note) ignored and unknown keys."""
     out: dict[str, Any] = {}
+    snapshot: dict[str, Any] = {}
     for key, value in raw.items():
         field = SERVER_KEY_ALIASES.get(key, key)
-        if key in SERVER_IGNORED_KEYS:
+        if key == "model_snapshot" and isinstance(value, str | Mapping):
+            snapshot = _snapshot_models(value, where, notes)
+        elif key in SERVER_IGNORED_KEYS:
             notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
         elif field not in _FIELDS:
             notes.append(f"{where}: ignored unknown key {key!r}")
@@ -152,7 +155,24 @@ def _normalize(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str
             out[field] = _models_layer(value, where, notes)
         else:
             out[field] = value
+    if snapshot:  # a models= entry of the same name wins over the snapshot's
+        out["models"] = {**snapshot, **out.get("models", {})}
     return out
+
+
+def _snapshot_models(
+    value: str | Mapping[str, Any], where: str, notes: list[str]
+) -> dict[str, Any]:
+    """TorchServe's ``model_snapshot`` (KServe's config.properties names its models this way):
+    its ``models`` load exactly like ``models={...}`` entries; the rest (name, counts) is noted."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: model_snapshot is not valid JSON: {exc}") from exc
+    if not isinstance(value, Mapping) or not isinstance(value.get("models", {}), Mapping):
+        raise ConfigError(f"{where}: model_snapshot must be an object with a models object")
+    return _models_layer(value.get("models", {}), f"{where}: model_snapshot", notes)
 
 
 def _models_layer(value: str | Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:

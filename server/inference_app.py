@@ -8,6 +8,7 @@ Protocol (KServe v2) REST endpoints, as one raw ASGI app.
     GET  /v2/models/{m}[/versions/{v}]           model metadata
     GET  /v2/models/{m}[/versions/{v}]/ready
     POST /v2/models/{m}[/versions/{v}]/infer     OIP JSON tensors in and out
+    POST /v1/models/{m}:predict                  KServe v1 {"instances"} (server.kserve_v1)
     OPTIONS /  GET /api-description  GET /openapi.json   this API's OpenAPI description
 
 The frontend never decodes bodies: raw bytes and headers go to the worker, which parses them.
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+from torchbay.server import kserve_v1
 from torchbay.server import protocol as p
 from torchbay.server.batching import Pending
 from torchbay.server.errors import (
@@ -90,6 +92,8 @@ class InferenceApp:
                 await self._predict(scope, receive, send, path[len("/explanations/") :], True)
             elif oip:
                 await self._v2(scope, receive, send, path, method)
+            elif path.startswith(kserve_v1.PREFIX) and method == "POST":
+                await kserve_v1.predict(self, scope, receive, send)
             elif path == "/ping" and method == "GET":
                 await self._ping(send)
             elif path in ("/", "/api-description", "/openapi.json") and method in (

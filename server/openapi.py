@@ -10,6 +10,7 @@ from typing import Any
 
 from torchbay.server.errors import BadRequest, MethodNotAllowed, NotFound, TorchbayError
 from torchbay.server.http import ASGIApp, Receive, Scope, Send, send_error, send_json
+from torchbay.server.kserve_v1 import openapi_path
 
 _ERROR = {
     "type": "object",
@@ -202,6 +203,12 @@ def inference_openapi(server_version: str) -> dict[str, Any]:
         paths[base] = _v2_model("", version)
         paths[base + "/ready"] = _v2_model("ready", version)
         paths[base + "/infer"] = _v2_model("infer", version)
+    kserve = openapi_path()  # KServe v1: the first failed instance's status is the answer's
+    kserve["post"]["responses"] = {
+        "200": kserve["post"]["responses"]["200"],
+        **_errors(*_PREDICT_STATUSES[1:]),
+    }
+    paths["/v1/models/{model_name}:predict"] = kserve
     for path, item in paths.items():
         for operation in _operations(item):
             _generic(operation, INFERENCE_GENERIC, oip=path.startswith("/v2"))

@@ -19,7 +19,13 @@ import yaml
 
 from torchbay.archiver.errors import ArchiveError
 from torchbay.archiver.extract import extract_archive
-from torchbay.archiver.manifest import Manifest, read_manifest
+from torchbay.archiver.manifest import (
+    Manifest,
+    is_valid_model_name,
+    is_valid_model_version,
+    read_manifest,
+    safe_relpath,
+)
 from torchbay.server.config import ModelConfig, ServerConfig
 from torchbay.server.config_sources import resolve_model_config
 from torchbay.server.errors import (
@@ -118,6 +124,8 @@ class ModelRegistry:
             raise BadRequest("No model store is configured (--model-store)")
         if url.startswith("file://"):
             url = url[len("file://") :]
+        if any(ord(c) < 0x20 for c in url):
+            raise BadRequest(f"Model archive name {url!r} has a control character")
         candidate = (store / url).resolve()
         root = store.resolve()
         if candidate != root and root not in candidate.parents:
@@ -152,18 +160,35 @@ class ModelRegistry:
         With ``synchronous=False`` the workers start in the background and this returns as soon
         as the version is registered (status LOADING).
         """
-        if url.startswith(("http://", "https://")):
+        downloaded = url.startswith(("http://", "https://"))
+        if downloaded:
             if self.fetch is None:
                 raise BadRequest("Registering from a URL is not enabled (allowed_urls)")
             path = await self.fetch(url)
         else:
             path = self.archive_path(url)
         try:
+            return await self._register(path, url, name, overrides, initial_workers, synchronous)
+        finally:
+            if downloaded:  # unpacked (or refused): the download is never needed again
+                _remove(path)
+
+    async def _register(
+        self,
+        path: Path,
+        url: str,
+        name: str | None,
+        overrides: Mapping[str, Any] | None,
+        initial_workers: int | None,
+        synchronous: bool,
+    ) -> ModelVersion:
+        try:
             manifest: Manifest = await asyncio.to_thread(read_manifest, path)
         except ArchiveError as exc:
             raise BadRequest(str(exc)) from None
         name = name or manifest.model.model_name
         version = str(manifest.model.model_version or "1.0")
+        _check_name_and_version(name, version)
         async with self._lock:
             if version in self.models.get(name, {}):
                 raise Conflict(
@@ -171,22 +196,22 @@ class ModelRegistry:
                 )
             model_dir = self.workdir / f"{name}-{version}-{uuid.uuid4().hex[:8]}"
             try:
-                await asyncio.to_thread(extract_archive, path, model_dir)
+                await asyncio.to_thread(
+                    extract_archive,
+                    path,
+                    model_dir,
+                    max_total_bytes=self.config.max_archive_expanded_size,
+                    max_ratio=self.config.max_archive_compression_ratio,
+                )
+                config = self._model_config(
+                    name, version, model_dir, manifest, overrides, initial_workers
+                )
             except ArchiveError as exc:
                 shutil.rmtree(model_dir, ignore_errors=True)
                 raise BadRequest(str(exc)) from None
-            archive_yaml = _read_model_yaml(model_dir, manifest)
-            api = dict(overrides or {})
-            if initial_workers is not None:
-                api["min_worker"] = initial_workers
-                api.setdefault("max_worker", max(initial_workers, 0))
-            config = resolve_model_config(
-                self.config,
-                name=name,
-                version=version,
-                archive_yaml=archive_yaml,
-                api_overrides=api,
-            )
+            except BaseException:  # nothing of a refused archive stays in the work folder
+                shutil.rmtree(model_dir, ignore_errors=True)
+                raise
             mv = ModelVersion(
                 name=name,
                 version=version,
@@ -215,6 +240,27 @@ class ModelRegistry:
             _background.add(task)
             task.add_done_callback(_background.discard)
         return mv
+
+    def _model_config(
+        self,
+        name: str,
+        version: str,
+        model_dir: Path,
+        manifest: Manifest,
+        overrides: Mapping[str, Any] | None,
+        initial_workers: int | None,
+    ) -> ModelConfig:
+        api = dict(overrides or {})
+        if initial_workers is not None:
+            api["min_worker"] = initial_workers
+            api.setdefault("max_worker", max(initial_workers, 0))
+        return resolve_model_config(
+            self.config,
+            name=name,
+            version=version,
+            archive_yaml=_read_model_yaml(model_dir, manifest),
+            api_overrides=api,
+        )
 
     async def _start(self, mv: ModelVersion, quiet: bool = False) -> None:
         try:
@@ -282,15 +328,42 @@ class ModelRegistry:
 _background: set[asyncio.Task] = set()
 
 
+def _check_name_and_version(name: str, version: str) -> None:
+    """Both become part of a folder name: refuse anything but a plain model name / version."""
+    if not is_valid_model_name(name):
+        raise BadRequest(
+            f"Invalid model name {name!r}: letters, digits, '_', '-' and '.' only, "
+            "starting with a letter or digit"
+        )
+    if not is_valid_model_version(version):
+        raise BadRequest(
+            f"Invalid model version {version!r}: must look like 1.0, 2 or 1.0.0-rc1 "
+            "(letters, digits, '.', '-', '_', '+')"
+        )
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _read_model_yaml(model_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
     config_file = manifest.model.config_file
     if not config_file:
         return None
+    why = safe_relpath(config_file)
+    if why:
+        raise BadRequest(f"The archive's config file {config_file!r} is not inside it: {why}")
     path = model_dir / config_file
     if not path.is_file():
         raise NotFound(f"The archive's config file {config_file} is missing")
     # safe_load only: TorchServe's YAML parsing of archive configs was an RCE (CVE-2022-1471).
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"{config_file} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest(f"{config_file} must be a YAML mapping")
     return data

@@ -167,12 +167,19 @@ class TorchbayServer:
         self.auth = apps.auth
         if self.auth is not None:
             log.info("token authorization on: keys in %s", self.auth.key_file)
-        for name, address, app in (
-            ("inference", config.inference_address, apps.inference),
-            ("management", config.management_address, apps.management),
-            ("metrics", config.metrics_address, apps.metrics_app),
-        ):
+        from torchbay.server.combined import combine_listeners
+
+        listeners = combine_listeners(
+            [
+                ("inference", config.inference_address, apps.inference),
+                ("management", config.management_address, apps.management),
+                ("metrics", config.metrics_address, apps.metrics_app),
+            ]
+        )
+        for name, address, app in listeners:
             await self._listen(name, address, app)
+        if len(listeners) == 2:  # inference and management share one listener (KServe's config)
+            self.state.ports.management = self.state.ports.inference
         await self._load_startup_models()
         await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()

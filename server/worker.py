@@ -4,6 +4,10 @@ Spawned (never forked) by the frontend with one end of a socketpair. It reads a 
 model through the same ``load_service`` that ``torchbay verify`` uses, answers ``Ready`` (or
 ``LoadFailed``), then serves ``Infer`` frames one at a time until ``Shutdown`` or EOF. This is the
 only server module that imports torch (through the handlers).
+
+Nothing a request carries ends the loop: ``Service.predict`` answers per request, and should it
+raise anyway (a bug of ours), ``_predict`` answers every request of that batch with a 500 error
+body and the worker keeps serving.
 """
 
 from __future__ import annotations
@@ -67,6 +71,43 @@ def _to_wire(response: object) -> p.WireResponse:
     )
 
 
+def _predict(service: object, message: p.Infer, first: bool) -> p.Result:
+    """The ``Result`` for one ``Infer``: exactly one response per request, whatever happens."""
+    requests = message.requests
+    try:
+        predict = service.predict  # type: ignore[attr-defined]
+        outcome = _in_fresh_thread(predict, requests) if first else predict(requests)
+        responses = [_to_wire(r) for r in outcome.responses]
+        if len(responses) != len(requests):
+            raise RuntimeError(f"{len(responses)} responses for {len(requests)} requests")
+        return p.Result(message.batch_id, responses, outcome.timings, outcome.metrics)
+    except Exception as exc:  # last resort: a worker death is never how an input error shows
+        ids = [r.request_id for r in requests]
+        log.error(
+            "predict failed on batch %s (request ids %s)", message.batch_id, ids, exc_info=True
+        )
+        return p.Result(message.batch_id, [_failure(exc, r) for r in requests], {}, [])
+
+
+def _frame(result: p.Result, message: p.Infer) -> bytes:
+    """``result`` as a frame; one that cannot be framed (too big, unencodable) becomes 500s."""
+    try:
+        return p.encode(result)
+    except (p.ProtocolError, TypeError, ValueError) as exc:
+        log.error("cannot frame the result of batch %s", message.batch_id, exc_info=True)
+        failed = [_failure(exc, r) for r in message.requests]
+        return p.encode(p.Result(message.batch_id, failed, {}, []))
+
+
+def _failure(exc: Exception, request: p.WireRequest) -> p.WireResponse:
+    from torchbay.handlers.errors import failure_message
+    from torchbay.handlers.responses import error_response
+
+    message = failure_message(exc, [request.request_id])
+    response = error_response(500, "InternalServerException", message, request.protocol == "v2")
+    return _to_wire(response)
+
+
 def serve(sock: socket.socket) -> int:
     """Run the worker protocol on ``sock``. Returns the process exit code."""
     # Import torch and the handlers before the Load arrives: a worker spawned early (see
@@ -124,20 +165,9 @@ def serve(sock: socket.socket) -> int:
             continue
         if not isinstance(message, p.Infer):
             raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")
-        if first:
-            outcome = _in_fresh_thread(service.predict, message.requests)
-            first = False
-        else:
-            outcome = service.predict(message.requests)
-        p.send_message(
-            sock,
-            p.Result(
-                batch_id=message.batch_id,
-                responses=[_to_wire(r) for r in outcome.responses],
-                timings=outcome.timings,
-                metrics=outcome.metrics,
-            ),
-        )
+        frame = _frame(_predict(service, message, first), message)
+        first = False
+        sock.sendall(frame)
 
 
 def main(argv: list[str] | None = None) -> int:

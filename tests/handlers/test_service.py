@@ -108,17 +108,25 @@ def test_statuses_reset_between_batches(echo_dir: Path) -> None:
     assert service.predict([req(b"", query="kind=x")]).responses[0].status == 200
 
 
-def test_count_mismatch_fails_the_batch(echo_dir: Path) -> None:
+def test_count_mismatch_fails_only_the_request_that_causes_it(echo_dir: Path) -> None:
     outcome = load_service(echo_dir).predict([req(b"", query="kind=short"), req(b"x")])
-    assert [r.status for r in outcome.responses] == [500, 500]
+    assert [r.status for r in outcome.responses] == [500, 200]  # bisected
     assert body_json(outcome.responses[0])["message"] == "number of batch response mismatched"
+    assert body_json(outcome.responses[1])["body"] == "x"
 
 
-def test_uncaught_exception_fails_the_batch_without_traceback(echo_dir: Path) -> None:
-    outcome = load_service(echo_dir).predict([req(b"x"), req(b"", query="kind=crash")])
-    assert [r.status for r in outcome.responses] == [500, 500]
-    body = body_json(outcome.responses[0])
-    assert body == {"code": 500, "type": "RuntimeError", "message": "boom"}
+def test_uncaught_exception_fails_only_its_request_without_traceback(echo_dir: Path) -> None:
+    outcome = load_service(echo_dir).predict(
+        [req(b"x", rid="ok"), req(b"", rid="bad-1", query="kind=crash")]
+    )
+    assert [r.status for r in outcome.responses] == [200, 500]  # bisected: the mate is answered
+    assert body_json(outcome.responses[0])["body"] == "x"
+    body = body_json(outcome.responses[1])
+    assert body == {
+        "code": 500,
+        "type": "RuntimeError",
+        "message": "The handler failed on this request (RuntimeError); request id bad-1",
+    }
     assert "handler" in outcome.timings
 
 
@@ -176,8 +184,14 @@ def test_torchserve_style_handler(torchscript_dir) -> None:
     assert ok.responses[0].status == 200
     assert set(body_json(ok.responses[0])) == {"0", "1", "2"}
     teapot = service.predict([req("teapot", "text/plain"), req("[1,2,3,4]", "application/json")])
-    assert [r.status for r in teapot.responses] == [418, 418]
-    assert body_json(teapot.responses[0])["type"] == "PredictionException"
+    # The batch-wide PredictionException is bisected down to the request that raised it.
+    assert [r.status for r in teapot.responses] == [418, 200]
+    assert body_json(teapot.responses[0]) == {
+        "code": 418,
+        "type": "PredictionException",
+        "message": "I am a teapot",
+    }
+    assert set(body_json(teapot.responses[1])) == {"0", "1", "2"}
 
 
 @pytest.mark.parametrize(

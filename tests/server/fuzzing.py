@@ -83,11 +83,17 @@ def _segments(path: str) -> list[str]:
     return path.split("/")[1:]
 
 
+def _segment_re(segment: str) -> re.Pattern[str]:
+    """``{model_name}:predict`` -> a pattern: each ``{...}`` matches within one segment."""
+    parts = re.split(r"\{[^}]+\}", segment)
+    return re.compile("[^/]*".join(re.escape(p) for p in parts))
+
+
 def _matches(template: str, segments: list[str], suffix: bool) -> bool:
     want = _segments(template)
     if len(segments) < len(want) or (len(segments) > len(want) and not suffix):
         return False
-    return all(w.startswith("{") or w == s for w, s in zip(want, segments, strict=False))
+    return all(_segment_re(w).fullmatch(s) for w, s in zip(want, segments, strict=False))
 
 
 def operation(doc: dict[str, Any], req: Req) -> tuple[str, dict[str, Any]] | None:
@@ -103,7 +109,7 @@ def operation(doc: dict[str, Any], req: Req) -> tuple[str, dict[str, Any]] | Non
         if op is None and req.method == "HEAD" and req.port == "management":
             op = item.get("get")  # Starlette answers HEAD on every GET route
         if op is not None and _matches(template, segments, item.get("x-torchbay-path-suffix")):
-            literal = sum(not s.startswith("{") for s in _segments(template))
+            literal = sum(len(re.sub(r"\{[^}]+\}", "", s)) for s in _segments(template))
             found.append((literal, len(_segments(template)), template, op))
     if not found:
         return None

@@ -40,6 +40,10 @@ class Origin:
                     self._redirect("/archive/probe.mar")
                 elif self.path.startswith("/redirect-off"):
                     self._redirect(f"http://localhost:{origin.port}/internal/secret.mar")
+                elif self.path.startswith("/redirect-dots"):
+                    self._redirect("/archive/../internal/secret.mar")
+                elif self.path.startswith("/redirect-encoded"):
+                    self._redirect(f"{origin.base}/archive/%2e%2e/internal/secret.mar")
                 elif self.path.startswith("/redirect-loop"):
                     self._redirect("/redirect-loop")
                 elif self.path.startswith("/big-declared"):
@@ -131,6 +135,39 @@ def test_redirect_off_the_list_is_refused_before_following(origin, tmp_path):
         )
     assert origin.seen.count("/redirect-loop") == 4
     assert list((tmp_path / "dl").iterdir()) == []
+
+
+def test_dot_segments_and_encodings_cannot_escape_the_allowed_prefix(origin, tmp_path):
+    allowed = [re.escape(origin.base) + r"/(archive/[^/]+|redirect-[a-z]+)"]
+    fetcher = Fetcher(allowed, tmp_path / "dl")
+    for url in (
+        f"{origin.base}/archive/../internal/secret.mar",
+        f"{origin.base}/archive/./../internal/secret.mar",
+        f"{origin.base}/archive/%2e%2e/internal/secret.mar",
+        f"{origin.base}/archive/%2E./internal/secret.mar",
+        f"{origin.base}/archive/..%2finternal%2Fsecret.mar",
+        f"{origin.base}/archive/..%5cinternal%5csecret.mar",
+        f"{origin.base}/archive/..\\internal\\secret.mar",
+        f"{origin.base}/archive/secret.mar%00.mar",
+        f"{origin.base}/archive/x.mar\n",
+        f"http://user@127.0.0.1:{origin.port}/archive/probe.mar",
+        f"http://127.0.0.1:{origin.port}@localhost:{origin.port}/archive/probe.mar",
+    ):
+        with pytest.raises(UrlNotAllowed):
+            fetch(fetcher, url)
+    for hop in ("/redirect-dots", "/redirect-encoded"):  # every redirect hop is normalised too
+        with pytest.raises(UrlNotAllowed):
+            fetch(fetcher, f"{origin.base}{hop}")
+    assert origin.seen == ["/redirect-dots", "/redirect-encoded"]
+    assert not (tmp_path / "dl").exists() or list((tmp_path / "dl").iterdir()) == []
+
+
+def test_equivalent_spellings_are_normalised_then_allowed(origin, versioned_store, tmp_path):
+    fetcher = Fetcher([re.escape(origin.base) + r"/archive/probe\.mar"], tmp_path / "dl")
+    upper = f"HTTP://127.0.0.1:{origin.port}/archive/./%70robe.mar"
+    path = fetch(fetcher, upper)
+    assert path.read_bytes() == (versioned_store / "probe.mar").read_bytes()
+    assert origin.seen == ["/archive/probe.mar"]  # the normalised URL is the one requested
 
 
 def test_oversized_and_slow_downloads_stop_and_leave_nothing(origin, tmp_path):

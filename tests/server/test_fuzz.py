@@ -221,7 +221,18 @@ def inference_requests(draw: Callable, keys: dict[str, str], authed: bool) -> Re
     hs = fs.with_auth(hs, keys.get("inference"), authed and draw(st.integers(0, 9)) < 7)
     kind = draw(
         st.sampled_from(
-            ["predict", "predict", "explain", "infer", "infer", "infer", "get", "fixed", "random"]
+            [
+                "predict",
+                "predict",
+                "explain",
+                "infer",
+                "infer",
+                "infer",
+                "get",
+                "fixed",
+                "kserve",
+                "random",
+            ]
         )
     )
     name = draw(fs.names)
@@ -258,6 +269,12 @@ def inference_requests(draw: Callable, keys: dict[str, str], authed: bool) -> Re
         tail = draw(st.sampled_from([[], ["ready"], ["ready", "x"], ["versions"]]))
         path = _path("v2", "models", name, *(["versions", version] if version else []), *tail)
         method = draw(st.sampled_from(["GET", "GET", "HEAD", "DELETE", "POST"]))
+    elif kind == "kserve":
+        verb = draw(st.sampled_from([":predict", ":predict", ":explain", "", ":"]))
+        path, method = _path("v1", "models", name) + verb, draw(st.sampled_from(["POST", "GET"]))
+        if draw(st.booleans()):
+            instances = draw(st.lists(fs.json_values, max_size=3))
+            body = fs.dumps(draw(st.sampled_from([{"instances": instances}, instances])))
     elif kind == "fixed":
         path = draw(
             st.sampled_from(

@@ -1,0 +1,105 @@
+"""The worker's response bodies: ``Response``, error bodies, JSON encoding, header validation.
+
+Torch-free. Every JSON body goes through ``dumps`` (valid JSON always: NaN and +-Infinity become
+``null``) and every error body through ``error_response`` (its message through
+``errors.scrub_message``: no traceback, no filesystem path).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import scrub_message
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON; non-finite floats are written as ``null`` (as JSON.stringify and orjson do).
+
+    Raises TypeError/ValueError/RecursionError for a value that cannot be JSON at all.
+    """
+    try:
+        return _dumps(value)
+    except ValueError:  # NaN or Infinity somewhere (or a circular reference: raised again below)
+        return _dumps(_finite(value))
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), default=_json_default, allow_nan=False).encode()
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars/arrays and tensors, without importing either here.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN/Infinity float replaced by None (numpy/tensors converted)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if hasattr(value, "tolist") or hasattr(value, "item"):
+        return _finite(_json_default(value))
+    return value  # json.dumps reports what it cannot encode
+
+
+def error_response(status: int, kind: str, message: str, v2: bool = False) -> Response:
+    """``{"code", "type", "message"}`` (plus OIP's ``error`` for v2), the message scrubbed."""
+    message = scrub_message(message)
+    body: dict[str, Any] = {"code": status, "type": kind, "message": message}
+    if v2:
+        body["error"] = message  # the OIP error field
+    return Response(status, dumps(body))
+
+
+def error_status(code: object) -> int:
+    """A handler's error code when it is an HTTP error status (400..599), else 500."""
+    return code if type(code) is int and 400 <= code <= 599 else 500
+
+
+# RFC 7230 token characters for header names.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Headers that describe the framing of the message: the frontend owns them.
+FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
+
+
+def status_problem(status: object) -> str | None:
+    """Why ``status`` is not an HTTP status (an int 100..599, bool excluded), or None."""
+    if type(status) is not int or not 100 <= status <= 599:
+        return f"status {status!r} is not an int in 100..599"
+    return None
+
+
+def header_problem(name: object, value: object) -> str | None:
+    """Why ``name: value`` cannot be sent as a response header, or None."""
+    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        return f"header name {name!r} is not an RFC 7230 token"
+    if not isinstance(value, str):
+        return f"header {name!r} has a {type(value).__name__} value, not str"
+    if any(c in value for c in "\r\n\0"):
+        return f"header {name!r} has a CR, LF or NUL in its value"
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return f"header {name!r} has a value that is not latin-1"
+    return None

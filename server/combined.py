@@ -1,0 +1,58 @@
+"""One listener for inference and management when both name the same address (TorchServe's
+``ConnectorType.BOTH``; KServe's TorchServe config sets ``inference_address`` and
+``management_address`` to the same ``http://0.0.0.0:8085``).
+
+The management paths (``/models...``, ``/token`` and the KServe v1 readiness
+``GET /v1/models/{m}``) go to the management app; everything else (predictions,
+``/v1/models/{m}:predict``, ``/v2``, ``/ping``, the OpenAPI description) goes to the inference app.
+Each app keeps its own token check. Port 0 never counts as shared: two ``:0`` listeners are two
+ephemeral ports.
+"""
+
+from __future__ import annotations
+
+from torchbay.server.config import parse_address
+from torchbay.server.http import ASGIApp, Receive, Scope, Send
+
+Listener = tuple[str, str, ASGIApp]  # (name, address, app), as serve.startup() binds them
+
+
+def is_management_path(method: str, path: str) -> bool:
+    if path == "/token" or path == "/models" or path.startswith("/models/"):
+        return True
+    # KServe v1 model readiness lives on TorchServe's management API; :predict is inference.
+    return method == "GET" and path.startswith("/v1/models/") and ":" not in path
+
+
+class CombinedApp:
+    """Route each HTTP request to the management or the inference app by its path."""
+
+    def __init__(self, inference: ASGIApp, management: ASGIApp) -> None:
+        self.inference = inference
+        self.management = management
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and is_management_path(scope["method"], scope["path"]):
+            await self.management(scope, receive, send)
+        else:
+            await self.inference(scope, receive, send)
+
+
+def same_address(a: str, b: str) -> bool:
+    """Both addresses name one fixed host:port (and scheme), so only one socket can bind it."""
+    first, second = parse_address(a), parse_address(b)
+    return first.port != 0 and first == second
+
+
+def combine_listeners(listeners: list[Listener]) -> list[Listener]:
+    """Merge the inference and management listeners into one when they share an address."""
+    by_name = {name: (address, app) for name, address, app in listeners}
+    inference, management = by_name.get("inference"), by_name.get("management")
+    if inference is None or management is None or not same_address(inference[0], management[0]):
+        return listeners
+    combined = CombinedApp(inference[1], management[1])
+    return [
+        ("inference", address, combined) if name == "inference" else (name, address, app)
+        for name, address, app in listeners
+        if name != "management"
+    ]

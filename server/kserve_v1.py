@@ -1,0 +1,155 @@
+"""KServe v1 predict on the frontend: ``POST /v1/models/{m}:predict`` with ``{"instances": [...]}``
+answers ``{"predictions": [...]}``, as TorchServe's ``kserve`` envelope does.
+
+Each instance becomes one request to the model's queue (see ``encode_instance`` for the row the
+handler gets); the batcher groups them like any other requests and the results come back
+in order. No worker or handler change: a handler that answers ``/predictions`` answers this too.
+Every instance is admitted before any is awaited; if one is refused (queue full, no worker), the
+ones already queued are cancelled (the batcher skips them) and the call gets that one error.
+The first failed instance's status and body are the response. Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlencode
+
+from torchbay.server import protocol as p
+from torchbay.server.batching import Pending
+from torchbay.server.errors import BadRequest, NotFound, TorchbayError
+from torchbay.server.http import Receive, Scope, Send, read_body, send_bytes, send_json
+
+if TYPE_CHECKING:
+    from torchbay.server.inference_app import InferenceApp
+    from torchbay.server.model import ModelVersion
+
+PREFIX = "/v1/models/"
+_DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding")
+
+
+def parse_path(path: str) -> str:
+    """``/v1/models/{m}:predict`` -> ``m`` (NotFound for any other verb)."""
+    name, sep, verb = path[len(PREFIX) :].rpartition(":")
+    if not sep or verb != "predict" or not name or "/" in name:
+        raise NotFound(f"No route for POST {path}")
+    return unquote(name)
+
+
+def parse_instances(body: bytes) -> list[Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+    instances = data.get("instances") if isinstance(data, dict) else None
+    if not isinstance(instances, list) or not instances:
+        raise BadRequest('KServe v1 body must be {"instances": [...]} with at least one instance')
+    return instances
+
+
+def encode_instance(instance: Any) -> tuple[bytes, bytes]:
+    """One instance as a request body. An object of strings (``{"data": "<base64>"}``, KServe's
+    image examples) goes form-encoded, so the handler's row IS the instance, as with
+    TorchServe's kserve envelope; anything else goes as JSON (row ``{"body": instance}``)."""
+    if (
+        isinstance(instance, dict)
+        and instance
+        and all(isinstance(v, str) for v in instance.values())
+    ):
+        return urlencode(instance).encode(), b"application/x-www-form-urlencoded"
+    return json.dumps(instance).encode(), b"application/json"
+
+
+def decode_prediction(response: p.WireResponse) -> Any:
+    """A handler's answer to one instance: JSON when it is JSON, else text."""
+    try:
+        return json.loads(response.body)
+    except (ValueError, UnicodeDecodeError):
+        return response.body.decode("utf-8", "replace")
+
+
+async def predict(app: InferenceApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer one v1 predict call, reported once to the app's request hook."""
+    started = time.perf_counter()
+    name = parse_path(scope["path"])
+    mv: ModelVersion | None = None
+    items: list[Pending[p.WireRequest, p.WireResponse]] = []
+    status = 500
+    try:
+        if app.authorize is not None:
+            app.authorize(scope, "inference")
+        mv = app.registry.resolve(name, None)
+        instances = parse_instances(await read_body(scope, receive, app.max_request_size))
+        items = _admit_all(app, mv, scope, instances)
+        status = await _answer(mv, items, send)
+    except TorchbayError as exc:
+        status = exc.status
+        raise
+    finally:
+        if app.on_request is not None:
+            waited = [i.dispatched - i.arrival for i in items if i.dispatched is not None]
+            seconds = time.perf_counter() - started
+            app.on_request(scope, name, None, status, seconds, max(waited, default=None), mv)
+
+
+async def _answer(
+    mv: ModelVersion, items: list[Pending[p.WireRequest, p.WireResponse]], send: Send
+) -> int:
+    mv.inflight += len(items)
+    try:
+        results = await asyncio.gather(*(item.future for item in items), return_exceptions=True)
+    finally:
+        mv.inflight -= len(items)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result  # TorchbayError (worker died, timeout): the app sends it
+    failed = next((r for r in results if r.status >= 400), None)
+    if failed is not None:
+        await send_bytes(send, failed.status, failed.body, failed.content_type.encode("latin-1"))
+        return failed.status
+    await send_json(send, 200, {"predictions": [decode_prediction(r) for r in results]})
+    return 200
+
+
+def _admit_all(
+    app: InferenceApp, mv: ModelVersion, scope: Scope, instances: list[Any]
+) -> list[Pending[p.WireRequest, p.WireResponse]]:
+    headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED_HEADERS]
+    items: list[Pending[p.WireRequest, p.WireResponse]] = []
+    try:
+        for instance in instances:
+            body, content_type = encode_instance(instance)
+            one = {**scope, "headers": [*headers, (b"content-type", content_type)]}
+            items.append(mv.admit(app._wire_request(one, body, "predict")))
+    except TorchbayError:
+        for item in items:
+            item.future.cancel()
+        raise
+    return items
+
+
+def openapi_path() -> dict[str, Any]:
+    """This route's entry in the inference port's OpenAPI description."""
+    instances = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
+    predictions = {"type": "object", "properties": {"predictions": {"type": "array"}}}
+    return {
+        "post": {
+            "summary": "KServe v1 predict: one queued request per instance, answers in order",
+            "security": [{"bearer": []}],
+            "parameters": [
+                {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
+            "requestBody": {"content": {"application/json": {"schema": instances}}},
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": predictions}},
+                },
+                "400": {"description": "Not {'instances': [...]}, or an instance was refused"},
+                "404": {"description": "Unknown model"},
+                "503": {"description": "Queue full, no worker, or shutting down"},
+            },
+        }
+    }

@@ -1,0 +1,98 @@
+"""The image's entrypoint, run on the host against the two layouts the image serves:
+
+* KServe's: ``<root>/config/config.properties`` (the config KServe's docs give for TorchServe:
+  ``model_snapshot``, inference and management on ONE address) + ``<root>/model-store/``;
+* TorchServe's image: ``<home>/config.properties`` (the image's own) + ``<home>/model-store/``.
+
+Each answers ``/v2/health/ready``, an OIP infer, a TorchServe predict and a KServe v1 predict,
+and stops cleanly on SIGTERM (exit 0).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import DEPLOY, SAMPLE, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _exercise(base: str, headers: dict[str, str] | None = None) -> None:
+    with httpx.Client(base_url=base, timeout=30, headers=headers or {}) as client:
+        ready = client.get("/v2/health/ready")
+        assert ready.status_code == 200, ready.text
+        assert ready.json() == {"ready": True}
+        oip = client.post(
+            "/v2/models/mnist/infer",
+            json={"inputs": [{"name": "input0", "shape": [1, 64], "datatype": "FP32",
+                              "data": SAMPLE}]},
+        )  # fmt: skip
+        assert oip.status_code == 200, oip.text
+        outputs = oip.json()["outputs"]
+        assert outputs[0]["shape"] == [1, 10]
+        predict = client.post("/predictions/mnist", json=SAMPLE)
+        assert predict.status_code == 200, predict.text
+        expected = predict.json()["output"]
+        assert len(expected) == 10
+        v1 = client.post("/v1/models/mnist:predict", json={"instances": [SAMPLE, SAMPLE]})
+        assert v1.status_code == 200, v1.text
+        predictions = v1.json()["predictions"]
+        assert predictions == [predict.json(), predict.json()]
+        assert outputs[0]["data"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_kserve_layout(archive: Path, container: Any, tmp_path: Path) -> None:
+    """KServe's config unchanged but for loopback and a free port: one listener for inference
+    and management, the model named only in model_snapshot."""
+    root = tmp_path / "mnt-models"
+    (root / "config").mkdir(parents=True)
+    (root / "model-store").mkdir()
+    shutil.copy(archive, root / "model-store" / "mnist.mar")
+    port = free_port()
+    text = (DEPLOY / "kserve" / "config" / "config.properties").read_text()
+    assert "\nload_models" not in text and "\nmodel_snapshot=" in text
+    text = text.replace("0.0.0.0:8085", f"127.0.0.1:{port}")
+    text = text.replace("0.0.0.0:8082", "127.0.0.1:0")
+    (root / "config" / "config.properties").write_text(text)
+    run = container(
+        {
+            "TORCHBAY_KSERVE_ROOT": str(root),
+            "TORCHBAY_HOME": str(tmp_path / "no-home"),
+            # As the ClusterServingRuntime sets it (auth sits in front of KServe).
+            "TORCHBAY_DISABLE_TOKEN_AUTHORIZATION": "true",
+        },
+        tmp_path,
+    )
+    ports = run.wait_ready()
+    assert ports["inference"] == ports["management"] == port
+    assert ports["failed_models"] == {}
+    base = f"http://127.0.0.1:{port}"
+    _exercise(base)
+    with httpx.Client(base_url=base, timeout=30) as client:
+        # The management API answers on the same port: the snapshot's settings took effect.
+        described = client.get("/models/mnist")
+        assert described.status_code == 200, described.text
+        assert described.json()[0]["maxWorkers"] == 5
+        assert client.get("/v1/models/mnist").json() == {"name": "mnist", "ready": True}
+        metrics = httpx.get(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=30)
+        assert 'torchbay_model_ready{model="mnist"' in metrics.text
+    assert run.stop() == 0, run.output()
+
+
+def test_torchserve_layout(image_server: Any) -> None:
+    """The image's own config.properties (load_models=all, token auth on) from TORCHBAY_HOME,
+    addresses from TORCHBAY_HOST and the port variables (see the image_server fixture)."""
+    run, ports, keys = image_server
+    assert len({ports["inference"], ports["management"], ports["metrics"]}) == 3
+    base = f"http://127.0.0.1:{ports['inference']}"
+    assert httpx.get(f"{base}/v1/models/mnist:predict", timeout=30).status_code == 404
+    unauthorized = httpx.post(f"{base}/predictions/mnist", json=SAMPLE, timeout=30)
+    assert unauthorized.status_code == 401
+    _exercise(base, {"Authorization": f"Bearer {keys['inference']['key']}"})
+    assert re.search(r"configuration from .*config\.properties", run.output())

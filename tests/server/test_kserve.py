@@ -1,0 +1,186 @@
+"""KServe on torchbay: the v1 predict envelope, ``model_snapshot`` and the shared
+inference/management listener (the rest of the KServe layout runs in tests/deploy)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from torchbay.archiver.package import ArchiveOptions, package
+from torchbay.server.combined import combine_listeners, is_management_path, same_address
+from torchbay.server.config_sources import load_server_config
+from torchbay.server.errors import ConfigError
+
+from .conftest import ASSETS, _tiny_model, probe_models
+
+pytestmark = pytest.mark.slow
+
+
+async def _noop(scope: Any, receive: Any, send: Any) -> None:
+    return None
+
+
+def _no_leak(body: dict[str, Any]) -> None:
+    text = str(body)
+    assert "Traceback" not in text and "/tmp" not in text and "/work" not in text
+
+
+def test_v1_predict_batches_instances_in_order(live_server: Any) -> None:
+    server = live_server(models=probe_models(batchSize=4, maxBatchDelay=200))
+    instances = [{"echo": i} for i in range(3)]
+    reply = httpx.post(
+        f"{server.url}/v1/models/probe:predict", json={"instances": instances}, timeout=30
+    )
+    assert reply.status_code == 200, reply.text
+    predictions = reply.json()["predictions"]
+    assert [p["echo"] for p in predictions] == [0, 1, 2]
+    assert {p["batch"] for p in predictions} == {3}  # one request each, batched together
+
+
+BAD_BODIES = [
+    b"not json",
+    b'{"inputs": []}',
+    b'{"instances": []}',
+    b'{"instances": {"a": 1}}',
+    b'{"instances": [{"bad": true}, {"echo": 1}]}',  # one instance fails the whole call
+]
+
+
+def test_v1_instance_rows_match_torchserves_kserve_envelope(
+    live_server: Any, model_store: Path, tmp_path: Path
+) -> None:
+    """An object of strings ({"data": "<base64>"}, KServe's image examples) reaches the handler
+    as the row itself, as TorchServe's kserve envelope passes it; anything else as the body."""
+    package(
+        ArchiveOptions(
+            model_name="rows",
+            version="1.0",
+            serialized_file=_tiny_model(tmp_path / "model.pt"),
+            handler=str(ASSETS / "row_handler.py"),
+            export_path=model_store,
+        )
+    )
+    server = live_server(models={"rows": {"1.0": {"marName": "rows.mar"}}})
+    instances = [{"data": "aGk+Pz8=", "kind": "a&b=c"}, {"data": [1, 2]}, [0.5, 1], "text"]
+    reply = httpx.post(
+        f"{server.url}/v1/models/rows:predict", json={"instances": instances}, timeout=30
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["predictions"] == [
+        {"data": "aGk+Pz8=", "kind": "a&b=c"},
+        {"body": {"data": [1, 2]}},
+        {"body": [0.5, 1]},
+        {"body": "text"},
+    ]
+
+
+def test_v1_predict_bad_input_is_4xx(live_server: Any) -> None:
+    server = live_server(models=probe_models())
+    for body in BAD_BODIES:
+        reply = httpx.post(
+            f"{server.url}/v1/models/probe:predict",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert reply.status_code == 400, (body, reply.text)
+        assert set(reply.json()) == {"code", "type", "message"}
+        _no_leak(reply.json())
+    # The model still serves afterwards.
+    ok = httpx.post(f"{server.url}/predictions/probe", json={"echo": "after"}, timeout=30)
+    assert ok.status_code == 200
+
+
+def test_v1_predict_routes(live_server: Any) -> None:
+    server = live_server(models=probe_models())
+    body = {"instances": [{"echo": 1}]}
+    assert httpx.post(f"{server.url}/v1/models/nope:predict", json=body).status_code == 404
+    assert httpx.post(f"{server.url}/v1/models/probe:explain", json=body).status_code == 404
+    assert httpx.post(f"{server.url}/v1/models/probe", json=body).status_code == 404
+    described = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert "post" in described["/v1/models/{model_name}:predict"]
+
+
+def test_v1_predict_queue_full_cancels_the_admitted_instances(live_server: Any) -> None:
+    """Instance 2 finds the queue full: the call gets 503 and instance 1 never runs."""
+    server = live_server(models=probe_models(batchSize=1, jobQueueSize=1))
+    reply = httpx.post(
+        f"{server.url}/v1/models/probe:predict",
+        json={"instances": [{"echo": "cancelled"}, {"echo": "refused"}]},
+        timeout=30,
+    )
+    assert reply.status_code == 503, reply.text
+    _no_leak(reply.json())
+    deadline = time.monotonic() + 30
+    while True:  # the cancelled item leaves the queue when the worker next takes
+        ran = httpx.post(f"{server.url}/predictions/probe", json={"ran": True}, timeout=30)
+        if ran.status_code != 503 or time.monotonic() > deadline:
+            break
+    assert ran.status_code == 200, ran.text
+    assert "cancelled" not in ran.json()["ran"]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.properties"
+    path.write_text(text)
+    return path
+
+
+def test_model_snapshot_models_load_like_models_entries(tmp_path: Path) -> None:
+    snapshot = (
+        '{"name":"startup.cfg","modelCount":1,"models":{"mnist":{"1.0":{"defaultVersion":true,'
+        '"marName":"mnist.mar","minWorkers":1,"maxWorkers":5,"batchSize":1,"maxBatchDelay":10,'
+        '"responseTimeout":120}}}}'
+    )
+    path = _write(tmp_path, f"model_snapshot={snapshot}\n")
+    config, notes = load_server_config(ts_config=path, env={}, cli={})
+    entry = config.models["mnist"]["1.0"]
+    assert (entry.mar_name, entry.max_workers, entry.max_batch_delay_ms) == ("mnist.mar", 5, 10)
+    assert not any("ignored TorchServe key 'model_snapshot'" in n for n in notes)
+    # A models= entry of the same name wins over the snapshot's.
+    both = _write(
+        tmp_path, f'model_snapshot={snapshot}\nmodels={{"mnist":{{"1.0":{{"marName":"b.mar"}}}}}}\n'
+    )
+    config, _ = load_server_config(ts_config=both, env={}, cli={})
+    assert config.models["mnist"]["1.0"].mar_name == "b.mar"
+
+
+@pytest.mark.parametrize("value", ["{not json", '{"models": [1]}', "[1]"])
+def test_model_snapshot_bad_json_is_a_config_error(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match="model_snapshot"):
+        load_server_config(ts_config=_write(tmp_path, f"model_snapshot={value}\n"), env={}, cli={})
+
+
+def test_shared_address_makes_one_listener() -> None:
+    listeners = [
+        ("inference", "http://0.0.0.0:8085", _noop),
+        ("management", "http://0.0.0.0:8085", _noop),
+        ("metrics", "http://0.0.0.0:8082", _noop),
+    ]
+    merged = combine_listeners(listeners)
+    assert [name for name, _, _ in merged] == ["inference", "metrics"]
+    assert not same_address("http://127.0.0.1:0", "http://127.0.0.1:0")  # two ephemeral ports
+    assert not same_address("http://0.0.0.0:8085", "https://0.0.0.0:8085")
+    assert combine_listeners(listeners[1:]) == listeners[1:]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "management"),
+    [
+        ("GET", "/models", True),
+        ("PUT", "/models/m/1.0", True),
+        ("GET", "/token", True),
+        ("GET", "/v1/models/m", True),
+        ("POST", "/v1/models/m:predict", False),
+        ("GET", "/modelsx", False),
+        ("GET", "/v2/models/m/ready", False),
+        ("POST", "/predictions/m", False),
+        ("GET", "/ping", False),
+    ],
+)
+def test_management_paths(method: str, path: str, management: bool) -> None:
+    assert is_management_path(method, path) is management
