@@ -46,6 +46,7 @@ from torchbay.server.errors import (
     TorchbayError,
 )
 from torchbay.server.model import ModelStatus, ModelVersion
+from torchbay.server.openapi import document_management
 from torchbay.server.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.management")
@@ -488,6 +489,7 @@ def build_management_app(
     async def api_description() -> dict[str, Any]:
         return app.openapi()
 
+    document_management(app)  # every status each route answers, not just FastAPI's 200/422
     return app
 
 
