@@ -178,7 +178,7 @@ class TensorHandler(BaseHandler):
             raise BadInput("JSON object input needs a 'data', 'input' or 'instances' key")
         try:
             return torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError) as exc:
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             raise BadInput(f"JSON input is not a rectangular numeric array: {exc}") from exc
 
     def _v2_tensor(self, spec: dict[str, Any]) -> torch.Tensor:
@@ -190,7 +190,7 @@ class TensorHandler(BaseHandler):
         try:
             tensor = torch.tensor(spec["data"], dtype=torch.float64 if dtype.is_floating_point
                                   else dtype).reshape(spec["shape"])  # fmt: skip
-        except (TypeError, ValueError, RuntimeError) as exc:
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:  # 1e400, 10**400
             raise BadInput(f"v2 input {spec['name']!r}: {exc}") from exc
         sample = list(tensor.shape[1:])
         if self.input_shape is not None and len(self.input_shape) == len(sample) and \

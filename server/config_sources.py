@@ -47,10 +47,12 @@ SERVER_IGNORED_KEYS = frozenset(
         "keystore_pass", "keystore_type", "tsConfigFile", "model_server_home",
         "ipex_enable", "ipex_gpu_enable", "cpp_log_config", "use_native_io", "io_ratio",
         "service_envelope", "default_service_handler", "max_idle_time", "enable_grpc",
-        "ts_config_file", "log_location", "metrics_location", "headless",
+        "ts_config_file", "log_location", "metrics_location", "headless", "metrics_format",
     }
 )  # fmt: skip
 _FIELDS = frozenset(ServerConfig.model_fields)
+# Every key a config source may name (model_snapshot: TorchServe's snapshot, see _normalize).
+_KNOWN_KEYS = _FIELDS | SERVER_KEY_ALIASES.keys() | SERVER_IGNORED_KEYS | {"model_snapshot"}
 _PATH_FIELDS = ("model_store", "key_file", "private_key_file", "certificate_file")
 
 
@@ -132,7 +134,7 @@ def _env_layer(
         if not name.startswith(prefix) or name == "TS_CONFIG_FILE":
             continue
         key = name[len(prefix) :].lower()
-        if key in _FIELDS or key in SERVER_KEY_ALIASES or key in SERVER_IGNORED_KEYS:
+        if key in _KNOWN_KEYS:
             out[key] = value
         elif not known_only:
             notes.append(f"ignored unknown environment variable {name}")

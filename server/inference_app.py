@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from torchbay.server import kserve_v1
 from torchbay.server import protocol as p
@@ -136,7 +136,8 @@ class InferenceApp:
         version = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
         extra = {"explain": "True"} if explain else {}
         if len(parts) > 2:
-            extra["url_path"] = "/".join(parts[2:])
+            # Header values are latin-1: percent-encode what is not ASCII (the path was decoded).
+            extra["url_path"] = quote("/".join(parts[2:]), safe=_PATH_SAFE)
         await self._infer(scope, receive, send, name, version, "predict", extra)
 
     async def _infer(
@@ -280,6 +281,8 @@ def _parse_v2_model_path(rest: list[str]) -> tuple[str, str | None, str]:
     return name, version, tail[0] if tail else ""
 
 
+# RFC 3986 path characters kept as they are in the url_path header.
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\r\n\x00]")
 # Framing is the frontend's: a handler's own copies would contradict the body it sends.

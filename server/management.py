@@ -245,7 +245,11 @@ def build_management_app(
     registry: ModelRegistry, config: ServerConfig, *, auth: TokenAuth | None = None
 ) -> FastAPI:
     """The management API over ``registry``; ``auth`` None means token auth is off."""
-    app = FastAPI(title="torchbay management", docs_url=None, redoc_url=None)
+    # No trailing-slash redirects: a client following `DELETE /models/m/` -> 307 would unregister
+    # a model it did not name exactly; an unknown path is a 404.
+    app = FastAPI(
+        title="torchbay management", docs_url=None, redoc_url=None, redirect_slashes=False
+    )
     _install_error_handlers(app)
     locks: weakref.WeakKeyDictionary[ModelVersion, asyncio.Lock] = weakref.WeakKeyDictionary()
 
@@ -322,7 +326,7 @@ def build_management_app(
             if body.strip():
                 try:
                     data = await request.json()
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
                     raise BadRequest("The request body is not valid JSON") from None
                 if not isinstance(data, dict):
                     raise BadRequest("The JSON body must be an object of register parameters")

@@ -137,12 +137,16 @@ class ModelRegistry:
             url = url[len("file://") :]
         if any(ord(c) < 0x20 for c in url):
             raise BadRequest(f"Model archive name {url!r} has a control character")
-        candidate = (store / url).resolve()
-        root = store.resolve()
-        if candidate != root and root not in candidate.parents:
-            raise BadRequest(f"Model archive must be inside the model store: {url}")
-        if not candidate.exists():
-            raise BadRequest(f"Model archive not found in the model store: {url}")
+        try:
+            candidate = (store / url).resolve()
+            root = store.resolve()
+            if candidate != root and root not in candidate.parents:
+                raise BadRequest(f"Model archive must be inside the model store: {url}")
+            found = candidate.exists()
+        except OSError:  # a name too long for the file system, ...
+            found = False
+        if not found:
+            raise BadRequest(f"Model archive not found in the model store: {url[:256]}")
         return candidate
 
     def store_archives(self) -> list[Path]:

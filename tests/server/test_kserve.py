@@ -182,3 +182,15 @@ def test_shared_address_makes_one_listener() -> None:
 )
 def test_management_paths(method: str, path: str, management: bool) -> None:
     assert is_management_path(method, path) is management
+
+
+def test_model_snapshot_from_the_environment_and_metrics_format_is_a_known_key(
+    tmp_path: Path,
+) -> None:
+    snapshot = '{"models": {"m": {"1.0": {"marName": "m.mar", "minWorkers": 2}}}}'
+    env = {"TS_MODEL_SNAPSHOT": snapshot, "TORCHBAY_ENABLE_ENVVARS_CONFIG": "true"}
+    config, _ = load_server_config(ts_config=None, env=env, cli={}, cwd=tmp_path)
+    assert config.models["m"]["1.0"].mar_name == "m.mar"
+    path = _write(tmp_path, "metrics_format=prometheus\n")
+    _, notes = load_server_config(ts_config=path, env={}, cli={})
+    assert any("ignored TorchServe key 'metrics_format'" in note for note in notes)
