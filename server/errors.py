@@ -3,7 +3,9 @@
     TorchbayError (500 internal_error)
     ├── ConfigError (500 config_error)           bad configuration, raised at start
     ├── BadRequest (400 bad_request)
-    │   └── InvalidModelVersion (400 invalid_model_version)  (unregister an unknown version)
+    │   ├── InvalidModelVersion (400 invalid_model_version)  (unregister an unknown version)
+    │   └── ClientDisconnected (499 client_disconnected)     the client left (or was timed out)
+    │                                                        before its whole body arrived
     ├── Unauthorized (401 unauthorized)
     ├── Forbidden (403 forbidden)
     │   └── DefaultVersionInUse (403 default_version_in_use)
@@ -56,6 +58,13 @@ class BadRequest(TorchbayError):
 
 class InvalidModelVersion(BadRequest):
     code = "invalid_model_version"
+
+
+class ClientDisconnected(BadRequest):
+    """Recorded as nginx's 499: the request never ran and nobody reads the answer (the body
+    timeout's 408 was already sent by the HTTP protocol, server.httplimits)."""
+
+    status, code = 499, "client_disconnected"
 
 
 class Unauthorized(TorchbayError):

@@ -10,7 +10,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from torchbay.server.errors import BadRequest, PayloadTooLarge, TorchbayError
+from torchbay.server.errors import ClientDisconnected, PayloadTooLarge, TorchbayError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -55,10 +55,10 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 
 
 async def _receive_body(receive: Receive) -> Message:
-    """The next body message; a disconnect mid-body is BadRequest, never a truncated body."""
+    """The next body message; a disconnect mid-body is ClientDisconnected (499), not a body."""
     message = await receive()
     if message["type"] == "http.disconnect":
-        raise BadRequest("the client disconnected before sending the whole request body")
+        raise ClientDisconnected("the client disconnected before sending the whole request body")
     return message
 
 

@@ -40,6 +40,7 @@ from torchbay.server.auth import TokenAuth
 from torchbay.server.config import API_NAMES, MAX_TIMEOUT_S, ModelConfig, ServerConfig
 from torchbay.server.errors import (
     BadRequest,
+    ClientDisconnected,
     ConfigError,
     MethodNotAllowed,
     NotFound,
@@ -233,7 +234,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
         # The client left (or was timed out) mid-body: nobody reads this answer.
         log.info("management request %s %s: client disconnected", request.method, request.url.path)
-        return JSONResponse(BadRequest("client disconnected").to_json(), status_code=400)
+        error = ClientDisconnected("client disconnected")
+        return JSONResponse(error.to_json(), status_code=error.status)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

@@ -127,6 +127,12 @@ def test_stalled_body_gets_408_and_never_reaches_the_model(server):
     ran = httpx.post(f"{server.url}/predictions/probe", json={"ran": True}, timeout=WAIT_S)
     assert ran.status_code == 200, ran.text
     assert "stalled" not in ran.json()["ran"]
+    # Counted as nginx's 499 (the client got the protocol's 408), never as the client's 400.
+    text = httpx.get(f"{server.metrics_url}/metrics", timeout=WAIT_S).text
+    assert any(
+        ln.startswith("torchbay_requests_total") and 'code="499"' in ln for ln in text.splitlines()
+    )
+    assert not any('code="400"' in ln and 'model="probe"' in ln for ln in text.splitlines())
 
     # The management app (FastAPI) too: a stalled registration registers nothing.
     raw, closed = _exchange(
