@@ -225,7 +225,7 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
         run_dir = options.run_dir
         if run_dir is None:
             run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-bench-")))
-        server = ManagedServer(options.archive, run_dir)
+        server = ManagedServer.torchbay(options.archive, run_dir)
         endpoints = stack.enter_context(server)
         yield endpoints, options.model or manifest.model.model_name, options.version
 

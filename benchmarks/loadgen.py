@@ -13,14 +13,10 @@ How late each request left its schedule is reported as ``lag``; a p99 lag above
 Timer granularity: event-loop timers fire with ~1 ms resolution, so open-loop lag is typically
 0.1-1 ms; a request that leaves early is timed from its actual send, never from before it.
 
-Capacity on the development machine (2 vCPU AMD EPYC, Python 3.11, uvloop), measured against the
-bare raw-ASGI echo server (``benchmarks/ceilings/echo_asgi.py``, one uvicorn process, 256-byte
-POST, keep-alive, concurrency 16, 5 s, generator and server sharing the two cores, other jobs on
-the machine): ``wrk -t1 -c16`` 29.0k / 25.5k req/s; one generator process 22.7k / 26.3k req/s at
-45-50% of a core (~0.02 ms of generator CPU per request); two processes 18.3k / 13.8k (they take
-CPU from the server on 2 cores). The echo server's single core is the limit in every case, so
-one process is within ~10-20% of wrk and far above any model server here (torchbay tiny ~5-8k,
-cnn ~150-300 req/s). Use more processes (``--procs``) only on machines with spare cores.
+Capacity (``benchmarks/RESULTS.md``, "Load generator capacity"): against the bare raw-ASGI echo
+server one process came within ~10-20% of ``wrk -t1`` on 2 cores (the echo server's core is the
+limit), far above any model server here. Responses are parsed by httptools (~2-3 us each). Use
+more processes (``--procs``) only on machines with spare cores.
 
     with LoadGenerator(processes=1) as gen:
         result = gen.run(LoadPlan(target=..., mode="open", rate=200, duration_s=5))
@@ -150,6 +146,7 @@ class LoadResult:
     ok_per_s: float
     generator_cpu_pct: list[float]
     behind: list[str]
+    generator_cpu_s: float = 0.0
 
     @property
     def errors(self) -> int:
@@ -659,4 +656,5 @@ def merge(plan: LoadPlan, parts: list[_Part]) -> LoadResult:
         ok_per_s=rate(ok, window),
         generator_cpu_pct=cpu_pct,
         behind=behind,
+        generator_cpu_s=sum(p.cpu_s for p in parts),
     )

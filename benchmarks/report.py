@@ -4,14 +4,12 @@ terminal and a markdown fragment for ``benchmarks/RESULTS.md``."""
 from __future__ import annotations
 
 import math
-import os
-import platform
 import statistics
-import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
+from typing import Any
 
+from torchbay.benchmarks.procstat import describe_machine
 from torchbay.benchmarks.runner import ScenarioResult
 from torchbay.benchmarks.scenarios import Scenario, Target
 
@@ -27,61 +25,6 @@ METRICS = (
     "start_s",
     "foreign_cpu_pct",
 )
-
-
-@dataclass(frozen=True)
-class Machine:
-    cpu: str
-    cores: int
-    memory_gib: float
-    python: str
-    torch: str
-    wrk: str
-    torchbay: str
-
-    def describe(self) -> str:
-        return (
-            f"{self.cpu}, {self.cores} cores, {self.memory_gib:.0f} GiB; Python {self.python}; "
-            f"torch {self.torch}; {self.wrk}; torchbay {self.torchbay}"
-        )
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_commit(repo: Path) -> str:
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
-
-
-def machine_info() -> Machine:
-    """Describe this machine and the software versions that matter to the numbers."""
-    import psutil
-    import torch
-
-    import torchbay
-
-    proc = subprocess.run(["wrk", "--version"], capture_output=True, text=True)
-    wrk_version = (proc.stdout or proc.stderr).split("Copyright")[0].strip() or "wrk ?"
-    repo = Path(__file__).resolve().parent.parent
-    return Machine(
-        cpu=_cpu_model(),
-        cores=os.cpu_count() or 0,
-        memory_gib=psutil.virtual_memory().total / 2**30,
-        python=platform.python_version(),
-        torch=torch.__version__,
-        wrk=wrk_version,
-        torchbay=f"{torchbay.__version__} (git {_git_commit(repo)})",
-    )
 
 
 def medians(results: Iterable[ScenarioResult]) -> dict[str, dict[str, float]]:
@@ -208,7 +151,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def render_markdown(
     *,
     command: str,
-    machine: Machine,
+    machine: dict[str, Any],
     settings_line: str,
     scenarios: Sequence[Scenario],
     results: Sequence[ScenarioResult],
@@ -223,14 +166,14 @@ def render_markdown(
         f"### Scenario run {when}",
         "",
         f"Command: `{command}`  ",
-        f"Machine: {machine.describe()}  ",
+        f"Machine: {describe_machine(machine)}  ",
         f"Load: {settings_line}",
         "",
         markdown_table(HEADER, table_rows(scenarios, results)),
         "",
-        '"other CPU %": the machine\'s CPU used by processes that were neither the server nor wrk '
-        "during the measured run, as a share of all cores; above a few percent the run was "
-        "disturbed and its numbers are low.",
+        '"other CPU %": the machine\'s CPU used by processes that were neither the server nor the '
+        "load generator during the measured run, as a share of all cores; above a few percent the "
+        "run was disturbed and its numbers are low.",
         "",
         "Targets (ratios of medians within this run):",
         "",

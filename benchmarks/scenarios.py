@@ -1,7 +1,7 @@
 """The reference scenarios of issue 3 and the targets that compare them within one run.
 
 A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, or
-``torchbay serve``), a reference model, the load (wrk concurrency) and, for torchbay, the batching
+``torchbay serve``), a reference model, the load (concurrency) and, for torchbay, the batching
 and worker settings. A :class:`Target` compares two scenarios' medians (a ratio) or bounds one
 scenario's metric; ``runner.py`` runs scenarios and ``report.py`` evaluates the targets.
 """

@@ -8,17 +8,14 @@ spread, how the search went, and the machine it ran on.
 from __future__ import annotations
 
 import csv
-import importlib.metadata
 import json
 import math
-import os
-import platform
 import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchbay import __version__
+from torchbay.benchmarks.procstat import describe_machine, machine_info
 
 if TYPE_CHECKING:
     from torchbay.benchmarks.sla import Outcome, SlaResult, Step
@@ -46,32 +43,6 @@ CSV_COLUMNS = (
     "queue_mean_ms",
     "lag_p99_ms",
 )
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, cores, OS, Python and torch versions (torch read from package metadata, not
-    imported)."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = "not installed"
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "os": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch_version,
-        "torchbay": __version__,
-    }
 
 
 def _num(value: float, digits: int = 1) -> str:
@@ -140,7 +111,7 @@ def _outcome_cells(oc: Outcome) -> list[str]:
 
 def render_markdown(result: SlaResult, command: str | None = None) -> str:
     o = result.options
-    m = machine()
+    m = machine_info()
     lines = [
         f"# SLA search: {result.model} (p99 <= {o.sla_p99_ms:g} ms)",
         "",
@@ -152,8 +123,7 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
         f"- inputs: {', '.join(f'`{p}`' for p in o.inputs)}; route: {o.protocol}",
         f"- grid: batch sizes {list(o.batch_sizes)}, max delays (ms) {list(o.max_delays_ms)}, "
         f"workers {list(o.workers)}",
-        f"- machine: {m['cpu']}, {m['cores']} cores; {m['os']}; Python {m['python']}, "
-        f"torch {m['torch']}, torchbay {m['torchbay']}",
+        f"- machine: {describe_machine(m)}",
         f"- search took {result.elapsed_s:.0f} s; load generator: {o.processes} process(es), "
         f"{o.arrival} arrivals, {o.step_s:g} s steps after {o.step_warmup_s:g} s warm-up",
         "",
@@ -275,7 +245,7 @@ def result_json(result: SlaResult) -> dict[str, Any]:
         "model": result.model,
         "version": result.version,
         "sla_p99_ms": result.options.sla_p99_ms,
-        "machine": machine(),
+        "machine": machine_info(),
         "elapsed_s": result.elapsed_s,
         "winner": result.winner.label if result.winner else None,
         "runner_up": result.runner_up.label if result.runner_up else None,
