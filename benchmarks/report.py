@@ -1,5 +1,6 @@
-"""Summaries of a scenario run: medians over rounds, the target checks, a plain-text table for the
-terminal and a markdown fragment for ``benchmarks/RESULTS.md``."""
+"""Summaries of a scenario run: medians over rounds, the target checks, a plain-text table for
+the terminal and a markdown fragment for ``benchmarks/RESULTS.md``; and the table and number
+helpers every report of the harness uses (``bench run``, ``bench sla``, the scenarios)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from torchbay.benchmarks.procstat import describe_machine
-from torchbay.benchmarks.runner import ScenarioResult
-from torchbay.benchmarks.scenarios import Scenario, Target
+from torchbay.benchmarks.scenarios import Scenario, ScenarioResult, Target
 
 METRICS = (
     "req_per_s",
@@ -54,6 +54,13 @@ def inprocess_medians(rounds: Sequence[dict[str, dict[int, float]]]) -> dict[str
             for b in batches
         }
     return out
+
+
+def num(value: float | None, digits: int = 2) -> str:
+    """A number with thousands separators; "-" for None or NaN."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:,.{digits}f}"
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -142,8 +149,12 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def markdown_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None
+) -> str:
+    """A markdown table; ``align`` has one character per column: ``:`` right, ``-`` left."""
+    rules = ["---:" if a == ":" else "---" for a in (align or "-" * len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rules) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ import psutil
 from torchbay.benchmarks import managed, models, procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
-from torchbay.benchmarks.scenarios import Scenario, torchbay_models_json
+from torchbay.benchmarks.scenarios import Scenario, ScenarioResult, torchbay_models_json
 
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
 MODEL_VERSION = "1.0"
@@ -52,29 +52,6 @@ class Assets:
     body: dict[str, Path]
     model_store: Path | None = None
     archiver: str | None = None
-
-
-@dataclass(frozen=True)
-class ScenarioResult:
-    """One measured run of one scenario; ``error`` is set (and numbers NaN) if it failed."""
-
-    scenario: str
-    round: int
-    req_per_s: float = float("nan")
-    p50_ms: float = float("nan")
-    p90_ms: float = float("nan")
-    p99_ms: float = float("nan")
-    requests: int = 0
-    errors: int = 0
-    cpu_ms_per_req: float = float("nan")
-    frontend_rss_mb: float = float("nan")
-    tree_rss_mb: float = float("nan")
-    tree_pss_mb: float = float("nan")
-    processes: int = 0
-    start_s: float = float("nan")
-    foreign_cpu_pct: float = float("nan")
-    error: str | None = None
-    log: str | None = None
 
 
 def prepare_models(out_dir: Path) -> Assets:

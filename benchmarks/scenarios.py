@@ -75,6 +75,29 @@ class Target:
         return f">= {self.bound:g}x" if self.denominator is not None else f"< {self.bound:g}"
 
 
+@dataclass(frozen=True)
+class ScenarioResult:
+    """One measured run of one scenario; ``error`` is set (and numbers NaN) if it failed."""
+
+    scenario: str
+    round: int
+    req_per_s: float = float("nan")
+    p50_ms: float = float("nan")
+    p90_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    requests: int = 0
+    errors: int = 0
+    cpu_ms_per_req: float = float("nan")
+    frontend_rss_mb: float = float("nan")
+    tree_rss_mb: float = float("nan")
+    tree_pss_mb: float = float("nan")
+    processes: int = 0
+    start_s: float = float("nan")
+    foreign_cpu_pct: float = float("nan")
+    error: str | None = None
+    log: str | None = None
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("echo-c16", "echo", "tiny", 16, tags=("ceiling",), about="bare raw-ASGI echo"),
     Scenario(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.procstat import describe_machine, machine_info
+from torchbay.benchmarks.report import markdown_table, num
 
 if TYPE_CHECKING:
     from torchbay.benchmarks.sla import Outcome, SlaResult, Step
@@ -43,10 +44,11 @@ CSV_COLUMNS = (
     "queue_mean_ms",
     "lag_p99_ms",
 )
-
-
-def _num(value: float, digits: int = 1) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
+REPEAT_HEADER = ("config", "rate (req/s)", "p99 per run (ms)", "p99 spread", "ok/s per run",
+                 "throughput spread", "SLA held")  # fmt: skip
+CONFIG_HEADER = ("config", "batch", "delay (ms)", "workers", "probe capacity (req/s)",
+                 "best rate (req/s)", "ok/s at best", "p50 (ms)", "p99 (ms)", "mean batch",
+                 "steps", "status", "notes")  # fmt: skip
 
 
 def step_row(step: Step) -> dict[str, Any]:
@@ -97,12 +99,12 @@ def _outcome_cells(oc: Outcome) -> list[str]:
         str(c.batch_size),
         f"{c.max_batch_delay_ms:g}",
         str(c.workers),
-        _num(oc.capacity),
-        _num(oc.best_rate) if best else "-",
-        _num(best.result.ok_per_s) if best else "-",
-        _num(lat.p50_ms, 2) if lat else "-",
-        _num(lat.p99_ms, 2) if lat else "-",
-        _num(best.mean_batch_size, 2) if best else "-",
+        num(oc.capacity, 1),
+        num(oc.best_rate, 1) if best else "-",
+        num(best.result.ok_per_s, 1) if best else "-",
+        num(lat.p50_ms, 2) if lat else "-",
+        num(lat.p99_ms, 2) if lat else "-",
+        num(best.mean_batch_size, 2) if best else "-",
         str(sum(1 for s in oc.steps if s.phase in ("probe", "ramp", "bisect"))),
         status,
         oc.why,
@@ -154,30 +156,18 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
             lines.append(f"Applied to `{result.applied}` (model-config.yaml).")
     lines += ["", "## Repeats (noise)", ""]
     if result.repeats:
-        lines += [
-            "| config | rate (req/s) | p99 per run (ms) | p99 spread | ok/s per run | "
-            "throughput spread | SLA held |",
-            "|---|---:|---|---:|---|---:|---:|",
-        ]
-        for rep in result.repeats:
-            lines.append(
-                f"| {rep.label} | {rep.rate:,.1f} | {', '.join(_num(v, 2) for v in rep.p99_ms)} "
-                f"| {_num(rep.p99_spread_pct)}% | {', '.join(_num(v) for v in rep.ok_per_s)} | "
-                f"{_num(rep.throughput_spread_pct)}% | {sum(rep.passed)}/{len(rep.passed)} |"
-            )
-        lines += ["", _verdict(result)]
+        rows = [
+            [rep.label, f"{rep.rate:,.1f}", ", ".join(num(v, 2) for v in rep.p99_ms),
+             f"{num(rep.p99_spread_pct, 1)}%", ", ".join(num(v, 1) for v in rep.ok_per_s),
+             f"{num(rep.throughput_spread_pct, 1)}%", f"{sum(rep.passed)}/{len(rep.passed)}"]
+            for rep in result.repeats
+        ]  # fmt: skip
+        lines += [markdown_table(REPEAT_HEADER, rows, "-:-:-::"), "", _verdict(result)]
     else:
         lines.append("No repeats were run.")
-    lines += [
-        "",
-        "## All configurations",
-        "",
-        "| config | batch | delay (ms) | workers | probe capacity (req/s) | best rate (req/s) | "
-        "ok/s at best | p50 (ms) | p99 (ms) | mean batch | steps | status | notes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for oc in result.outcomes:
-        lines.append("| " + " | ".join(_outcome_cells(oc)) + " |")
+    lines += ["", "## All configurations", ""]
+    rows = [_outcome_cells(oc) for oc in result.outcomes]
+    lines.append(markdown_table(CONFIG_HEADER, rows, "-::::::::::--"))
     searched = sum(1 for oc in result.outcomes if oc.status in ("searched", "infeasible"))
     lines += [
         "",
@@ -237,7 +227,7 @@ def _verdict(result: SlaResult) -> str:
             f"{held} Its rate is {gap:.1f}% above the runner-up's, within the {noise:.1f}% "
             "throughput spread of the repeats: the two are too close to call on this machine."
         )
-    return f"{held} Its rate is {gap:.1f}% above the runner-up's (repeat spread {_num(noise)}%)."
+    return f"{held} Its rate is {gap:.1f}% above the runner-up's (repeat spread {num(noise, 1)}%)."
 
 
 def result_json(result: SlaResult) -> dict[str, Any]:
