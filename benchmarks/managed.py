@@ -173,15 +173,17 @@ class ManagedServer(procstat.LoggedServer):
         *,
         auth: bool = True,
         extra_args: tuple[str, ...] = (),
+        name: str | None = None,
         python: str = sys.executable,
     ) -> ManagedServer:
-        """``torchbay serve`` for one archive on port 0 for all three listeners."""
+        """``torchbay serve`` for one archive on port 0 for all three listeners; ``name`` loads it
+        as ``--models name=archive`` (to match a ``--ts-config`` entry for the same model)."""
         if not archive.exists():
             raise BenchError(f"{archive}: no such archive")
         archive = archive.resolve()
         cmd = [
             *(python, "-m", "torchbay", "serve", "--model-store", str(archive.parent)),
-            *("--models", archive.name),
+            *("--models", f"{name}={archive.name}" if name else archive.name),
             *("--inference-address", "http://127.0.0.1:0"),
             *("--management-address", "http://127.0.0.1:0"),
             *("--metrics-address", "http://127.0.0.1:0"),

@@ -123,7 +123,7 @@ def make_server(
     extra = ("--ncs", "--ts-config", str(config.resolve()), *scenario.server_args)
     archive = assets.model_store / f"{scenario.model}.mar"
     return managed.ManagedServer.torchbay(
-        archive, run_dir, auth=False, extra_args=extra, python=python
+        archive, run_dir, auth=False, extra_args=extra, name=scenario.model, python=python
     )
 
 

@@ -104,3 +104,21 @@ def test_unstartable_server_is_reported(
     result = runner.run_scenario(broken, bad_assets, settings, 1, gen)
     assert result.error is not None and "server exited" in result.error
     assert json.dumps(result.error)  # printable in the report
+
+
+@pytest.mark.slow
+def test_runner_measures_a_torchbay_scenario(
+    tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
+) -> None:
+    """The torchbay scenarios start through the same ManagedServer, with their batching from a
+    config.properties entry for the same model (a regression: it was registered twice)."""
+    tiny = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
+    archived = runner.archive_models(tiny, tmp_path, sys.executable)
+    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
+    (scenario,) = select(["tb-tiny-c16-b8-w1-nolog"])
+    result = runner.run_scenario(scenario, archived, settings, 1, gen)
+    assert result.error is None, result.error
+    assert result.requests > 0 and result.errors == 0
+    assert result.processes >= 2  # the frontend and its worker
+    config = (tmp_path / "runs" / f"{scenario.name}-r1" / "config.properties").read_text()
+    assert '"batchSize": 8' in config
