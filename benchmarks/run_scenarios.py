@@ -77,7 +77,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     assets = runner.prepare_models(settings.out_dir)
     if any(s.server == "torchbay" for s in scenarios):
         assets = runner.archive_models(assets, settings.out_dir, settings.python)
-        print(f"archived with {assets.archiver} into {assets.model_store}", flush=True)
+        print(f"archived with torchbay archive into {assets.model_store}", flush=True)
 
     results: list[runner.ScenarioResult] = []
     inprocess_rounds: list[dict[str, dict[int, float]]] = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -51,7 +50,6 @@ class Assets:
     pt: dict[str, Path]
     body: dict[str, Path]
     model_store: Path | None = None
-    archiver: str | None = None
 
 
 def prepare_models(out_dir: Path) -> Assets:
@@ -66,30 +64,11 @@ def prepare_models(out_dir: Path) -> Assets:
     return Assets(pt=pt, body=body)
 
 
-def _has_torchbay_archive(python: str) -> bool:
-    probe = subprocess.run(
-        [python, "-m", "torchbay", "archive", "--help"], capture_output=True, text=True
-    )
-    return probe.returncode == 0
-
-
-def archiver_command(python: str) -> tuple[str, list[str]]:
-    """``torchbay archive`` when it exists, else TorchServe's ``torch-model-archiver``."""
-    if _has_torchbay_archive(python):
-        return "torchbay archive", [python, "-m", "torchbay", "archive"]
-    tma = shutil.which("torch-model-archiver") or str(
-        Path(python).with_name("torch-model-archiver")
-    )
-    if not Path(tma).exists():
-        raise BenchError("neither `torchbay archive` nor torch-model-archiver is available")
-    return "torch-model-archiver", [tma]
-
-
 def archive_models(assets: Assets, out_dir: Path, python: str) -> Assets:
     """Pack each scripted model with ``handler_raw.py`` into ``out_dir/model_store/NAME.mar``."""
     store = out_dir / "model_store"
     store.mkdir(parents=True, exist_ok=True)
-    label, base = archiver_command(python)
+    base = [python, "-m", "torchbay", "archive"]
     for name, pt in assets.pt.items():
         (store / f"{name}.mar").unlink(missing_ok=True)
         cmd = [
@@ -100,8 +79,8 @@ def archive_models(assets: Assets, out_dir: Path, python: str) -> Assets:
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not (store / f"{name}.mar").is_file():
-            raise BenchError(f"{label} failed for {name}: {proc.stderr.strip() or proc.stdout}")
-    return Assets(pt=assets.pt, body=assets.body, model_store=store, archiver=label)
+            raise BenchError(f"torchbay archive failed for {name}: {proc.stderr or proc.stdout}")
+    return Assets(pt=assets.pt, body=assets.body, model_store=store)
 
 
 def make_server(

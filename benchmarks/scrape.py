@@ -9,6 +9,7 @@ the window (``_sum`` / ``_count`` deltas) and bucket-interpolated p50/p99 (Prome
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -83,16 +84,7 @@ class ServerView:
     mean_batch_size: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "request_mean_ms": self.request_mean_ms,
-            "request_p99_ms": self.request_p99_ms,
-            "queue_mean_ms": self.queue_mean_ms,
-            "queue_p99_ms": self.queue_p99_ms,
-            "handler_mean_ms": self.handler_mean_ms,
-            "batches": self.batches,
-            "mean_batch_size": self.mean_batch_size,
-        }
+        return dataclasses.asdict(self)
 
 
 def _matches(labels: tuple[tuple[str, str], ...], want: dict[str, str]) -> bool:
