@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from torchbay.benchmarks.managed import (
     parse_url,
     read_key_file,
 )
+from torchbay.benchmarks.report import num
 from torchbay.benchmarks.stats import Arrival
 
 Protocol = Literal["predict", "v2"]
@@ -225,7 +225,7 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
         run_dir = options.run_dir
         if run_dir is None:
             run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-bench-")))
-        server = ManagedServer(options.archive, run_dir)
+        server = ManagedServer.torchbay(options.archive, run_dir)
         endpoints = stack.enter_context(server)
         yield endpoints, options.model or manifest.model.model_name, options.version
 
@@ -303,14 +303,6 @@ def _no_warmup(plan: LoadPlan) -> LoadPlan:
     return LoadPlan(**{**plan.__dict__, "warmup_s": 0.0})
 
 
-def _f(value: float, digits: int = 2) -> str:
-    return (
-        "-"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else (f"{value:,.{digits}f}")
-    )
-
-
 def format_report(report: BenchReport) -> str:
     """The human table printed at the end of ``bench run``."""
     r = report.result
@@ -325,29 +317,29 @@ def format_report(report: BenchReport) -> str:
         "",
         f"  requests      {r.sent:,} sent, {r.ok:,} ok, {r.errors:,} errors "
         f"({100 * r.error_rate:.2f}%) in {r.window_s:.2f} s",
-        f"  throughput    {_f(r.req_per_s, 1)} req/s ({_f(r.ok_per_s, 1)} ok/s)",
-        "  latency (ms)  "
-        f"p50 {_f(r.latency.p50_ms)}  p90 {_f(r.latency.p90_ms)}  p99 {_f(r.latency.p99_ms)}  "
-        f"p99.9 {_f(r.latency.p999_ms)}  max {_f(r.latency.max_ms)}  mean {_f(r.latency.mean_ms)}",
+        f"  throughput    {num(r.req_per_s, 1)} req/s ({num(r.ok_per_s, 1)} ok/s)",
+        f"  latency (ms)  p50 {num(r.latency.p50_ms)}  p90 {num(r.latency.p90_ms)}  "
+        f"p99 {num(r.latency.p99_ms)}  p99.9 {num(r.latency.p999_ms)}  "
+        f"max {num(r.latency.max_ms)}  mean {num(r.latency.mean_ms)}",
         f"  statuses      {', '.join(f'{k}: {v:,}' for k, v in r.statuses.items()) or '-'}",
     ]
     if r.mode == "open":
         lines.append(
-            f"  send lag (ms) p50 {_f(r.lag.p50_ms)}  p99 {_f(r.lag.p99_ms)}  "
-            f"max {_f(r.lag.max_ms)}"
+            f"  send lag (ms) p50 {num(r.lag.p50_ms)}  p99 {num(r.lag.p99_ms)}  "
+            f"max {num(r.lag.max_ms)}"
         )
     cpu = ", ".join(f"{c:.0f}%" for c in r.generator_cpu_pct)
     lines.append(f"  generator CPU {cpu} of a core per process")
     s = report.server
     if s is not None:
-        handler = "  ".join(f"{k} {_f(v)}" for k, v in s.handler_mean_ms.items()) or "-"
+        handler = "  ".join(f"{k} {num(v)}" for k, v in s.handler_mean_ms.items()) or "-"
         lines += [
             "server view (from /metrics):",
             f"  requests      {', '.join(f'{k}: {v:,.0f}' for k, v in s.requests.items()) or '-'}",
-            f"  latency (ms)  mean {_f(s.request_mean_ms)}  p99~ {_f(s.request_p99_ms)}",
-            f"  queue (ms)    mean {_f(s.queue_mean_ms)}  p99~ {_f(s.queue_p99_ms)}",
+            f"  latency (ms)  mean {num(s.request_mean_ms)}  p99~ {num(s.request_p99_ms)}",
+            f"  queue (ms)    mean {num(s.queue_mean_ms)}  p99~ {num(s.queue_p99_ms)}",
             f"  handler (ms)  {handler}",
-            f"  batches       {s.batches:,.0f}, mean batch size {_f(s.mean_batch_size)}",
+            f"  batches       {s.batches:,.0f}, mean batch size {num(s.mean_batch_size)}",
         ]
     for note in report.notes:
         lines.append(f"note: {note}")

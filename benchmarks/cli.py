@@ -41,7 +41,12 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route",
     )
     p.add_argument(
-        "--procs", type=int, default=1, metavar="N", help="load generator processes (default 1)"
+        "--procs",
+        dest="processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="load generator processes (default 1)",
     )
 
 
@@ -59,22 +64,28 @@ def register(subparsers: Any) -> None:
         "--archive", type=Path, help="start a server for this .mar and stop it after"
     )
     run.add_argument("--model", help="model name (default: the archive's)")
-    run.add_argument("--model-version")
+    run.add_argument("--model-version", dest="version")
     run.add_argument("--token", help="inference API key (Bearer)")
     run.add_argument("--key-file", type=Path, help="the server's key_file.json")
     run.add_argument("--metrics-url", help="with --url: metrics base URL for the server's view")
     run.add_argument("--management-url", help="with --url: management base URL (for settings)")
     run.add_argument("--batch-size", type=int)
-    run.add_argument("--max-batch-delay", type=float, metavar="MS")
+    run.add_argument("--max-batch-delay", dest="max_batch_delay_ms", type=float, metavar="MS")
     run.add_argument("--workers", type=int)
     load = run.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", "-c", type=int, help="closed loop with N connections")
     load.add_argument("--rate", "-r", type=float, help="open loop at R requests/s")
     run.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
-    run.add_argument("--duration", type=float, metavar="S", help="measured seconds (default 10)")
+    run.add_argument(
+        "--duration",
+        dest="duration_s",
+        type=float,
+        metavar="S",
+        help="measured seconds (default 10)",
+    )
     run.add_argument("--requests", "-n", type=int, help="measured requests instead of a duration")
-    run.add_argument("--warmup", type=float, default=2.0, metavar="S")
-    run.add_argument("--timeout", type=float, default=10.0, metavar="S")
+    run.add_argument("--warmup", dest="warmup_s", type=float, default=2.0, metavar="S")
+    run.add_argument("--timeout", dest="timeout_s", type=float, default=10.0, metavar="S")
     run.add_argument("--max-connections", type=int, default=1024)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -88,12 +99,13 @@ def register(subparsers: Any) -> None:
     sla.add_argument("--max-delays-ms", type=_csv(float), default=(5.0,), metavar="2,5,10")
     sla.add_argument("--workers", type=_csv(int), default=(1,), metavar="1,2")
     sla.add_argument("--max-error-rate", type=float, default=0.001)
-    sla.add_argument("--step", type=float, default=3.0, metavar="S", help="seconds per step")
-    sla.add_argument("--step-warmup", type=float, default=0.5, metavar="S")
-    sla.add_argument("--probe", type=float, default=2.0, metavar="S")
+    sla.add_argument("--step", dest="step_s", type=float, default=3.0, metavar="S", help="per step")
+    sla.add_argument("--step-warmup", dest="step_warmup_s", type=float, default=0.5, metavar="S")
+    sla.add_argument("--probe", dest="probe_s", type=float, default=2.0, metavar="S")
     sla.add_argument("--repeats", type=int, default=3)
     sla.add_argument(
         "--config-warmup",
+        dest="config_warmup_s",
         type=float,
         default=2.0,
         metavar="S",
@@ -106,8 +118,12 @@ def register(subparsers: Any) -> None:
         help="lengthen low-rate steps to at least this many requests (max 5 steps)",
     )
     sla.add_argument("--arrival", choices=("constant", "poisson"), default="poisson")
-    sla.add_argument("--no-prune", action="store_true", help="search every configuration")
-    sla.add_argument("--out", type=Path, default=Path("bench-sla"), help="report folder")
+    sla.add_argument(
+        "--no-prune", dest="prune", action="store_false", help="search every configuration"
+    )
+    sla.add_argument(
+        "--out", dest="out_dir", type=Path, default=Path("bench-sla"), help="report folder"
+    )
     sla.add_argument(
         "--apply", action="store_true", help="write the winner into the archive's model-config.yaml"
     )
@@ -125,36 +141,17 @@ def register(subparsers: Any) -> None:
     scen.set_defaults(func=run_scenario)
 
 
+def _options(model: Any, args: argparse.Namespace) -> Any:
+    """``model`` (a pydantic options class) from the parsed flags: each flag's ``dest`` is the
+    field's name, so the flags and the options cannot drift apart."""
+    return model(**{k: v for k, v in vars(args).items() if k in model.model_fields})
+
+
 def run_run(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.bench import ProgressLine, RunOptions, format_report, run_bench
 
-    options = RunOptions(
-        url=args.url,
-        archive=args.archive,
-        model=args.model,
-        version=args.model_version,
-        token=args.token,
-        key_file=args.key_file,
-        metrics_url=args.metrics_url,
-        management_url=args.management_url,
-        batch_size=args.batch_size,
-        max_batch_delay_ms=args.max_batch_delay,
-        workers=args.workers,
-        protocol=args.protocol,
-        inputs=tuple(args.inputs),
-        content_type=args.content_type,
-        concurrency=args.concurrency,
-        rate=args.rate,
-        arrival=args.arrival,
-        duration_s=args.duration,
-        requests=args.requests,
-        warmup_s=args.warmup,
-        timeout_s=args.timeout,
-        processes=args.procs,
-        max_connections=args.max_connections,
-        seed=args.seed,
-    )
-    progress = ProgressLine(None if args.requests else (args.duration or 10.0))
+    options = _options(RunOptions, args)
+    progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
     try:
         report = run_bench(options, progress)
     finally:
@@ -169,29 +166,7 @@ def run_run(args: argparse.Namespace) -> int:
 def run_sla(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.sla import SlaOptions, run_sla
 
-    options = SlaOptions(
-        archive=args.archive,
-        inputs=tuple(args.inputs),
-        sla_p99_ms=args.sla_p99_ms,
-        batch_sizes=args.batch_sizes,
-        max_delays_ms=args.max_delays_ms,
-        workers=args.workers,
-        protocol=args.protocol,
-        content_type=args.content_type,
-        max_error_rate=args.max_error_rate,
-        step_s=args.step,
-        step_warmup_s=args.step_warmup,
-        probe_s=args.probe,
-        repeats=args.repeats,
-        arrival=args.arrival,
-        prune=not args.no_prune,
-        processes=args.procs,
-        seed=args.seed,
-        out_dir=args.out,
-        apply=args.apply,
-        config_warmup_s=args.config_warmup,
-        min_requests=args.min_requests,
-    )
+    options = _options(SlaOptions, args)
     result = run_sla(options, log=lambda line: print(line, file=sys.stderr, flush=True))
     if result.winner is None:
         print(f"no configuration met p99 <= {options.sla_p99_ms:g} ms; report in {options.out_dir}")

@@ -1,4 +1,5 @@
-"""The load generator: N spawned processes, each one asyncio loop with keep-alive connections.
+"""The load generator: N spawned processes, each one asyncio loop with keep-alive connections
+(the plan, its split over processes and the merged result are in ``loadplan.py``).
 
 Closed loop (``concurrency``): each connection sends, waits for the answer, sends again; latency is
 measured from the actual send. Open loop (``rate``): requests are scheduled at fixed times
@@ -13,14 +14,10 @@ How late each request left its schedule is reported as ``lag``; a p99 lag above
 Timer granularity: event-loop timers fire with ~1 ms resolution, so open-loop lag is typically
 0.1-1 ms; a request that leaves early is timed from its actual send, never from before it.
 
-Capacity on the development machine (2 vCPU AMD EPYC, Python 3.11, uvloop), measured against the
-bare raw-ASGI echo server (``benchmarks/ceilings/echo_asgi.py``, one uvicorn process, 256-byte
-POST, keep-alive, concurrency 16, 5 s, generator and server sharing the two cores, other jobs on
-the machine): ``wrk -t1 -c16`` 29.0k / 25.5k req/s; one generator process 22.7k / 26.3k req/s at
-45-50% of a core (~0.02 ms of generator CPU per request); two processes 18.3k / 13.8k (they take
-CPU from the server on 2 cores). The echo server's single core is the limit in every case, so
-one process is within ~10-20% of wrk and far above any model server here (torchbay tiny ~5-8k,
-cnn ~150-300 req/s). Use more processes (``--procs``) only on machines with spare cores.
+Capacity (``benchmarks/RESULTS.md``, "Load generator capacity"): against the bare raw-ASGI echo
+server one process came within ~10-20% of ``wrk -t1`` on 2 cores (the echo server's core is the
+limit), far above any model server here. Responses are parsed by httptools (~2-3 us each). Use
+more processes (``--procs``) only on machines with spare cores.
 
     with LoadGenerator(processes=1) as gen:
         result = gen.run(LoadPlan(target=..., mode="open", rate=200, duration_s=5))
@@ -38,177 +35,29 @@ import resource
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Literal
+from typing import Any
 
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser, build_request
-from torchbay.benchmarks.stats import Arrival, LatencySummary, arrival_offsets, rate, summarize
+from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser
+from torchbay.benchmarks.loadplan import (
+    CONN_ERROR,
+    TIMEOUT,
+    LoadPlan,
+    LoadResult,
+    Part,
+    Progress,
+    Share,
+    Target,
+    merge,
+    split_plan,
+)
+from torchbay.benchmarks.stats import arrival_offsets
 
-Mode = Literal["closed", "open"]
-LAG_WARN_MS = 5.0
-CPU_WARN_PCT = 90.0
-CONN_ERROR = "conn-error"
-TIMEOUT = "timeout"
+__all__ = ["LoadGenerator", "LoadPlan", "LoadResult", "Progress", "Target", "split_plan"]
+
 _START_MARGIN_S = 0.3  # time for the plan to reach every process before the common start
 _PROGRESS_EVERY_S = 0.25
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where to send: one route, headers, and payloads (cycled in order)."""
-
-    host: str
-    port: int
-    path: str
-    payloads: tuple[bytes, ...]
-    headers: tuple[tuple[str, str], ...] = ()
-    method: str = "POST"
-
-    def requests(self) -> list[bytes]:
-        """The complete wire bytes of one request per payload."""
-        host = f"{self.host}:{self.port}"
-        return [
-            build_request(self.method, self.path, host, body, dict(self.headers))
-            for body in self.payloads
-        ]
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    """One measured run. ``duration_s`` or ``requests`` bounds it (after ``warmup_s``)."""
-
-    target: Target
-    mode: Mode = "closed"
-    concurrency: int = 1
-    rate: float = 0.0
-    arrival: Arrival = "constant"
-    duration_s: float | None = 10.0
-    requests: int | None = None
-    warmup_s: float = 0.0
-    timeout_s: float = 10.0
-    seed: int = 0
-    max_connections: int = 1024
-
-    def check(self) -> None:
-        if self.mode == "closed" and self.concurrency < 1:
-            raise BenchError("closed loop needs concurrency >= 1")
-        if self.mode == "open" and not self.rate > 0:
-            raise BenchError("open loop needs a rate > 0")
-        if self.duration_s is None and self.requests is None:
-            raise BenchError("give a duration or a number of requests")
-        if not self.target.payloads:
-            raise BenchError("no payloads to send")
-
-
-@dataclass(frozen=True)
-class _Share:
-    """One process's part of a plan."""
-
-    concurrency: int
-    rate: float
-    requests: int | None
-    phase: float
-    seed: int
-
-
-@dataclass
-class _Part:
-    """What one process measured (arrays of seconds, kept flat to pickle fast)."""
-
-    latency: bytes = b""
-    service: bytes = b""
-    lag: bytes = b""
-    statuses: dict[str, int] = field(default_factory=dict)
-    sent: int = 0
-    first_sent: float = math.inf
-    last_done: float = 0.0
-    window_start: float = 0.0
-    cpu_s: float = 0.0
-    wall_s: float = 0.0
-    capped: bool = False
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    """One run as the client saw it. Latencies in ms; ``statuses`` maps "200", "503", ...,
-    ``conn-error`` and ``timeout`` to counts over the measured window."""
-
-    mode: Mode
-    offered_rate: float | None
-    concurrency: int | None
-    window_s: float
-    sent: int
-    completed: int
-    ok: int
-    statuses: dict[str, int]
-    latency: LatencySummary
-    service: LatencySummary
-    lag: LatencySummary
-    req_per_s: float
-    ok_per_s: float
-    generator_cpu_pct: list[float]
-    behind: list[str]
-
-    @property
-    def errors(self) -> int:
-        return self.sent - self.ok
-
-    @property
-    def error_rate(self) -> float:
-        return self.errors / self.sent if self.sent else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "offered_rate": self.offered_rate,
-            "concurrency": self.concurrency,
-            "window_s": self.window_s,
-            "sent": self.sent,
-            "completed": self.completed,
-            "ok": self.ok,
-            "errors": self.errors,
-            "error_rate": self.error_rate,
-            "statuses": self.statuses,
-            "req_per_s": self.req_per_s,
-            "ok_per_s": self.ok_per_s,
-            "latency": self.latency.as_dict(),
-            "service_latency": self.service.as_dict(),
-            "lag": self.lag.as_dict(),
-            "generator_cpu_pct": self.generator_cpu_pct,
-            "behind": self.behind,
-        }
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Periodic totals across processes while a run is in flight."""
-
-    elapsed_s: float
-    completed: int
-    recorded: int
-
-
-def split_plan(plan: LoadPlan, processes: int) -> list[_Share]:
-    """Divide concurrency, rate and the request budget over ``processes`` (the remainder goes to
-    the first ones); constant schedules get staggered phases so they interleave evenly."""
-    shares = []
-    for i in range(processes):
-        conc = plan.concurrency // processes + (i < plan.concurrency % processes)
-        budget = None
-        if plan.requests is not None:
-            budget = plan.requests // processes + (i < plan.requests % processes)
-        shares.append(
-            _Share(
-                concurrency=conc if plan.mode == "closed" else 0,
-                rate=plan.rate / processes if plan.mode == "open" else 0.0,
-                requests=budget,
-                phase=i / processes,
-                seed=plan.seed * 1009 + i,
-            )
-        )
-    return shares
 
 
 # -- inside a generator process -------------------------------------------------------------
@@ -313,7 +162,7 @@ class _Recorder:
 class _Runner:
     """Runs one share of a plan on this process's event loop."""
 
-    def __init__(self, plan: LoadPlan, share: _Share, start_at: float) -> None:
+    def __init__(self, plan: LoadPlan, share: Share, start_at: float) -> None:
         self.plan = plan
         self.share = share
         self.start_at = start_at
@@ -434,7 +283,7 @@ class _Runner:
             pass
         await asyncio.gather(*workers)
 
-    async def run(self) -> _Part:
+    async def run(self) -> Part:
         delay = self.start_at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -462,7 +311,7 @@ class _Runner:
         for conn in self.conns:
             conn.close()
         rec = self.rec
-        return _Part(
+        return Part(
             latency=rec.latency.tobytes(),
             service=rec.service.tobytes(),
             lag=rec.lag.tobytes(),
@@ -582,7 +431,7 @@ class LoadGenerator:
         ]
         for pipe, share in active:
             pipe.send(("run", plan, share, start_at))
-        parts: dict[int, _Part] = {}
+        parts: dict[int, Part] = {}
         progress: dict[int, tuple[int, int]] = {}
         failures = []
         waiting = {id(pipe): pipe for pipe, _ in active}
@@ -613,50 +462,3 @@ class LoadGenerator:
         if failures:
             raise BenchError("load generator failed: " + "; ".join(failures))
         return merge(plan, list(parts.values()))
-
-
-def merge(plan: LoadPlan, parts: list[_Part]) -> LoadResult:
-    """Combine the processes' measurements into one :class:`LoadResult`."""
-    latency, service, lag = array.array("d"), array.array("d"), array.array("d")
-    statuses: Counter[str] = Counter()
-    for part in parts:
-        latency.frombytes(part.latency)
-        service.frombytes(part.service)
-        lag.frombytes(part.lag)
-        statuses.update(part.statuses)
-    sent = sum(p.sent for p in parts)
-    completed = len(latency)
-    ok = sum(n for code, n in statuses.items() if code.isdigit() and 200 <= int(code) < 300)
-    window_start = min((p.window_start for p in parts), default=0.0)
-    last_done = max((p.last_done for p in parts), default=0.0)
-    # A timed run's window is at least its duration (a few early answers must not inflate the
-    # rate); a counted run's window ends at its last answer.
-    window = max(0.0, last_done - window_start) if completed else 0.0
-    if plan.duration_s is not None and plan.requests is None:
-        window = max(window, plan.duration_s)
-    lag_summary = summarize(lag)
-    cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
-    behind = []
-    if plan.mode == "open" and lag_summary.count and lag_summary.p99_ms > LAG_WARN_MS:
-        behind.append(f"p99 send lag {lag_summary.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
-    if any(p.capped for p in parts):
-        behind.append(f"all {plan.max_connections} connections busy; requests waited to be sent")
-    if any(c > CPU_WARN_PCT for c in cpu_pct):
-        behind.append(f"a generator process used > {CPU_WARN_PCT:g}% of a core")
-    return LoadResult(
-        mode=plan.mode,
-        offered_rate=plan.rate if plan.mode == "open" else None,
-        concurrency=plan.concurrency if plan.mode == "closed" else None,
-        window_s=window,
-        sent=sent,
-        completed=completed,
-        ok=ok,
-        statuses=dict(sorted(statuses.items())),
-        latency=summarize(latency),
-        service=summarize(service),
-        lag=lag_summary,
-        req_per_s=rate(completed, window),
-        ok_per_s=rate(ok, window),
-        generator_cpu_pct=cpu_pct,
-        behind=behind,
-    )

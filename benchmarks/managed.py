@@ -1,10 +1,11 @@
 """A server under test: endpoints and keys of a running one, or one started from an archive.
 
-:class:`ManagedServer` starts ``python -m torchbay serve`` on port 0 for all three listeners, with
-token auth on (keys read from the ``key_file.json`` it writes in its run folder), waits for its
-``--ready-file`` (written once the startup model loaded; a model that failed to load is an error),
-and stops the whole process tree at the end. :class:`Management` talks to the management API:
-describe a model, and set batch size, delay and worker count live (``PUT /models/{m}/{v}``).
+:class:`ManagedServer` is the one way a server under test starts: ``torchbay serve`` (port 0 for
+all three listeners, token auth on by default, keys read from the ``key_file.json`` it writes in
+its run folder) or a ceiling server; it waits for the ``--ready-file`` (written once the startup
+model loaded; a model that failed to load is an error) and stops the whole process tree at the
+end. :class:`Management` talks to the management API: describe a model, and set batch size, delay
+and worker count live (``PUT /models/{m}/{v}``). :func:`http_call` is the one plain HTTP helper.
 """
 
 from __future__ import annotations
@@ -73,6 +74,27 @@ class ModelSettings:
         return f"b{self.batch_size}-d{self.max_batch_delay_ms:g}-w{self.workers}"
 
 
+def http_call(
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+) -> tuple[int, bytes]:
+    """One request on a fresh connection: (status, body). BenchError when it cannot be made."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request(method, path, body, headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    except OSError as exc:
+        raise BenchError(f"{method} http://{host}:{port}{path}: {exc}") from None
+    finally:
+        conn.close()
+
+
 class Management:
     """A small client of the management API."""
 
@@ -80,21 +102,13 @@ class Management:
         self.host, self.port, self.key, self.timeout = host, port, key, timeout
 
     def _call(self, method: str, path: str) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
-        try:
-            conn.request(method, path, headers=headers)
-            response = conn.getresponse()
-            raw = response.read()
-        except OSError as exc:
-            raise BenchError(f"management API {method} {path}: {exc}") from None
-        finally:
-            conn.close()
+        status, raw = http_call(self.host, self.port, method, path, None, headers, self.timeout)
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode("utf-8", "replace")
-        return response.status, body
+        return status, body
 
     def describe(self, model: str, version: str | None = None) -> dict[str, Any]:
         path = f"/models/{model}" + (f"/{version}" if version else "")
@@ -136,29 +150,47 @@ class Management:
 
 @dataclass
 class ManagedServer(procstat.LoggedServer):
-    """``torchbay serve`` for one archive, started in ``run_dir`` (log, ready file, keys)."""
+    """A server under test: ``command`` (plus ``--ready-file``) started in ``run_dir``, ready when
+    it writes the ready file (``torchbay serve`` and the ceilings both do), stopped with its tree.
 
-    archive: Path
+    :meth:`torchbay` builds the command for one archive; keys are read from the run folder's
+    ``key_file.json`` when ``auth`` is on."""
+
+    command: list[str]
     run_dir: Path
-    python: str = sys.executable
+    auth: bool = False
     start_timeout_s: float = 120.0
-    auth: bool = True
     proc: subprocess.Popen | None = None
     endpoints: Endpoints | None = None
+    started_at: float = 0.0
     _log: Any = field(default=None, repr=False)
 
-    def command(self) -> list[str]:
-        archive = self.archive.resolve()
+    @classmethod
+    def torchbay(
+        cls,
+        archive: Path,
+        run_dir: Path,
+        *,
+        auth: bool = True,
+        extra_args: tuple[str, ...] = (),
+        name: str | None = None,
+        python: str = sys.executable,
+    ) -> ManagedServer:
+        """``torchbay serve`` for one archive on port 0 for all three listeners; ``name`` loads it
+        as ``--models name=archive`` (to match a ``--ts-config`` entry for the same model)."""
+        if not archive.exists():
+            raise BenchError(f"{archive}: no such archive")
+        archive = archive.resolve()
         cmd = [
-            *(self.python, "-m", "torchbay", "serve", "--model-store", str(archive.parent)),
-            *("--models", archive.name, "--ready-file", str(self.ready_file)),
+            *(python, "-m", "torchbay", "serve", "--model-store", str(archive.parent)),
+            *("--models", f"{name}={archive.name}" if name else archive.name),
             *("--inference-address", "http://127.0.0.1:0"),
             *("--management-address", "http://127.0.0.1:0"),
             *("--metrics-address", "http://127.0.0.1:0"),
+            *(() if auth else ("--disable-token-auth",)),
+            *extra_args,
         ]
-        if not self.auth:
-            cmd.append("--disable-token-auth")
-        return cmd
+        return cls(cmd, run_dir, auth=auth)
 
     @property
     def ready_file(self) -> Path:
@@ -169,6 +201,11 @@ class ManagedServer(procstat.LoggedServer):
     def log_path(self) -> Path:
         return self.run_dir / "server.log"
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def __enter__(self) -> Endpoints:
         return self.start()
 
@@ -178,36 +215,63 @@ class ManagedServer(procstat.LoggedServer):
     def start(self) -> Endpoints:
         """Start the server and wait for its ready file; raises BenchError if it exits first,
         reports a failed model, or is not ready within ``start_timeout_s``."""
-        if not self.archive.exists():
-            raise BenchError(f"{self.archive}: no such archive")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ready_file.unlink(missing_ok=True)
         self._log = self.log_path.open("wb")
+        self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            self.command(), cwd=self.run_dir, stdout=self._log, stderr=subprocess.STDOUT
+            [*self.command, "--ready-file", str(self.ready_file)],
+            cwd=self.run_dir,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + self.start_timeout_s
-        while not self.ready_file.exists():
-            if self.proc.poll() is not None:
-                self.stop()
-                raise BenchError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise BenchError(f"server not ready in {self.start_timeout_s:.0f} s")
-            time.sleep(0.02)  # the ready file is the readiness signal; this only polls for it
-        ready = json.loads(self.ready_file.read_text())
-        if ready.get("failed_models"):
+        try:
+            ready = self._wait_ready()
+        except BenchError:
             self.stop()
-            raise BenchError(f"model failed to load: {ready['failed_models']}\n{self.log_tail()}")
+            raise
         inference_key = management_key = None
         if self.auth:
             inference_key, management_key = read_key_file(self.run_dir / "key_file.json")
         self.endpoints = Endpoints(
             "127.0.0.1",
             ready["inference"],
-            ready["management"],
-            ready["metrics"],
+            ready.get("management"),
+            ready.get("metrics"),
             inference_key,
             management_key,
         )
         return self.endpoints
+
+    def _wait_ready(self) -> dict[str, Any]:
+        assert self.proc is not None
+        deadline = self.started_at + self.start_timeout_s
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                raise BenchError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"server not ready in {self.start_timeout_s:.0f} s")
+            time.sleep(0.01)  # the ready file is the readiness signal; this only polls for it
+        ready = json.loads(self.ready_file.read_text())
+        if ready.get("failed_models"):
+            raise BenchError(f"model failed to load: {ready['failed_models']}\n{self.log_tail()}")
+        return ready
+
+    def first_answer(self, path: str, body: bytes, timeout_s: float = 30.0) -> float:
+        """POST ``body`` to ``path`` until it answers 200; seconds since the process started."""
+        assert self.endpoints is not None
+        deadline = time.monotonic() + timeout_s
+        headers = {"Content-Type": "application/octet-stream"}
+        if self.endpoints.inference_key:
+            headers["Authorization"] = f"Bearer {self.endpoints.inference_key}"
+        while time.monotonic() < deadline:
+            try:
+                status, _ = http_call(
+                    self.endpoints.host, self.endpoints.inference_port, "POST", path, body, headers
+                )
+            except BenchError:
+                status = 0
+            if status == 200:
+                return time.monotonic() - self.started_at
+            time.sleep(0.01)  # the model answered non-200 or not yet: poll, bounded by deadline
+        raise BenchError(f"no 200 from {path} within {timeout_s:.0f} s:\n{self.log_tail()}")

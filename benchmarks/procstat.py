@@ -16,8 +16,12 @@ worker) of the root ("frontend") and of the whole tree.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import os
+import platform
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,3 +186,45 @@ class LoggedServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """This machine and the versions that matter to the numbers (torch read from package
+    metadata, not imported; torchbay with the git commit of this checkout when there is one)."""
+    from torchbay import __version__
+
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    repo = Path(__file__).resolve().parent.parent
+    git = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True)  # fmt: skip
+    commit = git.stdout.strip() if git.returncode == 0 else "unknown"
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch_version,
+        "torchbay": f"{__version__} (git {commit})",
+    }
+
+
+def describe_machine(m: dict[str, Any]) -> str:
+    """One line for a report."""
+    return (
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']:.0f} GiB; {m['os']}; "
+        f"Python {m['python']}; torch {m['torch']}; torchbay {m['torchbay']}"
+    )

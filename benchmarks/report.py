@@ -1,19 +1,17 @@
-"""Summaries of a scenario run: medians over rounds, the target checks, a plain-text table for the
-terminal and a markdown fragment for ``benchmarks/RESULTS.md``."""
+"""Summaries of a scenario run: medians over rounds, the target checks, a plain-text table for
+the terminal and a markdown fragment for ``benchmarks/RESULTS.md``; and the table and number
+helpers every report of the harness uses (``bench run``, ``bench sla``, the scenarios)."""
 
 from __future__ import annotations
 
 import math
-import os
-import platform
 import statistics
-import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
+from typing import Any
 
-from torchbay.benchmarks.runner import ScenarioResult
-from torchbay.benchmarks.scenarios import Scenario, Target
+from torchbay.benchmarks.procstat import describe_machine
+from torchbay.benchmarks.scenarios import Scenario, ScenarioResult, Target
 
 METRICS = (
     "req_per_s",
@@ -27,61 +25,6 @@ METRICS = (
     "start_s",
     "foreign_cpu_pct",
 )
-
-
-@dataclass(frozen=True)
-class Machine:
-    cpu: str
-    cores: int
-    memory_gib: float
-    python: str
-    torch: str
-    wrk: str
-    torchbay: str
-
-    def describe(self) -> str:
-        return (
-            f"{self.cpu}, {self.cores} cores, {self.memory_gib:.0f} GiB; Python {self.python}; "
-            f"torch {self.torch}; {self.wrk}; torchbay {self.torchbay}"
-        )
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_commit(repo: Path) -> str:
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
-
-
-def machine_info() -> Machine:
-    """Describe this machine and the software versions that matter to the numbers."""
-    import psutil
-    import torch
-
-    import torchbay
-
-    proc = subprocess.run(["wrk", "--version"], capture_output=True, text=True)
-    wrk_version = (proc.stdout or proc.stderr).split("Copyright")[0].strip() or "wrk ?"
-    repo = Path(__file__).resolve().parent.parent
-    return Machine(
-        cpu=_cpu_model(),
-        cores=os.cpu_count() or 0,
-        memory_gib=psutil.virtual_memory().total / 2**30,
-        python=platform.python_version(),
-        torch=torch.__version__,
-        wrk=wrk_version,
-        torchbay=f"{torchbay.__version__} (git {_git_commit(repo)})",
-    )
 
 
 def medians(results: Iterable[ScenarioResult]) -> dict[str, dict[str, float]]:
@@ -111,6 +54,13 @@ def inprocess_medians(rounds: Sequence[dict[str, dict[int, float]]]) -> dict[str
             for b in batches
         }
     return out
+
+
+def num(value: float | None, digits: int = 2) -> str:
+    """A number with thousands separators; "-" for None or NaN."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:,.{digits}f}"
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -199,8 +149,12 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def markdown_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None
+) -> str:
+    """A markdown table; ``align`` has one character per column: ``:`` right, ``-`` left."""
+    rules = ["---:" if a == ":" else "---" for a in (align or "-" * len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rules) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -208,7 +162,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def render_markdown(
     *,
     command: str,
-    machine: Machine,
+    machine: dict[str, Any],
     settings_line: str,
     scenarios: Sequence[Scenario],
     results: Sequence[ScenarioResult],
@@ -223,14 +177,14 @@ def render_markdown(
         f"### Scenario run {when}",
         "",
         f"Command: `{command}`  ",
-        f"Machine: {machine.describe()}  ",
+        f"Machine: {describe_machine(machine)}  ",
         f"Load: {settings_line}",
         "",
         markdown_table(HEADER, table_rows(scenarios, results)),
         "",
-        '"other CPU %": the machine\'s CPU used by processes that were neither the server nor wrk '
-        "during the measured run, as a share of all cores; above a few percent the run was "
-        "disturbed and its numbers are low.",
+        '"other CPU %": the machine\'s CPU used by processes that were neither the server nor the '
+        "load generator during the measured run, as a share of all cores; above a few percent the "
+        "run was disturbed and its numbers are low.",
         "",
         "Targets (ratios of medians within this run):",
         "",

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from torchbay.benchmarks import report, runner
 from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.loadgen import LoadGenerator
+from torchbay.benchmarks.procstat import machine_info
 from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
@@ -60,6 +62,12 @@ def plan(only: Sequence[str]) -> tuple[list[Scenario], bool]:
     return (select(patterns) if patterns or not asked else []), want_inprocess
 
 
+def _status(result: runner.ScenarioResult) -> str:
+    if result.error:
+        return f"FAILED: {result.error.splitlines()[0]}"
+    return f"{result.req_per_s:,.0f} req/s, p99 {result.p99_ms:.2f} ms"
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
@@ -69,29 +77,26 @@ def run(argv: Sequence[str] | None = None) -> int:
     assets = runner.prepare_models(settings.out_dir)
     if any(s.server == "torchbay" for s in scenarios):
         assets = runner.archive_models(assets, settings.out_dir, settings.python)
-        print(f"archived with {assets.archiver} into {assets.model_store}", flush=True)
+        print(f"archived with torchbay archive into {assets.model_store}", flush=True)
 
     results: list[runner.ScenarioResult] = []
     inprocess_rounds: list[dict[str, dict[int, float]]] = []
-    for round_no in range(1, settings.repeat + 1):
-        if want_inprocess:
-            inprocess_rounds.append(runner.run_inprocess(assets, settings))
-            print(f"[round {round_no}] in-process loop: {inprocess_rounds[-1]}", flush=True)
-        for scenario in scenarios:
-            result = runner.run_scenario(scenario, assets, settings, round_no)
-            results.append(result)
-            status = (
-                f"FAILED: {result.error.splitlines()[0]}"
-                if result.error
-                else f"{result.req_per_s:,.0f} req/s, p99 {result.p99_ms:.2f} ms"
-            )
-            print(f"[round {round_no}] {scenario.name}: {status}", flush=True)
+    with LoadGenerator(1) as gen:
+        for round_no in range(1, settings.repeat + 1):
+            if want_inprocess:
+                inprocess_rounds.append(runner.run_inprocess(assets, settings))
+                print(f"[round {round_no}] in-process loop: {inprocess_rounds[-1]}", flush=True)
+            for scenario in scenarios:
+                result = runner.run_scenario(scenario, assets, settings, round_no, gen)
+                results.append(result)
+                print(f"[round {round_no}] {scenario.name}: {_status(result)}", flush=True)
 
     command = "python -m torchbay.benchmarks.run_scenarios " + shlex.join(
         sys.argv[1:] if argv is None else list(argv)
     )
     settings_line = (
-        f"wrk -t1 -cC --latency, keep-alive, raw float32 body; warm-up {settings.warmup_s:g} s, "
+        "torchbay's load generator, 1 process, closed loop with C keep-alive connections, raw "
+        f"float32 body; warm-up {settings.warmup_s:g} s, "
         f"{settings.duration_s:g} s measured; medians of {settings.repeat} round(s)."
     )
     print()
@@ -103,7 +108,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     inprocess = report.inprocess_medians(inprocess_rounds) if inprocess_rounds else None
     markdown = report.render_markdown(
         command=command.strip(),
-        machine=report.machine_info(),
+        machine=machine_info(),
         settings_line=settings_line,
         scenarios=scenarios,
         results=results,

@@ -1,7 +1,7 @@
 """The reference scenarios of issue 3 and the targets that compare them within one run.
 
 A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, or
-``torchbay serve``), a reference model, the load (wrk concurrency) and, for torchbay, the batching
+``torchbay serve``), a reference model, the load (concurrency) and, for torchbay, the batching
 and worker settings. A :class:`Target` compares two scenarios' medians (a ratio) or bounds one
 scenario's metric; ``runner.py`` runs scenarios and ``report.py`` evaluates the targets.
 """
@@ -73,6 +73,29 @@ class Target:
 
     def describe_bound(self) -> str:
         return f">= {self.bound:g}x" if self.denominator is not None else f"< {self.bound:g}"
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """One measured run of one scenario; ``error`` is set (and numbers NaN) if it failed."""
+
+    scenario: str
+    round: int
+    req_per_s: float = float("nan")
+    p50_ms: float = float("nan")
+    p90_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    requests: int = 0
+    errors: int = 0
+    cpu_ms_per_req: float = float("nan")
+    frontend_rss_mb: float = float("nan")
+    tree_rss_mb: float = float("nan")
+    tree_pss_mb: float = float("nan")
+    processes: int = 0
+    start_s: float = float("nan")
+    foreign_cpu_pct: float = float("nan")
+    error: str | None = None
+    log: str | None = None
 
 
 SCENARIOS: tuple[Scenario, ...] = (

@@ -9,13 +9,14 @@ the window (``_sum`` / ``_count`` deltas) and bucket-interpolated p50/p99 (Prome
 
 from __future__ import annotations
 
-import http.client
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.managed import http_call
 from torchbay.benchmarks.stats import histogram_mean, histogram_quantile
 
 # sample key: (metric sample name, sorted label items)
@@ -31,18 +32,11 @@ class Snapshot:
 
 def fetch_metrics(host: str, port: int, *, token: str | None = None, timeout: float = 5.0) -> str:
     """GET /metrics as text; raises BenchError when the endpoint does not answer 200."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        conn.request("GET", "/metrics", headers=headers)
-        response = conn.getresponse()
-        body = response.read().decode("utf-8", "replace")
-    except OSError as exc:
-        raise BenchError(f"cannot scrape http://{host}:{port}/metrics: {exc}") from None
-    finally:
-        conn.close()
-    if response.status != 200:
-        raise BenchError(f"/metrics answered {response.status}: {body[:200]}")
+    status, raw = http_call(host, port, "GET", "/metrics", None, headers, timeout)
+    body = raw.decode("utf-8", "replace")
+    if status != 200:
+        raise BenchError(f"/metrics answered {status}: {body[:200]}")
     return body
 
 
@@ -90,16 +84,7 @@ class ServerView:
     mean_batch_size: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "request_mean_ms": self.request_mean_ms,
-            "request_p99_ms": self.request_p99_ms,
-            "queue_mean_ms": self.queue_mean_ms,
-            "queue_p99_ms": self.queue_p99_ms,
-            "handler_mean_ms": self.handler_mean_ms,
-            "batches": self.batches,
-            "mean_batch_size": self.mean_batch_size,
-        }
+        return dataclasses.asdict(self)
 
 
 def _matches(labels: tuple[tuple[str, str], ...], want: dict[str, str]) -> bool:

@@ -349,7 +349,7 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     model = manifest.model.model_name
     options.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    server = ManagedServer(options.archive, options.out_dir / "server")
+    server = ManagedServer.torchbay(options.archive, options.out_dir / "server")
     with server as endpoints, LoadGenerator(options.processes) as gen:
         if endpoints.management_port is None:
             raise BenchError("the server has no management API")

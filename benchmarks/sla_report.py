@@ -8,17 +8,15 @@ spread, how the search went, and the machine it ran on.
 from __future__ import annotations
 
 import csv
-import importlib.metadata
 import json
 import math
-import os
-import platform
 import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchbay import __version__
+from torchbay.benchmarks.procstat import describe_machine, machine_info
+from torchbay.benchmarks.report import markdown_table, num
 
 if TYPE_CHECKING:
     from torchbay.benchmarks.sla import Outcome, SlaResult, Step
@@ -46,36 +44,11 @@ CSV_COLUMNS = (
     "queue_mean_ms",
     "lag_p99_ms",
 )
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, cores, OS, Python and torch versions (torch read from package metadata, not
-    imported)."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = "not installed"
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "os": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch_version,
-        "torchbay": __version__,
-    }
-
-
-def _num(value: float, digits: int = 1) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
+REPEAT_HEADER = ("config", "rate (req/s)", "p99 per run (ms)", "p99 spread", "ok/s per run",
+                 "throughput spread", "SLA held")  # fmt: skip
+CONFIG_HEADER = ("config", "batch", "delay (ms)", "workers", "probe capacity (req/s)",
+                 "best rate (req/s)", "ok/s at best", "p50 (ms)", "p99 (ms)", "mean batch",
+                 "steps", "status", "notes")  # fmt: skip
 
 
 def step_row(step: Step) -> dict[str, Any]:
@@ -126,12 +99,12 @@ def _outcome_cells(oc: Outcome) -> list[str]:
         str(c.batch_size),
         f"{c.max_batch_delay_ms:g}",
         str(c.workers),
-        _num(oc.capacity),
-        _num(oc.best_rate) if best else "-",
-        _num(best.result.ok_per_s) if best else "-",
-        _num(lat.p50_ms, 2) if lat else "-",
-        _num(lat.p99_ms, 2) if lat else "-",
-        _num(best.mean_batch_size, 2) if best else "-",
+        num(oc.capacity, 1),
+        num(oc.best_rate, 1) if best else "-",
+        num(best.result.ok_per_s, 1) if best else "-",
+        num(lat.p50_ms, 2) if lat else "-",
+        num(lat.p99_ms, 2) if lat else "-",
+        num(best.mean_batch_size, 2) if best else "-",
         str(sum(1 for s in oc.steps if s.phase in ("probe", "ramp", "bisect"))),
         status,
         oc.why,
@@ -140,7 +113,7 @@ def _outcome_cells(oc: Outcome) -> list[str]:
 
 def render_markdown(result: SlaResult, command: str | None = None) -> str:
     o = result.options
-    m = machine()
+    m = machine_info()
     lines = [
         f"# SLA search: {result.model} (p99 <= {o.sla_p99_ms:g} ms)",
         "",
@@ -152,8 +125,7 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
         f"- inputs: {', '.join(f'`{p}`' for p in o.inputs)}; route: {o.protocol}",
         f"- grid: batch sizes {list(o.batch_sizes)}, max delays (ms) {list(o.max_delays_ms)}, "
         f"workers {list(o.workers)}",
-        f"- machine: {m['cpu']}, {m['cores']} cores; {m['os']}; Python {m['python']}, "
-        f"torch {m['torch']}, torchbay {m['torchbay']}",
+        f"- machine: {describe_machine(m)}",
         f"- search took {result.elapsed_s:.0f} s; load generator: {o.processes} process(es), "
         f"{o.arrival} arrivals, {o.step_s:g} s steps after {o.step_warmup_s:g} s warm-up",
         "",
@@ -184,30 +156,18 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
             lines.append(f"Applied to `{result.applied}` (model-config.yaml).")
     lines += ["", "## Repeats (noise)", ""]
     if result.repeats:
-        lines += [
-            "| config | rate (req/s) | p99 per run (ms) | p99 spread | ok/s per run | "
-            "throughput spread | SLA held |",
-            "|---|---:|---|---:|---|---:|---:|",
-        ]
-        for rep in result.repeats:
-            lines.append(
-                f"| {rep.label} | {rep.rate:,.1f} | {', '.join(_num(v, 2) for v in rep.p99_ms)} "
-                f"| {_num(rep.p99_spread_pct)}% | {', '.join(_num(v) for v in rep.ok_per_s)} | "
-                f"{_num(rep.throughput_spread_pct)}% | {sum(rep.passed)}/{len(rep.passed)} |"
-            )
-        lines += ["", _verdict(result)]
+        rows = [
+            [rep.label, f"{rep.rate:,.1f}", ", ".join(num(v, 2) for v in rep.p99_ms),
+             f"{num(rep.p99_spread_pct, 1)}%", ", ".join(num(v, 1) for v in rep.ok_per_s),
+             f"{num(rep.throughput_spread_pct, 1)}%", f"{sum(rep.passed)}/{len(rep.passed)}"]
+            for rep in result.repeats
+        ]  # fmt: skip
+        lines += [markdown_table(REPEAT_HEADER, rows, "-:-:-::"), "", _verdict(result)]
     else:
         lines.append("No repeats were run.")
-    lines += [
-        "",
-        "## All configurations",
-        "",
-        "| config | batch | delay (ms) | workers | probe capacity (req/s) | best rate (req/s) | "
-        "ok/s at best | p50 (ms) | p99 (ms) | mean batch | steps | status | notes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for oc in result.outcomes:
-        lines.append("| " + " | ".join(_outcome_cells(oc)) + " |")
+    lines += ["", "## All configurations", ""]
+    rows = [_outcome_cells(oc) for oc in result.outcomes]
+    lines.append(markdown_table(CONFIG_HEADER, rows, "-::::::::::--"))
     searched = sum(1 for oc in result.outcomes if oc.status in ("searched", "infeasible"))
     lines += [
         "",
@@ -267,7 +227,7 @@ def _verdict(result: SlaResult) -> str:
             f"{held} Its rate is {gap:.1f}% above the runner-up's, within the {noise:.1f}% "
             "throughput spread of the repeats: the two are too close to call on this machine."
         )
-    return f"{held} Its rate is {gap:.1f}% above the runner-up's (repeat spread {_num(noise)}%)."
+    return f"{held} Its rate is {gap:.1f}% above the runner-up's (repeat spread {num(noise, 1)}%)."
 
 
 def result_json(result: SlaResult) -> dict[str, Any]:
@@ -275,7 +235,7 @@ def result_json(result: SlaResult) -> dict[str, Any]:
         "model": result.model,
         "version": result.version,
         "sla_p99_ms": result.options.sla_p99_ms,
-        "machine": machine(),
+        "machine": machine_info(),
         "elapsed_s": result.elapsed_s,
         "winner": result.winner.label if result.winner else None,
         "runner_up": result.runner_up.label if result.runner_up else None,

@@ -1,7 +1,7 @@
 """The bare-HTTP ceiling: a raw ASGI app (no framework) that reads the POST body and answers a
-small JSON. Any path and method is answered 200, so readiness polls and wrk use the same URL.
+small JSON. Any path and method is answered 200, so readiness polls and the load use the same URL.
 
-    python -m torchbay.benchmarks.ceilings.echo_asgi --port 8080
+    python -m torchbay.benchmarks.ceilings.echo_asgi --port 8080   # or --port 0 --ready-file F
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_server_args(parser)
     args = parser.parse_args(argv)
-    serve(app, args.host, args.port)
+    serve(app, args.host, args.port, args.ready_file)
     return 0
 
 

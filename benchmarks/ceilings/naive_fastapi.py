@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=sorted(SAMPLE_SHAPES), required=True)
     parser.add_argument("--pt", required=True, help="TorchScript file (torch.jit.script)")
     args = parser.parse_args(argv)
-    serve(create_app(args.model, args.pt), args.host, args.port)
+    serve(create_app(args.model, args.pt), args.host, args.port, args.ready_file)
     return 0
 
 

@@ -48,7 +48,7 @@ def server(
     tiny: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Endpoints, Path]]:
     run_dir = tmp_path_factory.mktemp("tb-serve")
-    managed = ManagedServer(tiny[0], run_dir)
+    managed = ManagedServer.torchbay(tiny[0], run_dir)
     endpoints = managed.start()
     try:
         yield endpoints, run_dir / "key_file.json"

@@ -1,10 +1,10 @@
-"""The ceiling servers answer as the runner expects, in process and live under wrk."""
+"""The ceiling servers answer as the runner expects, in process and live under the generator."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +12,9 @@ import httpx
 import pytest
 import torch
 
-from torchbay.benchmarks import models, runner, wrk
+from torchbay.benchmarks import models, runner
 from torchbay.benchmarks.ceilings import echo_asgi, inprocess, naive_fastapi
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
 from torchbay.benchmarks.scenarios import select
 
 
@@ -57,51 +58,67 @@ def test_inprocess_loop_reports_every_batch(assets: runner.Assets) -> None:
     assert all(rate > 0 for rate in rates["tiny"].values())
 
 
-needs_wrk = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk not installed")
-
-
 @pytest.mark.slow
-@needs_wrk
-def test_runner_measures_the_echo_server(tmp_path: Path, assets: runner.Assets) -> None:
+def test_runner_measures_the_echo_server(
+    tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
+) -> None:
     settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
     (scenario,) = select(["echo-c16"])
-    result = runner.run_scenario(scenario, assets, settings, 1)
+    result = runner.run_scenario(scenario, assets, settings, 1, gen)
     assert result.error is None, result.error
     assert result.requests > 0 and result.errors == 0
     assert result.cpu_ms_per_req > 0
     assert result.frontend_rss_mb > 0 and result.start_s > 0
+    assert result.p50_ms <= result.p90_ms <= result.p99_ms
+    assert result.foreign_cpu_pct >= 0
 
 
 @pytest.mark.slow
-@needs_wrk
-def test_wrk_counts_non_2xx(tmp_path: Path, assets: runner.Assets) -> None:
+def test_generator_counts_non_2xx(
+    tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
+) -> None:
+    """A ceiling starts the way torchbay does (port 0, ready file); the generator counts every
+    answer outside 2xx as an error (was: wrk's Lua hook)."""
     (scenario,) = select(["naive-tiny-c16"])
-    (port,) = runner.free_ports(1)
-    cmd = runner.server_command(
-        scenario, assets, [port], tmp_path, runner.RunSettings(tmp_path).python
-    )
-    server = runner.ServerProcess(cmd, tmp_path / "server.log")
+    server = runner.make_server(scenario, assets, tmp_path, sys.executable)
     try:
-        server.start()
-        server.wait_first_answer(port, "/predictions/tiny", assets.body["tiny"].read_bytes(), 60)
-        result = wrk.run_wrk(
-            f"http://127.0.0.1:{port}/predictions/nope",
-            assets.body["tiny"],
-            concurrency=2,
-            duration_s=1,
-        )
+        endpoints = server.start()
+        server.first_answer("/predictions/tiny", assets.body["tiny"].read_bytes(), 60)
+        target = Target("127.0.0.1", endpoints.inference_port, "/predictions/nope", (b"x",))
+        result = gen.run(LoadPlan(target, "closed", 2, duration_s=None, requests=50))
     finally:
         server.stop()
     assert server.proc is not None and server.proc.returncode is not None
-    assert result.requests > 0
-    assert result.non2xx == result.requests  # every answer was a 404
+    assert result.sent == 50
+    assert result.statuses == {"404": 50}
+    assert result.errors == result.sent  # every answer was a 404
 
 
-def test_unstartable_server_is_reported(tmp_path: Path, assets: runner.Assets) -> None:
+def test_unstartable_server_is_reported(
+    tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
+) -> None:
     (scenario,) = select(["echo-c16"])
     broken = replace(scenario, server="naive", model="tiny")
     bad_assets = runner.Assets(pt={"tiny": tmp_path / "missing.pt"}, body=assets.body)
     settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
-    result = runner.run_scenario(broken, bad_assets, settings, 1)
+    result = runner.run_scenario(broken, bad_assets, settings, 1, gen)
     assert result.error is not None and "server exited" in result.error
     assert json.dumps(result.error)  # printable in the report
+
+
+@pytest.mark.slow
+def test_runner_measures_a_torchbay_scenario(
+    tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
+) -> None:
+    """The torchbay scenarios start through the same ManagedServer, with their batching from a
+    config.properties entry for the same model (a regression: it was registered twice)."""
+    tiny = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
+    archived = runner.archive_models(tiny, tmp_path, sys.executable)
+    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
+    (scenario,) = select(["tb-tiny-c16-b8-w1-nolog"])
+    result = runner.run_scenario(scenario, archived, settings, 1, gen)
+    assert result.error is None, result.error
+    assert result.requests > 0 and result.errors == 0
+    assert result.processes >= 2  # the frontend and its worker
+    config = (tmp_path / "runs" / f"{scenario.name}-r1" / "config.properties").read_text()
+    assert '"batchSize": 8' in config

@@ -73,3 +73,18 @@ def test_build_request() -> None:
     assert b"Authorization: Bearer k" in lines
     with pytest.raises(HttpParseError.__mro__[1]):
         build_request("GET", "/", "h", headers={"X": "a\r\nInjected: 1"})
+
+
+def test_close_inside_a_head_raises() -> None:
+    parser = ResponseParser()
+    assert parser.feed(b"HTTP/1.1 200 OK\r\nContent-Le") == []
+    assert not parser.idle
+    with pytest.raises(HttpParseError):
+        parser.feed_eof()
+
+
+def test_parser_is_httptools() -> None:
+    """The hand-written parser is gone: responses are parsed by httptools (llhttp)."""
+    import httptools
+
+    assert isinstance(ResponseParser()._parser, httptools.HttpResponseParser)

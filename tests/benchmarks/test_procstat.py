@@ -32,7 +32,7 @@ def test_per_request_arithmetic() -> None:
 
 
 def test_foreign_cpu_percent() -> None:
-    # 2 cores for 10 s = 20 core-seconds; 14 busy, 8 server, 2 wrk -> 4 foreign = 20 %.
+    # 2 cores for 10 s = 20 core-seconds; 14 busy, 8 server, 2 load generator -> 4 foreign = 20 %.
     assert procstat.foreign_cpu_percent(14.0, 8.0, 2.0, 10.0, 2) == pytest.approx(20.0)
     assert procstat.foreign_cpu_percent(9.0, 8.0, 2.0, 10.0, 2) == 0.0
     assert math.isnan(procstat.foreign_cpu_percent(1.0, 0.0, 0.0, 0.0, 2))

@@ -69,11 +69,12 @@ def test_medians_skip_failed_runs_and_targets_use_them() -> None:
 
 def test_markdown_fragment() -> None:
     results = [_result("echo-c16", 1, 35_000), ScenarioResult("naive-cnn-c10", 1, error="boom\nx")]
-    machine = report.Machine("AMD EPYC", 2, 24.0, "3.11.7", "2.13.0+cpu", "wrk 4.1.0", "0.1.0")
+    machine = {"cpu": "AMD EPYC", "cores": 2, "memory_gib": 24.0, "os": "Linux",
+               "python": "3.11.7", "torch": "2.13.0+cpu", "torchbay": "0.1.0"}  # fmt: skip
     text = report.render_markdown(
         command="python -m torchbay.benchmarks.run_scenarios --quick",
         machine=machine,
-        settings_line="wrk",
+        settings_line="load generator",
         scenarios=scenarios.select(["echo-c16", "naive-cnn-c10"]),
         results=results,
         targets=scenarios.TARGETS,

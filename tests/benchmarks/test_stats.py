@@ -86,3 +86,29 @@ def test_split_plan_shares_everything_exactly() -> None:
     assert [s.rate for s in opened] == pytest.approx([30.0, 30.0, 30.0])
     assert [s.phase for s in opened] == pytest.approx([0.0, 1 / 3, 2 / 3])
     assert len({s.seed for s in opened}) == 3
+
+
+def _rank_interpolated(sorted_values: list[float], q: float) -> float:
+    """The hand-written definition the harness used before numpy (kept here as the oracle)."""
+    h = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+def test_numpy_percentiles_match_the_old_definition() -> None:
+    """numpy's method must give the numbers the old code gave, so old and new runs compare."""
+    import random
+
+    rng = random.Random(3)
+    for n in (1, 2, 7, 100, 1001):
+        values = [rng.expovariate(200.0) for _ in range(n)]
+        ordered = sorted(values)
+        summary = stats.summarize(values)
+        for q, got in zip(
+            stats.PERCENTILES,
+            (summary.p50_ms, summary.p90_ms, summary.p99_ms, summary.p999_ms),
+            strict=True,
+        ):
+            assert stats.percentile(values, q) == pytest.approx(_rank_interpolated(ordered, q))
+            assert got == pytest.approx(1e3 * _rank_interpolated(ordered, q))

@@ -1,0 +1,229 @@
+"""What a load test is and what it measured: the plan (:class:`Target`, :class:`LoadPlan`), how it
+is split over generator processes (:func:`split_plan`), what each process sends back
+(:class:`Part`) and how the parts merge into one :class:`LoadResult` (:func:`merge`).
+
+Pure data and arithmetic, no I/O: ``loadgen.py`` runs the plans.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.httpwire import build_request
+from torchbay.benchmarks.stats import Arrival, LatencySummary, rate, summarize
+
+Mode = Literal["closed", "open"]
+LAG_WARN_MS = 5.0
+CPU_WARN_PCT = 90.0
+CONN_ERROR = "conn-error"
+TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send: one route, headers, and payloads (cycled in order)."""
+
+    host: str
+    port: int
+    path: str
+    payloads: tuple[bytes, ...]
+    headers: tuple[tuple[str, str], ...] = ()
+    method: str = "POST"
+
+    def requests(self) -> list[bytes]:
+        """The complete wire bytes of one request per payload."""
+        host = f"{self.host}:{self.port}"
+        return [
+            build_request(self.method, self.path, host, body, dict(self.headers))
+            for body in self.payloads
+        ]
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """One measured run. ``duration_s`` or ``requests`` bounds it (after ``warmup_s``)."""
+
+    target: Target
+    mode: Mode = "closed"
+    concurrency: int = 1
+    rate: float = 0.0
+    arrival: Arrival = "constant"
+    duration_s: float | None = 10.0
+    requests: int | None = None
+    warmup_s: float = 0.0
+    timeout_s: float = 10.0
+    seed: int = 0
+    max_connections: int = 1024
+
+    def check(self) -> None:
+        if self.mode == "closed" and self.concurrency < 1:
+            raise BenchError("closed loop needs concurrency >= 1")
+        if self.mode == "open" and not self.rate > 0:
+            raise BenchError("open loop needs a rate > 0")
+        if self.duration_s is None and self.requests is None:
+            raise BenchError("give a duration or a number of requests")
+        if not self.target.payloads:
+            raise BenchError("no payloads to send")
+
+
+@dataclass(frozen=True)
+class Share:
+    """One process's part of a plan."""
+
+    concurrency: int
+    rate: float
+    requests: int | None
+    phase: float
+    seed: int
+
+
+@dataclass
+class Part:
+    """What one process measured (arrays of seconds, kept flat to pickle fast)."""
+
+    latency: bytes = b""
+    service: bytes = b""
+    lag: bytes = b""
+    statuses: dict[str, int] = field(default_factory=dict)
+    sent: int = 0
+    first_sent: float = math.inf
+    last_done: float = 0.0
+    window_start: float = 0.0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    capped: bool = False
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """One run as the client saw it. Latencies in ms; ``statuses`` maps "200", "503", ...,
+    ``conn-error`` and ``timeout`` to counts over the measured window."""
+
+    mode: Mode
+    offered_rate: float | None
+    concurrency: int | None
+    window_s: float
+    sent: int
+    completed: int
+    ok: int
+    statuses: dict[str, int]
+    latency: LatencySummary
+    service: LatencySummary
+    lag: LatencySummary
+    req_per_s: float
+    ok_per_s: float
+    generator_cpu_pct: list[float]
+    behind: list[str]
+    generator_cpu_s: float = 0.0
+
+    @property
+    def errors(self) -> int:
+        return self.sent - self.ok
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.sent if self.sent else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "offered_rate": self.offered_rate,
+            "concurrency": self.concurrency,
+            "window_s": self.window_s,
+            "sent": self.sent,
+            "completed": self.completed,
+            "ok": self.ok,
+            "errors": self.errors,
+            "error_rate": self.error_rate,
+            "statuses": self.statuses,
+            "req_per_s": self.req_per_s,
+            "ok_per_s": self.ok_per_s,
+            "latency": self.latency.as_dict(),
+            "service_latency": self.service.as_dict(),
+            "lag": self.lag.as_dict(),
+            "generator_cpu_pct": self.generator_cpu_pct,
+            "behind": self.behind,
+        }
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Periodic totals across processes while a run is in flight."""
+
+    elapsed_s: float
+    completed: int
+    recorded: int
+
+
+def split_plan(plan: LoadPlan, processes: int) -> list[Share]:
+    """Divide concurrency, rate and the request budget over ``processes`` (the remainder goes to
+    the first ones); constant schedules get staggered phases so they interleave evenly."""
+    shares = []
+    for i in range(processes):
+        conc = plan.concurrency // processes + (i < plan.concurrency % processes)
+        budget = None
+        if plan.requests is not None:
+            budget = plan.requests // processes + (i < plan.requests % processes)
+        shares.append(
+            Share(
+                concurrency=conc if plan.mode == "closed" else 0,
+                rate=plan.rate / processes if plan.mode == "open" else 0.0,
+                requests=budget,
+                phase=i / processes,
+                seed=plan.seed * 1009 + i,
+            )
+        )
+    return shares
+
+
+def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
+    """Combine the processes' measurements into one :class:`LoadResult`."""
+    latency, service, lag = array.array("d"), array.array("d"), array.array("d")
+    statuses: Counter[str] = Counter()
+    for part in parts:
+        latency.frombytes(part.latency)
+        service.frombytes(part.service)
+        lag.frombytes(part.lag)
+        statuses.update(part.statuses)
+    sent = sum(p.sent for p in parts)
+    completed = len(latency)
+    ok = sum(n for code, n in statuses.items() if code.isdigit() and 200 <= int(code) < 300)
+    window_start = min((p.window_start for p in parts), default=0.0)
+    last_done = max((p.last_done for p in parts), default=0.0)
+    # A timed run's window is at least its duration (a few early answers must not inflate the
+    # rate); a counted run's window ends at its last answer.
+    window = max(0.0, last_done - window_start) if completed else 0.0
+    if plan.duration_s is not None and plan.requests is None:
+        window = max(window, plan.duration_s)
+    lag_summary = summarize(lag)
+    cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
+    behind = []
+    if plan.mode == "open" and lag_summary.count and lag_summary.p99_ms > LAG_WARN_MS:
+        behind.append(f"p99 send lag {lag_summary.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
+    if any(p.capped for p in parts):
+        behind.append(f"all {plan.max_connections} connections busy; requests waited to be sent")
+    if any(c > CPU_WARN_PCT for c in cpu_pct):
+        behind.append(f"a generator process used > {CPU_WARN_PCT:g}% of a core")
+    return LoadResult(
+        mode=plan.mode,
+        offered_rate=plan.rate if plan.mode == "open" else None,
+        concurrency=plan.concurrency if plan.mode == "closed" else None,
+        window_s=window,
+        sent=sent,
+        completed=completed,
+        ok=ok,
+        statuses=dict(sorted(statuses.items())),
+        latency=summarize(latency),
+        service=summarize(service),
+        lag=lag_summary,
+        req_per_s=rate(completed, window),
+        ok_per_s=rate(ok, window),
+        generator_cpu_pct=cpu_pct,
+        behind=behind,
+        generator_cpu_s=sum(p.cpu_s for p in parts),
+    )
