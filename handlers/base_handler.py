@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from time import perf_counter
 from typing import Any
 
@@ -116,6 +117,19 @@ class BaseHandler:
         if self.context is not None:
             status = error_status(exc.error_code)
             self.context.set_response_status(status, scrub_message(exc.message), idx)
+
+    @contextmanager
+    def model_errors(self) -> Iterator[None]:
+        """Around a model call: an exception of the model becomes ``model_error(exc)``."""
+        try:
+            yield
+        except PredictionException:
+            raise
+        except Exception as exc:  # 422 for a request alone, else bisected by the Service
+            failure = self.model_error(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
 
     def model_error(self, exc: Exception) -> Exception:
         """What to raise when the model raised ``exc`` on the requests map_items kept.

@@ -32,7 +32,7 @@ from PIL import Image, UnidentifiedImageError
 
 from .base_handler import BaseHandler
 from .classify import handler_config, topk_labels
-from .errors import BadInput, PredictionException
+from .errors import BadInput
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -117,15 +117,8 @@ class ImageClassifier(BaseHandler):
         return (tensor - self.mean) / self.std
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with self.model_errors():
             return super().inference(data, *args, **kwargs)
-        except PredictionException:
-            raise
-        except Exception as exc:  # 422 for a request alone, else bisected by the Service
-            failure = self.model_error(exc)
-            if failure is exc:
-                raise
-            raise failure from exc
 
     def postprocess(self, data: torch.Tensor) -> list[dict[str, float]]:
         return topk_labels(data, self.topk, self.mapping)

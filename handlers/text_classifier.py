@@ -30,7 +30,7 @@ import torch
 
 from .base_handler import BaseHandler
 from .classify import handler_config, topk_labels
-from .errors import BadInput, HandlerLoadError, PredictionException
+from .errors import BadInput, HandlerLoadError
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
@@ -115,16 +115,8 @@ class TextClassifier(BaseHandler):
         return (ids.to(self.device),)
 
     def inference(self, data: tuple[torch.Tensor, ...], *args: Any, **kwargs: Any) -> Any:
-        try:
-            with torch.inference_mode():
-                return self.model(*data, *args, **kwargs)
-        except PredictionException:
-            raise
-        except Exception as exc:  # 422 for a request alone, else bisected by the Service
-            failure = self.model_error(exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+        with self.model_errors(), torch.inference_mode():
+            return self.model(*data, *args, **kwargs)
 
     def postprocess(self, data: torch.Tensor) -> list[dict[str, float]]:
         return topk_labels(data, self.topk, self.mapping)
