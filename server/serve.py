@@ -250,10 +250,18 @@ class TorchbayServer:
     async def _load_startup_models(self) -> None:
         assert self.registry is not None
         registry, config = self.registry, self.config
+        # An archive that a models={...} entry names by marName loads under that entry's name,
+        # once, however else it is listed (load_models=x.mar, load_models=all).
+        by_mar = {
+            mc.mar_name: name
+            for name, versions in config.models.items()
+            for mc in versions.values()
+            if mc.mar_name
+        }
         jobs: list[tuple[str, str | None]] = []
         if config.load_all:
-            jobs += [(path.name, None) for path in registry.store_archives()]
-        jobs += [(spec.url, spec.name) for spec in config.model_specs()]
+            jobs += [(path.name, by_mar.get(path.name)) for path in registry.store_archives()]
+        jobs += [(spec.url, spec.name or by_mar.get(spec.url)) for spec in config.model_specs()]
         named = {name for _, name in jobs if name}
         # models={...} entries with a marName load too, unless load_models named them already.
         for model_name, versions in config.models.items():
