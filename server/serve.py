@@ -2,7 +2,7 @@
 
 Startup binds the three listeners first (port 0 allowed; the bound ports are reported), and only
 then builds the apps (which writes the key file), so a start that cannot bind touches nothing of a
-server already running there. Every listener speaks HTTP through ``httplimits`` (header and body
+server already running there. Every listener speaks HTTP through ``http.limits`` (header and body
 timeouts, header limits). It then loads the startup models concurrently; a model that fails to
 load is logged with its reason and the others keep serving. Signal handlers only set a flag.
 Shutdown is bounded: stop accepting, drain queued and running requests for ``shutdown_grace_s``
@@ -28,21 +28,21 @@ from typing import Any
 import uvicorn
 
 from torchbay import __version__
-from torchbay.server.combined import CombinedApp
-from torchbay.server.config import ModelConfig, ServerConfig, parse_address
-from torchbay.server.devices import (
+from torchbay.server.config.settings import ModelConfig, ServerConfig, parse_address
+from torchbay.server.http.asgi import ASGIApp
+from torchbay.server.http.combined import CombinedApp
+from torchbay.server.http.limits import HttpLimits, protocol_class
+from torchbay.server.http.listeners import bind_listeners, check_tls, close_all
+from torchbay.server.serving.devices import (
     DeviceAssigner,
     cpu_affinity_for,
     cpu_threads_for,
     detect_gpu_count,
 )
-from torchbay.server.http import ASGIApp
-from torchbay.server.httplimits import HttpLimits, protocol_class
-from torchbay.server.listeners import bind_listeners, check_tls, close_all
-from torchbay.server.model import ModelVersion
-from torchbay.server.registry import ModelRegistry
-from torchbay.server.slot import Placement
-from torchbay.server.workers import Spawned
+from torchbay.server.serving.handle import Spawned
+from torchbay.server.serving.model import ModelVersion
+from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.serving.slot import Placement
 
 log = logging.getLogger("torchbay.serve")
 
@@ -78,7 +78,7 @@ class TorchbayServer:
         self.config = config
         # Sockets bound by the caller (the CLI binds before anything else); else startup binds.
         self._sockets: dict[str, socket.socket] = dict(listeners or {})
-        # Worker processes the CLI spawned before the frontend's imports (see workers.py).
+        # Worker processes the CLI spawned before the frontend's imports (see serving/handle.py).
         self._prewarmed = list(prewarmed or [])
         self.env = dict(env if env is not None else {})
         if gpu_count is None:
@@ -167,7 +167,7 @@ class TorchbayServer:
             self._stop.set()
 
     async def startup(self) -> None:
-        from torchbay.server.apps import build_apps
+        from torchbay.server.http.apps import build_apps
 
         config = self.config
         if not self._sockets:  # raises TorchbayError naming the file or listener; nothing written

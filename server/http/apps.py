@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 from prometheus_client import make_asgi_app
 
 from torchbay import __version__
-from torchbay.server.auth import TokenAuth
-from torchbay.server.fetch import Fetcher
-from torchbay.server.http import ASGIApp
-from torchbay.server.inference_app import InferenceApp
-from torchbay.server.logs import request_hook
-from torchbay.server.management import build_management_app
-from torchbay.server.metrics import ServerMetrics
-from torchbay.server.openapi import inference_openapi, metrics_openapi, with_openapi
-from torchbay.server.registry import ModelRegistry
+from torchbay.server.http.asgi import ASGIApp
+from torchbay.server.http.auth import TokenAuth
+from torchbay.server.http.inference import InferenceApp
+from torchbay.server.http.management import build_management_app
+from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
+from torchbay.server.observe.logs import request_hook
+from torchbay.server.observe.metrics import ServerMetrics
+from torchbay.server.serving.fetch import Fetcher
+from torchbay.server.serving.registry import ModelRegistry
 
 if TYPE_CHECKING:
     from torchbay.server.serve import TorchbayServer

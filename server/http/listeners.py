@@ -16,9 +16,9 @@ import os
 import socket
 import ssl
 
-from torchbay.server.combined import same_address
-from torchbay.server.config import ServerConfig, parse_address
+from torchbay.server.config.settings import ServerConfig, parse_address
 from torchbay.server.errors import TorchbayError
+from torchbay.server.http.combined import same_address
 
 LISTENERS = ("inference", "management", "metrics")
 

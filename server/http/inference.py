@@ -29,9 +29,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
-from torchbay.server import kserve_v1
-from torchbay.server import protocol as p
-from torchbay.server.batching import Pending
 from torchbay.server.errors import (
     HandlerFailed,
     MethodNotAllowed,
@@ -39,7 +36,8 @@ from torchbay.server.errors import (
     ServiceUnavailable,
     TorchbayError,
 )
-from torchbay.server.http import (
+from torchbay.server.http import kserve_v1
+from torchbay.server.http.asgi import (
     Receive,
     Scope,
     Send,
@@ -49,8 +47,10 @@ from torchbay.server.http import (
     send_error,
     send_json,
 )
-from torchbay.server.model import ModelStatus, ModelVersion
-from torchbay.server.registry import ModelRegistry
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.model import ModelStatus, ModelVersion
+from torchbay.server.serving.queue import Pending
+from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.inference")
 

@@ -1,5 +1,5 @@
 """Server and model configuration: two frozen pydantic models (the sources and their layering
-are in ``config_sources``).
+are in ``config.sources``).
 
 Server sources, later wins (``load_server_config``)::
 

@@ -32,8 +32,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from torchbay.server.http import Scope
-    from torchbay.server.model import ModelVersion
+    from torchbay.server.http.asgi import Scope
+    from torchbay.server.serving.model import ModelVersion
 
 ACCESS_LOGGER = "torchbay.access"
 ACCESS_FIELDS = (

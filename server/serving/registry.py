@@ -26,8 +26,8 @@ from torchbay.archiver.manifest import (
     read_manifest,
     safe_relpath,
 )
-from torchbay.server.config import ModelConfig, ServerConfig
-from torchbay.server.config_sources import resolve_model_config
+from torchbay.server.config.settings import ModelConfig, ServerConfig
+from torchbay.server.config.sources import resolve_model_config
 from torchbay.server.errors import (
     BadRequest,
     Conflict,
@@ -37,9 +37,9 @@ from torchbay.server.errors import (
     ModelVersionNotFound,
     NotFound,
 )
-from torchbay.server.model import ModelSettings, ModelVersion, Observer
-from torchbay.server.slot import Placement
-from torchbay.server.workers import Spawned
+from torchbay.server.serving.handle import Spawned
+from torchbay.server.serving.model import ModelSettings, ModelVersion, Observer
+from torchbay.server.serving.slot import Placement
 
 log = logging.getLogger("torchbay.registry")
 

@@ -60,13 +60,13 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from torchbay.server.custom_metrics import LABELS, CustomMetrics
-from torchbay.server.model import BatchRecord, ModelStatus, ModelVersion, Observer
-from torchbay.server.system_metrics import GpuCollector, HostCollector, load_nvml
-from torchbay.server.workers import WorkerProcess, WorkerState
+from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
+from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
+from torchbay.server.serving.handle import WorkerProcess, WorkerState
+from torchbay.server.serving.model import BatchRecord, ModelStatus, ModelVersion, Observer
 
 if TYPE_CHECKING:
-    from torchbay.server.registry import ModelRegistry
+    from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.metrics")
 

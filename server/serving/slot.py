@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from torchbay.server import protocol as p
-from torchbay.server.batching import Pending, reject
 from torchbay.server.errors import TorchbayError
-from torchbay.server.workers import WorkerLoadError, WorkerProcess, WorkerState
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.handle import WorkerLoadError, WorkerProcess, WorkerState
+from torchbay.server.serving.queue import Pending, reject
 
 if TYPE_CHECKING:
-    from torchbay.server.model import ModelVersion
+    from torchbay.server.serving.model import ModelVersion
 
 log = logging.getLogger("torchbay.model")
 

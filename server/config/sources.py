@@ -13,14 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import (
+from torchbay.server.config.properties import PropertiesError, parse_properties
+from torchbay.server.config.settings import (
     API_NAMES,
     ModelConfig,
     ServerConfig,
     split_model_keys,
 )
-from .errors import ConfigError
-from .properties import PropertiesError, parse_properties
+from torchbay.server.errors import ConfigError
 
 log = logging.getLogger("torchbay.server.config")  # one logger for all of config
 

@@ -1,6 +1,6 @@
 """One served model version: its queue, its worker slots, and how requests flow through them.
 
-A *slot* (server/slot.py) owns one worker process at a time and pulls batches from the shared
+A *slot* (serving/slot.py) owns one worker process at a time and pulls batches from the shared
 queue while its worker is READY. Scaling adds or retires slots (a retiring slot finishes the
 batch it holds) and re-tunes the survivors' CPU threads.
 
@@ -23,23 +23,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torchbay.server import protocol as p
-from torchbay.server.batching import BatchQueue, Pending, clock, reject, resolve
-from torchbay.server.config import RESTART_BACKOFF_S
+from torchbay.server.config.settings import RESTART_BACKOFF_S
 from torchbay.server.errors import (
     HandlerFailed,
     NoWorker,
     ShuttingDown,
     TorchbayError,
 )
-from torchbay.server.slot import Placement, WorkerSlot
-from torchbay.server.workers import (
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.handle import (
     Spawned,
     SpawnFn,
     WorkerLoadError,
     WorkerProcess,
     spawn_process,
 )
+from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject, resolve
+from torchbay.server.serving.slot import Placement, WorkerSlot
 
 log = logging.getLogger("torchbay.model")
 
