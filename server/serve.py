@@ -40,9 +40,9 @@ from torchbay.server.serving.devices import (
     detect_gpu_count,
 )
 from torchbay.server.serving.handle import Spawned
+from torchbay.server.serving.launch import Placement
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
-from torchbay.server.serving.slot import Placement
 
 log = logging.getLogger("torchbay.serve")
 

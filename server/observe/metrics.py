@@ -63,7 +63,8 @@ from prometheus_client.registry import Collector
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
 from torchbay.server.serving.handle import WorkerProcess, WorkerState
-from torchbay.server.serving.model import BatchRecord, ModelStatus, ModelVersion, Observer
+from torchbay.server.serving.model import ModelStatus, ModelVersion, Observer
+from torchbay.server.serving.slot import BatchRecord
 
 if TYPE_CHECKING:
     from torchbay.server.serving.registry import ModelRegistry

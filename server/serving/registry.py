@@ -38,8 +38,8 @@ from torchbay.server.errors import (
     NotFound,
 )
 from torchbay.server.serving.handle import Spawned
-from torchbay.server.serving.model import ModelSettings, ModelVersion, Observer
-from torchbay.server.serving.slot import Placement
+from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
+from torchbay.server.serving.model import ModelVersion, Observer
 
 log = logging.getLogger("torchbay.registry")
 
@@ -234,15 +234,20 @@ class ModelRegistry:
                 settings=settings_from(config, self.config),
                 place=lambda m, i: self.place(m, i, config),
                 threads_for=lambda m: self.threads_for(m, config),
-                server_version=self.server_version,
-                handler=config.handler,
+                launch=LaunchSpec(
+                    model_dir=model_dir,
+                    model_name=name,
+                    model_version=version,
+                    handler=config.handler,
+                    server_version=self.server_version,
+                    limit_max_image_pixels=self.config.limit_max_image_pixels,
+                    env=self.worker_env,
+                    log_format=self.config.log_format,
+                ),
                 url=url,
                 manifest=manifest,
                 observer=self.observer,
-                worker_env=self.worker_env,
-                limit_max_image_pixels=self.config.limit_max_image_pixels,
                 prewarmed=self.prewarmed,
-                log_format=self.config.log_format,
             )
             self.models.setdefault(name, {})[version] = mv
             self.model_configs[mv.key] = config
