@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import make_asgi_app
 
@@ -18,8 +19,15 @@ from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.serving.fetch import Fetcher
 from torchbay.server.serving.registry import ModelRegistry
 
-if TYPE_CHECKING:
-    from torchbay.server.serve import TorchbayServer
+
+class TorchbayServer(Protocol):
+    """What the apps are built from (serve.TorchbayServer; not imported: serve imports us)."""
+
+    config: Any  # ServerConfig
+    env: Mapping[str, str]
+    place: Any
+    threads_for: Any
+    take_prewarmed: Any
 
 
 @dataclass

@@ -17,15 +17,6 @@ from typing import Any
 
 import yaml
 
-from torchbay.archiver.errors import ArchiveError
-from torchbay.archiver.extract import extract_archive
-from torchbay.archiver.manifest import (
-    Manifest,
-    is_valid_model_name,
-    is_valid_model_version,
-    read_manifest,
-    safe_relpath,
-)
 from torchbay.server.config.settings import ModelConfig, ServerConfig
 from torchbay.server.config.sources import resolve_model_config
 from torchbay.server.errors import (
@@ -36,6 +27,15 @@ from torchbay.server.errors import (
     ModelNotFound,
     ModelVersionNotFound,
     NotFound,
+)
+from torchbay.server.serving.archives import (
+    ArchiveError,
+    Manifest,
+    extract_archive,
+    is_valid_model_name,
+    is_valid_model_version,
+    read_manifest,
+    safe_relpath,
 )
 from torchbay.server.serving.handle import Spawned
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
