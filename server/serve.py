@@ -96,6 +96,7 @@ class TorchbayServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None  # created inside the running loop
         self._servers: list[tuple[str, uvicorn.Server, socket.socket]] = []
+        self._late_loads: set[asyncio.Future[None]] = set()  # past workers_start_timeout_s
         self.registry: ModelRegistry | None = None
         self.metrics: Any = None
         self.auth: Any = None  # server.auth.TokenAuth while token authorization is on
@@ -192,7 +193,8 @@ class TorchbayServer:
             self.state.ports.management = self.state.ports.inference
         protocol = protocol_class(HttpLimits.from_config(config))
         for name, app in routes.items():
-            await self._listen(name, app, protocol)
+            if name in self._sockets:  # no metrics listener with enable_metrics_api false
+                await self._listen(name, app, protocol)
         await self._load_startup_models()
         await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()
@@ -262,16 +264,29 @@ class TorchbayServer:
                     jobs.append((model_config.mar_name, model_name))
                     named.add(model_name)
         jobs = list(dict.fromkeys(jobs))
+        if not jobs:
+            return
 
         async def load(url: str, name: str | None) -> None:
+            label = name or url
             try:
                 await registry.register(url, name=name)
             except Exception as exc:  # one bad model never stops the others
-                label = name or url
                 self.state.failed_models[label] = str(exc)
                 log.error("model %s failed to load: %s", label, exc)
+            else:
+                self.state.failed_models.pop(label, None)  # reported late, loaded at last
 
-        await asyncio.gather(*(load(url, name) for url, name in jobs))
+        tasks = {asyncio.ensure_future(load(url, name)): name or url for url, name in jobs}
+        _, late = await asyncio.wait(tasks, timeout=config.workers_start_timeout_s)
+        for task in late:  # reported failed; it goes on loading and serves once it is ready
+            label = tasks[task]
+            self.state.failed_models[label] = (
+                f"not loaded within workers_start_timeout_s ({config.workers_start_timeout_s:g}s)"
+            )
+            log.error("model %s did not load within workers_start_timeout_s", label)
+            self._late_loads.add(task)
+            task.add_done_callback(self._late_loads.discard)
 
     def _write_ready_file(self) -> None:
         if self.ready_file is None:
@@ -302,6 +317,10 @@ class TorchbayServer:
         await asyncio.gather(drain, *(server.shutdown(sockets=[sock]) for _, server, sock in front))
         if self.registry is not None:
             await self.registry.stop()
+        for task in list(self._late_loads):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for _, server, sock in back:
             await server.shutdown(sockets=[sock])
         if self.metrics is not None and hasattr(self.metrics, "close"):

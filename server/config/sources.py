@@ -48,6 +48,9 @@ SERVER_IGNORED_KEYS = frozenset(
         "ipex_enable", "ipex_gpu_enable", "cpp_log_config", "use_native_io", "io_ratio",
         "service_envelope", "default_service_handler", "max_idle_time", "enable_grpc",
         "ts_config_file", "log_location", "metrics_location", "headless", "metrics_format",
+        # TorchServe lets workers decode JSON/text bodies before the handler; torchbay's
+        # handlers always get the bytes and the content type and decode themselves.
+        "decode_input_request",
     }
 )  # fmt: skip
 _FIELDS = frozenset(ServerConfig.model_fields)

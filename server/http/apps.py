@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import make_asgi_app
+from starlette.middleware.cors import CORSMiddleware
 
 from torchbay import __version__
 from torchbay.server.http.asgi import ASGIApp
@@ -73,11 +74,29 @@ def build_apps(server: TorchbayServer) -> Apps:
         openapi=inference_openapi(__version__),
     )
     management = build_management_app(registry, config, auth=auth)
+    metrics_app = with_openapi(make_asgi_app(metrics.registry), metrics_openapi(__version__))
     return Apps(
         registry=registry,
         metrics=metrics,
-        inference=inference,
-        management=management,
-        metrics_app=with_openapi(make_asgi_app(metrics.registry), metrics_openapi(__version__)),
+        inference=with_cors(inference, config),
+        management=with_cors(management, config),
+        metrics_app=with_cors(metrics_app, config),
         auth=auth,
+    )
+
+
+def with_cors(app: ASGIApp, config: Any) -> ASGIApp:
+    """``app`` behind starlette's CORSMiddleware when ``cors_allowed_origin`` is set
+    (TorchServe's comma-separated ``cors_allowed_*`` keys); else ``app`` itself."""
+    if not config.cors_allowed_origin:
+        return app
+
+    def split(value: str | None) -> list[str]:
+        return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+    return CORSMiddleware(  # type: ignore[return-value]
+        app,
+        allow_origins=split(config.cors_allowed_origin),
+        allow_methods=split(config.cors_allowed_methods) or ["GET"],
+        allow_headers=split(config.cors_allowed_headers),
     )
