@@ -47,6 +47,7 @@ from torchbay.server.http.asgi import (
     send_error,
     send_json,
 )
+from torchbay.server.observe.logs import RequestHook
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.queue import Pending
@@ -54,11 +55,6 @@ from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.inference")
 
-# (scope, model name, version or None, status, seconds, queue seconds or None when no worker
-# took the request, model version or None when unrouted) -> None; see server.logs.request_hook.
-RequestHook = Callable[
-    [Scope, str, "str | None", int, float, "float | None", "ModelVersion | None"], None
-]
 # Raises Unauthorized when the request may not use this API; see server.auth.
 AuthHook = Callable[[Scope, str], None]
 

@@ -124,7 +124,23 @@ class ServerMetrics(Observer):
         self.registry = registry or CollectorRegistry()
         self.hostname = hostname or socket.gethostname()
         self.models: ModelRegistry | None = None
-        r = self.registry
+        self._declare(self.registry)
+        self._series: dict[ModelVersion, _Series] = {}
+        self._unrouted: dict[int, Any] = {}
+        self._ts_acc: dict[tuple[str, str], list[float]] = {}
+        self._codes = [0.0] * 6  # Requests{2,4,5}XX by status // 100
+        self._last_total_s: float | None = None
+        self._last_queue_s = 0.0
+        self._last_handler_ms = 0.0
+        self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
+        self.registry.register(_ScrapeCollector(self))
+        self._gpu: GpuCollector | None = None
+        if system_metrics:
+            self.registry.register(HostCollector(self.hostname))
+            self._register_gpu(load_nvml() if nvml == "auto" else nvml)
+
+    def _declare(self, r: CollectorRegistry) -> None:
+        """The per-model-version series (labels ``model``, ``version``)."""
         self.requests = Counter(
             "torchbay_requests", "Inference requests by status code", (*LABELS, "code"), registry=r
         )
@@ -179,19 +195,6 @@ class ServerMetrics(Observer):
             LABELS,
             registry=r,
         )
-        self._series: dict[ModelVersion, _Series] = {}
-        self._unrouted: dict[int, Any] = {}
-        self._ts_acc: dict[tuple[str, str], list[float]] = {}
-        self._codes = [0.0] * 6  # Requests{2,4,5}XX by status // 100
-        self._last_total_s: float | None = None
-        self._last_queue_s = 0.0
-        self._last_handler_ms = 0.0
-        self.custom = CustomMetrics(r, max_metrics=max_custom_metrics)
-        r.register(_ScrapeCollector(self))
-        self._gpu: GpuCollector | None = None
-        if system_metrics:
-            r.register(HostCollector(self.hostname))
-            self._register_gpu(load_nvml() if nvml == "auto" else nvml)
 
     def _register_gpu(self, nvml: Any) -> None:
         if nvml is None:

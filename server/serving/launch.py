@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torchbay.server.config.settings import RESTART_BACKOFF_S
+from torchbay.server.config.settings import RESTART_BACKOFF_S, ModelConfig, ServerConfig
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.handle import SpawnFn, WorkerProcess
 
@@ -40,6 +40,31 @@ class ModelSettings:
     def updated(self, **changes: Any) -> ModelSettings:
         """A copy with the given (non-None) changes."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def settings_from(config: ModelConfig, server: ServerConfig | None = None) -> ModelSettings:
+    """A model's live settings; the server-wide ones (restart back-off, response limit) from
+    ``server`` when given."""
+    extra: dict[str, Any] = {}
+    if server is not None:
+        extra = {
+            "restart_backoff_s": server.restart_backoff_s,
+            "max_response_size": server.max_response_size,
+        }
+    return ModelSettings(
+        batch_size=config.batch_size,
+        max_batch_delay_ms=config.max_batch_delay_ms,
+        response_timeout_s=config.response_timeout_s,
+        startup_timeout_s=config.startup_timeout_s,
+        job_queue_size=config.job_queue_size,
+        client_timeout_ms=config.client_timeout_ms,
+        max_retry_timeout_s=config.max_retry_timeout_s,
+        min_workers=config.min_workers,
+        max_workers=config.max_workers if config.max_workers is not None else config.min_workers,
+        max_requests_per_worker=config.max_requests_per_worker,
+        max_worker_rss_mb=config.max_worker_rss_mb,
+        **extra,
+    )
 
 
 @dataclass(frozen=True, slots=True)

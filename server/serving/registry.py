@@ -38,7 +38,7 @@ from torchbay.server.serving.archives import (
     safe_relpath,
 )
 from torchbay.server.serving.handle import Spawned
-from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
+from torchbay.server.serving.launch import LaunchSpec, Placement, settings_from
 from torchbay.server.serving.model import ModelVersion, Observer
 
 log = logging.getLogger("torchbay.registry")
@@ -49,31 +49,6 @@ ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz", ".zip")
 PlaceFn = Callable[[ModelVersion, int, ModelConfig], Placement]
 # url -> local archive path (remote registration; see server.fetch)
 FetchFn = Callable[[str], Awaitable[Path]]
-
-
-def settings_from(config: ModelConfig, server: ServerConfig | None = None) -> ModelSettings:
-    """A model's live settings; the server-wide ones (restart back-off, response limit) from
-    ``server`` when given."""
-    extra: dict[str, Any] = {}
-    if server is not None:
-        extra = {
-            "restart_backoff_s": server.restart_backoff_s,
-            "max_response_size": server.max_response_size,
-        }
-    return ModelSettings(
-        batch_size=config.batch_size,
-        max_batch_delay_ms=config.max_batch_delay_ms,
-        response_timeout_s=config.response_timeout_s,
-        startup_timeout_s=config.startup_timeout_s,
-        job_queue_size=config.job_queue_size,
-        client_timeout_ms=config.client_timeout_ms,
-        max_retry_timeout_s=config.max_retry_timeout_s,
-        min_workers=config.min_workers,
-        max_workers=config.max_workers if config.max_workers is not None else config.min_workers,
-        max_requests_per_worker=config.max_requests_per_worker,
-        max_worker_rss_mb=config.max_worker_rss_mb,
-        **extra,
-    )
 
 
 class ModelRegistry:
@@ -227,28 +202,7 @@ class ModelRegistry:
             except BaseException:  # nothing of a refused archive stays in the work folder
                 shutil.rmtree(model_dir, ignore_errors=True)
                 raise
-            mv = ModelVersion(
-                name=name,
-                version=version,
-                model_dir=model_dir,
-                settings=settings_from(config, self.config),
-                place=lambda m, i: self.place(m, i, config),
-                threads_for=lambda m: self.threads_for(m, config),
-                launch=LaunchSpec(
-                    model_dir=model_dir,
-                    model_name=name,
-                    model_version=version,
-                    handler=config.handler,
-                    server_version=self.server_version,
-                    limit_max_image_pixels=self.config.limit_max_image_pixels,
-                    env=self.worker_env,
-                    log_format=self.config.log_format,
-                ),
-                url=url,
-                manifest=manifest,
-                observer=self.observer,
-                prewarmed=self.prewarmed,
-            )
+            mv = self._new_version(name, version, model_dir, config, manifest, url)
             self.models.setdefault(name, {})[version] = mv
             self.model_configs[mv.key] = config
             if name not in self.defaults or config.default_version:
@@ -260,6 +214,39 @@ class ModelRegistry:
             _background.add(task)
             task.add_done_callback(_background.discard)
         return mv
+
+    def _new_version(
+        self,
+        name: str,
+        version: str,
+        model_dir: Path,
+        config: ModelConfig,
+        manifest: Manifest,
+        url: str,
+    ) -> ModelVersion:
+        """A model version from its resolved config: its live settings and its launch spec."""
+        return ModelVersion(
+            name=name,
+            version=version,
+            model_dir=model_dir,
+            settings=settings_from(config, self.config),
+            place=lambda m, i: self.place(m, i, config),
+            threads_for=lambda m: self.threads_for(m, config),
+            launch=LaunchSpec(
+                model_dir=model_dir,
+                model_name=name,
+                model_version=version,
+                handler=config.handler,
+                server_version=self.server_version,
+                limit_max_image_pixels=self.config.limit_max_image_pixels,
+                env=self.worker_env,
+                log_format=self.config.log_format,
+            ),
+            url=url,
+            manifest=manifest,
+            observer=self.observer,
+            prewarmed=self.prewarmed,
+        )
 
     def _model_config(
         self,
