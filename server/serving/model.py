@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config.settings import ModelConfig
 from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.handle import (
@@ -104,6 +105,7 @@ class ModelVersion:
         version: str,
         model_dir: Path,
         settings: ModelSettings,
+        config: ModelConfig | None = None,
         place: Callable[[ModelVersion, int], Placement],
         threads_for: Callable[[ModelVersion], int] | None = None,
         launch: LaunchSpec | None = None,
@@ -116,6 +118,8 @@ class ModelVersion:
         self.name = name
         self.version = version
         self.model_dir = model_dir
+        # The resolved ModelConfig is the source; ``settings`` is its live view (settings_from).
+        self.config = config
         self.settings = settings
         self.url = url
         self.manifest = manifest
@@ -229,7 +233,7 @@ class ModelVersion:
     async def scale(self, min_workers: int, max_workers: int | None = None) -> None:
         """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops."""
         max_workers = min_workers if max_workers is None else max_workers
-        self.settings = self.settings.updated(min_workers=min_workers, max_workers=max_workers)
+        self._update(min_workers=min_workers, max_workers=max_workers)
         gone = [s for s in self.slots if s.gave_up]  # replaced by new slots below
         for slot in gone:
             self.slots.remove(slot)
@@ -258,6 +262,14 @@ class ModelVersion:
                 if slot.worker is not None:
                     slot.worker.tune(threads)
 
+    def _update(self, **changes: Any) -> None:
+        """A live change: a new ModelConfig validated through the same model (refused changes
+        raise ValidationError before anything changes), and the settings that derive from it."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if self.config is not None:
+            self.config = ModelConfig.model_validate({**self.config.model_dump(), **changes})
+        self.settings = self.settings.updated(**changes)
+
     def fail_if_unserved(self) -> None:
         """When no slot can ever serve again, answer everything queued with 503 at once."""
         if any(s.may_serve for s in self.slots):
@@ -275,7 +287,7 @@ class ModelVersion:
         response_timeout_s: float | None = None,
     ) -> None:
         """Change batching and timeouts live."""
-        self.settings = self.settings.updated(
+        self._update(
             batch_size=batch_size,
             max_batch_delay_ms=max_batch_delay_ms,
             response_timeout_s=response_timeout_s,

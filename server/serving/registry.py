@@ -77,10 +77,14 @@ class ModelRegistry:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="torchbay-models-"))
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.defaults: dict[str, str] = {}
-        self.model_configs: dict[str, ModelConfig] = {}  # key "name/version"
         self._lock = asyncio.Lock()
 
     # -- lookup ---------------------------------------------------------------------------------
+
+    @property
+    def model_configs(self) -> dict[str, ModelConfig]:
+        """Each version's resolved config (live changes included), by "name/version"."""
+        return {mv.key: mv.config for mv in self.all_versions() if mv.config is not None}
 
     def resolve(self, name: str, version: str | None = None) -> ModelVersion:
         versions = self.models.get(name)
@@ -204,7 +208,6 @@ class ModelRegistry:
                 raise
             mv = self._new_version(name, version, model_dir, config, manifest, url)
             self.models.setdefault(name, {})[version] = mv
-            self.model_configs[mv.key] = config
             if name not in self.defaults or config.default_version:
                 self.defaults[name] = version
         if synchronous:
@@ -230,6 +233,7 @@ class ModelRegistry:
             version=version,
             model_dir=model_dir,
             settings=settings_from(config, self.config),
+            config=config,
             place=lambda m, i: self.place(m, i, config),
             threads_for=lambda m: self.threads_for(m, config),
             launch=LaunchSpec(
@@ -291,7 +295,6 @@ class ModelRegistry:
         versions = self.models.get(mv.name, {})
         if versions.get(mv.version) is mv:
             del versions[mv.version]
-        self.model_configs.pop(mv.key, None)
         if not versions:
             self.models.pop(mv.name, None)
             self.defaults.pop(mv.name, None)
