@@ -13,8 +13,8 @@ One request shape from the listener to the worker and back: every listener (the 
 KServe v1/v2, and the gRPC or streaming listeners to come) builds a :class:`WireRequest`; every
 worker answers exactly one :class:`WireResponse` per request. Between them the queue only wraps
 the request in a ``serving.queue.Pending`` (its future and timestamps, never a new shape), and
-``Infer``/``Result`` carry lists of them. The handler's own ``Request`` object is built from a
-``WireRequest`` inside the worker.
+``Infer``/``Result`` carry lists of them. The worker hands the ``WireRequest``s to the handler
+service as they are (``handlers.service.RequestLike`` is what it reads of them).
 """
 
 from __future__ import annotations
