@@ -126,3 +126,31 @@ def test_modules_and_functions_stay_small(path: Path) -> None:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             length = (node.end_lineno or node.lineno) - node.lineno + 1
             assert length <= 60, f"{path.name}:{node.lineno} {node.name} has {length} lines"
+
+
+# Which sub-packages each part of the server may import (its own modules always).
+ALLOWED = {
+    "errors": set(),
+    "config": {"errors"},
+    "serving": {"config", "errors"},
+    "observe": {"serving", "config", "errors"},
+    "http": {"serving", "observe", "config", "errors"},
+    "worker": {"serving", "observe", "errors"},  # the protocol, the JSON log formatter
+    "admin": {"errors"},
+}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")[2:]
+    return parts[0] if parts else "(root)"
+
+
+def test_the_parts_import_one_way() -> None:
+    wrong = [
+        f"{source} imports {target}"
+        for source, targets in _graph().items()
+        if _part(source) in ALLOWED
+        for target in targets
+        if _part(target) != _part(source) and _part(target) not in ALLOWED[_part(source)]
+    ]
+    assert not wrong, wrong
