@@ -99,7 +99,7 @@ class TorchbayServer:
         self._late_loads: set[asyncio.Future[None]] = set()  # past workers_start_timeout_s
         self.registry: ModelRegistry | None = None
         self.metrics: Any = None
-        self.auth: Any = None  # server.auth.TokenAuth while token authorization is on
+        self.auth: Any = None  # http.auth.TokenAuth while token authorization is on
 
     # -- placement ------------------------------------------------------------------------------
 

@@ -36,8 +36,8 @@ TorchServe's frontend names, so existing dashboards and alerts keep working (anc
 ``Hostname``; unknown models count here too), ``QueueTime`` and ``WorkerThreadTime`` (last
 request, ms), ``WorkerLoadTime`` (per live worker, ms). Their sample names are exactly
 TorchServe's, so the cumulative ones are exposed untyped (prometheus_client would append
-``_total`` to a counter). Host and GPU metrics: server.system_metrics. Custom handler metrics:
-server.custom_metrics.
+``_total`` to a counter). Host and GPU metrics: observe.system_metrics. Custom handler metrics:
+observe.custom_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.

@@ -55,7 +55,7 @@ class ModelStatus(enum.Enum):
 
 
 class Observer:
-    """Hooks for metrics and logs; the default does nothing. Implemented by server.metrics."""
+    """Hooks for metrics and logs; the default does nothing. Implemented by observe.metrics."""
 
     def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
         pass

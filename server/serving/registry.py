@@ -47,7 +47,7 @@ ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz", ".zip")
 
 # (model version, slot index, model config) -> where that worker runs
 PlaceFn = Callable[[ModelVersion, int, ModelConfig], Placement]
-# url -> local archive path (remote registration; see server.fetch)
+# url -> local archive path (remote registration; see serving.fetch)
 FetchFn = Callable[[str], Awaitable[Path]]
 
 

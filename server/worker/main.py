@@ -111,7 +111,7 @@ def _failure(exc: Exception, request: p.WireRequest) -> p.WireResponse:
 def serve(sock: socket.socket) -> int:
     """Run the worker protocol on ``sock``. Returns the process exit code."""
     # Import torch and the handlers before the Load arrives: a worker spawned early (see
-    # workers.spawn_process) overlaps this, the slowest part of its start, with the frontend's.
+    # serving.handle.spawn_process) overlaps this, its slowest start-up step, with the frontend.
     import torch
 
     from torchbay.handlers.service import load_service
