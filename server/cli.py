@@ -89,9 +89,9 @@ def expected_startup_workers(config: Any) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from torchbay.server.config_sources import load_server_config
-    from torchbay.server.listeners import bind_listeners, close_all, preflight
-    from torchbay.server.workers import spawn_process
+    from torchbay.server.config.sources import load_server_config
+    from torchbay.server.http.listeners import bind_listeners, close_all, preflight
+    from torchbay.server.serving.handle import spawn_process
 
     for flag in ("log_config", "plugins_path", "workflow_store"):
         if getattr(args, flag):
@@ -110,7 +110,7 @@ def run_serve(args: argparse.Namespace) -> int:
         spawn_process(os.environ, log_format=config.log_format)
         for _ in range(expected_startup_workers(config))
     ]
-    from torchbay.server.logs import configure_logging
+    from torchbay.server.observe.logs import configure_logging
     from torchbay.server.serve import TorchbayServer
 
     # --log-format json: one object a line, from the frontend and its workers alike.

@@ -62,7 +62,7 @@ class InvalidModelVersion(BadRequest):
 
 class ClientDisconnected(BadRequest):
     """Recorded as nginx's 499: the request never ran and nobody reads the answer (the body
-    timeout's 408 was already sent by the HTTP protocol, server.httplimits)."""
+    timeout's 408 was already sent by the HTTP protocol, server.http.limits)."""
 
     status, code = 499, "client_disconnected"
 

@@ -2,7 +2,7 @@
 
 Startup binds the three listeners first (port 0 allowed; the bound ports are reported), and only
 then builds the apps (which writes the key file), so a start that cannot bind touches nothing of a
-server already running there. Every listener speaks HTTP through ``httplimits`` (header and body
+server already running there. Every listener speaks HTTP through ``http.limits`` (header and body
 timeouts, header limits). It then loads the startup models concurrently; a model that fails to
 load is logged with its reason and the others keep serving. Signal handlers only set a flag.
 Shutdown is bounded: stop accepting, drain queued and running requests for ``shutdown_grace_s``
@@ -28,21 +28,21 @@ from typing import Any
 import uvicorn
 
 from torchbay import __version__
-from torchbay.server.combined import CombinedApp
-from torchbay.server.config import ModelConfig, ServerConfig, parse_address
-from torchbay.server.devices import (
+from torchbay.server.config.settings import ModelConfig, ServerConfig, parse_address
+from torchbay.server.http.asgi import ASGIApp
+from torchbay.server.http.combined import CombinedApp
+from torchbay.server.http.limits import HttpLimits, protocol_class
+from torchbay.server.http.listeners import bind_listeners, check_tls, close_all
+from torchbay.server.serving.devices import (
     DeviceAssigner,
     cpu_affinity_for,
     cpu_threads_for,
     detect_gpu_count,
 )
-from torchbay.server.http import ASGIApp
-from torchbay.server.httplimits import HttpLimits, protocol_class
-from torchbay.server.listeners import bind_listeners, check_tls, close_all
-from torchbay.server.model import ModelVersion
-from torchbay.server.registry import ModelRegistry
-from torchbay.server.slot import Placement
-from torchbay.server.workers import Spawned
+from torchbay.server.serving.handle import Spawned
+from torchbay.server.serving.launch import Placement
+from torchbay.server.serving.model import ModelVersion
+from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.serve")
 
@@ -78,7 +78,7 @@ class TorchbayServer:
         self.config = config
         # Sockets bound by the caller (the CLI binds before anything else); else startup binds.
         self._sockets: dict[str, socket.socket] = dict(listeners or {})
-        # Worker processes the CLI spawned before the frontend's imports (see workers.py).
+        # Worker processes the CLI spawned before the frontend's imports (see serving/handle.py).
         self._prewarmed = list(prewarmed or [])
         self.env = dict(env if env is not None else {})
         if gpu_count is None:
@@ -96,9 +96,10 @@ class TorchbayServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None  # created inside the running loop
         self._servers: list[tuple[str, uvicorn.Server, socket.socket]] = []
+        self._late_loads: set[asyncio.Future[None]] = set()  # past workers_start_timeout_s
         self.registry: ModelRegistry | None = None
         self.metrics: Any = None
-        self.auth: Any = None  # server.auth.TokenAuth while token authorization is on
+        self.auth: Any = None  # http.auth.TokenAuth while token authorization is on
 
     # -- placement ------------------------------------------------------------------------------
 
@@ -167,7 +168,7 @@ class TorchbayServer:
             self._stop.set()
 
     async def startup(self) -> None:
-        from torchbay.server.apps import build_apps
+        from torchbay.server.http.apps import build_apps
 
         config = self.config
         if not self._sockets:  # raises TorchbayError naming the file or listener; nothing written
@@ -192,7 +193,8 @@ class TorchbayServer:
             self.state.ports.management = self.state.ports.inference
         protocol = protocol_class(HttpLimits.from_config(config))
         for name, app in routes.items():
-            await self._listen(name, app, protocol)
+            if name in self._sockets:  # no metrics listener with enable_metrics_api false
+                await self._listen(name, app, protocol)
         await self._load_startup_models()
         await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()
@@ -270,16 +272,29 @@ class TorchbayServer:
                     jobs.append((model_config.mar_name, model_name))
                     named.add(model_name)
         jobs = list(dict.fromkeys(jobs))
+        if not jobs:
+            return
 
         async def load(url: str, name: str | None) -> None:
+            label = name or url
             try:
                 await registry.register(url, name=name)
             except Exception as exc:  # one bad model never stops the others
-                label = name or url
                 self.state.failed_models[label] = str(exc)
                 log.error("model %s failed to load: %s", label, exc)
+            else:
+                self.state.failed_models.pop(label, None)  # reported late, loaded at last
 
-        await asyncio.gather(*(load(url, name) for url, name in jobs))
+        tasks = {asyncio.ensure_future(load(url, name)): name or url for url, name in jobs}
+        _, late = await asyncio.wait(tasks, timeout=config.workers_start_timeout_s)
+        for task in late:  # reported failed; it goes on loading and serves once it is ready
+            label = tasks[task]
+            self.state.failed_models[label] = (
+                f"not loaded within workers_start_timeout_s ({config.workers_start_timeout_s:g}s)"
+            )
+            log.error("model %s did not load within workers_start_timeout_s", label)
+            self._late_loads.add(task)
+            task.add_done_callback(self._late_loads.discard)
 
     def _write_ready_file(self) -> None:
         if self.ready_file is None:
@@ -310,6 +325,10 @@ class TorchbayServer:
         await asyncio.gather(drain, *(server.shutdown(sockets=[sock]) for _, server, sock in front))
         if self.registry is not None:
             await self.registry.stop()
+        for task in list(self._late_loads):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for _, server, sock in back:
             await server.shutdown(sockets=[sock])
         if self.metrics is not None and hasattr(self.metrics, "close"):

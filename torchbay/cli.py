@@ -21,7 +21,7 @@ from torchbay import __version__
 _VERB_MODULES = (
     "torchbay.archiver.cli",
     "torchbay.server.cli",
-    "torchbay.server.client",
+    "torchbay.server.admin.client",
     "torchbay.benchmarks.cli",
 )
 

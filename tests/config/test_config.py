@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from torchbay.server.config import ModelConfig, ModelSpec, ServerConfig, parse_address
-from torchbay.server.config_sources import load_server_config, resolve_model_config
+from torchbay.server.config.settings import ModelConfig, ModelSpec, ServerConfig, parse_address
+from torchbay.server.config.sources import load_server_config, resolve_model_config
 from torchbay.server.errors import ConfigError
 
 MODELS_JSON = """models={\\

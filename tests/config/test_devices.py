@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.server.devices import (
+from torchbay.server.errors import ConfigError
+from torchbay.server.serving.devices import (
     DeviceAssigner,
     cpu_affinity_for,
     cpu_threads_for,
     detect_gpu_count,
 )
-from torchbay.server.errors import ConfigError
 
 
 def physical(n: int) -> Callable[[Mapping[str, str]], int]:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from torchbay.server.properties import PropertiesError, parse_properties
+from torchbay.server.config.properties import PropertiesError, parse_properties
 
 # The shape of anchors 1.7's example: models= JSON continued over lines with backslashes.
 TS_CONFIG = r"""

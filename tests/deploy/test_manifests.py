@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from torchbay.server.config import ServerConfig
+from torchbay.server.config.settings import ServerConfig
 
 from .conftest import DEPLOY, require_tool
 

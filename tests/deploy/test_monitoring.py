@@ -123,6 +123,6 @@ def test_metric_names_exist_on_a_running_server(image_server: Any) -> None:
     assert len(names) >= 5
     # GPU gauges exist only where NVML sees a GPU: on this host, check the server declares them.
     gpu = {n for n in names if n.startswith("GPU")}
-    declared = (ROOT / "server" / "system_metrics.py").read_text()
+    declared = (ROOT / "server" / "observe" / "system_metrics.py").read_text()
     assert all(f'"{n}"' in declared for n in gpu), gpu
     assert not names - exported - gpu, f"dashboard metrics not exported: {names - exported}"

@@ -14,8 +14,8 @@ import torch
 from torchbay.handlers.envelopes import MAX_JSON_DEPTH, decode_json, flatten, json_depth
 from torchbay.handlers.errors import BadInput, failure_message, scrub_message
 from torchbay.handlers.service import load_service
-from torchbay.server import protocol as p
-from torchbay.server.worker import _predict
+from torchbay.server.serving import protocol as p
+from torchbay.server.worker.main import _predict
 
 from .conftest import body_json, req, write_manifest
 
@@ -391,7 +391,7 @@ def test_image_the_model_cannot_take_is_422_and_its_mates_answered(tmp_path: Pat
 def test_worker_answers_every_request_when_a_result_cannot_be_framed() -> None:
     import socket
 
-    from torchbay.server.worker import _frame
+    from torchbay.server.worker.main import _frame
 
     infer = p.Infer(batch_id=4, requests=[p.WireRequest("a", b""), p.WireRequest("b", b"")])
     ok = p.WireResponse(200, b"{}")

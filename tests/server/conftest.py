@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from torchbay.archiver.package import ArchiveOptions, package
-from torchbay.server.config import ServerConfig
+from torchbay.server.config.settings import ServerConfig
 from torchbay.server.serve import TorchbayServer
 
 ASSETS = Path(__file__).parent / "assets"

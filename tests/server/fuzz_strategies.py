@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from hypothesis import strategies as st
 
-from torchbay.server.config import MAX_BATCH_SIZE, MAX_DELAY_MS, MAX_TIMEOUT_S
+from torchbay.server.config.settings import MAX_BATCH_SIZE, MAX_DELAY_MS, MAX_TIMEOUT_S
 
 from .fuzzing import finite
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from torchbay.server.auth import TokenAuth
 from torchbay.server.errors import BadRequest, Unauthorized
+from torchbay.server.http.auth import TokenAuth
 
 from .conftest import LiveServer, make_config
 

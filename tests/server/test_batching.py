@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from torchbay.server.batching import BatchQueue, Pending, clock
 from torchbay.server.errors import QueueFull, RequestTimeout, ShuttingDown
+from torchbay.server.serving.queue import BatchQueue, Pending, clock
 
 
 def _item(

@@ -20,12 +20,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.archiver.package import ArchiveOptions, package
-from torchbay.server.config import ModelConfig, ServerConfig
+from torchbay.server.config.settings import ModelConfig, ServerConfig
 from torchbay.server.errors import HandlerFailed
-from torchbay.server.inference_app import _checked_response
-from torchbay.server.protocol import WireResponse
-from torchbay.server.registry import settings_from
-from torchbay.server.workers import spawn_process
+from torchbay.server.http.inference import _checked_response
+from torchbay.server.serving.handle import spawn_process
+from torchbay.server.serving.protocol import WireResponse
+from torchbay.server.serving.registry import settings_from
 
 from .conftest import ASSETS, LiveServer, _tiny_model
 

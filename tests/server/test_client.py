@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from torchbay.cli import build_parser, main
-from torchbay.server.client import ClientError, ManagementClient, load_token, run
+from torchbay.server.admin.client import ClientError, ManagementClient, load_token, run
 from torchbay.server.errors import TorchbayError
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from torchbay.server.errors import BadRequest, PayloadTooLarge, RequestTimeout
-from torchbay.server.fetch import Fetcher, UrlNotAllowed
+from torchbay.server.serving.fetch import Fetcher, UrlNotAllowed
 
 
 class Origin:

@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from torchbay.archiver.package import ArchiveOptions, package
-from torchbay.server.combined import is_management_path, same_address
-from torchbay.server.config import ServerConfig
-from torchbay.server.config_sources import load_server_config
+from torchbay.server.config.settings import ServerConfig
+from torchbay.server.config.sources import load_server_config
 from torchbay.server.errors import ConfigError
-from torchbay.server.listeners import listener_names
+from torchbay.server.http.combined import is_management_path, same_address
+from torchbay.server.http.listeners import listener_names
 
 from .conftest import ASSETS, _tiny_model, probe_models
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from torchbay.server.logs import (
+from torchbay.server.observe.logs import (
     ACCESS_FIELDS,
     ACCESS_LOGGER,
     JsonFormatter,

@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.archiver.package import ArchiveOptions, package
-from torchbay.server.custom_metrics import CustomMetrics, label_name, metric_name
-from torchbay.server.metrics import ServerMetrics
-from torchbay.server.model import ModelSettings, ModelVersion
-from torchbay.server.slot import Placement
-from torchbay.server.system_metrics import GPU_METRICS, HOST_METRICS, load_nvml
+from torchbay.server.observe.custom_metrics import CustomMetrics, label_name, metric_name
+from torchbay.server.observe.metrics import ServerMetrics
+from torchbay.server.observe.system_metrics import GPU_METRICS, HOST_METRICS, load_nvml
+from torchbay.server.serving.model import ModelSettings, ModelVersion
+from torchbay.server.serving.slot import Placement
 
 from .conftest import ASSETS, LiveServer, _tiny_model, make_config
 

@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.routing import Route
 
-from torchbay.server.auth import TokenAuth
-from torchbay.server.inference_app import InferenceApp
-from torchbay.server.management import build_management_app
-from torchbay.server.openapi import (
+from torchbay.server.http.auth import TokenAuth
+from torchbay.server.http.inference import InferenceApp
+from torchbay.server.http.management import build_management_app
+from torchbay.server.http.openapi import (
     INFERENCE_GENERIC,
     MANAGEMENT_GENERIC,
     MANAGEMENT_STATUSES,
@@ -30,7 +30,7 @@ from torchbay.server.openapi import (
     metrics_openapi,
     with_openapi,
 )
-from torchbay.server.registry import ModelRegistry
+from torchbay.server.serving.registry import ModelRegistry
 
 from .conftest import make_config
 
@@ -97,7 +97,7 @@ def test_management_document_lists_every_route_with_its_statuses(tmp_path):
         for method in sorted((route.methods or set()) - {"HEAD"}):
             key = (method.lower(), route.path)
             seen.add(key)
-            assert key in MANAGEMENT_STATUSES, f"{key} has no statuses in server/openapi.py"
+            assert key in MANAGEMENT_STATUSES, f"{key} has no statuses in server/http/openapi.py"
             responses = doc["paths"][route.path][method.lower()]["responses"]
             want = {str(c) for c in (*MANAGEMENT_STATUSES[key], *MANAGEMENT_GENERIC)}
             assert want <= set(responses), (key, want - set(responses))

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from torchbay.server import protocol as p
+from torchbay.server.serving import protocol as p
 
 
 def _roundtrip(message: p.Message) -> p.Message:

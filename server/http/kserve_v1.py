@@ -17,14 +17,14 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlencode
 
-from torchbay.server import protocol as p
-from torchbay.server.batching import Pending
 from torchbay.server.errors import BadRequest, NotFound, TorchbayError
-from torchbay.server.http import Receive, Scope, Send, read_body, send_bytes, send_json
+from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.queue import Pending
 
 if TYPE_CHECKING:
-    from torchbay.server.inference_app import InferenceApp
-    from torchbay.server.model import ModelVersion
+    from torchbay.server.http.inference import InferenceApp
+    from torchbay.server.serving.model import ModelVersion
 
 PREFIX = "/v1/models/"
 _DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding")

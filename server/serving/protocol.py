@@ -8,6 +8,13 @@ A frame is::
 byte payloads (request and response bodies) travel as raw blobs after it, and the header's
 ``"_blobs"`` list gives their sizes in order, so bodies are never base64'd or JSON-escaped.
 Anything malformed raises :class:`ProtocolError`. Torch-free: the frontend imports this.
+
+One request shape from the listener to the worker and back: every listener (the inference app,
+KServe v1/v2, and the gRPC or streaming listeners to come) builds a :class:`WireRequest`; every
+worker answers exactly one :class:`WireResponse` per request. Between them the queue only wraps
+the request in a ``serving.queue.Pending`` (its future and timestamps, never a new shape), and
+``Infer``/``Result`` carry lists of them. The worker hands the ``WireRequest``s to the handler
+service as they are (``handlers.service.RequestLike`` is what it reads of them).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Server and model configuration: two frozen pydantic models (the sources and their layering
-are in ``config_sources``).
+are in ``config.sources``).
 
 Server sources, later wins (``load_server_config``)::
 
@@ -244,7 +244,6 @@ class ServerConfig(BaseModel):
     workers_start_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S)
     max_request_size: int = Field(6553500, ge=1, le=MAX_BODY_BYTES)
     max_response_size: int = Field(6553500, ge=1, le=MAX_BODY_BYTES)
-    decode_input_request: bool = True
     limit_max_image_pixels: bool = True
     allowed_urls: list[str] = Field(default_factory=list)  # regexes; [] = model store only
     # bytes, for archives registered by URL

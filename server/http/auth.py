@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchbay.server.errors import BadRequest, Unauthorized
-from torchbay.server.http import Scope, header
+from torchbay.server.http.asgi import Scope, header
 
 log = logging.getLogger("torchbay.auth")
 

@@ -36,8 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from torchbay.server.auth import TokenAuth
-from torchbay.server.config import API_NAMES, MAX_TIMEOUT_S, ModelConfig, ServerConfig
+from torchbay.server.config.settings import API_NAMES, MAX_TIMEOUT_S, ModelConfig, ServerConfig
 from torchbay.server.errors import (
     BadRequest,
     ClientDisconnected,
@@ -46,9 +45,10 @@ from torchbay.server.errors import (
     NotFound,
     TorchbayError,
 )
-from torchbay.server.model import ModelStatus, ModelVersion
-from torchbay.server.openapi import document_management
-from torchbay.server.registry import ModelRegistry
+from torchbay.server.http.auth import TokenAuth
+from torchbay.server.http.openapi import document_management
+from torchbay.server.serving.model import ModelStatus, ModelVersion
+from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.management")
 

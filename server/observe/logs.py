@@ -27,13 +27,12 @@ import os
 import queue
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from torchbay.server.http import Scope
-    from torchbay.server.model import ModelVersion
+    from torchbay.server.serving.model import ModelVersion
 
 ACCESS_LOGGER = "torchbay.access"
 ACCESS_FIELDS = (
@@ -52,11 +51,13 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 access_log = logging.getLogger(ACCESS_LOGGER)
 
+Scope = MutableMapping[str, Any]  # an ASGI scope, as http.asgi.Scope (observe imports no http)
+
 # (name, version, status, seconds, queue seconds, model version) -> None: ServerMetrics.request_done
 RecordHook = Callable[[str, "str | None", int, float, "float | None", "ModelVersion | None"], None]
 # The inference app's on_request: the same, with the ASGI scope first.
 RequestHook = Callable[
-    ["Scope", str, "str | None", int, float, "float | None", "ModelVersion | None"], None
+    [Scope, str, "str | None", int, float, "float | None", "ModelVersion | None"], None
 ]
 
 

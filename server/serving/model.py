@@ -1,6 +1,6 @@
 """One served model version: its queue, its worker slots, and how requests flow through them.
 
-A *slot* (server/slot.py) owns one worker process at a time and pulls batches from the shared
+A *slot* (serving/slot.py) owns one worker process at a time and pulls batches from the shared
 queue while its worker is READY. Scaling adds or retires slots (a retiring slot finishes the
 batch it holds) and re-tunes the survivors' CPU threads.
 
@@ -19,27 +19,25 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchbay.server import protocol as p
-from torchbay.server.batching import BatchQueue, Pending, clock, reject, resolve
-from torchbay.server.config import RESTART_BACKOFF_S
-from torchbay.server.errors import (
-    HandlerFailed,
-    NoWorker,
-    ShuttingDown,
-    TorchbayError,
-)
-from torchbay.server.slot import Placement, WorkerSlot
-from torchbay.server.workers import (
+from torchbay.server.config.settings import ModelConfig
+from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.handle import (
     Spawned,
     SpawnFn,
     WorkerLoadError,
     WorkerProcess,
     spawn_process,
 )
+from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
+from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject
+from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
+
+__all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
 
 log = logging.getLogger("torchbay.model")
 
@@ -56,18 +54,8 @@ class ModelStatus(enum.Enum):
     STOPPED = "STOPPED"
 
 
-@dataclass(frozen=True, slots=True)
-class BatchRecord:
-    """What an observer learns from one batch."""
-
-    size: int
-    queue_times_s: list[float]
-    timings_ms: dict[str, float]
-    metrics: list[dict[str, Any]]
-
-
 class Observer:
-    """Hooks for metrics and logs; the default does nothing. Implemented by server.metrics."""
+    """Hooks for metrics and logs; the default does nothing. Implemented by observe.metrics."""
 
     def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
         pass
@@ -82,23 +70,29 @@ class Observer:
         pass
 
 
-@dataclass(frozen=True)
-class ModelSettings:
-    """The live-tunable settings of one model version (already resolved from every source)."""
+class _Events(SlotEvents):
+    """How the slots' reports reach their model version (counters) and its observer."""
 
-    batch_size: int = 1
-    max_batch_delay_ms: float = 100.0
-    response_timeout_s: float = 120.0
-    startup_timeout_s: float = 120.0
-    job_queue_size: int = 100
-    client_timeout_ms: float = 0.0
-    max_retry_timeout_s: float = 300.0
-    min_workers: int = 1
-    max_workers: int = 1
-    restart_backoff_s: tuple[float, ...] = RESTART_BACKOFF_S  # the server's, by failure count
-    max_requests_per_worker: int = 0  # recycle a worker after this many requests (0: never)
-    max_worker_rss_mb: int = 0  # recycle a worker past this resident memory (0: never)
-    max_response_size: int = 0  # bytes of one response body (0: no limit)
+    def __init__(self, model: ModelVersion) -> None:
+        self.model = model
+
+    def batch_done(self, record: BatchRecord) -> None:
+        self.model.observer.batch_done(self.model, record)
+
+    def worker_started(self, worker: WorkerProcess, restart: bool) -> None:
+        self.model.restarts += restart
+        self.model.observer.worker_started(self.model, worker, restart=restart)
+
+    def worker_start_failed(self, error: Exception) -> None:
+        self.model.start_failures += 1
+        self.model.observer.worker_start_failed(self.model, error)
+
+    def worker_recycled(self, worker: WorkerProcess) -> None:
+        self.model.recycles += 1
+        self.model.observer.worker_recycled(self.model, worker)
+
+    def gave_up(self) -> None:
+        self.model.fail_if_unserved()
 
 
 class ModelVersion:
@@ -111,31 +105,27 @@ class ModelVersion:
         version: str,
         model_dir: Path,
         settings: ModelSettings,
+        config: ModelConfig | None = None,
         place: Callable[[ModelVersion, int], Placement],
         threads_for: Callable[[ModelVersion], int] | None = None,
-        server_version: str = "",
-        handler: str | None = None,
+        launch: LaunchSpec | None = None,
         url: str = "",
         manifest: Any = None,
         observer: Observer | None = None,
-        worker_env: dict[str, str] | None = None,
-        limit_max_image_pixels: bool = True,
         prewarmed: Callable[[], Spawned | None] | None = None,
-        log_format: str = "text",
         spawn: SpawnFn | None = None,
     ) -> None:
         self.name = name
         self.version = version
         self.model_dir = model_dir
+        # The resolved ModelConfig is the source; ``settings`` is its live view (settings_from).
+        self.config = config
         self.settings = settings
         self.url = url
         self.manifest = manifest
-        self.handler = handler
-        self.server_version = server_version
-        self.limit_max_image_pixels = limit_max_image_pixels
+        # The one description of this version's workers; each slot places its own copy.
+        self.launch = launch or LaunchSpec(model_dir, name, version)
         self.observer = observer or Observer()
-        self.worker_env = worker_env
-        self.log_format = log_format
         self._place = place
         self._threads_for = threads_for
         self.prewarmed: Callable[[], Spawned | None] = prewarmed or (lambda: None)
@@ -149,6 +139,15 @@ class ModelVersion:
             capacity=settings.job_queue_size,
         )
         self.slots: list[WorkerSlot] = []
+        self._slot_context = SlotContext(
+            key=self.key,
+            queue=self.queue,
+            settings=lambda: self.settings,
+            new_worker=self._new_worker,
+            stopping=lambda: self.closing,
+            prewarmed=lambda: self.prewarmed(),
+            events=_Events(self),
+        )
         self._slot_index = 0
         self.inflight = 0
         self.restarts = 0
@@ -160,6 +159,11 @@ class ModelVersion:
         self.closing = False
 
     # -- lifecycle ----------------------------------------------------------------------------
+
+    def _new_worker(self, placement: Placement) -> WorkerProcess:
+        """A worker for a slot at ``placement``, from this version's launch spec (read at call
+        time: tests swap ``spawn``, ``configure`` changes the batch size)."""
+        return self.launch.placed(placement, self.settings.batch_size).new_worker(self.spawn)
 
     @property
     def key(self) -> str:
@@ -208,7 +212,9 @@ class ModelVersion:
         """Start ``count`` new slots; drop (and return the errors of) those that cannot load."""
         new = []
         for _ in range(count):
-            slot = WorkerSlot(self, self._slot_index, self._place(self, self._slot_index))
+            slot = WorkerSlot(
+                self._slot_context, self._slot_index, self._place(self, self._slot_index)
+            )
             self._slot_index += 1
             new.append(slot)
             self.slots.append(slot)
@@ -227,7 +233,7 @@ class ModelVersion:
     async def scale(self, min_workers: int, max_workers: int | None = None) -> None:
         """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops."""
         max_workers = min_workers if max_workers is None else max_workers
-        self.settings = _replace(self.settings, min_workers=min_workers, max_workers=max_workers)
+        self._update(min_workers=min_workers, max_workers=max_workers)
         gone = [s for s in self.slots if s.gave_up]  # replaced by new slots below
         for slot in gone:
             self.slots.remove(slot)
@@ -256,6 +262,14 @@ class ModelVersion:
                 if slot.worker is not None:
                     slot.worker.tune(threads)
 
+    def _update(self, **changes: Any) -> None:
+        """A live change: a new ModelConfig validated through the same model (refused changes
+        raise ValidationError before anything changes), and the settings that derive from it."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if self.config is not None:
+            self.config = ModelConfig.model_validate({**self.config.model_dump(), **changes})
+        self.settings = self.settings.updated(**changes)
+
     def fail_if_unserved(self) -> None:
         """When no slot can ever serve again, answer everything queued with 503 at once."""
         if any(s.may_serve for s in self.slots):
@@ -273,8 +287,7 @@ class ModelVersion:
         response_timeout_s: float | None = None,
     ) -> None:
         """Change batching and timeouts live."""
-        self.settings = _replace(
-            self.settings,
+        self._update(
             batch_size=batch_size,
             max_batch_delay_ms=max_batch_delay_ms,
             response_timeout_s=response_timeout_s,
@@ -353,48 +366,3 @@ class ModelVersion:
             return await item.future
         finally:
             self.inflight -= 1
-
-    async def run_batch(
-        self, worker: WorkerProcess, batch: list[Pending[p.WireRequest, p.WireResponse]]
-    ) -> None:
-        try:
-            result = await worker.infer(
-                [item.payload for item in batch], self.settings.response_timeout_s or None
-            )
-        except TorchbayError as exc:  # WorkerDied, RequestTimeout
-            for item in batch:
-                reject(item.future, type(exc)(exc.message))
-            return
-        if len(result.responses) != len(batch):
-            for item in batch:
-                reject(
-                    item.future, HandlerFailed("The worker answered the wrong number of results")
-                )
-            return
-        limit = self.settings.max_response_size
-        for item, response in zip(batch, result.responses, strict=True):
-            if limit and len(response.body) > limit:
-                log.error(
-                    "model %s: request %s: the handler's response of %d bytes exceeds "
-                    "max_response_size (%d bytes); answered 500",
-                    self.key, item.payload.request_id, len(response.body), limit,
-                )  # fmt: skip
-                reject(item.future, HandlerFailed(
-                    f"The model's response of {len(response.body)} bytes exceeds the "
-                    f"server's max_response_size of {limit} bytes"
-                ))  # fmt: skip
-                continue
-            resolve(item.future, response)
-        self.observer.batch_done(
-            self,
-            BatchRecord(
-                size=len(batch),
-                queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],
-                timings_ms=result.timings,
-                metrics=result.metrics,
-            ),
-        )
-
-
-def _replace(settings: ModelSettings, **changes: Any) -> ModelSettings:
-    return replace(settings, **{k: v for k, v in changes.items() if v is not None})

@@ -36,8 +36,8 @@ TorchServe's frontend names, so existing dashboards and alerts keep working (anc
 ``Hostname``; unknown models count here too), ``QueueTime`` and ``WorkerThreadTime`` (last
 request, ms), ``WorkerLoadTime`` (per live worker, ms). Their sample names are exactly
 TorchServe's, so the cumulative ones are exposed untyped (prometheus_client would append
-``_total`` to a counter). Host and GPU metrics: server.system_metrics. Custom handler metrics:
-server.custom_metrics.
+``_total`` to a counter). Host and GPU metrics: observe.system_metrics. Custom handler metrics:
+observe.custom_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -60,13 +60,14 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from torchbay.server.custom_metrics import LABELS, CustomMetrics
-from torchbay.server.model import BatchRecord, ModelStatus, ModelVersion, Observer
-from torchbay.server.system_metrics import GpuCollector, HostCollector, load_nvml
-from torchbay.server.workers import WorkerProcess, WorkerState
+from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
+from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
+from torchbay.server.serving.handle import WorkerProcess, WorkerState
+from torchbay.server.serving.model import ModelStatus, ModelVersion, Observer
+from torchbay.server.serving.slot import BatchRecord
 
 if TYPE_CHECKING:
-    from torchbay.server.registry import ModelRegistry
+    from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.metrics")
 
@@ -123,7 +124,23 @@ class ServerMetrics(Observer):
         self.registry = registry or CollectorRegistry()
         self.hostname = hostname or socket.gethostname()
         self.models: ModelRegistry | None = None
-        r = self.registry
+        self._declare(self.registry)
+        self._series: dict[ModelVersion, _Series] = {}
+        self._unrouted: dict[int, Any] = {}
+        self._ts_acc: dict[tuple[str, str], list[float]] = {}
+        self._codes = [0.0] * 6  # Requests{2,4,5}XX by status // 100
+        self._last_total_s: float | None = None
+        self._last_queue_s = 0.0
+        self._last_handler_ms = 0.0
+        self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
+        self.registry.register(_ScrapeCollector(self))
+        self._gpu: GpuCollector | None = None
+        if system_metrics:
+            self.registry.register(HostCollector(self.hostname))
+            self._register_gpu(load_nvml() if nvml == "auto" else nvml)
+
+    def _declare(self, r: CollectorRegistry) -> None:
+        """The per-model-version series (labels ``model``, ``version``)."""
         self.requests = Counter(
             "torchbay_requests", "Inference requests by status code", (*LABELS, "code"), registry=r
         )
@@ -178,19 +195,6 @@ class ServerMetrics(Observer):
             LABELS,
             registry=r,
         )
-        self._series: dict[ModelVersion, _Series] = {}
-        self._unrouted: dict[int, Any] = {}
-        self._ts_acc: dict[tuple[str, str], list[float]] = {}
-        self._codes = [0.0] * 6  # Requests{2,4,5}XX by status // 100
-        self._last_total_s: float | None = None
-        self._last_queue_s = 0.0
-        self._last_handler_ms = 0.0
-        self.custom = CustomMetrics(r, max_metrics=max_custom_metrics)
-        r.register(_ScrapeCollector(self))
-        self._gpu: GpuCollector | None = None
-        if system_metrics:
-            r.register(HostCollector(self.hostname))
-            self._register_gpu(load_nvml() if nvml == "auto" else nvml)
 
     def _register_gpu(self, nvml: Any) -> None:
         if nvml is None:

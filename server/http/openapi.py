@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchbay.server.errors import BadRequest, MethodNotAllowed, NotFound, TorchbayError
-from torchbay.server.http import ASGIApp, Receive, Scope, Send, send_error, send_json
-from torchbay.server.kserve_v1 import openapi_path
+from torchbay.server.http.asgi import ASGIApp, Receive, Scope, Send, send_error, send_json
+from torchbay.server.http.kserve_v1 import openapi_path
 
 _ERROR = {
     "type": "object",

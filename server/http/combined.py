@@ -11,8 +11,8 @@ ephemeral ports.
 
 from __future__ import annotations
 
-from torchbay.server.config import parse_address
-from torchbay.server.http import ASGIApp, Receive, Scope, Send
+from torchbay.server.config.settings import parse_address
+from torchbay.server.http.asgi import ASGIApp, Receive, Scope, Send
 
 
 def is_management_path(method: str, path: str) -> bool:

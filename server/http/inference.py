@@ -29,9 +29,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
-from torchbay.server import kserve_v1
-from torchbay.server import protocol as p
-from torchbay.server.batching import Pending
 from torchbay.server.errors import (
     HandlerFailed,
     MethodNotAllowed,
@@ -39,7 +36,8 @@ from torchbay.server.errors import (
     ServiceUnavailable,
     TorchbayError,
 )
-from torchbay.server.http import (
+from torchbay.server.http import kserve_v1
+from torchbay.server.http.asgi import (
     Receive,
     Scope,
     Send,
@@ -49,16 +47,14 @@ from torchbay.server.http import (
     send_error,
     send_json,
 )
-from torchbay.server.model import ModelStatus, ModelVersion
-from torchbay.server.registry import ModelRegistry
+from torchbay.server.observe.logs import RequestHook
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.model import ModelStatus, ModelVersion
+from torchbay.server.serving.queue import Pending
+from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.inference")
 
-# (scope, model name, version or None, status, seconds, queue seconds or None when no worker
-# took the request, model version or None when unrouted) -> None; see server.logs.request_hook.
-RequestHook = Callable[
-    [Scope, str, "str | None", int, float, "float | None", "ModelVersion | None"], None
-]
 # Raises Unauthorized when the request may not use this API; see server.auth.
 AuthHook = Callable[[Scope, str], None]
 

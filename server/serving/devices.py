@@ -22,7 +22,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from .errors import ConfigError
+from torchbay.server.errors import ConfigError
 
 _SMI_TIMEOUT_S = 5.0
 

@@ -13,6 +13,11 @@ Recycling (``max_requests_per_worker``, ``max_worker_rss_mb``): make-before-brea
 batch, a worker past a limit gets a replacement started beside it; the slot keeps serving with
 the old worker until the replacement is READY, then switches and stops the old one once its
 batch is done. No request is dropped or refused.
+
+Calls go one way: a slot never calls its model version. What it needs (the queue, the live
+settings, how to make a worker) comes in a ``SlotContext`` at construction, and what happens
+(a batch done, a worker started, failed, recycled, the slot gave up) goes out through that
+context's ``SlotEvents``, which the model version implements.
 """
 
 from __future__ import annotations
@@ -20,18 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
-from torchbay.server import protocol as p
-from torchbay.server.batching import Pending, reject
-from torchbay.server.errors import TorchbayError
-from torchbay.server.workers import WorkerLoadError, WorkerProcess, WorkerState
-
-if TYPE_CHECKING:
-    from torchbay.server.model import ModelVersion
+from torchbay.server.errors import HandlerFailed, TorchbayError
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.handle import Spawned, WorkerLoadError, WorkerProcess, WorkerState
+from torchbay.server.serving.launch import ModelSettings, Placement
+from torchbay.server.serving.queue import BatchQueue, Pending, reject, resolve
 
 log = logging.getLogger("torchbay.model")
 
@@ -44,20 +48,97 @@ RECYCLE_RETRY_S = 5.0
 _MIB = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where one worker runs: a GPU id (None = CPU), its torch threads, optional core affinity."""
+__all__ = ["BatchRecord", "Placement", "SlotContext", "SlotEvents", "WorkerSlot", "run_batch"]
 
-    gpu_id: int | None
-    threads: int
-    cpu_affinity: tuple[int, ...] | None = None
+Batch = list[Pending[p.WireRequest, p.WireResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """What an observer learns from one batch."""
+
+    size: int
+    queue_times_s: list[float]
+    timings_ms: dict[str, float]
+    metrics: list[dict[str, Any]]
+
+
+class SlotEvents:
+    """What a slot reports upward; the default ignores it. The model version implements it."""
+
+    def batch_done(self, record: BatchRecord) -> None:
+        pass
+
+    def worker_started(self, worker: WorkerProcess, restart: bool) -> None:
+        pass
+
+    def worker_start_failed(self, error: Exception) -> None:
+        pass
+
+    def worker_recycled(self, worker: WorkerProcess) -> None:
+        pass
+
+    def gave_up(self) -> None:
+        """This slot's restarts were exhausted (it will never serve again)."""
+
+
+@dataclass(frozen=True)
+class SlotContext:
+    """What every slot of one model version is handed at construction."""
+
+    key: str  # "name/version", for logs
+    queue: BatchQueue[p.WireRequest, p.WireResponse]
+    settings: Callable[[], ModelSettings]  # the live settings (they change on scale/configure)
+    new_worker: Callable[[Placement], WorkerProcess]  # from the model's LaunchSpec
+    stopping: Callable[[], bool] = lambda: False  # the model is closing
+    prewarmed: Callable[[], Spawned | None] = lambda: None
+    events: SlotEvents = field(default_factory=SlotEvents)
+
+
+async def run_batch(
+    worker: WorkerProcess, batch: Batch, settings: ModelSettings, key: str
+) -> BatchRecord | None:
+    """Run one batch on ``worker`` and answer each request's future exactly once; the batch's
+    record, or None when the whole batch failed (worker died, timeout, wrong result count)."""
+    try:
+        result = await worker.infer(
+            [item.payload for item in batch], settings.response_timeout_s or None
+        )
+    except TorchbayError as exc:  # WorkerDied, RequestTimeout
+        for item in batch:
+            reject(item.future, type(exc)(exc.message))
+        return None
+    if len(result.responses) != len(batch):
+        for item in batch:
+            reject(item.future, HandlerFailed("The worker answered the wrong number of results"))
+        return None
+    limit = settings.max_response_size
+    for item, response in zip(batch, result.responses, strict=True):
+        if limit and len(response.body) > limit:
+            log.error(
+                "model %s: request %s: the handler's response of %d bytes exceeds "
+                "max_response_size (%d bytes); answered 500",
+                key, item.payload.request_id, len(response.body), limit,
+            )  # fmt: skip
+            reject(item.future, HandlerFailed(
+                f"The model's response of {len(response.body)} bytes exceeds the "
+                f"server's max_response_size of {limit} bytes"
+            ))  # fmt: skip
+            continue
+        resolve(item.future, response)
+    return BatchRecord(
+        size=len(batch),
+        queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],
+        timings_ms=result.timings,
+        metrics=result.metrics,
+    )
 
 
 class WorkerSlot:
     """One place for a worker: a supervisor (start, restart with back-off) and a dispatcher."""
 
-    def __init__(self, model: ModelVersion, index: int, placement: Placement) -> None:
-        self.model = model
+    def __init__(self, ctx: SlotContext, index: int, placement: Placement) -> None:
+        self.ctx = ctx
         self.index = index
         self.placement = placement
         self.worker: WorkerProcess | None = None
@@ -93,26 +174,8 @@ class WorkerSlot:
         """Ready now, or expected to be after a (re)start."""
         return not self.retiring and not self.gave_up and (self.ready or self.worker is not None)
 
-    def _load_message(self) -> p.Load:
-        m = self.model
-        return p.Load(
-            model_dir=str(m.model_dir),
-            model_name=m.name,
-            model_version=m.version,
-            batch_size=m.settings.batch_size,
-            gpu_id=self.placement.gpu_id,
-            handler=m.handler,
-            num_threads=self.placement.threads,
-            cpu_affinity=list(self.placement.cpu_affinity) if self.placement.cpu_affinity else None,
-            server_version=m.server_version,
-            limit_max_image_pixels=m.limit_max_image_pixels,
-        )
-
     def _new_worker(self) -> WorkerProcess:
-        m = self.model
-        return WorkerProcess(
-            self._load_message(), env=m.worker_env, log_format=m.log_format, spawn=m.spawn
-        )
+        return self.ctx.new_worker(self.placement)
 
     async def start(self) -> None:
         """Start the supervisor and dispatcher; return after the first load attempt."""
@@ -126,24 +189,23 @@ class WorkerSlot:
     # -- supervision ----------------------------------------------------------------------------
 
     def _stopping(self) -> bool:
-        return self.retiring or self.model.closing
+        return self.retiring or self.ctx.stopping()
 
     async def _boot(self, worker: WorkerProcess) -> bool:
         """Start ``worker``; False (logged, counted) when it could not start."""
         try:
-            await worker.start(self.model.settings.startup_timeout_s, self.model.prewarmed())
+            await worker.start(self.ctx.settings().startup_timeout_s, self.ctx.prewarmed())
         except WorkerLoadError as exc:
             self.load_error = exc
-            log.error("model %s: worker failed to load: %s", self.model.key, exc)
+            log.error("model %s: worker failed to load: %s", self.ctx.key, exc)
         except Exception as exc:  # OSError from spawning (EMFILE, ENOMEM), a broken socket...
             self.load_error = WorkerLoadError(f"could not start a worker: {exc!r}")
-            log.error("model %s: could not start a worker: %r", self.model.key, exc)
+            log.error("model %s: could not start a worker: %r", self.ctx.key, exc)
         else:
             self.load_error = None
             return True
         self.start_failures += 1
-        self.model.start_failures += 1
-        self.model.observer.worker_start_failed(self.model, self.load_error)
+        self.ctx.events.worker_start_failed(self.load_error)
         return False
 
     async def _supervise(self) -> None:
@@ -159,8 +221,7 @@ class WorkerSlot:
                     self._first.set_result(None)
                 else:
                     self.restarts += 1
-                    self.model.restarts += 1
-                self.model.observer.worker_started(self.model, worker, restart=not first)
+                self.ctx.events.worker_started(worker, restart=not first)
                 uptime = await self._watch(worker)
                 if self._stopping():
                     return
@@ -170,14 +231,14 @@ class WorkerSlot:
                 self._first.set_result(None)
                 return  # a model that cannot load at all is reported, not retried
             window_start = loop.time() if window_start is None else window_start
-            if loop.time() - window_start > self.model.settings.max_retry_timeout_s:
-                log.error("model %s: worker keeps failing; giving up", self.model.key)
+            if loop.time() - window_start > self.ctx.settings().max_retry_timeout_s:
+                log.error("model %s: worker keeps failing; giving up", self.ctx.key)
                 self._give_up()
                 return
-            backoff = self.model.settings.restart_backoff_s
+            backoff = self.ctx.settings().restart_backoff_s
             delay = backoff[min(failures, len(backoff) - 1)]
             failures += 1
-            log.warning("model %s: restarting worker in %gs", self.model.key, delay)
+            log.warning("model %s: restarting worker in %gs", self.ctx.key, delay)
             await asyncio.sleep(delay)
 
     async def _watch(self, worker: WorkerProcess) -> float:
@@ -210,31 +271,30 @@ class WorkerSlot:
         new = self._new_worker()
         if not await self._boot(new):
             self._recycle_hold_until = asyncio.get_running_loop().time() + RECYCLE_RETRY_S
-            log.warning("model %s: recycling %s failed; it serves on", self.model.key, old.name)
+            log.warning("model %s: recycling %s failed; it serves on", self.ctx.key, old.name)
             return None
         self.worker = new  # the dispatcher's next batch goes to the new worker
         self._ready.set()
         self.recycles += 1
-        self.model.recycles += 1
-        self.model.observer.worker_recycled(self.model, new)
-        self.model.observer.worker_started(self.model, new, restart=False)
+        self.ctx.events.worker_recycled(new)
+        self.ctx.events.worker_started(new, restart=False)
         log.info("model %s: recycled worker %s (pid %s) as %s (pid %s)",
-                 self.model.key, old.name, old.pid, new.name, new.pid)  # fmt: skip
+                 self.ctx.key, old.name, old.pid, new.name, new.pid)  # fmt: skip
         await self._idle.wait()  # the old worker's batch, if any, is answered first
-        await asyncio.shield(old.stop(self.model.settings.response_timeout_s or 10.0))
+        await asyncio.shield(old.stop(self.ctx.settings().response_timeout_s or 10.0))
         return new
 
     def _give_up(self) -> None:
         self.gave_up = True
         self.worker = None
         self._ready.set()  # release the dispatcher: it sees gave_up and exits
-        self.model.fail_if_unserved()
+        self.ctx.events.gave_up()
 
     def _supervisor_done(self, task: asyncio.Task) -> None:
         """Backstop: a supervisor that ended on an unexpected exception fails its slot loudly."""
         if task.cancelled() or task.exception() is None:
             return
-        log.error("model %s: worker supervisor crashed", self.model.key, exc_info=task.exception())
+        log.error("model %s: worker supervisor crashed", self.ctx.key, exc_info=task.exception())
         if self.worker is not None:
             self.worker.kill()
         if not self._first.done():
@@ -245,7 +305,7 @@ class WorkerSlot:
     # -- dispatching ----------------------------------------------------------------------------
 
     async def _dispatch(self) -> None:
-        queue = self.model.queue
+        queue = self.ctx.queue
         while not self.retiring and not self.gave_up:
             if not self.ready:
                 self._ready.clear()  # its worker died or was killed: wait for the restart
@@ -263,15 +323,17 @@ class WorkerSlot:
             self._running = batch
             self._idle.clear()
             try:
-                await self.model.run_batch(worker, batch)
+                record = await run_batch(worker, batch, self.ctx.settings(), self.ctx.key)
             finally:
                 self._running = []
                 self._idle.set()
+            if record is not None:
+                self.ctx.events.batch_done(record)
             if worker is self.worker and self._wants_recycle(worker):
                 self._recycle.set()
 
     def _wants_recycle(self, worker: WorkerProcess) -> bool:
-        settings = self.model.settings
+        settings = self.ctx.settings()
         if not worker.alive or self._recycle.is_set() or self._replacing:
             return False
         loop_time = asyncio.get_running_loop().time()
@@ -280,7 +342,7 @@ class WorkerSlot:
         limit = settings.max_requests_per_worker
         if limit and worker.requests >= limit:
             log.info("model %s: worker %s served %d requests (limit %d); recycling it",
-                     self.model.key, worker.name, worker.requests, limit)  # fmt: skip
+                     self.ctx.key, worker.name, worker.requests, limit)  # fmt: skip
             return True
         limit_mb = settings.max_worker_rss_mb
         if not limit_mb or loop_time - worker.rss_checked_at < RSS_CHECK_INTERVAL_S:
@@ -292,7 +354,7 @@ class WorkerSlot:
             return False  # it is exiting; the supervisor sees that
         if rss > limit_mb * _MIB:
             log.info("model %s: worker %s uses %d MiB (limit %d MiB); recycling it",
-                     self.model.key, worker.name, rss // _MIB, limit_mb)  # fmt: skip
+                     self.ctx.key, worker.name, rss // _MIB, limit_mb)  # fmt: skip
             return True
         return False
 

@@ -13,14 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import (
+from torchbay.server.config.properties import PropertiesError, parse_properties
+from torchbay.server.config.settings import (
     API_NAMES,
     ModelConfig,
     ServerConfig,
     split_model_keys,
 )
-from .errors import ConfigError
-from .properties import PropertiesError, parse_properties
+from torchbay.server.errors import ConfigError
 
 log = logging.getLogger("torchbay.server.config")  # one logger for all of config
 
@@ -48,6 +48,9 @@ SERVER_IGNORED_KEYS = frozenset(
         "ipex_enable", "ipex_gpu_enable", "cpp_log_config", "use_native_io", "io_ratio",
         "service_envelope", "default_service_handler", "max_idle_time", "enable_grpc",
         "ts_config_file", "log_location", "metrics_location", "headless", "metrics_format",
+        # TorchServe lets workers decode JSON/text bodies before the handler; torchbay's
+        # handlers always get the bytes and the content type and decode themselves.
+        "decode_input_request",
     }
 )  # fmt: skip
 _FIELDS = frozenset(ServerConfig.model_fields)

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import make_asgi_app
+from starlette.middleware.cors import CORSMiddleware
 
 from torchbay import __version__
-from torchbay.server.auth import TokenAuth
-from torchbay.server.fetch import Fetcher
-from torchbay.server.http import ASGIApp
-from torchbay.server.inference_app import InferenceApp
-from torchbay.server.logs import request_hook
-from torchbay.server.management import build_management_app
-from torchbay.server.metrics import ServerMetrics
-from torchbay.server.openapi import inference_openapi, metrics_openapi, with_openapi
-from torchbay.server.registry import ModelRegistry
+from torchbay.server.http.asgi import ASGIApp
+from torchbay.server.http.auth import TokenAuth
+from torchbay.server.http.inference import InferenceApp
+from torchbay.server.http.management import build_management_app
+from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
+from torchbay.server.observe.logs import request_hook
+from torchbay.server.observe.metrics import ServerMetrics
+from torchbay.server.serving.fetch import Fetcher
+from torchbay.server.serving.registry import ModelRegistry
 
-if TYPE_CHECKING:
-    from torchbay.server.serve import TorchbayServer
+
+class TorchbayServer(Protocol):
+    """What the apps are built from (serve.TorchbayServer; not imported: serve imports us)."""
+
+    config: Any  # ServerConfig
+    env: Mapping[str, str]
+    place: Any
+    threads_for: Any
+    take_prewarmed: Any
 
 
 @dataclass
@@ -65,11 +74,29 @@ def build_apps(server: TorchbayServer) -> Apps:
         openapi=inference_openapi(__version__),
     )
     management = build_management_app(registry, config, auth=auth)
+    metrics_app = with_openapi(make_asgi_app(metrics.registry), metrics_openapi(__version__))
     return Apps(
         registry=registry,
         metrics=metrics,
-        inference=inference,
-        management=management,
-        metrics_app=with_openapi(make_asgi_app(metrics.registry), metrics_openapi(__version__)),
+        inference=with_cors(inference, config),
+        management=with_cors(management, config),
+        metrics_app=with_cors(metrics_app, config),
         auth=auth,
+    )
+
+
+def with_cors(app: ASGIApp, config: Any) -> ASGIApp:
+    """``app`` behind starlette's CORSMiddleware when ``cors_allowed_origin`` is set
+    (TorchServe's comma-separated ``cors_allowed_*`` keys); else ``app`` itself."""
+    if not config.cors_allowed_origin:
+        return app
+
+    def split(value: str | None) -> list[str]:
+        return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+    return CORSMiddleware(  # type: ignore[return-value]
+        app,
+        allow_origins=split(config.cors_allowed_origin),
+        allow_methods=split(config.cors_allowed_methods) or ["GET"],
+        allow_headers=split(config.cors_allowed_headers),
     )

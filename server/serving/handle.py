@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from torchbay.server import protocol as p
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
+from torchbay.server.serving import protocol as p
 
 log = logging.getLogger("torchbay.workers")
 

@@ -17,17 +17,8 @@ from typing import Any
 
 import yaml
 
-from torchbay.archiver.errors import ArchiveError
-from torchbay.archiver.extract import extract_archive
-from torchbay.archiver.manifest import (
-    Manifest,
-    is_valid_model_name,
-    is_valid_model_version,
-    read_manifest,
-    safe_relpath,
-)
-from torchbay.server.config import ModelConfig, ServerConfig
-from torchbay.server.config_sources import resolve_model_config
+from torchbay.server.config.settings import ModelConfig, ServerConfig
+from torchbay.server.config.sources import resolve_model_config
 from torchbay.server.errors import (
     BadRequest,
     Conflict,
@@ -37,9 +28,18 @@ from torchbay.server.errors import (
     ModelVersionNotFound,
     NotFound,
 )
-from torchbay.server.model import ModelSettings, ModelVersion, Observer
-from torchbay.server.slot import Placement
-from torchbay.server.workers import Spawned
+from torchbay.server.serving.archives import (
+    ArchiveError,
+    Manifest,
+    extract_archive,
+    is_valid_model_name,
+    is_valid_model_version,
+    read_manifest,
+    safe_relpath,
+)
+from torchbay.server.serving.handle import Spawned
+from torchbay.server.serving.launch import LaunchSpec, Placement, settings_from
+from torchbay.server.serving.model import ModelVersion, Observer
 
 log = logging.getLogger("torchbay.registry")
 
@@ -47,33 +47,8 @@ ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz", ".zip")
 
 # (model version, slot index, model config) -> where that worker runs
 PlaceFn = Callable[[ModelVersion, int, ModelConfig], Placement]
-# url -> local archive path (remote registration; see server.fetch)
+# url -> local archive path (remote registration; see serving.fetch)
 FetchFn = Callable[[str], Awaitable[Path]]
-
-
-def settings_from(config: ModelConfig, server: ServerConfig | None = None) -> ModelSettings:
-    """A model's live settings; the server-wide ones (restart back-off, response limit) from
-    ``server`` when given."""
-    extra: dict[str, Any] = {}
-    if server is not None:
-        extra = {
-            "restart_backoff_s": server.restart_backoff_s,
-            "max_response_size": server.max_response_size,
-        }
-    return ModelSettings(
-        batch_size=config.batch_size,
-        max_batch_delay_ms=config.max_batch_delay_ms,
-        response_timeout_s=config.response_timeout_s,
-        startup_timeout_s=config.startup_timeout_s,
-        job_queue_size=config.job_queue_size,
-        client_timeout_ms=config.client_timeout_ms,
-        max_retry_timeout_s=config.max_retry_timeout_s,
-        min_workers=config.min_workers,
-        max_workers=config.max_workers if config.max_workers is not None else config.min_workers,
-        max_requests_per_worker=config.max_requests_per_worker,
-        max_worker_rss_mb=config.max_worker_rss_mb,
-        **extra,
-    )
 
 
 class ModelRegistry:
@@ -102,10 +77,14 @@ class ModelRegistry:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="torchbay-models-"))
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.defaults: dict[str, str] = {}
-        self.model_configs: dict[str, ModelConfig] = {}  # key "name/version"
         self._lock = asyncio.Lock()
 
     # -- lookup ---------------------------------------------------------------------------------
+
+    @property
+    def model_configs(self) -> dict[str, ModelConfig]:
+        """Each version's resolved config (live changes included), by "name/version"."""
+        return {mv.key: mv.config for mv in self.all_versions() if mv.config is not None}
 
     def resolve(self, name: str, version: str | None = None) -> ModelVersion:
         versions = self.models.get(name)
@@ -227,25 +206,8 @@ class ModelRegistry:
             except BaseException:  # nothing of a refused archive stays in the work folder
                 shutil.rmtree(model_dir, ignore_errors=True)
                 raise
-            mv = ModelVersion(
-                name=name,
-                version=version,
-                model_dir=model_dir,
-                settings=settings_from(config, self.config),
-                place=lambda m, i: self.place(m, i, config),
-                threads_for=lambda m: self.threads_for(m, config),
-                server_version=self.server_version,
-                handler=config.handler,
-                url=url,
-                manifest=manifest,
-                observer=self.observer,
-                worker_env=self.worker_env,
-                limit_max_image_pixels=self.config.limit_max_image_pixels,
-                prewarmed=self.prewarmed,
-                log_format=self.config.log_format,
-            )
+            mv = self._new_version(name, version, model_dir, config, manifest, url)
             self.models.setdefault(name, {})[version] = mv
-            self.model_configs[mv.key] = config
             if name not in self.defaults or config.default_version:
                 self.defaults[name] = version
         if synchronous:
@@ -255,6 +217,40 @@ class ModelRegistry:
             _background.add(task)
             task.add_done_callback(_background.discard)
         return mv
+
+    def _new_version(
+        self,
+        name: str,
+        version: str,
+        model_dir: Path,
+        config: ModelConfig,
+        manifest: Manifest,
+        url: str,
+    ) -> ModelVersion:
+        """A model version from its resolved config: its live settings and its launch spec."""
+        return ModelVersion(
+            name=name,
+            version=version,
+            model_dir=model_dir,
+            settings=settings_from(config, self.config),
+            config=config,
+            place=lambda m, i: self.place(m, i, config),
+            threads_for=lambda m: self.threads_for(m, config),
+            launch=LaunchSpec(
+                model_dir=model_dir,
+                model_name=name,
+                model_version=version,
+                handler=config.handler,
+                server_version=self.server_version,
+                limit_max_image_pixels=self.config.limit_max_image_pixels,
+                env=self.worker_env,
+                log_format=self.config.log_format,
+            ),
+            url=url,
+            manifest=manifest,
+            observer=self.observer,
+            prewarmed=self.prewarmed,
+        )
 
     def _model_config(
         self,
@@ -299,7 +295,6 @@ class ModelRegistry:
         versions = self.models.get(mv.name, {})
         if versions.get(mv.version) is mv:
             del versions[mv.version]
-        self.model_configs.pop(mv.key, None)
         if not versions:
             self.models.pop(mv.name, None)
             self.defaults.pop(mv.name, None)

@@ -16,9 +16,9 @@ import os
 import socket
 import ssl
 
-from torchbay.server.combined import same_address
-from torchbay.server.config import ServerConfig, parse_address
+from torchbay.server.config.settings import ServerConfig, parse_address
 from torchbay.server.errors import TorchbayError
+from torchbay.server.http.combined import same_address
 
 LISTENERS = ("inference", "management", "metrics")
 
@@ -57,10 +57,12 @@ def check_tls(config: ServerConfig) -> None:
 
 def listener_names(config: ServerConfig) -> tuple[str, ...]:
     """The listeners to bind: management shares the inference socket when both name one fixed
-    address (TorchServe's ``ConnectorType.BOTH``, KServe's config); see server.combined."""
+    address (TorchServe's ``ConnectorType.BOTH``, KServe's config); see server.combined. No
+    metrics listener with ``enable_metrics_api`` false."""
+    skip = {"metrics"} if not config.enable_metrics_api else set()
     if same_address(config.inference_address, config.management_address):
-        return tuple(name for name in LISTENERS if name != "management")
-    return LISTENERS
+        skip.add("management")
+    return tuple(name for name in LISTENERS if name not in skip)
 
 
 def bind_listeners(config: ServerConfig) -> dict[str, socket.socket]:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from torchbay.server import protocol as p
+from torchbay.server.serving import protocol as p
 
 log = logging.getLogger("torchbay.worker")
 T = TypeVar("T")
@@ -111,7 +111,7 @@ def _failure(exc: Exception, request: p.WireRequest) -> p.WireResponse:
 def serve(sock: socket.socket) -> int:
     """Run the worker protocol on ``sock``. Returns the process exit code."""
     # Import torch and the handlers before the Load arrives: a worker spawned early (see
-    # workers.spawn_process) overlaps this, the slowest part of its start, with the frontend's.
+    # serving.handle.spawn_process) overlaps this, its slowest start-up step, with the frontend.
     import torch
 
     from torchbay.handlers.service import load_service
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     handler = logging.StreamHandler(sys.stderr)
     if args.log_format == "json":
-        from torchbay.server.logs import JsonFormatter
+        from torchbay.server.observe.logs import JsonFormatter
 
         handler.setFormatter(JsonFormatter())
     else:
@@ -200,7 +200,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         sock.close()
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from torchbay.server.model import ModelVersion
+    from torchbay.server.serving.model import ModelVersion
 
 log = logging.getLogger("torchbay.metrics")
 

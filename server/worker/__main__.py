@@ -1,0 +1,5 @@
+"""``python -m torchbay.server.worker --fd N``: the worker process's entry point."""
+
+from torchbay.server.worker.main import main
+
+raise SystemExit(main())

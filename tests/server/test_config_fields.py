@@ -1,0 +1,111 @@
+"""Server settings that used to be validated and then ignored: ``enable_metrics_api``,
+``workers_start_timeout_s``, the ``cors_allowed_*`` keys, and ``decode_input_request`` (now an
+ignored TorchServe key)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from torchbay.server.config.settings import ServerConfig
+from torchbay.server.config.sources import load_server_config
+from torchbay.server.http.listeners import listener_names
+
+from .conftest import LiveServer, make_config, probe_models
+
+pytestmark = pytest.mark.slow
+
+
+def test_decode_input_request_is_an_ignored_torchserve_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.properties"
+    path.write_text("decode_input_request=false\n")
+    _, notes = load_server_config(ts_config=path, env={}, cli={})
+    assert any("ignored TorchServe key 'decode_input_request'" in note for note in notes)
+    assert "decode_input_request" not in ServerConfig.model_fields
+    with pytest.raises(ValidationError):  # not a field any more: refused when set directly
+        ServerConfig(decode_input_request=False)
+
+
+def test_no_metrics_listener_without_the_metrics_api(model_store: Path) -> None:
+    off = make_config(model_store, enable_metrics_api=False)
+    assert listener_names(off) == ("inference", "management")
+    assert "metrics" in listener_names(make_config(model_store))
+    server = LiveServer(off).start()
+    try:
+        assert server.server.state.ports.metrics == 0
+        assert {name for name, _, _ in server.server._servers} == {"inference", "management"}
+        assert httpx.get(f"{server.url}/ping", timeout=30).status_code == 200
+        assert httpx.get(f"{server.management_url}/models", timeout=30).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_startup_models_past_workers_start_timeout_are_reported_failed(model_store: Path) -> None:
+    # No worker process starts (spawn, torch import, load) in a millisecond.
+    config = make_config(model_store, models=probe_models(), workers_start_timeout_s=0.001)
+    server = LiveServer(config).start()
+    try:
+        assert "workers_start_timeout_s" in server.server.state.failed_models["probe"]
+        deadline = time.monotonic() + 60  # it goes on loading, and then serves
+        while server.server.state.failed_models and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.server.state.failed_models == {}
+        answer = httpx.post(f"{server.url}/predictions/probe", json={"x": 1}, timeout=30)
+        assert answer.status_code == 200
+    finally:
+        server.stop()
+
+
+def test_startup_models_within_workers_start_timeout_are_not_failed(model_store: Path) -> None:
+    server = LiveServer(make_config(model_store, models=probe_models())).start()
+    try:
+        assert server.server.state.failed_models == {}
+    finally:
+        server.stop()
+
+
+def test_cors_headers_on_every_listener_when_configured(model_store: Path) -> None:
+    config = make_config(
+        model_store,
+        cors_allowed_origin="https://app.example",
+        cors_allowed_methods="GET, POST, OPTIONS",
+        cors_allowed_headers="X-Custom-Header",
+    )
+    server = LiveServer(config).start()
+    origin = {"origin": "https://app.example"}
+    try:
+        for url in (f"{server.url}/ping", f"{server.management_url}/models",
+                    f"{server.metrics_url}/metrics"):  # fmt: skip
+            answer = httpx.get(url, headers=origin, timeout=30)
+            assert answer.status_code == 200, url
+            assert answer.headers["access-control-allow-origin"] == "https://app.example", url
+        preflight = httpx.options(
+            f"{server.url}/predictions/probe",
+            headers={
+                **origin,
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "X-Custom-Header",
+            },
+            timeout=30,
+        )
+        assert preflight.status_code == 200
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        assert "x-custom-header" in preflight.headers["access-control-allow-headers"].lower()
+        other = httpx.get(f"{server.url}/ping", headers={"origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+    finally:
+        server.stop()
+
+
+def test_no_cors_headers_by_default(model_store: Path) -> None:
+    server = LiveServer(make_config(model_store)).start()
+    try:
+        answer = httpx.get(f"{server.url}/ping", headers={"origin": "https://app.example"})
+        assert answer.status_code == 200
+        assert "access-control-allow-origin" not in answer.headers
+    finally:
+        server.stop()
