@@ -15,9 +15,9 @@ import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlencode
+from urllib.parse import urlencode
 
-from torchbay.server.errors import BadRequest, NotFound, TorchbayError
+from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending
@@ -26,16 +26,7 @@ if TYPE_CHECKING:
     from torchbay.server.http.inference import InferenceApp
     from torchbay.server.serving.model import ModelVersion
 
-PREFIX = "/v1/models/"
 _DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding")
-
-
-def parse_path(path: str) -> str:
-    """``/v1/models/{m}:predict`` -> ``m`` (NotFound for any other verb)."""
-    name, sep, verb = path[len(PREFIX) :].rpartition(":")
-    if not sep or verb != "predict" or not name or "/" in name:
-        raise NotFound(f"No route for POST {path}")
-    return unquote(name)
 
 
 def parse_instances(body: bytes) -> list[Any]:
@@ -70,10 +61,9 @@ def decode_prediction(response: p.WireResponse) -> Any:
         return response.body.decode("utf-8", "replace")
 
 
-async def predict(app: InferenceApp, scope: Scope, receive: Receive, send: Send) -> None:
-    """Answer one v1 predict call, reported once to the app's request hook."""
+async def predict(app: InferenceApp, scope: Scope, receive: Receive, send: Send, name: str) -> None:
+    """Answer one v1 predict call on model ``name``, reported once to the app's request hook."""
     started = time.perf_counter()
-    name = parse_path(scope["path"])
     mv: ModelVersion | None = None
     items: list[Pending[p.WireRequest, p.WireResponse]] = []
     status = 500
@@ -128,28 +118,3 @@ def _admit_all(
             item.future.cancel()
         raise
     return items
-
-
-def openapi_path() -> dict[str, Any]:
-    """This route's entry in the inference port's OpenAPI description."""
-    instances = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
-    predictions = {"type": "object", "properties": {"predictions": {"type": "array"}}}
-    return {
-        "post": {
-            "summary": "KServe v1 predict: one queued request per instance, answers in order",
-            "security": [{"bearer": []}],
-            "parameters": [
-                {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string"}}
-            ],
-            "requestBody": {"content": {"application/json": {"schema": instances}}},
-            "responses": {
-                "200": {
-                    "description": "OK",
-                    "content": {"application/json": {"schema": predictions}},
-                },
-                "400": {"description": "Not {'instances': [...]}, or an instance was refused"},
-                "404": {"description": "Unknown model"},
-                "503": {"description": "Queue full, no worker, or shutting down"},
-            },
-        }
-    }
