@@ -163,48 +163,39 @@ def _document(
     }
 
 
-# -- the management port: FastAPI's generated document, with the statuses FastAPI cannot see --
+# -- the management port: FastAPI's generated document, each route's statuses declared on it --
 
-# (method, path) -> the statuses the route's code answers besides the generic ones.
-MANAGEMENT_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
-    ("get", "/models"): (200, 400, 401),
-    ("post", "/models"): (200, 202, 400, 401, 403, 404, 405, 409, 413, 500, 503, 504),
-    ("get", "/models/{name}"): (200, 401, 404),
-    ("put", "/models/{name}"): (200, 202, 206, 400, 401, 404),
-    ("delete", "/models/{name}"): (200, 400, 401, 403, 404, 405, 503, 504),
-    ("get", "/models/{name}/{version}"): (200, 401, 404),
-    ("put", "/models/{name}/{version}"): (200, 202, 206, 400, 401, 404),
-    ("delete", "/models/{name}/{version}"): (200, 400, 401, 403, 404, 405, 503, 504),
-    ("put", "/models/{name}/{version}/set-default"): (200, 401, 404),
-    ("get", "/v1/models/{name}"): (200, 401, 404),
-    ("get", "/token"): (200, 400, 401, 404),
-    ("options", "/"): (200,),
-    ("get", "/openapi.json"): (200,),
-}
-_UNAUTHENTICATED = {("options", "/"), ("get", "/openapi.json")}  # /token: the API key
+
+def documented(*codes: int, auth: bool = True) -> dict[str, Any]:
+    """A FastAPI route's ``responses=`` (each of ``codes`` besides 200, with its schema) and,
+    with ``auth``, its bearer-key security: ``@router.get(path, **documented(401, 404))``."""
+    responses: dict[int | str, Any] = {}
+    for code in codes:
+        responses.update(_errors(code) if code >= 400 else _status_response(code))
+    kwargs: dict[str, Any] = {"responses": responses}
+    if auth:
+        kwargs["openapi_extra"] = {"security": _BEARER}
+    return kwargs
 
 
 def management_document(document: dict[str, Any]) -> dict[str, Any]:
-    """FastAPI's document for the management app, with every status each route can answer.
+    """FastAPI's document for the management app, with the port's generic statuses.
 
-    FastAPI lists 200 and a 422 the app never sends (bad parameters answer 400, TorchServe's
-    way); this replaces the 422 with the real error responses, described by the Error schema.
+    FastAPI lists a 422 the app never sends (bad parameters answer 400, TorchServe's way); this
+    drops it (the routes declare their real error responses, described by the Error schema).
     """
     document.setdefault("paths", {}).setdefault("/openapi.json", {}).setdefault(
         "get", {"summary": "This API description", "responses": {}}
     )
-    for path, item in document["paths"].items():
+    for item in document["paths"].values():
         for method, operation in item.items():
             if method not in _METHODS:
                 continue
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
-            codes = MANAGEMENT_STATUSES.get((method, path), ())
-            for code in (*codes, *MANAGEMENT_GENERIC):
-                if str(code) not in responses:
-                    responses.update(_errors(code) if code >= 400 else _status_response(code))
-            if (method, path) not in _UNAUTHENTICATED:
-                operation.setdefault("security", _BEARER)
+            responses.setdefault("200", _status_response(200)["200"])
+            for code, response in _errors(*MANAGEMENT_GENERIC).items():
+                responses.setdefault(code, response)
     components = document.setdefault("components", {})
     components.setdefault("schemas", {}).pop("HTTPValidationError", None)
     components["schemas"].pop("ValidationError", None)
