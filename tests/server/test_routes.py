@@ -4,11 +4,16 @@ path parameters reach the endpoint."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from torchbay.server.errors import MethodNotAllowed, NotFound
+from torchbay.server.errors import MethodNotAllowed, NotFound, Unauthorized
+from torchbay.server.http.inference import InferenceApp
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi
 from torchbay.server.http.routes import INFERENCE_ROUTES, METRICS_ROUTES, Route, Router
+
+from .test_openapi import _call, _registry
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 TABLES = [
@@ -96,3 +101,26 @@ def test_oip_routes_are_the_v2_ones_and_suffix_routes_take_more_segments():
         router.resolve("/v2/nothing", "GET")
     with pytest.raises(NotFound, match="please refer to API document"):
         router.resolve("/nothing", "GET")
+
+
+def test_the_auth_flag_is_what_the_inference_app_enforces(tmp_path):
+    # Every route the table marks ``auth`` asks the authorize hook (here: always refuse) before
+    # anything else; the others answer without a key.
+    registry, _ = _registry(tmp_path)
+    asked: list[str] = []
+
+    def refuse(scope: Any, api: str) -> None:
+        asked.append(api)
+        raise Unauthorized("no key")
+
+    app = InferenceApp(registry, max_request_size=1 << 20, server_version="t", authorize=refuse)
+    for route in INFERENCE_ROUTES:
+        path, _ = _fill(route)
+        asked.clear()
+        r = _call(app, route.method, path, content=b'{"instances": [1]}')
+        if route.auth:
+            assert r.status_code == 401, (route.method, route.path, r.status_code)
+            assert asked == ["inference"]
+            assert ("error" in r.json()) == route.oip
+        else:
+            assert r.status_code != 401 and not asked, (route.method, route.path)
