@@ -1,7 +1,10 @@
-"""OpenAPI 3.0 descriptions of the inference and metrics ports (the management port's comes from
-FastAPI). Served by ``OPTIONS /`` and ``GET /openapi.json`` on each port, as TorchServe's
-``OPTIONS /`` API description does. Also a tiny ASGI wrapper that adds those two routes to an app
-that lacks them (the Prometheus metrics app). Torch-free.
+"""OpenAPI 3.0 descriptions of the three ports, served by ``OPTIONS /`` and ``GET /openapi.json``
+on each, as TorchServe's ``OPTIONS /`` API description does.
+
+The shared pieces (status texts, error schemas, each port's generic statuses); the generator
+that renders a raw listener's route table (``routes``) as its document; ``documented``, the
+statuses a FastAPI management route declares, and the small post-process of FastAPI's document;
+and the metrics port's wrapper that dispatches on its table. Torch-free.
 """
 
 from __future__ import annotations
