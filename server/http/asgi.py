@@ -91,3 +91,14 @@ async def send_error(send: Send, exc: TorchbayError, *, oip: bool = False) -> No
     body = {"error": exc.message} if oip else exc.to_json()
     extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
     await send_json(send, exc.status, body, extra)
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """Answer the lifespan protocol (the raw apps have nothing to start or stop)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,15 +1,7 @@
-"""The inference listener (default 8080): TorchServe's inference API and the Open Inference
-Protocol (KServe v2) REST endpoints, as one raw ASGI app.
-
-    GET  /ping                                   200 Healthy | 500 Unhealthy
-    POST|PUT /predictions/{model}[/{version}]    TorchServe predictions (raw, multipart, JSON)
-    POST /explanations/{model}[/{version}]       same, with the ``explain`` header set
-    GET  /v2  /v2/health/live  /v2/health/ready
-    GET  /v2/models/{m}[/versions/{v}]           model metadata
-    GET  /v2/models/{m}[/versions/{v}]/ready
-    POST /v2/models/{m}[/versions/{v}]/infer     OIP JSON tensors in and out
-    POST /v1/models/{m}:predict                  KServe v1 {"instances"} (server.kserve_v1)
-    OPTIONS /  GET /api-description  GET /openapi.json   this API's OpenAPI description
+"""The inference listener (default 8080): TorchServe's inference API (``/ping``,
+``/predictions``, ``/explanations``), KServe v1 predict and the Open Inference Protocol (KServe
+v2) REST endpoints, as one raw ASGI app. Its routes are ``routes.INFERENCE_ROUTES``: the
+dispatch below and the OpenAPI document (``OPTIONS /``, ``/openapi.json``) both come from it.
 
 The frontend never decodes bodies: raw bytes and headers go to the worker, which parses them.
 It does check what comes back before handing it to the HTTP server: a status outside 200..599
@@ -29,24 +21,20 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
-from torchbay.server.errors import (
-    HandlerFailed,
-    MethodNotAllowed,
-    NotFound,
-    ServiceUnavailable,
-    TorchbayError,
-)
+from torchbay.server.errors import HandlerFailed, ServiceUnavailable, TorchbayError
 from torchbay.server.http import kserve_v1
 from torchbay.server.http.asgi import (
     Receive,
     Scope,
     Send,
     header,
+    lifespan,
     read_body,
     send_bytes,
     send_error,
     send_json,
 )
+from torchbay.server.http.routes import INFERENCE_ROUTES, Route, Router
 from torchbay.server.observe.logs import RequestHook
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.model import ModelStatus, ModelVersion
@@ -55,6 +43,7 @@ from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.inference")
 
+Match = re.Match[str]  # a route's path match: its groups are the path's parameters
 # Raises Unauthorized when the request may not use this API; see server.auth.
 AuthHook = Callable[[Scope, str], None]
 
@@ -78,41 +67,28 @@ class InferenceApp:
         self.openapi = openapi or {"openapi": "3.0.1", "info": {"title": "torchbay inference"}}
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()):x}-"
+        endpoints = {r.endpoint: getattr(self, "_" + r.endpoint) for r in INFERENCE_ROUTES}
+        self._router = Router(INFERENCE_ROUTES, endpoints, oip_prefix="/v2")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
-                await _lifespan(receive, send)
+                await lifespan(receive, send)
             return
-        path: str = scope["path"]
-        method: str = scope["method"]
-        oip = path.startswith("/v2")
+        route: Route | None = None
         try:
-            if path.startswith("/predictions/") and method in ("POST", "PUT"):
-                await self._predict(scope, receive, send, path[len("/predictions/") :], False)
-            elif path.startswith("/explanations/") and method == "POST":
-                await self._predict(scope, receive, send, path[len("/explanations/") :], True)
-            elif oip:
-                await self._v2(scope, receive, send, path, method)
-            elif path.startswith(kserve_v1.PREFIX) and method == "POST":
-                await kserve_v1.predict(self, scope, receive, send)
-            elif path == "/ping" and method == "GET":
-                await self._ping(send)
-            elif path in ("/", "/api-description", "/openapi.json") and method in (
-                "OPTIONS",
-                "GET",
-            ):
-                if path == "/" and method == "GET":
-                    raise NotFound("Requested resource is not found, please refer to API document.")
-                await send_json(send, 200, self.openapi)
-            else:
-                raise NotFound("Requested resource is not found, please refer to API document.")
+            route, endpoint, match = self._router.resolve(scope["path"], scope["method"])
+            await endpoint(scope, receive, send, match)
         except TorchbayError as exc:
+            oip = route.oip if route is not None else scope["path"].startswith("/v2")
             await send_error(send, exc, oip=oip)
 
     # -- TorchServe API -----------------------------------------------------------------------
 
-    async def _ping(self, send: Send) -> None:
+    async def _describe(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        await send_json(send, 200, self.openapi)
+
+    async def _ping(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         healthy = all(
             mv.healthy
             for name, default in self.registry.defaults.items()
@@ -122,19 +98,29 @@ class InferenceApp:
             send, 200 if healthy else 500, {"status": "Healthy" if healthy else "Unhealthy"}
         )
 
-    async def _predict(
-        self, scope: Scope, receive: Receive, send: Send, rest: str, explain: bool
+    async def _predict(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        await self._predictions(scope, receive, send, match, None)
+
+    async def _explain(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        await self._predictions(scope, receive, send, match, {"explain": "True"})
+
+    async def _predictions(
+        self, scope: Scope, receive: Receive, send: Send, match: Match, extra: dict[str, str] | None
     ) -> None:
         """TorchServe: ``{model}[/{version}][/extra/path]``; extra segments reach the handler as
         the ``url_path`` header, ``/explanations`` as ``explain: True``."""
-        parts = rest.split("/")
-        name = unquote(parts[0])
-        version = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
-        extra = {"explain": "True"} if explain else {}
-        if len(parts) > 2:
+        params = match.groupdict()
+        version = params.get("model_version")
+        url_path = params.get("url_path")
+        if url_path is not None:
             # Header values are latin-1: percent-encode what is not ASCII (the path was decoded).
-            extra["url_path"] = quote("/".join(parts[2:]), safe=_PATH_SAFE)
+            extra = {**(extra or {}), "url_path": quote(url_path, safe=_PATH_SAFE)}
+        name = unquote(params["model_name"])
+        version = unquote(version) if version else None
         await self._infer(scope, receive, send, name, version, "predict", extra)
+
+    async def _kserve_v1(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        await kserve_v1.predict(self, scope, receive, send, unquote(match["model_name"]))
 
     async def _infer(
         self,
@@ -205,39 +191,33 @@ class InferenceApp:
 
     # -- Open Inference Protocol ----------------------------------------------------------------
 
-    async def _v2(self, scope: Scope, receive: Receive, send: Send, path: str, method: str) -> None:
-        parts = [unquote(s) for s in path.strip("/").split("/")]  # ["v2", ...]
-        if parts == ["v2"] and method == "GET":
-            await send_json(
-                send, 200, {"name": "torchbay", "version": self.server_version, "extensions": []}
-            )
-            return
-        if parts[:2] == ["v2", "health"] and len(parts) == 3 and method == "GET":
-            if parts[2] == "live":
-                await send_json(send, 200, {"live": True})
-                return
-            if parts[2] == "ready":
-                ready = self._all_ready()
-                await send_json(send, 200 if ready else 503, {"ready": ready})
-                return
-        if len(parts) >= 3 and parts[1] == "models":
-            name, version, action = _parse_v2_model_path(parts[2:])
-            if action == "infer" and method == "POST":
-                await self._infer(scope, receive, send, name, version, "v2")
-                return
-            if method == "GET" and action in ("", "ready"):
-                if self.authorize is not None:
-                    self.authorize(scope, "inference")
-                mv = self.registry.resolve(name, version)
-                if action == "ready":
-                    ready = mv.status is ModelStatus.READY
-                    await send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
-                else:
-                    await send_json(send, 200, self._v2_metadata(mv))
-                return
-            if action in ("", "ready", "infer"):
-                raise MethodNotAllowed(f"{method} is not allowed on {path}")
-        raise NotFound(f"No route for {method} {path}")
+    async def _server_metadata(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        body = {"name": "torchbay", "version": self.server_version, "extensions": []}
+        await send_json(send, 200, body)
+
+    async def _live(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        await send_json(send, 200, {"live": True})
+
+    async def _ready(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        ready = self._all_ready()
+        await send_json(send, 200 if ready else 503, {"ready": ready})
+
+    async def _v2_infer(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        name, version = _v2_model(match)
+        await self._infer(scope, receive, send, name, version, "v2")
+
+    async def _model_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        mv = self._v2_resolve(scope, m)
+        ready = mv.status is ModelStatus.READY
+        await send_json(send, 200 if ready else 503, {"name": mv.name, "ready": ready})
+
+    async def _model_metadata(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        await send_json(send, 200, self._v2_metadata(self._v2_resolve(scope, m)))
+
+    def _v2_resolve(self, scope: Scope, match: Match) -> ModelVersion:
+        if self.authorize is not None:
+            self.authorize(scope, "inference")
+        return self.registry.resolve(*_v2_model(match))
 
     def _all_ready(self) -> bool:
         versions = self.registry.all_versions()
@@ -265,16 +245,10 @@ class InferenceApp:
         }
 
 
-def _parse_v2_model_path(rest: list[str]) -> tuple[str, str | None, str]:
-    """``[m]``, ``[m, "ready"]``, ``[m, "versions", v, "infer"]`` -> (m, v, action)."""
-    name = rest[0]
-    tail = rest[1:]
-    version = None
-    if len(tail) >= 2 and tail[0] == "versions":
-        version, tail = tail[1], tail[2:]
-    if len(tail) > 1:
-        return name, version, "/".join(tail)
-    return name, version, tail[0] if tail else ""
+def _v2_model(match: Match) -> tuple[str, str | None]:
+    params = match.groupdict()
+    version = params.get("model_version")
+    return unquote(params["model_name"]), unquote(version) if version is not None else None
 
 
 # RFC 3986 path characters kept as they are in the url_path header.
@@ -313,16 +287,6 @@ def _checked_response(
         if name.lower() not in _FRAMING:
             headers.append((name, value))
     return content_type, headers
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 __all__ = ["InferenceApp", "ServiceUnavailable"]

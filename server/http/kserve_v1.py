@@ -14,28 +14,34 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlencode
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlencode
 
-from torchbay.server.errors import BadRequest, NotFound, TorchbayError
+from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending
 
 if TYPE_CHECKING:
-    from torchbay.server.http.inference import InferenceApp
+    from torchbay.server.observe.logs import RequestHook
     from torchbay.server.serving.model import ModelVersion
+    from torchbay.server.serving.registry import ModelRegistry
 
-PREFIX = "/v1/models/"
+
+class Listener(Protocol):
+    """What v1 predict needs of the inference listener that routes to it (server.http.inference
+    implements it): its registry, limits, hooks, and how it builds a WireRequest."""
+
+    registry: ModelRegistry
+    max_request_size: int
+    authorize: Callable[[Scope, str], None] | None
+    on_request: RequestHook | None
+
+    def _wire_request(self, scope: Scope, body: bytes, protocol: str) -> p.WireRequest: ...
+
+
 _DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding")
-
-
-def parse_path(path: str) -> str:
-    """``/v1/models/{m}:predict`` -> ``m`` (NotFound for any other verb)."""
-    name, sep, verb = path[len(PREFIX) :].rpartition(":")
-    if not sep or verb != "predict" or not name or "/" in name:
-        raise NotFound(f"No route for POST {path}")
-    return unquote(name)
 
 
 def parse_instances(body: bytes) -> list[Any]:
@@ -70,10 +76,9 @@ def decode_prediction(response: p.WireResponse) -> Any:
         return response.body.decode("utf-8", "replace")
 
 
-async def predict(app: InferenceApp, scope: Scope, receive: Receive, send: Send) -> None:
-    """Answer one v1 predict call, reported once to the app's request hook."""
+async def predict(app: Listener, scope: Scope, receive: Receive, send: Send, name: str) -> None:
+    """Answer one v1 predict call on model ``name``, reported once to the app's request hook."""
     started = time.perf_counter()
-    name = parse_path(scope["path"])
     mv: ModelVersion | None = None
     items: list[Pending[p.WireRequest, p.WireResponse]] = []
     status = 500
@@ -114,7 +119,7 @@ async def _answer(
 
 
 def _admit_all(
-    app: InferenceApp, mv: ModelVersion, scope: Scope, instances: list[Any]
+    app: Listener, mv: ModelVersion, scope: Scope, instances: list[Any]
 ) -> list[Pending[p.WireRequest, p.WireResponse]]:
     headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED_HEADERS]
     items: list[Pending[p.WireRequest, p.WireResponse]] = []
@@ -128,28 +133,3 @@ def _admit_all(
             item.future.cancel()
         raise
     return items
-
-
-def openapi_path() -> dict[str, Any]:
-    """This route's entry in the inference port's OpenAPI description."""
-    instances = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
-    predictions = {"type": "object", "properties": {"predictions": {"type": "array"}}}
-    return {
-        "post": {
-            "summary": "KServe v1 predict: one queued request per instance, answers in order",
-            "security": [{"bearer": []}],
-            "parameters": [
-                {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string"}}
-            ],
-            "requestBody": {"content": {"application/json": {"schema": instances}}},
-            "responses": {
-                "200": {
-                    "description": "OK",
-                    "content": {"application/json": {"schema": predictions}},
-                },
-                "400": {"description": "Not {'instances': [...]}, or an instance was refused"},
-                "404": {"description": "Unknown model"},
-                "503": {"description": "Queue full, no worker, or shutting down"},
-            },
-        }
-    }

@@ -1,16 +1,27 @@
-"""OpenAPI 3.0 descriptions of the inference and metrics ports (the management port's comes from
-FastAPI). Served by ``OPTIONS /`` and ``GET /openapi.json`` on each port, as TorchServe's
-``OPTIONS /`` API description does. Also a tiny ASGI wrapper that adds those two routes to an app
-that lacks them (the Prometheus metrics app). Torch-free.
+"""OpenAPI 3.0 descriptions of the three ports, served by ``OPTIONS /`` and ``GET /openapi.json``
+on each, as TorchServe's ``OPTIONS /`` API description does.
+
+The shared pieces (status texts, error schemas, each port's generic statuses); the generator
+that renders a raw listener's route table (``routes``) as its document; ``documented``, the
+statuses a FastAPI management route declares, and the small post-process of FastAPI's document;
+and the metrics port's wrapper that dispatches on its table. Torch-free.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torchbay.server.errors import BadRequest, MethodNotAllowed, NotFound, TorchbayError
-from torchbay.server.http.asgi import ASGIApp, Receive, Scope, Send, send_error, send_json
-from torchbay.server.http.kserve_v1 import openapi_path
+from torchbay.server.errors import BadRequest, TorchbayError
+from torchbay.server.http.asgi import (
+    ASGIApp,
+    Receive,
+    Scope,
+    Send,
+    lifespan,
+    send_error,
+    send_json,
+)
+from torchbay.server.http.routes import INFERENCE_ROUTES, METRICS_ROUTES, Route, Router
 
 _ERROR = {
     "type": "object",
@@ -62,11 +73,16 @@ STATUS_TEXT = {
 INFERENCE_GENERIC = (400, 404, 405, 408, 413, 431)
 MANAGEMENT_GENERIC = (400, 404, 405, 408, 413, 431, 500)
 METRICS_GENERIC = (400, 404, 405, 408, 431)
-_PREDICT_STATUSES = (200, 400, 401, 404, 413, 422, 500, 503, 504)
 
 
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _answer(description: str, schema: dict[str, Any] | str) -> dict[str, Any]:
+    if isinstance(schema, str):  # a content type
+        return {"description": description, "content": {schema: {}}}
+    return _json(schema, description)
 
 
 def _errors(*codes: int, oip: bool = False) -> dict[str, Any]:
@@ -74,178 +90,54 @@ def _errors(*codes: int, oip: bool = False) -> dict[str, Any]:
     return {str(c): _json(ref, STATUS_TEXT[c]) for c in codes}
 
 
-def _generic(operation: dict[str, Any], codes: tuple[int, ...], oip: bool = False) -> None:
-    """Add the port's generic statuses to ``operation`` (those it does not list already)."""
-    responses = operation.setdefault("responses", {})
-    for code, response in _errors(*codes, oip=oip).items():
+def operation(route: Route, generic: tuple[int, ...]) -> dict[str, Any]:
+    """``route``'s OpenAPI operation: its answers, its errors, then the port's generic ones."""
+    responses = {code: _answer(*answer) for code, answer in route.answers.items()}
+    for code, response in _errors(*route.errors, *generic, oip=route.oip).items():
         responses.setdefault(code, response)
-
-
-def _path_params(*names: str) -> list[dict[str, Any]]:
-    return [
-        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
+    op: dict[str, Any] = {"summary": route.summary}
+    if route.description:
+        op["description"] = route.description
+    if route.auth:
+        op["security"] = _BEARER
+    params = [
+        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+        for n in route.params()
     ]
+    if params or route.query:
+        op["parameters"] = [*params, *route.query]
+    if route.body is not None:
+        op["requestBody"] = route.body
+    op["responses"] = responses
+    return op
 
 
-def _predict(version: bool, explain: bool = False) -> dict[str, Any]:
-    verb = "Explain" if explain else "Predict"
-    codes = (*_PREDICT_STATUSES, 501)  # 501: explain (also the Explain header) unsupported
-    return {
-        "summary": f"{verb} with the {'given' if version else 'default'} version of a model",
-        "description": "Further path segments reach the handler as the url_path header. The "
-        "handler may set other statuses of its own.",
-        "security": _BEARER,
-        "parameters": _path_params("model_name", *(["model_version"] if version else [])),
-        "requestBody": {
-            "description": "Raw bytes, JSON or multipart form data; passed to the handler as is",
-            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
-        },
-        "responses": {
-            "200": {"description": "The handler's output", "content": {"*/*": {}}},
-            **_errors(*codes[1:]),
-        },
-    }
-
-
-_READY = {
-    "type": "object",
-    "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
-}
-
-
-def _v2_model(action: str, version: bool) -> dict[str, Any]:
-    params = _path_params("model_name", *(["model_version"] if version else []))
-    if action == "infer":
-        return {
-            "post": {
-                "summary": "Open Inference Protocol (KServe v2) inference",
-                "security": _BEARER,
-                "parameters": params,
-                "requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}},
-                "responses": {
-                    "200": _json({"type": "object"}, "Output tensors"),
-                    **_errors(*_PREDICT_STATUSES[1:], oip=True),
-                },
-            }
-        }
-    if action == "ready":
-        return {
-            "get": {
-                "summary": "Model readiness",
-                "security": _BEARER,
-                "parameters": params,
-                "responses": {
-                    "200": _json(_READY, "Ready"),
-                    "503": _json(_READY, "Not ready"),
-                    **_errors(401, 404, oip=True),
-                },
-            }
-        }
-    return {
-        "get": {
-            "summary": "Model metadata",
-            "security": _BEARER,
-            "parameters": params,
-            "responses": {"200": _json({"type": "object"}), **_errors(401, 404, oip=True)},
-        }
-    }
-
-
-def _describe() -> dict[str, Any]:
-    return {
-        "options": {
-            "summary": "This API description",
-            "responses": {"200": _json({"type": "object"})},
-        }
-    }
-
-
-def _described(paths: dict[str, Any], *, api_description: bool = False) -> None:
-    """``OPTIONS /`` and ``GET|OPTIONS /openapi.json`` (and TorchServe's /api-description)."""
-    paths["/"] = _describe()
-    for path in ("/openapi.json", "/api-description") if api_description else ("/openapi.json",):
-        paths[path] = {"get": _describe()["options"], "options": _describe()["options"]}
-
-
-def _get(summary: str, responses: dict[str, Any]) -> dict[str, Any]:
-    return {"get": {"summary": summary, "responses": responses}}
+def routes_document(
+    title: str, version: str, routes: tuple[Route, ...], generic: tuple[int, ...]
+) -> dict[str, Any]:
+    """The OpenAPI document of a route table (the same table the listener dispatches on)."""
+    paths: dict[str, Any] = {}
+    for route in routes:
+        item = paths.setdefault(route.path, {})
+        item[route.method.lower()] = operation(route, generic)
+        if route.suffix:
+            item["x-torchbay-path-suffix"] = True  # /predictions/m/v/more/segments -> url_path
+    return _document(title, version, paths, generic)
 
 
 def inference_openapi(server_version: str) -> dict[str, Any]:
     """The inference port (TorchServe's inference API and the Open Inference Protocol)."""
-    health = {"type": "object", "properties": {"status": {"type": "string"}}}
-    paths: dict[str, Any] = {}
-    _described(paths, api_description=True)
-    paths["/ping"] = _get(
-        "Health: 200 when every default model version has its minimum workers",
-        {"200": _json(health, "Healthy"), "500": _json(health, "Unhealthy")},
+    return routes_document(
+        "torchbay inference API", server_version, INFERENCE_ROUTES, INFERENCE_GENERIC
     )
-    paths["/predictions/{model_name}"] = {"post": _predict(False), "put": _predict(False)}
-    paths["/predictions/{model_name}/{model_version}"] = {
-        "post": _predict(True),
-        "put": _predict(True),
-        "x-torchbay-path-suffix": True,  # /predictions/m/v/more/segments -> url_path
-    }
-    paths["/explanations/{model_name}"] = {"post": _predict(False, explain=True)}
-    paths["/explanations/{model_name}/{model_version}"] = {
-        "post": _predict(True, explain=True),
-        "x-torchbay-path-suffix": True,
-    }
-    paths["/v2"] = _get("Server metadata", {"200": _json({"type": "object"})})
-    paths["/v2/health/live"] = _get("Liveness", {"200": _json({"type": "object"})})
-    ready = {"type": "object", "properties": {"ready": {"type": "boolean"}}}
-    paths["/v2/health/ready"] = _get(
-        "Readiness: every model version has a ready worker",
-        {"200": _json(ready, "Ready"), "503": _json(ready, "Not ready")},
-    )
-    for version in (False, True):
-        base = "/v2/models/{model_name}" + ("/versions/{model_version}" if version else "")
-        paths[base] = _v2_model("", version)
-        paths[base + "/ready"] = _v2_model("ready", version)
-        paths[base + "/infer"] = _v2_model("infer", version)
-    kserve = openapi_path()  # KServe v1: the first failed instance's status is the answer's
-    kserve["post"]["responses"] = {
-        "200": kserve["post"]["responses"]["200"],
-        **_errors(*_PREDICT_STATUSES[1:]),
-    }
-    paths["/v1/models/{model_name}:predict"] = kserve
-    for path, item in paths.items():
-        for operation in _operations(item):
-            _generic(operation, INFERENCE_GENERIC, oip=path.startswith("/v2"))
-    return _document("torchbay inference API", server_version, paths, INFERENCE_GENERIC)
 
 
 def metrics_openapi(server_version: str) -> dict[str, Any]:
     """The metrics port: Prometheus text on ``/metrics`` (no key needed)."""
-    paths: dict[str, Any] = {}
-    _described(paths)
-    paths["/metrics"] = {
-        "get": {
-            "summary": "Prometheus metrics (text exposition format)",
-            "parameters": [
-                {
-                    "name": "name[]",
-                    "in": "query",
-                    "required": False,
-                    "schema": {"type": "array", "items": {"type": "string"}},
-                    "description": "Only these metric families",
-                }
-            ],
-            "responses": {"200": {"description": "OK", "content": {"text/plain": {}}}},
-        }
-    }
-    paths["/metrics"]["head"] = {**paths["/metrics"]["get"], "summary": "The same, headers only"}
-    for item in paths.values():
-        for operation in _operations(item):
-            _generic(operation, METRICS_GENERIC)
-    return _document("torchbay metrics API", server_version, paths, METRICS_GENERIC)
+    return routes_document("torchbay metrics API", server_version, METRICS_ROUTES, METRICS_GENERIC)
 
 
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-
-
-def _operations(item: dict[str, Any]) -> list[dict[str, Any]]:
-    return [op for method, op in item.items() if method in _METHODS]
 
 
 def _components() -> dict[str, Any]:
@@ -274,48 +166,39 @@ def _document(
     }
 
 
-# -- the management port: FastAPI's generated document, with the statuses FastAPI cannot see --
+# -- the management port: FastAPI's generated document, each route's statuses declared on it --
 
-# (method, path) -> the statuses the route's code answers besides the generic ones.
-MANAGEMENT_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
-    ("get", "/models"): (200, 400, 401),
-    ("post", "/models"): (200, 202, 400, 401, 403, 404, 405, 409, 413, 500, 503, 504),
-    ("get", "/models/{name}"): (200, 401, 404),
-    ("put", "/models/{name}"): (200, 202, 206, 400, 401, 404),
-    ("delete", "/models/{name}"): (200, 400, 401, 403, 404, 405, 503, 504),
-    ("get", "/models/{name}/{version}"): (200, 401, 404),
-    ("put", "/models/{name}/{version}"): (200, 202, 206, 400, 401, 404),
-    ("delete", "/models/{name}/{version}"): (200, 400, 401, 403, 404, 405, 503, 504),
-    ("put", "/models/{name}/{version}/set-default"): (200, 401, 404),
-    ("get", "/v1/models/{name}"): (200, 401, 404),
-    ("get", "/token"): (200, 400, 401, 404),
-    ("options", "/"): (200,),
-    ("get", "/openapi.json"): (200,),
-}
-_UNAUTHENTICATED = {("options", "/"), ("get", "/openapi.json")}  # /token: the API key
+
+def documented(*codes: int, auth: bool = True) -> dict[str, Any]:
+    """A FastAPI route's ``responses=`` (each of ``codes`` besides 200, with its schema) and,
+    with ``auth``, its bearer-key security: ``@router.get(path, **documented(401, 404))``."""
+    responses: dict[int | str, Any] = {}
+    for code in codes:
+        responses.update(_errors(code) if code >= 400 else _status_response(code))
+    kwargs: dict[str, Any] = {"responses": responses}
+    if auth:
+        kwargs["openapi_extra"] = {"security": _BEARER}
+    return kwargs
 
 
 def management_document(document: dict[str, Any]) -> dict[str, Any]:
-    """FastAPI's document for the management app, with every status each route can answer.
+    """FastAPI's document for the management app, with the port's generic statuses.
 
-    FastAPI lists 200 and a 422 the app never sends (bad parameters answer 400, TorchServe's
-    way); this replaces the 422 with the real error responses, described by the Error schema.
+    FastAPI lists a 422 the app never sends (bad parameters answer 400, TorchServe's way); this
+    drops it (the routes declare their real error responses, described by the Error schema).
     """
     document.setdefault("paths", {}).setdefault("/openapi.json", {}).setdefault(
         "get", {"summary": "This API description", "responses": {}}
     )
-    for path, item in document["paths"].items():
+    for item in document["paths"].values():
         for method, operation in item.items():
             if method not in _METHODS:
                 continue
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
-            codes = MANAGEMENT_STATUSES.get((method, path), ())
-            for code in (*codes, *MANAGEMENT_GENERIC):
-                if str(code) not in responses:
-                    responses.update(_errors(code) if code >= 400 else _status_response(code))
-            if (method, path) not in _UNAUTHENTICATED:
-                operation.setdefault("security", _BEARER)
+            responses.setdefault("200", _status_response(200)["200"])
+            for code, response in _errors(*MANAGEMENT_GENERIC).items():
+                responses.setdefault(code, response)
     components = document.setdefault("components", {})
     components.setdefault("schemas", {}).pop("HTTPValidationError", None)
     components["schemas"].pop("ValidationError", None)
@@ -349,32 +232,29 @@ def document_management(app: Any) -> None:
 
 def with_openapi(app: ASGIApp, document: dict[str, Any]) -> ASGIApp:
     """``app`` (the Prometheus exposition app) behind ``GET|HEAD /metrics`` only, plus
-    ``OPTIONS /`` and ``GET|OPTIONS /openapi.json`` answering ``document``.
+    ``OPTIONS /`` and ``GET|OPTIONS /openapi.json`` answering ``document`` (METRICS_ROUTES).
 
     Anything else answers a JSON 404 or 405; a query string or Accept header that is not UTF-8
     (which prometheus_client would fail on with a 500) answers 400.
     """
 
+    async def metrics(scope: Scope, receive: Receive, send: Send, match: Any) -> None:
+        _check_utf8(scope)
+        await app(scope, receive, send)
+
+    async def describe(scope: Scope, receive: Receive, send: Send, match: Any) -> None:
+        await send_json(send, 200, document)
+
+    router = Router(METRICS_ROUTES, {"metrics": metrics, "describe": describe})
+
     async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
-                await _lifespan(receive, send)
+                await lifespan(receive, send)
             return
-        path, method = scope["path"], scope["method"]
         try:
-            if path == "/metrics":
-                if method not in ("GET", "HEAD"):
-                    raise MethodNotAllowed(f"{method} is not allowed on /metrics")
-                _check_utf8(scope)
-                await app(scope, receive, send)
-            elif (path == "/" and method == "OPTIONS") or (
-                path == "/openapi.json" and method in ("GET", "OPTIONS")
-            ):
-                await send_json(send, 200, document)
-            elif path in ("/", "/openapi.json"):
-                raise MethodNotAllowed(f"{method} is not allowed on {path}")
-            else:
-                raise NotFound("Requested resource is not found, please refer to API document.")
+            _route, endpoint, match = router.resolve(scope["path"], scope["method"])
+            await endpoint(scope, receive, send, match)
         except TorchbayError as exc:
             await send_error(send, exc)
 
@@ -389,13 +269,3 @@ def _check_utf8(scope: Scope) -> None:
                 value.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequest("The query string and Accept headers must be UTF-8") from None
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

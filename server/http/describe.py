@@ -1,0 +1,86 @@
+"""The management API's describe-model object: TorchServe's fields, plus what torchbay knows
+beyond them (restarts, recycles, placement, format)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+
+from torchbay.server.serving.model import ModelVersion
+from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.serving.slot import WorkerSlot
+
+
+def _rss(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.Error, OSError):
+        return 0  # the worker just exited
+
+
+def _worker(slot: WorkerSlot) -> dict[str, Any]:
+    w = slot.worker
+    pid = w.pid if w else None
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(w.start_time)) if w else None
+    return {
+        "id": str(w.id if w else slot.index),
+        "startTime": started,
+        "status": slot.state.value,
+        "memoryUsage": _rss(pid),
+        "pid": pid,
+        "gpu": slot.placement.gpu_id is not None,
+        "gpuUsage": "N/A",
+        "device": w.device if w else None,
+        "threads": slot.placement.threads,
+        "restarts": slot.restarts,
+        "startFailures": slot.start_failures,
+        "recycles": slot.recycles,
+    }
+
+
+def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
+    """TorchServe's describe-model object, plus what torchbay knows beyond it."""
+    s = mv.settings
+    config = registry.model_configs.get(mv.key)
+    info = getattr(mv.manifest, "torchbay", None)
+    return {
+        "modelName": mv.name,
+        "modelVersion": mv.version,
+        "modelUrl": mv.url,
+        "runtime": "python",
+        "minWorkers": s.min_workers,
+        "maxWorkers": s.max_workers,
+        "batchSize": s.batch_size,
+        "maxBatchDelay": s.max_batch_delay_ms,
+        "responseTimeout": s.response_timeout_s,
+        "startupTimeout": s.startup_timeout_s,
+        "maxRetryTimeoutInSec": s.max_retry_timeout_s,
+        "clientTimeoutInMills": s.client_timeout_ms,
+        "deviceType": config.device_type if config else "auto",
+        "deviceIds": config.device_ids if config else None,
+        "status": mv.status.value,
+        "loadError": mv.load_error,
+        "workerRestarts": mv.restarts,
+        "workerStartFailures": mv.start_failures,
+        "workerRecycles": mv.recycles,
+        "maxRequestsPerWorker": s.max_requests_per_worker,
+        "maxWorkerRssMb": s.max_worker_rss_mb,
+        "loadedAtStartup": True,
+        "isDefault": registry.is_default(mv),
+        "workers": [_worker(slot) for slot in mv.slots],
+        "metrics": {
+            "rejectedRequests": mv.requests_rejected,
+            "waitingQueueSize": len(mv.queue),
+            "requests": mv.requests_received,
+        },
+        "jobQueueStatus": {
+            "remainingCapacity": mv.queue.remaining_capacity,
+            "pendingRequests": len(mv.queue),
+        },
+        "format": getattr(info, "format", None),
+        "precision": getattr(info, "precision", None),
+    }

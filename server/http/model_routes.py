@@ -1,0 +1,362 @@
+"""The management listener's model routes (list, describe, register, scale and tune, set the
+default version, unregister), each with the statuses it answers declared next to it, and the
+state and dependencies every management route shares.
+
+Model settings (batch size, delay, timeouts, workers) are checked against ``ModelConfig``'s own
+bounds before anything changes: an out-of-range, NaN or infinite value is a 400 naming the
+parameter and the bound. Register and unregister answer 405 unless ``enable_model_api``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from torchbay.server.config.settings import API_NAMES, MAX_TIMEOUT_S, ModelConfig, ServerConfig
+from torchbay.server.errors import BadRequest, ConfigError, MethodNotAllowed, NotFound
+from torchbay.server.http.auth import TokenAuth
+from torchbay.server.http.describe import describe
+from torchbay.server.http.openapi import documented
+from torchbay.server.serving.model import ModelVersion
+from torchbay.server.serving.registry import ModelRegistry
+
+log = logging.getLogger("torchbay.management")
+
+_background: set[asyncio.Task] = set()
+
+
+@dataclass
+class Management:
+    """What the management routes work on (``app.state.management``)."""
+
+    registry: ModelRegistry
+    config: ServerConfig
+    auth: TokenAuth | None  # None: token authorization is off
+    locks: weakref.WeakKeyDictionary[ModelVersion, asyncio.Lock] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+
+    def lock_for(self, mv: ModelVersion) -> asyncio.Lock:
+        lock = self.locks.get(mv)
+        if lock is None:
+            lock = self.locks[mv] = asyncio.Lock()
+        return lock
+
+
+def management(request: Request) -> Management:
+    return request.app.state.management
+
+
+State = Annotated[Management, Depends(management)]
+
+
+def management_key(request: Request, state: State) -> None:
+    if state.auth is not None:
+        state.auth.check(request.headers.get("authorization"), "management")
+
+
+def model_api(state: State) -> None:
+    if not state.config.enable_model_api:
+        raise MethodNotAllowed(
+            "Model API control is disabled: registering and unregistering models needs "
+            "--enable-model-api (enable_model_api=true)"
+        )
+
+
+def status(message: str, code: int = 200) -> JSONResponse:
+    return JSONResponse({"status": message}, status_code=code)
+
+
+class RegisterParams(BaseModel):
+    """``POST /models`` parameters (TorchServe's names), from the query string or a JSON body."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+    url: str = Field(min_length=1)
+    model_name: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    handler: str | None = None
+    runtime: str | None = None  # accepted; torchbay runs Python handlers only
+    batch_size: int | None = Field(None, ge=1)
+    max_batch_delay: float | None = Field(None, ge=0)
+    initial_workers: int | None = Field(None, ge=0)
+    synchronous: bool = True  # TorchServe's code default (its docs say false)
+    response_timeout: float | None = Field(None, gt=0)
+    startup_timeout: float | None = Field(None, gt=0)
+    s3_sse_kms: bool | None = None  # accepted and ignored (no S3 here)
+
+
+class ScaleParams(BaseModel):
+    """``PUT /models/{m}[/{v}]`` parameters."""
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+
+    min_worker: int | None = Field(None, ge=0)
+    max_worker: int | None = Field(None, ge=0)
+    synchronous: bool = False
+    timeout: float = -1  # TorchServe's drain timeout; torchbay always drains the batch in hand
+    batch_size: int | None = Field(None, ge=1)
+    max_batch_delay: float | None = Field(None, ge=0)
+    response_timeout: float | None = Field(None, gt=0)
+
+
+# API parameter -> ModelConfig field, for the bounds check (register's initial_workers too).
+_BOUNDED = {
+    **{k: v for k, v in API_NAMES.items() if k != "handler"},
+    "initial_workers": "min_workers",
+}
+
+
+def check_model_settings(params: dict[str, Any]) -> None:
+    """Raise BadRequest unless each given API parameter is within ``ModelConfig``'s bounds.
+
+    ``params`` maps TorchServe parameter names to values (None = not given). ModelConfig is the
+    one definition of the limits (config.properties, model-config.yaml and this API share it).
+    """
+    fields = {_BOUNDED[k]: v for k, v in params.items() if v is not None and k in _BOUNDED}
+    if not fields:
+        return
+    try:
+        ModelConfig.model_validate(fields)
+    except ValidationError as exc:
+        names = {_BOUNDED[k]: k for k, v in params.items() if v is not None and k in _BOUNDED}
+        parts = []
+        for err in exc.errors():
+            loc = [names.get(str(p), str(p)) for p in err.get("loc", ())]
+            parts.append(
+                f"{'.'.join(loc) or 'request'}: {err.get('msg')} (got {err.get('input')!r})"
+            )
+        raise BadRequest("Invalid parameter(s): " + "; ".join(parts)) from None
+
+
+# -- list, describe -----------------------------------------------------------------------------
+
+models = APIRouter(dependencies=[Depends(management_key)])
+_CONTROL = [Depends(model_api)]
+
+
+@models.get("/models", **documented(400, 401))
+async def list_models(state: State, limit: int = 100, next_page_token: int = 0) -> dict[str, Any]:
+    if next_page_token < 0:
+        raise BadRequest("next_page_token must be >= 0")
+    limit = max(0, min(limit, 100))
+    names = sorted(state.registry.models)
+    page = names[next_page_token : next_page_token + limit]
+    body: dict[str, Any] = {
+        "models": [{"modelName": n, "modelUrl": state.registry.resolve(n).url} for n in page]
+    }
+    if next_page_token + limit < len(names):
+        body["nextPageToken"] = str(next_page_token + limit)
+    return body
+
+
+@models.get("/models/{name}", **documented(401, 404))
+async def describe_default(state: State, name: str) -> list[dict[str, Any]]:
+    return [describe(state.registry, state.registry.resolve(name))]
+
+
+@models.get("/models/{name}/{version}", **documented(401, 404))
+async def describe_version(state: State, name: str, version: str) -> list[dict[str, Any]]:
+    registry = state.registry
+    if version == "all":
+        registry.resolve(name)
+        return [describe(registry, mv) for mv in registry.models[name].values()]
+    return [describe(registry, registry.resolve(name, version))]
+
+
+# -- register -----------------------------------------------------------------------------------
+
+
+async def _register_params(request: Request) -> RegisterParams:
+    """The query string, overlaid by a JSON object body (TorchServe takes either)."""
+    raw: dict[str, Any] = dict(request.query_params.items())
+    if request.headers.get("content-type", "").startswith("application/json"):
+        body = await request.body()
+        if body.strip():
+            try:
+                data = await request.json()
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
+                raise BadRequest("The request body is not valid JSON") from None
+            if not isinstance(data, dict):
+                raise BadRequest("The JSON body must be an object of register parameters")
+            raw.update(data)
+    return RegisterParams.model_validate(raw)
+
+
+@models.post(
+    "/models", dependencies=_CONTROL, **documented(202, 400, 401, 403, 404, 405, 409, 413,
+                                                   500, 503, 504)
+)  # fmt: skip
+async def register_model(
+    request: Request,
+    state: State,
+    url: str | None = None,
+    model_name: str | None = None,
+    handler: str | None = None,
+    runtime: str | None = None,
+    batch_size: int | None = None,
+    max_batch_delay: float | None = None,
+    initial_workers: int | None = None,
+    synchronous: bool | None = None,
+    response_timeout: float | None = None,
+    startup_timeout: float | None = None,
+) -> JSONResponse:
+    params = await _register_params(request)
+    check_model_settings(params.model_dump())
+    overrides: dict[str, Any] = {
+        key: value
+        for key in ("batch_size", "max_batch_delay", "response_timeout", "startup_timeout")
+        if (value := getattr(params, key)) is not None
+    }
+    if params.handler is not None:
+        overrides["handler"] = params.handler
+    try:
+        mv = await state.registry.register(
+            params.url,
+            name=params.model_name,
+            overrides=overrides,
+            initial_workers=params.initial_workers,
+            synchronous=params.synchronous,
+        )
+    except ConfigError as exc:  # a bad setting from the request, mapped at the boundary
+        raise BadRequest(exc.message) from None
+    if not params.synchronous:
+        return status("Processing worker updates...", 202)
+    return status(
+        f'Model "{mv.name}" Version: {mv.version} registered with '
+        f"{mv.ready_workers} initial workers"
+    )
+
+
+# -- scale and tune -----------------------------------------------------------------------------
+
+
+async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> None:
+    async with state.lock_for(mv):
+        if (
+            params.batch_size is not None
+            or params.max_batch_delay is not None
+            or params.response_timeout is not None
+        ):
+            mv.configure(
+                batch_size=params.batch_size,
+                max_batch_delay_ms=params.max_batch_delay,
+                response_timeout_s=params.response_timeout,
+            )
+        if params.min_worker is not None:
+            await mv.scale(params.min_worker, params.max_worker)
+
+
+def _scale_params(
+    min_worker: int | None,
+    max_worker: int | None,
+    synchronous: bool,
+    timeout: float,
+    tuning: dict[str, Any],
+) -> ScaleParams:
+    """TorchServe's defaults filled in and every value checked, or BadRequest."""
+    if not (math.isfinite(timeout) and -1 <= timeout <= MAX_TIMEOUT_S):
+        raise BadRequest(f"timeout must be -1 to {MAX_TIMEOUT_S:g} seconds, got {timeout}")
+    if min_worker is None and all(v is None for v in tuning.values()):
+        min_worker = 1  # TorchServe's default
+    if min_worker is not None and max_worker is None:
+        max_worker = max(min_worker, 0)
+    if min_worker is None and max_worker is not None:
+        raise BadRequest("max_worker needs min_worker")
+    if max_worker is not None and min_worker is not None and max_worker < min_worker:
+        raise BadRequest(f"max_worker ({max_worker}) cannot be less than min_worker ({min_worker})")
+    check_model_settings({"min_worker": min_worker, "max_worker": max_worker, **tuning})
+    return ScaleParams(
+        min_worker=min_worker,
+        max_worker=max_worker,
+        synchronous=synchronous,
+        timeout=timeout,
+        **tuning,
+    )
+
+
+@models.put("/models/{name}", **documented(202, 206, 400, 401, 404))
+@models.put("/models/{name}/{version}", **documented(202, 206, 400, 401, 404))
+async def scale_model(
+    state: State,
+    name: str,
+    version: str | None = None,
+    min_worker: int | None = None,
+    max_worker: int | None = None,
+    synchronous: bool = False,
+    timeout: float = -1,
+    batch_size: int | None = None,
+    max_batch_delay: float | None = None,
+    response_timeout: float | None = None,
+) -> JSONResponse:
+    mv = state.registry.resolve(name, version)
+    tuning = {
+        "batch_size": batch_size,
+        "max_batch_delay": max_batch_delay,
+        "response_timeout": response_timeout,
+    }
+    params = _scale_params(min_worker, max_worker, synchronous, timeout, tuning)
+    if not synchronous:
+        task = asyncio.ensure_future(_scale(state, mv, params))
+        _background.add(task)
+        task.add_done_callback(_scale_done)
+        return status("Processing worker updates...", 202)
+    await _scale(state, mv, params)
+    if params.min_worker is None:
+        return status(f"Model {mv.name} version {mv.version} updated")
+    ready = mv.ready_workers
+    if ready < params.min_worker:
+        return status(
+            f"Workers scaled to {ready} of {params.min_worker} for model: {mv.name}; "
+            f"{mv.load_error or 'some workers failed to start'}",
+            206,
+        )
+    return status(f"Workers scaled to {params.min_worker} for model: {mv.name}")
+
+
+def _scale_done(task: asyncio.Task) -> None:
+    _background.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("scaling failed", exc_info=task.exception())
+
+
+# -- default version, unregister ----------------------------------------------------------------
+
+
+@models.put("/models/{name}/{version}/set-default", **documented(401, 404))
+async def set_default(state: State, name: str, version: str) -> JSONResponse:
+    state.registry.set_default(name, version)
+    return status(f'Default version successfully updated for model "{name}" to "{version}"')
+
+
+async def _unregister(state: Management, name: str, version: str | None) -> JSONResponse:
+    registry, timeout = state.registry, state.config.unregister_model_timeout_s
+    versions = registry.models.get(name) or {}
+    target = versions.get(version if version is not None else registry.defaults.get(name, ""))
+    if target is None:
+        # Unknown model (404) or version (400, as TorchServe): the registry says which.
+        await registry.unregister(name, version, timeout)
+        raise NotFound(f"Model not found: {name}")
+    async with state.lock_for(target):
+        await registry.unregister(name, target.version, timeout)
+    return status(f'Model "{name}" unregistered')
+
+
+_UNREGISTER = documented(400, 401, 403, 404, 405, 503, 504)
+
+
+@models.delete("/models/{name}", dependencies=_CONTROL, **_UNREGISTER)
+async def unregister_default(state: State, name: str) -> JSONResponse:
+    return await _unregister(state, name, None)
+
+
+@models.delete("/models/{name}/{version}", dependencies=_CONTROL, **_UNREGISTER)
+async def unregister_version(state: State, name: str, version: str) -> JSONResponse:
+    return await _unregister(state, name, version)

@@ -1,0 +1,126 @@
+"""The raw listeners' route tables: dispatch and OpenAPI document come from the same table, so
+every table entry is documented, every documented operation dispatches to its entry, and the
+path parameters reach the endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from torchbay.server.errors import MethodNotAllowed, NotFound, Unauthorized
+from torchbay.server.http.inference import InferenceApp
+from torchbay.server.http.openapi import inference_openapi, metrics_openapi
+from torchbay.server.http.routes import INFERENCE_ROUTES, METRICS_ROUTES, Route, Router
+
+from .test_openapi import _call, _registry
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+TABLES = [
+    pytest.param(INFERENCE_ROUTES, inference_openapi, id="inference"),
+    pytest.param(METRICS_ROUTES, metrics_openapi, id="metrics"),
+]
+
+
+def _router(routes: tuple[Route, ...]) -> Router:
+    async def endpoint(*args: object) -> None:  # never called here
+        raise AssertionError
+
+    return Router(routes, {r.endpoint: endpoint for r in routes}, oip_prefix="/v2")
+
+
+def _fill(route: Route) -> tuple[str, dict[str, str]]:
+    values = {name: f"{name[:1]}-{i}.x" for i, name in enumerate(route.params())}
+    path = route.path
+    for name, value in values.items():
+        path = path.replace("{" + name + "}", value)
+    return path, values
+
+
+@pytest.mark.parametrize(("routes", "document"), TABLES)
+def test_every_table_entry_is_documented_and_nothing_else(routes, document):
+    doc = document("t")
+    documented = {
+        (path, method.upper())
+        for path, item in doc["paths"].items()
+        for method in item
+        if method.upper() in METHODS
+    }
+    table = {(r.path, r.method) for r in routes}
+    assert len(table) == len(routes), "a (method, path) appears twice in the table"
+    assert documented == table
+    for route in routes:
+        op = doc["paths"][route.path][route.method.lower()]
+        assert op["summary"] == route.summary
+        for code in (*route.errors, *route.answers):
+            assert str(code) in op["responses"], (route.method, route.path, code)
+        assert ("security" in op) == route.auth
+        names = [p["name"] for p in op.get("parameters", ()) if p["in"] == "path"]
+        assert names == route.params()
+
+
+@pytest.mark.parametrize(("routes", "document"), TABLES)
+def test_every_documented_operation_dispatches_to_its_entry(routes, document):
+    router = _router(routes)
+    doc = document("t")
+    by_key = {(r.path, r.method): r for r in routes}
+    for route in routes:
+        path, values = _fill(route)
+        found, _endpoint, match = router.resolve(path, route.method)
+        assert found is route, (route.method, route.path, found)
+        for name, value in values.items():
+            assert match[name] == value
+        assert (found.path, found.method) in by_key
+        assert found.method.lower() in doc["paths"][found.path]
+        # Another method on the same path: 405 where the route says so, else 404.
+        for method in METHODS:
+            if (route.path, method) in by_key:
+                continue
+            expected = MethodNotAllowed if route.strict else NotFound
+            with pytest.raises(expected):
+                router.resolve(path, method)
+
+
+def test_oip_routes_are_the_v2_ones_and_suffix_routes_take_more_segments():
+    router = _router(INFERENCE_ROUTES)
+    for route in INFERENCE_ROUTES:
+        assert route.oip == route.path.startswith("/v2"), route.path
+    suffixed = [r for r in INFERENCE_ROUTES if r.suffix]
+    assert {r.path for r in suffixed} == {
+        "/predictions/{model_name}/{model_version}",
+        "/explanations/{model_name}/{model_version}",
+    }
+    for route in suffixed:
+        path, _ = _fill(route)
+        found, _endpoint, match = router.resolve(path + "/a/b c", route.method)
+        assert found is route and match["url_path"] == "a/b c"
+        assert router.resolve(path, route.method)[2]["url_path"] is None
+    # OIP paths take trailing slashes; unrouted /v2 paths get OIP's message.
+    assert router.resolve("/v2/models/m/ready//", "GET")[2]["model_name"] == "m"
+    with pytest.raises(NotFound, match="No route for GET /v2/nothing"):
+        router.resolve("/v2/nothing", "GET")
+    with pytest.raises(NotFound, match="please refer to API document"):
+        router.resolve("/nothing", "GET")
+
+
+def test_the_auth_flag_is_what_the_inference_app_enforces(tmp_path):
+    # Every route the table marks ``auth`` asks the authorize hook (here: always refuse) before
+    # anything else; the others answer without a key.
+    registry, _ = _registry(tmp_path)
+    asked: list[str] = []
+
+    def refuse(scope: Any, api: str) -> None:
+        asked.append(api)
+        raise Unauthorized("no key")
+
+    app = InferenceApp(registry, max_request_size=1 << 20, server_version="t", authorize=refuse)
+    for route in INFERENCE_ROUTES:
+        path, _ = _fill(route)
+        asked.clear()
+        r = _call(app, route.method, path, content=b'{"instances": [1]}')
+        if route.auth:
+            assert r.status_code == 401, (route.method, route.path, r.status_code)
+            assert asked == ["inference"]
+            assert ("error" in r.json()) == route.oip
+        else:
+            assert r.status_code != 401 and not asked, (route.method, route.path)
