@@ -35,7 +35,7 @@ from torchbay.server.http.asgi import (
     send_json,
 )
 from torchbay.server.http.routes import INFERENCE_ROUTES, Route, Router
-from torchbay.server.observe.logs import RequestHook
+from torchbay.server.observe.logs import RequestHook, RequestRecord
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.queue import Pending
@@ -166,9 +166,8 @@ class InferenceApp:
                 queue_s = None
                 if item is not None and item.dispatched is not None:
                     queue_s = item.dispatched - item.arrival
-                self.on_request(
-                    scope, name, version, status, time.perf_counter() - started, queue_s, mv
-                )
+                seconds = time.perf_counter() - started
+                self.on_request(RequestRecord(scope, name, version, status, seconds, queue_s, mv))
 
     def _wire_request(
         self, scope: Scope, body: bytes, protocol: str, extra: dict[str, str] | None = None

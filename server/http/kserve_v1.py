@@ -20,11 +20,11 @@ from urllib.parse import urlencode
 
 from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
+from torchbay.server.observe.logs import RequestHook, RequestRecord
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending
 
 if TYPE_CHECKING:
-    from torchbay.server.observe.logs import RequestHook
     from torchbay.server.serving.model import ModelVersion
     from torchbay.server.serving.registry import ModelRegistry
 
@@ -96,7 +96,8 @@ async def predict(app: Listener, scope: Scope, receive: Receive, send: Send, nam
         if app.on_request is not None:
             waited = [i.dispatched - i.arrival for i in items if i.dispatched is not None]
             seconds = time.perf_counter() - started
-            app.on_request(scope, name, None, status, seconds, max(waited, default=None), mv)
+            queue_s = max(waited, default=None)
+            app.on_request(RequestRecord(scope, name, None, status, seconds, queue_s, mv))
 
 
 async def _answer(

@@ -28,6 +28,7 @@ import queue
 import sys
 import time
 from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -53,45 +54,40 @@ access_log = logging.getLogger(ACCESS_LOGGER)
 
 Scope = MutableMapping[str, Any]  # an ASGI scope, as http.asgi.Scope (observe imports no http)
 
-# (name, version, status, seconds, queue seconds, model version) -> None: ServerMetrics.request_done
-RecordHook = Callable[[str, "str | None", int, float, "float | None", "ModelVersion | None"], None]
-# The inference app's on_request: the same, with the ASGI scope first.
-RequestHook = Callable[
-    [Scope, str, "str | None", int, float, "float | None", "ModelVersion | None"], None
-]
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One answered inference request, as every listener reports it (metrics, access log)."""
+
+    scope: Scope
+    name: str  # the model name the client asked for
+    version: str | None  # the version it asked for (None: the default)
+    status: int
+    seconds: float  # from the request's arrival to its answer
+    queue_s: float | None  # None when no worker took it
+    model: ModelVersion | None  # None when it was not routed to a model
 
 
-def request_hook(record: RecordHook | None) -> RequestHook:
-    """The inference app's ``on_request``: ``record`` (metrics), then one access-log line."""
+# Called once per answered request: the listeners' on_request, ServerMetrics.request_done.
+RequestHook = Callable[[RequestRecord], None]
+
+
+def request_hook(record: RequestHook | None) -> RequestHook:
+    """The listeners' ``on_request``: ``record`` (metrics), then one access-log line."""
     enabled = access_log.isEnabledFor
 
-    def on_request(
-        scope: Scope,
-        name: str,
-        version: str | None,
-        status: int,
-        seconds: float,
-        queue_s: float | None,
-        mv: ModelVersion | None,
-    ) -> None:
+    def on_request(request: RequestRecord) -> None:
         if record is not None:
-            record(name, version, status, seconds, queue_s, mv)
+            record(request)
         if enabled(logging.INFO):
-            log_access(scope, name, version, status, seconds, queue_s, mv)
+            log_access(request)
 
     return on_request
 
 
-def log_access(
-    scope: Scope,
-    name: str,
-    version: str | None,
-    status: int,
-    seconds: float,
-    queue_s: float | None,
-    mv: ModelVersion | None,
-) -> None:
+def log_access(request: RequestRecord) -> None:
     """Write one access line for a finished request (see the module docstring)."""
+    scope, mv, queue_s = request.scope, request.model, request.queue_s
     client = scope.get("client")
     access_log.info(
         _ACCESS_FORMAT,
@@ -99,10 +95,10 @@ def log_access(
         scope["method"],
         scope["path"],
         scope.get("http_version", "1.1"),
-        status,
-        name,
-        mv.version if mv is not None else version,
-        seconds * 1000,
+        request.status,
+        request.name,
+        mv.version if mv is not None else request.version,
+        request.seconds * 1000,
         None if queue_s is None else round(queue_s * 1000, 3),
     )
 

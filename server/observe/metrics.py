@@ -61,6 +61,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
+from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
 from torchbay.server.serving.handle import WorkerProcess, WorkerState
 from torchbay.server.serving.model import ModelStatus, ModelVersion, Observer
@@ -221,16 +222,14 @@ class ServerMetrics(Observer):
 
     # -- hooks (the hot path) -------------------------------------------------------------------
 
-    def request_done(
-        self,
-        name: str,
-        version: str | None,
-        status: int,
-        seconds: float,
-        queue_s: float | None,
-        mv: ModelVersion | None,
-    ) -> None:
+    def request_done(self, request: RequestRecord) -> None:
         """One inference request answered. ``queue_s`` is None when no worker took it."""
+        status, seconds, queue_s, mv = (
+            request.status,
+            request.seconds,
+            request.queue_s,
+            request.model,
+        )
         cls = status // 100
         if 2 <= cls <= 5:
             self._codes[cls] += 1
@@ -245,7 +244,7 @@ class ServerMetrics(Observer):
         if child is None:
             child = series.codes[status] = self.requests.labels(mv.name, mv.version, str(status))
         child.inc()
-        ts = series.ts_default if version is None else series.ts_named
+        ts = series.ts_default if request.version is None else series.ts_named
         ts[0] += 1
         if queue_s is not None:
             series.latency.observe(seconds)

@@ -15,6 +15,7 @@ from torchbay.server.observe.logs import (
     ACCESS_FIELDS,
     ACCESS_LOGGER,
     JsonFormatter,
+    RequestRecord,
     configure_logging,
     log_access,
     request_hook,
@@ -70,8 +71,8 @@ def test_json_formatter_one_object_per_line() -> None:
 
 def test_access_line_text_and_json(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
-    log_access(SCOPE, "m", None, 200, 0.0123, 0.0004, None)
-    log_access(SCOPE, "nope", "2.0", 404, 0.001, None, None)
+    log_access(RequestRecord(SCOPE, "m", None, 200, 0.0123, 0.0004, None))
+    log_access(RequestRecord(SCOPE, "nope", "2.0", 404, 0.001, None, None))
     ok, missing = caplog.records
     assert ok.getMessage() == (
         '127.0.0.1:5000 "POST /predictions/m HTTP/1.1" 200 model=m version=None '
@@ -94,16 +95,17 @@ def test_access_line_text_and_json(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_access_log_off_costs_no_formatting() -> None:
     access = logging.getLogger(ACCESS_LOGGER)
-    seen: list[tuple[Any, ...]] = []
-    hook = request_hook(lambda *args: seen.append(args))
+    seen: list[RequestRecord] = []
+    hook = request_hook(seen.append)
     old = access.level
     access.setLevel(logging.WARNING)
     try:
         # A scope without "method" would raise if the line were built.
-        hook({"path": "/x"}, "m", None, 200, 0.01, None, None)
+        request = RequestRecord({"path": "/x"}, "m", None, 200, 0.01, None, None)
+        hook(request)
     finally:
         access.setLevel(old)
-    assert seen == [("m", None, 200, 0.01, None, None)]
+    assert seen == [request]
 
 
 def test_configure_logging_json_routes_every_logger(root_logging: logging.Logger) -> None:
@@ -112,7 +114,7 @@ def test_configure_logging_json_routes_every_logger(root_logging: logging.Logger
     try:
         logging.getLogger("uvicorn.error").info("listening on %s", "127.0.0.1")
         logging.getLogger("torchbay.serve").warning("careful")
-        log_access(SCOPE, "m", "1.0", 503, 0.002, None, None)
+        log_access(RequestRecord(SCOPE, "m", "1.0", 503, 0.002, None, None))
     finally:
         stop()
     lines = stream.getvalue().splitlines()
