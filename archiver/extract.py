@@ -36,6 +36,13 @@ from torchbay.archiver.errors import (
     ManifestError,
     UnsafeMemberError,
 )
+from torchbay.archiver.limits import (
+    CHUNK,
+    DEFAULT_MAX_RATIO,
+    DEFAULT_MAX_TOTAL_BYTES,
+    Budget,
+    free_bytes,
+)
 from torchbay.archiver.manifest import (
     MANIFEST_PATH,
     MAX_MANIFEST_BYTES,
@@ -46,99 +53,14 @@ from torchbay.archiver.manifest import (
     tar_manifest_name,
 )
 
-DEFAULT_MAX_TOTAL_BYTES = 64 << 30
-DEFAULT_MAX_RATIO = 100.0
-# Members (and archives) that expand to less than this are not held to the ratio.
-RATIO_FLOOR_BYTES = 1 << 20
-_CHUNK = 1 << 20
-
 
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
+        while chunk := fh.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def free_bytes(folder: Path) -> int:
-    """Free disk space where ``folder`` is (or would be created)."""
-    for candidate in (folder, *folder.parents):
-        if candidate.is_dir():
-            return shutil.disk_usage(candidate).free
-    return shutil.disk_usage(".").free
-
-
-class _Budget:
-    """Counts expanded bytes; raises before the total, the free space or the ratio is passed.
-
-    ``archive_bytes`` is the compressed archive's size (None for a directory: no ratio).
-    """
-
-    def __init__(
-        self,
-        max_total: int,
-        max_ratio: float = DEFAULT_MAX_RATIO,
-        *,
-        archive_bytes: int | None = None,
-        free: int | None = None,
-    ) -> None:
-        self.max_total = max_total
-        self.max_ratio = max_ratio
-        self.archive_bytes = archive_bytes
-        self.free = free
-        self.total = 0
-
-    def _check_total(self, name: str, total: int, verb: str) -> None:
-        if total > self.max_total:
-            raise UnsafeMemberError(
-                name, f"archive {verb} {total} bytes, over the limit of {self.max_total} bytes"
-            )
-        if self.free is not None and total > self.free:
-            raise UnsafeMemberError(
-                name, f"archive {verb} {total} bytes, more than the {self.free} bytes free on disk"
-            )
-        if (
-            self.archive_bytes is not None
-            and total > RATIO_FLOOR_BYTES
-            and total > self.archive_bytes * self.max_ratio
-        ):
-            raise UnsafeMemberError(
-                name,
-                f"archive {verb} {total} bytes from {self.archive_bytes}: compression ratio "
-                f"over the limit of {self.max_ratio:g}",
-            )
-
-    def _check_ratio(self, name: str, size: int, compressed: int | None, verb: str) -> None:
-        if compressed is None or size <= RATIO_FLOOR_BYTES:
-            return
-        if size > max(compressed, 1) * self.max_ratio:
-            raise UnsafeMemberError(
-                name,
-                f"{verb} {size} bytes from {compressed}: compression ratio over the limit "
-                f"of {self.max_ratio:g}",
-            )
-
-    def declare(
-        self, name: str, size: int, declared_total: int, compressed: int | None = None
-    ) -> None:
-        """Check a member's declared size (and the running declared total) before writing."""
-        self._check_ratio(name, size, compressed, "declares")
-        self._check_total(name, declared_total, "declares")
-
-    def copy(self, name: str, src: IO[bytes], dst: IO[bytes], compressed: int | None = None) -> str:
-        """Copy ``src`` to ``dst`` counting bytes; returns the sha256 of what was written."""
-        digest = hashlib.sha256()
-        written = 0
-        while chunk := src.read(_CHUNK):
-            written += len(chunk)
-            self.total += len(chunk)
-            self._check_ratio(name, written, compressed, "expands past")
-            self._check_total(name, self.total, "expands past")
-            digest.update(chunk)
-            dst.write(chunk)
-        return digest.hexdigest()
 
 
 def _normalize(name: str) -> str:
@@ -155,7 +77,7 @@ def _normalize(name: str) -> str:
 class _Writer:
     """Writes checked members under ``dest`` and checks hashes against the manifest."""
 
-    def __init__(self, dest: Path, manifest: Manifest, budget: _Budget) -> None:
+    def __init__(self, dest: Path, manifest: Manifest, budget: Budget) -> None:
         self.dest = dest
         self.root = dest.resolve()
         self.budget = budget
@@ -208,7 +130,7 @@ def _zip_kind(info: zipfile.ZipInfo) -> str:
     return "special file"
 
 
-def _extract_zip(path: Path, dest: Path, budget: _Budget) -> Manifest:
+def _extract_zip(path: Path, dest: Path, budget: Budget) -> Manifest:
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
@@ -261,7 +183,7 @@ def _zip_manifest(
     raise ManifestError(f"{path.name}: no {MANIFEST_PATH} in the archive")
 
 
-def _tar_members(path: Path, tf: tarfile.TarFile, budget: _Budget) -> list[tarfile.TarInfo]:
+def _tar_members(path: Path, tf: tarfile.TarFile, budget: Budget) -> list[tarfile.TarInfo]:
     """Read the headers one by one, checking kinds and the running declared size as they come,
     so a tar bomb is refused at its first oversized header rather than after inflating it all."""
     members: list[tarfile.TarInfo] = []
@@ -283,7 +205,7 @@ def _tar_members(path: Path, tf: tarfile.TarFile, budget: _Budget) -> list[tarfi
     return members
 
 
-def _extract_tar(path: Path, dest: Path, budget: _Budget) -> Manifest:
+def _extract_tar(path: Path, dest: Path, budget: Budget) -> Manifest:
     try:
         tf = tarfile.open(path, "r:*")  # noqa: SIM115 (closed by the with below)
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -328,7 +250,7 @@ def verify_directory(
     """Check an archive directory in place (no copy): links, sizes and sha256 as for a zip."""
     root = Path(path)
     manifest = read_manifest(root)
-    budget = _Budget(max_total_bytes)
+    budget = Budget(max_total_bytes)
     names: list[str] = []
     declared_total = 0
     for name, full in _walk(root):
@@ -404,14 +326,14 @@ def extract_archive(
         free = free_bytes(dest)
         with _cleanup_on_error(dest):
             manifest = verify_directory(src, max_total_bytes=min(max_total_bytes, free))
-            writer = _Writer(dest, manifest, _Budget(max_total_bytes, max_ratio, free=free))
+            writer = _Writer(dest, manifest, Budget(max_total_bytes, max_ratio, free=free))
             for name, full in _walk(src):
                 with open(full, "rb") as fh:
                     writer.write(name, fh)
         return manifest
     if not src.is_file():
         raise ArchiveError(f"{src.name}: no such archive")
-    budget = _Budget(
+    budget = Budget(
         max_total_bytes, max_ratio, archive_bytes=src.stat().st_size, free=free_bytes(dest)
     )
     with _cleanup_on_error(dest):

@@ -18,7 +18,8 @@ from torchbay.archiver.errors import (
     ManifestError,
     UnsafeMemberError,
 )
-from torchbay.archiver.extract import _Budget, extract_archive, verify_directory
+from torchbay.archiver.extract import extract_archive, verify_directory
+from torchbay.archiver.limits import Budget
 from torchbay.archiver.manifest import (
     Manifest,
     ModelInfo,
@@ -178,9 +179,9 @@ def test_size_limits_total_and_ratio(tmp_path: Path) -> None:
     extract_archive(mar, tmp_path / "o3", max_total_bytes=1 << 20)
     # Declared sizes can lie (zip bombs); the bytes actually written are counted too.
     with pytest.raises(UnsafeMemberError, match=r"bomb.*expands past"):
-        _Budget(500).copy("bomb", io.BytesIO(b"z" * 1000), io.BytesIO())
+        Budget(500).copy("bomb", io.BytesIO(b"z" * 1000), io.BytesIO())
     with pytest.raises(UnsafeMemberError, match=r"bomb.*compression ratio"):
-        _Budget(1 << 30, 100).copy("bomb", io.BytesIO(bytes(3 << 20)), io.BytesIO(), 1000)
+        Budget(1 << 30, 100).copy("bomb", io.BytesIO(bytes(3 << 20)), io.BytesIO(), 1000)
 
 
 def test_duplicate_member_is_refused(tmp_path: Path) -> None:
