@@ -34,10 +34,20 @@ def _tiny_model(path: Path) -> Path:
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model store with ``probe.mar`` (the probe handler over a tiny TorchScript model) and
     ``tiny.mar`` (the built-in tensor handler)."""
-    root = tmp_path_factory.mktemp("store")
-    work = tmp_path_factory.mktemp("build")
+    return build_store(
+        tmp_path_factory, "store", {"probe": str(ASSETS / "probe_handler.py"), "tiny": "tensor"}
+    )
+
+
+def build_store(
+    tmp_path_factory: pytest.TempPathFactory, prefix: str, handlers: dict[str, str]
+) -> Path:
+    """A fresh model store with one version-1.0 archive per ``name: handler``, each over the
+    seeded tiny TorchScript model (``_tiny_model``)."""
+    root = tmp_path_factory.mktemp(prefix)
+    work = tmp_path_factory.mktemp(f"{prefix}-build")
     model = _tiny_model(work / "model.pt")
-    for name, handler in (("probe", str(ASSETS / "probe_handler.py")), ("tiny", "tensor")):
+    for name, handler in handlers.items():
         package(
             ArchiveOptions(
                 model_name=name,

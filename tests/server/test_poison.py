@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +15,7 @@ import httpx
 import pytest
 import torch
 
-from torchbay.archiver.package import ArchiveOptions, package
-
-from .conftest import ASSETS, _tiny_model
+from .conftest import ASSETS, _tiny_model, build_store
 
 ROUNDS = 4  # rounds of every poison kind, POISONS_PER_ROUND of each per round
 POISONS_PER_ROUND = 3
@@ -31,21 +28,11 @@ LEAKS = ("Traceback", 'File "', "/tmp", "/work", ".py")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``tiny.mar`` (the built-in tensor handler) and ``poison.mar`` (tests/server/assets/
     poison_handler.py), both over the seeded tiny model that ``expected`` rebuilds."""
-    root = tmp_path_factory.mktemp("poison-store")
-    work = tmp_path_factory.mktemp("poison-build")
-    model = _tiny_model(work / "model.pt")
-    for name, handler in (("poison", str(ASSETS / "poison_handler.py")), ("tiny", "tensor")):
-        package(
-            ArchiveOptions(
-                model_name=name,
-                version="1.0",
-                serialized_file=model,
-                handler=handler,
-                export_path=root,
-            )
-        )
-    shutil.rmtree(work)
-    return root
+    return build_store(
+        tmp_path_factory,
+        "poison-store",
+        {"poison": str(ASSETS / "poison_handler.py"), "tiny": "tensor"},
+    )
 
 
 @pytest.fixture(scope="module")
