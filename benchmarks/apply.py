@@ -47,8 +47,20 @@ def _archive_format(path: Path) -> str:
     return "tgz"
 
 
+def backup_path(archive: Path) -> Path:
+    """Where the original goes before ``apply_settings`` rewrites it: ``x.mar.orig`` (a name no
+    model store loads), or ``x.mar.orig.N`` when an earlier backup is there."""
+    candidate = archive.with_name(archive.name + ".orig")
+    n = 1
+    while candidate.exists():
+        candidate = archive.with_name(f"{archive.name}.orig.{n}")
+        n += 1
+    return candidate
+
+
 def apply_settings(archive: str | Path, settings: ModelSettings) -> Path:
-    """Rewrite ``archive`` in place with ``settings`` in its model-config.yaml; returns the path.
+    """Rewrite ``archive`` in place with ``settings`` in its model-config.yaml, after copying the
+    original to ``backup_path(archive)``; returns the backup's path.
     Raises BenchError (or the archiver's ArchiveError) when it cannot be read or written."""
     from torchbay.archiver.extract import extract_archive, sha256_file
     from torchbay.archiver.package import write_archive
@@ -82,10 +94,15 @@ def apply_settings(archive: str | Path, settings: ModelSettings) -> Path:
             for path in sorted(root.rglob("*"))
             if path.is_file() and not path.relative_to(root).as_posix().startswith("MAR-INF/")
         }
+        backup = backup_path(archive)
+        if archive.is_dir():
+            shutil.copytree(archive, backup, symlinks=True)
+        else:
+            shutil.copy2(archive, backup)
         write_archive(fmt, archive, files, new_manifest, manifest.model.model_name)  # type: ignore[arg-type]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return archive
+    return backup
 
 
 def read_config(archive: str | Path) -> dict[str, Any]:

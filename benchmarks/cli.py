@@ -125,7 +125,9 @@ def register(subparsers: Any) -> None:
         "--out", dest="out_dir", type=Path, default=Path("bench-sla"), help="report folder"
     )
     sla.add_argument(
-        "--apply", action="store_true", help="write the winner into the archive's model-config.yaml"
+        "--apply",
+        action="store_true",
+        help="write the winner into the archive's model-config.yaml (original kept as .orig)",
     )
     sla.add_argument("--seed", type=int, default=0)
     _add_load_args(sla)

@@ -378,9 +378,9 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     if options.apply and winner is not None:
         from torchbay.benchmarks.apply import apply_settings
 
-        apply_settings(options.archive, winner.config)
+        backup = apply_settings(options.archive, winner.config)
         result.applied = options.archive
-        log(f"applied {winner.label} to {options.archive}")
+        log(f"applied {winner.label} to {options.archive} (the original is kept as {backup})")
     sla_report.write_all(result)
     return result
 

@@ -194,6 +194,11 @@ def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
            "--config-file", str(config), "--export-path", str(tmp_path)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     archive = tmp_path / "tiny.mar"
+    original = archive.read_bytes()
+    backup = apply_settings(archive, ModelSettings(8, 5.0, 2))
+    assert backup == tmp_path / "tiny.mar.orig" and backup.read_bytes() == original
+    assert apply_settings(archive, ModelSettings(4, 5.0, 1)) == tmp_path / "tiny.mar.orig.1"
+    assert backup.read_bytes() == original  # the first original is never overwritten
     apply_settings(archive, ModelSettings(8, 5.0, 2))
     assert read_config(archive) == {
         "responseTimeout": 30, "batchSize": 8, "handler": {"num_threads": 1},
