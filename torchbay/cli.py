@@ -88,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not debug:  # `torchbay models ...` prints its result, not one line per HTTP call
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     from pydantic import ValidationError
 
     from torchbay.server.errors import ConfigError

@@ -83,3 +83,4 @@ def test_client_against_a_live_server(live_server, versioned_store, tmp_path, ca
     )
     assert proc.returncode == 0, proc.stderr
     assert {m["modelName"] for m in json.loads(proc.stdout)} == {"probe", "tiny"}
+    assert proc.stderr == ""  # only the result: no HTTP client log lines
