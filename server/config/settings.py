@@ -252,6 +252,9 @@ class ServerConfig(BaseModel):
     disable_token_authorization: bool = False
     token_expiration_min: float = Field(60.0, gt=0, le=525_600)  # a year at most
     key_file: Path = Path("key_file.json")
+    # Keys provided by the operator (a Kubernetes Secret mounted read-only), in key_file.json's
+    # shape: used as they are, never expire, never written, deleted or rotated by the server.
+    token_keys_file: Path | None = None
     enable_model_api: bool = False
     enable_envvars_config: bool = False
     metrics_mode: Literal["log", "prometheus", "legacy"] = "prometheus"

@@ -56,7 +56,13 @@ SERVER_IGNORED_KEYS = frozenset(
 _FIELDS = frozenset(ServerConfig.model_fields)
 # Every key a config source may name (model_snapshot: TorchServe's snapshot, see _normalize).
 _KNOWN_KEYS = _FIELDS | SERVER_KEY_ALIASES.keys() | SERVER_IGNORED_KEYS | {"model_snapshot"}
-_PATH_FIELDS = ("model_store", "key_file", "private_key_file", "certificate_file")
+_PATH_FIELDS = (
+    "model_store",
+    "key_file",
+    "token_keys_file",
+    "private_key_file",
+    "certificate_file",
+)
 
 
 def load_server_config(

@@ -63,7 +63,9 @@ def build_apps(server: TorchbayServer) -> Apps:
     )
     auth = None
     if not config.disable_token_authorization:
-        auth = TokenAuth(config.key_file, config.token_expiration_min)
+        auth = TokenAuth(
+            config.key_file, config.token_expiration_min, keys_file=config.token_keys_file
+        )
         auth.write_key_file()
     inference = InferenceApp(
         registry,

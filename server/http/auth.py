@@ -11,7 +11,12 @@ management key, ``GET /token?type=management|inference`` (rotation) the API key,
 expires. An expired key answers 401 until rotated. Keys are compared in constant time. The
 key file is deleted at shutdown, as TorchServe does, but only while it still holds what this
 server wrote: a second server (a failed start, or one sharing the path) never deletes another's
-keys. Torch-free.
+keys.
+
+With ``token_keys_file`` the operator provides the keys (in the key file's shape; e.g. a
+Kubernetes Secret shared by every replica): they are used as they are, never expire, and the
+server neither writes, deletes nor rotates them (``/token`` answers 400: rotate the Secret).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from torchbay.server.errors import BadRequest, Unauthorized
+from torchbay.server.errors import BadRequest, ConfigError, Unauthorized
 from torchbay.server.http.asgi import Scope, header
 
 log = logging.getLogger("torchbay.auth")
@@ -66,11 +71,16 @@ class TokenAuth:
         expiration_min: float,
         *,
         clock: Callable[[], float] = time.time,
+        keys_file: Path | None = None,
     ) -> None:
         self.key_file = key_file
         self.expiration_s = expiration_min * 60
         self.clock = clock
         self._written: str | None = None  # the key file's text as this server last wrote it
+        self.provided = keys_file is not None
+        if keys_file is not None:
+            self.keys = _read_provided_keys(keys_file)
+            return
         now = clock()
         self.keys: dict[str, _Key] = {
             "management": _Key(new_key(), now + self.expiration_s),
@@ -85,6 +95,8 @@ class TokenAuth:
 
     def write_key_file(self) -> None:
         """Write the keys atomically, readable by the owner only (0600 from creation on)."""
+        if self.provided:
+            return  # the operator's keys stay where the operator put them
         path = self.key_file
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -151,10 +163,27 @@ class TokenAuth:
         """Replace the management or inference key (new expiry too); rewrite the key file."""
         if kind not in ROTATABLE:
             raise BadRequest(f"type must be one of {', '.join(ROTATABLE)}, got {kind!r}")
+        if self.provided:
+            raise BadRequest("the keys come from token_keys_file: rotate them there")
         self.keys[kind] = _Key(new_key(), self.clock() + self.expiration_s)
         self.write_key_file()
         log.info("rotated the %s key", kind)
         return {kind: self.keys[kind].to_json()}
+
+
+def _read_provided_keys(path: Path) -> dict[str, _Key]:
+    """The three keys of an operator's keys file; raises ConfigError naming what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+        keys = {kind: str(data[kind]["key"]) for kind in ("management", "inference", "API")}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"token_keys_file {path}: cannot read the management, inference and API keys "
+            f"({type(exc).__name__})"
+        ) from None
+    if any(len(key) < 16 for key in keys.values()):
+        raise ConfigError(f"token_keys_file {path}: every key needs at least 16 characters")
+    return {kind: _Key(key, None) for kind, key in keys.items()}
 
 
 def read_key(key_file: Path, kind: KeyKind = "management") -> str:

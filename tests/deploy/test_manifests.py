@@ -116,7 +116,12 @@ def test_probes_drain_and_grace() -> None:
     grace = float(props.get("shutdown_grace_s", ServerConfig().shutdown_grace_s))
     pre_stop = int(main["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert spec["terminationGracePeriodSeconds"] > pre_stop + grace + 10
-    assert props["disable_token_authorization"] == "true"  # explained in the file
+    # Token auth on, with the keys every replica shares from the torchbay-keys Secret.
+    assert props["disable_token_authorization"] == "false"
+    (keys,) = [v for v in spec["volumes"] if v["name"] == "keys"]
+    assert keys["secret"]["secretName"] == "torchbay-keys"
+    (mount,) = [m for m in main["volumeMounts"] if m["name"] == "keys"]
+    assert mount["readOnly"] and props["token_keys_file"].startswith(mount["mountPath"] + "/")
     for address in ("inference_address", "management_address", "metrics_address"):
         assert props[address].startswith("http://0.0.0.0:")
     assert ServerConfig.model_validate(

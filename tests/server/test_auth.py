@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from torchbay.server.errors import BadRequest, Unauthorized
+from torchbay.server.errors import BadRequest, ConfigError, Unauthorized
 from torchbay.server.http.auth import TokenAuth
 
 from .conftest import LiveServer, make_config
@@ -193,3 +193,58 @@ def test_auth_disabled_needs_no_key_and_writes_no_file(live_server, tmp_path):
     assert httpx.get(f"{server.management_url}/models").status_code == 200
     r = httpx.get(f"{server.management_url}/token", params={"type": "management"})
     assert r.status_code == 404
+
+
+def test_operator_provided_keys_are_used_as_they_are(model_store, tmp_path):
+    """token_keys_file (a mounted Kubernetes Secret): the same keys on every replica, never
+    expiring, never written over, deleted or rotated by the server."""
+    keys = {
+        "management": {"key": "m" * 24},
+        "inference": {"key": "i" * 24},
+        "API": {"key": "a" * 24},
+    }
+    keys_file = tmp_path / "secret" / "keys.json"
+    keys_file.parent.mkdir()
+    keys_file.write_text(json.dumps(keys))
+    key_file = tmp_path / "key_file.json"
+    config = make_config(
+        model_store,
+        load_models=["tiny=tiny.mar"],
+        disable_token_authorization=False,
+        token_keys_file=keys_file,
+        key_file=key_file,
+        token_expiration_min=1e-6,  # ignored for provided keys: they never expire
+    )
+    server = LiveServer(config).start()
+    try:
+        _provided_keys_work(server)
+    finally:
+        server.stop()
+    assert not key_file.exists()  # nothing written
+    assert json.loads(keys_file.read_text()) == keys  # the operator's file is untouched
+
+
+def _provided_keys_work(server: LiveServer) -> None:
+    body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+    infer = f"{server.url}/v2/models/tiny/infer"
+    assert httpx.post(infer, json=body, timeout=30).status_code == 401
+    good = httpx.post(infer, json=body, headers={"Authorization": "Bearer " + "i" * 24}, timeout=30)
+    assert good.status_code == 200, good.text
+    management = {"Authorization": "Bearer " + "m" * 24}
+    assert httpx.get(f"{server.management_url}/models", headers=management).status_code == 200
+    rotate = httpx.get(
+        f"{server.management_url}/token",
+        params={"type": "inference"},
+        headers={"Authorization": "Bearer " + "a" * 24},
+    )
+    assert rotate.status_code == 400 and "token_keys_file" in rotate.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "content", ["{not json", '{"management": {"key": "short"}}', json.dumps({"API": {}})]
+)
+def test_unusable_provided_keys_are_a_config_error(tmp_path, content):
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(content)
+    with pytest.raises(ConfigError, match="token_keys_file"):
+        TokenAuth(tmp_path / "key_file.json", 60, keys_file=keys_file)
