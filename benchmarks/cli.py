@@ -56,7 +56,12 @@ def register(subparsers: Any) -> None:
     )
     verbs = bench.add_subparsers(dest="bench_verb", metavar="COMMAND")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+    _add_run(verbs)
+    _add_sla(verbs)
+    _add_scenario(verbs)
 
+
+def _add_run(verbs: Any) -> None:
     run = verbs.add_parser("run", help="one load test (closed or open loop)")
     where = run.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server's inference base URL, http://host:port")
@@ -92,6 +97,8 @@ def register(subparsers: Any) -> None:
     _add_load_args(run)
     run.set_defaults(func=run_run)
 
+
+def _add_sla(verbs: Any) -> None:
     sla = verbs.add_parser("sla", help="find the configuration with the most traffic under a p99")
     sla.add_argument("--archive", type=Path, required=True)
     sla.add_argument("--sla-p99-ms", type=float, required=True)
@@ -133,6 +140,8 @@ def register(subparsers: Any) -> None:
     _add_load_args(sla)
     sla.set_defaults(func=run_sla)
 
+
+def _add_scenario(verbs: Any) -> None:
     scen = verbs.add_parser("scenario", help="run a scenario file (benchmarks/scenarios/*.yaml)")
     scen.add_argument("file", help="a YAML file, or the name of a bundled one (tiny, cnn, digits)")
     scen.add_argument("--out", type=Path, default=None, help="work folder (default benchmarks/out)")
