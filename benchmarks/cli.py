@@ -1,4 +1,4 @@
-"""``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a file).
+"""``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a suite).
 
 Importable without torch: every verb imports its core lazily.
 """
@@ -142,10 +142,12 @@ def _add_sla(verbs: Any) -> None:
 
 
 def _add_scenario(verbs: Any) -> None:
-    scen = verbs.add_parser("scenario", help="run a scenario file (benchmarks/scenarios/*.yaml)")
-    scen.add_argument("file", help="a YAML file, or the name of a bundled one (tiny, cnn, digits)")
+    scen = verbs.add_parser(
+        "scenario", help="run a scenario suite (benchmarks/scenarios.py: tiny, cnn, digits)"
+    )
+    scen.add_argument("name", help="the suite: tiny, cnn or digits")
     scen.add_argument("--out", type=Path, default=None, help="work folder (default benchmarks/out)")
-    scen.add_argument("--sla", action="store_true", help="also run the file's SLA search")
+    scen.add_argument("--sla", action="store_true", help="also run the suite's SLA search")
     scen.add_argument("--duration", type=float, metavar="S", help="override every run's duration")
     scen.add_argument("--warmup", type=float, metavar="S", help="override every run's warm-up")
     scen.add_argument("--json", action="store_true")
@@ -189,11 +191,11 @@ def run_sla(args: argparse.Namespace) -> int:
 
 
 def run_scenario(args: argparse.Namespace) -> int:
-    from torchbay.benchmarks.scenario_files import load_scenario, run_scenario_file
+    from torchbay.benchmarks.scenarios import find_suite
+    from torchbay.benchmarks.suites import run_suite
 
-    scenario = load_scenario(args.file)
-    outcome = run_scenario_file(
-        scenario,
+    outcome = run_suite(
+        find_suite(args.name),
         args.out,
         log=lambda s: print(s, file=sys.stderr, flush=True),
         with_sla=args.sla,
