@@ -198,9 +198,21 @@ class Suite:
         return self.runs[0].model
 
 
-def _scenario(name: str) -> Scenario:
-    (found,) = (s for s in SCENARIOS if s.name == name)
-    return found
+def _reference(*names: str) -> tuple[Scenario, ...]:
+    """The reference scenarios called ``names`` (the same objects: one description each)."""
+    by_name = {s.name: s for s in SCENARIOS}
+    return tuple(by_name[name] for name in names)
+
+
+def _sla(
+    p99_ms: float,
+    batch_sizes: tuple[int, ...],
+    max_delays_ms: tuple[float, ...],
+    workers: tuple[int, ...],
+) -> dict[str, Any]:
+    """A suite's SLA search: the p99 bound and the grid (``SlaOptions`` fields)."""
+    return {"sla_p99_ms": p99_ms, "batch_sizes": list(batch_sizes),
+            "max_delays_ms": list(max_delays_ms), "workers": list(workers)}  # fmt: skip
 
 
 SUITES: tuple[Suite, ...] = (
@@ -209,25 +221,20 @@ SUITES: tuple[Suite, ...] = (
         "the baseline's tiny model: Linear(64,256)-ReLU-Linear(256,10), TorchScript, raw float32 "
         "bodies (256 bytes); overhead-bound, it measures the server, not the model",
         runs=(
-            _scenario("tb-tiny-c16-b8-w1"),  # TorchServe 5,693-5,759 req/s with 1 worker
+            *_reference("tb-tiny-c16-b8-w1"),  # TorchServe 5,693-5,759 req/s with 1 worker
             Scenario("tb-tiny-c16-b8-w2", "torchbay", "tiny", 16, 8, 5, 2, tags=("tiny",)),
             Scenario("tb-tiny-r2000-b8-w1", "torchbay", "tiny", None, 8, 5, 1, tags=("tiny",),
                      rate=2000.0, arrival="poisson"),
         ),
-        sla={"sla_p99_ms": 10, "batch_sizes": [1, 8, 16], "max_delays_ms": [1, 5],
-             "workers": [1, 2]},
+        sla=_sla(10, batch_sizes=(1, 8, 16), max_delays_ms=(1, 5), workers=(1, 2)),
     ),
     Suite(
         "cnn",
         "the baseline's cnn: a small ResNet (~309k parameters), 3x64x64 float32 bodies (49,152 "
-        "bytes), ~6.4 ms per image on one core; compute-bound, batching does not make it cheaper",
-        runs=(
-            _scenario("tb-cnn-c1-b1-w1"),  # TorchServe 128 req/s
-            _scenario("tb-cnn-c1-b8-w1"),  # TorchServe 51 req/s (waits out the delay)
-            _scenario("tb-cnn-c10-b1-w2"),  # TorchServe 233 req/s, p99 67 ms
-        ),
-        sla={"sla_p99_ms": 100, "batch_sizes": [1, 4, 8], "max_delays_ms": [2, 10],
-             "workers": [1, 2]},
+        "bytes), ~6.4 ms per image on one core; compute-bound, batching does not make it cheaper "
+        "(TorchServe: 128, 51 (waits out the delay) and 233 req/s, p99 67 ms)",
+        runs=_reference("tb-cnn-c1-b1-w1", "tb-cnn-c1-b8-w1", "tb-cnn-c10-b1-w2"),
+        sla=_sla(100, batch_sizes=(1, 4, 8), max_delays_ms=(2, 10), workers=(1, 2)),
     ),
     Suite(
         "digits",
@@ -238,8 +245,7 @@ SUITES: tuple[Suite, ...] = (
             Scenario("tb-digits-r200-b4-w1", "torchbay", "digits", None, 4, 5, 1,
                      tags=("digits",), rate=200.0, arrival="poisson"),
         ),
-        sla={"sla_p99_ms": 100, "batch_sizes": [1, 2, 4, 8, 16], "max_delays_ms": [2, 5, 10],
-             "workers": [1, 2]},
+        sla=_sla(100, batch_sizes=(1, 2, 4, 8, 16), max_delays_ms=(2, 5, 10), workers=(1, 2)),
         duration_s=10.0,
         warmup_s=3.0,
         archive="examples/digits/out/model_store/digits.mar",
