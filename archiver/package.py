@@ -3,7 +3,8 @@
 ``package(options)`` stages every file in a temporary folder (basenames at the root, as
 torch-model-archiver does), converts the model when asked, runs the parity check on the packed
 model loaded exactly as a worker loads it, hashes every file into the manifest and writes the
-archive (``<name>.mar`` deflated or stored, ``<name>.tar.gz``, or a ``<name>/`` folder) atomically.
+archive (``<name>.mar`` deflated or stored, ``<name>.tar.gz``, or a ``<name>/`` folder) atomically
+(``write.py``).
 This module imports torch only inside ``package`` and only when a model must be loaded.
 """
 
