@@ -25,7 +25,7 @@ from torchbay.benchmarks import runner
 from torchbay.benchmarks.apply import apply_settings, read_config
 from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, ModelSettings
-from torchbay.benchmarks.scenario_files import bundled, load_scenario
+from torchbay.benchmarks.scenarios import find_suite, suite_names
 from torchbay.benchmarks.sla import SlaOptions, run_sla
 from torchbay.cli import main
 
@@ -211,7 +211,7 @@ def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
 
 
 def test_bundled_scenarios_parse() -> None:
-    assert {"tiny", "cnn", "digits"} <= set(bundled())
-    for name in bundled():
-        scenario = load_scenario(name)
+    assert {"tiny", "cnn", "digits"} <= set(suite_names())
+    for name in suite_names():
+        scenario = find_suite(name)
         assert scenario.runs and scenario.sla and scenario.sla["sla_p99_ms"] > 0
