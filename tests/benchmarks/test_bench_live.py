@@ -97,7 +97,11 @@ def test_open_loop_measures_from_the_schedule(server, tiny) -> None:
     )
     r = run_bench(options).result
     assert r.mode == "open" and r.offered_rate == 300.0
-    assert r.sent > 100 and r.ok == r.sent
+    assert r.sent > 100
+    # Every request is answered; a busy host may shed some with 503 (the queue bound): the
+    # measurement must still account for each one.
+    assert sum(r.statuses.values()) == r.sent and set(r.statuses) <= {"200", "503"}
+    assert r.ok == r.statuses.get("200", 0) > 0
     assert r.lag.count == r.sent  # every request has a scheduled time and a lag
     # From the schedule: never shorter than from the actual send (late sends add their lag).
     assert r.latency.mean_ms >= r.service.mean_ms
