@@ -1,0 +1,175 @@
+"""Streaming on a live server (tests/server/assets/stream_handler.py): TorchServe's
+send_intermediate_predict_response as chunked HTTP, handlers that yield, the generate extension
+(JSON and server-sent events), a client leaving mid-stream, errors mid-stream.
+
+"Part 1 arrived while the handler was blocked" is proven by construction: the handler waits for
+a gate file after sending part 1, and the test creates that file only after reading part 1."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import ASSETS, LiveServer, build_store, make_config
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    store = build_store(
+        tmp_path_factory, "stream-store", {"stream": str(ASSETS / "stream_handler.py")}
+    )
+    config = make_config(
+        store,
+        models={"stream": {"1.0": {"marName": "stream.mar", "minWorkers": 1, "maxWorkers": 1}}},
+        load_models=["stream.mar"],
+    )
+    live = LiveServer(config).start()
+    yield live
+    live.stop()
+
+
+def _poll(path: Path, deadline_s: float = 60.0) -> str:
+    end = time.monotonic() + deadline_s
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.01)
+    return path.read_text()
+
+
+def _first_chunk(response: httpx.Response) -> tuple[bytes, Iterator[bytes]]:
+    """The first (non-empty) chunk, and the iterator over the rest."""
+    chunks = response.iter_raw()
+    for chunk in chunks:
+        if chunk:
+            return chunk, chunks
+    raise AssertionError("the stream ended without a part")
+
+
+def _plain_request_served(server: LiveServer) -> None:
+    answer = httpx.post(f"{server.url}/predictions/stream", json={"x": 1}, timeout=60)
+    assert answer.status_code == 200
+    assert answer.json() == {"plain": True}
+
+
+def _stream(server: LiveServer, body: dict[str, Any], path: str = "/predictions/stream"):
+    return httpx.stream("POST", server.url + path, json=body, timeout=60)
+
+
+def test_part_arrives_while_the_handler_is_blocked(server: LiveServer, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    with _stream(server, {"parts": ["one,", "two,"], "gate": str(gate)}) as response:
+        assert response.status_code == 200
+        assert response.headers["transfer-encoding"] == "chunked"
+        assert "content-length" not in response.headers
+        first, chunks = _first_chunk(response)
+        assert first == b"one,"
+        assert not gate.exists()  # the handler cannot have returned: it waits for the gate
+        gate.touch()
+        rest = b"".join(chunks)
+    assert rest == b"two,end"
+
+
+def test_non_streaming_handler_answers_one_plain_response(server: LiveServer) -> None:
+    answer = httpx.post(f"{server.url}/predictions/stream", json={"x": 1}, timeout=60)
+    assert answer.status_code == 200
+    assert answer.headers["content-length"] == str(len(answer.content))
+    assert "transfer-encoding" not in answer.headers
+
+
+def test_client_leaving_stops_the_handler_and_frees_the_worker(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    gate, stopped = tmp_path / "gate", tmp_path / "stopped"
+    with _stream(server, {"until_stopped": str(stopped), "gate": str(gate)}) as response:
+        assert _first_chunk(response)[0] == b"p0"
+    # The client is gone (the connection closed with the stream unread): let the handler go on.
+    gate.touch()
+    assert _poll(stopped) == "StreamCancelled"  # the handler saw the stop
+    _plain_request_served(server)  # the single worker is free again
+
+
+def test_error_mid_stream_is_the_last_chunk(server: LiveServer, tmp_path: Path) -> None:
+    body = {"parts": ["one,"], "then_raise": True}
+    with _stream(server, body) as response:
+        assert response.status_code == 200  # the first part decided the status
+        content = b"".join(response.iter_raw())
+    assert content.startswith(b"one,")
+    error = json.loads(content[len(b"one,") :])
+    assert error["code"] == 500 and error["type"] == "ValueError"
+    assert "Traceback" not in error["message"] and "/" not in error["message"]
+    _plain_request_served(server)
+
+
+def test_generator_items_are_parts(server: LiveServer, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    with _stream(server, {"yield": ["a", "b", "c"], "gate": str(gate)}) as response:
+        assert response.headers["transfer-encoding"] == "chunked"
+        first, chunks = _first_chunk(response)
+        assert first == b"a"
+        assert not gate.exists()
+        gate.touch()
+        assert b"".join(chunks) == b"bc"
+
+
+def test_generator_error_mid_stream(server: LiveServer) -> None:
+    with _stream(server, {"yield": ["a", "b"], "fail_after": 1}) as response:
+        content = b"".join(response.iter_raw())
+    assert content.startswith(b"a")
+    assert json.loads(content[1:])["type"] == "RuntimeError"
+    _plain_request_served(server)
+
+
+def test_generate_joins_the_parts(server: LiveServer) -> None:
+    answer = httpx.post(
+        f"{server.url}/v2/models/stream/generate", json={"text_input": "hello big world"}
+    )
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "model_name": "stream",
+        "model_version": "1.0",
+        "text_output": "hello big world",
+    }
+    versioned = httpx.post(
+        f"{server.url}/v2/models/stream/versions/1.0/generate", json={"text_input": "a b"}
+    )
+    assert versioned.json()["text_output"] == "a b"
+
+
+def test_generate_stream_sends_server_sent_events(server: LiveServer) -> None:
+    body = {"text_input": "hello big world"}
+    with _stream(server, body, "/v2/models/stream/generate_stream") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+        text = response.read().decode()
+    events = [json.loads(block.removeprefix("data: ")) for block in text.split("\n\n") if block]
+    assert [e["text_output"] for e in events] == ["hello ", "big ", "world"]
+    assert all(e["model_name"] == "stream" and e["model_version"] == "1.0" for e in events)
+
+
+def test_generate_stream_error_mid_stream_is_an_error_event(server: LiveServer) -> None:
+    with _stream(
+        server, {"yield": ["a", "b"], "fail_after": 1}, "/v2/models/stream/generate_stream"
+    ) as response:
+        text = response.read().decode()
+    events = [json.loads(block.removeprefix("data: ")) for block in text.split("\n\n") if block]
+    assert events[0]["text_output"] == "a"
+    assert set(events[-1]) == {"error"} and "RuntimeError" in events[-1]["error"]
+
+
+def test_generate_error_before_any_part_is_json(server: LiveServer) -> None:
+    answer = httpx.post(
+        f"{server.url}/v2/models/stream/generate_stream",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 400
+    assert answer.headers["content-type"] == "application/json"
+    assert set(answer.json()) == {"error"}
+    missing = httpx.post(f"{server.url}/v2/models/nope/generate", json={"text_input": "x"})
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}
