@@ -12,7 +12,8 @@ Isolation:
   of results, the batch is run again in halves, recursively, so the failure is pinned on the
   request(s) that cause it and every other request gets its answer (per-item failures through
   ``BaseHandler.map_items`` stay as they are).
-  Stage timings are summed over all the runs of one batch.
+  Stage timings are summed over all the runs of one batch. A run that streamed parts (or was
+  cancelled) is never run again: see streaming.py, whose parts go out through ``part_sink``.
 
 Status classes, decided by exception type and where it was raised, never by message text:
 

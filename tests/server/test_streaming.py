@@ -7,6 +7,7 @@ a gate file after sending part 1, and the test creates that file only after read
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -21,14 +22,19 @@ from .conftest import ASSETS, LiveServer, build_store, make_config
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    store = build_store(
-        tmp_path_factory, "stream-store", {"stream": str(ASSETS / "stream_handler.py")}
-    )
-    config = make_config(
-        store,
-        models={"stream": {"1.0": {"marName": "stream.mar", "minWorkers": 1, "maxWorkers": 1}}},
-        load_models=["stream.mar"],
-    )
+    handler = str(ASSETS / "stream_handler.py")
+    names = ("stream", "paced", "batched")
+    store = build_store(tmp_path_factory, "stream-store", dict.fromkeys(names, handler))
+    one = {"minWorkers": 1, "maxWorkers": 1}
+    models = {
+        "stream": {"1.0": {"marName": "stream.mar", **one}},
+        # responseTimeout bounds the wait for each part, not the whole stream
+        "paced": {"1.0": {"marName": "paced.mar", "responseTimeout": 3, **one}},
+        "batched": {
+            "1.0": {"marName": "batched.mar", "batchSize": 2, "maxBatchDelay": 5000, **one}
+        },
+    }
+    config = make_config(store, models=models, load_models=[f"{n}.mar" for n in names])
     live = LiveServer(config).start()
     yield live
     live.stop()
@@ -173,3 +179,36 @@ def test_generate_error_before_any_part_is_json(server: LiveServer) -> None:
     assert set(answer.json()) == {"error"}
     missing = httpx.post(f"{server.url}/v2/models/nope/generate", json={"text_input": "x"})
     assert missing.status_code == 404 and set(missing.json()) == {"error"}
+
+
+def test_response_timeout_bounds_each_part_not_the_stream(server: LiveServer) -> None:
+    # 16 parts 0.25 s apart: 4 s in all, past the model's 3 s responseTimeout
+    items = [str(i) for i in range(16)]
+    with _stream(server, {"yield": items, "pace": 0.25}, "/predictions/paced") as response:
+        assert response.status_code == 200
+        assert response.read() == "".join(items).encode()
+
+
+def test_streams_of_one_batch_are_answered_side_by_side(server: LiveServer) -> None:
+    async def one(client: httpx.AsyncClient, name: str) -> list[bytes]:
+        body = {"yield": [f"{name}1,", f"{name}2,"], "batch": True}
+        async with client.stream("POST", "/predictions/batched", json=body) as response:
+            assert response.headers["transfer-encoding"] == "chunked"
+            return [chunk async for chunk in response.aiter_raw() if chunk]
+
+    async def both() -> tuple[list[bytes], list[bytes]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return tuple(await asyncio.gather(one(client, "a"), one(client, "b")))  # type: ignore[return-value]
+
+    a, b = asyncio.run(both())
+    assert b"".join(a) == b"a1,/2a2,/2"  # both ran in one batch of 2, each got its own parts
+    assert b"".join(b) == b"b1,/2b2,/2"
+
+
+def test_worker_death_mid_stream_is_the_last_chunk(server: LiveServer) -> None:
+    with _stream(server, {"parts": ["one,", "two,"], "crash": True}, "/predictions/paced") as r:
+        assert r.status_code == 200
+        content = r.read()
+    assert content.startswith(b"one,")
+    error = json.loads(content[len(b"one,") :])
+    assert error["code"] == 503 and error["type"] == "WorkerDied"

@@ -1,16 +1,18 @@
 """A streaming test handler (a module-level ``handle``), driven by each request's JSON body:
 
-  {"parts": ["a", "b"], "gate": path, "then_raise": bool}
+  {"parts": ["a", "b"], "gate": path, "then_raise": bool, "crash": bool}
       sends each part with TorchServe's send_intermediate_predict_response; after the first it
-      waits for the file ``gate`` (the test creates it only after reading part 1); returns
-      "end", or raises ValueError after the parts when ``then_raise``.
+      waits for the file ``gate`` (the test creates it only after reading part 1), or with
+      ``crash`` the worker process dies; returns "end", or raises ValueError after the parts
+      when ``then_raise``.
   {"until_stopped": path, "gate": path}
       sends parts until send_intermediate_predict_response raises StreamCancelled (the client
       left), waiting for ``gate`` after the first; then writes the exception's type name to
       ``until_stopped`` and re-raises.
-  {"yield": ["a", "b"], "gate": path, "fail_after": n}
+  {"yield": ["a", "b"], "gate": path, "fail_after": n, "pace": s, "batch": true}
       returns a generator per request: each item is a part (waits for ``gate`` after the first;
-      raises after ``n`` items when given).
+      raises after ``n`` items when given; sleeps ``s`` seconds before each item; with
+      ``batch`` each item ends with "/<batch size>"). A batch of such requests streams them all.
   {"text_input": "x y"}
       the generate extension: yields each word (and its space) as a part.
   anything else: answered {"plain": true} without streaming.
@@ -19,6 +21,7 @@ Every wait polls with a bounded deadline.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -42,6 +45,8 @@ def _parts(body: dict, context) -> str:
         send_intermediate_predict_response(
             [part], context.request_ids, "Intermediate", 200, context
         )
+        if i == 0 and body.get("crash"):
+            os._exit(17)
         if i == 0:
             _wait(body.get("gate"))
     if body.get("then_raise"):
@@ -65,11 +70,12 @@ def _until_stopped(body: dict, context) -> str:
     return "never stopped"
 
 
-def _generator(body: dict):
+def _generator(body: dict, batch: int = 1):
     for i, item in enumerate(body["yield"]):
         if body.get("fail_after") == i:
             raise RuntimeError("the generator failed mid-stream")
-        yield item
+        time.sleep(float(body.get("pace", 0)))
+        yield f"{item}/{batch}" if body.get("batch") else item
         if i == 0:
             _wait(body.get("gate"))
 
@@ -83,15 +89,16 @@ def _words(text: str):
 def handle(data, context):
     if data is None:  # initialization
         return None
-    body = data[0].get("body")
+    bodies = [row.get("body") for row in data]
+    if all(isinstance(b, dict) and "yield" in b for b in bodies):
+        return [_generator(b, len(data)) for b in bodies]
+    body = bodies[0]
     if not isinstance(body, dict) or len(data) != 1:
         return [{"plain": True} for _ in data]
     if "parts" in body:
         return [_parts(body, context)]
     if "until_stopped" in body:
         return [_until_stopped(body, context)]
-    if "yield" in body:
-        return [_generator(body)]
     if "text_input" in body:
         return [_words(body["text_input"])]
     return [{"plain": True}]
