@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from torchbay.server.serving import protocol as p
+
 from .conftest import ASSETS, LiveServer, build_store, make_config
 
 
@@ -212,3 +214,22 @@ def test_worker_death_mid_stream_is_the_last_chunk(server: LiveServer) -> None:
     assert content.startswith(b"one,")
     error = json.loads(content[len(b"one,") :])
     assert error["code"] == 503 and error["type"] == "WorkerDied"
+
+
+def test_model_version_stream_yields_parts_then_the_final_response(server: LiveServer) -> None:
+    """The API other listeners (gRPC) use, called on the live server's own loop."""
+    registry, loop = server.server.registry, server.server._loop
+    assert registry is not None and loop is not None
+    mv = registry.resolve("stream", None)
+
+    async def collect(body: dict[str, Any]) -> list[p.WireResponse]:
+        wire = p.WireRequest(f"api-{len(body)}", json.dumps(body).encode(), "application/json")
+        return [response async for response in mv.stream(wire)]
+
+    def run(body: dict[str, Any]) -> list[tuple[bool, bytes]]:
+        answers = asyncio.run_coroutine_threadsafe(collect(body), loop).result(60)
+        return [(r.partial, r.body) for r in answers]
+
+    assert run({"x": 1}) == [(False, b'{"plain":true}')]  # nothing streamed: one response
+    assert run({"parts": ["a", "b"]}) == [(True, b"a"), (True, b"b"), (False, b"end")]
+    assert run({"yield": ["x", "y"]}) == [(True, b"x"), (True, b"y")]  # empty end not yielded
