@@ -7,7 +7,8 @@ each flushed (one ASGI body message each; uvicorn frames them as HTTP/1.1 chunks
 error after the first part cannot change the status any more: its error body is the stream's
 last chunk (an SSE ``data: {"error": ...}`` event). While a stream is open the client's
 disconnect (ASGI ``http.disconnect``) is watched: the stream is closed, which cancels the
-request and tells its worker to stop producing for it (``ModelVersion.stream``).
+request and tells its worker to stop producing for it (``ModelVersion.stream``). A client that
+reads slower than the handler produces is not pushed back on: its parts wait in memory.
 
 Generate extension (Triton's ``extension_generate.md``): each part becomes one
 ``{"model_name", "model_version", "text_output", ...}`` object: a JSON object part is taken as
@@ -49,7 +50,7 @@ async def follow(parts: Parts, receive: Receive) -> AsyncIterator[p.WireResponse
             await asyncio.wait((step, watcher), return_when=asyncio.FIRST_COMPLETED)
             if not step.done():  # the client left: cancelling the step cancels the request
                 step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, TorchbayError):
                     await step
                 return
             try:
@@ -74,13 +75,18 @@ async def send_chunked(
     first: p.WireResponse,
     parts: Parts,
     headers: list[tuple[bytes, bytes]],
+    *,
+    oip: bool = False,
 ) -> None:
     """``first`` (already checked: ``headers`` include its content type) and the rest of
-    ``parts`` as one chunked response."""
+    ``parts`` as one chunked response; an error that ends it is its route's error body."""
     await send({"type": "http.response.start", "status": first.status, "headers": headers})
     await send({"type": "http.response.body", "body": first.body, "more_body": True})
     async for item in follow(parts, receive):
-        body = dumps(item.to_json()) if isinstance(item, TorchbayError) else item.body
+        if isinstance(item, TorchbayError):
+            body = dumps({"error": item.message} if oip else item.to_json())
+        else:
+            body = item.body
         if body:
             await send({"type": "http.response.body", "body": body, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
