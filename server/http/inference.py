@@ -186,9 +186,10 @@ class InferenceApp:
         """TorchServe's answer: the response, or chunked when the handler streams parts."""
         content_type, headers = _checked_response(response, wire.request_id)
         status = response.status
-        if response.partial:
+        if response.partial and status not in (204, 304):
             headers.insert(0, (b"content-type", content_type))
-            await streaming.send_chunked(send, receive, response, parts, headers)
+            oip = wire.protocol == "v2"
+            await streaming.send_chunked(send, receive, response, parts, headers, oip=oip)
         elif status in (204, 304):
             # No body allowed: one sent anyway would be read as the start of the next
             # response on this keep-alive connection.
@@ -236,12 +237,14 @@ class InferenceApp:
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         respond = _generated(streaming.respond_generate)
+        scope = _as_json(scope)
         await self._infer(scope, receive, send, *_v2_model(match), "predict", respond=respond)
 
     async def _generate_stream(
         self, scope: Scope, receive: Receive, send: Send, match: Match
     ) -> None:
         respond = _generated(streaming.respond_generate_stream)
+        scope = _as_json(scope)
         await self._infer(scope, receive, send, *_v2_model(match), "predict", respond=respond)
 
     async def _model_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
@@ -281,6 +284,13 @@ class InferenceApp:
             "inputs": inputs,
             "outputs": [],
         }
+
+
+def _as_json(scope: Scope) -> Scope:
+    """The generate extension's body is JSON whatever its content type says (``curl -d`` sends
+    a form type): the handler gets the decoded object as TorchServe's ``body``."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
 def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:

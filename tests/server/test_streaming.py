@@ -147,6 +147,13 @@ def test_generate_joins_the_parts(server: LiveServer) -> None:
         f"{server.url}/v2/models/stream/versions/1.0/generate", json={"text_input": "a b"}
     )
     assert versioned.json()["text_output"] == "a b"
+    # curl -d sends a form content type: the generate body is JSON all the same
+    curl = httpx.post(
+        f"{server.url}/v2/models/stream/generate",
+        content=b'{"text_input": "c d"}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert curl.status_code == 200 and curl.json()["text_output"] == "c d"
 
 
 def test_generate_stream_sends_server_sent_events(server: LiveServer) -> None:
