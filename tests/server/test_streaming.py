@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.server.serving import protocol as p
 
@@ -240,3 +241,20 @@ def test_model_version_stream_yields_parts_then_the_final_response(server: LiveS
     assert run({"x": 1}) == [(False, b'{"plain":true}')]  # nothing streamed: one response
     assert run({"parts": ["a", "b"]}) == [(True, b"a"), (True, b"b"), (False, b"end")]
     assert run({"yield": ["x", "y"]}) == [(True, b"x"), (True, b"y")]  # empty end not yielded
+
+
+def _requests_counted(server: LiveServer, model: str) -> float:
+    text = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "torchbay_requests_total" and sample.labels.get("model") == model
+    )
+
+
+def test_a_stream_is_one_request_in_the_metrics(server: LiveServer) -> None:
+    before = _requests_counted(server, "stream")
+    with _stream(server, {"parts": ["a", "b", "c"]}) as response:
+        assert response.read() == b"abcend"
+    assert _requests_counted(server, "stream") == before + 1  # recorded once, when it ended
