@@ -68,15 +68,7 @@ from .responses import (
     header_problem,
     status_problem,
 )
-from .streaming import (
-    NullSink,
-    PartSink,
-    RunStream,
-    StreamCancelled,
-    cancelled_response,
-    drive_generators,
-    is_generator,
-)
+from .streaming import NullSink, PartSink, RunStream, StreamCancelled, drive_generators, streams
 
 __all__ = ["BatchOutcome", "Request", "Response", "Service", "error_response", "load_service"]
 
@@ -116,11 +108,6 @@ class _Job:
     request: RequestLike
     row: Any
     v2: dict[str, Any] | None
-
-
-def _streams(results: Any, n: int) -> bool:
-    """The handler returned a generator for some request (streaming.py)."""
-    return isinstance(results, list) and len(results) == n and any(map(is_generator, results))
 
 
 class _CountMismatch(Exception):
@@ -220,7 +207,7 @@ class Service:
         rid = job.request.request_id
         v2 = job.v2 is not None
         if isinstance(exc, StreamCancelled):
-            return cancelled_response(rid, v2)
+            return exc.response(rid, v2)
         if isinstance(exc, _CountMismatch):
             logger.error("request %s: %s", rid, exc)
             message = "number of batch response mismatched"
@@ -249,7 +236,7 @@ class Service:
         start = perf_counter()
         try:
             results = self._entry(rows, self.context)
-            if _streams(results, len(jobs)):
+            if streams(results, len(jobs)):
                 fail = lambda idx, exc: self._handler_failure(exc, jobs[idx])  # noqa: E731
                 finals = drive_generators(results, stream, fail, [j.v2 is not None for j in jobs])
         except (Exception, SystemExit) as exc:  # bisected by the caller, answered per request

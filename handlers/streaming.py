@@ -44,6 +44,10 @@ CANCELLED_STATUS = 499  # nginx's "client closed request": nobody reads it, the 
 class StreamCancelled(Exception):
     """The clients of every request a part was being sent for have gone away."""
 
+    @staticmethod
+    def response(request_id: str, v2: bool) -> Response:
+        return cancelled_response(request_id, v2)
+
 
 class PartSink(Protocol):
     """Where parts go (the worker's socket) and which requests were cancelled."""
@@ -106,6 +110,11 @@ def send_intermediate_predict_response(
 def is_generator(item: Any) -> bool:
     """A result that streams: an iterator that is not a value a handler returns whole."""
     return isinstance(item, Iterator) and not isinstance(item, (str, bytes, bytearray, dict))
+
+
+def streams(results: Any, n: int) -> bool:
+    """The handler returned a generator for some of its ``n`` requests."""
+    return isinstance(results, list) and len(results) == n and any(map(is_generator, results))
 
 
 def cancelled_response(request_id: str, v2: bool) -> Response:
