@@ -182,6 +182,7 @@ def _text() -> dict[str, Any]:
 
 
 @_alias("ts.protocol.otf_message_handler")
+@_alias("ts.handler_utils.utils")  # TorchServe >= 0.9 exports it here too
 def _otf() -> dict[str, Any]:
     from . import streaming
 

@@ -171,3 +171,10 @@ def test_send_needs_the_handler_context() -> None:
         send_intermediate_predict_response(["x"], {0: "r"}, "", 200, context)
     with pytest.raises(RuntimeError):
         send_intermediate_predict_response(["x"], {0: "r"}, "", 200, None)
+
+
+def test_both_torchserve_import_paths_are_aliased(service: Service) -> None:
+    from ts.handler_utils.utils import send_intermediate_predict_response as utils_send
+    from ts.protocol.otf_message_handler import send_intermediate_predict_response as otf_send
+
+    assert utils_send is otf_send is send_intermediate_predict_response
