@@ -5,8 +5,8 @@ Two ways for a handler to stream, both ending as ``Part`` frames to the frontend
 
 * TorchServe's ``send_intermediate_predict_response(ret, req_id_map, message, code, context)``
   (``from ts.protocol.otf_message_handler import ...``, or ``ts.handler_utils.utils``: torchbay
-  aliases both here). Each call sends
-  one part per request of ``req_id_map`` (index -> request id, as ``context.request_ids``):
+  aliases both here). Each call sends one part per request of ``req_id_map`` (index -> request
+  id, as ``context.request_ids``):
   ``ret[idx]``, encoded as a final result is (bytes as is, str as UTF-8, anything else as JSON),
   with the status, content type and headers set on the context for ``idx``. ``message`` and
   ``code`` are accepted for compatibility and unused (TorchServe takes each request's status from
