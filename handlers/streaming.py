@@ -24,6 +24,11 @@ was given is cancelled, raises :class:`StreamCancelled` (the handler sees the st
 propagate ends the batch). A generator of a cancelled request is closed (``GeneratorExit`` at its
 ``yield``) before it is advanced again. Either way the worker is free once the handler returns.
 
+Batches (``batch_size`` > 1): each request's parts go out as they are produced, but every
+request's final response travels in the batch's one result, when the handler returns: a request
+whose stream (or generator) ended early, or that does not stream, is answered when the batch's
+longest stream ends.
+
 Errors mid-stream: once a run of the handler sent a part, it is never run again on part of the
 batch (the Service's bisecting would send those parts twice): an exception then answers every
 request of that run with its error, which its client receives as the stream's last part.
