@@ -258,3 +258,26 @@ def test_a_stream_is_one_request_in_the_metrics(server: LiveServer) -> None:
     with _stream(server, {"parts": ["a", "b", "c"]}) as response:
         assert response.read() == b"abcend"
     assert _requests_counted(server, "stream") == before + 1  # recorded once, when it ended
+
+
+def test_a_part_past_max_response_size_fails_the_request_and_stops_the_handler(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    store = build_store(
+        tmp_path_factory, "stream-limit", {"stream": str(ASSETS / "stream_handler.py")}
+    )
+    config = make_config(store, load_models=["stream.mar"], max_response_size=1000)
+    live = LiveServer(config).start()
+    try:
+        stopped = tmp_path / "stopped"
+        answer = httpx.post(
+            f"{live.url}/predictions/stream",
+            json={"until_stopped": str(stopped), "size": 2000},
+            timeout=60,
+        )
+        assert answer.status_code == 500  # before any part went out: a plain error answer
+        assert "max_response_size" in answer.json()["message"]
+        assert _poll(stopped) == "StreamCancelled"  # the worker was told to stop producing
+        _plain_request_served(live)
+    finally:
+        live.stop()

@@ -5,10 +5,10 @@
       waits for the file ``gate`` (the test creates it only after reading part 1), or with
       ``crash`` the worker process dies; returns "end", or raises ValueError after the parts
       when ``then_raise``.
-  {"until_stopped": path, "gate": path}
-      sends parts until send_intermediate_predict_response raises StreamCancelled (the client
-      left), waiting for ``gate`` after the first; then writes the exception's type name to
-      ``until_stopped`` and re-raises.
+  {"until_stopped": path, "gate": path, "size": n}
+      sends parts (of ``n`` bytes when given) until send_intermediate_predict_response raises
+      StreamCancelled (the client left), waiting for ``gate`` after the first; then writes the
+      exception's type name to ``until_stopped`` and re-raises.
   {"yield": ["a", "b"], "gate": path, "fail_after": n, "pace": s, "batch": true}
       returns a generator per request: each item is a part (waits for ``gate`` after the first;
       raises after ``n`` items when given; sleeps ``s`` seconds before each item; with
@@ -59,7 +59,8 @@ def _until_stopped(body: dict, context) -> str:
     i = 0
     try:
         while time.monotonic() < end:
-            send_intermediate_predict_response([f"p{i}"], context.request_ids, "", 200, context)
+            part = "x" * body["size"] if "size" in body else f"p{i}"
+            send_intermediate_predict_response([part], context.request_ids, "", 200, context)
             if i == 0:
                 _wait(body.get("gate"))
             i += 1
