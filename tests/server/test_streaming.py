@@ -168,6 +168,19 @@ def test_generate_stream_sends_server_sent_events(server: LiveServer) -> None:
     assert all(e["model_name"] == "stream" and e["model_version"] == "1.0" for e in events)
 
 
+def test_generate_stream_client_leaving_closes_the_generator(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    gate, closed = tmp_path / "gate", tmp_path / "closed"
+    body = {"yield": ["a", "b", "c"], "gate": str(gate), "closed": str(closed)}
+    with _stream(server, body, "/v2/models/stream/generate_stream") as response:
+        first, _ = _first_chunk(response)
+        assert json.loads(first.removeprefix(b"data: "))["text_output"] == "a"
+    gate.touch()  # the client is gone before the generator is advanced again
+    assert _poll(closed) == "GeneratorExit"
+    _plain_request_served(server)
+
+
 def test_generate_stream_error_mid_stream_is_an_error_event(server: LiveServer) -> None:
     with _stream(
         server, {"yield": ["a", "b"], "fail_after": 1}, "/v2/models/stream/generate_stream"
