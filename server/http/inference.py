@@ -8,6 +8,9 @@ It does check what comes back before handing it to the HTTP server: a status out
 or a header that is not a valid HTTP field (name not a token; CR, LF or NUL in a value; not
 latin-1) is answered 500 with an error body, never passed on (uvicorn would send nothing);
 a 204 or 304 goes out without the body the handler gave it.
+
+Every request goes through ``ModelVersion.stream``: a handler that streams parts is answered
+chunked (TorchServe) or as server-sent events (the generate extension), see streaming.py.
 """
 
 from __future__ import annotations
