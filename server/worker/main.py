@@ -135,6 +135,7 @@ def serve(sock: socket.socket) -> int:
             limit_max_image_pixels=load.limit_max_image_pixels,
             model_name=load.model_name,
             model_version=load.model_version,
+            max_request_size=load.max_request_size,
         )
     except Exception as exc:  # report any load failure to the frontend, then exit
         log.error("loading %s failed", load.model_name, exc_info=True)
