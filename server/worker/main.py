@@ -117,12 +117,11 @@ def serve(sock: socket.socket) -> int:
     from torchbay.handlers.service import load_service
 
     try:
-        message = p.recv_message(sock)
+        load = p.recv_message(sock)
     except EOFError:
         return 0  # a pre-warmed worker nobody needed
-    if not isinstance(message, p.Load):
-        raise p.ProtocolError(f"expected LOAD first, got {type(message).__name__}")
-    load = message
+    if not isinstance(load, p.Load):
+        raise p.ProtocolError(f"expected LOAD first, got {type(load).__name__}")
     started = time.perf_counter()
     try:
         _pin(load)
