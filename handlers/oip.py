@@ -22,6 +22,7 @@ from .errors import BadInput
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 
 HEADER_LENGTH = "inference-header-content-length"
+MAX_RANK = 32  # as a signature's (archiver.signature.MAX_RANK); numpy allows 64
 
 
 def parse_request(
@@ -145,6 +146,8 @@ def _check_fields(tensor: Any, i: int) -> tuple[str, str, list[int]]:
         raise BadInput(
             f"v2 field 'inputs[{i}].shape' of {name!r} must be a list of non-negative integers"
         )
+    if len(shape) > MAX_RANK:
+        raise BadInput(f"v2 input {name!r}: shape has {len(shape)} dimensions (at most {MAX_RANK})")
     check_parameters(tensor, f"v2 input {name!r}")
     return name, datatype, shape
 

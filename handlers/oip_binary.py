@@ -103,6 +103,8 @@ def from_binary(buffer: memoryview, datatype: str, shape: list[int], name: str) 
 
 
 def _bytes_elements(buffer: memoryview, count: int, name: str) -> np.ndarray:
+    if count * 4 > len(buffer):  # checked before allocating: every element has a 4-byte length
+        raise BadInput(f"input {name!r}: {len(buffer)} bytes cannot hold {count} BYTES elements")
     out = np.empty(count, dtype=object)
     offset, end = 0, len(buffer)
     for i in range(count):

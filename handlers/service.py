@@ -17,7 +17,10 @@ Isolation:
 Status classes, decided by exception type and where it was raised, never by message text:
 
 * 400: the body cannot be decoded or is invalid (bad JSON, JSON nested deeper than
-  ``envelopes.MAX_JSON_DEPTH``, malformed v2 or multipart, bad text encoding), or ``BadInput``;
+  ``envelopes.MAX_JSON_DEPTH``, malformed v2 or multipart, bad text encoding, an OIP request
+  that does not fit the model's signature: ``handlers/oip.py``), or ``BadInput``;
+  a ``Content-Encoding`` body is inflated first (``oip_encoding``: 415 unknown coding, 413 past
+  ``max_request_size``);
 * 413: a size limit is the cause: decoding ran out of memory (the built-in ``tensor`` handler
   also answers 413 when loading an .npy, or the model on an input alone, runs out of memory);
 * 422: a well-formed input the model cannot process: ``UnprocessableInput``, which the built-in

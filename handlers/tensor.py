@@ -15,9 +15,11 @@ integer type. Requests whose samples share a shape are batched together.
 Output per request: ``{"output": <nested lists>}``: the model's output for the one sample, or a
 list of per-sample outputs for several; a model returning a tuple gives a list of such outputs.
 
-Open Inference Protocol (v2) natively: each input tensor is built from ``shape``/``datatype``/
-``data`` (its first dimension is the batch), passed to the model positionally; each output tensor
-comes back as ``{"name", "shape", "datatype", "data"}`` (flattened; fp16/bf16 as FP32).
+Open Inference Protocol (v2) natively: each input tensor is the numpy array ``handlers.oip``
+decoded (JSON or binary; its first dimension is the batch), passed to the model positionally in
+the signature's order (the Service matched them by name; without a signature, the request's
+order); each output comes back as ``{"name", "shape", "datatype", "array"}`` in its own dtype
+(FP16/BF16 included), named by the signature (a dict output by its keys), else output0, output1...
 
 Errors: an undecodable input is 400 (``BadInput``); a well-formed input the model cannot process
 is 422 (``UnprocessableInput``): its shape differs from the manifest's ``input_shape``, its v2

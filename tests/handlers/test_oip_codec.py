@@ -90,7 +90,8 @@ def test_binary_inputs_are_views_of_the_body() -> None:
         ([("a", "BOOL", [2], b"\x01\x02")], b"", "0 or 1"),
         ([("s", "BYTES", [1], struct.pack("<I", 5) + b"abc")], b"", "runs past"),
         ([("s", "BYTES", [1], struct.pack("<I", 1) + b"ab")], b"", "1 bytes left"),
-        ([("s", "BYTES", [2], struct.pack("<I", 1) + b"a")], b"", "ends inside element 1"),
+        ([("s", "BYTES", [2], struct.pack("<I", 1) + b"abcd")], b"", "ends inside element 1"),
+        ([("s", "BYTES", [10**12], b"")], b"", "cannot hold 1000000000000 BYTES"),
     ],
 )
 def test_binary_sizes_are_checked(tensors: list, extra: bytes, message: str) -> None:
@@ -141,6 +142,12 @@ def test_binary_bytes_roundtrip_and_mixed_inputs() -> None:
             "no Inference-Header-Content-Length",
         ),
         (b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1]}]}', {}, "neither 'data'"),
+        (
+            b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [' + b"1," * 40 + b"1],"
+            b' "data": [1]}]}',
+            {},
+            "at most 32",
+        ),
         (
             b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [1]}],'
             b' "outputs": [{"name": "o", "parameters": {"classification": 0}}]}',

@@ -334,3 +334,33 @@ def test_kserve_rest_client(server: LiveServer, binary: bool) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["outputs"] == [{"name": "diff", "datatype": "FP32", "data": [4.0, 5.0, 6.0]}]
+
+
+# -- error shape on every v2 path -----------------------------------------------------------------
+
+
+def test_v2_errors_carry_the_error_field(server: LiveServer) -> None:
+    missing = httpx.post(f"{server.url}/v2/models/nope/infer", json={"inputs": []})
+    assert missing.status_code == 404 and isinstance(missing.json()["error"], str)
+    huge = httpx.post(f"{server.url}/v2/models/sub/infer", content=b" " * 6_600_000)
+    assert huge.status_code == 413 and isinstance(huge.json()["error"], str)
+    bad = httpx.post(f"{server.url}/v2/models/sub/infer", content=b"{")
+    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]
+    for r in (missing, huge, bad):
+        assert "Traceback" not in r.text and "/tmp" not in r.text
+
+
+def test_id_is_echoed_and_json_response_is_json(server: LiveServer) -> None:
+    body = {
+        "id": "req-7",
+        "inputs": [
+            {"name": "b", "shape": [1, 3], "datatype": "FP32", "data": [[1, 2, 3]]},
+            {"name": "a", "shape": [1, 3], "datatype": "FP32", "data": [[5, 7, 9]]},
+        ],
+    }
+    r = httpx.post(f"{server.url}/v2/models/sub/infer", json=body)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    head = r.json()
+    assert head["id"] == "req-7" and head["model_name"] == "sub" and head["model_version"] == "1"
+    assert head["outputs"] == [{"name": "diff", "datatype": "FP32", "shape": [1, 3],
+                                "data": [4.0, 5.0, 6.0]}]  # fmt: skip
