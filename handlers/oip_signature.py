@@ -23,6 +23,19 @@ def load(manifest: dict[str, Any], yaml_config: dict[str, Any] | None) -> Signat
         raise HandlerLoadError(f"invalid tensor signature: {exc}") from exc
 
 
+def for_requests(
+    manifest: dict[str, Any], yaml_config: dict[str, Any] | None, handler: Any
+) -> Signature | None:
+    """The signature OIP requests are checked against: the model's when the handler speaks v2
+    natively (it hands the request's tensors to the model), else only one model-config.yaml
+    declares: a handler that preprocesses (an image classifier taking BYTES) takes requests
+    that look nothing like its model's recorded tensors."""
+    signature = load(manifest, yaml_config)
+    native = bool(getattr(handler, "supports_v2", False))
+    declared = bool(yaml_config) and ("inputs" in yaml_config or "outputs" in yaml_config)
+    return signature if native or declared else None
+
+
 def output_names(signature: Signature | None, count: int) -> list[str]:
     """Names for a model's ``count`` positional outputs: the signature's, else output0, ..."""
     names = [s.name for s in signature.outputs] if signature is not None else []

@@ -356,7 +356,6 @@ def load_service(
     name = model_name or str(model.get("modelName") or model_dir.name)
     version = model_version or str(model.get("modelVersion") or "")
     yaml_config = _model_yaml_config(model_dir, manifest)
-    signature = oip_signature.load(manifest, yaml_config)
     install_ts_alias()
     # TorchServe puts the model directory on sys.path so handlers import their sibling files.
     if str(model_dir) not in sys.path:
@@ -387,6 +386,7 @@ def load_service(
         logger.error("handler %r failed to initialize", spec, exc_info=True)
         raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}") from exc
     device = _device_of(resolved.instance, gpu_id)
+    signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
     context.metrics.drain()  # metrics recorded while loading are not a batch's
     return Service(context, resolved, device, name, version, signature, max_request_size)
 

@@ -370,3 +370,15 @@ def test_compressed_predict_and_v2_bodies(torchscript_dir: Any) -> None:
     assert len(body_json(responses[0])["output"]) == 3
     assert responses[2].headers["content-encoding"] == "gzip"
     assert len(json.loads(gzip.decompress(responses[2].body))["outputs"][0]["data"]) == 3
+
+
+def test_preprocessing_handlers_skip_the_recorded_signature(torchscript_dir: Any) -> None:
+    # a handler that does not speak v2 natively takes e.g. BYTES image data: the model's recorded
+    # tensors (input0 FP32 [-1, 4]) do not describe its requests; model-config.yaml would
+    recorded = {"input_shape": [4]}
+    assert load_service(torchscript_dir(torchbay=recorded)).signature is not None
+    service = load_service(torchscript_dir("image_classifier", torchbay=recorded))
+    assert service.signature is None
+    model_dir = torchscript_dir("image_classifier", torchbay=recorded, config_file="c.yaml")
+    (model_dir / "c.yaml").write_text("inputs: [{name: data, datatype: BYTES, shape: [1]}]\n")
+    assert [s.name for s in load_service(model_dir).signature.inputs] == ["data"]
