@@ -189,10 +189,13 @@ def output_names(request: dict[str, Any]) -> list[str]:
     return [str(o["name"]) for o in request.get("outputs") or []]
 
 
-def wrap_result(result: Any, request: dict[str, Any]) -> list[dict[str, Any]]:
-    """A non-v2 handler's result for one request as a one-tensor OIP output list."""
+def wrap_result(
+    result: Any, request: dict[str, Any], default: str = "output0"
+) -> list[dict[str, Any]]:
+    """A non-v2 handler's result for one request as a one-tensor OIP output list, named as the
+    request asks, else ``default`` (the signature's first output, or output0)."""
     names = output_names(request)
-    name = names[0] if names else "output0"
+    name = names[0] if names else default
     if isinstance(result, bytes):
         result = result.decode("utf-8", "replace")
     if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):

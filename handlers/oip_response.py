@@ -137,14 +137,14 @@ def reply(
     item: Any,
     native: bool,
     request: dict[str, Any],
-    model: tuple[str, str, Any],
+    model: tuple[str, str, Any, Any],
     request_headers: Mapping[str, str],
 ) -> tuple[bytes, str, dict[str, str]]:
     """The encoded response for one handler result: a native v2 handler's output list (or
     ``{"outputs": [...], "parameters": {...}}``), else its result wrapped as one output;
     compressed when the request's ``Accept-Encoding`` takes gzip or deflate. ``model`` is
-    ``(name, version, labels)``: labels the handler's ``{index: label}`` mapping, or None."""
-    name, version, labels = model
+    ``(name, version, labels, signature)``: labels the handler's ``{index: label}`` mapping."""
+    name, version, labels, signature = model
     head: dict[str, Any] = {"model_name": name}
     if version:
         head["model_version"] = version
@@ -156,7 +156,8 @@ def reply(
             head = {**head, "parameters": item["parameters"]}
         outputs = item["outputs"]
     else:
-        outputs = item if native else wrap_result(item, request)
+        default = signature.outputs[0].name if signature and signature.outputs else "output0"
+        outputs = item if native else wrap_result(item, request, default)
     body, content_type, headers = encode(outputs, request, head, labels)
     coding = pick_encoding(request_headers.get("accept-encoding"))
     if coding is not None:

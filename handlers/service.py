@@ -294,7 +294,8 @@ class Service:
         if status >= 400 and item is None:
             return error_response(status, "PredictionException", phrase or "", v2 is not None)
         if v2 is not None and status < 400:
-            model = (self.model_name, self.model_version, getattr(self.handler, "mapping", None))
+            labels = getattr(self.handler, "mapping", None)
+            model = (self.model_name, self.model_version, labels, self.signature)
             body, ctype, more = oip_response.reply(
                 item, self.native_v2, v2, model, job.request.headers
             )
