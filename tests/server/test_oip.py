@@ -350,7 +350,9 @@ def test_v2_errors_carry_the_error_field(server: LiveServer) -> None:
     assert huge.status_code == 413 and isinstance(huge.json()["error"], str)
     bad = httpx.post(f"{server.url}/v2/models/sub/infer", content=b"{")
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]
-    for r in (missing, huge, bad):
+    ready = httpx.get(f"{server.url}/v2/models/nope/ready")
+    assert ready.status_code == 404 and isinstance(ready.json()["error"], str)
+    for r in (missing, huge, bad, ready):
         assert "Traceback" not in r.text and "/tmp" not in r.text
 
 
