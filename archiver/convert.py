@@ -193,7 +193,14 @@ def with_cast(model: nn.Module, precision: str) -> nn.Module:
     return (_Half if precision == "fp16" else _BFloat16)(model).eval()
 
 
-def locate_failure(model: nn.Module, example: torch.Tensor, what: str) -> None:
+def positional(example: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A model's positional inputs: one tensor, or a tuple of them (multi-input models)."""
+    return example if isinstance(example, tuple) else (example,)
+
+
+def locate_failure(
+    model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...], what: str
+) -> None:
     """Run ``model`` eagerly; on failure raise ConversionError naming the innermost layer."""
     stack: list[str] = []
     failed: list[str] = []
@@ -209,7 +216,7 @@ def locate_failure(model: nn.Module, example: torch.Tensor, what: str) -> None:
     handles += [m.register_forward_hook(post) for m in model.modules()]
     try:
         with torch.inference_mode(), quiet():
-            model(example)
+            model(*positional(example))
     except Exception as exc:
         failed = stack[-1:] or ["<model>"]
         layer = failed[0] or "<model>"
@@ -223,10 +230,12 @@ def locate_failure(model: nn.Module, example: torch.Tensor, what: str) -> None:
             h.remove()
 
 
-def trace(model: nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+def trace(
+    model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...]
+) -> torch.jit.ScriptModule:
     try:
         with torch.no_grad(), quiet():
-            return torch.jit.trace(model, (example,), check_trace=False)
+            return torch.jit.trace(model, positional(example), check_trace=False)
     except Exception as exc:
         raise ConversionError(f"torch.jit.trace failed: {_one_line(exc)}") from None
 
@@ -255,15 +264,19 @@ def freeze(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
         raise ConversionError(f"--optimize: torch.jit.freeze failed: {_one_line(exc)}") from None
 
 
-def export(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
-    """torch.export with a dynamic batch dimension, in eval and no-grad mode."""
-    if example.shape[0] < 2:
+def export(
+    model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...]
+) -> torch.export.ExportedProgram:
+    """torch.export with a dynamic batch dimension (shared by every input), in eval and no-grad
+    mode."""
+    args = positional(example)
+    if args[0].shape[0] < 2:
         # A batch of 1 would be specialized (0/1 specialization); export with 2 rows instead.
-        example = torch.cat([example, example])
+        args = tuple(torch.cat([t, t]) for t in args)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     try:
         with torch.no_grad(), quiet():
-            return torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+            return torch.export.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args))
     except Exception as exc:
         raise ConversionError(
             f"torch.export failed (try --convert torchscript-trace): {_one_line(exc)}"
