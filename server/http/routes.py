@@ -37,7 +37,8 @@ class Route:
     errors: tuple[int, ...] = ()  # statuses answered with the error schema
     answers: Mapping[str, Answer] = field(default_factory=dict)  # other statuses
     oip: bool = False  # errors are OIP's {"error"}; else TorchServe's {"code","type","message"}
-    auth: bool = False  # needs the inference key (token authorization on)
+    auth: bool = False  # needs a key (token authorization on): ``key``'s
+    key: str = "inference"  # which key ``auth`` asks for: "inference" or "management"
     body: Mapping[str, Any] | None = None  # the OpenAPI requestBody
     description: str | None = None
     query: tuple[Mapping[str, Any], ...] = ()  # OpenAPI query parameters
@@ -234,16 +235,18 @@ def _triton() -> tuple[Route, ...]:
               strict=True),
         Route("POST", "/v2/repository/index", "repository_index",
               "The model store's models, loaded or not", (400, 401),
-              {"200": ("Index", _INDEX)}, oip=True, body=_INDEX_BODY, strict=True,
+              {"200": ("Index", _INDEX)}, oip=True, auth=True, key="management",
+              body=_INDEX_BODY, strict=True,
               description="Needs the management key (token authorization on)."),
         Route("POST", "/v2/repository/models/{model_name}/load", "repository_load",
               "Load a model from the model store", (400, 401, 404, 405, 409, 500, 503),
-              OK, oip=True, body=_LOAD_BODY, strict=True,
+              OK, oip=True, auth=True, key="management", body=_LOAD_BODY, strict=True,
               description=_CONTROL_TEXT + " parameters.config may set max_batch_size, "
               "dynamic_batching.max_queue_delay_microseconds and instance_group[].count."),
         Route("POST", "/v2/repository/models/{model_name}/unload", "repository_unload",
               "Unload every version of a model", (400, 401, 404, 405, 503, 504), OK, oip=True,
-              body=_JSON_BODY, strict=True, description=_CONTROL_TEXT),
+              auth=True, key="management", body=_JSON_BODY, strict=True,
+              description=_CONTROL_TEXT),
     )  # fmt: skip
 
 
