@@ -30,7 +30,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -52,31 +51,6 @@ def quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-
-
-def load_example(path: Path) -> torch.Tensor:
-    """A saved tensor (torch.save) or a .npy array, batch dimension first."""
-    if not path.is_file():
-        raise ArchiveArgumentError(f"example input {str(path)!r} does not exist")
-    try:
-        if path.suffix == ".npy":
-            tensor = torch.from_numpy(np.load(path, allow_pickle=False))
-        else:
-            tensor = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # numpy/torch raise many types for a bad file
-        raise ArchiveArgumentError(f"cannot read example input {path.name!r}: {exc}") from None
-    if not isinstance(tensor, torch.Tensor):
-        raise ArchiveArgumentError(
-            f"example input {path.name!r} must hold one tensor, got {type(tensor).__name__}"
-        )
-    if tensor.dim() < 1 or tensor.shape[0] < 1:
-        raise ArchiveArgumentError(
-            f"example input {path.name!r} needs a batch dimension first "
-            f"(shape {list(tensor.shape)})"
-        )
-    if tensor.is_floating_point():
-        tensor = tensor.float()
-    return tensor.contiguous()
 
 
 def import_model_class(model_file: Path) -> type[nn.Module]:
@@ -294,10 +268,6 @@ def save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
 
 def save_state_dict(model: nn.Module, path: Path) -> None:
     torch.save(model.state_dict(), path)
-
-
-def save_example(example: torch.Tensor, path: Path) -> None:
-    np.save(path, example.numpy(), allow_pickle=False)
 
 
 def _one_line(exc: BaseException) -> str:

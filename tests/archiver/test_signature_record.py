@@ -39,9 +39,9 @@ class TwoInputs(nn.Module):
 @pytest.fixture
 def two_inputs(tmp_path: Path) -> dict:
     """An eager two-input model (model file + state dict) returning a tuple."""
-    (tmp_path / "model.py").write_text(MODEL_FILE)
+    (tmp_path / "two_inputs_model.py").write_text(MODEL_FILE)
     namespace: dict = {}
-    exec(compile(MODEL_FILE, "model.py", "exec"), namespace)
+    exec(compile(MODEL_FILE, "two_inputs_model.py", "exec"), namespace)
     torch.manual_seed(0)
     torch.save(namespace["TwoInputs"]().state_dict(), tmp_path / "state.pt")
     return {
@@ -49,7 +49,7 @@ def two_inputs(tmp_path: Path) -> dict:
         "version": "1.0",
         "handler": "tensor",
         "serialized_file": tmp_path / "state.pt",
-        "model_file": tmp_path / "model.py",
+        "model_file": tmp_path / "two_inputs_model.py",
         "export_path": tmp_path / "out",
     }
 
@@ -134,3 +134,15 @@ def test_archive_help_documents_the_example_input() -> None:
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
     assert "a dict of tensors" in text and "input0, input1" in text and "signature" in text
+
+
+def test_inspect_shows_the_signature(two_inputs: dict, tmp_path) -> None:
+    torch.save({"features": torch.randn(2, 4), "extra": torch.randn(2, 2)}, tmp_path / "ex.pt")
+    out = package(ArchiveOptions(**two_inputs, example_input=tmp_path / "ex.pt"))
+    result = run_torchbay("inspect", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "inputs:     features FP32 [-1, 4], extra FP32 [-1, 2]" in result.stdout
+    assert "outputs:    output0 FP32 [-1, 3], output1 FP32 [-1]" in result.stdout
+    assert "example_input.npz (one array per input, by name)" in result.stdout
+    verify = run_torchbay("verify", str(out))
+    assert verify.returncode != 0 and "several inputs: pass --input" in verify.stderr
