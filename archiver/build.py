@@ -34,17 +34,41 @@ def build_model(
     the manifest fields recorded from the example and a run of the packed model).
     Raises ConversionError / ParityError / ArchiveArgumentError."""
     assert options.example_input is not None
+    program: Any = None
     if source == "eager":
         assert model_file is not None
         reference: nn.Module = convert.load_eager(model_file, serialized)
+    elif source == "exported":  # packed as it is; its own dynamic dimensions are recorded
+        program = convert.load_exported(serialized)
+        reference = program.module()
     else:
         reference = convert.load_torchscript(serialized)
     example = rs.load_example(Path(options.example_input), reference)
     rs.check_batches(example)
     _run_reference(reference, example)
     packed = _apply_precision(options.precision, reference, source, target, serialized, example)
-    dynamic: tuple[list[set[int]], list[set[int]]] | None = None
+    name, model_name, program = _stage_model(
+        options, stage, target, serialized, model_file, packed, example, program
+    )
+    example_name, example_path = rs.save_example(example, stage.root / "generated")
+    stage.files[example_name] = example_path
 
+    parity, output = _parity(options, stage, target, name, model_name, reference, example)
+    dynamic = rs.exported_dynamic_dims(program) if program is not None else None
+    return name, model_name, parity, _recorded(example, example_name, output, dynamic)
+
+
+def _stage_model(
+    options: ArchiveOptions,
+    stage: _Stage,
+    target: Format,
+    serialized: Path,
+    model_file: Path | None,
+    packed: nn.Module,
+    example: rs.Example,
+    program: Any,
+) -> tuple[str, str | None, Any]:
+    """Stage the packed model: (serializedFile, modelFile, the exported program or None)."""
     if target == "eager":
         name = serialized.name
         if options.precision == "fp32":
@@ -53,27 +77,22 @@ def build_model(
             convert.save_state_dict(packed, stage.written(name))
         assert model_file is not None
         stage.add(model_file.name, model_file)
-        model_name: str | None = model_file.name
-    elif target == "torchscript":
+        return name, model_file.name, None
+    if target == "torchscript":
         module = _to_torchscript(options.convert, packed, example)
         if options.optimize:
             module = convert.freeze(module)
         name = serialized.name if options.convert == "none" else "model.pt"
         convert.save_torchscript(module, stage.written(name))
-        model_name = None
-    else:
-        dtype = convert._DTYPES.get(options.precision)
-        x = example.map(lambda t: t.to(dtype) if dtype and t.is_floating_point() else t)
-        program = convert.export(packed, x.tensors)
-        dynamic = rs.exported_dynamic_dims(program)
-        name = "model.pt2"
-        convert.save_exported(program, stage.written(name))
-        model_name = None
-    example_name, example_path = rs.save_example(example, stage.root / "generated")
-    stage.files[example_name] = example_path
-
-    parity, output = _parity(options, stage, target, name, model_name, reference, example)
-    return name, model_name, parity, _recorded(example, example_name, output, dynamic)
+        return name, None, None
+    if program is not None:  # an exported program given as it is
+        stage.add(serialized.name, serialized)
+        return serialized.name, None, program
+    dtype = convert._DTYPES.get(options.precision)
+    x = example.map(lambda t: t.to(dtype) if dtype and t.is_floating_point() else t)
+    program = convert.export(packed, x.tensors)
+    convert.save_exported(program, stage.written("model.pt2"))
+    return "model.pt2", None, program
 
 
 def _recorded(

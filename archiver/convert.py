@@ -106,6 +106,16 @@ def load_eager(model_file: Path, state_file: Path) -> nn.Module:
     return model.eval()
 
 
+def load_exported(path: Path) -> torch.export.ExportedProgram:
+    try:
+        with quiet():
+            return torch.export.load(str(path))
+    except Exception as exc:
+        raise ArchiveArgumentError(
+            f"{path.name!r} is not a torch.export program: {_one_line(exc)}"
+        ) from None
+
+
 def load_torchscript(path: Path) -> torch.jit.ScriptModule:
     try:
         return torch.jit.load(str(path), map_location="cpu").eval()

@@ -146,3 +146,31 @@ def test_inspect_shows_the_signature(two_inputs: dict, tmp_path) -> None:
     assert "example_input.npz (one array per input, by name)" in result.stdout
     verify = run_torchbay("verify", str(out))
     assert verify.returncode != 0 and "several inputs: pass --input" in verify.stderr
+
+
+class _Seq(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fc(tokens)
+
+
+def test_an_exported_program_records_its_own_dynamic_dimensions(tmp_path: Path) -> None:
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=1, max=32)
+    program = torch.export.export(
+        _Seq().eval(), (torch.randn(2, 5, 4),), dynamic_shapes=({0: batch, 1: seq},)
+    )
+    torch.export.save(program, str(tmp_path / "seq.pt2"))
+    torch.save(torch.randn(3, 7, 4), tmp_path / "ex.pt")
+    out = package(
+        ArchiveOptions(model_name="seq", version="1", handler="tensor",
+                       serialized_file=tmp_path / "seq.pt2", example_input=tmp_path / "ex.pt",
+                       export_path=tmp_path)
+    )  # fmt: skip
+    m = read_manifest(out)
+    assert m.model.serialized_file == "seq.pt2" and m.torchbay is not None
+    assert m.torchbay.format == "exported" and m.torchbay.parity.passed
+    assert m.torchbay.inputs == [_spec("input0", [-1, -1, 4])]
+    assert m.torchbay.outputs == [_spec("output0", [-1, -1, 2])]
