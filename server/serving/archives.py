@@ -33,20 +33,21 @@ def signature_of(manifest: Manifest, yaml_config: Mapping[str, Any] | None) -> S
     try:
         return model_signature(info, yaml_config)
     except SignatureError as exc:
-        config_file = manifest.model.config_file
-        where = f" ({config_file})" if config_file and "model-config.yaml" in str(exc) else ""
-        raise ArchiveError(f"Invalid model signature{where}: {exc}") from None
+        text, config_file = str(exc), manifest.model.config_file
+        if config_file and text.startswith("model-config.yaml"):  # the archive's own file name
+            text = config_file + text.removeprefix("model-config.yaml")
+        raise ArchiveError(f"Invalid model signature: {text}") from None
 
 
 __all__ = [
     "ArchiveError",
+    "Manifest",
     "Signature",
     "TensorSpec",
-    "signature_of",
-    "Manifest",
     "extract_archive",
     "is_valid_model_name",
     "is_valid_model_version",
     "read_manifest",
     "safe_relpath",
+    "signature_of",
 ]

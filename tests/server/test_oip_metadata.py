@@ -36,7 +36,9 @@ class _TwoInputs(nn.Module):
         self.a = nn.Linear(64, 5)
         self.b = nn.Linear(3, 5)
 
-    def forward(self, features: torch.Tensor, extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, features: torch.Tensor, extra: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         y = self.a(features) + self.b(extra)
         return y, y.argmax(dim=1)
 
