@@ -253,7 +253,7 @@ def package(options: ArchiveOptions) -> Path:
 
     with tempfile.TemporaryDirectory(prefix="torchbay-archive-") as tmp:
         stage = _Stage(Path(tmp))
-        serialized_name, packed_model_file, parity, example = _model_files(
+        serialized_name, packed_model_file, parity, recorded = _model_files(
             options, stage, source, target, serialized, model_file
         )
         if handler_file is not None:
@@ -272,7 +272,7 @@ def package(options: ArchiveOptions) -> Path:
             target,
             files,
             parity,
-            example,
+            recorded,
         )
         write_archive(options.archive_format, out, stage.files, manifest, options.model_name)
     return out
@@ -285,10 +285,11 @@ def _model_files(
     target: Format,
     serialized: Path | None,
     model_file: Path | None,
-) -> tuple[str | None, str | None, Parity | None, Any]:
+) -> tuple[str | None, str | None, Parity | None, dict[str, Any] | None]:
     """Stage the serialized model (converted if asked) and the model file; run the parity check.
 
-    Returns (serializedFile, modelFile, parity, example tensor or None).
+    Returns (serializedFile, modelFile, parity, the manifest fields recorded from the example:
+    example file, signature, legacy input_shape/input_dtype; or None).
     """
     transforms = options.convert != "none" or options.precision != "fp32" or options.optimize
     if serialized is None:
@@ -312,7 +313,7 @@ def _manifest(
     target: Format,
     files: dict[str, str],
     parity: Parity | None,
-    example: Any,
+    recorded: dict[str, Any] | None,
 ) -> Manifest:
     model = ModelInfo(
         model_name=options.model_name,
@@ -330,11 +331,9 @@ def _manifest(
         precision=options.precision,
         files=files,
         parity=parity,
-        example_input=EXAMPLE_NAME if example is not None else None,
-        input_shape=list(example.shape[1:]) if example is not None else None,
-        input_dtype=str(example.dtype).removeprefix("torch.") if example is not None else "float32",
         optimized=options.optimize,
         archiver_version=__version__,
+        **(recorded or {}),  # the example file, the signature and the legacy input fields
     )
     return Manifest(
         runtime=options.runtime,
