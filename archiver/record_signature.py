@@ -13,7 +13,8 @@ torch; only ``archiver/build.py`` imports this, inside ``package``).
 Outputs come from a run of the packed model, loaded as the worker loads it: a tensor is
 ``output0``, a tuple or list ``output0``, ``output1``, ..., a dict of tensors its keys. Shapes
 carry ``-1`` for the batch dimension, and for every dimension an exported program declares
-dynamic. fp16/bf16 outputs are recorded as FP32: the tensor handler answers them as FP32.
+dynamic. Datatypes are the tensors' own (an fp16 model's outputs are FP16: the tensor handler
+answers OIP requests in the output's dtype).
 """
 
 from __future__ import annotations
@@ -139,9 +140,7 @@ def save_example(example: Example, directory: Path) -> tuple[str, Path]:
     return EXAMPLE_NPZ, path
 
 
-def _datatype(tensor: torch.Tensor, output: bool) -> str:
-    if output and tensor.dtype in (torch.float16, torch.bfloat16):
-        return "FP32"
+def _datatype(tensor: torch.Tensor) -> str:
     name = str(tensor.dtype).removeprefix("torch.")
     if name not in TORCH_TO_OIP:
         raise ConversionError(f"tensors of dtype {name} have no Open Inference Protocol datatype")
@@ -155,7 +154,7 @@ def _spec(
     if shape and shape[0] == batch:
         dynamic = dynamic | {0}
     dims = [-1 if i in dynamic else d for i, d in enumerate(shape)]
-    return TensorSpec(name=name, datatype=_datatype(tensor, output), shape=dims)
+    return TensorSpec(name=name, datatype=_datatype(tensor), shape=dims)
 
 
 def input_specs(example: Example, dynamic: list[set[int]] | None = None) -> list[TensorSpec]:

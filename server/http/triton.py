@@ -45,7 +45,13 @@ Match = re.Match[str]
 AuthHook = Callable[[Scope, str], None]
 
 # The OIP/Triton extensions this server answers (``GET /v2``'s ``extensions``): the one list.
-OIP_EXTENSIONS: tuple[str, ...] = ("model_configuration", "model_repository", "statistics")
+OIP_EXTENSIONS: tuple[str, ...] = (
+    "binary_tensor_data",
+    "classification",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+)
 # What a load request's ``parameters.config`` may set (Triton ModelConfig JSON fields).
 LOAD_CONFIG_KEYS = frozenset({"name", "max_batch_size", "dynamic_batching", "instance_group"})
 MAX_CONTROL_BODY = 1 << 20  # repository requests carry a small JSON object
