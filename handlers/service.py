@@ -54,10 +54,11 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Protocol
 
-from . import envelopes
+from . import envelopes, oip, oip_response, oip_signature
 from .context import Context
 from .errors import HandlerError, HandlerLoadError, PredictionException, failure_message
 from .metrics import MetricsCache
+from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 from .responses import (
     FRAMING_HEADERS,
     Response,
@@ -144,6 +145,8 @@ class Service:
         device: str,
         model_name: str,
         model_version: str,
+        signature: Any = None,
+        max_request_size: int = DEFAULT_MAX_SIZE,
     ) -> None:
         self.context = context
         self.handler = resolved.instance
@@ -152,6 +155,8 @@ class Service:
         self.model_name = model_name
         self.model_version = model_version
         self.native_v2 = bool(getattr(self.handler, "supports_v2", False))
+        self.signature = signature  # archiver.signature.Signature | None
+        self.max_request_size = max_request_size
 
     def predict(self, requests: Sequence[RequestLike]) -> BatchOutcome:
         """One Response per request, in order (see the module docstring for the error rules)."""
@@ -173,12 +178,15 @@ class Service:
 
     def _decode(self, request: RequestLike) -> _Job:
         if request.protocol == "v2":
-            oip = envelopes.parse_v2_request(request.body)
+            v2 = oip.parse_request(request.body, request.headers, self.max_request_size)
+            oip.check_signature(v2, self.signature)
             if self.native_v2:
-                return _Job(request, {"body": oip, "protocol": "v2"}, oip)
-            body = envelopes.v2_body(oip)
-            return _Job(request, {"body": body, "data": body}, oip)
-        row = envelopes.decode_request(request.body, request.content_type, request.query)
+                return _Job(request, {"body": v2, "protocol": "v2"}, v2)
+            body = oip.body_value(v2)
+            return _Job(request, {"body": body, "data": body}, v2)
+        encoding = request.headers.get("content-encoding")
+        raw = decode_content(request.body, encoding, self.max_request_size)
+        row = envelopes.decode_request(raw, request.content_type, request.query)
         return _Job(request, row, None)
 
     def _run_isolated(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response]:
@@ -246,6 +254,9 @@ class Service:
                 return error_response(500, "InvalidResponse", message, job.v2 is not None)
             content_type = headers.pop("content-type", None)
             return self._body(status, phrase, item, job, headers, content_type)
+        except PredictionException as exc:  # e.g. an unknown requested output (400)
+            code = error_status(exc.error_code)
+            return error_response(code, type(exc).__name__, exc.message, job.v2 is not None)
         except Exception as exc:  # an unencodable result fails its own request only
             logger.error("cannot encode the result of request %s", rid, exc_info=exc)
             message = f"The handler's result cannot be encoded ({type(exc).__name__}); "
@@ -280,11 +291,11 @@ class Service:
         if status >= 400 and item is None:
             return error_response(status, "PredictionException", phrase or "", v2 is not None)
         if v2 is not None and status < 400:
-            outputs = item if self.native_v2 else envelopes.wrap_result(item, v2)
-            if self.native_v2 and isinstance(item, dict) and "outputs" in item:
-                outputs = item["outputs"]
-            body = envelopes.v2_response(outputs, v2, self.model_name, self.model_version)
-            return Response(status, dumps(body), "application/json", headers)
+            model = (self.model_name, self.model_version, getattr(self.handler, "mapping", None))
+            body, ctype, more = oip_response.reply(
+                item, self.native_v2, v2, model, job.request.headers
+            )
+            return Response(status, body, ctype, {**headers, **more})
         if v2 is not None and isinstance(item, dict) and "message" in item:
             item = {**item, "error": item["message"]}
         if isinstance(item, (bytes, bytearray, memoryview)):
@@ -328,6 +339,7 @@ def load_service(
     limit_max_image_pixels: bool = True,
     model_name: str | None = None,
     model_version: str | None = None,
+    max_request_size: int = DEFAULT_MAX_SIZE,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
     from .loading import read_manifest
@@ -341,6 +353,7 @@ def load_service(
     name = model_name or str(model.get("modelName") or model_dir.name)
     version = model_version or str(model.get("modelVersion") or "")
     yaml_config = _model_yaml_config(model_dir, manifest)
+    signature = oip_signature.load(manifest, yaml_config)
     install_ts_alias()
     # TorchServe puts the model directory on sys.path so handlers import their sibling files.
     if str(model_dir) not in sys.path:
@@ -372,7 +385,7 @@ def load_service(
         raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}") from exc
     device = _device_of(resolved.instance, gpu_id)
     context.metrics.drain()  # metrics recorded while loading are not a batch's
-    return Service(context, resolved, device, name, version)
+    return Service(context, resolved, device, name, version, signature, max_request_size)
 
 
 def _device_of(instance: Any, gpu_id: int | None) -> str:

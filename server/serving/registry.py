@@ -243,6 +243,7 @@ class ModelRegistry:
                 handler=config.handler,
                 server_version=self.server_version,
                 limit_max_image_pixels=self.config.limit_max_image_pixels,
+                max_request_size=self.config.max_request_size,
                 env=self.worker_env,
                 log_format=self.config.log_format,
             ),
