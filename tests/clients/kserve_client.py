@@ -1,11 +1,12 @@
 """The kserve SDK's InferenceGRPCClient against a running server, in its own process (kserve and
 tritonclient cannot be imported into one process: both register protobuf package ``inference``).
 
-    python kserve_client.py HOST:PORT KEY MODEL
+    python kserve_client.py HOST:PORT KEY MODEL [INFER_MODEL]
 
-Prints one JSON object: live, ready, the model's readiness, an unknown model's error (its gRPC
-code and details) and an inference's error (no binary tensor path on this branch's worker, or the
-answer); the test asserts on it.
+Prints one JSON object: live, ready, MODEL's readiness, an unknown model's error (its gRPC code
+and details), the same call without the key, an inference on an unknown model, and with
+INFER_MODEL an inference of ``x = [[1, 2]]`` (FP32, raw) on it: its outputs by name, or its
+error. The test asserts on it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _error(exc: BaseException) -> dict[str, str]:
     return {"code": type(exc).__name__, "details": str(exc)}
 
 
-async def main(url: str, key: str, model: str) -> dict[str, object]:
+async def main(url: str, key: str, model: str, infer_model: str = "") -> dict[str, object]:
     headers = [("authorization", f"Bearer {key}")] if key else None
     client = InferenceGRPCClient(url, timeout=30, retries=0)
     out: dict[str, object] = {
@@ -52,9 +53,21 @@ async def main(url: str, key: str, model: str) -> dict[str, object]:
         out["infer_unknown"] = {"outputs": [o.name for o in result.outputs]}
     except Exception as exc:
         out["infer_unknown"] = _error(exc)
+    if infer_model:
+        out["infer"] = await _infer(client, infer_model, tensor, headers)
     await client.close()
     return out
 
 
+async def _infer(client: InferenceGRPCClient, model: str, tensor: InferInput, headers) -> object:
+    try:
+        result = await client.infer(
+            InferRequest(model_name=model, infer_inputs=[tensor]), headers=headers
+        )
+    except Exception as exc:
+        return _error(exc)
+    return {o.name: o.as_numpy().tolist() for o in result.outputs}
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(*sys.argv[1:4]))))
+    print(json.dumps(asyncio.run(main(*sys.argv[1:5]))))
