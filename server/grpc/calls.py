@@ -95,10 +95,15 @@ class Calls:
         )
 
     async def submit(
-        self, context: grpc.aio.ServicerContext, mv: ModelVersion, wire: p.WireRequest
+        self,
+        context: grpc.aio.ServicerContext,
+        mv: ModelVersion,
+        wire: p.WireRequest,
+        timing: dict[str, float] | None = None,
     ) -> p.WireResponse:
-        """Admit ``wire`` to ``mv``'s queue with the call's deadline; its one response.
-        Raises RpcError for a refusal (503, 504, ...) as for any other error of ours."""
+        """Admit ``wire`` to ``mv``'s queue with the call's deadline; its one response (and its
+        queue time in ``timing["queue_s"]`` once a worker took it). Raises RpcError for a
+        refusal (503, 504, ...) as for any other error of ours."""
         try:
             item = self._admit(context, mv, wire)
         except TorchbayError as exc:
@@ -110,6 +115,8 @@ class Calls:
             raise from_error(exc) from None
         finally:
             mv.inflight -= 1
+            if timing is not None and item.dispatched is not None:
+                timing["queue_s"] = item.dispatched - item.arrival
 
     def _admit(
         self, context: grpc.aio.ServicerContext, mv: ModelVersion, wire: p.WireRequest
@@ -137,23 +144,28 @@ class Calls:
         started = time.perf_counter()
         mv: ModelVersion | None = None
         status = 499  # the caller left (deadline or cancel) before an answer
+        timing: dict[str, float] = {}
         try:
             mv = self.resolve(name, version)
-            async for response in self._parts(context, mv, wire()):
+            async for response in self._parts(context, mv, wire(), timing):
                 status = response.status
                 yield response
         except RpcError as exc:
             status = exc.http_status
             raise
         finally:
-            self._record(method, name, version, status, started, mv)
+            self._record(method, name, version or None, status, started, mv, timing)
 
     async def _parts(
-        self, context: grpc.aio.ServicerContext, mv: ModelVersion, wire: p.WireRequest
+        self,
+        context: grpc.aio.ServicerContext,
+        mv: ModelVersion,
+        wire: p.WireRequest,
+        timing: dict[str, float],
     ) -> AsyncIterator[p.WireResponse]:
         """The responses of one request: today the single ``submit`` result. At merge with the
         streaming branch: ``mv.stream(wire)``'s intermediate parts, then the final one."""
-        yield await self.submit(context, mv, wire)
+        yield await self.submit(context, mv, wire, timing)
 
     def _record(
         self,
@@ -163,12 +175,14 @@ class Calls:
         status: int,
         started: float,
         mv: ModelVersion | None,
+        timing: dict[str, float],
     ) -> None:
         if self.on_request is None:
             return
         scope: dict[str, Any] = {"method": "POST", "path": method, "http_version": "2"}
         seconds = time.perf_counter() - started
-        self.on_request(RequestRecord(scope, name, version, status, seconds, None, mv))
+        queue_s = timing.get("queue_s")
+        self.on_request(RequestRecord(scope, name, version, status, seconds, queue_s, mv))
 
 
 async def first(responses: AsyncIterator[Any]) -> Any:

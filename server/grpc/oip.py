@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from torchbay.server.grpc.status import RpcError, abort, from_error, from_respon
 from torchbay.server.http.inference import v2_metadata
 from torchbay.server.serving.model import ModelStatus
 
+log = logging.getLogger("torchbay.grpc")
 _INFER_PATH = f"/{OIP_SERVICE}/ModelInfer"
 _STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
 
@@ -162,5 +164,9 @@ class OipService:
             out.infer_response.CopyFrom(await self._infer(request, context, _STREAM_PATH))
         except RpcError as exc:
             out.error_message = exc.details
+            out.infer_response.id = request.id
+        except Exception:  # a bug of ours: this request's answer says so, the stream goes on
+            log.exception("gRPC ModelStreamInfer request failed")
+            out.error_message = "Internal server error"
             out.infer_response.id = request.id
         done.put_nowait(out)

@@ -15,7 +15,9 @@ finish for the grace period (the registry's drain answers what is still queued).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,32 @@ def grpc_target(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def guarded(function: Any, streams: bool, rpc: str) -> Any:
+    """``function`` answering INTERNAL "Internal server error" for a bug of ours (logged with
+    its traceback), never grpc's default UNKNOWN with the exception's text."""
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await function(request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("gRPC %s failed", rpc)
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in function(request, context):
+                yield item
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("gRPC %s failed", rpc)
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
+
+    return stream if streams else unary
+
+
 def generic_handler(service: str, implementations: dict[str, Any]) -> grpc.GenericRpcHandler:
     """A service's RPCs (message classes from the private pool) as a generic handler; RPCs of
     the proto left out answer UNIMPLEMENTED."""
@@ -50,7 +78,7 @@ def generic_handler(service: str, implementations: dict[str, Any]) -> grpc.Gener
     for name, function in implementations.items():
         request, response, client_streams, server_streams = messages.method_types(service, name)
         methods[name] = _KINDS[(client_streams, server_streams)](
-            function,
+            guarded(function, server_streams, f"{service}/{name}"),
             request_deserializer=request.FromString,
             response_serializer=response.SerializeToString,
         )

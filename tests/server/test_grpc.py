@@ -332,6 +332,14 @@ def test_http_and_grpc_requests_share_one_batch(server, ts) -> None:
     ]
     assert [a["batch"] for a in answers] == [8] * 8
     assert {tuple(a["keys"]) for a in answers} == {("body",), ("data",)}  # both protocols
+    # gRPC requests are counted with the HTTP ones (metrics and access log: one RequestHook).
+    metrics = httpx.get(f"{server.live.metrics_url}/metrics", timeout=30).text
+    counted = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("torchbay_requests_total{") and 'model="batched"' in line
+    ]
+    assert len(counted) == 1 and 'code="200"' in counted[0] and counted[0].endswith(" 8.0")
 
 
 # -- TorchServe's management service --------------------------------------------------------------

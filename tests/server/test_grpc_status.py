@@ -94,3 +94,50 @@ def test_a_taken_grpc_port_fails_binding_with_one_line_naming_it() -> None:
     assert str(info.value) == (
         f"cannot listen on 127.0.0.1:{port} (gRPC management): address already in use"
     )
+
+
+def test_a_bug_of_ours_is_internal_without_its_text() -> None:
+    """A method that raises an unexpected exception answers INTERNAL "Internal server error"
+    (grpc's default would be UNKNOWN with the exception's text), unary and streaming alike."""
+    from torchbay.server.grpc import messages
+    from torchbay.server.grpc.server import generic_handler
+
+    async def boom(request, context):
+        raise KeyError("/secret/path/in/the/message")
+
+    async def boom_stream(requests, context):
+        raise KeyError("/secret/path/in/the/message")
+        yield  # an async generator
+
+    async def run() -> list[tuple[grpc.StatusCode, str]]:
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        handlers = {"ServerLive": boom, "ModelStreamInfer": boom_stream}
+        server.add_generic_rpc_handlers((generic_handler(messages.OIP_SERVICE, handlers),))
+        await server.start()
+        live_req, live_resp, *_ = messages.method_types(messages.OIP_SERVICE, "ServerLive")
+        infer_req, infer_resp, *_ = messages.method_types(messages.OIP_SERVICE, "ModelStreamInfer")
+        out = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            live = channel.unary_unary(f"/{messages.OIP_SERVICE}/ServerLive",
+                                       request_serializer=live_req.SerializeToString,
+                                       response_deserializer=live_resp.FromString)  # fmt: skip
+            stream = channel.stream_stream(f"/{messages.OIP_SERVICE}/ModelStreamInfer",
+                                           request_serializer=infer_req.SerializeToString,
+                                           response_deserializer=infer_resp.FromString)  # fmt: skip
+            for call in (lambda: live(live_req(), timeout=10),
+                         lambda: _drain(stream(iter([infer_req()]), timeout=10))):  # fmt: skip
+                try:
+                    await call()
+                except grpc.aio.AioRpcError as exc:
+                    out.append((exc.code(), exc.details()))
+        await server.stop(None)
+        return out
+
+    async def _drain(call) -> None:
+        async for _ in call:
+            pass
+
+    import asyncio
+
+    assert asyncio.run(run()) == [(C.INTERNAL, "Internal server error")] * 2
