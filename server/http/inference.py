@@ -223,30 +223,25 @@ class InferenceApp:
         return bool(versions) and all(mv.status is ModelStatus.READY for mv in versions)
 
     def _v2_metadata(self, mv: ModelVersion) -> dict[str, Any]:
-        return v2_metadata(self.registry, mv)
-
-
-def v2_metadata(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
-    """OIP model metadata (REST ``GET /v2/models/{m}``; gRPC ``ModelMetadata``)."""
-    info = getattr(mv.manifest, "torchbay", None)
-    fmt = getattr(info, "format", None) or "torchscript"
-    inputs: list[dict[str, Any]] = []
-    if info is not None and getattr(info, "input_shape", None):
-        dtype = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16", "int64": "INT64"}
-        inputs.append(
-            {
-                "name": "input0",
-                "datatype": dtype.get(getattr(info, "input_dtype", "float32"), "FP32"),
-                "shape": [-1, *info.input_shape],
-            }
-        )
-    return {
-        "name": mv.name,
-        "versions": sorted(registry.models.get(mv.name, {})),
-        "platform": f"pytorch_{fmt}",
-        "inputs": inputs,
-        "outputs": [],
-    }
+        info = getattr(mv.manifest, "torchbay", None)
+        fmt = getattr(info, "format", None) or "torchscript"
+        inputs: list[dict[str, Any]] = []
+        if info is not None and getattr(info, "input_shape", None):
+            dtype = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16", "int64": "INT64"}
+            inputs.append(
+                {
+                    "name": "input0",
+                    "datatype": dtype.get(getattr(info, "input_dtype", "float32"), "FP32"),
+                    "shape": [-1, *info.input_shape],
+                }
+            )
+        return {
+            "name": mv.name,
+            "versions": sorted(self.registry.models.get(mv.name, {})),
+            "platform": f"pytorch_{fmt}",
+            "inputs": inputs,
+            "outputs": [],
+        }
 
 
 def _v2_model(match: Match) -> tuple[str, str | None]:
@@ -293,4 +288,4 @@ def _checked_response(
     return content_type, headers
 
 
-__all__ = ["InferenceApp", "ServiceUnavailable", "v2_metadata"]
+__all__ = ["InferenceApp", "ServiceUnavailable"]
