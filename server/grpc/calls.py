@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from torchbay.server.errors import RequestTimeout, TorchbayError
+from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc.status import RpcError, from_error
 from torchbay.server.observe.logs import RequestHook, RequestRecord
 from torchbay.server.serving import protocol as p
@@ -94,42 +94,15 @@ class Calls:
             protocol=protocol,
         )
 
-    async def submit(
-        self,
-        context: grpc.aio.ServicerContext,
-        mv: ModelVersion,
-        wire: p.WireRequest,
-        timing: dict[str, float] | None = None,
-    ) -> p.WireResponse:
-        """Admit ``wire`` to ``mv``'s queue with the call's deadline; its one response (and its
-        queue time in ``timing["queue_s"]`` once a worker took it). Raises RpcError for a
-        refusal (503, 504, ...) as for any other error of ours."""
-        try:
-            item = self._admit(context, mv, wire)
-        except TorchbayError as exc:
-            raise from_error(exc) from None
-        mv.inflight += 1
-        try:
-            return await item.future
-        except TorchbayError as exc:
-            raise from_error(exc) from None
-        finally:
-            mv.inflight -= 1
-            if timing is not None and item.dispatched is not None:
-                timing["queue_s"] = item.dispatched - item.arrival
-
-    def _admit(
-        self, context: grpc.aio.ServicerContext, mv: ModelVersion, wire: p.WireRequest
-    ) -> Pending[p.WireRequest, p.WireResponse]:
+    @staticmethod
+    def admitted(context: grpc.aio.ServicerContext, item: Pending) -> None:
+        """A request just queued: the call's deadline becomes its deadline (the earlier of the
+        two: ``clientTimeoutInMills`` may be set too). It is still queued (admit only appends),
+        so the queue answers 504 and never runs it once the deadline has passed."""
         remaining = context.time_remaining()
-        if remaining is not None and remaining <= 0:
-            raise RequestTimeout("The call's deadline passed before it was queued; not run")
-        item = mv.admit(wire)
         if remaining is not None:
-            deadline = clock() + remaining
-            # Still queued (admit only appends): the earlier of the two deadlines applies.
+            deadline = clock() + max(remaining, 0.0)
             item.deadline = deadline if item.deadline is None else min(item.deadline, deadline)
-        return item
 
     async def infer(
         self,
@@ -144,28 +117,50 @@ class Calls:
         started = time.perf_counter()
         mv: ModelVersion | None = None
         status = 499  # the caller left (deadline or cancel) before an answer
-        timing: dict[str, float] = {}
+        items: list[Pending] = []
         try:
             mv = self.resolve(name, version)
-            async for response in self._parts(context, mv, wire(), timing):
+            async for response in self._parts(context, mv, wire(), items):
                 status = response.status
                 yield response
+        except TorchbayError as exc:
+            status = exc.status
+            raise from_error(exc) from None
         except RpcError as exc:
             status = exc.http_status
             raise
         finally:
-            self._record(method, name, version or None, status, started, mv, timing)
+            queue_s = None
+            if items and items[0].dispatched is not None:
+                queue_s = items[0].dispatched - items[0].arrival
+            self._record(method, name, version or None, status, started, mv, queue_s)
 
     async def _parts(
         self,
         context: grpc.aio.ServicerContext,
         mv: ModelVersion,
         wire: p.WireRequest,
-        timing: dict[str, float],
+        items: list[Pending],
     ) -> AsyncIterator[p.WireResponse]:
-        """The responses of one request: today the single ``submit`` result. At merge with the
-        streaming branch: ``mv.stream(wire)``'s intermediate parts, then the final one."""
-        yield await self.submit(context, mv, wire, timing)
+        """The responses of one request: today its one response. At merge with the
+        streaming branch (h-stream), this body becomes::
+
+            async for part in mv.stream(wire, admitted=lambda item: admitted(item)):
+                yield part
+
+        with ``admitted`` as below: the parts, then the final response, same deadline."""
+
+        def admitted(item: Pending) -> None:
+            items.append(item)
+            self.admitted(context, item)
+
+        item = mv.admit(wire)
+        admitted(item)
+        mv.inflight += 1
+        try:
+            yield await item.future
+        finally:
+            mv.inflight -= 1
 
     def _record(
         self,
@@ -175,13 +170,12 @@ class Calls:
         status: int,
         started: float,
         mv: ModelVersion | None,
-        timing: dict[str, float],
+        queue_s: float | None,
     ) -> None:
         if self.on_request is None:
             return
         scope: dict[str, Any] = {"method": "POST", "path": method, "http_version": "2"}
         seconds = time.perf_counter() - started
-        queue_s = timing.get("queue_s")
         self.on_request(RequestRecord(scope, name, version, status, seconds, queue_s, mv))
 
 

@@ -141,3 +141,41 @@ def test_a_bug_of_ours_is_internal_without_its_text() -> None:
     import asyncio
 
     assert asyncio.run(run()) == [(C.INTERNAL, "Internal server error")] * 2
+
+
+class _Context:
+    """The one thing ``Calls.admitted`` reads of a call: its remaining time (an I/O seam)."""
+
+    def __init__(self, remaining: float | None) -> None:
+        self.remaining = remaining
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+
+@pytest.mark.parametrize(
+    ("remaining", "configured", "expected"),
+    [
+        (5.0, None, 5.0),  # the call's deadline becomes the request's
+        (5.0, 2.0, 2.0),  # clientTimeoutInMills is earlier: it stays
+        (5.0, 9.0, 5.0),  # the call's is earlier: it wins
+        (None, 2.0, 2.0),  # no gRPC deadline: as configured
+        (None, None, None),
+        (-1.0, None, 0.0),  # already past: due at once (the queue answers 504, never runs it)
+    ],
+)
+def test_the_grpc_deadline_becomes_the_queued_requests_deadline(
+    remaining, configured, expected
+) -> None:
+    from torchbay.server.grpc.calls import Calls
+    from torchbay.server.serving.queue import Pending, clock
+
+    now = clock()
+    item = Pending(payload=None, future=None, arrival=now,
+                   deadline=None if configured is None else now + configured)  # type: ignore[arg-type]  # fmt: skip
+    Calls.admitted(_Context(remaining), item)  # type: ignore[arg-type]
+    if expected is None:
+        assert item.deadline is None
+    else:
+        assert item.deadline is not None
+        assert abs((item.deadline - now) - expected) < 1.0  # seconds of slack for a slow machine
