@@ -495,3 +495,17 @@ def test_enable_grpc_ssl_serves_tls(tmp_path: Path) -> None:
 
 
 C_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_model_without_workers_is_unavailable(server, ts) -> None:
+    http = httpx.Client(base_url=server.live.management_url, headers=dict(server.mkey), timeout=60)
+    try:
+        scaled = http.put("/models/echo", params={"min_worker": 0, "synchronous": "true"})
+        assert scaled.status_code == 200, scaled.text
+        error = _error(lambda: _predict(server, ts, "echo", {"echo": 1}, timeout=30))
+        assert error.code() is grpc.StatusCode.UNAVAILABLE
+        assert "no worker" in error.details() and "scale it up" in error.details()
+    finally:
+        http.put("/models/echo", params={"min_worker": 1, "synchronous": "true"})
+        http.close()
+    assert json.loads(_predict(server, ts, "echo", {"echo": 2}, timeout=60).prediction)["echo"] == 2
