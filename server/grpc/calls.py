@@ -179,12 +179,16 @@ class Calls:
         self.on_request(RequestRecord(scope, name, version, status, seconds, queue_s, mv))
 
 
-async def first(responses: AsyncIterator[Any]) -> Any:
-    """The first item of an RPC's responses (a unary RPC); the iterator is closed after it."""
+async def final(responses: AsyncIterator[Any]) -> Any:
+    """The last of a request's responses: a unary RPC's answer (a streaming model's parts
+    before it are dropped, as a client of a unary RPC can take only one message)."""
+    last: Any = None
     async with contextlib.aclosing(responses):  # type: ignore[type-var]
         async for item in responses:
-            return item
-    raise RpcError(grpc.StatusCode.INTERNAL, "The model gave no response")
+            last = item
+    if last is None:
+        raise RpcError(grpc.StatusCode.INTERNAL, "The model gave no response")
+    return last
 
 
-__all__ = ["Calls", "RpcError", "first", "metadata"]
+__all__ = ["Calls", "RpcError", "final", "metadata"]

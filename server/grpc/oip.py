@@ -22,7 +22,7 @@ import grpc
 
 from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.grpc import tensors
-from torchbay.server.grpc.calls import Calls, first
+from torchbay.server.grpc.calls import Calls, final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_error, from_response
 from torchbay.server.http.inference import InferenceApp
@@ -97,12 +97,15 @@ class OipService:
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             self.calls.authorize(context)
-            return await self._infer(request, context, _INFER_PATH)
+            return await final(self._responses(request, context, _INFER_PATH))
         except RpcError as exc:
             await abort(context, exc)
 
-    async def _infer(self, request: Any, context: grpc.aio.ServicerContext, path: str) -> Any:
-        """One ModelInferRequest through the queue; its ModelInferResponse, or RpcError."""
+    async def _responses(
+        self, request: Any, context: grpc.aio.ServicerContext, path: str
+    ) -> AsyncIterator[Any]:
+        """One ModelInferRequest through the queue: a ModelInferResponse per part (one for a
+        model that does not stream); RpcError for an error."""
         try:
             body, head_len = tensors.request_body(request)
         except BadRequest as exc:
@@ -118,13 +121,13 @@ class OipService:
             )
 
         name, version = request.model_name, request.model_version
-        response = await first(self.calls.infer(context, path, name, version, wire))
-        if response.status != 200:
-            raise from_response(response.status, response.body)
-        try:
-            return tensors.infer_response(response.body, response.headers, name, version)
-        except TorchbayError as exc:
-            raise from_error(exc) from None
+        async for response in self.calls.infer(context, path, name, version, wire):
+            if response.status != 200:
+                raise from_response(response.status, response.body)
+            try:
+                yield tensors.infer_response(response.body, response.headers, name, version)
+            except TorchbayError as exc:
+                raise from_error(exc) from None
 
     async def model_stream_infer(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
@@ -168,7 +171,9 @@ class OipService:
     ) -> None:
         out = message("inference.ModelStreamInferResponse")()
         try:
-            out.infer_response.CopyFrom(await self._infer(request, context, _STREAM_PATH))
+            async for part in self._responses(request, context, _STREAM_PATH):
+                done.put_nowait(message("inference.ModelStreamInferResponse")(infer_response=part))
+            return
         except RpcError as exc:
             out.error_message = exc.details
             out.infer_response.id = request.id

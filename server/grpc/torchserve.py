@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from torchbay.server.grpc.calls import Calls, first
+from torchbay.server.grpc.calls import Calls, final
 from torchbay.server.grpc.messages import TS_INFERENCE_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_response
 
@@ -94,7 +94,7 @@ class TorchServeInference:
     async def predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             self.calls.authorize(context)
-            return await first(self._responses(request, context, "Predictions"))
+            return await final(self._responses(request, context, "Predictions"))
         except RpcError as exc:
             await abort(context, exc)
 
