@@ -179,3 +179,25 @@ def test_the_grpc_deadline_becomes_the_queued_requests_deadline(
     else:
         assert item.deadline is not None
         assert abs((item.deadline - now) - expected) < 1.0  # seconds of slack for a slow machine
+
+
+def test_one_grpc_server_holds_all_services_when_both_name_one_address() -> None:
+    import asyncio
+
+    from torchbay.server.grpc.server import GrpcListeners
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # free again (a tiny race with other processes, no fixed number)
+
+    async def run() -> tuple[dict[str, int], int]:
+        listeners = GrpcListeners(ServerConfig(grpc_inference_port=port, grpc_management_port=port))
+        listeners.bind()
+        try:
+            return dict(listeners.ports), len({id(s) for s in listeners.servers.values()})
+        finally:
+            await listeners.stop(0)
+
+    ports, servers = asyncio.run(run())
+    assert ports == {"inference": port, "management": port} and servers == 1
