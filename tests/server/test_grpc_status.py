@@ -201,3 +201,12 @@ def test_one_grpc_server_holds_all_services_when_both_name_one_address() -> None
 
     ports, servers = asyncio.run(run())
     assert ports == {"inference": port, "management": port} and servers == 1
+
+
+def test_enable_grpc_ssl_checks_the_tls_files_before_start(tmp_path) -> None:
+    from torchbay.server.http.listeners import check_tls
+
+    config = ServerConfig(enable_grpc_ssl=True, private_key_file=tmp_path / "key.pem",
+                          certificate_file=tmp_path / "cert.pem")  # fmt: skip
+    with pytest.raises(errors.TorchbayError, match=r"cannot read TLS file .*cert\.pem"):
+        check_tls(config)
