@@ -37,10 +37,7 @@ SERVER_KEY_ALIASES = {
 SERVER_IGNORED_KEYS = frozenset(
     {
         "vmargs", "number_of_netty_threads", "netty_client_threads", "prefer_direct_buffer",
-        "async_logging", "grpc_inference_port", "grpc_management_port", "grpc_inference_address",
-        "grpc_management_address", "enable_grpc_ssl", "grpc_inference_max_connection_age_ms",
-        "grpc_management_max_connection_age_ms", "grpc_inference_max_connection_age_grace_ms",
-        "grpc_management_max_connection_age_grace_ms", "workflow_store",
+        "async_logging", "workflow_store",
         "install_py_dep_per_model", "initial_worker_port", "initial_distribution_port",
         "blacklist_env_vars", "use_env_allowed_urls", "metrics_config",
         "model_metrics_auto_detect", "system_metrics_cmd", "plugins_path", "keystore",

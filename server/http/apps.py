@@ -14,6 +14,7 @@ from torchbay.server.http.asgi import ASGIApp
 from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.http.management import build_management_app
+from torchbay.server.http.model_routes import Management
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
 from torchbay.server.http.triton import TritonApi
 from torchbay.server.observe.logs import request_hook
@@ -41,6 +42,7 @@ class Apps:
     management: ASGIApp
     metrics_app: ASGIApp
     auth: TokenAuth | None = None  # None: token authorization disabled
+    management_state: Management | None = None  # what the gRPC management service shares
 
 
 def build_apps(server: TorchbayServer) -> Apps:
@@ -94,6 +96,7 @@ def build_apps(server: TorchbayServer) -> Apps:
         management=with_cors(management, config),
         metrics_app=with_cors(metrics_app, config),
         auth=auth,
+        management_state=management.state.management,
     )
 
 

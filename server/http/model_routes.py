@@ -208,7 +208,11 @@ async def register_model(
     response_timeout: float | None = None,
     startup_timeout: float | None = None,
 ) -> JSONResponse:
-    params = await _register_params(request)
+    return await register(state, await _register_params(request))
+
+
+async def register(state: Management, params: RegisterParams) -> JSONResponse:
+    """Register an archive (``POST /models``; gRPC ``RegisterModel``)."""
     check_model_settings(params.model_dump())
     overrides: dict[str, Any] = {
         key: value
