@@ -142,25 +142,17 @@ class Calls:
         wire: p.WireRequest,
         items: list[Pending],
     ) -> AsyncIterator[p.WireResponse]:
-        """The responses of one request: today its one response. At merge with the
-        streaming branch (h-stream), this body becomes::
-
-            async for part in mv.stream(wire, admitted=lambda item: admitted(item)):
-                yield part
-
-        with ``admitted`` as below: the parts, then the final response, same deadline."""
+        """The responses of one request (``ModelVersion.stream``): each streamed part, then
+        the final response; one response when the handler does not stream. Leaving early (a
+        deadline, a cancelled call) closes the stream, which cancels the request in the worker."""
 
         def admitted(item: Pending) -> None:
             items.append(item)
             self.admitted(context, item)
 
-        item = mv.admit(wire)
-        admitted(item)
-        mv.inflight += 1
-        try:
-            yield await item.future
-        finally:
-            mv.inflight -= 1
+        async with contextlib.aclosing(mv.stream(wire, admitted=admitted)) as parts:
+            async for part in parts:
+                yield part
 
     def _record(
         self,

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -25,18 +24,12 @@ from torchbay.server.grpc import tensors
 from torchbay.server.grpc.calls import Calls, final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_error, from_response
-from torchbay.server.http.inference import InferenceApp
+from torchbay.server.http.triton import OIP_EXTENSIONS, model_metadata
 from torchbay.server.serving.model import ModelStatus
 
 log = logging.getLogger("torchbay.grpc")
 _INFER_PATH = f"/{OIP_SERVICE}/ModelInfer"
 _STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
-
-
-def _metadata(registry: Any, mv: Any) -> dict[str, Any]:
-    """OIP model metadata, as ``GET /v2/models/{m}`` answers it. (Merging h-oipmeta, which moves
-    it to ``http/triton.model_metadata(registry, mv)``: call that instead.)"""
-    return InferenceApp._v2_metadata(SimpleNamespace(registry=registry), mv)  # type: ignore[arg-type]
 
 
 class OipService:
@@ -66,7 +59,7 @@ class OipService:
 
     async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return message("inference.ServerMetadataResponse")(
-            name="torchbay", version=self.calls.server_version, extensions=[]
+            name="torchbay", version=self.calls.server_version, extensions=list(OIP_EXTENSIONS)
         )
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -83,7 +76,7 @@ class OipService:
             mv = self.calls.resolve(request.name, request.version)
         except RpcError as exc:
             await abort(context, exc)
-        meta = _metadata(self.calls.registry, mv)
+        meta = model_metadata(self.calls.registry, mv)
         response = message("inference.ModelMetadataResponse")(
             name=meta["name"], versions=meta["versions"], platform=meta["platform"]
         )
