@@ -8,11 +8,14 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+
+from torchbay.cli import main
 
 from .cli_helpers import (
     PID_FILE,
@@ -111,25 +114,25 @@ def test_start_serves_in_the_background_until_stop(run, talk_store):
     )
 
 
-def test_stop_with_nothing_running_and_stale_pid_files(run):
-    cwd, env = run
-    pid_file = Path(env["TMPDIR"]) / PID_FILE
-    result = torchbay(cwd, env, "serve", "--stop")
-    assert (result.returncode, result.stdout) == (0, "torchbay is not currently running.\n")
+def test_stop_with_nothing_running_and_stale_pid_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the pid file lives
+    pid_file = tmp_path / PID_FILE
+    assert main(["serve", "--stop"]) == 0  # TorchServe: "TorchServe is not currently running."
+    assert capsys.readouterr().out == "torchbay is not currently running.\n"
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
                           capture_output=True, check=True)  # fmt: skip
     pid_file.write_text(dead.stdout.strip())  # a pid that no longer runs
-    result = torchbay(cwd, env, "serve", "--stop")
-    assert (result.returncode, result.stdout) == (0, "torchbay is not currently running.\n")
+    assert main(["serve", "--stop"]) == 0
+    assert capsys.readouterr().out == "torchbay is not currently running.\n"
     assert not pid_file.exists()  # stale: removed
 
     # A live process that is not a torchbay server is never signalled.
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         pid_file.write_text(str(bystander.pid))
-        result = torchbay(cwd, env, "serve", "--stop")
-        assert (result.returncode, result.stdout) == (0, "torchbay is not currently running.\n")
+        assert main(["serve", "--stop"]) == 0
+        assert capsys.readouterr().out == "torchbay is not currently running.\n"
         assert bystander.poll() is None
     finally:
         bystander.kill()
@@ -162,13 +165,15 @@ def test_a_failed_start_is_one_line_and_leaves_no_pid_file(run, talk_store):
     assert result.stderr.startswith("torchbay: invalid configuration: batch_size: ")
     assert not pid_file.exists()
 
-    result = torchbay(cwd, env, "serve", "--start", "--model-store", str(talk_store),
-                      "--log-config", "missing.yaml", *free_addresses())  # fmt: skip
-    assert (result.returncode, result.stderr) == (
-        1,
-        "torchbay: error: --log-config file not found: missing.yaml\n",
-    )
-    assert not pid_file.exists() and not (cwd / "logs").exists()
+    assert not (cwd / "logs").exists()  # nothing was written
+
+
+def test_a_missing_log_config_is_one_line(tmp_path, monkeypatch, capsys, model_store):
+    monkeypatch.chdir(tmp_path)
+    code = main(["serve", "--model-store", str(model_store), "--log-config", "missing.yaml"])
+    assert code == 1  # TorchServe: "--log-config file not found: /abs/missing.yaml", exit 1
+    assert capsys.readouterr().err == "torchbay: error: --log-config file not found: missing.yaml\n"
+    assert list(tmp_path.iterdir()) == []  # nothing bound, written or spawned
 
 
 def test_log_config_a_python_dictconfig(run, talk_store):
@@ -198,9 +203,8 @@ def test_log_config_a_python_dictconfig(run, talk_store):
     assert "logging configured from logging.yaml" in (cwd / "logs" / "ts_log.log").read_text()
 
     (cwd / "bad.json").write_text(json.dumps({"version": 1, "handlers": {"h": {"class": "nope"}}}))
-    result = torchbay(cwd, env, "serve", "--start", "--model-store", str(talk_store),
+    result = torchbay(cwd, env, "serve", "--model-store", str(talk_store),
                       "--log-config", "bad.json", *free_addresses())  # fmt: skip
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("torchbay: invalid configuration: --log-config bad.json: ")
-    assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
