@@ -21,20 +21,7 @@ def register(subparsers: Any) -> None:
         "Logs go to the console and to logs/ (LOG_LOCATION): ts_log.log, access_log.log, "
         "model_log.log.",
     )
-    mode = serve.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--start",
-        action="store_true",
-        help="start in the background: return once it serves (pid file $TMPDIR/.model_server.pid)",
-    )
-    mode.add_argument("--stop", action="store_true", help="stop the server --start started")
-    serve.add_argument(
-        "--foreground", action="store_true", help="run in this process (the default; beats --start)"
-    )
-    serve.add_argument(
-        "--log-config",
-        help="Python logging config: dictConfig JSON/YAML or fileConfig INI (log4j2 XML: ignored)",
-    )
+    _lifecycle_flags(serve)
     serve.add_argument("--model-store", help="folder holding the .mar archives")
     serve.add_argument(
         "--models",
@@ -75,6 +62,24 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
     serve.add_argument("--workflow-store", help=argparse.SUPPRESS)
     serve.set_defaults(func=run_serve)
+
+
+def _lifecycle_flags(serve: argparse.ArgumentParser) -> None:
+    """TorchServe's --start/--stop/--foreground/--log-config (see server/daemon.py)."""
+    mode = serve.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--start",
+        action="store_true",
+        help="start in the background: return once it serves (pid file $TMPDIR/.model_server.pid)",
+    )
+    mode.add_argument("--stop", action="store_true", help="stop the server --start started")
+    serve.add_argument(
+        "--foreground", action="store_true", help="run in this process (the default; beats --start)"
+    )
+    serve.add_argument(
+        "--log-config",
+        help="Python logging config: dictConfig JSON/YAML or fileConfig INI (log4j2 XML: ignored)",
+    )
 
 
 def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -267,6 +267,13 @@ def _quiet_uvicorn(record: logging.LogRecord) -> bool:
     )
 
 
+def _stderr() -> TextIO:
+    # stderr is line-buffered: one write syscall per line. Give the writer thread its own
+    # buffer; _IdleFlushHandler flushes it whenever the queue runs dry.
+    sys.stderr.flush()
+    return open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False)
+
+
 def configure_logging(
     log_format: str = "text",
     *,
@@ -297,12 +304,7 @@ def configure_logging(
     front = _OwnedQueueHandler(records)
     pipeline = LogPipeline(records, make_formatter(log_format))
     front.setFormatter(pipeline.formatter)  # format here; the listener only writes
-    if stream is None:
-        # stderr is line-buffered: one write syscall per line. Give the writer thread its own
-        # buffer; _IdleFlushHandler flushes it whenever the queue runs dry.
-        sys.stderr.flush()
-        stream = open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False)  # noqa: SIM115
-    back = _IdleFlushHandler(stream, records)
+    back = _IdleFlushHandler(stream or _stderr(), records)
     file_writers = [_IdleFlushFile(path, records, keep) for path, keep in (files or {}).items()]
     writers = [back, *file_writers]
     for writer in writers:
