@@ -118,7 +118,12 @@ def start(argv: Sequence[str]) -> int:
     finally:
         os.close(console_write)
         os.close(ready_write)
-    _write_pid(path, child.pid)
+    try:
+        _write_pid(path, child.pid)
+    except OSError as exc:  # a server nobody could --stop is not started
+        child.kill()
+        child.wait()
+        raise TorchbayError(f"cannot write the pid file {path}: {exc.strerror or exc}") from None
     try:
         _relay(console_read)
         with open(ready_read, "rb") as ready:
@@ -156,6 +161,8 @@ def stop(timeout: float = STOP_TIMEOUT_S) -> int:
         proc.wait(timeout)
     except psutil.NoSuchProcess:
         pass
+    except psutil.AccessDenied:
+        raise TorchbayError(f"cannot stop torchbay (pid {pid}): permission denied") from None
     except psutil.TimeoutExpired:
         raise TorchbayError(
             f"torchbay (pid {pid}) did not stop within {timeout:g}s; it is still draining or stuck"
