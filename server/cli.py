@@ -123,6 +123,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """The server in this process: ``--foreground``, or the child ``--start`` runs."""
     from torchbay.server.config.sources import load_server_config
+    from torchbay.server.errors import TorchbayError
     from torchbay.server.http.listeners import bind_listeners, close_all, preflight
     from torchbay.server.observe.logfiles import read_log_config
     from torchbay.server.serving.handle import spawn_process
@@ -137,6 +138,10 @@ def _serve(args: argparse.Namespace) -> int:
     # Everything that can make the start fail on its own (a missing store, unreadable TLS files,
     # a port in use) is checked before a worker is spawned, a log line written or the key file
     # touched: the error is one line, and a server already on that port is left alone.
+    if config.model_store is None:  # as TorchServe's launcher: nothing to serve from
+        raise TorchbayError(
+            "missing mandatory parameter --model-store (or model_store in --ts-config)"
+        )
     preflight(config)
     listeners = bind_listeners(config)
     notice = _ready_notice(args.daemon_fd)

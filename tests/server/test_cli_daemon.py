@@ -168,11 +168,21 @@ def test_a_failed_start_is_one_line_and_leaves_no_pid_file(run, talk_store):
     assert not (cwd / "logs").exists()  # nothing was written
 
 
-def test_a_missing_log_config_is_one_line(tmp_path, monkeypatch, capsys, model_store):
+def test_a_missing_log_config_or_model_store_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    code = main(["serve", "--model-store", str(model_store), "--log-config", "missing.yaml"])
+    for name in list(os.environ):
+        if name.startswith(("TORCHBAY_", "TS_")):
+            monkeypatch.delenv(name)
+    store = str(tmp_path)
+    code = main(["serve", "--model-store", store, "--log-config", "missing.yaml"])
     assert code == 1  # TorchServe: "--log-config file not found: /abs/missing.yaml", exit 1
     assert capsys.readouterr().err == "torchbay: error: --log-config file not found: missing.yaml\n"
+    code = main(["serve", *free_addresses()])
+    assert code == 1  # TorchServe: "Missing mandatory parameter --model-store", exit 1
+    assert capsys.readouterr().err == (
+        "torchbay: error: missing mandatory parameter --model-store "
+        "(or model_store in --ts-config)\n"
+    )
     assert list(tmp_path.iterdir()) == []  # nothing bound, written or spawned
 
 
