@@ -1,7 +1,7 @@
 """``torchbay serve --start`` / ``--stop``: a server in the background, as ``torchserve`` runs one.
 
 ``--start`` runs ``torchbay serve`` again as a child in its own session (stdin /dev/null, stdout
-and stderr a pipe to this process, a second pipe for "ready"), writes the pid file, and relays the
+and stderr pipes to this process, a third pipe for "ready"), writes the pid file, and relays the
 child's console until the child is up: its listeners bound and its startup models loaded (or
 reported failed). Then the child's console goes to /dev/null (its logs go on in ``logs/``) and
 ``--start`` exits 0. A child that fails to start has printed its one line; ``--start`` exits with
@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -102,7 +104,8 @@ def start(argv: Sequence[str]) -> int:
             f"TorchServe is running (pid {pid} in {path}): stop it with torchserve --stop, or "
             "give torchbay its own TMPDIR"
         )
-    console_read, console_write = os.pipe()
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
     ready_read, ready_write = os.pipe()
     args = [a for a in argv if a != "--start"]
     cmd = [sys.executable, "-m", "torchbay", *args, DAEMON_FLAG, str(ready_write)]
@@ -110,14 +113,14 @@ def start(argv: Sequence[str]) -> int:
         child = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
-            stdout=console_write,
-            stderr=console_write,
+            stdout=out_write,
+            stderr=err_write,
             pass_fds=(ready_write,),
             start_new_session=True,  # Ctrl-C or a closed terminal must not reach it
         )
     finally:
-        os.close(console_write)
-        os.close(ready_write)
+        for fd in (out_write, err_write, ready_write):
+            os.close(fd)
     try:
         _write_pid(path, child.pid)
     except OSError as exc:  # a server nobody could --stop is not started
@@ -125,7 +128,7 @@ def start(argv: Sequence[str]) -> int:
         child.wait()
         raise TorchbayError(f"cannot write the pid file {path}: {exc.strerror or exc}") from None
     try:
-        _relay(console_read)
+        _relay({out_read: _binary(sys.stdout), err_read: _binary(sys.stderr)})
         with open(ready_read, "rb") as ready:
             up = ready.read() == READY
     except KeyboardInterrupt:  # the server goes on starting; --stop stops it
@@ -137,16 +140,37 @@ def start(argv: Sequence[str]) -> int:
     return code or 1
 
 
-def _relay(fd: int) -> None:
-    """Copy the child's console to ours until it closes it (ready, or exited)."""
-    with open(fd, "rb") as pipe:
-        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
-        for chunk in iter(lambda: pipe.read1(1 << 16), b""):
-            if out is not None:
-                out.write(chunk)
-                out.flush()
-            else:
-                sys.stderr.write(chunk.decode("utf-8", "replace"))
+def _binary(stream: Any) -> Any:
+    return getattr(stream, "buffer", None) or _TextSink(stream)
+
+
+class _TextSink:
+    """A text stream (pytest's capture) taking bytes."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> None:
+        self._stream.write(data.decode("utf-8", "replace"))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def _relay(pipes: dict[int, Any]) -> None:
+    """Copy the child's stdout and stderr to ours until it closes both (ready, or exited)."""
+    with selectors.DefaultSelector() as selector:
+        for fd, sink in pipes.items():
+            selector.register(fd, selectors.EVENT_READ, sink)
+        while selector.get_map():
+            for key, _ in selector.select():
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
+                    continue
+                key.data.write(chunk)
+                key.data.flush()
 
 
 def stop(timeout: float = STOP_TIMEOUT_S) -> int:

@@ -2,7 +2,7 @@
 
 TorchServe's layout: ``logs/`` under the current directory (``LOG_LOCATION`` moves it) holds
 
-- ``ts_log.log``: every line the console gets (the frontend's log, the access lines and the
+- ``ts_log.log``: every line the console (stdout) gets (the frontend's log, the access lines and the
   workers' output, as TorchServe's ``ts_log.log`` holds its ACCESS_LOG and MODEL_LOG lines);
 - ``access_log.log``: the access lines (``torchbay.access``: one per inference request);
 - ``model_log.log``: whatever the workers write on stdout and stderr (their log records, a
@@ -73,29 +73,28 @@ def _named(name: str) -> RecordFilter:
 
 
 class WorkerOutput:
-    """fds 1 and 2 (what workers inherit) become one pipe; the console moves to a copy of 2.
+    """fds 1 and 2 (what workers inherit) become one pipe; the frontend keeps copies of both.
 
-    ``console`` is the frontend's own console stream (stderr as it was). ``start(pipeline)``
-    reads the pipe on a thread: a line a worker formatted (its log records) is written as it is,
-    anything else (a ``print``) is formatted as a ``torchbay.model_log`` record. ``close()`` puts
-    fds 1 and 2 back and waits (bounded) for the workers' last lines.
+    ``console`` is the frontend's log stream: stdout as it was (TorchServe logs to stdout);
+    ``sys.stdout``/``sys.stderr`` write where they did. ``start(pipeline)`` reads the pipe on a
+    thread: a line a worker formatted (its log records) is written as it is, anything else (a
+    ``print``) becomes a ``torchbay.model_log`` record. ``close()`` puts fds 1 and 2 back and
+    waits (bounded) for the workers' last lines.
     """
 
     def __init__(self) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        self.console_fd = os.dup(2)
-        self._stdout_fd = os.dup(1)
+        self._out_fd, self._err_fd = os.dup(1), os.dup(2)
         read, write = os.pipe()
         os.dup2(write, 1)
         os.dup2(write, 2)
         os.close(write)
         self._read = read
         self._saved = (sys.stdout, sys.stderr)
-        # Python-level writes of the frontend (a warning, a traceback) stay on the console.
-        sys.stdout = open(self._stdout_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(self.console_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
-        self.console: TextIO = open(self.console_fd, "w", buffering=1 << 16, closefd=False)  # noqa: SIM115
+        sys.stdout = open(self._out_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(self._err_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
+        self.console: TextIO = open(self._out_fd, "w", buffering=1 << 16, closefd=False)  # noqa: SIM115
         self._thread: threading.Thread | None = None
 
     def start(self, pipeline: Any) -> None:
@@ -114,11 +113,11 @@ class WorkerOutput:
                     pipeline.put_message(MODEL_LOGGER, line)
 
     def detach_console(self) -> None:
-        """From now on the console is /dev/null (a server started with ``--start``)."""
+        """From now on stdout and stderr are /dev/null (a server started with ``--start``)."""
         for stream in (sys.stdout, sys.stderr, self.console):
             stream.flush()
         devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in (self.console_fd, self._stdout_fd):
+        for fd in (self._out_fd, self._err_fd):
             os.dup2(devnull, fd)
         os.close(devnull)
 
@@ -126,13 +125,14 @@ class WorkerOutput:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         sys.stdout, sys.stderr = self._saved
-        os.dup2(self._stdout_fd, 1)  # the pipe's last writers are now the workers, if any
-        os.dup2(self.console_fd, 2)
+        os.dup2(self._out_fd, 1)  # the pipe's last writers are now the workers, if any
+        os.dup2(self._err_fd, 2)
         if self._thread is not None:
             self._thread.join(timeout)
         else:
             os.close(self._read)
-        os.close(self._stdout_fd)
+        os.close(self._out_fd)
+        os.close(self._err_fd)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ def test_start_serves_in_the_background_until_stop(run, talk_store):
     info = read_ready(ready)
     assert pid_file.read_text() == str(info["pid"])  # the pid only, as TorchServe writes it
     assert info["failed_models"] == {}
-    assert "ready: inference" in started.stderr  # its start-up log, relayed
+    assert "ready: inference" in started.stdout  # its start-up log, relayed (stdout, as TorchServe)
+    assert started.stderr == ""
     assert psutil.pid_exists(info["pid"])
     assert os.getsid(info["pid"]) != os.getsid(0)  # its own session: Ctrl-C here cannot reach it
 
@@ -102,7 +103,7 @@ def test_start_serves_in_the_background_until_stop(run, talk_store):
     for expected in ("torchbay.serve: torchbay", "POST /predictions/talk", "print on stdout"):
         assert expected in server_log  # everything, as TorchServe's ts_log.log
     # After --start returned, nothing more reached the terminal that started it.
-    assert "shutting down" not in started.stderr and "talk handler" not in started.stderr
+    assert "shutting down" not in started.stdout and "talk handler" not in started.stdout
     shutdown = [line for line in server_log.splitlines() if "hutting down" in line]
     assert shutdown == [shutdown[0]] and "torchbay.serve: shutting down: draining" in shutdown[0]
 

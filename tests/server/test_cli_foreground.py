@@ -38,14 +38,14 @@ def test_foreground_logs_to_the_console_and_to_log_location(tmp_path, talk_store
     cwd.mkdir()
     env = clean_env(tmp_path / "tmp", LOG_LOCATION=str(logs))
     (cwd / "log4j2.xml").write_text("<Configuration><Loggers/></Configuration>\n")
-    ready, console = cwd / "ready.json", cwd / "console.log"
-    with console.open("wb") as out:
+    ready, console, errors = cwd / "ready.json", cwd / "console.log", cwd / "errors.log"
+    with console.open("wb") as out, errors.open("wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs",
              "--model-store", str(talk_store), "--models", "talk=talk.mar",
              "--disable-token-auth", "--log-config", "log4j2.xml", "--ready-file", str(ready),
              *free_addresses()],
-            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=cwd, env=env, stdout=out, stderr=err,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 100
@@ -63,6 +63,7 @@ def test_foreground_logs_to_the_console_and_to_log_location(tmp_path, talk_store
         kill_tree(proc.pid)
 
     shown = console.read_text()
+    assert errors.read_text() == ""  # the log is on stdout, as TorchServe's
     # The console has it all, as before: the frontend, the access line, the workers' output.
     for expected in ("torchbay.serve: torchbay", "POST /predictions/talk", "print on stdout"):
         assert expected in shown
