@@ -122,6 +122,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """The server in this process: ``--foreground``, or the child ``--start`` runs."""
+    from torchbay.server import daemon
     from torchbay.server.config.sources import load_server_config
     from torchbay.server.errors import TorchbayError
     from torchbay.server.http.listeners import bind_listeners, close_all, preflight
@@ -171,9 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
             stop_logging()
         if notice is not None:
             notice.close()
-            from torchbay.server.daemon import remove_pid_file
-
-            remove_pid_file(os.getpid())
+            daemon.remove_pid_file(os.getpid())
     return 0
 
 
@@ -198,7 +197,12 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
     for note in notes:
         log.info("%s", note)
     if log_config is not None:
-        log_config.apply()
+        try:
+            log_config.apply()
+        except BaseException:
+            output.close()
+            stop_logging()
+            raise
     return output, stop_logging
 
 
