@@ -218,8 +218,11 @@ def _on_ready(notice: Any, output: Any, pipeline: Any) -> None:
     """Started by ``--start``: the console so far went to ``--start``; from now on, only files."""
     if notice is None:
         return
+    from torchbay.server.observe.logfiles import SERVER_LOG, log_dir
+
     pipeline.flush()
-    output.detach_console()
+    server_log = log_dir(os.environ) / SERVER_LOG
+    output.detach_console(server_log if server_log.is_file() else None)
     notice.send()
 
 

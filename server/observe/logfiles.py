@@ -112,14 +112,20 @@ class WorkerOutput:
                 elif line:
                     pipeline.put_message(MODEL_LOGGER, line)
 
-    def detach_console(self) -> None:
-        """From now on stdout and stderr are /dev/null (a server started with ``--start``)."""
+    def detach_console(self, stderr_to: Path | None = None) -> None:
+        """A server started with ``--start``, once up: stdout goes to /dev/null (every log line
+        is in the files already), stderr (a last traceback) is appended to ``stderr_to``."""
         for stream in (sys.stdout, sys.stderr, self.console):
             stream.flush()
         devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in (self._out_fd, self._err_fd):
-            os.dup2(devnull, fd)
-        os.close(devnull)
+        os.dup2(devnull, self._out_fd)
+        try:
+            err = os.open(stderr_to, os.O_WRONLY | os.O_APPEND) if stderr_to else devnull
+        except OSError:
+            err = devnull
+        os.dup2(err, self._err_fd)
+        for fd in {devnull, err}:
+            os.close(fd)
 
     def close(self, timeout: float = 5.0) -> None:
         for stream in (sys.stdout, sys.stderr):
