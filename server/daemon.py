@@ -21,6 +21,7 @@ import selectors
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -182,19 +183,31 @@ def stop(timeout: float = STOP_TIMEOUT_S) -> int:
         return 0
     try:
         proc.terminate()
-        proc.wait(timeout)
     except psutil.NoSuchProcess:
         pass
     except psutil.AccessDenied:
         raise TorchbayError(f"cannot stop torchbay (pid {pid}): permission denied") from None
-    except psutil.TimeoutExpired:
+    if not _wait_gone(proc, timeout):
         raise TorchbayError(
             f"torchbay (pid {pid}) did not stop within {timeout:g}s; it is still draining or stuck"
-        ) from None
+        )
     assert pid is not None
     remove_pid_file(pid)
     print("torchbay has stopped.")
     return 0
+
+
+def _wait_gone(proc: psutil.Process, timeout: float) -> bool:
+    """Poll until the server exited (a zombie counts: its parent, not us, must reap it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 class ReadyNotice:

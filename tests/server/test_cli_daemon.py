@@ -16,6 +16,8 @@ import psutil
 import pytest
 
 from torchbay.cli import main
+from torchbay.server import daemon
+from torchbay.server.errors import TorchbayError
 
 from .cli_helpers import (
     PID_FILE,
@@ -138,6 +140,30 @@ def test_stop_with_nothing_running_and_stale_pid_files(tmp_path, monkeypatch, ca
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_stop_that_does_not_finish_says_so(tmp_path, monkeypatch):
+    """A server that ignores SIGTERM (stuck): --stop gives up after its timeout with one line."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stuck = subprocess.Popen(
+        [sys.executable, "-c",
+         "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "print('ignoring', flush=True); time.sleep(60)",
+         "serve", "--daemon-fd", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert stuck.stdout is not None and stuck.stdout.readline() == "ignoring\n"
+        (tmp_path / PID_FILE).write_text(str(stuck.pid))
+        with pytest.raises(TorchbayError) as caught:
+            daemon.stop(timeout=0.5)
+        assert str(caught.value) == (
+            f"torchbay (pid {stuck.pid}) did not stop within 0.5s; it is still draining or stuck"
+        )
+        assert stuck.poll() is None and (tmp_path / PID_FILE).exists()  # left for another try
+    finally:
+        stuck.kill()
+        stuck.communicate()  # reaps it and closes its stdout pipe
 
 
 def test_a_failed_start_is_one_line_and_leaves_no_pid_file(run, talk_store):
