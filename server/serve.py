@@ -369,7 +369,7 @@ class TorchbayServer:
             self.metrics.close()
         if self.auth is not None:
             self.auth.delete_key_file()  # as TorchServe does; only if it is still ours
-        log.info("stopped")
+        log.debug("stopped")  # the one shutdown line is "shutting down" (uvicorn's are muted)
 
 
 def _available_cores() -> int:
