@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -248,6 +249,15 @@ def _scale_params(
     )
 
 
+def _number(name: str, value: str | None, parse: Callable[[Any], Any]) -> Any:
+    if value is None:
+        return None
+    number = parse(value)
+    if number is None:
+        raise BadRequest(f"Invalid parameter(s): {name}: must be a finite number, got {value!r}")
+    return number
+
+
 @models.put("/models/{name}", **documented(202, 206, 400, 401, 404))
 @models.put("/models/{name}/{version}", **documented(202, 206, 400, 401, 404))
 async def scale_model(
@@ -263,12 +273,14 @@ async def scale_model(
     response_timeout: str | None = None,
 ) -> JSONResponse:
     mv = state.registry.resolve(name, version)
+    # TorchServe's own parameters parse leniently (junk is the default); torchbay's live tuning
+    # (not in TorchServe's scale API) is refused when it is not a number (nothing changes).
     tuning = {
-        "batch_size": api_int(batch_size),
-        "max_batch_delay": api_number(max_batch_delay),
-        "response_timeout": api_number(response_timeout),
+        "batch_size": _number("batch_size", batch_size, api_int),
+        "max_batch_delay": _number("max_batch_delay", max_batch_delay, api_number),
+        "response_timeout": _number("response_timeout", response_timeout, api_number),
     }
-    drain = api_number(timeout)
+    drain = api_number(timeout)  # TorchServe's parameter: junk is its default, -1
     params = _scale_params(
         api_int(min_worker),
         api_int(max_worker),

@@ -32,7 +32,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import sequence  # noqa: E402
 
-COMMAND = "PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python tests/data/torchserve_0.12/record.py"
+COMMAND = (
+    "PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python tests/data/torchserve_0.12/record.py"
+)
 
 
 def free_port() -> int:
