@@ -298,7 +298,6 @@ def _as_int(value: Any) -> int | None:
 # TorchServe parses query parameters leniently (NettyUtils.getIntParameter: Integer.parseInt, and
 # the default on NumberFormatException; Boolean.parseBoolean): junk is "not given", not a 400.
 _JAVA_INT = re.compile(r"[+-]?[0-9]+")
-_INT32 = 2**31
 
 
 def api_int(value: Any) -> int | None:
@@ -307,9 +306,8 @@ def api_int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and _JAVA_INT.fullmatch(value):
-        number = int(value)
-        return number if -_INT32 <= number < _INT32 else None
+    if isinstance(value, str) and len(value) <= 20 and _JAVA_INT.fullmatch(value):
+        return int(value)  # beyond int32 too: the bounds check refuses it, not a silent default
     return None
 
 
