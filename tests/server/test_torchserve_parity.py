@@ -239,3 +239,37 @@ def test_same_metrics(torchbay_answers: dict[str, dict[str, Any]]) -> None:
     # TorchServe counts every answer on the inference and management listeners (its record:
     # each step's calls plus the recorder's start-up /ping).
     assert counts == {f"Requests{c}XX": float(classes.get(c, 0)) for c in (2, 4, 5)}
+
+
+def test_loaded_at_startup_and_ping_as_torchserve(parity_store: Path) -> None:
+    """describe's loadedAtStartup is true only for start-up models; /ping is Healthy only while
+    every default version has min_workers READY workers (TorchServe's ApiUtils.isModelHealthy),
+    not as soon as one of them is."""
+    from tests.server.conftest import LiveServer, make_config
+
+    config = make_config(
+        parity_store, enable_model_api=True, load_models=["tiny.mar"], disable_system_metrics=True
+    )
+    server = LiveServer(config).start()
+    try:
+        with httpx.Client(base_url=server.management_url, timeout=120) as m:
+            assert m.get("/models/tiny").json()[0]["loadedAtStartup"] is True
+            r = m.post("/models", params={"url": "slow.mar", "initial_workers": 1})
+            assert r.status_code == 200, r.text
+            assert m.get("/models/slow").json()[0]["loadedAtStartup"] is False
+            ping = httpx.get(f"{server.url}/ping")
+            assert (ping.status_code, ping.json()) == (200, {"status": "Healthy"})
+            # A second slow worker is loading (its import sleeps): 1 READY of min 2.
+            assert m.put("/models/slow", params={"min_worker": 2}).status_code == 202
+            ping = httpx.get(f"{server.url}/ping")
+            assert (ping.status_code, ping.json()) == (500, {"status": "Unhealthy"})
+            deadline = time.monotonic() + 60
+            while (
+                not sequence.ready(m.get("/models/slow").json())
+                or len(m.get("/models/slow").json()[0]["workers"]) < 2
+            ):
+                assert time.monotonic() < deadline, m.get("/models/slow").text
+                time.sleep(0.2)
+            assert httpx.get(f"{server.url}/ping").status_code == 200
+    finally:
+        server.stop()
