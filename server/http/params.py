@@ -35,8 +35,9 @@ class RegisterParams(BaseModel):
 
 def register_params(raw: dict[str, Any]) -> RegisterParams:
     """TorchServe's RegisterModelRequest: ``url`` required (an empty one is the registry's 404),
-    an unknown ``runtime`` is a 400, numbers that are junk or out of TorchServe's range fall
-    back to the default (a negative ``max_batch_delay`` too: TorchServe keeps -1)."""
+    an unknown ``runtime`` is a 400, numbers that are junk, or negative (zero too for batch
+    size and timeouts), are the default (a negative ``max_batch_delay`` too: TorchServe keeps
+    -1). Numbers past ``ModelConfig``'s bounds are left for ``check_model_settings`` (400)."""
     url = raw.get("url")
     if url is None:
         raise BadRequest("Parameter url is required.")
