@@ -21,7 +21,13 @@ from fastapi.responses import JSONResponse
 
 from torchbay.server.config.settings import MAX_TIMEOUT_S, ServerConfig
 from torchbay.server.config.sources import api_bool, api_int, api_number
-from torchbay.server.errors import BadRequest, ConfigError, MethodNotAllowed, NotFound
+from torchbay.server.errors import (
+    BadRequest,
+    ConfigError,
+    MethodNotAllowed,
+    NotFound,
+    TorchbayError,
+)
 from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.describe import describe
 from torchbay.server.http.openapi import documented
@@ -296,14 +302,16 @@ async def scale_model(
     await _scale(state, mv, params)
     if params.min_worker is None:
         return status(f"Model {mv.name} version {mv.version} updated")
-    ready = mv.ready_workers
-    if ready < params.min_worker:
-        return status(
-            f"Workers scaled to {ready} of {params.min_worker} for model: {mv.name}; "
-            f"{mv.load_error or 'some workers failed to start'}",
-            206,
-        )
-    return status(f"Workers scaled to {params.min_worker} for model: {mv.name}")
+    # TorchServe 0.12 (ApiUtils.updateModelWorkers): 200 when scaled, 500 when starting the
+    # workers failed, 206 when they are not all up yet.
+    if mv.ready_workers < params.min_worker:
+        if mv.load_error is not None:
+            log.warning("model %s: scaling failed: %s", mv.key, mv.load_error)
+            failed = f"Failed to start workers for model {mv.name} version: {mv.version}"
+            raise TorchbayError(failed)
+        return status("Workers scaling in progress...", 206)
+    scaled = f"Workers scaled to {params.min_worker} for model: {mv.name}"
+    return status(scaled if version is None else f"{scaled}, version: {version}")
 
 
 def _scale_done(task: asyncio.Task) -> None:

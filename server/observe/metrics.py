@@ -36,10 +36,11 @@ keep working: counters ``ts_inference_requests_total``, ``ts_inference_latency_m
 ``"default"`` when the URL named none; requests routed to a model, refused ones included),
 counters ``Requests2XX/4XX/5XX`` (``Level``, ``Hostname``: every answer of the inference and
 management listeners, ``counting``), gauges ``QueueTime`` and ``WorkerThreadTime`` (last request,
-ms) and ``WorkerLoadTime`` (``WorkerName``, ``Level``, ``Hostname``; per live worker, ms).
+ms), ``WorkerLoadTime`` (``WorkerName``, ``Level``, ``Hostname``; per live worker, ms) and
+``PredictionTime`` (``ModelName``, ``Level``, ``Hostname``; the last batch's handler time, ms).
 prometheus_client cannot write a counter whose sample has no ``_total`` nor keep label order, so
-``ts_text`` writes them and ``asgi_app`` serves them after the registry's text, always as text
-format 0.0.4 (TorchServe serves no OpenMetrics) and uncompressed. Host and GPU metrics:
+observe.ts_metrics writes them (``ts_text``) and serves them after the registry's text
+(``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed. Host and GPU metrics:
 observe.system_metrics. Custom handler metrics: observe.custom_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
@@ -135,6 +136,7 @@ class ServerMetrics(Observer):
         # latency us, queue us]; Requests{2,4,5}XX by status // 100.
         self.ts_totals: dict[tuple[str, str], list[float]] = {}
         self.status_counts = [0.0] * 6
+        self.prediction_ms: dict[str, float] = {}  # model name -> last batch's handler time
         self._last_total_s: float | None = None
         self._last_queue_s = 0.0
         self._last_handler_ms = 0.0
@@ -294,6 +296,7 @@ class ServerMetrics(Observer):
         handler_ms = record.timings_ms.get("handler")
         if handler_ms is not None:
             self._last_handler_ms = handler_ms
+            self.prediction_ms[model.name] = handler_ms
         if record.metrics:
             self.custom.record(model, record.metrics)
 

@@ -71,6 +71,11 @@ def ts_text(metrics: ServerMetrics, names: set[str] | None = None) -> str:
         families.append(("WorkerThreadTime", "gauge", _GAUGE_HELP, [(level, last[1])]))
     loads = [([("WorkerName", w), *level], ms) for w, ms in metrics.worker_load_times_ms()]
     families.append(("WorkerLoadTime", "gauge", _GAUGE_HELP, loads))
+    predictions: list[Sample] = [
+        ([("ModelName", model), ("Level", "Model"), ("Hostname", host)], ms)
+        for model, ms in list(metrics.prediction_ms.items())
+    ]
+    families.append(("PredictionTime", "gauge", _GAUGE_HELP, predictions))
     lines = []
     for name, kind, help_text, samples in families:
         if samples and (names is None or name in names):

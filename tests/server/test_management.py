@@ -169,7 +169,7 @@ def test_registration_scaling_and_errors_without_workers(live_server, versioned_
     r = m.put("/models/tiny", params={"batch_size": 8, "max_batch_delay": 3})
     assert r.status_code == 202
     r = m.put("/models/tiny/1.0", params={"min_worker": 0, "synchronous": True})
-    assert r.json() == {"status": "Workers scaled to 0 for model: tiny"}
+    assert r.json() == {"status": "Workers scaled to 0 for model: tiny, version: 1.0"}
     [tiny] = m.get("/models/tiny").json()
     assert (tiny["batchSize"], tiny["maxBatchDelay"], tiny["workers"]) == (8, 3, [])
 

@@ -68,7 +68,7 @@ WORKER_VALUES = ("status", "gpu")
 TS_FAMILIES = (
     "ts_inference_requests_total", "ts_inference_latency_microseconds",
     "ts_queue_latency_microseconds", "Requests2XX", "Requests4XX", "Requests5XX", "QueueTime",
-    "WorkerThreadTime",
+    "WorkerThreadTime", "PredictionTime",
 )  # fmt: skip
 
 
@@ -271,5 +271,41 @@ def test_loaded_at_startup_and_ping_as_torchserve(parity_store: Path) -> None:
                 assert time.monotonic() < deadline, m.get("/models/slow").text
                 time.sleep(0.2)
             assert httpx.get(f"{server.url}/ping").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_synchronous_scale_that_fails_is_500_as_torchserve(
+    parity_store: Path, tmp_path: Path
+) -> None:
+    """TorchServe 0.12 (ApiUtils.updateModelWorkers) answers a synchronous scale whose workers
+    could not start 500 "Failed to start workers for model m version: v"; nothing else is 500."""
+    from tests.server.conftest import LiveServer, make_config
+
+    handler = tmp_path / "broken_handler.py"
+    handler.write_text('raise RuntimeError("this handler cannot load")\n')
+    store = tmp_path / "store"
+    shutil.copytree(parity_store, store)
+    package(
+        ArchiveOptions(
+            model_name="broken",
+            version="1.0",
+            serialized_file=_tiny_model(tmp_path / "model.pt"),
+            handler=str(handler),
+            export_path=store,
+        )
+    )
+    server = LiveServer(make_config(store, enable_model_api=True)).start()
+    try:
+        with httpx.Client(base_url=server.management_url, timeout=120) as m:
+            assert m.post("/models", params={"url": "broken.mar"}).status_code == 200
+            r = m.put("/models/broken", params={"min_worker": 1, "synchronous": "true"})
+            assert r.status_code == 500, r.text
+            assert r.json() == {
+                "code": 500,
+                "type": "TorchbayError",
+                "message": "Failed to start workers for model broken version: 1.0",
+            }
+            assert m.get("/models/broken").json()[0]["workers"] == []
     finally:
         server.stop()

@@ -74,6 +74,8 @@ STEPS: list[dict[str, Any]] = [
     {"id": "describe_two_workers", "method": "GET", "listener": M, "path": "/models/tiny"},
     {"id": "scale_down_sync", "method": "PUT", "listener": M,
      "path": "/models/tiny?min_worker=1&synchronous=true"},
+    {"id": "scale_version_sync", "method": "PUT", "listener": M,
+     "path": "/models/tiny/1.0?min_worker=1&synchronous=true"},
     {"id": "scale_junk_numbers", "method": "PUT", "listener": M,
      "path": "/models/tiny?min_worker=abc&max_worker=abc&synchronous=true"},
     {"id": "scale_negative_min_worker", "method": "PUT", "listener": M,
