@@ -84,7 +84,7 @@ def test_lifecycle_under_continuous_traffic(live_server, versioned_store, reques
 
         r = m.put("/models/probe/1.0", params={"min_worker": 2, "synchronous": "true"})
         assert r.status_code == 200, r.text
-        assert r.json() == {"status": "Workers scaled to 2 for model: probe"}
+        assert r.json() == {"status": "Workers scaled to 2 for model: probe, version: 1.0"}
         [v1] = m.get("/models/probe/1.0").json()
         assert (v1["minWorkers"], v1["maxWorkers"]) == (2, 2)
         assert [w["status"] for w in v1["workers"]] in (
