@@ -40,8 +40,8 @@ ms), ``WorkerLoadTime`` (``WorkerName``, ``Level``, ``Hostname``; per live worke
 ``PredictionTime`` (``ModelName``, ``Level``, ``Hostname``; the last batch's handler time, ms).
 prometheus_client cannot write a counter whose sample has no ``_total`` nor keep label order, so
 observe.ts_metrics writes them (``ts_text``) and serves them after the registry's text
-(``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed. Host and GPU metrics:
-observe.system_metrics. Custom handler metrics: observe.custom_metrics.
+(``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
+Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.

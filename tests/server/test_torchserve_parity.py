@@ -193,7 +193,7 @@ def torchbay_answers(parity_store: Path) -> dict[str, dict[str, Any]]:
     server = LiveServer(config).start()
     try:
         bases = {
-            sequence.I: server.url,
+            sequence.INF: server.url,
             sequence.M: server.management_url,
             sequence.X: server.metrics_url,
         }

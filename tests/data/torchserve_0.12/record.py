@@ -100,11 +100,12 @@ def main() -> None:
     )
     tmp = work / "tmp"  # TorchServe's pid file lives in the temp dir: one per run
     tmp.mkdir()
+    log = open(work / "ts.out", "wb")  # noqa: SIM115 (TorchServe writes it while it runs)
     proc = subprocess.Popen(
         ["torchserve", "--start", "--foreground", "--ncs", "--disable-token-auth",
          "--enable-model-api", "--model-store", str(store),
          "--ts-config", str(work / "config.properties")],
-        cwd=work, stdout=open(work / "ts.out", "wb"), stderr=subprocess.STDOUT,
+        cwd=work, stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
     )  # fmt: skip
     try:
@@ -121,6 +122,7 @@ def main() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the launcher and its java server
         proc.wait(60)
+        log.close()
     version = subprocess.run(
         [sys.executable, "-m", "pip", "show", "torchserve"], capture_output=True, text=True
     ).stdout

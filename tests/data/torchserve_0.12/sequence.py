@@ -22,11 +22,11 @@ ARCHIVES = {
 }
 NOT_AN_ARCHIVE = "not_an_archive.mar"
 
-I, M, X = "inference", "management", "metrics"
+INF, M, X = "inference", "management", "metrics"
 HI = b"hi"
 
 STEPS: list[dict[str, Any]] = [
-    {"id": "ping_no_model", "method": "GET", "listener": I, "path": "/ping"},
+    {"id": "ping_no_model", "method": "GET", "listener": INF, "path": "/ping"},
     {"id": "list_empty", "method": "GET", "listener": M, "path": "/models"},
     {"id": "register_no_url", "method": "POST", "listener": M, "path": "/models"},
     {"id": "register_empty_url", "method": "POST", "listener": M, "path": "/models?url="},
@@ -53,21 +53,21 @@ STEPS: list[dict[str, Any]] = [
     {"id": "describe_settings", "method": "GET", "listener": M, "path": "/models/tiny"},
     {"id": "unregister_settings", "method": "DELETE", "listener": M, "path": "/models/tiny"},
     {"id": "register_default", "method": "POST", "listener": M, "path": "/models?url=tiny.mar"},
-    {"id": "ping_no_worker", "method": "GET", "listener": I, "path": "/ping"},
+    {"id": "ping_no_worker", "method": "GET", "listener": INF, "path": "/ping"},
     {"id": "describe_no_worker", "method": "GET", "listener": M, "path": "/models/tiny"},
-    {"id": "predict_no_worker", "method": "POST", "listener": I, "path": "/predictions/tiny",
+    {"id": "predict_no_worker", "method": "POST", "listener": INF, "path": "/predictions/tiny",
      "body": HI},
     {"id": "register_conflict", "method": "POST", "listener": M, "path": "/models?url=tiny.mar"},
     {"id": "scale_up_sync", "method": "PUT", "listener": M,
      "path": "/models/tiny?min_worker=1&synchronous=true"},
     {"id": "describe_one_worker", "method": "GET", "listener": M, "path": "/models/tiny"},
-    {"id": "ping_one_worker", "method": "GET", "listener": I, "path": "/ping"},
-    {"id": "predict", "method": "POST", "listener": I, "path": "/predictions/tiny", "body": HI},
-    {"id": "predict_version", "method": "POST", "listener": I, "path": "/predictions/tiny/1.0",
+    {"id": "ping_one_worker", "method": "GET", "listener": INF, "path": "/ping"},
+    {"id": "predict", "method": "POST", "listener": INF, "path": "/predictions/tiny", "body": HI},
+    {"id": "predict_version", "method": "POST", "listener": INF, "path": "/predictions/tiny/1.0",
      "body": HI},
-    {"id": "predict_unknown_version", "method": "POST", "listener": I,
+    {"id": "predict_unknown_version", "method": "POST", "listener": INF,
      "path": "/predictions/tiny/9.9", "body": HI},
-    {"id": "predict_unknown_model", "method": "POST", "listener": I,
+    {"id": "predict_unknown_model", "method": "POST", "listener": INF,
      "path": "/predictions/nope", "body": HI},
     {"id": "scale_up_two_sync", "method": "PUT", "listener": M,
      "path": "/models/tiny?min_worker=2&synchronous=true"},
@@ -99,7 +99,7 @@ STEPS: list[dict[str, Any]] = [
     {"id": "set_default_unknown_model", "method": "PUT", "listener": M,
      "path": "/models/nope/1.0/set-default"},
     {"id": "describe_default_v2", "method": "GET", "listener": M, "path": "/models/tiny"},
-    {"id": "predict_default_v2", "method": "POST", "listener": I, "path": "/predictions/tiny",
+    {"id": "predict_default_v2", "method": "POST", "listener": INF, "path": "/predictions/tiny",
      "body": HI},
     {"id": "unregister_default_in_use", "method": "DELETE", "listener": M,
      "path": "/models/tiny/2.0"},
@@ -134,7 +134,7 @@ STEPS: list[dict[str, Any]] = [
      "path": "/models/slow?min_worker=1&synchronous=true"},
     {"id": "describe_slow_ready", "method": "GET", "listener": M, "path": "/models/slow",
      "until": "ready"},
-    {"id": "predict_slow", "method": "POST", "listener": I, "path": "/predictions/slow",
+    {"id": "predict_slow", "method": "POST", "listener": INF, "path": "/predictions/slow",
      "body": HI},
     {"id": "metrics", "method": "GET", "listener": X, "path": "/metrics"},
     {"id": "unregister_slow", "method": "DELETE", "listener": M, "path": "/models/slow"},
@@ -142,7 +142,7 @@ STEPS: list[dict[str, Any]] = [
     {"id": "unregister_last_version", "method": "DELETE", "listener": M,
      "path": "/models/tiny/2.0"},
     {"id": "list_after", "method": "GET", "listener": M, "path": "/models"},
-    {"id": "ping_after", "method": "GET", "listener": I, "path": "/ping"},
+    {"id": "ping_after", "method": "GET", "listener": INF, "path": "/ping"},
     {"id": "unknown_path", "method": "GET", "listener": M, "path": "/nope"},
 ]  # fmt: skip
 
