@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import make_asgi_app
 from starlette.middleware.cors import CORSMiddleware
 
 from torchbay import __version__
@@ -20,6 +19,8 @@ from torchbay.server.http.triton import TritonApi
 from torchbay.server.observe.logs import request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
+from torchbay.server.observe.ts_metrics import counting
+from torchbay.server.observe.ts_metrics import metrics_app as ts_metrics_app
 from torchbay.server.serving.fetch import Fetcher
 from torchbay.server.serving.registry import ModelRegistry
 
@@ -87,8 +88,11 @@ def build_apps(server: TorchbayServer) -> Apps:
             unload_timeout_s=config.unregister_model_timeout_s,
         ),
     )
-    management = build_management_app(registry, config, auth=auth)
-    metrics_app = with_openapi(make_asgi_app(metrics.registry), metrics_openapi(__version__))
+    # TorchServe's Requests2XX/4XX/5XX count every answer of both listeners; its series are
+    # written as TorchServe writes them (observe.ts_metrics).
+    inference = counting(inference, metrics)
+    management = counting(build_management_app(registry, config, auth=auth), metrics)
+    metrics_app = with_openapi(ts_metrics_app(metrics), metrics_openapi(__version__))
     return Apps(
         registry=registry,
         metrics=metrics,
