@@ -91,7 +91,8 @@ def build_apps(server: TorchbayServer) -> Apps:
     # TorchServe's Requests2XX/4XX/5XX count every answer of both listeners; its series are
     # written as TorchServe writes them (observe.ts_metrics).
     inference = counting(inference, metrics)
-    management = counting(build_management_app(registry, config, auth=auth), metrics)
+    management_app = build_management_app(registry, config, auth=auth)
+    management = counting(management_app, metrics)
     metrics_app = with_openapi(ts_metrics_app(metrics), metrics_openapi(__version__))
     return Apps(
         registry=registry,
@@ -100,7 +101,7 @@ def build_apps(server: TorchbayServer) -> Apps:
         management=with_cors(management, config),
         metrics_app=with_cors(metrics_app, config),
         auth=auth,
-        management_state=management.state.management,
+        management_state=management_app.state.management,
     )
 
 

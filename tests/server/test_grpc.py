@@ -381,14 +381,14 @@ def test_management_rpcs_answer_what_the_http_api_answers(server, ts) -> None:
     [
         ("DescribeModel", {"model_name": "nope"}, grpc.StatusCode.NOT_FOUND, "nope"),
         ("ScaleWorker", {"model_name": "echo", "min_worker": 3, "max_worker": 2},
-         grpc.StatusCode.INVALID_ARGUMENT, "max_worker (2) cannot be less than min_worker (3)"),
+         grpc.StatusCode.INVALID_ARGUMENT, "max_worker cannot be less than min_worker."),
         ("ScaleWorker", {"model_name": "echo", "min_worker": 100000},
          grpc.StatusCode.INVALID_ARGUMENT, "min_worker"),
         ("SetDefault", {"model_name": "echo", "model_version": "7"},
          grpc.StatusCode.NOT_FOUND, "7"),
         ("RegisterModel", {}, grpc.StatusCode.INVALID_ARGUMENT, "url is required"),
-        ("RegisterModel", {"url": "missing.mar"}, grpc.StatusCode.INVALID_ARGUMENT,
-         "missing.mar"),  # HTTP answers 400 too
+        ("RegisterModel", {"url": "missing.mar"}, grpc.StatusCode.NOT_FOUND,
+         "missing.mar"),  # HTTP answers 404, as TorchServe does
         ("RegisterModel", {"url": "echo.mar", "model_name": "bad name!"},
          grpc.StatusCode.INVALID_ARGUMENT, "model_name"),
         ("UnregisterModel", {"model_name": "nope"}, grpc.StatusCode.NOT_FOUND, "nope"),
@@ -504,7 +504,7 @@ def test_a_model_without_workers_is_unavailable(server, ts) -> None:
         assert scaled.status_code == 200, scaled.text
         error = _error(lambda: _predict(server, ts, "echo", {"echo": 1}, timeout=30))
         assert error.code() is grpc.StatusCode.UNAVAILABLE
-        assert "no worker" in error.details() and "scale it up" in error.details()
+        assert "has no worker" in error.details() and "scale workers API" in error.details()
     finally:
         http.put("/models/echo", params={"min_worker": 1, "synchronous": "true"})
         http.close()
