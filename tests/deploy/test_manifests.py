@@ -155,7 +155,10 @@ def test_services_network_policy_and_disruption_budget() -> None:
     (policy,) = by_kind("cpu", "NetworkPolicy")
     rules = policy["spec"]["ingress"]
     open_ports = [p["port"] for rule in rules if "from" not in rule for p in rule["ports"]]
-    assert open_ports == ["inference", "grpc-inference"]  # management and metrics only from named peers
+    assert open_ports == [
+        "inference",
+        "grpc-inference",
+    ]  # management and metrics only from named peers
     admins = [r["from"] for r in rules if r["ports"] == [{"port": "management"}]]
     assert admins == [[{"podSelector": {"matchLabels": {"torchbay-admin": "true"}}}]]
     (deployment,) = by_kind("cpu", "Deployment")
