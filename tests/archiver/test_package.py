@@ -96,7 +96,7 @@ def test_precision_the_model_cannot_take(tmp_path: Path, digits_options: dict) -
         "convert": "torchscript-trace",
         "precision": "int8-dynamic",
     }
-    with pytest.raises(ConversionError, match=r"only Linear/LSTM.* none .*Conv2d"):
+    with pytest.raises(ConversionError, match=r"only Linear layers.* none .*Conv2d"):
         package(ArchiveOptions(**opts))
     with pytest.raises(ConversionError, match=r"torch.export cannot take dynamically") as e:
         package(ArchiveOptions(**digits_options, convert="export", precision="int8-dynamic"))
