@@ -8,7 +8,7 @@ is an eager state dict, anything else is TorchScript.
 
 fp16/bf16 models are stored already cast by the archiver; ``model_input_dtype`` tells handlers the
 dtype to cast floating inputs to. int8-dynamic models are TorchScript (loaded as is) or eager (the
-model is dynamically quantized, Linear/LSTM, before its quantized state dict is loaded).
+model's Linear layers are quantized by handlers.int8 before its int8 state dict is loaded).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import inspect
 import json
 import logging
 import sys
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -191,13 +190,10 @@ def _load_eager(
 
 
 def quantize_dynamic(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantization of Linear/LSTM layers (the archiver's int8-dynamic recipe)."""
-    with warnings.catch_warnings():
-        # torch.ao.quantization warns it is deprecated (in favour of torchao, not installed).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.ao.quantization.quantize_dynamic(
-            model, {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8
-        )
+    """Dynamic int8 quantization of Linear layers (the archiver's int8-dynamic recipe)."""
+    from .int8 import quantize_linear
+
+    return quantize_linear(model)
 
 
 def import_file(path: Path, name: str | None = None) -> ModuleType:
