@@ -79,6 +79,8 @@ class Context:
         # Stage durations (ms) recorded by BaseHandler.handle for the current batch.
         self.stage_timings: dict[str, float] = {}
         self.cl_socket = None
+        # The current handler run's streaming.RunStream (send_intermediate_predict_response).
+        self.stream: Any = None
 
     @property
     def system_properties(self) -> dict[str, Any]:
@@ -99,6 +101,12 @@ class Context:
         self.stage_timings = {}
         if hasattr(self.metrics, "request_ids"):
             self.metrics.request_ids = self.request_ids
+
+    def is_cancelled(self, idx: int = 0) -> bool:
+        """The client of request ``idx`` went away (torchbay's own: a streaming handler may stop
+        early; ``send_intermediate_predict_response`` skips such requests anyway)."""
+        stream = self.stream
+        return bool(stream is not None and stream.cancelled(idx))
 
     def get_request_id(self, idx: int = 0) -> str | None:
         if self.request_ids is None:

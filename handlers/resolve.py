@@ -181,6 +181,17 @@ def _text() -> dict[str, Any]:
     return {"TextClassifier": TextClassifier}
 
 
+@_alias("ts.protocol.otf_message_handler")
+@_alias("ts.handler_utils.utils")  # TorchServe >= 0.9 exports it here too
+def _otf() -> dict[str, Any]:
+    from . import streaming
+
+    return {
+        "send_intermediate_predict_response": streaming.send_intermediate_predict_response,
+        "StreamCancelled": streaming.StreamCancelled,
+    }
+
+
 def install_ts_alias() -> bool:
     """Make ``import ts.torch_handler.base_handler`` & co. resolve to torchbay's classes.
 

@@ -12,7 +12,8 @@ Isolation:
   of results, the batch is run again in halves, recursively, so the failure is pinned on the
   request(s) that cause it and every other request gets its answer (per-item failures through
   ``BaseHandler.map_items`` stay as they are).
-  Stage timings are summed over all the runs of one batch.
+  Stage timings are summed over all the runs of one batch. A run that streamed parts (or was
+  cancelled) is never run again: see streaming.py, whose parts go out through ``part_sink``.
 
 Status classes, decided by exception type and where it was raised, never by message text:
 
@@ -67,6 +68,7 @@ from .responses import (
     header_problem,
     status_problem,
 )
+from .streaming import NullSink, PartSink, RunStream, StreamCancelled, drive_generators, streams
 
 __all__ = ["BatchOutcome", "Request", "Response", "Service", "error_response", "load_service"]
 
@@ -152,6 +154,7 @@ class Service:
         self.model_name = model_name
         self.model_version = model_version
         self.native_v2 = bool(getattr(self.handler, "supports_v2", False))
+        self.part_sink: PartSink = NullSink()  # the worker's socket: streamed parts (streaming.py)
 
     def predict(self, requests: Sequence[RequestLike]) -> BatchOutcome:
         """One Response per request, in order (see the module docstring for the error rules)."""
@@ -187,8 +190,10 @@ class Service:
         if not isinstance(outcome, BaseException):
             return outcome
         ids = [job.request.request_id for job in jobs]
-        if len(jobs) == 1:
-            return [self._handler_failure(outcome, jobs[0])]
+        stream = self.context.stream
+        if len(jobs) == 1 or isinstance(outcome, StreamCancelled) or (stream and stream.sent):
+            # never re-run a handler that streamed parts (see streaming.py)
+            return [self._handler_failure(outcome, job) for job in jobs]
         logger.warning(
             "handler raised %s on a batch of %d (request ids %s); retrying in halves",
             type(outcome).__name__,
@@ -201,6 +206,8 @@ class Service:
     def _handler_failure(self, exc: BaseException, job: _Job) -> Response:
         rid = job.request.request_id
         v2 = job.v2 is not None
+        if isinstance(exc, StreamCancelled):
+            return exc.response(rid, v2)
         if isinstance(exc, _CountMismatch):
             logger.error("request %s: %s", rid, exc)
             message = "number of batch response mismatched"
@@ -219,9 +226,19 @@ class Service:
         )
         # A shallow copy per run: a handler that edits its rows must not spoil a retry.
         rows = [dict(job.row) if isinstance(job.row, dict) else job.row for job in jobs]
+        stream = RunStream(
+            self.part_sink,
+            [r.request_id for r in requests],
+            lambda idx, item: self._encode(idx, item, jobs[idx]),
+        )
+        self.context.stream = stream
+        finals: dict[int, Response] = {}  # generators' final responses (streaming.py)
         start = perf_counter()
         try:
             results = self._entry(rows, self.context)
+            if streams(results, len(jobs)):
+                fail = lambda idx, exc: self._handler_failure(exc, jobs[idx])  # noqa: E731
+                finals = drive_generators(results, stream, fail, [j.v2 is not None for j in jobs])
         except (Exception, SystemExit) as exc:  # bisected by the caller, answered per request
             # (a handler calling sys.exit() is a handler bug, not a reason for the worker to stop)
             return exc
@@ -233,7 +250,7 @@ class Service:
             got = len(results) if isinstance(results, list) else type(results).__name__
             return _CountMismatch(f"handler returned {got} results for a batch of {len(jobs)}")
         pairs = enumerate(zip(results, jobs, strict=True))
-        return [self._encode(i, item, job) for i, (item, job) in pairs]
+        return [finals.get(i) or self._encode(i, item, job) for i, (item, job) in pairs]
 
     def _encode(self, idx: int, item: Any, job: _Job) -> Response:
         """The response for result ``idx``; a result or header that cannot be sent is a 500."""

@@ -17,12 +17,12 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
 from torchbay.server.errors import HandlerFailed, ServiceUnavailable, TorchbayError
-from torchbay.server.http import kserve_v1
+from torchbay.server.http import kserve_v1, streaming
 from torchbay.server.http.asgi import (
     Receive,
     Scope,
@@ -46,6 +46,11 @@ log = logging.getLogger("torchbay.inference")
 Match = re.Match[str]  # a route's path match: its groups are the path's parameters
 # Raises Unauthorized when the request may not use this API; see server.auth.
 AuthHook = Callable[[Scope, str], None]
+# Answers a request from its first response and the rest of its stream; the status it sent.
+Respond = Callable[
+    [Scope, Receive, Send, ModelVersion, p.WireRequest, p.WireResponse, streaming.Parts],
+    Awaitable[int],
+]
 
 
 class InferenceApp:
@@ -131,33 +136,32 @@ class InferenceApp:
         version: str | None,
         protocol: str,
         extra: dict[str, str] | None = None,
+        respond: Respond | None = None,
     ) -> None:
-        """The hot path: admit one request to its model's queue, await its one response."""
+        """The hot path: admit one request to its model's queue, answer its response (or its
+        stream of parts, see streaming.py) with ``respond``."""
         started = time.perf_counter()
         mv: ModelVersion | None = None
         item: Pending[p.WireRequest, p.WireResponse] | None = None
         status = 500
+
+        def admitted(pending: Pending) -> None:
+            nonlocal item
+            item = pending
+
         try:
             if self.authorize is not None:
                 self.authorize(scope, "inference")
             mv = self.registry.resolve(name, version)
             body = await read_body(scope, receive, self.max_request_size)
             wire = self._wire_request(scope, body, protocol, extra)
-            item = mv.admit(wire)
-            mv.inflight += 1
+            parts = mv.stream(wire, admitted)
             try:
-                response = await item.future
+                first = await anext(parts)
+                answer = respond or self._respond
+                status = await answer(scope, receive, send, mv, wire, first, parts)
             finally:
-                mv.inflight -= 1
-            content_type, headers = _checked_response(response, wire.request_id)
-            status = response.status
-            if status in (204, 304):
-                # No body allowed: one sent anyway would be read as the start of the next
-                # response on this keep-alive connection.
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": b""})
-            else:
-                await send_bytes(send, status, response.body, content_type, headers)
+                await parts.aclose()
         except TorchbayError as exc:
             status = exc.status
             raise
@@ -168,6 +172,32 @@ class InferenceApp:
                     queue_s = item.dispatched - item.arrival
                 seconds = time.perf_counter() - started
                 self.on_request(RequestRecord(scope, name, version, status, seconds, queue_s, mv))
+
+    async def _respond(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        mv: ModelVersion,
+        wire: p.WireRequest,
+        response: p.WireResponse,
+        parts: streaming.Parts,
+    ) -> int:
+        """TorchServe's answer: the response, or chunked when the handler streams parts."""
+        content_type, headers = _checked_response(response, wire.request_id)
+        status = response.status
+        if response.partial and status not in (204, 304):
+            headers.insert(0, (b"content-type", content_type))
+            oip = wire.protocol == "v2"
+            await streaming.send_chunked(send, receive, response, parts, headers, oip=oip)
+        elif status in (204, 304):
+            # No body allowed: one sent anyway would be read as the start of the next
+            # response on this keep-alive connection.
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await send_bytes(send, status, response.body, content_type, headers)
+        return status
 
     def _wire_request(
         self, scope: Scope, body: bytes, protocol: str, extra: dict[str, str] | None = None
@@ -204,6 +234,18 @@ class InferenceApp:
     async def _v2_infer(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         name, version = _v2_model(match)
         await self._infer(scope, receive, send, name, version, "v2")
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        respond = _generated(streaming.respond_generate)
+        scope = _as_json(scope)
+        await self._infer(scope, receive, send, *_v2_model(match), "predict", respond=respond)
+
+    async def _generate_stream(
+        self, scope: Scope, receive: Receive, send: Send, match: Match
+    ) -> None:
+        respond = _generated(streaming.respond_generate_stream)
+        scope = _as_json(scope)
+        await self._infer(scope, receive, send, *_v2_model(match), "predict", respond=respond)
 
     async def _model_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         mv = self._v2_resolve(scope, m)
@@ -242,6 +284,30 @@ class InferenceApp:
             "inputs": inputs,
             "outputs": [],
         }
+
+
+def _as_json(scope: Scope) -> Scope:
+    """The generate extension's body is JSON whatever its content type says (``curl -d`` sends
+    a form type): the handler gets the decoded object as TorchServe's ``body``."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+
+
+def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:
+    """A generate extension answer (streaming.respond_generate[_stream]) as a ``Respond``."""
+
+    async def respond(
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        mv: ModelVersion,
+        wire: p.WireRequest,
+        first: p.WireResponse,
+        parts: streaming.Parts,
+    ) -> int:
+        return await answer(send, receive, first, parts, mv.name, mv.version)
+
+    return respond
 
 
 def _v2_model(match: Match) -> tuple[str, str | None]:

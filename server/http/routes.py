@@ -122,6 +122,24 @@ _PREDICT_BODY = {
 _INSTANCES = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
 _PREDICTIONS = {"type": "object", "properties": {"predictions": {"type": "array"}}}
 _JSON_BODY = {"content": {"application/json": {"schema": _OBJECT}}}
+_GENERATE = {
+    "type": "object",
+    "properties": {
+        "model_name": {"type": "string"},
+        "model_version": {"type": "string"},
+        "text_output": {"type": "string"},
+    },
+}
+_GENERATE_BODY = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {"text_input": {"type": "string"}, "parameters": _OBJECT},
+            }
+        }
+    }
+}
 _SUFFIX_TEXT = (
     "Further path segments reach the handler as the url_path header. The handler may set "
     "other statuses of its own."
@@ -171,6 +189,14 @@ def _v2_models() -> tuple[Route, ...]:
                   "Open Inference Protocol (KServe v2) inference", PREDICT_ERRORS,
                   {"200": ("Output tensors", _OBJECT)}, oip=True, auth=True, body=_JSON_BODY,
                   strict=True),
+            Route("POST", base + "/generate", "generate",
+                  "Generate extension: the handler's parts joined into one answer",
+                  PREDICT_ERRORS, {"200": ("Generated text", _GENERATE)}, oip=True, auth=True,
+                  body=_GENERATE_BODY, strict=True),
+            Route("POST", base + "/generate_stream", "generate_stream",
+                  "Generate extension: each part as a server-sent event", PREDICT_ERRORS,
+                  {"200": ("Server-sent events, data: {generate response}", "text/event-stream")},
+                  oip=True, auth=True, body=_GENERATE_BODY, strict=True),
         ]  # fmt: skip
     return tuple(out)
 

@@ -8,6 +8,10 @@ States (``WorkerState``)::
 
 A worker becomes READY only on a ``Ready`` message (pid, device, load time). Death is seen from
 the socket's EOF and the process's exit, never from logs. Torch-free.
+
+Streaming: a batch's ``Part`` frames go to the ``on_part`` callback given to ``infer`` as they
+arrive (before its ``Result``); ``response_timeout`` then bounds the wait for the next frame, not
+the whole batch. ``cancel(request_id)`` tells the worker a client went away.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
 from torchbay.server.serving import protocol as p
 
 log = logging.getLogger("torchbay.workers")
+
+PartFn = Callable[[p.Part], None]  # a running batch's streamed parts, as they arrive
 
 # (env, python, log format) -> a spawned worker process: the seam a test uses to make spawning
 # fail (OSError EMFILE/ENOMEM from Popen) the way an exhausted host does.
@@ -141,6 +147,8 @@ class WorkerProcess:
         self._writer: asyncio.StreamWriter | None = None
         self._batch_ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[p.Result]] = {}
+        self._on_part: dict[int, PartFn] = {}
+        self._parts_seen = 0  # Part frames received (a streaming batch's progress)
         self._tasks: set[asyncio.Task] = set()
         self.exited: asyncio.Future[int] | None = None
 
@@ -203,13 +211,21 @@ class WorkerProcess:
         log.debug("worker %s ready pid=%s device=%s", self.name, self.pid, self.device)
         return message
 
-    async def infer(self, requests: list[p.WireRequest], timeout: float | None) -> p.Result:
-        """Run one batch. Raises WorkerDied, or RequestTimeout (and kills the worker)."""
+    async def infer(
+        self,
+        requests: list[p.WireRequest],
+        timeout: float | None,
+        on_part: PartFn | None = None,
+    ) -> p.Result:
+        """Run one batch; its streamed parts go to ``on_part``. Raises WorkerDied, or
+        RequestTimeout (no frame within ``timeout``; the worker is killed)."""
         if not self.alive or self._writer is None:
             raise WorkerDied(f"worker {self.name} is not running")
         batch_id = next(self._batch_ids)
         future: asyncio.Future[p.Result] = asyncio.get_running_loop().create_future()
         self._pending[batch_id] = future
+        if on_part is not None:
+            self._on_part[batch_id] = on_part
         previous = self.state
         self.state = WorkerState.BUSY
         self.requests += len(requests)
@@ -217,7 +233,7 @@ class WorkerProcess:
             self._writer.write(p.encode(p.Infer(batch_id, requests)))
             if timeout is None:
                 return await future
-            return await asyncio.wait_for(future, timeout)
+            return await self._await_frames(future, timeout)
         except asyncio.TimeoutError:
             log.error("worker %s did not answer within %gs; killing it", self.name, timeout)
             # Not alive from now on (the exit is observed later): no batch may reach it.
@@ -228,9 +244,27 @@ class WorkerProcess:
             ) from None
         finally:
             self._pending.pop(batch_id, None)
+            self._on_part.pop(batch_id, None)
             self.batches += 1
             if self.state is WorkerState.BUSY:
                 self.state = previous if previous is WorkerState.DRAINING else WorkerState.READY
+
+    async def _await_frames(self, future: asyncio.Future[p.Result], timeout: float) -> p.Result:
+        """The batch's Result; TimeoutError when ``timeout`` passes without any frame."""
+        while True:
+            seen = self._parts_seen
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), timeout)
+            except asyncio.TimeoutError:
+                if self._parts_seen == seen:
+                    future.cancel()
+                    raise
+
+    def cancel(self, request_id: str) -> None:
+        """Tell the worker the client of ``request_id`` (in the running batch) went away."""
+        if self.alive and self._writer is not None and not self._writer.is_closing():
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self._writer.write(p.encode(p.Cancel(request_id)))
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; then terminate, then kill. Idempotent."""
@@ -309,6 +343,9 @@ class WorkerProcess:
         try:
             while True:
                 message = await p.read_message(self._reader)
+                if isinstance(message, p.Part):
+                    self._part(message)
+                    continue
                 if not isinstance(message, p.Result):
                     raise p.ProtocolError(f"unexpected {type(message).__name__} from worker")
                 future = self._pending.get(message.batch_id)
@@ -319,6 +356,12 @@ class WorkerProcess:
         except p.ProtocolError:
             log.error("worker %s broke the protocol; killing it", self.name, exc_info=True)
             self.kill()
+
+    def _part(self, part: p.Part) -> None:
+        self._parts_seen += 1
+        on_part = self._on_part.get(part.batch_id)
+        if on_part is not None:
+            on_part(part)
 
     def _fail_pending(self, code: int | None) -> None:
         for future in self._pending.values():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from torchbay.server.serving.handle import (
     spawn_process,
 )
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
-from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject
+from torchbay.server.serving.queue import BatchQueue, Parts, Pending, clock, reject
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
@@ -360,9 +360,41 @@ class ModelVersion:
         return item
 
     async def submit(self, request: p.WireRequest) -> p.WireResponse:
+        """The final response only (a streaming handler's parts are dropped: see ``stream``)."""
         item = self.admit(request)
         self.inflight += 1
         try:
             return await item.future
         finally:
             self.inflight -= 1
+
+    async def stream(
+        self, request: p.WireRequest, admitted: Callable[[Pending], None] | None = None
+    ) -> AsyncIterator[p.WireResponse]:
+        """Each part (``partial``) as it arrives, then the final response (skipped after parts
+        when empty: a generator handler's end); one response when nothing streams. Raises what
+        ``submit`` raises, also after parts. Closing it early (``aclose``, cancelling its
+        reader) cancels the request and tells the worker (serving/streams.py). ``admitted``
+        sees the queued request (its timestamps, for the access log)."""
+        item = self.admit(request)
+        if admitted is not None:
+            admitted(item)
+        parts: Parts[p.WireResponse] = Parts()
+        item.parts = parts
+        self.inflight += 1
+        sent = 0
+        try:
+            while True:
+                await parts.wait(item.future)
+                if parts.items:
+                    sent += 1
+                    yield parts.items.popleft()
+                    continue
+                final = item.future.result()
+                if not (sent and not final.body):
+                    yield final
+                return
+        finally:
+            self.inflight -= 1
+            if not item.future.done():
+                item.future.cancel()  # the reader left: the slot sends Cancel to the worker

@@ -15,6 +15,13 @@ worker answers exactly one :class:`WireResponse` per request. Between them the q
 the request in a ``serving.queue.Pending`` (its future and timestamps, never a new shape), and
 ``Infer``/``Result`` carry lists of them. The worker hands the ``WireRequest``s to the handler
 service as they are (``handlers.service.RequestLike`` is what it reads of them).
+
+Streaming: while a batch runs, the worker may send any number of ``Part`` frames (one partial
+response of one request: TorchServe's ``send_intermediate_predict_response``, or an item a
+handler's generator yielded) before the batch's ``Result``, which ends every request's stream.
+The frontend may send ``Cancel`` for a request of the running batch (its client went away); the
+worker then stops producing for it (see ``handlers.streaming``) and still answers it in the
+``Result``.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class Kind(enum.IntEnum):
     RESULT = 5
     SHUTDOWN = 6
     TUNE = 7
+    PART = 8
+    CANCEL = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +127,14 @@ def parse_headers(raw: bytes) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class WireResponse:
+    """One response, or with ``partial`` one intermediate part of a streamed response (more
+    parts, and the request's final response, follow)."""
+
     status: int
     body: bytes
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +156,25 @@ class Result:
 
 
 @dataclass(frozen=True, slots=True)
+class Part:
+    """Worker -> frontend, while batch ``batch_id`` runs: one intermediate part of one request's
+    response (the first part's status, content type and headers are the response's)."""
+
+    kind: ClassVar[Kind] = Kind.PART
+    batch_id: int
+    request_id: str
+    response: WireResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Frontend -> worker, while a batch runs: the client of ``request_id`` is gone."""
+
+    kind: ClassVar[Kind] = Kind.CANCEL
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     kind: ClassVar[Kind] = Kind.SHUTDOWN
 
@@ -155,7 +187,7 @@ class Tune:
     num_threads: int
 
 
-Message = Load | Ready | LoadFailed | Infer | Result | Shutdown | Tune
+Message = Load | Ready | LoadFailed | Infer | Result | Part | Cancel | Shutdown | Tune
 
 
 # -- encoding ---------------------------------------------------------------------------------
@@ -184,6 +216,14 @@ def encode(message: Message) -> bytes:
             "metrics": message.metrics,
         }
         blobs = [r.body for r in message.responses]
+    elif isinstance(message, Part):
+        r = message.response
+        header = {
+            "batch_id": message.batch_id,
+            "request_id": message.request_id,
+            "response": [r.status, r.content_type, r.headers],
+        }
+        blobs = [r.body]
     else:
         header = asdict(message)
     if blobs:
@@ -259,6 +299,12 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
             timings=dict(header.get("timings") or {}),
             metrics=list(header.get("metrics") or []),
         )
+    if kind is Kind.PART:
+        if len(blobs) != 1:
+            raise ProtocolError("PART: one body expected")
+        status, ctype, headers = header["response"]
+        response = WireResponse(int(status), blobs[0], str(ctype), _str_dict(headers), True)
+        return Part(int(header["batch_id"]), str(header["request_id"]), response)
     if blobs:
         raise ProtocolError(f"{kind.name} carries no blobs")
     cls = {
@@ -267,8 +313,15 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
         Kind.LOAD_FAILED: LoadFailed,
         Kind.SHUTDOWN: Shutdown,
         Kind.TUNE: Tune,
+        Kind.CANCEL: Cancel,
     }[kind]
     return cls(**header)
+
+
+def _str_dict(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ProtocolError("headers must be a JSON object")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 # -- transport --------------------------------------------------------------------------------

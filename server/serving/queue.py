@@ -16,6 +16,9 @@ Contract:
 * ``take`` pops requests only at its very end, synchronously, so cancelling a waiting ``take``
   loses nothing.
 
+A streaming caller (``ModelVersion.stream``) gives its ``Pending`` a :class:`Parts` buffer: the
+slot pushes each intermediate part there before resolving the future with the final response.
+
 Torch-free, and free of our worker and HTTP code: it only knows futures.
 """
 
@@ -47,6 +50,35 @@ class Pending(Generic[T, R]):
     arrival: float  # clock() at admission
     deadline: float | None = None  # clock() after which it must not run
     dispatched: float | None = field(default=None)  # clock() when a worker took it
+    parts: Parts[R] | None = None  # a streaming caller's intermediate parts (None: not streaming)
+
+
+class Parts(Generic[R]):
+    """A streaming request's intermediate parts, in arrival order, for one reader."""
+
+    def __init__(self) -> None:
+        self.items: collections.deque[R] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def push(self, part: R) -> None:
+        self.items.append(part)
+        self._wake()
+
+    def _wake(self, _: object = None) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, future: asyncio.Future) -> None:
+        """Return once a part is buffered or ``future`` (the final response) is done."""
+        if self.items or future.done():
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        future.add_done_callback(self._wake)
+        try:
+            await self._waiter
+        finally:
+            future.remove_done_callback(self._wake)
+            self._waiter = None
 
 
 def resolve(future: asyncio.Future, result: object) -> None:

@@ -36,6 +36,7 @@ from torchbay.server.serving import protocol as p
 from torchbay.server.serving.handle import Spawned, WorkerLoadError, WorkerProcess, WorkerState
 from torchbay.server.serving.launch import ModelSettings, Placement
 from torchbay.server.serving.queue import BatchQueue, Pending, reject, resolve
+from torchbay.server.serving.streams import BatchStreams
 
 log = logging.getLogger("torchbay.model")
 
@@ -98,16 +99,20 @@ class SlotContext:
 async def run_batch(
     worker: WorkerProcess, batch: Batch, settings: ModelSettings, key: str
 ) -> BatchRecord | None:
-    """Run one batch on ``worker`` and answer each request's future exactly once; the batch's
-    record, or None when the whole batch failed (worker died, timeout, wrong result count)."""
+    """Run one batch on ``worker`` and answer each request's future exactly once (its streamed
+    parts go to its ``Parts``, see streams.py); the batch's record, or None when the whole batch
+    failed (worker died, timeout, wrong result count)."""
+    streams = BatchStreams(worker, batch, settings.max_response_size, key)
     try:
         result = await worker.infer(
-            [item.payload for item in batch], settings.response_timeout_s or None
+            [item.payload for item in batch], settings.response_timeout_s or None, streams.on_part
         )
     except TorchbayError as exc:  # WorkerDied, RequestTimeout
         for item in batch:
             reject(item.future, type(exc)(exc.message))
         return None
+    finally:
+        streams.close()
     if len(result.responses) != len(batch):
         for item in batch:
             reject(item.future, HandlerFailed("The worker answered the wrong number of results"))

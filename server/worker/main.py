@@ -8,6 +8,11 @@ only server module that imports torch (through the handlers).
 Nothing a request carries ends the loop: ``Service.predict`` answers per request, and should it
 raise anyway (a bug of ours), ``_predict`` answers every request of that batch with a 500 error
 body and the worker keeps serving.
+
+While a batch runs, a reader thread (``_Channel``) keeps reading the socket: a ``Cancel`` marks
+its request cancelled at once (the handler's next streamed part for it raises, see
+``handlers.streaming``), everything else waits for the serving loop. Streamed parts go out as
+``Part`` frames from the handler's thread, before the batch's ``Result``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
@@ -62,13 +68,71 @@ def _in_fresh_thread(fn: Callable[..., T], *args: object) -> T:
     return box[0]
 
 
-def _to_wire(response: object) -> p.WireResponse:
+def _to_wire(response: object, partial: bool = False) -> p.WireResponse:
     return p.WireResponse(
         status=response.status,  # type: ignore[attr-defined]
         body=response.body,  # type: ignore[attr-defined]
         content_type=response.content_type,  # type: ignore[attr-defined]
         headers=dict(response.headers),  # type: ignore[attr-defined]
+        partial=partial,
     )
+
+
+class _Channel:
+    """The worker's socket while serving: a reader thread, the cancelled requests, and the
+    ``handlers.streaming.PartSink`` the Service sends its parts through."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.batch_id = 0
+        self._inbox: queue.SimpleQueue[p.Message | BaseException | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._live: set[str] = set()  # request ids received and not answered yet
+        self._cancelled: set[str] = set()
+        threading.Thread(target=self._read, name="torchbay-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = p.recv_message(self.sock)
+            except (EOFError, OSError):
+                with self._lock:  # the frontend is gone: nobody reads any stream
+                    self._cancelled |= self._live
+                self._inbox.put(None)
+                return
+            except p.ProtocolError as exc:
+                self._inbox.put(exc)
+                return
+            with self._lock:
+                if isinstance(message, p.Cancel):
+                    if message.request_id in self._live:
+                        self._cancelled.add(message.request_id)
+                    continue
+                if isinstance(message, p.Infer):
+                    self._live.update(r.request_id for r in message.requests)
+            self._inbox.put(message)
+
+    def next(self) -> p.Message | None:
+        """The next message for the serving loop; None at EOF."""
+        message = self._inbox.get()
+        if isinstance(message, BaseException):
+            raise message
+        return message
+
+    def done(self, message: p.Infer) -> None:
+        with self._lock:
+            for r in message.requests:
+                self._live.discard(r.request_id)
+                self._cancelled.discard(r.request_id)
+
+    def cancelled(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._cancelled
+
+    def send(self, request_id: str, response: object) -> None:
+        """One streamed part (raises ProtocolError for a part too big to frame)."""
+        part = p.Part(self.batch_id, request_id, _to_wire(response, partial=True))
+        self.sock.sendall(p.encode(part))
 
 
 def _predict(service: object, message: p.Infer, first: bool) -> p.Result:
@@ -152,11 +216,18 @@ def serve(sock: socket.socket) -> int:
     )
     # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect
     # was measured on CPU.
-    first = load.gpu_id is None
+    return _serve_batches(sock, service, first=load.gpu_id is None)
+
+
+def _serve_batches(sock: socket.socket, service: object, first: bool) -> int:
+    """Serve ``Infer`` frames until ``Shutdown`` or EOF (the exit code)."""
+    import torch
+
+    channel = _Channel(sock)
+    service.part_sink = channel  # type: ignore[attr-defined]
     while True:
-        try:
-            message = p.recv_message(sock)
-        except EOFError:
+        message = channel.next()
+        if message is None:
             return 0  # the frontend is gone
         if isinstance(message, p.Shutdown):
             return 0
@@ -165,8 +236,10 @@ def serve(sock: socket.socket) -> int:
             continue
         if not isinstance(message, p.Infer):
             raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")
+        channel.batch_id = message.batch_id
         frame = _frame(_predict(service, message, first), message)
         first = False
+        channel.done(message)
         sock.sendall(frame)
 
 

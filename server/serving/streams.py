@@ -1,0 +1,69 @@
+"""A running batch's streams, frontend side: route each ``Part`` frame to its request's
+``Parts`` buffer, and tell the worker when a streaming caller left (its future was cancelled).
+
+Used by ``slot.run_batch`` for every batch; ``ModelVersion.stream`` is the reader. A request whose
+caller used ``submit`` (no ``Parts``) gets only the handler's final response: its parts are
+dropped. A part past ``max_response_size`` ends its request with a 500, like a final response.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from torchbay.server.errors import HandlerFailed
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.queue import Pending, reject
+
+if TYPE_CHECKING:
+    from torchbay.server.serving.handle import WorkerProcess
+
+log = logging.getLogger("torchbay.model")
+
+
+class BatchStreams:
+    """The stream bookkeeping of one batch on one worker; ``close`` when the batch is over."""
+
+    def __init__(
+        self,
+        worker: WorkerProcess,
+        batch: list[Pending[p.WireRequest, p.WireResponse]],
+        limit: int,
+        key: str,
+    ) -> None:
+        self.worker = worker
+        self.limit = limit
+        self.key = key
+        self.items = {item.payload.request_id: item for item in batch}
+        self._watched = [item for item in batch if item.parts is not None]
+        for item in self._watched:
+            item.future.add_done_callback(self._left)
+
+    def on_part(self, part: p.Part) -> None:
+        item = self.items.get(part.request_id)
+        if item is None or item.future.done() or item.parts is None:
+            return
+        size = len(part.response.body)
+        if self.limit and size > self.limit:
+            log.error("model %s: request %s: a streamed part of %d bytes exceeds "
+                      "max_response_size (%d bytes); answered 500",
+                      self.key, part.request_id, size, self.limit)  # fmt: skip
+            reject(item.future, HandlerFailed(
+                f"The model's response of {size} bytes exceeds the "
+                f"server's max_response_size of {self.limit} bytes"
+            ))  # fmt: skip
+            return
+        item.parts.push(part.response)
+
+    def _left(self, future: asyncio.Future) -> None:
+        if not future.cancelled():
+            return
+        for request_id, item in self.items.items():
+            if item.future is future:
+                self.worker.cancel(request_id)
+
+    def close(self) -> None:
+        for item in self._watched:
+            item.future.remove_done_callback(self._left)

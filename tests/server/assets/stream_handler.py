@@ -1,0 +1,104 @@
+"""A streaming test handler (a module-level ``handle``), driven by each request's JSON body:
+
+  {"parts": ["a", "b"], "gate": path, "then_raise": bool, "crash": bool}
+      sends each part with TorchServe's send_intermediate_predict_response; after the first it
+      waits for the file ``gate`` (the test creates it only after reading part 1), or with
+      ``crash`` the worker process dies; returns "end", or raises ValueError after the parts
+      when ``then_raise``.
+  {"until_stopped": path, "gate": path}
+      sends parts until send_intermediate_predict_response raises StreamCancelled (the client
+      left), waiting for ``gate`` after the first; then writes the exception's type name to
+      ``until_stopped`` and re-raises.
+  {"yield": ["a", "b"], "gate": path, "fail_after": n, "pace": s, "batch": true}
+      returns a generator per request: each item is a part (waits for ``gate`` after the first;
+      raises after ``n`` items when given; sleeps ``s`` seconds before each item; with
+      ``batch`` each item ends with "/<batch size>"). A batch of such requests streams them all.
+  {"text_input": "x y"}
+      the generate extension: yields each word (and its space) as a part.
+  anything else: answered {"plain": true} without streaming.
+Every wait polls with a bounded deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ts.protocol.otf_message_handler import send_intermediate_predict_response
+
+DEADLINE_S = 60.0
+
+
+def _wait(path: str | None) -> None:
+    if not path:
+        return
+    end = time.monotonic() + DEADLINE_S
+    while not Path(path).exists():
+        if time.monotonic() > end:
+            raise TimeoutError(f"gate {path} never opened")
+        time.sleep(0.005)
+
+
+def _parts(body: dict, context) -> str:
+    for i, part in enumerate(body["parts"]):
+        send_intermediate_predict_response(
+            [part], context.request_ids, "Intermediate", 200, context
+        )
+        if i == 0 and body.get("crash"):
+            os._exit(17)
+        if i == 0:
+            _wait(body.get("gate"))
+    if body.get("then_raise"):
+        raise ValueError("the handler failed mid-stream")
+    return "end"
+
+
+def _until_stopped(body: dict, context) -> str:
+    end = time.monotonic() + DEADLINE_S
+    i = 0
+    try:
+        while time.monotonic() < end:
+            send_intermediate_predict_response([f"p{i}"], context.request_ids, "", 200, context)
+            if i == 0:
+                _wait(body.get("gate"))
+            i += 1
+            time.sleep(0.005)
+    except Exception as exc:
+        Path(body["until_stopped"]).write_text(type(exc).__name__)
+        raise
+    return "never stopped"
+
+
+def _generator(body: dict, batch: int = 1):
+    for i, item in enumerate(body["yield"]):
+        if body.get("fail_after") == i:
+            raise RuntimeError("the generator failed mid-stream")
+        time.sleep(float(body.get("pace", 0)))
+        yield f"{item}/{batch}" if body.get("batch") else item
+        if i == 0:
+            _wait(body.get("gate"))
+
+
+def _words(text: str):
+    words = text.split(" ")
+    for i, word in enumerate(words):
+        yield word + (" " if i < len(words) - 1 else "")
+
+
+def handle(data, context):
+    if data is None:  # initialization
+        return None
+    bodies = [row.get("body") for row in data]
+    if all(isinstance(b, dict) and "yield" in b for b in bodies):
+        return [_generator(b, len(data)) for b in bodies]
+    body = bodies[0]
+    if not isinstance(body, dict) or len(data) != 1:
+        return [{"plain": True} for _ in data]
+    if "parts" in body:
+        return [_parts(body, context)]
+    if "until_stopped" in body:
+        return [_until_stopped(body, context)]
+    if "text_input" in body:
+        return [_words(body["text_input"])]
+    return [{"plain": True}]
