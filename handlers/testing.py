@@ -20,6 +20,10 @@ the HTTP listener would write for that request.
 * ``make_context(...)``: the ``Context`` a worker builds, for unit tests of handler methods.
 * ``make_request(body, ...)``: one request, as the listener builds it.
 
+A streaming handler (``send_intermediate_predict_response`` or a generator, see
+``handlers.streaming``) is run the same way: each ``Reply.parts`` holds what it streamed, in
+order, and ``Reply.streamed`` the parts and the final body joined, as a client reads them.
+
 ``handler_or_archive`` is an archive (``.mar``, ``.tar.gz``, ``.tgz`` or an unpacked archive
 folder: unpacked with the server's safety checks), a handler spec (a built-in name such as
 ``"image_classifier"``, or ``"file.py[:function]"`` inside ``model_dir``), a path to a handler
@@ -72,6 +76,12 @@ class Reply:
     status: int
     headers: dict[str, str]
     body: bytes
+    parts: tuple[bytes, ...] = ()  # what a streaming handler sent before ``body``, in order
+
+    @property
+    def streamed(self) -> bytes:
+        """Every part and then the final body, as a client of the chunked response reads it."""
+        return b"".join((*self.parts, self.body))
 
     @property
     def content_type(self) -> str:
@@ -156,6 +166,19 @@ def _as_requests(requests: Iterable[Any], protocol: str, start: int) -> list[Req
     return out
 
 
+class _CollectSink:
+    """The worker's part sink, for tests: keeps each request's streamed parts."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[bytes]] = {}
+
+    def send(self, request_id: str, response: Any) -> None:
+        self.parts.setdefault(request_id, []).append(bytes(response.body))
+
+    def cancelled(self, request_id: str) -> bool:
+        return False
+
+
 @dataclass
 class Runner:
     """A loaded handler: ``run`` answers requests in batches of at most ``batch_size``."""
@@ -180,14 +203,18 @@ class Runner:
         batch = _as_requests(requests, protocol, self._count)
         self._count += len(batch)
         replies: list[Reply] = []
+        sink = _CollectSink()
+        self.service.part_sink = sink  # streamed parts land here, as on the worker's socket
         for lo in range(0, len(batch), self.batch_size):
-            outcome = self.service.predict(batch[lo : lo + self.batch_size])
+            chunk = batch[lo : lo + self.batch_size]
+            outcome = self.service.predict(chunk)
             self.metrics.extend(outcome.metrics)
             for stage, ms in outcome.timings.items():
                 self.timings[stage] = self.timings.get(stage, 0.0) + ms
-            for r in outcome.responses:
+            for req, r in zip(chunk, outcome.responses, strict=True):
                 headers = {"content-type": r.content_type, **r.headers}
-                replies.append(Reply(r.status, headers, bytes(r.body)))
+                parts = tuple(sink.parts.pop(req.request_id, ()))
+                replies.append(Reply(r.status, headers, bytes(r.body), parts))
         return replies
 
 

@@ -144,3 +144,36 @@ def test_import_is_torch_free() -> None:
     code = "import sys, torchbay.handlers.testing; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def streamer(data, context):
+    """Streams each word of its text as a part (TorchServe's API); the last word is the result."""
+    if data is None:
+        return None
+    from ts.protocol.otf_message_handler import send_intermediate_predict_response
+
+    words = [row["body"].split() for row in data]
+    for step in range(max(len(w) for w in words) - 1):
+        live = {i: context.request_ids[i] for i, w in enumerate(words) if step < len(w) - 1}
+        parts = [w[step] + " " if step < len(w) - 1 else None for w in words]
+        send_intermediate_predict_response(parts, live, "Intermediate", 200, context)
+    return [w[-1] for w in words]
+
+
+def counter(data, context):
+    """A generator per request: each yielded item is a part."""
+    if data is None:
+        return None
+    return [(str(i) for i in range(int(row["body"]))) for row in data]
+
+
+def test_streamed_parts_are_collected_per_request() -> None:
+    replies = run_handler(streamer, ["one two three", "solo", "a b"])
+    assert [r.status for r in replies] == [200, 200, 200]
+    assert replies[0].parts == (b"one ", b"two ") and replies[0].body == b"three"
+    assert replies[0].streamed == b"one two three"
+    assert replies[1].parts == () and replies[1].streamed == b"solo"
+    assert replies[2].parts == (b"a ",) and replies[2].streamed == b"a b"
+    generated = run_handler(counter, ["3", "0"], batch_size=1)
+    assert generated[0].parts == (b"0", b"1", b"2") and generated[0].body == b""
+    assert generated[1].parts == () and generated[1].status == 200
