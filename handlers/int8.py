@@ -54,7 +54,8 @@ class Int8DynamicLinear(nn.Module):
         q = torch.round(rows / scale).clamp(-127.0, 127.0).to(torch.int8)
         acc = torch._int_mm(q, self.weight.t())
         y = acc.float() * scale * self.weight_scale + self.bias
-        return y.reshape(list(x.shape[:-1]) + [self.out_features])
+        # (not [*shape, n]: torch.jit.script has no starred lists)
+        return y.reshape(list(x.shape[:-1]) + [self.out_features])  # noqa: RUF005
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
