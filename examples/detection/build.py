@@ -9,6 +9,7 @@ A scene is a noisy dark canvas with a few non-overlapping red, green or blue rec
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,21 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+
+
+def model_module():
+    """This example's model.py, imported by path under a name of its own (every example has a
+    model.py: a plain ``import model`` would find whichever was imported first)."""
+    name = f"_torchbay_example_{HERE.name}_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 COLORS = {"red": (0.85, 0.15, 0.1), "green": (0.1, 0.75, 0.2), "blue": (0.15, 0.2, 0.9)}
 MODEL_CONFIG = """\
 handler:
@@ -59,15 +75,14 @@ def _targets(scene: Scene) -> np.ndarray:
     return target
 
 
-def train(seed: int = 0, steps: int = 80):
+def train(seed: int = 0, steps: int = 60):
     import torch
 
-    sys.path.insert(0, str(HERE))
-    from model import ColorBlobNet
+    ColorBlobNet = model_module().ColorBlobNet
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    scenes = [make_scene(rng) for _ in range(32)]
+    scenes = [make_scene(rng, size=32, objects=2) for _ in range(16)]  # per-pixel: small suffices
     x = torch.from_numpy(np.stack([s.pixels for s in scenes])).permute(0, 3, 1, 2)
     y = torch.from_numpy(np.stack([_targets(s) for s in scenes]))
     model = ColorBlobNet()

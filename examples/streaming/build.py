@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import importlib.util
 import io
 import itertools
 import json
@@ -22,6 +23,21 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def model_module():
+    """This example's model.py, imported by path under a name of its own (every example has a
+    model.py: a plain ``import model`` would find whichever was imported first)."""
+    name = f"_torchbay_example_{HERE.name}_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 TOKEN_RE = re.compile(r"\w+(?:'\w+)?|[^\w\s]")  # as generator_handler.py
 MODEL_CONFIG = """\
 handler:
@@ -62,8 +78,8 @@ def build(out: Path) -> Path:
 
     from torchbay.archiver.package import ArchiveOptions, package
 
-    sys.path.insert(0, str(HERE))
-    from model import VOCAB_SIZE, Bigram
+    VOCAB_SIZE = model_module().VOCAB_SIZE
+    Bigram = model_module().Bigram
 
     out.mkdir(parents=True, exist_ok=True)
     vocab, follows = bigram_table()

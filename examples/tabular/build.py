@@ -10,6 +10,7 @@ TorchScript model against the eager torch model) and here against scikit-learn i
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from dataclasses import dataclass
@@ -18,6 +19,20 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+
+
+def model_module():
+    """This example's model.py, imported by path under a name of its own (every example has a
+    model.py: a plain ``import model`` would find whichever was imported first)."""
+    name = f"_torchbay_example_{HERE.name}_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
 
 MODEL_CONFIG = """\
 # Frontend settings TorchServe reads from model-config.yaml: up to 8 rows per handler call,
@@ -57,8 +72,7 @@ def to_torch(scaler, mlp):
     """The torch IrisMlp with scikit-learn's weights (coefs_ are [in, out]: transpose)."""
     import torch
 
-    sys.path.insert(0, str(HERE))
-    from model import IrisMlp
+    IrisMlp = model_module().IrisMlp
 
     model = IrisMlp().eval()
     with torch.no_grad():

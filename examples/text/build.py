@@ -13,12 +13,28 @@ OUT/model_store/topics.mar and OUT/held_out.json (sentences never seen in traini
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def model_module():
+    """This example's model.py, imported by path under a name of its own (every example has a
+    model.py: a plain ``import model`` would find whichever was imported first)."""
+    name = f"_torchbay_example_{HERE.name}_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 LABELS = ["weather", "sport", "cooking"]
 WORDS = {
     "weather": ["rain", "sunny", "cloudy", "storm", "wind", "snow", "forecast", "cold", "warm",
@@ -67,8 +83,8 @@ def train(data: list[tuple[str, int]], vocab: dict[str, int], seed: int = 0):
 
     from torchbay.handlers.text_classifier import TOKEN_RE
 
-    sys.path.insert(0, str(HERE))
-    from model import VOCAB_SIZE, BagOfWords
+    VOCAB_SIZE = model_module().VOCAB_SIZE
+    BagOfWords = model_module().BagOfWords
 
     assert len(vocab) <= VOCAB_SIZE, "grow VOCAB_SIZE in model.py"
     torch.manual_seed(seed)

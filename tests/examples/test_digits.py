@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_digits_int8_served_reads_the_samples(serve, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    accuracy = example_module("digits", "train").train(out, epochs=15)
+    accuracy = example_module("digits", "train").train(out, epochs=8)
     assert accuracy > 0.9
     # The quickstart's archive: TorchScript, int8-dynamic, with the parity check.
     package(

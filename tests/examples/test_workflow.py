@@ -20,7 +20,7 @@ async def _post_all(url: str, bodies: list[bytes]) -> list[httpx.Response]:
 
 def test_workflow_chains_shrink_into_digits(serve, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    mar = Path(example_module("workflow").build(out, epochs=15))
+    mar = Path(example_module("workflow").build(out, epochs=8))
     entry = {"marName": "read_digit.mar", "batchSize": 4, "maxBatchDelay": 20}
     server = serve(mar.parent, models={"read_digit": {"1.0": entry}})
     url = f"{server.url}/predictions/read_digit"
