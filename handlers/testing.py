@@ -260,7 +260,9 @@ def load_handler(
 ) -> Iterator[Runner]:
     """Load a handler as a worker does; yields a ``Runner``. An archive is unpacked (with the
     server's checks) into a temporary folder removed on exit. ``model_yaml_config`` applies to
-    handler objects only (an archive or model folder has its own ``model-config.yaml``)."""
+    handler objects only (an archive or model folder has its own ``model-config.yaml``); a
+    handler object with ``model_dir`` gets that folder's manifest, so ``BaseHandler`` subclasses
+    load its model."""
     target = handler_or_archive
     with tempfile.TemporaryDirectory(prefix="torchbay-test-") as tmp:
         if _is_archive(target):
@@ -280,9 +282,13 @@ def load_handler(
             )
         else:
             folder = Path(model_dir) if model_dir is not None else Path(tmp)
+            from .loading import read_manifest  # a model folder's manifest, as load_service reads
+
+            manifest = read_manifest(folder) if model_dir is not None else None
             context = make_context(
                 folder,
                 model_name=model_name or "model",
+                manifest=manifest,
                 batch_size=batch_size,
                 gpu_id=gpu_id,
                 model_yaml_config=model_yaml_config,

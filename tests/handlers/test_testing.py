@@ -177,3 +177,21 @@ def test_streamed_parts_are_collected_per_request() -> None:
     generated = run_handler(counter, ["3", "0"], batch_size=1)
     assert generated[0].parts == (b"0", b"1", b"2") and generated[0].body == b""
     assert generated[1].parts == () and generated[1].status == 200
+
+
+def test_handler_object_with_a_model_dir_loads_its_model(archives: Path, tmp_path: Path) -> None:
+    from torchbay.archiver.extract import extract_archive
+    from torchbay.handlers.base_handler import BaseHandler
+
+    class Rows(BaseHandler):
+        def preprocess(self, data):
+            return torch.tensor([row["body"] for row in data], dtype=torch.float32)
+
+        def postprocess(self, data):
+            return [{"n": len(row)} for row in data.tolist()]
+
+    folder = tmp_path / "lin"
+    extract_archive(archives / "lin.mar", folder)
+    replies = run_handler(Rows, [[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 1.0]], model_dir=folder)
+    # BaseHandler.initialize loaded the folder's Linear(4, 3) from its manifest.
+    assert [r.json() for r in replies] == [{"n": 3}, {"n": 3}]
