@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from torchbay.archiver import convert
+from torchbay.archiver import record_signature as rs
 from torchbay.archiver.errors import ConversionError
 from torchbay.archiver.manifest import Format, Parity
 from torchbay.archiver.parity import check
@@ -28,21 +29,46 @@ def build_model(
     target: Format,
     serialized: Path,
     model_file: Path | None,
-) -> tuple[str, str | None, Parity, torch.Tensor]:
+) -> tuple[str, str | None, Parity, dict[str, Any]]:
     """Stage the (converted) model and the example; returns (serializedFile, modelFile, parity,
-    example). Raises ConversionError / ParityError / ArchiveArgumentError."""
-    from torchbay.archiver.package import EXAMPLE_NAME
-
+    the manifest fields recorded from the example and a run of the packed model).
+    Raises ConversionError / ParityError / ArchiveArgumentError."""
     assert options.example_input is not None
-    example = convert.load_example(Path(options.example_input))
+    program: Any = None
     if source == "eager":
         assert model_file is not None
         reference: nn.Module = convert.load_eager(model_file, serialized)
+    elif source == "exported":  # packed as it is; its own dynamic dimensions are recorded
+        program = convert.load_exported(serialized)
+        reference = program.module()
     else:
         reference = convert.load_torchscript(serialized)
+    example = rs.load_example(Path(options.example_input), reference)
+    rs.check_batches(example)
     _run_reference(reference, example)
     packed = _apply_precision(options.precision, reference, source, target, serialized, example)
+    name, model_name, program = _stage_model(
+        options, stage, target, serialized, model_file, packed, example, program
+    )
+    example_name, example_path = rs.save_example(example, stage.root / "generated")
+    stage.files[example_name] = example_path
 
+    parity, output = _parity(options, stage, target, name, model_name, reference, example)
+    dynamic = rs.exported_dynamic_dims(program) if program is not None else None
+    return name, model_name, parity, _recorded(example, example_name, output, dynamic)
+
+
+def _stage_model(
+    options: ArchiveOptions,
+    stage: _Stage,
+    target: Format,
+    serialized: Path,
+    model_file: Path | None,
+    packed: nn.Module,
+    example: rs.Example,
+    program: Any,
+) -> tuple[str, str | None, Any]:
+    """Stage the packed model: (serializedFile, modelFile, the exported program or None)."""
     if target == "eager":
         name = serialized.name
         if options.precision == "fp32":
@@ -51,39 +77,53 @@ def build_model(
             convert.save_state_dict(packed, stage.written(name))
         assert model_file is not None
         stage.add(model_file.name, model_file)
-        model_name: str | None = model_file.name
-    elif target == "torchscript":
+        return name, model_file.name, None
+    if target == "torchscript":
         module = _to_torchscript(options.convert, packed, example)
         if options.optimize:
             module = convert.freeze(module)
         name = serialized.name if options.convert == "none" else "model.pt"
         convert.save_torchscript(module, stage.written(name))
-        model_name = None
-    else:
-        dtype = convert._DTYPES.get(options.precision)
-        x = example.to(dtype) if dtype is not None and example.is_floating_point() else example
-        program = convert.export(packed, x)
-        name = "model.pt2"
-        convert.save_exported(program, stage.written(name))
-        model_name = None
-    convert.save_example(example, stage.written(EXAMPLE_NAME))
-
-    parity = _parity(options, stage, target, name, model_name, reference, example)
-    return name, model_name, parity, example
+        return name, None, None
+    if program is not None:  # an exported program given as it is
+        stage.add(serialized.name, serialized)
+        return serialized.name, None, program
+    dtype = convert._DTYPES.get(options.precision)
+    x = example.map(lambda t: t.to(dtype) if dtype and t.is_floating_point() else t)
+    program = convert.export(packed, x.tensors)
+    convert.save_exported(program, stage.written("model.pt2"))
+    return "model.pt2", None, program
 
 
-def _run_reference(reference: nn.Module, example: torch.Tensor) -> None:
+def _recorded(
+    example: rs.Example,
+    example_name: str,
+    output: Any,
+    dynamic: tuple[list[set[int]], list[set[int]]] | None,
+) -> dict[str, Any]:
+    """The manifest's example, signature and (one input only) legacy input fields."""
+    inputs = rs.input_specs(example, dynamic[0] if dynamic else None)
+    outputs = rs.output_specs(output, example.batch, dynamic[1] if dynamic else None)
+    fields: dict[str, Any] = {"example_input": example_name, "inputs": inputs, "outputs": outputs}
+    if len(example.tensors) == 1:  # older readers know one input only
+        fields["input_shape"] = list(example.first.shape[1:])
+        fields["input_dtype"] = str(example.first.dtype).removeprefix("torch.")
+    return fields
+
+
+def _run_reference(reference: nn.Module, example: rs.Example) -> None:
     if isinstance(reference, torch.jit.ScriptModule):
         try:
             with torch.inference_mode(), convert.quiet():
-                reference(example)
+                reference(*example.tensors)
         except Exception as exc:
+            shapes = [list(t.shape) for t in example.tensors]
             raise ConversionError(
-                f"the model fails on the example input {list(example.shape)}: "
-                f"{str(exc).strip().splitlines()[0]}"
+                f"the model fails on the example input {shapes[0] if len(shapes) == 1 else shapes}"
+                f": {str(exc).strip().splitlines()[0]}"
             ) from None
         return
-    convert.locate_failure(reference, example, "the example input")
+    convert.locate_failure(reference, example.tensors, "the example input")
 
 
 def _apply_precision(
@@ -92,7 +132,7 @@ def _apply_precision(
     source: Format,
     target: Format,
     serialized: Path,
-    example: torch.Tensor,
+    example: rs.Example,
 ) -> nn.Module:
     if precision == "fp32":
         return reference
@@ -115,23 +155,29 @@ def _apply_precision(
             )
         types = convert.EAGER_QUANTIZABLE if target == "eager" else convert.QUANTIZABLE
         quantized = convert.quantize_int8(reference, types)
-        convert.locate_failure(quantized, example, "int8-dynamic")
+        convert.locate_failure(quantized, example.tensors, "int8-dynamic")
         return quantized
     # fp16 / bf16
     if source == "torchscript":
         cast: nn.Module = convert.load_torchscript(serialized).to(convert._DTYPES[precision])
     else:
         cast = convert.cast(reference, precision)
-        x = example.to(convert._DTYPES[precision]) if example.is_floating_point() else example
-        convert.locate_failure(cast, x, precision)
+        half = convert._DTYPES[precision]
+        x = example.map(lambda t: t.to(half) if t.is_floating_point() else t)
+        convert.locate_failure(cast, x.tensors, precision)
     if target != "torchscript":
         return cast  # exported programs are specialized on the (half) input dtype
+    if len(example.tensors) > 1:
+        raise ConversionError(
+            f"{precision} TorchScript takes one input; for a model with several inputs use "
+            f"--convert export or the eager model with --precision {precision}"
+        )
     return convert.with_cast(cast, precision)
 
 
-def _to_torchscript(how: str, packed: nn.Module, example: torch.Tensor) -> Any:
+def _to_torchscript(how: str, packed: nn.Module, example: rs.Example) -> Any:
     if how == "torchscript-trace":
-        return convert.trace(packed, example)
+        return convert.trace(packed, example.tensors)
     if isinstance(packed, torch.jit.ScriptModule):
         return packed
     return convert.script(packed)
@@ -144,9 +190,10 @@ def _parity(
     serialized_name: str,
     model_file_name: str | None,
     reference: nn.Module,
-    example: torch.Tensor,
-) -> Parity:
-    """Load the staged model as a worker does (torchbay.handlers.loading) and compare."""
+    example: rs.Example,
+) -> tuple[Parity, Any]:
+    """Load the staged model as a worker does (torchbay.handlers.loading) and compare; returns
+    the parity and the packed model's output on the example."""
     from torchbay.archiver.package import default_tolerance
     from torchbay.handlers.errors import HandlerError
     from torchbay.handlers.loading import load_model, model_input_dtype
@@ -175,21 +222,22 @@ def _parity(
         raise ConversionError(f"the packed model does not load: {exc}") from None
     dtype = model_input_dtype(loaded, manifest)
 
-    def run_packed(x: torch.Tensor) -> Any:
+    def run_packed(x: rs.Example) -> Any:
         with convert.quiet():
-            return loaded(x.to(dtype) if x.is_floating_point() else x)
+            return loaded(*(t.to(dtype) if t.is_floating_point() else t for t in x.tensors))
 
-    def run_reference(x: torch.Tensor) -> Any:
+    def run_reference(x: rs.Example) -> Any:
         with convert.quiet():
-            return reference(x)
+            return reference(*x.tensors)
 
-    three = torch.cat([example] * 3)[:3]
     what = f"{options.precision} {target}" + (" (optimized)" if options.optimize else "")
-    return check(
+    parity = check(
         run_reference,
         run_packed,
-        [example, example[:1], three],
+        [example, example.rows(1), example.rows(3)],
         default_tolerance(options),
         allow_drift=options.allow_drift,
         what=what,
     )
+    with torch.inference_mode():
+        return parity, run_packed(example)

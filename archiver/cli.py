@@ -85,7 +85,14 @@ def _add_archive(subparsers: Any) -> None:
         "--optimize", action="store_true", help="TorchScript: freeze + optimize_for_inference"
     )
     p.add_argument(
-        "--example-input", type=Path, help="tensor (torch.save) or .npy, batch dimension first"
+        "--example-input",
+        type=Path,
+        help="the model's input, batch dimension first: a tensor (torch.save or .npy) is input0; "
+        "a tuple of tensors (torch.save) is input0, input1, ...; a dict of tensors (torch.save "
+        "or .npz) names the inputs (in forward's parameter order when its keys are forward's "
+        "parameters). With it the archive records the model's signature (input and output "
+        "names, OIP datatypes, shapes with -1 for the batch and other dynamic dimensions) from "
+        "a run of the packed model: the server's /v2 model metadata",
     )
     p.add_argument(
         "--tolerance", type=float, help="max relative error (max|a-b| / max|a|) to accept"

@@ -30,7 +30,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -51,31 +50,6 @@ def quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-
-
-def load_example(path: Path) -> torch.Tensor:
-    """A saved tensor (torch.save) or a .npy array, batch dimension first."""
-    if not path.is_file():
-        raise ArchiveArgumentError(f"example input {str(path)!r} does not exist")
-    try:
-        if path.suffix == ".npy":
-            tensor = torch.from_numpy(np.load(path, allow_pickle=False))
-        else:
-            tensor = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # numpy/torch raise many types for a bad file
-        raise ArchiveArgumentError(f"cannot read example input {path.name!r}: {exc}") from None
-    if not isinstance(tensor, torch.Tensor):
-        raise ArchiveArgumentError(
-            f"example input {path.name!r} must hold one tensor, got {type(tensor).__name__}"
-        )
-    if tensor.dim() < 1 or tensor.shape[0] < 1:
-        raise ArchiveArgumentError(
-            f"example input {path.name!r} needs a batch dimension first "
-            f"(shape {list(tensor.shape)})"
-        )
-    if tensor.is_floating_point():
-        tensor = tensor.float()
-    return tensor.contiguous()
 
 
 def import_model_class(model_file: Path) -> type[nn.Module]:
@@ -129,6 +103,16 @@ def load_eager(model_file: Path, state_file: Path) -> nn.Module:
             f"{state_file.name!r} does not fit {cls.__name__}: {str(exc).splitlines()[0]}"
         ) from None
     return model.eval()
+
+
+def load_exported(path: Path) -> torch.export.ExportedProgram:
+    try:
+        with quiet():
+            return torch.export.load(str(path))
+    except Exception as exc:
+        raise ArchiveArgumentError(
+            f"{path.name!r} is not a torch.export program: {_one_line(exc)}"
+        ) from None
 
 
 def load_torchscript(path: Path) -> torch.jit.ScriptModule:
@@ -191,7 +175,14 @@ def with_cast(model: nn.Module, precision: str) -> nn.Module:
     return (_Half if precision == "fp16" else _BFloat16)(model).eval()
 
 
-def locate_failure(model: nn.Module, example: torch.Tensor, what: str) -> None:
+def positional(example: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A model's positional inputs: one tensor, or a tuple of them (multi-input models)."""
+    return example if isinstance(example, tuple) else (example,)
+
+
+def locate_failure(
+    model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...], what: str
+) -> None:
     """Run ``model`` eagerly; on failure raise ConversionError naming the innermost layer."""
     stack: list[str] = []
     failed: list[str] = []
@@ -207,7 +198,7 @@ def locate_failure(model: nn.Module, example: torch.Tensor, what: str) -> None:
     handles += [m.register_forward_hook(post) for m in model.modules()]
     try:
         with torch.inference_mode(), quiet():
-            model(example)
+            model(*positional(example))
     except Exception as exc:
         failed = stack[-1:] or ["<model>"]
         layer = failed[0] or "<model>"
@@ -221,10 +212,12 @@ def locate_failure(model: nn.Module, example: torch.Tensor, what: str) -> None:
             h.remove()
 
 
-def trace(model: nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+def trace(
+    model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...]
+) -> torch.jit.ScriptModule:
     try:
         with torch.no_grad(), quiet():
-            return torch.jit.trace(model, (example,), check_trace=False)
+            return torch.jit.trace(model, positional(example), check_trace=False)
     except Exception as exc:
         raise ConversionError(f"torch.jit.trace failed: {_one_line(exc)}") from None
 
@@ -253,15 +246,19 @@ def freeze(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
         raise ConversionError(f"--optimize: torch.jit.freeze failed: {_one_line(exc)}") from None
 
 
-def export(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
-    """torch.export with a dynamic batch dimension, in eval and no-grad mode."""
-    if example.shape[0] < 2:
+def export(
+    model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...]
+) -> torch.export.ExportedProgram:
+    """torch.export with a dynamic batch dimension (shared by every input), in eval and no-grad
+    mode."""
+    args = positional(example)
+    if args[0].shape[0] < 2:
         # A batch of 1 would be specialized (0/1 specialization); export with 2 rows instead.
-        example = torch.cat([example, example])
+        args = tuple(torch.cat([t, t]) for t in args)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     try:
         with torch.no_grad(), quiet():
-            return torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+            return torch.export.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args))
     except Exception as exc:
         raise ConversionError(
             f"torch.export failed (try --convert torchscript-trace): {_one_line(exc)}"
@@ -279,10 +276,6 @@ def save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
 
 def save_state_dict(model: nn.Module, path: Path) -> None:
     torch.save(model.state_dict(), path)
-
-
-def save_example(example: torch.Tensor, path: Path) -> None:
-    np.save(path, example.numpy(), allow_pickle=False)
 
 
 def _one_line(exc: BaseException) -> str:

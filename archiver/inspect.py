@@ -73,11 +73,17 @@ def render(info: dict[str, Any], manifest: Manifest) -> str:
             f"format:     {tb.format}, precision {tb.precision}"
             + (", optimized (frozen TorchScript)" if tb.optimized else "")
         )
-        if tb.example_input:
+        if tb.example_input and tb.input_shape is not None:
             lines.append(
                 f"example:    {tb.example_input} (per-sample shape {tb.input_shape}, "
                 f"{tb.input_dtype})"
             )
+        elif tb.example_input:
+            lines.append(f"example:    {tb.example_input} (one array per input, by name)")
+        for label, specs in (("inputs", tb.inputs), ("outputs", tb.outputs)):
+            if specs:
+                text = ", ".join(f"{s.name} {s.datatype} {s.shape}" for s in specs)
+                lines.append(f"{label + ':':<12}{text}")
         if tb.parity is None:
             lines.append("parity:     not checked (no example input)")
         else:

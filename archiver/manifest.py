@@ -7,7 +7,7 @@ too; unknown fields are kept so a manifest round-trips unchanged.
      "model": {"modelName", "modelVersion", "serializedFile"?, "handler", "modelFile"?,
                "configFile"?, "requirementsFile"?, "extensions"?},
      "torchbay": {"format", "precision", "files": {relpath: sha256}, "parity", "example_input",
-                  "input_shape", "input_dtype", "archiver_version"}?}
+                  "input_shape", "input_dtype", "inputs"?, "outputs"?, "archiver_version"}?}
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from torchbay.archiver.errors import CorruptArchiveError, ManifestError
+from torchbay.archiver.signature import TensorSpec
 
 MANIFEST_PATH = "MAR-INF/MANIFEST.json"
 CREATED_ON_FORMAT = "%d/%m/%Y %H:%M:%S"
@@ -152,6 +153,9 @@ class TorchbayInfo(BaseModel):
     example_input: str | None = None
     input_shape: list[int] | None = None
     input_dtype: str = "float32"
+    # The tensor signature (archiver/signature.py), recorded from the example input and a trace.
+    inputs: list[TensorSpec] | None = None
+    outputs: list[TensorSpec] | None = None
     # TorchScript frozen by --optimize; the loader should run torch.jit.optimize_for_inference
     # (its MKLDNN-prepacked constants cannot be serialized, so that pass runs at load time).
     optimized: bool = False

@@ -3,7 +3,8 @@
 ``package(options)`` stages every file in a temporary folder (basenames at the root, as
 torch-model-archiver does), converts the model when asked, runs the parity check on the packed
 model loaded exactly as a worker loads it, hashes every file into the manifest and writes the
-archive (``<name>.mar`` deflated or stored, ``<name>.tar.gz``, or a ``<name>/`` folder) atomically.
+archive (``<name>.mar`` deflated or stored, ``<name>.tar.gz``, or a ``<name>/`` folder) atomically
+(``write.py``).
 This module imports torch only inside ``package`` and only when a model must be loaded.
 """
 
@@ -11,13 +12,9 @@ from __future__ import annotations
 
 import filecmp
 import glob
-import io
 import os
-import shutil
-import tarfile
 import tempfile
 import zipfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,10 +22,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from torchbay import __version__
-from torchbay.archiver.errors import ArchiveArgumentError, ArchiveError
+from torchbay.archiver.errors import ArchiveArgumentError
 from torchbay.archiver.extract import sha256_file
 from torchbay.archiver.manifest import (
-    MANIFEST_PATH,
     MODEL_NAME_RE,
     Format,
     Manifest,
@@ -40,11 +36,11 @@ from torchbay.archiver.manifest import (
     is_valid_model_name,
     is_valid_model_version,
 )
+from torchbay.archiver.write import ArchiveFormat, write_archive
 
 BUILTIN_HANDLERS = ("tensor", "base", "image_classifier", "text_classifier")
 # Handlers given as an importable module path are not copied in (resolved by the worker).
 _MODULE_HANDLER_PREFIXES = ("torchbay.handlers.", "ts.torch_handler.")
-ArchiveFormat = Literal["default", "zip-store", "no-archive", "tgz"]
 Convert = Literal["none", "torchscript-trace", "torchscript-script", "export"]
 EXAMPLE_NAME = "example_input.npy"
 _SKIP_DIRS = {"__pycache__", "__MACOSX"}
@@ -257,7 +253,7 @@ def package(options: ArchiveOptions) -> Path:
 
     with tempfile.TemporaryDirectory(prefix="torchbay-archive-") as tmp:
         stage = _Stage(Path(tmp))
-        serialized_name, packed_model_file, parity, example = _model_files(
+        serialized_name, packed_model_file, parity, recorded = _model_files(
             options, stage, source, target, serialized, model_file
         )
         if handler_file is not None:
@@ -276,7 +272,7 @@ def package(options: ArchiveOptions) -> Path:
             target,
             files,
             parity,
-            example,
+            recorded,
         )
         write_archive(options.archive_format, out, stage.files, manifest, options.model_name)
     return out
@@ -289,10 +285,11 @@ def _model_files(
     target: Format,
     serialized: Path | None,
     model_file: Path | None,
-) -> tuple[str | None, str | None, Parity | None, Any]:
+) -> tuple[str | None, str | None, Parity | None, dict[str, Any] | None]:
     """Stage the serialized model (converted if asked) and the model file; run the parity check.
 
-    Returns (serializedFile, modelFile, parity, example tensor or None).
+    Returns (serializedFile, modelFile, parity, the manifest fields recorded from the example:
+    example file, signature, legacy input_shape/input_dtype; or None).
     """
     transforms = options.convert != "none" or options.precision != "fp32" or options.optimize
     if serialized is None:
@@ -316,7 +313,7 @@ def _manifest(
     target: Format,
     files: dict[str, str],
     parity: Parity | None,
-    example: Any,
+    recorded: dict[str, Any] | None,
 ) -> Manifest:
     model = ModelInfo(
         model_name=options.model_name,
@@ -334,11 +331,9 @@ def _manifest(
         precision=options.precision,
         files=files,
         parity=parity,
-        example_input=EXAMPLE_NAME if example is not None else None,
-        input_shape=list(example.shape[1:]) if example is not None else None,
-        input_dtype=str(example.dtype).removeprefix("torch.") if example is not None else "float32",
         optimized=options.optimize,
         archiver_version=__version__,
+        **(recorded or {}),  # the example file, the signature and the legacy input fields
     )
     return Manifest(
         runtime=options.runtime,
@@ -359,47 +354,3 @@ def default_tolerance(options: ArchiveOptions) -> Tolerance:
     if options.min_top1_agreement is not None:
         update["min_top1_agreement"] = options.min_top1_agreement
     return base.model_copy(update=update)
-
-
-def write_archive(
-    fmt: ArchiveFormat, out: Path, files: Mapping[str, Path], manifest: Manifest, name: str
-) -> None:
-    """Write ``files`` (archive name -> source path) and ``manifest`` as an archive of format
-    ``fmt`` next to ``out``, then move it into place (never a half-written archive). ``name`` is
-    the model name (the top folder of a tgz)."""
-    manifest_bytes = manifest.to_json().encode()
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
-    try:
-        if fmt == "no-archive":
-            target = tmp_dir / name
-            for arcname, src in files.items():
-                dst = target / arcname
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
-            (target / "MAR-INF").mkdir(parents=True, exist_ok=True)
-            (target / MANIFEST_PATH).write_bytes(manifest_bytes)
-            if out.exists():
-                shutil.rmtree(out) if out.is_dir() else out.unlink()
-            os.replace(target, out)
-            return
-        target = tmp_dir / out.name
-        if fmt == "tgz":
-            with tarfile.open(target, "w:gz") as tf:
-                for arcname, src in sorted(files.items()):
-                    tf.add(src, arcname=f"{name}/{arcname}", recursive=False)
-                info = tarfile.TarInfo(f"{name}/{MANIFEST_PATH}")
-                info.size = len(manifest_bytes)
-                tf.addfile(info, io.BytesIO(manifest_bytes))
-        else:
-            mode = zipfile.ZIP_STORED if fmt == "zip-store" else zipfile.ZIP_DEFLATED
-            with zipfile.ZipFile(target, "w", mode) as zf:
-                for arcname, src in sorted(files.items()):
-                    zf.write(src, arcname)
-                zf.writestr(MANIFEST_PATH, manifest_bytes)
-        if out.is_dir():
-            shutil.rmtree(out)
-        os.replace(target, out)
-    except OSError as exc:
-        raise ArchiveError(f"cannot write {out}: {exc}") from None
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -65,16 +65,23 @@ def measure(reference: Any, packed: Any) -> tuple[float, float, float | None]:
     return max_abs, max_rel, top1
 
 
+def _rows(x: Any) -> int:
+    """The batch size of one input: a tensor, or anything with ``tensors`` (several inputs)."""
+    first = x if isinstance(x, torch.Tensor) else x.tensors[0]
+    return int(first.shape[0])
+
+
 def check(
-    run_reference: Callable[[torch.Tensor], Any],
-    run_packed: Callable[[torch.Tensor], Any],
-    inputs: list[torch.Tensor],
+    run_reference: Callable[[Any], Any],
+    run_packed: Callable[[Any], Any],
+    inputs: list[Any],
     tolerance: Tolerance,
     *,
     allow_drift: bool,
     what: str,
 ) -> Parity:
-    """Compare both models on every input; ParityError past tolerance unless ``allow_drift``."""
+    """Compare both models on every input (a tensor, or an ``Example`` of several for
+    multi-input models); ParityError past tolerance unless ``allow_drift``."""
     max_abs, max_rel, agree, rows = 0.0, 0.0, 0.0, 0
     top1_seen = False
     for x in inputs:
@@ -84,15 +91,15 @@ def check(
                 out = run_packed(x)
             except Exception as exc:
                 raise ConversionError(
-                    f"the packed model fails on a batch of {x.shape[0]}: "
+                    f"the packed model fails on a batch of {_rows(x)}: "
                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
                 ) from None
         a, r, t = measure(ref, out)
         max_abs, max_rel = max(max_abs, a), max(max_rel, r)
         if t is not None:
             top1_seen = True
-            agree += t * x.shape[0]
-            rows += x.shape[0]
+            agree += t * _rows(x)
+            rows += _rows(x)
     top1 = agree / rows if top1_seen and rows else None
     problems = _problems(max_abs, max_rel, top1, tolerance)
     parity = Parity(

@@ -98,6 +98,11 @@ def _example_request(model_dir: Path, manifest: Manifest, handler: str, ctype: s
         raise ArchiveArgumentError(
             "the archive stores no example input: pass --input FILE (e.g. an image)"
         )
+    if tb.example_input.endswith(".npz"):
+        raise ArchiveArgumentError(
+            "the stored example has several inputs: pass --input FILE (e.g. an OIP v2 JSON "
+            "request with --content-type application/json)"
+        )
     if handler not in _TENSOR_HANDLERS:
         raise ArchiveArgumentError(
             f"handler {handler!r} takes its own input format: pass --input FILE "

@@ -63,7 +63,7 @@ def apply_settings(archive: str | Path, settings: ModelSettings) -> Path:
     original to ``backup_path(archive)``; returns the backup's path.
     Raises BenchError (or the archiver's ArchiveError) when it cannot be read or written."""
     from torchbay.archiver.extract import extract_archive, sha256_file
-    from torchbay.archiver.package import write_archive
+    from torchbay.archiver.write import write_archive
 
     archive = Path(archive)
     fmt = _archive_format(archive)

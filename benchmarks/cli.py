@@ -1,4 +1,4 @@
-"""``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a file).
+"""``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a suite).
 
 Importable without torch: every verb imports its core lazily.
 """
@@ -56,7 +56,12 @@ def register(subparsers: Any) -> None:
     )
     verbs = bench.add_subparsers(dest="bench_verb", metavar="COMMAND")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+    _add_run(verbs)
+    _add_sla(verbs)
+    _add_scenario(verbs)
 
+
+def _add_run(verbs: Any) -> None:
     run = verbs.add_parser("run", help="one load test (closed or open loop)")
     where = run.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server's inference base URL, http://host:port")
@@ -92,6 +97,8 @@ def register(subparsers: Any) -> None:
     _add_load_args(run)
     run.set_defaults(func=run_run)
 
+
+def _add_sla(verbs: Any) -> None:
     sla = verbs.add_parser("sla", help="find the configuration with the most traffic under a p99")
     sla.add_argument("--archive", type=Path, required=True)
     sla.add_argument("--sla-p99-ms", type=float, required=True)
@@ -133,10 +140,14 @@ def register(subparsers: Any) -> None:
     _add_load_args(sla)
     sla.set_defaults(func=run_sla)
 
-    scen = verbs.add_parser("scenario", help="run a scenario file (benchmarks/scenarios/*.yaml)")
-    scen.add_argument("file", help="a YAML file, or the name of a bundled one (tiny, cnn, digits)")
+
+def _add_scenario(verbs: Any) -> None:
+    scen = verbs.add_parser(
+        "scenario", help="run a scenario suite (benchmarks/scenarios.py: tiny, cnn, digits)"
+    )
+    scen.add_argument("name", help="the suite: tiny, cnn or digits")
     scen.add_argument("--out", type=Path, default=None, help="work folder (default benchmarks/out)")
-    scen.add_argument("--sla", action="store_true", help="also run the file's SLA search")
+    scen.add_argument("--sla", action="store_true", help="also run the suite's SLA search")
     scen.add_argument("--duration", type=float, metavar="S", help="override every run's duration")
     scen.add_argument("--warmup", type=float, metavar="S", help="override every run's warm-up")
     scen.add_argument("--json", action="store_true")
@@ -180,11 +191,11 @@ def run_sla(args: argparse.Namespace) -> int:
 
 
 def run_scenario(args: argparse.Namespace) -> int:
-    from torchbay.benchmarks.scenario_files import load_scenario, run_scenario_file
+    from torchbay.benchmarks.scenarios import find_suite
+    from torchbay.benchmarks.suites import run_suite
 
-    scenario = load_scenario(args.file)
-    outcome = run_scenario_file(
-        scenario,
+    outcome = run_suite(
+        find_suite(args.name),
         args.out,
         log=lambda s: print(s, file=sys.stderr, flush=True),
         with_sla=args.sla,

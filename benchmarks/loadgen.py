@@ -1,5 +1,6 @@
 """The load generator: N spawned processes, each one asyncio loop with keep-alive connections
-(the plan, its split over processes and the merged result are in ``loadplan.py``).
+(the plan, its split over processes and the merged result are in ``loadplan.py``; one
+connection and the per-process recorder in ``loadconn.py``).
 
 Closed loop (``concurrency``): each connection sends, waits for the answer, sends again; latency is
 measured from the actual send. Open loop (``rate``): requests are scheduled at fixed times
@@ -25,7 +26,6 @@ more processes (``--procs``) only on machines with spare cores.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import itertools
@@ -33,13 +33,14 @@ import math
 import multiprocessing
 import resource
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser
+from torchbay.benchmarks.httpwire import HttpParseError
+from torchbay.benchmarks.loadconn import Conn, Recorder
 from torchbay.benchmarks.loadplan import (
     CONN_ERROR,
     TIMEOUT,
@@ -63,102 +64,6 @@ _PROGRESS_EVERY_S = 0.25
 # -- inside a generator process -------------------------------------------------------------
 
 
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection; ``roundtrip`` sends a request and awaits its status."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.parser = ResponseParser()
-        self.waiter: asyncio.Future | None = None
-        self.open = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.open = True
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            responses = self.parser.feed(data)
-        except HttpParseError as exc:
-            self._fail(exc)
-            return
-        for status, _size, keep_alive in responses:
-            if not keep_alive:
-                self.open = False
-            waiter, self.waiter = self.waiter, None
-            if waiter is not None and not waiter.done():
-                waiter.set_result(status)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.open = False
-        try:
-            last = self.parser.feed_eof()
-        except HttpParseError as err:
-            self._fail(err)
-            return
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            if last is not None:
-                waiter.set_result(last[0])
-            else:
-                waiter.set_exception(ConnectionError("connection closed"))
-
-    def _fail(self, exc: Exception) -> None:
-        self.open = False
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        if self.transport is not None:
-            self.transport.abort()
-
-    async def roundtrip(self, request: bytes) -> int:
-        self.waiter = self.loop.create_future()
-        assert self.transport is not None
-        self.transport.write(request)
-        return await self.waiter
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-class _Recorder:
-    """Collects one process's measurements for requests started inside the window."""
-
-    def __init__(self, window_start: float) -> None:
-        self.window_start = window_start
-        self.latency = array.array("d")
-        self.service = array.array("d")
-        self.lag = array.array("d")
-        self.statuses: Counter[str] = Counter()
-        self.completed = 0
-        self.sent = 0
-        self.first_sent = math.inf
-        self.last_done = 0.0
-
-    def record(self, scheduled: float | None, sent: float, done: float, status: str) -> None:
-        self.completed += 1
-        start = sent if scheduled is None else scheduled
-        if start < self.window_start:
-            return  # warm-up
-        self.statuses[status] += 1
-        if status in (CONN_ERROR, TIMEOUT):
-            return
-        # Timed from the schedule, so a late send counts its wait (no coordinated omission); a
-        # request that left early is timed from its actual send (never flatter than real).
-        self.latency.append(done - min(start, sent))
-        self.service.append(done - sent)
-        if scheduled is not None:
-            self.lag.append(max(0.0, sent - scheduled))
-        self.last_done = max(self.last_done, done)
-
-    def count_sent(self, start: float) -> None:
-        if start >= self.window_start:
-            self.sent += 1
-            self.first_sent = min(self.first_sent, start)
-
-
 class _Runner:
     """Runs one share of a plan on this process's event loop."""
 
@@ -170,18 +75,18 @@ class _Runner:
         self.end = math.inf if plan.duration_s is None else self.window_start + plan.duration_s
         self.requests = plan.target.requests()
         self.cycle = itertools.cycle(range(len(self.requests)))
-        self.rec = _Recorder(self.window_start)
+        self.rec = Recorder(self.window_start)
         self.budget = share.requests
         self.capped = False
-        self.conns: list[_Conn] = []
+        self.conns: list[Conn] = []
         self.inflight = 0
         self.last_activity = start_at
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self) -> Conn:
         loop = asyncio.get_running_loop()
         target = self.plan.target
         _transport, conn = await loop.create_connection(
-            lambda: _Conn(loop), target.host, target.port
+            lambda: Conn(loop), target.host, target.port
         )
         self.conns.append(conn)
         return conn
@@ -195,7 +100,7 @@ class _Runner:
         self.budget -= 1
         return True
 
-    async def _one(self, conn: _Conn | None, scheduled: float | None) -> _Conn | None:
+    async def _one(self, conn: Conn | None, scheduled: float | None) -> Conn | None:
         """Send one request (reconnecting if needed) and record it; returns the connection to
         reuse, or None after a failure."""
         sent = time.monotonic()
@@ -222,7 +127,7 @@ class _Runner:
         self.rec.record(scheduled, sent, done, status)
 
     async def _closed_worker(self) -> None:
-        conn: _Conn | None = None
+        conn: Conn | None = None
         while True:
             now = time.monotonic()
             if now >= self.end or not self._take_budget(now):
@@ -233,7 +138,7 @@ class _Runner:
 
     async def _open_worker(self, queue: deque[float]) -> None:
         loop = asyncio.get_running_loop()
-        conn: _Conn | None = None
+        conn: Conn | None = None
         while True:
             if queue:
                 conn = await self._one(conn, queue.popleft())

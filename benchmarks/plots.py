@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from torchbay.benchmarks.errors import BenchError
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.sla import SlaResult
+    from torchbay.benchmarks.sla_model import SlaResult
 
 
 def _pyplot():

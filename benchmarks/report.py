@@ -73,10 +73,10 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def _row(name: str, scenario: Scenario | None, m: dict[str, float], per_run: str) -> list[str]:
     setup = (
-        f"c={scenario.concurrency} b={scenario.batch_size} d={scenario.max_batch_delay_ms}"
+        f"{scenario.load} b={scenario.batch_size} d={scenario.max_batch_delay_ms}"
         f" w={scenario.workers}"
         if scenario and scenario.server == "torchbay"
-        else (f"c={scenario.concurrency}" if scenario else "")
+        else (scenario.load if scenario else "")
     )
     return [
         name,

@@ -126,7 +126,7 @@ def run_scenario(
         endpoints = server.start()
         start_s = server.first_answer(path, body, settings.start_timeout_s)
         target = Target("127.0.0.1", endpoints.inference_port, path, (body,), _OCTETS)
-        plan = LoadPlan(target, "closed", scenario.concurrency, duration_s=settings.duration_s)
+        plan = _plan(scenario, target, settings.duration_s)
         if settings.warmup_s > 0:
             gen.run(dataclasses.replace(plan, duration_s=settings.warmup_s))
         before = procstat.cpu_snapshot(server.pid)
@@ -162,6 +162,14 @@ def run_scenario(
         ),
         log=str(server.log_path),
     )
+
+
+def _plan(scenario: Scenario, target: Target, duration_s: float) -> LoadPlan:
+    """The scenario's load: closed loop at its concurrency, or open loop at its rate."""
+    if scenario.rate is not None:
+        return LoadPlan(target, "open", rate=scenario.rate, arrival=scenario.arrival,
+                        duration_s=duration_s)  # fmt: skip
+    return LoadPlan(target, "closed", scenario.concurrency or 1, duration_s=duration_s)
 
 
 def run_inprocess(assets: Assets, settings: RunSettings) -> dict[str, dict[int, float]]:

@@ -1,9 +1,16 @@
-"""The reference scenarios of issue 3 and the targets that compare them within one run.
+"""Every benchmark scenario, in one description: the reference scenarios of issue 3 and the
+targets that compare them within one run, and the suites ``torchbay bench scenario NAME`` runs.
 
 A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, or
-``torchbay serve``), a reference model, the load (concurrency) and, for torchbay, the batching
-and worker settings. A :class:`Target` compares two scenarios' medians (a ratio) or bounds one
-scenario's metric; ``runner.py`` runs scenarios and ``report.py`` evaluates the targets.
+``torchbay serve``), a model, the load (closed loop at ``concurrency`` connections, or open loop
+at ``rate``) and, for torchbay, the batching and worker settings. A :class:`Target` compares two
+scenarios' medians (a ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and
+``report.py`` evaluates the targets (``python -m torchbay.benchmarks.run_scenarios``).
+
+A :class:`Suite` is one archive (a reference model, or one a script builds), its request bodies,
+torchbay scenarios to run against it one server each, and an SLA search (``--sla``):
+``torchbay bench scenario tiny`` (``suites.py`` runs them). Suites reuse the reference scenarios
+where they measure the same thing.
 """
 
 from __future__ import annotations
@@ -11,10 +18,13 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
+
+if TYPE_CHECKING:
+    from torchbay.benchmarks.stats import Arrival
 
 ServerKind = Literal["echo", "naive", "torchbay"]
 Metric = Literal["req_per_s", "p50_ms", "p90_ms", "p99_ms", "frontend_rss_mb", "start_s"]
@@ -22,18 +32,34 @@ Metric = Literal["req_per_s", "p50_ms", "p90_ms", "p99_ms", "frontend_rss_mb", "
 
 @dataclass(frozen=True)
 class Scenario:
-    """One server under one closed-loop load. Batching fields apply to torchbay only."""
+    """One server under one load: a closed loop at ``concurrency`` connections, or (``rate`` set,
+    ``concurrency`` None) an open loop at ``rate`` requests/s. Batching applies to torchbay only."""
 
     name: str
     server: ServerKind
     model: str
-    concurrency: int
+    concurrency: int | None
     batch_size: int = 1
     max_batch_delay_ms: int = 0
     workers: int = 1
     tags: tuple[str, ...] = ()
     about: str = ""
     server_args: tuple[str, ...] = ()  # extra `torchbay serve` flags
+    rate: float | None = None
+    arrival: Arrival = "constant"
+
+    def __post_init__(self) -> None:
+        closed = self.concurrency is not None and self.concurrency >= 1
+        if closed == (self.rate is not None and self.rate > 0):
+            raise ValueError(
+                f"scenario {self.name}: give exactly one of concurrency >= 1 (closed loop) "
+                "or rate > 0 (open loop)"
+            )
+
+    @property
+    def load(self) -> str:
+        """``c=16`` (closed loop) or ``r=2000 poisson`` (open loop)."""
+        return f"c={self.concurrency}" if self.rate is None else f"r={self.rate:g} {self.arrival}"
 
     def matches(self, pattern: str) -> bool:
         """True if ``pattern`` is this scenario's name (glob allowed), its server or a tag."""
@@ -137,6 +163,112 @@ TARGETS: tuple[Target, ...] = (
     Target("d-rss", "frontend RSS (MB), tiny", "tb-tiny-c16-b8-w1", "frontend_rss_mb", 100.0),
     Target("d-start", "start to first answer (s), tiny", "tb-tiny-c16-b8-w1", "start_s", 1.5),
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What ``torchbay bench scenario NAME`` runs: torchbay scenarios on one archive (a fresh
+    server each, ``duration_s`` measured after ``warmup_s``) and, with ``--sla``, an SLA search.
+
+    The archive is the reference model of the runs (``models.py``, packed with ``handler_raw.py``)
+    unless ``archive`` is given; ``script`` builds it and the ``inputs`` when they are missing.
+    Paths are relative to the repository root. ``sla`` holds :class:`SlaOptions` fields."""
+
+    name: str
+    about: str
+    runs: tuple[Scenario, ...]
+    sla: dict[str, Any] = field(default_factory=dict, compare=False)
+    duration_s: float = 20.0
+    warmup_s: float = 5.0
+    archive: str | None = None
+    script: str | None = None
+    inputs: tuple[str, ...] = ()
+    content_type: str | None = None
+
+    def __post_init__(self) -> None:
+        models = {run.model for run in self.runs}
+        if len(models) != 1:
+            raise ValueError(f"suite {self.name}: its runs must share one model, not {models}")
+        for run in self.runs:
+            if run.server != "torchbay" or run.server_args:
+                raise ValueError(f"suite {self.name}: {run.name} is not a plain torchbay run")
+
+    @property
+    def model(self) -> str:
+        return self.runs[0].model
+
+
+def _reference(*names: str) -> tuple[Scenario, ...]:
+    """The reference scenarios called ``names`` (the same objects: one description each)."""
+    by_name = {s.name: s for s in SCENARIOS}
+    return tuple(by_name[name] for name in names)
+
+
+def _sla(
+    p99_ms: float,
+    batch_sizes: tuple[int, ...],
+    max_delays_ms: tuple[float, ...],
+    workers: tuple[int, ...],
+) -> dict[str, Any]:
+    """A suite's SLA search: the p99 bound and the grid (``SlaOptions`` fields)."""
+    return {"sla_p99_ms": p99_ms, "batch_sizes": list(batch_sizes),
+            "max_delays_ms": list(max_delays_ms), "workers": list(workers)}  # fmt: skip
+
+
+SUITES: tuple[Suite, ...] = (
+    Suite(
+        "tiny",
+        "the baseline's tiny model: Linear(64,256)-ReLU-Linear(256,10), TorchScript, raw float32 "
+        "bodies (256 bytes); overhead-bound, it measures the server, not the model",
+        runs=(
+            *_reference("tb-tiny-c16-b8-w1"),  # TorchServe 5,693-5,759 req/s with 1 worker
+            Scenario("tb-tiny-c16-b8-w2", "torchbay", "tiny", 16, 8, 5, 2, tags=("tiny",)),
+            Scenario("tb-tiny-r2000-b8-w1", "torchbay", "tiny", None, 8, 5, 1, tags=("tiny",),
+                     rate=2000.0, arrival="poisson"),
+        ),
+        sla=_sla(10, batch_sizes=(1, 8, 16), max_delays_ms=(1, 5), workers=(1, 2)),
+    ),
+    Suite(
+        "cnn",
+        "the baseline's cnn: a small ResNet (~309k parameters), 3x64x64 float32 bodies (49,152 "
+        "bytes), ~6.4 ms per image on one core; compute-bound, batching does not make it cheaper "
+        "(TorchServe: 128, 51 (waits out the delay) and 233 req/s, p99 67 ms)",
+        runs=_reference("tb-cnn-c1-b1-w1", "tb-cnn-c1-b8-w1", "tb-cnn-c10-b1-w2"),
+        sla=_sla(100, batch_sizes=(1, 4, 8), max_delays_ms=(2, 10), workers=(1, 2)),
+    ),
+    Suite(
+        "digits",
+        "the digits example: an 8x8 grayscale CNN behind the image_classifier handler, PNG "
+        "bodies; examples/digits/build.py trains, archives and verifies it when missing",
+        runs=(
+            Scenario("tb-digits-c8-b4-w1", "torchbay", "digits", 8, 4, 5, 1, tags=("digits",)),
+            Scenario("tb-digits-r200-b4-w1", "torchbay", "digits", None, 4, 5, 1,
+                     tags=("digits",), rate=200.0, arrival="poisson"),
+        ),
+        sla=_sla(100, batch_sizes=(1, 2, 4, 8, 16), max_delays_ms=(2, 5, 10), workers=(1, 2)),
+        duration_s=10.0,
+        warmup_s=3.0,
+        archive="examples/digits/out/model_store/digits.mar",
+        script="examples/digits/build.py",
+        inputs=(
+            "examples/digits/out/sample_0.png",
+            "examples/digits/out/sample_3.png",
+            "examples/digits/out/sample_7.png",
+        ),
+    ),
+)  # fmt: skip
+
+
+def suite_names() -> list[str]:
+    return [suite.name for suite in SUITES]
+
+
+def find_suite(name: str) -> Suite:
+    """The suite called ``name``; raises BenchError naming the known ones."""
+    for suite in SUITES:
+        if suite.name == name:
+            return suite
+    raise BenchError(f"no scenario suite {name!r}; known: {', '.join(suite_names())}")
 
 
 def select(

@@ -19,7 +19,7 @@ from torchbay.benchmarks.procstat import describe_machine, machine_info
 from torchbay.benchmarks.report import markdown_table, num
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.sla import Outcome, SlaResult, Step
+    from torchbay.benchmarks.sla_model import Outcome, SlaResult, Step
 
 CSV_COLUMNS = (
     "config",
@@ -112,70 +112,94 @@ def _outcome_cells(oc: Outcome) -> list[str]:
 
 
 def render_markdown(result: SlaResult, command: str | None = None) -> str:
-    o = result.options
-    m = machine_info()
+    configurations = [_outcome_cells(oc) for oc in result.outcomes]
     lines = [
-        f"# SLA search: {result.model} (p99 <= {o.sla_p99_ms:g} ms)",
+        *_head_lines(result, command),
+        *_winner_lines(result),
+        *_repeat_lines(result),
+        "",
+        "## All configurations",
+        "",
+        markdown_table(CONFIG_HEADER, configurations, "-::::::::::--"),
+        *_method_lines(result),
+        "",
+        "## Files",
+        "",
+        "- `results.csv`: every step (probe, ramp, bisect, repeat)",
+        "- `result.json`: the same, machine-readable",
+        "- ![latency against throughput](latency_vs_throughput.png)",
+        "- ![best throughput under the SLA](best_throughput.png)",
         "",
     ]
+    return "\n".join(lines)
+
+
+def _head_lines(result: SlaResult, command: str | None) -> list[str]:
+    o = result.options
+    lines = [f"# SLA search: {result.model} (p99 <= {o.sla_p99_ms:g} ms)", ""]
     if command:
         lines += ["```", command, "```", ""]
-    lines += [
+    return [
+        *lines,
         f"- archive: `{o.archive}` (model {result.model}, version {result.version})",
         f"- inputs: {', '.join(f'`{p}`' for p in o.inputs)}; route: {o.protocol}",
         f"- grid: batch sizes {list(o.batch_sizes)}, max delays (ms) {list(o.max_delays_ms)}, "
         f"workers {list(o.workers)}",
-        f"- machine: {describe_machine(m)}",
+        f"- machine: {describe_machine(machine_info())}",
         f"- search took {result.elapsed_s:.0f} s; load generator: {o.processes} process(es), "
         f"{o.arrival} arrivals, {o.step_s:g} s steps after {o.step_warmup_s:g} s warm-up",
-        "",
-        "## Winner",
-        "",
     ]
+
+
+def _winner_lines(result: SlaResult) -> list[str]:
+    lines = ["", "## Winner", ""]
     if result.winner is None:
-        lines.append("No configuration met the SLA at any tested load.")
-    else:
-        w = result.winner
-        best = w.best_step
-        assert best is not None
+        return [*lines, "No configuration met the SLA at any tested load."]
+    w = result.winner
+    best = w.best_step
+    assert best is not None
+    lines.append(
+        f"**{w.label}**: batch size {w.config.batch_size}, max batch delay "
+        f"{w.config.max_batch_delay_ms:g} ms, {w.config.workers} worker(s): "
+        f"**{w.best_rate:,.1f} req/s** offered ({best.result.ok_per_s:,.1f} ok/s measured) "
+        f"with p99 {best.result.latency.p99_ms:.2f} ms."
+    )
+    if result.runner_up is not None:
+        r = result.runner_up
+        lines.append(f"Runner-up: {r.label} at {r.best_rate:,.1f} req/s.")
+    if result.swapped:
         lines.append(
-            f"**{w.label}**: batch size {w.config.batch_size}, max batch delay "
-            f"{w.config.max_batch_delay_ms:g} ms, {w.config.workers} worker(s): "
-            f"**{w.best_rate:,.1f} req/s** offered ({best.result.ok_per_s:,.1f} ok/s measured) "
-            f"with p99 {best.result.latency.p99_ms:.2f} ms."
+            f"(The search's first pick, {result.runner_up.label if result.runner_up else '-'}, "
+            "held the SLA in fewer of its repeats than this one, so the repeats decided.)"
         )
-        if result.runner_up is not None:
-            r = result.runner_up
-            lines.append(f"Runner-up: {r.label} at {r.best_rate:,.1f} req/s.")
-        if result.swapped:
-            lines.append(
-                f"(The search's first pick, {result.runner_up.label if result.runner_up else '-'}, "
-                "held the SLA in fewer of its repeats than this one, so the repeats decided.)"
-            )
-        if result.applied:
-            lines.append(f"Applied to `{result.applied}` (model-config.yaml).")
-    lines += ["", "## Repeats (noise)", ""]
-    if result.repeats:
-        rows = [
-            [rep.label, f"{rep.rate:,.1f}", ", ".join(num(v, 2) for v in rep.p99_ms),
-             f"{num(rep.p99_spread_pct, 1)}%", ", ".join(num(v, 1) for v in rep.ok_per_s),
-             f"{num(rep.throughput_spread_pct, 1)}%", f"{sum(rep.passed)}/{len(rep.passed)}"]
-            for rep in result.repeats
-        ]  # fmt: skip
-        lines += [markdown_table(REPEAT_HEADER, rows, "-:-:-::"), "", _verdict(result)]
-    else:
-        lines.append("No repeats were run.")
-    lines += ["", "## All configurations", ""]
-    rows = [_outcome_cells(oc) for oc in result.outcomes]
-    lines.append(markdown_table(CONFIG_HEADER, rows, "-::::::::::--"))
-    searched = sum(1 for oc in result.outcomes if oc.status in ("searched", "infeasible"))
-    lines += [
+    if result.applied:
+        lines.append(f"Applied to `{result.applied}` (model-config.yaml).")
+    return lines
+
+
+def _repeat_lines(result: SlaResult) -> list[str]:
+    lines = ["", "## Repeats (noise)", ""]
+    if not result.repeats:
+        return [*lines, "No repeats were run."]
+    rows = [
+        [rep.label, f"{rep.rate:,.1f}", ", ".join(num(v, 2) for v in rep.p99_ms),
+         f"{num(rep.p99_spread_pct, 1)}%", ", ".join(num(v, 1) for v in rep.ok_per_s),
+         f"{num(rep.throughput_spread_pct, 1)}%", f"{sum(rep.passed)}/{len(rep.passed)}"]
+        for rep in result.repeats
+    ]  # fmt: skip
+    return [*lines, markdown_table(REPEAT_HEADER, rows, "-:-:-::"), "", _verdict(result)]
+
+
+def _method_lines(result: SlaResult) -> list[str]:
+    o = result.options
+    count = lambda *status: sum(1 for oc in result.outcomes if oc.status in status)  # noqa: E731
+    return [
         "",
         "## How it was found",
         "",
-        f"{len(result.outcomes)} configurations in the grid; {searched} searched, "
-        f"{sum(1 for oc in result.outcomes if oc.status == 'skipped')} skipped by the capacity "
-        f"bound, {sum(1 for oc in result.outcomes if oc.status == 'same-as')} identical to another "
+        f"{len(result.outcomes)} configurations in the grid; {count('searched', 'infeasible')} "
+        f"searched, {count('skipped')} skipped by the capacity "
+        f"bound, {count('same-as')} identical to another "
         "(batch size 1 ignores the delay).",
         "",
         "Each configuration was set live through the management API "
@@ -192,16 +216,7 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
         "omission). A configuration whose capacity (plus "
         f"{100 * o.bound_margin:g}% for probe noise) is below the best rate already found cannot "
         "win and was skipped (after a second probe, keeping the better capacity).",
-        "",
-        "## Files",
-        "",
-        "- `results.csv`: every step (probe, ramp, bisect, repeat)",
-        "- `result.json`: the same, machine-readable",
-        "- ![latency against throughput](latency_vs_throughput.png)",
-        "- ![best throughput under the SLA](best_throughput.png)",
-        "",
     ]
-    return "\n".join(lines)
 
 
 def _verdict(result: SlaResult) -> str:

@@ -1,8 +1,8 @@
 """Request decoding into TorchServe's input rows, and the Open Inference Protocol (v2) envelope.
 
-Torch-free. ``decode_request`` turns one request into TorchServe's row dict; ``parse_v2_request``
-validates an OIP inference request; ``v2_body`` / ``v2_response`` wrap a handler that does not
-speak v2 natively (like TorchServe's kservev2 envelope).
+Torch-free. ``decode_request`` turns one request into TorchServe's row dict; ``wrap_result`` wraps
+the result of a handler that does not speak v2 natively (like TorchServe's kservev2 envelope) as
+one OIP output (the OIP request and response codec: ``oip``, ``oip_binary``, ``oip_response``).
 
 JSON nesting is capped at ``MAX_JSON_DEPTH`` (128) levels, checked by a linear scan *before*
 ``json.loads`` recurses: a tensor needs one level per dimension (real ones have fewer than 10), and
@@ -13,7 +13,6 @@ value (flatten, torch.as_tensor, json.dumps of an echo) can overflow the stack. 
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 from urllib.parse import parse_qsl
@@ -169,65 +168,6 @@ def parse_multipart(body: bytes, boundary: str) -> dict[str, Any]:
 # -- Open Inference Protocol (KServe v2) -------------------------------------------------------
 
 
-def parse_v2_request(body: bytes) -> dict[str, Any]:
-    """Validate an OIP inference request; raises BadInput naming the offending field."""
-    request = decode_json(body)
-    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
-        raise BadInput("v2 request must be a JSON object with an 'inputs' list")
-    if not request["inputs"]:
-        raise BadInput("v2 request has no inputs")
-    if "id" in request and not isinstance(request["id"], str):
-        raise BadInput("v2 field 'id' must be a string")
-    _check_parameters(request, "v2 request")
-    for i, tensor in enumerate(request["inputs"]):
-        _check_input(tensor, i)
-    outputs = request.get("outputs")
-    if outputs is not None:
-        if not isinstance(outputs, list):
-            raise BadInput("v2 field 'outputs' must be a list of objects with a string 'name'")
-        for i, output in enumerate(outputs):
-            if not isinstance(output, dict) or not isinstance(output.get("name"), str):
-                raise BadInput(f"v2 field 'outputs[{i}].name' must be a string")
-            _check_parameters(output, f"v2 output {output['name']!r}")
-    return request
-
-
-def _check_parameters(obj: dict[str, Any], where: str) -> None:
-    if "parameters" in obj and not isinstance(obj["parameters"], (dict, type(None))):
-        raise BadInput(f"{where}: field 'parameters' must be an object")
-
-
-def _check_input(tensor: Any, i: int) -> None:
-    if not isinstance(tensor, dict):
-        raise BadInput(f"v2 input {i} is not an object")
-    missing = [k for k in ("name", "shape", "datatype", "data") if k not in tensor]
-    if missing:
-        raise BadInput(f"v2 input {i} lacks {missing}")
-    name = tensor["name"]
-    if not isinstance(name, str):
-        raise BadInput(f"v2 field 'inputs[{i}].name' must be a string")
-    datatype = tensor["datatype"]
-    if not isinstance(datatype, str) or datatype not in V2_DATATYPES:
-        raise BadInput(
-            f"v2 field 'inputs[{i}].datatype' of {name!r} must be one of {_V2_NAMES.split()}"
-        )
-    shape = tensor["shape"]
-    if not isinstance(shape, list) or not all(
-        type(d) is int and d >= 0
-        for d in shape  # bool is not a dimension
-    ):
-        raise BadInput(
-            f"v2 field 'inputs[{i}].shape' of {name!r} must be a list of non-negative integers"
-        )
-    data = tensor["data"]
-    if not isinstance(data, (list, str, int, float, bool)):
-        raise BadInput(f"v2 field 'inputs[{i}].data' of {name!r} must be a list or a scalar")
-    _check_parameters(tensor, f"v2 input {name!r}")
-    flat = flatten(data)
-    if len(flat) != math.prod(shape):
-        raise BadInput(f"v2 input {name!r}: {len(flat)} values do not fill shape {shape}")
-
-
 def flatten(data: Any) -> list[Any]:
     """Row-major flattening of nested JSON lists (iterative: no recursion however deep)."""
     if not isinstance(data, list):
@@ -245,39 +185,17 @@ def flatten(data: Any) -> list[Any]:
     return out
 
 
-def v2_body(request: dict[str, Any]) -> Any:
-    """What a non-v2 handler sees as ``body``: the first input's data, unwrapped when single."""
-    data = [_input_value(t) for t in request["inputs"]]
-    return data[0] if len(data) == 1 else data
-
-
-def _input_value(tensor: dict[str, Any]) -> Any:
-    flat = flatten(tensor["data"])
-    if tensor["datatype"] == "BYTES" and len(flat) == 1:
-        return flat[0]
-    return tensor["data"]
-
-
 def output_names(request: dict[str, Any]) -> list[str]:
     return [str(o["name"]) for o in request.get("outputs") or []]
 
 
-def v2_response(
-    outputs: list[dict[str, Any]], request: dict[str, Any], model_name: str, model_version: str
-) -> dict[str, Any]:
-    response: dict[str, Any] = {"model_name": model_name}
-    if model_version:
-        response["model_version"] = model_version
-    if "id" in request:
-        response["id"] = request["id"]
-    response["outputs"] = outputs
-    return response
-
-
-def wrap_result(result: Any, request: dict[str, Any]) -> list[dict[str, Any]]:
-    """A non-v2 handler's result for one request as a one-tensor OIP output list."""
+def wrap_result(
+    result: Any, request: dict[str, Any], default: str = "output0"
+) -> list[dict[str, Any]]:
+    """A non-v2 handler's result for one request as a one-tensor OIP output list, named as the
+    request asks, else ``default`` (the signature's first output, or output0)."""
     names = output_names(request)
-    name = names[0] if names else "output0"
+    name = names[0] if names else default
     if isinstance(result, bytes):
         result = result.decode("utf-8", "replace")
     if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):

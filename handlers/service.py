@@ -18,7 +18,10 @@ Isolation:
 Status classes, decided by exception type and where it was raised, never by message text:
 
 * 400: the body cannot be decoded or is invalid (bad JSON, JSON nested deeper than
-  ``envelopes.MAX_JSON_DEPTH``, malformed v2 or multipart, bad text encoding), or ``BadInput``;
+  ``envelopes.MAX_JSON_DEPTH``, malformed v2 or multipart, bad text encoding, an OIP request
+  that does not fit the model's signature: ``handlers/oip.py``), or ``BadInput``;
+  a ``Content-Encoding`` body is inflated first (``oip_encoding``: 415 unknown coding, 413 past
+  ``max_request_size``);
 * 413: a size limit is the cause: decoding ran out of memory (the built-in ``tensor`` handler
   also answers 413 when loading an .npy, or the model on an input alone, runs out of memory);
 * 422: a well-formed input the model cannot process: ``UnprocessableInput``, which the built-in
@@ -55,10 +58,11 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Protocol
 
-from . import envelopes
+from . import envelopes, oip, oip_response, oip_signature
 from .context import Context
 from .errors import HandlerError, HandlerLoadError, PredictionException, failure_message
 from .metrics import MetricsCache
+from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 from .responses import (
     FRAMING_HEADERS,
     Response,
@@ -146,6 +150,8 @@ class Service:
         device: str,
         model_name: str,
         model_version: str,
+        signature: Any = None,
+        max_request_size: int = DEFAULT_MAX_SIZE,
     ) -> None:
         self.context = context
         self.handler = resolved.instance
@@ -155,6 +161,8 @@ class Service:
         self.model_version = model_version
         self.native_v2 = bool(getattr(self.handler, "supports_v2", False))
         self.part_sink: PartSink = NullSink()  # the worker's socket: streamed parts (streaming.py)
+        self.signature = signature  # archiver.signature.Signature | None
+        self.max_request_size = max_request_size
 
     def predict(self, requests: Sequence[RequestLike]) -> BatchOutcome:
         """One Response per request, in order (see the module docstring for the error rules)."""
@@ -176,12 +184,15 @@ class Service:
 
     def _decode(self, request: RequestLike) -> _Job:
         if request.protocol == "v2":
-            oip = envelopes.parse_v2_request(request.body)
+            v2 = oip.parse_request(request.body, request.headers, self.max_request_size)
+            oip.check_signature(v2, self.signature)
             if self.native_v2:
-                return _Job(request, {"body": oip, "protocol": "v2"}, oip)
-            body = envelopes.v2_body(oip)
-            return _Job(request, {"body": body, "data": body}, oip)
-        row = envelopes.decode_request(request.body, request.content_type, request.query)
+                return _Job(request, {"body": v2, "protocol": "v2"}, v2)
+            body = oip.body_value(v2)
+            return _Job(request, {"body": body, "data": body}, v2)
+        encoding = request.headers.get("content-encoding")
+        raw = decode_content(request.body, encoding, self.max_request_size)
+        row = envelopes.decode_request(raw, request.content_type, request.query)
         return _Job(request, row, None)
 
     def _run_isolated(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response]:
@@ -263,6 +274,9 @@ class Service:
                 return error_response(500, "InvalidResponse", message, job.v2 is not None)
             content_type = headers.pop("content-type", None)
             return self._body(status, phrase, item, job, headers, content_type)
+        except PredictionException as exc:  # e.g. an unknown requested output (400)
+            code = error_status(exc.error_code)
+            return error_response(code, type(exc).__name__, exc.message, job.v2 is not None)
         except Exception as exc:  # an unencodable result fails its own request only
             logger.error("cannot encode the result of request %s", rid, exc_info=exc)
             message = f"The handler's result cannot be encoded ({type(exc).__name__}); "
@@ -297,11 +311,12 @@ class Service:
         if status >= 400 and item is None:
             return error_response(status, "PredictionException", phrase or "", v2 is not None)
         if v2 is not None and status < 400:
-            outputs = item if self.native_v2 else envelopes.wrap_result(item, v2)
-            if self.native_v2 and isinstance(item, dict) and "outputs" in item:
-                outputs = item["outputs"]
-            body = envelopes.v2_response(outputs, v2, self.model_name, self.model_version)
-            return Response(status, dumps(body), "application/json", headers)
+            labels = getattr(self.handler, "mapping", None)
+            model = (self.model_name, self.model_version, labels, self.signature)
+            body, ctype, more = oip_response.reply(
+                item, self.native_v2, v2, model, job.request.headers
+            )
+            return Response(status, body, ctype, {**headers, **more})
         if v2 is not None and isinstance(item, dict) and "message" in item:
             item = {**item, "error": item["message"]}
         if isinstance(item, (bytes, bytearray, memoryview)):
@@ -345,6 +360,7 @@ def load_service(
     limit_max_image_pixels: bool = True,
     model_name: str | None = None,
     model_version: str | None = None,
+    max_request_size: int = DEFAULT_MAX_SIZE,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
     from .loading import read_manifest
@@ -388,8 +404,9 @@ def load_service(
         logger.error("handler %r failed to initialize", spec, exc_info=True)
         raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}") from exc
     device = _device_of(resolved.instance, gpu_id)
+    signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
     context.metrics.drain()  # metrics recorded while loading are not a batch's
-    return Service(context, resolved, device, name, version)
+    return Service(context, resolved, device, name, version, signature, max_request_size)
 
 
 def _device_of(instance: Any, gpu_id: int | None) -> str:

@@ -15,9 +15,11 @@ integer type. Requests whose samples share a shape are batched together.
 Output per request: ``{"output": <nested lists>}``: the model's output for the one sample, or a
 list of per-sample outputs for several; a model returning a tuple gives a list of such outputs.
 
-Open Inference Protocol (v2) natively: each input tensor is built from ``shape``/``datatype``/
-``data`` (its first dimension is the batch), passed to the model positionally; each output tensor
-comes back as ``{"name", "shape", "datatype", "data"}`` (flattened; fp16/bf16 as FP32).
+Open Inference Protocol (v2) natively: each input tensor is the numpy array ``handlers.oip``
+decoded (JSON or binary; its first dimension is the batch), passed to the model positionally in
+the signature's order (the Service matched them by name; without a signature, the request's
+order); each output comes back as ``{"name", "shape", "datatype", "array"}`` in its own dtype
+(FP16/BF16 included), named by the signature (a dict output by its keys), else output0, output1...
 
 Errors: an undecodable input is 400 (``BadInput``); a well-formed input the model cannot process
 is 422 (``UnprocessableInput``): its shape differs from the manifest's ``input_shape``, its v2
@@ -40,6 +42,8 @@ import torch
 from .base_handler import BaseHandler
 from .errors import BadInput, PredictionException, UnprocessableInput
 from .loading import torchbay_info
+from .oip_signature import load as load_signature
+from .oip_signature import output_names
 
 _DTYPES = {
     "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
@@ -55,8 +59,10 @@ _V2_DTYPES = {
 }  # fmt: skip
 _V2_NAMES = {
     torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
-    torch.int32: "INT32", torch.int64: "INT64", torch.float64: "FP64",
+    torch.int32: "INT32", torch.int64: "INT64", torch.float16: "FP16", torch.float32: "FP32",
+    torch.float64: "FP64", torch.bfloat16: "BF16",
 }  # fmt: skip
+_WIDER = {"UINT16": np.int32, "UINT32": np.int64, "UINT64": np.int64}  # torch lacks the ops
 logger = logging.getLogger(__name__)
 _OUT_OF_MEMORY = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
 
@@ -105,6 +111,8 @@ class TensorHandler(BaseHandler):
         # Integer inputs (token ids) keep their dtype; float inputs follow the model's precision.
         self.declared_dtype = declared if declared is not None and not declared.is_floating_point \
             else None  # fmt: skip
+        self.signature = load_signature(self.manifest or {},
+                                        getattr(context, "model_yaml_config", None))  # fmt: skip
 
     # -- preprocess: one entry per remaining request: (inputs, single) --------------------------
     def preprocess(self, data: list[Any]) -> list[tuple[list[torch.Tensor], bool]]:
@@ -182,16 +190,20 @@ class TensorHandler(BaseHandler):
             raise BadInput(f"JSON input is not a rectangular numeric array: {exc}") from exc
 
     def _v2_tensor(self, spec: dict[str, Any]) -> torch.Tensor:
-        dtype = _V2_DTYPES.get(spec["datatype"])
-        if dtype is None:
+        """The tensor of one OIP input (``spec["array"]``, decoded by ``oip``): one copy of a
+        binary input's bytes, none of a JSON one's array."""
+        datatype, array = spec["datatype"], spec["array"]
+        if datatype not in _V2_DTYPES:
             raise UnprocessableInput(
-                f"v2 datatype {spec['datatype']} is not supported by the tensor handler"
+                f"v2 datatype {datatype} is not supported by the tensor handler"
             )
-        try:
-            tensor = torch.tensor(spec["data"], dtype=torch.float64 if dtype.is_floating_point
-                                  else dtype).reshape(spec["shape"])  # fmt: skip
-        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:  # 1e400, 10**400
-            raise BadInput(f"v2 input {spec['name']!r}: {exc}") from exc
+        if datatype in _WIDER:
+            array = array.astype(_WIDER[datatype])
+        elif not array.flags.writeable:  # a view of the request body
+            array = array.copy()
+        tensor = torch.from_numpy(array.view(np.int16) if datatype == "BF16" else array)
+        if datatype == "BF16":
+            tensor = tensor.view(torch.bfloat16)
         sample = list(tensor.shape[1:])
         if self.input_shape is not None and len(self.input_shape) == len(sample) and \
                 sample != self.input_shape:  # fmt: skip
@@ -199,8 +211,7 @@ class TensorHandler(BaseHandler):
                 f"v2 input {spec['name']!r}: sample shape {sample} is not the model's "
                 f"{self.input_shape}"
             )
-        if dtype.is_floating_point:
-            dtype = self.model_input_dtype
+        dtype = self.model_input_dtype if tensor.is_floating_point() else tensor.dtype
         return tensor.to(device=self.device, dtype=dtype)
 
     # -- inference: group requests whose inputs share trailing shapes ---------------------------
@@ -244,12 +255,24 @@ class TensorHandler(BaseHandler):
         batch = [torch.cat([data[j][0][k] for j in members]) for k in range(n_inputs)]
         with torch.inference_mode():
             result = self.model(*batch, *args, **kwargs)
-        multi = isinstance(result, (tuple, list))
-        results = list(result) if multi else [result]
+        names, results = self._named(result)
+        multi = isinstance(result, (tuple, list, dict))
         offset = 0
         for j, count in zip(members, counts, strict=True):
-            outputs[j] = ([r[offset : offset + count] for r in results], multi)
+            outputs[j] = ([r[offset : offset + count] for r in results], multi, names)
             offset += count
+
+    def _named(self, result: Any) -> tuple[list[str], list[torch.Tensor]]:
+        """Output names and tensors: a dict by its keys (in the signature's order when it names
+        them all), a tuple/list or a tensor by position (the signature's names or output<k>)."""
+        if isinstance(result, dict):
+            names = [str(k) for k in result]
+            wanted = [s.name for s in self.signature.outputs] if self.signature else []
+            if wanted and set(wanted) == set(names):
+                return wanted, [result[k] for k in wanted]
+            return names, list(result.values())
+        results = list(result) if isinstance(result, (tuple, list)) else [result]
+        return output_names(self.signature, len(results)), results
 
     # -- postprocess ----------------------------------------------------------------------------
     def postprocess(self, data: list[Any]) -> list[Any]:
@@ -257,9 +280,11 @@ class TensorHandler(BaseHandler):
         for j, item in enumerate(data):
             if item is None:
                 continue
-            tensors, multi = item
+            tensors, multi, names = item
             if self._is_v2(j):
-                out.append({"outputs": self._v2_outputs(j, tensors)})
+                out.append(
+                    {"outputs": [_v2_output(n, t) for n, t in zip(names, tensors, strict=True)]}
+                )
                 continue
             single = self._single[j]
             values = [(t[0] if single else t).float().tolist() if t.is_floating_point()
@@ -271,16 +296,15 @@ class TensorHandler(BaseHandler):
         row = self._rows[self.kept_indices[j]]
         return isinstance(row, dict) and row.get("protocol") == "v2"
 
-    def _v2_outputs(self, j: int, tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
-        row = self._rows[self.kept_indices[j]]
-        names = [str(o["name"]) for o in row["body"].get("outputs") or []]
-        outs = []
-        for k, t in enumerate(tensors):
-            name = names[k] if k < len(names) else f"output{k}"
-            if t.is_floating_point() and t.dtype != torch.float64:
-                t, datatype = t.float(), "FP32"
-            else:
-                datatype = _V2_NAMES.get(t.dtype, "FP32")
-            outs.append({"name": name, "shape": list(t.shape), "datatype": datatype,
-                         "data": t.reshape(-1).tolist()})  # fmt: skip
-        return outs
+
+def _v2_output(name: str, tensor: torch.Tensor) -> dict[str, Any]:
+    """One OIP output as a numpy array (BF16 as its uint16 bits; no JSON conversion here)."""
+    t = tensor.detach().cpu()
+    datatype = _V2_NAMES.get(t.dtype)
+    if datatype is None:
+        t, datatype = t.float(), "FP32"
+    if datatype == "BF16":
+        array = t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    else:
+        array = t.numpy()
+    return {"name": name, "datatype": datatype, "shape": list(array.shape), "array": array}

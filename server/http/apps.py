@@ -15,8 +15,10 @@ from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.http.management import build_management_app
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
+from torchbay.server.http.triton import TritonApi
 from torchbay.server.observe.logs import request_hook
 from torchbay.server.observe.metrics import ServerMetrics
+from torchbay.server.observe.oip_stats import Observers, OipStats, chain
 from torchbay.server.serving.fetch import Fetcher
 from torchbay.server.serving.registry import ModelRegistry
 
@@ -44,12 +46,13 @@ class Apps:
 def build_apps(server: TorchbayServer) -> Apps:
     config = server.config
     metrics = ServerMetrics(system_metrics=not config.disable_system_metrics)
+    stats = OipStats()  # Triton's statistics extension: fed by the same records as the metrics
     registry = ModelRegistry(
         config,
         place=server.place,
         threads_for=server.threads_for,
         server_version=__version__,
-        observer=metrics,
+        observer=Observers(metrics, stats),
         worker_env=server.env or None,
         prewarmed=server.take_prewarmed,
     )
@@ -71,9 +74,16 @@ def build_apps(server: TorchbayServer) -> Apps:
         registry,
         max_request_size=config.max_request_size,
         server_version=__version__,
-        on_request=request_hook(metrics.request_done),
+        on_request=request_hook(chain(metrics.request_done, stats.request_done)),
         authorize=auth.authorize if auth is not None else None,
         openapi=inference_openapi(__version__),
+        triton=TritonApi(
+            registry,
+            stats=stats,
+            authorize=auth.authorize if auth is not None else None,
+            model_api=config.enable_model_api,
+            unload_timeout_s=config.unregister_model_timeout_s,
+        ),
     )
     management = build_management_app(registry, config, auth=auth)
     metrics_app = with_openapi(make_asgi_app(metrics.registry), metrics_openapi(__version__))

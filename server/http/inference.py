@@ -8,6 +8,9 @@ It does check what comes back before handing it to the HTTP server: a status out
 or a header that is not a valid HTTP field (name not a token; CR, LF or NUL in a value; not
 latin-1) is answered 500 with an error body, never passed on (uvicorn would send nothing);
 a 204 or 304 goes out without the body the handler gave it.
+
+Every request goes through ``ModelVersion.stream``: a handler that streams parts is answered
+chunked (TorchServe) or as server-sent events (the generate extension), see streaming.py.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torchbay.server.http.asgi import (
     send_json,
 )
 from torchbay.server.http.routes import INFERENCE_ROUTES, Route, Router
+from torchbay.server.http.triton import OIP_EXTENSIONS, TritonApi
 from torchbay.server.observe.logs import RequestHook, RequestRecord
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.model import ModelStatus, ModelVersion
@@ -63,6 +67,7 @@ class InferenceApp:
         on_request: RequestHook | None = None,
         authorize: AuthHook | None = None,
         openapi: dict[str, Any] | None = None,
+        triton: TritonApi | None = None,
     ) -> None:
         self.registry = registry
         self.max_request_size = max_request_size
@@ -72,7 +77,12 @@ class InferenceApp:
         self.openapi = openapi or {"openapi": "3.0.1", "info": {"title": "torchbay inference"}}
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()):x}-"
-        endpoints = {r.endpoint: getattr(self, "_" + r.endpoint) for r in INFERENCE_ROUTES}
+        # Metadata, statistics, model configuration and repository: http/triton.py.
+        self.triton = triton or TritonApi(registry, authorize=authorize)
+        endpoints = {
+            r.endpoint: getattr(self, "_" + r.endpoint, None) or getattr(self.triton, r.endpoint)
+            for r in INFERENCE_ROUTES
+        }
         self._router = Router(INFERENCE_ROUTES, endpoints, oip_prefix="/v2")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -221,7 +231,11 @@ class InferenceApp:
     # -- Open Inference Protocol ----------------------------------------------------------------
 
     async def _server_metadata(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
-        body = {"name": "torchbay", "version": self.server_version, "extensions": []}
+        body = {
+            "name": "torchbay",
+            "version": self.server_version,
+            "extensions": list(OIP_EXTENSIONS),
+        }
         await send_json(send, 200, body)
 
     async def _live(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
@@ -252,9 +266,6 @@ class InferenceApp:
         ready = mv.status is ModelStatus.READY
         await send_json(send, 200 if ready else 503, {"name": mv.name, "ready": ready})
 
-    async def _model_metadata(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
-        await send_json(send, 200, self._v2_metadata(self._v2_resolve(scope, m)))
-
     def _v2_resolve(self, scope: Scope, match: Match) -> ModelVersion:
         if self.authorize is not None:
             self.authorize(scope, "inference")
@@ -263,27 +274,6 @@ class InferenceApp:
     def _all_ready(self) -> bool:
         versions = self.registry.all_versions()
         return bool(versions) and all(mv.status is ModelStatus.READY for mv in versions)
-
-    def _v2_metadata(self, mv: ModelVersion) -> dict[str, Any]:
-        info = getattr(mv.manifest, "torchbay", None)
-        fmt = getattr(info, "format", None) or "torchscript"
-        inputs: list[dict[str, Any]] = []
-        if info is not None and getattr(info, "input_shape", None):
-            dtype = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16", "int64": "INT64"}
-            inputs.append(
-                {
-                    "name": "input0",
-                    "datatype": dtype.get(getattr(info, "input_dtype", "float32"), "FP32"),
-                    "shape": [-1, *info.input_shape],
-                }
-            )
-        return {
-            "name": mv.name,
-            "versions": sorted(self.registry.models.get(mv.name, {})),
-            "platform": f"pytorch_{fmt}",
-            "inputs": inputs,
-            "outputs": [],
-        }
 
 
 def _as_json(scope: Scope) -> Scope:

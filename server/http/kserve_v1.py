@@ -41,7 +41,8 @@ class Listener(Protocol):
     def _wire_request(self, scope: Scope, body: bytes, protocol: str) -> p.WireRequest: ...
 
 
-_DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding")
+# The body is re-encoded here: its framing and its coding headers do not carry over.
+_DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding", b"content-encoding")
 
 
 def parse_instances(body: bytes) -> list[Any]:

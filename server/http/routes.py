@@ -37,7 +37,8 @@ class Route:
     errors: tuple[int, ...] = ()  # statuses answered with the error schema
     answers: Mapping[str, Answer] = field(default_factory=dict)  # other statuses
     oip: bool = False  # errors are OIP's {"error"}; else TorchServe's {"code","type","message"}
-    auth: bool = False  # needs the inference key (token authorization on)
+    auth: bool = False  # needs a key (token authorization on): ``key``'s
+    key: str = "inference"  # which key ``auth`` asks for: "inference" or "management"
     body: Mapping[str, Any] | None = None  # the OpenAPI requestBody
     description: str | None = None
     query: tuple[Mapping[str, Any], ...] = ()  # OpenAPI query parameters
@@ -176,8 +177,99 @@ def _predictions(verb: str, methods: tuple[str, ...], endpoint: str) -> tuple[Ro
     return tuple(out)
 
 
+_DURATION = {
+    "type": "object",
+    "properties": {"count": {"type": "integer"}, "ns": {"type": "integer"}},
+}
+_MODEL_STATS = {
+    "type": "object",
+    "properties": {
+        "model_stats": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "version": {"type": "string"},
+                    "last_inference": {"type": "integer"},
+                    "inference_count": {"type": "integer"},
+                    "execution_count": {"type": "integer"},
+                    "inference_stats": {"type": "object", "additionalProperties": _DURATION},
+                    "batch_stats": {"type": "array", "items": _OBJECT},
+                },
+            },
+        }
+    },
+}
+_INDEX = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {k: {"type": "string"} for k in ("name", "version", "state", "reason")},
+    },
+}
+_INDEX_BODY = {
+    "required": False,
+    "content": {
+        "application/json": {
+            "schema": {"type": "object", "properties": {"ready": {"type": "boolean"}}}
+        }
+    },
+}
+_LOAD_BODY = {
+    "required": False,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"config": {"type": "string"}},
+                    }
+                },
+            }
+        }
+    },
+}
+_CONTROL_TEXT = (
+    "Needs the management key (token authorization on) and the model API "
+    "(enable_model_api; else 405)."
+)
+
+
+def _triton() -> tuple[Route, ...]:
+    """Triton's statistics and model repository extensions (before ``/v2/models/{m}``, which
+    would take ``stats`` for a model name)."""
+    stats = {"200": ("Statistics", _MODEL_STATS)}
+    return (
+        Route("GET", "/v2/models/stats", "model_stats", "Statistics of every model version",
+              (401,), stats, oip=True, auth=True, strict=True),
+        Route("GET", "/v2/models/{model_name}/stats", "model_stats",
+              "Statistics of every version of a model", (401, 404), stats, oip=True, auth=True,
+              strict=True),
+        Route("GET", "/v2/models/{model_name}/versions/{model_version}/stats", "model_stats",
+              "Statistics of a model version", (401, 404), stats, oip=True, auth=True,
+              strict=True),
+        Route("POST", "/v2/repository/index", "repository_index",
+              "The model store's models, loaded or not", (400, 401),
+              {"200": ("Index", _INDEX)}, oip=True, auth=True, key="management",
+              body=_INDEX_BODY, strict=True,
+              description="Needs the management key (token authorization on)."),
+        Route("POST", "/v2/repository/models/{model_name}/load", "repository_load",
+              "Load a model from the model store", (400, 401, 404, 405, 409, 500, 503),
+              OK, oip=True, auth=True, key="management", body=_LOAD_BODY, strict=True,
+              description=_CONTROL_TEXT + " parameters.config may set max_batch_size, "
+              "dynamic_batching.max_queue_delay_microseconds and instance_group[].count."),
+        Route("POST", "/v2/repository/models/{model_name}/unload", "repository_unload",
+              "Unload every version of a model", (400, 401, 404, 405, 503, 504), OK, oip=True,
+              auth=True, key="management", body=_JSON_BODY, strict=True,
+              description=_CONTROL_TEXT),
+    )  # fmt: skip
+
+
 def _v2_models() -> tuple[Route, ...]:
-    out = []
+    out = list(_triton())
     for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
         out += [
             Route("GET", base, "model_metadata", "Model metadata", (401, 404), OK,
@@ -185,6 +277,9 @@ def _v2_models() -> tuple[Route, ...]:
             Route("GET", base + "/ready", "model_ready", "Model readiness", (401, 404),
                   {"200": ("Ready", _MODEL_READY), "503": ("Not ready", _MODEL_READY)},
                   oip=True, auth=True, strict=True),
+            Route("GET", base + "/config", "model_config",
+                  "Model configuration (Triton's model configuration extension)", (401, 404),
+                  OK, oip=True, auth=True, strict=True),
             Route("POST", base + "/infer", "v2_infer",
                   "Open Inference Protocol (KServe v2) inference", PREDICT_ERRORS,
                   {"200": ("Output tensors", _OBJECT)}, oip=True, auth=True, body=_JSON_BODY,

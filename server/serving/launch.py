@@ -87,6 +87,7 @@ class LaunchSpec:
     handler: str | None = None  # overrides the manifest's handler (management API)
     server_version: str = ""
     limit_max_image_pixels: bool = True
+    max_request_size: int = 6553500  # the worker's cap on a decompressed request body
     env: Mapping[str, str] | None = None  # None: the server's own environment
     log_format: str = "text"
     batch_size: int = 1
@@ -108,6 +109,7 @@ class LaunchSpec:
             cpu_affinity=list(where.cpu_affinity) if where.cpu_affinity else None,
             server_version=self.server_version,
             limit_max_image_pixels=self.limit_max_image_pixels,
+            max_request_size=self.max_request_size,
         )
 
     def new_worker(self, spawn: SpawnFn | None = None) -> WorkerProcess:

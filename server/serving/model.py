@@ -391,7 +391,7 @@ class ModelVersion:
                     yield parts.items.popleft()
                     continue
                 final = item.future.result()
-                if not (sent and not final.body):
+                if not sent or final.body or final.status >= 400:
                     yield final
                 return
         finally:

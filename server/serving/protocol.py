@@ -71,6 +71,7 @@ class Load:
     cpu_affinity: list[int] | None = None  # cores to pin the worker to
     server_version: str = ""
     limit_max_image_pixels: bool = True
+    max_request_size: int = 6553500  # caps a decompressed (Content-Encoding) request body
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from torchbay.server.serving.archives import (
     is_valid_model_version,
     read_manifest,
     safe_relpath,
+    signature_of,
 )
 from torchbay.server.serving.handle import Spawned
 from torchbay.server.serving.launch import LaunchSpec, Placement, settings_from
@@ -200,6 +201,7 @@ class ModelRegistry:
                 config = self._model_config(
                     name, version, model_dir, manifest, overrides, initial_workers
                 )
+                signature_of(manifest, config.handler_config)  # ArchiveError: a bad signature
             except ArchiveError as exc:
                 shutil.rmtree(model_dir, ignore_errors=True)
                 raise BadRequest(str(exc)) from None
@@ -243,6 +245,7 @@ class ModelRegistry:
                 handler=config.handler,
                 server_version=self.server_version,
                 limit_max_image_pixels=self.config.limit_max_image_pixels,
+                max_request_size=self.config.max_request_size,
                 env=self.worker_env,
                 log_format=self.config.log_format,
             ),

@@ -3,7 +3,8 @@
 
 Used by ``slot.run_batch`` for every batch; ``ModelVersion.stream`` is the reader. A request whose
 caller used ``submit`` (no ``Parts``) gets only the handler's final response: its parts are
-dropped. A part past ``max_response_size`` ends its request with a 500, like a final response.
+dropped. A part past ``max_response_size`` ends its request with a 500, like a final response,
+and the worker is told to stop producing for it.
 Torch-free.
 """
 
@@ -54,6 +55,7 @@ class BatchStreams:
                 f"The model's response of {size} bytes exceeds the "
                 f"server's max_response_size of {self.limit} bytes"
             ))  # fmt: skip
+            self.worker.cancel(part.request_id)  # nobody will read its further parts
             return
         item.parts.push(part.response)
 

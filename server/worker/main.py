@@ -181,12 +181,11 @@ def serve(sock: socket.socket) -> int:
     from torchbay.handlers.service import load_service
 
     try:
-        message = p.recv_message(sock)
+        load = p.recv_message(sock)
     except EOFError:
         return 0  # a pre-warmed worker nobody needed
-    if not isinstance(message, p.Load):
-        raise p.ProtocolError(f"expected LOAD first, got {type(message).__name__}")
-    load = message
+    if not isinstance(load, p.Load):
+        raise p.ProtocolError(f"expected LOAD first, got {type(load).__name__}")
     started = time.perf_counter()
     try:
         _pin(load)
@@ -199,6 +198,7 @@ def serve(sock: socket.socket) -> int:
             limit_max_image_pixels=load.limit_max_image_pixels,
             model_name=load.model_name,
             model_version=load.model_version,
+            max_request_size=load.max_request_size,
         )
     except Exception as exc:  # report any load failure to the frontend, then exit
         log.error("loading %s failed", load.model_name, exc_info=True)

@@ -107,10 +107,14 @@ def test_torch_only_in_the_worker_and_archiver_only_through_its_seam(path: Path)
         assert relative == Path("serving/archives.py"), f"{relative} imports {sorted(archiver)}"
 
 
-SIZED = sorted(ROOT.rglob("*.py"))
+# The server, and the benchmarks and the archiver beside it (the import rules above are the
+# server's; the size rule holds for all three).
+SIZED = sorted(
+    p for part in ("server", "benchmarks", "archiver") for p in (ROOT.parent / part).rglob("*.py")
+)
 
 
-@pytest.mark.parametrize("path", SIZED, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", SIZED, ids=lambda p: str(p.relative_to(ROOT.parent)))
 def test_modules_and_functions_stay_small(path: Path) -> None:
     text = path.read_text()
     assert len(text.splitlines()) <= 400, f"{path.name} has over 400 lines"

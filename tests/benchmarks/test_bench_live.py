@@ -25,7 +25,7 @@ from torchbay.benchmarks import runner
 from torchbay.benchmarks.apply import apply_settings, read_config
 from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, ModelSettings
-from torchbay.benchmarks.scenario_files import bundled, load_scenario
+from torchbay.benchmarks.scenarios import find_suite, suite_names
 from torchbay.benchmarks.sla import SlaOptions, run_sla
 from torchbay.cli import main
 
@@ -97,7 +97,11 @@ def test_open_loop_measures_from_the_schedule(server, tiny) -> None:
     )
     r = run_bench(options).result
     assert r.mode == "open" and r.offered_rate == 300.0
-    assert r.sent > 100 and r.ok == r.sent
+    assert r.sent > 100
+    # Every request is answered; a busy host may shed some with 503 (the queue bound): the
+    # measurement must still account for each one.
+    assert sum(r.statuses.values()) == r.sent and set(r.statuses) <= {"200", "503"}
+    assert r.ok == r.statuses.get("200", 0) > 0
     assert r.lag.count == r.sent  # every request has a scheduled time and a lag
     # From the schedule: never shorter than from the actual send (late sends add their lag).
     assert r.latency.mean_ms >= r.service.mean_ms
@@ -211,7 +215,7 @@ def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
 
 
 def test_bundled_scenarios_parse() -> None:
-    assert {"tiny", "cnn", "digits"} <= set(bundled())
-    for name in bundled():
-        scenario = load_scenario(name)
+    assert {"tiny", "cnn", "digits"} <= set(suite_names())
+    for name in suite_names():
+        scenario = find_suite(name)
         assert scenario.runs and scenario.sla and scenario.sla["sla_p99_ms"] > 0

@@ -270,12 +270,13 @@ def test_tensor_model_failures_are_422_and_isolated(torchscript_dir, tiny_model)
     assert body_json(outcome.responses[1])["type"] == "UnprocessableInput"
 
 
-def test_manifest_shape_mismatch_is_422_before_inference(torchscript_dir) -> None:
+def test_manifest_shape_mismatch_is_400_before_inference(torchscript_dir) -> None:
+    # the manifest's input_shape is the model's signature (input0, FP32 [-1, 4]): checked by name
     service = load_service(torchscript_dir(torchbay={"input_shape": [4]}))
-    wrong = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+    wrong = {"inputs": [{"name": "input0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
     outcome = service.predict([req(json.dumps(wrong), protocol="v2")])
-    assert outcome.responses[0].status == 422
-    assert "not the model's [4]" in body_json(outcome.responses[0])["message"]
+    assert outcome.responses[0].status == 400
+    assert "the model expects [-1, 4]" in body_json(outcome.responses[0])["message"]
 
 
 # -- handler-set statuses and headers ----------------------------------------------------------

@@ -58,6 +58,8 @@ def handle(data, context):
         return [{"final": b["name"]} for b in bodies]
     if mode == "gen":
         return [_gen(b["items"], b.get("fail_after")) for b in bodies]
+    if mode == "ask":
+        return [{"cancelled": context.is_cancelled(idx)} for idx in range(len(data))]
     return [b for b in bodies]
 """
 
@@ -178,3 +180,9 @@ def test_both_torchserve_import_paths_are_aliased(service: Service) -> None:
     from ts.protocol.otf_message_handler import send_intermediate_predict_response as otf_send
 
     assert utils_send is otf_send is send_intermediate_predict_response
+
+
+def test_a_handler_can_ask_whether_its_client_left(service: Service) -> None:
+    service.part_sink = Sink({"r1"})
+    outcome = service.predict([_req("r0", mode="ask"), _req("r1")])
+    assert [body_json(r) for r in outcome.responses] == [{"cancelled": False}, {"cancelled": True}]

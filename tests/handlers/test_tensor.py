@@ -82,7 +82,7 @@ def test_v2_native(torchscript_dir, tiny_model) -> None:
     request = {
         "id": "42",
         "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": X + X}],
-        "outputs": [{"name": "logits"}],
+        "outputs": [{"name": "output0"}],  # no signature: the outputs are output0, output1, ...
     }
     outcome = service.predict(
         [
@@ -94,6 +94,6 @@ def test_v2_native(torchscript_dir, tiny_model) -> None:
     body = body_json(outcome.responses[0])
     assert body["model_name"] == "tiny" and body["model_version"] == "1.0" and body["id"] == "42"
     [out] = body["outputs"]
-    assert out["name"] == "logits" and out["shape"] == [2, 3] and out["datatype"] == "FP32"
+    assert out["name"] == "output0" and out["shape"] == [2, 3] and out["datatype"] == "FP32"
     assert out["data"][:3] == pytest.approx(expected(tiny_model, X), rel=1e-5)
     assert "error" in body_json(outcome.responses[1])

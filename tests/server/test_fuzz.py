@@ -474,6 +474,8 @@ def sweep(fuzzer: Fuzzer, port: str) -> None:
                     continue  # never unregister a loaded model
                 if method == "delete" and "{version}" not in path and name in fs.MODELS:
                     continue
+                if path.endswith("/unload") and name in fs.MODELS:
+                    continue  # never unload a loaded model (Triton's repository extension)
                 filled = (
                     path.replace("{model_name}", name)
                     .replace("{name}", name)

@@ -120,7 +120,7 @@ def test_the_auth_flag_is_what_the_inference_app_enforces(tmp_path):
         r = _call(app, route.method, path, content=b'{"instances": [1]}')
         if route.auth:
             assert r.status_code == 401, (route.method, route.path, r.status_code)
-            assert asked == ["inference"]
+            assert asked == [route.key]
             assert ("error" in r.json()) == route.oip
         else:
             assert r.status_code != 401 and not asked, (route.method, route.path)

@@ -168,6 +168,19 @@ def test_generate_stream_sends_server_sent_events(server: LiveServer) -> None:
     assert all(e["model_name"] == "stream" and e["model_version"] == "1.0" for e in events)
 
 
+def test_generate_stream_client_leaving_closes_the_generator(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    gate, closed = tmp_path / "gate", tmp_path / "closed"
+    body = {"yield": ["a", "b", "c"], "gate": str(gate), "closed": str(closed)}
+    with _stream(server, body, "/v2/models/stream/generate_stream") as response:
+        first, _ = _first_chunk(response)
+        assert json.loads(first.removeprefix(b"data: "))["text_output"] == "a"
+    gate.touch()  # the client is gone before the generator is advanced again
+    assert _poll(closed) == "GeneratorExit"
+    _plain_request_served(server)
+
+
 def test_generate_stream_error_mid_stream_is_an_error_event(server: LiveServer) -> None:
     with _stream(
         server, {"yield": ["a", "b"], "fail_after": 1}, "/v2/models/stream/generate_stream"
@@ -257,4 +270,30 @@ def test_a_stream_is_one_request_in_the_metrics(server: LiveServer) -> None:
     before = _requests_counted(server, "stream")
     with _stream(server, {"parts": ["a", "b", "c"]}) as response:
         assert response.read() == b"abcend"
-    assert _requests_counted(server, "stream") == before + 1  # recorded once, when it ended
+    end = time.monotonic() + 30  # recorded when the stream ended: poll, never sleep a guess
+    while (counted := _requests_counted(server, "stream")) == before and time.monotonic() < end:
+        time.sleep(0.05)
+    assert counted == before + 1  # once, not once per part
+
+
+def test_a_part_past_max_response_size_fails_the_request_and_stops_the_handler(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    store = build_store(
+        tmp_path_factory, "stream-limit", {"stream": str(ASSETS / "stream_handler.py")}
+    )
+    config = make_config(store, load_models=["stream.mar"], max_response_size=1000)
+    live = LiveServer(config).start()
+    try:
+        stopped = tmp_path / "stopped"
+        answer = httpx.post(
+            f"{live.url}/predictions/stream",
+            json={"until_stopped": str(stopped), "size": 2000},
+            timeout=60,
+        )
+        assert answer.status_code == 500  # before any part went out: a plain error answer
+        assert "max_response_size" in answer.json()["message"]
+        assert _poll(stopped) == "StreamCancelled"  # the worker was told to stop producing
+        _plain_request_served(live)
+    finally:
+        live.stop()

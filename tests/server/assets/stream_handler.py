@@ -5,14 +5,16 @@
       waits for the file ``gate`` (the test creates it only after reading part 1), or with
       ``crash`` the worker process dies; returns "end", or raises ValueError after the parts
       when ``then_raise``.
-  {"until_stopped": path, "gate": path}
-      sends parts until send_intermediate_predict_response raises StreamCancelled (the client
-      left), waiting for ``gate`` after the first; then writes the exception's type name to
-      ``until_stopped`` and re-raises.
-  {"yield": ["a", "b"], "gate": path, "fail_after": n, "pace": s, "batch": true}
+  {"until_stopped": path, "gate": path, "size": n}
+      sends parts (of ``n`` bytes when given) until send_intermediate_predict_response raises
+      StreamCancelled (the client left), waiting for ``gate`` after the first; then writes the
+      exception's type name to ``until_stopped`` and re-raises.
+  {"yield": ["a", "b"], "gate": path, "fail_after": n, "pace": s, "batch": true, "closed": path}
       returns a generator per request: each item is a part (waits for ``gate`` after the first;
       raises after ``n`` items when given; sleeps ``s`` seconds before each item; with
-      ``batch`` each item ends with "/<batch size>"). A batch of such requests streams them all.
+      ``batch`` each item ends with "/<batch size>"; with ``closed``, yields "." every 5 ms
+      after the items until it is closed, then writes "GeneratorExit" there). A batch of such
+      requests streams them all.
   {"text_input": "x y"}
       the generate extension: yields each word (and its space) as a part.
   anything else: answered {"plain": true} without streaming.
@@ -59,7 +61,8 @@ def _until_stopped(body: dict, context) -> str:
     i = 0
     try:
         while time.monotonic() < end:
-            send_intermediate_predict_response([f"p{i}"], context.request_ids, "", 200, context)
+            part = "x" * body["size"] if "size" in body else f"p{i}"
+            send_intermediate_predict_response([part], context.request_ids, "", 200, context)
             if i == 0:
                 _wait(body.get("gate"))
             i += 1
@@ -71,13 +74,22 @@ def _until_stopped(body: dict, context) -> str:
 
 
 def _generator(body: dict, batch: int = 1):
-    for i, item in enumerate(body["yield"]):
-        if body.get("fail_after") == i:
-            raise RuntimeError("the generator failed mid-stream")
-        time.sleep(float(body.get("pace", 0)))
-        yield f"{item}/{batch}" if body.get("batch") else item
-        if i == 0:
-            _wait(body.get("gate"))
+    try:
+        for i, item in enumerate(body["yield"]):
+            if body.get("fail_after") == i:
+                raise RuntimeError("the generator failed mid-stream")
+            time.sleep(float(body.get("pace", 0)))
+            yield f"{item}/{batch}" if body.get("batch") else item
+            if i == 0:
+                _wait(body.get("gate"))
+        end = time.monotonic() + DEADLINE_S
+        while body.get("closed") and time.monotonic() < end:
+            time.sleep(0.005)
+            yield "."
+    except GeneratorExit:
+        if body.get("closed"):
+            Path(body["closed"]).write_text("GeneratorExit")
+        raise
 
 
 def _words(text: str):

@@ -1,0 +1,109 @@
+"""Inside a load-generator process: one keep-alive connection (:class:`Conn`) and the recorder
+of one process's measurements (:class:`Recorder`). Split out of ``loadgen.py``, which runs them.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import math
+from collections import Counter
+
+from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser
+from torchbay.benchmarks.loadplan import CONN_ERROR, TIMEOUT
+
+
+class Conn(asyncio.Protocol):
+    """One keep-alive connection; ``roundtrip`` sends a request and awaits its status."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = ResponseParser()
+        self.waiter: asyncio.Future | None = None
+        self.open = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            responses = self.parser.feed(data)
+        except HttpParseError as exc:
+            self._fail(exc)
+            return
+        for status, _size, keep_alive in responses:
+            if not keep_alive:
+                self.open = False
+            waiter, self.waiter = self.waiter, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        try:
+            last = self.parser.feed_eof()
+        except HttpParseError as err:
+            self._fail(err)
+            return
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            if last is not None:
+                waiter.set_result(last[0])
+            else:
+                waiter.set_exception(ConnectionError("connection closed"))
+
+    def _fail(self, exc: Exception) -> None:
+        self.open = False
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def roundtrip(self, request: bytes) -> int:
+        self.waiter = self.loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+        return await self.waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Recorder:
+    """Collects one process's measurements for requests started inside the window."""
+
+    def __init__(self, window_start: float) -> None:
+        self.window_start = window_start
+        self.latency = array.array("d")
+        self.service = array.array("d")
+        self.lag = array.array("d")
+        self.statuses: Counter[str] = Counter()
+        self.completed = 0
+        self.sent = 0
+        self.first_sent = math.inf
+        self.last_done = 0.0
+
+    def record(self, scheduled: float | None, sent: float, done: float, status: str) -> None:
+        self.completed += 1
+        start = sent if scheduled is None else scheduled
+        if start < self.window_start:
+            return  # warm-up
+        self.statuses[status] += 1
+        if status in (CONN_ERROR, TIMEOUT):
+            return
+        # Timed from the schedule, so a late send counts its wait (no coordinated omission); a
+        # request that left early is timed from its actual send (never flatter than real).
+        self.latency.append(done - min(start, sent))
+        self.service.append(done - sent)
+        if scheduled is not None:
+            self.lag.append(max(0.0, sent - scheduled))
+        self.last_done = max(self.last_done, done)
+
+    def count_sent(self, start: float) -> None:
+        if start >= self.window_start:
+            self.sent += 1
+            self.first_sent = min(self.first_sent, start)

@@ -1,0 +1,138 @@
+"""The SLA search's options (:class:`SlaOptions`, one field per ``torchbay bench sla`` flag) and
+its results (:class:`Step`, :class:`Outcome`, :class:`Repeat`, :class:`SlaResult`). Split out of
+``sla.py`` (the search) so that ``sla_report.py`` and ``plots.py`` read results without it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from torchbay.benchmarks.bench import Protocol
+from torchbay.benchmarks.loadgen import LoadResult
+from torchbay.benchmarks.managed import ModelSettings
+from torchbay.benchmarks.stats import Arrival, spread_pct
+
+__all__ = ["Outcome", "Repeat", "SlaOptions", "SlaResult", "Step"]
+
+
+class SlaOptions(BaseModel):
+    """Settings of one SLA search."""
+
+    model_config = ConfigDict(frozen=True)
+
+    archive: Path
+    inputs: tuple[Path, ...]
+    sla_p99_ms: float = Field(gt=0)
+    batch_sizes: tuple[int, ...] = (1,)
+    max_delays_ms: tuple[float, ...] = (5.0,)
+    workers: tuple[int, ...] = (1,)
+    protocol: Protocol = "predict"
+    content_type: str | None = None
+    max_error_rate: float = Field(0.001, ge=0, le=1)
+    step_s: float = Field(3.0, gt=0)
+    step_warmup_s: float = Field(0.5, ge=0)
+    probe_s: float = Field(2.0, gt=0)
+    ramp_factor: float = Field(1.5, gt=1)
+    precision: float = Field(0.05, gt=0)
+    max_steps: int = Field(12, ge=2)
+    bound_margin: float = Field(0.1, ge=0)
+    prune: bool = True
+    repeats: int = Field(3, ge=0)
+    config_warmup_s: float = Field(2.0, ge=0)
+    min_requests: int = Field(200, ge=1)
+    arrival: Arrival = "poisson"
+    processes: int = Field(1, ge=1)
+    timeout_s: float = Field(5.0, gt=0)
+    seed: int = 0
+    out_dir: Path = Path("bench-sla")
+    apply: bool = False
+
+    @field_validator("batch_sizes", "workers")
+    @classmethod
+    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if not values or any(v < 1 for v in values):
+            raise ValueError("give one or more values >= 1")
+        return tuple(dict.fromkeys(values))
+
+    @field_validator("max_delays_ms")
+    @classmethod
+    def _delays(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        if not values or any(v < 0 for v in values):
+            raise ValueError("give one or more delays >= 0")
+        return tuple(dict.fromkeys(values))
+
+    def configurations(self) -> list[ModelSettings]:
+        """Every grid point, workers outermost (scaling workers is the slow change)."""
+        return [
+            ModelSettings(b, d, w)
+            for w in self.workers
+            for b in self.batch_sizes
+            for d in self.max_delays_ms
+        ]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One open-loop (or probe) measurement of one configuration."""
+
+    config: ModelSettings
+    phase: str  # probe | ramp | bisect | repeat
+    offered_rate: float
+    result: LoadResult
+    passed: bool
+    reason: str
+    mean_batch_size: float = math.nan
+    queue_mean_ms: float = math.nan
+
+
+@dataclass
+class Outcome:
+    """A configuration's search result. ``status``: searched | infeasible | skipped | same-as."""
+
+    config: ModelSettings
+    status: str = "pending"
+    why: str = ""
+    capacity: float = math.nan
+    best_rate: float = 0.0
+    best_step: Step | None = None
+    steps: list[Step] = field(default_factory=list)
+    same_as: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.config.label()
+
+
+@dataclass(frozen=True)
+class Repeat:
+    label: str
+    rate: float
+    p99_ms: list[float]
+    ok_per_s: list[float]
+    passed: list[bool]
+
+    @property
+    def p99_spread_pct(self) -> float:
+        return spread_pct(self.p99_ms)
+
+    @property
+    def throughput_spread_pct(self) -> float:
+        return spread_pct(self.ok_per_s)
+
+
+@dataclass
+class SlaResult:
+    options: SlaOptions
+    model: str
+    version: str | None
+    outcomes: list[Outcome]
+    winner: Outcome | None
+    runner_up: Outcome | None
+    repeats: list[Repeat]
+    elapsed_s: float
+    applied: Path | None = None
+    swapped: bool = False

@@ -1,0 +1,179 @@
+"""Triton's statistics, model repository and model configuration extensions on a real server,
+over httpx and tritonclient.http on their defaults: counts and durations after real requests
+(failures in ``fail``), index / load / unload (config overrides, unsupported ones, unknown
+models), the disabled model API (405, OIP shape) and token authorization."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from .conftest import LiveServer, make_config
+from .test_oip_metadata import build_oip_store
+
+pytestmark = pytest.mark.slow
+
+ZEROS = bytes(256)  # 64 float32 zeros: one row for the tensor handler
+
+
+@pytest.fixture(scope="module")
+def oip_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_oip_store(tmp_path_factory.mktemp("tri"), tmp_path_factory.mktemp("tri-work"))
+
+
+@pytest.fixture(scope="module")
+def server(oip_store: Path):
+    live = LiveServer(
+        make_config(oip_store, load_models=["one.mar"], enable_model_api=True)
+    ).start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def client(server: LiveServer):
+    c = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    yield c
+    c.close()
+
+
+def _stats_of(body: dict, name: str) -> dict:
+    (entry,) = [s for s in body["model_stats"] if s["name"] == name]
+    return entry
+
+
+def test_statistics_count_successes_failures_and_times(server: LiveServer, client) -> None:
+    url = server.url
+    before = _stats_of(httpx.get(f"{url}/v2/models/one/stats").json(), "one")
+    for _ in range(3):
+        ok = httpx.post(f"{url}/predictions/one", content=ZEROS)
+        assert ok.status_code == 200, ok.text
+    v2 = {"inputs": [{"name": "input0", "shape": [1, 64], "datatype": "FP32",
+                      "data": [0.0] * 64}]}  # fmt: skip
+    assert httpx.post(f"{url}/v2/models/one/infer", json=v2).status_code == 200
+    bad = httpx.post(f"{url}/predictions/one", content=b"\x00" * 7)  # not whole float32s
+    assert 400 <= bad.status_code < 500, bad.text
+
+    after = _stats_of(httpx.get(f"{url}/v2/models/one/stats").json(), "one")
+    assert after["version"] == "1.0"
+    inf, old = after["inference_stats"], before["inference_stats"]
+    assert inf["success"]["count"] - old["success"]["count"] == 4
+    assert inf["fail"]["count"] - old["fail"]["count"] == 1
+    assert inf["success"]["ns"] > old["success"]["ns"] and inf["fail"]["ns"] > 0
+    assert inf["queue"]["count"] - old["queue"]["count"] == 5 and inf["queue"]["ns"] > 0
+    assert after["inference_count"] - before["inference_count"] == 4
+    assert after["execution_count"] - before["execution_count"] >= 4  # batch_size 1
+    assert inf["compute_infer"]["count"] >= 4 and inf["compute_infer"]["ns"] > 0
+    assert after["last_inference"] > 0
+    assert after["batch_stats"][0]["batch_size"] == 1
+    assert after["batch_stats"][0]["compute_infer"]["count"] >= 4
+
+    # tritonclient, every URL form.
+    counted = _stats_of(client.get_inference_statistics("one"), "one")["inference_count"]
+    assert counted == before["inference_count"] + 4
+    assert client.get_inference_statistics("one", "1.0")["model_stats"][0]["name"] == "one"
+    assert "one" in [s["name"] for s in client.get_inference_statistics()["model_stats"]]
+    missing = httpx.get(f"{url}/v2/models/nope/stats")
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}
+
+
+def test_model_config(server: LiveServer, client) -> None:
+    config = client.get_model_config("one")
+    assert config["name"] == "one" and config["max_batch_size"] == 1
+    assert config["input"] == [{"name": "input0", "data_type": "TYPE_FP32", "dims": [64]}]
+    assert config["output"] == [{"name": "output0", "data_type": "TYPE_FP32", "dims": [10]}]
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 100_000
+    assert config["instance_group"][0]["count"] == 1
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert httpx.get(f"{server.url}/v2/models/one/versions/1.0/config").json() == config
+
+
+def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
+    index = {e["name"]: e for e in client.get_model_repository_index()}
+    assert index["one"] == {"name": "one", "version": "1.0", "state": "READY", "reason": ""}
+    assert index["two"]["state"] == "UNAVAILABLE" and index["two"]["reason"] == "unloaded"
+    ready = httpx.post(f"{server.url}/v2/repository/index", json={"ready": True}).json()
+    assert [e["name"] for e in ready] == ["one"]
+
+    config = {"max_batch_size": 4, "dynamic_batching": {"max_queue_delay_microseconds": 2000},
+              "instance_group": [{"count": 1, "kind": "KIND_CPU"}]}  # fmt: skip
+    client.load_model("two", config=json.dumps(config))
+    assert client.is_model_ready("two")
+    loaded = client.get_model_config("two")
+    assert loaded["max_batch_size"] == 4
+    assert loaded["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert [i["name"] for i in loaded["input"]] == ["features", "extra"]
+    index = {e["name"]: e for e in client.get_model_repository_index()}
+    assert index["two"]["state"] == "READY"
+    client.load_model("two")  # loaded already, no new config: nothing to do
+
+    client.unload_model("two")
+    assert "two" not in server.server.registry.models
+    index = {e["name"]: e for e in client.get_model_repository_index()}
+    assert index["two"]["state"] == "UNAVAILABLE"
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "status", "fragment"),
+    [
+        ("nope", {}, 404, "not in the model store"),
+        ("two", {"parameters": {"config": json.dumps({"backend": "onnx"})}}, 400, "backend"),
+        ("two", {"parameters": {"file:1/model.onnx": "AAAA"}}, 400, "file:1/model.onnx"),
+        ("two", {"parameters": {"config": "{not json"}}, 400, "JSON"),
+        ("two", {"parameters": {"config": json.dumps({"max_batch_size": 0.5e9})}}, 400,
+         "batch_size"),
+        ("one", {"parameters": {"config": json.dumps({"max_batch_size": 2})}}, 400, "unload"),
+    ],
+)  # fmt: skip
+def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, fragment) -> None:
+    response = httpx.post(f"{server.url}/v2/repository/models/{name}/load", json=body)
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"error"} and fragment in response.json()["error"]
+    assert "two" not in server.server.registry.models
+
+
+def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
+    with pytest.raises(InferenceServerException, match="Model not found: nope"):
+        client.unload_model("nope")
+
+
+def test_disabled_model_api_and_token_auth(oip_store: Path, tmp_path: Path) -> None:
+    key_file = tmp_path / "key_file.json"
+    live = LiveServer(
+        make_config(oip_store, load_models=["one.mar"], disable_token_authorization=False,
+                    key_file=key_file)
+    ).start()  # fmt: skip
+    try:
+        keys = json.loads(key_file.read_text())
+        mgmt = {"Authorization": f"Bearer {keys['management']['key']}"}
+        inference = {"Authorization": f"Bearer {keys['inference']['key']}"}
+        url = live.url
+        for path in ("/v2/repository/index", "/v2/repository/models/two/load"):
+            assert httpx.post(url + path).status_code == 401
+            assert httpx.post(url + path, headers=inference).status_code == 401
+        # The management key reads the index; load and unload need the model API: 405.
+        assert httpx.post(f"{url}/v2/repository/index", headers=mgmt).status_code == 200
+        for verb in ("load", "unload"):
+            refused = httpx.post(f"{url}/v2/repository/models/one/{verb}", headers=mgmt)
+            assert refused.status_code == 405
+            assert (
+                set(refused.json()) == {"error"} and "enable-model-api" in refused.json()["error"]
+            )
+        assert "one" in live.server.registry.models
+        # Statistics and the model config take the inference key.
+        assert httpx.get(f"{url}/v2/models/stats").status_code == 401
+        assert httpx.get(f"{url}/v2/models/stats", headers=inference).status_code == 200
+        assert httpx.get(f"{url}/v2/models/one/config", headers=inference).status_code == 200
+        client = triton_http.InferenceServerClient(url.removeprefix("http://"))
+        try:
+            with pytest.raises(InferenceServerException, match="disabled"):
+                client.load_model("two", headers=mgmt)
+        finally:
+            client.close()
+    finally:
+        live.stop()
