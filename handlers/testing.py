@@ -78,6 +78,10 @@ class Reply:
     body: bytes
     parts: tuple[bytes, ...] = ()  # what a streaming handler sent before ``body``, in order
 
+    def __iter__(self) -> Iterator[Any]:
+        """``status, headers, body = reply``."""
+        return iter((self.status, self.headers, self.body))
+
     @property
     def streamed(self) -> bytes:
         """Every part and then the final body, as a client of the chunked response reads it."""

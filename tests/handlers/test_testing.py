@@ -66,6 +66,8 @@ def test_run_handler_decodes_isolates_and_hides_internals() -> None:
         "message": "value must be a number",
     }
     assert all(r.content_type == "application/json" for r in replies)
+    status, headers, body = replies[1]
+    assert (status, headers, body) == (200, {"content-type": "application/json"}, b'{"double":42}')
 
 
 def test_runner_batches_statuses_headers_and_metrics() -> None:
