@@ -177,11 +177,11 @@ def _load_eager(
             f"model class {cls.__name__} in {model_file!r} must be constructible with no "
             f"arguments: {exc}"
         ) from exc
-    if precision == "int8-dynamic":
-        model = quantize_dynamic(model)
     state = torch.load(str(path), map_location=device, weights_only=True)
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
+    if precision == "int8-dynamic":
+        model = quantize_dynamic(model, state)
     # assign=True keeps the stored dtype (fp16/bf16 weights stay half) and device.
     model.load_state_dict(state, assign=precision != "int8-dynamic")
     model.to(device)
@@ -189,11 +189,12 @@ def _load_eager(
     return model
 
 
-def quantize_dynamic(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantization of Linear layers (the archiver's int8-dynamic recipe)."""
-    from .int8 import quantize_linear
+def quantize_dynamic(model: torch.nn.Module, state: Any = None) -> torch.nn.Module:
+    """Dynamic int8 quantization of Linear layers (the archiver's int8-dynamic recipe), or the
+    torch.ao recipe of archives made before it when ``state`` holds its packed weights."""
+    from .int8 import quantize_for_state
 
-    return quantize_linear(model)
+    return quantize_for_state(model, state)
 
 
 def import_file(path: Path, name: str | None = None) -> ModuleType:
