@@ -9,17 +9,21 @@ tensors and aten ops only (so TorchScript, torch.export and a plain state dict a
 * activations: int8, symmetric, one scale per row, computed at run time (the "dynamic" part);
 * ``torch._int_mm`` multiplies int8 by int8 into int32, rescaled to float32, plus the bias.
 
-The archiver (``archiver.convert.quantize_int8``) and the eager loader (``handlers.loading``)
-both call ``quantize_linear`` so an int8 state dict loads into exactly the module it came from.
+The archiver (``archiver.convert.quantize_int8``) and the eager loader (``handlers.loading``,
+through ``quantize_for_state``) both use ``quantize_linear``, so an int8 state dict loads into
+exactly the module it came from; eager archives made with torch.ao's recipe before still load.
 CPU only, as torch's dynamic quantization was (``_int_mm`` on CUDA needs aligned shapes).
 """
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import torch
 from torch import nn
 
-__all__ = ["Int8DynamicLinear", "quantize_linear"]
+__all__ = ["Int8DynamicLinear", "quantize_for_state", "quantize_linear"]
 
 _QMAX = 127.0
 
@@ -71,3 +75,16 @@ def quantize_linear(model: nn.Module) -> nn.Module:
         else:
             quantize_linear(child)
     return model
+
+
+def quantize_for_state(model: nn.Module, state: Any = None) -> nn.Module:
+    """The int8 module ``state`` (an int8-dynamic state dict) was saved from: this recipe, or,
+    for an eager archive made before it, torch.ao's dynamic quantization (its state dict holds
+    ``_packed_params``), kept only so those archives still load."""
+    if isinstance(state, dict) and any("_packed_params" in str(key) for key in state):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao is deprecated
+            return torch.ao.quantization.quantize_dynamic(
+                model, {nn.Linear, nn.LSTM}, dtype=torch.qint8
+            )
+    return quantize_linear(model)

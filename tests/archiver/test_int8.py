@@ -66,11 +66,26 @@ def test_archive_and_verify_int8_print_no_deprecation(tmp_path: Path, convert: s
     torch.save(holder.state_dict(), tmp_path / "mlp.pt")
     torch.save(torch.randn(6, 16), tmp_path / "example.pt")
     proc = run_torchbay(
-        "archive", "--model-name", "mlp", "--version", "1.0", "--model-file",
-        str(tmp_path / "mlp.py"), "--serialized-file", str(tmp_path / "mlp.pt"),
-        "--handler", "tensor", "--example-input", str(tmp_path / "example.pt"),
-        "--convert", convert, "--precision", "int8-dynamic", "--export-path", str(tmp_path),
-    )  # fmt: skip
+        "archive",
+        "--model-name",
+        "mlp",
+        "--version",
+        "1.0",
+        "--model-file",
+        str(tmp_path / "mlp.py"),
+        "--serialized-file",
+        str(tmp_path / "mlp.pt"),
+        "--handler",
+        "tensor",
+        "--example-input",
+        str(tmp_path / "example.pt"),
+        "--convert",
+        convert,
+        "--precision",
+        "int8-dynamic",
+        "--export-path",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "deprecat" not in (proc.stdout + proc.stderr).lower()
     parity = read_manifest(tmp_path / "mlp.mar").torchbay.parity
@@ -81,3 +96,38 @@ def test_archive_and_verify_int8_print_no_deprecation(tmp_path: Path, convert: s
     # torch 2.13 prints "quantized tensor creation functions ... are deprecated" when a model
     # with qint8 tensors loads; the plain-int8 recipe has none.
     assert "deprecat" not in proc.stderr.lower()
+
+
+def test_an_eager_int8_archive_of_the_torch_ao_recipe_still_loads(tmp_path: Path) -> None:
+    """Eager int8 archives packed before the plain-int8 recipe hold torch.ao's packed weights."""
+    import json
+
+    from torchbay.handlers.testing import run_handler
+
+    (tmp_path / "mlp.py").write_text(MODEL)
+    holder = torch.nn.Module()
+    holder.net = _mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        legacy = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(holder), {torch.nn.Linear}, dtype=torch.qint8
+        )
+    state = legacy.state_dict()
+    assert any("_packed_params" in key for key in state)
+    torch.save(state, tmp_path / "q.pt")
+    manifest = {
+        "model": {
+            "modelName": "mlp",
+            "serializedFile": "q.pt",
+            "modelFile": "mlp.py",
+            "handler": "tensor",
+        },
+        "torchbay": {"format": "eager", "precision": "int8-dynamic"},
+    }
+    (tmp_path / "MAR-INF").mkdir()
+    (tmp_path / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+    x = torch.randn(1, 16)
+    reply = run_handler("tensor", [x.tolist()], model_dir=tmp_path)[0]
+    assert reply.status == 200, reply.text
+    got = torch.tensor(reply.json()["output"])
+    assert torch.allclose(got, legacy.net(x), atol=1e-5)
