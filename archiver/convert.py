@@ -6,12 +6,15 @@ cause raises ConversionError naming the layer or op, or ArchiveArgumentError for
 Formats and what each precision can take:
   torchscript (trace/script, model.pt): fp32, fp16, bf16, int8-dynamic; ``optimize`` freezes and
       runs torch.jit.optimize_for_inference.
-  exported (torch.export, model.pt2, dynamic batch dimension): fp32, fp16, bf16.
+  exported (torch.export, model.pt2, dynamic batch dimension): fp32, fp16, bf16, int8-dynamic
+      (the int8 layers are plain tensors and aten ops, so torch.export takes them).
   eager (model file + state dict): fp32, fp16, bf16, int8-dynamic (the loader quantizes the
       model's Linear layers the same way before loading the int8 state dict).
 int8-dynamic is ``torchbay.handlers.int8``: Linear layers only, int8 weights per output channel,
 activations quantized per row at run time, plain int8 tensors and ``torch._int_mm`` (no
 ``torch.ao.quantization``, which torch 2.13 deprecates together with its quantized dtypes).
+TorchScript itself (torch.jit.trace/script/save/load) is deprecated in torch 2.13: torch.export
+is the supported format, and the one the quickstart uses.
 fp16/bf16 TorchScript models take float32 or half input and return float32 (the cast is baked into
 the graph, so any handler can feed them). Exported fp16/bf16 programs are specialized on the input
 dtype: they take half input (the loader's ``model_input_dtype``) and return half.

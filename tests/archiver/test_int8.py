@@ -57,7 +57,7 @@ def test_quantize_linear_uses_plain_int8_and_warns_nothing() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("convert", ["torchscript-trace", "none"])
+@pytest.mark.parametrize("convert", ["export", "torchscript-trace", "none"])
 def test_archive_and_verify_int8_print_no_deprecation(tmp_path: Path, convert: str) -> None:
     (tmp_path / "mlp.py").write_text(MODEL)
     model = _mlp()

@@ -18,7 +18,7 @@ def test_digits_int8_served_reads_the_samples(serve, tmp_path: Path) -> None:
     out = tmp_path / "out"
     accuracy = example_module("digits", "train").train(out, epochs=8)
     assert accuracy > 0.9
-    # The quickstart's archive: TorchScript, int8-dynamic, with the parity check.
+    # The quickstart's archive: torch.export, int8-dynamic, with the parity check.
     package(
         ArchiveOptions(
             model_name="digits",
@@ -29,7 +29,7 @@ def test_digits_int8_served_reads_the_samples(serve, tmp_path: Path) -> None:
             extra_files=(str(out / "index_to_name.json"),),
             config_file=out / "model-config.yaml",
             example_input=out / "example_input.pt",
-            convert="torchscript-trace",
+            convert="export",
             precision="int8-dynamic",
             export_path=tmp_path / "store",
         )
