@@ -38,6 +38,7 @@ class VerifyResult:
     timings: dict[str, float]
     input_description: str
     stored_example: bool = False
+    parts: tuple[bytes, ...] = ()  # what a streaming handler sent before ``body``
 
     @property
     def output(self) -> Any:
@@ -160,6 +161,7 @@ def verify_archive(
             timings=dict(runner.timings),
             input_description=what,
             stored_example=not input_files,
+            parts=reply.parts,
         )
         for reply, (_, what) in zip(replies, pairs, strict=True)
     ]
@@ -181,6 +183,9 @@ def render(report: VerifyReport) -> str:
             f"status:  {result.status} {result.content_type}",
             f"output:  {shown}",
         ]
+        if result.parts:
+            streamed = b"".join((*result.parts, result.body)).decode("utf-8", "replace")
+            lines.append(f"stream:  {len(result.parts)} parts, then the output: {streamed}")
     lines.append("timings: " + "  ".join(f"{k} {v:.2f} ms" for k, v in report.timings.items()))
     failures = report.failures
     refused = sum(1 for r in report.results if 400 <= r.status < 500 and not r.failed)

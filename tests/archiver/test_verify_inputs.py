@@ -84,3 +84,38 @@ def test_missing_input_and_bad_batch_size_are_usage_errors(
     assert "does not exist" in capsys.readouterr().err
     assert main(["verify", str(echo_mar), "--batch-size", "0", "--input", str(echo_mar)]) == 1
     assert "--batch-size must be at least 1" in capsys.readouterr().err
+
+
+STREAMER = """\
+from ts.protocol.otf_message_handler import send_intermediate_predict_response
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    words = data[0]["body"].split()
+    for word in words[:-1]:
+        send_intermediate_predict_response([word + " "], context.request_ids, "", 200, context)
+    return [words[-1]]
+"""
+
+
+def test_a_streaming_handler_shows_its_parts(
+    echo_mar: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = echo_mar.parent
+    (root / "streamer.py").write_text(STREAMER)
+    (root / "words.txt").write_text("one two three")
+    package(
+        ArchiveOptions(
+            model_name="streamer",
+            version="1.0",
+            serialized_file=root / "id.pt",
+            handler=str(root / "streamer.py"),
+            export_path=root,
+        )
+    )
+    assert main(["verify", str(root / "streamer.mar"), "--input", str(root / "words.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "output:  three" in out
+    assert "stream:  2 parts, then the output: one two three" in out
