@@ -23,7 +23,9 @@ def _csv(kind: type) -> Any:
     return parse
 
 
-def _add_load_args(p: argparse.ArgumentParser) -> None:
+def _add_load_args(
+    p: argparse.ArgumentParser, protocols: tuple[str, ...] = ("predict", "v2")
+) -> None:
     p.add_argument(
         "--input",
         dest="inputs",
@@ -36,9 +38,14 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--content-type", help="default: from the file suffix (octet-stream otherwise)")
     p.add_argument(
         "--protocol",
-        choices=("predict", "v2"),
+        choices=protocols,
         default="predict",
-        help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route",
+        help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route"
+        + (
+            "; grpc: TorchServe's gRPC Predictions, beside HTTP (benchmarks/grpc_load.py)"
+            if "grpc" in protocols
+            else ""
+        ),
     )
     p.add_argument(
         "--procs",
@@ -94,7 +101,7 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--max-connections", type=int, default=1024)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    _add_load_args(run)
+    _add_load_args(run, ("predict", "v2", "grpc"))
     run.set_defaults(func=run_run)
 
 
@@ -163,6 +170,18 @@ def _options(model: Any, args: argparse.Namespace) -> Any:
 def run_run(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.bench import ProgressLine, RunOptions, format_report, run_bench
 
+    if args.protocol == "grpc":
+        from torchbay.benchmarks import grpc_load
+
+        args.protocol = "predict"  # the HTTP side of the comparison
+        reports = grpc_load.run_grpc_bench(_options(RunOptions, args))
+        dump = [r.as_dict() for r in reports]
+        print(
+            json.dumps(dump, indent=2, default=str)
+            if args.json
+            else grpc_load.format_side_by_side(reports)
+        )
+        return 0
     options = _options(RunOptions, args)
     progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
     try:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,12 @@ log = logging.getLogger("torchbay.cli")
 def register(subparsers: Any) -> None:
     serve = subparsers.add_parser(
         "serve",
-        help="serve model archives (runs in the foreground)",
-        description="Serve model archives: inference (8080), management (8081), metrics (8082).",
+        help="serve model archives (foreground; --start: in the background)",
+        description="Serve model archives: inference (8080), management (8081), metrics (8082). "
+        "Logs go to the console and to logs/ (LOG_LOCATION): ts_log.log, access_log.log, "
+        "model_log.log.",
     )
+    _lifecycle_flags(serve)
     serve.add_argument("--model-store", help="folder holding the .mar archives")
     serve.add_argument(
         "--models",
@@ -50,14 +54,32 @@ def register(subparsers: Any) -> None:
     serve.add_argument(
         "--ready-file", help="write the bound ports as JSON here once every startup model loaded"
     )
-    # Accepted for TorchServe compatibility: torchbay always runs in the foreground and never
-    # writes config snapshots.
-    for flag in ("--start", "--foreground", "--ncs", "--no-config-snapshots"):
+    # Accepted for TorchServe compatibility: torchbay never writes config snapshots.
+    for flag in ("--ncs", "--no-config-snapshots"):
         serve.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    serve.add_argument("--log-config", help=argparse.SUPPRESS)
+    # The server --start runs: where it says "ready" (server/daemon.py).
+    serve.add_argument("--daemon-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
     serve.add_argument("--workflow-store", help=argparse.SUPPRESS)
     serve.set_defaults(func=run_serve)
+
+
+def _lifecycle_flags(serve: argparse.ArgumentParser) -> None:
+    """TorchServe's --start/--stop/--foreground/--log-config (see server/daemon.py)."""
+    mode = serve.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--start",
+        action="store_true",
+        help="start in the background: return once it serves (pid file $TMPDIR/.model_server.pid)",
+    )
+    mode.add_argument("--stop", action="store_true", help="stop the server --start started")
+    serve.add_argument(
+        "--foreground", action="store_true", help="run in this process (the default; beats --start)"
+    )
+    serve.add_argument(
+        "--log-config",
+        help="Python logging config: dictConfig JSON/YAML or fileConfig INI (log4j2 XML: ignored)",
+    )
 
 
 def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -89,36 +111,52 @@ def expected_startup_workers(config: Any) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from torchbay.server import daemon
+
+    if args.stop:
+        return daemon.stop()
+    if args.start and not args.foreground and args.daemon_fd is None:
+        return daemon.start(getattr(args, "argv", None) or sys.argv[1:])
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """The server in this process: ``--foreground``, or the child ``--start`` runs."""
+    from torchbay.server import daemon
     from torchbay.server.config.sources import load_server_config
+    from torchbay.server.errors import TorchbayError
     from torchbay.server.http.listeners import bind_listeners, close_all, preflight
+    from torchbay.server.observe.logfiles import read_log_config
     from torchbay.server.serving.handle import spawn_process
 
-    for flag in ("log_config", "plugins_path", "workflow_store"):
+    for flag in ("plugins_path", "workflow_store"):
         if getattr(args, flag):
             log.info("--%s is a TorchServe option torchbay ignores", flag.replace("_", "-"))
+    log_config = read_log_config(args.log_config) if args.log_config else None
     config, notes = load_server_config(
         ts_config=args.ts_config, env=dict(os.environ), cli=_cli_settings(args)
     )
     # Everything that can make the start fail on its own (a missing store, unreadable TLS files,
     # a port in use) is checked before a worker is spawned, a log line written or the key file
     # touched: the error is one line, and a server already on that port is left alone.
+    if config.model_store is None:  # as TorchServe's launcher: nothing to serve from
+        raise TorchbayError(
+            "missing mandatory parameter --model-store (or model_store in --ts-config)"
+        )
     preflight(config)
     listeners = bind_listeners(config)
-    # Then start the workers' processes: each imports torch (the slowest part of start-up)
-    # while the frontend imports the rest and unpacks the archives.
-    prewarmed = [
-        spawn_process(os.environ, log_format=config.log_format)
-        for _ in range(expected_startup_workers(config))
-    ]
-    from torchbay.server.observe.logs import configure_logging
-    from torchbay.server.serve import TorchbayServer
-
-    # --log-format json: one object a line, from the frontend and its workers alike.
-    stop_logging = configure_logging(config.log_format, access_log=config.access_log)
-    for note in notes:
-        log.info("%s", note)
+    notice = _ready_notice(args.daemon_fd)
+    output = stop_logging = None
     try:
-        server = TorchbayServer(
+        output, stop_logging = _start_logging(config, log_config, notes)
+        # Then start the workers' processes: each imports torch (the slowest part of start-up)
+        # while the frontend imports the rest and unpacks the archives. They inherit stdout and
+        # stderr: the pipe that WorkerOutput reads into model_log.log.
+        prewarmed = [
+            spawn_process(os.environ, log_format=config.log_format)
+            for _ in range(expected_startup_workers(config))
+        ]
+        server = _server_class(lambda: _on_ready(notice, output, stop_logging))(
             config,
             env=dict(os.environ),
             ready_file=Path(args.ready_file) if args.ready_file else None,
@@ -128,8 +166,75 @@ def run_serve(args: argparse.Namespace) -> int:
         _run(server)
     finally:
         close_all(listeners)  # the server took them; only a failure before that leaves any
-        stop_logging()
+        if output is not None:
+            output.close()
+        if stop_logging is not None:
+            stop_logging()
+        if notice is not None:
+            notice.close()
+            daemon.remove_pid_file(os.getpid())
     return 0
+
+
+def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any, Any]:
+    """Console and log files (``logs/`` or ``LOG_LOCATION``), workers' output, --log-config."""
+    from torchbay.server.observe.logfiles import WorkerOutput, log_dir, log_files
+    from torchbay.server.observe.logs import configure_logging
+
+    files, unwritable = log_files(log_dir(os.environ))
+    output = WorkerOutput()
+    try:
+        # --log-format json: one object a line, from the frontend and its workers alike.
+        stop_logging = configure_logging(
+            config.log_format, access_log=config.access_log, stream=output.console, files=files
+        )
+    except BaseException:
+        output.close()
+        raise
+    output.start(stop_logging)
+    if unwritable:
+        log.warning("%s", unwritable)
+    for note in notes:
+        log.info("%s", note)
+    if log_config is not None:
+        try:
+            log_config.apply()
+        except BaseException:
+            output.close()
+            stop_logging()
+            raise
+    return output, stop_logging
+
+
+def _ready_notice(fd: int | None) -> Any:
+    if fd is None:
+        return None
+    from torchbay.server.daemon import ReadyNotice
+
+    return ReadyNotice(fd)
+
+
+def _on_ready(notice: Any, output: Any, pipeline: Any) -> None:
+    """Started by ``--start``: the console so far went to ``--start``; from now on, only files."""
+    if notice is None:
+        return
+    from torchbay.server.observe.logfiles import SERVER_LOG, log_dir
+
+    pipeline.flush()
+    server_log = log_dir(os.environ) / SERVER_LOG
+    output.detach_console(server_log if server_log.is_file() else None)
+    notice.send()
+
+
+def _server_class(on_ready: Any) -> Any:
+    from torchbay.server.serve import TorchbayServer
+
+    class Server(TorchbayServer):
+        async def startup(self) -> None:
+            await super().startup()
+            on_ready()
+
+    return Server
 
 
 def _run(server: Any) -> None:

@@ -29,10 +29,13 @@ import uvicorn
 
 from torchbay import __version__
 from torchbay.server.config.settings import ModelConfig, ServerConfig, parse_address
+from torchbay.server.grpc.calls import Calls
+from torchbay.server.grpc.server import GrpcListeners
 from torchbay.server.http.asgi import ASGIApp
 from torchbay.server.http.combined import CombinedApp
 from torchbay.server.http.limits import HttpLimits, protocol_class
 from torchbay.server.http.listeners import bind_listeners, check_tls, close_all
+from torchbay.server.observe.logs import request_hook
 from torchbay.server.serving.devices import (
     DeviceAssigner,
     cpu_affinity_for,
@@ -52,6 +55,8 @@ class Ports:
     inference: int = 0
     management: int = 0
     metrics: int = 0
+    grpc_inference: int = 0
+    grpc_management: int = 0
 
 
 @dataclass
@@ -100,6 +105,7 @@ class TorchbayServer:
         self.registry: ModelRegistry | None = None
         self.metrics: Any = None
         self.auth: Any = None  # http.auth.TokenAuth while token authorization is on
+        self.grpc: GrpcListeners | None = None
 
     # -- placement ------------------------------------------------------------------------------
 
@@ -176,6 +182,10 @@ class TorchbayServer:
             self._sockets = bind_listeners(config)
         for name, sock in self._sockets.items():
             setattr(self.state.ports, name, sock.getsockname()[1])
+        self.grpc = GrpcListeners(config)
+        self.grpc.bind()  # TorchbayError naming the listener; nothing written yet
+        self.state.ports.grpc_inference = self.grpc.ports["inference"]
+        self.state.ports.grpc_management = self.grpc.ports["management"]
         apps = build_apps(self)  # writes the key file: every listener is bound by now
         self.registry = apps.registry
         self.metrics = apps.metrics
@@ -195,17 +205,32 @@ class TorchbayServer:
         for name, app in routes.items():
             if name in self._sockets:  # no metrics listener with enable_metrics_api false
                 await self._listen(name, app, protocol)
+        await self._start_grpc(apps)
         await self._load_startup_models()
         await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()
         self._write_ready_file()
         log.info(
-            "torchbay %s ready: inference :%d, management :%d, metrics :%d",
+            "torchbay %s ready: inference :%d, management :%d, metrics :%d, "
+            "gRPC inference :%d, gRPC management :%d",
             __version__,
             self.state.ports.inference,
             self.state.ports.management,
             self.state.ports.metrics,
+            self.state.ports.grpc_inference,
+            self.state.ports.grpc_management,
         )
+
+    async def _start_grpc(self, apps: Any) -> None:
+        """The gRPC services over the same registry, keys, metrics and management state."""
+        assert self.grpc is not None
+        calls = Calls(
+            apps.registry,
+            check_key=apps.auth.check if apps.auth is not None else None,
+            server_version=__version__,
+            on_request=request_hook(apps.metrics.request_done),
+        )
+        await self.grpc.start(calls, apps.management_state)
 
     async def _listen(self, name: str, app: ASGIApp, protocol: type) -> None:
         parsed = parse_address(getattr(self.config, f"{name}_address"))
@@ -305,6 +330,8 @@ class TorchbayServer:
             "inference": ports.inference,
             "management": ports.management,
             "metrics": ports.metrics,
+            "grpc_inference": ports.grpc_inference,
+            "grpc_management": ports.grpc_management,
             "failed_models": self.state.failed_models,
         }
         tmp = self.ready_file.with_suffix(".tmp")
@@ -322,7 +349,14 @@ class TorchbayServer:
             if self.registry is not None
             else asyncio.sleep(0)
         )
-        await asyncio.gather(drain, *(server.shutdown(sockets=[sock]) for _, server, sock in front))
+        grpc_stop = (
+            self.grpc.stop(self.config.shutdown_grace_s)
+            if self.grpc is not None
+            else asyncio.sleep(0)
+        )
+        await asyncio.gather(
+            drain, grpc_stop, *(server.shutdown(sockets=[sock]) for _, server, sock in front)
+        )
         if self.registry is not None:
             await self.registry.stop()
         for task in list(self._late_loads):
@@ -335,7 +369,7 @@ class TorchbayServer:
             self.metrics.close()
         if self.auth is not None:
             self.auth.delete_key_file()  # as TorchServe does; only if it is still ours
-        log.info("stopped")
+        log.debug("stopped")  # the one shutdown line is "shutting down" (uvicorn's are muted)
 
 
 def _available_cores() -> int:

@@ -80,6 +80,7 @@ def _debug(args: argparse.Namespace) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --start` runs it again
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

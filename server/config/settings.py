@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from torchbay.server.config.grpc_settings import GrpcSettings
+
 log = logging.getLogger(__name__)
 
 # No NaN or infinity anywhere: ``max_batch_delay=inf`` is a typo, never a setting.
@@ -219,8 +221,8 @@ class ModelSpec(BaseModel):
 RESTART_BACKOFF_S = (0.0, 1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0)
 
 
-class ServerConfig(BaseModel):
-    """Everything ``torchbay serve`` needs, validated once at start."""
+class ServerConfig(GrpcSettings):
+    """Everything ``torchbay serve`` needs, validated once at start (gRPC: ``GrpcSettings``)."""
 
     model_config = _FROZEN
 
@@ -346,6 +348,8 @@ class ServerConfig(BaseModel):
                     f"{name} is https:// but private_key_file and certificate_file are not both "
                     "set (Java keystores are not supported)"
                 )
+        if self.enable_grpc_ssl and not (self.private_key_file and self.certificate_file):
+            raise ValueError("enable_grpc_ssl needs private_key_file and certificate_file")
         return self
 
     @property

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,10 +39,7 @@ SERVER_KEY_ALIASES = {
 SERVER_IGNORED_KEYS = frozenset(
     {
         "vmargs", "number_of_netty_threads", "netty_client_threads", "prefer_direct_buffer",
-        "async_logging", "grpc_inference_port", "grpc_management_port", "grpc_inference_address",
-        "grpc_management_address", "enable_grpc_ssl", "grpc_inference_max_connection_age_ms",
-        "grpc_management_max_connection_age_ms", "grpc_inference_max_connection_age_grace_ms",
-        "grpc_management_max_connection_age_grace_ms", "workflow_store",
+        "async_logging", "workflow_store",
         "install_py_dep_per_model", "initial_worker_port", "initial_distribution_port",
         "blacklist_env_vars", "use_env_allowed_urls", "metrics_config",
         "model_metrics_auto_detect", "system_metrics_cmd", "plugins_path", "keystore",
@@ -217,6 +216,7 @@ def resolve_model_config(
     version: str,
     archive_yaml: Mapping[str, Any] | None,
     api_overrides: Mapping[str, Any] | None,
+    default_workers: int | None = None,
 ) -> ModelConfig:
     """The settings of one model version, TorchServe's precedence, later wins::
 
@@ -229,11 +229,14 @@ def resolve_model_config(
     ``startup_timeout``, ``min_worker``, ``max_worker``, ``handler``) or by field name.
     A layer that raises ``min_workers`` without giving ``max_workers`` raises the maximum with it.
     Unlike TorchServe, ``initial_workers`` beats a yaml ``minWorkers>0`` (the API always wins).
+    ``default_workers`` replaces ``default_workers_per_model`` as the first layer's worker count
+    (TorchServe registers through the API with 0 workers unless the server sets the default).
     Raises ValidationError for bad values, ConfigError for an unknown API parameter.
     """
+    workers = server.default_workers_per_model if default_workers is None else default_workers
     merged: dict[str, Any] = {
-        "min_workers": server.default_workers_per_model,
-        "max_workers": server.default_workers_per_model,
+        "min_workers": workers,
+        "max_workers": workers,
         "batch_size": server.batch_size,
         "max_batch_delay_ms": server.max_batch_delay_ms,
         "response_timeout_s": server.default_response_timeout_s,
@@ -286,3 +289,48 @@ def _as_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None  # validation reports it
+
+
+# ------------------------------------------------------------------ management API parameters
+# TorchServe parses query parameters leniently (NettyUtils.getIntParameter: Integer.parseInt, and
+# the default on NumberFormatException; Boolean.parseBoolean): junk is "not given", not a 400.
+_JAVA_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def api_int(value: Any) -> int | None:
+    """A TorchServe integer parameter: None when absent or not an integer (the default)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and len(value) <= 20 and _JAVA_INT.fullmatch(value):
+        return int(value)  # beyond int32 too: the bounds check refuses it, not a silent default
+    return None
+
+
+def api_number(value: Any) -> float | None:
+    """An integer parameter torchbay also takes as a decimal (milliseconds, seconds)."""
+    number = api_int(value)
+    if number is not None:
+        return float(number)
+    if isinstance(value, bool) or not isinstance(value, str | float):
+        return None
+    try:
+        result = float(value)
+    except ValueError:
+        return None
+    return result if math.isfinite(result) else None
+
+
+def api_bool(value: Any, default: bool) -> bool:
+    """Java's Boolean.parseBoolean: "true" in any case is true, anything else given is false."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    return isinstance(value, str) and value.lower() == "true"
+
+
+def positive_or_none(value: float | None) -> float | None:
+    """TorchServe's sentinel: a value <= 0 means "use the default"."""
+    return value if value is not None and value > 0 else None

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import make_asgi_app
 from starlette.middleware.cors import CORSMiddleware
 
 from torchbay import __version__
@@ -14,11 +13,14 @@ from torchbay.server.http.asgi import ASGIApp
 from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.http.management import build_management_app
+from torchbay.server.http.model_routes import Management
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
 from torchbay.server.http.triton import TritonApi
 from torchbay.server.observe.logs import request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
+from torchbay.server.observe.ts_metrics import counting
+from torchbay.server.observe.ts_metrics import metrics_app as ts_metrics_app
 from torchbay.server.serving.fetch import Fetcher
 from torchbay.server.serving.registry import ModelRegistry
 
@@ -41,6 +43,7 @@ class Apps:
     management: ASGIApp
     metrics_app: ASGIApp
     auth: TokenAuth | None = None  # None: token authorization disabled
+    management_state: Management | None = None  # what the gRPC management service shares
 
 
 def build_apps(server: TorchbayServer) -> Apps:
@@ -85,8 +88,12 @@ def build_apps(server: TorchbayServer) -> Apps:
             unload_timeout_s=config.unregister_model_timeout_s,
         ),
     )
-    management = build_management_app(registry, config, auth=auth)
-    metrics_app = with_openapi(make_asgi_app(metrics.registry), metrics_openapi(__version__))
+    # TorchServe's Requests2XX/4XX/5XX count every answer of both listeners; its series are
+    # written as TorchServe writes them (observe.ts_metrics).
+    inference = counting(inference, metrics)
+    management_app = build_management_app(registry, config, auth=auth)
+    management = counting(management_app, metrics)
+    metrics_app = with_openapi(ts_metrics_app(metrics), metrics_openapi(__version__))
     return Apps(
         registry=registry,
         metrics=metrics,
@@ -94,6 +101,7 @@ def build_apps(server: TorchbayServer) -> Apps:
         management=with_cors(management, config),
         metrics_app=with_cors(metrics_app, config),
         auth=auth,
+        management_state=management_app.state.management,
     )
 
 

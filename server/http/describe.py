@@ -42,6 +42,22 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
     }
 
 
+# TorchServe 0.12's describe fields for features torchbay does not have, at its values for a
+# model without them (parallelism, continuous batching, job tickets, venvs, sequences).
+_TS_FIXED = {
+    "parallelType": "",
+    "parallelLevel": 0,
+    "continuousBatching": False,
+    "useJobTicket": False,
+    "useVenv": False,
+    "stateful": False,
+    "sequenceMaxIdleMSec": 0,
+    "sequenceTimeoutMSec": 0,
+    "maxNumSequence": 0,
+    "maxSequenceJobQueueSize": 0,
+}
+
+
 def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
     """TorchServe's describe-model object, plus what torchbay knows beyond it."""
     s = mv.settings
@@ -69,7 +85,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "workerRecycles": mv.recycles,
         "maxRequestsPerWorker": s.max_requests_per_worker,
         "maxWorkerRssMb": s.max_worker_rss_mb,
-        "loadedAtStartup": True,
+        "loadedAtStartup": mv.key in registry.startup_models,
         "isDefault": registry.is_default(mv),
         "workers": [_worker(slot) for slot in mv.slots],
         "metrics": {
@@ -81,6 +97,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
             "remainingCapacity": mv.queue.remaining_capacity,
             "pendingRequests": len(mv.queue),
         },
+        **_TS_FIXED,
         "format": getattr(info, "format", None),
         "precision": getattr(info, "precision", None),
     }

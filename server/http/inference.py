@@ -104,8 +104,9 @@ class InferenceApp:
         await send_json(send, 200, self.openapi)
 
     async def _ping(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        # TorchServe's rule: every default version has at least min_workers ready workers.
         healthy = all(
-            mv.healthy
+            mv.ready_workers >= mv.settings.min_workers
             for name, default in self.registry.defaults.items()
             for mv in (self.registry.models[name][default],)
         )

@@ -33,8 +33,10 @@ def preflight(config: ServerConfig) -> None:
 
 
 def check_tls(config: ServerConfig) -> None:
-    """Load the certificate and key as the listeners will, if any address is https://."""
-    if not any(parse_address(getattr(config, f"{n}_address")).tls for n in LISTENERS):
+    """Load the certificate and key as the listeners will, if any address is https:// or
+    ``enable_grpc_ssl`` is on."""
+    tls = any(parse_address(getattr(config, f"{n}_address")).tls for n in LISTENERS)
+    if not tls and not config.enable_grpc_ssl:
         return
     cert, key = config.certificate_file, config.private_key_file
     for path in (cert, key):
@@ -71,10 +73,22 @@ def bind_listeners(config: ServerConfig) -> dict[str, socket.socket]:
     try:
         for name in listener_names(config):
             bound[name] = _bind(name, getattr(config, f"{name}_address"))
+        check_grpc_ports(config)
     except BaseException:
         close_all(bound)
         raise
     return bound
+
+
+def check_grpc_ports(config: ServerConfig) -> None:
+    """Fail now, with one line, when a fixed gRPC port is taken (the gRPC server binds its own
+    sockets later, in serve.startup, and says the same if it is taken by then)."""
+    seen = set()
+    for name in ("inference", "management"):
+        host, port = getattr(config, f"grpc_{name}_address"), getattr(config, f"grpc_{name}_port")
+        if port and (host, port) not in seen:
+            seen.add((host, port))
+            _bind(f"gRPC {name}", f"http://{f'[{host}]' if ':' in host else host}:{port}").close()
 
 
 def close_all(sockets: dict[str, socket.socket]) -> None:

@@ -11,21 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from torchbay.server.config.settings import API_NAMES, MAX_TIMEOUT_S, ModelConfig, ServerConfig
-from torchbay.server.errors import BadRequest, ConfigError, MethodNotAllowed, NotFound
+from torchbay.server.config.settings import MAX_TIMEOUT_S, ServerConfig
+from torchbay.server.config.sources import api_bool, api_int, api_number
+from torchbay.server.errors import (
+    BadRequest,
+    ConfigError,
+    MethodNotAllowed,
+    NotFound,
+    TorchbayError,
+)
 from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.describe import describe
 from torchbay.server.http.openapi import documented
-from torchbay.server.serving.model import ModelVersion
+from torchbay.server.http.params import (
+    RegisterParams,
+    ScaleParams,
+    check_model_settings,
+    register_params,
+)
+from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.management")
@@ -75,67 +87,6 @@ def status(message: str, code: int = 200) -> JSONResponse:
     return JSONResponse({"status": message}, status_code=code)
 
 
-class RegisterParams(BaseModel):
-    """``POST /models`` parameters (TorchServe's names), from the query string or a JSON body."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
-
-    url: str = Field(min_length=1)
-    model_name: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-    handler: str | None = None
-    runtime: str | None = None  # accepted; torchbay runs Python handlers only
-    batch_size: int | None = Field(None, ge=1)
-    max_batch_delay: float | None = Field(None, ge=0)
-    initial_workers: int | None = Field(None, ge=0)
-    synchronous: bool = True  # TorchServe's code default (its docs say false)
-    response_timeout: float | None = Field(None, gt=0)
-    startup_timeout: float | None = Field(None, gt=0)
-    s3_sse_kms: bool | None = None  # accepted and ignored (no S3 here)
-
-
-class ScaleParams(BaseModel):
-    """``PUT /models/{m}[/{v}]`` parameters."""
-
-    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
-
-    min_worker: int | None = Field(None, ge=0)
-    max_worker: int | None = Field(None, ge=0)
-    synchronous: bool = False
-    timeout: float = -1  # TorchServe's drain timeout; torchbay always drains the batch in hand
-    batch_size: int | None = Field(None, ge=1)
-    max_batch_delay: float | None = Field(None, ge=0)
-    response_timeout: float | None = Field(None, gt=0)
-
-
-# API parameter -> ModelConfig field, for the bounds check (register's initial_workers too).
-_BOUNDED = {
-    **{k: v for k, v in API_NAMES.items() if k != "handler"},
-    "initial_workers": "min_workers",
-}
-
-
-def check_model_settings(params: dict[str, Any]) -> None:
-    """Raise BadRequest unless each given API parameter is within ``ModelConfig``'s bounds.
-
-    ``params`` maps TorchServe parameter names to values (None = not given). ModelConfig is the
-    one definition of the limits (config.properties, model-config.yaml and this API share it).
-    """
-    fields = {_BOUNDED[k]: v for k, v in params.items() if v is not None and k in _BOUNDED}
-    if not fields:
-        return
-    try:
-        ModelConfig.model_validate(fields)
-    except ValidationError as exc:
-        names = {_BOUNDED[k]: k for k, v in params.items() if v is not None and k in _BOUNDED}
-        parts = []
-        for err in exc.errors():
-            loc = [names.get(str(p), str(p)) for p in err.get("loc", ())]
-            parts.append(
-                f"{'.'.join(loc) or 'request'}: {err.get('msg')} (got {err.get('input')!r})"
-            )
-        raise BadRequest("Invalid parameter(s): " + "; ".join(parts)) from None
-
-
 # -- list, describe -----------------------------------------------------------------------------
 
 models = APIRouter(dependencies=[Depends(management_key)])
@@ -143,17 +94,21 @@ _CONTROL = [Depends(model_api)]
 
 
 @models.get("/models", **documented(400, 401))
-async def list_models(state: State, limit: int = 100, next_page_token: int = 0) -> dict[str, Any]:
-    if next_page_token < 0:
-        raise BadRequest("next_page_token must be >= 0")
-    limit = max(0, min(limit, 100))
+async def list_models(
+    state: State, limit: str | None = None, next_page_token: str | None = None
+) -> dict[str, Any]:
+    """TorchServe's paging: a limit that is junk, negative or over 100 is 100; a junk or
+    negative token is 0; ``nextPageToken`` is there unless the page ran past the end."""
+    size = api_int(limit)
+    size = 100 if size is None or not 0 <= size <= 100 else size
+    token = api_int(next_page_token)
+    token = 0 if token is None or token < 0 else token
     names = sorted(state.registry.models)
-    page = names[next_page_token : next_page_token + limit]
-    body: dict[str, Any] = {
-        "models": [{"modelName": n, "modelUrl": state.registry.resolve(n).url} for n in page]
-    }
-    if next_page_token + limit < len(names):
-        body["nextPageToken"] = str(next_page_token + limit)
+    body: dict[str, Any] = {}
+    if token + size <= len(names):
+        body["nextPageToken"] = str(token + size)
+    page = names[token : token + size]
+    body["models"] = [{"modelName": n, "modelUrl": state.registry.resolve(n).url} for n in page]
     return body
 
 
@@ -187,7 +142,7 @@ async def _register_params(request: Request) -> RegisterParams:
             if not isinstance(data, dict):
                 raise BadRequest("The JSON body must be an object of register parameters")
             raw.update(data)
-    return RegisterParams.model_validate(raw)
+    return register_params(raw)
 
 
 @models.post(
@@ -201,15 +156,23 @@ async def register_model(
     model_name: str | None = None,
     handler: str | None = None,
     runtime: str | None = None,
-    batch_size: int | None = None,
-    max_batch_delay: float | None = None,
-    initial_workers: int | None = None,
-    synchronous: bool | None = None,
-    response_timeout: float | None = None,
-    startup_timeout: float | None = None,
+    batch_size: str | None = None,  # the parameters, declared for the API description;
+    max_batch_delay: str | None = None,  # parsed as TorchServe does by _register_params
+    initial_workers: str | None = None,
+    synchronous: str | None = None,
+    response_timeout: str | None = None,
+    startup_timeout: str | None = None,
 ) -> JSONResponse:
-    params = await _register_params(request)
+    return await register(state, await _register_params(request))
+
+
+async def register(state: Management, params: RegisterParams) -> JSONResponse:
+    """Register an archive (``POST /models``; gRPC ``RegisterModel``)."""
     check_model_settings(params.model_dump())
+    config = state.config
+    # TorchServe registers with default_workers_per_model only when the server sets it, else 0.
+    set_default = "default_workers_per_model" in config.model_fields_set
+    default_workers = config.default_workers_per_model if set_default else 0
     overrides: dict[str, Any] = {
         key: value
         for key in ("batch_size", "max_batch_delay", "response_timeout", "startup_timeout")
@@ -224,22 +187,36 @@ async def register_model(
             overrides=overrides,
             initial_workers=params.initial_workers,
             synchronous=params.synchronous,
+            default_workers=default_workers,
+            startup=False,
         )
     except ConfigError as exc:  # a bad setting from the request, mapped at the boundary
         raise BadRequest(exc.message) from None
+    registered = f'Model "{mv.name}" Version: {mv.version} registered with'
+    if mv.settings.min_workers == 0:
+        return status(
+            f"{registered} 0 initial workers. Use scale workers API to add workers for the model."
+        )
     if not params.synchronous:
         return status("Processing worker updates...", 202)
-    return status(
-        f'Model "{mv.name}" Version: {mv.version} registered with '
-        f"{mv.ready_workers} initial workers"
-    )
+    return status(f"{registered} {mv.ready_workers} initial workers")
 
 
 # -- scale and tune -----------------------------------------------------------------------------
 
 
+async def _settle(mv: ModelVersion) -> None:
+    """Wait (bounded by the start-up timeout) while workers of ``mv`` are still starting, e.g.
+    those of an asynchronous registration: a scale counts them once they have loaded."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + mv.settings.startup_timeout_s + 5
+    while mv.status is ModelStatus.LOADING and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
 async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> None:
     async with state.lock_for(mv):
+        await _settle(mv)
         if (
             params.batch_size is not None
             or params.max_batch_delay is not None
@@ -262,7 +239,7 @@ def _scale_params(
     tuning: dict[str, Any],
 ) -> ScaleParams:
     """TorchServe's defaults filled in and every value checked, or BadRequest."""
-    if not (math.isfinite(timeout) and -1 <= timeout <= MAX_TIMEOUT_S):
+    if not -1 <= timeout <= MAX_TIMEOUT_S:
         raise BadRequest(f"timeout must be -1 to {MAX_TIMEOUT_S:g} seconds, got {timeout}")
     if min_worker is None and all(v is None for v in tuning.values()):
         min_worker = 1  # TorchServe's default
@@ -271,7 +248,7 @@ def _scale_params(
     if min_worker is None and max_worker is not None:
         raise BadRequest("max_worker needs min_worker")
     if max_worker is not None and min_worker is not None and max_worker < min_worker:
-        raise BadRequest(f"max_worker ({max_worker}) cannot be less than min_worker ({min_worker})")
+        raise BadRequest("max_worker cannot be less than min_worker.")  # TorchServe's words
     check_model_settings({"min_worker": min_worker, "max_worker": max_worker, **tuning})
     return ScaleParams(
         min_worker=min_worker,
@@ -282,28 +259,46 @@ def _scale_params(
     )
 
 
+def _number(name: str, value: str | None, parse: Callable[[Any], Any]) -> Any:
+    if value is None:
+        return None
+    number = parse(value)
+    if number is None:
+        raise BadRequest(f"Invalid parameter(s): {name}: must be a finite number, got {value!r}")
+    return number
+
+
 @models.put("/models/{name}", **documented(202, 206, 400, 401, 404))
 @models.put("/models/{name}/{version}", **documented(202, 206, 400, 401, 404))
 async def scale_model(
     state: State,
     name: str,
     version: str | None = None,
-    min_worker: int | None = None,
-    max_worker: int | None = None,
-    synchronous: bool = False,
-    timeout: float = -1,
-    batch_size: int | None = None,
-    max_batch_delay: float | None = None,
-    response_timeout: float | None = None,
+    min_worker: str | None = None,  # parsed as TorchServe does: junk is the default
+    max_worker: str | None = None,
+    synchronous: str | None = None,
+    timeout: str | None = None,
+    batch_size: str | None = None,
+    max_batch_delay: str | None = None,
+    response_timeout: str | None = None,
 ) -> JSONResponse:
     mv = state.registry.resolve(name, version)
+    # TorchServe's own parameters parse leniently (junk is the default); torchbay's live tuning
+    # (not in TorchServe's scale API) is refused when it is not a number (nothing changes).
     tuning = {
-        "batch_size": batch_size,
-        "max_batch_delay": max_batch_delay,
-        "response_timeout": response_timeout,
+        "batch_size": _number("batch_size", batch_size, api_int),
+        "max_batch_delay": _number("max_batch_delay", max_batch_delay, api_number),
+        "response_timeout": _number("response_timeout", response_timeout, api_number),
     }
-    params = _scale_params(min_worker, max_worker, synchronous, timeout, tuning)
-    if not synchronous:
+    drain = api_number(timeout)  # TorchServe's parameter: junk is its default, -1
+    params = _scale_params(
+        api_int(min_worker),
+        api_int(max_worker),
+        api_bool(synchronous, False),
+        -1 if drain is None else drain,
+        tuning,
+    )
+    if not params.synchronous:
         task = asyncio.ensure_future(_scale(state, mv, params))
         _background.add(task)
         task.add_done_callback(_scale_done)
@@ -311,14 +306,16 @@ async def scale_model(
     await _scale(state, mv, params)
     if params.min_worker is None:
         return status(f"Model {mv.name} version {mv.version} updated")
-    ready = mv.ready_workers
-    if ready < params.min_worker:
-        return status(
-            f"Workers scaled to {ready} of {params.min_worker} for model: {mv.name}; "
-            f"{mv.load_error or 'some workers failed to start'}",
-            206,
-        )
-    return status(f"Workers scaled to {params.min_worker} for model: {mv.name}")
+    # TorchServe 0.12 (ApiUtils.updateModelWorkers): 200 when scaled, 500 when starting the
+    # workers failed, 206 when they are not all up yet.
+    if mv.ready_workers < params.min_worker:
+        if mv.load_error is not None:
+            log.warning("model %s: scaling failed: %s", mv.key, mv.load_error)
+            failed = f"Failed to start workers for model {mv.name} version: {mv.version}"
+            raise TorchbayError(failed)
+        return status("Workers scaling in progress...", 206)
+    scaled = f"Workers scaled to {params.min_worker} for model: {mv.name}"
+    return status(scaled if version is None else f"{scaled}, version: {version}")
 
 
 def _scale_done(task: asyncio.Task) -> None:

@@ -254,6 +254,7 @@ class TritonApi:
                     name=name,
                     overrides=overrides,
                     initial_workers=workers,
+                    startup=False,  # describe: loadedAtStartup false
                 )
             except ConfigError as exc:
                 raise BadRequest(exc.message) from None

@@ -26,10 +26,12 @@ import logging.handlers
 import os
 import queue
 import sys
+import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
@@ -165,6 +167,8 @@ class _OwnedQueueHandler(logging.handlers.QueueHandler):
     on the root logger, so no other handler sees the record after it."""
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        if len(logging.root.handlers) > 1:  # --log-config added one: it must see the original
+            return super().prepare(record)
         record.msg = self.format(record)
         record.message = record.msg
         record.args = None
@@ -191,18 +195,99 @@ class _IdleFlushHandler(logging.StreamHandler):
             super().flush()
 
 
+RecordFilter = Callable[[logging.LogRecord], bool]
+
+
+class _IdleFlushFile(logging.FileHandler):
+    """A log file (append mode, opened at once) flushed as ``_IdleFlushHandler`` is."""
+
+    def __init__(self, path: Path, records: queue.SimpleQueue, keep: RecordFilter | None) -> None:
+        super().__init__(path, mode="a", encoding="utf-8")
+        self._records = records
+        if keep is not None:
+            self.addFilter(keep)
+
+    def flush(self) -> None:
+        if self._records.empty():
+            super().flush()
+
+
+class LogPipeline:
+    """What :func:`configure_logging` set up. Call it once at exit: it flushes what is queued and
+    puts logging's global switches back."""
+
+    def __init__(self, records: queue.SimpleQueue, formatter: logging.Formatter) -> None:
+        self._records = records
+        self.formatter = formatter  # the frontend's: text or JSON
+        self._stop: Callable[[], None] = lambda: None
+
+    def __call__(self) -> None:
+        self._stop()
+
+    def put_line(self, name: str, line: str) -> None:
+        """Write ``line`` as it is (already formatted) to every destination, as logger ``name``."""
+        record = logging.LogRecord(name, logging.INFO, "", 0, line, None, None)
+        self._records.put(record)
+
+    def put_message(self, name: str, message: str) -> None:
+        """Format ``message`` as a record of logger ``name`` (INFO) and write it."""
+        record = logging.LogRecord(name, logging.INFO, "", 0, message, None, None)
+        self.put_line(name, self.formatter.format(record))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything logged so far is written and flushed (False: not in time)."""
+        record = logging.LogRecord(_BARRIER, logging.INFO, "", 0, "", None, None)
+        done = threading.Event()
+        record.barrier = done
+        self._records.put(record)
+        return done.wait(timeout)
+
+
+_BARRIER = "torchbay.logs.barrier"
+
+
+class _Listener(logging.handlers.QueueListener):
+    """The writer thread: a barrier record flushes every handler and wakes its waiter."""
+
+    def handle(self, record: logging.LogRecord) -> None:
+        if record.name != _BARRIER:
+            super().handle(record)
+            return
+        for handler in self.handlers:
+            logging.StreamHandler.flush(handler)  # type: ignore[arg-type]
+        record.barrier.set()
+
+
+def _quiet_uvicorn(record: logging.LogRecord) -> bool:
+    """Each uvicorn server logs "Shutting down" (three listeners: three lines); ours logs one."""
+    return not (
+        record.name == "uvicorn.error"
+        and isinstance(record.msg, str)
+        and record.msg.startswith(("Shutting down", "Waiting for connections to close"))
+    )
+
+
+def _stderr() -> TextIO:
+    # stderr is line-buffered: one write syscall per line. Give the writer thread its own
+    # buffer; _IdleFlushHandler flushes it whenever the queue runs dry.
+    sys.stderr.flush()
+    return open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False)
+
+
 def configure_logging(
     log_format: str = "text",
     *,
     level: int | None = None,
     stream: TextIO | None = None,
     access_log: bool = True,
-) -> Callable[[], None]:
-    """Route every log record (ours, uvicorn's) through one formatter to ``stream`` (stderr).
+    files: Mapping[Path, RecordFilter | None] | None = None,
+) -> LogPipeline:
+    """Route every log record (ours, uvicorn's) through one formatter to ``stream`` (stderr) and
+    to each of ``files`` (appended to; a filter keeps only some records, see ``logfiles.py``).
 
     Replaces the root logger's handlers; ``level`` None keeps the root level; ``access_log``
-    False silences the ``torchbay.access`` logger. Returns a function that flushes what is
-    queued and restores nothing else: call it once at exit.
+    False silences the ``torchbay.access`` logger. Returns the :class:`LogPipeline`: call it once
+    at exit (it flushes what is queued and restores nothing else).
     """
     # No caller lookup per record (file, line, function): none of our formats prints it, and it
     # walks the stack on every call (logging's documented optimisation).
@@ -212,18 +297,19 @@ def configure_logging(
     saved_flags = (logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO if access_log else logging.WARNING)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(_quiet_uvicorn)
     root = logging.getLogger()
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     front = _OwnedQueueHandler(records)
-    front.setFormatter(make_formatter(log_format))  # format here; the listener only writes
-    if stream is None:
-        # stderr is line-buffered: one write syscall per line. Give the writer thread its own
-        # buffer; _IdleFlushHandler flushes it whenever the queue runs dry.
-        sys.stderr.flush()
-        stream = open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False)  # noqa: SIM115
-    back = _IdleFlushHandler(stream, records)
-    back.setFormatter(logging.Formatter("%(message)s"))
-    listener = logging.handlers.QueueListener(records, back)
+    pipeline = LogPipeline(records, make_formatter(log_format))
+    front.setFormatter(pipeline.formatter)  # format here; the listener only writes
+    back = _IdleFlushHandler(stream or _stderr(), records)
+    file_writers = [_IdleFlushFile(path, records, keep) for path, keep in (files or {}).items()]
+    writers = [back, *file_writers]
+    for writer in writers:
+        writer.setFormatter(logging.Formatter("%(message)s"))
+    listener = _Listener(records, *writers)
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.addHandler(front)
@@ -234,8 +320,13 @@ def configure_logging(
     def stop() -> None:
         listener.stop()
         root.removeHandler(front)
-        logging.StreamHandler.flush(back)
+        uvicorn_log.removeFilter(_quiet_uvicorn)
+        for writer in writers:
+            logging.StreamHandler.flush(writer)  # type: ignore[arg-type]
+        for writer in file_writers:
+            writer.close()
         logging._srcfile = srcfile  # type: ignore[attr-defined]
         logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved_flags
 
-    return stop
+    pipeline._stop = stop
+    return pipeline

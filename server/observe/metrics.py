@@ -29,15 +29,19 @@ lost with a dying worker); requests refused at admission (503 queue full or no w
 expired in the queue) count only in ``torchbay_requests_total``, so overload never drags the
 latency percentiles down with instant rejections.
 
-TorchServe's frontend names, so existing dashboards and alerts keep working (anchors 1.6):
-``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
+TorchServe's frontend series, written as TorchServe 0.12 writes them in Prometheus mode (names,
+types, label order; tests/data/torchserve_0.12 holds its record) so existing dashboards and alerts
+keep working: counters ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
 ``ts_queue_latency_microseconds`` (``model_name``, ``model_version``, ``hostname``; the version is
-``"default"`` when the URL named none, as in TorchServe), ``Requests2XX/4XX/5XX`` (``Level``,
-``Hostname``; unknown models count here too), ``QueueTime`` and ``WorkerThreadTime`` (last
-request, ms), ``WorkerLoadTime`` (per live worker, ms). Their sample names are exactly
-TorchServe's, so the cumulative ones are exposed untyped (prometheus_client would append
-``_total`` to a counter). Host and GPU metrics: observe.system_metrics. Custom handler metrics:
-observe.custom_metrics.
+``"default"`` when the URL named none; requests routed to a model, refused ones included),
+counters ``Requests2XX/4XX/5XX`` (``Level``, ``Hostname``: every answer of the inference and
+management listeners, ``counting``), gauges ``QueueTime`` and ``WorkerThreadTime`` (last request,
+ms), ``WorkerLoadTime`` (``WorkerName``, ``Level``, ``Hostname``; per live worker, ms) and
+``PredictionTime`` (``ModelName``, ``Level``, ``Hostname``; the last batch's handler time, ms).
+prometheus_client cannot write a counter whose sample has no ``_total`` nor keep label order, so
+observe.ts_metrics writes them (``ts_text``) and serves them after the registry's text
+(``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
+Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -57,7 +61,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
@@ -101,8 +105,8 @@ class _Series:
         self.stages: dict[str, Any] = {}
         # TorchServe accumulators [requests, latency us, queue us], shared by every ModelVersion
         # object with the same labels (a model unloaded and loaded again continues its series).
-        self.ts_default = metrics._ts_acc.setdefault((name, "default"), [0.0, 0.0, 0.0])
-        self.ts_named = metrics._ts_acc.setdefault((name, version), [0.0, 0.0, 0.0])
+        self.ts_default = metrics.ts_totals.setdefault((name, "default"), [0.0, 0.0, 0.0])
+        self.ts_named = metrics.ts_totals.setdefault((name, version), [0.0, 0.0, 0.0])
 
 
 class ServerMetrics(Observer):
@@ -128,8 +132,11 @@ class ServerMetrics(Observer):
         self._declare(self.registry)
         self._series: dict[ModelVersion, _Series] = {}
         self._unrouted: dict[int, Any] = {}
-        self._ts_acc: dict[tuple[str, str], list[float]] = {}
-        self._codes = [0.0] * 6  # Requests{2,4,5}XX by status // 100
+        # TorchServe's series (observe.ts_metrics writes them): (model, version) -> [requests,
+        # latency us, queue us]; Requests{2,4,5}XX by status // 100.
+        self.ts_totals: dict[tuple[str, str], list[float]] = {}
+        self.status_counts = [0.0] * 6
+        self.prediction_ms: dict[str, float] = {}  # model name -> last batch's handler time
         self._last_total_s: float | None = None
         self._last_queue_s = 0.0
         self._last_handler_ms = 0.0
@@ -220,6 +227,30 @@ class ServerMetrics(Observer):
         series = self._series[mv] = _Series(self, mv)
         return series
 
+    def count_response(self, status: int) -> None:
+        """One answer of the inference or management listener (Requests2XX/4XX/5XX)."""
+        cls = status // 100
+        if 2 <= cls <= 5:
+            self.status_counts[cls] += 1
+
+    def last_times_ms(self) -> tuple[float, float] | None:
+        """TorchServe's QueueTime and WorkerThreadTime of the last request a worker took (ms):
+        its queue time, and its time outside the queue and the handler."""
+        if self._last_total_s is None:
+            return None
+        outside = (self._last_total_s - self._last_queue_s) * 1000 - self._last_handler_ms
+        return self._last_queue_s * 1000, max(0.0, outside)
+
+    def worker_load_times_ms(self) -> list[tuple[str, float]]:
+        """(worker name, load time ms) of every live worker (TorchServe's WorkerLoadTime)."""
+        versions = self.models.all_versions() if self.models is not None else []
+        return [
+            (slot.worker.name, slot.worker.load_time_ms)
+            for mv in versions
+            for slot in list(mv.slots)
+            if slot.worker is not None and slot.worker.load_time_ms is not None
+        ]
+
     # -- hooks (the hot path) -------------------------------------------------------------------
 
     def request_done(self, request: RequestRecord) -> None:
@@ -230,9 +261,6 @@ class ServerMetrics(Observer):
             request.queue_s,
             request.model,
         )
-        cls = status // 100
-        if 2 <= cls <= 5:
-            self._codes[cls] += 1
         if mv is None:  # no per-model series: the name came from the URL (unbounded values)
             child = self._unrouted.get(status)
             if child is None:
@@ -268,6 +296,7 @@ class ServerMetrics(Observer):
         handler_ms = record.timings_ms.get("handler")
         if handler_ms is not None:
             self._last_handler_ms = handler_ms
+            self.prediction_ms[model.name] = handler_ms
         if record.metrics:
             self.custom.record(model, record.metrics)
 
@@ -288,17 +317,15 @@ class ServerMetrics(Observer):
 
 
 class _ScrapeCollector(Collector):
-    """What is read when scraped: model state, and TorchServe's exact-name frontend series."""
+    """What is read when scraped: model state (TorchServe's series: observe.ts_metrics)."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
 
     def describe(self) -> Iterator[Metric]:
         yield from self._model_families()
-        yield from self._ts_families()
 
     def _model_families(self) -> tuple[GaugeMetricFamily, ...]:
-        host = ("WorkerName", "Level", "Hostname")
         return (
             GaugeMetricFamily(
                 "torchbay_queue_depth", "Requests waiting in the queue", labels=LABELS
@@ -314,51 +341,14 @@ class _ScrapeCollector(Collector):
             GaugeMetricFamily(
                 "torchbay_model_ready", "1 when the model version is READY", labels=LABELS
             ),
-            GaugeMetricFamily("WorkerLoadTime", "Worker load time (milliseconds)", labels=host),
         )
-
-    def _ts_families(self) -> tuple[Metric, ...]:
-        host = ("Level", "Hostname")
-        families: list[Metric] = [
-            CounterMetricFamily(
-                "ts_inference_requests", "Total number of inference requests.", labels=TS_LABELS
-            ),
-            Metric(
-                "ts_inference_latency_microseconds",
-                "Cumulative inference duration in microseconds",
-                "unknown",
-            ),
-            Metric(
-                "ts_queue_latency_microseconds",
-                "Cumulative queue duration in microseconds",
-                "unknown",
-            ),
-        ]
-        for cls in (2, 4, 5):
-            families.append(
-                Metric(
-                    f"Requests{cls}XX",
-                    f"Total number of requests with response in {cls}00-{cls}99 status code range.",
-                    "unknown",
-                )
-            )
-        families.append(GaugeMetricFamily("QueueTime", "Last queue time (ms)", labels=host))
-        families.append(
-            GaugeMetricFamily(
-                "WorkerThreadTime",
-                "Last request's time outside the queue and the handler (ms)",
-                labels=host,
-            )
-        )
-        return tuple(families)
 
     def collect(self) -> Iterator[Metric]:
         yield from self._collect_models()
-        yield from self._collect_ts()
 
     def _collect_models(self) -> Iterator[Metric]:
         m = self.metrics
-        depth, inflight, workers, ready, load = self._model_families()
+        depth, inflight, workers, ready = self._model_families()
         models = m.models
         versions = list(models.all_versions()) if models is not None else []
         states = list(WorkerState)
@@ -370,30 +360,6 @@ class _ScrapeCollector(Collector):
             counts = dict.fromkeys(states, 0)
             for slot in list(mv.slots):
                 counts[slot.state] += 1
-                worker = slot.worker
-                if worker is not None and worker.load_time_ms is not None:
-                    load.add_metric([worker.name, "Host", m.hostname], worker.load_time_ms)
             for state, count in counts.items():
                 workers.add_metric([*labels, state.value], count)
-        yield from (depth, inflight, workers, ready, load)
-
-    def _collect_ts(self) -> Iterator[Metric]:
-        m = self.metrics
-        requests, latency, queue, r2, r4, r5, queue_time, thread_time = self._ts_families()
-        for (name, version), (count, latency_us, queue_us) in list(m._ts_acc.items()):
-            if not count:
-                continue
-            labels = {"model_name": name, "model_version": version, "hostname": m.hostname}
-            requests.add_metric(list(labels.values()), count)
-            latency.add_sample(latency.name, labels, latency_us)
-            queue.add_sample(queue.name, labels, queue_us)
-        host = {"Level": "Host", "Hostname": m.hostname}
-        for family, cls in ((r2, 2), (r4, 4), (r5, 5)):
-            family.add_sample(family.name, host, m._codes[cls])
-        families = [requests, latency, queue, r2, r4, r5]
-        if m._last_total_s is not None:
-            queue_time.add_metric(["Host", m.hostname], m._last_queue_s * 1000)
-            outside = (m._last_total_s - m._last_queue_s) * 1000 - m._last_handler_ms
-            thread_time.add_metric(["Host", m.hostname], max(0.0, outside))
-            families += [queue_time, thread_time]
-        yield from families
+        yield from (depth, inflight, workers, ready)

@@ -346,9 +346,9 @@ class ModelVersion:
         if self.closing:
             raise ShuttingDown("The server is shutting down")
         if not any(s.may_serve for s in self.slots):
-            raise NoWorker(
-                f'Model "{self.name}" version {self.version} has no worker to serve inference '
-                "requests; scale it up with the management API"
+            raise NoWorker(  # TorchServe 0.12's words, less its sequence-batching advice
+                f'Model "{self.name}" has no worker to serve inference request. '
+                "Please use scale workers API to add workers."
             )
         loop = asyncio.get_running_loop()
         now = clock()

@@ -23,7 +23,6 @@ from torchbay.server.errors import (
     BadRequest,
     Conflict,
     DefaultVersionInUse,
-    InvalidModelVersion,
     ModelNotFound,
     ModelVersionNotFound,
     NotFound,
@@ -78,6 +77,7 @@ class ModelRegistry:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="torchbay-models-"))
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.defaults: dict[str, str] = {}
+        self.startup_models: set[str] = set()  # "name/version" registered at start-up
         self._lock = asyncio.Lock()
 
     # -- lookup ---------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ class ModelRegistry:
             return versions[version]
         except KeyError:
             raise ModelVersionNotFound(
-                f"Model version {version} does not exist for model {name}"
+                f"Model version: {version} does not exist for model: {name}"
             ) from None
 
     def all_versions(self) -> list[ModelVersion]:
@@ -125,8 +125,8 @@ class ModelRegistry:
             found = candidate.exists()
         except OSError:  # a name too long for the file system, ...
             found = False
-        if not found:
-            raise BadRequest(f"Model archive not found in the model store: {url[:256]}")
+        if not found:  # TorchServe's answer (404 ModelNotFoundException)
+            raise ModelNotFound(f"Model not found at: {url[:256]}")
         return candidate
 
     def store_archives(self) -> list[Path]:
@@ -149,12 +149,19 @@ class ModelRegistry:
         overrides: Mapping[str, Any] | None = None,
         initial_workers: int | None = None,
         synchronous: bool = True,
+        default_workers: int | None = None,
+        startup: bool = True,
     ) -> ModelVersion:
         """Unpack, configure and start one model version. Raises Conflict, BadRequest, load errors.
 
         With ``synchronous=False`` the workers start in the background and this returns as soon
-        as the version is registered (status LOADING).
+        as the version is registered (status LOADING). ``default_workers`` replaces the server's
+        ``default_workers_per_model`` when neither ``initial_workers`` nor the archive's config
+        says (the management API passes TorchServe's 0). ``startup=False``: registered through
+        an API, not at start-up (describe's ``loadedAtStartup``).
         """
+        if not url:
+            raise ModelNotFound("empty url")  # TorchServe's answer
         downloaded = url.startswith(("http://", "https://"))
         if downloaded:
             if self.fetch is None:
@@ -163,7 +170,13 @@ class ModelRegistry:
         else:
             path = self.archive_path(url)
         try:
-            return await self._register(path, url, name, overrides, initial_workers, synchronous)
+            api = dict(overrides or {})
+            if initial_workers is not None:
+                api["initial_workers"] = initial_workers
+            mv = await self._register(path, url, name, api, default_workers, synchronous)
+            if startup:
+                self.startup_models.add(mv.key)
+            return mv
         finally:
             if downloaded:  # unpacked (or refused): the download is never needed again
                 _remove(path)
@@ -173,8 +186,8 @@ class ModelRegistry:
         path: Path,
         url: str,
         name: str | None,
-        overrides: Mapping[str, Any] | None,
-        initial_workers: int | None,
+        overrides: Mapping[str, Any],
+        default_workers: int | None,
         synchronous: bool,
     ) -> ModelVersion:
         try:
@@ -186,9 +199,7 @@ class ModelRegistry:
         _check_name_and_version(name, version)
         async with self._lock:
             if version in self.models.get(name, {}):
-                raise Conflict(
-                    f"Model version {version} for model {name} has already been registered."
-                )
+                raise Conflict(f"Model version {version} is already registered for model {name}")
             model_dir = self.workdir / f"{name}-{version}-{uuid.uuid4().hex[:8]}"
             try:
                 await asyncio.to_thread(
@@ -199,7 +210,7 @@ class ModelRegistry:
                     max_ratio=self.config.max_archive_compression_ratio,
                 )
                 config = self._model_config(
-                    name, version, model_dir, manifest, overrides, initial_workers
+                    name, version, model_dir, manifest, overrides, default_workers
                 )
                 signature_of(manifest, config.handler_config)  # ArchiveError: a bad signature
             except ArchiveError as exc:
@@ -261,10 +272,11 @@ class ModelRegistry:
         version: str,
         model_dir: Path,
         manifest: Manifest,
-        overrides: Mapping[str, Any] | None,
-        initial_workers: int | None,
+        overrides: Mapping[str, Any],
+        default_workers: int | None,
     ) -> ModelConfig:
-        api = dict(overrides or {})
+        api = dict(overrides)
+        initial_workers = api.pop("initial_workers", None)
         if initial_workers is not None:
             api["min_worker"] = initial_workers
             api.setdefault("max_worker", max(initial_workers, 0))
@@ -274,6 +286,7 @@ class ModelRegistry:
             version=version,
             archive_yaml=_read_model_yaml(model_dir, manifest),
             api_overrides=api,
+            default_workers=default_workers,
         )
 
     async def _start(self, mv: ModelVersion, quiet: bool = False) -> None:
@@ -298,6 +311,7 @@ class ModelRegistry:
         versions = self.models.get(mv.name, {})
         if versions.get(mv.version) is mv:
             del versions[mv.version]
+            self.startup_models.discard(mv.key)
         if not versions:
             self.models.pop(mv.name, None)
             self.defaults.pop(mv.name, None)
@@ -312,18 +326,17 @@ class ModelRegistry:
             raise ModelNotFound(f"Model not found: {name}")
         version = version or self.defaults[name]
         mv = versions.get(version)
-        if mv is None:
-            raise InvalidModelVersion(f"Model version {version} does not exist for model {name}")
+        if mv is None:  # TorchServe: 404 ModelVersionNotFoundException
+            raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
         if self.defaults.get(name) == version and len(versions) > 1:
-            raise DefaultVersionInUse(
-                f"Cannot remove default version {version} for model {name}; "
-                "set another version as default first"
-            )
+            raise DefaultVersionInUse(f"Cannot remove default version for model {name}")
         await mv.drain(timeout)
         await mv.stop()
         self._forget(mv)
 
     def set_default(self, name: str, version: str) -> None:
+        if name in self.models and version not in self.models[name]:  # TorchServe's wording
+            raise ModelVersionNotFound(f"Model version {version} does not exist for model {name}")
         mv = self.resolve(name, version)
         self.defaults[name] = mv.version
 

@@ -131,6 +131,7 @@ ALLOWED = {
     "serving": {"config", "errors"},
     "observe": {"serving", "config", "errors"},
     "http": {"serving", "observe", "config", "errors"},
+    "grpc": {"http", "serving", "observe", "config", "errors"},  # shares http's auth and routes
     "worker": {"serving", "observe", "errors"},  # the protocol, the JSON log formatter
     "admin": {"errors"},
 }

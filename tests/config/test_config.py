@@ -63,6 +63,7 @@ def test_whole_torchserve_config_loads_with_ignored_keys_noted(tmp_path: Path) -
         "vmargs=-Xmx4g -XX:+UseContainerSupport\n"
         "number_of_netty_threads=32\n"
         "grpc_inference_port=7070\n"
+        "grpc_inference_max_connection_age_ms=60000\n"
         "install_py_dep_per_model=true\n"
         "totally_made_up=1\n"
         "default_response_timeout=60\n"
@@ -76,6 +77,8 @@ def test_whole_torchserve_config_loads_with_ignored_keys_noted(tmp_path: Path) -
     assert config.default_response_timeout_s == 60
     assert config.max_batch_delay_ms == 20
     assert config.enable_model_api is True
+    assert config.grpc_inference_port == 7070  # TorchServe's gRPC keys are read, not ignored
+    assert config.grpc_inference_max_connection_age_ms == 60000
     assert config.model_store == tmp_path / "store"
     assert config.model_specs() == [
         ModelSpec(name=None, url="noop.mar"),
@@ -88,7 +91,6 @@ def test_whole_torchserve_config_loads_with_ignored_keys_noted(tmp_path: Path) -
     for key in (
         "vmargs",
         "number_of_netty_threads",
-        "grpc_inference_port",
         "install_py_dep_per_model",
         "totally_made_up",
         "someFutureKey",

@@ -152,6 +152,11 @@ def image_server(archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "TORCHBAY_INFERENCE_PORT": "0",
         "TORCHBAY_MANAGEMENT_PORT": "0",
         "TORCHBAY_METRICS_PORT": "0",
+        # The image's config binds gRPC on 0.0.0.0:7070/7071: free ports on loopback here.
+        "TORCHBAY_GRPC_INFERENCE_ADDRESS": "127.0.0.1",
+        "TORCHBAY_GRPC_MANAGEMENT_ADDRESS": "127.0.0.1",
+        "TORCHBAY_GRPC_INFERENCE_PORT": "0",
+        "TORCHBAY_GRPC_MANAGEMENT_PORT": "0",
     }
     run = Container(env, home, home / "ready.json")
     try:

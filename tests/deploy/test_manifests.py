@@ -100,7 +100,7 @@ def test_validation_rejects_a_typo() -> None:
 def test_probes_drain_and_grace() -> None:
     main = container("cpu")
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
-    assert ports == {"inference": 8080, "management": 8081, "metrics": 8082}
+    assert ports == {"inference": 8080, "management": 8081, "metrics": 8082, "grpc-inference": 7070}
     assert main["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "inference"}
     assert main["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "inference"}
     startup = main["startupProbe"]
@@ -147,7 +147,7 @@ def test_gpu_overlay_requests_what_it_uses() -> None:
 def test_services_network_policy_and_disruption_budget() -> None:
     services = {s["metadata"]["name"]: s for s in by_kind("cpu", "Service")}
     assert {n: [p["port"] for p in s["spec"]["ports"]] for n, s in services.items()} == {
-        "torchbay-inference": [8080],
+        "torchbay-inference": [8080, 7070],  # HTTP and gRPC inference
         "torchbay-management": [8081],
         "torchbay-metrics": [8082],
     }
@@ -155,7 +155,7 @@ def test_services_network_policy_and_disruption_budget() -> None:
     (policy,) = by_kind("cpu", "NetworkPolicy")
     rules = policy["spec"]["ingress"]
     open_ports = [p["port"] for rule in rules if "from" not in rule for p in rule["ports"]]
-    assert open_ports == ["inference"]  # management and metrics only from named peers
+    assert open_ports == ["inference", "grpc-inference"]  # management and metrics only from named peers
     admins = [r["from"] for r in rules if r["ports"] == [{"port": "management"}]]
     assert admins == [[{"podSelector": {"matchLabels": {"torchbay-admin": "true"}}}]]
     (deployment,) = by_kind("cpu", "Deployment")

@@ -123,6 +123,8 @@ def make_config(store: Path, **overrides: Any) -> ServerConfig:
         "inference_address": "http://127.0.0.1:0",
         "management_address": "http://127.0.0.1:0",
         "metrics_address": "http://127.0.0.1:0",
+        "grpc_inference_port": 0,  # gRPC always listens (as TorchServe): any free ports
+        "grpc_management_port": 0,
         "disable_token_authorization": True,
         "shutdown_grace_s": 10,
     }

@@ -121,9 +121,9 @@ def _matrix(server: LiveServer, keys: dict) -> None:
         ("GET", f"{mgmt}/v1/models/tiny", {}, "management", 200),
         ("PUT", f"{mgmt}/models/tiny", {"params": {"batch_size": 1}}, "management", 202),
         ("PUT", f"{mgmt}/models/tiny/1.0/set-default", {}, "management", 200),
-        ("POST", f"{mgmt}/models", {"params": {"url": "none.mar"}}, "management", 400),
+        ("POST", f"{mgmt}/models", {"params": {"url": "none.mar"}}, "management", 404),
         ("DELETE", f"{mgmt}/models/nope", {}, "management", 404),
-        ("DELETE", f"{mgmt}/models/tiny/9.9", {}, "management", 400),
+        ("DELETE", f"{mgmt}/models/tiny/9.9", {}, "management", 404),
         ("GET", f"{mgmt}/token", {"params": {"type": "inference"}}, "API", 200),
     ]
     other = {"inference": "management", "management": "inference", "API": "management"}

@@ -31,7 +31,10 @@ def test_client_against_a_live_server(live_server, versioned_store, tmp_path, ca
     with ManagementClient(url, token=token) as client:
         assert client.list_models() == []
         status = client.register("tiny.mar", initial_workers=0)["status"]
-        assert status == 'Model "tiny" Version: 1.0 registered with 0 initial workers'
+        assert status == (
+            'Model "tiny" Version: 1.0 registered with 0 initial workers. '
+            "Use scale workers API to add workers for the model."
+        )
         client.register("probe.mar", initial_workers=0)
         client.register("probe-v2.mar", initial_workers=0)
         assert [m["modelName"] for m in client.list_models()] == ["probe", "tiny"]

@@ -84,7 +84,7 @@ def test_lifecycle_under_continuous_traffic(live_server, versioned_store, reques
 
         r = m.put("/models/probe/1.0", params={"min_worker": 2, "synchronous": "true"})
         assert r.status_code == 200, r.text
-        assert r.json() == {"status": "Workers scaled to 2 for model: probe"}
+        assert r.json() == {"status": "Workers scaled to 2 for model: probe, version: 1.0"}
         [v1] = m.get("/models/probe/1.0").json()
         assert (v1["minWorkers"], v1["maxWorkers"]) == (2, 2)
         assert [w["status"] for w in v1["workers"]] in (
@@ -139,14 +139,17 @@ def test_registration_scaling_and_errors_without_workers(live_server, versioned_
 
     r = m.post("/models", params={"url": "tiny.mar", "initial_workers": 0})
     assert r.status_code == 200, r.text
-    assert r.json()["status"] == 'Model "tiny" Version: 1.0 registered with 0 initial workers'
-    # A JSON body works like the query string; async registration answers 202.
+    assert r.json()["status"] == (
+        'Model "tiny" Version: 1.0 registered with 0 initial workers. '
+        "Use scale workers API to add workers for the model."
+    )
+    # A JSON body works like the query string; with no worker to start, TorchServe answers 200.
     r = m.post(
         "/models",
         json={"url": "tiny.mar", "model_name": "tiny2", "initial_workers": 0, "batch_size": 4,
               "max_batch_delay": 7, "synchronous": False},
     )  # fmt: skip
-    assert r.status_code == 202 and r.json() == {"status": "Processing worker updates..."}
+    assert r.status_code == 200 and "tiny2" in r.json()["status"]
     [tiny2] = m.get("/models/tiny2").json()
     assert (tiny2["batchSize"], tiny2["maxBatchDelay"]) == (4, 7)
 
@@ -156,7 +159,8 @@ def test_registration_scaling_and_errors_without_workers(live_server, versioned_
         "models": [{"modelName": "tiny", "modelUrl": "tiny.mar"}],
     }
     assert m.get("/models", params={"limit": 1, "next_page_token": 1}).json() == {
-        "models": [{"modelName": "tiny2", "modelUrl": "tiny.mar"}]
+        "nextPageToken": "2",  # TorchServe 0.12: there unless the page ran past the end
+        "models": [{"modelName": "tiny2", "modelUrl": "tiny.mar"}],
     }
     assert m.get("/v1/models/tiny").json() == {"name": "tiny", "ready": False}
     assert httpx.post(f"{server.url}/predictions/tiny", content=b"x").status_code == 503
@@ -165,7 +169,7 @@ def test_registration_scaling_and_errors_without_workers(live_server, versioned_
     r = m.put("/models/tiny", params={"batch_size": 8, "max_batch_delay": 3})
     assert r.status_code == 202
     r = m.put("/models/tiny/1.0", params={"min_worker": 0, "synchronous": True})
-    assert r.json() == {"status": "Workers scaled to 0 for model: tiny"}
+    assert r.json() == {"status": "Workers scaled to 0 for model: tiny, version: 1.0"}
     [tiny] = m.get("/models/tiny").json()
     assert (tiny["batchSize"], tiny["maxBatchDelay"], tiny["workers"]) == (8, 3, [])
 
@@ -175,21 +179,22 @@ def test_registration_scaling_and_errors_without_workers(live_server, versioned_
         assert body["code"] == status and body["type"] == type_ and body["message"]
 
     error(m.post("/models", params={"url": "tiny.mar", "initial_workers": 0}), 409, "Conflict")
-    error(m.post("/models", params={"url": "tiny.mar", "batch_size": 0}), 400, "BadRequest")
-    error(m.post("/models", params={"url": "tiny.mar", "batch_size": "x"}), 400, "BadRequest")
+    # TorchServe's parsing: a junk or non-positive batch_size is the default.
+    error(m.post("/models", params={"url": "tiny.mar", "batch_size": 0}), 409, "Conflict")
+    error(m.post("/models", params={"url": "tiny.mar", "batch_size": "x"}), 409, "Conflict")
     error(m.post("/models"), 400, "BadRequest")
     error(m.post("/models", params={"url": "../tiny.mar"}), 400, "BadRequest")
-    error(m.post("/models", params={"url": "missing.mar"}), 400, "BadRequest")
+    error(m.post("/models", params={"url": "missing.mar"}), 404, "ModelNotFound")
     error(m.post("/models", content=b"{nope", headers={"content-type": "application/json"}),
           400, "BadRequest")  # fmt: skip
     error(m.put("/models/tiny", params={"min_worker": 3, "max_worker": 1}), 400, "BadRequest")
     error(m.put("/models/tiny", params={"min_worker": -1}), 400, "BadRequest")
-    error(m.get("/models", params={"limit": "many"}), 400, "BadRequest")
+    assert m.get("/models", params={"limit": "many"}).status_code == 200  # the default limit
     error(m.get("/models/nope"), 404, "ModelNotFound")
     error(m.get("/models/tiny/9.9"), 404, "ModelVersionNotFound")
     error(m.put("/models/tiny/9.9/set-default"), 404, "ModelVersionNotFound")
     error(m.delete("/models/nope"), 404, "ModelNotFound")
-    error(m.delete("/models/tiny/9.9"), 400, "InvalidModelVersion")
+    error(m.delete("/models/tiny/9.9"), 404, "ModelVersionNotFound")
     error(m.get("/no/such/route"), 404, "NotFound")
     error(m.patch("/models"), 405, "MethodNotAllowed")
 
@@ -237,22 +242,17 @@ def test_out_of_range_nan_and_infinite_parameters_are_400_and_change_nothing(
         for word in words:
             assert word in body["message"], body
 
-    big = 10**12
+    big = 10**12  # register: "nan", "inf" are junk to TorchServe's parser (the default)
     # Register: the query string and a JSON body (NaN and 1e999 are what Python's json reads).
     for params, words in (
         ({"batch_size": 5000}, ("batch_size", "4096")),
-        ({"max_batch_delay": "inf"}, ("max_batch_delay", "finite")),
         ({"max_batch_delay": 1e9}, ("max_batch_delay", "60000")),
         ({"initial_workers": big}, ("initial_workers", "512")),
-        ({"response_timeout": "nan"}, ("response_timeout", "finite")),
         ({"response_timeout": 1e12}, ("response_timeout", "604800")),
-        ({"startup_timeout": "-inf"}, ("startup_timeout",)),
         ({"startup_timeout": 1e12}, ("startup_timeout", "604800")),
     ):
         refused(m.post("/models", params={"url": "tiny.mar", "model_name": "t2", **params}), *words)
     for raw, words in (
-        (b'{"url": "tiny.mar", "model_name": "t2", "max_batch_delay": NaN}', ("max_batch_delay",)),
-        (b'{"url": "tiny.mar", "model_name": "t2", "response_timeout": 1e999}', ("finite",)),
         (b'{"url": "tiny.mar", "model_name": "t2", "initial_workers": 1000000000000}', ("512",)),
     ):
         r = m.post("/models", content=raw, headers={"content-type": "application/json"})
@@ -270,7 +270,7 @@ def test_out_of_range_nan_and_infinite_parameters_are_400_and_change_nothing(
             ({"max_batch_delay": 1e9}, ("max_batch_delay", "60000")),
             ({"response_timeout": "inf"}, ("response_timeout", "finite")),
             ({"response_timeout": 1e12}, ("response_timeout", "604800")),
-            ({"min_worker": 0, "timeout": "inf"}, ("timeout",)),
+            ({"min_worker": 0, "timeout": 1e12}, ("timeout",)),  # "inf": junk, the default
         ):
             refused(m.put(path, params={**params, "synchronous": True}), *words)
             refused(m.put(path, params=params), *words)  # asynchronous: checked before the 202

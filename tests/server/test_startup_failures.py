@@ -43,6 +43,7 @@ def _key_file(server: LiveServer) -> Path:
 def _serve(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Run the real CLI; (exit code, stderr lines)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHBAY_", "TS_"))}
+    clean |= {"TORCHBAY_GRPC_INFERENCE_PORT": "0", "TORCHBAY_GRPC_MANAGEMENT_PORT": "0"}
     proc = subprocess.run(
         [sys.executable, "-m", "torchbay", "serve", *args],
         cwd=cwd,

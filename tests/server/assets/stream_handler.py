@@ -23,6 +23,7 @@ Every wait polls with a bounded deadline.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -98,10 +99,21 @@ def _words(text: str):
         yield word + (" " if i < len(words) - 1 else "")
 
 
+def _body(row: dict):
+    """The request's JSON: the HTTP body, or TorchServe gRPC's ``data`` input (bytes)."""
+    body = row.get("body", row.get("data"))
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            return json.loads(body)
+        except ValueError:
+            return body
+    return body
+
+
 def handle(data, context):
     if data is None:  # initialization
         return None
-    bodies = [row.get("body") for row in data]
+    bodies = [_body(row) for row in data]
     if all(isinstance(b, dict) and "yield" in b for b in bodies):
         return [_generator(b, len(data)) for b in bodies]
     body = bodies[0]

@@ -1,0 +1,230 @@
+"""``torchbay serve --start`` / ``--stop``: a server in the background, as ``torchserve`` runs one.
+
+``--start`` runs ``torchbay serve`` again as a child in its own session (stdin /dev/null, stdout
+and stderr pipes to this process, a third pipe for "ready"), writes the pid file, and relays the
+child's console until the child is up: its listeners bound and its startup models loaded (or
+reported failed). Then the child's console goes to /dev/null (its logs go on in ``logs/``) and
+``--start`` exits 0. A child that fails to start has printed its one line; ``--start`` exits with
+the child's code. ``--stop`` sends SIGTERM to the pid in the pid file and waits for the drain.
+
+The pid file is TorchServe's: ``.model_server.pid`` in ``tempfile.gettempdir()`` (``TMPDIR``,
+``TEMP``, ``TMP``, ``/tmp``), holding the pid only. A pid is only ever signalled if its command
+line is a torchbay server this module started (``--daemon-fd``); a TorchServe named there is left
+alone. ``--foreground`` (and a plain ``torchbay serve``) neither reads nor writes the pid file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from torchbay.server.errors import TorchbayError
+
+PID_FILE_NAME = ".model_server.pid"
+DAEMON_FLAG = "--daemon-fd"  # the child's hidden flag: the fd it writes "ready" to
+READY = b"ready\n"
+STOP_TIMEOUT_S = 300.0
+TORCHSERVE_CLASS = "org.pytorch.serve.ModelServer"  # what TorchServe's launcher checks for
+
+
+def pid_file() -> Path:
+    return Path(tempfile.gettempdir()) / PID_FILE_NAME
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _ours(pid: int) -> psutil.Process | None:
+    """The running torchbay server started by ``--start`` with this pid, else None."""
+    try:
+        proc = psutil.Process(pid)
+        cmdline = proc.cmdline()
+    except psutil.Error:
+        return None
+    if DAEMON_FLAG in cmdline and "serve" in cmdline:
+        return proc
+    return None
+
+
+def _is_torchserve(pid: int) -> bool:
+    try:
+        return any(TORCHSERVE_CLASS in part for part in psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
+def _running(path: Path) -> tuple[int | None, psutil.Process | None]:
+    """(pid in the file, our server or None). A file naming neither our server nor a running
+    TorchServe (a dead pid, a pid reused since) is stale and removed."""
+    pid = _read_pid(path)
+    proc = _ours(pid) if pid is not None else None
+    if proc is None and not (pid is not None and _is_torchserve(pid)):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return pid, proc
+
+
+def _write_pid(path: Path, pid: int) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(str(pid))
+    tmp.replace(path)
+
+
+def remove_pid_file(pid: int) -> None:
+    """Remove the pid file if it still names ``pid`` (the server's own exit)."""
+    path = pid_file()
+    if _read_pid(path) == pid:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def start(argv: Sequence[str]) -> int:
+    """Start ``torchbay <argv>`` (a ``serve`` command line) in the background; see the module."""
+    path = pid_file()
+    pid, proc = _running(path)
+    if proc is not None:
+        raise TorchbayError(
+            f"torchbay is already running (pid {pid}), please use torchbay serve --stop to stop it"
+        )
+    if pid is not None and _is_torchserve(pid):
+        raise TorchbayError(
+            f"TorchServe is running (pid {pid} in {path}): stop it with torchserve --stop, or "
+            "give torchbay its own TMPDIR"
+        )
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    ready_read, ready_write = os.pipe()
+    args = [a for a in argv if a != "--start"]
+    cmd = [sys.executable, "-m", "torchbay", *args, DAEMON_FLAG, str(ready_write)]
+    try:
+        child = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out_write,
+            stderr=err_write,
+            pass_fds=(ready_write,),
+            start_new_session=True,  # Ctrl-C or a closed terminal must not reach it
+        )
+    finally:
+        for fd in (out_write, err_write, ready_write):
+            os.close(fd)
+    try:
+        _write_pid(path, child.pid)
+    except OSError as exc:  # a server nobody could --stop is not started
+        child.kill()
+        child.wait()
+        raise TorchbayError(f"cannot write the pid file {path}: {exc.strerror or exc}") from None
+    try:
+        _relay({out_read: _binary(sys.stdout), err_read: _binary(sys.stderr)})
+        with open(ready_read, "rb") as ready:
+            up = ready.read() == READY
+    except KeyboardInterrupt:  # the server goes on starting; --stop stops it
+        return 130
+    if up:
+        return 0
+    code = child.wait()
+    remove_pid_file(child.pid)
+    return code or 1
+
+
+def _binary(stream: Any) -> Any:
+    return getattr(stream, "buffer", None) or _TextSink(stream)
+
+
+class _TextSink:
+    """A text stream (pytest's capture) taking bytes."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> None:
+        self._stream.write(data.decode("utf-8", "replace"))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def _relay(pipes: dict[int, Any]) -> None:
+    """Copy the child's stdout and stderr to ours until it closes both (ready, or exited)."""
+    with selectors.DefaultSelector() as selector:
+        for fd, sink in pipes.items():
+            selector.register(fd, selectors.EVENT_READ, sink)
+        while selector.get_map():
+            for key, _ in selector.select():
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
+                    continue
+                key.data.write(chunk)
+                key.data.flush()
+
+
+def stop(timeout: float = STOP_TIMEOUT_S) -> int:
+    """``--stop``: SIGTERM the server of the pid file, wait until it is gone."""
+    path = pid_file()
+    pid, proc = _running(path)
+    if proc is None:
+        print("torchbay is not currently running.")
+        return 0
+    try:
+        proc.terminate()
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.AccessDenied:
+        raise TorchbayError(f"cannot stop torchbay (pid {pid}): permission denied") from None
+    if not _wait_gone(proc, timeout):
+        raise TorchbayError(
+            f"torchbay (pid {pid}) did not stop within {timeout:g}s; it is still draining or stuck"
+        )
+    assert pid is not None
+    remove_pid_file(pid)
+    print("torchbay has stopped.")
+    return 0
+
+
+def _wait_gone(proc: psutil.Process, timeout: float) -> bool:
+    """Poll until the server exited (a zombie counts: its parent, not us, must reap it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class ReadyNotice:
+    """The child's side: tell the ``--start`` process the server is up (once)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+        os.set_inheritable(fd, False)  # workers must not hold it open
+
+    def send(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError), open(fd, "wb") as out:
+            out.write(READY)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

@@ -1,0 +1,50 @@
+"""The message classes of the shipped protos, from a PRIVATE descriptor pool.
+
+``protos/services.binpb`` is the compiled descriptor set of Triton's ``grpc_service.proto`` (the
+KServe v2 protocol and its extensions) and TorchServe's ``inference.proto`` and
+``management.proto`` (``scripts/gen_grpc.sh`` regenerates it from the ``.proto`` files beside it).
+It is loaded into its own ``DescriptorPool``, never protobuf's default pool: tritonclient and the
+kserve SDK each register package ``inference`` there under different file names, and a server
+that registered it too would make one of them fail to import in the same process.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+PROTOS = Path(__file__).parent / "protos"
+DESCRIPTOR_SET = PROTOS / "services.binpb"
+
+OIP_SERVICE = "inference.GRPCInferenceService"
+TS_INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
+TS_MANAGEMENT_SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
+
+
+@functools.cache
+def pool() -> descriptor_pool.DescriptorPool:
+    files = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes())
+    private = descriptor_pool.DescriptorPool()
+    for proto in files.file:  # --include_imports lists dependencies first
+        private.Add(proto)
+    return private
+
+
+@functools.cache
+def message(full_name: str) -> type[Any]:
+    """The message class of ``full_name`` (e.g. ``inference.ModelInferRequest``)."""
+    return message_factory.GetMessageClass(pool().FindMessageTypeByName(full_name))
+
+
+def method_types(service: str, method: str) -> tuple[type[Any], type[Any], bool, bool]:
+    """(request class, response class, client streams, server streams) of one RPC."""
+    desc = pool().FindServiceByName(service).methods_by_name[method]
+    return (
+        message(desc.input_type.full_name),
+        message(desc.output_type.full_name),
+        desc.client_streaming,
+        desc.server_streaming,
+    )

@@ -1,0 +1,177 @@
+"""``inference.GRPCInferenceService``: the KServe v2 / Open Inference Protocol over gRPC (the
+RPCs of KServe's ``grpc_predict_v2.proto`` plus Triton's ``ModelStreamInfer``).
+
+Live, ready and metadata answer what the REST endpoints answer (``http/inference.py``); model
+ready and metadata need the inference key, as over REST. ``ModelInfer`` becomes the REST
+request of the binary tensor data extension (``tensors.py``) with protocol ``"v2"``, through the
+model's queue like every other request. ``ModelStreamInfer`` runs each request of the stream as
+it arrives and answers each when done (in completion order, as Triton does for non-decoupled
+models); an error goes into that response's ``error_message`` and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from torchbay.server.errors import BadRequest, TorchbayError
+from torchbay.server.grpc import tensors
+from torchbay.server.grpc.calls import Calls, final
+from torchbay.server.grpc.messages import OIP_SERVICE, message
+from torchbay.server.grpc.status import RpcError, abort, from_error, from_response
+from torchbay.server.http.triton import OIP_EXTENSIONS, model_metadata
+from torchbay.server.serving.model import ModelStatus
+
+log = logging.getLogger("torchbay.grpc")
+_INFER_PATH = f"/{OIP_SERVICE}/ModelInfer"
+_STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
+
+
+class OipService:
+    """The RPC implementations; ``handlers()`` names them for ``server.build_server``."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    def handlers(self) -> dict[str, Any]:
+        return {
+            "ServerLive": self.server_live,
+            "ServerReady": self.server_ready,
+            "ModelReady": self.model_ready,
+            "ServerMetadata": self.server_metadata,
+            "ModelMetadata": self.model_metadata,
+            "ModelInfer": self.model_infer,
+            "ModelStreamInfer": self.model_stream_infer,
+        }
+
+    async def server_live(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return message("inference.ServerLiveResponse")(live=True)
+
+    async def server_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        versions = self.calls.registry.all_versions()
+        ready = bool(versions) and all(mv.status is ModelStatus.READY for mv in versions)
+        return message("inference.ServerReadyResponse")(ready=ready)
+
+    async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return message("inference.ServerMetadataResponse")(
+            name="torchbay", version=self.calls.server_version, extensions=list(OIP_EXTENSIONS)
+        )
+
+    async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            self.calls.authorize(context)
+            mv = self.calls.resolve(request.name, request.version)
+        except RpcError as exc:
+            await abort(context, exc)
+        return message("inference.ModelReadyResponse")(ready=mv.status is ModelStatus.READY)
+
+    async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            self.calls.authorize(context)
+            mv = self.calls.resolve(request.name, request.version)
+        except RpcError as exc:
+            await abort(context, exc)
+        meta = model_metadata(self.calls.registry, mv)
+        response = message("inference.ModelMetadataResponse")(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+        )
+        for key in ("inputs", "outputs"):
+            for tensor in meta[key]:
+                getattr(response, key).add(
+                    name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"]
+                )
+        return response
+
+    async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            self.calls.authorize(context)
+            return await final(self._responses(request, context, _INFER_PATH))
+        except RpcError as exc:
+            await abort(context, exc)
+
+    async def _responses(
+        self, request: Any, context: grpc.aio.ServicerContext, path: str
+    ) -> AsyncIterator[Any]:
+        """One ModelInferRequest through the queue: a ModelInferResponse per part (one for a
+        model that does not stream); RpcError for an error."""
+        try:
+            body, head_len = tensors.request_body(request)
+        except BadRequest as exc:
+            raise from_error(exc) from None
+
+        def wire() -> Any:
+            return self.calls.wire(
+                context,
+                body,
+                content_type=tensors.CONTENT_TYPE,
+                protocol="v2",
+                extra={tensors.HEADER_LENGTH: str(head_len)},
+            )
+
+        name, version = request.model_name, request.model_version
+        async for response in self.calls.infer(context, path, name, version, wire):
+            if response.status != 200:
+                raise from_response(response.status, response.body)
+            try:
+                yield tensors.infer_response(response.body, response.headers, name, version)
+            except TorchbayError as exc:
+                raise from_error(exc) from None
+
+    async def model_stream_infer(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        try:
+            self.calls.authorize(context)
+        except RpcError as exc:
+            await abort(context, exc)
+        done: asyncio.Queue[Any] = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read_stream(requests, context, done))
+        try:
+            while True:
+                item = await done.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _read_stream(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext, done: asyncio.Queue
+    ) -> None:
+        """Start one task per request as it arrives; put each answer on ``done``, then None."""
+        tasks: set[asyncio.Task] = set()
+        try:
+            async for request in requests:
+                task = asyncio.ensure_future(self._stream_one(request, context, done))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            done.put_nowait(None)
+
+    async def _stream_one(
+        self, request: Any, context: grpc.aio.ServicerContext, done: asyncio.Queue
+    ) -> None:
+        out = message("inference.ModelStreamInferResponse")()
+        try:
+            async for part in self._responses(request, context, _STREAM_PATH):
+                done.put_nowait(message("inference.ModelStreamInferResponse")(infer_response=part))
+            return
+        except RpcError as exc:
+            out.error_message = exc.details
+            out.infer_response.id = request.id
+        except Exception:  # a bug of ours: this request's answer says so, the stream goes on
+            log.exception("gRPC ModelStreamInfer request failed")
+            out.error_message = "Internal server error"
+            out.infer_response.id = request.id
+        done.put_nowait(out)

@@ -1,0 +1,169 @@
+"""The gRPC listeners' lifecycle: bind, register the services, start, stop.
+
+TorchServe's layout: the inference services (``inference.GRPCInferenceService`` and TorchServe's
+``InferenceAPIsService``) on ``grpc_inference_address:grpc_inference_port`` (7070), the
+management service on ``grpc_management_address:grpc_management_port`` (7071); one server holds
+all three when both name the same address. ``enable_grpc_ssl`` serves TLS with
+``private_key_file`` / ``certificate_file``. Messages are bounded by ``max_request_size`` and
+``max_response_size`` (grpc answers RESOURCE_EXHAUSTED past them); SO_REUSEPORT is off, so a
+port in use fails start-up instead of sharing the port with another server.
+
+Binding happens in ``bind`` (before the key file is written or a model loads); the services are
+added and the servers started in ``start``; ``stop`` stops accepting and lets calls in flight
+finish for the grace period (the registry's drain answers what is still queued).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from torchbay.server.config.settings import ServerConfig
+from torchbay.server.errors import TorchbayError
+from torchbay.server.grpc import messages
+from torchbay.server.grpc.calls import Calls
+from torchbay.server.grpc.management import TorchServeManagement
+from torchbay.server.grpc.oip import OipService
+from torchbay.server.grpc.torchserve import TorchServeInference
+
+log = logging.getLogger("torchbay.grpc")
+
+_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def grpc_target(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def guarded(function: Any, streams: bool, rpc: str) -> Any:
+    """``function`` answering INTERNAL "Internal server error" for a bug of ours (logged with
+    its traceback), never grpc's default UNKNOWN with the exception's text."""
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await function(request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("gRPC %s failed", rpc)
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in function(request, context):
+                yield item
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("gRPC %s failed", rpc)
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
+
+    return stream if streams else unary
+
+
+def generic_handler(service: str, implementations: dict[str, Any]) -> grpc.GenericRpcHandler:
+    """A service's RPCs (message classes from the private pool) as a generic handler; RPCs of
+    the proto left out answer UNIMPLEMENTED."""
+    methods = {}
+    for name, function in implementations.items():
+        request, response, client_streams, server_streams = messages.method_types(service, name)
+        methods[name] = _KINDS[(client_streams, server_streams)](
+            guarded(function, server_streams, f"{service}/{name}"),
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(service, methods)
+
+
+@dataclass
+class GrpcListeners:
+    """The bound gRPC servers: ``ports`` (listener name -> port) once bound."""
+
+    config: ServerConfig
+    servers: dict[str, grpc.aio.Server] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def bind(self) -> None:
+        """Create the servers and bind their ports; TorchbayError naming the listener."""
+        config = self.config
+        options = [
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", config.max_request_size),
+            ("grpc.max_send_message_length", config.max_response_size),
+        ]
+        addresses = {
+            "inference": (config.grpc_inference_address, config.grpc_inference_port),
+            "management": (config.grpc_management_address, config.grpc_management_port),
+        }
+        shared = addresses["inference"] == addresses["management"] and addresses["inference"][1]
+        for name, (host, port) in addresses.items():
+            if shared and name == "management":
+                self.servers[name], self.ports[name] = (
+                    self.servers["inference"],
+                    self.ports["inference"],
+                )
+                continue
+            server = grpc.aio.server(options=[*options, *self._age_options(name)])
+            self.ports[name] = self._add_port(server, name, host, port)
+            self.servers[name] = server
+
+    def _age_options(self, name: str) -> list[tuple[str, int]]:
+        options = []
+        age = getattr(self.config, f"grpc_{name}_max_connection_age_ms")
+        grace = getattr(self.config, f"grpc_{name}_max_connection_age_grace_ms")
+        if age is not None:
+            options.append(("grpc.max_connection_age_ms", age))
+        if grace is not None:
+            options.append(("grpc.max_connection_age_grace_ms", grace))
+        return options
+
+    def _add_port(self, server: grpc.aio.Server, name: str, host: str, port: int) -> int:
+        target = grpc_target(host, port)
+        try:
+            if self.config.enable_grpc_ssl:
+                key = self.config.private_key_file.read_bytes()  # type: ignore[union-attr]
+                cert = self.config.certificate_file.read_bytes()  # type: ignore[union-attr]
+                bound = server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
+            else:
+                bound = server.add_insecure_port(target)
+        except (RuntimeError, OSError) as exc:
+            raise TorchbayError(f"cannot listen on {target} (gRPC {name}): {exc}") from None
+        if not bound:  # older grpcio returns 0 instead of raising
+            raise TorchbayError(f"cannot listen on {target} (gRPC {name}): address in use")
+        return bound
+
+    async def start(self, calls: Calls, management: Any) -> None:
+        """Register the services on the bound servers and start them."""
+        inference = self.servers["inference"]
+        inference.add_generic_rpc_handlers(
+            (
+                generic_handler(messages.OIP_SERVICE, OipService(calls).handlers()),
+                generic_handler(
+                    messages.TS_INFERENCE_SERVICE, TorchServeInference(calls).handlers()
+                ),
+            )
+        )
+        self.servers["management"].add_generic_rpc_handlers(
+            (
+                generic_handler(
+                    messages.TS_MANAGEMENT_SERVICE,
+                    TorchServeManagement(calls, management).handlers(),
+                ),
+            )
+        )
+        for server in {id(s): s for s in self.servers.values()}.values():
+            await server.start()
+
+    async def stop(self, grace: float) -> None:
+        for server in {id(s): s for s in self.servers.values()}.values():
+            await server.stop(grace)

@@ -1,0 +1,84 @@
+"""HTTP statuses and our error tree (``server.errors``) as gRPC status codes.
+
+The table is TorchServe's (``GRPCUtils.getGRPCStatusCode``), which agrees with how Triton maps its
+own errors: 400 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND,
+409 ABORTED, 413/429 RESOURCE_EXHAUSTED, 499 CANCELLED, 501 UNIMPLEMENTED, 503 UNAVAILABLE,
+504 DEADLINE_EXCEEDED; any other 4xx FAILED_PRECONDITION, any other 5xx INTERNAL. The details
+string is the same clear message the HTTP API answers (never a traceback or a path: the worker
+and our errors already guarantee that of what they say).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+import grpc
+
+from torchbay.server.errors import TorchbayError
+
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ABORTED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    416: grpc.StatusCode.OUT_OF_RANGE,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+MAX_DETAILS = 4096  # characters of a handler's message kept in the status details
+
+
+def code_for(http_status: int) -> grpc.StatusCode:
+    if http_status in _CODES:
+        return _CODES[http_status]
+    if 200 <= http_status < 300:
+        return grpc.StatusCode.OK
+    if 400 <= http_status < 500:
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if 500 <= http_status < 600:
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.UNKNOWN
+
+
+class RpcError(Exception):
+    """A gRPC status to answer: raised inside an RPC, turned into ``context.abort``."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, http_status: int = 500) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details[:MAX_DETAILS]
+        self.http_status = http_status  # for the metrics and the access log
+
+
+def from_error(exc: TorchbayError) -> RpcError:
+    return RpcError(code_for(exc.status), exc.message, exc.status)
+
+
+def from_response(status: int, body: bytes) -> RpcError:
+    """A handler's error response (``{"code","type","message"}`` or OIP's ``{"error"}``) as a
+    status: its HTTP status mapped, its message as the details."""
+    return RpcError(code_for(status), error_message(status, body), status)
+
+
+def error_message(status: int, body: bytes) -> str:
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict):
+        for key in ("message", "error"):
+            if isinstance(data.get(key), str) and data[key]:
+                return data[key]
+    text = body.decode("utf-8", "replace").strip() if body else ""
+    return text or f"The model answered HTTP status {status}"
+
+
+async def abort(context: grpc.aio.ServicerContext, error: RpcError) -> NoReturn:
+    await context.abort(error.code, error.details)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover

@@ -1,0 +1,129 @@
+"""TorchServe's ``org.pytorch.serve.grpc.inference.InferenceAPIsService``: Ping, Predictions,
+StreamPredictions (server streaming) and StreamPredictions2 (bidirectional).
+
+A ``PredictionsRequest``'s ``input`` map reaches the handler as TorchServe builds it for gRPC
+(``InferenceImpl``: one ``InputParameter`` per entry, bytes, no content type): the entries travel
+as a multipart/form-data body, one file part per key, so the worker's row decoding gives the
+handler ``{"data": b"...", "key": b"..."}``. The answer's body is ``prediction``. An error is the
+call's status (TorchServe's ``GRPCUtils`` table, ``status.py``), except in StreamPredictions2,
+where (as in TorchServe) it is the ``status`` of that request's response and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from torchbay.server.grpc.calls import Calls, final
+from torchbay.server.grpc.messages import TS_INFERENCE_SERVICE, message
+from torchbay.server.grpc.status import RpcError, abort, from_response
+
+_RESPONSE = "org.pytorch.serve.grpc.inference.PredictionResponse"
+_FORBIDDEN_IN_NAMES = ('"', "\r", "\n", "\\")
+
+
+def multipart(fields: Any) -> tuple[bytes, str]:
+    """The ``input`` map as a multipart/form-data body (file parts: the handler gets bytes);
+    (body, content type). An empty map is an empty body with no content type."""
+    if not fields:
+        return b"", ""
+    boundary = "torchbay-" + secrets.token_hex(16)
+    chunks: list[bytes] = []
+    for key in sorted(fields):
+        if any(c in key for c in _FORBIDDEN_IN_NAMES):
+            raise RpcError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"input key {key[:64]!r} may not contain quotes, backslashes or line breaks",
+                400,
+            )
+        disposition = f'form-data; name="{key}"; filename="{key}"'.encode()
+        chunks += (
+            f"--{boundary}\r\n".encode(),
+            b"Content-Disposition: " + disposition + b"\r\n",
+            b"Content-Type: application/octet-stream\r\n\r\n",
+            bytes(fields[key]),
+            b"\r\n",
+        )
+    chunks.append(f"--{boundary}--\r\n".encode())
+    return b"".join(chunks), f"multipart/form-data; boundary={boundary}"
+
+
+class TorchServeInference:
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    def handlers(self) -> dict[str, Any]:
+        return {
+            "Ping": self.ping,
+            "Predictions": self.predictions,
+            "StreamPredictions": self.stream_predictions,
+            "StreamPredictions2": self.stream_predictions2,
+        }
+
+    async def ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        registry = self.calls.registry
+        healthy = all(
+            registry.models[name][default].healthy for name, default in registry.defaults.items()
+        )
+        health = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
+        return message("org.pytorch.serve.grpc.inference.TorchServeHealthResponse")(health=health)
+
+    async def _responses(
+        self, request: Any, context: grpc.aio.ServicerContext, method: str
+    ) -> AsyncIterator[Any]:
+        """The PredictionResponses of one request; RpcError for an error."""
+        body, content_type = multipart(request.input)
+
+        def wire() -> Any:
+            return self.calls.wire(context, body, content_type=content_type, protocol="predict")
+
+        path = f"/{TS_INFERENCE_SERVICE}/{method}"
+        name, version = request.model_name, request.model_version
+        async for response in self.calls.infer(context, path, name, version, wire):
+            if response.status >= 300:
+                raise from_response(response.status, response.body)
+            out = message(_RESPONSE)(prediction=response.body)
+            if request.HasField("sequence_id"):
+                out.sequence_id = request.sequence_id
+            yield out
+
+    async def predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            self.calls.authorize(context)
+            return await final(self._responses(request, context, "Predictions"))
+        except RpcError as exc:
+            await abort(context, exc)
+
+    async def stream_predictions(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        try:
+            self.calls.authorize(context)
+            async for out in self._responses(request, context, "StreamPredictions"):
+                yield out
+        except RpcError as exc:
+            await abort(context, exc)
+
+    async def stream_predictions2(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        """Requests in order, each answered (parts, then the last) before the next runs."""
+        try:
+            self.calls.authorize(context)
+        except RpcError as exc:
+            await abort(context, exc)
+        async for request in requests:
+            try:
+                async for out in self._responses(request, context, "StreamPredictions2"):
+                    yield out
+            except RpcError as exc:
+                out = message(_RESPONSE)()
+                out.status.code = exc.code.value[0]
+                out.status.message = exc.details
+                if request.HasField("sequence_id"):
+                    out.sequence_id = request.sequence_id
+                yield out

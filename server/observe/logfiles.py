@@ -1,0 +1,205 @@
+"""``torchbay serve``'s log files, its workers' output, and ``--log-config``.
+
+TorchServe's layout: ``logs/`` under the current directory (``LOG_LOCATION`` moves it) holds
+
+- ``ts_log.log``: every line the console (stdout) gets (the frontend's log, the access lines and the
+  workers' output, as TorchServe's ``ts_log.log`` holds its ACCESS_LOG and MODEL_LOG lines);
+- ``access_log.log``: the access lines (``torchbay.access``: one per inference request);
+- ``model_log.log``: whatever the workers write on stdout and stderr (their log records, a
+  handler's ``print``), logger ``torchbay.model_log``.
+
+Files are appended to, never rotated (``logrotate`` with ``copytruncate`` works). Metrics are on
+the metrics listener (Prometheus); TorchServe's ``ts_metrics.log``/``model_metrics.log`` are not
+written. A directory that cannot be written (a read-only container) leaves the console only, with
+one warning.
+
+Workers inherit the frontend's stdout and stderr; :class:`WorkerOutput` points both at one pipe
+that a thread reads, so their lines reach the same writer as the frontend's records.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import logging
+import logging.config
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from torchbay.server.errors import ConfigError, TorchbayError
+from torchbay.server.observe.logs import ACCESS_LOGGER, RecordFilter
+
+MODEL_LOGGER = "torchbay.model_log"
+SERVER_LOG, ACCESS_LOG, MODEL_LOG = "ts_log.log", "access_log.log", "model_log.log"
+# A worker's own formatted record: a JSON object, or text starting with its timestamp.
+_FORMATTED = re.compile(r"\{|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+
+log = logging.getLogger("torchbay.logs")
+
+
+def log_dir(env: Mapping[str, str]) -> Path:
+    """``$LOG_LOCATION``, else ``logs`` under the current directory (TorchServe's)."""
+    return Path(env.get("LOG_LOCATION") or "logs")
+
+
+def log_files(directory: Path) -> tuple[dict[Path, RecordFilter | None], str | None]:
+    """The files :func:`~torchbay.server.observe.logs.configure_logging` writes, with a filter
+    each, or ``({}, why)`` when ``directory`` cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in (SERVER_LOG, ACCESS_LOG, MODEL_LOG):
+            with (directory / name).open("a", encoding="utf-8"):
+                pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return {}, f"cannot write log files in {directory} ({reason.lower()}): console only"
+    return {
+        directory / SERVER_LOG: None,
+        directory / ACCESS_LOG: _named(ACCESS_LOGGER),
+        directory / MODEL_LOG: _named(MODEL_LOGGER),
+    }, None
+
+
+def _named(name: str) -> RecordFilter:
+    return lambda record: record.name == name
+
+
+class WorkerOutput:
+    """fds 1 and 2 (what workers inherit) become one pipe; the frontend keeps copies of both.
+
+    ``console`` is the frontend's log stream: stdout as it was (TorchServe logs to stdout);
+    ``sys.stdout``/``sys.stderr`` write where they did. ``start(pipeline)`` reads the pipe on a
+    thread: a line a worker formatted (its log records) is written as it is, anything else (a
+    ``print``) becomes a ``torchbay.model_log`` record. ``close()`` puts fds 1 and 2 back and
+    waits (bounded) for the workers' last lines.
+    """
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._out_fd, self._err_fd = os.dup(1), os.dup(2)
+        read, write = os.pipe()
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        os.close(write)
+        self._read = read
+        self._saved = (sys.stdout, sys.stderr)
+        sys.stdout = open(self._out_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(self._err_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
+        self.console: TextIO = open(self._out_fd, "w", buffering=1 << 16, closefd=False)  # noqa: SIM115
+        self._thread: threading.Thread | None = None
+
+    def start(self, pipeline: Any) -> None:
+        self._thread = threading.Thread(
+            target=self._pump, args=(pipeline,), name="torchbay-worker-output", daemon=True
+        )
+        self._thread.start()
+
+    def _pump(self, pipeline: Any) -> None:
+        with open(self._read, "rb") as pipe:
+            for raw in pipe:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if _FORMATTED.match(line):
+                    pipeline.put_line(MODEL_LOGGER, line)
+                elif line:
+                    pipeline.put_message(MODEL_LOGGER, line)
+
+    def detach_console(self, stderr_to: Path | None = None) -> None:
+        """A server started with ``--start``, once up: stdout goes to /dev/null (every log line
+        is in the files already), stderr (a last traceback) is appended to ``stderr_to``."""
+        for stream in (sys.stdout, sys.stderr, self.console):
+            stream.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._out_fd)
+        try:
+            err = os.open(stderr_to, os.O_WRONLY | os.O_APPEND) if stderr_to else devnull
+        except OSError:
+            err = devnull
+        os.dup2(err, self._err_fd)
+        for fd in {devnull, err}:
+            os.close(fd)
+
+    def close(self, timeout: float = 5.0) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = self._saved
+        os.dup2(self._out_fd, 1)  # the pipe's last writers are now the workers, if any
+        os.dup2(self._err_fd, 2)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        else:
+            os.close(self._read)
+        os.close(self._out_fd)
+        os.close(self._err_fd)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """A ``--log-config`` file, read before anything starts and applied once logging is up."""
+
+    path: Path
+    kind: str  # "dict" (JSON or YAML: logging.config.dictConfig), "ini" (fileConfig), "log4j"
+    data: dict[str, Any] | None = None
+
+    def apply(self) -> None:
+        if self.kind == "log4j":
+            log.warning(
+                "--log-config %s is a log4j2 file: torchbay logs through Python's logging and "
+                "ignores it (give a dictConfig JSON/YAML or a fileConfig INI file instead)",
+                self.path.name,
+            )
+            return
+        try:
+            if self.kind == "dict":
+                logging.config.dictConfig(self.data or {})
+            else:
+                logging.config.fileConfig(self.path, disable_existing_loggers=False)
+        except (ValueError, TypeError, AttributeError, ImportError, KeyError) as exc:
+            raise ConfigError(f"--log-config {self.path.name}: {exc}") from None
+        log.info("logging configured from %s", self.path.name)
+
+
+def read_log_config(value: str) -> LogConfig:
+    """Read and check ``--log-config`` (an error names the file, never applies half of it)."""
+    path = Path(value)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TorchbayError(f"--log-config file not found: {value}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TorchbayError(f"cannot read --log-config {value}: {exc}") from None
+    if path.suffix.lower() == ".xml" or text.lstrip().startswith("<"):
+        return LogConfig(path, "log4j")
+    if path.suffix.lower() in (".ini", ".cfg", ".conf"):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read_string(text)
+        except configparser.Error as exc:
+            raise ConfigError(f"--log-config {path.name}: {_first_line(exc)}") from None
+        if not parser.has_section("loggers"):
+            raise ConfigError(f"--log-config {path.name}: no [loggers] section (fileConfig)")
+        return LogConfig(path, "ini")
+    loader: Callable[[str], Any] = json.loads if path.suffix.lower() == ".json" else yaml.safe_load
+    try:
+        data = loader(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--log-config {path.name}: {_first_line(exc)}") from None
+    if not isinstance(data, dict) or "version" not in data:
+        raise ConfigError(
+            f"--log-config {path.name}: not a logging dictConfig (a mapping with 'version: 1')"
+        )
+    # Python's default (True) would silence every logger the server already made: ours.
+    data.setdefault("disable_existing_loggers", False)
+    return LogConfig(path, "dict", data)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,92 @@
+"""Shared by tests/server/test_cli_*.py: the real ``torchbay`` command in a temporary directory,
+a store with a handler that prints, and a finalizer that kills whatever a test started."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+PID_FILE = ".model_server.pid"
+# The tiny TorchScript model of conftest._tiny_model takes 64 numbers.
+INPUT = [0.5] * 64
+TALK_HANDLER = """
+import sys
+
+from torchbay.handlers.tensor import TensorHandler
+
+
+class TalkHandler(TensorHandler):
+    def postprocess(self, output):
+        print("talk handler: print on stdout", flush=True)
+        print("talk handler: print on stderr", file=sys.stderr, flush=True)
+        return super().postprocess(output)
+"""
+
+
+def clean_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """os.environ without torchbay/TorchServe settings; TMPDIR (the pid file's folder) = tmp."""
+    drop = ("TORCHBAY_", "TS_", "LOG_LOCATION", "METRICS_LOCATION", "TEMP", "TMP")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {**env, "TMPDIR": str(tmp), **extra}
+
+
+def torchbay(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchbay", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+
+
+def free_addresses() -> list[str]:
+    args = []
+    for name in ("inference", "management", "metrics"):
+        args += [f"--{name}-address", "http://127.0.0.1:0"]
+    return args
+
+
+def predict(port: int, model: str = "talk") -> httpx.Response:
+    return httpx.post(f"http://127.0.0.1:{port}/predictions/{model}", json=INPUT, timeout=60)
+
+
+def kill_tree(pid: int) -> None:
+    """Kill a server this test started (and its workers) if it is still there."""
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        family = [proc, *proc.children(recursive=True)]
+        for member in family:
+            with contextlib.suppress(psutil.Error):
+                member.kill()
+        psutil.wait_procs(family, timeout=30)
+
+
+def wait_gone(pid: int, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def read_ready(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()]

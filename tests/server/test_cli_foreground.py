@@ -1,0 +1,116 @@
+"""``torchbay serve`` / ``--foreground``: today's behaviour (in this process, logs on the console),
+plus TorchServe's log files under ``LOG_LOCATION``, one shutdown line, no pid file."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .cli_helpers import (
+    PID_FILE,
+    TALK_HANDLER,
+    clean_env,
+    free_addresses,
+    kill_tree,
+    lines,
+    predict,
+    read_ready,
+)
+from .conftest import build_store
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def talk_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    handler = tmp_path_factory.mktemp("talk-src") / "talk_handler.py"
+    handler.write_text(TALK_HANDLER)
+    return build_store(tmp_path_factory, "talk-fg", {"talk": str(handler)})
+
+
+def test_foreground_logs_to_the_console_and_to_log_location(tmp_path, talk_store):
+    cwd, logs = tmp_path / "run", tmp_path / "elsewhere" / "logs"
+    cwd.mkdir()
+    env = clean_env(tmp_path / "tmp", LOG_LOCATION=str(logs))
+    (cwd / "log4j2.xml").write_text("<Configuration><Loggers/></Configuration>\n")
+    ready, console, errors = cwd / "ready.json", cwd / "console.log", cwd / "errors.log"
+    with console.open("wb") as out, errors.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs",
+             "--model-store", str(talk_store), "--models", "talk=talk.mar",
+             "--disable-token-auth", "--log-config", "log4j2.xml", "--ready-file", str(ready),
+             *free_addresses()],
+            cwd=cwd, env=env, stdout=out, stderr=err,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 100
+        while not ready.exists():
+            assert proc.poll() is None, console.read_text()
+            assert time.monotonic() < deadline, "never became ready"
+            time.sleep(0.05)
+        info = read_ready(ready)
+        assert info["pid"] == proc.pid  # in this process, not in the background
+        assert not (tmp_path / "tmp" / PID_FILE).exists()  # --foreground writes no pid file
+        assert predict(info["inference"]).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc.pid)
+
+    shown = console.read_text()
+    assert errors.read_text() == ""  # the log is on stdout, as TorchServe's
+    # The console has it all, as before: the frontend, the access line, the workers' output.
+    for expected in ("torchbay.serve: torchbay", "POST /predictions/talk", "print on stdout"):
+        assert expected in shown
+    # A log4j2 file is not ours to read: one warning says so.
+    warnings = [line for line in shown.splitlines() if "log4j2" in line]
+    assert len(warnings) == 1 and "WARNING torchbay.logs: --log-config log4j2.xml" in warnings[0]
+    # One shutdown line, not one "Shutting down" per uvicorn listener.
+    assert [line for line in shown.splitlines() if "hutting down" in line] == [
+        next(line for line in shown.splitlines() if "torchbay.serve: shutting down" in line)
+    ]
+    assert not (cwd / "logs").exists()  # LOG_LOCATION moved them
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "access_log.log",
+        "model_log.log",
+        "ts_log.log",
+    ]
+    assert "print on stderr" in (logs / "model_log.log").read_text()
+    assert len(lines(logs / "access_log.log")) == 1
+    assert set(lines(logs / "ts_log.log")) <= set(shown.splitlines())  # the same lines
+    assert "shutting down" in (logs / "ts_log.log").read_text()
+
+
+def test_an_unwritable_log_location_leaves_the_console(tmp_path, talk_store):
+    """A read-only working directory (a container) still serves: one warning, console only."""
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory\n")
+    env = clean_env(tmp_path / "tmp", LOG_LOCATION=str(blocker / "logs"))
+    ready = cwd / "ready.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchbay", "serve", "--model-store", str(talk_store),
+         "--disable-token-auth", "--ready-file", str(ready), *free_addresses()],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 100
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "never became ready"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        kill_tree(proc.pid)
+    warning = [line for line in out.splitlines() if "cannot write log files" in line]
+    assert len(warning) == 1, out
+    assert warning[0].endswith(f"cannot write log files in {blocker / 'logs'} (not a directory): "
+                               "console only")  # fmt: skip

@@ -1,0 +1,60 @@
+"""``WorkerOutput``: what the server's children write on stdout and stderr becomes model-log
+lines; a server started with ``--start`` leaves the terminal once up, its stderr going to
+``ts_log.log``. Each case runs in a fresh interpreter: it rewires fds 1 and 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from pathlib import Path
+    from torchbay.server.observe.logfiles import WorkerOutput
+    from torchbay.server.observe.logs import configure_logging
+
+    log_file = Path(sys.argv[1])
+    output = WorkerOutput()
+    pipeline = configure_logging("json", stream=output.console, files={log_file: None})
+    output.start(pipeline)
+    child = "import sys; print('child says hi'); print('child warns', file=sys.stderr)"
+    subprocess.run([sys.executable, "-c", child], check=True)  # inherits fds 1 and 2
+    deadline = time.monotonic() + 30  # the reader thread takes them in its own time
+    while log_file.read_text().count("child") < 2 and time.monotonic() < deadline:
+        pipeline.flush()
+        time.sleep(0.01)
+    print("frontend print before")
+    output.detach_console(stderr_to=Path(sys.argv[2]))
+    print("frontend print after")
+    print("frontend traceback after", file=sys.stderr)
+    output.close()
+    pipeline()
+    """
+)
+
+
+def test_children_output_is_logged_and_a_detached_console_is_quiet(tmp_path: Path) -> None:
+    log_file, err_file = tmp_path / "model.log", tmp_path / "ts_log.log"
+    err_file.write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(log_file), str(err_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    messages = {r["message"]: r["logger"] for r in records}
+    # A child's print on either stream is one model-log record, formatted by the frontend.
+    assert messages == {"child says hi": "torchbay.model_log", "child warns": "torchbay.model_log"}
+    # The console (stdout) had them too, until it was detached; the frontend's own print stays
+    # a plain print on stdout, never a model-log line.
+    console = proc.stdout.splitlines()
+    assert console[-1] == "frontend print before" and len(console) == 3
+    assert {json.loads(line)["message"] for line in console[:2]} == set(messages)
+    assert "after" not in proc.stdout and proc.stderr == ""
+    assert err_file.read_text() == "frontend traceback after\n"
