@@ -142,17 +142,6 @@ def _apply_precision(
                 "int8-dynamic needs the eager model (--model-file and a state dict): a "
                 "TorchScript file cannot be re-quantized"
             )
-        if target == "exported":
-            layers = convert.quantizable_layers(reference, convert.QUANTIZABLE)
-            layer = layers[0] if layers else None
-            raise ConversionError(
-                "torch.export cannot take dynamically quantized layers"
-                + (f" (e.g. {layer!r})" if layer else "")
-                + ": their packed int8 weights do not serialize into a .pt2 program. Use "
-                "--convert torchscript-trace (or torchscript-script) with int8-dynamic, or "
-                "fp16/bf16 with --convert export",
-                layer=layer,
-            )
         types = convert.EAGER_QUANTIZABLE if target == "eager" else convert.QUANTIZABLE
         quantized = convert.quantize_int8(reference, types)
         convert.locate_failure(quantized, example.tensors, "int8-dynamic")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,26 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=inspect_command)
 
     p = subparsers.add_parser(
-        "verify", help="unpack an archive, load it as a worker does and run one input"
+        "verify",
+        help="unpack an archive, load it as a worker does and run sample inputs",
+        description="Run an archive's handler on sample inputs exactly as a worker would and "
+        "print each response. Exit status 1 on a 5xx (or when the stored example is refused).",
     )
     p.add_argument("archive", type=Path, help=".mar, .tar.gz or archive directory")
-    p.add_argument("--input", type=Path, help="request body file (default: stored example)")
+    p.add_argument(
+        "--input",
+        type=Path,
+        nargs="+",
+        action="extend",
+        dest="inputs",
+        metavar="FILE",
+        help="request body file(s), one request each (default: the stored example)",
+    )
     p.add_argument("--content-type", help="request content type (default: from --input's suffix)")
     p.add_argument("--handler", help="override the manifest's handler")
+    p.add_argument(
+        "--batch-size", type=int, default=1, help="requests per handler call (default 1)"
+    )
     p.set_defaults(func=verify_command)
 
 
@@ -139,11 +154,19 @@ def inspect_command(args: argparse.Namespace) -> int:
 def verify_command(args: argparse.Namespace) -> int:
     from torchbay.archiver.verify import render, verify_archive
 
-    result = verify_archive(
+    report = verify_archive(
         args.archive,
-        input_file=args.input,
+        input_files=args.inputs or (),
         content_type=args.content_type,
         handler=args.handler,
+        batch_size=args.batch_size,
     )
-    print(render(result))
-    return 0
+    print(render(report))
+    for result in report.failures:
+        text = result.body.decode("utf-8", "replace").strip()
+        print(
+            f"torchbay: error: verify failed: {result.input_description}: the handler answered "
+            f"{result.status}: {text}",
+            file=sys.stderr,
+        )
+    return 1 if report.failures else 0

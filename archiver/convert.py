@@ -6,12 +6,15 @@ cause raises ConversionError naming the layer or op, or ArchiveArgumentError for
 Formats and what each precision can take:
   torchscript (trace/script, model.pt): fp32, fp16, bf16, int8-dynamic; ``optimize`` freezes and
       runs torch.jit.optimize_for_inference.
-  exported (torch.export, model.pt2, dynamic batch dimension): fp32, fp16, bf16. Not
-      int8-dynamic: torch.export cannot serialize the packed-weight objects of dynamically
-      quantized layers, and the pt2e quantization flow now lives in torchao, which is not a
-      dependency.
+  exported (torch.export, model.pt2, dynamic batch dimension): fp32, fp16, bf16, int8-dynamic
+      (the int8 layers are plain tensors and aten ops, so torch.export takes them).
   eager (model file + state dict): fp32, fp16, bf16, int8-dynamic (the loader quantizes the
-      Linear/LSTM layers before loading the quantized state dict).
+      model's Linear layers the same way before loading the int8 state dict).
+int8-dynamic is ``torchbay.handlers.int8``: Linear layers only, int8 weights per output channel,
+activations quantized per row at run time, plain int8 tensors and ``torch._int_mm`` (no
+``torch.ao.quantization``, which torch 2.13 deprecates together with its quantized dtypes).
+TorchScript itself (torch.jit.trace/script/save/load) is deprecated in torch 2.13: torch.export
+is the supported format, and the one the quickstart uses.
 fp16/bf16 TorchScript models take float32 or half input and return float32 (the cast is baked into
 the graph, so any handler can feed them). Exported fp16/bf16 programs are specialized on the input
 dtype: they take half input (the loader's ``model_input_dtype``) and return half.
@@ -35,10 +38,9 @@ from torch import nn
 
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
 
-# The layer types torch's dynamic quantization replaces; the eager loader in torchbay.handlers
-# quantizes exactly Linear and LSTM, so the eager format is limited to those.
-QUANTIZABLE = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
-EAGER_QUANTIZABLE = (nn.Linear, nn.LSTM)
+# The layer types int8-dynamic replaces (torchbay.handlers.int8), in every format.
+QUANTIZABLE: tuple[type[nn.Module], ...] = (nn.Linear,)
+EAGER_QUANTIZABLE = QUANTIZABLE
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -136,10 +138,9 @@ def quantize_int8(model: nn.Module, types: tuple[type[nn.Module], ...]) -> nn.Mo
             f"int8-dynamic quantizes only {kinds} layers and this model has none "
             f"(its layers: {', '.join(layers) or 'none'}); use fp16 or bf16 instead"
         )
-    with quiet():
-        return torch.ao.quantization.quantize_dynamic(
-            copy.deepcopy(model), set(types), dtype=torch.qint8
-        ).eval()
+    from torchbay.handlers.int8 import quantize_linear
+
+    return quantize_linear(copy.deepcopy(model)).eval()
 
 
 def cast(model: nn.Module, precision: str) -> nn.Module:

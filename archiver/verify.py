@@ -1,8 +1,12 @@
-"""``torchbay verify ARCHIVE``: unpack safely, load the handler as a worker does, run one input.
+"""``torchbay verify ARCHIVE``: unpack safely, load the handler as a worker does, run inputs.
 
-The input is ``--input FILE`` or the example stored in the archive (for the ``tensor`` handler:
-one sample, as raw little-endian float32, or ``.npy`` for integer inputs). Any failure (unsafe
-archive, handler load error, non-2xx response) raises ArchiveError.
+The inputs are ``--input FILE`` (repeatable: one request each, in batches of ``--batch-size``) or
+the example stored in the archive (for the ``tensor`` handler: one sample, as raw little-endian
+float32, or ``.npy`` for integer inputs). The requests go through ``handlers.testing``'s Runner,
+i.e. ``load_service`` and ``Service.predict``, the worker's own code. An unsafe archive or a
+handler that fails to load raises ArchiveError; the report says which responses failed: any 5xx
+(a bug of the handler), or a non-2xx answer to the stored example (a model must take its own).
+A 4xx to a given input is the handler refusing that input, shown but not a failure.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,20 +24,12 @@ from torchbay.archiver.errors import ArchiveArgumentError, ArchiveError
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import Manifest
 
-_CONTENT_TYPES = {
-    ".png": "image/png",
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".json": "application/json",
-    ".npy": "application/x-npy",
-    ".txt": "text/plain",
-}
 _TENSOR_HANDLERS = {"tensor", "base", "torchbay.handlers.tensor"}
 
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """What one verification run produced."""
+    """What one request of a verification run produced."""
 
     manifest: Manifest
     status: int
@@ -40,6 +37,8 @@ class VerifyResult:
     body: bytes
     timings: dict[str, float]
     input_description: str
+    stored_example: bool = False
+    parts: tuple[bytes, ...] = ()  # what a streaming handler sent before ``body``
 
     @property
     def output(self) -> Any:
@@ -48,6 +47,24 @@ class VerifyResult:
             return json.loads(self.body)
         except (UnicodeDecodeError, json.JSONDecodeError):
             return self.body.decode("utf-8", "replace")
+
+    @property
+    def failed(self) -> bool:
+        """A 5xx, or any non-2xx answer to the archive's own stored example."""
+        return self.status >= 500 or (self.stored_example and not 200 <= self.status < 300)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Every request of one ``torchbay verify`` run, in input order."""
+
+    manifest: Manifest
+    results: list[VerifyResult]
+    timings: dict[str, float]
+
+    @property
+    def failures(self) -> list[VerifyResult]:
+        return [r for r in self.results if r.failed]
 
 
 def _example_body(model_dir: Path, manifest: Manifest) -> tuple[bytes, str, str]:
@@ -65,20 +82,18 @@ def _example_body(model_dir: Path, manifest: Manifest) -> tuple[bytes, str, str]
     return buf.getvalue(), "application/x-npy", what
 
 
-def _request_body(
-    model_dir: Path,
-    manifest: Manifest,
-    handler: str,
-    input_file: Path | None,
-    content_type: str | None,
-) -> tuple[bytes, str, str]:
-    if input_file is not None:
-        if not input_file.is_file():
-            raise ArchiveArgumentError(f"--input {str(input_file)!r} does not exist")
-        ctype = content_type or _CONTENT_TYPES.get(
-            input_file.suffix.lower(), "application/octet-stream"
-        )
-        return input_file.read_bytes(), ctype, f"{input_file} ({ctype})"
+def _input_request(input_file: Path, content_type: str | None, index: int) -> Any:
+    from torchbay.handlers.testing import make_request
+
+    if not input_file.is_file():
+        raise ArchiveArgumentError(f"--input {str(input_file)!r} does not exist")
+    request = make_request(input_file, content_type=content_type, request_id=str(index))
+    return request, f"{input_file} ({request.content_type})"
+
+
+def _example_request(model_dir: Path, manifest: Manifest, handler: str, ctype: str | None) -> Any:
+    from torchbay.handlers.testing import make_request
+
     tb = manifest.torchbay
     if tb is None or tb.example_input is None:
         raise ArchiveArgumentError(
@@ -94,79 +109,91 @@ def _request_body(
             f"handler {handler!r} takes its own input format: pass --input FILE "
             "(the stored example is a preprocessed tensor)"
         )
-    body, ctype, what = _example_body(model_dir, manifest)
-    return body, content_type or ctype, what
+    body, example_type, what = _example_body(model_dir, manifest)
+    return make_request(body, content_type=ctype or example_type), what
 
 
 def verify_archive(
     path: str | Path,
     *,
-    input_file: str | Path | None = None,
+    input_files: Sequence[str | Path] = (),
     content_type: str | None = None,
     handler: str | None = None,
-) -> VerifyResult:
-    """Extract ``path`` with the hash checks, load its service, predict one request."""
+    batch_size: int = 1,
+) -> VerifyReport:
+    """Extract ``path`` with the hash checks, load its service, answer each input (or the
+    stored example) in batches of ``batch_size``, as a worker with that batch size would."""
     if not Path(path).exists():
         raise ArchiveArgumentError(f"{path}: no such archive")
+    if batch_size < 1:
+        raise ArchiveArgumentError(f"--batch-size must be at least 1, got {batch_size}")
     with tempfile.TemporaryDirectory(prefix="torchbay-verify-") as tmp:
         model_dir = Path(tmp) / "model"
         manifest = extract_archive(path, model_dir)
         # Imported after the safety checks: an unsafe archive fails fast, without torch.
         from torchbay.handlers.errors import HandlerError
-        from torchbay.handlers.service import Request, load_service
+        from torchbay.handlers.service import load_service
+        from torchbay.handlers.testing import Runner
 
         spec = handler or manifest.model.handler
-        body, ctype, what = _request_body(
-            model_dir, manifest, spec, Path(input_file) if input_file else None, content_type
-        )
+        if input_files:
+            pairs = [_input_request(Path(f), content_type, i) for i, f in enumerate(input_files)]
+        else:
+            pairs = [_example_request(model_dir, manifest, spec, content_type)]
         try:
             service = load_service(
-                model_dir, handler=handler, batch_size=1, gpu_id=None, server_version=__version__
+                model_dir,
+                handler=handler,
+                batch_size=batch_size,
+                gpu_id=None,
+                server_version=__version__,
             )
-            outcome = service.predict(
-                [
-                    Request(
-                        request_id="0",
-                        body=body,
-                        content_type=ctype,
-                        headers={"content-type": ctype},
-                        query="",
-                        protocol="predict",
-                    )
-                ]
-            )
+            runner = Runner(service, batch_size)
+            replies = runner.run([request for request, _ in pairs])
         except HandlerError as exc:
             raise ArchiveError(f"handler {spec!r}: {exc}") from None
-    response = outcome.responses[0]
-    result = VerifyResult(
-        manifest=manifest,
-        status=response.status,
-        content_type=response.content_type,
-        body=bytes(response.body),
-        timings=dict(outcome.timings),
-        input_description=what,
-    )
-    if not 200 <= response.status < 300:
-        text = result.body.decode("utf-8", "replace").strip()
-        raise ArchiveError(f"verify failed: the handler answered {response.status}: {text}")
-    return result
+    results = [
+        VerifyResult(
+            manifest=manifest,
+            status=reply.status,
+            content_type=reply.content_type,
+            body=reply.body,
+            timings=dict(runner.timings),
+            input_description=what,
+            stored_example=not input_files,
+            parts=reply.parts,
+        )
+        for reply, (_, what) in zip(replies, pairs, strict=True)
+    ]
+    return VerifyReport(manifest, results, dict(runner.timings))
 
 
-def render(result: VerifyResult) -> str:
-    m = result.manifest
+def render(report: VerifyReport) -> str:
+    m = report.manifest
     tb = m.torchbay
     kind = f"{tb.format}/{tb.precision}" if tb else "TorchServe archive"
-    output = result.output
-    shown = json.dumps(output) if not isinstance(output, str) else output
-    timings = "  ".join(f"{k} {v:.2f} ms" for k, v in result.timings.items())
-    return "\n".join(
-        [
-            f"model:   {m.model.model_name} {m.model.model_version} ({kind}, handler "
-            f"{m.model.handler})",
+    lines = [
+        f"model:   {m.model.model_name} {m.model.model_version} ({kind}, handler {m.model.handler})"
+    ]
+    for result in report.results:
+        output = result.output
+        shown = json.dumps(output) if not isinstance(output, str) else output
+        lines += [
             f"input:   {result.input_description}",
             f"status:  {result.status} {result.content_type}",
             f"output:  {shown}",
-            f"timings: {timings}",
-            "verify: OK",
         ]
-    )
+        if result.parts:
+            streamed = b"".join((*result.parts, result.body)).decode("utf-8", "replace")
+            lines.append(f"stream:  {len(result.parts)} parts, then the output: {streamed}")
+    lines.append("timings: " + "  ".join(f"{k} {v:.2f} ms" for k, v in report.timings.items()))
+    failures = report.failures
+    refused = sum(1 for r in report.results if 400 <= r.status < 500 and not r.failed)
+    if failures:
+        statuses = ", ".join(str(r.status) for r in failures)
+        lines.append(f"verify: FAILED ({len(failures)} of {len(report.results)}: {statuses})")
+    elif refused:
+        lines.append(f"verify: OK ({refused} of {len(report.results)} refused with a 4xx)")
+    else:
+        lines.append("verify: OK")
+    return "\n".join(lines)

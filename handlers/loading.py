@@ -8,7 +8,7 @@ is an eager state dict, anything else is TorchScript.
 
 fp16/bf16 models are stored already cast by the archiver; ``model_input_dtype`` tells handlers the
 dtype to cast floating inputs to. int8-dynamic models are TorchScript (loaded as is) or eager (the
-model is dynamically quantized, Linear/LSTM, before its quantized state dict is loaded).
+model's Linear layers are quantized by handlers.int8 before its int8 state dict is loaded).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import inspect
 import json
 import logging
 import sys
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -178,11 +177,11 @@ def _load_eager(
             f"model class {cls.__name__} in {model_file!r} must be constructible with no "
             f"arguments: {exc}"
         ) from exc
-    if precision == "int8-dynamic":
-        model = quantize_dynamic(model)
     state = torch.load(str(path), map_location=device, weights_only=True)
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
+    if precision == "int8-dynamic":
+        model = quantize_dynamic(model, state)
     # assign=True keeps the stored dtype (fp16/bf16 weights stay half) and device.
     model.load_state_dict(state, assign=precision != "int8-dynamic")
     model.to(device)
@@ -190,14 +189,12 @@ def _load_eager(
     return model
 
 
-def quantize_dynamic(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantization of Linear/LSTM layers (the archiver's int8-dynamic recipe)."""
-    with warnings.catch_warnings():
-        # torch.ao.quantization warns it is deprecated (in favour of torchao, not installed).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.ao.quantization.quantize_dynamic(
-            model, {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8
-        )
+def quantize_dynamic(model: torch.nn.Module, state: Any = None) -> torch.nn.Module:
+    """Dynamic int8 quantization of Linear layers (the archiver's int8-dynamic recipe), or the
+    torch.ao recipe of archives made before it when ``state`` holds its packed weights."""
+    from .int8 import quantize_for_state
+
+    return quantize_for_state(model, state)
 
 
 def import_file(path: Path, name: str | None = None) -> ModuleType:

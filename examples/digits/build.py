@@ -4,7 +4,7 @@
 
 Variants (all with the image_classifier handler and the parity check):
   digits        fp32 TorchScript (trace) with --optimize
-  digits-int8   int8-dynamic TorchScript (trace)
+  digits-int8   int8-dynamic torch.export program (.pt2), as the quickstart
   digits-fp16   fp16 TorchScript (trace)
   digits-export fp32 torch.export program (.pt2, dynamic batch)
 Each archive is checked with ``torchbay verify --input sample_<d>.png``; the script fails unless the
@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 VARIANTS: dict[str, list[str]] = {
     "digits": ["--convert", "torchscript-trace", "--optimize"],
-    "digits-int8": ["--convert", "torchscript-trace", "--precision", "int8-dynamic"],
+    "digits-int8": ["--convert", "export", "--precision", "int8-dynamic"],
     "digits-fp16": ["--convert", "torchscript-trace", "--precision", "fp16"],
     "digits-export": ["--convert", "export"],
 }

@@ -12,6 +12,7 @@ grayscale, scales to [0, 1] and normalizes with mean 0.5 / std 0.5, exactly as d
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import sys
@@ -25,8 +26,22 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from model import DigitsNet  # noqa: E402
+
+
+def _model_module():
+    """model.py imported by path under a name of its own (a plain ``import model`` would find
+    whichever model.py was imported first in this process: every example has one)."""
+    name = "_torchbay_example_digits_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+DigitsNet = _model_module().DigitsNet
 
 MEAN, STD = 0.5, 0.5
 MODEL_CONFIG = f"""\

@@ -1,0 +1,119 @@
+"""Build the streaming text generator: a word bigram model of the Zen of Python, in code.
+
+    python examples/streaming/build.py [--out examples/streaming/out]
+
+The text is the Zen of Python, which Python ships (the ``this`` module, ROT13-encoded); the
+model's table holds log P(next | word) counted on it. Writes OUT/model_store/zen.mar.
+``generate(prompt, n)`` is the greedy decoding the handler does, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import importlib.util
+import io
+import itertools
+import json
+import math
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def model_module():
+    """This example's model.py, imported by path under a name of its own (every example has a
+    model.py: a plain ``import model`` would find whichever was imported first)."""
+    name = f"_torchbay_example_{HERE.name}_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+TOKEN_RE = re.compile(r"\w+(?:'\w+)?|[^\w\s]")  # as generator_handler.py
+MODEL_CONFIG = """\
+handler:
+  max_new_tokens: 16   # when the request does not say
+"""
+
+
+def zen_tokens() -> list[str]:
+    with contextlib.redirect_stdout(io.StringIO()):  # importing `this` prints the Zen
+        import this
+    text = codecs.decode(this.s, "rot13").split("\n", 2)[2]  # without the title line
+    return TOKEN_RE.findall(text.lower())
+
+
+def bigram_table() -> tuple[list[str], dict[str, Counter]]:
+    tokens = zen_tokens()
+    vocab = sorted(set(tokens))
+    follows: dict[str, Counter] = {t: Counter() for t in vocab}
+    for a, b in itertools.pairwise(tokens):
+        follows[a][b] += 1
+    return vocab, follows
+
+
+def generate(prompt: str, n: int) -> str:
+    """Greedy decoding, as the handler does (ties: the first token in vocabulary order)."""
+    vocab, follows = bigram_table()
+    known = [t for t in TOKEN_RE.findall(prompt.lower()) if t in follows]
+    word, out = (known[-1] if known else "."), ""
+    for _ in range(n):
+        counts = follows[word]
+        word = max(vocab, key=lambda t: (counts[t], -vocab.index(t))) if counts else "."
+        out += word if re.fullmatch(r"[^\w\s]", word) else " " + word
+    return out
+
+
+def build(out: Path) -> Path:
+    import torch
+
+    from torchbay.archiver.package import ArchiveOptions, package
+
+    VOCAB_SIZE = model_module().VOCAB_SIZE
+    Bigram = model_module().Bigram
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab, follows = bigram_table()
+    assert len(vocab) <= VOCAB_SIZE, "grow VOCAB_SIZE in model.py"
+    model = Bigram()
+    with torch.no_grad():
+        model.table.weight.fill_(-1e4)  # unseen pairs and unused rows
+        for i, word in enumerate(vocab):
+            total = sum(follows[word].values())
+            for nxt, count in follows[word].items():
+                model.table.weight[i, vocab.index(nxt)] = math.log(count / total)
+            if not total:  # the last word of the text: back to a sentence start
+                model.table.weight[i, vocab.index(".")] = 0.0
+    torch.save(model.state_dict(), out / "zen.pt")
+    (out / "vocab.json").write_text(json.dumps(vocab))
+    (out / "model-config.yaml").write_text(MODEL_CONFIG)
+    return package(
+        ArchiveOptions(
+            model_name="zen", version="1.0", model_file=HERE / "model.py",
+            serialized_file=out / "zen.pt", handler=str(HERE / "generator_handler.py"),
+            extra_files=(str(out / "vocab.json"),), config_file=out / "model-config.yaml",
+            export_path=out / "model_store", force=True,
+        )
+    )  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    out = parser.parse_args().out.resolve()
+    print(f"wrote {build(out)}")
+    print(f"e.g. 'Errors should' ->{generate('Errors should', 12)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
