@@ -1,0 +1,174 @@
+"""gRPC beside HTTP for the reference models, both protocol pairs, in one run (issue 12).
+
+    python -m torchbay.benchmarks.grpc_compare --repeat 3 --duration 10
+
+For each model (tiny, cnn), each concurrency and each repeat, two runs on a fresh server each:
+TorchServe's pair (HTTP ``/predictions`` beside gRPC ``Predictions``, ``grpc_load.py``) and the
+Open Inference Protocol pair (HTTP ``/v2/models/{m}/infer`` with binary tensors beside gRPC
+``ModelInfer`` with ``raw_input_contents``, ``grpc_oip.py``). Every run is the closed loop of
+``torchbay bench run --protocol grpc``/``grpc-v2``; repeats are interleaved (repeat is the outer
+loop) so slow drift spreads over every cell. Prints one markdown table of the medians: req/s
+(answered 200) of HTTP and gRPC, their ratio, and p50/p99 of each; ``--json`` adds every run.
+
+The archives are the benchmark's own (``runner.prepare_models`` / ``archive_models``: the seeded
+models packed with ``handler_raw.py``), built under ``--out``; each request is the model's raw
+float32 sample body (for the OIP pair, one BYTES element holding it: ``grpc_oip.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from torchbay.benchmarks.report import markdown_table, num
+
+PAIRS = {"predictions": "HTTP /predictions vs gRPC Predictions",
+         "modelinfer": "HTTP v2 binary vs gRPC ModelInfer"}  # fmt: skip
+DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "grpc_compare"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One run of one pair: both sides' numbers."""
+
+    model: str
+    pair: str
+    concurrency: int
+    repeat: int
+    http_ok_per_s: float
+    grpc_ok_per_s: float
+    http_p50_ms: float
+    http_p99_ms: float
+    grpc_p50_ms: float
+    grpc_p99_ms: float
+    sent: int  # both sides
+    ok: int  # both sides
+
+
+def measure(
+    model: str, archive: Path, body: Path, pair: str, concurrency: int, repeat: int,
+    *, duration_s: float, warmup_s: float, run_dir: Path,
+) -> Sample:  # fmt: skip
+    """One pair's two reports on one fresh server."""
+    from torchbay.benchmarks import grpc_load, grpc_oip
+    from torchbay.benchmarks.bench import RunOptions
+
+    options = RunOptions(archive=archive, inputs=(body,), concurrency=concurrency,
+                         duration_s=duration_s, warmup_s=warmup_s, run_dir=run_dir)  # fmt: skip
+    run = grpc_load.run_grpc_bench if pair == "predictions" else grpc_oip.run_oip_bench
+    http, grpc_ = (report.result for report in run(options))
+    return Sample(
+        model=model, pair=pair, concurrency=concurrency, repeat=repeat,
+        http_ok_per_s=http.ok_per_s, grpc_ok_per_s=grpc_.ok_per_s,
+        http_p50_ms=http.latency.p50_ms, http_p99_ms=http.latency.p99_ms,
+        grpc_p50_ms=grpc_.latency.p50_ms, grpc_p99_ms=grpc_.latency.p99_ms,
+        sent=http.sent + grpc_.sent, ok=http.ok + grpc_.ok,
+    )  # fmt: skip
+
+
+def compare(
+    inputs: dict[str, tuple[Path, Path]],
+    concurrencies: Sequence[int],
+    *,
+    repeat: int,
+    duration_s: float,
+    warmup_s: float,
+    out: Path,
+    log: Callable[[str], None] = print,
+) -> list[Sample]:
+    """Every (model, concurrency, pair) ``repeat`` times; ``inputs`` maps a model to its
+    (archive, body file)."""
+    samples = []
+    for r in range(repeat):
+        for model, (archive, body) in inputs.items():
+            for c in concurrencies:
+                for pair in PAIRS:
+                    log(f"[{r + 1}/{repeat}] {model} {pair} c={c}")
+                    run_dir = out / "runs" / f"{model}-{pair}-c{c}-r{r}"
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    samples.append(measure(model, archive, body, pair, c, r,
+                                           duration_s=duration_s, warmup_s=warmup_s,
+                                           run_dir=run_dir))  # fmt: skip
+    return samples
+
+
+def _median(samples: list[Sample], field: str) -> float:
+    return statistics.median(getattr(s, field) for s in samples)
+
+
+def table(samples: Sequence[Sample]) -> str:
+    """One markdown row per (model, pair, concurrency): the medians over its repeats."""
+    cells: dict[tuple[str, str, int], list[Sample]] = {}
+    for s in samples:
+        cells.setdefault((s.model, s.pair, s.concurrency), []).append(s)
+    rows = []
+    for (model, pair, c), group in cells.items():
+        http, grpc_ = _median(group, "http_ok_per_s"), _median(group, "grpc_ok_per_s")
+        failed = sum(s.sent - s.ok for s in group)
+        rows.append([
+            model, PAIRS[pair], str(c), str(len(group)), num(http, 1), num(grpc_, 1),
+            num(grpc_ / http if http else None, 2),
+            f"{num(_median(group, 'http_p50_ms'))} / {num(_median(group, 'http_p99_ms'))}",
+            f"{num(_median(group, 'grpc_p50_ms'))} / {num(_median(group, 'grpc_p99_ms'))}",
+            str(failed),
+        ])  # fmt: skip
+    header = ["model", "pair", "c", "runs", "HTTP req/s", "gRPC req/s", "gRPC/HTTP",
+              "HTTP p50 / p99 ms", "gRPC p50 / p99 ms", "not 200"]  # fmt: skip
+    return markdown_table(header, rows, align="--::::::::")
+
+
+def build_inputs(models: Sequence[str], out: Path, log: Callable[[str], None]) -> dict:
+    """The benchmark archives and sample bodies of ``models``, built under ``out``."""
+    from torchbay.benchmarks import runner
+
+    log(f"building the reference models and archives in {out}")
+    assets = runner.prepare_models(out)
+    wanted = runner.Assets(pt={m: assets.pt[m] for m in models},
+                           body={m: assets.body[m] for m in models})  # fmt: skip
+    store = runner.archive_models(wanted, out, sys.executable).model_store
+    assert store is not None
+    return {m: (store / f"{m}.mar", assets.body[m]) for m in models}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m torchbay.benchmarks.grpc_compare",
+                                description=__doc__.split("\n\n")[0])  # fmt: skip
+    p.add_argument("--models", default="tiny,cnn", help="comma-separated (default tiny,cnn)")
+    p.add_argument("--concurrency", "-c", default="16", help="comma-separated (default 16)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per cell; the table has medians")
+    p.add_argument("--duration", type=float, default=10.0, metavar="S", help="measured seconds")
+    p.add_argument("--warmup", type=float, default=2.0, metavar="S")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder")
+    p.add_argument("--json", action="store_true", help="print every run as JSON after the table")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from torchbay.benchmarks.models import MODEL_NAMES
+
+    args = _parser().parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    try:
+        concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        _parser().error(f"--concurrency: expected comma-separated integers: {args.concurrency!r}")
+    bad = [m for m in models if m not in MODEL_NAMES]
+    if bad or not models or not concurrencies or min(concurrencies) < 1 or args.repeat < 1:
+        _parser().error(f"models from {', '.join(MODEL_NAMES)}; concurrency and repeat >= 1")
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    inputs = build_inputs(models, args.out, log)
+    samples = compare(inputs, concurrencies, repeat=args.repeat, duration_s=args.duration,
+                      warmup_s=args.warmup, out=args.out, log=log)  # fmt: skip
+    print(table(samples))
+    if args.json:
+        print(json.dumps([asdict(s) for s in samples], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
