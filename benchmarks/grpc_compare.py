@@ -137,7 +137,7 @@ def build_inputs(models: Sequence[str], out: Path, log: Callable[[str], None]) -
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torchbay.benchmarks.grpc_compare",
-                                description=__doc__.split("\n\n")[0])  # fmt: skip
+                                description="gRPC beside HTTP, both protocol pairs")  # fmt: skip
     p.add_argument("--models", default="tiny,cnn", help="comma-separated (default tiny,cnn)")
     p.add_argument("--concurrency", "-c", default="16", help="comma-separated (default 16)")
     p.add_argument("--repeat", type=int, default=3, help="runs per cell; the table has medians")
