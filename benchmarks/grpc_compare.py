@@ -2,17 +2,21 @@
 
     python -m torchbay.benchmarks.grpc_compare --repeat 3 --duration 10
 
-For each model (tiny, cnn), each concurrency and each repeat, two runs on a fresh server each:
-TorchServe's pair (HTTP ``/predictions`` beside gRPC ``Predictions``, ``grpc_load.py``) and the
-Open Inference Protocol pair (HTTP ``/v2/models/{m}/infer`` with binary tensors beside gRPC
-``ModelInfer`` with ``raw_input_contents``, ``grpc_oip.py``). Every run is the closed loop of
-``torchbay bench run --protocol grpc``/``grpc-v2``; repeats are interleaved (repeat is the outer
-loop) so slow drift spreads over every cell. Prints one markdown table of the medians: req/s
-(answered 200) of HTTP and gRPC, their ratio, and p50/p99 of each; ``--json`` adds every run.
+For each model (tiny, cnn), each concurrency and each repeat, one run per protocol pair on a
+fresh server each, HTTP then gRPC: ``predictions``, TorchServe's pair (HTTP ``/predictions``
+beside gRPC ``Predictions``, ``grpc_load.py``); ``modelinfer`` and ``tensor``, the Open Inference
+Protocol pair (HTTP ``/v2/models/{m}/infer`` with the binary tensor data extension beside gRPC
+``ModelInfer`` with ``raw_input_contents``, binary outputs both, ``grpc_oip.py``). Every run is
+the closed loop of ``torchbay bench run --protocol grpc``/``grpc-v2``; repeats are interleaved
+(repeat is the outer loop) so slow drift spreads over every cell. Prints one markdown table of
+the medians: req/s (answered 200) of HTTP and gRPC, their ratio, and p50/p99 of each; ``--json``
+adds every run.
 
-The archives are the benchmark's own (``runner.prepare_models`` / ``archive_models``: the seeded
-models packed with ``handler_raw.py``), built under ``--out``; each request is the model's raw
-float32 sample body (for the OIP pair, one BYTES element holding it: ``grpc_oip.py``).
+Built under ``--out``: the benchmark's own archives (``runner.prepare_models`` /
+``archive_models``: the seeded models packed with ``handler_raw.py``), whose requests are the raw
+float32 sample body (``modelinfer``: one BYTES element holding it); and for ``tensor`` the same
+models packed with the built-in ``tensor`` handler and the sample as the recorded example input,
+sent as a typed FP32 tensor ``[1, ...]`` (Triton's case: binary tensors).
 """
 
 from __future__ import annotations
@@ -20,15 +24,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchbay.benchmarks.report import markdown_table, num
 
-PAIRS = {"predictions": "HTTP /predictions vs gRPC Predictions",
-         "modelinfer": "HTTP v2 binary vs gRPC ModelInfer"}  # fmt: skip
+if TYPE_CHECKING:
+    from torchbay.benchmarks.runner import Assets
+
+PAIRS = {
+    "predictions": "HTTP /predictions vs gRPC Predictions",
+    "modelinfer": "HTTP v2 binary vs gRPC ModelInfer (BYTES body)",
+    "tensor": "HTTP v2 binary vs gRPC ModelInfer (FP32 tensor)",
+}
+Inputs = dict[str, dict[str, tuple[Path, Path]]]  # model -> pair -> (archive, --input file)
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "grpc_compare"
 
 
@@ -46,19 +59,21 @@ class Sample:
     http_p99_ms: float
     grpc_p50_ms: float
     grpc_p99_ms: float
-    sent: int  # both sides
-    ok: int  # both sides
+    http_sent: int
+    http_ok: int
+    grpc_sent: int
+    grpc_ok: int
 
 
 def measure(
-    model: str, archive: Path, body: Path, pair: str, concurrency: int, repeat: int,
+    model: str, archive: Path, source: Path, pair: str, concurrency: int, repeat: int,
     *, duration_s: float, warmup_s: float, run_dir: Path,
 ) -> Sample:  # fmt: skip
-    """One pair's two reports on one fresh server."""
+    """One pair's two reports on one fresh server (``source``: the ``--input``)."""
     from torchbay.benchmarks import grpc_load, grpc_oip
     from torchbay.benchmarks.bench import RunOptions
 
-    options = RunOptions(archive=archive, inputs=(body,), concurrency=concurrency,
+    options = RunOptions(archive=archive, inputs=(source,), concurrency=concurrency,
                          duration_s=duration_s, warmup_s=warmup_s, run_dir=run_dir)  # fmt: skip
     run = grpc_load.run_grpc_bench if pair == "predictions" else grpc_oip.run_oip_bench
     http, grpc_ = (report.result for report in run(options))
@@ -67,12 +82,12 @@ def measure(
         http_ok_per_s=http.ok_per_s, grpc_ok_per_s=grpc_.ok_per_s,
         http_p50_ms=http.latency.p50_ms, http_p99_ms=http.latency.p99_ms,
         grpc_p50_ms=grpc_.latency.p50_ms, grpc_p99_ms=grpc_.latency.p99_ms,
-        sent=http.sent + grpc_.sent, ok=http.ok + grpc_.ok,
+        http_sent=http.sent, http_ok=http.ok, grpc_sent=grpc_.sent, grpc_ok=grpc_.ok,
     )  # fmt: skip
 
 
 def compare(
-    inputs: dict[str, tuple[Path, Path]],
+    inputs: Inputs,
     concurrencies: Sequence[int],
     *,
     repeat: int,
@@ -81,17 +96,16 @@ def compare(
     out: Path,
     log: Callable[[str], None] = print,
 ) -> list[Sample]:
-    """Every (model, concurrency, pair) ``repeat`` times; ``inputs`` maps a model to its
-    (archive, body file)."""
+    """Every (model, concurrency, pair) of ``inputs`` ``repeat`` times."""
     samples = []
     for r in range(repeat):
-        for model, (archive, body) in inputs.items():
+        for model, pairs in inputs.items():
             for c in concurrencies:
-                for pair in PAIRS:
+                for pair, (archive, source) in pairs.items():
                     log(f"[{r + 1}/{repeat}] {model} {pair} c={c}")
                     run_dir = out / "runs" / f"{model}-{pair}-c{c}-r{r}"
                     run_dir.mkdir(parents=True, exist_ok=True)
-                    samples.append(measure(model, archive, body, pair, c, r,
+                    samples.append(measure(model, archive, source, pair, c, r,
                                            duration_s=duration_s, warmup_s=warmup_s,
                                            run_dir=run_dir))  # fmt: skip
     return samples
@@ -109,7 +123,7 @@ def table(samples: Sequence[Sample]) -> str:
     rows = []
     for (model, pair, c), group in cells.items():
         http, grpc_ = _median(group, "http_ok_per_s"), _median(group, "grpc_ok_per_s")
-        failed = sum(s.sent - s.ok for s in group)
+        failed = sum(s.http_sent - s.http_ok + s.grpc_sent - s.grpc_ok for s in group)
         rows.append([
             model, PAIRS[pair], str(c), str(len(group)), num(http, 1), num(grpc_, 1),
             num(grpc_ / http if http else None, 2),
@@ -122,8 +136,12 @@ def table(samples: Sequence[Sample]) -> str:
     return markdown_table(header, rows, align="--::::::::")
 
 
-def build_inputs(models: Sequence[str], out: Path, log: Callable[[str], None]) -> dict:
-    """The benchmark archives and sample bodies of ``models``, built under ``out``."""
+def build_inputs(
+    models: Sequence[str], pairs: Sequence[str], out: Path, log: Callable[[str], None]
+) -> Inputs:
+    """The archives and ``--input`` files of ``models`` for ``pairs``, built under ``out``: the
+    benchmark's raw-body archives, and for ``tensor`` the same model packed with the ``tensor``
+    handler and its sample as the recorded example input (the archive is its own input)."""
     from torchbay.benchmarks import runner
 
     log(f"building the reference models and archives in {out}")
@@ -132,13 +150,46 @@ def build_inputs(models: Sequence[str], out: Path, log: Callable[[str], None]) -
                            body={m: assets.body[m] for m in models})  # fmt: skip
     store = runner.archive_models(wanted, out, sys.executable).model_store
     assert store is not None
-    return {m: (store / f"{m}.mar", assets.body[m]) for m in models}
+    typed = _tensor_archives(wanted, out / "model_store_tensor") if "tensor" in pairs else {}
+    inputs: Inputs = {}
+    for m in models:
+        raw = (store / f"{m}.mar", assets.body[m])
+        options = {"predictions": raw, "modelinfer": raw}
+        if m in typed:
+            options["tensor"] = (typed[m], typed[m])
+        inputs[m] = {pair: options[pair] for pair in pairs}
+    return inputs
+
+
+def _tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
+    """Each model packed with the built-in ``tensor`` handler (it speaks v2: typed tensors in
+    and out) and one sample, batch of 1, recorded as its example input."""
+    import numpy as np
+
+    from torchbay.benchmarks import models
+    from torchbay.benchmarks.errors import BenchError
+
+    store.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, pt in assets.pt.items():
+        example = store / f"{name}-example.npy"
+        np.save(example, models.sample_tensor(name).numpy()[None])
+        cmd = [sys.executable, "-m", "torchbay", "archive", "--model-name", name,
+               "--version", "1.0", "--serialized-file", str(pt), "--handler", "tensor",
+               "--example-input", str(example), "--export-path", str(store), "--force"]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BenchError(f"torchbay archive failed for {name}: {proc.stderr or proc.stdout}")
+        out[name] = store / f"{name}.mar"
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torchbay.benchmarks.grpc_compare",
                                 description="gRPC beside HTTP, both protocol pairs")  # fmt: skip
     p.add_argument("--models", default="tiny,cnn", help="comma-separated (default tiny,cnn)")
+    p.add_argument("--pairs", default=",".join(PAIRS),
+                   help=f"comma-separated from {', '.join(PAIRS)} (default all)")  # fmt: skip
     p.add_argument("--concurrency", "-c", default="16", help="comma-separated (default 16)")
     p.add_argument("--repeat", type=int, default=3, help="runs per cell; the table has medians")
     p.add_argument("--duration", type=float, default=10.0, metavar="S", help="measured seconds")
@@ -157,11 +208,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
         _parser().error(f"--concurrency: expected comma-separated integers: {args.concurrency!r}")
-    bad = [m for m in models if m not in MODEL_NAMES]
-    if bad or not models or not concurrencies or min(concurrencies) < 1 or args.repeat < 1:
-        _parser().error(f"models from {', '.join(MODEL_NAMES)}; concurrency and repeat >= 1")
+    pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
+    bad = [m for m in models if m not in MODEL_NAMES] + [p for p in pairs if p not in PAIRS]
+    if bad or not models or not pairs or not concurrencies or min(concurrencies) < 1:
+        _parser().error(f"models from {', '.join(MODEL_NAMES)}, pairs from {', '.join(PAIRS)}, "
+                        "concurrency >= 1")  # fmt: skip
+    if args.repeat < 1:
+        _parser().error("--repeat must be >= 1")
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    inputs = build_inputs(models, args.out, log)
+    inputs = build_inputs(models, pairs, args.out, log)
     samples = compare(inputs, concurrencies, repeat=args.repeat, duration_s=args.duration,
                       warmup_s=args.warmup, out=args.out, log=log)  # fmt: skip
     print(table(samples))

@@ -8,8 +8,10 @@ bytes in ``raw_input_contents``. Both ask for binary outputs (``binary_data_outp
 always answers in ``raw_output_contents``). With ``--archive`` one server runs both, two reports
 side by side; with ``--url`` (the gRPC address) only gRPC runs. Torch-free.
 
-The input tensor, from the first ``--input``:
+The input tensor, from the one ``--input``:
 
+- a ``.mar`` archive (the ``--archive`` itself, say): the example input it records
+  (``torchbay archive --example-input x.npy``), named as its signature names its one input;
 - a ``.npy`` file: that array, its datatype from its dtype, named as the archive's recorded
   signature names its one input (``input0`` otherwise);
 - any other file: one ``BYTES`` element holding the file, named ``data``. The tiny and cnn
@@ -87,32 +89,62 @@ class OipTensor:
 
 def load_tensor(path: Path, archive: Path | None = None) -> OipTensor:
     """The input tensor from ``path`` (see the module's docstring); BenchError when unreadable."""
+    if Path(path).suffix.lower() == ".mar":
+        return archive_example(Path(path))
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise BenchError(f"cannot read input {path}: {exc}") from None
     if Path(path).suffix.lower() != ".npy":
         return OipTensor("data", "BYTES", (1,), struct.pack("<I", len(raw)) + raw)
+    return _from_npy(raw, Path(path).name, _input_name(archive))
+
+
+def archive_example(archive: Path) -> OipTensor:
+    """The example input ``archive`` records (``torchbay archive --example-input x.npy``), named
+    as its signature names its one input."""
+    import zipfile
+
+    from torchbay.archiver.errors import ArchiveError
+    from torchbay.archiver.manifest import read_manifest
+
+    try:
+        info = read_manifest(archive).torchbay
+        example = info.example_input if info is not None else None
+        if not example or not example.endswith(".npy"):
+            raise BenchError(f"{archive.name} records no one-tensor example input (.npy)")
+        with zipfile.ZipFile(archive) as zf:
+            raw = zf.read(example)
+    except (ArchiveError, OSError, KeyError, zipfile.BadZipFile) as exc:
+        raise BenchError(f"cannot read the example input of {archive.name}: {exc}") from None
+    return _from_npy(raw, f"{archive.name}:{example}", _input_name(archive))
+
+
+def _from_npy(raw: bytes, label: str, name: str) -> OipTensor:
     import numpy as np
 
     try:
         array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except ValueError as exc:
-        raise BenchError(f"{path}: not a numeric .npy array: {exc}") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise BenchError(f"{label}: not a numeric .npy array: {exc}") from None
     datatype = _DATATYPES.get(array.dtype.newbyteorder("<").str)
     if datatype is None:
-        raise BenchError(f"{path}: numpy dtype {array.dtype} has no OIP datatype")
+        raise BenchError(f"{label}: numpy dtype {array.dtype} has no OIP datatype")
     data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-    return OipTensor(_input_name(archive), datatype, tuple(array.shape), data)
+    return OipTensor(name, datatype, tuple(array.shape), data)
 
 
 def _input_name(archive: Path | None) -> str:
     """The archive's recorded single input's name, else ``input0``."""
     if archive is None:
         return "input0"
+    from torchbay.archiver.errors import ArchiveError
     from torchbay.archiver.manifest import read_manifest
 
-    info = read_manifest(archive).torchbay
+    try:
+        info = read_manifest(archive).torchbay
+    except (ArchiveError, OSError):
+        return "input0"  # starting the server says what is wrong with it
     inputs = info.inputs if info is not None else None
     return inputs[0].name if inputs and len(inputs) == 1 else "input0"
 

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from torchbay.benchmarks import cli, grpc_oip, runner
+from torchbay.benchmarks import cli, grpc_compare, grpc_oip, runner
 from torchbay.benchmarks.bench import RunOptions
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.grpc_load import started_server
@@ -71,6 +71,21 @@ def test_a_npy_tensor_is_the_same_over_http_and_model_infer(tmp_path: Path) -> N
         grpc_oip.load_tensor(tmp_path / "missing.npy")
 
 
+def test_an_archive_input_is_its_recorded_example(
+    assets: runner.Assets, tiny: tuple[Path, Path], tmp_path: Path
+) -> None:
+    only = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
+    typed = grpc_compare._tensor_archives(only, tmp_path)["tiny"]
+    tensor = grpc_oip.load_tensor(typed)
+    assert (tensor.name, tensor.datatype, tensor.shape) == ("input0", "FP32", (1, 64))
+    assert tensor.raw == tiny[1].read_bytes()  # the same sample as the raw body
+    with pytest.raises(BenchError, match="records no one-tensor example"):
+        grpc_oip.load_tensor(tiny[0])  # the raw-body archive records none
+    (tmp_path / "junk.mar").write_bytes(b"not a zip")
+    with pytest.raises(BenchError, match=r"junk\.mar"):
+        grpc_oip.load_tensor(tmp_path / "junk.mar")
+
+
 def test_grpc_v2_is_a_closed_loop_over_one_input(tmp_path: Path) -> None:
     body = tmp_path / "x.bin"
     body.write_bytes(bytes(256))
@@ -90,7 +105,7 @@ def test_the_cli_runs_http_v2_binary_then_model_infer_on_one_server(
 ) -> None:
     archive, body = tiny
     args = _parse("run", "--archive", str(archive), "--input", str(body), "-c", "2",
-                  "--duration", "0.3", "--warmup", "0", "--protocol", "grpc-v2",
+                  "--duration", "0.5", "--warmup", "0", "--protocol", "grpc-v2",
                   "--json")  # fmt: skip
     assert args.func(args) == 0
     http, grpc_ = json.loads(capsys.readouterr().out)
