@@ -95,20 +95,29 @@ def compare(
     warmup_s: float,
     out: Path,
     log: Callable[[str], None] = print,
-) -> list[Sample]:
-    """Every (model, concurrency, pair) of ``inputs`` ``repeat`` times."""
-    samples = []
+) -> tuple[list[Sample], list[str]]:
+    """Every (model, concurrency, pair) of ``inputs`` ``repeat`` times: (the samples, one line
+    per run that failed; the others still run)."""
+    from torchbay.archiver.errors import ArchiveError
+    from torchbay.benchmarks.errors import BenchError
+
+    samples, failures = [], []
     for r in range(repeat):
         for model, pairs in inputs.items():
             for c in concurrencies:
                 for pair, (archive, source) in pairs.items():
-                    log(f"[{r + 1}/{repeat}] {model} {pair} c={c}")
+                    cell = f"[{r + 1}/{repeat}] {model} {pair} c={c}"
+                    log(cell)
                     run_dir = out / "runs" / f"{model}-{pair}-c{c}-r{r}"
                     run_dir.mkdir(parents=True, exist_ok=True)
-                    samples.append(measure(model, archive, source, pair, c, r,
-                                           duration_s=duration_s, warmup_s=warmup_s,
-                                           run_dir=run_dir))  # fmt: skip
-    return samples
+                    try:
+                        samples.append(measure(model, archive, source, pair, c, r,
+                                               duration_s=duration_s, warmup_s=warmup_s,
+                                               run_dir=run_dir))  # fmt: skip
+                    except (BenchError, ArchiveError) as exc:
+                        failures.append(f"{cell} failed: {exc}")
+                        log(failures[-1])
+    return samples, failures
 
 
 def _median(samples: list[Sample], field: str) -> float:
@@ -217,12 +226,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error("--repeat must be >= 1")
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     inputs = build_inputs(models, pairs, args.out, log)
-    samples = compare(inputs, concurrencies, repeat=args.repeat, duration_s=args.duration,
-                      warmup_s=args.warmup, out=args.out, log=log)  # fmt: skip
+    samples, failures = compare(inputs, concurrencies, repeat=args.repeat,
+                                duration_s=args.duration, warmup_s=args.warmup, out=args.out,
+                                log=log)  # fmt: skip
     print(table(samples))
+    for line in failures:
+        print(f"\n{line}")
     if args.json:
         print(json.dumps([asdict(s) for s in samples], indent=2))
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -54,3 +54,16 @@ def test_a_short_run_measures_every_pair_on_real_servers(
     for s in samples:  # every request answered 200 on both sides (no rate asserted)
         assert s["http_ok"] == s["http_sent"] and s["grpc_ok"] == s["grpc_sent"]
         assert s["http_sent"] + s["grpc_sent"] > 0
+
+
+def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
+    body = tmp_path / "x.bin"
+    body.write_bytes(bytes(256))
+    inputs = {"tiny": {"predictions": (tmp_path / "missing.mar", body),
+                       "modelinfer": (tmp_path / "gone.mar", body)}}  # fmt: skip
+    samples, failures = grpc_compare.compare(
+        inputs, [1], repeat=1, duration_s=0.1, warmup_s=0.0, out=tmp_path, log=lambda _: None
+    )
+    assert samples == [] and len(failures) == 2
+    assert "tiny predictions c=1 failed" in failures[0] and "missing.mar" in failures[0]
+    assert "gone.mar" in failures[1]
