@@ -75,6 +75,8 @@ class RunOptions(BaseModel):
     max_connections: int = Field(1024, ge=1)
     seed: int = 0
     run_dir: Path | None = None
+    # Extra request headers (not a CLI flag): the OIP binary body's Inference-Header-Content-Length.
+    headers: tuple[tuple[str, str], ...] = ()
 
     @model_validator(mode="after")
     def _one_of(self) -> RunOptions:
@@ -181,6 +183,7 @@ def make_target(
     headers = [("Content-Type", content_type)]
     if endpoints.inference_key:
         headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
+    headers.extend(options.headers)
     return Target(
         host=endpoints.host,
         port=endpoints.inference_port,

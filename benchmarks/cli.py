@@ -42,7 +42,8 @@ def _add_load_args(
         default="predict",
         help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route"
         + (
-            "; grpc: TorchServe's gRPC Predictions, beside HTTP (benchmarks/grpc_load.py)"
+            "; grpc: TorchServe's gRPC Predictions, beside HTTP (benchmarks/grpc_load.py); "
+            "grpc-v2: KServe v2 gRPC ModelInfer, beside HTTP v2 binary (benchmarks/grpc_oip.py)"
             if "grpc" in protocols
             else ""
         ),
@@ -101,7 +102,7 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--max-connections", type=int, default=1024)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    _add_load_args(run, ("predict", "v2", "grpc"))
+    _add_load_args(run, ("predict", "v2", "grpc", "grpc-v2"))
     run.set_defaults(func=run_run)
 
 
@@ -170,11 +171,12 @@ def _options(model: Any, args: argparse.Namespace) -> Any:
 def run_run(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.bench import ProgressLine, RunOptions, format_report, run_bench
 
-    if args.protocol == "grpc":
-        from torchbay.benchmarks import grpc_load
+    if args.protocol in ("grpc", "grpc-v2"):
+        from torchbay.benchmarks import grpc_load, grpc_oip
 
-        args.protocol = "predict"  # the HTTP side of the comparison
-        reports = grpc_load.run_grpc_bench(_options(RunOptions, args))
+        run = grpc_load.run_grpc_bench if args.protocol == "grpc" else grpc_oip.run_oip_bench
+        args.protocol = "predict"  # the HTTP side of the comparison (grpc-v2 sets its own)
+        reports = run(_options(RunOptions, args))
         dump = [r.as_dict() for r in reports]
         print(
             json.dumps(dump, indent=2, default=str)

@@ -14,8 +14,8 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from torchbay.benchmarks import scrape
 from torchbay.benchmarks.bench import BenchReport, RunOptions, load_payloads, run_bench
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadplan import LoadResult
-from torchbay.benchmarks.managed import ManagedServer, parse_url, read_key_file
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, parse_url, read_key_file
 from torchbay.benchmarks.stats import summarize
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
@@ -42,14 +42,29 @@ class GrpcTarget:
         key: str | None,
         payloads: tuple[bytes, ...],
         metrics_port: int | None = None,
+        service: str = SERVICE,
+        method: str = "Predictions",
     ) -> None:
         self.address = f"{host}:{port}"
         self.host, self.model, self.version, self.key = host, model, version, key
         self.payloads, self.metrics_port = payloads, metrics_port
+        self.service, self.method = service, method
+        # Prebuilt request messages (sent in turn); None: Predictions requests from ``payloads``.
+        self.requests: tuple[Any, ...] | None = None
 
     @property
     def url(self) -> str:
-        return f"grpc://{self.address}/{SERVICE}/Predictions"
+        return f"grpc://{self.address}/{self.service}/{self.method}"
+
+    def messages(self, request_type: Any) -> list[Any]:
+        """The request messages, in order: the prebuilt ones, else one Predictions per payload."""
+        if self.requests is not None:
+            return list(self.requests)
+        return [
+            request_type(model_name=self.model, model_version=self.version or "",
+                         input={"data": body})
+            for body in self.payloads
+        ]  # fmt: skip
 
 
 async def _closed_loop(
@@ -60,19 +75,15 @@ async def _closed_loop(
 
     from torchbay.server.grpc.messages import method_types
 
-    request_type, response_type, *_ = method_types(SERVICE, "Predictions")
-    requests = [
-        request_type(model_name=target.model, model_version=target.version or "",
-                     input={"data": body})
-        for body in target.payloads
-    ]  # fmt: skip
+    request_type, response_type, *_ = method_types(target.service, target.method)
+    requests = target.messages(request_type)
     metadata = [("authorization", f"Bearer {target.key}")] if target.key else None
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     sent = 0
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     async with grpc.aio.insecure_channel(target.address, options=options) as channel:
-        call = channel.unary_unary(f"/{SERVICE}/Predictions",
+        call = channel.unary_unary(f"/{target.service}/{target.method}",
                                    request_serializer=request_type.SerializeToString,
                                    response_deserializer=response_type.FromString)  # fmt: skip
         end = time.perf_counter() + seconds
@@ -123,7 +134,7 @@ def run_grpc_load(
     )  # fmt: skip
 
 
-def _report(target: GrpcTarget, options: RunOptions) -> BenchReport:
+def grpc_report(target: GrpcTarget, options: RunOptions) -> BenchReport:
     assert options.concurrency is not None
     scrapes: list[scrape.Snapshot | None] = []
     result = run_grpc_load(target, options.concurrency, options.duration_s or 10.0,
@@ -156,13 +167,24 @@ def run_grpc_bench(
         if options.key_file is not None:
             key = read_key_file(options.key_file)[0]
         target = GrpcTarget(host, port, options.model or "", options.version, key, payloads)
-        return [_report(target, options)]
+        return [grpc_report(target, options)]
     return _with_archive(options, payloads, on_progress)
 
 
 def _with_archive(
     options: RunOptions, payloads: tuple[bytes, ...], on_progress: Callable[[Any], None] | None
 ) -> list[BenchReport]:
+    with started_server(options) as (endpoints, grpc_port, model, _run_dir):
+        http = run_bench(http_options(options, endpoints, model), on_progress)
+        target = GrpcTarget(endpoints.host, grpc_port, model, options.version,
+                            endpoints.inference_key, payloads, endpoints.metrics_port)  # fmt: skip
+        return [http, replace(grpc_report(target, options), settings=http.settings)]
+
+
+@contextmanager
+def started_server(options: RunOptions) -> Iterator[tuple[Endpoints, int, str, Path]]:
+    """``torchbay serve`` for ``options.archive`` with gRPC on free ports, stopped on exit:
+    (its endpoints, its gRPC inference port, the model's name, the run folder)."""
     from torchbay.archiver.manifest import read_manifest
 
     assert options.archive is not None
@@ -178,15 +200,18 @@ def _with_archive(
             for k, v in previous.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         ready = json.loads(server.ready_file.read_text())
-        http_options = options.model_copy(update={
-            "archive": None, "url": f"http://{endpoints.host}:{endpoints.inference_port}",
-            "model": model, "token": endpoints.inference_key,
-            "metrics_url": f"http://{endpoints.host}:{endpoints.metrics_port}",
-        })  # fmt: skip
-        http = run_bench(http_options, on_progress)
-        target = GrpcTarget(endpoints.host, ready["grpc_inference"], model, options.version,
-                            endpoints.inference_key, payloads, endpoints.metrics_port)  # fmt: skip
-        return [http, replace(_report(target, options), settings=http.settings)]
+        yield endpoints, int(ready["grpc_inference"]), model, run_dir
+
+
+def http_options(
+    options: RunOptions, endpoints: Endpoints, model: str, **update: Any
+) -> RunOptions:
+    """``options`` aimed at the started server's HTTP inference listener (``update`` on top)."""
+    return options.model_copy(update={
+        "archive": None, "url": f"http://{endpoints.host}:{endpoints.inference_port}",
+        "model": model, "token": endpoints.inference_key,
+        "metrics_url": f"http://{endpoints.host}:{endpoints.metrics_port}", **update,
+    })  # fmt: skip
 
 
 _FREE_GRPC_PORTS = {"TORCHBAY_GRPC_INFERENCE_PORT": "0", "TORCHBAY_GRPC_MANAGEMENT_PORT": "0"}
