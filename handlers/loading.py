@@ -72,6 +72,25 @@ def inside(model_dir: str | Path, relpath: str, field: str) -> Path:
     return path
 
 
+def model_yaml_config(model_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The archive's model-config.yaml (``configFile``, inside the model folder) as a dict."""
+    config_file = manifest.get("model", {}).get("configFile")
+    if not config_file:
+        return {}
+    path = inside(model_dir, str(config_file), "configFile")
+    if not path.is_file():
+        raise HandlerLoadError(f"config file {config_file!r} not found in the archive")
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise HandlerLoadError(f"cannot read config file {config_file!r}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise HandlerLoadError(f"config file {config_file!r} is not a mapping")
+    return config
+
+
 def torchbay_info(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's ``torchbay`` object, or ``{}`` for a TorchServe archive."""
     info = manifest.get("torchbay")

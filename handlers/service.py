@@ -330,26 +330,6 @@ class Service:
         return Response(status, dumps(item), content_type or "application/json", headers)
 
 
-def _model_yaml_config(model_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    config_file = manifest.get("model", {}).get("configFile")
-    if not config_file:
-        return {}
-    from .loading import inside  # the configFile must stay inside the model folder
-
-    path = inside(model_dir, str(config_file), "configFile")
-    if not path.is_file():
-        raise HandlerLoadError(f"config file {config_file!r} not found in the archive")
-    import yaml
-
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise HandlerLoadError(f"cannot read config file {config_file!r}: {exc}") from exc
-    if not isinstance(config, dict):
-        raise HandlerLoadError(f"config file {config_file!r} is not a mapping")
-    return config
-
-
 def load_service(
     model_dir: str | os.PathLike,
     *,
@@ -363,7 +343,7 @@ def load_service(
     max_request_size: int = DEFAULT_MAX_SIZE,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
-    from .loading import read_manifest
+    from .loading import model_yaml_config, read_manifest
     from .resolve import install_ts_alias, resolve_handler
 
     model_dir = Path(model_dir).resolve()
@@ -373,7 +353,7 @@ def load_service(
     model = manifest["model"]
     name = model_name or str(model.get("modelName") or model_dir.name)
     version = model_version or str(model.get("modelVersion") or "")
-    yaml_config = _model_yaml_config(model_dir, manifest)
+    yaml_config = model_yaml_config(model_dir, manifest)
     install_ts_alias()
     # TorchServe puts the model directory on sys.path so handlers import their sibling files.
     if str(model_dir) not in sys.path:
