@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 import warnings
 from typing import Any
 
@@ -124,6 +125,10 @@ class ImageClassifier(BaseHandler):
         return topk_labels(data, self.topk, self.mapping)
 
 
+# An object's default repr, which some PIL messages carry: internal detail, not for a client.
+_OBJECT_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
 def decode_image(payload: bytes) -> Image.Image:
     """Decode and fully load an image; BadInput when undecodable or over MAX_IMAGE_PIXELS."""
     try:
@@ -134,6 +139,9 @@ def decode_image(payload: bytes) -> Image.Image:
             image.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise BadInput(f"image too large: {exc}") from exc
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise BadInput(f"cannot decode image: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        # PIL's message names the in-memory file object ("<_io.BytesIO object at 0x...>").
+        raise BadInput("cannot decode image: not an image format this server reads") from exc
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise BadInput(f"cannot decode image: {_OBJECT_REPR.sub('the image', str(exc))}") from exc
     return image

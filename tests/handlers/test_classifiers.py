@@ -143,3 +143,15 @@ def test_image_over_v2_envelope(image_dir: Path) -> None:
     assert outcome.responses[0].status == 200, outcome.responses[0].body
     [out] = body_json(outcome.responses[0])["outputs"]
     assert out["datatype"] == "BYTES" and len(json.loads(out["data"][0])) == 3
+
+
+@pytest.mark.parametrize("payload", [b"not an image", b"\x89PNG\r\n\x1a\n" + b"\0" * 40])
+def test_an_undecodable_image_is_a_400_without_internal_detail(payload: bytes) -> None:
+    from torchbay.handlers.errors import BadInput
+    from torchbay.handlers.image_classifier import decode_image
+
+    with pytest.raises(BadInput) as info:
+        decode_image(payload)
+    message = str(info.value)
+    assert message.startswith("cannot decode image")
+    assert "0x" not in message and "BytesIO" not in message
