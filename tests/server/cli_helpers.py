@@ -13,6 +13,9 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
+
+from .conftest import build_store
 
 PID_FILE = ".model_server.pid"
 # The tiny TorchScript model of conftest._tiny_model takes 64 numbers.
@@ -90,3 +93,10 @@ def read_ready(path: Path) -> dict:
 
 def lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def build_talk_store(factory: pytest.TempPathFactory, name: str) -> Path:
+    """A model store holding ``talk.mar``, served by :data:`TALK_HANDLER`."""
+    handler = factory.mktemp(f"{name}-src") / "talk_handler.py"
+    handler.write_text(TALK_HANDLER)
+    return build_store(factory, name, {"talk": str(handler)})

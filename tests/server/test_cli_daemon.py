@@ -21,7 +21,7 @@ from torchbay.server.errors import TorchbayError
 
 from .cli_helpers import (
     PID_FILE,
-    TALK_HANDLER,
+    build_talk_store,
     clean_env,
     free_addresses,
     kill_tree,
@@ -31,16 +31,13 @@ from .cli_helpers import (
     torchbay,
     wait_gone,
 )
-from .conftest import build_store
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def talk_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    handler = tmp_path_factory.mktemp("talk-src") / "talk_handler.py"
-    handler.write_text(TALK_HANDLER)
-    return build_store(tmp_path_factory, "talk", {"talk": str(handler)})
+    return build_talk_store(tmp_path_factory, "talk")
 
 
 @pytest.fixture

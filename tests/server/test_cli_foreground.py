@@ -13,7 +13,7 @@ import pytest
 
 from .cli_helpers import (
     PID_FILE,
-    TALK_HANDLER,
+    build_talk_store,
     clean_env,
     free_addresses,
     kill_tree,
@@ -21,16 +21,13 @@ from .cli_helpers import (
     predict,
     read_ready,
 )
-from .conftest import build_store
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def talk_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    handler = tmp_path_factory.mktemp("talk-src") / "talk_handler.py"
-    handler.write_text(TALK_HANDLER)
-    return build_store(tmp_path_factory, "talk-fg", {"talk": str(handler)})
+    return build_talk_store(tmp_path_factory, "talk-fg")
 
 
 def test_foreground_logs_to_the_console_and_to_log_location(tmp_path, talk_store):

@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,19 +24,7 @@ from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.grpc import messages
 
 from .conftest import LiveServer, make_config
-
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
-
-
-class Sub(torch.nn.Module):
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a - b
-
-
-class Pair(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return x * 2, x + 1
-
+from .test_oip import CLIENTS, Pair, Sub  # the same two models the HTTP tests serve
 
 SHOUT = """
 def handle(data, context):
