@@ -82,6 +82,10 @@ class ModelConfig(BaseModel):
         0.0, ge=0, le=MAX_TIMEOUT_S * 1000, alias="clientTimeoutInMills"
     )  # 0 = none
     max_retry_timeout_s: float = Field(300.0, ge=0, le=MAX_TIMEOUT_S, alias="maxRetryTimeoutInSec")
+    # Admission: a request that cannot start within this many ms is answered 503 at once (0: off).
+    max_queue_delay_ms: float = Field(0.0, ge=0, le=MAX_DELAY_MS, alias="maxQueueDelayMs")
+    # SLA autopilot: adapt batch size and delay (up to the configured ones) to this p99 (None: off).
+    sla_p99_ms: float | None = Field(None, gt=0, le=MAX_DELAY_MS, alias="slaP99Ms")
     cpu_threads: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: cores // workers
     cpu_affinity: bool = False
     default_version: bool = Field(False, alias="defaultVersion")
@@ -154,6 +158,8 @@ API_NAMES = {
     "startup_timeout": "startup_timeout_s",
     "min_worker": "min_workers",
     "max_worker": "max_workers",
+    "max_queue_delay_ms": "max_queue_delay_ms",
+    "sla_p99_ms": "sla_p99_ms",
     "handler": "handler",
 }
 
@@ -239,6 +245,7 @@ class ServerConfig(GrpcSettings):
     job_queue_size: int = Field(100, ge=1, le=MAX_QUEUE_SIZE)
     batch_size: int = Field(1, ge=1, le=MAX_BATCH_SIZE)
     max_batch_delay_ms: float = Field(100.0, ge=0, le=MAX_DELAY_MS)
+    max_queue_delay_ms: float = Field(0.0, ge=0, le=MAX_DELAY_MS)  # every model's default; 0: off
     default_response_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
     default_startup_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
     unregister_model_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
@@ -266,6 +273,7 @@ class ServerConfig(GrpcSettings):
     access_log: bool = True  # one line per inference request on logger torchbay.access
     cpu_threads_per_worker: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: cores // workers
     cpu_affinity: bool = False
+    cpu_thread_budget: int | None = Field(None, ge=1, le=MAX_THREADS)  # all workers; None: cores
     shutdown_grace_s: float = Field(30.0, ge=0, le=3600)
     restart_backoff_s: tuple[float, ...] = RESTART_BACKOFF_S
     # Archive unpacking (model store and URL registration alike): the total expanded size, and

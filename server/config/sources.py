@@ -242,6 +242,7 @@ def resolve_model_config(
         "response_timeout_s": server.default_response_timeout_s,
         "startup_timeout_s": server.default_startup_timeout_s,
         "job_queue_size": server.job_queue_size,
+        "max_queue_delay_ms": server.max_queue_delay_ms,
         "cpu_threads": server.cpu_threads_per_worker,
         "cpu_affinity": server.cpu_affinity,
     }

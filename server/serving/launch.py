@@ -36,6 +36,8 @@ class ModelSettings:
     max_requests_per_worker: int = 0  # recycle a worker after this many requests (0: never)
     max_worker_rss_mb: int = 0  # recycle a worker past this resident memory (0: never)
     max_response_size: int = 0  # bytes of one response body (0: no limit)
+    max_queue_delay_ms: float = 0.0  # admission bound on a request's queue time (0: off)
+    sla_p99_ms: float | None = None  # the autopilot's latency target (None: off)
 
     def updated(self, **changes: Any) -> ModelSettings:
         """A copy with the given (non-None) changes."""
@@ -63,6 +65,8 @@ def settings_from(config: ModelConfig, server: ServerConfig | None = None) -> Mo
         max_workers=config.max_workers if config.max_workers is not None else config.min_workers,
         max_requests_per_worker=config.max_requests_per_worker,
         max_worker_rss_mb=config.max_worker_rss_mb,
+        max_queue_delay_ms=config.max_queue_delay_ms,
+        sla_p99_ms=config.sla_p99_ms,
         **extra,
     )
 
