@@ -112,11 +112,11 @@ def has_conv2d(model: Any) -> bool:
     return False
 
 
-def use_channels_last(option: bool | None, model: Any, device_type: str) -> bool:
-    """channels_last only for conv models; by default only on CUDA."""
+def use_channels_last(option: bool | None, model: Any, default: bool) -> bool:
+    """channels_last only for conv models; ``default`` when not set (on for the device path)."""
     if option is False or not has_conv2d(model):
         return False
-    return option is True or device_type == "cuda"
+    return option is True or default
 
 
 def graph_sizes(options: AccelOptions, batch_size: int) -> tuple[int, ...]:
@@ -156,7 +156,7 @@ class PlainPath:
         self.device = device
         self.dtype = model_dtype
         self.autocast = autocast_dtype(options.autocast, model_dtype)
-        self.channels_last = use_channels_last(options.channels_last, model, device.type)
+        self.channels_last = use_channels_last(options.channels_last, model, False)
         if self.channels_last:
             _to_channels_last(model)
 
@@ -217,7 +217,7 @@ class DevicePath:
         self.device = backend.device
         self.dtype = model_dtype
         self.autocast = autocast_dtype(options.autocast, model_dtype)
-        self.channels_last = use_channels_last(options.channels_last, model, self.device.type)
+        self.channels_last = use_channels_last(options.channels_last, model, True)
         if self.channels_last:
             _to_channels_last(model)
         if options.cudnn_benchmark is not False:
@@ -250,9 +250,8 @@ class DevicePath:
 
     def _stage(self, args: list[Any]) -> list[Any]:
         """Host tensors -> device through the pinned staging buffer, in one copy."""
-        host = [
-            i for i, v in enumerate(args) if isinstance(v, torch.Tensor) and v.device.type == "cpu"
-        ]
+        be = self.backend
+        host = [i for i, v in enumerate(args) if isinstance(v, torch.Tensor) and be.is_host(v)]
         for i, v in enumerate(args):
             if isinstance(v, torch.Tensor) and i not in host:
                 self.backend.record_stream(v, self.stream)  # made on another stream, used here
@@ -387,6 +386,9 @@ class CudaBackend:
 
     def new_event(self) -> Any:
         return torch.cuda.Event()
+
+    def is_host(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == "cpu"
 
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         tensor.record_stream(stream)

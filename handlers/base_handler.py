@@ -43,6 +43,10 @@ def error_body(exc: PredictionException) -> dict[str, Any]:
 class BaseHandler:
     """Loads the archive's model onto the worker's device and serves tensors through it."""
 
+    # The CUDA calls of the device path (handlers/accel.py); None: the real ones on a CUDA
+    # device, the plain path on CPU. Tests inject a recording stand-in here.
+    accel_backend: Any = None
+
     def __init__(self) -> None:
         self.model: Any = None
         self.mapping: dict[str, str] | None = None
@@ -93,6 +97,7 @@ class BaseHandler:
                 getattr(self, "accel_options", None),
                 model_dtype=getattr(self, "model_input_dtype", torch.float32),
                 batch_size=int(properties.get("batch_size") or 1),
+                backend=self.accel_backend,
             )
         return path
 
