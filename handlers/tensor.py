@@ -253,8 +253,7 @@ class TensorHandler(BaseHandler):
         counts = [data[j][0][0].shape[0] for j in members]
         n_inputs = len(data[members[0]][0])
         batch = [torch.cat([data[j][0][k] for j in members]) for k in range(n_inputs)]
-        with torch.inference_mode():
-            result = self.model(*batch, *args, **kwargs)
+        result = self.run_model(*batch, *args, **kwargs)  # BaseHandler's device path
         names, results = self._named(result)
         multi = isinstance(result, (tuple, list, dict))
         offset = 0
