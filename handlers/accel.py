@@ -40,16 +40,25 @@ logger = logging.getLogger(__name__)
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (torch.float16, torch.bfloat16)
 _ALIGN = 64  # bytes: every packed tensor starts aligned, so byte views re-view as any dtype
-_OPTION_KEYS = ("autocast", "channels_last", "cudnn_benchmark", "cuda_graphs", "graph_batch_sizes")
+_OPTION_KEYS = (
+    "enabled",
+    "autocast",
+    "channels_last",
+    "cudnn_benchmark",
+    "cuda_graphs",
+    "graph_batch_sizes",
+)
 MAX_GRAPHS = 16
 
 
 @dataclass(frozen=True)
 class AccelOptions:
-    """``autocast``: None | "fp16" | "bf16". ``channels_last``/``cudnn_benchmark``: None = the
+    """``enabled``: False keeps even a CUDA model on the plain path (an escape hatch).
+    ``autocast``: None | "fp16" | "bf16". ``channels_last``/``cudnn_benchmark``: None = the
     default (on for CUDA; channels_last only for models with Conv2d). ``cuda_graphs``: capture per
     padded batch size (``graph_batch_sizes``; empty = powers of two up to the batch size)."""
 
+    enabled: bool = True
     autocast: str | None = None
     channels_last: bool | None = None
     cudnn_benchmark: bool | None = None
@@ -74,7 +83,7 @@ def options_from(yaml_config: Any) -> AccelOptions:
     if autocast is not None and autocast not in AUTOCAST_DTYPES:
         raise HandlerLoadError(f"handler.torchbay.autocast {autocast!r}: want fp16, bf16 or off")
     flags = {}
-    for key in ("channels_last", "cudnn_benchmark", "cuda_graphs"):
+    for key in ("enabled", "channels_last", "cudnn_benchmark", "cuda_graphs"):
         value = raw.get(key)
         if value is not None and not isinstance(value, bool):
             raise HandlerLoadError(f"handler.torchbay.{key} must be true or false")
@@ -85,6 +94,7 @@ def options_from(yaml_config: Any) -> AccelOptions:
     ):
         raise HandlerLoadError("handler.torchbay.graph_batch_sizes must be positive integers")
     return AccelOptions(
+        enabled=flags["enabled"] is not False,
         autocast=autocast,
         channels_last=flags["channels_last"],
         cudnn_benchmark=flags["cudnn_benchmark"],
@@ -424,8 +434,7 @@ def build(model: Any, device: str | torch.device, options: AccelOptions | None =
     """The path for ``model`` on ``device``: DevicePath for CUDA (or an injected backend)."""
     options = options or AccelOptions()
     device = torch.device(device)
-    if backend is None:
-        if device.type != "cuda":
-            return PlainPath(model, device, options, model_dtype)
-        backend = CudaBackend(device)
+    if not options.enabled or (backend is None and device.type != "cuda"):
+        return PlainPath(model, device, options, model_dtype)
+    backend = backend or CudaBackend(device)
     return DevicePath(model, backend, options, model_dtype, batch_size)

@@ -388,3 +388,12 @@ def test_real_model_through_the_handler_same_outputs(tmp_path: Path) -> None:
     assert [r.json() for r in fast] == [r.json() for r in plain]
     assert len(backend.calls("h2d")) == 1 and len(backend.calls("d2h")) == 1
     assert len(backend.calls("capture")) == 1  # batch of 3 padded to the captured 4
+
+
+def test_enabled_false_keeps_a_cuda_model_on_the_plain_path() -> None:
+    opts = accel.options_from({"handler": {"torchbay": {"enabled": False}}})
+    assert opts.enabled is False
+    path = accel.build(linear(), "cuda", opts)  # builds without touching CUDA
+    assert isinstance(path, accel.PlainPath)
+    assert isinstance(accel.build(linear(), "cuda", opts, backend=RecordingBackend()),
+                      accel.PlainPath)  # fmt: skip
