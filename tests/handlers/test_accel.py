@@ -397,3 +397,21 @@ def test_enabled_false_keeps_a_cuda_model_on_the_plain_path() -> None:
     assert isinstance(path, accel.PlainPath)
     assert isinstance(accel.build(linear(), "cuda", opts, backend=RecordingBackend()),
                       accel.PlainPath)  # fmt: skip
+
+
+def test_tensor_handler_batch_takes_one_transfer_each_way(torchscript_dir: Any) -> None:
+    """The built-in tensor handler leaves its inputs on the host and calls run_model: a batch of
+    three requests is one staged copy in and one copy out, with the plain path's answers."""
+    from torchbay.handlers.tensor import TensorHandler
+
+    class OnDevicePath(TensorHandler):
+        accel_backend = RecordingBackend()
+
+    model_dir = torchscript_dir(torchbay={"input_shape": [4]})
+    bodies = [[float(i), 1.0, 2.0, 3.0] for i in range(3)]  # JSON bodies
+    plain = run_handler(TensorHandler(), bodies, model_dir=model_dir)
+    fast = run_handler(OnDevicePath(), bodies, model_dir=model_dir)
+    assert [r.status for r in fast] == [200] * 3
+    assert [r.json() for r in fast] == [r.json() for r in plain]
+    backend = OnDevicePath.accel_backend
+    assert len(backend.calls("h2d")) == 1 and len(backend.calls("d2h")) == 1
