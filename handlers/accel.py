@@ -141,10 +141,11 @@ def graph_sizes(options: AccelOptions, batch_size: int) -> tuple[int, ...]:
 
 
 def _prepare(value: Any, dtype: torch.dtype, channels_last: bool) -> Any:
-    """A floating tensor in the model's dtype, 4-D ones channels_last when asked."""
+    """A floating tensor cast to a half-precision model's dtype (fp16/bf16 archives; other
+    dtypes are left to the handler), 4-D ones channels_last when asked."""
     if not isinstance(value, torch.Tensor):
         return value
-    if value.is_floating_point() and value.dtype != dtype:
+    if value.is_floating_point() and dtype in _HALF and value.dtype != dtype:
         value = value.to(dtype)
     if channels_last and value.dim() == 4:
         value = value.contiguous(memory_format=torch.channels_last)

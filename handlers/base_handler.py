@@ -90,12 +90,13 @@ class BaseHandler:
         """The model's device path (handlers/accel.py), rebuilt when ``self.model`` changed."""
         path = getattr(self, "_accel", None)
         if path is None or path.model is not self.model:
-            properties = getattr(self.context, "system_properties", None) or {}
+            # getattr: a TorchServe-style subclass may skip __init__/initialize and set its own
+            properties = getattr(getattr(self, "context", None), "system_properties", None) or {}
             path = self._accel = accel.build(
                 self.model,
-                self.device if self.device is not None else "cpu",
+                getattr(self, "device", None) or "cpu",
                 getattr(self, "accel_options", None),
-                model_dtype=getattr(self, "model_input_dtype", torch.float32),
+                model_dtype=loading.model_input_dtype(self.model, getattr(self, "manifest", None)),
                 batch_size=int(properties.get("batch_size") or 1),
                 backend=self.accel_backend,
             )

@@ -415,3 +415,19 @@ def test_tensor_handler_batch_takes_one_transfer_each_way(torchscript_dir: Any) 
     assert [r.json() for r in fast] == [r.json() for r in plain]
     backend = OnDevicePath.accel_backend
     assert len(backend.calls("h2d")) == 1 and len(backend.calls("d2h")) == 1
+
+
+def test_handler_that_sets_its_own_model_without_base_init() -> None:
+    """A TorchServe-style handler that skips BaseHandler.__init__/initialize and sets
+    ``self.model`` itself still gets run_model (the plain path on CPU)."""
+
+    class Own(BaseHandler):
+        def __init__(self) -> None:  # no super().__init__()
+            self.model = linear()
+
+    handler = Own()
+    x = torch.randn(2, 6)
+    with torch.inference_mode():
+        assert torch.equal(handler.inference(x), handler.model(x))
+    handler.model = linear().double()  # replaced: the path is rebuilt for the new model
+    assert handler.inference(x.double()).dtype is torch.float64
