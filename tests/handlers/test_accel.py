@@ -431,3 +431,19 @@ def test_handler_that_sets_its_own_model_without_base_init() -> None:
         assert torch.equal(handler.inference(x), handler.model(x))
     handler.model = linear().double()  # replaced: the path is rebuilt for the new model
     assert handler.inference(x.double()).dtype is torch.float64
+
+
+def test_bad_option_in_the_archive_model_config_fails_the_load(tmp_path: Path) -> None:
+    from torchbay.handlers.testing import load_handler
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    torch.jit.script(linear()).save(str(model_dir / "model.pt"))
+    (model_dir / "model-config.yaml").write_text("handler:\n  torchbay:\n    autocast: fp8\n")
+    write_manifest(model_dir, serialized="model.pt", handler="tensor",
+                   config_file="model-config.yaml")  # fmt: skip
+    with (
+        pytest.raises(HandlerLoadError, match="autocast 'fp8'"),
+        load_handler("tensor", model_dir=model_dir),
+    ):
+        pass
