@@ -79,6 +79,9 @@ class RawTensorHandler(BaseHandler):
         return decode_batch(data, self.sample_shape)
 
     def inference(self, data: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        run_model = getattr(self, "run_model", None)
+        if run_model is not None:  # torchbay: BaseHandler's device path (handlers/accel.py)
+            return run_model(data)
         device = getattr(self, "device", None)
         with torch.inference_mode():
             return self.model(data if device is None else data.to(device))

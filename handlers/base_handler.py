@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import loading
+from . import accel, loading
 from .errors import PredictionException, UnprocessableInput, scrub_message
 from .responses import error_status
 from .utils import load_label_mapping
@@ -43,6 +43,10 @@ def error_body(exc: PredictionException) -> dict[str, Any]:
 class BaseHandler:
     """Loads the archive's model onto the worker's device and serves tensors through it."""
 
+    # The CUDA calls of the device path (handlers/accel.py); None: the real ones on a CUDA
+    # device, the plain path on CPU. Tests inject a recording stand-in here.
+    accel_backend: Any = None
+
     def __init__(self) -> None:
         self.model: Any = None
         self.mapping: dict[str, str] | None = None
@@ -57,6 +61,8 @@ class BaseHandler:
         self.target = 0
         self._failures: dict[int, dict[str, Any]] = {}
         self.kept_indices: list[int] = []
+        self.accel_options = accel.AccelOptions()
+        self._accel: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -75,17 +81,39 @@ class BaseHandler:
         self.model = loading.load_model(self.model_dir, self.manifest, self.device)
         self.model_input_dtype = loading.model_input_dtype(self.model, self.manifest)
         self.mapping = load_label_mapping(os.path.join(self.model_dir, "index_to_name.json"))
+        self.accel_options = accel.options_from(getattr(context, "model_yaml_config", None))
+        if self.model is not None:
+            self._device_path()  # convert the model (channels_last, cuDNN) at load, not later
         self.initialized = True
+
+    def _device_path(self) -> Any:
+        """The model's device path (handlers/accel.py), rebuilt when ``self.model`` changed."""
+        path = getattr(self, "_accel", None)
+        if path is None or path.model is not self.model:
+            # getattr: a TorchServe-style subclass may skip __init__/initialize and set its own
+            properties = getattr(getattr(self, "context", None), "system_properties", None) or {}
+            path = self._accel = accel.build(
+                self.model,
+                getattr(self, "device", None) or "cpu",
+                getattr(self, "accel_options", None),
+                model_dtype=loading.model_input_dtype(self.model, getattr(self, "manifest", None)),
+                batch_size=int(properties.get("batch_size") or 1),
+                backend=self.accel_backend,
+            )
+        return path
+
+    def run_model(self, *inputs: Any, **kwargs: Any) -> Any:
+        """One batch through the model: ``inference_mode``, the model's input dtype, and on CUDA
+        the device path (pinned staging, the worker's stream, optional autocast, channels_last and
+        CUDA graphs, one copy back to the host). On CPU the outputs are the model's own."""
+        return self._device_path().run(*inputs, **kwargs)
 
     # -- stages ----------------------------------------------------------------------------
     def preprocess(self, data: list[Any]) -> Any:
         return torch.as_tensor(data, device=self.device)
 
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        with torch.inference_mode():
-            if isinstance(data, torch.Tensor):
-                data = data.to(self.device)
-            return self.model(data, *args, **kwargs)
+        return self.run_model(data, *args, **kwargs)
 
     def postprocess(self, data: Any) -> list[Any]:
         return data.tolist()

@@ -137,7 +137,7 @@ class TensorHandler(BaseHandler):
         mismatch = BadInput if header else UnprocessableInput
         tensor = self._to_tensor(value, shape)
         dtype = self._target_dtype(idx, tensor)
-        tensor = tensor.to(device=self.device, dtype=dtype)
+        tensor = tensor.to(dtype=dtype)  # run_model moves the batch in one copy
         if shape is None:
             return [tensor.unsqueeze(0)], True
         if list(tensor.shape) == shape:
@@ -212,7 +212,7 @@ class TensorHandler(BaseHandler):
                 f"{self.input_shape}"
             )
         dtype = self.model_input_dtype if tensor.is_floating_point() else tensor.dtype
-        return tensor.to(device=self.device, dtype=dtype)
+        return tensor.to(dtype=dtype)  # run_model moves the batch to the device
 
     # -- inference: group requests whose inputs share trailing shapes ---------------------------
     def inference(self, data: list[tuple[list[torch.Tensor], bool]], *args: Any, **kwargs: Any
@@ -253,8 +253,7 @@ class TensorHandler(BaseHandler):
         counts = [data[j][0][0].shape[0] for j in members]
         n_inputs = len(data[members[0]][0])
         batch = [torch.cat([data[j][0][k] for j in members]) for k in range(n_inputs)]
-        with torch.inference_mode():
-            result = self.model(*batch, *args, **kwargs)
+        result = self.run_model(*batch, *args, **kwargs)  # BaseHandler's device path
         names, results = self._named(result)
         multi = isinstance(result, (tuple, list, dict))
         offset = 0

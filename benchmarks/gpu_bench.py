@@ -1,0 +1,239 @@
+"""GPU benchmark of the device path (handlers/accel.py): plain vs its options, in and out of serve.
+
+Models (built in code, seeded): ``tiny`` and ``cnn`` (benchmarks/models.py) and ``wide``, a
+ResNet-ish net of width 64/128/256 on 3x128x128 inputs. Variants:
+
+* ``plain``: what BaseHandler did before accel: ``model(x.to(device))`` under ``inference_mode``,
+  the output copied back with ``.cpu()`` (pageable host memory, the default stream); served, the
+  archive sets ``handler: {torchbay: {enabled: false}}``;
+* ``eager``: the device path: pinned staging, the worker's stream, cuDNN benchmark, one copy back;
+* ``channels_last``: + channels_last (conv models); ``fp16``: + autocast fp16;
+* ``graphs``: + CUDA graphs; ``fp16_graphs``: all of them.
+
+``python -m torchbay.benchmarks.gpu_bench --models tiny,cnn,wide --batch 8 --seconds 5 [--serve]``
+prints one row per (model, variant): batches/s, samples/s, the median and p99 ms per batch, and the
+largest difference from ``plain``'s output. ``--serve`` also runs ``torchbay serve`` per variant
+(the archive's model-config.yaml sets ``handler: {torchbay: ...}``) under a closed loop of
+``--concurrency`` clients. ``--json PATH`` writes every row.
+
+Without CUDA it falls back to the CPU, where only ``plain``, ``eager`` and ``channels_last`` run
+(all three take the CPU path); that fallback exists so the script stays runnable and tested. No
+GPU numbers have been recorded yet (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchbay.benchmarks import models
+from torchbay.handlers import accel
+
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "plain": None,
+    "eager": {"channels_last": False},
+    "channels_last": {"channels_last": True},
+    "fp16": {"channels_last": True, "autocast": "fp16"},
+    "graphs": {"channels_last": True, "cuda_graphs": True},
+    "fp16_graphs": {"channels_last": True, "autocast": "fp16", "cuda_graphs": True},
+}
+CPU_VARIANTS = ("plain", "eager", "channels_last")
+SHAPES = {**models.SAMPLE_SHAPES, "wide": (3, 128, 128)}
+
+
+class WideResNet(nn.Module):
+    """A larger conv model: stem 3->64, basic blocks 64/128/256 (strides 1/2/2), pool, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU())  # fmt: skip
+        self.blocks = nn.Sequential(
+            models.BasicBlock(64, 64, 1), models.BasicBlock(64, 128, 2),
+            models.BasicBlock(128, 256, 2), models.BasicBlock(256, 256, 1),
+        )  # fmt: skip
+        self.fc = nn.Linear(256, models.NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def build(name: str) -> nn.Module:
+    if name == "wide":
+        torch.manual_seed(0)
+        return WideResNet().eval()
+    return models.build(name)
+
+
+@dataclass
+class Row:
+    model: str
+    variant: str
+    where: str  # "in-process" or "serve"
+    device: str
+    batch: int
+    batches_per_s: float = 0.0
+    samples_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_abs_diff: float = 0.0
+    errors: int = 0
+
+
+class PlainRunner:
+    """BaseHandler's model call before accel."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model.to(device)
+        self.device = device
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.model(x.to(self.device)).cpu()
+
+
+def runner(name: str, variant: str, device: torch.device, batch: int) -> Any:
+    model = build(name).to(device)
+    options = VARIANTS[variant]
+    if options is None:
+        return PlainRunner(model, device)
+    return accel.build(model, device, accel.AccelOptions(**options), batch_size=batch)
+
+
+def time_loop(run: Any, x: torch.Tensor, seconds: float) -> list[float]:
+    """Per-batch seconds of ``run(x)`` for ``seconds`` (at least 3 batches), after 3 warm-ups."""
+    for _ in range(3):
+        run(x)
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 3:
+        t0 = time.perf_counter()
+        run(x)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def inprocess(name: str, variants: list[str], device: torch.device, batch: int,
+              seconds: float) -> list[Row]:  # fmt: skip
+    x = torch.randn(batch, *SHAPES[name], generator=torch.Generator().manual_seed(7))
+    reference = PlainRunner(build(name), device).run(x).float()
+    rows = []
+    for variant in variants:
+        path = runner(name, variant, device, batch)
+        out = path.run(x)
+        times = sorted(time_loop(path.run, x, seconds))
+        row = Row(name, variant, "in-process", str(device), batch)
+        row.batches_per_s = len(times) / sum(times)
+        row.samples_per_s = row.batches_per_s * batch
+        row.p50_ms = statistics.median(times) * 1000
+        row.p99_ms = times[min(len(times) - 1, int(len(times) * 0.99))] * 1000
+        row.max_abs_diff = float((out.float().cpu() - reference).abs().max())
+        rows.append(row)
+    return rows
+
+
+def _archive(name: str, variant: str, batch: int, store: Path, work: Path) -> Path:
+    """A .mar of ``name`` (TorchScript, handler_raw.py) whose model-config sets the variant."""
+    from torchbay.benchmarks.runner import HANDLER_FILE
+
+    pt = models.save_scripted(build(name), work / f"{name}.pt")
+    (work / "input_shape.json").write_text(json.dumps({"shape": list(SHAPES[name])}))
+    config = {"batchSize": batch, "maxBatchDelay": 5, "handler": {"num_threads": 1}}
+    config["handler"]["torchbay"] = VARIANTS[variant] or {"enabled": False}
+    (work / "model-config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    label = f"{name}_{variant}"
+    cmd = [sys.executable, "-m", "torchbay", "archive", "--model-name", label, "--version", "1.0",
+           "--serialized-file", str(pt), "--handler", str(HANDLER_FILE), "--force",
+           "--extra-files", str(work / "input_shape.json"), "--export-path", str(store),
+           "--config-file", str(work / "model-config.yaml")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"torchbay archive failed: {proc.stderr or proc.stdout}")
+    return store / f"{label}.mar"
+
+
+def served(name: str, variant: str, batch: int, seconds: float, concurrency: int,
+           device: str) -> Row:  # fmt: skip
+    """``torchbay serve`` of the variant's archive under a closed loop; one row."""
+    from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
+    from torchbay.benchmarks.managed import ManagedServer
+
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
+        root = Path(tmp)
+        (root / "store").mkdir()
+        archive = _archive(name, variant, batch, root / "store", root)
+        body = torch.randn(*SHAPES[name]).numpy().astype("<f4").tobytes()
+        path = f"/predictions/{archive.stem}"
+        server = ManagedServer.torchbay(archive, root / "run", auth=False, extra_args=("--ncs",))
+        with server as endpoints:
+            target = Target("127.0.0.1", endpoints.inference_port, path, (body,),
+                            (("Content-Type", "application/octet-stream"),))  # fmt: skip
+            with LoadGenerator() as gen:
+                plan = LoadPlan(target, "closed", concurrency, duration_s=seconds)
+                gen.run(LoadPlan(target, "closed", concurrency, duration_s=min(seconds, 2.0)))
+                load = gen.run(plan)
+    row = Row(name, variant, "serve", device, batch, errors=load.errors)
+    row.samples_per_s = load.req_per_s
+    row.batches_per_s = load.req_per_s / batch
+    row.p50_ms, row.p99_ms = load.latency.p50_ms, load.latency.p99_ms
+    return row
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpu_bench", description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="tiny,cnn,wide")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--serve", action="store_true", help="also run each variant served")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--json", type=Path, help="write the rows here")
+    args = p.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    args.variants = [v for v in args.variants.split(",") if v]
+    for m in args.models:
+        if m not in SHAPES:
+            p.error(f"unknown model {m!r}: want {sorted(SHAPES)}")
+    for v in args.variants:
+        if v not in VARIANTS:
+            p.error(f"unknown variant {v!r}: want {list(VARIANTS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda:0" if cuda else "cpu")
+    variants = args.variants if cuda else [v for v in args.variants if v in CPU_VARIANTS]
+    label = torch.cuda.get_device_name(0) if cuda else "cpu (fallback: no CUDA)"
+    print(f"device: {label}; torch {torch.__version__}; batch {args.batch}", flush=True)
+    rows: list[Row] = []
+    for name in args.models:
+        rows += inprocess(name, variants, device, args.batch, args.seconds)
+        if args.serve:
+            rows += [served(name, v, args.batch, args.seconds, args.concurrency, str(device))
+                     for v in variants]  # fmt: skip
+    print(f"{'model':6} {'variant':13} {'where':10} {'samples/s':>10} {'p50 ms':>8} "
+          f"{'p99 ms':>8} {'max|diff|':>9} {'errors':>6}")  # fmt: skip
+    for r in rows:
+        print(f"{r.model:6} {r.variant:13} {r.where:10} {r.samples_per_s:10.1f} {r.p50_ms:8.2f} "
+              f"{r.p99_ms:8.2f} {r.max_abs_diff:9.2e} {r.errors:6d}")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"device": label, "rows": [asdict(r) for r in rows]}))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
