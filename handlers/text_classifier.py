@@ -115,8 +115,8 @@ class TextClassifier(BaseHandler):
         return (ids.to(self.device),)
 
     def inference(self, data: tuple[torch.Tensor, ...], *args: Any, **kwargs: Any) -> Any:
-        with self.model_errors(), torch.inference_mode():
-            return self.model(*data, *args, **kwargs)
+        with self.model_errors():
+            return self.run_model(*data, *args, **kwargs)
 
     def postprocess(self, data: torch.Tensor) -> list[dict[str, float]]:
         return topk_labels(data, self.topk, self.mapping)
