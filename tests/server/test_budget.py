@@ -211,3 +211,15 @@ def test_affinity_is_recomputed_when_a_model_joins() -> None:
     second = start(budget, [a, b], b)
     assert first.placement.cpu_affinity == (0, 1) and second.placement.cpu_affinity == (2, 3)
     assert first.worker is not None and first.worker.tuned == [(2, [0, 1])]
+
+
+def test_serve_flag_sets_the_budget() -> None:
+    import argparse
+
+    from torchbay.server import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--cpu-thread-budget", "3"])
+    assert cli._cli_settings(args)["cpu_thread_budget"] == 3
+    assert "cpu_thread_budget" not in cli._cli_settings(parser.parse_args(["serve"]))
