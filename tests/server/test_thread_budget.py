@@ -130,3 +130,18 @@ def test_affinity_gives_two_models_disjoint_cores(store_server: Any) -> None:
     assert sorted(a["cores"] + b["cores"]) == cores  # one core each, not the same one
     pinned = [w["cpuAffinity"] for m in ("ta", "tb") for w in describe(server, m)["workers"]]
     assert sorted(pinned) == [[cores[0]], [cores[1]]]
+
+
+def test_gpu_workers_take_one_thread_and_nothing_from_the_budget(store_server: Any) -> None:
+    # One (injected) GPU: ta is placed on it, tb (deviceType cpu) keeps the whole CPU budget.
+    server = store_server(
+        cores=2,
+        gpu_count=1,
+        models={"tb": {"1.0": {"marName": "tb.mar", "deviceType": "cpu"}}},
+        load_models=["ta=ta.mar", "tb"],
+    )
+    gpu, cpu = describe(server, "ta"), describe(server, "tb")
+    assert [(w["gpu"], w["threads"]) for w in gpu["workers"]] == [(True, 1)]
+    assert [(w["gpu"], w["threads"]) for w in cpu["workers"]] == [(False, 2)]
+    assert cpu["threadBudget"]["assigned"] == 2
+    assert report(server, "tb")["threads"] == 2
