@@ -43,6 +43,12 @@ def register(subparsers: Any) -> None:
         help="allow registering and unregistering models through the management API",
     )
     serve.add_argument("--number-of-gpu", type=int, help="GPUs to use (default: all visible)")
+    serve.add_argument(
+        "--cpu-thread-budget",
+        type=int,
+        help="torch threads shared by all CPU workers of all models (cpu_thread_budget; default: "
+        "the usable cores); see docs/threads.md",
+    )
     serve.add_argument("--log-format", choices=("text", "json"))
     serve.add_argument(
         "--no-access-log",
@@ -92,6 +98,7 @@ def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
         "disable_token_authorization": args.disable_token_auth,
         "enable_model_api": args.enable_model_api,
         "number_of_gpu": args.number_of_gpu,
+        "cpu_thread_budget": args.cpu_thread_budget,
         "log_format": args.log_format,
         "access_log": args.access_log,
     }

@@ -36,12 +36,8 @@ from torchbay.server.http.combined import CombinedApp
 from torchbay.server.http.limits import HttpLimits, protocol_class
 from torchbay.server.http.listeners import bind_listeners, check_tls, close_all
 from torchbay.server.observe.logs import request_hook
-from torchbay.server.serving.devices import (
-    DeviceAssigner,
-    cpu_affinity_for,
-    cpu_threads_for,
-    detect_gpu_count,
-)
+from torchbay.server.serving.budget import GPU_WORKER_THREADS, HostBudget
+from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count, usable_cores
 from torchbay.server.serving.handle import Spawned
 from torchbay.server.serving.launch import Placement
 from torchbay.server.serving.model import ModelVersion
@@ -93,11 +89,13 @@ class TorchbayServer:
                 else detect_gpu_count(self.env)
             )
         self.gpu_count = gpu_count
-        self.cores = cores or _available_cores()
+        core_ids = usable_cores(cores)
+        self.cores = len(core_ids)
+        # One budget of CPU threads (and cores) for all workers of all models (serving/budget.py).
+        self.budget = HostBudget(config.cpu_thread_budget, core_ids)
         self.ready_file = ready_file
         self.state = ServerState()
         self.assigner = DeviceAssigner(gpu_count)
-        self._worker_counter = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None  # created inside the running loop
         self._servers: list[tuple[str, uvicorn.Server, socket.socket]] = []
@@ -124,20 +122,14 @@ class TorchbayServer:
             spawned.discard()
 
     def place(self, mv: ModelVersion, slot_index: int, config: ModelConfig) -> Placement:
-        """GPU round-robin (TorchServe's rule, from 0) or CPU threads and optional affinity."""
+        """GPU round-robin (TorchServe's rule, from 0) with 1 thread, or the worker's share of
+        the host budget (threads, optional cores); the other CPU workers are re-tuned to it."""
         gpu_id = self.assigner.assign(mv.key, config.device_type, config.device_ids)
-        threads = self.threads_for(mv, config)
-        affinity = None
-        if gpu_id is None and config.cpu_affinity:
-            cores = cpu_affinity_for(self._worker_counter, threads, self.cores)
-            affinity = tuple(cores) if cores else None
-        self._worker_counter += 1
-        return Placement(gpu_id=gpu_id, threads=threads, cpu_affinity=affinity)
-
-    def threads_for(self, mv: ModelVersion, config: ModelConfig) -> int:
-        """Torch threads per worker: ``cpu_threads`` if set, else cores / the model's current
-        worker count (live: scaling re-tunes running workers, see ModelVersion.scale)."""
-        return cpu_threads_for(max(mv.settings.min_workers, 1), self.cores, config.cpu_threads)
+        if gpu_id is not None:
+            return Placement(gpu_id=gpu_id, threads=GPU_WORKER_THREADS)
+        versions = self.registry.all_versions() if self.registry is not None else [mv]
+        share = self.budget.place(versions, mv, slot_index)
+        return Placement(gpu_id=None, threads=share.threads, cpu_affinity=share.cpu_affinity)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -370,9 +362,3 @@ class TorchbayServer:
         if self.auth is not None:
             self.auth.delete_key_file()  # as TorchServe does; only if it is still ours
         log.debug("stopped")  # the one shutdown line is "shutting down" (uvicorn's are muted)
-
-
-def _available_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1

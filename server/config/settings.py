@@ -86,7 +86,7 @@ class ModelConfig(BaseModel):
     max_queue_delay_ms: float = Field(0.0, ge=0, le=MAX_DELAY_MS, alias="maxQueueDelayMs")
     # SLA autopilot: adapt batch size and delay (up to the configured ones) to this p99 (None: off).
     sla_p99_ms: float | None = Field(None, gt=0, le=MAX_DELAY_MS, alias="slaP99Ms")
-    cpu_threads: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: cores // workers
+    cpu_threads: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: a share of the budget
     cpu_affinity: bool = False
     default_version: bool = Field(False, alias="defaultVersion")
     mar_name: str | None = Field(None, alias="marName")
@@ -271,7 +271,7 @@ class ServerConfig(GrpcSettings):
     disable_system_metrics: bool = False
     log_format: Literal["text", "json"] = "text"
     access_log: bool = True  # one line per inference request on logger torchbay.access
-    cpu_threads_per_worker: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: cores // workers
+    cpu_threads_per_worker: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: budget share
     cpu_affinity: bool = False
     cpu_thread_budget: int | None = Field(None, ge=1, le=MAX_THREADS)  # all workers; None: cores
     shutdown_grace_s: float = Field(30.0, ge=0, le=3600)

@@ -31,7 +31,7 @@ class TorchbayServer(Protocol):
     config: Any  # ServerConfig
     env: Mapping[str, str]
     place: Any
-    threads_for: Any
+    budget: Any  # serving.budget.HostBudget
     take_prewarmed: Any
 
 
@@ -53,7 +53,7 @@ def build_apps(server: TorchbayServer) -> Apps:
     registry = ModelRegistry(
         config,
         place=server.place,
-        threads_for=server.threads_for,
+        budget=server.budget,
         server_version=__version__,
         observer=Observers(metrics, stats),
         worker_env=server.env or None,

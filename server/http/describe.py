@@ -36,6 +36,7 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
         "gpuUsage": "N/A",
         "device": w.device if w else None,
         "threads": slot.placement.threads,
+        "cpuAffinity": list(slot.placement.cpu_affinity or ()) or None,  # None: not pinned
         "restarts": slot.restarts,
         "startFailures": slot.start_failures,
         "recycles": slot.recycles,
@@ -100,4 +101,5 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         **_TS_FIXED,
         "format": getattr(info, "format", None),
         "precision": getattr(info, "precision", None),
+        "threadBudget": registry.budget.summary(),  # the host's, over all models (budget.py)
     }

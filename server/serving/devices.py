@@ -1,4 +1,4 @@
-"""Devices without torch: count the visible GPUs, assign workers to GPUs, size CPU threads.
+"""Devices without torch: count the visible GPUs, assign workers to GPUs, list usable cores.
 
 GPU assignment follows TorchServe's ``WorkLoadManager.addThreads`` (anchors 1.10):
 
@@ -17,6 +17,7 @@ worker inherits the server's mask and uses ``cuda:<id>``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -132,18 +133,15 @@ class DeviceAssigner:
             self._per_model.pop(model_key, None)
 
 
-def cpu_threads_for(worker_count_total: int, cores: int, configured: int | None) -> int:
-    """Threads per worker: ``configured`` if set, else ``cores // workers``, at least 1."""
-    if configured is not None:
-        return max(1, configured)
-    return max(1, cores // max(1, worker_count_total))
+def usable_cores(count: int | None = None) -> tuple[int, ...]:
+    """The ids of the cores this process may run on (``os.sched_getaffinity``), sorted.
 
-
-def cpu_affinity_for(worker_index: int, threads: int, cores: int) -> list[int] | None:
-    """Cores to pin worker ``worker_index`` to: contiguous slices of ``threads`` cores, handed out
-    round robin. ``None`` (no pinning) when one slice would cover every core."""
-    if cores <= 0 or threads <= 0 or threads >= cores:
-        return None
-    slices = cores // threads
-    start = (worker_index % slices) * threads
-    return list(range(start, start + threads))
+    ``count`` (tests, or a caller that knows better) takes the first ``count`` of them, or
+    ``0..count-1`` when the process may use fewer. CPU threads are sized by serving/budget.py."""
+    if hasattr(os, "sched_getaffinity"):
+        ids = tuple(sorted(os.sched_getaffinity(0)))
+    else:
+        ids = tuple(range(os.cpu_count() or 1))
+    if count is None:
+        return ids
+    return ids[:count] if len(ids) >= count else tuple(range(count))

@@ -287,11 +287,11 @@ class WorkerProcess:
                 continue
         self._mark_stopped()
 
-    def tune(self, num_threads: int) -> None:
-        """Change the worker's torch threads; it applies them before its next batch."""
+    def tune(self, num_threads: int, cpu_affinity: list[int] | None = None) -> None:
+        """Change the worker's torch threads (and cores); it applies them before its next batch."""
         if self.alive and self._writer is not None and not self._writer.is_closing():
-            self._writer.write(p.encode(p.Tune(num_threads)))
-            self.load = replace(self.load, num_threads=num_threads)
+            self._writer.write(p.encode(p.Tune(num_threads, cpu_affinity)))
+            self.load = replace(self.load, num_threads=num_threads, cpu_affinity=cpu_affinity)
 
     def kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

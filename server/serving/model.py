@@ -19,7 +19,6 @@ import asyncio
 import enum
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +106,7 @@ class ModelVersion:
         settings: ModelSettings,
         config: ModelConfig | None = None,
         place: Callable[[ModelVersion, int], Placement],
-        threads_for: Callable[[ModelVersion], int] | None = None,
+        retune: Callable[[], object] | None = None,
         launch: LaunchSpec | None = None,
         url: str = "",
         manifest: Any = None,
@@ -127,7 +126,7 @@ class ModelVersion:
         self.launch = launch or LaunchSpec(model_dir, name, version)
         self.observer = observer or Observer()
         self._place = place
-        self._threads_for = threads_for
+        self._retune_host = retune  # re-shares the host's CPU threads (serving/budget.py)
         self.prewarmed: Callable[[], Spawned | None] = prewarmed or (lambda: None)
         self.spawn: SpawnFn = spawn or spawn_process  # the seam tests use to fail spawning
         self._final: ModelStatus | None = None  # FAILED (never loaded) or STOPPED (unloaded)
@@ -251,16 +250,9 @@ class ModelVersion:
         self._retune()
 
     def _retune(self) -> None:
-        """After scaling, give every worker its share of the cores again (a worker started
-        alone took them all; two of those would oversubscribe the CPU)."""
-        if self._threads_for is None:
-            return
-        threads = self._threads_for(self)
-        for slot in self.slots:
-            if slot.placement.gpu_id is None and slot.placement.threads != threads:
-                slot.placement = replace(slot.placement, threads=threads)
-                if slot.worker is not None:
-                    slot.worker.tune(threads)
+        """After scaling, every worker of every model takes its share of the host again."""
+        if self._retune_host is not None:
+            self._retune_host()
 
     def _update(self, **changes: Any) -> None:
         """A live change: a new ModelConfig validated through the same model (refused changes

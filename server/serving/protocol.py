@@ -186,6 +186,7 @@ class Tune:
 
     kind: ClassVar[Kind] = Kind.TUNE
     num_threads: int
+    cpu_affinity: list[int] | None = None  # None: the cores the worker started with
 
 
 Message = Load | Ready | LoadFailed | Infer | Result | Part | Cancel | Shutdown | Tune

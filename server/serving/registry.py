@@ -37,6 +37,7 @@ from torchbay.server.serving.archives import (
     safe_relpath,
     signature_of,
 )
+from torchbay.server.serving.budget import HostBudget
 from torchbay.server.serving.handle import Spawned
 from torchbay.server.serving.launch import LaunchSpec, Placement, settings_from
 from torchbay.server.serving.model import ModelVersion, Observer
@@ -58,7 +59,7 @@ class ModelRegistry:
         *,
         place: PlaceFn,
         server_version: str,
-        threads_for: Callable[[ModelVersion, ModelConfig], int] | None = None,
+        budget: HostBudget | None = None,  # None: no host budget (workers keep their place)
         observer: Observer | None = None,
         fetch: FetchFn | None = None,
         workdir: Path | None = None,
@@ -68,7 +69,7 @@ class ModelRegistry:
         self.config = config
         self.prewarmed = prewarmed
         self.place = place
-        self.threads_for = threads_for or (lambda m, c: 1)
+        self.budget = budget or HostBudget(None, (), enabled=False)
         self.server_version = server_version
         self.observer = observer
         self.fetch = fetch
@@ -248,7 +249,7 @@ class ModelRegistry:
             settings=settings_from(config, self.config),
             config=config,
             place=lambda m, i: self.place(m, i, config),
-            threads_for=lambda m: self.threads_for(m, config),
+            retune=lambda: self.budget.rebalance(self.all_versions()),
             launch=LaunchSpec(
                 model_dir=model_dir,
                 model_name=name,
@@ -298,6 +299,7 @@ class ModelRegistry:
                 log.error("model %s failed to load", mv.key, exc_info=True)
                 return
             raise
+        self.budget.rebalance(self.all_versions())  # catch up workers that loaded meanwhile
         log.info(
             "model %s ready: %d worker(s) on %s, batch_size=%d, max_batch_delay=%gms",
             mv.key,
@@ -318,6 +320,7 @@ class ModelRegistry:
         elif self.defaults.get(mv.name) == mv.version:
             self.defaults[mv.name] = sorted(versions)[-1]
         shutil.rmtree(mv.model_dir, ignore_errors=True)
+        self.budget.rebalance(self.all_versions())  # its threads go to the others
 
     async def unregister(self, name: str, version: str | None = None, timeout: float = 120) -> None:
         """Drain then stop one version. The default version goes only when it is the last."""

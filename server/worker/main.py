@@ -18,6 +18,7 @@ its request cancelled at once (the handler's next streamed part for it raises, s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import queue
@@ -38,9 +39,26 @@ T = TypeVar("T")
 def _pin(load: p.Load) -> None:
     import torch
 
+    # Inter-op 1 (the host budget counts intra-op threads only); before any parallel work, which
+    # nothing has started yet (RuntimeError otherwise: then torch's default stays).
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
     torch.set_num_threads(max(1, load.num_threads))
     if load.cpu_affinity and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, load.cpu_affinity)
+
+
+def _retune(message: p.Tune, started_on: set[int]) -> None:
+    """Apply a ``Tune``: torch's intra-op threads, and the cores of every thread of the process
+    (``None``: the cores it started with); a core that cannot be had leaves them as they are."""
+    import torch
+
+    torch.set_num_threads(max(1, message.num_threads))
+    if started_on and hasattr(os, "sched_setaffinity"):
+        cores = set(message.cpu_affinity or started_on)
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), cores)
 
 
 def _in_fresh_thread(fn: Callable[..., T], *args: object) -> T:
@@ -187,6 +205,7 @@ def serve(sock: socket.socket) -> int:
     if not isinstance(load, p.Load):
         raise p.ProtocolError(f"expected LOAD first, got {type(load).__name__}")
     started = time.perf_counter()
+    started_on = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     try:
         _pin(load)
         service = load_service(
@@ -216,13 +235,11 @@ def serve(sock: socket.socket) -> int:
     )
     # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect
     # was measured on CPU.
-    return _serve_batches(sock, service, first=load.gpu_id is None)
+    return _serve_batches(sock, service, first=load.gpu_id is None, started_on=started_on)
 
 
-def _serve_batches(sock: socket.socket, service: object, first: bool) -> int:
+def _serve_batches(sock: socket.socket, service: object, first: bool, started_on: set[int]) -> int:
     """Serve ``Infer`` frames until ``Shutdown`` or EOF (the exit code)."""
-    import torch
-
     channel = _Channel(sock)
     service.part_sink = channel  # type: ignore[attr-defined]
     while True:
@@ -232,7 +249,7 @@ def _serve_batches(sock: socket.socket, service: object, first: bool) -> int:
         if isinstance(message, p.Shutdown):
             return 0
         if isinstance(message, p.Tune):
-            torch.set_num_threads(max(1, message.num_threads))
+            _retune(message, started_on)
             continue
         if not isinstance(message, p.Infer):
             raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")

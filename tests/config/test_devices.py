@@ -8,12 +8,7 @@ from pathlib import Path
 import pytest
 
 from torchbay.server.errors import ConfigError
-from torchbay.server.serving.devices import (
-    DeviceAssigner,
-    cpu_affinity_for,
-    cpu_threads_for,
-    detect_gpu_count,
-)
+from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count
 
 
 def physical(n: int) -> Callable[[Mapping[str, str]], int]:
@@ -130,28 +125,6 @@ def test_gpu_required_without_gpu_is_a_config_error() -> None:
 def test_device_ids_out_of_range() -> None:
     with pytest.raises(ConfigError, match=r"deviceIds \[2\]"):
         DeviceAssigner(2).assign("m/1", "gpu", [0, 2])
-
-
-@pytest.mark.parametrize(
-    ("workers", "cores", "configured", "expected"),
-    [(1, 8, None, 8), (3, 8, None, 2), (16, 8, None, 1), (0, 4, None, 4), (2, 8, 3, 3)],
-)
-def test_cpu_threads_for(workers: int, cores: int, configured: int | None, expected: int) -> None:
-    assert cpu_threads_for(workers, cores, configured) == expected
-
-
-def test_cpu_affinity_contiguous_round_robin() -> None:
-    assert [cpu_affinity_for(i, 2, 8) for i in range(5)] == [
-        [0, 1],
-        [2, 3],
-        [4, 5],
-        [6, 7],
-        [0, 1],
-    ]
-    assert cpu_affinity_for(0, 3, 8) == [0, 1, 2]
-    assert cpu_affinity_for(2, 3, 8) == [0, 1, 2]  # only two whole slices of 3 in 8 cores
-    assert cpu_affinity_for(0, 8, 8) is None
-    assert cpu_affinity_for(0, 1, 0) is None
 
 
 def test_real_probe_runs_without_torch() -> None:

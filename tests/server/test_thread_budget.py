@@ -1,0 +1,147 @@
+"""The host budget of CPU threads, live: a real server, two real models, real workers that report
+the torch threads and cores they run with. Register, scale and unregister re-share the budget;
+live workers are re-tuned in place (same pid)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import build_store
+
+HANDLER = """
+import os
+
+import torch
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    report = {
+        "pid": os.getpid(),
+        "threads": torch.get_num_threads(),
+        "interop": torch.get_num_interop_threads(),
+        "cores": sorted(os.sched_getaffinity(0)),
+    }
+    return [report for _ in data]
+"""
+
+
+@pytest.fixture(scope="module")
+def thread_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    handler = tmp_path_factory.mktemp("threads-handler") / "threads_handler.py"
+    handler.write_text(HANDLER)
+    return build_store(tmp_path_factory, "threads", {"ta": str(handler), "tb": str(handler)})
+
+
+@pytest.fixture
+def store_server(live_server: Any, thread_store: Path) -> Any:
+    def start(**overrides: Any) -> Any:
+        return live_server(model_store=thread_store, **overrides)
+
+    return start
+
+
+def report(server: Any, model: str) -> dict[str, Any]:
+    response = httpx.post(f"{server.url}/predictions/{model}", json={}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def describe(server: Any, model: str) -> dict[str, Any]:
+    response = httpx.get(f"{server.management_url}/models/{model}", timeout=30)
+    assert response.status_code == 200, response.text
+    [described] = response.json()
+    return described
+
+
+def threads_of(server: Any, *models: str) -> list[int]:
+    return [w["threads"] for m in models for w in describe(server, m)["workers"]]
+
+
+def test_register_scale_unregister_share_one_budget(store_server: Any) -> None:
+    server = store_server(cores=4, enable_model_api=True, load_models=["ta=ta.mar"])
+    alone = report(server, "ta")
+    assert (alone["threads"], alone["interop"]) == (4, 1)
+
+    registered = httpx.post(
+        f"{server.management_url}/models",
+        params={"url": "tb.mar", "initial_workers": 1, "synchronous": "true"},
+        timeout=60,
+    )
+    assert registered.status_code == 200, registered.text
+    assert threads_of(server, "ta", "tb") == [2, 2]
+    shared = report(server, "ta")
+    assert shared["pid"] == alone["pid"]  # re-tuned in place, not restarted
+    assert (shared["threads"], shared["interop"]) == (2, 1)
+    assert report(server, "tb")["threads"] == 2
+
+    scaled = httpx.put(
+        f"{server.management_url}/models/tb",
+        params={"min_worker": 3, "synchronous": "true"},
+        timeout=60,
+    )
+    assert scaled.status_code == 200, scaled.text
+    assert sum(threads_of(server, "ta", "tb")) == 4
+    assert threads_of(server, "ta") == [1]
+    assert describe(server, "ta")["threadBudget"] == {
+        "budget": 4,
+        "assigned": 4,
+        "overcommitted": False,
+        "cores": 4,
+    }
+    assert report(server, "ta")["threads"] == 1
+
+    gone = httpx.delete(f"{server.management_url}/models/tb", timeout=60)
+    assert gone.status_code == 200, gone.text
+    assert threads_of(server, "ta") == [4]
+    back = report(server, "ta")
+    assert (back["pid"], back["threads"]) == (alone["pid"], 4)
+
+
+def test_configured_budget_and_overcommit_in_describe(store_server: Any) -> None:
+    server = store_server(
+        cores=4,
+        cpu_thread_budget=1,
+        models={"ta": {"1.0": {"marName": "ta.mar", "minWorkers": 2, "maxWorkers": 2}}},
+        load_models=["ta"],
+    )
+    described = describe(server, "ta")
+    assert [w["threads"] for w in described["workers"]] == [1, 1]
+    assert described["threadBudget"]["overcommitted"] is True
+    assert described["threadBudget"]["assigned"] == 2
+    assert report(server, "ta")["threads"] == 1
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two usable cores to pin two workers apart",
+)
+def test_affinity_gives_two_models_disjoint_cores(store_server: Any) -> None:
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    server = store_server(cores=2, cpu_affinity=True, load_models=["ta=ta.mar", "tb=tb.mar"])
+    a, b = report(server, "ta"), report(server, "tb")
+    assert (a["threads"], b["threads"]) == (1, 1)
+    assert sorted(a["cores"] + b["cores"]) == cores  # one core each, not the same one
+    pinned = [w["cpuAffinity"] for m in ("ta", "tb") for w in describe(server, m)["workers"]]
+    assert sorted(pinned) == [[cores[0]], [cores[1]]]
+
+
+def test_gpu_workers_take_one_thread_and_nothing_from_the_budget(store_server: Any) -> None:
+    # One (injected) GPU: ta is placed on it, tb (deviceType cpu) keeps the whole CPU budget.
+    server = store_server(
+        cores=2,
+        gpu_count=1,
+        models={"tb": {"1.0": {"marName": "tb.mar", "deviceType": "cpu"}}},
+        load_models=["ta=ta.mar", "tb"],
+    )
+    gpu, cpu = describe(server, "ta"), describe(server, "tb")
+    assert [(w["gpu"], w["threads"]) for w in gpu["workers"]] == [(True, 1)]
+    assert [(w["gpu"], w["threads"]) for w in cpu["workers"]] == [(False, 2)]
+    assert cpu["threadBudget"]["assigned"] == 2
+    assert report(server, "tb")["threads"] == 2
