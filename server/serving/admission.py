@@ -1,0 +1,160 @@
+"""Admission control: a per-model bound on a request's queue time (``max_queue_delay_ms``).
+
+A model version's :class:`Admission` learns its service rate from what its slots observe (each
+finished batch: requests served per second of the dispatcher's wall time, an EWMA; all ready
+workers together serve ``workers`` times that), predicts a newcomer's queue wait from the work
+ahead of it (queued plus running) and refuses at once, 503 :class:`Overloaded` with
+``Retry-After``, when the prediction exceeds the bound. The queue enforces the same bound at
+dispatch (``BatchQueue.max_wait_s``): a request still queued past ``arrival + bound`` is answered
+503 and never runs. Before the first batch has been measured only the queue's length
+(``job_queue_size``) limits admission: a cold model never refuses on a guess.
+
+``Retry-After`` is whole seconds, at least 1 (RFC 9110), from the predicted time to drain the work
+ahead. The listeners call :func:`refuse_early` from the request's headers, before reading its
+body, so a refusal costs the frontend almost nothing.
+
+Torch-free; it imports no model code (a model version is passed in, duck-typed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from torchbay.server.errors import NoWorker, Overloaded, ShuttingDown
+from torchbay.server.serving.queue import BatchQueue, clock
+
+__all__ = ["Admission", "refuse", "refuse_early", "retry_after"]
+
+# Reasons counted by ``Admission.rejections`` (and the torchbay_admission_rejections metric).
+PREDICTED, EXPIRED, QUEUE_FULL = "predicted_wait", "expired", "queue_full"
+
+
+def retry_after(seconds: float) -> str:
+    """A ``Retry-After`` value: whole seconds, at least 1."""
+    if not math.isfinite(seconds):
+        return "1"
+    return str(max(1, math.ceil(seconds)))
+
+
+class Admission:
+    """The queue-time bound of one model version and the service rate it is judged by."""
+
+    def __init__(
+        self,
+        queue: BatchQueue,
+        bound_ms: float,
+        *,
+        decay: float = 0.8,
+        now: Callable[[], float] = clock,
+    ) -> None:
+        self.queue = queue
+        self._decay = decay
+        self._now = now
+        self._served = 0.0  # decayed sum of requests in measured batches
+        self._busy_s = 0.0  # decayed sum of those batches' wall time
+        self.workers = 1  # ready workers, refreshed by the model on every check
+        self.running = 0  # requests dispatched and not yet answered, ditto
+        self.predicted = 0  # refusals on a predicted wait (the queue counts the others)
+        self.bound_s = 0.0
+        queue.retry_after = self.retry_after
+        self.configure(bound_ms)
+
+    def configure(self, bound_ms: float | None) -> None:
+        """Set the bound live (0: off, None: unchanged); the queue's expiry follows it."""
+        if bound_ms is None:
+            return
+        self.bound_s = max(0.0, bound_ms) / 1000
+        self.queue.max_wait_s = self.bound_s
+
+    # -- learning -------------------------------------------------------------------------------
+
+    def learn(self, size: int, run_s: float) -> None:
+        """One finished batch of ``size`` requests that kept its worker ``run_s`` seconds."""
+        if size <= 0 or run_s <= 0 or not math.isfinite(run_s):
+            return
+        self._served = self._served * self._decay + size
+        self._busy_s = self._busy_s * self._decay + run_s
+
+    @property
+    def rate(self) -> float | None:
+        """Requests per second of one worker (None: nothing measured yet)."""
+        return self._served / self._busy_s if self._busy_s > 0 else None
+
+    def predicted_wait_s(self, running: int | None = None, workers: int | None = None) -> float:
+        """The queue wait of a request admitted now (0 when nothing is measured yet)."""
+        rate = self.rate
+        if rate is None:
+            return 0.0
+        running = self.running if running is None else running
+        workers = self.workers if workers is None else workers
+        return (len(self.queue) + running) / (rate * max(1, workers))
+
+    def retry_after(self) -> str:
+        """When to come back: the predicted time to drain the work ahead, >= 1 s."""
+        return retry_after(self.predicted_wait_s())
+
+    # -- deciding -------------------------------------------------------------------------------
+
+    def check(self, running: int, workers: int) -> None:
+        """Raise Overloaded when a newcomer is predicted to wait past the bound."""
+        self.running, self.workers = running, workers
+        if self.bound_s <= 0:
+            return
+        wait = self.predicted_wait_s(running, workers)
+        if wait > self.bound_s:
+            self.predicted += 1
+            raise Overloaded(
+                f"The model is overloaded: a new request would wait about {wait * 1000:.0f} ms "
+                f"in its queue, over its bound of {self.bound_s * 1000:g} ms; retry later",
+                headers={"retry-after": retry_after(wait)},
+            )
+
+    @property
+    def rejections(self) -> dict[str, int]:
+        """Refusals so far, by reason."""
+        return {
+            PREDICTED: self.predicted,
+            EXPIRED: self.queue.expired,
+            QUEUE_FULL: self.queue.full,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        rate = self.rate
+        return {
+            "maxQueueDelayMs": self.bound_s * 1000,
+            "serviceRatePerWorker": None if rate is None else round(rate, 3),
+            "predictedQueueWaitMs": round(self.predicted_wait_s() * 1000, 3),
+            "admissionRejections": self.rejections,
+        }
+
+
+def refuse(mv: Any) -> None:
+    """Raise what a model version refuses a newcomer with at once: 503 ShuttingDown, NoWorker or
+    Overloaded (the queue's own QueueFull comes at ``put``)."""
+    if mv.closing:
+        raise ShuttingDown("The server is shutting down")
+    slots = mv.slots
+    if not any(s.may_serve for s in slots):
+        raise NoWorker(  # TorchServe 0.12's words, less its sequence-batching advice
+            f'Model "{mv.name}" has no worker to serve inference request. '
+            "Please use scale workers API to add workers."
+        )
+    workers = sum(1 for s in slots if s.ready)
+    queued = len(mv.queue)
+    cap = max(1, workers) * mv.settings.batch_size
+    mv.admission.check(min(max(0, mv.inflight - queued), cap), workers)
+
+
+def refuse_early(mv: Any) -> None:
+    """``refuse`` from the request's headers alone, before its body is read (a listener's
+    cheap path); a refusal is counted as a received and rejected request."""
+    try:
+        refuse(mv)
+        if mv.queue.remaining_capacity <= 0:
+            mv.queue.put_refused()
+    except Exception:
+        mv.requests_received += 1
+        mv.requests_rejected += 1
+        raise
