@@ -19,11 +19,10 @@ Torch-free; it imports no model code (a model version is passed in, duck-typed).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 from torchbay.server.errors import NoWorker, Overloaded, ShuttingDown
-from torchbay.server.serving.queue import BatchQueue, clock
+from torchbay.server.serving.queue import BatchQueue
 
 __all__ = ["Admission", "refuse", "refuse_early", "retry_after"]
 
@@ -47,11 +46,9 @@ class Admission:
         bound_ms: float,
         *,
         decay: float = 0.8,
-        now: Callable[[], float] = clock,
     ) -> None:
         self.queue = queue
         self._decay = decay
-        self._now = now
         self._served = 0.0  # decayed sum of requests in measured batches
         self._busy_s = 0.0  # decayed sum of those batches' wall time
         self.workers = 1  # ready workers, refreshed by the model on every check

@@ -202,8 +202,8 @@ class BatchQueue(Generic[T, R]):
             if n >= self.batch_size:
                 return self._pop(self.batch_size, now)
             window_end = self._items[0].arrival + self.max_delay_s
-            if self.max_wait_s > 0:  # never hold a batch past the queue-time bound
-                window_end = min(window_end, self._items[0].arrival + self.max_wait_s)
+            if self.max_wait_s > 0:  # filling a batch may use half the queue-time bound
+                window_end = min(window_end, self._items[0].arrival + self.max_wait_s / 2)
             remaining = window_end - now
             if remaining <= 0 or not self._worth_waiting(now, remaining):
                 return self._pop(n, now)
