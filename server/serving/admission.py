@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torchbay.server.errors import NoWorker, Overloaded, ShuttingDown
+from torchbay.server.errors import NoWorker, Overloaded, ShuttingDown, TorchbayError
 from torchbay.server.serving.queue import BatchQueue
 
 __all__ = ["Admission", "refuse", "refuse_early", "retry_after"]
@@ -151,7 +151,7 @@ def refuse_early(mv: Any) -> None:
         refuse(mv)
         if mv.queue.remaining_capacity <= 0:
             mv.queue.put_refused()
-    except Exception:
+    except TorchbayError:
         mv.requests_received += 1
         mv.requests_rejected += 1
         raise
