@@ -1,13 +1,19 @@
 """Admission control: a per-model bound on a request's queue time (``max_queue_delay_ms``).
 
 A model version's :class:`Admission` learns its service rate from what its slots observe (each
-finished batch: requests served per second of the dispatcher's wall time, an EWMA; all ready
-workers together serve ``workers`` times that), predicts a newcomer's queue wait from the work
-ahead of it (queued plus running) and refuses at once, 503 :class:`Overloaded` with
-``Retry-After``, when the prediction exceeds the bound. The queue enforces the same bound at
-dispatch (``BatchQueue.max_wait_s``): a request still queued past ``arrival + bound`` is answered
-503 and never runs. Before the first batch has been measured only the queue's length
-(``job_queue_size``) limits admission: a cold model never refuses on a guess.
+finished batch: requests served per second of the dispatcher's wall time, an EWMA), predicts a
+newcomer's queue wait from the work ahead of it and refuses at once, 503 :class:`Overloaded` with
+``Retry-After``, when the prediction exceeds the bound.
+
+The prediction counts batches: the newcomer rides in batch ``queued // batch_size`` of those
+waiting; its batch starts once the batches ahead have taken the idle workers and, after that,
+one worker frees per batch. Workers free at ``workers / t`` per second, ``t`` being the time of a
+full batch (``batch_size / rate``); so the wait is ``max(0, ahead + 1 - idle) * t / workers``.
+
+The queue enforces the same bound at dispatch (``BatchQueue.max_wait_s``): a request still
+queued past ``arrival + bound`` is answered 503 and never runs. Before the first batch has been
+measured only the queue's length (``job_queue_size``) limits admission: a cold model never
+refuses on a guess.
 
 ``Retry-After`` is whole seconds, at least 1 (RFC 9110), from the predicted time to drain the work
 ahead. The listeners call :func:`refuse_early` from the request's headers, before reading its
@@ -22,6 +28,7 @@ import math
 from typing import Any
 
 from torchbay.server.errors import NoWorker, Overloaded, ShuttingDown, TorchbayError
+from torchbay.server.serving.handle import WorkerState
 from torchbay.server.serving.queue import BatchQueue
 
 __all__ = ["Admission", "refuse", "refuse_early", "retry_after"]
@@ -51,8 +58,8 @@ class Admission:
         self._decay = decay
         self._served = 0.0  # decayed sum of requests in measured batches
         self._busy_s = 0.0  # decayed sum of those batches' wall time
-        self.workers = 1  # ready workers, refreshed by the model on every check
-        self.running = 0  # requests dispatched and not yet answered, ditto
+        # The model's state at the last check (for Retry-After and describe between checks).
+        self.workers, self.busy, self.batch_size = 1, 0, 1
         self.predicted = 0  # refusals on a predicted wait (the queue counts the others)
         self.bound_s = 0.0
         queue.retry_after = self.retry_after
@@ -79,14 +86,16 @@ class Admission:
         """Requests per second of one worker (None: nothing measured yet)."""
         return self._served / self._busy_s if self._busy_s > 0 else None
 
-    def predicted_wait_s(self, running: int | None = None, workers: int | None = None) -> float:
-        """The queue wait of a request admitted now (0 when nothing is measured yet)."""
+    def predicted_wait_s(self) -> float:
+        """The queue wait of a request admitted now (0 when nothing is measured yet), from
+        the state of the last ``check`` and the queue's length now."""
         rate = self.rate
         if rate is None:
             return 0.0
-        running = self.running if running is None else running
-        workers = self.workers if workers is None else workers
-        return (len(self.queue) + running) / (rate * max(1, workers))
+        workers = max(1, self.workers)
+        ahead = len(self.queue) // self.batch_size  # whole batches before the newcomer's
+        releases = max(0, ahead + 1 - max(0, workers - self.busy))
+        return releases * (self.batch_size / rate) / workers
 
     def retry_after(self) -> str:
         """When to come back: the predicted time to drain the work ahead, >= 1 s."""
@@ -94,12 +103,13 @@ class Admission:
 
     # -- deciding -------------------------------------------------------------------------------
 
-    def check(self, running: int, workers: int) -> None:
-        """Raise Overloaded when a newcomer is predicted to wait past the bound."""
-        self.running, self.workers = running, workers
+    def check(self, *, workers: int, busy: int, batch_size: int) -> None:
+        """Raise Overloaded when a newcomer is predicted to wait past the bound: ``workers``
+        ready, ``busy`` of them running a batch, batches of up to ``batch_size``."""
+        self.workers, self.busy, self.batch_size = workers, busy, max(1, batch_size)
         if self.bound_s <= 0:
             return
-        wait = self.predicted_wait_s(running, workers)
+        wait = self.predicted_wait_s()
         if wait > self.bound_s:
             self.predicted += 1
             raise Overloaded(
@@ -138,10 +148,9 @@ def refuse(mv: Any) -> None:
             f'Model "{mv.name}" has no worker to serve inference request. '
             "Please use scale workers API to add workers."
         )
-    workers = sum(1 for s in slots if s.ready)
-    queued = len(mv.queue)
-    cap = max(1, workers) * mv.settings.batch_size
-    mv.admission.check(min(max(0, mv.inflight - queued), cap), workers)
+    ready = [s for s in slots if s.ready]
+    busy = sum(1 for s in ready if s.state is WorkerState.BUSY)
+    mv.admission.check(workers=len(ready), busy=busy, batch_size=mv.settings.batch_size)
 
 
 def refuse_early(mv: Any) -> None:

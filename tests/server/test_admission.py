@@ -51,7 +51,7 @@ async def test_cold_start_admits_by_queue_length_only() -> None:
     queue = _queue()
     admission = Admission(queue, 1.0)  # a 1 ms bound, nothing measured yet
     _fill(queue, 500)
-    admission.check(running=4, workers=1)  # no estimate: no refusal on a guess
+    admission.check(workers=1, busy=1, batch_size=1)  # no estimate: no refusal on a guess
     assert admission.rate is None and admission.predicted == 0
 
 
@@ -63,15 +63,32 @@ async def test_refuses_when_the_predicted_wait_exceeds_the_bound() -> None:
     assert admission.rate == pytest.approx(100.0)
     _fill(queue, 30)
     with pytest.raises(Overloaded) as refused:
-        admission.check(running=1, workers=1)  # 31 ahead / 100 per s = 310 ms > 200 ms
+        admission.check(workers=1, busy=1, batch_size=1)  # 31 batches of 10 ms: 310 ms
     assert refused.value.status == 503
     assert refused.value.headers["retry-after"] == "1"
     assert admission.rejections["predicted_wait"] == 1
-    admission.check(running=1, workers=2)  # two workers: 155 ms, admitted
-    _fill(queue, 300)  # 331 ahead on one worker: 3.31 s to drain
+    admission.check(workers=2, busy=2, batch_size=1)  # two workers: 155 ms, admitted
+    _fill(queue, 300)  # 331 batches on one worker: 3.31 s to drain
     with pytest.raises(Overloaded) as refused:
-        admission.check(running=1, workers=1)
+        admission.check(workers=1, busy=1, batch_size=1)
     assert refused.value.headers["retry-after"] == "4"
+
+
+@run
+async def test_the_wait_counts_whole_batches_and_idle_workers() -> None:
+    queue = _queue(batch_size=8)
+    admission = Admission(queue, 200.0)
+    admission.learn(8, 0.08)  # a full batch of 8 takes 80 ms
+    _fill(queue, 7)
+    admission.check(workers=1, busy=1, batch_size=8)  # rides in the next batch: 80 ms
+    assert admission.predicted_wait_s() == pytest.approx(0.08)
+    admission.check(workers=2, busy=1, batch_size=8)  # an idle worker takes it at once
+    assert admission.predicted_wait_s() == 0.0
+    _fill(queue, 9)  # 16 queued: two whole batches ahead, 240 ms on one worker
+    with pytest.raises(Overloaded):
+        admission.check(workers=1, busy=1, batch_size=8)
+    admission.check(workers=2, busy=2, batch_size=8)  # two workers: 120 ms
+    assert admission.predicted_wait_s() == pytest.approx(0.12)
 
 
 @run
@@ -80,14 +97,14 @@ async def test_bound_zero_is_off_and_configure_none_keeps_it() -> None:
     admission = Admission(queue, 0.0)
     admission.learn(1, 1.0)  # one request per second
     _fill(queue, 100)
-    admission.check(running=1, workers=1)  # 101 s predicted, but the bound is off
+    admission.check(workers=1, busy=1, batch_size=1)  # 101 s predicted, but the bound is off
     assert queue.max_wait_s == 0.0
     admission.configure(50.0)
     assert queue.max_wait_s == pytest.approx(0.05)
     admission.configure(None)
     assert admission.bound_s == pytest.approx(0.05)
     with pytest.raises(Overloaded):
-        admission.check(running=1, workers=1)
+        admission.check(workers=1, busy=1, batch_size=1)
     assert admission.describe()["maxQueueDelayMs"] == pytest.approx(50.0)
 
 
