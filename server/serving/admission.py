@@ -8,7 +8,8 @@ newcomer's queue wait from the work ahead of it and refuses at once, 503 :class:
 The prediction counts batches: the newcomer rides in batch ``queued // batch_size`` of those
 waiting; its batch starts once the batches ahead have taken the idle workers and, after that,
 one worker frees per batch. Workers free at ``workers / t`` per second, ``t`` being the time of a
-full batch (``batch_size / rate``); so the wait is ``max(0, ahead + 1 - idle) * t / workers``.
+full batch (fitted as ``a + c * batch_size`` to the recent batches); so the wait is
+``max(0, ahead + 1 - idle) * t / workers``.
 
 The queue enforces the same bound at dispatch (``BatchQueue.max_wait_s``): a request still
 queued past ``arrival + bound`` is answered 503 and never runs. Before the first batch has been
@@ -56,8 +57,8 @@ class Admission:
     ) -> None:
         self.queue = queue
         self._decay = decay
-        self._served = 0.0  # decayed sum of requests in measured batches
-        self._busy_s = 0.0  # decayed sum of those batches' wall time
+        # Decayed sums over measured batches (size b, wall time t): 1, b, t, b*b, b*t.
+        self._n = self._b = self._t = self._bb = self._bt = 0.0
         # The model's state at the last check (for Retry-After and describe between checks).
         self.workers, self.busy, self.batch_size = 1, 0, 1
         self.predicted = 0  # refusals on a predicted wait (the queue counts the others)
@@ -78,24 +79,43 @@ class Admission:
         """One finished batch of ``size`` requests that kept its worker ``run_s`` seconds."""
         if size <= 0 or run_s <= 0 or not math.isfinite(run_s):
             return
-        self._served = self._served * self._decay + size
-        self._busy_s = self._busy_s * self._decay + run_s
+        d = self._decay
+        self._n = self._n * d + 1
+        self._b = self._b * d + size
+        self._t = self._t * d + run_s
+        self._bb = self._bb * d + size * size
+        self._bt = self._bt * d + size * run_s
 
     @property
     def rate(self) -> float | None:
-        """Requests per second of one worker (None: nothing measured yet)."""
-        return self._served / self._busy_s if self._busy_s > 0 else None
+        """Requests per second of one worker at the batch sizes seen (None: nothing yet)."""
+        return self._b / self._t if self._t > 0 else None
+
+    def batch_time_s(self, size: int) -> float | None:
+        """The predicted time of a batch of ``size``: ``a + c * size`` fitted (decayed least
+        squares) to the recent batches, so small batches' fixed cost is not multiplied; one
+        size seen only: proportional to it. None when nothing is measured yet."""
+        n, b, t = self._n, self._b, self._t
+        if t <= 0:
+            return None
+        spread = n * self._bb - b * b
+        if spread > 1e-9 * n * n:
+            c = max(0.0, (n * self._bt - b * t) / spread)
+            a = (t - c * b) / n
+            if a >= 0:
+                return a + c * size
+        return t / b * size  # one size seen, or a negative fixed cost: proportional
 
     def predicted_wait_s(self) -> float:
         """The queue wait of a request admitted now (0 when nothing is measured yet), from
         the state of the last ``check`` and the queue's length now."""
-        rate = self.rate
-        if rate is None:
+        full = self.batch_time_s(self.batch_size)
+        if full is None:
             return 0.0
         workers = max(1, self.workers)
         ahead = len(self.queue) // self.batch_size  # whole batches before the newcomer's
         releases = max(0, ahead + 1 - max(0, workers - self.busy))
-        return releases * (self.batch_size / rate) / workers
+        return releases * full / workers
 
     def retry_after(self) -> str:
         """When to come back: the predicted time to drain the work ahead, >= 1 s."""

@@ -92,6 +92,19 @@ async def test_the_wait_counts_whole_batches_and_idle_workers() -> None:
 
 
 @run
+async def test_small_batches_fixed_cost_is_not_multiplied() -> None:
+    admission = Admission(_queue(), 200.0)
+    for _ in range(5):
+        admission.learn(1, 0.030)  # 28 ms of fixed cost + 2 ms per request
+        admission.learn(4, 0.036)
+    assert admission.batch_time_s(8) == pytest.approx(0.044)  # not 8 x 30 ms
+    only = Admission(_queue(), 200.0)
+    only.learn(2, 0.02)  # one size seen: proportional
+    assert only.batch_time_s(8) == pytest.approx(0.08)
+    assert Admission(_queue(), 200.0).batch_time_s(8) is None
+
+
+@run
 async def test_bound_zero_is_off_and_configure_none_keeps_it() -> None:
     queue = _queue()
     admission = Admission(queue, 0.0)
