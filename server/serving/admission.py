@@ -9,7 +9,8 @@ The prediction counts batches: the newcomer rides in batch ``queued // batch_siz
 waiting; its batch starts once the batches ahead have taken the idle workers and, after that,
 one worker frees per batch. Workers free at ``workers / t`` per second, ``t`` being the time of a
 full batch (fitted as ``a + c * batch_size`` to the recent batches); so the wait is
-``max(0, ahead + 1 - idle) * t / workers``.
+``max(0, ahead + 1 - idle) * t / workers``, less half a batch when every worker is busy (the
+first to free is, on average, half-way through its batch).
 
 The queue enforces the same bound at dispatch (``BatchQueue.max_wait_s``): a request still
 queued past ``arrival + bound`` is answered 503 and never runs. Before the first batch has been
@@ -114,7 +115,10 @@ class Admission:
             return 0.0
         workers = max(1, self.workers)
         ahead = len(self.queue) // self.batch_size  # whole batches before the newcomer's
-        releases = max(0, ahead + 1 - max(0, workers - self.busy))
+        idle = max(0, workers - self.busy)
+        releases = max(0.0, ahead + 1.0 - idle)
+        if releases and not idle:
+            releases -= 0.5  # the first worker to free is, on average, half-way through
         return releases * full / workers
 
     def retry_after(self) -> str:

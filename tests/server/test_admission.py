@@ -63,12 +63,12 @@ async def test_refuses_when_the_predicted_wait_exceeds_the_bound() -> None:
     assert admission.rate == pytest.approx(100.0)
     _fill(queue, 30)
     with pytest.raises(Overloaded) as refused:
-        admission.check(workers=1, busy=1, batch_size=1)  # 31 batches of 10 ms: 310 ms
+        admission.check(workers=1, busy=1, batch_size=1)  # 30.5 batches of 10 ms: 305 ms
     assert refused.value.status == 503
     assert refused.value.headers["retry-after"] == "1"
     assert admission.rejections["predicted_wait"] == 1
-    admission.check(workers=2, busy=2, batch_size=1)  # two workers: 155 ms, admitted
-    _fill(queue, 300)  # 331 batches on one worker: 3.31 s to drain
+    admission.check(workers=2, busy=2, batch_size=1)  # two workers: 152.5 ms, admitted
+    _fill(queue, 300)  # 330.5 batches on one worker: 3.3 s to drain
     with pytest.raises(Overloaded) as refused:
         admission.check(workers=1, busy=1, batch_size=1)
     assert refused.value.headers["retry-after"] == "4"
@@ -80,15 +80,15 @@ async def test_the_wait_counts_whole_batches_and_idle_workers() -> None:
     admission = Admission(queue, 200.0)
     admission.learn(8, 0.08)  # a full batch of 8 takes 80 ms
     _fill(queue, 7)
-    admission.check(workers=1, busy=1, batch_size=8)  # rides in the next batch: 80 ms
-    assert admission.predicted_wait_s() == pytest.approx(0.08)
+    admission.check(workers=1, busy=1, batch_size=8)  # rides in the next batch
+    assert admission.predicted_wait_s() == pytest.approx(0.04)  # half of the running one
     admission.check(workers=2, busy=1, batch_size=8)  # an idle worker takes it at once
     assert admission.predicted_wait_s() == 0.0
-    _fill(queue, 9)  # 16 queued: two whole batches ahead, 240 ms on one worker
+    _fill(queue, 17)  # 24 queued: three whole batches ahead, 280 ms on one worker
     with pytest.raises(Overloaded):
         admission.check(workers=1, busy=1, batch_size=8)
-    admission.check(workers=2, busy=2, batch_size=8)  # two workers: 120 ms
-    assert admission.predicted_wait_s() == pytest.approx(0.12)
+    admission.check(workers=2, busy=2, batch_size=8)  # two workers: 140 ms
+    assert admission.predicted_wait_s() == pytest.approx(0.14)
 
 
 @run
