@@ -15,12 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.config.sources import load_server_config
+from torchbay.server.grpc import messages
 from torchbay.server.observe.logs import ACCESS_FIELDS, ACCESS_LOGGER
 
 from .conftest import ASSETS, LiveServer, _tiny_model, probe_models
@@ -205,7 +207,28 @@ def test_a_refusal_needs_no_body_and_keeps_the_connection_right(live_server) -> 
         client.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
         status, _, body = _read_response(client)
         assert status == 200 and json.loads(body) == {"live": True}
+    _check_grpc_refusal(server)
     long.join(60)
+
+
+def _check_grpc_refusal(server: LiveServer) -> None:
+    """The same refusal over TorchServe's gRPC Predictions: UNAVAILABLE, retry-after in the
+    trailing metadata."""
+    service = messages.TS_INFERENCE_SERVICE
+    request_type, response_type, *_ = messages.method_types(service, "Predictions")
+    with grpc.insecure_channel(f"127.0.0.1:{server.server.state.ports.grpc_inference}") as channel:
+        predict = channel.unary_unary(
+            f"/{service}/Predictions",
+            request_serializer=request_type.SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        request = request_type(model_name="probe", input={"data": b'{"echo": 1}'})
+        with pytest.raises(grpc.RpcError) as refused:
+            predict(request, timeout=30)
+    error = refused.value
+    assert error.code() is grpc.StatusCode.UNAVAILABLE, error.details()
+    trailing = dict(error.trailing_metadata() or ())
+    assert int(trailing["retry-after"]) >= 1
 
 
 # -- live changes and configuration sources --------------------------------------------------
