@@ -1,7 +1,7 @@
 """Admission control: a per-model bound on a request's queue time (``max_queue_delay_ms``).
 
 A model version's :class:`Admission` learns its service rate from what its slots observe (each
-finished batch: requests served per second of the dispatcher's wall time, an EWMA), predicts a
+finished batch: its size and its wall time on the worker, decayed sums), predicts a
 newcomer's queue wait from the work ahead of it and refuses at once, 503 :class:`Overloaded` with
 ``Retry-After``, when the prediction exceeds the bound.
 
