@@ -18,6 +18,7 @@
     ├── HandlerFailed (500 handler_error)         the handler raised or broke its contract
     ├── ServiceUnavailable (503 service_unavailable)
     │   ├── QueueFull (503 queue_full)            with Retry-After
+    │   ├── Overloaded (503 overloaded)           with Retry-After: past max_queue_delay_ms
     │   ├── NoWorker (503 no_worker)
     │   ├── WorkerDied (503 worker_died)
     │   └── ShuttingDown (503 shutting_down)
@@ -113,6 +114,12 @@ class ServiceUnavailable(TorchbayError):
 
 class QueueFull(ServiceUnavailable):
     code = "queue_full"
+
+
+class Overloaded(ServiceUnavailable):
+    """A request that would wait (or waited) past its model's queue-time bound."""
+
+    code = "overloaded"
 
 
 class NoWorker(ServiceUnavailable):

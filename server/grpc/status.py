@@ -49,15 +49,24 @@ def code_for(http_status: int) -> grpc.StatusCode:
 class RpcError(Exception):
     """A gRPC status to answer: raised inside an RPC, turned into ``context.abort``."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, http_status: int = 500) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        http_status: int = 500,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         super().__init__(details)
         self.code = code
         self.details = details[:MAX_DETAILS]
         self.http_status = http_status  # for the metrics and the access log
+        self.metadata = metadata  # trailing metadata (a 503's retry-after)
 
 
 def from_error(exc: TorchbayError) -> RpcError:
-    return RpcError(code_for(exc.status), exc.message, exc.status)
+    retry = exc.headers.get("retry-after")
+    metadata = (("retry-after", retry),) if retry else ()
+    return RpcError(code_for(exc.status), exc.message, exc.status, metadata)
 
 
 def from_response(status: int, body: bytes) -> RpcError:
@@ -80,5 +89,5 @@ def error_message(status: int, body: bytes) -> str:
 
 
 async def abort(context: grpc.aio.ServicerContext, error: RpcError) -> NoReturn:
-    await context.abort(error.code, error.details)
+    await context.abort(error.code, error.details, error.metadata)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover

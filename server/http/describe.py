@@ -77,6 +77,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "startupTimeout": s.startup_timeout_s,
         "maxRetryTimeoutInSec": s.max_retry_timeout_s,
         "clientTimeoutInMills": s.client_timeout_ms,
+        **mv.admission.describe(),  # maxQueueDelayMs, the service rate, rejections by reason
         "deviceType": config.device_type if config else "auto",
         "deviceIds": config.device_ids if config else None,
         "status": mv.status.value,

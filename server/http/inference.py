@@ -41,6 +41,7 @@ from torchbay.server.http.routes import INFERENCE_ROUTES, Route, Router
 from torchbay.server.http.triton import OIP_EXTENSIONS, TritonApi
 from torchbay.server.observe.logs import RequestHook, RequestRecord
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.queue import Pending
 from torchbay.server.serving.registry import ModelRegistry
@@ -164,6 +165,7 @@ class InferenceApp:
             if self.authorize is not None:
                 self.authorize(scope, "inference")
             mv = self.registry.resolve(name, version)
+            refuse_early(mv)  # 503 from the headers alone: the body is never read
             body = await read_body(scope, receive, self.max_request_size)
             wire = self._wire_request(scope, body, protocol, extra)
             parts = mv.stream(wire, admitted)

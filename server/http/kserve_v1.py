@@ -22,6 +22,7 @@ from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
 from torchbay.server.observe.logs import RequestHook, RequestRecord
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.queue import Pending
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ async def predict(app: Listener, scope: Scope, receive: Receive, send: Send, nam
         if app.authorize is not None:
             app.authorize(scope, "inference")
         mv = app.registry.resolve(name, None)
+        refuse_early(mv)  # 503 from the headers alone: the body is never read
         instances = parse_instances(await read_body(scope, receive, app.max_request_size))
         items = _admit_all(app, mv, scope, instances)
         status = await _answer(mv, items, send)

@@ -20,6 +20,8 @@ Per model version (labels ``model``, ``version``)::
     torchbay_queue_depth, torchbay_inflight_requests, torchbay_workers{state},
     torchbay_model_ready                     read at scrape time from the model registry
                                              (1 when ModelVersion.status is READY)
+    torchbay_admission_rejections_total{reason}  503s of the queue-time bound and the queue
+                                             (predicted_wait, expired, queue_full; admission.py)
 
     torchbay_unrouted_requests_total{code}   requests that reached no model (unknown model or
                                              version: 404; refused before routing: 401/403)
@@ -61,7 +63,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
@@ -325,7 +327,7 @@ class _ScrapeCollector(Collector):
     def describe(self) -> Iterator[Metric]:
         yield from self._model_families()
 
-    def _model_families(self) -> tuple[GaugeMetricFamily, ...]:
+    def _model_families(self) -> tuple[GaugeMetricFamily | CounterMetricFamily, ...]:
         return (
             GaugeMetricFamily(
                 "torchbay_queue_depth", "Requests waiting in the queue", labels=LABELS
@@ -341,6 +343,11 @@ class _ScrapeCollector(Collector):
             GaugeMetricFamily(
                 "torchbay_model_ready", "1 when the model version is READY", labels=LABELS
             ),
+            CounterMetricFamily(
+                "torchbay_admission_rejections",
+                "Requests refused 503 by the queue-time bound or a full queue, by reason",
+                labels=(*LABELS, "reason"),
+            ),
         )
 
     def collect(self) -> Iterator[Metric]:
@@ -348,7 +355,7 @@ class _ScrapeCollector(Collector):
 
     def _collect_models(self) -> Iterator[Metric]:
         m = self.metrics
-        depth, inflight, workers, ready = self._model_families()
+        depth, inflight, workers, ready, refused = self._model_families()
         models = m.models
         versions = list(models.all_versions()) if models is not None else []
         states = list(WorkerState)
@@ -357,9 +364,11 @@ class _ScrapeCollector(Collector):
             depth.add_metric(labels, len(mv.queue))
             inflight.add_metric(labels, mv.inflight)
             ready.add_metric(labels, 1.0 if mv.status is ModelStatus.READY else 0.0)
+            for reason, count in mv.admission.rejections.items():
+                refused.add_metric([*labels, reason], count)
             counts = dict.fromkeys(states, 0)
             for slot in list(mv.slots):
                 counts[slot.state] += 1
             for state, count in counts.items():
                 workers.add_metric([*labels, state.value], count)
-        yield from (depth, inflight, workers, ready)
+        yield from (depth, inflight, workers, ready, refused)

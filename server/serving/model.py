@@ -25,6 +25,7 @@ from typing import Any
 from torchbay.server.config.settings import ModelConfig
 from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving.admission import Admission, refuse
 from torchbay.server.serving.handle import (
     Spawned,
     SpawnFn,
@@ -76,6 +77,7 @@ class _Events(SlotEvents):
         self.model = model
 
     def batch_done(self, record: BatchRecord) -> None:
+        self.model.admission.learn(record.size, record.run_s)
         self.model.observer.batch_done(self.model, record)
 
     def worker_started(self, worker: WorkerProcess, restart: bool) -> None:
@@ -137,6 +139,7 @@ class ModelVersion:
             max_delay_s=settings.max_batch_delay_ms / 1000,
             capacity=settings.job_queue_size,
         )
+        self.admission = Admission(self.queue, settings.max_queue_delay_ms)  # max_queue_delay_ms
         self.slots: list[WorkerSlot] = []
         self._slot_context = SlotContext(
             key=self.key,
@@ -277,13 +280,16 @@ class ModelVersion:
         batch_size: int | None = None,
         max_batch_delay_ms: float | None = None,
         response_timeout_s: float | None = None,
+        max_queue_delay_ms: float | None = None,
     ) -> None:
-        """Change batching and timeouts live."""
+        """Change batching, timeouts and the queue-time bound live."""
         self._update(
             batch_size=batch_size,
             max_batch_delay_ms=max_batch_delay_ms,
             response_timeout_s=response_timeout_s,
+            max_queue_delay_ms=max_queue_delay_ms,
         )
+        self.admission.configure(max_queue_delay_ms)  # None: unchanged
         self.queue.configure(
             batch_size=batch_size,
             max_delay_s=None if max_batch_delay_ms is None else max_batch_delay_ms / 1000,
@@ -335,13 +341,7 @@ class ModelVersion:
             raise
 
     def _admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
-        if self.closing:
-            raise ShuttingDown("The server is shutting down")
-        if not any(s.may_serve for s in self.slots):
-            raise NoWorker(  # TorchServe 0.12's words, less its sequence-batching advice
-                f'Model "{self.name}" has no worker to serve inference request. '
-                "Please use scale workers API to add workers."
-            )
+        refuse(self)  # 503 at once: shutting down, no worker, over max_queue_delay_ms
         loop = asyncio.get_running_loop()
         now = clock()
         timeout_ms = self.settings.client_timeout_ms

@@ -12,7 +12,9 @@ Contract:
   deadline. Every
   ``probe_interval`` seconds it waits once anyway to refresh the estimate.
 * Requests whose caller left (future done) are dropped before dispatch; requests past their
-  deadline are answered with :class:`RequestTimeout` and never run.
+  deadline are answered with :class:`RequestTimeout` and never run; requests queued longer than
+  ``max_wait_s`` (the model's ``max_queue_delay_ms``, 0: off; see admission.py) are answered
+  503 :class:`Overloaded` and never run, and a batch never waits to fill past that bound.
 * ``take`` pops requests only at its very end, synchronously, so cancelling a waiting ``take``
   loses nothing.
 
@@ -27,11 +29,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from torchbay.server.errors import QueueFull, RequestTimeout, TorchbayError
+from torchbay.server.errors import Overloaded, QueueFull, RequestTimeout, TorchbayError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -118,6 +120,10 @@ class BatchQueue(Generic[T, R]):
         self._wait_time = 0.0
         self._last_wait = float("-inf")
         self._closed: TorchbayError | None = None
+        self.max_wait_s = 0.0  # the queue-time bound (0: off), set by admission.Admission
+        self.retry_after: Callable[[], str] = lambda: "1"  # a 503's Retry-After, ditto
+        self.expired = 0  # requests answered 503 for waiting past max_wait_s
+        self.full = 0  # requests refused because the queue was full
 
     def __len__(self) -> int:
         return len(self._items)
@@ -142,13 +148,18 @@ class BatchQueue(Generic[T, R]):
         if self._closed is not None:
             raise self._closed
         if len(self._items) >= self.capacity:
-            raise QueueFull(
-                f"The queue of this model is full ({self.capacity} requests waiting); retry later",
-                headers={"retry-after": "1"},
-            )
+            self.put_refused()
         self._items.append(item)
         self._arrivals += 1
         self._wake()
+
+    def put_refused(self) -> None:
+        """Raise (and count) the full queue's 503."""
+        self.full += 1
+        raise QueueFull(
+            f"The queue of this model is full ({self.capacity} requests waiting); retry later",
+            headers={"retry-after": self.retry_after()},
+        )
 
     def requeue_front(self, items: Iterable[Pending[T, R]]) -> None:
         """Give back a batch that could not be dispatched (its worker died before it ran)."""
@@ -191,6 +202,8 @@ class BatchQueue(Generic[T, R]):
             if n >= self.batch_size:
                 return self._pop(self.batch_size, now)
             window_end = self._items[0].arrival + self.max_delay_s
+            if self.max_wait_s > 0:  # filling a batch may use half the queue-time bound
+                window_end = min(window_end, self._items[0].arrival + self.max_wait_s / 2)
             remaining = window_end - now
             if remaining <= 0 or not self._worth_waiting(now, remaining):
                 return self._pop(n, now)
@@ -227,7 +240,11 @@ class BatchQueue(Generic[T, R]):
         items = self._items
         if not items:
             return
-        if all(not p.future.done() and (p.deadline is None or p.deadline > now) for p in items):
+        oldest = now - self.max_wait_s if self.max_wait_s > 0 else float("-inf")
+        if all(
+            not p.future.done() and (p.deadline is None or p.deadline > now) and p.arrival > oldest
+            for p in items
+        ):
             return
         alive: list[Pending[T, R]] = []
         for p in items:
@@ -235,6 +252,14 @@ class BatchQueue(Generic[T, R]):
                 continue  # the caller left or was answered already
             if p.deadline is not None and p.deadline <= now:
                 reject(p.future, RequestTimeout("The request waited past its deadline; not run"))
+                continue
+            if p.arrival <= oldest:
+                self.expired += 1
+                reject(p.future, Overloaded(
+                    f"The request waited past the model's queue-time bound of "
+                    f"{self.max_wait_s * 1000:g} ms; not run",
+                    headers={"retry-after": self.retry_after()},
+                ))  # fmt: skip
                 continue
             alive.append(p)
         items.clear()

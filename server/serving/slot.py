@@ -35,7 +35,7 @@ from torchbay.server.errors import HandlerFailed, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.handle import Spawned, WorkerLoadError, WorkerProcess, WorkerState
 from torchbay.server.serving.launch import ModelSettings, Placement
-from torchbay.server.serving.queue import BatchQueue, Pending, reject, resolve
+from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject, resolve
 from torchbay.server.serving.streams import BatchStreams
 
 log = logging.getLogger("torchbay.model")
@@ -62,6 +62,7 @@ class BatchRecord:
     queue_times_s: list[float]
     timings_ms: dict[str, float]
     metrics: list[dict[str, Any]]
+    run_s: float = 0.0  # the batch's wall time on its worker (admission's service rate)
 
 
 class SlotEvents:
@@ -103,6 +104,7 @@ async def run_batch(
     parts go to its ``Parts``, see streams.py); the batch's record, or None when the whole batch
     failed (worker died, timeout, wrong result count)."""
     streams = BatchStreams(worker, batch, settings.max_response_size, key)
+    started = clock()
     try:
         result = await worker.infer(
             [item.payload for item in batch], settings.response_timeout_s or None, streams.on_part
@@ -136,6 +138,7 @@ async def run_batch(
         queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],
         timings_ms=result.timings,
         metrics=result.metrics,
+        run_s=clock() - started,
     )
 
 
