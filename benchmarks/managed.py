@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -275,3 +277,118 @@ class ManagedServer(procstat.LoggedServer):
                 return time.monotonic() - self.started_at
             time.sleep(0.01)  # the model answered non-200 or not yet: poll, bounded by deadline
         raise BenchError(f"no 200 from {path} within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel reports free now (TorchServe cannot bind port 0 and say which it got)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def find_torchserve(spec: str | Path | None) -> Path | None:
+    """The ``torchserve`` script of ``spec`` (a venv folder, its ``bin/`` or the script itself);
+    None when it is not given or not there (the TorchServe columns then say "not run")."""
+    if not spec:
+        return None
+    path = Path(spec).expanduser()
+    for candidate in (path, path / "torchserve", path / "bin" / "torchserve"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate.resolve()
+    return None
+
+
+def torchserve_properties(
+    models_json: dict[str, Any], ports: tuple[int, int, int], extra: dict[str, Any]
+) -> str:
+    """TorchServe's config.properties: loopback addresses on ``ports`` (inference, management,
+    metrics), Prometheus metrics (its default log mode is slower), the same ``models={...}`` and
+    ``extra`` keys (job_queue_size, ...) that torchbay gets."""
+    inference, management, metrics = ports
+    lines = [
+        f"inference_address=http://127.0.0.1:{inference}",
+        f"management_address=http://127.0.0.1:{management}",
+        f"metrics_address=http://127.0.0.1:{metrics}",
+        "metrics_mode=prometheus",
+        f"models={json.dumps(models_json)}",
+        *(f"{key}={value}" for key, value in extra.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class TorchServeServer(ManagedServer):
+    """TorchServe 0.12 in the foreground (``--foreground``, so stopping its tree stops the JVM and
+    its Python workers), ready when the management API lists every model's workers READY.
+    ``TMPDIR`` is its run folder: TorchServe keeps a pid file there and refuses to start beside
+    another instance that shares it."""
+
+    models: tuple[str, ...] = ()
+
+    @classmethod
+    def build(
+        cls,
+        torchserve: Path,
+        model_store: Path,
+        models: dict[str, str],
+        run_dir: Path,
+        models_json: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> TorchServeServer:
+        """``models`` maps a model name to its ``.mar`` in ``model_store``."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ports = (free_port(), free_port(), free_port())
+        config = run_dir / "config.properties"
+        config.write_text(torchserve_properties(models_json, ports, extra or {}))
+        cmd = [
+            str(torchserve),
+            *("--start", "--foreground", "--ncs", "--disable-token-auth", "--enable-model-api"),
+            *("--model-store", str(model_store.resolve())),
+            *("--ts-config", str(config.resolve())),
+            "--models",
+            *(f"{name}={mar}" for name, mar in models.items()),
+        ]
+        server = cls(cmd, run_dir, models=tuple(models))
+        server.endpoints = Endpoints("127.0.0.1", *ports)
+        return server
+
+    def start(self) -> Endpoints:
+        assert self.endpoints is not None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.started_at = time.monotonic()
+        env = {**os.environ, "TMPDIR": str(self.run_dir.resolve())}
+        self.proc = subprocess.Popen(
+            self.command, cwd=self.run_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
+        try:
+            self._wait_models()
+        except BenchError:
+            self.stop()
+            raise
+        return self.endpoints
+
+    def _models_ready(self) -> bool:
+        assert self.endpoints is not None and self.endpoints.management_port is not None
+        client = Management(self.endpoints.host, self.endpoints.management_port, timeout=2.0)
+        for name in self.models:
+            try:
+                info = client.describe(name)
+            except BenchError:
+                return False
+            workers = info.get("workers") or []
+            if not workers or any(w.get("status") != "READY" for w in workers):
+                return False
+        return True
+
+    def _wait_models(self) -> None:
+        assert self.proc is not None
+        deadline = self.started_at + self.start_timeout_s
+        while not self._models_ready():
+            if self.proc.poll() is not None:
+                raise BenchError(
+                    f"torchserve exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise BenchError(f"torchserve not ready in {self.start_timeout_s:.0f} s")
+            time.sleep(0.05)  # polls the management API, bounded by the deadline
