@@ -51,12 +51,12 @@ class PhaseStats:
     """One phase as the client saw it; rates per second of the phase's length."""
 
     offered_per_s: float
-    answered: int
+    answered: int  # HTTP answers (connection errors count as unanswered)
     ok: int
     rejected_503: int
     other_errors: int
     late: int  # answered more than LATE_S after the scheduled send
-    goodput_per_s: float  # 200s answered within LATE_S, per second
+    goodput_per_s: float  # 200s answered (by answer time) within the phase, per second
     admitted_p99_ms: float  # p99 of the 200s, from the scheduled send
     p99_ms: float  # p99 of every answer
 
@@ -64,17 +64,28 @@ class PhaseStats:
         return asdict(self)
 
 
-def phase_stats(items: list[Answer], seconds: float, offered_per_s: float) -> PhaseStats:
+def answered_ok_in(items: list[Answer], begin: float, end: float) -> int:
+    """200s whose answer (start + latency) came in [begin, end), whenever they were sent."""
+    return sum(a.status == 200 and begin <= a.start + a.latency < end for a in items)
+
+
+def phase_stats(
+    items: list[Answer], seconds: float, offered_per_s: float, ok_answered: int | None = None
+) -> PhaseStats:
+    """``items`` scheduled in the phase; ``ok_answered``: 200s answered during it (goodput),
+    by default those of ``items`` answered within the phase's length of the first start."""
     ok = [a for a in items if a.status == 200]
-    on_time = [a for a in ok if a.latency <= LATE_S]
+    if ok_answered is None:
+        begin = min((a.start for a in items), default=0.0)
+        ok_answered = answered_ok_in(items, begin, begin + seconds)
     return PhaseStats(
         offered_per_s=offered_per_s,
-        answered=len(items),
+        answered=sum(a.status >= 0 for a in items),
         ok=len(ok),
         rejected_503=sum(a.status == 503 for a in items),
-        other_errors=sum(a.status not in (200, 503) for a in items),
+        other_errors=sum(a.status >= 0 and a.status not in (200, 503) for a in items),
         late=sum(a.latency > LATE_S for a in items),
-        goodput_per_s=len(on_time) / seconds if seconds > 0 else math.nan,
+        goodput_per_s=ok_answered / seconds if seconds > 0 else math.nan,
         admitted_p99_ms=p99_ms(ok),
         p99_ms=p99_ms(items),
     )
@@ -146,17 +157,18 @@ def analyse(
     timeline: bytes,
     capacity: float,
     steps: tuple[tuple[float, float], ...],
-    unanswered: int,
+    timeouts: int,
     sent: int,
 ) -> OverloadOutcome:
-    """``steps`` are the plan's (seconds, rate) phases: pre-overload, overload, recovery."""
+    """``steps`` are the plan's (seconds, rate) phases: pre-overload, overload, recovery;
+    ``timeouts``: requests the generator gave up on (they are not in the timeline)."""
     (pre_s, pre_r), (over_s, over_r), (rec_s, rec_r) = steps
     items = answers(timeline)
     t1, t2, t3 = pre_s, pre_s + over_s, pre_s + over_s + rec_s
-    pre = phase_stats(in_phase(items, 0.0, t1), pre_s, pre_r)
-    overload = phase_stats(in_phase(items, t1, t2), over_s, over_r)
+    pre = phase_stats(in_phase(items, 0.0, t1), pre_s, pre_r, answered_ok_in(items, 0.0, t1))
+    overload = phase_stats(in_phase(items, t1, t2), over_s, over_r, answered_ok_in(items, t1, t2))
     recovery_items = in_phase(items, t2, t3)
-    recovery = phase_stats(recovery_items, rec_s, rec_r)
+    recovery = phase_stats(recovery_items, rec_s, rec_r, answered_ok_in(items, t2, t3))
     normal = NORMAL_FACTOR * pre.p99_ms
     windows = window_p99s(recovery_items, t2, t3)
     return OverloadOutcome(
@@ -164,7 +176,7 @@ def analyse(
         pre=pre,
         overload=overload,
         recovery=recovery,
-        unanswered=unanswered,
+        unanswered=timeouts + sum(a.status < 0 for a in items),
         sent=sent,
         recovery_windows_p99_ms=windows,
         normal_p99_ms=normal,

@@ -15,7 +15,7 @@ import psutil
 from torchbay.benchmarks import round2_overload
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan
-from torchbay.benchmarks.loadplan import CONN_ERROR, TIMEOUT
+from torchbay.benchmarks.loadplan import TIMEOUT
 from torchbay.benchmarks.round2_run import (
     ECHO,
     INPROCESS,
@@ -169,7 +169,7 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
             timeline=True,
         )
         result = ctx.gen.run(plan)
-        lost = result.statuses.get(TIMEOUT, 0) + result.statuses.get(CONN_ERROR, 0)
+        lost = result.statuses.get(TIMEOUT, 0)
         outcome = round2_overload.analyse(result.timeline, capacity, steps, lost, result.sent)
         points = []
         for factor in SWEEP_FACTORS if sweep else ():
@@ -185,7 +185,9 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
             )
             res = ctx.gen.run(plan)
             items = round2_overload.answers(res.timeline)
-            stats = round2_overload.phase_stats(items, d, rate)
+            stats = round2_overload.phase_stats(
+                items, d, rate, round2_overload.answered_ok_in(items, 0.0, d)
+            )
             points.append({"factor": factor, **stats.as_dict()})
     return {"metrics": outcome.metrics(), "detail": outcome.as_dict()}, points
 
