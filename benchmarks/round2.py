@@ -94,9 +94,10 @@ def write(rows: list[RowResult], out: Path, command: str, ctx: Ctx, log=print) -
         "(1 process, keep-alive, raw float32 bodies); 1 intra-op thread per worker "
         f"(handler_raw.py); identical .mar and config.properties; TorchServe: {ts}",
     }
-    sweep = next((r.extra.get("sweep") for r in rows if r.key == "overload"), None)
-    if sweep:
-        path = round2_report.sweep_plot(sweep, out / "round2_overload.png", command)
+    overload = next((r for r in rows if r.key == "overload"), None)
+    if overload is not None and overload.extra.get("sweep"):
+        title = f"{command}\n{overload.settings}"
+        path = round2_report.sweep_plot(overload.extra["sweep"], out / "round2_overload.png", title)
         header["plot"] = str(path.name) if path else None
     markdown = round2_report.render(rows, header)
     (out / "round2.md").write_text(markdown, encoding="utf-8")

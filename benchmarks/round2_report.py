@@ -5,6 +5,7 @@ overload sweep plot (goodput and p99 against offered load, torchbay vs TorchServ
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def sweep_plot(sweep: dict[str, list[dict[str, Any]]], path: Path, title: str) -
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 140), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

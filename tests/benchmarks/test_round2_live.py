@@ -53,7 +53,9 @@ def test_closed_loop_rows_and_start(tmp_path: Path) -> None:
 
 
 def test_in_process_overload_and_two_model_rows(tmp_path: Path) -> None:
-    report, markdown = _run(tmp_path, "--only", "cnn-c16", "overload", "two-models")
+    report, markdown = _run(
+        tmp_path, "--only", "cnn-c16", "overload", "two-models", "--duration", "0.5"
+    )
     rows = report["rows"]
     assert set(rows) == {"cnn-c16", "overload", "two-models"}
     assert _positive(
