@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchbay.benchmarks import managed, procstat, round2_report, runner
+from torchbay.benchmarks import managed, plots, procstat, round2_report, runner
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.round2_rows import ROWS, SWEEP_ESTIMATE
@@ -97,7 +97,7 @@ def write(rows: list[RowResult], out: Path, command: str, ctx: Ctx, log=print) -
     overload = next((r for r in rows if r.key == "overload"), None)
     if overload is not None and overload.extra.get("sweep"):
         title = f"{command}\n{overload.settings}"
-        path = round2_report.sweep_plot(overload.extra["sweep"], out / "round2_overload.png", title)
+        path = plots.sweep_plot(overload.extra["sweep"], out / "round2_overload.png", title)
         header["plot"] = str(path.name) if path else None
     markdown = round2_report.render(rows, header)
     (out / "round2.md").write_text(markdown, encoding="utf-8")

@@ -1,12 +1,10 @@
 """The round-two report: one markdown table per row (system, metric, median, every repeat), its
 ratios and targets (aggregate, every repeat, bound, met?), the JSON of every raw number, and the
-overload sweep plot (goodput and p99 against offered load, torchbay vs TorchServe)."""
+overload sweep plot is ``plots.sweep_plot``)."""
 
 from __future__ import annotations
 
 import math
-import textwrap
-from pathlib import Path
 from typing import Any
 
 from torchbay.benchmarks.round2_run import Ratio, RowResult
@@ -91,35 +89,3 @@ def as_json(rows: list[RowResult], header: dict[str, Any]) -> dict[str, Any]:
             for row in rows
         },
     }
-
-
-def sweep_plot(sweep: dict[str, list[dict[str, Any]]], path: Path, title: str) -> Path | None:
-    """Goodput and admitted p99 against offered load, one line per system; None when empty."""
-    if not any(sweep.values()):
-        return None
-    from torchbay.benchmarks.plots import _pyplot
-
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for system, points in sweep.items():
-        offered = [p["offered_per_s"] for p in points]
-        left.plot(offered, [p["goodput_per_s"] for p in points], marker="o", label=system)
-        right.plot(offered, [p["admitted_p99_ms"] for p in points], marker="o", label=system)
-    top = max(p["offered_per_s"] for points in sweep.values() for p in points)
-    left.plot([0, top], [0, top], ":", color="grey", label="offered")
-    left.set(xlabel="offered req/s", ylabel="goodput (200s/s)", title="goodput")
-    right.set(
-        xlabel="offered req/s",
-        ylabel="p99 of 200s, ms (from scheduled send)",
-        title="admitted p99",
-        yscale="log",
-    )
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(textwrap.fill(title, 140), fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
