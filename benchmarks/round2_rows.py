@@ -254,7 +254,7 @@ def row_overload(ctx: Ctx) -> RowResult:
                 "max",
             ),
             Ratio(
-                f"{s}: seconds until normal after the overload",
+                f"{s}: seconds until normal after the overload (n/a: not normal by the end)",
                 row.series(s, "recovery_s"),
                 RECOVERY_BOUND_S,
                 "<=",

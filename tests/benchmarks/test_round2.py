@@ -10,10 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import managed, round2_overload
+from torchbay.benchmarks import managed, round2_overload, round2_report
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadPlan, Target, stepped_offsets
-from torchbay.benchmarks.round2_run import TORCHBAY_ONLY_KEYS, Batching, Ratio, models_json
+from torchbay.benchmarks.round2_run import (
+    TORCHBAY_ONLY_KEYS,
+    Batching,
+    Ratio,
+    RowResult,
+    models_json,
+)
 
 
 def _timeline(rows: list[tuple[float, float, int]]) -> bytes:
@@ -110,3 +116,20 @@ def test_torchserve_kind_command_line_and_properties(tmp_path: Path) -> None:
     assert (entry["batchSize"], entry["maxBatchDelay"], entry["minWorkers"]) == (8, 10, 2)
     assert entry["marName"] == "cnn.mar"
     assert not set(TORCHBAY_ONLY_KEYS) & set(props)
+
+
+def test_row_markdown_shows_every_repeat_targets_and_not_run() -> None:
+    row = RowResult("cnn-c1", "cnn, c=1, batch 8 vs batch 1", "c=1, delay 10 ms")
+    row.add("torchbay b8", {"req_s": 150.0})
+    row.add("torchbay b8", {"req_s": 160.0})
+    row.not_run["torchserve"] = "not run (no --torchserve)"
+    row.ratios.append(Ratio("torchbay: batch 8 / batch 1", [1.01, 0.96], 0.97, ">=", "min"))
+    row.errors.append("repeat 2 torchbay b1: boom")
+    text = round2_report.row_markdown(row)
+    assert "| torchbay b8 | req_s | 155 | 150, 160 |" in text
+    assert "| torchserve | | not run (no --torchserve) | |" in text
+    assert "| torchbay: batch 8 / batch 1 | 0.96 | 1.01, 0.96 | min >= 0.97 | MISSED |" in text
+    assert "Failures: repeat 2 torchbay b1: boom" in text
+    data = round2_report.as_json([row], {"command": "c"})
+    assert data["rows"]["cnn-c1"]["ratios"][0]["met"] is False
+    json.dumps(data)
