@@ -47,6 +47,8 @@ def row_markdown(row: RowResult) -> str:
             lines.append(f"| {r.name} | {fmt(r.summary())} | {every} | {target} | {met} |")
     if row.errors:
         lines += ["", "Failures: " + "; ".join(row.errors)]
+    if row.notes:
+        lines += ["", "Notes: " + "; ".join(row.notes)]
     return "\n".join(lines) + "\n"
 
 
@@ -84,6 +86,7 @@ def as_json(rows: list[RowResult], header: dict[str, Any]) -> dict[str, Any]:
                     for r in row.ratios
                 ],
                 "errors": row.errors,
+                "notes": row.notes,
                 "extra": row.extra,
             }
             for row in rows

@@ -67,6 +67,10 @@ def _closed_row(
             with serving(ctx, system, {model: batching}, run_dir) as server:
                 result = closed(ctx, target(ctx, server, model, model), conc)
             row.add(label, load_metrics(result))
+            if result.behind:
+                row.notes.append(
+                    f"repeat {rep} {label}: generator behind ({'; '.join(result.behind)})"
+                )
         except (BenchError, psutil.Error) as exc:
             _failed(row, label, rep, exc, ("req_s", "p50_ms", "p99_ms", "errors"))
         ctx.progress(
@@ -171,6 +175,7 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
         result = ctx.gen.run(plan)
         lost = result.statuses.get(TIMEOUT, 0)
         outcome = round2_overload.analyse(result.timeline, capacity, steps, lost, result.sent)
+        behind = result.behind
         points = []
         for factor in SWEEP_FACTORS if sweep else ():
             rate = factor * capacity
@@ -192,8 +197,9 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
                 rate,
                 round2_overload.answered_ok_in(items, 0.0, d),
             )
-            points.append({"factor": factor, **stats.as_dict()})
-    return {"metrics": outcome.metrics(), "detail": outcome.as_dict()}, points
+            points.append({"factor": factor, **stats.as_dict(), "generator_behind": res.behind})
+    detail = {**outcome.as_dict(), "generator_behind": behind}
+    return {"metrics": outcome.metrics(), "detail": detail}, points
 
 
 OVERLOAD_KEYS = (

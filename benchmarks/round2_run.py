@@ -236,6 +236,7 @@ class RowResult:
     not_run: dict[str, str] = field(default_factory=dict)
     ratios: list[Ratio] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. the load generator fell behind
     extra: dict[str, Any] = field(default_factory=dict)
 
     def add(self, system: str, metrics: dict[str, float]) -> None:
