@@ -52,32 +52,38 @@ def test_closed_loop_rows_and_start(tmp_path: Path) -> None:
     assert "python -m torchbay.benchmarks.round2" in markdown
 
 
-def test_in_process_overload_and_two_model_rows(tmp_path: Path) -> None:
-    report, markdown = _run(
-        tmp_path, "--only", "cnn-c16", "overload", "two-models", "--duration", "0.5"
-    )
+def test_in_process_and_two_model_rows(tmp_path: Path) -> None:
+    report, markdown = _run(tmp_path, "--only", "cnn-c16", "two-models", "--duration", "0.5")
     rows = report["rows"]
-    assert set(rows) == {"cnn-c16", "overload", "two-models"}
+    assert set(rows) == {"cnn-c16", "two-models"}
     assert _positive(
         [rows["cnn-c16"]["systems"][s][0]["req_s"] for s in ("in-process", "torchbay")]
     )
-    (detail,) = rows["overload"]["extra"]["detail"]["torchbay"]
+    (two,) = rows["two-models"]["systems"]["torchbay"]
+    assert _positive([two[k] for k in ("alone_a", "alone_b", "together_a", "together_b")])
+    names = [r["name"] for r in rows["two-models"]["ratios"]]
+    assert "combined together / alone" in names
+    for row in rows.values():
+        assert f"### {row['title']}" in markdown
+
+
+def test_overload_row_counts_add_up(tmp_path: Path) -> None:
+    report, markdown = _run(tmp_path, "--only", "overload", "--duration", "0.5")
+    row = report["rows"]["overload"]
+    (detail,) = row["extra"]["detail"]["torchbay"]
     phases = [detail[p] for p in ("pre", "overload", "recovery")]
     assert detail["sent"] > 0
     assert sum(p["answered"] for p in phases) + detail["unanswered"] == detail["sent"]
     for p in phases:
         assert p["ok"] + p["rejected_503"] + p["other_errors"] == p["answered"]
-    (metrics,) = rows["overload"]["systems"]["torchbay"]
+    (metrics,) = row["systems"]["torchbay"]
     assert metrics["capacity_req_s"] > 0
     assert metrics["offered_req_s"] == pytest.approx(4 * metrics["capacity_req_s"])
-    sweep = rows["overload"]["extra"]["sweep"]["torchbay"]
+    sweep = row["extra"]["sweep"]["torchbay"]
     assert [p["factor"] for p in sweep] == [0.5, 1.0, 2.0, 4.0]
     assert all(p["answered"] > 0 for p in sweep)
     assert (tmp_path / "out" / "round2_overload.png").stat().st_size > 1000
-    (two,) = rows["two-models"]["systems"]["torchbay"]
-    assert _positive([two[k] for k in ("alone_a", "alone_b", "together_a", "together_b")])
-    for row in rows.values():
-        assert f"### {row['title']}" in markdown
+    assert f"### {row['title']}" in markdown and "round2_overload.png" in markdown
 
 
 @pytest.mark.skipif(not (TS_VENV / "bin" / "torchserve").exists(), reason="no TorchServe here")
