@@ -62,7 +62,7 @@ def _closed_row(
 ) -> None:
     """Each (label, system, model, batching, concurrency): a fresh server, warm-up, measure."""
     for label, system, model, batching, conc in runs:
-        run_dir = ctx.out_dir / "runs" / f"{row.key}-{label}-r{rep}"
+        run_dir = ctx.out_dir / "runs" / f"{row.key}-{label.replace(' ', '-')}-r{rep}"
         try:
             with serving(ctx, system, {model: batching}, run_dir) as server:
                 result = closed(ctx, target(ctx, server, model, model), conc)
