@@ -13,9 +13,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,8 +289,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def find_torchserve(spec: str | Path | None) -> Path | None:
-    """The ``torchserve`` script of ``spec`` (a venv folder, its ``bin/`` or the script itself);
-    None when it is not given or not there (the TorchServe columns then say "not run")."""
+    """The ``torchserve`` script of ``spec`` (a venv, its bin/ or the script); None if absent."""
     if not spec:
         return None
     path = Path(spec).expanduser()
@@ -301,9 +302,8 @@ def find_torchserve(spec: str | Path | None) -> Path | None:
 def torchserve_properties(
     models_json: dict[str, Any], ports: tuple[int, int, int], extra: dict[str, Any]
 ) -> str:
-    """TorchServe's config.properties: loopback addresses on ``ports`` (inference, management,
-    metrics), Prometheus metrics (its default log mode is slower), the same ``models={...}`` and
-    ``extra`` keys (job_queue_size, ...) that torchbay gets."""
+    """TorchServe's config.properties: loopback ``ports`` (inference, management, metrics),
+    Prometheus metrics (log mode is slower), and the ``models={...}`` and keys torchbay gets."""
     inference, management, metrics = ports
     lines = [
         f"inference_address=http://127.0.0.1:{inference}",
@@ -318,12 +318,12 @@ def torchserve_properties(
 
 @dataclass
 class TorchServeServer(ManagedServer):
-    """TorchServe 0.12 in the foreground (``--foreground``, so stopping its tree stops the JVM and
-    its Python workers), ready when the management API lists every model's workers READY.
-    ``TMPDIR`` is its run folder: TorchServe keeps a pid file there and refuses to start beside
-    another instance that shares it."""
+    """TorchServe 0.12 with ``--foreground`` (stopping its tree stops the JVM and workers), ready
+    when every model's workers are READY. ``TMPDIR``/``TEMP`` (java.io.tmpdir) are a private folder:
+    its pid file and worker sockets (``.ts.sock.9000``) would clash in a shared /tmp."""
 
     models: tuple[str, ...] = ()
+    tmp_dir: str | None = None
 
     @classmethod
     def build(
@@ -357,7 +357,8 @@ class TorchServeServer(ManagedServer):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self.started_at = time.monotonic()
-        env = {**os.environ, "TMPDIR": str(self.run_dir.resolve())}
+        self.tmp_dir = tempfile.mkdtemp(prefix="tbts-")  # short: a socket path has <= 107 bytes
+        env = {**os.environ, "TMPDIR": self.tmp_dir, "TEMP": self.tmp_dir}
         self.proc = subprocess.Popen(
             self.command, cwd=self.run_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
@@ -367,6 +368,12 @@ class TorchServeServer(ManagedServer):
             self.stop()
             raise
         return self.endpoints
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        super().stop(grace_s)
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
 
     def _models_ready(self) -> bool:
         assert self.endpoints is not None and self.endpoints.management_port is not None
