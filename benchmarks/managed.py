@@ -393,9 +393,7 @@ class TorchServeServer(ManagedServer):
         deadline = self.started_at + self.start_timeout_s
         while not self._models_ready():
             if self.proc.poll() is not None:
-                raise BenchError(
-                    f"torchserve exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
+                raise BenchError(f"torchserve exited ({self.proc.returncode}):\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise BenchError(f"torchserve not ready in {self.start_timeout_s:.0f} s")
             time.sleep(0.05)  # polls the management API, bounded by the deadline

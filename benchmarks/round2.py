@@ -1,7 +1,8 @@
 """Issue 15's table in one command: every row, side by side with TorchServe 0.12 and the ceilings.
 
     python -m torchbay.benchmarks.round2 [--repeat 3] [--duration 10] [--warmup 3]
-        [--torchserve /work/ts-venv] [--only ROW ...] [--out benchmarks/results]
+        [--torchserve /work/ts-venv] [--starts 3] [--only ROW ...]
+        [--out benchmarks/results]
 
 Rows (``--only`` takes these keys): tiny-c16, cnn-c1, cnn-c16, overload, start, two-models
 (``round2_rows.py`` says what each measures). Without ``--torchserve`` (or when it is not found)
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=10.0, help="measured s per run")
     parser.add_argument("--warmup", type=float, default=3.0, help="warm-up s per run")
     parser.add_argument("--torchserve", help="TorchServe 0.12's venv, bin/ or torchserve script")
+    parser.add_argument("--starts", type=int, default=3, help="start-row samples (default 3)")
     parser.add_argument("--only", nargs="+", choices=list(ROWS), help="rows to run (default all)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report, JSON, plot")
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help="models, archives, logs")
@@ -55,8 +57,8 @@ def estimate_s(ctx: Ctx, rows: Sequence[str]) -> float:
 
 def run(argv: Sequence[str] | None = None, log=print) -> int:
     args = build_parser().parse_args(argv)
-    if args.repeat < 1 or args.duration <= 0 or args.warmup < 0:
-        raise BenchError("--repeat >= 1, --duration > 0 and --warmup >= 0, please")
+    if args.repeat < 1 or args.starts < 1 or args.duration <= 0 or args.warmup < 0:
+        raise BenchError("--repeat, --starts >= 1, --duration > 0 and --warmup >= 0, please")
     torchserve = managed.find_torchserve(args.torchserve)
     if args.torchserve and torchserve is None:
         log(f"round2: no torchserve at {args.torchserve}: its columns say 'not run'", flush=True)
@@ -70,7 +72,7 @@ def run(argv: Sequence[str] | None = None, log=print) -> int:
     rows: list[RowResult] = []
     with LoadGenerator(1) as gen:
         ctx = Ctx(args.work, assets, gen, args.duration, args.warmup, args.repeat, torchserve)
-        ctx.log = log
+        ctx.log, ctx.starts = log, args.starts
         ctx.estimate_s = estimate_s(ctx, keys)
         log(
             f"round2: rows {', '.join(keys)}; {ctx.repeat} repeat(s) of {ctx.duration_s:g} s "

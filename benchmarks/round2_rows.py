@@ -281,11 +281,12 @@ def row_start(ctx: Ctx) -> RowResult:
     row = RowResult(
         "start",
         "start to first answer, tiny",
-        "1 worker, batch 1; process start to the first 200 of POST /predictions/tiny",
+        f"1 worker, batch 1; process start to the first 200 of POST /predictions/tiny; "
+        f"{max(ctx.starts, ctx.repeat)} starts per system",
     )
     systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
     body = ctx.assets.body["tiny"].read_bytes()
-    for rep in range(1, ctx.repeat + 1):
+    for rep in range(1, max(ctx.starts, ctx.repeat) + 1):
         for s in systems:
             try:
                 with serving(
@@ -375,7 +376,7 @@ ROWS = {
     "cnn-c1": (row_cnn_c1, lambda c: 4 * (c.warmup_s + c.duration_s + 4)),
     "cnn-c16": (row_cnn_c16, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
     "overload": (row_overload, lambda c: 2 * (c.warmup_s + 4 * c.duration_s + 8)),
-    "start": (row_start, lambda c: 12.0),
+    "start": (row_start, lambda c: 12.0 * max(c.starts, c.repeat) / c.repeat),
     "two-models": (row_two_models, lambda c: 3 * (c.warmup_s + c.duration_s) + 5),
 }
 SWEEP_ESTIMATE = {"overload": lambda c: 2 * 4 * (c.warmup_s + c.duration_s)}

@@ -72,6 +72,7 @@ class Ctx:
     torchserve: Path | None = None
     python: str = sys.executable
     start_timeout_s: float = 120.0
+    starts: int = 3  # the start row's samples per system (at least; ``repeat`` if more)
     estimate_s: float = 0.0
     done_estimate_s: float = 0.0
     started: float = field(default_factory=time.monotonic)

@@ -13,7 +13,7 @@ from torchbay.benchmarks import round2
 
 pytestmark = pytest.mark.timeout(120)
 TS_VENV = Path("/work/ts-venv")
-QUICK = ["--repeat", "1", "--duration", "1", "--warmup", "0.2"]
+QUICK = ["--repeat", "1", "--duration", "1", "--warmup", "0.2", "--starts", "1"]
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[dict, str]:
