@@ -26,6 +26,7 @@ more processes (``--procs``) only on machines with spare cores.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import itertools
@@ -34,7 +35,7 @@ import multiprocessing
 import resource
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -81,6 +82,7 @@ class _Runner:
         self.conns: list[Conn] = []
         self.inflight = 0
         self.last_activity = start_at
+        self.timeline = array.array("d")
 
     async def _connect(self) -> Conn:
         loop = asyncio.get_running_loop()
@@ -125,6 +127,10 @@ class _Runner:
         self.inflight -= 1
         self.last_activity = done
         self.rec.record(scheduled, sent, done, status)
+        if self.plan.timeline:
+            start = sent if scheduled is None else scheduled
+            code = float(status) if status.isdigit() else -1.0
+            self.timeline.extend((start - self.window_start, done - start, code))
 
     async def _closed_worker(self) -> None:
         conn: Conn | None = None
@@ -166,9 +172,16 @@ class _Runner:
         self._idle: list[asyncio.Future] = []
         workers: list[asyncio.Task] = []
         cap = max(1, self.plan.max_connections)
-        offsets = arrival_offsets(
-            self.share.rate, arrival=self.plan.arrival, seed=self.share.seed, phase=self.share.phase
-        )
+        if self.plan.steps:
+            scale = self.share.rate / self.plan.rate
+            offsets = stepped_offsets(self.plan.steps, scale, self.share.phase)
+        else:
+            offsets = arrival_offsets(
+                self.share.rate,
+                arrival=self.plan.arrival,
+                seed=self.share.seed,
+                phase=self.share.phase,
+            )
         for offset in offsets:
             scheduled = self.start_at + offset
             if scheduled >= self.end or not self._take_budget(scheduled):
@@ -228,6 +241,7 @@ class _Runner:
             cpu_s=_cpu_s() - cpu0,
             wall_s=time.monotonic() - wall0,
             capped=self.capped,
+            timeline=self.timeline.tobytes(),
         )
 
     def _count_timeouts(self) -> None:
@@ -235,6 +249,20 @@ class _Runner:
         missing = self.rec.sent - answered
         if missing > 0:
             self.rec.statuses[TIMEOUT] += missing
+
+
+def stepped_offsets(
+    steps: tuple[tuple[float, float], ...], scale: float = 1.0, phase: float = 0.0
+) -> Iterator[float]:
+    """Constant arrivals at ``rate * scale`` for ``seconds`` per step, the steps back to back."""
+    begin = 0.0
+    for seconds, rate in steps:
+        gap = 1.0 / (rate * scale)
+        k = 0
+        while (offset := begin + (k + phase) * gap) < begin + seconds:
+            yield offset
+            k += 1
+        begin += seconds
 
 
 def _cpu_s() -> float:

@@ -59,8 +59,18 @@ class LoadPlan:
     timeout_s: float = 10.0
     seed: int = 0
     max_connections: int = 1024
+    # Open loop in phases run back to back: ((seconds, rate), ...), constant arrivals; ``rate``
+    # must then be the highest step (it splits over processes) and ``duration_s`` their sum.
+    steps: tuple[tuple[float, float], ...] = ()
+    timeline: bool = False  # keep (start, latency, status) of every answer: LoadResult.timeline
 
     def check(self) -> None:
+        if self.steps and (
+            self.mode != "open"
+            or any(not (sec > 0 and r > 0) for sec, r in self.steps)
+            or self.rate != max(r for _, r in self.steps)
+        ):
+            raise BenchError("steps need open loop, positive seconds and rates, rate = max step")
         if self.mode == "closed" and self.concurrency < 1:
             raise BenchError("closed loop needs concurrency >= 1")
         if self.mode == "open" and not self.rate > 0:
@@ -97,6 +107,7 @@ class Part:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     capped: bool = False
+    timeline: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,9 @@ class LoadResult:
     generator_cpu_pct: list[float]
     behind: list[str]
     generator_cpu_s: float = 0.0
+    # With LoadPlan.timeline: flat float64 triples per answer, (start s after the window opened
+    # (scheduled send in open loop), latency s, HTTP status or -1 for a connection error).
+    timeline: bytes = field(default=b"", repr=False)
 
     @property
     def errors(self) -> int:
@@ -184,8 +198,10 @@ def split_plan(plan: LoadPlan, processes: int) -> list[Share]:
 def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
     """Combine the processes' measurements into one :class:`LoadResult`."""
     latency, service, lag = array.array("d"), array.array("d"), array.array("d")
+    timeline = array.array("d")
     statuses: Counter[str] = Counter()
     for part in parts:
+        timeline.frombytes(part.timeline)
         latency.frombytes(part.latency)
         service.frombytes(part.service)
         lag.frombytes(part.lag)
@@ -226,4 +242,5 @@ def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
         generator_cpu_pct=cpu_pct,
         behind=behind,
         generator_cpu_s=sum(p.cpu_s for p in parts),
+        timeline=timeline.tobytes(),
     )

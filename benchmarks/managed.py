@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -275,3 +279,121 @@ class ManagedServer(procstat.LoggedServer):
                 return time.monotonic() - self.started_at
             time.sleep(0.01)  # the model answered non-200 or not yet: poll, bounded by deadline
         raise BenchError(f"no 200 from {path} within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel reports free now (TorchServe cannot bind port 0 and say which it got)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def find_torchserve(spec: str | Path | None) -> Path | None:
+    """The ``torchserve`` script of ``spec`` (a venv, its bin/ or the script); None if absent."""
+    if not spec:
+        return None
+    path = Path(spec).expanduser()
+    for candidate in (path, path / "torchserve", path / "bin" / "torchserve"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate.resolve()
+    return None
+
+
+def torchserve_properties(
+    models_json: dict[str, Any], ports: tuple[int, int, int], extra: dict[str, Any]
+) -> str:
+    """TorchServe's config.properties: loopback ``ports`` (inference, management, metrics),
+    Prometheus metrics (log mode is slower), and the ``models={...}`` and keys torchbay gets."""
+    inference, management, metrics = ports
+    lines = [
+        f"inference_address=http://127.0.0.1:{inference}",
+        f"management_address=http://127.0.0.1:{management}",
+        f"metrics_address=http://127.0.0.1:{metrics}",
+        "metrics_mode=prometheus",
+        f"models={json.dumps(models_json)}",
+        *(f"{key}={value}" for key, value in extra.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class TorchServeServer(ManagedServer):
+    """TorchServe 0.12 with ``--foreground`` (stopping its tree stops the JVM and workers), ready
+    when every model's workers are READY. ``TMPDIR``/``TEMP`` (java.io.tmpdir) are a private folder:
+    its pid file and worker sockets (``.ts.sock.9000``) would clash in a shared /tmp."""
+
+    models: tuple[str, ...] = ()
+    tmp_dir: str | None = None
+
+    @classmethod
+    def build(
+        cls,
+        torchserve: Path,
+        model_store: Path,
+        models: dict[str, str],
+        run_dir: Path,
+        models_json: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> TorchServeServer:
+        """``models`` maps a model name to its ``.mar`` in ``model_store``."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ports = (free_port(), free_port(), free_port())
+        config = run_dir / "config.properties"
+        config.write_text(torchserve_properties(models_json, ports, extra or {}))
+        cmd = [
+            str(torchserve),
+            *("--start", "--foreground", "--ncs", "--disable-token-auth", "--enable-model-api"),
+            *("--model-store", str(model_store.resolve())),
+            *("--ts-config", str(config.resolve())),
+            "--models",
+            *(f"{name}={mar}" for name, mar in models.items()),
+        ]
+        server = cls(cmd, run_dir, models=tuple(models))
+        server.endpoints = Endpoints("127.0.0.1", *ports)
+        return server
+
+    def start(self) -> Endpoints:
+        assert self.endpoints is not None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.started_at = time.monotonic()
+        self.tmp_dir = tempfile.mkdtemp(prefix="tbts-")  # short: a socket path has <= 107 bytes
+        env = {**os.environ, "TMPDIR": self.tmp_dir, "TEMP": self.tmp_dir}
+        self.proc = subprocess.Popen(
+            self.command, cwd=self.run_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
+        try:
+            self._wait_models()
+        except BenchError:
+            self.stop()
+            raise
+        return self.endpoints
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        super().stop(grace_s)
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
+
+    def _models_ready(self) -> bool:
+        assert self.endpoints is not None and self.endpoints.management_port is not None
+        client = Management(self.endpoints.host, self.endpoints.management_port, timeout=2.0)
+        for name in self.models:
+            try:
+                info = client.describe(name)
+            except BenchError:
+                return False
+            workers = info.get("workers") or []
+            if not workers or any(w.get("status") != "READY" for w in workers):
+                return False
+        return True
+
+    def _wait_models(self) -> None:
+        assert self.proc is not None
+        deadline = self.started_at + self.start_timeout_s
+        while not self._models_ready():
+            if self.proc.poll() is not None:
+                raise BenchError(f"torchserve exited ({self.proc.returncode}):\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"torchserve not ready in {self.start_timeout_s:.0f} s")
+            time.sleep(0.05)  # polls the management API, bounded by the deadline

@@ -1,7 +1,9 @@
-"""PNG plots of an SLA search (matplotlib, imported lazily, Agg backend: no display needed).
+"""PNG plots of the benchmarks (matplotlib, imported lazily, Agg backend: no display needed).
 
 - ``latency_vs_throughput.png``: one panel per measured configuration, p50/p90/p99 latency against
   achieved throughput for each open-loop step, with the SLA as a horizontal line.
+- ``round2_overload.png`` (:func:`sweep_plot`): goodput and admitted p99 against offered load,
+  one line per system (``round2.py``'s overload sweep).
 - ``best_throughput.png``: the best rate under the SLA per configuration (skipped and infeasible
   ones shown as empty bars with the reason in the label).
 """
@@ -9,8 +11,9 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.errors import BenchError
 
@@ -99,5 +102,35 @@ def best_throughput(result: SlaResult, path: Path) -> Path:
     ax.tick_params(labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def sweep_plot(sweep: dict[str, list[dict[str, Any]]], path: Path, title: str) -> Path | None:
+    """Goodput and admitted p99 against offered load, one line per system; None when empty."""
+    if not any(sweep.values()):
+        return None
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for system, points in sweep.items():
+        offered = [p["offered_per_s"] for p in points]
+        left.plot(offered, [p["goodput_per_s"] for p in points], marker="o", label=system)
+        right.plot(offered, [p["admitted_p99_ms"] for p in points], marker="o", label=system)
+    top = max(p["offered_per_s"] for points in sweep.values() for p in points)
+    left.plot([0, top], [0, top], ":", color="grey", label="offered")
+    left.set(xlabel="offered req/s", ylabel="goodput (200s/s)", title="goodput")
+    right.set(
+        xlabel="offered req/s",
+        ylabel="p99 of 200s, ms (from scheduled send)",
+        title="admitted p99",
+        yscale="log",
+    )
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(textwrap.fill(title, 140), fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 
 import torch
@@ -44,21 +45,55 @@ def samples_per_second(
     return calls * batch / (now - start)
 
 
+def streams_samples_per_second(
+    model: torch.jit.ScriptModule | torch.nn.Module,
+    shape: tuple[int, ...],
+    batch: int,
+    streams: int,
+    *,
+    seconds: float = 2.0,
+) -> float:
+    """Samples per second of ``streams`` threads each calling ``model`` in its own loop (the
+    limit of ``streams`` single-threaded workers with no server around them), summed."""
+    rates = [0.0] * streams
+    barrier = threading.Barrier(streams)
+
+    def stream(i: int) -> None:
+        barrier.wait()
+        rates[i] = samples_per_second(model, shape, batch, seconds=seconds)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(rates)
+
+
 def measure(
     pt_paths: dict[str, str],
     batches: tuple[int, ...] = DEFAULT_BATCHES,
     *,
     seconds: float = 2.0,
     threads: int = 1,
+    streams: int = 1,
 ) -> dict[str, dict[int, float]]:
-    """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths``."""
+    """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths``; ``streams`` > 1
+    sums that many concurrent single-model loops (threads of ``threads`` intra-op threads)."""
     torch.set_num_threads(threads)
     results: dict[str, dict[int, float]] = {}
     for name, path in pt_paths.items():
         model = torch.jit.load(path).eval()
-        results[name] = {
-            b: samples_per_second(model, SAMPLE_SHAPES[name], b, seconds=seconds) for b in batches
-        }
+        shape = SAMPLE_SHAPES[name]
+        if streams > 1:
+            results[name] = {
+                b: streams_samples_per_second(model, shape, b, streams, seconds=seconds)
+                for b in batches
+            }
+        else:
+            results[name] = {
+                b: samples_per_second(model, shape, b, seconds=seconds) for b in batches
+            }
     return results
 
 
@@ -75,10 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)))
     parser.add_argument("--seconds", type=float, default=2.0, help="wall time per batch size")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--streams", type=int, default=1, help="concurrent loops, summed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     batches = tuple(int(b) for b in args.batches.split(","))
-    results = measure(dict(args.pt), batches, seconds=args.seconds, threads=args.threads)
+    results = measure(
+        dict(args.pt), batches, seconds=args.seconds, threads=args.threads, streams=args.streams
+    )
     if args.json:
         print(json.dumps(results))
     else:

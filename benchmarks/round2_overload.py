@@ -1,0 +1,184 @@
+"""The overload row's arithmetic: phases of one open-loop timeline, goodput, admitted p99,
+unanswered requests, and the time until latency is normal again after the overload.
+
+Pure functions over :attr:`LoadResult.timeline` (triples of start s after the window opened,
+latency s measured from the SCHEDULED send, status or -1). No I/O; ``round2_rows.py`` runs it.
+
+"Normal" (the recovery test): the p99 of the answers scheduled in each 1 s window of the recovery
+phase is within :data:`NORMAL_FACTOR` x the p99 of the pre-overload phase at the same offered load
+(0.5x capacity), and stays so until the end of the phase. ``recovery_s`` is the start of the first
+such window, counted from the end of the overload; NaN when latency never got back to normal.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torchbay.benchmarks.stats import percentile
+
+NORMAL_FACTOR = 2.0
+WINDOW_S = 1.0
+LATE_S = 10.0  # an answer later than this after its scheduled send counts as unanswered
+
+
+@dataclass(frozen=True)
+class Answer:
+    start: float
+    latency: float
+    status: int
+
+
+def answers(timeline: bytes) -> list[Answer]:
+    """The timeline's triples as :class:`Answer` s."""
+    flat = array.array("d")
+    flat.frombytes(timeline)
+    return [Answer(flat[i], flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat) - 2, 3)]
+
+
+def in_phase(items: list[Answer], begin: float, end: float) -> list[Answer]:
+    return [a for a in items if begin <= a.start < end]
+
+
+def p99_ms(items: list[Answer]) -> float:
+    return 1e3 * percentile([a.latency for a in items], 99.0)
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """One phase as the client saw it; rates per second of the phase's length."""
+
+    offered_per_s: float
+    answered: int  # HTTP answers (connection errors count as unanswered)
+    ok: int
+    rejected_503: int
+    other_errors: int
+    late: int  # answered more than LATE_S after the scheduled send
+    goodput_per_s: float  # 200s answered (by answer time) within the phase, per second
+    admitted_p99_ms: float  # p99 of the 200s, from the scheduled send
+    p99_ms: float  # p99 of every answer
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def answered_ok_in(items: list[Answer], begin: float, end: float) -> int:
+    """200s whose answer (start + latency) came in [begin, end), whenever they were sent."""
+    return sum(a.status == 200 and begin <= a.start + a.latency < end for a in items)
+
+
+def phase_stats(
+    items: list[Answer], seconds: float, offered_per_s: float, ok_answered: int | None = None
+) -> PhaseStats:
+    """``items`` scheduled in the phase; ``ok_answered``: 200s answered during it (goodput),
+    by default those of ``items`` answered within the phase's length of the first start."""
+    ok = [a for a in items if a.status == 200]
+    if ok_answered is None:
+        begin = min((a.start for a in items), default=0.0)
+        ok_answered = answered_ok_in(items, begin, begin + seconds)
+    return PhaseStats(
+        offered_per_s=offered_per_s,
+        answered=sum(a.status >= 0 for a in items),
+        ok=len(ok),
+        rejected_503=sum(a.status == 503 for a in items),
+        other_errors=sum(a.status >= 0 and a.status not in (200, 503) for a in items),
+        late=sum(a.latency > LATE_S for a in items),
+        goodput_per_s=ok_answered / seconds if seconds > 0 else math.nan,
+        admitted_p99_ms=p99_ms(ok),
+        p99_ms=p99_ms(items),
+    )
+
+
+def window_p99s(items: list[Answer], begin: float, end: float) -> list[float]:
+    """p99 (ms) of the answers scheduled in each WINDOW_S window of [begin, end); NaN if none."""
+    out = []
+    t = begin
+    while t + WINDOW_S <= end + 1e-9:
+        out.append(p99_ms(in_phase(items, t, t + WINDOW_S)))
+        t += WINDOW_S
+    return out
+
+
+def recovery_seconds(windows: list[float], normal_ms: float) -> float:
+    """Seconds from the phase start until every later window is normal (<= ``normal_ms``);
+    NaN when the last window is not (or nothing was measured)."""
+    if not windows or not math.isfinite(normal_ms):
+        return math.nan
+    back = len(windows)
+    for i in range(len(windows) - 1, -1, -1):
+        if math.isfinite(windows[i]) and windows[i] <= normal_ms:
+            back = i
+        else:
+            break
+    return math.nan if back == len(windows) else back * WINDOW_S
+
+
+@dataclass(frozen=True)
+class OverloadOutcome:
+    capacity_per_s: float
+    pre: PhaseStats
+    overload: PhaseStats
+    recovery: PhaseStats
+    unanswered: int  # never answered (timeouts, connection errors) over the whole run
+    sent: int
+    recovery_windows_p99_ms: list[float]
+    normal_p99_ms: float
+    recovery_s: float
+
+    @property
+    def goodput_ratio(self) -> float:
+        return self.overload.goodput_per_s / self.capacity_per_s
+
+    def metrics(self) -> dict[str, float]:
+        """The figures the report shows per repeat."""
+        return {
+            "capacity_req_s": self.capacity_per_s,
+            "offered_req_s": self.overload.offered_per_s,
+            "goodput_req_s": self.overload.goodput_per_s,
+            "goodput_ratio": self.goodput_ratio,
+            "admitted_p99_ms": self.overload.admitted_p99_ms,
+            "unanswered_10s": self.unanswered + self.overload.late + self.recovery.late,
+            "503_overload": self.overload.rejected_503,
+            "503_recovery": self.recovery.rejected_503,
+            "pre_p99_ms": self.pre.p99_ms,
+            "recovery_s": self.recovery_s,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k not in ("pre", "overload", "recovery")}
+        for name in ("pre", "overload", "recovery"):
+            out[name] = getattr(self, name).as_dict()
+        return out
+
+
+def analyse(
+    timeline: bytes,
+    capacity: float,
+    steps: tuple[tuple[float, float], ...],
+    timeouts: int,
+    sent: int,
+) -> OverloadOutcome:
+    """``steps`` are the plan's (seconds, rate) phases: pre-overload, overload, recovery;
+    ``timeouts``: requests the generator gave up on (they are not in the timeline)."""
+    (pre_s, pre_r), (over_s, over_r), (rec_s, rec_r) = steps
+    items = answers(timeline)
+    t1, t2, t3 = pre_s, pre_s + over_s, pre_s + over_s + rec_s
+    pre = phase_stats(in_phase(items, 0.0, t1), pre_s, pre_r, answered_ok_in(items, 0.0, t1))
+    overload = phase_stats(in_phase(items, t1, t2), over_s, over_r, answered_ok_in(items, t1, t2))
+    recovery_items = in_phase(items, t2, t3)
+    recovery = phase_stats(recovery_items, rec_s, rec_r, answered_ok_in(items, t2, t3))
+    normal = NORMAL_FACTOR * pre.p99_ms
+    windows = window_p99s(recovery_items, t2, t3)
+    return OverloadOutcome(
+        capacity_per_s=capacity,
+        pre=pre,
+        overload=overload,
+        recovery=recovery,
+        unanswered=timeouts + sum(a.status < 0 for a in items),
+        sent=sent,
+        recovery_windows_p99_ms=windows,
+        normal_p99_ms=normal,
+        recovery_s=recovery_seconds(windows, normal),
+    )

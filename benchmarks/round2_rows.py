@@ -1,0 +1,382 @@
+"""The six rows of issue 15's table, each measured ``ctx.repeat`` times side by side (torchbay,
+TorchServe 0.12 when given, and the row's ceiling in the same repeat), as :class:`RowResult` s.
+
+A system that fails in a repeat leaves NaN figures and its error in ``errors``; the other systems
+and rows still run. ``ESTIMATES`` give each row's expected seconds per repeat for the ETA.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+
+import psutil
+
+from torchbay.benchmarks import round2_overload
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan
+from torchbay.benchmarks.loadplan import TIMEOUT
+from torchbay.benchmarks.round2_run import (
+    ECHO,
+    INPROCESS,
+    NOT_RUN,
+    TORCHBAY,
+    TORCHSERVE,
+    Batching,
+    Ctx,
+    Ratio,
+    RowResult,
+    closed,
+    load_metrics,
+    ratio,
+    serving,
+    target,
+)
+
+OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
+SWEEP_FACTORS = (0.5, 1.0, 2.0, 4.0)
+MAX_CONNECTIONS = 256
+QUEUE_DELAY_MS = 200
+JOB_QUEUE_SIZE = 100
+RECOVERY_BOUND_S = 5.0
+CNN_B8_W2 = Batching(8, 10, 2)
+
+
+def _systems(ctx: Ctx, row: RowResult, *names: str) -> list[str]:
+    """``names`` less TorchServe when it was not given (marked "not run")."""
+    if ctx.torchserve is None and TORCHSERVE in names:
+        row.not_run[TORCHSERVE] = f"{NOT_RUN} (no --torchserve)"
+    return [n for n in names if n != TORCHSERVE or ctx.torchserve is not None]
+
+
+def _failed(row: RowResult, system: str, rep: int, exc: Exception, keys: tuple[str, ...]) -> None:
+    row.errors.append(f"repeat {rep} {system}: {str(exc).splitlines()[0]}")
+    row.add(system, dict.fromkeys(keys, math.nan))
+
+
+def _closed_row(
+    ctx: Ctx,
+    row: RowResult,
+    runs: list[tuple[str, str, str, Batching, int]],
+    rep: int,
+) -> None:
+    """Each (label, system, model, batching, concurrency): a fresh server, warm-up, measure."""
+    for label, system, model, batching, conc in runs:
+        run_dir = ctx.out_dir / "runs" / f"{row.key}-{label.replace(' ', '-')}-r{rep}"
+        try:
+            with serving(ctx, system, {model: batching}, run_dir) as server:
+                result = closed(ctx, target(ctx, server, model, model), conc)
+            row.add(label, load_metrics(result))
+            if result.behind:
+                row.notes.append(
+                    f"repeat {rep} {label}: generator behind ({'; '.join(result.behind)})"
+                )
+        except (BenchError, psutil.Error) as exc:
+            _failed(row, label, rep, exc, ("req_s", "p50_ms", "p99_ms", "errors"))
+        ctx.progress(
+            f"{row.key} repeat {rep}: {label} {row.series(label, 'req_s')[-1]:,.0f} req/s",
+            ctx.warmup_s + ctx.duration_s + 3,
+        )
+
+
+def row_tiny(ctx: Ctx) -> RowResult:
+    b = Batching(8, 5, 1)
+    row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.label()}")
+    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
+    for rep in range(1, ctx.repeat + 1):
+        _closed_row(ctx, row, [(s, s, "tiny", b, 16) for s in systems], rep)
+    tb = row.series(TORCHBAY, "req_s")
+    row.ratios.append(Ratio("torchbay / bare ASGI", _div(tb, row.series(ECHO, "req_s")), 0.40))
+    if TORCHSERVE in systems:
+        row.ratios.append(Ratio("torchbay / TorchServe", _div(tb, row.series(TORCHSERVE, "req_s"))))
+    return row
+
+
+def row_cnn_c1(ctx: Ctx) -> RowResult:
+    b1, b8 = Batching(1, 10, 1), Batching(8, 10, 1)
+    row = RowResult("cnn-c1", "cnn, c=1, batch 8 vs batch 1", "c=1, delay 10 ms, 1 worker")
+    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
+    runs = [(f"{s} b{b.batch_size}", s, "cnn", b, 1) for s in systems for b in (b1, b8)]
+    for rep in range(1, ctx.repeat + 1):
+        _closed_row(ctx, row, runs, rep)
+    for s in systems:
+        values = _div(row.series(f"{s} b8", "req_s"), row.series(f"{s} b1", "req_s"))
+        bound = 0.97 if s == TORCHBAY else None
+        row.ratios.append(Ratio(f"{s}: batch 8 / batch 1", values, bound, ">=", "min"))
+    return row
+
+
+def inprocess_limit(ctx: Ctx, batch: int, streams: int) -> float:
+    """samples/s of ``streams`` single-threaded loops of the cnn in one fresh process."""
+    import json
+    import subprocess
+
+    cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess", "--json"]
+    cmd += ["--pt", f"cnn={ctx.assets.pt['cnn']}", "--batches", str(batch)]
+    cmd += ["--streams", str(streams), "--seconds", str(ctx.duration_s)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
+    return float(json.loads(proc.stdout)["cnn"][str(batch)])
+
+
+def row_cnn_c16(ctx: Ctx) -> RowResult:
+    b = CNN_B8_W2
+    row = RowResult(
+        "cnn-c16",
+        "cnn, c=16, batch 8, 2 workers",
+        f"c=16, {b.label()}; in-process: 2 threads x 1 intra-op thread, batch 8",
+    )
+    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
+    for rep in range(1, ctx.repeat + 1):
+        try:
+            row.add(INPROCESS, {"req_s": inprocess_limit(ctx, 8, 2)})
+        except BenchError as exc:
+            _failed(row, INPROCESS, rep, exc, ("req_s",))
+        ctx.progress(f"{row.key} repeat {rep}: in-process limit", ctx.duration_s + 3)
+        _closed_row(ctx, row, [(s, s, "cnn", b, 16) for s in systems], rep)
+    limit = row.series(INPROCESS, "req_s")
+    for s in systems:
+        bound = 0.90 if s == TORCHBAY else None
+        row.ratios.append(
+            Ratio(f"{s} / in-process", _div(row.series(s, "req_s"), limit), bound, ">=", "min")
+        )
+    return row
+
+
+def _div(top: list[float], bottom: list[float]) -> list[float]:
+    return [ratio(t, b) for t, b in zip(top, bottom, strict=False)]
+
+
+def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, list[dict]]:
+    """Capacity (closed loop, c=16), then one open-loop run: 0.5x, 4x, 0.5x capacity for
+    ``duration_s`` each (at most 256 connections); with ``sweep``, one open-loop run per factor."""
+    props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
+    run_dir = ctx.out_dir / "runs" / f"overload-{system}-r{rep}"
+    with serving(ctx, system, {"cnn": CNN_B8_W2}, run_dir, props=props) as server:
+        tgt = target(ctx, server, "cnn", "cnn")
+        capacity = closed(ctx, tgt, 16).ok_per_s
+        d = ctx.duration_s
+        steps = (
+            (d, RECOVERY_FACTOR * capacity),
+            (d, OVERLOAD_FACTOR * capacity),
+            (d, RECOVERY_FACTOR * capacity),
+        )
+        plan = LoadPlan(
+            tgt,
+            "open",
+            rate=max(r for _, r in steps),
+            steps=steps,
+            duration_s=3 * d,
+            timeout_s=round2_overload.LATE_S,
+            max_connections=MAX_CONNECTIONS,
+            timeline=True,
+        )
+        result = ctx.gen.run(plan)
+        lost = result.statuses.get(TIMEOUT, 0)
+        outcome = round2_overload.analyse(result.timeline, capacity, steps, lost, result.sent)
+        behind = result.behind
+        points = []
+        for factor in SWEEP_FACTORS if sweep else ():
+            rate = factor * capacity
+            plan = LoadPlan(
+                tgt,
+                "open",
+                rate=rate,
+                duration_s=d,
+                warmup_s=ctx.warmup_s,  # steady state: the window opens on a running load
+                timeline=True,
+                timeout_s=round2_overload.LATE_S,
+                max_connections=MAX_CONNECTIONS,
+            )
+            res = ctx.gen.run(plan)
+            items = round2_overload.answers(res.timeline)
+            stats = round2_overload.phase_stats(
+                round2_overload.in_phase(items, 0.0, d),
+                d,
+                rate,
+                round2_overload.answered_ok_in(items, 0.0, d),
+            )
+            points.append({"factor": factor, **stats.as_dict(), "generator_behind": res.behind})
+    detail = {**outcome.as_dict(), "generator_behind": behind}
+    return {"metrics": outcome.metrics(), "detail": detail}, points
+
+
+OVERLOAD_KEYS = (
+    "capacity_req_s",
+    "goodput_ratio",
+    "admitted_p99_ms",
+    "unanswered_10s",
+    "503_overload",
+    "503_recovery",
+    "recovery_s",
+)
+
+
+def row_overload(ctx: Ctx) -> RowResult:
+    row = RowResult(
+        "overload",
+        "cnn, 4x overload, then recovery at 0.5x",
+        f"{CNN_B8_W2.label()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
+        f"max_queue_delay_ms {QUEUE_DELAY_MS} (TorchServe has none); capacity: closed "
+        f"loop c=16; then open loop 0.5x / 4x / 0.5x capacity, {ctx.duration_s:g} s "
+        f"each, 48 KiB bodies, <= {MAX_CONNECTIONS} connections, latency from the "
+        "scheduled send; goodput = 200s answered within the overload phase per second; "
+        "normal = p99 of each 1 s window <= 2x the pre-overload p99; sweep (repeat 1 only): "
+        "open loop at 0.5/1/2/4x capacity, warm-up then the same window each",
+    )
+    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
+    row.extra["sweep"], row.extra["detail"] = {}, {}
+    for rep in range(1, ctx.repeat + 1):
+        for s in systems:
+            try:
+                out, points = overload_once(ctx, s, rep, sweep=rep == 1)
+                row.add(s, out["metrics"])
+                row.extra["detail"].setdefault(s, []).append(out["detail"])
+                if points:
+                    row.extra["sweep"][s] = points
+            except (BenchError, psutil.Error) as exc:
+                _failed(row, s, rep, exc, OVERLOAD_KEYS)
+            est = ctx.warmup_s + 4 * ctx.duration_s + 8 + (4 * ctx.duration_s if rep == 1 else 0)
+            ctx.progress(
+                f"overload repeat {rep}: {s} goodput/capacity "
+                f"{row.series(s, 'goodput_ratio')[-1]:.2f}",
+                est,
+            )
+    for s in systems[:1]:
+        row.ratios += [
+            Ratio(f"{s}: goodput / capacity", row.series(s, "goodput_ratio"), 0.90),
+            Ratio(
+                f"{s}: admitted p99 ms (bound: queue delay + 2x pre-overload p99)",
+                row.series(s, "admitted_p99_ms"),
+                QUEUE_DELAY_MS + 2 * _median(row.series(s, "pre_p99_ms")),
+                "<=",
+            ),
+            Ratio(
+                f"{s}: unanswered 10 s after the scheduled send",
+                row.series(s, "unanswered_10s"),
+                0,
+                "<=",
+                "max",
+            ),
+            Ratio(
+                f"{s}: seconds until normal after the overload (n/a: not normal by the end)",
+                row.series(s, "recovery_s"),
+                RECOVERY_BOUND_S,
+                "<=",
+            ),
+        ]
+    if TORCHSERVE in systems:
+        row.ratios.append(
+            Ratio("TorchServe: goodput / capacity", row.series(TORCHSERVE, "goodput_ratio"))
+        )
+    return row
+
+
+def _median(values: list[float]) -> float:
+    return Ratio("", values).summary()
+
+
+def row_start(ctx: Ctx) -> RowResult:
+    row = RowResult(
+        "start",
+        "start to first answer, tiny",
+        f"1 worker, batch 1; process start to the first 200 of POST /predictions/tiny; "
+        f"{max(ctx.starts, ctx.repeat)} starts per system",
+    )
+    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
+    body = ctx.assets.body["tiny"].read_bytes()
+    for rep in range(1, max(ctx.starts, ctx.repeat) + 1):
+        for s in systems:
+            try:
+                with serving(
+                    ctx, s, {"tiny": Batching()}, ctx.out_dir / "runs" / f"start-{s}-r{rep}"
+                ) as server:
+                    row.add(s, {"start_s": server.first_answer("/predictions/tiny", body)})
+            except (BenchError, psutil.Error) as exc:
+                _failed(row, s, rep, exc, ("start_s",))
+            ctx.progress(f"start repeat {rep}: {s} {row.series(s, 'start_s')[-1]:.2f} s", 6)
+    row.ratios.append(
+        Ratio("torchbay start s (median)", row.series(TORCHBAY, "start_s"), 1.0, "<=")
+    )
+    if TORCHSERVE in systems:
+        row.ratios.append(
+            Ratio(
+                "torchbay / TorchServe start",
+                _div(row.series(TORCHBAY, "start_s"), row.series(TORCHSERVE, "start_s")),
+            )
+        )
+    return row
+
+
+def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
+    b = Batching(8, 10, 1)
+    row = RowResult(
+        "two-models",
+        "two models on one host (cnn as cnn_a and cnn_b)",
+        f"torchbay only; one server with both, {b.label()} each; c={concurrency} per "
+        "model; alone: one model driven, the other idle; together: both at once",
+    )
+    names = {"cnn_a": "cnn", "cnn_b": "cnn"}
+    row.not_run[TORCHSERVE] = f"{NOT_RUN} (torchbay's host budget row)"
+    with LoadGenerator(1) as second:
+        for rep in range(1, ctx.repeat + 1):
+            try:
+                row.add(TORCHBAY, _two_models_once(ctx, names, b, concurrency, rep, second))
+            except (BenchError, psutil.Error) as exc:
+                _failed(row, TORCHBAY, rep, exc, ("alone_a", "alone_b", "together_a", "together_b"))
+            ctx.progress(f"two models repeat {rep}", 3 * (ctx.warmup_s + ctx.duration_s) + 5)
+    s = row.series
+    row.ratios += [
+        Ratio("cnn_a together / alone", _div(s(TORCHBAY, "together_a"), s(TORCHBAY, "alone_a"))),
+        Ratio("cnn_b together / alone", _div(s(TORCHBAY, "together_b"), s(TORCHBAY, "alone_b"))),
+        Ratio(
+            "combined together / alone",
+            _div(
+                [
+                    a + b
+                    for a, b in zip(
+                        s(TORCHBAY, "together_a"), s(TORCHBAY, "together_b"), strict=True
+                    )
+                ],
+                [
+                    a + b
+                    for a, b in zip(s(TORCHBAY, "alone_a"), s(TORCHBAY, "alone_b"), strict=True)
+                ],
+            ),
+            0.90,
+        ),
+    ]
+    return row
+
+
+def _two_models_once(
+    ctx: Ctx, names: dict[str, str], b: Batching, conc: int, rep: int, second: LoadGenerator
+) -> dict[str, float]:
+    run_dir = ctx.out_dir / "runs" / f"two-models-r{rep}"
+    models = dict.fromkeys(names, b)
+    with serving(ctx, TORCHBAY, models, run_dir, names=names) as server:
+        ta, tb = (target(ctx, server, n, "cnn") for n in names)
+        alone_a = closed(ctx, ta, conc).ok_per_s
+        alone_b = closed(ctx, tb, conc).ok_per_s
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            fa = pool.submit(closed, ctx, ta, conc, ctx.gen)
+            fb = pool.submit(closed, ctx, tb, conc, second)
+            together_a, together_b = fa.result().ok_per_s, fb.result().ok_per_s
+    return {
+        "alone_a": alone_a,
+        "alone_b": alone_b,
+        "together_a": together_a,
+        "together_b": together_b,
+    }
+
+
+ROWS = {
+    "tiny-c16": (row_tiny, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
+    "cnn-c1": (row_cnn_c1, lambda c: 4 * (c.warmup_s + c.duration_s + 4)),
+    "cnn-c16": (row_cnn_c16, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
+    "overload": (row_overload, lambda c: 2 * (c.warmup_s + 4 * c.duration_s + 8)),
+    "start": (row_start, lambda c: 12.0 * max(c.starts, c.repeat) / c.repeat),
+    "two-models": (row_two_models, lambda c: 3 * (c.warmup_s + c.duration_s) + 5),
+}
+SWEEP_ESTIMATE = {"overload": lambda c: 2 * 4 * (c.warmup_s + c.duration_s)}
