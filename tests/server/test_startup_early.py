@@ -65,7 +65,8 @@ def test_the_first_worker_is_spawned_before_the_frontends_heavy_imports(tmp_path
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
 def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_factory):
     """One worker process for one start-up model (the early one, adopted: no second spawn, no
-    spare left), its log lines in model_log.log, and no libtorch in the frontend."""
+    spare left), its log lines in model_log.log, the archive unpacked once, and no libtorch in
+    the frontend."""
     store = build_talk_store(tmp_path_factory, "talk-early")
     cwd, logs = tmp_path / "run", tmp_path / "logs"
     cwd.mkdir()
@@ -95,8 +96,40 @@ def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_fac
         front = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libtorch" not in front
         assert "libtorch" in Path(f"/proc/{workers[0].pid}/maps").read_text()
+        # The archive was unpacked once (TMPDIR is the test's: the registry's work folder).
+        unpacked = list((tmp_path / "tmp").glob("torchbay-models-*/talk-*"))
+        assert len(unpacked) == 1, unpacked
         model_log = (logs / "model_log.log").read_text()
         assert f"worker[{workers[0].pid}]" in model_log, model_log  # its output was forwarded
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc.pid)
+
+
+@pytest.mark.slow
+def test_a_spare_early_worker_is_stopped_once_the_server_is_ready(tmp_path):
+    """``--ts-config`` that names no model: the worker spawned on spec is not left running."""
+    store, cwd = tmp_path / "store", tmp_path / "run"
+    store.mkdir()
+    cwd.mkdir()
+    (cwd / "config.properties").write_text("grpc_inference_port=0\ngrpc_management_port=0\n")
+    ready = cwd / "ready.json"
+    with (cwd / "console.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
+             "--ts-config", "config.properties", "--disable-token-auth",
+             "--ready-file", str(ready), *free_addresses()],
+            cwd=cwd, env=clean_env(tmp_path / "tmp"), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 100
+        while not ready.exists():
+            assert proc.poll() is None, (cwd / "console.log").read_text()
+            assert time.monotonic() < deadline, "never became ready"
+            time.sleep(0.05)
+        assert read_ready(ready)["failed_models"] == {}
+        assert psutil.Process(proc.pid).children() == []
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     finally:
