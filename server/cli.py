@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
@@ -244,6 +243,8 @@ def _server_class(on_ready: Any) -> Any:
 
 
 def _run(server: Any) -> None:
+    import asyncio
+
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
@@ -299,7 +300,10 @@ class EarlyWorkers:
         if log_format != self.log_format:
             self.close()
             return []
-        spawned, self.spawned = self.spawned, []
+        from torchbay.server.serving.handle import Spawned
+
+        spawned = [Spawned(early.proc, early.sock) for early in self.spawned]
+        self.spawned = []
         read_fd, self.read_fd = self.read_fd, -1
         threading.Thread(
             target=_forward, args=(read_fd,), name="torchbay-early-output", daemon=True
@@ -332,23 +336,47 @@ def spawn_early(argv: list[str]) -> EarlyWorkers | None:
     spawns its workers as it always did)."""
     if not _serves_models(argv):
         return None
-    from torchbay.server.serving.handle import spawn_process
-
     log_format = _flag(argv, "--log-format") or "text"
     read_fd, write_fd = os.pipe()
-    saved = os.dup(1), os.dup(2)
-    sys.stdout.flush()
-    sys.stderr.flush()
     try:
-        os.dup2(write_fd, 1)
-        os.dup2(write_fd, 2)
-        spawned = spawn_process(os.environ, log_format=log_format)
+        spawned = _spawn_worker(log_format, write_fd)
     except OSError:
         os.close(read_fd)
         return None
     finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, write_fd):
-            os.close(fd)
+        os.close(write_fd)
     return EarlyWorkers(log_format, [spawned], read_fd)
+
+
+def _spawn_worker(log_format: str, output_fd: int) -> Any:
+    """``serving.handle.spawn_process``'s worker with ``output_fd`` as its stdout and stderr,
+    started before that module (and asyncio, which it imports) is: subprocess and socket only."""
+    import socket
+    import subprocess
+
+    parent, child = socket.socketpair()
+    args = [sys.executable, "-m", "torchbay.server.worker", "--fd", str(child.fileno())]
+    try:
+        proc = subprocess.Popen(
+            [*args, "--log-format", log_format],
+            pass_fds=(child.fileno(),),
+            env=dict(os.environ),
+            stdin=subprocess.DEVNULL,
+            stdout=output_fd,
+            stderr=output_fd,
+            start_new_session=True,  # as spawn_process: the frontend stops it, not a signal
+        )
+    except BaseException:
+        parent.close()
+        raise
+    finally:
+        child.close()
+    return _Early(proc, parent)
+
+
+@dataclass
+class _Early:
+    """What ``Spawned`` holds (``adopt`` makes one of it; close() needs only these two)."""
+
+    proc: Any
+    sock: Any

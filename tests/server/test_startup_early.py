@@ -18,7 +18,7 @@ from torchbay.server.cli import _serves_models
 from .cli_helpers import build_talk_store, clean_env, free_addresses, kill_tree, predict, read_ready
 
 # Heavy frontend imports that must not come before the first worker is spawned.
-_HEAVY = ("torch", "pydantic", "fastapi", "uvicorn", "grpc", "httpx", "yaml")
+_HEAVY = ("torch", "pydantic", "fastapi", "uvicorn", "grpc", "httpx", "yaml", "asyncio")
 
 
 @pytest.mark.parametrize(
@@ -59,6 +59,29 @@ def test_the_first_worker_is_spawned_before_the_frontends_heavy_imports(tmp_path
     assert heavy == "[]"  # none of them loaded when the worker started
     assert spawned == "1 json None"  # one worker, running, told the log format of the flags
     assert closed == "[] True"  # close() stops a worker nobody adopted
+
+
+def test_the_early_worker_runs_what_spawn_process_runs(tmp_path):
+    """spawn_early starts its worker without serving.handle: the same command line, so the two
+    cannot drift apart (the socket's fd number aside)."""
+    from torchbay.server.cli import spawn_early
+    from torchbay.server.serving.handle import spawn_process
+
+    early = spawn_early(["serve", "--models", "a.mar", "--log-format=json"])
+    assert early is not None
+    try:
+        ours = list(early.spawned[0].proc.args)
+        theirs = spawn_process(log_format="json")
+        try:
+            reference = list(theirs.proc.args)
+        finally:
+            theirs.proc.kill()
+            theirs.discard()
+    finally:
+        early.close()
+    fd = ours.index("--fd") + 1
+    ours[fd] = reference[fd] = "N"
+    assert ours == reference
 
 
 @pytest.mark.slow
