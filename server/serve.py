@@ -118,7 +118,8 @@ class TorchbayServer:
 
     def _discard_prewarmed(self) -> None:
         leftovers, self._prewarmed = self._prewarmed, []
-        for spawned in leftovers:
+        for spawned in leftovers:  # idle, never sent a Load: nothing to lose, no wait for its
+            spawned.proc.kill()  # torch import to end before the ready file
             spawned.discard()
 
     def place(self, mv: ModelVersion, slot_index: int, config: ModelConfig) -> Placement:

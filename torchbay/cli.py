@@ -78,9 +78,24 @@ def _debug(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    # `serve` with start-up models: a worker process first, so that its torch import (the
+    # slowest step of a start) overlaps everything below instead of following it.
+    from torchbay.server.cli import spawn_early
+
+    early = spawn_early(words)
+    try:
+        return _main(words, early)
+    finally:
+        if early is not None:
+            early.close()  # those the server did not adopt (a bad flag, a config error, ...)
+
+
+def _main(words: list[str], early: object) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --start` runs it again
+    args = parser.parse_args(words)
+    args.argv = words  # `serve --start` runs it again
+    args.early_workers = early
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

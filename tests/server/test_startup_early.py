@@ -1,0 +1,159 @@
+"""Fast start (issue 15 item 4): ``serve`` spawns its first worker before its own imports, the
+frontend never loads torch, and an idle pre-warmed worker never holds up the ready file.
+
+Structural checks only (what is imported, which process maps what), never timings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torchbay.server.cli import _serves_models
+
+from .cli_helpers import build_talk_store, clean_env, free_addresses, kill_tree, predict, read_ready
+
+# Heavy frontend imports that must not come before the first worker is spawned.
+_HEAVY = ("torch", "pydantic", "fastapi", "uvicorn", "grpc", "httpx", "yaml", "asyncio")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["serve", "--models", "a.mar"], True),
+        (["--debug", "serve", "--ts-config=x.properties"], True),
+        (["serve", "--start", "--foreground", "--models", "a.mar"], True),
+        (["serve", "--start", "--daemon-fd", "5", "--models", "a.mar"], True),  # --start's child
+        (["serve", "--start", "--models", "a.mar"], False),  # --start's parent serves nothing
+        (["serve", "--stop"], False),
+        (["serve", "--models", "a.mar", "--help"], False),
+        (["serve", "--model-store", "s"], False),  # no start-up models: no worker to warm
+        (["models", "list"], False),
+        ([], False),
+    ],
+)
+def test_which_commands_spawn_a_worker_first(argv, expected):
+    assert _serves_models(argv) is expected
+
+
+def test_the_first_worker_is_spawned_before_the_frontends_heavy_imports(tmp_path):
+    code = (
+        "import sys\n"
+        "from torchbay.server.cli import spawn_early\n"
+        "early = spawn_early(['serve', '--models', 'a.mar', '--log-format', 'json'])\n"
+        f"print(sorted(m for m in {_HEAVY!r} if m in sys.modules))\n"
+        "print(len(early.spawned), early.log_format, early.spawned[0].proc.poll())\n"
+        "early.close()\n"
+        "print(early.spawned, early.spawned == [] and early.read_fd == -1)\n"
+    )
+    env = clean_env(tmp_path / "tmp")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    heavy, spawned, closed = out.stdout.splitlines()
+    assert heavy == "[]"  # none of them loaded when the worker started
+    assert spawned == "1 json None"  # one worker, running, told the log format of the flags
+    assert closed == "[] True"  # close() stops a worker nobody adopted
+
+
+def test_the_early_worker_runs_what_spawn_process_runs(tmp_path):
+    """spawn_early starts its worker without serving.handle: the same command line, so the two
+    cannot drift apart (the socket's fd number aside)."""
+    from torchbay.server.cli import spawn_early
+    from torchbay.server.serving.handle import spawn_process
+
+    early = spawn_early(["serve", "--models", "a.mar", "--log-format=json"])
+    assert early is not None
+    try:
+        ours = list(early.spawned[0].proc.args)
+        theirs = spawn_process(log_format="json")
+        try:
+            reference = list(theirs.proc.args)
+        finally:
+            theirs.proc.kill()
+            theirs.discard()
+    finally:
+        early.close()
+    fd = ours.index("--fd") + 1
+    ours[fd] = reference[fd] = "N"
+    assert ours == reference
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_factory):
+    """One worker process for one start-up model (the early one, adopted: no second spawn, no
+    spare left), its log lines in model_log.log, the archive unpacked once, and no libtorch in
+    the frontend."""
+    store = build_talk_store(tmp_path_factory, "talk-early")
+    cwd, logs = tmp_path / "run", tmp_path / "logs"
+    cwd.mkdir()
+    (cwd / "config.properties").write_text("grpc_inference_port=0\ngrpc_management_port=0\n")
+    env = clean_env(tmp_path / "tmp", LOG_LOCATION=str(logs))
+    ready = cwd / "ready.json"
+    with (cwd / "console.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
+             "--models", "talk=talk.mar", "--ts-config", "config.properties",
+             "--disable-token-auth", "--ready-file", str(ready), *free_addresses()],
+            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 100
+        while not ready.exists():
+            assert proc.poll() is None, (cwd / "console.log").read_text()
+            assert time.monotonic() < deadline, "never became ready"
+            time.sleep(0.05)
+        info = read_ready(ready)
+        assert info["failed_models"] == {}
+        assert info["grpc_inference"] > 0
+        assert predict(info["inference"]).status_code == 200
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 1, [w.cmdline() for w in workers]
+        assert "torchbay.server.worker" in workers[0].cmdline()
+        front = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "libtorch" not in front
+        assert "libtorch" in Path(f"/proc/{workers[0].pid}/maps").read_text()
+        # The archive was unpacked once (TMPDIR is the test's: the registry's work folder).
+        unpacked = list((tmp_path / "tmp").glob("torchbay-models-*/talk-*"))
+        assert len(unpacked) == 1, unpacked
+        model_log = (logs / "model_log.log").read_text()
+        assert f"worker[{workers[0].pid}]" in model_log, model_log  # its output was forwarded
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc.pid)
+
+
+@pytest.mark.slow
+def test_a_spare_early_worker_is_stopped_once_the_server_is_ready(tmp_path):
+    """``--ts-config`` that names no model: the worker spawned on spec is not left running."""
+    store, cwd = tmp_path / "store", tmp_path / "run"
+    store.mkdir()
+    cwd.mkdir()
+    (cwd / "config.properties").write_text("grpc_inference_port=0\ngrpc_management_port=0\n")
+    ready = cwd / "ready.json"
+    with (cwd / "console.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
+             "--ts-config", "config.properties", "--disable-token-auth",
+             "--ready-file", str(ready), *free_addresses()],
+            cwd=cwd, env=clean_env(tmp_path / "tmp"), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 100
+        while not ready.exists():
+            assert proc.poll() is None, (cwd / "console.log").read_text()
+            assert time.monotonic() < deadline, "never became ready"
+            time.sleep(0.05)
+        assert read_ready(ready)["failed_models"] == {}
+        assert psutil.Process(proc.pid).children() == []
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc.pid)
