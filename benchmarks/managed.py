@@ -1,7 +1,7 @@
 """A server under test: endpoints and keys of a running one, or one started from an archive.
 
 :class:`ManagedServer` is the one way a server under test starts: ``torchbay serve`` (port 0 for
-all three listeners, token auth on by default, keys read from the ``key_file.json`` it writes in
+all three listeners and gRPC, token auth on by default, keys read from the ``key_file.json`` it writes in
 its run folder) or a ceiling server; it waits for the ``--ready-file`` (written once the startup
 model loaded; a model that failed to load is an error) and stops the whole process tree at the
 end. :class:`Management` talks to the management API: describe a model, and set batch size, delay
@@ -54,8 +54,7 @@ def read_key_file(path: str | Path) -> tuple[str | None, str | None]:
 
 
 def parse_url(url: str) -> tuple[str, int, str]:
-    """(host, port, path) of an ``http://`` URL; https is refused (the generator speaks plain
-    HTTP/1.1 on loopback or a trusted network)."""
+    """(host, port, path) of an ``http://`` URL; https is refused (plain HTTP/1.1 only)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise BenchError(f"{url!r}: give an http://host:port URL")
@@ -223,11 +222,13 @@ class ManagedServer(procstat.LoggedServer):
         self.ready_file.unlink(missing_ok=True)
         self._log = self.log_path.open("wb")
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(
+        free_grpc = {f"TORCHBAY_GRPC_{k}_PORT": "0" for k in ("INFERENCE", "MANAGEMENT")}
+        self.proc = subprocess.Popen(  # gRPC on free ports: never 7070/7071 of another server
             [*self.command, "--ready-file", str(self.ready_file)],
             cwd=self.run_dir,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            env={**free_grpc, **os.environ},
         )
         try:
             ready = self._wait_ready()

@@ -35,11 +35,13 @@ class TalkHandler(TensorHandler):
 
 
 def clean_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """os.environ without torchbay/TorchServe settings; TMPDIR (the pid file's folder) = tmp."""
+    """os.environ without torchbay/TorchServe settings; TMPDIR (the pid file's folder) = tmp;
+    gRPC on free ports (a server beside the tests may hold 7070/7071)."""
     drop = ("TORCHBAY_", "TS_", "LOG_LOCATION", "METRICS_LOCATION", "TEMP", "TMP")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     tmp.mkdir(parents=True, exist_ok=True)
-    return {**env, "TMPDIR": str(tmp), **extra}
+    grpc = {"TORCHBAY_GRPC_INFERENCE_PORT": "0", "TORCHBAY_GRPC_MANAGEMENT_PORT": "0"}
+    return {**env, "TMPDIR": str(tmp), **grpc, **extra}
 
 
 def torchbay(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
