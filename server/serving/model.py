@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from torchbay.server.config.settings import ModelConfig
 from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import Admission, refuse
+from torchbay.server.serving.autopilot import Autopilot
 from torchbay.server.serving.handle import (
     Spawned,
     SpawnFn,
@@ -38,8 +38,6 @@ from torchbay.server.serving.queue import BatchQueue, Parts, Pending, clock, rej
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
-
-log = logging.getLogger("torchbay.model")
 
 
 class ModelStatus(enum.Enum):
@@ -79,6 +77,7 @@ class _Events(SlotEvents):
     def batch_done(self, record: BatchRecord) -> None:
         self.model.admission.learn(record.size, record.run_s)
         self.model.observer.batch_done(self.model, record)
+        self.model.autopilot.observe(record)  # sla_p99_ms: adapts the queue's batching
 
     def worker_started(self, worker: WorkerProcess, restart: bool) -> None:
         self.model.restarts += restart
@@ -141,6 +140,7 @@ class ModelVersion:
         )
         self.admission = Admission(self.queue, settings.max_queue_delay_ms)  # max_queue_delay_ms
         self.slots: list[WorkerSlot] = []
+        self.autopilot = Autopilot(self)  # inert unless settings.sla_p99_ms is set
         self._slot_context = SlotContext(
             key=self.key,
             queue=self.queue,
