@@ -31,11 +31,23 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from torchbay.server.serving.model import ModelVersion
+    from torchbay.server.serving.launch import ModelSettings
+    from torchbay.server.serving.queue import BatchQueue
     from torchbay.server.serving.slot import BatchRecord
+
+
+class Piloted(Protocol):
+    """What the autopilot reads of a model version (serving.model imports this module)."""
+
+    settings: ModelSettings
+    queue: BatchQueue[Any, Any]
+
+    @property
+    def key(self) -> str: ...
+
 
 __all__ = ["Autopilot", "Controller", "Decision", "Knobs", "Window", "p99"]
 
@@ -149,7 +161,7 @@ class Autopilot:
 
     def __init__(
         self,
-        model: ModelVersion,
+        model: Piloted,
         *,
         window_s: float = 1.0,
         min_samples: int = 20,
