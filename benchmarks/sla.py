@@ -39,6 +39,7 @@ from torchbay.benchmarks.bench import guess_content_type, load_payloads, route
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, ModelSettings
+from torchbay.benchmarks.sla_autopilot import run_autopilot
 from torchbay.benchmarks.sla_model import (
     Outcome,
     Progress,
@@ -250,6 +251,13 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         log(note)
     if swapped and winner is not None:
         log(f"{winner.label} held the SLA in every repeat, the search's pick did not: it wins")
+    autopilot, state = None, None
+    pace = winner or first_pick  # the best static configuration's rate, crowned or not
+    if options.autopilot and pace is not None:
+        autopilot, state = run_autopilot(
+            options, model, manifest.model.model_version, pace, search.progress, log,
+            lambda endpoints, gen: _Search(options, endpoints, model, gen, log),
+        )  # fmt: skip
     result = SlaResult(
         options=options,
         model=model,
@@ -261,6 +269,8 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         elapsed_s=time.monotonic() - started,
         swapped=swapped,
         note=note,
+        autopilot=autopilot,
+        autopilot_state=state,
     )
     if options.apply and winner is not None:
         from torchbay.benchmarks.apply import apply_settings
@@ -287,7 +297,9 @@ def _search_all(
         first_delay.setdefault(key, outcome)
         measured.append(outcome)
     top = min(2, len(measured))
-    search.progress = Progress(2 * len(measured) + options.repeats * top, log, time.monotonic)
+    pilot = max(1, options.repeats) if options.autopilot and measured else 0
+    units = 2 * len(measured) + options.repeats * top + pilot
+    search.progress = Progress(units, log, time.monotonic)
     log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")
     for outcome in measured:
         search.probe(outcome)

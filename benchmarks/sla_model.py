@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -49,6 +50,7 @@ class SlaOptions(BaseModel):
     processes: int = Field(1, ge=1)
     timeout_s: float = Field(5.0, gt=0)
     seed: int = 0
+    autopilot: bool = True  # also measure the autopilot (slaP99Ms) at the winner's rate
     out_dir: Path = Path("bench-sla")
     apply: bool = False
 
@@ -138,6 +140,8 @@ class SlaResult:
     applied: Path | None = None
     swapped: bool = False
     note: str = ""  # why a repeated configuration could not win (crown)
+    autopilot: Repeat | None = None  # the autopilot at the winner's rate (sla_autopilot)
+    autopilot_state: dict[str, Any] | None = None  # its describe-model state at the end
 
 
 def crown(
