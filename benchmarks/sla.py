@@ -282,10 +282,8 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     return result
 
 
-def _search_all(
-    search: _Search, options: SlaOptions, log: Log
-) -> tuple[list[Outcome], Outcome | None, Outcome | None]:
-    outcomes = [Outcome(c) for c in options.configurations()]
+def _to_measure(outcomes: list[Outcome]) -> list[Outcome]:
+    """The outcomes to measure; batch size 1 at a second delay is marked same-as the first."""
     first_delay: dict[tuple[int | None, int | None], Outcome] = {}
     measured: list[Outcome] = []
     for outcome in outcomes:
@@ -296,6 +294,14 @@ def _search_all(
             continue
         first_delay.setdefault(key, outcome)
         measured.append(outcome)
+    return measured
+
+
+def _search_all(
+    search: _Search, options: SlaOptions, log: Log
+) -> tuple[list[Outcome], Outcome | None, Outcome | None]:
+    outcomes = [Outcome(c) for c in options.configurations()]
+    measured = _to_measure(outcomes)
     top = min(2, len(measured))
     pilot = max(1, options.repeats) if options.autopilot and measured else 0
     units = 2 * len(measured) + options.repeats * top + pilot
