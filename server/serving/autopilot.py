@@ -8,7 +8,7 @@ what the queue uses). The control law (docs/autopilot.md):
 
 * a window closes after ``window_s`` of batches holding at least ``min_samples`` requests; its
   p99 is the nearest-rank 99th percentile of each request's queue time plus its batch's service
-  time (the handler's time as the worker reports it);
+  time (its wall time on the worker, ``BatchRecord.run_s``);
 * over the target: halve the delay (below 1 ms: 0); with no delay left, halve the batch size,
   but only when service time, not queueing, dominates (a queue longer than the capacity is not
   cured by smaller batches: that is admission control's job, and the autopilot holds);
@@ -205,10 +205,7 @@ class Autopilot:
         if self.controller is None or self.controller.target_ms != target:
             self.controller = Controller(target)
             self.window, self.started = Window(), self.clock()
-        timings = record.timings_ms
-        service = timings.get("handler") or sum(
-            timings.get(s, 0.0) for s in ("preprocess", "inference", "postprocess")
-        )
+        service = record.run_s * 1000  # the batch's wall time on its worker
         self.window.add(record.queue_times_s, service)
         now = self.clock()
         if (

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import AsyncIterator, Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,8 @@ class _Events(SlotEvents):
 class ModelVersion:
     """A loaded archive served by a pool of worker processes."""
 
+    autopilot = cached_property(Autopilot)  # adapts batching to sla_p99_ms; inert without it
+
     def __init__(
         self,
         *,
@@ -140,7 +143,6 @@ class ModelVersion:
         )
         self.admission = Admission(self.queue, settings.max_queue_delay_ms)  # max_queue_delay_ms
         self.slots: list[WorkerSlot] = []
-        self.autopilot = Autopilot(self)  # inert unless settings.sla_p99_ms is set
         self._slot_context = SlotContext(
             key=self.key,
             queue=self.queue,

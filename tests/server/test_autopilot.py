@@ -120,7 +120,7 @@ class _Model:
 
 
 def record(n: int, queue_ms: float, service_ms: float) -> BatchRecord:
-    return BatchRecord(n, [queue_ms / 1000] * n, {"handler": service_ms}, [])
+    return BatchRecord(n, [queue_ms / 1000] * n, {}, [], run_s=service_ms / 1000)
 
 
 def test_autopilot_applies_decisions_per_window_with_an_injected_clock() -> None:
