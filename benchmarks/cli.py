@@ -145,6 +145,10 @@ def _add_sla(verbs: Any) -> None:
         help="write the winner into the archive's model-config.yaml (original kept as .orig)",
     )
     sla.add_argument("--seed", type=int, default=0)
+    sla.add_argument(
+        "--no-autopilot", dest="autopilot", action="store_false",
+        help="skip measuring the SLA autopilot (slaP99Ms) at the winner's rate",
+    )  # fmt: skip
     _add_load_args(sla)
     sla.set_defaults(func=run_sla)
 

@@ -23,7 +23,9 @@ What is skipped, and why it cannot change the answer:
 
 Noise: after the search the winner and the runner-up are measured again ``repeats`` times each,
 alternating, at their found rates; the report gives the spread and whether their difference is
-larger than it. If the runner-up held the SLA in more repeats than the winner, they swap.
+larger than it. A configuration that missed the SLA in ANY repeat is never crowned
+(``sla_model.crown``): the runner-up wins if it held in every repeat, else there is no winner.
+Progress (units done / total, elapsed, time left) goes to the log (stderr from the CLI).
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ from torchbay.benchmarks.bench import guess_content_type, load_payloads, route
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, ModelSettings
-from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions, SlaResult, Step
+from torchbay.benchmarks.sla_autopilot import run_autopilot
+from torchbay.benchmarks.sla_model import (
+    Outcome,
+    Progress,
+    Repeat,
+    SlaOptions,
+    SlaResult,
+    Step,
+    crown,
+)
 
 Log = Callable[[str], None]
 
@@ -61,6 +72,7 @@ class _Search:
         )
         self.target = self._target()
         self.current: ModelSettings | None = None
+        self.progress = Progress(0, log, time.monotonic)  # set by _search_all
 
     def _target(self) -> Target:
         payloads, wrapped = load_payloads(self.o.inputs, self.o.protocol)
@@ -232,14 +244,20 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         search = _Search(options, endpoints, model, gen, log)
         outcomes, winner, runner_up = _search_all(search, options, log)
         repeats = _repeat(search, options, winner, runner_up, log)
-    swapped = False
-    if winner is not None and runner_up is not None and len(repeats) == 2:
-        # The repeats outvote the search: a winner that held the SLA in fewer repeats than the
-        # runner-up was a lucky measurement.
-        held = {rep.label: sum(rep.passed) for rep in repeats}
-        if held[runner_up.label] > held[winner.label]:
-            log(f"{runner_up.label} held the SLA in more repeats than {winner.label}: it wins")
-            winner, runner_up, swapped = runner_up, winner, True
+    first_pick = winner
+    winner, runner_up, note = crown([oc for oc in (winner, runner_up) if oc], repeats)
+    swapped = winner is not None and winner is not first_pick
+    if note:
+        log(note)
+    if swapped and winner is not None:
+        log(f"{winner.label} held the SLA in every repeat, the search's pick did not: it wins")
+    autopilot, state = None, None
+    pace = winner or first_pick  # the best static configuration's rate, crowned or not
+    if options.autopilot and pace is not None:
+        autopilot, state = run_autopilot(
+            options, model, manifest.model.model_version, pace, search.progress, log,
+            lambda endpoints, gen: _Search(options, endpoints, model, gen, log),
+        )  # fmt: skip
     result = SlaResult(
         options=options,
         model=model,
@@ -250,6 +268,9 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         repeats=repeats,
         elapsed_s=time.monotonic() - started,
         swapped=swapped,
+        note=note,
+        autopilot=autopilot,
+        autopilot_state=state,
     )
     if options.apply and winner is not None:
         from torchbay.benchmarks.apply import apply_settings
@@ -261,10 +282,8 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     return result
 
 
-def _search_all(
-    search: _Search, options: SlaOptions, log: Log
-) -> tuple[list[Outcome], Outcome | None, Outcome | None]:
-    outcomes = [Outcome(c) for c in options.configurations()]
+def _to_measure(outcomes: list[Outcome]) -> list[Outcome]:
+    """The outcomes to measure; batch size 1 at a second delay is marked same-as the first."""
     first_delay: dict[tuple[int | None, int | None], Outcome] = {}
     measured: list[Outcome] = []
     for outcome in outcomes:
@@ -275,9 +294,22 @@ def _search_all(
             continue
         first_delay.setdefault(key, outcome)
         measured.append(outcome)
+    return measured
+
+
+def _search_all(
+    search: _Search, options: SlaOptions, log: Log
+) -> tuple[list[Outcome], Outcome | None, Outcome | None]:
+    outcomes = [Outcome(c) for c in options.configurations()]
+    measured = _to_measure(outcomes)
+    top = min(2, len(measured))
+    pilot = max(1, options.repeats) if options.autopilot and measured else 0
+    units = 2 * len(measured) + options.repeats * top + pilot
+    search.progress = Progress(units, log, time.monotonic)
     log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")
     for outcome in measured:
         search.probe(outcome)
+        search.progress.tick(f"probed {outcome.label}")
     measured.sort(key=lambda oc: oc.capacity, reverse=True)
     best: Outcome | None = None
     for outcome in measured:
@@ -297,9 +329,11 @@ def _search_all(
                     f"is below the best SLA rate so far ({best.best_rate:.1f}, {best.label})"
                 )
                 log(f"  {outcome.label:<16} skipped: {outcome.why}")
+                search.progress.tick(f"skipped {outcome.label}")
                 continue
         log(f"searching {outcome.label} (capacity {outcome.capacity:.1f} req/s)")
         search.search(outcome)
+        search.progress.tick(f"searched {outcome.label}")
         if outcome.best_step is not None and (best is None or outcome.best_rate > best.best_rate):
             best = outcome
     by_label = {oc.label: oc for oc in outcomes}
@@ -338,6 +372,7 @@ def _repeat(
             step = search.measure(oc.config, "repeat", oc.best_rate)
             oc.steps.append(step)
             runs[oc.label].append(step)
+            search.progress.tick(f"repeated {oc.label}")
     return [
         Repeat(
             label=oc.label,

@@ -6,8 +6,10 @@ its results (:class:`Step`, :class:`Outcome`, :class:`Repeat`, :class:`SlaResult
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -16,7 +18,7 @@ from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.managed import ModelSettings
 from torchbay.benchmarks.stats import Arrival, spread_pct
 
-__all__ = ["Outcome", "Repeat", "SlaOptions", "SlaResult", "Step"]
+__all__ = ["Outcome", "Progress", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
 
 
 class SlaOptions(BaseModel):
@@ -48,6 +50,7 @@ class SlaOptions(BaseModel):
     processes: int = Field(1, ge=1)
     timeout_s: float = Field(5.0, gt=0)
     seed: int = 0
+    autopilot: bool = True  # also measure the autopilot (slaP99Ms) at the winner's rate
     out_dir: Path = Path("bench-sla")
     apply: bool = False
 
@@ -136,3 +139,52 @@ class SlaResult:
     elapsed_s: float
     applied: Path | None = None
     swapped: bool = False
+    note: str = ""  # why a repeated configuration could not win (crown)
+    autopilot: Repeat | None = None  # the autopilot at the winner's rate (sla_autopilot)
+    autopilot_state: dict[str, Any] | None = None  # its describe-model state at the end
+
+
+def crown(
+    ranked: list[Outcome], repeats: list[Repeat]
+) -> tuple[Outcome | None, Outcome | None, str]:
+    """The winner, the runner-up and a note, from the search's ranking (best rate first) and the
+    repeats of its top configurations.
+
+    A configuration that missed the SLA in ANY repeat is never crowned: among those repeated, the
+    best-ranked one that held it in every repeat wins; if none did, there is no winner (the
+    note says so). With no repeats run, the search's pick stands (its best step passed).
+    """
+    runs = {rep.label: rep for rep in repeats}
+    if not runs:
+        return (ranked[0] if ranked else None), (ranked[1] if len(ranked) > 1 else None), ""
+    repeated = [oc for oc in ranked if oc.label in runs]
+    held = [oc for oc in repeated if all(runs[oc.label].passed)]
+    missed = [oc.label for oc in repeated if not all(runs[oc.label].passed)]
+    note = (
+        f"{', '.join(missed)} missed the SLA in at least one repeat and cannot win."
+        if missed
+        else ""
+    )
+    if not held:
+        return None, None, note + " No repeated configuration held the SLA in every repeat."
+    winner = held[0]
+    others = [oc for oc in repeated if oc is not winner]
+    return winner, (others[0] if others else None), note
+
+
+class Progress:
+    """Progress of a search on stderr: units done / total, elapsed, an estimate of the time left
+    (elapsed per unit so far times the units left)."""
+
+    def __init__(self, total: int, log: Callable[[str], None], clock: Callable[[], float]) -> None:
+        self.total, self.done, self.log, self.clock = total, 0, log, clock
+        self.started = clock()
+
+    def tick(self, what: str) -> None:
+        self.done = min(self.done + 1, self.total)
+        elapsed = self.clock() - self.started
+        left = elapsed / self.done * (self.total - self.done) if self.done else math.nan
+        self.log(
+            f"progress: {self.done}/{self.total} {what}; elapsed {elapsed:.0f} s, "
+            f"about {left:.0f} s left"
+        )

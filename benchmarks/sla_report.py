@@ -44,8 +44,9 @@ CSV_COLUMNS = (
     "queue_mean_ms",
     "lag_p99_ms",
 )
-REPEAT_HEADER = ("config", "rate (req/s)", "p99 per run (ms)", "p99 spread", "ok/s per run",
-                 "throughput spread", "SLA held")  # fmt: skip
+REPEAT_HEADER = ("config", "rate (req/s)", "p99 per run (ms)", "p99 min-max (ms)", "p99 spread",
+                 "ok/s per run", "ok/s min-max", "throughput spread", "SLA held per run",
+                 "SLA held")  # fmt: skip
 CONFIG_HEADER = ("config", "batch", "delay (ms)", "workers", "probe capacity (req/s)",
                  "best rate (req/s)", "ok/s at best", "p50 (ms)", "p99 (ms)", "mean batch",
                  "steps", "status", "notes")  # fmt: skip
@@ -154,6 +155,8 @@ def _head_lines(result: SlaResult, command: str | None) -> list[str]:
 def _winner_lines(result: SlaResult) -> list[str]:
     lines = ["", "## Winner", ""]
     if result.winner is None:
+        if result.note:  # met it in the search, then missed in a repeat: never crowned
+            return [*lines, "No winner: " + result.note.strip(), *_autopilot_lines(result)]
         return [*lines, "No configuration met the SLA at any tested load."]
     w = result.winner
     best = w.best_step
@@ -170,24 +173,62 @@ def _winner_lines(result: SlaResult) -> list[str]:
     if result.swapped:
         lines.append(
             f"(The search's first pick, {result.runner_up.label if result.runner_up else '-'}, "
-            "held the SLA in fewer of its repeats than this one, so the repeats decided.)"
+            "missed the SLA in a repeat; this one held it in every repeat, so it wins.)"
         )
     if result.applied:
         lines.append(f"Applied to `{result.applied}` (model-config.yaml).")
-    return lines
+    return [*lines, *_autopilot_lines(result)]
+
+
+def _pace(result: SlaResult) -> str | None:
+    """The configuration whose rate the autopilot ran at (the search's pick without a winner)."""
+    return result.repeats[0].label if result.repeats else None
+
+
+def _autopilot_lines(result: SlaResult) -> list[str]:
+    """The autopilot beside the winner: same rate, same windows, as many runs as the repeats."""
+    a = result.autopilot
+    w = result.winner or next((oc for oc in result.outcomes if oc.label == _pace(result)), None)
+    if a is None or w is None:
+        return []
+    o = result.options
+    held = f"held the SLA in {sum(a.passed)} of {len(a.passed)} runs"
+    p99 = ", ".join(num(v, 2) for v in a.p99_ms)
+    ok = ", ".join(num(v, 1) for v in a.ok_per_s)
+    state = result.autopilot_state or {}
+    end = (
+        f" It ended at batch {state.get('batchSize')}, delay {num(state.get('maxBatchDelay'), 1)} "
+        f"ms ({state.get('changes')} changes)."
+        if state
+        else ""
+    )
+    return [
+        "",
+        f"**Autopilot** (slaP99Ms {o.sla_p99_ms:g}, ceilings batch {max(o.batch_sizes)}, delay "
+        f"{max(o.max_delays_ms):g} ms, {w.config.workers} worker(s)) at {w.label}'s "
+        f"{w.best_rate:,.1f} req/s: {held}; p99 {p99} ms; {ok} ok/s.{end}",
+    ]
 
 
 def _repeat_lines(result: SlaResult) -> list[str]:
     lines = ["", "## Repeats (noise)", ""]
-    if not result.repeats:
+    if not result.repeats and not result.autopilot:
         return [*lines, "No repeats were run."]
     rows = [
         [rep.label, f"{rep.rate:,.1f}", ", ".join(num(v, 2) for v in rep.p99_ms),
-         f"{num(rep.p99_spread_pct, 1)}%", ", ".join(num(v, 1) for v in rep.ok_per_s),
-         f"{num(rep.throughput_spread_pct, 1)}%", f"{sum(rep.passed)}/{len(rep.passed)}"]
-        for rep in result.repeats
+         _min_max(rep.p99_ms, 2), f"{num(rep.p99_spread_pct, 1)}%",
+         ", ".join(num(v, 1) for v in rep.ok_per_s), _min_max(rep.ok_per_s, 1),
+         f"{num(rep.throughput_spread_pct, 1)}%",
+         " ".join("yes" if p else "MISSED" for p in rep.passed),
+         f"{sum(rep.passed)}/{len(rep.passed)}"]
+        for rep in [*result.repeats, *([result.autopilot] if result.autopilot else [])]
     ]  # fmt: skip
-    return [*lines, markdown_table(REPEAT_HEADER, rows, "-:-:-::"), "", _verdict(result)]
+    table = markdown_table(REPEAT_HEADER, rows, "-:--:--:-:")
+    return [*lines, table, "", _verdict(result), *([result.note] if result.note else [])]
+
+
+def _min_max(values: list[float], digits: int) -> str:
+    return f"{num(min(values), digits)}-{num(max(values), digits)}" if values else "-"
 
 
 def _method_lines(result: SlaResult) -> list[str]:
@@ -278,6 +319,15 @@ def result_json(result: SlaResult) -> dict[str, Any]:
             }
             for rep in result.repeats
         ],
+        "autopilot": None
+        if result.autopilot is None
+        else {
+            "rate": result.autopilot.rate,
+            "p99_ms": result.autopilot.p99_ms,
+            "ok_per_s": result.autopilot.ok_per_s,
+            "passed": result.autopilot.passed,
+            "state": result.autopilot_state,
+        },
         "applied": str(result.applied) if result.applied else None,
     }
 

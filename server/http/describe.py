@@ -103,4 +103,5 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "format": getattr(info, "format", None),
         "precision": getattr(info, "precision", None),
         "threadBudget": registry.budget.summary(),  # the host's, over all models (budget.py)
+        "autopilot": mv.autopilot.describe(),  # sla_p99_ms: current batching beside the ceilings
     }

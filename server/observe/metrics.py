@@ -66,6 +66,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from torchbay.server.observe.autopilot_metrics import AutopilotCollector
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
@@ -144,6 +145,9 @@ class ServerMetrics(Observer):
         self._last_handler_ms = 0.0
         self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
         self.registry.register(_ScrapeCollector(self))
+        self.registry.register(
+            AutopilotCollector(lambda: self.models.all_versions() if self.models else ())
+        )
         self._gpu: GpuCollector | None = None
         if system_metrics:
             self.registry.register(HostCollector(self.hostname))

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 from collections.abc import AsyncIterator, Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from torchbay.server.config.settings import ModelConfig
 from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import Admission, refuse
+from torchbay.server.serving.autopilot import Autopilot
 from torchbay.server.serving.handle import (
     Spawned,
     SpawnFn,
@@ -38,8 +39,6 @@ from torchbay.server.serving.queue import BatchQueue, Parts, Pending, clock, rej
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
-
-log = logging.getLogger("torchbay.model")
 
 
 class ModelStatus(enum.Enum):
@@ -79,6 +78,7 @@ class _Events(SlotEvents):
     def batch_done(self, record: BatchRecord) -> None:
         self.model.admission.learn(record.size, record.run_s)
         self.model.observer.batch_done(self.model, record)
+        self.model.autopilot.observe(record)  # sla_p99_ms: adapts the queue's batching
 
     def worker_started(self, worker: WorkerProcess, restart: bool) -> None:
         self.model.restarts += restart
@@ -98,6 +98,8 @@ class _Events(SlotEvents):
 
 class ModelVersion:
     """A loaded archive served by a pool of worker processes."""
+
+    autopilot = cached_property(Autopilot)  # adapts batching to sla_p99_ms; inert without it
 
     def __init__(
         self,

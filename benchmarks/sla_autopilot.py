@@ -1,0 +1,91 @@
+"""``bench sla``'s autopilot run: after the static search, the same model served with
+``slaP99Ms`` = the SLA and the largest searched batch size and delay as the autopilot's ceilings
+(server/serving/autopilot.py), measured at the winner's rate with the same windows and repeats.
+
+It runs on a fresh server (the management API sets batching live, but the SLA target comes from
+the ``models={...}`` entry of a config.properties), with the winner's worker count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torchbay.benchmarks.loadgen import LoadGenerator
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, ModelSettings
+from torchbay.benchmarks.sla_model import Outcome, Progress, Repeat, SlaOptions
+
+__all__ = ["AUTOPILOT", "run_autopilot"]
+
+AUTOPILOT = "autopilot"
+
+
+def ceilings(options: SlaOptions, winner: Outcome) -> ModelSettings:
+    """The autopilot's maxima: the largest searched batch and delay; the winner's workers."""
+    return ModelSettings(
+        max(options.batch_sizes), max(options.max_delays_ms), winner.config.workers
+    )
+
+
+def write_config(
+    options: SlaOptions, model: str, version: str | None, config: ModelSettings
+) -> Path:
+    """A config.properties whose ``models=`` entry sets the SLA target and the ceilings."""
+    run_dir = options.out_dir / "autopilot"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    entry = {
+        "marName": options.archive.name,
+        "batchSize": config.batch_size,
+        "maxBatchDelay": config.max_batch_delay_ms,
+        "minWorkers": config.workers,
+        "maxWorkers": config.workers,
+        "slaP99Ms": options.sla_p99_ms,
+        "defaultVersion": True,
+    }
+    path = run_dir / "config.properties"
+    path.write_text(f"models={json.dumps({model: {version or '1.0': entry}})}\n")
+    return path
+
+
+def run_autopilot(
+    options: SlaOptions,
+    model: str,
+    version: str | None,
+    winner: Outcome,
+    progress: Progress,
+    log: Callable[[str], None],
+    make_search: Callable[[Endpoints, LoadGenerator], Any],
+) -> tuple[Repeat, dict[str, Any] | None]:
+    """Measure the autopilot at the winner's rate ``max(1, repeats)`` times; returns the runs
+    (as a :class:`Repeat` labelled ``autopilot``) and its describe-model state at the end.
+    ``make_search`` builds the search's measuring object (sla._Search) on the new server."""
+    config = ceilings(options, winner)
+    props = write_config(options, model, version, config)
+    log(
+        f"autopilot: p99 target {options.sla_p99_ms:g} ms, ceilings batch {config.batch_size}, "
+        f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
+        f"at {winner.best_rate:.1f} req/s"
+    )
+    server = ManagedServer.torchbay(
+        options.archive,
+        options.out_dir / "autopilot" / "server",
+        name=model,
+        extra_args=("--ts-config", str(props.resolve())),
+    )
+    steps = []
+    with server as endpoints, LoadGenerator(options.processes) as gen:
+        search = make_search(endpoints, gen)  # sla._Search: the search's measuring
+        for _ in range(max(1, options.repeats)):
+            steps.append(search.measure(config, AUTOPILOT, winner.best_rate))
+            progress.tick(AUTOPILOT)
+        state = search.mgmt.describe(model, None).get("autopilot")
+    runs = Repeat(
+        label=AUTOPILOT,
+        rate=winner.best_rate,
+        p99_ms=[s.result.latency.p99_ms for s in steps],
+        ok_per_s=[s.result.ok_per_s for s in steps],
+        passed=[s.passed for s in steps],
+    )
+    return runs, state

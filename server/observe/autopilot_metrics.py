@@ -1,0 +1,70 @@
+"""The SLA autopilot's decisions on the metrics port (serving/autopilot.py), read at scrape time.
+
+Per model version with ``sla_p99_ms`` set (labels ``model``, ``version``)::
+
+    torchbay_autopilot_batch_size              the batch size the queue uses now
+    torchbay_autopilot_max_batch_delay_ms      the batch delay the queue uses now
+    torchbay_autopilot_p99_ms                  the last window's p99 estimate (queue + service)
+    torchbay_autopilot_target_p99_ms           the target
+    torchbay_autopilot_changes_total{direction} changes made, "up" or "down"
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from torchbay.server.serving.model import ModelVersion
+
+__all__ = ["AutopilotCollector"]
+
+LABELS = ("model", "version")
+
+
+class AutopilotCollector(Collector):
+    """Reads every model version's autopilot when scraped; ``versions`` lists them."""
+
+    def __init__(self, versions: Callable[[], Iterable[ModelVersion]]) -> None:
+        self.versions = versions
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def _families(self) -> tuple[Metric, ...]:
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"torchbay_autopilot_{name}", doc, labels=LABELS)
+
+        return (
+            gauge("batch_size", "The batch size the autopilot set"),
+            gauge("max_batch_delay_ms", "The batch delay the autopilot set, ms"),
+            gauge("p99_ms", "The last window's p99 estimate (queue + service time), ms"),
+            gauge("target_p99_ms", "The autopilot's p99 target, ms"),
+            CounterMetricFamily(
+                "torchbay_autopilot_changes",
+                "Changes the autopilot made, by direction",
+                labels=(*LABELS, "direction"),
+            ),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        batch, delay, p99, target, changes = self._families()
+        for mv in list(self.versions()):
+            pilot = getattr(mv, "autopilot", None)
+            if pilot is None or not pilot.active:
+                continue
+            labels = [mv.name, mv.version]
+            current = pilot.current()
+            batch.add_metric(labels, current.batch_size)
+            delay.add_metric(labels, current.delay_ms)
+            target.add_metric(labels, pilot.target_ms)
+            if pilot.last is not None:
+                p99.add_metric(labels, pilot.last.p99_ms)
+            for direction, count in pilot.changes.items():
+                changes.add_metric([*labels, direction], count)
+        yield from (batch, delay, p99, target, changes)

@@ -1,0 +1,251 @@
+"""The SLA autopilot: adapts a model version's live batch size and batch delay to a p99 target.
+
+A model version whose ``sla_p99_ms`` is set (``slaP99Ms`` in model-config.yaml or ``models={...}``,
+``sla_p99_ms`` in the management API) gets a controller that watches its batches and, once per
+window, moves the queue's batch size and batch delay within the configured ceilings
+(``batch_size`` and ``max_batch_delay_ms`` stay what was configured; the autopilot changes only
+what the queue uses). The control law (docs/autopilot.md):
+
+* a window closes after ``window_s`` of batches holding at least ``min_samples`` requests; its
+  p99 is the nearest-rank 99th percentile of each request's queue time plus its batch's service
+  time (its wall time on the worker, ``BatchRecord.run_s``);
+* over the target: halve the delay (below 1 ms: 0); with no delay left, halve the batch size,
+  but only when service time, not queueing, dominates (a queue longer than the capacity is not
+  cured by smaller batches: that is admission control's job, and the autopilot holds);
+* under ``grow_below`` x target while the queue is building (requests wait longer than a batch
+  runs, or a batch's worth is waiting), for ``grow_after`` windows in a row: add 1 to the batch
+  size, and at the ceiling add a step to the delay;
+* otherwise hold. Shrinking is multiplicative and immediate, growing additive and delayed: the
+  band between ``grow_below`` x target and the target is the hysteresis.
+
+Workers are loaded with the configured batch size (the ceiling); the handler's context reports
+that one. Batches are never larger, so no worker restarts when the autopilot moves. Decisions are
+driven by batch completions (no task: with no traffic there is nothing to decide), logged at INFO
+with their reason and exported by observe.autopilot_metrics. Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from torchbay.server.serving.launch import ModelSettings
+    from torchbay.server.serving.queue import BatchQueue
+    from torchbay.server.serving.slot import BatchRecord
+
+
+class Piloted(Protocol):
+    """What the autopilot reads of a model version (serving.model imports this module)."""
+
+    settings: ModelSettings
+    queue: BatchQueue[Any, Any]
+
+    @property
+    def key(self) -> str: ...
+
+
+__all__ = ["Autopilot", "Controller", "Decision", "Knobs", "Window", "p99"]
+
+log = logging.getLogger("torchbay.autopilot")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What the autopilot moves (current) or may not pass (ceilings)."""
+
+    batch_size: int
+    delay_ms: float
+
+
+@dataclass
+class Window:
+    """What one window saw."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    queue_ms: float = 0.0  # sums, for the means
+    service_ms: float = 0.0
+    batches: int = 0
+
+    def add(self, queue_times_s: list[float], service_ms: float) -> None:
+        for q in queue_times_s:
+            self.latencies_ms.append(q * 1000 + service_ms)
+            self.queue_ms += q * 1000
+            self.service_ms += service_ms
+        self.batches += 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One window's verdict: the knobs to use next and why."""
+
+    knobs: Knobs
+    p99_ms: float
+    direction: str  # "up", "down" or "hold"
+    reason: str
+
+
+def p99(values: list[float]) -> float:
+    """The nearest-rank 99th percentile (0.0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+@dataclass
+class Controller:
+    """The control law, pure: feed it windows, it returns decisions (unit-testable)."""
+
+    target_ms: float
+    grow_below: float = 0.7
+    grow_after: int = 2
+    _under: int = 0
+
+    def decide(self, window: Window, current: Knobs, ceiling: Knobs, waiting: int) -> Decision:
+        est = p99(window.latencies_ms)
+        n = len(window.latencies_ms)
+        mean_queue = window.queue_ms / n if n else 0.0
+        mean_service = window.service_ms / n if n else 0.0
+        knobs = Knobs(
+            min(current.batch_size, ceiling.batch_size), min(current.delay_ms, ceiling.delay_ms)
+        )
+        if est > self.target_ms:
+            self._under = 0
+            return self._shrink(knobs, est, queue_bound=mean_queue > mean_service)
+        building = mean_queue > mean_service or waiting >= knobs.batch_size
+        if est < self.grow_below * self.target_ms and building:
+            self._under += 1
+            if self._under >= self.grow_after:
+                self._under = 0
+                return self._grow(knobs, ceiling, est)
+            return Decision(knobs, est, "hold", "under target, queue building: waiting a window")
+        self._under = 0
+        why = "within the band" if est >= self.grow_below * self.target_ms else "queue not building"
+        return Decision(knobs, est, "hold", why)
+
+    def _shrink(self, k: Knobs, est: float, *, queue_bound: bool) -> Decision:
+        if k.delay_ms > 0:
+            delay = k.delay_ms / 2 if k.delay_ms / 2 >= 1.0 else 0.0
+            return Decision(Knobs(k.batch_size, delay), est, "down", "over target: halve the delay")
+        if k.batch_size > 1 and not queue_bound:
+            return Decision(
+                Knobs(k.batch_size // 2, 0.0), est, "down", "over target: halve the batch size"
+            )
+        why = "over target from queueing (load above capacity)" if queue_bound else "at the floor"
+        return Decision(k, est, "hold", why)
+
+    def _grow(self, k: Knobs, ceiling: Knobs, est: float) -> Decision:
+        if k.batch_size < ceiling.batch_size:
+            return Decision(
+                Knobs(k.batch_size + 1, k.delay_ms),
+                est,
+                "up",
+                "under target, queue building: batch + 1",
+            )
+        if k.delay_ms < ceiling.delay_ms:
+            step = max(1.0, ceiling.delay_ms / 10)
+            delay = min(ceiling.delay_ms, k.delay_ms + step)
+            return Decision(
+                Knobs(k.batch_size, delay), est, "up", "under target, queue building: delay + step"
+            )
+        return Decision(k, est, "hold", "under target at the ceilings")
+
+
+class Autopilot:
+    """One model version's autopilot: collects windows from its batches, applies decisions."""
+
+    def __init__(
+        self,
+        model: Piloted,
+        *,
+        window_s: float = 1.0,
+        min_samples: int = 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.window_s = window_s
+        self.min_samples = min_samples
+        self.clock = clock
+        self.controller: Controller | None = None
+        self.window = Window()
+        self.started = clock()
+        self.last: Decision | None = None
+        self.changes = {"up": 0, "down": 0}
+
+    @property
+    def target_ms(self) -> float | None:
+        return self.model.settings.sla_p99_ms
+
+    @property
+    def active(self) -> bool:
+        return self.target_ms is not None
+
+    def ceiling(self) -> Knobs:
+        s = self.model.settings
+        return Knobs(s.batch_size, s.max_batch_delay_ms)
+
+    def current(self) -> Knobs:
+        q = self.model.queue
+        return Knobs(q.batch_size, q.max_delay_s * 1000)
+
+    def observe(self, record: BatchRecord) -> None:
+        """A batch finished: add it to the window; close the window when it is due."""
+        target = self.target_ms
+        if target is None:
+            if self.controller is not None:  # switched off live: back to the configured values
+                self.controller = None
+                c = self.ceiling()
+                self.model.queue.configure(batch_size=c.batch_size, max_delay_s=c.delay_ms / 1000)
+            return
+        if self.controller is None or self.controller.target_ms != target:
+            self.controller = Controller(target)
+            self.window, self.started = Window(), self.clock()
+        service = record.run_s * 1000  # the batch's wall time on its worker
+        self.window.add(record.queue_times_s, service)
+        now = self.clock()
+        if (
+            now - self.started >= self.window_s
+            and len(self.window.latencies_ms) >= self.min_samples
+        ):
+            self._decide()
+            self.window, self.started = Window(), now
+
+    def _decide(self) -> None:
+        assert self.controller is not None
+        before = self.current()
+        decision = self.controller.decide(
+            self.window, before, self.ceiling(), len(self.model.queue)
+        )
+        self.last = decision
+        if decision.knobs == before:
+            return
+        self.changes[decision.direction] += 1
+        self.model.queue.configure(
+            batch_size=decision.knobs.batch_size, max_delay_s=decision.knobs.delay_ms / 1000
+        )
+        log.info(
+            "autopilot %s: batch %d -> %d, delay %.1f -> %.1f ms (p99 %.1f ms, target %.1f ms): %s",
+            self.model.key, before.batch_size, decision.knobs.batch_size, before.delay_ms,
+            decision.knobs.delay_ms, decision.p99_ms, self.controller.target_ms, decision.reason,
+        )  # fmt: skip
+
+    def describe(self) -> dict[str, Any] | None:
+        """The autopilot's part of describe-model (None when it is off)."""
+        if not self.active:
+            return None
+        cur, ceiling = self.current(), self.ceiling()
+        return {
+            "targetP99Ms": self.target_ms,
+            "batchSize": cur.batch_size,
+            "maxBatchDelay": cur.delay_ms,
+            "maxBatchSize": ceiling.batch_size,
+            "maxBatchDelayCeiling": ceiling.delay_ms,
+            "windowP99Ms": self.last.p99_ms if self.last else None,
+            "lastDecision": self.last.reason if self.last else None,
+            "changes": dict(self.changes),
+        }

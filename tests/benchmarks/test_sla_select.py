@@ -1,0 +1,81 @@
+"""``bench sla``'s honesty: selection from recorded repeats (no server), the repeats' table, and
+the progress lines with an estimate of the time left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchbay.benchmarks.managed import ModelSettings
+from torchbay.benchmarks.sla_model import Outcome, Progress, Repeat, SlaOptions, SlaResult, crown
+from torchbay.benchmarks.sla_report import _repeat_lines
+
+FAST = Outcome(ModelSettings(8, 5.0, 1), status="searched", best_rate=900.0)
+SLOW = Outcome(ModelSettings(4, 5.0, 1), status="searched", best_rate=700.0)
+
+
+def rep(oc: Outcome, passed: list[bool]) -> Repeat:
+    p99 = [40.0 if ok else 80.0 for ok in passed]
+    return Repeat(
+        oc.label, oc.best_rate, p99, [oc.best_rate - i for i in range(len(passed))], passed
+    )
+
+
+def test_a_config_that_missed_in_one_repeat_is_not_crowned() -> None:
+    """The search's pick held the SLA in 2 of 3 repeats (a median would crown it): the runner-up,
+    which held it in all three, wins."""
+    winner, runner_up, note = crown(
+        [FAST, SLOW], [rep(FAST, [True, False, True]), rep(SLOW, [True, True, True])]
+    )
+    assert winner is SLOW and runner_up is FAST
+    assert FAST.label in note and "cannot win" in note
+
+
+def test_no_winner_when_every_repeated_config_missed_once() -> None:
+    winner, runner_up, note = crown(
+        [FAST, SLOW], [rep(FAST, [True, True, False]), rep(SLOW, [False, True, True])]
+    )
+    assert winner is None and runner_up is None
+    assert "No repeated configuration held the SLA in every repeat" in note
+
+
+def test_the_search_pick_stands_when_it_held_every_repeat_or_none_were_run() -> None:
+    both = [rep(FAST, [True] * 3), rep(SLOW, [True] * 3)]
+    assert crown([FAST, SLOW], both) == (FAST, SLOW, "")
+    assert crown([FAST, SLOW], []) == (FAST, SLOW, "")
+    assert crown([], []) == (None, None, "")
+
+
+def test_the_report_shows_every_repeat_and_the_spread() -> None:
+    result = SlaResult(
+        options=SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50),
+        model="m",
+        version="1",
+        outcomes=[FAST, SLOW],
+        winner=SLOW,
+        runner_up=FAST,
+        repeats=[rep(FAST, [True, False, True]), rep(SLOW, [True, True, True])],
+        elapsed_s=1.0,
+        swapped=True,
+        note="b8-d5-w1 missed the SLA in at least one repeat and cannot win.",
+    )
+    text = "\n".join(_repeat_lines(result))
+    fast_row = next(line for line in text.splitlines() if line.startswith(f"| {FAST.label} "))
+    assert "40.00, 80.00, 40.00" in fast_row  # every repeat
+    assert "40.00-80.00" in fast_row  # min-max of p99
+    assert "898.0-900.0" in fast_row  # min-max of throughput
+    assert "yes MISSED yes" in fast_row and "2/3" in fast_row
+    assert "cannot win" in text
+
+
+def test_progress_lines_estimate_the_time_left() -> None:
+    now = [100.0]
+    lines: list[str] = []
+    progress = Progress(4, lines.append, lambda: now[0])
+    now[0] = 110.0
+    progress.tick("probed b1-d5-w1")
+    now[0] = 120.0
+    progress.tick("probed b4-d5-w1")
+    assert lines == [
+        "progress: 1/4 probed b1-d5-w1; elapsed 10 s, about 30 s left",
+        "progress: 2/4 probed b4-d5-w1; elapsed 20 s, about 20 s left",
+    ]

@@ -1,0 +1,110 @@
+"""The SLA autopilot on a real server: a model whose service time grows with its batch, with
+``slaP99Ms`` set, driven until the autopilot has decided; its metrics and describe show it, and
+what it set stays within the configured maxima. No timing assertions: the target is far below
+what a batch of 8 takes, so any window is over it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from torchbay.archiver.package import ArchiveOptions, package
+
+from .conftest import LiveServer, make_config
+
+SLOW = """
+import time
+
+def handle(data, context):
+    if data is None:
+        return None
+    time.sleep(0.002 + 0.004 * len(data))  # service time grows with the batch
+    return ["ok" for _ in data]
+"""
+
+MAX_BATCH, MAX_DELAY = 8, 20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root, work = tmp_path_factory.mktemp("ap-store"), tmp_path_factory.mktemp("ap-build")
+    (work / "slow.py").write_text(SLOW)
+    package(
+        ArchiveOptions(
+            model_name="slow", version="1", export_path=root, handler=str(work / "slow.py")
+        )
+    )
+    models = {
+        "slow": {
+            "1": {
+                "marName": "slow.mar",
+                "batchSize": MAX_BATCH,
+                "maxBatchDelay": MAX_DELAY,
+                "slaP99Ms": 5,
+                "minWorkers": 1,
+                "maxWorkers": 1,
+            }
+        }
+    }
+    live = LiveServer(make_config(root, load_models=["slow.mar"], models=models)).start()
+    yield live
+    live.stop()
+
+
+async def _drive(url: str, stop: asyncio.Event) -> int:
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def one() -> int:
+            sent = 0
+            while not stop.is_set():
+                r = await client.post(f"{url}/predictions/slow", content=b"x")
+                assert r.status_code == 200, r.text
+                sent += 1
+            return sent
+
+        return sum(await asyncio.gather(*(one() for _ in range(8))))
+
+
+async def _until_decided(live: LiveServer, deadline_s: float) -> dict:
+    stop = asyncio.Event()
+    driver = asyncio.create_task(_drive(live.url, stop))
+    info: dict = {}
+    deadline = time.monotonic() + deadline_s
+    async with httpx.AsyncClient(timeout=10) as client:
+        while time.monotonic() < deadline and not driver.done():
+            r = await client.get(f"{live.management_url}/models/slow/1")
+            info = r.json()[0]["autopilot"]
+            if info["changes"]["down"] >= 2:
+                break
+            await asyncio.sleep(0.2)
+    stop.set()
+    assert await driver > 0
+    return info
+
+
+def test_the_autopilot_adapts_within_the_maxima_and_is_visible(server: LiveServer) -> None:
+    info = asyncio.run(_until_decided(server, deadline_s=60))
+    assert info["targetP99Ms"] == 5
+    assert (info["maxBatchSize"], info["maxBatchDelayCeiling"]) == (MAX_BATCH, MAX_DELAY)
+    assert info["changes"]["down"] >= 2, info  # over target: the delay, then more, came down
+    assert 1 <= info["batchSize"] <= MAX_BATCH and 0 <= info["maxBatchDelay"] < MAX_DELAY
+    assert info["windowP99Ms"] > 0
+    described = httpx.get(f"{server.management_url}/models/slow/1").json()[0]
+    assert described["batchSize"] == MAX_BATCH  # the configured ceiling is unchanged
+    text = httpx.get(f"{server.metrics_url}/metrics").text
+    labels = 'model="slow",version="1"'
+    assert f"torchbay_autopilot_target_p99_ms{{{labels}}} 5.0" in text
+    assert f"torchbay_autopilot_batch_size{{{labels}}}" in text
+    assert f"torchbay_autopilot_max_batch_delay_ms{{{labels}}}" in text
+    assert f"torchbay_autopilot_p99_ms{{{labels}}}" in text
+    down = f'torchbay_autopilot_changes_total{{direction="down",{labels}}}'
+    line = next((x for x in text.splitlines() if x.startswith(down)), "")
+    assert line, [x for x in text.splitlines() if "autopilot_changes" in x]
+    assert float(line.split()[-1]) >= 2
+    for x in text.splitlines():
+        if x.startswith("torchbay_autopilot_batch_size{"):
+            assert 1 <= float(x.split()[-1]) <= MAX_BATCH
