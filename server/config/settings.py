@@ -84,8 +84,8 @@ class ModelConfig(BaseModel):
     max_retry_timeout_s: float = Field(300.0, ge=0, le=MAX_TIMEOUT_S, alias="maxRetryTimeoutInSec")
     # Admission: a request that cannot start within this many ms is answered 503 at once (0: off).
     max_queue_delay_ms: float = Field(0.0, ge=0, le=MAX_DELAY_MS, alias="maxQueueDelayMs")
-    # SLA autopilot: adapt batch size and delay (up to the configured ones) to this p99 (None: off).
-    sla_p99_ms: float | None = Field(None, gt=0, le=MAX_DELAY_MS, alias="slaP99Ms")
+    # SLA autopilot: adapt batch size and delay (up to the configured ones) to this p99.
+    sla_p99_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS, alias="slaP99Ms")  # 0: off
     cpu_threads: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: a share of the budget
     cpu_affinity: bool = False
     default_version: bool = Field(False, alias="defaultVersion")

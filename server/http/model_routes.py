@@ -222,12 +222,14 @@ async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> No
             or params.max_batch_delay is not None
             or params.response_timeout is not None
             or params.max_queue_delay_ms is not None
+            or params.sla_p99_ms is not None
         ):
             mv.configure(
                 batch_size=params.batch_size,
                 max_batch_delay_ms=params.max_batch_delay,
                 response_timeout_s=params.response_timeout,
                 max_queue_delay_ms=params.max_queue_delay_ms,
+                sla_p99_ms=params.sla_p99_ms,
             )
         if params.min_worker is not None:
             await mv.scale(params.min_worker, params.max_worker)
@@ -284,6 +286,7 @@ async def scale_model(
     max_batch_delay: str | None = None,
     response_timeout: str | None = None,
     max_queue_delay_ms: str | None = None,
+    sla_p99_ms: str | None = None,
 ) -> JSONResponse:
     mv = state.registry.resolve(name, version)
     # TorchServe's own parameters parse leniently (junk is the default); torchbay's live tuning
@@ -293,6 +296,7 @@ async def scale_model(
         "max_batch_delay": _number("max_batch_delay", max_batch_delay, api_number),
         "response_timeout": _number("response_timeout", response_timeout, api_number),
         "max_queue_delay_ms": _number("max_queue_delay_ms", max_queue_delay_ms, api_number),
+        "sla_p99_ms": _number("sla_p99_ms", sla_p99_ms, api_number),
     }
     drain = api_number(timeout)  # TorchServe's parameter: junk is its default, -1
     params = _scale_params(

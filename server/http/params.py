@@ -75,6 +75,7 @@ class ScaleParams(BaseModel):
     max_batch_delay: float | None = Field(None, ge=0)
     response_timeout: float | None = Field(None, gt=0)
     max_queue_delay_ms: float | None = Field(None, ge=0)  # the queue-time bound (0: off)
+    sla_p99_ms: float | None = Field(None, ge=0)  # the autopilot's target (0: off)
 
 
 # API parameter -> ModelConfig field, for the bounds check (register's initial_workers too).

@@ -174,7 +174,8 @@ def refuse(mv: Any) -> None:
         )
     ready = [s for s in slots if s.ready]
     busy = sum(1 for s in ready if s.state is WorkerState.BUSY)
-    mv.admission.check(workers=len(ready), busy=busy, batch_size=mv.settings.batch_size)
+    # the batch size the queue runs: the autopilot may run it below the configured one
+    mv.admission.check(workers=len(ready), busy=busy, batch_size=mv.queue.batch_size)
 
 
 def refuse_early(mv: Any) -> None:

@@ -179,7 +179,7 @@ class Autopilot:
 
     @property
     def target_ms(self) -> float | None:
-        return self.model.settings.sla_p99_ms
+        return self.model.settings.sla_p99_ms or None  # None or 0: off
 
     @property
     def active(self) -> bool:

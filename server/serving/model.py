@@ -283,13 +283,15 @@ class ModelVersion:
         max_batch_delay_ms: float | None = None,
         response_timeout_s: float | None = None,
         max_queue_delay_ms: float | None = None,
+        sla_p99_ms: float | None = None,
     ) -> None:
-        """Change batching, timeouts and the queue-time bound live."""
+        """Change batching, timeouts, the queue-time bound and the autopilot's target (0: off)."""
         self._update(
             batch_size=batch_size,
             max_batch_delay_ms=max_batch_delay_ms,
             response_timeout_s=response_timeout_s,
             max_queue_delay_ms=max_queue_delay_ms,
+            sla_p99_ms=sla_p99_ms,
         )
         self.admission.configure(max_queue_delay_ms)  # None: unchanged
         self.queue.configure(

@@ -108,3 +108,24 @@ def test_the_autopilot_adapts_within_the_maxima_and_is_visible(server: LiveServe
     for x in text.splitlines():
         if x.startswith("torchbay_autopilot_batch_size{"):
             assert 1 <= float(x.split()[-1]) <= MAX_BATCH
+
+
+def test_the_management_api_sets_changes_and_clears_the_target_live(server: LiveServer) -> None:
+    url = f"{server.management_url}/models/slow/1"
+
+    def autopilot() -> dict | None:
+        return httpx.get(url).json()[0]["autopilot"]
+
+    def put(target: str) -> httpx.Response:
+        return httpx.put(url, params={"sla_p99_ms": target, "synchronous": "true"})
+
+    try:
+        assert put("40").status_code == 200
+        assert autopilot()["targetP99Ms"] == 40
+        bad = put("-3")
+        assert bad.status_code == 400 and "sla_p99_ms" in bad.text
+        assert autopilot()["targetP99Ms"] == 40  # a refused change changes nothing
+        assert put("0").status_code == 200
+        assert autopilot() is None  # 0: off
+    finally:
+        put("5")
