@@ -164,15 +164,16 @@ class TensorHandler(BaseHandler):
         return self.declared_dtype or self.model_input_dtype
 
     def _to_tensor(self, value: Any, shape: list[int] | None) -> torch.Tensor:
-        if isinstance(value, (bytes, bytearray)):
-            value = bytes(value)
-            if value.startswith(b"\x93NUMPY"):
-                return torch.from_numpy(np.ascontiguousarray(_load_npy(value)))
-            if not value or len(value) % 4:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            # One copy of the body (np.frombuffer reads bytes, bytearray or a frame's view).
+            view = memoryview(value).cast("B")
+            if view[:6] == b"\x93NUMPY":
+                return torch.from_numpy(np.ascontiguousarray(_load_npy(view.tobytes())))
+            if not view.nbytes or view.nbytes % 4:
                 raise BadInput(
-                    f"raw float32 body must be a non-empty multiple of 4 bytes, got {len(value)}"
+                    f"raw float32 body must be a non-empty multiple of 4 bytes, got {view.nbytes}"
                 )
-            flat = torch.from_numpy(np.frombuffer(value, dtype="<f4").copy())
+            flat = torch.from_numpy(np.frombuffer(view, dtype="<f4").copy())
             if shape is not None and flat.numel() % math.prod(shape) == 0:
                 n = flat.numel() // math.prod(shape)
                 return flat.reshape(*shape) if n == 1 else flat.reshape(n, *shape)

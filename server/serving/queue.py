@@ -119,6 +119,7 @@ class BatchQueue(Generic[T, R]):
         self._wait_gain = 0.0
         self._wait_time = 0.0
         self._last_wait = float("-inf")
+        self._probe_backoff = 1.0  # doubles (to 64x) per probe that gained nothing: c=1 pays less
         self._closed: TorchbayError | None = None
         self.max_wait_s = 0.0  # the queue-time bound (0: off), set by admission.Admission
         self.retry_after: Callable[[], str] = lambda: "1"  # a 503's Retry-After, ditto
@@ -213,7 +214,8 @@ class BatchQueue(Generic[T, R]):
             self._learn(self._arrivals - arrivals_before, waited, now)
 
     def _worth_waiting(self, now: float, remaining: float) -> bool:
-        if now - self._last_wait >= self.probe_interval_s or self._wait_time <= 0:
+        if now - self._last_wait >= self.probe_interval_s * self._probe_backoff \
+                or self._wait_time <= 0:  # fmt: skip
             return True  # probe: no fresh evidence either way
         rate = self._wait_gain / self._wait_time  # requests per second while waiting
         return rate * remaining >= 1.0
@@ -223,6 +225,7 @@ class BatchQueue(Generic[T, R]):
         self._wait_gain = self._wait_gain * decay + gained
         self._wait_time = self._wait_time * decay + max(waited, 1e-6)
         self._last_wait = now
+        self._probe_backoff = 1.0 if gained else min(self._probe_backoff * 2, 64.0)
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, seconds: float | None) -> None:
         """Wait until ``put``/``configure`` wakes us, or ``seconds`` pass (None: no limit)."""
