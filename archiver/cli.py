@@ -76,9 +76,16 @@ def _add_archive(subparsers: Any) -> None:
     p.add_argument("--runtime", choices=["python", "python3"], default="python")
     p.add_argument(
         "--convert",
-        choices=["none", "torchscript-trace", "torchscript-script", "export"],
+        choices=["none", "torchscript-trace", "torchscript-script", "export", "aoti"],
         default="none",
-        help="convert an eager model (--model-file + state dict); default none",
+        help="convert an eager model (--model-file + state dict); default none. aoti: "
+        "torch.export + AOTInductor to a compiled .pt2 package (needs a C++ compiler)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="--convert aoti: compile for this device (cuda needs a GPU on the packing host)",
     )
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "int8-dynamic"], default="fp32")
     p.add_argument(
@@ -120,6 +127,7 @@ def archive_command(args: argparse.Namespace) -> int:
         force=args.force,
         runtime=args.runtime,
         convert=args.convert,
+        device=args.device,
         precision=args.precision,
         optimize=args.optimize,
         example_input=args.example_input,
