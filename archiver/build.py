@@ -221,12 +221,7 @@ def _parity(
     dtype = model_input_dtype(loaded, manifest)
 
     def run_packed(x: rs.Example) -> Any:
-        dev = options.device
-        with convert.quiet():
-            out = loaded(
-                *(t.to(dev, dtype) if t.is_floating_point() else t.to(dev) for t in x.tensors)
-            )
-        return out if dev == "cpu" else _to_cpu(out)
+        return _run_on(loaded, x, dtype, options.device)
 
     def run_reference(x: rs.Example) -> Any:
         with convert.quiet():
@@ -243,6 +238,14 @@ def _parity(
     )
     with torch.inference_mode():
         return parity, run_packed(example)
+
+
+def _run_on(loaded: Any, x: rs.Example, dtype: torch.dtype, device: str) -> Any:
+    """The loaded model on ``x`` (floating inputs cast to ``dtype``) on ``device``; CPU outputs."""
+    args = (t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in x.tensors)
+    with convert.quiet():
+        out = loaded(*args)
+    return out if device == "cpu" else _to_cpu(out)
 
 
 def _to_cpu(output: Any) -> Any:

@@ -74,6 +74,27 @@ def _add_archive(subparsers: Any) -> None:
     )
     p.add_argument("-f", "--force", action="store_true", help="overwrite an existing archive")
     p.add_argument("--runtime", choices=["python", "python3"], default="python")
+    _add_conversion(p)
+    p.add_argument(
+        "--example-input",
+        type=Path,
+        help="the model's input, batch dimension first: a tensor (torch.save or .npy) is input0; "
+        "a tuple of tensors (torch.save) is input0, input1, ...; a dict of tensors (torch.save "
+        "or .npz) names the inputs (in forward's parameter order when its keys are forward's "
+        "parameters). With it the archive records the model's signature (input and output "
+        "names, OIP datatypes, shapes with -1 for the batch and other dynamic dimensions) from "
+        "a run of the packed model: the server's /v2 model metadata",
+    )
+    p.add_argument(
+        "--tolerance", type=float, help="max relative error (max|a-b| / max|a|) to accept"
+    )
+    p.add_argument("--min-top1-agreement", type=float, help="minimum top-1 agreement to accept")
+    p.add_argument("--allow-drift", action="store_true", help="pack even past tolerance (recorded)")
+    p.set_defaults(func=archive_command)
+
+
+def _add_conversion(p: argparse.ArgumentParser) -> None:
+    """--convert, --device, --precision, --optimize."""
     p.add_argument(
         "--convert",
         choices=["none", "torchscript-trace", "torchscript-script", "export", "aoti"],
@@ -91,22 +112,6 @@ def _add_archive(subparsers: Any) -> None:
     p.add_argument(
         "--optimize", action="store_true", help="TorchScript: freeze + optimize_for_inference"
     )
-    p.add_argument(
-        "--example-input",
-        type=Path,
-        help="the model's input, batch dimension first: a tensor (torch.save or .npy) is input0; "
-        "a tuple of tensors (torch.save) is input0, input1, ...; a dict of tensors (torch.save "
-        "or .npz) names the inputs (in forward's parameter order when its keys are forward's "
-        "parameters). With it the archive records the model's signature (input and output "
-        "names, OIP datatypes, shapes with -1 for the batch and other dynamic dimensions) from "
-        "a run of the packed model: the server's /v2 model metadata",
-    )
-    p.add_argument(
-        "--tolerance", type=float, help="max relative error (max|a-b| / max|a|) to accept"
-    )
-    p.add_argument("--min-top1-agreement", type=float, help="minimum top-1 agreement to accept")
-    p.add_argument("--allow-drift", action="store_true", help="pack even past tolerance (recorded)")
-    p.set_defaults(func=archive_command)
 
 
 def archive_command(args: argparse.Namespace) -> int:
