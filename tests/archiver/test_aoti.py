@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.server.conftest import LiveServer, make_config
-from torchbay.archiver.errors import ArchiveArgumentError, ParityError
+from torchbay.archiver.errors import ArchiveArgumentError, ConversionError, ParityError
 from torchbay.archiver.manifest import Tolerance, read_manifest
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.archiver.parity import check
@@ -202,3 +202,15 @@ def test_archive_serve_infer_equals_eager(
         torch.testing.assert_close(
             torch.tensor(response.json()["output"]), expected, rtol=1e-4, atol=1e-5
         )
+
+
+def test_no_compiler_is_a_clear_archiver_error(
+    tiny_src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C++ compiler is the I/O seam: point Inductor at one that does not exist."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(tmp_path / "no-such-g++")))
+    with pytest.raises(ConversionError, match="needs a C\\+\\+ compiler at packing time"):
+        package(_options(tiny_src, tmp_path / "out"))
+    assert not (tmp_path / "out" / "tiny_aoti.mar").exists()
