@@ -85,6 +85,15 @@ def _stage_model(
         name = serialized.name if options.convert == "none" else "model.pt"
         convert.save_torchscript(module, stage.written(name))
         return name, None, None
+    if target == "aoti":
+        from torchbay.archiver import aoti
+
+        dtype = convert._DTYPES.get(options.precision)
+        x = example.map(lambda t: t.to(dtype) if dtype and t.is_floating_point() else t)
+        program = aoti.compile_package(
+            packed, x.tensors, stage.written("model.pt2"), options.device
+        )
+        return "model.pt2", None, program
     if program is not None:  # an exported program given as it is
         stage.add(serialized.name, serialized)
         return serialized.name, None, program
@@ -206,14 +215,13 @@ def _parity(
     }
     try:
         with convert.quiet():
-            loaded = load_model(load_dir, manifest, "cpu")
+            loaded = load_model(load_dir, manifest, options.device)
     except HandlerError as exc:
         raise ConversionError(f"the packed model does not load: {exc}") from None
     dtype = model_input_dtype(loaded, manifest)
 
     def run_packed(x: rs.Example) -> Any:
-        with convert.quiet():
-            return loaded(*(t.to(dtype) if t.is_floating_point() else t for t in x.tensors))
+        return _run_on(loaded, x, dtype, options.device)
 
     def run_reference(x: rs.Example) -> Any:
         with convert.quiet():
@@ -230,3 +238,21 @@ def _parity(
     )
     with torch.inference_mode():
         return parity, run_packed(example)
+
+
+def _run_on(loaded: Any, x: rs.Example, dtype: torch.dtype, device: str) -> Any:
+    """The loaded model on ``x`` (floating inputs cast to ``dtype``) on ``device``; CPU outputs."""
+    args = (t.to(device, dtype) if t.is_floating_point() else t.to(device) for t in x.tensors)
+    with convert.quiet():
+        out = loaded(*args)
+    return out if device == "cpu" else _to_cpu(out)
+
+
+def _to_cpu(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.cpu()
+    if isinstance(output, list | tuple):
+        return type(output)(_to_cpu(o) for o in output)
+    if isinstance(output, dict):
+        return {k: _to_cpu(v) for k, v in output.items()}
+    return output

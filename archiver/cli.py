@@ -74,16 +74,7 @@ def _add_archive(subparsers: Any) -> None:
     )
     p.add_argument("-f", "--force", action="store_true", help="overwrite an existing archive")
     p.add_argument("--runtime", choices=["python", "python3"], default="python")
-    p.add_argument(
-        "--convert",
-        choices=["none", "torchscript-trace", "torchscript-script", "export"],
-        default="none",
-        help="convert an eager model (--model-file + state dict); default none",
-    )
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "int8-dynamic"], default="fp32")
-    p.add_argument(
-        "--optimize", action="store_true", help="TorchScript: freeze + optimize_for_inference"
-    )
+    _add_conversion(p)
     p.add_argument(
         "--example-input",
         type=Path,
@@ -100,6 +91,27 @@ def _add_archive(subparsers: Any) -> None:
     p.add_argument("--min-top1-agreement", type=float, help="minimum top-1 agreement to accept")
     p.add_argument("--allow-drift", action="store_true", help="pack even past tolerance (recorded)")
     p.set_defaults(func=archive_command)
+
+
+def _add_conversion(p: argparse.ArgumentParser) -> None:
+    """--convert, --device, --precision, --optimize."""
+    p.add_argument(
+        "--convert",
+        choices=["none", "torchscript-trace", "torchscript-script", "export", "aoti"],
+        default="none",
+        help="convert an eager model (--model-file + state dict); default none. aoti: "
+        "torch.export + AOTInductor to a compiled .pt2 package (needs a C++ compiler)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="--convert aoti: compile for this device (cuda needs a GPU on the packing host)",
+    )
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "int8-dynamic"], default="fp32")
+    p.add_argument(
+        "--optimize", action="store_true", help="TorchScript: freeze + optimize_for_inference"
+    )
 
 
 def archive_command(args: argparse.Namespace) -> int:
@@ -120,6 +132,7 @@ def archive_command(args: argparse.Namespace) -> int:
         force=args.force,
         runtime=args.runtime,
         convert=args.convert,
+        device=args.device,
         precision=args.precision,
         optimize=args.optimize,
         example_input=args.example_input,

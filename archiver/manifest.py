@@ -44,7 +44,7 @@ _PATH_SUFFIXES = ("File", "Files", "Path", "Paths")
 MAX_MANIFEST_BYTES = 1 << 20
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
-Format = Literal["torchscript", "exported", "eager"]
+Format = Literal["torchscript", "exported", "eager", "aoti"]
 Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic"]
 
 

@@ -41,7 +41,7 @@ from torchbay.archiver.write import ArchiveFormat, write_archive
 BUILTIN_HANDLERS = ("tensor", "base", "image_classifier", "text_classifier")
 # Handlers given as an importable module path are not copied in (resolved by the worker).
 _MODULE_HANDLER_PREFIXES = ("torchbay.handlers.", "ts.torch_handler.")
-Convert = Literal["none", "torchscript-trace", "torchscript-script", "export"]
+Convert = Literal["none", "torchscript-trace", "torchscript-script", "export", "aoti"]
 EXAMPLE_NAME = "example_input.npy"
 _SKIP_DIRS = {"__pycache__", "__MACOSX"}
 
@@ -64,6 +64,7 @@ class ArchiveOptions(BaseModel):
     force: bool = False
     runtime: Literal["python", "python3"] = "python"
     convert: Convert = "none"
+    device: Literal["cpu", "cuda"] = "cpu"  # --convert aoti: the device compiled for
     precision: Precision = "fp32"
     optimize: bool = False
     example_input: Path | None = None
@@ -195,6 +196,7 @@ def _target_format(options: ArchiveOptions, source: Format) -> Format:
         "torchscript-trace": "torchscript",
         "torchscript-script": "torchscript",
         "export": "exported",
+        "aoti": "aoti",
     }[options.convert]
 
 
@@ -202,8 +204,12 @@ def _check_options(options: ArchiveOptions, source: Format, target: Format) -> N
     transforms = options.convert != "none" or options.precision != "fp32" or options.optimize
     if options.convert != "none" and source == "exported":
         raise ArchiveArgumentError("an exported .pt2 program cannot be converted again")
-    if options.convert == "export" and source != "eager":
-        raise ArchiveArgumentError("--convert export needs an eager model (--model-file)")
+    if options.convert in ("export", "aoti") and source != "eager":
+        raise ArchiveArgumentError(
+            f"--convert {options.convert} needs an eager model (--model-file)"
+        )
+    if options.device != "cpu" and options.convert != "aoti":
+        raise ArchiveArgumentError("--device applies to --convert aoti only")
     if transforms and options.serialized_file is None:
         raise ArchiveArgumentError(
             "--convert/--precision/--optimize need --serialized-file (a state dict with "

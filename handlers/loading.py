@@ -29,7 +29,7 @@ from .errors import HandlerLoadError
 logger = logging.getLogger(__name__)
 
 MANIFEST_PATH = "MAR-INF/MANIFEST.json"
-FORMATS = ("torchscript", "exported", "eager")
+FORMATS = ("torchscript", "exported", "eager", "aoti")
 _PRECISION_DTYPES = {
     "fp32": torch.float32,
     "fp16": torch.float16,
@@ -98,7 +98,7 @@ def torchbay_info(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_format(manifest: dict[str, Any]) -> str | None:
-    """``torchscript`` | ``exported`` | ``eager``, or None when there is no serialized file."""
+    """``torchscript`` | ``exported`` | ``eager`` | ``aoti``, or None without a serialized file."""
     info = torchbay_info(manifest)
     fmt = info.get("format")
     if fmt is not None:
@@ -145,6 +145,10 @@ def load_model(model_dir: str | Path, manifest: dict[str, Any], device: str | to
                 model = _optimize(model, serialized)
         elif fmt == "exported":
             model = _load_exported(path, device)
+        elif fmt == "aoti":
+            from .aoti_loader import load_aoti
+
+            model = load_aoti(path, device)
         else:
             model = _load_eager(model_dir, manifest, path, device, precision)
     except HandlerLoadError:
