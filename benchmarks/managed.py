@@ -1,11 +1,11 @@
 """A server under test: endpoints and keys of a running one, or one started from an archive.
 
 :class:`ManagedServer` is the one way a server under test starts: ``torchbay serve`` (port 0 for
-all three listeners and gRPC, token auth on by default, keys read from the ``key_file.json`` it writes in
-its run folder) or a ceiling server; it waits for the ``--ready-file`` (written once the startup
-model loaded; a model that failed to load is an error) and stops the whole process tree at the
-end. :class:`Management` talks to the management API: describe a model, and set batch size, delay
-and worker count live (``PUT /models/{m}/{v}``). :func:`http_call` is the one plain HTTP helper.
+all three listeners and gRPC, token auth on by default, keys read from the ``key_file.json`` it
+writes in its run folder) or a ceiling server; it waits for the ``--ready-file`` (written once the
+startup model loaded; a model that failed to load is an error) and stops the whole process tree at
+the end. :class:`Management` talks to the management API: describe a model, and set batch size,
+delay and worker count live (``PUT /models/{m}/{v}``). :func:`http_call`: the one HTTP helper.
 """
 
 from __future__ import annotations
