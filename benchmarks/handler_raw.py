@@ -4,9 +4,11 @@ A standalone handler file (archived with ``--handler``), so it imports nothing o
 ``torchbay.benchmarks``: it runs under torchbay and, unchanged, under TorchServe, because it uses
 only the BaseHandler API (``initialize`` loads the TorchScript ``serializedFile``).
 
-Per request: ``torch.frombuffer`` of a bytearray copy of the body (frombuffer needs a writable
-buffer), reshaped to one sample; the batch is ``torch.stack``-ed, run under
-``torch.inference_mode()``, and each request gets ``{"class": k, "score": s}`` from the softmax max.
+Per request: one copy of the body (``np.frombuffer``, no per-request tensor) into a float32 batch
+buffer that the handler allocates once and reuses across batches (it grows to the largest batch
+seen); the batch is the buffer's first n rows, run under ``torch.inference_mode()``, and each
+request gets ``{"class": k, "score": s}`` from the softmax max. The buffer is free again once
+``postprocess`` has turned the logits into lists (a batch is handled start to end before the next).
 
 The sample shape comes from ``input_shape.json`` in the model directory (``{"shape": [3, 64, 64]}``,
 an extra file of the archive) or else from the model name (``tiny``/``cnn``). Threads: 1 (as every
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import torch
 
 try:
@@ -41,20 +44,26 @@ def resolve_shape(model_name: str, model_dir: str | None) -> tuple[int, ...]:
     raise ValueError(f"no sample shape for model {model_name!r}: add {SHAPE_FILE} to the archive")
 
 
-def decode_batch(requests: list[dict], shape: tuple[int, ...]) -> torch.Tensor:
-    """Stack one float32 sample per request; a body of the wrong size raises ValueError."""
+def decode_batch(
+    requests: list[dict], shape: tuple[int, ...], out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One float32 sample per request, copied into ``out`` (a float32 CPU buffer of at least
+    ``len(requests)`` samples; a new tensor when None): the first ``len(requests)`` rows of it.
+    A body of the wrong size raises ValueError."""
     expected = 4
     for dim in shape:
         expected *= dim
-    samples = []
-    for row in requests:
+    if out is None:
+        out = torch.empty((len(requests), *shape), dtype=torch.float32)
+    rows = out.numpy().reshape(out.shape[0], -1)
+    for i, row in enumerate(requests):
         body = row.get("data")
         if body is None:
             body = row.get("body")
         if not isinstance(body, (bytes, bytearray, memoryview)) or len(body) != expected:
             raise ValueError(f"expected a raw float32 body of {expected} bytes")
-        samples.append(torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(shape))
-    return torch.stack(samples)
+        rows[i] = np.frombuffer(body, dtype="<f4")
+    return out[: len(requests)]
 
 
 def top1(logits: torch.Tensor) -> list[dict]:
@@ -74,9 +83,13 @@ class RawTensorHandler(BaseHandler):
         super().initialize(context)
         model_name = context.manifest["model"]["modelName"]
         self.sample_shape = resolve_shape(model_name, context.system_properties.get("model_dir"))
+        self.batch_buffer: torch.Tensor | None = None
 
     def preprocess(self, data: list[dict]) -> torch.Tensor:
-        return decode_batch(data, self.sample_shape)
+        buf = self.batch_buffer
+        if buf is None or buf.shape[0] < len(data):  # grows to the largest batch, then reused
+            buf = self.batch_buffer = torch.empty((len(data), *self.sample_shape))
+        return decode_batch(data, self.sample_shape, buf)
 
     def inference(self, data: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         run_model = getattr(self, "run_model", None)
