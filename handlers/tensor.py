@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from .base_handler import BaseHandler
+from .batching import BatchBuffers
 from .errors import BadInput, PredictionException, UnprocessableInput
 from .loading import torchbay_info
 from .oip_signature import load as load_signature
@@ -253,14 +254,24 @@ class TensorHandler(BaseHandler):
                    args: Any, kwargs: Any) -> None:  # fmt: skip
         counts = [data[j][0][0].shape[0] for j in members]
         n_inputs = len(data[members[0]][0])
-        batch = [torch.cat([data[j][0][k] for j in members]) for k in range(n_inputs)]
+        buffers = self._buffers_for(n_inputs)
+        batch = [buffers[k].assemble([data[j][0][k] for j in members]) for k in range(n_inputs)]
         result = self.run_model(*batch, *args, **kwargs)  # BaseHandler's device path
         names, results = self._named(result)
+        for k in range(n_inputs):  # an output aliasing a reused buffer must outlive the batch
+            results = buffers[k].detach_from(batch[k], results)
         multi = isinstance(result, (tuple, list, dict))
         offset = 0
         for j, count in zip(members, counts, strict=True):
             outputs[j] = ([r[offset : offset + count] for r in results], multi, names)
             offset += count
+
+    def _buffers_for(self, n_inputs: int) -> list[BatchBuffers]:
+        buffers = getattr(self, "_input_buffers", None) or []
+        while len(buffers) < n_inputs:
+            buffers.append(BatchBuffers())
+        self._input_buffers = buffers
+        return buffers
 
     def _named(self, result: Any) -> tuple[list[str], list[torch.Tensor]]:
         """Output names and tensors: a dict by its keys (in the signature's order when it names
