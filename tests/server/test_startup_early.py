@@ -104,11 +104,7 @@ def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_fac
             cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 100
-        while not ready.exists():
-            assert proc.poll() is None, (cwd / "console.log").read_text()
-            assert time.monotonic() < deadline, "never became ready"
-            time.sleep(0.05)
+        _wait_ready(proc, ready, cwd)
         info = read_ready(ready)
         assert info["failed_models"] == {}
         assert info["grpc_inference"] > 0
@@ -146,14 +142,19 @@ def test_a_spare_early_worker_is_stopped_once_the_server_is_ready(tmp_path):
             cwd=cwd, env=clean_env(tmp_path / "tmp"), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 100
-        while not ready.exists():
-            assert proc.poll() is None, (cwd / "console.log").read_text()
-            assert time.monotonic() < deadline, "never became ready"
-            time.sleep(0.05)
+        _wait_ready(proc, ready, cwd)
         assert read_ready(ready)["failed_models"] == {}
         assert psutil.Process(proc.pid).children() == []
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     finally:
         kill_tree(proc.pid)
+
+
+def _wait_ready(proc: subprocess.Popen, ready: Path, cwd: Path) -> None:
+    """Until the server writes its ready file (fails with its console if it exits first)."""
+    deadline = time.monotonic() + 100
+    while not ready.exists():
+        assert proc.poll() is None, (cwd / "console.log").read_text()
+        assert time.monotonic() < deadline, "never became ready"
+        time.sleep(0.05)
