@@ -63,6 +63,7 @@ class _Search:
         log: Log,
     ) -> None:
         self.o = options
+        self.planned_top = 0  # configurations the progress plans to repeat (set by _search_all)
         self.endpoints = endpoints
         self.model = model
         self.gen = gen
@@ -306,6 +307,7 @@ def _search_all(
     pilot = max(1, options.repeats) if options.autopilot and measured else 0
     units = 2 * len(measured) + options.repeats * top + pilot
     search.progress = Progress(units, log, time.monotonic)
+    search.planned_top = top
     log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")
     for outcome in measured:
         search.probe(outcome)
@@ -363,6 +365,8 @@ def _repeat(
     log: Log,
 ) -> list[Repeat]:
     top = [oc for oc in (winner, runner_up) if oc is not None]
+    # Fewer configurations met the SLA than were planned for: their repeats will not run.
+    search.progress.drop(options.repeats * (search.planned_top - len(top)))
     if not top or options.repeats == 0:
         return []
     log(f"repeating the top {len(top)} configuration(s) {options.repeats} times each")

@@ -180,6 +180,10 @@ class Progress:
         self.total, self.done, self.log, self.clock = total, 0, log, clock
         self.started = clock()
 
+    def drop(self, units: int) -> None:
+        """``units`` planned that will not run (fewer configurations to repeat than planned)."""
+        self.total = max(self.done, self.total - max(0, units))
+
     def tick(self, what: str) -> None:
         self.done = min(self.done + 1, self.total)
         elapsed = self.clock() - self.started

@@ -79,3 +79,19 @@ def test_progress_lines_estimate_the_time_left() -> None:
         "progress: 1/4 probed b1-d5-w1; elapsed 10 s, about 30 s left",
         "progress: 2/4 probed b4-d5-w1; elapsed 20 s, about 20 s left",
     ]
+
+
+def test_progress_drops_units_that_will_not_run() -> None:
+    """Fewer configurations met the SLA than planned: their repeats leave the total, so the
+    count ends at N/N and the time left shrinks with them."""
+    now = [0.0]
+    lines: list[str] = []
+    progress = Progress(4, lines.append, lambda: now[0])
+    now[0] = 10.0
+    progress.tick("probed b1-d5-w1")
+    progress.drop(2)
+    now[0] = 20.0
+    progress.tick("autopilot")
+    assert lines[-1] == "progress: 2/2 autopilot; elapsed 20 s, about 0 s left"
+    progress.drop(5)  # never below what is done
+    assert progress.total == 2
