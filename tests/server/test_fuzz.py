@@ -250,8 +250,10 @@ def inference_requests(draw: Callable, keys: dict[str, str], authed: bool) -> Re
             body = b"\0" * (256 * rows - cut) if rows else b""
             octet = ("Content-Type", "application/octet-stream")
             hs = (*((k, v) for k, v in hs if k != "Content-Type"), octet)
-            ok = kind == "predict" and rows > 0 and cut == 0 and version in (None, "1.0")
-            expect, note = ("ok" if ok else "4xx" if rows == 0 or cut else ""), "tensor bytes"
+            # tiny.mar declares no input_shape: one row (64 floats) is a sample; more rows read
+            # as one longer sample the model refuses (422)
+            ok = kind == "predict" and rows == 1 and cut == 0 and version in (None, "1.0")
+            expect, note = ("ok" if ok else "4xx" if rows != 1 or cut else ""), "tensor bytes"
         elif name == "probe" and draw(st.booleans()):
             body = fs.dumps(
                 draw(
