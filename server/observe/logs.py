@@ -34,6 +34,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from torchbay.server.observe.logwriter import (
+    BARRIER,
+    FastAccess,
+    IdleFlushFile,
+    IdleFlushHandler,
+    Listener,
+    RecordFilter,
+)
+
 if TYPE_CHECKING:
     from torchbay.server.serving.model import ModelVersion
 
@@ -91,8 +100,7 @@ def log_access(request: RequestRecord) -> None:
     """Write one access line for a finished request (see the module docstring)."""
     scope, mv, queue_s = request.scope, request.model, request.queue_s
     client = scope.get("client")
-    access_log.info(
-        _ACCESS_FORMAT,
+    args = (
         f"{client[0]}:{client[1]}" if client else "-",
         scope["method"],
         scope["path"],
@@ -103,6 +111,14 @@ def log_access(request: RequestRecord) -> None:
         request.seconds * 1000,
         None if queue_s is None else round(queue_s * 1000, 3),
     )
+    fast = _fast_access
+    if fast is not None and fast.applies():
+        fast.put(_ACCESS_FORMAT % args)
+        return
+    access_log.info(_ACCESS_FORMAT, *args)
+
+
+_fast_access: FastAccess | None = None  # set by configure_logging for the text format
 
 
 _PID = os.getpid()
@@ -153,13 +169,17 @@ class TextFormatter(logging.Formatter):
         self._stamp = ""
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        second = int(record.created)
+        return f"{self.stamp(record.created)},{int(record.msecs):03d}"
+
+    def stamp(self, created: float) -> str:
+        """The local date and time to the second of ``created`` (cached per second)."""
+        second = int(created)
         if second != self._second:
             self._second, self._stamp = (
                 second,
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second)),
             )
-        return f"{self._stamp},{int(record.msecs):03d}"
+        return self._stamp
 
 
 class _OwnedQueueHandler(logging.handlers.QueueHandler):
@@ -180,36 +200,6 @@ class _OwnedQueueHandler(logging.handlers.QueueHandler):
 
 def make_formatter(log_format: str) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else TextFormatter()
-
-
-class _IdleFlushHandler(logging.StreamHandler):
-    """The listener's writer: flushes when the queue runs dry, not after every line, so a busy
-    access log costs one write call per burst instead of one per request."""
-
-    def __init__(self, stream: TextIO, records: queue.SimpleQueue) -> None:
-        super().__init__(stream)
-        self._records = records
-
-    def flush(self) -> None:
-        if self._records.empty():
-            super().flush()
-
-
-RecordFilter = Callable[[logging.LogRecord], bool]
-
-
-class _IdleFlushFile(logging.FileHandler):
-    """A log file (append mode, opened at once) flushed as ``_IdleFlushHandler`` is."""
-
-    def __init__(self, path: Path, records: queue.SimpleQueue, keep: RecordFilter | None) -> None:
-        super().__init__(path, mode="a", encoding="utf-8")
-        self._records = records
-        if keep is not None:
-            self.addFilter(keep)
-
-    def flush(self) -> None:
-        if self._records.empty():
-            super().flush()
 
 
 class LogPipeline:
@@ -236,26 +226,11 @@ class LogPipeline:
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything logged so far is written and flushed (False: not in time)."""
-        record = logging.LogRecord(_BARRIER, logging.INFO, "", 0, "", None, None)
+        record = logging.LogRecord(BARRIER, logging.INFO, "", 0, "", None, None)
         done = threading.Event()
         record.barrier = done
         self._records.put(record)
         return done.wait(timeout)
-
-
-_BARRIER = "torchbay.logs.barrier"
-
-
-class _Listener(logging.handlers.QueueListener):
-    """The writer thread: a barrier record flushes every handler and wakes its waiter."""
-
-    def handle(self, record: logging.LogRecord) -> None:
-        if record.name != _BARRIER:
-            super().handle(record)
-            return
-        for handler in self.handlers:
-            logging.StreamHandler.flush(handler)  # type: ignore[arg-type]
-        record.barrier.set()
 
 
 def _quiet_uvicorn(record: logging.LogRecord) -> bool:
@@ -269,7 +244,7 @@ def _quiet_uvicorn(record: logging.LogRecord) -> bool:
 
 def _stderr() -> TextIO:
     # stderr is line-buffered: one write syscall per line. Give the writer thread its own
-    # buffer; _IdleFlushHandler flushes it whenever the queue runs dry.
+    # buffer; IdleFlushHandler flushes it whenever the queue runs dry.
     sys.stderr.flush()
     return open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False)
 
@@ -304,20 +279,22 @@ def configure_logging(
     front = _OwnedQueueHandler(records)
     pipeline = LogPipeline(records, make_formatter(log_format))
     front.setFormatter(pipeline.formatter)  # format here; the listener only writes
-    back = _IdleFlushHandler(stream or _stderr(), records)
-    file_writers = [_IdleFlushFile(path, records, keep) for path, keep in (files or {}).items()]
-    writers = [back, *file_writers]
-    for writer in writers:
-        writer.setFormatter(logging.Formatter("%(message)s"))
-    listener = _Listener(records, *writers)
+    file_writers = [IdleFlushFile(path, records, keep) for path, keep in (files or {}).items()]
+    writers = [IdleFlushHandler(stream or _stderr(), records), *file_writers]
+    listener = Listener(records, *writers)  # the writers' format: "%(message)s"
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.addHandler(front)
     if level is not None:
         root.setLevel(level)
     listener.start()
+    global _fast_access
+    if isinstance(formatter := pipeline.formatter, TextFormatter):
+        _fast_access = FastAccess(logging.getLogger(ACCESS_LOGGER), front, formatter.stamp, records)
 
     def stop() -> None:
+        global _fast_access
+        _fast_access = None
         listener.stop()
         root.removeHandler(front)
         uvicorn_log.removeFilter(_quiet_uvicorn)

@@ -135,6 +135,52 @@ def test_configure_logging_text(root_logging: logging.Logger) -> None:
     assert line.endswith(" INFO torchbay.serve: ready")
 
 
+def test_access_fast_path_writes_what_the_standard_path_writes(
+    root_logging: logging.Logger, tmp_path
+) -> None:
+    """The text pipeline formats access lines whole (no LogRecord): the same line as the
+    standard path, in order with other records, to the console and to the files that keep it;
+    with a filter on the way (``--log-config``, caplog) the standard path runs instead."""
+    import re
+
+    from torchbay.server.observe import logs
+
+    access, other = tmp_path / "access.log", tmp_path / "other.log"
+    stream = io.StringIO()
+    files = {access: lambda r: r.name == ACCESS_LOGGER, other: lambda r: r.name != ACCESS_LOGGER}
+    stop = configure_logging("text", level=logging.INFO, stream=stream, files=files)
+    request = RequestRecord(SCOPE, "m", None, 200, 0.0123, 0.0004, None)
+    try:
+        fast = logs._fast_access
+        assert fast is not None and fast.applies()
+        log_access(request)
+        logging.getLogger("torchbay.serve").info("between")
+        for _ in range(50):
+            log_access(request)
+        keep = logging.Filter()  # any filter on the logger: the standard path
+        logging.getLogger(ACCESS_LOGGER).addFilter(keep)
+        try:
+            assert not fast.applies()
+            log_access(RequestRecord(SCOPE, "m", "2.0", 503, 0.002, None, None))
+        finally:
+            logging.getLogger(ACCESS_LOGGER).removeFilter(keep)
+    finally:
+        stop()
+    assert logs._fast_access is None
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 53 and lines[1].endswith(" INFO torchbay.serve: between")
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
+    message = (
+        '127.0.0.1:5000 "POST /predictions/m HTTP/1.1" 200 model=m version=None '
+        "total_ms=12.300 queue_ms=0.4"
+    )
+    fast_line = re.compile(f"{stamp} INFO {re.escape(ACCESS_LOGGER)}: {re.escape(message)}")
+    assert all(fast_line.fullmatch(line) for line in [lines[0], *lines[2:52]]), lines[:3]
+    assert re.fullmatch(f"{stamp} INFO {re.escape(ACCESS_LOGGER)}: .* 503 model=m .*", lines[52])
+    assert access.read_text().splitlines() == [lines[0], *lines[2:]]
+    assert other.read_text().splitlines() == [lines[1]]
+
+
 @pytest.mark.slow
 def test_one_access_line_per_request(live_server, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)

@@ -1,0 +1,159 @@
+"""The writer side of ``torchbay serve``'s logging: the thread that writes what the event loop
+queued, and the access line's fast path (see logs.py for the formats and the setup).
+
+The event loop only formats a record and puts it on a ``queue.SimpleQueue``; :class:`Listener`
+(a thread) writes it to the console and the log files. Two things keep a busy access log cheap
+for the frontend, which shares the GIL with this thread:
+
+* :class:`FastAccess`: an access line is formatted whole in one f-string and queued as a
+  :class:`Line`, never built as a ``LogRecord`` nor passed down the handler chain, while our
+  queue is the only way out (no ``--log-config`` handler, no filter on the way);
+* :class:`Listener` wakes once per burst, not once per line: after the first record it lets the
+  burst gather for ``GATHER_S``, then writes each run of access lines with one ``write`` per
+  destination and flushes when the queue is dry.
+
+Torch-free; imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+RecordFilter = Callable[[logging.LogRecord], bool]
+BARRIER = "torchbay.logs.barrier"
+# How long the writer lets a burst gather after its first record (a line's worst extra delay).
+GATHER_S = 0.005
+
+
+class Line:
+    """A line formatted whole by :class:`FastAccess`: what the writers read of a LogRecord."""
+
+    __slots__ = ("msg", "name")
+    levelno = logging.INFO
+
+    def __init__(self, name: str, msg: str) -> None:
+        self.name, self.msg = name, msg
+
+    def getMessage(self) -> str:
+        return self.msg
+
+
+class FastAccess:
+    """Queue an access line formatted whole, while nothing but our ``front`` handler would see
+    its record (check :meth:`applies` first; otherwise log it the standard way)."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        front: logging.Handler,
+        stamp: Callable[[float], str],
+        records: queue.SimpleQueue,
+    ) -> None:
+        self._logger, self._front, self._stamp, self._put = logger, front, stamp, records.put
+        self._root = logging.getLogger()
+        self._prefix = f" INFO {logger.name}: "
+
+    def applies(self) -> bool:
+        """Our handler alone on the root, none of the logger's own, no filter on the way
+        (``--log-config`` and pytest's caplog add handlers: the standard path then)."""
+        root, logger = self._root, self._logger
+        return (
+            len(root.handlers) == 1
+            and root.handlers[0] is self._front
+            and not logger.handlers
+            and not logger.filters
+            and not root.filters
+            and not self._front.filters
+            and logger.propagate
+        )
+
+    def put(self, message: str) -> None:
+        now = time.time()
+        millis = int((now - int(now)) * 1000)
+        line = f"{self._stamp(now)},{millis:03d}{self._prefix}{message}"
+        self._put(Line(self._logger.name, line))
+
+
+class IdleFlushHandler(logging.StreamHandler):
+    """The listener's writer: flushes when the queue runs dry, not after every line, so a busy
+    access log costs one write call per burst instead of one per request."""
+
+    def __init__(self, stream: TextIO, records: queue.SimpleQueue) -> None:
+        super().__init__(stream)
+        self._records = records
+        self.setFormatter(logging.Formatter("%(message)s"))  # formatted by the queue's handler
+
+    def flush(self) -> None:
+        if self._records.empty():
+            super().flush()
+
+
+class IdleFlushFile(logging.FileHandler):
+    """A log file (append mode, opened at once) flushed as ``IdleFlushHandler`` is."""
+
+    def __init__(self, path: Path, records: queue.SimpleQueue, keep: RecordFilter | None) -> None:
+        super().__init__(path, mode="a", encoding="utf-8")
+        self._records = records
+        self.setFormatter(logging.Formatter("%(message)s"))
+        if keep is not None:
+            self.addFilter(keep)
+
+    def flush(self) -> None:
+        if self._records.empty():
+            super().flush()
+
+
+class Listener(logging.handlers.QueueListener):
+    """The writer thread: bursts, :class:`Line` runs written whole, and barrier records (flush
+    every handler, then wake the waiter)."""
+
+    def _monitor(self) -> None:
+        records = self.queue
+        while True:
+            batch = [records.get()]
+            if batch[0] is not self._sentinel:
+                time.sleep(GATHER_S)  # let the burst gather: one wake-up, one write per burst
+            while True:
+                try:
+                    batch.append(records.get_nowait())
+                except queue.Empty:
+                    break
+            lines: list[Line] = []
+            for record in batch:
+                if type(record) is Line:
+                    lines.append(record)
+                    continue
+                if lines:
+                    self._write_lines(lines)
+                    lines = []
+                if record is self._sentinel:
+                    return
+                self.handle(record)
+            if lines:
+                self._write_lines(lines)
+
+    def handle(self, record: logging.LogRecord) -> None:
+        if record.name != BARRIER:
+            super().handle(record)
+            return
+        for handler in self.handlers:
+            logging.StreamHandler.flush(handler)  # type: ignore[arg-type]
+        record.barrier.set()  # type: ignore[attr-defined]
+
+    def _write_lines(self, lines: list[Line]) -> None:
+        for handler in self.handlers:
+            keep = handler.filter
+            text = "".join([line.msg + "\n" for line in lines if keep(line)])  # type: ignore[arg-type]
+            if not text:
+                continue
+            try:
+                handler.stream.write(text)  # type: ignore[attr-defined]
+                handler.flush()
+            except Exception:  # a closed or broken stream: logging's own report
+                handler.handleError(logging.makeLogRecord({"msg": text.rstrip("\n")}))
