@@ -34,7 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 log = logging.getLogger("torchbay.http")
 
@@ -165,6 +169,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._phase, self._header_due = _BODY, 0.0
         super().on_headers_complete()
+        # uvicorn made the cycle and created (not yet ran) its ASGI task: the task looks up
+        # ``cycle.send`` when it first runs, so the swap is in time.
+        if type(self.cycle) is RequestResponseCycle:
+            self.cycle.__class__ = CoalescingCycle
 
     def on_message_complete(self) -> None:
         self._phase, self._raw = _IDLE, 0
@@ -263,6 +271,53 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         self._close_due = self.loop.time() + LINGER_S
         self._ensure_timer(self._close_due)
+
+
+class _Gather:
+    """Stands in for the transport while a response's head and first body part are written."""
+
+    __slots__ = ("closed", "parts", "real")
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.parts, self.closed = real, [], False
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed or self.real.is_closing()
+
+
+class CoalescingCycle(RequestResponseCycle):
+    """uvicorn's request/response cycle with the response's head held until its first body
+    part and written with it: one write per response instead of two, so a small answer is one
+    TCP segment and wakes the client once (the frontend's biggest per-request syscall cost).
+    A head that is never followed by a body is replaced by the next one (uvicorn's 500)."""
+
+    _head: Any = None
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and not self.response_started:
+            self._head = message
+            return
+        head, self._head = self._head, None
+        if head is None:
+            await super().send(message)
+            return
+        real = self.transport
+        gather = self.transport = _Gather(real)
+        try:
+            await super().send(head)
+            await super().send(message)
+        finally:
+            self.transport = real
+            if gather.parts and not real.is_closing():
+                real.writelines(gather.parts)
+            if gather.closed:
+                real.close()
 
 
 def _client(client: tuple[str, int] | None) -> str:
