@@ -42,7 +42,10 @@ class RecordingTransport(asyncio.Transport):
 
 
 async def _exchange(app: Any, request: bytes) -> RecordingTransport:
-    config = uvicorn.Config(app, http=protocol_class(HttpLimits()), lifespan="off", log_level=50)
+    # log_config None and no log_level: uvicorn leaves the logging setup of other tests alone
+    config = uvicorn.Config(
+        app, http=protocol_class(HttpLimits()), lifespan="off", log_config=None, access_log=False
+    )
     config.load()
     protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
     transport = RecordingTransport()

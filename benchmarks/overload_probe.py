@@ -1,0 +1,133 @@
+"""Where the capacity goes under overload: cnn (batch 8, 2 workers, the overload row's settings)
+at open-loop multiples of its closed-loop capacity, with the CPU of every process (frontend,
+workers, load generator) and the model's describe sampled every 0.25 s (busy workers,
+``predictedQueueWaitMs``, ``serviceRatePerWorker``).
+
+    python -m torchbay.benchmarks.overload_probe --factors 1 2 4 [--duration 10 --warmup 3]
+
+A diagnostic beside ``round2`` (its overload row says how much is lost; this says where).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from torchbay.benchmarks import round2_overload, runner
+from torchbay.benchmarks.loadgen import LoadGenerator
+from torchbay.benchmarks.loadplan import LoadPlan
+from torchbay.benchmarks.round2_rows import CNN_B8_W2, JOB_QUEUE_SIZE, QUEUE_DELAY_MS
+from torchbay.benchmarks.round2_run import TORCHBAY, Ctx, closed, serving, target
+
+
+def _describe_sampler(port: int, samples: list[dict[str, Any]], stop: threading.Event) -> None:
+    with httpx.Client(timeout=5) as client:
+        while not stop.is_set():
+            samples.append(client.get(f"http://127.0.0.1:{port}/models/cnn").json()[0])
+            time.sleep(0.25)
+
+
+def _cpu(procs: list[psutil.Process]) -> dict[int, float]:
+    out = {}
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            out[proc.pid] = sum(proc.cpu_times()[:2])
+    return out
+
+
+def _label(proc: psutil.Process, front: int, generator: int) -> str:
+    if proc.pid == front:
+        return "frontend"
+    if proc.pid == generator:
+        return "probe (this process)"
+    try:
+        cmd = " ".join(proc.cmdline())
+    except psutil.Error:
+        return "gone"
+    return "worker" if "torchbay.server.worker" in cmd else "load generator"
+
+
+def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
+    props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
+    with serving(ctx, TORCHBAY, {"cnn": CNN_B8_W2}, ctx.out_dir / "probe", props=props) as server:
+        assert server.endpoints is not None and server.proc is not None
+        tgt = target(ctx, server, "cnn", "cnn")
+        capacity = closed(ctx, tgt, 16).ok_per_s
+        log(f"capacity (closed loop, c=16): {capacity:.1f} req/s")
+        front, me = psutil.Process(server.proc.pid), psutil.Process()
+        for factor in factors:
+            samples: list[dict[str, Any]] = []
+            stop = threading.Event()
+            args = (server.endpoints.management_port, samples, stop)
+            sampler = threading.Thread(target=_describe_sampler, args=args)
+            plan = LoadPlan(
+                tgt, "open", rate=factor * capacity, duration_s=ctx.duration_s,
+                warmup_s=ctx.warmup_s, timeline=True, timeout_s=round2_overload.LATE_S,
+                max_connections=256,
+            )  # fmt: skip
+            procs = [front, *front.children(recursive=True), me, *me.children(recursive=True)]
+            sampler.start()
+            before, started = _cpu(procs), time.monotonic()
+            result = ctx.gen.run(plan)
+            after, elapsed = _cpu(procs), time.monotonic() - started
+            stop.set()
+            sampler.join()
+            items = round2_overload.answers(result.timeline)
+            d = ctx.duration_s
+            stats = round2_overload.phase_stats(
+                round2_overload.in_phase(items, 0.0, d), d, factor * capacity,
+                round2_overload.answered_ok_in(items, 0.0, d),
+            )  # fmt: skip
+            log(
+                f"{factor:g}x: goodput {stats.goodput_per_s:.1f} req/s "
+                f"({stats.goodput_per_s / capacity:.2f} of capacity), 503s {stats.rejected_503}, "
+                f"admitted p99 {stats.admitted_p99_ms:.0f} ms"
+            )
+            log("  CPU % over the run (warm-up included):")
+            for proc in procs:
+                if proc.pid in after and proc.pid in before:
+                    used = 100 * (after[proc.pid] - before[proc.pid]) / elapsed
+                    log(f"    {used:5.1f}  {_label(proc, front.pid, me.pid)} (pid {proc.pid})")
+            _log_samples(samples[len(samples) // 4 :], log)
+
+
+def _log_samples(samples: list[dict[str, Any]], log: Any) -> None:
+    for key in ("predictedQueueWaitMs", "serviceRatePerWorker", "pendingRequests"):
+        values = [s[key] for s in samples if s.get(key) is not None]
+        if values:
+            log(f"  {key}: median {statistics.median(values):.1f} "
+                f"(min {min(values):.1f}, max {max(values):.1f})")  # fmt: skip
+    busy = [sum(w.get("status") == "BUSY" for w in s.get("workers", [])) for s in samples]
+    if busy:
+        log(
+            f"  busy workers per sample: mean {statistics.mean(busy):.2f} of {len(samples)} samples"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchbay.benchmarks.overload_probe")
+    parser.add_argument("--factors", type=float, nargs="+", default=[1.0, 2.0, 4.0])
+    parser.add_argument("--duration", type=float, default=10.0, help="measured s per factor")
+    parser.add_argument("--warmup", type=float, default=3.0, help="warm-up s per factor")
+    parser.add_argument("--work", type=Path, default=Path("benchmarks/out/overload-probe"))
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    assets = runner.archive_models(runner.prepare_models(args.work), args.work, sys.executable)
+    with LoadGenerator(1) as gen:
+        ctx = Ctx(args.work, assets, gen, args.duration, args.warmup, 1, None)
+        probe(ctx, args.factors)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
