@@ -80,33 +80,38 @@ class FastAccess:
         self._put(Line(self._logger.name, line))
 
 
-class IdleFlushHandler(logging.StreamHandler):
-    """The listener's writer: flushes when the queue runs dry, not after every line, so a busy
-    access log costs one write call per burst instead of one per request."""
+class _IdleFlush:
+    """A writer that flushes when the queue runs dry, not after every line, so a busy access
+    log costs one write call per burst instead of one per request. The queue's handler did the
+    formatting: the writer's format is the message."""
+
+    _records: queue.SimpleQueue
+
+    def _idle_flush(self, records: queue.SimpleQueue) -> None:
+        self._records = records
+        self.setFormatter(logging.Formatter("%(message)s"))  # type: ignore[attr-defined]
+
+    def flush(self) -> None:
+        if self._records.empty():
+            super().flush()  # type: ignore[misc]
+
+
+class IdleFlushHandler(_IdleFlush, logging.StreamHandler):
+    """The console writer."""
 
     def __init__(self, stream: TextIO, records: queue.SimpleQueue) -> None:
         super().__init__(stream)
-        self._records = records
-        self.setFormatter(logging.Formatter("%(message)s"))  # formatted by the queue's handler
-
-    def flush(self) -> None:
-        if self._records.empty():
-            super().flush()
+        self._idle_flush(records)
 
 
-class IdleFlushFile(logging.FileHandler):
-    """A log file (append mode, opened at once) flushed as ``IdleFlushHandler`` is."""
+class IdleFlushFile(_IdleFlush, logging.FileHandler):
+    """A log file (append mode, opened at once), ``keep`` choosing its records."""
 
     def __init__(self, path: Path, records: queue.SimpleQueue, keep: RecordFilter | None) -> None:
         super().__init__(path, mode="a", encoding="utf-8")
-        self._records = records
-        self.setFormatter(logging.Formatter("%(message)s"))
+        self._idle_flush(records)
         if keep is not None:
             self.addFilter(keep)
-
-    def flush(self) -> None:
-        if self._records.empty():
-            super().flush()
 
 
 class Listener(logging.handlers.QueueListener):
