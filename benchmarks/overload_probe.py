@@ -1,7 +1,8 @@
 """Where the capacity goes under overload: cnn (batch 8, 2 workers, the overload row's settings)
 at open-loop multiples of its closed-loop capacity, with the CPU of every process (frontend,
-workers, load generator) and the model's describe sampled every 0.25 s (busy workers,
-``predictedQueueWaitMs``, ``serviceRatePerWorker``).
+workers, load generator: the time each ran on a CPU and the time it waited, runnable, for one,
+from Linux's schedstat), the workers' CPU per served request, and the model's describe sampled
+every 0.25 s (busy workers, ``predictedQueueWaitMs``, ``serviceRatePerWorker``).
 
     python -m torchbay.benchmarks.overload_probe --factors 1 2 4 [--duration 10 --warmup 3]
 
@@ -37,12 +38,49 @@ def _describe_sampler(port: int, samples: list[dict[str, Any]], stop: threading.
             time.sleep(0.25)
 
 
-def _cpu(procs: list[psutil.Process]) -> dict[int, float]:
-    out = {}
-    for proc in procs:
+def _sched(pid: int) -> tuple[float, float]:
+    """Seconds a process's threads have run on a CPU and waited runnable for one (Linux
+    ``/proc/<pid>/task/*/schedstat``; zeros where it cannot be read)."""
+    ran = waited = 0.0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                fields = (task / "schedstat").read_text().split()
+                ran += int(fields[0]) / 1e9
+                waited += int(fields[1]) / 1e9
+    return ran, waited
+
+
+def _cpu(procs: list[psutil.Process]) -> dict[int, tuple[float, float]]:
+    return {proc.pid: _sched(proc.pid) for proc in procs if proc.is_running()}
+
+
+def _processes(front: psutil.Process, me: psutil.Process) -> list[psutil.Process]:
+    """The server's processes and the load generator's, each once."""
+    found: dict[int, psutil.Process] = {}
+    for root in (front, me):
         with contextlib.suppress(psutil.Error):
-            out[proc.pid] = sum(proc.cpu_times()[:2])
-    return out
+            for proc in (root, *root.children(recursive=True)):
+                found.setdefault(proc.pid, proc)
+    return list(found.values())
+
+
+def _log_cpu(procs, before, after, elapsed, served, labels, log) -> None:  # type: ignore[no-untyped-def]
+    """CPU % of each process over the run, the % of the run it waited runnable for a CPU (the
+    host's cores saturated), and the workers' CPU per served request."""
+    log("  CPU % (ran / waited for a CPU) over the run, warm-up included:")
+    worker_cpu = 0.0
+    for proc in procs:
+        if proc.pid in after and proc.pid in before:
+            ran = after[proc.pid][0] - before[proc.pid][0]
+            waited = after[proc.pid][1] - before[proc.pid][1]
+            label = labels(proc)
+            worker_cpu += ran if label == "worker" else 0.0
+            log(f"    {100 * ran / elapsed:5.1f} / {100 * waited / elapsed:5.1f}  {label} "
+                f"(pid {proc.pid})")  # fmt: skip
+    if served:
+        log(f"  worker CPU per served request: {1000 * worker_cpu / served:.2f} ms "
+            "(at the measured goodput)")  # fmt: skip
 
 
 def _label(proc: psutil.Process, front: int, generator: int) -> str:
@@ -75,7 +113,7 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
                 warmup_s=ctx.warmup_s, timeline=True, timeout_s=round2_overload.LATE_S,
                 max_connections=256,
             )  # fmt: skip
-            procs = [front, *front.children(recursive=True), me, *me.children(recursive=True)]
+            procs = _processes(front, me)
             sampler.start()
             before, started = _cpu(procs), time.monotonic()
             result = ctx.gen.run(plan)
@@ -93,11 +131,9 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
                 f"({stats.goodput_per_s / capacity:.2f} of capacity), 503s {stats.rejected_503}, "
                 f"admitted p99 {stats.admitted_p99_ms:.0f} ms"
             )
-            log("  CPU % over the run (warm-up included):")
-            for proc in procs:
-                if proc.pid in after and proc.pid in before:
-                    used = 100 * (after[proc.pid] - before[proc.pid]) / elapsed
-                    log(f"    {used:5.1f}  {_label(proc, front.pid, me.pid)} (pid {proc.pid})")
+            served = stats.goodput_per_s * elapsed  # the CPU window includes the warm-up
+            _log_cpu(procs, before, after, elapsed, served,
+                     lambda proc: _label(proc, front.pid, me.pid), log)  # fmt: skip
             _log_samples(samples[len(samples) // 4 :], log)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from torchbay.benchmarks.overload_probe import _log_samples, main
+import os
+
+from torchbay.benchmarks.overload_probe import _log_cpu, _log_samples, _sched, main
 
 
 def test_samples_report_medians_and_busy_workers() -> None:
@@ -28,3 +30,29 @@ def test_help_names_the_factors(capsys) -> None:
     except SystemExit as exc:
         assert exc.code == 0
     assert "--factors" in capsys.readouterr().out
+
+
+def test_cpu_report_shows_run_and_wait_and_worker_cpu_per_request() -> None:
+    class Proc:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+    procs = [Proc(1), Proc(2), Proc(3)]
+    before = {1: (10.0, 1.0), 2: (20.0, 2.0), 3: (5.0, 0.0)}
+    after = {1: (12.0, 1.5), 2: (27.0, 4.0), 3: (5.5, 0.0)}
+    labels = {1: "frontend", 2: "worker", 3: "load generator"}
+    lines: list[str] = []
+    _log_cpu(procs, before, after, 10.0, 1000, lambda p: labels[p.pid], lines.append)
+    assert lines == [
+        "  CPU % (ran / waited for a CPU) over the run, warm-up included:",
+        "     20.0 /   5.0  frontend (pid 1)",
+        "     70.0 /  20.0  worker (pid 2)",
+        "      5.0 /   0.0  load generator (pid 3)",
+        "  worker CPU per served request: 7.00 ms (at the measured goodput)",
+    ]
+
+
+def test_sched_reads_this_process_threads() -> None:
+    ran, waited = _sched(os.getpid())
+    assert ran > 0 and waited >= 0  # the test itself has run on a CPU
+    assert _sched(2**22 + 12345) == (0.0, 0.0)  # no such process
