@@ -100,9 +100,14 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
     with serving(ctx, TORCHBAY, {"cnn": CNN_B8_W2}, ctx.out_dir / "probe", props=props) as server:
         assert server.endpoints is not None and server.proc is not None
         tgt = target(ctx, server, "cnn", "cnn")
-        capacity = closed(ctx, tgt, 16).ok_per_s
-        log(f"capacity (closed loop, c=16): {capacity:.1f} req/s")
         front, me = psutil.Process(server.proc.pid), psutil.Process()
+        labels = lambda proc: _label(proc, front.pid, me.pid)  # noqa: E731
+        procs = _processes(front, me)
+        before, started = _cpu(procs), time.monotonic()
+        capacity = closed(ctx, tgt, 16).ok_per_s
+        after, elapsed = _cpu(procs), time.monotonic() - started
+        log(f"capacity (closed loop, c=16): {capacity:.1f} req/s")
+        _log_cpu(procs, before, after, elapsed, capacity * elapsed, labels, log)
         for factor in factors:
             samples: list[dict[str, Any]] = []
             stop = threading.Event()
@@ -132,8 +137,7 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
                 f"admitted p99 {stats.admitted_p99_ms:.0f} ms"
             )
             served = stats.goodput_per_s * elapsed  # the CPU window includes the warm-up
-            _log_cpu(procs, before, after, elapsed, served,
-                     lambda proc: _label(proc, front.pid, me.pid), log)  # fmt: skip
+            _log_cpu(procs, before, after, elapsed, served, labels, log)
             _log_samples(samples[len(samples) // 4 :], log)
 
 
