@@ -173,6 +173,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # ``cycle.send`` when it first runs, so the swap is in time.
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = CoalescingCycle
+            self.cycle.close_lingering = self._close_lingering
 
     def on_message_complete(self) -> None:
         self._phase, self._raw = _IDLE, 0
@@ -261,8 +262,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             % len(body)
         )
         content.append(body)
+        self.transport.write(b"".join(content))
+        self._close_lingering()
+
+    def _close_lingering(self) -> None:
+        """After the last answer: FIN, then discard what the client still sends until its EOF
+        or ``LINGER_S`` (so an upload in flight does not turn the answer into a reset)."""
         transport = self.transport
-        transport.write(b"".join(content))
         self._phase = _CLOSING
         if not transport.can_write_eof():
             transport.close()
@@ -295,12 +301,21 @@ class CoalescingCycle(RequestResponseCycle):
     """uvicorn's request/response cycle with the response's head held until its first body
     part and written with it: one write per response instead of two, so a small answer is one
     TCP segment and wakes the client once (the frontend's biggest per-request syscall cost).
-    A head that is never followed by a body is replaced by the next one (uvicorn's 500)."""
+    A head that is never followed by a body is replaced by the next one (uvicorn's 500).
+
+    A request with ``Expect: 100-continue`` answered before the app read its body (a refusal
+    from the headers: 503, 401, 404) was never told to send the body, and may or may not send
+    it: what follows on the connection cannot be framed. Its answer says ``connection: close``,
+    and the connection closes lingering (the body, if it comes, is discarded), RFC 9110 10.1.1.
+    """
 
     _head: Any = None
+    close_lingering: Any = None  # the protocol's lingering close
 
     async def send(self, message: Any) -> None:
         if message["type"] == "http.response.start" and not self.response_started:
+            if self.waiting_for_100_continue and self.more_body:
+                self.keep_alive = False  # uvicorn adds connection: close
             self._head = message
             return
         head, self._head = self._head, None
@@ -317,7 +332,10 @@ class CoalescingCycle(RequestResponseCycle):
             if gather.parts and not real.is_closing():
                 real.writelines(gather.parts)
             if gather.closed:
-                real.close()
+                if self.more_body and self.close_lingering is not None and not real.is_closing():
+                    self.close_lingering()  # the request's body may still be on its way
+                else:
+                    real.close()
 
 
 def _client(client: tuple[str, int] | None) -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,3 +206,86 @@ def test_normal_requests_still_work_and_the_server_stays_ready(server):
     assert httpx.get(f"{server.url}/v2/health/ready", timeout=WAIT_S).json() == {"ready": True}
     assert httpx.get(f"{server.metrics_url}/metrics", timeout=WAIT_S).status_code == 200
     assert _describe(server)["status"] == "READY"
+
+
+def _expect(path: str, length: int) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One response with a content-length body (an interim 100 Continue is returned alone)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before an answer: {data!r}"
+        data += chunk
+    code, headers, body = _parse(data)
+    while code != 100 and len(body) < int(headers.get("content-length", 0)):
+        body += sock.recv(65536)
+    return data.partition(b"\r\n\r\n")[0] + b"\r\n\r\n" + body
+
+
+def _rest(sock: socket.socket) -> tuple[bytes, bool]:
+    """Everything until the server closes, and whether it did (False: still open at timeout)."""
+    sock.settimeout(2.0)
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return out, False
+        if not chunk:
+            return out, True
+        out += chunk
+
+
+def test_expect_100_continue_answered_from_the_headers_closes_the_connection(server):
+    # RFC 9110 10.1.1: the client was never told to send its body, so whether it will is
+    # unknown and the connection cannot carry another request. The answer says so, and the
+    # connection closes (before this, the next request was read as the old one's body).
+    port = _ports(server)["inference"]
+    with socket.create_connection(("127.0.0.1", port), WAIT_S) as sock:
+        sock.sendall(_expect("/predictions/nope", 2048))  # the body never comes
+        code, headers, body = _parse(_read_answer(sock))
+        assert code == 404 and headers["connection"] == "close", headers
+        assert json.loads(body)["code"] == 404
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        rest, closed = _rest(sock)
+        assert closed and rest == b"", rest  # nothing misread as a request
+    with socket.create_connection(("127.0.0.1", port), WAIT_S) as sock:
+        sock.sendall(_expect("/predictions/nope", 2048))
+        assert _parse(_read_answer(sock))[0] == 404
+        sock.sendall(b"x" * 2048)  # a client that sends the body anyway: discarded, no reset
+        assert _rest(sock) == (b"", True)
+    # Asked for its body (an admitted request), the client gets 100 Continue, then its answer,
+    # and the connection stays open for the next request.
+    with socket.create_connection(("127.0.0.1", port), WAIT_S) as sock:
+        body = b'{"echo": "on"}'
+        sock.sendall(_expect("/predictions/probe", len(body)))
+        assert _read_answer(sock).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)
+        code, headers, answer = _parse(_read_answer(sock))
+        assert code == 200 and "connection" not in headers and json.loads(answer)["echo"] == "on"
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _parse(_read_answer(sock))[0] == 200
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_uploads_with_expect_on_its_defaults(server):
+    # curl sends Expect: 100-continue for bodies over 1 KiB (7.x) or 1 MiB (8.x): a refused
+    # upload and an accepted one, on curl's defaults, each get their own answer.
+    url = f"http://127.0.0.1:{_ports(server)['inference']}"
+    body = json.dumps({"echo": "curl", "pad": "p" * 2_000_000})  # over both thresholds
+    out = subprocess.run(
+        ["curl", "-sS", "-w", "%{http_code}\\n", "--data-binary", "@-",
+         "-H", "Content-Type: application/json",
+         *(arg for path in ("nope", "probe", "nope")
+           for arg in ("-o", "/dev/null", f"{url}/predictions/{path}"))],
+        input=body.encode(), capture_output=True, timeout=WAIT_S, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().split() == ["404", "200", "404"], out.stderr
