@@ -16,6 +16,7 @@ from torchbay.benchmarks import round2_overload
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
+from torchbay.benchmarks.round2_paired import SLICES, alternate
 from torchbay.benchmarks.round2_run import (
     ECHO,
     INPROCESS,
@@ -93,12 +94,26 @@ def row_tiny(ctx: Ctx) -> RowResult:
 
 
 def row_cnn_c1(ctx: Ctx) -> RowResult:
-    b1, b8 = Batching(1, 10, 1), Batching(8, 10, 1)
-    row = RowResult("cnn-c1", "cnn, c=1, batch 8 vs batch 1", "c=1, delay 10 ms, 1 worker")
+    configs = {"cnn_b1": Batching(1, 10, 1), "cnn_b8": Batching(8, 10, 1)}
+    row = RowResult(
+        "cnn-c1",
+        "cnn, c=1, batch 8 vs batch 1",
+        f"c=1, delay 10 ms, 1 worker each; one server serves both, measured in alternating "
+        f"slices (b1 b8 b8 b1 ..., {SLICES} of {ctx.duration_s / SLICES:g} s each)",
+    )
     systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
-    runs = [(f"{s} b{b.batch_size}", s, "cnn", b, 1) for s in systems for b in (b1, b8)]
     for rep in range(1, ctx.repeat + 1):
-        _closed_row(ctx, row, runs, rep)
+        for s in systems:
+            run_dir = ctx.out_dir / "runs" / f"cnn-c1-{s}-r{rep}"
+            labels = {"cnn_b1": f"{s} b1", "cnn_b8": f"{s} b8"}
+            try:
+                pooled = alternate(ctx, s, "cnn", configs, 1, run_dir)
+                for name, label in labels.items():
+                    row.add(label, pooled[name])
+            except (BenchError, psutil.Error) as exc:
+                for label in labels.values():
+                    _failed(row, label, rep, exc, ("req_s", "p50_ms", "p99_ms", "errors"))
+            ctx.progress(f"{row.key} repeat {rep}: {s}", 2 * (ctx.warmup_s + ctx.duration_s) + 5)
     for s in systems:
         values = _div(row.series(f"{s} b8", "req_s"), row.series(f"{s} b1", "req_s"))
         bound = 0.97 if s == TORCHBAY else None
@@ -373,7 +388,7 @@ def _two_models_once(
 
 ROWS = {
     "tiny-c16": (row_tiny, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
-    "cnn-c1": (row_cnn_c1, lambda c: 4 * (c.warmup_s + c.duration_s + 4)),
+    "cnn-c1": (row_cnn_c1, lambda c: 2 * (2 * (c.warmup_s + c.duration_s) + 5)),
     "cnn-c16": (row_cnn_c16, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
     "overload": (row_overload, lambda c: 2 * (c.warmup_s + 4 * c.duration_s + 8)),
     "start": (row_start, lambda c: 12.0 * max(c.starts, c.repeat) / c.repeat),
