@@ -3,24 +3,44 @@
 Torch-free. ``archiver.signature.model_signature`` is the contract: model-config.yaml's
 ``inputs``/``outputs`` over the manifest's recorded ``torchbay.inputs``/``outputs``. A signature
 that is not valid fails the load (``HandlerLoadError``), as any broken archive does.
+
+``archiver.signature`` (pydantic: about 0.1 s of a worker's start) is imported only when something
+describes the tensors; a TorchServe ``.mar`` has no signature and never pays for it.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from torchbay.archiver.signature import Signature, SignatureError, model_signature
+from typing import TYPE_CHECKING, Any
 
 from .errors import HandlerLoadError
+
+if TYPE_CHECKING:
+    from torchbay.archiver.signature import Signature
 
 
 def load(manifest: dict[str, Any], yaml_config: dict[str, Any] | None) -> Signature | None:
     """The model's signature, or None when nothing describes its tensors."""
+    info = manifest.get("torchbay")
+    info = info if isinstance(info, dict) else None
+    if not _described(info or {}, yaml_config or {}):
+        return None  # model_signature's answer too, without importing it
+    from torchbay.archiver.signature import SignatureError, model_signature
+
     try:
-        info = manifest.get("torchbay")  # (handlers.loading imports torch)
-        return model_signature(info if isinstance(info, dict) else None, yaml_config)
+        return model_signature(info, yaml_config)
     except SignatureError as exc:
         raise HandlerLoadError(f"invalid tensor signature: {exc}") from exc
+
+
+def _described(info: dict[str, Any], yaml_config: dict[str, Any]) -> bool:
+    """Whether ``model_signature`` would find anything (its own tests, in its order)."""
+    recorded = info.get("inputs") is not None or info.get("outputs") is not None
+    return (
+        recorded
+        or bool(info.get("input_shape"))
+        or "inputs" in yaml_config
+        or ("outputs" in yaml_config)
+    )
 
 
 def for_requests(

@@ -158,3 +158,48 @@ def _wait_ready(proc: subprocess.Popen, ready: Path, cwd: Path) -> None:
         assert proc.poll() is None, (cwd / "console.log").read_text()
         assert time.monotonic() < deadline, "never became ready"
         time.sleep(0.05)
+
+
+def test_a_worker_serving_an_archive_without_a_tensor_signature_never_imports_pydantic(tmp_path):
+    """pydantic (through archiver.signature) was ~0.1 s of a worker's start: a TorchServe .mar
+    has no signature, so its worker must not pay for it; one that has a signature still does."""
+    code = (
+        "import sys\n"
+        "import torchbay.server.worker.main, torch, torchbay.handlers.service\n"
+        "from torchbay.handlers import oip_signature\n"
+        "print(oip_signature.load({'torchbay': {'inputs': None, 'input_shape': None}}, {}),"
+        " 'pydantic' in sys.modules)\n"
+        "signature = oip_signature.load({'torchbay': {'input_shape': [4]}}, None)\n"
+        "print([s.name for s in signature.inputs], 'pydantic' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(tmp_path / "tmp"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["None False", "['input0'] True"]
+
+
+@pytest.mark.parametrize(
+    ("info", "yaml_config"),
+    [
+        (None, None),
+        ({}, {}),
+        ({"inputs": None, "outputs": None, "input_shape": None}, {"batchSize": 4}),
+        ({"input_shape": []}, None),
+        ({"inputs": []}, None),
+        ({"outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]}, None),
+        ({"input_shape": [3], "input_dtype": "float16"}, None),
+        ({}, {"inputs": [{"name": "x", "datatype": "INT64", "shape": [-1]}]}),
+        ({}, {"outputs": []}),
+    ],
+)
+def test_the_worker_skips_the_signature_only_where_model_signature_finds_none(info, yaml_config):
+    from torchbay.archiver.signature import model_signature
+    from torchbay.handlers import oip_signature
+
+    manifest = {} if info is None else {"torchbay": info}
+    assert oip_signature.load(manifest, yaml_config) == model_signature(info, yaml_config)
