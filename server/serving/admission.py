@@ -166,16 +166,20 @@ def refuse(mv: Any) -> None:
     Overloaded (the queue's own QueueFull comes at ``put``)."""
     if mv.closing:
         raise ShuttingDown("The server is shutting down")
-    slots = mv.slots
-    if not any(s.may_serve for s in slots):
+    serving = False
+    workers = busy = 0
+    for slot in mv.slots:  # one pass: this runs twice per request (see refuse_early)
+        serving = serving or slot.may_serve
+        if slot.ready:
+            workers += 1
+            busy += slot.state is WorkerState.BUSY
+    if not serving:
         raise NoWorker(  # TorchServe 0.12's words, less its sequence-batching advice
             f'Model "{mv.name}" has no worker to serve inference request. '
             "Please use scale workers API to add workers."
         )
-    ready = [s for s in slots if s.ready]
-    busy = sum(1 for s in ready if s.state is WorkerState.BUSY)
     # the batch size the queue runs: the autopilot may run it below the configured one
-    mv.admission.check(workers=len(ready), busy=busy, batch_size=mv.queue.batch_size)
+    mv.admission.check(workers=workers, busy=busy, batch_size=mv.queue.batch_size)
 
 
 def refuse_early(mv: Any) -> None:

@@ -180,7 +180,8 @@ class WorkerSlot:
     @property
     def may_serve(self) -> bool:
         """Ready now, or expected to be after a (re)start."""
-        return not self.retiring and not self.gave_up and (self.ready or self.worker is not None)
+        # (a ready slot has a worker: "ready or has a worker" is "has a worker")
+        return not self.retiring and not self.gave_up and self.worker is not None
 
     def _new_worker(self) -> WorkerProcess:
         return self.ctx.new_worker(self.placement)
