@@ -13,11 +13,9 @@ model's Linear layers are quantized by handlers.int8 before its int8 state dict 
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import logging
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +23,7 @@ from typing import Any
 import torch
 
 from .errors import HandlerLoadError
+from .utils import exec_file
 
 logger = logging.getLogger(__name__)
 
@@ -224,18 +223,10 @@ def import_file(path: Path, name: str | None = None) -> ModuleType:
     """Import a Python file by path as module ``name`` (default: its stem)."""
     if not path.is_file():
         raise HandlerLoadError(f"model/handler file {path.name!r} not found in the archive")
-    name = name or path.stem
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise HandlerLoadError(f"cannot import {path.name!r}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        return exec_file(path, name or path.stem)
     except Exception as exc:
-        sys.modules.pop(name, None)
         raise HandlerLoadError(f"importing {path.name!r} failed: {exc!r}") from exc
-    return module
 
 
 def single_module_class(module: ModuleType, filename: str) -> type[torch.nn.Module]:

@@ -19,6 +19,8 @@ the HTTP listener would write for that request.
   model loaded across calls (``runner.run(requests)``, ``runner.metrics``).
 * ``make_context(...)``: the ``Context`` a worker builds, for unit tests of handler methods.
 * ``make_request(body, ...)``: one request, as the listener builds it.
+* ``import_by_path(path, name)``: a Python file imported once per process under a name of its
+  own (how the examples import their ``model.py``).
 
 A streaming handler (``send_intermediate_predict_response`` or a generator, see
 ``handlers.streaming``) is run the same way: each ``Reply.parts`` holds what it streamed, in
@@ -36,20 +38,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .context import Context
 from .metrics import MetricsCache
 from .service import Request, Service, load_service
+from .utils import exec_file
 
 __all__ = [
     "CONTENT_TYPES",
     "Reply",
     "Runner",
+    "import_by_path",
     "load_handler",
     "make_context",
     "make_request",
@@ -66,6 +72,16 @@ CONTENT_TYPES = {
 }
 _ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz", ".zip")
 _MANIFEST = Path("MAR-INF") / "MANIFEST.json"
+
+
+def import_by_path(path: str | Path, name: str) -> ModuleType:
+    """The Python file ``path`` imported as module ``name``, once per process: later calls give
+    the same module. Every example has a ``model.py``, so a plain ``import model`` would find
+    whichever was imported first; each imports its own by path under a name of its own."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    return exec_file(path, name)
 
 
 @dataclass(frozen=True)

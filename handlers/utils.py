@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import itertools
 import json
 import logging
 import os
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -81,3 +83,19 @@ def get_yaml_config(yaml_file_path: str | os.PathLike) -> dict[str, Any]:
 
     with open(yaml_file_path, encoding="utf-8") as f:
         return yaml.safe_load(f) or {}
+
+
+def exec_file(path: Any, name: str) -> ModuleType:
+    """Execute the Python file ``path`` as module ``name``, registered in ``sys.modules`` (and
+    removed again when it raises). ImportError when it cannot be loaded as a module at all."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {os.path.basename(str(path))!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module

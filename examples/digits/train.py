@@ -12,10 +12,8 @@ grayscale, scales to [0, 1] and normalizes with mean 0.5 / std 0.5, exactly as d
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,20 +23,14 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 
+from torchbay.handlers.testing import import_by_path
+
 HERE = Path(__file__).resolve().parent
 
 
 def _model_module():
-    """model.py imported by path under a name of its own (a plain ``import model`` would find
-    whichever model.py was imported first in this process: every example has one)."""
-    name = "_torchbay_example_digits_model"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """This example's model.py (by path: every example has one, see ``import_by_path``)."""
+    return import_by_path(HERE / "model.py", "_torchbay_example_digits_model")
 
 
 DigitsNet = _model_module().DigitsNet

@@ -12,30 +12,22 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
-import importlib.util
 import io
 import itertools
 import json
 import math
 import re
-import sys
 from collections import Counter
 from pathlib import Path
+
+from torchbay.handlers.testing import import_by_path
 
 HERE = Path(__file__).resolve().parent
 
 
 def model_module():
-    """This example's model.py, imported by path under a name of its own (every example has a
-    model.py: a plain ``import model`` would find whichever was imported first)."""
-    name = f"_torchbay_example_{HERE.name}_model"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """This example's model.py (by path: every example has one, see ``import_by_path``)."""
+    return import_by_path(HERE / "model.py", f"_torchbay_example_{HERE.name}_model")
 
 
 TOKEN_RE = re.compile(r"\w+(?:'\w+)?|[^\w\s]")  # as generator_handler.py

@@ -13,23 +13,18 @@ Also writes OUT/scan_<digit>.png: held-out digits as noisy 32x32 scans.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
+
+from torchbay.handlers.testing import import_by_path
 
 HERE = Path(__file__).resolve().parent
 DIGITS = HERE.parent / "digits"
 
 
 def _digits_train():
-    spec = importlib.util.spec_from_file_location("_workflow_digits_train", DIGITS / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_by_path(DIGITS / "train.py", "_workflow_digits_train")
 
 
 def write_scans(out: Path, seed: int = 7) -> None:

@@ -197,3 +197,30 @@ def test_handler_object_with_a_model_dir_loads_its_model(archives: Path, tmp_pat
     replies = run_handler(Rows, [[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 1.0]], model_dir=folder)
     # BaseHandler.initialize loaded the folder's Linear(4, 3) from its manifest.
     assert [r.json() for r in replies] == [{"n": 3}, {"n": 3}]
+
+
+def test_import_by_path_imports_a_file_once_under_its_own_name(tmp_path):
+    from torchbay.handlers.testing import import_by_path
+
+    (tmp_path / "model.py").write_text("STAMP = 1\n")
+    (tmp_path / "counter.py").write_text("RUNS = []\nRUNS.append(1)\n")
+    name = f"_tb_test_import_by_path_{tmp_path.name}"
+    first = import_by_path(tmp_path / "counter.py", name)
+    second = import_by_path(tmp_path / "counter.py", name)
+    assert first is second and first.RUNS == [1]  # executed once
+    other = import_by_path(tmp_path / "model.py", name + "_model")
+    assert other is not first and other.STAMP == 1
+
+
+def test_import_by_path_leaves_nothing_behind_when_the_file_fails(tmp_path):
+    import sys
+
+    from torchbay.handlers.testing import import_by_path
+
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no')\n")
+    name = f"_tb_test_broken_{tmp_path.name}"
+    with pytest.raises(RuntimeError, match="no"):
+        import_by_path(tmp_path / "broken.py", name)
+    assert name not in sys.modules
+    (tmp_path / "broken.py").write_text("OK = True\n")
+    assert import_by_path(tmp_path / "broken.py", name).OK
