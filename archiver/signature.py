@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .signature_sources import describes_tensors
+
 # The OIP tensor datatypes (KServe v2 / Triton).
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -132,6 +134,8 @@ def model_signature(
     dimension). None when nothing describes the model. Raises SignatureError."""
     info = torchbay_info or {}
     yaml_config = yaml_config or {}
+    if not describes_tensors(info, yaml_config):
+        return None
     inputs = _recorded(info, "inputs")
     outputs = _recorded(info, "outputs")
     if inputs is None and info.get("input_shape"):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from torchbay.archiver.signature_sources import describes_tensors
+
 from .errors import HandlerLoadError
 
 if TYPE_CHECKING:
@@ -22,7 +24,7 @@ def load(manifest: dict[str, Any], yaml_config: dict[str, Any] | None) -> Signat
     """The model's signature, or None when nothing describes its tensors."""
     info = manifest.get("torchbay")
     info = info if isinstance(info, dict) else None
-    if not _described(info or {}, yaml_config or {}):
+    if not describes_tensors(info or {}, yaml_config or {}):
         return None  # model_signature's answer too, without importing it
     from torchbay.archiver.signature import SignatureError, model_signature
 
@@ -30,17 +32,6 @@ def load(manifest: dict[str, Any], yaml_config: dict[str, Any] | None) -> Signat
         return model_signature(info, yaml_config)
     except SignatureError as exc:
         raise HandlerLoadError(f"invalid tensor signature: {exc}") from exc
-
-
-def _described(info: dict[str, Any], yaml_config: dict[str, Any]) -> bool:
-    """Whether ``model_signature`` would find anything (its own tests, in its order)."""
-    recorded = info.get("inputs") is not None or info.get("outputs") is not None
-    return (
-        recorded
-        or bool(info.get("input_shape"))
-        or "inputs" in yaml_config
-        or ("outputs" in yaml_config)
-    )
 
 
 def for_requests(
