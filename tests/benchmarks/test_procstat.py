@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import pytest
 
@@ -40,7 +41,11 @@ def test_foreign_cpu_percent() -> None:
 
 def test_snapshots_of_this_process() -> None:
     before = procstat.cpu_snapshot(os.getpid())
-    sum(i * i for i in range(200_000))  # burn a little CPU
+    # Burn CPU until this process has used 50 ms: /proc counts in clock ticks (10 ms), and a
+    # fixed loop can finish inside one tick on a fast host (it did: 0.0 > 0 failed).
+    started = time.process_time()
+    while time.process_time() - started < 0.05:
+        sum(i * i for i in range(10_000))
     after = procstat.cpu_snapshot(os.getpid())
     assert procstat.cpu_seconds_between(before, after) > 0
     memory = procstat.memory_snapshot(os.getpid())
