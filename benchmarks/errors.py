@@ -1,11 +1,27 @@
 """Errors of the benchmark part.
 
-``BenchError`` is the one base class; ``torchbay.cli`` prints its message and exits 1. Raised when a
-server under test cannot start, a load generator is missing or fails, or its output cannot be read.
+``BenchError`` is the one base class; ``torchbay.cli`` prints its message and exits 1, and so does
+a benchmark module run on its own (``exit_status``). Raised when a server under test cannot start,
+a load generator is missing or fails, or its output cannot be read.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Sequence
+
 
 class BenchError(Exception):
     """A benchmark could not run or its results could not be read."""
+
+
+def exit_status(
+    prog: str, run: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None
+) -> int:
+    """``run(argv)``, a benchmark command's exit status; a ``BenchError`` it raises is printed to
+    stderr as ``PROG: error: MESSAGE`` and gives 1."""
+    try:
+        return run(argv)
+    except BenchError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1

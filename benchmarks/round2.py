@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from torchbay.benchmarks import managed, plots, procstat, round2_report, runner
-from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.errors import BenchError, exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.round2_rows import ROWS, SWEEP_ESTIMATE
 from torchbay.benchmarks.round2_run import Ctx, RowResult
@@ -112,11 +112,7 @@ def write(rows: list[RowResult], out: Path, command: str, ctx: Ctx, log=print) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except BenchError as exc:
-        print(f"round2: error: {exc}", file=sys.stderr)
-        return 1
+    return exit_status("round2", run, argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from torchbay.benchmarks import report, runner
-from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.errors import exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.procstat import machine_info
 from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
@@ -125,11 +125,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except BenchError as exc:
-        print(f"run_scenarios: error: {exc}", file=sys.stderr)
-        return 1
+    return exit_status("run_scenarios", run, argv)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ the HTTP listener would write for that request.
 * ``make_request(body, ...)``: one request, as the listener builds it.
 * ``import_by_path(path, name)``: a Python file imported once per process under a name of its
   own (how the examples import their ``model.py``).
+* ``example_out(doc, default)`` and ``package_example(store, **options)``: what every example's
+  build script shares, its ``--out`` argument and the archiver call that ends it.
 
 A streaming handler (``send_intermediate_predict_response`` or a generator, see
 ``handlers.streaming``) is run the same way: each ``Reply.parts`` holds what it streamed, in
@@ -35,6 +37,7 @@ class or instance, or a ``handle(data, context)`` function).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -55,10 +58,12 @@ __all__ = [
     "CONTENT_TYPES",
     "Reply",
     "Runner",
+    "example_out",
     "import_by_path",
     "load_handler",
     "make_context",
     "make_request",
+    "package_example",
     "run_handler",
 ]
 
@@ -82,6 +87,23 @@ def import_by_path(path: str | Path, name: str) -> ModuleType:
     if module is not None:
         return module
     return exec_file(path, name)
+
+
+def example_out(doc: str, default: Path) -> Path:
+    """An example build script's output folder: its ``--out`` argument (``default`` when not
+    given), resolved. ``doc`` is the script's docstring; ``--help`` shows its first line."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=default)
+    return parser.parse_args().out.resolve()
+
+
+def package_example(store: str | os.PathLike, **options: Any) -> Path:
+    """Package one archive of an example into the folder ``store``, as version 1.0, replacing an
+    older one; returns its path. The same as ``torchbay.archiver.package.package(ArchiveOptions(
+    version="1.0", export_path=store, force=True, **options))`` (``torchbay archive --force``)."""
+    from torchbay.archiver.package import ArchiveOptions, package
+
+    return package(ArchiveOptions(version="1.0", export_path=Path(store), force=True, **options))
 
 
 @dataclass(frozen=True)

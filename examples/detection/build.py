@@ -8,14 +8,13 @@ A scene is a noisy dark canvas with a few non-overlapping red, green or blue rec
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from torchbay.handlers.testing import import_by_path
+from torchbay.handlers.testing import example_out, import_by_path, package_example
 
 HERE = Path(__file__).resolve().parent
 
@@ -98,8 +97,6 @@ def build(out: Path, scenes: int = 4) -> Path:
     """Train, archive, write sample scenes; returns the archive's path."""
     import torch
 
-    from torchbay.archiver.package import ArchiveOptions, package
-
     out.mkdir(parents=True, exist_ok=True)
     model, example = train()
     torch.save(model.state_dict(), out / "shapes.pt")
@@ -112,23 +109,14 @@ def build(out: Path, scenes: int = 4) -> Path:
         to_png(scene.pixels, out / f"scene_{i}.png")
         truth.append(scene.boxes)
     (out / "scenes.json").write_text(json.dumps(truth))
-    return package(
-        ArchiveOptions(
-            model_name="shapes", version="1.0", model_file=HERE / "model.py",
-            serialized_file=out / "shapes.pt", handler=str(HERE / "detection_handler.py"),
-            config_file=out / "model-config.yaml", convert="torchscript-trace",
-            example_input=out / "example_input.pt", export_path=out / "model_store", force=True,
-        )
+    return package_example(
+        out / "model_store", model_name="shapes", model_file=HERE / "model.py",
+        serialized_file=out / "shapes.pt", handler=str(HERE / "detection_handler.py"),
+        config_file=out / "model-config.yaml", convert="torchscript-trace",
+        example_input=out / "example_input.pt",
     )  # fmt: skip
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "out")
-    out = parser.parse_args().out.resolve()
-    print(f"wrote {build(out)}; sample scenes {out}/scene_*.png, true boxes {out}/scenes.json")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    out = example_out(__doc__, HERE / "out")
+    print(f"wrote {build(out)}; sample scenes {out}/scene_*.png, true boxes {out}/scenes.json")

@@ -9,7 +9,6 @@ model's table holds log P(next | word) counted on it. Writes OUT/model_store/zen
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import contextlib
 import io
@@ -20,7 +19,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from torchbay.handlers.testing import import_by_path
+from torchbay.handlers.testing import example_out, import_by_path, package_example
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,8 +67,6 @@ def generate(prompt: str, n: int) -> str:
 def build(out: Path) -> Path:
     import torch
 
-    from torchbay.archiver.package import ArchiveOptions, package
-
     VOCAB_SIZE = model_module().VOCAB_SIZE
     Bigram = model_module().Bigram
 
@@ -88,24 +85,14 @@ def build(out: Path) -> Path:
     torch.save(model.state_dict(), out / "zen.pt")
     (out / "vocab.json").write_text(json.dumps(vocab))
     (out / "model-config.yaml").write_text(MODEL_CONFIG)
-    return package(
-        ArchiveOptions(
-            model_name="zen", version="1.0", model_file=HERE / "model.py",
-            serialized_file=out / "zen.pt", handler=str(HERE / "generator_handler.py"),
-            extra_files=(str(out / "vocab.json"),), config_file=out / "model-config.yaml",
-            export_path=out / "model_store", force=True,
-        )
+    return package_example(
+        out / "model_store", model_name="zen", model_file=HERE / "model.py",
+        serialized_file=out / "zen.pt", handler=str(HERE / "generator_handler.py"),
+        extra_files=(str(out / "vocab.json"),), config_file=out / "model-config.yaml",
     )  # fmt: skip
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "out")
-    out = parser.parse_args().out.resolve()
+if __name__ == "__main__":
+    out = example_out(__doc__, HERE / "out")
     print(f"wrote {build(out)}")
     print(f"e.g. 'Errors should' ->{generate('Errors should', 12)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

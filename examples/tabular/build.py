@@ -9,14 +9,13 @@ TorchScript model against the eager torch model) and here against scikit-learn i
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from torchbay.handlers.testing import import_by_path
+from torchbay.handlers.testing import example_out, import_by_path, package_example
 
 HERE = Path(__file__).resolve().parent
 
@@ -80,8 +79,6 @@ def to_torch(scaler, mlp):
 def build(out: Path) -> Built:
     import torch
 
-    from torchbay.archiver.package import ArchiveOptions, package
-
     out.mkdir(parents=True, exist_ok=True)
     iris, scaler, mlp, x_test, y_test = train_sklearn()
     model = to_torch(scaler, mlp)
@@ -94,26 +91,17 @@ def build(out: Path) -> Built:
     rows = {"rows": x_test.tolist(), "sklearn_proba": proba.tolist(), "labels": labels}
     (out / "test_rows.json").write_text(json.dumps(rows))
     store = out / "model_store"
-    mar = package(
-        ArchiveOptions(
-            model_name="iris", version="1.0", model_file=HERE / "model.py",
-            serialized_file=out / "iris.pt", handler=str(HERE / "tabular_handler.py"),
-            extra_files=(str(out / "index_to_name.json"),),
-            config_file=out / "model-config.yaml", convert="torchscript-trace",
-            example_input=out / "example_input.pt", export_path=store, force=True,
-        )
+    mar = package_example(
+        store, model_name="iris", model_file=HERE / "model.py",
+        serialized_file=out / "iris.pt", handler=str(HERE / "tabular_handler.py"),
+        extra_files=(str(out / "index_to_name.json"),),
+        config_file=out / "model-config.yaml", convert="torchscript-trace",
+        example_input=out / "example_input.pt",
     )  # fmt: skip
     return Built(store, Path(mar), x_test, y_test, proba, labels)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "out")
-    built = build(parser.parse_args().out.resolve())
+if __name__ == "__main__":
+    built = build(example_out(__doc__, HERE / "out"))
     agree = (built.sklearn_proba.argmax(1) == built.y_test).mean()
     print(f"scikit-learn held-out accuracy {agree:.1%}; wrote {built.mar}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,12 +12,11 @@ OUT/model_store/topics.mar and OUT/held_out.json (sentences never seen in traini
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from pathlib import Path
 
-from torchbay.handlers.testing import import_by_path
+from torchbay.handlers.testing import example_out, import_by_path, package_example
 
 HERE = Path(__file__).resolve().parent
 
@@ -97,8 +96,6 @@ def train(data: list[tuple[str, int]], vocab: dict[str, int], seed: int = 0):
 def build(out: Path) -> Path:
     import torch
 
-    from torchbay.archiver.package import ArchiveOptions, package
-
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     data = sentences(rng, 600)
@@ -110,23 +107,14 @@ def build(out: Path) -> Path:
     (out / "model-config.yaml").write_text(MODEL_CONFIG)
     held_out = [{"text": t, "label": LABELS[y]} for t, y in sentences(random.Random(99), 30)]
     (out / "held_out.json").write_text(json.dumps(held_out, indent=1))
-    return package(
-        ArchiveOptions(
-            model_name="topics", version="1.0", model_file=HERE / "model.py",
-            serialized_file=out / "topics.pt", handler="text_classifier",
-            extra_files=(str(out / "vocab.json"), str(out / "index_to_name.json")),
-            config_file=out / "model-config.yaml", export_path=out / "model_store", force=True,
-        )
+    return package_example(
+        out / "model_store", model_name="topics", model_file=HERE / "model.py",
+        serialized_file=out / "topics.pt", handler="text_classifier",
+        extra_files=(str(out / "vocab.json"), str(out / "index_to_name.json")),
+        config_file=out / "model-config.yaml",
     )  # fmt: skip
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "out")
-    out = parser.parse_args().out.resolve()
-    print(f"wrote {build(out)}; held-out sentences in {out}/held_out.json")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    out = example_out(__doc__, HERE / "out")
+    print(f"wrote {build(out)}; held-out sentences in {out}/held_out.json")

@@ -12,12 +12,11 @@ Also writes OUT/scan_<digit>.png: held-out digits as noisy 32x32 scans.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
-from torchbay.handlers.testing import import_by_path
+from torchbay.handlers.testing import example_out, import_by_path, package_example
 
 HERE = Path(__file__).resolve().parent
 DIGITS = HERE.parent / "digits"
@@ -42,47 +41,30 @@ def write_scans(out: Path, seed: int = 7) -> None:
 def build(out: Path, epochs: int = 40) -> Path:
     import torch
 
-    from torchbay.archiver.package import ArchiveOptions, package
-
     out.mkdir(parents=True, exist_ok=True)
     nodes = out / "nodes"
     accuracy = _digits_train().train(out, epochs=epochs)
     if accuracy <= 0.9:
         raise SystemExit(f"digits accuracy too low: {accuracy:.1%}")
-    package(
-        ArchiveOptions(
-            model_name="digits", version="1.0", model_file=out / "model.py",
-            serialized_file=out / "digits.pt", handler="image_classifier",
-            extra_files=(str(out / "index_to_name.json"),), config_file=out / "model-config.yaml",
-            convert="torchscript-trace", example_input=out / "example_input.pt",
-            export_path=nodes, force=True,
-        )
+    package_example(
+        nodes, model_name="digits", model_file=out / "model.py",
+        serialized_file=out / "digits.pt", handler="image_classifier",
+        extra_files=(str(out / "index_to_name.json"),), config_file=out / "model-config.yaml",
+        convert="torchscript-trace", example_input=out / "example_input.pt",
     )  # fmt: skip
     torch.jit.save(torch.jit.script(torch.nn.AvgPool2d(4).eval()), str(out / "shrink.pt"))
-    package(
-        ArchiveOptions(
-            model_name="shrink", version="1.0", serialized_file=out / "shrink.pt",
-            handler=str(HERE / "shrink_handler.py"), export_path=nodes, force=True,
-        )
+    package_example(
+        nodes, model_name="shrink", serialized_file=out / "shrink.pt",
+        handler=str(HERE / "shrink_handler.py"),
     )  # fmt: skip
     write_scans(out)
-    return package(
-        ArchiveOptions(
-            model_name="read_digit", version="1.0", handler=str(HERE / "workflow_handler.py"),
-            extra_files=(str(HERE / "workflow.yaml"), str(nodes / "shrink.mar"),
-                         str(nodes / "digits.mar")),
-            export_path=out / "model_store", force=True,
-        )
+    return package_example(
+        out / "model_store", model_name="read_digit", handler=str(HERE / "workflow_handler.py"),
+        extra_files=(str(HERE / "workflow.yaml"), str(nodes / "shrink.mar"),
+                     str(nodes / "digits.mar")),
     )  # fmt: skip
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "out")
-    out = parser.parse_args().out.resolve()
-    print(f"wrote {build(out)}; sample scans {out}/scan_0.png .. scan_9.png")
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    out = example_out(__doc__, HERE / "out")
+    print(f"wrote {build(out)}; sample scans {out}/scan_0.png .. scan_9.png")
