@@ -6,8 +6,11 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from torchbay.archiver.package import ArchiveOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,6 +48,24 @@ def digits_options(digits: Path, tmp_path: Path) -> dict:
         "example_input": digits / "example_input.pt",
         "export_path": tmp_path,
     }
+
+
+def tensor_options(
+    name: str, folder: Path, model_file: str, state_dict: str, example: str, **fields: Any
+) -> ArchiveOptions:
+    """ArchiveOptions for an eager model (``model_file`` and its ``state_dict``) with an
+    ``example`` input, all in ``folder``, served by the tensor handler: version 1.0, archived
+    into ``folder`` unless ``fields`` (convert, export_path...) say otherwise."""
+    fields.setdefault("export_path", folder)
+    return ArchiveOptions(
+        model_name=name,
+        version="1.0",
+        handler="tensor",
+        model_file=folder / model_file,
+        serialized_file=folder / state_dict,
+        example_input=folder / example,
+        **fields,
+    )
 
 
 def run_torchbay(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

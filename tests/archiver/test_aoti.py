@@ -10,6 +10,7 @@ import asyncio
 import io
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,8 @@ from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.archiver.parity import check
 from torchbay.handlers.errors import HandlerLoadError
 from torchbay.handlers.loading import load_model
+
+from .conftest import tensor_options
 
 MODEL_PY = """
 import torch
@@ -64,18 +67,9 @@ def tiny_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _options(src: Path, export: Path, **extra: object) -> ArchiveOptions:
-    return ArchiveOptions(
-        model_name="tiny_aoti",
-        version="1.0",
-        handler="tensor",
-        serialized_file=src / "tiny.pt",
-        model_file=src / "model.py",
-        example_input=src / "example.pt",
-        export_path=export,
-        convert="aoti",
-        **extra,
-    )
+def _options(src: Path, export: Path, **extra: Any) -> ArchiveOptions:
+    files = ("model.py", "tiny.pt", "example.pt")  # as tiny_src writes them
+    return tensor_options("tiny_aoti", src, *files, export_path=export, convert="aoti", **extra)
 
 
 @pytest.fixture(scope="session")

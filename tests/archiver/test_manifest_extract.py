@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tarballs import write_tar_with_link
 from torchbay.archiver.errors import (
     CorruptArchiveError,
     HashMismatchError,
@@ -155,16 +156,7 @@ def test_symlink_member_is_refused(tmp_path: Path) -> None:
 
 
 def test_tar_link_member_is_refused(tmp_path: Path) -> None:
-    tgz = tmp_path / "m.tar.gz"
-    manifest = _manifest({}).encode()
-    with tarfile.open(tgz, "w:gz") as tf:
-        info = tarfile.TarInfo("m/MAR-INF/MANIFEST.json")
-        info.size = len(manifest)
-        tf.addfile(info, io.BytesIO(manifest))
-        link = tarfile.TarInfo("m/model.pt")
-        link.type = tarfile.SYMTYPE
-        link.linkname = "/etc/passwd"
-        tf.addfile(link)
+    tgz = write_tar_with_link(tmp_path / "m.tar.gz", "m", _manifest({}), tarfile.SYMTYPE)
     with pytest.raises(UnsafeMemberError, match=r"model.pt.*link"):
         extract_archive(tgz, tmp_path / "out")
 

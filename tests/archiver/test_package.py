@@ -17,7 +17,7 @@ from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.handlers.loading import load_model, model_input_dtype
 from torchbay.handlers.loading import read_manifest as read_dict
 
-from .conftest import write_conv_model
+from .conftest import tensor_options, write_conv_model
 
 
 def _load_and_run(archive: Path, dest: Path, x: torch.Tensor) -> torch.Tensor:
@@ -29,25 +29,35 @@ def _load_and_run(archive: Path, dest: Path, x: torch.Tensor) -> torch.Tensor:
         return model(x.to(model_input_dtype(model, manifest))).float()
 
 
+# What each --convert records: the manifest's format and serialized file (the digits model's).
+WRITES = {
+    "torchscript-trace": ("torchscript", "model.pt"),
+    "torchscript-script": ("torchscript", "model.pt"),
+    "export": ("exported", "model.pt2"),
+    "none": ("eager", "digits.pt"),
+}
+
+
 @pytest.mark.parametrize(
-    ("convert", "precision", "fmt", "serialized"),
+    ("convert", "precision"),
     [
-        ("torchscript-trace", "fp32", "torchscript", "model.pt"),
-        ("torchscript-script", "fp32", "torchscript", "model.pt"),
-        ("export", "fp32", "exported", "model.pt2"),
-        ("none", "fp32", "eager", "digits.pt"),
-        ("torchscript-trace", "int8-dynamic", "torchscript", "model.pt"),
-        ("torchscript-trace", "fp16", "torchscript", "model.pt"),
-        ("torchscript-script", "bf16", "torchscript", "model.pt"),
-        ("export", "fp16", "exported", "model.pt2"),
-        ("none", "fp16", "eager", "digits.pt"),
-        ("none", "int8-dynamic", "eager", "digits.pt"),
-        ("export", "int8-dynamic", "exported", "model.pt2"),
+        ("torchscript-trace", "fp32"),
+        ("torchscript-script", "fp32"),
+        ("export", "fp32"),
+        ("none", "fp32"),
+        ("torchscript-trace", "int8-dynamic"),
+        ("torchscript-trace", "fp16"),
+        ("torchscript-script", "bf16"),
+        ("export", "fp16"),
+        ("none", "fp16"),
+        ("none", "int8-dynamic"),
+        ("export", "int8-dynamic"),
     ],
 )
 def test_convert_and_precision(
-    digits_options: dict, digits: Path, tmp_path: Path, convert, precision, fmt, serialized
+    digits_options: dict, digits: Path, tmp_path: Path, convert: str, precision: str
 ) -> None:
+    fmt, serialized = WRITES[convert]
     out = package(ArchiveOptions(**digits_options, convert=convert, precision=precision))
     m = read_manifest(out)
     tb = m.torchbay
@@ -199,16 +209,7 @@ def test_transformer_encoder_trace_and_export(tmp_path: Path, convert: str) -> N
     torch.save(namespace["Encoder"]().state_dict(), tmp_path / "encoder.pt")
     torch.save(torch.randn(4, 5, 16), tmp_path / "x.pt")
     out = package(
-        ArchiveOptions(
-            model_name="enc",
-            version="1",
-            handler="tensor",
-            model_file=tmp_path / "encoder.py",
-            serialized_file=tmp_path / "encoder.pt",
-            example_input=tmp_path / "x.pt",
-            convert=convert,
-            export_path=tmp_path,
-        )
+        tensor_options("enc", tmp_path, "encoder.py", "encoder.pt", "x.pt", convert=convert)
     )
     tb = read_manifest(out).torchbay
     assert tb.parity.passed and tb.parity.max_rel_error < 1e-4 and tb.input_shape == [5, 16]

@@ -29,6 +29,19 @@ def handle(data, context):
 """
 
 
+def _package(root: Path, name: str) -> Path:
+    """``root/NAME.mar``: the handler ``root/NAME.py`` over the identity model ``root/id.pt``."""
+    return package(
+        ArchiveOptions(
+            model_name=name,
+            version="1.0",
+            serialized_file=root / "id.pt",
+            handler=str(root / f"{name}.py"),
+            export_path=root,
+        )
+    )
+
+
 @pytest.fixture(scope="module")
 def echo_mar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("verify-inputs")
@@ -36,16 +49,7 @@ def echo_mar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "echo.py").write_text(HANDLER)
     for word in ("hello", "world", "bad", "boom"):
         (root / f"{word}.txt").write_text(word)
-    package(
-        ArchiveOptions(
-            model_name="echo",
-            version="1.0",
-            serialized_file=root / "id.pt",
-            handler=str(root / "echo.py"),
-            export_path=root,
-        )
-    )
-    return root / "echo.mar"
+    return _package(root, "echo")
 
 
 def test_several_inputs_each_answered_in_batches(
@@ -106,16 +110,8 @@ def test_a_streaming_handler_shows_its_parts(
     root = echo_mar.parent
     (root / "streamer.py").write_text(STREAMER)
     (root / "words.txt").write_text("one two three")
-    package(
-        ArchiveOptions(
-            model_name="streamer",
-            version="1.0",
-            serialized_file=root / "id.pt",
-            handler=str(root / "streamer.py"),
-            export_path=root,
-        )
-    )
-    assert main(["verify", str(root / "streamer.mar"), "--input", str(root / "words.txt")]) == 0
+    streamer_mar = _package(root, "streamer")
+    assert main(["verify", str(streamer_mar), "--input", str(root / "words.txt")]) == 0
     out = capsys.readouterr().out
     assert "output:  three" in out
     assert "stream:  2 parts, then the output: one two three" in out

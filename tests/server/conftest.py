@@ -1,5 +1,8 @@
 """Live-server fixtures: real uvicorn listeners on 127.0.0.1 port 0, real worker processes,
-real archives built by our archiver. Readiness comes from the server's own event, never sleeps."""
+real archives built by our archiver. Readiness comes from the server's own event, never sleeps.
+
+Sibling modules are imported inside the fixtures that need them, never at the top: the examples'
+conftest loads this file by path, outside the package."""
 
 from __future__ import annotations
 
@@ -40,10 +43,14 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build_store(
-    tmp_path_factory: pytest.TempPathFactory, prefix: str, handlers: dict[str, str]
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+    handlers: dict[str, str],
+    config_files: dict[str, Path] | None = None,
 ) -> Path:
     """A fresh model store with one version-1.0 archive per ``name: handler``, each over the
-    seeded tiny TorchScript model (``_tiny_model``)."""
+    seeded tiny TorchScript model (``_tiny_model``); ``config_files`` gives an archive its
+    model-config.yaml."""
     root = tmp_path_factory.mktemp(prefix)
     work = tmp_path_factory.mktemp(f"{prefix}-build")
     model = _tiny_model(work / "model.pt")
@@ -54,10 +61,28 @@ def build_store(
                 version="1.0",
                 serialized_file=model,
                 handler=handler,
+                config_file=(config_files or {}).get(name),
                 export_path=root,
             )
         )
     return root
+
+
+@pytest.fixture(scope="module")
+def oip_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The store of :func:`oip_store.build_oip_store`: archives with recorded signatures."""
+    from .oip_store import build_oip_store
+
+    return build_oip_store(tmp_path_factory.mktemp("oip"), tmp_path_factory.mktemp("oip-work"))
+
+
+@pytest.fixture(scope="module")
+def talk_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model store holding ``talk.mar``, whose handler prints (cli_helpers.TALK_HANDLER): for
+    the tests of the ``torchbay`` command."""
+    from .cli_helpers import build_talk_store  # (cli_helpers imports this module, too)
+
+    return build_talk_store(tmp_path_factory, "talk")
 
 
 class LiveServer:
@@ -115,6 +140,16 @@ class LiveServer:
                 assert proc.status() == psutil.STATUS_ZOMBIE, f"worker {pid} still running"
         if self._error is not None:
             raise self._error
+
+
+@contextlib.contextmanager
+def running(store: Path, **overrides: Any) -> Iterator[LiveServer]:
+    """A LiveServer over ``store`` (``make_config(store, **overrides)``), stopped on leaving."""
+    live = LiveServer(make_config(store, **overrides)).start()
+    try:
+        yield live
+    finally:
+        live.stop()
 
 
 def make_config(store: Path, **overrides: Any) -> ServerConfig:

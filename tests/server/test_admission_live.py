@@ -20,12 +20,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.config.sources import load_server_config
 from torchbay.server.grpc import messages
 from torchbay.server.observe.logs import ACCESS_FIELDS, ACCESS_LOGGER
 
-from .conftest import ASSETS, LiveServer, _tiny_model, probe_models
+from .conftest import ASSETS, LiveServer, build_store, probe_models
 
 pytestmark = pytest.mark.slow
 
@@ -265,27 +264,10 @@ def test_the_management_api_sets_the_bound_live(live_server) -> None:
 @pytest.fixture(scope="module")
 def bound_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """probe.mar, tiny.mar, and yamlq.mar whose model-config.yaml sets maxQueueDelayMs 300."""
-    root = tmp_path_factory.mktemp("bound-store")
-    work = tmp_path_factory.mktemp("bound-work")
-    model = _tiny_model(work / "model.pt")
-    (work / "model-config.yaml").write_text("maxQueueDelayMs: 300\n")
-    archives = {
-        "probe": (str(ASSETS / "probe_handler.py"), None),
-        "tiny": ("tensor", None),
-        "yamlq": ("tensor", work / "model-config.yaml"),
-    }
-    for name, (handler, config) in archives.items():
-        package(
-            ArchiveOptions(
-                model_name=name,
-                version="1.0",
-                serialized_file=model,
-                handler=handler,
-                config_file=config,
-                export_path=root,
-            )
-        )
-    return root
+    config = tmp_path_factory.mktemp("bound-config") / "model-config.yaml"
+    config.write_text("maxQueueDelayMs: 300\n")
+    handlers = {"probe": str(ASSETS / "probe_handler.py"), "tiny": "tensor", "yamlq": "tensor"}
+    return build_store(tmp_path_factory, "bound-store", handlers, {"yamlq": config})
 
 
 def test_every_config_source_reaches_the_model(bound_store: Path, tmp_path: Path) -> None:

@@ -121,6 +121,23 @@ def _assert_serving(server: LiveServer, name: str) -> None:
     assert r.status_code == 200
 
 
+def _assert_failed_and_refusing(server: LiveServer, name: str) -> None:
+    """``name`` is FAILED everywhere, and a request for it gets 503 NoWorker at once."""
+    assert _states(server, name) == FAILED
+    refused = httpx.post(f"{server.url}/predictions/{name}", json={"echo": 1}, timeout=30)
+    assert refused.status_code == 503 and refused.json()["type"] == "NoWorker"
+
+
+def _scale(server: LiveServer, name: str, min_worker: int) -> None:
+    """Set ``name``'s minimum workers through the management API, waiting until it is done."""
+    r = httpx.put(
+        f"{server.management_url}/models/{name}",
+        params={"min_worker": min_worker, "synchronous": "true"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+
+
 def _requests_counted(server: LiveServer, name: str) -> float:
     return _metric(server, "torchbay_requests_total", model=name)
 
@@ -221,12 +238,7 @@ def test_spawn_failing_past_the_retry_window_answers_queued_requests_503(live_se
     assert _states(server, "probe") == FAILED
     assert _describe(server, "probe")["workerStartFailures"] == spawn.calls >= 2
     spawn.left = 0  # the host recovers
-    scaled = httpx.put(
-        f"{server.management_url}/models/probe",
-        params={"min_worker": 1, "synchronous": "true"},
-        timeout=60,
-    )
-    assert scaled.status_code == 200, scaled.text
+    _scale(server, "probe", 1)
     _assert_serving(server, "probe")
 
 
@@ -325,32 +337,16 @@ def test_model_that_gave_up_is_consistently_failed_and_scales_back_up(live_serve
     crashed = httpx.post(url, json={"crash": True}, timeout=60)  # no retry window: gives up
     assert crashed.status_code == 503
     _wait_for(lambda: _describe(server, "probe")["status"] == "FAILED", "giving up")
-    assert _states(server, "probe") == FAILED
-    refused = httpx.post(url, json={"echo": 1}, timeout=30)
-    assert refused.status_code == 503 and refused.json()["type"] == "NoWorker"
+    _assert_failed_and_refusing(server, "probe")
 
-    scaled = httpx.put(
-        f"{server.management_url}/models/probe",
-        params={"min_worker": 1, "synchronous": "true"},
-        timeout=60,
-    )
-    assert scaled.status_code == 200, scaled.text
+    _scale(server, "probe", 1)
     _assert_serving(server, "probe")
     assert [w["status"] for w in _describe(server, "probe")["workers"]] == ["READY"]
 
     # Zero workers on request: healthy (TorchServe's /ping), not ready, STOPPED everywhere.
-    put = f"{server.management_url}/models/probe"
-    assert (
-        httpx.put(put, params={"min_worker": 0, "synchronous": "true"}, timeout=60).status_code
-        == 200
-    )
-    assert _states(server, "probe") == {
-        **FAILED, "ping": 200, "status": "STOPPED"
-    }  # fmt: skip
-    assert (
-        httpx.put(put, params={"min_worker": 1, "synchronous": "true"}, timeout=60).status_code
-        == 200
-    )
+    _scale(server, "probe", 0)
+    assert _states(server, "probe") == {**FAILED, "ping": 200, "status": "STOPPED"}
+    _scale(server, "probe", 1)
     _assert_serving(server, "probe")
 
 
@@ -381,15 +377,8 @@ def test_supervisor_crash_fails_the_slot_loudly_and_scaling_recovers(live_server
     [old_pid] = server.worker_pids()
     os.kill(old_pid, signal.SIGKILL)
     _wait_for(lambda: _describe(server, "probe")["status"] == "FAILED", "the slot to fail")
-    assert _states(server, "probe") == FAILED
-    refused = httpx.post(f"{server.url}/predictions/probe", json={"echo": 1}, timeout=30)
-    assert refused.status_code == 503 and refused.json()["type"] == "NoWorker"
-    scaled = httpx.put(
-        f"{server.management_url}/models/probe",
-        params={"min_worker": 1, "synchronous": "true"},
-        timeout=60,
-    )
-    assert scaled.status_code == 200, scaled.text
+    _assert_failed_and_refusing(server, "probe")
+    _scale(server, "probe", 1)
     _assert_serving(server, "probe")
 
 

@@ -21,7 +21,6 @@ from torchbay.server.errors import TorchbayError
 
 from .cli_helpers import (
     PID_FILE,
-    build_talk_store,
     clean_env,
     free_addresses,
     kill_tree,
@@ -33,11 +32,6 @@ from .cli_helpers import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def talk_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_talk_store(tmp_path_factory, "talk")
 
 
 @pytest.fixture

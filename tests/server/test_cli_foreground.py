@@ -7,27 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from .cli_helpers import (
-    PID_FILE,
-    build_talk_store,
-    clean_env,
-    free_addresses,
-    kill_tree,
-    lines,
-    predict,
-    read_ready,
-)
+from .cli_helpers import PID_FILE, clean_env, free_addresses, kill_tree, lines, predict, read_ready
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def talk_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_talk_store(tmp_path_factory, "talk-fg")
 
 
 def test_foreground_logs_to_the_console_and_to_log_location(tmp_path, talk_store):

@@ -5,11 +5,54 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from torchbay.server.errors import ConfigError, TorchbayError
-from torchbay.server.observe.logfiles import read_log_config
+from torchbay.server.observe.logfiles import LogConfig, read_log_config
+
+# Two configs that send the test's logger, at INFO, to the file ``{out}`` and nowhere else.
+YAML_CONFIG = """\
+version: 1
+handlers:
+  f:
+    class: logging.FileHandler
+    filename: '{out}'
+loggers:
+  cli_log_config_test:
+    handlers: [f]
+    level: INFO
+    propagate: false
+"""
+INI_CONFIG = """\
+[loggers]
+keys=root,mine
+
+[handlers]
+keys=f
+
+[formatters]
+keys=plain
+
+[logger_root]
+level=WARNING
+handlers=
+
+[logger_mine]
+level=INFO
+handlers=f
+qualname=cli_log_config_test
+propagate=0
+
+[handler_f]
+class=FileHandler
+formatter=plain
+args=('{out}',)
+
+[formatter_plain]
+format=INI %(message)s
+"""
 
 
 @pytest.fixture
@@ -34,44 +77,40 @@ def saved_logging() -> Iterator[None]:
     mine.propagate = True
 
 
-def test_a_yaml_dictconfig_keeps_the_existing_loggers(tmp_path, saved_logging):
+def _configured(tmp_path: Path, name: str, template: str) -> tuple[LogConfig, Path]:
+    """``template`` written to ``tmp_path / name`` with its ``{out}`` filled in, then read:
+    (the config, the log file ``{out}`` names)."""
     out = tmp_path / "out.log"
-    path = tmp_path / "logging.yaml"
-    path.write_text(
-        "version: 1\n"
-        "handlers:\n"
-        f"  f: {{class: logging.FileHandler, filename: '{out}'}}\n"
-        "loggers:\n  cli_log_config_test: {handlers: [f], level: INFO, propagate: false}\n"
-    )
+    path = tmp_path / name
+    path.write_text(template.format(out=out))
+    return read_log_config(str(path)), out
+
+
+def _logged(out: Path, message: str) -> str:
+    """Log ``message`` at INFO on the test's logger (configured to write into ``out``): what
+    ``out`` holds then."""
+    mine = logging.getLogger("cli_log_config_test")
+    mine.info(message)
+    for handler in mine.handlers:
+        handler.flush()
+    return out.read_text()
+
+
+def test_a_yaml_dictconfig_keeps_the_existing_loggers(tmp_path, saved_logging):
+    config, out = _configured(tmp_path, "logging.yaml", YAML_CONFIG)
     existing = logging.getLogger("torchbay.serve")
-    config = read_log_config(str(path))
     assert config.kind == "dict" and config.data is not None
     assert config.data["disable_existing_loggers"] is False  # Python's default would be True
     config.apply()
     assert not existing.disabled
-    logging.getLogger("cli_log_config_test").info("through the config")
-    for handler in logging.getLogger("cli_log_config_test").handlers:
-        handler.flush()
-    assert out.read_text() == "through the config\n"
+    assert _logged(out, "through the config") == "through the config\n"
 
 
 def test_an_ini_fileconfig(tmp_path, saved_logging):
-    out = tmp_path / "out.log"
-    path = tmp_path / "logging.ini"
-    path.write_text(
-        "[loggers]\nkeys=root,mine\n\n[handlers]\nkeys=f\n\n[formatters]\nkeys=plain\n\n"
-        "[logger_root]\nlevel=WARNING\nhandlers=\n\n"
-        "[logger_mine]\nlevel=INFO\nhandlers=f\nqualname=cli_log_config_test\npropagate=0\n\n"
-        f"[handler_f]\nclass=FileHandler\nformatter=plain\nargs=('{out}',)\n\n"
-        "[formatter_plain]\nformat=INI %(message)s\n"
-    )
-    config = read_log_config(str(path))
+    config, out = _configured(tmp_path, "logging.ini", INI_CONFIG)
     assert config.kind == "ini"
     config.apply()
-    logging.getLogger("cli_log_config_test").info("through the ini file")
-    for handler in logging.getLogger("cli_log_config_test").handlers:
-        handler.flush()
-    assert out.read_text() == "INI through the ini file\n"
+    assert _logged(out, "through the ini file") == "INI through the ini file\n"
 
 
 def test_a_log4j2_file_is_ignored_with_one_warning(tmp_path, caplog):

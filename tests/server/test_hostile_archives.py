@@ -25,6 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.tarballs import write_tar_with_link
+
 MIB = 1 << 20
 MARKER = f"pwned{uuid.uuid4().hex[:8]}"
 TINY_INPUT = bytes(256)  # 64 float32 zeros for the tensor handler
@@ -97,15 +99,9 @@ def _build_store(root: Path, tiny: Path) -> dict[str, str]:
         info.external_attr = (stat.S_IFLNK | 0o777) << 16
         zf.writestr(info, "/etc/passwd")
     expected["link.mar"] = "symlink"
-    with tarfile.open(root / "hardlink.tar.gz", "w:gz") as tf:
-        man = _manifest(modelName="hard").encode()
-        info = tarfile.TarInfo("hard/MAR-INF/MANIFEST.json")
-        info.size = len(man)
-        tf.addfile(info, io.BytesIO(man))
-        link = tarfile.TarInfo("hard/model.pt")
-        link.type = tarfile.LNKTYPE
-        link.linkname = "/etc/passwd"
-        tf.addfile(link)
+    write_tar_with_link(
+        root / "hardlink.tar.gz", "hard", _manifest(modelName="hard"), tarfile.LNKTYPE
+    )
     expected["hardlink.tar.gz"] = "link"
     with zipfile.ZipFile(root / "abs-member.mar", "w") as zf:
         zf.writestr("MAR-INF/MANIFEST.json", _manifest(modelName="absm"))

@@ -44,21 +44,27 @@ def _ports(server: LiveServer) -> dict[str, int]:
     return {"inference": ports.inference, "management": ports.management, "metrics": ports.metrics}
 
 
+def _read_until_closed(sock: socket.socket) -> tuple[bytes, bool]:
+    """Everything until the server closes, and whether it did (False: still open when the
+    socket's timeout ran out)."""
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return out, False
+        if not chunk:
+            return out, True
+        out += chunk
+
+
 def _exchange(port: int, data: bytes) -> tuple[bytes, bool]:
     """Send ``data``, then read until the server closes: (everything read, closed)."""
     with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
         # The server may answer and close mid-upload; its answer is still readable.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(data)
-        out = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                return out, False
-            if not chunk:
-                return out, True
-            out += chunk
+        return _read_until_closed(sock)
 
 
 def _parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -229,17 +235,9 @@ def _read_answer(sock: socket.socket) -> bytes:
 
 
 def _rest(sock: socket.socket) -> tuple[bytes, bool]:
-    """Everything until the server closes, and whether it did (False: still open at timeout)."""
+    """Everything until the server closes, and whether it did (False: open but silent for 2 s)."""
     sock.settimeout(2.0)
-    out = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            return out, False
-        if not chunk:
-            return out, True
-        out += chunk
+    return _read_until_closed(sock)
 
 
 def test_expect_100_continue_answered_from_the_headers_closes_the_connection(server):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 import subprocess
@@ -12,12 +11,7 @@ import pytest
 
 from torchbay.server.serving import protocol as p
 
-
-def _roundtrip(message: p.Message) -> p.Message:
-    frame = p.encode(message)
-    (length,) = struct.unpack("!I", frame[:4])
-    assert length == len(frame) - 4
-    return p.decode(frame[4], frame[5:])
+from .protocol_frames import frame, roundtrip
 
 
 @pytest.mark.parametrize(
@@ -44,22 +38,17 @@ def _roundtrip(message: p.Message) -> p.Message:
     ],
 )
 def test_every_message_round_trips(message):
-    assert _roundtrip(message) == message
-
-
-def _frame(kind: int, header: object, blobs: bytes = b"", raw_header: bytes | None = None) -> bytes:
-    head = raw_header if raw_header is not None else json.dumps(header).encode()
-    return struct.pack("!BI", kind, len(head)) + head + blobs
+    assert roundtrip(message) == message
 
 
 @pytest.mark.parametrize(
     "payload",
     [
-        _frame(99, {}),  # unknown kind
-        _frame(p.Kind.LOAD, {}, raw_header=b"{not json"),
-        _frame(p.Kind.LOAD, [1, 2]),  # header not an object
-        _frame(p.Kind.LOAD, {"model_dir": "/m"}),  # missing fields
-        _frame(
+        frame(99, {}),  # unknown kind
+        frame(p.Kind.LOAD, {}, raw_header=b"{not json"),
+        frame(p.Kind.LOAD, [1, 2]),  # header not an object
+        frame(p.Kind.LOAD, {"model_dir": "/m"}),  # missing fields
+        frame(
             p.Kind.LOAD,
             {
                 "surprise": 1,
@@ -69,13 +58,13 @@ def _frame(kind: int, header: object, blobs: bytes = b"", raw_header: bytes | No
                 "batch_size": 1,
             },
         ),
-        _frame(
+        frame(
             p.Kind.INFER,
             {"batch_id": 1, "requests": [["a", "", {}, "", "predict"]], "_blobs": [5]},
             b"abc",
         ),  # blob sizes lie
-        _frame(p.Kind.INFER, {"batch_id": 1, "requests": [], "_blobs": [3]}, b"abc"),
-        _frame(p.Kind.SHUTDOWN, {"_blobs": [1]}, b"x"),
+        frame(p.Kind.INFER, {"batch_id": 1, "requests": [], "_blobs": [3]}, b"abc"),
+        frame(p.Kind.SHUTDOWN, {"_blobs": [1]}, b"x"),
         b"\x01\x00",  # shorter than a header length
     ],
 )
@@ -93,7 +82,7 @@ def test_a_real_worker_exits_on_a_malformed_first_frame():
     )
     child.close()
     try:
-        garbage = _frame(p.Kind.LOAD, {}, raw_header=b"\xff\xfe")
+        garbage = frame(p.Kind.LOAD, {}, raw_header=b"\xff\xfe")
         parent.sendall(struct.pack("!I", len(garbage)) + garbage)
         _, err_bytes = proc.communicate(timeout=30)
         code, err = proc.returncode, err_bytes.decode()

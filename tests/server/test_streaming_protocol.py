@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import struct
-
 import pytest
 
 from torchbay.server.serving import protocol as p
 
-
-def _roundtrip(message: p.Message) -> p.Message:
-    frame = p.encode(message)
-    (length,) = struct.unpack("!I", frame[:4])
-    assert length == len(frame) - 4
-    return p.decode(frame[4], frame[5:])
+from .protocol_frames import frame, roundtrip
 
 
 @pytest.mark.parametrize(
@@ -26,19 +18,14 @@ def _roundtrip(message: p.Message) -> p.Message:
     ],
 )
 def test_streaming_messages_round_trip(message: p.Message) -> None:
-    assert _roundtrip(message) == message
+    assert roundtrip(message) == message
 
 
 def test_a_part_is_always_partial_and_a_result_never() -> None:
-    part = _roundtrip(p.Part(1, "r", p.WireResponse(200, b"x")))
+    part = roundtrip(p.Part(1, "r", p.WireResponse(200, b"x")))
     assert isinstance(part, p.Part) and part.response.partial
-    result = _roundtrip(p.Result(1, [p.WireResponse(200, b"x", partial=True)]))
+    result = roundtrip(p.Result(1, [p.WireResponse(200, b"x", partial=True)]))
     assert isinstance(result, p.Result) and not result.responses[0].partial
-
-
-def _frame(kind: int, header: object, blobs: bytes = b"") -> bytes:
-    head = json.dumps(header).encode()
-    return struct.pack("!BI", kind, len(head)) + head + blobs
 
 
 GOOD_PART = {"batch_id": 1, "request_id": "r", "response": [200, "text/plain", {}]}
@@ -47,14 +34,14 @@ GOOD_PART = {"batch_id": 1, "request_id": "r", "response": [200, "text/plain", {
 @pytest.mark.parametrize(
     "payload",
     [
-        _frame(p.Kind.PART, {**GOOD_PART, "_blobs": []}),  # no body
-        _frame(p.Kind.PART, {**GOOD_PART, "_blobs": [1, 1]}, b"ab"),  # two bodies
-        _frame(p.Kind.PART, {**GOOD_PART, "response": [200, "t"], "_blobs": [1]}, b"a"),
-        _frame(p.Kind.PART, {**GOOD_PART, "response": [200, "t", []], "_blobs": [1]}, b"a"),
-        _frame(p.Kind.PART, {**GOOD_PART, "batch_id": "x", "_blobs": [1]}, b"a"),
-        _frame(p.Kind.PART, {"request_id": "r", "response": [200, "", {}], "_blobs": [1]}, b"a"),
-        _frame(p.Kind.CANCEL, {}),  # no request id
-        _frame(p.Kind.CANCEL, {"request_id": "r", "_blobs": [1]}, b"x"),
+        frame(p.Kind.PART, {**GOOD_PART, "_blobs": []}),  # no body
+        frame(p.Kind.PART, {**GOOD_PART, "_blobs": [1, 1]}, b"ab"),  # two bodies
+        frame(p.Kind.PART, {**GOOD_PART, "response": [200, "t"], "_blobs": [1]}, b"a"),
+        frame(p.Kind.PART, {**GOOD_PART, "response": [200, "t", []], "_blobs": [1]}, b"a"),
+        frame(p.Kind.PART, {**GOOD_PART, "batch_id": "x", "_blobs": [1]}, b"a"),
+        frame(p.Kind.PART, {"request_id": "r", "response": [200, "", {}], "_blobs": [1]}, b"a"),
+        frame(p.Kind.CANCEL, {}),  # no request id
+        frame(p.Kind.CANCEL, {"request_id": "r", "_blobs": [1]}, b"x"),
     ],
 )
 def test_malformed_streaming_frames_raise_protocol_error(payload: bytes) -> None:

@@ -6,6 +6,7 @@ models), the disabled model API (405, OIP shape) and token authorization."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,8 +14,7 @@ import pytest
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from .conftest import LiveServer, make_config
-from .test_oip_metadata import build_oip_store
+from .conftest import LiveServer, running
 
 pytestmark = pytest.mark.slow
 
@@ -22,17 +22,9 @@ ZEROS = bytes(256)  # 64 float32 zeros: one row for the tensor handler
 
 
 @pytest.fixture(scope="module")
-def oip_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_oip_store(tmp_path_factory.mktemp("tri"), tmp_path_factory.mktemp("tri-work"))
-
-
-@pytest.fixture(scope="module")
-def server(oip_store: Path):
-    live = LiveServer(
-        make_config(oip_store, load_models=["one.mar"], enable_model_api=True)
-    ).start()
-    yield live
-    live.stop()
+def server(oip_store: Path) -> Iterator[LiveServer]:
+    with running(oip_store, load_models=["one.mar"], enable_model_api=True) as live:
+        yield live
 
 
 @pytest.fixture
@@ -144,11 +136,9 @@ def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
 
 def test_disabled_model_api_and_token_auth(oip_store: Path, tmp_path: Path) -> None:
     key_file = tmp_path / "key_file.json"
-    live = LiveServer(
-        make_config(oip_store, load_models=["one.mar"], disable_token_authorization=False,
-                    key_file=key_file)
-    ).start()  # fmt: skip
-    try:
+    with running(
+        oip_store, load_models=["one.mar"], disable_token_authorization=False, key_file=key_file
+    ) as live:
         keys = json.loads(key_file.read_text())
         mgmt = {"Authorization": f"Bearer {keys['management']['key']}"}
         inference = {"Authorization": f"Bearer {keys['inference']['key']}"}
@@ -175,5 +165,3 @@ def test_disabled_model_api_and_token_auth(oip_store: Path, tmp_path: Path) -> N
                 client.load_model("two", headers=mgmt)
         finally:
             client.close()
-    finally:
-        live.stop()
