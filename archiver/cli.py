@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +14,22 @@ _TS_DEFAULTS = "same meaning as torch-model-archiver's"
 def register(subparsers: Any) -> None:
     """Add the archiver's verbs to the ``torchbay`` command."""
     _add_archive(subparsers)
-    p = subparsers.add_parser(
-        "inspect", help="print an archive's manifest, files, hashes and parity"
+    p = _add_reader(
+        subparsers,
+        "inspect",
+        inspect_command,
+        help="print an archive's manifest, files, hashes and parity",
     )
-    p.add_argument("archive", type=Path, help=".mar, .tar.gz or archive directory")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=inspect_command)
 
-    p = subparsers.add_parser(
+    p = _add_reader(
+        subparsers,
         "verify",
+        verify_command,
         help="unpack an archive, load it as a worker does and run sample inputs",
         description="Run an archive's handler on sample inputs exactly as a worker would and "
         "print each response. Exit status 1 on a 5xx (or when the stored example is refused).",
     )
-    p.add_argument("archive", type=Path, help=".mar, .tar.gz or archive directory")
     p.add_argument(
         "--input",
         type=Path,
@@ -41,7 +44,16 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--batch-size", type=int, default=1, help="requests per handler call (default 1)"
     )
-    p.set_defaults(func=verify_command)
+
+
+def _add_reader(
+    subparsers: Any, name: str, command: Callable[[argparse.Namespace], int], **kwargs: str
+) -> argparse.ArgumentParser:
+    """A verb that reads one archive, its first argument."""
+    p = subparsers.add_parser(name, **kwargs)
+    p.add_argument("archive", type=Path, help=".mar, .tar.gz or archive directory")
+    p.set_defaults(func=command)
+    return p
 
 
 def _add_archive(subparsers: Any) -> None:

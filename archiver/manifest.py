@@ -20,7 +20,15 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from torchbay.archiver.errors import CorruptArchiveError, ManifestError
 from torchbay.archiver.signature import TensorSpec
@@ -64,6 +72,24 @@ def is_valid_model_version(version: str) -> bool:
         and len(version) <= MAX_MODEL_VERSION_LEN
         and MODEL_VERSION_RE.fullmatch(version) is not None
     )
+
+
+# The fields that become folder names: (what, check, pattern, the rule in words).
+_FOLDER_NAME_RULES = {
+    "model_name": (
+        "model name",
+        is_valid_model_name,
+        MODEL_NAME_RE,
+        "letters, digits, '_', '-', '.'; not starting with a symbol; "
+        f"at most {MAX_MODEL_NAME_LEN} characters",
+    ),
+    "model_version": (
+        "model version",
+        is_valid_model_version,
+        MODEL_VERSION_RE,
+        f"like 1.0, 2 or 1.0.0-rc1; at most {MAX_MODEL_VERSION_LEN} characters",
+    ),
+}
 
 
 def handler_spec_problem(spec: str) -> str | None:
@@ -188,31 +214,18 @@ class ModelInfo(BaseModel):
     requirements_file: str | None = Field(default=None, alias="requirementsFile")
     extensions: Any = None
 
-    @field_validator("model_name")
-    @classmethod
-    def _check_name(cls, name: str) -> str:
-        if not is_valid_model_name(name):
-            raise ValueError(
-                f"model name {name!r} must match {MODEL_NAME_RE.pattern} "
-                f"(letters, digits, '_', '-', '.'; not starting with a symbol; "
-                f"at most {MAX_MODEL_NAME_LEN} characters)"
-            )
-        return name
-
     @field_validator("model_version", mode="before")
     @classmethod
     def _version_as_str(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int | float) else value
 
-    @field_validator("model_version")
+    @field_validator("model_name", "model_version")
     @classmethod
-    def _check_version(cls, version: str) -> str:
-        if not is_valid_model_version(version):
-            raise ValueError(
-                f"model version {version!r} must match {MODEL_VERSION_RE.pattern} "
-                f"(like 1.0, 2 or 1.0.0-rc1; at most {MAX_MODEL_VERSION_LEN} characters)"
-            )
-        return version
+    def _check_folder_name(cls, value: str, info: ValidationInfo) -> str:
+        what, valid, pattern, rule = _FOLDER_NAME_RULES[info.field_name]
+        if not valid(value):
+            raise ValueError(f"{what} {value!r} must match {pattern.pattern} ({rule})")
+        return value
 
     @field_validator("handler")
     @classmethod

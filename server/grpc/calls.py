@@ -1,6 +1,7 @@
 """What every gRPC inference RPC shares: authorization from the call's metadata, one
 ``WireRequest`` per call, admission to the model version's queue with the call's deadline, and
-one ``RequestRecord`` per answered request (metrics and the access log, as over HTTP).
+one ``RequestRecord`` per answered request (metrics and the access log, as over HTTP); and what
+every service shares (``Service``: its RPCs by name).
 
 The gRPC deadline becomes the queued request's deadline (the mechanism ``clientTimeoutInMills``
 uses): a request still queued when its caller's deadline passes is answered DEADLINE_EXCEEDED and
@@ -12,14 +13,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 
 from torchbay.server.errors import TorchbayError
-from torchbay.server.grpc.status import RpcError, from_error
+from torchbay.server.grpc.status import RpcError, abort, from_error
 from torchbay.server.observe.logs import RequestHook, RequestRecord
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.model import ModelVersion
@@ -171,6 +173,33 @@ class Calls:
         self.on_request(RequestRecord(scope, name, version, status, seconds, queue_s, mv))
 
 
+class Service:
+    """A service of the shipped protos: ``name`` is its full proto name, ``rpcs`` the RPCs it
+    implements, each by the method of its name in snake case (``ModelInfer``: ``model_infer``).
+    The proto's other RPCs answer UNIMPLEMENTED."""
+
+    name: ClassVar[str]
+    rpcs: ClassVar[tuple[str, ...]]
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    def handlers(self) -> dict[str, Any]:
+        """Each RPC's implementation, by RPC name (for ``server.generic_handler``)."""
+        return {rpc: getattr(self, _method_name(rpc)) for rpc in self.rpcs}
+
+    async def authorize(self, context: grpc.aio.ServicerContext) -> None:
+        """Abort the call (UNAUTHENTICATED) unless it carries a valid inference key."""
+        try:
+            self.calls.authorize(context)
+        except RpcError as exc:
+            await abort(context, exc)
+
+
+def _method_name(rpc: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", rpc).lower()
+
+
 async def final(responses: AsyncIterator[Any]) -> Any:
     """The last of a request's responses: a unary RPC's answer (a streaming model's parts
     before it are dropped, as a client of a unary RPC can take only one message)."""
@@ -183,4 +212,4 @@ async def final(responses: AsyncIterator[Any]) -> Any:
     return last
 
 
-__all__ = ["Calls", "RpcError", "final", "metadata"]
+__all__ = ["Calls", "RpcError", "Service", "final", "metadata"]

@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from torchbay.server.errors import BadRequest, MethodNotAllowed, TorchbayError
-from torchbay.server.grpc.calls import Calls
-from torchbay.server.grpc.messages import message
+from torchbay.server.grpc.calls import Calls, Service
+from torchbay.server.grpc.messages import TS_MANAGEMENT_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_error
 from torchbay.server.http import model_routes as routes
 from torchbay.server.http.management import _validation_message
@@ -38,20 +38,20 @@ def _text(result: Any) -> str:
     return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
 
 
-class TorchServeManagement:
-    def __init__(self, calls: Calls, state: routes.Management) -> None:
-        self.calls = calls
-        self.state = state
+class TorchServeManagement(Service):
+    name = TS_MANAGEMENT_SERVICE
+    rpcs = (
+        "DescribeModel",
+        "ListModels",
+        "RegisterModel",
+        "ScaleWorker",
+        "SetDefault",
+        "UnregisterModel",
+    )
 
-    def handlers(self) -> dict[str, Any]:
-        return {
-            "DescribeModel": self.describe_model,
-            "ListModels": self.list_models,
-            "RegisterModel": self.register_model,
-            "ScaleWorker": self.scale_worker,
-            "SetDefault": self.set_default,
-            "UnregisterModel": self.unregister_model,
-        }
+    def __init__(self, calls: Calls, state: routes.Management) -> None:
+        super().__init__(calls)
+        self.state = state
 
     async def _answer(
         self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[Any]]

@@ -21,33 +21,28 @@ import grpc
 
 from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.grpc import tensors
-from torchbay.server.grpc.calls import Calls, final
+from torchbay.server.grpc.calls import Service, final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_error, from_response
 from torchbay.server.http.triton import OIP_EXTENSIONS, model_metadata
-from torchbay.server.serving.model import ModelStatus
+from torchbay.server.serving.model import ModelStatus, ModelVersion
 
 log = logging.getLogger("torchbay.grpc")
 _INFER_PATH = f"/{OIP_SERVICE}/ModelInfer"
 _STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
 
 
-class OipService:
-    """The RPC implementations; ``handlers()`` names them for ``server.build_server``."""
-
-    def __init__(self, calls: Calls) -> None:
-        self.calls = calls
-
-    def handlers(self) -> dict[str, Any]:
-        return {
-            "ServerLive": self.server_live,
-            "ServerReady": self.server_ready,
-            "ModelReady": self.model_ready,
-            "ServerMetadata": self.server_metadata,
-            "ModelMetadata": self.model_metadata,
-            "ModelInfer": self.model_infer,
-            "ModelStreamInfer": self.model_stream_infer,
-        }
+class OipService(Service):
+    name = OIP_SERVICE
+    rpcs = (
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "ModelStreamInfer",
+    )
 
     async def server_live(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return message("inference.ServerLiveResponse")(live=True)
@@ -63,19 +58,11 @@ class OipService:
         )
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            self.calls.authorize(context)
-            mv = self.calls.resolve(request.name, request.version)
-        except RpcError as exc:
-            await abort(context, exc)
+        mv = await self._model(request, context)
         return message("inference.ModelReadyResponse")(ready=mv.status is ModelStatus.READY)
 
     async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            self.calls.authorize(context)
-            mv = self.calls.resolve(request.name, request.version)
-        except RpcError as exc:
-            await abort(context, exc)
+        mv = await self._model(request, context)
         meta = model_metadata(self.calls.registry, mv)
         response = message("inference.ModelMetadataResponse")(
             name=meta["name"], versions=meta["versions"], platform=meta["platform"]
@@ -86,6 +73,14 @@ class OipService:
                     name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"]
                 )
         return response
+
+    async def _model(self, request: Any, context: grpc.aio.ServicerContext) -> ModelVersion:
+        """The model version a model RPC names (it needs the inference key, as over REST)."""
+        try:
+            self.calls.authorize(context)
+            return self.calls.resolve(request.name, request.version)
+        except RpcError as exc:
+            await abort(context, exc)
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -125,10 +120,7 @@ class OipService:
     async def model_stream_infer(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
-        try:
-            self.calls.authorize(context)
-        except RpcError as exc:
-            await abort(context, exc)
+        await self.authorize(context)
         done: asyncio.Queue[Any] = asyncio.Queue()
         reader = asyncio.ensure_future(self._read_stream(requests, context, done))
         try:

@@ -26,7 +26,7 @@ import grpc
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc import messages
-from torchbay.server.grpc.calls import Calls
+from torchbay.server.grpc.calls import Calls, Service
 from torchbay.server.grpc.management import TorchServeManagement
 from torchbay.server.grpc.oip import OipService
 from torchbay.server.grpc.torchserve import TorchServeInference
@@ -144,23 +144,14 @@ class GrpcListeners:
 
     async def start(self, calls: Calls, management: Any) -> None:
         """Register the services on the bound servers and start them."""
-        inference = self.servers["inference"]
-        inference.add_generic_rpc_handlers(
-            (
-                generic_handler(messages.OIP_SERVICE, OipService(calls).handlers()),
-                generic_handler(
-                    messages.TS_INFERENCE_SERVICE, TorchServeInference(calls).handlers()
-                ),
+        services: dict[str, tuple[Service, ...]] = {
+            "inference": (OipService(calls), TorchServeInference(calls)),
+            "management": (TorchServeManagement(calls, management),),
+        }
+        for listener, implementations in services.items():
+            self.servers[listener].add_generic_rpc_handlers(
+                tuple(generic_handler(s.name, s.handlers()) for s in implementations)
             )
-        )
-        self.servers["management"].add_generic_rpc_handlers(
-            (
-                generic_handler(
-                    messages.TS_MANAGEMENT_SERVICE,
-                    TorchServeManagement(calls, management).handlers(),
-                ),
-            )
-        )
         for server in {id(s): s for s in self.servers.values()}.values():
             await server.start()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from torchbay.server.grpc.calls import Calls, final
+from torchbay.server.grpc.calls import Service, final
 from torchbay.server.grpc.messages import TS_INFERENCE_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_response
 
@@ -52,17 +52,9 @@ def multipart(fields: Any) -> tuple[bytes, str]:
     return b"".join(chunks), f"multipart/form-data; boundary={boundary}"
 
 
-class TorchServeInference:
-    def __init__(self, calls: Calls) -> None:
-        self.calls = calls
-
-    def handlers(self) -> dict[str, Any]:
-        return {
-            "Ping": self.ping,
-            "Predictions": self.predictions,
-            "StreamPredictions": self.stream_predictions,
-            "StreamPredictions2": self.stream_predictions2,
-        }
+class TorchServeInference(Service):
+    name = TS_INFERENCE_SERVICE
+    rpcs = ("Ping", "Predictions", "StreamPredictions", "StreamPredictions2")
 
     async def ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         registry = self.calls.registry
@@ -112,10 +104,7 @@ class TorchServeInference:
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         """Requests in order, each answered (parts, then the last) before the next runs."""
-        try:
-            self.calls.authorize(context)
-        except RpcError as exc:
-            await abort(context, exc)
+        await self.authorize(context)
         async for request in requests:
             try:
                 async for out in self._responses(request, context, "StreamPredictions2"):
