@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving.worker_env import worker_env
 
 log = logging.getLogger("torchbay.workers")
 
@@ -94,7 +95,7 @@ def spawn_process(
         proc = subprocess.Popen(
             args,
             pass_fds=(child.fileno(),),
-            env=dict(os.environ if env is None else env),
+            env=worker_env(os.environ if env is None else env),
             stdin=subprocess.DEVNULL,
             # Own session: a signal to the server's process group (Ctrl-C, `timeout`) must not
             # kill workers mid-batch; the frontend stops them after draining. A worker whose
@@ -233,7 +234,11 @@ class WorkerProcess:
             self._writer.write(p.encode(p.Infer(batch_id, requests)))
             if timeout is None:
                 return await future
-            return await self._await_frames(future, timeout)
+            watchdog = _FrameWatchdog(self, future, timeout)
+            try:
+                return await future
+            finally:
+                watchdog.cancel()
         except asyncio.TimeoutError:
             log.error("worker %s did not answer within %gs; killing it", self.name, timeout)
             # Not alive from now on (the exit is observed later): no batch may reach it.
@@ -248,17 +253,6 @@ class WorkerProcess:
             self.batches += 1
             if self.state is WorkerState.BUSY:
                 self.state = previous if previous is WorkerState.DRAINING else WorkerState.READY
-
-    async def _await_frames(self, future: asyncio.Future[p.Result], timeout: float) -> p.Result:
-        """The batch's Result; TimeoutError when ``timeout`` passes without any frame."""
-        while True:
-            seen = self._parts_seen
-            try:
-                return await asyncio.wait_for(asyncio.shield(future), timeout)
-            except asyncio.TimeoutError:
-                if self._parts_seen == seen:
-                    future.cancel()
-                    raise
 
     def cancel(self, request_id: str) -> None:
         """Tell the worker the client of ``request_id`` (in the running batch) went away."""
@@ -373,3 +367,32 @@ class WorkerProcess:
     def _mark_stopped(self) -> None:
         if self.state is not WorkerState.FAILED:
             self.state = WorkerState.STOPPED
+
+
+class _FrameWatchdog:
+    """``response_timeout`` for one batch: fails ``future`` with TimeoutError once ``timeout``
+    passes without a frame from the worker (each Part starts the clock again). One timer, so the
+    dispatcher awaits the Result's future itself and runs the next batch one loop turn after the
+    Result arrives (``wait_for(shield(...))`` took three turns, each behind every ready callback:
+    the worker sat idle that long between batches)."""
+
+    __slots__ = ("_future", "_handle", "_seen", "_timeout", "_worker")
+
+    def __init__(self, worker: WorkerProcess, future: asyncio.Future, timeout: float) -> None:
+        self._worker, self._future, self._timeout = worker, future, timeout
+        self._arm()
+
+    def _arm(self) -> None:
+        self._seen = self._worker._parts_seen
+        self._handle = asyncio.get_running_loop().call_later(self._timeout, self._fire)
+
+    def _fire(self) -> None:
+        if self._future.done():
+            return
+        if self._worker._parts_seen != self._seen:
+            self._arm()  # a part came: the worker is alive and streaming
+        else:
+            self._future.set_exception(asyncio.TimeoutError())
+
+    def cancel(self) -> None:
+        self._handle.cancel()

@@ -113,6 +113,7 @@ class BatchQueue(Generic[T, R]):
         self.probe_interval_s = probe_interval_s
         self._items: collections.deque[Pending[T, R]] = collections.deque()
         self._waker: asyncio.Future[None] | None = None
+        self._wake_at = 1  # a put wakes the waiting take once this many are queued
         self._take_lock = asyncio.Lock()
         self._arrivals = 0  # admitted so far (monotonic counter)
         # Arrivals observed while a batch waited, and for how long it waited (decayed sums).
@@ -152,7 +153,8 @@ class BatchQueue(Generic[T, R]):
             self.put_refused()
         self._items.append(item)
         self._arrivals += 1
-        self._wake()
+        if len(self._items) >= self._wake_at:
+            self._wake()
 
     def put_refused(self) -> None:
         """Raise (and count) the full queue's 503."""
@@ -198,7 +200,7 @@ class BatchQueue(Generic[T, R]):
             self._drop_dead(now)
             n = len(self._items)
             if n == 0:
-                await self._sleep(loop, None)
+                await self._sleep(loop, None, 1)
                 continue
             if n >= self.batch_size:
                 return self._pop(self.batch_size, now)
@@ -209,7 +211,7 @@ class BatchQueue(Generic[T, R]):
             if remaining <= 0 or not self._worth_waiting(now, remaining):
                 return self._pop(n, now)
             arrivals_before = self._arrivals
-            await self._sleep(loop, remaining)
+            await self._sleep(loop, remaining, self.batch_size)  # not woken per arrival
             waited = clock() - now
             self._learn(self._arrivals - arrivals_before, waited, now)
 
@@ -227,10 +229,16 @@ class BatchQueue(Generic[T, R]):
         self._last_wait = now
         self._probe_backoff = 1.0 if gained else min(self._probe_backoff * 2, 64.0)
 
-    async def _sleep(self, loop: asyncio.AbstractEventLoop, seconds: float | None) -> None:
-        """Wait until ``put``/``configure`` wakes us, or ``seconds`` pass (None: no limit)."""
+    async def _sleep(
+        self, loop: asyncio.AbstractEventLoop, seconds: float | None, wake_at: int
+    ) -> None:
+        """Wait until ``wake_at`` requests are queued, ``configure``/``close``/``requeue_front``
+        wakes us, or ``seconds`` pass (None: no limit). A batch that fills is not woken by each
+        arrival before it is full (a wake per request cost the event loop a timer and a future
+        each, and the batch left no sooner)."""
         waker = loop.create_future()
         self._waker = waker
+        self._wake_at = wake_at
         timer = loop.call_later(seconds, resolve, waker, None) if seconds is not None else None
         try:
             await waker
@@ -238,6 +246,7 @@ class BatchQueue(Generic[T, R]):
             if timer is not None:
                 timer.cancel()
             self._waker = None
+            self._wake_at = 1
 
     def _drop_dead(self, now: float) -> None:
         items = self._items

@@ -104,6 +104,39 @@ def test_waits_again_when_requests_do_arrive_while_waiting():
     assert run(scenario()) == [4, 4, 4]
 
 
+class _WakeCountingQueue(BatchQueue):
+    """Counts the times a waiting ``take`` is woken."""
+
+    wakes = 0
+
+    def _wake(self) -> None:
+        if self._waker is not None and not self._waker.done():
+            self.wakes += 1
+        super()._wake()
+
+
+def test_a_filling_batch_is_woken_once_when_full_not_per_arrival():
+    """Each wake costs the event loop a future and a timer; a batch leaves no sooner for being
+    woken by arrivals that do not fill it."""
+
+    async def scenario() -> tuple[int, int, float]:
+        loop = asyncio.get_running_loop()
+        q = _WakeCountingQueue(batch_size=4, max_delay_s=1.0, capacity=10, probe_interval_s=3600)
+        q.put(_item(loop, "x"))
+        taker = asyncio.ensure_future(q.take())
+        for _ in range(3):
+            await asyncio.sleep(0.02)
+            q.put(_item(loop, "y"))
+        filled = clock()
+        batch = await asyncio.wait_for(taker, 5)
+        return len(batch), q.wakes, clock() - filled
+
+    size, wakes, after_full = run(scenario())
+    assert size == 4
+    assert wakes == 1  # the fourth request; the second and third did not wake it
+    assert after_full < 0.5  # it left when full, not at the end of its 1 s window
+
+
 def test_queue_full_rejects_at_once_with_retry_after():
     async def scenario() -> None:
         loop = asyncio.get_running_loop()

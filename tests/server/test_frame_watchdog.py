@@ -1,0 +1,47 @@
+"""``response_timeout`` per batch (serving/handle.py's ``_FrameWatchdog``): a batch fails with
+TimeoutError only after ``timeout`` without a frame from its worker; each Part restarts it."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from torchbay.server.serving.handle import _FrameWatchdog
+from torchbay.server.serving.queue import clock
+
+
+def test_parts_restart_the_clock_and_silence_fails_the_batch() -> None:
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        worker = SimpleNamespace(_parts_seen=0)
+        future = loop.create_future()
+        started = clock()
+        _FrameWatchdog(worker, future, 0.1)  # type: ignore[arg-type]
+        for _ in range(3):  # a part every 70 ms: 210 ms in all, past two whole timeouts
+            await asyncio.sleep(0.07)
+            assert not future.done()
+            worker._parts_seen += 1
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(future, 5)
+        return clock() - started
+
+    assert run(scenario()) >= 0.3  # a whole timeout of silence after the last part (at 0.21 s)
+
+
+def test_a_result_in_time_is_kept_and_the_timer_cancelled() -> None:
+    async def scenario() -> object:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        watchdog = _FrameWatchdog(SimpleNamespace(_parts_seen=0), future, 0.05)  # type: ignore[arg-type]
+        future.set_result("result")
+        watchdog.cancel()
+        await asyncio.sleep(0.1)  # past the timeout: nothing fires
+        return future.result()
+
+    assert run(scenario()) == "result"
+
+
+def run(coro):
+    return asyncio.run(coro)
