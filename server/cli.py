@@ -361,13 +361,15 @@ def _spawn_worker(log_format: str, output_fd: int) -> Any:
     import socket
     import subprocess
 
+    from torchbay.server.serving.worker_env import worker_env
+
     parent, child = socket.socketpair()
     args = [sys.executable, "-m", "torchbay.server.worker", "--fd", str(child.fileno())]
     try:
         proc = subprocess.Popen(
             [*args, "--log-format", log_format],
             pass_fds=(child.fileno(),),
-            env=dict(os.environ),
+            env=worker_env(os.environ),
             stdin=subprocess.DEVNULL,
             stdout=output_fd,
             stderr=output_fd,

@@ -1,0 +1,51 @@
+"""The environment a worker process starts with: the server's own, plus two glibc malloc settings
+that keep a CPU model's activations in the heap between batches.
+
+By default glibc serves a large allocation with a fresh ``mmap`` and gives it back with ``munmap``
+when freed (its threshold starts at 128 KiB and rises only as far as what was last freed), and
+trims the heap's free top after each large free. A forward pass allocates and frees megabytes of
+activations, so every batch page-faults them in again (zero-filled by the kernel). Fixing the
+thresholds (``MALLOC_MMAP_THRESHOLD_`` 32 MiB, glibc's maximum; ``MALLOC_TRIM_THRESHOLD_``
+256 MiB) reuses that memory instead: on this project's 2-core machine the reference cnn at batch
+8 ran 320 samples/s per intra-op thread instead of 206, and ``cnn, c=16, batch 8, 2 workers``
+served 500 req/s instead of 390 (benchmarks/RESULTS.md, "The allocator"). The cost: a worker keeps
+up to its peak working set (plus 256 MiB of free heap) instead of returning it to the host.
+
+It is what the PyTorch performance tuning guide's "use a better allocator" (jemalloc, tcmalloc)
+buys, from glibc alone. Left alone when the environment already chooses: ``LD_PRELOAD`` of
+jemalloc, tcmalloc or mimalloc, ``GLIBC_TUNABLES`` with ``glibc.malloc`` settings, either variable
+set, or ``TORCHBAY_MALLOC_TUNING=0``. Other C libraries (musl, macOS) ignore the variables.
+
+Imports nothing but the standard library: the CLI spawns its first worker before its own imports
+(``cli._spawn_worker``), as ``handle.spawn_process`` spawns the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+MALLOC_DEFAULTS = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
+}
+OPT_OUT = "TORCHBAY_MALLOC_TUNING"
+_OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def worker_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` (the server's environment, or the one configured for the model) with
+    ``MALLOC_DEFAULTS`` added, unless ``base`` already chooses an allocator or opts out."""
+    env = dict(base)
+    if env.get(OPT_OUT, "").strip().lower() in ("0", "false", "no", "off"):
+        return env
+    if any(name in env.get("LD_PRELOAD", "") for name in _OTHER_ALLOCATORS):
+        return env
+    if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        return env
+    if any(key in env for key in MALLOC_DEFAULTS):
+        return env  # the user set one: theirs, and the other left at glibc's default
+    env.update(MALLOC_DEFAULTS)
+    return env
+
+
+__all__ = ["MALLOC_DEFAULTS", "OPT_OUT", "worker_env"]
