@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import os
 
 import psutil
 
@@ -28,17 +29,20 @@ from torchbay.benchmarks.round2_run import (
     Ratio,
     RowResult,
     closed,
+    inprocess_limit,
     load_metrics,
     ratio,
     serving,
     target,
 )
+from torchbay.server.serving.worker_env import worker_env
 
 OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
 SWEEP_FACTORS = (0.5, 1.0, 2.0, 4.0)
 MAX_CONNECTIONS = 256
 QUEUE_DELAY_MS = 200
 JOB_QUEUE_SIZE = 100
+INPROCESS_TUNED = "in-process, tuned malloc"
 RECOVERY_BOUND_S = 5.0
 CNN_B8_W2 = Batching(8, 10, 2)
 
@@ -121,20 +125,6 @@ def row_cnn_c1(ctx: Ctx) -> RowResult:
     return row
 
 
-def inprocess_limit(ctx: Ctx, batch: int, streams: int) -> float:
-    """samples/s of ``streams`` single-threaded loops of the cnn in one fresh process."""
-    import json
-    import subprocess
-
-    cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess", "--json"]
-    cmd += ["--pt", f"cnn={ctx.assets.pt['cnn']}", "--batches", str(batch)]
-    cmd += ["--streams", str(streams), "--seconds", str(ctx.duration_s)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
-    return float(json.loads(proc.stdout)["cnn"][str(batch)])
-
-
 def row_cnn_c16(ctx: Ctx) -> RowResult:
     b = CNN_B8_W2
     row = RowResult(
@@ -144,10 +134,11 @@ def row_cnn_c16(ctx: Ctx) -> RowResult:
     )
     systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
     for rep in range(1, ctx.repeat + 1):
-        try:
-            row.add(INPROCESS, {"req_s": inprocess_limit(ctx, 8, 2)})
-        except BenchError as exc:
-            _failed(row, INPROCESS, rep, exc, ("req_s",))
+        for name, env in ((INPROCESS, None), (INPROCESS_TUNED, worker_env(os.environ))):
+            try:  # the tuned loop has the allocator settings torchbay's workers start with
+                row.add(name, {"req_s": inprocess_limit(ctx, 8, 2, env)})
+            except BenchError as exc:
+                _failed(row, name, rep, exc, ("req_s",))
         ctx.progress(f"{row.key} repeat {rep}: in-process limit", ctx.duration_s + 3)
         _closed_row(ctx, row, [(s, s, "cnn", b, 16) for s in systems], rep)
     limit = row.series(INPROCESS, "req_s")
@@ -156,6 +147,8 @@ def row_cnn_c16(ctx: Ctx) -> RowResult:
         row.ratios.append(
             Ratio(f"{s} / in-process", _div(row.series(s, "req_s"), limit), bound, ">=", "min")
         )
+    tuned = _div(row.series(TORCHBAY, "req_s"), row.series(INPROCESS_TUNED, "req_s"))
+    row.ratios.append(Ratio(f"torchbay / {INPROCESS_TUNED}", tuned, None, ">=", "min"))
     return row
 
 
@@ -389,7 +382,7 @@ def _two_models_once(
 ROWS = {
     "tiny-c16": (row_tiny, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
     "cnn-c1": (row_cnn_c1, lambda c: 2 * (2 * (c.warmup_s + c.duration_s) + 5)),
-    "cnn-c16": (row_cnn_c16, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
+    "cnn-c16": (row_cnn_c16, lambda c: 4 * (c.warmup_s + c.duration_s + 4)),
     "overload": (row_overload, lambda c: 2 * (c.warmup_s + 4 * c.duration_s + 8)),
     "start": (row_start, lambda c: 12.0 * max(c.starts, c.repeat) / c.repeat),
     "two-models": (row_two_models, lambda c: 3 * (c.warmup_s + c.duration_s) + 5),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -251,3 +252,15 @@ def ratio(top: float, bottom: float) -> float:
     if not (math.isfinite(top) and math.isfinite(bottom)) or bottom <= 0:
         return math.nan
     return top / bottom
+
+
+def inprocess_limit(ctx: Ctx, batch: int, streams: int, env: dict | None = None) -> float:
+    """samples/s of ``streams`` single-threaded loops of the cnn in one fresh process (``env``:
+    its environment, None: ours)."""
+    cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess", "--json"]
+    cmd += ["--pt", f"cnn={ctx.assets.pt['cnn']}", "--batches", str(batch)]
+    cmd += ["--streams", str(streams), "--seconds", str(ctx.duration_s)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
+    return float(json.loads(proc.stdout)["cnn"][str(batch)])
