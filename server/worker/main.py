@@ -64,10 +64,12 @@ def _retune(message: p.Tune, started_on: set[int]) -> None:
 def _in_fresh_thread(fn: Callable[..., T], *args: object) -> T:
     """Run ``fn`` in a short-lived thread and return (or raise) what it did.
 
-    The worker runs its first batch this way: TorchScript's profiling executor leaves the thread
-    that first runs a model on a slower plan (the reference cnn at batch 1, one thread: ~145
-    img/s in that thread, ~205 in any other; shared/reference/baseline.md saw the same), so the
-    serving thread must not be that first thread.
+    The worker runs its first batch this way: the thread that first ran a TorchScript model ran
+    it slower afterwards (the reference cnn at batch 1, one thread: ~145 img/s in that thread,
+    ~205 in any other; shared/reference/baseline.md saw the same). Most of that gap turned out to
+    be glibc malloc's page faults on the main thread (serving/worker_env.py's settings remove
+    it); with those settings a first batch run elsewhere still left the main thread a few
+    percent faster at batch 1 (257-279 against 251-256 samples/s, stop 22).
     """
     box: list[T] = []
     error: list[BaseException] = []
