@@ -51,7 +51,10 @@ def _environ(spawned: Spawned) -> list[bytes]:
         spawned.discard()
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/PID/environ")
+@pytest.mark.skipif(
+    not Path("/proc/self/environ").exists(),
+    reason="Linux only: a running process's environment is readable only from /proc/PID/environ",
+)
 def test_spawned_workers_start_with_them() -> None:
     """Both ways a worker is spawned: by the pool, and by the CLI before its own imports."""
     spawned = spawn_process({"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
