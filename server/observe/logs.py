@@ -20,6 +20,7 @@ thread and only the write moves. Torch-free.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import logging.handlers
@@ -84,7 +85,8 @@ RequestHook = Callable[[RequestRecord], None]
 
 
 def request_hook(record: RequestHook | None) -> RequestHook:
-    """The listeners' ``on_request``: ``record`` (metrics), then one access-log line."""
+    """The listeners' ``on_request``: ``record`` (metrics), then one access-log line, run
+    together for the requests answered in one turn of the event loop (:class:`Deferred`)."""
     enabled = access_log.isEnabledFor
 
     def on_request(request: RequestRecord) -> None:
@@ -93,7 +95,46 @@ def request_hook(record: RequestHook | None) -> RequestHook:
         if enabled(logging.INFO):
             log_access(request)
 
-    return on_request
+    return Deferred(on_request)
+
+
+class Deferred:
+    """A RequestHook run over several requests at once. A call keeps its record; the first of a
+    run asks the event loop to run the hook over all of them (``call_soon``: after the tasks
+    ready now and before the callbacks of the next socket reads, so a metrics scrape or a
+    request that follows an answer sees it counted). The answer has been sent by then either
+    way. Done in one tight loop per turn, a request's bookkeeping (metrics, statistics, access
+    line) cost the frontend about 12 us less than done inline between answers (tiny c=16:
+    92 -> 80 us/request, benchmarks/RESULTS.md). Outside an event loop it runs at once."""
+
+    __slots__ = ("_hook", "_pending")
+
+    def __init__(self, hook: RequestHook) -> None:
+        self._hook = hook
+        self._pending: list[RequestRecord] = []
+
+    def __call__(self, request: RequestRecord) -> None:
+        pending = self._pending
+        pending.append(request)
+        if len(pending) > 1:
+            return  # the run's drain is scheduled
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.drain()
+            return
+        loop.call_soon(self.drain)
+
+    def drain(self) -> None:
+        """Run the hook over every kept record (each once; one that raises is logged)."""
+        pending, self._pending = self._pending, []
+        for request in pending:
+            try:
+                self._hook(request)
+            except Exception:
+                logging.getLogger("torchbay.serve").exception(
+                    "recording request %s %s failed", request.name, request.status
+                )
 
 
 def log_access(request: RequestRecord) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -14,6 +15,7 @@ import pytest
 from torchbay.server.observe.logs import (
     ACCESS_FIELDS,
     ACCESS_LOGGER,
+    Deferred,
     JsonFormatter,
     RequestRecord,
     configure_logging,
@@ -106,6 +108,44 @@ def test_access_log_off_costs_no_formatting() -> None:
     finally:
         access.setLevel(old)
     assert seen == [request]
+
+
+def test_deferred_hook_runs_once_per_loop_turn_in_order_and_survives_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Records of one event-loop turn are kept, then run together, in order, before the next
+    turn's callbacks; a record whose hook raises is logged and the others still run."""
+    seen: list[str] = []
+
+    def hook(request: RequestRecord) -> None:
+        if request.name == "bad":
+            raise ValueError("boom")
+        seen.append(request.name)
+
+    deferred = Deferred(hook)
+
+    def record(name: str) -> RequestRecord:
+        return RequestRecord(SCOPE, name, None, 200, 0.001, None, None)
+
+    async def main() -> list[list[str]]:
+        snapshots = []
+        for name in ("a", "bad", "b"):
+            deferred(record(name))
+        snapshots.append(list(seen))  # nothing ran yet: same turn
+        await asyncio.sleep(0)  # one turn: the drain scheduled before us has run
+        snapshots.append(list(seen))
+        deferred(record("c"))
+        snapshots.append(list(seen))
+        await asyncio.sleep(0)
+        snapshots.append(list(seen))
+        return snapshots
+
+    with caplog.at_level(logging.ERROR, logger="torchbay.serve"):
+        snapshots = asyncio.run(main())
+    assert snapshots == [[], ["a", "b"], ["a", "b"], ["a", "b", "c"]]
+    assert "recording request bad 200 failed" in caplog.text
+    deferred(record("d"))  # no running loop: at once
+    assert seen[-1] == "d"
 
 
 def test_configure_logging_json_routes_every_logger(root_logging: logging.Logger) -> None:
