@@ -138,15 +138,19 @@ async def good(client: httpx.AsyncClient, poison: Poison, k: int) -> tuple[Any, 
 
 
 async def one_round(client: httpx.AsyncClient, round_no: int) -> tuple[list[Any], list[Any]]:
-    poisons, goods = [], []
+    """Each poison's requests, then its good ones, all sent at once in that order: the good ones
+    arrive beside the poisons (sent after every poison, on a fast host they arrived after them
+    and never shared a batch with one)."""
+    calls: list[tuple[Poison | None, Any]] = []
     for p_i, poison in enumerate(POISONS):
         for _ in range(POISONS_PER_ROUND):
             headers = {"content-type": poison.content_type}
-            poisons.append((poison, client.post(poison.path, content=poison.body, headers=headers)))
+            calls.append((poison, client.post(poison.path, content=poison.body, headers=headers)))
         for j in range(GOODS_PER_ROUND):
-            goods.append(good(client, poison, round_no * 1000 + p_i * 10 + j))
-    sent = await asyncio.gather(*(c for _, c in poisons), *goods)
-    return [(p, r) for (p, _), r in zip(poisons, sent, strict=False)], list(sent[len(poisons) :])
+            calls.append((None, good(client, poison, round_no * 1000 + p_i * 10 + j)))
+    sent = await asyncio.gather(*(c for _, c in calls))
+    poisoned = [(p, r) for (p, _), r in zip(calls, sent, strict=True) if p is not None]
+    return poisoned, [r for (p, _), r in zip(calls, sent, strict=True) if p is None]
 
 
 def test_poisons_fail_alone_and_the_worker_survives(live_server, expected) -> None:
