@@ -9,8 +9,9 @@ or a header that is not a valid HTTP field (name not a token; CR, LF or NUL in a
 latin-1) is answered 500 with an error body, never passed on (uvicorn would send nothing);
 a 204 or 304 goes out without the body the handler gave it.
 
-Every request goes through ``ModelVersion.stream``: a handler that streams parts is answered
-chunked (TorchServe) or as server-sent events (the generate extension), see streaming.py.
+Every request is read with ``ModelVersion.admit_reader`` (then ``rest``): a handler that streams
+parts is answered chunked (TorchServe) or as server-sent events (the generate extension), see
+streaming.py.
 """
 
 from __future__ import annotations
@@ -156,11 +157,6 @@ class InferenceApp:
         mv: ModelVersion | None = None
         item: Pending[p.WireRequest, p.WireResponse] | None = None
         status = 500
-
-        def admitted(pending: Pending) -> None:
-            nonlocal item
-            item = pending
-
         try:
             if self.authorize is not None:
                 self.authorize(scope, "inference")
@@ -168,13 +164,18 @@ class InferenceApp:
             refuse_early(mv)  # 503 from the headers alone: the body is never read
             body = await read_body(scope, receive, self.max_request_size)
             wire = self._wire_request(scope, body, protocol, extra)
-            parts = mv.stream(wire, admitted)
+            item = mv.admit_reader(wire)
             try:
-                first = await anext(parts)
-                answer = respond or self._respond
-                status = await answer(scope, receive, send, mv, wire, first, parts)
+                first = await item.future  # a part, or the response when nothing streams
+                # No async generator for a request that does not stream (most of them).
+                rest = mv.rest(item) if item.parts.started else streaming.NO_PARTS
+                try:
+                    answer = respond or self._respond
+                    status = await answer(scope, receive, send, mv, wire, first, rest)
+                finally:
+                    await rest.aclose()
             finally:
-                await parts.aclose()
+                mv.finish(item)
         except TorchbayError as exc:
             status = exc.status
             raise

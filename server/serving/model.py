@@ -355,42 +355,46 @@ class ModelVersion:
         self.queue.put(item)
         return item
 
-    async def submit(self, request: p.WireRequest) -> p.WireResponse:
-        """The final response only (a streaming handler's parts are dropped: see ``stream``)."""
+    def admit_reader(
+        self, request: p.WireRequest, admitted: Callable[[Pending], None] | None = None
+    ) -> Pending[p.WireRequest, p.WireResponse]:
+        """Admit ``request`` for a reader: its future gives the first answer (a part, or the final
+        response when nothing streams), ``rest`` the others; then ``finish``. Raises as admit."""
         item = self.admit(request)
+        if admitted is not None:
+            admitted(item)
+        item.parts = Parts()
         self.inflight += 1
-        try:
-            return await item.future
-        finally:
-            self.inflight -= 1
+        return item
+
+    async def rest(self, item: Pending) -> AsyncIterator[p.WireResponse]:
+        """After a first part: each later part as it arrives, then the final response (skipped
+        when empty: a generator handler's end); nothing when the first was the final one."""
+        parts: Parts[p.WireResponse] = item.parts
+        while parts.started:  # the final comes on a fresh future (serving/streams.py)
+            await parts.wait(item.future)
+            if parts.items:
+                yield parts.items.popleft()
+                continue
+            final = item.future.result()
+            if final.body or final.status >= 400:
+                yield final
+            return
+
+    def finish(self, item: Pending) -> None:
+        """The reader is done; one that left early cancels the request (and its worker's)."""
+        self.inflight -= 1
+        if not item.future.done():
+            item.future.cancel()
 
     async def stream(
         self, request: p.WireRequest, admitted: Callable[[Pending], None] | None = None
     ) -> AsyncIterator[p.WireResponse]:
-        """Each part (``partial``) as it arrives, then the final response (skipped after parts
-        when empty: a generator handler's end); one response when nothing streams. Raises what
-        ``submit`` raises, also after parts. Closing it early (``aclose``, cancelling its
-        reader) cancels the request and tells the worker (serving/streams.py). ``admitted``
-        sees the queued request (its timestamps, for the access log)."""
-        item = self.admit(request)
-        if admitted is not None:
-            admitted(item)
-        parts: Parts[p.WireResponse] = Parts()
-        item.parts = parts
-        self.inflight += 1
-        sent = 0
+        """``admit_reader``, the first answer, ``rest``, ``finish``: closing early cancels."""
+        item = self.admit_reader(request, admitted)
         try:
-            while True:
-                await parts.wait(item.future)
-                if parts.items:
-                    sent += 1
-                    yield parts.items.popleft()
-                    continue
-                final = item.future.result()
-                if not sent or final.body or final.status >= 400:
-                    yield final
-                return
+            yield await item.future
+            async for response in self.rest(item):
+                yield response
         finally:
-            self.inflight -= 1
-            if not item.future.done():
-                item.future.cancel()  # the reader left: the slot sends Cancel to the worker
+            self.finish(item)

@@ -18,8 +18,10 @@ Contract:
 * ``take`` pops requests only at its very end, synchronously, so cancelling a waiting ``take``
   loses nothing.
 
-A streaming caller (``ModelVersion.stream``) gives its ``Pending`` a :class:`Parts` buffer: the
-slot pushes each intermediate part there before resolving the future with the final response.
+A streaming caller (``ModelVersion.stream``) gives its ``Pending`` a :class:`Parts` buffer. The
+request's future answers the caller's first await: the first part resolves it and is replaced
+by a fresh future for the final response, the later parts go to the buffer (serving/streams.py);
+a request that streams nothing has its future resolved once, with its response.
 
 Torch-free, and free of our worker and HTTP code: it only knows futures.
 """
@@ -56,10 +58,13 @@ class Pending(Generic[T, R]):
 
 
 class Parts(Generic[R]):
-    """A streaming request's intermediate parts, in arrival order, for one reader."""
+    """A streaming request's intermediate parts, in arrival order, for one reader. The first
+    part does not come here: it resolves the request's future (``started`` says it did, and the
+    ``Pending`` then holds a fresh future for the final response); the later ones do."""
 
     def __init__(self) -> None:
         self.items: collections.deque[R] = collections.deque()
+        self.started = False
         self._waiter: asyncio.Future[None] | None = None
 
     def push(self, part: R) -> None:

@@ -1,10 +1,12 @@
-"""A running batch's streams, frontend side: route each ``Part`` frame to its request's
-``Parts`` buffer, and tell the worker when a streaming caller left (its future was cancelled).
+"""A running batch's streams, frontend side: route each ``Part`` frame to its request's reader
+(the first part resolves the request's future, which then moves on to a fresh one for the final
+response; later parts go to its ``Parts`` buffer), and tell the worker when a streaming caller
+left (its future was cancelled).
 
-Used by ``slot.run_batch`` for every batch; ``ModelVersion.stream`` is the reader. A request whose
-caller used ``submit`` (no ``Parts``) gets only the handler's final response: its parts are
-dropped. A part past ``max_response_size`` ends its request with a 500, like a final response,
-and the worker is told to stop producing for it.
+Used by ``slot.run_batch`` for every batch; ``ModelVersion.admit_reader``/``rest`` (or
+``stream``) is the reader. A request admitted without one (``admit``, no ``Parts``) gets only the
+handler's final response: its parts are dropped. A part past ``max_response_size`` ends its
+request with a 500, like a final response, and the worker is told to stop producing for it.
 Torch-free.
 """
 
@@ -57,6 +59,15 @@ class BatchStreams:
             ))  # fmt: skip
             self.worker.cancel(part.request_id)  # nobody will read its further parts
             return
+        if not item.parts.started:
+            # The first part answers the reader's await of the request's future (no waiter on
+            # the request path: most handlers never stream); the final response and the
+            # caller's leaving move to a fresh future, the rest of the parts to the buffer.
+            item.parts.started = True
+            first, item.future = item.future, asyncio.get_running_loop().create_future()
+            item.future.add_done_callback(self._left)
+            first.set_result(part.response)
+            return
         item.parts.push(part.response)
 
     def _left(self, future: asyncio.Future) -> None:
@@ -68,4 +79,4 @@ class BatchStreams:
 
     def close(self) -> None:
         for item in self._watched:
-            item.future.remove_done_callback(self._left)
+            item.future.remove_done_callback(self._left)  # the current future: see on_part
