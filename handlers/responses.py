@@ -36,7 +36,11 @@ def dumps(value: Any) -> bytes:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), default=_json_default, allow_nan=False).encode()
+    if _ENCODE is None:  # no C accelerator: the standard library's way
+        return json.dumps(
+            value, separators=(",", ":"), default=_json_default, allow_nan=False
+        ).encode()
+    return "".join(_ENCODE(value, 0)).encode()
 
 
 def _json_default(value: Any) -> Any:
@@ -46,6 +50,22 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# One C encoder for every body: what json.dumps(value, separators=(",", ":"), default=...,
+# allow_nan=False) builds on each call (an encoder object and its C twin, about 1.3 us of a 2 us
+# call for a small dict), made once. No circular-reference markers: a value that contains
+# itself raises RecursionError instead of ValueError (both are reported as a handler error).
+def _encoder() -> Any:
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    # markers, default, encoder, indent, key and item separators, sort_keys, skipkeys, allow_nan
+    ascii_strings = json.encoder.encode_basestring_ascii
+    return make(None, _json_default, ascii_strings, None, ":", ",", False, False, False)
+
+
+_ENCODE = _encoder()
 
 
 def _finite(value: Any) -> Any:
