@@ -167,8 +167,7 @@ class InferenceApp:
             item = mv.admit_reader(wire)
             try:
                 first = await item.future  # a part, or the response when nothing streams
-                # No async generator for a request that does not stream (most of them).
-                rest = mv.rest(item) if item.parts.started else streaming.NO_PARTS
+                rest = mv.rest(item)
                 try:
                     answer = respond or self._respond
                     status = await answer(scope, receive, send, mv, wire, first, rest)

@@ -30,22 +30,6 @@ from torchbay.server.http.asgi import Receive, Send, dumps, send_bytes
 from torchbay.server.serving import protocol as p
 
 Parts = AsyncIterator[p.WireResponse]
-
-
-class _NoParts:
-    """The rest of a request that streamed nothing: no part (``aclose`` does nothing)."""
-
-    def __aiter__(self) -> _NoParts:
-        return self
-
-    async def __anext__(self) -> p.WireResponse:
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        pass
-
-
-NO_PARTS: Any = _NoParts()
 _SSE = b"text/event-stream; charset=utf-8"
 
 

@@ -105,7 +105,7 @@ class Deferred:
     request that follows an answer sees it counted). The answer has been sent by then either
     way. Done in one tight loop per turn, a request's bookkeeping (metrics, statistics, access
     line) cost the frontend about 12 us less than done inline between answers (tiny c=16:
-    92 -> 80 us/request, benchmarks/RESULTS.md). Outside an event loop it runs at once."""
+    89 -> 78 us/request, benchmarks/RESULTS.md). Outside an event loop it runs at once."""
 
     __slots__ = ("_hook", "_pending")
 

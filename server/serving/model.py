@@ -35,8 +35,9 @@ from torchbay.server.serving.handle import (
     spawn_process,
 )
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
-from torchbay.server.serving.queue import BatchQueue, Parts, Pending, clock, reject
+from torchbay.server.serving.queue import NO_PARTS, BatchQueue, Parts, Pending, clock, reject
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
+from torchbay.server.serving.streams import later_parts
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
 
@@ -367,19 +368,10 @@ class ModelVersion:
         self.inflight += 1
         return item
 
-    async def rest(self, item: Pending) -> AsyncIterator[p.WireResponse]:
-        """After a first part: each later part as it arrives, then the final response (skipped
-        when empty: a generator handler's end); nothing when the first was the final one."""
-        parts: Parts[p.WireResponse] = item.parts
-        while parts.started:  # the final comes on a fresh future (serving/streams.py)
-            await parts.wait(item.future)
-            if parts.items:
-                yield parts.items.popleft()
-                continue
-            final = item.future.result()
-            if final.body or final.status >= 400:
-                yield final
-            return
+    def rest(self, item: Pending) -> AsyncIterator[p.WireResponse]:
+        """After a first part: each later part, then the final response (skipped when empty: a
+        generator handler's end); NO_PARTS, not a generator, when the first was the final."""
+        return later_parts(item, item.parts) if item.parts.started else NO_PARTS
 
     def finish(self, item: Pending) -> None:
         """The reader is done; one that left early cancels the request (and its worker's)."""

@@ -33,7 +33,7 @@ import collections
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from torchbay.server.errors import Overloaded, QueueFull, RequestTimeout, TorchbayError
 
@@ -86,6 +86,22 @@ class Parts(Generic[R]):
         finally:
             future.remove_done_callback(self._wake)
             self._waiter = None
+
+
+class _NoParts:
+    """The rest of a request whose first answer was its final one: nothing (no generator)."""
+
+    def __aiter__(self) -> _NoParts:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        pass
+
+
+NO_PARTS: Any = _NoParts()
 
 
 def resolve(future: asyncio.Future, result: object) -> None:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from torchbay.server.errors import HandlerFailed
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.queue import Pending, reject
+from torchbay.server.serving.queue import Parts, Pending, reject
 
 if TYPE_CHECKING:
     from torchbay.server.serving.handle import WorkerProcess
@@ -80,3 +81,16 @@ class BatchStreams:
     def close(self) -> None:
         for item in self._watched:
             item.future.remove_done_callback(self._left)  # the current future: see on_part
+
+
+async def later_parts(item: Pending, parts: Parts) -> AsyncIterator[p.WireResponse]:
+    """A reader's answers after its first part (``ModelVersion.rest``)."""
+    while True:  # the final response comes on a fresh future (see on_part)
+        await parts.wait(item.future)
+        if parts.items:
+            yield parts.items.popleft()
+            continue
+        final = item.future.result()
+        if final.body or final.status >= 400:
+            yield final
+        return
