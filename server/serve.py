@@ -194,10 +194,12 @@ class TorchbayServer:
             routes["inference"] = CombinedApp(apps.inference, apps.management)
             del routes["management"]
             self.state.ports.management = self.state.ports.inference
-        protocol = protocol_class(HttpLimits.from_config(config))
+        limits = HttpLimits.from_config(config)
         for name, app in routes.items():
             if name in self._sockets:  # no metrics listener with enable_metrics_api false
-                await self._listen(name, app, protocol)
+                # The inference listener refuses from the headers while a model refuses.
+                early = apps.at_headers if name == "inference" else None
+                await self._listen(name, app, protocol_class(limits, early))
         await self._start_grpc(apps)
         await self._load_startup_models()
         await asyncio.to_thread(self._discard_prewarmed)

@@ -12,6 +12,7 @@ from torchbay import __version__
 from torchbay.server.http.asgi import ASGIApp
 from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.inference import InferenceApp
+from torchbay.server.http.limits import AtHeaders
 from torchbay.server.http.management import build_management_app
 from torchbay.server.http.model_routes import Management
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
@@ -19,7 +20,7 @@ from torchbay.server.http.triton import TritonApi
 from torchbay.server.observe.logs import request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
-from torchbay.server.observe.ts_metrics import counting
+from torchbay.server.observe.ts_metrics import counting, counting_answers
 from torchbay.server.observe.ts_metrics import metrics_app as ts_metrics_app
 from torchbay.server.serving.fetch import Fetcher
 from torchbay.server.serving.registry import ModelRegistry
@@ -42,6 +43,9 @@ class Apps:
     inference: ASGIApp
     management: ASGIApp
     metrics_app: ASGIApp
+    # The inference listener's refusals from the headers alone (http.early); None with CORS,
+    # whose headers only the ASGI path adds.
+    at_headers: AtHeaders | None = None
     auth: TokenAuth | None = None  # None: token authorization disabled
     management_state: Management | None = None  # what the gRPC management service shares
 
@@ -90,6 +94,7 @@ def build_apps(server: TorchbayServer) -> Apps:
     )
     # TorchServe's Requests2XX/4XX/5XX count every answer of both listeners; its series are
     # written as TorchServe writes them (observe.ts_metrics).
+    at_headers = counting_answers(inference.at_headers, metrics)
     inference = counting(inference, metrics)
     management_app = build_management_app(registry, config, auth=auth)
     management = counting(management_app, metrics)
@@ -100,6 +105,7 @@ def build_apps(server: TorchbayServer) -> Apps:
         inference=with_cors(inference, config),
         management=with_cors(management, config),
         metrics_app=with_cors(metrics_app, config),
+        at_headers=None if config.cors_allowed_origin else at_headers,
         auth=auth,
         management_state=management_app.state.management,
     )

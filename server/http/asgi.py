@@ -76,8 +76,11 @@ async def send_bytes(
     await send({"type": "http.response.body", "body": body})
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
+
+
 def dumps(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":")).encode()
+    return _ENCODE(data).encode()
 
 
 async def send_json(
@@ -86,11 +89,23 @@ async def send_json(
     await send_bytes(send, status, dumps(data), _JSON, extra)
 
 
-async def send_error(send: Send, exc: TorchbayError, *, oip: bool = False) -> None:
+# A whole answer: status, headers (content-type and content-length included), body.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def error_answer(exc: TorchbayError, *, oip: bool = False) -> Answer:
     """TorchServe's ``{"code","type","message"}``, or OIP's ``{"error": ...}`` on /v2 routes."""
-    body = {"error": exc.message} if oip else exc.to_json()
-    extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
-    await send_json(send, exc.status, body, extra)
+    body = dumps({"error": exc.message} if oip else exc.to_json())
+    headers = [(b"content-type", _JSON), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
+    return exc.status, headers, body
+
+
+async def send_error(send: Send, exc: TorchbayError, *, oip: bool = False) -> None:
+    """``error_answer``, sent."""
+    status, headers, body = error_answer(exc, oip=oip)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def lifespan(receive: Receive, send: Send) -> None:

@@ -26,8 +26,9 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from torchbay.server.errors import HandlerFailed, ServiceUnavailable, TorchbayError
-from torchbay.server.http import kserve_v1, streaming
+from torchbay.server.http import early, kserve_v1, streaming
 from torchbay.server.http.asgi import (
+    Answer,
     Receive,
     Scope,
     Send,
@@ -85,7 +86,7 @@ class InferenceApp:
             r.endpoint: getattr(self, "_" + r.endpoint, None) or getattr(self.triton, r.endpoint)
             for r in INFERENCE_ROUTES
         }
-        self._router = Router(INFERENCE_ROUTES, endpoints, oip_prefix="/v2")
+        self.router = Router(INFERENCE_ROUTES, endpoints, oip_prefix="/v2")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,11 +95,16 @@ class InferenceApp:
             return
         route: Route | None = None
         try:
-            route, endpoint, match = self._router.resolve(scope["path"], scope["method"])
+            found = scope.pop(early.ROUTED, None)  # at_headers' (this request's) route
+            route, endpoint, match = found or self.router.resolve(scope["path"], scope["method"])
             await endpoint(scope, receive, send, match)
         except TorchbayError as exc:
             oip = route.oip if route is not None else scope["path"].startswith("/v2")
             await send_error(send, exc, oip=oip)
+
+    def at_headers(self, scope: Scope) -> Answer | None:
+        """The 503 to send before the request's ASGI task exists, or None (server.http.early)."""
+        return early.at_headers(self, scope)
 
     # -- TorchServe API -----------------------------------------------------------------------
 
@@ -127,14 +133,11 @@ class InferenceApp:
     ) -> None:
         """TorchServe: ``{model}[/{version}][/extra/path]``; extra segments reach the handler as
         the ``url_path`` header, ``/explanations`` as ``explain: True``."""
-        params = match.groupdict()
-        version = params.get("model_version")
-        url_path = params.get("url_path")
+        url_path = match.groupdict().get("url_path")
         if url_path is not None:
             # Header values are latin-1: percent-encode what is not ASCII (the path was decoded).
             extra = {**(extra or {}), "url_path": quote(url_path, safe=_PATH_SAFE)}
-        name = unquote(params["model_name"])
-        version = unquote(version) if version else None
+        name, version = early.ts_model(match)
         await self._infer(scope, receive, send, name, version, "predict", extra)
 
     async def _kserve_v1(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
@@ -249,20 +252,20 @@ class InferenceApp:
         await send_json(send, 200 if ready else 503, {"ready": ready})
 
     async def _v2_infer(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
-        name, version = _v2_model(match)
+        name, version = early.v2_model(match)
         await self._infer(scope, receive, send, name, version, "v2")
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         respond = _generated(streaming.respond_generate)
         scope = _as_json(scope)
-        await self._infer(scope, receive, send, *_v2_model(match), "predict", respond=respond)
+        await self._infer(scope, receive, send, *early.v2_model(match), "predict", respond=respond)
 
     async def _generate_stream(
         self, scope: Scope, receive: Receive, send: Send, match: Match
     ) -> None:
         respond = _generated(streaming.respond_generate_stream)
         scope = _as_json(scope)
-        await self._infer(scope, receive, send, *_v2_model(match), "predict", respond=respond)
+        await self._infer(scope, receive, send, *early.v2_model(match), "predict", respond=respond)
 
     async def _model_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         mv = self._v2_resolve(scope, m)
@@ -272,7 +275,7 @@ class InferenceApp:
     def _v2_resolve(self, scope: Scope, match: Match) -> ModelVersion:
         if self.authorize is not None:
             self.authorize(scope, "inference")
-        return self.registry.resolve(*_v2_model(match))
+        return self.registry.resolve(*early.v2_model(match))
 
     def _all_ready(self) -> bool:
         versions = self.registry.all_versions()
@@ -301,12 +304,6 @@ def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:
         return await answer(send, receive, first, parts, mv.name, mv.version)
 
     return respond
-
-
-def _v2_model(match: Match) -> tuple[str, str | None]:
-    params = match.groupdict()
-    version = params.get("model_version")
-    return unquote(params["model_name"]), unquote(version) if version is not None else None
 
 
 # RFC 3986 path characters kept as they are in the url_path header.

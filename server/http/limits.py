@@ -13,6 +13,9 @@ sending it, holds a connection forever. :class:`LimitedHttpToolsProtocol` adds, 
   afterwards is dropped, so the request never runs;
 * ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close.
 
+A listener may answer a request from its headers alone, before any ASGI task exists (the
+inference listener's refusals under overload, server.http.early).
+
 Idle keep-alive between requests stays uvicorn's ``timeout_keep_alive``. Error bodies are the
 server's ``{"code", "type", "message"}`` JSON with ``connection: close``, then a lingering close
 (half-close, discard the rest of the upload for up to ``LINGER_S``) so a client mid-upload reads
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 from asyncio import TimerHandle
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +69,10 @@ class HttpLimits:
             max_header_size=config.max_header_size,
             max_header_count=config.max_header_count,
         )
+
+
+# A listener's whole answer from a request's headers (InferenceApp.at_headers), or None.
+AtHeaders = Callable[[dict[str, Any]], "tuple[int, list[tuple[bytes, bytes]], bytes] | None"]
 
 
 class _Refused(Exception):
@@ -168,7 +176,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._phase, self._header_due = _BODY, 0.0
-        super().on_headers_complete()
+        self._at_headers = True
+        try:
+            super().on_headers_complete()
+        finally:
+            self._at_headers = False
         # uvicorn made the cycle and created (not yet ran) its ASGI task: the task looks up
         # ``cycle.send`` when it first runs, so the swap is in time.
         if type(self.cycle) is RequestResponseCycle:
@@ -178,6 +190,36 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._phase, self._raw = _IDLE, 0
         super().on_message_complete()
+
+    # -- answers from the headers ---------------------------------------------------------------
+
+    at_headers: AtHeaders | None = None  # set per listener by protocol_class()
+    _at_headers = False  # inside on_headers_complete (not a pipelined request's later start)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """The listener's answer from the headers alone, if it has one, written before any ASGI
+        task (a refusal under overload). Not for uvicorn's own 503 app, a connection closing or
+        a client waiting for ``100 Continue`` (the ASGI path closes those properly), nor for a
+        pipelined request started from its predecessor's send (not written yet: _Gather)."""
+        early = self.at_headers if self._at_headers and app is self.app else None
+        if early is not None and cycle.keep_alive and not cycle.waiting_for_100_continue:
+            answer = early(cycle.scope)
+            if answer is not None:
+                self._answer(cycle, *answer)
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def _answer(self, cycle: RequestResponseCycle, status: int, headers: Any, body: bytes) -> None:
+        """Write ``cycle``'s whole answer as uvicorn's ``send`` would; the rest of its body is
+        discarded as it arrives (the cycle is complete)."""
+        content = [STATUS_LINE[status]]
+        for name, value in cycle.default_headers + headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content += [b"\r\n", body]
+        cycle.response_started = cycle.response_complete = True
+        if not self.transport.is_closing():
+            self.transport.write(b"".join(content))
+        cycle.on_response()  # keep-alive timer, or the next pipelined request
 
     # -- the timer ------------------------------------------------------------------------------
 
@@ -342,11 +384,15 @@ def _client(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "client"
 
 
-def protocol_class(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
-    """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits``."""
+def protocol_class(
+    limits: HttpLimits, at_headers: AtHeaders | None = None
+) -> type[LimitedHttpToolsProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits``; ``at_headers``:
+    the listener's answer from a request's headers alone (``InferenceApp.at_headers``)."""
     attrs = {
         "limits": limits,
         "_max_size": limits.max_header_size,
         "_max_count": limits.max_header_count,
+        "at_headers": staticmethod(at_headers) if at_headers is not None else None,
     }
     return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), attrs)

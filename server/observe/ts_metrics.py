@@ -26,6 +26,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+AtHeaders = Callable[[Scope], Any]  # as http.limits.AtHeaders (observe imports no http)
 Sample = tuple[list[tuple[str, str]], float]
 
 _COUNT_HELP = "Torchserve prometheus counter metric with unit: Count"
@@ -98,6 +99,19 @@ def counting(app: ASGIApp, metrics: ServerMetrics) -> ASGIApp:
             await send(message)
 
         await app(scope, receive, send_counted)
+
+    return counted
+
+
+def counting_answers(at_headers: AtHeaders, metrics: ServerMetrics) -> AtHeaders:
+    """``at_headers`` (a listener's answer from a request's headers alone, written by the HTTP
+    protocol instead of the app's), each answer counted as ``counting`` counts the app's."""
+
+    def counted(scope: Scope) -> Any:
+        answer = at_headers(scope)
+        if answer is not None:
+            metrics.count_response(answer[0])
+        return answer
 
     return counted
 

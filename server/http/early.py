@@ -1,0 +1,88 @@
+"""Refusal at the headers: the inference listener's 503 for a request whose model version is
+refusing newcomers, answered by the HTTP protocol itself before the request has an ASGI task.
+
+Under overload most requests are refused, and each refusal used to cost the frontend a whole
+ASGI request: uvicorn's request cycle and task, the app's routing, the error's JSON and two ASGI
+sends (about 62 us of CPU each on this machine with 48 KiB bodies, against about 12 us answered
+from the protocol; benchmarks/RESULTS.md). That CPU came out of the workers' share of the host.
+
+``server.http.limits`` calls :func:`at_headers` (through ``InferenceApp.at_headers``) when a
+request's headers are complete. It answers only when the request's model version is *pressed*
+(``Admission.pressed``: it refused a request in the last ``PRESSURE_S``) and
+``serving.admission.refuse_early`` refuses this one too: the same decision, counted and
+recorded (metrics, Triton statistics, access line) as the ASGI path does it. Everything else
+(an unknown route or model, a missing key, an admitted request) goes on to the ASGI app as
+before, with the route already resolved (``ROUTED`` in the scope). Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote
+
+from torchbay.server.errors import TorchbayError
+from torchbay.server.http.asgi import Answer, Scope, error_answer
+from torchbay.server.observe.logs import RequestRecord
+from torchbay.server.serving.admission import refuse_early
+
+Match = re.Match[str]
+ROUTED = "torchbay.routed"  # the scope key of at_headers' route, popped by InferenceApp
+
+
+def v2_model(match: Match) -> tuple[str, str | None]:
+    """The Open Inference Protocol's ``{model_name}[/versions/{model_version}]``."""
+    params = match.groupdict()
+    version = params.get("model_version")
+    return unquote(params["model_name"]), unquote(version) if version is not None else None
+
+
+def ts_model(match: Match) -> tuple[str, str | None]:
+    """TorchServe's ``{model}[/{version}]``: an empty version is the default one."""
+    params = match.groupdict()
+    version = params.get("model_version")
+    return unquote(params["model_name"]), unquote(version) if version else None
+
+
+# The endpoints whose requests may be refused at the headers, and the model version each names.
+MODEL_OF: dict[str, Callable[[Match], tuple[str, str | None]]] = {
+    "predict": ts_model,
+    "explain": ts_model,
+    "v2_infer": v2_model,
+    "generate": v2_model,
+    "generate_stream": v2_model,
+    "kserve_v1": lambda match: (unquote(match["model_name"]), None),
+}
+
+
+def at_headers(app: Any, scope: Scope) -> Answer | None:
+    """The refusal to send now for ``scope`` on ``app`` (an InferenceApp), or None."""
+    try:
+        found = app.router.resolve(scope["path"], scope["method"])
+    except TorchbayError:
+        return None
+    scope[ROUTED] = found
+    route, _endpoint, match = found
+    model_of = MODEL_OF.get(route.endpoint)
+    if model_of is None:
+        return None
+    name, version = model_of(match)
+    try:
+        mv = app.registry.resolve(name, version)
+        if not mv.admission.pressed:
+            return None
+        if app.authorize is not None:
+            app.authorize(scope, "inference")
+    except TorchbayError:
+        return None  # 404 or 401: the ASGI path answers it as always
+    started = time.perf_counter()
+    try:
+        refuse_early(mv)
+    except TorchbayError as exc:
+        if app.on_request is not None:
+            seconds = time.perf_counter() - started
+            app.on_request(RequestRecord(scope, name, version, exc.status, seconds, None, mv))
+        return error_answer(exc, oip=route.oip)
+    return None

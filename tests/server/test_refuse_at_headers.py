@@ -1,0 +1,177 @@
+"""Refusal at the headers (server.http.early): while a model version refuses newcomers, the
+inference listener's HTTP protocol answers their 503 itself, before any ASGI task, and the
+answer, its counting and the connection are what the ASGI path gives.
+
+A live server with two models from the probe archive: ``idle`` has no worker (every request is
+refused, 503 NoWorker, so it stays pressed with no timing involved) and ``live`` has one.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from torchbay.server.errors import Unauthorized
+from torchbay.server.http import early
+from torchbay.server.http.inference import InferenceApp
+from torchbay.server.observe.logs import ACCESS_FIELDS, ACCESS_LOGGER
+
+from .conftest import LiveServer, make_config
+
+pytestmark = pytest.mark.slow
+
+BODY = b"x" * (48 * 1024)
+PATHS = ("/predictions/idle", "/v2/models/idle/infer", "/v1/models/idle:predict")
+WAIT_S = 30
+
+
+def _models() -> dict[str, Any]:
+    probe = {"marName": "probe.mar", "defaultVersion": True}
+    return {
+        "idle": {"1.0": {**probe, "minWorkers": 0, "maxWorkers": 0}},
+        "live": {"1.0": {**probe, "minWorkers": 1, "maxWorkers": 1}},
+    }
+
+
+@pytest.fixture(scope="module")
+def server(model_store: Path) -> Iterator[LiveServer]:
+    live = LiveServer(make_config(model_store, models=_models())).start()
+    # The first refusal takes the ASGI path and presses the model version.
+    first = httpx.post(f"{live.url}/predictions/idle", content=b"{}", timeout=WAIT_S)
+    assert first.status_code == 503, first.text
+    yield live
+    live.stop()
+
+
+def _scope(path: str, method: str = "POST") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": [(b"content-type", b"application/json")],
+        "query_string": b"",
+        "client": ("127.0.0.1", 1),
+        "http_version": "1.1",
+    }
+
+
+def test_at_headers_refuses_only_a_pressed_model_that_refuses(server: LiveServer) -> None:
+    registry = server.server.registry
+    assert registry is not None
+    assert registry.resolve("idle").admission.pressed
+    assert not registry.resolve("live").admission.pressed
+    app = InferenceApp(registry, max_request_size=1 << 20, server_version="test")
+    status, headers, body = app.at_headers(_scope("/predictions/idle"))  # type: ignore[misc]
+    assert status == 503
+    assert (b"content-type", b"application/json") in headers
+    assert (b"content-length", str(len(body)).encode()) in headers
+    assert b'"type":"NoWorker"' in body
+    oip = app.at_headers(_scope("/v2/models/idle/infer"))
+    assert oip is not None and oip[2].startswith(b'{"error":')
+    # Served, unknown, not an inference route, or a key refused: the ASGI path answers.
+    scope = _scope("/predictions/live")
+    assert app.at_headers(scope) is None
+    assert scope[early.ROUTED][0].endpoint == "predict"  # routed once, for __call__
+    assert app.at_headers(_scope("/predictions/nope")) is None
+    assert app.at_headers(_scope("/v2/health/live", "GET")) is None
+    assert app.at_headers(_scope("/no/such/route")) is None
+
+    def refuse_key(scope: Any, api: str) -> None:
+        raise Unauthorized("Token Authorization failed")
+
+    keyed = InferenceApp(registry, max_request_size=1, server_version="t", authorize=refuse_key)
+    assert keyed.at_headers(_scope("/predictions/idle")) is None  # the ASGI path's 401
+
+
+def _read_response(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytes]:
+    """One content-length response off ``sock`` (head, body); what follows stays in buffer."""
+    while b"\r\n\r\n" not in buffer:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a response: {bytes(buffer)!r}"
+        buffer += chunk
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-body"
+        rest += chunk
+    buffer[:] = rest[length:]
+    return head, rest[:length]
+
+
+def _without_date(head: bytes) -> list[bytes]:
+    return [line for line in head.split(b"\r\n") if not line.lower().startswith(b"date:")]
+
+
+def _post(path: str, extra: str = "", version: str = "1.1") -> bytes:
+    return (
+        f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: application/octet-stream\r\n"
+        f"Content-Length: {len(BODY)}\r\n{extra}\r\n"
+    ).encode() + BODY
+
+
+def _requests_5xx(server: LiveServer) -> float:
+    scrape = httpx.get(f"{server.metrics_url}/metrics", timeout=WAIT_S).text
+    return next(
+        s.value
+        for family in text_string_to_metric_families(scrape)
+        if family.name == "Requests5XX"
+        for s in family.samples
+    )
+
+
+def test_refusals_from_the_headers_on_the_wire(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    port = server.server.state.ports.inference
+    before = _requests_5xx(server)
+    for path in PATHS:
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+            buffer = bytearray()
+            # HTTP/1.0 closes after its answer: the ASGI path answers it (the reference).
+            sock.sendall(_post(path, version="1.0"))
+            reference, reference_body = _read_response(sock, buffer)
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+            buffer = bytearray()
+            # Keep-alive, with a request pipelined behind the refused one's body.
+            live = b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n"
+            sock.sendall(_post(path) + live + _post(path))
+            head, body = _read_response(sock, buffer)
+            assert head.startswith(b"HTTP/1.1 503 "), head
+            assert body == reference_body
+            expected = [line for line in _without_date(reference) if line != b"connection: close"]
+            assert _without_date(head) == expected
+            head, body = _read_response(sock, buffer)  # the body was skipped, not parsed
+            assert head.startswith(b"HTTP/1.1 200 ") and body == b'{"live":true}'
+            head, body = _read_response(sock, buffer)
+            assert head.startswith(b"HTTP/1.1 503 ") and body == reference_body
+    refusals = 3 * len(PATHS)
+    assert _requests_5xx(server) - before == refusals  # counted as the ASGI path counts
+    lines = [dict(zip(ACCESS_FIELDS, r.args, strict=True)) for r in caplog.records  # type: ignore[arg-type]
+             if r.name == ACCESS_LOGGER]  # fmt: skip
+    refused = [f for f in lines if f["status"] == 503 and f["model"] == "idle"]
+    assert len(refused) == refusals
+
+
+def test_a_client_waiting_for_100_continue_gets_the_asgi_paths_close(server: LiveServer) -> None:
+    port = server.server.state.ports.inference
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        head = _post("/predictions/idle", "Expect: 100-continue\r\n")[: -len(BODY)]
+        sock.sendall(head)  # no body: it waits to be told to send it
+        buffer = bytearray()
+        answer, _ = _read_response(sock, buffer)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer
+        sock.settimeout(WAIT_S)
+        assert sock.recv(1) == b""  # closed: what the client sends next cannot be framed
