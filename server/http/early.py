@@ -1,10 +1,12 @@
 """Refusal at the headers: the inference listener's 503 for a request whose model version is
 refusing newcomers, answered by the HTTP protocol itself before the request has an ASGI task.
 
-Under overload most requests are refused, and each refusal used to cost the frontend a whole
-ASGI request: uvicorn's request cycle and task, the app's routing, the error's JSON and two ASGI
-sends (about 62 us of CPU each on this machine with 48 KiB bodies, against about 12 us answered
-from the protocol; benchmarks/RESULTS.md). That CPU came out of the workers' share of the host.
+Under overload most requests are refused, and each refusal cost the frontend a whole ASGI
+request: uvicorn's task, the app's routing and two ASGI sends on top of what any answer costs
+(parsing, the error's JSON, the write, metrics and the access line). Answered from the protocol,
+a refusal costs about 16% less CPU (48 KiB bodies, closed loop: 68 -> 57 us median) and the
+frontend about 2 points of a core less under 4x overload (benchmarks/RESULTS.md). That CPU
+comes out of the workers' share of the host.
 
 ``server.http.limits`` calls :func:`at_headers` (through ``InferenceApp.at_headers``) when a
 request's headers are complete. It answers only when the request's model version is *pressed*
