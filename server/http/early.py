@@ -19,6 +19,7 @@ before, with the route already resolved (``ROUTED`` in the scope). Torch-free.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from torchbay.server.http.asgi import Answer, Scope, error_answer
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.serving.admission import refuse_early
 
+log = logging.getLogger("torchbay.http")
 Match = re.Match[str]
 ROUTED = "torchbay.routed"  # the scope key of at_headers' route, popped by InferenceApp
 
@@ -60,7 +62,17 @@ MODEL_OF: dict[str, Callable[[Match], tuple[str, str | None]]] = {
 
 
 def at_headers(app: Any, scope: Scope) -> Answer | None:
-    """The refusal to send now for ``scope`` on ``app`` (an InferenceApp), or None."""
+    """The refusal to send now for ``scope`` on ``app`` (an InferenceApp), or None. A bug here
+    is logged and the request goes on to the ASGI path (raised inside the HTTP parser's
+    callback, it would read as a malformed request)."""
+    try:
+        return _refusal(app, scope)
+    except Exception:
+        log.exception("answering %s %s from its headers failed", scope["method"], scope["path"])
+        return None
+
+
+def _refusal(app: Any, scope: Scope) -> Answer | None:
     try:
         found = app.router.resolve(scope["path"], scope["method"])
     except TorchbayError:

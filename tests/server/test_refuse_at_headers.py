@@ -62,7 +62,9 @@ def _scope(path: str, method: str = "POST") -> dict[str, Any]:
     }
 
 
-def test_at_headers_refuses_only_a_pressed_model_that_refuses(server: LiveServer) -> None:
+def test_at_headers_refuses_only_a_pressed_model_that_refuses(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
     registry = server.server.registry
     assert registry is not None
     assert registry.resolve("idle").admission.pressed
@@ -88,6 +90,14 @@ def test_at_headers_refuses_only_a_pressed_model_that_refuses(server: LiveServer
 
     keyed = InferenceApp(registry, max_request_size=1, server_version="t", authorize=refuse_key)
     assert keyed.at_headers(_scope("/predictions/idle")) is None  # the ASGI path's 401
+
+    def broken(scope: Any, api: str) -> None:
+        raise RuntimeError("a bug")
+
+    buggy = InferenceApp(registry, max_request_size=1, server_version="t", authorize=broken)
+    with caplog.at_level(logging.ERROR, logger="torchbay.http"):
+        assert buggy.at_headers(_scope("/predictions/idle")) is None  # never a 400 from the parser
+    assert "from its headers failed" in caplog.text
 
 
 def _read_response(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytes]:
