@@ -14,7 +14,9 @@ request's headers are complete. It answers only when the request's model version
 ``serving.admission.refuse_early`` refuses this one too: the same decision, counted and
 recorded (metrics, Triton statistics, access line) as the ASGI path does it. Everything else
 (an unknown route or model, a missing key, an admitted request) goes on to the ASGI app as
-before, with the route already resolved (``ROUTED`` in the scope). Torch-free.
+before, with the route already resolved (``ROUTED`` in the scope). While no model version of the
+process refuses (``admission.any_pressed``), it returns at once: one clock read per request.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from urllib.parse import unquote
 from torchbay.server.errors import TorchbayError
 from torchbay.server.http.asgi import Answer, Scope, error_answer
 from torchbay.server.observe.logs import RequestRecord
-from torchbay.server.serving.admission import refuse_early
+from torchbay.server.serving.admission import any_pressed, refuse_early
 
 log = logging.getLogger("torchbay.http")
 Match = re.Match[str]
@@ -73,6 +75,8 @@ def at_headers(app: Any, scope: Scope) -> Answer | None:
 
 
 def _refusal(app: Any, scope: Scope) -> Answer | None:
+    if not any_pressed():
+        return None  # nothing refuses: the ASGI path, untouched
     try:
         found = app.router.resolve(scope["path"], scope["method"])
     except TorchbayError:

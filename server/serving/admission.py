@@ -36,12 +36,21 @@ from torchbay.server.errors import NoWorker, Overloaded, ShuttingDown, TorchbayE
 from torchbay.server.serving.handle import WorkerState
 from torchbay.server.serving.queue import BatchQueue, clock
 
-__all__ = ["Admission", "refuse", "refuse_early", "retry_after"]
+__all__ = ["Admission", "any_pressed", "refuse", "refuse_early", "retry_after"]
 
 # Reasons counted by ``Admission.rejections`` (and the torchbay_admission_rejections metric).
 PREDICTED, EXPIRED, QUEUE_FULL = "predicted_wait", "expired", "queue_full"
 # A model version that refused a request this recently is "pressed" (Admission.pressed).
 PRESSURE_S = 1.0
+# When any model version of this process last refused (clock()): a one-compare exit for the
+# listeners' check at the headers while nothing refuses (several servers in one process, as
+# in tests, share it: it only decides whether to look).
+_last_refusal = [-math.inf]
+
+
+def any_pressed() -> bool:
+    """Some model version of this process refused a request in the last ``PRESSURE_S``."""
+    return clock() - _last_refusal[0] < PRESSURE_S
 
 
 def retry_after(seconds: float) -> str:
@@ -133,6 +142,10 @@ class Admission:
 
     # -- deciding -------------------------------------------------------------------------------
 
+    def refused(self) -> None:
+        """Note a refusal at admission (any reason): the model version is pressed for a while."""
+        self.refused_at = _last_refusal[0] = clock()
+
     @property
     def pressed(self) -> bool:
         """A request was refused at admission in the last ``PRESSURE_S`` (for any reason)."""
@@ -203,5 +216,5 @@ def refuse_early(mv: Any) -> None:
     except TorchbayError:
         mv.requests_received += 1
         mv.requests_rejected += 1
-        mv.admission.refused_at = clock()
+        mv.admission.refused()
         raise

@@ -343,7 +343,7 @@ class ModelVersion:
             return self._admit(request)
         except TorchbayError:
             self.requests_rejected += 1
-            self.admission.refused_at = clock()
+            self.admission.refused()
             raise
 
     def _admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:

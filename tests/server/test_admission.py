@@ -13,7 +13,8 @@ import pytest
 
 from torchbay.server.errors import Overloaded, QueueFull
 from torchbay.server.grpc.status import from_error
-from torchbay.server.serving.admission import Admission, retry_after
+from torchbay.server.serving import admission as admission_module
+from torchbay.server.serving.admission import PRESSURE_S, Admission, any_pressed, retry_after
 from torchbay.server.serving.queue import BatchQueue, Pending, clock
 
 
@@ -176,3 +177,16 @@ def test_grpc_unavailable_carries_retry_after() -> None:
     assert error.code is grpc.StatusCode.UNAVAILABLE
     assert error.metadata == (("retry-after", "2"),)
     assert from_error(QueueFull("full")).metadata == ()
+
+
+def test_a_refusal_presses_its_model_version_for_a_while() -> None:
+    """``pressed`` (the listeners' cue to refuse from the headers) lasts PRESSURE_S after the
+    last refusal of that model version; ``any_pressed`` is the process-wide early exit."""
+    calm, busy = Admission(_queue(), 200), Admission(_queue(), 200)
+    assert not calm.pressed and not busy.pressed
+    busy.refused()
+    assert busy.pressed and not calm.pressed and any_pressed()
+    busy.refused_at = clock() - PRESSURE_S - 0.01
+    assert not busy.pressed
+    admission_module._last_refusal[0] = clock() - PRESSURE_S - 0.01
+    assert not any_pressed()  # (no live server in this module refuses meanwhile)
