@@ -58,7 +58,7 @@ from torchbay.benchmarks.stats import arrival_offsets
 
 __all__ = ["LoadGenerator", "LoadPlan", "LoadResult", "Progress", "Target", "split_plan"]
 
-_START_MARGIN_S = 0.3  # time for the plan to reach every process before the common start
+START_MARGIN_S = 0.3  # time for the plan to reach every process before the common start
 _PROGRESS_EVERY_S = 0.25
 
 
@@ -356,7 +356,7 @@ class LoadGenerator:
         failed. ``on_progress`` is called about every 0.25 s from this thread."""
         plan.check()
         shares = split_plan(plan, len(self.pipes))
-        start_at = time.monotonic() + _START_MARGIN_S
+        start_at = time.monotonic() + START_MARGIN_S
         active = [
             (pipe, share)
             for pipe, share in zip(self.pipes, shares, strict=True)

@@ -13,9 +13,9 @@ import os
 
 import psutil
 
-from torchbay.benchmarks import round2_overload
+from torchbay.benchmarks import cpushare, round2_overload
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan
+from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
 from torchbay.benchmarks.round2_paired import SLICES, alternate
 from torchbay.benchmarks.round2_run import (
@@ -163,7 +163,10 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
     run_dir = ctx.out_dir / "runs" / f"overload-{system}-r{rep}"
     with serving(ctx, system, {"cnn": CNN_B8_W2}, run_dir, props=props) as server:
         tgt = target(ctx, server, "cnn", "cnn")
+        pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
+        before = cpushare.snapshot(*pids)  # the capacity run, its warm-up included
         capacity = closed(ctx, tgt, 16).ok_per_s
+        at_capacity = cpushare.cpu_seconds(before, cpushare.snapshot(*pids))
         d = ctx.duration_s
         steps = (
             (d, RECOVERY_FACTOR * capacity),
@@ -180,9 +183,13 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
             max_connections=MAX_CONNECTIONS,
             timeline=True,
         )
+        phase = cpushare.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
         result = ctx.gen.run(plan)
         lost = result.statuses.get(TIMEOUT, 0)
         outcome = round2_overload.analyse(result.timeline, capacity, steps, lost, result.sent)
+        served = (ctx.warmup_s + d) * capacity  # the capacity run's answers, warm-up included
+        good = outcome.overload.goodput_per_s * d
+        cpu = cpushare.figures(at_capacity, served, phase.seconds(), d, good)
         behind = result.behind
         points = []
         for factor in SWEEP_FACTORS if sweep else ():
@@ -207,7 +214,7 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
             )
             points.append({"factor": factor, **stats.as_dict(), "generator_behind": res.behind})
     detail = {**outcome.as_dict(), "generator_behind": behind}
-    return {"metrics": outcome.metrics(), "detail": detail}, points
+    return {"metrics": {**outcome.metrics(), **cpu}, "detail": detail}, points
 
 
 OVERLOAD_KEYS = (
@@ -218,6 +225,7 @@ OVERLOAD_KEYS = (
     "503_overload",
     "503_recovery",
     "recovery_s",
+    *cpushare.FIGURES,
 )
 
 
