@@ -88,13 +88,16 @@ class Window:
 
 
 def figures(
-    capacity: dict[str, float], capacity_ok: float, overload: dict[str, float] | None,
+    capacity: dict[str, float] | None, capacity_ok: float, overload: dict[str, float] | None,
     overload_s: float, overload_ok: float,
 ) -> dict[str, float]:  # fmt: skip
     """Round two's CPU figures: the workers' CPU per served request at capacity and in the 4x
-    phase (ms), and each role's share of one core in the 4x phase (%)."""
+    phase (ms), and each role's share of one core in the 4x phase (%); NaN where a window was
+    not taken."""
     nan = float("nan")
-    out = {"worker_ms_capacity": 1000 * capacity[WORKERS] / capacity_ok if capacity_ok else nan}
+    out = {"worker_ms_capacity": nan}
+    if capacity is not None and capacity_ok:
+        out["worker_ms_capacity"] = 1000 * capacity[WORKERS] / capacity_ok
     keys = ("cpu_frontend_4x_pct", "cpu_workers_4x_pct", "cpu_loadgen_4x_pct", "worker_ms_4x")
     out.update(dict.fromkeys(keys, nan))
     if overload is not None and overload_s > 0:

@@ -164,9 +164,9 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
     with serving(ctx, system, {"cnn": CNN_B8_W2}, run_dir, props=props) as server:
         tgt = target(ctx, server, "cnn", "cnn")
         pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
-        before = cpushare.snapshot(*pids)  # the capacity run, its warm-up included
+        inside = 3 * START_MARGIN_S + ctx.warmup_s  # a window inside the measured run
+        at_capacity = cpushare.Window(*pids, inside, inside + 0.8 * ctx.duration_s)
         capacity = closed(ctx, tgt, 16).ok_per_s
-        at_capacity = cpushare.cpu_seconds(before, cpushare.snapshot(*pids))
         d = ctx.duration_s
         steps = (
             (d, RECOVERY_FACTOR * capacity),
@@ -187,9 +187,8 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
         result = ctx.gen.run(plan)
         lost = result.statuses.get(TIMEOUT, 0)
         outcome = round2_overload.analyse(result.timeline, capacity, steps, lost, result.sent)
-        served = (ctx.warmup_s + d) * capacity  # the capacity run's answers, warm-up included
-        good = outcome.overload.goodput_per_s * d
-        cpu = cpushare.figures(at_capacity, served, phase.seconds(), d, good)
+        good, served = outcome.overload.goodput_per_s * d, 0.8 * d * capacity
+        cpu = cpushare.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
         behind = result.behind
         points = []
         for factor in SWEEP_FACTORS if sweep else ():
