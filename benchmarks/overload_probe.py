@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import psutil
 
-from torchbay.benchmarks import round2_overload, runner
-from torchbay.benchmarks.loadgen import LoadGenerator
+from torchbay.benchmarks import cpushare, round2_overload, runner
+from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator
 from torchbay.benchmarks.loadplan import LoadPlan
 from torchbay.benchmarks.round2_rows import CNN_B8_W2, JOB_QUEUE_SIZE, QUEUE_DELAY_MS
 from torchbay.benchmarks.round2_run import TORCHBAY, Ctx, closed, serving, target
@@ -65,22 +65,24 @@ def _processes(front: psutil.Process, me: psutil.Process) -> list[psutil.Process
     return list(found.values())
 
 
-def _log_cpu(procs, before, after, elapsed, served, labels, log) -> None:  # type: ignore[no-untyped-def]
-    """CPU % of each process over the run, the % of the run it waited runnable for a CPU (the
-    host's cores saturated), and the workers' CPU per served request."""
+def _log_cpu(procs, before, after, elapsed, labels, log) -> None:  # type: ignore[no-untyped-def]
+    """CPU % of each process over the run and the % of the run it waited runnable for a CPU
+    (the host's cores saturated)."""
     log("  CPU % (ran / waited for a CPU) over the run, warm-up included:")
-    worker_cpu = 0.0
     for proc in procs:
         if proc.pid in after and proc.pid in before:
             ran = after[proc.pid][0] - before[proc.pid][0]
             waited = after[proc.pid][1] - before[proc.pid][1]
-            label = labels(proc)
-            worker_cpu += ran if label == "worker" else 0.0
-            log(f"    {100 * ran / elapsed:5.1f} / {100 * waited / elapsed:5.1f}  {label} "
+            log(f"    {100 * ran / elapsed:5.1f} / {100 * waited / elapsed:5.1f}  {labels(proc)} "
                 f"(pid {proc.pid})")  # fmt: skip
-    if served:
-        log(f"  worker CPU per served request: {1000 * worker_cpu / served:.2f} ms "
-            "(at the measured goodput)")  # fmt: skip
+
+
+def _log_worker_ms(used: dict[str, float] | None, served: float, seconds: float, log: Any) -> None:
+    """The workers' CPU per request served in a window inside the measured run (not over the
+    whole run: its warm-up and the load generator's idle start would count as serving)."""
+    if used is not None and served > 0:
+        log(f"  worker CPU per served request: {1000 * used[cpushare.WORKERS] / served:.2f} ms "
+            f"(a {seconds:g} s window inside the measured run)")  # fmt: skip
 
 
 def _label(proc: psutil.Process, front: int, generator: int) -> str:
@@ -103,11 +105,15 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
         front, me = psutil.Process(server.proc.pid), psutil.Process()
         labels = lambda proc: _label(proc, front.pid, me.pid)  # noqa: E731
         procs = _processes(front, me)
+        pids, span = (front.pid, [p.pid for p in ctx.gen.procs]), 0.8 * ctx.duration_s
+        inside = 3 * START_MARGIN_S + ctx.warmup_s  # the warm-up run, then the measured one
+        window = cpushare.Window(*pids, inside, inside + span)
         before, started = _cpu(procs), time.monotonic()
         capacity = closed(ctx, tgt, 16).ok_per_s
         after, elapsed = _cpu(procs), time.monotonic() - started
         log(f"capacity (closed loop, c=16): {capacity:.1f} req/s")
-        _log_cpu(procs, before, after, elapsed, capacity * elapsed, labels, log)
+        _log_cpu(procs, before, after, elapsed, labels, log)
+        _log_worker_ms(window.seconds(), capacity * span, span, log)
         for factor in factors:
             samples: list[dict[str, Any]] = []
             stop = threading.Event()
@@ -120,6 +126,8 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
             )  # fmt: skip
             procs = _processes(front, me)
             sampler.start()
+            inside = START_MARGIN_S + ctx.warmup_s + 0.1  # the run's window opens after its warm-up
+            window = cpushare.Window(*pids, inside, inside + span)
             before, started = _cpu(procs), time.monotonic()
             result = ctx.gen.run(plan)
             after, elapsed = _cpu(procs), time.monotonic() - started
@@ -136,8 +144,8 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
                 f"({stats.goodput_per_s / capacity:.2f} of capacity), 503s {stats.rejected_503}, "
                 f"admitted p99 {stats.admitted_p99_ms:.0f} ms"
             )
-            served = stats.goodput_per_s * elapsed  # the CPU window includes the warm-up
-            _log_cpu(procs, before, after, elapsed, served, labels, log)
+            _log_cpu(procs, before, after, elapsed, labels, log)
+            _log_worker_ms(window.seconds(), stats.goodput_per_s * span, span, log)
             _log_samples(samples[len(samples) // 4 :], log)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from torchbay.benchmarks.overload_probe import _log_cpu, _log_samples, _sched, main
+from torchbay.benchmarks.overload_probe import _log_cpu, _log_samples, _log_worker_ms, _sched, main
 
 
 def test_samples_report_medians_and_busy_workers() -> None:
@@ -32,7 +32,7 @@ def test_help_names_the_factors(capsys) -> None:
     assert "--factors" in capsys.readouterr().out
 
 
-def test_cpu_report_shows_run_and_wait_and_worker_cpu_per_request() -> None:
+def test_cpu_report_shows_run_and_wait() -> None:
     class Proc:
         def __init__(self, pid: int) -> None:
             self.pid = pid
@@ -42,13 +42,23 @@ def test_cpu_report_shows_run_and_wait_and_worker_cpu_per_request() -> None:
     after = {1: (12.0, 1.5), 2: (27.0, 4.0), 3: (5.5, 0.0)}
     labels = {1: "frontend", 2: "worker", 3: "load generator"}
     lines: list[str] = []
-    _log_cpu(procs, before, after, 10.0, 1000, lambda p: labels[p.pid], lines.append)
+    _log_cpu(procs, before, after, 10.0, lambda p: labels[p.pid], lines.append)
     assert lines == [
         "  CPU % (ran / waited for a CPU) over the run, warm-up included:",
         "     20.0 /   5.0  frontend (pid 1)",
         "     70.0 /  20.0  worker (pid 2)",
         "      5.0 /   0.0  load generator (pid 3)",
-        "  worker CPU per served request: 7.00 ms (at the measured goodput)",
+    ]
+
+
+def test_worker_cpu_per_request_comes_from_a_window_of_served_requests() -> None:
+    lines: list[str] = []
+    used = {"frontend": 1.0, "workers": 14.0, "load generator": 0.5}
+    _log_worker_ms(used, 4000, 8, lines.append)
+    _log_worker_ms(None, 4000, 8, lines.append)  # the run ended before the window did
+    _log_worker_ms(used, 0, 8, lines.append)  # nothing served
+    assert lines == [
+        "  worker CPU per served request: 3.50 ms (a 8 s window inside the measured run)"
     ]
 
 
