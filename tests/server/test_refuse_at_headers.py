@@ -8,6 +8,7 @@ refused, 503 NoWorker, so it stays pressed with no timing involved) and ``live``
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.server.errors import Unauthorized
@@ -192,3 +195,40 @@ def test_a_client_waiting_for_100_continue_gets_the_asgi_paths_close(server: Liv
         assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer
         sock.settimeout(WAIT_S)
         assert sock.recv(1) == b""  # closed: what the client sends next cannot be framed
+
+
+_SEGMENT = st.one_of(
+    st.sampled_from(["idle", "live", "", "nope", "%69dle", "idle%2F1.0", "1.0", "infer"]),
+    st.text(alphabet=st.characters(codec="latin-1", exclude_characters="/?#"), max_size=12),
+)
+_PATHS = st.builds(
+    lambda head, segments: "/" + "/".join([head, *segments]),
+    st.sampled_from(["predictions", "explanations", "v2", "v1", "ping", "models", ""]),
+    st.lists(_SEGMENT, max_size=4),
+) | st.builds(lambda m: f"/v1/models/{m}:predict", _SEGMENT)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(path=_PATHS, method=st.sampled_from(["POST", "GET", "PUT", "DELETE", "OPTIONS"]))
+def test_at_headers_on_any_path_answers_a_503_or_nothing(
+    server: LiveServer, path: str, method: str
+) -> None:
+    """Whatever the path (the protocol passes it decoded, as uvicorn does): a refusal with a
+    JSON body, or None; never an exception (the catch-all would log it: checked below)."""
+    registry = server.server.registry
+    assert registry is not None
+    registry.resolve("idle").admission.refused()  # pressed, whatever the time since
+    app = InferenceApp(registry, max_request_size=1 << 20, server_version="test")
+    failures = []
+    handler = logging.Handler()
+    handler.emit = failures.append  # type: ignore[method-assign]
+    logging.getLogger("torchbay.http").addHandler(handler)
+    try:
+        answer = app.at_headers(_scope(path, method))
+    finally:
+        logging.getLogger("torchbay.http").removeHandler(handler)
+    assert not failures, [r.getMessage() for r in failures]
+    if answer is not None:
+        status, _headers, body = answer
+        assert status == 503
+        assert isinstance(json.loads(body), dict)
