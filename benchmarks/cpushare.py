@@ -20,6 +20,9 @@ from collections.abc import Iterable
 
 import psutil
 
+from torchbay.benchmarks import procstat
+from torchbay.benchmarks.loadgen import START_MARGIN_S
+
 FRONTEND, WORKERS, LOAD_GENERATOR = "frontend", "workers", "load generator"
 WORKER_MARKS = ("torchbay.server.worker", "model_service_worker")
 # The figures of :func:`figures`, as round two's overload row reports them.
@@ -30,26 +33,28 @@ FIGURES = (
     "cpu_workers_4x_pct",
     "cpu_loadgen_4x_pct",
 )
+SPAN = 0.8  # the share of a measured window a CPU window covers, clear of the window's edges
 Snapshot = dict[tuple[int, float], tuple[str, float]]  # (pid, create time) -> (role, CPU s)
 
 
-def _role(proc: psutil.Process) -> str:
+def is_worker(proc: psutil.Process) -> bool:
+    """A worker process of torchbay or TorchServe (by its command line)."""
     command = " ".join(proc.cmdline())
-    return WORKERS if any(mark in command for mark in WORKER_MARKS) else FRONTEND
+    return any(mark in command for mark in WORKER_MARKS)
 
 
 def snapshot(server_pid: int, generator_pids: Iterable[int]) -> Snapshot:
     """Each live process's role and CPU seconds (user + system) so far."""
     out: Snapshot = {}
     with contextlib.suppress(psutil.Error):
-        root = psutil.Process(server_pid)
-        tree = [(root, None), *((p, None) for p in root.children(recursive=True))]
-        procs = tree + [(psutil.Process(pid), LOAD_GENERATOR) for pid in generator_pids]
+        server = [(proc, None) for proc in procstat.tree(server_pid)]
+        procs = server + [(psutil.Process(pid), LOAD_GENERATOR) for pid in generator_pids]
         for proc, role in procs:
             with contextlib.suppress(psutil.Error):
                 times = proc.cpu_times()
                 key = (proc.pid, proc.create_time())
-                out[key] = (role or _role(proc), times.user + times.system)
+                role = role or (WORKERS if is_worker(proc) else FRONTEND)
+                out[key] = (role, times.user + times.system)
     return out
 
 
@@ -61,8 +66,23 @@ def cpu_seconds(before: Snapshot, after: Snapshot) -> dict[str, float]:
     return used
 
 
+def closed_run_opens(warmup_s: float) -> float:
+    """Seconds from a call of ``round2_run.closed`` to its measured run's start: the warm-up run
+    (a start margin, ``warmup_s``, its end), then the measured run's own start margin."""
+    return 3 * START_MARGIN_S + warmup_s
+
+
 class Window:
     """Snapshots taken from a thread ``begin_s`` and ``end_s`` seconds after construction."""
+
+    @classmethod
+    def within(cls, pids: tuple[int, Iterable[int]], opens_s: float, duration_s: float) -> Window:
+        """``SPAN`` of a measured window of ``duration_s`` that opens ``opens_s`` from now."""
+        return cls(*pids, opens_s, opens_s + SPAN * duration_s)
+
+    @property
+    def span_s(self) -> float:
+        return self._marks[1] - self._marks[0]
 
     def __init__(
         self, server_pid: int, generator_pids: Iterable[int], begin_s: float, end_s: float

@@ -91,10 +91,9 @@ def _label(proc: psutil.Process, front: int, generator: int) -> str:
     if proc.pid == generator:
         return "probe (this process)"
     try:
-        cmd = " ".join(proc.cmdline())
+        return "worker" if cpushare.is_worker(proc) else "load generator"
     except psutil.Error:
         return "gone"
-    return "worker" if "torchbay.server.worker" in cmd else "load generator"
 
 
 def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
@@ -105,15 +104,15 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
         front, me = psutil.Process(server.proc.pid), psutil.Process()
         labels = lambda proc: _label(proc, front.pid, me.pid)  # noqa: E731
         procs = _processes(front, me)
-        pids, span = (front.pid, [p.pid for p in ctx.gen.procs]), 0.8 * ctx.duration_s
-        inside = 3 * START_MARGIN_S + ctx.warmup_s  # the warm-up run, then the measured one
-        window = cpushare.Window(*pids, inside, inside + span)
+        pids = (front.pid, [p.pid for p in ctx.gen.procs])
+        opens = cpushare.closed_run_opens(ctx.warmup_s)
+        window = cpushare.Window.within(pids, opens, ctx.duration_s)
         before, started = _cpu(procs), time.monotonic()
         capacity = closed(ctx, tgt, 16).ok_per_s
         after, elapsed = _cpu(procs), time.monotonic() - started
         log(f"capacity (closed loop, c=16): {capacity:.1f} req/s")
         _log_cpu(procs, before, after, elapsed, labels, log)
-        _log_worker_ms(window.seconds(), capacity * span, span, log)
+        _log_worker_ms(window.seconds(), capacity * window.span_s, window.span_s, log)
         for factor in factors:
             samples: list[dict[str, Any]] = []
             stop = threading.Event()
@@ -126,8 +125,8 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
             )  # fmt: skip
             procs = _processes(front, me)
             sampler.start()
-            inside = START_MARGIN_S + ctx.warmup_s + 0.1  # the run's window opens after its warm-up
-            window = cpushare.Window(*pids, inside, inside + span)
+            opens = START_MARGIN_S + ctx.warmup_s + 0.1  # the run's window, after its warm-up
+            window = cpushare.Window.within(pids, opens, ctx.duration_s)
             before, started = _cpu(procs), time.monotonic()
             result = ctx.gen.run(plan)
             after, elapsed = _cpu(procs), time.monotonic() - started
@@ -145,6 +144,7 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
                 f"admitted p99 {stats.admitted_p99_ms:.0f} ms"
             )
             _log_cpu(procs, before, after, elapsed, labels, log)
+            span = window.span_s
             _log_worker_ms(window.seconds(), stats.goodput_per_s * span, span, log)
             _log_samples(samples[len(samples) // 4 :], log)
 

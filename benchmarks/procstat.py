@@ -55,7 +55,8 @@ class MemorySnapshot:
     processes: int
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def tree(pid: int) -> list[psutil.Process]:
+    """``pid``'s process and all its descendants (the root alone if they cannot be listed)."""
     root = psutil.Process(pid)
     try:
         return [root, *root.children(recursive=True)]
@@ -68,7 +69,7 @@ def cpu_snapshot(pid: int) -> CpuSnapshot:
     gone; descendants that vanish while being read are skipped."""
     per_process: dict[ProcKey, float] = {}
     reaped = 0.0
-    for proc in _tree(pid):
+    for proc in tree(pid):
         try:
             with proc.oneshot():
                 times = proc.cpu_times()
@@ -103,7 +104,7 @@ def memory_snapshot(pid: int) -> MemorySnapshot:
     tree_rss = 0
     tree_pss: int | None = 0
     count = 0
-    for proc in _tree(pid):
+    for proc in tree(pid):
         try:
             rss = proc.memory_info().rss
             try:

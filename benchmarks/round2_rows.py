@@ -164,8 +164,8 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
     with serving(ctx, system, {"cnn": CNN_B8_W2}, run_dir, props=props) as server:
         tgt = target(ctx, server, "cnn", "cnn")
         pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
-        inside = 3 * START_MARGIN_S + ctx.warmup_s  # a window inside the measured run
-        at_capacity = cpushare.Window(*pids, inside, inside + 0.8 * ctx.duration_s)
+        opens = cpushare.closed_run_opens(ctx.warmup_s)
+        at_capacity = cpushare.Window.within(pids, opens, ctx.duration_s)
         capacity = closed(ctx, tgt, 16).ok_per_s
         d = ctx.duration_s
         steps = (
@@ -187,7 +187,7 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
         result = ctx.gen.run(plan)
         lost = result.statuses.get(TIMEOUT, 0)
         outcome = round2_overload.analyse(result.timeline, capacity, steps, lost, result.sent)
-        good, served = outcome.overload.goodput_per_s * d, 0.8 * d * capacity
+        good, served = outcome.overload.goodput_per_s * d, capacity * at_capacity.span_s
         cpu = cpushare.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
         behind = result.behind
         points = []

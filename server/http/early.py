@@ -67,6 +67,8 @@ def at_headers(app: Any, scope: Scope) -> Answer | None:
     """The refusal to send now for ``scope`` on ``app`` (an InferenceApp), or None. A bug here
     is logged and the request goes on to the ASGI path (raised inside the HTTP parser's
     callback, it would read as a malformed request)."""
+    if not any_pressed():
+        return None  # nothing refuses: the ASGI path, untouched (the hot path's one check)
     try:
         return _refusal(app, scope)
     except Exception:
@@ -75,8 +77,6 @@ def at_headers(app: Any, scope: Scope) -> Answer | None:
 
 
 def _refusal(app: Any, scope: Scope) -> Answer | None:
-    if not any_pressed():
-        return None  # nothing refuses: the ASGI path, untouched
     try:
         found = app.router.resolve(scope["path"], scope["method"])
     except TorchbayError:
