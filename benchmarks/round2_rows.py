@@ -1,23 +1,22 @@
-"""The six rows of issue 15's table, each measured ``ctx.repeat`` times side by side (torchbay,
+"""The rows of issue 15's table, each measured ``ctx.repeat`` times side by side (torchbay,
 TorchServe 0.12 when given, and the row's ceiling in the same repeat), as :class:`RowResult` s.
 
 A system that fails in a repeat leaves NaN figures and its error in ``errors``; the other systems
-and rows still run. ``ESTIMATES`` give each row's expected seconds per repeat for the ETA.
+and rows still run. ``ROWS`` give each row's expected seconds per repeat for the ETA. The paired
+batch 8 / batch 1 rows (cnn-c1, batch-sweep) live in round2_sweep.py.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import os
 
 import psutil
 
-from torchbay.benchmarks import cpushare, round2_overload
+from torchbay.benchmarks import cpushare, round2_overload, round2_sweep
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
-from torchbay.benchmarks.round2_paired import SLICES, alternate
 from torchbay.benchmarks.round2_run import (
     ECHO,
     INPROCESS,
@@ -29,10 +28,12 @@ from torchbay.benchmarks.round2_run import (
     Ratio,
     RowResult,
     closed,
+    failed,
     inprocess_limit,
     load_metrics,
     ratio,
     serving,
+    systems_for,
     target,
 )
 from torchbay.server.serving.worker_env import worker_env
@@ -45,18 +46,6 @@ JOB_QUEUE_SIZE = 100
 INPROCESS_TUNED = "in-process, tuned malloc"
 RECOVERY_BOUND_S = 5.0
 CNN_B8_W2 = Batching(8, 10, 2)
-
-
-def _systems(ctx: Ctx, row: RowResult, *names: str) -> list[str]:
-    """``names`` less TorchServe when it was not given (marked "not run")."""
-    if ctx.torchserve is None and TORCHSERVE in names:
-        row.not_run[TORCHSERVE] = f"{NOT_RUN} (no --torchserve)"
-    return [n for n in names if n != TORCHSERVE or ctx.torchserve is not None]
-
-
-def _failed(row: RowResult, system: str, rep: int, exc: Exception, keys: tuple[str, ...]) -> None:
-    row.errors.append(f"repeat {rep} {system}: {str(exc).splitlines()[0]}")
-    row.add(system, dict.fromkeys(keys, math.nan))
 
 
 def _closed_row(
@@ -77,7 +66,7 @@ def _closed_row(
                     f"repeat {rep} {label}: generator behind ({'; '.join(result.behind)})"
                 )
         except (BenchError, psutil.Error) as exc:
-            _failed(row, label, rep, exc, ("req_s", "p50_ms", "p99_ms", "errors"))
+            failed(row, label, rep, exc, ("req_s", "p50_ms", "p99_ms", "errors"))
         ctx.progress(
             f"{row.key} repeat {rep}: {label} {row.series(label, 'req_s')[-1]:,.0f} req/s",
             ctx.warmup_s + ctx.duration_s + 3,
@@ -87,41 +76,13 @@ def _closed_row(
 def row_tiny(ctx: Ctx) -> RowResult:
     b = Batching(8, 5, 1)
     row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.label()}")
-    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
+    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
     for rep in range(1, ctx.repeat + 1):
         _closed_row(ctx, row, [(s, s, "tiny", b, 16) for s in systems], rep)
     tb = row.series(TORCHBAY, "req_s")
     row.ratios.append(Ratio("torchbay / bare ASGI", _div(tb, row.series(ECHO, "req_s")), 0.40))
     if TORCHSERVE in systems:
         row.ratios.append(Ratio("torchbay / TorchServe", _div(tb, row.series(TORCHSERVE, "req_s"))))
-    return row
-
-
-def row_cnn_c1(ctx: Ctx) -> RowResult:
-    configs = {"cnn_b1": Batching(1, 10, 1), "cnn_b8": Batching(8, 10, 1)}
-    row = RowResult(
-        "cnn-c1",
-        "cnn, c=1, batch 8 vs batch 1",
-        f"c=1, delay 10 ms, 1 worker each; one server serves both, measured in alternating "
-        f"slices (b1 b8 b8 b1 ..., {SLICES} of {ctx.duration_s / SLICES:g} s each)",
-    )
-    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
-    for rep in range(1, ctx.repeat + 1):
-        for s in systems:
-            run_dir = ctx.out_dir / "runs" / f"cnn-c1-{s}-r{rep}"
-            labels = {"cnn_b1": f"{s} b1", "cnn_b8": f"{s} b8"}
-            try:
-                pooled = alternate(ctx, s, "cnn", configs, 1, run_dir)
-                for name, label in labels.items():
-                    row.add(label, pooled[name])
-            except (BenchError, psutil.Error) as exc:
-                for label in labels.values():
-                    _failed(row, label, rep, exc, ("req_s", "p50_ms", "p99_ms", "errors"))
-            ctx.progress(f"{row.key} repeat {rep}: {s}", 2 * (ctx.warmup_s + ctx.duration_s) + 5)
-    for s in systems:
-        values = _div(row.series(f"{s} b8", "req_s"), row.series(f"{s} b1", "req_s"))
-        bound = 0.97 if s == TORCHBAY else None
-        row.ratios.append(Ratio(f"{s}: batch 8 / batch 1", values, bound, ">=", "min"))
     return row
 
 
@@ -132,13 +93,13 @@ def row_cnn_c16(ctx: Ctx) -> RowResult:
         "cnn, c=16, batch 8, 2 workers",
         f"c=16, {b.label()}; in-process: 2 threads x 1 intra-op thread, batch 8",
     )
-    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
+    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     for rep in range(1, ctx.repeat + 1):
         for name, env in ((INPROCESS, None), (INPROCESS_TUNED, worker_env(os.environ))):
             try:  # the tuned loop has the allocator settings torchbay's workers start with
                 row.add(name, {"req_s": inprocess_limit(ctx, 8, 2, env)})
             except BenchError as exc:
-                _failed(row, name, rep, exc, ("req_s",))
+                failed(row, name, rep, exc, ("req_s",))
         ctx.progress(f"{row.key} repeat {rep}: in-process limit", ctx.duration_s + 3)
         _closed_row(ctx, row, [(s, s, "cnn", b, 16) for s in systems], rep)
     limit = row.series(INPROCESS, "req_s")
@@ -240,7 +201,7 @@ def row_overload(ctx: Ctx) -> RowResult:
         "normal = p99 of each 1 s window <= 2x the pre-overload p99; sweep (repeat 1 only): "
         "open loop at 0.5/1/2/4x capacity, warm-up then the same window each",
     )
-    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
+    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     row.extra["sweep"], row.extra["detail"] = {}, {}
     for rep in range(1, ctx.repeat + 1):
         for s in systems:
@@ -251,7 +212,7 @@ def row_overload(ctx: Ctx) -> RowResult:
                 if points:
                     row.extra["sweep"][s] = points
             except (BenchError, psutil.Error) as exc:
-                _failed(row, s, rep, exc, OVERLOAD_KEYS)
+                failed(row, s, rep, exc, OVERLOAD_KEYS)
             est = ctx.warmup_s + 4 * ctx.duration_s + 8 + (4 * ctx.duration_s if rep == 1 else 0)
             ctx.progress(
                 f"overload repeat {rep}: {s} goodput/capacity "
@@ -299,7 +260,7 @@ def row_start(ctx: Ctx) -> RowResult:
         f"1 worker, batch 1; process start to the first 200 of POST /predictions/tiny; "
         f"{max(ctx.starts, ctx.repeat)} starts per system",
     )
-    systems = _systems(ctx, row, TORCHBAY, TORCHSERVE)
+    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     body = ctx.assets.body["tiny"].read_bytes()
     for rep in range(1, max(ctx.starts, ctx.repeat) + 1):
         for s in systems:
@@ -309,7 +270,7 @@ def row_start(ctx: Ctx) -> RowResult:
                 ) as server:
                     row.add(s, {"start_s": server.first_answer("/predictions/tiny", body)})
             except (BenchError, psutil.Error) as exc:
-                _failed(row, s, rep, exc, ("start_s",))
+                failed(row, s, rep, exc, ("start_s",))
             ctx.progress(f"start repeat {rep}: {s} {row.series(s, 'start_s')[-1]:.2f} s", 6)
     row.ratios.append(
         Ratio("torchbay start s (median)", row.series(TORCHBAY, "start_s"), 1.0, "<=")
@@ -339,7 +300,7 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
             try:
                 row.add(TORCHBAY, _two_models_once(ctx, names, b, concurrency, rep, second))
             except (BenchError, psutil.Error) as exc:
-                _failed(row, TORCHBAY, rep, exc, ("alone_a", "alone_b", "together_a", "together_b"))
+                failed(row, TORCHBAY, rep, exc, ("alone_a", "alone_b", "together_a", "together_b"))
             ctx.progress(f"two models repeat {rep}", 3 * (ctx.warmup_s + ctx.duration_s) + 5)
     s = row.series
     row.ratios += [
@@ -388,7 +349,11 @@ def _two_models_once(
 
 ROWS = {
     "tiny-c16": (row_tiny, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
-    "cnn-c1": (row_cnn_c1, lambda c: 2 * (2 * (c.warmup_s + c.duration_s) + 5)),
+    "cnn-c1": (round2_sweep.row_cnn_c1, lambda c: 2 * round2_sweep.sweep_estimate_s(c)),
+    "batch-sweep": (
+        round2_sweep.row_batch_sweep,
+        lambda c: 2 * round2_sweep.sweep_estimate_s(c, len(round2_sweep.SWEEP_CONCURRENCY)),
+    ),
     "cnn-c16": (row_cnn_c16, lambda c: 4 * (c.warmup_s + c.duration_s + 4)),
     "overload": (row_overload, lambda c: 2 * (c.warmup_s + 4 * c.duration_s + 8)),
     "start": (row_start, lambda c: 12.0 * max(c.starts, c.repeat) / c.repeat),

@@ -264,3 +264,16 @@ def inprocess_limit(ctx: Ctx, batch: int, streams: int, env: dict | None = None)
     if proc.returncode != 0:
         raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
     return float(json.loads(proc.stdout)["cnn"][str(batch)])
+
+
+def systems_for(ctx: Ctx, row: RowResult, *names: str) -> list[str]:
+    """``names`` less TorchServe when it was not given (marked "not run")."""
+    if ctx.torchserve is None and TORCHSERVE in names:
+        row.not_run[TORCHSERVE] = f"{NOT_RUN} (no --torchserve)"
+    return [n for n in names if n != TORCHSERVE or ctx.torchserve is not None]
+
+
+def failed(row: RowResult, system: str, rep: int, exc: Exception, keys: tuple[str, ...]) -> None:
+    """Record ``system`` 's failure in repeat ``rep``: its error, and NaN for ``keys``."""
+    row.errors.append(f"repeat {rep} {system}: {str(exc).splitlines()[0]}")
+    row.add(system, dict.fromkeys(keys, math.nan))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from torchbay.benchmarks import round2
+from torchbay.benchmarks.round2_sweep import SWEEP_CONCURRENCY
 
 pytestmark = pytest.mark.timeout(120)
 TS_VENV = Path("/work/ts-venv")
@@ -65,6 +66,23 @@ def test_in_process_and_two_model_rows(tmp_path: Path) -> None:
     assert "combined together / alone" in names
     for row in rows.values():
         assert f"### {row['title']}" in markdown
+
+
+def test_batch_sweep_pairs_batch_8_with_batch_1_at_every_concurrency(tmp_path: Path) -> None:
+    report, markdown = _run(tmp_path, "--only", "batch-sweep", "--duration", "0.5")
+    row = report["rows"]["batch-sweep"]
+    labels = {f"torchbay c={c} b{b}" for c in SWEEP_CONCURRENCY for b in (1, 8)}
+    assert set(row["systems"]) == labels
+    for label in labels:
+        (run,) = row["systems"][label]
+        assert run["req_s"] > 0 and run["errors"] == 0, (label, run)
+    ratios = {r["name"]: r for r in row["ratios"]}
+    assert set(ratios) == {f"torchbay c={c}: batch 8 / batch 1" for c in SWEEP_CONCURRENCY}
+    for ratio in ratios.values():
+        assert (ratio["bound"], ratio["aggregate"]) == (0.97, "min")
+        (value,) = ratio["values"]
+        assert math.isfinite(value) and value > 0
+    assert f"### {row['title']}" in markdown
 
 
 def test_overload_row_counts_add_up(tmp_path: Path) -> None:

@@ -1,0 +1,106 @@
+"""Issue 15 item 1's rule, measured: ``batch_size > 1`` must never serve fewer requests per
+second than ``batch_size 1``, at any concurrency.
+
+Two rows share one method (round2_paired.py): one server per system and concurrency serves the
+cnn twice, as batch 1 and as batch 8 (delay 10 ms, 1 worker each), and closed-loop load
+alternates between them in slices, so the host's drift cancels out of the ratio.
+
+* ``cnn-c1``: c=1, the issue's table row (a batch can never fill; the queue must not wait).
+* ``batch-sweep``: c = 2, 4, 8, 16, where batches partly fill: the range in which a batch delay
+  can cost more than it gains.
+
+The bound, batch 8 / batch 1 >= 0.97 in every repeat, is the issue's c=1 target applied to every
+concurrency: "never fewer" with 3% for what alternating slices cannot cancel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psutil
+
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.round2_paired import SLICES, alternate
+from torchbay.benchmarks.round2_run import (
+    TORCHBAY,
+    TORCHSERVE,
+    Batching,
+    Ctx,
+    Ratio,
+    RowResult,
+    failed,
+    systems_for,
+)
+
+__all__ = ["SWEEP_CONCURRENCY", "row_batch_sweep", "row_cnn_c1", "sweep_estimate_s"]
+
+SWEEP_CONCURRENCY = (2, 4, 8, 16)
+CONFIGS = {"cnn_b1": Batching(1, 10, 1), "cnn_b8": Batching(8, 10, 1)}
+BOUND = 0.97
+_KEYS = ("req_s", "p50_ms", "p99_ms", "errors")
+
+
+def sweep_estimate_s(ctx: Ctx, concurrencies: int = 1) -> float:
+    """Expected seconds per repeat and system: a start, two warm-ups, the slices."""
+    return concurrencies * (2 * ctx.warmup_s + ctx.duration_s + 5)
+
+
+def _tag(system: str, concurrency: int, single: bool) -> str:
+    return system if single else f"{system} c={concurrency}"
+
+
+def _paired_row(ctx: Ctx, row: RowResult, concurrencies: Sequence[int]) -> RowResult:
+    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    single = len(concurrencies) == 1
+    for rep in range(1, ctx.repeat + 1):
+        for s in systems:
+            for c in concurrencies:
+                tag = _tag(s, c, single)
+                run_dir = ctx.out_dir / "runs" / f"{row.key}-{s}-c{c}-r{rep}"
+                labels = {"cnn_b1": f"{tag} b1", "cnn_b8": f"{tag} b8"}
+                try:
+                    pooled = alternate(ctx, s, "cnn", CONFIGS, c, run_dir)
+                    for name, label in labels.items():
+                        row.add(label, pooled[name])
+                except (BenchError, psutil.Error) as exc:
+                    for label in labels.values():
+                        failed(row, label, rep, exc, _KEYS)
+                b8 = row.series(labels["cnn_b8"], "req_s")[-1]
+                b1 = row.series(labels["cnn_b1"], "req_s")[-1]
+                ctx.progress(
+                    f"{row.key} repeat {rep}: {tag} b8 {b8:,.0f} / b1 {b1:,.0f} req/s",
+                    sweep_estimate_s(ctx),
+                )
+    for s in systems:
+        for c in concurrencies:
+            tag = _tag(s, c, single)
+            values = [
+                b8 / b1 if b1 > 0 else float("nan")
+                for b8, b1 in zip(
+                    row.series(f"{tag} b8", "req_s"), row.series(f"{tag} b1", "req_s"), strict=True
+                )
+            ]
+            bound = BOUND if s == TORCHBAY else None
+            row.ratios.append(Ratio(f"{tag}: batch 8 / batch 1", values, bound, ">=", "min"))
+    return row
+
+
+def _settings(what: str) -> str:
+    return (
+        f"{what}, delay 10 ms, 1 worker each; one server serves both, measured in alternating "
+        f"slices (b1 b8 b8 b1 ..., {SLICES} per configuration)"
+    )
+
+
+def row_cnn_c1(ctx: Ctx) -> RowResult:
+    row = RowResult("cnn-c1", "cnn, c=1, batch 8 vs batch 1", _settings("c=1"))
+    return _paired_row(ctx, row, (1,))
+
+
+def row_batch_sweep(ctx: Ctx) -> RowResult:
+    row = RowResult(
+        "batch-sweep",
+        "cnn, batch 8 vs batch 1 at c=2..16",
+        _settings(f"c={', '.join(map(str, SWEEP_CONCURRENCY))}, a server per concurrency"),
+    )
+    return _paired_row(ctx, row, SWEEP_CONCURRENCY)
