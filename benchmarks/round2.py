@@ -6,8 +6,9 @@
 
 Rows (``--only`` takes these keys): tiny-c16, cnn-c1, batch-sweep, cnn-c16, overload, start,
 two-models (``round2_rows.py`` and ``round2_sweep.py`` say what each measures). Without
-``--torchserve`` (or when it is not found) the TorchServe columns say "not run". Writes ``round2.md``, ``round2.json`` (every raw number)
-and ``round2_overload.png`` to ``--out``; models, archives and server logs go to ``--work``.
+``--torchserve`` (or when it is not found) the TorchServe columns say "not run". Writes
+``round2.md``, ``round2.json`` (every raw number) and ``round2_overload.png`` to ``--out``;
+models, archives and server logs go to ``--work``.
 Prints an estimate of the run time first and progress with the time left while running.
 Exit status 1 when any run failed (the report says which).
 """

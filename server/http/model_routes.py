@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -32,10 +31,12 @@ from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.describe import describe
 from torchbay.server.http.openapi import documented
 from torchbay.server.http.params import (
+    TORCHBAY_TUNING,
     RegisterParams,
     ScaleParams,
     check_model_settings,
     register_params,
+    strict_number,
 )
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
@@ -162,6 +163,8 @@ async def register_model(
     synchronous: str | None = None,
     response_timeout: str | None = None,
     startup_timeout: str | None = None,
+    max_queue_delay_ms: str | None = None,  # torchbay's: the queue-time bound (0: off)
+    sla_p99_ms: str | None = None,  # torchbay's: the autopilot's p99 target (0: off)
 ) -> JSONResponse:
     return await register(state, await _register_params(request))
 
@@ -175,7 +178,13 @@ async def register(state: Management, params: RegisterParams) -> JSONResponse:
     default_workers = config.default_workers_per_model if set_default else 0
     overrides: dict[str, Any] = {
         key: value
-        for key in ("batch_size", "max_batch_delay", "response_timeout", "startup_timeout")
+        for key in (
+            "batch_size",
+            "max_batch_delay",
+            "response_timeout",
+            "startup_timeout",
+            *TORCHBAY_TUNING,
+        )
         if (value := getattr(params, key)) is not None
     }
     if params.handler is not None:
@@ -263,15 +272,6 @@ def _scale_params(
     )
 
 
-def _number(name: str, value: str | None, parse: Callable[[Any], Any]) -> Any:
-    if value is None:
-        return None
-    number = parse(value)
-    if number is None:
-        raise BadRequest(f"Invalid parameter(s): {name}: must be a finite number, got {value!r}")
-    return number
-
-
 @models.put("/models/{name}", **documented(202, 206, 400, 401, 404))
 @models.put("/models/{name}/{version}", **documented(202, 206, 400, 401, 404))
 async def scale_model(
@@ -292,11 +292,11 @@ async def scale_model(
     # TorchServe's own parameters parse leniently (junk is the default); torchbay's live tuning
     # (not in TorchServe's scale API) is refused when it is not a number (nothing changes).
     tuning = {
-        "batch_size": _number("batch_size", batch_size, api_int),
-        "max_batch_delay": _number("max_batch_delay", max_batch_delay, api_number),
-        "response_timeout": _number("response_timeout", response_timeout, api_number),
-        "max_queue_delay_ms": _number("max_queue_delay_ms", max_queue_delay_ms, api_number),
-        "sla_p99_ms": _number("sla_p99_ms", sla_p99_ms, api_number),
+        "batch_size": strict_number("batch_size", batch_size, api_int),
+        "max_batch_delay": strict_number("max_batch_delay", max_batch_delay, api_number),
+        "response_timeout": strict_number("response_timeout", response_timeout, api_number),
+        "max_queue_delay_ms": strict_number("max_queue_delay_ms", max_queue_delay_ms, api_number),
+        "sla_p99_ms": strict_number("sla_p99_ms", sla_p99_ms, api_number),
     }
     drain = api_number(timeout)  # TorchServe's parameter: junk is its default, -1
     params = _scale_params(

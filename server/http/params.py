@@ -3,6 +3,7 @@ bounds check every model setting from the API goes through (``ModelConfig``'s ow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -12,6 +13,19 @@ from torchbay.server.config.sources import api_bool, api_int, api_number, positi
 from torchbay.server.errors import BadRequest
 
 RUNTIMES = ("python", "python3")  # TorchServe's Manifest.RuntimeType that torchbay runs
+
+
+TORCHBAY_TUNING = ("max_queue_delay_ms", "sla_p99_ms")  # API parameters TorchServe has not
+
+
+def strict_number(name: str, value: Any, parse: Callable[[Any], Any]) -> Any:
+    """``parse(value)``, None when absent, or BadRequest when it is not a finite number."""
+    if value is None:
+        return None
+    number = parse(value)
+    if number is None:
+        raise BadRequest(f"Invalid parameter(s): {name}: must be a finite number, got {value!r}")
+    return number
 
 
 class RegisterParams(BaseModel):
@@ -31,13 +45,17 @@ class RegisterParams(BaseModel):
     response_timeout: float | None = Field(None, gt=0)
     startup_timeout: float | None = Field(None, gt=0)
     s3_sse_kms: bool | None = None  # accepted and ignored (no S3 here)
+    max_queue_delay_ms: float | None = Field(None, ge=0)  # torchbay's: the queue-time bound
+    sla_p99_ms: float | None = Field(None, ge=0)  # torchbay's: the autopilot's target (0: off)
 
 
 def register_params(raw: dict[str, Any]) -> RegisterParams:
     """TorchServe's RegisterModelRequest: ``url`` required (an empty one is the registry's 404),
     an unknown ``runtime`` is a 400, numbers that are junk, or negative (zero too for batch
     size and timeouts), are the default (a negative ``max_batch_delay`` too: TorchServe keeps
-    -1). Numbers past ``ModelConfig``'s bounds are left for ``check_model_settings`` (400)."""
+    -1). Numbers past ``ModelConfig``'s bounds are left for ``check_model_settings`` (400).
+    torchbay's own parameters (``max_queue_delay_ms``, ``sla_p99_ms``; not in TorchServe) are
+    refused when they are not numbers, as the scale API refuses them."""
     url = raw.get("url")
     if url is None:
         raise BadRequest("Parameter url is required.")
@@ -58,6 +76,7 @@ def register_params(raw: dict[str, Any]) -> RegisterParams:
             "response_timeout": positive_or_none(api_number(raw.get("response_timeout"))),
             "startup_timeout": positive_or_none(api_number(raw.get("startup_timeout"))),
             "s3_sse_kms": api_bool(raw.get("s3_sse_kms"), False),
+            **{name: strict_number(name, raw.get(name), api_number) for name in TORCHBAY_TUNING},
         }
     )
 

@@ -6,6 +6,8 @@ Per model version with ``sla_p99_ms`` set (labels ``model``, ``version``)::
     torchbay_autopilot_max_batch_delay_ms      the batch delay the queue uses now
     torchbay_autopilot_p99_ms                  the last window's p99 estimate (queue + service)
     torchbay_autopilot_target_p99_ms           the target
+    torchbay_autopilot_arrival_rate            the last window's requests per second
+    torchbay_autopilot_utilization             the last window's busy share of the workers
     torchbay_autopilot_changes_total{direction} changes made, "up" or "down"
 
 Torch-free.
@@ -45,6 +47,8 @@ class AutopilotCollector(Collector):
             gauge("max_batch_delay_ms", "The batch delay the autopilot set, ms"),
             gauge("p99_ms", "The last window's p99 estimate (queue + service time), ms"),
             gauge("target_p99_ms", "The autopilot's p99 target, ms"),
+            gauge("arrival_rate", "The last window's requests per second"),
+            gauge("utilization", "The last window's share of the workers' time spent in batches"),
             CounterMetricFamily(
                 "torchbay_autopilot_changes",
                 "Changes the autopilot made, by direction",
@@ -53,7 +57,7 @@ class AutopilotCollector(Collector):
         )
 
     def collect(self) -> Iterator[Metric]:
-        batch, delay, p99, target, changes = self._families()
+        batch, delay, p99, target, arrivals, busy, changes = self._families()
         for mv in list(self.versions()):
             pilot = getattr(mv, "autopilot", None)
             if pilot is None or not pilot.active:
@@ -65,6 +69,8 @@ class AutopilotCollector(Collector):
             target.add_metric(labels, pilot.target_ms)
             if pilot.last is not None:
                 p99.add_metric(labels, pilot.last.p99_ms)
+                arrivals.add_metric(labels, pilot.last.arrival_rps)
+                busy.add_metric(labels, pilot.last.utilization)
             for direction, count in pilot.changes.items():
                 changes.add_metric([*labels, direction], count)
-        yield from (batch, delay, p99, target, changes)
+        yield from (batch, delay, p99, target, arrivals, busy, changes)

@@ -13,8 +13,11 @@ what the queue uses). The control law (docs/autopilot.md):
   but only when service time, not queueing, dominates (a queue longer than the capacity is not
   cured by smaller batches: that is admission control's job, and the autopilot holds);
 * under ``grow_below`` x target while the queue is building (requests wait longer than a batch
-  runs, or a batch's worth is waiting), for ``grow_after`` windows in a row: add 1 to the batch
-  size, and at the ceiling add a step to the delay;
+  runs, a batch's worth is waiting, or the arrival rate keeps the workers at least ``BUSY`` of
+  the window busy), for ``grow_after`` windows in a row: add 1 to the batch size, and at the
+  ceiling add a step to the delay, but only while the observed arrival rate brings at least one
+  more request within the longer delay (a delay too short to catch the next arrival only adds
+  latency);
 * otherwise hold. Shrinking is multiplicative and immediate, growing additive and delayed: the
   band between ``grow_below`` x target and the target is the hysteresis.
 
@@ -26,6 +29,7 @@ with their reason and exported by observe.autopilot_metrics. Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -48,10 +52,14 @@ class Piloted(Protocol):
     @property
     def key(self) -> str: ...
 
+    @property
+    def ready_workers(self) -> int: ...
 
-__all__ = ["Autopilot", "Controller", "Decision", "Knobs", "Window", "p99"]
+
+__all__ = ["BUSY", "Autopilot", "Controller", "Decision", "Knobs", "Window", "p99"]
 
 log = logging.getLogger("torchbay.autopilot")
+BUSY = 0.8  # the workers' busy share of a window from which the queue counts as building
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,8 @@ class Window:
     queue_ms: float = 0.0  # sums, for the means
     service_ms: float = 0.0
     batches: int = 0
+    busy_s: float = 0.0  # the batches' wall time on workers, summed
+    elapsed_s: float = 0.0  # set when the window closes (0: unknown)
 
     def add(self, queue_times_s: list[float], service_ms: float) -> None:
         for q in queue_times_s:
@@ -77,6 +87,15 @@ class Window:
             self.queue_ms += q * 1000
             self.service_ms += service_ms
         self.batches += 1
+        self.busy_s += service_ms / 1000
+
+    def arrival_rps(self) -> float:
+        """Requests served per second of the window: in a steady state, the arrival rate."""
+        return len(self.latencies_ms) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def utilization(self, workers: int) -> float:
+        """The share of the window the workers spent running batches (0: unknown)."""
+        return self.busy_s / (self.elapsed_s * workers) if self.elapsed_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,8 @@ class Decision:
     p99_ms: float
     direction: str  # "up", "down" or "hold"
     reason: str
+    arrival_rps: float = 0.0  # what the window saw
+    utilization: float = 0.0
 
 
 def p99(values: list[float]) -> float:
@@ -106,7 +127,19 @@ class Controller:
     grow_after: int = 2
     _under: int = 0
 
-    def decide(self, window: Window, current: Knobs, ceiling: Knobs, waiting: int) -> Decision:
+    def decide(
+        self, window: Window, current: Knobs, ceiling: Knobs, waiting: int, workers: int = 1
+    ) -> Decision:
+        decision = self._decide(window, current, ceiling, waiting, max(1, workers))
+        return dataclasses.replace(
+            decision,
+            arrival_rps=window.arrival_rps(),
+            utilization=window.utilization(max(1, workers)),
+        )
+
+    def _decide(
+        self, window: Window, current: Knobs, ceiling: Knobs, waiting: int, workers: int
+    ) -> Decision:
         est = p99(window.latencies_ms)
         n = len(window.latencies_ms)
         mean_queue = window.queue_ms / n if n else 0.0
@@ -117,12 +150,17 @@ class Controller:
         if est > self.target_ms:
             self._under = 0
             return self._shrink(knobs, est, queue_bound=mean_queue > mean_service)
-        building = mean_queue > mean_service or waiting >= knobs.batch_size
+        building = (
+            mean_queue > mean_service
+            or waiting >= knobs.batch_size
+            or window.utilization(workers) >= BUSY
+        )
         if est < self.grow_below * self.target_ms and building:
             self._under += 1
             if self._under >= self.grow_after:
                 self._under = 0
-                return self._grow(knobs, ceiling, est)
+                rate = window.arrival_rps() if window.elapsed_s > 0 else None
+                return self._grow(knobs, ceiling, est, rate)
             return Decision(knobs, est, "hold", "under target, queue building: waiting a window")
         self._under = 0
         why = "within the band" if est >= self.grow_below * self.target_ms else "queue not building"
@@ -139,7 +177,8 @@ class Controller:
         why = "over target from queueing (load above capacity)" if queue_bound else "at the floor"
         return Decision(k, est, "hold", why)
 
-    def _grow(self, k: Knobs, ceiling: Knobs, est: float) -> Decision:
+    def _grow(self, k: Knobs, ceiling: Knobs, est: float, arrival_rps: float | None) -> Decision:
+        """One step up; ``arrival_rps`` None: the window's length is unknown (no gate)."""
         if k.batch_size < ceiling.batch_size:
             return Decision(
                 Knobs(k.batch_size + 1, k.delay_ms),
@@ -150,6 +189,9 @@ class Controller:
         if k.delay_ms < ceiling.delay_ms:
             step = max(1.0, ceiling.delay_ms / 10)
             delay = min(ceiling.delay_ms, k.delay_ms + step)
+            if arrival_rps is not None and arrival_rps * delay / 1000 < 1.0:
+                why = "under target at the batch ceiling: arrivals too sparse for a longer delay"
+                return Decision(k, est, "hold", why)
             return Decision(
                 Knobs(k.batch_size, delay), est, "up", "under target, queue building: delay + step"
             )
@@ -212,6 +254,7 @@ class Autopilot:
             now - self.started >= self.window_s
             and len(self.window.latencies_ms) >= self.min_samples
         ):
+            self.window.elapsed_s = now - self.started
             self._decide()
             self.window, self.started = Window(), now
 
@@ -219,7 +262,7 @@ class Autopilot:
         assert self.controller is not None
         before = self.current()
         decision = self.controller.decide(
-            self.window, before, self.ceiling(), len(self.model.queue)
+            self.window, before, self.ceiling(), len(self.model.queue), self.model.ready_workers
         )
         self.last = decision
         if decision.knobs == before:
@@ -246,6 +289,8 @@ class Autopilot:
             "maxBatchSize": ceiling.batch_size,
             "maxBatchDelayCeiling": ceiling.delay_ms,
             "windowP99Ms": self.last.p99_ms if self.last else None,
+            "arrivalRps": self.last.arrival_rps if self.last else None,
+            "utilization": self.last.utilization if self.last else None,
             "lastDecision": self.last.reason if self.last else None,
             "changes": dict(self.changes),
         }

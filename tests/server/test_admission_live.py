@@ -261,11 +261,34 @@ def test_the_management_api_sets_the_bound_live(live_server) -> None:
     assert _describe(server)["maxQueueDelayMs"] == 0
 
 
+def test_register_takes_the_bound_and_the_sla_target(live_server) -> None:
+    """POST /models takes torchbay's max_queue_delay_ms and sla_p99_ms beside TorchServe's
+    parameters; a value that is not a number, or negative, is a 400 and registers nothing."""
+    server = live_server(enable_model_api=True)
+    api = f"{server.management_url}/models"
+    base = {"url": "tiny.mar", "initial_workers": "1", "synchronous": "true"}
+    for name, bad in (("soon", {"max_queue_delay_ms": "soon"}), ("neg", {"sla_p99_ms": "-1"})):
+        response = httpx.post(api, params={**base, "model_name": name, **bad}, timeout=60)
+        assert response.status_code == 400, response.text
+        assert next(iter(bad)) in response.json()["message"]
+        assert httpx.get(f"{api}/{name}", timeout=10).status_code == 404
+    params = {**base, "model_name": "reg", "max_queue_delay_ms": "175", "sla_p99_ms": "80"}
+    response = httpx.post(api, params=params, timeout=60)
+    assert response.status_code == 200, response.text
+    described = _describe(server, "reg")
+    assert described["maxQueueDelayMs"] == 175
+    assert described["autopilot"]["targetP99Ms"] == 80
+    registry = server.server.registry
+    assert registry is not None
+    assert registry.resolve("reg", None).queue.max_wait_s == pytest.approx(0.175)
+
+
 @pytest.fixture(scope="module")
 def bound_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """probe.mar, tiny.mar, and yamlq.mar whose model-config.yaml sets maxQueueDelayMs 300."""
+    """probe.mar, tiny.mar, and yamlq.mar whose model-config.yaml sets maxQueueDelayMs 300 and
+    the autopilot's slaP99Ms 90."""
     config = tmp_path_factory.mktemp("bound-config") / "model-config.yaml"
-    config.write_text("maxQueueDelayMs: 300\n")
+    config.write_text("maxQueueDelayMs: 300\nslaP99Ms: 90\n")
     handlers = {"probe": str(ASSETS / "probe_handler.py"), "tiny": "tensor", "yamlq": "tensor"}
     return build_store(tmp_path_factory, "bound-store", handlers, {"yamlq": config})
 
@@ -293,7 +316,10 @@ def test_every_config_source_reaches_the_model(bound_store: Path, tmp_path: Path
     config, _ = load_server_config(ts_config=properties, env={}, cli={}, cwd=tmp_path)
     server = LiveServer(config).start()
     try:
-        bounds = {name: _describe(server, name)["maxQueueDelayMs"] for name in models}
+        described = {name: _describe(server, name) for name in models}
     finally:
         server.stop()
+    bounds = {name: d["maxQueueDelayMs"] for name, d in described.items()}
     assert bounds == {"probe": 120, "tiny": 250, "yamlq": 300}
+    targets = {name: (d["autopilot"] or {}).get("targetP99Ms") for name, d in described.items()}
+    assert targets == {"probe": None, "tiny": None, "yamlq": 90}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from torchbay.server.serving.autopilot import Autopilot, Controller, Knobs, Window, p99
 from torchbay.server.serving.launch import ModelSettings
 from torchbay.server.serving.queue import BatchQueue
@@ -70,6 +72,35 @@ def test_never_past_the_ceilings() -> None:
     assert c.decide(window(1, 1), Knobs(16, 50.0), CEILING, waiting=0).knobs == CEILING
 
 
+def _timed(queue_ms: float, service_ms: float, n: int, elapsed_s: float) -> Window:
+    w = window(queue_ms, service_ms, n)
+    w.elapsed_s = elapsed_s
+    return w
+
+
+def test_busy_workers_count_as_a_building_queue() -> None:
+    """No request waits longer than a batch runs and nothing is waiting, but the arrival rate
+    keeps the one worker 90% busy: the queue is building; two workers at 45% each: it is not."""
+    c = Controller(target_ms=100, grow_after=1)
+    d = c.decide(_timed(1, 10, n=90, elapsed_s=1.0), Knobs(2, 0.0), CEILING, waiting=0)
+    assert (d.direction, d.knobs) == ("up", Knobs(3, 0.0))
+    assert d.arrival_rps == pytest.approx(90.0) and d.utilization == pytest.approx(0.9)
+    d = c.decide(_timed(1, 10, n=90, elapsed_s=1.0), Knobs(2, 0.0), CEILING, 0, workers=2)
+    assert (d.direction, d.knobs) == ("hold", Knobs(2, 0.0))
+    assert d.utilization == pytest.approx(0.45)
+
+
+def test_the_delay_grows_only_while_arrivals_can_fill_it() -> None:
+    """At the batch ceiling a longer delay helps only if a request arrives within it: 30 req/s
+    bring 0.06 requests in the 2 ms step (hold), 1,000 req/s bring 2 (grow)."""
+    c = Controller(target_ms=100, grow_after=1)
+    sparse = c.decide(_timed(20, 10, n=30, elapsed_s=1.0), Knobs(8, 0.0), CEILING, waiting=0)
+    assert (sparse.direction, sparse.knobs) == ("hold", Knobs(8, 0.0))
+    assert "sparse" in sparse.reason
+    dense = c.decide(_timed(20, 10, n=1000, elapsed_s=1.0), Knobs(8, 0.0), CEILING, waiting=0)
+    assert (dense.direction, dense.knobs) == ("up", Knobs(8, 2.0))
+
+
 def test_no_growth_when_the_queue_is_not_building() -> None:
     c = Controller(target_ms=100, grow_after=1)
     d = c.decide(window(queue_ms=1, service_ms=10), Knobs(2, 0.0), CEILING, waiting=0)
@@ -111,6 +142,7 @@ class _Model:
     settings: ModelSettings
     queue: BatchQueue[Any, Any] = field(init=False)
     key: str = "m/1"
+    ready_workers: int = 1
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -138,6 +170,8 @@ def test_autopilot_applies_decisions_per_window_with_an_injected_clock() -> None
     assert info is not None
     assert (info["batchSize"], info["maxBatchDelay"], info["maxBatchSize"]) == (8, 10.0, 8)
     assert info["windowP99Ms"] == 70.0
+    # 6 batches of 8 in the 1 s window, 40 ms each on the one worker
+    assert info["arrivalRps"] == 48.0 and info["utilization"] == pytest.approx(0.24)
     # switched off live: back to the configured values, describe says off
     model.settings = ModelSettings(batch_size=8, max_batch_delay_ms=20, sla_p99_ms=None)
     pilot.observe(record(1, 1, 1))

@@ -93,6 +93,8 @@ def test_the_autopilot_adapts_within_the_maxima_and_is_visible(server: LiveServe
     assert info["changes"]["down"] >= 2, info  # over target: the delay, then more, came down
     assert 1 <= info["batchSize"] <= MAX_BATCH and 0 <= info["maxBatchDelay"] < MAX_DELAY
     assert info["windowP99Ms"] > 0
+    # 8 closed-loop clients on one slow worker: requests arrive and the worker is busy
+    assert info["arrivalRps"] > 0 and 0 < info["utilization"] <= 1.5, info
     described = httpx.get(f"{server.management_url}/models/slow/1").json()[0]
     assert described["batchSize"] == MAX_BATCH  # the configured ceiling is unchanged
     text = httpx.get(f"{server.metrics_url}/metrics").text
@@ -101,6 +103,9 @@ def test_the_autopilot_adapts_within_the_maxima_and_is_visible(server: LiveServe
     assert f"torchbay_autopilot_batch_size{{{labels}}}" in text
     assert f"torchbay_autopilot_max_batch_delay_ms{{{labels}}}" in text
     assert f"torchbay_autopilot_p99_ms{{{labels}}}" in text
+    for series in ("arrival_rate", "utilization"):
+        line = next(x for x in text.splitlines() if x.startswith(f"torchbay_autopilot_{series}{{"))
+        assert labels in line and float(line.split()[-1]) > 0, line
     down = f'torchbay_autopilot_changes_total{{direction="down",{labels}}}'
     line = next((x for x in text.splitlines() if x.startswith(down)), "")
     assert line, [x for x in text.splitlines() if "autopilot_changes" in x]
