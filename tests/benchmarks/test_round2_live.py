@@ -109,7 +109,14 @@ def test_overload_row_counts_add_up(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (TS_VENV / "bin" / "torchserve").exists(), reason="no TorchServe here")
 def test_torchserve_beside_torchbay_on_the_same_mar(tmp_path: Path) -> None:
-    report, markdown = _run(tmp_path, "--only", "start", "--torchserve", str(TS_VENV))
+    report, markdown = _run(tmp_path, "--only", "start", "two-models", "--torchserve", str(TS_VENV))
     systems = report["rows"]["start"]["systems"]
     assert _positive([systems["torchserve"][0]["start_s"], systems["torchbay"][0]["start_s"]])
     assert "torchserve | start_s" in markdown
+    two = report["rows"]["two-models"]
+    assert "torchserve" not in two["not_run"]
+    (ts,) = two["systems"]["torchserve"]
+    assert _positive([ts[k] for k in ("alone_a", "alone_b", "together_a", "together_b")])
+    bounds = {r["name"]: r["bound"] for r in two["ratios"]}
+    assert bounds["combined together / alone"] == 0.90
+    assert bounds["torchserve: combined together / alone"] is None
