@@ -43,7 +43,7 @@ _KEYS = ("req_s", "p50_ms", "p99_ms", "errors")
 def sweep_estimate_s(ctx: Ctx, concurrencies: int = 1) -> float:
     """Expected seconds per repeat and system: per concurrency a start and, for each of the two
     configurations, a warm-up and ``duration_s`` of slices."""
-    return concurrencies * (2 * (ctx.warmup_s + ctx.duration_s) + 5)
+    return concurrencies * (2 * (ctx.warmup_s + ctx.duration_s) + 12)  # measured: ~+10 s
 
 
 def _tag(system: str, concurrency: int, single: bool) -> str:
