@@ -39,7 +39,7 @@ from torchbay.benchmarks.bench import guess_content_type, load_payloads, route
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, ModelSettings
-from torchbay.benchmarks.sla_autopilot import run_autopilot
+from torchbay.benchmarks.sla_autopilot import SEARCH_UNITS, run_autopilot
 from torchbay.benchmarks.sla_model import (
     Outcome,
     Progress,
@@ -252,10 +252,10 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         log(note)
     if swapped and winner is not None:
         log(f"{winner.label} held the SLA in every repeat, the search's pick did not: it wins")
-    autopilot, state = None, None
+    autopilot, state, searched = None, None, None
     pace = winner or first_pick  # the best static configuration's rate, crowned or not
     if options.autopilot and pace is not None:
-        autopilot, state = run_autopilot(
+        autopilot, state, searched = run_autopilot(
             options, model, manifest.model.model_version, pace, search.progress, log,
             lambda endpoints, gen: _Search(options, endpoints, model, gen, log),
         )  # fmt: skip
@@ -272,6 +272,7 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         note=note,
         autopilot=autopilot,
         autopilot_state=state,
+        autopilot_search=searched,
     )
     if options.apply and winner is not None:
         from torchbay.benchmarks.apply import apply_settings
@@ -304,7 +305,7 @@ def _search_all(
     outcomes = [Outcome(c) for c in options.configurations()]
     measured = _to_measure(outcomes)
     top = min(2, len(measured))
-    pilot = max(1, options.repeats) if options.autopilot and measured else 0
+    pilot = max(1, options.repeats) + SEARCH_UNITS if options.autopilot and measured else 0
     units = 2 * len(measured) + options.repeats * top + pilot
     search.progress = Progress(units, log, time.monotonic)
     search.planned_top = top

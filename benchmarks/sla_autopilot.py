@@ -1,6 +1,8 @@
 """``bench sla``'s autopilot run: after the static search, the same model served with
 ``slaP99Ms`` = the SLA and the largest searched batch size and delay as the autopilot's ceilings
-(server/serving/autopilot.py), measured at the winner's rate with the same windows and repeats.
+(server/serving/autopilot.py), measured at the winner's rate with the same windows and repeats,
+then searched like a static configuration (a closed-loop probe, a ramp and a bisection) for the
+highest rate at which it holds the SLA: the figure to set beside the winner's best rate.
 
 It runs on a fresh server (the management API sets batching live, but the SLA target comes from
 the ``models={...}`` entry of a config.properties), with the winner's worker count.
@@ -17,7 +19,10 @@ from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, ModelSettings
 from torchbay.benchmarks.sla_model import Outcome, Progress, Repeat, SlaOptions
 
-__all__ = ["AUTOPILOT", "run_autopilot"]
+# Progress units of one autopilot run beyond its repeats: the probe and the rate search.
+SEARCH_UNITS = 2
+
+__all__ = ["AUTOPILOT", "SEARCH_UNITS", "run_autopilot"]
 
 AUTOPILOT = "autopilot"
 
@@ -57,9 +62,10 @@ def run_autopilot(
     progress: Progress,
     log: Callable[[str], None],
     make_search: Callable[[Endpoints, LoadGenerator], Any],
-) -> tuple[Repeat, dict[str, Any] | None]:
-    """Measure the autopilot at the winner's rate ``max(1, repeats)`` times; returns the runs
-    (as a :class:`Repeat` labelled ``autopilot``) and its describe-model state at the end.
+) -> tuple[Repeat, dict[str, Any] | None, Outcome]:
+    """Measure the autopilot at the winner's rate ``max(1, repeats)`` times, then search its
+    highest rate within the SLA; returns the runs (as a :class:`Repeat` labelled
+    ``autopilot``), its describe-model state after them and the search's :class:`Outcome`.
     ``make_search`` builds the search's measuring object (sla._Search) on the new server."""
     config = ceilings(options, winner)
     props = write_config(options, model, version, config)
@@ -81,6 +87,12 @@ def run_autopilot(
             steps.append(search.measure(config, AUTOPILOT, winner.best_rate))
             progress.tick(AUTOPILOT)
         state = search.mgmt.describe(model, None).get("autopilot")
+        searched = Outcome(config)  # the same procedure as every static configuration's
+        search.probe(searched)
+        progress.tick(f"{AUTOPILOT} probed")
+        search.search(searched)
+        progress.tick(f"{AUTOPILOT} searched")
+        log(f"autopilot: {searched.status}: {searched.why}")
     runs = Repeat(
         label=AUTOPILOT,
         rate=winner.best_rate,
@@ -88,4 +100,4 @@ def run_autopilot(
         ok_per_s=[s.result.ok_per_s for s in steps],
         passed=[s.passed for s in steps],
     )
-    return runs, state
+    return runs, state, searched

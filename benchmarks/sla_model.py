@@ -141,7 +141,8 @@ class SlaResult:
     swapped: bool = False
     note: str = ""  # why a repeated configuration could not win (crown)
     autopilot: Repeat | None = None  # the autopilot at the winner's rate (sla_autopilot)
-    autopilot_state: dict[str, Any] | None = None  # its describe-model state at the end
+    autopilot_state: dict[str, Any] | None = None  # its describe-model state after those runs
+    autopilot_search: Outcome | None = None  # its own highest rate within the SLA, searched
 
 
 def crown(

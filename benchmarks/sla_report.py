@@ -87,6 +87,9 @@ def write_csv(result: SlaResult, path: Path) -> Path:
         for outcome in result.outcomes:
             for step in outcome.steps:
                 writer.writerow(step_row(step))
+        for step in result.autopilot_search.steps if result.autopilot_search else ():
+            # the autopilot's own search, at its ceilings
+            writer.writerow({**step_row(step), "config": f"autopilot {step.config.label()}"})
     return path
 
 
@@ -202,12 +205,25 @@ def _autopilot_lines(result: SlaResult) -> list[str]:
         if state
         else ""
     )
+    own = _own_search(result.autopilot_search, w)
     return [
         "",
         f"**Autopilot** (slaP99Ms {o.sla_p99_ms:g}, ceilings batch {max(o.batch_sizes)}, delay "
         f"{max(o.max_delays_ms):g} ms, {w.config.workers} worker(s)) at {w.label}'s "
-        f"{w.best_rate:,.1f} req/s: {held}; p99 {p99} ms; {ok} ok/s.{end}",
+        f"{w.best_rate:,.1f} req/s: {held}; p99 {p99} ms; {ok} ok/s.{end}{own}",
     ]
+
+
+def _own_search(s: Outcome | None, w: Outcome) -> str:
+    """The autopilot's own highest rate within the SLA, beside the winner's."""
+    if s is None:
+        return ""
+    if s.status != "searched" or not w.best_rate > 0:
+        return f" Its own rate search: {s.status}, {s.why}."
+    return (
+        f" Searched like a static configuration, its highest rate within the SLA is "
+        f"{s.best_rate:,.1f} req/s ({num(s.best_rate / w.best_rate, 2)}x {w.label}'s): {s.why}."
+    )
 
 
 def _repeat_lines(result: SlaResult) -> list[str]:
@@ -327,6 +343,14 @@ def result_json(result: SlaResult) -> dict[str, Any]:
             "ok_per_s": result.autopilot.ok_per_s,
             "passed": result.autopilot.passed,
             "state": result.autopilot_state,
+            "search": None
+            if result.autopilot_search is None
+            else {
+                "status": result.autopilot_search.status,
+                "best_rate": result.autopilot_search.best_rate,
+                "capacity": result.autopilot_search.capacity,
+                "why": result.autopilot_search.why,
+            },
         },
         "applied": str(result.applied) if result.applied else None,
     }

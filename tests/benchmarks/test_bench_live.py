@@ -162,9 +162,10 @@ def test_sla_search_reports_and_apply(tiny, tmp_path) -> None:
     progress = [line for line in lines if line.startswith("progress: ")]
     assert progress and all("elapsed" in x and "s left" in x for x in progress), lines
     # 3 probes + 3 searches (or skips), then 1 repeat of each configuration that met the SLA
-    # (2 at most) and 1 autopilot run: the count ends where it said it would.
-    last = re.match(r"progress: (\d+)/(\d+) autopilot", progress[-1])
-    assert last and last[1] == last[2] and last[2] in ("8", "9"), lines
+    # (2 at most), 1 autopilot run and the autopilot's probe and search: the count ends where
+    # it said it would.
+    last = re.match(r"progress: (\d+)/(\d+) autopilot searched", progress[-1])
+    assert last and last[1] == last[2] and last[2] in ("10", "11"), lines
     labels = {oc.label: oc for oc in result.outcomes}
     assert set(labels) == {"b1-d1-w1", "b1-d2-w1", "b4-d1-w1", "b4-d2-w1"}
     assert labels["b1-d2-w1"].status == "same-as"  # batch 1 never waits: not measured twice
@@ -181,9 +182,19 @@ def test_sla_search_reports_and_apply(tiny, tmp_path) -> None:
     assert result.autopilot_state["maxBatchSize"] == 4
     assert 1 <= result.autopilot_state["batchSize"] <= 4
     assert "**Autopilot** (slaP99Ms 200" in report and "| autopilot |" in report
+    # ... and searched for its own highest rate within the SLA, like the static configurations
+    searched = result.autopilot_search
+    assert searched is not None and searched.capacity > 0 and searched.steps
+    assert searched.config.batch_size == 4 and searched.status in ("searched", "infeasible")
+    assert (
+        "highest rate within the SLA" if searched.status == "searched" else "rate search:"
+    ) in report
+    saved = json.loads((out / "result.json").read_text())["autopilot"]["search"]
+    assert saved["status"] == searched.status and saved["best_rate"] == searched.best_rate
     with (out / "results.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     phases = {row["phase"] for row in rows}
+    assert any(row["config"].startswith("autopilot ") for row in rows)
     assert {"probe", "ramp"} <= phases
     assert all(float(row["p99_ms"]) >= float(row["p50_ms"]) for row in rows if row["p99_ms"])
     for png in ("latency_vs_throughput.png", "best_throughput.png"):
