@@ -201,7 +201,7 @@ def _autopilot_lines(result: SlaResult) -> list[str]:
     state = result.autopilot_state or {}
     end = (
         f" It ended at batch {state.get('batchSize')}, delay {num(state.get('maxBatchDelay'), 1)} "
-        f"ms ({state.get('changes')} changes)."
+        f"ms ({_changes(state.get('changes'))})."
         if state
         else ""
     )
@@ -212,6 +212,13 @@ def _autopilot_lines(result: SlaResult) -> list[str]:
         f"{max(o.max_delays_ms):g} ms, {w.config.workers} worker(s)) at {w.label}'s "
         f"{w.best_rate:,.1f} req/s: {held}; p99 {p99} ms; {ok} ok/s.{end}{own}",
     ]
+
+
+def _changes(changes: Any) -> str:
+    """The autopilot's change counts ({"up": u, "down": d}) in words."""
+    if not isinstance(changes, dict):
+        return "changes not reported"
+    return f"{changes.get('up', 0)} changes up, {changes.get('down', 0)} down"
 
 
 def _own_search(s: Outcome | None, w: Outcome) -> str:

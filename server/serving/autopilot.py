@@ -10,8 +10,10 @@ what the queue uses). The control law (docs/autopilot.md):
   p99 is the nearest-rank 99th percentile of each request's queue time plus its batch's service
   time (its wall time on the worker, ``BatchRecord.run_s``);
 * over the target: halve the delay (below 1 ms: 0); with no delay left, halve the batch size,
-  but only when service time, not queueing, dominates (a queue longer than the capacity is not
-  cured by smaller batches: that is admission control's job, and the autopilot holds);
+  but only when service time, not queueing, dominates, and not while the workers are ``BUSY``
+  with batches that alone fit the target (a queue longer than the capacity is not cured by
+  smaller batches, and near capacity smaller batches, which cost more per request, would push
+  the load past it: that is admission control's job, and the autopilot holds);
 * under ``grow_below`` x target while the queue is building (requests wait longer than a batch
   runs, a batch's worth is waiting, or the arrival rate keeps the workers at least ``BUSY`` of
   the window busy), for ``grow_after`` windows in a row: add 1 to the batch size, and at the
@@ -149,7 +151,13 @@ class Controller:
         )
         if est > self.target_ms:
             self._under = 0
-            return self._shrink(knobs, est, queue_bound=mean_queue > mean_service)
+            return self._shrink(
+                knobs,
+                est,
+                queue_bound=mean_queue > mean_service,
+                # near capacity, with batches that alone fit the target
+                busy=window.utilization(workers) >= BUSY and mean_service < self.target_ms,
+            )
         building = (
             mean_queue > mean_service
             or waiting >= knobs.batch_size
@@ -166,15 +174,20 @@ class Controller:
         why = "within the band" if est >= self.grow_below * self.target_ms else "queue not building"
         return Decision(knobs, est, "hold", why)
 
-    def _shrink(self, k: Knobs, est: float, *, queue_bound: bool) -> Decision:
+    def _shrink(self, k: Knobs, est: float, *, queue_bound: bool, busy: bool) -> Decision:
         if k.delay_ms > 0:
             delay = k.delay_ms / 2 if k.delay_ms / 2 >= 1.0 else 0.0
             return Decision(Knobs(k.batch_size, delay), est, "down", "over target: halve the delay")
-        if k.batch_size > 1 and not queue_bound:
+        if k.batch_size > 1 and not queue_bound and not busy:
             return Decision(
                 Knobs(k.batch_size // 2, 0.0), est, "down", "over target: halve the batch size"
             )
-        why = "over target from queueing (load above capacity)" if queue_bound else "at the floor"
+        if queue_bound:
+            why = "over target from queueing (load above capacity)"
+        elif busy:  # smaller batches cost more per request: the capacity would fall below the load
+            why = "over target near capacity (workers busy): a smaller batch would lower it"
+        else:
+            why = "at the floor"
         return Decision(k, est, "hold", why)
 
     def _grow(self, k: Knobs, ceiling: Knobs, est: float, arrival_rps: float | None) -> Decision:

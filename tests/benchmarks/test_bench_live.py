@@ -182,6 +182,7 @@ def test_sla_search_reports_and_apply(tiny, tmp_path) -> None:
     assert result.autopilot_state["maxBatchSize"] == 4
     assert 1 <= result.autopilot_state["batchSize"] <= 4
     assert "**Autopilot** (slaP99Ms 200" in report and "| autopilot |" in report
+    assert " changes up, " in report and "{'up'" not in report
     # ... and searched for its own highest rate within the SLA, like the static configurations
     searched = result.autopilot_search
     assert searched is not None and searched.capacity > 0 and searched.steps

@@ -101,6 +101,20 @@ def test_the_delay_grows_only_while_arrivals_can_fill_it() -> None:
     assert (dense.direction, dense.knobs) == ("up", Knobs(8, 2.0))
 
 
+def test_near_capacity_the_batch_is_not_halved_unless_it_alone_breaks_the_target() -> None:
+    """Over target with no delay left: at 30% busy the batch halves; at 90% busy a smaller
+    batch would lower the capacity below the load, so it holds, unless the batch's own run
+    (here 120 ms against a 100 ms target) breaks the target."""
+    c = Controller(target_ms=100)
+    idle = c.decide(_timed(40, 70, n=30, elapsed_s=7.0), Knobs(8, 0.0), CEILING, waiting=0)
+    assert (idle.direction, idle.knobs) == ("down", Knobs(4, 0.0))
+    busy = c.decide(_timed(40, 70, n=90, elapsed_s=7.0), Knobs(8, 0.0), CEILING, waiting=0)
+    assert busy.utilization == pytest.approx(0.9)
+    assert (busy.direction, busy.knobs) == ("hold", Knobs(8, 0.0)) and "capacity" in busy.reason
+    slow = c.decide(_timed(10, 120, n=90, elapsed_s=12.0), Knobs(8, 0.0), CEILING, waiting=0)
+    assert (slow.direction, slow.knobs) == ("down", Knobs(4, 0.0))
+
+
 def test_no_growth_when_the_queue_is_not_building() -> None:
     c = Controller(target_ms=100, grow_after=1)
     d = c.decide(window(queue_ms=1, service_ms=10), Knobs(2, 0.0), CEILING, waiting=0)
