@@ -309,6 +309,20 @@ def _verdict(result: SlaResult) -> str:
     return f"{held} Its rate is {gap:.1f}% above the runner-up's (repeat spread {num(noise, 1)}%)."
 
 
+def _outcome_json(oc: Outcome) -> dict[str, Any]:
+    return {
+        "config": oc.label,
+        "batch_size": oc.config.batch_size,
+        "max_delay_ms": oc.config.max_batch_delay_ms,
+        "workers": oc.config.workers,
+        "status": oc.status,
+        "why": oc.why,
+        "capacity": oc.capacity,
+        "best_rate": oc.best_rate,
+        "steps": [step_row(s) for s in oc.steps],
+    }
+
+
 def result_json(result: SlaResult) -> dict[str, Any]:
     return {
         "model": result.model,
@@ -318,20 +332,7 @@ def result_json(result: SlaResult) -> dict[str, Any]:
         "elapsed_s": result.elapsed_s,
         "winner": result.winner.label if result.winner else None,
         "runner_up": result.runner_up.label if result.runner_up else None,
-        "configurations": [
-            {
-                "config": oc.label,
-                "batch_size": oc.config.batch_size,
-                "max_delay_ms": oc.config.max_batch_delay_ms,
-                "workers": oc.config.workers,
-                "status": oc.status,
-                "why": oc.why,
-                "capacity": oc.capacity,
-                "best_rate": oc.best_rate,
-                "steps": [step_row(s) for s in oc.steps],
-            }
-            for oc in result.outcomes
-        ],
+        "configurations": [_outcome_json(oc) for oc in result.outcomes],
         "repeats": [
             {
                 "config": rep.label,
@@ -350,14 +351,7 @@ def result_json(result: SlaResult) -> dict[str, Any]:
             "ok_per_s": result.autopilot.ok_per_s,
             "passed": result.autopilot.passed,
             "state": result.autopilot_state,
-            "search": None
-            if result.autopilot_search is None
-            else {
-                "status": result.autopilot_search.status,
-                "best_rate": result.autopilot_search.best_rate,
-                "capacity": result.autopilot_search.capacity,
-                "why": result.autopilot_search.why,
-            },
+            "search": _outcome_json(result.autopilot_search) if result.autopilot_search else None,
         },
         "applied": str(result.applied) if result.applied else None,
     }
