@@ -30,7 +30,7 @@ from torchbay.benchmarks.round2_run import (
     failed,
     inprocess_limit,
     load_metrics,
-    ratio,
+    ratios,
     serving,
     systems_for,
     target,
@@ -79,9 +79,11 @@ def row_tiny(ctx: Ctx) -> RowResult:
     for rep in range(1, ctx.repeat + 1):
         _closed_row(ctx, row, [(s, s, "tiny", b, 16) for s in systems], rep)
     tb = row.series(TORCHBAY, "req_s")
-    row.ratios.append(Ratio("torchbay / bare ASGI", _div(tb, row.series(ECHO, "req_s")), 0.40))
+    row.ratios.append(Ratio("torchbay / bare ASGI", ratios(tb, row.series(ECHO, "req_s")), 0.40))
     if TORCHSERVE in systems:
-        row.ratios.append(Ratio("torchbay / TorchServe", _div(tb, row.series(TORCHSERVE, "req_s"))))
+        row.ratios.append(
+            Ratio("torchbay / TorchServe", ratios(tb, row.series(TORCHSERVE, "req_s")))
+        )
     return row
 
 
@@ -105,15 +107,11 @@ def row_cnn_c16(ctx: Ctx) -> RowResult:
     for s in systems:
         bound = 0.90 if s == TORCHBAY else None
         row.ratios.append(
-            Ratio(f"{s} / in-process", _div(row.series(s, "req_s"), limit), bound, ">=", "min")
+            Ratio(f"{s} / in-process", ratios(row.series(s, "req_s"), limit), bound, ">=", "min")
         )
-    tuned = _div(row.series(TORCHBAY, "req_s"), row.series(INPROCESS_TUNED, "req_s"))
+    tuned = ratios(row.series(TORCHBAY, "req_s"), row.series(INPROCESS_TUNED, "req_s"))
     row.ratios.append(Ratio(f"torchbay / {INPROCESS_TUNED}", tuned, None, ">=", "min"))
     return row
-
-
-def _div(top: list[float], bottom: list[float]) -> list[float]:
-    return [ratio(t, b) for t, b in zip(top, bottom, strict=False)]
 
 
 def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, list[dict]]:
@@ -278,7 +276,7 @@ def row_start(ctx: Ctx) -> RowResult:
         row.ratios.append(
             Ratio(
                 "torchbay / TorchServe start",
-                _div(row.series(TORCHBAY, "start_s"), row.series(TORCHSERVE, "start_s")),
+                ratios(row.series(TORCHBAY, "start_s"), row.series(TORCHSERVE, "start_s")),
             )
         )
     return row
@@ -318,15 +316,15 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
         row.ratios += [
             Ratio(
                 f"{prefix}cnn_a together / alone",
-                _div(s(system, "together_a"), s(system, "alone_a")),
+                ratios(s(system, "together_a"), s(system, "alone_a")),
             ),
             Ratio(
                 f"{prefix}cnn_b together / alone",
-                _div(s(system, "together_b"), s(system, "alone_b")),
+                ratios(s(system, "together_b"), s(system, "alone_b")),
             ),
             Ratio(
                 f"{prefix}combined together / alone",
-                _div(together, alone),
+                ratios(together, alone),
                 0.90 if system == TORCHBAY else None,
             ),
         ]

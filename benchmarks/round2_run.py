@@ -254,6 +254,11 @@ def ratio(top: float, bottom: float) -> float:
     return top / bottom
 
 
+def ratios(top: list[float], bottom: list[float]) -> list[float]:
+    """:func:`ratio` of two series, repeat by repeat."""
+    return [ratio(t, b) for t, b in zip(top, bottom, strict=False)]
+
+
 def inprocess_limit(ctx: Ctx, batch: int, streams: int, env: dict | None = None) -> float:
     """samples/s of ``streams`` single-threaded loops of the cnn in one fresh process (``env``:
     its environment, None: ours)."""

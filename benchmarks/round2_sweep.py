@@ -29,6 +29,7 @@ from torchbay.benchmarks.round2_run import (
     Ratio,
     RowResult,
     failed,
+    ratios,
     systems_for,
 )
 
@@ -75,12 +76,7 @@ def _paired_row(ctx: Ctx, row: RowResult, concurrencies: Sequence[int]) -> RowRe
     for s in systems:
         for c in concurrencies:
             tag = _tag(s, c, single)
-            values = [
-                b8 / b1 if b1 > 0 else float("nan")
-                for b8, b1 in zip(
-                    row.series(f"{tag} b8", "req_s"), row.series(f"{tag} b1", "req_s"), strict=True
-                )
-            ]
+            values = ratios(row.series(f"{tag} b8", "req_s"), row.series(f"{tag} b1", "req_s"))
             bound = BOUND if s == TORCHBAY else None
             row.ratios.append(Ratio(f"{tag}: batch 8 / batch 1", values, bound, ">=", "min"))
     return row

@@ -132,15 +132,12 @@ class Controller:
     def decide(
         self, window: Window, current: Knobs, ceiling: Knobs, waiting: int, workers: int = 1
     ) -> Decision:
-        decision = self._decide(window, current, ceiling, waiting, max(1, workers))
-        return dataclasses.replace(
-            decision,
-            arrival_rps=window.arrival_rps(),
-            utilization=window.utilization(max(1, workers)),
-        )
+        busy = window.utilization(max(1, workers))
+        decision = self._decide(window, current, ceiling, waiting, busy)
+        return dataclasses.replace(decision, arrival_rps=window.arrival_rps(), utilization=busy)
 
     def _decide(
-        self, window: Window, current: Knobs, ceiling: Knobs, waiting: int, workers: int
+        self, window: Window, current: Knobs, ceiling: Knobs, waiting: int, busy: float
     ) -> Decision:
         est = p99(window.latencies_ms)
         n = len(window.latencies_ms)
@@ -156,13 +153,9 @@ class Controller:
                 est,
                 queue_bound=mean_queue > mean_service,
                 # near capacity, with batches that alone fit the target
-                busy=window.utilization(workers) >= BUSY and mean_service < self.target_ms,
+                busy=busy >= BUSY and mean_service < self.target_ms,
             )
-        building = (
-            mean_queue > mean_service
-            or waiting >= knobs.batch_size
-            or window.utilization(workers) >= BUSY
-        )
+        building = mean_queue > mean_service or waiting >= knobs.batch_size or busy >= BUSY
         if est < self.grow_below * self.target_ms and building:
             self._under += 1
             if self._under >= self.grow_after:
