@@ -35,7 +35,6 @@ from torchbay.server.http.asgi import ASGIApp
 from torchbay.server.http.combined import CombinedApp
 from torchbay.server.http.limits import HttpLimits, protocol_class
 from torchbay.server.http.listeners import bind_listeners, check_tls, close_all
-from torchbay.server.observe.logs import request_hook
 from torchbay.server.serving.budget import GPU_WORKER_THREADS, HostBudget
 from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count, usable_cores
 from torchbay.server.serving.handle import Spawned
@@ -101,6 +100,7 @@ class TorchbayServer:
         self._servers: list[tuple[str, uvicorn.Server, socket.socket]] = []
         self._late_loads: set[asyncio.Future[None]] = set()  # past workers_start_timeout_s
         self.registry: ModelRegistry | None = None
+        self.plane: Any = None  # plane.DataPlane, once started
         self.metrics: Any = None
         self.auth: Any = None  # http.auth.TokenAuth while token authorization is on
         self.grpc: GrpcListeners | None = None
@@ -180,6 +180,10 @@ class TorchbayServer:
         self.state.ports.grpc_inference = self.grpc.ports["inference"]
         self.state.ports.grpc_management = self.grpc.ports["management"]
         apps = build_apps(self)  # writes the key file: every listener is bound by now
+        self.plane = apps.plane
+        # The plane's readiness counts start-up failures: one dict, reported here and there.
+        self.plane.startup_failures = self.state.failed_models
+        self.plane.starting = True  # not ready until _load_startup_models is done
         self.registry = apps.registry
         self.metrics = apps.metrics
         self.auth = apps.auth
@@ -202,6 +206,7 @@ class TorchbayServer:
                 await self._listen(name, app, protocol_class(limits, early))
         await self._start_grpc(apps)
         await self._load_startup_models()
+        self.plane.starting = False  # ready (OIP, Kubernetes) once the start-up models are in
         await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()
         self._write_ready_file()
@@ -219,12 +224,7 @@ class TorchbayServer:
     async def _start_grpc(self, apps: Any) -> None:
         """The gRPC services over the same registry, keys, metrics and management state."""
         assert self.grpc is not None
-        calls = Calls(
-            apps.registry,
-            check_key=apps.auth.check if apps.auth is not None else None,
-            server_version=__version__,
-            on_request=request_hook(apps.metrics.request_done),
-        )
+        calls = Calls(apps.plane, check_key=apps.auth.check if apps.auth is not None else None)
         await self.grpc.start(calls, apps.management_state)
 
     async def _listen(self, name: str, app: ASGIApp, protocol: type) -> None:

@@ -22,11 +22,7 @@ import grpc
 
 from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc.status import RpcError, abort, from_error
-from torchbay.server.observe.logs import RequestHook, RequestRecord
-from torchbay.server.serving import protocol as p
-from torchbay.server.serving.model import ModelVersion
-from torchbay.server.serving.queue import Pending, clock
-from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.plane import DataPlane, WireRequest, WireResponse
 
 # Raises Unauthorized unless ``authorization`` (the metadata value, or None) holds a valid key
 # of ``kind`` ("inference" or "management"): http.auth.TokenAuth.check.
@@ -42,20 +38,11 @@ def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
 
 
 class Calls:
-    """The inference RPCs' way into the registry (one per server)."""
+    """The inference RPCs' way into the data plane (one per server)."""
 
-    def __init__(
-        self,
-        registry: ModelRegistry,
-        *,
-        check_key: CheckKey | None,
-        server_version: str,
-        on_request: RequestHook | None = None,
-    ) -> None:
-        self.registry = registry
+    def __init__(self, plane: DataPlane, *, check_key: CheckKey | None) -> None:
+        self.plane = plane
         self.check_key = check_key
-        self.server_version = server_version
-        self.on_request = on_request
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()):x}-g"
 
@@ -69,12 +56,6 @@ class Calls:
         except TorchbayError as exc:
             raise from_error(exc) from None
 
-    def resolve(self, name: str, version: str | None) -> ModelVersion:
-        try:
-            return self.registry.resolve(name, version or None)
-        except TorchbayError as exc:
-            raise from_error(exc) from None
-
     def wire(
         self,
         context: grpc.aio.ServicerContext,
@@ -83,12 +64,12 @@ class Calls:
         content_type: str,
         protocol: str,
         extra: dict[str, str] | None = None,
-    ) -> p.WireRequest:
+    ) -> WireRequest:
         headers = {k: v for k, v in metadata(context).items() if not k.startswith(_TRANSPORT)}
         headers.update(extra or {})
         if content_type:
             headers["content-type"] = content_type
-        return p.WireRequest(
+        return WireRequest(
             request_id=self._id_prefix + str(next(self._ids)),
             body=body,
             content_type=content_type,
@@ -96,81 +77,29 @@ class Calls:
             protocol=protocol,
         )
 
-    @staticmethod
-    def admitted(context: grpc.aio.ServicerContext, item: Pending) -> None:
-        """A request just queued: the call's deadline becomes its deadline (the earlier of the
-        two: ``clientTimeoutInMills`` may be set too). It is still queued (admit only appends),
-        so the queue answers 504 and never runs it once the deadline has passed."""
-        remaining = context.time_remaining()
-        if remaining is not None:
-            deadline = clock() + max(remaining, 0.0)
-            item.deadline = deadline if item.deadline is None else min(item.deadline, deadline)
-
     async def infer(
         self,
         context: grpc.aio.ServicerContext,
         method: str,
         name: str,
         version: str | None,
-        wire: Callable[[], p.WireRequest],
-    ) -> AsyncIterator[p.WireResponse]:
-        """Resolve the model, build its request, yield its responses (``_parts``); one
-        ``RequestRecord`` for the whole call. Raises RpcError."""
-        started = time.perf_counter()
-        mv: ModelVersion | None = None
-        status = 499  # the caller left (deadline or cancel) before an answer
-        items: list[Pending] = []
-        try:
-            mv = self.resolve(name, version)
-            async for response in self._parts(context, mv, wire(), items):
-                status = response.status
-                yield response
-        except TorchbayError as exc:
-            status = exc.status
-            raise from_error(exc) from None
-        except RpcError as exc:
-            status = exc.http_status
-            raise
-        finally:
-            queue_s = None
-            if items and items[0].dispatched is not None:
-                queue_s = items[0].dispatched - items[0].arrival
-            self._record(method, name, version or None, status, started, mv, queue_s)
-
-    async def _parts(
-        self,
-        context: grpc.aio.ServicerContext,
-        mv: ModelVersion,
-        wire: p.WireRequest,
-        items: list[Pending],
-    ) -> AsyncIterator[p.WireResponse]:
-        """The responses of one request (``ModelVersion.stream``): each streamed part, then
-        the final response; one response when the handler does not stream. Leaving early (a
-        deadline, a cancelled call) closes the stream, which cancels the request in the worker."""
-
-        def admitted(item: Pending) -> None:
-            items.append(item)
-            self.admitted(context, item)
-
-        async with contextlib.aclosing(mv.stream(wire, admitted=admitted)) as parts:
-            async for part in parts:
-                yield part
-
-    def _record(
-        self,
-        method: str,
-        name: str,
-        version: str | None,
-        status: int,
-        started: float,
-        mv: ModelVersion | None,
-        queue_s: float | None,
-    ) -> None:
-        if self.on_request is None:
-            return
+        wire: Callable[[], WireRequest],
+    ) -> AsyncIterator[WireResponse]:
+        """One request through the plane: its responses, each streamed part then the final one
+        (one when the handler does not stream); the call's deadline is the request's. Leaving
+        early (a deadline, a cancelled call) cancels the request, in the worker too; the plane
+        records the call once. Raises RpcError."""
         scope: dict[str, Any] = {"method": "POST", "path": method, "http_version": "2"}
-        seconds = time.perf_counter() - started
-        self.on_request(RequestRecord(scope, name, version, status, seconds, queue_s, mv))
+        with self.plane.exchange(scope, name, version or None) as ex:
+            try:
+                ex.resolve()
+                responses = ex.responses(wire(), context.time_remaining())
+                async with contextlib.aclosing(responses):
+                    async for response in responses:
+                        yield response
+            except TorchbayError as exc:
+                ex.status = exc.status
+                raise from_error(exc) from None
 
 
 class Service:

@@ -14,25 +14,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import grpc
 
 from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.grpc import tensors
-from torchbay.server.grpc.calls import Service, final
+from torchbay.server.grpc.calls import final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_error, from_response
-from torchbay.server.http.triton import OIP_EXTENSIONS, model_metadata
-from torchbay.server.serving.model import ModelStatus, ModelVersion
+from torchbay.server.grpc.triton import OPERATIONS as TRITON_RPCS
+from torchbay.server.grpc.triton import TritonExtensions
 
 log = logging.getLogger("torchbay.grpc")
 _INFER_PATH = f"/{OIP_SERVICE}/ModelInfer"
 _STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
+TRITON_OPERATIONS = tuple(TRITON_RPCS)
+# Each RPC's plane operation (its ServerMetadata extensions come from them).
+_OPERATION = {"ModelInfer": "infer", **TRITON_RPCS}
+T = TypeVar("T")
 
 
-class OipService(Service):
+class OipService(TritonExtensions):
     name = OIP_SERVICE
     rpcs = (
         "ServerLive",
@@ -42,28 +46,25 @@ class OipService(Service):
         "ModelMetadata",
         "ModelInfer",
         "ModelStreamInfer",
+        *TRITON_OPERATIONS,
     )
 
     async def server_live(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return message("inference.ServerLiveResponse")(live=True)
 
     async def server_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        versions = self.calls.registry.all_versions()
-        ready = bool(versions) and all(mv.status is ModelStatus.READY for mv in versions)
-        return message("inference.ServerReadyResponse")(ready=ready)
+        return message("inference.ServerReadyResponse")(ready=self.calls.plane.ready())
 
     async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return message("inference.ServerMetadataResponse")(
-            name="torchbay", version=self.calls.server_version, extensions=list(OIP_EXTENSIONS)
-        )
+        meta = self.calls.plane.server_metadata(_OPERATION.get(rpc, rpc) for rpc in self.rpcs)
+        return message("inference.ServerMetadataResponse")(**meta)
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        mv = await self._model(request, context)
-        return message("inference.ModelReadyResponse")(ready=mv.status is ModelStatus.READY)
+        _, ready = await self._model(request, context, self.calls.plane.model_ready)
+        return message("inference.ModelReadyResponse")(ready=ready)
 
     async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        mv = await self._model(request, context)
-        meta = model_metadata(self.calls.registry, mv)
+        meta = await self._model(request, context, self.calls.plane.models.metadata)
         response = message("inference.ModelMetadataResponse")(
             name=meta["name"], versions=meta["versions"], platform=meta["platform"]
         )
@@ -74,13 +75,19 @@ class OipService(Service):
                 )
         return response
 
-    async def _model(self, request: Any, context: grpc.aio.ServicerContext) -> ModelVersion:
-        """The model version a model RPC names (it needs the inference key, as over REST)."""
+    async def _model(
+        self, request: Any, context: grpc.aio.ServicerContext, operation: Callable[..., T]
+    ) -> T:
+        """``operation(name, version)`` of a model RPC (it needs the inference key, as over
+        REST), or the call aborted with its error."""
         try:
             self.calls.authorize(context)
-            return self.calls.resolve(request.name, request.version)
+            return operation(request.name, request.version or None)
         except RpcError as exc:
             await abort(context, exc)
+        except TorchbayError as exc:
+            await abort(context, from_error(exc))
+        raise AssertionError("abort raises")
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -109,13 +116,15 @@ class OipService(Service):
             )
 
         name, version = request.model_name, request.model_version
-        async for response in self.calls.infer(context, path, name, version, wire):
-            if response.status != 200:
-                raise from_response(response.status, response.body)
-            try:
-                yield tensors.infer_response(response.body, response.headers, name, version)
-            except TorchbayError as exc:
-                raise from_error(exc) from None
+        responses = self.calls.infer(context, path, name, version, wire)
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                if response.status != 200:
+                    raise from_response(response.status, response.body)
+                try:
+                    yield tensors.infer_response(response.body, response.headers, name, version)
+                except TorchbayError as exc:
+                    raise from_error(exc) from None
 
     async def model_stream_infer(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext

@@ -11,6 +11,7 @@ where (as in TorchServe) it is the ``status`` of that request's response and the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -57,10 +58,7 @@ class TorchServeInference(Service):
     rpcs = ("Ping", "Predictions", "StreamPredictions", "StreamPredictions2")
 
     async def ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        registry = self.calls.registry
-        healthy = all(
-            registry.models[name][default].healthy for name, default in registry.defaults.items()
-        )
+        healthy = self.calls.plane.healthy()
         health = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
         return message("org.pytorch.serve.grpc.inference.TorchServeHealthResponse")(health=health)
 
@@ -75,13 +73,15 @@ class TorchServeInference(Service):
 
         path = f"/{TS_INFERENCE_SERVICE}/{method}"
         name, version = request.model_name, request.model_version
-        async for response in self.calls.infer(context, path, name, version, wire):
-            if response.status >= 300:
-                raise from_response(response.status, response.body)
-            out = message(_RESPONSE)(prediction=response.body)
-            if request.HasField("sequence_id"):
-                out.sequence_id = request.sequence_id
-            yield out
+        responses = self.calls.infer(context, path, name, version, wire)
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                if response.status >= 300:
+                    raise from_response(response.status, response.body)
+                out = message(_RESPONSE)(prediction=response.body)
+                if request.HasField("sequence_id"):
+                    out.sequence_id = request.sequence_id
+                yield out
 
     async def predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:

@@ -1,4 +1,4 @@
-"""Build the three listeners' ASGI apps around one registry and one metrics registry."""
+"""Build the three listeners' ASGI apps around one data plane (its registry and recorders)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,9 @@ from torchbay.server.http.limits import AtHeaders
 from torchbay.server.http.management import build_management_app
 from torchbay.server.http.model_routes import Management
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
-from torchbay.server.http.triton import TritonApi
-from torchbay.server.observe.logs import request_hook
-from torchbay.server.observe.metrics import ServerMetrics
-from torchbay.server.observe.oip_stats import Observers, OipStats, chain
 from torchbay.server.observe.ts_metrics import counting, counting_answers
 from torchbay.server.observe.ts_metrics import metrics_app as ts_metrics_app
-from torchbay.server.serving.fetch import Fetcher
-from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.plane import DataPlane, build_plane
 
 
 class TorchbayServer(Protocol):
@@ -38,8 +33,7 @@ class TorchbayServer(Protocol):
 
 @dataclass
 class Apps:
-    registry: ModelRegistry
-    metrics: ServerMetrics
+    plane: DataPlane
     inference: ASGIApp
     management: ASGIApp
     metrics_app: ASGIApp
@@ -49,28 +43,27 @@ class Apps:
     auth: TokenAuth | None = None  # None: token authorization disabled
     management_state: Management | None = None  # what the gRPC management service shares
 
+    @property
+    def registry(self) -> Any:
+        return self.plane.registry
+
+    @property
+    def metrics(self) -> Any:
+        return self.plane.metrics
+
 
 def build_apps(server: TorchbayServer) -> Apps:
+    """Every HTTP listener's app over one data plane (``plane.build_plane``)."""
     config = server.config
-    metrics = ServerMetrics(system_metrics=not config.disable_system_metrics)
-    stats = OipStats()  # Triton's statistics extension: fed by the same records as the metrics
-    registry = ModelRegistry(
+    plane = build_plane(
         config,
         place=server.place,
         budget=server.budget,
         server_version=__version__,
-        observer=Observers(metrics, stats),
-        worker_env=server.env or None,
+        env=server.env,
         prewarmed=server.take_prewarmed,
     )
-    metrics.watch(registry)
-    # URL registration: only allowed_urls (none by default), into the registry's own work folder.
-    registry.fetch = Fetcher(
-        config.allowed_urls,
-        registry.workdir / "downloads",
-        max_bytes=config.max_download_size,
-        timeout_s=config.download_timeout_s,
-    )
+    metrics = plane.metrics
     auth = None
     if not config.disable_token_authorization:
         auth = TokenAuth(
@@ -78,30 +71,20 @@ def build_apps(server: TorchbayServer) -> Apps:
         )
         auth.write_key_file()
     inference = InferenceApp(
-        registry,
+        plane,
         max_request_size=config.max_request_size,
-        server_version=__version__,
-        on_request=request_hook(chain(metrics.request_done, stats.request_done)),
         authorize=auth.authorize if auth is not None else None,
         openapi=inference_openapi(__version__),
-        triton=TritonApi(
-            registry,
-            stats=stats,
-            authorize=auth.authorize if auth is not None else None,
-            model_api=config.enable_model_api,
-            unload_timeout_s=config.unregister_model_timeout_s,
-        ),
     )
     # TorchServe's Requests2XX/4XX/5XX count every answer of both listeners; its series are
     # written as TorchServe writes them (observe.ts_metrics).
     at_headers = counting_answers(inference.at_headers, metrics)
     inference = counting(inference, metrics)
-    management_app = build_management_app(registry, config, auth=auth)
+    management_app = build_management_app(plane.registry, config, auth=auth)
     management = counting(management_app, metrics)
     metrics_app = with_openapi(ts_metrics_app(metrics), metrics_openapi(__version__))
     return Apps(
-        registry=registry,
-        metrics=metrics,
+        plane=plane,
         inference=with_cors(inference, config),
         management=with_cors(management, config),
         metrics_app=with_cors(metrics_app, config),

@@ -11,8 +11,8 @@ comes out of the workers' share of the host.
 ``server.http.limits`` calls :func:`at_headers` (through ``InferenceApp.at_headers``) when a
 request's headers are complete. It answers only when the request's model version is *pressed*
 (``Admission.pressed``: it refused a request in the last ``PRESSURE_S``) and
-``serving.admission.refuse_early`` refuses this one too: the same decision, counted and
-recorded (metrics, Triton statistics, access line) as the ASGI path does it. Everything else
+the data plane's ``refusal`` refuses this one too: the same decision, counted and recorded
+(metrics, Triton statistics, access line) as the ASGI path does it, by the plane. Everything else
 (an unknown route or model, a missing key, an admitted request) goes on to the ASGI app as
 before, with the route already resolved (``ROUTED`` in the scope). While no model version of the
 process refuses (``admission.any_pressed``), it returns at once: one clock read per request.
@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
 from torchbay.server.errors import TorchbayError
 from torchbay.server.http.asgi import Answer, Scope, error_answer
-from torchbay.server.observe.logs import RequestRecord
-from torchbay.server.serving.admission import any_pressed, refuse_early
+from torchbay.server.plane import any_pressed
 
 log = logging.getLogger("torchbay.http")
 Match = re.Match[str]
@@ -87,20 +85,14 @@ def _refusal(app: Any, scope: Scope) -> Answer | None:
     if model_of is None:
         return None
     name, version = model_of(match)
-    try:
-        mv = app.registry.resolve(name, version)
-        if not mv.admission.pressed:
-            return None
-        if app.authorize is not None:
+    plane = app.plane
+    mv = plane.pressed(name, version)
+    if mv is None:
+        return None  # not refusing, or unknown: the ASGI path answers it as always
+    if app.authorize is not None:
+        try:
             app.authorize(scope, "inference")
-    except TorchbayError:
-        return None  # 404 or 401: the ASGI path answers it as always
-    started = time.perf_counter()
-    try:
-        refuse_early(mv)
-    except TorchbayError as exc:
-        if app.on_request is not None:
-            seconds = time.perf_counter() - started
-            app.on_request(RequestRecord(scope, name, version, exc.status, seconds, None, mv))
-        return error_answer(exc, oip=route.oip)
-    return None
+        except TorchbayError:
+            return None  # 401: the ASGI path answers it as always
+    refused = plane.refusal(scope, mv, name, version)
+    return error_answer(refused, oip=route.oip) if refused is not None else None

@@ -40,13 +40,8 @@ from torchbay.server.http.asgi import (
     send_json,
 )
 from torchbay.server.http.routes import INFERENCE_ROUTES, Route, Router
-from torchbay.server.http.triton import OIP_EXTENSIONS, TritonApi
-from torchbay.server.observe.logs import RequestHook, RequestRecord
-from torchbay.server.serving import protocol as p
-from torchbay.server.serving.admission import refuse_early
-from torchbay.server.serving.model import ModelStatus, ModelVersion
-from torchbay.server.serving.queue import Pending
-from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.http.triton import TritonApi
+from torchbay.server.plane import DataPlane, ModelVersion, WireRequest, WireResponse, join_headers
 
 log = logging.getLogger("torchbay.inference")
 
@@ -55,7 +50,7 @@ Match = re.Match[str]  # a route's path match: its groups are the path's paramet
 AuthHook = Callable[[Scope, str], None]
 # Answers a request from its first response and the rest of its stream; the status it sent.
 Respond = Callable[
-    [Scope, Receive, Send, ModelVersion, p.WireRequest, p.WireResponse, streaming.Parts],
+    [Scope, Receive, Send, ModelVersion, WireRequest, WireResponse, streaming.Parts],
     Awaitable[int],
 ]
 
@@ -63,30 +58,27 @@ Respond = Callable[
 class InferenceApp:
     def __init__(
         self,
-        registry: ModelRegistry,
+        plane: DataPlane,
         *,
         max_request_size: int,
-        server_version: str,
-        on_request: RequestHook | None = None,
         authorize: AuthHook | None = None,
         openapi: dict[str, Any] | None = None,
-        triton: TritonApi | None = None,
     ) -> None:
-        self.registry = registry
+        self.plane = plane
         self.max_request_size = max_request_size
-        self.server_version = server_version
-        self.on_request = on_request
         self.authorize = authorize
         self.openapi = openapi or {"openapi": "3.0.1", "info": {"title": "torchbay inference"}}
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()):x}-"
         # Metadata, statistics, model configuration and repository: http/triton.py.
-        self.triton = triton or TritonApi(registry, authorize=authorize)
+        self.triton = TritonApi(plane, authorize=authorize)
         endpoints = {
             r.endpoint: getattr(self, "_" + r.endpoint, None) or getattr(self.triton, r.endpoint)
             for r in INFERENCE_ROUTES
         }
         self.router = Router(INFERENCE_ROUTES, endpoints, oip_prefix="/v2")
+        # What this listener serves, named as the plane's operations: its OIP extensions.
+        self.operations = frozenset(_OPERATION.get(e, e) for e in endpoints)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -112,12 +104,7 @@ class InferenceApp:
         await send_json(send, 200, self.openapi)
 
     async def _ping(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
-        # TorchServe's rule: every default version has at least min_workers ready workers.
-        healthy = all(
-            mv.ready_workers >= mv.settings.min_workers
-            for name, default in self.registry.defaults.items()
-            for mv in (self.registry.models[name][default],)
-        )
+        healthy = self.plane.healthy()
         await send_json(
             send, 200 if healthy else 500, {"status": "Healthy" if healthy else "Unhealthy"}
         )
@@ -155,39 +142,21 @@ class InferenceApp:
         respond: Respond | None = None,
     ) -> None:
         """The hot path: admit one request to its model's queue, answer its response (or its
-        stream of parts, see streaming.py) with ``respond``."""
-        started = time.perf_counter()
-        mv: ModelVersion | None = None
-        item: Pending[p.WireRequest, p.WireResponse] | None = None
-        status = 500
-        try:
+        stream of parts, see streaming.py) with ``respond``; the plane records it."""
+        with self.plane.exchange(scope, name, version) as ex:
             if self.authorize is not None:
                 self.authorize(scope, "inference")
-            mv = self.registry.resolve(name, version)
-            refuse_early(mv)  # 503 from the headers alone: the body is never read
+            mv = ex.resolve()  # 503 from the headers alone: the body is never read
             body = await read_body(scope, receive, self.max_request_size)
             wire = self._wire_request(scope, body, protocol, extra)
-            item = mv.admit_reader(wire)
+            item = ex.admit(wire)
+            first = await item.future  # a part, or the response when nothing streams
+            rest = ex.rest(item)
             try:
-                first = await item.future  # a part, or the response when nothing streams
-                rest = mv.rest(item)
-                try:
-                    answer = respond or self._respond
-                    status = await answer(scope, receive, send, mv, wire, first, rest)
-                finally:
-                    await rest.aclose()
+                answer = respond or self._respond
+                ex.status = await answer(scope, receive, send, mv, wire, first, rest)
             finally:
-                mv.finish(item)
-        except TorchbayError as exc:
-            status = exc.status
-            raise
-        finally:
-            if self.on_request is not None:
-                queue_s = None
-                if item is not None and item.dispatched is not None:
-                    queue_s = item.dispatched - item.arrival
-                seconds = time.perf_counter() - started
-                self.on_request(RequestRecord(scope, name, version, status, seconds, queue_s, mv))
+                await rest.aclose()
 
     async def _respond(
         self,
@@ -195,8 +164,8 @@ class InferenceApp:
         receive: Receive,
         send: Send,
         mv: ModelVersion,
-        wire: p.WireRequest,
-        response: p.WireResponse,
+        wire: WireRequest,
+        response: WireResponse,
         parts: streaming.Parts,
     ) -> int:
         """TorchServe's answer: the response, or chunked when the handler streams parts."""
@@ -217,7 +186,7 @@ class InferenceApp:
 
     def _wire_request(
         self, scope: Scope, body: bytes, protocol: str, extra: dict[str, str] | None = None
-    ) -> p.WireRequest:
+    ) -> WireRequest:
         pairs: list[tuple[bytes, bytes]] = scope["headers"]
         if extra:
             pairs = [
@@ -225,30 +194,25 @@ class InferenceApp:
                 *((k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()),
             ]
         content_type = header(scope, b"content-type")
-        return p.WireRequest(
+        return WireRequest(
             request_id=self._id_prefix + str(next(self._ids)),
             body=body,
             content_type=content_type.decode("latin-1") if content_type else "",
             query=scope.get("query_string", b"").decode("latin-1"),
             protocol=protocol,
-            raw_headers=p.join_headers(pairs),  # decoded by the worker, not here
+            raw_headers=join_headers(pairs),  # decoded by the worker, not here
         )
 
     # -- Open Inference Protocol ----------------------------------------------------------------
 
     async def _server_metadata(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
-        body = {
-            "name": "torchbay",
-            "version": self.server_version,
-            "extensions": list(OIP_EXTENSIONS),
-        }
-        await send_json(send, 200, body)
+        await send_json(send, 200, self.plane.server_metadata(self.operations))
 
     async def _live(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         await send_json(send, 200, {"live": True})
 
     async def _ready(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
-        ready = self._all_ready()
+        ready = self.plane.ready()
         await send_json(send, 200 if ready else 503, {"ready": ready})
 
     async def _v2_infer(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
@@ -268,18 +232,14 @@ class InferenceApp:
         await self._infer(scope, receive, send, *early.v2_model(match), "predict", respond=respond)
 
     async def _model_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
-        mv = self._v2_resolve(scope, m)
-        ready = mv.status is ModelStatus.READY
-        await send_json(send, 200 if ready else 503, {"name": mv.name, "ready": ready})
-
-    def _v2_resolve(self, scope: Scope, match: Match) -> ModelVersion:
         if self.authorize is not None:
             self.authorize(scope, "inference")
-        return self.registry.resolve(*early.v2_model(match))
+        mv, ready = self.plane.model_ready(*early.v2_model(m))
+        await send_json(send, 200 if ready else 503, {"name": mv.name, "ready": ready})
 
-    def _all_ready(self) -> bool:
-        versions = self.registry.all_versions()
-        return bool(versions) and all(mv.status is ModelStatus.READY for mv in versions)
+
+# An endpoint's plane operation, where the names differ (the rest are the same name).
+_OPERATION = {"v2_infer": "infer"}
 
 
 def _as_json(scope: Scope) -> Scope:
@@ -297,8 +257,8 @@ def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:
         receive: Receive,
         send: Send,
         mv: ModelVersion,
-        wire: p.WireRequest,
-        first: p.WireResponse,
+        wire: WireRequest,
+        first: WireResponse,
         parts: streaming.Parts,
     ) -> int:
         return await answer(send, receive, first, parts, mv.name, mv.version)
@@ -315,7 +275,7 @@ _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 
 
 def _checked_response(
-    response: p.WireResponse, request_id: str
+    response: WireResponse, request_id: str
 ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The content type and headers to send, or HandlerFailed (500) when the handler's status or
     headers are not valid HTTP (logged with the request id and the offending field)."""

@@ -13,33 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
-from torchbay.server.errors import BadRequest, TorchbayError
+from torchbay.server.errors import BadRequest
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
-from torchbay.server.observe.logs import RequestHook, RequestRecord
-from torchbay.server.serving import protocol as p
-from torchbay.server.serving.admission import refuse_early
-from torchbay.server.serving.queue import Pending
-
-if TYPE_CHECKING:
-    from torchbay.server.serving.model import ModelVersion
-    from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.plane import DataPlane, WireRequest, WireResponse
 
 
 class Listener(Protocol):
     """What v1 predict needs of the inference listener that routes to it (server.http.inference
-    implements it): its registry, limits, hooks, and how it builds a WireRequest."""
+    implements it): its data plane, limits, key check, and how it builds a WireRequest."""
 
-    registry: ModelRegistry
+    plane: DataPlane
     max_request_size: int
     authorize: Callable[[Scope, str], None] | None
-    on_request: RequestHook | None
 
-    def _wire_request(self, scope: Scope, body: bytes, protocol: str) -> p.WireRequest: ...
+    def _wire_request(self, scope: Scope, body: bytes, protocol: str) -> WireRequest: ...
 
 
 # The body is re-encoded here: its framing and its coding headers do not carry over.
@@ -70,7 +61,7 @@ def encode_instance(instance: Any) -> tuple[bytes, bytes]:
     return json.dumps(instance).encode(), b"application/json"
 
 
-def decode_prediction(response: p.WireResponse) -> Any:
+def decode_prediction(response: WireResponse) -> Any:
     """A handler's answer to one instance: JSON when it is JSON, else text."""
     try:
         return json.loads(response.body)
@@ -79,38 +70,18 @@ def decode_prediction(response: p.WireResponse) -> Any:
 
 
 async def predict(app: Listener, scope: Scope, receive: Receive, send: Send, name: str) -> None:
-    """Answer one v1 predict call on model ``name``, reported once to the app's request hook."""
-    started = time.perf_counter()
-    mv: ModelVersion | None = None
-    items: list[Pending[p.WireRequest, p.WireResponse]] = []
-    status = 500
-    try:
+    """Answer one v1 predict call on model ``name``, recorded once by the plane."""
+    with app.plane.exchange(scope, name, None) as ex:
         if app.authorize is not None:
             app.authorize(scope, "inference")
-        mv = app.registry.resolve(name, None)
-        refuse_early(mv)  # 503 from the headers alone: the body is never read
+        ex.resolve()  # 503 from the headers alone: the body is never read
         instances = parse_instances(await read_body(scope, receive, app.max_request_size))
-        items = _admit_all(app, mv, scope, instances)
-        status = await _answer(mv, items, send)
-    except TorchbayError as exc:
-        status = exc.status
-        raise
-    finally:
-        if app.on_request is not None:
-            waited = [i.dispatched - i.arrival for i in items if i.dispatched is not None]
-            seconds = time.perf_counter() - started
-            queue_s = max(waited, default=None)
-            app.on_request(RequestRecord(scope, name, None, status, seconds, queue_s, mv))
+        items = ex.admit_all(_wires(app, scope, instances))
+        ex.status = await _answer(items, send)
 
 
-async def _answer(
-    mv: ModelVersion, items: list[Pending[p.WireRequest, p.WireResponse]], send: Send
-) -> int:
-    mv.inflight += len(items)
-    try:
-        results = await asyncio.gather(*(item.future for item in items), return_exceptions=True)
-    finally:
-        mv.inflight -= len(items)
+async def _answer(items: list[Any], send: Send) -> int:
+    results = await asyncio.gather(*(item.future for item in items), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result  # TorchbayError (worker died, timeout): the app sends it
@@ -122,18 +93,11 @@ async def _answer(
     return 200
 
 
-def _admit_all(
-    app: Listener, mv: ModelVersion, scope: Scope, instances: list[Any]
-) -> list[Pending[p.WireRequest, p.WireResponse]]:
+def _wires(app: Listener, scope: Scope, instances: list[Any]) -> list[WireRequest]:
     headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED_HEADERS]
-    items: list[Pending[p.WireRequest, p.WireResponse]] = []
-    try:
-        for instance in instances:
-            body, content_type = encode_instance(instance)
-            one = {**scope, "headers": [*headers, (b"content-type", content_type)]}
-            items.append(mv.admit(app._wire_request(one, body, "predict")))
-    except TorchbayError:
-        for item in items:
-            item.future.cancel()
-        raise
-    return items
+    wires = []
+    for instance in instances:
+        body, content_type = encode_instance(instance)
+        one = {**scope, "headers": [*headers, (b"content-type", content_type)]}
+        wires.append(app._wire_request(one, body, "predict"))
+    return wires

@@ -27,9 +27,9 @@ from typing import Any
 
 from torchbay.server.errors import TorchbayError
 from torchbay.server.http.asgi import Receive, Send, dumps, send_bytes
-from torchbay.server.serving import protocol as p
+from torchbay.server.plane import WireResponse
 
-Parts = AsyncIterator[p.WireResponse]
+Parts = AsyncIterator[WireResponse]
 _SSE = b"text/event-stream; charset=utf-8"
 
 
@@ -39,7 +39,7 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def follow(parts: Parts, receive: Receive) -> AsyncIterator[p.WireResponse | TorchbayError]:
+async def follow(parts: Parts, receive: Receive) -> AsyncIterator[WireResponse | TorchbayError]:
     """The rest of ``parts`` (an error that ends the stream is yielded as the last item);
     stops early, closing ``parts``, when the client disconnects."""
     watcher = asyncio.ensure_future(_disconnected(receive))
@@ -72,7 +72,7 @@ async def follow(parts: Parts, receive: Receive) -> AsyncIterator[p.WireResponse
 async def send_chunked(
     send: Send,
     receive: Receive,
-    first: p.WireResponse,
+    first: WireResponse,
     parts: Parts,
     headers: list[tuple[bytes, bytes]],
     *,
@@ -95,7 +95,7 @@ async def send_chunked(
 # -- the generate extension -----------------------------------------------------------------
 
 
-def generate_object(response: p.WireResponse, name: str, version: str) -> dict[str, Any]:
+def generate_object(response: WireResponse, name: str, version: str) -> dict[str, Any]:
     """One part (or a final response) as a generate response object (or ``{"error"}``)."""
     if response.status >= 400:
         return {"error": _error_message(response)}
@@ -111,7 +111,7 @@ def generate_object(response: p.WireResponse, name: str, version: str) -> dict[s
     return {"model_name": name, "model_version": version, "text_output": text}
 
 
-def _error_message(response: p.WireResponse) -> str:
+def _error_message(response: WireResponse) -> str:
     with contextlib.suppress(ValueError):
         body = json.loads(response.body)
         if isinstance(body, dict):
@@ -135,9 +135,9 @@ def join_generated(objects: list[dict[str, Any]]) -> dict[str, Any]:
 async def send_events(
     send: Send,
     receive: Receive,
-    first: p.WireResponse,
+    first: WireResponse,
     parts: Parts,
-    event: Callable[[p.WireResponse], dict[str, Any]],
+    event: Callable[[WireResponse], dict[str, Any]],
 ) -> None:
     """``first`` and the rest of ``parts`` as server-sent events, ``data: {json}`` each."""
     headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache")]
@@ -155,7 +155,7 @@ async def send_events(
 
 
 async def respond_generate(
-    send: Send, receive: Receive, first: p.WireResponse, parts: Parts, name: str, version: str
+    send: Send, receive: Receive, first: WireResponse, parts: Parts, name: str, version: str
 ) -> int:
     """``/generate``: every part gathered into one JSON answer; its status."""
     objects = [generate_object(first, name, version)]
@@ -173,7 +173,7 @@ async def respond_generate(
 
 
 async def respond_generate_stream(
-    send: Send, receive: Receive, first: p.WireResponse, parts: Parts, name: str, version: str
+    send: Send, receive: Receive, first: WireResponse, parts: Parts, name: str, version: str
 ) -> int:
     """``/generate_stream``: an error first answer is plain JSON; else server-sent events."""
     if first.status >= 400:

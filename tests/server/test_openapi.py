@@ -29,6 +29,7 @@ from torchbay.server.http.openapi import (
     metrics_openapi,
     with_openapi,
 )
+from torchbay.server.plane import DataPlane
 from torchbay.server.serving.registry import ModelRegistry
 
 from .conftest import make_config
@@ -131,7 +132,9 @@ def test_management_statuses_seen_are_documented(tmp_path):
 def test_inference_document_lists_every_route_the_app_answers(tmp_path):
     registry, _ = _registry(tmp_path)
     doc = inference_openapi("t")
-    app = InferenceApp(registry, max_request_size=1 << 20, server_version="t", openapi=doc)
+    app = InferenceApp(
+        DataPlane(registry, server_version="t"), max_request_size=1 << 20, openapi=doc
+    )
     for path, method, op in _operations(doc):
         r = _call(app, method, _fill(path), content=b"{}")
         assert str(r.status_code) in op["responses"], (method, path, r.status_code)

@@ -25,6 +25,7 @@ from torchbay.server.errors import Unauthorized
 from torchbay.server.http import early
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.observe.logs import ACCESS_FIELDS, ACCESS_LOGGER
+from torchbay.server.plane import DataPlane
 
 from .conftest import LiveServer, make_config
 
@@ -78,7 +79,7 @@ def test_at_headers_refuses_only_a_pressed_model_that_refuses(
     registry = server.server.registry
     assert registry is not None
     assert not registry.resolve("live").admission.pressed
-    app = InferenceApp(registry, max_request_size=1 << 20, server_version="test")
+    app = InferenceApp(DataPlane(registry, server_version="t"), max_request_size=1 << 20)
     status, headers, body = app.at_headers(_scope("/predictions/idle"))  # type: ignore[misc]
     assert status == 503
     assert (b"content-type", b"application/json") in headers
@@ -97,13 +98,17 @@ def test_at_headers_refuses_only_a_pressed_model_that_refuses(
     def refuse_key(scope: Any, api: str) -> None:
         raise Unauthorized("Token Authorization failed")
 
-    keyed = InferenceApp(registry, max_request_size=1, server_version="t", authorize=refuse_key)
+    keyed = InferenceApp(
+        DataPlane(registry, server_version="t"), max_request_size=1, authorize=refuse_key
+    )
     assert keyed.at_headers(_scope("/predictions/idle")) is None  # the ASGI path's 401
 
     def broken(scope: Any, api: str) -> None:
         raise RuntimeError("a bug")
 
-    buggy = InferenceApp(registry, max_request_size=1, server_version="t", authorize=broken)
+    buggy = InferenceApp(
+        DataPlane(registry, server_version="t"), max_request_size=1, authorize=broken
+    )
     with caplog.at_level(logging.ERROR, logger="torchbay.http"):
         assert buggy.at_headers(_scope("/predictions/idle")) is None  # never a 400 from the parser
     assert "from its headers failed" in caplog.text
@@ -218,7 +223,7 @@ def test_at_headers_on_any_path_answers_a_503_or_nothing(
     registry = server.server.registry
     assert registry is not None
     registry.resolve("idle").admission.refused()  # pressed, whatever the time since
-    app = InferenceApp(registry, max_request_size=1 << 20, server_version="test")
+    app = InferenceApp(DataPlane(registry, server_version="t"), max_request_size=1 << 20)
     failures = []
     handler = logging.Handler()
     handler.emit = failures.append  # type: ignore[method-assign]

@@ -12,6 +12,7 @@ from torchbay.server.errors import MethodNotAllowed, NotFound, Unauthorized
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi
 from torchbay.server.http.routes import INFERENCE_ROUTES, METRICS_ROUTES, Route, Router
+from torchbay.server.plane import DataPlane
 
 from .test_openapi import _call, _registry
 
@@ -113,7 +114,9 @@ def test_the_auth_flag_is_what_the_inference_app_enforces(tmp_path):
         asked.append(api)
         raise Unauthorized("no key")
 
-    app = InferenceApp(registry, max_request_size=1 << 20, server_version="t", authorize=refuse)
+    app = InferenceApp(
+        DataPlane(registry, server_version="t"), max_request_size=1 << 20, authorize=refuse
+    )
     for route in INFERENCE_ROUTES:
         path, _ = _fill(route)
         asked.clear()

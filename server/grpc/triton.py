@@ -1,0 +1,119 @@
+"""Triton's extensions over gRPC, on ``inference.GRPCInferenceService``: model configuration
+(``ModelConfig``), statistics (``ModelStatistics``) and the model repository
+(``RepositoryIndex``, ``RepositoryModelLoad``, ``RepositoryModelUnload``).
+
+Each RPC is the REST endpoint's adapter (``http/triton.py``) in gRPC's shape: the same data
+plane operation (``plane/models.py``), the same keys (configuration and statistics the inference
+key, the repository the management key), the same errors as gRPC statuses. The plane's answers
+are Triton's JSON shapes, which are the protos' JSON mapping, so ``json_format`` turns them
+into the messages. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from torchbay.server.errors import BadRequest, MethodNotAllowed, TorchbayError
+from torchbay.server.grpc.calls import Service
+from torchbay.server.grpc.messages import message
+from torchbay.server.grpc.status import RpcError, abort, from_error
+
+# Each RPC of this module and the plane operation it serves (for ServerMetadata's extensions).
+OPERATIONS = {
+    "ModelConfig": "model_config",
+    "ModelStatistics": "model_stats",
+    "RepositoryIndex": "repository_index",
+    "RepositoryModelLoad": "repository_load",
+    "RepositoryModelUnload": "repository_unload",
+}
+
+
+def _parameters(request: Any) -> dict[str, Any]:
+    """A repository request's ``parameters`` map as the REST body's JSON object."""
+    out: dict[str, Any] = {}
+    for key, value in request.parameters.items():
+        kind = value.WhichOneof("parameter_choice")
+        if kind is None:
+            continue
+        out[key] = getattr(value, kind)
+    return out
+
+
+def _config_message(config: dict[str, Any]) -> Any:
+    """A ModelConfig message from the plane's JSON: the proto's versions are numbers, so a
+    version policy naming versions that are not (``1.0``) is left out."""
+    policy = config.get("version_policy", {}).get("specific", {}).get("versions", [])
+    if not all(str(v).isdigit() for v in policy):
+        config = {k: v for k, v in config.items() if k != "version_policy"}
+    return json_format.ParseDict(
+        config, message("inference.ModelConfig")(), ignore_unknown_fields=True
+    )
+
+
+class TritonExtensions(Service):
+    """The RPCs of this module; a part of the OIP service (``grpc/oip.py``)."""
+
+    async def _run(
+        self, context: grpc.aio.ServicerContext, kind: str, work: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """Check the ``kind`` key, run ``work``, answer its message or its error."""
+        try:
+            self.calls.authorize(context, kind)
+            return await work()
+        except RpcError as exc:
+            await abort(context, exc)
+        except MethodNotAllowed as exc:  # the model API is off
+            await abort(context, RpcError(grpc.StatusCode.PERMISSION_DENIED, exc.message, 403))
+        except TorchbayError as exc:
+            await abort(context, from_error(exc))
+
+    async def model_config(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            config = self.calls.plane.models.config(request.name, request.version or None)
+            return message("inference.ModelConfigResponse")(config=_config_message(config))
+
+        return await self._run(context, "inference", work)
+
+    async def model_statistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            stats = self.calls.plane.models.statistics(request.name, request.version)
+            return json_format.ParseDict(
+                stats, message("inference.ModelStatisticsResponse")(), ignore_unknown_fields=True
+            )
+
+        return await self._run(context, "inference", work)
+
+    async def repository_index(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            entries = await self.calls.plane.models.index(request.ready)
+            response = message("inference.RepositoryIndexResponse")()
+            for entry in entries:
+                response.models.add(**entry)
+            return response
+
+        return await self._run(context, "management", work)
+
+    async def repository_model_load(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            models = self.calls.plane.models
+            models.control()
+            parameters = _parameters(request)
+            if "config" in parameters and not isinstance(parameters["config"], str):
+                raise BadRequest("parameters.config must be a string holding a JSON object")
+            await models.load(request.model_name, parameters)
+            return message("inference.RepositoryModelLoadResponse")()
+
+        return await self._run(context, "management", work)
+
+    async def repository_model_unload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            models = self.calls.plane.models
+            models.control()
+            await models.unload(request.model_name, _parameters(request))
+            return message("inference.RepositoryModelUnloadResponse")()
+
+        return await self._run(context, "management", work)

@@ -1,0 +1,22 @@
+"""The data plane: the one object every protocol calls (``plane.py``), one request's steps
+(``exchange.py``), the model operations (``models.py``). Protocol code (``http``, ``grpc``)
+reaches ``serving`` only through here; the names it uses are re-exported below."""
+
+from torchbay.server.plane.exchange import Exchange
+from torchbay.server.plane.plane import DataPlane, build_plane, extensions_of
+from torchbay.server.serving.admission import any_pressed
+from torchbay.server.serving.model import ModelStatus, ModelVersion
+from torchbay.server.serving.protocol import WireRequest, WireResponse, join_headers
+
+__all__ = [
+    "DataPlane",
+    "Exchange",
+    "ModelStatus",
+    "ModelVersion",
+    "WireRequest",
+    "WireResponse",
+    "any_pressed",
+    "build_plane",
+    "extensions_of",
+    "join_headers",
+]

@@ -1,0 +1,176 @@
+"""One inference request through the data plane, whatever protocol brought it.
+
+An :class:`Exchange` is the request's steps, written once: find the model version and refuse at
+once what its admission refuses (:meth:`Exchange.resolve`, from the headers alone), queue the
+request with its deadline (:meth:`Exchange.admit`, or :meth:`Exchange.admit_all` for KServe v1's
+instances), hand the protocol the first answer and the rest of the stream, and, when the protocol
+has answered, record it once: the metrics, the Triton statistics and the access line
+(:meth:`Exchange.close`, run by the ``with`` block). A protocol adapter parses its wire format,
+calls these, and writes what comes back in its own format; it sets :attr:`Exchange.status` to the
+status it answered, and an error raised through the block records that error's status.
+
+    with plane.exchange(scope, name, version) as ex:
+        mv = ex.resolve()
+        item = ex.admit(wire, deadline_s=remaining)
+        ...
+        ex.status = 200
+
+The record's ``scope`` is an ASGI scope, or its few keys for gRPC (method, path, version): the
+access line reads ``client``, ``method``, ``path`` and ``http_version``. Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from torchbay.server.errors import TorchbayError
+from torchbay.server.observe.logs import RequestRecord
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.admission import refuse_early
+from torchbay.server.serving.queue import Pending, clock
+
+if TYPE_CHECKING:
+    from torchbay.server.serving.model import ModelVersion
+    from torchbay.server.serving.registry import ModelRegistry
+
+Scope = MutableMapping[str, Any]
+Item = Pending[p.WireRequest, p.WireResponse]
+RecordFn = Callable[[RequestRecord], None]  # the plane's recorder (metrics, statistics, access)
+# The status recorded for a caller that left (a gRPC cancel or deadline) before its answer.
+CLIENT_LEFT = 499
+
+
+class Exchange:
+    """The steps of one request (see the module docstring); a context manager that records."""
+
+    __slots__ = (
+        "_closed",
+        "_record",
+        "items",
+        "model",
+        "name",
+        "registry",
+        "scope",
+        "started",
+        "status",
+        "version",
+    )
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        record: RecordFn,
+        scope: Scope,
+        name: str,
+        version: str | None,
+    ) -> None:
+        self.registry = registry
+        self._record = record
+        self.scope = scope
+        self.name = name
+        self.version = version
+        self.started = time.perf_counter()
+        self.model: ModelVersion | None = None
+        self.items: list[Item] = []
+        self.status = 500  # until the protocol says what it answered
+        self._closed = False
+
+    def __enter__(self) -> Exchange:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            self.status = status_of(exc, self.status)
+        self.close()
+
+    # -- the steps ------------------------------------------------------------------------------
+
+    def resolve(self) -> ModelVersion:
+        """The model version named, refused at once (503) when it refuses newcomers: a shutting
+        down, workerless or overloaded version. Raises the error tree's 404 / 400 / 503."""
+        mv = self.model = self.registry.resolve(self.name, self.version)
+        refuse_early(mv)  # from the headers alone: the protocol has not read the body
+        return mv
+
+    def admit(self, wire: p.WireRequest, deadline_s: float | None = None) -> Item:
+        """Queue ``wire`` for a reader (its future: the first answer; ``rest``: the others; the
+        block's end: ``finish``). ``deadline_s`` (seconds from now, a gRPC deadline) becomes its
+        deadline when earlier than the model's ``clientTimeoutInMills``: still queued then, it is
+        answered 504 and never runs. Raises 503 (queue full, no worker, shutting down)."""
+        assert self.model is not None, "resolve() first"
+        item = self.model.admit_reader(wire)
+        self.items.append(item)
+        if deadline_s is not None:
+            deadline = clock() + max(deadline_s, 0.0)
+            item.deadline = deadline if item.deadline is None else min(item.deadline, deadline)
+        return item
+
+    def admit_all(self, wires: list[p.WireRequest]) -> list[Item]:
+        """Queue every request before any is awaited (KServe v1's instances); when one is
+        refused, the ones queued before it are cancelled (the batcher skips them) and the
+        refusal is raised. The block's end finishes them all. Each is admitted without a
+        reader of parts: a streaming handler's final response is its answer."""
+        mv = self.model
+        assert mv is not None, "resolve() first"
+        try:
+            for wire in wires:
+                self.items.append(mv.admit(wire))
+                mv.inflight += 1  # as a reader's: ``finish`` takes it back
+        except TorchbayError:
+            for item in self.items:
+                item.future.cancel()
+            raise
+        return list(self.items)
+
+    def rest(self, item: Item) -> AsyncIterator[p.WireResponse]:
+        """After ``item``'s first answer: its later parts, then its final response."""
+        assert self.model is not None
+        return self.model.rest(item)
+
+    async def responses(
+        self, wire: p.WireRequest, deadline_s: float | None = None
+    ) -> AsyncIterator[p.WireResponse]:
+        """``admit``, then every answer of the request in order (one when the handler does not
+        stream); each answer's status is recorded as it passes. Leaving early (a closed
+        generator) cancels the request, in the worker too."""
+        item = self.admit(wire, deadline_s)
+        first = await item.future
+        self.status = first.status
+        yield first
+        async for response in self.rest(item):
+            self.status = response.status
+            yield response
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish every admitted request (one left unanswered is cancelled, in its worker too)
+        and record the exchange once: metrics, statistics, access line."""
+        if self._closed:
+            return
+        self._closed = True
+        model = self.model
+        for item in self.items:
+            if model is not None:
+                model.finish(item)
+        waited = [i.dispatched - i.arrival for i in self.items if i.dispatched is not None]
+        queue_s = max(waited) if waited else None
+        seconds = time.perf_counter() - self.started
+        record = RequestRecord(
+            self.scope, self.name, self.version, self.status, seconds, queue_s, model
+        )
+        self._record(record)
+
+
+def status_of(exc: BaseException, current: int) -> int:
+    """The status an exchange that ended with ``exc`` answered: the error tree's; 499 for a
+    caller that left; a protocol error's own (``http_status``, gRPC); else ``current``."""
+    if isinstance(exc, TorchbayError):
+        return exc.status
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return CLIENT_LEFT if current == 500 else current
+    status = getattr(exc, "http_status", None)
+    return status if isinstance(status, int) else current

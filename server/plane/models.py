@@ -1,0 +1,290 @@
+"""The data plane's model operations: the Open Inference Protocol's model metadata and the Triton
+extensions torchbay supports, for every protocol (REST: ``http/triton.py``; gRPC: ``grpc/oip.py``
+and ``grpc/triton.py``). Each returns plain data (Triton's JSON shapes) or raises the error tree:
+
+* model metadata ``GET /v2/models/{m}[/versions/{v}]``: name, versions, platform and the tensor
+  signature (``serving.archives.signature_of``: recorded by the archiver, overridable in
+  model-config.yaml);
+* statistics ``GET /v2/models[/{m}[/versions/{v}]]/stats`` (``observe.oip_stats``);
+* model configuration ``GET /v2/models/{m}[/versions/{v}]/config``: a Triton-style config built
+  from the version's settings and signature;
+* model repository ``POST /v2/repository/index``, ``.../models/{m}/load``, ``.../unload``: the
+  model store's archives; load and unload call the registry's register / unregister.
+
+Index, load and unload need the management key (the adapters check it); load and unload also
+need the model API (``enable_model_api``, else 405, as the management API answers). Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from torchbay.server.errors import BadRequest, ConfigError, MethodNotAllowed, ModelNotFound
+from torchbay.server.http.params import check_model_settings
+from torchbay.server.observe.oip_stats import OipStats
+from torchbay.server.serving.archives import (
+    ArchiveError,
+    Manifest,
+    Signature,
+    TensorSpec,
+    read_manifest,
+    signature_of,
+)
+from torchbay.server.serving.model import ModelStatus, ModelVersion
+from torchbay.server.serving.registry import ARCHIVE_SUFFIXES, ModelRegistry
+
+# What a load request's ``parameters.config`` may set (Triton ModelConfig JSON fields).
+LOAD_CONFIG_KEYS = frozenset({"name", "max_batch_size", "dynamic_batching", "instance_group"})
+
+
+def signature(mv: ModelVersion) -> Signature | None:
+    """The version's signature (validated at registration, so this does not fail)."""
+    try:
+        return signature_of(mv.manifest, mv.config.handler_config)
+    except ArchiveError:
+        return None
+
+
+def platform(mv: ModelVersion) -> str:
+    info = getattr(mv.manifest, "torchbay", None)
+    return f"pytorch_{getattr(info, 'format', None) or 'torchscript'}"
+
+
+def model_metadata(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
+    """OIP ``$metadata_model_response``."""
+    sig = signature(mv)
+    return {
+        "name": mv.name,
+        "versions": sorted(registry.models.get(mv.name, {})),
+        "platform": platform(mv),
+        **(sig.to_json() if sig is not None else {"inputs": [], "outputs": []}),
+    }
+
+
+def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
+    dims = spec.shape[1:] if spec.shape[:1] == [-1] else spec.shape
+    return {"name": spec.name, "data_type": f"TYPE_{spec.datatype}", "dims": dims}
+
+
+def model_config(mv: ModelVersion) -> dict[str, Any]:
+    """A Triton ModelConfig JSON of the version: the batch dimension is implicit in ``dims``."""
+    sig = signature(mv) or Signature()
+    settings = mv.settings
+    gpu = any(s.worker is not None and s.worker.device.startswith("cuda") for s in mv.slots)
+    return {
+        "name": mv.name,
+        "platform": platform(mv),
+        "backend": "pytorch",
+        "version_policy": {"specific": {"versions": [mv.version]}},
+        "max_batch_size": settings.batch_size,
+        "input": [_config_tensor(s) for s in sig.inputs],
+        "output": [_config_tensor(s) for s in sig.outputs],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
+            "default_queue_policy": {"max_queue_size": settings.job_queue_size},
+        },
+        "instance_group": [
+            {
+                "name": mv.name,
+                "kind": "KIND_GPU" if gpu else "KIND_CPU",
+                "count": settings.min_workers,
+            }
+        ],
+    }
+
+
+class Models:
+    """The model operations over one registry and one statistics accumulator."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        stats: OipStats,
+        *,
+        model_api: bool = False,
+        unload_timeout_s: float = 120.0,
+    ) -> None:
+        self.registry = registry
+        self.stats = stats
+        self.model_api = model_api
+        self.unload_timeout_s = unload_timeout_s
+
+    # -- metadata, configuration, statistics ----------------------------------------------------
+
+    def metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        return model_metadata(self.registry, self.registry.resolve(name, version))
+
+    def config(self, name: str, version: str | None) -> dict[str, Any]:
+        return model_config(self.registry.resolve(name, version))
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        """``{"model_stats": [...]}``: every version (no name), a model's, or one version's."""
+        if not name:
+            versions = self.registry.all_versions()
+        elif not version:
+            self.registry.resolve(name)  # ModelNotFound
+            versions = list(self.registry.models[name].values())
+        else:
+            versions = [self.registry.resolve(name, version)]
+        versions.sort(key=lambda mv: (mv.name, mv.version))
+        return self.stats.model_stats(versions)
+
+    # -- model repository -----------------------------------------------------------------------
+
+    def control(self) -> None:
+        """MethodNotAllowed (405) unless the model API is on (load and unload need it)."""
+        if not self.model_api:
+            raise MethodNotAllowed(
+                "Model API control is disabled: loading and unloading models needs "
+                "--enable-model-api (enable_model_api=true)"
+            )
+
+    async def _store(self) -> list[tuple[Path, Manifest | None]]:
+        """The model store's archives with their manifests (None: unreadable)."""
+        if self.registry.config.model_store is None:
+            return []
+
+        def read(path: Path) -> Manifest | None:
+            try:
+                return read_manifest(path)
+            except ArchiveError:
+                return None
+
+        paths = self.registry.store_archives()
+        manifests = await asyncio.to_thread(lambda: [read(p) for p in paths])
+        return list(zip(paths, manifests, strict=True))
+
+    async def index(self, ready_only: Any = False) -> list[dict[str, str]]:
+        """Triton's repository index: loaded versions and the store's other archives."""
+        if not isinstance(ready_only, bool):
+            raise BadRequest('"ready" must be true or false')
+        entries: dict[tuple[str, str], dict[str, str]] = {}
+        for mv in self.registry.all_versions():
+            status = mv.status
+            state = {ModelStatus.READY: "READY", ModelStatus.LOADING: "LOADING"}.get(
+                status, "UNAVAILABLE"
+            )
+            reason = "" if state != "UNAVAILABLE" else status.value.lower()
+            entries[(mv.name, mv.version)] = _entry(mv.name, mv.version, state, reason)
+        if not ready_only:
+            for path, manifest in await self._store():
+                name, version = _store_name(path, manifest)
+                reason = "unloaded" if manifest is not None else "not a valid archive"
+                entries.setdefault((name, version), _entry(name, version, "UNAVAILABLE", reason))
+        body = [e for e in entries.values() if not ready_only or e["state"] == "READY"]
+        return sorted(body, key=lambda e: (e["name"], e["version"]))
+
+    async def load(self, name: str, parameters: Any) -> None:
+        """Load ``name`` from the model store (every version of it not loaded yet), with a
+        ``parameters.config`` override (Triton's ModelConfig JSON fields torchbay takes)."""
+        self.control()
+        overrides, workers = _load_overrides(name, parameters)
+        store = [(p, mf) for p, mf in await self._store() if mf is not None]
+        candidates = [(p, mf) for p, mf in store if _store_name(p, mf)[0] == name] or [
+            (p, mf) for p, mf in store if _stem(p) == name
+        ]
+        if not candidates:
+            raise ModelNotFound(f"Model {name} is not in the model store")
+        loaded = self.registry.models.get(name, {})
+        if loaded and (overrides or workers is not None):
+            raise BadRequest(
+                f"Model {name} is loaded: unload it before loading it with a new config"
+            )
+        todo = [p for p, mf in candidates if _store_name(p, mf)[1] not in loaded]
+        for path in todo:
+            try:
+                await self.registry.register(
+                    path.relative_to(self.registry.config.model_store).as_posix(),
+                    name=name,
+                    overrides=overrides,
+                    initial_workers=workers,
+                    startup=False,  # describe: loadedAtStartup false
+                )
+            except ConfigError as exc:
+                raise BadRequest(exc.message) from None
+
+    async def unload(self, name: str, parameters: Any) -> None:
+        """Unload every version of ``name`` (the default one last)."""
+        self.control()
+        if not isinstance(parameters, dict):
+            raise BadRequest('"parameters" must be an object')
+        versions = self.registry.models.get(name)
+        if not versions:
+            raise ModelNotFound(f"Model not found: {name}")
+        default = self.registry.defaults.get(name)
+        # The default version goes last: the registry keeps it while others remain.
+        for version in sorted(versions, key=lambda v: v == default):
+            await self.registry.unregister(name, version, self.unload_timeout_s)
+
+
+def _entry(name: str, version: str, state: str, reason: str) -> dict[str, str]:
+    return {"name": name, "version": version, "state": state, "reason": reason}
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in ARCHIVE_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _store_name(path: Path, manifest: Manifest | None) -> tuple[str, str]:
+    if manifest is None:
+        return _stem(path), ""
+    return manifest.model.model_name or _stem(path), str(manifest.model.model_version or "1.0")
+
+
+def _load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | None]:
+    """(register overrides, initial workers) from a load request's ``parameters.config``;
+    BadRequest for what torchbay does not support."""
+    parameters = parameters or {}
+    if not isinstance(parameters, dict):
+        raise BadRequest('"parameters" must be an object')
+    unknown = sorted(k for k in parameters if k != "config")
+    if unknown:
+        raise BadRequest(
+            f"Unsupported load parameter(s) {unknown}: torchbay loads archives from its model "
+            'store and takes only a "config" override'
+        )
+    if "config" not in parameters:
+        return {}, None
+    try:
+        config = json.loads(parameters["config"])
+    except (TypeError, ValueError, RecursionError):
+        raise BadRequest("parameters.config must be a string holding a JSON object") from None
+    if not isinstance(config, dict):
+        raise BadRequest("parameters.config must be a JSON object")
+    unsupported = sorted(set(config) - LOAD_CONFIG_KEYS)
+    if unsupported:
+        raise BadRequest(
+            f"parameters.config: unsupported field(s) {unsupported}; torchbay takes "
+            f"{sorted(LOAD_CONFIG_KEYS)}"
+        )
+    if config.get("name", name) != name:
+        raise BadRequest(f"parameters.config: name {config['name']!r} is not {name!r}")
+    return _config_settings(config)
+
+
+def _config_settings(config: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    overrides: dict[str, Any] = {}
+    workers: int | None = None
+    try:
+        if "max_batch_size" in config:
+            overrides["batch_size"] = max(1, int(config["max_batch_size"]))
+        delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
+        if delay is not None:
+            overrides["max_batch_delay"] = float(delay) / 1000
+        groups = config.get("instance_group")
+        if groups is not None:
+            workers = sum(int(g.get("count", 1)) for g in groups)
+    except (TypeError, ValueError, AttributeError):
+        raise BadRequest(
+            "parameters.config: max_batch_size, dynamic_batching.max_queue_delay_microseconds "
+            "and instance_group[].count must be numbers"
+        ) from None
+    check_model_settings({**overrides, "initial_workers": workers})
+    return overrides, workers

@@ -1,0 +1,187 @@
+"""The data plane: what every protocol asks of the server, answered once.
+
+TorchServe REST, the Open Inference Protocol over REST and gRPC, KServe v1, Triton's extensions,
+TorchServe's gRPC inference and management: each is an adapter that parses its wire format,
+calls the :class:`DataPlane`, and writes what comes back (or the one error tree of
+``server/errors.py``) in its own format. The plane owns the request's steps
+(:meth:`DataPlane.exchange`, ``plane/exchange.py``), health and readiness, server and model
+metadata, the model configuration, the statistics, the model repository (``plane/models.py``)
+and the model management operations (``plane/management.py``); recording (metrics, Triton
+statistics, access line) happens inside it, once, whatever protocol brought the request.
+
+Each protocol's list of extensions is derived from what that adapter serves
+(:func:`extensions_of`): an extension is advertised only where all of its operations are.
+
+``serve.py`` builds one plane (:func:`build_plane`) and hands it to every listener. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torchbay.server.config.settings import ServerConfig
+from torchbay.server.errors import TorchbayError
+from torchbay.server.observe.logs import RequestHook, request_hook
+from torchbay.server.observe.metrics import ServerMetrics
+from torchbay.server.observe.oip_stats import Observers, OipStats, chain
+from torchbay.server.plane.exchange import Exchange, Scope
+from torchbay.server.plane.models import Models
+from torchbay.server.serving.admission import any_pressed, refuse_early
+from torchbay.server.serving.fetch import Fetcher
+from torchbay.server.serving.model import ModelStatus, ModelVersion
+from torchbay.server.serving.registry import ModelRegistry
+
+# Each OIP/Triton extension and the plane operations an adapter must serve to advertise it.
+EXTENSIONS: dict[str, frozenset[str]] = {
+    "binary_tensor_data": frozenset({"infer"}),
+    "classification": frozenset({"infer"}),
+    "model_configuration": frozenset({"model_config"}),
+    "model_repository": frozenset({"repository_index", "repository_load", "repository_unload"}),
+    "statistics": frozenset({"model_stats"}),
+}
+
+
+def extensions_of(served: Iterable[str]) -> list[str]:
+    """The extensions whose every operation is in ``served`` (an adapter's operations)."""
+    have = set(served)
+    return [name for name, needs in EXTENSIONS.items() if needs <= have]
+
+
+class DataPlane:
+    """One per server: the registry, the recorders, and every operation a protocol calls."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        *,
+        server_version: str,
+        metrics: ServerMetrics | None = None,
+        stats: OipStats | None = None,
+        model_api: bool = False,
+        unload_timeout_s: float = 120.0,
+    ) -> None:
+        self.registry = registry
+        self.server_version = server_version
+        self.metrics = metrics
+        self.stats = stats or OipStats()
+        # Metadata, model configuration, statistics and the model repository (plane/models.py).
+        self.models = Models(
+            registry, self.stats, model_api=model_api, unload_timeout_s=unload_timeout_s
+        )
+        recorders = [metrics.request_done] if metrics is not None else []
+        # Metrics, statistics and the access line, once per answered request of any protocol.
+        self.record: RequestHook = request_hook(chain(*recorders, self.stats.request_done))
+        # Start-up (serve.py): not ready while the models asked for at start are loading, nor
+        # while one of them failed (its label and reason, until a late load succeeds).
+        self.starting = False
+        self.startup_failures: dict[str, str] = {}
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def exchange(self, scope: Scope, name: str, version: str | None) -> Exchange:
+        """One inference request's steps and its one record (``plane/exchange.py``)."""
+        return Exchange(self.registry, self.record, scope, name, version)
+
+    def pressed(self, name: str, version: str | None) -> ModelVersion | None:
+        """The model version named when it refused a request in the last second
+        (``Admission.pressed``), else None (also for an unknown one: the full path answers it).
+        While nothing refuses anywhere this is one clock read: the hot path's only cost."""
+        if not any_pressed():
+            return None
+        versions = self.registry.models.get(name)
+        if not versions:
+            return None
+        mv = versions.get(version if version is not None else self.registry.defaults.get(name, ""))
+        return mv if mv is not None and mv.admission.pressed else None
+
+    def refusal(
+        self, scope: Scope, mv: ModelVersion, name: str, version: str | None
+    ) -> TorchbayError | None:
+        """The 503 to answer at once, from the headers alone, for a request to the pressed
+        ``mv`` (``pressed``; the adapter has checked its key), recorded like any answer; None
+        when ``mv`` takes this one after all."""
+        ex = self.exchange(scope, name, version)
+        ex.model = mv
+        try:
+            refuse_early(mv)
+        except TorchbayError as exc:
+            ex.status = exc.status
+            ex.close()
+            return exc
+        return None
+
+    # -- health and readiness -------------------------------------------------------------------
+
+    def model(self, name: str, version: str | None = None) -> ModelVersion:
+        """The model version named (404 / 400 from the error tree)."""
+        return self.registry.resolve(name, version or None)
+
+    def healthy(self) -> bool:
+        """TorchServe's ``/ping`` and gRPC ``Ping``: every default version has at least its
+        ``minWorkers`` ready workers."""
+        registry = self.registry
+        return all(
+            registry.models[name][default].ready_workers
+            >= registry.models[name][default].settings.min_workers
+            for name, default in registry.defaults.items()
+        )
+
+    def ready(self) -> bool:
+        """OIP ``/v2/health/ready`` and gRPC ``ServerReady``, the one truth: the models asked
+        for at start are loaded (none asked: ready, as Triton is with no model), none of them
+        failed, and every loaded version serves (READY, or held at zero workers on request)."""
+        if self.starting or self.startup_failures:
+            return False
+        return all(mv.healthy for mv in self.registry.all_versions())
+
+    def model_ready(self, name: str, version: str | None = None) -> tuple[ModelVersion, bool]:
+        mv = self.model(name, version)
+        return mv, mv.status is ModelStatus.READY
+
+    def server_metadata(self, served: Iterable[str]) -> dict[str, Any]:
+        """OIP ``$metadata_server_response`` for an adapter serving the operations ``served``."""
+        return {
+            "name": "torchbay",
+            "version": self.server_version,
+            "extensions": extensions_of(served),
+        }
+
+
+def build_plane(
+    config: ServerConfig,
+    *,
+    place: Any,
+    budget: Any,
+    server_version: str,
+    env: Mapping[str, str] | None = None,
+    prewarmed: Any = None,
+) -> DataPlane:
+    """The server's one plane: its registry (fed to the metrics and the statistics), the
+    recorders, and URL registration limited to ``allowed_urls`` (none by default)."""
+    metrics = ServerMetrics(system_metrics=not config.disable_system_metrics)
+    stats = OipStats()  # Triton's statistics extension: fed by the same records as the metrics
+    registry = ModelRegistry(
+        config,
+        place=place,
+        budget=budget,
+        server_version=server_version,
+        observer=Observers(metrics, stats),
+        worker_env=dict(env) if env else None,
+        prewarmed=prewarmed,
+    )
+    metrics.watch(registry)
+    registry.fetch = Fetcher(
+        config.allowed_urls,
+        registry.workdir / "downloads",
+        max_bytes=config.max_download_size,
+        timeout_s=config.download_timeout_s,
+    )
+    return DataPlane(
+        registry,
+        server_version=server_version,
+        metrics=metrics,
+        stats=stats,
+        model_api=config.enable_model_api,
+        unload_timeout_s=config.unregister_model_timeout_s,
+    )
