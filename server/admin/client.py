@@ -184,8 +184,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain aligned text table."""
     cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in cells]  # fmt: skip
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
     return "\n".join(lines)
 
 

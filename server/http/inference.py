@@ -1,6 +1,6 @@
 """The inference listener (default 8080): TorchServe's inference API (``/ping``,
 ``/predictions``, ``/explanations``), KServe v1 predict and the Open Inference Protocol (KServe
-v2) REST endpoints, as one raw ASGI app. Its routes are ``routes.INFERENCE_ROUTES``: the
+v2) REST endpoints, as one raw ASGI app. Its routes are ``route_table.INFERENCE_ROUTES``: the
 dispatch below and the OpenAPI document (``OPTIONS /``, ``/openapi.json``) both come from it.
 
 The frontend never decodes bodies: raw bytes and headers go to the worker, which parses them.
@@ -39,7 +39,8 @@ from torchbay.server.http.asgi import (
     send_error,
     send_json,
 )
-from torchbay.server.http.routes import INFERENCE_ROUTES, Route, Router
+from torchbay.server.http.route_table import INFERENCE_ROUTES
+from torchbay.server.http.routes import Route, Router
 from torchbay.server.http.triton import TritonApi
 from torchbay.server.plane import DataPlane, ModelVersion, WireRequest, WireResponse, join_headers
 
@@ -281,21 +282,30 @@ def _checked_response(
     headers are not valid HTTP (logged with the request id and the offending field)."""
     status = response.status
     if type(status) is not int or not 200 <= status <= 599:
-        log.error("request %s: the handler answered with the invalid HTTP status %r; "
-                  "answered 500", request_id, status)  # fmt: skip
+        log.error(
+            "request %s: the handler answered with the invalid HTTP status %r; answered 500",
+            request_id,
+            status,
+        )
         raise HandlerFailed("The model answered with an invalid HTTP status")
     try:
         content_type = response.content_type.encode("latin-1")
         pairs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
     except (UnicodeEncodeError, AttributeError):
-        log.error("request %s: the handler answered with a header that is not latin-1 text; "
-                  "answered 500", request_id)  # fmt: skip
+        log.error(
+            "request %s: the handler answered with a header that is not latin-1 text; answered 500",
+            request_id,
+        )
         raise HandlerFailed("The model answered with an invalid HTTP header") from None
     bad = [(b"content-type", content_type)] if _BAD_VALUE.search(content_type) else []
     bad += [(k, v) for k, v in pairs if not _TOKEN.fullmatch(k) or _BAD_VALUE.search(v)]
     if bad:
-        log.error("request %s: the handler answered with the invalid header %r: %r; "
-                  "answered 500", request_id, bad[0][0][:100], bad[0][1][:100])  # fmt: skip
+        log.error(
+            "request %s: the handler answered with the invalid header %r: %r; answered 500",
+            request_id,
+            bad[0][0][:100],
+            bad[0][1][:100],
+        )
         raise HandlerFailed("The model answered with an invalid HTTP header")
     headers = []
     for name, value in pairs:

@@ -21,7 +21,8 @@ from torchbay.server.http.asgi import (
     send_error,
     send_json,
 )
-from torchbay.server.http.routes import INFERENCE_ROUTES, METRICS_ROUTES, Route, Router
+from torchbay.server.http.route_table import INFERENCE_ROUTES, METRICS_ROUTES
+from torchbay.server.http.routes import Route, Router
 
 _ERROR = {
     "type": "object",

@@ -1,5 +1,5 @@
 """The Open Inference Protocol's model metadata and the Triton extensions, over REST: the
-adapter between the inference listener's routes (``routes.INFERENCE_ROUTES``, dispatched by
+adapter between the inference listener's routes (``route_table.INFERENCE_ROUTES``, dispatched by
 ``InferenceApp``) and the data plane's model operations (``plane/models.py``):
 
 * model metadata ``GET /v2/models/{m}[/versions/{v}]``;

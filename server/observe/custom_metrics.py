@@ -22,8 +22,25 @@ log = logging.getLogger("torchbay.metrics")
 LABELS = ("model", "version")
 # Unit-agnostic buckets for handler histograms (handlers mostly report milliseconds).
 CUSTOM_BUCKETS = (
-    0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 60000,
-)  # fmt: skip
+    0.001,
+    0.01,
+    0.1,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10000,
+    60000,
+)
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
 _LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")

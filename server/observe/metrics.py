@@ -86,9 +86,27 @@ disable_created_metrics()
 
 # Latency buckets (seconds): sub-millisecond overhead-bound models up to slow ones.
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1,
-    0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-)  # fmt: skip
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 STAGES = frozenset(("preprocess", "inference", "postprocess", "handler"))
 TS_LABELS = ("model_name", "model_version", "hostname")

@@ -279,9 +279,15 @@ class Autopilot:
         )
         log.info(
             "autopilot %s: batch %d -> %d, delay %.1f -> %.1f ms (p99 %.1f ms, target %.1f ms): %s",
-            self.model.key, before.batch_size, decision.knobs.batch_size, before.delay_ms,
-            decision.knobs.delay_ms, decision.p99_ms, self.controller.target_ms, decision.reason,
-        )  # fmt: skip
+            self.model.key,
+            before.batch_size,
+            decision.knobs.batch_size,
+            before.delay_ms,
+            decision.knobs.delay_ms,
+            decision.p99_ms,
+            self.controller.target_ms,
+            decision.reason,
+        )
 
     def describe(self) -> dict[str, Any] | None:
         """The autopilot's part of describe-model (None when it is off)."""

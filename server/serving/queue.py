@@ -237,8 +237,10 @@ class BatchQueue(Generic[T, R]):
             self._learn(self._arrivals - arrivals_before, waited, now)
 
     def _worth_waiting(self, now: float, remaining: float) -> bool:
-        if now - self._last_wait >= self.probe_interval_s * self._probe_backoff \
-                or self._wait_time <= 0:  # fmt: skip
+        if (
+            now - self._last_wait >= self.probe_interval_s * self._probe_backoff
+            or self._wait_time <= 0
+        ):
             return True  # probe: no fresh evidence either way
         rate = self._wait_gain / self._wait_time  # requests per second while waiting
         return rate * remaining >= 1.0
@@ -288,11 +290,14 @@ class BatchQueue(Generic[T, R]):
                 continue
             if p.arrival <= oldest:
                 self.expired += 1
-                reject(p.future, Overloaded(
-                    f"The request waited past the model's queue-time bound of "
-                    f"{self.max_wait_s * 1000:g} ms; not run",
-                    headers={"retry-after": self.retry_after()},
-                ))  # fmt: skip
+                reject(
+                    p.future,
+                    Overloaded(
+                        f"The request waited past the model's queue-time bound of "
+                        f"{self.max_wait_s * 1000:g} ms; not run",
+                        headers={"retry-after": self.retry_after()},
+                    ),
+                )
                 continue
             alive.append(p)
         items.clear()

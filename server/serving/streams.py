@@ -51,13 +51,21 @@ class BatchStreams:
             return
         size = len(part.response.body)
         if self.limit and size > self.limit:
-            log.error("model %s: request %s: a streamed part of %d bytes exceeds "
-                      "max_response_size (%d bytes); answered 500",
-                      self.key, part.request_id, size, self.limit)  # fmt: skip
-            reject(item.future, HandlerFailed(
-                f"The model's response of {size} bytes exceeds the "
-                f"server's max_response_size of {self.limit} bytes"
-            ))  # fmt: skip
+            log.error(
+                "model %s: request %s: a streamed part of %d bytes exceeds "
+                "max_response_size (%d bytes); answered 500",
+                self.key,
+                part.request_id,
+                size,
+                self.limit,
+            )
+            reject(
+                item.future,
+                HandlerFailed(
+                    f"The model's response of {size} bytes exceeds the "
+                    f"server's max_response_size of {self.limit} bytes"
+                ),
+            )
             self.worker.cancel(part.request_id)  # nobody will read its further parts
             return
         if not item.parts.started:

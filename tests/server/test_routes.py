@@ -11,7 +11,8 @@ import pytest
 from torchbay.server.errors import MethodNotAllowed, NotFound, Unauthorized
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi
-from torchbay.server.http.routes import INFERENCE_ROUTES, METRICS_ROUTES, Route, Router
+from torchbay.server.http.route_table import INFERENCE_ROUTES, METRICS_ROUTES
+from torchbay.server.http.routes import Route, Router
 from torchbay.server.plane import DataPlane
 
 from .test_openapi import _call, _registry
