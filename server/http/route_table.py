@@ -153,43 +153,59 @@ _CONTROL_TEXT = (
 )
 
 
+def _oip(
+    method: str,
+    path: str,
+    endpoint: str,
+    summary: str,
+    errors: tuple[int, ...],
+    answers: Mapping[str, Answer],
+    body: dict[str, Any] | None = None,
+) -> Route:
+    """An Open Inference Protocol route: OIP errors, the inference key, 405 on other methods."""
+    return Route(
+        method,
+        path,
+        endpoint,
+        summary,
+        errors,
+        answers,
+        oip=True,
+        auth=True,
+        body=body,
+        strict=True,
+    )
+
+
 def _triton() -> tuple[Route, ...]:
     """Triton's statistics and model repository extensions (before ``/v2/models/{m}``, which
     would take ``stats`` for a model name)."""
     stats = {"200": ("Statistics", _MODEL_STATS)}
+    model, version = "/v2/models/{model_name}", "/versions/{model_version}"
     return (
-        Route(
+        _oip(
             "GET",
             "/v2/models/stats",
             "model_stats",
             "Statistics of every model version",
             (401,),
             stats,
-            oip=True,
-            auth=True,
-            strict=True,
         ),
-        Route(
+        _oip(
             "GET",
-            "/v2/models/{model_name}/stats",
+            model + "/stats",
             "model_stats",
             "Statistics of every version of a model",
             (401, 404),
             stats,
-            oip=True,
-            auth=True,
-            strict=True,
         ),
-        Route(
+        _oip(
             "GET",
-            "/v2/models/{model_name}/versions/{model_version}/stats",
+            model + version + "/stats",
             "model_stats",
             "Statistics of a model version",
             (401, 404),
             stats,
-            oip=True,
-            auth=True,
-            strict=True,
         ),
         *_repository(),
     )
@@ -241,30 +257,6 @@ def _repository() -> tuple[Route, ...]:
             strict=True,
             description=_CONTROL_TEXT,
         ),
-    )
-
-
-def _oip(
-    method: str,
-    path: str,
-    endpoint: str,
-    summary: str,
-    errors: tuple[int, ...],
-    answers: Mapping[str, Answer],
-    body: dict[str, Any] | None = None,
-) -> Route:
-    """An Open Inference Protocol route: OIP errors, the inference key, 405 on other methods."""
-    return Route(
-        method,
-        path,
-        endpoint,
-        summary,
-        errors,
-        answers,
-        oip=True,
-        auth=True,
-        body=body,
-        strict=True,
     )
 
 
