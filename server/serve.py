@@ -35,6 +35,7 @@ from torchbay.server.http.asgi import ASGIApp
 from torchbay.server.http.combined import CombinedApp
 from torchbay.server.http.limits import HttpLimits, protocol_class
 from torchbay.server.http.listeners import bind_listeners, check_tls, close_all
+from torchbay.server.plane import build_plane
 from torchbay.server.serving.budget import GPU_WORKER_THREADS, HostBudget
 from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count, usable_cores
 from torchbay.server.serving.handle import Spawned
@@ -179,8 +180,15 @@ class TorchbayServer:
         self.grpc.bind()  # TorchbayError naming the listener; nothing written yet
         self.state.ports.grpc_inference = self.grpc.ports["inference"]
         self.state.ports.grpc_management = self.grpc.ports["management"]
-        apps = build_apps(self)  # writes the key file: every listener is bound by now
-        self.plane = apps.plane
+        self.plane = build_plane(
+            config,
+            place=self.place,
+            budget=self.budget,
+            server_version=__version__,
+            env=self.env,
+            prewarmed=self.take_prewarmed,
+        )
+        apps = build_apps(config, self.plane)  # writes the key file: every listener is bound
         # The plane's readiness counts start-up failures: one dict, reported here and there.
         self.plane.startup_failures = self.state.failed_models
         self.plane.starting = True  # not ready until _load_startup_models is done

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.middleware.cors import CORSMiddleware
 
@@ -18,17 +17,7 @@ from torchbay.server.http.model_routes import Management
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
 from torchbay.server.observe.ts_metrics import counting, counting_answers
 from torchbay.server.observe.ts_metrics import metrics_app as ts_metrics_app
-from torchbay.server.plane import DataPlane, build_plane
-
-
-class TorchbayServer(Protocol):
-    """What the apps are built from (serve.TorchbayServer; not imported: serve imports us)."""
-
-    config: Any  # ServerConfig
-    env: Mapping[str, str]
-    place: Any
-    budget: Any  # serving.budget.HostBudget
-    take_prewarmed: Any
+from torchbay.server.plane import DataPlane
 
 
 @dataclass
@@ -52,17 +41,8 @@ class Apps:
         return self.plane.metrics
 
 
-def build_apps(server: TorchbayServer) -> Apps:
-    """Every HTTP listener's app over one data plane (``plane.build_plane``)."""
-    config = server.config
-    plane = build_plane(
-        config,
-        place=server.place,
-        budget=server.budget,
-        server_version=__version__,
-        env=server.env,
-        prewarmed=server.take_prewarmed,
-    )
+def build_apps(config: Any, plane: DataPlane) -> Apps:
+    """Every HTTP listener's app over the server's one data plane (built by ``serve.py``)."""
     metrics = plane.metrics
     auth = None
     if not config.disable_token_authorization:
