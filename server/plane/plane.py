@@ -130,10 +130,11 @@ class DataPlane:
     def ready(self) -> bool:
         """OIP ``/v2/health/ready`` and gRPC ``ServerReady``, the one truth: the models asked
         for at start are loaded (none asked: ready, as Triton is with no model), none of them
-        failed, and every loaded version serves (READY, or held at zero workers on request)."""
+        failed, and every loaded version is READY (Triton's strict readiness; a version held at
+        zero workers on request is healthy for ``/ping`` but not ready)."""
         if self.starting or self.startup_failures:
             return False
-        return all(mv.healthy for mv in self.registry.all_versions())
+        return all(mv.status is ModelStatus.READY for mv in self.registry.all_versions())
 
     def model_ready(self, name: str, version: str | None = None) -> tuple[ModelVersion, bool]:
         mv = self.model(name, version)
