@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import scrub_message
+from ..errors import scrub_message
 
 
 @dataclass
@@ -90,11 +90,6 @@ def error_response(status: int, kind: str, message: str, v2: bool = False) -> Re
     if v2:
         body["error"] = message  # the OIP error field
     return Response(status, dumps(body))
-
-
-def error_status(code: object) -> int:
-    """A handler's error code when it is an HTTP error status (400..599), else 500."""
-    return code if type(code) is int and 400 <= code <= 599 else 500
 
 
 # RFC 7230 token characters for header names.

@@ -58,21 +58,28 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Protocol
 
-from . import envelopes, oip, oip_response, oip_signature
-from .context import Context
-from .errors import HandlerError, HandlerLoadError, PredictionException, failure_message
-from .metrics import MetricsCache
+from .. import oip_signature
+from ..context import Context
+from ..errors import (
+    HandlerError,
+    HandlerLoadError,
+    PredictionException,
+    error_status,
+    failure_message,
+)
+from ..metrics import MetricsCache
+from ..streaming import StreamCancelled
+from . import envelopes, oip, oip_response
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 from .responses import (
     FRAMING_HEADERS,
     Response,
     dumps,
     error_response,
-    error_status,
     header_problem,
     status_problem,
 )
-from .streaming import NullSink, PartSink, RunStream, StreamCancelled, drive_generators, streams
+from .streams import NullSink, PartSink, RunStream, cancelled_response, drive_generators, streams
 
 __all__ = ["BatchOutcome", "Request", "Response", "Service", "error_response", "load_service"]
 
@@ -218,7 +225,7 @@ class Service:
         rid = job.request.request_id
         v2 = job.v2 is not None
         if isinstance(exc, StreamCancelled):
-            return exc.response(rid, v2)
+            return cancelled_response(rid, v2)
         if isinstance(exc, _CountMismatch):
             logger.error("request %s: %s", rid, exc)
             message = "number of batch response mismatched"

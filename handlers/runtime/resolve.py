@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import HandlerLoadError
+from ..errors import HandlerLoadError
 
 BUILTIN_HANDLERS: dict[str, str] = {
     "tensor": "torchbay.handlers.tensor",
@@ -94,7 +94,7 @@ def _import_handler_module(name: str, model_dir: Path) -> types.ModuleType:
 
 
 def _handler_class(module: types.ModuleType, name: str) -> type | None:
-    from .base_handler import BaseHandler
+    from ..base_handler import BaseHandler
 
     classes = [
         c
@@ -127,56 +127,56 @@ def _alias(name: str) -> Callable[[Callable[[], dict[str, Any]]], Callable[[], d
 
 @_alias("ts.torch_handler.base_handler")
 def _base_handler() -> dict[str, Any]:
-    from . import base_handler
+    from .. import base_handler
 
     return {"BaseHandler": base_handler.BaseHandler}
 
 
 @_alias("ts.context")
 def _context() -> dict[str, Any]:
-    from . import context
+    from .. import context
 
     return {"Context": context.Context, "RequestProcessor": context.RequestProcessor}
 
 
 @_alias("ts.utils.util")
 def _util() -> dict[str, Any]:
-    from . import utils
+    from .. import utils
 
     return {name: getattr(utils, name) for name in utils.__all__}
 
 
 @_alias("ts.metrics.dimension")
 def _dimension() -> dict[str, Any]:
-    from .metrics import Dimension
+    from ..metrics import Dimension
 
     return {"Dimension": Dimension}
 
 
 @_alias("ts.metrics.metric_type_enum")
 def _metric_type() -> dict[str, Any]:
-    from .metrics import MetricTypes
+    from ..metrics import MetricTypes
 
     return {"MetricTypes": MetricTypes}
 
 
 @_alias("ts.torch_handler.vision_handler")
 def _vision() -> dict[str, Any]:
-    from .image_classifier import ImageClassifier
+    from ..image_classifier import ImageClassifier
 
     return {"VisionHandler": ImageClassifier}
 
 
 @_alias("ts.torch_handler.image_classifier")
 def _image() -> dict[str, Any]:
-    from .image_classifier import ImageClassifier
+    from ..image_classifier import ImageClassifier
 
     return {"ImageClassifier": ImageClassifier}
 
 
 @_alias("ts.torch_handler.text_classifier")
 def _text() -> dict[str, Any]:
-    from .text_classifier import TextClassifier
+    from ..text_classifier import TextClassifier
 
     return {"TextClassifier": TextClassifier}
 
@@ -184,7 +184,7 @@ def _text() -> dict[str, Any]:
 @_alias("ts.protocol.otf_message_handler")
 @_alias("ts.handler_utils.utils")  # TorchServe >= 0.9 exports it here too
 def _otf() -> dict[str, Any]:
-    from . import streaming
+    from .. import streaming
 
     return {
         "send_intermediate_predict_response": streaming.send_intermediate_predict_response,
