@@ -19,12 +19,12 @@ from torchbay.archiver.manifest import Format, Parity
 from torchbay.archiver.parity import check
 
 if TYPE_CHECKING:
-    from torchbay.archiver.package import ArchiveOptions, _Stage
+    from torchbay.archiver.options import ArchiveOptions, Stage
 
 
 def build_model(
     options: ArchiveOptions,
-    stage: _Stage,
+    stage: Stage,
     source: Format,
     target: Format,
     serialized: Path,
@@ -60,7 +60,7 @@ def build_model(
 
 def _stage_model(
     options: ArchiveOptions,
-    stage: _Stage,
+    stage: Stage,
     target: Format,
     serialized: Path,
     model_file: Path | None,
@@ -183,18 +183,18 @@ def _to_torchscript(how: str, packed: nn.Module, example: rs.Example) -> Any:
 
 def _parity(
     options: ArchiveOptions,
-    stage: _Stage,
+    stage: Stage,
     target: Format,
     serialized_name: str,
     model_file_name: str | None,
     reference: nn.Module,
     example: rs.Example,
 ) -> tuple[Parity, Any]:
-    """Load the staged model as a worker does (torchbay.handlers.loading) and compare; returns
-    the parity and the packed model's output on the example."""
-    from torchbay.archiver.package import default_tolerance
+    """Load the staged model as a worker does (torchbay.handlers.runtime.loading) and compare;
+    returns the parity and the packed model's output on the example."""
+    from torchbay.archiver.options import default_tolerance
     from torchbay.handlers.errors import HandlerError
-    from torchbay.handlers.loading import load_model, model_input_dtype
+    from torchbay.handlers.runtime.loading import load_model, model_input_dtype
 
     load_dir = stage.root / "parity"
     load_dir.mkdir()
