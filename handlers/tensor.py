@@ -46,11 +46,11 @@ from .oip_signature import load as load_signature
 from .oip_signature import output_names
 from .utils import torchbay_info
 
-_DTYPES = {
-    name: getattr(torch, name)
-    for name in ("float32", "float", "float16", "half", "bfloat16", "float64", "int64", "long")
-    + ("int32", "int", "int16", "int8", "uint8", "bool")
-}
+# torch's dtype names a manifest's input_dtype may give (aliases included)
+_DTYPE_NAMES = (
+    "float32 float float16 half bfloat16 float64 int64 long int32 int int16 int8 uint8 bool"
+)
+_DTYPES = {name: getattr(torch, name) for name in _DTYPE_NAMES.split()}
 _WIDER = {"UINT16": np.int32, "UINT32": np.int64, "UINT64": np.int64}  # torch lacks the ops
 _V2_DTYPES = {
     "BOOL": torch.bool,
