@@ -1,7 +1,7 @@
-"""What ``torchbay archive`` was asked for (``ArchiveOptions``), the staged files (``Stage``) and
-the parity limits they imply: shared by ``package.py`` (which stages and writes the archive) and
-``build.py`` (which converts the model and checks parity), so that neither imports the other's
-module for them. Torch-free.
+"""What ``torchbay archive`` was asked for (``ArchiveOptions``) and the staged files (``Stage``),
+shared by ``package.py`` (which stages and writes the archive) and ``build.py`` (which converts
+the model and checks parity): package imports build (lazily, for torch), build imports neither
+package nor anything that imports it. Torch-free.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from torchbay.archiver.errors import ArchiveArgumentError
-from torchbay.archiver.manifest import Precision, Tolerance, check_folder_name
+from torchbay.archiver.manifest import Precision, check_folder_name
 from torchbay.archiver.write import ArchiveFormat
 
 Convert = Literal["none", "torchscript-trace", "torchscript-script", "export", "aoti"]
@@ -85,16 +85,3 @@ class Stage:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.files[name] = path
         return path
-
-
-def default_tolerance(options: ArchiveOptions) -> Tolerance:
-    """The precision's default limits with --tolerance / --min-top1-agreement applied."""
-    from torchbay.archiver.parity import DEFAULT_TOLERANCES
-
-    base = DEFAULT_TOLERANCES[options.precision]
-    update: dict[str, float] = {}
-    if options.tolerance is not None:
-        update["max_rel_error"] = options.tolerance
-    if options.min_top1_agreement is not None:
-        update["min_top1_agreement"] = options.min_top1_agreement
-    return base.model_copy(update=update)
