@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import scrub_message
+from ..errors import PredictionException, error_status, scrub_message
 
 
 @dataclass
@@ -90,6 +90,12 @@ def error_response(status: int, kind: str, message: str, v2: bool = False) -> Re
     if v2:
         body["error"] = message  # the OIP error field
     return Response(status, dumps(body))
+
+
+def prediction_error(exc: PredictionException, v2: bool) -> Response:
+    """A handler's PredictionException as its request's response (its ``error_code`` when that is
+    an HTTP error status, else 500)."""
+    return error_response(error_status(exc.error_code), type(exc).__name__, exc.message, v2)
 
 
 # RFC 7230 token characters for header names.
