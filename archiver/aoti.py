@@ -3,11 +3,11 @@
 The exported program is compiled ahead of time by ``torch._inductor.aoti_compile_and_package``
 into a ``.pt2`` package (a shared library plus its weights) with freezing on (weights folded
 into the compiled graph as constants, as torch.jit.freeze does for TorchScript). The worker loads
-it with ``torch._inductor.aoti_load_package`` (handlers.loading); so does the parity check.
+it with ``torch._inductor.aoti_load_package`` (handlers.runtime.loading); so does the parity check.
 
 The batch dimension is dynamic from 1 to ``MAX_BATCH`` rows. The compiled kernels do not refuse
 a larger batch, but nothing guarantees them past the bound the compiler was given, so the
-loader (handlers.loading.AotiModel) runs a larger batch in chunks of ``MAX_BATCH`` rows.
+loader (handlers.runtime.loading.AotiModel) runs a larger batch in chunks of ``MAX_BATCH`` rows.
 
 Devices: CPU always (a C++ compiler is needed at packing time, never at serving time); CUDA
 with ``--device cuda`` on a machine with a GPU. A package is compiled for one device type: the
@@ -30,7 +30,8 @@ from torch import nn
 from torchbay.archiver.convert import positional, quiet
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
 
-MAX_BATCH = 1024  # also handlers.loading.AOTI_MAX_BATCH (the worker does not import the archiver)
+# also handlers/runtime/aoti_loader.py's AOTI_MAX_BATCH (the worker does not import the archiver)
+MAX_BATCH = 1024
 DEVICES = ("cpu", "cuda")
 
 

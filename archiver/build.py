@@ -15,16 +15,16 @@ from torch import nn
 from torchbay.archiver import convert
 from torchbay.archiver import record_signature as rs
 from torchbay.archiver.errors import ConversionError
-from torchbay.archiver.manifest import Format, Parity
-from torchbay.archiver.parity import check
+from torchbay.archiver.manifest import Format, Parity, Tolerance
+from torchbay.archiver.parity import DEFAULT_TOLERANCES, check
 
 if TYPE_CHECKING:
-    from torchbay.archiver.package import ArchiveOptions, _Stage
+    from torchbay.archiver.options import ArchiveOptions, Stage
 
 
 def build_model(
     options: ArchiveOptions,
-    stage: _Stage,
+    stage: Stage,
     source: Format,
     target: Format,
     serialized: Path,
@@ -60,7 +60,7 @@ def build_model(
 
 def _stage_model(
     options: ArchiveOptions,
-    stage: _Stage,
+    stage: Stage,
     target: Format,
     serialized: Path,
     model_file: Path | None,
@@ -183,18 +183,17 @@ def _to_torchscript(how: str, packed: nn.Module, example: rs.Example) -> Any:
 
 def _parity(
     options: ArchiveOptions,
-    stage: _Stage,
+    stage: Stage,
     target: Format,
     serialized_name: str,
     model_file_name: str | None,
     reference: nn.Module,
     example: rs.Example,
 ) -> tuple[Parity, Any]:
-    """Load the staged model as a worker does (torchbay.handlers.loading) and compare; returns
-    the parity and the packed model's output on the example."""
-    from torchbay.archiver.package import default_tolerance
+    """Load the staged model as a worker does (torchbay.handlers.runtime.loading) and compare;
+    returns the parity and the packed model's output on the example."""
     from torchbay.handlers.errors import HandlerError
-    from torchbay.handlers.loading import load_model, model_input_dtype
+    from torchbay.handlers.runtime.loading import load_model, model_input_dtype
 
     load_dir = stage.root / "parity"
     load_dir.mkdir()
@@ -256,3 +255,14 @@ def _to_cpu(output: Any) -> Any:
     if isinstance(output, dict):
         return {k: _to_cpu(v) for k, v in output.items()}
     return output
+
+
+def default_tolerance(options: ArchiveOptions) -> Tolerance:
+    """The precision's default limits with --tolerance / --min-top1-agreement applied."""
+    base = DEFAULT_TOLERANCES[options.precision]
+    update: dict[str, float] = {}
+    if options.tolerance is not None:
+        update["max_rel_error"] = options.tolerance
+    if options.min_top1_agreement is not None:
+        update["min_top1_agreement"] = options.min_top1_agreement
+    return base.model_copy(update=update)

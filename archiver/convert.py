@@ -10,8 +10,8 @@ Formats and what each precision can take:
       (the int8 layers are plain tensors and aten ops, so torch.export takes them).
   eager (model file + state dict): fp32, fp16, bf16, int8-dynamic (the loader quantizes the
       model's Linear layers the same way before loading the int8 state dict).
-int8-dynamic is ``torchbay.handlers.int8``: Linear layers only, int8 weights per output channel,
-activations quantized per row at run time, plain int8 tensors and ``torch._int_mm`` (no
+int8-dynamic is ``torchbay.handlers.runtime.int8``: Linear layers only, int8 weights per output
+channel, activations quantized per row at run time, plain int8 tensors and ``torch._int_mm`` (no
 ``torch.ao.quantization``, which torch 2.13 deprecates together with its quantized dtypes).
 TorchScript itself (torch.jit.trace/script/save/load) is deprecated in torch 2.13: torch.export
 is the supported format, and the one the quickstart uses.
@@ -38,7 +38,7 @@ from torch import nn
 
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
 
-# The layer types int8-dynamic replaces (torchbay.handlers.int8), in every format.
+# The layer types int8-dynamic replaces (torchbay.handlers.runtime.int8), in every format.
 QUANTIZABLE: tuple[type[nn.Module], ...] = (nn.Linear,)
 EAGER_QUANTIZABLE = QUANTIZABLE
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -138,7 +138,7 @@ def quantize_int8(model: nn.Module, types: tuple[type[nn.Module], ...]) -> nn.Mo
             f"int8-dynamic quantizes only {kinds} layers and this model has none "
             f"(its layers: {', '.join(layers) or 'none'}); use fp16 or bf16 instead"
         )
-    from torchbay.handlers.int8 import quantize_linear
+    from torchbay.handlers.runtime.int8 import quantize_linear
 
     return quantize_linear(copy.deepcopy(model)).eval()
 
@@ -147,35 +147,24 @@ def cast(model: nn.Module, precision: str) -> nn.Module:
     return copy.deepcopy(model).to(_DTYPES[precision]).eval()
 
 
-class _Half(nn.Module):
-    """float32 in, float32 out around an fp16 model (scriptable: no dtype attribute)."""
+class _Float32Io(nn.Module):
+    """float32 in, float32 out around an fp16 or bf16 model. Which one is a bool, not a dtype
+    attribute, so that the wrapper stays scriptable."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, bf16: bool) -> None:
         super().__init__()
         self.inner = inner
+        self.bf16 = bf16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_floating_point():
-            x = x.to(torch.float16)
-        return self.inner(x).float()
-
-
-class _BFloat16(nn.Module):
-    """float32 in, float32 out around a bf16 model."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_floating_point():
-            x = x.to(torch.bfloat16)
+            x = x.to(torch.bfloat16) if self.bf16 else x.to(torch.float16)
         return self.inner(x).float()
 
 
 def with_cast(model: nn.Module, precision: str) -> nn.Module:
     """Wrap a half-precision model so it takes and returns float32 (floating inputs only)."""
-    return (_Half if precision == "fp16" else _BFloat16)(model).eval()
+    return _Float32Io(model, bf16=precision == "bf16").eval()
 
 
 def positional(example: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -239,7 +228,7 @@ def freeze(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
     """torch.jit.freeze: inline weights as constants, fold conv/bn and constant subgraphs.
 
     optimize_for_inference is not applied here: it embeds MKLDNN tensors that torch.jit.save
-    cannot serialize, so every loader runs it after loading (handlers.loading, which the
+    cannot serialize, so every loader runs it after loading (handlers.runtime.loading, which the
     parity check uses too).
     """
     try:

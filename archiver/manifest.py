@@ -92,6 +92,15 @@ _FOLDER_NAME_RULES = {
 }
 
 
+def check_folder_name(field: str, value: str) -> str:
+    """``value`` when it is a valid ``model_name`` / ``model_version`` (each names a folder on the
+    server), else ValueError saying the rule."""
+    what, valid, pattern, rule = _FOLDER_NAME_RULES[field]
+    if not valid(value):
+        raise ValueError(f"{what} {value!r} must match {pattern.pattern} ({rule})")
+    return value
+
+
 def handler_spec_problem(spec: str) -> str | None:
     """Why a handler spec is unsafe, or None. Specs: a built-in name, a dotted module path,
     ``file.py``, ``file.py:fn`` or ``module:fn``; file paths must stay inside the model folder."""
@@ -222,10 +231,7 @@ class ModelInfo(BaseModel):
     @field_validator("model_name", "model_version")
     @classmethod
     def _check_folder_name(cls, value: str, info: ValidationInfo) -> str:
-        what, valid, pattern, rule = _FOLDER_NAME_RULES[info.field_name]
-        if not valid(value):
-            raise ValueError(f"{what} {value!r} must match {pattern.pattern} ({rule})")
-        return value
+        return check_folder_name(info.field_name or "", value)
 
     @field_validator("handler")
     @classmethod

@@ -10,113 +10,28 @@ This module imports torch only inside ``package`` and only when a model must be 
 
 from __future__ import annotations
 
-import filecmp
 import glob
 import os
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, field_validator
+from typing import Any
 
 from torchbay import __version__
 from torchbay.archiver.errors import ArchiveArgumentError
 from torchbay.archiver.extract import sha256_file
-from torchbay.archiver.manifest import (
-    MODEL_NAME_RE,
-    Format,
-    Manifest,
-    ModelInfo,
-    Parity,
-    Precision,
-    Tolerance,
-    TorchbayInfo,
-    is_valid_model_name,
-    is_valid_model_version,
-)
-from torchbay.archiver.write import ArchiveFormat, write_archive
+from torchbay.archiver.manifest import Format, Manifest, ModelInfo, Parity, TorchbayInfo
+
+# ArchiveOptions is defined beside Stage (options.py, which build.py imports too); callers take it
+# from here, with ``package``.
+from torchbay.archiver.options import ArchiveOptions, Stage
+from torchbay.archiver.write import write_archive
 
 BUILTIN_HANDLERS = ("tensor", "base", "image_classifier", "text_classifier")
 # Handlers given as an importable module path are not copied in (resolved by the worker).
 _MODULE_HANDLER_PREFIXES = ("torchbay.handlers.", "ts.torch_handler.")
-Convert = Literal["none", "torchscript-trace", "torchscript-script", "export", "aoti"]
 EXAMPLE_NAME = "example_input.npy"
 _SKIP_DIRS = {"__pycache__", "__MACOSX"}
-
-
-class ArchiveOptions(BaseModel):
-    """Everything ``torchbay archive`` takes; paths are resolved against the current directory."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model_name: str
-    version: str
-    handler: str
-    serialized_file: Path | None = None
-    model_file: Path | None = None
-    extra_files: tuple[str, ...] = ()
-    requirements_file: Path | None = None
-    config_file: Path | None = None
-    export_path: Path = Path(".")
-    archive_format: ArchiveFormat = "default"
-    force: bool = False
-    runtime: Literal["python", "python3"] = "python"
-    convert: Convert = "none"
-    device: Literal["cpu", "cuda"] = "cpu"  # --convert aoti: the device compiled for
-    precision: Precision = "fp32"
-    optimize: bool = False
-    example_input: Path | None = None
-    tolerance: float | None = None
-    min_top1_agreement: float | None = None
-    allow_drift: bool = False
-
-    @field_validator("model_name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not is_valid_model_name(value):
-            raise ValueError(f"must match {MODEL_NAME_RE.pattern}")
-        return value
-
-    @field_validator("version")
-    @classmethod
-    def _version(cls, value: str) -> str:
-        if not is_valid_model_version(value):
-            raise ValueError("must look like 1.0, 2 or 1.0.0-rc1 (letters, digits, '.', '-', '_')")
-        return value
-
-    @field_validator("extra_files", mode="before")
-    @classmethod
-    def _split(cls, value: Any) -> Any:
-        # torch-model-archiver takes one comma-separated string.
-        if isinstance(value, str):
-            return tuple(p.strip() for p in value.split(",") if p.strip())
-        return value
-
-
-@dataclass
-class _Stage:
-    """Files to pack: archive name -> source path (None = already written in the staging dir)."""
-
-    root: Path
-    files: dict[str, Path] = field(default_factory=dict)
-
-    def add(self, name: str, source: Path) -> None:
-        if name in self.files and not filecmp.cmp(self.files[name], source, shallow=False):
-            raise ArchiveArgumentError(
-                f"two different files would be packed as {name!r} ({self.files[name]} and {source})"
-            )
-        if name.split("/")[0] == "MAR-INF":
-            raise ArchiveArgumentError(f"{source}: MAR-INF/ is reserved for the manifest")
-        self.files[name] = source
-
-    def written(self, name: str) -> Path:
-        """A path in the staging dir for a file the archiver writes itself."""
-        path = self.root / "generated" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.files[name] = path
-        return path
 
 
 def output_path(options: ArchiveOptions) -> Path:
@@ -147,7 +62,7 @@ def resolve_handler(handler: str) -> tuple[str, Path | None]:
     return path.name + (sep + function if function else ""), path
 
 
-def _add_extra(stage: _Stage, spec: str) -> None:
+def _add_extra(stage: Stage, spec: str) -> None:
     """torch-model-archiver's --extra-files: files by basename, directories' contents at root."""
     wildcard = any(ch in spec for ch in "*?[")
     matches = sorted(glob.glob(spec)) if wildcard else [spec]
@@ -258,7 +173,7 @@ def package(options: ArchiveOptions) -> Path:
         raise ArchiveArgumentError(f"{out} already exists; use -f/--force to overwrite")
 
     with tempfile.TemporaryDirectory(prefix="torchbay-archive-") as tmp:
-        stage = _Stage(Path(tmp))
+        stage = Stage(Path(tmp))
         serialized_name, packed_model_file, parity, recorded = _model_files(
             options, stage, source, target, serialized, model_file
         )
@@ -286,7 +201,7 @@ def package(options: ArchiveOptions) -> Path:
 
 def _model_files(
     options: ArchiveOptions,
-    stage: _Stage,
+    stage: Stage,
     source: Format,
     target: Format,
     serialized: Path | None,
@@ -347,16 +262,3 @@ def _manifest(
         model=model,
         torchbay=info,
     )
-
-
-def default_tolerance(options: ArchiveOptions) -> Tolerance:
-    """The precision's default limits with --tolerance / --min-top1-agreement applied."""
-    from torchbay.archiver.parity import DEFAULT_TOLERANCES
-
-    base = DEFAULT_TOLERANCES[options.precision]
-    update: dict[str, float] = {}
-    if options.tolerance is not None:
-        update["max_rel_error"] = options.tolerance
-    if options.min_top1_agreement is not None:
-        update["min_top1_agreement"] = options.min_top1_agreement
-    return base.model_copy(update=update)

@@ -27,9 +27,21 @@ from .signature_sources import describes_tensors
 
 # The OIP tensor datatypes (KServe v2 / Triton).
 Datatype = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "BF16", "BYTES",
-]  # fmt: skip
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
+]
 DATATYPES: frozenset[str] = frozenset(Datatype.__args__)  # type: ignore[attr-defined]
 
 # torch dtype names (``str(torch.float32).removeprefix("torch.")``) to OIP datatypes.

@@ -132,7 +132,7 @@ def verify_archive(
         manifest = extract_archive(path, model_dir)
         # Imported after the safety checks: an unsafe archive fails fast, without torch.
         from torchbay.handlers.errors import HandlerError
-        from torchbay.handlers.service import load_service
+        from torchbay.handlers.runtime.service import load_service
         from torchbay.handlers.testing import Runner
 
         spec = handler or manifest.model.handler

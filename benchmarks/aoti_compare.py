@@ -10,7 +10,7 @@ the mean time per call (``--iters`` calls after warm-up), for
                (what ``--convert torchscript-script --optimize`` serves);
   export       torch.export with a dynamic batch, ``.module()`` (``--convert export``);
   aoti         the AOTInductor package of ``--convert aoti`` (dynamic batch, freezing), loaded
-               exactly as the worker loads it (handlers.aoti_loader.load_aoti).
+               exactly as the worker loads it (handlers.runtime.aoti_loader.load_aoti).
 It also prints each conversion's time (the AOTI compile dominates: tens of seconds on 2 cores).
 Threads: ``--threads`` intra-op (1 = a worker's default share on a small box), inter-op 1.
 Timings on a loaded machine are noise: compare rows of ONE run, and re-run on a quiet machine.
@@ -39,7 +39,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def _variants(name: str, work: Path) -> tuple[dict[str, Callable[..., Any]], dict[str, float]]:
     from torchbay.archiver.aoti import compile_package
-    from torchbay.handlers.aoti_loader import load_aoti
+    from torchbay.handlers.runtime.aoti_loader import load_aoti
 
     model = build(name).eval()
     example = torch.randn(2, *SAMPLE_SHAPES[name])

@@ -1,4 +1,5 @@
-"""GPU benchmark of the device path (handlers/accel.py): plain vs its options, in and out of serve.
+"""GPU benchmark of the device path (handlers/runtime/accel.py): plain vs its options, in and out
+of serve.
 
 Models (built in code, seeded): ``tiny`` and ``cnn`` (benchmarks/models.py) and ``wide``, a
 ResNet-ish net of width 64/128/256 on 3x128x128 inputs. Variants:
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 from torchbay.benchmarks import models
-from torchbay.handlers import accel
+from torchbay.handlers.runtime import accel
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "plain": None,

@@ -103,7 +103,7 @@ class RawTensorHandler(BaseHandler):
 
     def inference(self, data: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         run_model = getattr(self, "run_model", None)
-        if run_model is not None:  # torchbay: BaseHandler's device path (handlers/accel.py)
+        if run_model is not None:  # torchbay: BaseHandler's device path (handlers/runtime/accel.py)
             return run_model(data)
         device = getattr(self, "device", None)
         with torch.inference_mode():

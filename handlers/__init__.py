@@ -1,8 +1,12 @@
-"""torchbay.handlers: BaseHandler, Context, the built-in handlers, model loading and the Service.
+"""torchbay.handlers: what a handler author imports: BaseHandler, Context, the built-in handlers
+(image_classifier, text_classifier, tensor), errors, metrics, utils, streaming and the test helper
+(testing).
 
-The worker and ``torchbay verify`` call ``load_service(model_dir, ...)`` and then
-``Service.predict(requests)``. Names are imported lazily so ``import torchbay.handlers`` does
-not import torch (only ``base_handler``, ``loading`` and the built-in handlers do).
+What only the worker uses (the Service, request decoding, the OIP codecs, model loading and the
+device path) is the ``runtime`` sub-package; the worker and ``torchbay verify`` call
+``runtime.service.load_service(model_dir, ...)`` and then ``Service.predict(requests)`` (also
+importable from here, lazily). Names are imported lazily so ``import torchbay.handlers`` does not
+import torch (only ``base_handler``, ``runtime.loading`` and the built-in handlers do).
 """
 
 from __future__ import annotations
@@ -11,11 +15,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "load_service": "service",
-    "Service": "service",
-    "Request": "service",
-    "Response": "service",
-    "BatchOutcome": "service",
+    "load_service": "runtime.service",
+    "Service": "runtime.service",
+    "Request": "runtime.service",
+    "Response": "runtime.service",
+    "BatchOutcome": "runtime.service",
     "Context": "context",
     "MetricsCache": "metrics",
     "HandlerError": "errors",

@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from . import accel, loading
-from .errors import PredictionException, UnprocessableInput, scrub_message
-from .responses import error_status
+from .errors import PredictionException, UnprocessableInput, error_status, scrub_message
+from .runtime import accel, loading
 from .utils import load_label_mapping
 
 logger = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ def error_body(exc: PredictionException) -> dict[str, Any]:
 class BaseHandler:
     """Loads the archive's model onto the worker's device and serves tensors through it."""
 
-    # The CUDA calls of the device path (handlers/accel.py); None: the real ones on a CUDA
+    # The CUDA calls of the device path (handlers/runtime/accel.py); None: the real ones on a CUDA
     # device, the plain path on CPU. Tests inject a recording stand-in here.
     accel_backend: Any = None
 
@@ -87,7 +86,8 @@ class BaseHandler:
         self.initialized = True
 
     def _device_path(self) -> Any:
-        """The model's device path (handlers/accel.py), rebuilt when ``self.model`` changed."""
+        """The model's device path (handlers/runtime/accel.py), rebuilt when ``self.model``
+        changed."""
         path = getattr(self, "_accel", None)
         if path is None or path.model is not self.model:
             # getattr: a TorchServe-style subclass may skip __init__/initialize and set its own

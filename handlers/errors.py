@@ -94,3 +94,8 @@ class UnprocessableInput(PredictionException):
 
     def __init__(self, message: str, error_code: int = 422) -> None:
         super().__init__(message, error_code)
+
+
+def error_status(code: object) -> int:
+    """A handler's error code when it is an HTTP error status (400..599), else 500."""
+    return code if type(code) is int and 400 <= code <= 599 else 500

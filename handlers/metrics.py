@@ -12,7 +12,7 @@ with ``ModelName`` and ``Level="Model"`` added to the dimensions unless given. T
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -87,6 +87,41 @@ def _dims(dimensions: DimensionsLike) -> dict[str, str]:
     return {str(d.name): str(d.value) for d in dimensions}
 
 
+def _fixed_unit(method: str, unit: str, default: MetricTypes) -> Callable[..., None]:
+    """TorchServe's ``add_<kind>(name, value, idx=None, dimensions=None, metric_type=...)``."""
+
+    def add(
+        self: MetricsCache,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        dimensions: DimensionsLike = None,
+        metric_type: MetricTypes | str = default,
+    ) -> None:
+        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
+
+    add.__name__ = add.__qualname__ = method
+    return add
+
+
+def _default_unit(method: str, default_unit: str, default: MetricTypes) -> Callable[..., None]:
+    """TorchServe's ``add_<kind>(name, value, idx=None, unit=..., dimensions=None, ...)``."""
+
+    def add(
+        self: MetricsCache,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        unit: str = default_unit,
+        dimensions: DimensionsLike = None,
+        metric_type: MetricTypes | str = default,
+    ) -> None:
+        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
+
+    add.__name__ = add.__qualname__ = method
+    return add
+
+
 class MetricsCache:
     """Buffer of custom metric records for one model; ``drain()`` empties it."""
 
@@ -128,47 +163,11 @@ class MetricsCache:
     ) -> None:
         self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
 
-    def add_counter(
-        self,
-        name: str,
-        value: float,
-        idx: int | None = None,
-        dimensions: DimensionsLike = None,
-        metric_type: MetricTypes | str = MetricTypes.COUNTER,
-    ) -> None:
-        self._record(name, _type_name(metric_type), "count", value, _dims(dimensions))
-
-    def add_time(
-        self,
-        name: str,
-        value: float,
-        idx: int | None = None,
-        unit: str = "ms",
-        dimensions: DimensionsLike = None,
-        metric_type: MetricTypes | str = MetricTypes.GAUGE,
-    ) -> None:
-        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
-
-    def add_size(
-        self,
-        name: str,
-        value: float,
-        idx: int | None = None,
-        unit: str = "MB",
-        dimensions: DimensionsLike = None,
-        metric_type: MetricTypes | str = MetricTypes.GAUGE,
-    ) -> None:
-        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
-
-    def add_percent(
-        self,
-        name: str,
-        value: float,
-        idx: int | None = None,
-        dimensions: DimensionsLike = None,
-        metric_type: MetricTypes | str = MetricTypes.GAUGE,
-    ) -> None:
-        self._record(name, _type_name(metric_type), "percent", value, _dims(dimensions))
+    # TorchServe's signatures, positional order included (see _fixed_unit and _default_unit).
+    add_counter = _fixed_unit("add_counter", "count", MetricTypes.COUNTER)
+    add_time = _default_unit("add_time", "ms", MetricTypes.GAUGE)
+    add_size = _default_unit("add_size", "MB", MetricTypes.GAUGE)
+    add_percent = _fixed_unit("add_percent", "percent", MetricTypes.GAUGE)
 
     def add_error(self, name: str, value: float, dimensions: DimensionsLike = None) -> None:
         self._record(name, "counter", "", value, _dims(dimensions))

@@ -15,7 +15,7 @@ integer type. Requests whose samples share a shape are batched together.
 Output per request: ``{"output": <nested lists>}``: the model's output for the one sample, or a
 list of per-sample outputs for several; a model returning a tuple gives a list of such outputs.
 
-Open Inference Protocol (v2) natively: each input tensor is the numpy array ``handlers.oip``
+Open Inference Protocol (v2) natively: each input tensor is the numpy array ``handlers.runtime.oip``
 decoded (JSON or binary; its first dimension is the batch), passed to the model positionally in
 the signature's order (the Service matched them by name; without a signature, the request's
 order); each output comes back as ``{"name", "shape", "datatype", "array"}`` in its own dtype
@@ -42,28 +42,26 @@ import torch
 from .base_handler import BaseHandler
 from .batching import BatchBuffers
 from .errors import BadInput, PredictionException, UnprocessableInput
-from .loading import torchbay_info
 from .oip_signature import load as load_signature
 from .oip_signature import output_names
+from .utils import torchbay_info
 
-_DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-    "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
-    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}  # fmt: skip
-_V2_DTYPES = {
-    "BOOL": torch.bool, "UINT8": torch.uint8, "INT8": torch.int8, "INT16": torch.int16,
-    "INT32": torch.int32, "INT64": torch.int64, "FP16": torch.float16, "FP32": torch.float32,
-    "FP64": torch.float64, "BF16": torch.bfloat16, "UINT16": torch.int32, "UINT32": torch.int64,
-    "UINT64": torch.int64,
-}  # fmt: skip
-_V2_NAMES = {
-    torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
-    torch.int32: "INT32", torch.int64: "INT64", torch.float16: "FP16", torch.float32: "FP32",
-    torch.float64: "FP64", torch.bfloat16: "BF16",
-}  # fmt: skip
+# torch's dtype names a manifest's input_dtype may give (aliases included)
+_DTYPE_NAMES = (
+    "float32 float float16 half bfloat16 float64 int64 long int32 int int16 int8 uint8 bool"
+)
+_DTYPES = {name: getattr(torch, name) for name in _DTYPE_NAMES.split()}
 _WIDER = {"UINT16": np.int32, "UINT32": np.int64, "UINT64": np.int64}  # torch lacks the ops
+_V2_DTYPES = {
+    "BOOL": torch.bool,
+    "UINT8": torch.uint8,
+    **{f"INT{bits}": getattr(torch, f"int{bits}") for bits in (8, 16, 32, 64)},
+    **{f"FP{bits}": getattr(torch, f"float{bits}") for bits in (16, 32, 64)},
+    "BF16": torch.bfloat16,
+    **{name: getattr(torch, wider.__name__) for name, wider in _WIDER.items()},
+}
+# A torch dtype's OIP name: the wider stand-ins above map back to their own (signed) names.
+_V2_NAMES = {dtype: name for name, dtype in _V2_DTYPES.items() if name not in _WIDER}
 logger = logging.getLogger(__name__)
 _OUT_OF_MEMORY = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
 
@@ -89,8 +87,10 @@ def _load_npy(payload: bytes) -> np.ndarray:
             shape, _, dtype = read(stream)
             want = math.prod(shape) * dtype.itemsize
             if not dtype.hasobject and len(payload) - stream.tell() != want:
-                raise BadInput(f".npy header declares shape {list(shape)} of {dtype}, "
-                               f"but the payload does not hold {want} bytes")  # fmt: skip
+                raise BadInput(
+                    f".npy header declares shape {list(shape)} of {dtype}, "
+                    f"but the payload does not hold {want} bytes"
+                )
         return np.load(io.BytesIO(payload), allow_pickle=False)
     except MemoryError as exc:
         raise PredictionException(".npy payload too large to load", 413) from exc
@@ -110,10 +110,12 @@ class TensorHandler(BaseHandler):
         self.input_shape: list[int] | None = [int(d) for d in shape] if shape else None
         declared = _DTYPES.get(str(info.get("input_dtype") or "").lower())
         # Integer inputs (token ids) keep their dtype; float inputs follow the model's precision.
-        self.declared_dtype = declared if declared is not None and not declared.is_floating_point \
-            else None  # fmt: skip
-        self.signature = load_signature(self.manifest or {},
-                                        getattr(context, "model_yaml_config", None))  # fmt: skip
+        self.declared_dtype = (
+            declared if declared is not None and not declared.is_floating_point else None
+        )
+        self.signature = load_signature(
+            self.manifest or {}, getattr(context, "model_yaml_config", None)
+        )
 
     # -- preprocess: one entry per remaining request: (inputs, single) --------------------------
     def preprocess(self, data: list[Any]) -> list[tuple[list[torch.Tensor], bool]]:
@@ -207,8 +209,11 @@ class TensorHandler(BaseHandler):
         if datatype == "BF16":
             tensor = tensor.view(torch.bfloat16)
         sample = list(tensor.shape[1:])
-        if self.input_shape is not None and len(self.input_shape) == len(sample) and \
-                sample != self.input_shape:  # fmt: skip
+        if (
+            self.input_shape is not None
+            and len(self.input_shape) == len(sample)
+            and sample != self.input_shape
+        ):
             raise UnprocessableInput(
                 f"v2 input {spec['name']!r}: sample shape {sample} is not the model's "
                 f"{self.input_shape}"
@@ -217,8 +222,9 @@ class TensorHandler(BaseHandler):
         return tensor.to(dtype=dtype)  # run_model moves the batch to the device
 
     # -- inference: group requests whose inputs share trailing shapes ---------------------------
-    def inference(self, data: list[tuple[list[torch.Tensor], bool]], *args: Any, **kwargs: Any
-                  ) -> list[Any]:  # fmt: skip
+    def inference(
+        self, data: list[tuple[list[torch.Tensor], bool]], *args: Any, **kwargs: Any
+    ) -> list[Any]:
         groups: dict[tuple, list[int]] = {}
         for j, (inputs, _) in enumerate(data):
             key = tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)
@@ -250,8 +256,9 @@ class TensorHandler(BaseHandler):
             )
         self.fail_item(idx, failure)
 
-    def _run_group(self, data: list[Any], members: list[int], outputs: list[Any],
-                   args: Any, kwargs: Any) -> None:  # fmt: skip
+    def _run_group(
+        self, data: list[Any], members: list[int], outputs: list[Any], args: Any, kwargs: Any
+    ) -> None:
         counts = [data[j][0][0].shape[0] for j in members]
         n_inputs = len(data[members[0]][0])
         buffers = self._buffers_for(n_inputs)
@@ -298,8 +305,12 @@ class TensorHandler(BaseHandler):
                 )
                 continue
             single = self._single[j]
-            values = [(t[0] if single else t).float().tolist() if t.is_floating_point()
-                      else (t[0] if single else t).tolist() for t in tensors]  # fmt: skip
+            values = [
+                (t[0] if single else t).float().tolist()
+                if t.is_floating_point()
+                else (t[0] if single else t).tolist()
+                for t in tensors
+            ]
             out.append({"output": values if multi else values[0]})
         return out
 

@@ -8,7 +8,7 @@ Usable from pytest (torch is imported only when a handler that needs it is loade
     assert replies[0].status == 200 and replies[0].json()["label"] == "setosa"
     assert replies[1].status == 400
 
-What runs is exactly what a worker runs: ``handlers.service.load_service`` loads the handler
+What runs is exactly what a worker runs: ``handlers.runtime.service.load_service`` loads the handler
 (archive manifest, ``model-config.yaml``, the ``ts`` alias, ``initialize``) and
 ``Service.predict`` answers each batch (per-request decoding, the error statuses, the response
 envelope, the bisecting of a batch that raises). Each reply is the ``(status, headers, body)``
@@ -51,7 +51,7 @@ from typing import Any
 
 from .context import Context
 from .metrics import MetricsCache
-from .service import Request, Service, load_service
+from .runtime.service import Request, Service, load_service
 from .utils import exec_file
 
 __all__ = [
@@ -271,7 +271,7 @@ def _is_archive(target: Any) -> bool:
 
 def _object_service(handler: Any, context: Context) -> Service:
     """A Service around a handler object, initialized as ``load_service`` initializes one."""
-    from .resolve import ResolvedHandler, install_ts_alias
+    from .runtime.resolve import ResolvedHandler, install_ts_alias
 
     install_ts_alias()
     if isinstance(handler, type):
@@ -324,7 +324,9 @@ def load_handler(
             )
         else:
             folder = Path(model_dir) if model_dir is not None else Path(tmp)
-            from .loading import read_manifest  # a model folder's manifest, as load_service reads
+            from .runtime.loading import (
+                read_manifest,  # a model folder's manifest, as load_service reads
+            )
 
             manifest = read_manifest(folder) if model_dir is not None else None
             context = make_context(

@@ -99,3 +99,9 @@ def exec_file(path: Any, name: str) -> ModuleType:
         sys.modules.pop(name, None)
         raise
     return module
+
+
+def torchbay_info(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``torchbay`` object, or ``{}`` for a TorchServe archive."""
+    info = manifest.get("torchbay")
+    return info if isinstance(info, dict) else {}

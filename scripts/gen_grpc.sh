@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate server/grpc/protos/services.binpb, the compiled descriptor set the gRPC listeners
+# Regenerate server/grpc/protos/services.binpb from the .proto files in protos/third_party/
+# (Triton's and TorchServe's, as they ship them): the compiled descriptor set the gRPC listeners
 # load into a private descriptor pool (never protobuf's default pool: tritonclient and kserve
 # each register package `inference` there). Needs grpcio-tools (the `dev` extra).
 #   scripts/gen_grpc.sh [python]     (default: .venv/bin/python, else python3)
@@ -12,8 +13,8 @@ if [[ -z "$python" ]]; then
 fi
 protos="$root/server/grpc/protos"
 include="$("$python" -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')"
-cd "$protos"
+cd "$protos/third_party"  # the names the descriptor set records are relative to it
 "$python" -m grpc_tools.protoc -I. -I"$include" --include_imports \
-    --descriptor_set_out=services.binpb \
+    --descriptor_set_out="$protos/services.binpb" \
     grpc_service.proto inference.proto management.proto
 echo "wrote $protos/services.binpb"

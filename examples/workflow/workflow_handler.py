@@ -17,7 +17,7 @@ import yaml
 
 from torchbay.archiver.extract import extract_archive
 from torchbay.handlers.errors import HandlerLoadError
-from torchbay.handlers.service import Request, load_service
+from torchbay.handlers.runtime.service import Request, load_service
 
 
 def chain(dag: dict) -> list[str]:

@@ -2,7 +2,8 @@
 
 ``protos/services.binpb`` is the compiled descriptor set of Triton's ``grpc_service.proto`` (the
 KServe v2 protocol and its extensions) and TorchServe's ``inference.proto`` and
-``management.proto`` (``scripts/gen_grpc.sh`` regenerates it from the ``.proto`` files beside it).
+``management.proto`` (``scripts/gen_grpc.sh`` regenerates it from those ``.proto`` files, kept
+as their projects ship them in ``protos/third_party/``).
 It is loaded into its own ``DescriptorPool``, never protobuf's default pool: tritonclient and the
 kserve SDK each register package ``inference`` there under different file names, and a server
 that registered it too would make one of them fail to import in the same process.
@@ -16,8 +17,8 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-PROTOS = Path(__file__).parent / "protos"
-DESCRIPTOR_SET = PROTOS / "services.binpb"
+PROTOS = Path(__file__).parent / "protos" / "third_party"  # the .proto files (third-party text)
+DESCRIPTOR_SET = PROTOS.parent / "services.binpb"
 
 OIP_SERVICE = "inference.GRPCInferenceService"
 TS_INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"

@@ -100,7 +100,7 @@ def _to_wire(response: object, partial: bool = False) -> p.WireResponse:
 
 class _Channel:
     """The worker's socket while serving: a reader thread, the cancelled requests, and the
-    ``handlers.streaming.PartSink`` the Service sends its parts through."""
+    ``handlers.runtime.streams.PartSink`` the Service sends its parts through."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -185,7 +185,7 @@ def _frame(result: p.Result, message: p.Infer) -> bytes:
 
 def _failure(exc: Exception, request: p.WireRequest) -> p.WireResponse:
     from torchbay.handlers.errors import failure_message
-    from torchbay.handlers.responses import error_response
+    from torchbay.handlers.runtime.responses import error_response
 
     message = failure_message(exc, [request.request_id])
     response = error_response(500, "InternalServerException", message, request.protocol == "v2")
@@ -198,7 +198,7 @@ def serve(sock: socket.socket) -> int:
     # serving.handle.spawn_process) overlaps this, its slowest start-up step, with the frontend.
     import torch
 
-    from torchbay.handlers.service import load_service
+    from torchbay.handlers.runtime.service import load_service
 
     try:
         load = p.recv_message(sock)

@@ -22,7 +22,7 @@ from torchbay.archiver.manifest import Tolerance, read_manifest
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.archiver.parity import check
 from torchbay.handlers.errors import HandlerLoadError
-from torchbay.handlers.loading import load_model
+from torchbay.handlers.runtime.loading import load_model
 
 from .conftest import tensor_options
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from torchbay.archiver.manifest import read_manifest
-from torchbay.handlers.int8 import Int8DynamicLinear, quantize_linear
+from torchbay.handlers.runtime.int8 import Int8DynamicLinear, quantize_linear
 
 from .conftest import run_torchbay
 

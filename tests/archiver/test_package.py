@@ -14,8 +14,8 @@ from torchbay.archiver.errors import ArchiveArgumentError, ConversionError, Pari
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import read_manifest
 from torchbay.archiver.package import ArchiveOptions, package
-from torchbay.handlers.loading import load_model, model_input_dtype
-from torchbay.handlers.loading import read_manifest as read_dict
+from torchbay.handlers.runtime.loading import load_model, model_input_dtype
+from torchbay.handlers.runtime.loading import read_manifest as read_dict
 
 from .conftest import tensor_options, write_conv_model
 

@@ -18,7 +18,7 @@ from torchbay.benchmarks import cli, grpc_compare, grpc_oip, runner
 from torchbay.benchmarks.bench import RunOptions
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.grpc_load import started_server
-from torchbay.handlers import oip
+from torchbay.handlers.runtime import oip
 from torchbay.server.grpc import messages, tensors
 
 

@@ -10,7 +10,7 @@ import torch
 
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.benchmarks import handler_raw, models, runner
-from torchbay.handlers.service import Request, load_service
+from torchbay.handlers.runtime.service import Request, load_service
 
 
 def _model_dir(tmp_path: Path, assets: runner.Assets, name: str) -> Path:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from torchbay.handlers.service import Request
+from torchbay.handlers.runtime.service import Request
 
 
 class TinyLinear(torch.nn.Module):

@@ -1,4 +1,5 @@
-"""handlers/accel.py on CPU: the CUDA path's logic with an injected backend that records calls.
+"""handlers/runtime/accel.py on CPU: the CUDA path's logic with an injected backend that records
+calls.
 
 ``RecordingBackend`` has CudaBackend's methods; its "device" is the CPU, its streams, events and
 graphs are stand-ins that log what DevicePath asks of them, and its transfers copy (as real ones
@@ -18,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from torchbay.handlers import accel
 from torchbay.handlers.base_handler import BaseHandler
 from torchbay.handlers.errors import HandlerLoadError
+from torchbay.handlers.runtime import accel
 from torchbay.handlers.testing import run_handler
 
 from .conftest import write_manifest

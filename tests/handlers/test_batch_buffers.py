@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchbay.handlers.batching import BatchBuffers
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime.service import load_service
 
 from .conftest import body_json, req
 

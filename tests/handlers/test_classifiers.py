@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from torchbay.handlers.errors import HandlerLoadError
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime.service import load_service
 
 from .conftest import body_json, req, write_manifest
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from torchbay.handlers.envelopes import MAX_JSON_DEPTH, decode_json, flatten, json_depth
 from torchbay.handlers.errors import BadInput, failure_message, scrub_message
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime.envelopes import MAX_JSON_DEPTH, decode_json, flatten, json_depth
+from torchbay.handlers.runtime.service import load_service
 from torchbay.server.serving import protocol as p
 from torchbay.server.worker.main import _predict
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from torchbay.handlers.errors import HandlerLoadError
-from torchbay.handlers.loading import (
+from torchbay.handlers.runtime.loading import (
     load_model,
     model_format,
     model_input_dtype,
     quantize_dynamic,
     read_manifest,
 )
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime.service import load_service
 
 from .conftest import EAGER_SOURCE, TinyLinear, body_json, req, write_manifest
 

@@ -1,5 +1,5 @@
-"""The OIP codec (handlers/oip*.py) on its own, and through the Service with the tensor handler:
-tensor decoding (JSON and binary), every size check, signatures, requested outputs,
+"""The OIP codec (handlers/runtime/oip*.py) on its own, and through the Service with the tensor
+handler: tensor decoding (JSON and binary), every size check, signatures, requested outputs,
 classification, and gzip/deflate bodies with their decompression cap."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from torchbay.archiver.signature import model_signature
-from torchbay.handlers import oip, oip_binary, oip_encoding, oip_response
 from torchbay.handlers.errors import BadInput, PredictionException
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime import oip, oip_binary, oip_encoding, oip_response
+from torchbay.handlers.runtime.service import load_service
 
 from .conftest import body_json, req
 

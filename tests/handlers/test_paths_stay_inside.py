@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from torchbay.handlers.errors import HandlerLoadError
-from torchbay.handlers.loading import load_model
-from torchbay.handlers.resolve import resolve_handler
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime.loading import load_model
+from torchbay.handlers.runtime.resolve import resolve_handler
+from torchbay.handlers.runtime.service import load_service
 
 EVIL = "import pathlib\npathlib.Path(__file__).with_name('imported').write_text('1')\n"
 

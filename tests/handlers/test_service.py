@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchbay.handlers.errors import HandlerLoadError
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime.service import load_service
 
 from .conftest import body_json, req, write_manifest
 
@@ -211,7 +211,7 @@ def test_torchserve_style_handler(torchscript_dir) -> None:
 def test_resolution_forms(
     tmp_path: Path, spec: str, source: str | None, expected: str | None
 ) -> None:
-    from torchbay.handlers.resolve import install_ts_alias, resolve_handler
+    from torchbay.handlers.runtime.resolve import install_ts_alias, resolve_handler
 
     install_ts_alias()
     if source is not None:
@@ -249,7 +249,8 @@ def test_lightweight_modules_do_not_import_torch() -> None:
         import sys
         import torchbay.handlers
         import torchbay.handlers.errors, torchbay.handlers.context, torchbay.handlers.metrics
-        import torchbay.handlers.utils, torchbay.handlers.envelopes, torchbay.handlers.service
+        import torchbay.handlers.utils, torchbay.handlers.runtime.envelopes
+        import torchbay.handlers.runtime.service
         from torchbay.handlers import load_service, Request, HandlerLoadError
         assert "torch" not in sys.modules, "torch was imported"
         assert "ts" not in sys.modules, "the ts alias was installed at import"

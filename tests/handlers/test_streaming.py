@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from torchbay.handlers.context import Context
-from torchbay.handlers.responses import Response
-from torchbay.handlers.service import Service, load_service
+from torchbay.handlers.runtime.responses import Response
+from torchbay.handlers.runtime.service import Service, load_service
 from torchbay.handlers.streaming import send_intermediate_predict_response
 
 from .conftest import body_json, req, write_manifest

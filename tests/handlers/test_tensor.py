@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime.service import load_service
 
 from .conftest import body_json, req
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchbay.handlers.service import load_service
+from torchbay.handlers.runtime.service import load_service
 
 from .conftest import TinyLinear, body_json, req
 

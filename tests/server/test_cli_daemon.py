@@ -90,7 +90,8 @@ def test_start_serves_in_the_background_until_stop(run, talk_store):
     model_log = (logs / "model_log.log").read_text()
     assert "talk handler: print on stdout" in model_log  # a handler's print, as TorchServe's
     assert "talk handler: print on stderr" in model_log
-    assert "torchbay.handlers.loading: loaded torchscript model" in model_log  # worker records
+    # worker records
+    assert "torchbay.handlers.runtime.loading: loaded torchscript model" in model_log
     assert "torchbay.access" not in model_log and "torchbay.serve" not in model_log
     server_log = (logs / "ts_log.log").read_text()
     for expected in ("torchbay.serve: torchbay", "POST /predictions/talk", "print on stdout"):

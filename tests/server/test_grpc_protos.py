@@ -1,4 +1,4 @@
-"""The shipped gRPC descriptor set: it matches the .proto files beside it (scripts/gen_grpc.sh
+"""The shipped gRPC descriptor set: it matches the .proto files (scripts/gen_grpc.sh
 regenerates it), it names the real services, and it stays out of protobuf's default pool."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_shipped_descriptor_set_matches_the_proto_files(tmp_path: Path) -> None:
     shipped = messages.DESCRIPTOR_SET.read_bytes()
     copy = tmp_path / "protos"
-    subprocess.run(["cp", "-r", str(messages.PROTOS), str(copy)], check=True)
+    subprocess.run(["cp", "-r", str(messages.PROTOS.parent), str(copy)], check=True)
     env = {**os.environ}
     script = ROOT / "scripts" / "gen_grpc.sh"
     # Regenerate into the copy: the script writes beside the .proto files it compiles.

@@ -165,7 +165,7 @@ def test_a_worker_serving_an_archive_without_a_tensor_signature_never_imports_py
     has no signature, so its worker must not pay for it; one that has a signature still does."""
     code = (
         "import sys\n"
-        "import torchbay.server.worker.main, torch, torchbay.handlers.service\n"
+        "import torchbay.server.worker.main, torch, torchbay.handlers.runtime.service\n"
         "from torchbay.handlers import oip_signature\n"
         "print(oip_signature.load({'torchbay': {'inputs': None, 'input_shape': None}}, {}),"
         " 'pydantic' in sys.modules)\n"

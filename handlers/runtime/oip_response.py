@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BadInput
 from . import oip_binary
 from .envelopes import flatten, wrap_result
-from .errors import BadInput
 from .oip import HEADER_LENGTH, parameters
 from .oip_encoding import encode_content, pick_encoding
 from .responses import dumps

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 
-from .errors import BadInput, PredictionException
+from ..errors import BadInput, PredictionException
 
 DEFAULT_MAX_SIZE = 6553500  # TorchServe's default max_request_size
 _CHUNK = 1 << 20

@@ -58,21 +58,23 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Protocol
 
-from . import envelopes, oip, oip_response, oip_signature
-from .context import Context
-from .errors import HandlerError, HandlerLoadError, PredictionException, failure_message
-from .metrics import MetricsCache
+from .. import oip_signature
+from ..context import Context
+from ..errors import HandlerError, HandlerLoadError, PredictionException, failure_message
+from ..metrics import MetricsCache
+from ..streaming import StreamCancelled
+from . import envelopes, oip, oip_response
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 from .responses import (
     FRAMING_HEADERS,
     Response,
     dumps,
     error_response,
-    error_status,
     header_problem,
+    prediction_error,
     status_problem,
 )
-from .streaming import NullSink, PartSink, RunStream, StreamCancelled, drive_generators, streams
+from .streams import NullSink, PartSink, RunStream, cancelled_response, drive_generators, streams
 
 __all__ = ["BatchOutcome", "Request", "Response", "Service", "error_response", "load_service"]
 
@@ -121,7 +123,7 @@ class _CountMismatch(Exception):
 def _decode_failure(exc: Exception, request: RequestLike) -> Response:
     v2 = request.protocol == "v2"
     if isinstance(exc, PredictionException):
-        return error_response(error_status(exc.error_code), type(exc).__name__, exc.message, v2)
+        return prediction_error(exc, v2)
     rid = request.request_id
     if isinstance(exc, RecursionError):
         message = f"input nested too deeply to decode; request id {rid}"
@@ -218,14 +220,14 @@ class Service:
         rid = job.request.request_id
         v2 = job.v2 is not None
         if isinstance(exc, StreamCancelled):
-            return exc.response(rid, v2)
+            return cancelled_response(rid, v2)
         if isinstance(exc, _CountMismatch):
             logger.error("request %s: %s", rid, exc)
             message = "number of batch response mismatched"
             return error_response(500, "InternalServerException", message, v2)
         if isinstance(exc, PredictionException):
             logger.info("request %s: %s: %s", rid, type(exc).__name__, exc.message)
-            return error_response(error_status(exc.error_code), type(exc).__name__, exc.message, v2)
+            return prediction_error(exc, v2)
         logger.error("handler failed on request %s", rid, exc_info=exc)
         return error_response(500, type(exc).__name__, failure_message(exc, [rid]), v2)
 
@@ -275,8 +277,7 @@ class Service:
             content_type = headers.pop("content-type", None)
             return self._body(status, phrase, item, job, headers, content_type)
         except PredictionException as exc:  # e.g. an unknown requested output (400)
-            code = error_status(exc.error_code)
-            return error_response(code, type(exc).__name__, exc.message, job.v2 is not None)
+            return prediction_error(exc, job.v2 is not None)
         except Exception as exc:  # an unencodable result fails its own request only
             logger.error("cannot encode the result of request %s", rid, exc_info=exc)
             message = f"The handler's result cannot be encoded ({type(exc).__name__}); "

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from .errors import HandlerLoadError
-from .utils import exec_file
+from ..errors import HandlerLoadError
+from ..utils import exec_file, torchbay_info
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +88,6 @@ def model_yaml_config(model_dir: Path, manifest: dict[str, Any]) -> dict[str, An
     if not isinstance(config, dict):
         raise HandlerLoadError(f"config file {config_file!r} is not a mapping")
     return config
-
-
-def torchbay_info(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's ``torchbay`` object, or ``{}`` for a TorchServe archive."""
-    info = manifest.get("torchbay")
-    return info if isinstance(info, dict) else {}
 
 
 def model_format(manifest: dict[str, Any]) -> str | None:

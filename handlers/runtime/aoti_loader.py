@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .errors import HandlerLoadError
+from ..errors import HandlerLoadError
 
 AOTI_MAX_BATCH = 1024  # archiver/aoti.py MAX_BATCH
 

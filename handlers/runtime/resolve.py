@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import HandlerLoadError
+from .. import utils
+from ..errors import HandlerLoadError
 
 BUILTIN_HANDLERS: dict[str, str] = {
     "tensor": "torchbay.handlers.tensor",
@@ -94,7 +95,7 @@ def _import_handler_module(name: str, model_dir: Path) -> types.ModuleType:
 
 
 def _handler_class(module: types.ModuleType, name: str) -> type | None:
-    from .base_handler import BaseHandler
+    from ..base_handler import BaseHandler
 
     classes = [
         c
@@ -114,82 +115,23 @@ def _handler_class(module: types.ModuleType, name: str) -> type | None:
 
 # -- TorchServe compatibility alias -----------------------------------------------------------
 
-_ALIASES: dict[str, Callable[[], dict[str, Any]]] = {}
-
-
-def _alias(name: str) -> Callable[[Callable[[], dict[str, Any]]], Callable[[], dict[str, Any]]]:
-    def register(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-        _ALIASES[name] = fn
-        return fn
-
-    return register
-
-
-@_alias("ts.torch_handler.base_handler")
-def _base_handler() -> dict[str, Any]:
-    from . import base_handler
-
-    return {"BaseHandler": base_handler.BaseHandler}
-
-
-@_alias("ts.context")
-def _context() -> dict[str, Any]:
-    from . import context
-
-    return {"Context": context.Context, "RequestProcessor": context.RequestProcessor}
-
-
-@_alias("ts.utils.util")
-def _util() -> dict[str, Any]:
-    from . import utils
-
-    return {name: getattr(utils, name) for name in utils.__all__}
-
-
-@_alias("ts.metrics.dimension")
-def _dimension() -> dict[str, Any]:
-    from .metrics import Dimension
-
-    return {"Dimension": Dimension}
-
-
-@_alias("ts.metrics.metric_type_enum")
-def _metric_type() -> dict[str, Any]:
-    from .metrics import MetricTypes
-
-    return {"MetricTypes": MetricTypes}
-
-
-@_alias("ts.torch_handler.vision_handler")
-def _vision() -> dict[str, Any]:
-    from .image_classifier import ImageClassifier
-
-    return {"VisionHandler": ImageClassifier}
-
-
-@_alias("ts.torch_handler.image_classifier")
-def _image() -> dict[str, Any]:
-    from .image_classifier import ImageClassifier
-
-    return {"ImageClassifier": ImageClassifier}
-
-
-@_alias("ts.torch_handler.text_classifier")
-def _text() -> dict[str, Any]:
-    from .text_classifier import TextClassifier
-
-    return {"TextClassifier": TextClassifier}
-
-
-@_alias("ts.protocol.otf_message_handler")
-@_alias("ts.handler_utils.utils")  # TorchServe >= 0.9 exports it here too
-def _otf() -> dict[str, Any]:
-    from . import streaming
-
-    return {
-        "send_intermediate_predict_response": streaming.send_intermediate_predict_response,
-        "StreamCancelled": streaming.StreamCancelled,
-    }
+_OTF = {  # TorchServe's streaming call, and the stop it raises here
+    "send_intermediate_predict_response": "streaming.send_intermediate_predict_response",
+    "StreamCancelled": "streaming.StreamCancelled",
+}
+# TorchServe's modules a handler imports -> {name: "torchbay.handlers module.attribute"}.
+_ALIASES: dict[str, dict[str, str]] = {
+    "ts.torch_handler.base_handler": {"BaseHandler": "base_handler.BaseHandler"},
+    "ts.context": {"Context": "context.Context", "RequestProcessor": "context.RequestProcessor"},
+    "ts.utils.util": {name: f"utils.{name}" for name in utils.__all__},
+    "ts.metrics.dimension": {"Dimension": "metrics.Dimension"},
+    "ts.metrics.metric_type_enum": {"MetricTypes": "metrics.MetricTypes"},
+    "ts.torch_handler.vision_handler": {"VisionHandler": "image_classifier.ImageClassifier"},
+    "ts.torch_handler.image_classifier": {"ImageClassifier": "image_classifier.ImageClassifier"},
+    "ts.torch_handler.text_classifier": {"TextClassifier": "text_classifier.TextClassifier"},
+    "ts.protocol.otf_message_handler": _OTF,
+    "ts.handler_utils.utils": _OTF,  # TorchServe >= 0.9 exports it here too
+}
 
 
 def install_ts_alias() -> bool:
@@ -202,20 +144,20 @@ def install_ts_alias() -> bool:
         return getattr(sys.modules["ts"], "__torchbay_alias__", False)
     if importlib.util.find_spec("ts") is not None:
         return False
-    for full, contents in _ALIASES.items():
+    for full, names in _ALIASES.items():
         # Lazy (PEP 562): the aliased class is imported when a handler first asks for it.
-        _ensure_module(full).__getattr__ = _lazy(full, contents)
+        _ensure_module(full).__getattr__ = _lazy(full, names)
     return True
 
 
-def _lazy(full: str, contents: Callable[[], dict[str, Any]]) -> Callable[[str], Any]:
+def _lazy(full: str, names: dict[str, str]) -> Callable[[str], Any]:
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):  # inspect & co. probe dunders on every module
             raise AttributeError(name)
-        values = contents()
-        if name not in values:
+        if name not in names:
             raise AttributeError(f"module {full!r} has no attribute {name!r}")
-        return values[name]
+        module, attr = names[name].rsplit(".", 1)
+        return getattr(importlib.import_module(f"..{module}", __package__), attr)
 
     return __getattr__
 

@@ -18,17 +18,27 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BadInput
 from .envelopes import flatten
-from .errors import BadInput
 
 NUMPY_DTYPES: dict[str, np.dtype] = {
     name: np.dtype(code)
     for name, code in {
-        "BOOL": "?", "UINT8": "u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
-        "INT8": "i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
-        "FP16": "<f2", "FP32": "<f4", "FP64": "<f8", "BF16": "<u2",
+        "BOOL": "?",
+        "UINT8": "u1",
+        "UINT16": "<u2",
+        "UINT32": "<u4",
+        "UINT64": "<u8",
+        "INT8": "i1",
+        "INT16": "<i2",
+        "INT32": "<i4",
+        "INT64": "<i8",
+        "FP16": "<f2",
+        "FP32": "<f4",
+        "FP64": "<f8",
+        "BF16": "<u2",
     }.items()
-}  # fmt: skip
+}
 _KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf", "BF16": "iuf"}
 _LENGTH = struct.Struct("<I")
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import BadInput
 from . import oip_binary
 from .envelopes import V2_DATATYPES, decode_json
-from .errors import BadInput
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 
 HEADER_LENGTH = "inference-header-content-length"

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..errors import HandlerLoadError
 from .accel_cuda import CudaBackend, GraphCache
-from .errors import HandlerLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -162,8 +162,9 @@ def _to_channels_last(model: Any) -> None:
 class PlainPath:
     """The CPU path: the model under ``inference_mode`` (and optional autocast), nothing else."""
 
-    def __init__(self, model: Any, device: torch.device, options: AccelOptions,
-                 model_dtype: torch.dtype) -> None:  # fmt: skip
+    def __init__(
+        self, model: Any, device: torch.device, options: AccelOptions, model_dtype: torch.dtype
+    ) -> None:
         self.model = model
         self.device = device
         self.dtype = model_dtype
@@ -222,8 +223,14 @@ class PinnedBuffer:
 class DevicePath:
     """The CUDA path (see the module docstring); ``backend`` holds every CUDA call."""
 
-    def __init__(self, model: Any, backend: Any, options: AccelOptions, model_dtype: torch.dtype,
-                 batch_size: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        backend: Any,
+        options: AccelOptions,
+        model_dtype: torch.dtype,
+        batch_size: int = 1,
+    ) -> None:
         self.model = model
         self.backend = backend
         self.device = backend.device
@@ -305,9 +312,15 @@ class DevicePath:
         return pytree.tree_unflatten(leaves, spec)
 
 
-def build(model: Any, device: str | torch.device, options: AccelOptions | None = None, *,
-          model_dtype: torch.dtype = torch.float32, batch_size: int = 1,
-          backend: Any = None) -> PlainPath | DevicePath:  # fmt: skip
+def build(
+    model: Any,
+    device: str | torch.device,
+    options: AccelOptions | None = None,
+    *,
+    model_dtype: torch.dtype = torch.float32,
+    batch_size: int = 1,
+    backend: Any = None,
+) -> PlainPath | DevicePath:
     """The path for ``model`` on ``device``: DevicePath for CUDA (or an injected backend)."""
     options = options or AccelOptions()
     device = torch.device(device)

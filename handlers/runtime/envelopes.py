@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl
 import numpy as np
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from .errors import BadInput
+from ..errors import BadInput
 from .responses import dumps
 
 _V2_NAMES = "BOOL UINT8 UINT16 UINT32 UINT64 INT8 INT16 INT32 INT64 FP16 FP32 FP64 BF16 BYTES"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import scrub_message
+from ..errors import PredictionException, error_status, scrub_message
 
 
 @dataclass
@@ -92,9 +92,10 @@ def error_response(status: int, kind: str, message: str, v2: bool = False) -> Re
     return Response(status, dumps(body))
 
 
-def error_status(code: object) -> int:
-    """A handler's error code when it is an HTTP error status (400..599), else 500."""
-    return code if type(code) is int and 400 <= code <= 599 else 500
+def prediction_error(exc: PredictionException, v2: bool) -> Response:
+    """A handler's PredictionException as its request's response (its ``error_code`` when that is
+    an HTTP error status, else 500)."""
+    return error_response(error_status(exc.error_code), type(exc).__name__, exc.message, v2)
 
 
 # RFC 7230 token characters for header names.
