@@ -180,18 +180,8 @@ class TorchbayServer:
         self.grpc.bind()  # TorchbayError naming the listener; nothing written yet
         self.state.ports.grpc_inference = self.grpc.ports["inference"]
         self.state.ports.grpc_management = self.grpc.ports["management"]
-        self.plane = build_plane(
-            config,
-            place=self.place,
-            budget=self.budget,
-            server_version=__version__,
-            env=self.env,
-            prewarmed=self.take_prewarmed,
-        )
+        self.plane = self._build_plane()
         apps = build_apps(config, self.plane)  # writes the key file: every listener is bound
-        # The plane's readiness counts start-up failures: one dict, reported here and there.
-        self.plane.startup_failures = self.state.failed_models
-        self.plane.starting = True  # not ready until _load_startup_models is done
         self.registry = apps.registry
         self.metrics = apps.metrics
         self.auth = apps.auth
@@ -228,6 +218,21 @@ class TorchbayServer:
             self.state.ports.grpc_inference,
             self.state.ports.grpc_management,
         )
+
+    def _build_plane(self) -> Any:
+        """The server's one data plane, not ready until ``_load_startup_models`` is done; its
+        readiness counts the start-up failures (the same dict the ready file reports)."""
+        plane = build_plane(
+            self.config,
+            place=self.place,
+            budget=self.budget,
+            server_version=__version__,
+            env=self.env,
+            prewarmed=self.take_prewarmed,
+        )
+        plane.startup_failures = self.state.failed_models
+        plane.starting = True
+        return plane
 
     async def _start_grpc(self, apps: Any) -> None:
         """The gRPC services over the same registry, keys, metrics and management state."""
