@@ -14,7 +14,7 @@ KServe v1/v2, and the gRPC or streaming listeners to come) builds a :class:`Wire
 worker answers exactly one :class:`WireResponse` per request. Between them the queue only wraps
 the request in a ``serving.queue.Pending`` (its future and timestamps, never a new shape), and
 ``Infer``/``Result`` carry lists of them. The worker hands the ``WireRequest``s to the handler
-service as they are (``handlers.service.RequestLike`` is what it reads of them).
+service as they are (``handlers.runtime.service.RequestLike`` is what it reads of them).
 
 Streaming: while a batch runs, the worker may send any number of ``Part`` frames (one partial
 response of one request: TorchServe's ``send_intermediate_predict_response``, or an item a
