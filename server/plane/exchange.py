@@ -103,9 +103,7 @@ class Exchange:
         assert self.model is not None, "resolve() first"
         item = self.model.admit_reader(wire)
         self.items.append(item)
-        if deadline_s is not None:
-            deadline = clock() + max(deadline_s, 0.0)
-            item.deadline = deadline if item.deadline is None else min(item.deadline, deadline)
+        with_deadline(item, deadline_s)
         return item
 
     def admit_all(self, wires: list[p.WireRequest]) -> list[Item]:
@@ -163,6 +161,15 @@ class Exchange:
             self.scope, self.name, self.version, self.status, seconds, queue_s, model
         )
         self._record(record)
+
+
+def with_deadline(item: Item, deadline_s: float | None) -> None:
+    """A just-queued ``item`` takes the caller's deadline (``deadline_s`` from now; None: none)
+    when it is earlier than its own (``clientTimeoutInMills``). It is still queued (admission
+    only appends), so the queue answers 504 and never runs it once the deadline has passed."""
+    if deadline_s is not None:
+        deadline = clock() + max(deadline_s, 0.0)
+        item.deadline = deadline if item.deadline is None else min(item.deadline, deadline)
 
 
 def status_of(exc: BaseException, current: int) -> int:

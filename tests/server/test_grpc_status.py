@@ -167,13 +167,13 @@ class _Context:
 def test_the_grpc_deadline_becomes_the_queued_requests_deadline(
     remaining, configured, expected
 ) -> None:
-    from torchbay.server.grpc.calls import Calls
+    from torchbay.server.plane.exchange import with_deadline
     from torchbay.server.serving.queue import Pending, clock
 
     now = clock()
-    item = Pending(payload=None, future=None, arrival=now,
-                   deadline=None if configured is None else now + configured)  # type: ignore[arg-type]  # fmt: skip
-    Calls.admitted(_Context(remaining), item)  # type: ignore[arg-type]
+    own = None if configured is None else now + configured
+    item = Pending(payload=None, future=None, arrival=now, deadline=own)  # type: ignore[arg-type]
+    with_deadline(item, _Context(remaining).time_remaining())  # what Calls.infer passes
     if expected is None:
         assert item.deadline is None
     else:
