@@ -189,10 +189,8 @@ class Models:
         if not candidates:
             raise ModelNotFound(f"Model {name} is not in the model store")
         loaded = self.registry.models.get(name, {})
-        if loaded and (overrides or workers is not None):
-            raise BadRequest(
-                f"Model {name} is loaded: unload it before loading it with a new config"
-            )
+        if overrides or workers is not None:  # Triton reloads a loaded model with the new config
+            await asyncio.gather(*(_reconfigure(mv, overrides, workers) for mv in loaded.values()))
         todo = [p for p, mf in candidates if _store_name(p, mf)[1] not in loaded]
         for path in todo:
             try:
@@ -218,6 +216,17 @@ class Models:
         # The default version goes last: the registry keeps it while others remain.
         for version in sorted(versions, key=lambda v: v == default):
             await self.registry.unregister(name, version, self.unload_timeout_s)
+
+
+async def _reconfigure(mv: ModelVersion, overrides: dict[str, Any], workers: int | None) -> None:
+    """A loaded version takes a load request's new config in place, as a live change: its
+    batching at once, its worker count by scaling (new workers start before old ones retire,
+    and no queued request is lost), so it serves throughout, where Triton's reload swaps in a
+    new instance of the model."""
+    delay = overrides.get("max_batch_delay")
+    mv.configure(batch_size=overrides.get("batch_size"), max_batch_delay_ms=delay)
+    if workers is not None:
+        await mv.scale(workers)
 
 
 def _entry(name: str, version: str, state: str, reason: str) -> dict[str, str]:

@@ -119,7 +119,6 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
         ("two", {"parameters": {"config": "{not json"}}, 400, "JSON"),
         ("two", {"parameters": {"config": json.dumps({"max_batch_size": 0.5e9})}}, 400,
          "batch_size"),
-        ("one", {"parameters": {"config": json.dumps({"max_batch_size": 2})}}, 400, "unload"),
     ],
 )  # fmt: skip
 def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, fragment) -> None:
@@ -127,6 +126,37 @@ def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, f
     assert response.status_code == status, response.text
     assert set(response.json()) == {"error"} and fragment in response.json()["error"]
     assert "two" not in server.server.registry.models
+
+
+def test_loading_a_loaded_model_with_a_config_reloads_it_with_that_config(
+    server: LiveServer, client
+) -> None:
+    """As Triton: the new config takes effect (here as a live change, so it serves throughout);
+    the model stays READY and answers."""
+    assert client.get_model_config("one")["max_batch_size"] == 1
+    config = {
+        "max_batch_size": 3,
+        "dynamic_batching": {"max_queue_delay_microseconds": 1500},
+        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+    }
+    client.load_model("one", config=json.dumps(config))
+    try:
+        loaded = client.get_model_config("one")
+        assert loaded["max_batch_size"] == 3
+        assert loaded["dynamic_batching"]["max_queue_delay_microseconds"] == 1500
+        assert loaded["instance_group"][0]["count"] == 2
+        assert len(server.server.registry.resolve("one").slots) == 2
+        assert client.is_model_ready("one")
+        ok = httpx.post(f"{server.url}/predictions/one", content=ZEROS, timeout=60)
+        assert ok.status_code == 200, ok.text
+    finally:
+        back = {
+            "max_batch_size": 1,
+            "instance_group": [{"count": 1}],
+            "dynamic_batching": {"max_queue_delay_microseconds": 100000},
+        }
+        client.load_model("one", config=json.dumps(back))
+    assert client.get_model_config("one")["max_batch_size"] == 1
 
 
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
