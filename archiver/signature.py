@@ -101,6 +101,9 @@ class Signature(BaseModel):
 
     inputs: list[TensorSpec] = Field(default_factory=list, max_length=MAX_TENSORS)
     outputs: list[TensorSpec] = Field(default_factory=list, max_length=MAX_TENSORS)
+    # The input names are the archiver's (input0, input1, ... from a tensor or tuple example),
+    # never declared by the user: a request's inputs may then be matched by position.
+    inputs_by_position: bool = False
 
     @field_validator("inputs", "outputs")
     @classmethod
@@ -160,10 +163,18 @@ def model_signature(
         outputs = parse_specs(yaml_config["outputs"], "model-config.yaml outputs")
     if inputs is None and outputs is None:
         return None
+    generated = "inputs" not in yaml_config and _generated_names(inputs or [])
     try:
-        return Signature(inputs=inputs or [], outputs=outputs or [])
+        return Signature(inputs=inputs or [], outputs=outputs or [], inputs_by_position=generated)
     except ValidationError as exc:
         raise SignatureError(f"model signature: {exc.errors()[0]['msg']}") from None
+
+
+def _generated_names(inputs: list[TensorSpec]) -> bool:
+    """The names the archiver gives a tensor or tuple example input (and the legacy manifest's
+    one input): ``input0``, ``input1``, ... in order. A dict example naming its inputs exactly
+    so reads the same: matching by position then accepts what matching by name accepts too."""
+    return bool(inputs) and [s.name for s in inputs] == [f"input{i}" for i in range(len(inputs))]
 
 
 def _recorded(info: Mapping[str, Any], key: str) -> list[TensorSpec] | None:

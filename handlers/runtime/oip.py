@@ -169,6 +169,8 @@ def check_signature(request: dict[str, Any], signature: Any) -> None:
 
 def _matched_inputs(inputs: list[dict[str, Any]], signature: Any) -> list[dict[str, Any]]:
     known = [s.name for s in signature.inputs]
+    if _by_position(inputs, signature, known):
+        inputs = [{**t, "name": s.name} for t, s in zip(inputs, signature.inputs, strict=True)]
     by_name: dict[str, dict[str, Any]] = {}
     for tensor in inputs:
         name = tensor["name"]
@@ -197,6 +199,18 @@ def _matched_inputs(inputs: list[dict[str, Any]], signature: Any) -> list[dict[s
             )
         ordered.append(tensor)
     return ordered
+
+
+def _by_position(inputs: list[dict[str, Any]], signature: Any, known: list[str]) -> bool:
+    """Match the request's inputs by position: the model's input names were made up by the
+    archiver (never declared by the user, ``Signature.inputs_by_position``), the request names
+    one the model does not have (``input-0``, KServe's TorchServe examples' name), and it gives
+    as many inputs as the model takes. Declared names are a contract: never by position."""
+    return (
+        bool(getattr(signature, "inputs_by_position", False))
+        and len(inputs) == len(known)
+        and any(t["name"] not in known for t in inputs)
+    )
 
 
 def body_value(request: dict[str, Any]) -> Any:

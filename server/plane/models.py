@@ -56,12 +56,16 @@ def platform(mv: ModelVersion) -> str:
 def model_metadata(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
     """OIP ``$metadata_model_response``."""
     sig = signature(mv)
-    return {
+    meta: dict[str, Any] = {
         "name": mv.name,
         "versions": sorted(registry.models.get(mv.name, {})),
         "platform": platform(mv),
         **(sig.to_json() if sig is not None else {"inputs": [], "outputs": []}),
     }
+    if sig is not None and sig.inputs_by_position:
+        # The input names are the archiver's, not declared: requests may name them otherwise.
+        meta["parameters"] = {"inputs_by_position": True}
+    return meta
 
 
 def _config_tensor(spec: TensorSpec) -> dict[str, Any]:

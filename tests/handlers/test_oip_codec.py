@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchbay.archiver.signature import model_signature
+from torchbay.archiver.signature import Signature, TensorSpec, model_signature
 from torchbay.handlers.errors import BadInput, PredictionException
 from torchbay.handlers.runtime import oip, oip_binary, oip_encoding, oip_response
 from torchbay.handlers.runtime.service import load_service
@@ -205,6 +205,34 @@ def test_signature_mismatches_are_400(inputs: list, outputs: list, message: str)
     with pytest.raises(BadInput) as info:
         oip.check_signature({"inputs": inputs, "outputs": outputs}, SIGNATURE)
     assert message in info.value.message
+
+
+def test_inputs_the_archiver_named_are_matched_by_position_when_the_names_differ() -> None:
+    """``input0``, ``input1`` were made up by the archiver (a tuple example): a request naming
+    them otherwise (``input-0``, KServe's TorchServe examples) is matched by position."""
+    invented = Signature(
+        inputs=[
+            TensorSpec(name="input0", datatype="FP32", shape=[-1, 2]),
+            TensorSpec(name="input1", datatype="INT64", shape=[-1]),
+        ],
+        inputs_by_position=True,
+    )
+    request = {"inputs": [_tensor("input-0", "FP32", [1, 2]), _tensor("ids", "INT64", [1])]}
+    oip.check_signature(request, invented)
+    assert [t["name"] for t in request["inputs"]] == ["input0", "input1"]
+    right = {"inputs": [_tensor("input1", "INT64", [1]), _tensor("input0", "FP32", [1, 2])]}
+    oip.check_signature(right, invented)  # the recorded names still match by name, any order
+    assert [t["name"] for t in right["inputs"]] == ["input0", "input1"]
+    with pytest.raises(BadInput, match="datatype"):  # by position, then checked as ever
+        oip.check_signature(
+            {"inputs": [_tensor("x", "INT64", [1]), _tensor("y", "FP32", [1, 2])]}, invented
+        )
+    with pytest.raises(BadInput, match="unknown input 'x'"):  # one short: no guessing
+        oip.check_signature({"inputs": [_tensor("x", "FP32", [1, 2])]}, invented)
+    with pytest.raises(BadInput, match="unknown input 'x'"):  # declared names: a contract
+        oip.check_signature(
+            {"inputs": [_tensor("x", "FP32", [1, 2]), _tensor("b", "INT64", [1])]}, SIGNATURE
+        )
 
 
 # -- responses ------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ def test_single_input_model_metadata(server: LiveServer) -> None:
         "platform": "pytorch_torchscript",
         "inputs": [_spec("input0", [-1, 64])],
         "outputs": [_spec("output0", [-1, 10])],
+        "parameters": {"inputs_by_position": True},  # input0 is the archiver's name
     }
     assert httpx.get(f"{server.url}/v2/models/one/versions/1.0").json() == body
     client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
@@ -43,6 +44,23 @@ def test_single_input_model_metadata(server: LiveServer) -> None:
         assert client.get_model_metadata("one", model_version="1.0") == body
     finally:
         client.close()
+
+
+def test_a_request_may_name_an_input_the_archiver_named_otherwise(server: LiveServer) -> None:
+    """``one`` was archived from a single-tensor example: its input's name (``input0``) is the
+    archiver's, so ``input-0`` (KServe's TorchServe examples) is taken by position; ``two``
+    declared its names (a dict example): another name is a 400 naming it."""
+    row = {"shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}
+    ok = httpx.post(
+        f"{server.url}/v2/models/one/infer", json={"inputs": [{"name": "input-0", **row}]}
+    )
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["outputs"][0]["shape"] == [1, 10]
+    extra = {"name": "extra", "shape": [1, 3], "datatype": "FP32", "data": [0.0] * 3}
+    body = {"inputs": [{"name": "input-0", **row}, extra]}
+    refused = httpx.post(f"{server.url}/v2/models/two/infer", json=body)
+    assert refused.status_code == 400 and "unknown input 'input-0'" in refused.json()["error"]
+    assert "parameters" not in httpx.get(f"{server.url}/v2/models/two").json()
 
 
 def test_two_input_model_metadata(server: LiveServer) -> None:
