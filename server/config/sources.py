@@ -264,9 +264,7 @@ def resolve_model_config(
 def _api_fields(params: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in params.items():
-        if key == "initial_workers":
-            out["min_workers"] = value
-        elif key in API_NAMES:
+        if key in API_NAMES:  # register's initial_workers too
             out[API_NAMES[key]] = value
         elif key in ModelConfig.model_fields:
             out[key] = value

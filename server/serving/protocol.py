@@ -58,7 +58,8 @@ class Kind(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """Frontend -> worker, first message: load this model onto this device."""
+    """Frontend -> worker, first message: load this model onto this device. It is the launch
+    spec serialized: each field is the ``LaunchSpec`` (or ``Placement``) field of its name."""
 
     kind: ClassVar[Kind] = Kind.LOAD
     model_dir: str
