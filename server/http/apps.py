@@ -14,7 +14,6 @@ from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.http.limits import AtHeaders
 from torchbay.server.http.management import build_management_app
-from torchbay.server.http.model_routes import Management
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
 from torchbay.server.http.triton import TritonApi
 from torchbay.server.observe.logs import request_hook
@@ -22,6 +21,7 @@ from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
 from torchbay.server.observe.ts_metrics import counting, counting_answers
 from torchbay.server.observe.ts_metrics import metrics_app as ts_metrics_app
+from torchbay.server.plane.management import Management
 from torchbay.server.serving.fetch import Fetcher
 from torchbay.server.serving.registry import ModelRegistry
 

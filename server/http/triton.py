@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from torchbay.server.config.model_settings import check_model_settings
 from torchbay.server.errors import BadRequest, ConfigError, MethodNotAllowed, ModelNotFound
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_json
-from torchbay.server.http.model_routes import check_model_settings
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.serving.archives import (
     ArchiveError,

@@ -130,8 +130,9 @@ ALLOWED = {
     "config": {"errors"},
     "serving": {"config", "errors"},
     "observe": {"serving", "config", "errors"},
-    "http": {"serving", "observe", "config", "errors"},
-    "grpc": {"http", "serving", "observe", "config", "errors"},  # shares http's auth and routes
+    "plane": {"serving", "observe", "config", "errors"},  # every protocol's operations
+    "http": {"plane", "serving", "observe", "config", "errors"},
+    "grpc": {"http", "plane", "serving", "observe", "config", "errors"},  # shares http's auth
     "worker": {"serving", "observe", "errors"},  # the protocol, the JSON log formatter
     "admin": {"errors"},
 }
