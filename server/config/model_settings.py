@@ -213,11 +213,12 @@ class ModelConfig(BaseModel):
         return self
 
 
-def _declared() -> dict[str, Setting]:
-    """Each field's Setting (a plain one where the field has none), filled in from the field."""
-    defaults = ModelConfig()  # validated: max_workers is min_workers
+def declared(model: type[BaseModel]) -> dict[str, Setting]:
+    """Each field's Setting (a plain one where the field has none), filled in from the field;
+    ``model`` is ModelConfig (or, in tests, a model with one more setting)."""
+    defaults = model()  # validated: ModelConfig's max_workers is min_workers
     out: dict[str, Setting] = {}
-    for name, info in ModelConfig.model_fields.items():
+    for name, info in model.model_fields.items():
         setting = next((m for m in info.metadata if isinstance(m, Setting)), Setting())
         ge = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
         gt = next((m.gt for m in info.metadata if getattr(m, "gt", None) is not None), None)
@@ -233,15 +234,19 @@ def _declared() -> dict[str, Setting]:
     return out
 
 
+def api_names(settings: Mapping[str, Setting]) -> dict[str, str]:
+    """Management API parameter (scale's and register's names) -> field."""
+    return {
+        name: s.name
+        for s in settings.values()
+        for name in dict.fromkeys((s.api, s.register_name))
+        if name is not None
+    }
+
+
 # Field name -> its declaration, in ModelConfig's order.
-SETTINGS: dict[str, Setting] = _declared()
-# Management API parameter (scale's and register's names) -> ModelConfig field.
-API_NAMES = {
-    name: s.name
-    for s in SETTINGS.values()
-    for name in dict.fromkeys((s.api, s.register_name))
-    if name is not None
-}
+SETTINGS: dict[str, Setting] = declared(ModelConfig)
+API_NAMES = api_names(SETTINGS)
 # Those whose values have bounds to check (every numeric one).
 _BOUNDED = {api: field for api, field in API_NAMES.items() if SETTINGS[field].bounded()}
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torchbay.server.config.model_settings import SETTINGS
+from torchbay.server.config.model_settings import SETTINGS, Setting
 from torchbay.server.config.settings import RESTART_BACKOFF_S, ModelConfig, ServerConfig
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.handle import SpawnFn, WorkerProcess
@@ -30,11 +30,11 @@ def _updated(self: Any, **changes: Any) -> Any:
     return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-def _settings_class() -> type:
+def settings_class(settings: Mapping[str, Setting]) -> type:
     """``ModelSettings``: a frozen dataclass of every setting declared ``serving`` (its default
     ``ModelConfig``'s), then the server-wide ones the running version reads."""
     model = [
-        (s.name, s.annotation, field(default=s.default)) for s in SETTINGS.values() if s.serving
+        (s.name, s.annotation, field(default=s.default)) for s in settings.values() if s.serving
     ]
     server = [
         # The server's restart back-off, by failure count, and its cap on one response body
@@ -48,7 +48,7 @@ def _settings_class() -> type:
     return cls
 
 
-ModelSettings = _settings_class()
+ModelSettings = settings_class(SETTINGS)
 _SERVING = tuple(name for name, s in SETTINGS.items() if s.serving)
 
 
