@@ -235,10 +235,10 @@ class TorchbayServer:
         return plane
 
     async def _start_grpc(self, apps: Any) -> None:
-        """The gRPC services over the same registry, keys, metrics and management state."""
+        """The gRPC services over the same data plane and keys as the HTTP listeners."""
         assert self.grpc is not None
         calls = Calls(apps.plane, check_key=apps.auth.check if apps.auth is not None else None)
-        await self.grpc.start(calls, apps.management_state)
+        await self.grpc.start(calls)
 
     async def _listen(self, name: str, app: ASGIApp, protocol: type) -> None:
         parsed = parse_address(getattr(self.config, f"{name}_address"))

@@ -1,5 +1,6 @@
-"""Server and model configuration: two frozen pydantic models (the sources and their layering
-are in ``config.sources``).
+"""Server and model configuration: two frozen pydantic models, ``ServerConfig`` here and
+``ModelConfig`` in ``config.model_settings`` (the sources and their layering are in
+``config.sources``).
 
 Server sources, later wins (``load_server_config``)::
 
@@ -31,159 +32,56 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from torchbay.server.config.grpc_settings import GrpcSettings
+from torchbay.server.config.model_settings import (
+    API_NAMES,
+    FROZEN,
+    MAX_BATCH_SIZE,
+    MAX_BODY_BYTES,
+    MAX_DELAY_MS,
+    MAX_DEVICE_ID,
+    MAX_QUEUE_SIZE,
+    MAX_THREADS,
+    MAX_TIMEOUT_S,
+    MAX_WORKERS,
+    MODEL_ALIASES,
+    MODEL_IGNORED_KEYS,
+    ModelConfig,
+    split_model_keys,
+)
+
+# The model settings (config.model_settings) and the bounds every numeric setting shares, named
+# from here too.
+__all__ = [
+    "API_NAMES",
+    "MAX_BATCH_SIZE",
+    "MAX_BODY_BYTES",
+    "MAX_DELAY_MS",
+    "MAX_DEVICE_ID",
+    "MAX_QUEUE_SIZE",
+    "MAX_THREADS",
+    "MAX_TIMEOUT_S",
+    "MAX_WORKERS",
+    "MODEL_ALIASES",
+    "MODEL_IGNORED_KEYS",
+    "RESTART_BACKOFF_S",
+    "Address",
+    "ModelConfig",
+    "ModelSpec",
+    "ServerConfig",
+    "parse_address",
+    "parse_model_spec",
+    "split_model_keys",
+]
 
 log = logging.getLogger(__name__)
-
-# No NaN or infinity anywhere: ``max_batch_delay=inf`` is a typo, never a setting.
-_FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
-
-# Upper bounds for every numeric setting (config.properties, model-config.yaml, models={...},
-# environment, flags and the management API all validate through these two models). They are far
-# above any real deployment and far below what breaks the server (``min_worker=10**12`` used to
-# raise MemoryError): a value past one is a mistake, answered with a clear 400 or start-up error.
-MAX_WORKERS = 512  # per model version
-MAX_BATCH_SIZE = 4096
-MAX_QUEUE_SIZE = 1_000_000
-MAX_DELAY_MS = 60_000.0  # a batch delay longer than a minute is a misconfiguration
-MAX_TIMEOUT_S = 7 * 86_400.0  # a week, for every timeout
-MAX_THREADS = 4096
-MAX_DEVICE_ID = 1023
-MAX_BODY_BYTES = (1 << 31) - 1  # the worker protocol's frame ceiling (protocol.MAX_FRAME)
-
-
-# --------------------------------------------------------------------------------------- models
-class ModelConfig(BaseModel):
-    """Frontend settings of one model version. camelCase TorchServe names are accepted as aliases.
-
-    ``max_workers`` defaults to ``min_workers``. ``handler_config`` holds model-config.yaml's
-    other keys (TorchServe's backend parameters, ``context.model_yaml_config``).
-    """
-
-    model_config = _FROZEN
-
-    min_workers: int = Field(1, ge=0, le=MAX_WORKERS, alias="minWorkers")
-    max_workers: int | None = Field(None, ge=0, le=MAX_WORKERS, alias="maxWorkers")
-    batch_size: int = Field(1, ge=1, le=MAX_BATCH_SIZE, alias="batchSize")
-    max_batch_delay_ms: float = Field(100.0, ge=0, le=MAX_DELAY_MS, alias="maxBatchDelay")
-    response_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S, alias="responseTimeout")
-    startup_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S, alias="startupTimeout")
-    device_type: Literal["cpu", "gpu", "auto"] = Field("auto", alias="deviceType")
-    device_ids: list[int] | None = Field(None, alias="deviceIds")
-    job_queue_size: int = Field(100, ge=1, le=MAX_QUEUE_SIZE, alias="jobQueueSize")
-    client_timeout_ms: float = Field(
-        0.0, ge=0, le=MAX_TIMEOUT_S * 1000, alias="clientTimeoutInMills"
-    )  # 0 = none
-    max_retry_timeout_s: float = Field(300.0, ge=0, le=MAX_TIMEOUT_S, alias="maxRetryTimeoutInSec")
-    # Admission: a request that cannot start within this many ms is answered 503 at once (0: off).
-    max_queue_delay_ms: float = Field(0.0, ge=0, le=MAX_DELAY_MS, alias="maxQueueDelayMs")
-    # SLA autopilot: adapt batch size and delay (up to the configured ones) to this p99.
-    sla_p99_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS, alias="slaP99Ms")  # 0: off
-    cpu_threads: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: a share of the budget
-    cpu_affinity: bool = False
-    default_version: bool = Field(False, alias="defaultVersion")
-    mar_name: str | None = Field(None, alias="marName")
-    handler: str | None = None  # overrides the manifest's handler (management API)
-    # Worker recycling (0 = off): restart a worker gracefully, without dropping a request, after
-    # this many requests or once its resident memory passes this many MiB (a leaking handler).
-    max_requests_per_worker: int = Field(0, ge=0, le=10**12, alias="maxRequestsPerWorker")
-    max_worker_rss_mb: int = Field(0, ge=0, le=1 << 24, alias="maxWorkerRssMb")
-    handler_config: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("device_type", mode="before")
-    @classmethod
-    def _device_type(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = value.strip().lower()
-            if value == "neuron":
-                raise ValueError(
-                    "deviceType 'neuron' (AWS Inferentia) is not supported; use cpu, gpu or auto"
-                )
-        return value
-
-    @field_validator("device_ids", mode="before")
-    @classmethod
-    def _device_ids(cls, value: Any) -> Any:
-        if isinstance(value, str):  # "0,1" from a query string or env
-            value = [part for part in value.replace(" ", "").split(",") if part]
-        if value is not None and len(value) == 0:
-            return None
-        return value
-
-    @field_validator("device_ids")
-    @classmethod
-    def _device_ids_nonnegative(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(not 0 <= i <= MAX_DEVICE_ID for i in value):
-            raise ValueError(f"device ids must be 0 to {MAX_DEVICE_ID}, got {value}")
-        return value
-
-    @model_validator(mode="after")
-    def _workers(self) -> ModelConfig:
-        if self.max_workers is None:
-            # Frozen model: set the derived default without marking it as user-set, so
-            # model_dump(exclude_unset=True) still tells layers what was given.
-            object.__setattr__(self, "max_workers", self.min_workers)
-        elif self.max_workers < self.min_workers:
-            raise ValueError(
-                f"max_workers ({self.max_workers}) must be >= min_workers ({self.min_workers})"
-            )
-        return self
-
-
-# TorchServe frontend keys of model-config.yaml / models={...} that torchbay accepts and ignores.
-MODEL_IGNORED_KEYS = frozenset(
-    {
-        "parallelType", "parallelLevel", "parallelization", "torchrun", "continuousBatching",
-        "sequenceBatching", "sequenceMaxIdleMSec", "sequenceTimeoutMSec", "maxNumSequence",
-        "maxSequenceJobQueueSize", "useJobTicket", "asyncCommunication", "useVenv", "stateful",
-        "runtimeType", "runtime",
-    }
-)  # fmt: skip
-MODEL_ALIASES = {
-    f.alias or name: name for name, f in ModelConfig.model_fields.items() if f.alias is not None
-}
-
-# Management API parameter -> ModelConfig field (TorchServe snake_case query names).
-API_NAMES = {
-    "batch_size": "batch_size",
-    "max_batch_delay": "max_batch_delay_ms",
-    "response_timeout": "response_timeout_s",
-    "startup_timeout": "startup_timeout_s",
-    "min_worker": "min_workers",
-    "max_worker": "max_workers",
-    "max_queue_delay_ms": "max_queue_delay_ms",
-    "sla_p99_ms": "sla_p99_ms",
-    "handler": "handler",
-}
-
-
-def split_model_keys(
-    raw: Mapping[str, Any], *, where: str, backend_params: bool
-) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """Split TorchServe model settings into (fields, backend parameters, notes)."""
-    fields: dict[str, Any] = {}
-    backend: dict[str, Any] = {}
-    notes: list[str] = []
-    for key, value in raw.items():
-        field = MODEL_ALIASES.get(key, key if key in ModelConfig.model_fields else None)
-        if backend_params and key in ("handler", "handler_config"):
-            field = None  # in model-config.yaml, `handler:` is a backend-parameter section
-        if field is not None:
-            fields[field] = value
-        elif key in MODEL_IGNORED_KEYS:
-            notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
-        elif backend_params:
-            backend[key] = value
-        else:
-            notes.append(f"{where}: ignored unknown key {key!r}")
-    return fields, backend, notes
+_FROZEN = FROZEN
 
 
 # --------------------------------------------------------------------------------------- server

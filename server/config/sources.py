@@ -36,22 +36,47 @@ SERVER_KEY_ALIASES = {
     "cors_allowed_origins": "cors_allowed_origin",
 }
 # TorchServe config.properties keys torchbay accepts and ignores (logged, never fatal).
+# decode_input_request: TorchServe lets workers decode JSON/text bodies before the handler;
+# torchbay's handlers always get the bytes and the content type and decode themselves.
 SERVER_IGNORED_KEYS = frozenset(
     {
-        "vmargs", "number_of_netty_threads", "netty_client_threads", "prefer_direct_buffer",
-        "async_logging", "workflow_store",
-        "install_py_dep_per_model", "initial_worker_port", "initial_distribution_port",
-        "blacklist_env_vars", "use_env_allowed_urls", "metrics_config",
-        "model_metrics_auto_detect", "system_metrics_cmd", "plugins_path", "keystore",
-        "keystore_pass", "keystore_type", "tsConfigFile", "model_server_home",
-        "ipex_enable", "ipex_gpu_enable", "cpp_log_config", "use_native_io", "io_ratio",
-        "service_envelope", "default_service_handler", "max_idle_time", "enable_grpc",
-        "ts_config_file", "log_location", "metrics_location", "headless", "metrics_format",
-        # TorchServe lets workers decode JSON/text bodies before the handler; torchbay's
-        # handlers always get the bytes and the content type and decode themselves.
+        "vmargs",
+        "number_of_netty_threads",
+        "netty_client_threads",
+        "prefer_direct_buffer",
+        "async_logging",
+        "workflow_store",
+        "install_py_dep_per_model",
+        "initial_worker_port",
+        "initial_distribution_port",
+        "blacklist_env_vars",
+        "use_env_allowed_urls",
+        "metrics_config",
+        "model_metrics_auto_detect",
+        "system_metrics_cmd",
+        "plugins_path",
+        "keystore",
+        "keystore_pass",
+        "keystore_type",
+        "tsConfigFile",
+        "model_server_home",
+        "ipex_enable",
+        "ipex_gpu_enable",
+        "cpp_log_config",
+        "use_native_io",
+        "io_ratio",
+        "service_envelope",
+        "default_service_handler",
+        "max_idle_time",
+        "enable_grpc",
+        "ts_config_file",
+        "log_location",
+        "metrics_location",
+        "headless",
+        "metrics_format",
         "decode_input_request",
     }
-)  # fmt: skip
+)
 _FIELDS = frozenset(ServerConfig.model_fields)
 # Every key a config source may name (model_snapshot: TorchServe's snapshot, see _normalize).
 _KNOWN_KEYS = _FIELDS | SERVER_KEY_ALIASES.keys() | SERVER_IGNORED_KEYS | {"model_snapshot"}
@@ -264,9 +289,7 @@ def resolve_model_config(
 def _api_fields(params: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in params.items():
-        if key == "initial_workers":
-            out["min_workers"] = value
-        elif key in API_NAMES:
+        if key in API_NAMES:  # register's initial_workers too
             out[API_NAMES[key]] = value
         elif key in ModelConfig.model_fields:
             out[key] = value

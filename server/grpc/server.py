@@ -142,11 +142,11 @@ class GrpcListeners:
             raise TorchbayError(f"cannot listen on {target} (gRPC {name}): address in use")
         return bound
 
-    async def start(self, calls: Calls, management: Any) -> None:
+    async def start(self, calls: Calls) -> None:
         """Register the services on the bound servers and start them."""
         services: dict[str, tuple[Service, ...]] = {
             "inference": (OipService(calls), TorchServeInference(calls)),
-            "management": (TorchServeManagement(calls, management),),
+            "management": (TorchServeManagement(calls, calls.plane.management),),
         }
         for listener, implementations in services.items():
             self.servers[listener].add_generic_rpc_handlers(

@@ -13,7 +13,6 @@ from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.http.limits import AtHeaders
 from torchbay.server.http.management import build_management_app
-from torchbay.server.http.model_routes import Management
 from torchbay.server.http.openapi import inference_openapi, metrics_openapi, with_openapi
 from torchbay.server.observe.ts_metrics import counting, counting_answers
 from torchbay.server.observe.ts_metrics import metrics_app as ts_metrics_app
@@ -30,7 +29,6 @@ class Apps:
     # whose headers only the ASGI path adds.
     at_headers: AtHeaders | None = None
     auth: TokenAuth | None = None  # None: token authorization disabled
-    management_state: Management | None = None  # what the gRPC management service shares
 
     @property
     def registry(self) -> Any:
@@ -60,7 +58,7 @@ def build_apps(config: Any, plane: DataPlane) -> Apps:
     # written as TorchServe writes them (observe.ts_metrics).
     at_headers = counting_answers(inference.at_headers, metrics)
     inference = counting(inference, metrics)
-    management_app = build_management_app(plane.registry, config, auth=auth)
+    management_app = build_management_app(plane, config, auth=auth)
     management = counting(management_app, metrics)
     metrics_app = with_openapi(ts_metrics_app(metrics), metrics_openapi(__version__))
     return Apps(
@@ -70,7 +68,6 @@ def build_apps(config: Any, plane: DataPlane) -> Apps:
         metrics_app=with_cors(metrics_app, config),
         at_headers=None if config.cors_allowed_origin else at_headers,
         auth=auth,
-        management_state=management_app.state.management,
     )
 
 

@@ -40,10 +40,10 @@ from torchbay.server.errors import (
     TorchbayError,
 )
 from torchbay.server.http.auth import TokenAuth
-from torchbay.server.http.model_routes import Management, State, management_key, models
+from torchbay.server.http.model_routes import Auth, State, management_key, models
 from torchbay.server.http.openapi import document_management, documented
-from torchbay.server.serving.model import ModelStatus
-from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.plane import DataPlane, ModelStatus
+from torchbay.server.plane.params import validation_message
 
 log = logging.getLogger("torchbay.management")
 
@@ -61,11 +61,11 @@ async def kserve_ready(state: State, name: str) -> dict[str, Any]:
 
 
 @keys.get("/token", **documented(400, 401, 404))
-async def rotate_token(request: Request, state: State, type: str = "management") -> dict[str, Any]:
-    if state.auth is None:
+async def rotate_token(request: Request, auth: Auth, type: str = "management") -> dict[str, Any]:
+    if auth is None:
         raise NotFound("Token authorization is disabled on this server")
-    state.auth.check(request.headers.get("authorization"), "API")
-    return state.auth.rotate(type)
+    auth.check(request.headers.get("authorization"), "API")
+    return auth.rotate(type)
 
 
 @description.options("/", **documented(auth=False))
@@ -87,14 +87,6 @@ MANAGEMENT_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
 MANAGEMENT_STATUSES[("get", "/openapi.json")] = (200,)
 
 
-def _validation_message(exc: ValidationError | RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = [str(p) for p in err.get("loc", ()) if p not in ("query", "body", "path")]
-        parts.append(f"{'.'.join(loc) or 'request'}: {err.get('msg')}")
-    return "Invalid parameter(s): " + "; ".join(parts)
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TorchbayError)
     async def _torchbay_error(request: Request, exc: TorchbayError) -> JSONResponse:
@@ -102,11 +94,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(BadRequest(_validation_message(exc)).to_json(), status_code=400)
+        return JSONResponse(BadRequest(validation_message(exc)).to_json(), status_code=400)
 
     @app.exception_handler(ValidationError)
     async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
-        return JSONResponse(BadRequest(_validation_message(exc)).to_json(), status_code=400)
+        return JSONResponse(BadRequest(validation_message(exc)).to_json(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -136,15 +128,16 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_management_app(
-    registry: ModelRegistry, config: ServerConfig, *, auth: TokenAuth | None = None
+    plane: DataPlane, config: ServerConfig, *, auth: TokenAuth | None = None
 ) -> FastAPI:
-    """The management API over ``registry``; ``auth`` None means token auth is off."""
+    """The management API over the data plane; ``auth`` None means token auth is off."""
     # No trailing-slash redirects: a client following `DELETE /models/m/` -> 307 would unregister
     # a model it did not name exactly; an unknown path is a 404.
     app = FastAPI(
         title="torchbay management", docs_url=None, redoc_url=None, redirect_slashes=False
     )
-    app.state.management = Management(registry, config, auth)
+    app.state.management = plane.management
+    app.state.auth = auth
     _install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

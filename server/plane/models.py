@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config.model_settings import check_model_settings
 from torchbay.server.errors import BadRequest, ConfigError, MethodNotAllowed, ModelNotFound
-from torchbay.server.http.params import check_model_settings
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.serving.archives import (
     ArchiveError,

@@ -26,6 +26,7 @@ from torchbay.server.observe.logs import RequestHook, request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
 from torchbay.server.plane.exchange import Exchange, Scope
+from torchbay.server.plane.management import Management
 from torchbay.server.plane.models import Models
 from torchbay.server.serving.admission import any_pressed, refuse_early
 from torchbay.server.serving.fetch import Fetcher
@@ -60,11 +61,14 @@ class DataPlane:
         stats: OipStats | None = None,
         model_api: bool = False,
         unload_timeout_s: float = 120.0,
+        config: ServerConfig | None = None,
     ) -> None:
         self.registry = registry
         self.server_version = server_version
         self.metrics = metrics
         self.stats = stats or OipStats()
+        # Model management: list, describe, register, scale, set-default (plane/management.py).
+        self.management = Management(registry, config or registry.config)
         # Metadata, model configuration, statistics and the model repository (plane/models.py).
         self.models = Models(
             registry, self.stats, model_api=model_api, unload_timeout_s=unload_timeout_s
@@ -185,4 +189,5 @@ def build_plane(
         stats=stats,
         model_api=config.enable_model_api,
         unload_timeout_s=config.unregister_model_timeout_s,
+        config=config,
     )

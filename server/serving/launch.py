@@ -1,47 +1,55 @@
 """What a worker is launched with, written down once.
 
 ``ModelSettings`` are a model version's live-tunable settings (resolved once from every source by
-the registry; live changes make a new frozen copy). ``LaunchSpec`` is everything that starts one
-worker: the model, the handler, the device and threads, the environment and the log format. The
-``Load`` message and the spawn arguments both come from it (:meth:`LaunchSpec.load_message`,
+the registry; live changes make a new frozen copy); its fields are derived from the settings
+declared in ``config.model_settings`` (``settings_from`` takes them by name). ``LaunchSpec`` is
+everything that starts one worker: the model, the handler, the device and threads, the
+environment and the log format. The ``Load`` message (the spec serialized by field name) and
+the spawn arguments both come from it (:meth:`LaunchSpec.load_message`,
 :meth:`LaunchSpec.new_worker`), so no launch fact is copied anywhere else. Torch-free.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config.model_settings import SETTINGS, Setting
 from torchbay.server.config.settings import RESTART_BACKOFF_S, ModelConfig, ServerConfig
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.handle import SpawnFn, WorkerProcess
 
+_SETTINGS_DOC = """The live settings of one model version (already resolved from every source): the
+model settings declared ``serving`` in ``config.model_settings`` and the server-wide ones."""
 
-@dataclass(frozen=True)
-class ModelSettings:
-    """The live-tunable settings of one model version (already resolved from every source)."""
 
-    batch_size: int = 1
-    max_batch_delay_ms: float = 100.0
-    response_timeout_s: float = 120.0
-    startup_timeout_s: float = 120.0
-    job_queue_size: int = 100
-    client_timeout_ms: float = 0.0
-    max_retry_timeout_s: float = 300.0
-    min_workers: int = 1
-    max_workers: int = 1
-    restart_backoff_s: tuple[float, ...] = RESTART_BACKOFF_S  # the server's, by failure count
-    max_requests_per_worker: int = 0  # recycle a worker after this many requests (0: never)
-    max_worker_rss_mb: int = 0  # recycle a worker past this resident memory (0: never)
-    max_response_size: int = 0  # bytes of one response body (0: no limit)
-    max_queue_delay_ms: float = 0.0  # admission bound on a request's queue time (0: off)
-    sla_p99_ms: float | None = None  # the autopilot's latency target (None: off)
+def _updated(self: Any, **changes: Any) -> Any:
+    """A copy with the given (non-None) changes."""
+    return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
-    def updated(self, **changes: Any) -> ModelSettings:
-        """A copy with the given (non-None) changes."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+def settings_class(settings: Mapping[str, Setting]) -> type:
+    """``ModelSettings``: a frozen dataclass of every setting declared ``serving`` (its default
+    ``ModelConfig``'s), then the server-wide ones the running version reads."""
+    model = [
+        (s.name, s.annotation, field(default=s.default)) for s in settings.values() if s.serving
+    ]
+    server = [
+        # The server's restart back-off, by failure count, and its cap on one response body
+        # (0: no limit).
+        ("restart_backoff_s", tuple[float, ...], field(default=RESTART_BACKOFF_S)),
+        ("max_response_size", int, field(default=0)),
+    ]
+    namespace = {"updated": _updated, "__doc__": _SETTINGS_DOC}
+    cls = make_dataclass("ModelSettings", [*model, *server], frozen=True, namespace=namespace)
+    cls.__module__ = __name__  # (make_dataclass's own module= needs Python 3.12)
+    return cls
+
+
+ModelSettings = settings_class(SETTINGS)
+_SERVING = tuple(name for name, s in SETTINGS.items() if s.serving)
 
 
 def settings_from(config: ModelConfig, server: ServerConfig | None = None) -> ModelSettings:
@@ -53,22 +61,7 @@ def settings_from(config: ModelConfig, server: ServerConfig | None = None) -> Mo
             "restart_backoff_s": server.restart_backoff_s,
             "max_response_size": server.max_response_size,
         }
-    return ModelSettings(
-        batch_size=config.batch_size,
-        max_batch_delay_ms=config.max_batch_delay_ms,
-        response_timeout_s=config.response_timeout_s,
-        startup_timeout_s=config.startup_timeout_s,
-        job_queue_size=config.job_queue_size,
-        client_timeout_ms=config.client_timeout_ms,
-        max_retry_timeout_s=config.max_retry_timeout_s,
-        min_workers=config.min_workers,
-        max_workers=config.max_workers if config.max_workers is not None else config.min_workers,
-        max_requests_per_worker=config.max_requests_per_worker,
-        max_worker_rss_mb=config.max_worker_rss_mb,
-        max_queue_delay_ms=config.max_queue_delay_ms,
-        sla_p99_ms=config.sla_p99_ms,
-        **extra,
-    )
+    return ModelSettings(**{name: getattr(config, name) for name in _SERVING}, **extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,22 +94,24 @@ class LaunchSpec:
         return replace(self, placement=placement, batch_size=batch_size)
 
     def load_message(self) -> p.Load:
+        """The ``Load`` message: this spec and its placement, serialized by field name (the
+        wire's ``num_threads`` is the placement's ``threads``)."""
+        facts = {f.name: getattr(self, f.name) for f in fields(self)}
         where = self.placement
-        return p.Load(
-            model_dir=str(self.model_dir),
-            model_name=self.model_name,
-            model_version=self.model_version,
-            batch_size=self.batch_size,
-            gpu_id=where.gpu_id,
-            handler=self.handler,
-            num_threads=where.threads,
-            cpu_affinity=list(where.cpu_affinity) if where.cpu_affinity else None,
-            server_version=self.server_version,
-            limit_max_image_pixels=self.limit_max_image_pixels,
-            max_request_size=self.max_request_size,
-        )
+        facts.update({f.name: getattr(where, f.name) for f in fields(where)})
+        facts["num_threads"] = facts.pop("threads")
+        return p.Load(**{f.name: _wire(facts[f.name]) for f in fields(p.Load)})
 
     def new_worker(self, spawn: SpawnFn | None = None) -> WorkerProcess:
         return WorkerProcess(
             self.load_message(), env=self.env, log_format=self.log_format, spawn=spawn
         )
+
+
+def _wire(value: Any) -> Any:
+    """A launch fact as the wire carries it: paths as text, core lists as lists (none: None)."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value) or None
+    return value

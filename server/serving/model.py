@@ -22,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config.model_settings import SETTINGS
 from torchbay.server.config.settings import ModelConfig
 from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
 from torchbay.server.serving import protocol as p
@@ -40,6 +41,8 @@ from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, W
 from torchbay.server.serving.streams import later_parts
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
+
+LIVE_SETTINGS = frozenset(name for name, s in SETTINGS.items() if s.live)  # what configure takes
 
 
 class ModelStatus(enum.Enum):
@@ -277,27 +280,18 @@ class ModelVersion:
             reject(item.future, NoWorker(message))
         self.queue.reopen()
 
-    def configure(
-        self,
-        *,
-        batch_size: int | None = None,
-        max_batch_delay_ms: float | None = None,
-        response_timeout_s: float | None = None,
-        max_queue_delay_ms: float | None = None,
-        sla_p99_ms: float | None = None,
-    ) -> None:
-        """Change batching, timeouts, the queue-time bound and the autopilot's target (0: off)."""
-        self._update(
-            batch_size=batch_size,
-            max_batch_delay_ms=max_batch_delay_ms,
-            response_timeout_s=response_timeout_s,
-            max_queue_delay_ms=max_queue_delay_ms,
-            sla_p99_ms=sla_p99_ms,
-        )
-        self.admission.configure(max_queue_delay_ms)  # None: unchanged
+    def configure(self, **changes: Any) -> None:
+        """Change the live settings (those declared ``live`` in ``config.model_settings``:
+        batching, timeouts, the queue-time bound, the autopilot's target; None: unchanged)."""
+        unknown = sorted(set(changes) - LIVE_SETTINGS)
+        if unknown:
+            raise TypeError(f"not live settings: {', '.join(unknown)}")
+        self._update(**changes)
+        self.admission.configure(changes.get("max_queue_delay_ms"))  # None: unchanged
+        delay_ms = changes.get("max_batch_delay_ms")
         self.queue.configure(
-            batch_size=batch_size,
-            max_delay_s=None if max_batch_delay_ms is None else max_batch_delay_ms / 1000,
+            batch_size=changes.get("batch_size"),
+            max_delay_s=None if delay_ms is None else delay_ms / 1000,
         )
 
     async def drain(self, timeout: float) -> bool:

@@ -58,7 +58,8 @@ class Kind(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """Frontend -> worker, first message: load this model onto this device."""
+    """Frontend -> worker, first message: load this model onto this device. It is the launch
+    spec serialized: each field is the ``LaunchSpec`` (or ``Placement``) field of its name."""
 
     kind: ClassVar[Kind] = Kind.LOAD
     model_dir: str
@@ -279,13 +280,11 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
         items = header["requests"]
         if 2 * len(items) != len(blobs):
             raise ProtocolError("INFER: header lines and a body per request expected")
+        pairs = zip(blobs[0::2], blobs[1::2], strict=True)  # (header lines, body) per request
         requests = [
-            WireRequest(
-                str(rid), blobs[2 * i + 1], str(ctype), parse_headers(blobs[2 * i]), str(query),
-                str(proto),
-            )
-            for i, (rid, ctype, query, proto) in enumerate(items)
-        ]  # fmt: skip
+            WireRequest(str(rid), body, str(ctype), parse_headers(raw), str(query), str(proto))
+            for (rid, ctype, query, proto), (raw, body) in zip(items, pairs, strict=True)
+        ]
         return Infer(batch_id=int(header["batch_id"]), requests=requests)
     if kind is Kind.RESULT:
         items = header["responses"]

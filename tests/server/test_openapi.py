@@ -90,7 +90,8 @@ def test_every_documented_status_has_a_description():
 
 def test_management_document_lists_every_route_with_its_statuses(tmp_path):
     registry, config = _registry(tmp_path)
-    app = build_management_app(registry, config, auth=TokenAuth(tmp_path / "k.json", 60))
+    plane = DataPlane(registry, server_version="t", config=config)
+    app = build_management_app(plane, config, auth=TokenAuth(tmp_path / "k.json", 60))
     doc = app.openapi()
     seen = set()
     for route in _routes(app.routes):
@@ -116,7 +117,8 @@ def test_management_document_lists_every_route_with_its_statuses(tmp_path):
 
 def test_management_statuses_seen_are_documented(tmp_path):
     registry, config = _registry(tmp_path)
-    app = build_management_app(registry, config, auth=TokenAuth(tmp_path / "k.json", 60))
+    plane = DataPlane(registry, server_version="t", config=config)
+    app = build_management_app(plane, config, auth=TokenAuth(tmp_path / "k.json", 60))
     doc = app.openapi()
     cases = [
         ("GET", "/models", "/models", {}),  # 401: no key

@@ -1,13 +1,16 @@
 """The management API's describe-model object: TorchServe's fields, plus what torchbay knows
-beyond them (restarts, recycles, placement, format)."""
+beyond them (restarts, recycles, placement, format). The model settings in it are those declared
+with a describe key in ``config.model_settings``, each in its section."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
 
+from torchbay.server.config.model_settings import SETTINGS, ModelConfig, Section, Setting
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.slot import WorkerSlot
@@ -59,9 +62,23 @@ _TS_FIXED = {
 }
 
 
+def described(
+    settings: Mapping[str, Setting], live: Any, config: ModelConfig | None, section: Section
+) -> dict[str, Any]:
+    """The described settings of one section, by describe key: the running version's value
+    (``live``, its ModelSettings) where it reads the setting, else the resolved config's (the
+    default without one)."""
+    shown = {}
+    for setting in settings.values():
+        if setting.describe is None or setting.section != section:
+            continue
+        source = live if setting.serving else config
+        shown[setting.describe] = getattr(source, setting.name, setting.default)
+    return shown
+
+
 def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
     """TorchServe's describe-model object, plus what torchbay knows beyond it."""
-    s = mv.settings
     config = registry.model_configs.get(mv.key)
     info = getattr(mv.manifest, "torchbay", None)
     return {
@@ -69,24 +86,15 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "modelVersion": mv.version,
         "modelUrl": mv.url,
         "runtime": "python",
-        "minWorkers": s.min_workers,
-        "maxWorkers": s.max_workers,
-        "batchSize": s.batch_size,
-        "maxBatchDelay": s.max_batch_delay_ms,
-        "responseTimeout": s.response_timeout_s,
-        "startupTimeout": s.startup_timeout_s,
-        "maxRetryTimeoutInSec": s.max_retry_timeout_s,
-        "clientTimeoutInMills": s.client_timeout_ms,
+        **described(SETTINGS, mv.settings, config, "batching"),  # workers, batching, timeouts
         **mv.admission.describe(),  # maxQueueDelayMs, the service rate, rejections by reason
-        "deviceType": config.device_type if config else "auto",
-        "deviceIds": config.device_ids if config else None,
+        **described(SETTINGS, mv.settings, config, "device"),
         "status": mv.status.value,
         "loadError": mv.load_error,
         "workerRestarts": mv.restarts,
         "workerStartFailures": mv.start_failures,
         "workerRecycles": mv.recycles,
-        "maxRequestsPerWorker": s.max_requests_per_worker,
-        "maxWorkerRssMb": s.max_worker_rss_mb,
+        **described(SETTINGS, mv.settings, config, "workers"),  # recycling
         "loadedAtStartup": mv.key in registry.startup_models,
         "isDefault": registry.is_default(mv),
         "workers": [_worker(slot) for slot in mv.slots],
