@@ -108,9 +108,12 @@ class Window:
 
 
 def figures(
-    capacity: dict[str, float] | None, capacity_ok: float, overload: dict[str, float] | None,
-    overload_s: float, overload_ok: float,
-) -> dict[str, float]:  # fmt: skip
+    capacity: dict[str, float] | None,
+    capacity_ok: float,
+    overload: dict[str, float] | None,
+    overload_s: float,
+    overload_ok: float,
+) -> dict[str, float]:
     """Round two's CPU figures: the workers' CPU per served request at capacity and in the 4x
     phase (ms), and each role's share of one core in the 4x phase (%); NaN where a window was
     not taken."""

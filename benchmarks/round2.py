@@ -27,7 +27,8 @@ from torchbay.benchmarks import managed, plots, procstat, round2_report, runner
 from torchbay.benchmarks.errors import BenchError, exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.round2_rows import ROWS, SWEEP_ESTIMATE
-from torchbay.benchmarks.round2_run import Ctx, RowResult
+from torchbay.benchmarks.round2_run import RowResult
+from torchbay.benchmarks.runner import Ctx
 
 HERE = Path(__file__).resolve().parent
 # Reports live beside the other results, outside the package (results/README.md).

@@ -18,23 +18,17 @@ from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
 from torchbay.benchmarks.round2_run import (
-    ECHO,
     INPROCESS,
-    TORCHBAY,
-    TORCHSERVE,
-    Batching,
-    Ctx,
     Ratio,
     RowResult,
-    closed,
     failed,
     inprocess_limit,
     load_metrics,
     ratios,
-    serving,
     systems_for,
-    target,
 )
+from torchbay.benchmarks.runner import ECHO, TORCHBAY, TORCHSERVE, Ctx, closed, serving, target
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.server.serving.worker_env import worker_env
 
 OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5

@@ -102,10 +102,11 @@ class _Search:
         self.mgmt.configure(self.model, None, config)
         self.current = config
         if self.o.config_warmup_s > 0:
+            half, timeout = self.o.config_warmup_s / 2, self.o.timeout_s
             for conc in (1, _full(config)):
-                self.gen.run(LoadPlan(self.target, "closed", concurrency=conc,
-                                      duration_s=self.o.config_warmup_s / 2,
-                                      timeout_s=self.o.timeout_s))  # fmt: skip
+                self.gen.run(
+                    LoadPlan(self.target, "closed", conc, duration_s=half, timeout_s=timeout)
+                )
 
     def _snapshot(self) -> scrape.Snapshot | None:
         if self.endpoints.metrics_port is None:
@@ -256,9 +257,14 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     pace = winner or first_pick  # the best static configuration's rate, crowned or not
     if options.autopilot and pace is not None:
         autopilot, state, searched = run_autopilot(
-            options, model, manifest.model.model_version, pace, search.progress, log,
+            options,
+            model,
+            manifest.model.model_version,
+            pace,
+            search.progress,
+            log,
             lambda endpoints, gen: _Search(options, endpoints, model, gen, log),
-        )  # fmt: skip
+        )
     result = SlaResult(
         options=options,
         model=model,

@@ -44,12 +44,15 @@ CSV_COLUMNS = (
     "queue_mean_ms",
     "lag_p99_ms",
 )
-REPEAT_HEADER = ("config", "rate (req/s)", "p99 per run (ms)", "p99 min-max (ms)", "p99 spread",
-                 "ok/s per run", "ok/s min-max", "throughput spread", "SLA held per run",
-                 "SLA held")  # fmt: skip
-CONFIG_HEADER = ("config", "batch", "delay (ms)", "workers", "probe capacity (req/s)",
-                 "best rate (req/s)", "ok/s at best", "p50 (ms)", "p99 (ms)", "mean batch",
-                 "steps", "status", "notes")  # fmt: skip
+# The report's table headers, column by column ("|" separates them).
+REPEAT_HEADER = tuple(
+    "config|rate (req/s)|p99 per run (ms)|p99 min-max (ms)|p99 spread|ok/s per run|ok/s min-max"
+    "|throughput spread|SLA held per run|SLA held".split("|")
+)
+CONFIG_HEADER = tuple(
+    "config|batch|delay (ms)|workers|probe capacity (req/s)|best rate (req/s)|ok/s at best"
+    "|p50 (ms)|p99 (ms)|mean batch|steps|status|notes".split("|")
+)
 
 
 def step_row(step: Step) -> dict[str, Any]:
@@ -238,14 +241,20 @@ def _repeat_lines(result: SlaResult) -> list[str]:
     if not result.repeats and not result.autopilot:
         return [*lines, "No repeats were run."]
     rows = [
-        [rep.label, f"{rep.rate:,.1f}", ", ".join(num(v, 2) for v in rep.p99_ms),
-         _min_max(rep.p99_ms, 2), f"{num(rep.p99_spread_pct, 1)}%",
-         ", ".join(num(v, 1) for v in rep.ok_per_s), _min_max(rep.ok_per_s, 1),
-         f"{num(rep.throughput_spread_pct, 1)}%",
-         " ".join("yes" if p else "MISSED" for p in rep.passed),
-         f"{sum(rep.passed)}/{len(rep.passed)}"]
+        [
+            rep.label,
+            f"{rep.rate:,.1f}",
+            ", ".join(num(v, 2) for v in rep.p99_ms),
+            _min_max(rep.p99_ms, 2),
+            f"{num(rep.p99_spread_pct, 1)}%",
+            ", ".join(num(v, 1) for v in rep.ok_per_s),
+            _min_max(rep.ok_per_s, 1),
+            f"{num(rep.throughput_spread_pct, 1)}%",
+            " ".join("yes" if p else "MISSED" for p in rep.passed),
+            f"{sum(rep.passed)}/{len(rep.passed)}",
+        ]
         for rep in [*result.repeats, *([result.autopilot] if result.autopilot else [])]
-    ]  # fmt: skip
+    ]
     table = markdown_table(REPEAT_HEADER, rows, "-:--:--:-:")
     return [*lines, table, "", _verdict(result), *([result.note] if result.note else [])]
 

@@ -62,9 +62,9 @@ def test_inprocess_loop_reports_every_batch(assets: runner.Assets) -> None:
 def test_runner_measures_the_echo_server(
     tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
 ) -> None:
-    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
+    ctx = runner.Ctx(tmp_path, assets, gen, warmup_s=0, duration_s=1, repeat=1)
     (scenario,) = select(["echo-c16"])
-    result = runner.run_scenario(scenario, assets, settings, 1, gen)
+    result = runner.run_scenario(scenario, ctx, 1)
     assert result.error is None, result.error
     assert result.requests > 0 and result.errors == 0
     assert result.cpu_ms_per_req > 0
@@ -80,7 +80,8 @@ def test_generator_counts_non_2xx(
     """A ceiling starts the way torchbay does (port 0, ready file); the generator counts every
     answer outside 2xx as an error (was: wrk's Lua hook)."""
     (scenario,) = select(["naive-tiny-c16"])
-    server = runner.make_server(scenario, assets, tmp_path, sys.executable)
+    ctx = runner.Ctx(tmp_path, assets, gen)
+    server = runner.make_system(ctx, scenario.server, {"tiny": scenario.batching}, tmp_path)
     try:
         endpoints = server.start()
         server.first_answer("/predictions/tiny", assets.body["tiny"].read_bytes(), 60)
@@ -100,8 +101,8 @@ def test_unstartable_server_is_reported(
     (scenario,) = select(["echo-c16"])
     broken = replace(scenario, server="naive", model="tiny")
     bad_assets = runner.Assets(pt={"tiny": tmp_path / "missing.pt"}, body=assets.body)
-    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
-    result = runner.run_scenario(broken, bad_assets, settings, 1, gen)
+    ctx = runner.Ctx(tmp_path, bad_assets, gen, warmup_s=0, duration_s=1, repeat=1)
+    result = runner.run_scenario(broken, ctx, 1)
     assert result.error is not None and "server exited" in result.error
     assert json.dumps(result.error)  # printable in the report
 
@@ -114,9 +115,9 @@ def test_runner_measures_a_torchbay_scenario(
     config.properties entry for the same model (a regression: it was registered twice)."""
     tiny = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
     archived = runner.archive_models(tiny, tmp_path, sys.executable)
-    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
+    ctx = runner.Ctx(tmp_path, archived, gen, warmup_s=0, duration_s=1, repeat=1)
     (scenario,) = select(["tb-tiny-c16-b8-w1-nolog"])
-    result = runner.run_scenario(scenario, archived, settings, 1, gen)
+    result = runner.run_scenario(scenario, ctx, 1)
     assert result.error is None, result.error
     assert result.requests > 0 and result.errors == 0
     assert result.processes >= 2  # the frontend and its worker
