@@ -39,6 +39,8 @@ JOB_QUEUE_SIZE = 100
 INPROCESS_TUNED = "in-process, tuned malloc"
 RECOVERY_BOUND_S = 5.0
 CNN_B8_W2 = Batching(8, 10, 2)
+TWO_MODELS = {"cnn_a": "cnn", "cnn_b": "cnn"}  # two names, one reference model (each its own mar)
+TWO_MODELS_BATCHING = Batching(8, 10, 1)
 
 
 def _closed_row(
@@ -277,7 +279,7 @@ def row_start(ctx: Ctx) -> RowResult:
 
 
 def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
-    b = Batching(8, 10, 1)
+    b = TWO_MODELS_BATCHING
     row = RowResult(
         "two-models",
         "two models on one host (cnn as cnn_a and cnn_b)",
@@ -285,16 +287,13 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
         "alone: one model driven, the other idle; together: both at once; the 0.90 target is "
         "torchbay's (its host budget), TorchServe's figures are the reference",
     )
-    names = {"cnn_a": "cnn", "cnn_b": "cnn"}
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     keys = ("alone_a", "alone_b", "together_a", "together_b")
     with LoadGenerator(1) as second:
         for rep in range(1, ctx.repeat + 1):
             for system in systems:
                 try:
-                    row.add(
-                        system, _two_models_once(ctx, system, names, b, concurrency, rep, second)
-                    )
+                    row.add(system, _two_models_once(ctx, system, concurrency, rep, second))
                 except (BenchError, psutil.Error) as exc:
                     failed(row, system, rep, exc, keys)
                 ctx.progress(
@@ -326,16 +325,12 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
 
 
 def _two_models_once(
-    ctx: Ctx,
-    system: str,
-    names: dict[str, str],
-    b: Batching,
-    conc: int,
-    rep: int,
-    second: LoadGenerator,
+    ctx: Ctx, system: str, conc: int, rep: int, second: LoadGenerator
 ) -> dict[str, float]:
+    """Each model alone (the other idle), then both at once from two generators."""
     run_dir = ctx.out_dir / "runs" / f"two-models-{system}-r{rep}"
-    models = dict.fromkeys(names, b)
+    names = TWO_MODELS
+    models = dict.fromkeys(names, TWO_MODELS_BATCHING)
     with serving(ctx, system, models, run_dir, names=names) as server:
         ta, tb = (target(ctx, server, n, "cnn") for n in names)
         alone_a = closed(ctx, ta, conc).ok_per_s

@@ -257,27 +257,34 @@ def _sla(
     }
 
 
+def _own_rows(model: str, conc: int, batch: int, workers: int, rate: float) -> tuple[Scenario, ...]:
+    """A suite's own rows: a closed loop at ``conc`` connections with ``workers`` workers, and an
+    open loop of Poisson arrivals at ``rate`` with one worker; both 5 ms delay, batch ``batch``."""
+    closed = f"tb-{model}-c{conc}-b{batch}-w{workers}"
+    return (
+        Scenario(closed, "torchbay", model, conc, batch, 5, workers, tags=(model,)),
+        Scenario(
+            f"tb-{model}-r{rate:g}-b{batch}-w1",
+            "torchbay",
+            model,
+            None,
+            batch,
+            5,
+            1,
+            tags=(model,),
+            rate=rate,
+            arrival="poisson",
+        ),
+    )
+
+
 SUITES: tuple[Suite, ...] = (
     Suite(
         "tiny",
         "the baseline's tiny model: Linear(64,256)-ReLU-Linear(256,10), TorchScript, raw float32 "
         "bodies (256 bytes); overhead-bound, it measures the server, not the model",
-        runs=(
-            *_reference("tb-tiny-c16-b8-w1"),  # TorchServe 5,693-5,759 req/s with 1 worker
-            Scenario("tb-tiny-c16-b8-w2", "torchbay", "tiny", 16, 8, 5, 2, tags=("tiny",)),
-            Scenario(
-                "tb-tiny-r2000-b8-w1",
-                "torchbay",
-                "tiny",
-                None,
-                8,
-                5,
-                1,
-                tags=("tiny",),
-                rate=2000.0,
-                arrival="poisson",
-            ),
-        ),
+        # tb-tiny-c16-b8-w1: TorchServe 5,693-5,759 req/s with 1 worker
+        runs=(*_reference("tb-tiny-c16-b8-w1"), *_own_rows("tiny", 16, 8, 2, rate=2000.0)),
         sla=_sla(10, batch_sizes=(1, 8, 16), max_delays_ms=(1, 5), workers=(1, 2)),
     ),
     Suite(
@@ -292,21 +299,7 @@ SUITES: tuple[Suite, ...] = (
         "digits",
         "the digits example: an 8x8 grayscale CNN behind the image_classifier handler, PNG "
         "bodies; examples/digits/build.py trains, archives and verifies it when missing",
-        runs=(
-            Scenario("tb-digits-c8-b4-w1", "torchbay", "digits", 8, 4, 5, 1, tags=("digits",)),
-            Scenario(
-                "tb-digits-r200-b4-w1",
-                "torchbay",
-                "digits",
-                None,
-                4,
-                5,
-                1,
-                tags=("digits",),
-                rate=200.0,
-                arrival="poisson",
-            ),
-        ),
+        runs=_own_rows("digits", 8, 4, 1, rate=200.0),
         sla=_sla(100, batch_sizes=(1, 2, 4, 8, 16), max_delays_ms=(2, 5, 10), workers=(1, 2)),
         duration_s=10.0,
         warmup_s=3.0,
