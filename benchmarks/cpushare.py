@@ -67,7 +67,7 @@ def cpu_seconds(before: Snapshot, after: Snapshot) -> dict[str, float]:
 
 
 def closed_run_opens(warmup_s: float) -> float:
-    """Seconds from a call of ``round2_run.closed`` to its measured run's start: the warm-up run
+    """Seconds from a call of ``runner.closed`` to its measured run's start: the warm-up run
     (a start margin, ``warmup_s``, its end), then the measured run's own start margin."""
     return 3 * START_MARGIN_S + warmup_s
 

@@ -29,11 +29,12 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.report import markdown_table, num
 
 if TYPE_CHECKING:
+    from torchbay.benchmarks.loadplan import LoadResult
     from torchbay.benchmarks.runner import Assets
 
 PAIRS = {
@@ -91,22 +92,20 @@ def measure(
     )
     run = grpc_load.run_grpc_bench if pair == "predictions" else grpc_oip.run_oip_bench
     http, grpc_ = (report.result for report in run(options))
-    return Sample(
-        model=model,
-        pair=pair,
-        concurrency=concurrency,
-        repeat=repeat,
-        http_ok_per_s=http.ok_per_s,
-        grpc_ok_per_s=grpc_.ok_per_s,
-        http_p50_ms=http.latency.p50_ms,
-        http_p99_ms=http.latency.p99_ms,
-        grpc_p50_ms=grpc_.latency.p50_ms,
-        grpc_p99_ms=grpc_.latency.p99_ms,
-        http_sent=http.sent,
-        http_ok=http.ok,
-        grpc_sent=grpc_.sent,
-        grpc_ok=grpc_.ok,
-    )
+    sides = {**_side("http", http), **_side("grpc", grpc_)}
+    return Sample(model=model, pair=pair, concurrency=concurrency, repeat=repeat, **sides)
+
+
+def _side(protocol: str, result: LoadResult) -> dict[str, Any]:
+    """One protocol's half of a :class:`Sample` (its fields are named ``<protocol>_...``)."""
+    figures = {
+        "ok_per_s": result.ok_per_s,
+        "p50_ms": result.latency.p50_ms,
+        "p99_ms": result.latency.p99_ms,
+        "sent": result.sent,
+        "ok": result.ok,
+    }
+    return {f"{protocol}_{name}": value for name, value in figures.items()}
 
 
 def compare(

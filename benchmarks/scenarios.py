@@ -3,9 +3,12 @@ targets that compare them within one run, and the suites ``torchbay bench scenar
 
 A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, or
 ``torchbay serve``), a model, the load (closed loop at ``concurrency`` connections, or open loop
-at ``rate``) and, for torchbay, the batching and worker settings. A :class:`Goal` compares two
-scenarios' medians (a ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and
-``report.py`` evaluates the targets (``python -m torchbay.benchmarks.run_scenarios``).
+at ``rate``) and, for torchbay, the batching and worker settings (:class:`Batching`, the one
+``models={...}`` entry that torchbay and TorchServe both read: :func:`models_json`). A
+:class:`Goal` (one of issue 3's targets a..d, ``TARGETS``) compares two scenarios' medians (a
+ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and ``report.py`` evaluates
+the goals (``python -m torchbay.benchmarks.run_scenarios``). Round two's rows describe their
+servers with the same :class:`Batching`.
 
 A :class:`Suite` is one archive (a reference model, or one a script builds), its request bodies,
 torchbay scenarios to run against it one server each, and an SLA search (``--sla``):
