@@ -250,7 +250,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> ScenarioResult:
         endpoints = server.start()
         start_s = server.first_answer(path, body, ctx.start_timeout_s)
         target = Target("127.0.0.1", endpoints.inference_port, path, (body,), OCTETS)
-        plan = _plan(scenario, target, ctx.duration_s)
+        plan = scenario.plan(target, ctx.duration_s)
         warm_up(ctx, plan)
         before = procstat.cpu_snapshot(server.pid)
         busy0, wall0 = procstat.system_busy_seconds(), time.monotonic()
@@ -285,15 +285,6 @@ def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> ScenarioResult:
         foreign_cpu_pct=foreign,
         log=str(server.log_path),
     )
-
-
-def _plan(scenario: Scenario, target: Target, duration_s: float) -> LoadPlan:
-    """The scenario's load: closed loop at its concurrency, or open loop at its rate."""
-    if scenario.rate is not None:
-        return LoadPlan(
-            target, "open", rate=scenario.rate, arrival=scenario.arrival, duration_s=duration_s
-        )
-    return LoadPlan(target, "closed", scenario.concurrency or 1, duration_s=duration_s)
 
 
 def run_inprocess(ctx: Ctx) -> dict[str, dict[int, float]]:

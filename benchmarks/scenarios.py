@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.loadplan import LoadPlan
 
 if TYPE_CHECKING:
+    from torchbay.benchmarks.loadplan import Target
     from torchbay.benchmarks.stats import Arrival
 
 ServerKind = Literal["echo", "naive", "torchbay"]
@@ -97,6 +99,15 @@ class Scenario:
     def load(self) -> str:
         """``c=16`` (closed loop) or ``r=2000 poisson`` (open loop)."""
         return f"c={self.concurrency}" if self.rate is None else f"r={self.rate:g} {self.arrival}"
+
+    def plan(self, target: Target, duration_s: float) -> LoadPlan:
+        """This load on ``target`` for ``duration_s``: closed loop at the concurrency, or open
+        loop at the rate."""
+        if self.rate is not None:
+            return LoadPlan(
+                target, "open", rate=self.rate, arrival=self.arrival, duration_s=duration_s
+            )
+        return LoadPlan(target, "closed", self.concurrency or 1, duration_s=duration_s)
 
     def matches(self, pattern: str) -> bool:
         """True if ``pattern`` is this scenario's name (glob allowed), its server or a tag."""
