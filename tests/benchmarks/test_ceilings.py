@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from torchbay.benchmarks import models, runner
+from torchbay.benchmarks import models, runner, scenarios
 from torchbay.benchmarks.ceilings import echo_asgi, inprocess, naive_fastapi
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
 from torchbay.benchmarks.scenarios import select
@@ -123,3 +123,25 @@ def test_runner_measures_a_torchbay_scenario(
     assert result.processes >= 2  # the frontend and its worker
     config = (tmp_path / "runs" / f"{scenario.name}-r1" / "config.properties").read_text()
     assert '"batchSize": 8' in config
+
+
+def test_one_way_to_describe_a_torchbay_system(
+    tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
+) -> None:
+    """The runner's torchbay command for a scenario (round two's rows use the same one): the
+    scenario's batching in config.properties with the extra keys, its serve flags appended, and
+    every listener on port 0 (built, not started)."""
+    store = runner.Assets(assets.pt, assets.body, model_store=tmp_path / "store")
+    ctx = runner.Ctx(tmp_path, store, gen, start_timeout_s=7.0)
+    (scenario,) = select(["tb-tiny-c16-b8-w1-nolog"])
+    run_dir = tmp_path / "run"
+    served = {"tiny": scenario.batching}
+    server = runner.make_system(
+        ctx, "torchbay", served, run_dir, props={"job_queue_size": 50}, args=scenario.server_args
+    )
+    lines = (run_dir / "config.properties").read_text().splitlines()
+    assert json.loads(lines[0].removeprefix("models=")) == scenarios.models_json(served)
+    assert lines[1:] == ["job_queue_size=50"]
+    assert server.command[-1] == "--no-access-log" and server.start_timeout_s == 7.0
+    assert server.command.count("http://127.0.0.1:0") == 3
+    assert "tiny=tiny.mar" in server.command and server.proc is None
