@@ -70,7 +70,7 @@ def _closed_row(
 
 def row_tiny(ctx: Ctx) -> RowResult:
     b = Batching(8, 5, 1)
-    row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.label()}")
+    row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.describe()}")
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
     for rep in range(1, ctx.repeat + 1):
         _closed_row(ctx, row, [(s, s, "tiny", b, 16) for s in systems], rep)
@@ -88,7 +88,7 @@ def row_cnn_c16(ctx: Ctx) -> RowResult:
     row = RowResult(
         "cnn-c16",
         "cnn, c=16, batch 8, 2 workers",
-        f"c=16, {b.label()}; in-process: 2 threads x 1 intra-op thread, batch 8",
+        f"c=16, {b.describe()}; in-process: 2 threads x 1 intra-op thread, batch 8",
     )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     for rep in range(1, ctx.repeat + 1):
@@ -186,7 +186,7 @@ def row_overload(ctx: Ctx) -> RowResult:
     row = RowResult(
         "overload",
         "cnn, 4x overload, then recovery at 0.5x",
-        f"{CNN_B8_W2.label()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
+        f"{CNN_B8_W2.describe()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
         f"max_queue_delay_ms {QUEUE_DELAY_MS} (TorchServe has none); capacity: closed "
         f"loop c=16; then open loop 0.5x / 4x / 0.5x capacity, {ctx.duration_s:g} s "
         f"each, 48 KiB bodies, <= {MAX_CONNECTIONS} connections, latency from the "
@@ -283,7 +283,7 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
     row = RowResult(
         "two-models",
         "two models on one host (cnn as cnn_a and cnn_b)",
-        f"one server per system with both, {b.label()} each; c={concurrency} per model; "
+        f"one server per system with both, {b.describe()} each; c={concurrency} per model; "
         "alone: one model driven, the other idle; together: both at once; the 0.90 target is "
         "torchbay's (its host budget), TorchServe's figures are the reference",
     )

@@ -37,13 +37,20 @@ Metric = Literal["req_per_s", "p50_ms", "p90_ms", "p99_ms", "frontend_rss_mb", "
 
 @dataclass(frozen=True)
 class Batching:
-    """One model's batching and scale: its entry in TorchServe's ``models={...}``."""
+    """One model's batching and scale: its entry in TorchServe's ``models={...}`` when a server
+    starts, or the settings the management API changes on a running one (``bench run``, the SLA
+    search), where None leaves a setting as it is."""
 
-    batch_size: int = 1
-    max_batch_delay_ms: int = 0
-    workers: int = 1
+    batch_size: int | None = 1
+    max_batch_delay_ms: float | None = 0
+    workers: int | None = 1
 
     def label(self) -> str:
+        """``b8-d5-w1``: the SLA search's name for a configuration."""
+        return f"b{self.batch_size}-d{self.max_batch_delay_ms:g}-w{self.workers}"
+
+    def describe(self) -> str:
+        """``batch 8, delay 5 ms, 1 w``: round two's settings line."""
         return f"batch {self.batch_size}, delay {self.max_batch_delay_ms} ms, {self.workers} w"
 
 

@@ -38,7 +38,8 @@ from torchbay.benchmarks import scrape
 from torchbay.benchmarks.bench import guess_content_type, load_payloads, route
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, ModelSettings
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla_autopilot import SEARCH_UNITS, run_autopilot
 from torchbay.benchmarks.sla_model import (
     Outcome,
@@ -72,7 +73,7 @@ class _Search:
             endpoints.host, endpoints.management_port or 0, endpoints.management_key
         )
         self.target = self._target()
-        self.current: ModelSettings | None = None
+        self.current: Batching | None = None
         self.progress = Progress(0, log, time.monotonic)  # set by _search_all
 
     def _target(self) -> Target:
@@ -93,7 +94,7 @@ class _Search:
             tuple(headers),
         )
 
-    def configure(self, config: ModelSettings) -> None:
+    def configure(self, config: Batching) -> None:
         """Apply ``config`` live, then warm it up: closed loops at concurrency 1 and 2*b*w, so
         the worker has seen both single requests and full batches before anything is measured
         (TorchScript specializes per input shape on its first calls)."""
@@ -114,7 +115,7 @@ class _Search:
         text = scrape.fetch_metrics(self.endpoints.host, self.endpoints.metrics_port)
         return scrape.parse_snapshot(text)
 
-    def measure(self, config: ModelSettings, phase: str, rate: float) -> Step:
+    def measure(self, config: Batching, phase: str, rate: float) -> Step:
         """One open-loop step at ``rate`` (or a closed-loop probe when phase is 'probe')."""
         self.configure(config)
         if phase == "probe":
@@ -224,7 +225,7 @@ class _Search:
         outcome.why = f"passes at {lo_rate:.1f}, breaches at {hi_rate:.1f} req/s"
 
 
-def _full(config: ModelSettings) -> int:
+def _full(config: Batching) -> int:
     """Closed-loop concurrency that keeps every worker's batches full: max(4, 2 * b * w)."""
     return max(4, 2 * (config.batch_size or 1) * (config.workers or 1))
 
