@@ -167,15 +167,18 @@ class ManagedServer(procstat.LoggedServer):
         extra_args: tuple[str, ...] = (),
         name: str | None = None,
         python: str = sys.executable,
+        models: tuple[str, ...] = (),
     ) -> ManagedServer:
         """``torchbay serve`` for one archive on port 0 for all three listeners; ``name`` loads it
-        as ``--models name=archive`` (to match a ``--ts-config`` entry for the same model)."""
+        as ``--models name=archive`` (to match a ``--ts-config`` entry for the same model), and
+        ``models`` (``name=file.mar`` each) replaces it when the store serves several."""
         if not archive.exists():
             raise BenchError(f"{archive}: no such archive")
         archive = archive.resolve()
         cmd = [
             *(python, "-m", "torchbay", "serve", "--model-store", str(archive.parent)),
-            *("--models", f"{name}={archive.name}" if name else archive.name),
+            "--models",
+            *(models or (f"{name}={archive.name}" if name else archive.name,)),
             *("--inference-address", "http://127.0.0.1:0"),
             *("--management-address", "http://127.0.0.1:0"),
             *("--metrics-address", "http://127.0.0.1:0"),

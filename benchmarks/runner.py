@@ -170,15 +170,16 @@ def make_system(
     config = run_dir / "config.properties"
     lines = [f"models={json.dumps(models_json(served, MODEL_VERSION))}"]
     config.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in props.items())]) + "\n")
-    cmd = [
-        *(ctx.python, "-m", "torchbay", "serve", "--model-store", str(store.resolve())),
-        *("--models", *(f"{name}={name}.mar" for name in served)),
-        *("--inference-address", "http://127.0.0.1:0"),
-        *("--management-address", "http://127.0.0.1:0"),
-        *("--metrics-address", "http://127.0.0.1:0"),
-        *("--disable-token-auth", "--ncs", "--ts-config", str(config.resolve()), *args),
-    ]
-    return managed.ManagedServer(cmd, run_dir, start_timeout_s=ctx.start_timeout_s)
+    server = managed.ManagedServer.torchbay(
+        store / f"{next(iter(served))}.mar",
+        run_dir,
+        auth=False,
+        extra_args=("--ncs", "--ts-config", str(config.resolve()), *args),
+        python=ctx.python,
+        models=tuple(f"{name}={name}.mar" for name in served),
+    )
+    server.start_timeout_s = ctx.start_timeout_s
+    return server
 
 
 def start_system(

@@ -131,6 +131,8 @@ def test_one_way_to_describe_a_torchbay_system(
     """The runner's torchbay command for a scenario (round two's rows use the same one): the
     scenario's batching in config.properties with the extra keys, its serve flags appended, and
     every listener on port 0 (built, not started)."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "tiny.mar").write_bytes(b"")  # looked for, not read: nothing starts
     store = runner.Assets(assets.pt, assets.body, model_store=tmp_path / "store")
     ctx = runner.Ctx(tmp_path, store, gen, start_timeout_s=7.0)
     (scenario,) = select(["tb-tiny-c16-b8-w1-nolog"])
