@@ -18,12 +18,12 @@ from typing import Any
 import yaml
 
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.managed import ModelSettings
+from torchbay.benchmarks.scenarios import Batching
 
 DEFAULT_CONFIG_NAME = "model-config.yaml"
 
 
-def updated_config(data: dict[str, Any], settings: ModelSettings) -> dict[str, Any]:
+def updated_config(data: dict[str, Any], settings: Batching) -> dict[str, Any]:
     """``data`` with the frontend keys of ``settings`` set (others untouched, order kept)."""
     out = dict(data)
     if settings.batch_size is not None:
@@ -58,7 +58,7 @@ def backup_path(archive: Path) -> Path:
     return candidate
 
 
-def apply_settings(archive: str | Path, settings: ModelSettings) -> Path:
+def apply_settings(archive: str | Path, settings: Batching) -> Path:
     """Rewrite ``archive`` in place with ``settings`` in its model-config.yaml, after copying the
     original to ``backup_path(archive)``; returns the backup's path.
     Raises BenchError (or the archiver's ArchiveError) when it cannot be read or written."""

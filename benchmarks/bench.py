@@ -27,11 +27,11 @@ from torchbay.benchmarks.managed import (
     Endpoints,
     ManagedServer,
     Management,
-    ModelSettings,
     parse_url,
     read_key_file,
 )
 from torchbay.benchmarks.report import num
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival
 
 Protocol = Literal["predict", "v2"]
@@ -249,7 +249,7 @@ def run_bench(
     """Run one load test as ``options`` say and return the client's and the server's numbers."""
     notes: list[str] = []
     with open_server(options) as (endpoints, model, version):
-        settings = ModelSettings(options.batch_size, options.max_batch_delay_ms, options.workers)
+        settings = Batching(options.batch_size, options.max_batch_delay_ms, options.workers)
         if any(
             v is not None
             for v in (settings.batch_size, settings.max_batch_delay_ms, settings.workers)

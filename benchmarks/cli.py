@@ -146,9 +146,11 @@ def _add_sla(verbs: Any) -> None:
     )
     sla.add_argument("--seed", type=int, default=0)
     sla.add_argument(
-        "--no-autopilot", dest="autopilot", action="store_false",
+        "--no-autopilot",
+        dest="autopilot",
+        action="store_false",
         help="skip measuring the SLA autopilot (slaP99Ms) at the winner's rate",
-    )  # fmt: skip
+    )
     _add_load_args(sla)
     sla.set_defaults(func=run_sla)
 

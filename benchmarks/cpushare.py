@@ -67,7 +67,7 @@ def cpu_seconds(before: Snapshot, after: Snapshot) -> dict[str, float]:
 
 
 def closed_run_opens(warmup_s: float) -> float:
-    """Seconds from a call of ``round2_run.closed`` to its measured run's start: the warm-up run
+    """Seconds from a call of ``runner.closed`` to its measured run's start: the warm-up run
     (a start margin, ``warmup_s``, its end), then the measured run's own start margin."""
     return 3 * START_MARGIN_S + warmup_s
 
@@ -108,9 +108,12 @@ class Window:
 
 
 def figures(
-    capacity: dict[str, float] | None, capacity_ok: float, overload: dict[str, float] | None,
-    overload_s: float, overload_ok: float,
-) -> dict[str, float]:  # fmt: skip
+    capacity: dict[str, float] | None,
+    capacity_ok: float,
+    overload: dict[str, float] | None,
+    overload_s: float,
+    overload_ok: float,
+) -> dict[str, float]:
     """Round two's CPU figures: the workers' CPU per served request at capacity and in the 4x
     phase (ms), and each role's share of one core in the 4x phase (%); NaN where a window was
     not taken."""

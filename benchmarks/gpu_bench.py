@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,12 +57,15 @@ class WideResNet(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64),
-                                  nn.ReLU())  # fmt: skip
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
+        )
         self.blocks = nn.Sequential(
-            models.BasicBlock(64, 64, 1), models.BasicBlock(64, 128, 2),
-            models.BasicBlock(128, 256, 2), models.BasicBlock(256, 256, 1),
-        )  # fmt: skip
+            models.BasicBlock(64, 64, 1),
+            models.BasicBlock(64, 128, 2),
+            models.BasicBlock(128, 256, 2),
+            models.BasicBlock(256, 256, 1),
+        )
         self.fc = nn.Linear(256, models.NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,17 +82,26 @@ def build(name: str) -> nn.Module:
 
 @dataclass
 class Row:
+    """One (model, variant) measured ``where``: "in-process" (per batch) or "serve" (per request,
+    under the closed loop)."""
+
     model: str
     variant: str
-    where: str  # "in-process" or "serve"
+    where: str
     device: str
     batch: int
-    batches_per_s: float = 0.0
-    samples_per_s: float = 0.0
-    p50_ms: float = 0.0
-    p99_ms: float = 0.0
+    samples_per_s: float
+    p50_ms: float
+    p99_ms: float
     max_abs_diff: float = 0.0
     errors: int = 0
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.samples_per_s / self.batch
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "batches_per_s": self.batches_per_s}
 
 
 class PlainRunner:
@@ -126,8 +137,9 @@ def time_loop(run: Any, x: torch.Tensor, seconds: float) -> list[float]:
     return times
 
 
-def inprocess(name: str, variants: list[str], device: torch.device, batch: int,
-              seconds: float) -> list[Row]:  # fmt: skip
+def inprocess(
+    name: str, variants: list[str], device: torch.device, batch: int, seconds: float
+) -> list[Row]:
     x = torch.randn(batch, *SHAPES[name], generator=torch.Generator().manual_seed(7))
     reference = PlainRunner(build(name), device).run(x).float()
     rows = []
@@ -135,39 +147,42 @@ def inprocess(name: str, variants: list[str], device: torch.device, batch: int,
         path = runner(name, variant, device, batch)
         out = path.run(x)
         times = sorted(time_loop(path.run, x, seconds))
-        row = Row(name, variant, "in-process", str(device), batch)
-        row.batches_per_s = len(times) / sum(times)
-        row.samples_per_s = row.batches_per_s * batch
-        row.p50_ms = statistics.median(times) * 1000
-        row.p99_ms = times[min(len(times) - 1, int(len(times) * 0.99))] * 1000
-        row.max_abs_diff = float((out.float().cpu() - reference).abs().max())
+        p99_s = times[min(len(times) - 1, int(len(times) * 0.99))]
+        row = Row(
+            name,
+            variant,
+            "in-process",
+            str(device),
+            batch,
+            samples_per_s=len(times) * batch / sum(times),
+            p50_ms=statistics.median(times) * 1000,
+            p99_ms=p99_s * 1000,
+            max_abs_diff=float((out.float().cpu() - reference).abs().max()),
+        )
         rows.append(row)
     return rows
 
 
 def _archive(name: str, variant: str, batch: int, store: Path, work: Path) -> Path:
     """A .mar of ``name`` (TorchScript, handler_raw.py) whose model-config sets the variant."""
-    from torchbay.benchmarks.runner import HANDLER_FILE
+    from torchbay.benchmarks import runner
 
     pt = models.save_scripted(build(name), work / f"{name}.pt")
     (work / "input_shape.json").write_text(json.dumps({"shape": list(SHAPES[name])}))
     config = {"batchSize": batch, "maxBatchDelay": 5, "handler": {"num_threads": 1}}
     config["handler"]["torchbay"] = VARIANTS[variant] or {"enabled": False}
     (work / "model-config.yaml").write_text(json.dumps(config))  # JSON is YAML
-    label = f"{name}_{variant}"
-    cmd = [sys.executable, "-m", "torchbay", "archive", "--model-name", label, "--version", "1.0",
-           "--serialized-file", str(pt), "--handler", str(HANDLER_FILE), "--force",
-           "--extra-files", str(work / "input_shape.json"), "--export-path", str(store),
-           "--config-file", str(work / "model-config.yaml")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"torchbay archive failed: {proc.stderr or proc.stdout}")
-    return store / f"{label}.mar"
+    extra = ("--force", "--extra-files", str(work / "input_shape.json"))
+    extra += ("--config-file", str(work / "model-config.yaml"))
+    return runner.archive(f"{name}_{variant}", pt, store, sys.executable, *extra)
 
 
-def served(name: str, variant: str, batch: int, seconds: float, concurrency: int,
-           device: str) -> Row:  # fmt: skip
-    """``torchbay serve`` of the variant's archive under a closed loop; one row."""
+def served(
+    name: str, variant: str, batch: int, seconds: float, concurrency: int, device: str
+) -> Row:
+    """``torchbay serve`` of the variant's archive under a closed loop (the runner's warm-up and
+    measurement, 2 s warm-up at most); one row."""
+    from torchbay.benchmarks import runner
     from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
     from torchbay.benchmarks.managed import ManagedServer
 
@@ -176,20 +191,30 @@ def served(name: str, variant: str, batch: int, seconds: float, concurrency: int
         (root / "store").mkdir()
         archive = _archive(name, variant, batch, root / "store", root)
         body = torch.randn(*SHAPES[name]).numpy().astype("<f4").tobytes()
-        path = f"/predictions/{archive.stem}"
         server = ManagedServer.torchbay(archive, root / "run", auth=False, extra_args=("--ncs",))
-        with server as endpoints:
-            target = Target("127.0.0.1", endpoints.inference_port, path, (body,),
-                            (("Content-Type", "application/octet-stream"),))  # fmt: skip
-            with LoadGenerator() as gen:
-                plan = LoadPlan(target, "closed", concurrency, duration_s=seconds)
-                gen.run(LoadPlan(target, "closed", concurrency, duration_s=min(seconds, 2.0)))
-                load = gen.run(plan)
-    row = Row(name, variant, "serve", device, batch, errors=load.errors)
-    row.samples_per_s = load.req_per_s
-    row.batches_per_s = load.req_per_s / batch
-    row.p50_ms, row.p99_ms = load.latency.p50_ms, load.latency.p99_ms
-    return row
+        with server as endpoints, LoadGenerator() as gen:
+            ctx = runner.Ctx(root, runner.Assets({}, {}), gen, seconds, min(seconds, 2.0))
+            target = Target(
+                endpoints.host,
+                endpoints.inference_port,
+                f"/predictions/{archive.stem}",
+                (body,),
+                runner.OCTETS,
+            )
+            load = runner.warm_and_measure(
+                ctx, LoadPlan(target, "closed", concurrency, duration_s=seconds)
+            )
+    return Row(
+        name,
+        variant,
+        "serve",
+        device,
+        batch,
+        samples_per_s=load.req_per_s,
+        p50_ms=load.latency.p50_ms,
+        p99_ms=load.latency.p99_ms,
+        errors=load.errors,
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -224,15 +249,21 @@ def main(argv: list[str] | None = None) -> list[Row]:
     for name in args.models:
         rows += inprocess(name, variants, device, args.batch, args.seconds)
         if args.serve:
-            rows += [served(name, v, args.batch, args.seconds, args.concurrency, str(device))
-                     for v in variants]  # fmt: skip
-    print(f"{'model':6} {'variant':13} {'where':10} {'samples/s':>10} {'p50 ms':>8} "
-          f"{'p99 ms':>8} {'max|diff|':>9} {'errors':>6}")  # fmt: skip
+            rows += [
+                served(name, v, args.batch, args.seconds, args.concurrency, str(device))
+                for v in variants
+            ]
+    print(
+        f"{'model':6} {'variant':13} {'where':10} {'samples/s':>10} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'max|diff|':>9} {'errors':>6}"
+    )
     for r in rows:
-        print(f"{r.model:6} {r.variant:13} {r.where:10} {r.samples_per_s:10.1f} {r.p50_ms:8.2f} "
-              f"{r.p99_ms:8.2f} {r.max_abs_diff:9.2e} {r.errors:6d}")  # fmt: skip
+        print(
+            f"{r.model:6} {r.variant:13} {r.where:10} {r.samples_per_s:10.1f} {r.p50_ms:8.2f} "
+            f"{r.p99_ms:8.2f} {r.max_abs_diff:9.2e} {r.errors:6d}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"device": label, "rows": [asdict(r) for r in rows]}))
+        args.json.write_text(json.dumps({"device": label, "rows": [r.as_dict() for r in rows]}))
     return rows
 
 

@@ -29,11 +29,12 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.report import markdown_table, num
 
 if TYPE_CHECKING:
+    from torchbay.benchmarks.loadplan import LoadResult
     from torchbay.benchmarks.runner import Assets
 
 PAIRS = {
@@ -66,24 +67,45 @@ class Sample:
 
 
 def measure(
-    model: str, archive: Path, source: Path, pair: str, concurrency: int, repeat: int,
-    *, duration_s: float, warmup_s: float, run_dir: Path,
-) -> Sample:  # fmt: skip
+    model: str,
+    archive: Path,
+    source: Path,
+    pair: str,
+    concurrency: int,
+    repeat: int,
+    *,
+    duration_s: float,
+    warmup_s: float,
+    run_dir: Path,
+) -> Sample:
     """One pair's two reports on one fresh server (``source``: the ``--input``)."""
     from torchbay.benchmarks import grpc_load, grpc_oip
     from torchbay.benchmarks.bench import RunOptions
 
-    options = RunOptions(archive=archive, inputs=(source,), concurrency=concurrency,
-                         duration_s=duration_s, warmup_s=warmup_s, run_dir=run_dir)  # fmt: skip
+    options = RunOptions(
+        archive=archive,
+        inputs=(source,),
+        concurrency=concurrency,
+        duration_s=duration_s,
+        warmup_s=warmup_s,
+        run_dir=run_dir,
+    )
     run = grpc_load.run_grpc_bench if pair == "predictions" else grpc_oip.run_oip_bench
     http, grpc_ = (report.result for report in run(options))
-    return Sample(
-        model=model, pair=pair, concurrency=concurrency, repeat=repeat,
-        http_ok_per_s=http.ok_per_s, grpc_ok_per_s=grpc_.ok_per_s,
-        http_p50_ms=http.latency.p50_ms, http_p99_ms=http.latency.p99_ms,
-        grpc_p50_ms=grpc_.latency.p50_ms, grpc_p99_ms=grpc_.latency.p99_ms,
-        http_sent=http.sent, http_ok=http.ok, grpc_sent=grpc_.sent, grpc_ok=grpc_.ok,
-    )  # fmt: skip
+    sides = {**_side("http", http), **_side("grpc", grpc_)}
+    return Sample(model=model, pair=pair, concurrency=concurrency, repeat=repeat, **sides)
+
+
+def _side(protocol: str, result: LoadResult) -> dict[str, Any]:
+    """One protocol's half of a :class:`Sample` (its fields are named ``<protocol>_...``)."""
+    figures = {
+        "ok_per_s": result.ok_per_s,
+        "p50_ms": result.latency.p50_ms,
+        "p99_ms": result.latency.p99_ms,
+        "sent": result.sent,
+        "ok": result.ok,
+    }
+    return {f"{protocol}_{name}": value for name, value in figures.items()}
 
 
 def compare(
@@ -111,9 +133,19 @@ def compare(
                     run_dir = out / "runs" / f"{model}-{pair}-c{c}-r{r}"
                     run_dir.mkdir(parents=True, exist_ok=True)
                     try:
-                        samples.append(measure(model, archive, source, pair, c, r,
-                                               duration_s=duration_s, warmup_s=warmup_s,
-                                               run_dir=run_dir))  # fmt: skip
+                        samples.append(
+                            measure(
+                                model,
+                                archive,
+                                source,
+                                pair,
+                                c,
+                                r,
+                                duration_s=duration_s,
+                                warmup_s=warmup_s,
+                                run_dir=run_dir,
+                            )
+                        )
                     except (BenchError, ArchiveError) as exc:
                         failures.append(f"{cell} failed: {exc}")
                         log(failures[-1])
@@ -133,15 +165,32 @@ def table(samples: Sequence[Sample]) -> str:
     for (model, pair, c), group in cells.items():
         http, grpc_ = _median(group, "http_ok_per_s"), _median(group, "grpc_ok_per_s")
         failed = sum(s.http_sent - s.http_ok + s.grpc_sent - s.grpc_ok for s in group)
-        rows.append([
-            model, PAIRS[pair], str(c), str(len(group)), num(http, 1), num(grpc_, 1),
-            num(grpc_ / http if http else None, 2),
-            f"{num(_median(group, 'http_p50_ms'))} / {num(_median(group, 'http_p99_ms'))}",
-            f"{num(_median(group, 'grpc_p50_ms'))} / {num(_median(group, 'grpc_p99_ms'))}",
-            str(failed),
-        ])  # fmt: skip
-    header = ["model", "pair", "c", "runs", "HTTP req/s", "gRPC req/s", "gRPC/HTTP",
-              "HTTP p50 / p99 ms", "gRPC p50 / p99 ms", "not 200"]  # fmt: skip
+        rows.append(
+            [
+                model,
+                PAIRS[pair],
+                str(c),
+                str(len(group)),
+                num(http, 1),
+                num(grpc_, 1),
+                num(grpc_ / http if http else None, 2),
+                f"{num(_median(group, 'http_p50_ms'))} / {num(_median(group, 'http_p99_ms'))}",
+                f"{num(_median(group, 'grpc_p50_ms'))} / {num(_median(group, 'grpc_p99_ms'))}",
+                str(failed),
+            ]
+        )
+    header = [
+        "model",
+        "pair",
+        "c",
+        "runs",
+        "HTTP req/s",
+        "gRPC req/s",
+        "gRPC/HTTP",
+        "HTTP p50 / p99 ms",
+        "gRPC p50 / p99 ms",
+        "not 200",
+    ]
     return markdown_table(header, rows, align="--::::::::")
 
 
@@ -155,8 +204,9 @@ def build_inputs(
 
     log(f"building the reference models and archives in {out}")
     assets = runner.prepare_models(out)
-    wanted = runner.Assets(pt={m: assets.pt[m] for m in models},
-                           body={m: assets.body[m] for m in models})  # fmt: skip
+    wanted = runner.Assets(
+        pt={m: assets.pt[m] for m in models}, body={m: assets.body[m] for m in models}
+    )
     store = runner.archive_models(wanted, out, sys.executable).model_store
     assert store is not None
     typed = _tensor_archives(wanted, out / "model_store_tensor") if "tensor" in pairs else {}
@@ -183,9 +233,25 @@ def _tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
     for name, pt in assets.pt.items():
         example = store / f"{name}-example.npy"
         np.save(example, models.sample_tensor(name).numpy()[None])
-        cmd = [sys.executable, "-m", "torchbay", "archive", "--model-name", name,
-               "--version", "1.0", "--serialized-file", str(pt), "--handler", "tensor",
-               "--example-input", str(example), "--export-path", str(store), "--force"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torchbay",
+            "archive",
+            "--model-name",
+            name,
+            "--version",
+            "1.0",
+            "--serialized-file",
+            str(pt),
+            "--handler",
+            "tensor",
+            "--example-input",
+            str(example),
+            "--export-path",
+            str(store),
+            "--force",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BenchError(f"torchbay archive failed for {name}: {proc.stderr or proc.stdout}")
@@ -194,11 +260,16 @@ def _tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m torchbay.benchmarks.grpc_compare",
-                                description="gRPC beside HTTP, both protocol pairs")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m torchbay.benchmarks.grpc_compare",
+        description="gRPC beside HTTP, both protocol pairs",
+    )
     p.add_argument("--models", default="tiny,cnn", help="comma-separated (default tiny,cnn)")
-    p.add_argument("--pairs", default=",".join(PAIRS),
-                   help=f"comma-separated from {', '.join(PAIRS)} (default all)")  # fmt: skip
+    p.add_argument(
+        "--pairs",
+        default=",".join(PAIRS),
+        help=f"comma-separated from {', '.join(PAIRS)} (default all)",
+    )
     p.add_argument("--concurrency", "-c", default="16", help="comma-separated (default 16)")
     p.add_argument("--repeat", type=int, default=3, help="runs per cell; the table has medians")
     p.add_argument("--duration", type=float, default=10.0, metavar="S", help="measured seconds")
@@ -220,15 +291,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
     bad = [m for m in models if m not in MODEL_NAMES] + [p for p in pairs if p not in PAIRS]
     if bad or not models or not pairs or not concurrencies or min(concurrencies) < 1:
-        _parser().error(f"models from {', '.join(MODEL_NAMES)}, pairs from {', '.join(PAIRS)}, "
-                        "concurrency >= 1")  # fmt: skip
+        _parser().error(
+            f"models from {', '.join(MODEL_NAMES)}, pairs from {', '.join(PAIRS)}, concurrency >= 1"
+        )
     if args.repeat < 1:
         _parser().error("--repeat must be >= 1")
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     inputs = build_inputs(models, pairs, args.out, log)
-    samples, failures = compare(inputs, concurrencies, repeat=args.repeat,
-                                duration_s=args.duration, warmup_s=args.warmup, out=args.out,
-                                log=log)  # fmt: skip
+    samples, failures = compare(
+        inputs,
+        concurrencies,
+        repeat=args.repeat,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        out=args.out,
+        log=log,
+    )
     print(table(samples))
     for line in failures:
         print(f"\n{line}")

@@ -61,10 +61,11 @@ class GrpcTarget:
         if self.requests is not None:
             return list(self.requests)
         return [
-            request_type(model_name=self.model, model_version=self.version or "",
-                         input={"data": body})
+            request_type(
+                model_name=self.model, model_version=self.version or "", input={"data": body}
+            )
             for body in self.payloads
-        ]  # fmt: skip
+        ]
 
 
 async def _closed_loop(
@@ -83,9 +84,11 @@ async def _closed_loop(
     sent = 0
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     async with grpc.aio.insecure_channel(target.address, options=options) as channel:
-        call = channel.unary_unary(f"/{target.service}/{target.method}",
-                                   request_serializer=request_type.SerializeToString,
-                                   response_deserializer=response_type.FromString)  # fmt: skip
+        call = channel.unary_unary(
+            f"/{target.service}/{target.method}",
+            request_serializer=request_type.SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
         end = time.perf_counter() + seconds
 
         async def caller(index: int) -> None:
@@ -127,25 +130,48 @@ def run_grpc_load(
     ok = statuses.get("200", 0)
     summary = summarize(latencies)
     return LoadResult(
-        mode="closed", offered_rate=None, concurrency=concurrency, window_s=window, sent=sent,
-        completed=sum(statuses.values()), ok=ok, statuses=statuses, latency=summary,
-        service=summary, lag=summarize([]), req_per_s=sent / window, ok_per_s=ok / window,
-        generator_cpu_pct=[100 * cpu / window], behind=[], generator_cpu_s=cpu,
-    )  # fmt: skip
+        mode="closed",
+        offered_rate=None,
+        concurrency=concurrency,
+        window_s=window,
+        sent=sent,
+        completed=sum(statuses.values()),
+        ok=ok,
+        statuses=statuses,
+        latency=summary,
+        service=summary,
+        lag=summarize([]),
+        req_per_s=sent / window,
+        ok_per_s=ok / window,
+        generator_cpu_pct=[100 * cpu / window],
+        behind=[],
+        generator_cpu_s=cpu,
+    )
 
 
 def grpc_report(target: GrpcTarget, options: RunOptions) -> BenchReport:
     assert options.concurrency is not None
     scrapes: list[scrape.Snapshot | None] = []
-    result = run_grpc_load(target, options.concurrency, options.duration_s or 10.0,
-                           options.warmup_s, options.timeout_s,
-                           on_warm=lambda: scrapes.append(_scrape(target)))  # fmt: skip
+    result = run_grpc_load(
+        target,
+        options.concurrency,
+        options.duration_s or 10.0,
+        options.warmup_s,
+        options.timeout_s,
+        on_warm=lambda: scrapes.append(_scrape(target)),
+    )
     before, after = scrapes[0], _scrape(target)
     view = None
     if before is not None and after is not None:
         view = scrape.server_view(before, after, target.model, target.version)
-    return BenchReport(model=target.model, version=target.version, url=target.url, settings={},
-                       result=result, server=view)  # fmt: skip
+    return BenchReport(
+        model=target.model,
+        version=target.version,
+        url=target.url,
+        settings={},
+        result=result,
+        server=view,
+    )
 
 
 def _scrape(target: GrpcTarget) -> scrape.Snapshot | None:
@@ -176,8 +202,15 @@ def _with_archive(
 ) -> list[BenchReport]:
     with started_server(options) as (endpoints, grpc_port, model, _run_dir):
         http = run_bench(http_options(options, endpoints, model), on_progress)
-        target = GrpcTarget(endpoints.host, grpc_port, model, options.version,
-                            endpoints.inference_key, payloads, endpoints.metrics_port)  # fmt: skip
+        target = GrpcTarget(
+            endpoints.host,
+            grpc_port,
+            model,
+            options.version,
+            endpoints.inference_key,
+            payloads,
+            endpoints.metrics_port,
+        )
         return [http, replace(grpc_report(target, options), settings=http.settings)]
 
 
@@ -207,11 +240,16 @@ def http_options(
     options: RunOptions, endpoints: Endpoints, model: str, **update: Any
 ) -> RunOptions:
     """``options`` aimed at the started server's HTTP inference listener (``update`` on top)."""
-    return options.model_copy(update={
-        "archive": None, "url": f"http://{endpoints.host}:{endpoints.inference_port}",
-        "model": model, "token": endpoints.inference_key,
-        "metrics_url": f"http://{endpoints.host}:{endpoints.metrics_port}", **update,
-    })  # fmt: skip
+    return options.model_copy(
+        update={
+            "archive": None,
+            "url": f"http://{endpoints.host}:{endpoints.inference_port}",
+            "model": model,
+            "token": endpoints.inference_key,
+            "metrics_url": f"http://{endpoints.host}:{endpoints.metrics_port}",
+            **update,
+        }
+    )
 
 
 _FREE_GRPC_PORTS = {"TORCHBAY_GRPC_INFERENCE_PORT": "0", "TORCHBAY_GRPC_MANAGEMENT_PORT": "0"}

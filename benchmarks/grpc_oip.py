@@ -44,10 +44,19 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 BODY_FILE = "oip-binary-body.bin"
 # numpy dtype (little-endian) -> OIP datatype
 _DATATYPES = {
-    "|b1": "BOOL", "|u1": "UINT8", "<u2": "UINT16", "<u4": "UINT32", "<u8": "UINT64",
-    "|i1": "INT8", "<i2": "INT16", "<i4": "INT32", "<i8": "INT64",
-    "<f2": "FP16", "<f4": "FP32", "<f8": "FP64",
-}  # fmt: skip
+    "|b1": "BOOL",
+    "|u1": "UINT8",
+    "<u2": "UINT16",
+    "<u4": "UINT32",
+    "<u8": "UINT64",
+    "|i1": "INT8",
+    "<i2": "INT16",
+    "<i4": "INT32",
+    "<i8": "INT64",
+    "<f2": "FP16",
+    "<f4": "FP32",
+    "<f8": "FP64",
+}
 
 
 @dataclass(frozen=True)
@@ -150,12 +159,26 @@ def _input_name(archive: Path | None) -> str:
 
 
 def oip_target(
-    host: str, port: int, model: str, options: RunOptions, key: str | None, tensor: OipTensor,
+    host: str,
+    port: int,
+    model: str,
+    options: RunOptions,
+    key: str | None,
+    tensor: OipTensor,
     metrics_port: int | None = None,
-) -> GrpcTarget:  # fmt: skip
+) -> GrpcTarget:
     """The ModelInfer load's target: one prebuilt request, sent over and over."""
-    target = GrpcTarget(host, port, model, options.version, key, (), metrics_port,
-                        service=OIP_SERVICE, method="ModelInfer")  # fmt: skip
+    target = GrpcTarget(
+        host,
+        port,
+        model,
+        options.version,
+        key,
+        (),
+        metrics_port,
+        service=OIP_SERVICE,
+        method="ModelInfer",
+    )
     target.requests = (tensor.grpc_request(model, options.version),)
     return target
 
@@ -175,18 +198,32 @@ def run_oip_bench(
         key = options.token
         if options.key_file is not None:
             key = read_key_file(options.key_file)[0]
-        return [grpc_report(oip_target(host, port, options.model or "", options, key, tensor),
-                            options)]  # fmt: skip
+        return [
+            grpc_report(oip_target(host, port, options.model or "", options, key, tensor), options)
+        ]
     with started_server(options) as (endpoints, grpc_port, model, run_dir):
         body, head_len = tensor.http_body()
         body_file = Path(run_dir) / BODY_FILE
         body_file.write_bytes(body)
         http = run_bench(
-            http_options(options, endpoints, model, protocol="v2", inputs=(body_file,),
-                         content_type="application/octet-stream",
-                         headers=((HEADER_LENGTH, str(head_len)),)),
+            http_options(
+                options,
+                endpoints,
+                model,
+                protocol="v2",
+                inputs=(body_file,),
+                content_type="application/octet-stream",
+                headers=((HEADER_LENGTH, str(head_len)),),
+            ),
             on_progress,
-        )  # fmt: skip
-        target = oip_target(endpoints.host, grpc_port, model, options, endpoints.inference_key,
-                            tensor, endpoints.metrics_port)  # fmt: skip
+        )
+        target = oip_target(
+            endpoints.host,
+            grpc_port,
+            model,
+            options,
+            endpoints.inference_key,
+            tensor,
+            endpoints.metrics_port,
+        )
         return [http, replace(grpc_report(target, options), settings=http.settings)]

@@ -26,6 +26,7 @@ from urllib.parse import urlencode, urlsplit
 
 from torchbay.benchmarks import procstat
 from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.scenarios import Batching
 
 
 @dataclass(frozen=True)
@@ -63,18 +64,6 @@ def parse_url(url: str) -> tuple[str, int, str]:
     if parts.query:
         path += "?" + parts.query
     return parts.hostname, port, path
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """Batching and scale of one model version; None leaves a setting as it is."""
-
-    batch_size: int | None = None
-    max_batch_delay_ms: float | None = None
-    workers: int | None = None
-
-    def label(self) -> str:
-        return f"b{self.batch_size}-d{self.max_batch_delay_ms:g}-w{self.workers}"
 
 
 def http_call(
@@ -120,7 +109,7 @@ class Management:
             raise BenchError(f"GET {path} answered {status}: {body}")
         return body[0]
 
-    def configure(self, model: str, version: str | None, settings: ModelSettings) -> None:
+    def configure(self, model: str, version: str | None, settings: Batching) -> None:
         """Apply ``settings`` live and wait until the workers are up (synchronous scale)."""
         query: dict[str, Any] = {"synchronous": "true"}
         if settings.batch_size is not None:
@@ -137,7 +126,7 @@ class Management:
         if settings.batch_size is not None or settings.max_batch_delay_ms is not None:
             self._check_applied(model, version, settings)
 
-    def _check_applied(self, model: str, version: str | None, settings: ModelSettings) -> None:
+    def _check_applied(self, model: str, version: str | None, settings: Batching) -> None:
         """Read the settings back: a server that ignored them would make the search a lie."""
         info = self.describe(model, version)
         if settings.batch_size is not None and info.get("batchSize") != settings.batch_size:
@@ -178,15 +167,18 @@ class ManagedServer(procstat.LoggedServer):
         extra_args: tuple[str, ...] = (),
         name: str | None = None,
         python: str = sys.executable,
+        models: tuple[str, ...] = (),
     ) -> ManagedServer:
         """``torchbay serve`` for one archive on port 0 for all three listeners; ``name`` loads it
-        as ``--models name=archive`` (to match a ``--ts-config`` entry for the same model)."""
+        as ``--models name=archive`` (to match a ``--ts-config`` entry for the same model), and
+        ``models`` (``name=file.mar`` each) replaces it when the store serves several."""
         if not archive.exists():
             raise BenchError(f"{archive}: no such archive")
         archive = archive.resolve()
         cmd = [
             *(python, "-m", "torchbay", "serve", "--model-store", str(archive.parent)),
-            *("--models", f"{name}={archive.name}" if name else archive.name),
+            "--models",
+            *(models or (f"{name}={archive.name}" if name else archive.name,)),
             *("--inference-address", "http://127.0.0.1:0"),
             *("--management-address", "http://127.0.0.1:0"),
             *("--metrics-address", "http://127.0.0.1:0"),

@@ -28,7 +28,7 @@ from torchbay.benchmarks import cpushare, round2_overload, runner
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator
 from torchbay.benchmarks.loadplan import LoadPlan
 from torchbay.benchmarks.round2_rows import CNN_B8_W2, JOB_QUEUE_SIZE, QUEUE_DELAY_MS
-from torchbay.benchmarks.round2_run import TORCHBAY, Ctx, closed, serving, target
+from torchbay.benchmarks.runner import TORCHBAY, Ctx, closed, serving, target
 
 
 def _describe_sampler(port: int, samples: list[dict[str, Any]], stop: threading.Event) -> None:
@@ -73,16 +73,20 @@ def _log_cpu(procs, before, after, elapsed, labels, log) -> None:  # type: ignor
         if proc.pid in after and proc.pid in before:
             ran = after[proc.pid][0] - before[proc.pid][0]
             waited = after[proc.pid][1] - before[proc.pid][1]
-            log(f"    {100 * ran / elapsed:5.1f} / {100 * waited / elapsed:5.1f}  {labels(proc)} "
-                f"(pid {proc.pid})")  # fmt: skip
+            log(
+                f"    {100 * ran / elapsed:5.1f} / {100 * waited / elapsed:5.1f}  {labels(proc)} "
+                f"(pid {proc.pid})"
+            )
 
 
 def _log_worker_ms(used: dict[str, float] | None, served: float, seconds: float, log: Any) -> None:
     """The workers' CPU per request served in a window inside the measured run (not over the
     whole run: its warm-up and the load generator's idle start would count as serving)."""
     if used is not None and served > 0:
-        log(f"  worker CPU per served request: {1000 * used[cpushare.WORKERS] / served:.2f} ms "
-            f"(a {seconds:g} s window inside the measured run)")  # fmt: skip
+        log(
+            f"  worker CPU per served request: {1000 * used[cpushare.WORKERS] / served:.2f} ms "
+            f"(a {seconds:g} s window inside the measured run)"
+        )
 
 
 def _label(proc: psutil.Process, front: int, generator: int) -> str:
@@ -119,10 +123,15 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
             args = (server.endpoints.management_port, samples, stop)
             sampler = threading.Thread(target=_describe_sampler, args=args)
             plan = LoadPlan(
-                tgt, "open", rate=factor * capacity, duration_s=ctx.duration_s,
-                warmup_s=ctx.warmup_s, timeline=True, timeout_s=round2_overload.LATE_S,
+                tgt,
+                "open",
+                rate=factor * capacity,
+                duration_s=ctx.duration_s,
+                warmup_s=ctx.warmup_s,
+                timeline=True,
+                timeout_s=round2_overload.LATE_S,
                 max_connections=256,
-            )  # fmt: skip
+            )
             procs = _processes(front, me)
             sampler.start()
             opens = START_MARGIN_S + ctx.warmup_s + 0.1  # the run's window, after its warm-up
@@ -135,9 +144,11 @@ def probe(ctx: Ctx, factors: Sequence[float], log: Any = print) -> None:
             items = round2_overload.answers(result.timeline)
             d = ctx.duration_s
             stats = round2_overload.phase_stats(
-                round2_overload.in_phase(items, 0.0, d), d, factor * capacity,
+                round2_overload.in_phase(items, 0.0, d),
+                d,
+                factor * capacity,
                 round2_overload.answered_ok_in(items, 0.0, d),
-            )  # fmt: skip
+            )
             log(
                 f"{factor:g}x: goodput {stats.goodput_per_s:.1f} req/s "
                 f"({stats.goodput_per_s / capacity:.2f} of capacity), 503s {stats.rejected_503}, "
@@ -153,8 +164,10 @@ def _log_samples(samples: list[dict[str, Any]], log: Any) -> None:
     for key in ("predictedQueueWaitMs", "serviceRatePerWorker", "pendingRequests"):
         values = [s[key] for s in samples if s.get(key) is not None]
         if values:
-            log(f"  {key}: median {statistics.median(values):.1f} "
-                f"(min {min(values):.1f}, max {max(values):.1f})")  # fmt: skip
+            log(
+                f"  {key}: median {statistics.median(values):.1f} "
+                f"(min {min(values):.1f}, max {max(values):.1f})"
+            )
     busy = [sum(w.get("status") == "BUSY" for w in s.get("workers", [])) for s in samples]
     if busy:
         log(

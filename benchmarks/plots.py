@@ -48,9 +48,15 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
         )
         repeats = [s for s in oc.steps if s.phase == "repeat"]
         if repeats:
-            ax.scatter([s.result.ok_per_s for s in repeats],
-                       [s.result.latency.p99_ms for s in repeats], marker="x", color="purple",
-                       zorder=4, s=24, label="p99, repeats")  # fmt: skip
+            ax.scatter(
+                [s.result.ok_per_s for s in repeats],
+                [s.result.latency.p99_ms for s in repeats],
+                marker="x",
+                color="purple",
+                zorder=4,
+                s=24,
+                label="p99, repeats",
+            )
         x = [s.result.ok_per_s for s in steps]
         for attr, style in (("p50_ms", ":"), ("p90_ms", "--"), ("p99_ms", "-")):
             ax.plot(

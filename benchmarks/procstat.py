@@ -209,8 +209,9 @@ def machine_info() -> dict[str, Any]:
     except importlib.metadata.PackageNotFoundError:
         torch_version = "not installed"
     repo = Path(__file__).resolve().parent.parent
-    git = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True)  # fmt: skip
+    git = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     commit = git.stdout.strip() if git.returncode == 0 else "unknown"
     return {
         "cpu": _cpu_model(),

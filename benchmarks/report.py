@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from torchbay.benchmarks.procstat import describe_machine
-from torchbay.benchmarks.scenarios import Scenario, ScenarioResult, Target
+from torchbay.benchmarks.scenarios import Goal, Scenario, ScenarioResult
 
 METRICS = (
     "req_per_s",
@@ -126,7 +126,7 @@ def table_rows(scenarios: Sequence[Scenario], results: Sequence[ScenarioResult])
     return rows
 
 
-def target_rows(targets: Sequence[Target], med: dict[str, dict[str, float]]) -> list[list[str]]:
+def target_rows(targets: Sequence[Goal], med: dict[str, dict[str, float]]) -> list[list[str]]:
     rows = []
     for target in targets:
         value = target.value(med)
@@ -166,7 +166,7 @@ def render_markdown(
     settings_line: str,
     scenarios: Sequence[Scenario],
     results: Sequence[ScenarioResult],
-    targets: Sequence[Target],
+    targets: Sequence[Goal],
     inprocess: dict[str, dict[int, float]] | None,
     when: str,
 ) -> str:

@@ -2,7 +2,7 @@
 
     python -m torchbay.benchmarks.round2 [--repeat 3] [--duration 10] [--warmup 3]
         [--torchserve /work/ts-venv] [--starts 3] [--only ROW ...]
-        [--out benchmarks/results]
+        [--out results/round2]
 
 Rows (``--only`` takes these keys): tiny-c16, cnn-c1, batch-sweep, cnn-c16, overload, start,
 two-models (``round2_rows.py`` and ``round2_sweep.py`` say what each measures). Without
@@ -27,10 +27,12 @@ from torchbay.benchmarks import managed, plots, procstat, round2_report, runner
 from torchbay.benchmarks.errors import BenchError, exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.round2_rows import ROWS, SWEEP_ESTIMATE
-from torchbay.benchmarks.round2_run import Ctx, RowResult
+from torchbay.benchmarks.round2_run import RowResult
+from torchbay.benchmarks.runner import Ctx
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results"
+# Reports live beside the other results, outside the package (results/README.md).
+DEFAULT_OUT = HERE.parent / "results" / "round2"
 DEFAULT_WORK = HERE / "out" / "round2"
 
 

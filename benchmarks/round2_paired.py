@@ -16,7 +16,8 @@ import statistics
 from pathlib import Path
 
 from torchbay.benchmarks.loadplan import LoadPlan, LoadResult
-from torchbay.benchmarks.round2_run import Batching, Ctx, serving, target, warm_and_measure
+from torchbay.benchmarks.runner import Ctx, serving, target, warm_and_measure
+from torchbay.benchmarks.scenarios import Batching
 
 __all__ = ["SLICES", "alternate", "order", "pooled"]
 

@@ -18,23 +18,17 @@ from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
 from torchbay.benchmarks.round2_run import (
-    ECHO,
     INPROCESS,
-    TORCHBAY,
-    TORCHSERVE,
-    Batching,
-    Ctx,
     Ratio,
     RowResult,
-    closed,
     failed,
     inprocess_limit,
     load_metrics,
     ratios,
-    serving,
     systems_for,
-    target,
 )
+from torchbay.benchmarks.runner import ECHO, TORCHBAY, TORCHSERVE, Ctx, closed, serving, target
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.server.serving.worker_env import worker_env
 
 OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
@@ -45,6 +39,8 @@ JOB_QUEUE_SIZE = 100
 INPROCESS_TUNED = "in-process, tuned malloc"
 RECOVERY_BOUND_S = 5.0
 CNN_B8_W2 = Batching(8, 10, 2)
+TWO_MODELS = {"cnn_a": "cnn", "cnn_b": "cnn"}  # two names, one reference model (each its own mar)
+TWO_MODELS_BATCHING = Batching(8, 10, 1)
 
 
 def _closed_row(
@@ -74,7 +70,7 @@ def _closed_row(
 
 def row_tiny(ctx: Ctx) -> RowResult:
     b = Batching(8, 5, 1)
-    row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.label()}")
+    row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.describe()}")
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
     for rep in range(1, ctx.repeat + 1):
         _closed_row(ctx, row, [(s, s, "tiny", b, 16) for s in systems], rep)
@@ -92,7 +88,7 @@ def row_cnn_c16(ctx: Ctx) -> RowResult:
     row = RowResult(
         "cnn-c16",
         "cnn, c=16, batch 8, 2 workers",
-        f"c=16, {b.label()}; in-process: 2 threads x 1 intra-op thread, batch 8",
+        f"c=16, {b.describe()}; in-process: 2 threads x 1 intra-op thread, batch 8",
     )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     for rep in range(1, ctx.repeat + 1):
@@ -190,7 +186,7 @@ def row_overload(ctx: Ctx) -> RowResult:
     row = RowResult(
         "overload",
         "cnn, 4x overload, then recovery at 0.5x",
-        f"{CNN_B8_W2.label()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
+        f"{CNN_B8_W2.describe()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
         f"max_queue_delay_ms {QUEUE_DELAY_MS} (TorchServe has none); capacity: closed "
         f"loop c=16; then open loop 0.5x / 4x / 0.5x capacity, {ctx.duration_s:g} s "
         f"each, 48 KiB bodies, <= {MAX_CONNECTIONS} connections, latency from the "
@@ -283,24 +279,21 @@ def row_start(ctx: Ctx) -> RowResult:
 
 
 def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
-    b = Batching(8, 10, 1)
+    b = TWO_MODELS_BATCHING
     row = RowResult(
         "two-models",
         "two models on one host (cnn as cnn_a and cnn_b)",
-        f"one server per system with both, {b.label()} each; c={concurrency} per model; "
+        f"one server per system with both, {b.describe()} each; c={concurrency} per model; "
         "alone: one model driven, the other idle; together: both at once; the 0.90 target is "
         "torchbay's (its host budget), TorchServe's figures are the reference",
     )
-    names = {"cnn_a": "cnn", "cnn_b": "cnn"}
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     keys = ("alone_a", "alone_b", "together_a", "together_b")
     with LoadGenerator(1) as second:
         for rep in range(1, ctx.repeat + 1):
             for system in systems:
                 try:
-                    row.add(
-                        system, _two_models_once(ctx, system, names, b, concurrency, rep, second)
-                    )
+                    row.add(system, _two_models_once(ctx, system, concurrency, rep, second))
                 except (BenchError, psutil.Error) as exc:
                     failed(row, system, rep, exc, keys)
                 ctx.progress(
@@ -332,16 +325,12 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
 
 
 def _two_models_once(
-    ctx: Ctx,
-    system: str,
-    names: dict[str, str],
-    b: Batching,
-    conc: int,
-    rep: int,
-    second: LoadGenerator,
+    ctx: Ctx, system: str, conc: int, rep: int, second: LoadGenerator
 ) -> dict[str, float]:
+    """Each model alone (the other idle), then both at once from two generators."""
     run_dir = ctx.out_dir / "runs" / f"two-models-{system}-r{rep}"
-    models = dict.fromkeys(names, b)
+    names = TWO_MODELS
+    models = dict.fromkeys(names, TWO_MODELS_BATCHING)
     with serving(ctx, system, models, run_dir, names=names) as server:
         ta, tb = (target(ctx, server, n, "cnn") for n in names)
         alone_a = closed(ctx, ta, conc).ok_per_s

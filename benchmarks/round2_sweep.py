@@ -21,17 +21,9 @@ import psutil
 
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.round2_paired import SLICES, alternate
-from torchbay.benchmarks.round2_run import (
-    TORCHBAY,
-    TORCHSERVE,
-    Batching,
-    Ctx,
-    Ratio,
-    RowResult,
-    failed,
-    ratios,
-    systems_for,
-)
+from torchbay.benchmarks.round2_run import Ratio, RowResult, failed, ratios, systems_for
+from torchbay.benchmarks.runner import TORCHBAY, TORCHSERVE, Ctx
+from torchbay.benchmarks.scenarios import Batching
 
 __all__ = ["SWEEP_CONCURRENCY", "row_batch_sweep", "row_cnn_c1", "sweep_estimate_s"]
 

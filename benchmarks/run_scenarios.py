@@ -42,15 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from_args(args: argparse.Namespace) -> runner.RunSettings:
+def settings_from_args(args: argparse.Namespace) -> dict[str, float]:
+    """The run's :class:`runner.Ctx` settings: the flags, else their defaults (``--quick``:
+    short ones)."""
     quick = args.quick
-    return runner.RunSettings(
-        out_dir=args.out,
-        warmup_s=args.warmup if args.warmup is not None else (1.0 if quick else 5.0),
-        duration_s=args.duration if args.duration is not None else (3.0 if quick else 20.0),
-        repeat=args.repeat if args.repeat is not None else (1 if quick else 2),
-        inprocess_seconds=0.5 if quick else 2.0,
-    )
+    return {
+        "warmup_s": args.warmup if args.warmup is not None else (1.0 if quick else 5.0),
+        "duration_s": args.duration if args.duration is not None else (3.0 if quick else 20.0),
+        "repeat": args.repeat if args.repeat is not None else (1 if quick else 2),
+        "inprocess_seconds": 0.5 if quick else 2.0,
+        "start_timeout_s": 60.0,
+    }
 
 
 def plan(only: Sequence[str]) -> tuple[list[Scenario], bool]:
@@ -70,24 +72,24 @@ def _status(result: runner.ScenarioResult) -> str:
 
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = settings_from_args(args)
     scenarios, want_inprocess = plan(args.only)
-    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
 
-    assets = runner.prepare_models(settings.out_dir)
+    assets = runner.prepare_models(args.out)
     if any(s.server == "torchbay" for s in scenarios):
-        assets = runner.archive_models(assets, settings.out_dir, settings.python)
+        assets = runner.archive_models(assets, args.out, sys.executable)
         print(f"archived with torchbay archive into {assets.model_store}", flush=True)
 
     results: list[runner.ScenarioResult] = []
     inprocess_rounds: list[dict[str, dict[int, float]]] = []
     with LoadGenerator(1) as gen:
+        settings = runner.Ctx(args.out, assets, gen, **settings_from_args(args))
         for round_no in range(1, settings.repeat + 1):
             if want_inprocess:
-                inprocess_rounds.append(runner.run_inprocess(assets, settings))
+                inprocess_rounds.append(runner.run_inprocess(settings))
                 print(f"[round {round_no}] in-process loop: {inprocess_rounds[-1]}", flush=True)
             for scenario in scenarios:
-                result = runner.run_scenario(scenario, assets, settings, round_no, gen)
+                result = runner.run_scenario(scenario, settings, round_no)
                 results.append(result)
                 print(f"[round {round_no}] {scenario.name}: {_status(result)}", flush=True)
 
@@ -103,8 +105,11 @@ def run(argv: Sequence[str] | None = None) -> int:
     print(report.text_table(report.HEADER, report.table_rows(scenarios, results)))
     print()
     med = report.medians(results)
-    print(report.text_table(["target", "what", "measured", "bound", "verdict"],
-                            report.target_rows(TARGETS, med)))  # fmt: skip
+    print(
+        report.text_table(
+            ["target", "what", "measured", "bound", "verdict"], report.target_rows(TARGETS, med)
+        )
+    )
     inprocess = report.inprocess_medians(inprocess_rounds) if inprocess_rounds else None
     markdown = report.render_markdown(
         command=command.strip(),

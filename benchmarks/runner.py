@@ -1,10 +1,13 @@
-"""Run scenarios: build the models and archives, start each server (:class:`ManagedServer`, port
-0, ready file), time its first answer, warm up, measure with the load generator (closed loop),
-read the server tree's CPU and memory, stop it.
+"""The one runner every benchmark command measures through: build the reference models and
+archives, start a system under test (``torchbay serve``, TorchServe, or a ceiling: the bare ASGI
+echo or the naive FastAPI server) from one ``models={...}`` description, warm up, and measure with
+the load generator (:func:`warm_and_measure`); for a :class:`Scenario`, also time its first answer
+and read the server tree's CPU and memory (:func:`run_scenario`).
 
-Everything lands under ``out_dir`` (``benchmarks/out/`` by default, gitignored): ``models/``
-(scripted ``.pt`` and raw bodies), ``model_store/`` (``.mar``), ``runs/<scenario>-r<round>/``
-(config.properties and the server log).
+``run_scenarios``, ``round2`` and its rows, ``overload_probe`` and ``gpu_bench`` all start their
+servers with :func:`make_system` and share one :class:`Ctx`. Work files land under
+``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies), ``model_store/`` (``.mar``),
+``runs/<name>/`` (config.properties and the server log).
 """
 
 from __future__ import annotations
@@ -15,32 +18,25 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from torchbay.benchmarks import managed, models, procstat
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
-from torchbay.benchmarks.scenarios import Scenario, ScenarioResult, torchbay_models_json
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
+from torchbay.benchmarks.scenarios import Batching, Scenario, ScenarioResult, models_json
 
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
 MODEL_VERSION = "1.0"
-_OCTETS = (("Content-Type", "application/octet-stream"),)
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """How long and how often to measure. ``repeat`` rounds run every scenario once each."""
-
-    out_dir: Path
-    warmup_s: float = 5.0
-    duration_s: float = 20.0
-    repeat: int = 2
-    start_timeout_s: float = 60.0
-    inprocess_seconds: float = 2.0
-    python: str = sys.executable
+TORCHBAY, TORCHSERVE, ECHO, NAIVE = "torchbay", "torchserve", "echo", "naive"
+# config.properties keys TorchServe 0.12 does not have; it gets every other key unchanged.
+TORCHBAY_ONLY_KEYS = ("max_queue_delay_ms", "cpu_thread_budget")
+OCTETS = (("Content-Type", "application/octet-stream"),)
 
 
 @dataclass(frozen=True)
@@ -64,76 +60,204 @@ def prepare_models(out_dir: Path) -> Assets:
     return Assets(pt=pt, body=body)
 
 
+def archive(name: str, pt: Path, store: Path, python: str, *extra: str) -> Path:
+    """Pack a scripted model with ``handler_raw.py`` into ``store/NAME.mar`` (``torchbay archive``
+    with ``extra`` flags); the benchmarks' one way to build an archive."""
+    (store / f"{name}.mar").unlink(missing_ok=True)
+    cmd = [
+        *(python, "-m", "torchbay", "archive"),
+        *("--model-name", name, "--version", MODEL_VERSION),
+        *("--serialized-file", str(pt), "--handler", str(HANDLER_FILE)),
+        *("--export-path", str(store), *extra),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not (store / f"{name}.mar").is_file():
+        raise BenchError(f"torchbay archive failed for {name}: {proc.stderr or proc.stdout}")
+    return store / f"{name}.mar"
+
+
 def archive_models(assets: Assets, out_dir: Path, python: str) -> Assets:
-    """Pack each scripted model with ``handler_raw.py`` into ``out_dir/model_store/NAME.mar``."""
+    """Pack each scripted model into ``out_dir/model_store/NAME.mar`` (:func:`archive`)."""
     store = out_dir / "model_store"
     store.mkdir(parents=True, exist_ok=True)
-    base = [python, "-m", "torchbay", "archive"]
     for name, pt in assets.pt.items():
-        (store / f"{name}.mar").unlink(missing_ok=True)
-        cmd = [
-            *base,
-            *("--model-name", name, "--version", MODEL_VERSION),
-            *("--serialized-file", str(pt), "--handler", str(HANDLER_FILE)),
-            *("--export-path", str(store)),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0 or not (store / f"{name}.mar").is_file():
-            raise BenchError(f"torchbay archive failed for {name}: {proc.stderr or proc.stdout}")
+        archive(name, pt, store, python)
     return Assets(pt=assets.pt, body=assets.body, model_store=store)
 
 
-def make_server(
-    scenario: Scenario, assets: Assets, run_dir: Path, python: str
+@dataclass
+class Ctx:
+    """One benchmark run: its settings, archives, the load generator, and the clock for the ETA
+    that long runs (round two) print."""
+
+    out_dir: Path
+    assets: Assets
+    gen: LoadGenerator
+    duration_s: float = 10.0
+    warmup_s: float = 3.0
+    repeat: int = 3
+    torchserve: Path | None = None
+    python: str = sys.executable
+    start_timeout_s: float = 120.0
+    starts: int = 3  # the start row's samples per system (at least; ``repeat`` if more)
+    inprocess_seconds: float = 2.0  # per batch size in the in-process loop (run_scenarios)
+    estimate_s: float = 0.0
+    done_estimate_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    log: Any = print
+
+    def progress(self, what: str, estimate_s: float) -> None:
+        """Count ``estimate_s`` as done and print ``what`` with the elapsed time and an ETA
+        (the remaining estimate scaled by how fast the run has gone so far)."""
+        self.done_estimate_s += estimate_s
+        elapsed = time.monotonic() - self.started
+        left = max(0.0, self.estimate_s - self.done_estimate_s)
+        pace = elapsed / self.done_estimate_s if self.done_estimate_s > 0 else 1.0
+        self.log(f"[{elapsed:6.0f} s, ~{left * pace:5.0f} s left] {what}", flush=True)
+
+    def model_store(self, names: dict[str, str]) -> Path:
+        """A store where each name in ``names`` (name -> reference model) is its own ``.mar``
+        (a copy of the reference archive, so two names can serve one model)."""
+        if self.assets.model_store is None:
+            raise BenchError("torchbay and TorchServe need archives; call archive_models first")
+        if all(name == model for name, model in names.items()):
+            return self.assets.model_store
+        store = self.out_dir / "stores" / "-".join(sorted(names))
+        store.mkdir(parents=True, exist_ok=True)
+        for name, model in names.items():
+            src = self.assets.model_store / f"{model}.mar"
+            (store / f"{name}.mar").write_bytes(src.read_bytes())
+        return store
+
+
+def make_system(
+    ctx: Ctx,
+    system: str,
+    served: dict[str, Batching],
+    run_dir: Path,
+    *,
+    names: dict[str, str] | None = None,
+    props: dict[str, Any] | None = None,
+    args: tuple[str, ...] = (),
 ) -> managed.ManagedServer:
-    """The server under test for ``scenario``: a ceiling, or ``torchbay serve`` with the
-    scenario's batching in a config.properties (no auth, no snapshot)."""
-    if scenario.server == "echo":
-        cmd = [python, "-m", "torchbay.benchmarks.ceilings.echo_asgi"]
-        return managed.ManagedServer(cmd, run_dir)
-    if scenario.server == "naive":
-        cmd = [python, "-m", "torchbay.benchmarks.ceilings.naive_fastapi"]
-        cmd += ["--model", scenario.model, "--pt", str(assets.pt[scenario.model])]
-        return managed.ManagedServer(cmd, run_dir)
-    if assets.model_store is None:
-        raise BenchError("torchbay scenarios need archives; call archive_models first")
+    """``system`` serving ``served`` (name -> batching; ``names`` maps a name to its reference
+    model when they differ) with ``props`` in config.properties and ``args`` as extra
+    ``torchbay serve`` flags; not started yet. The ceilings take the model only (naive)."""
+    names = names or {name: name for name in served}
+    if system == ECHO:
+        return managed.ManagedServer(
+            [ctx.python, "-m", "torchbay.benchmarks.ceilings.echo_asgi"],
+            run_dir,
+            start_timeout_s=ctx.start_timeout_s,
+        )
+    if system == NAIVE:
+        ((name, model),) = names.items()
+        cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.naive_fastapi"]
+        cmd += ["--model", name, "--pt", str(ctx.assets.pt[model])]
+        return managed.ManagedServer(cmd, run_dir, start_timeout_s=ctx.start_timeout_s)
+    store, props = ctx.model_store(names), props or {}
+    if system == TORCHSERVE:
+        if ctx.torchserve is None:
+            raise BenchError("TorchServe was not given")
+        ts_props = {k: v for k, v in props.items() if k not in TORCHBAY_ONLY_KEYS}
+        mars = {name: f"{name}.mar" for name in served}
+        server = managed.TorchServeServer.build(
+            ctx.torchserve, store, mars, run_dir, models_json(served, MODEL_VERSION), ts_props
+        )
+        server.start_timeout_s = ctx.start_timeout_s
+        return server
+    run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / "config.properties"
-    config.write_text(f"models={json.dumps(torchbay_models_json(scenario, MODEL_VERSION))}\n")
-    extra = ("--ncs", "--ts-config", str(config.resolve()), *scenario.server_args)
-    archive = assets.model_store / f"{scenario.model}.mar"
-    return managed.ManagedServer.torchbay(
-        archive, run_dir, auth=False, extra_args=extra, name=scenario.model, python=python
+    lines = [f"models={json.dumps(models_json(served, MODEL_VERSION))}"]
+    config.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in props.items())]) + "\n")
+    server = managed.ManagedServer.torchbay(
+        store / f"{next(iter(served))}.mar",
+        run_dir,
+        auth=False,
+        extra_args=("--ncs", "--ts-config", str(config.resolve()), *args),
+        python=ctx.python,
+        models=tuple(f"{name}={name}.mar" for name in served),
     )
+    server.start_timeout_s = ctx.start_timeout_s
+    return server
 
 
-def run_scenario(
-    scenario: Scenario,
-    assets: Assets,
-    settings: RunSettings,
-    round_no: int,
-    gen: LoadGenerator,
-) -> ScenarioResult:
-    """Start the server, time its first answer, warm up, measure, stop. Never raises BenchError:
-    a failed run comes back with ``error`` set so the other scenarios still run."""
-    run_dir = settings.out_dir / "runs" / f"{scenario.name}-r{round_no}"
+def start_system(
+    ctx: Ctx, system: str, served: dict[str, Batching], run_dir: Path, **kw: Any
+) -> managed.ManagedServer:
+    """:func:`make_system`, started: it is ready when this returns."""
+    server = make_system(ctx, system, served, run_dir, **kw)
+    server.start()
+    return server
+
+
+@contextmanager
+def serving(
+    ctx: Ctx, system: str, served: dict[str, Batching], run_dir: Path, **kw: Any
+) -> Iterator[managed.ManagedServer]:
+    server = start_system(ctx, system, served, run_dir, **kw)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def target(ctx: Ctx, server: managed.ManagedServer, name: str, model: str) -> Target:
+    """POST the reference body of ``model`` to ``/predictions/name``."""
+    assert server.endpoints is not None
+    body = ctx.assets.body[model].read_bytes()
+    port = server.endpoints.inference_port
+    return Target("127.0.0.1", port, f"/predictions/{name}", (body,), OCTETS)
+
+
+def warm_up(ctx: Ctx, plan: LoadPlan, gen: LoadGenerator | None = None) -> None:
+    """``ctx.warmup_s`` of the plan's load (closed loop at its concurrency, or open loop at its
+    lowest rate), so the measured run starts on a warm server."""
+    if ctx.warmup_s <= 0:
+        return
+    warmup = dataclasses.replace(plan, duration_s=ctx.warmup_s, steps=(), timeline=False)
+    if warmup.mode == "open":
+        warmup = dataclasses.replace(
+            warmup, rate=min(r for _, r in plan.steps or ((1, plan.rate),))
+        )
+    (gen or ctx.gen).run(warmup)
+
+
+def warm_and_measure(
+    ctx: Ctx, plan: LoadPlan, gen: LoadGenerator | None = None, warm: bool = True
+) -> LoadResult:
+    """Warm up (:func:`warm_up`) unless ``warm`` is False, then run ``plan``."""
+    if warm:
+        warm_up(ctx, plan, gen)
+    return (gen or ctx.gen).run(plan)
+
+
+def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = None) -> LoadResult:
+    plan = LoadPlan(tgt, "closed", concurrency, duration_s=ctx.duration_s)
+    return warm_and_measure(ctx, plan, gen)
+
+
+def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> ScenarioResult:
+    """Start the scenario's server, time its first answer, warm up, measure, stop. Never raises
+    BenchError: a failed run comes back with ``error`` set so the other scenarios still run."""
+    run_dir = ctx.out_dir / "runs" / f"{scenario.name}-r{round_no}"
     run_dir.mkdir(parents=True, exist_ok=True)
     path = f"/predictions/{scenario.model}"
-    body = assets.body[scenario.model].read_bytes()
+    body = ctx.assets.body[scenario.model].read_bytes()
     server: managed.ManagedServer | None = None
     try:
-        server = make_server(scenario, assets, run_dir, settings.python)
-        server.start_timeout_s = settings.start_timeout_s
+        served = {scenario.model: scenario.batching}
+        server = make_system(ctx, scenario.server, served, run_dir, args=scenario.server_args)
         endpoints = server.start()
-        start_s = server.first_answer(path, body, settings.start_timeout_s)
-        target = Target("127.0.0.1", endpoints.inference_port, path, (body,), _OCTETS)
-        plan = _plan(scenario, target, settings.duration_s)
-        if settings.warmup_s > 0:
-            gen.run(dataclasses.replace(plan, duration_s=settings.warmup_s))
+        start_s = server.first_answer(path, body, ctx.start_timeout_s)
+        target = Target("127.0.0.1", endpoints.inference_port, path, (body,), OCTETS)
+        plan = scenario.plan(target, ctx.duration_s)
+        warm_up(ctx, plan)
         before = procstat.cpu_snapshot(server.pid)
         busy0, wall0 = procstat.system_busy_seconds(), time.monotonic()
-        load = gen.run(plan)
+        load = ctx.gen.run(plan)
         busy1, wall1 = procstat.system_busy_seconds(), time.monotonic()
-        after = procstat.cpu_snapshot(server.pid)
+        cpu_s = procstat.cpu_seconds_between(before, procstat.cpu_snapshot(server.pid))
         memory = procstat.memory_snapshot(server.pid)
     except (BenchError, psutil.NoSuchProcess) as exc:
         log = str(server.log_path) if server else None
@@ -141,7 +265,9 @@ def run_scenario(
     finally:
         if server is not None:
             server.stop()
-    cpu_s = procstat.cpu_seconds_between(before, after)
+    foreign = procstat.foreign_cpu_percent(
+        busy1 - busy0, cpu_s, load.generator_cpu_s, wall1 - wall0, os.cpu_count() or 1
+    )
     return ScenarioResult(
         scenario=scenario.name,
         round=round_no,
@@ -157,26 +283,16 @@ def run_scenario(
         tree_pss_mb=float("nan") if memory.tree_pss_mb is None else memory.tree_pss_mb,
         processes=memory.processes,
         start_s=start_s,
-        foreign_cpu_pct=procstat.foreign_cpu_percent(
-            busy1 - busy0, cpu_s, load.generator_cpu_s, wall1 - wall0, os.cpu_count() or 1
-        ),
+        foreign_cpu_pct=foreign,
         log=str(server.log_path),
     )
 
 
-def _plan(scenario: Scenario, target: Target, duration_s: float) -> LoadPlan:
-    """The scenario's load: closed loop at its concurrency, or open loop at its rate."""
-    if scenario.rate is not None:
-        return LoadPlan(target, "open", rate=scenario.rate, arrival=scenario.arrival,
-                        duration_s=duration_s)  # fmt: skip
-    return LoadPlan(target, "closed", scenario.concurrency or 1, duration_s=duration_s)
-
-
-def run_inprocess(assets: Assets, settings: RunSettings) -> dict[str, dict[int, float]]:
+def run_inprocess(ctx: Ctx) -> dict[str, dict[int, float]]:
     """The in-process model loop, in a fresh process (one thread, nothing else loaded)."""
-    cmd = [settings.python, "-m", "torchbay.benchmarks.ceilings.inprocess", "--json"]
-    cmd += ["--seconds", str(settings.inprocess_seconds)]
-    for name, pt in assets.pt.items():
+    cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess", "--json"]
+    cmd += ["--seconds", str(ctx.inprocess_seconds)]
+    for name, pt in ctx.assets.pt.items():
         cmd += ["--pt", f"{name}={pt}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -3,9 +3,12 @@ targets that compare them within one run, and the suites ``torchbay bench scenar
 
 A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, or
 ``torchbay serve``), a model, the load (closed loop at ``concurrency`` connections, or open loop
-at ``rate``) and, for torchbay, the batching and worker settings. A :class:`Target` compares two
-scenarios' medians (a ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and
-``report.py`` evaluates the targets (``python -m torchbay.benchmarks.run_scenarios``).
+at ``rate``) and, for torchbay, the batching and worker settings (:class:`Batching`, the one
+``models={...}`` entry that torchbay and TorchServe both read: :func:`models_json`). A
+:class:`Goal` (one of issue 3's targets a..d, ``TARGETS``) compares two scenarios' medians (a
+ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and ``report.py`` evaluates
+the goals (``python -m torchbay.benchmarks.run_scenarios``). Round two's rows describe their
+servers with the same :class:`Batching`.
 
 A :class:`Suite` is one archive (a reference model, or one a script builds), its request bodies,
 torchbay scenarios to run against it one server each, and an SLA search (``--sla``):
@@ -22,12 +25,51 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.loadplan import LoadPlan
 
 if TYPE_CHECKING:
+    from torchbay.benchmarks.loadplan import Target
     from torchbay.benchmarks.stats import Arrival
 
 ServerKind = Literal["echo", "naive", "torchbay"]
 Metric = Literal["req_per_s", "p50_ms", "p90_ms", "p99_ms", "frontend_rss_mb", "start_s"]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """One model's batching and scale: its entry in TorchServe's ``models={...}`` when a server
+    starts, or the settings the management API changes on a running one (``bench run``, the SLA
+    search), where None leaves a setting as it is."""
+
+    batch_size: int | None = 1
+    max_batch_delay_ms: float | None = 0
+    workers: int | None = 1
+
+    def label(self) -> str:
+        """``b8-d5-w1``: the SLA search's name for a configuration."""
+        return f"b{self.batch_size}-d{self.max_batch_delay_ms:g}-w{self.workers}"
+
+    def describe(self) -> str:
+        """``batch 8, delay 5 ms, 1 w``: round two's settings line."""
+        return f"batch {self.batch_size}, delay {self.max_batch_delay_ms} ms, {self.workers} w"
+
+
+def models_json(models: dict[str, Batching], version: str = "1.0") -> dict[str, Any]:
+    """TorchServe's ``models={...}`` for ``{name: batching}``; every name serves its own mar (the
+    same keys go to torchbay and TorchServe, so both read one description)."""
+    return {
+        name: {
+            version: {
+                "defaultVersion": True,
+                "marName": f"{name}.mar",
+                "minWorkers": b.workers,
+                "maxWorkers": b.workers,
+                "batchSize": b.batch_size,
+                "maxBatchDelay": b.max_batch_delay_ms,
+            }
+        }
+        for name, b in models.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -57,9 +99,22 @@ class Scenario:
             )
 
     @property
+    def batching(self) -> Batching:
+        return Batching(self.batch_size, self.max_batch_delay_ms, self.workers)
+
+    @property
     def load(self) -> str:
         """``c=16`` (closed loop) or ``r=2000 poisson`` (open loop)."""
         return f"c={self.concurrency}" if self.rate is None else f"r={self.rate:g} {self.arrival}"
+
+    def plan(self, target: Target, duration_s: float) -> LoadPlan:
+        """This load on ``target`` for ``duration_s``: closed loop at the concurrency, or open
+        loop at the rate."""
+        if self.rate is not None:
+            return LoadPlan(
+                target, "open", rate=self.rate, arrival=self.arrival, duration_s=duration_s
+            )
+        return LoadPlan(target, "closed", self.concurrency or 1, duration_s=duration_s)
 
     def matches(self, pattern: str) -> bool:
         """True if ``pattern`` is this scenario's name (glob allowed), its server or a tag."""
@@ -71,7 +126,7 @@ class Scenario:
 
 
 @dataclass(frozen=True)
-class Target:
+class Goal:
     """``numerator.metric / denominator.metric >= bound`` (ratio) or ``numerator.metric < bound``
     (limit, when ``denominator`` is None)."""
 
@@ -150,19 +205,23 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("tb-cnn-c10-b1-w2", "torchbay", "cnn", 10, 1, 10, 2, tags=("c",), about="target c"),
 )
 
-TARGETS: tuple[Target, ...] = (
-    Target("a", "tiny c16 b8 w1 vs bare ASGI echo", "tb-tiny-c16-b8-w1", "req_per_s", 0.30,
-           "echo-c16"),
-    Target("a-nolog", "same, --no-access-log", "tb-tiny-c16-b8-w1-nolog", "req_per_s", 0.30,
-           "echo-c16"),
-    Target("b", "cnn c1: batch 8 vs batch 1", "tb-cnn-c1-b8-w1", "req_per_s", 0.95,
-           "tb-cnn-c1-b1-w1"),
-    Target("c", "cnn c10 b1 w2 vs naive FastAPI", "tb-cnn-c10-b1-w2", "req_per_s", 1.0,
-           "naive-cnn-c10"),
-    Target("c-p99", "cnn c10 b1 w2 p99 (ms)", "tb-cnn-c10-b1-w2", "p99_ms", 60.0),
-    Target("d-rss", "frontend RSS (MB), tiny", "tb-tiny-c16-b8-w1", "frontend_rss_mb", 100.0),
-    Target("d-start", "start to first answer (s), tiny", "tb-tiny-c16-b8-w1", "start_s", 1.5),
-)  # fmt: skip
+TARGETS: tuple[Goal, ...] = (
+    Goal(
+        "a", "tiny c16 b8 w1 vs bare ASGI echo", "tb-tiny-c16-b8-w1", "req_per_s", 0.30, "echo-c16"
+    ),
+    Goal(
+        "a-nolog", "same, --no-access-log", "tb-tiny-c16-b8-w1-nolog", "req_per_s", 0.30, "echo-c16"
+    ),
+    Goal(
+        "b", "cnn c1: batch 8 vs batch 1", "tb-cnn-c1-b8-w1", "req_per_s", 0.95, "tb-cnn-c1-b1-w1"
+    ),
+    Goal(
+        "c", "cnn c10 b1 w2 vs naive FastAPI", "tb-cnn-c10-b1-w2", "req_per_s", 1.0, "naive-cnn-c10"
+    ),
+    Goal("c-p99", "cnn c10 b1 w2 p99 (ms)", "tb-cnn-c10-b1-w2", "p99_ms", 60.0),
+    Goal("d-rss", "frontend RSS (MB), tiny", "tb-tiny-c16-b8-w1", "frontend_rss_mb", 100.0),
+    Goal("d-start", "start to first answer (s), tiny", "tb-tiny-c16-b8-w1", "start_s", 1.5),
+)
 
 
 @dataclass(frozen=True)
@@ -211,8 +270,33 @@ def _sla(
     workers: tuple[int, ...],
 ) -> dict[str, Any]:
     """A suite's SLA search: the p99 bound and the grid (``SlaOptions`` fields)."""
-    return {"sla_p99_ms": p99_ms, "batch_sizes": list(batch_sizes),
-            "max_delays_ms": list(max_delays_ms), "workers": list(workers)}  # fmt: skip
+    return {
+        "sla_p99_ms": p99_ms,
+        "batch_sizes": list(batch_sizes),
+        "max_delays_ms": list(max_delays_ms),
+        "workers": list(workers),
+    }
+
+
+def _own_rows(model: str, conc: int, batch: int, workers: int, rate: float) -> tuple[Scenario, ...]:
+    """A suite's own rows: a closed loop at ``conc`` connections with ``workers`` workers, and an
+    open loop of Poisson arrivals at ``rate`` with one worker; both 5 ms delay, batch ``batch``."""
+    closed = f"tb-{model}-c{conc}-b{batch}-w{workers}"
+    return (
+        Scenario(closed, "torchbay", model, conc, batch, 5, workers, tags=(model,)),
+        Scenario(
+            f"tb-{model}-r{rate:g}-b{batch}-w1",
+            "torchbay",
+            model,
+            None,
+            batch,
+            5,
+            1,
+            tags=(model,),
+            rate=rate,
+            arrival="poisson",
+        ),
+    )
 
 
 SUITES: tuple[Suite, ...] = (
@@ -220,12 +304,8 @@ SUITES: tuple[Suite, ...] = (
         "tiny",
         "the baseline's tiny model: Linear(64,256)-ReLU-Linear(256,10), TorchScript, raw float32 "
         "bodies (256 bytes); overhead-bound, it measures the server, not the model",
-        runs=(
-            *_reference("tb-tiny-c16-b8-w1"),  # TorchServe 5,693-5,759 req/s with 1 worker
-            Scenario("tb-tiny-c16-b8-w2", "torchbay", "tiny", 16, 8, 5, 2, tags=("tiny",)),
-            Scenario("tb-tiny-r2000-b8-w1", "torchbay", "tiny", None, 8, 5, 1, tags=("tiny",),
-                     rate=2000.0, arrival="poisson"),
-        ),
+        # tb-tiny-c16-b8-w1: TorchServe 5,693-5,759 req/s with 1 worker
+        runs=(*_reference("tb-tiny-c16-b8-w1"), *_own_rows("tiny", 16, 8, 2, rate=2000.0)),
         sla=_sla(10, batch_sizes=(1, 8, 16), max_delays_ms=(1, 5), workers=(1, 2)),
     ),
     Suite(
@@ -240,11 +320,7 @@ SUITES: tuple[Suite, ...] = (
         "digits",
         "the digits example: an 8x8 grayscale CNN behind the image_classifier handler, PNG "
         "bodies; examples/digits/build.py trains, archives and verifies it when missing",
-        runs=(
-            Scenario("tb-digits-c8-b4-w1", "torchbay", "digits", 8, 4, 5, 1, tags=("digits",)),
-            Scenario("tb-digits-r200-b4-w1", "torchbay", "digits", None, 4, 5, 1,
-                     tags=("digits",), rate=200.0, arrival="poisson"),
-        ),
+        runs=_own_rows("digits", 8, 4, 1, rate=200.0),
         sla=_sla(100, batch_sizes=(1, 2, 4, 8, 16), max_delays_ms=(2, 5, 10), workers=(1, 2)),
         duration_s=10.0,
         warmup_s=3.0,
@@ -256,7 +332,7 @@ SUITES: tuple[Suite, ...] = (
             "examples/digits/out/sample_7.png",
         ),
     ),
-)  # fmt: skip
+)
 
 
 def suite_names() -> list[str]:
@@ -289,19 +365,3 @@ def select(
         if any(scenario.matches(p) for p in patterns):
             chosen.append(scenario)
     return chosen
-
-
-def torchbay_models_json(scenario: Scenario, version: str = "1.0") -> dict:
-    """TorchServe's ``models={...}`` entry for a torchbay scenario (config.properties)."""
-    return {
-        scenario.model: {
-            version: {
-                "defaultVersion": True,
-                "marName": f"{scenario.model}.mar",
-                "minWorkers": scenario.workers,
-                "maxWorkers": scenario.workers,
-                "batchSize": scenario.batch_size,
-                "maxBatchDelay": scenario.max_batch_delay_ms,
-            }
-        }
-    }

@@ -38,7 +38,8 @@ from torchbay.benchmarks import scrape
 from torchbay.benchmarks.bench import guess_content_type, load_payloads, route
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, ModelSettings
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla_autopilot import SEARCH_UNITS, run_autopilot
 from torchbay.benchmarks.sla_model import (
     Outcome,
@@ -72,7 +73,7 @@ class _Search:
             endpoints.host, endpoints.management_port or 0, endpoints.management_key
         )
         self.target = self._target()
-        self.current: ModelSettings | None = None
+        self.current: Batching | None = None
         self.progress = Progress(0, log, time.monotonic)  # set by _search_all
 
     def _target(self) -> Target:
@@ -93,7 +94,7 @@ class _Search:
             tuple(headers),
         )
 
-    def configure(self, config: ModelSettings) -> None:
+    def configure(self, config: Batching) -> None:
         """Apply ``config`` live, then warm it up: closed loops at concurrency 1 and 2*b*w, so
         the worker has seen both single requests and full batches before anything is measured
         (TorchScript specializes per input shape on its first calls)."""
@@ -102,10 +103,11 @@ class _Search:
         self.mgmt.configure(self.model, None, config)
         self.current = config
         if self.o.config_warmup_s > 0:
+            half, timeout = self.o.config_warmup_s / 2, self.o.timeout_s
             for conc in (1, _full(config)):
-                self.gen.run(LoadPlan(self.target, "closed", concurrency=conc,
-                                      duration_s=self.o.config_warmup_s / 2,
-                                      timeout_s=self.o.timeout_s))  # fmt: skip
+                self.gen.run(
+                    LoadPlan(self.target, "closed", conc, duration_s=half, timeout_s=timeout)
+                )
 
     def _snapshot(self) -> scrape.Snapshot | None:
         if self.endpoints.metrics_port is None:
@@ -113,7 +115,7 @@ class _Search:
         text = scrape.fetch_metrics(self.endpoints.host, self.endpoints.metrics_port)
         return scrape.parse_snapshot(text)
 
-    def measure(self, config: ModelSettings, phase: str, rate: float) -> Step:
+    def measure(self, config: Batching, phase: str, rate: float) -> Step:
         """One open-loop step at ``rate`` (or a closed-loop probe when phase is 'probe')."""
         self.configure(config)
         if phase == "probe":
@@ -223,7 +225,7 @@ class _Search:
         outcome.why = f"passes at {lo_rate:.1f}, breaches at {hi_rate:.1f} req/s"
 
 
-def _full(config: ModelSettings) -> int:
+def _full(config: Batching) -> int:
     """Closed-loop concurrency that keeps every worker's batches full: max(4, 2 * b * w)."""
     return max(4, 2 * (config.batch_size or 1) * (config.workers or 1))
 
@@ -256,9 +258,14 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     pace = winner or first_pick  # the best static configuration's rate, crowned or not
     if options.autopilot and pace is not None:
         autopilot, state, searched = run_autopilot(
-            options, model, manifest.model.model_version, pace, search.progress, log,
+            options,
+            model,
+            manifest.model.model_version,
+            pace,
+            search.progress,
+            log,
             lambda endpoints, gen: _Search(options, endpoints, model, gen, log),
-        )  # fmt: skip
+        )
     result = SlaResult(
         options=options,
         model=model,

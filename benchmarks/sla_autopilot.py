@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.benchmarks.loadgen import LoadGenerator
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, ModelSettings
+from torchbay.benchmarks.managed import Endpoints, ManagedServer
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla_model import Outcome, Progress, Repeat, SlaOptions
 
 # Progress units of one autopilot run beyond its repeats: the probe and the rate search.
@@ -27,16 +28,12 @@ __all__ = ["AUTOPILOT", "SEARCH_UNITS", "run_autopilot"]
 AUTOPILOT = "autopilot"
 
 
-def ceilings(options: SlaOptions, winner: Outcome) -> ModelSettings:
+def ceilings(options: SlaOptions, winner: Outcome) -> Batching:
     """The autopilot's maxima: the largest searched batch and delay; the winner's workers."""
-    return ModelSettings(
-        max(options.batch_sizes), max(options.max_delays_ms), winner.config.workers
-    )
+    return Batching(max(options.batch_sizes), max(options.max_delays_ms), winner.config.workers)
 
 
-def write_config(
-    options: SlaOptions, model: str, version: str | None, config: ModelSettings
-) -> Path:
+def write_config(options: SlaOptions, model: str, version: str | None, config: Batching) -> Path:
     """A config.properties whose ``models=`` entry sets the SLA target and the ceilings."""
     run_dir = options.out_dir / "autopilot"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from torchbay.benchmarks.bench import Protocol
 from torchbay.benchmarks.loadgen import LoadResult
-from torchbay.benchmarks.managed import ModelSettings
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival, spread_pct
 
 __all__ = ["Outcome", "Progress", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
@@ -68,10 +68,10 @@ class SlaOptions(BaseModel):
             raise ValueError("give one or more delays >= 0")
         return tuple(dict.fromkeys(values))
 
-    def configurations(self) -> list[ModelSettings]:
+    def configurations(self) -> list[Batching]:
         """Every grid point, workers outermost (scaling workers is the slow change)."""
         return [
-            ModelSettings(b, d, w)
+            Batching(b, d, w)
             for w in self.workers
             for b in self.batch_sizes
             for d in self.max_delays_ms
@@ -82,7 +82,7 @@ class SlaOptions(BaseModel):
 class Step:
     """One open-loop (or probe) measurement of one configuration."""
 
-    config: ModelSettings
+    config: Batching
     phase: str  # probe | ramp | bisect | repeat
     offered_rate: float
     result: LoadResult
@@ -96,7 +96,7 @@ class Step:
 class Outcome:
     """A configuration's search result. ``status``: searched | infeasible | skipped | same-as."""
 
-    config: ModelSettings
+    config: Batching
     status: str = "pending"
     why: str = ""
     capacity: float = math.nan

@@ -17,67 +17,38 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.procstat import describe_machine, machine_info
 from torchbay.benchmarks.report import markdown_table, num
+from torchbay.benchmarks.sla_json import CSV_COLUMNS, result_json, step_row
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.sla_model import Outcome, SlaResult, Step
+    from torchbay.benchmarks.sla_model import Outcome, SlaResult
 
-CSV_COLUMNS = (
+REPEAT_HEADER = (
     "config",
-    "batch_size",
-    "max_delay_ms",
-    "workers",
-    "phase",
-    "offered_rate",
-    "ok_per_s",
-    "sent",
-    "ok",
-    "error_rate",
-    "p50_ms",
-    "p90_ms",
-    "p99_ms",
-    "p99.9_ms",
-    "max_ms",
-    "passed",
-    "reason",
-    "statuses",
-    "mean_batch_size",
-    "queue_mean_ms",
-    "lag_p99_ms",
+    "rate (req/s)",
+    "p99 per run (ms)",
+    "p99 min-max (ms)",
+    "p99 spread",
+    "ok/s per run",
+    "ok/s min-max",
+    "throughput spread",
+    "SLA held per run",
+    "SLA held",
 )
-REPEAT_HEADER = ("config", "rate (req/s)", "p99 per run (ms)", "p99 min-max (ms)", "p99 spread",
-                 "ok/s per run", "ok/s min-max", "throughput spread", "SLA held per run",
-                 "SLA held")  # fmt: skip
-CONFIG_HEADER = ("config", "batch", "delay (ms)", "workers", "probe capacity (req/s)",
-                 "best rate (req/s)", "ok/s at best", "p50 (ms)", "p99 (ms)", "mean batch",
-                 "steps", "status", "notes")  # fmt: skip
-
-
-def step_row(step: Step) -> dict[str, Any]:
-    r = step.result
-    c = step.config
-    return {
-        "config": c.label(),
-        "batch_size": c.batch_size,
-        "max_delay_ms": c.max_batch_delay_ms,
-        "workers": c.workers,
-        "phase": step.phase,
-        "offered_rate": round(step.offered_rate, 3),
-        "ok_per_s": round(r.ok_per_s, 3) if math.isfinite(r.ok_per_s) else "",
-        "sent": r.sent,
-        "ok": r.ok,
-        "error_rate": round(r.error_rate, 6),
-        "p50_ms": round(r.latency.p50_ms, 3),
-        "p90_ms": round(r.latency.p90_ms, 3),
-        "p99_ms": round(r.latency.p99_ms, 3),
-        "p99.9_ms": round(r.latency.p999_ms, 3),
-        "max_ms": round(r.latency.max_ms, 3),
-        "passed": int(step.passed),
-        "reason": step.reason,
-        "statuses": " ".join(f"{k}:{v}" for k, v in r.statuses.items()),
-        "mean_batch_size": round(step.mean_batch_size, 3),
-        "queue_mean_ms": round(step.queue_mean_ms, 3),
-        "lag_p99_ms": round(r.lag.p99_ms, 3),
-    }
+CONFIG_HEADER = (
+    "config",
+    "batch",
+    "delay (ms)",
+    "workers",
+    "probe capacity (req/s)",
+    "best rate (req/s)",
+    "ok/s at best",
+    "p50 (ms)",
+    "p99 (ms)",
+    "mean batch",
+    "steps",
+    "status",
+    "notes",
+)
 
 
 def write_csv(result: SlaResult, path: Path) -> Path:
@@ -238,14 +209,20 @@ def _repeat_lines(result: SlaResult) -> list[str]:
     if not result.repeats and not result.autopilot:
         return [*lines, "No repeats were run."]
     rows = [
-        [rep.label, f"{rep.rate:,.1f}", ", ".join(num(v, 2) for v in rep.p99_ms),
-         _min_max(rep.p99_ms, 2), f"{num(rep.p99_spread_pct, 1)}%",
-         ", ".join(num(v, 1) for v in rep.ok_per_s), _min_max(rep.ok_per_s, 1),
-         f"{num(rep.throughput_spread_pct, 1)}%",
-         " ".join("yes" if p else "MISSED" for p in rep.passed),
-         f"{sum(rep.passed)}/{len(rep.passed)}"]
+        [
+            rep.label,
+            f"{rep.rate:,.1f}",
+            ", ".join(num(v, 2) for v in rep.p99_ms),
+            _min_max(rep.p99_ms, 2),
+            f"{num(rep.p99_spread_pct, 1)}%",
+            ", ".join(num(v, 1) for v in rep.ok_per_s),
+            _min_max(rep.ok_per_s, 1),
+            f"{num(rep.throughput_spread_pct, 1)}%",
+            " ".join("yes" if p else "MISSED" for p in rep.passed),
+            f"{sum(rep.passed)}/{len(rep.passed)}",
+        ]
         for rep in [*result.repeats, *([result.autopilot] if result.autopilot else [])]
-    ]  # fmt: skip
+    ]
     table = markdown_table(REPEAT_HEADER, rows, "-:--:--:-:")
     return [*lines, table, "", _verdict(result), *([result.note] if result.note else [])]
 
@@ -307,54 +284,6 @@ def _verdict(result: SlaResult) -> str:
             "throughput spread of the repeats: the two are too close to call on this machine."
         )
     return f"{held} Its rate is {gap:.1f}% above the runner-up's (repeat spread {num(noise, 1)}%)."
-
-
-def _outcome_json(oc: Outcome) -> dict[str, Any]:
-    return {
-        "config": oc.label,
-        "batch_size": oc.config.batch_size,
-        "max_delay_ms": oc.config.max_batch_delay_ms,
-        "workers": oc.config.workers,
-        "status": oc.status,
-        "why": oc.why,
-        "capacity": oc.capacity,
-        "best_rate": oc.best_rate,
-        "steps": [step_row(s) for s in oc.steps],
-    }
-
-
-def result_json(result: SlaResult) -> dict[str, Any]:
-    return {
-        "model": result.model,
-        "version": result.version,
-        "sla_p99_ms": result.options.sla_p99_ms,
-        "machine": machine_info(),
-        "elapsed_s": result.elapsed_s,
-        "winner": result.winner.label if result.winner else None,
-        "runner_up": result.runner_up.label if result.runner_up else None,
-        "configurations": [_outcome_json(oc) for oc in result.outcomes],
-        "repeats": [
-            {
-                "config": rep.label,
-                "rate": rep.rate,
-                "p99_ms": rep.p99_ms,
-                "ok_per_s": rep.ok_per_s,
-                "passed": rep.passed,
-            }
-            for rep in result.repeats
-        ],
-        "autopilot": None
-        if result.autopilot is None
-        else {
-            "rate": result.autopilot.rate,
-            "p99_ms": result.autopilot.p99_ms,
-            "ok_per_s": result.autopilot.ok_per_s,
-            "passed": result.autopilot.passed,
-            "state": result.autopilot_state,
-            "search": _outcome_json(result.autopilot_search) if result.autopilot_search else None,
-        },
-        "applied": str(result.applied) if result.applied else None,
-    }
 
 
 def _command_line() -> str:

@@ -46,8 +46,12 @@ def build_archive(
         if suite.script is None:
             raise BenchError(f"{archive} is missing and the suite has no build script")
         log(f"building with {suite.script}")
-        proc = subprocess.run([sys.executable, str(_resolve(suite.script))], cwd=REPO_ROOT,
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, str(_resolve(suite.script))],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise BenchError(f"{suite.script} failed:\n{proc.stderr.strip()[-2000:]}")
     if not inputs:
@@ -104,8 +108,9 @@ def run_suite(
     reports, texts = [], []
     for run in suite.runs:
         log(f"{suite.name}/{run.name}")
-        options = run_options(suite, run, archive, inputs, out / run.name,
-                              duration_s=duration_s, warmup_s=warmup_s)  # fmt: skip
+        options = run_options(
+            suite, run, archive, inputs, out / run.name, duration_s=duration_s, warmup_s=warmup_s
+        )
         report = run_bench(options)
         reports.append({"name": run.name, **report.as_dict()})
         texts.append(f"== {suite.name}/{run.name}\n{format_report(report)}")
@@ -113,8 +118,13 @@ def run_suite(
     if with_sla and suite.sla:
         from torchbay.benchmarks.sla import SlaOptions, run_sla
 
-        sla_opts = SlaOptions(archive=archive, inputs=tuple(inputs), out_dir=out / "sla",
-                              content_type=suite.content_type, **suite.sla)  # fmt: skip
+        sla_opts = SlaOptions(
+            archive=archive,
+            inputs=tuple(inputs),
+            out_dir=out / "sla",
+            content_type=suite.content_type,
+            **suite.sla,
+        )
         result = run_sla(sla_opts, log=log)
         sla_winner = result.winner.label if result.winner else None
         texts.append(f"== {suite.name}/sla: winner {sla_winner}; report {out / 'sla'}")

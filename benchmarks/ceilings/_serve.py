@@ -20,8 +20,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", type=Path, help="write {'inference': port} here")
 
 
-def serve(app: Any, host: str, port: int, ready_file: Path | None = None) -> None:
-    """Run ``app`` the way the baseline's ceilings ran: one process, no access log."""
+def serve(
+    app: Any, host: str, port: int, ready_file: Path | None = None, lifespan: str = "auto"
+) -> None:
+    """Run ``app`` the way the baseline's ceilings ran: one process, no access log
+    (``lifespan``: uvicorn's setting; "off" for an app with nothing to start)."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -33,6 +36,11 @@ def serve(app: Any, host: str, port: int, ready_file: Path | None = None) -> Non
         tmp.write_text(json.dumps({"inference": sock.getsockname()[1], "pid": os.getpid()}))
         tmp.replace(ready_file)
     config = uvicorn.Config(
-        app, loop="uvloop", http="httptools", access_log=False, log_level="warning"
+        app,
+        loop="uvloop",
+        http="httptools",
+        lifespan=lifespan,
+        access_log=False,
+        log_level="warning",
     )
     uvicorn.Server(config).run(sockets=[sock])

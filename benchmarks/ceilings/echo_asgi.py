@@ -21,15 +21,8 @@ _HEADERS = [(b"content-type", b"application/json")]
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
-    """Answer ``{"ok":true,"bytes":N}`` with N the body length; lifespan is acknowledged."""
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    """Answer ``{"ok":true,"bytes":N}`` with N the body length. The app has nothing to start or
+    stop, so it is served with uvicorn's lifespan off and answers HTTP only."""
     if scope["type"] != "http":
         return
     size = 0
@@ -53,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_server_args(parser)
     args = parser.parse_args(argv)
-    serve(app, args.host, args.port, args.ready_file)
+    serve(app, args.host, args.port, args.ready_file, lifespan="off")
     return 0
 
 

@@ -25,8 +25,8 @@ from torchbay.archiver.manifest import read_manifest
 from torchbay.benchmarks import runner
 from torchbay.benchmarks.apply import apply_settings, read_config
 from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, ModelSettings
-from torchbay.benchmarks.scenarios import find_suite, suite_names
+from torchbay.benchmarks.managed import Endpoints, ManagedServer
+from torchbay.benchmarks.scenarios import Batching, find_suite, suite_names
 from torchbay.benchmarks.sla import SlaOptions, run_sla
 from torchbay.cli import main
 
@@ -229,11 +229,11 @@ def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
     archive = tmp_path / "tiny.mar"
     original = archive.read_bytes()
-    backup = apply_settings(archive, ModelSettings(8, 5.0, 2))
+    backup = apply_settings(archive, Batching(8, 5.0, 2))
     assert backup == tmp_path / "tiny.mar.orig" and backup.read_bytes() == original
-    assert apply_settings(archive, ModelSettings(4, 5.0, 1)) == tmp_path / "tiny.mar.orig.1"
+    assert apply_settings(archive, Batching(4, 5.0, 1)) == tmp_path / "tiny.mar.orig.1"
     assert backup.read_bytes() == original  # the first original is never overwritten
-    apply_settings(archive, ModelSettings(8, 5.0, 2))
+    apply_settings(archive, Batching(8, 5.0, 2))
     assert read_config(archive) == {
         "responseTimeout": 30, "batchSize": 8, "handler": {"num_threads": 1},
         "maxBatchDelay": 5, "minWorkers": 2, "maxWorkers": 2,

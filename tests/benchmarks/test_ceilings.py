@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from torchbay.benchmarks import models, runner
+from torchbay.benchmarks import models, runner, scenarios
 from torchbay.benchmarks.ceilings import echo_asgi, inprocess, naive_fastapi
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
 from torchbay.benchmarks.scenarios import select
@@ -62,9 +62,9 @@ def test_inprocess_loop_reports_every_batch(assets: runner.Assets) -> None:
 def test_runner_measures_the_echo_server(
     tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
 ) -> None:
-    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
+    ctx = runner.Ctx(tmp_path, assets, gen, warmup_s=0, duration_s=1, repeat=1)
     (scenario,) = select(["echo-c16"])
-    result = runner.run_scenario(scenario, assets, settings, 1, gen)
+    result = runner.run_scenario(scenario, ctx, 1)
     assert result.error is None, result.error
     assert result.requests > 0 and result.errors == 0
     assert result.cpu_ms_per_req > 0
@@ -80,7 +80,8 @@ def test_generator_counts_non_2xx(
     """A ceiling starts the way torchbay does (port 0, ready file); the generator counts every
     answer outside 2xx as an error (was: wrk's Lua hook)."""
     (scenario,) = select(["naive-tiny-c16"])
-    server = runner.make_server(scenario, assets, tmp_path, sys.executable)
+    ctx = runner.Ctx(tmp_path, assets, gen)
+    server = runner.make_system(ctx, scenario.server, {"tiny": scenario.batching}, tmp_path)
     try:
         endpoints = server.start()
         server.first_answer("/predictions/tiny", assets.body["tiny"].read_bytes(), 60)
@@ -100,8 +101,8 @@ def test_unstartable_server_is_reported(
     (scenario,) = select(["echo-c16"])
     broken = replace(scenario, server="naive", model="tiny")
     bad_assets = runner.Assets(pt={"tiny": tmp_path / "missing.pt"}, body=assets.body)
-    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
-    result = runner.run_scenario(broken, bad_assets, settings, 1, gen)
+    ctx = runner.Ctx(tmp_path, bad_assets, gen, warmup_s=0, duration_s=1, repeat=1)
+    result = runner.run_scenario(broken, ctx, 1)
     assert result.error is not None and "server exited" in result.error
     assert json.dumps(result.error)  # printable in the report
 
@@ -114,11 +115,35 @@ def test_runner_measures_a_torchbay_scenario(
     config.properties entry for the same model (a regression: it was registered twice)."""
     tiny = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
     archived = runner.archive_models(tiny, tmp_path, sys.executable)
-    settings = runner.RunSettings(out_dir=tmp_path, warmup_s=0, duration_s=1, repeat=1)
+    ctx = runner.Ctx(tmp_path, archived, gen, warmup_s=0, duration_s=1, repeat=1)
     (scenario,) = select(["tb-tiny-c16-b8-w1-nolog"])
-    result = runner.run_scenario(scenario, archived, settings, 1, gen)
+    result = runner.run_scenario(scenario, ctx, 1)
     assert result.error is None, result.error
     assert result.requests > 0 and result.errors == 0
     assert result.processes >= 2  # the frontend and its worker
     config = (tmp_path / "runs" / f"{scenario.name}-r1" / "config.properties").read_text()
     assert '"batchSize": 8' in config
+
+
+def test_one_way_to_describe_a_torchbay_system(
+    tmp_path: Path, assets: runner.Assets, gen: LoadGenerator
+) -> None:
+    """The runner's torchbay command for a scenario (round two's rows use the same one): the
+    scenario's batching in config.properties with the extra keys, its serve flags appended, and
+    every listener on port 0 (built, not started)."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "tiny.mar").write_bytes(b"")  # looked for, not read: nothing starts
+    store = runner.Assets(assets.pt, assets.body, model_store=tmp_path / "store")
+    ctx = runner.Ctx(tmp_path, store, gen, start_timeout_s=7.0)
+    (scenario,) = select(["tb-tiny-c16-b8-w1-nolog"])
+    run_dir = tmp_path / "run"
+    served = {"tiny": scenario.batching}
+    server = runner.make_system(
+        ctx, "torchbay", served, run_dir, props={"job_queue_size": 50}, args=scenario.server_args
+    )
+    lines = (run_dir / "config.properties").read_text().splitlines()
+    assert json.loads(lines[0].removeprefix("models=")) == scenarios.models_json(served)
+    assert lines[1:] == ["job_queue_size=50"]
+    assert server.command[-1] == "--no-access-log" and server.start_timeout_s == 7.0
+    assert server.command.count("http://127.0.0.1:0") == 3
+    assert "tiny=tiny.mar" in server.command and server.proc is None

@@ -29,7 +29,7 @@ def test_every_target_names_known_scenarios() -> None:
 
 def test_torchbay_models_json_is_torchserve_shaped() -> None:
     (scenario,) = scenarios.select(["tb-cnn-c10-b1-w2"])
-    entry = scenarios.torchbay_models_json(scenario)
+    entry = scenarios.models_json({scenario.model: scenario.batching})
     assert entry == {
         "cnn": {
             "1.0": {

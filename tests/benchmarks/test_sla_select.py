@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchbay.benchmarks.managed import ModelSettings
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla_model import Outcome, Progress, Repeat, SlaOptions, SlaResult, crown
 from torchbay.benchmarks.sla_report import _repeat_lines
 
-FAST = Outcome(ModelSettings(8, 5.0, 1), status="searched", best_rate=900.0)
-SLOW = Outcome(ModelSettings(4, 5.0, 1), status="searched", best_rate=700.0)
+FAST = Outcome(Batching(8, 5.0, 1), status="searched", best_rate=900.0)
+SLOW = Outcome(Batching(4, 5.0, 1), status="searched", best_rate=700.0)
 
 
 def rep(oc: Outcome, passed: list[bool]) -> Repeat:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import report, runner, scenarios
+from torchbay.benchmarks import report, scenarios
 from torchbay.benchmarks.bench import RunOptions
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import Target
@@ -82,9 +82,9 @@ def test_a_suite_runs_plain_torchbay_rows_of_one_model() -> None:
 def test_open_loop_rows_in_the_runner_and_the_report() -> None:
     row = scenarios.find_suite("tiny").runs[2]
     target = Target("127.0.0.1", 1, "/predictions/tiny", (b"x",))
-    plan = runner._plan(row, target, 3.0)
+    plan = row.plan(target, 3.0)
     assert (plan.mode, plan.rate, plan.arrival, plan.duration_s) == ("open", 2000.0, "poisson", 3.0)
-    closed = runner._plan(scenarios.SCENARIOS[0], target, 3.0)
+    closed = scenarios.SCENARIOS[0].plan(target, 3.0)
     assert (closed.mode, closed.concurrency) == ("closed", 16)
     (line,) = report.table_rows([row], [])
     assert line[:2] == ["tb-tiny-r2000-b8-w1", "r=2000 poisson b=8 d=5 w=1"]

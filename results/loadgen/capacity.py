@@ -6,7 +6,7 @@
     mv /tmp/gen-old/benchmarks /tmp/gen-old/oldbench
     grep -rl torchbay.benchmarks /tmp/gen-old/oldbench \\
         | xargs sed -i 's/torchbay\\.benchmarks/oldbench/g'
-    python benchmarks/results/generator-capacity/capacity.py /tmp/gen-old 6
+    python results/loadgen/capacity.py /tmp/gen-old 6
 """
 
 from __future__ import annotations
