@@ -1,6 +1,6 @@
 """Triton's extensions over gRPC, on ``inference.GRPCInferenceService``: model configuration
-(``ModelConfig``), statistics (``ModelStatistics``) and the model repository
-(``RepositoryIndex``, ``RepositoryModelLoad``, ``RepositoryModelUnload``).
+(``ModelConfig``), statistics (``ModelStatistics``), the model repository (``RepositoryIndex``,
+``RepositoryModelLoad``, ``RepositoryModelUnload``) and logging (``LogSettings``).
 
 Each RPC is the REST endpoint's adapter (``http/triton.py``) in gRPC's shape: the same data
 plane operation (``plane/models.py``), the same keys (configuration and statistics the inference
@@ -29,6 +29,7 @@ OPERATIONS = {
     "RepositoryIndex": "repository_index",
     "RepositoryModelLoad": "repository_load",
     "RepositoryModelUnload": "repository_unload",
+    "LogSettings": "log_settings",
 }
 
 
@@ -52,6 +53,15 @@ def _config_message(config: dict[str, Any]) -> Any:
     return json_format.ParseDict(
         config, message("inference.ModelConfig")(), ignore_unknown_fields=True
     )
+
+
+def _setting_value(message_class: Any, value: Any) -> Any:
+    """A log setting as the proto's SettingValue (bool, uint32 or string)."""
+    if isinstance(value, bool):
+        return message_class(bool_param=value)
+    if isinstance(value, int):
+        return message_class(uint32_param=value)
+    return message_class(string_param=str(value))
 
 
 class TritonExtensions(Service):
@@ -86,6 +96,24 @@ class TritonExtensions(Service):
             )
 
         return await self._run(context, "inference", work)
+
+    async def log_settings(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Triton's LogSettings: an empty request reads them, one with settings changes them."""
+
+        async def work() -> Any:
+            changes = {}
+            for key, value in request.settings.items():
+                kind = value.WhichOneof("parameter_choice")
+                if kind is not None:
+                    changes[key] = getattr(value, kind)
+            settings = self.calls.plane.log_settings(changes or None)
+            response = message("inference.LogSettingsResponse")()
+            value_class = message("inference.LogSettingsResponse.SettingValue")
+            for key, value in settings.items():
+                response.settings[key].CopyFrom(_setting_value(value_class, value))
+            return response
+
+        return await self._run(context, "management", work)
 
     async def repository_index(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def work() -> Any:

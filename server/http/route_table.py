@@ -6,20 +6,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from torchbay.server.http.routes import Answer, Route
+from torchbay.server.http.routes import JSON_BODY as _JSON_BODY
+from torchbay.server.http.routes import OBJECT as _OBJECT
+from torchbay.server.http.routes import OK, Answer, Route
+from torchbay.server.http.routes import oip_route as _oip
+from torchbay.server.http.triton_routes import triton_routes
 
 # -- shared schemas -----------------------------------------------------------------------------
 
-_OBJECT: dict[str, Any] = {"type": "object"}
 _HEALTH = {"type": "object", "properties": {"status": {"type": "string"}}}
 _READY = {"type": "object", "properties": {"ready": {"type": "boolean"}}}
 _MODEL_READY = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
 }
-OK: Mapping[str, Answer] = {"200": ("OK", _OBJECT)}
 PREDICT_ERRORS = (400, 401, 404, 413, 422, 500, 503, 504)
 _PREDICT_BODY = {
     "description": "Raw bytes, JSON or multipart form data; passed to the handler as is",
@@ -27,7 +28,6 @@ _PREDICT_BODY = {
 }
 _INSTANCES = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
 _PREDICTIONS = {"type": "object", "properties": {"predictions": {"type": "array"}}}
-_JSON_BODY = {"content": {"application/json": {"schema": _OBJECT}}}
 _GENERATE = {
     "type": "object",
     "properties": {
@@ -92,174 +92,6 @@ def _predictions(verb: str, methods: tuple[str, ...], endpoint: str) -> tuple[Ro
     return tuple(out)
 
 
-_DURATION = {
-    "type": "object",
-    "properties": {"count": {"type": "integer"}, "ns": {"type": "integer"}},
-}
-_MODEL_STATS = {
-    "type": "object",
-    "properties": {
-        "model_stats": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string"},
-                    "version": {"type": "string"},
-                    "last_inference": {"type": "integer"},
-                    "inference_count": {"type": "integer"},
-                    "execution_count": {"type": "integer"},
-                    "inference_stats": {"type": "object", "additionalProperties": _DURATION},
-                    "batch_stats": {"type": "array", "items": _OBJECT},
-                },
-            },
-        }
-    },
-}
-_INDEX = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "properties": {k: {"type": "string"} for k in ("name", "version", "state", "reason")},
-    },
-}
-_INDEX_BODY = {
-    "required": False,
-    "content": {
-        "application/json": {
-            "schema": {"type": "object", "properties": {"ready": {"type": "boolean"}}}
-        }
-    },
-}
-_LOAD_BODY = {
-    "required": False,
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"config": {"type": "string"}},
-                    }
-                },
-            }
-        }
-    },
-}
-_CONTROL_TEXT = (
-    "Needs the management key (token authorization on) and the model API "
-    "(enable_model_api; else 405)."
-)
-
-
-def _oip(
-    method: str,
-    path: str,
-    endpoint: str,
-    summary: str,
-    errors: tuple[int, ...],
-    answers: Mapping[str, Answer],
-    body: dict[str, Any] | None = None,
-) -> Route:
-    """An Open Inference Protocol route: OIP errors, the inference key, 405 on other methods."""
-    return Route(
-        method,
-        path,
-        endpoint,
-        summary,
-        errors,
-        answers,
-        oip=True,
-        auth=True,
-        body=body,
-        strict=True,
-    )
-
-
-def _triton() -> tuple[Route, ...]:
-    """Triton's statistics and model repository extensions (before ``/v2/models/{m}``, which
-    would take ``stats`` for a model name)."""
-    stats = {"200": ("Statistics", _MODEL_STATS)}
-    model, version = "/v2/models/{model_name}", "/versions/{model_version}"
-    return (
-        _oip(
-            "GET",
-            "/v2/models/stats",
-            "model_stats",
-            "Statistics of every model version",
-            (401,),
-            stats,
-        ),
-        _oip(
-            "GET",
-            model + "/stats",
-            "model_stats",
-            "Statistics of every version of a model",
-            (401, 404),
-            stats,
-        ),
-        _oip(
-            "GET",
-            model + version + "/stats",
-            "model_stats",
-            "Statistics of a model version",
-            (401, 404),
-            stats,
-        ),
-        *_repository(),
-    )
-
-
-def _repository() -> tuple[Route, ...]:
-    """Triton's model repository extension: index, load and unload."""
-    return (
-        Route(
-            "POST",
-            "/v2/repository/index",
-            "repository_index",
-            "The model store's models, loaded or not",
-            (400, 401),
-            {"200": ("Index", _INDEX)},
-            oip=True,
-            auth=True,
-            key="management",
-            body=_INDEX_BODY,
-            strict=True,
-            description="Needs the management key (token authorization on).",
-        ),
-        Route(
-            "POST",
-            "/v2/repository/models/{model_name}/load",
-            "repository_load",
-            "Load a model from the model store",
-            (400, 401, 404, 405, 409, 500, 503),
-            OK,
-            oip=True,
-            auth=True,
-            key="management",
-            body=_LOAD_BODY,
-            strict=True,
-            description=_CONTROL_TEXT + " parameters.config may set max_batch_size, "
-            "dynamic_batching.max_queue_delay_microseconds and instance_group[].count.",
-        ),
-        Route(
-            "POST",
-            "/v2/repository/models/{model_name}/unload",
-            "repository_unload",
-            "Unload every version of a model",
-            (400, 401, 404, 405, 503, 504),
-            OK,
-            oip=True,
-            auth=True,
-            key="management",
-            body=_JSON_BODY,
-            strict=True,
-            description=_CONTROL_TEXT,
-        ),
-    )
-
-
 def _v2_model_routes(base: str) -> list[Route]:
     """The routes of one model URL form (``/v2/models/{m}`` or ``.../versions/{v}``)."""
     ready = {"200": ("Ready", _MODEL_READY), "503": ("Not ready", _MODEL_READY)}
@@ -300,7 +132,7 @@ def _v2_model_routes(base: str) -> list[Route]:
 
 
 def _v2_models() -> tuple[Route, ...]:
-    out = list(_triton())
+    out = list(triton_routes())
     for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
         out += _v2_model_routes(base)
     return tuple(out)

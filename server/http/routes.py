@@ -104,3 +104,34 @@ class Router:
                 raise MethodNotAllowed(f"{method} is not allowed on {path}")
         oip = self._oip_prefix is not None and path.startswith(self._oip_prefix)
         raise NotFound(f"No route for {method} {path}" if oip else ROUTE_NOT_FOUND)
+
+
+# -- what every table shares ---------------------------------------------------------------------
+
+OBJECT: dict[str, Any] = {"type": "object"}
+OK: Mapping[str, Answer] = {"200": ("OK", OBJECT)}
+JSON_BODY = {"content": {"application/json": {"schema": OBJECT}}}
+
+
+def oip_route(
+    method: str,
+    path: str,
+    endpoint: str,
+    summary: str,
+    errors: tuple[int, ...],
+    answers: Mapping[str, Answer],
+    body: dict[str, Any] | None = None,
+) -> Route:
+    """An Open Inference Protocol route: OIP errors, the inference key, 405 on other methods."""
+    return Route(
+        method,
+        path,
+        endpoint,
+        summary,
+        errors,
+        answers,
+        oip=True,
+        auth=True,
+        body=body,
+        strict=True,
+    )

@@ -5,7 +5,8 @@ adapter between the inference listener's routes (``route_table.INFERENCE_ROUTES`
 * model metadata ``GET /v2/models/{m}[/versions/{v}]``;
 * statistics ``GET /v2/models[/{m}[/versions/{v}]]/stats``;
 * model configuration ``GET /v2/models/{m}[/versions/{v}]/config``;
-* model repository ``POST /v2/repository/index``, ``.../models/{m}/load``, ``.../unload``.
+* model repository ``POST /v2/repository/index``, ``.../models/{m}/load``, ``.../unload``;
+* logging ``GET``/``POST /v2/logging`` (``plane/log_settings.py``).
 
 Metadata, configuration and statistics need the inference key; the repository the management
 key (token authorization on). Errors are OIP's ``{"error": ...}``. Torch-free.
@@ -26,14 +27,6 @@ from torchbay.server.plane import DataPlane
 Match = re.Match[str]
 AuthHook = Callable[[Scope, str], None]
 MAX_CONTROL_BODY = 1 << 20  # repository requests carry a small JSON object
-# The plane operations the endpoints of this module serve (their server metadata's extensions).
-OPERATIONS = (
-    "model_config",
-    "model_stats",
-    "repository_index",
-    "repository_load",
-    "repository_unload",
-)
 
 
 def _params(match: Match) -> tuple[str | None, str | None]:
@@ -62,6 +55,7 @@ class TritonApi:
     """The endpoints of this module over one data plane."""
 
     def __init__(self, plane: DataPlane, *, authorize: AuthHook | None = None) -> None:
+        self.plane = plane
         self.models = plane.models
         self.authorize = authorize
 
@@ -84,6 +78,11 @@ class TritonApi:
     async def model_stats(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         self._check(scope, "inference")
         await send_json(send, 200, self.models.statistics(*_params(m)))
+
+    async def log_settings(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        self._check(scope, "management")
+        changes = await _json_body(scope, receive) if scope["method"] == "POST" else None
+        await send_json(send, 200, self.plane.log_settings(changes))
 
     async def repository_index(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         self._check(scope, "management")

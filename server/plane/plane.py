@@ -25,6 +25,7 @@ from torchbay.server.errors import TorchbayError
 from torchbay.server.observe.logs import RequestHook, request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
+from torchbay.server.plane import log_settings
 from torchbay.server.plane.exchange import Exchange, Scope
 from torchbay.server.plane.management import Management
 from torchbay.server.plane.models import Models
@@ -40,6 +41,7 @@ EXTENSIONS: dict[str, frozenset[str]] = {
     "model_configuration": frozenset({"model_config"}),
     "model_repository": frozenset({"repository_index", "repository_load", "repository_unload"}),
     "statistics": frozenset({"model_stats"}),
+    "logging": frozenset({"log_settings"}),
 }
 
 
@@ -143,6 +145,10 @@ class DataPlane:
     def model_ready(self, name: str, version: str | None = None) -> tuple[ModelVersion, bool]:
         mv = self.model(name, version)
         return mv, mv.status is ModelStatus.READY
+
+    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's log settings (``plane/log_settings.py``), changed first when ``changes``."""
+        return log_settings.current() if changes is None else log_settings.update(changes)
 
     def server_metadata(self, served: Iterable[str]) -> dict[str, Any]:
         """OIP ``$metadata_server_response`` for an adapter serving the operations ``served``."""

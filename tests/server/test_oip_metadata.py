@@ -105,4 +105,5 @@ def test_server_metadata_lists_the_extensions(server: LiveServer) -> None:
         "model_configuration",
         "model_repository",
         "statistics",
+        "logging",
     ]

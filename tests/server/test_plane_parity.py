@@ -11,6 +11,7 @@ serves them all); ``/v2/health/ready`` and gRPC ``ServerReady`` are true with no
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ EXTENSION_RPCS = {
     "model_repository": ["RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"],
     "binary_tensor_data": ["ModelInfer"],
     "classification": ["ModelInfer"],
+    "logging": ["LogSettings"],
 }
 
 
@@ -276,3 +278,48 @@ def test_not_ready_while_a_start_up_model_failed(oip_store: Path) -> None:
         assert "badsig.mar" in live.server.state.failed_models
         ready = httpx.get(f"{live.url}/v2/health/ready")
         assert ready.status_code == 503 and ready.json() == {"ready": False}
+
+
+def _log_settings(client: Any, protocol: str, changes: dict[str, Any] | None = None) -> dict:
+    """The log settings over ``protocol``, changed first when ``changes``; plain values."""
+    if protocol == "http":
+        return client.update_log_settings(changes) if changes else client.get_log_settings()
+    if changes:
+        client.update_log_settings(changes)
+    body = client.get_log_settings(as_json=True)["settings"]
+    return {key: next(iter(value.values())) for key, value in body.items()}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_log_settings_are_one_state_over_either_protocol(
+    clients: dict[str, Any], protocol: str
+) -> None:
+    client, other = clients[protocol], clients["grpc" if protocol == "http" else "http"]
+    logger = logging.getLogger("torchbay")
+    saved = logger.level
+    try:
+        everything = {"log_info": True, "log_warning": True, "log_error": True}
+        _log_settings(client, protocol, {**everything, "log_verbose_level": 0})
+        assert logger.getEffectiveLevel() == logging.INFO
+        quiet = _log_settings(client, protocol, {"log_info": False})
+        assert (quiet["log_info"], quiet["log_warning"]) == (False, True)
+        seen = _log_settings(other, "http" if protocol == "grpc" else "grpc")
+        assert (seen["log_info"], seen["log_warning"], seen["log_error"]) == (False, True, True)
+        assert int(seen["log_verbose_level"]) == 0 and seen["log_format"] == "default"
+        assert logger.getEffectiveLevel() == logging.WARNING
+        _log_settings(client, protocol, {"log_info": True, "log_verbose_level": 1})
+        assert logger.getEffectiveLevel() == logging.DEBUG
+        refusals = (
+            {"log_info": True, "log_warning": False},
+            {"log_file": "/tmp/x.log"},
+            {"no_such_setting": True},
+        )
+        if protocol == "http":  # the gRPC client types each value by its key itself
+            refusals += ({"log_info": "yes"},)
+        for bad in refusals:
+            with pytest.raises(InferenceServerException) as refused:
+                _log_settings(client, protocol, bad)
+            assert refused.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), bad
+        assert logger.getEffectiveLevel() == logging.DEBUG  # a refused change changes nothing
+    finally:
+        logger.setLevel(saved)
