@@ -1,7 +1,9 @@
-"""examples/digits: the quickstart's int8 archive, served; it reads the held-out sample digits."""
+"""examples/digits: the quickstart's int8 archive, served; it reads the held-out sample digits.
+And the demo's server (examples/digits/demo.py) takes free ports only."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import httpx
@@ -48,3 +50,41 @@ def test_digits_int8_served_reads_the_samples(serve, tmp_path: Path) -> None:
             correct += max(scores, key=scores.get) == str(digit)
         assert client.post(f"{server.url}/predictions/digits", content=b"GIF89a").status_code == 400
     assert correct >= 9
+
+
+def _hold(port: int) -> socket.socket | None:
+    """A listening socket on 127.0.0.1:``port`` (another server on the host), or None when one
+    already listens there (then that one stands in for it)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+def test_the_demos_server_takes_free_ports_grpc_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's own ``torchbay serve`` (an empty store: no model to train) starts while
+    TorchServe's fixed gRPC ports are taken, and says which free ones it took."""
+    for name in ("TORCHBAY_GRPC_INFERENCE_PORT", "TORCHBAY_GRPC_MANAGEMENT_PORT"):
+        monkeypatch.delenv(name, raising=False)  # tests/conftest.py's: a user has none
+    demo = example_module("digits", "demo")
+    held = [s for s in map(_hold, (7070, 7071)) if s is not None]
+    (tmp_path / "store").mkdir()
+    server = demo.start_server(tmp_path / "store", tmp_path, ())
+    try:
+        ports = demo.wait_ready(server, tmp_path / demo.READY)
+        assert ports is not None, "the demo's server did not start with 7070/7071 taken"
+        grpc = {ports["grpc_inference"], ports["grpc_management"]}
+        assert len(grpc) == 2 and not grpc & {0, 7070, 7071}, ports
+        with socket.create_connection(("127.0.0.1", ports["grpc_inference"]), timeout=30):
+            pass  # it listens there
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        for sock in held:
+            sock.close()

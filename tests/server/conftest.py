@@ -123,6 +123,13 @@ class LiveServer:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.server.state.ports.metrics}"
 
+    def recorded(self) -> None:
+        """Return once the server has recorded (metrics, access line) every request it answered
+        so far: it does that in a callback after the answers (observe.logs.Deferred), which a
+        loaded host may run after the client read them, but before it answers a later request,
+        so one metrics scrape answered is the barrier."""
+        assert httpx.get(f"{self.metrics_url}/metrics", timeout=60).status_code == 200
+
     def worker_pids(self) -> list[int]:
         registry = self.server.registry
         assert registry is not None

@@ -62,10 +62,15 @@ def _check_refusal(response: httpx.Response) -> None:
 
 
 def _check_burst(
-    responses: list[httpx.Response], caplog: pytest.LogCaptureFixture, bound_ms: float, sent: int
+    server: LiveServer,
+    responses: list[httpx.Response],
+    caplog: pytest.LogCaptureFixture,
+    bound_ms: float,
+    sent: int,
 ) -> list[int]:
     """Every request answered exactly once (one access line each); each 503 says when to retry;
     each 200 waited in the queue within the bound (the server's own queue time)."""
+    server.recorded()  # the last answers' access lines too
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 503}, statuses
     for response in responses:
@@ -90,7 +95,7 @@ def test_overload_is_refused_at_once_and_the_admitted_meet_the_bound(
         assert httpx.post(url, json=SLOW, timeout=60).status_code == 200
     rate = _describe(server)["serviceRatePerWorker"]
     assert rate is not None and rate > 0
-    statuses = _check_burst(asyncio.run(_burst(url, BURST, SLOW)), caplog, 200, BURST + 3)
+    statuses = _check_burst(server, asyncio.run(_burst(url, BURST, SLOW)), caplog, 200, BURST + 3)
     assert statuses.count(503) >= 1  # 2 s of work offered at once, 0.2 s admitted
     assert statuses.count(200) >= 1
     described = _describe(server)
@@ -115,7 +120,7 @@ def test_a_cold_burst_is_bounded_at_dispatch(live_server, caplog: pytest.LogCapt
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     server = live_server(models=_slow_probe(200))
     url = f"{server.url}/predictions/probe"
-    statuses = _check_burst(asyncio.run(_burst(url, BURST, SLOW)), caplog, 200, BURST)
+    statuses = _check_burst(server, asyncio.run(_burst(url, BURST, SLOW)), caplog, 200, BURST)
     assert statuses.count(503) >= 1 and statuses.count(200) >= 1
     refused = _describe(server)["admissionRejections"]
     assert refused["queue_full"] == 0

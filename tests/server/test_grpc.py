@@ -261,7 +261,10 @@ def test_a_request_whose_deadline_passes_in_the_queue_never_runs(server, ts) -> 
     stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(server.inference)
     slow = stub.Predictions.future(
         ts.inference_pb2.PredictionsRequest(
-            model_name="echo", input={"data": b'{"sleep": 1.5, "echo": "slow"}'}
+            # 4 s: the late request's 0.3 s deadline passes while this one runs even if the
+            # loaded host stalls this test for seconds between the two
+            model_name="echo",
+            input={"data": b'{"sleep": 4, "echo": "slow"}'},
         ),
         metadata=server.ikey,
         timeout=60,

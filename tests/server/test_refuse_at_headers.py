@@ -3,7 +3,9 @@ inference listener's HTTP protocol answers their 503 itself, before any ASGI tas
 answer, its counting and the connection are what the ASGI path gives.
 
 A live server with two models from the probe archive: ``idle`` has no worker (every request is
-refused, 503 NoWorker, so it stays pressed with no timing involved) and ``live`` has one.
+refused, 503 NoWorker) and ``live`` has one. A refusal presses ``idle`` for PRESSURE_S, which
+these tests lengthen (``_pressed_while_testing``) so that a stall of the loaded host between two
+requests cannot end the pressure and send a request down the ASGI path unnoticed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torchbay.server.http import early
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.observe.logs import ACCESS_FIELDS, ACCESS_LOGGER
 from torchbay.server.plane import DataPlane
+from torchbay.server.serving import admission
 
 from .conftest import LiveServer, make_config
 
@@ -51,9 +54,14 @@ def server(model_store: Path) -> Iterator[LiveServer]:
     live.stop()
 
 
+@pytest.fixture(autouse=True)
+def _pressed_while_testing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "PRESSURE_S", float(WAIT_S * 10))
+
+
 def _press(server: LiveServer) -> None:
-    """A refusal now (by either path): ``idle`` is pressed for the next PRESSURE_S (1 s); each
-    refusal after it renews that."""
+    """A refusal now (by either path): ``idle`` is pressed for the next PRESSURE_S; each refusal
+    after it renews that."""
     refused = httpx.post(f"{server.url}/predictions/idle", content=b"{}", timeout=WAIT_S)
     assert refused.status_code == 503, refused.text
     registry = server.server.registry
@@ -161,6 +169,11 @@ def test_refusals_from_the_headers_on_the_wire(
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     port = server.server.state.ports.inference
     before = _requests_5xx(server) + 1  # and _press's refusal
+    # The server records a request (its metrics, then its access line) in a callback after the
+    # answer (observe.logs.Deferred), so an earlier test's last line (its _press) can come after
+    # this test began on a loaded host; the scrape above is answered after every such callback
+    # has run, so from here on only this test's requests are logged.
+    caplog.clear()
     _press(server)
     for path in PATHS:
         with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
