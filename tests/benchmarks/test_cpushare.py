@@ -50,8 +50,10 @@ def test_a_real_tree_in_a_window() -> None:
         window = cpushare.Window(os.getpid(), [generator.pid], 0.2, 1.2)
         used = window.seconds()
         assert used is not None  # both burn for longer than the window lasts
-        assert used["workers"] >= 0.2  # about 1 s each on 2 cores; /proc counts 10 ms ticks
-        assert used["load generator"] >= 0.2  # counted once, although a child of the "frontend"
+        # About 1 s each on 2 cores when the host is quiet; on a host loaded 10 deep each still
+        # gets ~0.15 s of the 1 s window. 5 ticks (/proc counts 10 ms) tell burning from idle.
+        assert used["workers"] >= 0.05
+        assert used["load generator"] >= 0.05  # counted once, although a child of the "frontend"
         assert used["frontend"] < 0.2
     finally:
         for proc in (worker, generator):
