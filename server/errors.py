@@ -35,10 +35,24 @@ class TorchbayError(Exception):
     status: int = 500
     code: str = "internal_error"
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        oip_message: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
+        # Triton's wording of the same error, for the Open Inference Protocol's answers (REST
+        # and gRPC): the scripts around Triton's clients match on it. None: ``message``.
+        self.oip_message = oip_message
+
+    @property
+    def oip_text(self) -> str:
+        """The message an OIP answer carries: Triton's wording where it has one."""
+        return self.oip_message or self.message
 
     @property
     def type(self) -> str:

@@ -84,6 +84,8 @@ class Calls:
         name: str,
         version: str | None,
         wire: Callable[[], WireRequest],
+        *,
+        oip: bool = False,
     ) -> AsyncIterator[WireResponse]:
         """One request through the plane: its responses, each streamed part then the final one
         (one when the handler does not stream); the call's deadline is the request's. Leaving
@@ -99,7 +101,7 @@ class Calls:
                         yield response
             except TorchbayError as exc:
                 ex.status = exc.status
-                raise from_error(exc) from None
+                raise from_error(exc, oip=oip) from None
 
 
 class Service:

@@ -86,7 +86,7 @@ class OipService(TritonExtensions):
         except RpcError as exc:
             await abort(context, exc)
         except TorchbayError as exc:
-            await abort(context, from_error(exc))
+            await abort(context, from_error(exc, oip=True))
         raise AssertionError("abort raises")
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -104,7 +104,7 @@ class OipService(TritonExtensions):
         try:
             body, head_len = tensors.request_body(request)
         except BadRequest as exc:
-            raise from_error(exc) from None
+            raise from_error(exc, oip=True) from None
 
         def wire() -> Any:
             return self.calls.wire(
@@ -116,7 +116,7 @@ class OipService(TritonExtensions):
             )
 
         name, version = request.model_name, request.model_version
-        responses = self.calls.infer(context, path, name, version, wire)
+        responses = self.calls.infer(context, path, name, version, wire, oip=True)
         async with contextlib.aclosing(responses):
             async for response in responses:
                 if response.status != 200:
@@ -124,7 +124,7 @@ class OipService(TritonExtensions):
                 try:
                     yield tensors.infer_response(response.body, response.headers, name, version)
                 except TorchbayError as exc:
-                    raise from_error(exc) from None
+                    raise from_error(exc, oip=True) from None
 
     async def model_stream_infer(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext

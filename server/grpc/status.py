@@ -63,10 +63,13 @@ class RpcError(Exception):
         self.metadata = metadata  # trailing metadata (a 503's retry-after)
 
 
-def from_error(exc: TorchbayError) -> RpcError:
+def from_error(exc: TorchbayError, *, oip: bool = False) -> RpcError:
+    """``exc`` as a status; ``oip``: with Triton's wording (the OIP service's answers)."""
     retry = exc.headers.get("retry-after")
     metadata = (("retry-after", retry),) if retry else ()
-    return RpcError(code_for(exc.status), exc.message, exc.status, metadata)
+    return RpcError(
+        code_for(exc.status), exc.oip_text if oip else exc.message, exc.status, metadata
+    )
 
 
 def from_response(status: int, body: bytes) -> RpcError:

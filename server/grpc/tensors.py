@@ -89,8 +89,12 @@ def _raw_inputs(request: Any) -> list[bytes]:
     if raw:
         if len(raw) != len(inputs):
             raise BadRequest(f"raw_input_contents has {len(raw)} entries for {len(inputs)} inputs")
-        if any(tensor.HasField("contents") for tensor in inputs):
-            raise BadRequest("contents must not be set when raw_input_contents is used")
+        both = next((tensor for tensor in inputs if tensor.HasField("contents")), None)
+        if both is not None:  # Triton's words
+            raise BadRequest(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"'{both.name}' for model '{request.model_name}'"
+            )
         return raw
     out = []
     for tensor in inputs:

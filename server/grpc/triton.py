@@ -79,7 +79,7 @@ class TritonExtensions(Service):
         except MethodNotAllowed as exc:  # the model API is off
             await abort(context, RpcError(grpc.StatusCode.PERMISSION_DENIED, exc.message, 403))
         except TorchbayError as exc:
-            await abort(context, from_error(exc))
+            await abort(context, from_error(exc, oip=True))
 
     async def model_config(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def work() -> Any:

@@ -95,7 +95,7 @@ Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 def error_answer(exc: TorchbayError, *, oip: bool = False) -> Answer:
     """TorchServe's ``{"code","type","message"}``, or OIP's ``{"error": ...}`` on /v2 routes."""
-    body = dumps({"error": exc.message} if oip else exc.to_json())
+    body = dumps({"error": exc.oip_text} if oip else exc.to_json())
     headers = [(b"content-type", _JSON), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
     return exc.status, headers, body

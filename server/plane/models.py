@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.server.config.model_settings import check_model_settings
-from torchbay.server.errors import BadRequest, ConfigError, MethodNotAllowed, ModelNotFound
+from torchbay.server.errors import (
+    BadRequest,
+    ConfigError,
+    MethodNotAllowed,
+    ModelNotFound,
+    TorchbayError,
+)
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.serving.archives import (
     ArchiveError,
@@ -206,7 +212,10 @@ class Models:
                     startup=False,  # describe: loadedAtStartup false
                 )
             except ConfigError as exc:
-                raise BadRequest(exc.message) from None
+                raise BadRequest(exc.message, oip_message=_failed(name, exc.message)) from None
+            except TorchbayError as exc:  # Triton's words: scripts match "failed to load"
+                exc.oip_message = _failed(name, exc.oip_text)
+                raise
 
     async def unload(self, name: str, parameters: Any) -> None:
         """Unload every version of ``name`` (the default one last)."""
@@ -231,6 +240,10 @@ async def _reconfigure(mv: ModelVersion, overrides: dict[str, Any], workers: int
     mv.configure(batch_size=overrides.get("batch_size"), max_batch_delay_ms=delay)
     if workers is not None:
         await mv.scale(workers)
+
+
+def _failed(name: str, why: str) -> str:
+    return f"failed to load '{name}', {why}"
 
 
 def _entry(name: str, version: str, state: str, reason: str) -> dict[str, str]:

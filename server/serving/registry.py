@@ -91,14 +91,16 @@ class ModelRegistry:
     def resolve(self, name: str, version: str | None = None) -> ModelVersion:
         versions = self.models.get(name)
         if not versions:
-            raise ModelNotFound(f"Model not found: {name}")
+            triton = f"Request for unknown model: '{name}' is not found"
+            raise ModelNotFound(f"Model not found: {name}", oip_message=triton)
         if version is None:
             version = self.defaults[name]
         try:
             return versions[version]
         except KeyError:
             raise ModelVersionNotFound(
-                f"Model version: {version} does not exist for model: {name}"
+                f"Model version: {version} does not exist for model: {name}",
+                oip_message=f"Request for unknown model: '{name}' version {version} is not found",
             ) from None
 
     def all_versions(self) -> list[ModelVersion]:

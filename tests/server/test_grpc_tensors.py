@@ -92,8 +92,11 @@ def test_raw_and_typed_contents_together_are_refused() -> None:
     request = _request(model_name="m")
     request.inputs.add(name="x", datatype="INT32", shape=[1]).contents.int_contents.append(1)
     request.raw_input_contents.append(b"\x00" * 4)
-    with pytest.raises(BadRequest, match="contents must not be set"):
+    with pytest.raises(BadRequest) as refused:
         tensors.request_body(request)
+    assert refused.value.message == (  # Triton's words
+        "contents field must not be specified when using raw_input_contents for 'x' for model 'm'"
+    )
 
 
 def _binary_response(outputs: list[dict], raws: list[bytes], **extra) -> tuple[bytes, dict]:

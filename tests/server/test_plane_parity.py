@@ -155,7 +155,20 @@ def test_unknown_models_are_the_same_error_for_every_operation(
         # tritonclient.http reports the status of its own choosing for a 404 body; gRPC keeps it
         status = missing.value.status()
         assert status in (expected, "404"), (status, missing.value.message())
-        assert "nope" in missing.value.message()
+        # Triton's words, which scripts around Triton's clients match on
+        assert missing.value.message().startswith("Request for unknown model: 'nope' is not found")
+
+
+def test_torchserve_routes_keep_torchserves_words_for_the_same_error(server: LiveServer) -> None:
+    """The error is one (the plane's ModelNotFound, 404); each protocol says it in its own words:
+    TorchServe's on /predictions, Triton's on /v2."""
+    ts = httpx.post(f"{server.url}/predictions/nope", content=b"{}", timeout=30)
+    assert ts.status_code == 404 and ts.json()["message"] == "Model not found: nope"
+    oip = httpx.post(f"{server.url}/v2/models/nope/infer", json={"inputs": []}, timeout=30)
+    assert oip.status_code == 404
+    assert oip.json() == {"error": "Request for unknown model: 'nope' is not found"}
+    version = httpx.get(f"{server.url}/v2/models/one/versions/9/ready", timeout=30)
+    assert version.json() == {"error": "Request for unknown model: 'one' version 9 is not found"}
 
 
 def test_metadata_ready_and_config_are_the_same_over_either_protocol(
