@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from .signature_sources import describes_tensors
 
@@ -79,6 +86,9 @@ class TensorSpec(BaseModel):
     name: str = Field(min_length=1, max_length=MAX_NAME_LEN)
     datatype: Datatype
     shape: list[int] = Field(max_length=MAX_RANK)
+    # Triton's image layout of an input (model-config.yaml ``format``; its model configuration
+    # carries it, and Triton's image_client reads it). None: not declared.
+    format: Literal["FORMAT_NONE", "FORMAT_NCHW", "FORMAT_NHWC"] | None = None
 
     @field_validator("shape")
     @classmethod
@@ -86,6 +96,14 @@ class TensorSpec(BaseModel):
         if any(d < -1 for d in shape):
             raise ValueError("dimensions are non-negative, or -1 for a dynamic one")
         return shape
+
+    @model_serializer(mode="wrap")
+    def _without_undeclared_format(self, handler: Any) -> Any:
+        """No ``format`` key unless one was declared: recorded manifests stay as they were."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("format") is None:
+            data.pop("format", None)
+        return data
 
     def matches_shape(self, shape: Sequence[int]) -> bool:
         """True when a concrete ``shape`` fits this spec (-1 matches any size)."""
@@ -123,8 +141,8 @@ class Signature(BaseModel):
     def to_json(self) -> dict[str, list[dict[str, Any]]]:
         """The OIP metadata fields: ``{"inputs": [...], "outputs": [...]}``."""
         return {
-            "inputs": [s.model_dump() for s in self.inputs],
-            "outputs": [s.model_dump() for s in self.outputs],
+            "inputs": [s.model_dump(exclude={"format"}) for s in self.inputs],
+            "outputs": [s.model_dump(exclude={"format"}) for s in self.outputs],
         }
 
 

@@ -74,9 +74,14 @@ def model_metadata(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
     return meta
 
 
-def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
-    dims = spec.shape[1:] if spec.shape[:1] == [-1] else spec.shape
-    return {"name": spec.name, "data_type": f"TYPE_{spec.datatype}", "dims": dims}
+def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+    """A tensor of Triton's model configuration: ``dims`` without the batch dimension when the
+    model takes one (``max_batch_size`` > 0), its whole shape otherwise."""
+    dims = spec.shape[1:] if batched and spec.shape[:1] == [-1] else spec.shape
+    tensor = {"name": spec.name, "data_type": f"TYPE_{spec.datatype}", "dims": dims}
+    if spec.format is not None:
+        tensor["format"] = spec.format
+    return tensor
 
 
 def model_config(mv: ModelVersion) -> dict[str, Any]:
@@ -84,14 +89,16 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
     sig = signature(mv) or Signature()
     settings = mv.settings
     gpu = any(s.worker is not None and s.worker.device.startswith("cuda") for s in mv.slots)
+    # Triton's max_batch_size 0: a model whose inputs have no batch dimension (a leading -1)
+    batched = all(s.shape[:1] == [-1] for s in sig.inputs)
     return {
         "name": mv.name,
         "platform": platform(mv),
         "backend": "pytorch",
         "version_policy": {"specific": {"versions": [mv.version]}},
-        "max_batch_size": settings.batch_size,
-        "input": [_config_tensor(s) for s in sig.inputs],
-        "output": [_config_tensor(s) for s in sig.outputs],
+        "max_batch_size": settings.batch_size if batched else 0,
+        "input": [_config_tensor(s, batched) for s in sig.inputs],
+        "output": [_config_tensor(s, batched) for s in sig.outputs],
         "dynamic_batching": {
             "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
             "default_queue_policy": {"max_queue_size": settings.job_queue_size},

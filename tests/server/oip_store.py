@@ -15,6 +15,14 @@ batchSize: 2
 inputs:
   - {name: pixels, datatype: FP32, shape: [-1, 8, 8]}
 """
+IMAGE_YAML = """\
+inputs:
+  - {name: image, datatype: FP32, shape: [-1, 1, 8, 8], format: FORMAT_NCHW}
+"""
+FLAT_YAML = """\
+inputs:
+  - {name: features, datatype: FP32, shape: [64]}
+"""
 BAD_YAML = """\
 inputs:
   - {name: x, datatype: FLOAT, shape: [-1, 64]}
@@ -50,11 +58,17 @@ def build_oip_store(root: Path, work: Path) -> Path:
     (work / "over" / "model-config.yaml").write_text(OVERRIDE_YAML)
     (work / "bad").mkdir()
     (work / "bad" / "model-config.yaml").write_text(BAD_YAML)
+    for folder, text in (("image", IMAGE_YAML), ("flat", FLAT_YAML)):
+        (work / folder).mkdir()
+        (work / folder / "model-config.yaml").write_text(text)
     specs = {
         "one": ("one.pt", "one_example.pt", None),
         "two": ("two.pt", "two_ex.pt", None),
         "over": ("one.pt", "one_example.pt", work / "over" / "model-config.yaml"),
         "badsig": ("one.pt", "one_example.pt", work / "bad" / "model-config.yaml"),
+        # Triton's model configuration: a declared image format; no batch dimension
+        "image": ("one.pt", "one_example.pt", work / "image" / "model-config.yaml"),
+        "flat": ("one.pt", "one_example.pt", work / "flat" / "model-config.yaml"),
     }
     for name, (model, example, config) in specs.items():
         package(

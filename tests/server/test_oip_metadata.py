@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(oip_store: Path) -> Iterator[LiveServer]:
-    models = ["one.mar", "two.mar", "over.mar"]
+    models = ["one.mar", "two.mar", "over.mar", "image.mar", "flat.mar"]
     with running(oip_store, load_models=models, enable_model_api=True) as live:
         yield live
 
@@ -67,6 +67,30 @@ def test_two_input_model_metadata(server: LiveServer) -> None:
     body = httpx.get(f"{server.url}/v2/models/two").json()
     assert body["inputs"] == [_spec("features", [-1, 64]), _spec("extra", [-1, 3])]
     assert body["outputs"] == [_spec("output0", [-1, 5]), _spec("output1", [-1], "INT64")]
+
+
+def test_the_model_configuration_carries_the_declared_format_and_the_batch_dimension(
+    server: LiveServer,
+) -> None:
+    """As Triton's: an input's declared ``format`` (Triton's image_client reads it), and
+    ``max_batch_size`` 0 with whole shapes for a model whose inputs have no batch dimension."""
+    client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        image = client.get_model_config("image")
+        assert image["input"] == [
+            {"name": "image", "data_type": "TYPE_FP32", "dims": [1, 8, 8], "format": "FORMAT_NCHW"}
+        ]
+        assert image["max_batch_size"] == 1
+        flat = client.get_model_config("flat")
+        assert flat["max_batch_size"] == 0
+        assert flat["input"] == [{"name": "features", "data_type": "TYPE_FP32", "dims": [64]}]
+        assert flat["output"][0]["dims"] == [-1, 10]  # the whole shape, batch included
+    finally:
+        client.close()
+    # OIP's metadata has no format field: the tensor stays {name, datatype, shape}
+    assert httpx.get(f"{server.url}/v2/models/image").json()["inputs"] == [
+        _spec("image", [-1, 1, 8, 8])
+    ]
 
 
 def test_model_config_yaml_overrides_the_recorded_inputs(server: LiveServer) -> None:
