@@ -4,7 +4,7 @@ echo or the naive FastAPI server) from one ``models={...}`` description, warm up
 the load generator (:func:`warm_and_measure`); for a :class:`Scenario`, also time its first answer
 and read the server tree's CPU and memory (:func:`run_scenario`).
 
-``run_scenarios``, ``round2`` and its rows, ``overload_probe`` and ``gpu_bench`` all start their
+``run_scenarios``, ``round2`` and its rows and ``gpu_bench`` all start their
 servers with :func:`make_system` and share one :class:`Ctx`. Work files land under
 ``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies), ``model_store/`` (``.mar``),
 ``runs/<name>/`` (config.properties and the server log).
