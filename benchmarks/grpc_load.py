@@ -2,18 +2,17 @@
 
 A closed loop of ``--concurrency`` callers, each sending TorchServe's gRPC ``Predictions`` (the
 input file as the ``data`` entry, the inference key as ``authorization`` metadata) back to back
-over one grpcio asyncio channel, in this process. With ``--archive`` the server is started once
-(gRPC on free ports) and the same closed loop runs first over HTTP (``/predictions``, the regular
-load generator), then over gRPC: two reports on one server. With ``--url`` it is the server's
-gRPC inference address (``http://host:7070``) and only gRPC runs. Torch-free.
+over one grpcio asyncio channel, run by the load generator that HTTP's load uses (its own
+process; the same report fields). With ``--archive`` the server is started once (gRPC on free
+ports) and the same closed loop runs first over HTTP (``/predictions``), then over gRPC: two
+reports on one server. With ``--url`` it is the server's gRPC inference address
+(``http://host:7070``) and only gRPC runs. Torch-free.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
@@ -23,9 +22,8 @@ from typing import Any
 from torchbay.benchmarks import scrape
 from torchbay.benchmarks.bench import BenchReport, RunOptions, load_payloads, run_bench
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadplan import LoadResult
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, parse_url, read_key_file
-from torchbay.benchmarks.stats import summarize
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 
@@ -56,58 +54,20 @@ class GrpcTarget:
     def url(self) -> str:
         return f"grpc://{self.address}/{self.service}/{self.method}"
 
-    def messages(self, request_type: Any) -> list[Any]:
-        """The request messages, in order: the prebuilt ones, else one Predictions per payload."""
-        if self.requests is not None:
-            return list(self.requests)
-        return [
-            request_type(
-                model_name=self.model, model_version=self.version or "", input={"data": body}
-            )
-            for body in self.payloads
+    def load_target(self) -> Target:
+        """The load generator's target: the request messages serialized (the prebuilt ones, else
+        one Predictions per payload), the inference key as ``authorization`` metadata."""
+        from torchbay.server.grpc.messages import method_types
+
+        request_type = method_types(self.service, self.method)[0]
+        messages = self.requests or [
+            request_type(model_name=self.model, model_version=self.version or "", input={"data": b})
+            for b in self.payloads
         ]
-
-
-async def _closed_loop(
-    target: GrpcTarget, concurrency: int, seconds: float, timeout_s: float
-) -> tuple[list[float], dict[str, int], int]:
-    """(latencies of the OK answers, statuses, sent) over ``seconds`` of back-to-back calls."""
-    import grpc
-
-    from torchbay.server.grpc.messages import method_types
-
-    request_type, response_type, *_ = method_types(target.service, target.method)
-    requests = target.messages(request_type)
-    metadata = [("authorization", f"Bearer {target.key}")] if target.key else None
-    latencies: list[float] = []
-    statuses: dict[str, int] = {}
-    sent = 0
-    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-    async with grpc.aio.insecure_channel(target.address, options=options) as channel:
-        call = channel.unary_unary(
-            f"/{target.service}/{target.method}",
-            request_serializer=request_type.SerializeToString,
-            response_deserializer=response_type.FromString,
-        )
-        end = time.perf_counter() + seconds
-
-        async def caller(index: int) -> None:
-            nonlocal sent
-            i = index
-            while time.perf_counter() < end:
-                start = time.perf_counter()
-                sent += 1
-                try:
-                    await call(requests[i % len(requests)], metadata=metadata, timeout=timeout_s)
-                    code = "200"
-                    latencies.append(time.perf_counter() - start)
-                except grpc.aio.AioRpcError as exc:
-                    code = exc.code().name
-                statuses[code] = statuses.get(code, 0) + 1
-                i += concurrency
-
-        await asyncio.gather(*(caller(i) for i in range(concurrency)))
-    return latencies, statuses, sent
+        key = (("authorization", f"Bearer {self.key}"),) if self.key else ()
+        port = int(self.address.rsplit(":", 1)[1])
+        payloads = tuple(m.SerializeToString() for m in messages)
+        return Target(self.host, port, "", payloads, key, grpc=f"/{self.service}/{self.method}")
 
 
 def run_grpc_load(
@@ -118,35 +78,16 @@ def run_grpc_load(
     timeout_s: float,
     on_warm: Callable[[], None] = lambda: None,
 ) -> LoadResult:
-    """Warm up, then measure one closed loop; the result in the HTTP generator's shape.
-    ``on_warm`` runs between the two (the server view's first scrape)."""
-    if warmup_s > 0:
-        asyncio.run(_closed_loop(target, concurrency, warmup_s, timeout_s))
-    on_warm()
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    latencies, statuses, sent = asyncio.run(_closed_loop(target, concurrency, seconds, timeout_s))
-    window = time.perf_counter() - t0
-    cpu = time.process_time() - cpu0
-    ok = statuses.get("200", 0)
-    summary = summarize(latencies)
-    return LoadResult(
-        mode="closed",
-        offered_rate=None,
-        concurrency=concurrency,
-        window_s=window,
-        sent=sent,
-        completed=sum(statuses.values()),
-        ok=ok,
-        statuses=statuses,
-        latency=summary,
-        service=summary,
-        lag=summarize([]),
-        req_per_s=sent / window,
-        ok_per_s=ok / window,
-        generator_cpu_pct=[100 * cpu / window],
-        behind=[],
-        generator_cpu_s=cpu,
+    """Warm up, then measure one closed loop on the load generator (its own process, one
+    channel); ``on_warm`` runs between the two (the server view's first scrape)."""
+    plan = LoadPlan(
+        target.load_target(), "closed", concurrency, duration_s=seconds, timeout_s=timeout_s
     )
+    with LoadGenerator() as gen:
+        if warmup_s > 0:
+            gen.run(replace(plan, duration_s=warmup_s))
+        on_warm()
+        return gen.run(plan)
 
 
 def grpc_report(target: GrpcTarget, options: RunOptions) -> BenchReport:
