@@ -11,19 +11,15 @@ reports on one server. With ``--url`` it is the server's gRPC inference address
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from torchbay.benchmarks import scrape
-from torchbay.benchmarks.bench import BenchReport, RunOptions, load_payloads, run_bench
+from torchbay.benchmarks.bench import BenchReport, RunOptions, load_payloads, open_server, run_bench
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, parse_url, read_key_file
+from torchbay.benchmarks.managed import Endpoints
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 
@@ -125,56 +121,38 @@ def run_grpc_bench(
     options: RunOptions, on_progress: Callable[[Any], None] | None = None
 ) -> list[BenchReport]:
     """The HTTP report then the gRPC one (``--archive``), or the gRPC one (``--url``)."""
-    if options.concurrency is None or options.requests is not None:
-        raise BenchError("--protocol grpc runs a closed loop: give --concurrency and --duration")
+    closed_loop_only(options, "grpc")
     payloads, _ = load_payloads(options.inputs, "predict")
-    if options.url is not None:
-        host, port, _path = parse_url(options.url)
-        key = options.token
-        if options.key_file is not None:
-            key = read_key_file(options.key_file)[0]
-        target = GrpcTarget(host, port, options.model or "", options.version, key, payloads)
-        return [grpc_report(target, options)]
-    return _with_archive(options, payloads, on_progress)
+
+    def target(endpoints: Endpoints, port: int, model: str) -> GrpcTarget:
+        key, metrics = endpoints.inference_key, endpoints.metrics_port
+        return GrpcTarget(endpoints.host, port, model, options.version, key, payloads, metrics)
+
+    return run_pair(options, target, {}, on_progress)
 
 
-def _with_archive(
-    options: RunOptions, payloads: tuple[bytes, ...], on_progress: Callable[[Any], None] | None
-) -> list[BenchReport]:
-    with started_server(options) as (endpoints, grpc_port, model, _run_dir):
-        http = run_bench(http_options(options, endpoints, model), on_progress)
-        target = GrpcTarget(
-            endpoints.host,
-            grpc_port,
-            model,
-            options.version,
-            endpoints.inference_key,
-            payloads,
-            endpoints.metrics_port,
+def closed_loop_only(options: RunOptions, protocol: str) -> None:
+    if options.concurrency is None or options.requests is not None:
+        raise BenchError(
+            f"--protocol {protocol} runs a closed loop: give --concurrency and --duration"
         )
-        return [http, replace(grpc_report(target, options), settings=http.settings)]
 
 
-@contextmanager
-def started_server(options: RunOptions) -> Iterator[tuple[Endpoints, int, str, Path]]:
-    """``torchbay serve`` for ``options.archive`` with gRPC on free ports, stopped on exit:
-    (its endpoints, its gRPC inference port, the model's name, the run folder)."""
-    from torchbay.archiver.manifest import read_manifest
-
-    assert options.archive is not None
-    model = options.model or read_manifest(options.archive).model.model_name
-    with ExitStack() as stack:
-        run_dir = options.run_dir or Path(stack.enter_context(_tempdir()))
-        previous = {k: os.environ.get(k) for k in _FREE_GRPC_PORTS}
-        os.environ.update(_FREE_GRPC_PORTS)  # the server inherits them: gRPC on free ports
-        try:
-            server = ManagedServer.torchbay(options.archive, run_dir)
-            endpoints = stack.enter_context(server)
-        finally:
-            for k, v in previous.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        ready = json.loads(server.ready_file.read_text())
-        yield endpoints, int(ready["grpc_inference"]), model, run_dir
+def run_pair(
+    options: RunOptions,
+    target: Callable[[Endpoints, int, str], GrpcTarget],
+    http_update: dict[str, Any],
+    on_progress: Callable[[Any], None] | None,
+) -> list[BenchReport]:
+    """On a server started from ``--archive``: the HTTP report (``options`` with ``http_update``)
+    then the gRPC one, on one server. With ``--url`` (the server's gRPC address): gRPC alone."""
+    with open_server(options) as (endpoints, model, _version):
+        if options.url is not None:
+            return [grpc_report(target(endpoints, endpoints.inference_port, model), options)]
+        assert endpoints.grpc_port is not None
+        http = run_bench(http_options(options, endpoints, model, **http_update), on_progress)
+        grpc_ = grpc_report(target(endpoints, endpoints.grpc_port, model), options)
+        return [http, replace(grpc_, settings=http.settings)]
 
 
 def http_options(
@@ -191,15 +169,6 @@ def http_options(
             **update,
         }
     )
-
-
-_FREE_GRPC_PORTS = {"TORCHBAY_GRPC_INFERENCE_PORT": "0", "TORCHBAY_GRPC_MANAGEMENT_PORT": "0"}
-
-
-def _tempdir() -> Any:
-    import tempfile
-
-    return tempfile.TemporaryDirectory(prefix="tb-bench-grpc-")
 
 
 def format_side_by_side(reports: list[BenchReport]) -> str:
