@@ -60,14 +60,17 @@ def prepare_models(out_dir: Path) -> Assets:
     return Assets(pt=pt, body=body)
 
 
-def archive(name: str, pt: Path, store: Path, python: str, *extra: str) -> Path:
-    """Pack a scripted model with ``handler_raw.py`` into ``store/NAME.mar`` (``torchbay archive``
-    with ``extra`` flags); the benchmarks' one way to build an archive."""
+def archive(
+    name: str, pt: Path, store: Path, python: str, *extra: str, handler: str = str(HANDLER_FILE)
+) -> Path:
+    """Pack a scripted model with ``handler`` (``handler_raw.py`` unless given) into
+    ``store/NAME.mar`` (``torchbay archive`` with ``extra`` flags); the benchmarks' one way to
+    build an archive."""
     (store / f"{name}.mar").unlink(missing_ok=True)
     cmd = [
         *(python, "-m", "torchbay", "archive"),
         *("--model-name", name, "--version", MODEL_VERSION),
-        *("--serialized-file", str(pt), "--handler", str(HANDLER_FILE)),
+        *("--serialized-file", str(pt), "--handler", handler),
         *("--export-path", str(store), *extra),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
