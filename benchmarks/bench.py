@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -264,17 +264,9 @@ def run_bench(
             before = _scrape(endpoints, notes) if plan.warmup_s == 0 else None
             if plan.warmup_s > 0:
                 # Warm up separately so the server view covers only the measured window.
-                warm = LoadPlan(
-                    **{
-                        **plan.__dict__,
-                        "duration_s": plan.warmup_s,
-                        "warmup_s": 0.0,
-                        "requests": None,
-                    }
-                )
-                gen.run(warm)
+                gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
                 before = _scrape(endpoints, notes)
-            result = gen.run(_no_warmup(plan), on_progress)
+            result = gen.run(replace(plan, warmup_s=0.0), on_progress)
             after = _scrape(endpoints, notes)
         described = {}
         if endpoints.management_port is not None:
@@ -300,10 +292,6 @@ def run_bench(
         server=view,
         notes=tuple(notes),
     )
-
-
-def _no_warmup(plan: LoadPlan) -> LoadPlan:
-    return LoadPlan(**{**plan.__dict__, "warmup_s": 0.0})
 
 
 def format_report(report: BenchReport) -> str:
