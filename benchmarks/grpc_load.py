@@ -87,34 +87,25 @@ def run_grpc_load(
 
 
 def grpc_report(target: GrpcTarget, options: RunOptions) -> BenchReport:
+    """One gRPC closed loop as ``options`` say, with the server's view around the measured run."""
     assert options.concurrency is not None
+    notes: list[str] = []
     scrapes: list[scrape.Snapshot | None] = []
+    where = (target.host, target.metrics_port, notes)
     result = run_grpc_load(
         target,
         options.concurrency,
         options.duration_s or 10.0,
         options.warmup_s,
         options.timeout_s,
-        on_warm=lambda: scrapes.append(_scrape(target)),
+        on_warm=lambda: scrapes.append(scrape.snapshot(*where)),
     )
-    before, after = scrapes[0], _scrape(target)
+    before, after = scrapes[0], scrape.snapshot(*where)
     view = None
     if before is not None and after is not None:
         view = scrape.server_view(before, after, target.model, target.version)
-    return BenchReport(
-        model=target.model,
-        version=target.version,
-        url=target.url,
-        settings={},
-        result=result,
-        server=view,
-    )
-
-
-def _scrape(target: GrpcTarget) -> scrape.Snapshot | None:
-    if target.metrics_port is None:
-        return None
-    return scrape.parse_snapshot(scrape.fetch_metrics(target.host, target.metrics_port))
+    notes.extend(result.behind)  # as bench run says when the generator fell behind
+    return BenchReport(target.model, target.version, target.url, {}, result, view, tuple(notes))
 
 
 def run_grpc_bench(
