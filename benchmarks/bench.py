@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -233,16 +233,6 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
         yield endpoints, options.model or manifest.model.model_name, options.version
 
 
-def _scrape(endpoints: Endpoints, notes: list[str]) -> scrape.Snapshot | None:
-    if endpoints.metrics_port is None:
-        return None
-    try:
-        return scrape.parse_snapshot(scrape.fetch_metrics(endpoints.host, endpoints.metrics_port))
-    except BenchError as exc:
-        notes.append(f"server view unavailable: {exc}")
-        return None
-
-
 def run_bench(
     options: RunOptions, on_progress: Callable[[Progress], None] | None = None
 ) -> BenchReport:
@@ -261,21 +251,17 @@ def run_bench(
         target = make_target(endpoints, options, model, version)
         plan = options.plan(target)
         with LoadGenerator(options.processes) as gen:
-            before = _scrape(endpoints, notes) if plan.warmup_s == 0 else None
+            before = (
+                scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
+                if plan.warmup_s == 0
+                else None
+            )
             if plan.warmup_s > 0:
                 # Warm up separately so the server view covers only the measured window.
-                warm = LoadPlan(
-                    **{
-                        **plan.__dict__,
-                        "duration_s": plan.warmup_s,
-                        "warmup_s": 0.0,
-                        "requests": None,
-                    }
-                )
-                gen.run(warm)
-                before = _scrape(endpoints, notes)
-            result = gen.run(_no_warmup(plan), on_progress)
-            after = _scrape(endpoints, notes)
+                gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
+                before = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
+            result = gen.run(replace(plan, warmup_s=0.0), on_progress)
+            after = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
         described = {}
         if endpoints.management_port is not None:
             try:
@@ -300,10 +286,6 @@ def run_bench(
         server=view,
         notes=tuple(notes),
     )
-
-
-def _no_warmup(plan: LoadPlan) -> LoadPlan:
-    return LoadPlan(**{**plan.__dict__, "warmup_s": 0.0})
 
 
 def format_report(report: BenchReport) -> str:

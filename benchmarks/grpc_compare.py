@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -225,37 +224,15 @@ def _tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
     and out) and one sample, batch of 1, recorded as its example input."""
     import numpy as np
 
-    from torchbay.benchmarks import models
-    from torchbay.benchmarks.errors import BenchError
+    from torchbay.benchmarks import models, runner
 
     store.mkdir(parents=True, exist_ok=True)
     out = {}
     for name, pt in assets.pt.items():
         example = store / f"{name}-example.npy"
         np.save(example, models.sample_tensor(name).numpy()[None])
-        cmd = [
-            sys.executable,
-            "-m",
-            "torchbay",
-            "archive",
-            "--model-name",
-            name,
-            "--version",
-            "1.0",
-            "--serialized-file",
-            str(pt),
-            "--handler",
-            "tensor",
-            "--example-input",
-            str(example),
-            "--export-path",
-            str(store),
-            "--force",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BenchError(f"torchbay archive failed for {name}: {proc.stderr or proc.stdout}")
-        out[name] = store / f"{name}.mar"
+        flags = ("--example-input", str(example), "--force")
+        out[name] = runner.archive(name, pt, store, sys.executable, *flags, handler="tensor")
     return out
 
 

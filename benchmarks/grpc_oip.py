@@ -24,20 +24,16 @@ from __future__ import annotations
 import io
 import json
 import struct
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchbay.benchmarks.bench import BenchReport, RunOptions, run_bench
+from torchbay.benchmarks.bench import BenchReport, RunOptions
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.grpc_load import (
-    GrpcTarget,
-    grpc_report,
-    http_options,
-    started_server,
-)
-from torchbay.benchmarks.managed import parse_url, read_key_file
+from torchbay.benchmarks.grpc_load import GrpcTarget, closed_loop_only, run_pair
+from torchbay.benchmarks.managed import Endpoints
 
 OIP_SERVICE = "inference.GRPCInferenceService"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -158,72 +154,31 @@ def _input_name(archive: Path | None) -> str:
     return inputs[0].name if inputs and len(inputs) == 1 else "input0"
 
 
-def oip_target(
-    host: str,
-    port: int,
-    model: str,
-    options: RunOptions,
-    key: str | None,
-    tensor: OipTensor,
-    metrics_port: int | None = None,
-) -> GrpcTarget:
-    """The ModelInfer load's target: one prebuilt request, sent over and over."""
-    target = GrpcTarget(
-        host,
-        port,
-        model,
-        options.version,
-        key,
-        (),
-        metrics_port,
-        service=OIP_SERVICE,
-        method="ModelInfer",
-    )
-    target.requests = (tensor.grpc_request(model, options.version),)
-    return target
-
-
 def run_oip_bench(
     options: RunOptions, on_progress: Callable[[Any], None] | None = None
 ) -> list[BenchReport]:
     """The HTTP v2 binary report then the ModelInfer one (``--archive``), or ModelInfer alone
     (``--url``: the server's gRPC address)."""
-    if options.concurrency is None or options.requests is not None:
-        raise BenchError("--protocol grpc-v2 runs a closed loop: give --concurrency and --duration")
+    closed_loop_only(options, "grpc-v2")
     if len(options.inputs) != 1:
         raise BenchError("--protocol grpc-v2 sends one input tensor: give one --input")
     tensor = load_tensor(options.inputs[0], options.archive)
-    if options.url is not None:
-        host, port, _path = parse_url(options.url)
-        key = options.token
-        if options.key_file is not None:
-            key = read_key_file(options.key_file)[0]
-        return [
-            grpc_report(oip_target(host, port, options.model or "", options, key, tensor), options)
-        ]
-    with started_server(options) as (endpoints, grpc_port, model, run_dir):
-        body, head_len = tensor.http_body()
-        body_file = Path(run_dir) / BODY_FILE
+
+    def target(endpoints: Endpoints, port: int, model: str) -> GrpcTarget:
+        key, metrics = endpoints.inference_key, endpoints.metrics_port
+        where = (endpoints.host, port, model, options.version, key, (), metrics)
+        grpc_ = GrpcTarget(*where, service=OIP_SERVICE, method="ModelInfer")
+        grpc_.requests = (tensor.grpc_request(model, options.version),)  # sent over and over
+        return grpc_
+
+    body, head_len = tensor.http_body()
+    with tempfile.TemporaryDirectory(prefix="tb-bench-oip-") as tmp:
+        body_file = Path(tmp) / BODY_FILE
         body_file.write_bytes(body)
-        http = run_bench(
-            http_options(
-                options,
-                endpoints,
-                model,
-                protocol="v2",
-                inputs=(body_file,),
-                content_type="application/octet-stream",
-                headers=((HEADER_LENGTH, str(head_len)),),
-            ),
-            on_progress,
-        )
-        target = oip_target(
-            endpoints.host,
-            grpc_port,
-            model,
-            options,
-            endpoints.inference_key,
-            tensor,
-            endpoints.metrics_port,
-        )
-        return [http, replace(grpc_report(target, options), settings=http.settings)]
+        http = {
+            "protocol": "v2",
+            "inputs": (body_file,),
+            "content_type": "application/octet-stream",
+            "headers": ((HEADER_LENGTH, str(head_len)),),
+        }
+        return run_pair(options, target, http, on_progress)

@@ -1,5 +1,6 @@
-"""Inside a load-generator process: one keep-alive connection (:class:`Conn`) and the recorder
-of one process's measurements (:class:`Recorder`). Split out of ``loadgen.py``, which runs them.
+"""Inside a load-generator process: one keep-alive connection (:class:`Conn`), or one gRPC
+channel (:class:`GrpcConn`), and the recorder of one process's measurements (:class:`Recorder`).
+Split out of ``loadgen.py``, which runs them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 from collections import Counter
 
 from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser
-from torchbay.benchmarks.loadplan import CONN_ERROR, TIMEOUT
+from torchbay.benchmarks.loadplan import CONN_ERROR, TIMEOUT, Target
 
 
 class Conn(asyncio.Protocol):
@@ -71,6 +72,37 @@ class Conn(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+class GrpcConn:
+    """One grpcio asyncio channel that every caller of a process shares (HTTP/2 multiplexes the
+    calls); ``roundtrip`` makes one unary call with serialized bytes and returns 200 for OK, else
+    the status code's name (``NOT_FOUND``, ``DEADLINE_EXCEEDED``...)."""
+
+    def __init__(self, target: Target, timeout_s: float) -> None:
+        import grpc
+
+        self.error = grpc.aio.AioRpcError
+        unlimited = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        address = f"{target.host}:{target.port}"
+        self.channel = grpc.aio.insecure_channel(address, options=unlimited)
+        self.call = self.channel.unary_unary(target.grpc)  # bytes in, bytes out
+        self.metadata = tuple((k.lower(), v) for k, v in target.headers) or None
+        self.timeout_s = timeout_s
+        self.open = True
+
+    async def roundtrip(self, request: bytes) -> int | str:
+        try:
+            await self.call(request, metadata=self.metadata, timeout=self.timeout_s)
+        except self.error as exc:
+            return exc.code().name
+        return 200
+
+    def close(self) -> None:
+        """Nothing to do per caller; the runner closes the channel once (:meth:`aclose`)."""
+
+    async def aclose(self) -> None:
+        await self.channel.close()
 
 
 class Recorder:

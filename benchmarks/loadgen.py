@@ -1,6 +1,7 @@
 """The load generator: N spawned processes, each one asyncio loop with keep-alive connections
 (the plan, its split over processes and the merged result are in ``loadplan.py``; one
-connection and the per-process recorder in ``loadconn.py``).
+connection and the per-process recorder in ``loadconn.py``). A gRPC target (``Target.grpc``)
+runs the same loops as unary calls over one channel per process.
 
 Closed loop (``concurrency``): each connection sends, waits for the answer, sends again; latency is
 measured from the actual send. Open loop (``rate``): requests are scheduled at fixed times
@@ -19,9 +20,6 @@ Capacity (``benchmarks/RESULTS.md``, "Load generator capacity"): against the bar
 server one process came within ~10-20% of ``wrk -t1`` on 2 cores (the echo server's core is the
 limit), far above any model server here. Responses are parsed by httptools (~2-3 us each). Use
 more processes (``--procs``) only on machines with spare cores.
-
-    with LoadGenerator(processes=1) as gen:
-        result = gen.run(LoadPlan(target=..., mode="open", rate=200, duration_s=5))
 """
 
 from __future__ import annotations
@@ -35,13 +33,13 @@ import multiprocessing
 import resource
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.httpwire import HttpParseError
-from torchbay.benchmarks.loadconn import Conn, Recorder
+from torchbay.benchmarks.loadconn import Conn, GrpcConn, Recorder
 from torchbay.benchmarks.loadplan import (
     CONN_ERROR,
     TIMEOUT,
@@ -54,7 +52,7 @@ from torchbay.benchmarks.loadplan import (
     merge,
     split_plan,
 )
-from torchbay.benchmarks.stats import arrival_offsets
+from torchbay.benchmarks.stats import arrival_offsets, stepped_offsets
 
 __all__ = ["LoadGenerator", "LoadPlan", "LoadResult", "Progress", "Target", "split_plan"]
 
@@ -80,13 +78,20 @@ class _Runner:
         self.budget = share.requests
         self.capped = False
         self.conns: list[Conn] = []
+        self.grpc: GrpcConn | None = None  # the one channel of a gRPC target
+        if plan.target.grpc:
+            import grpc  # noqa: F401  (here, not in the measured window)
         self.inflight = 0
         self.last_activity = start_at
         self.timeline = array.array("d")
 
-    async def _connect(self) -> Conn:
+    async def _connect(self) -> Conn | GrpcConn:
         loop = asyncio.get_running_loop()
         target = self.plan.target
+        if target.grpc:
+            if self.grpc is None:
+                self.grpc = GrpcConn(target, self.plan.timeout_s)
+            return self.grpc
         _transport, conn = await loop.create_connection(
             lambda: Conn(loop), target.host, target.port
         )
@@ -102,7 +107,7 @@ class _Runner:
         self.budget -= 1
         return True
 
-    async def _one(self, conn: Conn | None, scheduled: float | None) -> Conn | None:
+    async def _one(self, conn: Any, scheduled: float | None) -> Any:
         """Send one request (reconnecting if needed) and record it; returns the connection to
         reuse, or None after a failure."""
         sent = time.monotonic()
@@ -133,7 +138,7 @@ class _Runner:
             self.timeline.extend((start - self.window_start, done - start, code))
 
     async def _closed_worker(self) -> None:
-        conn: Conn | None = None
+        conn: Conn | GrpcConn | None = None
         while True:
             now = time.monotonic()
             if now >= self.end or not self._take_budget(now):
@@ -144,7 +149,7 @@ class _Runner:
 
     async def _open_worker(self, queue: deque[float]) -> None:
         loop = asyncio.get_running_loop()
-        conn: Conn | None = None
+        conn: Conn | GrpcConn | None = None
         while True:
             if queue:
                 conn = await self._one(conn, queue.popleft())
@@ -202,8 +207,8 @@ class _Runner:
         await asyncio.gather(*workers)
 
     async def run(self) -> Part:
-        delay = self.start_at - time.monotonic()
-        if delay > 0:
+        # Timers fire early at times: a request sent before the start escapes the window's budget.
+        while (delay := self.start_at - time.monotonic()) > 0:
             await asyncio.sleep(delay)
         cpu0, wall0 = _cpu_s(), time.monotonic()
         if self.plan.mode == "closed":
@@ -228,6 +233,8 @@ class _Runner:
             self._count_timeouts()
         for conn in self.conns:
             conn.close()
+        if self.grpc is not None:
+            await self.grpc.aclose()
         rec = self.rec
         return Part(
             latency=rec.latency.tobytes(),
@@ -251,20 +258,6 @@ class _Runner:
             self.rec.statuses[TIMEOUT] += missing
 
 
-def stepped_offsets(
-    steps: tuple[tuple[float, float], ...], scale: float = 1.0, phase: float = 0.0
-) -> Iterator[float]:
-    """Constant arrivals at ``rate * scale`` for ``seconds`` per step, the steps back to back."""
-    begin = 0.0
-    for seconds, rate in steps:
-        gap = 1.0 / (rate * scale)
-        k = 0
-        while (offset := begin + (k + phase) * gap) < begin + seconds:
-            yield offset
-            k += 1
-        begin += seconds
-
-
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -280,6 +273,7 @@ def _process_main(pipe: Connection) -> None:
         new_loop = asyncio.new_event_loop
     loop = new_loop()
     asyncio.set_event_loop(loop)
+    pipe.send(("ready",))
     while True:
         try:
             message = pipe.recv()
@@ -329,6 +323,15 @@ class LoadGenerator:
             child.close()
             self.pipes.append(parent)
             self.procs.append(proc)
+        # A process still starting when a plan's common start passes would miss its window.
+        for pipe in self.pipes:
+            try:
+                ready = pipe.poll(60) and pipe.recv() == ("ready",)
+            except (EOFError, OSError):
+                ready = False
+            if not ready:
+                self.close()
+                raise BenchError("a load generator process did not start")
 
     def __enter__(self) -> LoadGenerator:
         return self

@@ -26,7 +26,9 @@ TIMEOUT = "timeout"
 
 @dataclass(frozen=True)
 class Target:
-    """Where to send: one route, headers, and payloads (cycled in order)."""
+    """Where to send: one route, headers, and payloads (cycled in order). With ``grpc`` (a
+    method's path, ``/package.Service/Method``) the payloads are serialized request messages,
+    sent as unary calls over one channel, and the headers go as call metadata."""
 
     host: str
     port: int
@@ -34,9 +36,12 @@ class Target:
     payloads: tuple[bytes, ...]
     headers: tuple[tuple[str, str], ...] = ()
     method: str = "POST"
+    grpc: str = ""
 
     def requests(self) -> list[bytes]:
-        """The complete wire bytes of one request per payload."""
+        """The complete wire bytes of one request per payload (gRPC: the messages)."""
+        if self.grpc:
+            return list(self.payloads)
         host = f"{self.host}:{self.port}"
         return [
             build_request(self.method, self.path, host, body, dict(self.headers))

@@ -39,6 +39,7 @@ class Endpoints:
     metrics_port: int | None = None
     inference_key: str | None = None
     management_key: str | None = None
+    grpc_port: int | None = None  # gRPC inference (a torchbay server started here)
 
 
 def read_key_file(path: str | Path) -> tuple[str | None, str | None]:
@@ -237,6 +238,7 @@ class ManagedServer(procstat.LoggedServer):
             ready.get("metrics"),
             inference_key,
             management_key,
+            ready.get("grpc_inference"),
         )
         return self.endpoints
 

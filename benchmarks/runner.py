@@ -4,7 +4,7 @@ echo or the naive FastAPI server) from one ``models={...}`` description, warm up
 the load generator (:func:`warm_and_measure`); for a :class:`Scenario`, also time its first answer
 and read the server tree's CPU and memory (:func:`run_scenario`).
 
-``run_scenarios``, ``round2`` and its rows, ``overload_probe`` and ``gpu_bench`` all start their
+``run_scenarios``, ``round2`` and its rows and ``gpu_bench`` all start their
 servers with :func:`make_system` and share one :class:`Ctx`. Work files land under
 ``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies), ``model_store/`` (``.mar``),
 ``runs/<name>/`` (config.properties and the server log).
@@ -60,14 +60,17 @@ def prepare_models(out_dir: Path) -> Assets:
     return Assets(pt=pt, body=body)
 
 
-def archive(name: str, pt: Path, store: Path, python: str, *extra: str) -> Path:
-    """Pack a scripted model with ``handler_raw.py`` into ``store/NAME.mar`` (``torchbay archive``
-    with ``extra`` flags); the benchmarks' one way to build an archive."""
+def archive(
+    name: str, pt: Path, store: Path, python: str, *extra: str, handler: str = str(HANDLER_FILE)
+) -> Path:
+    """Pack a scripted model with ``handler`` (``handler_raw.py`` unless given) into
+    ``store/NAME.mar`` (``torchbay archive`` with ``extra`` flags); the benchmarks' one way to
+    build an archive."""
     (store / f"{name}.mar").unlink(missing_ok=True)
     cmd = [
         *(python, "-m", "torchbay", "archive"),
         *("--model-name", name, "--version", MODEL_VERSION),
-        *("--serialized-file", str(pt), "--handler", str(HANDLER_FILE)),
+        *("--serialized-file", str(pt), "--handler", handler),
         *("--export-path", str(store), *extra),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -40,6 +40,18 @@ def fetch_metrics(host: str, port: int, *, token: str | None = None, timeout: fl
     return body
 
 
+def snapshot(host: str, port: int | None, notes: list[str]) -> Snapshot | None:
+    """The server's metrics now; None without a metrics port, or when the scrape fails (the
+    reason goes to ``notes``: a run still reports its client view)."""
+    if port is None:
+        return None
+    try:
+        return parse_snapshot(fetch_metrics(host, port))
+    except BenchError as exc:
+        notes.append(f"server view unavailable: {exc}")
+        return None
+
+
 def parse_snapshot(text: str) -> Snapshot:
     """Parse Prometheus text exposition into a :class:`Snapshot`."""
     from prometheus_client.parser import text_string_to_metric_families

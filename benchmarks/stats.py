@@ -144,3 +144,17 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
             return prev_bound + (bound - prev_bound) * (target - prev_count) / (count - prev_count)
         prev_bound, prev_count = bound, count
     return prev_bound
+
+
+def stepped_offsets(
+    steps: tuple[tuple[float, float], ...], scale: float = 1.0, phase: float = 0.0
+) -> Iterator[float]:
+    """Constant arrivals at ``rate * scale`` for ``seconds`` per step, the steps back to back."""
+    begin = 0.0
+    for seconds, rate in steps:
+        gap = 1.0 / (rate * scale)
+        k = 0
+        while (offset := begin + (k + phase) * gap) < begin + seconds:
+            yield offset
+            k += 1
+        begin += seconds

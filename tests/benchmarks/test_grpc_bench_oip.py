@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from torchbay.benchmarks import cli, grpc_compare, grpc_oip, runner
-from torchbay.benchmarks.bench import RunOptions
+from torchbay.benchmarks.bench import RunOptions, open_server
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.grpc_load import started_server
 from torchbay.handlers.runtime import oip
 from torchbay.server.grpc import messages, tensors
 
@@ -124,7 +123,8 @@ def test_both_routes_answer_binary_outputs_and_url_mode_loads_grpc_only(
     options = RunOptions(archive=archive, inputs=(body_file,), concurrency=2, duration_s=0.3,
                          warmup_s=0.0, run_dir=tmp_path)  # fmt: skip
     tensor = grpc_oip.load_tensor(body_file)
-    with started_server(options) as (endpoints, grpc_port, model, _run_dir):
+    with open_server(options) as (endpoints, model, _version):
+        grpc_port = endpoints.grpc_port
         key = endpoints.inference_key
         body, head_len = tensor.http_body()
         answer = httpx.post(

@@ -12,10 +12,11 @@ import pytest
 
 from torchbay.benchmarks import managed, round2_overload, round2_report
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadgen import LoadPlan, Target, stepped_offsets
+from torchbay.benchmarks.loadgen import LoadPlan, Target
 from torchbay.benchmarks.round2_run import Ratio, RowResult
 from torchbay.benchmarks.runner import TORCHBAY_ONLY_KEYS
 from torchbay.benchmarks.scenarios import Batching, models_json
+from torchbay.benchmarks.stats import stepped_offsets
 
 
 def _timeline(rows: list[tuple[float, float, int]]) -> bytes:
