@@ -20,14 +20,11 @@ def served(port: int) -> float:
     import urllib.request
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    return sum(
-        float(l.split()[-1])
-        for l in text.splitlines()
-        if l.startswith("torchbay_requests_total{") and 'code="200"' in l
-    )
+    ok = [x for x in text.splitlines() if x.startswith("torchbay_requests_total{")]
+    return sum(float(x.split()[-1]) for x in ok if 'code="200"' in x)
 
 
-def one(side: str) -> tuple[float, float]:
+def one(side: str) -> tuple[float, float, float]:
     run = Path(tempfile.mkdtemp(prefix=f"cpu-{side}-"))
     (run / "config.properties").write_text(
         'models={"tiny": {"1.0": {"defaultVersion": true, "marName": "tiny.mar", "minWorkers": 1, '
