@@ -377,4 +377,6 @@ class TorchbayServer:
             self.metrics.close()
         if self.auth is not None:
             self.auth.delete_key_file()  # as TorchServe does; only if it is still ours
+        if self.plane is not None:
+            self.plane.close()
         log.debug("stopped")  # the one shutdown line is "shutting down" (uvicorn's are muted)

@@ -47,8 +47,21 @@ def update(changes: Any) -> dict[str, Any]:
         raise BadRequest("log_file cannot change while the server runs (set log files at start)")
     if settings["log_format"] != FORMAT:
         raise BadRequest(f"log_format: only {FORMAT!r} is served (set log_format at start)")
-    logging.getLogger(LOGGER).setLevel(_level(settings))
+    level, logger = _level(settings), logging.getLogger(LOGGER)
+    if level != logger.getEffectiveLevel():  # what is in force already is left as it is set
+        logger.setLevel(level)
     return current()
+
+
+def level_set() -> int:
+    """The level set on the server's loggers now (NOTSET: inherited), for ``restore``."""
+    return logging.getLogger(LOGGER).level
+
+
+def restore(level: int) -> None:
+    """Put back the level ``level_set`` returned: a server that stops leaves the process's
+    logging as it found it (a test process runs many servers one after another)."""
+    logging.getLogger(LOGGER).setLevel(level)
 
 
 def _checked(changes: dict[str, Any]) -> dict[str, Any]:

@@ -82,6 +82,7 @@ class DataPlane:
         # while one of them failed (its label and reason, until a late load succeeds).
         self.starting = False
         self.startup_failures: dict[str, str] = {}
+        self._log_level = log_settings.level_set()  # put back by ``close``
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -149,6 +150,10 @@ class DataPlane:
     def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Triton's log settings (``plane/log_settings.py``), changed first when ``changes``."""
         return log_settings.current() if changes is None else log_settings.update(changes)
+
+    def close(self) -> None:
+        """The server stopped: the process's log level goes back to what it was at start."""
+        log_settings.restore(self._log_level)
 
     def server_metadata(self, served: Iterable[str]) -> dict[str, Any]:
         """OIP ``$metadata_server_response`` for an adapter serving the operations ``served``."""

@@ -336,3 +336,19 @@ def test_log_settings_are_one_state_over_either_protocol(
         assert logger.getEffectiveLevel() == logging.DEBUG  # a refused change changes nothing
     finally:
         logger.setLevel(saved)
+
+
+def test_a_server_leaves_the_process_log_level_as_it_found_it(oip_store: Path) -> None:
+    """The logging extension changes the process's log level; a server that stops puts it back
+    (one process runs many servers: a test suite, an embedding application). A request that
+    changes nothing sets nothing."""
+    logger = logging.getLogger("torchbay")
+    before = logger.level
+    with running(oip_store) as live:
+        assert httpx.post(f"{live.url}/v2/logging", json={}, timeout=30).status_code == 200
+        assert logger.level == before  # nothing asked for, nothing set
+        verbose = {"log_info": True, "log_warning": True, "log_error": True, "log_verbose_level": 1}
+        changed = httpx.post(f"{live.url}/v2/logging", json=verbose, timeout=30)
+        assert changed.status_code == 200 and changed.json()["log_verbose_level"] == 1
+        assert logger.level == logging.DEBUG
+    assert logger.level == before
