@@ -24,7 +24,11 @@ def served(port: int) -> float:
     return sum(float(x.split()[-1]) for x in ok if 'code="200"' in x)
 
 
-def one(side: str) -> tuple[float, float, float]:
+LOCAL = "http://127.0.0.1:0"
+
+
+def start(side: str) -> tuple[subprocess.Popen, dict]:
+    """``torchbay serve`` of ``side`` on free ports; (process, the ready file's ports)."""
     run = Path(tempfile.mkdtemp(prefix=f"cpu-{side}-"))
     (run / "config.properties").write_text(
         'models={"tiny": {"1.0": {"defaultVersion": true, "marName": "tiny.mar", "minWorkers": 1, '
@@ -33,43 +37,44 @@ def one(side: str) -> tuple[float, float, float]:
     )
     env = {**os.environ, "TORCHBAY_GRPC_INFERENCE_PORT": "0", "TORCHBAY_GRPC_MANAGEMENT_PORT": "0"}
     ready = run / "ready.json"
+    serve = [
+        f"{SIDES[side]}/torchbay",
+        "serve",
+        "--model-store",
+        "/tmp/ab",
+        "--foreground",
+        "--ts-config",
+        str(run / "config.properties"),
+        "--inference-address",
+        LOCAL,
+        "--management-address",
+        LOCAL,
+        "--metrics-address",
+        LOCAL,
+        "--ready-file",
+        str(ready),
+    ]
     proc = subprocess.Popen(
-        [
-            f"{SIDES[side]}/torchbay",
-            "serve",
-            "--model-store",
-            "/tmp/ab",
-            "--ts-config",
-            str(run / "config.properties"),
-            "--foreground",
-            "--inference-address",
-            "http://127.0.0.1:0",
-            "--management-address",
-            "http://127.0.0.1:0",
-            "--metrics-address",
-            "http://127.0.0.1:0",
-            "--ready-file",
-            str(ready),
-        ],
-        cwd=run,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        serve, cwd=run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
+    for _ in range(600):
+        if ready.exists():
+            break
+        time.sleep(0.1)
+    return proc, json.loads(ready.read_text())
+
+
+def one(side: str) -> tuple[float, float, float]:
+    """(frontend CPU seconds, ok req/s, requests the server counted) of one run."""
+    proc, ports = start(side)
     try:
-        for _ in range(600):
-            if ready.exists():
-                break
-            time.sleep(0.1)
-        ports = json.loads(ready.read_text())
-        port = ports["inference"]
         front = psutil.Process(proc.pid)
         bench = [
             f"{SIDES[side]}/torchbay",
             "bench",
             "run",
             "--url",
-            f"http://127.0.0.1:{port}",
+            f"http://127.0.0.1:{ports['inference']}",
             "--model",
             "tiny",
             "--input",
