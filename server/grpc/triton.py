@@ -33,14 +33,14 @@ OPERATIONS = {
 }
 
 
-def _parameters(request: Any) -> dict[str, Any]:
-    """A repository request's ``parameters`` map as the REST body's JSON object."""
+def _values(entries: Any) -> dict[str, Any]:
+    """A proto map of one-of values (a repository request's ``parameters``, LogSettings'
+    ``settings``) as the REST body's JSON object; an entry with no value set is left out."""
     out: dict[str, Any] = {}
-    for key, value in request.parameters.items():
+    for key, value in entries.items():
         kind = value.WhichOneof("parameter_choice")
-        if kind is None:
-            continue
-        out[key] = getattr(value, kind)
+        if kind is not None:
+            out[key] = getattr(value, kind)
     return out
 
 
@@ -101,12 +101,7 @@ class TritonExtensions(Service):
         """Triton's LogSettings: an empty request reads them, one with settings changes them."""
 
         async def work() -> Any:
-            changes = {}
-            for key, value in request.settings.items():
-                kind = value.WhichOneof("parameter_choice")
-                if kind is not None:
-                    changes[key] = getattr(value, kind)
-            settings = self.calls.plane.log_settings(changes or None)
+            settings = self.calls.plane.log_settings(_values(request.settings) or None)
             response = message("inference.LogSettingsResponse")()
             value_class = message("inference.LogSettingsResponse.SettingValue")
             for key, value in settings.items():
@@ -129,7 +124,7 @@ class TritonExtensions(Service):
         async def work() -> Any:
             models = self.calls.plane.models
             models.control()
-            parameters = _parameters(request)
+            parameters = _values(request.parameters)
             if "config" in parameters and not isinstance(parameters["config"], str):
                 raise BadRequest("parameters.config must be a string holding a JSON object")
             await models.load(request.model_name, parameters)
@@ -141,7 +136,7 @@ class TritonExtensions(Service):
         async def work() -> Any:
             models = self.calls.plane.models
             models.control()
-            await models.unload(request.model_name, _parameters(request))
+            await models.unload(request.model_name, _values(request.parameters))
             return message("inference.RepositoryModelUnloadResponse")()
 
         return await self._run(context, "management", work)

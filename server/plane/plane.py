@@ -127,12 +127,8 @@ class DataPlane:
     def healthy(self) -> bool:
         """TorchServe's ``/ping`` and gRPC ``Ping``: every default version has at least its
         ``minWorkers`` ready workers."""
-        registry = self.registry
-        return all(
-            registry.models[name][default].ready_workers
-            >= registry.models[name][default].settings.min_workers
-            for name, default in registry.defaults.items()
-        )
+        defaults = (self.registry.models[n][v] for n, v in self.registry.defaults.items())
+        return all(mv.ready_workers >= mv.settings.min_workers for mv in defaults)
 
     def ready(self) -> bool:
         """OIP ``/v2/health/ready`` and gRPC ``ServerReady``, the one truth: the models asked
