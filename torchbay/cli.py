@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     # `serve` with start-up models: a worker process first, so that its torch import (the
     # slowest step of a start) overlaps everything below instead of following it.
-    from torchbay.server.cli import spawn_early
+    from torchbay.server.early_workers import spawn_early
 
     early = spawn_early(words)
     try:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import BadInput
-from . import oip_binary
+from . import oip_binary, shm
 from .envelopes import V2_DATATYPES, decode_json
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 
@@ -26,10 +26,14 @@ MAX_RANK = 32  # as a signature's (archiver.signature.MAX_RANK); numpy allows 64
 
 
 def parse_request(
-    body: bytes, headers: Mapping[str, str], max_size: int = DEFAULT_MAX_SIZE
+    body: bytes,
+    headers: Mapping[str, str],
+    max_size: int = DEFAULT_MAX_SIZE,
+    regions: shm.Table | None = None,
 ) -> dict[str, Any]:
     """The validated request with an ``"array"`` per input; raises BadInput (413 for a body that
-    inflates past ``max_size``)."""
+    inflates past ``max_size``). ``regions``: the registered shared-memory regions that inputs
+    and outputs may name (``shm.py``); an output placed in one gets its ``shm.SLOT``."""
     body = decode_content(body, headers.get("content-encoding"), max_size)
     header_len = _header_length(headers.get(HEADER_LENGTH), len(body))
     view = memoryview(body)
@@ -38,12 +42,14 @@ def parse_request(
     binary = view[header_len:] if header_len is not None else view[:0]
     offset = 0
     for i, tensor in enumerate(request["inputs"]):
-        offset = _decode_input(tensor, i, binary, offset, header_len is not None)
+        offset = _decode_input(tensor, i, binary, offset, header_len is not None, regions)
     if offset != len(binary):
         raise BadInput(
             f"the binary tensor data is {len(binary)} bytes but the inputs' binary_data_size "
             f"add up to {offset}"
         )
+    for output in request.get("outputs") or ():
+        shm.check_output(regions, output)
     return request
 
 
@@ -97,9 +103,19 @@ def parameters(obj: Mapping[str, Any]) -> dict[str, Any]:
     return obj.get("parameters") or {}
 
 
-def _decode_input(tensor: Any, i: int, binary: memoryview, offset: int, has_header: bool) -> int:
+def _decode_input(
+    tensor: Any,
+    i: int,
+    binary: memoryview,
+    offset: int,
+    has_header: bool,
+    regions: shm.Table | None = None,
+) -> int:
     """Add ``tensor["array"]``; returns the offset of the next input's binary data."""
     name, datatype, shape = _check_fields(tensor, i)
+    if shm.placed(parameters(tensor)):
+        tensor["array"] = shm.read_input(regions, tensor, "data" in tensor)
+        return offset
     size = parameters(tensor).get("binary_data_size")
     if size is None:
         if "data" not in tensor:

@@ -186,7 +186,8 @@ class Service:
 
     def _decode(self, request: RequestLike) -> _Job:
         if request.protocol == "v2":
-            v2 = oip.parse_request(request.body, request.headers, self.max_request_size)
+            regions = getattr(request, "regions", None)  # WireRequest's; a test's may lack it
+            v2 = oip.parse_request(request.body, request.headers, self.max_request_size, regions)
             oip.check_signature(v2, self.signature)
             if self.native_v2:
                 return _Job(request, {"body": v2, "protocol": "v2"}, v2)

@@ -188,6 +188,11 @@ class ServerConfig(GrpcSettings):
     keep_alive_timeout_s: float = Field(30.0, gt=0, le=3600)
     max_header_size: int = Field(64 << 10, ge=1024, le=16 << 20)  # request line + all headers
     max_header_count: int = Field(256, ge=8, le=10_000)
+    # Triton's shared-memory extensions (server/plane/shm.py): off unless the operator allows
+    # clients to name memory objects of this host, as Triton's --allow-client-shm.
+    allow_client_shm: bool = False
+    shm_max_regions: int = Field(64, ge=1, le=4096)
+    shm_max_bytes: int = Field(16 << 30, ge=1, le=1 << 44)  # registered bytes, all regions
     cors_allowed_origin: str | None = None
     cors_allowed_methods: str | None = None
     cors_allowed_headers: str | None = None

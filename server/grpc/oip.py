@@ -23,20 +23,21 @@ from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.grpc import tensors
 from torchbay.server.grpc.calls import final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
+from torchbay.server.grpc.shm import OPERATIONS as SHM_RPCS
+from torchbay.server.grpc.shm import SharedMemoryRpcs
 from torchbay.server.grpc.status import RpcError, abort, from_error, from_response
 from torchbay.server.grpc.triton import OPERATIONS as TRITON_RPCS
-from torchbay.server.grpc.triton import TritonExtensions
 
 log = logging.getLogger("torchbay.grpc")
 _INFER_PATH = f"/{OIP_SERVICE}/ModelInfer"
 _STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
-TRITON_OPERATIONS = tuple(TRITON_RPCS)
+TRITON_OPERATIONS = (*TRITON_RPCS, *SHM_RPCS)
 # Each RPC's plane operation (its ServerMetadata extensions come from them).
-_OPERATION = {"ModelInfer": "infer", **TRITON_RPCS}
+_OPERATION = {"ModelInfer": "infer", **TRITON_RPCS, **SHM_RPCS}
 T = TypeVar("T")
 
 
-class OipService(TritonExtensions):
+class OipService(SharedMemoryRpcs):
     name = OIP_SERVICE
     rpcs = (
         "ServerLive",

@@ -84,26 +84,41 @@ def pack(datatype: str, values: list[Any], what: str) -> bytes:
         raise BadRequest(f"{what}: values do not fit datatype {datatype}: {exc}") from None
 
 
+def in_shm(tensor: Any) -> bool:
+    """Whether a request's input or output sits in a shared-memory region (its parameters
+    name one): its bytes are neither in the message nor in the body (``plane/shm.py``)."""
+    return "shared_memory_region" in tensor.parameters
+
+
 def _raw_inputs(request: Any) -> list[bytes]:
+    """Each input's bytes in order (empty for one in shared memory): ``raw_input_contents``
+    holds those of the other inputs, in order, as Triton's clients send them; without it, each
+    input's typed ``contents``."""
     inputs, raw = request.inputs, list(request.raw_input_contents)
+    shm = [in_shm(tensor) for tensor in inputs]
     if raw:
-        if len(raw) != len(inputs):
-            raise BadRequest(f"raw_input_contents has {len(raw)} entries for {len(inputs)} inputs")
+        if len(raw) != shm.count(False):
+            raise BadRequest(
+                f"raw_input_contents has {len(raw)} entries for {shm.count(False)} inputs "
+                "outside shared memory"
+            )
         both = next((tensor for tensor in inputs if tensor.HasField("contents")), None)
         if both is not None:  # Triton's words
             raise BadRequest(
                 f"contents field must not be specified when using raw_input_contents for "
                 f"'{both.name}' for model '{request.model_name}'"
             )
-        return raw
-    out = []
-    for tensor in inputs:
-        what = f"input {tensor.name!r}"
-        field = _TYPED.get(tensor.datatype, ("", ""))[0]
-        if not field:
-            raise BadRequest(f"{what}: datatype {tensor.datatype!r} needs raw_input_contents")
-        out.append(pack(tensor.datatype, list(getattr(tensor.contents, field)), what))
-    return out
+        given = iter(raw)
+        return [b"" if placed else next(given) for placed in shm]
+    return [b"" if placed else _typed(tensor) for tensor, placed in zip(inputs, shm, strict=True)]
+
+
+def _typed(tensor: Any) -> bytes:
+    what = f"input {tensor.name!r}"
+    field = _TYPED.get(tensor.datatype, ("", ""))[0]
+    if not field:
+        raise BadRequest(f"{what}: datatype {tensor.datatype!r} needs raw_input_contents")
+    return pack(tensor.datatype, list(getattr(tensor.contents, field)), what)
 
 
 def request_body(request: Any) -> tuple[bytes, int]:
@@ -119,20 +134,23 @@ def request_body(request: Any) -> tuple[bytes, int]:
             "name": tensor.name,
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
-            "parameters": {**parameters_json(tensor.parameters), "binary_data_size": len(data)},
+            "parameters": _tensor_parameters(tensor, {"binary_data_size": len(data)}),
         }
         for tensor, data in zip(request.inputs, raw, strict=True)
     ]
     if request.outputs:
         header["outputs"] = [
-            {
-                "name": out.name,
-                "parameters": {**parameters_json(out.parameters), "binary_data": True},
-            }
+            {"name": out.name, "parameters": _tensor_parameters(out, {"binary_data": True})}
             for out in request.outputs
         ]
     head = json.dumps(header, separators=(",", ":")).encode()
     return head + b"".join(raw), len(head)
+
+
+def _tensor_parameters(tensor: Any, binary: dict[str, Any]) -> dict[str, Any]:
+    """A tensor's parameters as JSON, with ``binary`` unless it sits in shared memory."""
+    params = parameters_json(tensor.parameters)
+    return params if in_shm(tensor) else {**params, **binary}
 
 
 def _flatten(data: Any) -> list[Any]:

@@ -41,6 +41,7 @@ from torchbay.server.http.asgi import (
 )
 from torchbay.server.http.route_table import INFERENCE_ROUTES
 from torchbay.server.http.routes import Route, Router
+from torchbay.server.http.shm import SharedMemoryApi
 from torchbay.server.http.triton import TritonApi
 from torchbay.server.plane import DataPlane, ModelVersion, WireRequest, WireResponse, join_headers
 
@@ -73,8 +74,11 @@ class InferenceApp:
         self._id_prefix = f"{os.getpid():x}-{int(time.time()):x}-"
         # Metadata, statistics, model configuration and repository: http/triton.py.
         self.triton = TritonApi(plane, authorize=authorize)
+        shm = SharedMemoryApi(plane, authorize=authorize)  # shared-memory regions: http/shm.py
         endpoints = {
-            r.endpoint: getattr(self, "_" + r.endpoint, None) or getattr(self.triton, r.endpoint)
+            r.endpoint: getattr(self, "_" + r.endpoint, None)
+            or getattr(self.triton, r.endpoint, None)
+            or getattr(shm, r.endpoint)
             for r in INFERENCE_ROUTES
         }
         self.router = Router(INFERENCE_ROUTES, endpoints, oip_prefix="/v2")

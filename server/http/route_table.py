@@ -11,6 +11,7 @@ from torchbay.server.http.routes import JSON_BODY as _JSON_BODY
 from torchbay.server.http.routes import OBJECT as _OBJECT
 from torchbay.server.http.routes import OK, Answer, Route
 from torchbay.server.http.routes import oip_route as _oip
+from torchbay.server.http.shm_routes import shm_routes
 from torchbay.server.http.triton_routes import triton_routes
 
 # -- shared schemas -----------------------------------------------------------------------------
@@ -132,7 +133,7 @@ def _v2_model_routes(base: str) -> list[Route]:
 
 
 def _v2_models() -> tuple[Route, ...]:
-    out = list(triton_routes())
+    out = [*triton_routes(), *shm_routes()]
     for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
         out += _v2_model_routes(base)
     return tuple(out)

@@ -22,6 +22,7 @@ access line reads ``client``, ``method``, ``path`` and ``http_version``. Torch-f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 Scope = MutableMapping[str, Any]
 Item = Pending[p.WireRequest, p.WireResponse]
 RecordFn = Callable[[RequestRecord], None]  # the plane's recorder (metrics, statistics, access)
+# The registered shared-memory regions a v2 request carries to its worker (plane/shm.py).
+RegionsFn = Callable[[], "dict[str, list[Any]] | None"]
 # The status recorded for a caller that left (a gRPC cancel or deadline) before its answer.
 CLIENT_LEFT = 499
 
@@ -49,6 +52,7 @@ class Exchange:
     __slots__ = (
         "_closed",
         "_record",
+        "_regions",
         "items",
         "model",
         "name",
@@ -66,9 +70,11 @@ class Exchange:
         scope: Scope,
         name: str,
         version: str | None,
+        regions: RegionsFn | None = None,
     ) -> None:
         self.registry = registry
         self._record = record
+        self._regions = regions
         self.scope = scope
         self.name = name
         self.version = version
@@ -101,6 +107,9 @@ class Exchange:
         deadline when earlier than the model's ``clientTimeoutInMills``: still queued then, it is
         answered 504 and never runs. Raises 503 (queue full, no worker, shutting down)."""
         assert self.model is not None, "resolve() first"
+        table = self._regions() if self._regions is not None else None
+        if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
+            wire = dataclasses.replace(wire, regions=table)
         item = self.model.admit_reader(wire)
         self.items.append(item)
         with_deadline(item, deadline_s)

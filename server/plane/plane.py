@@ -29,6 +29,7 @@ from torchbay.server.plane import log_settings
 from torchbay.server.plane.exchange import Exchange, Scope
 from torchbay.server.plane.management import Management
 from torchbay.server.plane.models import Models
+from torchbay.server.plane.shm import SharedMemory
 from torchbay.server.serving.admission import any_pressed, refuse_early
 from torchbay.server.serving.fetch import Fetcher
 from torchbay.server.serving.model import ModelStatus, ModelVersion
@@ -42,6 +43,7 @@ EXTENSIONS: dict[str, frozenset[str]] = {
     "model_repository": frozenset({"repository_index", "repository_load", "repository_unload"}),
     "statistics": frozenset({"model_stats"}),
     "logging": frozenset({"log_settings"}),
+    "system_shared_memory": frozenset({"shm_status", "shm_register", "shm_unregister"}),
 }
 
 
@@ -70,7 +72,14 @@ class DataPlane:
         self.metrics = metrics
         self.stats = stats or OipStats()
         # Model management: list, describe, register, scale, set-default (plane/management.py).
-        self.management = Management(registry, config or registry.config)
+        config = config or registry.config
+        self.management = Management(registry, config)
+        # Triton's shared-memory regions, one registry for every protocol (plane/shm.py).
+        self.shm = SharedMemory(
+            allow=config.allow_client_shm,
+            max_regions=config.shm_max_regions,
+            max_bytes=config.shm_max_bytes,
+        )
         # Metadata, model configuration, statistics and the model repository (plane/models.py).
         self.models = Models(
             registry, self.stats, model_api=model_api, unload_timeout_s=unload_timeout_s
@@ -88,7 +97,7 @@ class DataPlane:
 
     def exchange(self, scope: Scope, name: str, version: str | None) -> Exchange:
         """One inference request's steps and its one record (``plane/exchange.py``)."""
-        return Exchange(self.registry, self.record, scope, name, version)
+        return Exchange(self.registry, self.record, scope, name, version, self.shm.table)
 
     def pressed(self, name: str, version: str | None) -> ModelVersion | None:
         """The model version named when it refused a request in the last second
@@ -156,7 +165,11 @@ class DataPlane:
         return {
             "name": "torchbay",
             "version": self.server_version,
-            "extensions": extensions_of(served),
+            "extensions": [
+                name
+                for name in extensions_of(served)
+                if self.shm.allow or name != "system_shared_memory"
+            ],
         }
 
 

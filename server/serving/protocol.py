@@ -107,6 +107,9 @@ class WireRequest:
     query: str = ""  # raw query string; TorchServe passes its parameters to the handler
     protocol: str = "predict"  # "predict" (TorchServe) | "v2" (Open Inference Protocol)
     raw_headers: bytes = b""
+    # The server's registered system shared-memory regions, {name: [key, offset, byte_size]},
+    # for a v2 request that may name one (server/plane/shm.py); None: no region registered.
+    regions: dict[str, list[Any]] | None = None
 
 
 def join_headers(pairs: Iterable[tuple[bytes, bytes]]) -> bytes:
@@ -203,7 +206,8 @@ def encode(message: Message) -> bytes:
         header: dict[str, Any] = {
             "batch_id": message.batch_id,
             "requests": [
-                [r.request_id, r.content_type, r.query, r.protocol] for r in message.requests
+                [r.request_id, r.content_type, r.query, r.protocol, r.regions]
+                for r in message.requests
             ],
         }
         for r in message.requests:  # two blobs a request: its header lines, then its body
@@ -282,8 +286,16 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
             raise ProtocolError("INFER: header lines and a body per request expected")
         pairs = zip(blobs[0::2], blobs[1::2], strict=True)  # (header lines, body) per request
         requests = [
-            WireRequest(str(rid), body, str(ctype), parse_headers(raw), str(query), str(proto))
-            for (rid, ctype, query, proto), (raw, body) in zip(items, pairs, strict=True)
+            WireRequest(
+                str(rid),
+                body,
+                str(ctype),
+                parse_headers(raw),
+                str(query),
+                str(proto),
+                regions=_regions(regions),
+            )
+            for (rid, ctype, query, proto, regions), (raw, body) in zip(items, pairs, strict=True)
         ]
         return Infer(batch_id=int(header["batch_id"]), requests=requests)
     if kind is Kind.RESULT:
@@ -317,6 +329,14 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
         Kind.CANCEL: Cancel,
     }[kind]
     return cls(**header)
+
+
+def _regions(value: Any) -> dict[str, list[Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+        raise ProtocolError("regions must be a JSON object of lists")
+    return value
 
 
 def _str_dict(value: Any) -> dict[str, str]:

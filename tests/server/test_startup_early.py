@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchbay.server.cli import _serves_models
+from torchbay.server.early_workers import _serves_models
 
 from .cli_helpers import build_talk_store, clean_env, free_addresses, kill_tree, predict, read_ready
 
@@ -43,7 +43,7 @@ def test_which_commands_spawn_a_worker_first(argv, expected):
 def test_the_first_worker_is_spawned_before_the_frontends_heavy_imports(tmp_path):
     code = (
         "import sys\n"
-        "from torchbay.server.cli import spawn_early\n"
+        "from torchbay.server.early_workers import spawn_early\n"
         "early = spawn_early(['serve', '--models', 'a.mar', '--log-format', 'json'])\n"
         f"print(sorted(m for m in {_HEAVY!r} if m in sys.modules))\n"
         "print(len(early.spawned), early.log_format, early.spawned[0].proc.poll())\n"
@@ -64,7 +64,7 @@ def test_the_first_worker_is_spawned_before_the_frontends_heavy_imports(tmp_path
 def test_the_early_worker_runs_what_spawn_process_runs(tmp_path):
     """spawn_early starts its worker without serving.handle: the same command line, so the two
     cannot drift apart (the socket's fd number aside)."""
-    from torchbay.server.cli import spawn_early
+    from torchbay.server.early_workers import spawn_early
     from torchbay.server.serving.handle import spawn_process
 
     early = spawn_early(["serve", "--models", "a.mar", "--log-format=json"])

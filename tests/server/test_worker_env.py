@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.server.cli import _spawn_worker
+from torchbay.server.early_workers import _spawn_worker
 from torchbay.server.serving.handle import Spawned, spawn_process
 from torchbay.server.serving.worker_env import MALLOC_DEFAULTS, worker_env
 

@@ -1,0 +1,227 @@
+"""Triton's shared-memory extensions: the server's registry of the clients' memory regions.
+
+A client creates a POSIX shared-memory object (``shm_open``; on Linux a file under
+``/dev/shm``), registers a region of it by name (``key``, ``offset``, ``byte_size``), then names
+the region in an inference request's input or output ``parameters``
+(``shared_memory_region``, ``shared_memory_offset``, ``shared_memory_byte_size``): the tensor's
+bytes never travel over the socket. One registry per server, for every protocol (HTTP and gRPC
+call the same :class:`SharedMemory`); the names share one namespace across system and CUDA
+regions, as Triton's do.
+
+The frontend never maps a region nor copies its bytes: registration checks that the object
+exists, can be opened read-write and is large enough (``fstat``), and each request that may use
+a region carries the table of registered system regions (:meth:`SharedMemory.table`) to the
+worker, which maps the region itself (``handlers/runtime/shm.py``). A region unregistered while
+a request uses it stays mapped in that worker until the request ends (POSIX keeps an unlinked
+object alive while it is mapped), so the worker never reads freed memory.
+
+As Triton (``--allow-client-shm``), clients may use shared memory only when the operator allows
+it (``allow_client_shm``): a client that registers a region makes the server read from, and
+write into, a memory object of the server's host, so it is off by default. Bounded: at most
+``max_regions`` regions and ``max_bytes`` registered bytes in all. CUDA shared memory needs a
+GPU and a CUDA IPC handle opened in the worker: this server refuses its registration with a
+clear error (see README, "Differences from Triton"). Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn
+
+from torchbay.server.errors import BadRequest
+
+Kind = Literal["system", "cuda"]
+SHM_DIR = "/dev/shm"  # where Linux's shm_open keeps its objects
+MAX_NAME = 256
+MAX_KEY = 255  # NAME_MAX
+# Prefixes of objects that are not the clients' to hand out: Triton's Python backend's, and the
+# ones torch's multiprocessing creates for tensors shared between processes.
+RESERVED_PREFIXES = ("triton_python_backend_shm_region_", "torch_")
+DISABLED = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm' "
+    "(allow_client_shm=true) to enable."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """One registered region: ``byte_size`` bytes at ``offset`` of the object ``key`` (system),
+    or of device memory (cuda)."""
+
+    name: str
+    kind: Kind
+    key: str = ""
+    offset: int = 0
+    byte_size: int = 0
+    device_id: int = 0
+
+    def status(self) -> dict[str, Any]:
+        """Triton's status entry for the region."""
+        if self.kind == "system":
+            return {
+                "name": self.name,
+                "key": self.key,
+                "offset": self.offset,
+                "byte_size": self.byte_size,
+            }
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+
+class SharedMemory:
+    """The registered regions of one server (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        allow: bool = False,
+        max_regions: int = 64,
+        max_bytes: int = 16 << 30,
+        shm_dir: str = SHM_DIR,
+    ) -> None:
+        self.allow = allow
+        self.max_regions = max_regions
+        self.max_bytes = max_bytes
+        self.shm_dir = shm_dir
+        self._regions: dict[str, Region] = {}
+        self._table: dict[str, list[Any]] | None = None  # what requests carry; None: no region
+
+    # -- status, register, unregister ------------------------------------------------------------
+
+    def status(self, kind: Kind, name: str | None = None) -> list[dict[str, Any]]:
+        """Every region of ``kind``, or the one named (400 when there is none of that kind)."""
+        if not name:
+            return [r.status() for r in self._regions.values() if r.kind == kind]
+        region = self._regions.get(name)
+        if region is None:
+            label = "system" if kind == "system" else "cuda"
+            raise BadRequest(f"Unable to find {label} shared memory region: '{name}'")
+        if region.kind != kind:
+            raise BadRequest(
+                f"The region named '{name}' is registered as {_label(region.kind)} shared "
+                f"memory, not {_label(kind)} shared memory"
+            )
+        return [region.status()]
+
+    def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> Region:
+        """Register ``byte_size`` bytes at ``offset`` of the POSIX shared-memory object ``key``.
+        400 when client shared memory is off, the name is taken, the arguments are wrong, the
+        object cannot be opened read-write or is smaller than ``offset + byte_size``, or a
+        limit would be passed."""
+        self._may_register(name)
+        key = _key(name, key)
+        offset = _size(name, "offset", offset, minimum=0)
+        byte_size = _size(name, "byte_size", byte_size, minimum=1)
+        self._within_limits(name, byte_size)
+        _check_object(name, os.path.join(self.shm_dir, key.lstrip("/")), key, offset + byte_size)
+        region = Region(name, "system", key, offset, byte_size)
+        self._regions[name] = region
+        self._table = None
+        return region
+
+    def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> NoReturn:
+        """CUDA shared memory: refused (400), with the reason (see the module docstring)."""
+        self._may_register(name)
+        raise BadRequest(
+            f"failed to register CUDA shared memory region '{name}': CUDA shared memory is not "
+            "supported by this server; use system shared memory"
+        )
+
+    def unregister(self, kind: Kind, name: str | None = None) -> None:
+        """Forget the region named, or every region of ``kind``; a name that is not registered
+        (or is of the other kind) is not an error, as in Triton."""
+        if not self.allow:
+            raise BadRequest(DISABLED)
+        if name:
+            region = self._regions.get(name)
+            if region is not None and region.kind == kind:
+                del self._regions[name]
+        else:
+            self._regions = {n: r for n, r in self._regions.items() if r.kind != kind}
+        self._table = None
+
+    # -- what a request carries ------------------------------------------------------------------
+
+    def table(self) -> dict[str, list[Any]] | None:
+        """The registered system regions as a request carries them to its worker:
+        ``{name: [key, offset, byte_size]}``; None while there are none (requests then carry
+        nothing, and a region they name is unknown to the worker)."""
+        if self._table is None and self._regions:
+            self._table = {
+                r.name: [r.key, r.offset, r.byte_size]
+                for r in self._regions.values()
+                if r.kind == "system"
+            }
+        return self._table or None
+
+    # -- checks ------------------------------------------------------------------------------------
+
+    def _may_register(self, name: str) -> None:
+        if not self.allow:
+            raise BadRequest(DISABLED)
+        if not name or len(name) > MAX_NAME:
+            raise BadRequest(
+                f"'region name' is necessary to register shared memory region (1 to {MAX_NAME} "
+                "characters)"
+            )
+        if name in self._regions:
+            raise BadRequest(f"shared memory region '{name}' already in manager")
+
+    def _within_limits(self, name: str, byte_size: int) -> None:
+        if len(self._regions) >= self.max_regions:
+            raise BadRequest(
+                f"failed to register shared memory region '{name}': the server holds at most "
+                f"{self.max_regions} regions (shm_max_regions); unregister one first"
+            )
+        used = sum(r.byte_size for r in self._regions.values())
+        if used + byte_size > self.max_bytes:
+            raise BadRequest(
+                f"failed to register shared memory region '{name}': {byte_size} bytes would "
+                f"pass the server's {self.max_bytes}-byte limit on registered regions "
+                f"(shm_max_bytes; {used} bytes registered)"
+            )
+
+
+def _label(kind: Kind) -> str:
+    return "system" if kind == "system" else "CUDA"
+
+
+def _key(name: str, key: Any) -> str:
+    """A POSIX shared-memory object name: one path component after an optional ``/``."""
+    bare = key.lstrip("/") if isinstance(key, str) else ""
+    bad = not bare or len(bare) > MAX_KEY or "/" in bare or "\x00" in bare or bare in (".", "..")
+    if bad:
+        raise BadRequest(f"cannot register shared memory region '{name}' - invalid shm key {key!r}")
+    if bare.startswith(RESERVED_PREFIXES):
+        raise BadRequest(
+            f"cannot register shared memory region '{name}' with key '{key}' as the key "
+            f"contains a reserved prefix ({', '.join(RESERVED_PREFIXES)})"
+        )
+    return key
+
+
+def _size(name: str, field: str, value: Any, *, minimum: int) -> int:
+    if type(value) is not int or value < minimum or value >= 1 << 63:
+        raise BadRequest(
+            f"failed to register shared memory region '{name}': {field} must be an integer "
+            f">= {minimum}"
+        )
+    return value
+
+
+def _check_object(name: str, path: str, key: str, needed: int) -> None:
+    """The object opens read-write (outputs are written into it), is a regular shared-memory
+    object (never a link), and holds ``needed`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        raise BadRequest(f"Unable to open shared memory region: '{key}'") from None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise BadRequest(f"Invalid shared memory region: '{key}'")
+    if info.st_size < needed:
+        raise BadRequest(f"failed to register shared memory region '{name}': invalid args")

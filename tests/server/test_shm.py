@@ -1,0 +1,313 @@
+"""Triton's system shared-memory extension on a real server, with tritonclient's own
+shared-memory utilities over HTTP and gRPC: registration (status, register, unregister, their
+refusals and limits), inputs read from and outputs written into the client's regions, Triton's
+messages for a wrong region, offset or size, a region that vanished or shrank, and CUDA shared
+memory refused clearly on a server without it. Every refusal is a 400 (gRPC INVALID_ARGUMENT)
+and the worker that saw it is still the same process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+import tritonclient.utils.shared_memory as shm
+from torch import nn
+from tritonclient.utils import InferenceServerException
+
+from torchbay.archiver.package import ArchiveOptions, package
+
+from .conftest import LiveServer, running
+
+pytestmark = pytest.mark.slow
+
+SIMPLE_YAML = """\
+inputs:
+  - {name: INPUT0, datatype: INT32, shape: [-1, 16]}
+  - {name: INPUT1, datatype: INT32, shape: [-1, 16]}
+outputs:
+  - {name: OUTPUT0, datatype: INT32, shape: [-1, 16]}
+  - {name: OUTPUT1, datatype: INT32, shape: [-1, 16]}
+"""
+NBYTES = 16 * 4  # one [1, 16] INT32 tensor
+
+
+class _AddSub(nn.Module):
+    """Triton's ``simple`` model: the sum and the difference of two INT32 tensors."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a + b, a - b
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root, work = tmp_path_factory.mktemp("shm"), tmp_path_factory.mktemp("shm-work")
+    torch.jit.save(torch.jit.script(_AddSub()), str(work / "simple.pt"))
+    example = {
+        "a": torch.zeros(1, 16, dtype=torch.int32),
+        "b": torch.ones(1, 16, dtype=torch.int32),
+    }
+    torch.save(example, work / "example.pt")
+    (work / "model-config.yaml").write_text(SIMPLE_YAML)
+    package(
+        ArchiveOptions(
+            model_name="simple",
+            version="1",
+            handler="tensor",
+            serialized_file=work / "simple.pt",
+            example_input=work / "example.pt",
+            config_file=work / "model-config.yaml",
+            export_path=root,
+        )
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(store: Path) -> Iterator[LiveServer]:
+    with running(store, load_models=["simple.mar"], allow_client_shm=True, shm_max_regions=4) as s:
+        yield s
+
+
+@pytest.fixture
+def http(server: LiveServer) -> Iterator[triton_http.InferenceServerClient]:
+    client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    client.unregister_system_shared_memory()
+    yield client
+    client.unregister_system_shared_memory()
+    client.close()
+
+
+@pytest.fixture
+def grpc_client(server: LiveServer) -> Iterator[triton_grpc.InferenceServerClient]:
+    client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    client.unregister_system_shared_memory()
+    yield client
+    client.unregister_system_shared_memory()
+    client.close()
+
+
+@pytest.fixture
+def regions() -> Iterator[object]:
+    """``make(name, size)``: a fresh POSIX shared-memory object (key ``/tb-<uuid>``), destroyed
+    when the test ends."""
+    made: list[object] = []
+
+    def make(name: str, size: int) -> tuple[object, str]:
+        key = f"/tb-{uuid.uuid4().hex[:12]}"
+        handle = shm.create_shared_memory_region(name, key, size)
+        made.append(handle)
+        return handle, key
+
+    yield make
+    for handle in made:
+        with contextlib.suppress(Exception):
+            shm.destroy_shared_memory_region(handle)
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    return np.arange(16, dtype=np.int32).reshape(1, 16), np.full((1, 16), 3, dtype=np.int32)
+
+
+def _inputs(module, region: str, offset: int = 0, size: int = NBYTES) -> list:
+    a = module.InferInput("INPUT0", [1, 16], "INT32")
+    a.set_shared_memory(region, size, offset=offset)
+    b = module.InferInput("INPUT1", [1, 16], "INT32")
+    b.set_shared_memory(region, NBYTES, offset=offset + NBYTES)
+    return [a, b]
+
+
+def _outputs(module, region: str, size: int = NBYTES) -> list:
+    outs = []
+    for i, name in enumerate(("OUTPUT0", "OUTPUT1")):
+        out = module.InferRequestedOutput(name)
+        out.set_shared_memory(region, size, offset=i * NBYTES)
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_inputs_and_outputs_in_shared_memory(
+    server: LiveServer, http, grpc_client, regions, protocol: str
+) -> None:
+    client, module = (http, triton_http) if protocol == "http" else (grpc_client, triton_grpc)
+    a, b = _data()
+    ip, ip_key = regions("in", 2 * NBYTES)
+    op, op_key = regions("out", 2 * NBYTES)
+    shm.set_shared_memory_region(ip, [a])
+    shm.set_shared_memory_region(ip, [b], offset=NBYTES)
+    client.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    client.register_system_shared_memory("out", op_key, 2 * NBYTES)
+
+    result = client.infer("simple", _inputs(module, "in"), outputs=_outputs(module, "out"))
+
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(op, np.int32, [1, 16]), a + b)
+    np.testing.assert_array_equal(
+        shm.get_contents_as_numpy(op, np.int32, [1, 16], offset=NBYTES), a - b
+    )
+    output = result.get_output("OUTPUT0")
+    shape = output["shape"] if protocol == "http" else list(output.shape)
+    assert shape == [1, 16]
+    if protocol == "http":  # Triton's answer for an output in shared memory: no data
+        assert "data" not in output and "binary_data_size" not in output.get("parameters", {})
+    # The client's input region is never written (the worker maps it copy-on-write).
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(ip, np.int32, [1, 16]), a)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_one_input_in_shared_memory_beside_one_sent_in_the_request(
+    http, grpc_client, regions, protocol: str
+) -> None:
+    client, module = (http, triton_http) if protocol == "http" else (grpc_client, triton_grpc)
+    a, b = _data()
+    ip, ip_key = regions("in", NBYTES)
+    shm.set_shared_memory_region(ip, [a])
+    client.register_system_shared_memory("in", ip_key, NBYTES)
+    first = module.InferInput("INPUT0", [1, 16], "INT32")
+    first.set_shared_memory("in", NBYTES)
+    second = module.InferInput("INPUT1", [1, 16], "INT32")
+    second.set_data_from_numpy(b)
+
+    result = client.infer("simple", [first, second])
+
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_status_register_and_unregister(server: LiveServer, http, grpc_client, regions) -> None:
+    _, key_a = regions("a", 256)
+    _, key_b = regions("b", 256)
+    http.register_system_shared_memory("a", key_a, 128, offset=64)
+    grpc_client.register_system_shared_memory("b", key_b, 256)
+
+    status = httpx.get(f"{server.url}/v2/systemsharedmemory/status").json()
+    assert sorted(status, key=lambda r: r["name"]) == [
+        {"name": "a", "key": key_a, "offset": 64, "byte_size": 128},
+        {"name": "b", "key": key_b, "offset": 0, "byte_size": 256},
+    ]
+    one = grpc_client.get_system_shared_memory_status("a", as_json=True)
+    assert one["regions"]["a"] == {"name": "a", "key": key_a, "offset": "64", "byte_size": "128"}
+
+    grpc_client.unregister_system_shared_memory("a")
+    assert [r["name"] for r in http.get_system_shared_memory_status()] == ["b"]
+    unknown = httpx.get(f"{server.url}/v2/systemsharedmemory/region/a/status")
+    assert unknown.status_code == 400
+    assert unknown.json() == {"error": "Unable to find system shared memory region: 'a'"}
+    http.unregister_system_shared_memory("not-registered")  # as Triton: not an error
+    http.unregister_system_shared_memory()
+    assert http.get_system_shared_memory_status() == []
+
+
+def _refused(call, fragment: str) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        call()
+    assert fragment in info.value.message(), info.value.message()
+    status = str(info.value.status())
+    assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_registration_refusals(http, grpc_client, regions, protocol: str) -> None:
+    client = http if protocol == "http" else grpc_client
+    _, key = regions("r", 128)
+    _refused(
+        lambda: client.register_system_shared_memory("r", "/tb-missing-" + uuid.uuid4().hex, 8),
+        "Unable to open shared memory region",
+    )
+    _refused(lambda: client.register_system_shared_memory("r", "/a/b", 8), "invalid shm key")
+    _refused(lambda: client.register_system_shared_memory("r", "/torch_123", 8), "reserved prefix")
+    _refused(
+        lambda: client.register_system_shared_memory("r", key, 100, offset=64),
+        "failed to register shared memory region 'r': invalid args",
+    )
+    client.register_system_shared_memory("r", key, 128)
+    _refused(lambda: client.register_system_shared_memory("r", key, 8), "'r' already in manager")
+
+
+def test_at_most_max_regions(http, regions) -> None:
+    for i in range(4):  # the server's shm_max_regions
+        _, key = regions(f"r{i}", 16)
+        http.register_system_shared_memory(f"r{i}", key, 16)
+    _, key = regions("r4", 16)
+    _refused(lambda: http.register_system_shared_memory("r4", key, 16), "at most 4 regions")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_requests_naming_a_wrong_region_offset_or_size(
+    server: LiveServer, http, grpc_client, regions, protocol: str
+) -> None:
+    client, module = (http, triton_http) if protocol == "http" else (grpc_client, triton_grpc)
+    pids = server.worker_pids()
+    _ip, ip_key = regions("in", 2 * NBYTES)
+    _op, op_key = regions("out", 2 * NBYTES)
+    client.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    client.register_system_shared_memory("out", op_key, 2 * NBYTES)
+    cases = [
+        (_inputs(module, "nope"), None, "Unable to find shared memory region: 'nope'"),
+        (_inputs(module, "in", offset=2 * NBYTES), None, "Invalid offset for shared memory"),
+        (_inputs(module, "in", offset=NBYTES + 4), None, "Invalid offset + byte size"),
+        (_inputs(module, "in", size=NBYTES - 4), None, "binary_data_size 60 is not 16 INT32"),
+        (_inputs(module, "in"), _outputs(module, "out", size=8), "should be at least 64 bytes"),
+    ]
+    for inputs, outputs, fragment in cases:
+        _refused(lambda i=inputs, o=outputs: client.infer("simple", i, outputs=o), fragment)
+    assert server.worker_pids() == pids
+
+
+def test_a_region_that_vanished_or_shrank_is_refused_and_the_worker_lives(
+    server: LiveServer, http, regions
+) -> None:
+    pids = server.worker_pids()
+    _ip, ip_key = regions("in", 2 * NBYTES)
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    with open(f"/dev/shm{ip_key}", "r+b") as f:  # the client shrinks its object
+        f.truncate(NBYTES)
+    _refused(lambda: http.infer("simple", _inputs(triton_http, "in")), "smaller than its")
+    os.unlink(f"/dev/shm{ip_key}")  # ... then removes it, still registered
+    _refused(lambda: http.infer("simple", _inputs(triton_http, "in")), "Unable to open shared")
+    a, b = _data()  # the worker still answers
+    inputs = [triton_http.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    np.testing.assert_array_equal(http.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
+    assert server.worker_pids() == pids
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cuda_shared_memory_is_refused_clearly(http, grpc_client, protocol: str) -> None:
+    client = http if protocol == "http" else grpc_client
+    _refused(
+        lambda: client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 1024),
+        "CUDA shared memory is not supported by this server",
+    )
+    client.unregister_cuda_shared_memory()  # as Triton's examples do first: not an error
+    status = client.get_cuda_shared_memory_status()
+    assert status in ([], {}) or not getattr(status, "regions", None)
+
+
+def test_extension_listed_only_when_allowed(server: LiveServer, store: Path) -> None:
+    meta = httpx.get(f"{server.url}/v2").json()
+    assert "system_shared_memory" in meta["extensions"]
+    assert "cuda_shared_memory" not in meta["extensions"]
+    grpc_meta = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    ).get_server_metadata()
+    assert "system_shared_memory" in grpc_meta.extensions
+    with running(store, load_models=[]) as closed:
+        assert "system_shared_memory" not in httpx.get(f"{closed.url}/v2").json()["extensions"]
+        client = triton_http.InferenceServerClient(closed.url.removeprefix("http://"))
+        _refused(
+            lambda: client.register_system_shared_memory("r", "/whatever", 8),
+            "Client shared memory is disabled",
+        )
+        assert client.get_system_shared_memory_status() == []
