@@ -8,21 +8,25 @@ registered regions (``WireRequest.regions``: ``{name: [key, offset, byte_size]}`
 :func:`locate` checks a tensor's parameters against it (Triton's messages, 400), :func:`read`
 maps an input's bytes and :func:`write` puts an output's bytes into the client's region.
 
-Inputs are mapped, not copied: a private copy-on-write mapping (``MAP_PRIVATE``) of the object
-opened read-only, so the tensor is the client's memory until a handler writes into it, and a
-handler that does write changes its own pages, never the client's region. Each request maps
-what it uses and the mapping goes with its last array, so a region the client unregisters (and
-unlinks) between two requests is never read stale. Outputs are written with ``pwrite`` at the
-region's offset, one copy from the result (Triton copies too). The object's size is checked
-before either: a region that shrank is a 400, not a fault. A client that shrinks its object while
-a request is reading it can still fault the worker (as with any ``mmap``; the worker is then
-restarted and the request answered 503). Torch-free.
+Nothing is copied on the way in: the worker maps the client's object once (``Mappings``,
+kept for the next request: on this kind of host mapping 16 MiB costs ~25 ms of page-table work
+and copying it ~3 ms) and an input's array is a READ-ONLY view of the client's bytes. A handler
+cannot write into the client's region through it: the built-in tensor handler copies a read-only
+input once into the model's own memory (as it does a request body it does not own), a native v2
+handler gets the read-only array. An output is copied once, from the result into the region
+(Triton copies too). The object is opened and its size checked on every request, so a region
+that shrank or vanished is a 400, not a fault, and an object unlinked and made again under the
+same name is mapped anew. A client that shrinks its object while a request is reading it can
+still fault the worker (as with any ``mmap``, in Triton too; the worker is then restarted and
+the request answered 503). Torch-free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,11 +80,70 @@ def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
     return Slot(region, str(key), int(base) + offset, size)
 
 
-def _open(slot: Slot, flags: int) -> int:
-    """The region's object, opened; checked to still hold the slot's bytes."""
+class Mappings:
+    """The worker's mappings of the clients' shared-memory objects, one per object (its device
+    and inode: an object unlinked and made again under the same name is a new one), made on
+    first use and kept: mapping 16 MiB costs more than copying it (page tables), so a region
+    used again is not mapped again. At most ``limit`` bytes stay mapped (least recently used
+    go first), and a mapping of an object no registered region names any more is dropped when
+    a request's table shows it (POSIX frees an unlinked object once no one maps it)."""
+
+    def __init__(self, limit: int = 4 << 30) -> None:
+        self.limit = limit
+        self._maps: OrderedDict[tuple[int, int], tuple[str, mmap.mmap]] = OrderedDict()
+        self._keys: frozenset[str] = frozenset()
+
+    def view(self, slot: Slot) -> memoryview:
+        """The slot's bytes, read-write, in this worker's mapping of its object."""
+        fd = _open(slot)
+        try:
+            info = os.fstat(fd)
+            ident = (info.st_dev, info.st_ino)
+            found = self._maps.pop(ident, None)
+            if found is None or len(found[1]) < slot.start + slot.size:
+                found = (slot.key, mmap.mmap(fd, info.st_size))  # MAP_SHARED, read-write
+                self._replaced(slot.key)
+        finally:
+            os.close(fd)
+        self._maps[ident] = found
+        self._evict()
+        return memoryview(found[1])[slot.start : slot.start + slot.size]
+
+    def forget_unnamed(self, table: Table | None) -> None:
+        """Drop the mappings of objects no region of ``table`` names."""
+        keys = frozenset(str(entry[0]) for entry in (table or {}).values())
+        if keys == self._keys:
+            return
+        self._keys = keys
+        for ident, (key, _) in list(self._maps.items()):
+            if key not in keys:
+                self._close(ident)
+
+    def _replaced(self, key: str) -> None:
+        """Drop the mappings of objects that went by ``key`` before the one just mapped."""
+        for ident, (named, _) in list(self._maps.items()):
+            if named == key:
+                self._close(ident)
+
+    def _evict(self) -> None:
+        while len(self._maps) > 1 and sum(len(m) for _, m in self._maps.values()) > self.limit:
+            self._close(next(iter(self._maps)))
+
+    def _close(self, ident: tuple[int, int]) -> None:
+        _, mapped = self._maps.pop(ident)
+        with contextlib.suppress(BufferError):  # a live array still uses it: freed with it
+            mapped.close()
+
+
+MAPPINGS = Mappings()
+
+
+def _open(slot: Slot) -> int:
+    """The region's object, opened read-write; checked to still hold the slot's bytes (a
+    region that shrank is a 400 here, not a fault later)."""
     path = os.path.join(SHM_DIR, slot.key.lstrip("/"))
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         raise BadInput(f"Unable to open shared memory region: '{slot.key}'") from None
     try:
@@ -95,19 +158,10 @@ def _open(slot: Slot, flags: int) -> int:
 
 
 def read(slot: Slot) -> memoryview:
-    """The slot's bytes, mapped copy-on-write (see the module docstring)."""
+    """The slot's bytes, read-only (see the module docstring)."""
     if slot.size == 0:
         return memoryview(b"")
-    fd = _open(slot, os.O_RDONLY)
-    try:
-        first = slot.start - slot.start % mmap.ALLOCATIONGRANULARITY
-        mapped = mmap.mmap(
-            fd, slot.start + slot.size - first, access=mmap.ACCESS_COPY, offset=first
-        )
-    finally:
-        os.close(fd)
-    skip = slot.start - first
-    return memoryview(mapped)[skip : skip + slot.size]
+    return MAPPINGS.view(slot).toreadonly()
 
 
 def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> np.ndarray:
@@ -122,6 +176,7 @@ def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> n
             "'shared_memory_region'"
         )
     slot = locate(table, params, f"input {name!r}")
+    MAPPINGS.forget_unnamed(table)
     return oip_binary.from_binary(read(slot), tensor["datatype"], list(tensor["shape"]), name)
 
 
@@ -136,11 +191,12 @@ def check_output(table: Table | None, output: dict[str, Any]) -> None:
     if params.get("binary_data") is True:
         raise BadInput("Output can't set both 'shared_memory_region' and 'binary_data'")
     output[SLOT] = locate(table, params, f"output {output['name']!r}")
+    MAPPINGS.forget_unnamed(table)
 
 
 def write(slot: Slot, array: np.ndarray, datatype: str, name: str) -> None:
     """Put an output's bytes (the binary tensor data layout) into its slot."""
-    if datatype in ("BYTES", "BF16") or not array.flags.c_contiguous:
+    if datatype in ("BYTES", "BF16"):
         data = memoryview(oip_binary.to_binary(array, datatype))
     else:
         data = memoryview(np.ascontiguousarray(array, oip_binary.NUMPY_DTYPES[datatype]))
@@ -150,10 +206,5 @@ def write(slot: Slot, array: np.ndarray, datatype: str, name: str) -> None:
             f"shared memory size specified with the request for output '{name}' "
             f"({slot.size} bytes) should be at least {len(data)} bytes to hold the results"
         )
-    fd = _open(slot, os.O_RDWR)
-    try:
-        done = 0
-        while done < len(data):
-            done += os.pwrite(fd, data[done:], slot.start + done)
-    finally:
-        os.close(fd)
+    if len(data):
+        MAPPINGS.view(Slot(slot.region, slot.key, slot.start, len(data)))[:] = data

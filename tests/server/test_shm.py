@@ -311,3 +311,22 @@ def test_extension_listed_only_when_allowed(server: LiveServer, store: Path) -> 
             "Client shared memory is disabled",
         )
         assert client.get_system_shared_memory_status() == []
+
+
+def test_an_object_made_again_under_the_same_key_is_read_anew(server: LiveServer, http) -> None:
+    """The worker keeps its mapping of a region's object between requests; an object the client
+    removed and made again under the same key (a new object) is mapped again, never read stale."""
+    key = f"/tb-{uuid.uuid4().hex[:12]}"
+    a, b = _data()
+    second = np.full((1, 16), 100, dtype=np.int32)
+    for data in (a, second):
+        handle = shm.create_shared_memory_region("in", key, 2 * NBYTES)
+        try:
+            shm.set_shared_memory_region(handle, [data])
+            shm.set_shared_memory_region(handle, [b], offset=NBYTES)
+            http.register_system_shared_memory("in", key, 2 * NBYTES)
+            result = http.infer("simple", _inputs(triton_http, "in"))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data + b)
+            http.unregister_system_shared_memory("in")
+        finally:
+            shm.destroy_shared_memory_region(handle)
