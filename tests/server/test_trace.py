@@ -68,6 +68,15 @@ def _infer_grpc(server: SimpleNamespace, n: int) -> None:
         server.grpc.infer("one", [tensor])
 
 
+def _infer_torchserve(server: SimpleNamespace, n: int) -> None:
+    for _ in range(n):
+        r = httpx.post(f"{server.live.url}/predictions/one", content=bytes(256))
+        assert r.status_code == 200, r.text
+
+
+INFER = {"http": _infer_http, "grpc": _infer_grpc, "predictions": _infer_torchserve}
+
+
 def _index_files(path: Path) -> set[Path]:
     return set(path.parent.glob(path.name + ".*"))
 
@@ -190,9 +199,9 @@ def test_a_model_overrides_some_settings_and_null_clears_them(server: SimpleName
 # -- traces --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", list(INFER))
 def test_each_request_is_traced_every_log_frequency(server: SimpleNamespace, protocol) -> None:
-    infer = _infer_http if protocol == "http" else _infer_grpc
+    infer = INFER[protocol]
     before = _index_files(server.path)
     server.http.update_trace_settings(
         settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "3"}
