@@ -105,11 +105,13 @@ class Trace:
             ("REQUEST_END", end_ns),
         ]
         version: Any = self.version or ""
+        if version.isascii() and version.isdigit():
+            version = int(version)  # Triton's versions are numbers; torchbay's "1.0" stays text
         return json.dumps(
             {
                 "id": self.id,
                 "model_name": self.model,
-                "model_version": int(version) if version.isdigit() else version,
+                "model_version": version,
                 "timestamps": [{"name": n, "ns": ns} for n, ns in stamps if ns is not None],
             },
             separators=(",", ":"),
