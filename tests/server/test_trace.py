@@ -162,9 +162,28 @@ def test_bad_settings_are_400_with_triton_text(server: SimpleNamespace, body, te
         assert text in err.value.message()
 
 
-def test_a_trace_file_is_needed_to_trace(oip_store: Path) -> None:
-    with running(oip_store) as live:
-        r = httpx.post(f"{live.url}/v2/trace/setting", json={"trace_level": ["TIMESTAMPS"]})
+def test_the_management_key_and_a_trace_file_are_needed(oip_store: Path, tmp_path: Path) -> None:
+    key_file = tmp_path / "key_file.json"
+    with running(oip_store, disable_token_authorization=False, key_file=key_file) as live:
+        keys = json.loads(key_file.read_text())
+        mgmt = {"Authorization": f"Bearer {keys['management']['key']}"}
+        inference = {"Authorization": f"Bearer {keys['inference']['key']}"}
+        url = f"{live.url}/v2/trace/setting"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers=inference).status_code == 401
+        assert httpx.get(url, headers=mgmt).json()["trace_file"] == ""  # no trace_file set
+        grpc = triton_grpc.InferenceServerClient(
+            f"127.0.0.1:{live.server.state.ports.grpc_inference}"
+        )
+        try:
+            with pytest.raises(InferenceServerException) as err:
+                grpc.get_trace_settings(headers={"authorization": inference["Authorization"]})
+            assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+            got = grpc.get_trace_settings(headers={"authorization": mgmt["Authorization"]})
+            assert list(got.settings["trace_level"].value) == ["OFF"]
+        finally:
+            grpc.close()
+        r = httpx.post(url, json={"trace_level": ["TIMESTAMPS"]}, headers=mgmt)
         assert r.status_code == 400
         assert r.json()["error"] == (
             "Attempting to set invalid trace setting :trace file name is not given"
