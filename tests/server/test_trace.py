@@ -265,12 +265,20 @@ def test_held_traces_go_to_the_trace_file_when_the_setting_changes(
     _infer_grpc(server, 2)  # log_frequency 0: held, as Triton holds them
     server.http.update_trace_settings(settings={"trace_level": ["OFF"]})
     end = time.monotonic() + DEADLINE_S
-    while not server.path.exists() or not server.path.read_text().endswith("}"):
+    while (traces := _open_array(server.path)) is None:
         assert time.monotonic() < end, "the held traces were never written"
         time.sleep(0.02)
-    traces = json.loads(server.path.read_text() + "]")  # the array closes when the server stops
     assert len(traces) == 2
     _check_traces(traces)
+
+
+def _open_array(path: Path) -> list[dict] | None:
+    """The traces of a trace file whose array is still open (it closes when the server stops);
+    None until its whole first write is there."""
+    try:
+        return json.loads(path.read_text() + "]")
+    except (OSError, ValueError):
+        return None
 
 
 class _Records(logging.Handler):
