@@ -169,6 +169,9 @@ class ServerConfig(GrpcSettings):
     disable_system_metrics: bool = False
     log_format: Literal["text", "json"] = "text"
     access_log: bool = True  # one line per inference request on logger torchbay.access
+    # Triton's trace extension writes its traces here (and to trace_file.<k>); "" traces nothing.
+    # Only the operator sets it: the trace settings API cannot change it (as in Triton).
+    trace_file: str = Field("", max_length=4096)
     cpu_threads_per_worker: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: budget share
     cpu_affinity: bool = False
     cpu_thread_budget: int | None = Field(None, ge=1, le=MAX_THREADS)  # all workers; None: cores

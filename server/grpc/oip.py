@@ -6,7 +6,12 @@ ready and metadata need the inference key, as over REST. ``ModelInfer`` becomes 
 request of the binary tensor data extension (``tensors.py``) with protocol ``"v2"``, through the
 model's queue like every other request. ``ModelStreamInfer`` runs each request of the stream as
 it arrives and answers each when done (in completion order, as Triton does for non-decoupled
-models); an error goes into that response's ``error_message`` and the stream goes on.
+models); an error goes into that response's ``error_message`` and the stream goes on. A request
+whose parameter ``triton_enable_empty_final_response`` is true (tritonclient's
+``enable_empty_final_response``) gets Triton's ``triton_final_response`` parameter on each of its
+responses: false on a streamed part, true on its final response; a streaming handler that ends
+without one (a generator's end) is answered, as Triton answers a decoupled model's bare final
+flag, with an empty response that carries only the flag (and the request's id and model).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from torchbay.server.grpc.triton import OPERATIONS as TRITON_RPCS
 log = logging.getLogger("torchbay.grpc")
 _INFER_PATH = f"/{OIP_SERVICE}/ModelInfer"
 _STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
+EMPTY_FINAL = "triton_enable_empty_final_response"  # Triton's request parameter
+FINAL = "triton_final_response"  # and the response parameter it turns on
 TRITON_OPERATIONS = (*TRITON_RPCS, *SHM_RPCS)
 # Each RPC's plane operation (its ServerMetadata extensions come from them).
 _OPERATION = {"ModelInfer": "infer", **TRITON_RPCS, **SHM_RPCS}
@@ -98,10 +105,11 @@ class OipService(SharedMemoryRpcs):
             await abort(context, exc)
 
     async def _responses(
-        self, request: Any, context: grpc.aio.ServicerContext, path: str
+        self, request: Any, context: grpc.aio.ServicerContext, path: str, flag: bool = False
     ) -> AsyncIterator[Any]:
         """One ModelInferRequest through the queue: a ModelInferResponse per part (one for a
-        model that does not stream); RpcError for an error."""
+        model that does not stream); RpcError for an error. With ``flag``, each carries
+        ``triton_final_response``, and a stream that ends on a part gets an empty final one."""
         try:
             body, head_len = tensors.request_body(request)
         except BadRequest as exc:
@@ -118,14 +126,21 @@ class OipService(SharedMemoryRpcs):
 
         name, version = request.model_name, request.model_version
         responses = self.calls.infer(context, path, name, version, wire, oip=True)
+        ended = False  # the last response was a final one (not a streamed part)
         async with contextlib.aclosing(responses):
             async for response in responses:
                 if response.status != 200:
                     raise from_response(response.status, response.body)
                 try:
-                    yield tensors.infer_response(response.body, response.headers, name, version)
+                    out = tensors.infer_response(response.body, response.headers, name, version)
                 except TorchbayError as exc:
                     raise from_error(exc, oip=True) from None
+                ended = not response.partial
+                if flag:
+                    out.parameters[FINAL].bool_param = ended
+                yield out
+        if flag and not ended:
+            yield _empty_final(request)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
@@ -165,8 +180,10 @@ class OipService(SharedMemoryRpcs):
         self, request: Any, context: grpc.aio.ServicerContext, done: asyncio.Queue
     ) -> None:
         out = message("inference.ModelStreamInferResponse")()
+        flag = False
         try:
-            async for part in self._responses(request, context, _STREAM_PATH):
+            flag = _final_flag(request)
+            async for part in self._responses(request, context, _STREAM_PATH, flag):
                 done.put_nowait(message("inference.ModelStreamInferResponse")(infer_response=part))
             return
         except RpcError as exc:
@@ -176,4 +193,31 @@ class OipService(SharedMemoryRpcs):
             log.exception("gRPC ModelStreamInfer request failed")
             out.error_message = "Internal server error"
             out.infer_response.id = request.id
+        if flag:  # an error ends the request: Triton flags its error response final
+            out.infer_response.parameters[FINAL].bool_param = True
         done.put_nowait(out)
+
+
+def _final_flag(request: Any) -> bool:
+    """Whether the request asks for ``triton_final_response`` (Triton's parameter, taken out
+    of the request: it is the server's, not the model's); RpcError for a value not a bool."""
+    if EMPTY_FINAL not in request.parameters:
+        return False
+    value = request.parameters[EMPTY_FINAL]
+    kind, on = value.WhichOneof("parameter_choice"), value.bool_param
+    del request.parameters[EMPTY_FINAL]
+    if kind != "bool_param":
+        raise from_error(
+            BadRequest(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param."),
+            oip=True,
+        )
+    return on
+
+
+def _empty_final(request: Any) -> Any:
+    """Triton's empty final response: the request's id and model, and the flag."""
+    out = message("inference.ModelInferResponse")(
+        id=request.id, model_name=request.model_name, model_version=request.model_version
+    )
+    out.parameters[FINAL].bool_param = True
+    return out

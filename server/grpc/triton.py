@@ -1,6 +1,7 @@
 """Triton's extensions over gRPC, on ``inference.GRPCInferenceService``: model configuration
 (``ModelConfig``), statistics (``ModelStatistics``), the model repository (``RepositoryIndex``,
-``RepositoryModelLoad``, ``RepositoryModelUnload``) and logging (``LogSettings``).
+``RepositoryModelLoad``, ``RepositoryModelUnload``), logging (``LogSettings``) and trace
+(``TraceSetting``).
 
 Each RPC is the REST endpoint's adapter (``http/triton.py``) in gRPC's shape: the same data
 plane operation (``plane/models.py``), the same keys (configuration and statistics the inference
@@ -30,6 +31,7 @@ OPERATIONS = {
     "RepositoryModelLoad": "repository_load",
     "RepositoryModelUnload": "repository_unload",
     "LogSettings": "log_settings",
+    "TraceSetting": "trace_settings",
 }
 
 
@@ -62,6 +64,22 @@ def _setting_value(message_class: Any, value: Any) -> Any:
     if isinstance(value, int):
         return message_class(uint32_param=value)
     return message_class(string_param=str(value))
+
+
+def _trace_changes(entries: Any) -> dict[str, Any]:
+    """TraceSetting's map of string lists as the REST body's JSON object: no value is null (the
+    setting is cleared), ``trace_level`` a list, another setting its one string (or the list,
+    which the plane refuses as Triton does: one value expected)."""
+    out: dict[str, Any] = {}
+    for key, setting in entries.items():
+        values = list(setting.value)
+        if not values:
+            out[key] = None
+        elif key == "trace_level" or len(values) > 1:
+            out[key] = values
+        else:
+            out[key] = values[0]
+    return out
 
 
 class TritonExtensions(Service):
@@ -106,6 +124,20 @@ class TritonExtensions(Service):
             value_class = message("inference.LogSettingsResponse.SettingValue")
             for key, value in settings.items():
                 response.settings[key].CopyFrom(_setting_value(value_class, value))
+            return response
+
+        return await self._run(context, "management", work)
+
+    async def trace_setting(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Triton's TraceSetting: an empty request reads them, one with settings changes them;
+        ``model_name`` names a model's settings (else the global ones)."""
+
+        async def work() -> Any:
+            changes = _trace_changes(request.settings) if request.settings else None
+            settings = self.calls.plane.trace_settings(request.model_name or None, changes)
+            response = message("inference.TraceSettingResponse")()
+            for key, value in settings.items():
+                response.settings[key].value.extend(value if isinstance(value, list) else [value])
             return response
 
         return await self._run(context, "management", work)

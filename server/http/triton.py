@@ -6,10 +6,12 @@ adapter between the inference listener's routes (``route_table.INFERENCE_ROUTES`
 * statistics ``GET /v2/models[/{m}[/versions/{v}]]/stats``;
 * model configuration ``GET /v2/models/{m}[/versions/{v}]/config``;
 * model repository ``POST /v2/repository/index``, ``.../models/{m}/load``, ``.../unload``;
-* logging ``GET``/``POST /v2/logging`` (``plane/log_settings.py``).
+* logging ``GET``/``POST /v2/logging`` (``plane/log_settings.py``);
+* trace ``GET``/``POST /v2[/models/{m}]/trace/setting`` (``plane/trace.py``).
 
-Metadata, configuration and statistics need the inference key; the repository the management
-key (token authorization on). Errors are OIP's ``{"error": ...}``. Torch-free.
+Metadata, configuration and statistics need the inference key; the repository, the log and the
+trace settings the management key (token authorization on). Errors are OIP's ``{"error": ...}``.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ class TritonApi:
         self._check(scope, "management")
         changes = await _json_body(scope, receive) if scope["method"] == "POST" else None
         await send_json(send, 200, self.plane.log_settings(changes))
+
+    async def trace_settings(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        self._check(scope, "management")
+        changes = await _json_body(scope, receive) if scope["method"] == "POST" else None
+        await send_json(send, 200, self.plane.trace_settings(_params(m)[0], changes))
 
     async def repository_index(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         self._check(scope, "management")

@@ -1,5 +1,5 @@
 """The inference listener's routes of Triton's extensions (statistics, model repository,
-logging), as ``routes.Route`` values for ``route_table.INFERENCE_ROUTES``. Torch-free."""
+logging, trace), as ``routes.Route`` values for ``route_table.INFERENCE_ROUTES``. Torch-free."""
 
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ def triton_routes() -> tuple[Route, ...]:
         ),
         *_repository(),
         *_logging(),
+        *_trace(),
     )
 
 
@@ -140,6 +141,52 @@ def _logging() -> tuple[Route, ...]:
         for method, summary, errors in (
             ("GET", "The server's log settings", (401,)),
             ("POST", "Change the server's log settings", (400, 401)),
+        )
+    )
+
+
+_LIST = {"type": "array", "items": {"type": "string"}}
+_TRACE_SETTINGS = {
+    "type": "object",
+    "properties": {
+        "trace_level": _LIST,
+        **{k: {"type": "string"} for k in ("trace_rate", "trace_count", "log_frequency")},
+        "trace_file": {"type": "string"},
+        "trace_mode": {"type": "string"},
+    },
+}
+
+
+def _trace() -> tuple[Route, ...]:
+    """Triton's trace extension: the global trace settings and a model's."""
+    settings = {"200": ("The trace settings in force", _TRACE_SETTINGS)}
+    body = {"content": {"application/json": {"schema": _TRACE_SETTINGS}}}
+    text = (
+        "Needs the management key (token authorization on). Values are strings; null clears a "
+        "setting (a model's falls back to the global one); trace_file is the server's setting."
+    )
+    return tuple(
+        Route(
+            method,
+            path,
+            "trace_settings",
+            summary + what,
+            errors,
+            settings,
+            oip=True,
+            auth=True,
+            key="management",
+            body=body if method == "POST" else None,
+            strict=True,
+            description=text,
+        )
+        for path, what in (
+            ("/v2/trace/setting", "global trace settings"),
+            ("/v2/models/{model_name}/trace/setting", "trace settings of a model"),
+        )
+        for method, summary, errors in (
+            ("GET", "The ", (400, 401)),
+            ("POST", "Change the ", (400, 401)),
         )
     )
 

@@ -5,7 +5,8 @@ once what its admission refuses (:meth:`Exchange.resolve`, from the headers alon
 request with its deadline (:meth:`Exchange.admit`, or :meth:`Exchange.admit_all` for KServe v1's
 instances), hand the protocol the first answer and the rest of the stream, and, when the protocol
 has answered, record it once: the metrics, the Triton statistics and the access line
-(:meth:`Exchange.close`, run by the ``with`` block). A protocol adapter parses its wire format,
+(:meth:`Exchange.close`, run by the ``with`` block), and, when Triton's trace extension samples
+it (``plane/trace.py``), write its trace. A protocol adapter parses its wire format,
 calls these, and writes what comes back in its own format; it sets :attr:`Exchange.status` to the
 status it answered, and an error raised through the block records that error's status.
 
@@ -22,7 +23,9 @@ access line reads ``client``, ``method``, ``path`` and ``http_version``. Torch-f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -31,9 +34,10 @@ from torchbay.server.errors import TorchbayError
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
-from torchbay.server.serving.queue import Pending, clock
+from torchbay.server.serving.queue import NO_PARTS, Pending, clock
 
 if TYPE_CHECKING:
+    from torchbay.server.plane.trace import Trace, Tracer
     from torchbay.server.serving.model import ModelVersion
     from torchbay.server.serving.registry import ModelRegistry
 
@@ -42,6 +46,7 @@ Item = Pending[p.WireRequest, p.WireResponse]
 RecordFn = Callable[[RequestRecord], None]  # the plane's recorder (metrics, statistics, access)
 # The registered shared-memory regions a v2 request carries to its worker (plane/shm.py).
 RegionsFn = Callable[[], "dict[str, list[Any]] | None"]
+log = logging.getLogger("torchbay.trace")
 # The status recorded for a caller that left (a gRPC cancel or deadline) before its answer.
 CLIENT_LEFT = 499
 
@@ -53,6 +58,7 @@ class Exchange:
         "_closed",
         "_record",
         "_regions",
+        "_tracer",
         "items",
         "model",
         "name",
@@ -60,6 +66,7 @@ class Exchange:
         "scope",
         "started",
         "status",
+        "trace",
         "version",
     )
 
@@ -71,6 +78,7 @@ class Exchange:
         name: str,
         version: str | None,
         regions: RegionsFn | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.registry = registry
         self._record = record
@@ -83,6 +91,8 @@ class Exchange:
         self.items: list[Item] = []
         self.status = 500  # until the protocol says what it answered
         self._closed = False
+        self._tracer = tracer
+        self.trace: Trace | None = None  # Triton's trace extension sampled this request
 
     def __enter__(self) -> Exchange:
         return self
@@ -98,6 +108,8 @@ class Exchange:
         """The model version named, refused at once (503) when it refuses newcomers: a shutting
         down, workerless or overloaded version. Raises the error tree's 404 / 400 / 503."""
         mv = self.model = self.registry.resolve(self.name, self.version)
+        if self._tracer is not None and self._tracer.active:
+            self.trace = self._tracer.start(self.name, self.started)
         refuse_early(mv)  # from the headers alone: the protocol has not read the body
         return mv
 
@@ -112,6 +124,8 @@ class Exchange:
             wire = dataclasses.replace(wire, regions=table)
         item = self.model.admit_reader(wire)
         self.items.append(item)
+        if self.trace is not None:
+            item.future.add_done_callback(self._responded)
         with_deadline(item, deadline_s)
         return item
 
@@ -124,7 +138,9 @@ class Exchange:
         assert mv is not None, "resolve() first"
         try:
             for wire in wires:
-                self.items.append(mv.admit(wire))
+                self.items.append(item := mv.admit(wire))
+                if self.trace is not None:
+                    item.future.add_done_callback(self._responded)
                 mv.inflight += 1  # as a reader's: ``finish`` takes it back
         except TorchbayError:
             for item in self.items:
@@ -135,7 +151,19 @@ class Exchange:
     def rest(self, item: Item) -> AsyncIterator[p.WireResponse]:
         """After ``item``'s first answer: its later parts, then its final response."""
         assert self.model is not None
-        return self.model.rest(item)
+        rest = self.model.rest(item)
+        return rest if self.trace is None or rest is NO_PARTS else self._traced(rest)
+
+    async def _traced(self, rest: AsyncIterator[p.WireResponse]) -> AsyncIterator[p.WireResponse]:
+        """``rest``, each response's arrival noted in the trace (its last: COMPUTE_END)."""
+        async with contextlib.aclosing(rest):  # type: ignore[type-var]
+            async for response in rest:
+                self._responded(None)
+                yield response
+
+    def _responded(self, future: asyncio.Future[Any] | None) -> None:
+        if self.trace is not None and (future is None or not future.cancelled()):
+            self.trace.responded()
 
     async def responses(
         self, wire: p.WireRequest, deadline_s: float | None = None
@@ -170,6 +198,22 @@ class Exchange:
             self.scope, self.name, self.version, self.status, seconds, queue_s, model
         )
         self._record(record)
+        if self.trace is not None:
+            self._finish_trace(self.trace)
+
+    def _finish_trace(self, trace: Trace) -> None:
+        """The trace's times from the queue's clock (the same monotonic clock), then its file:
+        a failure here is logged, never the request's."""
+        try:
+            trace.version = self.model.version if self.model is not None else self.version
+            arrived = [i.arrival for i in self.items]
+            taken = [i.dispatched for i in self.items if i.dispatched is not None]
+            trace.queue_ns = int(min(arrived) * 1e9) if arrived else None
+            trace.compute_ns = int(min(taken) * 1e9) if taken else None
+            assert self._tracer is not None
+            self._tracer.finish(trace)
+        except Exception:
+            log.exception("could not record the trace of a request to %s", self.name)
 
 
 def with_deadline(item: Item, deadline_s: float | None) -> None:

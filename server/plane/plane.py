@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torchbay.server.config.settings import ServerConfig
-from torchbay.server.errors import TorchbayError
+from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.observe.logs import RequestHook, request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
@@ -30,6 +30,7 @@ from torchbay.server.plane.exchange import Exchange, Scope
 from torchbay.server.plane.management import Management
 from torchbay.server.plane.models import Models
 from torchbay.server.plane.shm import SharedMemory
+from torchbay.server.plane.trace import Tracer
 from torchbay.server.serving.admission import any_pressed, refuse_early
 from torchbay.server.serving.fetch import Fetcher
 from torchbay.server.serving.model import ModelStatus, ModelVersion
@@ -44,6 +45,7 @@ EXTENSIONS: dict[str, frozenset[str]] = {
     "statistics": frozenset({"model_stats"}),
     "logging": frozenset({"log_settings"}),
     "system_shared_memory": frozenset({"shm_status", "shm_register", "shm_unregister"}),
+    "trace": frozenset({"trace_settings"}),
 }
 
 
@@ -92,12 +94,16 @@ class DataPlane:
         self.starting = False
         self.startup_failures: dict[str, str] = {}
         self._log_level = log_settings.level_set()  # put back by ``close``
+        # Triton's trace extension: its settings, and the traces of the requests it samples.
+        self.tracer = Tracer(str(getattr(config, "trace_file", "") or ""))
 
     # -- requests -------------------------------------------------------------------------------
 
     def exchange(self, scope: Scope, name: str, version: str | None) -> Exchange:
         """One inference request's steps and its one record (``plane/exchange.py``)."""
-        return Exchange(self.registry, self.record, scope, name, version, self.shm.table)
+        return Exchange(
+            self.registry, self.record, scope, name, version, self.shm.table, self.tracer
+        )
 
     def pressed(self, name: str, version: str | None) -> ModelVersion | None:
         """The model version named when it refused a request in the last second
@@ -156,9 +162,22 @@ class DataPlane:
         """Triton's log settings (``plane/log_settings.py``), changed first when ``changes``."""
         return log_settings.current() if changes is None else log_settings.update(changes)
 
+    def trace_settings(
+        self, model: str | None = None, changes: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Triton's trace settings (``plane/trace.py``), global or ``model``'s, changed first
+        when ``changes``. As Triton, a model that is not loaded and ready is a 400."""
+        if model:
+            versions = self.registry.models.get(model) or {}
+            if not any(mv.status is ModelStatus.READY for mv in versions.values()):
+                raise BadRequest(f"Request for unknown model : {model}")
+        return self.tracer.settings(model, changes)
+
     def close(self) -> None:
-        """The server stopped: the process's log level goes back to what it was at start."""
+        """The server stopped: the process's log level goes back to what it was at start, and
+        the traces held are written."""
         log_settings.restore(self._log_level)
+        self.tracer.close()
 
     def server_metadata(self, served: Iterable[str]) -> dict[str, Any]:
         """OIP ``$metadata_server_response`` for an adapter serving the operations ``served``."""

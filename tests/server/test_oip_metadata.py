@@ -130,4 +130,5 @@ def test_server_metadata_lists_the_extensions(server: LiveServer) -> None:
         "model_repository",
         "statistics",
         "logging",
+        "trace",
     ]

@@ -40,6 +40,7 @@ EXTENSION_RPCS = {
     "binary_tensor_data": ["ModelInfer"],
     "classification": ["ModelInfer"],
     "logging": ["LogSettings"],
+    "trace": ["TraceSetting"],
 }
 
 
