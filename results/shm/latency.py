@@ -42,8 +42,6 @@ NBYTES = N * 4
 def build_archive(store: Path, work: Path) -> None:
     import torch
 
-    from torchbay.archiver.package import ArchiveOptions, package
-
     class Plus1(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x + 1
@@ -54,17 +52,12 @@ def build_archive(store: Path, work: Path) -> None:
         f"inputs:\n  - {{name: INPUT0, datatype: FP32, shape: [-1, {N}]}}\n"
         f"outputs:\n  - {{name: OUTPUT0, datatype: FP32, shape: [-1, {N}]}}\n"
     )
-    package(
-        ArchiveOptions(
-            model_name="plus1",
-            version="1",
-            handler="tensor",
-            serialized_file=work / "plus1.pt",
-            example_input=work / "example.pt",
-            config_file=work / "model-config.yaml",
-            export_path=store,
-        )
-    )
+    archive = [sys.executable, "-m", "torchbay", "archive", "--model-name", "plus1"]
+    archive += ["--version", "1", "--handler", "tensor", "--export-path", str(store)]
+    archive += ["--serialized-file", str(work / "plus1.pt")]
+    archive += ["--example-input", str(work / "example.pt")]
+    archive += ["--config-file", str(work / "model-config.yaml")]
+    subprocess.run(archive, check=True, stdout=subprocess.DEVNULL)
 
 
 @contextlib.contextmanager

@@ -42,7 +42,9 @@ _TYPED = {
 
 
 def parameters_json(params: Any) -> dict[str, Any]:
-    """A ``map<string, InferParameter>`` as a JSON object."""
+    """A proto map of one-of values (``map<string, InferParameter>``, a repository request's
+    ``parameters``, LogSettings' ``settings``) as a JSON object; an entry with no value set is
+    left out."""
     out: dict[str, Any] = {}
     for key, param in params.items():
         which = param.WhichOneof("parameter_choice")

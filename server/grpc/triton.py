@@ -22,6 +22,7 @@ from torchbay.server.errors import BadRequest, MethodNotAllowed, TorchbayError
 from torchbay.server.grpc.calls import Service
 from torchbay.server.grpc.messages import message
 from torchbay.server.grpc.status import RpcError, abort, from_error
+from torchbay.server.grpc.tensors import parameters_json
 
 # Each RPC of this module and the plane operation it serves (for ServerMetadata's extensions).
 OPERATIONS = {
@@ -33,17 +34,6 @@ OPERATIONS = {
     "LogSettings": "log_settings",
     "TraceSetting": "trace_settings",
 }
-
-
-def _values(entries: Any) -> dict[str, Any]:
-    """A proto map of one-of values (a repository request's ``parameters``, LogSettings'
-    ``settings``) as the REST body's JSON object; an entry with no value set is left out."""
-    out: dict[str, Any] = {}
-    for key, value in entries.items():
-        kind = value.WhichOneof("parameter_choice")
-        if kind is not None:
-            out[key] = getattr(value, kind)
-    return out
 
 
 def _config_message(config: dict[str, Any]) -> Any:
@@ -119,7 +109,7 @@ class TritonExtensions(Service):
         """Triton's LogSettings: an empty request reads them, one with settings changes them."""
 
         async def work() -> Any:
-            settings = self.calls.plane.log_settings(_values(request.settings) or None)
+            settings = self.calls.plane.log_settings(parameters_json(request.settings) or None)
             response = message("inference.LogSettingsResponse")()
             value_class = message("inference.LogSettingsResponse.SettingValue")
             for key, value in settings.items():
@@ -156,7 +146,7 @@ class TritonExtensions(Service):
         async def work() -> Any:
             models = self.calls.plane.models
             models.control()
-            parameters = _values(request.parameters)
+            parameters = parameters_json(request.parameters)
             if "config" in parameters and not isinstance(parameters["config"], str):
                 raise BadRequest("parameters.config must be a string holding a JSON object")
             await models.load(request.model_name, parameters)
@@ -168,7 +158,7 @@ class TritonExtensions(Service):
         async def work() -> Any:
             models = self.calls.plane.models
             models.control()
-            await models.unload(request.model_name, _values(request.parameters))
+            await models.unload(request.model_name, parameters_json(request.parameters))
             return message("inference.RepositoryModelUnloadResponse")()
 
         return await self._run(context, "management", work)

@@ -8,29 +8,15 @@ from typing import Any
 
 from torchbay.server.http.routes import OK, Route
 
-_SYSTEM_STATUS = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string"},
-            "key": {"type": "string"},
-            "offset": {"type": "integer"},
-            "byte_size": {"type": "integer"},
-        },
-    },
-}
-_CUDA_STATUS = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string"},
-            "device_id": {"type": "integer"},
-            "byte_size": {"type": "integer"},
-        },
-    },
-}
+
+def _regions(**fields: str) -> dict[str, Any]:
+    """The schema of a status answer: a list of regions with ``fields`` (name -> JSON type)."""
+    properties = {name: {"type": kind} for name, kind in fields.items()}
+    return {"type": "array", "items": {"type": "object", "properties": properties}}
+
+
+_SYSTEM_STATUS = _regions(name="string", key="string", offset="integer", byte_size="integer")
+_CUDA_STATUS = _regions(name="string", device_id="integer", byte_size="integer")
 _SYSTEM_BODY = {
     "content": {
         "application/json": {

@@ -120,15 +120,32 @@ _LOG_SETTINGS = {
 
 def _logging() -> tuple[Route, ...]:
     """Triton's logging extension: read and change the server's log settings."""
-    settings = {"200": ("The log settings in force", _LOG_SETTINGS)}
-    body = {"content": {"application/json": {"schema": _LOG_SETTINGS}}}
-    text = "Needs the management key (token authorization on)."
+    return _settings_routes(
+        "log_settings",
+        (("/v2/logging", "server's log settings"),),
+        _LOG_SETTINGS,
+        "Needs the management key (token authorization on).",
+        get_errors=(401,),
+    )
+
+
+def _settings_routes(
+    endpoint: str,
+    paths: tuple[tuple[str, str], ...],
+    schema: dict[str, object],
+    text: str,
+    get_errors: tuple[int, ...] = (400, 401),
+) -> tuple[Route, ...]:
+    """``GET`` (read) and ``POST`` (change) of a settings object on each of ``paths`` (with
+    what it holds, for the summary), with the management key."""
+    settings = {"200": ("The settings in force", schema)}
+    body = {"content": {"application/json": {"schema": schema}}}
     return tuple(
         Route(
             method,
-            "/v2/logging",
-            "log_settings",
-            summary,
+            path,
+            endpoint,
+            summary + what,
             errors,
             settings,
             oip=True,
@@ -138,9 +155,10 @@ def _logging() -> tuple[Route, ...]:
             strict=True,
             description=text,
         )
+        for path, what in paths
         for method, summary, errors in (
-            ("GET", "The server's log settings", (401,)),
-            ("POST", "Change the server's log settings", (400, 401)),
+            ("GET", "The ", get_errors),
+            ("POST", "Change the ", (400, 401)),
         )
     )
 
@@ -159,35 +177,15 @@ _TRACE_SETTINGS = {
 
 def _trace() -> tuple[Route, ...]:
     """Triton's trace extension: the global trace settings and a model's."""
-    settings = {"200": ("The trace settings in force", _TRACE_SETTINGS)}
-    body = {"content": {"application/json": {"schema": _TRACE_SETTINGS}}}
-    text = (
-        "Needs the management key (token authorization on). Values are strings; null clears a "
-        "setting (a model's falls back to the global one); trace_file is the server's setting."
-    )
-    return tuple(
-        Route(
-            method,
-            path,
-            "trace_settings",
-            summary + what,
-            errors,
-            settings,
-            oip=True,
-            auth=True,
-            key="management",
-            body=body if method == "POST" else None,
-            strict=True,
-            description=text,
-        )
-        for path, what in (
+    return _settings_routes(
+        "trace_settings",
+        (
             ("/v2/trace/setting", "global trace settings"),
             ("/v2/models/{model_name}/trace/setting", "trace settings of a model"),
-        )
-        for method, summary, errors in (
-            ("GET", "The ", (400, 401)),
-            ("POST", "Change the ", (400, 401)),
-        )
+        ),
+        _TRACE_SETTINGS,
+        "Needs the management key (token authorization on). Values are strings; null clears a "
+        "setting (a model's falls back to the global one); trace_file is the server's setting.",
     )
 
 

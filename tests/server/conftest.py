@@ -154,6 +154,18 @@ class LiveServer:
 
 
 @contextlib.contextmanager
+def stream_server(factory: pytest.TempPathFactory, name: str) -> Iterator[LiveServer]:
+    """A LiveServer of ``stream.mar`` (assets/stream_handler.py, version 1.0, the default)."""
+    store = build_store(factory, name, {"stream": str(ASSETS / "stream_handler.py")})
+    models = {"stream": {"1.0": {"marName": "stream.mar", "defaultVersion": True}}}
+    live = LiveServer(make_config(store, models=models)).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+@contextlib.contextmanager
 def running(store: Path, **overrides: Any) -> Iterator[LiveServer]:
     """A LiveServer over ``store`` (``make_config(store, **overrides)``), stopped on leaving."""
     live = LiveServer(make_config(store, **overrides)).start()

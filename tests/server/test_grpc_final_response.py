@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from .conftest import ASSETS, LiveServer, build_store, make_config
+from .conftest import LiveServer, stream_server
 
 pytestmark = pytest.mark.slow
 DEADLINE_S = 60.0
@@ -24,13 +24,8 @@ DEADLINE_S = 60.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    store = build_store(
-        tmp_path_factory, "grpc-final", {"stream": str(ASSETS / "stream_handler.py")}
-    )
-    models = {"stream": {"1.0": {"marName": "stream.mar", "defaultVersion": True}}}
-    live = LiveServer(make_config(store, models=models)).start()
-    yield live
-    live.stop()
+    with stream_server(tmp_path_factory, "grpc-final") as live:
+        yield live
 
 
 def _stream(server: LiveServer, body: dict, **kwargs: Any) -> list[SimpleNamespace]:

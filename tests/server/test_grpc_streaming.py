@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from .conftest import ASSETS, LiveServer, build_store, make_config
+from .conftest import stream_server
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
 
 DEADLINE_S = 60.0
@@ -21,17 +21,12 @@ DEADLINE_S = 60.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    store = build_store(
-        tmp_path_factory, "grpc-stream", {"stream": str(ASSETS / "stream_handler.py")}
-    )
-    models = {"stream": {"1.0": {"marName": "stream.mar", "defaultVersion": True}}}
-    live = LiveServer(make_config(store, models=models)).start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
-    try:
-        yield SimpleNamespace(live=live, channel=channel)
-    finally:
-        channel.close()
-        live.stop()
+    with stream_server(tmp_path_factory, "grpc-stream") as live:
+        channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
+        try:
+            yield SimpleNamespace(live=live, channel=channel)
+        finally:
+            channel.close()
 
 
 def _stream(server: SimpleNamespace, ts: SimpleNamespace, body: dict):  # noqa: F811
