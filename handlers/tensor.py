@@ -16,10 +16,15 @@ Output per request: ``{"output": <nested lists>}``: the model's output for the o
 list of per-sample outputs for several; a model returning a tuple gives a list of such outputs.
 
 Open Inference Protocol (v2) natively: each input tensor is the numpy array ``handlers.runtime.oip``
-decoded (JSON or binary; its first dimension is the batch), passed to the model positionally in
-the signature's order (the Service matched them by name; without a signature, the request's
-order); each output comes back as ``{"name", "shape", "datatype", "array"}`` in its own dtype
+decoded (JSON or binary, used in place when already in the model's dtype; its first dimension is
+the batch), passed to the model positionally in the signature's order (the Service matched them by
+name; without a signature, the request's order); each output comes back as ``{"name", "shape",
+"datatype", "array"}`` in the floating datatype the signature declares, else its own dtype
 (FP16/BF16 included), named by the signature (a dict output by its keys), else output0, output1...
+
+A model whose signature has no batch dimension (``Signature.batched`` false: Triton's
+``max_batch_size: 0``) takes each request's tensors whole, OIP or TorchServe-style: requests are
+never concatenated, each runs alone, and its outputs are answered as the model returns them.
 
 Errors: an undecodable input is 400 (``BadInput``); a well-formed input the model cannot process
 is 422 (``UnprocessableInput``): its shape differs from the manifest's ``input_shape``, its v2
@@ -31,6 +36,7 @@ paths) only goes to the worker log.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import math
@@ -121,6 +127,11 @@ class TensorHandler(BaseHandler):
         # Inputs without a batch dimension (Triton's max_batch_size 0): each request's tensors
         # are the model's whole inputs, run alone and answered whole.
         self.unbatched = self.signature is not None and not self.signature.batched
+        if self.unbatched and self.accel_options.cuda_graphs:
+            # CUDA graphs pad a batch's first dimension up to a captured size: a whole input has
+            # no batch dimension to pad. The device path is rebuilt without them on first use.
+            self.accel_options = dataclasses.replace(self.accel_options, cuda_graphs=False)
+            self._accel = None
 
     # -- preprocess: one entry per remaining request: (inputs, single) --------------------------
     def preprocess(self, data: list[Any]) -> list[tuple[list[torch.Tensor], bool]]:
