@@ -237,11 +237,14 @@ def test_an_unbatched_model_is_described_without_a_batch_dimension(
     assert described["batched"] is False and described["batchSize"] == 4
 
 
-def test_an_unbatched_model_takes_its_exact_shape(http: Any, grpc: Any) -> None:
+def test_an_unbatched_model_takes_its_exact_shape(server: LiveServer, http: Any, grpc: Any) -> None:
     for client, make in ((http, _http_input), (grpc, _grpc_input)):
         result = client.infer("whole", [make("block", BLOCK, "FP32")])
         got = result.as_numpy("total")
         assert got.shape == (4,) and np.array_equal(got, BLOCK.sum(0))
+    # TorchServe's route: the request's tensor is the whole input too, answered whole
+    predicted = httpx.post(f"{server.url}/predictions/whole", json=BLOCK.tolist())
+    assert predicted.status_code == 200 and predicted.json() == {"output": BLOCK.sum(0).tolist()}
 
 
 @pytest.mark.parametrize("shape", [[1, 3, 4], [4, 3], [3, 4, 1], [12]])
