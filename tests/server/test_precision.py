@@ -228,11 +228,14 @@ def test_an_archive_packed_before_serves_as_it_did(
 
 
 def test_an_unbatched_model_is_described_without_a_batch_dimension(
-    server: LiveServer, http: Any
+    server: LiveServer, http: Any, grpc: Any
 ) -> None:
     config = http.get_model_config("whole")
     assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
     assert config["input"] == [{"name": "block", "data_type": "TYPE_FP32", "dims": [3, 4]}]
+    message = grpc.get_model_config("whole").config
+    assert message.max_batch_size == 0 and not message.HasField("dynamic_batching")
+    assert list(message.input[0].dims) == [3, 4]
     [described] = httpx.get(f"{server.management_url}/models/whole").json()
     assert described["batched"] is False and described["batchSize"] == 4
 
