@@ -207,11 +207,18 @@ def test_a_half_precision_archive_declares_its_floating_tensors_half(
     torch.save(namespace["Mixed"]().state_dict(), tmp_path / "mixed.pt")
     torch.save({"features": torch.randn(2, 4), "ids": torch.tensor([1, 2])}, tmp_path / "ex.pt")
     out = package(
-        ArchiveOptions(model_name="m", version="1", handler="tensor", convert=convert,
-                       precision=precision, model_file=tmp_path / "mixed.py",
-                       serialized_file=tmp_path / "mixed.pt", example_input=tmp_path / "ex.pt",
-                       export_path=tmp_path)
-    )  # fmt: skip
+        ArchiveOptions(
+            model_name="m",
+            version="1",
+            handler="tensor",
+            convert=convert,
+            precision=precision,
+            model_file=tmp_path / "mixed.py",
+            serialized_file=tmp_path / "mixed.pt",
+            example_input=tmp_path / "ex.pt",
+            export_path=tmp_path,
+        )
+    )
     tb = read_manifest(out).torchbay
     assert tb is not None and tb.precision == precision
     assert tb.inputs == [_spec("features", [-1, 4], half), _spec("ids", [-1], "INT64")]

@@ -29,8 +29,12 @@ HALF = np.array([[1.0, -2.5, 3.140625, 0.1], [1e-4, -0.0, 65504.0, 2.0]], dtype=
 
 def _binary(datatype: str, array: np.ndarray, name: str = "input0") -> tuple[bytes, dict]:
     data = array.tobytes()
-    tensor = {"name": name, "datatype": datatype, "shape": list(array.shape),
-              "parameters": {"binary_data_size": len(data)}}  # fmt: skip
+    tensor = {
+        "name": name,
+        "datatype": datatype,
+        "shape": list(array.shape),
+        "parameters": {"binary_data_size": len(data)},
+    }
     header = json.dumps({"inputs": [tensor]}).encode()
     return header + data, {HEADER: str(len(header))}
 
@@ -47,8 +51,12 @@ def test_fp32_to_a_declared_half_input_is_cast_as_torch_casts(
     if binary:
         body, headers = _binary("FP32", VALUES)
     else:
-        tensor = {"name": "input0", "datatype": "FP32", "shape": [2, 4],
-                  "data": VALUES.reshape(-1).tolist()}  # fmt: skip
+        tensor = {
+            "name": "input0",
+            "datatype": "FP32",
+            "shape": [2, 4],
+            "data": VALUES.reshape(-1).tolist(),
+        }
         body, headers = json.dumps({"inputs": [tensor]}).encode(), {}
     request = oip.parse_request(body, headers)
     oip.check_signature(request, _signature(datatype))
@@ -89,11 +97,20 @@ def fp16_service(tmp_path_factory: pytest.TempPathFactory) -> Any:
     (work / "affine.py").write_text(make.MODEL)
     torch.save(make.weights(), work / "affine.pt")
     torch.save(torch.ones(2, 4), work / "x.pt")
-    out = package(ArchiveOptions(model_name="h16", version="1", handler="tensor",
-                                 model_file=work / "affine.py", serialized_file=work / "affine.pt",
-                                 example_input=work / "x.pt", convert="torchscript-trace",
-                                 precision="fp16", archive_format="no-archive",
-                                 export_path=work))  # fmt: skip
+    out = package(
+        ArchiveOptions(
+            model_name="h16",
+            version="1",
+            handler="tensor",
+            model_file=work / "affine.py",
+            serialized_file=work / "affine.pt",
+            example_input=work / "x.pt",
+            convert="torchscript-trace",
+            precision="fp16",
+            archive_format="no-archive",
+            export_path=work,
+        )
+    )
     return load_service(out)
 
 

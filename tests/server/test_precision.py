@@ -68,20 +68,39 @@ def _build_store(root: Path, work: Path) -> None:
     (work / "affine.py").write_text(make.MODEL)
     torch.save(make.weights(), work / "affine.pt")
     torch.save(torch.from_numpy(X), work / "x.pt")
-    eager = {"handler": "tensor", "model_file": work / "affine.py",
-             "serialized_file": work / "affine.pt", "example_input": work / "x.pt"}  # fmt: skip
+    eager = {
+        "handler": "tensor",
+        "model_file": work / "affine.py",
+        "serialized_file": work / "affine.pt",
+        "example_input": work / "x.pt",
+    }
     for name, convert, precision in (("h16", "torchscript-trace", "fp16"), ("b16", "none", "bf16")):
-        package(ArchiveOptions(model_name=name, version="1", export_path=root, convert=convert,
-                               precision=precision, **eager))  # fmt: skip
+        package(
+            ArchiveOptions(
+                model_name=name,
+                version="1",
+                export_path=root,
+                convert=convert,
+                precision=precision,
+                **eager,
+            )
+        )
     for legacy in ("legacy-fp16.mar", "legacy-bf16.mar"):
         shutil.copyfile(DATA / legacy, root / legacy)
     torch.jit.save(torch.jit.script(Total().eval()), str(work / "total.pt"))
     # ``whole`` never waits for a batch; ``pair`` waits for two requests (each then runs alone)
     for name, batch_size, delay_ms in (("whole", 4, 0), ("pair", 2, 60_000)):
         (work / f"{name}.yaml").write_text(_yaml(batch_size, delay_ms))
-        package(ArchiveOptions(model_name=name, version="1", export_path=root, handler="tensor",
-                               serialized_file=work / "total.pt",
-                               config_file=work / f"{name}.yaml"))  # fmt: skip
+        package(
+            ArchiveOptions(
+                model_name=name,
+                version="1",
+                export_path=root,
+                handler="tensor",
+                serialized_file=work / "total.pt",
+                config_file=work / f"{name}.yaml",
+            )
+        )
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +164,9 @@ def test_the_archive_declares_its_half_datatype_everywhere(
 
 @pytest.mark.parametrize("binary_out", [True, False])
 def test_fp16_in_fp16_out(http: Any, binary_out: bool) -> None:
-    result = http.infer("h16", [_http_input("input0", X.astype(np.float16), "FP16")],
-                        outputs=_out(binary_out))  # fmt: skip
+    result = http.infer(
+        "h16", [_http_input("input0", X.astype(np.float16), "FP16")], outputs=_out(binary_out)
+    )
     assert result.get_output("output0")["datatype"] == "FP16"
     got = result.as_numpy("output0")
     assert got.dtype == np.float16 and np.array_equal(got, Y.astype(np.float16))
@@ -215,8 +235,16 @@ def test_an_archive_packed_before_serves_as_it_did(
     assert result.get_output("output0")["datatype"] == "FP32"
     assert np.array_equal(result.as_numpy("output0"), Y)
     half = X.astype(np.float16)
-    body = {"inputs": [{"name": "input0", "datatype": "FP16", "shape": [2, 4],
-                        "data": half.reshape(-1).tolist()}]}  # fmt: skip
+    body = {
+        "inputs": [
+            {
+                "name": "input0",
+                "datatype": "FP16",
+                "shape": [2, 4],
+                "data": half.reshape(-1).tolist(),
+            }
+        ]
+    }
     refused = httpx.post(f"{server.url}/v2/models/{model}/infer", json=body)
     assert refused.status_code == 400
     assert refused.json()["error"] == "input 'input0' has datatype FP16; the model expects FP32"
@@ -265,19 +293,20 @@ def test_an_unbatched_model_refuses_another_shape(
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
+def _block_request(block: np.ndarray) -> dict[str, Any]:
+    tensor = {"name": "block", "datatype": "FP32", "shape": list(block.shape)}
+    return {"inputs": [{**tensor, "data": block.reshape(-1).tolist()}]}
+
+
 def test_concurrent_requests_to_an_unbatched_model_each_run_alone(server: LiveServer) -> None:
     """``pair`` takes batches of two (and waits for them): two requests arrive in one batch, and
     each is answered with its own block's sums, never with those of the two concatenated."""
     blocks = [BLOCK, -2 * BLOCK + 1]
 
     async def send() -> list[httpx.Response]:
+        url = f"{server.url}/v2/models/pair/infer"
         async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(*(
-                client.post(f"{server.url}/v2/models/pair/infer", json={"inputs": [
-                    {"name": "block", "datatype": "FP32", "shape": [3, 4],
-                     "data": b.reshape(-1).tolist()}]})
-                for b in blocks
-            ))  # fmt: skip
+            return await asyncio.gather(*(client.post(url, json=_block_request(b)) for b in blocks))
 
     responses = asyncio.run(send())
     for response, block in zip(responses, blocks, strict=True):
