@@ -55,7 +55,8 @@ def build_model(
 
     parity, output = _parity(options, stage, target, name, model_name, reference, example)
     dynamic = rs.exported_dynamic_dims(program) if program is not None else None
-    return name, model_name, parity, _recorded(example, example_name, output, dynamic)
+    declared = _declared(example, options.precision)
+    return name, model_name, parity, _recorded(declared, example_name, output, dynamic)
 
 
 def _stage_model(
@@ -102,6 +103,13 @@ def _stage_model(
     program = convert.export(packed, x.tensors)
     convert.save_exported(program, stage.written("model.pt2"))
     return "model.pt2", None, program
+
+
+def _declared(example: rs.Example, precision: str) -> rs.Example:
+    """The example as the packed model takes it: an fp16/bf16 model declares its floating inputs
+    in its own dtype (FP16/BF16), the datatype it serves without a cast."""
+    half = convert._DTYPES.get(precision)
+    return example.map(lambda t: t.to(half) if half and t.is_floating_point() else t)
 
 
 def _recorded(

@@ -15,9 +15,12 @@ channel, activations quantized per row at run time, plain int8 tensors and ``tor
 ``torch.ao.quantization``, which torch 2.13 deprecates together with its quantized dtypes).
 TorchScript itself (torch.jit.trace/script/save/load) is deprecated in torch 2.13: torch.export
 is the supported format, and the one the quickstart uses.
-fp16/bf16 TorchScript models take float32 or half input and return float32 (the cast is baked into
-the graph, so any handler can feed them). Exported fp16/bf16 programs are specialized on the input
-dtype: they take half input (the loader's ``model_input_dtype``) and return half.
+fp16/bf16 models take and return half precision, and the archive's signature declares it (FP16 or
+BF16 for every floating input and output). TorchScript ones also take float32 input (the cast is
+baked into the graph, so any handler can feed them); exported programs are specialized on the half
+input dtype (the loader's ``model_input_dtype``). Archives packed before issue 28 hold TorchScript
+that also casts the output back to float32, and declare FP32: the graph carries that code, so
+they load and serve as before without the class that made it.
 """
 
 from __future__ import annotations
@@ -147,24 +150,26 @@ def cast(model: nn.Module, precision: str) -> nn.Module:
     return copy.deepcopy(model).to(_DTYPES[precision]).eval()
 
 
-class _Float32Io(nn.Module):
-    """float32 in, float32 out around an fp16 or bf16 model. Which one is a bool, not a dtype
-    attribute, so that the wrapper stays scriptable."""
+class _HalfInput(nn.Module):
+    """Floating inputs cast to the half dtype of an fp16 or bf16 model, whose output stays half
+    (the datatype the archive declares). Which half dtype is a bool, not a dtype attribute, so
+    that the wrapper stays scriptable."""
 
     def __init__(self, inner: nn.Module, bf16: bool) -> None:
         super().__init__()
         self.inner = inner
         self.bf16 = bf16
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    # No return annotation: TorchScript takes the inner model's (a tensor, a tuple, a dict).
+    def forward(self, x: torch.Tensor):
         if x.is_floating_point():
             x = x.to(torch.bfloat16) if self.bf16 else x.to(torch.float16)
-        return self.inner(x).float()
+        return self.inner(x)
 
 
 def with_cast(model: nn.Module, precision: str) -> nn.Module:
-    """Wrap a half-precision model so it takes and returns float32 (floating inputs only)."""
-    return _Float32Io(model, bf16=precision == "bf16").eval()
+    """Wrap a half-precision model so it also takes float32 input (floating inputs only)."""
+    return _HalfInput(model, bf16=precision == "bf16").eval()
 
 
 def positional(example: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

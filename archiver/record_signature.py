@@ -13,8 +13,8 @@ torch; only ``archiver/build.py`` imports this, inside ``package``).
 Outputs come from a run of the packed model, loaded as the worker loads it: a tensor is
 ``output0``, a tuple or list ``output0``, ``output1``, ..., a dict of tensors its keys. Shapes
 carry ``-1`` for the batch dimension, and for every dimension an exported program declares
-dynamic. Datatypes are the tensors' own (an fp16 model's outputs are FP16: the tensor handler
-answers OIP requests in the output's dtype).
+dynamic. Datatypes are the tensors' own: an fp16 (bf16) model's are FP16 (BF16), its floating
+inputs declared in its dtype by ``build`` and its outputs as the packed model returns them.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ shape of entries::
     outputs:
       - {name: output0, datatype: FP32, shape: [-1, 10]}
 
-``-1`` is a dynamic dimension (the batch dimension always is). ``model_signature`` merges the two
+``-1`` is a dynamic dimension (the batch dimension always is; a model whose inputs do not all
+start with one has no batch dimension, ``Signature.batched``). ``model_signature`` merges the two
 sources; the server serves the result as the model's OIP metadata and the worker checks every OIP
 request against it (a missing, unknown, wrong-datatype or wrong-shape tensor is a 400).
 """
@@ -131,6 +132,13 @@ class Signature(BaseModel):
         if dupes:
             raise ValueError(f"tensor names must be unique; repeated: {dupes}")
         return specs
+
+    @property
+    def batched(self) -> bool:
+        """Whether every input has a batch dimension first (-1): requests are then concatenated
+        along it. Without one (Triton's ``max_batch_size: 0``) a request's tensors are the whole
+        inputs, and each request runs alone."""
+        return all(s.shape[:1] == [-1] for s in self.inputs)
 
     def input(self, name: str) -> TensorSpec | None:
         return next((s for s in self.inputs if s.name == name), None)

@@ -16,10 +16,15 @@ Output per request: ``{"output": <nested lists>}``: the model's output for the o
 list of per-sample outputs for several; a model returning a tuple gives a list of such outputs.
 
 Open Inference Protocol (v2) natively: each input tensor is the numpy array ``handlers.runtime.oip``
-decoded (JSON or binary; its first dimension is the batch), passed to the model positionally in
-the signature's order (the Service matched them by name; without a signature, the request's
-order); each output comes back as ``{"name", "shape", "datatype", "array"}`` in its own dtype
+decoded (JSON or binary, used in place when already in the model's dtype; its first dimension is
+the batch), passed to the model positionally in the signature's order (the Service matched them by
+name; without a signature, the request's order); each output comes back as ``{"name", "shape",
+"datatype", "array"}`` in the floating datatype the signature declares, else its own dtype
 (FP16/BF16 included), named by the signature (a dict output by its keys), else output0, output1...
+
+A model whose signature has no batch dimension (``Signature.batched`` false: Triton's
+``max_batch_size: 0``) takes each request's tensors whole, OIP or TorchServe-style: requests are
+never concatenated, each runs alone, and its outputs are answered as the model returns them.
 
 Errors: an undecodable input is 400 (``BadInput``); a well-formed input the model cannot process
 is 422 (``UnprocessableInput``): its shape differs from the manifest's ``input_shape``, its v2
@@ -31,9 +36,11 @@ paths) only goes to the worker log.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -60,6 +67,7 @@ _V2_DTYPES = {
     "BF16": torch.bfloat16,
     **{name: getattr(torch, wider.__name__) for name, wider in _WIDER.items()},
 }
+_FLOATING = frozenset({"FP16", "FP32", "FP64", "BF16"})
 # A torch dtype's OIP name: the wider stand-ins above map back to their own (signed) names.
 _V2_NAMES = {dtype: name for name, dtype in _V2_DTYPES.items() if name not in _WIDER}
 logger = logging.getLogger(__name__)
@@ -116,6 +124,14 @@ class TensorHandler(BaseHandler):
         self.signature = load_signature(
             self.manifest or {}, getattr(context, "model_yaml_config", None)
         )
+        # Inputs without a batch dimension (Triton's max_batch_size 0): each request's tensors
+        # are the model's whole inputs, run alone and answered whole.
+        self.unbatched = self.signature is not None and not self.signature.batched
+        if self.unbatched and self.accel_options.cuda_graphs:
+            # CUDA graphs pad a batch's first dimension up to a captured size: a whole input has
+            # no batch dimension to pad. The device path is rebuilt without them on first use.
+            self.accel_options = dataclasses.replace(self.accel_options, cuda_graphs=False)
+            self._accel = None
 
     # -- preprocess: one entry per remaining request: (inputs, single) --------------------------
     def preprocess(self, data: list[Any]) -> list[tuple[list[torch.Tensor], bool]]:
@@ -131,6 +147,9 @@ class TensorHandler(BaseHandler):
         if row.get("protocol") == "v2":
             return [self._v2_tensor(t) for t in row["body"]["inputs"]], False
         value = row.get("data") if row.get("data") is not None else row.get("body")
+        if self.unbatched:
+            tensor = self._to_tensor(value, None)
+            return [tensor.to(dtype=self._target_dtype(idx, tensor))], False
         shape = self.input_shape
         header = self._request_header(idx, "x-input-shape")
         if header:
@@ -194,8 +213,8 @@ class TensorHandler(BaseHandler):
             raise BadInput(f"JSON input is not a rectangular numeric array: {exc}") from exc
 
     def _v2_tensor(self, spec: dict[str, Any]) -> torch.Tensor:
-        """The tensor of one OIP input (``spec["array"]``, decoded by ``oip``): one copy of a
-        binary input's bytes, none of a JSON one's array."""
+        """The tensor of one OIP input (``spec["array"]``, decoded by ``oip``), with no copy
+        when it is in the model's dtype already (``_shared``)."""
         datatype, array = spec["datatype"], spec["array"]
         if datatype not in _V2_DTYPES:
             raise UnprocessableInput(
@@ -203,14 +222,13 @@ class TensorHandler(BaseHandler):
             )
         if datatype in _WIDER:
             array = array.astype(_WIDER[datatype])
-        elif not array.flags.writeable:  # a view of the request body
-            array = array.copy()
-        tensor = torch.from_numpy(array.view(np.int16) if datatype == "BF16" else array)
+        tensor = _shared(array.view(np.int16) if datatype == "BF16" else array)
         if datatype == "BF16":
             tensor = tensor.view(torch.bfloat16)
         sample = list(tensor.shape[1:])
         if (
-            self.input_shape is not None
+            not self.unbatched  # the signature checked the whole shape
+            and self.input_shape is not None
             and len(self.input_shape) == len(sample)
             and sample != self.input_shape
         ):
@@ -228,6 +246,8 @@ class TensorHandler(BaseHandler):
         groups: dict[tuple, list[int]] = {}
         for j, (inputs, _) in enumerate(data):
             key = tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)
+            if self.unbatched:  # never concatenated: each request is a run of its own
+                key = (j, *key)
             groups.setdefault(key, []).append(j)
         outputs: list[Any] = [None] * len(data)
         for members in groups.values():
@@ -259,7 +279,6 @@ class TensorHandler(BaseHandler):
     def _run_group(
         self, data: list[Any], members: list[int], outputs: list[Any], args: Any, kwargs: Any
     ) -> None:
-        counts = [data[j][0][0].shape[0] for j in members]
         n_inputs = len(data[members[0]][0])
         buffers = self._buffers_for(n_inputs)
         batch = [buffers[k].assemble([data[j][0][k] for j in members]) for k in range(n_inputs)]
@@ -268,6 +287,10 @@ class TensorHandler(BaseHandler):
         for k in range(n_inputs):  # an output aliasing a reused buffer must outlive the batch
             results = buffers[k].detach_from(batch[k], results)
         multi = isinstance(result, (tuple, list, dict))
+        if self.unbatched:  # one request: its outputs are whole, no batch axis to split
+            outputs[members[0]] = (results, multi, names)
+            return
+        counts = [data[j][0][0].shape[0] for j in members]
         offset = 0
         for j, count in zip(members, counts, strict=True):
             outputs[j] = ([r[offset : offset + count] for r in results], multi, names)
@@ -300,9 +323,7 @@ class TensorHandler(BaseHandler):
                 continue
             tensors, multi, names = item
             if self._is_v2(j):
-                out.append(
-                    {"outputs": [_v2_output(n, t) for n, t in zip(names, tensors, strict=True)]}
-                )
+                out.append({"outputs": self._v2_outputs(names, tensors)})
                 continue
             single = self._single[j]
             values = [
@@ -314,14 +335,39 @@ class TensorHandler(BaseHandler):
             out.append({"output": values if multi else values[0]})
         return out
 
+    def _v2_outputs(self, names: list[str], tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
+        """Each output as OIP answers it, in the datatype the signature declares for its name."""
+        declared = {s.name: s.datatype for s in self.signature.outputs} if self.signature else {}
+        return [_v2_output(n, t, declared.get(n)) for n, t in zip(names, tensors, strict=True)]
+
     def _is_v2(self, j: int) -> bool:
         row = self._rows[self.kept_indices[j]]
         return isinstance(row, dict) and row.get("protocol") == "v2"
 
 
-def _v2_output(name: str, tensor: torch.Tensor) -> dict[str, Any]:
-    """One OIP output as a numpy array (BF16 as its uint16 bits; no JSON conversion here)."""
+def _shared(array: np.ndarray) -> torch.Tensor:
+    """``array`` as a tensor over the same memory. A read-only array is binary data read in place
+    from the request's own body (a ``bytes`` object the worker received for this request alone
+    and reads no further once decoded): the tensor uses it as it is. Any other read-only buffer
+    is copied, so that the model never writes into memory the request does not own."""
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not (isinstance(base, memoryview) and isinstance(base.obj, bytes)):
+        return torch.from_numpy(array.copy())
+    with warnings.catch_warnings():  # torch's warning that tensors cannot be read-only
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def _v2_output(name: str, tensor: torch.Tensor, declared: str | None) -> dict[str, Any]:
+    """One OIP output as a numpy array (BF16 as its uint16 bits; no JSON conversion here), in
+    the floating datatype the signature declares when the model returned another one."""
     t = tensor.detach().cpu()
+    if declared in _FLOATING and t.is_floating_point() and t.dtype != _V2_DTYPES[declared]:
+        t = t.to(_V2_DTYPES[declared])
     datatype = _V2_NAMES.get(t.dtype)
     if datatype is None:
         t, datatype = t.float(), "FP32"

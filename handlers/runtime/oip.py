@@ -4,8 +4,9 @@ Torch-free. ``parse_request`` undoes the body's Content-Encoding, splits off the
 data (``Inference-Header-Content-Length``), validates the JSON header and gives every input an
 ``"array"`` (numpy, shaped; see ``oip_binary``). ``check_signature`` matches the inputs BY NAME
 against the model's signature (400 on a missing, unknown, wrong-datatype or wrong-shape tensor,
-or an unknown requested output) and puts them in the signature's order, the order the model
-takes them in. A model without a signature takes its inputs in the request's order.
+or an unknown requested output; an FP32 input where the model declares FP16 or BF16 is cast to
+it) and puts them in the signature's order, the order the model takes them in. A model without a
+signature takes its inputs in the request's order.
 
 Every input keeps the request's fields (``name``, ``shape``, ``datatype``, ``parameters``, and
 ``data`` when it was sent as JSON); handlers that speak v2 natively read ``"array"``.
@@ -203,11 +204,7 @@ def _matched_inputs(inputs: list[dict[str, Any]], signature: Any) -> list[dict[s
                 f"missing input {spec.name!r} ({spec.datatype}, shape {spec.shape}); "
                 f"the model's inputs are {known}"
             )
-        if tensor["datatype"] != spec.datatype:
-            raise BadInput(
-                f"input {spec.name!r} has datatype {tensor['datatype']}; "
-                f"the model expects {spec.datatype}"
-            )
+        tensor = _as_declared(tensor, spec)
         if not spec.matches_shape(tensor["shape"]):
             raise BadInput(
                 f"input {spec.name!r} has shape {tensor['shape']}; the model expects "
@@ -215,6 +212,21 @@ def _matched_inputs(inputs: list[dict[str, Any]], signature: Any) -> list[dict[s
             )
         ordered.append(tensor)
     return ordered
+
+
+def _as_declared(tensor: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """``tensor`` in the datatype ``spec`` declares. A half-precision input (an fp16 or bf16
+    archive's) also takes FP32, cast here once for every handler, so that clients which always
+    send FP32 keep working; Triton refuses any mismatch, and so does every other pair here."""
+    given, declared = tensor["datatype"], spec.datatype
+    if given == declared:
+        return tensor
+    if given != "FP32" or declared not in oip_binary.HALF:
+        also = " (or FP32, cast to it)" if declared in oip_binary.HALF else ""
+        raise BadInput(
+            f"input {spec.name!r} has datatype {given}; the model expects {declared}{also}"
+        )
+    return {**tensor, "datatype": declared, "array": oip_binary.to_half(tensor["array"], declared)}
 
 
 def _by_position(inputs: list[dict[str, Any]], signature: Any, known: list[str]) -> bool:

@@ -39,6 +39,7 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
         "BF16": "<u2",
     }.items()
 }
+HALF = frozenset({"FP16", "BF16"})  # the datatypes an FP32 input may be cast to (oip.py)
 _KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf", "BF16": "iuf"}
 _LENGTH = struct.Struct("<I")
 
@@ -164,6 +165,15 @@ def _as_str(item: Any) -> str:
     if isinstance(item, (bytes, bytearray)):
         return bytes(item).decode("utf-8", "replace")
     return str(item)
+
+
+def to_half(values: np.ndarray, datatype: str) -> np.ndarray:
+    """FP32 ``values`` as ``datatype`` (FP16 or BF16, in their array forms), rounded to nearest
+    even as torch casts; values past the half range become infinities, as in torch."""
+    if datatype == "BF16":
+        return bf16_bits(values)
+    with np.errstate(over="ignore"):
+        return values.astype(NUMPY_DTYPES["FP16"])
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:

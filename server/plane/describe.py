@@ -11,6 +11,8 @@ from typing import Any
 import psutil
 
 from torchbay.server.config.model_settings import SETTINGS, ModelConfig, Section, Setting
+from torchbay.server.plane.models import signature
+from torchbay.server.serving.archives import Signature
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.slot import WorkerSlot
@@ -77,6 +79,14 @@ def described(
     return shown
 
 
+def _tensors(mv: ModelVersion) -> dict[str, Any]:
+    """The tensors the model declares (its OIP metadata's ``inputs``/``outputs``: an fp16
+    archive's are FP16) and whether requests are batched along a first dimension (False: each
+    runs alone, whatever ``batchSize`` says)."""
+    sig = signature(mv) or Signature()
+    return {**sig.to_json(), "batched": sig.batched}
+
+
 def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
     """TorchServe's describe-model object, plus what torchbay knows beyond it."""
     config = registry.model_configs.get(mv.key)
@@ -110,6 +120,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         **_TS_FIXED,
         "format": getattr(info, "format", None),
         "precision": getattr(info, "precision", None),
+        **_tensors(mv),
         "threadBudget": registry.budget.summary(),  # the host's, over all models (budget.py)
         "autopilot": mv.autopilot.describe(),  # sla_p99_ms: current batching beside the ceilings
     }

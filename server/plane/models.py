@@ -90,8 +90,8 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
     settings = mv.settings
     gpu = any(s.worker is not None and s.worker.device.startswith("cuda") for s in mv.slots)
     # Triton's max_batch_size 0: a model whose inputs have no batch dimension (a leading -1)
-    batched = all(s.shape[:1] == [-1] for s in sig.inputs)
-    return {
+    batched = sig.batched
+    config: dict[str, Any] = {
         "name": mv.name,
         "platform": platform(mv),
         "backend": "pytorch",
@@ -99,10 +99,6 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
         "max_batch_size": settings.batch_size if batched else 0,
         "input": [_config_tensor(s, batched) for s in sig.inputs],
         "output": [_config_tensor(s, batched) for s in sig.outputs],
-        "dynamic_batching": {
-            "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
-            "default_queue_policy": {"max_queue_size": settings.job_queue_size},
-        },
         "instance_group": [
             {
                 "name": mv.name,
@@ -111,6 +107,12 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
             }
         ],
     }
+    if batched:  # none without a batch dimension: each request runs alone (the worker's rule)
+        config["dynamic_batching"] = {
+            "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
+            "default_queue_policy": {"max_queue_size": settings.job_queue_size},
+        }
+    return config
 
 
 class Models:

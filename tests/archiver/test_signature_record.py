@@ -174,3 +174,54 @@ def test_an_exported_program_records_its_own_dynamic_dimensions(tmp_path: Path) 
     assert m.torchbay.format == "exported" and m.torchbay.parity.passed
     assert m.torchbay.inputs == [_spec("input0", [-1, -1, 4])]
     assert m.torchbay.outputs == [_spec("output0", [-1, -1, 2])]
+
+
+MIXED_FILE = """
+import torch
+from torch import nn
+
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, features, ids):
+        return self.a(features) + ids.unsqueeze(1).to(features.dtype), ids * 2
+"""
+
+
+@pytest.mark.parametrize(
+    ("convert", "precision", "half"),
+    [("none", "fp16", "FP16"), ("export", "bf16", "BF16"), ("none", "int8-dynamic", "FP32")],
+)
+def test_a_half_precision_archive_declares_its_floating_tensors_half(
+    tmp_path: Path, convert: str, precision: str, half: str
+) -> None:
+    """Issue 28: floating inputs and outputs in the model's own dtype (integer ones keep theirs;
+    int8-dynamic computes in float32), the parity still measured against the fp32 model."""
+    (tmp_path / "mixed.py").write_text(MIXED_FILE)
+    torch.manual_seed(0)
+    namespace: dict = {}
+    exec(compile(MIXED_FILE, "mixed.py", "exec"), namespace)
+    torch.save(namespace["Mixed"]().state_dict(), tmp_path / "mixed.pt")
+    torch.save({"features": torch.randn(2, 4), "ids": torch.tensor([1, 2])}, tmp_path / "ex.pt")
+    out = package(
+        ArchiveOptions(
+            model_name="m",
+            version="1",
+            handler="tensor",
+            convert=convert,
+            precision=precision,
+            model_file=tmp_path / "mixed.py",
+            serialized_file=tmp_path / "mixed.pt",
+            example_input=tmp_path / "ex.pt",
+            export_path=tmp_path,
+        )
+    )
+    tb = read_manifest(out).torchbay
+    assert tb is not None and tb.precision == precision
+    assert tb.inputs == [_spec("features", [-1, 4], half), _spec("ids", [-1], "INT64")]
+    assert tb.outputs == [_spec("output0", [-1, 3], half), _spec("output1", [-1], "INT64")]
+    assert tb.parity is not None and tb.parity.passed and tb.parity.max_rel_error > 0
+    assert tb.parity.tolerance.max_rel_error >= 5e-2  # the precision's, not fp32's 1e-4
