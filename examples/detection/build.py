@@ -110,11 +110,15 @@ def build(out: Path, scenes: int = 4) -> Path:
         truth.append(scene.boxes)
     (out / "scenes.json").write_text(json.dumps(truth))
     return package_example(
-        out / "model_store", model_name="shapes", model_file=HERE / "model.py",
-        serialized_file=out / "shapes.pt", handler=str(HERE / "detection_handler.py"),
-        config_file=out / "model-config.yaml", convert="torchscript-trace",
+        out / "model_store",
+        model_name="shapes",
+        model_file=HERE / "model.py",
+        serialized_file=out / "shapes.pt",
+        handler=str(HERE / "detection_handler.py"),
+        config_file=out / "model-config.yaml",
+        convert="torchscript-trace",
         example_input=out / "example_input.pt",
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

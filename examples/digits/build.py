@@ -40,13 +40,28 @@ def torchbay(*args: str) -> str:
 
 def archive(out: Path, store: Path, name: str, extra: list[str]) -> Path:
     torchbay(
-        "archive", "--model-name", name, "--version", "1.0",
-        "--serialized-file", str(out / "digits.pt"), "--model-file", str(out / "model.py"),
-        "--handler", "image_classifier", "--extra-files", str(out / "index_to_name.json"),
-        "--config-file", str(out / "model-config.yaml"),
-        "--example-input", str(out / "example_input.pt"),
-        "--export-path", str(store), "--force", *extra,
-    )  # fmt: skip
+        "archive",
+        "--model-name",
+        name,
+        "--version",
+        "1.0",
+        "--serialized-file",
+        str(out / "digits.pt"),
+        "--model-file",
+        str(out / "model.py"),
+        "--handler",
+        "image_classifier",
+        "--extra-files",
+        str(out / "index_to_name.json"),
+        "--config-file",
+        str(out / "model-config.yaml"),
+        "--example-input",
+        str(out / "example_input.pt"),
+        "--export-path",
+        str(store),
+        "--force",
+        *extra,
+    )
     return store / f"{name}.mar"
 
 

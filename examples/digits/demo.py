@@ -42,17 +42,25 @@ def start_server(store: Path, run_dir: Path, models: Sequence[str]) -> subproces
     loading ``models`` (none: an empty server), every listener on a free local port."""
     return subprocess.Popen(
         [
-            sys.executable, "-m", "torchbay", "serve",
-            "--model-store", str(store),
+            sys.executable,
+            "-m",
+            "torchbay",
+            "serve",
+            "--model-store",
+            str(store),
             *(["--models", *models] if models else []),
-            "--inference-address", "http://127.0.0.1:0",
-            "--management-address", "http://127.0.0.1:0",
-            "--metrics-address", "http://127.0.0.1:0",
-            "--ready-file", str(run_dir / READY),
+            "--inference-address",
+            "http://127.0.0.1:0",
+            "--management-address",
+            "http://127.0.0.1:0",
+            "--metrics-address",
+            "http://127.0.0.1:0",
+            "--ready-file",
+            str(run_dir / READY),
         ],
         cwd=run_dir,
         env=free_grpc_ports(os.environ),
-    )  # fmt: skip
+    )
 
 
 def wait_ready(server: subprocess.Popen[bytes], ready: Path, timeout: float = 120) -> Any:

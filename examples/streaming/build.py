@@ -86,10 +86,14 @@ def build(out: Path) -> Path:
     (out / "vocab.json").write_text(json.dumps(vocab))
     (out / "model-config.yaml").write_text(MODEL_CONFIG)
     return package_example(
-        out / "model_store", model_name="zen", model_file=HERE / "model.py",
-        serialized_file=out / "zen.pt", handler=str(HERE / "generator_handler.py"),
-        extra_files=(str(out / "vocab.json"),), config_file=out / "model-config.yaml",
-    )  # fmt: skip
+        out / "model_store",
+        model_name="zen",
+        model_file=HERE / "model.py",
+        serialized_file=out / "zen.pt",
+        handler=str(HERE / "generator_handler.py"),
+        extra_files=(str(out / "vocab.json"),),
+        config_file=out / "model-config.yaml",
+    )
 
 
 if __name__ == "__main__":

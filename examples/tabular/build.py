@@ -92,12 +92,16 @@ def build(out: Path) -> Built:
     (out / "test_rows.json").write_text(json.dumps(rows))
     store = out / "model_store"
     mar = package_example(
-        store, model_name="iris", model_file=HERE / "model.py",
-        serialized_file=out / "iris.pt", handler=str(HERE / "tabular_handler.py"),
+        store,
+        model_name="iris",
+        model_file=HERE / "model.py",
+        serialized_file=out / "iris.pt",
+        handler=str(HERE / "tabular_handler.py"),
         extra_files=(str(out / "index_to_name.json"),),
-        config_file=out / "model-config.yaml", convert="torchscript-trace",
+        config_file=out / "model-config.yaml",
+        convert="torchscript-trace",
         example_input=out / "example_input.pt",
-    )  # fmt: skip
+    )
     return Built(store, Path(mar), x_test, y_test, proba, labels)
 
 

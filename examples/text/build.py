@@ -28,13 +28,58 @@ def model_module():
 
 LABELS = ["weather", "sport", "cooking"]
 WORDS = {
-    "weather": ["rain", "sunny", "cloudy", "storm", "wind", "snow", "forecast", "cold", "warm",
-                "thunder", "fog", "humid", "temperature", "showers", "breeze"],
-    "sport": ["match", "goal", "team", "score", "coach", "league", "player", "win", "referee",
-              "season", "tournament", "striker", "defence", "penalty", "stadium"],
-    "cooking": ["recipe", "oven", "bake", "flour", "sauce", "garlic", "simmer", "pan", "butter",
-                "onion", "roast", "dough", "spices", "chop", "boil"],
-}  # fmt: skip
+    "weather": [
+        "rain",
+        "sunny",
+        "cloudy",
+        "storm",
+        "wind",
+        "snow",
+        "forecast",
+        "cold",
+        "warm",
+        "thunder",
+        "fog",
+        "humid",
+        "temperature",
+        "showers",
+        "breeze",
+    ],
+    "sport": [
+        "match",
+        "goal",
+        "team",
+        "score",
+        "coach",
+        "league",
+        "player",
+        "win",
+        "referee",
+        "season",
+        "tournament",
+        "striker",
+        "defence",
+        "penalty",
+        "stadium",
+    ],
+    "cooking": [
+        "recipe",
+        "oven",
+        "bake",
+        "flour",
+        "sauce",
+        "garlic",
+        "simmer",
+        "pan",
+        "butter",
+        "onion",
+        "roast",
+        "dough",
+        "spices",
+        "chop",
+        "boil",
+    ],
+}
 FILLER = ["the", "a", "today", "was", "very", "and", "then", "we", "saw", "some", "really", "!"]
 TEMPLATES = ["{a} {f} {b} {f} {c}", "{f} {a} {b} , {f} {c} .", "{a} and {b} {f}", "{f} {f} {a} {c}"]
 MODEL_CONFIG = """\
@@ -108,11 +153,14 @@ def build(out: Path) -> Path:
     held_out = [{"text": t, "label": LABELS[y]} for t, y in sentences(random.Random(99), 30)]
     (out / "held_out.json").write_text(json.dumps(held_out, indent=1))
     return package_example(
-        out / "model_store", model_name="topics", model_file=HERE / "model.py",
-        serialized_file=out / "topics.pt", handler="text_classifier",
+        out / "model_store",
+        model_name="topics",
+        model_file=HERE / "model.py",
+        serialized_file=out / "topics.pt",
+        handler="text_classifier",
         extra_files=(str(out / "vocab.json"), str(out / "index_to_name.json")),
         config_file=out / "model-config.yaml",
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

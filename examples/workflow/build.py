@@ -47,22 +47,34 @@ def build(out: Path, epochs: int = 40) -> Path:
     if accuracy <= 0.9:
         raise SystemExit(f"digits accuracy too low: {accuracy:.1%}")
     package_example(
-        nodes, model_name="digits", model_file=out / "model.py",
-        serialized_file=out / "digits.pt", handler="image_classifier",
-        extra_files=(str(out / "index_to_name.json"),), config_file=out / "model-config.yaml",
-        convert="torchscript-trace", example_input=out / "example_input.pt",
-    )  # fmt: skip
+        nodes,
+        model_name="digits",
+        model_file=out / "model.py",
+        serialized_file=out / "digits.pt",
+        handler="image_classifier",
+        extra_files=(str(out / "index_to_name.json"),),
+        config_file=out / "model-config.yaml",
+        convert="torchscript-trace",
+        example_input=out / "example_input.pt",
+    )
     torch.jit.save(torch.jit.script(torch.nn.AvgPool2d(4).eval()), str(out / "shrink.pt"))
     package_example(
-        nodes, model_name="shrink", serialized_file=out / "shrink.pt",
+        nodes,
+        model_name="shrink",
+        serialized_file=out / "shrink.pt",
         handler=str(HERE / "shrink_handler.py"),
-    )  # fmt: skip
+    )
     write_scans(out)
     return package_example(
-        out / "model_store", model_name="read_digit", handler=str(HERE / "workflow_handler.py"),
-        extra_files=(str(HERE / "workflow.yaml"), str(nodes / "shrink.mar"),
-                     str(nodes / "digits.mar")),
-    )  # fmt: skip
+        out / "model_store",
+        model_name="read_digit",
+        handler=str(HERE / "workflow_handler.py"),
+        extra_files=(
+            str(HERE / "workflow.yaml"),
+            str(nodes / "shrink.mar"),
+            str(nodes / "digits.mar"),
+        ),
+    )
 
 
 if __name__ == "__main__":

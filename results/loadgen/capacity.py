@@ -42,16 +42,20 @@ def load_rounds(rounds: int) -> None:
                 res = gen.run(plan)
                 runs[name].append((res.req_per_s, res.generator_cpu_pct[0]))
                 cpu = res.generator_cpu_pct[0]
-                print(f"round {r + 1} {name}: {res.req_per_s:,.0f} req/s, generator "
-                      f"{cpu:.0f}% of a core, errors {res.errors}")  # fmt: skip
+                print(
+                    f"round {r + 1} {name}: {res.req_per_s:,.0f} req/s, generator "
+                    f"{cpu:.0f}% of a core, errors {res.errors}"
+                )
         for gen, _ in gens.values():
             gen.close()
     for name, values in runs.items():
         rps = statistics.median(v[0] for v in values)
         cpu = statistics.median(v[1] for v in values)
         each = ", ".join(f"{v[0]:,.0f}" for v in values)
-        print(f"{name}: median {rps:,.0f} req/s ({each}); generator CPU median {cpu:.0f}% "
-              f"= {1e4 * cpu / rps:.1f} us per request")  # fmt: skip
+        print(
+            f"{name}: median {rps:,.0f} req/s ({each}); generator CPU median {cpu:.0f}% "
+            f"= {1e4 * cpu / rps:.1f} us per request"
+        )
 
 
 def parser_rounds(rounds: int, n: int = 200_000) -> None:

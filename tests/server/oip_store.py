@@ -72,8 +72,14 @@ def build_oip_store(root: Path, work: Path) -> Path:
     }
     for name, (model, example, config) in specs.items():
         package(
-            ArchiveOptions(model_name=name, version="1.0", handler="tensor",
-                           serialized_file=work / model, example_input=work / example,
-                           config_file=config, export_path=root)
-        )  # fmt: skip
+            ArchiveOptions(
+                model_name=name,
+                version="1.0",
+                handler="tensor",
+                serialized_file=work / model,
+                example_input=work / example,
+                config_file=config,
+                export_path=root,
+            )
+        )
     return root
