@@ -237,55 +237,70 @@ def run_bench(
     options: RunOptions, on_progress: Callable[[Progress], None] | None = None
 ) -> BenchReport:
     """Run one load test as ``options`` say and return the client's and the server's numbers."""
-    notes: list[str] = []
     with open_server(options) as (endpoints, model, version):
-        settings = Batching(options.batch_size, options.max_batch_delay_ms, options.workers)
-        if any(
-            v is not None
-            for v in (settings.batch_size, settings.max_batch_delay_ms, settings.workers)
-        ):
-            if endpoints.management_port is None:
-                raise BenchError("batch/worker settings need the management API (--management-url)")
-            mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
-            mgmt.configure(model, version, settings)
+        configure(options, endpoints, model, version)
         target = make_target(endpoints, options, model, version)
-        plan = options.plan(target)
-        with LoadGenerator(options.processes) as gen:
-            before = (
-                scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
-                if plan.warmup_s == 0
-                else None
-            )
-            if plan.warmup_s > 0:
-                # Warm up separately so the server view covers only the measured window.
-                gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
-                before = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
-            result = gen.run(replace(plan, warmup_s=0.0), on_progress)
-            after = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
-        described = {}
-        if endpoints.management_port is not None:
-            try:
-                mgmt = Management(
-                    endpoints.host, endpoints.management_port, endpoints.management_key
-                )
-                info = mgmt.describe(model, version)
-                described = {
-                    k: info.get(k)
-                    for k in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
-                }
-            except BenchError as exc:
-                notes.append(f"cannot describe the model: {exc}")
+        return measure(options, endpoints, model, version, target, on_progress)
+
+
+def configure(options: RunOptions, endpoints: Endpoints, model: str, version: str | None) -> None:
+    """Apply the batching and worker flags through the management API (none given: nothing)."""
+    settings = Batching(options.batch_size, options.max_batch_delay_ms, options.workers)
+    if all(v is None for v in (settings.batch_size, settings.max_batch_delay_ms, settings.workers)):
+        return
+    if endpoints.management_port is None:
+        raise BenchError("batch/worker settings need the management API (--management-url)")
+    mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
+    mgmt.configure(model, version, settings)
+
+
+def measure(
+    options: RunOptions,
+    endpoints: Endpoints,
+    model: str,
+    version: str | None,
+    target: Target,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> BenchReport:
+    """Warm up, scrape ``/metrics``, run the measured load on ``target`` (HTTP or gRPC), scrape
+    again, read the model's settings back: one report."""
+    notes: list[str] = []
+    plan = options.plan(target)
+    host, metrics = endpoints.host, endpoints.metrics_port
+    with LoadGenerator(options.processes) as gen:
+        if plan.warmup_s > 0:
+            # Warm up separately so the server view covers only the measured window.
+            gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
+        before = scrape.snapshot(host, metrics, notes)
+        result = gen.run(replace(plan, warmup_s=0.0), on_progress)
+        after = scrape.snapshot(host, metrics, notes)
     view = scrape.server_view(before, after, model, version) if before and after else None
     notes.extend(result.behind)
+    scheme, path = ("grpc", target.grpc) if target.grpc else ("http", target.path)
     return BenchReport(
         model=model,
         version=version,
-        url=f"http://{target.host}:{target.port}{target.path}",
-        settings=described,
+        url=f"{scheme}://{target.host}:{target.port}{path}",
+        settings=_described(endpoints, model, version, notes),
         result=result,
         server=view,
         notes=tuple(notes),
     )
+
+
+def _described(
+    endpoints: Endpoints, model: str, version: str | None, notes: list[str]
+) -> dict[str, Any]:
+    """The model's batching and worker settings as the management API describes them."""
+    if endpoints.management_port is None:
+        return {}
+    try:
+        mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
+        info = mgmt.describe(model, version)
+    except BenchError as exc:
+        notes.append(f"cannot describe the model: {exc}")
+        return {}
+    return {k: info.get(k) for k in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")}
 
 
 def format_report(report: BenchReport) -> str:

@@ -42,8 +42,8 @@ def _add_load_args(
         default="predict",
         help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route"
         + (
-            "; grpc: TorchServe's gRPC Predictions, beside HTTP (benchmarks/grpc_load.py); "
-            "grpc-v2: KServe v2 gRPC ModelInfer, beside HTTP v2 binary (benchmarks/grpc_oip.py)"
+            "; grpc: TorchServe's gRPC Predictions, beside HTTP; grpc-v2: KServe v2 gRPC "
+            "ModelInfer, beside HTTP v2 binary (benchmarks/grpc_pair.py)"
             if "grpc" in protocols
             else ""
         ),
@@ -178,17 +178,14 @@ def run_run(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.bench import ProgressLine, RunOptions, format_report, run_bench
 
     if args.protocol in ("grpc", "grpc-v2"):
-        from torchbay.benchmarks import grpc_load, grpc_oip
+        from torchbay.benchmarks import grpc_pair
 
-        run = grpc_load.run_grpc_bench if args.protocol == "grpc" else grpc_oip.run_oip_bench
+        oip = args.protocol == "grpc-v2"
         args.protocol = "predict"  # the HTTP side of the comparison (grpc-v2 sets its own)
-        reports = run(_options(RunOptions, args))
+        reports = grpc_pair.run_grpc_bench(_options(RunOptions, args), oip)
         dump = [r.as_dict() for r in reports]
-        print(
-            json.dumps(dump, indent=2, default=str)
-            if args.json
-            else grpc_load.format_side_by_side(reports)
-        )
+        text = grpc_pair.format_side_by_side(reports)
+        print(json.dumps(dump, indent=2, default=str) if args.json else text)
         return 0
     options = _options(RunOptions, args)
     progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))

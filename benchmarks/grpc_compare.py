@@ -2,15 +2,14 @@
 
     python -m torchbay.benchmarks.grpc_compare --repeat 3 --duration 10
 
-For each model (tiny, cnn), each concurrency and each repeat, one run per protocol pair on a
-fresh server each, HTTP then gRPC: ``predictions``, TorchServe's pair (HTTP ``/predictions``
-beside gRPC ``Predictions``, ``grpc_load.py``); ``modelinfer`` and ``tensor``, the Open Inference
+For each model (tiny, cnn), each concurrency and each repeat, one run per protocol pair on a fresh
+server each, HTTP then gRPC (``grpc_pair.py``): ``predictions``, TorchServe's pair (HTTP
+``/predictions`` beside gRPC ``Predictions``); ``modelinfer`` and ``tensor``, the Open Inference
 Protocol pair (HTTP ``/v2/models/{m}/infer`` with the binary tensor data extension beside gRPC
-``ModelInfer`` with ``raw_input_contents``, binary outputs both, ``grpc_oip.py``). Every run is
-the closed loop of ``torchbay bench run --protocol grpc``/``grpc-v2``; repeats are interleaved
-(repeat is the outer loop) so slow drift spreads over every cell. Prints one markdown table of
-the medians: req/s (answered 200) of HTTP and gRPC, their ratio, and p50/p99 of each; ``--json``
-adds every run.
+``ModelInfer`` with ``raw_input_contents``, binary outputs both). Every run is the closed loop of
+``torchbay bench run --protocol grpc``/``grpc-v2``; repeats are interleaved (repeat is the outer
+loop) so slow drift spreads over every cell. Prints one markdown table of the medians: req/s
+(answered 200) of HTTP and gRPC, their ratio, and p50/p99 of each; ``--json`` adds every run.
 
 Built under ``--out``: the benchmark's own archives (``runner.prepare_models`` /
 ``archive_models``: the seeded models packed with ``handler_raw.py``), whose requests are the raw
@@ -78,7 +77,6 @@ def measure(
     run_dir: Path,
 ) -> Sample:
     """One pair's two reports on one fresh server (``source``: the ``--input``)."""
-    from torchbay.benchmarks import grpc_load, grpc_oip
     from torchbay.benchmarks.bench import RunOptions
 
     options = RunOptions(
@@ -89,8 +87,9 @@ def measure(
         warmup_s=warmup_s,
         run_dir=run_dir,
     )
-    run = grpc_load.run_grpc_bench if pair == "predictions" else grpc_oip.run_oip_bench
-    http, grpc_ = (report.result for report in run(options))
+    from torchbay.benchmarks.grpc_pair import run_grpc_bench
+
+    http, grpc_ = (report.result for report in run_grpc_bench(options, pair != "predictions"))
     sides = {**_side("http", http), **_side("grpc", grpc_)}
     return Sample(model=model, pair=pair, concurrency=concurrency, repeat=repeat, **sides)
 
