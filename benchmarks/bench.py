@@ -169,9 +169,9 @@ def route(protocol: Protocol, model: str, version: str | None) -> str:
     return f"/predictions/{model}" + (f"/{version}" if version else "")
 
 
-def make_target(
-    endpoints: Endpoints, options: RunOptions, model: str, version: str | None
-) -> Target:
+def make_target(endpoints: Endpoints, options: Any, model: str, version: str | None) -> Target:
+    """The HTTP target of ``options`` (``bench run``'s or the SLA search's: their ``inputs``,
+    ``protocol`` and ``content_type``, and any extra ``headers``) on ``endpoints``."""
     payloads, wrapped = load_payloads(options.inputs, options.protocol)
     content_type = options.content_type
     if content_type is None:
@@ -183,7 +183,7 @@ def make_target(
     headers = [("Content-Type", content_type)]
     if endpoints.inference_key:
         headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
-    headers.extend(options.headers)
+    headers.extend(getattr(options, "headers", ()))
     return Target(
         host=endpoints.host,
         port=endpoints.inference_port,

@@ -90,11 +90,4 @@ def run_autopilot(
         search.search(searched)
         progress.tick(f"{AUTOPILOT} searched")
         log(f"autopilot: {searched.status}: {searched.why}")
-    runs = Repeat(
-        label=AUTOPILOT,
-        rate=winner.best_rate,
-        p99_ms=[s.result.latency.p99_ms for s in steps],
-        ok_per_s=[s.result.ok_per_s for s in steps],
-        passed=[s.passed for s in steps],
-    )
-    return runs, state, searched
+    return Repeat.of(AUTOPILOT, winner.best_rate, steps), state, searched
