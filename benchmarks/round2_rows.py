@@ -24,6 +24,7 @@ from torchbay.benchmarks.round2_run import (
     failed,
     inprocess_limit,
     load_metrics,
+    median,
     ratios,
     systems_for,
 )
@@ -218,7 +219,7 @@ def row_overload(ctx: Ctx) -> RowResult:
             Ratio(
                 f"{s}: admitted p99 ms (bound: queue delay + 2x pre-overload p99)",
                 row.series(s, "admitted_p99_ms"),
-                QUEUE_DELAY_MS + 2 * _median(row.series(s, "pre_p99_ms")),
+                QUEUE_DELAY_MS + 2 * median(row.series(s, "pre_p99_ms")),
                 "<=",
             ),
             Ratio(
@@ -240,10 +241,6 @@ def row_overload(ctx: Ctx) -> RowResult:
             Ratio("TorchServe: goodput / capacity", row.series(TORCHSERVE, "goodput_ratio"))
         )
     return row
-
-
-def _median(values: list[float]) -> float:
-    return Ratio("", values).summary()
 
 
 def row_start(ctx: Ctx) -> RowResult:
