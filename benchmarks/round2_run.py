@@ -11,15 +11,12 @@ config.properties values except torchbay-only keys (``runner.TORCHBAY_ONLY_KEYS`
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadResult
-from torchbay.benchmarks.runner import TORCHSERVE, Ctx
+from torchbay.benchmarks.runner import TORCHSERVE, Ctx, run_inprocess
 
 INPROCESS = "in-process"
 NOT_RUN = "not run"
@@ -98,14 +95,9 @@ def ratios(top: list[float], bottom: list[float]) -> list[float]:
 
 def inprocess_limit(ctx: Ctx, batch: int, streams: int, env: dict | None = None) -> float:
     """samples/s of ``streams`` single-threaded loops of the cnn in one fresh process (``env``:
-    its environment, None: ours)."""
-    cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess", "--json"]
-    cmd += ["--pt", f"cnn={ctx.assets.pt['cnn']}", "--batches", str(batch)]
-    cmd += ["--streams", str(streams), "--seconds", str(ctx.duration_s)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
-    return float(json.loads(proc.stdout)["cnn"][str(batch)])
+    its environment, None: ours), for ``duration_s``."""
+    flags = ("--batches", str(batch), "--streams", str(streams), "--seconds", str(ctx.duration_s))
+    return run_inprocess(ctx, ("cnn",), *flags, env=env)["cnn"][batch]
 
 
 def systems_for(ctx: Ctx, row: RowResult, *names: str) -> list[str]:
