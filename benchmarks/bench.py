@@ -347,39 +347,21 @@ def format_report(report: BenchReport) -> str:
 
 
 class ProgressLine:
-    """A progress line on a stream: rewritten in place on a TTY, one line every few seconds
-    otherwise (so logs stay readable)."""
+    """A progress line on a stream every few seconds while a run is in flight: elapsed seconds,
+    answers so far and the rate since the last line (plain lines, so logs stay readable)."""
 
     def __init__(self, total_s: float | None, stream: TextIO = sys.stderr) -> None:
-        self.total_s = total_s
+        self.total = f"/{total_s:.0f}" if total_s else ""
         self.stream = stream
-        self.tty = stream.isatty()
-        self.last_print = 0.0
-        self.last_completed = 0
-        self.last_t = 0.0
-        self.active = False
+        self.last = Progress(0.0, 0, 0)
+        self.printed = 0.0
 
     def __call__(self, p: Progress) -> None:
-        now = time.monotonic()
-        if not self.tty and now - self.last_print < 5.0:
+        if time.monotonic() - self.printed < 5.0:
             return
-        dt = p.elapsed_s - self.last_t
-        rps = (p.completed - self.last_completed) / dt if dt > 0 else 0.0
-        self.last_completed, self.last_t, self.last_print = p.completed, p.elapsed_s, now
-        total = f"/{self.total_s:.0f}" if self.total_s else ""
-        text = f"  {max(p.elapsed_s, 0):5.1f}{total} s  {p.completed:,} answered  {rps:,.0f} req/s"
-        if self.tty:
-            bar = ""
-            if self.total_s:
-                done = min(1.0, max(0.0, p.elapsed_s / self.total_s))
-                bar = "[" + "#" * int(20 * done) + "." * (20 - int(20 * done)) + "] "
-            self.stream.write("\r" + bar + text + "   ")
-            self.active = True
-        else:
-            self.stream.write(text + "\n")
+        dt = p.elapsed_s - self.last.elapsed_s
+        rps = (p.completed - self.last.completed) / dt if dt > 0 else 0.0
+        self.last, self.printed = p, time.monotonic()
+        elapsed = f"{max(p.elapsed_s, 0):5.1f}{self.total} s"
+        self.stream.write(f"  {elapsed}  {p.completed:,} answered  {rps:,.0f} req/s\n")
         self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty and self.active:
-            self.stream.write("\n")
-            self.stream.flush()

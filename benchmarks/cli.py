@@ -198,11 +198,7 @@ def run_run(args: argparse.Namespace) -> int:
         print(json.dumps(dump, indent=2, default=str) if args.json else text)
         return 0
     options = _options(RunOptions, args)
-    progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
-    try:
-        report = run_bench(options, progress)
-    finally:
-        progress.close()
+    report = run_bench(options, ProgressLine(None if args.requests else (args.duration_s or 10.0)))
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
     else:
