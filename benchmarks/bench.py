@@ -169,9 +169,9 @@ def route(protocol: Protocol, model: str, version: str | None) -> str:
     return f"/predictions/{model}" + (f"/{version}" if version else "")
 
 
-def make_target(
-    endpoints: Endpoints, options: RunOptions, model: str, version: str | None
-) -> Target:
+def make_target(endpoints: Endpoints, options: Any, model: str, version: str | None) -> Target:
+    """The HTTP target of ``options`` (``bench run``'s or the SLA search's: their ``inputs``,
+    ``protocol`` and ``content_type``, and any extra ``headers``) on ``endpoints``."""
     payloads, wrapped = load_payloads(options.inputs, options.protocol)
     content_type = options.content_type
     if content_type is None:
@@ -183,7 +183,7 @@ def make_target(
     headers = [("Content-Type", content_type)]
     if endpoints.inference_key:
         headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
-    headers.extend(options.headers)
+    headers.extend(getattr(options, "headers", ()))
     return Target(
         host=endpoints.host,
         port=endpoints.inference_port,
@@ -237,55 +237,70 @@ def run_bench(
     options: RunOptions, on_progress: Callable[[Progress], None] | None = None
 ) -> BenchReport:
     """Run one load test as ``options`` say and return the client's and the server's numbers."""
-    notes: list[str] = []
     with open_server(options) as (endpoints, model, version):
-        settings = Batching(options.batch_size, options.max_batch_delay_ms, options.workers)
-        if any(
-            v is not None
-            for v in (settings.batch_size, settings.max_batch_delay_ms, settings.workers)
-        ):
-            if endpoints.management_port is None:
-                raise BenchError("batch/worker settings need the management API (--management-url)")
-            mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
-            mgmt.configure(model, version, settings)
+        configure(options, endpoints, model, version)
         target = make_target(endpoints, options, model, version)
-        plan = options.plan(target)
-        with LoadGenerator(options.processes) as gen:
-            before = (
-                scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
-                if plan.warmup_s == 0
-                else None
-            )
-            if plan.warmup_s > 0:
-                # Warm up separately so the server view covers only the measured window.
-                gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
-                before = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
-            result = gen.run(replace(plan, warmup_s=0.0), on_progress)
-            after = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
-        described = {}
-        if endpoints.management_port is not None:
-            try:
-                mgmt = Management(
-                    endpoints.host, endpoints.management_port, endpoints.management_key
-                )
-                info = mgmt.describe(model, version)
-                described = {
-                    k: info.get(k)
-                    for k in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
-                }
-            except BenchError as exc:
-                notes.append(f"cannot describe the model: {exc}")
+        return measure(options, endpoints, model, version, target, on_progress)
+
+
+def configure(options: RunOptions, endpoints: Endpoints, model: str, version: str | None) -> None:
+    """Apply the batching and worker flags through the management API (none given: nothing)."""
+    settings = Batching(options.batch_size, options.max_batch_delay_ms, options.workers)
+    if all(v is None for v in (settings.batch_size, settings.max_batch_delay_ms, settings.workers)):
+        return
+    if endpoints.management_port is None:
+        raise BenchError("batch/worker settings need the management API (--management-url)")
+    mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
+    mgmt.configure(model, version, settings)
+
+
+def measure(
+    options: RunOptions,
+    endpoints: Endpoints,
+    model: str,
+    version: str | None,
+    target: Target,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> BenchReport:
+    """Warm up, scrape ``/metrics``, run the measured load on ``target`` (HTTP or gRPC), scrape
+    again, read the model's settings back: one report."""
+    notes: list[str] = []
+    plan = options.plan(target)
+    host, metrics = endpoints.host, endpoints.metrics_port
+    with LoadGenerator(options.processes) as gen:
+        if plan.warmup_s > 0:
+            # Warm up separately so the server view covers only the measured window.
+            gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
+        before = scrape.snapshot(host, metrics, notes)
+        result = gen.run(replace(plan, warmup_s=0.0), on_progress)
+        after = scrape.snapshot(host, metrics, notes)
     view = scrape.server_view(before, after, model, version) if before and after else None
     notes.extend(result.behind)
+    scheme, path = ("grpc", target.grpc) if target.grpc else ("http", target.path)
     return BenchReport(
         model=model,
         version=version,
-        url=f"http://{target.host}:{target.port}{target.path}",
-        settings=described,
+        url=f"{scheme}://{target.host}:{target.port}{path}",
+        settings=_described(endpoints, model, version, notes),
         result=result,
         server=view,
         notes=tuple(notes),
     )
+
+
+def _described(
+    endpoints: Endpoints, model: str, version: str | None, notes: list[str]
+) -> dict[str, Any]:
+    """The model's batching and worker settings as the management API describes them."""
+    if endpoints.management_port is None:
+        return {}
+    try:
+        mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
+        info = mgmt.describe(model, version)
+    except BenchError as exc:
+        notes.append(f"cannot describe the model: {exc}")
+        return {}
+    return {k: info.get(k) for k in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")}
 
 
 def format_report(report: BenchReport) -> str:
@@ -332,39 +347,21 @@ def format_report(report: BenchReport) -> str:
 
 
 class ProgressLine:
-    """A progress line on a stream: rewritten in place on a TTY, one line every few seconds
-    otherwise (so logs stay readable)."""
+    """A progress line on a stream every few seconds while a run is in flight: elapsed seconds,
+    answers so far and the rate since the last line (plain lines, so logs stay readable)."""
 
     def __init__(self, total_s: float | None, stream: TextIO = sys.stderr) -> None:
-        self.total_s = total_s
+        self.total = f"/{total_s:.0f}" if total_s else ""
         self.stream = stream
-        self.tty = stream.isatty()
-        self.last_print = 0.0
-        self.last_completed = 0
-        self.last_t = 0.0
-        self.active = False
+        self.last = Progress(0.0, 0, 0)
+        self.printed = 0.0
 
     def __call__(self, p: Progress) -> None:
-        now = time.monotonic()
-        if not self.tty and now - self.last_print < 5.0:
+        if time.monotonic() - self.printed < 5.0:
             return
-        dt = p.elapsed_s - self.last_t
-        rps = (p.completed - self.last_completed) / dt if dt > 0 else 0.0
-        self.last_completed, self.last_t, self.last_print = p.completed, p.elapsed_s, now
-        total = f"/{self.total_s:.0f}" if self.total_s else ""
-        text = f"  {max(p.elapsed_s, 0):5.1f}{total} s  {p.completed:,} answered  {rps:,.0f} req/s"
-        if self.tty:
-            bar = ""
-            if self.total_s:
-                done = min(1.0, max(0.0, p.elapsed_s / self.total_s))
-                bar = "[" + "#" * int(20 * done) + "." * (20 - int(20 * done)) + "] "
-            self.stream.write("\r" + bar + text + "   ")
-            self.active = True
-        else:
-            self.stream.write(text + "\n")
+        dt = p.elapsed_s - self.last.elapsed_s
+        rps = (p.completed - self.last.completed) / dt if dt > 0 else 0.0
+        self.last, self.printed = p, time.monotonic()
+        elapsed = f"{max(p.elapsed_s, 0):5.1f}{self.total} s"
+        self.stream.write(f"  {elapsed}  {p.completed:,} answered  {rps:,.0f} req/s\n")
         self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty and self.active:
-            self.stream.write("\n")
-            self.stream.flush()

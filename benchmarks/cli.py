@@ -1,15 +1,25 @@
 """``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a suite).
 
-Importable without torch: every verb imports its core lazily.
+Importable without torch: every verb imports its core lazily. A suite (``scenarios.SUITES``) runs
+here: its archive is built (:func:`build_archive`), each of its scenarios runs with ``bench run``
+on a fresh server, and with ``--sla`` its SLA search (:func:`run_suite`); everything lands under
+``<out>/scenarios/<suite>/`` (``benchmarks/out/`` by default, gitignored).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from torchbay.benchmarks.errors import BenchError
+
+if TYPE_CHECKING:
+    from torchbay.benchmarks.scenarios import Suite
 
 
 def _csv(kind: type) -> Any:
@@ -42,8 +52,8 @@ def _add_load_args(
         default="predict",
         help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route"
         + (
-            "; grpc: TorchServe's gRPC Predictions, beside HTTP (benchmarks/grpc_load.py); "
-            "grpc-v2: KServe v2 gRPC ModelInfer, beside HTTP v2 binary (benchmarks/grpc_oip.py)"
+            "; grpc: TorchServe's gRPC Predictions, beside HTTP; grpc-v2: KServe v2 gRPC "
+            "ModelInfer, beside HTTP v2 binary (benchmarks/grpc_pair.py)"
             if "grpc" in protocols
             else ""
         ),
@@ -178,24 +188,17 @@ def run_run(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.bench import ProgressLine, RunOptions, format_report, run_bench
 
     if args.protocol in ("grpc", "grpc-v2"):
-        from torchbay.benchmarks import grpc_load, grpc_oip
+        from torchbay.benchmarks import grpc_pair
 
-        run = grpc_load.run_grpc_bench if args.protocol == "grpc" else grpc_oip.run_oip_bench
+        oip = args.protocol == "grpc-v2"
         args.protocol = "predict"  # the HTTP side of the comparison (grpc-v2 sets its own)
-        reports = run(_options(RunOptions, args))
+        reports = grpc_pair.run_grpc_bench(_options(RunOptions, args), oip)
         dump = [r.as_dict() for r in reports]
-        print(
-            json.dumps(dump, indent=2, default=str)
-            if args.json
-            else grpc_load.format_side_by_side(reports)
-        )
+        text = grpc_pair.format_side_by_side(reports)
+        print(json.dumps(dump, indent=2, default=str) if args.json else text)
         return 0
     options = _options(RunOptions, args)
-    progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
-    try:
-        report = run_bench(options, progress)
-    finally:
-        progress.close()
+    report = run_bench(options, ProgressLine(None if args.requests else (args.duration_s or 10.0)))
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
     else:
@@ -219,7 +222,6 @@ def run_sla(args: argparse.Namespace) -> int:
 
 def run_scenario(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.scenarios import find_suite
-    from torchbay.benchmarks.suites import run_suite
 
     outcome = run_suite(
         find_suite(args.name),
@@ -234,3 +236,83 @@ def run_scenario(args: argparse.Namespace) -> int:
     else:
         print(outcome["text"])
     return 0
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "out"
+
+
+def _resolve(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def build_archive(
+    suite: Suite, out_dir: Path, log: Callable[[str], None]
+) -> tuple[Path, list[Path]]:
+    """Make the suite's archive (and bodies, for reference models); returns (archive, inputs)."""
+    inputs = [_resolve(p) for p in suite.inputs]
+    if suite.archive is None:
+        from torchbay.benchmarks import runner
+
+        log(f"building the {suite.model} reference model and archive in {out_dir}")
+        assets = runner.archive_models(runner.prepare_models(out_dir), out_dir, sys.executable)
+        assert assets.model_store is not None
+        return assets.model_store / f"{suite.model}.mar", inputs or [assets.body[suite.model]]
+    archive = _resolve(suite.archive)
+    if not archive.exists() or any(not p.exists() for p in inputs):
+        if suite.script is None:
+            raise BenchError(f"{archive} is missing and the suite has no build script")
+        log(f"building with {suite.script}")
+        proc = subprocess.run(
+            [sys.executable, str(_resolve(suite.script))],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise BenchError(f"{suite.script} failed:\n{proc.stderr.strip()[-2000:]}")
+    if not inputs:
+        raise BenchError(f"suite {suite.name}: give inputs")
+    return archive, inputs
+
+
+def run_suite(
+    suite: Suite,
+    out_dir: Path | None = None,
+    *,
+    log: Callable[[str], None] = print,
+    with_sla: bool = False,
+    duration_s: float | None = None,
+    warmup_s: float | None = None,
+) -> dict[str, Any]:
+    """Build, run every scenario of the suite (a fresh server each) and, with ``with_sla``, the
+    search. Returns {"scenario", "runs": [...report dicts], "sla": winner or None, "text"}."""
+    from torchbay.benchmarks.bench import format_report, run_bench
+
+    out = (out_dir or DEFAULT_OUT) / "scenarios" / suite.name
+    out.mkdir(parents=True, exist_ok=True)
+    archive, inputs = build_archive(suite, out.parent.parent, log)
+    reports, texts = [], []
+    for run in suite.runs:
+        log(f"{suite.name}/{run.name}")
+        durations = {"duration_s": duration_s, "warmup_s": warmup_s}
+        options = suite.run_options(run, archive, inputs, out / run.name, **durations)
+        report = run_bench(options)
+        reports.append({"name": run.name, **report.as_dict()})
+        texts.append(f"== {suite.name}/{run.name}\n{format_report(report)}")
+    sla_winner = None
+    if with_sla and suite.sla:
+        from torchbay.benchmarks.sla import SlaOptions, run_sla
+
+        sla_opts = SlaOptions(
+            archive=archive,
+            inputs=tuple(inputs),
+            out_dir=out / "sla",
+            content_type=suite.content_type,
+            **suite.sla,
+        )
+        result = run_sla(sla_opts, log=log)
+        sla_winner = result.winner.label if result.winner else None
+        texts.append(f"== {suite.name}/sla: winner {sla_winner}; report {out / 'sla'}")
+    return {"scenario": suite.name, "runs": reports, "sla": sla_winner, "text": "\n\n".join(texts)}

@@ -2,15 +2,14 @@
 
     python -m torchbay.benchmarks.grpc_compare --repeat 3 --duration 10
 
-For each model (tiny, cnn), each concurrency and each repeat, one run per protocol pair on a
-fresh server each, HTTP then gRPC: ``predictions``, TorchServe's pair (HTTP ``/predictions``
-beside gRPC ``Predictions``, ``grpc_load.py``); ``modelinfer`` and ``tensor``, the Open Inference
+For each model (tiny, cnn), each concurrency and each repeat, one run per protocol pair on a fresh
+server each, HTTP then gRPC (``grpc_pair.py``): ``predictions``, TorchServe's pair (HTTP
+``/predictions`` beside gRPC ``Predictions``); ``modelinfer`` and ``tensor``, the Open Inference
 Protocol pair (HTTP ``/v2/models/{m}/infer`` with the binary tensor data extension beside gRPC
-``ModelInfer`` with ``raw_input_contents``, binary outputs both, ``grpc_oip.py``). Every run is
-the closed loop of ``torchbay bench run --protocol grpc``/``grpc-v2``; repeats are interleaved
-(repeat is the outer loop) so slow drift spreads over every cell. Prints one markdown table of
-the medians: req/s (answered 200) of HTTP and gRPC, their ratio, and p50/p99 of each; ``--json``
-adds every run.
+``ModelInfer`` with ``raw_input_contents``, binary outputs both). Every run is the closed loop of
+``torchbay bench run --protocol grpc``/``grpc-v2``; repeats are interleaved (repeat is the outer
+loop) so slow drift spreads over every cell. Prints one markdown table of the medians: req/s
+(answered 200) of HTTP and gRPC, their ratio, and p50/p99 of each; ``--json`` adds every run.
 
 Built under ``--out``: the benchmark's own archives (``runner.prepare_models`` /
 ``archive_models``: the seeded models packed with ``handler_raw.py``), whose requests are the raw
@@ -26,7 +25,6 @@ import json
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,24 +43,9 @@ Inputs = dict[str, dict[str, tuple[Path, Path]]]  # model -> pair -> (archive, -
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "grpc_compare"
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One run of one pair: both sides' numbers."""
-
-    model: str
-    pair: str
-    concurrency: int
-    repeat: int
-    http_ok_per_s: float
-    grpc_ok_per_s: float
-    http_p50_ms: float
-    http_p99_ms: float
-    grpc_p50_ms: float
-    grpc_p99_ms: float
-    http_sent: int
-    http_ok: int
-    grpc_sent: int
-    grpc_ok: int
+# One run of one pair (a "sample"): model, pair, concurrency, repeat, and each side's ok_per_s,
+# p50_ms, p99_ms, sent and ok, prefixed http_ and grpc_.
+Sample = dict[str, Any]
 
 
 def measure(
@@ -78,7 +61,6 @@ def measure(
     run_dir: Path,
 ) -> Sample:
     """One pair's two reports on one fresh server (``source``: the ``--input``)."""
-    from torchbay.benchmarks import grpc_load, grpc_oip
     from torchbay.benchmarks.bench import RunOptions
 
     options = RunOptions(
@@ -89,14 +71,15 @@ def measure(
         warmup_s=warmup_s,
         run_dir=run_dir,
     )
-    run = grpc_load.run_grpc_bench if pair == "predictions" else grpc_oip.run_oip_bench
-    http, grpc_ = (report.result for report in run(options))
+    from torchbay.benchmarks.grpc_pair import run_grpc_bench
+
+    http, grpc_ = (report.result for report in run_grpc_bench(options, pair != "predictions"))
     sides = {**_side("http", http), **_side("grpc", grpc_)}
-    return Sample(model=model, pair=pair, concurrency=concurrency, repeat=repeat, **sides)
+    return {"model": model, "pair": pair, "concurrency": concurrency, "repeat": repeat, **sides}
 
 
 def _side(protocol: str, result: LoadResult) -> dict[str, Any]:
-    """One protocol's half of a :class:`Sample` (its fields are named ``<protocol>_...``)."""
+    """One protocol's half of a sample (its fields are named ``<protocol>_...``)."""
     figures = {
         "ok_per_s": result.ok_per_s,
         "p50_ms": result.latency.p50_ms,
@@ -152,18 +135,18 @@ def compare(
 
 
 def _median(samples: list[Sample], field: str) -> float:
-    return statistics.median(getattr(s, field) for s in samples)
+    return statistics.median(s[field] for s in samples)
 
 
 def table(samples: Sequence[Sample]) -> str:
     """One markdown row per (model, pair, concurrency): the medians over its repeats."""
     cells: dict[tuple[str, str, int], list[Sample]] = {}
     for s in samples:
-        cells.setdefault((s.model, s.pair, s.concurrency), []).append(s)
+        cells.setdefault((s["model"], s["pair"], s["concurrency"]), []).append(s)
     rows = []
     for (model, pair, c), group in cells.items():
         http, grpc_ = _median(group, "http_ok_per_s"), _median(group, "grpc_ok_per_s")
-        failed = sum(s.http_sent - s.http_ok + s.grpc_sent - s.grpc_ok for s in group)
+        failed = sum(s["http_sent"] - s["http_ok"] + s["grpc_sent"] - s["grpc_ok"] for s in group)
         rows.append(
             [
                 model,
@@ -288,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in failures:
         print(f"\n{line}")
     if args.json:
-        print(json.dumps([asdict(s) for s in samples], indent=2))
+        print(json.dumps(samples, indent=2))
     return 1 if failures else 0
 
 

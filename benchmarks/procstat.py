@@ -1,12 +1,17 @@
-"""CPU and memory of a server's process tree (the process and all its descendants).
+"""CPU and memory of a server's process tree (the process and all its descendants), and of the
+load generator's processes beside it.
 
 CPU: take :func:`cpu_snapshot` before and after a load run; :func:`cpu_seconds_between` gives the
-tree's CPU seconds spent in between and :func:`cpu_ms_per_request` divides by the requests served.
-Processes are keyed by (pid, create time) so a reused pid is never subtracted from a stranger; a
-process born during the run counts all its CPU; children that exited and were reaped by the root
-count through the root's ``children_user``/``children_system``. (A child that dies unreaped, or is
-reaped by a grandparent, loses its last interval: the price of sampling, noted for workers that
-crash mid-run.)
+tree's CPU seconds spent in between, :func:`cpu_by_role` the same split by role (the frontend: the
+root and every descendant that is not a worker, TorchServe's java frontend included; the workers:
+torchbay's ``torchbay.server.worker`` or TorchServe's ``model_service_worker`` processes; the load
+generator's processes), and :func:`cpu_ms_per_request` divides by the requests served. Processes
+are keyed by (pid, create time) so a reused pid is never subtracted from a stranger; a process
+born during the run counts all its CPU; children that exited and were reaped by the root count
+(as the frontend's) through the root's ``children_user``/``children_system``. (A child that dies
+unreaped, or is reaped by a grandparent, loses its last interval: the price of sampling, noted
+for workers that crash mid-run.) :class:`Window` takes the two snapshots from a thread at given
+offsets (a phase inside one run): round two's overload row says where the two cores went.
 
 Memory: :func:`memory_snapshot` gives RSS and PSS (proportional set size: shared pages split
 between the processes sharing them, so the tree's PSS does not count torch's libraries once per
@@ -22,26 +27,39 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from torchbay.benchmarks.loadgen import START_MARGIN_S
+
 _MB = 1024 * 1024
 ProcKey = tuple[int, float]
+FRONTEND, WORKERS, LOAD_GENERATOR = "frontend", "workers", "load generator"
+WORKER_MARKS = ("torchbay.server.worker", "model_service_worker")
+SPAN = 0.8  # the share of a measured window a CPU window covers, clear of the window's edges
+# The figures of :func:`figures`, as round two's overload row reports them.
+FIGURES = (
+    "worker_ms_capacity",
+    "worker_ms_4x",
+    "cpu_frontend_4x_pct",
+    "cpu_workers_4x_pct",
+    "cpu_loadgen_4x_pct",
+)
 
 
 @dataclass(frozen=True)
 class CpuSnapshot:
-    """CPU seconds (user + system) of each live process of a tree, and of its reaped children."""
+    """Role and CPU seconds (user + system) of each live process, and of the root's reaped
+    children."""
 
-    per_process: dict[ProcKey, float]
-    reaped_children_s: float
-
-    @property
-    def total_s(self) -> float:
-        return sum(self.per_process.values()) + self.reaped_children_s
+    per_process: dict[ProcKey, tuple[str, float]]
+    reaped_children_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,29 +82,44 @@ def tree(pid: int) -> list[psutil.Process]:
         return [root]
 
 
-def cpu_snapshot(pid: int) -> CpuSnapshot:
-    """CPU times of ``pid`` and its descendants now. Raises ``psutil.NoSuchProcess`` if the root is
-    gone; descendants that vanish while being read are skipped."""
-    per_process: dict[ProcKey, float] = {}
+def is_worker(proc: psutil.Process) -> bool:
+    """A worker process of torchbay or TorchServe (by its command line)."""
+    command = " ".join(proc.cmdline())
+    return any(mark in command for mark in WORKER_MARKS)
+
+
+def cpu_snapshot(pid: int, generator_pids: Iterable[int] = ()) -> CpuSnapshot:
+    """CPU times of ``pid``'s tree and of the load generator's processes now. Raises
+    ``psutil.NoSuchProcess`` if the root is gone; other processes that vanish are skipped."""
+    per_process: dict[ProcKey, tuple[str, float]] = {}
     reaped = 0.0
-    for proc in tree(pid):
+    procs = [(proc, None) for proc in tree(pid)]
+    for proc, role in procs + [(psutil.Process(p), LOAD_GENERATOR) for p in generator_pids]:
         try:
             with proc.oneshot():
                 times = proc.cpu_times()
                 key = (proc.pid, proc.create_time())
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                role = role or (WORKERS if is_worker(proc) else FRONTEND)
+        except psutil.Error:
             continue
-        per_process[key] = times.user + times.system
+        per_process[key] = (role, times.user + times.system)
         if proc.pid == pid:
             reaped = times.children_user + times.children_system
     return CpuSnapshot(per_process=per_process, reaped_children_s=reaped)
 
 
+def cpu_by_role(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
+    """CPU seconds per role between two snapshots (a process born in between counts whole)."""
+    used = dict.fromkeys((FRONTEND, WORKERS, LOAD_GENERATOR), 0.0)
+    for key, (role, cpu) in after.per_process.items():
+        used[role] += cpu - before.per_process.get(key, (role, 0.0))[1]
+    used[FRONTEND] += after.reaped_children_s - before.reaped_children_s
+    return used
+
+
 def cpu_seconds_between(before: CpuSnapshot, after: CpuSnapshot) -> float:
     """CPU seconds the tree spent between two snapshots (never negative)."""
-    spent = sum(cpu - before.per_process.get(key, 0.0) for key, cpu in after.per_process.items())
-    spent += after.reaped_children_s - before.reaped_children_s
-    return max(spent, 0.0)
+    return max(sum(cpu_by_role(before, after).values()), 0.0)
 
 
 def cpu_ms_per_request(cpu_seconds: float, requests: int) -> float:
@@ -230,3 +263,69 @@ def describe_machine(m: dict[str, Any]) -> str:
         f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']:.0f} GiB; {m['os']}; "
         f"Python {m['python']}; torch {m['torch']}; torchbay {m['torchbay']}"
     )
+
+
+def closed_run_opens(warmup_s: float) -> float:
+    """Seconds from a call of ``runner.closed`` to its measured run's start: the warm-up run
+    (a start margin, ``warmup_s``, its end), then the measured run's own start margin."""
+    return 3 * START_MARGIN_S + warmup_s
+
+
+class Window:
+    """Snapshots taken from a thread ``begin_s`` and ``end_s`` seconds after construction."""
+
+    @classmethod
+    def within(cls, pids: tuple[int, Iterable[int]], opens_s: float, duration_s: float) -> Window:
+        """``SPAN`` of a measured window of ``duration_s`` that opens ``opens_s`` from now."""
+        return cls(*pids, opens_s, opens_s + SPAN * duration_s)
+
+    @property
+    def span_s(self) -> float:
+        return self._marks[1] - self._marks[0]
+
+    def __init__(
+        self, server_pid: int, generator_pids: Iterable[int], begin_s: float, end_s: float
+    ) -> None:
+        self._args = (server_pid, list(generator_pids))
+        self._t0 = time.monotonic()
+        self._marks = (begin_s, end_s)
+        self._snaps: list[CpuSnapshot] = []
+        self._thread = threading.Thread(target=self._run, name="cpu-window", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for mark in self._marks:
+            time.sleep(max(0.0, self._t0 + mark - time.monotonic()))
+            with contextlib.suppress(psutil.Error):  # the server stopped: no window
+                self._snaps.append(cpu_snapshot(*self._args))
+
+    def seconds(self) -> dict[str, float] | None:
+        """CPU seconds per role inside the window (None if the run ended before it did)."""
+        self._thread.join(timeout=max(0.0, self._t0 + self._marks[1] - time.monotonic()) + 5)
+        if len(self._snaps) < 2:
+            return None
+        return cpu_by_role(self._snaps[0], self._snaps[1])
+
+
+def figures(
+    capacity: dict[str, float] | None,
+    capacity_ok: float,
+    overload: dict[str, float] | None,
+    overload_s: float,
+    overload_ok: float,
+) -> dict[str, float]:
+    """Round two's CPU figures: the workers' CPU per served request at capacity and in the 4x
+    phase (ms), and each role's share of one core in the 4x phase (%); NaN where a window was
+    not taken."""
+    nan = float("nan")
+    out = {"worker_ms_capacity": nan}
+    if capacity is not None and capacity_ok:
+        out["worker_ms_capacity"] = 1000 * capacity[WORKERS] / capacity_ok
+    keys = ("cpu_frontend_4x_pct", "cpu_workers_4x_pct", "cpu_loadgen_4x_pct", "worker_ms_4x")
+    out.update(dict.fromkeys(keys, nan))
+    if overload is not None and overload_s > 0:
+        for key, role in zip(keys, (FRONTEND, WORKERS, LOAD_GENERATOR), strict=False):
+            out[key] = 100 * overload[role] / overload_s
+        if overload_ok:
+            out["worker_ms_4x"] = 1000 * overload[WORKERS] / overload_ok
+    return out

@@ -13,18 +13,20 @@ from typing import Any
 from torchbay.benchmarks.procstat import describe_machine
 from torchbay.benchmarks.scenarios import Goal, Scenario, ScenarioResult
 
-METRICS = (
-    "req_per_s",
-    "p50_ms",
-    "p90_ms",
-    "p99_ms",
-    "errors",
-    "cpu_ms_per_req",
-    "frontend_rss_mb",
-    "tree_pss_mb",
-    "start_s",
-    "foreign_cpu_pct",
-)
+# The table's metrics, in its column order, and the digits each is shown with.
+DIGITS = {
+    "req_per_s": 0,
+    "p50_ms": 2,
+    "p90_ms": 2,
+    "p99_ms": 2,
+    "errors": 0,
+    "cpu_ms_per_req": 3,
+    "frontend_rss_mb": 0,
+    "tree_pss_mb": 0,
+    "start_s": 2,
+    "foreign_cpu_pct": 0,
+}
+METRICS = tuple(DIGITS)
 
 
 def medians(results: Iterable[ScenarioResult]) -> dict[str, dict[str, float]]:
@@ -63,14 +65,6 @@ def num(value: float | None, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.{digits}f}"
-
-
 def _row(name: str, scenario: Scenario | None, m: dict[str, float], per_run: str) -> list[str]:
     setup = (
         f"{scenario.load} b={scenario.batch_size} d={scenario.max_batch_delay_ms}"
@@ -81,16 +75,7 @@ def _row(name: str, scenario: Scenario | None, m: dict[str, float], per_run: str
     return [
         name,
         setup,
-        _fmt(m.get("req_per_s"), 0),
-        _fmt(m.get("p50_ms"), 2),
-        _fmt(m.get("p90_ms"), 2),
-        _fmt(m.get("p99_ms"), 2),
-        _fmt(m.get("errors"), 0),
-        _fmt(m.get("cpu_ms_per_req"), 3),
-        _fmt(m.get("frontend_rss_mb"), 0),
-        _fmt(m.get("tree_pss_mb"), 0),
-        _fmt(m.get("start_s"), 2),
-        _fmt(m.get("foreign_cpu_pct"), 0),
+        *(num(m.get(metric), DIGITS[metric]) for metric in METRICS),
         per_run,
     ]
 
@@ -119,7 +104,7 @@ def table_rows(scenarios: Sequence[Scenario], results: Sequence[ScenarioResult])
     for scenario in scenarios:
         runs = [r for r in results if r.scenario == scenario.name]
         per_run = ", ".join(
-            "FAILED" if r.error else _fmt(r.req_per_s, 0)
+            "FAILED" if r.error else num(r.req_per_s, 0)
             for r in sorted(runs, key=lambda r: r.round)
         )
         rows.append(_row(scenario.name, scenario, med.get(scenario.name, {}), per_run))
@@ -134,7 +119,7 @@ def target_rows(targets: Sequence[Goal], med: dict[str, dict[str, float]]) -> li
             verdict, shown = "not measured", "-"
         else:
             verdict = "met" if target.met(value) else "MISSED"
-            shown = f"{value:.2f}x" if target.denominator else _fmt(value, 2)
+            shown = f"{value:.2f}x" if target.denominator else num(value, 2)
         rows.append([target.key, target.about, shown, target.describe_bound(), verdict])
     return rows
 
@@ -194,9 +179,7 @@ def render_markdown(
     ]
     if inprocess:
         batches = sorted({b for per in inprocess.values() for b in per})
-        rows = [
-            [n, *(_fmt(per.get(b), 0) for b in batches)] for n, per in sorted(inprocess.items())
-        ]
+        rows = [[n, *(num(per.get(b), 0) for b in batches)] for n, per in sorted(inprocess.items())]
         parts += [
             "",
             "Model in process, one thread (samples/s, median over rounds):",

@@ -13,7 +13,7 @@ import os
 
 import psutil
 
-from torchbay.benchmarks import cpushare, round2_overload, round2_sweep
+from torchbay.benchmarks import procstat, round2_overload, round2_sweep
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
@@ -24,6 +24,7 @@ from torchbay.benchmarks.round2_run import (
     failed,
     inprocess_limit,
     load_metrics,
+    median,
     ratios,
     systems_for,
 )
@@ -118,8 +119,8 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
     with serving(ctx, system, {"cnn": CNN_B8_W2}, run_dir, props=props) as server:
         tgt = target(ctx, server, "cnn", "cnn")
         pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
-        opens = cpushare.closed_run_opens(ctx.warmup_s)
-        at_capacity = cpushare.Window.within(pids, opens, ctx.duration_s)
+        opens = procstat.closed_run_opens(ctx.warmup_s)
+        at_capacity = procstat.Window.within(pids, opens, ctx.duration_s)
         capacity = closed(ctx, tgt, 16).ok_per_s
         d = ctx.duration_s
         steps = (
@@ -137,12 +138,12 @@ def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, l
             max_connections=MAX_CONNECTIONS,
             timeline=True,
         )
-        phase = cpushare.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
+        phase = procstat.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
         result = ctx.gen.run(plan)
         lost = result.statuses.get(TIMEOUT, 0)
         outcome = round2_overload.analyse(result.timeline, capacity, steps, lost, result.sent)
         good, served = outcome.overload.goodput_per_s * d, capacity * at_capacity.span_s
-        cpu = cpushare.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
+        cpu = procstat.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
         behind = result.behind
         points = []
         for factor in SWEEP_FACTORS if sweep else ():
@@ -178,7 +179,7 @@ OVERLOAD_KEYS = (
     "503_overload",
     "503_recovery",
     "recovery_s",
-    *cpushare.FIGURES,
+    *procstat.FIGURES,
 )
 
 
@@ -218,7 +219,7 @@ def row_overload(ctx: Ctx) -> RowResult:
             Ratio(
                 f"{s}: admitted p99 ms (bound: queue delay + 2x pre-overload p99)",
                 row.series(s, "admitted_p99_ms"),
-                QUEUE_DELAY_MS + 2 * _median(row.series(s, "pre_p99_ms")),
+                QUEUE_DELAY_MS + 2 * median(row.series(s, "pre_p99_ms")),
                 "<=",
             ),
             Ratio(
@@ -240,10 +241,6 @@ def row_overload(ctx: Ctx) -> RowResult:
             Ratio("TorchServe: goodput / capacity", row.series(TORCHSERVE, "goodput_ratio"))
         )
     return row
-
-
-def _median(values: list[float]) -> float:
-    return Ratio("", values).summary()
 
 
 def row_start(ctx: Ctx) -> RowResult:

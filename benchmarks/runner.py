@@ -291,14 +291,18 @@ def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> ScenarioResult:
     )
 
 
-def run_inprocess(ctx: Ctx) -> dict[str, dict[int, float]]:
-    """The in-process model loop, in a fresh process (one thread, nothing else loaded)."""
+def run_inprocess(
+    ctx: Ctx, models: tuple[str, ...] | None = None, *flags: str, env: dict | None = None
+) -> dict[str, dict[int, float]]:
+    """The in-process model loop (``ceilings/inprocess.py``, extra ``flags``: ``--batches``,
+    ``--streams``, ``--seconds``), in a fresh process with one thread and nothing else loaded
+    (``env``: its environment, None: ours); samples/s per model and batch size."""
     cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess", "--json"]
-    cmd += ["--seconds", str(ctx.inprocess_seconds)]
-    for name, pt in ctx.assets.pt.items():
-        cmd += ["--pt", f"{name}={pt}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    cmd += ["--seconds", str(ctx.inprocess_seconds), *flags]
+    for name in models or ctx.assets.pt:
+        cmd += ["--pt", f"{name}={ctx.assets.pt[name]}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise BenchError(f"in-process loop failed: {proc.stderr.strip()}")
+        raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
     raw = json.loads(proc.stdout)
     return {name: {int(b): rate for b, rate in per.items()} for name, per in raw.items()}

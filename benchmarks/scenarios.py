@@ -11,9 +11,9 @@ the goals (``python -m torchbay.benchmarks.run_scenarios``). Round two's rows de
 servers with the same :class:`Batching`.
 
 A :class:`Suite` is one archive (a reference model, or one a script builds), its request bodies,
-torchbay scenarios to run against it one server each, and an SLA search (``--sla``):
-``torchbay bench scenario tiny`` (``suites.py`` runs them). Suites reuse the reference scenarios
-where they measure the same thing.
+torchbay scenarios to run against it one server each, and an SLA search (``--sla``): ``torchbay
+bench scenario tiny`` (``cli.run_suite`` runs them through ``bench run``). Suites reuse the
+reference scenarios where they measure the same thing.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadplan import LoadPlan
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from torchbay.benchmarks.bench import RunOptions
     from torchbay.benchmarks.loadplan import Target
     from torchbay.benchmarks.stats import Arrival
 
@@ -255,6 +258,34 @@ class Suite:
     @property
     def model(self) -> str:
         return self.runs[0].model
+
+    def run_options(
+        self,
+        run: Scenario,
+        archive: Path,
+        inputs: list[Path],
+        run_dir: Path,
+        *,
+        duration_s: float | None = None,
+        warmup_s: float | None = None,
+    ) -> RunOptions:
+        """``bench run``'s options for one of the suite's scenarios (the suite's durations
+        unless overridden)."""
+        from torchbay.benchmarks.bench import RunOptions
+
+        batching = {"batch_size": run.batch_size, "max_batch_delay_ms": run.max_batch_delay_ms}
+        load = {"concurrency": run.concurrency, "rate": run.rate, "arrival": run.arrival}
+        return RunOptions(
+            archive=archive,
+            inputs=tuple(inputs),
+            content_type=self.content_type,
+            workers=run.workers,
+            duration_s=duration_s or self.duration_s,
+            warmup_s=self.warmup_s if warmup_s is None else warmup_s,
+            run_dir=run_dir,
+            **batching,
+            **load,
+        )
 
 
 def _reference(*names: str) -> tuple[Scenario, ...]:

@@ -35,9 +35,9 @@ import time
 from collections.abc import Callable
 
 from torchbay.benchmarks import scrape
-from torchbay.benchmarks.bench import guess_content_type, load_payloads, route
+from torchbay.benchmarks.bench import make_target
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla_autopilot import SEARCH_UNITS, run_autopilot
@@ -72,27 +72,9 @@ class _Search:
         self.mgmt = Management(
             endpoints.host, endpoints.management_port or 0, endpoints.management_key
         )
-        self.target = self._target()
+        self.target = make_target(endpoints, options, model, None)
         self.current: Batching | None = None
         self.progress = Progress(0, log, time.monotonic)  # set by _search_all
-
-    def _target(self) -> Target:
-        payloads, wrapped = load_payloads(self.o.inputs, self.o.protocol)
-        content_type = self.o.content_type or (
-            "application/json"
-            if wrapped or self.o.protocol == "v2"
-            else guess_content_type(self.o.inputs[0])
-        )
-        headers = [("Content-Type", content_type)]
-        if self.endpoints.inference_key:
-            headers.append(("Authorization", f"Bearer {self.endpoints.inference_key}"))
-        return Target(
-            self.endpoints.host,
-            self.endpoints.inference_port,
-            route(self.o.protocol, self.model, None),
-            payloads,
-            tuple(headers),
-        )
 
     def configure(self, config: Batching) -> None:
         """Apply ``config`` live, then warm it up: closed loops at concurrency 1 and 2*b*w, so
@@ -108,12 +90,6 @@ class _Search:
                 self.gen.run(
                     LoadPlan(self.target, "closed", conc, duration_s=half, timeout_s=timeout)
                 )
-
-    def _snapshot(self) -> scrape.Snapshot | None:
-        if self.endpoints.metrics_port is None:
-            return None
-        text = scrape.fetch_metrics(self.endpoints.host, self.endpoints.metrics_port)
-        return scrape.parse_snapshot(text)
 
     def measure(self, config: Batching, phase: str, rate: float) -> Step:
         """One open-loop step at ``rate`` (or a closed-loop probe when phase is 'probe')."""
@@ -139,9 +115,10 @@ class _Search:
                 timeout_s=self.o.timeout_s,
                 seed=self.o.seed,
             )
-        before = self._snapshot()
+        where = (self.endpoints.host, self.endpoints.metrics_port, [])
+        before = scrape.snapshot(*where)
         result = self.gen.run(plan)
-        after = self._snapshot()
+        after = scrape.snapshot(*where)
         view = scrape.server_view(before, after, self.model) if before and after else None
         passed, reason = self.judge(result)
         step = Step(
@@ -385,13 +362,4 @@ def _repeat(
             oc.steps.append(step)
             runs[oc.label].append(step)
             search.progress.tick(f"repeated {oc.label}")
-    return [
-        Repeat(
-            label=oc.label,
-            rate=oc.best_rate,
-            p99_ms=[s.result.latency.p99_ms for s in runs[oc.label]],
-            ok_per_s=[s.result.ok_per_s for s in runs[oc.label]],
-            passed=[s.passed for s in runs[oc.label]],
-        )
-        for oc in top
-    ]
+    return [Repeat.of(oc.label, oc.best_rate, runs[oc.label]) for oc in top]

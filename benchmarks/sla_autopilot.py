@@ -17,7 +17,7 @@ from typing import Any
 
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.managed import Endpoints, ManagedServer
-from torchbay.benchmarks.scenarios import Batching
+from torchbay.benchmarks.scenarios import Batching, models_json
 from torchbay.benchmarks.sla_model import Outcome, Progress, Repeat, SlaOptions
 
 # Progress units of one autopilot run beyond its repeats: the probe and the rate search.
@@ -37,17 +37,13 @@ def write_config(options: SlaOptions, model: str, version: str | None, config: B
     """A config.properties whose ``models=`` entry sets the SLA target and the ceilings."""
     run_dir = options.out_dir / "autopilot"
     run_dir.mkdir(parents=True, exist_ok=True)
-    entry = {
+    models = models_json({model: config}, version or "1.0")
+    models[model][version or "1.0"] |= {
         "marName": options.archive.name,
-        "batchSize": config.batch_size,
-        "maxBatchDelay": config.max_batch_delay_ms,
-        "minWorkers": config.workers,
-        "maxWorkers": config.workers,
         "slaP99Ms": options.sla_p99_ms,
-        "defaultVersion": True,
     }
     path = run_dir / "config.properties"
-    path.write_text(f"models={json.dumps({model: {version or '1.0': entry}})}\n")
+    path.write_text(f"models={json.dumps(models)}\n")
     return path
 
 
@@ -90,11 +86,4 @@ def run_autopilot(
         search.search(searched)
         progress.tick(f"{AUTOPILOT} searched")
         log(f"autopilot: {searched.status}: {searched.why}")
-    runs = Repeat(
-        label=AUTOPILOT,
-        rate=winner.best_rate,
-        p99_ms=[s.result.latency.p99_ms for s in steps],
-        ok_per_s=[s.result.ok_per_s for s in steps],
-        passed=[s.passed for s in steps],
-    )
-    return runs, state, searched
+    return Repeat.of(AUTOPILOT, winner.best_rate, steps), state, searched

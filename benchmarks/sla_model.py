@@ -118,6 +118,12 @@ class Repeat:
     ok_per_s: list[float]
     passed: list[bool]
 
+    @classmethod
+    def of(cls, label: str, rate: float, steps: list[Step]) -> Repeat:
+        """The repeated runs ``steps`` of one configuration at ``rate``."""
+        p99 = [s.result.latency.p99_ms for s in steps]
+        return cls(label, rate, p99, [s.result.ok_per_s for s in steps], [s.passed for s in steps])
+
     @property
     def p99_spread_pct(self) -> float:
         return spread_pct(self.p99_ms)

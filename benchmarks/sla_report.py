@@ -1,8 +1,9 @@
 """The files of an SLA search: ``report.md``, ``results.csv``, ``result.json`` and the plots.
 
-``results.csv`` has one row per measured step (probe, ramp, bisect, repeat) so every point of
-the plots can be checked; ``report.md`` the per-configuration table, the winner, the repeats'
-spread, how the search went, and the machine it ran on.
+``results.csv`` has one row per measured step (probe, ramp, bisect, repeat; :func:`step_row`) so
+every point of the plots can be checked; ``result.json`` the whole search (:func:`result_json`);
+``report.md`` the per-configuration table, the winner, the repeats' spread, how the search went,
+and the machine it ran on.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.procstat import describe_machine, machine_info
 from torchbay.benchmarks.report import markdown_table, num
-from torchbay.benchmarks.sla_json import CSV_COLUMNS, result_json, step_row
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.sla_model import Outcome, SlaResult
+    from torchbay.benchmarks.sla_model import Outcome, SlaResult, Step
 
 REPEAT_HEADER = (
     "config",
@@ -52,15 +52,14 @@ CONFIG_HEADER = (
 
 
 def write_csv(result: SlaResult, path: Path) -> Path:
+    rows = [step_row(step) for outcome in result.outcomes for step in outcome.steps]
+    for step in result.autopilot_search.steps if result.autopilot_search else ():
+        # the autopilot's own search, at its ceilings
+        rows.append({**step_row(step), "config": f"autopilot {step.config.label()}"})
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["config"])
         writer.writeheader()
-        for outcome in result.outcomes:
-            for step in outcome.steps:
-                writer.writerow(step_row(step))
-        for step in result.autopilot_search.steps if result.autopilot_search else ():
-            # the autopilot's own search, at its ceilings
-            writer.writerow({**step_row(step), "config": f"autopilot {step.config.label()}"})
+        writer.writerows(rows)
     return path
 
 
@@ -308,3 +307,79 @@ def write_all(result: SlaResult, command: str | None = None) -> dict[str, Path]:
     files["report"] = out / "report.md"
     files["report"].write_text(render_markdown(result, command or _command_line()))
     return files
+
+
+def step_row(step: Step) -> dict[str, Any]:
+    r = step.result
+    c = step.config
+    return {
+        "config": c.label(),
+        "batch_size": c.batch_size,
+        "max_delay_ms": c.max_batch_delay_ms,
+        "workers": c.workers,
+        "phase": step.phase,
+        "offered_rate": round(step.offered_rate, 3),
+        "ok_per_s": round(r.ok_per_s, 3) if math.isfinite(r.ok_per_s) else "",
+        "sent": r.sent,
+        "ok": r.ok,
+        "error_rate": round(r.error_rate, 6),
+        "p50_ms": round(r.latency.p50_ms, 3),
+        "p90_ms": round(r.latency.p90_ms, 3),
+        "p99_ms": round(r.latency.p99_ms, 3),
+        "p99.9_ms": round(r.latency.p999_ms, 3),
+        "max_ms": round(r.latency.max_ms, 3),
+        "passed": int(step.passed),
+        "reason": step.reason,
+        "statuses": " ".join(f"{k}:{v}" for k, v in r.statuses.items()),
+        "mean_batch_size": round(step.mean_batch_size, 3),
+        "queue_mean_ms": round(step.queue_mean_ms, 3),
+        "lag_p99_ms": round(r.lag.p99_ms, 3),
+    }
+
+
+def _outcome_json(oc: Outcome) -> dict[str, Any]:
+    return {
+        "config": oc.label,
+        "batch_size": oc.config.batch_size,
+        "max_delay_ms": oc.config.max_batch_delay_ms,
+        "workers": oc.config.workers,
+        "status": oc.status,
+        "why": oc.why,
+        "capacity": oc.capacity,
+        "best_rate": oc.best_rate,
+        "steps": [step_row(s) for s in oc.steps],
+    }
+
+
+def result_json(result: SlaResult) -> dict[str, Any]:
+    return {
+        "model": result.model,
+        "version": result.version,
+        "sla_p99_ms": result.options.sla_p99_ms,
+        "machine": machine_info(),
+        "elapsed_s": result.elapsed_s,
+        "winner": result.winner.label if result.winner else None,
+        "runner_up": result.runner_up.label if result.runner_up else None,
+        "configurations": [_outcome_json(oc) for oc in result.outcomes],
+        "repeats": [
+            {
+                "config": rep.label,
+                "rate": rep.rate,
+                "p99_ms": rep.p99_ms,
+                "ok_per_s": rep.ok_per_s,
+                "passed": rep.passed,
+            }
+            for rep in result.repeats
+        ],
+        "autopilot": None
+        if result.autopilot is None
+        else {
+            "rate": result.autopilot.rate,
+            "p99_ms": result.autopilot.p99_ms,
+            "ok_per_s": result.autopilot.ok_per_s,
+            "passed": result.autopilot.passed,
+            "state": result.autopilot_state,
+            "search": _outcome_json(result.autopilot_search) if result.autopilot_search else None,
+        },
+        "applied": str(result.applied) if result.applied else None,
+    }

@@ -1,4 +1,4 @@
-"""``torchbay bench run --protocol grpc-v2`` (benchmarks/grpc_oip.py): the OIP input tensor as
+"""``torchbay bench run --protocol grpc-v2`` (benchmarks/grpc_pair.py): the OIP input tensor as
 both routes carry it, and the HTTP v2 binary / gRPC ModelInfer pair against a real server started
 from the benchmark's tiny archive."""
 
@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from torchbay.benchmarks import cli, grpc_compare, grpc_oip, runner
+from torchbay.benchmarks import cli, grpc_compare, grpc_pair, runner
 from torchbay.benchmarks.bench import RunOptions, open_server
 from torchbay.benchmarks.errors import BenchError
 from torchbay.handlers.runtime import oip
@@ -44,7 +44,7 @@ def _parsed(body: bytes, head_len: int) -> dict:
 def test_a_raw_file_is_one_bytes_element_the_raw_handler_reads_back(tmp_path: Path) -> None:
     raw = np.arange(64, dtype="<f4").tobytes()
     (tmp_path / "x.bin").write_bytes(raw)
-    tensor = grpc_oip.load_tensor(tmp_path / "x.bin")
+    tensor = grpc_pair.load_tensor(tmp_path / "x.bin")
     body, head_len = tensor.http_body()
     request = _parsed(body, head_len)
     assert request["parameters"] == {"binary_data_output": True}
@@ -55,7 +55,7 @@ def test_a_raw_file_is_one_bytes_element_the_raw_handler_reads_back(tmp_path: Pa
 def test_a_npy_tensor_is_the_same_over_http_and_model_infer(tmp_path: Path) -> None:
     array = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
     np.save(tmp_path / "x.npy", array)
-    tensor = grpc_oip.load_tensor(tmp_path / "x.npy")
+    tensor = grpc_pair.load_tensor(tmp_path / "x.npy")
     assert (tensor.name, tensor.datatype, tensor.shape) == ("input0", "FP32", (3, 4))
     over_http = _parsed(*tensor.http_body())["inputs"][0]
     # the server's own conversion of the ModelInferRequest (what the worker gets over gRPC)
@@ -65,9 +65,9 @@ def test_a_npy_tensor_is_the_same_over_http_and_model_infer(tmp_path: Path) -> N
         np.testing.assert_array_equal(seen["array"], array)
     np.save(tmp_path / "c.npy", np.zeros(2, dtype=np.complex64))
     with pytest.raises(BenchError, match="no OIP datatype"):
-        grpc_oip.load_tensor(tmp_path / "c.npy")
+        grpc_pair.load_tensor(tmp_path / "c.npy")
     with pytest.raises(BenchError, match="cannot read"):
-        grpc_oip.load_tensor(tmp_path / "missing.npy")
+        grpc_pair.load_tensor(tmp_path / "missing.npy")
 
 
 def test_an_archive_input_is_its_recorded_example(
@@ -75,14 +75,14 @@ def test_an_archive_input_is_its_recorded_example(
 ) -> None:
     only = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
     typed = grpc_compare._tensor_archives(only, tmp_path)["tiny"]
-    tensor = grpc_oip.load_tensor(typed)
+    tensor = grpc_pair.load_tensor(typed)
     assert (tensor.name, tensor.datatype, tensor.shape) == ("input0", "FP32", (1, 64))
     assert tensor.raw == tiny[1].read_bytes()  # the same sample as the raw body
     with pytest.raises(BenchError, match="records no one-tensor example"):
-        grpc_oip.load_tensor(tiny[0])  # the raw-body archive records none
+        grpc_pair.load_tensor(tiny[0])  # the raw-body archive records none
     (tmp_path / "junk.mar").write_bytes(b"not a zip")
     with pytest.raises(BenchError, match=r"junk\.mar"):
-        grpc_oip.load_tensor(tmp_path / "junk.mar")
+        grpc_pair.load_tensor(tmp_path / "junk.mar")
 
 
 def test_grpc_v2_is_a_closed_loop_over_one_input(tmp_path: Path) -> None:
@@ -90,10 +90,10 @@ def test_grpc_v2_is_a_closed_loop_over_one_input(tmp_path: Path) -> None:
     body.write_bytes(bytes(256))
     rate = RunOptions(url="http://h:1", model="m", rate=5.0, inputs=(body,))
     with pytest.raises(BenchError, match="closed loop"):
-        grpc_oip.run_oip_bench(rate)
+        grpc_pair.run_grpc_bench(rate, oip=True)
     two = RunOptions(url="http://h:1", model="m", concurrency=1, inputs=(body, body))
     with pytest.raises(BenchError, match="one --input"):
-        grpc_oip.run_oip_bench(two)
+        grpc_pair.run_grpc_bench(two, oip=True)
     with pytest.raises(SystemExit):
         _parse("sla", "--archive", "a", "--input", "x", "--sla-p99-ms", "1",
                "--protocol", "grpc-v2")  # fmt: skip
@@ -122,7 +122,7 @@ def test_both_routes_answer_binary_outputs_and_url_mode_loads_grpc_only(
     archive, body_file = tiny
     options = RunOptions(archive=archive, inputs=(body_file,), concurrency=2, duration_s=0.3,
                          warmup_s=0.0, run_dir=tmp_path)  # fmt: skip
-    tensor = grpc_oip.load_tensor(body_file)
+    tensor = grpc_pair.load_tensor(body_file)
     with open_server(options) as (endpoints, model, _version):
         grpc_port = endpoints.grpc_port
         key = endpoints.inference_key
@@ -130,24 +130,24 @@ def test_both_routes_answer_binary_outputs_and_url_mode_loads_grpc_only(
         answer = httpx.post(
             f"http://{endpoints.host}:{endpoints.inference_port}/v2/models/{model}/infer",
             content=body, timeout=60,
-            headers={grpc_oip.HEADER_LENGTH: str(head_len), "Authorization": f"Bearer {key}"},
+            headers={grpc_pair.HEADER_LENGTH: str(head_len), "Authorization": f"Bearer {key}"},
         )  # fmt: skip
         assert answer.status_code == 200, answer.text
-        n = int(answer.headers[grpc_oip.HEADER_LENGTH])
+        n = int(answer.headers[grpc_pair.HEADER_LENGTH])
         outputs = json.loads(answer.content[:n])["outputs"]
         sizes = [o["parameters"]["binary_data_size"] for o in outputs]
         assert sizes and sum(sizes) == len(answer.content) - n and "data" not in outputs[0]
-        request_type, response_type, *_ = messages.method_types(grpc_oip.OIP_SERVICE, "ModelInfer")
+        request_type, response_type, *_ = messages.method_types(grpc_pair.OIP_SERVICE, "ModelInfer")
         with grpc.insecure_channel(f"{endpoints.host}:{grpc_port}") as channel:
-            infer = channel.unary_unary(f"/{grpc_oip.OIP_SERVICE}/ModelInfer",
+            infer = channel.unary_unary(f"/{grpc_pair.OIP_SERVICE}/ModelInfer",
                                         request_serializer=request_type.SerializeToString,
                                         response_deserializer=response_type.FromString)  # fmt: skip
             reply = infer(tensor.grpc_request(model, None), timeout=60,
                           metadata=[("authorization", f"Bearer {key}")])  # fmt: skip
         assert [len(r) for r in reply.raw_output_contents] == sizes
-        (only,) = grpc_oip.run_oip_bench(options.model_copy(update={
+        (only,) = grpc_pair.run_grpc_bench(options.model_copy(update={
             "archive": None, "url": f"http://{endpoints.host}:{grpc_port}", "model": model,
             "token": key, "run_dir": None,
-        }))  # fmt: skip
+        }), oip=True)  # fmt: skip
     assert only.url.endswith("/ModelInfer") and only.result.sent > 0
     assert only.result.statuses == {"200": only.result.ok} and only.result.ok == only.result.sent

@@ -97,7 +97,7 @@ def test_overload_row_counts_add_up(tmp_path: Path) -> None:
     (metrics,) = row["systems"]["torchbay"]
     assert metrics["capacity_req_s"] > 0
     assert metrics["offered_req_s"] == pytest.approx(4 * metrics["capacity_req_s"])
-    # Where the CPU went (benchmarks/cpushare.py): the workers ran in both windows.
+    # Where the CPU went (benchmarks/procstat.py): the workers ran in both windows.
     assert metrics["worker_ms_capacity"] > 0 and metrics["cpu_workers_4x_pct"] > 0
     assert metrics["cpu_frontend_4x_pct"] > 0 and metrics["cpu_loadgen_4x_pct"] > 0
     sweep = row["extra"]["sweep"]["torchbay"]

@@ -9,11 +9,11 @@ import pytest
 
 from torchbay.benchmarks import report, scenarios
 from torchbay.benchmarks.bench import RunOptions
+from torchbay.benchmarks.cli import build_archive
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import Target
 from torchbay.benchmarks.scenarios import Scenario, Suite
 from torchbay.benchmarks.sla import SlaOptions
-from torchbay.benchmarks.suites import build_archive, run_options
 from torchbay.cli import main
 
 
@@ -36,7 +36,7 @@ def test_every_suite_row_becomes_run_options_and_its_sla_is_valid(
     suite = scenarios.find_suite(name)
     archive, inputs = tmp_path / "m.mar", [tmp_path / "body.bin"]
     for run in suite.runs:
-        options = run_options(suite, run, archive, inputs, tmp_path / run.name)
+        options = suite.run_options(run, archive, inputs, tmp_path / run.name)
         assert isinstance(options, RunOptions)
         assert (options.batch_size, options.workers) == (run.batch_size, run.workers)
         assert options.max_batch_delay_ms == run.max_batch_delay_ms
@@ -52,8 +52,8 @@ def test_every_suite_row_becomes_run_options_and_its_sla_is_valid(
 
 def test_durations_can_be_overridden(tmp_path: Path) -> None:
     suite = scenarios.find_suite("digits")
-    options = run_options(suite, suite.runs[1], tmp_path / "d.mar", [tmp_path / "x.png"],
-                          tmp_path, duration_s=0.5, warmup_s=0.0)  # fmt: skip
+    files = (tmp_path / "d.mar", [tmp_path / "x.png"], tmp_path)
+    options = suite.run_options(suite.runs[1], *files, duration_s=0.5, warmup_s=0.0)
     assert (options.duration_s, options.warmup_s, options.rate) == (0.5, 0.0, 200.0)
 
 

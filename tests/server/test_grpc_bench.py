@@ -1,4 +1,4 @@
-"""``torchbay bench run --protocol grpc`` (benchmarks/grpc_load.py): its closed loop against a
+"""``torchbay bench run --protocol grpc`` (benchmarks/grpc_pair.py): its closed loop against a
 live server, the report beside HTTP's, and the flag offered to ``run`` only."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import cli, grpc_load
+from torchbay.benchmarks import bench, cli, grpc_pair
 from torchbay.benchmarks.bench import BenchReport, RunOptions
 from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.managed import Endpoints
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -22,22 +23,28 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_grpc_closed_loop_against_a_live_server(live_server) -> None:
     live = live_server(models={"tiny": {"1.0": {"marName": "tiny.mar", "defaultVersion": True}}})
-    state = live.server.state
-    target = grpc_load.GrpcTarget("127.0.0.1", state.ports.grpc_inference, "tiny", None, None,
-                                  (bytes(256),), state.ports.metrics)  # fmt: skip
-    scrapes = []
-    result = grpc_load.run_grpc_load(target, 2, 0.5, 0.1, 10.0, on_warm=lambda: scrapes.append(1))
-    assert scrapes == [1]
+    ports = live.server.state.ports
+    endpoints = Endpoints("127.0.0.1", ports.grpc_inference, metrics_port=ports.metrics)
+    method = f"/{grpc_pair.SERVICE}/Predictions"
+
+    def run(model: str, body: bytes, seconds: float) -> BenchReport:
+        messages = grpc_pair.predictions(model, None, (body,))
+        target = grpc_pair.grpc_target(endpoints, ports.grpc_inference, method, messages)
+        url = f"http://127.0.0.1:{ports.grpc_inference}"
+        where = {"url": url, "model": model, "inputs": (Path("unused"),)}
+        options = RunOptions(**where, concurrency=2, duration_s=seconds, warmup_s=0.1)
+        return bench.measure(options, endpoints, model, None, target)
+
+    report = run("tiny", bytes(256), 0.5)
+    result = report.result
+    assert report.url == f"grpc://127.0.0.1:{ports.grpc_inference}{method}"
+    assert report.server is not None  # /metrics scraped around the measured window
     assert result.sent > 0 and result.ok == result.sent == result.completed
     assert result.statuses == {"200": result.ok} and result.latency.count == result.ok
-    missing = grpc_load.GrpcTarget("127.0.0.1", state.ports.grpc_inference, "nope", None, None,
-                                   (b"{}",))  # fmt: skip
-    failed = grpc_load.run_grpc_load(missing, 1, 0.2, 0.0, 10.0)
+    failed = run("nope", b"{}", 0.2).result
     assert failed.ok == 0 and set(failed.statuses) == {"NOT_FOUND"}
-    text = grpc_load.format_side_by_side([BenchReport("probe", None, "u", {}, result, None)] * 2)
-    assert "gRPC vs HTTP:" in text and target.url in grpc_load.format_side_by_side(
-        [BenchReport("probe", None, target.url, {}, result, None)]
-    )
+    text = grpc_pair.format_side_by_side([report, report])
+    assert "gRPC vs HTTP:" in text and report.url in grpc_pair.format_side_by_side([report])
 
 
 def test_the_protocol_flag_is_offered_to_run_only(tmp_path: Path) -> None:
@@ -54,4 +61,4 @@ def test_the_protocol_flag_is_offered_to_run_only(tmp_path: Path) -> None:
                "--input", str(body)),
     )  # fmt: skip
     with pytest.raises(BenchError, match="closed loop"):
-        grpc_load.run_grpc_bench(options)
+        grpc_pair.run_grpc_bench(options)

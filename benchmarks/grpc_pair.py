@@ -1,14 +1,18 @@
-"""``torchbay bench run --protocol grpc-v2``: the Open Inference Protocol over gRPC, beside HTTP.
+"""``torchbay bench run --protocol grpc`` and ``grpc-v2``: the same closed loop over gRPC, beside
+HTTP, on one server.
 
-The same closed loop as ``--protocol grpc`` (``grpc_load.py``), for the KServe v2 pair: HTTP
-``/v2/models/{m}/infer`` with the binary tensor data extension (a JSON inference header, then the
-raw tensor bytes; ``Inference-Header-Content-Length`` says where the JSON ends) through the
-regular load generator, then gRPC ``inference.GRPCInferenceService/ModelInfer`` with the same
-bytes in ``raw_input_contents``. Both ask for binary outputs (``binary_data_output``; ModelInfer
-always answers in ``raw_output_contents``). With ``--archive`` one server runs both, two reports
-side by side; with ``--url`` (the gRPC address) only gRPC runs. Torch-free.
+``grpc`` sends TorchServe's ``Predictions`` (each input file as the ``data`` entry) beside HTTP
+``/predictions``; ``grpc-v2`` the KServe v2 pair: HTTP ``/v2/models/{m}/infer`` with the binary
+tensor data extension (a JSON inference header, then the raw tensor bytes;
+``Inference-Header-Content-Length`` says where the JSON ends) beside gRPC
+``inference.GRPCInferenceService/ModelInfer`` with the same bytes in ``raw_input_contents``, both
+asking for binary outputs. A gRPC target is the load generator's :class:`Target` with the request
+messages serialized and the inference key as ``authorization`` metadata, so both sides are
+measured by ``bench.measure``: the same load loop, server view and report. With ``--archive`` one
+server runs both (HTTP first); with ``--url`` (the server's gRPC address) only gRPC runs.
+Torch-free.
 
-The input tensor, from the one ``--input``:
+The ``grpc-v2`` input tensor, from the one ``--input``:
 
 - a ``.mar`` archive (the ``--archive`` itself, say): the example input it records
   (``torchbay archive --example-input x.npy``), named as its signature names its one input;
@@ -30,11 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchbay.benchmarks import bench
 from torchbay.benchmarks.bench import BenchReport, RunOptions
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.grpc_load import GrpcTarget, closed_loop_only, run_pair
+from torchbay.benchmarks.loadgen import Target
 from torchbay.benchmarks.managed import Endpoints
 
+SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 OIP_SERVICE = "inference.GRPCInferenceService"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BODY_FILE = "oip-binary-body.bin"
@@ -154,31 +160,83 @@ def _input_name(archive: Path | None) -> str:
     return inputs[0].name if inputs and len(inputs) == 1 else "input0"
 
 
-def run_oip_bench(
-    options: RunOptions, on_progress: Callable[[Any], None] | None = None
+def grpc_target(endpoints: Endpoints, port: int, method: str, messages: list[Any]) -> Target:
+    """The load generator's gRPC target: ``messages`` serialized, sent in turn to ``method``
+    (``/package.Service/Method``), the inference key as ``authorization`` metadata."""
+    key = endpoints.inference_key
+    auth = (("authorization", f"Bearer {key}"),) if key else ()
+    payloads = tuple(m.SerializeToString() for m in messages)
+    return Target(endpoints.host, port, "", payloads, auth, grpc=method)
+
+
+def predictions(model: str, version: str | None, payloads: tuple[bytes, ...]) -> list[Any]:
+    """One TorchServe ``PredictionsRequest`` per payload (the ``data`` entry)."""
+    from torchbay.server.grpc.messages import method_types
+
+    request_type = method_types(SERVICE, "Predictions")[0]
+    fields = {"model_name": model, "model_version": version or ""}
+    return [request_type(**fields, input={"data": body}) for body in payloads]
+
+
+def run_grpc_bench(
+    options: RunOptions, oip: bool = False, on_progress: Callable[[Any], None] | None = None
 ) -> list[BenchReport]:
-    """The HTTP v2 binary report then the ModelInfer one (``--archive``), or ModelInfer alone
-    (``--url``: the server's gRPC address)."""
-    closed_loop_only(options, "grpc-v2")
-    if len(options.inputs) != 1:
+    """The HTTP report then the gRPC one on one server (``--archive``), or the gRPC one alone
+    (``--url``: the server's gRPC address). ``oip``: the v2 pair (``grpc-v2``), else
+    TorchServe's (``grpc``)."""
+    name = "grpc-v2" if oip else "grpc"
+    if options.concurrency is None or options.requests is not None:
+        raise BenchError(f"--protocol {name} runs a closed loop: give --concurrency and --duration")
+    if oip and len(options.inputs) != 1:
         raise BenchError("--protocol grpc-v2 sends one input tensor: give one --input")
-    tensor = load_tensor(options.inputs[0], options.archive)
+    tensor = load_tensor(options.inputs[0], options.archive) if oip else None
+    with (
+        bench.open_server(options) as (endpoints, model, version),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        if tensor is None:
+            http = options
+            method = f"/{SERVICE}/Predictions"
+            messages = predictions(
+                model, version, bench.load_payloads(options.inputs, "predict")[0]
+            )
+        else:
+            http = _v2_binary(options, tensor, Path(tmp) / BODY_FILE)
+            method = f"/{OIP_SERVICE}/ModelInfer"
+            messages = [tensor.grpc_request(model, version)]  # sent over and over
+        reports = []
+        if options.url is None:
+            assert endpoints.grpc_port is not None
+            bench.configure(options, endpoints, model, version)
+            target = bench.make_target(endpoints, http, model, version)
+            reports.append(bench.measure(http, endpoints, model, version, target, on_progress))
+        port = endpoints.inference_port if options.url else endpoints.grpc_port
+        target = grpc_target(endpoints, port or 0, method, messages)
+        reports.append(bench.measure(options, endpoints, model, version, target))
+    return reports
 
-    def target(endpoints: Endpoints, port: int, model: str) -> GrpcTarget:
-        key, metrics = endpoints.inference_key, endpoints.metrics_port
-        where = (endpoints.host, port, model, options.version, key, (), metrics)
-        grpc_ = GrpcTarget(*where, service=OIP_SERVICE, method="ModelInfer")
-        grpc_.requests = (tensor.grpc_request(model, options.version),)  # sent over and over
-        return grpc_
 
+def _v2_binary(options: RunOptions, tensor: OipTensor, body_file: Path) -> RunOptions:
+    """``options`` for the HTTP side of the v2 pair: the binary-extension body of ``tensor``."""
     body, head_len = tensor.http_body()
-    with tempfile.TemporaryDirectory(prefix="tb-bench-oip-") as tmp:
-        body_file = Path(tmp) / BODY_FILE
-        body_file.write_bytes(body)
-        http = {
-            "protocol": "v2",
-            "inputs": (body_file,),
-            "content_type": "application/octet-stream",
-            "headers": ((HEADER_LENGTH, str(head_len)),),
-        }
-        return run_pair(options, target, http, on_progress)
+    body_file.write_bytes(body)
+    update = {
+        "protocol": "v2",
+        "inputs": (body_file,),
+        "content_type": "application/octet-stream",
+        "headers": ((HEADER_LENGTH, str(head_len)),),
+    }
+    return options.model_copy(update=update)
+
+
+def format_side_by_side(reports: list[BenchReport]) -> str:
+    """Each report's table, then one line comparing gRPC with HTTP."""
+    text = "\n\n".join(bench.format_report(r) for r in reports)
+    if len(reports) == 2:
+        http, grpc_ = (r.result for r in reports)
+        text += (
+            f"\n\ngRPC vs HTTP: {grpc_.ok_per_s:,.1f} vs {http.ok_per_s:,.1f} ok/s, "
+            f"p50 {grpc_.latency.p50_ms:.2f} vs {http.latency.p50_ms:.2f} ms, "
+            f"p99 {grpc_.latency.p99_ms:.2f} vs {http.latency.p99_ms:.2f} ms"
+        )
+    return text
