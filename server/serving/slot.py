@@ -27,16 +27,15 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 
-from torchbay.server.errors import HandlerFailed, TorchbayError
+from torchbay.server.errors import TorchbayError
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving.batches import BatchRecord, run_batch
 from torchbay.server.serving.handle import Spawned, WorkerLoadError, WorkerProcess, WorkerState
 from torchbay.server.serving.launch import ModelSettings, Placement
-from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject, resolve
-from torchbay.server.serving.streams import BatchStreams
+from torchbay.server.serving.queue import BatchQueue, Pending, reject
 
 log = logging.getLogger("torchbay.model")
 
@@ -50,19 +49,6 @@ _MIB = 1 << 20
 
 
 __all__ = ["BatchRecord", "Placement", "SlotContext", "SlotEvents", "WorkerSlot", "run_batch"]
-
-Batch = list[Pending[p.WireRequest, p.WireResponse]]
-
-
-@dataclass(frozen=True, slots=True)
-class BatchRecord:
-    """What an observer learns from one batch."""
-
-    size: int
-    queue_times_s: list[float]
-    timings_ms: dict[str, float]
-    metrics: list[dict[str, Any]]
-    run_s: float = 0.0  # the batch's wall time on its worker (admission's service rate)
 
 
 class SlotEvents:
@@ -95,51 +81,6 @@ class SlotContext:
     stopping: Callable[[], bool] = lambda: False  # the model is closing
     prewarmed: Callable[[], Spawned | None] = lambda: None
     events: SlotEvents = field(default_factory=SlotEvents)
-
-
-async def run_batch(
-    worker: WorkerProcess, batch: Batch, settings: ModelSettings, key: str
-) -> BatchRecord | None:
-    """Run one batch on ``worker`` and answer each request's future exactly once (its streamed
-    parts go to its ``Parts``, see streams.py); the batch's record, or None when the whole batch
-    failed (worker died, timeout, wrong result count)."""
-    streams = BatchStreams(worker, batch, settings.max_response_size, key)
-    started = clock()
-    try:
-        result = await worker.infer(
-            [item.payload for item in batch], settings.response_timeout_s or None, streams.on_part
-        )
-    except TorchbayError as exc:  # WorkerDied, RequestTimeout
-        for item in batch:
-            reject(item.future, type(exc)(exc.message))
-        return None
-    finally:
-        streams.close()
-    if len(result.responses) != len(batch):
-        for item in batch:
-            reject(item.future, HandlerFailed("The worker answered the wrong number of results"))
-        return None
-    limit = settings.max_response_size
-    for item, response in zip(batch, result.responses, strict=True):
-        if limit and len(response.body) > limit:
-            log.error(
-                "model %s: request %s: the handler's response of %d bytes exceeds "
-                "max_response_size (%d bytes); answered 500",
-                key, item.payload.request_id, len(response.body), limit,
-            )  # fmt: skip
-            reject(item.future, HandlerFailed(
-                f"The model's response of {len(response.body)} bytes exceeds the "
-                f"server's max_response_size of {limit} bytes"
-            ))  # fmt: skip
-            continue
-        resolve(item.future, response)
-    return BatchRecord(
-        size=len(batch),
-        queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],
-        timings_ms=result.timings,
-        metrics=result.metrics,
-        run_s=clock() - started,
-    )
 
 
 class WorkerSlot:
@@ -287,8 +228,10 @@ class WorkerSlot:
         self.recycles += 1
         self.ctx.events.worker_recycled(new)
         self.ctx.events.worker_started(new, restart=False)
-        log.info("model %s: recycled worker %s (pid %s) as %s (pid %s)",
-                 self.ctx.key, old.name, old.pid, new.name, new.pid)  # fmt: skip
+        log.info(
+            "model %s: recycled worker %s (pid %s) as %s (pid %s)",
+            *(self.ctx.key, old.name, old.pid, new.name, new.pid),
+        )
         await self._idle.wait()  # the old worker's batch, if any, is answered first
         await asyncio.shield(old.stop(self.ctx.settings().response_timeout_s or 10.0))
         return new
@@ -350,8 +293,10 @@ class WorkerSlot:
             return False
         limit = settings.max_requests_per_worker
         if limit and worker.requests >= limit:
-            log.info("model %s: worker %s served %d requests (limit %d); recycling it",
-                     self.ctx.key, worker.name, worker.requests, limit)  # fmt: skip
+            log.info(
+                "model %s: worker %s served %d requests (limit %d); recycling it",
+                *(self.ctx.key, worker.name, worker.requests, limit),
+            )
             return True
         limit_mb = settings.max_worker_rss_mb
         if not limit_mb or loop_time - worker.rss_checked_at < RSS_CHECK_INTERVAL_S:
@@ -362,8 +307,10 @@ class WorkerSlot:
         except (psutil.Error, OSError):
             return False  # it is exiting; the supervisor sees that
         if rss > limit_mb * _MIB:
-            log.info("model %s: worker %s uses %d MiB (limit %d MiB); recycling it",
-                     self.ctx.key, worker.name, rss // _MIB, limit_mb)  # fmt: skip
+            log.info(
+                "model %s: worker %s uses %d MiB (limit %d MiB); recycling it",
+                *(self.ctx.key, worker.name, rss // _MIB, limit_mb),
+            )
             return True
         return False
 

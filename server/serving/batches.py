@@ -1,0 +1,81 @@
+"""One batch on one worker: run it, answer each request's future exactly once, and say what
+happened (:class:`BatchRecord`, for the metrics and the Triton statistics). Torch-free."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from torchbay.server.errors import HandlerFailed, TorchbayError
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.handle import WorkerProcess
+from torchbay.server.serving.launch import ModelSettings
+from torchbay.server.serving.queue import Pending, clock, reject, resolve
+from torchbay.server.serving.streams import BatchStreams
+
+log = logging.getLogger("torchbay.model")
+
+Batch = list[Pending[p.WireRequest, p.WireResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """What an observer learns from one batch."""
+
+    size: int
+    queue_times_s: list[float]
+    timings_ms: dict[str, float]
+    metrics: list[dict[str, Any]]
+    run_s: float = 0.0  # the batch's wall time on its worker (admission's service rate)
+
+
+async def run_batch(
+    worker: WorkerProcess, batch: Batch, settings: ModelSettings, key: str
+) -> BatchRecord | None:
+    """Run one batch on ``worker`` and answer each request's future exactly once (its streamed
+    parts go to its ``Parts``, see streams.py); the batch's record, or None when the whole batch
+    failed (worker died, timeout, wrong result count)."""
+    streams = BatchStreams(worker, batch, settings.max_response_size, key)
+    started = clock()
+    try:
+        result = await worker.infer(
+            [item.payload for item in batch], settings.response_timeout_s or None, streams.on_part
+        )
+    except TorchbayError as exc:  # WorkerDied, RequestTimeout
+        for item in batch:
+            reject(item.future, type(exc)(exc.message))
+        return None
+    finally:
+        streams.close()
+    if len(result.responses) != len(batch):
+        for item in batch:
+            reject(item.future, HandlerFailed("The worker answered the wrong number of results"))
+        return None
+    limit = settings.max_response_size
+    for item, response in zip(batch, result.responses, strict=True):
+        if limit and len(response.body) > limit:
+            reject(item.future, _too_large(key, item, len(response.body), limit))
+            continue
+        resolve(item.future, response)
+    return BatchRecord(
+        size=len(batch),
+        queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],
+        timings_ms=result.timings,
+        metrics=result.metrics,
+        run_s=clock() - started,
+    )
+
+
+def _too_large(key: str, item: Pending, size: int, limit: int) -> HandlerFailed:
+    """The 500 for a response past ``max_response_size`` (logged: a handler's bug)."""
+    rid = item.payload.request_id
+    log.error(
+        "model %s: request %s: the handler's response of %d bytes exceeds max_response_size "
+        "(%d bytes); answered 500",
+        *(key, rid, size, limit),
+    )
+    return HandlerFailed(
+        f"The model's response of {size} bytes exceeds the server's max_response_size of "
+        f"{limit} bytes"
+    )
