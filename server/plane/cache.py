@@ -18,7 +18,8 @@ no answer is ever served across versions or reloads.
 Never cached: a streaming call (``/generate_stream``, ``ModelStreamInfer``,
 ``StreamPredictions[2]``) or an answer that streamed, a sequence request (``sequence_id`` in an
 OIP body, a ``*sequence*`` header), a request naming a shared-memory region (its inputs or its
-answer live in the client's memory), a non-200 answer, and a request carrying
+answer live in the client's memory), a compressed body (``Content-Encoding``: those checks could
+not read it), a non-200 answer, and a request carrying
 ``Cache-Control: no-store`` or ``no-cache`` (HTTP header or gRPC metadata): the switch-off.
 
 Memory is bounded per version: at most ``maxEntries`` answers and ``maxBytes`` bytes (bodies,
@@ -51,6 +52,7 @@ _TRANSPORT = (
     b"expect:",
 )
 _SWITCH = b"cache-control:"
+_ENCODED = b"content-encoding:"
 _OFF = (b"no-store", b"no-cache")
 # The calls that stream by their nature: a streaming client is never answered from the cache.
 _STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
@@ -195,8 +197,9 @@ class ResponseCache:
 
 def request_key(wire: p.WireRequest) -> bytes | None:
     """The digest of what can change ``wire``'s answer, or None when it must not be cached
-    (the switch-off, a sequence, a shared-memory region)."""
-    h = hashlib.blake2b(digest_size=16)
+    (the switch-off, a sequence, a shared-memory region, a compressed body). 32 bytes: a client
+    that could make two requests collide could have one answered with the other's answer."""
+    h = hashlib.blake2b(digest_size=32)
     h.update(f"{wire.protocol}\0{wire.content_type}\0{wire.query}\0".encode("utf-8", "replace"))
     if not _hash_headers(h, wire.raw_headers, wire.headers):
         return None
@@ -209,7 +212,7 @@ def request_key(wire: p.WireRequest) -> bytes | None:
 
 def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:
     """Add the headers that reach the handler to ``h`` (HTTP's raw lines, or gRPC's metadata);
-    False when one says not to cache (the switch-off, a sequence id)."""
+    False when one says not to cache (the switch-off, a sequence id, a compressed body)."""
     lines = raw.split(b"\r\n") if raw else []
     lines += [f"{k}: {v}".encode("utf-8", "replace") for k, v in sorted(headers.items())]
     for line in lines:
@@ -218,6 +221,8 @@ def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:
             return False
         if b"sequence" in low.partition(b":")[0]:
             return False
+        if low.startswith(_ENCODED) and not low.endswith(b"identity"):
+            return False  # a compressed body hides what the checks of ``request_key`` read
         if not low.startswith(_TRANSPORT):
             h.update(line + b"\n")
     return True

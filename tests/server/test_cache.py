@@ -58,6 +58,7 @@ def test_the_key_holds_what_can_change_the_answer() -> None:
     # How the body travelled is not what it asks: its length header is not in the key.
     moved = _http().raw_headers.replace(b"content-length: 99", b"content-length: 7")
     assert request_key(replace(_http(), raw_headers=moved)) == base
+    assert request_key(_http(V2_BODY, b"content-encoding: identity")) is not None
     # gRPC metadata is in the key as HTTP's headers are.
     grpc = WireRequest("1", b"x", "", headers={"x-tenant": "a"}, protocol="v2")
     assert request_key(grpc) != request_key(replace(grpc, headers={"x-tenant": "b"}))
@@ -72,8 +73,9 @@ def test_the_key_holds_what_can_change_the_answer() -> None:
         _http(V2_BODY.replace('"inputs"', '"parameters": {"sequence_id": 3}, "inputs"')),
         _http(V2_BODY.replace('"data": [1]', '"parameters": {"shared_memory_region": "r"}')),
         _http("{}", b"ts_request_sequence_id: 4", protocol="predict"),
+        _http("\x1f\x8b", b"content-encoding: gzip"),
     ],
-    ids=["no-store", "no-cache", "grpc-no-store", "sequence", "shm", "ts-sequence"],
+    ids=["no-store", "no-cache", "grpc-no-store", "sequence", "shm", "ts-sequence", "gzip"],
 )
 def test_requests_that_are_never_cached(wire: WireRequest) -> None:
     assert request_key(wire) is None
