@@ -151,19 +151,14 @@ class Exchange:
         return self._cache.lookup(self.model, wire, str(self.scope.get("path", "")))
 
     def _answered(self, wire: p.WireRequest, response: p.WireResponse) -> Item:
-        """An item already answered with ``response`` (a cache hit): admitted, never queued,
-        with nothing to stream (``rest`` is empty); ``finish`` at the block's end as any."""
-        mv = self.model
-        assert mv is not None
+        """An item already answered with ``response`` (a cache hit), with nothing to stream
+        (``rest`` is empty). It was never queued nor in flight, so it is not among ``items``:
+        the record has no queue time, and a trace only REQUEST_START and REQUEST_END."""
+        assert self.model is not None
         future = asyncio.get_running_loop().create_future()
         future.set_result(response)
-        item: Item = Pending(wire, future, clock(), parts=Parts())
-        mv.requests_received += 1
-        mv.inflight += 1  # as a reader's: ``finish`` takes it back
-        self.items.append(item)
-        if self.trace is not None:
-            self.trace.responded()
-        return item
+        self.model.requests_received += 1  # describe's request count: a hit is a request
+        return Pending(wire, future, clock(), parts=Parts())
 
     def admit_all(self, wires: list[p.WireRequest]) -> list[Item]:
         """Queue every request before any is awaited (KServe v1's instances); when one is
