@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ import pytest
 import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+import tritonclient.utils.shared_memory as shm
 
 from torchbay.archiver.package import ArchiveOptions, package
 
@@ -75,7 +77,9 @@ def _store(tmp_path_factory: pytest.TempPathFactory, versioned_store: Path) -> P
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, versioned_store: Path) -> Iterator[LiveServer]:
     store = _store(tmp_path_factory, versioned_store)
-    config = make_config(store, load_models=["all"], models=MODELS, enable_model_api=True)
+    config = make_config(
+        store, load_models=["all"], models=MODELS, enable_model_api=True, allow_client_shm=True
+    )
     live = LiveServer(config).start()
     yield live
     live.stop()
@@ -171,13 +175,17 @@ def test_oip_rest_json_repeats_are_hits_and_what_differs_misses(server: LiveServ
         assert _moved(server, "sub", "1", lambda o=other: _post(server, url, json=o)) == MISS
 
 
-def _infer(module: Any, client: Any, a: np.ndarray, **kw: Any) -> np.ndarray:
+def _inputs(module: Any, a: np.ndarray) -> list[Any]:
     inputs = []
     for name, array in (("a", a), ("b", B)):
         tensor = module.InferInput(name, list(array.shape), "FP32")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
-    return client.infer("sub", inputs, **kw).as_numpy("diff")
+    return inputs
+
+
+def _infer(module: Any, client: Any, a: np.ndarray, **kw: Any) -> np.ndarray:
+    return client.infer("sub", _inputs(module, a), **kw).as_numpy("diff")
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
@@ -229,6 +237,28 @@ def test_a_streamed_answer_is_never_cached(server: LiveServer) -> None:
     plain = {"plain": 1}  # the same model's answers that do not stream are cached
     _post(server, "/predictions/stream", json=plain)
     assert _posted(server, "stream", "1.0", "/predictions/stream", json=plain) == HIT
+
+
+def test_a_request_in_shared_memory_is_never_cached(server: LiveServer) -> None:
+    """The answer lives in the client's region: a stored one could not write it there."""
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.server.state.ports.inference}")
+    key = f"/tb-cache-{uuid.uuid4().hex[:12]}"
+    region = shm.create_shared_memory_region("cache-out", key, A.nbytes)
+    try:
+        client.register_system_shared_memory("cache-out", key, A.nbytes)
+        out = triton_http.InferRequestedOutput("diff")
+        out.set_shared_memory("cache-out", A.nbytes)
+        inputs = _inputs(triton_http, A * 5)
+        infer = lambda: client.infer("sub", inputs, outputs=[out])  # noqa: E731
+        for _ in range(2):
+            shm.set_shared_memory_region(region, [np.zeros_like(A)])
+            assert _moved(server, "sub", "1", infer) == UNCACHED
+            written = shm.get_contents_as_numpy(region, np.float32, list(A.shape))
+            np.testing.assert_array_equal(written, A * 5 - B)  # the worker wrote it each time
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+        shm.destroy_shared_memory_region(region)
 
 
 def test_lru_holds_max_entries(server: LiveServer) -> None:
