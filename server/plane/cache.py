@@ -206,6 +206,7 @@ def request_key(wire: p.WireRequest) -> bytes | None:
     body = wire.body
     if wire.protocol == "v2" and any(marker in body for marker in _UNCACHEABLE_V2):
         return None
+    h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
     h.update(body)
     return h.digest()
 
@@ -223,6 +224,6 @@ def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:
             return False
         if low.startswith(_ENCODED) and not low.endswith(b"identity"):
             return False  # a compressed body hides what the checks of ``request_key`` read
-        if not low.startswith(_TRANSPORT):
-            h.update(line + b"\n")
+        if not low.startswith(_TRANSPORT):  # length-prefixed: no line can pass for the body
+            h.update(len(line).to_bytes(4, "big") + line)
     return True

@@ -59,6 +59,8 @@ def test_the_key_holds_what_can_change_the_answer() -> None:
     moved = _http().raw_headers.replace(b"content-length: 99", b"content-length: 7")
     assert request_key(replace(_http(), raw_headers=moved)) == base
     assert request_key(_http(V2_BODY, b"content-encoding: identity")) is not None
+    # A header line can not pass for the start of the body, nor the reverse.
+    assert request_key(_http("x-a: b\nZ")) != request_key(_http("Z", b"x-a: b"))
     # gRPC metadata is in the key as HTTP's headers are.
     grpc = WireRequest("1", b"x", "", headers={"x-tenant": "a"}, protocol="v2")
     assert request_key(grpc) != request_key(replace(grpc, headers={"x-tenant": "b"}))
