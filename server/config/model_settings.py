@@ -13,6 +13,7 @@ settings of a model version (``serving.launch.ModelSettings``) and describe's se
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
@@ -37,6 +38,8 @@ MAX_TIMEOUT_S = 7 * 86_400.0  # a week, for every timeout
 MAX_THREADS = 4096
 MAX_DEVICE_ID = 1023
 MAX_BODY_BYTES = (1 << 31) - 1  # the worker protocol's frame ceiling (protocol.MAX_FRAME)
+MAX_CACHE_ENTRIES = 1_000_000  # per model version
+MAX_CACHE_BYTES = 1 << 34  # 16 GiB per model version: the cache lives in the frontend's memory
 
 # Where describe-model shows a setting: among TorchServe's batching and timeout keys (before the
 # admission facts), beside the device keys, or among torchbay's worker facts.
@@ -96,6 +99,34 @@ def _own_live(api: str) -> Setting:
 def _serving(describe: str | None = None, section: Section = "workers") -> Setting:
     """Read by a running version, not an API parameter."""
     return Setting(serving=True, describe=describe, section=section)
+
+
+class ResponseCacheConfig(BaseModel):
+    """``responseCache: {enable, maxEntries, maxBytes}``: the response cache of one model version
+    (``plane/cache.py``), off unless enabled. ``true`` / ``false`` is short for ``{enable: ...}``;
+    the management API's ``response_cache`` parameter is either, or a JSON object."""
+
+    model_config = FROZEN
+
+    enable: bool = False
+    max_entries: int = Field(1024, ge=1, le=MAX_CACHE_ENTRIES, alias="maxEntries")
+    max_bytes: int = Field(64 << 20, ge=1, le=MAX_CACHE_BYTES, alias="maxBytes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):  # a query string
+            text = value.strip()
+            if text.lower() in ("true", "false"):
+                value = text.lower() == "true"
+            else:
+                try:
+                    value = json.loads(text)
+                except (ValueError, RecursionError):
+                    raise ValueError("must be true, false or a JSON object") from None
+        if isinstance(value, bool):
+            return {"enable": value}
+        return value
 
 
 class ModelConfig(BaseModel):
@@ -171,6 +202,11 @@ class ModelConfig(BaseModel):
     max_worker_rss_mb: Annotated[int, _serving("maxWorkerRssMb")] = Field(
         0, ge=0, le=1 << 24, alias="maxWorkerRssMb"
     )
+    # The response cache: repeated requests answered by the frontend (register and config only).
+    response_cache: Annotated[
+        ResponseCacheConfig,
+        Setting("response_cache", True, torchserve=False, describe="responseCache"),
+    ] = Field(default_factory=ResponseCacheConfig, alias="responseCache")
     handler_config: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("device_type", mode="before")

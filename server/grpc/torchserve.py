@@ -12,6 +12,7 @@ where (as in TorchServe) it is the ``status`` of that request's response and the
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -32,7 +33,7 @@ def multipart(fields: Any) -> tuple[bytes, str]:
     (body, content type). An empty map is an empty body with no content type."""
     if not fields:
         return b"", ""
-    boundary = "torchbay-" + secrets.token_hex(16)
+    boundary = _boundary(fields)
     chunks: list[bytes] = []
     for key in sorted(fields):
         if any(c in key for c in _FORBIDDEN_IN_NAMES):
@@ -51,6 +52,20 @@ def multipart(fields: Any) -> tuple[bytes, str]:
         )
     chunks.append(f"--{boundary}--\r\n".encode())
     return b"".join(chunks), f"multipart/form-data; boundary={boundary}"
+
+
+def _boundary(fields: Any) -> str:
+    """A boundary derived from the entries, so that the same request is the same body (the
+    response cache's key, ``plane/cache.py``); random in the unlikely case that it occurs in an
+    entry (that body then differs each time: never a hit, never a wrong answer)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key in sorted(fields):
+        value = bytes(fields[key])
+        digest.update(f"{key}\0{len(value)}\0".encode("utf-8", "replace") + value)
+    boundary = "torchbay-" + digest.hexdigest()
+    if any(boundary.encode() in bytes(v) for v in fields.values()):
+        return "torchbay-" + secrets.token_hex(16)
+    return boundary
 
 
 class TorchServeInference(Service):

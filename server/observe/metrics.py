@@ -25,6 +25,8 @@ Per model version (labels ``model``, ``version``)::
 
     torchbay_unrouted_requests_total{code}   requests that reached no model (unknown model or
                                              version: 404; refused before routing: 401/403)
+    torchbay_cache_*                         the response cache's hits, misses and size
+                                             (observe.cache_metrics, ``self.cache``)
 
 The latency and queue histograms count the requests a worker took (answered by the handler, or
 lost with a dying worker); requests refused at admission (503 queue full or no worker, 504
@@ -67,6 +69,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchbay.server.observe.autopilot_metrics import AutopilotCollector
+from torchbay.server.observe.cache_metrics import CacheMetrics
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
@@ -162,6 +165,7 @@ class ServerMetrics(Observer):
         self._last_queue_s = 0.0
         self._last_handler_ms = 0.0
         self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
+        self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         self.registry.register(_ScrapeCollector(self))
         self.registry.register(
             AutopilotCollector(lambda: self.models.all_versions() if self.models else ())

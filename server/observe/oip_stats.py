@@ -13,6 +13,9 @@ What each field counts (Triton's meanings, on torchbay's parts):
 * ``compute_input`` / ``compute_infer`` / ``compute_output``: the handler's ``preprocess`` /
   ``inference`` (or the whole ``handler`` time when it reports no stages) / ``postprocess``
   time of each batch, charged to every request of the batch (as Triton does);
+* ``cache_hit`` / ``cache_miss``: response cache look-ups (``plane/cache.py``) that hit, with
+  their digest and look-up time, and that missed, with that and the insertion time; a hit is
+  also one ``success`` and one inference, with no queue or compute time and no execution;
 * ``inference_count``: successful requests (torchbay does not look inside a request for its
   batch dimension); ``execution_count``: batches executed; ``batch_stats``: per batch size,
   the executions and their stage times; ``last_inference``: ms since the epoch.
@@ -74,6 +77,8 @@ class VersionStats:
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
     compute: dict[str, Duration] = field(default_factory=_durations)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
     batches: dict[int, dict[str, Duration]] = field(default_factory=dict)
 
     def to_json(self, name: str, version: str) -> dict[str, Any]:
@@ -82,8 +87,8 @@ class VersionStats:
             "fail": self.fail.to_json(),
             "queue": self.queue.to_json(),
             **{stage: d.to_json() for stage, d in self.compute.items()},
-            "cache_hit": Duration().to_json(),
-            "cache_miss": Duration().to_json(),
+            "cache_hit": self.cache_hit.to_json(),
+            "cache_miss": self.cache_miss.to_json(),
         }
         batch_stats = [
             {"batch_size": size, **{stage: d.to_json() for stage, d in stages.items()}}
@@ -132,6 +137,11 @@ class OipStats(Observer):
             stats.fail.add(1, _ns(request.seconds))
         if request.queue_s is not None:
             stats.queue.add(1, _ns(request.queue_s))
+
+    def cache_done(self, model: ModelVersion, hit: bool, seconds: float) -> None:
+        """One response cache look-up of ``model``: a hit, or a miss (once its answer came)."""
+        stats = self.of(model)
+        (stats.cache_hit if hit else stats.cache_miss).add(1, _ns(seconds))
 
     def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
         stats = self.of(model)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import psutil
+from pydantic import BaseModel
 
 from torchbay.server.config.model_settings import SETTINGS, ModelConfig, Section, Setting
 from torchbay.server.plane.models import signature
@@ -75,7 +76,11 @@ def described(
         if setting.describe is None or setting.section != section:
             continue
         source = live if setting.serving else config
-        shown[setting.describe] = getattr(source, setting.name, setting.default)
+        value = getattr(source, setting.name, setting.default)
+        # A nested setting (responseCache) is shown by its model-config.yaml keys.
+        shown[setting.describe] = (
+            value.model_dump(by_alias=True) if isinstance(value, BaseModel) else value
+        )
     return shown
 
 

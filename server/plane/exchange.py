@@ -6,9 +6,12 @@ request with its deadline (:meth:`Exchange.admit`, or :meth:`Exchange.admit_all`
 instances), hand the protocol the first answer and the rest of the stream, and, when the protocol
 has answered, record it once: the metrics, the Triton statistics and the access line
 (:meth:`Exchange.close`, run by the ``with`` block), and, when Triton's trace extension samples
-it (``plane/trace.py``), write its trace. A protocol adapter parses its wire format,
-calls these, and writes what comes back in its own format; it sets :attr:`Exchange.status` to the
-status it answered, and an error raised through the block records that error's status.
+it (``plane/trace.py``), write its trace. A request to a model version that enables the
+response cache (``plane/cache.py``) is looked up in :meth:`Exchange.admit` first: a hit is
+answered there, without a worker, and still recorded as one request. A protocol adapter parses
+its wire format, calls these, and writes what comes back in its own format; it sets
+:attr:`Exchange.status` to the status it answered, and an error raised through the block records
+that error's status.
 
     with plane.exchange(scope, name, version) as ex:
         mv = ex.resolve()
@@ -34,9 +37,10 @@ from torchbay.server.errors import TorchbayError
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
-from torchbay.server.serving.queue import NO_PARTS, Pending, clock
+from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
 
 if TYPE_CHECKING:
+    from torchbay.server.plane.cache import Lookup, ResponseCache
     from torchbay.server.plane.trace import Trace, Tracer
     from torchbay.server.serving.model import ModelVersion
     from torchbay.server.serving.registry import ModelRegistry
@@ -55,6 +59,7 @@ class Exchange:
     """The steps of one request (see the module docstring); a context manager that records."""
 
     __slots__ = (
+        "_cache",
         "_closed",
         "_record",
         "_regions",
@@ -79,6 +84,7 @@ class Exchange:
         version: str | None,
         regions: RegionsFn | None = None,
         tracer: Tracer | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.registry = registry
         self._record = record
@@ -93,6 +99,7 @@ class Exchange:
         self._closed = False
         self._tracer = tracer
         self.trace: Trace | None = None  # Triton's trace extension sampled this request
+        self._cache = cache
 
     def __enter__(self) -> Exchange:
         return self
@@ -117,8 +124,13 @@ class Exchange:
         """Queue ``wire`` for a reader (its future: the first answer; ``rest``: the others; the
         block's end: ``finish``). ``deadline_s`` (seconds from now, a gRPC deadline) becomes its
         deadline when earlier than the model's ``clientTimeoutInMills``: still queued then, it is
-        answered 504 and never runs. Raises 503 (queue full, no worker, shutting down)."""
+        answered 504 and never runs. Raises 503 (queue full, no worker, shutting down).
+        A response cache hit comes back answered, with nothing queued; a miss's answer is
+        offered to the cache once it comes."""
         assert self.model is not None, "resolve() first"
+        lookup = self._lookup(wire)
+        if lookup is not None and lookup.hit is not None:
+            return self._answered(wire, lookup.hit)
         table = self._regions() if self._regions is not None else None
         if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
             wire = dataclasses.replace(wire, regions=table)
@@ -126,8 +138,27 @@ class Exchange:
         self.items.append(item)
         if self.trace is not None:
             item.future.add_done_callback(self._responded)
+        if lookup is not None:
+            item.future.add_done_callback(_offer(lookup))
         with_deadline(item, deadline_s)
         return item
+
+    def _lookup(self, wire: p.WireRequest) -> Lookup | None:
+        """The cache's look-up of ``wire`` (None: no cache, or not to be cached)."""
+        if self._cache is None:
+            return None
+        assert self.model is not None
+        return self._cache.lookup(self.model, wire, str(self.scope.get("path", "")))
+
+    def _answered(self, wire: p.WireRequest, response: p.WireResponse) -> Item:
+        """An item already answered with ``response`` (a cache hit), with nothing to stream
+        (``rest`` is empty). It was never queued nor in flight, so it is not among ``items``:
+        the record has no queue time, and a trace only REQUEST_START and REQUEST_END."""
+        assert self.model is not None
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(response)
+        self.model.requests_received += 1  # describe's request count: a hit is a request
+        return Pending(wire, future, clock(), parts=Parts())
 
     def admit_all(self, wires: list[p.WireRequest]) -> list[Item]:
         """Queue every request before any is awaited (KServe v1's instances); when one is
@@ -214,6 +245,16 @@ class Exchange:
             self._tracer.finish(trace)
         except Exception:
             log.exception("could not record the trace of a request to %s", self.name)
+
+
+def _offer(lookup: Lookup) -> Callable[[asyncio.Future[p.WireResponse]], None]:
+    """A miss's future callback: its first answer goes to the cache (stored when a whole 200)."""
+
+    def offer(future: asyncio.Future[p.WireResponse]) -> None:
+        failed = future.cancelled() or future.exception() is not None
+        lookup.store(None if failed else future.result())
+
+    return offer
 
 
 def with_deadline(item: Item, deadline_s: float | None) -> None:

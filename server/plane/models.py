@@ -22,7 +22,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torchbay.server.config.model_settings import check_model_settings
+from pydantic import ValidationError
+
+from torchbay.server.config.model_settings import ResponseCacheConfig, check_model_settings
 from torchbay.server.errors import (
     BadRequest,
     ConfigError,
@@ -31,6 +33,7 @@ from torchbay.server.errors import (
     TorchbayError,
 )
 from torchbay.server.observe.oip_stats import OipStats
+from torchbay.server.plane.cache import ResponseCache
 from torchbay.server.serving.archives import (
     ArchiveError,
     Manifest,
@@ -43,7 +46,9 @@ from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ARCHIVE_SUFFIXES, ModelRegistry
 
 # What a load request's ``parameters.config`` may set (Triton ModelConfig JSON fields).
-LOAD_CONFIG_KEYS = frozenset({"name", "max_batch_size", "dynamic_batching", "instance_group"})
+LOAD_CONFIG_KEYS = frozenset(
+    {"name", "max_batch_size", "dynamic_batching", "instance_group", "response_cache"}
+)
 
 
 def signature(mv: ModelVersion) -> Signature | None:
@@ -91,6 +96,7 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
     gpu = any(s.worker is not None and s.worker.device.startswith("cuda") for s in mv.slots)
     # Triton's max_batch_size 0: a model whose inputs have no batch dimension (a leading -1)
     batched = sig.batched
+    cache = getattr(mv.config, "response_cache", None)
     config: dict[str, Any] = {
         "name": mv.name,
         "platform": platform(mv),
@@ -106,6 +112,7 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
                 "count": settings.min_workers,
             }
         ],
+        "response_cache": {"enable": bool(cache is not None and cache.enable)},
     }
     if batched:  # none without a batch dimension: each request runs alone (the worker's rule)
         config["dynamic_batching"] = {
@@ -125,11 +132,13 @@ class Models:
         *,
         model_api: bool = False,
         unload_timeout_s: float = 120.0,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.registry = registry
         self.stats = stats
         self.model_api = model_api
         self.unload_timeout_s = unload_timeout_s
+        self.cache = cache or ResponseCache()
 
     # -- metadata, configuration, statistics ----------------------------------------------------
 
@@ -210,6 +219,8 @@ class Models:
         loaded = self.registry.models.get(name, {})
         if overrides or workers is not None:  # Triton reloads a loaded model with the new config
             await asyncio.gather(*(_reconfigure(mv, overrides, workers) for mv in loaded.values()))
+            for mv in loaded.values():  # a reload: no answer of before it is served after it
+                self.cache.clear(mv)
         todo = [p for p, mf in candidates if _store_name(p, mf)[1] not in loaded]
         for path in todo:
             try:
@@ -237,6 +248,7 @@ class Models:
         default = self.registry.defaults.get(name)
         # The default version goes last: the registry keeps it while others remain.
         for version in sorted(versions, key=lambda v: v == default):
+            self.cache.clear(versions[version])
             await self.registry.unregister(name, version, self.unload_timeout_s)
 
 
@@ -247,6 +259,9 @@ async def _reconfigure(mv: ModelVersion, overrides: dict[str, Any], workers: int
     new instance of the model."""
     delay = overrides.get("max_batch_delay")
     mv.configure(batch_size=overrides.get("batch_size"), max_batch_delay_ms=delay)
+    cache = overrides.get("response_cache")
+    if cache is not None and mv.config is not None:  # read per request (plane/cache.py)
+        mv.config = mv.config.model_copy(update={"response_cache": cache})
     if workers is not None:
         await mv.scale(workers)
 
@@ -316,6 +331,8 @@ def _config_settings(config: dict[str, Any]) -> tuple[dict[str, Any], int | None
         groups = config.get("instance_group")
         if groups is not None:
             workers = sum(int(g.get("count", 1)) for g in groups)
+        if "response_cache" in config:
+            overrides["response_cache"] = _response_cache(config["response_cache"])
     except (TypeError, ValueError, AttributeError):
         raise BadRequest(
             "parameters.config: max_batch_size, dynamic_batching.max_queue_delay_microseconds "
@@ -323,3 +340,16 @@ def _config_settings(config: dict[str, Any]) -> tuple[dict[str, Any], int | None
         ) from None
     check_model_settings({**overrides, "initial_workers": workers})
     return overrides, workers
+
+
+def _response_cache(value: Any) -> ResponseCacheConfig:
+    """Triton's ``response_cache`` (``{"enable": true}``; torchbay's bounds may be given too)."""
+    try:
+        return ResponseCacheConfig.model_validate(value)
+    except ValidationError as exc:
+        parts = [
+            ".".join(["response_cache", *(str(p) for p in err.get("loc", ()))])
+            + f": {err.get('msg')}"
+            for err in exc.errors()
+        ]
+        raise BadRequest("parameters.config: " + "; ".join(parts)) from None

@@ -5,7 +5,8 @@ TorchServe's gRPC inference and management: each is an adapter that parses its w
 calls the :class:`DataPlane`, and writes what comes back (or the one error tree of
 ``server/errors.py``) in its own format. The plane owns the request's steps
 (:meth:`DataPlane.exchange`, ``plane/exchange.py``), health and readiness, server and model
-metadata, the model configuration, the statistics, the model repository (``plane/models.py``)
+metadata, the model configuration, the statistics, the model repository (``plane/models.py``),
+the response cache (``plane/cache.py``)
 and the model management operations (``plane/management.py``); recording (metrics, Triton
 statistics, access line) happens inside it, once, whatever protocol brought the request.
 
@@ -26,6 +27,7 @@ from torchbay.server.observe.logs import RequestHook, request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
 from torchbay.server.plane import log_settings
+from torchbay.server.plane.cache import ResponseCache
 from torchbay.server.plane.exchange import Exchange, Scope
 from torchbay.server.plane.management import Management
 from torchbay.server.plane.models import Models
@@ -82,9 +84,18 @@ class DataPlane:
             max_regions=config.shm_max_regions,
             max_bytes=config.shm_max_bytes,
         )
+        # The response cache of the versions that enable it (plane/cache.py), counted in the
+        # statistics' cache_hit / cache_miss and the metrics' torchbay_cache_*.
+        self.cache = ResponseCache(self._cache_counted)
+        if metrics is not None:
+            metrics.cache.watch(self.cache.sizes)
         # Metadata, model configuration, statistics and the model repository (plane/models.py).
         self.models = Models(
-            registry, self.stats, model_api=model_api, unload_timeout_s=unload_timeout_s
+            registry,
+            self.stats,
+            model_api=model_api,
+            unload_timeout_s=unload_timeout_s,
+            cache=self.cache,
         )
         recorders = [metrics.request_done] if metrics is not None else []
         # Metrics, statistics and the access line, once per answered request of any protocol.
@@ -102,8 +113,21 @@ class DataPlane:
     def exchange(self, scope: Scope, name: str, version: str | None) -> Exchange:
         """One inference request's steps and its one record (``plane/exchange.py``)."""
         return Exchange(
-            self.registry, self.record, scope, name, version, self.shm.table, self.tracer
+            self.registry,
+            self.record,
+            scope,
+            name,
+            version,
+            self.shm.table,
+            self.tracer,
+            self.cache,
         )
+
+    def _cache_counted(self, mv: ModelVersion, hit: bool, seconds: float) -> None:
+        """One response cache look-up, counted in the statistics and the metrics."""
+        self.stats.cache_done(mv, hit, seconds)
+        if self.metrics is not None:
+            self.metrics.cache.done(mv, hit)
 
     def pressed(self, name: str, version: str | None) -> ModelVersion | None:
         """The model version named when it refused a request in the last second

@@ -1,0 +1,229 @@
+"""The response cache: a repeated request answered by the frontend, without a worker.
+
+Opt-in per model version (``responseCache: {enable, maxEntries, maxBytes}``,
+``config.model_settings.ResponseCacheConfig``). The plane's :class:`Exchange` asks
+:meth:`ResponseCache.lookup` before it queues a request: a hit is answered at once with the stored
+response; a miss is queued as any request, and its answer is stored when it is a 200 that did not
+stream. So every protocol (TorchServe and OIP, REST and gRPC) has it, and none has its own.
+
+The key is a blake2b digest of what reaches the handler and can change its answer: the protocol,
+the content type, the query string, the request headers (all but the transport's own, which say
+how the body travelled, not what it says) and the body's bytes, which hold the input tensors'
+bytes, datatypes and shapes, the requested outputs, the parameters and the OIP ``id``. A request
+that differs from a stored one in any of these (another ``id`` too: it is echoed in the answer)
+is another key. The entries live per model version object: a version unloaded and loaded again is
+a new object with an empty cache, and a repository load of a loaded model clears its cache, so
+no answer is ever served across versions or reloads.
+
+Never cached: a streaming call (``/generate_stream``, ``ModelStreamInfer``,
+``StreamPredictions[2]``) or an answer that streamed, a sequence request (``sequence_id`` in an
+OIP body, a ``*sequence*`` header), a request naming a shared-memory region (its inputs or its
+answer live in the client's memory), a compressed body (``Content-Encoding``: those checks could
+not read it), a non-200 answer, and a request carrying
+``Cache-Control: no-store`` or ``no-cache`` (HTTP header or gRPC metadata): the switch-off.
+
+Memory is bounded per version: at most ``maxEntries`` answers and ``maxBytes`` bytes (bodies,
+headers, keys and a fixed overhead per entry), least recently used first out; an answer larger
+than ``maxBytes`` is not stored. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from torchbay.server.serving import protocol as p
+
+if TYPE_CHECKING:
+    from torchbay.server.config.model_settings import ResponseCacheConfig
+    from torchbay.server.serving.model import ModelVersion
+
+# Headers that say how the body travelled (its length, the connection), not what it asks.
+_TRANSPORT = (
+    b"content-length:",
+    b"connection:",
+    b"keep-alive:",
+    b"te:",
+    b"transfer-encoding:",
+    b"expect:",
+)
+_SWITCH = b"cache-control:"
+_ENCODED = b"content-encoding:"
+_OFF = (b"no-store", b"no-cache")
+# The calls that stream by their nature: a streaming client is never answered from the cache.
+_STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
+# In an OIP body: a sequence's request, or a tensor in a shared-memory region.
+_UNCACHEABLE_V2 = (b'"sequence_id"', b'"shared_memory_region"')
+ENTRY_OVERHEAD = 256  # bytes an entry costs beyond its body, headers and key (objects, dict slot)
+# (model version, hit, seconds spent) for each lookup: the statistics' cache_hit / cache_miss.
+Counted = Callable[["ModelVersion", bool, float], None]
+
+
+def entry_size(key: bytes, response: p.WireResponse) -> int:
+    """What one stored answer counts against ``maxBytes``."""
+    headers = sum(len(k) + len(v) for k, v in response.headers.items())
+    return ENTRY_OVERHEAD + len(key) + len(response.body) + len(response.content_type) + headers
+
+
+class VersionCache:
+    """One model version's entries, least recently used first, bounded by its settings."""
+
+    __slots__ = ("bytes", "entries", "settings")
+
+    def __init__(self, settings: ResponseCacheConfig) -> None:
+        self.settings = settings
+        self.entries: OrderedDict[bytes, tuple[p.WireResponse, int]] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, key: bytes) -> p.WireResponse | None:
+        found = self.entries.get(key)
+        if found is None:
+            return None
+        self.entries.move_to_end(key)
+        return found[0]
+
+    def put(self, key: bytes, response: p.WireResponse) -> bool:
+        """Store ``response`` under ``key`` (False: larger than ``maxBytes``, not stored), then
+        drop the least recently used entries until both bounds hold."""
+        size = entry_size(key, response)
+        if size > self.settings.max_bytes:
+            return False
+        self.drop(key)
+        self.entries[key] = (response, size)
+        self.bytes += size
+        self.bound()
+        return True
+
+    def drop(self, key: bytes) -> None:
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+
+    def bound(self) -> None:
+        limits = self.settings
+        while self.entries and (
+            len(self.entries) > limits.max_entries or self.bytes > limits.max_bytes
+        ):
+            _, (_, size) = self.entries.popitem(last=False)
+            self.bytes -= size
+
+
+class Lookup:
+    """One cacheable request's look-up: its key, and the stored answer on a hit."""
+
+    __slots__ = ("_counted", "cache", "hit", "key", "model", "spent")
+
+    def __init__(
+        self,
+        model: ModelVersion,
+        cache: VersionCache,
+        key: bytes,
+        counted: Counted,
+        started: float,
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.key = key
+        self.hit = cache.get(key)
+        self._counted = counted
+        self.spent = time.perf_counter() - started  # the key's digest and the look-up
+        if self.hit is not None:
+            counted(model, True, self.spent)
+
+    def store(self, response: p.WireResponse | None) -> None:
+        """A miss's first answer (None: it failed or its caller left): stored when it is a
+        whole 200 answer; the miss is counted with its look-up and insertion time (Triton's
+        ``cache_miss``; the inference between them is not the cache's)."""
+        started = time.perf_counter()
+        if response is not None and response.status == 200 and not response.partial:
+            self.cache.put(self.key, response)
+        self._counted(self.model, False, self.spent + time.perf_counter() - started)
+
+
+class ResponseCache:
+    """The server's response caches, one per model version that enables it."""
+
+    def __init__(self, counted: Counted | None = None) -> None:
+        self._versions: weakref.WeakKeyDictionary[ModelVersion, VersionCache] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._counted: Counted = counted or (lambda mv, hit, seconds: None)
+
+    def of(self, mv: ModelVersion) -> VersionCache | None:
+        """``mv``'s cache, None when it does not enable one; settings changed since it was made
+        (a repository load with a new config) bound it anew."""
+        settings = getattr(mv.config, "response_cache", None)
+        if settings is None or not settings.enable or mv.closing:
+            return None
+        cache = self._versions.get(mv)
+        if cache is None:
+            self._sweep()
+            cache = self._versions[mv] = VersionCache(settings)
+        elif cache.settings != settings:
+            cache.settings = settings
+            cache.bound()
+        return cache
+
+    def lookup(self, mv: ModelVersion, wire: p.WireRequest, path: str) -> Lookup | None:
+        """The look-up of a request to ``mv`` on ``path`` (its URL path or gRPC method), or None
+        when it is not to be cached (see the module docstring)."""
+        cache = self.of(mv)
+        if cache is None or path.endswith(_STREAMING):
+            return None
+        started = time.perf_counter()
+        key = request_key(wire)
+        return None if key is None else Lookup(mv, cache, key, self._counted, started)
+
+    def clear(self, mv: ModelVersion) -> None:
+        """Forget ``mv``'s answers (a repository load of the loaded model reloads it)."""
+        self._versions.pop(mv, None)
+
+    def _sweep(self) -> None:
+        """Free the answers of versions unloaded since (the metrics keep their objects)."""
+        for mv in [mv for mv in self._versions if mv.closing]:
+            self._versions.pop(mv, None)
+
+    def sizes(self) -> Iterator[tuple[ModelVersion, int, int]]:
+        """(model version, entries, bytes) of every version that has a cache (metrics); the
+        unloaded versions' answers are freed first."""
+        self._sweep()
+        for mv, cache in list(self._versions.items()):
+            yield mv, len(cache.entries), cache.bytes
+
+
+def request_key(wire: p.WireRequest) -> bytes | None:
+    """The digest of what can change ``wire``'s answer, or None when it must not be cached
+    (the switch-off, a sequence, a shared-memory region, a compressed body). 32 bytes: a client
+    that could make two requests collide could have one answered with the other's answer."""
+    h = hashlib.blake2b(digest_size=32)
+    h.update(f"{wire.protocol}\0{wire.content_type}\0{wire.query}\0".encode("utf-8", "replace"))
+    if not _hash_headers(h, wire.raw_headers, wire.headers):
+        return None
+    body = wire.body
+    if wire.protocol == "v2" and any(marker in body for marker in _UNCACHEABLE_V2):
+        return None
+    h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
+    h.update(body)
+    return h.digest()
+
+
+def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:
+    """Add the headers that reach the handler to ``h`` (HTTP's raw lines, or gRPC's metadata);
+    False when one says not to cache (the switch-off, a sequence id, a compressed body)."""
+    lines = raw.split(b"\r\n") if raw else []
+    lines += [f"{k}: {v}".encode("utf-8", "replace") for k, v in sorted(headers.items())]
+    for line in lines:
+        low = line.lower()
+        if low.startswith(_SWITCH) and any(off in low for off in _OFF):
+            return False
+        if b"sequence" in low.partition(b":")[0]:
+            return False
+        if low.startswith(_ENCODED) and not low.endswith(b"identity"):
+            return False  # a compressed body hides what the checks of ``request_key`` read
+        if not low.startswith(_TRANSPORT):  # length-prefixed: no line can pass for the body
+            h.update(len(line).to_bytes(4, "big") + line)
+    return True

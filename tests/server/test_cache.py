@@ -1,0 +1,192 @@
+"""The response cache's parts (plane/cache.py, the setting in config/model_settings.py): what is
+in the key and what keeps a request out of the cache, the LRU bounds, and the setting's parsing
+and bounds. The live server's behaviour over every protocol: test_cache_live.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from torchbay.server.config.model_settings import (
+    SETTINGS,
+    ModelConfig,
+    ResponseCacheConfig,
+    check_model_settings,
+)
+from torchbay.server.errors import BadRequest
+from torchbay.server.plane.cache import ResponseCache, VersionCache, entry_size, request_key
+from torchbay.server.plane.describe import described
+from torchbay.server.plane.models import _load_overrides
+from torchbay.server.plane.params import register_params
+from torchbay.server.serving.launch import settings_from
+from torchbay.server.serving.protocol import WireRequest, WireResponse
+
+V2_BODY = json.dumps({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}]})
+
+
+def _http(body: str = V2_BODY, *headers: bytes, protocol: str = "v2") -> WireRequest:
+    raw = b"\r\n".join([b"host: 127.0.0.1:1", b"content-length: 99", *headers])
+    return WireRequest("1", body.encode(), "application/json", protocol=protocol, raw_headers=raw)
+
+
+class _Version:
+    """What the cache reads of a model version: its config, and whether it is unloading."""
+
+    def __init__(self, **cache: Any) -> None:
+        self.name, self.version = "m", "1"
+        self.config = ModelConfig.model_validate({"responseCache": {"enable": True, **cache}})
+        self.closing = False
+
+
+def test_the_key_holds_what_can_change_the_answer() -> None:
+    base = request_key(_http())
+    assert base is not None and base == request_key(replace(_http(), request_id="2"))
+    other_input = V2_BODY.replace("[1]}", "[2]}")
+    assert request_key(_http(other_input)) != base  # the tensor's bytes
+    assert request_key(_http(V2_BODY.replace("FP32", "INT32"))) != base  # its datatype
+    assert request_key(_http(V2_BODY.replace('"shape": [1]', '"shape": [1, 1]'))) != base
+    with_id = json.dumps({"id": "x", **json.loads(V2_BODY)})
+    assert request_key(_http(with_id)) != base  # the answer echoes the id
+    assert request_key(_http(V2_BODY, b"x-tenant: b")) != base  # the handler sees headers
+    assert request_key(replace(_http(), query="a=1")) != base
+    assert request_key(replace(_http(), content_type="text/plain")) != base
+    assert request_key(_http(protocol="predict")) != base
+    # How the body travelled is not what it asks: its length header is not in the key.
+    moved = _http().raw_headers.replace(b"content-length: 99", b"content-length: 7")
+    assert request_key(replace(_http(), raw_headers=moved)) == base
+    assert request_key(_http(V2_BODY, b"content-encoding: identity")) is not None
+    # A header line can not pass for the start of the body, nor the reverse.
+    assert request_key(_http("x-a: b\nZ")) != request_key(_http("Z", b"x-a: b"))
+    # gRPC metadata is in the key as HTTP's headers are.
+    grpc = WireRequest("1", b"x", "", headers={"x-tenant": "a"}, protocol="v2")
+    assert request_key(grpc) != request_key(replace(grpc, headers={"x-tenant": "b"}))
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        _http(V2_BODY, b"cache-control: no-store"),
+        _http(V2_BODY, b"Cache-Control: max-age=0, no-cache"),
+        WireRequest("1", b"{}", "", headers={"cache-control": "no-store"}, protocol="v2"),
+        _http(V2_BODY.replace('"inputs"', '"parameters": {"sequence_id": 3}, "inputs"')),
+        _http(V2_BODY.replace('"data": [1]', '"parameters": {"shared_memory_region": "r"}')),
+        _http("{}", b"ts_request_sequence_id: 4", protocol="predict"),
+        _http("\x1f\x8b", b"content-encoding: gzip"),
+    ],
+    ids=["no-store", "no-cache", "grpc-no-store", "sequence", "shm", "ts-sequence", "gzip"],
+)
+def test_requests_that_are_never_cached(wire: WireRequest) -> None:
+    assert request_key(wire) is None
+
+
+def test_streaming_calls_and_disabled_versions_are_not_looked_up() -> None:
+    cache = ResponseCache()
+    mv = _Version()
+    streaming = (
+        "/v2/models/m/generate_stream",
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        "/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions2",
+    )
+    for path in streaming:
+        assert cache.lookup(mv, _http(), path) is None  # type: ignore[arg-type]
+    assert cache.lookup(mv, _http(), "/v2/models/m/infer") is not None  # type: ignore[arg-type]
+    off = _Version()
+    off.config = ModelConfig()
+    assert cache.lookup(off, _http(), "/v2/models/m/infer") is None  # type: ignore[arg-type]
+
+
+def _answer(size: int, status: int = 200, partial: bool = False) -> WireResponse:
+    return WireResponse(status, b"x" * size, partial=partial)
+
+
+def test_a_miss_stores_a_whole_200_and_a_hit_returns_it() -> None:
+    counted: list[tuple[bool, float]] = []
+    cache = ResponseCache(lambda mv, hit, seconds: counted.append((hit, seconds)))
+    mv = _Version()
+    path = "/predictions/m"
+    for answer in (_answer(3, status=500), _answer(3, partial=True), None):
+        miss = cache.lookup(mv, _http(), path)  # type: ignore[arg-type]
+        assert miss is not None and miss.hit is None
+        miss.store(answer)
+    assert [hit for hit, _ in counted] == [False] * 3  # each miss counted, nothing stored
+    cache.lookup(mv, _http(), path).store(_answer(3))  # type: ignore[union-attr, arg-type]
+    hit = cache.lookup(mv, _http(), path)  # type: ignore[arg-type]
+    assert hit is not None and hit.hit == _answer(3)
+    assert [h for h, _ in counted] == [False] * 4 + [True] and all(s >= 0 for _, s in counted)
+    cache.clear(mv)  # type: ignore[arg-type]
+    assert cache.lookup(mv, _http(), path).hit is None  # type: ignore[union-attr, arg-type]
+
+
+def test_entries_are_bounded_least_recently_used_first() -> None:
+    one = entry_size(b"k" * 16, _answer(100))
+    cache = VersionCache(ResponseCacheConfig(enable=True, maxEntries=2, maxBytes=10 * one))
+    for key in (b"a", b"b"):
+        assert cache.put(key.ljust(16), _answer(100))
+    assert cache.get(b"a".ljust(16)) is not None  # "a" is now the most recently used
+    cache.put(b"c".ljust(16), _answer(100))
+    assert cache.get(b"b".ljust(16)) is None and len(cache.entries) == 2
+    assert cache.bytes == 2 * one
+    by_bytes = VersionCache(ResponseCacheConfig(enable=True, maxBytes=2 * one + 1))
+    for key in (b"a", b"b", b"c"):
+        by_bytes.put(key.ljust(16), _answer(100))
+    assert list(by_bytes.entries) == [b"b".ljust(16), b"c".ljust(16)]
+    assert by_bytes.bytes == 2 * one <= by_bytes.settings.max_bytes
+    # An answer larger than maxBytes is not stored, and evicts nothing.
+    assert not by_bytes.put(b"d".ljust(16), _answer(3 * one))
+    assert len(by_bytes.entries) == 2
+
+
+def test_an_unloaded_versions_answers_are_freed() -> None:
+    cache = ResponseCache()
+    mv = _Version()
+    cache.lookup(mv, _http(), "/p").store(_answer(1))  # type: ignore[union-attr, arg-type]
+    assert [(e, b > 0) for _, e, b in cache.sizes()] == [(1, True)]
+    mv.closing = True
+    assert list(cache.sizes()) == []
+    assert cache.lookup(mv, _http(), "/p") is None  # type: ignore[arg-type]
+
+
+def test_the_setting_parses_its_forms_and_refuses_bad_values_by_name() -> None:
+    parse = ResponseCacheConfig.model_validate
+    assert parse(True) == parse({"enable": True}) == parse("true") == parse('{"enable": true}')
+    assert parse("false").enable is False and ResponseCacheConfig().enable is False
+    config = ModelConfig.model_validate({"responseCache": {"enable": True, "maxEntries": 5}})
+    assert (config.response_cache.max_entries, config.response_cache.max_bytes) == (5, 64 << 20)
+    bad = [
+        ({"maxEntries": -1}, "responseCache.maxEntries"),
+        ({"maxEntries": 10**9}, "responseCache.maxEntries"),
+        ({"maxBytes": 0}, "responseCache.maxBytes"),
+        ({"maxBytes": 1 << 60}, "responseCache.maxBytes"),
+        ({"enable": "maybe"}, "responseCache.enable"),
+        ({"maxentries": 3}, "responseCache.maxentries"),
+        ("junk", "responseCache"),
+    ]
+    for value, where in bad:
+        with pytest.raises(ValidationError, match=rf"(?m)^{where}$"):
+            ModelConfig.model_validate({"responseCache": value})
+
+
+def test_the_management_api_and_triton_load_take_the_setting() -> None:
+    params = register_params(
+        {"url": "m.mar", "response_cache": '{"enable": true, "maxEntries": 4}'}
+    )
+    assert params.response_cache == ResponseCacheConfig(enable=True, maxEntries=4)
+    check_model_settings(params.model_dump())  # the nested object bounds itself
+    with pytest.raises(ValidationError, match=r"response_cache\.maxBytes"):
+        register_params({"url": "m.mar", "response_cache": '{"maxBytes": -5}'})
+    config = json.dumps({"response_cache": {"enable": True}})
+    overrides, _ = _load_overrides("m", {"config": config})
+    assert overrides == {"response_cache": ResponseCacheConfig(enable=True)}
+    refused = json.dumps({"response_cache": {"enable": True, "maxEntries": 0}})
+    with pytest.raises(BadRequest, match=r"response_cache\.maxEntries"):
+        _load_overrides("m", {"config": refused})
+
+
+def test_describe_shows_the_setting_by_its_yaml_keys() -> None:
+    config = ModelConfig.model_validate({"responseCache": True})
+    shown = described(SETTINGS, settings_from(config), config, "workers")["responseCache"]
+    assert shown == {"enable": True, "maxEntries": 1024, "maxBytes": 64 << 20}

@@ -1,0 +1,345 @@
+"""The response cache on a real server, over every protocol: TorchServe REST and gRPC, OIP REST
+(httpx and tritonclient.http) and OIP gRPC (tritonclient.grpc). A hit is told from a miss by the
+statistics: a hit adds to ``cache_hit`` and ``inference_count`` but no batch runs
+(``execution_count`` unchanged); a miss runs one.
+
+Models (real archives, our archiver): ``sub`` (TorchScript ``a - b``, the tensor handler; cache
+of at most 2 answers), ``probe`` 1.0 and 2.0 (the probe handler, JSON in and out), ``stream``
+(the streaming test handler) and ``plain`` (the probe handler, no cache)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+import tritonclient.utils.shared_memory as shm
+
+from torchbay.archiver.package import ArchiveOptions, package
+
+from .conftest import ASSETS, LiveServer, build_store, make_config
+from .test_oip import Sub
+
+pytestmark = pytest.mark.slow
+
+SUB = {
+    "inputs": [
+        {"name": "a", "datatype": "FP32", "shape": [-1, 3]},
+        {"name": "b", "datatype": "FP32", "shape": [-1, 3]},
+    ],
+    "outputs": [{"name": "diff", "datatype": "FP32", "shape": [-1, 3]}],
+}
+MODELS = {
+    "sub": {"1": {"marName": "sub.mar", "responseCache": {"enable": True, "maxEntries": 2}}},
+    "probe": {
+        "1.0": {"marName": "probe.mar", "responseCache": True, "defaultVersion": True},
+        "2.0": {"marName": "probe-v2.mar", "responseCache": True},
+    },
+    "stream": {"1.0": {"marName": "stream.mar", "responseCache": True}},
+    "plain": {"1.0": {"marName": "plain.mar"}},
+}
+A = np.array([[5.0, 7.0, 9.0]], dtype=np.float32)
+B = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+
+
+def _store(tmp_path_factory: pytest.TempPathFactory, versioned_store: Path) -> Path:
+    probe = str(ASSETS / "probe_handler.py")
+    handlers = {"stream": str(ASSETS / "stream_handler.py"), "plain": probe}
+    root = build_store(tmp_path_factory, "cache", handlers)
+    for name in ("probe.mar", "probe-v2.mar"):
+        shutil.copy(versioned_store / name, root / name)
+    work = tmp_path_factory.mktemp("cache-build")
+    torch.jit.save(torch.jit.script(Sub().eval()), str(work / "sub.pt"))
+    (work / "sub.yaml").write_text(json.dumps(SUB))  # JSON is YAML
+    options = ArchiveOptions(
+        model_name="sub",
+        version="1",
+        handler="tensor",
+        serialized_file=work / "sub.pt",
+        config_file=work / "sub.yaml",
+        export_path=root,
+    )
+    package(options)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, versioned_store: Path) -> Iterator[LiveServer]:
+    store = _store(tmp_path_factory, versioned_store)
+    config = make_config(
+        store, load_models=["all"], models=MODELS, enable_model_api=True, allow_client_shm=True
+    )
+    live = LiveServer(config).start()
+    yield live
+    live.stop()
+
+
+def _stats(server: LiveServer, name: str, version: str) -> dict[str, int]:
+    server.recorded()
+    url = f"{server.url}/v2/models/{name}/versions/{version}/stats"
+    (entry,) = httpx.get(url, timeout=30).json()["model_stats"]
+    inference = entry["inference_stats"]
+    return {
+        "hit": inference["cache_hit"]["count"],
+        "miss": inference["cache_miss"]["count"],
+        "executed": entry["execution_count"],
+        "inferences": entry["inference_count"],
+        "success": inference["success"]["count"],
+    }
+
+
+def _moved(server: LiveServer, name: str, version: str, run: Callable[[], Any]) -> dict[str, int]:
+    """What ``run`` moved in ``name``'s statistics."""
+    before = _stats(server, name, version)
+    run()
+    after = _stats(server, name, version)
+    return {k: after[k] - before[k] for k in after}
+
+
+HIT = {"hit": 1, "miss": 0, "executed": 0, "inferences": 1, "success": 1}
+MISS = {"hit": 0, "miss": 1, "executed": 1, "inferences": 1, "success": 1}
+UNCACHED = {"hit": 0, "miss": 0, "executed": 1, "inferences": 1, "success": 1}
+
+
+def _post(server: LiveServer, path: str, **kw: Any) -> httpx.Response:
+    response = httpx.post(f"{server.url}{path}", timeout=60, **kw)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def _posted(server: LiveServer, model: str, version: str, path: str, **kw: Any) -> dict[str, int]:
+    """What one POST of ``path`` moved in ``model``'s statistics."""
+    return _moved(server, model, version, lambda: _post(server, path, **kw))
+
+
+def test_torchserve_rest_repeats_are_hits_and_other_requests_miss(server: LiveServer) -> None:
+    body = {"echo": "ts-rest"}
+    first = _post(server, "/predictions/probe", json=body)
+    again: list[httpx.Response] = []
+    repeat = lambda: again.append(_post(server, "/predictions/probe", json=body))  # noqa: E731
+    assert _moved(server, "probe", "1.0", repeat) == HIT
+    assert again[0].json() == first.json()  # the stored answer, the worker's pid included
+    assert again[0].headers["content-type"] == first.headers["content-type"]
+    for path, headers, other in (
+        ("/predictions/probe", {}, {"echo": "other"}),  # another body
+        ("/predictions/probe?x=1", {}, body),  # another query
+        ("/predictions/probe", {"x-tenant": "b"}, body),  # another header the handler sees
+    ):
+        assert _posted(server, "probe", "1.0", path, json=other, headers=headers) == MISS
+    # The switch-off: neither answered from the cache nor counted in it.
+    off = {"cache-control": "no-store"}
+    skipped = _posted(server, "probe", "1.0", "/predictions/probe", json=body, headers=off)
+    assert skipped == UNCACHED
+
+
+def test_a_new_version_never_answers_from_another_versions_entries(server: LiveServer) -> None:
+    body = {"echo": "versions"}
+    _post(server, "/predictions/probe/1.0", json=body)
+    assert _posted(server, "probe", "2.0", "/predictions/probe/2.0", json=body) == MISS
+    assert _posted(server, "probe", "2.0", "/predictions/probe/2.0", json=body) == HIT
+
+
+def _v2(a: np.ndarray, **extra: Any) -> dict[str, Any]:
+    inputs = [
+        {"name": "a", "shape": list(a.shape), "datatype": "FP32", "data": a.ravel().tolist()},
+        {"name": "b", "shape": list(B.shape), "datatype": "FP32", "data": B.ravel().tolist()},
+    ]
+    return {"inputs": inputs, **extra}
+
+
+def test_oip_rest_json_repeats_are_hits_and_what_differs_misses(server: LiveServer) -> None:
+    url = "/v2/models/sub/infer"
+    body = _v2(A, id="j1")
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == MISS
+    hit: list[httpx.Response] = []
+    assert _moved(server, "sub", "1", lambda: hit.append(_post(server, url, json=body))) == HIT
+    assert hit[0].json()["id"] == "j1" and hit[0].json()["outputs"][0]["data"] == [4.0, 5.0, 6.0]
+    different = [
+        _v2(A, id="j2"),  # another id: echoed in the answer
+        _v2(A + 1, id="j1"),  # other input bytes
+        _v2(A, id="j1", outputs=[{"name": "diff"}]),  # other requested outputs
+        _v2(A, id="j1", parameters={"note": 1}),  # other parameters
+    ]
+    for other in different:
+        assert _moved(server, "sub", "1", lambda o=other: _post(server, url, json=o)) == MISS
+
+
+def _inputs(module: Any, a: np.ndarray) -> list[Any]:
+    inputs = []
+    for name, array in (("a", a), ("b", B)):
+        tensor = module.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _infer(module: Any, client: Any, a: np.ndarray, **kw: Any) -> np.ndarray:
+    return client.infer("sub", _inputs(module, a), **kw).as_numpy("diff")
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_tritonclient_repeats_are_hits(server: LiveServer, kind: str) -> None:
+    ports = server.server.state.ports
+    if kind == "http":
+        module: Any = triton_http
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}")
+    else:
+        module = triton_grpc
+        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+    a = A * (3 if kind == "http" else 4)
+    try:
+        out: list[np.ndarray] = []
+        assert _moved(server, "sub", "1", lambda: out.append(_infer(module, client, a))) == MISS
+        assert _moved(server, "sub", "1", lambda: out.append(_infer(module, client, a))) == HIT
+        np.testing.assert_array_equal(out[1], a - B)
+        other = a + 1
+        assert _moved(server, "sub", "1", lambda: _infer(module, client, other)) == MISS
+        off = {"cache-control": "no-cache"}
+        skip = _moved(server, "sub", "1", lambda: _infer(module, client, a, headers=off))
+        assert skip == UNCACHED
+    finally:
+        client.close()
+
+
+def test_torchserve_grpc_repeats_are_hits(server: LiveServer, ts_stubs: SimpleNamespace) -> None:
+    """Predictions caches as REST does; StreamPredictions, a streaming call, never looks up."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.server.state.ports.grpc_inference}")
+    stub = ts_stubs.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    data = json.dumps({"plain": "ts-grpc"}).encode()
+    request = ts_stubs.inference_pb2.PredictionsRequest(model_name="stream", input={"data": data})
+    try:
+        answers: list[Any] = []
+        for expected in (MISS, HIT):
+            call = lambda: answers.append(stub.Predictions(request))  # noqa: E731
+            assert _moved(server, "stream", "1.0", call) == expected
+        assert answers[0].prediction == answers[1].prediction
+        streamed = lambda: list(stub.StreamPredictions(request))  # noqa: E731
+        assert _moved(server, "stream", "1.0", streamed) == UNCACHED
+    finally:
+        channel.close()
+
+
+def test_a_streamed_answer_is_never_cached(server: LiveServer) -> None:
+    streamed = {"yield": ["a", "b"]}
+    for _ in range(2):  # looked up, run, and not stored: it streamed
+        assert _posted(server, "stream", "1.0", "/predictions/stream", json=streamed) == MISS
+    plain = {"plain": 1}  # the same model's answers that do not stream are cached
+    _post(server, "/predictions/stream", json=plain)
+    assert _posted(server, "stream", "1.0", "/predictions/stream", json=plain) == HIT
+
+
+def test_a_request_in_shared_memory_is_never_cached(server: LiveServer) -> None:
+    """The answer lives in the client's region: a stored one could not write it there."""
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.server.state.ports.inference}")
+    key = f"/tb-cache-{uuid.uuid4().hex[:12]}"
+    region = shm.create_shared_memory_region("cache-out", key, A.nbytes)
+    try:
+        client.register_system_shared_memory("cache-out", key, A.nbytes)
+        out = triton_http.InferRequestedOutput("diff")
+        out.set_shared_memory("cache-out", A.nbytes)
+        inputs = _inputs(triton_http, A * 5)
+        infer = lambda: client.infer("sub", inputs, outputs=[out])  # noqa: E731
+        for _ in range(2):
+            shm.set_shared_memory_region(region, [np.zeros_like(A)])
+            assert _moved(server, "sub", "1", infer) == UNCACHED
+            written = shm.get_contents_as_numpy(region, np.float32, list(A.shape))
+            np.testing.assert_array_equal(written, A * 5 - B)  # the worker wrote it each time
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+        shm.destroy_shared_memory_region(region)
+
+
+def test_lru_holds_max_entries(server: LiveServer) -> None:
+    url = "/v2/models/sub/infer"
+    bodies = [_v2(A, id=f"lru{i}") for i in range(3)]
+    for body in bodies:  # the third pushes the first out (maxEntries 2)
+        _post(server, url, json=body)
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=bodies[2])) == HIT
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=bodies[0])) == MISS
+    server.recorded()
+    metrics = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
+    assert 'torchbay_cache_entries{model="sub",version="1"} 2.0' in metrics
+
+
+def test_a_reload_or_an_unload_and_load_misses(server: LiveServer) -> None:
+    url = "/v2/models/sub/infer"
+    body = _v2(A, id="reload")
+    _post(server, url, json=body)
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == HIT
+    config = json.dumps({"response_cache": {"enable": True}})
+    load = {"parameters": {"config": config}}
+    _post(server, "/v2/repository/models/sub/load", json=load)  # Triton reloads it
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == MISS
+    _post(server, "/v2/repository/models/sub/unload", json={})
+    _post(server, "/v2/repository/models/sub/load", json={})
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == MISS
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == HIT
+
+
+def test_the_counters_move_in_metrics_and_hits_count_as_requests(server: LiveServer) -> None:
+    def scrape() -> dict[str, float]:
+        server.recorded()
+        text = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
+        wanted = {
+            "hits": 'torchbay_cache_hits_total{model="probe",version="2.0"}',
+            "misses": 'torchbay_cache_misses_total{model="probe",version="2.0"}',
+            "requests": 'torchbay_requests_total{code="200",model="probe",version="2.0"}',
+        }
+        found = {}
+        for line in text.splitlines():
+            for key, prefix in wanted.items():
+                if line.startswith(prefix + " "):
+                    found[key] = float(line.rsplit(" ", 1)[1])
+        return found
+
+    body = {"echo": "metrics"}
+    before = scrape()
+    for _ in range(3):
+        _post(server, "/predictions/probe/2.0", json=body)
+    after = scrape()
+    moved = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert moved == {"hits": 2.0, "misses": 1.0, "requests": 3.0}
+
+
+def test_describe_and_the_model_config_show_the_setting(server: LiveServer) -> None:
+    described = httpx.get(f"{server.management_url}/models/sub", timeout=30).json()[0]
+    assert described["responseCache"] == {"enable": True, "maxEntries": 2, "maxBytes": 64 << 20}
+    config = httpx.get(f"{server.url}/v2/models/sub/config", timeout=30).json()
+    assert config["response_cache"] == {"enable": True}
+    plain = httpx.get(f"{server.url}/v2/models/plain/config", timeout=30).json()
+    assert plain["response_cache"] == {"enable": False}
+    assert _posted(server, "plain", "1.0", "/predictions/plain", json={}) == UNCACHED
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ('{"enable": true, "maxEntries": -1}', "response_cache.maxEntries"),
+        ('{"enable": true, "maxBytes": 1e30}', "response_cache.maxBytes"),
+        ('{"enable": true, "maxBytes": 99999999999999999}', "response_cache.maxBytes"),
+        ('{"enable": "maybe"}', "response_cache.enable"),
+        ("sometimes", "response_cache"),
+    ],
+)
+def test_bad_settings_are_400s_naming_the_field(server: LiveServer, value: str, field: str) -> None:
+    params = {"url": "plain.mar", "model_name": "plain2", "response_cache": value}
+    refused = httpx.post(f"{server.management_url}/models", params=params, timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert field in refused.text and "Traceback" not in refused.text and "/" not in refused.text
+    assert "plain2" not in server.server.registry.models
+    config = json.dumps({"response_cache": json.loads(value) if value[0] == "{" else value})
+    load = {"parameters": {"config": config}}
+    triton = httpx.post(f"{server.url}/v2/repository/models/sub/load", json=load, timeout=60)
+    assert triton.status_code == 400 and field in triton.json()["error"], triton.text
