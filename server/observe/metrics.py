@@ -44,6 +44,7 @@ prometheus_client cannot write a counter whose sample has no ``_total`` nor keep
 observe.ts_metrics writes them (``ts_text``) and serves them after the registry's text
 (``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
 Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
+Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -67,6 +68,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchbay.server.observe.autopilot_metrics import AutopilotCollector
+from torchbay.server.observe.cancel_metrics import CancelCollector
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
@@ -163,9 +165,8 @@ class ServerMetrics(Observer):
         self._last_handler_ms = 0.0
         self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
         self.registry.register(_ScrapeCollector(self))
-        self.registry.register(
-            AutopilotCollector(lambda: self.models.all_versions() if self.models else ())
-        )
+        for collector in (AutopilotCollector, CancelCollector):  # they read self.versions()
+            self.registry.register(collector(self.versions))
         self._gpu: GpuCollector | None = None
         if system_metrics:
             self.registry.register(HostCollector(self.hostname))
@@ -242,6 +243,10 @@ class ServerMetrics(Observer):
         """Read queue depth, in-flight requests and worker states from ``models`` when scraped."""
         self.models = models
 
+    def versions(self) -> list[ModelVersion]:
+        """Every model version of the registry watched (none before ``watch``)."""
+        return list(self.models.all_versions()) if self.models is not None else []
+
     def close(self) -> None:
         if self._gpu is not None:
             self._gpu.close()
@@ -267,10 +272,9 @@ class ServerMetrics(Observer):
 
     def worker_load_times_ms(self) -> list[tuple[str, float]]:
         """(worker name, load time ms) of every live worker (TorchServe's WorkerLoadTime)."""
-        versions = self.models.all_versions() if self.models is not None else []
         return [
             (slot.worker.name, slot.worker.load_time_ms)
-            for mv in versions
+            for mv in self.versions()
             for slot in list(mv.slots)
             if slot.worker is not None and slot.worker.load_time_ms is not None
         ]
