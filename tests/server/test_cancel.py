@@ -10,6 +10,7 @@ and then waits for a gate file, which the test creates only after it has seen wh
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import struct
@@ -25,7 +26,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from torchbay.server.errors import QueueFull
 from torchbay.server.grpc import messages
+from torchbay.server.http.disconnect import LEFT, client_left, first_answer
+from torchbay.server.plane import CLIENT_LEFT, Exchange
+from torchbay.server.serving.queue import BatchQueue, Pending, clock
 
 from .conftest import ASSETS, LiveServer, build_store, make_config
 
@@ -284,3 +289,58 @@ def test_a_grpc_call_cancelled_while_its_batch_runs(
     assert answer.status_code == 200 and answer.json()["id"] == "stays"
     _still_served(server, "pair", log, pids)
     assert _counts(server, "pair")["restarts"] == before["restarts"]
+
+
+# -- the parts on their own -------------------------------------------------------------------
+
+
+def test_a_discarded_request_frees_its_place_at_once_and_never_runs() -> None:
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        queue: BatchQueue = BatchQueue(batch_size=2, max_delay_s=0, capacity=2)
+        gone, here = (Pending(name, loop.create_future(), clock()) for name in ("gone", "here"))
+        queue.put(gone)
+        queue.put(here)
+        with pytest.raises(QueueFull):
+            queue.put(Pending("late", loop.create_future(), clock()))
+        gone.future.cancel()
+        assert queue.discard(gone)
+        assert not queue.discard(gone)  # not queued any more
+        queue.put(Pending("late", loop.create_future(), clock()))  # its place was freed
+        batch = await queue.take()
+        assert all(p.dispatched is not None for p in batch)
+        queue.requeue_front(batch)  # its worker died before it ran: queued again
+        assert all(p.dispatched is None for p in batch)
+        return [p.payload for p in await queue.take()]
+
+    assert asyncio.run(scenario()) == ["here", "late"]
+
+
+def _waiting(scope: dict[str, Any]) -> tuple[Exchange, asyncio.Future, asyncio.Task]:
+    """An exchange whose one request waits for its answer through ``first_answer``."""
+    ex = Exchange(None, lambda record: None, scope, "m", None)  # type: ignore[arg-type]
+    future = asyncio.get_running_loop().create_future()
+    ex.items.append(Pending(None, future, clock()))
+    return ex, future, asyncio.ensure_future(first_answer(scope, ex, future))
+
+
+def test_a_client_that_left_ends_the_wait_and_a_stopping_server_still_cancels() -> None:
+    async def scenario() -> None:
+        scope: dict[str, Any] = {}
+        ex, future, task = _waiting(scope)
+        await asyncio.sleep(0)
+        assert scope[LEFT] == ex.leave
+        client_left(SimpleNamespace(scope=scope))  # the protocol's connection_lost
+        assert await task is None
+        assert future.cancelled() and ex.status == CLIENT_LEFT and LEFT not in scope
+        client_left(SimpleNamespace(scope=scope))  # answered or gone: nothing to tell
+        client_left(None)  # a connection lost between requests
+
+        ex, future, task = _waiting(scope)
+        await asyncio.sleep(0)
+        task.cancel()  # the task itself (a server that stops), not the client
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ex.status == 500 and LEFT not in scope
+
+    asyncio.run(scenario())
