@@ -104,6 +104,8 @@ class ModelVersion:
     """A loaded archive served by a pool of worker processes."""
 
     autopilot = cached_property(Autopilot)  # adapts batching to sla_p99_ms; inert without it
+    # Requests whose caller left before their answer, by where they were (``finish``).
+    cancelled = cached_property(lambda _: {"queued": 0, "running": 0})
 
     def __init__(
         self,
@@ -164,7 +166,6 @@ class ModelVersion:
         # Counted for the management API's describe (TorchServe's ``metrics`` object).
         self.requests_received = 0
         self.requests_rejected = 0
-        self.cancelled = {"queued": 0, "running": 0}  # requests whose caller left (``finish``)
         self.closing = False
 
     # -- lifecycle ----------------------------------------------------------------------------
