@@ -156,6 +156,13 @@ def _grew(before: dict[str, float], after: dict[str, float], **grown: int) -> bo
     return after == {k: v + grown.get(k, 0) for k, v in before.items()}
 
 
+def _triton(server: LiveServer, model: str) -> tuple[int, int]:
+    """The Triton statistics' ``fail`` and ``queue`` counts of ``model``."""
+    stats = httpx.get(f"{server.url}/v2/models/{model}/stats", timeout=30).json()
+    inference = stats["model_stats"][0]["inference_stats"]
+    return inference["fail"]["count"], inference["queue"]["count"]
+
+
 def _queued(server: LiveServer, model: str) -> int:
     return len(server.server.registry.resolve(model).queue)
 
@@ -188,7 +195,11 @@ def _still_served(server: LiveServer, model: str, log: Path, pids: list[int]) ->
 def test_an_http_client_that_leaves_while_queued_is_never_run(
     server: LiveServer, pool: ThreadPoolExecutor, tmp_path: Path, api: str
 ) -> None:
-    pids, before = server.worker_pids(), _counts(server, "gate")
+    pids, before, (failed, queued) = (
+        server.worker_pids(),
+        _counts(server, "gate"),
+        _triton(server, "gate"),
+    )
     held, log, gate = _run_behind(pool, server, "gate", tmp_path)
     sock = _leaving(server, api, "gate", {"id": "gone", "log": str(log)})
     _until(lambda: _queued(server, "gate") == 1, "the second request is queued")
@@ -199,6 +210,8 @@ def test_an_http_client_that_leaves_while_queued_is_never_run(
     assert held.result(timeout=60).status_code == 200
     _still_served(server, "gate", log, pids)
     assert _ran(log) == ["held", "later"]  # "gone" never ran
+    # Triton counts a cancelled request as failed; only the two that ran waited for a worker.
+    assert _triton(server, "gate") == (failed + 1, queued + 2)
 
 
 @pytest.mark.parametrize(("api", "leave"), [("oip", "cancel"), ("ts", "deadline")])
@@ -212,7 +225,7 @@ def test_a_grpc_call_that_leaves_while_queued_is_never_run(
 ) -> None:
     pids, before = server.worker_pids(), _counts(server, "gate")
     held, log, gate = _run_behind(pool, server, "gate", tmp_path)
-    timeout = 1.0 if leave == "deadline" else 60.0
+    timeout = 2.0 if leave == "deadline" else 60.0
     call = _grpc_call(server, ts_stubs, api, "gate", {"id": "gone", "log": str(log)}, timeout)
     if leave == "cancel":
         _until(lambda: _queued(server, "gate") == 1, "the second request is queued")
