@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from torchbay.server.errors import HandlerFailed, ServiceUnavailable, TorchbayError
-from torchbay.server.http import early, kserve_v1, streaming
+from torchbay.server.http import disconnect, early, kserve_v1, streaming
 from torchbay.server.http.asgi import (
     Answer,
     Receive,
@@ -155,7 +155,10 @@ class InferenceApp:
             body = await read_body(scope, receive, self.max_request_size)
             wire = self._wire_request(scope, body, protocol, extra)
             item = ex.admit(wire)
-            first = await item.future  # a part, or the response when nothing streams
+            # A part, or the response when nothing streams; None when the client left.
+            first = await disconnect.first_answer(scope, ex, item.future)
+            if first is None:
+                return
             rest = ex.rest(item)
             try:
                 answer = respond or self._respond
@@ -249,9 +252,11 @@ _OPERATION = {"v2_infer": "infer"}
 
 def _as_json(scope: Scope) -> Scope:
     """The generate extension's body is JSON whatever its content type says (``curl -d`` sends
-    a form type): the handler gets the decoded object as TorchServe's ``body``."""
+    a form type): the handler gets the decoded object as TorchServe's ``body``. The scope is
+    changed in place: the HTTP protocol reads the request's hooks from it (disconnect.py)."""
     headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+    scope["headers"] = [*headers, (b"content-type", b"application/json")]
+    return scope
 
 
 def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:

@@ -44,12 +44,12 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from torchbay.server.http.disconnect import client_left
+
 log = logging.getLogger("torchbay.http")
 
 _IDLE, _HEADERS, _BODY, _CLOSING = 0, 1, 2, 3
-# After an error answer: half-close and discard what the client still sends for up to this long,
-# so a client mid-upload reads the answer instead of a reset (nginx's lingering close).
-LINGER_S = 2.0
+LINGER_S = 2.0  # the lingering close after an error answer (see the module docstring)
 _TYPES = {408: "RequestTimeout", 431: "RequestHeaderFieldsTooLarge"}
 
 
@@ -115,6 +115,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        client_left(self.cycle)  # a request waiting for its answer is cancelled
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

@@ -46,6 +46,7 @@ prometheus_client cannot write a counter whose sample has no ``_total`` nor keep
 observe.ts_metrics writes them (``ts_text``) and serves them after the registry's text
 (``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
 Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
+Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -55,7 +56,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -65,16 +65,16 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from torchbay.server.observe.autopilot_metrics import AutopilotCollector
 from torchbay.server.observe.cache_metrics import CacheMetrics
+from torchbay.server.observe.cancel_metrics import CancelCollector
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.logs import RequestRecord
+from torchbay.server.observe.model_state_metrics import ModelStateCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
-from torchbay.server.serving.handle import WorkerProcess, WorkerState
-from torchbay.server.serving.model import ModelStatus, ModelVersion, Observer
+from torchbay.server.serving.handle import WorkerProcess
+from torchbay.server.serving.model import ModelVersion, Observer
 from torchbay.server.serving.slot import BatchRecord
 
 if TYPE_CHECKING:
@@ -166,10 +166,9 @@ class ServerMetrics(Observer):
         self._last_handler_ms = 0.0
         self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
-        self.registry.register(_ScrapeCollector(self))
-        self.registry.register(
-            AutopilotCollector(lambda: self.models.all_versions() if self.models else ())
-        )
+        self.registry.register(ModelStateCollector(self))
+        for collector in (AutopilotCollector, CancelCollector):  # they read self.versions()
+            self.registry.register(collector(self.versions))
         self._gpu: GpuCollector | None = None
         if system_metrics:
             self.registry.register(HostCollector(self.hostname))
@@ -246,6 +245,10 @@ class ServerMetrics(Observer):
         """Read queue depth, in-flight requests and worker states from ``models`` when scraped."""
         self.models = models
 
+    def versions(self) -> list[ModelVersion]:
+        """Every model version of the registry watched (none before ``watch``)."""
+        return list(self.models.all_versions()) if self.models is not None else []
+
     def close(self) -> None:
         if self._gpu is not None:
             self._gpu.close()
@@ -271,10 +274,9 @@ class ServerMetrics(Observer):
 
     def worker_load_times_ms(self) -> list[tuple[str, float]]:
         """(worker name, load time ms) of every live worker (TorchServe's WorkerLoadTime)."""
-        versions = self.models.all_versions() if self.models is not None else []
         return [
             (slot.worker.name, slot.worker.load_time_ms)
-            for mv in versions
+            for mv in self.versions()
             for slot in list(mv.slots)
             if slot.worker is not None and slot.worker.load_time_ms is not None
         ]
@@ -342,59 +344,3 @@ class ServerMetrics(Observer):
 
     def worker_recycled(self, model: ModelVersion, worker: WorkerProcess) -> None:
         self.recycles.labels(model.name, model.version).inc()
-
-
-class _ScrapeCollector(Collector):
-    """What is read when scraped: model state (TorchServe's series: observe.ts_metrics)."""
-
-    def __init__(self, metrics: ServerMetrics) -> None:
-        self.metrics = metrics
-
-    def describe(self) -> Iterator[Metric]:
-        yield from self._model_families()
-
-    def _model_families(self) -> tuple[GaugeMetricFamily | CounterMetricFamily, ...]:
-        return (
-            GaugeMetricFamily(
-                "torchbay_queue_depth", "Requests waiting in the queue", labels=LABELS
-            ),
-            GaugeMetricFamily(
-                "torchbay_inflight_requests",
-                "Requests admitted and not yet answered (queued or running)",
-                labels=LABELS,
-            ),
-            GaugeMetricFamily(
-                "torchbay_workers", "Worker processes by state", labels=(*LABELS, "state")
-            ),
-            GaugeMetricFamily(
-                "torchbay_model_ready", "1 when the model version is READY", labels=LABELS
-            ),
-            CounterMetricFamily(
-                "torchbay_admission_rejections",
-                "Requests refused 503 by the queue-time bound or a full queue, by reason",
-                labels=(*LABELS, "reason"),
-            ),
-        )
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self._collect_models()
-
-    def _collect_models(self) -> Iterator[Metric]:
-        m = self.metrics
-        depth, inflight, workers, ready, refused = self._model_families()
-        models = m.models
-        versions = list(models.all_versions()) if models is not None else []
-        states = list(WorkerState)
-        for mv in versions:
-            labels = [mv.name, mv.version]
-            depth.add_metric(labels, len(mv.queue))
-            inflight.add_metric(labels, mv.inflight)
-            ready.add_metric(labels, 1.0 if mv.status is ModelStatus.READY else 0.0)
-            for reason, count in mv.admission.rejections.items():
-                refused.add_metric([*labels, reason], count)
-            counts = dict.fromkeys(states, 0)
-            for slot in list(mv.slots):
-                counts[slot.state] += 1
-            for state, count in counts.items():
-                workers.add_metric([*labels, state.value], count)
-        yield from (depth, inflight, workers, ready, refused)

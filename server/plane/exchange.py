@@ -51,7 +51,8 @@ RecordFn = Callable[[RequestRecord], None]  # the plane's recorder (metrics, sta
 # The registered shared-memory regions a v2 request carries to its worker (plane/shm.py).
 RegionsFn = Callable[[], "dict[str, list[Any]] | None"]
 log = logging.getLogger("torchbay.trace")
-# The status recorded for a caller that left (a gRPC cancel or deadline) before its answer.
+# The status recorded for a caller that left (a gRPC cancel or deadline, an HTTP disconnect)
+# before its answer.
 CLIENT_LEFT = 499
 
 
@@ -209,6 +210,14 @@ class Exchange:
         async for response in self.rest(item):
             self.status = response.status
             yield response
+
+    def leave(self) -> None:
+        """The caller went away before its answer (an HTTP client that disconnected; a gRPC
+        call's cancel reaches the futures through its task): the unanswered requests are
+        cancelled, ``close`` takes them out of the queue and counts them, the record says 499."""
+        self.status = CLIENT_LEFT
+        for item in self.items:
+            item.future.cancel()
 
     # -- the end --------------------------------------------------------------------------------
 

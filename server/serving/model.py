@@ -104,6 +104,8 @@ class ModelVersion:
     """A loaded archive served by a pool of worker processes."""
 
     autopilot = cached_property(Autopilot)  # adapts batching to sla_p99_ms; inert without it
+    # Requests whose caller left before their answer, by where they were (``finish``).
+    cancelled = cached_property(lambda _: {"queued": 0, "running": 0})
 
     def __init__(
         self,
@@ -369,10 +371,20 @@ class ModelVersion:
         return later_parts(item, item.parts) if item.parts.started else NO_PARTS
 
     def finish(self, item: Pending) -> None:
-        """The reader is done; one that left early cancels the request (and its worker's)."""
+        """The reader is done. One that left before its answer (its future cancelled here, or by
+        its caller: a gRPC call's task, an HTTP disconnect) cancels the request: still queued,
+        it is taken out and never runs; running, its result is dropped (and its worker told,
+        streams.py), the worker kept. Either way it is counted in ``cancelled``."""
         self.inflight -= 1
-        if not item.future.done():
-            item.future.cancel()
+        future = item.future
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            return  # answered
+        queued = item.dispatched is None  # no worker took it
+        if queued:
+            self.queue.discard(item)
+        self.cancelled["queued" if queued else "running"] += 1
 
     async def stream(
         self, request: p.WireRequest, admitted: Callable[[Pending], None] | None = None

@@ -11,7 +11,8 @@ Contract:
   adds latency), and waits only when that rate predicts at least one more request before the
   deadline. Every
   ``probe_interval`` seconds it waits once anyway to refresh the estimate.
-* Requests whose caller left (future done) are dropped before dispatch; requests past their
+* A request whose caller left is taken out at once (``discard``: its reader's ``finish``); any
+  other whose future is done is dropped before dispatch; requests past their
   deadline are answered with :class:`RequestTimeout` and never run; requests queued longer than
   ``max_wait_s`` (the model's ``max_queue_delay_ms``, 0: off; see admission.py) are answered
   503 :class:`Overloaded` and never run, and a batch never waits to fill past that bound.
@@ -187,8 +188,22 @@ class BatchQueue(Generic[T, R]):
 
     def requeue_front(self, items: Iterable[Pending[T, R]]) -> None:
         """Give back a batch that could not be dispatched (its worker died before it ran)."""
-        self._items.extendleft(reversed(list(items)))
+        items = list(items)
+        for item in items:
+            item.dispatched = None  # it is queued again: a caller that leaves now is "queued"
+        self._items.extendleft(reversed(items))
         self._wake()
+
+    def discard(self, item: Pending[T, R]) -> bool:
+        """Take out a queued request whose caller left, so that it neither runs nor holds a
+        place of ``capacity``; False when it is not queued. Linear in the queue's length, paid
+        only by a caller that leaves. A waiting ``take`` needs no wake: it reads the queue
+        afresh when its wait ends."""
+        try:
+            self._items.remove(item)
+        except ValueError:
+            return False
+        return True
 
     def close(self, exc: TorchbayError) -> list[Pending[T, R]]:
         """Refuse new requests with ``exc``; return (and remove) everything still queued."""
