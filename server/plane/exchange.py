@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import TorchbayError
@@ -56,51 +57,31 @@ log = logging.getLogger("torchbay.trace")
 CLIENT_LEFT = 499
 
 
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What every exchange of one server shares; the plane builds it once."""
+
+    registry: ModelRegistry
+    record: RecordFn  # metrics, statistics and access line
+    regions: RegionsFn | None = None  # Triton's shared-memory regions (plane/shm.py)
+    tracer: Tracer | None = None  # Triton's trace extension (plane/trace.py)
+    cache: ResponseCache | None = None  # the response cache (plane/cache.py)
+
+
+@dataclass(slots=True, eq=False)
 class Exchange:
     """The steps of one request (see the module docstring); a context manager that records."""
 
-    __slots__ = (
-        "_cache",
-        "_closed",
-        "_record",
-        "_regions",
-        "_tracer",
-        "items",
-        "model",
-        "name",
-        "registry",
-        "scope",
-        "started",
-        "status",
-        "trace",
-        "version",
-    )
-
-    def __init__(
-        self,
-        registry: ModelRegistry,
-        record: RecordFn,
-        scope: Scope,
-        name: str,
-        version: str | None,
-        regions: RegionsFn | None = None,
-        tracer: Tracer | None = None,
-        cache: ResponseCache | None = None,
-    ) -> None:
-        self.registry = registry
-        self._record = record
-        self._regions = regions
-        self.scope = scope
-        self.name = name
-        self.version = version
-        self.started = time.perf_counter()
-        self.model: ModelVersion | None = None
-        self.items: list[Item] = []
-        self.status = 500  # until the protocol says what it answered
-        self._closed = False
-        self._tracer = tracer
-        self.trace: Trace | None = None  # Triton's trace extension sampled this request
-        self._cache = cache
+    wiring: Wiring
+    scope: Scope
+    name: str
+    version: str | None
+    started: float = field(default_factory=time.perf_counter)
+    model: ModelVersion | None = None
+    items: list[Item] = field(default_factory=list)
+    status: int = 500  # until the protocol says what it answered
+    trace: Trace | None = None  # Triton's trace extension sampled this request
+    closed: bool = False
 
     def __enter__(self) -> Exchange:
         return self
@@ -115,9 +96,10 @@ class Exchange:
     def resolve(self) -> ModelVersion:
         """The model version named, refused at once (503) when it refuses newcomers: a shutting
         down, workerless or overloaded version. Raises the error tree's 404 / 400 / 503."""
-        mv = self.model = self.registry.resolve(self.name, self.version)
-        if self._tracer is not None and self._tracer.active:
-            self.trace = self._tracer.start(self.name, self.started)
+        mv = self.model = self.wiring.registry.resolve(self.name, self.version)
+        tracer = self.wiring.tracer
+        if tracer is not None and tracer.active:
+            self.trace = tracer.start(self.name, self.started)
         refuse_early(mv)  # from the headers alone: the protocol has not read the body
         return mv
 
@@ -132,7 +114,8 @@ class Exchange:
         lookup = self._lookup(wire)
         if lookup is not None and lookup.hit is not None:
             return self._answered(wire, lookup.hit)
-        table = self._regions() if self._regions is not None else None
+        regions = self.wiring.regions
+        table = regions() if regions is not None else None
         if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
             wire = dataclasses.replace(wire, regions=table)
         item = self.model.admit_reader(wire)
@@ -146,10 +129,10 @@ class Exchange:
 
     def _lookup(self, wire: p.WireRequest) -> Lookup | None:
         """The cache's look-up of ``wire`` (None: no cache, or not to be cached)."""
-        if self._cache is None:
+        if self.wiring.cache is None:
             return None
         assert self.model is not None
-        return self._cache.lookup(self.model, wire, str(self.scope.get("path", "")))
+        return self.wiring.cache.lookup(self.model, wire, str(self.scope.get("path", "")))
 
     def _answered(self, wire: p.WireRequest, response: p.WireResponse) -> Item:
         """An item already answered with ``response`` (a cache hit), with nothing to stream
@@ -224,9 +207,9 @@ class Exchange:
     def close(self) -> None:
         """Finish every admitted request (one left unanswered is cancelled, in its worker too)
         and record the exchange once: metrics, statistics, access line."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         model = self.model
         for item in self.items:
             if model is not None:
@@ -237,7 +220,7 @@ class Exchange:
         record = RequestRecord(
             self.scope, self.name, self.version, self.status, seconds, queue_s, model
         )
-        self._record(record)
+        self.wiring.record(record)
         if self.trace is not None:
             self._finish_trace(self.trace)
 
@@ -250,8 +233,8 @@ class Exchange:
             taken = [i.dispatched for i in self.items if i.dispatched is not None]
             trace.queue_ns = int(min(arrived) * 1e9) if arrived else None
             trace.compute_ns = int(min(taken) * 1e9) if taken else None
-            assert self._tracer is not None
-            self._tracer.finish(trace)
+            assert self.wiring.tracer is not None
+            self.wiring.tracer.finish(trace)
         except Exception:
             log.exception("could not record the trace of a request to %s", self.name)
 

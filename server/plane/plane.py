@@ -28,7 +28,7 @@ from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
 from torchbay.server.plane import log_settings
 from torchbay.server.plane.cache import ResponseCache
-from torchbay.server.plane.exchange import Exchange, Scope
+from torchbay.server.plane.exchange import Exchange, Scope, Wiring
 from torchbay.server.plane.management import Management
 from torchbay.server.plane.models import Models
 from torchbay.server.plane.shm import SharedMemory
@@ -107,21 +107,13 @@ class DataPlane:
         self._log_level = log_settings.level_set()  # put back by ``close``
         # Triton's trace extension: its settings, and the traces of the requests it samples.
         self.tracer = Tracer(str(getattr(config, "trace_file", "") or ""))
+        self.wiring = Wiring(registry, self.record, self.shm.table, self.tracer, self.cache)
 
     # -- requests -------------------------------------------------------------------------------
 
     def exchange(self, scope: Scope, name: str, version: str | None) -> Exchange:
         """One inference request's steps and its one record (``plane/exchange.py``)."""
-        return Exchange(
-            self.registry,
-            self.record,
-            scope,
-            name,
-            version,
-            self.shm.table,
-            self.tracer,
-            self.cache,
-        )
+        return Exchange(self.wiring, scope, name, version)
 
     def _cache_counted(self, mv: ModelVersion, hit: bool, seconds: float) -> None:
         """One response cache look-up, counted in the statistics and the metrics."""

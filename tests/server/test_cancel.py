@@ -30,6 +30,7 @@ from torchbay.server.errors import QueueFull
 from torchbay.server.grpc import messages
 from torchbay.server.http.disconnect import LEFT, client_left, first_answer
 from torchbay.server.plane import CLIENT_LEFT, Exchange
+from torchbay.server.plane.exchange import Wiring
 from torchbay.server.serving.queue import BatchQueue, Pending, clock
 
 from .conftest import ASSETS, LiveServer, build_store, make_config
@@ -331,7 +332,7 @@ def test_a_discarded_request_frees_its_place_at_once_and_never_runs() -> None:
 
 def _waiting(scope: dict[str, Any]) -> tuple[Exchange, asyncio.Future, asyncio.Task]:
     """An exchange whose one request waits for its answer through ``first_answer``."""
-    ex = Exchange(None, lambda record: None, scope, "m", None)  # type: ignore[arg-type]
+    ex = Exchange(Wiring(None, lambda record: None), scope, "m", None)  # type: ignore[arg-type]
     future = asyncio.get_running_loop().create_future()
     ex.items.append(Pending(None, future, clock()))
     return ex, future, asyncio.ensure_future(first_answer(scope, ex, future))
