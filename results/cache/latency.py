@@ -32,12 +32,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import psutil
+
+from torchbay.benchmarks.managed import Endpoints, ManagedServer
 
 WIDTH = 256
 MODES = ("hit", "miss", "no-store")
@@ -45,8 +46,6 @@ MODES = ("hit", "miss", "no-store")
 
 def build_archive(store: Path, work: Path) -> object:
     import torch
-
-    from torchbay.archiver.package import ArchiveOptions, package
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -58,53 +57,20 @@ def build_archive(store: Path, work: Path) -> object:
         "responseCache: {enable: true, maxEntries: 100000}\n"
         f"inputs:\n  - {{name: x, datatype: FP32, shape: [-1, {WIDTH}]}}\n"
     )
-    package(
-        ArchiveOptions(
-            model_name="mlp",
-            version="1",
-            handler="tensor",
-            serialized_file=work / "mlp.pt",
-            example_input=work / "example.pt",
-            config_file=work / "model-config.yaml",
-            export_path=store,
-        )
-    )
+    archive = [sys.executable, "-m", "torchbay", "archive", "--model-name", "mlp"]
+    archive += ["--version", "1", "--handler", "tensor", "--export-path", str(store)]
+    archive += ["--serialized-file", str(work / "mlp.pt")]
+    archive += ["--example-input", str(work / "example.pt")]
+    archive += ["--config-file", str(work / "model-config.yaml")]
+    subprocess.run(archive, check=True, stdout=subprocess.DEVNULL)
     return model
 
 
-@contextlib.contextmanager
-def serving(store: Path, work: Path) -> Iterator[tuple[dict, psutil.Process]]:
-    config = work / "config.properties"
-    config.write_text(
-        "\n".join(
-            [
-                "inference_address=http://127.0.0.1:0",
-                "management_address=http://127.0.0.1:0",
-                "metrics_address=http://127.0.0.1:0",
-                "grpc_inference_port=0",
-                "grpc_management_port=0",
-                "access_log=false",
-            ]
-        )
-    )
-    ready = work / "ready.json"
-    cmd = [sys.executable, "-m", "torchbay", "serve", "--model-store", str(store)]
-    cmd += ["--models", "mlp=mlp.mar", "--ts-config", str(config), "--ready-file", str(ready)]
-    cmd += ["--disable-token-auth", "--foreground"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
-        ports = json.loads(ready.read_text())
-        if ports["failed_models"]:
-            raise SystemExit(f"the model failed to load: {ports['failed_models']}")
-        yield ports, psutil.Process(proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+def serving(store: Path, work: Path) -> ManagedServer:
+    """``torchbay serve`` of mlp.mar on free ports, without the access log."""
+    (work / "config.properties").write_text("access_log=false\n")
+    args = ("--ts-config", str(work / "config.properties"))
+    return ManagedServer.torchbay(store / "mlp.mar", work / "run", auth=False, extra_args=args)
 
 
 def server_cpu_s(server: psutil.Process) -> float:
@@ -174,8 +140,10 @@ def run(url: str, requests: Requests, mode: str, n: int, threads: int) -> list[f
     return times
 
 
-def measure(ports: dict, server: psutil.Process, model: object, args: argparse.Namespace) -> dict:
-    url = f"http://127.0.0.1:{ports['inference']}/v2/models/mlp/infer"
+def measure(
+    ports: Endpoints, server: psutil.Process, model: object, args: argparse.Namespace
+) -> dict:
+    url = f"http://127.0.0.1:{ports.inference_port}/v2/models/mlp/infer"
     requests = Requests()
     results: dict = {}
     with httpx.Client(timeout=60) as warm:
@@ -224,8 +192,9 @@ def main() -> None:
         store.mkdir()
         work.mkdir()
         model = build_archive(store, work)
-        with serving(store, work) as (ports, server):
-            results = measure(ports, server, model, args)
+        managed = serving(store, work)
+        with managed as ports:
+            results = measure(ports, psutil.Process(managed.pid), model, args)
     report(results, args)
 
 

@@ -21,8 +21,6 @@ requests. Every answer is checked (``x + 1``) once per mode and round.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import statistics
 import subprocess
@@ -30,10 +28,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from torchbay.benchmarks.managed import Endpoints, ManagedServer
 
 N = 4 * 1024 * 1024  # FP32 elements: 16 MiB
 NBYTES = N * 4
@@ -60,53 +60,25 @@ def build_archive(store: Path, work: Path) -> None:
     subprocess.run(archive, check=True, stdout=subprocess.DEVNULL)
 
 
-@contextlib.contextmanager
-def serving(store: Path, work: Path) -> Iterator[dict]:
+def serving(store: Path, work: Path) -> ManagedServer:
+    """``torchbay serve`` of plus1.mar on free ports, 64 MiB request and response limits (the
+    binary modes carry 16 MiB each way), shared memory allowed."""
     config = work / "config.properties"
-    limit = 64 << 20  # the binary modes carry 16 MiB each way
-    config.write_text(
-        "\n".join(
-            [
-                "inference_address=http://127.0.0.1:0",
-                "management_address=http://127.0.0.1:0",
-                "metrics_address=http://127.0.0.1:0",
-                "grpc_inference_port=0",
-                "grpc_management_port=0",
-                f"max_request_size={limit}",
-                f"max_response_size={limit}",
-                "access_log=false",
-            ]
-        )
-    )
-    ready = work / "ready.json"
-    cmd = [sys.executable, "-m", "torchbay", "serve", "--model-store", str(store)]
-    cmd += ["--models", "plus1=plus1.mar", "--ts-config", str(config), "--ready-file", str(ready)]
-    cmd += ["--disable-token-auth", "--allow-client-shm", "--foreground"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
-        ports = json.loads(ready.read_text())
-        if ports["failed_models"]:
-            raise SystemExit(f"the model failed to load: {ports['failed_models']}")
-        yield ports
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    limit = 64 << 20
+    config.write_text(f"max_request_size={limit}\nmax_response_size={limit}\naccess_log=false\n")
+    args = ("--ts-config", str(config), "--allow-client-shm")
+    return ManagedServer.torchbay(store / "plus1.mar", work / "run", auth=False, extra_args=args)
 
 
-def modes(ports: dict) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+def modes(ports: Endpoints) -> tuple[dict[str, Callable[[np.ndarray], np.ndarray]], dict]:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
     import tritonclient.utils.shared_memory as shm
 
     http = httpclient.InferenceServerClient(
-        f"127.0.0.1:{ports['inference']}", connection_timeout=120, network_timeout=120
+        f"127.0.0.1:{ports.inference_port}", connection_timeout=120, network_timeout=120
     )
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc_inference']}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc_port}")
     http.unregister_system_shared_memory()
     suffix = uuid.uuid4().hex[:8]
     regions = {}

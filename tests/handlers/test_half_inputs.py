@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchbay.archiver.package import ArchiveOptions, package
+from tests.server.conftest import tensor_archive
 from torchbay.archiver.signature import Signature, TensorSpec
 from torchbay.handlers.errors import BadInput
 from torchbay.handlers.runtime import oip
@@ -97,19 +97,15 @@ def fp16_service(tmp_path_factory: pytest.TempPathFactory) -> Any:
     (work / "affine.py").write_text(make.MODEL)
     torch.save(make.weights(), work / "affine.pt")
     torch.save(torch.ones(2, 4), work / "x.pt")
-    out = package(
-        ArchiveOptions(
-            model_name="h16",
-            version="1",
-            handler="tensor",
-            model_file=work / "affine.py",
-            serialized_file=work / "affine.pt",
-            example_input=work / "x.pt",
-            convert="torchscript-trace",
-            precision="fp16",
-            archive_format="no-archive",
-            export_path=work,
-        )
+    out = tensor_archive(
+        work,
+        "h16",
+        work / "affine.pt",
+        work / "x.pt",
+        model_file=work / "affine.py",
+        convert="torchscript-trace",
+        precision="fp16",
+        archive_format="no-archive",
     )
     return load_service(out)
 

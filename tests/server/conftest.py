@@ -153,6 +153,16 @@ class LiveServer:
             raise self._error
 
 
+def tensor_archive(root: Path, name: str, model: Path, example: Path, **options: Any) -> Path:
+    """``name`` (version 1, the tensor handler unless ``options`` say otherwise) packed by our
+    archiver from ``model`` and its ``example`` input into ``root``; the archive's path."""
+    options = {"version": "1", "handler": "tensor", **options}
+    spec = ArchiveOptions(
+        model_name=name, serialized_file=model, example_input=example, export_path=root, **options
+    )
+    return package(spec)
+
+
 @contextlib.contextmanager
 def stream_server(factory: pytest.TempPathFactory, name: str) -> Iterator[LiveServer]:
     """A LiveServer of ``stream.mar`` (assets/stream_handler.py, version 1.0, the default)."""

@@ -23,9 +23,7 @@ import tritonclient.utils.shared_memory as shm
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from torchbay.archiver.package import ArchiveOptions, package
-
-from .conftest import LiveServer, running
+from .conftest import LiveServer, running, tensor_archive
 
 pytestmark = pytest.mark.slow
 
@@ -57,17 +55,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     torch.save(example, work / "example.pt")
     (work / "model-config.yaml").write_text(SIMPLE_YAML)
-    package(
-        ArchiveOptions(
-            model_name="simple",
-            version="1",
-            handler="tensor",
-            serialized_file=work / "simple.pt",
-            example_input=work / "example.pt",
-            config_file=work / "model-config.yaml",
-            export_path=root,
-        )
-    )
+    config = work / "model-config.yaml"
+    tensor_archive(root, "simple", work / "simple.pt", work / "example.pt", config_file=config)
     return root
 
 

@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from torchbay.archiver.package import ArchiveOptions, package
 
