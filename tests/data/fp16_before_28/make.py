@@ -18,7 +18,7 @@ import torch
 from torchbay.archiver.package import ArchiveOptions, package
 
 HERE = Path(__file__).resolve().parent
-MODEL = '''\
+MODEL = """\
 import torch
 from torch import nn
 
@@ -30,7 +30,7 @@ class Affine(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x)
-'''
+"""
 
 
 def weights() -> dict[str, torch.Tensor]:
