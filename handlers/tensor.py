@@ -16,7 +16,9 @@ Output per request: ``{"output": <nested lists>}``: the model's output for the o
 list of per-sample outputs for several; a model returning a tuple gives a list of such outputs.
 
 Open Inference Protocol (v2) natively: each input tensor is the numpy array ``handlers.runtime.oip``
-decoded (JSON or binary; its first dimension is the batch), passed to the model positionally in
+decoded (JSON or binary; its first dimension is the batch, unless the signature declares
+the inputs without one: Triton's max_batch_size 0, one sample per request, run as a batch of one
+and answered without that dimension), passed to the model positionally in
 the signature's order (the Service matched them by name; without a signature, the request's
 order); each output comes back as ``{"name", "shape", "datatype", "array"}`` in its own dtype
 (FP16/BF16 included), named by the signature (a dict output by its keys), else output0, output1...
@@ -116,6 +118,10 @@ class TensorHandler(BaseHandler):
         self.signature = load_signature(
             self.manifest or {}, getattr(context, "model_yaml_config", None)
         )
+        # Inputs declared without a batch dimension (Triton's max_batch_size 0, the rule of the
+        # plane's model configuration): a v2 request is one whole sample, not a batch of them.
+        inputs = self.signature.inputs if self.signature is not None else []
+        self.unbatched = bool(inputs) and not all(s.shape[:1] == [-1] for s in inputs)
 
     # -- preprocess: one entry per remaining request: (inputs, single) --------------------------
     def preprocess(self, data: list[Any]) -> list[tuple[list[torch.Tensor], bool]]:
@@ -129,7 +135,10 @@ class TensorHandler(BaseHandler):
         if not isinstance(row, dict):
             raise BadInput("request row is not a dict")
         if row.get("protocol") == "v2":
-            return [self._v2_tensor(t) for t in row["body"]["inputs"]], False
+            tensors = [self._v2_tensor(t) for t in row["body"]["inputs"]]
+            if self.unbatched:  # the model still takes a batch: of one, taken off its outputs
+                return [t.unsqueeze(0) for t in tensors], True
+            return tensors, False
         value = row.get("data") if row.get("data") is not None else row.get("body")
         shape = self.input_shape
         header = self._request_header(idx, "x-input-shape")
@@ -208,7 +217,7 @@ class TensorHandler(BaseHandler):
         tensor = torch.from_numpy(array.view(np.int16) if datatype == "BF16" else array)
         if datatype == "BF16":
             tensor = tensor.view(torch.bfloat16)
-        sample = list(tensor.shape[1:])
+        sample = list(tensor.shape if self.unbatched else tensor.shape[1:])
         if (
             self.input_shape is not None
             and len(self.input_shape) == len(sample)
@@ -299,12 +308,13 @@ class TensorHandler(BaseHandler):
             if item is None:
                 continue
             tensors, multi, names = item
+            single = self._single[j]
             if self._is_v2(j):
+                tensors = [t[0] if single else t for t in tensors]
                 out.append(
                     {"outputs": [_v2_output(n, t) for n, t in zip(names, tensors, strict=True)]}
                 )
                 continue
-            single = self._single[j]
             values = [
                 (t[0] if single else t).float().tolist()
                 if t.is_floating_point()
