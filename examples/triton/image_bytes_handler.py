@@ -29,7 +29,7 @@ def decode(data: Any) -> np.ndarray:
         raise BadInput("INPUT must be binary data (an encoded image file)")
     try:
         image = Image.open(io.BytesIO(data)).convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
         raise BadInput(f"INPUT is not an image file ({type(exc).__name__})") from None
     pixels = np.asarray(image.resize((SIZE, SIZE), Image.BILINEAR), dtype=np.float32)
     return pixels / 127.5 - 1.0

@@ -44,6 +44,9 @@ ATTRDICT = pytest.mark.skipif(
     find_spec("attrdict") is None,
     reason="image_client.py's HTTP path imports the attrdict package, not installed here",
 )
+FIXED_URL = pytest.mark.skip(
+    reason="memory_growth_test.py takes no -u: it calls localhost:8000 (HTTP) and 8001 (gRPC) only"
+)
 SERVER_NAME = pytest.mark.xfail(
     strict=True,
     reason="the program requires the server metadata's name to be 'triton'; torchbay answers "
@@ -99,6 +102,7 @@ EXAMPLES = [
     program("simple_grpc_sequence_sync_infer_client.py", grpc=True, marks=SEQUENCES),
     program("simple_grpc_sequence_stream_infer_client.py", grpc=True, marks=SEQUENCES),
     program("simple_grpc_aio_sequence_stream_infer_client.py", grpc=True, marks=SEQUENCES),
+    program("memory_growth_test.py", marks=FIXED_URL),
 ]
 
 
@@ -108,10 +112,11 @@ def triton_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return example_module("triton", "build_models").build(tmp_path_factory.mktemp("triton"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def triton_server(triton_store: Path) -> Iterator[Any]:
     """One server with the store's models loaded (but custom_identity_int32, whose only program
-    is skipped), HTTP and gRPC on free ports."""
+    is skipped), HTTP and gRPC on free ports; started once, and stopped after this module so
+    that its workers do not hold the host through the rest of the suite."""
     archives = [p.name for p in sorted(triton_store.glob("*.mar"))]
     load = [name for name in archives if name != "custom_identity_int32.mar"]
     server = _server.LiveServer(_server.make_config(triton_store, load_models=load)).start()
@@ -223,8 +228,3 @@ def test_a_model_without_a_batch_dimension_answers_one_sample(triton_server: Any
     best = client.infer("densenet_onnx", [image], outputs=[top]).as_numpy("fc6_1")
     assert best.shape == (2,) and best[0].decode().split(":")[2].startswith("CLASS_")
     client.close()
-
-
-@pytest.mark.skip(reason="memory_growth_test.py takes no -u: it calls localhost:8000/8001 only")
-def test_memory_growth() -> None:
-    raise AssertionError("skipped: cannot be pointed at a server on a free port")
