@@ -73,7 +73,7 @@ SPECS: dict[str, Spec] = {
             "outputs": [tensor("OUTPUT0", "BYTES", [-1, -1])],
         },
     ),
-    # Triton's qa identity backend model, max_batch_size 1024 (memory_growth_test.py's)
+    # Triton's qa identity model (memory_growth_test.py's): max_batch_size 1024 there, 8 here
     "custom_identity_int32": Spec(
         "tensor",
         "Identity",
