@@ -105,6 +105,17 @@ class ModelNotFound(NotFound):
 class ModelVersionNotFound(NotFound):
     code = "model_version_not_found"
 
+    @staticmethod
+    def triton_text(name: str, version: str) -> str:
+        """Triton's words for a version it lacks: its versions are integers, so a version string
+        that is not one fails to parse there (Triton's clients look for that text)."""
+        if version.isdigit():
+            return f"Request for unknown model: '{name}' version {version} is not found"
+        return (
+            f"failed to get model version from specified version string '{version}': "
+            f"model '{name}' has no such version"
+        )
+
 
 class MethodNotAllowed(TorchbayError):
     status, code = 405, "method_not_allowed"

@@ -121,10 +121,12 @@ def load_model(model_dir: str | Path, manifest: dict[str, Any], device: str | to
     Raises HandlerLoadError naming the file on any failure.
     """
     fmt = model_format(manifest)
-    if fmt is None:
+    serialized = manifest.get("model", {}).get("serializedFile")
+    # The archiver records a format ("eager") for a handler-only archive too: no file, no model.
+    if fmt is None or not serialized:
         return None
     model_dir = Path(model_dir)
-    serialized = str(manifest["model"]["serializedFile"])
+    serialized = str(serialized)
     path = inside(model_dir, serialized, "serializedFile")
     if not path.is_file():
         raise HandlerLoadError(f"model file {serialized!r} not found in the archive")

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from torchbay.server.errors import BadRequest, TorchbayError
+from torchbay.server.errors import BadRequest, ModelNotFound, TorchbayError
 from torchbay.server.grpc import tensors
 from torchbay.server.grpc.calls import final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
@@ -68,8 +68,20 @@ class OipService(SharedMemoryRpcs):
         return message("inference.ServerMetadataResponse")(**meta)
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        _, ready = await self._model(request, context, self.calls.plane.model_ready)
+        ready = await self._model(request, context, self._ready)
         return message("inference.ModelReadyResponse")(ready=ready)
+
+    def _ready(self, name: str, version: str | None) -> bool:
+        """Triton answers a model of its repository that is not loaded with ``ready: false``,
+        not an error (tritonclient's is_model_ready raises on one: its model-control examples
+        ask after an unload); a name no archive of the store has stays NOT_FOUND."""
+        plane = self.calls.plane
+        try:
+            return plane.model_ready(name, version)[1]
+        except ModelNotFound:
+            if plane.models.in_store(name):
+                return False
+            raise
 
     async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         meta = await self._model(request, context, self.calls.plane.models.metadata)

@@ -99,16 +99,18 @@ def _raw_inputs(request: Any) -> list[bytes]:
     inputs, raw = request.inputs, list(request.raw_input_contents)
     shm = [in_shm(tensor) for tensor in inputs]
     if raw:
-        if len(raw) != shm.count(False):
-            raise BadRequest(
-                f"raw_input_contents has {len(raw)} entries for {shm.count(False)} inputs "
-                "outside shared memory"
-            )
+        # Triton checks the contents first: a request with both is refused for that, whatever
+        # the count (its grpc_explicit_int_content_client.py sends one raw entry for two inputs)
         both = next((tensor for tensor in inputs if tensor.HasField("contents")), None)
         if both is not None:  # Triton's words
             raise BadRequest(
                 f"contents field must not be specified when using raw_input_contents for "
                 f"'{both.name}' for model '{request.model_name}'"
+            )
+        if len(raw) != shm.count(False):
+            raise BadRequest(
+                f"raw_input_contents has {len(raw)} entries for {shm.count(False)} inputs "
+                "outside shared memory"
             )
         given = iter(raw)
         return [b"" if placed else next(given) for placed in shm]

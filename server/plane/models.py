@@ -185,6 +185,10 @@ class Models:
         manifests = await asyncio.to_thread(lambda: [read(p) for p in paths])
         return list(zip(paths, manifests, strict=True))
 
+    def in_store(self, name: str) -> bool:
+        """True when the model store has an archive named ``name`` (loaded or not)."""
+        return any(_stem(path) == name for path in self.registry.store_archives())
+
     async def index(self, ready_only: Any = False) -> list[dict[str, str]]:
         """Triton's repository index: loaded versions and the store's other archives."""
         if not isinstance(ready_only, bool):
@@ -207,8 +211,19 @@ class Models:
 
     async def load(self, name: str, parameters: Any) -> None:
         """Load ``name`` from the model store (every version of it not loaded yet), with a
-        ``parameters.config`` override (Triton's ModelConfig JSON fields torchbay takes)."""
+        ``parameters.config`` override (Triton's ModelConfig JSON fields torchbay takes). Every
+        refusal past the model API check says "failed to load '<name>', ...", as Triton's does
+        (its model-control examples look for those words)."""
         self.control()
+        try:
+            await self._load(name, parameters)
+        except ConfigError as exc:
+            raise BadRequest(exc.message, oip_message=_failed(name, exc.message)) from None
+        except TorchbayError as exc:
+            exc.oip_message = _failed(name, exc.oip_text)
+            raise
+
+    async def _load(self, name: str, parameters: Any) -> None:
         overrides, workers = _load_overrides(name, parameters)
         store = [(p, mf) for p, mf in await self._store() if mf is not None]
         candidates = [(p, mf) for p, mf in store if _store_name(p, mf)[0] == name] or [
@@ -223,19 +238,13 @@ class Models:
                 self.cache.clear(mv)
         todo = [p for p, mf in candidates if _store_name(p, mf)[1] not in loaded]
         for path in todo:
-            try:
-                await self.registry.register(
-                    path.relative_to(self.registry.config.model_store).as_posix(),
-                    name=name,
-                    overrides=overrides,
-                    initial_workers=workers,
-                    startup=False,  # describe: loadedAtStartup false
-                )
-            except ConfigError as exc:
-                raise BadRequest(exc.message, oip_message=_failed(name, exc.message)) from None
-            except TorchbayError as exc:  # Triton's words: scripts match "failed to load"
-                exc.oip_message = _failed(name, exc.oip_text)
-                raise
+            await self.registry.register(
+                path.relative_to(self.registry.config.model_store).as_posix(),
+                name=name,
+                overrides=overrides,
+                initial_workers=workers,
+                startup=False,  # describe: loadedAtStartup false
+            )
 
     async def unload(self, name: str, parameters: Any) -> None:
         """Unload every version of ``name`` (the default one last)."""

@@ -100,7 +100,7 @@ class ModelRegistry:
         except KeyError:
             raise ModelVersionNotFound(
                 f"Model version: {version} does not exist for model: {name}",
-                oip_message=f"Request for unknown model: '{name}' version {version} is not found",
+                oip_message=ModelVersionNotFound.triton_text(name, version),
             ) from None
 
     def all_versions(self) -> list[ModelVersion]:

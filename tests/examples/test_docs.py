@@ -40,7 +40,9 @@ def test_relative_links_resolve(doc: str) -> None:
 def test_each_example_is_documented_built_and_tested(name: str) -> None:
     folder = REPO / "examples" / name
     assert (folder / "README.md").is_file()
-    assert (folder / ("train.py" if name == "digits" else "build.py")).is_file()
-    assert (REPO / "tests" / "examples" / f"test_{name}.py").is_file()
+    builds = {"digits": "train.py", "triton": "build_models.py"}
+    assert (folder / builds.get(name, "build.py")).is_file()
+    tests = REPO / "tests" / "examples"
+    assert (tests / f"test_{name}.py").is_file() or (tests / f"test_{name}_examples.py").is_file()
     assert f"(../examples/{name})" in GUIDE.read_text()
     assert f"(examples/{name})" in (REPO / "README.md").read_text()

@@ -131,3 +131,11 @@ def test_eager_model_file_with_two_classes(tmp_path: Path) -> None:
     write_manifest(tmp_path, serialized="w.pt", handler="tensor", model_file="model.py")
     with pytest.raises(HandlerLoadError, match=r"exactly one nn\.Module"):
         load_service(tmp_path)
+
+
+def test_a_handler_only_archive_has_no_model(tmp_path: Path) -> None:
+    """The archiver records a format ("eager") for an archive without a serialized file too (a
+    handler that computes alone, such as examples/triton's bytes_handler.py): BaseHandler gets
+    no model, not a KeyError."""
+    write_manifest(tmp_path, serialized=None, handler="tensor", torchbay={"format": "eager"})
+    assert load_model(tmp_path, read_manifest(tmp_path), "cpu") is None
