@@ -43,7 +43,8 @@ from torchbay.server.serving.archives import (
     signature_of,
 )
 from torchbay.server.serving.model import ModelStatus, ModelVersion
-from torchbay.server.serving.registry import ARCHIVE_SUFFIXES, ModelRegistry
+from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.serving.store import ARCHIVE_SUFFIXES
 
 # What a load request's ``parameters.config`` may set (Triton ModelConfig JSON fields).
 LOAD_CONFIG_KEYS = frozenset(

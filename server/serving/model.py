@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from torchbay.server.config.model_settings import SETTINGS
 from torchbay.server.config.settings import ModelConfig
-from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
+from torchbay.server.errors import NoWorker, ShuttingDown
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.admission import Admission, refuse
+from torchbay.server.serving.admission import Admission
 from torchbay.server.serving.autopilot import Autopilot
 from torchbay.server.serving.handle import (
     Spawned,
@@ -36,9 +36,9 @@ from torchbay.server.serving.handle import (
     spawn_process,
 )
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
-from torchbay.server.serving.queue import NO_PARTS, BatchQueue, Parts, Pending, clock, reject
+from torchbay.server.serving.queue import BatchQueue, reject
+from torchbay.server.serving.requests import RequestPath
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
-from torchbay.server.serving.streams import later_parts
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
 
@@ -100,7 +100,7 @@ class _Events(SlotEvents):
         self.model.fail_if_unserved()
 
 
-class ModelVersion:
+class ModelVersion(RequestPath):
     """A loaded archive served by a pool of worker processes."""
 
     autopilot = cached_property(Autopilot)  # adapts batching to sla_p99_ms; inert without it
@@ -326,74 +326,6 @@ class ModelVersion:
         if self._final is None:
             self._final = ModelStatus.STOPPED
 
-    # -- the request path ---------------------------------------------------------------------
-
     @property
     def ready_workers(self) -> int:
         return sum(1 for s in self.slots if s.ready)
-
-    def admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
-        """Queue one request; raises QueueFull / NoWorker / ShuttingDown at once."""
-        self.requests_received += 1
-        try:
-            return self._admit(request)
-        except TorchbayError:
-            self.requests_rejected += 1
-            self.admission.refused()
-            raise
-
-    def _admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
-        refuse(self)  # 503 at once: shutting down, no worker, over max_queue_delay_ms
-        loop = asyncio.get_running_loop()
-        now = clock()
-        timeout_ms = self.settings.client_timeout_ms
-        item: Pending[p.WireRequest, p.WireResponse] = Pending(
-            request, loop.create_future(), now, now + timeout_ms / 1000 if timeout_ms else None
-        )
-        self.queue.put(item)
-        return item
-
-    def admit_reader(
-        self, request: p.WireRequest, admitted: Callable[[Pending], None] | None = None
-    ) -> Pending[p.WireRequest, p.WireResponse]:
-        """Admit ``request`` for a reader: its future gives the first answer (a part, or the final
-        response when nothing streams), ``rest`` the others; then ``finish``. Raises as admit."""
-        item = self.admit(request)
-        if admitted is not None:
-            admitted(item)
-        item.parts = Parts()
-        self.inflight += 1
-        return item
-
-    def rest(self, item: Pending) -> AsyncIterator[p.WireResponse]:
-        """After a first part: each later part, then the final response (skipped when empty: a
-        generator handler's end); NO_PARTS, not a generator, when the first was the final."""
-        return later_parts(item, item.parts) if item.parts.started else NO_PARTS
-
-    def finish(self, item: Pending) -> None:
-        """The reader is done. One that left before its answer (its future cancelled here, or by
-        its caller: a gRPC call's task, an HTTP disconnect) cancels the request: still queued,
-        it is taken out and never runs; running, its result is dropped (and its worker told,
-        streams.py), the worker kept. Either way it is counted in ``cancelled``."""
-        self.inflight -= 1
-        future = item.future
-        if not future.done():
-            future.cancel()
-        elif not future.cancelled():
-            return  # answered
-        queued = item.dispatched is None  # no worker took it
-        if queued:
-            self.queue.discard(item)
-        self.cancelled["queued" if queued else "running"] += 1
-
-    async def stream(
-        self, request: p.WireRequest, admitted: Callable[[Pending], None] | None = None
-    ) -> AsyncIterator[p.WireResponse]:
-        """``admit_reader``, the first answer, ``rest``, ``finish``: closing early cancels."""
-        item = self.admit_reader(request, admitted)
-        try:
-            yield await item.future
-            async for response in self.rest(item):
-                yield response
-        finally:
-            self.finish(item)

@@ -15,26 +15,20 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from torchbay.server.config.settings import ModelConfig, ServerConfig
-from torchbay.server.config.sources import resolve_model_config
 from torchbay.server.errors import (
     BadRequest,
     Conflict,
     DefaultVersionInUse,
     ModelNotFound,
     ModelVersionNotFound,
-    NotFound,
 )
+from torchbay.server.serving import store
 from torchbay.server.serving.archives import (
     ArchiveError,
     Manifest,
     extract_archive,
-    is_valid_model_name,
-    is_valid_model_version,
     read_manifest,
-    safe_relpath,
     signature_of,
 )
 from torchbay.server.serving.budget import HostBudget
@@ -43,8 +37,6 @@ from torchbay.server.serving.launch import LaunchSpec, Placement, settings_from
 from torchbay.server.serving.model import ModelVersion, Observer
 
 log = logging.getLogger("torchbay.registry")
-
-ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz", ".zip")
 
 # (model version, slot index, model config) -> where that worker runs
 PlaceFn = Callable[[ModelVersion, int, ModelConfig], Placement]
@@ -113,36 +105,11 @@ class ModelRegistry:
 
     def archive_path(self, url: str) -> Path:
         """A model-store archive named by ``url`` (a file name or path inside the store)."""
-        store = self.config.model_store
-        if store is None:
-            raise BadRequest("No model store is configured (--model-store)")
-        if url.startswith("file://"):
-            url = url[len("file://") :]
-        if any(ord(c) < 0x20 for c in url):
-            raise BadRequest(f"Model archive name {url!r} has a control character")
-        try:
-            candidate = (store / url).resolve()
-            root = store.resolve()
-            if candidate != root and root not in candidate.parents:
-                raise BadRequest(f"Model archive must be inside the model store: {url}")
-            found = candidate.exists()
-        except OSError:  # a name too long for the file system, ...
-            found = False
-        if not found:  # TorchServe's answer (404 ModelNotFoundException)
-            raise ModelNotFound(f"Model not found at: {url[:256]}")
-        return candidate
+        return store.archive_path(self.config.model_store, url)
 
     def store_archives(self) -> list[Path]:
         """Every archive in the model store (``load_models=all``)."""
-        store = self.config.model_store
-        if store is None or not store.is_dir():
-            return []
-        return [
-            path
-            for path in sorted(store.iterdir())
-            if (path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES))
-            or (path.is_dir() and (path / "MAR-INF" / "MANIFEST.json").is_file())
-        ]
+        return store.store_archives(self.config.model_store)
 
     async def register(
         self,
@@ -182,7 +149,7 @@ class ModelRegistry:
             return mv
         finally:
             if downloaded:  # unpacked (or refused): the download is never needed again
-                _remove(path)
+                store.remove(path)
 
     async def _register(
         self,
@@ -199,7 +166,7 @@ class ModelRegistry:
             raise BadRequest(str(exc)) from None
         name = name or manifest.model.model_name
         version = str(manifest.model.model_version or "1.0")
-        _check_name_and_version(name, version)
+        store.check_name_and_version(name, version)
         async with self._lock:
             if version in self.models.get(name, {}):
                 raise Conflict(f"Model version {version} is already registered for model {name}")
@@ -212,8 +179,8 @@ class ModelRegistry:
                     max_total_bytes=self.config.max_archive_expanded_size,
                     max_ratio=self.config.max_archive_compression_ratio,
                 )
-                config = self._model_config(
-                    name, version, model_dir, manifest, overrides, default_workers
+                config = store.model_config(
+                    self.config, name, version, model_dir, manifest, overrides, default_workers
                 )
                 signature_of(manifest, config.handler_config)  # ArchiveError: a bad signature
             except ArchiveError as exc:
@@ -267,29 +234,6 @@ class ModelRegistry:
             manifest=manifest,
             observer=self.observer,
             prewarmed=self.prewarmed,
-        )
-
-    def _model_config(
-        self,
-        name: str,
-        version: str,
-        model_dir: Path,
-        manifest: Manifest,
-        overrides: Mapping[str, Any],
-        default_workers: int | None,
-    ) -> ModelConfig:
-        api = dict(overrides)
-        initial_workers = api.pop("initial_workers", None)
-        if initial_workers is not None:
-            api["min_worker"] = initial_workers
-            api.setdefault("max_worker", max(initial_workers, 0))
-        return resolve_model_config(
-            self.config,
-            name=name,
-            version=version,
-            archive_yaml=_read_model_yaml(model_dir, manifest),
-            api_overrides=api,
-            default_workers=default_workers,
         )
 
     async def _start(self, mv: ModelVersion, quiet: bool = False) -> None:
@@ -357,44 +301,3 @@ class ModelRegistry:
 
 
 _background: set[asyncio.Task] = set()
-
-
-def _check_name_and_version(name: str, version: str) -> None:
-    """Both become part of a folder name: refuse anything but a plain model name / version."""
-    if not is_valid_model_name(name):
-        raise BadRequest(
-            f"Invalid model name {name!r}: letters, digits, '_', '-' and '.' only, "
-            "starting with a letter or digit"
-        )
-    if not is_valid_model_version(version):
-        raise BadRequest(
-            f"Invalid model version {version!r}: must look like 1.0, 2 or 1.0.0-rc1 "
-            "(letters, digits, '.', '-', '_', '+')"
-        )
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _read_model_yaml(model_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
-    config_file = manifest.model.config_file
-    if not config_file:
-        return None
-    why = safe_relpath(config_file)
-    if why:
-        raise BadRequest(f"The archive's config file {config_file!r} is not inside it: {why}")
-    path = model_dir / config_file
-    if not path.is_file():
-        raise NotFound(f"The archive's config file {config_file} is missing")
-    # safe_load only: TorchServe's YAML parsing of archive configs was an RCE (CVE-2022-1471).
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"{config_file} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest(f"{config_file} must be a YAML mapping")
-    return data
