@@ -28,6 +28,13 @@ def register(subparsers: Any) -> None:
         metavar="SPEC",
         help="models to load at start: all | x.mar | name=x.mar (TorchServe's load_models)",
     )
+    serve.add_argument("--workflow-store", help="folder holding the .war workflow archives")
+    serve.add_argument(
+        "--workflows",
+        nargs="+",
+        metavar="SPEC",
+        help="workflows to register at start: all | x.war | name=x.war (load_workflows)",
+    )
     serve.add_argument("--ts-config", help="a TorchServe config.properties")
     serve.add_argument("--inference-address", help="default http://127.0.0.1:8080")
     serve.add_argument("--management-address", help="default http://127.0.0.1:8081")
@@ -103,6 +110,8 @@ def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
     settings = {
         "model_store": args.model_store,
         "load_models": args.models,
+        "workflow_store": args.workflow_store,
+        "load_workflows": args.workflows,
         "inference_address": args.inference_address,
         "management_address": args.management_address,
         "metrics_address": args.metrics_address,
