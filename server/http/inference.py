@@ -43,7 +43,7 @@ from torchbay.server.http.route_table import INFERENCE_ROUTES
 from torchbay.server.http.routes import Route, Router
 from torchbay.server.http.shm import SharedMemoryApi
 from torchbay.server.http.triton import TritonApi
-from torchbay.server.http.workflow_routes import WFPREDICT_ROUTE, WorkflowPredict
+from torchbay.server.http.wfpredict import WorkflowPredict
 from torchbay.server.plane import DataPlane, ModelVersion, WireRequest, WireResponse, join_headers
 from torchbay.server.workflows.manager import Workflows
 
@@ -78,21 +78,17 @@ class InferenceApp:
         # Metadata, statistics, model configuration and repository: http/triton.py.
         self.triton = TritonApi(plane, authorize=authorize)
         shm = SharedMemoryApi(plane, authorize=authorize)  # shared-memory regions: http/shm.py
-        routes = INFERENCE_ROUTES
-        extra: Any = None  # TorchServe's /wfpredict: http/workflow_routes.py
-        if workflows is not None:
-            routes = (*routes, WFPREDICT_ROUTE)
-            extra = WorkflowPredict(
-                workflows, max_request_size=max_request_size, authorize=authorize
-            )
+        # TorchServe's /wfpredict (http/wfpredict.py) over the server's workflows.
+        self.workflows = workflows or Workflows(plane)
+        wf = WorkflowPredict(self.workflows, max_request_size=max_request_size, authorize=authorize)
         endpoints = {
             r.endpoint: getattr(self, "_" + r.endpoint, None)
             or getattr(self.triton, r.endpoint, None)
             or getattr(shm, r.endpoint, None)
-            or getattr(extra, r.endpoint)
-            for r in routes
+            or getattr(wf, r.endpoint)
+            for r in INFERENCE_ROUTES
         }
-        self.router = Router(routes, endpoints, oip_prefix="/v2")
+        self.router = Router(INFERENCE_ROUTES, endpoints, oip_prefix="/v2")
         # What this listener serves, named as the plane's operations: its OIP extensions.
         self.operations = frozenset(_OPERATION.get(e, e) for e in endpoints)
 
