@@ -57,7 +57,6 @@ def register(subparsers: Any) -> None:
     # The server --start runs: where it says "ready" (server/daemon.py).
     serve.add_argument("--daemon-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
-    serve.add_argument("--workflow-store", help=argparse.SUPPRESS)
     serve.set_defaults(func=run_serve)
 
 
@@ -157,9 +156,8 @@ def _serve(args: argparse.Namespace) -> int:
     from torchbay.server.observe.logfiles import read_log_config
     from torchbay.server.serving.handle import spawn_process
 
-    for flag in ("plugins_path", "workflow_store"):
-        if getattr(args, flag):
-            log.info("--%s is a TorchServe option torchbay ignores", flag.replace("_", "-"))
+    if args.plugins_path:
+        log.info("--plugins-path is a TorchServe option torchbay ignores")
     log_config = read_log_config(args.log_config) if args.log_config else None
     config, notes = load_server_config(
         ts_config=args.ts_config, env=dict(os.environ), cli=_cli_settings(args)

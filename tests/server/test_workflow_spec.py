@@ -150,3 +150,24 @@ def test_a_bad_war_is_a_400_and_leaves_nothing(
     assert message in caught.value.message and caught.value.status == 400
     assert str(tmp_path) not in caught.value.message
     assert not (tmp_path / "out").exists()
+
+
+def test_the_workflow_store_and_start_up_workflows_come_from_properties_and_flags(
+    tmp_path: Path,
+) -> None:
+    import argparse
+
+    from torchbay.server.cli import _cli_settings, register
+    from torchbay.server.config.sources import load_server_config
+
+    (tmp_path / "config.properties").write_text(
+        "workflow_store=wars\nload_workflows=a.war,b=b.war\n"
+    )
+    config, _ = load_server_config(ts_config=None, env={}, cli={}, cwd=tmp_path)
+    assert config.workflow_store == (tmp_path / "wars").resolve()
+    assert config.load_workflows == ["a.war", "b=b.war"]
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--workflow-store", "w", "--workflows", "all"])
+    settings = _cli_settings(args)
+    assert settings["workflow_store"] == "w" and settings["load_workflows"] == ["all"]
