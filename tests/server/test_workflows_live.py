@@ -131,3 +131,35 @@ def test_registering_needs_the_model_api(stores: tuple[Path, Path]) -> None:
         assert httpx.get(f"{server.management_url}/workflows", timeout=60).json() == {
             "workflows": []
         }
+
+
+def test_with_token_auth_each_workflow_route_needs_its_key(
+    stores: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import json
+
+    models, wars = stores
+    key_file = tmp_path / "key_file.json"
+    config = make_config(
+        models,
+        workflow_store=wars,
+        load_workflows=["arith.war"],
+        disable_token_authorization=False,
+        key_file=key_file,
+    )
+    server = LiveServer(config).start()
+    try:
+        keys = {k: v["key"] for k, v in json.loads(key_file.read_text()).items()}
+        bearer = {k: {"Authorization": f"Bearer {v}"} for k, v in keys.items()}
+        predict = f"{server.url}/wfpredict/arith"
+        listed = f"{server.management_url}/workflows"
+        assert httpx.post(predict, json={"values": [1]}, timeout=60).status_code == 401
+        wrong = httpx.post(predict, json={"values": [1]}, headers=bearer["management"], timeout=60)
+        assert wrong.status_code == 401
+        right = httpx.post(predict, json={"values": [1]}, headers=bearer["inference"], timeout=120)
+        assert right.status_code == 200 and right.json()["sum"] == [3.0]
+        assert httpx.get(listed, timeout=60).status_code == 401
+        assert httpx.get(listed, headers=bearer["inference"], timeout=60).status_code == 401
+        assert httpx.get(listed, headers=bearer["management"], timeout=60).status_code == 200
+    finally:
+        server.stop()
