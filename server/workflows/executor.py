@@ -76,7 +76,7 @@ async def _invoke(
             return await asyncio.wait_for(
                 _once(plane, workflow.model_of(node), scope, wire), timeout
             )
-        except (TorchbayError, TimeoutError) as exc:
+        except (TorchbayError, asyncio.TimeoutError) as exc:  # (not the builtin one on 3.10)
             log.warning(
                 "workflow %s: node %s failed (attempt %d of %d): %s",
                 workflow.name, node, attempt + 1, attempts, exc or "timed out",
@@ -113,14 +113,24 @@ class NodeFailed(TorchbayError):
         self.status = status
 
 
+# The headers that describe the workflow request's own body, not a node's output: a child never
+# gets them (its worker would decode its parent's output by them).
+_BODY_HEADERS = tuple(
+    name + b":" for name in (b"content-type", b"content-length", b"content-encoding")
+)
+
+
 def _node_input(request: WireRequest, parents: list[str], outputs: dict[str, bytes]) -> WireRequest:
-    """A child's request: its parent's output, or a form of every parent's output by name."""
+    """A child's request: its parent's output, or a form of every parent's output by name, with
+    the workflow request's other headers (as TorchServe passes them on)."""
     if len(parents) == 1:
         body, content_type = outputs[parents[0]], ""
     else:
         body, content_type = _form({p: outputs[p] for p in parents})
+    lines = request.raw_headers.split(b"\r\n") if request.raw_headers else []
+    kept = [line for line in lines if not line.lower().startswith(_BODY_HEADERS)]
     return WireRequest(
-        request_id="", body=body, content_type=content_type, raw_headers=request.raw_headers
+        request_id="", body=body, content_type=content_type, raw_headers=b"\r\n".join(kept)
     )
 
 

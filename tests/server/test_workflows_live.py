@@ -70,6 +70,17 @@ def test_a_start_up_workflow_is_registered_and_answers(live: LiveServer) -> None
     assert answer.json() == {"sum": [8.0], "inputs": ["double", "square"]}
 
 
+def test_a_compressed_request_is_inflated_once_by_the_start_node(live: LiveServer) -> None:
+    """The children get their parents' outputs, never the request's Content-Encoding."""
+    import gzip
+
+    body = gzip.compress(b'{"values": [3]}')
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    answer = httpx.post(f"{live.url}/wfpredict/arith", content=body, headers=headers, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"sum": [15.0], "inputs": ["double", "square"]}
+
+
 def test_a_failing_node_is_retried_then_named(live: LiveServer, tmp_path: Path) -> None:
     register = httpx.post(f"{live.management_url}/workflows?url=retry.war", timeout=300)
     assert register.status_code == 200, register.text
