@@ -6,7 +6,7 @@ inference listener is ``wfpredict.py``.
     POST   /workflows?url=&workflow_name=         register a .war of the workflow store (model API)
     GET    /workflows/{name}                      describe: a JSON array
     DELETE /workflows/{name}                      unregister it and its nodes (model API)
-    POST   /wfpredict/{name}                      run the workflow on the request
+    PUT    /workflows/{name}                      405, as TorchServe (no scaling of workflows)
 """
 
 from __future__ import annotations
