@@ -28,6 +28,13 @@ def register(subparsers: Any) -> None:
         metavar="SPEC",
         help="models to load at start: all | x.mar | name=x.mar (TorchServe's load_models)",
     )
+    serve.add_argument("--workflow-store", help="folder holding the .war workflow archives")
+    serve.add_argument(
+        "--workflows",
+        nargs="+",
+        metavar="SPEC",
+        help="workflows to register at start: all | x.war | name=x.war (load_workflows)",
+    )
     serve.add_argument("--ts-config", help="a TorchServe config.properties")
     serve.add_argument("--inference-address", help="default http://127.0.0.1:8080")
     serve.add_argument("--management-address", help="default http://127.0.0.1:8081")
@@ -50,7 +57,6 @@ def register(subparsers: Any) -> None:
     # The server --start runs: where it says "ready" (server/daemon.py).
     serve.add_argument("--daemon-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
-    serve.add_argument("--workflow-store", help=argparse.SUPPRESS)
     serve.set_defaults(func=run_serve)
 
 
@@ -103,6 +109,8 @@ def _cli_settings(args: argparse.Namespace) -> dict[str, Any]:
     settings = {
         "model_store": args.model_store,
         "load_models": args.models,
+        "workflow_store": args.workflow_store,
+        "load_workflows": args.workflows,
         "inference_address": args.inference_address,
         "management_address": args.management_address,
         "metrics_address": args.metrics_address,
@@ -148,9 +156,8 @@ def _serve(args: argparse.Namespace) -> int:
     from torchbay.server.observe.logfiles import read_log_config
     from torchbay.server.serving.handle import spawn_process
 
-    for flag in ("plugins_path", "workflow_store"):
-        if getattr(args, flag):
-            log.info("--%s is a TorchServe option torchbay ignores", flag.replace("_", "-"))
+    if args.plugins_path:
+        log.info("--plugins-path is a TorchServe option torchbay ignores")
     log_config = read_log_config(args.log_config) if args.log_config else None
     config, notes = load_server_config(
         ts_config=args.ts_config, env=dict(os.environ), cli=_cli_settings(args)

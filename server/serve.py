@@ -42,6 +42,7 @@ from torchbay.server.serving.handle import Spawned
 from torchbay.server.serving.launch import Placement
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.workflows.startup import load_startup_workflows
 
 log = logging.getLogger("torchbay.serve")
 
@@ -204,6 +205,8 @@ class TorchbayServer:
                 await self._listen(name, app, protocol_class(limits, early))
         await self._start_grpc(apps)
         await self._load_startup_models()
+        if apps.workflows is not None:  # load_workflows (server/workflows/startup.py)
+            await load_startup_workflows(apps.workflows, self.state.failed_models)
         self.plane.starting = False  # ready (OIP, Kubernetes) once the start-up models are in
         await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()

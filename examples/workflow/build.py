@@ -2,16 +2,19 @@
 
     python examples/workflow/build.py [--out examples/workflow/out]
 
-1. trains the digits CNN (examples/digits/train.py) and archives it: digits.mar
+1. trains the digits CNN (examples/digits/train.py) and archives it: OUT/model_store/digits.mar
    (built-in image_classifier);
 2. builds the shrink model in code (a 4x4 average pool, TorchScript) and archives it with
-   shrink_handler.py: shrink.mar;
-3. archives the workflow: read_digit.mar = workflow_handler.py + workflow.yaml + both archives.
+   shrink_handler.py: OUT/model_store/shrink.mar;
+3. archives the workflow with TorchServe's torch-workflow-archiver (0.2.15, torchbay's dev
+   extra): OUT/wf_store/read_digit.war = workflow.yaml + workflow_handler.py.
 Also writes OUT/scan_<digit>.png: held-out digits as noisy 32x32 scans.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,15 +42,16 @@ def write_scans(out: Path, seed: int = 7) -> None:
 
 
 def build(out: Path, epochs: int = 40) -> Path:
+    """Both model archives, the scans, and the workflow archive (returned)."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
-    nodes = out / "nodes"
+    store = out / "model_store"
     accuracy = _digits_train().train(out, epochs=epochs)
     if accuracy <= 0.9:
         raise SystemExit(f"digits accuracy too low: {accuracy:.1%}")
     package_example(
-        nodes,
+        store,
         model_name="digits",
         model_file=out / "model.py",
         serialized_file=out / "digits.pt",
@@ -59,22 +63,28 @@ def build(out: Path, epochs: int = 40) -> Path:
     )
     torch.jit.save(torch.jit.script(torch.nn.AvgPool2d(4).eval()), str(out / "shrink.pt"))
     package_example(
-        nodes,
+        store,
         model_name="shrink",
         serialized_file=out / "shrink.pt",
         handler=str(HERE / "shrink_handler.py"),
     )
     write_scans(out)
-    return package_example(
-        out / "model_store",
-        model_name="read_digit",
-        handler=str(HERE / "workflow_handler.py"),
-        extra_files=(
-            str(HERE / "workflow.yaml"),
-            str(nodes / "shrink.mar"),
-            str(nodes / "digits.mar"),
-        ),
-    )
+    return build_war(out / "wf_store")
+
+
+def build_war(wf_store: Path) -> Path:
+    """read_digit.war, made by torch-workflow-archiver (what TorchServe users run)."""
+    wf_store.mkdir(parents=True, exist_ok=True)
+    archiver = "from workflow_archiver.workflow_packaging import generate_workflow_archive; "
+    args = {
+        "--workflow-name": "read_digit",
+        "--spec-file": str(HERE / "workflow.yaml"),
+        "--handler": str(HERE / "workflow_handler.py"),
+        "--export-path": str(wf_store),
+    }
+    command = [sys.executable, "-c", archiver + "generate_workflow_archive()"]
+    subprocess.run([*command, *(x for pair in args.items() for x in pair), "-f"], check=True)
+    return wf_store / "read_digit.war"
 
 
 if __name__ == "__main__":

@@ -137,6 +137,10 @@ class ServerConfig(GrpcSettings):
     certificate_file: Path | None = None
     model_store: Path | None = None
     load_models: list[str] = Field(default_factory=list)  # "all", "x.mar", "name=x.mar|url"
+    # TorchServe's workflow store (.war archives; None: the model store), and torchbay's
+    # start-up workflows ("all", "x.war", "name=x.war"), which TorchServe 0.12 does not have.
+    workflow_store: Path | None = None
+    load_workflows: list[str] = Field(default_factory=list)
     models: dict[str, dict[str, ModelConfig]] = Field(default_factory=dict)
     default_workers_per_model: int = Field(1, ge=0, le=MAX_WORKERS)
     number_of_gpu: int | None = Field(None, ge=0, le=MAX_DEVICE_ID + 1)  # None: detect
@@ -206,7 +210,7 @@ class ServerConfig(GrpcSettings):
         parse_address(value)
         return value.strip()
 
-    @field_validator("load_models", "allowed_urls", mode="before")
+    @field_validator("load_models", "allowed_urls", "load_workflows", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -45,7 +45,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "netty_client_threads",
         "prefer_direct_buffer",
         "async_logging",
-        "workflow_store",
         "install_py_dep_per_model",
         "initial_worker_port",
         "initial_distribution_port",
@@ -82,6 +81,7 @@ _FIELDS = frozenset(ServerConfig.model_fields)
 _KNOWN_KEYS = _FIELDS | SERVER_KEY_ALIASES.keys() | SERVER_IGNORED_KEYS | {"model_snapshot"}
 _PATH_FIELDS = (
     "model_store",
+    "workflow_store",
     "key_file",
     "token_keys_file",
     "private_key_file",

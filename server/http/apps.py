@@ -17,6 +17,7 @@ from torchbay.server.http.openapi import inference_openapi, metrics_openapi, wit
 from torchbay.server.observe.ts_metrics import counting, counting_answers
 from torchbay.server.observe.ts_metrics import metrics_app as ts_metrics_app
 from torchbay.server.plane import DataPlane
+from torchbay.server.workflows.manager import Workflows
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Apps:
     # whose headers only the ASGI path adds.
     at_headers: AtHeaders | None = None
     auth: TokenAuth | None = None  # None: token authorization disabled
+    workflows: Workflows | None = None  # the registered workflows (server/workflows)
 
     @property
     def registry(self) -> Any:
@@ -48,17 +50,19 @@ def build_apps(config: Any, plane: DataPlane) -> Apps:
             config.key_file, config.token_expiration_min, keys_file=config.token_keys_file
         )
         auth.write_key_file()
+    workflows = Workflows(plane)  # TorchServe's workflows (server/workflows)
     inference = InferenceApp(
         plane,
         max_request_size=config.max_request_size,
         authorize=auth.authorize if auth is not None else None,
         openapi=inference_openapi(__version__),
+        workflows=workflows,
     )
     # TorchServe's Requests2XX/4XX/5XX count every answer of both listeners; its series are
     # written as TorchServe writes them (observe.ts_metrics).
     at_headers = counting_answers(inference.at_headers, metrics)
     inference = counting(inference, metrics)
-    management_app = build_management_app(plane, config, auth=auth)
+    management_app = build_management_app(plane, config, auth=auth, workflows=workflows)
     management = counting(management_app, metrics)
     metrics_app = with_openapi(ts_metrics_app(metrics), metrics_openapi(__version__))
     return Apps(
@@ -68,6 +72,7 @@ def build_apps(config: Any, plane: DataPlane) -> Apps:
         metrics_app=with_cors(metrics_app, config),
         at_headers=None if config.cors_allowed_origin else at_headers,
         auth=auth,
+        workflows=workflows,
     )
 
 

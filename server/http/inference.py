@@ -43,7 +43,9 @@ from torchbay.server.http.route_table import INFERENCE_ROUTES
 from torchbay.server.http.routes import Route, Router
 from torchbay.server.http.shm import SharedMemoryApi
 from torchbay.server.http.triton import TritonApi
+from torchbay.server.http.wfpredict import WorkflowPredict
 from torchbay.server.plane import DataPlane, ModelVersion, WireRequest, WireResponse, join_headers
+from torchbay.server.workflows.manager import Workflows
 
 log = logging.getLogger("torchbay.inference")
 
@@ -65,6 +67,7 @@ class InferenceApp:
         max_request_size: int,
         authorize: AuthHook | None = None,
         openapi: dict[str, Any] | None = None,
+        workflows: Workflows | None = None,
     ) -> None:
         self.plane = plane
         self.max_request_size = max_request_size
@@ -75,10 +78,14 @@ class InferenceApp:
         # Metadata, statistics, model configuration and repository: http/triton.py.
         self.triton = TritonApi(plane, authorize=authorize)
         shm = SharedMemoryApi(plane, authorize=authorize)  # shared-memory regions: http/shm.py
+        # TorchServe's /wfpredict (http/wfpredict.py) over the server's workflows.
+        self.workflows = workflows or Workflows(plane)
+        wf = WorkflowPredict(self.workflows, max_request_size=max_request_size, authorize=authorize)
         endpoints = {
             r.endpoint: getattr(self, "_" + r.endpoint, None)
             or getattr(self.triton, r.endpoint, None)
-            or getattr(shm, r.endpoint)
+            or getattr(shm, r.endpoint, None)
+            or getattr(wf, r.endpoint)
             for r in INFERENCE_ROUTES
         }
         self.router = Router(INFERENCE_ROUTES, endpoints, oip_prefix="/v2")

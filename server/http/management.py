@@ -42,8 +42,10 @@ from torchbay.server.errors import (
 from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.model_routes import Auth, State, management_key, models
 from torchbay.server.http.openapi import document_management, documented
+from torchbay.server.http.workflow_routes import workflows as workflow_router
 from torchbay.server.plane import DataPlane, ModelStatus
 from torchbay.server.plane.params import validation_message
+from torchbay.server.workflows.manager import Workflows
 
 log = logging.getLogger("torchbay.management")
 
@@ -128,7 +130,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_management_app(
-    plane: DataPlane, config: ServerConfig, *, auth: TokenAuth | None = None
+    plane: DataPlane,
+    config: ServerConfig,
+    *,
+    auth: TokenAuth | None = None,
+    workflows: Workflows | None = None,
 ) -> FastAPI:
     """The management API over the data plane; ``auth`` None means token auth is off."""
     # No trailing-slash redirects: a client following `DELETE /models/m/` -> 307 would unregister
@@ -141,5 +147,8 @@ def build_management_app(
     _install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    if workflows is not None:  # TorchServe's workflow management (http/workflow_routes.py)
+        app.state.workflows = workflows
+        app.include_router(workflow_router)
     document_management(app)  # the generic statuses, the schemas, no FastAPI 422
     return app

@@ -13,6 +13,7 @@ from torchbay.server.http.routes import OK, Answer, Route
 from torchbay.server.http.routes import oip_route as _oip
 from torchbay.server.http.shm_routes import shm_routes
 from torchbay.server.http.triton_routes import triton_routes
+from torchbay.server.http.wfpredict import WFPREDICT_ROUTE
 
 # -- shared schemas -----------------------------------------------------------------------------
 
@@ -173,6 +174,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         body={"content": {"application/json": {"schema": _INSTANCES}}},
         description="The first failed instance's status and body are the answer's.",
     ),
+    WFPREDICT_ROUTE,  # TorchServe's workflows (http/wfpredict.py)
 )
 
 _NAMES = {

@@ -84,7 +84,8 @@ def list_models(state: Management, limit: int | None, next_page_token: int | Non
     negative token is 0; ``nextPageToken`` is there unless the page ran past the end."""
     size = 100 if limit is None or not 0 <= limit <= 100 else limit
     token = 0 if next_page_token is None or next_page_token < 0 else next_page_token
-    names = sorted(state.registry.models)
+    # A workflow's function nodes (no URL: server/workflows) are models TorchServe never lists.
+    names = sorted(n for n in state.registry.models if state.registry.resolve(n).url)
     body: dict[str, Any] = {}
     if token + size <= len(names):
         body["nextPageToken"] = str(token + size)

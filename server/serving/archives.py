@@ -2,8 +2,9 @@
 
 The registry reads an archive's manifest, extracts it under the server's limits (expanded size,
 compression ratio) and checks names with what is re-exported here, and nothing else of the
-archiver. ``ArchiveError`` is what every one of them raises on a bad archive (the registry
-answers it 400). ``signature_of`` gives a model's tensor signature (the manifest's recorded
+archiver; workflows (``server/workflows``) unpack their ``.war`` with ``extract_war``.
+``ArchiveError`` is what every one of them raises on a bad archive (the registry answers it
+400). ``signature_of`` gives a model's tensor signature (the manifest's recorded
 one, overridden by model-config.yaml's ``inputs``/``outputs``). Torch-free: the archiver's
 reading side does not import torch.
 """
@@ -23,6 +24,7 @@ from torchbay.archiver.manifest import (
     safe_relpath,
 )
 from torchbay.archiver.signature import Signature, SignatureError, TensorSpec, model_signature
+from torchbay.archiver.war import WAR_MANIFEST, extract_war
 
 
 def signature_of(manifest: Manifest, yaml_config: Mapping[str, Any] | None) -> Signature | None:
@@ -40,11 +42,13 @@ def signature_of(manifest: Manifest, yaml_config: Mapping[str, Any] | None) -> S
 
 
 __all__ = [
+    "WAR_MANIFEST",
     "ArchiveError",
     "Manifest",
     "Signature",
     "TensorSpec",
     "extract_archive",
+    "extract_war",
     "is_valid_model_name",
     "is_valid_model_version",
     "read_manifest",

@@ -151,6 +151,19 @@ class ModelRegistry:
             if downloaded:  # unpacked (or refused): the download is never needed again
                 store.remove(path)
 
+    async def register_local(
+        self,
+        path: Path,
+        *,
+        name: str,
+        overrides: Mapping[str, Any],
+        synchronous: bool = True,
+    ) -> ModelVersion:
+        """Register an archive folder the server made itself, not one of the model store: a
+        workflow's function node (``server/workflows``). Its URL is empty (the model list leaves
+        it out, as TorchServe lists no function node) and it is never a start-up model."""
+        return await self._register(path, "", name, dict(overrides), None, synchronous)
+
     async def _register(
         self,
         path: Path,

@@ -76,7 +76,9 @@ ALLOWED = {
     "serving": {"config", "errors"},
     "observe": {"serving", "config", "errors"},
     "plane": {"serving", "observe", "config", "errors"},  # every protocol's operations
-    "http": {"plane", "observe", "config", "errors"},  # observe: the metrics listener's app
+    # workflows: a DAG's nodes are models, run through the plane's exchanges
+    "workflows": {"plane", "serving", "config", "errors"},
+    "http": {"plane", "workflows", "observe", "config", "errors"},  # observe: the metrics app
     "grpc": {"http", "plane", "config", "errors"},  # shares http's auth
     "worker": {"serving", "observe", "errors"},  # the protocol, the JSON log formatter
     "admin": {"errors"},

@@ -25,7 +25,7 @@ SEAMS = {
 
 # The archiver's layers, and which layers each may import (its own always).
 ARCHIVER_LAYERS = {
-    "core": {"errors", "limits", "manifest", "signature", "signature_sources", "extract"}
+    "core": {"errors", "limits", "manifest", "signature", "signature_sources", "extract", "war"}
     | {"inspect", "write", "options"},  # torch-free: reading, checking and writing archives
     "model": {"aoti", "build", "convert", "parity", "record_signature"},  # torch: the model
     "commands": {"package", "verify", "cli"},  # torch only inside functions, through "model"

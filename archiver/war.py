@@ -1,0 +1,89 @@
+"""Safe unpacking of TorchServe workflow archives (``.war``, made by torch-workflow-archiver).
+
+A ``.war`` is a zip of the workflow's spec (YAML), its handler (the function nodes) and extra
+files, with ``WAR-INF/MANIFEST.json``. It is unpacked with the same member checks and limits as a
+model archive (``extract.py``: no absolute paths, ``..``, links or special files, no duplicate or
+encrypted members, the expanded total and compression ratio under the limits, counted while
+writing), and its manifest is read with a size cap. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from torchbay.archiver.errors import CorruptArchiveError, ManifestError, UnsafeMemberError
+from torchbay.archiver.extract import _cleanup_on_error, _normalize, _Writer, _zip_kind
+from torchbay.archiver.limits import DEFAULT_MAX_RATIO, DEFAULT_MAX_TOTAL_BYTES, Budget, free_bytes
+from torchbay.archiver.manifest import MAX_MANIFEST_BYTES
+
+WAR_MANIFEST = "WAR-INF/MANIFEST.json"
+
+
+def extract_war(
+    path: str | Path,
+    dest_dir: str | Path,
+    *,
+    max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    max_ratio: float = DEFAULT_MAX_RATIO,
+) -> dict[str, Any]:
+    """Unpack the workflow archive ``path`` into ``dest_dir`` (created; must be empty) and return
+    its manifest as a dict ({} when it has none, as TorchServe reads it). On any failure the
+    destination is left empty and an ArchiveError subclass names the offending member."""
+    src, dest = Path(path), Path(dest_dir)
+    budget = Budget(
+        max_total_bytes, max_ratio, archive_bytes=src.stat().st_size, free=free_bytes(dest)
+    )
+    with _cleanup_on_error(dest):
+        try:
+            zf = zipfile.ZipFile(src)
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise CorruptArchiveError(f"{src.name}: corrupt zip archive ({exc})") from None
+        with zf:
+            files = _checked_members(zf, budget)
+            writer = _Writer(dest, None, budget)
+            for name, info in files:
+                try:
+                    with zf.open(info) as member:
+                        writer.write(name, member, info.compress_size)
+                except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+                    raise CorruptArchiveError(
+                        f"{src.name}: member {name!r} is corrupt ({exc})"
+                    ) from None
+        return _manifest(dest, src.name)
+
+
+def _checked_members(zf: zipfile.ZipFile, budget: Budget) -> list[tuple[str, zipfile.ZipInfo]]:
+    """Every file member, checked from the zip's directory before anything is written."""
+    files: list[tuple[str, zipfile.ZipInfo]] = []
+    declared_total = 0
+    for info in zf.infolist():
+        name = _normalize(info.filename)
+        kind = _zip_kind(info)
+        if kind == "dir":
+            continue
+        if kind != "file":
+            raise UnsafeMemberError(info.filename, f"{kind} members are not allowed")
+        if info.flag_bits & 0x1:
+            raise UnsafeMemberError(info.filename, "encrypted members are not supported")
+        declared_total += info.file_size
+        budget.declare(name, info.file_size, declared_total, info.compress_size)
+        files.append((name, info))
+    return files
+
+
+def _manifest(dest: Path, source: str) -> dict[str, Any]:
+    path = dest / WAR_MANIFEST
+    if not path.is_file():
+        return {}
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{source}: {WAR_MANIFEST} is too large")
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{source}: {WAR_MANIFEST} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source}: {WAR_MANIFEST} must be a JSON object")
+    return data

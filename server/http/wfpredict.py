@@ -1,0 +1,54 @@
+"""TorchServe's ``POST /wfpredict/{name}`` on the inference listener: its route (for
+``route_table.INFERENCE_ROUTES``) and its endpoint, which reads the body and runs the workflow's
+DAG (``server/workflows/executor.py``), whose node requests are the plane's exchanges.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torchbay.server.http.asgi import Receive, Scope, Send, header, read_body, send_bytes
+from torchbay.server.http.routes import OK, Route
+from torchbay.server.plane import WireRequest, join_headers
+from torchbay.server.workflows import executor
+from torchbay.server.workflows.manager import Workflows
+
+WFPREDICT_ROUTE = Route(
+    "POST",
+    "/wfpredict/{workflow_name}",
+    "wfpredict",
+    "Run a workflow: its DAG's nodes in order, each a request to its model",
+    (400, 401, 404, 413, 500, 503),
+    OK,
+    auth=True,
+    body={"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}},
+    description="One leaf: its output as it is; several: a JSON object by node name.",
+)
+
+
+class WorkflowPredict:
+    """The ``wfpredict`` endpoint of the inference app (``InferenceApp`` looks it up by name)."""
+
+    def __init__(self, workflows: Workflows, *, max_request_size: int, authorize: Any) -> None:
+        self.workflows = workflows
+        self.max_request_size = max_request_size
+        self.authorize = authorize
+
+    async def wfpredict(
+        self, scope: Scope, receive: Receive, send: Send, match: re.Match[str]
+    ) -> None:
+        if self.authorize is not None:
+            self.authorize(scope, "inference")
+        workflow = self.workflows.get(match["workflow_name"])  # 404 before the body is read
+        body = await read_body(scope, receive, self.max_request_size)
+        content_type = header(scope, b"content-type")
+        request = WireRequest(
+            request_id="",
+            body=body,
+            content_type=content_type.decode("latin-1") if content_type else "",
+            query=scope.get("query_string", b"").decode("latin-1"),
+            raw_headers=join_headers(scope["headers"]),
+        )
+        answer = await executor.run(self.workflows.plane, workflow, scope, request)
+        await send_bytes(send, 200, answer)

@@ -1,0 +1,219 @@
+"""The workflow management operations (register, list, describe, unregister), as TorchServe 0.12
+answers them, for the management routes (``server/http/workflow_routes.py``) and start-up.
+
+Registering a workflow unpacks its ``.war`` (``archive.py``), reads its DAG (``spec.py``) and
+registers every node as a model named ``{workflow}__{node}``: a model node from its ``url``
+(the model store, or an allowed URL) with the spec's workers, batch size and delay; a function
+node from a folder made of the archive (``archive.function_folder``), whose worker calls the
+handler's function, so that a user's function runs in a worker process, never in the frontend.
+A node that fails to register fails the workflow (500, every node's reason named) and the nodes
+already registered are unregistered again. Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchbay.server.errors import BadRequest, Conflict, TorchbayError
+from torchbay.server.plane import DataPlane
+from torchbay.server.plane.management import Management, Status, require_model_api
+from torchbay.server.serving import store
+from torchbay.server.workflows import archive
+from torchbay.server.workflows.archive import WorkflowNotFound
+from torchbay.server.workflows.spec import Node, WorkflowSpec, parse_spec
+
+log = logging.getLogger("torchbay.workflows")
+
+
+class ConflictStatusException(Conflict):
+    pass
+
+
+class BadRequestException(BadRequest):
+    pass
+
+
+class WorkflowException(TorchbayError):
+    pass
+
+
+@dataclass
+class Workflow:
+    """A registered workflow: its DAG and the model each node is served by."""
+
+    name: str
+    url: str
+    spec: WorkflowSpec
+    folder: Path
+
+    def model_of(self, node: str) -> str:
+        return f"{self.name}__{node}"
+
+
+class Workflows:
+    """The registered workflows of one server, over its model management state."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane  # the node requests' exchanges (executor.py)
+        self.management: Management = plane.management
+        self.workflows: dict[str, Workflow] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def store(self) -> Path | None:
+        config = self.management.config
+        return config.workflow_store or config.model_store
+
+    def get(self, name: str) -> Workflow:
+        workflow = self.workflows.get(name)
+        if workflow is None:
+            raise WorkflowNotFound(f"Workflow not found: {name}")
+        return workflow
+
+    # -- list, describe ---------------------------------------------------------------------------
+
+    def list(self, limit: int | None, next_page_token: int | None) -> dict[str, Any]:
+        """TorchServe's paging, as for models (plane.management.list_models)."""
+        size = 100 if limit is None or not 0 <= limit <= 100 else limit
+        token = 0 if next_page_token is None or next_page_token < 0 else next_page_token
+        names = sorted(self.workflows)
+        body: dict[str, Any] = {}
+        if token + size <= len(names):
+            body["nextPageToken"] = str(token + size)
+        page = [self.workflows[n] for n in names[token : token + size]]
+        body["workflows"] = [{"workflowName": w.name, "workflowUrl": w.url} for w in page]
+        return body
+
+    def describe(self, name: str) -> list[dict[str, Any]]:
+        """TorchServe's describe: the spec's global settings and its DAG as Java prints it."""
+        workflow = self.get(name)
+        spec = workflow.spec.globals
+        return [
+            {
+                "workflowName": name,
+                "workflowUrl": workflow.url,
+                "minWorkers": spec["min-workers"],
+                "maxWorkers": spec["max-workers"],
+                "batchSize": spec["batch-size"],
+                "maxBatchDelay": spec["max-batch-delay"],
+                "workflowDag": workflow.spec.dag_text,
+            }
+        ]
+
+    # -- register, unregister ---------------------------------------------------------------------
+
+    async def register(self, url: str | None, name: str | None, *, api: bool = True) -> Status:
+        """Register the ``.war`` at ``url`` (``api``: through the management API, which needs the
+        model API; start-up does not)."""
+        if api:
+            require_model_api(self.management)
+        if not url:
+            raise BadRequestException("Parameter url is required.")
+        path = await self._locate(url)
+        registry = self.management.registry
+        folder = registry.workdir / f"workflow-{uuid.uuid4().hex[:12]}"
+        try:
+            unpacked = await asyncio.to_thread(
+                archive.unpack, path, folder, self.management.config, name
+            )
+        finally:
+            if url.startswith(("http://", "https://")):
+                store.remove(path)
+        try:
+            workflow = Workflow(unpacked.name, url, parse_spec(unpacked.spec), folder)
+            for node in workflow.spec.nodes:  # each becomes a model, and a folder, name
+                store.check_name_and_version(workflow.model_of(node), "1.0")
+            async with self._lock:
+                if workflow.name in self.workflows:
+                    raise ConflictStatusException(
+                        f"Workflow {workflow.name} is already registered."
+                    )
+                await self._register_nodes(workflow, unpacked)
+                self.workflows[workflow.name] = workflow
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        log.info("workflow %s registered: %d node(s)", workflow.name, len(workflow.spec.nodes))
+        return Status(f"Workflow {workflow.name} has been registered and scaled successfully.")
+
+    async def _locate(self, url: str) -> Path:
+        if url.startswith(("http://", "https://")):
+            fetch = self.management.registry.fetch
+            if fetch is None:
+                raise BadRequest("Registering from a URL is not enabled (allowed_urls)")
+            return await fetch(url)
+        return archive.war_path(self.store, url)
+
+    async def _register_nodes(self, workflow: Workflow, unpacked: archive.Unpacked) -> None:
+        nodes = list(workflow.spec.nodes.values())
+        results = await asyncio.gather(
+            *(self._register_node(workflow, unpacked, node) for node in nodes),
+            return_exceptions=True,
+        )
+        failures = [
+            f"Workflow Node {workflow.model_of(node.name)} failed to register. Details: "
+            + (result.message if isinstance(result, TorchbayError) else "Check error logs.")
+            for node, result in zip(nodes, results, strict=True)
+            if isinstance(result, BaseException)
+        ]
+        if failures:
+            registered = [n.name for n, r in zip(nodes, results, strict=True) if r is None]
+            await self._unregister_nodes(workflow, registered)
+            raise WorkflowException(
+                f"Workflow {workflow.name} has failed to register. "
+                f"Failures: [{', '.join(failures)}]"
+            )
+
+    async def _register_node(
+        self, workflow: Workflow, unpacked: archive.Unpacked, node: Node
+    ) -> None:
+        registry, name = self.management.registry, workflow.model_of(node.name)
+        overrides = {
+            "min_worker": node.settings["min-workers"],
+            "max_worker": max(node.settings["max-workers"], node.settings["min-workers"]),
+            "batch_size": node.settings["batch-size"],
+            "max_batch_delay": node.settings["max-batch-delay"],
+        }
+        try:
+            if node.url is not None:
+                await registry.register(node.url, name=name, overrides=overrides, startup=False)
+                return
+            dest = workflow.folder.parent / f"{workflow.folder.name}-{node.name}"
+            folder = await asyncio.to_thread(
+                archive.function_folder, unpacked, node.name, name, dest
+            )
+            try:
+                await registry.register_local(folder, name=name, overrides=overrides)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)  # the registry copied it
+        except Exception as exc:
+            log.error("workflow %s: node %s failed to register: %s", workflow.name, name, exc)
+            raise
+
+    async def unregister(self, name: str, *, api: bool = True) -> Status:
+        if api:
+            require_model_api(self.management)
+        async with self._lock:
+            workflow = self.get(name)
+            del self.workflows[name]
+        await self._unregister_nodes(workflow, list(workflow.spec.nodes))
+        shutil.rmtree(workflow.folder, ignore_errors=True)
+        return Status(f'Workflow "{name}" unregistered')
+
+    async def _unregister_nodes(self, workflow: Workflow, nodes: list[str]) -> None:
+        registry = self.management.registry
+        timeout = self.management.config.unregister_model_timeout_s
+        names = [workflow.model_of(node) for node in nodes]
+        results = await asyncio.gather(
+            *(registry.unregister(n, None, timeout) for n in names if n in registry.models),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                log.error("workflow %s: a node failed to unregister: %s", workflow.name, result)

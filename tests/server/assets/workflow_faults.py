@@ -1,0 +1,48 @@
+"""Function nodes that fail in the ways a workflow must survive (test_workflows_live.py).
+
+``count`` appends a line to the file the request names, then raises when asked to: the number of
+lines is the number of times the node ran. ``nap`` takes longer than its node's ``timeout-ms``.
+``crash`` ends its worker process. ``echo`` passes the request on.
+"""
+
+import json
+import os
+import time
+
+
+def _rows(data):
+    for row in data:
+        body = row.get("body") if row.get("body") is not None else row.get("data")
+        yield body if isinstance(body, dict) else json.loads(bytes(body))
+
+
+def count(data, context):
+    if data is None:
+        return None
+    out = []
+    for values in _rows(data):
+        with open(values["log"], "a") as fh:
+            fh.write("ran\n")
+        if values.get("fail"):
+            raise ValueError("count was asked to fail")
+        out.append(json.dumps(values))
+    return out
+
+
+def nap(data, context):
+    if data is None:
+        return None
+    time.sleep(3)  # past the node's timeout-ms (300): the workflow gives up before this ends
+    return ["late" for _ in data]
+
+
+def crash(data, context):
+    if data is None:
+        return None
+    os._exit(3)
+
+
+def echo(data, context):
+    if data is None:
+        return None
+    return [json.dumps(values) for values in _rows(data)]

@@ -1,0 +1,176 @@
+"""Workflows on a live torchbay, beyond the recorded TorchServe steps: a workflow registered at
+start-up (``load_workflows``), a node's retries and timeout, a function node that kills its
+worker (the frontend lives on), a hostile ``.war``, and the model API switch. The ``.war``s are
+made by torch-workflow-archiver 0.2.15 (the dev extra)."""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import LiveServer, make_config, running
+from tests.server.workflow_store import (
+    DATA,
+    archivers_installed,
+    build_model_store,
+    build_workflow,
+)
+
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not archivers_installed(), reason="the archivers (dev extra) are missing"),
+]
+FAULTS = Path(__file__).parent / "assets" / "workflow_faults.py"
+SPECS = {
+    # count runs 1 + 2 retries before the workflow gives up
+    "retry": "models:\n  retry-attempts: 2\n  double:\n    url: double.mar\n"
+    "dag:\n  count: [double]\n",
+    "slow": "models:\n  retry-attempts: 0\n  timeout-ms: 300\ndag:\n  nap: [echo]\n",
+    "crash": "models:\n  retry-attempts: 0\ndag:\n  crash: [echo]\n",
+}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    models = build_model_store(tmp_path_factory.mktemp("wf-live-models"))
+    wars = tmp_path_factory.mktemp("wf-live-wars")
+    build_workflow(wars, "arith", DATA / "arith.yaml", DATA / "workflow_handler.py")
+    specs = tmp_path_factory.mktemp("wf-live-specs")
+    for name, text in SPECS.items():
+        (specs / f"{name}.yaml").write_text(text)
+        build_workflow(wars, name, specs / f"{name}.yaml", FAULTS)
+    with zipfile.ZipFile(wars / "evil.war", "w") as war:  # a member that climbs out
+        war.writestr("WAR-INF/MANIFEST.json", "{}")
+        war.writestr("../evil.py", "print('outside')\n")
+    return models, wars
+
+
+@pytest.fixture(scope="module")
+def live(stores: tuple[Path, Path]) -> Iterator[LiveServer]:
+    models, wars = stores
+    config = make_config(
+        models, workflow_store=wars, load_workflows=["arith.war"], enable_model_api=True
+    )
+    server = LiveServer(config).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_start_up_workflow_is_registered_and_answers(live: LiveServer) -> None:
+    listed = httpx.get(f"{live.management_url}/workflows", timeout=60).json()
+    assert listed == {"workflows": [{"workflowName": "arith", "workflowUrl": "arith.war"}]}
+    answer = httpx.post(f"{live.url}/wfpredict/arith", json={"values": [2]}, timeout=120)
+    assert answer.status_code == 200
+    assert answer.json() == {"sum": [8.0], "inputs": ["double", "square"]}
+
+
+def test_a_compressed_request_is_inflated_once_by_the_start_node(live: LiveServer) -> None:
+    """The children get their parents' outputs, never the request's Content-Encoding."""
+    import gzip
+
+    body = gzip.compress(b'{"values": [3]}')
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    answer = httpx.post(f"{live.url}/wfpredict/arith", content=body, headers=headers, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"sum": [15.0], "inputs": ["double", "square"]}
+
+
+def test_a_failing_node_is_retried_then_named(live: LiveServer, tmp_path: Path) -> None:
+    register = httpx.post(f"{live.management_url}/workflows?url=retry.war", timeout=300)
+    assert register.status_code == 200, register.text
+    log = tmp_path / "count.log"
+    ok = httpx.post(
+        f"{live.url}/wfpredict/retry", json={"log": str(log), "values": [4]}, timeout=120
+    )
+    assert ok.status_code == 200 and ok.json() == {"double": [8.0]}
+    assert log.read_text().count("ran") == 1
+    log.unlink()
+    failed = httpx.post(
+        f"{live.url}/wfpredict/retry", json={"log": str(log), "values": [4], "fail": 1}, timeout=120
+    )
+    assert failed.status_code == 500
+    assert failed.json()["message"] == "Error executing count"
+    assert log.read_text().count("ran") == 3  # the first attempt and retry-attempts: 2
+
+
+def test_a_node_past_its_timeout_fails_the_workflow(live: LiveServer) -> None:
+    assert httpx.post(f"{live.management_url}/workflows?url=slow.war", timeout=300).is_success
+    answer = httpx.post(f"{live.url}/wfpredict/slow", json={"values": [1]}, timeout=120)
+    assert answer.status_code == 500
+    assert answer.json() == {
+        "code": 500, "type": "InternalServerException", "message": "Error executing nap",
+    }  # fmt: skip
+
+
+def test_a_function_that_kills_its_worker_leaves_the_frontend_serving(live: LiveServer) -> None:
+    assert httpx.post(f"{live.management_url}/workflows?url=crash.war", timeout=300).is_success
+    answer = httpx.post(f"{live.url}/wfpredict/crash", json={"values": [1]}, timeout=120)
+    assert answer.status_code == 500
+    assert answer.json()["message"] == "Error executing crash"
+    assert httpx.get(f"{live.url}/ping", timeout=60).status_code in (200, 500)
+    again = httpx.post(f"{live.url}/wfpredict/arith", json={"values": [1]}, timeout=120)
+    assert again.status_code == 200 and again.json()["sum"] == [3.0]
+
+
+def test_a_war_whose_member_climbs_out_is_refused(
+    live: LiveServer, stores: tuple[Path, Path]
+) -> None:
+    answer = httpx.post(f"{live.management_url}/workflows?url=evil.war", timeout=120)
+    assert answer.status_code == 400
+    body = answer.json()
+    assert body["type"] == "InvalidWorkflowException"
+    assert "../evil.py" in body["message"]
+    assert str(stores[1]) not in body["message"] and "Traceback" not in body["message"]
+    assert not (stores[1].parent / "evil.py").exists()
+    listed = httpx.get(f"{live.management_url}/workflows", timeout=60).json()["workflows"]
+    assert "evil" not in {w["workflowName"] for w in listed}
+
+
+def test_registering_needs_the_model_api(stores: tuple[Path, Path]) -> None:
+    models, wars = stores
+    with running(models, workflow_store=wars) as server:
+        register = httpx.post(f"{server.management_url}/workflows?url=arith.war", timeout=60)
+        assert register.status_code == 405
+        unregister = httpx.delete(f"{server.management_url}/workflows/arith", timeout=60)
+        assert unregister.status_code == 405
+        assert httpx.get(f"{server.management_url}/workflows", timeout=60).json() == {
+            "workflows": []
+        }
+
+
+def test_with_token_auth_each_workflow_route_needs_its_key(
+    stores: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import json
+
+    models, wars = stores
+    key_file = tmp_path / "key_file.json"
+    config = make_config(
+        models,
+        workflow_store=wars,
+        load_workflows=["arith.war"],
+        disable_token_authorization=False,
+        key_file=key_file,
+    )
+    server = LiveServer(config).start()
+    try:
+        keys = {k: v["key"] for k, v in json.loads(key_file.read_text()).items()}
+        bearer = {k: {"Authorization": f"Bearer {v}"} for k, v in keys.items()}
+        predict = f"{server.url}/wfpredict/arith"
+        listed = f"{server.management_url}/workflows"
+        assert httpx.post(predict, json={"values": [1]}, timeout=60).status_code == 401
+        wrong = httpx.post(predict, json={"values": [1]}, headers=bearer["management"], timeout=60)
+        assert wrong.status_code == 401
+        right = httpx.post(predict, json={"values": [1]}, headers=bearer["inference"], timeout=120)
+        assert right.status_code == 200 and right.json()["sum"] == [3.0]
+        assert httpx.get(listed, timeout=60).status_code == 401
+        assert httpx.get(listed, headers=bearer["inference"], timeout=60).status_code == 401
+        assert httpx.get(listed, headers=bearer["management"], timeout=60).status_code == 200
+    finally:
+        server.stop()
