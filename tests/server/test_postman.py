@@ -8,6 +8,7 @@ change in either shows."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,41 @@ def test_torchbay_answers_where_torchserve_missed_its_own_collection(answers):
     by_row = {a["row"]: a for a in answers}
     for row in (31, 35, 36, 37, 38):
         assert by_row[row]["status"] == by_row[row]["expected"], by_row[row]
+
+
+URL_FORMS = json.loads((postman_replay.DATA.parent / "url_forms.json").read_text())
+# url -> (torchbay's status, why): TorchServe's answer is a quirk or unsafe.
+URL_DIFFERENCES = {
+    # TorchServe treats file:// as a download into its own store and trips on the file there.
+    "file://{store}/mnist.mar": (200, "file:// names a store archive, as a plain path does"),
+    "file://mnist.mar": (200, "file:// names a store archive, as a plain path does"),
+    # TorchServe reads a path relative to its working directory, outside the store's names.
+    "store/mnist.mar": (404, "only the model store's archives"),
+}
+
+
+@pytest.mark.slow
+def test_url_forms_of_the_same_archive_answer_as_torchserve(tmp_path: Path):
+    """The forms a script may name a store archive by, against TorchServe 0.12's answers
+    (url_forms.json): the same status, and the same message for the 404s."""
+    import urllib.parse
+
+    import httpx
+
+    store = postman_replay.build_zoo(tmp_path / "store")
+    server = LiveServer(make_config(store, enable_model_api=True)).start()
+    try:
+        for answer in URL_FORMS["answers"]:
+            url = answer["url"].replace("{store}", str(store))
+            quoted = urllib.parse.quote(url, safe="")
+            reply = httpx.post(
+                f"{server.management_url}/models?url={quoted}&model_name=m", timeout=60
+            )
+            expected = URL_DIFFERENCES.get(answer["url"], (answer["status"], ""))[0]
+            assert reply.status_code == expected, (url, reply.text)
+            if expected == 404 and "message" in answer:
+                message = answer["message"].replace(URL_FORMS["store"], str(store))
+                assert reply.json()["message"] == message
+            httpx.delete(f"{server.management_url}/models/m", timeout=60)
+    finally:
+        server.stop()
