@@ -222,7 +222,8 @@ class BaseHandler:
         row = raw_data[0] if raw_data else {}
         if isinstance(row, dict):
             inputs = row.get("data") or row.get("body")
-            target = row.get("target") or 0
+            # TorchServe's field (a form field), or inside a JSON body ({"data": ..., "target": 3})
+            target = row.get("target") or (inputs.get("target") if isinstance(inputs, dict) else 0)
         output_explain = self.get_insights(data_preprocess, inputs, target)
         return output_explain
 
