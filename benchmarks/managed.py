@@ -177,7 +177,7 @@ class ManagedServer(procstat.LoggedServer):
             raise BenchError(f"{archive}: no such archive")
         archive = archive.resolve()
         cmd = [
-            *(python, "-m", "torchbay", "serve", "--model-store", str(archive.parent)),
+            *(python, "-m", "torchbay", "serve", "--ncs", "--model-store", str(archive.parent)),
             "--models",
             *(models or (f"{name}={archive.name}" if name else archive.name,)),
             *("--inference-address", "http://127.0.0.1:0"),

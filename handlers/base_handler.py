@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .errors import PredictionException, UnprocessableInput, error_status, scrub_message
-from .runtime import accel, loading
+from .runtime import accel, loading, pt2
 from .utils import load_label_mapping
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ class BaseHandler:
             self.device = torch.device("cpu")
         self.model = loading.load_model(self.model_dir, self.manifest, self.device)
         self.model_input_dtype = loading.model_input_dtype(self.model, self.manifest)
+        # model-config.yaml's pt2 (torch.compile), as TorchServe's BaseHandler applies it.
+        self.model = pt2.apply(self.model, getattr(context, "model_yaml_config", None))
         self.mapping = load_label_mapping(os.path.join(self.model_dir, "index_to_name.json"))
         self.accel_options = accel.options_from(getattr(context, "model_yaml_config", None))
         if self.model is not None:
@@ -220,7 +222,8 @@ class BaseHandler:
         row = raw_data[0] if raw_data else {}
         if isinstance(row, dict):
             inputs = row.get("data") or row.get("body")
-            target = row.get("target") or 0
+            # TorchServe's field (a form field), or inside a JSON body ({"data": ..., "target": 3})
+            target = row.get("target") or (inputs.get("target") if isinstance(inputs, dict) else 0)
         output_explain = self.get_insights(data_preprocess, inputs, target)
         return output_explain
 

@@ -34,6 +34,7 @@ from PIL import Image, UnidentifiedImageError
 from .base_handler import BaseHandler
 from .classify import handler_config, topk_labels
 from .errors import BadInput
+from .runtime import explain
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -72,6 +73,11 @@ class ImageClassifier(BaseHandler):
     def preprocess(self, data: list[Any]) -> torch.Tensor:
         images = self.map_items(data, self.load_item)
         return torch.stack(images).to(self.device, self.model_input_dtype)
+
+    def get_insights(self, tensor_data: Any, raw_data: Any, target: Any) -> list[Any]:
+        """Captum's Integrated Gradients per image, as TorchServe's VisionHandler (runtime/
+        explain.py); 501 without Captum."""
+        return explain.integrated_gradients(self.model, tensor_data, explain.target_class(target))
 
     def load_item(self, row: Any) -> torch.Tensor:
         """One request's row -> a CHW float tensor; raises BadInput for an unusable image."""

@@ -34,6 +34,9 @@ else
   markers=(.venv/.torchbay-demo .venv/.torchbay-installed)
 fi
 if ! installed "${markers[@]}"; then
-  .venv/bin/pip install --quiet -e ".[$extra]"
+  # The torch that is there stays: a dependency that asks for a newer one fails to install
+  # rather than pulling several GB of CUDA packages.
+  .venv/bin/python -c "import torch; print('torch==' + torch.__version__)" > .venv/constraints.txt
+  .venv/bin/pip install --quiet -c .venv/constraints.txt -e ".[$extra]"
   touch "${markers[0]}"
 fi

@@ -51,9 +51,13 @@ def register(subparsers: Any) -> None:
     serve.add_argument(
         "--ready-file", help="write the bound ports as JSON here once every startup model loaded"
     )
-    # Accepted for TorchServe compatibility: torchbay never writes config snapshots.
-    for flag in ("--ncs", "--no-config-snapshots"):
-        serve.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    serve.add_argument(
+        "--ncs",
+        "--no-config-snapshots",
+        dest="no_config_snapshots",
+        action="store_true",
+        help="neither restore the last config snapshot (logs/config) nor write new ones",
+    )
     # The server --start runs: where it says "ready" (server/daemon.py).
     serve.add_argument("--daemon-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
@@ -147,10 +151,23 @@ def run_serve(args: argparse.Namespace) -> int:
     return _serve(args)
 
 
+def _load_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The server's configuration from every source; unless ``--ncs``, the newest config
+    snapshot stands in for config.properties and new ones are written (config/snapshots.py)."""
+    from torchbay.server.config.snapshots import snapshot_dir
+    from torchbay.server.config.sources import load_server_config
+    from torchbay.server.observe.logfiles import log_dir
+
+    snapshots = None if args.no_config_snapshots else snapshot_dir(log_dir(os.environ)).absolute()
+    cli = {**_cli_settings(args), "snapshot_dir": snapshots}
+    return load_server_config(
+        ts_config=args.ts_config, env=dict(os.environ), cli=cli, snapshots=snapshots
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     """The server in this process: ``--foreground``, or the child ``--start`` runs."""
     from torchbay.server import daemon
-    from torchbay.server.config.sources import load_server_config
     from torchbay.server.errors import TorchbayError
     from torchbay.server.http.listeners import bind_listeners, close_all, preflight
     from torchbay.server.observe.logfiles import read_log_config
@@ -159,9 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.plugins_path:
         log.info("--plugins-path is a TorchServe option torchbay ignores")
     log_config = read_log_config(args.log_config) if args.log_config else None
-    config, notes = load_server_config(
-        ts_config=args.ts_config, env=dict(os.environ), cli=_cli_settings(args)
-    )
+    config, notes = _load_config(args)
     # Everything that can make the start fail on its own (a missing store, unreadable TLS files,
     # a port in use) is checked before a worker is spawned, a log line written or the key file
     # touched: the error is one line, and a server already on that port is left alone.

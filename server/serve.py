@@ -208,6 +208,7 @@ class TorchbayServer:
         if apps.workflows is not None:  # load_workflows (server/workflows/startup.py)
             await load_startup_workflows(apps.workflows, self.state.failed_models)
         self.plane.starting = False  # ready (OIP, Kubernetes) once the start-up models are in
+        self.plane.snapshots.save("startup")
         await asyncio.to_thread(self._discard_prewarmed)
         self.state.started.set()
         self._write_ready_file()
@@ -352,6 +353,8 @@ class TorchbayServer:
     async def shutdown(self) -> None:
         log.info("shutting down: draining for up to %gs", self.config.shutdown_grace_s)
         close_all(self._sockets)  # bound but never served: a start that failed half-way
+        if self.plane is not None and self.state.started.is_set():
+            self.plane.snapshots.save("shutdown")  # what ran, before draining unloads it
         await asyncio.to_thread(self._discard_prewarmed)
         front = [s for s in self._servers if s[0] != "metrics"]
         back = [s for s in self._servers if s[0] == "metrics"]

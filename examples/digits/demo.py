@@ -46,6 +46,7 @@ def start_server(store: Path, run_dir: Path, models: Sequence[str]) -> subproces
             "-m",
             "torchbay",
             "serve",
+            "--ncs",  # exactly the models named here, not a snapshot of a run before
             "--model-store",
             str(store),
             *(["--models", *models] if models else []),

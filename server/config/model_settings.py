@@ -157,12 +157,14 @@ class ModelConfig(BaseModel):
     response_timeout_s: Annotated[float, _ts_live("response_timeout", "responseTimeout")] = Field(
         120.0, gt=0, le=MAX_TIMEOUT_S, alias="responseTimeout"
     )
+    # 0: no worker start succeeds, as in TorchServe (its management collection registers with
+    # startup_timeout=0 and expects the 500).
     startup_timeout_s: Annotated[
         float,
         Setting(
             "startup_timeout", True, serving=True, describe="startupTimeout", section="batching"
         ),
-    ] = Field(120.0, gt=0, le=MAX_TIMEOUT_S, alias="startupTimeout")
+    ] = Field(120.0, ge=0, le=MAX_TIMEOUT_S, alias="startupTimeout")
     max_retry_timeout_s: Annotated[float, _serving("maxRetryTimeoutInSec", "batching")] = Field(
         300.0, ge=0, le=MAX_TIMEOUT_S, alias="maxRetryTimeoutInSec"
     )

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from torchbay.server.config.grpc_settings import GrpcSettings
 from torchbay.server.config.model_settings import (
@@ -198,6 +198,12 @@ class ServerConfig(GrpcSettings):
     # Triton's shared-memory extensions (server/plane/shm.py): off unless the operator allows
     # clients to name memory objects of this host, as Triton's --allow-client-shm.
     allow_client_shm: bool = False
+    # TorchServe's config snapshots go here (server/config/snapshots.py); None: none written.
+    # ``torchbay serve`` sets it to <log dir>/config unless --ncs; a server built in code has none.
+    snapshot_dir: Path | None = None
+    # The settings as the user declared them (file, environment, flags), which a snapshot
+    # writes back; set by ``config.sources.load_server_config``.
+    _declared: dict[str, Any] = PrivateAttr(default_factory=dict)
     shm_max_regions: int = Field(64, ge=1, le=4096)
     shm_max_bytes: int = Field(16 << 30, ge=1, le=1 << 44)  # registered bytes, all regions
     cors_allowed_origin: str | None = None

@@ -22,6 +22,7 @@ from torchbay.server.config.settings import (
     ServerConfig,
     split_model_keys,
 )
+from torchbay.server.config.snapshots import last_snapshot
 from torchbay.server.errors import ConfigError
 
 log = logging.getLogger("torchbay.server.config")  # one logger for all of config
@@ -95,21 +96,25 @@ def load_server_config(
     env: Mapping[str, str],
     cli: Mapping[str, Any],
     cwd: str | Path | None = None,
+    snapshots: Path | None = None,
 ) -> tuple[ServerConfig, list[str]]:
     """Layer every server source and validate once. Returns the config and notes to log.
 
     ``ts_config`` (``--ts-config``) else ``env["TS_CONFIG_FILE"]`` else ``<cwd>/config.properties``
     if it exists. ``cli`` holds only flags the user set (keys: field or TorchServe names; ``None``
     values are skipped). Relative paths (``model_store``, ``key_file``, TLS files) resolve against
-    ``cwd`` (default: the process's cwd).
+    ``cwd`` (default: the process's cwd). ``snapshots``: TorchServe's config snapshots folder;
+    with neither ``--ts-config`` nor ``TS_CONFIG_FILE``, its newest snapshot is read instead of
+    ``config.properties`` (config/snapshots.py); a configuration with a ``model_snapshot`` loads
+    that snapshot's models, not ``load_models`` / ``--models`` (TorchServe's precedence).
     Raises ConfigError (unreadable file, bad models= JSON, unknown cli key) or ValidationError.
     """
     base = Path(cwd) if cwd is not None else Path.cwd()
     notes: list[str] = []
-    path = _config_path(ts_config, env, base)
-    props: dict[str, Any] = {}
+    path = _config_path(ts_config, env, base, snapshots)
+    raw_props = _read_properties(path) if path is not None else {}
+    props = _normalize(raw_props, f"{path}", notes)
     if path is not None:
-        props = _normalize(_read_properties(path), f"{path}", notes)
         notes.insert(0, f"configuration from {path}")
     unknown_cli = [k for k in cli if k not in _FIELDS and k not in SERVER_KEY_ALIASES]
     if unknown_cli:
@@ -128,7 +133,11 @@ def load_server_config(
     for key in _PATH_FIELDS:
         if merged.get(key) not in (None, ""):
             merged[key] = base / Path(merged[key])
+    restoring = "model_snapshot" in raw_props or (ts_env and "model_snapshot" in ts_env_raw)
+    if restoring and merged.pop("load_models", None):  # TorchServe's precedence
+        notes.append("model_snapshot given: its models load; load_models and --models ignored")
     config = ServerConfig.model_validate(merged)
+    config._declared = _declared({**raw_props, **ts_env, **own_env, **flags}, base)
     if config.metrics_mode != "prometheus":
         notes.append(
             f"metrics_mode={config.metrics_mode}: torchbay always serves Prometheus metrics"
@@ -136,15 +145,30 @@ def load_server_config(
     return config, notes
 
 
-def _config_path(ts_config: str | Path | None, env: Mapping[str, str], base: Path) -> Path | None:
+def _config_path(
+    ts_config: str | Path | None, env: Mapping[str, str], base: Path, snapshots: Path | None
+) -> Path | None:
     chosen = ts_config if ts_config not in (None, "") else env.get("TS_CONFIG_FILE") or None
     if chosen is not None:
         path = base / Path(chosen)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         return path
+    last = last_snapshot(base / snapshots) if snapshots is not None else None
+    if last is not None:
+        return last
     default = base / "config.properties"
     return default if default.is_file() else None
+
+
+def _declared(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The settings as declared (the file's under its names), relative paths made absolute
+    against ``base`` so that a snapshot of them means the same from any directory."""
+    out: dict[str, Any] = dict(raw)
+    for key, value in raw.items():
+        if SERVER_KEY_ALIASES.get(key, key) in _PATH_FIELDS and value not in (None, ""):
+            out[key] = str(base / Path(value))
+    return out
 
 
 def _read_properties(path: Path) -> dict[str, str]:

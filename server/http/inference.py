@@ -142,6 +142,12 @@ class InferenceApp:
     async def _kserve_v1(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         await kserve_v1.predict(self, scope, receive, send, unquote(match["model_name"]))
 
+    async def _kserve_v1_explain(
+        self, scope: Scope, receive: Receive, send: Send, match: Match
+    ) -> None:
+        name = unquote(match["model_name"])
+        await kserve_v1.predict(self, scope, receive, send, name, explain=True)
+
     async def _infer(
         self,
         scope: Scope,

@@ -69,18 +69,22 @@ def decode_prediction(response: WireResponse) -> Any:
         return response.body.decode("utf-8", "replace")
 
 
-async def predict(app: Listener, scope: Scope, receive: Receive, send: Send, name: str) -> None:
-    """Answer one v1 predict call on model ``name``, recorded once by the plane."""
+async def predict(
+    app: Listener, scope: Scope, receive: Receive, send: Send, name: str, explain: bool = False
+) -> None:
+    """Answer one v1 predict (or, ``explain``, explain) call on model ``name``, recorded once by
+    the plane. Explain sends each instance with TorchServe's ``explain: True`` header (what
+    ``/explanations`` does) and answers ``{"explanations": [...]}``, as KServe's v1 protocol."""
     with app.plane.exchange(scope, name, None) as ex:
         if app.authorize is not None:
             app.authorize(scope, "inference")
         ex.resolve()  # 503 from the headers alone: the body is never read
         instances = parse_instances(await read_body(scope, receive, app.max_request_size))
-        items = ex.admit_all(_wires(app, scope, instances))
-        ex.status = await _answer(items, send)
+        items = ex.admit_all(_wires(app, scope, instances, explain))
+        ex.status = await _answer(items, send, "explanations" if explain else "predictions")
 
 
-async def _answer(items: list[Any], send: Send) -> int:
+async def _answer(items: list[Any], send: Send, key: str) -> int:
     results = await asyncio.gather(*(item.future for item in items), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
@@ -89,12 +93,16 @@ async def _answer(items: list[Any], send: Send) -> int:
     if failed is not None:
         await send_bytes(send, failed.status, failed.body, failed.content_type.encode("latin-1"))
         return failed.status
-    await send_json(send, 200, {"predictions": [decode_prediction(r) for r in results]})
+    await send_json(send, 200, {key: [decode_prediction(r) for r in results]})
     return 200
 
 
-def _wires(app: Listener, scope: Scope, instances: list[Any]) -> list[WireRequest]:
+def _wires(
+    app: Listener, scope: Scope, instances: list[Any], explain: bool = False
+) -> list[WireRequest]:
     headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED_HEADERS]
+    if explain:
+        headers.append((b"explain", b"True"))
     wires = []
     for instance in instances:
         body, content_type = encode_instance(instance)

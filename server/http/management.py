@@ -30,6 +30,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.errors import (
@@ -129,6 +130,22 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(TorchbayError("Internal server error").to_json(), status_code=500)
 
 
+class _OneTrailingSlash:
+    """``/models/m/`` routes as ``/models/m``: one trailing slash dropped before routing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path[:-1]}
+            raw = scope.get("raw_path")
+            if raw and raw.endswith(b"/"):
+                scope["raw_path"] = raw[:-1]
+        await self.app(scope, receive, send)
+
+
 def build_management_app(
     plane: DataPlane,
     config: ServerConfig,
@@ -137,11 +154,13 @@ def build_management_app(
     workflows: Workflows | None = None,
 ) -> FastAPI:
     """The management API over the data plane; ``auth`` None means token auth is off."""
-    # No trailing-slash redirects: a client following `DELETE /models/m/` -> 307 would unregister
-    # a model it did not name exactly; an unknown path is a 404.
+    # No trailing-slash redirects (a redirected DELETE or PUT is a second request the client
+    # did not send); one trailing slash is the same path, as TorchServe reads its paths
+    # (`DELETE /models/m/` unregisters m: its Postman collection does that).
     app = FastAPI(
         title="torchbay management", docs_url=None, redoc_url=None, redirect_slashes=False
     )
+    app.add_middleware(_OneTrailingSlash)
     app.state.management = plane.management
     app.state.auth = auth
     _install_error_handlers(app)

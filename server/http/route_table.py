@@ -30,6 +30,7 @@ _PREDICT_BODY = {
 }
 _INSTANCES = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
 _PREDICTIONS = {"type": "object", "properties": {"predictions": {"type": "array"}}}
+_EXPLANATIONS = {"type": "object", "properties": {"explanations": {"type": "array"}}}
 _GENERATE = {
     "type": "object",
     "properties": {
@@ -173,6 +174,17 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         auth=True,
         body={"content": {"application/json": {"schema": _INSTANCES}}},
         description="The first failed instance's status and body are the answer's.",
+    ),
+    Route(
+        "POST",
+        "/v1/models/{model_name}:explain",
+        "kserve_v1_explain",
+        "KServe v1 explain: each instance through the handler's explain path (Captum)",
+        (*PREDICT_ERRORS, 501),
+        {"200": ("OK", _EXPLANATIONS)},
+        auth=True,
+        body={"content": {"application/json": {"schema": _INSTANCES}}},
+        description="As /explanations; 501 when the handler has no explanations.",
     ),
     WFPREDICT_ROUTE,  # TorchServe's workflows (http/wfpredict.py)
 )

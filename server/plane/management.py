@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,8 @@ class Management:
 
     registry: ModelRegistry
     config: ServerConfig
+    # Called after every operation that changed what runs (TorchServe's config snapshot).
+    changed: Callable[[], object] = lambda: None
     locks: weakref.WeakKeyDictionary[ModelVersion, asyncio.Lock] = field(
         default_factory=weakref.WeakKeyDictionary
     )
@@ -125,6 +127,7 @@ async def register(state: Management, params: Any) -> Status:
         )
     except ConfigError as exc:  # a bad setting from the request, mapped at the boundary
         raise BadRequest(exc.message) from None
+    state.changed()
     registered = f'Model "{mv.name}" Version: {mv.version} registered with'
     if mv.settings.min_workers == 0:
         return Status(
@@ -154,6 +157,7 @@ async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> No
             mv.configure(**params.tuning)
         if params.min_worker is not None:
             await mv.scale(params.min_worker, params.max_worker)
+    state.changed()
 
 
 async def scale(
@@ -195,6 +199,7 @@ def _scale_done(task: asyncio.Task) -> None:
 
 def set_default(state: Management, name: str, version: str) -> Status:
     state.registry.set_default(name, version)
+    state.changed()
     return Status(f'Default version successfully updated for model "{name}" to "{version}"')
 
 
@@ -209,4 +214,5 @@ async def unregister(state: Management, name: str, version: str | None) -> Statu
         raise NotFound(f"Model not found: {name}")
     async with state.lock_for(target):
         await registry.unregister(name, target.version, timeout)
+    state.changed()
     return Status(f'Model "{name}" unregistered')

@@ -32,6 +32,7 @@ from torchbay.server.plane.exchange import Exchange, Scope, Wiring
 from torchbay.server.plane.management import Management
 from torchbay.server.plane.models import Models
 from torchbay.server.plane.shm import SharedMemory
+from torchbay.server.plane.snapshots import Snapshots
 from torchbay.server.plane.trace import Tracer
 from torchbay.server.serving.admission import any_pressed, refuse_early
 from torchbay.server.serving.fetch import Fetcher
@@ -78,6 +79,9 @@ class DataPlane:
         # Model management: list, describe, register, scale, set-default (plane/management.py).
         config = config or registry.config
         self.management = Management(registry, config)
+        # TorchServe's config snapshots, after each management change (plane/snapshots.py).
+        self.snapshots = Snapshots(config, registry)
+        self.management.changed = self.snapshots.save
         # Triton's shared-memory regions, one registry for every protocol (plane/shm.py).
         self.shm = SharedMemory(
             allow=config.allow_client_shm,

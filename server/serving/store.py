@@ -32,6 +32,8 @@ def archive_path(store: Path | None, url: str) -> Path:
         url = url[len("file://") :]
     if any(ord(c) < 0x20 for c in url):
         raise BadRequest(f"Model archive name {url!r} has a control character")
+    if ".." in url.replace("\\", "/").split("/"):  # TorchServe's answer, even inside the store
+        raise ModelNotFound(f"Relative path is not allowed in url: {url[:256]}")
     try:
         candidate = (store / url).resolve()
         root = store.resolve()

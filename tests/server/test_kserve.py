@@ -97,10 +97,13 @@ def test_v1_predict_routes(live_server: Any) -> None:
     server = live_server(models=probe_models())
     body = {"instances": [{"echo": 1}]}
     assert httpx.post(f"{server.url}/v1/models/nope:predict", json=body).status_code == 404
-    assert httpx.post(f"{server.url}/v1/models/probe:explain", json=body).status_code == 404
+    # :explain is routed (test_explain_live.py); the probe handler has no explanations: 501.
+    assert httpx.post(f"{server.url}/v1/models/probe:explain", json=body).status_code == 501
+    assert httpx.post(f"{server.url}/v1/models/probe:nope", json=body).status_code == 404
     assert httpx.post(f"{server.url}/v1/models/probe", json=body).status_code == 404
     described = httpx.get(f"{server.url}/openapi.json").json()["paths"]
     assert "post" in described["/v1/models/{model_name}:predict"]
+    assert "post" in described["/v1/models/{model_name}:explain"]
 
 
 def test_v1_predict_queue_full_cancels_the_admitted_instances(live_server: Any) -> None:

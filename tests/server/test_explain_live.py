@@ -1,0 +1,75 @@
+"""Explanations on a live server: TorchServe's ``/explanations/{m}`` and KServe v1's
+``/v1/models/{m}:explain`` reach the image classifier's Captum path (handlers/runtime/explain.py)
+through the same plane as predictions; a handler without explanations answers 501."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from PIL import Image
+
+from torchbay.archiver.package import ArchiveOptions, package
+
+from .conftest import running
+
+pytestmark = pytest.mark.slow
+
+
+class TinyCNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.nn.functional.adaptive_avg_pool2d(self.conv(x), 1).flatten(1))
+
+
+def _png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (12, 12), (200, 30, 10)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root, work = tmp_path_factory.mktemp("explain-store"), tmp_path_factory.mktemp("explain")
+    torch.manual_seed(0)
+    torch.jit.script(TinyCNN().eval()).save(str(work / "cnn.pt"))
+    (work / "model-config.yaml").write_text("image:\n  resize: 10\n  crop: 8\n")
+    for name, handler in (("cnn", "image_classifier"), ("plain", "base")):
+        options = ArchiveOptions(
+            model_name=name,
+            version="1.0",
+            serialized_file=work / "cnn.pt",
+            handler=handler,
+            config_file=work / "model-config.yaml",
+            export_path=root,
+        )
+        package(options)
+    return root
+
+
+def test_explanations_over_torchserve_and_kserve_v1(store: Path) -> None:
+    pytest.importorskip("captum")
+    with running(store, load_models=["cnn.mar", "plain.mar"]) as live:
+        ts = httpx.post(f"{live.url}/explanations/cnn", content=_png(), timeout=60)
+        assert ts.status_code == 200, ts.text
+        assert (len(ts.json()), len(ts.json()[0])) == (3, 8)  # channels, rows of the 8x8 crop
+        instance = {"data": base64.b64encode(_png()).decode()}
+        body = {"instances": [instance, instance]}
+        v1 = httpx.post(f"{live.url}/v1/models/cnn:explain", json=body, timeout=60)
+        assert v1.status_code == 200, v1.text
+        explanations = v1.json()["explanations"]
+        assert len(explanations) == 2
+        assert torch.allclose(torch.tensor(explanations[0]), torch.tensor(ts.json()), atol=1e-6)
+        predicted = httpx.post(f"{live.url}/predictions/cnn", content=_png(), timeout=60)
+        assert predicted.status_code == 200 and isinstance(predicted.json(), dict)
+        none = httpx.post(f"{live.url}/v1/models/plain:explain", json={"instances": [[0.0]]})
+        assert none.status_code == 501, none.text
+        assert "explanations" in none.json()["message"]

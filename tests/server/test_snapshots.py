@@ -1,0 +1,218 @@
+"""TorchServe's config snapshots (docs/snapshot.md of TorchServe 0.12): ``logs/config/<time>-
+startup.cfg`` once the start-up models are in, ``-snapshot.cfg`` after each management change,
+``-shutdown.cfg`` at stop; a start without ``--ts-config`` restores the newest one, its models
+instead of ``--models``; ``--ncs`` turns both off. The files are in Java's properties format, as
+TorchServe writes them, and never hold a secret."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from torchbay.server.config.properties import parse_properties
+from torchbay.server.config.snapshots import (
+    declared_properties,
+    format_properties,
+    last_snapshot,
+    snapshot_name,
+    write_snapshot,
+)
+from torchbay.server.config.sources import load_server_config
+
+from .cli_helpers import PID_FILE, clean_env, free_addresses, kill_tree, read_ready, torchbay
+
+# -- files and names ----------------------------------------------------------------------------
+
+
+def test_names_are_torchserves_millisecond_timestamps():
+    when = datetime(2026, 11, 26, 14, 6, 5, 123456)
+    assert snapshot_name("startup", when) == "20261126140605123-startup.cfg"
+    assert snapshot_name("shutdown", when) == "20261126140605123-shutdown.cfg"
+
+
+def test_the_newest_snapshot_by_the_time_in_its_name(tmp_path: Path):
+    assert last_snapshot(tmp_path / "absent") is None
+    assert last_snapshot(tmp_path) is None
+    for name in (
+        "20261126140605123-startup.cfg",
+        "20261126150000000-snapshot.cfg",
+        "20261126145959999-shutdown.cfg",
+        "99999999999999999-notes.txt",  # not a snapshot's name: passed over
+        "latest.cfg",
+    ):
+        (tmp_path / name).write_text("")
+    (tmp_path / "30000000000000000-dir.cfg").mkdir()  # not a file
+    assert last_snapshot(tmp_path) == tmp_path / "20261126150000000-snapshot.cfg"
+
+
+def test_the_properties_format_reads_back_exactly():
+    props = {
+        "inference_address": "http://0.0.0.0:8080",
+        "model_snapshot": json.dumps({"models": {"m": {"1.0": {"marName": "m.mar"}}}}, indent=2),
+        "odd key": " leading space, = and : and # and ! and \\ and\ttab\nand a line",
+    }
+    text = format_properties(props)
+    assert text.startswith("#Saving snapshot\n#")
+    assert "inference_address=http\\://0.0.0.0\\:8080" in text
+    assert parse_properties(text) == props
+
+
+def test_a_snapshot_never_holds_a_secret_nor_what_it_replaces():
+    declared = {
+        "keystore_pass": "changeit",
+        "ssl_key_password": "p",
+        "client_secret": "s",
+        "token": "t",
+        "models": {"m": {}},
+        "model_snapshot": "{}",
+        "snapshot_dir": "/logs/config",
+        "disable_token_authorization": True,
+        "token_expiration_min": 30.0,
+        "load_models": ["a=a.mar", "b.mar"],
+        "number_of_gpu": None,
+        "model_store": Path("/store"),
+    }
+    assert declared_properties(declared) == {
+        "disable_token_authorization": "true",
+        "token_expiration_min": "30.0",
+        "load_models": "a=a.mar,b.mar",
+        "model_store": "/store",
+    }
+
+
+def test_a_snapshot_is_never_overwritten_and_is_private(tmp_path: Path):
+    first = write_snapshot(tmp_path / "config", "20261126140605123-startup.cfg", "a=1\n")
+    assert first is not None and first.read_text() == "a=1\n"
+    assert first.stat().st_mode & 0o777 == 0o600
+    assert write_snapshot(tmp_path / "config", first.name, "a=2\n") is None
+    assert first.read_text() == "a=1\n"
+    assert [p.name for p in (tmp_path / "config").iterdir()] == [first.name]  # no temp file left
+
+
+# -- which configuration a start reads ----------------------------------------------------------
+
+
+def _snapshot(folder: Path, name: str, models: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    snap = {"name": name, "modelCount": len(models), "created": 0, "models": models}
+    props = {
+        "model_store": "/store",
+        "default_workers_per_model": "2",
+        "model_snapshot": json.dumps(snap),
+    }
+    path = folder / name
+    path.write_text(format_properties(props))
+    return path
+
+
+def test_a_start_without_ts_config_restores_the_newest_snapshot(tmp_path: Path):
+    folder = tmp_path / "logs" / "config"
+    _snapshot(folder, "20261126140605123-startup.cfg", {"old": {"1.0": {"marName": "old.mar"}}})
+    newest = _snapshot(
+        folder,
+        "20261126150605123-snapshot.cfg",
+        {"m": {"1.0": {"marName": "m.mar", "minWorkers": 3}}},
+    )
+    (tmp_path / "config.properties").write_text("default_workers_per_model=5\n")
+    cli = {"load_models": "other.mar"}
+    config, notes = load_server_config(
+        ts_config=None, env={}, cli=cli, cwd=tmp_path, snapshots=folder
+    )
+    assert notes[0] == f"configuration from {newest}"
+    assert config.default_workers_per_model == 2  # the snapshot's, not config.properties'
+    assert sorted(config.models) == ["m"] and config.models["m"]["1.0"].min_workers == 3
+    assert config.load_models == []  # --models is ignored when restoring (TorchServe's note)
+    assert any("load_models and --models ignored" in note for note in notes)
+
+
+def test_ts_config_or_no_snapshots_leave_the_snapshots_alone(tmp_path: Path):
+    folder = tmp_path / "logs" / "config"
+    _snapshot(folder, "20261126140605123-startup.cfg", {"m": {"1.0": {"marName": "m.mar"}}})
+    (tmp_path / "config.properties").write_text("default_workers_per_model=5\n")
+    (tmp_path / "given.properties").write_text("default_workers_per_model=7\n")
+    given, _ = load_server_config(
+        ts_config="given.properties", env={}, cli={}, cwd=tmp_path, snapshots=folder
+    )
+    assert (given.default_workers_per_model, given.models) == (7, {})
+    off, _ = load_server_config(ts_config=None, env={}, cli={}, cwd=tmp_path, snapshots=None)
+    assert (off.default_workers_per_model, off.models) == (5, {})
+
+
+# -- the real server ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    env = clean_env(tmp_path / "tmp")
+    yield cwd, env
+    pid_file = tmp_path / "tmp" / PID_FILE
+    if pid_file.exists():
+        kill_tree(int(pid_file.read_text()))
+
+
+def _start(cwd: Path, env: dict[str, str], store: Path, *more: str) -> dict:
+    ready = cwd / "ready.json"
+    ready.unlink(missing_ok=True)
+    args = ["serve", "--start", "--model-store", str(store), "--disable-token-auth"]
+    args += ["--enable-model-api", *free_addresses(), "--ready-file", str(ready), *more]
+    started = torchbay(cwd, env, *args)
+    assert started.returncode == 0, started.stderr
+    return read_ready(ready)
+
+
+def _stop(cwd: Path, env: dict[str, str]) -> None:
+    stopped = torchbay(cwd, env, "serve", "--stop")
+    assert stopped.returncode == 0, stopped.stderr
+
+
+def _kinds(folder: Path) -> list[str]:
+    return [p.name.split("-", 1)[1] for p in sorted(folder.iterdir())]
+
+
+def _models(path: Path) -> dict:
+    return json.loads(parse_properties(path.read_text())["model_snapshot"])["models"]
+
+
+@pytest.mark.slow
+def test_snapshots_are_written_and_the_last_one_restored(run, talk_store):
+    cwd, env = run
+    folder = cwd / "logs" / "config"
+    info = _start(cwd, env, talk_store, "--models", "talk=talk.mar")
+    assert _kinds(folder) == ["startup.cfg"]
+    startup = _models(next(folder.iterdir()))
+    assert startup["talk"]["1.0"]["marName"] == "talk.mar"
+    assert startup["talk"]["1.0"]["defaultVersion"] is True
+    management = f"http://127.0.0.1:{info['management']}"
+    scaled = httpx.put(
+        f"{management}/models/talk?min_worker=2&synchronous=true&batch_size=4", timeout=60
+    )
+    assert scaled.status_code == 200, scaled.text
+    assert _kinds(folder) == ["startup.cfg", "snapshot.cfg"]
+    _stop(cwd, env)
+    assert _kinds(folder) == ["startup.cfg", "snapshot.cfg", "shutdown.cfg"]
+    shutdown = sorted(folder.iterdir())[-1]
+    assert _models(shutdown)["talk"]["1.0"]["minWorkers"] == 2
+    assert "keystore_pass" not in shutdown.read_text()
+
+    # No --models, no --ts-config: the shutdown snapshot comes back, two workers, batch 4.
+    info = _start(cwd, env, talk_store)
+    management = f"http://127.0.0.1:{info['management']}"
+    (described,) = httpx.get(f"{management}/models/talk", timeout=30).json()
+    assert (described["minWorkers"], described["batchSize"]) == (2, 4)
+    assert len(described["workers"]) == 2
+    _stop(cwd, env)
+
+    # --ncs: no snapshot restored, none written.
+    before = sorted(folder.iterdir())
+    info = _start(cwd, env, talk_store, "--ncs")
+    listed = httpx.get(f"http://127.0.0.1:{info['management']}/models", timeout=30).json()
+    assert listed["models"] == []
+    _stop(cwd, env)
+    assert sorted(folder.iterdir()) == before
