@@ -51,6 +51,7 @@ def build_apps(config: Any, plane: DataPlane) -> Apps:
         )
         auth.write_key_file()
     workflows = Workflows(plane)  # TorchServe's workflows (server/workflows)
+    plane.snapshots.skip = workflows.serves  # no workflow in a config snapshot, as TorchServe
     inference = InferenceApp(
         plane,
         max_request_size=config.max_request_size,

@@ -6,7 +6,8 @@
 differs from its default, under its model-config.yaml name, live changes included: a restore
 starts each version as it was. A version registered from a URL keeps that URL as its ``marName``
 (torchbay does not keep downloads in the model store), so a restore downloads it again, within
-``allowed_urls``. A version being unloaded is left out.
+``allowed_urls``. A version being unloaded is left out, and so are a workflow's nodes (TorchServe's
+snapshots hold no workflow; the workflow loads again from ``load_workflows``).
 
 Files, names and what a start restores: config/snapshots.py. Writing never fails an operation:
 an unwritable folder is logged and the operation's answer stands. Torch-free.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,8 @@ class Snapshots:
         self.registry = registry
         self.directory: Path | None = config.snapshot_dir
         self.written: list[Path] = []
+        # Model names left out: a workflow's nodes (server/workflows sets it), as TorchServe.
+        self.skip: Callable[[str], bool] = lambda name: False
 
     def save(self, kind: str = "snapshot") -> Path | None:
         """Write one snapshot of ``kind``; its path, or None when off or not written."""
@@ -77,8 +81,8 @@ class Snapshots:
         """TorchServe's ``model_snapshot`` object for the registry as it is now."""
         models: dict[str, dict[str, Any]] = {}
         for mv in self.registry.all_versions():
-            if mv.closing or mv.status is ModelStatus.FAILED:
-                continue  # on its way out, or never served
+            if mv.closing or mv.status is ModelStatus.FAILED or self.skip(mv.name):
+                continue  # on its way out, never served, or a workflow's node
             models.setdefault(mv.name, {})[mv.version] = self._state(mv)
         count = sum(len(versions) for versions in models.values())
         created = int(time.time() * 1000)

@@ -65,6 +65,11 @@ class Workflows:
         self.workflows: dict[str, Workflow] = {}
         self._lock = asyncio.Lock()
 
+    def serves(self, model_name: str) -> bool:
+        """Whether ``model_name`` serves a node of a registered workflow (such models are not
+        in config snapshots: TorchServe's snapshots hold no workflow)."""
+        return any(model_name.startswith(f"{w.name}__") for w in self.workflows.values())
+
     @property
     def store(self) -> Path | None:
         config = self.management.config
