@@ -207,6 +207,27 @@ class ModelConfig(BaseModel):
         ResponseCacheConfig,
         Setting("response_cache", True, torchserve=False, describe="responseCache"),
     ] = Field(default_factory=ResponseCacheConfig, alias="responseCache")
+    # Sequences (stateful models, serving/sequences.py): TorchServe's sequence batching keys and
+    # Triton's strategy. Off unless ``sequenceBatching``; every request then names a sequence
+    # (or starts one) and runs on its sequence's worker, in order, one at a time.
+    sequence_batching: Annotated[bool, _serving("sequenceBatching", "batching")] = Field(
+        False, alias="sequenceBatching"
+    )
+    sequence_max_idle_ms: Annotated[float, _serving("sequenceMaxIdleMSec", "batching")] = Field(
+        0.0, ge=0, le=MAX_TIMEOUT_S * 1000, alias="sequenceMaxIdleMSec"
+    )  # 0: no idle limit
+    sequence_timeout_ms: Annotated[float, _serving("sequenceTimeoutMSec", "batching")] = Field(
+        0.0, ge=0, le=MAX_TIMEOUT_S * 1000, alias="sequenceTimeoutMSec"
+    )  # 0: no total limit
+    max_num_sequence: Annotated[int, _serving("maxNumSequence", "batching")] = Field(
+        1, ge=1, le=MAX_QUEUE_SIZE, alias="maxNumSequence"
+    )  # raised to batchSize x maxWorkers, as TorchServe does
+    max_sequence_job_queue_size: Annotated[
+        int, _serving("maxSequenceJobQueueSize", "batching")
+    ] = Field(1, ge=1, le=MAX_QUEUE_SIZE, alias="maxSequenceJobQueueSize")
+    sequence_strategy: Annotated[
+        Literal["direct", "oldest"], _serving("sequenceStrategy", "batching")
+    ] = Field("oldest", alias="sequenceStrategy")
     handler_config: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("device_type", mode="before")
@@ -319,11 +340,6 @@ MODEL_IGNORED_KEYS = frozenset(
         "parallelization",
         "torchrun",
         "continuousBatching",
-        "sequenceBatching",
-        "sequenceMaxIdleMSec",
-        "sequenceTimeoutMSec",
-        "maxNumSequence",
-        "maxSequenceJobQueueSize",
         "useJobTicket",
         "asyncCommunication",
         "useVenv",

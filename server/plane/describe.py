@@ -50,7 +50,7 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
 
 
 # TorchServe 0.12's describe fields for features torchbay does not have, at its values for a
-# model without them (parallelism, continuous batching, job tickets, venvs, sequences).
+# model without them (parallelism, continuous batching, job tickets, venvs).
 _TS_FIXED = {
     "parallelType": "",
     "parallelLevel": 0,
@@ -58,10 +58,6 @@ _TS_FIXED = {
     "useJobTicket": False,
     "useVenv": False,
     "stateful": False,
-    "sequenceMaxIdleMSec": 0,
-    "sequenceTimeoutMSec": 0,
-    "maxNumSequence": 0,
-    "maxSequenceJobQueueSize": 0,
 }
 
 

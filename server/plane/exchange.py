@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import TorchbayError
 from torchbay.server.observe.logs import RequestRecord
+from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
@@ -111,14 +112,17 @@ class Exchange:
         A response cache hit comes back answered, with nothing queued; a miss's answer is
         offered to the cache once it comes."""
         assert self.model is not None, "resolve() first"
-        lookup = self._lookup(wire)
+        sequence = None
+        if self.model.settings.sequence_batching:  # never cached (a sequence's answers differ)
+            wire, sequence = sequence_of(wire)
+        lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:
             return self._answered(wire, lookup.hit)
         regions = self.wiring.regions
         table = regions() if regions is not None else None
         if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
             wire = dataclasses.replace(wire, regions=table)
-        item = self.model.admit_reader(wire)
+        item = self.model.admit_reader(wire, sequence=sequence)
         self.items.append(item)
         if self.trace is not None:
             item.future.add_done_callback(self._responded)
