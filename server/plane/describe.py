@@ -16,6 +16,7 @@ from torchbay.server.plane.models import signature
 from torchbay.server.serving.archives import Signature
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.serving.sequences import SequenceQueue
 from torchbay.server.serving.slot import WorkerSlot
 
 
@@ -119,9 +120,15 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
             "pendingRequests": len(mv.queue),
         },
         **_TS_FIXED,
+        **_sequences(mv),
         "format": getattr(info, "format", None),
         "precision": getattr(info, "precision", None),
         **_tensors(mv),
         "threadBudget": registry.budget.summary(),  # the host's, over all models (budget.py)
         "autopilot": mv.autopilot.describe(),  # sla_p99_ms: current batching beside the ceilings
     }
+
+
+def _sequences(mv: ModelVersion) -> dict[str, Any]:
+    """A sequence model's open sequences and ended ones by reason (serving/sequences.py)."""
+    return mv.queue.describe() if isinstance(mv.queue, SequenceQueue) else {}
