@@ -42,8 +42,9 @@ MAX_CACHE_ENTRIES = 1_000_000  # per model version
 MAX_CACHE_BYTES = 1 << 34  # 16 GiB per model version: the cache lives in the frontend's memory
 
 # Where describe-model shows a setting: among TorchServe's batching and timeout keys (before the
-# admission facts), beside the device keys, or among torchbay's worker facts.
-Section = Literal["batching", "device", "workers"]
+# admission facts), beside the device keys, among torchbay's worker facts, or after TorchServe's
+# "stateful" (its sequence keys).
+Section = Literal["batching", "device", "workers", "sequences"]
 
 
 @dataclass(frozen=True)
@@ -210,23 +211,23 @@ class ModelConfig(BaseModel):
     # Sequences (stateful models, serving/sequences.py): TorchServe's sequence batching keys and
     # Triton's strategy. Off unless ``sequenceBatching``; every request then names a sequence
     # (or starts one) and runs on its sequence's worker, in order, one at a time.
-    sequence_batching: Annotated[bool, _serving("sequenceBatching", "batching")] = Field(
+    sequence_mode: Annotated[bool, _serving()] = Field(  # describe: TorchServe's "stateful"
         False, alias="sequenceBatching"
     )
-    sequence_max_idle_ms: Annotated[float, _serving("sequenceMaxIdleMSec", "batching")] = Field(
-        0.0, ge=0, le=MAX_TIMEOUT_S * 1000, alias="sequenceMaxIdleMSec"
+    sequence_max_idle_ms: Annotated[int, _serving("sequenceMaxIdleMSec", "sequences")] = Field(
+        0, ge=0, le=int(MAX_TIMEOUT_S * 1000), alias="sequenceMaxIdleMSec"
     )  # 0: no idle limit
-    sequence_timeout_ms: Annotated[float, _serving("sequenceTimeoutMSec", "batching")] = Field(
-        0.0, ge=0, le=MAX_TIMEOUT_S * 1000, alias="sequenceTimeoutMSec"
+    sequence_timeout_ms: Annotated[int, _serving("sequenceTimeoutMSec", "sequences")] = Field(
+        0, ge=0, le=int(MAX_TIMEOUT_S * 1000), alias="sequenceTimeoutMSec"
     )  # 0: no total limit
-    max_num_sequence: Annotated[int, _serving("maxNumSequence", "batching")] = Field(
+    max_num_sequence: Annotated[int, _serving("maxNumSequence", "sequences")] = Field(
         1, ge=1, le=MAX_QUEUE_SIZE, alias="maxNumSequence"
     )  # raised to batchSize x maxWorkers, as TorchServe does
     max_sequence_job_queue_size: Annotated[
-        int, _serving("maxSequenceJobQueueSize", "batching")
+        int, _serving("maxSequenceJobQueueSize", "sequences")
     ] = Field(1, ge=1, le=MAX_QUEUE_SIZE, alias="maxSequenceJobQueueSize")
     sequence_strategy: Annotated[
-        Literal["direct", "oldest"], _serving("sequenceStrategy", "batching")
+        Literal["direct", "oldest"], _serving("sequenceStrategy", "sequences")
     ] = Field("oldest", alias="sequenceStrategy")
     handler_config: dict[str, Any] = Field(default_factory=dict)
 

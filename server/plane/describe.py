@@ -120,6 +120,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
             "pendingRequests": len(mv.queue),
         },
         **_TS_FIXED,
+        **described(SETTINGS, mv.settings, config, "sequences"),  # TorchServe's, then Triton's
         **_sequences(mv),
         "format": getattr(info, "format", None),
         "precision": getattr(info, "precision", None),
@@ -131,4 +132,6 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
 
 def _sequences(mv: ModelVersion) -> dict[str, Any]:
     """A sequence model's open sequences and ended ones by reason (serving/sequences.py)."""
-    return mv.queue.describe() if isinstance(mv.queue, SequenceQueue) else {}
+    if not isinstance(mv.queue, SequenceQueue):
+        return {}
+    return {"stateful": True, **mv.queue.describe()}  # TorchServe's "stateful": a sequence model

@@ -113,7 +113,7 @@ class Exchange:
         offered to the cache once it comes."""
         assert self.model is not None, "resolve() first"
         sequence = None
-        if self.model.settings.sequence_batching:  # never cached (a sequence's answers differ)
+        if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
             wire, sequence = sequence_of(wire)
         lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:

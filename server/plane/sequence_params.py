@@ -35,10 +35,7 @@ MAX_UINT64 = (1 << 64) - 1
 def sequence_of(wire: p.WireRequest) -> tuple[p.WireRequest, SequenceRef]:
     """``wire`` with TorchServe's sequence headers in their one form, and its ``SequenceRef``.
     Raises BadRequest (400) naming the field for an id or flag that is not one."""
-    if wire.protocol == "v2":
-        ref = _oip_ref(wire)
-    else:
-        ref = _torchserve_ref(wire)
+    ref = _oip_ref(wire) if wire.protocol == "v2" else _torchserve_ref(wire)
     return _with_headers(wire, ref), ref
 
 
@@ -61,9 +58,7 @@ def _flag(value: str | None) -> bool:
 
 def _checked_text(value: str, field: str) -> str:
     if len(value) > MAX_ID_CHARS or not value.isprintable():
-        raise BadRequest(
-            f"{field} must be a printable string of at most {MAX_ID_CHARS} characters"
-        )
+        raise BadRequest(f"{field} must be a printable string of at most {MAX_ID_CHARS} characters")
     return value
 
 

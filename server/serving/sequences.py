@@ -131,7 +131,6 @@ class SequenceQueue(BatchQueue):
     def describe(self) -> dict[str, Any]:
         return {
             "openSequences": len(self.open),
-            "sequenceStrategy": self.strategy,
             "sequencesEnded": dict(self.ended),
         }
 
@@ -294,7 +293,9 @@ class SequenceQueue(BatchQueue):
             elif self.timeout_s and now - seq.opened >= self.timeout_s:
                 limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
                 self._end(seq, f"was closed after its time limit of {limit}", "timeout")
-            elif self.idle_s and not seq.items and not seq.running and now - seq.last >= self.idle_s:
+            elif (
+                self.idle_s and not seq.items and not seq.running and now - seq.last >= self.idle_s
+            ):
                 limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
                 self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
             else:
@@ -370,8 +371,10 @@ def _holds(seq: Sequence) -> bool:
 
 
 def _lives(ended: _Ended) -> bool:
-    return ended.slot is not None and getattr(ended.slot, "worker", None) is ended.worker and (
-        _slot_alive(ended.slot)
+    return (
+        ended.slot is not None
+        and getattr(ended.slot, "worker", None) is ended.worker
+        and (_slot_alive(ended.slot))
     )
 
 
@@ -384,7 +387,7 @@ def new_queue(settings: Any) -> BatchQueue:
         "max_delay_s": settings.max_batch_delay_ms / 1000,
         "capacity": settings.job_queue_size,
     }
-    if not settings.sequence_batching:
+    if not settings.sequence_mode:
         return BatchQueue(**common)
     workers = max(settings.max_workers or 0, settings.min_workers, 1)
     return SequenceQueue(

@@ -246,4 +246,6 @@ def test_sequence_ids_become_torchserve_headers():
     wire, ref = sequence_of(p.WireRequest(request_id="2", body=b"1", raw_headers=raw))
     headers = p.parse_headers(wire.raw_headers)
     assert ref.start and ref.implicit and ref.id.startswith("ts-seq-")  # the server names it
-    assert headers["ts_request_sequence_start"] == "true" and "ts_request_sequence_end" not in headers
+    assert (
+        headers["ts_request_sequence_start"] == "true" and "ts_request_sequence_end" not in headers
+    )

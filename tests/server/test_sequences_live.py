@@ -192,7 +192,8 @@ def test_oip_bad_sequence_parameters_are_400s_naming_the_field(server, params, f
 def test_oip_sequence_needs_its_start_and_is_refused_once_ended(server) -> None:
     r = _v2(server, {"sequence_id": 4242}, 1)
     assert r.status_code == 400 and "sequence_start" in r.json()["error"]
-    assert _v2(server, {"sequence_id": 4242, "sequence_start": True}, 1).status_code == 200
+    r = _v2(server, {"sequence_id": 4242, "sequence_start": True}, 1)
+    assert r.status_code == 200 and r.json()["parameters"]["sequence_id"] == 4242
     assert _v2(server, {"sequence_id": 4242, "sequence_end": True}, 1).status_code == 200
     r = _v2(server, {"sequence_id": 4242}, 1)
     assert r.status_code == 400 and "has ended" in r.json()["error"]
@@ -201,7 +202,19 @@ def test_oip_sequence_needs_its_start_and_is_refused_once_ended(server) -> None:
 def test_describe_shows_the_sequence_settings_and_open_sequences(server) -> None:
     mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
     (desc,) = httpx.get(f"{mgmt}/models/stateful", timeout=30).json()
-    assert desc["sequenceBatching"] is True and desc["maxNumSequence"] == 4
+    assert desc["stateful"] is True and desc["maxNumSequence"] == 4
     assert desc["sequenceMaxIdleMSec"] == 10 and desc["maxSequenceJobQueueSize"] == 10
     assert isinstance(desc["openSequences"], int)
     assert json.dumps(desc)  # the whole answer is JSON
+
+
+def test_describe_shows_torchserve_s_sequence_keys_as_torchserve_does(server) -> None:
+    recorded = json.loads((EXAMPLE / "torchserve_0.12.json").read_text())
+    (theirs,) = recorded["describe"]
+    mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
+    (ours,) = httpx.get(f"{mgmt}/models/stateful", timeout=30).json()
+    keys = (
+        *("stateful", "sequenceMaxIdleMSec", "sequenceTimeoutMSec", "maxNumSequence"),
+        *("maxSequenceJobQueueSize", "minWorkers", "maxWorkers", "batchSize"),
+    )
+    assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
