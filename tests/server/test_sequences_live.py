@@ -11,7 +11,9 @@ beside another of its sequence in one batch would answer a wrong total."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +70,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
     with oip_config.open("a") as f:
         f.write("sequenceMaxIdleMSec: 60000\n")
     _archive(root, work, "stateful_oip", oip_config)
+    # One worker, to be killed: its sequences must end with a clear error.
+    dying_config = work / "dying.yaml"
+    shutil.copy(oip_config, dying_config)
+    with dying_config.open("a") as f:
+        f.write("minWorkers: 1\nmaxWorkers: 1\n")
+    _archive(root, work, "stateful_dying", dying_config)
     config = make_config(root, load_models=["all"])
     live = LiveServer(config).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
@@ -164,12 +172,12 @@ def test_grpc_stream_predictions2_sequences_interleaved(server, ts) -> None:  # 
         assert answers == [t * (i + 1) for t in _totals()], i
 
 
-def _v2(server, params: dict, value: int) -> httpx.Response:
+def _v2(server, params: dict, value: int, model: str = "stateful_oip") -> httpx.Response:
     body = {
         "inputs": [{"name": "data", "datatype": "BYTES", "shape": [1], "data": [str(value)]}],
         "parameters": params,
     }
-    return httpx.post(f"{server.url}/v2/models/stateful_oip/infer", json=body, timeout=60)
+    return httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -218,3 +226,26 @@ def test_describe_shows_torchserve_s_sequence_keys_as_torchserve_does(server) ->
         *("maxSequenceJobQueueSize", "minWorkers", "maxWorkers", "batchSize"),
     )
     assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
+
+
+def test_a_worker_that_dies_ends_its_sequences_with_a_clear_error(server) -> None:
+    mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
+    start = {"sequence_id": "doomed", "sequence_start": True}
+    assert _v2(server, start, 2, "stateful_dying").json()["outputs"][0]["data"] == [2]
+    assert _v2(server, {"sequence_id": "doomed"}, 3, "stateful_dying").json()["outputs"][0][
+        "data"
+    ] == [5]
+    (desc,) = httpx.get(f"{mgmt}/models/stateful_dying", timeout=30).json()
+    os.kill(desc["workers"][0]["pid"], signal.SIGKILL)
+    # Whether this request reaches the scheduler before or after the frontend sees the death,
+    # it is refused for it: never run on the restarted worker's fresh state.
+    r = _v2(server, {"sequence_id": "doomed"}, 4, "stateful_dying")
+    assert r.status_code in (400, 503), r.text
+    assert "died" in r.json()["error"]
+    r = _v2(server, {"sequence_id": "doomed"}, 4, "stateful_dying")
+    assert r.status_code == 400 and "doomed" in r.json()["error"] and "died" in r.json()["error"]
+    metrics = httpx.get(
+        f"http://127.0.0.1:{server.live.server.state.ports.metrics}/metrics", timeout=30
+    ).text
+    assert 'torchbay_sequences_ended_total{model="stateful_dying",reason="worker"' in metrics
+    assert 'torchbay_open_sequences{model="stateful",version="1.0"}' in metrics
