@@ -371,4 +371,21 @@ def split_model_keys(
             backend[key] = value
         else:
             notes.append(f"{where}: ignored unknown key {key!r}")
+    if backend_params:
+        _triton_sequences(backend.get("sequence_batching"), fields)
     return fields, backend, notes
+
+
+def _triton_sequences(section: Any, fields: dict[str, Any]) -> None:
+    """Triton's ``sequence_batching`` section of a model-config.yaml (model_config.proto's form,
+    kept for the worker's control inputs) makes a sequence model too: its strategy (``direct``
+    or ``oldest``) and ``max_sequence_idle_microseconds`` (Triton's default: 1 s) set the
+    sequence settings that TorchServe's keys of the same file did not set."""
+    if not isinstance(section, Mapping):
+        return
+    fields.setdefault("sequence_mode", True)
+    fields.setdefault("sequence_strategy", "direct" if "direct" in section else "oldest")
+    idle_us = section.get("max_sequence_idle_microseconds", 1_000_000)
+    if isinstance(idle_us, int | float) and not isinstance(idle_us, bool):
+        idle_us = max(int(idle_us) // 1000, 1)  # a sub-millisecond limit is the shortest one
+    fields.setdefault("sequence_max_idle_ms", idle_us)  # anything else: ModelConfig's 400

@@ -12,7 +12,9 @@ import asyncio
 import json
 
 import pytest
+from pydantic import ValidationError
 
+from torchbay.server.config.model_settings import ModelConfig, split_model_keys
 from torchbay.server.errors import BadRequest, QueueFull
 from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
@@ -249,3 +251,36 @@ def test_sequence_ids_become_torchserve_headers():
     assert (
         headers["ts_request_sequence_start"] == "true" and "ts_request_sequence_end" not in headers
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("sequenceMaxIdleMSec", -1),
+        ("sequenceMaxIdleMSec", 10**15),
+        ("sequenceTimeoutMSec", -5),
+        ("maxNumSequence", 0),
+        ("maxNumSequence", 10**9),
+        ("maxSequenceJobQueueSize", 0),
+        ("sequenceStrategy", "newest"),
+        ("sequenceBatching", "maybe"),
+    ],
+)
+def test_every_sequence_setting_is_bounded(key: str, value: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        ModelConfig.model_validate({key: value})
+    assert key in str(info.value)
+
+
+def test_triton_s_sequence_batching_section_makes_a_sequence_model() -> None:
+    section = {"direct": {}, "max_sequence_idle_microseconds": 5_000_000, "control_input": []}
+    fields, backend, _ = split_model_keys(
+        {"sequence_batching": section}, where="model-config.yaml", backend_params=True
+    )
+    config = ModelConfig.model_validate(fields)
+    assert config.sequence_mode and config.sequence_strategy == "direct"
+    assert config.sequence_max_idle_ms == 5000 and backend["sequence_batching"] == section
+    fields, _, _ = split_model_keys(  # TorchServe's keys of the same file win
+        {"sequenceMaxIdleMSec": 10, "sequence_batching": {}}, where="x", backend_params=True
+    )
+    assert ModelConfig.model_validate(fields).sequence_max_idle_ms == 10
