@@ -32,63 +32,25 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from torchbay.server.errors import (
-    BadRequest,
-    QueueFull,
-    RequestTimeout,
-    ServiceUnavailable,
-    TorchbayError,
-)
+from torchbay.server.errors import QueueFull, RequestTimeout, TorchbayError
 from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject, resolve
+from torchbay.server.serving.sequence_types import (
+    Ended,
+    Sequence,
+    SequenceLost,
+    SequenceRef,
+    SequenceRefused,
+    holds,
+    lives,
+    slot_alive,
+)
+
+__all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused", "new_queue"]
 
 # Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
 REMEMBERED = 65_536
-
-
-class SequenceRefused(BadRequest):
-    """A request that cannot join the sequence it names (closed, ended, not started)."""
-
-    code = "sequence_refused"
-
-
-class SequenceLost(ServiceUnavailable):
-    """The worker that held a sequence's state died or was replaced: the sequence is over."""
-
-    code = "sequence_lost"
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceRef:
-    """What a request says of its sequence (parsed by the plane, plane/sequence_params.py).
-    ``implicit``: an unknown id opens a sequence without ``start`` (TorchServe's API)."""
-
-    id: str | int
-    start: bool = False
-    end: bool = False
-    implicit: bool = False
-
-
-@dataclass(eq=False, slots=True)
-class Sequence:
-    id: str | int
-    opened: float
-    last: float  # clock() of its last arrival or answer: the idle limit counts from here
-    items: collections.deque[Pending] = field(default_factory=collections.deque)
-    slot: Any = None  # the slot it is bound to (None: not yet)
-    worker: Any = None  # that slot's worker when bound: its state lives there
-    running: bool = False  # one of its requests is in a batch
-    ending: bool = False  # its end request is queued: nothing more joins
-
-
-@dataclass(frozen=True, slots=True)
-class _Ended:
-    reason: str
-    slot: Any = None
-    worker: Any = None
-    idle: bool = False  # closed for idling (TorchServe's API may reopen it on its worker)
 
 
 class SequenceQueue(BatchQueue):
@@ -113,12 +75,13 @@ class SequenceQueue(BatchQueue):
         self.timeout_s = timeout_s
         self.strategy = strategy
         self.open: dict[str | int, Sequence] = {}
-        self._ended: collections.OrderedDict[str | int, _Ended] = collections.OrderedDict()
+        self._ended: collections.OrderedDict[str | int, Ended] = collections.OrderedDict()
         self._of: dict[Pending, Sequence] = {}  # every queued request's sequence
         self._queued = 0
         self._wakers: dict[Any, asyncio.Future[None]] = {}  # slots waiting in take
         self._slots: dict[Any, None] = {}  # every slot that took, in order
         self._timer: asyncio.TimerHandle | None = None
+        self._watched: set[Any] = set()  # workers whose exit sweeps
         self.ended = {"end": 0, "idle": 0, "timeout": 0, "worker": 0, "refused": 0}
 
     def __len__(self) -> int:
@@ -168,7 +131,7 @@ class SequenceQueue(BatchQueue):
 
     def _open(self, ref: SequenceRef) -> Sequence:
         ended = self._ended.get(ref.id)
-        reopen = ended is not None and ended.idle and ref.implicit and _lives(ended)
+        reopen = ended is not None and ended.idle and ref.implicit and lives(ended)
         if ended is not None and not ref.start and not reopen:
             self.ended["refused"] += 1
             raise SequenceRefused(f"Sequence {ref.id!r} {ended.reason}; start a new sequence")
@@ -260,14 +223,21 @@ class SequenceQueue(BatchQueue):
             if any(self._load(other) < load for other in self._live_slots() if other is not slot):
                 return
             seq.slot, seq.worker = slot, worker
-            if worker is not None and getattr(worker, "exited", None) is not None:
-                worker.exited.add_done_callback(lambda _: self._sweep(clock()))
+            self._watch(worker)
+
+    def _watch(self, worker: Any) -> None:
+        """Sweep once ``worker`` exits (its sequences fail at once); one callback per worker."""
+        exited = getattr(worker, "exited", None)
+        if exited is None or worker in self._watched:
+            return
+        self._watched.add(worker)
+        exited.add_done_callback(lambda _: (self._watched.discard(worker), self._sweep(clock())))
 
     def _load(self, slot: Any) -> int:
         return sum(1 for seq in self.open.values() if seq.slot is slot)
 
     def _live_slots(self) -> list[Any]:
-        return [s for s in self._slots if _slot_alive(s)]
+        return [s for s in self._slots if slot_alive(s)]
 
     def _pick(self, slot: Any, now: float) -> list[Pending]:
         ready = [s for s in self.open.values() if s.slot is slot and s.items and not s.running]
@@ -288,7 +258,7 @@ class SequenceQueue(BatchQueue):
         """End the sequences whose limits passed or whose worker is gone; drop the queued
         requests whose caller left or whose deadline passed."""
         for seq in list(self.open.values()):
-            if seq.slot is not None and not _holds(seq):
+            if seq.slot is not None and not holds(seq):
                 self._end(seq, "was lost: its worker died or was replaced", "worker")
             elif self.timeout_s and now - seq.opened >= self.timeout_s:
                 limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
@@ -317,7 +287,7 @@ class SequenceQueue(BatchQueue):
             if fail:
                 error = SequenceLost if why == "worker" else SequenceRefused
                 reject(item.future, error(f"Sequence {seq.id!r} {reason}; not run"))
-        self._ended[seq.id] = _Ended(reason, seq.slot, seq.worker, idle)
+        self._ended[seq.id] = Ended(reason, seq.slot, seq.worker, idle)
         while len(self._ended) > REMEMBERED:
             self._ended.popitem(last=False)
         self._wake_all()
@@ -353,29 +323,6 @@ class SequenceQueue(BatchQueue):
 
     def _wake(self) -> None:  # configure(): the batch size changed
         self._wake_all()
-
-
-def _slot_alive(slot: Any) -> bool:
-    worker = getattr(slot, "worker", None)
-    return (
-        worker is not None
-        and getattr(worker, "alive", True)
-        and not getattr(slot, "retiring", False)
-        and not getattr(slot, "gave_up", False)
-    )
-
-
-def _holds(seq: Sequence) -> bool:
-    """The slot a sequence is bound to still serves with the worker that holds its state."""
-    return _slot_alive(seq.slot) and getattr(seq.slot, "worker", None) is seq.worker
-
-
-def _lives(ended: _Ended) -> bool:
-    return (
-        ended.slot is not None
-        and getattr(ended.slot, "worker", None) is ended.worker
-        and (_slot_alive(ended.slot))
-    )
 
 
 def new_queue(settings: Any) -> BatchQueue:
