@@ -8,7 +8,9 @@ has answered, record it once: the metrics, the Triton statistics and the access 
 (:meth:`Exchange.close`, run by the ``with`` block), and, when Triton's trace extension samples
 it (``plane/trace.py``), write its trace. A request to a model version that enables the
 response cache (``plane/cache.py``) is looked up in :meth:`Exchange.admit` first: a hit is
-answered there, without a worker, and still recorded as one request. A protocol adapter parses
+answered there, without a worker, and still recorded as one request. A request to a sequence
+model is read for its sequence first (``plane/sequence_params.py``: a 400 for a bad id) and
+queued on it (``serving/sequences.py``), never cached. A protocol adapter parses
 its wire format, calls these, and writes what comes back in its own format; it sets
 :attr:`Exchange.status` to the status it answered, and an error raised through the block records
 that error's status.
