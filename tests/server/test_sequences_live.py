@@ -249,3 +249,15 @@ def test_a_worker_that_dies_ends_its_sequences_with_a_clear_error(server) -> Non
     ).text
     assert 'torchbay_sequences_ended_total{model="stateful_dying",reason="worker"' in metrics
     assert 'torchbay_open_sequences{model="stateful",version="1.0"}' in metrics
+
+
+def test_grpc_without_a_sequence_id_gets_the_one_the_server_made(server, ts) -> None:  # noqa: F811
+    stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(server.channel)
+    first = ts.inference_pb2.PredictionsRequest(model_name="stateful", input={"data": b"6"})
+    (answer,) = list(stub.StreamPredictions2(iter([first]), timeout=120))
+    assert answer.sequence_id.startswith("ts-seq-") and answer.prediction == b"6"
+    again = ts.inference_pb2.PredictionsRequest(
+        model_name="stateful", sequence_id=answer.sequence_id, input={"data": b"1"}
+    )
+    (answer2,) = list(stub.StreamPredictions2(iter([again]), timeout=120))
+    assert answer2.sequence_id == answer.sequence_id and answer2.prediction == b"7"
