@@ -7,7 +7,15 @@ statuses and headers a handler sets apply to the current batch only.
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# TorchServe's sequence headers (ts/context.py), renamed by the same environment variables. The
+# server sets them on every request of a sequence model (serving/sequences.py): the id always,
+# start and end ("true") only on a sequence's first and last request.
+SEQUENCE_ID = os.getenv("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
+SEQUENCE_START = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
+SEQUENCE_END = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
 
 
 class RequestProcessor:
@@ -81,6 +89,9 @@ class Context:
         self.cl_socket = None
         # The current handler run's streaming.RunStream (send_intermediate_predict_response).
         self.stream: Any = None
+        self.header_key_sequence_id = SEQUENCE_ID
+        self.header_key_sequence_start = SEQUENCE_START
+        self.header_key_sequence_end = SEQUENCE_END
 
     @property
     def system_properties(self) -> dict[str, Any]:
@@ -98,6 +109,10 @@ class Context:
         """Start a new batch: fresh ids, request headers and response state (Service calls it)."""
         self.request_ids = dict(enumerate(request_ids))
         self._request_processor = [RequestProcessor(dict(h)) for h in headers]
+        for processor in self._request_processor:  # a sequence's id goes back in its response
+            sequence_id = processor.get_request_property(SEQUENCE_ID)  # (SageMaker's sticky
+            if sequence_id is not None:  # routing reads it); a handler may overwrite it
+                processor.add_response_property(SEQUENCE_ID, sequence_id)
         self.stage_timings = {}
         if hasattr(self.metrics, "request_ids"):
             self.metrics.request_ids = self.request_ids
@@ -120,7 +135,7 @@ class Context:
         return self._processor(idx).get_request_properties()
 
     def get_sequence_id(self, idx: int = 0) -> str | None:
-        return self._processor(idx).get_request_property("ts_request_sequence_id")
+        return self._processor(idx).get_request_property(self.header_key_sequence_id)
 
     def set_response_content_type(self, idx: int, value: str) -> None:
         self.set_response_header(idx, "content-type", value)

@@ -2,7 +2,7 @@
 
     python examples/triton/build_models.py [--out examples/triton/out]
 
-Writes OUT/model_store/<name>.mar for the eight models below; serve them with
+Writes OUT/model_store/<name>.mar for each model of ``SPECS`` below; serve them with
 ``torchbay serve --model-store OUT/model_store --models all`` (README.md). Each archive's
 model-config.yaml declares what Triton's config.pbtxt of the same model declares: tensor names,
 datatypes, shapes (a leading -1 is the batch dimension: Triton's ``max_batch_size`` > 0, then
@@ -59,6 +59,11 @@ def _simple(datatype: str, handler: str = "tensor") -> Spec:
     return Spec(handler, "AddSub", config)
 
 
+def _control(name: str, kind: str) -> dict[str, Any]:
+    """A Triton ``sequence_batching.control_input`` entry: an INT32 flag, 0 false, 1 true."""
+    return {"name": name, "control": [{"kind": kind, "int32_false_true": [0, 1]}]}
+
+
 SPECS: dict[str, Spec] = {
     "simple": _simple("INT32"),
     "simple_int8": _simple("INT8"),
@@ -81,6 +86,28 @@ SPECS: dict[str, Spec] = {
             "batchSize": 8,
             "inputs": [tensor("INPUT0", "INT32", [-1, -1])],
             "outputs": [tensor("OUTPUT0", "INT32", [-1, -1])],
+        },
+    ),
+    # Triton's simple_sequence (max_batch_size 8) on 2 workers: a sequence model whose START
+    # and READY control inputs the server fills (docs/sequences.md)
+    "simple_sequence": Spec(
+        "tensor",
+        "SimpleSequence",
+        {
+            "minWorkers": 2,
+            "batchSize": 8,
+            "maxBatchDelay": 5,
+            "sequenceBatching": True,
+            "sequenceMaxIdleMSec": 10000,
+            "maxSequenceJobQueueSize": 16,  # a streaming client sends a whole sequence at once
+            "inputs": [tensor(n, "INT32", [-1, 1]) for n in ("INPUT", "START", "READY")],
+            "outputs": [tensor("OUTPUT", "INT32", [-1, 1])],
+            "sequence_batching": {
+                "control_input": [
+                    _control("START", "CONTROL_SEQUENCE_START"),
+                    _control("READY", "CONTROL_SEQUENCE_READY"),
+                ]
+            },
         },
     ),
     # decoupled: one response per element of IN; no batch dimension (max_batch_size 0)

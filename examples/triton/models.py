@@ -54,6 +54,17 @@ class TinyClassifier(nn.Module):
         return scores.squeeze(0) if whole else scores
 
 
+class SimpleSequence(nn.Module):
+    """Triton's ``simple_sequence``: OUTPUT = INPUT + START, where START (1 on a sequence's first
+    request, else 0) and READY are control inputs the server fills for each request of a
+    sequence; its sequence client examples expect exactly that."""
+
+    def forward(
+        self, value: torch.Tensor, start: torch.Tensor, ready: torch.Tensor
+    ) -> torch.Tensor:
+        return value + start * ready
+
+
 class Identity(nn.Module):
     """Triton's ``custom_identity_int32``: its input, unchanged."""
 

@@ -161,6 +161,9 @@ def reply(
     else:
         default = signature.outputs[0].name if signature and signature.outputs else "output0"
         outputs = item if native else wrap_result(item, request, default)
+    sequence_id = parameters(request).get("sequence_id")
+    if sequence_id is not None:  # a sequence's answer names it, as Triton's does
+        head["parameters"] = {**head.get("parameters", {}), "sequence_id": sequence_id}
     body, content_type, headers = encode(outputs, request, head, labels)
     coding = pick_encoding(request_headers.get("accept-encoding"))
     if coding is not None:

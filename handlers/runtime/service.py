@@ -63,7 +63,7 @@ from ..context import Context
 from ..errors import HandlerError, HandlerLoadError, PredictionException, failure_message
 from ..metrics import MetricsCache
 from ..streaming import StreamCancelled
-from . import envelopes, oip, oip_response
+from . import controls, envelopes, oip, oip_response
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 from .responses import (
     FRAMING_HEADERS,
@@ -164,6 +164,7 @@ class Service:
         self.native_v2 = bool(getattr(self.handler, "supports_v2", False))
         self.part_sink: PartSink = NullSink()  # the worker's socket: streamed parts (streaming.py)
         self.signature = signature  # archiver.signature.Signature | None
+        self.controls = controls.declared(context.model_yaml_config)  # Triton's, for sequences
         self.max_request_size = max_request_size
 
     def predict(self, requests: Sequence[RequestLike]) -> BatchOutcome:
@@ -188,6 +189,7 @@ class Service:
         if request.protocol == "v2":
             regions = getattr(request, "regions", None)  # WireRequest's; a test's may lack it
             v2 = oip.parse_request(request.body, request.headers, self.max_request_size, regions)
+            controls.fill(v2, request.headers, self.controls)  # a sequence's START, READY...
             oip.check_signature(v2, self.signature)
             if self.native_v2:
                 return _Job(request, {"body": v2, "protocol": "v2"}, v2)

@@ -42,8 +42,9 @@ MAX_CACHE_ENTRIES = 1_000_000  # per model version
 MAX_CACHE_BYTES = 1 << 34  # 16 GiB per model version: the cache lives in the frontend's memory
 
 # Where describe-model shows a setting: among TorchServe's batching and timeout keys (before the
-# admission facts), beside the device keys, or among torchbay's worker facts.
-Section = Literal["batching", "device", "workers"]
+# admission facts), beside the device keys, among torchbay's worker facts, or after TorchServe's
+# "stateful" (its sequence keys).
+Section = Literal["batching", "device", "workers", "sequences"]
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,27 @@ class ModelConfig(BaseModel):
         ResponseCacheConfig,
         Setting("response_cache", True, torchserve=False, describe="responseCache"),
     ] = Field(default_factory=ResponseCacheConfig, alias="responseCache")
+    # Sequences (stateful models, serving/sequences.py): TorchServe's sequence batching keys and
+    # Triton's strategy. Off unless ``sequenceBatching``; every request then names a sequence
+    # (or starts one) and runs on its sequence's worker, in order, one at a time.
+    sequence_mode: Annotated[bool, _serving()] = Field(  # describe: TorchServe's "stateful"
+        False, alias="sequenceBatching"
+    )
+    sequence_max_idle_ms: Annotated[int, _serving("sequenceMaxIdleMSec", "sequences")] = Field(
+        0, ge=0, le=int(MAX_TIMEOUT_S * 1000), alias="sequenceMaxIdleMSec"
+    )  # 0: no idle limit
+    sequence_timeout_ms: Annotated[int, _serving("sequenceTimeoutMSec", "sequences")] = Field(
+        0, ge=0, le=int(MAX_TIMEOUT_S * 1000), alias="sequenceTimeoutMSec"
+    )  # 0: no total limit
+    max_num_sequence: Annotated[int, _serving("maxNumSequence", "sequences")] = Field(
+        1, ge=1, le=MAX_QUEUE_SIZE, alias="maxNumSequence"
+    )  # raised to batchSize x maxWorkers, as TorchServe does
+    max_sequence_job_queue_size: Annotated[
+        int, _serving("maxSequenceJobQueueSize", "sequences")
+    ] = Field(1, ge=1, le=MAX_QUEUE_SIZE, alias="maxSequenceJobQueueSize")
+    sequence_strategy: Annotated[
+        Literal["direct", "oldest"], _serving("sequenceStrategy", "sequences")
+    ] = Field("oldest", alias="sequenceStrategy")
     handler_config: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("device_type", mode="before")
@@ -321,11 +343,6 @@ MODEL_IGNORED_KEYS = frozenset(
         "parallelization",
         "torchrun",
         "continuousBatching",
-        "sequenceBatching",
-        "sequenceMaxIdleMSec",
-        "sequenceTimeoutMSec",
-        "maxNumSequence",
-        "maxSequenceJobQueueSize",
         "useJobTicket",
         "asyncCommunication",
         "useVenv",
@@ -356,4 +373,21 @@ def split_model_keys(
             backend[key] = value
         else:
             notes.append(f"{where}: ignored unknown key {key!r}")
+    if backend_params:
+        _triton_sequences(backend.get("sequence_batching"), fields)
     return fields, backend, notes
+
+
+def _triton_sequences(section: Any, fields: dict[str, Any]) -> None:
+    """Triton's ``sequence_batching`` section of a model-config.yaml (model_config.proto's form,
+    kept for the worker's control inputs) makes a sequence model too: its strategy (``direct``
+    or ``oldest``) and ``max_sequence_idle_microseconds`` (Triton's default: 1 s) set the
+    sequence settings that TorchServe's keys of the same file did not set."""
+    if not isinstance(section, Mapping):
+        return
+    fields.setdefault("sequence_mode", True)
+    fields.setdefault("sequence_strategy", "direct" if "direct" in section else "oldest")
+    idle_us = section.get("max_sequence_idle_microseconds", 1_000_000)
+    if isinstance(idle_us, int | float) and not isinstance(idle_us, bool):
+        idle_us = max(int(idle_us) // 1000, 1)  # a sub-millisecond limit is the shortest one
+    fields.setdefault("sequence_max_idle_ms", idle_us)  # anything else: ModelConfig's 400

@@ -68,6 +68,22 @@ def _boundary(fields: Any) -> str:
     return boundary
 
 
+_SEQUENCE_ID = "ts_request_sequence_id"
+_SEQUENCE_FLAGS = ("ts_request_sequence_start", "ts_request_sequence_end")
+
+
+def _sequence_headers(request: Any) -> dict[str, str]:
+    """A request's sequence as TorchServe's headers (plane/sequence_params.py reads them): the
+    ``sequence_id`` field, and the ``input`` entries that TorchServe reads as start and end."""
+    headers = {}
+    if request.HasField("sequence_id") and request.sequence_id:
+        headers[_SEQUENCE_ID] = request.sequence_id
+    for key in _SEQUENCE_FLAGS:
+        if key in request.input:
+            headers[key] = bytes(request.input[key]).decode("utf-8", "replace")
+    return headers
+
+
 class TorchServeInference(Service):
     name = TS_INFERENCE_SERVICE
     rpcs = ("Ping", "Predictions", "StreamPredictions", "StreamPredictions2")
@@ -82,9 +98,12 @@ class TorchServeInference(Service):
     ) -> AsyncIterator[Any]:
         """The PredictionResponses of one request; RpcError for an error."""
         body, content_type = multipart(request.input)
+        extra = _sequence_headers(request)
 
         def wire() -> Any:
-            return self.calls.wire(context, body, content_type=content_type, protocol="predict")
+            return self.calls.wire(
+                context, body, content_type=content_type, protocol="predict", extra=extra
+            )
 
         path = f"/{TS_INFERENCE_SERVICE}/{method}"
         name, version = request.model_name, request.model_version
@@ -94,7 +113,10 @@ class TorchServeInference(Service):
                 if response.status >= 300:
                     raise from_response(response.status, response.body)
                 out = message(_RESPONSE)(prediction=response.body)
-                if request.HasField("sequence_id"):
+                sequence_id = response.headers.get(_SEQUENCE_ID)  # a sequence model's (it may
+                if sequence_id is not None:  # have started the sequence and named it)
+                    out.sequence_id = sequence_id
+                elif request.HasField("sequence_id"):
                     out.sequence_id = request.sequence_id
                 yield out
 

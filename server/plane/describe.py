@@ -16,6 +16,7 @@ from torchbay.server.plane.models import signature
 from torchbay.server.serving.archives import Signature
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.serving.sequences import SequenceQueue
 from torchbay.server.serving.slot import WorkerSlot
 
 
@@ -50,7 +51,7 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
 
 
 # TorchServe 0.12's describe fields for features torchbay does not have, at its values for a
-# model without them (parallelism, continuous batching, job tickets, venvs, sequences).
+# model without them (parallelism, continuous batching, job tickets, venvs).
 _TS_FIXED = {
     "parallelType": "",
     "parallelLevel": 0,
@@ -58,10 +59,6 @@ _TS_FIXED = {
     "useJobTicket": False,
     "useVenv": False,
     "stateful": False,
-    "sequenceMaxIdleMSec": 0,
-    "sequenceTimeoutMSec": 0,
-    "maxNumSequence": 0,
-    "maxSequenceJobQueueSize": 0,
 }
 
 
@@ -123,9 +120,18 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
             "pendingRequests": len(mv.queue),
         },
         **_TS_FIXED,
+        **described(SETTINGS, mv.settings, config, "sequences"),  # TorchServe's, then Triton's
+        **_sequences(mv),
         "format": getattr(info, "format", None),
         "precision": getattr(info, "precision", None),
         **_tensors(mv),
         "threadBudget": registry.budget.summary(),  # the host's, over all models (budget.py)
         "autopilot": mv.autopilot.describe(),  # sla_p99_ms: current batching beside the ceilings
     }
+
+
+def _sequences(mv: ModelVersion) -> dict[str, Any]:
+    """A sequence model's open sequences and ended ones by reason (serving/sequences.py)."""
+    if not isinstance(mv.queue, SequenceQueue):
+        return {}
+    return {"stateful": True, **mv.queue.describe()}  # TorchServe's "stateful": a sequence model

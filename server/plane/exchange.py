@@ -8,7 +8,9 @@ has answered, record it once: the metrics, the Triton statistics and the access 
 (:meth:`Exchange.close`, run by the ``with`` block), and, when Triton's trace extension samples
 it (``plane/trace.py``), write its trace. A request to a model version that enables the
 response cache (``plane/cache.py``) is looked up in :meth:`Exchange.admit` first: a hit is
-answered there, without a worker, and still recorded as one request. A protocol adapter parses
+answered there, without a worker, and still recorded as one request. A request to a sequence
+model is read for its sequence first (``plane/sequence_params.py``: a 400 for a bad id) and
+queued on it (``serving/sequences.py``), never cached. A protocol adapter parses
 its wire format, calls these, and writes what comes back in its own format; it sets
 :attr:`Exchange.status` to the status it answered, and an error raised through the block records
 that error's status.
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import TorchbayError
 from torchbay.server.observe.logs import RequestRecord
+from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
@@ -111,14 +114,17 @@ class Exchange:
         A response cache hit comes back answered, with nothing queued; a miss's answer is
         offered to the cache once it comes."""
         assert self.model is not None, "resolve() first"
-        lookup = self._lookup(wire)
+        sequence = None
+        if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
+            wire, sequence = sequence_of(wire)
+        lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:
             return self._answered(wire, lookup.hit)
         regions = self.wiring.regions
         table = regions() if regions is not None else None
         if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
             wire = dataclasses.replace(wire, regions=table)
-        item = self.model.admit_reader(wire)
+        item = self.model.admit_reader(wire, sequence=sequence)
         self.items.append(item)
         if self.trace is not None:
             item.future.add_done_callback(self._responded)

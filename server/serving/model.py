@@ -38,6 +38,7 @@ from torchbay.server.serving.handle import (
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
 from torchbay.server.serving.queue import BatchQueue, reject
 from torchbay.server.serving.requests import RequestPath
+from torchbay.server.serving.sequences import new_queue
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
@@ -142,11 +143,7 @@ class ModelVersion(RequestPath):
         self._final: ModelStatus | None = None  # FAILED (never loaded) or STOPPED (unloaded)
         self._loading = True  # until start() has made its first attempt
         self.load_error: str | None = None
-        self.queue: BatchQueue[p.WireRequest, p.WireResponse] = BatchQueue(
-            batch_size=settings.batch_size,
-            max_delay_s=settings.max_batch_delay_ms / 1000,
-            capacity=settings.job_queue_size,
-        )
+        self.queue: BatchQueue[p.WireRequest, p.WireResponse] = new_queue(settings)
         self.admission = Admission(self.queue, settings.max_queue_delay_ms)  # max_queue_delay_ms
         self.slots: list[WorkerSlot] = []
         self._slot_context = SlotContext(

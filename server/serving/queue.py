@@ -224,8 +224,9 @@ class BatchQueue(Generic[T, R]):
 
     # -- consumer side ------------------------------------------------------------------------
 
-    async def take(self) -> list[Pending[T, R]]:
-        """Wait for and return the next batch (never empty). See the module docstring."""
+    async def take(self, slot: object = None) -> list[Pending[T, R]]:
+        """Wait for and return the next batch (never empty). See the module docstring. ``slot``
+        (the taking slot) is for a sequence model's queue (serving/sequences.py); ignored here."""
         async with self._take_lock:
             return await self._assemble()
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from torchbay.server.serving.admission import Admission
     from torchbay.server.serving.launch import ModelSettings
     from torchbay.server.serving.queue import BatchQueue
+    from torchbay.server.serving.sequences import SequenceRef
 
 
 class RequestPath:
@@ -35,17 +36,22 @@ class RequestPath:
     requests_received: int
     requests_rejected: int
 
-    def admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
-        """Queue one request; raises QueueFull / NoWorker / ShuttingDown at once."""
+    def admit(
+        self, request: p.WireRequest, sequence: SequenceRef | None = None
+    ) -> Pending[p.WireRequest, p.WireResponse]:
+        """Queue one request (on ``sequence``, of a sequence model: serving/sequences.py);
+        raises QueueFull / NoWorker / ShuttingDown / a refused sequence's 400 at once."""
         self.requests_received += 1
         try:
-            return self._admit(request)
+            return self._admit(request, sequence)
         except TorchbayError:
             self.requests_rejected += 1
             self.admission.refused()
             raise
 
-    def _admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
+    def _admit(
+        self, request: p.WireRequest, sequence: SequenceRef | None
+    ) -> Pending[p.WireRequest, p.WireResponse]:
         refuse(self)  # 503 at once: shutting down, no worker, over max_queue_delay_ms
         loop = asyncio.get_running_loop()
         now = clock()
@@ -53,15 +59,21 @@ class RequestPath:
         item: Pending[p.WireRequest, p.WireResponse] = Pending(
             request, loop.create_future(), now, now + timeout_ms / 1000 if timeout_ms else None
         )
-        self.queue.put(item)
+        if sequence is None:
+            self.queue.put(item)
+        else:  # a sequence model's queue is a SequenceQueue
+            self.queue.put(item, sequence)  # type: ignore[call-arg]
         return item
 
     def admit_reader(
-        self, request: p.WireRequest, admitted: Callable[[Pending], None] | None = None
+        self,
+        request: p.WireRequest,
+        admitted: Callable[[Pending], None] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Pending[p.WireRequest, p.WireResponse]:
         """Admit ``request`` for a reader: its future gives the first answer (a part, or the final
         response when nothing streams), ``rest`` the others; then ``finish``. Raises as admit."""
-        item = self.admit(request)
+        item = self.admit(request, sequence)
         if admitted is not None:
             admitted(item)
         item.parts = Parts()

@@ -265,7 +265,7 @@ class WorkerSlot:
                 continue
             self._in_take = True
             try:
-                batch = await queue.take()
+                batch = await queue.take(self)
             finally:
                 self._in_take = False
             worker = self.worker

@@ -33,7 +33,6 @@ pytestmark = pytest.mark.slow
 PROGRAMS = REPO / "tests" / "data" / "triton_client_examples"
 IMAGE = "IMAGE"  # replaced by the path of the test's generated image
 
-SEQUENCES = pytest.mark.skip(reason="sequence batching (simple_sequence, ...): issue 29")
 # torchbay serves no CUDA shared memory yet (no /v2/cudasharedmemory routes, nor the RPCs)
 CUDA_SHM = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA shared memory needs a GPU"),
@@ -98,10 +97,10 @@ EXAMPLES = [
     program("reuse_infer_objects_client.py", "-i grpc", grpc=True),
     program("simple_http_cudashm_client.py", marks=CUDA_SHM),
     program("simple_grpc_cudashm_client.py", grpc=True, marks=CUDA_SHM),
-    program("simple_http_sequence_sync_infer_client.py", marks=SEQUENCES),
-    program("simple_grpc_sequence_sync_infer_client.py", grpc=True, marks=SEQUENCES),
-    program("simple_grpc_sequence_stream_infer_client.py", grpc=True, marks=SEQUENCES),
-    program("simple_grpc_aio_sequence_stream_infer_client.py", grpc=True, marks=SEQUENCES),
+    program("simple_http_sequence_sync_infer_client.py"),
+    program("simple_grpc_sequence_sync_infer_client.py", grpc=True),
+    program("simple_grpc_sequence_stream_infer_client.py", grpc=True),
+    program("simple_grpc_aio_sequence_stream_infer_client.py", grpc=True),
     program("memory_growth_test.py", marks=FIXED_URL),
 ]
 

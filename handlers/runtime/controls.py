@@ -1,0 +1,98 @@
+"""Triton's sequence control inputs, filled by the server (the worker side of sequences).
+
+A sequence model may declare, in model-config.yaml, the control inputs of Triton's
+``sequence_batching`` (model_config.proto's form)::
+
+    sequence_batching:
+      control_input:
+        - name: START
+          control: [{kind: CONTROL_SEQUENCE_START, int32_false_true: [0, 1]}]
+        - name: CORRID
+          control: [{kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_UINT64}]
+
+Each OIP request of a sequence then gets those tensors, one value per batch row, from the
+sequence headers the frontend set (server/plane/sequence_params.py): START and END from the
+request's flags, READY always true (the request is ready to run), CORRID the sequence's id.
+A request that names a control input itself is refused: the server fills it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadInput
+
+_FLAGS = {  # Triton's ``*_false_true`` pairs: datatype, numpy type
+    "int32_false_true": ("INT32", np.int32),
+    "fp32_false_true": ("FP32", np.float32),
+    "bool_false_true": ("BOOL", np.bool_),
+}
+_CORRID = {  # CORRID's integer types
+    "TYPE_UINT64": ("UINT64", np.uint64),
+    "TYPE_INT64": ("INT64", np.int64),
+    "TYPE_UINT32": ("UINT32", np.uint32),
+    "TYPE_INT32": ("INT32", np.int32),
+}
+_SEQUENCE_ID, _START, _END = (
+    "ts_request_sequence_id",
+    "ts_request_sequence_start",
+    "ts_request_sequence_end",
+)
+
+
+def declared(yaml_config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The control inputs a model-config.yaml declares ([] for none)."""
+    batching = yaml_config.get("sequence_batching")
+    if not isinstance(batching, Mapping):
+        return []
+    controls = batching.get("control_input")
+    return [c for c in controls if isinstance(c, Mapping)] if isinstance(controls, list) else []
+
+
+def fill(request: dict[str, Any], headers: Mapping[str, str], controls: list[dict]) -> None:
+    """Append each declared control input to a parsed OIP ``request`` (see the docstring)."""
+    if not controls or _SEQUENCE_ID not in headers:
+        return
+    named = {t.get("name") for t in request["inputs"]}
+    first = request["inputs"][0] if request["inputs"] else None
+    rows = int(first["shape"][0]) if first is not None and len(first["shape"]) > 1 else None
+    for control in controls:
+        name = str(control.get("name"))
+        if name in named:
+            raise BadInput(f"input {name!r} is a sequence control input: the server sets it")
+        for kind in control.get("control") or ():
+            datatype, value = _value(kind, headers)
+            shape = [rows, 1] if rows is not None else [1]
+            array = np.full(shape, value[1], dtype=value[0])
+            request["inputs"].append(
+                {"name": name, "datatype": datatype, "shape": shape, "array": array}
+            )
+
+
+def _value(kind: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[str, tuple[Any, Any]]:
+    """(datatype, (numpy type, value)) of one control."""
+    what = kind.get("kind")
+    if what == "CONTROL_SEQUENCE_CORRID":
+        sequence_id = headers[_SEQUENCE_ID]
+        if kind.get("data_type") == "TYPE_STRING":
+            return "BYTES", (object, sequence_id.encode())
+        datatype, np_type = _CORRID.get(kind.get("data_type"), ("UINT64", np.uint64))
+        try:
+            return datatype, (np_type, int(sequence_id))
+        except ValueError:
+            raise BadInput(f"sequence id {sequence_id!r} is not an integer (CORRID)") from None
+    on = {
+        "CONTROL_SEQUENCE_START": headers.get(_START) == "true",
+        "CONTROL_SEQUENCE_END": headers.get(_END) == "true",
+        "CONTROL_SEQUENCE_READY": True,
+    }.get(str(what))
+    if on is None:
+        raise BadInput(f"unknown sequence control kind {what!r}")
+    for key, (datatype, np_type) in _FLAGS.items():
+        if key in kind:
+            pair = kind[key]
+            return datatype, (np_type, pair[1] if on else pair[0])
+    return "INT32", (np.int32, int(on))

@@ -1,0 +1,133 @@
+"""What a request to a sequence model says of its sequence, for every protocol.
+
+TorchServe's API (REST and gRPC ``predict``): the headers ``ts_request_sequence_id``,
+``ts_request_sequence_start`` and ``ts_request_sequence_end`` (gRPC: the ``sequence_id`` field
+and ``input`` entries of those names, which its adapter passes as headers). A request without an
+id starts a new sequence whose id the server makes (``ts-seq-<uuid>``, as TorchServe), and an
+unknown id opens one (TorchServe's job groups). The Open Inference Protocol (REST and gRPC
+``v2``): Triton's parameters ``sequence_id`` (a uint64 other than 0, or a non-empty string),
+``sequence_start`` and ``sequence_end`` (booleans); a sequence model refuses a request without
+an id, and an unknown id needs ``sequence_start``, as Triton does.
+
+Either way the request then carries TorchServe's three headers in their one form (the id; start
+and end as ``true`` only when set), which is what the worker's handler reads
+(``context.get_sequence_id``, ``get_request_header``) and what the scheduler
+(serving/sequences.py) is told through a :class:`SequenceRef`. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from typing import Any
+
+from torchbay.server.errors import BadRequest
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.sequences import SequenceRef
+
+ID, START, END = "ts_request_sequence_id", "ts_request_sequence_start", "ts_request_sequence_end"
+_NAMES = (ID.encode(), START.encode(), END.encode())
+MAX_ID_CHARS = 256  # a sequence id longer than this is a mistake, not an id
+MAX_UINT64 = (1 << 64) - 1
+
+
+def sequence_of(wire: p.WireRequest) -> tuple[p.WireRequest, SequenceRef]:
+    """``wire`` with TorchServe's sequence headers in their one form, and its ``SequenceRef``.
+    Raises BadRequest (400) naming the field for an id or flag that is not one."""
+    ref = _oip_ref(wire) if wire.protocol == "v2" else _torchserve_ref(wire)
+    return _with_headers(wire, ref), ref
+
+
+def _headers(wire: p.WireRequest) -> dict[str, str]:
+    return p.parse_headers(wire.raw_headers) if wire.raw_headers else wire.headers
+
+
+def _torchserve_ref(wire: p.WireRequest) -> SequenceRef:
+    headers = _headers(wire)
+    given = headers.get(ID, "").strip()
+    start, end = _flag(headers.get(START)), _flag(headers.get(END))
+    if not given:
+        return SequenceRef(f"ts-seq-{uuid.uuid4()}", start=True, end=end, implicit=True)
+    return SequenceRef(_checked_text(given, ID), start=start, end=end, implicit=True)
+
+
+def _flag(value: str | None) -> bool:
+    return value is not None and value.strip().lower() == "true"
+
+
+def _checked_text(value: str, field: str) -> str:
+    if len(value) > MAX_ID_CHARS or not value.isprintable():
+        raise BadRequest(f"{field} must be a printable string of at most {MAX_ID_CHARS} characters")
+    return value
+
+
+def _oip_ref(wire: p.WireRequest) -> SequenceRef:
+    params = _oip_parameters(wire)
+    if "sequence_id" not in params:
+        raise BadRequest(
+            "This model is a sequence model: the request must set the parameter sequence_id "
+            "(a uint64 other than 0, or a non-empty string)"
+        )
+    value = params["sequence_id"]
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadRequest("Parameter sequence_id must be a uint64 or a string")
+    if isinstance(value, int) and not 0 < value <= MAX_UINT64:
+        raise BadRequest("Parameter sequence_id must be a uint64 other than 0")
+    if isinstance(value, str):
+        if not value:
+            raise BadRequest("Parameter sequence_id must not be an empty string")
+        value = _checked_text(value, "Parameter sequence_id")
+    return SequenceRef(
+        value, start=_bool_param(params, "sequence_start"), end=_bool_param(params, "sequence_end")
+    )
+
+
+def _bool_param(params: dict[str, Any], name: str) -> bool:
+    value = params.get(name, False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"Parameter {name} must be a boolean")
+    return value
+
+
+def _oip_parameters(wire: p.WireRequest) -> dict[str, Any]:
+    """The request-level ``parameters`` of an OIP body (its JSON part: all of it, or the first
+    ``Inference-Header-Content-Length`` bytes of a binary-tensor body)."""
+    headers = _headers(wire)
+    body = wire.body
+    length = headers.get("inference-header-content-length")
+    if length is not None:
+        try:
+            body = body[: int(length)]
+        except ValueError:
+            raise BadRequest("Inference-Header-Content-Length must be an integer") from None
+    try:
+        doc = json.loads(body) if body else {}
+    except (ValueError, RecursionError):
+        raise BadRequest("The request body is not valid JSON") from None
+    params = doc.get("parameters") if isinstance(doc, dict) else None
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise BadRequest("The request's parameters must be a JSON object")
+    return params
+
+
+def _with_headers(wire: p.WireRequest, ref: SequenceRef) -> p.WireRequest:
+    """``wire`` carrying exactly the sequence headers that ``ref`` says (a client's own lines of
+    those names are replaced)."""
+    ours = {ID: str(ref.id)}
+    if ref.start:
+        ours[START] = "true"
+    if ref.end:
+        ours[END] = "true"
+    if wire.raw_headers:
+        lines = [
+            line
+            for line in wire.raw_headers.split(b"\r\n")
+            if line.partition(b":")[0].strip().lower() not in _NAMES
+        ]
+        lines += [f"{k}: {v}".encode("latin-1", "replace") for k, v in ours.items()]
+        return dataclasses.replace(wire, raw_headers=b"\r\n".join(lines))
+    headers = {k: v for k, v in wire.headers.items() if k.encode() not in _NAMES}
+    return dataclasses.replace(wire, headers={**headers, **ours})

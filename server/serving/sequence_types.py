@@ -1,0 +1,78 @@
+"""What the sequence scheduler (serving/sequences.py) knows of a sequence: what a request says
+of it (:class:`SequenceRef`), an open sequence, an ended one, the errors a sequence's request
+gets, and whether a slot still holds a sequence's state. Torch-free."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchbay.server.errors import BadRequest, ServiceUnavailable
+from torchbay.server.serving.queue import Pending
+
+
+class SequenceRefused(BadRequest):
+    """A request that cannot join the sequence it names (closed, ended, not started)."""
+
+    code = "sequence_refused"
+
+
+class SequenceLost(ServiceUnavailable):
+    """The worker that held a sequence's state died or was replaced: the sequence is over."""
+
+    code = "sequence_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceRef:
+    """What a request says of its sequence (parsed by the plane, plane/sequence_params.py).
+    ``implicit``: an unknown id opens a sequence without ``start`` (TorchServe's API)."""
+
+    id: str | int
+    start: bool = False
+    end: bool = False
+    implicit: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    id: str | int
+    opened: float
+    last: float  # clock() of its last arrival or answer: the idle limit counts from here
+    items: collections.deque[Pending] = field(default_factory=collections.deque)
+    slot: Any = None  # the slot it is bound to (None: not yet)
+    worker: Any = None  # that slot's worker when bound: its state lives there
+    running: bool = False  # one of its requests is in a batch
+    ending: bool = False  # its end request is queued: nothing more joins
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    reason: str
+    slot: Any = None
+    worker: Any = None
+    idle: bool = False  # closed for idling (TorchServe's API may reopen it on its worker)
+
+
+def slot_alive(slot: Any) -> bool:
+    worker = getattr(slot, "worker", None)
+    return (
+        worker is not None
+        and getattr(worker, "alive", True)
+        and not getattr(slot, "retiring", False)
+        and not getattr(slot, "gave_up", False)
+    )
+
+
+def holds(seq: Sequence) -> bool:
+    """The slot a sequence is bound to still serves with the worker that holds its state."""
+    return slot_alive(seq.slot) and getattr(seq.slot, "worker", None) is seq.worker
+
+
+def lives(ended: Ended) -> bool:
+    return (
+        ended.slot is not None
+        and getattr(ended.slot, "worker", None) is ended.worker
+        and (slot_alive(ended.slot))
+    )

@@ -1,0 +1,347 @@
+"""Sequences of a stateful model: every request of one sequence runs on the same worker, in
+order, one at a time. It takes the place of a sequence model's ``BatchQueue`` (whose contract it
+keeps: ``put`` never waits, ``take`` returns a non-empty batch, ``discard``, ``close``).
+
+* A sequence is opened by its first request (TorchServe: any request naming an unknown id, or
+  none: the plane names it; Triton: a request with ``sequence_start``) and bound to one slot, and
+  so to that slot's worker process, when a slot first takes it. A slot binds a new sequence
+  only while no other live slot holds fewer (least loaded first); with the ``direct``
+  strategy a slot holds at most ``batch_size`` sequences (one batch lane each) and the others
+  wait unbound, with ``oldest`` it holds any number.
+* Each sequence has its own FIFO (``maxSequenceJobQueueSize``). A slot's batch takes the head
+  of each of its sequences that is not running, oldest first, at most ``batch_size``: never two
+  requests of one sequence in a batch, never one before the previous one is answered. A slot
+  calls ``take`` again only once its batch is answered, so that call releases its sequences.
+  A batch leaves at once (the next request of a sequence usually waits for this answer).
+* A sequence ends after its request with ``sequence_end``; it is closed when it idles past
+  ``sequenceMaxIdleMSec`` or lives past ``sequenceTimeoutMSec``; it fails when its worker dies
+  or is replaced (the handler's state died with it): its queued requests are answered 503 and
+  the id is remembered, so that its next request is refused with the reason, never silently
+  run on a fresh state. TorchServe's API reopens an idle-closed id on the same, still living,
+  worker (TorchServe reopens it too, as a new job group; its handlers keep their state per
+  worker); anything else needs a new start.
+* At most ``maxNumSequence`` sequences are open (at least ``batch_size`` x ``maxWorkers``, as in
+  TorchServe); a new one past that is refused 503 with Retry-After, as TorchServe refuses it.
+
+Torch-free; it knows slots only as objects with a ``worker`` (whose ``alive`` and ``exited``
+it reads), ``retiring`` and ``gave_up``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterable
+from typing import Any
+
+from torchbay.server.errors import QueueFull, RequestTimeout, TorchbayError
+from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject, resolve
+from torchbay.server.serving.sequence_types import (
+    Ended,
+    Sequence,
+    SequenceLost,
+    SequenceRef,
+    SequenceRefused,
+    holds,
+    lives,
+    slot_alive,
+)
+
+__all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused", "new_queue"]
+
+# Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
+REMEMBERED = 65_536
+
+
+class SequenceQueue(BatchQueue):
+    """The sequence scheduler of one model version (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        max_delay_s: float,
+        capacity: int,
+        max_sequences: int,
+        per_sequence: int,
+        idle_s: float = 0.0,
+        timeout_s: float = 0.0,
+        strategy: str = "oldest",
+    ) -> None:
+        super().__init__(batch_size=batch_size, max_delay_s=max_delay_s, capacity=capacity)
+        self.max_sequences = max_sequences
+        self.per_sequence = per_sequence
+        self.idle_s = idle_s
+        self.timeout_s = timeout_s
+        self.strategy = strategy
+        self.open: dict[str | int, Sequence] = {}
+        self._ended: collections.OrderedDict[str | int, Ended] = collections.OrderedDict()
+        self._of: dict[Pending, Sequence] = {}  # every queued request's sequence
+        self._queued = 0
+        self._wakers: dict[Any, asyncio.Future[None]] = {}  # slots waiting in take
+        self._slots: dict[Any, None] = {}  # every slot that took, in order
+        self._timer: asyncio.TimerHandle | None = None
+        self._watched: set[Any] = set()  # workers whose exit sweeps
+        self.ended = {"end": 0, "idle": 0, "timeout": 0, "worker": 0, "refused": 0}
+
+    def __len__(self) -> int:
+        return self._queued
+
+    @property
+    def remaining_capacity(self) -> int:
+        return max(0, self.capacity - self._queued)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "openSequences": len(self.open),
+            "sequencesEnded": dict(self.ended),
+        }
+
+    # -- producer side ------------------------------------------------------------------------
+
+    def put(self, item: Pending, ref: SequenceRef | None = None) -> None:
+        """Queue ``item`` on its sequence (None: a sequence of its own, started and ended)."""
+        if self._closed is not None:
+            raise self._closed
+        if ref is None:
+            ref = SequenceRef(f"torchbay-{id(item):x}", start=True, end=True)
+        if self._queued >= self.capacity:
+            self.put_refused()
+        seq = self.open.get(ref.id)
+        if seq is None:
+            seq = self._open(ref)
+        elif ref.start:
+            raise SequenceRefused(f"Sequence {ref.id!r} is already open; end it before a start")
+        elif seq.ending:
+            raise SequenceRefused(f"Sequence {ref.id!r} has ended; start a new one")
+        elif len(seq.items) >= self.per_sequence:
+            self.full += 1
+            raise QueueFull(
+                f"Sequence {ref.id!r} already has {self.per_sequence} requests waiting "
+                "(maxSequenceJobQueueSize); retry later",
+                headers={"retry-after": self.retry_after()},
+            )
+        seq.ending = ref.end
+        seq.items.append(item)
+        seq.last = item.arrival
+        self._of[item] = seq
+        self._queued += 1
+        self._arrivals += 1
+        self._wake_for(seq)
+
+    def _open(self, ref: SequenceRef) -> Sequence:
+        ended = self._ended.get(ref.id)
+        reopen = ended is not None and ended.idle and ref.implicit and lives(ended)
+        if ended is not None and not ref.start and not reopen:
+            self.ended["refused"] += 1
+            raise SequenceRefused(f"Sequence {ref.id!r} {ended.reason}; start a new sequence")
+        if ended is None and not ref.start and not ref.implicit:
+            raise SequenceRefused(
+                f"Sequence {ref.id!r} is not open: its first request must set sequence_start"
+            )
+        if len(self.open) >= self.max_sequences:
+            self.full += 1
+            raise QueueFull(
+                f"This model already has {self.max_sequences} open sequences (maxNumSequence); "
+                "retry later",
+                headers={"retry-after": self.retry_after()},
+            )
+        self._ended.pop(ref.id, None)
+        now = clock()
+        seq = Sequence(ref.id, now, now)
+        if reopen:
+            assert ended is not None
+            seq.slot, seq.worker = ended.slot, ended.worker
+        self.open[ref.id] = seq
+        self._arm()
+        return seq
+
+    def discard(self, item: Pending) -> bool:
+        seq = self._of.pop(item, None)
+        if seq is None:
+            return False
+        seq.items.remove(item)
+        self._queued -= 1
+        return True
+
+    def requeue_front(self, items: Iterable[Pending]) -> None:
+        """A batch whose worker died before it ran: its sequences' state is gone with it."""
+        for item in items:
+            reject(item.future, SequenceLost("The worker of this sequence died; not run"))
+        self._sweep(clock())
+
+    def close(self, exc: TorchbayError) -> list[Pending]:
+        self._closed = exc
+        drained = [item for seq in self.open.values() for item in seq.items]
+        for seq in list(self.open.values()):
+            self._end(seq, "was closed: the model stopped serving", "worker", fail=False)
+        self._of.clear()
+        self._queued = 0
+        for waker in self._wakers.values():
+            resolve(waker, None)
+        return drained
+
+    # -- consumer side ------------------------------------------------------------------------
+
+    async def take(self, slot: Any = None) -> list[Pending]:
+        """The next batch of ``slot``: at most one request of each of its sequences."""
+        self._slots.setdefault(slot, None)
+        self._release(slot)
+        loop = asyncio.get_running_loop()
+        while True:
+            now = clock()
+            self._sweep(now)
+            self._bind(slot)
+            batch = self._pick(slot, now)
+            if batch:
+                return batch
+            waker = self._wakers[slot] = loop.create_future()
+            try:
+                await waker
+            finally:
+                self._wakers.pop(slot, None)
+
+    def _release(self, slot: Any) -> None:
+        """``slot``'s previous batch is answered: its sequences may run again."""
+        now = clock()
+        for seq in list(self.open.values()):
+            if seq.slot is slot and seq.running:
+                seq.running = False
+                seq.last = now
+                if seq.ending and not seq.items:
+                    self._end(seq, "has ended", "end")
+
+    def _bind(self, slot: Any) -> None:
+        """Bind waiting unbound sequences to ``slot`` while it is among the least loaded."""
+        worker = getattr(slot, "worker", None)
+        for seq in self.open.values():
+            if seq.slot is not None or not seq.items:
+                continue
+            load = self._load(slot)
+            if self.strategy == "direct" and load >= self.batch_size:
+                return
+            if any(self._load(other) < load for other in self._live_slots() if other is not slot):
+                return
+            seq.slot, seq.worker = slot, worker
+            self._watch(worker)
+
+    def _watch(self, worker: Any) -> None:
+        """Sweep once ``worker`` exits (its sequences fail at once); one callback per worker."""
+        exited = getattr(worker, "exited", None)
+        if exited is None or worker in self._watched:
+            return
+        self._watched.add(worker)
+        exited.add_done_callback(lambda _: (self._watched.discard(worker), self._sweep(clock())))
+
+    def _load(self, slot: Any) -> int:
+        return sum(1 for seq in self.open.values() if seq.slot is slot)
+
+    def _live_slots(self) -> list[Any]:
+        return [s for s in self._slots if slot_alive(s)]
+
+    def _pick(self, slot: Any, now: float) -> list[Pending]:
+        ready = [s for s in self.open.values() if s.slot is slot and s.items and not s.running]
+        ready.sort(key=lambda s: s.items[0].arrival)
+        batch = []
+        for seq in ready[: self.batch_size]:
+            item = seq.items.popleft()
+            del self._of[item]
+            self._queued -= 1
+            item.dispatched = now
+            seq.running = True
+            batch.append(item)
+        return batch
+
+    # -- ends and timeouts --------------------------------------------------------------------
+
+    def _sweep(self, now: float) -> None:
+        """End the sequences whose limits passed or whose worker is gone; drop the queued
+        requests whose caller left or whose deadline passed."""
+        for seq in list(self.open.values()):
+            if seq.slot is not None and not holds(seq):
+                self._end(seq, "was lost: its worker died or was replaced", "worker")
+            elif self.timeout_s and now - seq.opened >= self.timeout_s:
+                limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
+                self._end(seq, f"was closed after its time limit of {limit}", "timeout")
+            elif (
+                self.idle_s and not seq.items and not seq.running and now - seq.last >= self.idle_s
+            ):
+                limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
+                self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
+            else:
+                self._drop_expired(seq, now)
+        self._arm()
+
+    def _drop_expired(self, seq: Sequence, now: float) -> None:
+        for item in list(seq.items):
+            if item.future.done() or (item.deadline is not None and item.deadline <= now):
+                reject(item.future, RequestTimeout("The request waited past its deadline; not run"))
+                self.discard(item)
+
+    def _end(self, seq: Sequence, reason: str, why: str, idle: bool = False, fail: bool = True):
+        """Close ``seq``; its queued requests (if any) are answered with the reason."""
+        self.open.pop(seq.id, None)
+        self.ended[why] += 1
+        for item in list(seq.items):
+            self.discard(item)
+            if fail:
+                error = SequenceLost if why == "worker" else SequenceRefused
+                reject(item.future, error(f"Sequence {seq.id!r} {reason}; not run"))
+        self._ended[seq.id] = Ended(reason, seq.slot, seq.worker, idle)
+        while len(self._ended) > REMEMBERED:
+            self._ended.popitem(last=False)
+        self._wake_all()
+
+    def _arm(self) -> None:
+        """One timer at the earliest idle or total limit of the open sequences."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        limits = []
+        for seq in self.open.values():
+            if self.timeout_s:
+                limits.append(seq.opened + self.timeout_s)
+            if self.idle_s and not seq.items and not seq.running:
+                limits.append(seq.last + self.idle_s)
+        if limits:
+            delay = max(0.0, min(limits) - clock()) + 0.001
+            self._timer = asyncio.get_running_loop().call_later(delay, self._sweep_now)
+
+    def _sweep_now(self) -> None:
+        self._timer = None
+        self._sweep(clock())
+
+    def _wake_for(self, seq: Sequence) -> None:
+        if seq.slot is None:
+            self._wake_all()
+        elif (waker := self._wakers.get(seq.slot)) is not None:
+            resolve(waker, None)
+
+    def _wake_all(self) -> None:
+        for waker in list(self._wakers.values()):
+            resolve(waker, None)
+
+    def _wake(self) -> None:  # configure(): the batch size changed
+        self._wake_all()
+
+
+def new_queue(settings: Any) -> BatchQueue:
+    """A model version's queue: a ``SequenceQueue`` for a sequence model (``sequenceBatching``),
+    else a ``BatchQueue``. ``maxNumSequence`` is raised to what the workers' batches hold at
+    once (batch size x max workers), as TorchServe raises it."""
+    common = {
+        "batch_size": settings.batch_size,
+        "max_delay_s": settings.max_batch_delay_ms / 1000,
+        "capacity": settings.job_queue_size,
+    }
+    if not settings.sequence_mode:
+        return BatchQueue(**common)
+    workers = max(settings.max_workers or 0, settings.min_workers, 1)
+    return SequenceQueue(
+        **common,
+        max_sequences=max(settings.max_num_sequence, settings.batch_size * workers),
+        per_sequence=settings.max_sequence_job_queue_size,
+        idle_s=settings.sequence_max_idle_ms / 1000,
+        timeout_s=settings.sequence_timeout_ms / 1000,
+        strategy=settings.sequence_strategy,
+    )

@@ -1,0 +1,286 @@
+"""The sequence scheduler on its own (serving/sequences.py): one request per sequence per batch,
+a sequence's affinity to its slot's worker, its order, idle and total limits, the cap on open
+sequences, a worker's death, and the plane's parsing of sequence ids (plane/sequence_params.py).
+
+Slots here are plain stand-ins with the three attributes the scheduler reads of a slot
+(``worker`` with ``alive`` and ``exited``, ``retiring``, ``gave_up``); the live tests
+(test_sequences_live.py) run the real slots and workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from torchbay.server.config.model_settings import ModelConfig, split_model_keys
+from torchbay.server.errors import BadRequest, QueueFull
+from torchbay.server.plane.sequence_params import sequence_of
+from torchbay.server.serving import protocol as p
+from torchbay.server.serving.queue import Pending, clock
+from torchbay.server.serving.sequences import (
+    SequenceLost,
+    SequenceQueue,
+    SequenceRef,
+    SequenceRefused,
+)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.alive = True
+        self.exited = asyncio.get_running_loop().create_future()
+
+    def die(self) -> None:
+        self.alive = False
+        self.exited.set_result(-9)
+
+
+class _Slot:
+    def __init__(self) -> None:
+        self.worker = _Worker()
+        self.retiring = False
+        self.gave_up = False
+
+
+def _queue(**kw) -> SequenceQueue:
+    args = {"batch_size": 4, "max_delay_s": 0.0, "capacity": 100, "max_sequences": 8}
+    return SequenceQueue(**{**args, "per_sequence": 10, **kw})
+
+
+def _put(q: SequenceQueue, seq: str | int, payload: object, **flags) -> Pending:
+    item = Pending(payload, asyncio.get_running_loop().create_future(), clock())
+    q.put(item, SequenceRef(seq, **flags))
+    return item
+
+
+def _answer(batch: list[Pending]) -> None:
+    for item in batch:
+        item.future.set_result(item.payload)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_a_batch_holds_one_request_per_sequence_in_order():
+    async def scenario() -> list[list[object]]:
+        q, slot = _queue(), _Slot()
+        for i in range(3):
+            _put(q, "a", f"a{i}", start=i == 0)
+        _put(q, "b", "b0", start=True)
+        batches = []
+        for _ in range(3):
+            batch = await q.take(slot)
+            batches.append([i.payload for i in batch])
+            _answer(batch)
+        return batches
+
+    assert run(scenario()) == [["a0", "b0"], ["a1"], ["a2"]]
+
+
+def test_a_sequence_runs_one_request_at_a_time():
+    async def scenario() -> bool:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", 1, start=True)
+        _put(q, "a", 2)
+        await q.take(slot)  # a's first request runs; its second waits for this take's end
+        second = asyncio.ensure_future(q.take(slot))  # (a slot takes again once answered)
+        return (await second)[0].payload == 2
+
+    assert run(scenario())
+
+
+def test_a_sequence_stays_on_its_slot_and_new_ones_go_to_the_least_loaded():
+    async def scenario() -> tuple[list, list]:
+        q, slots = _queue(), [_Slot(), _Slot()]
+        takes = [asyncio.ensure_future(q.take(s)) for s in slots]  # both wait, as at start-up
+        await asyncio.sleep(0)
+        _put(q, "a", "a0", start=True)
+        _put(q, "b", "b0", start=True)  # one each: neither slot may hold both
+        firsts = [[i.payload for i in await t] for t in takes]
+        a_slot = slots[0] if firsts[0] == ["a0"] else slots[1]
+        for _ in range(3):
+            _put(q, "a", "a+")
+            assert q.open["a"].slot is a_slot
+            again = await q.take(a_slot)
+            assert [i.payload for i in again] == ["a+"]
+        return sorted(firsts), [q.open["a"].slot is a_slot]
+
+    firsts, same = run(scenario())
+    assert firsts == [["a0"], ["b0"]] and same == [True]
+
+
+def test_direct_strategy_holds_batch_size_sequences_per_slot():
+    async def scenario() -> tuple[int, int]:
+        q, slot = _queue(batch_size=2, strategy="direct"), _Slot()
+        for name in "abc":
+            _put(q, name, name, start=True)
+        batch = await q.take(slot)
+        return len(batch), sum(1 for s in q.open.values() if s.slot is None)
+
+    assert run(scenario()) == (2, 1)  # c waits unbound until a lane frees
+
+
+def test_an_idle_sequence_is_closed_and_its_next_request_refused():
+    async def scenario() -> str:
+        q, slot = _queue(idle_s=0.05), _Slot()
+        _put(q, 7, "x", start=True)
+        _answer(await q.take(slot))
+        waiting = asyncio.ensure_future(q.take(slot))  # releases 7: its idle time starts
+        while 7 in q.open:
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, 7, "y")
+        return info.value.message
+
+    message = run(scenario())
+    assert "idling past 50 ms" in message and "sequenceMaxIdleMSec" in message
+
+
+def test_torchserve_reopens_an_idle_sequence_on_its_living_worker():
+    async def scenario() -> bool:
+        q, slot = _queue(idle_s=0.05), _Slot()
+        _put(q, "s", 1, implicit=True)
+        _answer(await q.take(slot))
+        waiting = asyncio.ensure_future(q.take(slot))
+        while "s" in q.open:
+            await asyncio.sleep(0.01)
+        _put(q, "s", 2, implicit=True)  # TorchServe's API: the id opens again, same worker
+        return q.open["s"].slot is slot and (await waiting)[0].payload == 2
+
+    assert run(scenario())
+
+
+def test_a_sequence_past_its_total_limit_is_closed():
+    async def scenario() -> str:
+        q, slot = _queue(timeout_s=0.05), _Slot()
+        _put(q, "t", 1, start=True)
+        _answer(await q.take(slot))
+        waiting = asyncio.ensure_future(q.take(slot))
+        while "t" in q.open:
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, "t", 2)
+        return info.value.message
+
+    assert "sequenceTimeoutMSec" in run(scenario())
+
+
+def test_open_sequences_are_capped_and_an_ended_one_frees_its_place():
+    async def scenario() -> bool:
+        q, slot = _queue(max_sequences=2), _Slot()
+        _put(q, "a", 1, start=True, end=True)
+        _put(q, "b", 1, start=True)
+        with pytest.raises(QueueFull, match="maxNumSequence"):
+            _put(q, "c", 1, start=True)
+        _answer(await q.take(slot))
+        waiting = asyncio.ensure_future(q.take(slot))  # releases a, which ended
+        await asyncio.sleep(0)
+        _put(q, "c", 1, start=True)
+        waiting.cancel()
+        return set(q.open) == {"b", "c"}
+
+    assert run(scenario())
+
+
+def test_a_dead_worker_fails_its_sequences_queued_and_later_requests():
+    async def scenario() -> tuple[bool, str]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", 1, start=True)
+        await q.take(slot)  # a bound to slot's worker, running
+        queued = _put(q, "a", 2)
+        slot.worker.die()
+        await asyncio.sleep(0)  # the worker's exit callback ends a
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, "a", 3)
+        return isinstance(queued.future.exception(), SequenceLost), info.value.message
+
+    lost, message = run(scenario())
+    assert lost and "worker died" in message
+
+
+def test_a_sequence_queue_is_bounded_and_unstarted_ids_refused():
+    async def scenario() -> None:
+        q = _queue(per_sequence=2)
+        _put(q, "a", 1, start=True)
+        _put(q, "a", 2)
+        with pytest.raises(QueueFull, match="maxSequenceJobQueueSize"):
+            _put(q, "a", 3)
+        with pytest.raises(SequenceRefused, match="sequence_start"):
+            _put(q, "zz", 1)  # Triton: an unknown id needs its start flag
+
+    run(scenario())
+
+
+def _v2(params: dict) -> p.WireRequest:
+    body = json.dumps({"inputs": [], "parameters": params}).encode()
+    return p.WireRequest(request_id="1", body=body, protocol="v2")
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({}, "sequence_id"),
+        ({"sequence_id": -1}, "sequence_id"),
+        ({"sequence_id": 0}, "sequence_id"),
+        ({"sequence_id": 1 << 64}, "sequence_id"),
+        ({"sequence_id": 1.5}, "sequence_id"),
+        ({"sequence_id": True}, "sequence_id"),
+        ({"sequence_id": ""}, "sequence_id"),
+        ({"sequence_id": 5, "sequence_start": "yes"}, "sequence_start"),
+        ({"sequence_id": 5, "sequence_end": 1}, "sequence_end"),
+    ],
+)
+def test_bad_oip_sequence_parameters_are_400s_naming_the_field(params, field):
+    with pytest.raises(BadRequest) as info:
+        sequence_of(_v2(params))
+    assert field in info.value.message and info.value.status == 400
+
+
+def test_sequence_ids_become_torchserve_headers():
+    wire, ref = sequence_of(_v2({"sequence_id": "s1", "sequence_start": True}))
+    assert ref == SequenceRef("s1", start=True) and wire.headers["ts_request_sequence_id"] == "s1"
+    raw = b"host: x\r\nts_request_sequence_end: false"
+    wire, ref = sequence_of(p.WireRequest(request_id="2", body=b"1", raw_headers=raw))
+    headers = p.parse_headers(wire.raw_headers)
+    assert ref.start and ref.implicit and ref.id.startswith("ts-seq-")  # the server names it
+    assert (
+        headers["ts_request_sequence_start"] == "true" and "ts_request_sequence_end" not in headers
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("sequenceMaxIdleMSec", -1),
+        ("sequenceMaxIdleMSec", 10**15),
+        ("sequenceTimeoutMSec", -5),
+        ("maxNumSequence", 0),
+        ("maxNumSequence", 10**9),
+        ("maxSequenceJobQueueSize", 0),
+        ("sequenceStrategy", "newest"),
+        ("sequenceBatching", "maybe"),
+    ],
+)
+def test_every_sequence_setting_is_bounded(key: str, value: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        ModelConfig.model_validate({key: value})
+    assert key in str(info.value)
+
+
+def test_triton_s_sequence_batching_section_makes_a_sequence_model() -> None:
+    section = {"direct": {}, "max_sequence_idle_microseconds": 5_000_000, "control_input": []}
+    fields, backend, _ = split_model_keys(
+        {"sequence_batching": section}, where="model-config.yaml", backend_params=True
+    )
+    config = ModelConfig.model_validate(fields)
+    assert config.sequence_mode and config.sequence_strategy == "direct"
+    assert config.sequence_max_idle_ms == 5000 and backend["sequence_batching"] == section
+    fields, _, _ = split_model_keys(  # TorchServe's keys of the same file win
+        {"sequenceMaxIdleMSec": 10, "sequence_batching": {}}, where="x", backend_params=True
+    )
+    assert ModelConfig.model_validate(fields).sequence_max_idle_ms == 10

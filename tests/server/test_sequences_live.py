@@ -1,0 +1,263 @@
+"""Sequences on a real server (serving/sequences.py, plane/sequence_params.py): TorchServe's
+stateful example (its handler and model-config.yaml unchanged: 2 workers, batch size 4,
+``sequenceMaxIdleMSec: 10``) over TorchServe REST and gRPC ``StreamPredictions2``, several
+sequences interleaved; and the same handler behind the Open Inference Protocol's sequence
+parameters (REST), whose bad values are 400s naming the field.
+
+The handler adds each request's number to its sequence's running total, kept in the worker
+(an LRU per worker process), so a request that ran on the wrong worker, out of order or
+beside another of its sequence in one batch would answer a wrong total."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import grpc
+import httpx
+import pytest
+import torch
+
+from torchbay.archiver.package import ArchiveOptions, package
+
+from .conftest import LiveServer, make_config
+from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "stateful"
+SEQ_HEADER = "ts_request_sequence_id"
+NUMBERS = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def _archive(root: Path, work: Path, name: str, config: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stateful_model", EXAMPLE / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    torch.save(module.Net().state_dict(), work / "model_cnn.pt")
+    package(
+        ArchiveOptions(
+            model_name=name,
+            version="1.0",
+            model_file=EXAMPLE / "model.py",
+            serialized_file=work / "model_cnn.pt",
+            handler=str(EXAMPLE / "sequence_batching" / "stateful_handler.py"),
+            extra_files=(str(EXAMPLE / "lru.py"),),
+            config_file=config,
+            export_path=root,
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    root = tmp_path_factory.mktemp("seq-store")
+    work = tmp_path_factory.mktemp("seq-build")
+    _archive(root, work, "stateful", EXAMPLE / "sequence_batching" / "model-config.yaml")
+    # The same handler for OIP clients, whose sequences start and end explicitly (Triton).
+    oip_config = work / "oip.yaml"
+    shutil.copy(EXAMPLE / "sequence_batching" / "model-config.yaml", oip_config)
+    with oip_config.open("a") as f:
+        f.write("sequenceMaxIdleMSec: 60000\n")
+    _archive(root, work, "stateful_oip", oip_config)
+    # One worker, to be killed: its sequences must end with a clear error.
+    dying_config = work / "dying.yaml"
+    shutil.copy(oip_config, dying_config)
+    with dying_config.open("a") as f:
+        f.write("minWorkers: 1\nmaxWorkers: 1\n")
+    _archive(root, work, "stateful_dying", dying_config)
+    config = make_config(root, load_models=["all"])
+    live = LiveServer(config).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
+    try:
+        yield SimpleNamespace(live=live, url=live.url, channel=channel)
+    finally:
+        channel.close()
+        live.stop()
+
+
+def _totals() -> list[int]:
+    total, out = 0, []
+    for n in NUMBERS:
+        total += n
+        out.append(total)
+    return out
+
+
+def _interleaved(count: int, run_one) -> dict[int, list]:
+    """``run_one(i)`` for ``count`` sequences at once, in threads; {i: its answers}."""
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            results[i] = run_one(i)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return results
+
+
+def test_torchserve_rest_sequences_interleaved_keep_their_totals(server) -> None:
+    def run_one(i: int) -> list:
+        answers = []
+        with httpx.Client(timeout=60) as client:
+            for n in NUMBERS:
+                r = client.post(
+                    f"{server.url}/predictions/stateful",
+                    content=str(n * (i + 1)).encode(),
+                    headers={SEQ_HEADER: f"seq_{i}"},
+                )
+                assert r.status_code == 200, r.text
+                assert r.headers[SEQ_HEADER] == f"seq_{i}"  # SageMaker's sticky routing
+                answers.append(int(r.text))
+        return answers
+
+    results = _interleaved(4, run_one)
+    for i, answers in results.items():
+        assert answers == [t * (i + 1) for t in _totals()], i
+
+
+def test_a_request_without_an_id_starts_a_sequence_the_server_names(server) -> None:
+    first = httpx.post(f"{server.url}/predictions/stateful", content=b"5", timeout=60)
+    assert first.status_code == 200, first.text
+    sequence_id = first.headers[SEQ_HEADER]
+    assert sequence_id.startswith("ts-seq-") and first.text == "5"
+    again = httpx.post(
+        f"{server.url}/predictions/stateful",
+        content=b"2",
+        headers={SEQ_HEADER: sequence_id},
+        timeout=60,
+    )
+    assert again.status_code == 200 and again.text == "7"
+
+
+def test_grpc_stream_predictions2_sequences_interleaved(server, ts) -> None:  # noqa: F811
+    stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(server.channel)
+
+    def run_one(i: int) -> list:
+        requests = (
+            ts.inference_pb2.PredictionsRequest(
+                model_name="stateful",
+                sequence_id=f"grpc_{i}",
+                input={"data": str(n * (i + 1)).encode()},
+            )
+            for n in NUMBERS
+        )
+        answers = []
+        for response in stub.StreamPredictions2(requests, timeout=120):
+            assert response.sequence_id == f"grpc_{i}"
+            assert not response.HasField("status") or response.status.code == 0, response.status
+            answers.append(int(response.prediction))
+        return answers
+
+    results = _interleaved(4, run_one)
+    for i, answers in results.items():
+        assert answers == [t * (i + 1) for t in _totals()], i
+
+
+def _v2(server, params: dict, value: int, model: str = "stateful_oip") -> httpx.Response:
+    body = {
+        "inputs": [{"name": "data", "datatype": "BYTES", "shape": [1], "data": [str(value)]}],
+        "parameters": params,
+    }
+    return httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({}, "sequence_id"),
+        ({"sequence_id": -3}, "sequence_id"),
+        ({"sequence_id": 2.5}, "sequence_id"),
+        ({"sequence_id": ["a"]}, "sequence_id"),
+        ({"sequence_id": 9, "sequence_start": "true"}, "sequence_start"),
+    ],
+)
+def test_oip_bad_sequence_parameters_are_400s_naming_the_field(server, params, field) -> None:
+    r = _v2(server, params, 1)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert field in error and "Traceback" not in error and "/" not in error.split(":")[0]
+
+
+def test_oip_sequence_needs_its_start_and_is_refused_once_ended(server) -> None:
+    r = _v2(server, {"sequence_id": 4242}, 1)
+    assert r.status_code == 400 and "sequence_start" in r.json()["error"]
+    r = _v2(server, {"sequence_id": 4242, "sequence_start": True}, 1)
+    assert r.status_code == 200 and r.json()["parameters"]["sequence_id"] == 4242
+    assert _v2(server, {"sequence_id": 4242, "sequence_end": True}, 1).status_code == 200
+    r = _v2(server, {"sequence_id": 4242}, 1)
+    assert r.status_code == 400 and "has ended" in r.json()["error"]
+
+
+def test_describe_shows_the_sequence_settings_and_open_sequences(server) -> None:
+    mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
+    (desc,) = httpx.get(f"{mgmt}/models/stateful", timeout=30).json()
+    assert desc["stateful"] is True and desc["maxNumSequence"] == 4
+    assert desc["sequenceMaxIdleMSec"] == 10 and desc["maxSequenceJobQueueSize"] == 10
+    assert isinstance(desc["openSequences"], int)
+    assert json.dumps(desc)  # the whole answer is JSON
+
+
+def test_describe_shows_torchserve_s_sequence_keys_as_torchserve_does(server) -> None:
+    recorded = json.loads((EXAMPLE / "torchserve_0.12.json").read_text())
+    (theirs,) = recorded["describe"]
+    mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
+    (ours,) = httpx.get(f"{mgmt}/models/stateful", timeout=30).json()
+    keys = (
+        *("stateful", "sequenceMaxIdleMSec", "sequenceTimeoutMSec", "maxNumSequence"),
+        *("maxSequenceJobQueueSize", "minWorkers", "maxWorkers", "batchSize"),
+    )
+    assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
+
+
+def test_a_worker_that_dies_ends_its_sequences_with_a_clear_error(server) -> None:
+    mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
+    start = {"sequence_id": "doomed", "sequence_start": True}
+    assert _v2(server, start, 2, "stateful_dying").json()["outputs"][0]["data"] == [2]
+    assert _v2(server, {"sequence_id": "doomed"}, 3, "stateful_dying").json()["outputs"][0][
+        "data"
+    ] == [5]
+    (desc,) = httpx.get(f"{mgmt}/models/stateful_dying", timeout=30).json()
+    os.kill(desc["workers"][0]["pid"], signal.SIGKILL)
+    # Whether this request reaches the scheduler before or after the frontend sees the death,
+    # it is refused for it: never run on the restarted worker's fresh state.
+    r = _v2(server, {"sequence_id": "doomed"}, 4, "stateful_dying")
+    assert r.status_code in (400, 503), r.text
+    assert "died" in r.json()["error"]
+    r = _v2(server, {"sequence_id": "doomed"}, 4, "stateful_dying")
+    assert r.status_code == 400 and "doomed" in r.json()["error"] and "died" in r.json()["error"]
+    metrics = httpx.get(
+        f"http://127.0.0.1:{server.live.server.state.ports.metrics}/metrics", timeout=30
+    ).text
+    assert 'torchbay_sequences_ended_total{model="stateful_dying",reason="worker"' in metrics
+    assert 'torchbay_open_sequences{model="stateful",version="1.0"}' in metrics
+
+
+def test_grpc_without_a_sequence_id_gets_the_one_the_server_made(server, ts) -> None:  # noqa: F811
+    stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(server.channel)
+    first = ts.inference_pb2.PredictionsRequest(model_name="stateful", input={"data": b"6"})
+    (answer,) = list(stub.StreamPredictions2(iter([first]), timeout=120))
+    assert answer.sequence_id.startswith("ts-seq-") and answer.prediction == b"6"
+    again = ts.inference_pb2.PredictionsRequest(
+        model_name="stateful", sequence_id=answer.sequence_id, input={"data": b"1"}
+    )
+    (answer2,) = list(stub.StreamPredictions2(iter([again]), timeout=120))
+    assert answer2.sequence_id == answer.sequence_id and answer2.prediction == b"7"
