@@ -23,6 +23,7 @@ from torchbay.server.config.settings import (
     split_model_keys,
 )
 from torchbay.server.errors import ConfigError
+from torchbay.server.observe.metrics_config import load_metrics_config
 
 log = logging.getLogger("torchbay.server.config")  # one logger for all of config
 
@@ -51,8 +52,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "initial_distribution_port",
         "blacklist_env_vars",
         "use_env_allowed_urls",
-        "metrics_config",
-        "model_metrics_auto_detect",
         "system_metrics_cmd",
         "plugins_path",
         "keystore",
@@ -86,6 +85,7 @@ _PATH_FIELDS = (
     "token_keys_file",
     "private_key_file",
     "certificate_file",
+    "metrics_config",
 )
 
 
@@ -129,10 +129,8 @@ def load_server_config(
         if merged.get(key) not in (None, ""):
             merged[key] = base / Path(merged[key])
     config = ServerConfig.model_validate(merged)
-    if config.metrics_mode != "prometheus":
-        notes.append(
-            f"metrics_mode={config.metrics_mode}: torchbay always serves Prometheus metrics"
-        )
+    if config.metrics_config is not None:  # its errors now, named, not at the first request
+        load_metrics_config(config.metrics_config)
     return config, notes
 
 

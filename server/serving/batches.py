@@ -28,6 +28,7 @@ class BatchRecord:
     timings_ms: dict[str, float]
     metrics: list[dict[str, Any]]
     run_s: float = 0.0  # the batch's wall time on its worker (admission's service rate)
+    request_ids: tuple[str, ...] = ()  # TorchServe's model metrics log lines name them
 
 
 async def run_batch(
@@ -64,6 +65,7 @@ async def run_batch(
         timings_ms=result.timings,
         metrics=result.metrics,
         run_s=clock() - started,
+        request_ids=tuple(str(item.payload.request_id) for item in batch),
     )
 
 
