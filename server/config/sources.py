@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config.metrics_config import load_metrics_config
 from torchbay.server.config.properties import PropertiesError, parse_properties
 from torchbay.server.config.settings import (
     API_NAMES,
@@ -23,7 +24,6 @@ from torchbay.server.config.settings import (
     split_model_keys,
 )
 from torchbay.server.errors import ConfigError
-from torchbay.server.observe.metrics_config import load_metrics_config
 
 log = logging.getLogger("torchbay.server.config")  # one logger for all of config
 

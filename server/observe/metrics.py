@@ -66,12 +66,12 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from torchbay.server.config.metrics_config import MetricsSpec, load_metrics_config
 from torchbay.server.observe.autopilot_metrics import AutopilotCollector
 from torchbay.server.observe.cache_metrics import CacheMetrics
 from torchbay.server.observe.cancel_metrics import CancelCollector
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.logs import RequestRecord
-from torchbay.server.observe.metrics_config import MetricsSpec, load_metrics_config
 from torchbay.server.observe.model_state_metrics import ModelStateCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
 from torchbay.server.observe.ts_families import MetricsLog, TsFamilies

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchbay.server.observe.metrics_config import MetricSpec, MetricsSpec, load_metrics_config
+from torchbay.server.config.metrics_config import MetricSpec, MetricsSpec, load_metrics_config
 
 log = logging.getLogger("torchbay.metrics")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from torchbay.server.config.metrics_config import load_metrics_config, parse_metrics_config
 from torchbay.server.config.sources import load_server_config
 from torchbay.server.errors import ConfigError
-from torchbay.server.observe.metrics_config import load_metrics_config, parse_metrics_config
 from torchbay.server.observe.ts_families import Family, MetricsLog, TsFamilies, java_double
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "metrics_modes"
