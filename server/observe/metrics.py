@@ -33,18 +33,14 @@ lost with a dying worker); requests refused at admission (503 queue full or no w
 expired in the queue) count only in ``torchbay_requests_total``, so overload never drags the
 latency percentiles down with instant rejections.
 
-TorchServe's frontend series, written as TorchServe 0.12 writes them in Prometheus mode (names,
-types, label order; tests/data/torchserve_0.12 holds its record) so existing dashboards and alerts
-keep working: counters ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
-``ts_queue_latency_microseconds`` (``model_name``, ``model_version``, ``hostname``; the version is
-``"default"`` when the URL named none; requests routed to a model, refused ones included),
-counters ``Requests2XX/4XX/5XX`` (``Level``, ``Hostname``: every answer of the inference and
-management listeners, ``counting``), gauges ``QueueTime`` and ``WorkerThreadTime`` (last request,
-ms), ``WorkerLoadTime`` (``WorkerName``, ``Level``, ``Hostname``; per live worker, ms) and
-``PredictionTime`` (``ModelName``, ``Level``, ``Hostname``; the last batch's handler time, ms).
-prometheus_client cannot write a counter whose sample has no ``_total`` nor keep label order, so
-observe.ts_metrics writes them (``ts_text``) and serves them after the registry's text
-(``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
+TorchServe's metrics (``self.ts``, observe.ts_families), as its ``metrics_config`` declares them
+and its ``metrics_mode`` publishes them (docs/metrics.md; tests/data/torchserve/metrics_modes
+holds TorchServe 0.12's record): the hooks below turn each request, batch, worker start and HTTP
+answer into TorchServe's events (``Requests2XX/4XX/5XX`` for every answer of the HTTP listeners,
+``counting``; ``ts_inference_*`` per request routed to a model, version ``"default"`` when the URL
+named none; ``QueueTime``, ``WorkerThreadTime``, ``WorkerLoadTime``; ``HandlerTime`` and
+``PredictionTime`` per batch) and ``metrics_app`` serves the Prometheus ones after the registry's
+text, always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
 Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
 Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics.
 

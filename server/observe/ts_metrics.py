@@ -1,12 +1,12 @@
-"""TorchServe 0.12's frontend series as TorchServe writes them in Prometheus mode (its record:
-tests/data/torchserve_0.12/answers.json), and the metrics listener's app that serves them after
-the registry's own text.
+"""The metrics listener's app: the registry's text, then TorchServe's Prometheus families
+(observe.ts_families, as ``metrics_mode`` and ``metrics_config`` say), and the wrappers that count
+every HTTP answer in TorchServe's Requests2XX/4XX/5XX.
 
 prometheus_client writes a counter's samples with ``_total`` and sorts label names; TorchServe's
 ``Requests2XX`` is a counter without ``_total`` and its labels come in their declared order
-(``model_name, model_version, hostname``; ``Level, Hostname``), so these families are written
-here. The listener always answers text format 0.0.4, uncompressed: TorchServe serves no
-OpenMetrics, where ``Requests2XX`` could not be a counter. Torch-free.
+(``model_name, model_version, hostname``; ``Level, Hostname``), so its families are written by
+observe.ts_families. The listener always answers text format 0.0.4, uncompressed: TorchServe
+serves no OpenMetrics, where ``Requests2XX`` could not be a counter. Torch-free.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def ts_text(metrics: ServerMetrics, names: set[str] | None = None) -> str:
 
 
 def counting(app: ASGIApp, metrics: ServerMetrics) -> ASGIApp:
-    """``app``, each HTTP answer counted in Requests2XX/4XX/5XX (TorchServe counts every answer
-    of its inference and management listeners)."""
+    """``app``, each HTTP answer counted in Requests2XX/4XX/5XX (TorchServe's sendHttpResponse
+    counts every answer of its inference, management and metrics listeners)."""
 
     async def counted(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
