@@ -319,6 +319,7 @@ class ServerMetrics(Observer):
         handler_ms = record.timings_ms.get("handler")
         if handler_ms is not None:
             self._last_handler_ms = handler_ms
+        if handler_ms is not None and record.answered:
             dims = {"ModelName": model.name, "Level": "Model"}
             for name in ("HandlerTime", "PredictionTime"):  # TorchServe's handler and service
                 self.ts.model_update(name, "gauge", "ms", dims, round(handler_ms, 2), rids)
