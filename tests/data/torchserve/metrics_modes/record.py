@@ -9,8 +9,9 @@ record.py says how it was installed; Java 17 on PATH)::
         tests/data/torchserve/metrics_modes/record.py
 
 It builds ``counted.mar`` with torch-model-archiver, then per case starts TorchServe in a fresh
-folder on ports 18500-18504 (gRPC 18503-18504; ``--foreground --ncs --disable-token-auth --enable-model-api``, no system
-metrics), makes every call of sequence.STEPS in order, stops it and reads its logs.
+folder on ports 18500-18504 (gRPC on 18503-18504; ``--foreground --ncs --disable-token-auth
+--enable-model-api``, no system metrics), makes every call of sequence.STEPS in order, stops it
+and reads its logs.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def run_case(store: Path, name: str, lines: dict[str, str]) -> dict:
     out = open(work / "ts.out", "wb")  # noqa: SIM115 (TorchServe writes it while it runs)
     proc = subprocess.Popen(
         ["torchserve", "--start", "--foreground", "--ncs", "--disable-token-auth",
-         "--enable-model-api", "--model-store", str(store), "--ts-config", str(work / "config.properties")],
+         "--enable-model-api", "--model-store", str(store),
+         "--ts-config", str(work / "config.properties")],
         cwd=work, stdout=out, stderr=subprocess.STDOUT,
         env={**os.environ, "TMPDIR": str(work / "tmp"), "LOG_LOCATION": str(work / "logs")},
         start_new_session=True,

@@ -92,10 +92,7 @@ def log_line(line: str) -> str | None:
     value = match["value"] if match["name"] in COUNTED else "<value>"
     dims = _WORKER.sub("W-<n>-", match["dims"])
     rid = ",requestID:<ids>" if match["rid"] else ""
-    return (
-        f"{match['name']}.{match['unit']}:{value}|#{dims}"
-        f"|#hostname:<host>{rid},timestamp:<ts>"
-    )
+    return f"{match['name']}.{match['unit']}:{value}|#{dims}|#hostname:<host>{rid},timestamp:<ts>"
 
 
 def log_lines(text: str) -> list[str]:
