@@ -39,6 +39,9 @@ _LEGACY_HELP = {
 }
 # simpleclient's default histogram buckets (TorchServe's PrometheusHistogram uses them).
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+# Label sets kept per family. TorchServe keeps them all, but WorkerLoadTime gets one per worker
+# ever started, and recycling (max_requests_per_worker) starts workers without end.
+MAX_SAMPLES = 1000
 TS_METRICS_LOG, MODEL_METRICS_LOG = "ts_metrics.log", "model_metrics.log"
 # Host metrics: observe.system_metrics writes them (when enabled), never an empty family here.
 SYSTEM = frozenset(
@@ -152,6 +155,8 @@ class Family:
             return
         state = self.samples.get(values)
         if state is None:
+            if len(self.samples) >= MAX_SAMPLES:  # the oldest label set goes (a worker long gone)
+                del self.samples[next(iter(self.samples))]
             size = len(BUCKETS) + 2 if self.spec.kind == "histogram" else 1
             state = self.samples[values] = [0.0] * size
         if self.spec.kind == "counter" or self.spec.name in LEGACY:

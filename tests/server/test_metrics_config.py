@@ -13,7 +13,13 @@ import pytest
 from torchbay.server.config.metrics_config import load_metrics_config, parse_metrics_config
 from torchbay.server.config.sources import load_server_config
 from torchbay.server.errors import ConfigError
-from torchbay.server.observe.ts_families import Family, MetricsLog, TsFamilies, java_double
+from torchbay.server.observe.ts_families import (
+    MAX_SAMPLES,
+    Family,
+    MetricsLog,
+    TsFamilies,
+    java_double,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "metrics_modes"
 LINE = re.compile(
@@ -168,3 +174,12 @@ def test_a_configured_histogram_has_buckets() -> None:
     assert 'QueueTime_bucket{Level="Host",Hostname="h",le="0.5"} 2.0' in text
     assert 'QueueTime_bucket{Level="Host",Hostname="h",le="+Inf"} 3.0' in text
     assert 'QueueTime_count{Level="Host",Hostname="h"} 3.0' in text
+
+
+def test_a_family_keeps_a_bounded_number_of_label_sets() -> None:
+    family = Family(load_metrics_config(None).frontend["WorkerLoadTime"], None)
+    for worker in range(MAX_SAMPLES + 5):  # recycled workers: a new name each
+        family.update((f"W-{worker}-m_1.0", "Host", "h"), 1.0)
+    assert len(family.samples) == MAX_SAMPLES
+    assert ("W-0-m_1.0", "Host", "h") not in family.samples  # the oldest went first
+    assert (f"W-{MAX_SAMPLES + 4}-m_1.0", "Host", "h") in family.samples
