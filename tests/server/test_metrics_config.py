@@ -19,6 +19,7 @@ from torchbay.server.observe.ts_families import (
     MetricsLog,
     TsFamilies,
     java_double,
+    metrics_options,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "metrics_modes"
@@ -183,3 +184,26 @@ def test_a_family_keeps_a_bounded_number_of_label_sets() -> None:
     assert len(family.samples) == MAX_SAMPLES
     assert ("W-0-m_1.0", "Host", "h") not in family.samples  # the oldest went first
     assert (f"W-{MAX_SAMPLES + 4}-m_1.0", "Host", "h") in family.samples
+
+
+def test_the_log_files_follow_metrics_location_and_survive_an_unwritable_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(metrics_config=None, model_metrics_auto_detect=False)
+    prometheus = metrics_options(SimpleNamespace(**vars(config), metrics_mode="prometheus"), {})
+    assert prometheus["metrics_log"] is None  # no file is opened in prometheus mode
+    logged = SimpleNamespace(**vars(config), metrics_mode="log")
+    options = metrics_options(
+        logged, {"METRICS_LOCATION": str(tmp_path / "m"), "LOG_LOCATION": "x"}
+    )
+    options["metrics_log"].close()
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [
+        "model_metrics.log",
+        "ts_metrics.log",
+    ]
+    (tmp_path / "file").write_text("not a directory")
+    options = metrics_options(logged, {"LOG_LOCATION": str(tmp_path / "file")})
+    assert options["metrics_log"] is None and options["mode"] == "log"
+    assert "cannot write metrics logs" in caplog.text
