@@ -6,7 +6,7 @@ ride back to the frontend with the results (workers never touch Prometheus). A r
     {"name": str, "type": "counter" | "gauge" | "histogram", "unit": str, "value": float,
      "dimensions": {str: str}}
 
-with ``ModelName`` and ``Level="Model"`` added to the dimensions unless given. Torch-free.
+with ``ModelName`` and ``Level="Model"`` added after the dimensions unless given. Torch-free.
 """
 
 from __future__ import annotations
@@ -135,7 +135,11 @@ class MetricsCache:
     def _record(
         self, name: str, metric_type: str, unit: str, value: float, dims: dict[str, str]
     ) -> None:
-        dimensions = {"ModelName": self.model_name, "Level": "Model", **dims}
+        # TorchServe's order: the handler's dimensions, then ModelName and Level (its
+        # _add_default_dims appends them); an auto-detected metric keeps this order.
+        dimensions = {**dims}
+        dimensions.setdefault("ModelName", self.model_name)
+        dimensions.setdefault("Level", "Model")
         self._buffer.append(
             {
                 "name": str(name),

@@ -23,7 +23,8 @@ Deliberate default differences from TorchServe:
   and crashed laptops, pytorch/serve#2432).
 * ``allowed_urls=[]``: only archives in the model store can be registered (TorchServe allows every
   http(s) and file URL by default, pytorch/serve#2531).
-* ``metrics_mode`` accepts TorchServe's values but torchbay always serves Prometheus on /metrics.
+* ``metrics_mode=prometheus`` (TorchServe: ``log``): TorchServe's metrics on /metrics, not only
+  in ``ts_metrics.log``; ``log`` and ``legacy`` write the log files as TorchServe does.
 * ``deviceType: neuron`` (AWS Inferentia) is rejected with a clear error rather than run on CPU.
 """
 
@@ -169,6 +170,10 @@ class ServerConfig(GrpcSettings):
     enable_model_api: bool = False
     enable_envvars_config: bool = False
     metrics_mode: Literal["log", "prometheus", "legacy"] = "prometheus"
+    # TorchServe's metrics YAML (observe.metrics_config; None: its default ts/configs/metrics.yaml)
+    # and whether a handler metric it does not list is registered on first sight.
+    metrics_config: Path | None = None
+    model_metrics_auto_detect: bool = False
     enable_metrics_api: bool = True
     disable_system_metrics: bool = False
     log_format: Literal["text", "json"] = "text"

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config.metrics_config import load_metrics_config
 from torchbay.server.config.properties import PropertiesError, parse_properties
 from torchbay.server.config.settings import (
     API_NAMES,
@@ -51,8 +52,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "initial_distribution_port",
         "blacklist_env_vars",
         "use_env_allowed_urls",
-        "metrics_config",
-        "model_metrics_auto_detect",
         "system_metrics_cmd",
         "plugins_path",
         "keystore",
@@ -87,6 +86,7 @@ _PATH_FIELDS = (
     "token_keys_file",
     "private_key_file",
     "certificate_file",
+    "metrics_config",
 )
 
 
@@ -138,10 +138,8 @@ def load_server_config(
         notes.append("model_snapshot given: its models load; load_models and --models ignored")
     config = ServerConfig.model_validate(merged)
     config._declared = _declared({**raw_props, **ts_env, **own_env, **flags}, base)
-    if config.metrics_mode != "prometheus":
-        notes.append(
-            f"metrics_mode={config.metrics_mode}: torchbay always serves Prometheus metrics"
-        )
+    if config.metrics_config is not None:  # its errors now, named, not at the first request
+        load_metrics_config(config.metrics_config)
     return config, notes
 
 

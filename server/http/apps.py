@@ -65,7 +65,10 @@ def build_apps(config: Any, plane: DataPlane) -> Apps:
     inference = counting(inference, metrics)
     management_app = build_management_app(plane, config, auth=auth, workflows=workflows)
     management = counting(management_app, metrics)
-    metrics_app = with_openapi(ts_metrics_app(metrics), metrics_openapi(__version__))
+    # The metrics listener's answers count too: TorchServe's sendHttpResponse counts them all.
+    metrics_app = counting(
+        with_openapi(ts_metrics_app(metrics), metrics_openapi(__version__)), metrics
+    )
     return Apps(
         plane=plane,
         inference=with_cors(inference, config),

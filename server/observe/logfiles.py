@@ -8,10 +8,10 @@ TorchServe's layout: ``logs/`` under the current directory (``LOG_LOCATION`` mov
 - ``model_log.log``: whatever the workers write on stdout and stderr (their log records, a
   handler's ``print``), logger ``torchbay.model_log``.
 
-Files are appended to, never rotated (``logrotate`` with ``copytruncate`` works). Metrics are on
-the metrics listener (Prometheus); TorchServe's ``ts_metrics.log``/``model_metrics.log`` are not
-written. A directory that cannot be written (a read-only container) leaves the console only, with
-one warning.
+Files are appended to, never rotated (``logrotate`` with ``copytruncate`` works). TorchServe's
+``ts_metrics.log``/``model_metrics.log`` are written by observe.ts_families, and only with
+``metrics_mode`` log or legacy. A directory that cannot be written (a read-only container)
+leaves the console only, with one warning.
 
 Workers inherit the frontend's stdout and stderr; :class:`WorkerOutput` points both at one pipe
 that a thread reads, so their lines reach the same writer as the frontend's records.

@@ -33,18 +33,14 @@ lost with a dying worker); requests refused at admission (503 queue full or no w
 expired in the queue) count only in ``torchbay_requests_total``, so overload never drags the
 latency percentiles down with instant rejections.
 
-TorchServe's frontend series, written as TorchServe 0.12 writes them in Prometheus mode (names,
-types, label order; tests/data/torchserve_0.12 holds its record) so existing dashboards and alerts
-keep working: counters ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` and
-``ts_queue_latency_microseconds`` (``model_name``, ``model_version``, ``hostname``; the version is
-``"default"`` when the URL named none; requests routed to a model, refused ones included),
-counters ``Requests2XX/4XX/5XX`` (``Level``, ``Hostname``: every answer of the inference and
-management listeners, ``counting``), gauges ``QueueTime`` and ``WorkerThreadTime`` (last request,
-ms), ``WorkerLoadTime`` (``WorkerName``, ``Level``, ``Hostname``; per live worker, ms) and
-``PredictionTime`` (``ModelName``, ``Level``, ``Hostname``; the last batch's handler time, ms).
-prometheus_client cannot write a counter whose sample has no ``_total`` nor keep label order, so
-observe.ts_metrics writes them (``ts_text``) and serves them after the registry's text
-(``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
+TorchServe's metrics (``self.ts``, observe.ts_families), as its ``metrics_config`` declares them
+and its ``metrics_mode`` publishes them (docs/metrics.md; tests/data/torchserve/metrics_modes
+holds TorchServe 0.12's record): the hooks below turn each request, batch, worker start and HTTP
+answer into TorchServe's events (``Requests2XX/4XX/5XX`` for every answer of the HTTP listeners,
+``counting``; ``ts_inference_*`` per request routed to a model, version ``"default"`` when the URL
+named none; ``QueueTime``, ``WorkerThreadTime``, ``WorkerLoadTime``; ``HandlerTime`` and
+``PredictionTime`` per batch) and ``metrics_app`` serves the Prometheus ones after the registry's
+text, always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
 Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
 Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics.
 Open and ended sequences (``torchbay_open_sequences``, ``torchbay_sequences_ended_total``):
@@ -68,6 +64,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from torchbay.server.config.metrics_config import MetricsSpec, load_metrics_config
 from torchbay.server.observe.autopilot_metrics import AutopilotCollector
 from torchbay.server.observe.cache_metrics import CacheMetrics
 from torchbay.server.observe.cancel_metrics import CancelCollector
@@ -76,6 +73,7 @@ from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.model_state_metrics import ModelStateCollector
 from torchbay.server.observe.sequence_metrics import SequenceCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
+from torchbay.server.observe.ts_families import MetricsLog, TsFamilies
 from torchbay.server.serving.handle import WorkerProcess
 from torchbay.server.serving.model import ModelVersion, Observer
 from torchbay.server.serving.slot import BatchRecord
@@ -130,10 +128,9 @@ class _Series:
         self.batch = metrics.batch_size.labels(name, version)
         self.codes: dict[int, Any] = {}
         self.stages: dict[str, Any] = {}
-        # TorchServe accumulators [requests, latency us, queue us], shared by every ModelVersion
-        # object with the same labels (a model unloaded and loaded again continues its series).
-        self.ts_default = metrics.ts_totals.setdefault((name, "default"), [0.0, 0.0, 0.0])
-        self.ts_named = metrics.ts_totals.setdefault((name, version), [0.0, 0.0, 0.0])
+        # TorchServe's model_name, model_version, hostname: "default" when the URL named none.
+        self.ts_default = (name, "default", metrics.hostname)
+        self.ts_named = (name, version, metrics.hostname)
 
 
 class ServerMetrics(Observer):
@@ -152,6 +149,9 @@ class ServerMetrics(Observer):
         system_metrics: bool = True,
         nvml: Any = "auto",
         max_custom_metrics: int = 100,
+        spec: MetricsSpec | None = None,
+        mode: str = "prometheus",
+        metrics_log: MetricsLog | None = None,
     ) -> None:
         self.registry = registry or CollectorRegistry()
         self.hostname = hostname or socket.gethostname()
@@ -159,13 +159,9 @@ class ServerMetrics(Observer):
         self._declare(self.registry)
         self._series: dict[ModelVersion, _Series] = {}
         self._unrouted: dict[int, Any] = {}
-        # TorchServe's series (observe.ts_metrics writes them): (model, version) -> [requests,
-        # latency us, queue us]; Requests{2,4,5}XX by status // 100.
-        self.ts_totals: dict[tuple[str, str], list[float]] = {}
-        self.status_counts = [0.0] * 6
-        self.prediction_ms: dict[str, float] = {}  # model name -> last batch's handler time
-        self._last_total_s: float | None = None
-        self._last_queue_s = 0.0
+        # TorchServe's metrics as metrics_config and metrics_mode say (observe.ts_families).
+        self.ts = TsFamilies(spec or load_metrics_config(None), mode, self.hostname, metrics_log)
+        self._host = ("Host", self.hostname)
         self._last_handler_ms = 0.0
         self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
@@ -254,6 +250,7 @@ class ServerMetrics(Observer):
         return list(self.models.all_versions()) if self.models is not None else []
 
     def close(self) -> None:
+        self.ts.close()
         if self._gpu is not None:
             self._gpu.close()
             self._gpu = None
@@ -263,27 +260,11 @@ class ServerMetrics(Observer):
         return series
 
     def count_response(self, status: int) -> None:
-        """One answer of the inference or management listener (Requests2XX/4XX/5XX)."""
+        """One HTTP answer (Requests2XX/4XX/5XX): TorchServe counts any status outside 2xx and
+        4xx as 5XX."""
         cls = status // 100
-        if 2 <= cls <= 5:
-            self.status_counts[cls] += 1
-
-    def last_times_ms(self) -> tuple[float, float] | None:
-        """TorchServe's QueueTime and WorkerThreadTime of the last request a worker took (ms):
-        its queue time, and its time outside the queue and the handler."""
-        if self._last_total_s is None:
-            return None
-        outside = (self._last_total_s - self._last_queue_s) * 1000 - self._last_handler_ms
-        return self._last_queue_s * 1000, max(0.0, outside)
-
-    def worker_load_times_ms(self) -> list[tuple[str, float]]:
-        """(worker name, load time ms) of every live worker (TorchServe's WorkerLoadTime)."""
-        return [
-            (slot.worker.name, slot.worker.load_time_ms)
-            for mv in self.versions()
-            for slot in list(mv.slots)
-            if slot.worker is not None and slot.worker.load_time_ms is not None
-        ]
+        name = "Requests2XX" if cls == 2 else "Requests4XX" if cls == 4 else "Requests5XX"
+        self.ts.update(name, self._host, 1.0)
 
     # -- hooks (the hot path) -------------------------------------------------------------------
 
@@ -306,15 +287,26 @@ class ServerMetrics(Observer):
         if child is None:
             child = series.codes[status] = self.requests.labels(mv.name, mv.version, str(status))
         child.inc()
-        ts = series.ts_default if request.version is None else series.ts_named
-        ts[0] += 1
+        labels = series.ts_default if request.version is None else series.ts_named
+        self.ts.update("ts_inference_requests_total", labels, 1.0)
         if queue_s is not None:
             series.latency.observe(seconds)
             series.queue.observe(queue_s)
-            ts[1] += seconds * 1e6
-            ts[2] += queue_s * 1e6
-            self._last_total_s = seconds
-            self._last_queue_s = queue_s
+            self._ts_timed(labels, status, seconds, queue_s)
+
+    def _ts_timed(
+        self, labels: tuple[str, ...], status: int, seconds: float, queue_s: float
+    ) -> None:
+        """TorchServe's times of a request a worker took: WorkerThreadTime (whole ms outside the
+        queue and the handler) for every one; the latency counters and QueueTime (whole ms, its
+        TimeUnit conversion) only for a success (TorchServe's sendError skips them)."""
+        update = self.ts.update
+        outside = (seconds - queue_s) * 1000 - self._last_handler_ms
+        update("WorkerThreadTime", self._host, float(max(0, int(outside))))
+        if status < 400:
+            update("ts_inference_latency_microseconds", labels, seconds * 1e6)
+            update("ts_queue_latency_microseconds", labels, queue_s * 1e6)
+            update("QueueTime", self._host, float(int(queue_s * 1000)))
 
     def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
         series = self._series.get(model) or self._new_series(model)
@@ -327,12 +319,16 @@ class ServerMetrics(Observer):
                     continue  # stage names come from the worker: keep the label bounded
                 child = stages[stage] = self.handler_time.labels(model.name, model.version, stage)
             child.observe(ms / 1000)
+        rids = ",".join(record.request_ids)
         handler_ms = record.timings_ms.get("handler")
         if handler_ms is not None:
             self._last_handler_ms = handler_ms
-            self.prediction_ms[model.name] = handler_ms
+        if handler_ms is not None and record.answered:
+            dims = {"ModelName": model.name, "Level": "Model"}
+            for name in ("HandlerTime", "PredictionTime"):  # TorchServe's handler and service
+                self.ts.model_update(name, "gauge", "ms", dims, round(handler_ms, 2), rids)
         if record.metrics:
-            self.custom.record(model, record.metrics)
+            self.custom.record(model, self.ts.model_records(record.metrics, rids))
 
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
         restarts = self.worker_restarts.labels(model.name, model.version)  # the series exists at 0
@@ -342,6 +338,9 @@ class ServerMetrics(Observer):
             restarts.inc()
         if worker.load_time_ms is not None:
             self.load_time.labels(model.name, model.version).set(worker.load_time_ms / 1000)
+            labels = (worker.name, "Host", self.hostname)
+            self.ts.update("WorkerLoadTime", labels, float(worker.load_time_ms))
+        self.ts.update("WorkerThreadTime", self._host, 0.0)  # TorchServe's load is a job too
 
     def worker_start_failed(self, model: ModelVersion, error: Exception) -> None:
         self.start_failures.labels(model.name, model.version).inc()

@@ -1,12 +1,12 @@
-"""TorchServe 0.12's frontend series as TorchServe writes them in Prometheus mode (its record:
-tests/data/torchserve_0.12/answers.json), and the metrics listener's app that serves them after
-the registry's own text.
+"""The metrics listener's app: the registry's text, then TorchServe's Prometheus families
+(observe.ts_families, as ``metrics_mode`` and ``metrics_config`` say), and the wrappers that count
+every HTTP answer in TorchServe's Requests2XX/4XX/5XX.
 
 prometheus_client writes a counter's samples with ``_total`` and sorts label names; TorchServe's
 ``Requests2XX`` is a counter without ``_total`` and its labels come in their declared order
-(``model_name, model_version, hostname``; ``Level, Hostname``), so these families are written
-here. The listener always answers text format 0.0.4, uncompressed: TorchServe serves no
-OpenMetrics, where ``Requests2XX`` could not be a counter. Torch-free.
+(``model_name, model_version, hostname``; ``Level, Hostname``), so its families are written by
+observe.ts_families. The listener always answers text format 0.0.4, uncompressed: TorchServe
+serves no OpenMetrics, where ``Requests2XX`` could not be a counter. Torch-free.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from prometheus_client import make_asgi_app
-from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from torchbay.server.observe.metrics import ServerMetrics
@@ -27,66 +26,17 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 AtHeaders = Callable[[Scope], Any]  # as http.limits.AtHeaders (observe imports no http)
-Sample = tuple[list[tuple[str, str]], float]
-
-_COUNT_HELP = "Torchserve prometheus counter metric with unit: Count"
-_GAUGE_HELP = "Torchserve prometheus gauge metric with unit: Milliseconds"
-_TS_HELP = {
-    "ts_inference_requests_total": "Total number of inference requests.",
-    "ts_inference_latency_microseconds": "Cumulative inference duration in microseconds",
-    "ts_queue_latency_microseconds": "Cumulative queue duration in microseconds",
-}
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _family(name: str, kind: str, help_text: str, samples: list[Sample]) -> list[str]:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    for labels, value in samples:
-        text = ",".join(f'{key}="{_escape(val)}"' for key, val in labels)
-        lines.append(f"{name}{{{text}}} {floatToGoString(value)}")
-    return lines
 
 
 def ts_text(metrics: ServerMetrics, names: set[str] | None = None) -> str:
-    """TorchServe's families (those in ``names``, or all), in Prometheus text format 0.0.4."""
-    host = metrics.hostname
-    per_model: dict[str, list[Sample]] = {name: [] for name in _TS_HELP}
-    for (model, version), values in list(metrics.ts_totals.items()):
-        if not values[0]:
-            continue
-        labels = [("model_name", model), ("model_version", version), ("hostname", host)]
-        for name, value in zip(_TS_HELP, values, strict=True):
-            per_model[name].append((labels, value))
-    families = [(name, "counter", _TS_HELP[name], per_model[name]) for name in _TS_HELP]
-    level = [("Level", "Host"), ("Hostname", host)]
-    families += [
-        (f"Requests{c}XX", "counter", _COUNT_HELP, [(level, metrics.status_counts[c])])
-        for c in (2, 4, 5)
-    ]
-    last = metrics.last_times_ms()
-    if last is not None:
-        families.append(("QueueTime", "gauge", _GAUGE_HELP, [(level, last[0])]))
-        families.append(("WorkerThreadTime", "gauge", _GAUGE_HELP, [(level, last[1])]))
-    loads = [([("WorkerName", w), *level], ms) for w, ms in metrics.worker_load_times_ms()]
-    families.append(("WorkerLoadTime", "gauge", _GAUGE_HELP, loads))
-    predictions: list[Sample] = [
-        ([("ModelName", model), ("Level", "Model"), ("Hostname", host)], ms)
-        for model, ms in list(metrics.prediction_ms.items())
-    ]
-    families.append(("PredictionTime", "gauge", _GAUGE_HELP, predictions))
-    lines = []
-    for name, kind, help_text, samples in families:
-        if samples and (names is None or name in names):
-            lines += _family(name, kind, help_text, samples)
-    return "".join(f"{line}\n" for line in lines)
+    """TorchServe's Prometheus families (those in ``names``, or all), in text format 0.0.4:
+    none in ``log`` mode, the three ``ts_inference_*`` counters in ``legacy`` mode."""
+    return metrics.ts.text(names)
 
 
 def counting(app: ASGIApp, metrics: ServerMetrics) -> ASGIApp:
-    """``app``, each HTTP answer counted in Requests2XX/4XX/5XX (TorchServe counts every answer
-    of its inference and management listeners)."""
+    """``app``, each HTTP answer counted in Requests2XX/4XX/5XX (TorchServe's sendHttpResponse
+    counts every answer of its inference, management and metrics listeners)."""
 
     async def counted(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -26,6 +26,7 @@ from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.observe.logs import RequestHook, request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
+from torchbay.server.observe.ts_families import metrics_options
 from torchbay.server.plane import log_settings
 from torchbay.server.plane.cache import ResponseCache
 from torchbay.server.plane.exchange import Exchange, Scope, Wiring
@@ -223,7 +224,9 @@ def build_plane(
 ) -> DataPlane:
     """The server's one plane: its registry (fed to the metrics and the statistics), the
     recorders, and URL registration limited to ``allowed_urls`` (none by default)."""
-    metrics = ServerMetrics(system_metrics=not config.disable_system_metrics)
+    metrics = ServerMetrics(
+        system_metrics=not config.disable_system_metrics, **metrics_options(config, env or {})
+    )
     stats = OipStats()  # Triton's statistics extension: fed by the same records as the metrics
     registry = ModelRegistry(
         config,

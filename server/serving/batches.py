@@ -28,6 +28,10 @@ class BatchRecord:
     timings_ms: dict[str, float]
     metrics: list[dict[str, Any]]
     run_s: float = 0.0  # the batch's wall time on its worker (admission's service rate)
+    request_ids: tuple[str, ...] = ()  # TorchServe's model metrics log lines name them
+    # Some request answered below 400: TorchServe's HandlerTime and PredictionTime are measured
+    # only when the handler returned (an error on every request is taken as a raise).
+    answered: bool = True
 
 
 async def run_batch(
@@ -64,6 +68,8 @@ async def run_batch(
         timings_ms=result.timings,
         metrics=result.metrics,
         run_s=clock() - started,
+        request_ids=tuple(str(item.payload.request_id) for item in batch),
+        answered=any(response.status < 400 for response in result.responses),
     )
 
 
