@@ -306,8 +306,11 @@ class ForkServer:
             else:
                 self.forks += 1
                 return spawned
-        if template is None or not template.alive:
-            self.start()  # for the next worker: this one is spawned now, not after its import
+        if template is not None and not template.alive:
+            # Restarted for the next worker: this one is spawned now, not after its import. (The
+            # first template is the server's to start: after the start-up models, whose own
+            # workers it would only slow down.)
+            self.start()
         self.spawns += 1
         return spawn_process(env, python, log_format)
 
