@@ -6,7 +6,8 @@ Each run starts a real server in this process (``TorchbayServer`` on 127.0.0.1 p
 ``tiny`` reference archive, ``worker_start`` spawn or fork, the two modes alternating run by run)
 and times, for every new worker, the decision (the ``WorkerProcess`` made by its slot: the scale
 request's new slot, or the supervisor's restart after a death) to its ``Ready``, with the model's
-own load (the worker's ``load_time_ms``: ``load_service``) shown apart:
+own load (the worker's ``load_time_ms``: ``load_service``) shown apart, and of the time before
+it, the spawn function's own call (``Popen``; for a fork, the round trip to the template):
 
 * scale-up: ``PUT /models/tiny?min_worker=3`` from one worker (two new workers);
 * restart: ``kill -9`` of a worker, ``--kills`` times, one at a time (restart back-off 0).
@@ -56,6 +57,7 @@ class Start:
     load_ms: float
     forked: bool
     run: int = 0
+    spawn_call_ms: float = 0.0  # of ready_ms: the spawn function's call (fork: a round trip)
 
     @property
     def before_load_ms(self) -> float:
@@ -74,7 +76,8 @@ class _Recorder(Observer):
         ready_ms = (time.time() - worker.start_time) * 1000
         forked = not isinstance(worker._proc, subprocess.Popen)
         kind = "restart" if restart else "scale-up"
-        start = Start(self.mode, kind, ready_ms, worker.load_time_ms, forked, self.run)
+        call_ms = getattr(worker._proc, "spawn_call_ms", 0.0)
+        start = Start(self.mode, kind, ready_ms, worker.load_time_ms, forked, self.run, call_ms)
         with self.changed:
             self.starts.append(start)
             self.changed.notify_all()
@@ -122,6 +125,18 @@ class _Server:
         self.thread.join(READY_TIMEOUT_S)
 
 
+def _timed(spawn: Any) -> Any:
+    """``spawn``, noting on each process handle how long its call took."""
+
+    def timed(*args: Any) -> Any:
+        started = time.perf_counter()
+        spawned = spawn(*args)
+        spawned.proc.spawn_call_ms = (time.perf_counter() - started) * 1000
+        return spawned
+
+    return timed
+
+
 def one_run(store: Path, mode: str, kills: int, run: int) -> list[Start]:
     """Scale 1 -> 3, then kill -9 a worker ``kills`` times; every new worker's start."""
     server = _Server(store, mode)
@@ -132,6 +147,7 @@ def one_run(store: Path, mode: str, kills: int, run: int) -> list[Start]:
         recorder = _Recorder(mode, run)
         mv = server.version()
         mv.observer = Observers(mv.observer, recorder)
+        mv.spawn = _timed(mv.spawn)
         scaled = httpx.put(
             f"{server.management}/models/tiny",
             params={"min_worker": 3, "max_worker": 3, "synchronous": "true"},
@@ -166,6 +182,7 @@ def summarize(starts: list[Start], runs: int) -> dict[str, Any]:
                             "ready_ms": _median([s.ready_ms for s in mine]),
                             "load_ms": _median([s.load_ms for s in mine]),
                             "before_load_ms": _median([s.before_load_ms for s in mine]),
+                            "spawn_call_ms": _median([s.spawn_call_ms for s in mine]),
                             "forked": all(s.forked for s in mine),
                         }
                     )
@@ -173,7 +190,7 @@ def summarize(starts: list[Start], runs: int) -> dict[str, Any]:
                 "runs": per_run,
                 **{
                     key: _median([r[key] for r in per_run])
-                    for key in ("ready_ms", "load_ms", "before_load_ms")
+                    for key in ("ready_ms", "load_ms", "before_load_ms", "spawn_call_ms")
                 },
             }
     return summary
@@ -188,14 +205,14 @@ def render(summary: dict[str, Any], command: str, when: str) -> str:
         f"Machine: {machine()}",
         "",
         "| start | decision -> READY ms (median) | model load ms | before the load ms "
-        "| every run (decision -> READY / before the load) |",
-        "|---|---|---|---|---|",
+        "| of which the spawn call ms | every run (decision -> READY / before the load) |",
+        "|---|---|---|---|---|---|",
     ]
     for name, row in summary.items():
         every = ", ".join(f"{r['ready_ms']:g} / {r['before_load_ms']:g}" for r in row["runs"])
         lines.append(
             f"| {name} | {row['ready_ms']:g} | {row['load_ms']:g} | {row['before_load_ms']:g} "
-            f"| {every} |"
+            f"| {row['spawn_call_ms']:g} | {every} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -91,7 +91,7 @@ class TorchbayServer:
             )
         self.gpu_count = gpu_count
         # New workers fork from a template process (``worker_start``; serving/forkserver.py).
-        self.forks = ForkServer.configured(config.worker_start, self.env or None)
+        self.forks = ForkServer.configured(config, self.env or None)
         core_ids = usable_cores(cores)
         self.cores = len(core_ids)
         # One budget of CPU threads (and cores) for all workers of all models (serving/budget.py).

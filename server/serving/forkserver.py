@@ -35,6 +35,7 @@ import sys
 import threading
 from collections.abc import Mapping
 
+from torchbay.server.config.settings import ServerConfig
 from torchbay.server.serving.handle import Spawned, spawn_process
 from torchbay.server.serving.worker_env import worker_env
 
@@ -131,9 +132,10 @@ class _Template:
 
     _ids = itertools.count(1)
 
-    def __init__(self, env: dict[str, str], python: str) -> None:
+    def __init__(self, env: dict[str, str], python: str, log_format: str) -> None:
         self.ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         args = [python, "-m", "torchbay.server.worker.template", "--fd", str(child.fileno())]
+        args += ["--log-format", log_format]
         try:
             self.proc = subprocess.Popen(
                 args,
@@ -249,9 +251,15 @@ class ForkServer:
     the template. Counters say what happened: ``forks``, ``spawns`` (fallbacks), ``restarts``.
     """
 
-    def __init__(self, env: Mapping[str, str] | None = None, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        log_format: str = "text",
+    ) -> None:
         self.env = worker_env(os.environ if env is None else env)
         self.python = python
+        self.log_format = log_format  # the template's own lines (each worker gets its own)
         self._frozen = frozen_env(self.env)
         self._lock = threading.Lock()
         self._template: _Template | None = None
@@ -259,10 +267,12 @@ class ForkServer:
         self.forks = self.spawns = self.restarts = 0
 
     @classmethod
-    def configured(cls, worker_start: str, env: Mapping[str, str] | None) -> ForkServer | None:
+    def configured(cls, config: ServerConfig, env: Mapping[str, str] | None) -> ForkServer | None:
         """The server's fork server for its ``worker_start`` setting (None: spawn every worker,
         as on a platform without fork or pidfds)."""
-        return cls(env) if worker_start == "fork" and supported() else None
+        if config.worker_start != "fork" or not supported():
+            return None
+        return cls(env, log_format=config.log_format)
 
     def start(self) -> None:
         """Launch the template unless one is running (a dead one is replaced)."""
@@ -274,7 +284,7 @@ class ForkServer:
                 self.restarts += 1
                 log.warning("the worker template is gone; starting another")
             try:
-                self._template = _Template(self.env, self.python)
+                self._template = _Template(self.env, self.python, self.log_format)
             except OSError as exc:
                 log.warning("could not start the worker template: %r", exc)
                 self._template = None

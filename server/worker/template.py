@@ -136,18 +136,17 @@ class Template:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchbay-worker-template")
     parser.add_argument("--fd", type=int, required=True, help="inherited SOCK_SEQPACKET socket")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a worker: the frontend decides
-    logging.basicConfig(
-        level="INFO",
-        format=f"%(asctime)s %(levelname)s template[{os.getpid()}] %(name)s: %(message)s",
-    )
+    from torchbay.server.worker import main as worker_main
+
+    worker_main.configure_logging("INFO", args.log_format)  # its lines are a worker's
     # What a worker imports before its Load (main.serve), imported once here. Nothing of torch
     # runs: no thread pool, no CUDA.
     import torch  # noqa: F401
 
     from torchbay.handlers.runtime.service import load_service  # noqa: F401
-    from torchbay.server.worker import main as worker_main  # noqa: F401
 
     ctl = socket.socket(fileno=args.fd)
     try:
