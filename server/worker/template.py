@@ -27,6 +27,7 @@ on in their own sessions and exit on their own socket's EOF.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -62,8 +63,15 @@ def _child(request: dict, fd: int, inherited: list[int]) -> int:
     return main.run(socket.socket(fileno=fd))
 
 
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing left to lose
+            stream.flush()
+
+
 def _fork(request: dict, fd: int, inherited: list[int]) -> int:
     """Fork a worker on ``fd``; its pid (in the template)."""
+    _flush()  # else the child inherits, and later writes, a copy of what is buffered
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -73,6 +81,7 @@ def _fork(request: dict, fd: int, inherited: list[int]) -> int:
             log.exception("forked worker failed")
         finally:
             logging.shutdown()
+            _flush()  # os._exit skips it: a handler's last prints would be lost
             os._exit(code)
     os.close(fd)
     return pid

@@ -31,6 +31,7 @@ import torch
 def handle(data, context):
     if data is None:
         return None
+    print(f"fork-test print from {os.getpid()}")  # block-buffered: a pipe, or pytest's file
     report = {
         "pid": os.getpid(),
         "ppid": os.getppid(),
@@ -58,6 +59,7 @@ def fork_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def forking(live_server: Any, fork_store: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Start a server over ``fork_store`` and wait until its template can fork."""
     monkeypatch.setenv("TORCHBAY_FORK_TEST_MARKER", "from-the-server")
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the print test needs a buffer
 
     def start(**overrides: Any) -> Any:
         server = live_server(model_store=fork_store, load_models=["forked=forked.mar"], **overrides)
@@ -98,7 +100,9 @@ def slots(server: Any) -> list[Any]:
     return mv.slots
 
 
-def test_scale_up_forks_workers_that_set_their_own_threads(forking: Any) -> None:
+def test_scale_up_forks_workers_that_set_their_own_threads(
+    forking: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
     server = forking(cores=4)
     forks = server.server.forks
     template = forks.pid
@@ -120,6 +124,11 @@ def test_scale_up_forks_workers_that_set_their_own_threads(forking: Any) -> None
     assert forked["marker"] == "from-the-server"
     assert forked["sum"] == 64 * 64 * 64
     assert seen[first["pid"]]["threads"] == 2  # the first worker was re-tuned to its share
+    scale(server, 1)  # the last slot leaves: the forked worker, stopped
+    assert [s.worker.pid for s in slots(server)] == [first["pid"]]
+    # What it printed reached the output it inherited, though a forked worker ends with
+    # os._exit (which flushes nothing by itself).
+    assert f"fork-test print from {worker.pid}" in capfd.readouterr().out
 
 
 def test_kill_9_restart_forks_and_reports_the_exit_code(forking: Any) -> None:
