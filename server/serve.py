@@ -38,6 +38,7 @@ from torchbay.server.http.listeners import bind_listeners, check_tls, close_all
 from torchbay.server.plane import build_plane
 from torchbay.server.serving.budget import GPU_WORKER_THREADS, HostBudget
 from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count, usable_cores
+from torchbay.server.serving.forkserver import ForkServer
 from torchbay.server.serving.handle import Spawned
 from torchbay.server.serving.launch import Placement
 from torchbay.server.serving.model import ModelVersion
@@ -90,6 +91,8 @@ class TorchbayServer:
                 else detect_gpu_count(self.env)
             )
         self.gpu_count = gpu_count
+        # New workers fork from a template process (``worker_start``; serving/forkserver.py).
+        self.forks = ForkServer.configured(config, self.env or None)
         core_ids = usable_cores(cores)
         self.cores = len(core_ids)
         # One budget of CPU threads (and cores) for all workers of all models (serving/budget.py).
@@ -210,6 +213,8 @@ class TorchbayServer:
         self.plane.starting = False  # ready (OIP, Kubernetes) once the start-up models are in
         self.plane.snapshots.save("startup")
         await asyncio.to_thread(self._discard_prewarmed)
+        if self.forks is not None:  # after the start-up models: its import does not slow theirs
+            self.forks.start()
         self.state.started.set()
         self._write_ready_file()
         log.info(
@@ -233,6 +238,7 @@ class TorchbayServer:
             server_version=__version__,
             env=self.env,
             prewarmed=self.take_prewarmed,
+            spawn=self.forks.spawn if self.forks is not None else None,
         )
         plane.startup_failures = self.state.failed_models
         plane.starting = True
@@ -373,6 +379,8 @@ class TorchbayServer:
         )
         if self.registry is not None:
             await self.registry.stop()
+        if self.forks is not None:
+            await asyncio.to_thread(self.forks.close)
         for task in list(self._late_loads):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -185,6 +185,10 @@ class ServerConfig(GrpcSettings):
     cpu_affinity: bool = False
     cpu_thread_budget: int | None = Field(None, ge=1, le=MAX_THREADS)  # all workers; None: cores
     shutdown_grace_s: float = Field(30.0, ge=0, le=3600)
+    # How a new worker starts: forked from a template that imported torch once (milliseconds),
+    # or spawned (python and torch imported again, about a second). "fork" spawns where the
+    # platform cannot fork (serving/forkserver.py).
+    worker_start: Literal["fork", "spawn"] = "fork"
     restart_backoff_s: tuple[float, ...] = RESTART_BACKOFF_S
     # Archive unpacking (model store and URL registration alike): the total expanded size, and
     # the largest expanded/compressed ratio of any member past 1 MiB. Weights barely compress

@@ -221,6 +221,7 @@ def build_plane(
     server_version: str,
     env: Mapping[str, str] | None = None,
     prewarmed: Any = None,
+    spawn: Any = None,
 ) -> DataPlane:
     """The server's one plane: its registry (fed to the metrics and the statistics), the
     recorders, and URL registration limited to ``allowed_urls`` (none by default)."""
@@ -236,6 +237,7 @@ def build_plane(
         observer=Observers(metrics, stats),
         worker_env=dict(env) if env else None,
         prewarmed=prewarmed,
+        spawn=spawn,
     )
     metrics.watch(registry)
     registry.fetch = Fetcher(

@@ -32,7 +32,7 @@ from torchbay.server.serving.archives import (
     signature_of,
 )
 from torchbay.server.serving.budget import HostBudget
-from torchbay.server.serving.handle import Spawned
+from torchbay.server.serving.handle import Spawned, SpawnFn
 from torchbay.server.serving.launch import LaunchSpec, Placement, settings_from
 from torchbay.server.serving.model import ModelVersion, Observer
 
@@ -57,9 +57,11 @@ class ModelRegistry:
         workdir: Path | None = None,
         worker_env: dict[str, str] | None = None,
         prewarmed: Callable[[], Spawned | None] | None = None,
+        spawn: SpawnFn | None = None,  # how workers start (serving/forkserver.py); None: spawned
     ) -> None:
         self.config = config
         self.prewarmed = prewarmed
+        self.spawn = spawn
         self.place = place
         self.budget = budget or HostBudget(None, (), enabled=False)
         self.server_version = server_version
@@ -247,6 +249,7 @@ class ModelRegistry:
             manifest=manifest,
             observer=self.observer,
             prewarmed=self.prewarmed,
+            spawn=self.spawn,
         )
 
     async def _start(self, mv: ModelVersion, quiet: bool = False) -> None:

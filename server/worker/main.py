@@ -1,6 +1,7 @@
 """The worker process: ``python -m torchbay.server.worker --fd N``.
 
-Spawned (never forked) by the frontend with one end of a socketpair. It reads a ``Load``, loads the
+Spawned by the frontend with one end of a socketpair, or forked from the worker template
+(``template.py``, the same ``run`` on the same socket). It reads a ``Load``, loads the
 model through the same ``load_service`` that ``torchbay verify`` uses, answers ``Ready`` (or
 ``LoadFailed``), then serves ``Infer`` frames one at a time until ``Shutdown`` or EOF. This is the
 only server module that imports torch (through the handlers).
@@ -262,16 +263,10 @@ def _serve_batches(sock: socket.socket, service: object, first: bool, started_on
         sock.sendall(frame)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchbay-worker")
-    parser.add_argument("--fd", type=int, required=True, help="inherited socket file descriptor")
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    args = parser.parse_args(argv)
-    # Ctrl-C reaches the whole process group; the frontend decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def configure_logging(level: str, log_format: str) -> None:
+    """The worker's log lines on stderr (the frontend's WorkerOutput), text or JSON."""
     handler = logging.StreamHandler(sys.stderr)
-    if args.log_format == "json":
+    if log_format == "json":
         from torchbay.server.observe.logs import JsonFormatter
 
         handler.setFormatter(JsonFormatter())
@@ -281,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"%(asctime)s %(levelname)s worker[{os.getpid()}] %(name)s: %(message)s"
             )
         )
-    logging.basicConfig(level=args.log_level, handlers=[handler])
-    sock = socket.socket(fileno=args.fd)
+    # force: a forked worker replaces what its template set up (server/worker/template.py).
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def run(sock: socket.socket) -> int:
+    """Serve on ``sock`` until the frontend is done with it; the process's exit code."""
     try:
         return serve(sock)
     except p.ProtocolError:
@@ -292,3 +291,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         sock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchbay-worker")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket file descriptor")
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    # Ctrl-C reaches the whole process group; the frontend decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(args.log_level, args.log_format)
+    return run(socket.socket(fileno=args.fd))

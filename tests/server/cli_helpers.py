@@ -66,6 +66,14 @@ def predict(port: int, model: str = "talk") -> httpx.Response:
     return httpx.post(f"http://127.0.0.1:{port}/predictions/{model}", json=INPUT, timeout=60)
 
 
+def spawned_workers(pid: int, recursive: bool = False) -> list[psutil.Process]:
+    """The server ``pid``'s worker processes, less its worker template (serving/forkserver.py:
+    started once the server is ready, a template is no worker; nor, with ``recursive``, its
+    forked children, which carry its command line)."""
+    family = psutil.Process(pid).children(recursive=recursive)
+    return [p for p in family if "torchbay.server.worker.template" not in p.cmdline()]
+
+
 def kill_tree(pid: int) -> None:
     """Kill a server this test started (and its workers) if it is still there."""
     with contextlib.suppress(psutil.Error):

@@ -15,6 +15,8 @@ import httpx
 import psutil
 import pytest
 
+from .cli_helpers import spawned_workers
+
 pytestmark = pytest.mark.slow
 
 
@@ -84,7 +86,7 @@ def _sigterm_during(
 
 def test_sigterm_drains_in_flight_requests(model_store, tmp_path):
     proc, info = _start(model_store, tmp_path)
-    workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    workers = [c.pid for c in spawned_workers(proc.pid, recursive=True)]
     assert workers, "no worker process found"
 
     # The frontend never loads torch: no libtorch mapped in the serving process, while its

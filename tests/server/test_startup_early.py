@@ -10,12 +10,19 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from torchbay.server.early_workers import _serves_models
 
-from .cli_helpers import build_talk_store, clean_env, free_addresses, kill_tree, predict, read_ready
+from .cli_helpers import (
+    build_talk_store,
+    clean_env,
+    free_addresses,
+    kill_tree,
+    predict,
+    read_ready,
+    spawned_workers,
+)
 
 # Heavy frontend imports that must not come before the first worker is spawned.
 _HEAVY = ("torch", "pydantic", "fastapi", "uvicorn", "grpc", "httpx", "yaml", "asyncio")
@@ -109,7 +116,7 @@ def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_fac
         assert info["failed_models"] == {}
         assert info["grpc_inference"] > 0
         assert predict(info["inference"]).status_code == 200
-        workers = psutil.Process(proc.pid).children()
+        workers = spawned_workers(proc.pid)
         assert len(workers) == 1, [w.cmdline() for w in workers]
         assert "torchbay.server.worker" in workers[0].cmdline()
         front = Path(f"/proc/{proc.pid}/maps").read_text()
@@ -144,7 +151,7 @@ def test_a_spare_early_worker_is_stopped_once_the_server_is_ready(tmp_path):
     try:
         _wait_ready(proc, ready, cwd)
         assert read_ready(ready)["failed_models"] == {}
-        assert psutil.Process(proc.pid).children() == []
+        assert spawned_workers(proc.pid) == []
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     finally:

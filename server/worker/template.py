@@ -1,0 +1,170 @@
+"""The worker template: ``python -m torchbay.server.worker.template --fd N``, a fork server.
+
+Started once by the frontend (``serving/forkserver.py``) on one end of a ``SOCK_SEQPACKET``
+socketpair, it imports torch, the handlers and the worker's code (the slowest part of a worker's
+start: about a second) and then forks a worker on each request, in milliseconds, as Python's
+``forkserver`` and gunicorn's ``preload`` do.
+
+What it must never do before forking: run torch's thread pools (no ``get_num_threads``, no
+parallel region: libgomp's pool does not survive a fork, and ``set_num_interop_threads`` fails
+once the inter-op pool exists) or initialize CUDA (a forked child cannot use it). The child sets
+its own threads, cores and device in ``main.serve``, as a spawned worker does.
+
+Messages, one JSON object per packet; file descriptors ride along as SCM_RIGHTS:
+
+* frontend -> template: ``{"op": "fork", "id", "env", "log_format"}`` with the worker's end of
+  its socketpair;
+* template -> frontend: ``{"op": "ready"}`` once the imports are done; ``{"op": "forked", "id",
+  "pid"}`` with a pidfd of the child (so the frontend can signal and watch a process that is not
+  its own child, without a pid that could be reused); ``{"op": "error", "id", "error"}`` when
+  ``fork`` failed; ``{"op": "exit", "pid", "code"}`` when the template reaped a child (the code as
+  ``Popen.returncode`` reads: negative for a signal).
+
+EOF on its socket (the frontend closed it or died) ends the template; the workers it forked live
+on in their own sessions and exit on their own socket's EOF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import sys
+
+log = logging.getLogger("torchbay.template")
+
+MAX_PACKET = 1 << 20  # a fork request carries the worker's whole environment
+
+
+def _send(ctl: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    socket.send_fds(ctl, [json.dumps(message).encode()], fds or [])
+
+
+def _child(request: dict, fd: int, inherited: list[int]) -> int:
+    """In the forked child: become a worker on ``fd`` (its exit code)."""
+    from torchbay.server.worker import main
+
+    for other in inherited:  # the template's socket, selector and its other children's pidfds
+        os.close(other)
+    os.setsid()  # own session, as a spawned worker: the frontend stops it, not a signal
+    # The worker's environment, before anything of the worker reads it. What was read when the
+    # template started (the allocator's, OpenMP's) stays the template's: the frontend forks only
+    # when those are the same (forkserver.frozen_env).
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if "numpy" in sys.modules:  # numpy seeded its global generator at import: one per worker
+        sys.modules["numpy"].random.seed()
+    main.configure_logging("INFO", request.get("log_format", "text"))
+    return main.run(socket.socket(fileno=fd))
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing left to lose
+            stream.flush()
+
+
+def _fork(request: dict, fd: int, inherited: list[int]) -> int:
+    """Fork a worker on ``fd``; its pid (in the template)."""
+    _flush()  # else the child inherits, and later writes, a copy of what is buffered
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _child(request, fd, inherited)
+        except BaseException:
+            log.exception("forked worker failed")
+        finally:
+            logging.shutdown()
+            _flush()  # os._exit skips it: a handler's last prints would be lost
+            os._exit(code)
+    os.close(fd)
+    return pid
+
+
+class Template:
+    """The template's loop: fork requests from the frontend, exits of its children."""
+
+    def __init__(self, ctl: socket.socket) -> None:
+        self.ctl = ctl
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(ctl, selectors.EVENT_READ)
+        self.children: dict[int, int] = {}  # pidfd -> pid
+
+    def serve(self) -> int:
+        _send(self.ctl, {"op": "ready", "pid": os.getpid()})
+        while True:
+            for key, _ in self.selector.select():
+                if key.fileobj is self.ctl:
+                    if not self._request():
+                        return 0
+                else:
+                    self._reap(key.fd)
+
+    def _request(self) -> bool:
+        """Serve one request; False at EOF."""
+        data, fds, _, _ = socket.recv_fds(self.ctl, MAX_PACKET, 1)
+        if not data:
+            return False
+        request = json.loads(data)
+        if request.get("op") != "fork" or len(fds) != 1:
+            log.error("unexpected request %r; ignored", request.get("op"))
+            for fd in fds:
+                os.close(fd)
+            return True
+        inherited = [self.ctl.fileno(), *self._selector_fd(), *self.children]
+        try:
+            pid = _fork(request, fds[0], inherited)
+        except OSError as exc:  # EAGAIN, ENOMEM: the frontend spawns instead
+            os.close(fds[0])
+            _send(self.ctl, {"op": "error", "id": request["id"], "error": repr(exc)})
+            return True
+        pidfd = os.pidfd_open(pid)  # not reaped before it is registered: the pid is still ours
+        self.children[pidfd] = pid
+        self.selector.register(pidfd, selectors.EVENT_READ)
+        _send(self.ctl, {"op": "forked", "id": request["id"], "pid": pid}, [pidfd])
+        return True
+
+    def _selector_fd(self) -> list[int]:
+        fileno = getattr(self.selector, "fileno", None)  # epoll's; select() has none
+        return [fileno()] if fileno is not None else []
+
+    def _reap(self, pidfd: int) -> None:
+        pid = self.children.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        _send(self.ctl, {"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchbay-worker-template")
+    parser.add_argument("--fd", type=int, required=True, help="inherited SOCK_SEQPACKET socket")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a worker: the frontend decides
+    from torchbay.server.worker import main as worker_main
+
+    worker_main.configure_logging("INFO", args.log_format)  # its lines are a worker's
+    # What a worker imports before its Load (main.serve), imported once here. Nothing of torch
+    # runs: no thread pool, no CUDA.
+    import torch  # noqa: F401
+
+    from torchbay.handlers.runtime.service import load_service  # noqa: F401
+
+    ctl = socket.socket(fileno=args.fd)
+    try:
+        return Template(ctl).serve()
+    except (BrokenPipeError, ConnectionResetError):
+        return 0
+    finally:
+        ctl.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""Workers forked from the worker template (serving/forkserver.py, worker/template.py), live: a
+real server, real template and worker processes, a real model. Scale-up, a restart after kill -9
+and recycling all fork; the thread budget, a fresh torch (no CUDA, its own thread pools) and the
+worker's own environment hold in the child; a dead template means a spawned worker and a new
+template, never a missing worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.server.conftest import build_store
+from torchbay.server.serving.forkserver import ForkedProc, ForkServer, supported
+
+pytestmark = pytest.mark.skipif(not supported(), reason="needs fork, pidfds and SCM_RIGHTS")
+
+HANDLER = """
+import os
+
+import torch
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    print(f"fork-test print from {os.getpid()}")  # block-buffered: a pipe, or pytest's file
+    report = {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "sid": os.getsid(0),
+        "threads": torch.get_num_threads(),
+        "interop": torch.get_num_interop_threads(),
+        "cuda_initialized": torch.cuda.is_initialized(),
+        "marker": os.environ.get("TORCHBAY_FORK_TEST_MARKER"),
+        "sum": float(torch.ones(64, 64).matmul(torch.ones(64, 64)).sum()),
+    }
+    return [report for _ in data]
+"""
+
+READY_S = 120  # the template's own torch import, on a loaded 2-core host
+
+
+@pytest.fixture(scope="module")
+def fork_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    handler = tmp_path_factory.mktemp("fork-handler") / "fork_handler.py"
+    handler.write_text(HANDLER)
+    return build_store(tmp_path_factory, "fork", {"forked": str(handler)})
+
+
+@pytest.fixture
+def forking(live_server: Any, fork_store: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Start a server over ``fork_store`` and wait until its template can fork."""
+    monkeypatch.setenv("TORCHBAY_FORK_TEST_MARKER", "from-the-server")
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the print test needs a buffer
+
+    def start(**overrides: Any) -> Any:
+        server = live_server(model_store=fork_store, load_models=["forked=forked.mar"], **overrides)
+        assert server.server.forks.wait_ready(READY_S), "the worker template did not start"
+        return server
+
+    return start
+
+
+def report(server: Any) -> dict[str, Any]:
+    response = httpx.post(f"{server.url}/predictions/forked", json={}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def reports(server: Any, n: int) -> list[dict[str, Any]]:
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            url = f"{server.url}/predictions/forked"
+            return await asyncio.gather(*(client.post(url, json={}) for _ in range(n)))
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200] * n, [r.text for r in responses]
+    return [r.json() for r in responses]
+
+
+def scale(server: Any, workers: int) -> None:
+    scaled = httpx.put(
+        f"{server.management_url}/models/forked",
+        params={"min_worker": workers, "max_worker": workers, "synchronous": "true"},
+        timeout=120,
+    )
+    assert scaled.status_code == 200, scaled.text
+
+
+def slots(server: Any) -> list[Any]:
+    [mv] = server.server.registry.all_versions()
+    return mv.slots
+
+
+def test_scale_up_forks_workers_that_set_their_own_threads(
+    forking: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    server = forking(cores=4)
+    forks = server.server.forks
+    template = forks.pid
+    first = report(server)  # the start-up worker: pre-warmed or spawned, the frontend's child
+    assert first["ppid"] == os.getpid() and first["threads"] == 4
+    scale(server, 2)
+    assert forks.forks == 1
+    new = [s.worker for s in slots(server) if s.worker.pid != first["pid"]]
+    [worker] = new
+    assert psutil.Process(worker.pid).ppid() == template
+    assert isinstance(worker._proc, ForkedProc)
+    seen = {r["pid"]: r for r in reports(server, 12)}
+    forked = seen[worker.pid]
+    # The host budget, re-shared over two workers, applied in the child (inter-op 1: its pool
+    # had never started in the template); no CUDA; its own session; the server's environment.
+    assert (forked["threads"], forked["interop"]) == (2, 1)
+    assert forked["cuda_initialized"] is False
+    assert forked["sid"] == worker.pid
+    assert forked["marker"] == "from-the-server"
+    assert forked["sum"] == 64 * 64 * 64
+    assert seen[first["pid"]]["threads"] == 2  # the first worker was re-tuned to its share
+    scale(server, 1)  # the last slot leaves: the forked worker, stopped
+    assert [s.worker.pid for s in slots(server)] == [first["pid"]]
+    # What it printed reached the output it inherited, though a forked worker ends with
+    # os._exit (which flushes nothing by itself).
+    assert f"fork-test print from {worker.pid}" in capfd.readouterr().out
+
+
+def test_kill_9_restart_forks_and_reports_the_exit_code(forking: Any) -> None:
+    server = forking()
+    scale(server, 2)
+    [slot] = [s for s in slots(server) if isinstance(s.worker._proc, ForkedProc)]
+    victim = slot.worker
+    os.kill(victim.pid, signal.SIGKILL)
+    assert victim._proc.wait(timeout=60) == -signal.SIGKILL  # the template reaped and told us
+    pids = {r["pid"] for r in reports(server, 8)}
+    assert victim.pid not in pids
+    assert slot.worker is not victim and slot.worker.exit_code is None
+    assert psutil.Process(slot.worker.pid).ppid() == server.server.forks.pid
+    assert slot.restarts == 1
+
+
+def test_recycling_forks_the_successor_and_loses_no_request(forking: Any) -> None:
+    server = forking(
+        models={"forked": {"1.0": {"marName": "forked.mar", "maxRequestsPerWorker": 3}}}
+    )
+    forks = server.server.forks
+    pids: list[int] = []
+    # Requests answered while a successor starts and its predecessor stops do not ask for
+    # another recycle (slot.py): a few more than 2 x 3 are needed to see two recycles.
+    while len(set(pids)) < 3 and len(pids) < 60:
+        pids.append(report(server)["pid"])  # every one answered 200
+    assert len(set(pids)) == 3, pids
+    [slot] = slots(server)
+    assert slot.recycles >= 2 and forks.forks >= 2
+    assert psutil.Process(slot.worker.pid).ppid() == forks.pid
+
+
+def test_a_dead_template_means_a_spawned_worker_and_a_new_template(forking: Any) -> None:
+    server = forking()
+    forks = server.server.forks
+    scale(server, 2)
+    [slot] = [s for s in slots(server) if isinstance(s.worker._proc, ForkedProc)]
+    forked = slot.worker
+    old_template = forks._template.proc
+    old_template.kill()
+    old_template.wait(timeout=60)
+    assert forked.pid in {r["pid"] for r in reports(server, 8)}  # its workers serve on
+    spawns = forks.spawns
+    scale(server, 3)  # the template is gone: spawned the old way, and a new template started
+    assert forks.spawns == spawns + 1
+    [spawned] = [s.worker for s in slots(server)[2:]]
+    assert isinstance(spawned._proc, subprocess.Popen)
+    assert forks.wait_ready(READY_S) and forks.pid not in (None, old_template.pid)
+    assert forks.restarts == 1
+    os.kill(forked.pid, signal.SIGKILL)  # an orphan now: its exit is seen through its pidfd
+    assert forked._proc.wait(timeout=60) == -1
+    assert len({r["pid"] for r in reports(server, 12)}) == 3
+    assert slot.worker is not forked  # restarted: forked from the new template
+    assert psutil.Process(slot.worker.pid).ppid() == forks.pid
+
+
+def test_worker_start_spawn_never_forks(live_server: Any, fork_store: Path) -> None:
+    server = live_server(
+        model_store=fork_store, load_models=["forked=forked.mar"], worker_start="spawn"
+    )
+    assert server.server.forks is None
+    scale(server, 2)
+    assert {psutil.Process(p).ppid() for p in server.worker_pids()} == {os.getpid()}
+
+
+def test_an_environment_a_fork_cannot_give_is_spawned() -> None:
+    forks = ForkServer(os.environ)
+    forks.start()
+    try:
+        assert forks.wait_ready(READY_S)
+        same = forks.spawn(os.environ)
+        assert isinstance(same.proc, ForkedProc)
+        other = forks.spawn({**os.environ, "MALLOC_ARENA_MAX": "2"})  # read at glibc's start
+        assert isinstance(other.proc, subprocess.Popen)
+        same.discard()  # EOF before a Load: it exits 0 at once (its imports were done)
+        assert same.proc.returncode == 0
+        other.discard()  # (still importing torch, it may be killed after discard's 10 s)
+        assert (forks.forks, forks.spawns) == (1, 1)
+    finally:
+        forks.close()
