@@ -216,8 +216,11 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
     output.start(stop_logging)
     if unwritable:
         log.warning("%s", unwritable)
-    for note in notes:
-        log.info("%s", note)
+    for note in notes:  # lenient.validate's notes are warnings: a value of the file was dropped
+        if note.startswith("WARNING "):
+            log.warning("%s", note.removeprefix("WARNING "))
+        else:
+            log.info("%s", note)
     if log_config is not None:
         try:
             log_config.apply()

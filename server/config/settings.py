@@ -152,6 +152,9 @@ class ServerConfig(GrpcSettings):
     max_request_size: int = Field(6553500, ge=1, le=MAX_BODY_BYTES)
     max_response_size: int = Field(6553500, ge=1, le=MAX_BODY_BYTES)
     limit_max_image_pixels: bool = True
+    # TorchServe's: false hands JSON and text bodies to handlers as bytes (SageMaker's toolkit
+    # sets it: its handler decodes them itself).
+    decode_input_request: bool = True
     allowed_urls: list[str] = Field(default_factory=list)  # regexes; [] = model store only
     # bytes, for archives registered by URL
     max_download_size: int = Field(2 << 30, ge=1, le=1 << 44)
@@ -163,6 +166,9 @@ class ServerConfig(GrpcSettings):
     # shape: used as they are, never expire, never written, deleted or rotated by the server.
     token_keys_file: Path | None = None
     enable_model_api: bool = False
+    # The handler of a model whose manifest names none (a SageMaker model directory has no
+    # manifest at all): TorchServe's default_service_handler, "module-or-file[:function]".
+    default_service_handler: str | None = Field(None, max_length=4096)
     enable_envvars_config: bool = False
     metrics_mode: Literal["log", "prometheus", "legacy"] = "prometheus"
     enable_metrics_api: bool = True

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config import lenient
 from torchbay.server.config.properties import PropertiesError, parse_properties
 from torchbay.server.config.settings import (
     API_NAMES,
@@ -36,8 +37,6 @@ SERVER_KEY_ALIASES = {
     "cors_allowed_origins": "cors_allowed_origin",
 }
 # TorchServe config.properties keys torchbay accepts and ignores (logged, never fatal).
-# decode_input_request: TorchServe lets workers decode JSON/text bodies before the handler;
-# torchbay's handlers always get the bytes and the content type and decode themselves.
 SERVER_IGNORED_KEYS = frozenset(
     {
         "vmargs",
@@ -66,7 +65,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "use_native_io",
         "io_ratio",
         "service_envelope",
-        "default_service_handler",
         "max_idle_time",
         "enable_grpc",
         "ts_config_file",
@@ -74,7 +72,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "metrics_location",
         "headless",
         "metrics_format",
-        "decode_input_request",
     }
 )
 _FIELDS = frozenset(ServerConfig.model_fields)
@@ -128,7 +125,7 @@ def load_server_config(
     for key in _PATH_FIELDS:
         if merged.get(key) not in (None, ""):
             merged[key] = base / Path(merged[key])
-    config = ServerConfig.model_validate(merged)
+    config = lenient.validate(merged, props, f"{path}", notes)  # a bad line warns, see there
     if config.metrics_mode != "prometheus":
         notes.append(
             f"metrics_mode={config.metrics_mode}: torchbay always serves Prometheus metrics"
