@@ -154,7 +154,9 @@ class Service:
         model_version: str,
         signature: Any = None,
         max_request_size: int = DEFAULT_MAX_SIZE,
+        decode_input: bool = True,  # TorchServe's decode_input_request: JSON and text decoded
     ) -> None:
+        self.decode_input = decode_input
         self.context = context
         self.handler = resolved.instance
         self._entry = resolved.entry
@@ -195,7 +197,7 @@ class Service:
             return _Job(request, {"body": body, "data": body}, v2)
         encoding = request.headers.get("content-encoding")
         raw = decode_content(request.body, encoding, self.max_request_size)
-        row = envelopes.decode_request(raw, request.content_type, request.query)
+        row = envelopes.decode_request(raw, request.content_type, request.query, self.decode_input)
         return _Job(request, row, None)
 
     def _run_isolated(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response]:
@@ -343,6 +345,7 @@ def load_service(
     model_name: str | None = None,
     model_version: str | None = None,
     max_request_size: int = DEFAULT_MAX_SIZE,
+    decode_input_request: bool = True,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
     from .loading import model_yaml_config, read_manifest
@@ -388,7 +391,9 @@ def load_service(
     device = _device_of(resolved.instance, gpu_id)
     signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
     context.metrics.drain()  # metrics recorded while loading are not a batch's
-    return Service(context, resolved, device, name, version, signature, max_request_size)
+    return Service(
+        context, resolved, device, name, version, signature, max_request_size, decode_input_request
+    )
 
 
 def _device_of(instance: Any, gpu_id: int | None) -> str:
