@@ -58,6 +58,7 @@ MODEL_OF: dict[str, Callable[[Match], tuple[str, str | None]]] = {
     "generate": v2_model,
     "generate_stream": v2_model,
     "kserve_v1": lambda match: (unquote(match["model_name"]), None),
+    "invoke": lambda match: (unquote(match["model_name"]), None),
 }
 
 

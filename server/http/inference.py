@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qs, quote, unquote
 
 from torchbay.server.errors import HandlerFailed, ServiceUnavailable, TorchbayError
 from torchbay.server.http import disconnect, early, kserve_v1, streaming
@@ -131,6 +131,20 @@ class InferenceApp:
             extra = {**(extra or {}), "url_path": quote(url_path, safe=_PATH_SAFE)}
         name, version = early.ts_model(match)
         await self._infer(scope, receive, send, name, version, "predict", extra)
+
+    async def _invocations(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        """SageMaker's ``POST /invocations``: the model ``model_name`` names (query parameter,
+        else header), else the only model loaded at start-up (``DataPlane.invocation_model``)."""
+        named = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("model_name")
+        value = named[0] if named else header(scope, b"model_name")
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        name = self.plane.invocation_model(value)
+        await self._infer(scope, receive, send, name, None, "predict")
+
+    async def _invoke(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        """SageMaker's ``POST /models/{model}/invoke``: the model's default version."""
+        await self._infer(scope, receive, send, unquote(match["model_name"]), None, "predict")
 
     async def _kserve_v1(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         await kserve_v1.predict(self, scope, receive, send, unquote(match["model_name"]))

@@ -115,6 +115,17 @@ class DataPlane:
         """One inference request's steps and its one record (``plane/exchange.py``)."""
         return Exchange(self.wiring, scope, name, version)
 
+    def invocation_model(self, named: str | None) -> str:
+        """The model SageMaker's ``POST /invocations`` serves: the one ``named`` (the
+        ``model_name`` query parameter or header), else the only model loaded at start-up, as
+        TorchServe picks it (``getStartupModels``); else 400 with TorchServe's message."""
+        if named:
+            return named
+        names = {key.rpartition("/")[0] for key in self.registry.startup_models}
+        if len(names) == 1:
+            return names.pop()
+        raise BadRequest("Parameter model_name is required.")
+
     def _cache_counted(self, mv: ModelVersion, hit: bool, seconds: float) -> None:
         """One response cache look-up, counted in the statistics and the metrics."""
         self.stats.cache_done(mv, hit, seconds)
