@@ -49,6 +49,7 @@ def register(subparsers: Any) -> None:
         serve.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     # The server --start runs: where it says "ready" (server/daemon.py).
     serve.add_argument("--daemon-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--ts-class", help=argparse.SUPPRESS)  # daemon.TORCHSERVE_CLASS, see there
     serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
     serve.add_argument("--workflow-store", help=argparse.SUPPRESS)
     serve.set_defaults(func=run_serve)

@@ -45,13 +45,17 @@ class ResolvedHandler:
         return self.instance is None
 
 
-def resolve_handler(spec: str, model_dir: str | Path) -> ResolvedHandler:
-    """Import and instantiate the handler ``spec`` names; raises HandlerLoadError."""
+def resolve_handler(spec: str, model_dir: str | Path, outside_ok: bool = False) -> ResolvedHandler:
+    """Import and instantiate the handler ``spec`` names; raises HandlerLoadError. With
+    ``outside_ok``, an absolute file is imported from its folder (``_import_by_folder``)."""
     spec = (spec or "").strip()
     if not spec:
         raise HandlerLoadError("no handler given (manifest model.handler is empty)")
     module_part, _, function = spec.partition(":")
-    module = _import_handler_module(module_part, Path(model_dir))
+    if outside_ok and module_part.startswith("/"):
+        module = _import_by_folder(module_part)
+    else:
+        module = _import_handler_module(module_part, Path(model_dir))
     fn = getattr(module, function, None) if function else None
     if callable(fn):
         return ResolvedHandler(spec, fn)
@@ -76,8 +80,6 @@ def _import_handler_module(name: str, model_dir: Path) -> types.ModuleType:
         return importlib.import_module(BUILTIN_HANDLERS[name])
     from .loading import import_file, inside
 
-    if name.startswith("/"):
-        return _import_by_folder(name)
     stem = name[:-3] if name.endswith(".py") else name
     # Only a path inside the model folder is ever imported as a file (no "/abs", no "..").
     path = inside(model_dir, f"{stem}.py", "handler")
@@ -99,7 +101,8 @@ def _import_handler_module(name: str, model_dir: Path) -> types.ModuleType:
 def _import_by_folder(name: str) -> types.ModuleType:
     """An absolute handler file, as TorchServe loads ``default_service_handler``: its folder goes
     first on the path and the module is imported by its name (EnvironmentUtils, model_loader).
-    Only the server's configuration names one: the registry refuses it from API clients."""
+    Only the server's configuration names one (the registry refuses one from API clients, and
+    a manifest's handler never gets here)."""
     folder, _, file_name = name.rpartition("/")
     stem = file_name[:-3] if file_name.endswith(".py") else file_name
     if folder not in sys.path:
