@@ -161,19 +161,7 @@ class ModelRegistry:
         synchronous: bool,
     ) -> ModelVersion:
         loose = store.is_model_directory(path)
-        try:
-            manifest: Manifest = (
-                store.directory_manifest(path, name)
-                if loose
-                else await asyncio.to_thread(read_manifest, path)
-            )
-        except ArchiveError as exc:
-            raise BadRequest(str(exc)) from None
-        if str(overrides.get("handler") or "").strip().startswith("/"):
-            # Only the server's default_service_handler may name a file outside the archive.
-            raise BadRequest("handler must be a module or a file inside the archive")
-        if not manifest.model.handler and self.config.default_service_handler:
-            overrides = {"handler": self.config.default_service_handler, **overrides}
+        manifest, overrides = await self._manifest(path, loose, name, overrides)
         name = name or manifest.model.model_name
         version = str(manifest.model.model_version or "1.0")
         store.check_name_and_version(name, version)
@@ -213,6 +201,26 @@ class ModelRegistry:
             _background.add(task)
             task.add_done_callback(_background.discard)
         return mv
+
+    async def _manifest(
+        self, path: Path, loose: bool, name: str | None, overrides: Mapping[str, Any]
+    ) -> tuple[Manifest, Mapping[str, Any]]:
+        """The archive's manifest (made up for a model directory), and the overrides with
+        ``default_service_handler`` as the handler when the manifest names none."""
+        if str(overrides.get("handler") or "").strip().startswith("/"):
+            # Only the server's default_service_handler may name a file outside the archive.
+            raise BadRequest("handler must be a module or a file inside the archive")
+        try:
+            manifest: Manifest = (
+                store.directory_manifest(path, name)
+                if loose
+                else await asyncio.to_thread(read_manifest, path)
+            )
+        except ArchiveError as exc:
+            raise BadRequest(str(exc)) from None
+        if not manifest.model.handler and self.config.default_service_handler:
+            overrides = {"handler": self.config.default_service_handler, **overrides}
+        return manifest, overrides
 
     def _new_version(
         self,
