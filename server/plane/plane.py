@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torchbay.server.config.settings import ServerConfig
-from torchbay.server.errors import BadRequest, TorchbayError
+from torchbay.server.errors import BadRequest, ServiceUnavailable, TorchbayError
 from torchbay.server.observe.logs import RequestHook, request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
@@ -124,6 +124,8 @@ class DataPlane:
         names = {key.rpartition("/")[0] for key in self.registry.startup_models}
         if len(names) == 1:
             return names.pop()
+        if not names and self.starting:  # TorchServe: its model has no worker yet (503)
+            raise ServiceUnavailable("The start-up models are still loading")
         raise BadRequest("Parameter model_name is required.")
 
     def _cache_counted(self, mv: ModelVersion, hit: bool, seconds: float) -> None:

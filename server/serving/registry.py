@@ -171,6 +171,7 @@ class ModelRegistry:
             model_dir = self.workdir / f"{name}-{version}-{uuid.uuid4().hex[:8]}"
             try:
                 if loose:  # served in place, as TorchServe links it; never copied nor removed
+                    model_dir.parent.mkdir(parents=True, exist_ok=True)
                     model_dir.symlink_to(path.resolve(), target_is_directory=True)
                 else:
                     await asyncio.to_thread(
