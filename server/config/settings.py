@@ -14,7 +14,8 @@ now is the most deliberate source. Model settings, later wins (``resolve_model_c
 
 TorchServe keys torchbay has no use for (``vmargs``, netty, gRPC, ``parallelType``, ...) are never
 fatal: they come back as notes for the caller to log, as do unknown keys (users bring whole
-TorchServe configs). Bad values of keys torchbay uses raise pydantic's ``ValidationError``; an
+TorchServe configs). Bad values of keys torchbay uses raise pydantic's ``ValidationError`` (but
+from config.properties, most warn and keep their default: ``config.lenient``); an
 unreadable config file raises ``ConfigError``. Torch-free; nothing here reads ``os.environ``.
 
 Deliberate default differences from TorchServe:
