@@ -19,7 +19,7 @@ from torchbay.server.errors import BadRequest
 from torchbay.server.serving import store
 from torchbay.server.serving.registry import ModelRegistry
 
-HANDLER_SERVICE = '''
+HANDLER_SERVICE = """
 from collections import OrderedDict  # an imported class is not a candidate
 
 
@@ -33,7 +33,7 @@ class HandlerService:
 
     def handle(self, data, context):
         return ["served by the class"]
-'''
+"""
 
 
 def test_an_absolute_directory_is_taken_only_as_itself_or_its_one_folder(tmp_path: Path) -> None:

@@ -200,7 +200,9 @@ def main() -> None:
             "toolkit_config": text,
             "runs": {"one_model": one, "two_models": two},
             "startup_config_lines": [
-                line for line in console_one.splitlines() if "model api" in line.lower() or "timeout" in line.lower()
+                line
+                for line in console_one.splitlines()
+                if "model api" in line.lower() or "timeout" in line.lower()
             ],
         }
         out = json.dumps(record, indent=1).replace(str(base), "<base>")
