@@ -139,8 +139,8 @@ class InferenceApp:
         value = named[0] if named else header(scope, b"model_name")
         if isinstance(value, bytes):
             value = value.decode("latin-1")
-        name = self.plane.invocation_model(value)
-        await self._infer(scope, receive, send, name, None, "predict")
+        choose = lambda: self.plane.invocation_model(value)  # noqa: E731
+        await self._infer(scope, receive, send, "", None, "predict", choose=choose)
 
     async def _invoke(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         """SageMaker's ``POST /models/{model}/invoke``: the model's default version."""
@@ -159,12 +159,16 @@ class InferenceApp:
         protocol: str,
         extra: dict[str, str] | None = None,
         respond: Respond | None = None,
+        choose: Callable[[], str] | None = None,
     ) -> None:
         """The hot path: admit one request to its model's queue, answer its response (or its
-        stream of parts, see streaming.py) with ``respond``; the plane records it."""
+        stream of parts, see streaming.py) with ``respond``; the plane records it. ``choose``
+        names the model once the key is checked (``/invocations``: 401 before 400)."""
         with self.plane.exchange(scope, name, version) as ex:
             if self.authorize is not None:
                 self.authorize(scope, "inference")
+            if choose is not None:
+                ex.name = choose()
             mv = ex.resolve()  # 503 from the headers alone: the body is never read
             body = await read_body(scope, receive, self.max_request_size)
             wire = self._wire_request(scope, body, protocol, extra)
