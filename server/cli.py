@@ -60,6 +60,7 @@ def register(subparsers: Any) -> None:
     )
     # The server --start runs: where it says "ready" (server/daemon.py).
     serve.add_argument("--daemon-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--ts-class", help=argparse.SUPPRESS)  # daemon.TORCHSERVE_CLASS, see there
     serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
     serve.set_defaults(func=run_serve)
 
@@ -238,8 +239,11 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
     output.start(stop_logging)
     if unwritable:
         log.warning("%s", unwritable)
-    for note in notes:
-        log.info("%s", note)
+    for note in notes:  # lenient.validate's notes are warnings: a value of the file was dropped
+        if note.startswith("WARNING "):
+            log.warning("%s", note.removeprefix("WARNING "))
+        else:
+            log.info("%s", note)
     if log_config is not None:
         try:
             log_config.apply()

@@ -35,6 +35,7 @@ DAEMON_FLAG = "--daemon-fd"  # the child's hidden flag: the fd it writes "ready"
 READY = b"ready\n"
 STOP_TIMEOUT_S = 300.0
 TORCHSERVE_CLASS = "org.pytorch.serve.ModelServer"  # what TorchServe's launcher checks for
+CLASS_FLAG = "--ts-class"  # the child's hidden flag that carries TORCHSERVE_CLASS
 
 
 def pid_file() -> Path:
@@ -109,7 +110,10 @@ def start(argv: Sequence[str]) -> int:
     err_read, err_write = os.pipe()
     ready_read, ready_write = os.pipe()
     args = [a for a in argv if a != "--start"]
-    cmd = [sys.executable, "-m", "torchbay", *args, DAEMON_FLAG, str(ready_write)]
+    # TORCHSERVE_CLASS on the command line: SageMaker's toolkit, having run ``torchserve --start``,
+    # waits on the process whose command line holds it (torchserve._retrieve_ts_server_process).
+    marker = [CLASS_FLAG, TORCHSERVE_CLASS]
+    cmd = [sys.executable, "-m", "torchbay", *args, DAEMON_FLAG, str(ready_write), *marker]
     try:
         child = subprocess.Popen(
             cmd,

@@ -84,12 +84,15 @@ def decode_json(body: bytes) -> Any:
         raise BadInput(f"body is not valid JSON: {exc}") from exc
 
 
-def decode_body(body: bytes, content_type: str) -> dict[str, Any]:
-    """The row entries a body yields: ``{"body": value}`` or one entry per form field."""
+def decode_body(body: bytes, content_type: str, decode: bool = True) -> dict[str, Any]:
+    """The row entries a body yields: ``{"body": value}`` or one entry per form field. With
+    ``decode`` false (TorchServe's ``decode_input_request=false``), JSON and text stay bytes."""
     mime, params = split_content_type(content_type)
     if mime == "application/json" or mime.endswith("+json"):
-        return {"body": decode_json(body)}
+        return {"body": decode_json(body) if decode else body}
     if mime.startswith("text/"):
+        if not decode:
+            return {"body": body}
         return {"body": decode_text(body, params.get("charset", "utf-8"))}
     if mime == "multipart/form-data":
         boundary = params.get("boundary")
@@ -101,9 +104,11 @@ def decode_body(body: bytes, content_type: str) -> dict[str, Any]:
     return {"body": body}
 
 
-def decode_request(body: bytes, content_type: str, query: str) -> dict[str, Any]:
+def decode_request(
+    body: bytes, content_type: str, query: str, decode: bool = True
+) -> dict[str, Any]:
     """TorchServe's input row for one request; raises BadInput for an undecodable body."""
-    row: dict[str, Any] = decode_body(body, content_type) if body else {}
+    row: dict[str, Any] = decode_body(body, content_type, decode) if body else {}
     for key, value in parse_qsl(query or "", keep_blank_values=True):
         row.setdefault(key, value)
     if not row:

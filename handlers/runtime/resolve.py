@@ -45,27 +45,31 @@ class ResolvedHandler:
         return self.instance is None
 
 
-def resolve_handler(spec: str, model_dir: str | Path) -> ResolvedHandler:
-    """Import and instantiate the handler ``spec`` names; raises HandlerLoadError."""
+def resolve_handler(spec: str, model_dir: str | Path, outside_ok: bool = False) -> ResolvedHandler:
+    """Import and instantiate the handler ``spec`` names; raises HandlerLoadError. With
+    ``outside_ok``, an absolute file is imported from its folder (``_import_by_folder``)."""
     spec = (spec or "").strip()
     if not spec:
         raise HandlerLoadError("no handler given (manifest model.handler is empty)")
     module_part, _, function = spec.partition(":")
-    module = _import_handler_module(module_part, Path(model_dir))
-    if function:
-        fn = getattr(module, function, None)
-        if not callable(fn):
-            raise HandlerLoadError(
-                f"handler {spec!r}: {module_part!r} has no function {function!r}"
-            )
+    if outside_ok and module_part.startswith("/"):
+        module = _import_by_folder(module_part)
+    else:
+        module = _import_handler_module(module_part, Path(model_dir))
+    fn = getattr(module, function, None) if function else None
+    if callable(fn):
         return ResolvedHandler(spec, fn)
+    # TorchServe: a module without the function named is served by its handler class
+    # (SageMaker's default_service_handler names handler_service.py:handle, a class's method).
     cls = _handler_class(module, module_part)
     if cls is not None:
         instance = cls()
         return ResolvedHandler(spec, instance.handle, instance)
     fn = getattr(module, "handle", None)
-    if callable(fn):
+    if callable(fn) and not function:
         return ResolvedHandler(spec, fn)
+    if function:
+        raise HandlerLoadError(f"handler {spec!r}: {module_part!r} has no function {function!r}")
     raise HandlerLoadError(
         f"handler {spec!r}: {module_part!r} defines no handler class and no handle() function"
     )
@@ -90,6 +94,23 @@ def _import_handler_module(name: str, model_dir: Path) -> types.ModuleType:
             f"unknown handler {name!r}: not a built-in ({', '.join(sorted(BUILTIN_HANDLERS))}), "
             f"not a file in the model directory, not an importable module ({exc})"
         ) from exc
+    except Exception as exc:
+        raise HandlerLoadError(f"importing handler module {stem!r} failed: {exc!r}") from exc
+
+
+def _import_by_folder(name: str) -> types.ModuleType:
+    """An absolute handler file, as TorchServe loads ``default_service_handler``: its folder goes
+    first on the path and the module is imported by its name (EnvironmentUtils, model_loader).
+    Only the server's configuration names one (the registry refuses one from API clients, and
+    a manifest's handler never gets here)."""
+    folder, _, file_name = name.rpartition("/")
+    stem = file_name[:-3] if file_name.endswith(".py") else file_name
+    if folder not in sys.path:
+        sys.path.insert(0, folder or "/")
+    try:
+        return importlib.import_module(stem)
+    except ImportError as exc:
+        raise HandlerLoadError(f"handler {name!r} cannot be imported: {exc}") from exc
     except Exception as exc:
         raise HandlerLoadError(f"importing handler module {stem!r} failed: {exc!r}") from exc
 

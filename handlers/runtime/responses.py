@@ -8,12 +8,13 @@ Torch-free. Every JSON body goes through ``dumps`` (valid JSON always: NaN and +
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PredictionException, error_status, scrub_message
+from ..errors import PredictionException, error_status, failure_message, scrub_message
 
 
 @dataclass
@@ -124,3 +125,25 @@ def header_problem(name: object, value: object) -> str | None:
     except UnicodeEncodeError:
         return f"header {name!r} has a value that is not latin-1"
     return None
+
+
+# The Service's logger: a request that cannot be decoded is logged where its batch is served.
+_service_log = logging.getLogger("torchbay.handlers.runtime.service")
+
+
+def decode_failure(exc: Exception, rid: str, v2: bool) -> Response:
+    """The answer to request ``rid`` whose body could not be decoded (see service.py's classes:
+    400 bad input, 413 too large, a PredictionException's own status, else 500)."""
+    if isinstance(exc, PredictionException):
+        return prediction_error(exc, v2)
+    if isinstance(exc, RecursionError):
+        message = f"input nested too deeply to decode; request id {rid}"
+        return error_response(400, "BadInput", message, v2)
+    if isinstance(exc, (MemoryError, OverflowError)):
+        message = f"input too large to decode ({type(exc).__name__}); request id {rid}"
+        return error_response(413, "RequestTooLarge", message, v2)
+    _service_log.error("decoding request %s failed", rid, exc_info=exc)
+    if isinstance(exc, (ValueError, TypeError, LookupError)):  # UnicodeError is a ValueError
+        message = f"input cannot be decoded ({type(exc).__name__}); request id {rid}"
+        return error_response(400, "BadInput", message, v2)
+    return error_response(500, type(exc).__name__, failure_message(exc, [rid]), v2)

@@ -68,6 +68,7 @@ from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 from .responses import (
     FRAMING_HEADERS,
     Response,
+    decode_failure,
     dumps,
     error_response,
     header_problem,
@@ -120,24 +121,6 @@ class _CountMismatch(Exception):
     """The handler returned a non-list or a list of the wrong length (bisected like a raise)."""
 
 
-def _decode_failure(exc: Exception, request: RequestLike) -> Response:
-    v2 = request.protocol == "v2"
-    if isinstance(exc, PredictionException):
-        return prediction_error(exc, v2)
-    rid = request.request_id
-    if isinstance(exc, RecursionError):
-        message = f"input nested too deeply to decode; request id {rid}"
-        return error_response(400, "BadInput", message, v2)
-    if isinstance(exc, (MemoryError, OverflowError)):
-        message = f"input too large to decode ({type(exc).__name__}); request id {rid}"
-        return error_response(413, "RequestTooLarge", message, v2)
-    logger.error("decoding request %s failed", rid, exc_info=exc)
-    if isinstance(exc, (ValueError, TypeError, LookupError)):  # UnicodeError is a ValueError
-        message = f"input cannot be decoded ({type(exc).__name__}); request id {rid}"
-        return error_response(400, "BadInput", message, v2)
-    return error_response(500, type(exc).__name__, failure_message(exc, [rid]), v2)
-
-
 def _add(timings: dict[str, float], stage: str, ms: float) -> None:
     timings[stage] = timings.get(stage, 0.0) + ms
 
@@ -154,7 +137,9 @@ class Service:
         model_version: str,
         signature: Any = None,
         max_request_size: int = DEFAULT_MAX_SIZE,
+        decode_input: bool = True,  # TorchServe's decode_input_request: JSON and text decoded
     ) -> None:
+        self.decode_input = decode_input
         self.context = context
         self.handler = resolved.instance
         self._entry = resolved.entry
@@ -177,7 +162,7 @@ class Service:
                 jobs.append(self._decode(request))
                 kept.append(i)
             except Exception as exc:  # whatever decoding raises answers this request alone
-                responses[i] = _decode_failure(exc, request)
+                responses[i] = decode_failure(exc, request.request_id, request.protocol == "v2")
         timings: dict[str, float] = {}
         if jobs:
             for i, response in zip(kept, self._run_isolated(jobs, timings), strict=True):
@@ -197,7 +182,7 @@ class Service:
             return _Job(request, {"body": body, "data": body}, v2)
         encoding = request.headers.get("content-encoding")
         raw = decode_content(request.body, encoding, self.max_request_size)
-        row = envelopes.decode_request(raw, request.content_type, request.query)
+        row = envelopes.decode_request(raw, request.content_type, request.query, self.decode_input)
         return _Job(request, row, None)
 
     def _run_isolated(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response]:
@@ -345,6 +330,7 @@ def load_service(
     model_name: str | None = None,
     model_version: str | None = None,
     max_request_size: int = DEFAULT_MAX_SIZE,
+    decode_input_request: bool = True,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
     from .loading import model_yaml_config, read_manifest
@@ -374,8 +360,8 @@ def load_service(
         yaml_config,
     )
     spec = handler or model.get("handler") or ""
-    try:
-        resolved = resolve_handler(str(spec), model_dir)
+    try:  # an absolute file only from the Load (the server's default_service_handler)
+        resolved = resolve_handler(str(spec), model_dir, outside_ok=handler is not None)
         if resolved.is_function:
             resolved.entry(None, context)
         else:
@@ -390,7 +376,9 @@ def load_service(
     device = _device_of(resolved.instance, gpu_id)
     signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
     context.metrics.drain()  # metrics recorded while loading are not a batch's
-    return Service(context, resolved, device, name, version, signature, max_request_size)
+    return Service(
+        context, resolved, device, name, version, signature, max_request_size, decode_input_request
+    )
 
 
 def _device_of(instance: Any, gpu_id: int | None) -> str:

@@ -14,7 +14,8 @@ now is the most deliberate source. Model settings, later wins (``resolve_model_c
 
 TorchServe keys torchbay has no use for (``vmargs``, netty, gRPC, ``parallelType``, ...) are never
 fatal: they come back as notes for the caller to log, as do unknown keys (users bring whole
-TorchServe configs). Bad values of keys torchbay uses raise pydantic's ``ValidationError``; an
+TorchServe configs). Bad values of keys torchbay uses raise pydantic's ``ValidationError`` (but
+from config.properties, most warn and keep their default: ``config.lenient``); an
 unreadable config file raises ``ConfigError``. Torch-free; nothing here reads ``os.environ``.
 
 Deliberate default differences from TorchServe:
@@ -157,6 +158,9 @@ class ServerConfig(GrpcSettings):
     max_request_size: int = Field(6553500, ge=1, le=MAX_BODY_BYTES)
     max_response_size: int = Field(6553500, ge=1, le=MAX_BODY_BYTES)
     limit_max_image_pixels: bool = True
+    # TorchServe's: false hands JSON and text bodies to handlers as bytes (SageMaker's toolkit
+    # sets it: its handler decodes them itself).
+    decode_input_request: bool = True
     allowed_urls: list[str] = Field(default_factory=list)  # regexes; [] = model store only
     # bytes, for archives registered by URL
     max_download_size: int = Field(2 << 30, ge=1, le=1 << 44)
@@ -168,6 +172,9 @@ class ServerConfig(GrpcSettings):
     # shape: used as they are, never expire, never written, deleted or rotated by the server.
     token_keys_file: Path | None = None
     enable_model_api: bool = False
+    # The handler of a model whose manifest names none (a SageMaker model directory has no
+    # manifest at all): TorchServe's default_service_handler, "module-or-file[:function]".
+    default_service_handler: str | None = Field(None, max_length=4096)
     enable_envvars_config: bool = False
     metrics_mode: Literal["log", "prometheus", "legacy"] = "prometheus"
     # TorchServe's metrics YAML (observe.metrics_config; None: its default ts/configs/metrics.yaml)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config import lenient
 from torchbay.server.config.metrics_config import load_metrics_config
 from torchbay.server.config.properties import PropertiesError, parse_properties
 from torchbay.server.config.settings import (
@@ -38,8 +39,6 @@ SERVER_KEY_ALIASES = {
     "cors_allowed_origins": "cors_allowed_origin",
 }
 # TorchServe config.properties keys torchbay accepts and ignores (logged, never fatal).
-# decode_input_request: TorchServe lets workers decode JSON/text bodies before the handler;
-# torchbay's handlers always get the bytes and the content type and decode themselves.
 SERVER_IGNORED_KEYS = frozenset(
     {
         "vmargs",
@@ -65,7 +64,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "use_native_io",
         "io_ratio",
         "service_envelope",
-        "default_service_handler",
         "max_idle_time",
         "enable_grpc",
         "ts_config_file",
@@ -73,7 +71,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "metrics_location",
         "headless",
         "metrics_format",
-        "decode_input_request",
     }
 )
 _FIELDS = frozenset(ServerConfig.model_fields)
@@ -136,7 +133,7 @@ def load_server_config(
     restoring = "model_snapshot" in raw_props or (ts_env and "model_snapshot" in ts_env_raw)
     if restoring and merged.pop("load_models", None):  # TorchServe's precedence
         notes.append("model_snapshot given: its models load; load_models and --models ignored")
-    config = ServerConfig.model_validate(merged)
+    config = lenient.validate(merged, props, f"{path}", notes)  # a bad line warns, see there
     config._declared = _declared({**raw_props, **ts_env, **own_env, **flags}, base)
     if config.metrics_config is not None:  # its errors now, named, not at the first request
         load_metrics_config(config.metrics_config)

@@ -59,6 +59,7 @@ MODEL_OF: dict[str, Callable[[Match], tuple[str, str | None]]] = {
     "generate_stream": v2_model,
     "kserve_v1": lambda match: (unquote(match["model_name"]), None),
     "kserve_v1_explain": lambda match: (unquote(match["model_name"]), None),
+    "invoke": lambda match: (unquote(match["model_name"]), None),
 }
 
 

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qs, quote, unquote
 
 from torchbay.server.errors import HandlerFailed, ServiceUnavailable, TorchbayError
 from torchbay.server.http import disconnect, early, kserve_v1, streaming
@@ -139,6 +139,20 @@ class InferenceApp:
         name, version = early.ts_model(match)
         await self._infer(scope, receive, send, name, version, "predict", extra)
 
+    async def _invocations(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        """SageMaker's ``POST /invocations``: the model ``model_name`` names (query parameter,
+        else header), else the only model loaded at start-up (``DataPlane.invocation_model``)."""
+        named = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("model_name")
+        value = named[0] if named else header(scope, b"model_name")
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        choose = lambda: self.plane.invocation_model(value)  # noqa: E731
+        await self._infer(scope, receive, send, "", None, "predict", choose=choose)
+
+    async def _invoke(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        """SageMaker's ``POST /models/{model}/invoke``: the model's default version."""
+        await self._infer(scope, receive, send, unquote(match["model_name"]), None, "predict")
+
     async def _kserve_v1(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         await kserve_v1.predict(self, scope, receive, send, unquote(match["model_name"]))
 
@@ -158,12 +172,16 @@ class InferenceApp:
         protocol: str,
         extra: dict[str, str] | None = None,
         respond: Respond | None = None,
+        choose: Callable[[], str] | None = None,
     ) -> None:
         """The hot path: admit one request to its model's queue, answer its response (or its
-        stream of parts, see streaming.py) with ``respond``; the plane records it."""
+        stream of parts, see streaming.py) with ``respond``; the plane records it. ``choose``
+        names the model once the key is checked (``/invocations``: 401 before 400)."""
         with self.plane.exchange(scope, name, version) as ex:
             if self.authorize is not None:
                 self.authorize(scope, "inference")
+            if choose is not None:
+                ex.name = choose()
             mv = ex.resolve()  # 503 from the headers alone: the body is never read
             body = await read_body(scope, receive, self.max_request_size)
             wire = self._wire_request(scope, body, protocol, extra)

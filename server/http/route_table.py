@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from torchbay.server.http.routes import JSON_BODY as _JSON_BODY
 from torchbay.server.http.routes import OBJECT as _OBJECT
@@ -95,6 +96,34 @@ def _predictions(verb: str, methods: tuple[str, ...], endpoint: str) -> tuple[Ro
     return tuple(out)
 
 
+def _sagemaker() -> tuple[Route, ...]:
+    """SageMaker's serving contract, as TorchServe 0.12 serves it (docs/sagemaker.md)."""
+    name = {
+        "name": "model_name",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "The model (also a model_name header); without it, the only model "
+        "loaded at start-up",
+    }
+    common: dict[str, Any] = {
+        "errors": PREDICT_ERRORS,
+        "answers": {"200": ("The handler's output", "*/*")},
+        "auth": True,
+        "body": _PREDICT_BODY,
+    }
+    return (
+        Route("POST", "/invocations", "invocations", "SageMaker: predict", query=(name,), **common),
+        Route(
+            "POST",
+            "/models/{model_name}/invoke",
+            "invoke",
+            "SageMaker: predict with the default version of a model",
+            **common,
+        ),
+    )
+
+
 def _v2_model_routes(base: str) -> list[Route]:
     """The routes of one model URL form (``/v2/models/{m}`` or ``.../versions/{v}``)."""
     ready = {"200": ("Ready", _MODEL_READY), "503": ("Not ready", _MODEL_READY)}
@@ -153,6 +182,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
     ),
     *_predictions("Prediction", ("POST", "PUT"), "predict"),
     *_predictions("Explanation", ("POST",), "explain"),
+    *_sagemaker(),
     Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True),
     Route("GET", "/v2/health/live", "live", "Liveness", answers=OK, oip=True),
     Route(

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torchbay.server.config.settings import ServerConfig
-from torchbay.server.errors import BadRequest, TorchbayError
+from torchbay.server.errors import BadRequest, ServiceUnavailable, TorchbayError
 from torchbay.server.observe.logs import RequestHook, request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
@@ -119,6 +119,19 @@ class DataPlane:
     def exchange(self, scope: Scope, name: str, version: str | None) -> Exchange:
         """One inference request's steps and its one record (``plane/exchange.py``)."""
         return Exchange(self.wiring, scope, name, version)
+
+    def invocation_model(self, named: str | None) -> str:
+        """The model SageMaker's ``POST /invocations`` serves: the one ``named`` (the
+        ``model_name`` query parameter or header), else the only model loaded at start-up, as
+        TorchServe picks it (``getStartupModels``); else 400 with TorchServe's message."""
+        if named:
+            return named
+        names = {key.rpartition("/")[0] for key in self.registry.startup_models}
+        if len(names) == 1:
+            return names.pop()
+        if not names and self.starting:  # TorchServe: its model has no worker yet (503)
+            raise ServiceUnavailable("The start-up models are still loading")
+        raise BadRequest("Parameter model_name is required.")
 
     def _cache_counted(self, mv: ModelVersion, hit: bool, seconds: float) -> None:
         """One response cache look-up, counted in the statistics and the metrics."""

@@ -17,7 +17,9 @@ from typing import Any
 from torchbay.archiver.errors import ArchiveError
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import (
+    MANIFEST_PATH,
     Manifest,
+    ModelInfo,
     is_valid_model_name,
     is_valid_model_version,
     read_manifest,
@@ -42,9 +44,11 @@ def signature_of(manifest: Manifest, yaml_config: Mapping[str, Any] | None) -> S
 
 
 __all__ = [
+    "MANIFEST_PATH",
     "WAR_MANIFEST",
     "ArchiveError",
     "Manifest",
+    "ModelInfo",
     "Signature",
     "TensorSpec",
     "extract_archive",

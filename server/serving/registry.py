@@ -139,8 +139,8 @@ class ModelRegistry:
             if self.fetch is None:
                 raise BadRequest("Registering from a URL is not enabled (allowed_urls)")
             path = await self.fetch(url)
-        else:
-            path = self.archive_path(url)
+        else:  # an absolute directory only at start-up: the operator's, not an API client's
+            path = (store.startup_directory(url) if startup else None) or self.archive_path(url)
         try:
             api = dict(overrides or {})
             if initial_workers is not None:
@@ -175,10 +175,8 @@ class ModelRegistry:
         default_workers: int | None,
         synchronous: bool,
     ) -> ModelVersion:
-        try:
-            manifest: Manifest = await asyncio.to_thread(read_manifest, path)
-        except ArchiveError as exc:
-            raise BadRequest(str(exc)) from None
+        loose = store.is_model_directory(path)
+        manifest, overrides = await self._manifest(path, loose, name, overrides)
         name = name or manifest.model.model_name
         version = str(manifest.model.model_version or "1.0")
         store.check_name_and_version(name, version)
@@ -187,22 +185,26 @@ class ModelRegistry:
                 raise Conflict(f"Model version {version} is already registered for model {name}")
             model_dir = self.workdir / f"{name}-{version}-{uuid.uuid4().hex[:8]}"
             try:
-                await asyncio.to_thread(
-                    extract_archive,
-                    path,
-                    model_dir,
-                    max_total_bytes=self.config.max_archive_expanded_size,
-                    max_ratio=self.config.max_archive_compression_ratio,
-                )
+                if loose:  # served in place, as TorchServe links it; never copied nor removed
+                    model_dir.parent.mkdir(parents=True, exist_ok=True)
+                    model_dir.symlink_to(path.resolve(), target_is_directory=True)
+                else:
+                    await asyncio.to_thread(
+                        extract_archive,
+                        path,
+                        model_dir,
+                        max_total_bytes=self.config.max_archive_expanded_size,
+                        max_ratio=self.config.max_archive_compression_ratio,
+                    )
                 config = store.model_config(
                     self.config, name, version, model_dir, manifest, overrides, default_workers
                 )
                 signature_of(manifest, config.handler_config)  # ArchiveError: a bad signature
             except ArchiveError as exc:
-                shutil.rmtree(model_dir, ignore_errors=True)
+                store.remove(model_dir)
                 raise BadRequest(str(exc)) from None
             except BaseException:  # nothing of a refused archive stays in the work folder
-                shutil.rmtree(model_dir, ignore_errors=True)
+                store.remove(model_dir)
                 raise
             mv = self._new_version(name, version, model_dir, config, manifest, url)
             self.models.setdefault(name, {})[version] = mv
@@ -215,6 +217,26 @@ class ModelRegistry:
             _background.add(task)
             task.add_done_callback(_background.discard)
         return mv
+
+    async def _manifest(
+        self, path: Path, loose: bool, name: str | None, overrides: Mapping[str, Any]
+    ) -> tuple[Manifest, Mapping[str, Any]]:
+        """The archive's manifest (made up for a model directory), and the overrides with
+        ``default_service_handler`` as the handler when the manifest names none."""
+        if str(overrides.get("handler") or "").strip().startswith("/"):
+            # Only the server's default_service_handler may name a file outside the archive.
+            raise BadRequest("handler must be a module or a file inside the archive")
+        try:
+            manifest: Manifest = (
+                store.directory_manifest(path, name)
+                if loose
+                else await asyncio.to_thread(read_manifest, path)
+            )
+        except ArchiveError as exc:
+            raise BadRequest(str(exc)) from None
+        if not manifest.model.handler and self.config.default_service_handler:
+            overrides = {"handler": self.config.default_service_handler, **overrides}
+        return manifest, overrides
 
     def _new_version(
         self,
@@ -242,6 +264,7 @@ class ModelRegistry:
                 server_version=self.server_version,
                 limit_max_image_pixels=self.config.limit_max_image_pixels,
                 max_request_size=self.config.max_request_size,
+                decode_input_request=self.config.decode_input_request,
                 env=self.worker_env,
                 log_format=self.config.log_format,
             ),
@@ -281,7 +304,7 @@ class ModelRegistry:
             self.defaults.pop(mv.name, None)
         elif self.defaults.get(mv.name) == mv.version:
             self.defaults[mv.name] = sorted(versions)[-1]
-        shutil.rmtree(mv.model_dir, ignore_errors=True)
+        store.remove(mv.model_dir)  # a model directory's link only
         self.budget.rebalance(self.all_versions())  # its threads go to the others
 
     async def unregister(self, name: str, version: str | None = None, timeout: float = 120) -> None:

@@ -15,7 +15,9 @@ from torchbay.server.config.settings import ModelConfig, ServerConfig
 from torchbay.server.config.sources import resolve_model_config
 from torchbay.server.errors import BadRequest, ModelNotFound, NotFound
 from torchbay.server.serving.archives import (
+    MANIFEST_PATH,
     Manifest,
+    ModelInfo,
     is_valid_model_name,
     is_valid_model_version,
     safe_relpath,
@@ -45,6 +47,30 @@ def archive_path(store: Path | None, url: str) -> Path:
     if not found:  # TorchServe's answer (404 ModelNotFoundException)
         raise ModelNotFound(f"Model not found at: {url[:256]}")
     return candidate
+
+
+def startup_directory(url: str) -> Path | None:
+    """A model directory named by an absolute path at start-up (``--models model=/opt/ml/model``,
+    SageMaker's layout), wherever it is: the operator named it, so it is not held to the store.
+    As TorchServe reads it, a folder holding only one folder (a tarball's root) means that one.
+    None when ``url`` is not an absolute directory (the model store's rules apply)."""
+    path = Path(url.removeprefix("file://"))
+    if not path.is_absolute() or not path.is_dir():
+        return None
+    entries = list(path.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else path
+
+
+def is_model_directory(path: Path) -> bool:
+    """A directory without MAR-INF/MANIFEST.json: served in place (a link, never copied)."""
+    return path.is_dir() and not (path / MANIFEST_PATH).is_file()
+
+
+def directory_manifest(path: Path, name: str | None) -> Manifest:
+    """The manifest TorchServe 0.12 makes up for a model directory (ModelManager): the name it
+    was given, else the folder's; version 1.0; no handler (``default_service_handler`` then)."""
+    model = ModelInfo.model_construct(model_name=name or path.name, model_version="1.0", handler="")
+    return Manifest(model=model)
 
 
 def store_archives(store: Path | None) -> list[Path]:
@@ -99,7 +125,10 @@ def check_name_and_version(name: str, version: str) -> None:
 
 
 def remove(path: Path) -> None:
-    if path.is_dir():
+    """Remove a download or a version's folder; a model directory's link, never its files."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)

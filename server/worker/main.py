@@ -221,6 +221,7 @@ def serve(sock: socket.socket) -> int:
             model_name=load.model_name,
             model_version=load.model_version,
             max_request_size=load.max_request_size,
+            decode_input_request=load.decode_input_request,
         )
     except Exception as exc:  # report any load failure to the frontend, then exit
         log.error("loading %s failed", load.model_name, exc_info=True)

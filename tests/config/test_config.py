@@ -394,6 +394,13 @@ def test_every_numeric_setting_is_bounded(model: type, settings: dict) -> None:
 
 
 def test_bounds_apply_to_config_properties_too(tmp_path: Path) -> None:
+    # From the file, an out-of-bounds value warns and keeps the default (config/lenient.py);
+    # the same value typed as a flag or an environment variable is refused.
     path = write(tmp_path / "c.properties", "max_batch_delay=inf\n")
+    config, notes = load(tmp_path, ts_config=path, env={}, cli={})
+    assert config.max_batch_delay_ms == 100.0
+    assert any("malformed value 'inf' for max_batch_delay_ms" in n for n in notes)
     with pytest.raises(ValidationError, match="finite"):
-        load(tmp_path, ts_config=path, env={}, cli={})
+        load(tmp_path, ts_config=None, env={}, cli={"max_batch_delay": "inf"})
+    with pytest.raises(ValidationError, match="finite"):
+        load(tmp_path, ts_config=None, env={"TORCHBAY_MAX_BATCH_DELAY": "inf"}, cli={})

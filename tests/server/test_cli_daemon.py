@@ -176,12 +176,13 @@ def test_a_failed_start_is_one_line_and_leaves_no_pid_file(run, talk_store):
     assert not pid_file.exists()
 
     config = cwd / "config.properties"
-    config.write_text("batch_size=0\n")
+    # A bad value refuses the file where its default is not the safe reading (config/lenient.py)
+    config.write_text("allowed_urls=file://(\n")
     result = torchbay(cwd, env, "serve", "--start", "--model-store", str(talk_store),
                       "--ts-config", str(config), *free_addresses())  # fmt: skip
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert result.stderr.startswith("torchbay: invalid configuration: batch_size: ")
+    assert result.stderr.startswith("torchbay: invalid configuration: allowed_urls: ")
     assert not pid_file.exists()
 
     assert not (cwd / "logs").exists()  # nothing was written

@@ -20,14 +20,17 @@ from .conftest import LiveServer, make_config, probe_models
 pytestmark = pytest.mark.slow
 
 
-def test_decode_input_request_is_an_ignored_torchserve_key(tmp_path: Path) -> None:
+def test_decode_input_request_is_a_setting_again(tmp_path: Path) -> None:
+    # SageMaker's toolkit sets it false and decodes bodies itself (tests/sagemaker; the worker's
+    # side: test_model_directories.test_decode_input_request_false_hands_json_and_text_as_bytes).
     path = tmp_path / "config.properties"
     path.write_text("decode_input_request=false\n")
-    _, notes = load_server_config(ts_config=path, env={}, cli={})
-    assert any("ignored TorchServe key 'decode_input_request'" in note for note in notes)
-    assert "decode_input_request" not in ServerConfig.model_fields
-    with pytest.raises(ValidationError):  # not a field any more: refused when set directly
-        ServerConfig(decode_input_request=False)
+    config, notes = load_server_config(ts_config=path, env={}, cli={})
+    assert config.decode_input_request is False
+    assert not any("key 'decode_input_request'" in note for note in notes)  # not ignored
+    assert ServerConfig().decode_input_request is True  # TorchServe's default
+    with pytest.raises(ValidationError):
+        ServerConfig(decode_input_request="sometimes")
 
 
 def test_no_metrics_listener_without_the_metrics_api(model_store: Path) -> None:

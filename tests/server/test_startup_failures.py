@@ -122,10 +122,12 @@ def test_missing_model_store_and_unreadable_tls_files(tmp_path, model_store):
 
 
 def test_bad_configuration_is_one_line_per_field_and_exit_2(tmp_path, model_store):
+    # A typed value (here the environment) is refused; config.properties' bad values warn and
+    # keep their default, except where that is not safe (config/lenient.py): those refuse too.
     config = tmp_path / "config.properties"
-    config.write_text("max_batch_delay=inf\n")
+    config.write_text("batch_size=8\n")
     args = ["--model-store", str(model_store), "--ts-config", str(config), *_addresses()]
-    code, err = _serve(tmp_path, *args)
+    code, err = _serve(tmp_path, *args, env={"TORCHBAY_MAX_BATCH_DELAY": "inf"})
     assert code == 2
     assert err == [
         "torchbay: invalid configuration: max_batch_delay_ms: Input should be a finite number "
@@ -134,11 +136,11 @@ def test_bad_configuration_is_one_line_per_field_and_exit_2(tmp_path, model_stor
     config.write_text("max_batch_delay=inf\nbatch_size=0\nmodels={not json\n")
     code, err = _serve(tmp_path, *args)
     assert code == 2 and len(err) == 1 and "models=" in err[0], err
-    config.write_text("max_batch_delay=inf\nbatch_size=0\n")
+    config.write_text("max_batch_delay=inf\nallowed_urls=file://(\nenable_grpc_ssl=maybe\n")
     code, err = _serve(tmp_path, *args)
     assert code == 2 and len(err) == 2, err
     assert all(line.startswith("torchbay: invalid configuration: ") for line in err)
-    assert any("batch_size: " in line and "greater than or equal to 1" in line for line in err)
+    assert any("allowed_urls: " in line and "bad regex" in line for line in err)
     # A traceback stays one switch away, for debugging.
     code, err = _serve(tmp_path, *args, env={"TORCHBAY_DEBUG": "1"})
     assert code != 0 and "Traceback (most recent call last):" in err
