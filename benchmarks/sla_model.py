@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from torchbay.benchmarks.bench import Protocol
+from torchbay.benchmarks.bench import LoadOptions
 from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival, spread_pct
@@ -21,10 +21,8 @@ from torchbay.benchmarks.stats import Arrival, spread_pct
 __all__ = ["Outcome", "Progress", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
 
 
-class SlaOptions(BaseModel):
+class SlaOptions(LoadOptions):
     """Settings of one SLA search."""
-
-    model_config = ConfigDict(frozen=True)
 
     archive: Path
     inputs: tuple[Path, ...]
@@ -32,8 +30,6 @@ class SlaOptions(BaseModel):
     batch_sizes: tuple[int, ...] = (1,)
     max_delays_ms: tuple[float, ...] = (5.0,)
     workers: tuple[int, ...] = (1,)
-    protocol: Protocol = "predict"
-    content_type: str | None = None
     max_error_rate: float = Field(0.001, ge=0, le=1)
     step_s: float = Field(3.0, gt=0)
     step_warmup_s: float = Field(0.5, ge=0)
@@ -47,9 +43,7 @@ class SlaOptions(BaseModel):
     config_warmup_s: float = Field(2.0, ge=0)
     min_requests: int = Field(200, ge=1)
     arrival: Arrival = "poisson"
-    processes: int = Field(1, ge=1)
     timeout_s: float = Field(5.0, gt=0)
-    seed: int = 0
     autopilot: bool = True  # also measure the autopilot (slaP99Ms) at the winner's rate
     out_dir: Path = Path("bench-sla")
     apply: bool = False
