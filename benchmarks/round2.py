@@ -23,11 +23,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchbay.benchmarks import managed, plots, procstat, round2_run, runner
+from torchbay.benchmarks import managed, plots, procstat, report, runner
 from torchbay.benchmarks.errors import BenchError, exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
+from torchbay.benchmarks.report import RowResult
 from torchbay.benchmarks.round2_rows import ROWS, SWEEP_ESTIMATE
-from torchbay.benchmarks.round2_run import RowResult
 from torchbay.benchmarks.runner import Ctx
 
 HERE = Path(__file__).resolve().parent
@@ -104,10 +104,10 @@ def write(rows: list[RowResult], out: Path, command: str, ctx: Ctx, log=print) -
         title = f"{command}\n{overload.settings}"
         path = plots.sweep_plot(overload.extra["sweep"], out / "round2_overload.png", title)
         header["plot"] = str(path.name) if path else None
-    markdown = round2_run.render(rows, header)
+    markdown = report.render(rows, header)
     (out / "round2.md").write_text(markdown, encoding="utf-8")
     (out / "round2.json").write_text(
-        json.dumps(round2_run.as_json(rows, header), indent=2, default=str)
+        json.dumps(report.as_json(rows, header), indent=2, default=str)
     )
     log(markdown, flush=True)
     log(f"wrote {out / 'round2.md'} and round2.json", flush=True)

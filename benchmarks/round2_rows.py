@@ -17,18 +17,19 @@ from torchbay.benchmarks import procstat, round2_overload, round2_sweep
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
-from torchbay.benchmarks.round2_run import (
-    INPROCESS,
-    Ratio,
-    RowResult,
-    failed,
-    inprocess_limit,
+from torchbay.benchmarks.report import Ratio, RowResult, failed, median, ratios
+from torchbay.benchmarks.runner import (
+    ECHO,
+    TORCHBAY,
+    TORCHSERVE,
+    Ctx,
+    closed,
     load_metrics,
-    median,
-    ratios,
+    run_inprocess,
+    serving,
     systems_for,
+    target,
 )
-from torchbay.benchmarks.runner import ECHO, TORCHBAY, TORCHSERVE, Ctx, closed, serving, target
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.server.serving.worker_env import worker_env
 
@@ -37,7 +38,7 @@ SWEEP_FACTORS = (0.5, 1.0, 2.0, 4.0)
 MAX_CONNECTIONS = 256
 QUEUE_DELAY_MS = 200
 JOB_QUEUE_SIZE = 100
-INPROCESS_TUNED = "in-process, tuned malloc"
+INPROCESS, INPROCESS_TUNED = "in-process", "in-process, tuned malloc"
 RECOVERY_BOUND_S = 5.0
 CNN_B8_W2 = Batching(8, 10, 2)
 TWO_MODELS = {"cnn_a": "cnn", "cnn_b": "cnn"}  # two names, one reference model (each its own mar)
@@ -82,6 +83,13 @@ def row_tiny(ctx: Ctx) -> RowResult:
             Ratio("torchbay / TorchServe", ratios(tb, row.series(TORCHSERVE, "req_s")))
         )
     return row
+
+
+def inprocess_limit(ctx: Ctx, batch: int, streams: int, env: dict | None = None) -> float:
+    """samples/s of ``streams`` single-threaded loops of the cnn in one fresh process (``env``:
+    its environment, None: ours), for ``duration_s``."""
+    flags = ("--batches", str(batch), "--streams", str(streams), "--seconds", str(ctx.duration_s))
+    return run_inprocess(ctx, ("cnn",), *flags, env=env)["cnn"][batch]
 
 
 def row_cnn_c16(ctx: Ctx) -> RowResult:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import managed, round2_overload, round2_run
+from torchbay.benchmarks import managed, report, round2_overload
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadPlan, Target
-from torchbay.benchmarks.round2_run import Ratio, RowResult
+from torchbay.benchmarks.report import Ratio, RowResult
 from torchbay.benchmarks.runner import TORCHBAY_ONLY_KEYS
 from torchbay.benchmarks.scenarios import Batching, models_json
 from torchbay.benchmarks.stats import stepped_offsets
@@ -122,11 +122,11 @@ def test_row_markdown_shows_every_repeat_targets_and_not_run() -> None:
     row.not_run["torchserve"] = "not run (no --torchserve)"
     row.ratios.append(Ratio("torchbay: batch 8 / batch 1", [1.01, 0.96], 0.97, ">=", "min"))
     row.errors.append("repeat 2 torchbay b1: boom")
-    text = round2_run.row_markdown(row)
+    text = report.row_markdown(row)
     assert "| torchbay b8 | req_s | 155 | 150, 160 |" in text
     assert "| torchserve | | not run (no --torchserve) | |" in text
     assert "| torchbay: batch 8 / batch 1 | 0.96 | 1.01, 0.96 | min >= 0.97 | MISSED |" in text
     assert "Failures: repeat 2 torchbay b1: boom" in text
-    data = round2_run.as_json([row], {"command": "c"})
+    data = report.as_json([row], {"command": "c"})
     assert data["rows"]["cnn-c1"]["ratios"][0]["met"] is False
     json.dumps(data)
