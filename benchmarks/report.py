@@ -7,7 +7,8 @@ Beside them, the table and number helpers every report uses (``bench run``, ``be
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,31 @@ class RowResult:
 
     def series(self, system: str, metric: str) -> list[float]:
         return [m.get(metric, math.nan) for m in self.systems.get(system, [])]
+
+
+class Eta:
+    """Progress of a long run on its log: units done / total, elapsed, and the time left (elapsed
+    per unit so far times the units left). A unit is a step of the SLA search, or an estimated
+    second of round two's rows (so a row that takes longer than estimated weighs more)."""
+
+    def __init__(
+        self, total: float, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.total, self.done, self.log, self.clock = total, 0.0, log, clock
+        self.started = clock()
+
+    def drop(self, units: float) -> None:
+        """``units`` planned that will not run (fewer configurations to repeat than planned)."""
+        self.total = max(self.done, self.total - max(0, units))
+
+    def tick(self, what: str, units: float = 1.0) -> None:
+        self.done = min(self.done + units, self.total)
+        elapsed = self.clock() - self.started
+        left = elapsed / self.done * (self.total - self.done) if self.done else math.nan
+        self.log(
+            f"progress: {self.done:.0f}/{self.total:.0f} {what}; elapsed {elapsed:.0f} s, "
+            f"about {left:.0f} s left"
+        )
 
 
 def ratio(top: float, bottom: float) -> float:

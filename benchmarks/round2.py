@@ -76,10 +76,10 @@ def run(argv: Sequence[str] | None = None, log=print) -> int:
     with LoadGenerator(1) as gen:
         ctx = Ctx(args.work, assets, gen, args.duration, args.warmup, args.repeat, torchserve)
         ctx.log, ctx.starts = log, args.starts
-        ctx.estimate_s = estimate_s(ctx, keys)
+        ctx.eta = report.Eta(estimate_s(ctx, keys), lambda line: log(line, flush=True))
         log(
             f"round2: rows {', '.join(keys)}; {ctx.repeat} repeat(s) of {ctx.duration_s:g} s "
-            f"after {ctx.warmup_s:g} s warm-up; estimate ~{ctx.estimate_s / 60:.1f} min",
+            f"after {ctx.warmup_s:g} s warm-up; estimate ~{ctx.eta.total / 60:.1f} min",
             flush=True,
         )
         for key in keys:

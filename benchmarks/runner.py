@@ -28,7 +28,7 @@ from typing import Any
 from torchbay.benchmarks import managed, models, procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
-from torchbay.benchmarks.report import RowResult
+from torchbay.benchmarks.report import Eta, RowResult
 from torchbay.benchmarks.scenarios import Batching, Scenario, models_json
 
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
@@ -104,19 +104,12 @@ class Ctx:
     start_timeout_s: float = 120.0
     starts: int = 3  # the start row's samples per system (at least; ``repeat`` if more)
     inprocess_seconds: float = 2.0  # per batch size in the in-process loop (run_scenarios)
-    estimate_s: float = 0.0
-    done_estimate_s: float = 0.0
-    started: float = field(default_factory=time.monotonic)
     log: Any = print
+    eta: Eta = field(default_factory=lambda: Eta(0.0, print))
 
     def progress(self, what: str, estimate_s: float) -> None:
-        """Count ``estimate_s`` as done and print ``what`` with the elapsed time and an ETA
-        (the remaining estimate scaled by how fast the run has gone so far)."""
-        self.done_estimate_s += estimate_s
-        elapsed = time.monotonic() - self.started
-        left = max(0.0, self.estimate_s - self.done_estimate_s)
-        pace = elapsed / self.done_estimate_s if self.done_estimate_s > 0 else 1.0
-        self.log(f"[{elapsed:6.0f} s, ~{left * pace:5.0f} s left] {what}", flush=True)
+        """Count ``estimate_s`` estimated seconds as done (:class:`report.Eta`)."""
+        self.eta.tick(what, estimate_s)
 
     def model_store(self, names: dict[str, str]) -> Path:
         """A store where each name in ``names`` (name -> reference model) is its own ``.mar``

@@ -6,7 +6,6 @@ its results (:class:`Step`, :class:`Outcome`, :class:`Repeat`, :class:`SlaResult
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival, spread_pct
 
-__all__ = ["Outcome", "Progress", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
+__all__ = ["Outcome", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
 
 
 class SlaOptions(LoadOptions):
@@ -171,25 +170,3 @@ def crown(
     winner = held[0]
     others = [oc for oc in repeated if oc is not winner]
     return winner, (others[0] if others else None), note
-
-
-class Progress:
-    """Progress of a search on stderr: units done / total, elapsed, an estimate of the time left
-    (elapsed per unit so far times the units left)."""
-
-    def __init__(self, total: int, log: Callable[[str], None], clock: Callable[[], float]) -> None:
-        self.total, self.done, self.log, self.clock = total, 0, log, clock
-        self.started = clock()
-
-    def drop(self, units: int) -> None:
-        """``units`` planned that will not run (fewer configurations to repeat than planned)."""
-        self.total = max(self.done, self.total - max(0, units))
-
-    def tick(self, what: str) -> None:
-        self.done = min(self.done + 1, self.total)
-        elapsed = self.clock() - self.started
-        left = elapsed / self.done * (self.total - self.done) if self.done else math.nan
-        self.log(
-            f"progress: {self.done}/{self.total} {what}; elapsed {elapsed:.0f} s, "
-            f"about {left:.0f} s left"
-        )
