@@ -6,10 +6,15 @@ Beside them, the table and number helpers every report uses (``bench run``, ``be
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import math
+import shlex
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -181,6 +186,33 @@ def render(rows: list[RowResult], header: dict[str, Any]) -> str:
     if header.get("plot"):
         out.append(f"Plot: `{header['plot']}` (goodput and p99 against offered load)\n")
     return "\n".join(out)
+
+
+def header(prog: str, argv: Sequence[str] | None, settings: str, **extra: Any) -> dict[str, Any]:
+    """A report's head: the command as run (``python -m torchbay.benchmarks.PROG ...``), when, the
+    machine and the run's settings."""
+    from torchbay.benchmarks.procstat import machine_info
+
+    args = shlex.join(sys.argv[1:] if argv is None else list(argv))
+    return {
+        "command": f"python -m torchbay.benchmarks.{prog} {args}".strip(),
+        "when": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": json.dumps(machine_info()),
+        "settings": settings,
+        **extra,
+    }
+
+
+def write(rows: list[RowResult], head: dict[str, Any], out: Path, stem: str, log: Any) -> int:
+    """``out/STEM.md`` (:func:`render`) and ``out/STEM.json`` (:func:`as_json`); the markdown
+    goes to ``log`` too. Exit status 1 when any row recorded a failure."""
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = render(rows, head)
+    (out / f"{stem}.md").write_text(markdown, encoding="utf-8")
+    (out / f"{stem}.json").write_text(json.dumps(as_json(rows, head), indent=2, default=str))
+    log(markdown, flush=True)
+    log(f"wrote {out / stem}.md and {stem}.json", flush=True)
+    return 1 if any(r.errors for r in rows) else 0
 
 
 def as_json(rows: list[RowResult], header: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,6 @@ medians over rounds. Exit status 1 if any run failed (its log path is in the rep
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +20,6 @@ import psutil
 from torchbay.benchmarks import report, runner
 from torchbay.benchmarks.errors import BenchError, exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
-from torchbay.benchmarks.procstat import describe_machine, machine_info
 from torchbay.benchmarks.report import RowResult, failed
 from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
 
@@ -107,20 +103,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     with LoadGenerator(1) as gen:
         ctx = runner.Ctx(args.out, assets, gen, **settings_from_args(args))
         rows = reference_rows(ctx, scenarios, want_inprocess)
-    header = {
-        "title": "Reference scenarios",
-        "command": "python -m torchbay.benchmarks.run_scenarios "
-        + shlex.join(sys.argv[1:] if argv is None else list(argv)),
-        "when": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "machine": describe_machine(machine_info()),
-        "settings": "; ".join(f"{s.name}: {s.setup}" for s in scenarios),
-    }
-    markdown = report.render(rows, header)
-    (args.out / "latest.md").write_text(markdown, encoding="utf-8")
-    data = report.as_json(rows, header)
-    (args.out / "latest.json").write_text(json.dumps(data, indent=2, default=str))
-    print(f"\n{markdown}\nwrote {args.out / 'latest.md'}")
-    return 1 if rows[0].errors else 0
+    settings = "; ".join(f"{s.name}: {s.setup}" for s in scenarios)
+    head = report.header("run_scenarios", argv, settings, title="Reference scenarios")
+    return report.write(rows, head, args.out, "latest", print)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
