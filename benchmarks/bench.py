@@ -274,15 +274,12 @@ def measure(
     again, read the model's settings back: one report."""
     notes: list[str] = []
     plan = options.plan(target)
-    host, metrics = endpoints.host, endpoints.metrics_port
     with LoadGenerator(options.processes) as gen:
         if plan.warmup_s > 0:
             # Warm up separately so the server view covers only the measured window.
             gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
-        before = scrape.snapshot(host, metrics, notes)
-        result = gen.run(replace(plan, warmup_s=0.0), on_progress)
-        after = scrape.snapshot(host, metrics, notes)
-    view = scrape.server_view(before, after, model, version) if before and after else None
+        measured = replace(plan, warmup_s=0.0)
+        result, view = observe(gen, endpoints, model, version, measured, notes, on_progress)
     notes.extend(result.behind)
     scheme, path = ("grpc", target.grpc) if target.grpc else ("http", target.path)
     return BenchReport(
@@ -294,6 +291,25 @@ def measure(
         server=view,
         notes=tuple(notes),
     )
+
+
+def observe(
+    gen: LoadGenerator,
+    endpoints: Endpoints,
+    model: str,
+    version: str | None,
+    plan: LoadPlan,
+    notes: list[str],
+    on_progress: Callable[[Progress], None] | None = None,
+) -> tuple[LoadResult, scrape.ServerView | None]:
+    """Run ``plan`` between two scrapes of ``/metrics``: the client's result and the server's
+    view of the same window (None without a metrics port or when a scrape failed: ``notes``
+    says why). Every measured run of ``bench run`` and of the SLA search is one of these."""
+    before = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
+    result = gen.run(plan, on_progress)
+    after = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
+    view = scrape.server_view(before, after, model, version) if before and after else None
+    return result, view
 
 
 def _described(

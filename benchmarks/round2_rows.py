@@ -29,8 +29,9 @@ from torchbay.benchmarks.runner import (
     serving,
     systems_for,
     target,
+    warm_and_measure,
 )
-from torchbay.benchmarks.scenarios import Batching
+from torchbay.benchmarks.scenarios import Batching, Scenario
 from torchbay.server.serving.worker_env import worker_env
 
 OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
@@ -45,18 +46,14 @@ TWO_MODELS = {"cnn_a": "cnn", "cnn_b": "cnn"}  # two names, one reference model 
 TWO_MODELS_BATCHING = Batching(8, 10, 1)
 
 
-def _closed_row(
-    ctx: Ctx,
-    row: RowResult,
-    runs: list[tuple[str, str, str, Batching, int]],
-    rep: int,
-) -> None:
-    """Each (label, system, model, batching, concurrency): a fresh server, warm-up, measure."""
-    for label, system, model, batching, conc in runs:
-        run_dir = ctx.out_dir / "runs" / f"{row.key}-{label.replace(' ', '-')}-r{rep}"
+def _closed_row(ctx: Ctx, row: RowResult, runs: list[Scenario], rep: int) -> None:
+    """Each scenario (named by its system): a fresh server, warm-up, measure."""
+    for run in runs:
+        label, run_dir = run.name, ctx.out_dir / "runs" / f"{row.key}-{run.name}-r{rep}"
         try:
-            with serving(ctx, system, {model: batching}, run_dir) as server:
-                result = closed(ctx, target(ctx, server, model, model), conc)
+            with serving(ctx, run.server, {run.model: run.batching}, run_dir) as server:
+                tgt = target(ctx, server, run.model, run.model)
+                result = warm_and_measure(ctx, run.plan(tgt, ctx.duration_s))
             row.add(label, load_metrics(result))
             if result.behind:
                 row.notes.append(
@@ -75,7 +72,7 @@ def row_tiny(ctx: Ctx) -> RowResult:
     row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.describe()}")
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
     for rep in range(1, ctx.repeat + 1):
-        _closed_row(ctx, row, [(s, s, "tiny", b, 16) for s in systems], rep)
+        _closed_row(ctx, row, [Scenario(s, s, "tiny", 16, 8, 5, 1) for s in systems], rep)
     tb = row.series(TORCHBAY, "req_s")
     row.ratios.append(Ratio("torchbay / bare ASGI", ratios(tb, row.series(ECHO, "req_s")), 0.40))
     if TORCHSERVE in systems:
@@ -107,7 +104,7 @@ def row_cnn_c16(ctx: Ctx) -> RowResult:
             except BenchError as exc:
                 failed(row, name, rep, exc, ("req_s",))
         ctx.progress(f"{row.key} repeat {rep}: in-process limit", ctx.duration_s + 3)
-        _closed_row(ctx, row, [(s, s, "cnn", b, 16) for s in systems], rep)
+        _closed_row(ctx, row, [Scenario(s, s, "cnn", 16, 8, 10, 2) for s in systems], rep)
     limit = row.series(INPROCESS, "req_s")
     for s in systems:
         bound = 0.90 if s == TORCHBAY else None

@@ -1,14 +1,14 @@
 """Every benchmark scenario, in one description: the reference scenarios of issue 3 and the
 targets that compare them within one run, and the suites ``torchbay bench scenario NAME`` runs.
 
-A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, or
-``torchbay serve``), a model, the load (closed loop at ``concurrency`` connections, or open loop
-at ``rate``) and, for torchbay, the batching and worker settings (:class:`Batching`, the one
-``models={...}`` entry that torchbay and TorchServe both read: :func:`models_json`). A
+A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, ``torchbay
+serve``, or TorchServe 0.12 beside it in round two's rows), a model, the load (closed loop at
+``concurrency`` connections, or open loop at ``rate``) and the batching and worker settings
+(:class:`Batching`, the one ``models={...}`` entry that torchbay and TorchServe both read:
+:func:`models_json`). A
 :class:`Goal` (one of issue 3's targets a..d, ``TARGETS``) compares two scenarios round by round
 (a ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and ``run_scenarios.py``
-reports them as one row of the report every run writes (``report.RowResult``). Round two's rows
-describe their servers with the same :class:`Batching`.
+reports them as one row of the report every run writes (``report.RowResult``).
 
 A :class:`Suite` is one archive (a reference model, or one a script builds), its request bodies,
 torchbay scenarios to run against it one server each, and an SLA search (``--sla``): ``torchbay
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from torchbay.benchmarks.loadplan import Target
     from torchbay.benchmarks.stats import Arrival
 
-ServerKind = Literal["echo", "naive", "torchbay"]
+ServerKind = Literal["echo", "naive", "torchbay", "torchserve"]
 Metric = Literal["req_per_s", "p50_ms", "p90_ms", "p99_ms", "frontend_rss_mb", "start_s"]
 
 
@@ -78,7 +78,8 @@ def models_json(models: dict[str, Batching], version: str = "1.0") -> dict[str, 
 @dataclass(frozen=True)
 class Scenario:
     """One server under one load: a closed loop at ``concurrency`` connections, or (``rate`` set,
-    ``concurrency`` None) an open loop at ``rate`` requests/s. Batching applies to torchbay only."""
+    ``concurrency`` None) an open loop at ``rate`` requests/s. Batching applies to torchbay and
+    TorchServe (the same ``models={...}`` entry); the ceilings have none."""
 
     name: str
     server: ServerKind

@@ -34,8 +34,7 @@ import math
 import time
 from collections.abc import Callable
 
-from torchbay.benchmarks import scrape
-from torchbay.benchmarks.bench import make_target
+from torchbay.benchmarks.bench import make_target, observe
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
@@ -115,11 +114,7 @@ class _Search:
                 timeout_s=self.o.timeout_s,
                 seed=self.o.seed,
             )
-        where = (self.endpoints.host, self.endpoints.metrics_port, [])
-        before = scrape.snapshot(*where)
-        result = self.gen.run(plan)
-        after = scrape.snapshot(*where)
-        view = scrape.server_view(before, after, self.model) if before and after else None
+        result, view = observe(self.gen, self.endpoints, self.model, None, plan, [])
         passed, reason = self.judge(result)
         step = Step(
             config,
