@@ -13,7 +13,7 @@ import pytest
 from torchbay.benchmarks import managed, report, round2_overload
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadPlan, Target
-from torchbay.benchmarks.report import Ratio, RowResult
+from torchbay.benchmarks.report import Eta, Ratio, RowResult
 from torchbay.benchmarks.runner import TORCHBAY_ONLY_KEYS
 from torchbay.benchmarks.scenarios import Batching, models_json
 from torchbay.benchmarks.stats import stepped_offsets
@@ -130,3 +130,31 @@ def test_row_markdown_shows_every_repeat_targets_and_not_run() -> None:
     data = report.as_json([row], {"command": "c"})
     assert data["rows"]["cnn-c1"]["ratios"][0]["met"] is False
     json.dumps(data)
+
+
+def test_round_two_progress_weighs_each_step_by_its_estimated_seconds() -> None:
+    now, lines = [0.0], []
+    eta = Eta(100.0, lines.append, lambda: now[0])
+    now[0] = 10.0
+    eta.tick("tiny-c16 repeat 1: torchbay", 25.0)  # a quarter of the estimate in 10 s
+    now[0] = 40.0
+    eta.tick("start repeat 1: torchbay", 25.0)  # slower than estimated: the pace follows
+    assert lines == [
+        "progress: 25/100 tiny-c16 repeat 1: torchbay; elapsed 10 s, about 30 s left",
+        "progress: 50/100 start repeat 1: torchbay; elapsed 40 s, about 40 s left",
+    ]
+
+
+def test_a_report_is_written_with_its_command_and_fails_on_any_error(tmp_path: Path) -> None:
+    row = RowResult("start", "start to first answer, tiny", "1 worker")
+    row.add("torchbay", {"start_s": 0.9})
+    head = report.header("round2", ["--only", "start"], "1 repeat(s)")
+    assert head["command"] == "python -m torchbay.benchmarks.round2 --only start"
+    assert json.loads(head["machine"])["cores"] >= 1
+    printed: list[str] = []
+    assert report.write([row], head, tmp_path, "round2", lambda s, **_: printed.append(s)) == 0
+    markdown = (tmp_path / "round2.md").read_text()
+    assert markdown == printed[0] and "| torchbay | start_s | 0.90 | 0.90 |" in markdown
+    assert json.loads((tmp_path / "round2.json").read_text())["rows"]["start"]["systems"]
+    row.errors.append("repeat 2 torchserve: not ready in 120 s")
+    assert report.write([row], head, tmp_path / "again", "round2", lambda *a, **k: None) == 1
