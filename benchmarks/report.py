@@ -178,7 +178,7 @@ def row_markdown(row: RowResult) -> str:
 
 def render(rows: list[RowResult], header: dict[str, Any]) -> str:
     """The whole report: command, machine and settings first, then every row."""
-    out = [f"## {header.get('title', 'Round two (issue 15)')}", ""]
+    out = [f"## {header.get('title', 'Benchmark run')}", ""]
     out += [f"Command: `{header['command']}`  ", f"When: {header['when']}  "]
     out += [f"Machine: {header['machine']}  ", f"Settings: {header['settings']}", ""]
     for row in rows:

@@ -85,7 +85,7 @@ def run(argv: Sequence[str] | None = None, log=print) -> int:
         "keep-alive, raw float32 bodies); 1 intra-op thread per worker (handler_raw.py); "
         f"identical .mar and config.properties; TorchServe: {ts}"
     )
-    head = report.header("round2", argv, settings)
+    head = report.header("round2", argv, settings, title="Round two (issue 15)")
     overload = next((r for r in rows if r.key == "overload"), None)
     if overload is not None and overload.extra.get("sweep"):
         title = f"{head['command']}\n{overload.settings}"
