@@ -109,6 +109,8 @@ def test_torchserve_kind_command_line_and_properties(tmp_path: Path) -> None:
     assert props["inference_address"] == f"http://127.0.0.1:{server.endpoints.inference_port}"
     assert props["management_address"].endswith(f":{server.endpoints.management_port}")
     assert props["metrics_mode"] == "prometheus" and props["job_queue_size"] == "100"
+    grpc_ports = {int(props["grpc_inference_port"]), int(props["grpc_management_port"])}
+    assert len(grpc_ports) == 2 and not grpc_ports & {7070, 7071}  # never another server's
     entry = json.loads(props["models"])["cnn"]["1.0"]
     assert (entry["batchSize"], entry["maxBatchDelay"], entry["minWorkers"]) == (8, 10, 2)
     assert entry["marName"] == "cnn.mar"
