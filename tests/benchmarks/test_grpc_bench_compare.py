@@ -44,7 +44,8 @@ def test_a_short_run_measures_every_pair_on_real_servers(
     out = capsys.readouterr().out
     table, _, dump = out.partition("\n{")
     rows = [line for line in table.splitlines() if line.startswith("| tiny ")]
-    assert len(rows) == 3
+    ratios = [line for line in rows if ": gRPC / HTTP ok/s |" in line]
+    assert len(rows) == 6 and len(ratios) == 3  # a line of medians and a ratio per pair
     systems = json.loads("{" + dump)["rows"]["grpc"]["systems"]
     assert sorted(systems) == [f"tiny {p} c=2" for p in ("modelinfer", "predictions", "tensor")]
     for (run,) in systems.values():  # every request answered 200 on both sides (no rate asserted)
