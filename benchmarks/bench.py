@@ -44,11 +44,24 @@ _CONTENT_TYPES = {
 }
 
 
-class RunOptions(BaseModel):
-    """Everything ``torchbay bench run`` takes. Exactly one of ``url`` / ``archive``; exactly one
-    of ``concurrency`` (closed loop) / ``rate`` (open loop)."""
+class LoadOptions(BaseModel):
+    """What every command that sends load takes (``bench run``'s :class:`RunOptions` and the SLA
+    search's ``SlaOptions``): the request bodies, their route, and the generator's processes."""
 
     model_config = ConfigDict(frozen=True)
+
+    inputs: tuple[Path, ...] = ()
+    protocol: Protocol = "predict"
+    content_type: str | None = None
+    processes: int = Field(1, ge=1)
+    seed: int = 0
+    # Extra request headers (not a CLI flag): the OIP binary body's Inference-Header-Content-Length.
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class RunOptions(LoadOptions):
+    """Everything ``torchbay bench run`` takes. Exactly one of ``url`` / ``archive``; exactly one
+    of ``concurrency`` (closed loop) / ``rate`` (open loop)."""
 
     url: str | None = None
     archive: Path | None = None
@@ -61,9 +74,6 @@ class RunOptions(BaseModel):
     batch_size: int | None = Field(None, ge=1)
     max_batch_delay_ms: float | None = Field(None, ge=0)
     workers: int | None = Field(None, ge=1)
-    protocol: Protocol = "predict"
-    inputs: tuple[Path, ...] = ()
-    content_type: str | None = None
     concurrency: int | None = Field(None, ge=1)
     rate: float | None = Field(None, gt=0)
     arrival: Arrival = "constant"
@@ -71,12 +81,8 @@ class RunOptions(BaseModel):
     requests: int | None = Field(None, ge=1)
     warmup_s: float = Field(2.0, ge=0)
     timeout_s: float = Field(10.0, gt=0)
-    processes: int = Field(1, ge=1)
     max_connections: int = Field(1024, ge=1)
-    seed: int = 0
     run_dir: Path | None = None
-    # Extra request headers (not a CLI flag): the OIP binary body's Inference-Header-Content-Length.
-    headers: tuple[tuple[str, str], ...] = ()
 
     @model_validator(mode="after")
     def _one_of(self) -> RunOptions:
@@ -169,7 +175,9 @@ def route(protocol: Protocol, model: str, version: str | None) -> str:
     return f"/predictions/{model}" + (f"/{version}" if version else "")
 
 
-def make_target(endpoints: Endpoints, options: Any, model: str, version: str | None) -> Target:
+def make_target(
+    endpoints: Endpoints, options: LoadOptions, model: str, version: str | None
+) -> Target:
     """The HTTP target of ``options`` (``bench run``'s or the SLA search's: their ``inputs``,
     ``protocol`` and ``content_type``, and any extra ``headers``) on ``endpoints``."""
     payloads, wrapped = load_payloads(options.inputs, options.protocol)
@@ -183,7 +191,7 @@ def make_target(endpoints: Endpoints, options: Any, model: str, version: str | N
     headers = [("Content-Type", content_type)]
     if endpoints.inference_key:
         headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
-    headers.extend(getattr(options, "headers", ()))
+    headers.extend(options.headers)
     return Target(
         host=endpoints.host,
         port=endpoints.inference_port,
@@ -266,15 +274,12 @@ def measure(
     again, read the model's settings back: one report."""
     notes: list[str] = []
     plan = options.plan(target)
-    host, metrics = endpoints.host, endpoints.metrics_port
     with LoadGenerator(options.processes) as gen:
         if plan.warmup_s > 0:
             # Warm up separately so the server view covers only the measured window.
             gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
-        before = scrape.snapshot(host, metrics, notes)
-        result = gen.run(replace(plan, warmup_s=0.0), on_progress)
-        after = scrape.snapshot(host, metrics, notes)
-    view = scrape.server_view(before, after, model, version) if before and after else None
+        measured = replace(plan, warmup_s=0.0)
+        result, view = observe(gen, endpoints, model, version, measured, notes, on_progress)
     notes.extend(result.behind)
     scheme, path = ("grpc", target.grpc) if target.grpc else ("http", target.path)
     return BenchReport(
@@ -286,6 +291,25 @@ def measure(
         server=view,
         notes=tuple(notes),
     )
+
+
+def observe(
+    gen: LoadGenerator,
+    endpoints: Endpoints,
+    model: str,
+    version: str | None,
+    plan: LoadPlan,
+    notes: list[str],
+    on_progress: Callable[[Progress], None] | None = None,
+) -> tuple[LoadResult, scrape.ServerView | None]:
+    """Run ``plan`` between two scrapes of ``/metrics``: the client's result and the server's
+    view of the same window (None without a metrics port or when a scrape failed: ``notes``
+    says why). Every measured run of ``bench run`` and of the SLA search is one of these."""
+    before = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
+    result = gen.run(plan, on_progress)
+    after = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
+    view = scrape.server_view(before, after, model, version) if before and after else None
+    return result, view
 
 
 def _described(

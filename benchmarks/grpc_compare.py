@@ -8,8 +8,9 @@ server each, HTTP then gRPC (``grpc_pair.py``): ``predictions``, TorchServe's pa
 Protocol pair (HTTP ``/v2/models/{m}/infer`` with the binary tensor data extension beside gRPC
 ``ModelInfer`` with ``raw_input_contents``, binary outputs both). Every run is the closed loop of
 ``torchbay bench run --protocol grpc``/``grpc-v2``; repeats are interleaved (repeat is the outer
-loop) so slow drift spreads over every cell. Prints one markdown table of the medians: req/s
-(answered 200) of HTTP and gRPC, their ratio, and p50/p99 of each; ``--json`` adds every run.
+loop) so slow drift spreads over every cell. Prints the report's row (``report.RowResult``): per
+cell the medians of each side's ok/s, p50 and p99 and the answers that were not 200, and the
+gRPC / HTTP ratio of every repeat; ``--json`` adds every run.
 
 Built under ``--out``: the benchmark's own archives (``runner.prepare_models`` /
 ``archive_models``: the seeded models packed with ``handler_raw.py``), whose requests are the raw
@@ -22,16 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from torchbay.benchmarks.report import markdown_table, num
+from torchbay.benchmarks import report
+from torchbay.benchmarks.report import Ratio, RowResult, failed, ratios, render
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.loadplan import LoadResult
     from torchbay.benchmarks.runner import Assets
 
 PAIRS = {
@@ -43,51 +43,33 @@ Inputs = dict[str, dict[str, tuple[Path, Path]]]  # model -> pair -> (archive, -
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "grpc_compare"
 
 
-# One run of one pair (a "sample"): model, pair, concurrency, repeat, and each side's ok_per_s,
-# p50_ms, p99_ms, sent and ok, prefixed http_ and grpc_.
-Sample = dict[str, Any]
+def cell(model: str, pair: str, concurrency: int) -> str:
+    """A system of the report: one model, pair and concurrency (``tiny predictions c=16``)."""
+    return f"{model} {pair} c={concurrency}"
 
 
 def measure(
-    model: str,
-    archive: Path,
-    source: Path,
-    pair: str,
-    concurrency: int,
-    repeat: int,
-    *,
-    duration_s: float,
-    warmup_s: float,
-    run_dir: Path,
-) -> Sample:
-    """One pair's two reports on one fresh server (``source``: the ``--input``)."""
+    archive: Path, source: Path, pair: str, concurrency: int, run_dir: Path, **durations: float
+) -> dict[str, float]:
+    """One pair's two runs on one fresh server (``source``: the ``--input``; ``durations``:
+    ``duration_s`` and ``warmup_s``): each side's ok/s, p50 and p99 (``http_...``, ``grpc_...``)
+    and the answers that were not 200."""
     from torchbay.benchmarks.bench import RunOptions
+    from torchbay.benchmarks.grpc_pair import run_grpc_bench
 
     options = RunOptions(
         archive=archive,
         inputs=(source,),
         concurrency=concurrency,
-        duration_s=duration_s,
-        warmup_s=warmup_s,
         run_dir=run_dir,
+        **durations,
     )
-    from torchbay.benchmarks.grpc_pair import run_grpc_bench
-
-    http, grpc_ = (report.result for report in run_grpc_bench(options, pair != "predictions"))
-    sides = {**_side("http", http), **_side("grpc", grpc_)}
-    return {"model": model, "pair": pair, "concurrency": concurrency, "repeat": repeat, **sides}
-
-
-def _side(protocol: str, result: LoadResult) -> dict[str, Any]:
-    """One protocol's half of a sample (its fields are named ``<protocol>_...``)."""
-    figures = {
-        "ok_per_s": result.ok_per_s,
-        "p50_ms": result.latency.p50_ms,
-        "p99_ms": result.latency.p99_ms,
-        "sent": result.sent,
-        "ok": result.ok,
-    }
-    return {f"{protocol}_{name}": value for name, value in figures.items()}
+    sides = [rep.result for rep in run_grpc_bench(options, pair != "predictions")]
+    figures = {}
+    for side, r in zip(("http", "grpc"), sides, strict=True):
+        figures |= {f"{side}_ok_per_s": r.ok_per_s, f"{side}_p50_ms": r.latency.p50_ms}
+        figures[f"{side}_p99_ms"] = r.latency.p99_ms
+    return figures | {"not_200": float(sum(r.sent - r.ok for r in sides))}
 
 
 def compare(
@@ -95,85 +77,32 @@ def compare(
     concurrencies: Sequence[int],
     *,
     repeat: int,
-    duration_s: float,
-    warmup_s: float,
     out: Path,
     log: Callable[[str], None] = print,
-) -> tuple[list[Sample], list[str]]:
-    """Every (model, concurrency, pair) of ``inputs`` ``repeat`` times: (the samples, one line
-    per run that failed; the others still run)."""
+    **durations: float,
+) -> RowResult:
+    """Every (model, concurrency, pair) of ``inputs`` ``repeat`` times (each run ``durations``:
+    ``duration_s`` measured after ``warmup_s``), repeat outermost: one system per cell, with its
+    gRPC / HTTP ratio; a run that failed is in the row's ``errors``, the others still run."""
     from torchbay.archiver.errors import ArchiveError
     from torchbay.benchmarks.errors import BenchError
 
-    samples, failures = [], []
-    for r in range(repeat):
+    row = RowResult("grpc", "gRPC beside HTTP", ", ".join(PAIRS.values()), wide=True)
+    for r in range(1, repeat + 1):
         for model, pairs in inputs.items():
             for c in concurrencies:
                 for pair, (archive, source) in pairs.items():
-                    cell = f"[{r + 1}/{repeat}] {model} {pair} c={c}"
-                    log(cell)
-                    run_dir = out / "runs" / f"{model}-{pair}-c{c}-r{r}"
-                    run_dir.mkdir(parents=True, exist_ok=True)
+                    name, run_dir = cell(model, pair, c), out / "runs" / f"{model}-{pair}-c{c}-r{r}"
+                    log(f"[{r}/{repeat}] {name}")
                     try:
-                        samples.append(
-                            measure(
-                                model,
-                                archive,
-                                source,
-                                pair,
-                                c,
-                                r,
-                                duration_s=duration_s,
-                                warmup_s=warmup_s,
-                                run_dir=run_dir,
-                            )
-                        )
+                        row.add(name, measure(archive, source, pair, c, run_dir, **durations))
                     except (BenchError, ArchiveError) as exc:
-                        failures.append(f"{cell} failed: {exc}")
-                        log(failures[-1])
-    return samples, failures
-
-
-def _median(samples: list[Sample], field: str) -> float:
-    return statistics.median(s[field] for s in samples)
-
-
-def table(samples: Sequence[Sample]) -> str:
-    """One markdown row per (model, pair, concurrency): the medians over its repeats."""
-    cells: dict[tuple[str, str, int], list[Sample]] = {}
-    for s in samples:
-        cells.setdefault((s["model"], s["pair"], s["concurrency"]), []).append(s)
-    rows = []
-    for (model, pair, c), group in cells.items():
-        http, grpc_ = _median(group, "http_ok_per_s"), _median(group, "grpc_ok_per_s")
-        failed = sum(s["http_sent"] - s["http_ok"] + s["grpc_sent"] - s["grpc_ok"] for s in group)
-        rows.append(
-            [
-                model,
-                PAIRS[pair],
-                str(c),
-                str(len(group)),
-                num(http, 1),
-                num(grpc_, 1),
-                num(grpc_ / http if http else None, 2),
-                f"{num(_median(group, 'http_p50_ms'))} / {num(_median(group, 'http_p99_ms'))}",
-                f"{num(_median(group, 'grpc_p50_ms'))} / {num(_median(group, 'grpc_p99_ms'))}",
-                str(failed),
-            ]
-        )
-    header = [
-        "model",
-        "pair",
-        "c",
-        "runs",
-        "HTTP req/s",
-        "gRPC req/s",
-        "gRPC/HTTP",
-        "HTTP p50 / p99 ms",
-        "gRPC p50 / p99 ms",
-        "not 200",
-    ]
-    return markdown_table(header, rows, align="--::::::::")
+                        failed(row, name, r, exc, ("http_ok_per_s",))
+                        log(f"{name} failed: {row.errors[-1]}")
+    for name in row.systems:
+        values = ratios(row.series(name, "grpc_ok_per_s"), row.series(name, "http_ok_per_s"))
+        row.ratios.append(Ratio(f"{name}: gRPC / HTTP ok/s", values))
+    return row
 
 
 def build_inputs(
@@ -258,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error("--repeat must be >= 1")
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     inputs = build_inputs(models, pairs, args.out, log)
-    samples, failures = compare(
+    row = compare(
         inputs,
         concurrencies,
         repeat=args.repeat,
@@ -267,12 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         out=args.out,
         log=log,
     )
-    print(table(samples))
-    for line in failures:
-        print(f"\n{line}")
+    settings = f"{args.repeat} repeat(s) of {args.duration:g} s after {args.warmup:g} s warm-up"
+    head = report.header("grpc_compare", argv, settings, title="gRPC beside HTTP (issue 12)")
+    print(render([row], head))
     if args.json:
-        print(json.dumps(samples, indent=2))
-    return 1 if failures else 0
+        print(json.dumps(report.as_json([row], head), indent=2))
+    return 1 if row.errors else 0
 
 
 if __name__ == "__main__":

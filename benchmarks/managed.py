@@ -297,13 +297,16 @@ def find_torchserve(spec: str | Path | None) -> Path | None:
 def torchserve_properties(
     models_json: dict[str, Any], ports: tuple[int, int, int], extra: dict[str, Any]
 ) -> str:
-    """TorchServe's config.properties: loopback ``ports`` (inference, management, metrics),
-    Prometheus metrics (log mode is slower), and the ``models={...}`` and keys torchbay gets."""
+    """TorchServe's config.properties: loopback ``ports`` (inference, management, metrics), free
+    gRPC ports (its defaults, 7070/7071, may be another server's on a shared host), Prometheus
+    metrics (log mode is slower), and the ``models={...}`` and keys torchbay gets."""
     inference, management, metrics = ports
     lines = [
         f"inference_address=http://127.0.0.1:{inference}",
         f"management_address=http://127.0.0.1:{management}",
         f"metrics_address=http://127.0.0.1:{metrics}",
+        f"grpc_inference_port={free_port()}",
+        f"grpc_management_port={free_port()}",
         "metrics_mode=prometheus",
         f"models={json.dumps(models_json)}",
         *(f"{key}={value}" for key, value in extra.items()),

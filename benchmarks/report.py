@@ -1,61 +1,248 @@
-"""Summaries of a scenario run: medians over rounds, the target checks, a plain-text table for
-the terminal and a markdown fragment for ``benchmarks/RESULTS.md``; and the table and number
-helpers every report of the harness uses (``bench run``, ``bench sla``, the scenarios)."""
+"""The one result type of the harness and its report: a :class:`RowResult` is one row of a table
+(round two's rows, the reference scenarios, the gRPC pairs): per system, each repeat's metrics,
+and :class:`Ratio` s judged against their targets; :func:`render` and :func:`as_json` write it.
+Beside them, the table and number helpers every report uses (``bench run``, ``bench sla``).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import math
-import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from torchbay.benchmarks.procstat import describe_machine
-from torchbay.benchmarks.scenarios import Goal, Scenario, ScenarioResult
 
-# The table's metrics, in its column order, and the digits each is shown with.
-DIGITS = {
-    "req_per_s": 0,
-    "p50_ms": 2,
-    "p90_ms": 2,
-    "p99_ms": 2,
-    "errors": 0,
-    "cpu_ms_per_req": 3,
-    "frontend_rss_mb": 0,
-    "tree_pss_mb": 0,
-    "start_s": 2,
-    "foreign_cpu_pct": 0,
-}
-METRICS = tuple(DIGITS)
+@dataclass(frozen=True)
+class Ratio:
+    """A figure per repeat and, when ``bound`` is set, its target: ``aggregate`` (median, min or
+    max over the repeats) ``op`` ``bound``."""
 
+    name: str
+    values: list[float]
+    bound: float | None = None
+    op: str = ">="
+    aggregate: str = "median"
 
-def medians(results: Iterable[ScenarioResult]) -> dict[str, dict[str, float]]:
-    """Per scenario, the median of each metric over its successful runs."""
-    runs: dict[str, list[ScenarioResult]] = {}
-    for result in results:
-        if result.error is None:
-            runs.setdefault(result.scenario, []).append(result)
-    out: dict[str, dict[str, float]] = {}
-    for name, group in runs.items():
-        out[name] = {}
-        for metric in METRICS:
-            values = [float(getattr(r, metric)) for r in group]
-            values = [v for v in values if not math.isnan(v)]
-            out[name][metric] = statistics.median(values) if values else float("nan")
-        out[name]["runs"] = len(group)
-    return out
+    def summary(self) -> float:
+        finite = sorted(v for v in self.values if math.isfinite(v))
+        if len(finite) != len(self.values) or not finite:
+            return math.nan
+        if self.aggregate == "min":
+            return finite[0]
+        if self.aggregate == "max":
+            return finite[-1]
+        mid = len(finite) // 2
+        return finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2
+
+    def met(self) -> bool | None:
+        if self.bound is None:
+            return None
+        value = self.summary()
+        if not math.isfinite(value):
+            return False
+        return value >= self.bound if self.op == ">=" else value <= self.bound
 
 
-def inprocess_medians(rounds: Sequence[dict[str, dict[int, float]]]) -> dict[str, dict[int, float]]:
-    """Median samples/s per model and batch size over the rounds of the in-process loop."""
-    out: dict[str, dict[int, float]] = {}
-    for name in {n for r in rounds for n in r}:
-        batches = sorted({b for r in rounds for b in r.get(name, {})})
-        out[name] = {
-            b: statistics.median([r[name][b] for r in rounds if b in r.get(name, {})])
-            for b in batches
-        }
-    return out
+@dataclass
+class RowResult:
+    """One row of a report: per system (a server, a scenario, a loop), one dict of metrics per
+    repeat; a system that failed a repeat has NaN there and its error in ``errors``. ``wide``
+    rows show one line per system with a column per metric (many metrics, few repeats)."""
+
+    key: str
+    title: str
+    settings: str
+    systems: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)
+    ratios: list[Ratio] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. the load generator fell behind
+    extra: dict[str, Any] = field(default_factory=dict)
+    wide: bool = False
+
+    def add(self, system: str, metrics: dict[str, float]) -> None:
+        self.systems.setdefault(system, []).append(metrics)
+
+    def series(self, system: str, metric: str) -> list[float]:
+        return [m.get(metric, math.nan) for m in self.systems.get(system, [])]
+
+
+class Eta:
+    """Progress of a long run on its log: units done / total, elapsed, and the time left (elapsed
+    per unit so far times the units left). A unit is a step of the SLA search, or an estimated
+    second of round two's rows (so a row that takes longer than estimated weighs more)."""
+
+    def __init__(
+        self, total: float, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.total, self.done, self.log, self.clock = total, 0.0, log, clock
+        self.started = clock()
+
+    def drop(self, units: float) -> None:
+        """``units`` planned that will not run (fewer configurations to repeat than planned)."""
+        self.total = max(self.done, self.total - max(0, units))
+
+    def tick(self, what: str, units: float = 1.0) -> None:
+        self.done = min(self.done + units, self.total)
+        elapsed = self.clock() - self.started
+        left = elapsed / self.done * (self.total - self.done) if self.done else math.nan
+        self.log(
+            f"progress: {self.done:.0f}/{self.total:.0f} {what}; elapsed {elapsed:.0f} s, "
+            f"about {left:.0f} s left"
+        )
+
+
+def ratio(top: float, bottom: float) -> float:
+    if not (math.isfinite(top) and math.isfinite(bottom)) or bottom <= 0:
+        return math.nan
+    return top / bottom
+
+
+def ratios(top: list[float], bottom: list[float]) -> list[float]:
+    """:func:`ratio` of two series, repeat by repeat."""
+    return [ratio(t, b) for t, b in zip(top, bottom, strict=False)]
+
+
+def failed(row: RowResult, system: str, rep: int, exc: Exception, keys: tuple[str, ...]) -> None:
+    """Record ``system`` 's failure in repeat ``rep``: its error, and NaN for ``keys``."""
+    row.errors.append(f"repeat {rep} {system}: {str(exc).splitlines()[0]}")
+    row.add(system, dict.fromkeys(keys, math.nan))
+
+
+def median(values: list[float]) -> float:
+    """The median of ``values``; NaN if any is not finite."""
+    return Ratio("", values).summary()
+
+
+_DIGITS = {"req_s": 0, "capacity_req_s": 0, "offered_req_s": 0, "goodput_req_s": 0}
+
+
+def fmt(value: float, metric: str = "") -> str:
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return "n/a"
+    digits = _DIGITS.get(metric, 0 if abs(value) >= 100 else 2)
+    return f"{value:,.{digits}f}"
+
+
+def _long_lines(row: RowResult) -> list[str]:
+    """One line per system and metric: the median and every repeat."""
+    lines = ["| system | metric | median | every repeat |", "|---|---|---|---|"]
+    for system, per_repeat in row.systems.items():
+        for metric in per_repeat[0] if per_repeat else ():
+            values = row.series(system, metric)
+            every = ", ".join(fmt(v, metric) for v in values)
+            lines.append(f"| {system} | {metric} | {fmt(median(values), metric)} | {every} |")
+    return lines + [f"| {system} | | {why} | |" for system, why in row.not_run.items()]
+
+
+def _wide_lines(row: RowResult) -> list[str]:
+    """One line per system: the median of each metric (over the repeats that did not fail),
+    then every repeat of the first metric."""
+    metrics = list(dict.fromkeys(k for runs in row.systems.values() for m in runs for k in m))
+    table = []
+    for system in row.systems:
+        values = {k: [v for v in row.series(system, k) if math.isfinite(v)] for k in metrics}
+        medians = [fmt(median(values[k]) if values[k] else math.nan, k) for k in metrics]
+        first = ", ".join(fmt(v, metrics[0]) for v in row.series(system, metrics[0]))
+        table.append([system, *medians, first])
+    header = ["system", *metrics, f"{metrics[0] if metrics else ''} every repeat"]
+    return markdown_table(header, table).splitlines()
+
+
+def row_markdown(row: RowResult) -> str:
+    lines = [f"### {row.title}", "", f"Settings: {row.settings}", ""]
+    lines += _wide_lines(row) if row.wide else _long_lines(row)
+    if row.ratios:
+        lines += [
+            "",
+            "| ratio / figure | value | every repeat | target | met? |",
+            "|---|---|---|---|---|",
+        ]
+        for r in row.ratios:
+            every = ", ".join(fmt(v) for v in r.values)
+            target = "" if r.bound is None else f"{r.aggregate} {r.op} {r.bound:g}"
+            met = {None: "", True: "met", False: "MISSED"}[r.met()]
+            lines.append(f"| {r.name} | {fmt(r.summary())} | {every} | {target} | {met} |")
+    if row.errors:
+        lines += ["", "Failures: " + "; ".join(row.errors)]
+    if row.notes:
+        lines += ["", "Notes: " + "; ".join(row.notes)]
+    return "\n".join(lines) + "\n"
+
+
+def render(rows: list[RowResult], header: dict[str, Any]) -> str:
+    """The whole report: command, machine and settings first, then every row."""
+    out = [f"## {header.get('title', 'Benchmark run')}", ""]
+    out += [f"Command: `{header['command']}`  ", f"When: {header['when']}  "]
+    out += [f"Machine: {header['machine']}  ", f"Settings: {header['settings']}", ""]
+    for row in rows:
+        out.append(row_markdown(row))
+    if header.get("plot"):
+        out.append(f"Plot: `{header['plot']}` (goodput and p99 against offered load)\n")
+    return "\n".join(out)
+
+
+def header(prog: str, argv: Sequence[str] | None, settings: str, **extra: Any) -> dict[str, Any]:
+    """A report's head: the command as run (``python -m torchbay.benchmarks.PROG ...``), when, the
+    machine and the run's settings."""
+    from torchbay.benchmarks.procstat import machine_info
+
+    args = shlex.join(sys.argv[1:] if argv is None else list(argv))
+    return {
+        "command": f"python -m torchbay.benchmarks.{prog} {args}".strip(),
+        "when": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": json.dumps(machine_info()),
+        "settings": settings,
+        **extra,
+    }
+
+
+def write(rows: list[RowResult], head: dict[str, Any], out: Path, stem: str, log: Any) -> int:
+    """``out/STEM.md`` (:func:`render`) and ``out/STEM.json`` (:func:`as_json`); the markdown
+    goes to ``log`` too. Exit status 1 when any row recorded a failure."""
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = render(rows, head)
+    (out / f"{stem}.md").write_text(markdown, encoding="utf-8")
+    (out / f"{stem}.json").write_text(json.dumps(as_json(rows, head), indent=2, default=str))
+    log(markdown, flush=True)
+    log(f"wrote {out / stem}.md and {stem}.json", flush=True)
+    return 1 if any(r.errors for r in rows) else 0
+
+
+def as_json(rows: list[RowResult], header: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **header,
+        "rows": {
+            row.key: {
+                "title": row.title,
+                "settings": row.settings,
+                "systems": row.systems,
+                "not_run": row.not_run,
+                "ratios": [
+                    {
+                        "name": r.name,
+                        "values": r.values,
+                        "summary": r.summary(),
+                        "bound": r.bound,
+                        "op": r.op,
+                        "aggregate": r.aggregate,
+                        "met": r.met(),
+                    }
+                    for r in row.ratios
+                ],
+                "errors": row.errors,
+                "notes": row.notes,
+                "extra": row.extra,
+            }
+            for row in rows
+        },
+    }
 
 
 def num(value: float | None, digits: int = 2) -> str:
@@ -63,65 +250,6 @@ def num(value: float | None, digits: int = 2) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     return f"{value:,.{digits}f}"
-
-
-def _row(name: str, scenario: Scenario | None, m: dict[str, float], per_run: str) -> list[str]:
-    setup = (
-        f"{scenario.load} b={scenario.batch_size} d={scenario.max_batch_delay_ms}"
-        f" w={scenario.workers}"
-        if scenario and scenario.server == "torchbay"
-        else (scenario.load if scenario else "")
-    )
-    return [
-        name,
-        setup,
-        *(num(m.get(metric), DIGITS[metric]) for metric in METRICS),
-        per_run,
-    ]
-
-
-HEADER = [
-    "scenario",
-    "setup",
-    "req/s",
-    "p50 ms",
-    "p90 ms",
-    "p99 ms",
-    "errors",
-    "CPU ms/req",
-    "frontend RSS MB",
-    "tree PSS MB",
-    "start s",
-    "other CPU %",
-    "req/s per run",
-]
-
-
-def table_rows(scenarios: Sequence[Scenario], results: Sequence[ScenarioResult]) -> list[list[str]]:
-    """One row per scenario: medians, then each run's req/s (or FAILED)."""
-    med = medians(results)
-    rows = []
-    for scenario in scenarios:
-        runs = [r for r in results if r.scenario == scenario.name]
-        per_run = ", ".join(
-            "FAILED" if r.error else num(r.req_per_s, 0)
-            for r in sorted(runs, key=lambda r: r.round)
-        )
-        rows.append(_row(scenario.name, scenario, med.get(scenario.name, {}), per_run))
-    return rows
-
-
-def target_rows(targets: Sequence[Goal], med: dict[str, dict[str, float]]) -> list[list[str]]:
-    rows = []
-    for target in targets:
-        value = target.value(med)
-        if value is None:
-            verdict, shown = "not measured", "-"
-        else:
-            verdict = "met" if target.met(value) else "MISSED"
-            shown = f"{value:.2f}x" if target.denominator else num(value, 2)
-        rows.append([target.key, target.about, shown, target.describe_bound(), verdict])
-    return rows
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -142,63 +270,3 @@ def markdown_table(
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rules) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def render_markdown(
-    *,
-    command: str,
-    machine: dict[str, Any],
-    settings_line: str,
-    scenarios: Sequence[Scenario],
-    results: Sequence[ScenarioResult],
-    targets: Sequence[Goal],
-    inprocess: dict[str, dict[int, float]] | None,
-    when: str,
-) -> str:
-    """The fragment for RESULTS.md: command, machine, scenario table, targets, in-process loop,
-    and the first line of each failure."""
-    med = medians(results)
-    parts = [
-        f"### Scenario run {when}",
-        "",
-        f"Command: `{command}`  ",
-        f"Machine: {describe_machine(machine)}  ",
-        f"Load: {settings_line}",
-        "",
-        markdown_table(HEADER, table_rows(scenarios, results)),
-        "",
-        '"other CPU %": the machine\'s CPU used by processes that were neither the server nor the '
-        "load generator during the measured run, as a share of all cores; above a few percent the "
-        "run was disturbed and its numbers are low.",
-        "",
-        "Targets (ratios of medians within this run):",
-        "",
-        markdown_table(
-            ["target", "what", "measured", "bound", "verdict"], target_rows(targets, med)
-        ),
-    ]
-    if inprocess:
-        batches = sorted({b for per in inprocess.values() for b in per})
-        rows = [[n, *(num(per.get(b), 0) for b in batches)] for n, per in sorted(inprocess.items())]
-        parts += [
-            "",
-            "Model in process, one thread (samples/s, median over rounds):",
-            "",
-            markdown_table(["model", *(f"batch {b}" for b in batches)], rows),
-        ]
-    failures = [r for r in results if r.error]
-    if failures:
-        parts += ["", "Failed runs:", ""]
-        parts += [
-            f"- {r.scenario} round {r.round}: {r.error.splitlines()[0]} (log: {r.log})"
-            for r in failures
-        ]
-    return "\n".join(parts) + "\n"
-
-
-def results_json(results: Sequence[ScenarioResult]) -> list[dict]:
-    """Every run as a plain dict (NaN kept as null) for machines."""
-    return [
-        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()}
-        for r in results
-    ]

@@ -16,18 +16,15 @@ Exit status 1 when any run failed (the report says which).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchbay.benchmarks import managed, plots, procstat, round2_run, runner
+from torchbay.benchmarks import managed, plots, report, runner
 from torchbay.benchmarks.errors import BenchError, exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
+from torchbay.benchmarks.report import RowResult
 from torchbay.benchmarks.round2_rows import ROWS, SWEEP_ESTIMATE
-from torchbay.benchmarks.round2_run import RowResult
 from torchbay.benchmarks.runner import Ctx
 
 HERE = Path(__file__).resolve().parent
@@ -69,49 +66,32 @@ def run(argv: Sequence[str] | None = None, log=print) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     assets = runner.prepare_models(args.work)
     assets = runner.archive_models(assets, args.work, sys.executable)
-    command = "python -m torchbay.benchmarks.round2 " + shlex.join(
-        sys.argv[1:] if argv is None else list(argv)
-    )
     rows: list[RowResult] = []
     with LoadGenerator(1) as gen:
         ctx = Ctx(args.work, assets, gen, args.duration, args.warmup, args.repeat, torchserve)
         ctx.log, ctx.starts = log, args.starts
-        ctx.estimate_s = estimate_s(ctx, keys)
+        ctx.eta = report.Eta(estimate_s(ctx, keys), lambda line: log(line, flush=True))
         log(
             f"round2: rows {', '.join(keys)}; {ctx.repeat} repeat(s) of {ctx.duration_s:g} s "
-            f"after {ctx.warmup_s:g} s warm-up; estimate ~{ctx.estimate_s / 60:.1f} min",
+            f"after {ctx.warmup_s:g} s warm-up; estimate ~{ctx.eta.total / 60:.1f} min",
             flush=True,
         )
         for key in keys:
             rows.append(ROWS[key][0](ctx))
-    return write(rows, args.out, command, ctx, log)
-
-
-def write(rows: list[RowResult], out: Path, command: str, ctx: Ctx, log=print) -> int:
-    out.mkdir(parents=True, exist_ok=True)
     ts = str(ctx.torchserve) if ctx.torchserve else "not run"
-    header = {
-        "command": command,
-        "when": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "machine": json.dumps(procstat.machine_info()),
-        "settings": f"{ctx.repeat} repeat(s); warm-up {ctx.warmup_s:g} s, {ctx.duration_s:g} s "
-        "measured per run (the same windows for every system); torchbay's load generator "
-        "(1 process, keep-alive, raw float32 bodies); 1 intra-op thread per worker "
-        f"(handler_raw.py); identical .mar and config.properties; TorchServe: {ts}",
-    }
+    settings = (
+        f"{ctx.repeat} repeat(s); warm-up {ctx.warmup_s:g} s, {ctx.duration_s:g} s measured per "
+        "run (the same windows for every system); torchbay's load generator (1 process, "
+        "keep-alive, raw float32 bodies); 1 intra-op thread per worker (handler_raw.py); "
+        f"identical .mar and config.properties; TorchServe: {ts}"
+    )
+    head = report.header("round2", argv, settings, title="Round two (issue 15)")
     overload = next((r for r in rows if r.key == "overload"), None)
     if overload is not None and overload.extra.get("sweep"):
-        title = f"{command}\n{overload.settings}"
-        path = plots.sweep_plot(overload.extra["sweep"], out / "round2_overload.png", title)
-        header["plot"] = str(path.name) if path else None
-    markdown = round2_run.render(rows, header)
-    (out / "round2.md").write_text(markdown, encoding="utf-8")
-    (out / "round2.json").write_text(
-        json.dumps(round2_run.as_json(rows, header), indent=2, default=str)
-    )
-    log(markdown, flush=True)
-    log(f"wrote {out / 'round2.md'} and round2.json", flush=True)
-    return 1 if any(r.errors for r in rows) else 0
+        title = f"{head['command']}\n{overload.settings}"
+        path = plots.sweep_plot(overload.extra["sweep"], args.out / "round2_overload.png", title)
+        head["plot"] = str(path.name) if path else None
+    return report.write(rows, head, args.out, "round2", log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

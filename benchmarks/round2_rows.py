@@ -17,19 +17,21 @@ from torchbay.benchmarks import procstat, round2_overload, round2_sweep
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
-from torchbay.benchmarks.round2_run import (
-    INPROCESS,
-    Ratio,
-    RowResult,
-    failed,
-    inprocess_limit,
+from torchbay.benchmarks.report import Ratio, RowResult, failed, median, ratios
+from torchbay.benchmarks.runner import (
+    ECHO,
+    TORCHBAY,
+    TORCHSERVE,
+    Ctx,
+    closed,
     load_metrics,
-    median,
-    ratios,
+    run_inprocess,
+    serving,
     systems_for,
+    target,
+    warm_and_measure,
 )
-from torchbay.benchmarks.runner import ECHO, TORCHBAY, TORCHSERVE, Ctx, closed, serving, target
-from torchbay.benchmarks.scenarios import Batching
+from torchbay.benchmarks.scenarios import Batching, Scenario
 from torchbay.server.serving.worker_env import worker_env
 
 OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
@@ -37,25 +39,21 @@ SWEEP_FACTORS = (0.5, 1.0, 2.0, 4.0)
 MAX_CONNECTIONS = 256
 QUEUE_DELAY_MS = 200
 JOB_QUEUE_SIZE = 100
-INPROCESS_TUNED = "in-process, tuned malloc"
+INPROCESS, INPROCESS_TUNED = "in-process", "in-process, tuned malloc"
 RECOVERY_BOUND_S = 5.0
 CNN_B8_W2 = Batching(8, 10, 2)
 TWO_MODELS = {"cnn_a": "cnn", "cnn_b": "cnn"}  # two names, one reference model (each its own mar)
 TWO_MODELS_BATCHING = Batching(8, 10, 1)
 
 
-def _closed_row(
-    ctx: Ctx,
-    row: RowResult,
-    runs: list[tuple[str, str, str, Batching, int]],
-    rep: int,
-) -> None:
-    """Each (label, system, model, batching, concurrency): a fresh server, warm-up, measure."""
-    for label, system, model, batching, conc in runs:
-        run_dir = ctx.out_dir / "runs" / f"{row.key}-{label.replace(' ', '-')}-r{rep}"
+def _closed_row(ctx: Ctx, row: RowResult, runs: list[Scenario], rep: int) -> None:
+    """Each scenario (named by its system): a fresh server, warm-up, measure."""
+    for run in runs:
+        label, run_dir = run.name, ctx.out_dir / "runs" / f"{row.key}-{run.name}-r{rep}"
         try:
-            with serving(ctx, system, {model: batching}, run_dir) as server:
-                result = closed(ctx, target(ctx, server, model, model), conc)
+            with serving(ctx, run.server, {run.model: run.batching}, run_dir) as server:
+                tgt = target(ctx, server, run.model, run.model)
+                result = warm_and_measure(ctx, run.plan(tgt, ctx.duration_s))
             row.add(label, load_metrics(result))
             if result.behind:
                 row.notes.append(
@@ -74,7 +72,7 @@ def row_tiny(ctx: Ctx) -> RowResult:
     row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.describe()}")
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
     for rep in range(1, ctx.repeat + 1):
-        _closed_row(ctx, row, [(s, s, "tiny", b, 16) for s in systems], rep)
+        _closed_row(ctx, row, [Scenario(s, s, "tiny", 16, 8, 5, 1) for s in systems], rep)
     tb = row.series(TORCHBAY, "req_s")
     row.ratios.append(Ratio("torchbay / bare ASGI", ratios(tb, row.series(ECHO, "req_s")), 0.40))
     if TORCHSERVE in systems:
@@ -82,6 +80,13 @@ def row_tiny(ctx: Ctx) -> RowResult:
             Ratio("torchbay / TorchServe", ratios(tb, row.series(TORCHSERVE, "req_s")))
         )
     return row
+
+
+def inprocess_limit(ctx: Ctx, batch: int, streams: int, env: dict | None = None) -> float:
+    """samples/s of ``streams`` single-threaded loops of the cnn in one fresh process (``env``:
+    its environment, None: ours), for ``duration_s``."""
+    flags = ("--batches", str(batch), "--streams", str(streams), "--seconds", str(ctx.duration_s))
+    return run_inprocess(ctx, ("cnn",), *flags, env=env)["cnn"][batch]
 
 
 def row_cnn_c16(ctx: Ctx) -> RowResult:
@@ -99,7 +104,7 @@ def row_cnn_c16(ctx: Ctx) -> RowResult:
             except BenchError as exc:
                 failed(row, name, rep, exc, ("req_s",))
         ctx.progress(f"{row.key} repeat {rep}: in-process limit", ctx.duration_s + 3)
-        _closed_row(ctx, row, [(s, s, "cnn", b, 16) for s in systems], rep)
+        _closed_row(ctx, row, [Scenario(s, s, "cnn", 16, 8, 10, 2) for s in systems], rep)
     limit = row.series(INPROCESS, "req_s")
     for s in systems:
         bound = 0.90 if s == TORCHBAY else None

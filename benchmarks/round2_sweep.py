@@ -31,8 +31,16 @@ import psutil
 
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadplan import LoadPlan, LoadResult
-from torchbay.benchmarks.round2_run import Ratio, RowResult, failed, ratios, systems_for
-from torchbay.benchmarks.runner import TORCHBAY, TORCHSERVE, Ctx, serving, target, warm_and_measure
+from torchbay.benchmarks.report import Ratio, RowResult, failed, ratios
+from torchbay.benchmarks.runner import (
+    TORCHBAY,
+    TORCHSERVE,
+    Ctx,
+    serving,
+    systems_for,
+    target,
+    warm_and_measure,
+)
 from torchbay.benchmarks.scenarios import Batching
 
 SWEEP_CONCURRENCY = (2, 4, 8, 16)

@@ -11,21 +11,26 @@ medians over rounds. Exit status 1 if any run failed (its log path is in the rep
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 from torchbay.benchmarks import report, runner
-from torchbay.benchmarks.errors import exit_status
+from torchbay.benchmarks.errors import BenchError, exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
-from torchbay.benchmarks.procstat import machine_info
+from torchbay.benchmarks.report import RowResult, failed
 from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 INPROCESS = "inprocess"
+SETTINGS = (
+    "torchbay's load generator, 1 process, keep-alive connections, raw float32 body; warm-up "
+    "{c.warmup_s:g} s, {c.duration_s:g} s measured; medians of {c.repeat} round(s); other CPU: "
+    "the machine's CPU that neither the server nor the generator used (foreign_cpu_pct, a share "
+    "of all cores; above a few percent the run was disturbed and its numbers are low)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,69 +69,43 @@ def plan(only: Sequence[str]) -> tuple[list[Scenario], bool]:
     return (select(patterns) if patterns or not asked else []), want_inprocess
 
 
-def _status(result: runner.ScenarioResult) -> str:
-    if result.error:
-        return f"FAILED: {result.error.splitlines()[0]}"
-    return f"{result.req_per_s:,.0f} req/s, p99 {result.p99_ms:.2f} ms"
+def reference_rows(ctx: runner.Ctx, scenarios: list[Scenario], inprocess: bool) -> list[RowResult]:
+    """Every round runs the in-process loop (when asked for) and each scenario once: one system
+    per scenario, with TARGETS judged round by round; and the loop's samples/s per model."""
+    row = RowResult("scenarios", "Reference scenarios (issue 3)", SETTINGS.format(c=ctx), wide=True)
+    loop = RowResult("inprocess", "Model in process, one thread (samples/s)", "", wide=True)
+    for round_no in range(1, ctx.repeat + 1):
+        if inprocess:
+            for model, rates in runner.run_inprocess(ctx).items():
+                loop.add(model, {f"batch {b}": v for b, v in rates.items()})
+            ctx.log(f"[round {round_no}] in-process loop done", flush=True)
+        for scenario in scenarios:
+            try:
+                row.add(scenario.name, runner.run_scenario(scenario, ctx, round_no))
+                status = f"{row.series(scenario.name, 'req_per_s')[-1]:,.0f} req/s"
+            except (BenchError, psutil.Error) as exc:
+                failed(row, scenario.name, round_no, exc, ("req_per_s",))
+                status = f"FAILED: {row.errors[-1]} (log: {ctx.out_dir / 'runs'})"
+            ctx.log(f"[round {round_no}] {scenario.name}: {status}", flush=True)
+    chosen = {s.name for s in scenarios}
+    row.ratios = [g.ratio(row) for g in TARGETS if {g.numerator, g.denominator} - {None} <= chosen]
+    return [row, loop] if inprocess else [row]
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     scenarios, want_inprocess = plan(args.only)
     args.out.mkdir(parents=True, exist_ok=True)
-
     assets = runner.prepare_models(args.out)
     if any(s.server == "torchbay" for s in scenarios):
         assets = runner.archive_models(assets, args.out, sys.executable)
         print(f"archived with torchbay archive into {assets.model_store}", flush=True)
-
-    results: list[runner.ScenarioResult] = []
-    inprocess_rounds: list[dict[str, dict[int, float]]] = []
     with LoadGenerator(1) as gen:
-        settings = runner.Ctx(args.out, assets, gen, **settings_from_args(args))
-        for round_no in range(1, settings.repeat + 1):
-            if want_inprocess:
-                inprocess_rounds.append(runner.run_inprocess(settings))
-                print(f"[round {round_no}] in-process loop: {inprocess_rounds[-1]}", flush=True)
-            for scenario in scenarios:
-                result = runner.run_scenario(scenario, settings, round_no)
-                results.append(result)
-                print(f"[round {round_no}] {scenario.name}: {_status(result)}", flush=True)
-
-    command = "python -m torchbay.benchmarks.run_scenarios " + shlex.join(
-        sys.argv[1:] if argv is None else list(argv)
-    )
-    settings_line = (
-        "torchbay's load generator, 1 process, closed loop with C keep-alive connections, raw "
-        f"float32 body; warm-up {settings.warmup_s:g} s, "
-        f"{settings.duration_s:g} s measured; medians of {settings.repeat} round(s)."
-    )
-    print()
-    print(report.text_table(report.HEADER, report.table_rows(scenarios, results)))
-    print()
-    med = report.medians(results)
-    print(
-        report.text_table(
-            ["target", "what", "measured", "bound", "verdict"], report.target_rows(TARGETS, med)
-        )
-    )
-    inprocess = report.inprocess_medians(inprocess_rounds) if inprocess_rounds else None
-    markdown = report.render_markdown(
-        command=command.strip(),
-        machine=machine_info(),
-        settings_line=settings_line,
-        scenarios=scenarios,
-        results=results,
-        targets=TARGETS,
-        inprocess=inprocess,
-        when=dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-    )
-    (settings.out_dir / "latest.md").write_text(markdown, encoding="utf-8")
-    (settings.out_dir / "latest.json").write_text(
-        json.dumps({"runs": report.results_json(results), "inprocess": inprocess}, indent=2)
-    )
-    print(f"\nwrote {settings.out_dir / 'latest.md'}")
-    return 1 if any(r.error for r in results) else 0
+        ctx = runner.Ctx(args.out, assets, gen, **settings_from_args(args))
+        rows = reference_rows(ctx, scenarios, want_inprocess)
+    settings = "; ".join(f"{s.name}: {s.setup}" for s in scenarios)
+    head = report.header("run_scenarios", argv, settings, title="Reference scenarios")
+    return report.write(rows, head, args.out, "latest", print)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

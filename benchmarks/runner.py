@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,12 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from torchbay.benchmarks import managed, models, procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
-from torchbay.benchmarks.scenarios import Batching, Scenario, ScenarioResult, models_json
+from torchbay.benchmarks.report import Eta, RowResult
+from torchbay.benchmarks.scenarios import Batching, Scenario, models_json
 
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
 MODEL_VERSION = "1.0"
@@ -104,19 +104,12 @@ class Ctx:
     start_timeout_s: float = 120.0
     starts: int = 3  # the start row's samples per system (at least; ``repeat`` if more)
     inprocess_seconds: float = 2.0  # per batch size in the in-process loop (run_scenarios)
-    estimate_s: float = 0.0
-    done_estimate_s: float = 0.0
-    started: float = field(default_factory=time.monotonic)
     log: Any = print
+    eta: Eta = field(default_factory=lambda: Eta(0.0, print))
 
     def progress(self, what: str, estimate_s: float) -> None:
-        """Count ``estimate_s`` as done and print ``what`` with the elapsed time and an ETA
-        (the remaining estimate scaled by how fast the run has gone so far)."""
-        self.done_estimate_s += estimate_s
-        elapsed = time.monotonic() - self.started
-        left = max(0.0, self.estimate_s - self.done_estimate_s)
-        pace = elapsed / self.done_estimate_s if self.done_estimate_s > 0 else 1.0
-        self.log(f"[{elapsed:6.0f} s, ~{left * pace:5.0f} s left] {what}", flush=True)
+        """Count ``estimate_s`` estimated seconds as done (:class:`report.Eta`)."""
+        self.eta.tick(what, estimate_s)
 
     def model_store(self, names: dict[str, str]) -> Path:
         """A store where each name in ``names`` (name -> reference model) is its own ``.mar``
@@ -235,25 +228,40 @@ def warm_and_measure(
     return (gen or ctx.gen).run(plan)
 
 
+def load_metrics(result: LoadResult) -> dict[str, float]:
+    """req/s, p50/p99 and the error count of one closed-loop run."""
+    return {
+        "req_s": result.ok_per_s,
+        "p50_ms": result.latency.p50_ms,
+        "p99_ms": result.latency.p99_ms,
+        "errors": float(result.errors),
+    }
+
+
+def systems_for(ctx: Ctx, row: RowResult, *names: str) -> list[str]:
+    """``names`` less TorchServe when it was not given (marked "not run")."""
+    if ctx.torchserve is None and TORCHSERVE in names:
+        row.not_run[TORCHSERVE] = "not run (no --torchserve)"
+    return [n for n in names if n != TORCHSERVE or ctx.torchserve is not None]
+
+
 def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = None) -> LoadResult:
     plan = LoadPlan(tgt, "closed", concurrency, duration_s=ctx.duration_s)
     return warm_and_measure(ctx, plan, gen)
 
 
-def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> ScenarioResult:
-    """Start the scenario's server, time its first answer, warm up, measure, stop. Never raises
-    BenchError: a failed run comes back with ``error`` set so the other scenarios still run."""
+def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float]:
+    """Start the scenario's server, time its first answer, warm up, measure, stop: the client's
+    figures, the server tree's CPU and memory, and the CPU other processes took meanwhile.
+    Raises BenchError (or psutil's error) when the run fails; the server's log is in
+    ``runs/<name>-r<round>/``."""
     run_dir = ctx.out_dir / "runs" / f"{scenario.name}-r{round_no}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = f"/predictions/{scenario.model}"
-    body = ctx.assets.body[scenario.model].read_bytes()
-    server: managed.ManagedServer | None = None
-    try:
-        served = {scenario.model: scenario.batching}
-        server = make_system(ctx, scenario.server, served, run_dir, args=scenario.server_args)
-        endpoints = server.start()
+    path, body = f"/predictions/{scenario.model}", ctx.assets.body[scenario.model].read_bytes()
+    served = {scenario.model: scenario.batching}
+    with serving(ctx, scenario.server, served, run_dir, args=scenario.server_args) as server:
         start_s = server.first_answer(path, body, ctx.start_timeout_s)
-        target = Target("127.0.0.1", endpoints.inference_port, path, (body,), OCTETS)
+        assert server.endpoints is not None
+        target = Target("127.0.0.1", server.endpoints.inference_port, path, (body,), OCTETS)
         plan = scenario.plan(target, ctx.duration_s)
         warm_up(ctx, plan)
         before = procstat.cpu_snapshot(server.pid)
@@ -262,33 +270,21 @@ def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> ScenarioResult:
         busy1, wall1 = procstat.system_busy_seconds(), time.monotonic()
         cpu_s = procstat.cpu_seconds_between(before, procstat.cpu_snapshot(server.pid))
         memory = procstat.memory_snapshot(server.pid)
-    except (BenchError, psutil.NoSuchProcess) as exc:
-        log = str(server.log_path) if server else None
-        return ScenarioResult(scenario.name, round_no, error=str(exc), log=log)
-    finally:
-        if server is not None:
-            server.stop()
-    foreign = procstat.foreign_cpu_percent(
-        busy1 - busy0, cpu_s, load.generator_cpu_s, wall1 - wall0, os.cpu_count() or 1
-    )
-    return ScenarioResult(
-        scenario=scenario.name,
-        round=round_no,
-        req_per_s=load.req_per_s,
-        p50_ms=load.latency.p50_ms,
-        p90_ms=load.latency.p90_ms,
-        p99_ms=load.latency.p99_ms,
-        requests=load.completed,
-        errors=load.errors,
-        cpu_ms_per_req=procstat.cpu_ms_per_request(cpu_s, load.completed),
-        frontend_rss_mb=memory.frontend_rss_mb,
-        tree_rss_mb=memory.tree_rss_mb,
-        tree_pss_mb=float("nan") if memory.tree_pss_mb is None else memory.tree_pss_mb,
-        processes=memory.processes,
-        start_s=start_s,
-        foreign_cpu_pct=foreign,
-        log=str(server.log_path),
-    )
+    busy = (busy1 - busy0, cpu_s, load.generator_cpu_s, wall1 - wall0, os.cpu_count() or 1)
+    return {
+        "req_per_s": load.req_per_s,
+        "p50_ms": load.latency.p50_ms,
+        "p90_ms": load.latency.p90_ms,
+        "p99_ms": load.latency.p99_ms,
+        "requests": float(load.completed),
+        "errors": float(load.errors),
+        "cpu_ms_per_req": procstat.cpu_ms_per_request(cpu_s, load.completed),
+        "frontend_rss_mb": memory.frontend_rss_mb,
+        "tree_pss_mb": math.nan if memory.tree_pss_mb is None else memory.tree_pss_mb,
+        "processes": float(memory.processes),
+        "start_s": start_s,
+        "foreign_cpu_pct": procstat.foreign_cpu_percent(*busy),
+    }
 
 
 def run_inprocess(

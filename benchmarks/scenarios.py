@@ -1,14 +1,14 @@
 """Every benchmark scenario, in one description: the reference scenarios of issue 3 and the
 targets that compare them within one run, and the suites ``torchbay bench scenario NAME`` runs.
 
-A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, or
-``torchbay serve``), a model, the load (closed loop at ``concurrency`` connections, or open loop
-at ``rate``) and, for torchbay, the batching and worker settings (:class:`Batching`, the one
-``models={...}`` entry that torchbay and TorchServe both read: :func:`models_json`). A
-:class:`Goal` (one of issue 3's targets a..d, ``TARGETS``) compares two scenarios' medians (a
-ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and ``report.py`` evaluates
-the goals (``python -m torchbay.benchmarks.run_scenarios``). Round two's rows describe their
-servers with the same :class:`Batching`.
+A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, ``torchbay
+serve``, or TorchServe 0.12 beside it in round two's rows), a model, the load (closed loop at
+``concurrency`` connections, or open loop at ``rate``) and the batching and worker settings
+(:class:`Batching`, the one ``models={...}`` entry that torchbay and TorchServe both read:
+:func:`models_json`). A
+:class:`Goal` (one of issue 3's targets a..d, ``TARGETS``) compares two scenarios round by round
+(a ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and ``run_scenarios.py``
+reports them as one row of the report every run writes (``report.RowResult``).
 
 A :class:`Suite` is one archive (a reference model, or one a script builds), its request bodies,
 torchbay scenarios to run against it one server each, and an SLA search (``--sla``): ``torchbay
@@ -19,13 +19,13 @@ reference scenarios where they measure the same thing.
 from __future__ import annotations
 
 import fnmatch
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadplan import LoadPlan
+from torchbay.benchmarks.report import Ratio, RowResult, ratios
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from torchbay.benchmarks.loadplan import Target
     from torchbay.benchmarks.stats import Arrival
 
-ServerKind = Literal["echo", "naive", "torchbay"]
+ServerKind = Literal["echo", "naive", "torchbay", "torchserve"]
 Metric = Literal["req_per_s", "p50_ms", "p90_ms", "p99_ms", "frontend_rss_mb", "start_s"]
 
 
@@ -78,7 +78,8 @@ def models_json(models: dict[str, Batching], version: str = "1.0") -> dict[str, 
 @dataclass(frozen=True)
 class Scenario:
     """One server under one load: a closed loop at ``concurrency`` connections, or (``rate`` set,
-    ``concurrency`` None) an open loop at ``rate`` requests/s. Batching applies to torchbay only."""
+    ``concurrency`` None) an open loop at ``rate`` requests/s. Batching applies to torchbay and
+    TorchServe (the same ``models={...}`` entry); the ceilings have none."""
 
     name: str
     server: ServerKind
@@ -110,6 +111,13 @@ class Scenario:
         """``c=16`` (closed loop) or ``r=2000 poisson`` (open loop)."""
         return f"c={self.concurrency}" if self.rate is None else f"r={self.rate:g} {self.arrival}"
 
+    @property
+    def setup(self) -> str:
+        """The load and, for torchbay, the batching: ``c=16 b=8 d=5 w=1``."""
+        if self.server != "torchbay":
+            return self.load
+        return f"{self.load} b={self.batch_size} d={self.max_batch_delay_ms} w={self.workers}"
+
     def plan(self, target: Target, duration_s: float) -> LoadPlan:
         """This load on ``target`` for ``duration_s``: closed loop at the concurrency, or open
         loop at the rate."""
@@ -130,8 +138,9 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Goal:
-    """``numerator.metric / denominator.metric >= bound`` (ratio) or ``numerator.metric < bound``
-    (limit, when ``denominator`` is None)."""
+    """``numerator.metric / denominator.metric >= bound`` (ratio) or ``numerator.metric <=
+    bound`` (limit, when ``denominator`` is None), judged on the median over the rounds (a
+    ratio is taken within each round, so drift between rounds cancels)."""
 
     key: str
     about: str
@@ -140,46 +149,13 @@ class Goal:
     bound: float
     denominator: str | None = None
 
-    def value(self, medians: dict[str, dict[str, float]]) -> float | None:
-        """The measured ratio or value from per-scenario medians; None if a side is missing."""
-        top = medians.get(self.numerator, {}).get(self.metric)
-        if top is None or math.isnan(top):
-            return None
-        if self.denominator is None:
-            return top
-        bottom = medians.get(self.denominator, {}).get(self.metric)
-        if not bottom or math.isnan(bottom):
-            return None
-        return top / bottom
-
-    def met(self, value: float) -> bool:
-        return value >= self.bound if self.denominator is not None else value < self.bound
-
-    def describe_bound(self) -> str:
-        return f">= {self.bound:g}x" if self.denominator is not None else f"< {self.bound:g}"
-
-
-@dataclass(frozen=True)
-class ScenarioResult:
-    """One measured run of one scenario; ``error`` is set (and numbers NaN) if it failed."""
-
-    scenario: str
-    round: int
-    req_per_s: float = float("nan")
-    p50_ms: float = float("nan")
-    p90_ms: float = float("nan")
-    p99_ms: float = float("nan")
-    requests: int = 0
-    errors: int = 0
-    cpu_ms_per_req: float = float("nan")
-    frontend_rss_mb: float = float("nan")
-    tree_rss_mb: float = float("nan")
-    tree_pss_mb: float = float("nan")
-    processes: int = 0
-    start_s: float = float("nan")
-    foreign_cpu_pct: float = float("nan")
-    error: str | None = None
-    log: str | None = None
+    def ratio(self, row: RowResult) -> Ratio:
+        """This goal over ``row`` (a system per scenario): the figure of every round."""
+        values = row.series(self.numerator, self.metric)
+        if self.denominator is not None:
+            values = ratios(values, row.series(self.denominator, self.metric))
+        op = ">=" if self.denominator is not None else "<="
+        return Ratio(f"{self.key}: {self.about}", values, self.bound, op)
 
 
 SCENARIOS: tuple[Scenario, ...] = (

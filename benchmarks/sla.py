@@ -34,16 +34,15 @@ import math
 import time
 from collections.abc import Callable
 
-from torchbay.benchmarks import scrape
-from torchbay.benchmarks.bench import make_target
+from torchbay.benchmarks.bench import make_target, observe
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
+from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla_autopilot import SEARCH_UNITS, run_autopilot
 from torchbay.benchmarks.sla_model import (
     Outcome,
-    Progress,
     Repeat,
     SlaOptions,
     SlaResult,
@@ -74,7 +73,7 @@ class _Search:
         )
         self.target = make_target(endpoints, options, model, None)
         self.current: Batching | None = None
-        self.progress = Progress(0, log, time.monotonic)  # set by _search_all
+        self.progress = Eta(0, log)  # set by _search_all
 
     def configure(self, config: Batching) -> None:
         """Apply ``config`` live, then warm it up: closed loops at concurrency 1 and 2*b*w, so
@@ -115,11 +114,7 @@ class _Search:
                 timeout_s=self.o.timeout_s,
                 seed=self.o.seed,
             )
-        where = (self.endpoints.host, self.endpoints.metrics_port, [])
-        before = scrape.snapshot(*where)
-        result = self.gen.run(plan)
-        after = scrape.snapshot(*where)
-        view = scrape.server_view(before, after, self.model) if before and after else None
+        result, view = observe(self.gen, self.endpoints, self.model, None, plan, [])
         passed, reason = self.judge(result)
         step = Step(
             config,
@@ -291,7 +286,7 @@ def _search_all(
     top = min(2, len(measured))
     pilot = max(1, options.repeats) + SEARCH_UNITS if options.autopilot and measured else 0
     units = 2 * len(measured) + options.repeats * top + pilot
-    search.progress = Progress(units, log, time.monotonic)
+    search.progress = Eta(units, log)
     search.planned_top = top
     log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")
     for outcome in measured:

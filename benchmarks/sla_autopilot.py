@@ -17,8 +17,9 @@ from typing import Any
 
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.managed import Endpoints, ManagedServer
+from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching, models_json
-from torchbay.benchmarks.sla_model import Outcome, Progress, Repeat, SlaOptions
+from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions
 
 # Progress units of one autopilot run beyond its repeats: the probe and the rate search.
 SEARCH_UNITS = 2
@@ -52,7 +53,7 @@ def run_autopilot(
     model: str,
     version: str | None,
     winner: Outcome,
-    progress: Progress,
+    progress: Eta,
     log: Callable[[str], None],
     make_search: Callable[[Endpoints, LoadGenerator], Any],
 ) -> tuple[Repeat, dict[str, Any] | None, Outcome]:

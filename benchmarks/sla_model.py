@@ -6,25 +6,22 @@ its results (:class:`Step`, :class:`Outcome`, :class:`Repeat`, :class:`SlaResult
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from torchbay.benchmarks.bench import Protocol
+from torchbay.benchmarks.bench import LoadOptions
 from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival, spread_pct
 
-__all__ = ["Outcome", "Progress", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
+__all__ = ["Outcome", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
 
 
-class SlaOptions(BaseModel):
+class SlaOptions(LoadOptions):
     """Settings of one SLA search."""
-
-    model_config = ConfigDict(frozen=True)
 
     archive: Path
     inputs: tuple[Path, ...]
@@ -32,8 +29,6 @@ class SlaOptions(BaseModel):
     batch_sizes: tuple[int, ...] = (1,)
     max_delays_ms: tuple[float, ...] = (5.0,)
     workers: tuple[int, ...] = (1,)
-    protocol: Protocol = "predict"
-    content_type: str | None = None
     max_error_rate: float = Field(0.001, ge=0, le=1)
     step_s: float = Field(3.0, gt=0)
     step_warmup_s: float = Field(0.5, ge=0)
@@ -47,9 +42,7 @@ class SlaOptions(BaseModel):
     config_warmup_s: float = Field(2.0, ge=0)
     min_requests: int = Field(200, ge=1)
     arrival: Arrival = "poisson"
-    processes: int = Field(1, ge=1)
     timeout_s: float = Field(5.0, gt=0)
-    seed: int = 0
     autopilot: bool = True  # also measure the autopilot (slaP99Ms) at the winner's rate
     out_dir: Path = Path("bench-sla")
     apply: bool = False
@@ -177,25 +170,3 @@ def crown(
     winner = held[0]
     others = [oc for oc in repeated if oc is not winner]
     return winner, (others[0] if others else None), note
-
-
-class Progress:
-    """Progress of a search on stderr: units done / total, elapsed, an estimate of the time left
-    (elapsed per unit so far times the units left)."""
-
-    def __init__(self, total: int, log: Callable[[str], None], clock: Callable[[], float]) -> None:
-        self.total, self.done, self.log, self.clock = total, 0, log, clock
-        self.started = clock()
-
-    def drop(self, units: int) -> None:
-        """``units`` planned that will not run (fewer configurations to repeat than planned)."""
-        self.total = max(self.done, self.total - max(0, units))
-
-    def tick(self, what: str) -> None:
-        self.done = min(self.done + 1, self.total)
-        elapsed = self.clock() - self.started
-        left = elapsed / self.done * (self.total - self.done) if self.done else math.nan
-        self.log(
-            f"progress: {self.done}/{self.total} {what}; elapsed {elapsed:.0f} s, "
-            f"about {left:.0f} s left"
-        )

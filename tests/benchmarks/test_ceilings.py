@@ -12,9 +12,11 @@ import httpx
 import pytest
 import torch
 
-from torchbay.benchmarks import models, runner, scenarios
+from torchbay.benchmarks import models, report, runner, scenarios
 from torchbay.benchmarks.ceilings import echo_asgi, inprocess, naive_fastapi
+from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
+from torchbay.benchmarks.report import RowResult
 from torchbay.benchmarks.scenarios import select
 
 
@@ -65,12 +67,11 @@ def test_runner_measures_the_echo_server(
     ctx = runner.Ctx(tmp_path, assets, gen, warmup_s=0, duration_s=1, repeat=1)
     (scenario,) = select(["echo-c16"])
     result = runner.run_scenario(scenario, ctx, 1)
-    assert result.error is None, result.error
-    assert result.requests > 0 and result.errors == 0
-    assert result.cpu_ms_per_req > 0
-    assert result.frontend_rss_mb > 0 and result.start_s > 0
-    assert result.p50_ms <= result.p90_ms <= result.p99_ms
-    assert result.foreign_cpu_pct >= 0
+    assert result["requests"] > 0 and result["errors"] == 0
+    assert result["cpu_ms_per_req"] > 0
+    assert result["frontend_rss_mb"] > 0 and result["start_s"] > 0
+    assert result["p50_ms"] <= result["p90_ms"] <= result["p99_ms"]
+    assert result["foreign_cpu_pct"] >= 0
 
 
 @pytest.mark.slow
@@ -102,9 +103,12 @@ def test_unstartable_server_is_reported(
     broken = replace(scenario, server="naive", model="tiny")
     bad_assets = runner.Assets(pt={"tiny": tmp_path / "missing.pt"}, body=assets.body)
     ctx = runner.Ctx(tmp_path, bad_assets, gen, warmup_s=0, duration_s=1, repeat=1)
-    result = runner.run_scenario(broken, ctx, 1)
-    assert result.error is not None and "server exited" in result.error
-    assert json.dumps(result.error)  # printable in the report
+    with pytest.raises(BenchError, match="server exited") as failure:
+        runner.run_scenario(broken, ctx, 1)
+    row = RowResult("scenarios", "t", "s", wide=True)
+    report.failed(row, broken.name, 1, failure.value, ("req_per_s",))
+    assert row.errors[0].startswith("repeat 1 echo-c16: server exited")
+    assert "| echo-c16 | n/a | n/a |" in report.row_markdown(row)  # printable in the report
 
 
 @pytest.mark.slow
@@ -118,9 +122,8 @@ def test_runner_measures_a_torchbay_scenario(
     ctx = runner.Ctx(tmp_path, archived, gen, warmup_s=0, duration_s=1, repeat=1)
     (scenario,) = select(["tb-tiny-c16-b8-w1-nolog"])
     result = runner.run_scenario(scenario, ctx, 1)
-    assert result.error is None, result.error
-    assert result.requests > 0 and result.errors == 0
-    assert result.processes >= 2  # the frontend and its worker
+    assert result["requests"] > 0 and result["errors"] == 0
+    assert result["processes"] >= 2  # the frontend and its worker
     config = (tmp_path / "runs" / f"{scenario.name}-r1" / "config.properties").read_text()
     assert '"batchSize": 8' in config
 

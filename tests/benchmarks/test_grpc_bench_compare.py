@@ -9,25 +9,20 @@ from pathlib import Path
 import pytest
 
 from torchbay.benchmarks import grpc_compare
-from torchbay.benchmarks.grpc_compare import Sample
+from torchbay.benchmarks.report import RowResult, render
 
 
-def _sample(repeat: int, http: float, grpc_: float, p99: float) -> Sample:
-    cell = {"model": "tiny", "pair": "modelinfer", "concurrency": 4, "repeat": repeat}
-    http_side = {"ok_per_s": http, "p50_ms": 1.0, "p99_ms": p99, "sent": 5, "ok": 5 - repeat}
-    grpc_side = {"ok_per_s": grpc_, "p50_ms": 2.0, "p99_ms": p99 * 2, "sent": 5, "ok": 5}
-    sides = {f"http_{k}": v for k, v in http_side.items()}
-    return {**cell, **sides, **{f"grpc_{k}": v for k, v in grpc_side.items()}}
-
-
-def test_the_table_has_one_row_of_medians_per_cell() -> None:
-    samples = [_sample(0, 100.0, 300.0, 5.0), _sample(1, 300.0, 100.0, 9.0),
-               _sample(2, 200.0, 400.0, 7.0)]  # fmt: skip
-    lines = grpc_compare.table(samples).splitlines()
-    assert len(lines) == 3 and lines[1].count("|") == lines[0].count("|")
-    row = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert row == ["tiny", grpc_compare.PAIRS["modelinfer"], "4", "3", "200.0", "300.0", "1.50",
-                   "1.00 / 7.00", "2.00 / 14.00", "3"]  # fmt: skip
+def test_the_row_has_one_line_of_medians_per_cell() -> None:
+    row = RowResult("grpc", "gRPC beside HTTP", "pairs", wide=True)
+    name = grpc_compare.cell("tiny", "modelinfer", 4)
+    for http, grpc_, p99 in ((100.0, 300.0, 5.0), (300.0, 100.0, 9.0), (200.0, 400.0, 7.0)):
+        figures = {"http_ok_per_s": http, "http_p99_ms": p99, "grpc_ok_per_s": grpc_}
+        row.add(name, {**figures, "not_200": 1.0})
+    head = {"command": "c", "when": "w", "machine": "m", "settings": "s"}
+    text = render([row], head)
+    assert "| tiny modelinfer c=4 | 200 | 7.00 | 300 | 1.00 | 100, 300, 200 |" in text
+    row.errors.append("repeat 4 tiny modelinfer c=4: boom")
+    assert "Failures: repeat 4 tiny modelinfer c=4: boom" in render([row], head)
 
 
 @pytest.mark.parametrize(
@@ -47,14 +42,14 @@ def test_a_short_run_measures_every_pair_on_real_servers(
             "-c", "2", "--out", str(tmp_path), "--json"]  # fmt: skip
     assert grpc_compare.main(argv) == 0
     out = capsys.readouterr().out
-    table, _, dump = out.partition("\n[")
-    rows = [line for line in table.splitlines() if line.startswith("| tiny |")]
-    assert len(rows) == 3 and all(row.rstrip().endswith("| 0 |") for row in rows)
-    samples = json.loads("[" + dump)
-    assert sorted(s["pair"] for s in samples) == ["modelinfer", "predictions", "tensor"]
-    for s in samples:  # every request answered 200 on both sides (no rate asserted)
-        assert s["http_ok"] == s["http_sent"] and s["grpc_ok"] == s["grpc_sent"]
-        assert s["http_sent"] + s["grpc_sent"] > 0
+    table, _, dump = out.partition("\n{")
+    rows = [line for line in table.splitlines() if line.startswith("| tiny ")]
+    ratios = [line for line in rows if ": gRPC / HTTP ok/s |" in line]
+    assert len(rows) == 6 and len(ratios) == 3  # a line of medians and a ratio per pair
+    systems = json.loads("{" + dump)["rows"]["grpc"]["systems"]
+    assert sorted(systems) == [f"tiny {p} c=2" for p in ("modelinfer", "predictions", "tensor")]
+    for (run,) in systems.values():  # every request answered 200 on both sides (no rate asserted)
+        assert run["not_200"] == 0 and run["http_ok_per_s"] > 0 and run["grpc_ok_per_s"] > 0
 
 
 def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
@@ -62,9 +57,10 @@ def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path: Path) -> No
     body.write_bytes(bytes(256))
     inputs = {"tiny": {"predictions": (tmp_path / "missing.mar", body),
                        "modelinfer": (tmp_path / "gone.mar", body)}}  # fmt: skip
-    samples, failures = grpc_compare.compare(
+    row = grpc_compare.compare(
         inputs, [1], repeat=1, duration_s=0.1, warmup_s=0.0, out=tmp_path, log=lambda _: None
     )
-    assert samples == [] and len(failures) == 2
-    assert "tiny predictions c=1 failed" in failures[0] and "missing.mar" in failures[0]
-    assert "gone.mar" in failures[1]
+    assert len(row.errors) == 2
+    assert set(row.systems) == {"tiny predictions c=1", "tiny modelinfer c=1"}
+    assert "repeat 1 tiny predictions c=1" in row.errors[0] and "missing.mar" in row.errors[0]
+    assert "gone.mar" in row.errors[1]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import managed, round2_overload, round2_run
+from torchbay.benchmarks import managed, report, round2_overload
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadPlan, Target
-from torchbay.benchmarks.round2_run import Ratio, RowResult
+from torchbay.benchmarks.report import Eta, Ratio, RowResult
 from torchbay.benchmarks.runner import TORCHBAY_ONLY_KEYS
 from torchbay.benchmarks.scenarios import Batching, models_json
 from torchbay.benchmarks.stats import stepped_offsets
@@ -109,6 +109,8 @@ def test_torchserve_kind_command_line_and_properties(tmp_path: Path) -> None:
     assert props["inference_address"] == f"http://127.0.0.1:{server.endpoints.inference_port}"
     assert props["management_address"].endswith(f":{server.endpoints.management_port}")
     assert props["metrics_mode"] == "prometheus" and props["job_queue_size"] == "100"
+    grpc_ports = {int(props["grpc_inference_port"]), int(props["grpc_management_port"])}
+    assert len(grpc_ports) == 2 and not grpc_ports & {7070, 7071}  # never another server's
     entry = json.loads(props["models"])["cnn"]["1.0"]
     assert (entry["batchSize"], entry["maxBatchDelay"], entry["minWorkers"]) == (8, 10, 2)
     assert entry["marName"] == "cnn.mar"
@@ -122,11 +124,39 @@ def test_row_markdown_shows_every_repeat_targets_and_not_run() -> None:
     row.not_run["torchserve"] = "not run (no --torchserve)"
     row.ratios.append(Ratio("torchbay: batch 8 / batch 1", [1.01, 0.96], 0.97, ">=", "min"))
     row.errors.append("repeat 2 torchbay b1: boom")
-    text = round2_run.row_markdown(row)
+    text = report.row_markdown(row)
     assert "| torchbay b8 | req_s | 155 | 150, 160 |" in text
     assert "| torchserve | | not run (no --torchserve) | |" in text
     assert "| torchbay: batch 8 / batch 1 | 0.96 | 1.01, 0.96 | min >= 0.97 | MISSED |" in text
     assert "Failures: repeat 2 torchbay b1: boom" in text
-    data = round2_run.as_json([row], {"command": "c"})
+    data = report.as_json([row], {"command": "c"})
     assert data["rows"]["cnn-c1"]["ratios"][0]["met"] is False
     json.dumps(data)
+
+
+def test_round_two_progress_weighs_each_step_by_its_estimated_seconds() -> None:
+    now, lines = [0.0], []
+    eta = Eta(100.0, lines.append, lambda: now[0])
+    now[0] = 10.0
+    eta.tick("tiny-c16 repeat 1: torchbay", 25.0)  # a quarter of the estimate in 10 s
+    now[0] = 40.0
+    eta.tick("start repeat 1: torchbay", 25.0)  # slower than estimated: the pace follows
+    assert lines == [
+        "progress: 25/100 tiny-c16 repeat 1: torchbay; elapsed 10 s, about 30 s left",
+        "progress: 50/100 start repeat 1: torchbay; elapsed 40 s, about 40 s left",
+    ]
+
+
+def test_a_report_is_written_with_its_command_and_fails_on_any_error(tmp_path: Path) -> None:
+    row = RowResult("start", "start to first answer, tiny", "1 worker")
+    row.add("torchbay", {"start_s": 0.9})
+    head = report.header("round2", ["--only", "start"], "1 repeat(s)")
+    assert head["command"] == "python -m torchbay.benchmarks.round2 --only start"
+    assert json.loads(head["machine"])["cores"] >= 1
+    printed: list[str] = []
+    assert report.write([row], head, tmp_path, "round2", lambda s, **_: printed.append(s)) == 0
+    markdown = (tmp_path / "round2.md").read_text()
+    assert markdown == printed[0] and "| torchbay | start_s | 0.90 | 0.90 |" in markdown
+    assert json.loads((tmp_path / "round2.json").read_text())["rows"]["start"]["systems"]
+    row.errors.append("repeat 2 torchserve: not ready in 120 s")
+    assert report.write([row], head, tmp_path / "again", "round2", lambda *a, **k: None) == 1

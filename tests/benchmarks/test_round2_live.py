@@ -27,7 +27,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[dict, str]:
     report = json.loads((out / "round2.json").read_text())
     markdown = (out / "round2.md").read_text()
     assert code == 0, report
-    assert any("estimate" in line for line in lines) and any("left]" in line for line in lines)
+    assert any("estimate" in line for line in lines) and any("s left" in line for line in lines)
     return report, markdown
 
 

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from torchbay.benchmarks import report, scenarios
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.runner import ScenarioResult
+from torchbay.benchmarks.report import RowResult
 
 
 def test_select_by_name_glob_server_and_tag() -> None:
@@ -44,55 +45,57 @@ def test_torchbay_models_json_is_torchserve_shaped() -> None:
     }
 
 
-def _result(name: str, rnd: int, rps: float, **kw: float) -> ScenarioResult:
-    return ScenarioResult(name, rnd, req_per_s=rps, p99_ms=kw.get("p99", 10.0), requests=100)
+def _row(*runs: tuple[str, float, float]) -> RowResult:
+    """The scenarios row of a run: (scenario, req/s, p99 ms) per round, NaN for a failed one."""
+    row = RowResult("scenarios", "Reference scenarios", "load generator", wide=True)
+    for name, rps, p99 in runs:
+        row.add(name, {"req_per_s": rps, "p99_ms": p99, "requests": 100.0})
+    return row
 
 
-def test_medians_skip_failed_runs_and_targets_use_them() -> None:
-    results = [
-        _result("echo-c16", 1, 30_000),
-        _result("echo-c16", 2, 34_000),
-        _result("tb-tiny-c16-b8-w1", 1, 9_000),
-        _result("tb-tiny-c16-b8-w1", 2, 11_000),
-        ScenarioResult("tb-tiny-c16-b8-w1", 3, error="server exited with 1"),
-        _result("tb-cnn-c10-b1-w2", 1, 300, p99=70.0),
-    ]
-    med = report.medians(results)
-    assert med["echo-c16"]["req_per_s"] == 32_000
-    assert med["tb-tiny-c16-b8-w1"]["req_per_s"] == 10_000
-    assert med["tb-tiny-c16-b8-w1"]["runs"] == 2
-    rows = {row[0]: row for row in report.target_rows(scenarios.TARGETS, med)}
-    assert rows["a"][2:] == ["0.31x", ">= 0.3x", "met"]
-    assert rows["c-p99"][-1] == "MISSED"
-    assert rows["b"][-1] == "not measured"
+def test_goals_are_judged_round_by_round_and_a_failed_round_never_meets() -> None:
+    row = _row(
+        ("echo-c16", 30_000, 1.0),
+        ("echo-c16", 34_000, 1.0),
+        ("tb-tiny-c16-b8-w1", 9_000, 5.0),
+        ("tb-tiny-c16-b8-w1", 11_000, 5.0),
+        ("tb-cnn-c10-b1-w2", 300, 70.0),
+    )
+    goals = {g.key: g.ratio(row) for g in scenarios.TARGETS}
+    assert goals["a"].values == pytest.approx([0.3, 11_000 / 34_000])
+    assert goals["a"].met() is True and goals["a"].op == ">="
+    assert goals["c-p99"].met() is False and goals["c-p99"].op == "<="
+    assert goals["b"].values == [] and goals["b"].met() is False  # not measured: not met
+    report.failed(row, "echo-c16", 3, BenchError("server exited with 1\nlog"), ("req_per_s",))
+    row.add("tb-tiny-c16-b8-w1", {"req_per_s": 12_000.0})
+    assert next(g for g in scenarios.TARGETS if g.key == "a").ratio(row).met() is False
+    assert row.errors == ["repeat 3 echo-c16: server exited with 1"]
 
 
 def test_markdown_fragment() -> None:
-    results = [_result("echo-c16", 1, 35_000), ScenarioResult("naive-cnn-c10", 1, error="boom\nx")]
-    machine = {"cpu": "AMD EPYC", "cores": 2, "memory_gib": 24.0, "os": "Linux",
-               "python": "3.11.7", "torch": "2.13.0+cpu", "torchbay": "0.1.0"}  # fmt: skip
-    text = report.render_markdown(
-        command="python -m torchbay.benchmarks.run_scenarios --quick",
-        machine=machine,
-        settings_line="load generator",
-        scenarios=scenarios.select(["echo-c16", "naive-cnn-c10"]),
-        results=results,
-        targets=scenarios.TARGETS,
-        inprocess={"tiny": {1: 50_000.0, 8: 305_000.0}},
-        when="today",
-    )
+    row = _row(("echo-c16", 35_000, 1.5), ("naive-cnn-c10", math.nan, math.nan))
+    row.errors.append("repeat 1 naive-cnn-c10: boom")
+    header = {"title": "Reference scenarios", "when": "today", "settings": "echo-c16: c=16",
+              "command": "python -m torchbay.benchmarks.run_scenarios --quick",
+              "machine": "AMD EPYC, 2 cores"}  # fmt: skip
+    text = report.render([row], header)
+    assert text.startswith("## Reference scenarios\n")
     assert "`python -m torchbay.benchmarks.run_scenarios --quick`" in text
-    assert "AMD EPYC, 2 cores" in text
-    assert "| echo-c16 | c=16 | 35,000 |" in text
-    assert "naive-cnn-c10 round 1: boom (log: None)" in text
-    assert "| tiny | 50,000 | 305,000 |" in text
-    assert all(v is None or not (isinstance(v, float) and math.isnan(v))
-               for run in report.results_json(results) for v in run.values())  # fmt: skip
+    assert "Machine: AMD EPYC, 2 cores" in text
+    assert "| system | req_per_s | p99_ms | requests | req_per_s every repeat |" in text
+    assert "| echo-c16 | 35,000 | 1.50 | 100 | 35,000 |" in text
+    assert "| naive-cnn-c10 | n/a | n/a | 100 | n/a |" in text
+    assert "Failures: repeat 1 naive-cnn-c10: boom" in text
+    json.dumps(report.as_json([row], header), allow_nan=True)
 
 
-def test_inprocess_medians() -> None:
-    rounds = [{"cnn": {1: 150.0, 8: 140.0}}, {"cnn": {1: 160.0, 8: 146.0}}]
-    assert report.inprocess_medians(rounds) == {"cnn": {1: 155.0, 8: 143.0}}
+def test_wide_medians_skip_failed_rounds() -> None:
+    loop = RowResult("inprocess", "Model in process", "", wide=True)
+    loop.add("cnn", {"batch 1": 150.0, "batch 8": 140.0})
+    loop.add("cnn", {"batch 1": 160.0, "batch 8": math.nan})
+    loop.add("cnn", {"batch 1": 170.0, "batch 8": 146.0})
+    lines = report.row_markdown(loop).splitlines()
+    assert "| cnn | 160 | 143 | 150, 160, 170 |" in lines
 
 
 def test_run_scenarios_plan() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching
-from torchbay.benchmarks.sla_model import Outcome, Progress, Repeat, SlaOptions, SlaResult, crown
+from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions, SlaResult, crown
 from torchbay.benchmarks.sla_report import _repeat_lines
 
 FAST = Outcome(Batching(8, 5.0, 1), status="searched", best_rate=900.0)
@@ -70,7 +71,7 @@ def test_the_report_shows_every_repeat_and_the_spread() -> None:
 def test_progress_lines_estimate_the_time_left() -> None:
     now = [100.0]
     lines: list[str] = []
-    progress = Progress(4, lines.append, lambda: now[0])
+    progress = Eta(4, lines.append, lambda: now[0])
     now[0] = 110.0
     progress.tick("probed b1-d5-w1")
     now[0] = 120.0
@@ -86,7 +87,7 @@ def test_progress_drops_units_that_will_not_run() -> None:
     count ends at N/N and the time left shrinks with them."""
     now = [0.0]
     lines: list[str] = []
-    progress = Progress(4, lines.append, lambda: now[0])
+    progress = Eta(4, lines.append, lambda: now[0])
     now[0] = 10.0
     progress.tick("probed b1-d5-w1")
     progress.drop(2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import report, scenarios
+from torchbay.benchmarks import scenarios
 from torchbay.benchmarks.bench import RunOptions
 from torchbay.benchmarks.cli import build_archive
 from torchbay.benchmarks.errors import BenchError
@@ -86,8 +86,8 @@ def test_open_loop_rows_in_the_runner_and_the_report() -> None:
     assert (plan.mode, plan.rate, plan.arrival, plan.duration_s) == ("open", 2000.0, "poisson", 3.0)
     closed = scenarios.SCENARIOS[0].plan(target, 3.0)
     assert (closed.mode, closed.concurrency) == ("closed", 16)
-    (line,) = report.table_rows([row], [])
-    assert line[:2] == ["tb-tiny-r2000-b8-w1", "r=2000 poisson b=8 d=5 w=1"]
+    assert (row.name, row.setup) == ("tb-tiny-r2000-b8-w1", "r=2000 poisson b=8 d=5 w=1")
+    assert scenarios.SCENARIOS[0].setup == "c=16"  # a ceiling has no batching
 
 
 def test_an_unknown_suite_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:

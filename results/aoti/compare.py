@@ -1,9 +1,13 @@
 """In-process latency of one model call: eager vs TorchScript frozen vs torch.export vs AOTI.
 
-    .venv/bin/python -m benchmarks.aoti_compare [--models tiny,cnn] [--batches 1,8]
+    .venv/bin/python results/aoti/compare.py [--models tiny,cnn] [--batches 1,8]
         [--runs 5] [--iters 200] [--threads 1]
 
-For each model (benchmarks/models.py) and batch size: the median over ``--runs`` short runs of
+The script behind docs/aoti.md's table ("Where it wins"); it was ``benchmarks/aoti_compare.py``
+(``python -m benchmarks.aoti_compare``) when that table was measured. It needs torchbay installed
+(the models come from ``torchbay.benchmarks.models``) and a C++ compiler for the AOTI package.
+
+For each model (torchbay.benchmarks.models) and batch size: the median over ``--runs`` short runs of
 the mean time per call (``--iters`` calls after warm-up), for
   eager        the nn.Module in eval + inference_mode;
   ts-frozen    torch.jit.script + torch.jit.freeze + torch.jit.optimize_for_inference
@@ -28,7 +32,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.models import SAMPLE_SHAPES, build
+from torchbay.benchmarks.models import SAMPLE_SHAPES, build
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
