@@ -36,6 +36,7 @@ from torchbay.server.serving.handle import (
     spawn_process,
 )
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
+from torchbay.server.serving.priority import levels_from
 from torchbay.server.serving.queue import BatchQueue, reject
 from torchbay.server.serving.requests import RequestPath
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
@@ -100,6 +101,18 @@ class _Events(SlotEvents):
         self.model.fail_if_unserved()
 
 
+def _queue(
+    name: str, settings: ModelSettings, config: ModelConfig | None
+) -> BatchQueue[p.WireRequest, p.WireResponse]:
+    """A version's queue: its batching, its bound, its priority levels and queue policies."""
+    return BatchQueue(
+        batch_size=settings.batch_size,
+        max_delay_s=settings.max_batch_delay_ms / 1000,
+        capacity=settings.job_queue_size,
+        levels=levels_from(config, name),  # None: the plain queue
+    )
+
+
 class ModelVersion(RequestPath):
     """A loaded archive served by a pool of worker processes."""
 
@@ -142,11 +155,7 @@ class ModelVersion(RequestPath):
         self._final: ModelStatus | None = None  # FAILED (never loaded) or STOPPED (unloaded)
         self._loading = True  # until start() has made its first attempt
         self.load_error: str | None = None
-        self.queue: BatchQueue[p.WireRequest, p.WireResponse] = BatchQueue(
-            batch_size=settings.batch_size,
-            max_delay_s=settings.max_batch_delay_ms / 1000,
-            capacity=settings.job_queue_size,
-        )
+        self.queue = _queue(name, settings, config)
         self.admission = Admission(self.queue, settings.max_queue_delay_ms)  # max_queue_delay_ms
         self.slots: list[WorkerSlot] = []
         self._slot_context = SlotContext(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from torchbay.server.errors import TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse
+from torchbay.server.serving.priority import NO_SCHEDULE, Schedule, level_of, place
 from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
 from torchbay.server.serving.streams import later_parts
 
@@ -35,33 +36,45 @@ class RequestPath:
     requests_received: int
     requests_rejected: int
 
-    def admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
-        """Queue one request; raises QueueFull / NoWorker / ShuttingDown at once."""
+    def admit(
+        self, request: p.WireRequest, schedule: Schedule = NO_SCHEDULE
+    ) -> Pending[p.WireRequest, p.WireResponse]:
+        """Queue one request at its priority level (``schedule``, serving/priority.py); raises
+        QueueFull / NoWorker / ShuttingDown / Overloaded at once, BadRequest for a priority the
+        model does not have (not counted as a refusal: the model is not pressed by it)."""
+        level = level_of(self.queue.levels, schedule)
         self.requests_received += 1
         try:
-            return self._admit(request)
+            return self._admit(request, level, schedule.timeout_us)
         except TorchbayError:
             self.requests_rejected += 1
             self.admission.refused()
             raise
 
-    def _admit(self, request: p.WireRequest) -> Pending[p.WireRequest, p.WireResponse]:
-        refuse(self)  # 503 at once: shutting down, no worker, over max_queue_delay_ms
+    def _admit(
+        self, request: p.WireRequest, level: int, timeout_us: int | None
+    ) -> Pending[p.WireRequest, p.WireResponse]:
+        refuse(self, level)  # 503 at once: shutting down, no worker, over max_queue_delay_ms
         loop = asyncio.get_running_loop()
         now = clock()
         timeout_ms = self.settings.client_timeout_ms
         item: Pending[p.WireRequest, p.WireResponse] = Pending(
             request, loop.create_future(), now, now + timeout_ms / 1000 if timeout_ms else None
         )
+        if self.queue.levels is not None:
+            place(item, self.queue.levels, level, timeout_us, now)
         self.queue.put(item)
         return item
 
     def admit_reader(
-        self, request: p.WireRequest, admitted: Callable[[Pending], None] | None = None
+        self,
+        request: p.WireRequest,
+        admitted: Callable[[Pending], None] | None = None,
+        schedule: Schedule = NO_SCHEDULE,
     ) -> Pending[p.WireRequest, p.WireResponse]:
         """Admit ``request`` for a reader: its future gives the first answer (a part, or the final
         response when nothing streams), ``rest`` the others; then ``finish``. Raises as admit."""
-        item = self.admit(request)
+        item = self.admit(request, schedule)
         if admitted is not None:
             admitted(item)
         item.parts = Parts()
