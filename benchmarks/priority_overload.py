@@ -13,17 +13,28 @@ Latencies are from each request's scheduled send (no coordinated omission), of t
     python -m torchbay.benchmarks.priority_overload --runs 3 --out benchmarks/results/priority
 
 Writes one JSON per run and ``summary.json`` / ``summary.md`` into ``--out``.
+
+``--queue-cost N`` measures instead what the queue itself costs per request: N requests, eight
+``put`` then one ``take`` of a batch of eight at a time, each variant in turn, five rounds, the
+best of each. The variants: the plain queue (no levels), a two-level queue, and, with
+``--baseline-queue FILE`` (a queue.py of an earlier commit, e.g. from ``git show``), that queue,
+so the single-level path before and after levels existed can be compared.
 """
 
 from __future__ import annotations
 
 import argparse
 import array
+import asyncio
+import importlib.util
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +193,50 @@ def report(summary: dict[str, list[dict]], args: argparse.Namespace) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _queue_ns(module: Any, n: int, levels: Any = None) -> float:
+    """Nanoseconds per request through ``module.BatchQueue``: n requests, eight ``put`` then
+    one ``take`` at a time."""
+
+    async def once() -> float:
+        loop = asyncio.get_running_loop()
+        kwargs = {} if levels is None else {"levels": levels()}
+        q = module.BatchQueue(batch_size=8, max_delay_s=0, capacity=n, **kwargs)
+        items = [module.Pending(i, loop.create_future(), 0.0) for i in range(n)]
+        started = time.perf_counter()
+        for i in range(0, n, 8):  # a short queue, as in service: eight in, one batch out
+            for item in items[i : i + 8]:
+                q.put(item)
+            await q.take()
+        return (time.perf_counter() - started) / n * 1e9
+
+    return min(asyncio.run(once()) for _ in range(3))
+
+
+def queue_cost(n: int, baseline: Path | None, rounds: int = 5) -> dict[str, float]:
+    """The queue's own cost per request (see the module docstring): each variant measured in
+    turn, ``rounds`` times, the best of each kept (a loaded host only ever adds time)."""
+    from torchbay.server.serving import queue
+    from torchbay.server.serving.priority import LevelPolicy, Levels
+
+    variants: dict[str, Callable[[], float]] = {}
+    if baseline is not None:
+        spec = importlib.util.spec_from_file_location("baseline_queue", baseline)
+        assert spec is not None and spec.loader is not None
+        old = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = old  # dataclasses look their module up while defining
+        spec.loader.exec_module(old)
+        variants["baseline plain queue"] = lambda: _queue_ns(old, n)
+    variants["plain queue (no levels)"] = lambda: _queue_ns(queue, n)
+    variants["two levels, all at one"] = lambda: _queue_ns(
+        queue, n, lambda: Levels([LevelPolicy(), LevelPolicy()], 1)
+    )
+    best = dict.fromkeys(variants, float("inf"))
+    for _ in range(rounds):
+        for name, measure in variants.items():
+            best[name] = min(best[name], measure())
+    return best
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--service-ms", type=float, default=20.0)
@@ -193,7 +248,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--calibrate", type=float, default=5.0, help="seconds of calibration")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/priority"))
+    parser.add_argument("--queue-cost", type=int, default=0, help="requests (0: the run)")
+    parser.add_argument("--baseline-queue", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.queue_cost:
+        for name, ns in queue_cost(args.queue_cost, args.baseline_queue).items():
+            print(f"{name}: {ns:.0f} ns per request")
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     # the service time reaches the worker through the server's environment
     os.environ["PRIO_BENCH_SERVICE_S"] = str(args.service_ms / 1000)

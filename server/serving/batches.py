@@ -28,6 +28,7 @@ class BatchRecord:
     timings_ms: dict[str, float]
     metrics: list[dict[str, Any]]
     run_s: float = 0.0  # the batch's wall time on its worker (admission's service rate)
+    levels: tuple[int, ...] = ()  # each request's priority level, 0-based (a queue with levels)
 
 
 async def run_batch(
@@ -64,6 +65,7 @@ async def run_batch(
         timings_ms=result.timings,
         metrics=result.metrics,
         run_s=clock() - started,
+        levels=tuple(item.place >> 1 for item in batch),  # place: 2 * level (+1 delayed)
     )
 
 

@@ -107,7 +107,7 @@ class Levels:
     """The levels of one queue: each one's policy and the requests queued at each place (two
     places per level: live, then delayed). Level indexes here are 0-based (Triton's 1 is 0)."""
 
-    __slots__ = ("counts", "default", "name", "policies")
+    __slots__ = ("counts", "default", "delays", "name", "policies")
 
     def __init__(self, policies: list[LevelPolicy], default_level: int, name: str = "") -> None:
         if not policies or not 1 <= default_level <= len(policies):
@@ -116,6 +116,7 @@ class Levels:
         self.default = default_level - 1
         self.counts = [0] * (2 * len(policies))
         self.name = name
+        self.delays = any(p.delay for p in policies)  # whether ``settle`` has anything to do
 
     def __len__(self) -> int:
         return len(self.policies)
@@ -178,6 +179,8 @@ def settle(items: Any, levels: Levels, now: float) -> None:
     """Move each live request whose DELAY timeout has passed behind every live request of its
     level (to the end of its level's delayed place, as Triton's delayed queue); ``items`` is the
     queue's deque, ``levels`` its counts (kept in step). Linear per request moved."""
+    if not levels.delays:
+        return
     due = [p for p in items if p.delay_at is not None and p.delay_at <= now]
     for p in due:
         items.remove(p)

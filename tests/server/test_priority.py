@@ -18,6 +18,7 @@ from torchbay.server.errors import BadRequest, QueueFull, RequestTimeout
 from torchbay.server.plane.schedule import queue_policies, schedule_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import Admission
+from torchbay.server.serving.autopilot import Window
 from torchbay.server.serving.priority import (
     LevelPolicy,
     Levels,
@@ -240,3 +241,16 @@ def test_settings_are_bounded_and_checked():
     ]:
         with pytest.raises(ValidationError, match=words):
             ModelConfig.model_validate(bad)
+
+
+def test_autopilot_window_judges_the_highest_level_served():
+    window = Window()
+    window.add([0.5, 0.5], 10.0, (1, 1))  # level 2 only so far: its latencies count
+    assert window.latencies_ms == [510.0, 510.0]
+    window.add([0.02, 0.9], 10.0, (0, 1))  # level 1 appears: from now on only it counts
+    window.add([0.9], 10.0, (1,))
+    assert window.latencies_ms == [30.0] and window.level == 0
+    assert window.served == 5 and window.batches == 3  # every request and batch still counted
+    plain = Window()
+    plain.add([0.1, 0.2], 10.0)  # no levels: every request, as before
+    assert plain.latencies_ms == [110.0, 210.0]

@@ -243,5 +243,6 @@ def test_model_config_shows_the_levels_and_policies(server: LiveServer) -> None:
         "allow_timeout_override": True,
         "max_queue_size": 100,
     }
+    assert "schedule_policy" in httpx.get(f"{server.url}/v2", timeout=30).json()["extensions"]
     described = httpx.get(f"{server.management_url}/models/gate", timeout=30).json()[0]
     assert [level["level"] for level in described["queueLevels"]] == [1, 2]
