@@ -10,7 +10,7 @@ Each mode runs ``--runs`` times on a fresh server; the report is the median of t
 
 Latencies are from each request's scheduled send (no coordinated omission), of the 200s.
 
-    python -m torchbay.benchmarks.priority_overload --runs 3 --out benchmarks/results/priority
+    python -m torchbay.benchmarks.priority_overload --runs 3 --out results/priority
 
 Writes one JSON per run and ``summary.json`` / ``summary.md`` into ``--out``.
 
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--calibrate", type=float, default=5.0, help="seconds of calibration")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/priority"))
+    parser.add_argument("--out", type=Path, default=Path("results/priority"))
     parser.add_argument("--queue-cost", type=int, default=0, help="requests (0: the run)")
     parser.add_argument("--baseline-queue", type=Path, default=None)
     args = parser.parse_args(argv)
