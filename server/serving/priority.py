@@ -26,7 +26,18 @@ from typing import Any
 from torchbay.server.config.queue_policy import MAX_TIMEOUT_US, QueuePolicyConfig
 from torchbay.server.errors import BadRequest
 
-__all__ = ["MAX_TIMEOUT_US", "Levels", "Schedule", "levels_from", "parse_int"]
+__all__ = [
+    "MAX_TIMEOUT_US",
+    "NO_SCHEDULE",
+    "LevelPolicy",
+    "Levels",
+    "Schedule",
+    "level_of",
+    "levels_from",
+    "parse_int",
+    "place",
+    "settle",
+]
 
 
 @dataclass(frozen=True, slots=True)
