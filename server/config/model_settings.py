@@ -20,6 +20,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from torchbay.server.config.queue_policy import (
+    MAX_PRIORITY_LEVELS,
+    QueuePolicyConfig,
+    check_levels,
+)
 from torchbay.server.errors import BadRequest
 
 # No NaN or infinity anywhere: ``max_batch_delay=inf`` is a typo, never a setting.
@@ -231,6 +236,16 @@ class ModelConfig(BaseModel):
     sequence_strategy: Annotated[
         Literal["direct", "oldest"], _serving("sequenceStrategy", "sequences")
     ] = Field("oldest", alias="sequenceStrategy")
+    # Priorities and queue policies (Triton's dynamic_batching; serving/priority.py, config only):
+    # levels 1..priorityLevels, 1 highest (0: one level); a request's priority 0 is the default.
+    priority_levels: int = Field(0, ge=0, le=MAX_PRIORITY_LEVELS, alias="priorityLevels")
+    default_priority_level: int = Field(
+        0, ge=0, le=MAX_PRIORITY_LEVELS, alias="defaultPriorityLevel"
+    )
+    default_queue_policy: QueuePolicyConfig | None = Field(None, alias="defaultQueuePolicy")
+    priority_queue_policy: dict[int, QueuePolicyConfig] = Field(
+        default_factory=dict, alias="priorityQueuePolicy"
+    )
     handler_config: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("device_type", mode="before")
@@ -259,6 +274,11 @@ class ModelConfig(BaseModel):
         if value is not None and any(not 0 <= i <= MAX_DEVICE_ID for i in value):
             raise ValueError(f"device ids must be 0 to {MAX_DEVICE_ID}, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _priorities(self) -> ModelConfig:
+        check_levels(self.priority_levels, self.default_priority_level, self.priority_queue_policy)
+        return self
 
     @model_validator(mode="after")
     def _workers(self) -> ModelConfig:

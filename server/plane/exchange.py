@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import TorchbayError
 from torchbay.server.observe.logs import RequestRecord
+from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
@@ -110,7 +111,9 @@ class Exchange:
         """Queue ``wire`` for a reader (its future: the first answer; ``rest``: the others; the
         block's end: ``finish``). ``deadline_s`` (seconds from now, a gRPC deadline) becomes its
         deadline when earlier than the model's ``clientTimeoutInMills``: still queued then, it is
-        answered 504 and never runs. Raises 503 (queue full, no worker, shutting down).
+        answered 504 and never runs. Its priority and timeout (plane/schedule.py) place it
+        among the model's levels. Raises 503 (queue full, no worker, shutting down), 400 (a
+        bad priority or timeout).
         A response cache hit comes back answered, with nothing queued; a miss's answer is
         offered to the cache once it comes."""
         assert self.model is not None, "resolve() first"
@@ -124,7 +127,7 @@ class Exchange:
         table = regions() if regions is not None else None
         if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
             wire = dataclasses.replace(wire, regions=table)
-        item = self.model.admit_reader(wire, sequence=sequence)
+        item = self.model.admit_reader(wire, sequence=sequence, schedule=schedule_of(wire))
         self.items.append(item)
         if self.trace is not None:
             item.future.add_done_callback(self._responded)
@@ -159,7 +162,7 @@ class Exchange:
         assert mv is not None, "resolve() first"
         try:
             for wire in wires:
-                self.items.append(item := mv.admit(wire))
+                self.items.append(item := mv.admit(wire, schedule=schedule_of(wire)))
                 if self.trace is not None:
                     item.future.add_done_callback(self._responded)
                 mv.inflight += 1  # as a reader's: ``finish`` takes it back

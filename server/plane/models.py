@@ -34,6 +34,7 @@ from torchbay.server.errors import (
 )
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.plane.cache import ResponseCache
+from torchbay.server.plane.schedule import queue_policies
 from torchbay.server.serving.archives import (
     ArchiveError,
     Manifest,
@@ -118,7 +119,7 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
     if batched:  # none without a batch dimension: each request runs alone (the worker's rule)
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
-            "default_queue_policy": {"max_queue_size": settings.job_queue_size},
+            **queue_policies(mv.config, settings.job_queue_size),
         }
     return config
 

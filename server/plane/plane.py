@@ -44,6 +44,7 @@ from torchbay.server.serving.registry import ModelRegistry
 EXTENSIONS: dict[str, frozenset[str]] = {
     "binary_tensor_data": frozenset({"infer"}),
     "classification": frozenset({"infer"}),
+    "schedule_policy": frozenset({"infer"}),  # priority and timeout: plane/schedule.py
     "model_configuration": frozenset({"model_config"}),
     "model_repository": frozenset({"repository_index", "repository_load", "repository_unload"}),
     "statistics": frozenset({"model_stats"}),

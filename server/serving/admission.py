@@ -122,14 +122,19 @@ class Admission:
                 return a + c * size
         return t / b * size  # one size seen, or a negative fixed cost: proportional
 
-    def predicted_wait_s(self) -> float:
+    def predicted_wait_s(self, level: int | None = None) -> float:
         """The queue wait of a request admitted now (0 when nothing is measured yet), from
-        the state of the last ``check`` and the queue's length now."""
+        the state of the last ``check`` and the work queued ahead of it now: with priority
+        levels, what waits at ``level`` (0-based) and above (None: the highest level, all a
+        caller that has not said its level can be sure of), later levels never taking its
+        turn; without, the whole queue."""
         full = self.batch_time_s(self.batch_size)
         if full is None:
             return 0.0
         workers = max(1, self.workers)
-        ahead = len(self.queue) // self.batch_size  # whole batches before the newcomer's
+        levels = self.queue.levels
+        queued = len(self.queue) if levels is None else levels.ahead_of(level or 0)
+        ahead = queued // self.batch_size  # whole batches before the newcomer's
         idle = max(0, workers - self.busy)
         releases = max(0.0, ahead + 1.0 - idle)
         if releases and not idle:
@@ -151,13 +156,14 @@ class Admission:
         """A request was refused at admission in the last ``PRESSURE_S`` (for any reason)."""
         return clock() - self.refused_at < PRESSURE_S
 
-    def check(self, *, workers: int, busy: int, batch_size: int) -> None:
-        """Raise Overloaded when a newcomer is predicted to wait past the bound: ``workers``
-        ready, ``busy`` of them running a batch, batches of up to ``batch_size``."""
+    def check(self, *, workers: int, busy: int, batch_size: int, level: int | None = None) -> None:
+        """Raise Overloaded when a newcomer at ``level`` (see ``predicted_wait_s``) is predicted
+        to wait past the bound: ``workers`` ready, ``busy`` of them running a batch, batches of
+        up to ``batch_size``."""
         self.workers, self.busy, self.batch_size = workers, busy, max(1, batch_size)
         if self.bound_s <= 0:
             return
-        wait = self.predicted_wait_s()
+        wait = self.predicted_wait_s(level)
         if wait > self.bound_s:
             self.predicted += 1
             raise Overloaded(
@@ -182,12 +188,14 @@ class Admission:
             "serviceRatePerWorker": None if rate is None else round(rate, 3),
             "predictedQueueWaitMs": round(self.predicted_wait_s() * 1000, 3),
             "admissionRejections": self.rejections,
+            **({} if self.queue.levels is None else {"queueLevels": self.queue.levels.describe()}),
         }
 
 
-def refuse(mv: Any) -> None:
-    """Raise what a model version refuses a newcomer with at once: 503 ShuttingDown, NoWorker or
-    Overloaded (the queue's own QueueFull comes at ``put``)."""
+def refuse(mv: Any, level: int | None = None) -> None:
+    """Raise what a model version refuses a newcomer at ``level`` with at once (None: from the
+    headers, the level not yet known): 503 ShuttingDown, NoWorker or Overloaded (the queue's own
+    QueueFull comes at ``put``)."""
     if mv.closing:
         raise ShuttingDown("The server is shutting down")
     serving = False
@@ -203,7 +211,7 @@ def refuse(mv: Any) -> None:
             "Please use scale workers API to add workers."
         )
     # the batch size the queue runs: the autopilot may run it below the configured one
-    mv.admission.check(workers=workers, busy=busy, batch_size=mv.queue.batch_size)
+    mv.admission.check(workers=workers, busy=busy, batch_size=mv.queue.batch_size, level=level)
 
 
 def refuse_early(mv: Any) -> None:

@@ -74,16 +74,32 @@ class Knobs:
 
 @dataclass
 class Window:
-    """What one window saw."""
+    """What one window saw. With priority levels, its latencies (and the queue and service
+    sums beside them) are those of the highest level served in the window: the target is the
+    latency of the level that admission protects, the lower ones being refused first."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    level: int = 1 << 30  # the highest level (0-based) whose requests the latencies are
+    served: int = 0  # requests of every level
     queue_ms: float = 0.0  # sums, for the means
     service_ms: float = 0.0
     batches: int = 0
     busy_s: float = 0.0  # the batches' wall time on workers, summed
     elapsed_s: float = 0.0  # set when the window closes (0: unknown)
 
-    def add(self, queue_times_s: list[float], service_ms: float) -> None:
+    def add(
+        self, queue_times_s: list[float], service_ms: float, levels: tuple[int, ...] = ()
+    ) -> None:
+        """One batch: its requests' queue times, its service time, and (with priority levels)
+        each request's level."""
+        self.served += len(queue_times_s)
+        if levels:
+            top = min(levels)
+            if top < self.level:  # a higher level than any so far: it alone counts from now
+                self.level, self.latencies_ms, self.queue_ms, self.service_ms = top, [], 0.0, 0.0
+            queue_times_s = [
+                q for q, lv in zip(queue_times_s, levels, strict=True) if lv == self.level
+            ]
         for q in queue_times_s:
             self.latencies_ms.append(q * 1000 + service_ms)
             self.queue_ms += q * 1000
@@ -93,7 +109,7 @@ class Window:
 
     def arrival_rps(self) -> float:
         """Requests served per second of the window: in a steady state, the arrival rate."""
-        return len(self.latencies_ms) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self.served / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def utilization(self, workers: int) -> float:
         """The share of the window the workers spent running batches (0: unknown)."""
@@ -254,7 +270,7 @@ class Autopilot:
             self.controller = Controller(target)
             self.window, self.started = Window(), self.clock()
         service = record.run_s * 1000  # the batch's wall time on its worker
-        self.window.add(record.queue_times_s, service)
+        self.window.add(record.queue_times_s, service, record.levels)
         now = self.clock()
         if (
             now - self.started >= self.window_s

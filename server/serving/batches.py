@@ -32,6 +32,7 @@ class BatchRecord:
     # Some request answered below 400: TorchServe's HandlerTime and PredictionTime are measured
     # only when the handler returned (an error on every request is taken as a raise).
     answered: bool = True
+    levels: tuple[int, ...] = ()  # each request's priority level, 0-based (a queue with levels)
 
 
 async def run_batch(
@@ -70,6 +71,7 @@ async def run_batch(
         run_s=clock() - started,
         request_ids=tuple(str(item.payload.request_id) for item in batch),
         answered=any(response.status < 400 for response in result.responses),
+        levels=tuple(item.place >> 1 for item in batch),  # place: 2 * level (+1 delayed)
     )
 
 

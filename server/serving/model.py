@@ -36,6 +36,7 @@ from torchbay.server.serving.handle import (
     spawn_process,
 )
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
+from torchbay.server.serving.priority import levels_from
 from torchbay.server.serving.queue import BatchQueue, reject
 from torchbay.server.serving.requests import RequestPath
 from torchbay.server.serving.sequences import new_queue
@@ -143,7 +144,9 @@ class ModelVersion(RequestPath):
         self._final: ModelStatus | None = None  # FAILED (never loaded) or STOPPED (unloaded)
         self._loading = True  # until start() has made its first attempt
         self.load_error: str | None = None
-        self.queue: BatchQueue[p.WireRequest, p.WireResponse] = new_queue(settings)
+        self.queue: BatchQueue[p.WireRequest, p.WireResponse] = new_queue(
+            settings, levels_from(config, name)
+        )
         self.admission = Admission(self.queue, settings.max_queue_delay_ms)  # max_queue_delay_ms
         self.slots: list[WorkerSlot] = []
         self._slot_context = SlotContext(

@@ -17,7 +17,11 @@ Contract:
   ``max_wait_s`` (the model's ``max_queue_delay_ms``, 0: off; see admission.py) are answered
   503 :class:`Overloaded` and never run, and a batch never waits to fill past that bound.
 * ``take`` pops requests only at its very end, synchronously, so cancelling a waiting ``take``
-  loses nothing.
+  loses nothing; ``_pop`` is the one place requests leave the queue for a worker.
+* With priority levels or a queue policy (serving/priority.py: ``levels``), the deque is kept in
+  order of place (level 1 first; a request past its timeout under ``DELAY`` behind its level's
+  live ones), so a batch takes the highest level first; each level's ``maxQueueSize`` is a 503
+  QueueFull. Without them (``levels`` None) the queue appends and pops exactly as it always did.
 
 A streaming caller (``ModelVersion.stream``) gives its ``Pending`` a :class:`Parts` buffer. The
 request's future answers the caller's first await: the first part resolves it and is replaced
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from torchbay.server.errors import Overloaded, QueueFull, RequestTimeout, TorchbayError
+from torchbay.server.serving.priority import Levels, settle
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -56,6 +61,8 @@ class Pending(Generic[T, R]):
     deadline: float | None = None  # clock() after which it must not run
     dispatched: float | None = field(default=None)  # clock() when a worker took it
     parts: Parts[R] | None = None  # a streaming caller's intermediate parts (None: not streaming)
+    place: int = 0  # its place in a queue with levels: 2 * level (0-based), + 1 once delayed
+    delay_at: float | None = None  # clock() after which it is delayed (timeoutAction DELAY)
 
 
 class Parts(Generic[R]):
@@ -126,6 +133,7 @@ class BatchQueue(Generic[T, R]):
         max_delay_s: float,
         capacity: int,
         probe_interval_s: float = 1.0,
+        levels: Levels | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -148,6 +156,7 @@ class BatchQueue(Generic[T, R]):
         self.retry_after: Callable[[], str] = lambda: "1"  # a 503's Retry-After, ditto
         self.expired = 0  # requests answered 503 for waiting past max_wait_s
         self.full = 0  # requests refused because the queue was full
+        self.levels = levels  # priority levels / queue policies (None: one plain level)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -173,7 +182,10 @@ class BatchQueue(Generic[T, R]):
             raise self._closed
         if len(self._items) >= self.capacity:
             self.put_refused()
-        self._items.append(item)
+        if self.levels is None:
+            self._items.append(item)
+        else:
+            self._put_level(self.levels, item)
         self._arrivals += 1
         if len(self._items) >= self._wake_at:
             self._wake()
@@ -186,12 +198,31 @@ class BatchQueue(Generic[T, R]):
             headers={"retry-after": self.retry_after()},
         )
 
+    def _put_level(self, levels: Levels, item: Pending[T, R]) -> None:
+        """Queue ``item`` behind the requests of its place, within its level's bound."""
+        level = item.place // 2
+        bound = levels.policies[level].max_queue_size
+        if bound and levels.queued_at(level) >= bound:
+            self.full += 1
+            raise QueueFull(
+                f"The queue of priority level {level + 1} of this model is full ({bound} "
+                "requests waiting); retry later",
+                headers={"retry-after": self.retry_after()},
+                oip_message="Exceeds maximum queue size",  # Triton's words
+            )
+        self._items.insert(levels.insert_at(item.place), item)
+
     def requeue_front(self, items: Iterable[Pending[T, R]]) -> None:
-        """Give back a batch that could not be dispatched (its worker died before it ran)."""
+        """Give back a batch that could not be dispatched (its worker died before it ran):
+        first in the queue, or first at each one's place when the queue has levels."""
         items = list(items)
         for item in items:
             item.dispatched = None  # it is queued again: a caller that leaves now is "queued"
-        self._items.extendleft(reversed(items))
+        if self.levels is None:
+            self._items.extendleft(reversed(items))
+        else:
+            for item in reversed(items):
+                self._items.insert(self.levels.front_of(item.place), item)
         self._wake()
 
     def discard(self, item: Pending[T, R]) -> bool:
@@ -203,6 +234,8 @@ class BatchQueue(Generic[T, R]):
             self._items.remove(item)
         except ValueError:
             return False
+        if self.levels is not None:
+            self.levels.counts[item.place] -= 1
         return True
 
     def close(self, exc: TorchbayError) -> list[Pending[T, R]]:
@@ -210,6 +243,8 @@ class BatchQueue(Generic[T, R]):
         self._closed = exc
         drained = list(self._items)
         self._items.clear()
+        if self.levels is not None:
+            self.levels.recount(())
         self._wake()
         return drained
 
@@ -226,7 +261,8 @@ class BatchQueue(Generic[T, R]):
 
     async def take(self, slot: object = None) -> list[Pending[T, R]]:
         """Wait for and return the next batch (never empty). See the module docstring. ``slot``
-        (the taking slot) is for a sequence model's queue (serving/sequences.py); ignored here."""
+        (the taking slot) is for schedulers that pick per slot (a sequence model's queue,
+        serving/sequences.py); the plain queue serves every slot alike."""
         async with self._take_lock:
             return await self._assemble()
 
@@ -292,17 +328,26 @@ class BatchQueue(Generic[T, R]):
         if not items:
             return
         oldest = now - self.max_wait_s if self.max_wait_s > 0 else float("-inf")
+        levels = self.levels
         if all(
             not p.future.done() and (p.deadline is None or p.deadline > now) and p.arrival > oldest
             for p in items
         ):
+            if levels is not None:
+                settle(items, levels, now)  # timeoutAction DELAY: past its timeout, behind
             return
         alive: list[Pending[T, R]] = []
         for p in items:
             if p.future.done():
                 continue  # the caller left or was answered already
             if p.deadline is not None and p.deadline <= now:
-                reject(p.future, RequestTimeout("The request waited past its deadline; not run"))
+                reject(
+                    p.future,
+                    RequestTimeout(
+                        "The request waited past its deadline; not run",
+                        oip_message="Request timeout expired",  # Triton's words
+                    ),
+                )
                 continue
             if p.arrival <= oldest:
                 self.expired += 1
@@ -318,10 +363,17 @@ class BatchQueue(Generic[T, R]):
             alive.append(p)
         items.clear()
         items.extend(alive)
+        if levels is not None:
+            levels.recount(items)
+            settle(items, levels, now)
 
     def _pop(self, n: int, now: float) -> list[Pending[T, R]]:
         items = self._items
         batch = [items.popleft() for _ in range(n)]
         for p in batch:
             p.dispatched = now
+        if self.levels is not None:
+            counts = self.levels.counts
+            for p in batch:
+                counts[p.place] -= 1
         return batch

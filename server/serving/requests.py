@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from torchbay.server.errors import TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse
+from torchbay.server.serving.priority import NO_SCHEDULE, Schedule, level_of, place
 from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
 from torchbay.server.serving.streams import later_parts
 
@@ -37,32 +38,44 @@ class RequestPath:
     requests_rejected: int
 
     def admit(
-        self, request: p.WireRequest, sequence: SequenceRef | None = None
+        self,
+        request: p.WireRequest,
+        sequence: SequenceRef | None = None,
+        schedule: Schedule = NO_SCHEDULE,
     ) -> Pending[p.WireRequest, p.WireResponse]:
-        """Queue one request (on ``sequence``, of a sequence model: serving/sequences.py);
-        raises QueueFull / NoWorker / ShuttingDown / a refused sequence's 400 at once."""
+        """Queue one request: on ``sequence`` for a sequence model (serving/sequences.py), else
+        at its priority level (``schedule``, serving/priority.py). Raises QueueFull / NoWorker /
+        ShuttingDown / Overloaded / a refused sequence's 400 at once, BadRequest for a priority
+        the model does not have (not counted as a refusal: the model is not pressed by it)."""
+        level = level_of(self.queue.levels, schedule)
         self.requests_received += 1
         try:
-            return self._admit(request, sequence)
+            return self._admit(request, sequence, level, schedule.timeout_us)
         except TorchbayError:
             self.requests_rejected += 1
             self.admission.refused()
             raise
 
     def _admit(
-        self, request: p.WireRequest, sequence: SequenceRef | None
+        self,
+        request: p.WireRequest,
+        sequence: SequenceRef | None,
+        level: int,
+        timeout_us: int | None,
     ) -> Pending[p.WireRequest, p.WireResponse]:
-        refuse(self)  # 503 at once: shutting down, no worker, over max_queue_delay_ms
+        refuse(self, level)  # 503 at once: shutting down, no worker, over max_queue_delay_ms
         loop = asyncio.get_running_loop()
         now = clock()
         timeout_ms = self.settings.client_timeout_ms
         item: Pending[p.WireRequest, p.WireResponse] = Pending(
             request, loop.create_future(), now, now + timeout_ms / 1000 if timeout_ms else None
         )
-        if sequence is None:
-            self.queue.put(item)
-        else:  # a sequence model's queue is a SequenceQueue
+        if sequence is not None:  # a sequence model's queue is a SequenceQueue
             self.queue.put(item, sequence)  # type: ignore[call-arg]
+            return item
+        if self.queue.levels is not None:
+            place(item, self.queue.levels, level, timeout_us, now)
+        self.queue.put(item)
         return item
 
     def admit_reader(
@@ -70,10 +83,11 @@ class RequestPath:
         request: p.WireRequest,
         admitted: Callable[[Pending], None] | None = None,
         sequence: SequenceRef | None = None,
+        schedule: Schedule = NO_SCHEDULE,
     ) -> Pending[p.WireRequest, p.WireResponse]:
         """Admit ``request`` for a reader: its future gives the first answer (a part, or the final
         response when nothing streams), ``rest`` the others; then ``finish``. Raises as admit."""
-        item = self.admit(request, sequence)
+        item = self.admit(request, sequence, schedule)
         if admitted is not None:
             admitted(item)
         item.parts = Parts()

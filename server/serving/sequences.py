@@ -325,17 +325,19 @@ class SequenceQueue(BatchQueue):
         self._wake_all()
 
 
-def new_queue(settings: Any) -> BatchQueue:
+def new_queue(settings: Any, levels: Any = None) -> BatchQueue:
     """A model version's queue: a ``SequenceQueue`` for a sequence model (``sequenceBatching``),
-    else a ``BatchQueue``. ``maxNumSequence`` is raised to what the workers' batches hold at
-    once (batch size x max workers), as TorchServe raises it."""
+    else a ``BatchQueue`` with the model's priority ``levels`` (serving/priority.py; None: the
+    plain queue). ``maxNumSequence`` is raised to what the workers' batches hold at once (batch
+    size x max workers), as TorchServe raises it. A sequence model has no priority levels: its
+    order is each sequence's own."""
     common = {
         "batch_size": settings.batch_size,
         "max_delay_s": settings.max_batch_delay_ms / 1000,
         "capacity": settings.job_queue_size,
     }
     if not settings.sequence_mode:
-        return BatchQueue(**common)
+        return BatchQueue(**common, levels=levels)
     workers = max(settings.max_workers or 0, settings.min_workers, 1)
     return SequenceQueue(
         **common,

@@ -126,6 +126,7 @@ def test_server_metadata_lists_the_extensions(server: LiveServer) -> None:
     assert body["extensions"] == [
         "binary_tensor_data",
         "classification",
+        "schedule_policy",
         "model_configuration",
         "model_repository",
         "statistics",

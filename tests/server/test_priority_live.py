@@ -1,0 +1,248 @@
+"""Priorities and timeouts on a live server, for every protocol: OIP REST (tritonclient's http
+``priority=`` / ``timeout=``, and httpx), OIP gRPC (tritonclient's grpc), TorchServe REST (the
+``X-Torchbay-Priority`` / ``X-Torchbay-Timeout-Us`` headers) and TorchServe gRPC (the same
+names as call metadata). Real uvicorn, grpcio, worker processes and archives.
+
+The order is proven by construction (tests/server/assets/gate_handler.py): a first request holds
+the one worker until the test creates its gate file, so every later request is queued; the
+handler logs the ids it runs, in order. A request's timeout is known to have passed by reading
+its deadline on the queue's own clock, never by sleeping."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from torchbay.server.serving.queue import clock
+
+from .conftest import ASSETS, LiveServer, build_store, make_config
+
+pytestmark = pytest.mark.slow
+
+GATE = {
+    "marName": "gate.mar",
+    "batchSize": 1,
+    "minWorkers": 1,
+    "maxWorkers": 1,
+    "priorityLevels": 2,
+    "defaultPriorityLevel": 2,
+    # Requests may shorten the level's timeout (a minute) to their own.
+    "defaultQueuePolicy": {"defaultTimeoutMicroseconds": 60_000_000, "allowTimeoutOverride": True},
+}
+APIS = ("oip_rest", "oip_grpc", "ts_rest", "ts_grpc")
+GRPC_STATUS = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.UNAVAILABLE: 503,
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    store = build_store(tmp_path_factory, "prio-store", {"gate": str(ASSETS / "gate_handler.py")})
+    config = make_config(store, models={"gate": {"1.0": GATE}}, load_models=["all"])
+    live = LiveServer(config).start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(8) as executor:
+        yield executor
+
+
+def _http_port(server: LiveServer) -> str:
+    return server.url.removeprefix("http://")
+
+
+def _oip_rest(server: LiveServer, body: dict, priority: int, timeout: int | None) -> Any:
+    client = triton_http.InferenceServerClient(_http_port(server), network_timeout=60)
+    text = triton_http.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=object))
+    try:
+        client.infer("gate", [text], priority=priority, timeout=timeout)
+    except InferenceServerException as exc:
+        return int(exc.status()), exc.message()
+    return 200, ""
+
+
+def _oip_grpc(server: LiveServer, body: dict, priority: int, timeout: int | None) -> Any:
+    port = server.server.state.ports.grpc_inference
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=object))
+    try:
+        client.infer("gate", [text], priority=priority, timeout=timeout, client_timeout=60)
+    except InferenceServerException as exc:
+        code = next(c for c in grpc.StatusCode if str(c) == exc.status())
+        return GRPC_STATUS.get(code, 500), exc.message()
+    return 200, ""
+
+
+def _headers(priority: int | str, timeout: int | str | None) -> dict[str, str]:
+    headers = {"x-torchbay-priority": str(priority)}
+    if timeout is not None:
+        headers["x-torchbay-timeout-us"] = str(timeout)
+    return headers
+
+
+def _ts_rest(server: LiveServer, body: dict, priority: Any, timeout: Any) -> Any:
+    url = f"{server.url}/predictions/gate"
+    response = httpx.post(url, json=body, headers=_headers(priority, timeout), timeout=60)
+    return response.status_code, response.text
+
+
+def _ts_grpc(server: LiveServer, body: dict, priority: Any, timeout: Any, ts: Any) -> Any:
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.server.state.ports.grpc_inference}")
+    stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    request = ts.inference_pb2.PredictionsRequest(
+        model_name="gate", input={"data": json.dumps(body).encode()}
+    )
+    metadata = tuple(_headers(priority, timeout).items())
+    try:
+        stub.Predictions(request, metadata=metadata, timeout=60)
+    except grpc.RpcError as exc:
+        return GRPC_STATUS.get(exc.code(), 500), exc.details()
+    return 200, ""
+
+
+def _sender(server: LiveServer, ts: SimpleNamespace, api: str) -> Callable[..., Any]:
+    """``send(body, priority, timeout_us) -> (status, message)`` over ``api`` (gRPC codes as
+    the HTTP statuses they stand for)."""
+    if api == "ts_grpc":
+        return lambda body, priority=0, timeout=None: _ts_grpc(server, body, priority, timeout, ts)
+    fn = {"oip_rest": _oip_rest, "oip_grpc": _oip_grpc, "ts_rest": _ts_rest}[api]
+    return lambda body, priority=0, timeout=None: fn(server, body, priority, timeout)
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"not in {timeout:g} s: {what}"
+        time.sleep(0.01)
+
+
+def _ran(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def _queue(server: LiveServer) -> Any:
+    return server.server.registry.resolve("gate").queue
+
+
+def _hold(pool: ThreadPoolExecutor, server: LiveServer, tmp_path: Path) -> tuple[Any, Path, Path]:
+    """A request ("held") running on the worker until the gate opens; its answer, log, gate."""
+    log, gate = tmp_path / "ran.log", tmp_path / "gate"
+    held = pool.submit(
+        _ts_rest, server, {"id": "held", "log": str(log), "gate": str(gate)}, 0, None
+    )
+    _until(lambda: _ran(log) == ["held"], "the held request runs")
+    return held, log, gate
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_high_priority_overtakes_queued_low_ones(
+    server: LiveServer,
+    ts_stubs: SimpleNamespace,
+    pool: ThreadPoolExecutor,
+    tmp_path: Path,
+    api: str,
+) -> None:
+    send = _sender(server, ts_stubs, api)
+    held, log, gate = _hold(pool, server, tmp_path)
+    low = []
+    for i in range(2):  # one after the other: their arrival order is known
+        low.append(pool.submit(send, {"id": f"low{i}", "log": str(log)}, 2))
+        _until(lambda n=i + 1: len(_queue(server)) == n, f"low-priority request {i} queued")
+    high = pool.submit(send, {"id": "high", "log": str(log)}, 1)
+    _until(lambda: len(_queue(server)) == 3, "the high-priority request queued")
+    gate.touch()
+    assert [f.result(60)[0] for f in (held, high, *low)] == [200] * 4
+    assert _ran(log) == ["held", "high", "low0", "low1"]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_request_past_its_timeout_is_answered_504_and_never_runs(
+    server: LiveServer,
+    ts_stubs: SimpleNamespace,
+    pool: ThreadPoolExecutor,
+    tmp_path: Path,
+    api: str,
+) -> None:
+    send = _sender(server, ts_stubs, api)
+    held, log, gate = _hold(pool, server, tmp_path)
+    late = pool.submit(send, {"id": "late", "log": str(log)}, 0, 1000)  # 1 ms
+    _until(lambda: len(_queue(server)) == 1, "the request queued")
+    (queued,) = list(_queue(server)._items)
+    assert queued.deadline is not None and queued.deadline < clock() + 0.01  # its own 1 ms
+    _until(lambda: clock() > queued.deadline, "its timeout passed")
+    gate.touch()
+    status, message = late.result(60)
+    assert status == 504
+    if api.startswith("oip"):
+        assert "Request timeout expired" in message  # Triton's words
+    assert held.result(60)[0] == 200
+    assert _ran(log) == ["held"]  # the worker never saw it
+
+
+@pytest.mark.parametrize(
+    ("api", "priority", "timeout", "field"),
+    [
+        ("oip_rest", 3, None, "priority"),
+        ("oip_grpc", 3, None, "priority"),
+        ("ts_rest", "high", None, "X-Torchbay-Priority"),
+        ("ts_rest", 1, -5, "X-Torchbay-Timeout-Us"),
+        ("ts_grpc", 9, None, "priority"),
+    ],
+)
+def test_bad_schedule_values_are_400s_naming_the_field(
+    server: LiveServer,
+    ts_stubs: SimpleNamespace,
+    api: str,
+    priority: Any,
+    timeout: Any,
+    field: str,
+) -> None:
+    status, message = _sender(server, ts_stubs, api)(
+        {"id": "x", "log": "/dev/null"}, priority, timeout
+    )
+    assert status == 400, message
+    assert field in message
+    assert "Traceback" not in message and "/" not in message.split(field)[0]
+
+
+def test_oip_negative_timeout_is_a_400_naming_it(server: LiveServer) -> None:
+    body = {"parameters": {"timeout": -1}, "inputs": []}
+    response = httpx.post(f"{server.url}/v2/models/gate/infer", json=body, timeout=60)
+    assert response.status_code == 400
+    assert "timeout: must be an integer from 0" in response.json()["error"]
+
+
+def test_model_config_shows_the_levels_and_policies(server: LiveServer) -> None:
+    config = httpx.get(f"{server.url}/v2/models/gate/config", timeout=30).json()
+    batching = config["dynamic_batching"]
+    assert batching["priority_levels"] == 2 and batching["default_priority_level"] == 2
+    assert batching["default_queue_policy"] == {
+        "timeout_action": "REJECT",
+        "default_timeout_microseconds": 60_000_000,
+        "allow_timeout_override": True,
+        "max_queue_size": 100,
+    }
+    assert "schedule_policy" in httpx.get(f"{server.url}/v2", timeout=30).json()["extensions"]
+    described = httpx.get(f"{server.management_url}/models/gate", timeout=30).json()[0]
+    assert [level["level"] for level in described["queueLevels"]] == [1, 2]
