@@ -132,26 +132,33 @@ def _zip_kind(info: zipfile.ZipInfo) -> str:
     return "special file"
 
 
+def checked_zip_members(zf: zipfile.ZipFile, budget: Budget) -> list[tuple[str, zipfile.ZipInfo]]:
+    """Every file member of ``zf`` with its normalized name, checked from the zip's directory
+    (kind, encryption, declared sizes against ``budget``) before anything is written."""
+    files: list[tuple[str, zipfile.ZipInfo]] = []
+    declared_total = 0
+    for info in zf.infolist():
+        name = _normalize(info.filename)
+        kind = _zip_kind(info)
+        if kind == "dir":
+            continue
+        if kind != "file":
+            raise UnsafeMemberError(info.filename, f"{kind} members are not allowed")
+        if info.flag_bits & 0x1:
+            raise UnsafeMemberError(info.filename, "encrypted members are not supported")
+        declared_total += info.file_size
+        budget.declare(name, info.file_size, declared_total, info.compress_size)
+        files.append((name, info))
+    return files
+
+
 def _extract_zip(path: Path, dest: Path, budget: Budget) -> Manifest:
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise CorruptArchiveError(f"{path.name}: corrupt zip archive ({exc})") from None
     with zf:
-        files: list[tuple[str, zipfile.ZipInfo]] = []
-        declared_total = 0
-        for info in zf.infolist():
-            name = _normalize(info.filename)
-            kind = _zip_kind(info)
-            if kind == "dir":
-                continue
-            if kind != "file":
-                raise UnsafeMemberError(info.filename, f"{kind} members are not allowed")
-            if info.flag_bits & 0x1:
-                raise UnsafeMemberError(info.filename, "encrypted members are not supported")
-            declared_total += info.file_size
-            budget.declare(name, info.file_size, declared_total, info.compress_size)
-            files.append((name, info))
+        files = checked_zip_members(zf, budget)
         manifest = _zip_manifest(path, zf, files)
         writer = _Writer(dest, manifest, budget)
         writer.check_listed([n for n, _ in files])

@@ -14,8 +14,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from torchbay.archiver.errors import CorruptArchiveError, ManifestError, UnsafeMemberError
-from torchbay.archiver.extract import _cleanup_on_error, _normalize, _Writer, _zip_kind
+from torchbay.archiver.errors import CorruptArchiveError, ManifestError
+from torchbay.archiver.extract import _cleanup_on_error, _Writer, checked_zip_members
 from torchbay.archiver.limits import DEFAULT_MAX_RATIO, DEFAULT_MAX_TOTAL_BYTES, Budget, free_bytes
 from torchbay.archiver.manifest import MAX_MANIFEST_BYTES
 
@@ -42,7 +42,7 @@ def extract_war(
         except (zipfile.BadZipFile, OSError, EOFError) as exc:
             raise CorruptArchiveError(f"{src.name}: corrupt zip archive ({exc})") from None
         with zf:
-            files = _checked_members(zf, budget)
+            files = checked_zip_members(zf, budget)
             writer = _Writer(dest, None, budget)
             for name, info in files:
                 try:
@@ -53,25 +53,6 @@ def extract_war(
                         f"{src.name}: member {name!r} is corrupt ({exc})"
                     ) from None
         return _manifest(dest, src.name)
-
-
-def _checked_members(zf: zipfile.ZipFile, budget: Budget) -> list[tuple[str, zipfile.ZipInfo]]:
-    """Every file member, checked from the zip's directory before anything is written."""
-    files: list[tuple[str, zipfile.ZipInfo]] = []
-    declared_total = 0
-    for info in zf.infolist():
-        name = _normalize(info.filename)
-        kind = _zip_kind(info)
-        if kind == "dir":
-            continue
-        if kind != "file":
-            raise UnsafeMemberError(info.filename, f"{kind} members are not allowed")
-        if info.flag_bits & 0x1:
-            raise UnsafeMemberError(info.filename, "encrypted members are not supported")
-        declared_total += info.file_size
-        budget.declare(name, info.file_size, declared_total, info.compress_size)
-        files.append((name, info))
-    return files
 
 
 def _manifest(dest: Path, source: str) -> dict[str, Any]:
