@@ -47,6 +47,7 @@ observe.ts_metrics writes them (``ts_text``) and serves them after the registry'
 (``metrics_app``), always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
 Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
 Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics.
+Loaded models, loads and evictions (``max_loaded_models``): observe.multiplex_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -72,6 +73,7 @@ from torchbay.server.observe.cancel_metrics import CancelCollector
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.model_state_metrics import ModelStateCollector
+from torchbay.server.observe.multiplex_metrics import MultiplexCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
 from torchbay.server.serving.handle import WorkerProcess
 from torchbay.server.serving.model import ModelVersion, Observer
@@ -167,6 +169,7 @@ class ServerMetrics(Observer):
         self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         self.registry.register(ModelStateCollector(self))
+        self.registry.register(MultiplexCollector(self))  # max_loaded_models (serving/multiplex)
         for collector in (AutopilotCollector, CancelCollector):  # they read self.versions()
             self.registry.register(collector(self.versions))
         self._gpu: GpuCollector | None = None

@@ -36,7 +36,7 @@ from torchbay.server.serving.handle import (
     spawn_process,
 )
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
-from torchbay.server.serving.queue import BatchQueue, reject
+from torchbay.server.serving.queue import BatchQueue, clock, reject
 from torchbay.server.serving.requests import RequestPath
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
@@ -167,6 +167,10 @@ class ModelVersion(RequestPath):
         self.requests_received = 0
         self.requests_rejected = 0
         self.closing = False
+        self.last_used = clock()  # the last admission (least recently used: serving/multiplex.py)
+        # On-demand loading (serving/multiplex.py, max_loaded_models): called when a request
+        # finds no worker, it starts a load instead of the 503. None: off.
+        self.demand: Callable[[ModelVersion], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -185,8 +189,8 @@ class ModelVersion(RequestPath):
         if self._final is not None:
             return self._final
         slots = [s for s in self.slots if not s.retiring]
-        if any(s.ready for s in slots):
-            return ModelStatus.READY
+        if any(s.ready for s in slots) or self.demand is not None:
+            return ModelStatus.READY  # on demand: routable unloaded, a request loads it
         if self._loading or any(s.may_serve or s.starting for s in slots):
             return ModelStatus.LOADING
         if not slots and self.settings.min_workers == 0:
@@ -258,6 +262,23 @@ class ModelVersion(RequestPath):
                 if slot in self.slots:
                     self.slots.remove(slot)
             self.fail_if_unserved()
+        self._retune()
+
+    async def load(self, workers: int) -> list[WorkerLoadError]:
+        """Start ``workers`` more slots and wait for their first load (serving/multiplex.py's
+        load on demand); the errors of those that could not load (they are dropped)."""
+        errors = await self._add_slots(workers)
+        self._retune()
+        return errors
+
+    async def unload(self) -> None:
+        """Retire every slot (each finishes the batch it holds) and keep the version registered
+        with its settings: serving/multiplex.py's eviction, which ``load`` undoes."""
+        leaving = list(self.slots)
+        await asyncio.gather(*(slot.retire() for slot in leaving))
+        for slot in leaving:
+            if slot in self.slots:
+                self.slots.remove(slot)
         self._retune()
 
     def _retune(self) -> None:
