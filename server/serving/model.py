@@ -36,7 +36,7 @@ from torchbay.server.serving.handle import (
     spawn_process,
 )
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
-from torchbay.server.serving.queue import BatchQueue, clock, reject
+from torchbay.server.serving.queue import BatchQueue, reject
 from torchbay.server.serving.requests import RequestPath
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
@@ -106,6 +106,10 @@ class ModelVersion(RequestPath):
     autopilot = cached_property(Autopilot)  # adapts batching to sla_p99_ms; inert without it
     # Requests whose caller left before their answer, by where they were (``finish``).
     cancelled = cached_property(lambda _: {"queued": 0, "running": 0})
+    # max_loaded_models (serving/multiplex.py): the last admission's clock() (least recently
+    # used first), and, called when a request finds no worker, a load instead of the 503.
+    last_used = 0.0
+    demand: Callable[[ModelVersion], None] | None = None
 
     def __init__(
         self,
@@ -167,10 +171,6 @@ class ModelVersion(RequestPath):
         self.requests_received = 0
         self.requests_rejected = 0
         self.closing = False
-        self.last_used = clock()  # the last admission (least recently used: serving/multiplex.py)
-        # On-demand loading (serving/multiplex.py, max_loaded_models): called when a request
-        # finds no worker, it starts a load instead of the 503. None: off.
-        self.demand: Callable[[ModelVersion], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -53,11 +53,13 @@ ROOM_POLL_S = 0.02
 
 @dataclass(eq=False)
 class Residency:
-    """One version's loads and evictions, and its load under way (None: none)."""
+    """One version's loads and evictions, and its load under way (None: none), which takes
+    a place of the budget once room is made for it (``placed``)."""
 
     loads: int = 0
     evictions: int = 0
     loading: asyncio.Future[None] | None = None
+    placed: bool = False
     # One load or unload of this version at a time.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -71,7 +73,7 @@ class Multiplexer:
         self._residency: weakref.WeakKeyDictionary[ModelVersion, Residency] = (
             weakref.WeakKeyDictionary()
         )
-        self._room = asyncio.Lock()  # one load makes room at a time: two never share a place
+        self._room = asyncio.Lock()  # one load makes room at a time; loads then run in parallel
 
     def residency(self, mv: ModelVersion) -> Residency:
         found = self._residency.get(mv)
@@ -85,8 +87,8 @@ class Multiplexer:
         return any(not slot.retiring for slot in mv.slots)
 
     def holds(self, mv: ModelVersion) -> bool:
-        """Takes a place of the budget: loaded, or loading."""
-        return self.loaded(mv) or self.residency(mv).loading is not None
+        """Takes a place of the budget: loaded, or loading with room made for it."""
+        return self.loaded(mv) or self.residency(mv).placed
 
     def held(self) -> list[ModelVersion]:
         return [mv for mv in self.versions() if self.holds(mv)]
@@ -97,11 +99,17 @@ class Multiplexer:
         """A newly registered version: loaded with its ``minWorkers`` while there is room (never
         evicting for it), else registered unloaded; on demand from then on. Raises as
         ``ModelVersion.start`` (a version that cannot load is not registered)."""
-        room = sum(1 for other in self.held() if other is not mv) < self.limit
-        workers = mv.settings.min_workers if room else 0
-        if workers:
-            self.residency(mv).loads += 1
-        await mv.start(workers)
+        residency = self.residency(mv)
+        mv.last_used = clock()  # registered now: the least recently used of those never asked
+        async with self._room:  # decided as a load on demand is: never past the budget
+            room = sum(1 for other in self.held() if other is not mv) < self.limit
+            workers = mv.settings.min_workers if room else 0
+            residency.placed = workers > 0
+        try:
+            residency.loads += workers > 0
+            await mv.start(workers)
+        finally:
+            residency.placed = False
         mv.demand = self.demand
 
     # -- loading on demand ----------------------------------------------------------------------
@@ -116,17 +124,18 @@ class Multiplexer:
         try:
             async with self._room:
                 await self._make_room(mv)
-                async with residency.lock:
-                    if self.loaded(mv):
-                        return  # loaded meanwhile (the management API scaled it)
-                    residency.loads += 1
-                    errors = await mv.load(max(1, mv.settings.min_workers))
+                residency.placed = True
+            async with residency.lock:
+                if self.loaded(mv):
+                    return  # loaded meanwhile (the management API scaled it)
+                residency.loads += 1
+                errors = await mv.load(max(1, mv.settings.min_workers))
             if not any(slot.ready for slot in mv.slots):
                 raise errors[0] if errors else WorkerLoadError("no worker could load the model")
         except TorchbayError as exc:
             _answer_queued(mv, exc)
         finally:
-            residency.loading = None
+            residency.loading, residency.placed = None, False
 
     async def _make_room(self, mv: ModelVersion) -> None:
         """Unload least recently used idle versions until ``mv`` fits the budget; wait while
