@@ -280,10 +280,14 @@ def _cold_starts(server: Server, args: argparse.Namespace) -> list[float]:
     for model in tail:
         start = time.perf_counter()
         response = httpx.post(
-            f"{server.url('inference')}/predictions/{model}", content=BODY, timeout=300
+            f"{server.url('inference')}/predictions/{model}",
+            content=BODY,
+            headers={"content-type": "application/json"},
+            timeout=300,
         )
-        if response.status_code == 200:
-            times.append((time.perf_counter() - start) * 1000)
+        if response.status_code != 200:
+            raise RuntimeError(f"cold start of {model}: {response.status_code} {response.text}")
+        times.append((time.perf_counter() - start) * 1000)
     return times
 
 

@@ -60,6 +60,7 @@ class Residency:
     evictions: int = 0
     loading: asyncio.Future[None] | None = None
     placed: bool = False
+    leaving: asyncio.Future[None] | None = None  # its unload under way (an eviction)
     # One load or unload of this version at a time.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -87,8 +88,10 @@ class Multiplexer:
         return any(not slot.retiring for slot in mv.slots)
 
     def holds(self, mv: ModelVersion) -> bool:
-        """Takes a place of the budget: loaded, or loading with room made for it."""
-        return self.loaded(mv) or self.residency(mv).placed
+        """Takes a place of the budget: loaded and not being unloaded, or loading with room
+        made for it."""
+        residency = self.residency(mv)
+        return residency.placed or (residency.leaving is None and self.loaded(mv))
 
     def held(self) -> list[ModelVersion]:
         return [mv for mv in self.versions() if self.holds(mv)]
@@ -123,8 +126,9 @@ class Multiplexer:
     async def _load(self, mv: ModelVersion, residency: Residency) -> None:
         try:
             async with self._room:
-                await self._make_room(mv)
+                leaving = await self._make_room(mv)
                 residency.placed = True
+            await asyncio.gather(*leaving)  # what they held is freed before this load spawns
             async with residency.lock:
                 if self.loaded(mv):
                     return  # loaded meanwhile (the management API scaled it)
@@ -137,13 +141,15 @@ class Multiplexer:
         finally:
             residency.loading, residency.placed = None, False
 
-    async def _make_room(self, mv: ModelVersion) -> None:
-        """Unload least recently used idle versions until ``mv`` fits the budget; wait while
-        every candidate is busy. Raises NoWorker when pinned versions fill the budget."""
+    async def _make_room(self, mv: ModelVersion) -> list[asyncio.Future[None]]:
+        """Start unloading least recently used idle versions until ``mv`` fits the budget (the
+        unloads, returned, run in parallel with other loads' decisions); wait while every
+        candidate is busy. Raises NoWorker when pinned versions fill the budget."""
+        leaving: list[asyncio.Future[None]] = []
         while True:
             held = [other for other in self.held() if other is not mv]
             if len(held) < self.limit:
-                return
+                return leaving
             if all(other.settings.pinned for other in held):
                 raise NoWorker(
                     f'Model "{mv.name}" cannot be loaded: the {self.limit} loaded models '
@@ -153,7 +159,7 @@ class Multiplexer:
             if victim is None:
                 await asyncio.sleep(ROOM_POLL_S)  # every candidate is busy: wait for one
                 continue
-            await self._evict(victim)
+            leaving.append(self._evict(victim))
 
     def _victim(self, held: list[ModelVersion]) -> ModelVersion | None:
         """The least recently used of ``held`` that may be unloaded now (None: none may)."""
@@ -165,16 +171,27 @@ class Multiplexer:
         return (
             not mv.settings.pinned
             and residency.loading is None
+            and residency.leaving is None
             and not residency.lock.locked()
             and not len(mv.queue)
             and not mv.inflight
         )
 
-    async def _evict(self, mv: ModelVersion) -> None:
+    def _evict(self, mv: ModelVersion) -> asyncio.Future[None]:
+        """Start unloading ``mv`` (idle): from now on it holds no place of the budget."""
         residency = self.residency(mv)
-        async with residency.lock:
-            residency.evictions += 1
-            await mv.unload()
+        residency.evictions += 1
+        residency.leaving = asyncio.ensure_future(self._unload(mv, residency))
+        return residency.leaving
+
+    async def _unload(self, mv: ModelVersion, residency: Residency) -> None:
+        try:
+            async with residency.lock:
+                await mv.unload()
+        finally:
+            residency.leaving = None
+        if len(mv.queue):  # admitted as it left (its slots not yet retiring): load it again
+            self.demand(mv)
 
     # -- requests -------------------------------------------------------------------------------
 
