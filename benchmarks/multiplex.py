@@ -10,7 +10,8 @@ built once, in a temporary folder, from one tiny scripted MLP (16 -> 32 -> 8):
    p50 and p99.
 2. *multiplexed*: ``--models`` archives (``load_models=all``, ``max_loaded_models=--budget``);
    the same closed loop, each request to model k of rank k with probability ~ 1/k^s
-   (``--zipf``, 1.1), after ``--warmup`` seconds of the same mix: the p99 of the requests to
+   (``--zipf``, 1.1), after one request to each of the 10 hottest at once (every model
+   starts unloaded) and ``--warmup`` seconds of the same mix: the p99 of the requests to
    the 10 hottest models (ranks 1-10) against the single model's p99, the loads and evictions
    during the window, and the peak summed RSS of the server's workers (sampled every 0.25 s)
    against the budget (``--budget`` times one worker's RSS, from the single run). Then, with
@@ -94,6 +95,8 @@ class Server:
             "model_store": str(store),
             "load_models": ",".join(f"{m}.mar" for m in models),
             "max_loaded_models": str(budget),
+            # With a budget every model starts unloaded (the warm-up loads the hot ones).
+            "default_workers_per_model": "0" if budget else "1",
             "access_log": "false",
             "disable_system_metrics": "true",
         }
@@ -241,6 +244,7 @@ def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int
     try:
         port = server.ports["inference"]
         pick = zipf_picker(args.models, args.zipf, seed)
+        asyncio.run(_first_requests(port, [name(k) for k in range(1, HOT + 1)]))
         asyncio.run(closed_loop(port, pick, args.concurrency, args.warmup))
         loads0 = sum(server.series("torchbay_model_loads_total").values())
         evictions0 = sum(server.series("torchbay_model_evictions_total").values())
@@ -270,6 +274,21 @@ def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int
         "peak_worker_rss_mb": sampler.peak / 2**20,
         "peak_workers": sampler.peak_workers,
     }
+
+
+async def _first_requests(port: int, models: list[str]) -> None:
+    """One request to each of ``models`` at once (loads them, in parallel)."""
+
+    async def one(model: str) -> None:
+        conn = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            status, _ = await asyncio.wait_for(_request(conn, model), 600)
+            if status != 200:
+                raise RuntimeError(f"first request to {model}: {status}")
+        finally:
+            conn[1].close()
+
+    await asyncio.gather(*(one(model) for model in models))
 
 
 def _cold_starts(server: Server, args: argparse.Namespace) -> list[float]:
@@ -320,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--cold", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)

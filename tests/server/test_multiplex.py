@@ -21,6 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import ASSETS, LiveServer, build_store, make_config
 
+# Each test spawns three to five workers, one after another; on a loaded 2-core host one takes
+# 20 s or more (an interpreter importing torch).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 HANDLER = str(ASSETS / "load_gate_handler.py")
 
 
