@@ -170,6 +170,19 @@ def test_a_pinned_model_and_a_busy_one_are_never_evicted(
     assert _describe(live, "b")["evictions"] == 1
 
 
+def test_a_budget_full_of_pinned_models_refuses_a_load_at_once(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve({"p": "pinned: true\n"}, max_loaded_models=1)
+    _register(live, "p")
+    _register(live, "a", workers=0)
+    refused = _predict(live, "a", "a1")
+    assert refused.status_code == 503, refused.text
+    assert "are all pinned" in refused.json()["message"]
+    assert _loaded(live) == {"p": True, "a": False}
+    assert _describe(live, "p")["evictions"] == 0
+
+
 def test_a_deadline_that_passes_during_a_load_is_a_504_and_the_load_completes(
     serve: Callable[..., LiveServer], tmp_path: Path
 ) -> None:
