@@ -343,8 +343,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--cold", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON files go")
     args = parser.parse_args(argv)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="torchbay-multiplex-") as tmp:
         root = Path(tmp)
@@ -354,11 +355,11 @@ def main(argv: list[str] | None = None) -> None:
                 "single": run_single(root, store, args),
                 "multiplexed": run_multiplexed(root, store, args, seed=n),
             }
-            (RESULTS / f"run-{n}.json").write_text(json.dumps(run, indent=2))
+            (args.out / f"run-{n}.json").write_text(json.dumps(run, indent=2))
             print(json.dumps({"run": n, **run}), flush=True)
             runs.append(run)
     summary = summarize(runs, args)
-    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2))
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
 
 
