@@ -210,6 +210,9 @@ class ModelConfig(BaseModel):
     max_worker_rss_mb: Annotated[int, _serving("maxWorkerRssMb")] = Field(
         0, ge=0, le=1 << 24, alias="maxWorkerRssMb"
     )
+    # Many models per host (the server's ``max_loaded_models``, serving/multiplex.py): a pinned
+    # version is never unloaded to make room for another (config only).
+    pinned: Annotated[bool, _serving("pinned")] = Field(False, alias="pinned")
     # The response cache: repeated requests answered by the frontend (register and config only).
     response_cache: Annotated[
         ResponseCacheConfig,

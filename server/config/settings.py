@@ -191,6 +191,10 @@ class ServerConfig(GrpcSettings):
     cpu_threads_per_worker: int | None = Field(None, ge=1, le=MAX_THREADS)  # None: budget share
     cpu_affinity: bool = False
     cpu_thread_budget: int | None = Field(None, ge=1, le=MAX_THREADS)  # all workers; None: cores
+    # Many models per host (serving/multiplex.py): at most this many model versions hold
+    # workers at once; the others stay registered, load on their first request and the least
+    # recently used idle one is unloaded to make room. 0: off (every model keeps its workers).
+    max_loaded_models: int = Field(0, ge=0, le=100_000)
     shutdown_grace_s: float = Field(30.0, ge=0, le=3600)
     # How a new worker starts: forked from a template that imported torch once (milliseconds),
     # or spawned (python and torch imported again, about a second). "fork" spawns where the

@@ -45,6 +45,7 @@ Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.cu
 Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics.
 Open and ended sequences (``torchbay_open_sequences``, ``torchbay_sequences_ended_total``):
 observe.sequence_metrics.
+Loaded models, loads and evictions (``max_loaded_models``): observe.multiplex_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -71,6 +72,7 @@ from torchbay.server.observe.cancel_metrics import CancelCollector
 from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.model_state_metrics import ModelStateCollector
+from torchbay.server.observe.multiplex_metrics import MultiplexCollector
 from torchbay.server.observe.sequence_metrics import SequenceCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
 from torchbay.server.observe.ts_families import MetricsLog, TsFamilies
@@ -166,6 +168,7 @@ class ServerMetrics(Observer):
         self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         self.registry.register(ModelStateCollector(self))
+        self.registry.register(MultiplexCollector(self))  # max_loaded_models (serving/multiplex)
         collectors = (AutopilotCollector, CancelCollector, SequenceCollector)
         for collector in collectors:  # they read self.versions()
             self.registry.register(collector(self.versions))

@@ -108,6 +108,8 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "workerRecycles": mv.recycles,
         **described(SETTINGS, mv.settings, config, "workers"),  # recycling
         "loadedAtStartup": mv.key in registry.startup_models,
+        # max_loaded_models: loaded or not, loads, evictions, last used (serving/multiplex.py)
+        **(registry.multiplexer.describe(mv) if registry.multiplexer is not None else {}),
         "isDefault": registry.is_default(mv),
         "workers": [_worker(slot) for slot in mv.slots],
         "metrics": {

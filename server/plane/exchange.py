@@ -134,7 +134,15 @@ class Exchange:
         if lookup is not None:
             item.future.add_done_callback(_offer(lookup))
         with_deadline(item, deadline_s)
+        self._bound(item)
         return item
+
+    def _bound(self, item: Item) -> None:
+        """With ``max_loaded_models``, a request queued while its version loads is answered 504
+        at its deadline (``serving/multiplex.py``): no worker reads the clock meanwhile."""
+        multiplexer = self.wiring.registry.multiplexer
+        if multiplexer is not None and self.model is not None:
+            multiplexer.bound(self.model, item)
 
     def _lookup(self, wire: p.WireRequest) -> Lookup | None:
         """The cache's look-up of ``wire`` (None: no cache, or not to be cached)."""
@@ -166,6 +174,7 @@ class Exchange:
                 if self.trace is not None:
                     item.future.add_done_callback(self._responded)
                 mv.inflight += 1  # as a reader's: ``finish`` takes it back
+                self._bound(item)
         except TorchbayError:
             for item in self.items:
                 item.future.cancel()

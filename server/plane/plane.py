@@ -176,9 +176,12 @@ class DataPlane:
 
     def healthy(self) -> bool:
         """TorchServe's ``/ping`` and gRPC ``Ping``: every default version has at least its
-        ``minWorkers`` ready workers."""
+        ``minWorkers`` ready workers, or loads on demand (``max_loaded_models``, loaded or not:
+        serving/multiplex.py)."""
         defaults = (self.registry.models[n][v] for n, v in self.registry.defaults.items())
-        return all(mv.ready_workers >= mv.settings.min_workers for mv in defaults)
+        return all(
+            mv.demand is not None or mv.ready_workers >= mv.settings.min_workers for mv in defaults
+        )
 
     def ready(self) -> bool:
         """OIP ``/v2/health/ready`` and gRPC ``ServerReady``, the one truth: the models asked

@@ -205,7 +205,9 @@ def refuse(mv: Any, level: int | None = None) -> None:
         if slot.ready:
             workers += 1
             busy += slot.state is WorkerState.BUSY
-    if not serving:
+    if not serving and mv.demand is not None:
+        mv.demand(mv)  # on demand (serving/multiplex.py): queued while its load runs
+    elif not serving:
         raise NoWorker(  # TorchServe 0.12's words, less its sequence-batching advice
             f'Model "{mv.name}" has no worker to serve inference request. '
             "Please use scale workers API to add workers."

@@ -108,6 +108,10 @@ class ModelVersion(RequestPath):
     autopilot = cached_property(Autopilot)  # adapts batching to sla_p99_ms; inert without it
     # Requests whose caller left before their answer, by where they were (``finish``).
     cancelled = cached_property(lambda _: {"queued": 0, "running": 0})
+    # max_loaded_models (serving/multiplex.py): the last admission's clock() (least recently
+    # used first), and, called when a request finds no worker, a load instead of the 503.
+    last_used = 0.0
+    demand: Callable[[ModelVersion], None] | None = None
 
     def __init__(
         self,
@@ -185,8 +189,8 @@ class ModelVersion(RequestPath):
         if self._final is not None:
             return self._final
         slots = [s for s in self.slots if not s.retiring]
-        if any(s.ready for s in slots):
-            return ModelStatus.READY
+        if any(s.ready for s in slots) or self.demand is not None:
+            return ModelStatus.READY  # on demand: routable unloaded, a request loads it
         if self._loading or any(s.may_serve or s.starting for s in slots):
             return ModelStatus.LOADING
         if not slots and self.settings.min_workers == 0:
@@ -258,6 +262,23 @@ class ModelVersion(RequestPath):
                 if slot in self.slots:
                     self.slots.remove(slot)
             self.fail_if_unserved()
+        self._retune()
+
+    async def load(self, workers: int) -> list[WorkerLoadError]:
+        """Start ``workers`` more slots and wait for their first load (serving/multiplex.py's
+        load on demand); the errors of those that could not load (they are dropped)."""
+        errors = await self._add_slots(workers)
+        self._retune()
+        return errors
+
+    async def unload(self) -> None:
+        """Retire every slot (each finishes the batch it holds) and keep the version registered
+        with its settings: serving/multiplex.py's eviction, which ``load`` undoes."""
+        leaving = list(self.slots)
+        await asyncio.gather(*(slot.retire() for slot in leaving))
+        for slot in leaving:
+            if slot in self.slots:
+                self.slots.remove(slot)
         self._retune()
 
     def _retune(self) -> None:

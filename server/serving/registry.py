@@ -35,6 +35,7 @@ from torchbay.server.serving.budget import HostBudget
 from torchbay.server.serving.handle import Spawned, SpawnFn
 from torchbay.server.serving.launch import LaunchSpec, Placement, settings_from
 from torchbay.server.serving.model import ModelVersion, Observer
+from torchbay.server.serving.multiplex import Multiplexer
 
 log = logging.getLogger("torchbay.registry")
 
@@ -74,6 +75,12 @@ class ModelRegistry:
         self.defaults: dict[str, str] = {}
         self.startup_models: set[str] = set()  # "name/version" registered at start-up
         self._lock = asyncio.Lock()
+        # Many models per host: None unless max_loaded_models is set (serving/multiplex.py).
+        self.multiplexer = (
+            Multiplexer(config.max_loaded_models, self.all_versions)
+            if config.max_loaded_models
+            else None
+        )
 
     # -- lookup ---------------------------------------------------------------------------------
 
@@ -277,7 +284,7 @@ class ModelRegistry:
 
     async def _start(self, mv: ModelVersion, quiet: bool = False) -> None:
         try:
-            await mv.start()
+            await (mv.start() if self.multiplexer is None else self.multiplexer.start(mv))
         except Exception:
             self._forget(mv)
             if quiet:

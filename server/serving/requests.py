@@ -36,6 +36,7 @@ class RequestPath:
     inflight: int
     requests_received: int
     requests_rejected: int
+    last_used: float
 
     def admit(
         self,
@@ -65,7 +66,7 @@ class RequestPath:
     ) -> Pending[p.WireRequest, p.WireResponse]:
         refuse(self, level)  # 503 at once: shutting down, no worker, over max_queue_delay_ms
         loop = asyncio.get_running_loop()
-        now = clock()
+        self.last_used = now = clock()
         timeout_ms = self.settings.client_timeout_ms
         item: Pending[p.WireRequest, p.WireResponse] = Pending(
             request, loop.create_future(), now, now + timeout_ms / 1000 if timeout_ms else None

@@ -120,6 +120,7 @@ def test_describe_shows_torchserves_settings_in_its_order() -> None:
     assert described(SETTINGS, live, config, "workers") == {
         "maxRequestsPerWorker": 0,
         "maxWorkerRssMb": 9,
+        "pinned": False,
         "responseCache": {"enable": False, "maxEntries": 1024, "maxBytes": 64 << 20},
     }
 

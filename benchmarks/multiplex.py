@@ -1,0 +1,367 @@
+"""Many models per host (``max_loaded_models``, server/serving/multiplex.py): 200 tiny models
+behind a budget of 16 loaded, a Zipf-skewed request mix, against one served model.
+
+    python -m torchbay.benchmarks.multiplex [--models 200] [--budget 16] [--runs 3]
+
+Each run starts two real servers (``torchbay serve`` processes, their own ports) over archives
+built once, in a temporary folder, from one tiny scripted MLP (16 -> 32 -> 8):
+
+1. *single*: one model; a closed loop of ``--concurrency`` connections for ``--seconds``: its
+   p50 and p99.
+2. *multiplexed*: ``--models`` archives (``load_models=all``, ``max_loaded_models=--budget``);
+   the same closed loop, each request to model k of rank k with probability ~ 1/k^s
+   (``--zipf``, 1.1), after one request to each of the 10 hottest at once (every model
+   starts unloaded) and ``--warmup`` seconds of the same mix: the p99 of the requests to
+   the 10 hottest models (ranks 1-10) against the single model's p99, the loads and evictions
+   during the window, and the peak summed RSS of the server's workers (sampled every 0.25 s)
+   against the budget (``--budget`` times one worker's RSS, from the single run). Then, with
+   nothing else running, ``--cold`` requests one after another to unloaded models of the tail:
+   the cold-start latency (an eviction, a worker spawned, the model loaded, the answer).
+
+Workers are spawned (``python -m torchbay.server.worker``), torch imported in each: a cold start
+costs a whole interpreter and torch import. The fork server (another change) will make cold
+starts cheaper; these figures are today's spawn.
+
+Each run's figures go to ``results/multiplex/run-<n>.json``, the medians over runs to
+``results/multiplex/summary.json`` with the command line. The client is one asyncio loop with
+raw HTTP/1.1 keep-alive connections (a loaded host's Python client costs ~0.1 ms a request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import itertools
+import json
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+RESULTS = Path("results/multiplex")
+BODY = json.dumps([round(0.01 * i, 2) for i in range(16)]).encode()
+HOT = 10  # "the hottest models": ranks 1..HOT
+
+
+def build_store(root: Path, count: int) -> Path:
+    """``count`` archives m001..m<count> of one tiny scripted MLP (the ``tensor`` handler)."""
+    import torch
+
+    from torchbay.archiver.package import ArchiveOptions, package
+
+    store = root / "store"
+    store.mkdir()
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    weights = root / "mlp.pt"
+    torch.jit.save(torch.jit.script(mlp.eval()), str(weights))
+    for k in range(1, count + 1):
+        options = ArchiveOptions(
+            model_name=name(k),
+            version="1.0",
+            serialized_file=weights,
+            handler="tensor",
+            export_path=store,
+        )
+        package(options)
+    return store
+
+
+def name(rank: int) -> str:
+    return f"m{rank:03d}"
+
+
+class Server:
+    """``torchbay serve`` in a child process on free ports; its ports from the ready file."""
+
+    def __init__(self, root: Path, store: Path, models: list[str], budget: int) -> None:
+        self.dir = Path(tempfile.mkdtemp(dir=root))
+        props = {
+            "inference_address": "http://127.0.0.1:0",
+            "management_address": "http://127.0.0.1:0",
+            "metrics_address": "http://127.0.0.1:0",
+            "model_store": str(store),
+            "load_models": ",".join(f"{m}.mar" for m in models),
+            "max_loaded_models": str(budget),
+            # With a budget every model starts unloaded (the warm-up loads the hot ones).
+            "default_workers_per_model": "0" if budget else "1",
+            "access_log": "false",
+            "disable_system_metrics": "true",
+        }
+        config = self.dir / "config.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        ready = self.dir / "ready.json"
+        env = {**os.environ, "TORCHBAY_GRPC_INFERENCE_PORT": "0"}
+        env["TORCHBAY_GRPC_MANAGEMENT_PORT"] = "0"
+        command = [sys.executable, "-m", "torchbay", "serve", "--ts-config"]
+        command += [str(config), "--ready-file", str(ready), "--disable-token-auth"]
+        self.log = (self.dir / "server.log").open("w")
+        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=self.log)
+        end = time.monotonic() + 600
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"server did not start; see {self.dir / 'server.log'}")
+            time.sleep(0.1)
+        self.ports = json.loads(ready.read_text())
+
+    def url(self, port: str) -> str:
+        return f"http://127.0.0.1:{self.ports[port]}"
+
+    def worker_rss(self) -> list[int]:
+        """The resident memory of each worker process (the server's children), bytes."""
+        out = []
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # a worker that just exited
+                out.append(child.memory_info().rss)
+        return out
+
+    def series(self, name: str) -> dict[str, float]:
+        """One multiplexer series by model (``""`` for a server-wide one)."""
+        text = httpx.get(self.url("metrics") + "/metrics", timeout=60).text
+        out = {}
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                label = line.split('model="')[1].split('"')[0] if 'model="' in line else ""
+                out[label] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+async def _request(
+    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], model: str
+) -> tuple[int, float]:
+    """One POST /predictions/<model> on a keep-alive connection: (status, seconds)."""
+    reader, writer = conn
+    head = (
+        f"POST /predictions/{model} HTTP/1.1\r\nhost: bench\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(BODY)}\r\n\r\n"
+    )
+    start = time.perf_counter()
+    writer.write(head.encode() + BODY)
+    headers = await reader.readuntil(b"\r\n\r\n")
+    status = int(headers.split(b" ", 2)[1])
+    length = 0
+    for line in headers.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    await reader.readexactly(length)
+    return status, time.perf_counter() - start
+
+
+async def closed_loop(
+    port: int, pick: Any, concurrency: int, seconds: float
+) -> list[tuple[str, int, float, float]]:
+    """``concurrency`` connections, each sending the next request once answered, for
+    ``seconds``: (model, status, seconds, sent at) per answered request."""
+    out: list[tuple[str, int, float, float]] = []
+    end = time.monotonic() + seconds
+
+    async def one() -> None:
+        conn = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.monotonic() < end:
+                model = pick()
+                sent = time.monotonic()
+                status, took = await asyncio.wait_for(_request(conn, model), 120)
+                out.append((model, status, took, sent))
+        finally:
+            conn[1].close()
+
+    await asyncio.gather(*(one() for _ in range(concurrency)))
+    return out
+
+
+def zipf_picker(count: int, s: float, seed: int) -> Any:
+    rng = random.Random(seed)
+    cum = list(itertools.accumulate(1 / k**s for k in range(1, count + 1)))
+    return lambda: name(bisect.bisect(cum, rng.random() * cum[-1]) + 1)
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
+
+
+class RssPeak(threading.Thread):
+    """Samples the summed RSS of a server's workers every 0.25 s until stopped."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__(daemon=True)
+        self.server, self.peak, self.peak_workers = server, 0, 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.25):
+            rss = self.server.worker_rss()
+            if sum(rss) > self.peak:
+                self.peak, self.peak_workers = sum(rss), len(rss)
+
+
+def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, Any]:
+    server = Server(root, store, [name(1)], budget=0)
+    try:
+        port = server.ports["inference"]
+        asyncio.run(closed_loop(port, lambda: name(1), args.concurrency, 2.0))  # warm
+        answered = asyncio.run(closed_loop(port, lambda: name(1), args.concurrency, args.seconds))
+        rss = server.worker_rss()
+    finally:
+        server.stop()
+    ok = [t for _, status, t, _ in answered if status == 200]
+    return {
+        "requests": len(answered),
+        "errors": len(answered) - len(ok),
+        "p50_ms": p(ok, 0.50),
+        "p99_ms": p(ok, 0.99),
+        "worker_rss_mb": max(rss) / 2**20 if rss else None,
+    }
+
+
+def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    models = [name(k) for k in range(1, args.models + 1)]
+    server = Server(root, store, models, budget=args.budget)
+    sampler = RssPeak(server)
+    sampler.start()
+    try:
+        port = server.ports["inference"]
+        pick = zipf_picker(args.models, args.zipf, seed)
+        asyncio.run(_first_requests(port, [name(k) for k in range(1, HOT + 1)]))
+        asyncio.run(closed_loop(port, pick, args.concurrency, args.warmup))
+        loads0 = sum(server.series("torchbay_model_loads_total").values())
+        evictions0 = sum(server.series("torchbay_model_evictions_total").values())
+        answered = asyncio.run(closed_loop(port, pick, args.concurrency, args.seconds))
+        loads = sum(server.series("torchbay_model_loads_total").values()) - loads0
+        evictions = sum(server.series("torchbay_model_evictions_total").values()) - evictions0
+        peak_loaded = server.series("torchbay_loaded_models")[""]
+        cold = _cold_starts(server, args)
+    finally:
+        sampler.done.set()
+        sampler.join()
+        server.stop()
+    hot = {name(k) for k in range(1, HOT + 1)}
+    ok = [(m, t) for m, status, t, _ in answered if status == 200]
+    hot_times = [t for m, t in ok if m in hot]
+    return {
+        "requests": len(answered),
+        "errors": len(answered) - len(ok),
+        "hot_share": len(hot_times) / max(1, len(ok)),
+        "hot_p50_ms": p(hot_times, 0.50),
+        "hot_p99_ms": p(hot_times, 0.99),
+        "all_p99_ms": p([t for _, t in ok], 0.99),
+        "loads_in_window": loads,
+        "evictions_in_window": evictions,
+        "loaded_models_at_end": peak_loaded,
+        "cold_start_ms": cold,
+        "peak_worker_rss_mb": sampler.peak / 2**20,
+        "peak_workers": sampler.peak_workers,
+    }
+
+
+async def _first_requests(port: int, models: list[str]) -> None:
+    """One request to each of ``models`` at once (loads them, in parallel)."""
+
+    async def one(model: str) -> None:
+        conn = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            status, _ = await asyncio.wait_for(_request(conn, model), 600)
+            if status != 200:
+                raise RuntimeError(f"first request to {model}: {status}")
+        finally:
+            conn[1].close()
+
+    await asyncio.gather(*(one(model) for model in models))
+
+
+def _cold_starts(server: Server, args: argparse.Namespace) -> list[float]:
+    """Requests one after another to unloaded models of the tail (rank order, last first)."""
+    loaded = server.series("torchbay_model_loaded")
+    tail = [m for m in sorted(loaded, reverse=True) if loaded[m] == 0][: args.cold]
+    times = []
+    for model in tail:
+        start = time.perf_counter()
+        response = httpx.post(
+            f"{server.url('inference')}/predictions/{model}",
+            content=BODY,
+            headers={"content-type": "application/json"},
+            timeout=300,
+        )
+        if response.status_code != 200:
+            raise RuntimeError(f"cold start of {model}: {response.status_code} {response.text}")
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    def med(path: tuple[str, str]) -> float:
+        values = [r[path[0]][path[1]] for r in runs if r[path[0]][path[1]] is not None]
+        return statistics.median(values)
+
+    single_p99, hot_p99 = med(("single", "p99_ms")), med(("multiplexed", "hot_p99_ms"))
+    rss_one = med(("single", "worker_rss_mb"))
+    cold = [statistics.median(r["multiplexed"]["cold_start_ms"]) for r in runs]
+    return {
+        "command": "python -m torchbay.benchmarks.multiplex " + shlex.join(sys.argv[1:]),
+        "runs": len(runs),
+        "single_p99_ms": single_p99,
+        "hot10_p99_ms": hot_p99,
+        "hot10_p99_over_single": hot_p99 / single_p99,
+        "cold_start_ms": statistics.median(cold),
+        "peak_worker_rss_mb": med(("multiplexed", "peak_worker_rss_mb")),
+        "rss_budget_mb": args.budget * rss_one,
+        "one_worker_rss_mb": rss_one,
+        "loads_in_window": med(("multiplexed", "loads_in_window")),
+        "requests_in_window": med(("multiplexed", "requests")),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=200)
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--zipf", type=float, default=1.1)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--cold", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON files go")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="torchbay-multiplex-") as tmp:
+        root = Path(tmp)
+        store = build_store(root, args.models)
+        for n in range(1, args.runs + 1):
+            run = {
+                "single": run_single(root, store, args),
+                "multiplexed": run_multiplexed(root, store, args, seed=n),
+            }
+            (args.out / f"run-{n}.json").write_text(json.dumps(run, indent=2))
+            print(json.dumps({"run": n, **run}), flush=True)
+            runs.append(run)
+    summary = summarize(runs, args)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

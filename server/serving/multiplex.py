@@ -1,0 +1,231 @@
+"""Many models per host: load a model version on its first request, unload the least recently
+used idle one when the budget is full (``max_loaded_models``; Ray Serve's model multiplexing).
+
+With a budget of N (> 0) every registered version is *on demand*. It stays registered (name,
+config, archive unpacked in the work folder) whether it holds workers or not, and at most N
+versions are *loaded* (hold workers, or are loading) at once. Unloaded is no new lifecycle: the
+version holds zero slots (``ModelVersion.unload``) and loading adds them again
+(``ModelVersion.load``, ``max(1, minWorkers)`` of them).
+
+* Registration (start-up or the management API) loads a version with ``minWorkers`` > 0 while
+  there is room, without evicting anything; the others (and every one past the budget) are
+  registered unloaded, in registration order: start-up loads concurrently, so which of many
+  start-up models fill the budget is not specified.
+* A request that finds no worker (``admission.refuse``) calls ``ModelVersion.demand``: the
+  first starts the load, the others share it; all are queued meanwhile, each bounded by its
+  deadline (``clientTimeoutInMills`` or the caller's: :meth:`Multiplexer.bound` answers 504 at
+  the deadline, and the load still completes). A load that fails answers every queued request
+  with the load error (500 ``model_load_failed``); the next request tries again.
+* To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
+  is idle (nothing queued, no reader in flight, not loading) and not ``pinned`` is unloaded.
+  It is idle, so unloading drains nothing; a request that arrives meanwhile is queued and loads
+  it again. When every loaded version is busy, the load waits for one to become idle
+  (re-checked every ``ROOM_POLL_S``); when every one is pinned, it fails 503 at once.
+* Readiness: an on-demand version is READY (``ModelVersion.status``) loaded or not, as Ray
+  Serve's multiplexed models are always routable: a load balancer that saw it unready would
+  never send the request that loads it. Describe's ``loaded`` tells the two apart.
+
+Off (budget 0, the default) none of this exists: ``minWorkers: 0`` is registered and answers 503
+until scaled, as in TorchServe. Torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torchbay.server.errors import NoWorker, RequestTimeout, TorchbayError
+from torchbay.server.serving.handle import WorkerLoadError
+from torchbay.server.serving.queue import Pending, clock, reject
+
+if TYPE_CHECKING:
+    from torchbay.server.serving.model import ModelVersion
+
+__all__ = ["Multiplexer", "Residency"]
+
+# How often a load that waits for room looks again for an idle version to unload.
+ROOM_POLL_S = 0.02
+
+
+@dataclass(eq=False)
+class Residency:
+    """One version's loads and evictions, and its load under way (None: none), which takes
+    a place of the budget once room is made for it (``placed``)."""
+
+    loads: int = 0
+    evictions: int = 0
+    loading: asyncio.Future[None] | None = None
+    placed: bool = False
+    leaving: asyncio.Future[None] | None = None  # its unload under way (an eviction)
+    # One load or unload of this version at a time.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Multiplexer:
+    """The budget of loaded model versions over ``versions`` (the registry's, all of them)."""
+
+    def __init__(self, limit: int, versions: Callable[[], Iterable[ModelVersion]]) -> None:
+        self.limit = limit
+        self.versions = versions
+        self._residency: weakref.WeakKeyDictionary[ModelVersion, Residency] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._room = asyncio.Lock()  # one load makes room at a time; loads then run in parallel
+
+    def residency(self, mv: ModelVersion) -> Residency:
+        found = self._residency.get(mv)
+        if found is None:
+            found = self._residency[mv] = Residency()
+        return found
+
+    @staticmethod
+    def loaded(mv: ModelVersion) -> bool:
+        """Holds a live (not retiring) slot."""
+        return any(not slot.retiring for slot in mv.slots)
+
+    def holds(self, mv: ModelVersion) -> bool:
+        """Takes a place of the budget: loaded and not being unloaded, or loading with room
+        made for it."""
+        residency = self.residency(mv)
+        return residency.placed or (residency.leaving is None and self.loaded(mv))
+
+    def held(self) -> list[ModelVersion]:
+        return [mv for mv in self.versions() if self.holds(mv)]
+
+    # -- registration ---------------------------------------------------------------------------
+
+    async def start(self, mv: ModelVersion) -> None:
+        """A newly registered version: loaded with its ``minWorkers`` while there is room (never
+        evicting for it), else registered unloaded; on demand from then on. Raises as
+        ``ModelVersion.start`` (a version that cannot load is not registered)."""
+        residency = self.residency(mv)
+        mv.last_used = clock()  # registered now: the least recently used of those never asked
+        async with self._room:  # decided as a load on demand is: never past the budget
+            room = sum(1 for other in self.held() if other is not mv) < self.limit
+            workers = mv.settings.min_workers if room else 0
+            residency.placed = workers > 0
+        try:
+            residency.loads += workers > 0
+            await mv.start(workers)
+        finally:
+            residency.placed = False
+        mv.demand = self.demand
+
+    # -- loading on demand ----------------------------------------------------------------------
+
+    def demand(self, mv: ModelVersion) -> None:
+        """A request found ``mv`` without a worker: start its load unless one is under way."""
+        residency = self.residency(mv)
+        if residency.loading is None:
+            residency.loading = asyncio.ensure_future(self._load(mv, residency))
+
+    async def _load(self, mv: ModelVersion, residency: Residency) -> None:
+        try:
+            async with self._room:
+                leaving = await self._make_room(mv)
+                residency.placed = True
+            await asyncio.gather(*leaving)  # what they held is freed before this load spawns
+            async with residency.lock:
+                if self.loaded(mv):
+                    return  # loaded meanwhile (the management API scaled it)
+                residency.loads += 1
+                errors = await mv.load(max(1, mv.settings.min_workers))
+            if not any(slot.ready for slot in mv.slots):
+                raise errors[0] if errors else WorkerLoadError("no worker could load the model")
+        except TorchbayError as exc:
+            _answer_queued(mv, exc)
+        finally:
+            residency.loading, residency.placed = None, False
+
+    async def _make_room(self, mv: ModelVersion) -> list[asyncio.Future[None]]:
+        """Start unloading least recently used idle versions until ``mv`` fits the budget (the
+        unloads, returned, run in parallel with other loads' decisions); wait while every
+        candidate is busy. Raises NoWorker when pinned versions fill the budget."""
+        leaving: list[asyncio.Future[None]] = []
+        while True:
+            held = [other for other in self.held() if other is not mv]
+            if len(held) < self.limit:
+                return leaving
+            if all(other.settings.pinned for other in held):
+                raise NoWorker(
+                    f'Model "{mv.name}" cannot be loaded: the {self.limit} loaded models '
+                    "allowed (max_loaded_models) are all pinned"
+                )
+            victim = self._victim(held)
+            if victim is None:
+                await asyncio.sleep(ROOM_POLL_S)  # every candidate is busy: wait for one
+                continue
+            leaving.append(self._evict(victim))
+
+    def _victim(self, held: list[ModelVersion]) -> ModelVersion | None:
+        """The least recently used of ``held`` that may be unloaded now (None: none may)."""
+        idle = [mv for mv in held if self._evictable(mv)]
+        return min(idle, key=lambda mv: mv.last_used) if idle else None
+
+    def _evictable(self, mv: ModelVersion) -> bool:
+        residency = self.residency(mv)
+        return (
+            not mv.settings.pinned
+            and residency.loading is None
+            and residency.leaving is None
+            and not residency.lock.locked()
+            and not len(mv.queue)
+            and not mv.inflight
+        )
+
+    def _evict(self, mv: ModelVersion) -> asyncio.Future[None]:
+        """Start unloading ``mv`` (idle): from now on it holds no place of the budget."""
+        residency = self.residency(mv)
+        residency.evictions += 1
+        residency.leaving = asyncio.ensure_future(self._unload(mv, residency))
+        return residency.leaving
+
+    async def _unload(self, mv: ModelVersion, residency: Residency) -> None:
+        try:
+            async with residency.lock:
+                await mv.unload()
+        finally:
+            residency.leaving = None
+        if len(mv.queue):  # admitted as it left (its slots not yet retiring): load it again
+            self.demand(mv)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def bound(self, mv: ModelVersion, item: Pending[Any, Any]) -> None:
+        """A request just queued (its deadline final) to a version without a ready worker: no
+        worker looks at its deadline while the version loads, so a timer answers it 504 then
+        (taken out of the queue, never run); the load goes on for the others."""
+        if item.deadline is None or any(slot.ready for slot in mv.slots):
+            return
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(max(0.0, item.deadline - clock()), _expire, mv, item)
+        item.future.add_done_callback(lambda _: timer.cancel())
+
+    def describe(self, mv: ModelVersion) -> dict[str, Any]:
+        """Describe's facts of one version: loaded or not, its loads and evictions, and when
+        a request was last admitted (ISO 8601, UTC)."""
+        residency = self.residency(mv)
+        last = time.time() - (clock() - mv.last_used)
+        return {
+            "loaded": self.loaded(mv),
+            "loads": residency.loads,
+            "evictions": residency.evictions,
+            "lastUsed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last)),
+        }
+
+
+def _expire(mv: ModelVersion, item: Pending[Any, Any]) -> None:
+    if item.dispatched is None and not item.future.done():
+        mv.queue.discard(item)
+        reject(item.future, RequestTimeout("The request waited past its deadline; not run"))
+
+
+def _answer_queued(mv: ModelVersion, exc: TorchbayError) -> None:
+    """Answer every request queued for ``mv`` with ``exc`` (its load failed) and admit again."""
+    for item in mv.queue.close(exc):
+        reject(item.future, exc)
+    mv.queue.reopen()

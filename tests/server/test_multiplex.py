@@ -1,0 +1,229 @@
+"""Many models per host (``max_loaded_models``, serving/multiplex.py) on a live server: real
+uvicorn, real worker processes, real archives (tests/server/assets/load_gate_handler.py).
+
+Which model is loaded, busy or loading is proven by construction: models are registered one by
+one through the management API (registration fills the budget in that order), a busy model is
+one whose handler waits for a gate file the test creates, and a held load is one whose handler
+waits, while loading, for a gate named in its model-config.yaml."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import ASSETS, LiveServer, build_store, make_config
+
+# Each test spawns three to five workers, one after another; on a loaded 2-core host one takes
+# 20 s or more (an interpreter importing torch).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+HANDLER = str(ASSETS / "load_gate_handler.py")
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"not in {timeout:g} s: {what}"
+        time.sleep(0.01)
+
+
+def _store(factory: pytest.TempPathFactory, prefix: str, yaml: dict[str, str]) -> Path:
+    """A store of one load-gate archive per name; ``yaml`` gives some a model-config.yaml."""
+    work = factory.mktemp(f"{prefix}-yaml")
+    configs = {}
+    for name, text in yaml.items():
+        configs[name] = work / f"{name}.yaml"
+        configs[name].write_text(text)
+    names = {"a", "b", "c", "p", *yaml}
+    return build_store(factory, prefix, dict.fromkeys(sorted(names), HANDLER), configs)
+
+
+@pytest.fixture
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
+    """``serve(yaml, **config)``: a live server over a fresh store, stopped afterwards."""
+    servers: list[LiveServer] = []
+
+    def start(yaml: dict[str, str] | None = None, **config: Any) -> LiveServer:
+        store = _store(tmp_path_factory, "multiplex", yaml or {})
+        config = {"enable_model_api": True, **config}
+        servers.append(LiveServer(make_config(store, **config)).start())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def _register(live: LiveServer, name: str, workers: int = 1) -> None:
+    url = f"{live.management_url}/models?url={name}.mar&initial_workers={workers}"
+    response = httpx.post(url + "&synchronous=true", timeout=120)
+    assert response.status_code == 200, response.text
+
+
+def _predict(live: LiveServer, model: str, ident: str, gate: Path | None = None) -> httpx.Response:
+    body = {"id": ident, **({"gate": str(gate)} if gate else {})}
+    return httpx.post(f"{live.url}/predictions/{model}", json=body, timeout=120)
+
+
+def _describe(live: LiveServer, model: str) -> dict[str, Any]:
+    response = httpx.get(f"{live.management_url}/models/{model}", timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()[0]
+
+
+def _loaded(live: LiveServer) -> dict[str, bool]:
+    """Each registered model: loaded (describe's ``loaded``)."""
+    listed = httpx.get(f"{live.management_url}/models", timeout=30).json()["models"]
+    return {m["modelName"]: _describe(live, m["modelName"])["loaded"] for m in listed}
+
+
+def _series(live: LiveServer) -> dict[tuple[str, str], float]:
+    """(sample name, model or "") -> value of the multiplexer's series."""
+    text = httpx.get(f"{live.metrics_url}/metrics", timeout=30).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if "loaded_models" in s.name or s.name.startswith(
+                ("torchbay_model_loaded", "torchbay_model_loads", "torchbay_model_evictions")
+            ):
+                out[(s.name, s.labels.get("model", ""))] = s.value
+    return out
+
+
+def _residency(live: LiveServer, model: str) -> Any:
+    registry = live.server.registry
+    assert registry is not None and registry.multiplexer is not None
+    return registry.multiplexer.residency(registry.resolve(model))
+
+
+def test_the_third_model_loads_on_its_first_request_and_the_least_recently_used_goes(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(max_loaded_models=2)
+    for name in ("a", "b", "c"):
+        _register(live, name)
+    assert _loaded(live) == {"a": True, "b": True, "c": False}  # c: past the budget
+    described = _describe(live, "c")
+    assert described["status"] == "READY" and described["loads"] == 0
+    # Routable while unloaded: ready (OIP and TorchServe), the server ready and healthy.
+    assert httpx.get(f"{live.url}/v2/models/c/ready").status_code == 200
+    assert httpx.get(f"{live.url}/v2/health/ready").status_code == 200
+    assert httpx.get(f"{live.url}/ping").json()["status"] == "Healthy"
+
+    assert _predict(live, "a", "a1").status_code == 200  # b is now the least recently used
+    answer = _predict(live, "c", "c1")
+    assert answer.status_code == 200 and answer.json()["id"] == "c1"
+    assert _loaded(live) == {"a": True, "b": False, "c": True}
+    b, c = _describe(live, "b"), _describe(live, "c")
+    assert (b["evictions"], b["loads"], b["workers"]) == (1, 1, [])
+    assert (c["evictions"], c["loads"], len(c["workers"])) == (0, 1, 1)
+
+    # Four first requests to the evicted b at once: one load serves them all.
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: _predict(live, "b", f"b{i}"), range(4)))
+    assert [r.status_code for r in answers] == [200] * 4
+    assert _describe(live, "b")["loads"] == 2
+    assert _loaded(live) == {"a": False, "b": True, "c": True}  # a went: least recently used
+
+    live.recorded()
+    series = _series(live)
+    assert series[("torchbay_model_loaded", "a")] == 0 and series[("torchbay_model_loaded", "b")]
+    assert series[("torchbay_model_loads_total", "b")] == 2
+    assert series[("torchbay_model_evictions_total", "a")] == 1
+    assert series[("torchbay_loaded_models", "")] == 2
+    assert series[("torchbay_max_loaded_models", "")] == 2
+
+
+def test_a_pinned_model_and_a_busy_one_are_never_evicted(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve({"p": "pinned: true\n"}, max_loaded_models=2)
+    _register(live, "p")
+    _register(live, "a")
+    _register(live, "b")
+    assert _predict(live, "a", "a1").status_code == 200  # p is the least recently used...
+    assert _predict(live, "b", "b1").status_code == 200  # ...but pinned: a goes
+    assert _loaded(live) == {"p": True, "a": False, "b": True}
+    assert _describe(live, "p")["pinned"] is True
+
+    gate = tmp_path / "gate"
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(_predict, live, "b", "busy", gate)  # holds b's worker
+        _until(lambda: live.server.registry.resolve("b").inflight == 1, "b is busy")
+        waiting = pool.submit(_predict, live, "a", "a2")
+        # a's load is under way and cannot make room: p is pinned, b busy; both stay loaded.
+        _until(lambda: _residency(live, "a").loading is not None, "a's load started")
+        assert _loaded(live) == {"p": True, "a": False, "b": True}
+        assert not waiting.done()
+        gate.touch()  # b's request ends: b is idle, a's load evicts it
+        assert busy.result().status_code == 200
+        assert waiting.result().status_code == 200
+    assert _loaded(live) == {"p": True, "a": True, "b": False}
+    assert _describe(live, "p")["evictions"] == 0
+    assert _describe(live, "b")["evictions"] == 1
+
+
+def test_a_budget_full_of_pinned_models_refuses_a_load_at_once(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve({"p": "pinned: true\n"}, max_loaded_models=1)
+    _register(live, "p")
+    _register(live, "a", workers=0)
+    refused = _predict(live, "a", "a1")
+    assert refused.status_code == 503, refused.text
+    assert "are all pinned" in refused.json()["message"]
+    assert _loaded(live) == {"p": True, "a": False}
+    assert _describe(live, "p")["evictions"] == 0
+
+
+def test_a_deadline_that_passes_during_a_load_is_a_504_and_the_load_completes(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    gate = tmp_path / "load-gate"
+    yaml = {
+        "slow": f"clientTimeoutInMills: 2000\nloadGate: {gate}\n",
+        "broken": "loadFails: true\n",
+    }
+    live = serve(yaml, max_loaded_models=2)
+    _register(live, "slow", workers=0)  # registered unloaded: its load would wait for the gate
+    _register(live, "broken", workers=0)
+    assert _loaded(live) == {"slow": False, "broken": False}
+
+    late = _predict(live, "slow", "s1")  # its load waits for the gate, past 2 s
+    assert late.status_code == 504, late.text
+    assert _residency(live, "slow").loading is not None  # the load goes on
+    gate.touch()
+    _until(lambda: _residency(live, "slow").loading is None, "slow's load done")
+    assert _loaded(live)["slow"]
+    assert _predict(live, "slow", "s2").status_code == 200
+    assert _describe(live, "slow")["loads"] == 1
+
+    # A load that fails answers every waiter with its error; the next request tries again.
+    with ThreadPoolExecutor(3) as pool:
+        failed = list(pool.map(lambda i: _predict(live, "broken", f"x{i}"), range(3)))
+    for response in failed:
+        assert response.status_code == 500, response.text
+        body = response.text
+        assert "fails to load on purpose" in body
+        assert "Traceback" not in body and str(tmp_path.parent) not in body
+    assert _describe(live, "broken")["loads"] == 1
+    assert _predict(live, "broken", "x9").status_code == 500
+    broken = _describe(live, "broken")
+    assert (broken["loads"], broken["loaded"], broken["status"]) == (2, False, "READY")
+
+
+def test_without_a_budget_nothing_changes(serve: Callable[..., LiveServer]) -> None:
+    live = serve()
+    _register(live, "a", workers=0)  # TorchServe's "registered, 503 until scaled"
+    assert _predict(live, "a", "a1").status_code == 503
+    described = _describe(live, "a")
+    assert described["status"] == "STOPPED" and "loaded" not in described
+    assert not _series(live)
+    assert json.loads(httpx.get(f"{live.url}/ping").text)["status"] == "Healthy"
