@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from torchbay.server.config.grpc_settings import GrpcSettings
+from torchbay.server.config.model_keys import MODEL_ALIASES, MODEL_IGNORED_KEYS, split_model_keys
 from torchbay.server.config.model_settings import (
     API_NAMES,
     FROZEN,
@@ -52,10 +53,7 @@ from torchbay.server.config.model_settings import (
     MAX_THREADS,
     MAX_TIMEOUT_S,
     MAX_WORKERS,
-    MODEL_ALIASES,
-    MODEL_IGNORED_KEYS,
     ModelConfig,
-    split_model_keys,
 )
 
 # The model settings (config.model_settings) and the bounds every numeric setting shares, named

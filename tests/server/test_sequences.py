@@ -14,7 +14,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from torchbay.server.config.model_settings import ModelConfig, split_model_keys
+from torchbay.server.config.model_keys import split_model_keys
+from torchbay.server.config.model_settings import ModelConfig
 from torchbay.server.errors import BadRequest, QueueFull
 from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p

@@ -1,0 +1,68 @@
+"""Which keys of a model-config.yaml (or a ``models={...}`` entry) are model settings, which
+are the handler's, and which TorchServe keys torchbay reads and ignores; Triton's
+``sequence_batching`` section read as the sequence settings. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torchbay.server.config.model_settings import SETTINGS, ModelConfig
+
+# TorchServe frontend keys of model-config.yaml / models={...} that torchbay accepts and ignores.
+MODEL_IGNORED_KEYS = frozenset(
+    {
+        "parallelType",
+        "parallelLevel",
+        "parallelization",
+        "torchrun",
+        "continuousBatching",
+        "useJobTicket",
+        "asyncCommunication",
+        "useVenv",
+        "stateful",
+        "runtimeType",
+        "runtime",
+    }
+)
+MODEL_ALIASES = {s.yaml_key: name for name, s in SETTINGS.items() if s.yaml_key is not None}
+
+
+def split_model_keys(
+    raw: Mapping[str, Any], *, where: str, backend_params: bool
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Split TorchServe model settings into (fields, backend parameters, notes)."""
+    fields: dict[str, Any] = {}
+    backend: dict[str, Any] = {}
+    notes: list[str] = []
+    for key, value in raw.items():
+        field = MODEL_ALIASES.get(key, key if key in ModelConfig.model_fields else None)
+        if backend_params and key in ("handler", "handler_config"):
+            field = None  # in model-config.yaml, `handler:` is a backend-parameter section
+        if field is not None:
+            fields[field] = value
+        elif key in MODEL_IGNORED_KEYS:
+            notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
+        elif backend_params:
+            backend[key] = value
+        else:
+            notes.append(f"{where}: ignored unknown key {key!r}")
+    if backend_params:
+        _triton_sequences(backend.get("sequence_batching"), fields)
+    return fields, backend, notes
+
+
+def _triton_sequences(section: Any, fields: dict[str, Any]) -> None:
+    """Triton's ``sequence_batching`` section of a model-config.yaml (model_config.proto's form,
+    kept for the worker's control inputs) makes a sequence model too: its strategy (``direct``
+    or ``oldest``) and ``max_sequence_idle_microseconds`` (Triton's default: 1 s) set the
+    sequence settings that TorchServe's keys of the same file did not set."""
+    if not isinstance(section, Mapping):
+        return
+    fields.setdefault("sequence_mode", True)
+    fields.setdefault("sequence_strategy", "direct" if "direct" in section else "oldest")
+    idle_us = section.get("max_sequence_idle_microseconds", 1_000_000)
+    if isinstance(idle_us, int | float) and not isinstance(idle_us, bool):
+        idle_us = max(int(idle_us) // 1000, 1)  # a sub-millisecond limit is the shortest one
+    fields.setdefault("sequence_max_idle_ms", idle_us)  # anything else: ModelConfig's 400
