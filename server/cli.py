@@ -248,8 +248,8 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
         try:
             log_config.apply()
         except BaseException:
+            stop_logging()  # first: the writer thread drains what it holds into the console
             output.close()
-            stop_logging()
             raise
     return output, stop_logging
 
