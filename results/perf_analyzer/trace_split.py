@@ -3,7 +3,8 @@ traces (``plane/trace.py``) of every request of a perf_analyzer run, split into 
 the queue, the queue, the worker's round trip (``COMPUTE_START`` -> ``COMPUTE_END``: the request
 framed to the worker process, the handler, the answer back in the frontend) and the plane after it.
 
-    .venv/bin/python results/perf_analyzer/trace_split.py --runs 3 > results/perf_analyzer/trace-split.txt
+    .venv/bin/python results/perf_analyzer/trace_split.py --runs 3 \
+        > results/perf_analyzer/trace-split.txt
 
 The same model, server settings and perf_analyzer window as ``run.py`` (whose functions it uses),
 plus ``trace_file`` and Triton's trace setting ``TIMESTAMPS`` at rate 1 (every request traced,
