@@ -3,7 +3,7 @@
     .venv/bin/python results/perf_analyzer/run.py --runs 3 --concurrency 1,4,8 --window-ms 5000
 
 One small TorchScript model (``Linear(64, 256) -> ReLU -> Linear(256, 10)``, FP32, seed 0) is
-served two ways, one after the other on the same host:
+served two ways, both up for the whole run on the same host and measured in turn:
 
 * torchbay: ``torchbay serve --ncs`` of an archive made by our archiver (the tensor handler,
   inputs ``x`` ``[-1, 64]``), 1 worker, batch size 1, ``cpu_threads_per_worker=1``, no access
