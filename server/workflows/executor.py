@@ -79,8 +79,12 @@ async def _invoke(
         except (TorchbayError, asyncio.TimeoutError) as exc:  # (not the builtin one on 3.10)
             log.warning(
                 "workflow %s: node %s failed (attempt %d of %d): %s",
-                workflow.name, node, attempt + 1, attempts, exc or "timed out",
-            )  # fmt: skip
+                workflow.name,
+                node,
+                attempt + 1,
+                attempts,
+                exc or "timed out",
+            )
     raise InternalServerException(f"Error executing {node}")
 
 
