@@ -2,6 +2,8 @@
 
 Each request is a JSON object; keys change what happens to it:
   {"sleep": s}   the batch sleeps max(s) seconds before answering (a slow or stuck model)
+  {"until": path} the batch first waits (60 s at most) until the file ``path`` exists: a test
+                 holds a worker busy for exactly as long as it needs
   {"bad": true}  this item fails with 400 (BadInput); the others still run
   {"crash": true} the worker process dies mid-batch (os._exit)
   {"echo": x}    returned as is; the handler also remembers every echo it ran
@@ -45,6 +47,10 @@ class ProbeHandler(BaseHandler):
     def inference(self, batch, *args, **kwargs):
         if any(b.get("crash") for b in self.bodies):
             os._exit(17)
+        for gate in (b["until"] for b in self.bodies if "until" in b):
+            deadline = time.monotonic() + 60
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
         delay = max((float(b.get("sleep", 0)) for b in self.bodies), default=0.0)
         if delay:
             time.sleep(delay)
