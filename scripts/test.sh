@@ -13,4 +13,7 @@ if [ ! -x .venv-checkov/bin/checkov ] || [ deploy/requirements-lint.txt -nt .ven
     echo "setup: checkov not installed (tests/deploy/test_lint.py::test_checkov will skip)" >&2
   fi
 fi
-exec .venv/bin/python -m pytest "$@"
+# Two test processes (pytest-xdist), each taking whole files so that a module's live server and
+# its tests stay in one process; most tests wait on servers and workers. Arguments after these
+# win: `-n 0` runs them in one process.
+exec .venv/bin/python -m pytest -n "${TORCHBAY_TEST_PROCESSES:-2}" --dist loadfile "$@"
