@@ -70,7 +70,8 @@ def _add_archive(subparsers: Any) -> None:
     p.add_argument(
         "--handler",
         required=True,
-        help="built-in (tensor, image_classifier, text_classifier) or file.py[:function]",
+        help="built-in (tensor, image_classifier, image_segmenter, object_detector, "
+        "text_classifier) or file.py[:function]",
     )
     p.add_argument(
         "--extra-files", default="", help="comma list; a directory's contents go to the root"

@@ -27,7 +27,14 @@ from torchbay.archiver.manifest import Format, Manifest, ModelInfo, Parity, Torc
 from torchbay.archiver.options import ArchiveOptions, Stage
 from torchbay.archiver.write import write_archive
 
-BUILTIN_HANDLERS = ("tensor", "base", "image_classifier", "text_classifier")
+BUILTIN_HANDLERS = (
+    "tensor",
+    "base",
+    "image_classifier",
+    "image_segmenter",
+    "object_detector",
+    "text_classifier",
+)
 # Handlers given as an importable module path are not copied in (resolved by the worker).
 _MODULE_HANDLER_PREFIXES = ("torchbay.handlers.", "ts.torch_handler.")
 EXAMPLE_NAME = "example_input.npy"

@@ -1,7 +1,8 @@
 """Handler resolution as TorchServe's ts/model_loader.py does it, and the ``ts`` import alias.
 
 Handler specs:
-  * a built-in name: ``tensor`` (alias ``base``), ``image_classifier``, ``text_classifier``;
+  * a built-in name: ``tensor`` (alias ``base``), ``image_classifier``, ``image_segmenter``,
+    ``object_detector``, ``text_classifier``;
   * ``file.py`` or ``file``: a module in the model directory holding one handler class (a class
     with ``handle``; BaseHandler subclasses preferred, the most derived one wins) or a module-level
     ``handle(data, context)`` function;
@@ -28,6 +29,8 @@ BUILTIN_HANDLERS: dict[str, str] = {
     "tensor": "torchbay.handlers.tensor",
     "base": "torchbay.handlers.tensor",
     "image_classifier": "torchbay.handlers.image_classifier",
+    "image_segmenter": "torchbay.handlers.image_segmenter",
+    "object_detector": "torchbay.handlers.object_detector",
     "text_classifier": "torchbay.handlers.text_classifier",
 }
 
@@ -150,6 +153,8 @@ _ALIASES: dict[str, dict[str, str]] = {
     "ts.torch_handler.vision_handler": {"VisionHandler": "image_classifier.ImageClassifier"},
     "ts.torch_handler.image_classifier": {"ImageClassifier": "image_classifier.ImageClassifier"},
     "ts.torch_handler.text_classifier": {"TextClassifier": "text_classifier.TextClassifier"},
+    "ts.torch_handler.object_detector": {"ObjectDetector": "object_detector.ObjectDetector"},
+    "ts.torch_handler.image_segmenter": {"ImageSegmenter": "image_segmenter.ImageSegmenter"},
     "ts.protocol.otf_message_handler": _OTF,
     "ts.handler_utils.utils": _OTF,  # TorchServe >= 0.9 exports it here too
 }
