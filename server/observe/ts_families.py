@@ -191,14 +191,16 @@ class Family:
         kind = "counter" if name in LEGACY else self.spec.kind
         lines = [f"# HELP {name} {self.help}", f"# TYPE {name} {kind}"]
         for values, state in list(self.samples.items()):
-            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in zip(names, values, strict=True))
+            # Each label ends with a comma, the last one too (``{Level="Host",Hostname="h",}``),
+            # as TorchServe's Prometheus client writes them and TorchServe's own Postman
+            # collection matches; Prometheus's parsers read it.
+            labels = "".join(f'{k}="{_escape(v)}",' for k, v in zip(names, values, strict=True))
             if kind != "histogram":
                 lines.append(f"{name}{{{labels}}} {_go(state[0])}")
                 continue
-            sep = "," if labels else ""
             counts = [*state[: len(BUCKETS)], state[-2]]
             for bound, count in zip((*BUCKETS, float("inf")), counts, strict=True):
-                lines.append(f'{name}_bucket{{{labels}{sep}le="{_go(bound)}"}} {_go(count)}')
+                lines.append(f'{name}_bucket{{{labels}le="{_go(bound)}",}} {_go(count)}')
             lines.append(f"{name}_count{{{labels}}} {_go(state[-2])}")
             lines.append(f"{name}_sum{{{labels}}} {_go(state[-1])}")
         return lines

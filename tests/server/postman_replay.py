@@ -72,9 +72,9 @@ def replay(management: str, timeout: float = 180.0) -> list[dict[str, Any]]:
     return out
 
 
-def build_zoo(out: Path, archiver: str | None = None) -> Path:
+def build_zoo(out: Path, archiver: str | None = None, names: tuple[str, ...] = ZOO) -> Path:
     """The stand-ins: one tiny TorchScript image classifier (3xHxW -> 10 classes), archived
-    under each ZOO name with the built-in ``image_classifier`` handler."""
+    under each of ``names`` with the built-in ``image_classifier`` handler."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -87,7 +87,7 @@ def build_zoo(out: Path, archiver: str | None = None) -> Path:
     ).eval()
     model = out / "tiny.pt"
     torch.jit.script(net).save(str(model))
-    for name in ZOO:
+    for name in names:
         if archiver is not None:
             cmd = [archiver, "--model-name", name, "--version", "1.0", "--force"]
             cmd += ["--serialized-file", str(model), "--handler", "image_classifier"]

@@ -171,10 +171,10 @@ def test_a_configured_histogram_has_buckets() -> None:
         family.update(("Host", "h"), value)
     text = "\n".join(family.text())
     assert "# TYPE QueueTime histogram" in text
-    assert 'QueueTime_bucket{Level="Host",Hostname="h",le="0.005"} 1.0' in text
-    assert 'QueueTime_bucket{Level="Host",Hostname="h",le="0.5"} 2.0' in text
-    assert 'QueueTime_bucket{Level="Host",Hostname="h",le="+Inf"} 3.0' in text
-    assert 'QueueTime_count{Level="Host",Hostname="h"} 3.0' in text
+    assert 'QueueTime_bucket{Level="Host",Hostname="h",le="0.005",} 1.0' in text
+    assert 'QueueTime_bucket{Level="Host",Hostname="h",le="0.5",} 2.0' in text
+    assert 'QueueTime_bucket{Level="Host",Hostname="h",le="+Inf",} 3.0' in text
+    assert 'QueueTime_count{Level="Host",Hostname="h",} 3.0' in text
 
 
 def test_a_family_keeps_a_bounded_number_of_label_sets() -> None:

@@ -116,3 +116,35 @@ def test_url_forms_of_the_same_archive_answer_as_torchserve(tmp_path: Path):
             httpx.delete(f"{server.management_url}/models/m", timeout=60)
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # 22 rows, 10 of which start a worker
+def test_the_inference_collection_passes_on_stand_ins(tmp_path: Path):
+    """TorchServe's Postman inference collection (tests/server/postman_inference.py): every row
+    whose archive can be built offline registers, answers, unregisters and leaves the metrics
+    line the collection matches; the rows that download from the zoo fail at registration only."""
+    from tests.server import postman_inference
+
+    store = postman_inference.stand_ins(tmp_path / "store")
+    config = make_config(
+        store,
+        enable_model_api=True,
+        disable_system_metrics=True,
+        allowed_urls=[*ZOO_URLS, r"https://torchserve\.s3\.amazonaws\.com/.*"],
+    )
+    server = LiveServer(config).start()
+    try:
+        urls = {"inference": server.url, "management": server.management_url}
+        answers = postman_inference.replay({**urls, "metrics": server.metrics_url})
+    finally:
+        server.stop()
+    local = [a for a in answers if not a["url"].startswith("https://")]
+    assert len(local) == 10 and len(answers) == 22
+    for answer in local:
+        assert answer["status"] == [200, 200, 200, 200] and answer["metrics_match"], answer
+    detections = json.loads(next(a for a in local if a["model"] == "fastrcnn")["answer"])
+    assert [set(found) for found in detections] == [{"1", "score"}]  # label 1, no mapping
+    for answer in answers:
+        if answer["url"].startswith("https://"):  # offline: the download fails, a clear 400
+            assert answer["status"][:3] == [400, 404, 404], answer
