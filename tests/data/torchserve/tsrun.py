@@ -28,6 +28,26 @@ LISTENERS = ("inference", "management", "metrics")
 START_FLAGS = ("--start", "--foreground", "--ncs", "--disable-token-auth", "--enable-model-api")
 
 
+def recorder_command(script: str) -> str:
+    """The command line that runs a recorder (``script``, its ``__file__``) from the repository
+    root, TorchServe's virtualenv first on PATH: what each answers.json says made it."""
+    root = Path(__file__).resolve().parents[3]
+    relative = Path(script).resolve().relative_to(root)
+    return f"PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python {relative}"
+
+
+def scripted_linear(work: Path) -> Path:
+    """A seeded TorchScript ``Linear(4, 2)`` saved as ``work/model.pt`` (the handlers under test
+    make its output their own; it only has to load). torch is imported here, not at the top: the
+    helper's other callers may run without it."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    torch.jit.save(torch.jit.script(model.eval()), str(work / "model.pt"))
+    return work / "model.pt"
+
+
 def tool(name: str) -> str:
     """TorchServe's command ``name`` beside the running interpreter when it is there (a
     recorder run as /work/ts-venv/bin/python), else the name, found on PATH."""

@@ -24,28 +24,21 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "torchserve"))
+sys.path[:0] = [str(HERE), str(HERE.parent / "torchserve")]  # sequence, tsrun
 import sequence  # noqa: E402
 import tsrun  # noqa: E402
 
-COMMAND = (
-    "PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python tests/data/torchserve_0.12/record.py"
-)
+COMMAND = tsrun.recorder_command(__file__)
 
 
 def build_store(work: Path) -> Path:
-    import torch
-
     store = work / "store"
     store.mkdir()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
-    torch.jit.save(torch.jit.script(model.eval()), str(work / "model.pt"))
+    model = tsrun.scripted_linear(work)
     for file_name, (name, version, handler) in sequence.ARCHIVES.items():
         out = work / f"build-{file_name}"
         out.mkdir()
-        serialized = ("--serialized-file", str(work / "model.pt"))
+        serialized = ("--serialized-file", str(model))
         mar = tsrun.archive(name, HERE / handler, out, *serialized, version=version)
         shutil.move(mar, store / file_name)
     (store / sequence.NOT_AN_ARCHIVE).write_text("this is not a model archive\n")

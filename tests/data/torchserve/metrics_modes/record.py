@@ -25,27 +25,19 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this recorder's steps, tsrun
 import sequence  # noqa: E402
 import tsrun  # noqa: E402
 
-COMMAND = (
-    "PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python "
-    "tests/data/torchserve/metrics_modes/record.py"
-)
+COMMAND = tsrun.recorder_command(__file__)
 PORTS = {sequence.INF: 18500, sequence.M: 18501, sequence.X: 18502}
 
 
 def build_store(work: Path) -> Path:
-    import torch
-
     store = work / "store"
     store.mkdir()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
-    torch.jit.save(torch.jit.script(model.eval()), str(work / "model.pt"))
-    serialized = ("--serialized-file", str(work / "model.pt"))
+    model = tsrun.scripted_linear(work)
+    serialized = ("--serialized-file", str(model))
     tsrun.archive("counted", HERE / "metrics_handler.py", store, *serialized)
     return store
 

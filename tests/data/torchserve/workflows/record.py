@@ -22,15 +22,11 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this recorder's steps, tsrun
 import steps  # noqa: E402
 import tsrun  # noqa: E402
 
-COMMAND = (
-    "PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python "
-    "tests/data/torchserve/workflows/record.py"
-)
+COMMAND = tsrun.recorder_command(__file__)
 PORTS = {"inference": 18300, "management": 18301, "metrics": 18302}
 
 
