@@ -49,11 +49,13 @@ import httpx
 import psutil
 
 from torchbay.benchmarks import procstat, scrape
+from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser, build_request
 from torchbay.benchmarks.managed import ManagedServer
 from torchbay.benchmarks.stats import percentile
 
 RESULTS = Path("results/multiplex")
 BODY = json.dumps([round(0.01 * i, 2) for i in range(16)]).encode()
+JSON = {"Content-Type": "application/json"}
 HOT = 10  # "the hottest models": ranks 1..HOT
 
 
@@ -134,22 +136,18 @@ def p(values: list[float], q: float) -> float:
 async def _request(
     conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], model: str
 ) -> tuple[int, float]:
-    """One POST /predictions/<model> on a keep-alive connection: (status, seconds)."""
+    """One POST /predictions/<model> on a keep-alive connection, in the load generator's wire
+    format (``httpwire``): (status, seconds)."""
     reader, writer = conn
-    head = (
-        f"POST /predictions/{model} HTTP/1.1\r\nhost: bench\r\n"
-        f"content-type: application/json\r\ncontent-length: {len(BODY)}\r\n\r\n"
-    )
+    parser = ResponseParser()
     start = time.perf_counter()
-    writer.write(head.encode() + BODY)
-    headers = await reader.readuntil(b"\r\n\r\n")
-    status = int(headers.split(b" ", 2)[1])
-    length = 0
-    for line in headers.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    await reader.readexactly(length)
-    return status, time.perf_counter() - start
+    writer.write(build_request("POST", f"/predictions/{model}", "bench", BODY, JSON))
+    while True:
+        chunk = await reader.read(65536)
+        if not chunk:
+            raise HttpParseError(f"{model}: the server closed the connection")
+        if done := parser.feed(chunk):
+            return done[0][0], time.perf_counter() - start
 
 
 async def closed_loop(
@@ -286,7 +284,7 @@ def _cold_starts(server: ManagedServer, args: argparse.Namespace) -> list[float]
         response = httpx.post(
             f"{url}/{model}",
             content=BODY,
-            headers={"content-type": "application/json"},
+            headers=JSON,
             timeout=300,
         )
         if response.status_code != 200:
