@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +37,8 @@ import torch
 from torch import nn
 
 from torchbay.benchmarks import models
+from torchbay.benchmarks.report import text_table
+from torchbay.benchmarks.stats import percentile
 from torchbay.handlers.runtime import accel
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
@@ -104,6 +105,12 @@ class Row:
         return {**asdict(self), "batches_per_s": self.batches_per_s}
 
 
+def row_cells(r: Row) -> list[str]:
+    """A row's cells in the printed table."""
+    figures = f"{r.samples_per_s:.1f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}"
+    return [r.model, r.variant, r.where, *figures, f"{r.max_abs_diff:.2e}", str(r.errors)]
+
+
 class PlainRunner:
     """BaseHandler's model call before accel."""
 
@@ -146,8 +153,7 @@ def inprocess(
     for variant in variants:
         path = runner(name, variant, device, batch)
         out = path.run(x)
-        times = sorted(time_loop(path.run, x, seconds))
-        p99_s = times[min(len(times) - 1, int(len(times) * 0.99))]
+        times = time_loop(path.run, x, seconds)
         row = Row(
             name,
             variant,
@@ -155,8 +161,8 @@ def inprocess(
             str(device),
             batch,
             samples_per_s=len(times) * batch / sum(times),
-            p50_ms=statistics.median(times) * 1000,
-            p99_ms=p99_s * 1000,
+            p50_ms=percentile(times, 50) * 1000,
+            p99_ms=percentile(times, 99) * 1000,
             max_abs_diff=float((out.float().cpu() - reference).abs().max()),
         )
         rows.append(row)
@@ -253,15 +259,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 served(name, v, args.batch, args.seconds, args.concurrency, str(device))
                 for v in variants
             ]
-    print(
-        f"{'model':6} {'variant':13} {'where':10} {'samples/s':>10} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'max|diff|':>9} {'errors':>6}"
-    )
-    for r in rows:
-        print(
-            f"{r.model:6} {r.variant:13} {r.where:10} {r.samples_per_s:10.1f} {r.p50_ms:8.2f} "
-            f"{r.p99_ms:8.2f} {r.max_abs_diff:9.2e} {r.errors:6d}"
-        )
+    header = ("model", "variant", "where", "samples/s", "p50 ms", "p99 ms", "max|diff|", "errors")
+    print(text_table(header, [row_cells(r) for r in rows]))
     if args.json:
         args.json.write_text(json.dumps({"device": label, "rows": [r.as_dict() for r in rows]}))
     return rows

@@ -112,14 +112,9 @@ class Management:
 
     def configure(self, model: str, version: str | None, settings: Batching) -> None:
         """Apply ``settings`` live and wait until the workers are up (synchronous scale)."""
-        query: dict[str, Any] = {"synchronous": "true"}
-        if settings.batch_size is not None:
-            query["batch_size"] = settings.batch_size
-        if settings.max_batch_delay_ms is not None:
-            query["max_batch_delay"] = settings.max_batch_delay_ms
-        if settings.workers is not None:
-            query["min_worker"] = settings.workers
-            query["max_worker"] = settings.workers
+        wanted = {"batch_size": settings.batch_size, "max_batch_delay": settings.max_batch_delay_ms}
+        wanted.update(min_worker=settings.workers, max_worker=settings.workers)
+        query = {"synchronous": "true", **{k: v for k, v in wanted.items() if v is not None}}
         path = f"/models/{model}" + (f"/{version}" if version else "") + "?" + urlencode(query)
         status, body = self._call("PUT", path)
         if status != 200:

@@ -35,11 +35,9 @@ import bisect
 import contextlib
 import itertools
 import json
-import os
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,8 +48,14 @@ from typing import Any
 import httpx
 import psutil
 
+from torchbay.benchmarks import procstat, scrape
+from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser, build_request
+from torchbay.benchmarks.managed import ManagedServer
+from torchbay.benchmarks.stats import percentile
+
 RESULTS = Path("results/multiplex")
 BODY = json.dumps([round(0.01 * i, 2) for i in range(16)]).encode()
+JSON = {"Content-Type": "application/json"}
 HOT = 10  # "the hottest models": ranks 1..HOT
 
 
@@ -83,89 +87,67 @@ def name(rank: int) -> str:
     return f"m{rank:03d}"
 
 
-class Server:
-    """``torchbay serve`` in a child process on free ports; its ports from the ready file."""
+def start_server(root: Path, store: Path, models: list[str], budget: int) -> ManagedServer:
+    """``torchbay serve`` for ``models`` of the store on free ports, no token, no access log."""
+    run_dir = Path(tempfile.mkdtemp(dir=root))
+    props = {
+        "inference_address": "http://127.0.0.1:0",
+        "management_address": "http://127.0.0.1:0",
+        "metrics_address": "http://127.0.0.1:0",
+        "model_store": str(store),
+        "load_models": ",".join(f"{m}.mar" for m in models),
+        "max_loaded_models": str(budget),
+        # With a budget every model starts unloaded (the warm-up loads the hot ones).
+        "default_workers_per_model": "0" if budget else "1",
+        "access_log": "false",
+        "disable_system_metrics": "true",
+    }
+    config = run_dir / "config.properties"
+    config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    command = [sys.executable, "-m", "torchbay", "serve", "--ts-config", str(config)]
+    server = ManagedServer([*command, "--disable-token-auth"], run_dir, start_timeout_s=600)
+    server.start()
+    return server
 
-    def __init__(self, root: Path, store: Path, models: list[str], budget: int) -> None:
-        self.dir = Path(tempfile.mkdtemp(dir=root))
-        props = {
-            "inference_address": "http://127.0.0.1:0",
-            "management_address": "http://127.0.0.1:0",
-            "metrics_address": "http://127.0.0.1:0",
-            "model_store": str(store),
-            "load_models": ",".join(f"{m}.mar" for m in models),
-            "max_loaded_models": str(budget),
-            # With a budget every model starts unloaded (the warm-up loads the hot ones).
-            "default_workers_per_model": "0" if budget else "1",
-            "access_log": "false",
-            "disable_system_metrics": "true",
-        }
-        config = self.dir / "config.properties"
-        config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        ready = self.dir / "ready.json"
-        env = {**os.environ, "TORCHBAY_GRPC_INFERENCE_PORT": "0"}
-        env["TORCHBAY_GRPC_MANAGEMENT_PORT"] = "0"
-        command = [sys.executable, "-m", "torchbay", "serve", "--ts-config"]
-        command += [str(config), "--ready-file", str(ready), "--disable-token-auth"]
-        self.log = (self.dir / "server.log").open("w")
-        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=self.log)
-        end = time.monotonic() + 600
-        while not ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"server did not start; see {self.dir / 'server.log'}")
-            time.sleep(0.1)
-        self.ports = json.loads(ready.read_text())
 
-    def url(self, port: str) -> str:
-        return f"http://127.0.0.1:{self.ports[port]}"
+def worker_rss(server: ManagedServer) -> list[int]:
+    """The resident memory of each process below the server (its workers), bytes."""
+    out = []
+    for child in procstat.tree(server.pid)[1:]:
+        with contextlib.suppress(psutil.Error):  # a worker that just exited
+            out.append(child.memory_info().rss)
+    return out
 
-    def worker_rss(self) -> list[int]:
-        """The resident memory of each worker process (the server's children), bytes."""
-        out = []
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):  # a worker that just exited
-                out.append(child.memory_info().rss)
-        return out
 
-    def series(self, name: str) -> dict[str, float]:
-        """One multiplexer series by model (``""`` for a server-wide one)."""
-        text = httpx.get(self.url("metrics") + "/metrics", timeout=60).text
-        out = {}
-        for line in text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                label = line.split('model="')[1].split('"')[0] if 'model="' in line else ""
-                out[label] = float(line.rsplit(" ", 1)[1])
-        return out
+def series(server: ManagedServer, name: str) -> dict[str, float]:
+    """One multiplexer series by model (``""`` for a server-wide one)."""
+    endpoints = server.endpoints
+    assert endpoints is not None and endpoints.metrics_port is not None
+    text = scrape.fetch_metrics(endpoints.host, endpoints.metrics_port, timeout=60)
+    samples = scrape.parse_snapshot(text).samples.items()
+    return {dict(labels).get("model", ""): v for (n, labels), v in samples if n == name}
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+
+def p(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of latencies in seconds, in ms."""
+    return percentile(values, q * 100) * 1000
 
 
 async def _request(
     conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], model: str
 ) -> tuple[int, float]:
-    """One POST /predictions/<model> on a keep-alive connection: (status, seconds)."""
+    """One POST /predictions/<model> on a keep-alive connection, in the load generator's wire
+    format (``httpwire``): (status, seconds)."""
     reader, writer = conn
-    head = (
-        f"POST /predictions/{model} HTTP/1.1\r\nhost: bench\r\n"
-        f"content-type: application/json\r\ncontent-length: {len(BODY)}\r\n\r\n"
-    )
+    parser = ResponseParser()
     start = time.perf_counter()
-    writer.write(head.encode() + BODY)
-    headers = await reader.readuntil(b"\r\n\r\n")
-    status = int(headers.split(b" ", 2)[1])
-    length = 0
-    for line in headers.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    await reader.readexactly(length)
-    return status, time.perf_counter() - start
+    writer.write(build_request("POST", f"/predictions/{model}", "bench", BODY, JSON))
+    while True:
+        chunk = await reader.read(65536)
+        if not chunk:
+            raise HttpParseError(f"{model}: the server closed the connection")
+        if done := parser.feed(chunk):
+            return done[0][0], time.perf_counter() - start
 
 
 async def closed_loop(
@@ -197,33 +179,30 @@ def zipf_picker(count: int, s: float, seed: int) -> Any:
     return lambda: name(bisect.bisect(cum, rng.random() * cum[-1]) + 1)
 
 
-def p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
-
-
 class RssPeak(threading.Thread):
     """Samples the summed RSS of a server's workers every 0.25 s until stopped."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ManagedServer) -> None:
         super().__init__(daemon=True)
         self.server, self.peak, self.peak_workers = server, 0, 0
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.25):
-            rss = self.server.worker_rss()
+            rss = worker_rss(self.server)
             if sum(rss) > self.peak:
                 self.peak, self.peak_workers = sum(rss), len(rss)
 
 
 def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, Any]:
-    server = Server(root, store, [name(1)], budget=0)
+    server = start_server(root, store, [name(1)], budget=0)
+    endpoints = server.endpoints
+    assert endpoints is not None
     try:
-        port = server.ports["inference"]
+        port = endpoints.inference_port
         asyncio.run(closed_loop(port, lambda: name(1), args.concurrency, 2.0))  # warm
         answered = asyncio.run(closed_loop(port, lambda: name(1), args.concurrency, args.seconds))
-        rss = server.worker_rss()
+        rss = worker_rss(server)
     finally:
         server.stop()
     ok = [t for _, status, t, _ in answered if status == 200]
@@ -238,20 +217,22 @@ def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, A
 
 def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     models = [name(k) for k in range(1, args.models + 1)]
-    server = Server(root, store, models, budget=args.budget)
+    server = start_server(root, store, models, budget=args.budget)
+    endpoints = server.endpoints
+    assert endpoints is not None
     sampler = RssPeak(server)
     sampler.start()
     try:
-        port = server.ports["inference"]
+        port = endpoints.inference_port
         pick = zipf_picker(args.models, args.zipf, seed)
         asyncio.run(_first_requests(port, [name(k) for k in range(1, HOT + 1)]))
         asyncio.run(closed_loop(port, pick, args.concurrency, args.warmup))
-        loads0 = sum(server.series("torchbay_model_loads_total").values())
-        evictions0 = sum(server.series("torchbay_model_evictions_total").values())
+        loads0 = sum(series(server, "torchbay_model_loads_total").values())
+        evictions0 = sum(series(server, "torchbay_model_evictions_total").values())
         answered = asyncio.run(closed_loop(port, pick, args.concurrency, args.seconds))
-        loads = sum(server.series("torchbay_model_loads_total").values()) - loads0
-        evictions = sum(server.series("torchbay_model_evictions_total").values()) - evictions0
-        peak_loaded = server.series("torchbay_loaded_models")[""]
+        loads = sum(series(server, "torchbay_model_loads_total").values()) - loads0
+        evictions = sum(series(server, "torchbay_model_evictions_total").values()) - evictions0
+        peak_loaded = series(server, "torchbay_loaded_models")[""]
         cold = _cold_starts(server, args)
     finally:
         sampler.done.set()
@@ -291,17 +272,19 @@ async def _first_requests(port: int, models: list[str]) -> None:
     await asyncio.gather(*(one(model) for model in models))
 
 
-def _cold_starts(server: Server, args: argparse.Namespace) -> list[float]:
+def _cold_starts(server: ManagedServer, args: argparse.Namespace) -> list[float]:
     """Requests one after another to unloaded models of the tail (rank order, last first)."""
-    loaded = server.series("torchbay_model_loaded")
+    assert server.endpoints is not None
+    url = f"http://127.0.0.1:{server.endpoints.inference_port}/predictions"
+    loaded = series(server, "torchbay_model_loaded")
     tail = [m for m in sorted(loaded, reverse=True) if loaded[m] == 0][: args.cold]
     times = []
     for model in tail:
         start = time.perf_counter()
         response = httpx.post(
-            f"{server.url('inference')}/predictions/{model}",
+            f"{url}/{model}",
             content=BODY,
-            headers={"content-type": "application/json"},
+            headers=JSON,
             timeout=300,
         )
         if response.status_code != 200:

@@ -24,7 +24,6 @@ so the single-level path before and after levels existed can be compared.
 from __future__ import annotations
 
 import argparse
-import array
 import asyncio
 import importlib.util
 import json
@@ -41,6 +40,7 @@ from typing import Any
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.managed import ManagedServer
+from torchbay.benchmarks.round2_overload import answers
 from torchbay.benchmarks.stats import percentile
 
 HANDLER = '''"""Holds its worker SERVICE_S per request: a model of known capacity."""
@@ -91,15 +91,9 @@ def build(root: Path, priorities: bool, bound_ms: float) -> Path:
     return store / f"{MODEL}.mar"
 
 
-def _ok_latencies(result: LoadResult) -> list[float]:
-    flat = array.array("d")
-    flat.frombytes(result.timeline)
-    return [flat[i + 1] * 1000 for i in range(0, len(flat) - 2, 3) if int(flat[i + 2]) == 200]
-
-
 def summarize(result: LoadResult) -> dict[str, Any]:
     """One class of one run: what was offered, answered, refused, and the 200s' latency."""
-    ok = _ok_latencies(result)
+    ok = [a.latency * 1000 for a in answers(result.timeline) if a.status == 200]
     refused = result.statuses.get("503", 0)
     return {
         "offered_per_s": result.offered_rate,

@@ -23,9 +23,7 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +36,8 @@ from typing import Any
 import httpx
 
 from torchbay.benchmarks import runner
+from torchbay.benchmarks.procstat import describe_machine, machine_info
+from torchbay.benchmarks.report import markdown_table, median
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.observe.oip_stats import Observers
 from torchbay.server.serve import TorchbayServer
@@ -165,7 +165,7 @@ def one_run(store: Path, mode: str, kills: int, run: int) -> list[Start]:
 
 
 def _median(values: list[float]) -> float:
-    return round(statistics.median(values), 1)
+    return round(median(values), 1)
 
 
 def summarize(starts: list[Start], runs: int) -> dict[str, Any]:
@@ -196,37 +196,28 @@ def summarize(starts: list[Start], runs: int) -> dict[str, Any]:
     return summary
 
 
+COLUMNS = (
+    "start",
+    "decision -> READY ms (median)",
+    "model load ms",
+    "before the load ms",
+    "of which the spawn call ms",
+    "every run (decision -> READY / before the load)",
+)
+
+
 def render(summary: dict[str, Any], command: str, when: str) -> str:
-    lines = [
-        "## A new worker's start: spawned and forked (issue 31, item 1)",
-        "",
-        f"Command: `{command}`  ",
-        f"When: {when}  ",
-        f"Machine: {machine()}",
-        "",
-        "| start | decision -> READY ms (median) | model load ms | before the load ms "
-        "| of which the spawn call ms | every run (decision -> READY / before the load) |",
-        "|---|---|---|---|---|---|",
-    ]
+    """The report: the command, when and where it ran, and one table row per mode and kind."""
+    rows = []
     for name, row in summary.items():
         every = ", ".join(f"{r['ready_ms']:g} / {r['before_load_ms']:g}" for r in row["runs"])
-        lines.append(
-            f"| {name} | {row['ready_ms']:g} | {row['load_ms']:g} | {row['before_load_ms']:g} "
-            f"| {row['spawn_call_ms']:g} | {every} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def machine() -> str:
-    import torch
-
-    facts = {
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
-    return json.dumps(facts)
+        keys = ("ready_ms", "load_ms", "before_load_ms", "spawn_call_ms")
+        rows.append([name, *(f"{row[key]:g}" for key in keys), every])
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    machine = f"{describe_machine(machine_info())}; load average {load}"
+    head = "## A new worker's start: spawned and forked (issue 31, item 1)"
+    lines = [head, "", f"Command: `{command}`  ", f"When: {when}  ", f"Machine: {machine}", ""]
+    return "\n".join(lines) + markdown_table(COLUMNS, rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

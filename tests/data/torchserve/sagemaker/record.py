@@ -16,21 +16,19 @@ model directory beside it. TorchServe's workers import the toolkit from a folder
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+import tsrun  # noqa: E402
 from model_dirs import INPUT, make_model_dir  # noqa: E402
 
 TS_VENV = Path(os.environ.get("TS_VENV", "/work/ts-venv"))
@@ -100,25 +98,18 @@ def toolkit_config(base: Path) -> tuple[str, list[str]]:
     return text, command
 
 
-def wait_ready(proc: subprocess.Popen, models: list[str]) -> None:
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"TorchServe exited with {proc.returncode}: see console.log")
-        try:
-            ready = all(
-                any(
-                    w["status"] == "READY"
-                    for w in httpx.get(f"{BASE}/models/{m}", timeout=5).json()[0]["workers"]
-                )
-                for m in models
+def ready(models: list[str]) -> bool:
+    """Every model has a READY worker (TorchServe's describe, asked on the inference port)."""
+    try:
+        return all(
+            any(
+                w["status"] == "READY"
+                for w in httpx.get(f"{BASE}/models/{m}", timeout=5).json()[0]["workers"]
             )
-            if ready:
-                return
-        except (httpx.HTTPError, ValueError, KeyError, IndexError):
-            pass
-        time.sleep(1)
-    raise SystemExit("TorchServe did not get ready")
+            for m in models
+        )
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        return False
 
 
 def ask(case: tuple[str, str, str, dict[str, str]]) -> dict:
@@ -143,7 +134,6 @@ def run(base: Path, config: Path, command: list[str], extra_models: list[str]) -
     argv = [a for a in command if a != "--start"] + extra_models + ["--foreground", "--ncs"]
     argv[argv.index("--ts-config") + 1] = str(config)
     env = {
-        **os.environ,
         "PATH": f"{TS_VENV / 'bin'}:{os.environ['PATH']}",
         "PYTHONPATH": f"{base / 'ml' / 'model' / 'code'}:{base / 'pylib'}",
         "LOG_LOCATION": str(base / "logs"),
@@ -151,29 +141,9 @@ def run(base: Path, config: Path, command: list[str], extra_models: list[str]) -
         "TMPDIR": tempfile.mkdtemp(dir=base),
         "METRICS_LOCATION": str(base / "logs"),
     }
-    log = open(base / "console.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        argv, cwd=base, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        names = ["model"] + [m.split("=")[0] for m in extra_models]
-        wait_ready(proc, names)
+    names = ["model"] + [m.split("=")[0] for m in extra_models]
+    with tsrun.running(argv, base, lambda: ready(names), env=env, ports=(PORT,), timeout_s=240):
         return {"command": argv, "answers": [ask(c) for c in CASES]}
-    finally:  # the launcher, its java and the workers: one process group
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        while _listening():
-            time.sleep(0.5)
-        log.close()
-
-
-def _listening() -> bool:
-    try:
-        httpx.get(f"{BASE}/ping", timeout=2)
-    except httpx.HTTPError:
-        return False
-    return True
 
 
 def main() -> None:
@@ -191,7 +161,7 @@ def main() -> None:
             + f"metrics_address=http://127.0.0.1:{METRICS_PORT}\n"
         )
         one = run(base, config, command, [])
-        console_one = (base / "console.log").read_text()
+        console_one = (base / "ts.out").read_text()
         two = run(base, config, command, [f"other={base / 'other'}"])
         record = {
             "made_by": ".venv/bin/python tests/data/torchserve/sagemaker/record.py",
@@ -208,8 +178,8 @@ def main() -> None:
         out = json.dumps(record, indent=1).replace(str(base), "<base>")
         (root / "tests/data/torchserve/sagemaker/answers.json").write_text(out + "\n")
     finally:
-        if (base / "console.log").exists():
-            shutil.copy(base / "console.log", tempfile.gettempdir() + "/ts-sagemaker-console.log")
+        if (base / "ts.out").exists():
+            shutil.copy(base / "ts.out", tempfile.gettempdir() + "/ts-sagemaker-console.log")
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -8,18 +8,20 @@ the sequence headers, body) and the model's description to OUT.json."""
 
 import http.client
 import json
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import tsrun  # noqa: E402
+
 COMMAND = "/work/ts-venv/bin/python tests/data/torchserve/stateful/record.py OUT.json"
 BASE, MGMT = "http://127.0.0.1:18100", "http://127.0.0.1:18101"
+PORTS = (18100, 18101, 18102, 18105, 18106)
 
 
 def call(url, body=None, headers=None, method=None, timeout=30):
@@ -45,8 +47,7 @@ def call(url, body=None, headers=None, method=None, timeout=30):
         conn.close()
 
 
-def main(out):
-    work = Path(tempfile.mkdtemp())
+def build_store(work):
     sys.path.insert(0, str(HERE))
     from model import Net
 
@@ -54,89 +55,51 @@ def main(out):
     torch.save(Net().state_dict(), work / "model_cnn.pt")
     store = work / "store"
     store.mkdir()
-    archive = [
-        "/work/ts-venv/bin/torch-model-archiver",
-        "--model-name",
+    tsrun.archive(
         "stateful",
-        "--version",
-        "1.0",
+        HERE / "sequence_batching" / "stateful_handler.py",
+        store,
         "--model-file",
         str(HERE / "model.py"),
         "--serialized-file",
         str(work / "model_cnn.pt"),
-        "--handler",
-        str(HERE / "sequence_batching" / "stateful_handler.py"),
         "--extra-files",
         str(HERE / "lru.py"),
         "--config-file",
         str(HERE / "sequence_batching" / "model-config.yaml"),
-        "--export-path",
-        str(store),
-    ]
-    subprocess.run(archive, check=True)
-    (work / "config.properties").write_text(
-        "inference_address=http://127.0.0.1:18100\nmanagement_address=http://127.0.0.1:18101\n"
-        "metrics_address=http://127.0.0.1:18102\ngrpc_inference_port=18105\n"
-        "grpc_management_port=18106\n"
     )
-    start = [
-        "/work/ts-venv/bin/torchserve",
-        "--start",
-        "--ncs",
-        "--disable-token-auth",
-        "--model-store",
-        str(store),
-        "--models",
-        "stateful=stateful.mar",
-        "--ts-config",
-        str(work / "config.properties"),
-    ]
-    subprocess.run(start, check=True, cwd=work)
-    try:
-        for _ in range(240):
-            if (
-                call(f"{MGMT}/models/stateful")[0] == 200
-                and '"READY"' in call(f"{MGMT}/models/stateful")[2]
-            ):
-                break
-            time.sleep(0.5)
+    return store
+
+
+def model_ready():
+    status, _, body = call(f"{MGMT}/models/stateful")
+    return status == 200 and '"READY"' in body
+
+
+def answer(request, status, headers, body):
+    sequence = {k: v for k, v in headers.items() if "sequence" in k.lower()}
+    return {"request": request, "status": status, "body": body, "headers": sequence}
+
+
+def main(out):
+    work = Path(tempfile.mkdtemp())
+    store = build_store(work)
+    config = {"inference_address": BASE, "management_address": MGMT}
+    config.update(metrics_address="http://127.0.0.1:18102")
+    config.update(grpc_inference_port="18105", grpc_management_port="18106")
+    config_path = tsrun.properties(work / "config.properties", config)
+    argv = tsrun.command(store, config_path, "--models", "stateful=stateful.mar")
+    with tsrun.running(argv, work, model_ready, ports=PORTS):
         answers = []
         for n in (3, 1, 4):
-            status, headers, body = call(
-                f"{BASE}/predictions/stateful", str(n).encode(), {"ts_request_sequence_id": "seq_0"}
-            )
-            answers.append(
-                {
-                    "request": {"ts_request_sequence_id": "seq_0", "body": str(n)},
-                    "status": status,
-                    "body": body,
-                    "headers": {k: v for k, v in headers.items() if "sequence" in k.lower()},
-                }
-            )
-        status, headers, body = call(f"{BASE}/predictions/stateful", b"5")
-        answers.append(
-            {
-                "request": {"body": "5"},
-                "status": status,
-                "body": body,
-                "headers": {k: v for k, v in headers.items() if "sequence" in k.lower()},
-            }
-        )
+            sequence = {"ts_request_sequence_id": "seq_0"}
+            reply = call(f"{BASE}/predictions/stateful", str(n).encode(), sequence)
+            answers.append(answer({**sequence, "body": str(n)}, *reply))
+        reply = call(f"{BASE}/predictions/stateful", b"5")
+        answers.append(answer({"body": "5"}, *reply))
         describe = json.loads(call(f"{MGMT}/models/stateful")[2])
-        Path(out).write_text(
-            json.dumps(
-                {
-                    "command": COMMAND,
-                    "torchserve": "0.12",
-                    "answers": answers,
-                    "describe": describe,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
-    finally:
-        subprocess.run(["/work/ts-venv/bin/torchserve", "--stop"], cwd=work)
+    record = {"command": COMMAND, "torchserve": "0.12", "answers": answers, "describe": describe}
+    Path(out).write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

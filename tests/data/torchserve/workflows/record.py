@@ -16,23 +16,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this recorder's steps, tsrun
 import steps  # noqa: E402
+import tsrun  # noqa: E402
 
-COMMAND = (
-    "PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python "
-    "tests/data/torchserve/workflows/record.py"
-)
+COMMAND = tsrun.recorder_command(__file__)
 PORTS = {"inference": 18300, "management": 18301, "metrics": 18302}
 
 
@@ -41,86 +35,49 @@ def build(work: Path) -> tuple[Path, Path]:
     models.mkdir()
     workflows.mkdir()
     for file_name, name in steps.ARCHIVES.items():
-        subprocess.run(
-            ["torch-model-archiver", "--model-name", name, "--version", "1.0",
-             "--handler", str(HERE / "node_handler.py"), "--export-path", str(models)],
-            check=True,
-        )  # fmt: skip
+        tsrun.archive(name, HERE / "node_handler.py", models)
         assert (models / file_name).is_file()
     for file_name, spec in steps.WORKFLOWS.items():
         name = file_name.removesuffix(".war")
-        subprocess.run(
-            ["torch-workflow-archiver", "--workflow-name", name, "--spec-file", str(HERE / spec),
-             "--handler", str(HERE / "workflow_handler.py"), "--export-path", str(workflows)],
-            check=True,
-        )  # fmt: skip
+        command = [tsrun.tool("torch-workflow-archiver"), "--workflow-name", name]
+        command += ["--spec-file", str(HERE / spec), "--handler", str(HERE / "workflow_handler.py")]
+        subprocess.run([*command, "--export-path", str(workflows)], check=True)
     return models, workflows
 
 
-def call(base: str, step: dict) -> tuple[int, str, bytes]:
-    body = json.dumps(step["json"]).encode() if "json" in step else None
-    request = urllib.request.Request(base + step["path"], data=body, method=step["method"])
-    if body is not None:
-        request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, response.headers.get("content-type", ""), response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers.get("content-type", ""), exc.read()
-
-
 def answer(bases: dict[str, str], step: dict) -> dict:
-    status, ctype, raw = call(bases[step["listener"]], step)
+    body = json.dumps(step["json"]).encode() if "json" in step else None
+    url = bases[step["listener"]] + step["path"]
+    status, ctype, raw = tsrun.call(url, step["method"], body, "application/json")
     try:
-        body = json.loads(raw)
+        parsed = json.loads(raw)
     except ValueError:
-        body = raw.decode("utf-8", "replace")
+        parsed = raw.decode("utf-8", "replace")
     print(step["id"], status, flush=True)
-    return {"id": step["id"], "status": status, "content_type": ctype, "body": body}
+    return {"id": step["id"], "status": status, "content_type": ctype, "body": parsed}
 
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ts-workflows-"))
     models, workflows = build(work)
     bases = {name: f"http://127.0.0.1:{port}" for name, port in PORTS.items()}
-    (work / "config.properties").write_text(
-        "".join(f"{name}_address={bases[name]}\n" for name in PORTS)
-        + "disable_system_metrics=true\ninstall_py_dep_per_model=false\n"
-    )
-    tmp = work / "tmp"
-    tmp.mkdir()
-    log = open(work / "ts.out", "wb")  # noqa: SIM115 (TorchServe writes it while it runs)
-    proc = subprocess.Popen(
-        ["torchserve", "--start", "--foreground", "--ncs", "--disable-token-auth",
-         "--enable-model-api", "--model-store", str(models), "--workflow-store", str(workflows),
-         "--ts-config", str(work / "config.properties")],
-        cwd=work, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                call(bases["inference"], {"method": "GET", "path": "/ping"})
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit(f"TorchServe did not start; see {work / 'ts.out'}") from None
-                time.sleep(0.5)
+    config = {f"{name}_address": base for name, base in bases.items()}
+    config.update(disable_system_metrics="true", install_py_dep_per_model="false")
+    config_path = tsrun.properties(work / "config.properties", config)
+    argv = tsrun.command(models, config_path, "--workflow-store", str(workflows))
+    ready = tsrun.pinged(bases["inference"])
+    with tsrun.running(argv, work, ready, timeout_s=180):
         answers = [answer(bases, step) for step in steps.STEPS]
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        log.close()
+    version_txt = next(Path(sys.prefix).glob("lib/python3*/site-packages/ts/version.txt"))
     record = {
         "command": COMMAND,
-        "torchserve": (Path(sys.prefix).glob("lib/python3*/site-packages/ts/version.txt")
-                       .__next__().read_text().strip()),
+        "torchserve": version_txt.read_text().strip(),
         "workflow_archiver": "0.2.15",
         "answers": answers,
-    }  # fmt: skip
-    (HERE / "answers.json").write_text(json.dumps(record, indent=1) + "\n")
-    shutil.copy(work / "ts.out", HERE / "ts.out.txt") if os.environ.get("KEEP_LOG") else None
+    }
+    tsrun.write_json(HERE / "answers.json", record)
+    if os.environ.get("KEEP_LOG"):
+        shutil.copy(work / "ts.out", HERE / "ts.out.txt")
     print(f"wrote {HERE / 'answers.json'}; TorchServe's own output: {work / 'ts.out'}")
 
 

@@ -1,0 +1,187 @@
+"""What every TorchServe recorder (``tests/data/torchserve*/**/record.py``) does the same way:
+build archives with TorchServe's own archiver, start TorchServe 0.12 in the foreground in a folder
+of its own, call it, stop it, and say which TorchServe answered.
+
+Standard library only: the recorders run in TorchServe's virtualenv (/work/ts-venv), where
+torchbay is not installed, so each one puts this folder on ``sys.path`` and imports this module by
+name. TorchServe's launcher and its java server share a process group (``start_new_session``), so
+stopping the group stops both; its pid file lives in ``TMPDIR``, given a folder per run so that
+another TorchServe on this host does not stop this one's start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+LISTENERS = ("inference", "management", "metrics")
+START_FLAGS = ("--start", "--foreground", "--ncs", "--disable-token-auth", "--enable-model-api")
+
+
+def recorder_command(script: str) -> str:
+    """The command line that runs a recorder (``script``, its ``__file__``) from the repository
+    root, TorchServe's virtualenv first on PATH: what each answers.json says made it."""
+    root = Path(__file__).resolve().parents[3]
+    relative = Path(script).resolve().relative_to(root)
+    return f"PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python {relative}"
+
+
+def scripted_linear(work: Path) -> Path:
+    """A seeded TorchScript ``Linear(4, 2)`` saved as ``work/model.pt`` (the handlers under test
+    make its output their own; it only has to load). torch is imported here, not at the top: the
+    helper's other callers may run without it."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    torch.jit.save(torch.jit.script(model.eval()), str(work / "model.pt"))
+    return work / "model.pt"
+
+
+def tool(name: str) -> str:
+    """TorchServe's command ``name`` beside the running interpreter when it is there (a
+    recorder run as /work/ts-venv/bin/python), else the name, found on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if beside.exists() else name
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the kernel's pick for port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    """Whether a server accepts connections on the port (a connection, no request: TorchServe
+    would count a request in its metrics)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+def call(
+    url: str, method: str, body: bytes | None = None, content_type: str = "text/plain"
+) -> tuple[int, str, bytes]:
+    """(status, content type, body) of one request; an error status is an answer, not an
+    exception. A connection that fails raises OSError (the server is not up yet)."""
+    request = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        request.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.headers.get("content-type", ""), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("content-type", ""), exc.read()
+
+
+def archive(name: str, handler: Path, export: Path, *extra: str, version: str = "1.0") -> Path:
+    """``torch-model-archiver`` for one model (``extra``: its other flags, such as
+    ``--serialized-file``); returns the ``.mar`` it wrote."""
+    command = [tool("torch-model-archiver"), "--model-name", name, "--version", version]
+    command += ["--handler", str(handler), "--export-path", str(export), *extra]
+    subprocess.run(command, check=True)
+    return export / f"{name}.mar"
+
+
+def properties(path: Path, config: dict[str, str]) -> Path:
+    """Write ``config`` as a config.properties file."""
+    path.write_text("".join(f"{key}={value}\n" for key, value in config.items()))
+    return path
+
+
+def command(store: Path, config: Path, *extra: str) -> list[str]:
+    """The recorders' TorchServe command line: the foreground, no config snapshots, no token,
+    the model API on, ``store`` as the model store."""
+    return [
+        tool("torchserve"),
+        *START_FLAGS,
+        "--model-store",
+        str(store),
+        *extra,
+        "--ts-config",
+        str(config),
+    ]
+
+
+def wait_for(
+    ready: Callable[[], bool], proc: subprocess.Popen, log: Path, timeout_s: float
+) -> None:
+    """Poll ``ready`` until it holds; exit with the log's path if TorchServe exits or the time
+    runs out first. A ``ready`` that raises OSError counts as not ready (no listener yet)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError):
+            if ready():
+                return
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit(f"TorchServe did not get ready; see {log}")
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def running(
+    argv: Sequence[str],
+    work: Path,
+    ready: Callable[[], bool],
+    *,
+    env: dict[str, str] | None = None,
+    ports: Sequence[int] = (),
+    timeout_s: float = 120.0,
+) -> Iterator[subprocess.Popen]:
+    """TorchServe started with ``argv`` in ``work`` (its output in ``work/ts.out``), ready by
+    ``ready``; on leaving, its process group is stopped and, with ``ports``, the wait lasts until
+    none of them listens (the java server's last moments), so the next run can take them."""
+    tmp = work / "tmp"
+    tmp.mkdir(exist_ok=True)
+    environ = {**os.environ, "TMPDIR": str(tmp), **(env or {})}
+    log_path = work / "ts.out"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environ,
+            start_new_session=True,
+        )
+        try:
+            wait_for(ready, proc, log_path, timeout_s)
+            yield proc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
+            while any(listening(port) for port in ports):
+                time.sleep(0.5)
+
+
+def pinged(base: str) -> Callable[[], bool]:
+    """A ``ready`` test: the inference listener answers ``/ping`` (any status)."""
+    return lambda: bool(call(base + "/ping", "GET"))
+
+
+def torchserve_version() -> str:
+    """The installed torchserve's version, from pip (``?`` when pip does not say)."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "pip", "show", "torchserve"], capture_output=True, text=True
+    ).stdout
+    versions = (line.split()[-1] for line in shown.splitlines() if line.startswith("Version:"))
+    return next(versions, "?")
+
+
+def write_json(path: Path, record: dict) -> None:
+    """Write a record the way every answers.json is written (indent 1, a final newline)."""
+    path.write_text(json.dumps(record, indent=1) + "\n")
