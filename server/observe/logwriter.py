@@ -5,9 +5,10 @@ The event loop only formats a record and puts it on a ``queue.SimpleQueue``; :cl
 (a thread) writes it to the console and the log files. Two things keep a busy access log cheap
 for the frontend, which shares the GIL with this thread:
 
-* :class:`FastAccess`: an access line is formatted whole in one f-string and queued as a
-  :class:`Line`, never built as a ``LogRecord`` nor passed down the handler chain, while our
-  queue is the only way out (no ``--log-config`` handler, no filter on the way);
+* :class:`FastAccess`: access lines are formatted whole and the lines of one event-loop turn
+  queued together as one :class:`Line` (one put, one time stamp), never built as
+  ``LogRecord`` s nor passed down the handler chain, while our queue is the only way out (no
+  ``--log-config`` handler, no filter on the way);
 * :class:`Listener` wakes once per burst, not once per line: after the first record it lets the
   burst gather for ``GATHER_S``, then writes each run of access lines with one ``write`` per
   destination and flushes when the queue is dry.
@@ -73,11 +74,13 @@ class FastAccess:
             and logger.propagate
         )
 
-    def put(self, message: str) -> None:
+    def put_all(self, messages: list[str]) -> None:
+        """Queue ``messages`` as access lines with one time stamp, as one :class:`Line` (its
+        ``msg`` the lines joined: the writers add the last newline)."""
         now = time.time()
         millis = int((now - int(now)) * 1000)
-        line = f"{self._stamp(now)},{millis:03d}{self._prefix}{message}"
-        self._put(Line(self._logger.name, line))
+        head = f"{self._stamp(now)},{millis:03d}{self._prefix}"
+        self._put(Line(self._logger.name, head + f"\n{head}".join(messages)))
 
 
 class _IdleFlush:

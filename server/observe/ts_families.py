@@ -135,7 +135,7 @@ class MetricsLog:
 class Family:
     """One of TorchServe's metrics: its samples (Prometheus) or its log file (``log`` set)."""
 
-    __slots__ = ("help", "log", "samples", "spec", "width")
+    __slots__ = ("adds", "help", "log", "samples", "size", "spec", "width")
 
     def __init__(self, spec: MetricSpec, log: Callable[[str], None] | None) -> None:
         self.spec = spec
@@ -143,6 +143,9 @@ class Family:
         self.width = len(spec.dimensions)
         self.samples: dict[tuple[str, ...], list[float]] = {}
         kind = "counter" if spec.name in LEGACY else spec.kind
+        # Decided once, not per event (a request updates about six families).
+        self.adds = kind == "counter"
+        self.size = len(BUCKETS) + 2 if kind == "histogram" else 1
         self.help = _LEGACY_HELP.get(
             spec.name, f"Torchserve prometheus {kind} metric with unit: {spec.unit}"
         )
@@ -157,11 +160,10 @@ class Family:
         if state is None:
             if len(self.samples) >= MAX_SAMPLES:  # the oldest label set goes (a worker long gone)
                 del self.samples[next(iter(self.samples))]
-            size = len(BUCKETS) + 2 if self.spec.kind == "histogram" else 1
-            state = self.samples[values] = [0.0] * size
-        if self.spec.kind == "counter" or self.spec.name in LEGACY:
+            state = self.samples[values] = [0.0] * self.size
+        if self.adds:
             state[0] += value
-        elif self.spec.kind == "gauge":
+        elif self.size == 1:  # a gauge
             state[0] = value
         else:  # histogram: per-bucket counts, then the count, then the sum
             for i, bound in enumerate(BUCKETS):
