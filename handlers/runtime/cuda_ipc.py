@@ -81,7 +81,7 @@ def open_handle(handle: bytes, device: int) -> int:
     ptr = ctypes.c_void_p()
     with torch.cuda.device(device):  # the runtime opens it in the current device's context
         code = lib.cudaIpcOpenMemHandle(
-            ctypes.byref(ptr), IpcMemHandle(handle), LAZY_ENABLE_PEER_ACCESS
+            ctypes.byref(ptr), IpcMemHandle.from_buffer_copy(handle), LAZY_ENABLE_PEER_ACCESS
         )
     _check(lib, code, "cudaIpcOpenMemHandle")
     return int(ptr.value or 0)
