@@ -220,11 +220,10 @@ class TensorHandler(BaseHandler):
             raise UnprocessableInput(
                 f"v2 datatype {datatype} is not supported by the tensor handler"
             )
-        if datatype in _WIDER:
-            array = array.astype(_WIDER[datatype])
-        tensor = _shared(array.view(np.int16) if datatype == "BF16" else array)
-        if datatype == "BF16":
-            tensor = tensor.view(torch.bfloat16)
+        if isinstance(array, torch.Tensor):  # in CUDA shared memory: on its GPU, no copy
+            tensor = array.to(_V2_DTYPES[datatype]) if datatype in _WIDER else array
+        else:
+            tensor = _host_tensor(array, datatype)
         sample = list(tensor.shape[1:])
         if (
             not self.unbatched  # the signature checked the whole shape
@@ -343,6 +342,14 @@ class TensorHandler(BaseHandler):
     def _is_v2(self, j: int) -> bool:
         row = self._rows[self.kept_indices[j]]
         return isinstance(row, dict) and row.get("protocol") == "v2"
+
+
+def _host_tensor(array: np.ndarray, datatype: str) -> torch.Tensor:
+    """A decoded host array as a tensor (widened where torch lacks the type's ops)."""
+    if datatype in _WIDER:
+        array = array.astype(_WIDER[datatype])
+    tensor = _shared(array.view(np.int16) if datatype == "BF16" else array)
+    return tensor.view(torch.bfloat16) if datatype == "BF16" else tensor
 
 
 def _shared(array: np.ndarray) -> torch.Tensor:

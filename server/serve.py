@@ -241,6 +241,7 @@ class TorchbayServer:
             spawn=self.forks.spawn if self.forks is not None else None,
         )
         plane.startup_failures = self.state.failed_models
+        plane.shm.cuda_devices = self.gpu_count  # CUDA shared memory needs a GPU (plane/shm.py)
         plane.starting = True
         return plane
 

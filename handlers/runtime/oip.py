@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ..errors import BadInput
 from . import oip_binary, shm
 from .envelopes import V2_DATATYPES, decode_json
@@ -40,6 +42,7 @@ def parse_request(
     view = memoryview(body)
     request = decode_json(bytes(view[:header_len]) if header_len is not None else body)
     _check_envelope(request)
+    shm.release_unnamed(regions)
     binary = view[header_len:] if header_len is not None else view[:0]
     offset = 0
     for i, tensor in enumerate(request["inputs"]):
@@ -226,7 +229,12 @@ def _as_declared(tensor: dict[str, Any], spec: Any) -> dict[str, Any]:
         raise BadInput(
             f"input {spec.name!r} has datatype {given}; the model expects {declared}{also}"
         )
-    return {**tensor, "datatype": declared, "array": oip_binary.to_half(tensor["array"], declared)}
+    array = tensor["array"]
+    if isinstance(array, np.ndarray):
+        return {**tensor, "datatype": declared, "array": oip_binary.to_half(array, declared)}
+    from . import cuda_shm  # a tensor on the GPU (CUDA shared memory): cast there
+
+    return {**tensor, "datatype": declared, "array": cuda_shm.cast(array, declared)}
 
 
 def _by_position(inputs: list[dict[str, Any]], signature: Any, known: list[str]) -> bool:
@@ -257,5 +265,7 @@ def _value(tensor: dict[str, Any]) -> Any:
     if "data" in tensor:
         return tensor["data"]
     if tensor["datatype"] == "BF16":
+        if not isinstance(array, np.ndarray):  # a tensor on the GPU (CUDA shared memory)
+            return array.float().tolist()
         return oip_binary.bf16_floats(array).reshape(array.shape).tolist()
     return array.tolist()

@@ -39,12 +39,14 @@ def encode(
     for output, asked in _selected(outputs, request):
         name, datatype, array = _array_of(output)
         params = parameters(asked)
+        slot = asked.get(shm.SLOT)
+        if slot is None:
+            array = shm.on_host(array, datatype)
         classes = params.get("classification")
         if classes is not None:
             array, datatype = classify(array, datatype, int(classes), labels, name), "BYTES"
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         extra = dict(output.get("parameters") or {})
-        slot = asked.get(shm.SLOT)
         if slot is not None:  # its bytes go to the client's region; the entry says no more
             shm.write(slot, array, datatype, name)
         elif params.get("binary_data", binary_default) is True:
@@ -81,13 +83,14 @@ def _selected(
     return pairs
 
 
-def _array_of(output: dict[str, Any]) -> tuple[str, str, np.ndarray]:
+def _array_of(output: dict[str, Any]) -> tuple[str, str, Any]:
     name = str(output.get("name"))
     array = output.get("array")
     datatype = output.get("datatype")
     if array is None:
         array = _from_data(output.get("data"), str(datatype), output.get("shape"))
-    array = np.asarray(array) if not isinstance(array, np.ndarray) else array
+    if not isinstance(array, np.ndarray) and not getattr(array, "is_cuda", False):
+        array = np.asarray(array)  # a tensor on the GPU stays there: shm.write or shm.on_host
     if not isinstance(datatype, str):
         datatype = oip_binary.datatype_of(array)
     return name, datatype, array

@@ -1,4 +1,4 @@
-"""Tensors in the clients' system shared-memory regions, as the worker reads and writes them.
+"""Tensors in the clients' shared-memory regions, as the worker reads and writes them.
 
 Triton's shared-memory extension (``server/plane/shm.py`` is the server's registry): an input or
 a requested output whose ``parameters`` name a ``shared_memory_region`` (with
@@ -18,7 +18,10 @@ handler gets the read-only array. An output is copied once, from the result into
 that shrank or vanished is a 400, not a fault, and an object unlinked and made again under the
 same name is mapped anew. A client that shrinks its object while a request is reading it can
 still fault the worker (as with any ``mmap``, in Triton too; the worker is then restarted and
-the request answered 503). Torch-free.
+the request answered 503).
+
+A CUDA region's entry has a fourth item, its GPU (``[handle, 0, byte_size, device]``); its slot
+is read and written by ``cuda_shm.py``, imported only when a request names one. Torch-free.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,12 +47,16 @@ Table = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """``size`` bytes at ``start`` of the object ``key``, the part of ``region`` a tensor uses."""
+    """``size`` bytes at ``start`` of the object ``key``, the part of ``region`` a tensor uses.
+    A CUDA region's slot has its GPU (``device``) and, once bound, its opened handle
+    (``owner``: held as long as the slot, see ``cuda_shm.py``)."""
 
     region: str
     key: str
     start: int
     size: int
+    device: int | None = None
+    owner: Any = field(default=None, compare=False, repr=False)
 
 
 def placed(params: Mapping[str, Any]) -> bool:
@@ -72,12 +80,13 @@ def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
     entry = (table or {}).get(region)
     if entry is None:
         raise BadInput(f"Unable to find shared memory region: '{region}'")
-    key, base, byte_size = entry
+    key, base, byte_size = entry[:3]
     if offset >= byte_size:
         raise BadInput(f"Invalid offset for shared memory region: '{region}'")
     if offset + size > byte_size:
         raise BadInput(f"Invalid offset + byte size for shared memory region: '{region}'")
-    return Slot(region, str(key), int(base) + offset, size)
+    device = int(entry[3]) if len(entry) > 3 else None
+    return Slot(region, str(key), int(base) + offset, size, device)
 
 
 class Mappings:
@@ -164,9 +173,10 @@ def read(slot: Slot) -> memoryview:
     return MAPPINGS.view(slot).toreadonly()
 
 
-def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> np.ndarray:
+def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> Any:
     """The array of an input in a region (Triton's rule: one of ``data``, ``binary_data_size``
-    or ``shared_memory_region``)."""
+    or ``shared_memory_region``); in a CUDA region, a torch tensor on its GPU, whose slot the
+    input keeps (``tensor[SLOT]``) for as long as the request lives."""
     name, params = tensor["name"], tensor.get("parameters") or {}
     if has_data or "binary_data_size" in params:
         both = "'data'" if has_data else "'binary_data_size'"
@@ -177,6 +187,11 @@ def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> n
         )
     slot = locate(table, params, f"input {name!r}")
     MAPPINGS.forget_unnamed(table)
+    if slot.device is not None:
+        from . import cuda_shm  # torch: only in a worker that is sent a CUDA region
+
+        slot = tensor[SLOT] = cuda_shm.bind(slot, table)
+        return cuda_shm.read_input(slot, tensor["datatype"], list(tensor["shape"]), name)
     return oip_binary.from_binary(read(slot), tensor["datatype"], list(tensor["shape"]), name)
 
 
@@ -190,12 +205,43 @@ def check_output(table: Table | None, output: dict[str, Any]) -> None:
         raise BadInput("Output can't set both 'shared_memory_region' and 'classification'")
     if params.get("binary_data") is True:
         raise BadInput("Output can't set both 'shared_memory_region' and 'binary_data'")
-    output[SLOT] = locate(table, params, f"output {output['name']!r}")
+    slot = locate(table, params, f"output {output['name']!r}")
     MAPPINGS.forget_unnamed(table)
+    if slot.device is not None:
+        from . import cuda_shm
+
+        slot = cuda_shm.bind(slot, table)
+    output[SLOT] = slot
 
 
-def write(slot: Slot, array: np.ndarray, datatype: str, name: str) -> None:
+def release_unnamed(table: Table | None) -> None:
+    """Let go of the mappings and CUDA handles no region of ``table`` names any more (called for
+    every v2 request, which carries the current table: a region unregistered is let go at the
+    worker's next request, not only at its next request that names a region)."""
+    MAPPINGS.forget_unnamed(table)
+    cuda = sys.modules.get(f"{__package__}.cuda_shm")  # loaded once a CUDA region was used
+    if cuda is not None:
+        cuda.HANDLES.forget_unnamed(table)
+
+
+def on_host(value: Any, datatype: str) -> np.ndarray:
+    """An output as a host array: a handler's output left on the GPU (a torch tensor) is
+    brought to the host; anything else is already there."""
+    if isinstance(value, np.ndarray) or not getattr(value, "is_cuda", False):
+        return np.asarray(value)
+    from . import cuda_shm
+
+    return cuda_shm.host(value, datatype)
+
+
+def write(slot: Slot, array: Any, datatype: str, name: str) -> None:
     """Put an output's bytes (the binary tensor data layout) into its slot."""
+    if slot.device is not None:
+        from . import cuda_shm
+
+        cuda_shm.write(slot, array, datatype, name)
+        return
+    array = on_host(array, datatype)
     if datatype in ("BYTES", "BF16"):
         data = memoryview(oip_binary.to_binary(array, datatype))
     else:

@@ -82,6 +82,7 @@ class SharedMemoryRpcs(TritonExtensions):
             self.calls.plane.shm.register_cuda(
                 request.name, request.raw_handle, request.device_id, request.byte_size
             )
+            return message("inference.CudaSharedMemoryRegisterResponse")()
 
         return await self._run(context, "management", work)
 

@@ -78,6 +78,7 @@ class SharedMemoryApi:
         self.shm.register_cuda(
             _region(m) or "", handle, body.get("device_id"), body.get("byte_size")
         )
+        await send_json(send, 200, {})
 
     async def cuda_shm_unregister(
         self, scope: Scope, receive: Receive, send: Send, m: Match

@@ -50,6 +50,9 @@ EXTENSIONS: dict[str, frozenset[str]] = {
     "statistics": frozenset({"model_stats"}),
     "logging": frozenset({"log_settings"}),
     "system_shared_memory": frozenset({"shm_status", "shm_register", "shm_unregister"}),
+    "cuda_shared_memory": frozenset(
+        {"cuda_shm_status", "cuda_shm_register", "cuda_shm_unregister"}
+    ),
     "trace": frozenset({"trace_settings"}),
 }
 
@@ -222,11 +225,7 @@ class DataPlane:
         return {
             "name": "torchbay",
             "version": self.server_version,
-            "extensions": [
-                name
-                for name in extensions_of(served)
-                if self.shm.allow or name != "system_shared_memory"
-            ],
+            "extensions": [name for name in extensions_of(served) if self.shm.offers(name)],
         }
 
 

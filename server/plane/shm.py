@@ -18,17 +18,25 @@ object alive while it is mapped), so the worker never reads freed memory.
 As Triton (``--allow-client-shm``), clients may use shared memory only when the operator allows
 it (``allow_client_shm``): a client that registers a region makes the server read from, and
 write into, a memory object of the server's host, so it is off by default. Bounded: at most
-``max_regions`` regions and ``max_bytes`` registered bytes in all. CUDA shared memory needs a
-GPU and a CUDA IPC handle opened in the worker: this server refuses its registration with a
-clear error (see README, "Differences from Triton"). Torch-free.
+``max_regions`` regions and ``max_bytes`` registered bytes in all, system and CUDA together.
+
+CUDA shared memory: the client allocates device memory, exports it as a ``cudaIpcMemHandle_t``
+(64 opaque bytes; base64 over REST) and registers it with its ``device_id`` and ``byte_size``.
+The frontend cannot check the handle (it holds no CUDA context, and keeps torch out): it checks
+the handle's length and that ``device_id`` is one of the server's GPUs (``cuda_devices``, the
+GPUs the workers are placed on), and carries the handle to the worker, which opens it once
+(``handlers/runtime/cuda_shm.py``). A server without a GPU refuses the registration with the
+reason, and does not advertise ``cuda_shared_memory``. Torch-free.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 from torchbay.server.errors import BadRequest
 
@@ -36,6 +44,7 @@ Kind = Literal["system", "cuda"]
 SHM_DIR = "/dev/shm"  # where Linux's shm_open keeps its objects
 MAX_NAME = 256
 MAX_KEY = 255  # NAME_MAX
+IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 # Prefixes of objects that are not the clients' to hand out: Triton's Python backend's, and the
 # ones torch's multiprocessing creates for tensors shared between processes.
 RESERVED_PREFIXES = ("triton_python_backend_shm_region_", "torch_")
@@ -48,7 +57,8 @@ DISABLED = (
 @dataclass(frozen=True, slots=True)
 class Region:
     """One registered region: ``byte_size`` bytes at ``offset`` of the object ``key`` (system),
-    or of device memory (cuda)."""
+    or of the device memory whose IPC handle is ``key`` (cuda: the handle in base64, on GPU
+    ``device_id``)."""
 
     name: str
     kind: Kind
@@ -68,6 +78,13 @@ class Region:
             }
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
 
+    def carried(self) -> list[Any]:
+        """The region as a request carries it to the worker: ``[key, offset, byte_size]``, and
+        for a CUDA region its device after them (the worker tells the kinds apart by it)."""
+        if self.kind == "system":
+            return [self.key, self.offset, self.byte_size]
+        return [self.key, self.offset, self.byte_size, self.device_id]
+
 
 class SharedMemory:
     """The registered regions of one server (see the module docstring)."""
@@ -79,8 +96,10 @@ class SharedMemory:
         max_regions: int = 64,
         max_bytes: int = 16 << 30,
         shm_dir: str = SHM_DIR,
+        cuda_devices: int = 0,
     ) -> None:
         self.allow = allow
+        self.cuda_devices = cuda_devices  # GPUs of this server (serve.py); 0: no CUDA regions
         self.max_regions = max_regions
         self.max_bytes = max_bytes
         self.shm_dir = shm_dir
@@ -120,13 +139,41 @@ class SharedMemory:
         self._table = None
         return region
 
-    def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> NoReturn:
-        """CUDA shared memory: refused (400), with the reason (see the module docstring)."""
+    def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> Region:
+        """Register ``byte_size`` bytes of device memory on GPU ``device_id``, exported by the
+        client as ``raw_handle`` (the 64 bytes of a ``cudaIpcMemHandle_t``: raw over gRPC,
+        ``{"b64": ...}`` over REST). 400 when client shared memory is off, this server has no
+        GPU, the name is taken, the arguments are wrong or a limit would be passed. Whether the
+        handle opens is known in the worker, at the first request that uses it."""
         self._may_register(name)
-        raise BadRequest(
-            f"failed to register CUDA shared memory region '{name}': CUDA shared memory is not "
-            "supported by this server; use system shared memory"
-        )
+        if self.cuda_devices < 1:
+            raise BadRequest(
+                f"failed to register CUDA shared memory region '{name}': this server has no "
+                "CUDA device (no GPU is visible to it); use system shared memory"
+            )
+        handle = _ipc_handle(name, raw_handle)
+        device_id = _size(name, "device_id", device_id, minimum=0)
+        if device_id >= self.cuda_devices:
+            raise BadRequest(
+                f"failed to register CUDA shared memory region '{name}': device_id {device_id} "
+                f"is not one of this server's {self.cuda_devices} GPUs"
+            )
+        byte_size = _size(name, "byte_size", byte_size, minimum=1)
+        self._within_limits(name, byte_size)
+        key = base64.b64encode(handle).decode("ascii")
+        region = Region(name, "cuda", key, 0, byte_size, device_id)
+        self._regions[name] = region
+        self._table = None
+        return region
+
+    def offers(self, extension: str) -> bool:
+        """Whether the server advertises a shared-memory ``extension``: only when clients may
+        use it (``allow``), and CUDA's only with a GPU."""
+        if extension == "system_shared_memory":
+            return self.allow
+        if extension == "cuda_shared_memory":
+            return self.allow and self.cuda_devices > 0
+        return True
 
     def unregister(self, kind: Kind, name: str | None = None) -> None:
         """Forget the region named, or every region of ``kind``; a name that is not registered
@@ -144,15 +191,11 @@ class SharedMemory:
     # -- what a request carries ------------------------------------------------------------------
 
     def table(self) -> dict[str, list[Any]] | None:
-        """The registered system regions as a request carries them to its worker:
-        ``{name: [key, offset, byte_size]}``; None while there are none (requests then carry
-        nothing, and a region they name is unknown to the worker)."""
+        """The registered regions as a request carries them to its worker:
+        ``{name: Region.carried()}``; None while there are none (requests then carry nothing,
+        and a region they name is unknown to the worker)."""
         if self._table is None and self._regions:
-            self._table = {
-                r.name: [r.key, r.offset, r.byte_size]
-                for r in self._regions.values()
-                if r.kind == "system"
-            }
+            self._table = {r.name: r.carried() for r in self._regions.values()}
         return self._table or None
 
     # -- checks ------------------------------------------------------------------------------------
@@ -199,6 +242,22 @@ def _key(name: str, key: Any) -> str:
             f"contains a reserved prefix ({', '.join(RESERVED_PREFIXES)})"
         )
     return key
+
+
+def _ipc_handle(name: str, raw: Any) -> bytes:
+    """The 64 bytes of a ``cudaIpcMemHandle_t``: given raw (gRPC) or as ``{"b64": ...}`` (REST)."""
+    if isinstance(raw, dict):
+        text = raw.get("b64")
+        try:
+            raw = base64.b64decode(text, validate=True) if isinstance(text, str) else None
+        except (binascii.Error, ValueError):
+            raw = None
+    if not isinstance(raw, bytes) or len(raw) != IPC_HANDLE_BYTES:
+        raise BadRequest(
+            f"failed to register CUDA shared memory region '{name}': raw_handle must be the "
+            f"{IPC_HANDLE_BYTES} bytes of a cudaIpcMemHandle_t (base64 in 'b64' over REST)"
+        )
+    return raw
 
 
 def _size(name: str, field: str, value: Any, *, minimum: int) -> int:

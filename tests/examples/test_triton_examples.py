@@ -33,11 +33,13 @@ pytestmark = pytest.mark.slow
 PROGRAMS = REPO / "tests" / "data" / "triton_client_examples"
 IMAGE = "IMAGE"  # replaced by the path of the test's generated image
 
-# torchbay serves no CUDA shared memory yet (no /v2/cudasharedmemory routes, nor the RPCs)
-CUDA_SHM = [
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA shared memory needs a GPU"),
-    pytest.mark.xfail(strict=True, reason="CUDA shared memory is refused: not implemented"),
-]
+# CUDA shared memory: the programs allocate device memory (tritonclient's cuda_shared_memory,
+# which imports cuda-python's cuda.bindings) and the server opens it: they run on a GPU host.
+CUDA_SHM = pytest.mark.skipif(
+    not torch.cuda.is_available() or find_spec("cuda") is None,
+    reason="CUDA shared memory needs a GPU, and tritonclient's cuda_shared_memory needs "
+    "cuda-python (cuda.bindings)",
+)
 ATTRDICT = pytest.mark.skipif(
     find_spec("attrdict") is None,
     reason="image_client.py's HTTP path imports attrdict, whose last release (2.0.1) imports "

@@ -2,8 +2,8 @@
 shared-memory utilities over HTTP and gRPC: registration (status, register, unregister, their
 refusals and limits), inputs read from and outputs written into the client's regions, Triton's
 messages for a wrong region, offset or size, a region that vanished or shrank, and CUDA shared
-memory refused clearly on a server without it. Every refusal is a 400 (gRPC INVALID_ARGUMENT)
-and the worker that saw it is still the same process."""
+memory refused clearly on a server without a GPU (test_cuda_shm.py has the CUDA path). Every
+refusal is a 400 (gRPC INVALID_ARGUMENT) and the worker that saw it is still the same process."""
 
 from __future__ import annotations
 
@@ -62,7 +62,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(store: Path) -> Iterator[LiveServer]:
-    with running(store, load_models=["simple.mar"], allow_client_shm=True, shm_max_regions=4) as s:
+    """A server without a GPU (``number_of_gpu=0``, even on a GPU host): CUDA regions refused."""
+    settings = {"allow_client_shm": True, "shm_max_regions": 4, "number_of_gpu": 0}
+    with running(store, load_models=["simple.mar"], **settings) as s:
         yield s
 
 
@@ -277,7 +279,7 @@ def test_cuda_shared_memory_is_refused_clearly(http, grpc_client, protocol: str)
     client = http if protocol == "http" else grpc_client
     _refused(
         lambda: client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 1024),
-        "CUDA shared memory is not supported by this server",
+        "failed to register CUDA shared memory region 'gpu': this server has no CUDA device",
     )
     client.unregister_cuda_shared_memory()  # as Triton's examples do first: not an error
     status = client.get_cuda_shared_memory_status()
