@@ -263,14 +263,16 @@ class SequenceQueue(BatchQueue):
             elif self.timeout_s and now - seq.opened >= self.timeout_s:
                 limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
                 self._end(seq, f"was closed after its time limit of {limit}", "timeout")
-            elif (
-                self.idle_s and not seq.items and not seq.running and now - seq.last >= self.idle_s
-            ):
+            elif self._idle(seq) and now - seq.last >= self.idle_s:
                 limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
                 self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
             else:
                 self._drop_expired(seq, now)
         self._arm()
+
+    def _idle(self, seq: Sequence) -> bool:
+        """``seq`` has an idle limit and nothing queued, running or streaming."""
+        return bool(self.idle_s) and not (seq.items or seq.running or seq.streaming)
 
     def _drop_expired(self, seq: Sequence, now: float) -> None:
         for item in list(seq.items):
@@ -301,7 +303,7 @@ class SequenceQueue(BatchQueue):
         for seq in self.open.values():
             if self.timeout_s:
                 limits.append(seq.opened + self.timeout_s)
-            if self.idle_s and not seq.items and not seq.running:
+            if self._idle(seq):
                 limits.append(seq.last + self.idle_s)
         if limits:
             delay = max(0.0, min(limits) - clock()) + 0.001
@@ -330,7 +332,7 @@ def new_queue(settings: Any, levels: Any = None) -> BatchQueue:
     else a ``BatchQueue`` with the model's priority ``levels`` (serving/priority.py; None: the
     plain queue). ``maxNumSequence`` is raised to what the workers' batches hold at once (batch
     size x max workers), as TorchServe raises it. A sequence model has no priority levels: its
-    order is each sequence's own."""
+    order is each sequence's own. With ``continuousBatching``, a ``ContinuousSequenceQueue``."""
     common = {
         "batch_size": settings.batch_size,
         "max_delay_s": settings.max_batch_delay_ms / 1000,
@@ -339,7 +341,10 @@ def new_queue(settings: Any, levels: Any = None) -> BatchQueue:
     if not settings.sequence_mode:
         return BatchQueue(**common, levels=levels)
     workers = max(settings.max_workers or 0, settings.min_workers, 1)
-    return SequenceQueue(
+    kind = SequenceQueue
+    if settings.continuous_batching:  # serving/continuous.py (which imports this module)
+        from torchbay.server.serving.continuous import ContinuousSequenceQueue as kind
+    return kind(
         **common,
         max_sequences=max(settings.max_num_sequence, settings.batch_size * workers),
         per_sequence=settings.max_sequence_job_queue_size,
