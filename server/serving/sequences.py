@@ -47,7 +47,7 @@ from torchbay.server.serving.sequence_types import (
     slot_alive,
 )
 
-__all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused", "new_queue"]
+__all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
 
 # Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
 REMEMBERED = 65_536
@@ -325,30 +325,3 @@ class SequenceQueue(BatchQueue):
 
     def _wake(self) -> None:  # configure(): the batch size changed
         self._wake_all()
-
-
-def new_queue(settings: Any, levels: Any = None) -> BatchQueue:
-    """A model version's queue: a ``SequenceQueue`` for a sequence model (``sequenceBatching``),
-    else a ``BatchQueue`` with the model's priority ``levels`` (serving/priority.py; None: the
-    plain queue). ``maxNumSequence`` is raised to what the workers' batches hold at once (batch
-    size x max workers), as TorchServe raises it. A sequence model has no priority levels: its
-    order is each sequence's own. With ``continuousBatching``, a ``ContinuousSequenceQueue``."""
-    common = {
-        "batch_size": settings.batch_size,
-        "max_delay_s": settings.max_batch_delay_ms / 1000,
-        "capacity": settings.job_queue_size,
-    }
-    if not settings.sequence_mode:
-        return BatchQueue(**common, levels=levels)
-    workers = max(settings.max_workers or 0, settings.min_workers, 1)
-    kind = SequenceQueue
-    if settings.continuous_batching:  # serving/continuous.py (which imports this module)
-        from torchbay.server.serving.continuous import ContinuousSequenceQueue as kind
-    return kind(
-        **common,
-        max_sequences=max(settings.max_num_sequence, settings.batch_size * workers),
-        per_sequence=settings.max_sequence_job_queue_size,
-        idle_s=settings.sequence_max_idle_ms / 1000,
-        timeout_s=settings.sequence_timeout_ms / 1000,
-        strategy=settings.sequence_strategy,
-    )
