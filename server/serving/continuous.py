@@ -15,7 +15,9 @@ A handler ends a sequence by setting ``ts_request_sequence_end`` on an answer (i
 several ids joined by ``;``): the sequence takes no new request (the next one is refused: it
 has ended) and closes once its queued and running ones are answered. A continued request whose
 caller left is dropped before the next call (TorchServe drops it too); the handler keeps
-whatever state it holds for it. The ``ts_stream_next`` header never reaches the caller.
+whatever state it holds for it. One whose worker was restarted or recycled meanwhile is
+answered 503 (``SequenceLost``), never continued on a fresh handler. The ``ts_stream_next``
+header never reaches the caller.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torchbay.server.serving.batches import BatchRecord
 from torchbay.server.serving.handle import WorkerProcess
 from torchbay.server.serving.launch import ModelSettings
 from torchbay.server.serving.queue import Pending, clock, reject, resolve
-from torchbay.server.serving.sequence_types import Sequence
+from torchbay.server.serving.sequence_types import Sequence, SequenceLost
 from torchbay.server.serving.sequences import SequenceQueue
 from torchbay.server.serving.streams import BatchStreams
 
@@ -117,13 +119,18 @@ class Carry:
     def __init__(self, queue: ContinuousSequenceQueue) -> None:
         self.queue = queue
         self.items: list[Item] = []  # continued into the next call
+        self.worker: WorkerProcess | None = None  # the one that holds their state
         self._carried: set[Item] = set()  # every request that answered a part and goes on
 
     async def take(self, slot: Any) -> list[Item]:
         """The slot's next call: its continued requests whose callers wait, then new ones."""
         carried = []
+        lost = getattr(slot, "worker", None) is not self.worker  # restarted or recycled
         for item in self.items:
-            if item.future.done():  # its caller left
+            if lost:  # its state died with the worker: never continued on a fresh one
+                reject(item.future, SequenceLost("The worker of this sequence died; not run"))
+                self.queue.answered(item)
+            elif item.future.done():  # its caller left
                 self._carried.discard(item)
                 self.queue.answered(item)
             else:
@@ -135,6 +142,7 @@ class Carry:
         self, worker: WorkerProcess, batch: list[Item], settings: ModelSettings, key: str
     ) -> BatchRecord | None:
         """One call on ``worker``: answer, or stream a part of, each request of ``batch``."""
+        self.worker = worker
         streams = BatchStreams(worker, batch, settings.max_response_size, key)
         payloads = [_continued(i.payload) if i in self._carried else i.payload for i in batch]
         started = clock()
