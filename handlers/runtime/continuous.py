@@ -2,10 +2,10 @@
 
 The frontend runs a continuous model one handler call at a time (server/serving/continuous.py).
 A request whose previous call said "more to come" is sent again with the next call, its body
-left out and ``CONTINUED`` set: the handler sees it with the same request id and headers and an
-empty row (TorchServe's "cached in backend" request), and keeps its state under that id
-(``context.cache`` in TorchServe's examples). The frontend's marker is taken out of the headers
-before the handler sees them, as TorchServe's frontend sends none.
+left out and its ``protocol`` set to ``CONTINUED`` (the frontend's mark; no client can set it):
+the handler sees it with the same request id and headers and an empty row (TorchServe's
+"cached in backend" request), and keeps its state under that id (``context.cache`` in
+TorchServe's examples).
 
 After each call, the handler's ``context.stopping_criteria`` (one callable per request, as
 TorchServe's ``otf_message_handler`` calls them: in request order, with that request's result)
@@ -17,18 +17,18 @@ frontend reads the header; a handler that sets no criteria answers every request
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-CONTINUED = "x-torchbay-continued"  # set by the frontend on a request sent again
+CONTINUED = "continued"  # the protocol of a request the frontend sent again
 STREAM_NEXT = "ts_stream_next"  # TorchServe's response header: "true" while more is to come
 
 
-def continued(headers: MutableMapping[str, str]) -> bool:
-    """Whether the frontend sent this request again (its marker removed from ``headers``)."""
-    return headers.pop(CONTINUED, None) == "true"
+def continued(request: Any) -> bool:
+    """Whether the frontend sent this request again."""
+    return getattr(request, "protocol", None) == CONTINUED
 
 
 def mark_stream_next(context: Any, results: list[Any]) -> None:

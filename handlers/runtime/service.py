@@ -171,7 +171,7 @@ class Service:
         return BatchOutcome([r for r in responses if r is not None], timings, metrics)
 
     def _decode(self, request: RequestLike) -> _Job:
-        if continuous.continued(request.headers):  # its body was in an earlier call
+        if continuous.continued(request):  # its body was in an earlier call
             return _Job(request, {}, None)
         if request.protocol == "v2":
             regions = getattr(request, "regions", None)  # WireRequest's; a test's may lack it

@@ -35,7 +35,9 @@ from torchbay.server.serving.sequence_types import Sequence, SequenceLost
 from torchbay.server.serving.sequences import SequenceQueue
 from torchbay.server.serving.streams import BatchStreams
 
-CONTINUED = "x-torchbay-continued"  # the worker's marker (handlers/runtime/continuous.py)
+# A continued request's ``protocol`` (handlers/runtime/continuous.py): the frontend's own
+# mark, which no client can set (a header could be forged).
+CONTINUED = "continued"
 STREAM_NEXT = "ts_stream_next"
 SEQUENCE_END = "ts_request_sequence_end"
 
@@ -44,8 +46,6 @@ Item = Pending[p.WireRequest, p.WireResponse]
 
 class ContinuousSequenceQueue(SequenceQueue):
     """A ``SequenceQueue`` whose ``take`` also serves a slot that holds continued requests."""
-
-    continuous = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -192,8 +192,5 @@ class Carry:
 
 
 def _continued(wire: p.WireRequest) -> p.WireRequest:
-    """``wire`` sent again: its headers and a marker, no body (the worker has it)."""
-    if wire.raw_headers:
-        marker = f"\r\n{CONTINUED}: true".encode()
-        return dataclasses.replace(wire, body=b"", raw_headers=wire.raw_headers + marker)
-    return dataclasses.replace(wire, body=b"", headers={**wire.headers, CONTINUED: "true"})
+    """``wire`` sent again: its id and headers, no body (its handler had it), marked."""
+    return dataclasses.replace(wire, body=b"", protocol=CONTINUED)
