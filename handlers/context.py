@@ -89,6 +89,9 @@ class Context:
         self.cl_socket = None
         # The current handler run's streaming.RunStream (send_intermediate_predict_response).
         self.stream: Any = None
+        # A continuous-batching handler's per-request stopping criteria, set by the handler after
+        # each call (TorchServe's; see runtime/continuous.py).
+        self.stopping_criteria: Any = None
         self.header_key_sequence_id = SEQUENCE_ID
         self.header_key_sequence_start = SEQUENCE_START
         self.header_key_sequence_end = SEQUENCE_END

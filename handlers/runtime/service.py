@@ -63,7 +63,7 @@ from ..context import Context
 from ..errors import HandlerError, HandlerLoadError, PredictionException, failure_message
 from ..metrics import MetricsCache
 from ..streaming import StreamCancelled
-from . import controls, envelopes, oip, oip_response
+from . import continuous, controls, envelopes, oip, oip_response
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 from .responses import (
     FRAMING_HEADERS,
@@ -171,6 +171,8 @@ class Service:
         return BatchOutcome([r for r in responses if r is not None], timings, metrics)
 
     def _decode(self, request: RequestLike) -> _Job:
+        if continuous.continued(request):  # its body was in an earlier call
+            return _Job(request, {}, None)
         if request.protocol == "v2":
             regions = getattr(request, "regions", None)  # WireRequest's; a test's may lack it
             v2 = oip.parse_request(request.body, request.headers, self.max_request_size, regions)
@@ -240,6 +242,8 @@ class Service:
             if streams(results, len(jobs)):
                 fail = lambda idx, exc: self._handler_failure(exc, jobs[idx])  # noqa: E731
                 finals = drive_generators(results, stream, fail, [j.v2 is not None for j in jobs])
+            elif isinstance(results, list) and len(results) == len(jobs):
+                continuous.mark_stream_next(self.context, results)  # continuousBatching's
         except (Exception, SystemExit) as exc:  # bisected by the caller, answered per request
             # (a handler calling sys.exit() is a handler bug, not a reason for the worker to stop)
             return exc

@@ -17,7 +17,6 @@ MODEL_IGNORED_KEYS = frozenset(
         "parallelLevel",
         "parallelization",
         "torchrun",
-        "continuousBatching",
         "useJobTicket",
         "asyncCommunication",
         "useVenv",
@@ -50,6 +49,9 @@ def split_model_keys(
             notes.append(f"{where}: ignored unknown key {key!r}")
     if backend_params:
         _triton_sequences(backend.get("sequence_batching"), fields)
+    if fields.get("continuous_batching") is True and fields.get("sequence_mode") is not True:
+        del fields["continuous_batching"]  # serving/continuous.py serves sequence models only
+        notes.append(f"{where}: ignored 'continuousBatching' (only with sequenceBatching: true)")
     return fields, backend, notes
 
 

@@ -236,6 +236,11 @@ class ModelConfig(BaseModel):
     max_sequence_job_queue_size: Annotated[
         int, _serving("maxSequenceJobQueueSize", "sequences")
     ] = Field(1, ge=1, le=MAX_QUEUE_SIZE, alias="maxSequenceJobQueueSize")
+    # TorchServe's continuous batching (serving/continuous.py), for a sequence model: a request
+    # whose handler says more is to come stays in its worker's next call, beside new requests.
+    continuous_batching: Annotated[bool, _serving("continuousBatching", "sequences")] = Field(
+        False, alias="continuousBatching"
+    )
     sequence_strategy: Annotated[
         Literal["direct", "oldest"], _serving("sequenceStrategy", "sequences")
     ] = Field("oldest", alias="sequenceStrategy")

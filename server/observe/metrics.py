@@ -44,7 +44,8 @@ text, always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompress
 Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
 Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics.
 Open and ended sequences (``torchbay_open_sequences``, ``torchbay_sequences_ended_total``):
-observe.sequence_metrics.
+observe.sequence_metrics. Priority levels (``torchbay_priority_queue_depth``,
+``torchbay_priority_requests_total{level,code}``): observe.priority_metrics.
 Loaded models, loads and evictions (``max_loaded_models``): observe.multiplex_metrics.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
@@ -73,6 +74,7 @@ from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.model_state_metrics import ModelStateCollector
 from torchbay.server.observe.multiplex_metrics import MultiplexCollector
+from torchbay.server.observe.priority_metrics import PriorityCollector
 from torchbay.server.observe.sequence_metrics import SequenceCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
 from torchbay.server.observe.ts_families import MetricsLog, TsFamilies
@@ -169,7 +171,7 @@ class ServerMetrics(Observer):
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         self.registry.register(ModelStateCollector(self))
         self.registry.register(MultiplexCollector(self))  # max_loaded_models (serving/multiplex)
-        collectors = (AutopilotCollector, CancelCollector, SequenceCollector)
+        collectors = (AutopilotCollector, CancelCollector, PriorityCollector, SequenceCollector)
         for collector in collectors:  # they read self.versions()
             self.registry.register(collector(self.versions))
         self._gpu: GpuCollector | None = None

@@ -51,11 +51,10 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
 
 
 # TorchServe 0.12's describe fields for features torchbay does not have, at its values for a
-# model without them (parallelism, continuous batching, job tickets, venvs).
+# model without them (parallelism, job tickets, venvs).
 _TS_FIXED = {
     "parallelType": "",
     "parallelLevel": 0,
-    "continuousBatching": False,
     "useJobTicket": False,
     "useVenv": False,
     "stateful": False,

@@ -36,12 +36,13 @@ from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchbay.server.errors import TorchbayError
+from torchbay.server.errors import BadRequest, TorchbayError
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
+from torchbay.server.serving.priority import Schedule
 from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class Exchange:
     status: int = 500  # until the protocol says what it answered
     trace: Trace | None = None  # Triton's trace extension sampled this request
     closed: bool = False
+    level: int | None = None  # its 0-based priority level, on a model with levels
 
     def __enter__(self) -> Exchange:
         return self
@@ -127,7 +129,8 @@ class Exchange:
         table = regions() if regions is not None else None
         if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
             wire = dataclasses.replace(wire, regions=table)
-        item = self.model.admit_reader(wire, sequence=sequence, schedule=schedule_of(wire))
+        schedule = self._leveled(schedule_of(wire))
+        item = self.model.admit_reader(wire, sequence=sequence, schedule=schedule)
         self.items.append(item)
         if self.trace is not None:
             item.future.add_done_callback(self._responded)
@@ -136,6 +139,16 @@ class Exchange:
         with_deadline(item, deadline_s)
         self._bound(item)
         return item
+
+    def _leveled(self, schedule: Schedule) -> Schedule:
+        """``schedule``, its level noted when the model has levels (a priority it has no level
+        for is left to the queue's 400, counted at no level)."""
+        assert self.model is not None
+        levels = self.model.queue.levels
+        if levels is not None and self.level is None:
+            with contextlib.suppress(BadRequest):
+                self.level = levels.level_of(schedule.priority)
+        return schedule
 
     def _bound(self, item: Item) -> None:
         """With ``max_loaded_models``, a request queued while its version loads is answered 504
@@ -170,7 +183,8 @@ class Exchange:
         assert mv is not None, "resolve() first"
         try:
             for wire in wires:
-                self.items.append(item := mv.admit(wire, schedule=schedule_of(wire)))
+                schedule = self._leveled(schedule_of(wire))
+                self.items.append(item := mv.admit(wire, schedule=schedule))
                 if self.trace is not None:
                     item.future.add_done_callback(self._responded)
                 mv.inflight += 1  # as a reader's: ``finish`` takes it back
@@ -239,6 +253,9 @@ class Exchange:
             self.scope, self.name, self.version, self.status, seconds, queue_s, model
         )
         self.wiring.record(record)
+        levels = model.queue.levels if model is not None else None
+        if levels is not None and self.level is not None and self.level < len(levels):
+            levels.answer(self.level, self.status)  # describe's and the metrics' per level
         if self.trace is not None:
             self._finish_trace(self.trace)
 

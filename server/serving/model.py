@@ -38,8 +38,8 @@ from torchbay.server.serving.handle import (
 from torchbay.server.serving.launch import LaunchSpec, ModelSettings, Placement
 from torchbay.server.serving.priority import levels_from
 from torchbay.server.serving.queue import BatchQueue, reject
+from torchbay.server.serving.queues import new_queue
 from torchbay.server.serving.requests import RequestPath
-from torchbay.server.serving.sequences import new_queue
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]

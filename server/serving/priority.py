@@ -118,7 +118,7 @@ class Levels:
     """The levels of one queue: each one's policy and the requests queued at each place (two
     places per level: live, then delayed). Level indexes here are 0-based (Triton's 1 is 0)."""
 
-    __slots__ = ("counts", "default", "delays", "name", "policies")
+    __slots__ = ("answered", "counts", "default", "delays", "name", "policies")
 
     def __init__(self, policies: list[LevelPolicy], default_level: int, name: str = "") -> None:
         if not policies or not 1 <= default_level <= len(policies):
@@ -128,6 +128,8 @@ class Levels:
         self.counts = [0] * (2 * len(policies))
         self.name = name
         self.delays = any(p.delay for p in policies)  # whether ``settle`` has anything to do
+        # Requests answered at each level, by status (describe, observe/priority_metrics.py).
+        self.answered: list[dict[int, int]] = [{} for _ in policies]
 
     def __len__(self) -> int:
         return len(self.policies)
@@ -164,6 +166,11 @@ class Levels:
         """Requests that a newcomer at ``level`` waits behind: those at its level and above."""
         return sum(self.counts[: 2 * level + 2])
 
+    def answer(self, level: int, status: int) -> None:
+        """One request of ``level`` (0-based) answered with ``status`` (refusals included)."""
+        codes = self.answered[level]
+        codes[status] = codes.get(status, 0) + 1
+
     def recount(self, items: Iterable[Any]) -> None:
         """Count afresh from the queued items (their ``place``), after a bulk change."""
         counts = [0] * len(self.counts)
@@ -177,6 +184,7 @@ class Levels:
             {
                 "level": i + 1,
                 "queued": self.queued_at(i),
+                "requests": {str(code): n for code, n in sorted(self.answered[i].items())},
                 "maxQueueSize": p.max_queue_size,
                 "defaultTimeoutMicroseconds": p.default_timeout_us,
                 "timeoutAction": "DELAY" if p.delay else "REJECT",

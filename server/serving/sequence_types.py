@@ -45,6 +45,7 @@ class Sequence:
     worker: Any = None  # that slot's worker when bound: its state lives there
     running: bool = False  # one of its requests is in a batch
     ending: bool = False  # its end request is queued: nothing more joins
+    streaming: int = 0  # its requests still answering over several calls (continuous batching)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from torchbay.server.serving.sequence_types import (
     slot_alive,
 )
 
-__all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused", "new_queue"]
+__all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
 
 # Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
 REMEMBERED = 65_536
@@ -263,14 +263,16 @@ class SequenceQueue(BatchQueue):
             elif self.timeout_s and now - seq.opened >= self.timeout_s:
                 limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
                 self._end(seq, f"was closed after its time limit of {limit}", "timeout")
-            elif (
-                self.idle_s and not seq.items and not seq.running and now - seq.last >= self.idle_s
-            ):
+            elif self._idle(seq) and now - seq.last >= self.idle_s:
                 limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
                 self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
             else:
                 self._drop_expired(seq, now)
         self._arm()
+
+    def _idle(self, seq: Sequence) -> bool:
+        """``seq`` has an idle limit and nothing queued, running or streaming."""
+        return bool(self.idle_s) and not (seq.items or seq.running or seq.streaming)
 
     def _drop_expired(self, seq: Sequence, now: float) -> None:
         for item in list(seq.items):
@@ -301,7 +303,7 @@ class SequenceQueue(BatchQueue):
         for seq in self.open.values():
             if self.timeout_s:
                 limits.append(seq.opened + self.timeout_s)
-            if self.idle_s and not seq.items and not seq.running:
+            if self._idle(seq):
                 limits.append(seq.last + self.idle_s)
         if limits:
             delay = max(0.0, min(limits) - clock()) + 0.001
@@ -323,27 +325,3 @@ class SequenceQueue(BatchQueue):
 
     def _wake(self) -> None:  # configure(): the batch size changed
         self._wake_all()
-
-
-def new_queue(settings: Any, levels: Any = None) -> BatchQueue:
-    """A model version's queue: a ``SequenceQueue`` for a sequence model (``sequenceBatching``),
-    else a ``BatchQueue`` with the model's priority ``levels`` (serving/priority.py; None: the
-    plain queue). ``maxNumSequence`` is raised to what the workers' batches hold at once (batch
-    size x max workers), as TorchServe raises it. A sequence model has no priority levels: its
-    order is each sequence's own."""
-    common = {
-        "batch_size": settings.batch_size,
-        "max_delay_s": settings.max_batch_delay_ms / 1000,
-        "capacity": settings.job_queue_size,
-    }
-    if not settings.sequence_mode:
-        return BatchQueue(**common, levels=levels)
-    workers = max(settings.max_workers or 0, settings.min_workers, 1)
-    return SequenceQueue(
-        **common,
-        max_sequences=max(settings.max_num_sequence, settings.batch_size * workers),
-        per_sequence=settings.max_sequence_job_queue_size,
-        idle_s=settings.sequence_max_idle_ms / 1000,
-        timeout_s=settings.sequence_timeout_ms / 1000,
-        strategy=settings.sequence_strategy,
-    )

@@ -33,6 +33,7 @@ import psutil
 from torchbay.server.errors import TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.batches import BatchRecord, run_batch
+from torchbay.server.serving.continuous import Carry, ContinuousSequenceQueue
 from torchbay.server.serving.handle import Spawned, WorkerLoadError, WorkerProcess, WorkerState
 from torchbay.server.serving.launch import ModelSettings, Placement
 from torchbay.server.serving.queue import BatchQueue, Pending, reject
@@ -108,6 +109,9 @@ class WorkerSlot:
         self._dispatcher: asyncio.Task | None = None
         self._in_take = False
         self._running: list[Pending] = []
+        # A continuous-batching sequence model's requests continued between calls.
+        queue = ctx.queue
+        self._carry = Carry(queue) if isinstance(queue, ContinuousSequenceQueue) else None
 
     @property
     def ready(self) -> bool:
@@ -265,7 +269,7 @@ class WorkerSlot:
                 continue
             self._in_take = True
             try:
-                batch = await queue.take(self)
+                batch = await (self._carry.take(self) if self._carry else queue.take(self))
             finally:
                 self._in_take = False
             worker = self.worker
@@ -275,7 +279,8 @@ class WorkerSlot:
             self._running = batch
             self._idle.clear()
             try:
-                record = await run_batch(worker, batch, self.ctx.settings(), self.ctx.key)
+                run = self._carry.run if self._carry else run_batch
+                record = await run(worker, batch, self.ctx.settings(), self.ctx.key)
             finally:
                 self._running = []
                 self._idle.set()

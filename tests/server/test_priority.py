@@ -254,3 +254,12 @@ def test_autopilot_window_judges_the_highest_level_served():
     plain = Window()
     plain.add([0.1, 0.2], 10.0)  # no levels: every request, as before
     assert plain.latencies_ms == [110.0, 210.0]
+
+
+def test_levels_count_answers_by_level_and_status_for_describe_and_metrics():
+    levels = _levels(LevelPolicy(), LevelPolicy(), default=2)
+    for level, status in ((0, 200), (1, 200), (1, 503), (1, 200)):
+        levels.answer(level, status)
+    described = levels.describe()
+    assert [d["requests"] for d in described] == [{"200": 1}, {"200": 2, "503": 1}]
+    assert levels.answered == [{200: 1}, {200: 2, 503: 1}]

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from torchbay.server.serving.queue import clock
@@ -246,3 +247,59 @@ def test_model_config_shows_the_levels_and_policies(server: LiveServer) -> None:
     assert "schedule_policy" in httpx.get(f"{server.url}/v2", timeout=30).json()["extensions"]
     described = httpx.get(f"{server.management_url}/models/gate", timeout=30).json()[0]
     assert [level["level"] for level in described["queueLevels"]] == [1, 2]
+
+
+def _per_level(server: LiveServer) -> tuple[dict[tuple, float], list[dict]]:
+    """The gate model's per-level samples of /metrics ({(name, level, code): value}; code None
+    for the depth) and describe's ``queueLevels``."""
+    port = server.server.state.ports.metrics
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if labels.get("model") != "gate":
+                continue
+            if sample.name == "torchbay_queue_depth":
+                assert set(labels) == {"model", "version"}  # unchanged: no level
+            if sample.name.startswith("torchbay_priority_"):
+                key = (sample.name, int(labels["level"]), labels.get("code"))
+                samples[key] = sample.value
+    described = httpx.get(f"{server.management_url}/models/gate", timeout=30).json()[0]
+    return samples, described["queueLevels"]
+
+
+def _depth(level: int) -> tuple:
+    return ("torchbay_priority_queue_depth", level, None)
+
+
+def _requests(level: int, code: int) -> tuple:
+    return ("torchbay_priority_requests_total", level, str(code))
+
+
+def test_metrics_and_describe_count_each_level(
+    server: LiveServer, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    before, _ = _per_level(server)
+    held, log, gate = _hold(pool, server, tmp_path)  # level 2 (the default)
+    low = [
+        pool.submit(_ts_rest, server, {"id": f"low{i}", "log": str(log)}, 2, None) for i in (0, 1)
+    ]
+    high = pool.submit(_ts_rest, server, {"id": "high", "log": str(log)}, 1, None)
+    late = pool.submit(_ts_rest, server, {"id": "late", "log": str(log)}, 1, 1000)  # 1 ms
+    _until(lambda: len(_queue(server)) == 4, "four requests queued")
+    samples, levels = _per_level(server)
+    assert (samples[_depth(1)], samples[_depth(2)]) == (2.0, 2.0)
+    assert [(lv["level"], lv["queued"]) for lv in levels] == [(1, 2), (2, 2)]
+    late_item = next(i for i in _queue(server)._items if i.deadline and i.deadline < clock() + 1)
+    _until(lambda: clock() > late_item.deadline, "the late request's timeout passed")
+    gate.touch()
+    assert [f.result(60)[0] for f in (held, high, *low, late)] == [200, 200, 200, 200, 504]
+    counted = before.get(_requests(2, 200), 0) + 3  # the exchanges count as they close
+    _until(lambda: _per_level(server)[0].get(_requests(2, 200)) == counted, "level 2's counted")
+    after, levels = _per_level(server)
+    for level, code, count in ((1, 200, 1), (1, 504, 1), (2, 200, 3)):
+        key = _requests(level, code)
+        assert after[key] - before.get(key, 0) == count, key
+    assert (after[_depth(1)], after[_depth(2)]) == (0.0, 0.0)
+    assert levels[0]["requests"]["504"] >= 1 and levels[1]["requests"]["200"] >= 3

@@ -36,7 +36,9 @@ SEQ_HEADER = "ts_request_sequence_id"
 NUMBERS = [3, 1, 4, 1, 5, 9, 2, 6]
 
 
-def _archive(root: Path, work: Path, name: str, config: Path) -> None:
+def _archive(
+    root: Path, work: Path, name: str, config: Path, example: str = "sequence_batching"
+) -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("stateful_model", EXAMPLE / "model.py")
@@ -51,7 +53,7 @@ def _archive(root: Path, work: Path, name: str, config: Path) -> None:
             version="1.0",
             model_file=EXAMPLE / "model.py",
             serialized_file=work / "model_cnn.pt",
-            handler=str(EXAMPLE / "sequence_batching" / "stateful_handler.py"),
+            handler=str(EXAMPLE / example / "stateful_handler.py"),
             extra_files=(str(EXAMPLE / "lru.py"),),
             config_file=config,
             export_path=root,

@@ -1,0 +1,71 @@
+"""Priority levels on the metrics port, read at scrape time from each model version's queue
+levels (serving/priority.py: ``Levels``, which the plane's exchanges count into).
+
+Per version of a model with ``priorityLevels`` (or a queue policy), labels ``model``,
+``version`` and ``level`` (1 the highest, as a request's ``priority`` names it)::
+
+    torchbay_priority_queue_depth              requests waiting at the level now (live and
+                                               delayed)
+    torchbay_priority_requests_total{code}     requests of the level answered, by status code:
+                                               refusals at admission (503), expiries (504) and
+                                               callers that left (499) included; a response
+                                               cache hit and a priority the model has no level
+                                               for (400) count at no level
+
+They are families of their own: the per-model series (``torchbay_queue_depth``,
+``torchbay_requests_total``) keep their labels. A version without levels has no series; the
+counts start again with a new version (a reload). Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from torchbay.server.serving.model import ModelVersion
+
+__all__ = ["PriorityCollector"]
+
+LABELS = ("model", "version", "level")
+
+
+class PriorityCollector(Collector):
+    """Reads every model version's queue levels when scraped; ``versions`` lists them."""
+
+    def __init__(self, versions: Callable[[], Iterable[ModelVersion]]) -> None:
+        self.versions = versions
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "torchbay_priority_queue_depth",
+                "Requests waiting at each priority level (1 the highest)",
+                labels=LABELS,
+            ),
+            CounterMetricFamily(
+                "torchbay_priority_requests",
+                "Requests answered at each priority level, by status code",
+                labels=(*LABELS, "code"),
+            ),
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        depth, requests = self._families()
+        for mv in list(self.versions()):
+            levels = mv.queue.levels
+            if levels is None:
+                continue
+            for i in range(len(levels)):
+                labels = [mv.name, mv.version, str(i + 1)]
+                depth.add_metric(labels, levels.queued_at(i))
+                for code, count in sorted(levels.answered[i].items()):
+                    requests.add_metric([*labels, str(code)], count)
+        yield depth
+        yield requests
