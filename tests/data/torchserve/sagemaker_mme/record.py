@@ -156,8 +156,7 @@ def main() -> None:
         text, command = toolkit_config()
         config = base / "sagemaker-ts.properties"
         config.write_text(
-            text.replace("0.0.0.0", "127.0.0.1")
-            + f"metrics_address=http://127.0.0.1:{PORT + 2}\n"
+            text.replace("0.0.0.0", "127.0.0.1") + f"metrics_address=http://127.0.0.1:{PORT + 2}\n"
         )
         as_written = run(base, config, command, {})
         model_api = run(base, config, command, {"TS_ENABLE_MODEL_API": "true"})
