@@ -58,7 +58,13 @@ def integrated_gradients(model: Any, inputs: torch.Tensor, target: int) -> list[
 
 def embedding_layer(model: Any) -> torch.nn.Module:
     """The layer text attributions are taken over: ``model.embedding`` (TorchServe's name), else
-    the model's first ``Embedding`` or ``EmbeddingBag``; 501 when it has none."""
+    the model's first ``Embedding`` or ``EmbeddingBag``; 501 when it has none, or when it is
+    TorchScript (Captum attributes through forward hooks, which a ScriptModule does not run)."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise PredictionException(
+            "text explanations need an eager model (model.py and a state dict), not TorchScript",
+            501,
+        )
     layer = getattr(model, "embedding", None)
     if isinstance(layer, torch.nn.Module):
         return layer
