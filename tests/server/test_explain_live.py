@@ -105,7 +105,10 @@ def test_text_explanations_have_torchserve_s_shape_on_its_archive() -> None:
             f"{live.url}/v1/models/text:explain", json={"instances": instances}, timeout=120
         )
         assert v1.status_code == 200, v1.text
+        (their_v1,) = json.loads((TEXT_DATA / "answers.json").read_text())["kserve_answers"]
+        assert v1.json().keys() == their_v1["body"].keys() == {"explanations"}
         first, second = v1.json()["explanations"]
+        assert first.keys() == their_v1["body"]["explanations"][0].keys()
         assert first == body  # target 0, as /explanations answered
         assert second["words"] == body["words"] and second["importances"] != body["importances"]
 
