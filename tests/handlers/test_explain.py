@@ -4,6 +4,7 @@ a 400 naming it; without Captum the answer is a 501 that says how to install it.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import itertools
 import json
@@ -79,12 +80,12 @@ TEXT_DATA = Path(__file__).parents[1] / "data" / "torchserve" / "explain_text"
 
 def _text_model() -> torch.nn.Module:
     """TorchServe's recorded text_classifier model (its model.py and its archive's weights)."""
-    sys.path.insert(0, str(TEXT_DATA))
-    try:
-        from model import TextModel  # tests/data/torchserve/explain_text/model.py
-    finally:
-        sys.path.remove(str(TEXT_DATA))
-    model = TextModel()
+    # Under a name of its own: other tests import modules called "model" too.
+    spec = importlib.util.spec_from_file_location("explain_text_model", TEXT_DATA / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TextModel()
     with zipfile.ZipFile(TEXT_DATA / "text.mar") as mar:
         model.load_state_dict(torch.load(io.BytesIO(mar.read("model.pt")), weights_only=True))
     return model.eval()
