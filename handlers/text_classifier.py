@@ -31,6 +31,7 @@ import torch
 from .base_handler import BaseHandler
 from .classify import handler_config, topk_labels
 from .errors import BadInput, HandlerLoadError
+from .runtime import explain
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
@@ -75,13 +76,24 @@ class TextClassifier(BaseHandler):
             )
         self.topk = int(config.get("topk", self.topk))
 
-    def tokenize(self, text: str) -> list[int]:
+    def words(self, text: str) -> list[str]:
+        """The tokens of ``text`` the model sees (before the vocabulary maps them to ids)."""
         if self.lowercase:
             text = text.lower()
-        ids = [self.vocab.get(tok, self.unk_id) for tok in TOKEN_RE.findall(text)]
-        return ids[: self.max_length] if self.max_length else ids
+        found = TOKEN_RE.findall(text)
+        return found[: self.max_length] if self.max_length else found
+
+    def tokenize(self, text: str) -> list[int]:
+        return [self.vocab.get(tok, self.unk_id) for tok in self.words(text)]
 
     def load_item(self, row: Any) -> list[int]:
+        ids = self.tokenize(self.read_text(row))
+        if not ids:
+            raise BadInput("text has no tokens")
+        return ids
+
+    def read_text(self, row: Any) -> str:
+        """A request's text: the body or ``data`` as text, bytes or JSON (module docstring)."""
         value = row.get("data") if isinstance(row, dict) else row
         if value is None and isinstance(row, dict):
             value = row.get("body")
@@ -94,10 +106,7 @@ class TextClassifier(BaseHandler):
                 raise BadInput("text is not valid UTF-8") from exc
         if not isinstance(value, str):
             raise BadInput('send text (text/plain, or JSON {"text": ...})')
-        ids = self.tokenize(value)
-        if not ids:
-            raise BadInput("text has no tokens")
-        return ids
+        return value
 
     def preprocess(self, data: list[Any]) -> tuple[torch.Tensor, ...]:
         seqs = self.map_items(data, self.load_item)
@@ -120,3 +129,42 @@ class TextClassifier(BaseHandler):
 
     def postprocess(self, data: torch.Tensor) -> list[dict[str, float]]:
         return topk_labels(data, self.topk, self.mapping)
+
+    # -- explanations (TorchServe's text_classifier.get_insights) ---------------------------
+    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> list[Any]:
+        """One ``{"importances", "words"}`` per request that preprocessing kept, each for its
+        own ``target`` (TorchServe's handler explains the first request only: it takes no
+        batch)."""
+        rows = [raw_data[i] for i in self.kept_indices]
+        return [self.get_insights(self.words(self.read_text(r)), r, target_of(r)) for r in rows]
+
+    def get_insights(self, tensor_data: Any, raw_data: Any, target: Any) -> dict[str, Any]:
+        """Layer Integrated Gradients over the embedding for one text (``tensor_data``: its
+        words), from a reference of padding ids as TorchServe's ``TokenReferenceBase``; the
+        model gets its input as ``input`` says (module docstring)."""
+        words = list(tensor_data)
+        ids = torch.tensor([self.vocab.get(w, self.unk_id) for w in words], dtype=torch.long)
+        ids = ids.to(self.device)
+        extra: tuple[torch.Tensor, ...] = ()
+        if self.input_mode == "offsets":
+            extra = (torch.zeros(1, dtype=torch.long, device=self.device),)
+        else:
+            ids = ids.unsqueeze(0)
+            if self.input_mode == "lengths":
+                extra = (torch.tensor([len(words)], dtype=torch.long, device=self.device),)
+        reference = torch.full_like(ids, self.pad_id)
+        with self.model_errors():
+            attributions = explain.layer_integrated_gradients(
+                self.model, ids, reference, extra, explain.target_class(target)
+            )
+        if self.input_mode != "offsets":
+            attributions = attributions[0]  # one text: its tokens' rows
+        return {"importances": explain.summarize(attributions), "words": words}
+
+
+def target_of(row: Any) -> Any:
+    """The ``target`` class of an explanation request: a form field, or in a JSON body."""
+    if not isinstance(row, dict):
+        return None
+    body = row.get("data") or row.get("body")
+    return row.get("target") or (body.get("target") if isinstance(body, dict) else None)

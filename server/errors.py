@@ -15,6 +15,8 @@
     ├── MethodNotAllowed (405 method_not_allowed)
     ├── Conflict (409 conflict)                   (register a name/version that exists)
     ├── PayloadTooLarge (413 payload_too_large)
+    ├── InsufficientStorage (507 insufficient_storage)  no room to load a model (SageMaker's
+    │                                                   "unload some and retry")
     ├── HandlerFailed (500 handler_error)         the handler raised or broke its contract
     ├── ServiceUnavailable (503 service_unavailable)
     │   ├── QueueFull (503 queue_full)            with Retry-After
@@ -127,6 +129,14 @@ class Conflict(TorchbayError):
 
 class PayloadTooLarge(TorchbayError):
     status, code = 413, "payload_too_large"
+
+
+class InsufficientStorage(TorchbayError):
+    """A model that cannot be loaded for want of room: its load ran out of memory, or the
+    loaded-models budget is full of models that may not be unloaded. SageMaker's multi-model
+    contract reads 507 as "unload models and try again"."""
+
+    status, code = 507, "insufficient_storage"
 
 
 class HandlerFailed(TorchbayError):

@@ -3,7 +3,9 @@
 ``/explanations/{m}``, KServe v1 ``:explain`` and a request with the ``explain: True`` header go
 through the handler's ``explain_handle``; the image classifier answers Captum's Integrated
 Gradients attributions of each image (TorchServe's ``VisionHandler.get_insights``: 15 steps, the
-request's ``target`` class, 0 by default), one nested list per request, the input's shape. Captum
+request's ``target`` class, 0 by default), one nested list per request, the input's shape; the
+text classifier answers Captum's Layer Integrated Gradients over the model's embedding layer,
+summarized as TorchServe's ``TextHandler`` does (``{"importances", "words"}`` per request). Captum
 is an optional dependency (``pip install 'torchbay[explain]'``); without it the answer is a clear
 501, and the server and every other request are unaffected.
 """
@@ -32,15 +34,67 @@ def target_class(value: Any) -> int:
     return target
 
 
-def integrated_gradients(model: Any, inputs: torch.Tensor, target: int) -> list[Any]:
-    """Captum's Integrated Gradients of ``model`` at ``inputs`` for class ``target``."""
+def _captum_attr() -> Any:
+    """``captum.attr``; a 501 that says how to install it when Captum is missing."""
     try:
-        from captum.attr import IntegratedGradients
+        import captum.attr
     except ImportError:
         raise PredictionException(
             "explanations need Captum, which is not installed: pip install 'torchbay[explain]'",
             501,
         ) from None
+    return captum.attr
+
+
+def integrated_gradients(model: Any, inputs: torch.Tensor, target: int) -> list[Any]:
+    """Captum's Integrated Gradients of ``model`` at ``inputs`` for class ``target``."""
+    attr = _captum_attr()
     with torch.enable_grad():
-        attributions = IntegratedGradients(model).attribute(inputs, target=target, n_steps=N_STEPS)
+        attributions = attr.IntegratedGradients(model).attribute(
+            inputs, target=target, n_steps=N_STEPS
+        )
     return attributions.tolist()
+
+
+def embedding_layer(model: Any) -> torch.nn.Module:
+    """The layer text attributions are taken over: ``model.embedding`` (TorchServe's name), else
+    the model's first ``Embedding`` or ``EmbeddingBag``; 501 when it has none, or when it is
+    TorchScript (Captum attributes through forward hooks, which a ScriptModule does not run)."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise PredictionException(
+            "text explanations need an eager model (model.py and a state dict), not TorchScript",
+            501,
+        )
+    layer = getattr(model, "embedding", None)
+    if isinstance(layer, torch.nn.Module):
+        return layer
+    for module in model.modules() if isinstance(model, torch.nn.Module) else ():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+            return module
+    raise PredictionException("text explanations need a model with an embedding layer", 501)
+
+
+def layer_integrated_gradients(
+    model: Any,
+    inputs: torch.Tensor,
+    baselines: torch.Tensor,
+    extra: tuple[torch.Tensor, ...],
+    target: int,
+) -> torch.Tensor:
+    """Captum's Layer Integrated Gradients of ``model`` over its embedding layer at ``inputs``
+    (token ids; ``extra``: the model's other arguments) from ``baselines`` (padding ids), for
+    class ``target``, with Captum's default steps (TorchServe's ``TextHandler`` sets none)."""
+    attr = _captum_attr()
+    lig = attr.LayerIntegratedGradients(model, embedding_layer(model))
+    with torch.enable_grad():
+        return lig.attribute(
+            inputs, baselines, additional_forward_args=extra or None, target=target
+        )
+
+
+def summarize(attributions: torch.Tensor) -> list[Any]:
+    """TorchServe's ``TextHandler.summarize_attributions``, kept as it computes it so answers
+    compare: a softmax over the last (embedding) dimension, divided by the norm of the rows'
+    sums. One row per embedding output: per token for ``Embedding``, one for ``EmbeddingBag``."""
+    soft = torch.softmax(attributions.detach().float(), dim=-1)
+    return (soft / torch.norm(soft.sum(dim=-1))).tolist()

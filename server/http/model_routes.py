@@ -91,7 +91,7 @@ async def _register_params(request: Request) -> Any:
     return register_params(raw)
 
 
-_REGISTER = documented(202, 400, 401, 403, 404, 405, 409, 413, 500, 503, 504)
+_REGISTER = documented(202, 400, 401, 403, 404, 405, 409, 413, 500, 503, 504, 507)
 
 
 @models.post("/models", dependencies=_CONTROL, **_REGISTER)

@@ -68,6 +68,7 @@ STATUS_TEXT = {
     501: "The handler does not support explanations (/explanations or an explain header)",
     503: "Queue full, no worker, or shutting down; see Retry-After",
     504: "Timed out",
+    507: "No room to load the model: out of memory, or max_loaded_models full of pinned models",
 }
 # Statuses any request to a port may get, whatever its route: the HTTP layer's (malformed
 # request, slow client, oversized headers) and the routers' (no such route or method).

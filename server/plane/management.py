@@ -23,18 +23,24 @@ from torchbay.server.config.settings import ServerConfig
 from torchbay.server.errors import (
     BadRequest,
     ConfigError,
+    InsufficientStorage,
     MethodNotAllowed,
     NotFound,
     TorchbayError,
 )
 from torchbay.server.plane.describe import describe as describe_version
 from torchbay.server.plane.params import ScaleParams, register_overrides, scale_params
+from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.management")
 
 _background: set[asyncio.Task] = set()
+
+# The handler errors (their type names, as a worker reports them) of a load that ran out of
+# memory: Python's, and torch's for an accelerator (torch.OutOfMemoryError).
+OUT_OF_MEMORY = frozenset({"MemoryError", "OutOfMemoryError"})
 
 
 @dataclass
@@ -127,6 +133,14 @@ async def register(state: Management, params: Any) -> Status:
         )
     except ConfigError as exc:  # a bad setting from the request, mapped at the boundary
         raise BadRequest(exc.message) from None
+    except WorkerLoadError as exc:
+        if exc.error_type not in OUT_OF_MEMORY:
+            raise
+        # SageMaker's multi-model contract: 507 asks its platform to unload models and retry.
+        raise InsufficientStorage(
+            f"Model {params.model_name or params.url!r} could not be loaded: its worker ran out "
+            f"of memory ({exc.error_type})"
+        ) from None
     state.changed()
     registered = f'Model "{mv.name}" Version: {mv.version} registered with'
     if mv.settings.min_workers == 0:

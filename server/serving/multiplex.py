@@ -10,7 +10,9 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
 * Registration (start-up or the management API) loads a version with ``minWorkers`` > 0 while
   there is room, without evicting anything; the others (and every one past the budget) are
   registered unloaded, in registration order: start-up loads concurrently, so which of many
-  start-up models fill the budget is not specified.
+  start-up models fill the budget is not specified. An API registration that asks for workers
+  while pinned versions fill the budget is refused 507 (it could never load): SageMaker's
+  multi-model contract, whose platform then unloads models and tries again.
 * A request that finds no worker (``admission.refuse``) calls ``ModelVersion.demand``: the
   first starts the load, the others share it; all are queued meanwhile, each bounded by its
   deadline (``clientTimeoutInMills`` or the caller's: :meth:`Multiplexer.bound` answers 504 at
@@ -38,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchbay.server.errors import NoWorker, RequestTimeout, TorchbayError
+from torchbay.server.errors import InsufficientStorage, NoWorker, RequestTimeout, TorchbayError
 from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.queue import Pending, clock, reject
 
@@ -98,14 +100,26 @@ class Multiplexer:
 
     # -- registration ---------------------------------------------------------------------------
 
-    async def start(self, mv: ModelVersion) -> None:
+    async def start(self, mv: ModelVersion, *, refuse_unloadable: bool = False) -> None:
         """A newly registered version: loaded with its ``minWorkers`` while there is room (never
         evicting for it), else registered unloaded; on demand from then on. Raises as
-        ``ModelVersion.start`` (a version that cannot load is not registered)."""
+        ``ModelVersion.start`` (a version that cannot load is not registered).
+
+        ``refuse_unloadable`` (a registration through the API): a version that asks for workers
+        while pinned versions fill the budget could never load, as none of them may be unloaded
+        for it, so it is refused with InsufficientStorage (507, SageMaker's "unload models and
+        try again") instead of registered unloaded."""
         residency = self.residency(mv)
         mv.last_used = clock()  # registered now: the least recently used of those never asked
         async with self._room:  # decided as a load on demand is: never past the budget
-            room = sum(1 for other in self.held() if other is not mv) < self.limit
+            held = [other for other in self.held() if other is not mv]
+            room = len(held) < self.limit
+            never = not room and all(other.settings.pinned for other in held)
+            if refuse_unloadable and never and mv.settings.min_workers > 0:
+                raise InsufficientStorage(
+                    f'Model "{mv.name}" cannot be loaded: the {self.limit} loaded models '
+                    "allowed (max_loaded_models) are all pinned; unregister one first"
+                )
             workers = mv.settings.min_workers if room else 0
             residency.placed = workers > 0
         try:

@@ -152,7 +152,9 @@ class ModelRegistry:
             api = dict(overrides or {})
             if initial_workers is not None:
                 api["initial_workers"] = initial_workers
-            mv = await self._register(path, url, name, api, default_workers, synchronous)
+            mv = await self._register(
+                path, url, name, api, default_workers, synchronous, from_api=not startup
+            )
             if startup:
                 self.startup_models.add(mv.key)
             return mv
@@ -181,6 +183,7 @@ class ModelRegistry:
         overrides: Mapping[str, Any],
         default_workers: int | None,
         synchronous: bool,
+        from_api: bool = False,
     ) -> ModelVersion:
         loose = store.is_model_directory(path)
         manifest, overrides = await self._manifest(path, loose, name, overrides)
@@ -218,9 +221,9 @@ class ModelRegistry:
             if name not in self.defaults or config.default_version:
                 self.defaults[name] = version
         if synchronous:
-            await self._start(mv)
+            await self._start(mv, from_api=from_api)
         else:
-            task = asyncio.ensure_future(self._start(mv, quiet=True))
+            task = asyncio.ensure_future(self._start(mv, quiet=True, from_api=from_api))
             _background.add(task)
             task.add_done_callback(_background.discard)
         return mv
@@ -282,9 +285,16 @@ class ModelRegistry:
             spawn=self.spawn,
         )
 
-    async def _start(self, mv: ModelVersion, quiet: bool = False) -> None:
+    async def _start(self, mv: ModelVersion, quiet: bool = False, from_api: bool = False) -> None:
+        """Start ``mv``'s workers (or place it in the loaded-models budget); a version that
+        cannot start is forgotten. ``from_api``: registered through an API (the budget refuses
+        one that could never load, serving/multiplex.py)."""
+        multiplexer = self.multiplexer
         try:
-            await (mv.start() if self.multiplexer is None else self.multiplexer.start(mv))
+            if multiplexer is None:
+                await mv.start()
+            else:
+                await multiplexer.start(mv, refuse_unloadable=from_api)
         except Exception:
             self._forget(mv)
             if quiet:

@@ -193,6 +193,18 @@ def _failure(exc: Exception, request: p.WireRequest) -> p.WireResponse:
     return _to_wire(response)
 
 
+def _load_error_type(exc: BaseException) -> str:
+    """The type a load failure is reported as: the error's own, unless the handler's load ran
+    out of memory somewhere beneath it (Python's MemoryError, torch's OutOfMemoryError), which
+    is named instead: the server answers that with 507, SageMaker's "unload and retry"."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, MemoryError) or type(cause).__name__ == "OutOfMemoryError":
+            return type(cause).__name__
+        cause = cause.__cause__
+    return type(exc).__name__
+
+
 def serve(sock: socket.socket) -> int:
     """Run the worker protocol on ``sock``. Returns the process exit code."""
     # Import torch and the handlers before the Load arrives: a worker spawned early (see
@@ -225,7 +237,7 @@ def serve(sock: socket.socket) -> int:
         )
     except Exception as exc:  # report any load failure to the frontend, then exit
         log.error("loading %s failed", load.model_name, exc_info=True)
-        p.send_message(sock, p.LoadFailed(type(exc).__name__, str(exc) or repr(exc)))
+        p.send_message(sock, p.LoadFailed(_load_error_type(exc), str(exc) or repr(exc)))
         return 1
     p.send_message(
         sock,

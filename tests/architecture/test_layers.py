@@ -20,8 +20,9 @@ SEAMS = {
     # BaseHandler loads its model and runs it as the worker does (initialize, run_model), and
     # compiles it as model-config.yaml's pt2 asks
     "torchbay.handlers.base_handler": {f"{RUNTIME}.loading", f"{RUNTIME}.accel", f"{RUNTIME}.pt2"},
-    # the image classifier's explanations (Captum, an optional extra)
+    # the image and text classifiers' explanations (Captum, an optional extra)
     "torchbay.handlers.image_classifier": {f"{RUNTIME}.explain"},
+    "torchbay.handlers.text_classifier": {f"{RUNTIME}.explain"},
     # the test helper runs a handler through the worker's own Service
     "torchbay.handlers.testing": {f"{RUNTIME}.service", f"{RUNTIME}.resolve", f"{RUNTIME}.loading"},
 }

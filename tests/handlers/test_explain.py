@@ -4,8 +4,12 @@ a 400 naming it; without Captum the answer is a 501 that says how to install it.
 
 from __future__ import annotations
 
+import importlib.util
+import io
+import itertools
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +34,7 @@ def image_dir(tmp_path: Path) -> Path:
 
 
 EXPLAIN = {"explain": "True"}
+JSON = "application/json"
 
 
 def test_integrated_gradients_per_image(image_dir: Path) -> None:
@@ -68,3 +73,111 @@ def test_without_captum_a_501_that_says_how(
     assert "torchbay[explain]" in body_json(reply)["message"]
     # The same worker still predicts.
     assert service.predict([req(png(), "image/png", "b")]).responses[0].status == 200
+
+
+TEXT_DATA = Path(__file__).parents[1] / "data" / "torchserve" / "explain_text"
+
+
+def _text_model() -> torch.nn.Module:
+    """TorchServe's recorded text_classifier model (its model.py and its archive's weights)."""
+    # Under a name of its own: other tests import modules called "model" too.
+    spec = importlib.util.spec_from_file_location("explain_text_model", TEXT_DATA / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TextModel()
+    with zipfile.ZipFile(TEXT_DATA / "text.mar") as mar:
+        model.load_state_dict(torch.load(io.BytesIO(mar.read("model.pt")), weights_only=True))
+    return model.eval()
+
+
+def test_text_attributions_are_torchserve_s_numbers_on_torchserve_s_inputs() -> None:
+    """Given the token ids TorchServe's handler makes (words, then bigrams, from its
+    source_vocab.pt), torchbay's Layer Integrated Gradients and summary give the importances
+    TorchServe 0.12 answered (answers.json), to float precision."""
+    pytest.importorskip("captum")
+    from torchbay.handlers.runtime import explain
+
+    recorded = json.loads((TEXT_DATA / "answers.json").read_text())["answers"][0]
+    words = recorded["body"]["words"]
+    with zipfile.ZipFile(TEXT_DATA / "text.mar") as mar:
+        vocab = torch.load(io.BytesIO(mar.read("source_vocab.pt")), weights_only=True)
+    grams = words + [" ".join(pair) for pair in itertools.pairwise(words)]
+    ids = torch.tensor([vocab[g] for g in grams])
+    offsets = torch.tensor([0])
+    attributions = explain.layer_integrated_gradients(
+        _text_model(), ids, torch.zeros_like(ids), (offsets,), 0
+    )
+    importances = explain.summarize(attributions)
+    expected = torch.tensor(recorded["body"]["importances"])
+    assert torch.allclose(torch.tensor(importances), expected, atol=1e-5), importances
+
+
+PADDED_TEXT = """
+import torch
+
+
+class PaddedText(torch.nn.Module):
+    \"\"\"Padded token ids in, an Embedding (per token) averaged, two classes out.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(8, 3)
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, ids):
+        return self.fc(self.embedding(ids).mean(dim=1))
+"""
+
+
+def _padded_text(folder: Path) -> torch.nn.Module:
+    """PADDED_TEXT's model, seeded, its source written to ``folder``/model.py."""
+    (folder / "model.py").write_text(PADDED_TEXT)
+    space: dict[str, object] = {}
+    exec(compile(PADDED_TEXT, str(folder / "model.py"), "exec"), space)
+    torch.manual_seed(0)
+    return space["PaddedText"]().eval()  # type: ignore[operator]
+
+
+@pytest.fixture
+def padded_text_dir(tmp_path: Path) -> Path:
+    torch.save(_padded_text(tmp_path).state_dict(), tmp_path / "model.pt")
+    words = ["<pad>", "<unk>", "good", "bad", "film", "a", "very", "!"]
+    (tmp_path / "vocab.json").write_text(json.dumps({w: i for i, w in enumerate(words)}))
+    write_manifest(
+        tmp_path, serialized="model.pt", model_file="model.py", handler="text_classifier"
+    )
+    return tmp_path
+
+
+def test_text_explanations_for_each_request_of_a_batch(padded_text_dir: Path) -> None:
+    """Per token of each text (an Embedding's rows), each request with its own target; a bad
+    target fails its request alone; a request without explain is still a prediction."""
+    pytest.importorskip("captum")
+    service = load_service(padded_text_dir, batch_size=3)
+    outcome = service.predict(
+        [
+            req("a very good film!", "text/plain", "a", headers=EXPLAIN),
+            req(json.dumps({"text": "bad", "target": 1}), JSON, "b", headers=EXPLAIN),
+            req(json.dumps({"text": "bad", "target": "x"}), JSON, "c", headers=EXPLAIN),
+        ]
+    )
+    assert [r.status for r in outcome.responses] == [200, 200, 400]
+    first, second = (body_json(r) for r in outcome.responses[:2])
+    assert first["words"] == ["a", "very", "good", "film", "!"]
+    assert [len(row) for row in first["importances"]] == [3] * 5  # a row per token
+    assert second["words"] == ["bad"] and len(second["importances"]) == 1
+    target_zero = service.predict([req("bad", "text/plain", "d", headers=EXPLAIN)])
+    assert body_json(target_zero.responses[0])["importances"] != second["importances"]
+    plain = service.predict([req("good film", "text/plain", "e")]).responses[0]
+    assert plain.status == 200 and "importances" not in body_json(plain)
+
+
+def test_a_torchscript_text_model_is_a_501_for_explanations(tmp_path: Path) -> None:
+    pytest.importorskip("captum")
+    torch.jit.script(_padded_text(tmp_path)).save(str(tmp_path / "model.pt"))
+    (tmp_path / "vocab.json").write_text(json.dumps({"<pad>": 0, "good": 1}))
+    write_manifest(tmp_path, serialized="model.pt", handler="text_classifier")
+    service = load_service(tmp_path)
+    (reply,) = service.predict([req("good", "text/plain", "a", headers=EXPLAIN)]).responses
+    assert reply.status == 501 and "eager model" in body_json(reply)["message"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "sagemaker"
@@ -51,3 +53,17 @@ def clean_env(tmp: Path, **extra: str) -> dict[str, str]:
         "TORCHBAY_METRICS_ADDRESS": "http://127.0.0.1:0",
     }
     return {**env, **own, **extra}
+
+
+def mme_config(port: int) -> str:
+    """The config.properties text the toolkit writes with ``SAGEMAKER_MULTI_MODEL=true``: its
+    module reads that variable as it is imported, so it is asked in a process of its own."""
+    code = (
+        "from sagemaker_pytorch_serving_container import handler_service, torchserve\n"
+        "print(torchserve._generate_ts_config_properties(handler_service.__file__), end='')"
+    )
+    env = {**os.environ, "SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BIND_TO_PORT": str(port)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return done.stdout

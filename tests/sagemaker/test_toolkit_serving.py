@@ -54,7 +54,9 @@ def servers(folder: Path) -> list[psutil.Process]:
     class on its command line; it left the toolkit's process tree when ``--start`` exited)."""
     found = []
     for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):  # gone, a zombie, or not ours to read
+        # gone, a zombie, or not ours to read; psutil 5.x lets a process that exits while
+        # its cwd link is read escape as FileNotFoundError (another test's, on this host)
+        with contextlib.suppress(psutil.Error, FileNotFoundError):
             if proc.cwd() == str(folder) and "org.pytorch.serve.ModelServer" in proc.cmdline():
                 found.append(proc)
     return found

@@ -27,7 +27,9 @@ class _Here:
     def process_iter() -> list[psutil.Process]:
         here, found = os.getcwd(), []
         for proc in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):  # gone, a zombie, or not ours to read
+            # gone, a zombie, or not ours to read; psutil 5.x lets a process that exits while
+            # its cwd link is read escape as FileNotFoundError (another test's, on this host)
+            with contextlib.suppress(psutil.Error, FileNotFoundError):
                 if proc.cwd() == here:
                     found.append(proc)
         return found

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 
 import httpx
@@ -73,3 +74,48 @@ def test_explanations_over_torchserve_and_kserve_v1(store: Path) -> None:
         none = httpx.post(f"{live.url}/v1/models/plain:explain", json={"instances": [[0.0]]})
         assert none.status_code == 501, none.text
         assert "explanations" in none.json()["message"]
+
+
+TEXT_DATA = Path(__file__).parents[1] / "data" / "torchserve" / "explain_text"
+
+
+def test_text_explanations_have_torchserve_s_shape_on_its_archive() -> None:
+    """TorchServe's own text_classifier archive (tests/data/torchserve/explain_text: an
+    EmbeddingBag model, made by TorchServe's archiver), explained by torchbay over both routes;
+    TorchServe 0.12's recorded answer gives the shape: one ``{"importances", "words"}``, the
+    bag's one row of embedding-width importances, the text's words. The values differ by
+    design: TorchServe's handler also feeds the text's bigrams to the bag, torchbay's does not."""
+    pytest.importorskip("captum")
+    recorded = json.loads((TEXT_DATA / "answers.json").read_text())["answers"]
+    theirs = next(a for a in recorded if a["id"] == "explain")
+    text = theirs["request"]["body"]
+    with running(TEXT_DATA, load_models=["text.mar"]) as live:
+        ours = httpx.post(f"{live.url}/explanations/text", content=text.encode(), timeout=120)
+        assert ours.status_code == 200, ours.text
+        body = ours.json()
+        assert body.keys() == theirs["body"].keys() == {"importances", "words"}
+        assert body["words"] == theirs["body"]["words"]
+        shape = [len(body["importances"]), len(body["importances"][0])]
+        assert shape == [len(theirs["body"]["importances"]), len(theirs["body"]["importances"][0])]
+        assert torch.tensor(body["importances"]).sum(-1).norm().item() == pytest.approx(1.0)
+
+        # KServe v1: one explanation per instance, each with its own target class.
+        instances = [{"data": text}, {"text": text, "target": 1}]
+        v1 = httpx.post(
+            f"{live.url}/v1/models/text:explain", json={"instances": instances}, timeout=120
+        )
+        assert v1.status_code == 200, v1.text
+        (their_v1,) = json.loads((TEXT_DATA / "answers.json").read_text())["kserve_answers"]
+        assert v1.json().keys() == their_v1["body"].keys() == {"explanations"}
+        first, second = v1.json()["explanations"]
+        assert first.keys() == their_v1["body"]["explanations"][0].keys()
+        assert first == body  # target 0, as /explanations answered
+        assert second["words"] == body["words"] and second["importances"] != body["importances"]
+
+        bad = httpx.post(
+            f"{live.url}/explanations/text", json={"text": text, "target": "x"}, timeout=60
+        )
+        assert bad.status_code == 400 and "target must be a class index" in bad.text
+        predicted = httpx.post(f"{live.url}/predictions/text", content=text.encode(), timeout=60)
+        their_prediction = next(a for a in recorded if a["id"] == "predict")["body"]
+        assert predicted.status_code == 200 and predicted.json().keys() == their_prediction.keys()

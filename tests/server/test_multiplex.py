@@ -183,6 +183,39 @@ def test_a_budget_full_of_pinned_models_refuses_a_load_at_once(
     assert _describe(live, "p")["evictions"] == 0
 
 
+def test_an_api_registration_that_could_never_load_is_a_507(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve({"p": "pinned: true\n"}, max_loaded_models=1)
+    _register(live, "p")
+    url = f"{live.management_url}/models?url=a.mar&initial_workers=1&synchronous=true"
+    refused = httpx.post(url, timeout=120)
+    assert refused.status_code == 507, refused.text
+    assert refused.json()["type"] == "InsufficientStorage"
+    assert "are all pinned" in refused.json()["message"]
+    assert _loaded(live) == {"p": True}  # a is not registered: SageMaker unloads and retries
+    httpx.delete(f"{live.management_url}/models/p", timeout=120).raise_for_status()
+    _register(live, "a")  # room now
+    assert _loaded(live) == {"a": True}
+
+
+def test_a_load_that_runs_out_of_memory_is_a_507(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve({"hungry": "loadFails: memory\n", "broken": "loadFails: true\n"})
+    url = f"{live.management_url}/models?initial_workers=1&synchronous=true&url="
+    hungry = httpx.post(url + "hungry.mar", timeout=120)
+    assert hungry.status_code == 507, hungry.text
+    assert hungry.json()["message"] == (
+        "Model 'hungry.mar' could not be loaded: its worker ran out of memory (MemoryError)"
+    )
+    broken = httpx.post(url + "broken.mar", timeout=120)  # any other load error: still a 500
+    assert broken.status_code == 500, broken.text
+    for body in (hungry.text, broken.text):
+        assert "Traceback" not in body and str(tmp_path.parent) not in body
+    assert httpx.get(f"{live.management_url}/models", timeout=30).json()["models"] == []
+
+
 def test_a_deadline_that_passes_during_a_load_is_a_504_and_the_load_completes(
     serve: Callable[..., LiveServer], tmp_path: Path
 ) -> None:

@@ -1,7 +1,8 @@
 """A test handler whose load is held or fails on purpose (serving/multiplex.py's tests).
 
 At load, the archive's model-config.yaml says what happens: ``loadGate: path`` waits (polling,
-bounded) until that file exists; ``loadFails: true`` raises. Each request is the JSON object
+bounded) until that file exists; ``loadFails: true`` raises (``loadFails: memory``: MemoryError,
+as a load that runs out of memory). Each request is the JSON object
 ``{"id": str, "gate": path}`` (``gate`` optional), sent as TorchServe's body: the handler waits
 for ``gate`` to exist (so a test can hold a model busy), then answers ``{"id", "pid"}``.
 """
@@ -30,6 +31,8 @@ def handle(data, context):
     if data is None:  # initialization
         config = context.model_yaml_config or {}
         _wait(config.get("loadGate"))
+        if config.get("loadFails") == "memory":
+            raise MemoryError("this model runs out of memory on purpose")
         if config.get("loadFails"):
             raise RuntimeError("this model fails to load on purpose")
         return None

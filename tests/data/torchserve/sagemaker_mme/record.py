@@ -1,0 +1,179 @@
+"""Record what TorchServe 0.12 answers to SageMaker's multi-model endpoint contract (answers.json).
+
+Run from the repository root with torchbay's virtualenv (it has the toolkit, a dev dependency):
+
+    .venv/bin/python tests/data/torchserve/sagemaker_mme/record.py
+
+The configuration is the one ``sagemaker-pytorch-inference`` 2.0.25 writes with
+``SAGEMAKER_MULTI_MODEL=true`` (its ``mme-ts.properties`` + its own lines, flaws and all), with
+the edits of ../sagemaker/record.py: ``0.0.0.0`` becomes ``127.0.0.1``, ``metrics_address`` is
+added (ports 18400/18402). TorchServe is started with the toolkit's MME command line
+(``--model-store /``, no ``--models``) plus ``--foreground --ncs``, twice: once in the toolkit's
+environment as it is (its file's run-on line leaves the model API off), once with
+``TS_ENABLE_MODEL_API=true`` (the file sets ``enable_envvars_config=true``), which is what a
+multi-model container needs. Each run asks SageMaker's calls (``POST /models`` with
+``{"model_name", "url"}``, list, describe, invoke, unload) of two model directories in SageMaker's
+layout (``<base>/models/<hash>/model``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+SAGEMAKER = HERE.parent / "sagemaker"
+sys.path.insert(0, str(SAGEMAKER))
+from model_dirs import INPUT, make_model_dir  # noqa: E402
+from record import BASE, PORT, TS_VENV, _listening, pylib  # noqa: E402
+
+os.environ["SAGEMAKER_MULTI_MODEL"] = "true"  # read by the toolkit's modules as they import
+JSON = {"Content-Type": "application/json"}
+
+
+def cases(base: Path) -> list[tuple[str, str, str, dict | list | None]]:
+    """(id, method, path, JSON body): SageMaker's calls, in the order they are asked."""
+    a, b = str(base / "models" / "hash-a" / "model"), str(base / "models" / "hash-b" / "model")
+    return [
+        ("ping", "GET", "/ping", None),
+        ("list_empty", "GET", "/models", None),
+        ("load_a", "POST", "/models", {"model_name": "a", "url": a}),
+        ("load_a_again", "POST", "/models", {"model_name": "a", "url": a}),
+        ("load_b", "POST", "/models", {"model_name": "b", "url": b}),
+        ("load_missing_dir", "POST", "/models", {"model_name": "c", "url": a + "-gone"}),
+        ("load_without_url", "POST", "/models", {"model_name": "c"}),
+        ("list", "GET", "/models", None),
+        ("list_page", "GET", "/models?limit=1", None),
+        ("list_next_page", "GET", "/models?limit=1&next_page_token=1", None),
+        ("describe_a", "GET", "/models/a", None),
+        ("describe_unknown", "GET", "/models/nope", None),
+        ("invoke_a", "POST", "/models/a/invoke", INPUT),
+        ("invoke_b", "POST", "/models/b/invoke", INPUT),
+        ("invoke_unknown", "POST", "/models/nope/invoke", INPUT),
+        ("unload_a", "DELETE", "/models/a", None),
+        ("unload_a_again", "DELETE", "/models/a", None),
+        ("invoke_a_unloaded", "POST", "/models/a/invoke", INPUT),
+        ("reload_a", "POST", "/models", {"model_name": "a", "url": a}),
+        ("invoke_a_reloaded", "POST", "/models/a/invoke", INPUT),
+    ]
+
+
+def ask(case: tuple[str, str, str, dict | list | None]) -> dict:
+    cid, method, path, body = case
+    content = json.dumps(body) if body is not None else None
+    headers = JSON if body is not None else {}
+    r = httpx.request(method, BASE + path, headers=headers, content=content, timeout=240)
+    try:
+        parsed = r.json()
+    except ValueError:
+        parsed = r.text
+    return {
+        "id": cid,
+        "request": {"method": method, "path": path, "body": body},
+        "status": r.status_code,
+        "content_type": r.headers.get("content-type"),
+        "body": parsed,
+    }
+
+
+def toolkit_config() -> tuple[str, list[str]]:
+    """The toolkit's MME config.properties text and its torchserve command line."""
+    os.environ["SAGEMAKER_BIND_TO_PORT"] = str(PORT)
+    from sagemaker_pytorch_serving_container import handler_service, torchserve
+
+    text = torchserve._generate_ts_config_properties(handler_service.__file__)
+    command = [
+        "torchserve",
+        "--start",
+        "--model-store",
+        torchserve.MODEL_STORE,
+        "--ts-config",
+        torchserve.TS_CONFIG_FILE,
+        "--log-config",
+        torchserve.DEFAULT_TS_LOG_FILE,
+    ]
+    return text, command
+
+
+def wait_up(proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"TorchServe exited with {proc.returncode}: see console.log")
+        if _listening():
+            return
+        time.sleep(1)
+    raise SystemExit("TorchServe did not start")
+
+
+def run(base: Path, config: Path, command: list[str], extra_env: dict[str, str]) -> dict:
+    argv = [a for a in command if a != "--start"] + ["--foreground", "--ncs"]
+    argv[argv.index("--ts-config") + 1] = str(config)
+    env = {
+        **os.environ,
+        **extra_env,
+        "PATH": f"{TS_VENV / 'bin'}:{os.environ['PATH']}",
+        "PYTHONPATH": f"{base / 'ml' / 'models' / 'code'}:{base / 'pylib'}",
+        "SAGEMAKER_HANDLER": "sagemaker_pytorch_serving_container.handler_service",
+        "LOG_LOCATION": str(base / "logs"),
+        "METRICS_LOCATION": str(base / "logs"),
+        "TMPDIR": tempfile.mkdtemp(dir=base),
+    }
+    log = open(base / "console.log", "a")  # noqa: SIM115
+    proc = subprocess.Popen(
+        argv, cwd=base, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        wait_up(proc)
+        return {"command": argv, "env": extra_env, "answers": [ask(c) for c in cases(base)]}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        while _listening():
+            time.sleep(0.5)
+        log.close()
+
+
+def main() -> None:
+    root = Path.cwd()
+    base = Path(tempfile.mkdtemp(prefix="ts-sagemaker-mme-"))
+    try:
+        make_model_dir(base / "models" / "hash-a" / "model")
+        make_model_dir(base / "models" / "hash-b" / "model", scale=10.0)
+        pylib(base / "pylib")
+        os.environ["SAGEMAKER_BASE_DIR"] = str(base / "ml")
+        text, command = toolkit_config()
+        config = base / "sagemaker-ts.properties"
+        config.write_text(
+            text.replace("0.0.0.0", "127.0.0.1") + f"metrics_address=http://127.0.0.1:{PORT + 2}\n"
+        )
+        as_written = run(base, config, command, {})
+        model_api = run(base, config, command, {"TS_ENABLE_MODEL_API": "true"})
+        record = {
+            "made_by": ".venv/bin/python tests/data/torchserve/sagemaker_mme/record.py",
+            "torchserve": "0.12.0",
+            "toolkit": "sagemaker-pytorch-inference 2.0.25, SAGEMAKER_MULTI_MODEL=true",
+            "toolkit_config": text,
+            "runs": {"as_written": as_written, "model_api_on": model_api},
+        }
+        out = json.dumps(record, indent=1).replace(str(base), "<base>")
+        (root / "tests/data/torchserve/sagemaker_mme/answers.json").write_text(out + "\n")
+    finally:
+        if (base / "console.log").exists():
+            shutil.copy(base / "console.log", tempfile.gettempdir() + "/ts-sagemaker-mme.log")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
