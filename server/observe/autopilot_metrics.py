@@ -15,11 +15,11 @@ Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+
+from torchbay.server.observe.version_collector import VersionCollector
 
 if TYPE_CHECKING:
     from torchbay.server.serving.model import ModelVersion
@@ -29,16 +29,10 @@ __all__ = ["AutopilotCollector"]
 LABELS = ("model", "version")
 
 
-class AutopilotCollector(Collector):
-    """Reads every model version's autopilot when scraped; ``versions`` lists them."""
+class AutopilotCollector(VersionCollector):
+    """Reads every model version's autopilot when scraped."""
 
-    def __init__(self, versions: Callable[[], Iterable[ModelVersion]]) -> None:
-        self.versions = versions
-
-    def describe(self) -> Iterator[Metric]:
-        yield from self._families()
-
-    def _families(self) -> tuple[Metric, ...]:
+    def families(self) -> tuple[Metric, ...]:
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"torchbay_autopilot_{name}", doc, labels=LABELS)
 
@@ -56,21 +50,19 @@ class AutopilotCollector(Collector):
             ),
         )
 
-    def collect(self) -> Iterator[Metric]:
-        batch, delay, p99, target, arrivals, busy, changes = self._families()
-        for mv in list(self.versions()):
-            pilot = getattr(mv, "autopilot", None)
-            if pilot is None or not pilot.active:
-                continue
-            labels = [mv.name, mv.version]
-            current = pilot.current()
-            batch.add_metric(labels, current.batch_size)
-            delay.add_metric(labels, current.delay_ms)
-            target.add_metric(labels, pilot.target_ms)
-            if pilot.last is not None:
-                p99.add_metric(labels, pilot.last.p99_ms)
-                arrivals.add_metric(labels, pilot.last.arrival_rps)
-                busy.add_metric(labels, pilot.last.utilization)
-            for direction, count in pilot.changes.items():
-                changes.add_metric([*labels, direction], count)
-        yield from (batch, delay, p99, target, arrivals, busy, changes)
+    def fill(self, mv: ModelVersion, *families: Any) -> None:
+        batch, delay, p99, target, arrivals, busy, changes = families
+        pilot = getattr(mv, "autopilot", None)
+        if pilot is None or not pilot.active:
+            return
+        labels = [mv.name, mv.version]
+        current = pilot.current()
+        batch.add_metric(labels, current.batch_size)
+        delay.add_metric(labels, current.delay_ms)
+        target.add_metric(labels, pilot.target_ms)
+        if pilot.last is not None:
+            p99.add_metric(labels, pilot.last.p99_ms)
+            arrivals.add_metric(labels, pilot.last.arrival_rps)
+            busy.add_metric(labels, pilot.last.utilization)
+        for direction, count in pilot.changes.items():
+            changes.add_metric([*labels, direction], count)

@@ -19,11 +19,11 @@ Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import CounterMetricFamily
+
+from torchbay.server.observe.version_collector import VersionCollector
 
 if TYPE_CHECKING:
     from torchbay.server.serving.model import ModelVersion
@@ -33,25 +33,18 @@ __all__ = ["CancelCollector"]
 LABELS = ("model", "version")
 
 
-class CancelCollector(Collector):
-    """Reads every model version's cancelled counts when scraped; ``versions`` lists them."""
+class CancelCollector(VersionCollector):
+    """Reads every model version's cancelled counts when scraped."""
 
-    def __init__(self, versions: Callable[[], Iterable[ModelVersion]]) -> None:
-        self.versions = versions
-
-    def describe(self) -> Iterator[Metric]:
-        yield self._family()
-
-    def _family(self) -> CounterMetricFamily:
-        return CounterMetricFamily(
-            "torchbay_cancelled_requests",
-            "Requests whose caller left before their answer, by stage (queued: never ran)",
-            labels=(*LABELS, "stage"),
+    def families(self) -> tuple[CounterMetricFamily]:
+        return (
+            CounterMetricFamily(
+                "torchbay_cancelled_requests",
+                "Requests whose caller left before their answer, by stage (queued: never ran)",
+                labels=(*LABELS, "stage"),
+            ),
         )
 
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        for mv in list(self.versions()):
-            for stage, count in mv.cancelled.items():
-                family.add_metric([mv.name, mv.version, stage], count)
-        yield family
+    def fill(self, mv: ModelVersion, family: CounterMetricFamily) -> None:
+        for stage, count in mv.cancelled.items():
+            family.add_metric([mv.name, mv.version, stage], count)

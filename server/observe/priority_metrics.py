@@ -19,11 +19,11 @@ counts start again with a new version (a reload). Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from torchbay.server.observe.version_collector import VersionCollector
 
 if TYPE_CHECKING:
     from torchbay.server.serving.model import ModelVersion
@@ -33,16 +33,10 @@ __all__ = ["PriorityCollector"]
 LABELS = ("model", "version", "level")
 
 
-class PriorityCollector(Collector):
-    """Reads every model version's queue levels when scraped; ``versions`` lists them."""
+class PriorityCollector(VersionCollector):
+    """Reads every model version's queue levels when scraped."""
 
-    def __init__(self, versions: Callable[[], Iterable[ModelVersion]]) -> None:
-        self.versions = versions
-
-    def describe(self) -> Iterator[Metric]:
-        yield from self._families()
-
-    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+    def families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
         return (
             GaugeMetricFamily(
                 "torchbay_priority_queue_depth",
@@ -56,16 +50,12 @@ class PriorityCollector(Collector):
             ),
         )
 
-    def collect(self) -> Iterator[Metric]:
-        depth, requests = self._families()
-        for mv in list(self.versions()):
-            levels = mv.queue.levels
-            if levels is None:
-                continue
-            for i in range(len(levels)):
-                labels = [mv.name, mv.version, str(i + 1)]
-                depth.add_metric(labels, levels.queued_at(i))
-                for code, count in sorted(levels.answered[i].items()):
-                    requests.add_metric([*labels, str(code)], count)
-        yield depth
-        yield requests
+    def fill(
+        self, mv: ModelVersion, depth: GaugeMetricFamily, requests: CounterMetricFamily
+    ) -> None:
+        levels = mv.queue.levels
+        for i in range(len(levels) if levels is not None else 0):
+            labels = [mv.name, mv.version, str(i + 1)]
+            depth.add_metric(labels, levels.queued_at(i))
+            for code, count in sorted(levels.answered[i].items()):
+                requests.add_metric([*labels, str(code)], count)

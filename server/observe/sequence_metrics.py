@@ -16,12 +16,11 @@ A version that is not a sequence model has no series. TorchServe has none. Torch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from torchbay.server.observe.version_collector import VersionCollector
 from torchbay.server.serving.sequences import SequenceQueue
 
 if TYPE_CHECKING:
@@ -32,16 +31,10 @@ __all__ = ["SequenceCollector"]
 LABELS = ("model", "version")
 
 
-class SequenceCollector(Collector):
-    """Reads every sequence model version's scheduler when scraped; ``versions`` lists them."""
+class SequenceCollector(VersionCollector):
+    """Reads every sequence model version's scheduler when scraped."""
 
-    def __init__(self, versions: Callable[[], Iterable[ModelVersion]]) -> None:
-        self.versions = versions
-
-    def describe(self) -> Iterator[Metric]:
-        yield from self._families()
-
-    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+    def families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
         return (
             GaugeMetricFamily(
                 "torchbay_open_sequences",
@@ -55,14 +48,10 @@ class SequenceCollector(Collector):
             ),
         )
 
-    def collect(self) -> Iterator[Metric]:
-        opened, ended = self._families()
-        for mv in list(self.versions()):
-            queue = mv.queue
-            if not isinstance(queue, SequenceQueue):
-                continue
-            opened.add_metric([mv.name, mv.version], len(queue.open))
-            for reason, count in queue.ended.items():
-                ended.add_metric([mv.name, mv.version, reason], count)
-        yield opened
-        yield ended
+    def fill(self, mv: ModelVersion, opened: GaugeMetricFamily, ended: CounterMetricFamily) -> None:
+        queue = mv.queue
+        if not isinstance(queue, SequenceQueue):
+            return
+        opened.add_metric([mv.name, mv.version], len(queue.open))
+        for reason, count in queue.ended.items():
+            ended.add_metric([mv.name, mv.version, reason], count)
