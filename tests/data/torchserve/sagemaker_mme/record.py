@@ -18,15 +18,11 @@ layout (``<base>/models/<hash>/model``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -34,8 +30,10 @@ import httpx
 HERE = Path(__file__).resolve().parent
 SAGEMAKER = HERE.parent / "sagemaker"
 sys.path.insert(0, str(SAGEMAKER))
+sys.path.insert(0, str(HERE.parent))
+import tsrun  # noqa: E402
 from model_dirs import INPUT, make_model_dir  # noqa: E402
-from record import BASE, PORT, TS_VENV, _listening, pylib  # noqa: E402
+from record import BASE, PORT, TS_VENV, pylib  # noqa: E402
 
 os.environ["SAGEMAKER_MULTI_MODEL"] = "true"  # read by the toolkit's modules as they import
 JSON = {"Content-Type": "application/json"}
@@ -105,44 +103,24 @@ def toolkit_config() -> tuple[str, list[str]]:
     return text, command
 
 
-def wait_up(proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"TorchServe exited with {proc.returncode}: see console.log")
-        if _listening():
-            return
-        time.sleep(1)
-    raise SystemExit("TorchServe did not start")
-
-
 def run(base: Path, config: Path, command: list[str], extra_env: dict[str, str]) -> dict:
+    """Start TorchServe as the toolkit would (in the foreground, with ``extra_env``), ask every
+    case, stop it (``tsrun.running``: its output in ``base/ts.out``)."""
     argv = [a for a in command if a != "--start"] + ["--foreground", "--ncs"]
     argv[argv.index("--ts-config") + 1] = str(config)
     env = {
-        **os.environ,
         **extra_env,
         "PATH": f"{TS_VENV / 'bin'}:{os.environ['PATH']}",
         "PYTHONPATH": f"{base / 'ml' / 'models' / 'code'}:{base / 'pylib'}",
         "SAGEMAKER_HANDLER": "sagemaker_pytorch_serving_container.handler_service",
         "LOG_LOCATION": str(base / "logs"),
         "METRICS_LOCATION": str(base / "logs"),
+        # Its own pid folder: the previous run's TorchServe leaves its pid file behind.
         "TMPDIR": tempfile.mkdtemp(dir=base),
     }
-    log = open(base / "console.log", "a")  # noqa: SIM115
-    proc = subprocess.Popen(
-        argv, cwd=base, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        wait_up(proc)
+    ready = lambda: tsrun.listening(PORT)  # noqa: E731
+    with tsrun.running(argv, base, ready, env=env, ports=(PORT,), timeout_s=240):
         return {"command": argv, "env": extra_env, "answers": [ask(c) for c in cases(base)]}
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        while _listening():
-            time.sleep(0.5)
-        log.close()
 
 
 def main() -> None:
@@ -170,8 +148,8 @@ def main() -> None:
         out = json.dumps(record, indent=1).replace(str(base), "<base>")
         (root / "tests/data/torchserve/sagemaker_mme/answers.json").write_text(out + "\n")
     finally:
-        if (base / "console.log").exists():
-            shutil.copy(base / "console.log", tempfile.gettempdir() + "/ts-sagemaker-mme.log")
+        if (base / "ts.out").exists():
+            shutil.copy(base / "ts.out", tempfile.gettempdir() + "/ts-sagemaker-mme.log")
         shutil.rmtree(base, ignore_errors=True)
 
 
