@@ -63,6 +63,12 @@ async def run_batch(
             reject(item.future, _too_large(key, item, len(response.body), limit))
             continue
         resolve(item.future, response)
+    return batch_record(batch, result, started)
+
+
+def batch_record(batch: Batch, result: Any, started: float) -> BatchRecord:
+    """The record of ``batch``, answered by the worker with ``result`` (its ``InferResult``),
+    which ``started`` (``clock()``) to run."""
     return BatchRecord(
         size=len(batch),
         queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],

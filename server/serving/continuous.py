@@ -27,7 +27,7 @@ from typing import Any
 
 from torchbay.server.errors import HandlerFailed, TorchbayError
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.batches import BatchRecord
+from torchbay.server.serving.batches import BatchRecord, batch_record
 from torchbay.server.serving.handle import WorkerProcess
 from torchbay.server.serving.launch import ModelSettings
 from torchbay.server.serving.queue import Pending, clock, reject, resolve
@@ -163,15 +163,7 @@ class Carry:
         finally:
             streams.close()
         self._carried = set(self.items)
-        return BatchRecord(
-            size=len(batch),
-            queue_times_s=[(i.dispatched or i.arrival) - i.arrival for i in batch],
-            timings_ms=result.timings,
-            metrics=result.metrics,
-            run_s=clock() - started,
-            request_ids=tuple(str(i.payload.request_id) for i in batch),
-            answered=any(r.status < 400 for r in result.responses),
-        )
+        return batch_record(batch, result, started)
 
     def _one(self, item: Item, response: p.WireResponse, streams: BatchStreams) -> None:
         headers = dict(response.headers)
