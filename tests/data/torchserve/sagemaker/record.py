@@ -80,22 +80,25 @@ def toolkit_config(base: Path) -> tuple[str, list[str]]:
     os.environ["SAGEMAKER_BASE_DIR"] = str(base / "ml")
     os.environ["SAGEMAKER_BIND_TO_PORT"] = str(PORT)
     os.chdir(base)
-    from sagemaker_pytorch_serving_container import handler_service, torchserve
+    from sagemaker_pytorch_serving_container import torchserve
 
-    text = torchserve._generate_ts_config_properties(handler_service.__file__)
-    command = [
-        "torchserve",
-        "--start",
-        "--model-store",
-        torchserve.MODEL_STORE,
-        "--ts-config",
-        torchserve.TS_CONFIG_FILE,
-        "--log-config",
-        torchserve.DEFAULT_TS_LOG_FILE,
+    text, command = toolkit_start()
+    return text, [
+        *command,
         "--models",
         f"{torchserve.DEFAULT_TS_MODEL_NAME}={base / 'ml' / 'model'}",
     ]
-    return text, command
+
+
+def toolkit_start() -> tuple[str, list[str]]:
+    """The toolkit's config.properties text and the torchserve command line it starts with
+    (before the models it names), as its ``torchserve.start_torchserve`` writes them."""
+    from sagemaker_pytorch_serving_container import handler_service, torchserve
+
+    text = torchserve._generate_ts_config_properties(handler_service.__file__)
+    command = ["torchserve", "--start", "--model-store", torchserve.MODEL_STORE]
+    command += ["--ts-config", torchserve.TS_CONFIG_FILE]
+    return text, [*command, "--log-config", torchserve.DEFAULT_TS_LOG_FILE]
 
 
 def ready(models: list[str]) -> bool:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(SAGEMAKER))
 sys.path.insert(0, str(HERE.parent))
 import tsrun  # noqa: E402
 from model_dirs import INPUT, make_model_dir  # noqa: E402
-from record import BASE, PORT, TS_VENV, pylib  # noqa: E402
+from record import BASE, PORT, TS_VENV, pylib, toolkit_start  # noqa: E402
 
 os.environ["SAGEMAKER_MULTI_MODEL"] = "true"  # read by the toolkit's modules as they import
 JSON = {"Content-Type": "application/json"}
@@ -85,22 +85,9 @@ def ask(case: tuple[str, str, str, dict | list | None]) -> dict:
 
 
 def toolkit_config() -> tuple[str, list[str]]:
-    """The toolkit's MME config.properties text and its torchserve command line."""
+    """The toolkit's MME config.properties text and its torchserve command line (no models)."""
     os.environ["SAGEMAKER_BIND_TO_PORT"] = str(PORT)
-    from sagemaker_pytorch_serving_container import handler_service, torchserve
-
-    text = torchserve._generate_ts_config_properties(handler_service.__file__)
-    command = [
-        "torchserve",
-        "--start",
-        "--model-store",
-        torchserve.MODEL_STORE,
-        "--ts-config",
-        torchserve.TS_CONFIG_FILE,
-        "--log-config",
-        torchserve.DEFAULT_TS_LOG_FILE,
-    ]
-    return text, command
+    return toolkit_start()
 
 
 def run(base: Path, config: Path, command: list[str], extra_env: dict[str, str]) -> dict:
