@@ -151,6 +151,7 @@ class _Template:
             child.close()
         self.ready = threading.Event()
         self.dead = False
+        self.closing = False  # close() ended it: its exit code is ours, not news
         self._lock = threading.Lock()
         self._replies: dict[int, _Reply] = {}
         self._procs: dict[int, ForkedProc] = {}
@@ -208,7 +209,7 @@ class _Template:
         self.ctl.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = self.proc.wait(timeout=30)  # reap it (it closed its socket: it is exiting)
-            if code != 0:
+            if code != 0 and not self.closing:
                 log.warning("the worker template (pid %s) exited with code %s", self.proc.pid, code)
 
     def _route(self, message: dict, fds: list[int]) -> None:
@@ -234,9 +235,15 @@ class _Template:
             os.close(fd)
 
     def close(self, timeout: float = 10.0) -> None:
-        """EOF to the template: it exits (its workers do not)."""
+        """EOF to the template: it exits (its workers do not). One still importing torch has
+        forked nothing and would read the EOF only once the import is done (seconds on a
+        loaded host): it is terminated instead."""
+        self.closing = True
         with contextlib.suppress(OSError):
             self.ctl.shutdown(socket.SHUT_RDWR)
+        if not self.ready.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.terminate()
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -19,6 +19,7 @@ its request cancelled at once (the handler's next streamed part for it raises, s
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
@@ -304,6 +305,22 @@ def run(sock: socket.socket) -> int:
         return 0
     finally:
         sock.close()
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` without the interpreter's teardown.
+
+    With torch imported, CPython's finalization (every module's globals cleared, torch's objects
+    collected) takes 2-3 s of CPU on a loaded 2-core host, paid by every worker that stops:
+    at shutdown, scale-down, recycling. The atexit hooks still run (a handler's, torch's, and
+    logging's, which flushes and closes every log handler), then stdout and stderr are flushed;
+    only the module teardown is skipped, as a forked child already does (``template.py``).
+    """
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing left to lose
+            stream.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,9 +80,9 @@ def _fork(request: dict, fd: int, inherited: list[int]) -> int:
         except BaseException:
             log.exception("forked worker failed")
         finally:
-            logging.shutdown()
-            _flush()  # os._exit skips it: a handler's last prints would be lost
-            os._exit(code)
+            from torchbay.server.worker.main import exit_now  # (imported: the template's)
+
+            exit_now(code)  # atexit hooks (logging's flush) run; no interpreter teardown
     os.close(fd)
     return pid
 
@@ -167,4 +167,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from torchbay.server.worker.main import exit_now
+
+    exit_now(main())  # EOF ended it: no 2-3 s interpreter teardown with torch imported
