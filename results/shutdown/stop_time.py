@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-from tests.server.conftest import ASSETS, LiveServer, build_store, make_config  # noqa: E402
+from tests.server.conftest import ASSETS, LiveServer, build_store, make_config
 
 
 class _Dirs:
