@@ -252,16 +252,6 @@ def num(value: float | None, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
-def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False))
-        for row in [header, *rows]
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def markdown_table(
     header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None
 ) -> str:

@@ -1,13 +1,10 @@
-"""The one runner every benchmark command measures through: build the reference models and
-archives, start a system under test (``torchbay serve``, TorchServe, or a ceiling: the bare ASGI
-echo or the naive FastAPI server) from one ``models={...}`` description, warm up, and measure with
-the load generator (:func:`warm_and_measure`); for a :class:`Scenario`, also time its first answer
-and read the server tree's CPU and memory (:func:`run_scenario`).
+"""The one runner every benchmark table measures through: build the reference models and
+archives, start a system under test (``torchbay serve``, TorchServe, or a ceiling) from one
+``models={...}`` description (:func:`make_system`), warm up and measure with the load generator,
+and run a table's rows (:func:`run_rows`): repeat outermost, a failed cell NaN with its error.
 
-``run_scenarios``, ``round2`` and its rows and ``gpu_bench`` all start their
-servers with :func:`make_system` and share one :class:`Ctx`. Work files land under
-``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies), ``model_store/`` (``.mar``),
-``runs/<name>/`` (config.properties and the server log).
+Work files land under ``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies),
+``model_store/`` (``.mar``), ``runs/<name>/`` (config.properties and the server log).
 """
 
 from __future__ import annotations
@@ -19,16 +16,19 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from torchbay.archiver.errors import ArchiveError
 from torchbay.benchmarks import managed, models, procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
-from torchbay.benchmarks.report import Eta, RowResult
+from torchbay.benchmarks.report import Eta, Ratio, RowResult, failed, fmt
 from torchbay.benchmarks.scenarios import Batching, Scenario, models_json
 
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
@@ -37,6 +37,7 @@ TORCHBAY, TORCHSERVE, ECHO, NAIVE = "torchbay", "torchserve", "echo", "naive"
 # config.properties keys TorchServe 0.12 does not have; it gets every other key unchanged.
 TORCHBAY_ONLY_KEYS = ("max_queue_delay_ms", "cpu_thread_budget")
 OCTETS = (("Content-Type", "application/octet-stream"),)
+FAILURES = (BenchError, ArchiveError, psutil.Error)  # a failed cell; anything else is a bug
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,7 @@ def archive_models(assets: Assets, out_dir: Path, python: str) -> Assets:
 
 @dataclass
 class Ctx:
-    """One benchmark run: its settings, archives, the load generator, and the clock for the ETA
-    that long runs (round two) print."""
+    """One benchmark run: its settings, archives, the load generator and the ETA it prints."""
 
     out_dir: Path
     assets: Assets
@@ -103,7 +103,7 @@ class Ctx:
     python: str = sys.executable
     start_timeout_s: float = 120.0
     starts: int = 3  # the start row's samples per system (at least; ``repeat`` if more)
-    inprocess_seconds: float = 2.0  # per batch size in the in-process loop (run_scenarios)
+    inprocess_seconds: float = 2.0  # per batch size in the reference table's in-process loop
     log: Any = print
     eta: Eta = field(default_factory=lambda: Eta(0.0, print))
 
@@ -302,3 +302,58 @@ def run_inprocess(
         raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
     raw = json.loads(proc.stdout)
     return {name: {int(b): rate for b, rate in per.items()} for name, per in raw.items()}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement of a row in one round, filling ``labels`` (one system each): ``measure``
+    takes the round and returns each label's metrics."""
+
+    labels: tuple[str, ...]
+    measure: Callable[[int], dict[str, dict[str, float]]]
+    estimate_s: float = 0.0
+
+
+@dataclass
+class Row:
+    """A table's row: its result, the cells each round measures, the metrics a failed cell sets
+    to NaN (the first is the progress line's figure), how it is judged once every round ran,
+    and its rounds (0: ``ctx.repeat``)."""
+
+    result: RowResult
+    cells: list[Cell]
+    keys: tuple[str, ...]
+    judge: Callable[[RowResult], list[Ratio]] = lambda row: []
+    rounds: int = 0
+
+
+def run_rows(ctx: Ctx, rows: list[Row]) -> list[RowResult]:
+    """Every round measures each row's cells once (so drift over time spreads across them), then
+    each row is judged. A cell that fails leaves NaN and its error; the others still run."""
+    rounds = {id(row): row.rounds or ctx.repeat for row in rows}
+    total = sum(c.estimate_s * rounds[id(row)] for row in rows for c in row.cells)
+    ctx.eta = Eta(total, lambda line: ctx.log(line, flush=True))
+    ctx.log(
+        f"{len(rows)} row(s), {ctx.repeat} repeat(s); estimate ~{total / 60:.1f} min", flush=True
+    )
+    for rnd in range(1, max(rounds.values(), default=0) + 1):
+        for row in (row for row in rows if rnd <= rounds[id(row)]):
+            for cell in row.cells:
+                _measure(ctx, row, cell, rnd)
+    for row in rows:
+        row.result.ratios += row.judge(row.result)
+    return [row.result for row in rows]
+
+
+def _measure(ctx: Ctx, row: Row, cell: Cell, rnd: int) -> None:
+    result = row.result
+    try:
+        for label, metrics in cell.measure(rnd).items():
+            result.add(label, metrics)
+        key = row.keys[0]
+        status = ", ".join(f"{x} {fmt(result.series(x, key)[-1], key)}" for x in cell.labels)
+    except FAILURES as exc:
+        for label in cell.labels:
+            failed(result, label, rnd, exc, row.keys)
+        status = f"FAILED: {result.errors[-1]} (logs: {ctx.out_dir / 'runs'})"
+    ctx.progress(f"{result.key} repeat {rnd}: {status}", cell.estimate_s)
