@@ -1,8 +1,9 @@
-"""The overload row's arithmetic: phases of one open-loop timeline, goodput, admitted p99,
-unanswered requests, and the time until latency is normal again after the overload.
+"""Round two's overload row: capacity, then 0.5x / 4x / 0.5x capacity in one open-loop run
+(:func:`overload_once`), and its arithmetic: the phases of the run's timeline, goodput, admitted
+p99, unanswered requests and the time until latency is normal again after the overload.
 
-Pure functions over :attr:`LoadResult.timeline` (triples of start s after the window opened,
-latency s measured from the SCHEDULED send, status or -1). No I/O; ``round2_rows.py`` runs it.
+The arithmetic is pure functions over :attr:`LoadResult.timeline` (triples of start s after the
+window opened, latency s measured from the SCHEDULED send, status or -1).
 
 "Normal" (the recovery test): the p99 of the answers scheduled in each 1 s window of the recovery
 phase is within :data:`NORMAL_FACTOR` x the p99 of the pre-overload phase at the same offered load
@@ -15,13 +16,39 @@ from __future__ import annotations
 import array
 import math
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
+from torchbay.benchmarks import procstat
+from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadPlan
+from torchbay.benchmarks.loadplan import TIMEOUT
+from torchbay.benchmarks.report import Ratio, RowResult, median
+from torchbay.benchmarks.runner import (
+    TORCHBAY,
+    TORCHSERVE,
+    Cell,
+    Ctx,
+    Row,
+    beside_torchserve,
+    closed,
+    run_dir,
+    serving,
+    systems_for,
+    target,
+)
+from torchbay.benchmarks.scenarios import Batching, Goal
 from torchbay.benchmarks.stats import percentile
 
 NORMAL_FACTOR = 2.0
 WINDOW_S = 1.0
 LATE_S = 10.0  # an answer later than this after its scheduled send counts as unanswered
+OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
+SWEEP_FACTORS = (0.5, 1.0, 2.0, 4.0)
+MAX_CONNECTIONS = 256
+QUEUE_DELAY_MS = 200
+JOB_QUEUE_SIZE = 100
+RECOVERY_BOUND_S = 5.0
+CNN_B8_W2 = Batching(8, 10, 2)
 
 
 @dataclass(frozen=True)
@@ -182,3 +209,132 @@ def analyse(
         normal_p99_ms=normal,
         recovery_s=recovery_seconds(windows, normal),
     )
+
+
+def _sweep_point(ctx: Ctx, tgt: object, capacity: float, factor: float) -> dict:
+    """An open-loop run at ``factor`` x capacity, warmed up (the window opens on running load)."""
+    d, rate = ctx.duration_s, factor * capacity
+    plan = LoadPlan(
+        tgt,
+        "open",
+        rate=rate,
+        duration_s=d,
+        warmup_s=ctx.warmup_s,
+        timeline=True,  # type: ignore[arg-type]
+        timeout_s=LATE_S,
+        max_connections=MAX_CONNECTIONS,
+    )
+    res = ctx.gen.run(plan)
+    items = answers(res.timeline)
+    stats = phase_stats(in_phase(items, 0.0, d), d, rate, answered_ok_in(items, 0.0, d))
+    return {"factor": factor, **stats.as_dict(), "generator_behind": res.behind}
+
+
+def overload_once(ctx: Ctx, row: RowResult, system: str, rnd: int) -> dict[str, dict[str, float]]:
+    """Capacity (closed loop, c=16), then one open-loop run: 0.5x, 4x, 0.5x capacity for
+    ``duration_s`` each (at most 256 connections); in round 1 also one open-loop run per
+    SWEEP_FACTORS (the plot). The phases' detail goes to ``row.extra``."""
+    props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
+    with serving(
+        ctx, system, {"cnn": CNN_B8_W2}, run_dir(ctx, "overload", system, f"r{rnd}"), props=props
+    ) as server:
+        tgt = target(ctx, server, "cnn", "cnn")
+        pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
+        at_capacity = procstat.Window.within(
+            pids, procstat.closed_run_opens(ctx.warmup_s), ctx.duration_s
+        )
+        capacity = closed(ctx, tgt, 16).ok_per_s
+        d = ctx.duration_s
+        steps = (
+            (d, RECOVERY_FACTOR * capacity),
+            (d, OVERLOAD_FACTOR * capacity),
+            (d, RECOVERY_FACTOR * capacity),
+        )
+        plan = LoadPlan(
+            tgt,
+            "open",
+            rate=max(r for _, r in steps),
+            steps=steps,
+            duration_s=3 * d,
+            timeout_s=LATE_S,
+            max_connections=MAX_CONNECTIONS,
+            timeline=True,
+        )
+        phase = procstat.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
+        result = ctx.gen.run(plan)
+        lost = result.statuses.get(TIMEOUT, 0)
+        outcome = analyse(result.timeline, capacity, steps, lost, result.sent)
+        good, served = outcome.overload.goodput_per_s * d, capacity * at_capacity.span_s
+        cpu = procstat.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
+        if rnd == 1:
+            row.extra["sweep"][system] = [
+                _sweep_point(ctx, tgt, capacity, f) for f in SWEEP_FACTORS
+            ]
+    detail = {**outcome.as_dict(), "generator_behind": result.behind}
+    row.extra["detail"].setdefault(system, []).append(detail)
+    return {system: {**outcome.metrics(), **cpu}}
+
+
+OVERLOAD_KEYS = (
+    "goodput_ratio",
+    "capacity_req_s",
+    "admitted_p99_ms",
+    "unanswered_10s",
+    "503_overload",
+    "503_recovery",
+    "recovery_s",
+    *procstat.FIGURES,
+)
+
+
+def row_overload(ctx: Ctx) -> Row:
+    row = RowResult(
+        "overload",
+        "cnn, 4x overload, then recovery at 0.5x",
+        f"{CNN_B8_W2.describe()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
+        f"max_queue_delay_ms {QUEUE_DELAY_MS} (TorchServe has none); capacity: closed "
+        f"loop c=16; then open loop 0.5x / 4x / 0.5x capacity, {ctx.duration_s:g} s "
+        f"each, 48 KiB bodies, <= {MAX_CONNECTIONS} connections, latency from the "
+        "scheduled send; goodput = 200s answered within the overload phase per second; "
+        "normal = p99 of each 1 s window <= 2x the pre-overload p99; sweep (repeat 1 only): "
+        "open loop at 0.5/1/2/4x capacity, warm-up then the same window each",
+        extra={"sweep": {}, "detail": {}},
+    )
+    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    estimate = (
+        ctx.warmup_s + 4 * ctx.duration_s + 8 + 4 * (ctx.warmup_s + ctx.duration_s) / ctx.repeat
+    )
+    cells = [Cell((s,), partial(overload_once, ctx, row, s), estimate) for s in systems]
+
+    s = TORCHBAY
+    goals = [
+        Goal(f"{s}: goodput / capacity", "", s, "goodput_ratio", 0.90, op=">="),
+        Goal(
+            f"{s}: unanswered 10 s after the scheduled send",
+            "",
+            s,
+            "unanswered_10s",
+            0,
+            None,
+            "max",
+        ),
+        Goal(
+            f"{s}: seconds until normal after the overload (n/a: not normal by the end)",
+            "",
+            s,
+            "recovery_s",
+            RECOVERY_BOUND_S,
+        ),
+        *beside_torchserve(
+            systems,
+            Goal("TorchServe: goodput / capacity", "", TORCHSERVE, "goodput_ratio", op=">="),
+        ),
+    ]
+
+    def judge(r: RowResult) -> list[Ratio]:
+        """The admitted p99's bound is queue delay + 2x the pre-overload p99 measured."""
+        bound = QUEUE_DELAY_MS + 2 * median(r.series(s, "pre_p99_ms"))
+        name = f"{s}: admitted p99 ms (bound: queue delay + 2x pre-overload p99)"
+        return [Ratio(name, r.series(s, "admitted_p99_ms"), bound, "<=")]
+
+    return Row(row, cells, OVERLOAD_KEYS, goals, judge)

@@ -19,11 +19,9 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from torchbay.benchmarks import procstat
-from torchbay.benchmarks import round2_overload as over
-from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan, LoadResult
-from torchbay.benchmarks.loadplan import TIMEOUT
-from torchbay.benchmarks.report import Ratio, RowResult, median, ratios
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
+from torchbay.benchmarks.report import Ratio, RowResult, ratios
+from torchbay.benchmarks.round2_overload import CNN_B8_W2, row_overload
 from torchbay.benchmarks.runner import (
     ECHO,
     TORCHBAY,
@@ -31,42 +29,34 @@ from torchbay.benchmarks.runner import (
     Cell,
     Ctx,
     Row,
+    beside_torchserve,
     closed,
     load_metrics,
+    run_dir,
     run_inprocess,
     serving,
     systems_for,
     target,
     warm_and_measure,
 )
-from torchbay.benchmarks.scenarios import Batching, Scenario
+from torchbay.benchmarks.scenarios import Batching, Goal, Scenario
 from torchbay.server.serving.worker_env import worker_env
 
-OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
-SWEEP_FACTORS = (0.5, 1.0, 2.0, 4.0)
-MAX_CONNECTIONS = 256
-QUEUE_DELAY_MS = 200
-JOB_QUEUE_SIZE = 100
 INPROCESS, INPROCESS_TUNED = "in-process", "in-process, tuned malloc"
-RECOVERY_BOUND_S = 5.0
-CNN_B8_W2 = Batching(8, 10, 2)
 TWO_MODELS = {"cnn_a": "cnn", "cnn_b": "cnn"}  # two names, one reference model (each its own mar)
 TWO_MODELS_BATCHING = Batching(8, 10, 1)
 SWEEP_CONCURRENCY = (2, 4, 8, 16)
 CONFIGS = {"cnn_b1": Batching(1, 10, 1), "cnn_b8": Batching(8, 10, 1)}
 SLICES = 6  # slices per configuration and repeat
+WHEN = ("together", "alone")
 LOAD_KEYS = ("req_s", "p50_ms", "p99_ms", "errors")
 Measure = Callable[[int], dict[str, dict[str, float]]]
-
-
-def _run_dir(ctx: Ctx, *parts: object) -> Path:
-    return ctx.out_dir / "runs" / "-".join(map(str, parts))
 
 
 def _closed(ctx: Ctx, row: RowResult, run: Scenario, rnd: int) -> dict[str, dict[str, float]]:
     """A fresh server for ``run`` (named by its system), warm-up, measure."""
     with serving(
-        ctx, run.server, {run.model: run.batching}, _run_dir(ctx, row.key, run.name, f"r{rnd}")
+        ctx, run.server, {run.model: run.batching}, run_dir(ctx, row.key, run.name, f"r{rnd}")
     ) as server:
         result = warm_and_measure(
             ctx, run.plan(target(ctx, server, run.model, run.model), ctx.duration_s)
@@ -88,14 +78,13 @@ def row_tiny(ctx: Ctx) -> Row:
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
     runs = [Scenario(s, s, "tiny", 16, 8, 5, 1) for s in systems]
 
-    def judge(r: RowResult) -> list[Ratio]:
-        tb = r.series(TORCHBAY, "req_s")
-        out = [Ratio("torchbay / bare ASGI", ratios(tb, r.series(ECHO, "req_s")), 0.40)]
-        if TORCHSERVE in systems:
-            out.append(Ratio("torchbay / TorchServe", ratios(tb, r.series(TORCHSERVE, "req_s"))))
-        return out
-
-    return Row(row, _closed_cells(ctx, row, runs), LOAD_KEYS, judge)
+    goals = [
+        Goal("torchbay / bare ASGI", "", TORCHBAY, "req_s", 0.40, ECHO),
+        *beside_torchserve(
+            systems, Goal("torchbay / TorchServe", "", TORCHBAY, "req_s", None, TORCHSERVE)
+        ),
+    ]
+    return Row(row, _closed_cells(ctx, row, runs), LOAD_KEYS, goals)
 
 
 def row_cnn_c16(ctx: Ctx) -> Row:
@@ -119,22 +108,22 @@ def row_cnn_c16(ctx: Ctx) -> Row:
         *_closed_cells(ctx, row, [Scenario(s, s, "cnn", 16, 8, 10, 2) for s in systems]),
     ]
 
-    def judge(r: RowResult) -> list[Ratio]:
-        limit = r.series(INPROCESS, "req_s")
-        out = [
-            Ratio(
+    goals = [
+        *(
+            Goal(
                 f"{s} / in-process",
-                ratios(r.series(s, "req_s"), limit),
+                "",
+                s,
+                "req_s",
                 0.90 if s == TORCHBAY else None,
-                ">=",
+                INPROCESS,
                 "min",
             )
             for s in systems
-        ]
-        tuned = ratios(r.series(TORCHBAY, "req_s"), r.series(INPROCESS_TUNED, "req_s"))
-        return [*out, Ratio(f"torchbay / {INPROCESS_TUNED}", tuned, None, ">=", "min")]
-
-    return Row(row, cells, LOAD_KEYS, judge)
+        ),
+        Goal(f"torchbay / {INPROCESS_TUNED}", "", TORCHBAY, "req_s", None, INPROCESS_TUNED, "min"),
+    ]
+    return Row(row, cells, LOAD_KEYS, goals)
 
 
 def order(labels: tuple[str, str], slices: int) -> list[str]:
@@ -197,7 +186,7 @@ def _paired(key: str, title: str, concurrencies: tuple[int, ...], ctx: Ctx) -> R
     }
 
     def measure(s: str, c: int, rnd: int) -> dict[str, dict[str, float]]:
-        out = alternate(ctx, s, "cnn", CONFIGS, c, _run_dir(ctx, key, s, f"c{c}", f"r{rnd}"))
+        out = alternate(ctx, s, "cnn", CONFIGS, c, run_dir(ctx, key, s, f"c{c}", f"r{rnd}"))
         return {f"{tags[s, c]} {name[-2:]}": metrics for name, metrics in out.items()}
 
     cells = [
@@ -209,149 +198,19 @@ def _paired(key: str, title: str, concurrencies: tuple[int, ...], ctx: Ctx) -> R
         for (s, c), tag in tags.items()
     ]
 
-    def judge(r: RowResult) -> list[Ratio]:
-        return [
-            Ratio(
-                f"{tag}: batch 8 / batch 1",
-                ratios(r.series(f"{tag} b8", "req_s"), r.series(f"{tag} b1", "req_s")),
-                0.97 if s == TORCHBAY else None,
-                ">=",
-                "min",
-            )
-            for (s, _), tag in tags.items()
-        ]
-
-    return Row(row, cells, LOAD_KEYS, judge)
-
-
-def _sweep_point(ctx: Ctx, tgt: object, capacity: float, factor: float) -> dict:
-    """An open-loop run at ``factor`` x capacity, warmed up (the window opens on running load)."""
-    d, rate = ctx.duration_s, factor * capacity
-    plan = LoadPlan(
-        tgt,
-        "open",
-        rate=rate,
-        duration_s=d,
-        warmup_s=ctx.warmup_s,
-        timeline=True,  # type: ignore[arg-type]
-        timeout_s=over.LATE_S,
-        max_connections=MAX_CONNECTIONS,
-    )
-    res = ctx.gen.run(plan)
-    items = over.answers(res.timeline)
-    stats = over.phase_stats(
-        over.in_phase(items, 0.0, d), d, rate, over.answered_ok_in(items, 0.0, d)
-    )
-    return {"factor": factor, **stats.as_dict(), "generator_behind": res.behind}
-
-
-def overload_once(ctx: Ctx, row: RowResult, system: str, rnd: int) -> dict[str, dict[str, float]]:
-    """Capacity (closed loop, c=16), then one open-loop run: 0.5x, 4x, 0.5x capacity for
-    ``duration_s`` each (at most 256 connections); in round 1 also one open-loop run per
-    SWEEP_FACTORS (the plot). The phases' detail goes to ``row.extra``."""
-    props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
-    with serving(
-        ctx, system, {"cnn": CNN_B8_W2}, _run_dir(ctx, "overload", system, f"r{rnd}"), props=props
-    ) as server:
-        tgt = target(ctx, server, "cnn", "cnn")
-        pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
-        at_capacity = procstat.Window.within(
-            pids, procstat.closed_run_opens(ctx.warmup_s), ctx.duration_s
+    goals = [
+        Goal(
+            f"{tag}: batch 8 / batch 1",
+            "",
+            f"{tag} b8",
+            "req_s",
+            0.97 if s == TORCHBAY else None,
+            f"{tag} b1",
+            "min",
         )
-        capacity = closed(ctx, tgt, 16).ok_per_s
-        d = ctx.duration_s
-        steps = (
-            (d, RECOVERY_FACTOR * capacity),
-            (d, OVERLOAD_FACTOR * capacity),
-            (d, RECOVERY_FACTOR * capacity),
-        )
-        plan = LoadPlan(
-            tgt,
-            "open",
-            rate=max(r for _, r in steps),
-            steps=steps,
-            duration_s=3 * d,
-            timeout_s=over.LATE_S,
-            max_connections=MAX_CONNECTIONS,
-            timeline=True,
-        )
-        phase = procstat.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
-        result = ctx.gen.run(plan)
-        lost = result.statuses.get(TIMEOUT, 0)
-        outcome = over.analyse(result.timeline, capacity, steps, lost, result.sent)
-        good, served = outcome.overload.goodput_per_s * d, capacity * at_capacity.span_s
-        cpu = procstat.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
-        if rnd == 1:
-            row.extra["sweep"][system] = [
-                _sweep_point(ctx, tgt, capacity, f) for f in SWEEP_FACTORS
-            ]
-    detail = {**outcome.as_dict(), "generator_behind": result.behind}
-    row.extra["detail"].setdefault(system, []).append(detail)
-    return {system: {**outcome.metrics(), **cpu}}
-
-
-OVERLOAD_KEYS = (
-    "goodput_ratio",
-    "capacity_req_s",
-    "admitted_p99_ms",
-    "unanswered_10s",
-    "503_overload",
-    "503_recovery",
-    "recovery_s",
-    *procstat.FIGURES,
-)
-
-
-def row_overload(ctx: Ctx) -> Row:
-    row = RowResult(
-        "overload",
-        "cnn, 4x overload, then recovery at 0.5x",
-        f"{CNN_B8_W2.describe()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
-        f"max_queue_delay_ms {QUEUE_DELAY_MS} (TorchServe has none); capacity: closed "
-        f"loop c=16; then open loop 0.5x / 4x / 0.5x capacity, {ctx.duration_s:g} s "
-        f"each, 48 KiB bodies, <= {MAX_CONNECTIONS} connections, latency from the "
-        "scheduled send; goodput = 200s answered within the overload phase per second; "
-        "normal = p99 of each 1 s window <= 2x the pre-overload p99; sweep (repeat 1 only): "
-        "open loop at 0.5/1/2/4x capacity, warm-up then the same window each",
-        extra={"sweep": {}, "detail": {}},
-    )
-    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
-    estimate = (
-        ctx.warmup_s + 4 * ctx.duration_s + 8 + 4 * (ctx.warmup_s + ctx.duration_s) / ctx.repeat
-    )
-    cells = [Cell((s,), partial(overload_once, ctx, row, s), estimate) for s in systems]
-
-    def judge(r: RowResult) -> list[Ratio]:
-        s = TORCHBAY
-        out = [
-            Ratio(f"{s}: goodput / capacity", r.series(s, "goodput_ratio"), 0.90),
-            Ratio(
-                f"{s}: admitted p99 ms (bound: queue delay + 2x pre-overload p99)",
-                r.series(s, "admitted_p99_ms"),
-                QUEUE_DELAY_MS + 2 * median(r.series(s, "pre_p99_ms")),
-                "<=",
-            ),
-            Ratio(
-                f"{s}: unanswered 10 s after the scheduled send",
-                r.series(s, "unanswered_10s"),
-                0,
-                "<=",
-                "max",
-            ),
-            Ratio(
-                f"{s}: seconds until normal after the overload (n/a: not normal by the end)",
-                r.series(s, "recovery_s"),
-                RECOVERY_BOUND_S,
-                "<=",
-            ),
-        ]
-        if TORCHSERVE in systems:
-            out.append(
-                Ratio("TorchServe: goodput / capacity", r.series(TORCHSERVE, "goodput_ratio"))
-            )
-        return out
-
-    return Row(row, cells, OVERLOAD_KEYS, judge)
+        for (s, _), tag in tags.items()
+    ]
+    return Row(row, cells, LOAD_KEYS, goals)
 
 
 def row_start(ctx: Ctx) -> Row:
@@ -366,29 +225,25 @@ def row_start(ctx: Ctx) -> Row:
     body = ctx.assets.body["tiny"].read_bytes()
 
     def measure(s: str, rnd: int) -> dict[str, dict[str, float]]:
-        with serving(ctx, s, {"tiny": Batching()}, _run_dir(ctx, "start", s, f"r{rnd}")) as server:
+        with serving(ctx, s, {"tiny": Batching()}, run_dir(ctx, "start", s, f"r{rnd}")) as server:
             return {s: {"start_s": server.first_answer("/predictions/tiny", body)}}
 
-    def judge(r: RowResult) -> list[Ratio]:
-        tb = r.series(TORCHBAY, "start_s")
-        out = [Ratio("torchbay start s (median)", tb, 1.0, "<=")]
-        if TORCHSERVE in systems:
-            out.append(
-                Ratio("torchbay / TorchServe start", ratios(tb, r.series(TORCHSERVE, "start_s")))
-            )
-        return out
-
-    return Row(
-        row, [Cell((s,), partial(measure, s), 6.0) for s in systems], ("start_s",), judge, starts
-    )
+    goals = [
+        Goal("torchbay start s (median)", "", TORCHBAY, "start_s", 1.0),
+        *beside_torchserve(
+            systems, Goal("torchbay / TorchServe start", "", TORCHBAY, "start_s", None, TORCHSERVE)
+        ),
+    ]
+    cells = [Cell((s,), partial(measure, s), 6.0) for s in systems]
+    return Row(row, cells, ("start_s",), goals, rounds=starts)
 
 
 def _two_models_once(ctx: Ctx, system: str, conc: int, rnd: int) -> dict[str, dict[str, float]]:
     """Each model alone (the other idle), then both at once from two generators."""
     models = dict.fromkeys(TWO_MODELS, TWO_MODELS_BATCHING)
-    run_dir = _run_dir(ctx, "two-models", system, f"r{rnd}")
+    where = run_dir(ctx, "two-models", system, f"r{rnd}")
     with (
-        serving(ctx, system, models, run_dir, names=TWO_MODELS) as server,
+        serving(ctx, system, models, where, names=TWO_MODELS) as server,
         LoadGenerator(1) as second,
     ):
         ta, tb = (target(ctx, server, n, "cnn") for n in TWO_MODELS)
@@ -414,30 +269,25 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> Row:
         "the reference",
     )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    prefixes = {s: "" if s == TORCHBAY else f"{s}: " for s in systems}
     estimate = 3 * (ctx.warmup_s + ctx.duration_s) + 5
     cells = [Cell((s,), partial(_two_models_once, ctx, s, concurrency), estimate) for s in systems]
 
     def judge(r: RowResult) -> list[Ratio]:
+        """Each model together over alone, and both: the host's budget holds for two models."""
         out = []
-        for system in systems:
-            a, b = r.series(system, "together_a"), r.series(system, "together_b")
-            alone_a, alone_b = r.series(system, "alone_a"), r.series(system, "alone_b")
-            prefix = "" if system == TORCHBAY else f"{system}: "
-            out += [
-                Ratio(f"{prefix}cnn_a together / alone", ratios(a, alone_a)),
-                Ratio(f"{prefix}cnn_b together / alone", ratios(b, alone_b)),
-                Ratio(
-                    f"{prefix}combined together / alone",
-                    ratios(
-                        [x + y for x, y in zip(a, b, strict=True)],
-                        [x + y for x, y in zip(alone_a, alone_b, strict=True)],
-                    ),
-                    0.90 if system == TORCHBAY else None,
-                ),
-            ]
+        for s, prefix in prefixes.items():
+            together, alone = (
+                [r.series(s, f"{w}_{x}") for x in "ab"] for w in ("together", "alone")
+            )
+            pairs = zip("ab", together, alone, strict=True)
+            out += [Ratio(f"{prefix}cnn_{x} together / alone", ratios(t, a)) for x, t, a in pairs]
+            both = [[x + y for x, y in zip(*w, strict=True)] for w in (together, alone)]
+            bound = 0.90 if s == TORCHBAY else None
+            out.append(Ratio(f"{prefix}combined together / alone", ratios(*both), bound))
         return out
 
-    return Row(row, cells, ("alone_a", "alone_b", "together_a", "together_b"), judge)
+    return Row(row, cells, ("alone_a", "alone_b", "together_a", "together_b"), judge=judge)
 
 
 ROWS: dict[str, Callable[[Ctx], Row]] = {

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +29,7 @@ from torchbay.benchmarks import managed, models, procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.report import Eta, Ratio, RowResult, failed, fmt
-from torchbay.benchmarks.scenarios import Batching, Scenario, models_json
+from torchbay.benchmarks.scenarios import Batching, Goal, Scenario, models_json
 
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
 MODEL_VERSION = "1.0"
@@ -245,6 +245,16 @@ def systems_for(ctx: Ctx, row: RowResult, *names: str) -> list[str]:
     return [n for n in names if n != TORCHSERVE or ctx.torchserve is not None]
 
 
+def beside_torchserve(systems: list[str], *goals: Goal) -> list[Goal]:
+    """``goals`` that need TorchServe's figures, when it runs."""
+    return list(goals) if TORCHSERVE in systems else []
+
+
+def run_dir(ctx: Ctx, *parts: object) -> Path:
+    """``runs/PART-PART-...``: where a server's config and log go."""
+    return ctx.out_dir / "runs" / "-".join(map(str, parts))
+
+
 def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = None) -> LoadResult:
     plan = LoadPlan(tgt, "closed", concurrency, duration_s=ctx.duration_s)
     return warm_and_measure(ctx, plan, gen)
@@ -317,12 +327,13 @@ class Cell:
 @dataclass
 class Row:
     """A table's row: its result, the cells each round measures, the metrics a failed cell sets
-    to NaN (the first is the progress line's figure), how it is judged once every round ran,
-    and its rounds (0: ``ctx.repeat``)."""
+    to NaN (the first is the progress line's figure), how it is judged once every round ran
+    (its goals, then ``judge`` for a figure no goal describes), and its rounds (0: repeat)."""
 
     result: RowResult
     cells: list[Cell]
     keys: tuple[str, ...]
+    goals: Sequence[Goal] = ()
     judge: Callable[[RowResult], list[Ratio]] = lambda row: []
     rounds: int = 0
 
@@ -341,7 +352,7 @@ def run_rows(ctx: Ctx, rows: list[Row]) -> list[RowResult]:
             for cell in row.cells:
                 _measure(ctx, row, cell, rnd)
     for row in rows:
-        row.result.ratios += row.judge(row.result)
+        row.result.ratios += [g.ratio(row.result) for g in row.goals] + row.judge(row.result)
     return [row.result for row in rows]
 
 

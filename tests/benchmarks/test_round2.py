@@ -186,7 +186,7 @@ def test_one_loop_runs_repeat_outermost_and_a_failed_cell_is_nan_with_its_error(
                        runner.Cell(("x", "y"), broken, 1.0)], ("req_s", "p99_ms"))  # fmt: skip
     judged = lambda r: [Ratio("a", r.series("a", "req_s"))]  # noqa: E731
     second = runner.Row(RowResult("two", "two", ""), [runner.Cell(("b",), partial(ok, "b"))],
-                        ("req_s",), judged, rounds=3)  # fmt: skip
+                        ("req_s",), judge=judged, rounds=3)  # fmt: skip
     one, two = runner.run_rows(ctx, [first, second])
     assert calls == ["a1", "broken1", "b1", "a2", "broken2", "b2", "b3"]
     assert one.series("a", "req_s") == [10.0, 20.0] and two.series("b", "req_s") == [10, 20, 30]
