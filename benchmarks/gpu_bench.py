@@ -52,31 +52,13 @@ CPU_VARIANTS = ("plain", "eager", "channels_last")
 SHAPES = {**models.SAMPLE_SHAPES, "wide": (3, 128, 128)}
 
 
-class WideResNet(nn.Module):
-    """A larger conv model: stem 3->64, basic blocks 64/128/256 (strides 1/2/2), pool, linear."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
-        )
-        self.blocks = nn.Sequential(
-            models.BasicBlock(64, 64, 1),
-            models.BasicBlock(64, 128, 2),
-            models.BasicBlock(128, 256, 2),
-            models.BasicBlock(256, 256, 1),
-        )
-        self.fc = nn.Linear(256, models.NUM_CLASSES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.blocks(self.stem(x))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+WIDE_BLOCKS = ((64, 1), (128, 2), (256, 2), (256, 1))
 
 
 def build(name: str) -> nn.Module:
+    """A reference model, or ``wide``: the cnn's ResNet at width 64/128/256 on 3x128x128."""
     if name == "wide":
-        torch.manual_seed(0)
-        return WideResNet().eval()
+        return models.seeded(lambda: models.SmallResNet(64, WIDE_BLOCKS))
     return models.build(name)
 
 
