@@ -174,10 +174,7 @@ class OverloadOutcome:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("pre", "overload", "recovery")}
-        for name in ("pre", "overload", "recovery"):
-            out[name] = getattr(self, name).as_dict()
-        return out
+        return asdict(self)
 
 
 def analyse(

@@ -34,6 +34,7 @@ from torchbay.benchmarks.scenarios import Batching, Goal, Scenario, models_json
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
 MODEL_VERSION = "1.0"
 TORCHBAY, TORCHSERVE, ECHO, NAIVE = "torchbay", "torchserve", "echo", "naive"
+CEILINGS = {ECHO: "echo_asgi", NAIVE: "naive_fastapi"}  # their modules in ceilings/
 # config.properties keys TorchServe 0.12 does not have; it gets every other key unchanged.
 TORCHBAY_ONLY_KEYS = ("max_queue_delay_ms", "cpu_thread_budget")
 OCTETS = (("Content-Type", "application/octet-stream"),)
@@ -107,10 +108,6 @@ class Ctx:
     log: Any = print
     eta: Eta = field(default_factory=lambda: Eta(0.0, print))
 
-    def progress(self, what: str, estimate_s: float) -> None:
-        """Count ``estimate_s`` estimated seconds as done (:class:`report.Eta`)."""
-        self.eta.tick(what, estimate_s)
-
     def model_store(self, names: dict[str, str]) -> Path:
         """A store where each name in ``names`` (name -> reference model) is its own ``.mar``
         (a copy of the reference archive, so two names can serve one model)."""
@@ -140,19 +137,14 @@ def make_system(
     model when they differ) with ``props`` in config.properties and ``args`` as extra
     ``torchbay serve`` flags; not started yet. The ceilings take the model only (naive)."""
     names = names or {name: name for name in served}
-    if system == ECHO:
-        return managed.ManagedServer(
-            [ctx.python, "-m", "torchbay.benchmarks.ceilings.echo_asgi"],
-            run_dir,
-            start_timeout_s=ctx.start_timeout_s,
-        )
-    if system == NAIVE:
-        ((name, model),) = names.items()
-        cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.naive_fastapi"]
-        cmd += ["--model", name, "--pt", str(ctx.assets.pt[model])]
-        return managed.ManagedServer(cmd, run_dir, start_timeout_s=ctx.start_timeout_s)
-    store, props = ctx.model_store(names), props or {}
-    if system == TORCHSERVE:
+    store, props = ctx.model_store(names) if system in (TORCHBAY, TORCHSERVE) else None, props or {}
+    if system in (ECHO, NAIVE):
+        cmd = [ctx.python, "-m", f"torchbay.benchmarks.ceilings.{CEILINGS[system]}"]
+        if system == NAIVE:
+            ((name, model),) = names.items()
+            cmd += ["--model", name, "--pt", str(ctx.assets.pt[model])]
+        server = managed.ManagedServer(cmd, run_dir)
+    elif system == TORCHSERVE:
         if ctx.torchserve is None:
             raise BenchError("TorchServe was not given")
         ts_props = {k: v for k, v in props.items() if k not in TORCHBAY_ONLY_KEYS}
@@ -160,30 +152,20 @@ def make_system(
         server = managed.TorchServeServer.build(
             ctx.torchserve, store, mars, run_dir, models_json(served, MODEL_VERSION), ts_props
         )
-        server.start_timeout_s = ctx.start_timeout_s
-        return server
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = run_dir / "config.properties"
-    lines = [f"models={json.dumps(models_json(served, MODEL_VERSION))}"]
-    config.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in props.items())]) + "\n")
-    server = managed.ManagedServer.torchbay(
-        store / f"{next(iter(served))}.mar",
-        run_dir,
-        auth=False,
-        extra_args=("--ncs", "--ts-config", str(config.resolve()), *args),
-        python=ctx.python,
-        models=tuple(f"{name}={name}.mar" for name in served),
-    )
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = run_dir / "config.properties"
+        lines = [f"models={json.dumps(models_json(served, MODEL_VERSION))}"]
+        config.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in props.items())]) + "\n")
+        server = managed.ManagedServer.torchbay(
+            store / f"{next(iter(served))}.mar",
+            run_dir,
+            auth=False,
+            extra_args=("--ncs", "--ts-config", str(config.resolve()), *args),
+            python=ctx.python,
+            models=tuple(f"{name}={name}.mar" for name in served),
+        )
     server.start_timeout_s = ctx.start_timeout_s
-    return server
-
-
-def start_system(
-    ctx: Ctx, system: str, served: dict[str, Batching], run_dir: Path, **kw: Any
-) -> managed.ManagedServer:
-    """:func:`make_system`, started: it is ready when this returns."""
-    server = make_system(ctx, system, served, run_dir, **kw)
-    server.start()
     return server
 
 
@@ -191,7 +173,9 @@ def start_system(
 def serving(
     ctx: Ctx, system: str, served: dict[str, Batching], run_dir: Path, **kw: Any
 ) -> Iterator[managed.ManagedServer]:
-    server = start_system(ctx, system, served, run_dir, **kw)
+    """:func:`make_system`, started (ready when this yields) and stopped after."""
+    server = make_system(ctx, system, served, run_dir, **kw)
+    server.start()
     try:
         yield server
     finally:
@@ -367,4 +351,4 @@ def _measure(ctx: Ctx, row: Row, cell: Cell, rnd: int) -> None:
         for label in cell.labels:
             failed(result, label, rnd, exc, row.keys)
         status = f"FAILED: {result.errors[-1]} (logs: {ctx.out_dir / 'runs'})"
-    ctx.progress(f"{result.key} repeat {rnd}: {status}", cell.estimate_s)
+    ctx.eta.tick(f"{result.key} repeat {rnd}: {status}", cell.estimate_s)
