@@ -96,36 +96,29 @@ def answered_ok_in(items: list[Answer], begin: float, end: float) -> int:
     return sum(a.status == 200 and begin <= a.start + a.latency < end for a in items)
 
 
-def phase_stats(
-    items: list[Answer], seconds: float, offered_per_s: float, ok_answered: int | None = None
-) -> PhaseStats:
-    """``items`` scheduled in the phase; ``ok_answered``: 200s answered during it (goodput),
-    by default those of ``items`` answered within the phase's length of the first start."""
-    ok = [a for a in items if a.status == 200]
-    if ok_answered is None:
-        begin = min((a.start for a in items), default=0.0)
-        ok_answered = answered_ok_in(items, begin, begin + seconds)
+def phase_stats(items: list[Answer], begin: float, end: float, offered_per_s: float) -> PhaseStats:
+    """The answers scheduled in [begin, end); its goodput counts the 200s answered within it,
+    whenever they were sent."""
+    scheduled, seconds = in_phase(items, begin, end), end - begin
+    ok = [a for a in scheduled if a.status == 200]
     return PhaseStats(
         offered_per_s=offered_per_s,
-        answered=sum(a.status >= 0 for a in items),
+        answered=sum(a.status >= 0 for a in scheduled),
         ok=len(ok),
-        rejected_503=sum(a.status == 503 for a in items),
-        other_errors=sum(a.status >= 0 and a.status not in (200, 503) for a in items),
-        late=sum(a.latency > LATE_S for a in items),
-        goodput_per_s=ok_answered / seconds if seconds > 0 else math.nan,
+        rejected_503=sum(a.status == 503 for a in scheduled),
+        other_errors=sum(a.status >= 0 and a.status not in (200, 503) for a in scheduled),
+        late=sum(a.latency > LATE_S for a in scheduled),
+        goodput_per_s=answered_ok_in(items, begin, end) / seconds if seconds > 0 else math.nan,
         admitted_p99_ms=p99_ms(ok),
-        p99_ms=p99_ms(items),
+        p99_ms=p99_ms(scheduled),
     )
 
 
 def window_p99s(items: list[Answer], begin: float, end: float) -> list[float]:
     """p99 (ms) of the answers scheduled in each WINDOW_S window of [begin, end); NaN if none."""
-    out = []
-    t = begin
-    while t + WINDOW_S <= end + 1e-9:
-        out.append(p99_ms(in_phase(items, t, t + WINDOW_S)))
-        t += WINDOW_S
-    return out
+    count = int((end - begin) / WINDOW_S + 1e-9)
+    starts = [begin + i * WINDOW_S for i in range(count)]
+    return [p99_ms(in_phase(items, t, t + WINDOW_S)) for t in starts]
 
 
 def recovery_seconds(windows: list[float], normal_ms: float) -> float:
@@ -189,12 +182,9 @@ def analyse(
     (pre_s, pre_r), (over_s, over_r), (rec_s, rec_r) = steps
     items = answers(timeline)
     t1, t2, t3 = pre_s, pre_s + over_s, pre_s + over_s + rec_s
-    pre = phase_stats(in_phase(items, 0.0, t1), pre_s, pre_r, answered_ok_in(items, 0.0, t1))
-    overload = phase_stats(in_phase(items, t1, t2), over_s, over_r, answered_ok_in(items, t1, t2))
-    recovery_items = in_phase(items, t2, t3)
-    recovery = phase_stats(recovery_items, rec_s, rec_r, answered_ok_in(items, t2, t3))
-    normal = NORMAL_FACTOR * pre.p99_ms
-    windows = window_p99s(recovery_items, t2, t3)
+    pre, overload = phase_stats(items, 0.0, t1, pre_r), phase_stats(items, t1, t2, over_r)
+    recovery = phase_stats(items, t2, t3, rec_r)
+    normal, windows = NORMAL_FACTOR * pre.p99_ms, window_p99s(items, t2, t3)
     return OverloadOutcome(
         capacity_per_s=capacity,
         pre=pre,
@@ -223,7 +213,7 @@ def _sweep_point(ctx: Ctx, tgt: object, capacity: float, factor: float) -> dict:
     )
     res = ctx.gen.run(plan)
     items = answers(res.timeline)
-    stats = phase_stats(in_phase(items, 0.0, d), d, rate, answered_ok_in(items, 0.0, d))
+    stats = phase_stats(items, 0.0, d, rate)
     return {"factor": factor, **stats.as_dict(), "generator_behind": res.behind}
 
 
