@@ -180,6 +180,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
     args.out = args.out or table.out
     args.work = args.work or table.work or args.out
+    if args.table == "reference":
+        plan(args.only)  # an --only that matches nothing fails here, before anything is built
     if args.repeat < 1 or getattr(args, "starts", 1) < 1 or args.duration <= 0 or args.warmup < 0:
         parser.error("--repeat, --starts >= 1, --duration > 0 and --warmup >= 0, please")
     return args
