@@ -77,7 +77,7 @@ def grpc_row(ctx: Ctx, inputs: Inputs, concurrencies: list[int]) -> Row:
 
         return [Ratio(f"{name}: gRPC / HTTP ok/s", values(name)) for name in r.systems]
 
-    return Row(row, cells, ("http_ok_per_s",), judge)
+    return Row(row, cells, ("http_ok_per_s",), judge=judge)
 
 
 def build_inputs(ctx: Ctx, models: list[str], pairs: list[str]) -> Inputs:
