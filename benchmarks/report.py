@@ -76,7 +76,7 @@ class RowResult:
 class Eta:
     """Progress of a long run on its log: units done / total, elapsed, and the time left (elapsed
     per unit so far times the units left). A unit is a step of the SLA search, or an estimated
-    second of round two's rows (so a row that takes longer than estimated weighs more)."""
+    second of a table's cells (so a cell that takes longer than estimated weighs more)."""
 
     def __init__(
         self, total: float, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic
