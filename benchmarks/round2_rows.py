@@ -1,6 +1,6 @@
 """The rows of issue 15's table (``tables round2``): torchbay, TorchServe 0.12 when given, and
 the row's ceiling, side by side in every round; each row's special measurement is its cells'
-``measure`` (the overload phases, the alternating slices, the start time, two models).
+``measure`` (the alternating slices, the start time, two models; overload: round2_overload.py).
 
 Why slices (cnn-c1, batch-sweep): measured one after the other, two runs of the same server
 differ by the host's drift, on a shared 2-core host as much as the 3% the row judges. One server
