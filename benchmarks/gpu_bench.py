@@ -12,10 +12,10 @@ ResNet-ish net of width 64/128/256 on 3x128x128 inputs. Variants:
 * ``graphs``: + CUDA graphs; ``fp16_graphs``: all of them.
 
 ``python -m torchbay.benchmarks.gpu_bench --models tiny,cnn,wide --batch 8 --seconds 5 [--serve]``
-prints one row per (model, variant): batches/s, samples/s, the median and p99 ms per batch, and the
-largest difference from ``plain``'s output. ``--serve`` also runs ``torchbay serve`` per variant
-(the archive's model-config.yaml sets ``handler: {torchbay: ...}``) under a closed loop of
-``--concurrency`` clients. ``--json PATH`` writes every row.
+prints one report row (``report.RowResult``), a system per (model, variant, where): samples/s, the
+median and p99 ms per batch, and the largest difference from ``plain``'s output. ``--serve`` also
+runs ``torchbay serve`` per variant (the archive's model-config.yaml sets ``handler: {torchbay:
+...}``) under a closed loop of ``--concurrency`` clients. ``--json PATH`` writes the report.
 
 Without CUDA it falls back to the CPU, where only ``plain``, ``eager`` and ``channels_last`` run
 (all three take the CPU path); that fallback exists so the script stays runnable and tested. No
@@ -29,15 +29,14 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchbay.benchmarks import models
-from torchbay.benchmarks.report import text_table
+from torchbay.benchmarks import models, report
+from torchbay.benchmarks.report import RowResult
 from torchbay.benchmarks.stats import percentile
 from torchbay.handlers.runtime import accel
 
@@ -53,62 +52,14 @@ CPU_VARIANTS = ("plain", "eager", "channels_last")
 SHAPES = {**models.SAMPLE_SHAPES, "wide": (3, 128, 128)}
 
 
-class WideResNet(nn.Module):
-    """A larger conv model: stem 3->64, basic blocks 64/128/256 (strides 1/2/2), pool, linear."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
-        )
-        self.blocks = nn.Sequential(
-            models.BasicBlock(64, 64, 1),
-            models.BasicBlock(64, 128, 2),
-            models.BasicBlock(128, 256, 2),
-            models.BasicBlock(256, 256, 1),
-        )
-        self.fc = nn.Linear(256, models.NUM_CLASSES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.blocks(self.stem(x))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+WIDE_BLOCKS = ((64, 1), (128, 2), (256, 2), (256, 1))
 
 
 def build(name: str) -> nn.Module:
+    """A reference model, or ``wide``: the cnn's ResNet at width 64/128/256 on 3x128x128."""
     if name == "wide":
-        torch.manual_seed(0)
-        return WideResNet().eval()
+        return models.seeded(lambda: models.SmallResNet(64, WIDE_BLOCKS))
     return models.build(name)
-
-
-@dataclass
-class Row:
-    """One (model, variant) measured ``where``: "in-process" (per batch) or "serve" (per request,
-    under the closed loop)."""
-
-    model: str
-    variant: str
-    where: str
-    device: str
-    batch: int
-    samples_per_s: float
-    p50_ms: float
-    p99_ms: float
-    max_abs_diff: float = 0.0
-    errors: int = 0
-
-    @property
-    def batches_per_s(self) -> float:
-        return self.samples_per_s / self.batch
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "batches_per_s": self.batches_per_s}
-
-
-def row_cells(r: Row) -> list[str]:
-    """A row's cells in the printed table."""
-    figures = f"{r.samples_per_s:.1f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}"
-    return [r.model, r.variant, r.where, *figures, f"{r.max_abs_diff:.2e}", str(r.errors)]
 
 
 class PlainRunner:
@@ -146,27 +97,23 @@ def time_loop(run: Any, x: torch.Tensor, seconds: float) -> list[float]:
 
 def inprocess(
     name: str, variants: list[str], device: torch.device, batch: int, seconds: float
-) -> list[Row]:
+) -> dict[str, dict[str, float]]:
+    """``{"NAME VARIANT in-process": metrics}`` per variant: samples/s and ms per batch."""
     x = torch.randn(batch, *SHAPES[name], generator=torch.Generator().manual_seed(7))
     reference = PlainRunner(build(name), device).run(x).float()
-    rows = []
+    out = {}
     for variant in variants:
         path = runner(name, variant, device, batch)
-        out = path.run(x)
+        diff = float((path.run(x).float().cpu() - reference).abs().max())
         times = time_loop(path.run, x, seconds)
-        row = Row(
-            name,
-            variant,
-            "in-process",
-            str(device),
-            batch,
-            samples_per_s=len(times) * batch / sum(times),
-            p50_ms=percentile(times, 50) * 1000,
-            p99_ms=percentile(times, 99) * 1000,
-            max_abs_diff=float((out.float().cpu() - reference).abs().max()),
-        )
-        rows.append(row)
-    return rows
+        out[f"{name} {variant} in-process"] = {
+            "samples_per_s": len(times) * batch / sum(times),
+            "p50_ms": percentile(times, 50) * 1000,
+            "p99_ms": percentile(times, 99) * 1000,
+            "max_abs_diff": diff,
+            "errors": 0.0,
+        }
+    return out
 
 
 def _archive(name: str, variant: str, batch: int, store: Path, work: Path) -> Path:
@@ -184,10 +131,10 @@ def _archive(name: str, variant: str, batch: int, store: Path, work: Path) -> Pa
 
 
 def served(
-    name: str, variant: str, batch: int, seconds: float, concurrency: int, device: str
-) -> Row:
+    name: str, variant: str, batch: int, seconds: float, concurrency: int
+) -> dict[str, dict[str, float]]:
     """``torchbay serve`` of the variant's archive under a closed loop (the runner's warm-up and
-    measurement, 2 s warm-up at most); one row."""
+    measurement, 2 s warm-up at most): ``{"NAME VARIANT serve": metrics}``, per request."""
     from torchbay.benchmarks import runner
     from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
     from torchbay.benchmarks.managed import ManagedServer
@@ -210,17 +157,14 @@ def served(
             load = runner.warm_and_measure(
                 ctx, LoadPlan(target, "closed", concurrency, duration_s=seconds)
             )
-    return Row(
-        name,
-        variant,
-        "serve",
-        device,
-        batch,
-        samples_per_s=load.req_per_s,
-        p50_ms=load.latency.p50_ms,
-        p99_ms=load.latency.p99_ms,
-        errors=load.errors,
-    )
+    return {
+        f"{name} {variant} serve": {
+            "samples_per_s": load.req_per_s,
+            "p50_ms": load.latency.p50_ms,
+            "p99_ms": load.latency.p99_ms,
+            "errors": float(load.errors),
+        }
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -244,26 +188,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> list[Row]:
+def main(argv: list[str] | None = None) -> RowResult:
     args = parse_args(argv)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda:0" if cuda else "cpu")
     variants = args.variants if cuda else [v for v in args.variants if v in CPU_VARIANTS]
     label = torch.cuda.get_device_name(0) if cuda else "cpu (fallback: no CUDA)"
-    print(f"device: {label}; torch {torch.__version__}; batch {args.batch}", flush=True)
-    rows: list[Row] = []
+    settings = f"device: {label}; torch {torch.__version__}; batch {args.batch}"
+    print(settings, flush=True)
+    row = RowResult("gpu", "The device path, plain vs its options", settings, wide=True)
     for name in args.models:
-        rows += inprocess(name, variants, device, args.batch, args.seconds)
-        if args.serve:
-            rows += [
-                served(name, v, args.batch, args.seconds, args.concurrency, str(device))
-                for v in variants
-            ]
-    header = ("model", "variant", "where", "samples/s", "p50 ms", "p99 ms", "max|diff|", "errors")
-    print(text_table(header, [row_cells(r) for r in rows]))
+        measured = inprocess(name, variants, device, args.batch, args.seconds)
+        for v in variants if args.serve else ():
+            measured |= served(name, v, args.batch, args.seconds, args.concurrency)
+        for system, metrics in measured.items():
+            row.add(system, metrics)
+    head = report.header("gpu_bench", argv, settings, title="GPU benchmark", device=label)
+    print(report.render([row], head))
     if args.json:
-        args.json.write_text(json.dumps({"device": label, "rows": [r.as_dict() for r in rows]}))
-    return rows
+        args.json.write_text(json.dumps(report.as_json([row], head), indent=2))
+    return row
 
 
 if __name__ == "__main__":

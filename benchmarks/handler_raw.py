@@ -1,23 +1,18 @@
 """The baseline's handler for the reference models: raw float32 bodies in, top-1 class out.
 
-A standalone handler file (archived with ``--handler``), so it imports nothing of
-``torchbay.benchmarks``: it runs under torchbay and, unchanged, under TorchServe, because it uses
-only the BaseHandler API (``initialize`` loads the TorchScript ``serializedFile``).
-
-Per batch: each body is copied once (``np.frombuffer``, no per-request tensor) into a float32
-batch buffer the handler keeps and reuses across batches (grown when a larger batch comes), run
-under ``torch.inference_mode()``; each request gets ``{"class": k, "score": s}`` from the softmax
-max. (Before: a bytearray copy, ``torch.frombuffer`` and ``torch.stack``: two copies and one
-tensor per request.)
-
-The sample shape comes from ``input_shape.json`` in the model directory (``{"shape": [3, 64, 64]}``,
-an extra file of the archive) or else from the model name (``tiny``/``cnn``). Threads: 1 (as every
-worker in the baseline), unless ``model-config.yaml`` sets ``handler: {num_threads: N}``.
+A standalone handler file (archived with ``--handler``) that imports nothing of
+``torchbay.benchmarks`` and only the BaseHandler API, so it runs unchanged under torchbay and
+TorchServe. Each body is copied once (``np.frombuffer``) into a float32 batch buffer the handler
+reuses across batches, run under ``torch.inference_mode()``; each request gets ``{"class": k,
+"score": s}``. The sample shape comes from ``input_shape.json`` in the model directory (an extra
+file of the archive) or else the model name; threads: 1, unless ``model-config.yaml`` sets
+``handler: {num_threads: N}``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -50,11 +45,8 @@ def decode_batch(
     """The batch of one float32 sample per request, copied into ``buffer`` (a float32 array of
     at least ``len(requests)`` rows of the sample size; a new one when None or too small). The
     result shares memory with the buffer. A body of the wrong size raises ValueError."""
-    count = 1
-    for dim in shape:
-        count *= dim
+    count, n = math.prod(shape), len(requests)
     expected = 4 * count
-    n = len(requests)
     if buffer is None or buffer.shape[0] < n or buffer.shape[1] != count:
         buffer = grow_buffer(None, n, count)
     for i, row in enumerate(requests):
@@ -91,9 +83,7 @@ class RawTensorHandler(BaseHandler):
         super().initialize(context)
         model_name = context.manifest["model"]["modelName"]
         self.sample_shape = resolve_shape(model_name, context.system_properties.get("model_dir"))
-        self._count = 1
-        for dim in self.sample_shape:
-            self._count *= dim
+        self._count = math.prod(self.sample_shape)
         self._buffer: np.ndarray | None = None
 
     def preprocess(self, data: list[dict]) -> torch.Tensor:

@@ -11,6 +11,8 @@ bodies are raw little-endian float32, exactly what the handler's ``torch.frombuf
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,20 +24,12 @@ MODEL_NAMES = ("tiny", "cnn")
 # Shape of ONE sample (no batch dimension), as the handler reshapes each request body.
 SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}
 NUM_CLASSES = 10
-_SEED = 0
 
 
 def _check_name(name: str) -> None:
     if name not in SAMPLE_SHAPES:
         choices = ", ".join(MODEL_NAMES)
         raise BenchError(f"unknown reference model {name!r}; choose one of {choices}")
-
-
-def build_tiny() -> nn.Module:
-    """Return the seeded tiny MLP in eval mode."""
-    torch.manual_seed(_SEED)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, NUM_CLASSES))
-    return model.eval()
 
 
 class BasicBlock(nn.Module):
@@ -47,12 +41,10 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(out_ch)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, stride=1, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(out_ch)
+        self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_ch != out_ch:
-            self.shortcut: nn.Module = nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
-            )
-        else:
-            self.shortcut = nn.Identity()
+            conv = nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)
+            self.shortcut = nn.Sequential(conv, nn.BatchNorm2d(out_ch))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -61,28 +53,39 @@ class BasicBlock(nn.Module):
 
 
 class SmallResNet(nn.Module):
-    """The baseline's cnn: stem, three basic blocks (32/64/128, strides 1/2/2), pool, linear."""
+    """A stem (3x3 conv to ``stem`` channels, BN, ReLU), basic blocks of (channels, stride),
+    global average pool, linear: the baseline's cnn by default."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+    def __init__(self, stem: int = 32, blocks: tuple[tuple[int, int], ...] = ()) -> None:
         super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, 32, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU()
+        blocks = blocks or ((32, 1), (64, 2), (128, 2))
+        conv = nn.Conv2d(3, stem, 3, stride=1, padding=1, bias=False)
+        self.stem = nn.Sequential(conv, nn.BatchNorm2d(stem), nn.ReLU())
+        widths = [stem, *(c for c, _ in blocks)]
+        self.blocks = nn.Sequential(
+            *(BasicBlock(widths[i], c, s) for i, (c, s) in enumerate(blocks))
         )
-        self.layer1 = BasicBlock(32, 32, 1)
-        self.layer2 = BasicBlock(32, 64, 2)
-        self.layer3 = BasicBlock(64, 128, 2)
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(128, num_classes)
+        self.fc = nn.Linear(widths[-1], NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.layer3(self.layer2(self.layer1(self.stem(x))))
-        return self.fc(torch.flatten(self.pool(x), 1))
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def seeded(make: Callable[[], nn.Module]) -> nn.Module:
+    """``make()`` built after seeding, in eval mode: the same weights on every machine."""
+    torch.manual_seed(0)
+    return make().eval()
+
+
+def build_tiny() -> nn.Module:
+    """The seeded tiny MLP in eval mode."""
+    return seeded(lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
 
 
 def build_cnn() -> nn.Module:
-    """Return the seeded small ResNet in eval mode."""
-    torch.manual_seed(_SEED)
-    return SmallResNet().eval()
+    """The seeded small ResNet in eval mode."""
+    return seeded(SmallResNet)
 
 
 def build(name: str) -> nn.Module:
@@ -114,10 +117,7 @@ def sample_body(name: str) -> bytes:
 def body_size(name: str) -> int:
     """Size in bytes of one request body for ``name`` (256 for tiny, 49,152 for cnn)."""
     _check_name(name)
-    n = 1
-    for dim in SAMPLE_SHAPES[name]:
-        n *= dim
-    return 4 * n
+    return 4 * math.prod(SAMPLE_SHAPES[name])
 
 
 def param_count(model: nn.Module) -> int:

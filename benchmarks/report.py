@@ -1,11 +1,11 @@
-"""The one result type of the harness and its report: a :class:`RowResult` is one row of a table
-(round two's rows, the reference scenarios, the gRPC pairs): per system, each repeat's metrics,
-and :class:`Ratio` s judged against their targets; :func:`render` and :func:`as_json` write it.
-Beside them, the table and number helpers every report uses (``bench run``, ``bench sla``).
+"""The harness's one result type, :class:`RowResult` (a table's row: per system, each repeat's
+metrics, and :class:`Ratio` s judged against their targets), and its report (:func:`render`,
+:func:`as_json`, :func:`write`); beside them the table and number helpers of every report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -76,7 +76,7 @@ class RowResult:
 class Eta:
     """Progress of a long run on its log: units done / total, elapsed, and the time left (elapsed
     per unit so far times the units left). A unit is a step of the SLA search, or an estimated
-    second of round two's rows (so a row that takes longer than estimated weighs more)."""
+    second of a table's cells (so a cell that takes longer than estimated weighs more)."""
 
     def __init__(
         self, total: float, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic
@@ -216,33 +216,14 @@ def write(rows: list[RowResult], head: dict[str, Any], out: Path, stem: str, log
 
 
 def as_json(rows: list[RowResult], header: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **header,
-        "rows": {
-            row.key: {
-                "title": row.title,
-                "settings": row.settings,
-                "systems": row.systems,
-                "not_run": row.not_run,
-                "ratios": [
-                    {
-                        "name": r.name,
-                        "values": r.values,
-                        "summary": r.summary(),
-                        "bound": r.bound,
-                        "op": r.op,
-                        "aggregate": r.aggregate,
-                        "met": r.met(),
-                    }
-                    for r in row.ratios
-                ],
-                "errors": row.errors,
-                "notes": row.notes,
-                "extra": row.extra,
-            }
-            for row in rows
-        },
-    }
+    """The report as JSON: the header, and per row every figure of every repeat."""
+    keys = ("title", "settings", "systems", "not_run", "errors", "notes", "extra")
+    out = {row.key: {k: getattr(row, k) for k in keys} for row in rows}
+    for row in rows:
+        out[row.key]["ratios"] = [
+            {**dataclasses.asdict(r), "summary": r.summary(), "met": r.met()} for r in row.ratios
+        ]
+    return {**header, "rows": out}
 
 
 def num(value: float | None, digits: int = 2) -> str:
@@ -250,16 +231,6 @@ def num(value: float | None, digits: int = 2) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     return f"{value:,.{digits}f}"
-
-
-def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False))
-        for row in [header, *rows]
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def markdown_table(

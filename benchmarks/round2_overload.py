@@ -1,8 +1,9 @@
-"""The overload row's arithmetic: phases of one open-loop timeline, goodput, admitted p99,
-unanswered requests, and the time until latency is normal again after the overload.
+"""Round two's overload row: capacity, then 0.5x / 4x / 0.5x capacity in one open-loop run
+(:func:`overload_once`), and its arithmetic: the phases of the run's timeline, goodput, admitted
+p99, unanswered requests and the time until latency is normal again after the overload.
 
-Pure functions over :attr:`LoadResult.timeline` (triples of start s after the window opened,
-latency s measured from the SCHEDULED send, status or -1). No I/O; ``round2_rows.py`` runs it.
+The arithmetic is pure functions over :attr:`LoadResult.timeline` (triples of start s after the
+window opened, latency s measured from the SCHEDULED send, status or -1).
 
 "Normal" (the recovery test): the p99 of the answers scheduled in each 1 s window of the recovery
 phase is within :data:`NORMAL_FACTOR` x the p99 of the pre-overload phase at the same offered load
@@ -15,13 +16,39 @@ from __future__ import annotations
 import array
 import math
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
+from torchbay.benchmarks import procstat
+from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadPlan
+from torchbay.benchmarks.loadplan import TIMEOUT
+from torchbay.benchmarks.report import Ratio, RowResult, median
+from torchbay.benchmarks.runner import (
+    TORCHBAY,
+    TORCHSERVE,
+    Cell,
+    Ctx,
+    Row,
+    beside_torchserve,
+    closed,
+    run_dir,
+    serving,
+    systems_for,
+    target,
+)
+from torchbay.benchmarks.scenarios import Batching, Goal
 from torchbay.benchmarks.stats import percentile
 
 NORMAL_FACTOR = 2.0
 WINDOW_S = 1.0
 LATE_S = 10.0  # an answer later than this after its scheduled send counts as unanswered
+OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
+SWEEP_FACTORS = (0.5, 1.0, 2.0, 4.0)
+MAX_CONNECTIONS = 256
+QUEUE_DELAY_MS = 200
+JOB_QUEUE_SIZE = 100
+RECOVERY_BOUND_S = 5.0
+CNN_B8_W2 = Batching(8, 10, 2)
 
 
 @dataclass(frozen=True)
@@ -69,36 +96,29 @@ def answered_ok_in(items: list[Answer], begin: float, end: float) -> int:
     return sum(a.status == 200 and begin <= a.start + a.latency < end for a in items)
 
 
-def phase_stats(
-    items: list[Answer], seconds: float, offered_per_s: float, ok_answered: int | None = None
-) -> PhaseStats:
-    """``items`` scheduled in the phase; ``ok_answered``: 200s answered during it (goodput),
-    by default those of ``items`` answered within the phase's length of the first start."""
-    ok = [a for a in items if a.status == 200]
-    if ok_answered is None:
-        begin = min((a.start for a in items), default=0.0)
-        ok_answered = answered_ok_in(items, begin, begin + seconds)
+def phase_stats(items: list[Answer], begin: float, end: float, offered_per_s: float) -> PhaseStats:
+    """The answers scheduled in [begin, end); its goodput counts the 200s answered within it,
+    whenever they were sent."""
+    scheduled, seconds = in_phase(items, begin, end), end - begin
+    ok = [a for a in scheduled if a.status == 200]
     return PhaseStats(
         offered_per_s=offered_per_s,
-        answered=sum(a.status >= 0 for a in items),
+        answered=sum(a.status >= 0 for a in scheduled),
         ok=len(ok),
-        rejected_503=sum(a.status == 503 for a in items),
-        other_errors=sum(a.status >= 0 and a.status not in (200, 503) for a in items),
-        late=sum(a.latency > LATE_S for a in items),
-        goodput_per_s=ok_answered / seconds if seconds > 0 else math.nan,
+        rejected_503=sum(a.status == 503 for a in scheduled),
+        other_errors=sum(a.status >= 0 and a.status not in (200, 503) for a in scheduled),
+        late=sum(a.latency > LATE_S for a in scheduled),
+        goodput_per_s=answered_ok_in(items, begin, end) / seconds if seconds > 0 else math.nan,
         admitted_p99_ms=p99_ms(ok),
-        p99_ms=p99_ms(items),
+        p99_ms=p99_ms(scheduled),
     )
 
 
 def window_p99s(items: list[Answer], begin: float, end: float) -> list[float]:
     """p99 (ms) of the answers scheduled in each WINDOW_S window of [begin, end); NaN if none."""
-    out = []
-    t = begin
-    while t + WINDOW_S <= end + 1e-9:
-        out.append(p99_ms(in_phase(items, t, t + WINDOW_S)))
-        t += WINDOW_S
-    return out
+    count = int((end - begin) / WINDOW_S + 1e-9)
+    starts = [begin + i * WINDOW_S for i in range(count)]
+    return [p99_ms(in_phase(items, t, t + WINDOW_S)) for t in starts]
 
 
 def recovery_seconds(windows: list[float], normal_ms: float) -> float:
@@ -147,10 +167,7 @@ class OverloadOutcome:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("pre", "overload", "recovery")}
-        for name in ("pre", "overload", "recovery"):
-            out[name] = getattr(self, name).as_dict()
-        return out
+        return asdict(self)
 
 
 def analyse(
@@ -165,12 +182,9 @@ def analyse(
     (pre_s, pre_r), (over_s, over_r), (rec_s, rec_r) = steps
     items = answers(timeline)
     t1, t2, t3 = pre_s, pre_s + over_s, pre_s + over_s + rec_s
-    pre = phase_stats(in_phase(items, 0.0, t1), pre_s, pre_r, answered_ok_in(items, 0.0, t1))
-    overload = phase_stats(in_phase(items, t1, t2), over_s, over_r, answered_ok_in(items, t1, t2))
-    recovery_items = in_phase(items, t2, t3)
-    recovery = phase_stats(recovery_items, rec_s, rec_r, answered_ok_in(items, t2, t3))
-    normal = NORMAL_FACTOR * pre.p99_ms
-    windows = window_p99s(recovery_items, t2, t3)
+    pre, overload = phase_stats(items, 0.0, t1, pre_r), phase_stats(items, t1, t2, over_r)
+    recovery = phase_stats(items, t2, t3, rec_r)
+    normal, windows = NORMAL_FACTOR * pre.p99_ms, window_p99s(items, t2, t3)
     return OverloadOutcome(
         capacity_per_s=capacity,
         pre=pre,
@@ -182,3 +196,132 @@ def analyse(
         normal_p99_ms=normal,
         recovery_s=recovery_seconds(windows, normal),
     )
+
+
+def _sweep_point(ctx: Ctx, tgt: object, capacity: float, factor: float) -> dict:
+    """An open-loop run at ``factor`` x capacity, warmed up (the window opens on running load)."""
+    d, rate = ctx.duration_s, factor * capacity
+    plan = LoadPlan(
+        tgt,
+        "open",
+        rate=rate,
+        duration_s=d,
+        warmup_s=ctx.warmup_s,
+        timeline=True,  # type: ignore[arg-type]
+        timeout_s=LATE_S,
+        max_connections=MAX_CONNECTIONS,
+    )
+    res = ctx.gen.run(plan)
+    items = answers(res.timeline)
+    stats = phase_stats(items, 0.0, d, rate)
+    return {"factor": factor, **stats.as_dict(), "generator_behind": res.behind}
+
+
+def overload_once(ctx: Ctx, row: RowResult, system: str, rnd: int) -> dict[str, dict[str, float]]:
+    """Capacity (closed loop, c=16), then one open-loop run: 0.5x, 4x, 0.5x capacity for
+    ``duration_s`` each (at most 256 connections); in round 1 also one open-loop run per
+    SWEEP_FACTORS (the plot). The phases' detail goes to ``row.extra``."""
+    props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
+    with serving(
+        ctx, system, {"cnn": CNN_B8_W2}, run_dir(ctx, "overload", system, f"r{rnd}"), props=props
+    ) as server:
+        tgt = target(ctx, server, "cnn", "cnn")
+        pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
+        at_capacity = procstat.Window.within(
+            pids, procstat.closed_run_opens(ctx.warmup_s), ctx.duration_s
+        )
+        capacity = closed(ctx, tgt, 16).ok_per_s
+        d = ctx.duration_s
+        steps = (
+            (d, RECOVERY_FACTOR * capacity),
+            (d, OVERLOAD_FACTOR * capacity),
+            (d, RECOVERY_FACTOR * capacity),
+        )
+        plan = LoadPlan(
+            tgt,
+            "open",
+            rate=max(r for _, r in steps),
+            steps=steps,
+            duration_s=3 * d,
+            timeout_s=LATE_S,
+            max_connections=MAX_CONNECTIONS,
+            timeline=True,
+        )
+        phase = procstat.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
+        result = ctx.gen.run(plan)
+        lost = result.statuses.get(TIMEOUT, 0)
+        outcome = analyse(result.timeline, capacity, steps, lost, result.sent)
+        good, served = outcome.overload.goodput_per_s * d, capacity * at_capacity.span_s
+        cpu = procstat.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
+        if rnd == 1:
+            row.extra["sweep"][system] = [
+                _sweep_point(ctx, tgt, capacity, f) for f in SWEEP_FACTORS
+            ]
+    detail = {**outcome.as_dict(), "generator_behind": result.behind}
+    row.extra["detail"].setdefault(system, []).append(detail)
+    return {system: {**outcome.metrics(), **cpu}}
+
+
+OVERLOAD_KEYS = (
+    "goodput_ratio",
+    "capacity_req_s",
+    "admitted_p99_ms",
+    "unanswered_10s",
+    "503_overload",
+    "503_recovery",
+    "recovery_s",
+    *procstat.FIGURES,
+)
+
+
+def row_overload(ctx: Ctx) -> Row:
+    row = RowResult(
+        "overload",
+        "cnn, 4x overload, then recovery at 0.5x",
+        f"{CNN_B8_W2.describe()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
+        f"max_queue_delay_ms {QUEUE_DELAY_MS} (TorchServe has none); capacity: closed "
+        f"loop c=16; then open loop 0.5x / 4x / 0.5x capacity, {ctx.duration_s:g} s "
+        f"each, 48 KiB bodies, <= {MAX_CONNECTIONS} connections, latency from the "
+        "scheduled send; goodput = 200s answered within the overload phase per second; "
+        "normal = p99 of each 1 s window <= 2x the pre-overload p99; sweep (repeat 1 only): "
+        "open loop at 0.5/1/2/4x capacity, warm-up then the same window each",
+        extra={"sweep": {}, "detail": {}},
+    )
+    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    estimate = (
+        ctx.warmup_s + 4 * ctx.duration_s + 8 + 4 * (ctx.warmup_s + ctx.duration_s) / ctx.repeat
+    )
+    cells = [Cell((s,), partial(overload_once, ctx, row, s), estimate) for s in systems]
+
+    s = TORCHBAY
+    goals = [
+        Goal(f"{s}: goodput / capacity", "", s, "goodput_ratio", 0.90, op=">="),
+        Goal(
+            f"{s}: unanswered 10 s after the scheduled send",
+            "",
+            s,
+            "unanswered_10s",
+            0,
+            None,
+            "max",
+        ),
+        Goal(
+            f"{s}: seconds until normal after the overload (n/a: not normal by the end)",
+            "",
+            s,
+            "recovery_s",
+            RECOVERY_BOUND_S,
+        ),
+        *beside_torchserve(
+            systems,
+            Goal("TorchServe: goodput / capacity", "", TORCHSERVE, "goodput_ratio", op=">="),
+        ),
+    ]
+
+    def judge(r: RowResult) -> list[Ratio]:
+        """The admitted p99's bound is queue delay + 2x the pre-overload p99 measured."""
+        bound = QUEUE_DELAY_MS + 2 * median(r.series(s, "pre_p99_ms"))
+        name = f"{s}: admitted p99 ms (bound: queue delay + 2x pre-overload p99)"
+        return [Ratio(name, r.series(s, "admitted_p99_ms"), bound, "<=")]
+
+    return Row(row, cells, OVERLOAD_KEYS, goals, judge)

@@ -1,364 +1,303 @@
-"""The rows of issue 15's table, each measured ``ctx.repeat`` times side by side (torchbay,
-TorchServe 0.12 when given, and the row's ceiling in the same repeat), as :class:`RowResult` s.
+"""The rows of issue 15's table (``tables round2``): torchbay, TorchServe 0.12 when given, and
+the row's ceiling, side by side in every round; each row's special measurement is its cells'
+``measure`` (the alternating slices, the start time, two models; overload: round2_overload.py).
 
-A system that fails in a repeat leaves NaN figures and its error in ``errors``; the other systems
-and rows still run. ``ROWS`` give each row's expected seconds per repeat for the ETA. The paired
-batch 8 / batch 1 rows (cnn-c1, batch-sweep) live in round2_sweep.py.
+Why slices (cnn-c1, batch-sweep): measured one after the other, two runs of the same server
+differ by the host's drift, on a shared 2-core host as much as the 3% the row judges. One server
+serves the cnn twice (batch 1 and batch 8, each its own archive copy and worker) and closed-loop
+load alternates between them, A B B A A B ..., so drift steady over a repeat cancels out of the
+ratio. req/s is a configuration's answers over its measured time; p50 the median of its slices'
+p50s, p99 the largest of their p99s.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import statistics
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
-import psutil
-
-from torchbay.benchmarks import procstat, round2_overload, round2_sweep
-from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadGenerator, LoadPlan
-from torchbay.benchmarks.loadplan import TIMEOUT
-from torchbay.benchmarks.report import Ratio, RowResult, failed, median, ratios
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
+from torchbay.benchmarks.report import Ratio, RowResult, ratios
+from torchbay.benchmarks.round2_overload import CNN_B8_W2, row_overload
 from torchbay.benchmarks.runner import (
     ECHO,
     TORCHBAY,
     TORCHSERVE,
+    Cell,
     Ctx,
+    Row,
+    beside_torchserve,
     closed,
     load_metrics,
+    run_dir,
     run_inprocess,
     serving,
     systems_for,
     target,
     warm_and_measure,
 )
-from torchbay.benchmarks.scenarios import Batching, Scenario
+from torchbay.benchmarks.scenarios import Batching, Goal, Scenario
 from torchbay.server.serving.worker_env import worker_env
 
-OVERLOAD_FACTOR, RECOVERY_FACTOR = 4.0, 0.5
-SWEEP_FACTORS = (0.5, 1.0, 2.0, 4.0)
-MAX_CONNECTIONS = 256
-QUEUE_DELAY_MS = 200
-JOB_QUEUE_SIZE = 100
 INPROCESS, INPROCESS_TUNED = "in-process", "in-process, tuned malloc"
-RECOVERY_BOUND_S = 5.0
-CNN_B8_W2 = Batching(8, 10, 2)
 TWO_MODELS = {"cnn_a": "cnn", "cnn_b": "cnn"}  # two names, one reference model (each its own mar)
 TWO_MODELS_BATCHING = Batching(8, 10, 1)
+SWEEP_CONCURRENCY = (2, 4, 8, 16)
+CONFIGS = {"cnn_b1": Batching(1, 10, 1), "cnn_b8": Batching(8, 10, 1)}
+SLICES = 6  # slices per configuration and repeat
+WHEN = ("together", "alone")
+LOAD_KEYS = ("req_s", "p50_ms", "p99_ms", "errors")
+Measure = Callable[[int], dict[str, dict[str, float]]]
 
 
-def _closed_row(ctx: Ctx, row: RowResult, runs: list[Scenario], rep: int) -> None:
-    """Each scenario (named by its system): a fresh server, warm-up, measure."""
-    for run in runs:
-        label, run_dir = run.name, ctx.out_dir / "runs" / f"{row.key}-{run.name}-r{rep}"
-        try:
-            with serving(ctx, run.server, {run.model: run.batching}, run_dir) as server:
-                tgt = target(ctx, server, run.model, run.model)
-                result = warm_and_measure(ctx, run.plan(tgt, ctx.duration_s))
-            row.add(label, load_metrics(result))
-            if result.behind:
-                row.notes.append(
-                    f"repeat {rep} {label}: generator behind ({'; '.join(result.behind)})"
-                )
-        except (BenchError, psutil.Error) as exc:
-            failed(row, label, rep, exc, ("req_s", "p50_ms", "p99_ms", "errors"))
-        ctx.progress(
-            f"{row.key} repeat {rep}: {label} {row.series(label, 'req_s')[-1]:,.0f} req/s",
-            ctx.warmup_s + ctx.duration_s + 3,
+def _closed(ctx: Ctx, row: RowResult, run: Scenario, rnd: int) -> dict[str, dict[str, float]]:
+    """A fresh server for ``run`` (named by its system), warm-up, measure."""
+    with serving(
+        ctx, run.server, {run.model: run.batching}, run_dir(ctx, row.key, run.name, f"r{rnd}")
+    ) as server:
+        result = warm_and_measure(
+            ctx, run.plan(target(ctx, server, run.model, run.model), ctx.duration_s)
         )
+    if result.behind:
+        row.notes.append(f"repeat {rnd} {run.name}: generator behind ({'; '.join(result.behind)})")
+    return {run.name: load_metrics(result)}
 
 
-def row_tiny(ctx: Ctx) -> RowResult:
-    b = Batching(8, 5, 1)
-    row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {b.describe()}")
+def _closed_cells(ctx: Ctx, row: RowResult, runs: list[Scenario]) -> list[Cell]:
+    estimate = ctx.warmup_s + ctx.duration_s + 3
+    return [Cell((run.name,), partial(_closed, ctx, row, run), estimate) for run in runs]
+
+
+def row_tiny(ctx: Ctx) -> Row:
+    row = RowResult(
+        "tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {Batching(8, 5, 1).describe()}"
+    )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
-    for rep in range(1, ctx.repeat + 1):
-        _closed_row(ctx, row, [Scenario(s, s, "tiny", 16, 8, 5, 1) for s in systems], rep)
-    tb = row.series(TORCHBAY, "req_s")
-    row.ratios.append(Ratio("torchbay / bare ASGI", ratios(tb, row.series(ECHO, "req_s")), 0.40))
-    if TORCHSERVE in systems:
-        row.ratios.append(
-            Ratio("torchbay / TorchServe", ratios(tb, row.series(TORCHSERVE, "req_s")))
-        )
-    return row
+    runs = [Scenario(s, s, "tiny", 16, 8, 5, 1) for s in systems]
+
+    goals = [
+        Goal("torchbay / bare ASGI", "", TORCHBAY, "req_s", 0.40, ECHO),
+        *beside_torchserve(
+            systems, Goal("torchbay / TorchServe", "", TORCHBAY, "req_s", None, TORCHSERVE)
+        ),
+    ]
+    return Row(row, _closed_cells(ctx, row, runs), LOAD_KEYS, goals)
 
 
-def inprocess_limit(ctx: Ctx, batch: int, streams: int, env: dict | None = None) -> float:
-    """samples/s of ``streams`` single-threaded loops of the cnn in one fresh process (``env``:
-    its environment, None: ours), for ``duration_s``."""
-    flags = ("--batches", str(batch), "--streams", str(streams), "--seconds", str(ctx.duration_s))
-    return run_inprocess(ctx, ("cnn",), *flags, env=env)["cnn"][batch]
-
-
-def row_cnn_c16(ctx: Ctx) -> RowResult:
-    b = CNN_B8_W2
+def row_cnn_c16(ctx: Ctx) -> Row:
     row = RowResult(
         "cnn-c16",
         "cnn, c=16, batch 8, 2 workers",
-        f"c=16, {b.describe()}; in-process: 2 threads x 1 intra-op thread, batch 8",
+        f"c=16, {CNN_B8_W2.describe()}; in-process: 2 threads x 1 intra-op thread, batch 8",
     )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
-    for rep in range(1, ctx.repeat + 1):
-        for name, env in ((INPROCESS, None), (INPROCESS_TUNED, worker_env(os.environ))):
-            try:  # the tuned loop has the allocator settings torchbay's workers start with
-                row.add(name, {"req_s": inprocess_limit(ctx, 8, 2, env)})
-            except BenchError as exc:
-                failed(row, name, rep, exc, ("req_s",))
-        ctx.progress(f"{row.key} repeat {rep}: in-process limit", ctx.duration_s + 3)
-        _closed_row(ctx, row, [Scenario(s, s, "cnn", 16, 8, 10, 2) for s in systems], rep)
-    limit = row.series(INPROCESS, "req_s")
-    for s in systems:
-        bound = 0.90 if s == TORCHBAY else None
-        row.ratios.append(
-            Ratio(f"{s} / in-process", ratios(row.series(s, "req_s"), limit), bound, ">=", "min")
-        )
-    tuned = ratios(row.series(TORCHBAY, "req_s"), row.series(INPROCESS_TUNED, "req_s"))
-    row.ratios.append(Ratio(f"torchbay / {INPROCESS_TUNED}", tuned, None, ">=", "min"))
-    return row
+    flags = ("--batches", "8", "--streams", "2", "--seconds", str(ctx.duration_s))
 
+    def limit(env: dict | None, rnd: int) -> dict[str, dict[str, float]]:
+        """samples/s of two single-threaded loops of the cnn in one fresh process (``env``: its
+        environment; the tuned one has the allocator settings torchbay's workers start with)."""
+        name = INPROCESS if env is None else INPROCESS_TUNED
+        return {name: {"req_s": run_inprocess(ctx, ("cnn",), *flags, env=env)["cnn"][8]}}
 
-def overload_once(ctx: Ctx, system: str, rep: int, sweep: bool) -> tuple[dict, list[dict]]:
-    """Capacity (closed loop, c=16), then one open-loop run: 0.5x, 4x, 0.5x capacity for
-    ``duration_s`` each (at most 256 connections); with ``sweep``, one open-loop run per factor."""
-    props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
-    run_dir = ctx.out_dir / "runs" / f"overload-{system}-r{rep}"
-    with serving(ctx, system, {"cnn": CNN_B8_W2}, run_dir, props=props) as server:
-        tgt = target(ctx, server, "cnn", "cnn")
-        pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
-        opens = procstat.closed_run_opens(ctx.warmup_s)
-        at_capacity = procstat.Window.within(pids, opens, ctx.duration_s)
-        capacity = closed(ctx, tgt, 16).ok_per_s
-        d = ctx.duration_s
-        steps = (
-            (d, RECOVERY_FACTOR * capacity),
-            (d, OVERLOAD_FACTOR * capacity),
-            (d, RECOVERY_FACTOR * capacity),
-        )
-        plan = LoadPlan(
-            tgt,
-            "open",
-            rate=max(r for _, r in steps),
-            steps=steps,
-            duration_s=3 * d,
-            timeout_s=round2_overload.LATE_S,
-            max_connections=MAX_CONNECTIONS,
-            timeline=True,
-        )
-        phase = procstat.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
-        result = ctx.gen.run(plan)
-        lost = result.statuses.get(TIMEOUT, 0)
-        outcome = round2_overload.analyse(result.timeline, capacity, steps, lost, result.sent)
-        good, served = outcome.overload.goodput_per_s * d, capacity * at_capacity.span_s
-        cpu = procstat.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
-        behind = result.behind
-        points = []
-        for factor in SWEEP_FACTORS if sweep else ():
-            rate = factor * capacity
-            plan = LoadPlan(
-                tgt,
-                "open",
-                rate=rate,
-                duration_s=d,
-                warmup_s=ctx.warmup_s,  # steady state: the window opens on a running load
-                timeline=True,
-                timeout_s=round2_overload.LATE_S,
-                max_connections=MAX_CONNECTIONS,
+    cells = [
+        Cell((INPROCESS,), partial(limit, None), ctx.duration_s + 3),
+        Cell((INPROCESS_TUNED,), partial(limit, worker_env(os.environ)), ctx.duration_s + 3),
+        *_closed_cells(ctx, row, [Scenario(s, s, "cnn", 16, 8, 10, 2) for s in systems]),
+    ]
+
+    goals = [
+        *(
+            Goal(
+                f"{s} / in-process",
+                "",
+                s,
+                "req_s",
+                0.90 if s == TORCHBAY else None,
+                INPROCESS,
+                "min",
             )
-            res = ctx.gen.run(plan)
-            items = round2_overload.answers(res.timeline)
-            stats = round2_overload.phase_stats(
-                round2_overload.in_phase(items, 0.0, d),
-                d,
-                rate,
-                round2_overload.answered_ok_in(items, 0.0, d),
+            for s in systems
+        ),
+        Goal(f"torchbay / {INPROCESS_TUNED}", "", TORCHBAY, "req_s", None, INPROCESS_TUNED, "min"),
+    ]
+    return Row(row, cells, LOAD_KEYS, goals)
+
+
+def order(labels: tuple[str, str], slices: int) -> list[str]:
+    """A B B A A B ...: ``slices`` turns each, every pair of turns mirrored."""
+    a, b = labels
+    return [x for i in range(slices) for x in ((a, b) if i % 2 == 0 else (b, a))]
+
+
+def pooled(results: list[LoadResult]) -> dict[str, float]:
+    """One configuration's slices as one run (see the module docstring)."""
+    window = sum(r.window_s for r in results)
+    return {
+        "req_s": sum(r.ok for r in results) / window if window > 0 else 0.0,
+        "p50_ms": statistics.median(r.latency.p50_ms for r in results),
+        "p99_ms": max(r.latency.p99_ms for r in results),
+        "errors": float(sum(r.errors for r in results)),
+    }
+
+
+def alternate(
+    ctx: Ctx, system: str, model: str, configs: dict[str, Batching], concurrency: int, run_dir: Path
+) -> dict[str, dict[str, float]]:
+    """Serve ``model`` once per config (name -> batching) on one ``system`` server, warm each
+    up, then measure them in alternating slices of ``ctx.duration_s / SLICES``; per name,
+    :func:`pooled` metrics."""
+    with serving(ctx, system, configs, run_dir, names=dict.fromkeys(configs, model)) as server:
+        plans = {
+            name: LoadPlan(
+                target(ctx, server, name, model),
+                "closed",
+                concurrency,
+                duration_s=ctx.duration_s / SLICES,
             )
-            points.append({"factor": factor, **stats.as_dict(), "generator_behind": res.behind})
-    detail = {**outcome.as_dict(), "generator_behind": behind}
-    return {"metrics": {**outcome.metrics(), **cpu}, "detail": detail}, points
+            for name in configs
+        }
+        for plan in plans.values():  # each warmed up once, before any slice
+            warm_and_measure(ctx, plan)
+        results: dict[str, list[LoadResult]] = {name: [] for name in configs}
+        for name in order(tuple(configs), SLICES):  # type: ignore[arg-type]
+            results[name].append(warm_and_measure(ctx, plans[name], warm=False))
+    return {name: pooled(runs) for name, runs in results.items()}
 
 
-OVERLOAD_KEYS = (
-    "capacity_req_s",
-    "goodput_ratio",
-    "admitted_p99_ms",
-    "unanswered_10s",
-    "503_overload",
-    "503_recovery",
-    "recovery_s",
-    *procstat.FIGURES,
-)
-
-
-def row_overload(ctx: Ctx) -> RowResult:
+def _paired(key: str, title: str, concurrencies: tuple[int, ...], ctx: Ctx) -> Row:
+    """batch 8 beside batch 1 (issue 15 item 1: never fewer req/s), a server per system and
+    concurrency; bound 0.97 in every repeat for torchbay."""
+    where = ", a server per concurrency" if len(concurrencies) > 1 else ""
     row = RowResult(
-        "overload",
-        "cnn, 4x overload, then recovery at 0.5x",
-        f"{CNN_B8_W2.describe()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
-        f"max_queue_delay_ms {QUEUE_DELAY_MS} (TorchServe has none); capacity: closed "
-        f"loop c=16; then open loop 0.5x / 4x / 0.5x capacity, {ctx.duration_s:g} s "
-        f"each, 48 KiB bodies, <= {MAX_CONNECTIONS} connections, latency from the "
-        "scheduled send; goodput = 200s answered within the overload phase per second; "
-        "normal = p99 of each 1 s window <= 2x the pre-overload p99; sweep (repeat 1 only): "
-        "open loop at 0.5/1/2/4x capacity, warm-up then the same window each",
+        key,
+        title,
+        f"c={', '.join(map(str, concurrencies))}{where}, delay 10 ms, 1 worker each; one "
+        f"server serves both, measured in alternating slices (b1 b8 b8 b1 ..., {SLICES} per "
+        "configuration)",
     )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
-    row.extra["sweep"], row.extra["detail"] = {}, {}
-    for rep in range(1, ctx.repeat + 1):
-        for s in systems:
-            try:
-                out, points = overload_once(ctx, s, rep, sweep=rep == 1)
-                row.add(s, out["metrics"])
-                row.extra["detail"].setdefault(s, []).append(out["detail"])
-                if points:
-                    row.extra["sweep"][s] = points
-            except (BenchError, psutil.Error) as exc:
-                failed(row, s, rep, exc, OVERLOAD_KEYS)
-            est = ctx.warmup_s + 4 * ctx.duration_s + 8 + (4 * ctx.duration_s if rep == 1 else 0)
-            ctx.progress(
-                f"overload repeat {rep}: {s} goodput/capacity "
-                f"{row.series(s, 'goodput_ratio')[-1]:.2f}",
-                est,
-            )
-    for s in systems[:1]:
-        row.ratios += [
-            Ratio(f"{s}: goodput / capacity", row.series(s, "goodput_ratio"), 0.90),
-            Ratio(
-                f"{s}: admitted p99 ms (bound: queue delay + 2x pre-overload p99)",
-                row.series(s, "admitted_p99_ms"),
-                QUEUE_DELAY_MS + 2 * median(row.series(s, "pre_p99_ms")),
-                "<=",
-            ),
-            Ratio(
-                f"{s}: unanswered 10 s after the scheduled send",
-                row.series(s, "unanswered_10s"),
-                0,
-                "<=",
-                "max",
-            ),
-            Ratio(
-                f"{s}: seconds until normal after the overload (n/a: not normal by the end)",
-                row.series(s, "recovery_s"),
-                RECOVERY_BOUND_S,
-                "<=",
-            ),
-        ]
-    if TORCHSERVE in systems:
-        row.ratios.append(
-            Ratio("TorchServe: goodput / capacity", row.series(TORCHSERVE, "goodput_ratio"))
+    tags = {
+        (s, c): s if len(concurrencies) == 1 else f"{s} c={c}"
+        for s in systems
+        for c in concurrencies
+    }
+
+    def measure(s: str, c: int, rnd: int) -> dict[str, dict[str, float]]:
+        out = alternate(ctx, s, "cnn", CONFIGS, c, run_dir(ctx, key, s, f"c{c}", f"r{rnd}"))
+        return {f"{tags[s, c]} {name[-2:]}": metrics for name, metrics in out.items()}
+
+    cells = [
+        Cell(
+            (f"{tag} b8", f"{tag} b1"),
+            partial(measure, s, c),
+            2 * (ctx.warmup_s + ctx.duration_s) + 12,
         )
-    return row
+        for (s, c), tag in tags.items()
+    ]
+
+    goals = [
+        Goal(
+            f"{tag}: batch 8 / batch 1",
+            "",
+            f"{tag} b8",
+            "req_s",
+            0.97 if s == TORCHBAY else None,
+            f"{tag} b1",
+            "min",
+        )
+        for (s, _), tag in tags.items()
+    ]
+    return Row(row, cells, LOAD_KEYS, goals)
 
 
-def row_start(ctx: Ctx) -> RowResult:
+def row_start(ctx: Ctx) -> Row:
+    starts = max(ctx.starts, ctx.repeat)
     row = RowResult(
         "start",
         "start to first answer, tiny",
-        f"1 worker, batch 1; process start to the first 200 of POST /predictions/tiny; "
-        f"{max(ctx.starts, ctx.repeat)} starts per system",
+        "1 worker, batch 1; process start to the first 200 of POST /predictions/tiny; "
+        f"{starts} starts per system",
     )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     body = ctx.assets.body["tiny"].read_bytes()
-    for rep in range(1, max(ctx.starts, ctx.repeat) + 1):
-        for s in systems:
-            try:
-                with serving(
-                    ctx, s, {"tiny": Batching()}, ctx.out_dir / "runs" / f"start-{s}-r{rep}"
-                ) as server:
-                    row.add(s, {"start_s": server.first_answer("/predictions/tiny", body)})
-            except (BenchError, psutil.Error) as exc:
-                failed(row, s, rep, exc, ("start_s",))
-            ctx.progress(f"start repeat {rep}: {s} {row.series(s, 'start_s')[-1]:.2f} s", 6)
-    row.ratios.append(
-        Ratio("torchbay start s (median)", row.series(TORCHBAY, "start_s"), 1.0, "<=")
-    )
-    if TORCHSERVE in systems:
-        row.ratios.append(
-            Ratio(
-                "torchbay / TorchServe start",
-                ratios(row.series(TORCHBAY, "start_s"), row.series(TORCHSERVE, "start_s")),
-            )
-        )
-    return row
+
+    def measure(s: str, rnd: int) -> dict[str, dict[str, float]]:
+        with serving(ctx, s, {"tiny": Batching()}, run_dir(ctx, "start", s, f"r{rnd}")) as server:
+            return {s: {"start_s": server.first_answer("/predictions/tiny", body)}}
+
+    goals = [
+        Goal("torchbay start s (median)", "", TORCHBAY, "start_s", 1.0),
+        *beside_torchserve(
+            systems, Goal("torchbay / TorchServe start", "", TORCHBAY, "start_s", None, TORCHSERVE)
+        ),
+    ]
+    cells = [Cell((s,), partial(measure, s), 6.0) for s in systems]
+    return Row(row, cells, ("start_s",), goals, rounds=starts)
 
 
-def row_two_models(ctx: Ctx, concurrency: int = 8) -> RowResult:
-    b = TWO_MODELS_BATCHING
-    row = RowResult(
-        "two-models",
-        "two models on one host (cnn as cnn_a and cnn_b)",
-        f"one server per system with both, {b.describe()} each; c={concurrency} per model; "
-        "alone: one model driven, the other idle; together: both at once; the 0.90 target is "
-        "torchbay's (its host budget), TorchServe's figures are the reference",
-    )
-    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
-    keys = ("alone_a", "alone_b", "together_a", "together_b")
-    with LoadGenerator(1) as second:
-        for rep in range(1, ctx.repeat + 1):
-            for system in systems:
-                try:
-                    row.add(system, _two_models_once(ctx, system, concurrency, rep, second))
-                except (BenchError, psutil.Error) as exc:
-                    failed(row, system, rep, exc, keys)
-                ctx.progress(
-                    f"two models repeat {rep}: {system}", 3 * (ctx.warmup_s + ctx.duration_s) + 5
-                )
-    s = row.series
-    for system in systems:
-        alone = [a + b for a, b in zip(s(system, "alone_a"), s(system, "alone_b"), strict=True)]
-        together = [
-            a + b for a, b in zip(s(system, "together_a"), s(system, "together_b"), strict=True)
-        ]
-        prefix = "" if system == TORCHBAY else f"{system}: "
-        row.ratios += [
-            Ratio(
-                f"{prefix}cnn_a together / alone",
-                ratios(s(system, "together_a"), s(system, "alone_a")),
-            ),
-            Ratio(
-                f"{prefix}cnn_b together / alone",
-                ratios(s(system, "together_b"), s(system, "alone_b")),
-            ),
-            Ratio(
-                f"{prefix}combined together / alone",
-                ratios(together, alone),
-                0.90 if system == TORCHBAY else None,
-            ),
-        ]
-    return row
-
-
-def _two_models_once(
-    ctx: Ctx, system: str, conc: int, rep: int, second: LoadGenerator
-) -> dict[str, float]:
+def _two_models_once(ctx: Ctx, system: str, conc: int, rnd: int) -> dict[str, dict[str, float]]:
     """Each model alone (the other idle), then both at once from two generators."""
-    run_dir = ctx.out_dir / "runs" / f"two-models-{system}-r{rep}"
-    names = TWO_MODELS
-    models = dict.fromkeys(names, TWO_MODELS_BATCHING)
-    with serving(ctx, system, models, run_dir, names=names) as server:
-        ta, tb = (target(ctx, server, n, "cnn") for n in names)
+    models = dict.fromkeys(TWO_MODELS, TWO_MODELS_BATCHING)
+    where = run_dir(ctx, "two-models", system, f"r{rnd}")
+    with (
+        serving(ctx, system, models, where, names=TWO_MODELS) as server,
+        LoadGenerator(1) as second,
+    ):
+        ta, tb = (target(ctx, server, n, "cnn") for n in TWO_MODELS)
         alone_a = closed(ctx, ta, conc).ok_per_s
         alone_b = closed(ctx, tb, conc).ok_per_s
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             fa = pool.submit(closed, ctx, ta, conc, ctx.gen)
             fb = pool.submit(closed, ctx, tb, conc, second)
             together_a, together_b = fa.result().ok_per_s, fb.result().ok_per_s
+    figures = (alone_a, alone_b, together_a, together_b)
     return {
-        "alone_a": alone_a,
-        "alone_b": alone_b,
-        "together_a": together_a,
-        "together_b": together_b,
+        system: dict(zip(("alone_a", "alone_b", "together_a", "together_b"), figures, strict=True))
     }
 
 
-ROWS = {
-    "tiny-c16": (row_tiny, lambda c: 3 * (c.warmup_s + c.duration_s + 4)),
-    "cnn-c1": (round2_sweep.row_cnn_c1, lambda c: 2 * round2_sweep.sweep_estimate_s(c)),
-    "batch-sweep": (
-        round2_sweep.row_batch_sweep,
-        lambda c: 2 * round2_sweep.sweep_estimate_s(c, len(round2_sweep.SWEEP_CONCURRENCY)),
+def row_two_models(ctx: Ctx, concurrency: int = 8) -> Row:
+    row = RowResult(
+        "two-models",
+        "two models on one host (cnn as cnn_a and cnn_b)",
+        f"one server per system with both, {TWO_MODELS_BATCHING.describe()} each; "
+        f"c={concurrency} per model; alone: one model driven, the other idle; together: both "
+        "at once; the 0.90 target is torchbay's (its host budget), TorchServe's figures are "
+        "the reference",
+    )
+    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    prefixes = {s: "" if s == TORCHBAY else f"{s}: " for s in systems}
+    estimate = 3 * (ctx.warmup_s + ctx.duration_s) + 5
+    cells = [Cell((s,), partial(_two_models_once, ctx, s, concurrency), estimate) for s in systems]
+
+    def judge(r: RowResult) -> list[Ratio]:
+        """Each model together over alone, and both: the host's budget holds for two models."""
+        out = []
+        for s, prefix in prefixes.items():
+            together, alone = (
+                [r.series(s, f"{w}_{x}") for x in "ab"] for w in ("together", "alone")
+            )
+            pairs = zip("ab", together, alone, strict=True)
+            out += [Ratio(f"{prefix}cnn_{x} together / alone", ratios(t, a)) for x, t, a in pairs]
+            both = [[x + y for x, y in zip(*w, strict=True)] for w in (together, alone)]
+            bound = 0.90 if s == TORCHBAY else None
+            out.append(Ratio(f"{prefix}combined together / alone", ratios(*both), bound))
+        return out
+
+    return Row(row, cells, ("alone_a", "alone_b", "together_a", "together_b"), judge=judge)
+
+
+ROWS: dict[str, Callable[[Ctx], Row]] = {
+    "tiny-c16": row_tiny,
+    "cnn-c1": partial(_paired, "cnn-c1", "cnn, c=1, batch 8 vs batch 1", (1,)),
+    "batch-sweep": partial(
+        _paired, "batch-sweep", "cnn, batch 8 vs batch 1 at c=2..16", SWEEP_CONCURRENCY
     ),
-    "cnn-c16": (row_cnn_c16, lambda c: 4 * (c.warmup_s + c.duration_s + 4)),
-    "overload": (row_overload, lambda c: 2 * (c.warmup_s + 4 * c.duration_s + 8)),
-    "start": (row_start, lambda c: 12.0 * max(c.starts, c.repeat) / c.repeat),
-    "two-models": (row_two_models, lambda c: 2 * (3 * (c.warmup_s + c.duration_s) + 5)),
+    "cnn-c16": row_cnn_c16,
+    "overload": row_overload,
+    "start": row_start,
+    "two-models": row_two_models,
 }
-SWEEP_ESTIMATE = {"overload": lambda c: 2 * 4 * (c.warmup_s + c.duration_s)}

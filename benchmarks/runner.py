@@ -1,13 +1,10 @@
-"""The one runner every benchmark command measures through: build the reference models and
-archives, start a system under test (``torchbay serve``, TorchServe, or a ceiling: the bare ASGI
-echo or the naive FastAPI server) from one ``models={...}`` description, warm up, and measure with
-the load generator (:func:`warm_and_measure`); for a :class:`Scenario`, also time its first answer
-and read the server tree's CPU and memory (:func:`run_scenario`).
+"""The one runner every benchmark table measures through: build the reference models and
+archives, start a system under test (``torchbay serve``, TorchServe, or a ceiling) from one
+``models={...}`` description (:func:`make_system`), warm up and measure with the load generator,
+and run a table's rows (:func:`run_rows`): repeat outermost, a failed cell NaN with its error.
 
-``run_scenarios``, ``round2`` and its rows and ``gpu_bench`` all start their
-servers with :func:`make_system` and share one :class:`Ctx`. Work files land under
-``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies), ``model_store/`` (``.mar``),
-``runs/<name>/`` (config.properties and the server log).
+Work files land under ``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies),
+``model_store/`` (``.mar``), ``runs/<name>/`` (config.properties and the server log).
 """
 
 from __future__ import annotations
@@ -19,24 +16,29 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from torchbay.archiver.errors import ArchiveError
 from torchbay.benchmarks import managed, models, procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
-from torchbay.benchmarks.report import Eta, RowResult
-from torchbay.benchmarks.scenarios import Batching, Scenario, models_json
+from torchbay.benchmarks.report import Eta, Ratio, RowResult, failed, fmt
+from torchbay.benchmarks.scenarios import Batching, Goal, Scenario, models_json
 
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
 MODEL_VERSION = "1.0"
 TORCHBAY, TORCHSERVE, ECHO, NAIVE = "torchbay", "torchserve", "echo", "naive"
+CEILINGS = {ECHO: "echo_asgi", NAIVE: "naive_fastapi"}  # their modules in ceilings/
 # config.properties keys TorchServe 0.12 does not have; it gets every other key unchanged.
 TORCHBAY_ONLY_KEYS = ("max_queue_delay_ms", "cpu_thread_budget")
 OCTETS = (("Content-Type", "application/octet-stream"),)
+FAILURES = (BenchError, ArchiveError, psutil.Error)  # a failed cell; anything else is a bug
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,7 @@ def archive_models(assets: Assets, out_dir: Path, python: str) -> Assets:
 
 @dataclass
 class Ctx:
-    """One benchmark run: its settings, archives, the load generator, and the clock for the ETA
-    that long runs (round two) print."""
+    """One benchmark run: its settings, archives, the load generator and the ETA it prints."""
 
     out_dir: Path
     assets: Assets
@@ -103,13 +104,9 @@ class Ctx:
     python: str = sys.executable
     start_timeout_s: float = 120.0
     starts: int = 3  # the start row's samples per system (at least; ``repeat`` if more)
-    inprocess_seconds: float = 2.0  # per batch size in the in-process loop (run_scenarios)
+    inprocess_seconds: float = 2.0  # per batch size in the reference table's in-process loop
     log: Any = print
     eta: Eta = field(default_factory=lambda: Eta(0.0, print))
-
-    def progress(self, what: str, estimate_s: float) -> None:
-        """Count ``estimate_s`` estimated seconds as done (:class:`report.Eta`)."""
-        self.eta.tick(what, estimate_s)
 
     def model_store(self, names: dict[str, str]) -> Path:
         """A store where each name in ``names`` (name -> reference model) is its own ``.mar``
@@ -140,19 +137,14 @@ def make_system(
     model when they differ) with ``props`` in config.properties and ``args`` as extra
     ``torchbay serve`` flags; not started yet. The ceilings take the model only (naive)."""
     names = names or {name: name for name in served}
-    if system == ECHO:
-        return managed.ManagedServer(
-            [ctx.python, "-m", "torchbay.benchmarks.ceilings.echo_asgi"],
-            run_dir,
-            start_timeout_s=ctx.start_timeout_s,
-        )
-    if system == NAIVE:
-        ((name, model),) = names.items()
-        cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.naive_fastapi"]
-        cmd += ["--model", name, "--pt", str(ctx.assets.pt[model])]
-        return managed.ManagedServer(cmd, run_dir, start_timeout_s=ctx.start_timeout_s)
-    store, props = ctx.model_store(names), props or {}
-    if system == TORCHSERVE:
+    store, props = ctx.model_store(names) if system in (TORCHBAY, TORCHSERVE) else None, props or {}
+    if system in (ECHO, NAIVE):
+        cmd = [ctx.python, "-m", f"torchbay.benchmarks.ceilings.{CEILINGS[system]}"]
+        if system == NAIVE:
+            ((name, model),) = names.items()
+            cmd += ["--model", name, "--pt", str(ctx.assets.pt[model])]
+        server = managed.ManagedServer(cmd, run_dir)
+    elif system == TORCHSERVE:
         if ctx.torchserve is None:
             raise BenchError("TorchServe was not given")
         ts_props = {k: v for k, v in props.items() if k not in TORCHBAY_ONLY_KEYS}
@@ -160,30 +152,20 @@ def make_system(
         server = managed.TorchServeServer.build(
             ctx.torchserve, store, mars, run_dir, models_json(served, MODEL_VERSION), ts_props
         )
-        server.start_timeout_s = ctx.start_timeout_s
-        return server
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = run_dir / "config.properties"
-    lines = [f"models={json.dumps(models_json(served, MODEL_VERSION))}"]
-    config.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in props.items())]) + "\n")
-    server = managed.ManagedServer.torchbay(
-        store / f"{next(iter(served))}.mar",
-        run_dir,
-        auth=False,
-        extra_args=("--ncs", "--ts-config", str(config.resolve()), *args),
-        python=ctx.python,
-        models=tuple(f"{name}={name}.mar" for name in served),
-    )
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = run_dir / "config.properties"
+        lines = [f"models={json.dumps(models_json(served, MODEL_VERSION))}"]
+        config.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in props.items())]) + "\n")
+        server = managed.ManagedServer.torchbay(
+            store / f"{next(iter(served))}.mar",
+            run_dir,
+            auth=False,
+            extra_args=("--ncs", "--ts-config", str(config.resolve()), *args),
+            python=ctx.python,
+            models=tuple(f"{name}={name}.mar" for name in served),
+        )
     server.start_timeout_s = ctx.start_timeout_s
-    return server
-
-
-def start_system(
-    ctx: Ctx, system: str, served: dict[str, Batching], run_dir: Path, **kw: Any
-) -> managed.ManagedServer:
-    """:func:`make_system`, started: it is ready when this returns."""
-    server = make_system(ctx, system, served, run_dir, **kw)
-    server.start()
     return server
 
 
@@ -191,7 +173,9 @@ def start_system(
 def serving(
     ctx: Ctx, system: str, served: dict[str, Batching], run_dir: Path, **kw: Any
 ) -> Iterator[managed.ManagedServer]:
-    server = start_system(ctx, system, served, run_dir, **kw)
+    """:func:`make_system`, started (ready when this yields) and stopped after."""
+    server = make_system(ctx, system, served, run_dir, **kw)
+    server.start()
     try:
         yield server
     finally:
@@ -243,6 +227,16 @@ def systems_for(ctx: Ctx, row: RowResult, *names: str) -> list[str]:
     if ctx.torchserve is None and TORCHSERVE in names:
         row.not_run[TORCHSERVE] = "not run (no --torchserve)"
     return [n for n in names if n != TORCHSERVE or ctx.torchserve is not None]
+
+
+def beside_torchserve(systems: list[str], *goals: Goal) -> list[Goal]:
+    """``goals`` that need TorchServe's figures, when it runs."""
+    return list(goals) if TORCHSERVE in systems else []
+
+
+def run_dir(ctx: Ctx, *parts: object) -> Path:
+    """``runs/PART-PART-...``: where a server's config and log go."""
+    return ctx.out_dir / "runs" / "-".join(map(str, parts))
 
 
 def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = None) -> LoadResult:
@@ -302,3 +296,59 @@ def run_inprocess(
         raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
     raw = json.loads(proc.stdout)
     return {name: {int(b): rate for b, rate in per.items()} for name, per in raw.items()}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement of a row in one round, filling ``labels`` (one system each): ``measure``
+    takes the round and returns each label's metrics."""
+
+    labels: tuple[str, ...]
+    measure: Callable[[int], dict[str, dict[str, float]]]
+    estimate_s: float = 0.0
+
+
+@dataclass
+class Row:
+    """A table's row: its result, the cells each round measures, the metrics a failed cell sets
+    to NaN (the first is the progress line's figure), how it is judged once every round ran
+    (its goals, then ``judge`` for a figure no goal describes), and its rounds (0: repeat)."""
+
+    result: RowResult
+    cells: list[Cell]
+    keys: tuple[str, ...]
+    goals: Sequence[Goal] = ()
+    judge: Callable[[RowResult], list[Ratio]] = lambda row: []
+    rounds: int = 0
+
+
+def run_rows(ctx: Ctx, rows: list[Row]) -> list[RowResult]:
+    """Every round measures each row's cells once (so drift over time spreads across them), then
+    each row is judged. A cell that fails leaves NaN and its error; the others still run."""
+    rounds = {id(row): row.rounds or ctx.repeat for row in rows}
+    total = sum(c.estimate_s * rounds[id(row)] for row in rows for c in row.cells)
+    ctx.eta = Eta(total, lambda line: ctx.log(line, flush=True))
+    ctx.log(
+        f"{len(rows)} row(s), {ctx.repeat} repeat(s); estimate ~{total / 60:.1f} min", flush=True
+    )
+    for rnd in range(1, max(rounds.values(), default=0) + 1):
+        for row in (row for row in rows if rnd <= rounds[id(row)]):
+            for cell in row.cells:
+                _measure(ctx, row, cell, rnd)
+    for row in rows:
+        row.result.ratios += [g.ratio(row.result) for g in row.goals] + row.judge(row.result)
+    return [row.result for row in rows]
+
+
+def _measure(ctx: Ctx, row: Row, cell: Cell, rnd: int) -> None:
+    result = row.result
+    try:
+        for label, metrics in cell.measure(rnd).items():
+            result.add(label, metrics)
+        key = row.keys[0]
+        status = ", ".join(f"{x} {fmt(result.series(x, key)[-1], key)}" for x in cell.labels)
+    except FAILURES as exc:
+        for label in cell.labels:
+            failed(result, label, rnd, exc, row.keys)
+        status = f"FAILED: {result.errors[-1]} (logs: {ctx.out_dir / 'runs'})"
+    ctx.eta.tick(f"{result.key} repeat {rnd}: {status}", cell.estimate_s)

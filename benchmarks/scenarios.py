@@ -1,26 +1,16 @@
-"""Every benchmark scenario, in one description: the reference scenarios of issue 3 and the
-targets that compare them within one run, and the suites ``torchbay bench scenario NAME`` runs.
-
-A :class:`Scenario` names a server (the bare ASGI echo, the naive FastAPI server, ``torchbay
-serve``, or TorchServe 0.12 beside it in round two's rows), a model, the load (closed loop at
-``concurrency`` connections, or open loop at ``rate``) and the batching and worker settings
-(:class:`Batching`, the one ``models={...}`` entry that torchbay and TorchServe both read:
-:func:`models_json`). A
-:class:`Goal` (one of issue 3's targets a..d, ``TARGETS``) compares two scenarios round by round
-(a ratio) or bounds one scenario's metric; ``runner.py`` runs scenarios and ``run_scenarios.py``
-reports them as one row of the report every run writes (``report.RowResult``).
-
-A :class:`Suite` is one archive (a reference model, or one a script builds), its request bodies,
-torchbay scenarios to run against it one server each, and an SLA search (``--sla``): ``torchbay
-bench scenario tiny`` (``cli.run_suite`` runs them through ``bench run``). Suites reuse the
-reference scenarios where they measure the same thing.
+"""Every benchmark scenario in one description: a :class:`Scenario` is one server (the bare ASGI
+echo, the naive FastAPI server, ``torchbay serve`` or TorchServe 0.12) serving one model under
+one load with one :class:`Batching` (the ``models={...}`` entry torchbay and TorchServe both
+read: :func:`models_json`); a :class:`Goal` judges a table's row (issue 3's targets: ``TARGETS``
+over ``SCENARIOS``). A :class:`Suite` is what ``torchbay bench scenario NAME`` runs: scenarios
+on one archive and an SLA search.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
@@ -35,7 +25,6 @@ if TYPE_CHECKING:
     from torchbay.benchmarks.stats import Arrival
 
 ServerKind = Literal["echo", "naive", "torchbay", "torchserve"]
-Metric = Literal["req_per_s", "p50_ms", "p90_ms", "p99_ms", "frontend_rss_mb", "start_s"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +78,6 @@ class Scenario:
     max_batch_delay_ms: int = 0
     workers: int = 1
     tags: tuple[str, ...] = ()
-    about: str = ""
     server_args: tuple[str, ...] = ()  # extra `torchbay serve` flags
     rate: float | None = None
     arrival: Arrival = "constant"
@@ -138,50 +126,40 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Goal:
-    """``numerator.metric / denominator.metric >= bound`` (ratio) or ``numerator.metric <=
-    bound`` (limit, when ``denominator`` is None), judged on the median over the rounds (a
-    ratio is taken within each round, so drift between rounds cancels)."""
+    """A figure of a row: ``numerator.metric / denominator.metric`` (taken within each round, so
+    drift between rounds cancels) or ``numerator.metric`` alone (``denominator`` None), judged
+    as ``aggregate`` (over the rounds) ``op`` ``bound``: ">=" for a ratio, "<=" for a figure
+    alone unless ``op`` says; no bound: shown, not judged."""
 
     key: str
     about: str
     numerator: str
-    metric: Metric
-    bound: float
+    metric: str
+    bound: float | None = None
     denominator: str | None = None
+    aggregate: str = "median"
+    op: str = ""
 
     def ratio(self, row: RowResult) -> Ratio:
-        """This goal over ``row`` (a system per scenario): the figure of every round."""
+        """This goal over ``row``: the figure of every round."""
         values = row.series(self.numerator, self.metric)
         if self.denominator is not None:
             values = ratios(values, row.series(self.denominator, self.metric))
-        op = ">=" if self.denominator is not None else "<="
-        return Ratio(f"{self.key}: {self.about}", values, self.bound, op)
+        op = self.op or (">=" if self.denominator is not None else "<=")
+        name = f"{self.key}: {self.about}" if self.about else self.key
+        return Ratio(name, values, self.bound, op, self.aggregate)
 
 
+TB_TINY = Scenario("tb-tiny-c16-b8-w1", "torchbay", "tiny", 16, 8, 5, 1, tags=("a", "d"))
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("echo-c16", "echo", "tiny", 16, tags=("ceiling",), about="bare raw-ASGI echo"),
-    Scenario(
-        "naive-tiny-c16", "naive", "tiny", 16, tags=("ceiling",), about="FastAPI sync endpoint"
-    ),
-    Scenario("naive-cnn-c10", "naive", "cnn", 10, tags=("ceiling",), about="FastAPI sync endpoint"),
-    Scenario(
-        "tb-tiny-c16-b8-w1", "torchbay", "tiny", 16, 8, 5, 1, tags=("a", "d"), about="target a, d"
-    ),
-    Scenario(
-        "tb-tiny-c16-b8-w1-nolog",
-        "torchbay",
-        "tiny",
-        16,
-        8,
-        5,
-        1,
-        tags=("a",),
-        about="target a without the access log",
-        server_args=("--no-access-log",),
-    ),
-    Scenario("tb-cnn-c1-b1-w1", "torchbay", "cnn", 1, 1, 10, 1, tags=("b",), about="target b"),
-    Scenario("tb-cnn-c1-b8-w1", "torchbay", "cnn", 1, 8, 10, 1, tags=("b",), about="target b"),
-    Scenario("tb-cnn-c10-b1-w2", "torchbay", "cnn", 10, 1, 10, 2, tags=("c",), about="target c"),
+    Scenario("echo-c16", "echo", "tiny", 16, tags=("ceiling",)),
+    Scenario("naive-tiny-c16", "naive", "tiny", 16, tags=("ceiling",)),
+    Scenario("naive-cnn-c10", "naive", "cnn", 10, tags=("ceiling",)),
+    TB_TINY,
+    replace(TB_TINY, name=f"{TB_TINY.name}-nolog", tags=("a",), server_args=("--no-access-log",)),
+    Scenario("tb-cnn-c1-b1-w1", "torchbay", "cnn", 1, 1, 10, 1, tags=("b",)),
+    Scenario("tb-cnn-c1-b8-w1", "torchbay", "cnn", 1, 8, 10, 1, tags=("b",)),
+    Scenario("tb-cnn-c10-b1-w2", "torchbay", "cnn", 10, 1, 10, 2, tags=("c",)),
 )
 
 TARGETS: tuple[Goal, ...] = (
@@ -288,21 +266,11 @@ def _sla(
 def _own_rows(model: str, conc: int, batch: int, workers: int, rate: float) -> tuple[Scenario, ...]:
     """A suite's own rows: a closed loop at ``conc`` connections with ``workers`` workers, and an
     open loop of Poisson arrivals at ``rate`` with one worker; both 5 ms delay, batch ``batch``."""
-    closed = f"tb-{model}-c{conc}-b{batch}-w{workers}"
+    closed, tags = f"tb-{model}-c{conc}-b{batch}-w{workers}", (model,)
+    opened = f"tb-{model}-r{rate:g}-b{batch}-w1"
     return (
-        Scenario(closed, "torchbay", model, conc, batch, 5, workers, tags=(model,)),
-        Scenario(
-            f"tb-{model}-r{rate:g}-b{batch}-w1",
-            "torchbay",
-            model,
-            None,
-            batch,
-            5,
-            1,
-            tags=(model,),
-            rate=rate,
-            arrival="poisson",
-        ),
+        Scenario(closed, "torchbay", model, conc, batch, 5, workers, tags),
+        Scenario(opened, "torchbay", model, None, batch, 5, 1, tags, rate=rate, arrival="poisson"),
     )
 
 
@@ -348,9 +316,8 @@ def suite_names() -> list[str]:
 
 def find_suite(name: str) -> Suite:
     """The suite called ``name``; raises BenchError naming the known ones."""
-    for suite in SUITES:
-        if suite.name == name:
-            return suite
+    for suite in (suite for suite in SUITES if suite.name == name):
+        return suite
     raise BenchError(f"no scenario suite {name!r}; known: {', '.join(suite_names())}")
 
 
@@ -361,14 +328,8 @@ def select(
     Raises BenchError when a pattern matches nothing, so a typo never runs an empty benchmark."""
     scenarios = list(scenarios)
     patterns = [p for p in (patterns or []) if p]
-    if not patterns:
-        return scenarios
-    chosen = []
     for pattern in patterns:
         if not any(s.matches(pattern) for s in scenarios):
             names = ", ".join(s.name for s in scenarios)
             raise BenchError(f"no scenario matches {pattern!r}; known: {names}")
-    for scenario in scenarios:
-        if any(scenario.matches(p) for p in patterns):
-            chosen.append(scenario)
-    return chosen
+    return [s for s in scenarios if not patterns or any(s.matches(p) for p in patterns)]

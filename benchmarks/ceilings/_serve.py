@@ -1,4 +1,4 @@
-"""Shared command line for the ceiling servers: one uvicorn process, uvloop + httptools.
+"""The ceiling servers' one way to run: one uvicorn process, uvloop + httptools, no access log.
 
 ``--port 0 --ready-file PATH`` binds a free port, then writes ``{"inference": port}`` to PATH (as
 ``torchbay serve --ready-file`` does), so the harness starts every server under test one way.
@@ -10,31 +10,37 @@ import argparse
 import json
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def add_server_args(parser: argparse.ArgumentParser) -> None:
+def main(
+    doc: str,
+    argv: list[str] | None,
+    make_app: Callable[[argparse.Namespace], Any],
+    add_args: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
+    lifespan: str = "auto",
+) -> int:
+    """Parse the server flags (and ``add_args``'), then serve ``make_app(args)`` (``lifespan``:
+    uvicorn's setting; "off" for an app with nothing to start)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port (see --ready-file)")
     parser.add_argument("--ready-file", type=Path, help="write {'inference': port} here")
-
-
-def serve(
-    app: Any, host: str, port: int, ready_file: Path | None = None, lifespan: str = "auto"
-) -> None:
-    """Run ``app`` the way the baseline's ceilings ran: one process, no access log
-    (``lifespan``: uvicorn's setting; "off" for an app with nothing to start)."""
-    import uvicorn
-
+    add_args(parser)
+    args = parser.parse_args(argv)
+    app = make_app(args)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    sock.bind((args.host, args.port))
     sock.listen(2048)  # connections queue from here on, so the ready file can be written now
-    if ready_file is not None:
-        tmp = ready_file.with_name(ready_file.name + ".tmp")
+    if args.ready_file is not None:
+        tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
         tmp.write_text(json.dumps({"inference": sock.getsockname()[1], "pid": os.getpid()}))
-        tmp.replace(ready_file)
+        tmp.replace(args.ready_file)
     config = uvicorn.Config(
         app,
         loop="uvloop",
@@ -44,3 +50,4 @@ def serve(
         log_level="warning",
     )
     uvicorn.Server(config).run(sockets=[sock])
+    return 0

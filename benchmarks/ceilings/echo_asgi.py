@@ -6,11 +6,10 @@ small JSON. Any path and method is answered 200, so readiness polls and the load
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from torchbay.benchmarks.ceilings._serve import add_server_args, serve
+from torchbay.benchmarks.ceilings import _serve
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,11 +42,7 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_server_args(parser)
-    args = parser.parse_args(argv)
-    serve(app, args.host, args.port, args.ready_file, lifespan="off")
-    return 0
+    return _serve.main(__doc__, argv, lambda args: app, lifespan="off")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""The no-HTTP ceiling: samples/s of a scripted model called in a loop, one thread.
+"""The no-HTTP ceiling: samples/s of a scripted model called in a loop, one thread a loop.
 
     python -m torchbay.benchmarks.ceilings.inprocess --pt tiny=tiny.pt --pt cnn=cnn.pt --json
 
-Each call times ``model(batch)`` under ``torch.inference_mode()`` for a fixed wall time after a
+Each loop times ``model(batch)`` under ``torch.inference_mode()`` for a fixed wall time after a
 short warm-up (TorchScript profiles and optimises on the first calls), as baseline.md's "Model in
-process" line did: tiny at batch 1/8/16, cnn at 1/8/16.
+process" line did: tiny and cnn at batch 1/8/16. ``--streams N`` sums N loops in threads: the
+limit of N single-threaded workers with no server around them.
 """
 
 from __future__ import annotations
@@ -16,53 +17,30 @@ import time
 
 import torch
 
-SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}
+from torchbay.benchmarks.models import SAMPLE_SHAPES
+
 DEFAULT_BATCHES = (1, 8, 16)
 
 
 def samples_per_second(
-    model: torch.jit.ScriptModule | torch.nn.Module,
-    shape: tuple[int, ...],
-    batch: int,
-    *,
-    seconds: float = 2.0,
-    warmup_calls: int = 5,
+    model: torch.nn.Module, shape: tuple[int, ...], batch: int, seconds: float, streams: int = 1
 ) -> float:
-    """Samples per second of ``model`` on a batch of ``batch`` samples of ``shape``."""
+    """Samples per second of ``streams`` loops of ``model`` on batches of ``batch``, summed."""
     x = torch.randn((batch, *shape), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        for _ in range(warmup_calls):
-            model(x)
-        calls = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-        while True:
-            model(x)
-            calls += 1
-            now = time.perf_counter()
-            if now >= deadline:
-                break
-    return calls * batch / (now - start)
+    rates, barrier = [0.0] * streams, threading.Barrier(streams)
 
-
-def streams_samples_per_second(
-    model: torch.jit.ScriptModule | torch.nn.Module,
-    shape: tuple[int, ...],
-    batch: int,
-    streams: int,
-    *,
-    seconds: float = 2.0,
-) -> float:
-    """Samples per second of ``streams`` threads each calling ``model`` in its own loop (the
-    limit of ``streams`` single-threaded workers with no server around them), summed."""
-    rates = [0.0] * streams
-    barrier = threading.Barrier(streams)
-
-    def stream(i: int) -> None:
+    def loop(i: int) -> None:
         barrier.wait()
-        rates[i] = samples_per_second(model, shape, batch, seconds=seconds)
+        with torch.inference_mode():
+            for _ in range(5):
+                model(x)
+            calls, start = 0, time.perf_counter()
+            while (now := time.perf_counter()) < start + seconds or not calls:
+                model(x)
+                calls += 1
+        rates[i] = calls * batch / (now - start)
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(streams)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -78,23 +56,14 @@ def measure(
     threads: int = 1,
     streams: int = 1,
 ) -> dict[str, dict[int, float]]:
-    """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths``; ``streams`` > 1
-    sums that many concurrent single-model loops (threads of ``threads`` intra-op threads)."""
+    """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths`` (``threads``
+    intra-op threads per loop)."""
     torch.set_num_threads(threads)
-    results: dict[str, dict[int, float]] = {}
-    for name, path in pt_paths.items():
-        model = torch.jit.load(path).eval()
-        shape = SAMPLE_SHAPES[name]
-        if streams > 1:
-            results[name] = {
-                b: streams_samples_per_second(model, shape, b, streams, seconds=seconds)
-                for b in batches
-            }
-        else:
-            results[name] = {
-                b: samples_per_second(model, shape, b, seconds=seconds) for b in batches
-            }
-    return results
+    loaded = {name: torch.jit.load(path).eval() for name, path in pt_paths.items()}
+    return {
+        name: {b: samples_per_second(m, SAMPLE_SHAPES[name], b, seconds, streams) for b in batches}
+        for name, m in loaded.items()
+    }
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -119,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         print(json.dumps(results))
-    else:
-        for name, per_batch in results.items():
-            for batch, rate in per_batch.items():
-                print(f"{name:5s} batch {batch:3d}: {rate:12,.0f} samples/s")
+        return 0
+    for name, per_batch in results.items():
+        for batch, rate in per_batch.items():
+            print(f"{name:5s} batch {batch:3d}: {rate:12,.0f} samples/s")
     return 0
 
 

@@ -16,9 +16,8 @@ import argparse
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
 
-from torchbay.benchmarks.ceilings._serve import add_server_args, serve
-
-SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}
+from torchbay.benchmarks.ceilings import _serve
+from torchbay.benchmarks.models import SAMPLE_SHAPES
 
 
 def create_app(model_name: str, pt_path: str) -> FastAPI:
@@ -48,13 +47,11 @@ def create_app(model_name: str, pt_path: str) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_server_args(parser)
-    parser.add_argument("--model", choices=sorted(SAMPLE_SHAPES), required=True)
-    parser.add_argument("--pt", required=True, help="TorchScript file (torch.jit.script)")
-    args = parser.parse_args(argv)
-    serve(create_app(args.model, args.pt), args.host, args.port, args.ready_file)
-    return 0
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--model", choices=sorted(SAMPLE_SHAPES), required=True)
+        parser.add_argument("--pt", required=True, help="TorchScript file (torch.jit.script)")
+
+    return _serve.main(__doc__, argv, lambda args: create_app(args.model, args.pt), add_args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``python -m torchbay.benchmarks.grpc_compare`` (benchmarks/grpc_compare.py): the medians table,
+"""``python -m torchbay.benchmarks.tables grpc`` (benchmarks/grpc_compare.py): the medians table,
 its flags, and a short run of every protocol pair against real servers."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import grpc_compare
+from torchbay.benchmarks import grpc_compare, tables
 from torchbay.benchmarks.report import RowResult, render
+from torchbay.benchmarks.runner import Assets, Ctx, run_rows
 
 
 def test_the_row_has_one_line_of_medians_per_cell() -> None:
@@ -31,22 +32,19 @@ def test_the_row_has_one_line_of_medians_per_cell() -> None:
 )
 def test_bad_flags_exit_before_building_anything(argv: list[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
-        grpc_compare.main([*argv, "--out", str(tmp_path / "out")])
+        tables.main(["grpc", *argv, "--out", str(tmp_path / "out")])
     assert info.value.code == 2 and not (tmp_path / "out").exists()
 
 
-def test_a_short_run_measures_every_pair_on_real_servers(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    argv = ["--models", "tiny", "--repeat", "1", "--duration", "0.3", "--warmup", "0",
-            "-c", "2", "--out", str(tmp_path), "--json"]  # fmt: skip
-    assert grpc_compare.main(argv) == 0
-    out = capsys.readouterr().out
-    table, _, dump = out.partition("\n{")
+def test_a_short_run_measures_every_pair_on_real_servers(tmp_path: Path) -> None:
+    argv = ["grpc", "--models", "tiny", "--repeat", "1", "--duration", "0.3", "--warmup", "0",
+            "-c", "2", "--out", str(tmp_path)]  # fmt: skip
+    assert tables.main(argv) == 0
+    table = (tmp_path / "grpc.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| tiny ")]
     ratios = [line for line in rows if ": gRPC / HTTP ok/s |" in line]
     assert len(rows) == 6 and len(ratios) == 3  # a line of medians and a ratio per pair
-    systems = json.loads("{" + dump)["rows"]["grpc"]["systems"]
+    systems = json.loads((tmp_path / "grpc.json").read_text())["rows"]["grpc"]["systems"]
     assert sorted(systems) == [f"tiny {p} c=2" for p in ("modelinfer", "predictions", "tensor")]
     for (run,) in systems.values():  # every request answered 200 on both sides (no rate asserted)
         assert run["not_200"] == 0 and run["http_ok_per_s"] > 0 and run["grpc_ok_per_s"] > 0
@@ -57,9 +55,8 @@ def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path: Path) -> No
     body.write_bytes(bytes(256))
     inputs = {"tiny": {"predictions": (tmp_path / "missing.mar", body),
                        "modelinfer": (tmp_path / "gone.mar", body)}}  # fmt: skip
-    row = grpc_compare.compare(
-        inputs, [1], repeat=1, duration_s=0.1, warmup_s=0.0, out=tmp_path, log=lambda _: None
-    )
+    ctx = Ctx(tmp_path, Assets({}, {}), None, 0.1, 0.0, 1, log=lambda *a, **k: None)  # type: ignore[arg-type]
+    (row,) = run_rows(ctx, [grpc_compare.grpc_row(ctx, inputs, [1])])
     assert len(row.errors) == 2
     assert set(row.systems) == {"tiny predictions c=1", "tiny modelinfer c=1"}
     assert "repeat 1 tiny predictions c=1" in row.errors[0] and "missing.mar" in row.errors[0]

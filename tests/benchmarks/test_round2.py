@@ -6,11 +6,12 @@ from __future__ import annotations
 import array
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import managed, report, round2_overload
+from torchbay.benchmarks import managed, report, round2_overload, runner
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadPlan, Target
 from torchbay.benchmarks.report import Eta, Ratio, RowResult
@@ -150,8 +151,8 @@ def test_round_two_progress_weighs_each_step_by_its_estimated_seconds() -> None:
 def test_a_report_is_written_with_its_command_and_fails_on_any_error(tmp_path: Path) -> None:
     row = RowResult("start", "start to first answer, tiny", "1 worker")
     row.add("torchbay", {"start_s": 0.9})
-    head = report.header("round2", ["--only", "start"], "1 repeat(s)")
-    assert head["command"] == "python -m torchbay.benchmarks.round2 --only start"
+    head = report.header("tables", ["round2", "--only", "start"], "1 repeat(s)")
+    assert head["command"] == "python -m torchbay.benchmarks.tables round2 --only start"
     assert json.loads(head["machine"])["cores"] >= 1
     printed: list[str] = []
     assert report.write([row], head, tmp_path, "round2", lambda s, **_: printed.append(s)) == 0
@@ -160,3 +161,38 @@ def test_a_report_is_written_with_its_command_and_fails_on_any_error(tmp_path: P
     assert json.loads((tmp_path / "round2.json").read_text())["rows"]["start"]["systems"]
     row.errors.append("repeat 2 torchserve: not ready in 120 s")
     assert report.write([row], head, tmp_path / "again", "round2", lambda *a, **k: None) == 1
+
+
+def test_one_loop_runs_repeat_outermost_and_a_failed_cell_is_nan_with_its_error(
+    tmp_path: Path,
+) -> None:
+    """runner.run_rows: every round visits every row; a row with more rounds (the start row)
+    runs on alone; a cell that raises leaves NaN for each of its labels and the others run."""
+    calls: list[str] = []
+
+    def ok(label: str, rnd: int) -> dict[str, dict[str, float]]:
+        calls.append(f"{label}{rnd}")
+        return {label: {"req_s": 10.0 * rnd}}
+
+    def broken(rnd: int) -> dict[str, dict[str, float]]:
+        calls.append(f"broken{rnd}")
+        raise BenchError("server exited with 1\nlog tail")
+
+    lines: list[str] = []
+    ctx = runner.Ctx(
+        tmp_path, runner.Assets({}, {}), None, repeat=2, log=lambda s, **_: lines.append(s)
+    )  # type: ignore[arg-type]
+    first = runner.Row(RowResult("one", "one", ""), [runner.Cell(("a",), partial(ok, "a"), 1.0),
+                       runner.Cell(("x", "y"), broken, 1.0)], ("req_s", "p99_ms"))  # fmt: skip
+    judged = lambda r: [Ratio("a", r.series("a", "req_s"))]  # noqa: E731
+    second = runner.Row(RowResult("two", "two", ""), [runner.Cell(("b",), partial(ok, "b"))],
+                        ("req_s",), judge=judged, rounds=3)  # fmt: skip
+    one, two = runner.run_rows(ctx, [first, second])
+    assert calls == ["a1", "broken1", "b1", "a2", "broken2", "b2", "b3"]
+    assert one.series("a", "req_s") == [10.0, 20.0] and two.series("b", "req_s") == [10, 20, 30]
+    assert (
+        all(math.isnan(v) for v in one.series("y", "p99_ms")) and len(one.series("x", "req_s")) == 2
+    )
+    assert one.errors[0] == "repeat 1 x: server exited with 1" and len(one.errors) == 4
+    assert two.ratios[0].values == [] and not one.ratios
+    assert any("estimate" in line for line in lines) and "FAILED" in lines[2]

@@ -1,5 +1,5 @@
-"""``python -m torchbay.benchmarks.round2`` against real servers with tiny durations: every row
-runs, its counts add up and the report names every row. These check behaviour, never speed."""
+"""``python -m torchbay.benchmarks.tables round2`` against real servers with tiny durations: every
+row runs, its counts add up and the report names every row. These check behaviour, never speed."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import round2
-from torchbay.benchmarks.round2_sweep import SWEEP_CONCURRENCY
+from torchbay.benchmarks import tables
+from torchbay.benchmarks.round2_rows import SWEEP_CONCURRENCY
 
 # A hang guard, not a speed bound: the batch sweep starts 8 servers (56 s on a quiet 2-core
 # host) and took past 120 s with other suites beside it (load average 7.5).
@@ -22,7 +22,7 @@ QUICK = ["--repeat", "1", "--duration", "1", "--warmup", "0.2", "--starts", "1"]
 def _run(tmp_path: Path, *args: str) -> tuple[dict, str]:
     out, work = tmp_path / "out", tmp_path / "work"
     lines: list[str] = []
-    code = round2.run([*QUICK, "--out", str(out), "--work", str(work), *args],
+    code = tables.run(["round2", *QUICK, "--out", str(out), "--work", str(work), *args],
                       log=lambda *a, **k: lines.append(" ".join(map(str, a))))  # fmt: skip
     report = json.loads((out / "round2.json").read_text())
     markdown = (out / "round2.md").read_text()
@@ -52,7 +52,7 @@ def test_closed_loop_rows_and_start(tmp_path: Path) -> None:
     assert targets["torchbay / bare ASGI"]["bound"] == 0.40
     for row in rows.values():
         assert f"### {row['title']}" in markdown
-    assert "python -m torchbay.benchmarks.round2" in markdown
+    assert "python -m torchbay.benchmarks.tables round2" in markdown
 
 
 def test_in_process_and_two_model_rows(tmp_path: Path) -> None:

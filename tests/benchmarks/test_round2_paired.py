@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from torchbay.benchmarks.loadplan import LoadResult
-from torchbay.benchmarks.round2_sweep import order, pooled
+from torchbay.benchmarks.round2_rows import order, pooled
 from torchbay.benchmarks.stats import LatencySummary
 
 

@@ -76,11 +76,11 @@ def test_markdown_fragment() -> None:
     row = _row(("echo-c16", 35_000, 1.5), ("naive-cnn-c10", math.nan, math.nan))
     row.errors.append("repeat 1 naive-cnn-c10: boom")
     header = {"title": "Reference scenarios", "when": "today", "settings": "echo-c16: c=16",
-              "command": "python -m torchbay.benchmarks.run_scenarios --quick",
+              "command": "python -m torchbay.benchmarks.tables reference --quick",
               "machine": "AMD EPYC, 2 cores"}  # fmt: skip
     text = report.render([row], header)
     assert text.startswith("## Reference scenarios\n")
-    assert "`python -m torchbay.benchmarks.run_scenarios --quick`" in text
+    assert "`python -m torchbay.benchmarks.tables reference --quick`" in text
     assert "Machine: AMD EPYC, 2 cores" in text
     assert "| system | req_per_s | p99_ms | requests | req_per_s every repeat |" in text
     assert "| echo-c16 | 35,000 | 1.50 | 100 | 35,000 |" in text
@@ -98,8 +98,8 @@ def test_wide_medians_skip_failed_rounds() -> None:
     assert "| cnn | 160 | 143 | 150, 160, 170 |" in lines
 
 
-def test_run_scenarios_plan() -> None:
-    from torchbay.benchmarks.run_scenarios import plan
+def test_reference_table_plan() -> None:
+    from torchbay.benchmarks.tables import plan
 
     everything, loop = plan([])
     assert len(everything) == len(scenarios.SCENARIOS) and loop

@@ -1,0 +1,221 @@
+"""Every table of RESULTS.md, one command: ``python -m torchbay.benchmarks.tables NAME [flags]``.
+
+    reference [--quick] [--only NAME,GLOB,SERVER,TAG,inprocess]   issue 3's reference scenarios
+    round2 [--torchserve VENV] [--starts N] [--only ROW ...]      issue 15's rows beside TorchServe
+    grpc [--models tiny,cnn] [--pairs P,...] [-c 16,...]          issue 12's gRPC / HTTP pairs
+
+Each table is a list of rows (``runner.Row``: cells of systems, and how the row is judged) that
+``runner.run_rows`` measures, repeat outermost. Every table takes ``--repeat``, ``--duration``,
+``--warmup``, ``--out`` (``STEM.md``, ``STEM.json``, a plot when a row has a sweep) and
+``--work`` (models, archives, server logs). Prints an estimate first and the time left while
+running. Exit status 1 when any run failed (the report says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from torchbay.benchmarks import managed, plots, report, runner
+from torchbay.benchmarks.errors import exit_status
+from torchbay.benchmarks.loadgen import LoadGenerator
+from torchbay.benchmarks.models import MODEL_NAMES
+from torchbay.benchmarks.report import RowResult
+from torchbay.benchmarks.runner import Cell, Ctx, Row
+from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+RESULTS = HERE.parent / "results" / "round2"
+Rows = Callable[[Ctx, argparse.Namespace], tuple[list[Row], str]]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A named table: its rows and settings line, report title and file stem, default folders
+    (``work`` None: ``--out``) and durations."""
+
+    rows: Rows
+    title: str
+    stem: str
+    out: Path
+    work: Path | None
+    repeat: int
+    duration_s: float
+    warmup_s: float
+
+
+INPROCESS = "inprocess"
+REFERENCE_SETTINGS = (
+    "torchbay's load generator, 1 process, keep-alive connections, raw float32 body; warm-up "
+    "{c.warmup_s:g} s, {c.duration_s:g} s measured; medians of {c.repeat} round(s); other CPU: "
+    "the machine's CPU that neither the server nor the generator used (foreign_cpu_pct, a share "
+    "of all cores; above a few percent the run was disturbed and its numbers are low)"
+)
+
+
+def plan(only: Sequence[str]) -> tuple[list[Scenario], bool]:
+    """The scenarios ``--only`` selects, and whether the in-process loop runs. No ``--only``:
+    everything; otherwise the loop runs when ``inprocess`` or ``ceiling`` is asked for."""
+    asked = [p.strip() for item in only for p in item.split(",") if p.strip()]
+    patterns = [p for p in asked if p != INPROCESS]
+    want_inprocess = not asked or INPROCESS in asked or "ceiling" in asked
+    return (select(patterns) if patterns or not asked else []), want_inprocess
+
+
+def reference_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
+    """One system per scenario, TARGETS judged round by round; and the in-process loop's
+    samples/s per model and batch size."""
+    scenarios, inprocess = plan(args.only)
+    row = RowResult("scenarios", "Reference scenarios (issue 3)", "", wide=True)
+    row.settings = REFERENCE_SETTINGS.format(c=ctx)
+    estimate = ctx.warmup_s + ctx.duration_s + 5
+    cells = [
+        Cell((s.name,), lambda rnd, s=s: {s.name: runner.run_scenario(s, ctx, rnd)}, estimate)
+        for s in scenarios
+    ]
+    names = {s.name for s in scenarios}
+    goals = [g for g in TARGETS if {g.numerator, g.denominator} - {None} <= names]
+    rows = [Row(row, cells, ("req_per_s",), goals)]
+    if inprocess:
+        loop = RowResult("inprocess", "Model in process, one thread (samples/s)", "", wide=True)
+
+        def measure(rnd: int) -> dict[str, dict[str, float]]:
+            rates = runner.run_inprocess(ctx).items()
+            return {m: {f"batch {b}": v for b, v in per.items()} for m, per in rates}
+
+        cell = Cell(MODEL_NAMES, measure, 6 * ctx.inprocess_seconds + 4)
+        rows.append(Row(loop, [cell], ("batch 1",)))
+    return rows, "; ".join(f"{s.name}: {s.setup}" for s in scenarios)
+
+
+def round2_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
+    from torchbay.benchmarks.round2_rows import ROWS
+
+    ts = str(ctx.torchserve) if ctx.torchserve else "not run"
+    settings = (
+        f"{ctx.repeat} repeat(s); warm-up {ctx.warmup_s:g} s, {ctx.duration_s:g} s measured per "
+        "run (the same windows for every system); torchbay's load generator (1 process, "
+        "keep-alive, raw float32 bodies); 1 intra-op thread per worker (handler_raw.py); "
+        f"identical .mar and config.properties; TorchServe: {ts}"
+    )
+    return [ROWS[key](ctx) for key in args.only or ROWS], settings
+
+
+def grpc_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
+    from torchbay.benchmarks import grpc_compare
+
+    inputs = grpc_compare.build_inputs(ctx, args.models, args.pairs)
+    settings = f"{ctx.repeat} repeat(s) of {ctx.duration_s:g} s after {ctx.warmup_s:g} s warm-up"
+    return [grpc_compare.grpc_row(ctx, inputs, args.c)], settings
+
+
+TABLES = {
+    "reference": Table(reference_rows, "Reference scenarios", "latest", OUT, None, 2, 20.0, 5.0),
+    # Round two's reports live beside the other results, outside the package (results/README.md).
+    "round2": Table(
+        round2_rows, "Round two (issue 15)", "round2", RESULTS, OUT / "round2", 3, 10, 3
+    ),
+    "grpc": Table(
+        grpc_rows, "gRPC beside HTTP (issue 12)", "grpc", OUT / "grpc", None, 3, 10.0, 2.0
+    ),
+}
+
+
+def _listed(choices: Sequence[str], text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items or any(x not in choices for x in items):
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(choices)}: {text!r}")
+    return items
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, comma-separated: {text!r}")
+    return counts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from torchbay.benchmarks.grpc_compare import PAIRS
+    from torchbay.benchmarks.round2_rows import ROWS
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--repeat", type=int, help="rounds; the report has medians")
+    common.add_argument("--duration", type=float, help="measured seconds per run")
+    common.add_argument("--warmup", type=float, help="warm-up seconds per run")
+    common.add_argument("--out", type=Path, help="report, JSON, plot")
+    common.add_argument("--work", type=Path, help="models, archives, server logs")
+    parser = argparse.ArgumentParser(prog="python -m torchbay.benchmarks.tables")
+    sub = parser.add_subparsers(dest="table", required=True)
+    ref = sub.add_parser("reference", parents=[common], help="issue 3's reference scenarios")
+    ref.add_argument("--quick", action="store_true", help="1 s warm-up, 3 s runs, 1 round")
+    ref.add_argument("--only", action="append", default=[], help="NAME, glob, server or tag")
+    r2 = sub.add_parser("round2", parents=[common], help="issue 15's rows beside TorchServe")
+    r2.add_argument("--torchserve", help="TorchServe 0.12's venv, bin/ or torchserve script")
+    r2.add_argument("--starts", type=int, default=3, help="start-row samples (default 3)")
+    r2.add_argument("--only", nargs="+", choices=list(ROWS), help="rows to run (default all)")
+    grpc = sub.add_parser("grpc", parents=[common], help="issue 12's gRPC / HTTP pairs")
+    grpc.add_argument("--models", type=partial(_listed, MODEL_NAMES), default=list(MODEL_NAMES))
+    grpc.add_argument("--pairs", type=partial(_listed, list(PAIRS)), default=list(PAIRS))
+    grpc.add_argument("-c", "--concurrency", dest="c", type=_counts, default=[16])
+    return parser
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The flags, with the table's defaults (``--quick``: short ones) where none was given."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    table = TABLES[args.table]
+    quick = getattr(args, "quick", False)
+    defaults = (1, 3.0, 1.0) if quick else (table.repeat, table.duration_s, table.warmup_s)
+    for name, default in zip(("repeat", "duration", "warmup"), defaults, strict=True):
+        setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
+    args.out = args.out or table.out
+    args.work = args.work or table.work or args.out
+    if args.table == "reference":
+        plan(args.only)  # an --only that matches nothing fails here, before anything is built
+    if args.repeat < 1 or getattr(args, "starts", 1) < 1 or args.duration <= 0 or args.warmup < 0:
+        parser.error("--repeat, --starts >= 1, --duration > 0 and --warmup >= 0, please")
+    return args
+
+
+def run(argv: Sequence[str] | None = None, log: Callable[..., None] = print) -> int:
+    args = parse(argv)
+    table = TABLES[args.table]
+    torchserve = managed.find_torchserve(getattr(args, "torchserve", None))
+    if getattr(args, "torchserve", None) and torchserve is None:
+        log(f"no torchserve at {args.torchserve}: its columns say 'not run'", flush=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    assets = runner.archive_models(runner.prepare_models(args.work), args.work, sys.executable)
+    with LoadGenerator(1) as gen:
+        ctx = Ctx(args.work, assets, gen, args.duration, args.warmup, args.repeat, torchserve)
+        ctx.log, ctx.starts = log, getattr(args, "starts", ctx.starts)
+        if getattr(args, "quick", False):
+            ctx.inprocess_seconds = 0.5
+        rows, settings = table.rows(ctx, args)
+        results = runner.run_rows(ctx, rows)
+    head = report.header("tables", argv, settings, title=table.title)
+    for row in results:
+        if row.extra.get("sweep"):
+            title = f"{head['command']}\n{row.settings}"
+            path = plots.sweep_plot(
+                row.extra["sweep"], args.out / f"{table.stem}_{row.key}.png", title
+            )
+            head["plot"] = str(path.name) if path else None
+    return report.write(results, head, args.out, table.stem, log)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return exit_status("tables", run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
