@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from torchbay.benchmarks.bench import LoadOptions, flag
 from torchbay.benchmarks.loadgen import LoadResult
@@ -60,18 +60,12 @@ class SlaOptions(LoadOptions):
         help="skip measuring the SLA autopilot (slaP99Ms) at the winner's rate",
     )
 
-    @field_validator("batch_sizes", "workers")
+    @field_validator("batch_sizes", "workers", "max_delays_ms")
     @classmethod
-    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
-        if not values or any(v < 1 for v in values):
-            raise ValueError("give one or more values >= 1")
-        return tuple(dict.fromkeys(values))
-
-    @field_validator("max_delays_ms")
-    @classmethod
-    def _delays(cls, values: tuple[float, ...]) -> tuple[float, ...]:
-        if not values or any(v < 0 for v in values):
-            raise ValueError("give one or more delays >= 0")
+    def _grid(cls, values: tuple, info: ValidationInfo) -> tuple:
+        what, low = ("delays", 0) if info.field_name == "max_delays_ms" else ("values", 1)
+        if not values or any(v < low for v in values):
+            raise ValueError(f"give one or more {what} >= {low}")
         return tuple(dict.fromkeys(values))
 
     def configurations(self) -> list[Batching]:
