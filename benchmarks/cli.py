@@ -143,25 +143,26 @@ def _options(model: Any, args: argparse.Namespace) -> Any:
     return model(**{k: v for k, v in vars(args).items() if k in model.model_fields})
 
 
+def _err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def run_run(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
 
+    dump: Any
     if args.protocol in ("grpc", "grpc-v2"):
         from torchbay.benchmarks import grpc_pair
 
         oip = args.protocol == "grpc-v2"
         args.protocol = "predict"  # the HTTP side of the comparison (grpc-v2 sets its own)
         reports = grpc_pair.run_grpc_bench(_options(RunOptions, args), oip)
-        dump = [r.as_dict() for r in reports]
-        text = grpc_pair.format_side_by_side(reports)
-        print(json.dumps(dump, indent=2, default=str) if args.json else text)
-        return 0
-    options = _options(RunOptions, args)
-    report = run_bench(options, ProgressLine(None if args.requests else (args.duration_s or 10.0)))
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2, default=str))
+        dump, text = [r.as_dict() for r in reports], grpc_pair.format_side_by_side(reports)
     else:
-        print(format_report(report))
+        progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
+        report = run_bench(_options(RunOptions, args), progress)
+        dump, text = report.as_dict(), format_report(report)
+    print(json.dumps(dump, indent=2, default=str) if args.json else text)
     return 0
 
 
@@ -169,7 +170,7 @@ def run_sla(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.sla import SlaOptions, run_sla
 
     options = _options(SlaOptions, args)
-    result = run_sla(options, log=lambda line: print(line, file=sys.stderr, flush=True))
+    result = run_sla(options, log=_err)
     if result.winner is None:
         print(f"no configuration met p99 <= {options.sla_p99_ms:g} ms; report in {options.out_dir}")
         return 1
@@ -185,15 +186,12 @@ def run_scenario(args: argparse.Namespace) -> int:
     outcome = run_suite(
         find_suite(args.name),
         args.out,
-        log=lambda s: print(s, file=sys.stderr, flush=True),
+        log=_err,
         with_sla=args.sla,
         duration_s=args.duration,
         warmup_s=args.warmup,
     )
-    if args.json:
-        print(json.dumps(outcome, indent=2, default=str))
-    else:
-        print(outcome["text"])
+    print(json.dumps(outcome, indent=2, default=str) if args.json else outcome["text"])
     return 0
 
 
