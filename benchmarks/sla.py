@@ -189,10 +189,10 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         if endpoints.management_port is None:
             raise BenchError("the server has no management API")
         search = _Search(options, endpoints, model, gen, log)
-        outcomes, winner, runner_up = _search_all(search, options, log)
-        repeats = _repeat(search, options, winner, runner_up, log)
-    first_pick = winner
-    winner, runner_up, note = crown([oc for oc in (winner, runner_up) if oc], repeats)
+        outcomes, top = _search_all(search, options, log)
+        repeats = _repeat(search, options, top, log)
+    first_pick = top[0] if top else None
+    winner, runner_up, note = crown(top, repeats)
     swapped = winner is not None and winner is not first_pick
     if note:
         log(note)
@@ -242,7 +242,8 @@ def _to_measure(outcomes: list[Outcome]) -> list[Outcome]:
 
 def _search_all(
     search: _Search, options: SlaOptions, log: Log
-) -> tuple[list[Outcome], Outcome | None, Outcome | None]:
+) -> tuple[list[Outcome], list[Outcome]]:
+    """Every configuration's outcome, and the (at most two) best that met the SLA, best first."""
     outcomes = [Outcome(c) for c in options.configurations()]
     measured = _to_measure(outcomes)
     top = min(2, len(measured))
@@ -285,34 +286,21 @@ def _search_all(
         src = by_label[outcome.same_as or ""]
         outcome.capacity, outcome.best_rate = src.capacity, src.best_rate
         outcome.best_step = src.best_step
-    ranked = sorted(
-        (oc for oc in measured if oc.best_step is not None),
-        key=lambda oc: oc.best_rate,
-        reverse=True,
-    )
-    winner = ranked[0] if ranked else None
-    runner_up = ranked[1] if len(ranked) > 1 else None
-    return outcomes, winner, runner_up
+    ranked = sorted((oc for oc in measured if oc.best_step), key=lambda oc: -oc.best_rate)
+    return outcomes, ranked[:2]
 
 
-def _repeat(
-    search: _Search,
-    options: SlaOptions,
-    winner: Outcome | None,
-    runner_up: Outcome | None,
-    log: Log,
-) -> list[Repeat]:
-    top = [oc for oc in (winner, runner_up) if oc is not None]
+def _repeat(search: _Search, options: SlaOptions, top: list[Outcome], log: Log) -> list[Repeat]:
     # Fewer configurations met the SLA than were planned for: their repeats will not run.
     search.progress.drop(options.repeats * (search.planned_top - len(top)))
     if not top or options.repeats == 0:
         return []
     log(f"repeating the top {len(top)} configuration(s) {options.repeats} times each")
-    runs: dict[str, list[Step]] = {oc.label: [] for oc in top}
     for _ in range(options.repeats):
         for oc in top:  # alternate, so slow drift of the machine hits both alike
-            step = search.measure(oc.config, "repeat", oc.best_rate)
-            oc.steps.append(step)
-            runs[oc.label].append(step)
+            oc.steps.append(search.measure(oc.config, "repeat", oc.best_rate))
             search.progress.tick(f"repeated {oc.label}")
-    return [Repeat.of(oc.label, oc.best_rate, runs[oc.label]) for oc in top]
+    return [
+        Repeat.of(oc.label, oc.best_rate, [s for s in oc.steps if s.phase == "repeat"])
+        for oc in top
+    ]
