@@ -1,22 +1,18 @@
-"""``torchbay bench run``: one load test against a running server or one started from an archive.
-
-:func:`run_bench` is the core the CLI calls: resolve the target (URL or archive), apply batching
-and workers through the management API, scrape ``/metrics``, run the load, scrape again, and
-return a :class:`BenchReport` (client view + server view). :func:`format_report` renders the table.
+"""``torchbay bench run``: one load test against a running server or one started from an archive,
+between two scrapes of ``/metrics`` (:func:`run_bench`: the client's view and the server's), and
+the options every load-sending command shares (:class:`LoadOptions`, also the command's flags).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -44,44 +40,81 @@ _CONTENT_TYPES = {
 }
 
 
+def flag(default: Any, *names: str, help: str | None = None, **kw: Any) -> Any:
+    """A field that is also a command-line flag (``cli.add_flags`` builds it from the field):
+    ``names`` (default ``--field-name``); ``kw`` holds the field's constraints and the flag's
+    ``metavar`` and ``group`` (a required mutually exclusive group of the command)."""
+    extra = {k: kw.pop(k) for k in ("metavar", "group") if k in kw}
+    return Field(default, description=help, json_schema_extra={"flags": names, **extra}, **kw)
+
+
 class LoadOptions(BaseModel):
     """What every command that sends load takes (``bench run``'s :class:`RunOptions` and the SLA
     search's ``SlaOptions``): the request bodies, their route, and the generator's processes."""
 
     model_config = ConfigDict(frozen=True)
 
-    inputs: tuple[Path, ...] = ()
-    protocol: Protocol = "predict"
-    content_type: str | None = None
-    processes: int = Field(1, ge=1)
-    seed: int = 0
+    inputs: tuple[Path, ...] = flag(
+        (),
+        "--input",
+        metavar="FILE",
+        help="request body file; repeat for several (cycled in order)",
+    )
+    content_type: str | None = flag(
+        None, help="default: from the file suffix (octet-stream otherwise)"
+    )
+    protocol: Protocol = flag(
+        "predict", help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route"
+    )
+    processes: int = flag(
+        1, "--procs", metavar="N", help="load generator processes (default 1)", ge=1
+    )
+    seed: int = flag(0)
     # Extra request headers (not a CLI flag): the OIP binary body's Inference-Header-Content-Length.
     headers: tuple[tuple[str, str], ...] = ()
+
+    @model_validator(mode="after")
+    def _some_input(self) -> LoadOptions:
+        if not self.inputs:
+            raise ValueError("give at least one input file")
+        return self
 
 
 class RunOptions(LoadOptions):
     """Everything ``torchbay bench run`` takes. Exactly one of ``url`` / ``archive``; exactly one
     of ``concurrency`` (closed loop) / ``rate`` (open loop)."""
 
-    url: str | None = None
-    archive: Path | None = None
-    model: str | None = None
-    version: str | None = None
-    token: str | None = None
-    key_file: Path | None = None
-    metrics_url: str | None = None
-    management_url: str | None = None
-    batch_size: int | None = Field(None, ge=1)
-    max_batch_delay_ms: float | None = Field(None, ge=0)
-    workers: int | None = Field(None, ge=1)
-    concurrency: int | None = Field(None, ge=1)
-    rate: float | None = Field(None, gt=0)
-    arrival: Arrival = "constant"
-    duration_s: float | None = Field(None, gt=0)
-    requests: int | None = Field(None, ge=1)
-    warmup_s: float = Field(2.0, ge=0)
-    timeout_s: float = Field(10.0, gt=0)
-    max_connections: int = Field(1024, ge=1)
+    url: str | None = flag(
+        None, group="where", help="a running server's inference base URL, http://host:port"
+    )
+    archive: Path | None = flag(
+        None, group="where", help="start a server for this .mar and stop it after"
+    )
+    model: str | None = flag(None, help="model name (default: the archive's)")
+    version: str | None = flag(None, "--model-version")
+    token: str | None = flag(None, help="inference API key (Bearer)")
+    key_file: Path | None = flag(None, help="the server's key_file.json")
+    metrics_url: str | None = flag(None, help="with --url: metrics base URL for the server's view")
+    management_url: str | None = flag(None, help="with --url: management base URL (for settings)")
+    batch_size: int | None = flag(None, ge=1)
+    max_batch_delay_ms: float | None = flag(None, "--max-batch-delay", metavar="MS", ge=0)
+    workers: int | None = flag(None, ge=1)
+    concurrency: int | None = flag(
+        None, "--concurrency", "-c", group="load", help="closed loop with N connections", ge=1
+    )
+    rate: float | None = flag(
+        None, "--rate", "-r", group="load", help="open loop at R requests/s", gt=0
+    )
+    arrival: Arrival = flag("constant")
+    duration_s: float | None = flag(
+        None, "--duration", metavar="S", help="measured seconds (default 10)", gt=0
+    )
+    requests: int | None = flag(
+        None, "--requests", "-n", help="measured requests instead of a duration", ge=1
+    )
+    warmup_s: float = flag(2.0, "--warmup", metavar="S", ge=0)
+    timeout_s: float = flag(10.0, "--timeout", metavar="S", gt=0)
+    max_connections: int = flag(1024, ge=1)
     run_dir: Path | None = None
 
     @model_validator(mode="after")
@@ -90,8 +123,6 @@ class RunOptions(LoadOptions):
             raise ValueError("give exactly one of url (a running server) or archive")
         if (self.concurrency is None) == (self.rate is None):
             raise ValueError("give exactly one of concurrency (closed loop) or rate (open loop)")
-        if not self.inputs:
-            raise ValueError("give at least one input file")
         if self.url is not None and self.model is None:
             raise ValueError("model is required with url")
         return self
@@ -201,10 +232,6 @@ def make_target(
     )
 
 
-def _port(url: str | None) -> int | None:
-    return parse_url(url)[1] if url else None
-
-
 @contextmanager
 def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | None]]:
     """Yield (endpoints, model, version): the given URL, or a server started from the archive
@@ -219,8 +246,8 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
             Endpoints(
                 host,
                 port,
-                _port(options.management_url),
-                _port(options.metrics_url),
+                parse_url(options.management_url)[1] if options.management_url else None,
+                parse_url(options.metrics_url)[1] if options.metrics_url else None,
                 inference_key,
                 management_key or options.token,
             ),
@@ -368,24 +395,3 @@ def format_report(report: BenchReport) -> str:
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
-
-
-class ProgressLine:
-    """A progress line on a stream every few seconds while a run is in flight: elapsed seconds,
-    answers so far and the rate since the last line (plain lines, so logs stay readable)."""
-
-    def __init__(self, total_s: float | None, stream: TextIO = sys.stderr) -> None:
-        self.total = f"/{total_s:.0f}" if total_s else ""
-        self.stream = stream
-        self.last = Progress(0.0, 0, 0)
-        self.printed = 0.0
-
-    def __call__(self, p: Progress) -> None:
-        if time.monotonic() - self.printed < 5.0:
-            return
-        dt = p.elapsed_s - self.last.elapsed_s
-        rps = (p.completed - self.last.completed) / dt if dt > 0 else 0.0
-        self.last, self.printed = p, time.monotonic()
-        elapsed = f"{max(p.elapsed_s, 0):5.1f}{self.total} s"
-        self.stream.write(f"  {elapsed}  {p.completed:,} answered  {rps:,.0f} req/s\n")
-        self.stream.flush()

@@ -12,13 +12,15 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TextIO, get_args, get_origin
 
 from torchbay.benchmarks.errors import BenchError
 
 if TYPE_CHECKING:
+    from torchbay.benchmarks.loadgen import Progress
     from torchbay.benchmarks.scenarios import Suite
 
 
@@ -33,136 +35,93 @@ def _csv(kind: type) -> Any:
     return parse
 
 
-def _add_load_args(
-    p: argparse.ArgumentParser, protocols: tuple[str, ...] = ("predict", "v2")
-) -> None:
-    p.add_argument(
-        "--input",
-        dest="inputs",
-        action="append",
-        type=Path,
-        required=True,
-        metavar="FILE",
-        help="request body file; repeat for several (cycled in order)",
-    )
-    p.add_argument("--content-type", help="default: from the file suffix (octet-stream otherwise)")
-    p.add_argument(
-        "--protocol",
-        choices=protocols,
-        default="predict",
-        help="TorchServe /predictions route or the OIP /v2/models/{m}/infer route"
-        + (
-            "; grpc: TorchServe's gRPC Predictions, beside HTTP; grpc-v2: KServe v2 gRPC "
-            "ModelInfer, beside HTTP v2 binary (benchmarks/grpc_pair.py)"
-            if "grpc" in protocols
-            else ""
-        ),
-    )
-    p.add_argument(
-        "--procs",
-        dest="processes",
-        type=int,
-        default=1,
-        metavar="N",
-        help="load generator processes (default 1)",
-    )
+class _Verb(argparse.ArgumentParser):
+    """A verb whose flags are built from its options model only when it is parsed, so that every
+    other ``torchbay`` command does not import pydantic and numpy to build its parser."""
+
+    populate: Callable[[argparse.ArgumentParser], None] | None = None
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self.populate is not None:
+            populate, self.populate = self.populate, None
+            populate(self)
+        return super().parse_known_args(args, namespace)
+
+
+def _flag_kwargs(name: str, info: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    """argparse's keywords for the options field ``name``: type, choices and action from its
+    annotation, its default, and the help and metavar ``bench.flag`` recorded."""
+    kind = info.annotation
+    args = [a for a in get_args(kind) if a is not type(None)]
+    kw: dict[str, Any] = {"dest": name, "help": info.description}
+    if kind is bool:
+        return kw | {"action": "store_false" if info.default else "store_true"}
+    kw["metavar"] = extra.get("metavar")
+    if get_origin(kind) is tuple and args[0] is Path:
+        return kw | {"action": "append", "type": Path, "required": True}
+    if get_origin(kind) is tuple:
+        kw["type"] = _csv(args[0])
+    elif get_origin(kind) is Literal:
+        kw["choices"] = args
+    else:
+        kw["type"] = args[0] if args else kind
+    if info.is_required():
+        return kw | {"required": "group" not in extra}
+    return kw | {"default": info.default}
+
+
+def add_flags(parser: argparse.ArgumentParser, model: Any, **overrides: dict[str, Any]) -> None:
+    """One flag per field of ``model`` made with ``bench.flag`` (``--field-name`` unless it names
+    its own), the shared load fields last; ``overrides`` replaces a field's keywords (``bench run``
+    takes gRPC protocols its options do not)."""
+    from torchbay.benchmarks.bench import LoadOptions
+
+    groups: dict[str, Any] = {}
+    for name in sorted(model.model_fields, key=lambda n: n in LoadOptions.model_fields):
+        info = model.model_fields[name]
+        extra = info.json_schema_extra
+        if not isinstance(extra, dict) or "flags" not in extra:
+            continue
+        group = extra.get("group")
+        if group and group not in groups:
+            groups[group] = parser.add_mutually_exclusive_group(required=True)
+        kw = _flag_kwargs(name, info, extra) | overrides.get(name, {})
+        flags = extra["flags"] or ("--" + name.replace("_", "-"),)
+        groups.get(group, parser).add_argument(*flags, **kw)  # type: ignore[arg-type]
 
 
 def register(subparsers: Any) -> None:
     bench = subparsers.add_parser(
         "bench", help="load tests and SLA search", description="Load tests and the SLA search."
     )
-    verbs = bench.add_subparsers(dest="bench_verb", metavar="COMMAND")
+    verbs = bench.add_subparsers(dest="bench_verb", metavar="COMMAND", parser_class=_Verb)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
-    _add_run(verbs)
-    _add_sla(verbs)
+    run = verbs.add_parser("run", help="one load test (closed or open loop)")
+    run.populate = _add_run
+    run.set_defaults(func=run_run)
+    sla = verbs.add_parser("sla", help="find the configuration with the most traffic under a p99")
+    sla.populate = _add_sla
+    sla.set_defaults(func=run_sla)
     _add_scenario(verbs)
 
 
-def _add_run(verbs: Any) -> None:
-    run = verbs.add_parser("run", help="one load test (closed or open loop)")
-    where = run.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running server's inference base URL, http://host:port")
-    where.add_argument(
-        "--archive", type=Path, help="start a server for this .mar and stop it after"
-    )
-    run.add_argument("--model", help="model name (default: the archive's)")
-    run.add_argument("--model-version", dest="version")
-    run.add_argument("--token", help="inference API key (Bearer)")
-    run.add_argument("--key-file", type=Path, help="the server's key_file.json")
-    run.add_argument("--metrics-url", help="with --url: metrics base URL for the server's view")
-    run.add_argument("--management-url", help="with --url: management base URL (for settings)")
-    run.add_argument("--batch-size", type=int)
-    run.add_argument("--max-batch-delay", dest="max_batch_delay_ms", type=float, metavar="MS")
-    run.add_argument("--workers", type=int)
-    load = run.add_mutually_exclusive_group(required=True)
-    load.add_argument("--concurrency", "-c", type=int, help="closed loop with N connections")
-    load.add_argument("--rate", "-r", type=float, help="open loop at R requests/s")
-    run.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
-    run.add_argument(
-        "--duration",
-        dest="duration_s",
-        type=float,
-        metavar="S",
-        help="measured seconds (default 10)",
-    )
-    run.add_argument("--requests", "-n", type=int, help="measured requests instead of a duration")
-    run.add_argument("--warmup", dest="warmup_s", type=float, default=2.0, metavar="S")
-    run.add_argument("--timeout", dest="timeout_s", type=float, default=10.0, metavar="S")
-    run.add_argument("--max-connections", type=int, default=1024)
-    run.add_argument("--seed", type=int, default=0)
+def _add_run(run: argparse.ArgumentParser) -> None:
+    from torchbay.benchmarks.bench import RunOptions
+
+    grpc = {
+        "choices": ("predict", "v2", "grpc", "grpc-v2"),
+        "help": RunOptions.model_fields["protocol"].description
+        + "; grpc: TorchServe's gRPC Predictions, beside HTTP; grpc-v2: KServe v2 gRPC "
+        "ModelInfer, beside HTTP v2 binary (benchmarks/grpc_pair.py)",
+    }
+    add_flags(run, RunOptions, protocol=grpc)
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    _add_load_args(run, ("predict", "v2", "grpc", "grpc-v2"))
-    run.set_defaults(func=run_run)
 
 
-def _add_sla(verbs: Any) -> None:
-    sla = verbs.add_parser("sla", help="find the configuration with the most traffic under a p99")
-    sla.add_argument("--archive", type=Path, required=True)
-    sla.add_argument("--sla-p99-ms", type=float, required=True)
-    sla.add_argument("--batch-sizes", type=_csv(int), default=(1,), metavar="1,2,4")
-    sla.add_argument("--max-delays-ms", type=_csv(float), default=(5.0,), metavar="2,5,10")
-    sla.add_argument("--workers", type=_csv(int), default=(1,), metavar="1,2")
-    sla.add_argument("--max-error-rate", type=float, default=0.001)
-    sla.add_argument("--step", dest="step_s", type=float, default=3.0, metavar="S", help="per step")
-    sla.add_argument("--step-warmup", dest="step_warmup_s", type=float, default=0.5, metavar="S")
-    sla.add_argument("--probe", dest="probe_s", type=float, default=2.0, metavar="S")
-    sla.add_argument("--repeats", type=int, default=3)
-    sla.add_argument(
-        "--config-warmup",
-        dest="config_warmup_s",
-        type=float,
-        default=2.0,
-        metavar="S",
-        help="closed-loop warm-up after each reconfiguration",
-    )
-    sla.add_argument(
-        "--min-requests",
-        type=int,
-        default=200,
-        help="lengthen low-rate steps to at least this many requests (max 5 steps)",
-    )
-    sla.add_argument("--arrival", choices=("constant", "poisson"), default="poisson")
-    sla.add_argument(
-        "--no-prune", dest="prune", action="store_false", help="search every configuration"
-    )
-    sla.add_argument(
-        "--out", dest="out_dir", type=Path, default=Path("bench-sla"), help="report folder"
-    )
-    sla.add_argument(
-        "--apply",
-        action="store_true",
-        help="write the winner into the archive's model-config.yaml (original kept as .orig)",
-    )
-    sla.add_argument("--seed", type=int, default=0)
-    sla.add_argument(
-        "--no-autopilot",
-        dest="autopilot",
-        action="store_false",
-        help="skip measuring the SLA autopilot (slaP99Ms) at the winner's rate",
-    )
-    _add_load_args(sla)
-    sla.set_defaults(func=run_sla)
+def _add_sla(sla: argparse.ArgumentParser) -> None:
+    from torchbay.benchmarks.sla_model import SlaOptions
+
+    add_flags(sla, SlaOptions)
 
 
 def _add_scenario(verbs: Any) -> None:
@@ -184,25 +143,26 @@ def _options(model: Any, args: argparse.Namespace) -> Any:
     return model(**{k: v for k, v in vars(args).items() if k in model.model_fields})
 
 
-def run_run(args: argparse.Namespace) -> int:
-    from torchbay.benchmarks.bench import ProgressLine, RunOptions, format_report, run_bench
+def _err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
+
+def run_run(args: argparse.Namespace) -> int:
+    from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
+
+    dump: Any
     if args.protocol in ("grpc", "grpc-v2"):
         from torchbay.benchmarks import grpc_pair
 
         oip = args.protocol == "grpc-v2"
         args.protocol = "predict"  # the HTTP side of the comparison (grpc-v2 sets its own)
         reports = grpc_pair.run_grpc_bench(_options(RunOptions, args), oip)
-        dump = [r.as_dict() for r in reports]
-        text = grpc_pair.format_side_by_side(reports)
-        print(json.dumps(dump, indent=2, default=str) if args.json else text)
-        return 0
-    options = _options(RunOptions, args)
-    report = run_bench(options, ProgressLine(None if args.requests else (args.duration_s or 10.0)))
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2, default=str))
+        dump, text = [r.as_dict() for r in reports], grpc_pair.format_side_by_side(reports)
     else:
-        print(format_report(report))
+        progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
+        report = run_bench(_options(RunOptions, args), progress)
+        dump, text = report.as_dict(), format_report(report)
+    print(json.dumps(dump, indent=2, default=str) if args.json else text)
     return 0
 
 
@@ -210,7 +170,7 @@ def run_sla(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.sla import SlaOptions, run_sla
 
     options = _options(SlaOptions, args)
-    result = run_sla(options, log=lambda line: print(line, file=sys.stderr, flush=True))
+    result = run_sla(options, log=_err)
     if result.winner is None:
         print(f"no configuration met p99 <= {options.sla_p99_ms:g} ms; report in {options.out_dir}")
         return 1
@@ -226,16 +186,36 @@ def run_scenario(args: argparse.Namespace) -> int:
     outcome = run_suite(
         find_suite(args.name),
         args.out,
-        log=lambda s: print(s, file=sys.stderr, flush=True),
+        log=_err,
         with_sla=args.sla,
         duration_s=args.duration,
         warmup_s=args.warmup,
     )
-    if args.json:
-        print(json.dumps(outcome, indent=2, default=str))
-    else:
-        print(outcome["text"])
+    print(json.dumps(outcome, indent=2, default=str) if args.json else outcome["text"])
     return 0
+
+
+class ProgressLine:
+    """A progress line on a stream every few seconds while a run is in flight: elapsed seconds,
+    answers so far and the rate since the last line (plain lines, so logs stay readable)."""
+
+    def __init__(self, total_s: float | None, stream: TextIO = sys.stderr) -> None:
+        self.total = f"/{total_s:.0f}" if total_s else ""
+        self.stream = stream
+        from torchbay.benchmarks.loadgen import Progress
+
+        self.last = Progress(0.0, 0, 0)
+        self.printed = 0.0
+
+    def __call__(self, p: Progress) -> None:
+        if time.monotonic() - self.printed < 5.0:
+            return
+        dt = p.elapsed_s - self.last.elapsed_s
+        rps = (p.completed - self.last.completed) / dt if dt > 0 else 0.0
+        self.last, self.printed = p, time.monotonic()
+        elapsed = f"{max(p.elapsed_s, 0):5.1f}{self.total} s"
+        self.stream.write(f"  {elapsed}  {p.completed:,} answered  {rps:,.0f} req/s\n")
+        self.stream.flush()
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -1,26 +1,16 @@
 """``torchbay bench run --protocol grpc`` and ``grpc-v2``: the same closed loop over gRPC, beside
-HTTP, on one server.
+HTTP, on one server (``--archive``; with ``--url``, the server's gRPC address, gRPC alone).
 
-``grpc`` sends TorchServe's ``Predictions`` (each input file as the ``data`` entry) beside HTTP
-``/predictions``; ``grpc-v2`` the KServe v2 pair: HTTP ``/v2/models/{m}/infer`` with the binary
-tensor data extension (a JSON inference header, then the raw tensor bytes;
-``Inference-Header-Content-Length`` says where the JSON ends) beside gRPC
-``inference.GRPCInferenceService/ModelInfer`` with the same bytes in ``raw_input_contents``, both
-asking for binary outputs. A gRPC target is the load generator's :class:`Target` with the request
-messages serialized and the inference key as ``authorization`` metadata, so both sides are
-measured by ``bench.measure``: the same load loop, server view and report. With ``--archive`` one
-server runs both (HTTP first); with ``--url`` (the server's gRPC address) only gRPC runs.
-Torch-free.
+``grpc`` pairs TorchServe's ``Predictions`` (each input as its ``data`` entry) with
+``/predictions``; ``grpc-v2`` pairs ``ModelInfer`` (the tensor in ``raw_input_contents``) with
+``/v2/models/{m}/infer`` in the binary tensor extension, both asking for binary outputs. A gRPC
+target is a ``loadplan.Target`` of serialized messages, so both sides are measured by
+``bench.measure``: one load loop, one server view, one report.
 
-The ``grpc-v2`` input tensor, from the one ``--input``:
-
-- a ``.mar`` archive (the ``--archive`` itself, say): the example input it records
-  (``torchbay archive --example-input x.npy``), named as its signature names its one input;
-- a ``.npy`` file: that array, its datatype from its dtype, named as the archive's recorded
-  signature names its one input (``input0`` otherwise);
-- any other file: one ``BYTES`` element holding the file, named ``data``. The tiny and cnn
-  benchmark archives take this: their handler (``handler_raw.py``) does not speak v2, and the
-  worker hands such a handler a one-element BYTES input as the raw bytes, the float32 sample.
+The ``grpc-v2`` tensor comes from the one ``--input``: a ``.mar``'s recorded example input, a
+``.npy`` array (named as the archive's signature names its one input, else ``input0``), or any
+other file as one ``BYTES`` element named ``data``, which the raw handler of the tiny and cnn
+archives reads back as its body.
 """
 
 from __future__ import annotations
@@ -37,28 +27,13 @@ from typing import Any
 from torchbay.benchmarks import bench
 from torchbay.benchmarks.bench import BenchReport, RunOptions
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadgen import Target
+from torchbay.benchmarks.loadplan import Target
 from torchbay.benchmarks.managed import Endpoints
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 OIP_SERVICE = "inference.GRPCInferenceService"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BODY_FILE = "oip-binary-body.bin"
-# numpy dtype (little-endian) -> OIP datatype
-_DATATYPES = {
-    "|b1": "BOOL",
-    "|u1": "UINT8",
-    "<u2": "UINT16",
-    "<u4": "UINT32",
-    "<u8": "UINT64",
-    "|i1": "INT8",
-    "<i2": "INT16",
-    "<i4": "INT32",
-    "<i8": "INT64",
-    "<f2": "FP16",
-    "<f4": "FP32",
-    "<f8": "FP64",
-}
 
 
 @dataclass(frozen=True)
@@ -138,8 +113,13 @@ def _from_npy(raw: bytes, label: str, name: str) -> OipTensor:
         array = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise BenchError(f"{label}: not a numeric .npy array: {exc}") from None
-    datatype = _DATATYPES.get(array.dtype.newbyteorder("<").str)
-    if datatype is None:
+    from torchbay.handlers.runtime.oip_binary import datatype_of
+
+    try:
+        datatype = datatype_of(array)
+    except ValueError:
+        datatype = "BYTES"
+    if datatype == "BYTES":  # a string array: not a tensor to send as raw bytes
         raise BenchError(f"{label}: numpy dtype {array.dtype} has no OIP datatype")
     data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
     return OipTensor(name, datatype, tuple(array.shape), data)

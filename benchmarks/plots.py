@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from torchbay.benchmarks.errors import BenchError
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.sla_model import SlaResult
+    from torchbay.benchmarks.sla_model import SlaResult, Step
 
 
 def _pyplot():
@@ -30,6 +30,13 @@ def _pyplot():
     except ImportError:
         raise BenchError("plots need matplotlib: pip install 'torchbay[bench]'") from None
     return plt
+
+
+def _p99(ax: Any, steps: list[Step], **style: Any) -> None:
+    """The steps' p99 against their throughput, as points."""
+    ax.scatter(
+        [s.result.ok_per_s for s in steps], [s.result.latency.p99_ms for s in steps], **style
+    )
 
 
 def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
@@ -48,15 +55,7 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
         )
         repeats = [s for s in oc.steps if s.phase == "repeat"]
         if repeats:
-            ax.scatter(
-                [s.result.ok_per_s for s in repeats],
-                [s.result.latency.p99_ms for s in repeats],
-                marker="x",
-                color="purple",
-                zorder=4,
-                s=24,
-                label="p99, repeats",
-            )
+            _p99(ax, repeats, marker="x", color="purple", zorder=4, s=24, label="p99, repeats")
         x = [s.result.ok_per_s for s in steps]
         for attr, style in (("p50_ms", ":"), ("p90_ms", "--"), ("p99_ms", "-")):
             ax.plot(
@@ -67,14 +66,7 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
                 label=attr.removesuffix("_ms"),
             )
         breached = [s for s in steps if not s.passed]  # by p99 or by errors
-        ax.scatter(
-            [s.result.ok_per_s for s in breached],
-            [s.result.latency.p99_ms for s in breached],
-            color="red",
-            zorder=3,
-            s=18,
-            label="breach",
-        )
+        _p99(ax, breached, color="red", zorder=3, s=18, label="breach")
         ax.axhline(sla, color="black", linewidth=1, label=f"SLA p99 {sla:g} ms")
         ax.set_yscale("log")
         ax.set_title(oc.label, fontsize=9)

@@ -21,6 +21,7 @@ from torchbay.benchmarks.stats import histogram_mean, histogram_quantile
 
 # sample key: (metric sample name, sorted label items)
 Sample = tuple[str, tuple[tuple[str, str], ...]]
+HANDLER = "torchbay_handler_seconds"
 
 
 @dataclass(frozen=True)
@@ -104,27 +105,28 @@ def _matches(labels: tuple[tuple[str, str], ...], want: dict[str, str]) -> bool:
     return all(have.get(k) == v for k, v in want.items())
 
 
+def _deltas(
+    before: Snapshot, after: Snapshot, name: str, labels: dict[str, str], key: str
+) -> dict[str, float]:
+    """``name``'s change between two snapshots over the series matching ``labels``, summed per
+    value of the label ``key`` ("" sums them all)."""
+    out: dict[str, float] = defaultdict(float)
+    for snap, sign in ((after, 1.0), (before, -1.0)):
+        for (n, lab), v in snap.samples.items():
+            if n == name and _matches(lab, labels):
+                out[dict(lab).get(key, "?") if key else ""] += sign * v
+    return out
+
+
 def histogram_delta(
     before: Snapshot, after: Snapshot, name: str, labels: dict[str, str]
 ) -> HistogramDelta:
     """``name``'s change between two snapshots, summed over series matching ``labels``."""
-
-    def total(snap: Snapshot, suffix: str) -> float:
-        return sum(
-            v
-            for (n, lab), v in snap.samples.items()
-            if n == name + suffix and _matches(lab, labels)
-        )
-
-    buckets: dict[float, float] = defaultdict(float)
-    for snap, sign in ((after, 1.0), (before, -1.0)):
-        for (n, lab), v in snap.samples.items():
-            if n == name + "_bucket" and _matches(lab, labels):
-                buckets[float(dict(lab)["le"])] += sign * v
+    buckets = _deltas(before, after, name + "_bucket", labels, "le")
     return HistogramDelta(
-        count=total(after, "_count") - total(before, "_count"),
-        sum=total(after, "_sum") - total(before, "_sum"),
-        buckets=sorted(buckets.items()),
+        count=sum(_deltas(before, after, name + "_count", labels, "").values()),
+        sum=sum(_deltas(before, after, name + "_sum", labels, "").values()),
+        buckets=sorted((float(le), v) for le, v in buckets.items()),
     )
 
 
@@ -137,30 +139,18 @@ def server_view(
 ) -> ServerView:
     """What the server recorded for ``model`` (all versions unless ``version``) in between."""
     labels = {"model": model} | ({"version": version} if version else {})
-    requests: dict[str, float] = defaultdict(float)
-    for snap, sign in ((after, 1.0), (before, -1.0)):
-        for (n, lab), v in snap.samples.items():
-            if n == "torchbay_requests_total" and _matches(lab, labels):
-                requests[dict(lab).get("code", "?")] += sign * v
+    requests = _deltas(before, after, "torchbay_requests_total", labels, "code")
     latency = histogram_delta(before, after, "torchbay_request_latency_seconds", labels)
     queue = histogram_delta(before, after, "torchbay_queue_latency_seconds", labels)
     batch = histogram_delta(before, after, "torchbay_batch_size", labels)
-    stages = sorted(
-        {
-            dict(lab)["stage"]
-            for (n, lab) in after.samples
-            if n == "torchbay_handler_seconds_count"
-            and _matches(lab, labels)
-            and "stage" in dict(lab)
-        }
-    )
+    stages = {
+        dict(lab)["stage"]
+        for (n, lab) in after.samples
+        if n == "torchbay_handler_seconds_count" and _matches(lab, labels) and "stage" in dict(lab)
+    }
     handler = {
-        stage: _ms(
-            histogram_delta(
-                before, after, "torchbay_handler_seconds", labels | {"stage": stage}
-            ).mean
-        )
-        for stage in stages
+        stage: _ms(histogram_delta(before, after, HANDLER, labels | {"stage": stage}).mean)
+        for stage in sorted(stages)
     }
     return ServerView(
         requests={k: v for k, v in sorted(requests.items()) if v},

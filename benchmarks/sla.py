@@ -1,31 +1,13 @@
-"""``torchbay bench sla``: find the batching/worker configuration that serves the most traffic
-within a p99 latency SLA, on one server reconfigured live through the management API.
+"""``torchbay bench sla``: the batching/worker configuration that serves the most traffic within
+a p99 SLA, on one server reconfigured live through the management API.
 
-The search, per configuration (batch size b, max delay d, workers w):
-
-1. **Probe**: a short closed-loop run at concurrency ``max(4, 2*b*w)`` measures capacity C, an
-   upper bound on any open-loop rate the configuration can sustain (an open loop at a rate above
-   capacity builds an unbounded queue).
-2. **Ramp**: open-loop steps from ``0.5*C``, multiplying the rate by ``ramp_factor`` until a step
-   breaches (p99 above the SLA, or an error rate above ``max_error_rate``); if the first step
-   breaches, halve until one passes (or give up: the SLA cannot be met at any load).
-3. **Bisect** between the last passing and the first breaching rate (geometric midpoint) until they
-   are within ``precision`` of each other. The configuration's score is the highest passing rate.
-
-What is skipped, and why it cannot change the answer:
-
-- **batch size 1 ignores the delay**: a batch of one leaves as soon as a worker is free, so
-  ``max_batch_delay`` never applies; only the first delay is measured, the others reuse it.
-- **branch and bound**: configurations are searched in descending probe capacity; one whose
-  capacity times ``1 + bound_margin`` is below the best score found so far cannot win and is not
-  searched (the margin absorbs probe noise; a configuration about to be skipped is probed a
-  second time and keeps the better capacity, so one unlucky probe does not disqualify it).
-
-Noise: after the search the winner and the runner-up are measured again ``repeats`` times each,
-alternating, at their found rates; the report gives the spread and whether their difference is
-larger than it. A configuration that missed the SLA in ANY repeat is never crowned
-(``sla_model.crown``): the runner-up wins if it held in every repeat, else there is no winner.
-Progress (units done / total, elapsed, time left) goes to the log (stderr from the CLI).
+Per configuration: a closed-loop probe measures its capacity C (no open loop above it can hold);
+open-loop steps ramp from C/2 by ``ramp_factor`` until one breaches (p99 over the SLA or errors
+over ``max_error_rate``), then bisect to ``precision``; its score is the highest passing rate.
+Skipped, as they cannot change the answer: a second delay at batch size 1 (a batch of one never
+waits), and a configuration whose capacity (plus ``bound_margin``, after a second probe) is below
+the best score so far. The top two are then repeated ``repeats`` times, alternating; one that
+missed the SLA in any repeat is never crowned (``sla_model.crown``).
 """
 
 from __future__ import annotations
@@ -33,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from torchbay.benchmarks.bench import make_target, observe
 from torchbay.benchmarks.errors import BenchError
@@ -93,27 +76,16 @@ class _Search:
     def measure(self, config: Batching, phase: str, rate: float) -> Step:
         """One open-loop step at ``rate`` (or a closed-loop probe when phase is 'probe')."""
         self.configure(config)
+        o = self.o
         if phase == "probe":
-            plan = LoadPlan(
-                self.target,
-                "closed",
-                concurrency=_full(config),
-                duration_s=self.o.probe_s,
-                warmup_s=self.o.step_warmup_s,
-                timeout_s=self.o.timeout_s,
-            )
+            plan = LoadPlan(self.target, "closed", _full(config), duration_s=o.probe_s)
         else:
+            # Enough requests for a meaningful p99 at low rates, within a bound.
+            duration = min(max(o.step_s, o.min_requests / rate), 5 * o.step_s)
             plan = LoadPlan(
-                self.target,
-                "open",
-                rate=rate,
-                arrival=self.o.arrival,
-                # Enough requests for a meaningful p99 at low rates, within a bound.
-                duration_s=min(max(self.o.step_s, self.o.min_requests / rate), 5 * self.o.step_s),
-                warmup_s=self.o.step_warmup_s,
-                timeout_s=self.o.timeout_s,
-                seed=self.o.seed,
+                self.target, "open", rate=rate, arrival=o.arrival, duration_s=duration, seed=o.seed
             )
+        plan = replace(plan, warmup_s=o.step_warmup_s, timeout_s=o.timeout_s)
         result, view = observe(self.gen, self.endpoints, self.model, None, plan, [])
         passed, reason = self.judge(result)
         step = Step(
@@ -217,27 +189,15 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         if endpoints.management_port is None:
             raise BenchError("the server has no management API")
         search = _Search(options, endpoints, model, gen, log)
-        outcomes, winner, runner_up = _search_all(search, options, log)
-        repeats = _repeat(search, options, winner, runner_up, log)
-    first_pick = winner
-    winner, runner_up, note = crown([oc for oc in (winner, runner_up) if oc], repeats)
+        outcomes, top = _search_all(search, options, log)
+        repeats = _repeat(search, options, top, log)
+    first_pick = top[0] if top else None
+    winner, runner_up, note = crown(top, repeats)
     swapped = winner is not None and winner is not first_pick
     if note:
         log(note)
     if swapped and winner is not None:
         log(f"{winner.label} held the SLA in every repeat, the search's pick did not: it wins")
-    autopilot, state, searched = None, None, None
-    pace = winner or first_pick  # the best static configuration's rate, crowned or not
-    if options.autopilot and pace is not None:
-        autopilot, state, searched = run_autopilot(
-            options,
-            model,
-            manifest.model.model_version,
-            pace,
-            search.progress,
-            log,
-            lambda endpoints, gen: _Search(options, endpoints, model, gen, log),
-        )
     result = SlaResult(
         options=options,
         model=model,
@@ -246,13 +206,15 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         winner=winner,
         runner_up=runner_up,
         repeats=repeats,
-        elapsed_s=time.monotonic() - started,
+        elapsed_s=0.0,
         swapped=swapped,
         note=note,
-        autopilot=autopilot,
-        autopilot_state=state,
-        autopilot_search=searched,
     )
+    pace = winner or first_pick  # the best static configuration's rate, crowned or not
+    if options.autopilot and pace is not None:
+        new_search = lambda endpoints, gen: _Search(options, endpoints, model, gen, log)  # noqa: E731
+        run_autopilot(result, pace, search.progress, log, new_search)
+    result.elapsed_s = time.monotonic() - started
     if options.apply and winner is not None:
         from torchbay.benchmarks.apply import apply_settings
 
@@ -280,7 +242,8 @@ def _to_measure(outcomes: list[Outcome]) -> list[Outcome]:
 
 def _search_all(
     search: _Search, options: SlaOptions, log: Log
-) -> tuple[list[Outcome], Outcome | None, Outcome | None]:
+) -> tuple[list[Outcome], list[Outcome]]:
+    """Every configuration's outcome, and the (at most two) best that met the SLA, best first."""
     outcomes = [Outcome(c) for c in options.configurations()]
     measured = _to_measure(outcomes)
     top = min(2, len(measured))
@@ -319,42 +282,25 @@ def _search_all(
         if outcome.best_step is not None and (best is None or outcome.best_rate > best.best_rate):
             best = outcome
     by_label = {oc.label: oc for oc in outcomes}
-    for outcome in outcomes:
-        if outcome.same_as:
-            src = by_label[outcome.same_as]
-            outcome.capacity, outcome.best_rate, outcome.best_step = (
-                src.capacity,
-                src.best_rate,
-                src.best_step,
-            )
-    ranked = sorted(
-        (oc for oc in measured if oc.best_step is not None),
-        key=lambda oc: oc.best_rate,
-        reverse=True,
-    )
-    winner = ranked[0] if ranked else None
-    runner_up = ranked[1] if len(ranked) > 1 else None
-    return outcomes, winner, runner_up
+    for outcome in (oc for oc in outcomes if oc.same_as):
+        src = by_label[outcome.same_as or ""]
+        outcome.capacity, outcome.best_rate = src.capacity, src.best_rate
+        outcome.best_step = src.best_step
+    ranked = sorted((oc for oc in measured if oc.best_step), key=lambda oc: -oc.best_rate)
+    return outcomes, ranked[:2]
 
 
-def _repeat(
-    search: _Search,
-    options: SlaOptions,
-    winner: Outcome | None,
-    runner_up: Outcome | None,
-    log: Log,
-) -> list[Repeat]:
-    top = [oc for oc in (winner, runner_up) if oc is not None]
+def _repeat(search: _Search, options: SlaOptions, top: list[Outcome], log: Log) -> list[Repeat]:
     # Fewer configurations met the SLA than were planned for: their repeats will not run.
     search.progress.drop(options.repeats * (search.planned_top - len(top)))
     if not top or options.repeats == 0:
         return []
     log(f"repeating the top {len(top)} configuration(s) {options.repeats} times each")
-    runs: dict[str, list[Step]] = {oc.label: [] for oc in top}
     for _ in range(options.repeats):
         for oc in top:  # alternate, so slow drift of the machine hits both alike
-            step = search.measure(oc.config, "repeat", oc.best_rate)
-            oc.steps.append(step)
-            runs[oc.label].append(step)
+            oc.steps.append(search.measure(oc.config, "repeat", oc.best_rate))
             search.progress.tick(f"repeated {oc.label}")
-    return [Repeat.of(oc.label, oc.best_rate, runs[oc.label]) for oc in top]
+    return [
+        Repeat.of(oc.label, oc.best_rate, [s for s in oc.steps if s.phase == "repeat"])
+        for oc in top
+    ]

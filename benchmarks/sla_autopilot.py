@@ -1,11 +1,8 @@
 """``bench sla``'s autopilot run: after the static search, the same model served with
 ``slaP99Ms`` = the SLA and the largest searched batch size and delay as the autopilot's ceilings
-(server/serving/autopilot.py), measured at the winner's rate with the same windows and repeats,
-then searched like a static configuration (a closed-loop probe, a ramp and a bisection) for the
-highest rate at which it holds the SLA: the figure to set beside the winner's best rate.
-
-It runs on a fresh server (the management API sets batching live, but the SLA target comes from
-the ``models={...}`` entry of a config.properties), with the winner's worker count.
+(server/serving/autopilot.py), measured at the winner's rate as the repeats are, then searched as
+a static configuration is: the figure to set beside the winner's best rate. It needs a fresh
+server: the SLA target comes from the ``models={...}`` entry of a config.properties.
 """
 
 from __future__ import annotations
@@ -19,14 +16,10 @@ from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.managed import Endpoints, ManagedServer
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching, models_json
-from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions
-
-# Progress units of one autopilot run beyond its repeats: the probe and the rate search.
-SEARCH_UNITS = 2
-
-__all__ = ["AUTOPILOT", "SEARCH_UNITS", "run_autopilot"]
+from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions, SlaResult
 
 AUTOPILOT = "autopilot"
+SEARCH_UNITS = 2  # progress units of one autopilot run beyond its repeats: probe and search
 
 
 def ceilings(options: SlaOptions, winner: Outcome) -> Batching:
@@ -49,20 +42,19 @@ def write_config(options: SlaOptions, model: str, version: str | None, config: B
 
 
 def run_autopilot(
-    options: SlaOptions,
-    model: str,
-    version: str | None,
+    result: SlaResult,
     winner: Outcome,
     progress: Eta,
     log: Callable[[str], None],
     make_search: Callable[[Endpoints, LoadGenerator], Any],
-) -> tuple[Repeat, dict[str, Any] | None, Outcome]:
-    """Measure the autopilot at the winner's rate ``max(1, repeats)`` times, then search its
-    highest rate within the SLA; returns the runs (as a :class:`Repeat` labelled
-    ``autopilot``), its describe-model state after them and the search's :class:`Outcome`.
-    ``make_search`` builds the search's measuring object (sla._Search) on the new server."""
+) -> None:
+    """Measure the autopilot at the winner's rate ``max(1, repeats)`` times (``result.autopilot``,
+    labelled ``autopilot``), keep its describe-model state after them, then search its highest
+    rate within the SLA (``result.autopilot_search``). ``make_search`` builds sla._Search on the
+    new server."""
+    options, model = result.options, result.model
     config = ceilings(options, winner)
-    props = write_config(options, model, version, config)
+    props = write_config(options, model, result.version, config)
     log(
         f"autopilot: p99 target {options.sla_p99_ms:g} ms, ceilings batch {config.batch_size}, "
         f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
@@ -76,15 +68,15 @@ def run_autopilot(
     )
     steps = []
     with server as endpoints, LoadGenerator(options.processes) as gen:
-        search = make_search(endpoints, gen)  # sla._Search: the search's measuring
+        search = make_search(endpoints, gen)
         for _ in range(max(1, options.repeats)):
             steps.append(search.measure(config, AUTOPILOT, winner.best_rate))
             progress.tick(AUTOPILOT)
-        state = search.mgmt.describe(model, None).get("autopilot")
-        searched = Outcome(config)  # the same procedure as every static configuration's
+        result.autopilot_state = search.mgmt.describe(model, None).get("autopilot")
+        searched = result.autopilot_search = Outcome(config)
         search.probe(searched)
         progress.tick(f"{AUTOPILOT} probed")
         search.search(searched)
         progress.tick(f"{AUTOPILOT} searched")
         log(f"autopilot: {searched.status}: {searched.why}")
-    return Repeat.of(AUTOPILOT, winner.best_rate, steps), state, searched
+    result.autopilot = Repeat.of(AUTOPILOT, winner.best_rate, steps)

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from torchbay.benchmarks.bench import LoadOptions
+from torchbay.benchmarks.bench import LoadOptions, flag
 from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival, spread_pct
@@ -23,42 +23,49 @@ __all__ = ["Outcome", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
 class SlaOptions(LoadOptions):
     """Settings of one SLA search."""
 
-    archive: Path
-    inputs: tuple[Path, ...]
-    sla_p99_ms: float = Field(gt=0)
-    batch_sizes: tuple[int, ...] = (1,)
-    max_delays_ms: tuple[float, ...] = (5.0,)
-    workers: tuple[int, ...] = (1,)
-    max_error_rate: float = Field(0.001, ge=0, le=1)
-    step_s: float = Field(3.0, gt=0)
-    step_warmup_s: float = Field(0.5, ge=0)
-    probe_s: float = Field(2.0, gt=0)
+    archive: Path = flag(...)
+    sla_p99_ms: float = flag(..., gt=0)
+    batch_sizes: tuple[int, ...] = flag((1,), metavar="1,2,4")
+    max_delays_ms: tuple[float, ...] = flag((5.0,), metavar="2,5,10")
+    workers: tuple[int, ...] = flag((1,), metavar="1,2")
+    max_error_rate: float = flag(0.001, ge=0, le=1)
+    step_s: float = flag(3.0, "--step", metavar="S", help="per step", gt=0)
+    step_warmup_s: float = flag(0.5, "--step-warmup", metavar="S", ge=0)
+    probe_s: float = flag(2.0, "--probe", metavar="S", gt=0)
     ramp_factor: float = Field(1.5, gt=1)
     precision: float = Field(0.05, gt=0)
     max_steps: int = Field(12, ge=2)
     bound_margin: float = Field(0.1, ge=0)
-    prune: bool = True
-    repeats: int = Field(3, ge=0)
-    config_warmup_s: float = Field(2.0, ge=0)
-    min_requests: int = Field(200, ge=1)
-    arrival: Arrival = "poisson"
+    repeats: int = flag(3, ge=0)
+    config_warmup_s: float = flag(
+        2.0,
+        "--config-warmup",
+        metavar="S",
+        help="closed-loop warm-up after each reconfiguration",
+        ge=0,
+    )
+    min_requests: int = flag(
+        200, help="lengthen low-rate steps to at least this many requests (max 5 steps)", ge=1
+    )
+    arrival: Arrival = flag("poisson")
+    prune: bool = flag(True, "--no-prune", help="search every configuration")
     timeout_s: float = Field(5.0, gt=0)
-    autopilot: bool = True  # also measure the autopilot (slaP99Ms) at the winner's rate
-    out_dir: Path = Path("bench-sla")
-    apply: bool = False
+    out_dir: Path = flag(Path("bench-sla"), "--out", help="report folder")
+    apply: bool = flag(
+        False, help="write the winner into the archive's model-config.yaml (original kept as .orig)"
+    )
+    autopilot: bool = flag(
+        True,
+        "--no-autopilot",
+        help="skip measuring the SLA autopilot (slaP99Ms) at the winner's rate",
+    )
 
-    @field_validator("batch_sizes", "workers")
+    @field_validator("batch_sizes", "workers", "max_delays_ms")
     @classmethod
-    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
-        if not values or any(v < 1 for v in values):
-            raise ValueError("give one or more values >= 1")
-        return tuple(dict.fromkeys(values))
-
-    @field_validator("max_delays_ms")
-    @classmethod
-    def _delays(cls, values: tuple[float, ...]) -> tuple[float, ...]:
-        if not values or any(v < 0 for v in values):
-            raise ValueError("give one or more delays >= 0")
+    def _grid(cls, values: tuple, info: ValidationInfo) -> tuple:
+        what, low = ("delays", 0) if info.field_name == "max_delays_ms" else ("values", 1)
+        if not values or any(v < low for v in values):
+            raise ValueError(f"give one or more {what} >= {low}")
         return tuple(dict.fromkeys(values))
 
     def configurations(self) -> list[Batching]:

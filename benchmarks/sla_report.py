@@ -1,9 +1,8 @@
-"""The files of an SLA search: ``report.md``, ``results.csv``, ``result.json`` and the plots.
+"""The files of an SLA search: ``report.md``, ``results.csv`` (one row per measured step, so every
+point of the plots can be checked), ``result.json`` and the plots.
 
-``results.csv`` has one row per measured step (probe, ramp, bisect, repeat; :func:`step_row`) so
-every point of the plots can be checked; ``result.json`` the whole search (:func:`result_json`);
-``report.md`` the per-configuration table, the winner, the repeats' spread, how the search went,
-and the machine it ran on.
+Every table is data: a list of (header, alignment, cell function) columns applied to the rows
+(:func:`_table`), written by ``report.markdown_table``.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import json
 import math
 import shlex
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,92 +20,80 @@ from torchbay.benchmarks.procstat import describe_machine, machine_info
 from torchbay.benchmarks.report import markdown_table, num
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.sla_model import Outcome, SlaResult, Step
+    from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaResult, Step
 
-REPEAT_HEADER = (
-    "config",
-    "rate (req/s)",
-    "p99 per run (ms)",
-    "p99 min-max (ms)",
-    "p99 spread",
-    "ok/s per run",
-    "ok/s min-max",
-    "throughput spread",
-    "SLA held per run",
-    "SLA held",
-)
-CONFIG_HEADER = (
-    "config",
-    "batch",
-    "delay (ms)",
-    "workers",
-    "probe capacity (req/s)",
-    "best rate (req/s)",
-    "ok/s at best",
-    "p50 (ms)",
-    "p99 (ms)",
-    "mean batch",
-    "steps",
-    "status",
-    "notes",
-)
+Column = tuple[str, str, Callable[[Any], str]]
 
 
-def write_csv(result: SlaResult, path: Path) -> Path:
-    rows = [step_row(step) for outcome in result.outcomes for step in outcome.steps]
-    for step in result.autopilot_search.steps if result.autopilot_search else ():
-        # the autopilot's own search, at its ceilings
-        rows.append({**step_row(step), "config": f"autopilot {step.config.label()}"})
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["config"])
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+def _table(columns: Sequence[Column], items: Sequence[Any]) -> str:
+    """A markdown table with one row per item; ``align``: ``:`` right, ``-`` left."""
+    rows = [[cell(item) for _, _, cell in columns] for item in items]
+    return markdown_table([h for h, _, _ in columns], rows, "".join(a for _, a, _ in columns))
 
 
-def _outcome_cells(oc: Outcome) -> list[str]:
-    c = oc.config
-    best = oc.best_step
-    lat = best.result.latency if best else None
-    status = oc.status + (f" {oc.same_as}" if oc.same_as else "")
-    return [
-        oc.label,
-        str(c.batch_size),
-        f"{c.max_batch_delay_ms:g}",
-        str(c.workers),
-        num(oc.capacity, 1),
-        num(oc.best_rate, 1) if best else "-",
-        num(best.result.ok_per_s, 1) if best else "-",
-        num(lat.p50_ms, 2) if lat else "-",
-        num(lat.p99_ms, 2) if lat else "-",
-        num(best.mean_batch_size, 2) if best else "-",
-        str(sum(1 for s in oc.steps if s.phase in ("probe", "ramp", "bisect"))),
-        status,
-        oc.why,
-    ]
+def _each(values: list[float], digits: int) -> str:
+    return ", ".join(num(v, digits) for v in values)
+
+
+def _min_max(values: list[float], digits: int) -> str:
+    return f"{num(min(values), digits)}-{num(max(values), digits)}" if values else "-"
+
+
+def _best(digits: int, value: Callable[[Step], float]) -> Callable[[Outcome], str]:
+    """A cell from the outcome's best step; "-" when it has none."""
+    return lambda oc: num(value(oc.best_step), digits) if oc.best_step else "-"
+
+
+REPEAT_COLUMNS: list[Column] = [
+    ("config", "-", lambda r: r.label),
+    ("rate (req/s)", ":", lambda r: f"{r.rate:,.1f}"),
+    ("p99 per run (ms)", "-", lambda r: _each(r.p99_ms, 2)),
+    ("p99 min-max (ms)", "-", lambda r: _min_max(r.p99_ms, 2)),
+    ("p99 spread", ":", lambda r: f"{num(r.p99_spread_pct, 1)}%"),
+    ("ok/s per run", "-", lambda r: _each(r.ok_per_s, 1)),
+    ("ok/s min-max", "-", lambda r: _min_max(r.ok_per_s, 1)),
+    ("throughput spread", ":", lambda r: f"{num(r.throughput_spread_pct, 1)}%"),
+    ("SLA held per run", "-", lambda r: " ".join("yes" if p else "MISSED" for p in r.passed)),
+    ("SLA held", ":", lambda r: f"{sum(r.passed)}/{len(r.passed)}"),
+]
+CONFIG_COLUMNS: list[Column] = [
+    ("config", "-", lambda oc: oc.label),
+    ("batch", ":", lambda oc: str(oc.config.batch_size)),
+    ("delay (ms)", ":", lambda oc: f"{oc.config.max_batch_delay_ms:g}"),
+    ("workers", ":", lambda oc: str(oc.config.workers)),
+    ("probe capacity (req/s)", ":", lambda oc: num(oc.capacity, 1)),
+    ("best rate (req/s)", ":", lambda oc: num(oc.best_rate, 1) if oc.best_step else "-"),
+    ("ok/s at best", ":", _best(1, lambda s: s.result.ok_per_s)),
+    ("p50 (ms)", ":", _best(2, lambda s: s.result.latency.p50_ms)),
+    ("p99 (ms)", ":", _best(2, lambda s: s.result.latency.p99_ms)),
+    ("mean batch", ":", _best(2, lambda s: s.mean_batch_size)),
+    ("steps", ":", lambda oc: str(sum(s.phase in ("probe", "ramp", "bisect") for s in oc.steps))),
+    ("status", "-", lambda oc: oc.status + (f" {oc.same_as}" if oc.same_as else "")),
+    ("notes", "-", lambda oc: oc.why),
+]
 
 
 def render_markdown(result: SlaResult, command: str | None = None) -> str:
-    configurations = [_outcome_cells(oc) for oc in result.outcomes]
-    lines = [
-        *_head_lines(result, command),
-        *_winner_lines(result),
-        *_repeat_lines(result),
-        "",
-        "## All configurations",
-        "",
-        markdown_table(CONFIG_HEADER, configurations, "-::::::::::--"),
-        *_method_lines(result),
-        "",
-        "## Files",
-        "",
-        "- `results.csv`: every step (probe, ramp, bisect, repeat)",
-        "- `result.json`: the same, machine-readable",
-        "- ![latency against throughput](latency_vs_throughput.png)",
-        "- ![best throughput under the SLA](best_throughput.png)",
-        "",
-    ]
-    return "\n".join(lines)
+    return "\n".join(
+        [
+            *_head_lines(result, command),
+            *_winner_lines(result),
+            *_repeat_lines(result),
+            "",
+            "## All configurations",
+            "",
+            _table(CONFIG_COLUMNS, result.outcomes),
+            *_method_lines(result),
+            "",
+            "## Files",
+            "",
+            "- `results.csv`: every step (probe, ramp, bisect, repeat)",
+            "- `result.json`: the same, machine-readable",
+            "- ![latency against throughput](latency_vs_throughput.png)",
+            "- ![best throughput under the SLA](best_throughput.png)",
+            "",
+        ]
+    )
 
 
 def _head_lines(result: SlaResult, command: str | None) -> list[str]:
@@ -153,21 +141,15 @@ def _winner_lines(result: SlaResult) -> list[str]:
     return [*lines, *_autopilot_lines(result)]
 
 
-def _pace(result: SlaResult) -> str | None:
-    """The configuration whose rate the autopilot ran at (the search's pick without a winner)."""
-    return result.repeats[0].label if result.repeats else None
-
-
 def _autopilot_lines(result: SlaResult) -> list[str]:
     """The autopilot beside the winner: same rate, same windows, as many runs as the repeats."""
     a = result.autopilot
-    w = result.winner or next((oc for oc in result.outcomes if oc.label == _pace(result)), None)
+    pace = result.repeats[0].label if result.repeats else None  # the search's pick, no winner
+    w = result.winner or next((oc for oc in result.outcomes if oc.label == pace), None)
     if a is None or w is None:
         return []
     o = result.options
     held = f"held the SLA in {sum(a.passed)} of {len(a.passed)} runs"
-    p99 = ", ".join(num(v, 2) for v in a.p99_ms)
-    ok = ", ".join(num(v, 1) for v in a.ok_per_s)
     state = result.autopilot_state or {}
     end = (
         f" It ended at batch {state.get('batchSize')}, delay {num(state.get('maxBatchDelay'), 1)} "
@@ -180,7 +162,8 @@ def _autopilot_lines(result: SlaResult) -> list[str]:
         "",
         f"**Autopilot** (slaP99Ms {o.sla_p99_ms:g}, ceilings batch {max(o.batch_sizes)}, delay "
         f"{max(o.max_delays_ms):g} ms, {w.config.workers} worker(s)) at {w.label}'s "
-        f"{w.best_rate:,.1f} req/s: {held}; p99 {p99} ms; {ok} ok/s.{end}{own}",
+        f"{w.best_rate:,.1f} req/s: {held}; p99 {_each(a.p99_ms, 2)} ms; "
+        f"{_each(a.ok_per_s, 1)} ok/s.{end}{own}",
     ]
 
 
@@ -207,27 +190,8 @@ def _repeat_lines(result: SlaResult) -> list[str]:
     lines = ["", "## Repeats (noise)", ""]
     if not result.repeats and not result.autopilot:
         return [*lines, "No repeats were run."]
-    rows = [
-        [
-            rep.label,
-            f"{rep.rate:,.1f}",
-            ", ".join(num(v, 2) for v in rep.p99_ms),
-            _min_max(rep.p99_ms, 2),
-            f"{num(rep.p99_spread_pct, 1)}%",
-            ", ".join(num(v, 1) for v in rep.ok_per_s),
-            _min_max(rep.ok_per_s, 1),
-            f"{num(rep.throughput_spread_pct, 1)}%",
-            " ".join("yes" if p else "MISSED" for p in rep.passed),
-            f"{sum(rep.passed)}/{len(rep.passed)}",
-        ]
-        for rep in [*result.repeats, *([result.autopilot] if result.autopilot else [])]
-    ]
-    table = markdown_table(REPEAT_HEADER, rows, "-:--:--:-:")
+    table = _table(REPEAT_COLUMNS, [*result.repeats, *filter(None, [result.autopilot])])
     return [*lines, table, "", _verdict(result), *([result.note] if result.note else [])]
-
-
-def _min_max(values: list[float], digits: int) -> str:
-    return f"{num(min(values), digits)}-{num(max(values), digits)}" if values else "-"
 
 
 def _method_lines(result: SlaResult) -> list[str]:
@@ -309,25 +273,40 @@ def write_all(result: SlaResult, command: str | None = None) -> dict[str, Path]:
     return files
 
 
-def step_row(step: Step) -> dict[str, Any]:
-    r = step.result
-    c = step.config
+def write_csv(result: SlaResult, path: Path) -> Path:
+    rows = [step_row(step) for outcome in result.outcomes for step in outcome.steps]
+    for step in result.autopilot_search.steps if result.autopilot_search else ():
+        # the autopilot's own search, at its ceilings
+        rows.append({**step_row(step), "config": f"autopilot {step.config.label()}"})
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["config"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _config_json(oc: Outcome | Step) -> dict[str, Any]:
+    c = oc.config
     return {
         "config": c.label(),
         "batch_size": c.batch_size,
         "max_delay_ms": c.max_batch_delay_ms,
         "workers": c.workers,
+    }
+
+
+def step_row(step: Step) -> dict[str, Any]:
+    r = step.result
+    latency = {k: round(v, 3) for k, v in r.latency.as_dict().items() if k.startswith(("p", "max"))}
+    return {
+        **_config_json(step),
         "phase": step.phase,
         "offered_rate": round(step.offered_rate, 3),
         "ok_per_s": round(r.ok_per_s, 3) if math.isfinite(r.ok_per_s) else "",
         "sent": r.sent,
         "ok": r.ok,
         "error_rate": round(r.error_rate, 6),
-        "p50_ms": round(r.latency.p50_ms, 3),
-        "p90_ms": round(r.latency.p90_ms, 3),
-        "p99_ms": round(r.latency.p99_ms, 3),
-        "p99.9_ms": round(r.latency.p999_ms, 3),
-        "max_ms": round(r.latency.max_ms, 3),
+        **latency,
         "passed": int(step.passed),
         "reason": step.reason,
         "statuses": " ".join(f"{k}:{v}" for k, v in r.statuses.items()),
@@ -339,10 +318,7 @@ def step_row(step: Step) -> dict[str, Any]:
 
 def _outcome_json(oc: Outcome) -> dict[str, Any]:
     return {
-        "config": oc.label,
-        "batch_size": oc.config.batch_size,
-        "max_delay_ms": oc.config.max_batch_delay_ms,
-        "workers": oc.config.workers,
+        **_config_json(oc),
         "status": oc.status,
         "why": oc.why,
         "capacity": oc.capacity,
@@ -351,7 +327,12 @@ def _outcome_json(oc: Outcome) -> dict[str, Any]:
     }
 
 
+def _repeat_json(rep: Repeat) -> dict[str, Any]:
+    return {"rate": rep.rate, "p99_ms": rep.p99_ms, "ok_per_s": rep.ok_per_s, "passed": rep.passed}
+
+
 def result_json(result: SlaResult) -> dict[str, Any]:
+    auto, search = result.autopilot, result.autopilot_search
     return {
         "model": result.model,
         "version": result.version,
@@ -361,25 +342,13 @@ def result_json(result: SlaResult) -> dict[str, Any]:
         "winner": result.winner.label if result.winner else None,
         "runner_up": result.runner_up.label if result.runner_up else None,
         "configurations": [_outcome_json(oc) for oc in result.outcomes],
-        "repeats": [
-            {
-                "config": rep.label,
-                "rate": rep.rate,
-                "p99_ms": rep.p99_ms,
-                "ok_per_s": rep.ok_per_s,
-                "passed": rep.passed,
-            }
-            for rep in result.repeats
-        ],
+        "repeats": [{"config": rep.label, **_repeat_json(rep)} for rep in result.repeats],
         "autopilot": None
-        if result.autopilot is None
+        if auto is None
         else {
-            "rate": result.autopilot.rate,
-            "p99_ms": result.autopilot.p99_ms,
-            "ok_per_s": result.autopilot.ok_per_s,
-            "passed": result.autopilot.passed,
+            **_repeat_json(auto),
             "state": result.autopilot_state,
-            "search": _outcome_json(result.autopilot_search) if result.autopilot_search else None,
+            "search": _outcome_json(search) if search else None,
         },
         "applied": str(result.applied) if result.applied else None,
     }

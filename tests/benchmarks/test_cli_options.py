@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 from torchbay.benchmarks import cli
@@ -40,3 +42,28 @@ def test_sla_flags_become_sla_options(tmp_path: Path) -> None:
     assert (options.step_s, options.probe_s, options.step_warmup_s) == (1.0, 0.5, 0.0)
     assert options.config_warmup_s == 0.0 and options.batch_sizes == (1, 4)
     assert _parse("sla", "--archive", "a", "--input", "x", "--sla-p99-ms", "1").prune is True
+
+
+def test_unset_flags_leave_the_options_defaults() -> None:
+    """The flags are built from the fields (``bench.flag``): a flag not given is the field's
+    default, and a field that is no flag is absent from the parsed flags."""
+    runs = _parse("run", "--archive", "a.mar", "-r", "5", "--input", "x")
+    sla = _parse("sla", "--archive", "a", "--input", "x", "--sla-p99-ms", "1")
+    given = {"archive", "rate", "inputs", "sla_p99_ms"}
+    for model, args in ((RunOptions, runs), (SlaOptions, sla)):
+        options = cli._options(model, args)
+        flags = set(vars(args)) - _NOT_OPTIONS - {"command"}
+        assert {"headers", "run_dir", "ramp_factor", "precision"}.isdisjoint(flags)
+        for name in flags - given:
+            assert getattr(options, name) == model.model_fields[name].default, name
+
+
+def test_the_torchbay_parser_imports_no_options_model() -> None:
+    """Only the verb being parsed builds its flags: ``torchbay serve`` and the rest do not pay
+    for pydantic and numpy at start."""
+    code = (
+        "import sys; from torchbay.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('pydantic', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
