@@ -152,25 +152,35 @@ def checked_zip_members(zf: zipfile.ZipFile, budget: Budget) -> list[tuple[str, 
     return files
 
 
-def _extract_zip(path: Path, dest: Path, budget: Budget) -> Manifest:
+def open_zip(path: Path) -> zipfile.ZipFile:
+    """``path`` opened as a zip (.mar or .war); a file that is not one is a CorruptArchiveError."""
     try:
-        zf = zipfile.ZipFile(path)
+        return zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise CorruptArchiveError(f"{path.name}: corrupt zip archive ({exc})") from None
-    with zf:
+
+
+def write_zip_members(
+    zf: zipfile.ZipFile, files: list[tuple[str, zipfile.ZipInfo]], writer: _Writer, source: str
+) -> None:
+    """Write the checked ``files`` of ``zf`` through ``writer`` (which counts them against its
+    budget); a member that does not read back whole is a CorruptArchiveError naming it."""
+    for name, info in files:
+        try:
+            with zf.open(info) as src:
+                writer.write(name, src, info.compress_size)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            # zipfile raises BadZipFile on a CRC error, zlib errors surface as OSError.
+            raise CorruptArchiveError(f"{source}: member {name!r} is corrupt ({exc})") from None
+
+
+def _extract_zip(path: Path, dest: Path, budget: Budget) -> Manifest:
+    with open_zip(path) as zf:
         files = checked_zip_members(zf, budget)
         manifest = _zip_manifest(path, zf, files)
         writer = _Writer(dest, manifest, budget)
         writer.check_listed([n for n, _ in files])
-        for name, info in files:
-            try:
-                with zf.open(info) as src:
-                    writer.write(name, src, info.compress_size)
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-                # zipfile raises BadZipFile on a CRC error, zlib errors surface as OSError.
-                raise CorruptArchiveError(
-                    f"{path.name}: member {name!r} is corrupt ({exc})"
-                ) from None
+        write_zip_members(zf, files, writer, path.name)
     return manifest
 
 

@@ -10,12 +10,17 @@ writing), and its manifest is read with a size cap. Torch-free.
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
-from torchbay.archiver.errors import CorruptArchiveError, ManifestError
-from torchbay.archiver.extract import _cleanup_on_error, _Writer, checked_zip_members
+from torchbay.archiver.errors import ManifestError
+from torchbay.archiver.extract import (
+    _cleanup_on_error,
+    _Writer,
+    checked_zip_members,
+    open_zip,
+    write_zip_members,
+)
 from torchbay.archiver.limits import DEFAULT_MAX_RATIO, DEFAULT_MAX_TOTAL_BYTES, Budget, free_bytes
 from torchbay.archiver.manifest import MAX_MANIFEST_BYTES
 
@@ -37,21 +42,9 @@ def extract_war(
         max_total_bytes, max_ratio, archive_bytes=src.stat().st_size, free=free_bytes(dest)
     )
     with _cleanup_on_error(dest):
-        try:
-            zf = zipfile.ZipFile(src)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise CorruptArchiveError(f"{src.name}: corrupt zip archive ({exc})") from None
-        with zf:
+        with open_zip(src) as zf:
             files = checked_zip_members(zf, budget)
-            writer = _Writer(dest, None, budget)
-            for name, info in files:
-                try:
-                    with zf.open(info) as member:
-                        writer.write(name, member, info.compress_size)
-                except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-                    raise CorruptArchiveError(
-                        f"{src.name}: member {name!r} is corrupt ({exc})"
-                    ) from None
+            write_zip_members(zf, files, _Writer(dest, None, budget), src.name)
         return _manifest(dest, src.name)
 
 

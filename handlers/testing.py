@@ -106,6 +106,21 @@ def package_example(store: str | os.PathLike, **options: Any) -> Path:
     return package(ArchiveOptions(version="1.0", export_path=Path(store), force=True, **options))
 
 
+def package_example_model(here: Path, out: Path, name: str, handler: str, **options: Any) -> Path:
+    """:func:`package_example` of an example in the examples' layout: its model class in
+    ``here/model.py``, and what its build wrote to ``out``: the state dict ``<name>.pt`` and
+    ``model-config.yaml``; the archive ``name`` goes to ``out/model_store``."""
+    return package_example(
+        out / "model_store",
+        model_name=name,
+        model_file=here / "model.py",
+        serialized_file=out / f"{name}.pt",
+        handler=handler,
+        config_file=out / "model-config.yaml",
+        **options,
+    )
+
+
 @dataclass(frozen=True)
 class Reply:
     """One response as the listener writes it: status, headers (lower-case names, with

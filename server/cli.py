@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("torchbay.cli")
+# The stores and what of each loads at start: (noun, what a store holds, the verb, archive
+# suffix, TorchServe's config key), for --<noun>-store and --<noun>s.
+_STORES = (
+    ("model", ".mar archives", "load", ".mar", "TorchServe's load_models"),
+    ("workflow", ".war workflow archives", "register", ".war", "load_workflows"),
+)
 
 
 def register(subparsers: Any) -> None:
@@ -21,20 +27,10 @@ def register(subparsers: Any) -> None:
         "model_log.log.",
     )
     _lifecycle_flags(serve)
-    serve.add_argument("--model-store", help="folder holding the .mar archives")
-    serve.add_argument(
-        "--models",
-        nargs="+",
-        metavar="SPEC",
-        help="models to load at start: all | x.mar | name=x.mar (TorchServe's load_models)",
-    )
-    serve.add_argument("--workflow-store", help="folder holding the .war workflow archives")
-    serve.add_argument(
-        "--workflows",
-        nargs="+",
-        metavar="SPEC",
-        help="workflows to register at start: all | x.war | name=x.war (load_workflows)",
-    )
+    for noun, holds, verb, ext, key in _STORES:
+        serve.add_argument(f"--{noun}-store", help=f"folder holding the {holds}")
+        spec = f"{noun}s to {verb} at start: all | x{ext} | name=x{ext} ({key})"
+        serve.add_argument(f"--{noun}s", nargs="+", metavar="SPEC", help=spec)
     serve.add_argument("--ts-config", help="a TorchServe config.properties")
     serve.add_argument("--inference-address", help="default http://127.0.0.1:8080")
     serve.add_argument("--management-address", help="default http://127.0.0.1:8081")

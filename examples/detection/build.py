@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torchbay.handlers.testing import example_out, import_by_path, package_example
+from torchbay.handlers.testing import example_out, import_by_path, package_example_model
 
 HERE = Path(__file__).resolve().parent
 
@@ -109,13 +109,11 @@ def build(out: Path, scenes: int = 4) -> Path:
         to_png(scene.pixels, out / f"scene_{i}.png")
         truth.append(scene.boxes)
     (out / "scenes.json").write_text(json.dumps(truth))
-    return package_example(
-        out / "model_store",
-        model_name="shapes",
-        model_file=HERE / "model.py",
-        serialized_file=out / "shapes.pt",
-        handler=str(HERE / "detection_handler.py"),
-        config_file=out / "model-config.yaml",
+    return package_example_model(
+        HERE,
+        out,
+        "shapes",
+        str(HERE / "detection_handler.py"),
         convert="torchscript-trace",
         example_input=out / "example_input.pt",
     )

@@ -72,6 +72,21 @@ def train(out_dir: Path, *, epochs: int = 40, seed: int = 0) -> float:
         torch.set_num_threads(threads)
 
 
+def archive_options(out_dir: Path) -> dict[str, object]:
+    """The digits archive's ``ArchiveOptions`` fields from what :func:`train` wrote to
+    ``out_dir``: the built-in image_classifier over model.py and digits.pt, with its labels,
+    model-config.yaml and example input (the conversion and precision are the caller's)."""
+    return {
+        "model_name": "digits",
+        "model_file": out_dir / "model.py",
+        "serialized_file": out_dir / "digits.pt",
+        "handler": "image_classifier",
+        "extra_files": (str(out_dir / "index_to_name.json"),),
+        "config_file": out_dir / "model-config.yaml",
+        "example_input": out_dir / "example_input.pt",
+    }
+
+
 def _train(out_dir: Path, epochs: int, seed: int) -> float:
     digits = load_digits()
     pixels = to_pixels(digits.images)

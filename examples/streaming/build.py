@@ -19,7 +19,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from torchbay.handlers.testing import example_out, import_by_path, package_example
+from torchbay.handlers.testing import example_out, import_by_path, package_example_model
 
 HERE = Path(__file__).resolve().parent
 
@@ -85,15 +85,8 @@ def build(out: Path) -> Path:
     torch.save(model.state_dict(), out / "zen.pt")
     (out / "vocab.json").write_text(json.dumps(vocab))
     (out / "model-config.yaml").write_text(MODEL_CONFIG)
-    return package_example(
-        out / "model_store",
-        model_name="zen",
-        model_file=HERE / "model.py",
-        serialized_file=out / "zen.pt",
-        handler=str(HERE / "generator_handler.py"),
-        extra_files=(str(out / "vocab.json"),),
-        config_file=out / "model-config.yaml",
-    )
+    handler = str(HERE / "generator_handler.py")
+    return package_example_model(HERE, out, "zen", handler, extra_files=(str(out / "vocab.json"),))
 
 
 if __name__ == "__main__":

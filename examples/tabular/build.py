@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torchbay.handlers.testing import example_out, import_by_path, package_example
+from torchbay.handlers.testing import example_out, import_by_path, package_example_model
 
 HERE = Path(__file__).resolve().parent
 
@@ -91,14 +91,12 @@ def build(out: Path) -> Built:
     rows = {"rows": x_test.tolist(), "sklearn_proba": proba.tolist(), "labels": labels}
     (out / "test_rows.json").write_text(json.dumps(rows))
     store = out / "model_store"
-    mar = package_example(
-        store,
-        model_name="iris",
-        model_file=HERE / "model.py",
-        serialized_file=out / "iris.pt",
-        handler=str(HERE / "tabular_handler.py"),
+    mar = package_example_model(
+        HERE,
+        out,
+        "iris",
+        str(HERE / "tabular_handler.py"),
         extra_files=(str(out / "index_to_name.json"),),
-        config_file=out / "model-config.yaml",
         convert="torchscript-trace",
         example_input=out / "example_input.pt",
     )

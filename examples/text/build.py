@@ -16,7 +16,7 @@ import json
 import random
 from pathlib import Path
 
-from torchbay.handlers.testing import example_out, import_by_path, package_example
+from torchbay.handlers.testing import example_out, import_by_path, package_example_model
 
 HERE = Path(__file__).resolve().parent
 
@@ -152,15 +152,8 @@ def build(out: Path) -> Path:
     (out / "model-config.yaml").write_text(MODEL_CONFIG)
     held_out = [{"text": t, "label": LABELS[y]} for t, y in sentences(random.Random(99), 30)]
     (out / "held_out.json").write_text(json.dumps(held_out, indent=1))
-    return package_example(
-        out / "model_store",
-        model_name="topics",
-        model_file=HERE / "model.py",
-        serialized_file=out / "topics.pt",
-        handler="text_classifier",
-        extra_files=(str(out / "vocab.json"), str(out / "index_to_name.json")),
-        config_file=out / "model-config.yaml",
-    )
+    extra = (str(out / "vocab.json"), str(out / "index_to_name.json"))
+    return package_example_model(HERE, out, "topics", "text_classifier", extra_files=extra)
 
 
 if __name__ == "__main__":

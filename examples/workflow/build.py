@@ -47,20 +47,11 @@ def build(out: Path, epochs: int = 40) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     store = out / "model_store"
-    accuracy = _digits_train().train(out, epochs=epochs)
+    digits = _digits_train()
+    accuracy = digits.train(out, epochs=epochs)
     if accuracy <= 0.9:
         raise SystemExit(f"digits accuracy too low: {accuracy:.1%}")
-    package_example(
-        store,
-        model_name="digits",
-        model_file=out / "model.py",
-        serialized_file=out / "digits.pt",
-        handler="image_classifier",
-        extra_files=(str(out / "index_to_name.json"),),
-        config_file=out / "model-config.yaml",
-        convert="torchscript-trace",
-        example_input=out / "example_input.pt",
-    )
+    package_example(store, **digits.archive_options(out), convert="torchscript-trace")
     torch.jit.save(torch.jit.script(torch.nn.AvgPool2d(4).eval()), str(out / "shrink.pt"))
     package_example(
         store,

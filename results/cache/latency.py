@@ -27,9 +27,7 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,6 +37,10 @@ import numpy as np
 import psutil
 
 from torchbay.benchmarks.managed import Endpoints, ManagedServer
+
+# results/tensor_model.py: what the latency scripts share (results/ is no package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import tensor_model
 
 WIDTH = 256
 MODES = ("hit", "miss", "no-store")
@@ -57,12 +59,7 @@ def build_archive(store: Path, work: Path) -> object:
         "responseCache: {enable: true, maxEntries: 100000}\n"
         f"inputs:\n  - {{name: x, datatype: FP32, shape: [-1, {WIDTH}]}}\n"
     )
-    archive = [sys.executable, "-m", "torchbay", "archive", "--model-name", "mlp"]
-    archive += ["--version", "1", "--handler", "tensor", "--export-path", str(store)]
-    archive += ["--serialized-file", str(work / "mlp.pt")]
-    archive += ["--example-input", str(work / "example.pt")]
-    archive += ["--config-file", str(work / "model-config.yaml")]
-    subprocess.run(archive, check=True, stdout=subprocess.DEVNULL)
+    tensor_model.archive(store, work, "mlp")
     return model
 
 
@@ -183,14 +180,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=200, help="per mode and round")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        store, work = Path(tmp, "store"), Path(tmp, "work")
-        store.mkdir()
-        work.mkdir()
+    args = tensor_model.rounds_and_requests(__doc__, rounds=3, requests=200)
+    with tensor_model.scratch() as (store, work):
         model = build_archive(store, work)
         managed = serving(store, work)
         with managed as ports:

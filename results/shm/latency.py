@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -34,6 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from torchbay.benchmarks.managed import Endpoints, ManagedServer
+
+# results/tensor_model.py: what the latency scripts share (results/ is no package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import tensor_model
 
 N = 4 * 1024 * 1024  # FP32 elements: 16 MiB
 NBYTES = N * 4
@@ -52,12 +54,7 @@ def build_archive(store: Path, work: Path) -> None:
         f"inputs:\n  - {{name: INPUT0, datatype: FP32, shape: [-1, {N}]}}\n"
         f"outputs:\n  - {{name: OUTPUT0, datatype: FP32, shape: [-1, {N}]}}\n"
     )
-    archive = [sys.executable, "-m", "torchbay", "archive", "--model-name", "plus1"]
-    archive += ["--version", "1", "--handler", "tensor", "--export-path", str(store)]
-    archive += ["--serialized-file", str(work / "plus1.pt")]
-    archive += ["--example-input", str(work / "example.pt")]
-    archive += ["--config-file", str(work / "model-config.yaml")]
-    subprocess.run(archive, check=True, stdout=subprocess.DEVNULL)
+    tensor_model.archive(store, work, "plus1")
 
 
 def serving(store: Path, work: Path) -> ManagedServer:
@@ -136,16 +133,10 @@ def measure(runs: dict, rounds: int, requests: int) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=20, help="per mode and round")
-    args = parser.parse_args()
+    args = tensor_model.rounds_and_requests(__doc__, rounds=5, requests=20)
     import tritonclient.utils.shared_memory as shm
 
-    with tempfile.TemporaryDirectory() as tmp:
-        store, work = Path(tmp, "store"), Path(tmp, "work")
-        store.mkdir()
-        work.mkdir()
+    with tensor_model.scratch() as (store, work):
         build_archive(store, work)
         with serving(store, work) as ports:
             runs, regions = modes(ports)

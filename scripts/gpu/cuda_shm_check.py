@@ -5,7 +5,7 @@
 1. The tests that need a GPU: tests/handlers/test_cuda_ipc.py (the real ctypes seam across two
    processes) and the cudashm programs of tests/examples/test_triton_examples.py.
 2. Triton's own simple_http_cudashm_client.py and simple_grpc_cudashm_client.py (vendored in
-   tests/data/triton_client_examples/), unchanged, against ``torchbay serve`` of
+   tests/third_party/triton_client_examples/), unchanged, against ``torchbay serve`` of
    examples/triton's ``simple`` on the GPU (they need cuda-python, as tritonclient's
    cuda_shared_memory does: reported as SKIP without it).
 3. Latency of a 16 MiB FP32 input and its 16 MiB output at c=1 (results/shm/latency.py's
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-PROGRAMS = REPO / "tests" / "data" / "triton_client_examples"
+PROGRAMS = REPO / "tests" / "third_party" / "triton_client_examples"
 EXAMPLES = ("simple_http_cudashm_client.py", "simple_grpc_cudashm_client.py")
 
 

@@ -18,19 +18,15 @@ pytestmark = pytest.mark.slow
 
 def test_digits_int8_served_reads_the_samples(serve, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    accuracy = example_module("digits", "train").train(out, epochs=8)
+    digits = example_module("digits", "train")
+    accuracy = digits.train(out, epochs=8)
     assert accuracy > 0.9
     # The quickstart's archive: torch.export, int8-dynamic, with the parity check.
+    options = digits.archive_options(out)
     package(
         ArchiveOptions(
-            model_name="digits",
+            **options,
             version="1.0",
-            model_file=out / "model.py",
-            serialized_file=out / "digits.pt",
-            handler="image_classifier",
-            extra_files=(str(out / "index_to_name.json"),),
-            config_file=out / "model-config.yaml",
-            example_input=out / "example_input.pt",
             convert="export",
             precision="int8-dynamic",
             export_path=tmp_path / "store",

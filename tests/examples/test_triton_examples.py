@@ -1,7 +1,7 @@
 """Triton's own client example programs, run unchanged against torchbay (issue 28).
 
 The programs are tritonclient's ``src/python/examples/*.py``, vendored in
-tests/data/triton_client_examples/ (Triton's BSD license beside them). Each runs as a
+tests/third_party/triton_client_examples/ (Triton's BSD license beside them). Each runs as a
 subprocess, ``python example.py -u 127.0.0.1:PORT`` plus its own flags, against one real server
 over the model store that examples/triton/build_models.py builds (torch models that compute what
 Triton's example models compute). A program passes when it exits 0 and, where it prints one, its
@@ -30,7 +30,7 @@ from .conftest import REPO, _server, example_module
 
 pytestmark = pytest.mark.slow
 
-PROGRAMS = REPO / "tests" / "data" / "triton_client_examples"
+PROGRAMS = REPO / "tests" / "third_party" / "triton_client_examples"
 IMAGE = "IMAGE"  # replaced by the path of the test's generated image
 
 # CUDA shared memory: the programs allocate device memory (tritonclient's cuda_shared_memory,

@@ -9,7 +9,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "sagemaker"
 _spec = importlib.util.spec_from_file_location("sagemaker_model_dirs", DATA / "model_dirs.py")
@@ -53,6 +56,25 @@ def clean_env(tmp: Path, **extra: str) -> dict[str, str]:
         "TORCHBAY_METRICS_ADDRESS": "http://127.0.0.1:0",
     }
     return {**env, **own, **extra}
+
+
+def serve_ready(tmp: Path, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """``torchbay serve <args> --foreground --ncs`` in ``tmp`` (its output in tmp/serve.log),
+    returned once its ready file says the start-up models are loaded; the test fails with the
+    log's tail if it exits first or takes more than 200 s."""
+    ready = tmp / "ready.json"
+    ready.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "torchbay", "serve", *args]
+    argv += ["--foreground", "--ncs", "--ready-file", str(ready)]
+    with (tmp / "serve.log").open("ab") as log:
+        proc = subprocess.Popen(argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 200
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"torchbay did not start: {(tmp / 'serve.log').read_text()[-3000:]}")
+        time.sleep(0.2)
+    return proc
 
 
 def mme_config(port: int) -> str:

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.sagemaker.helpers import DATA, clean_env, free_port, make_model_dir, toolkit_config
+from tests.sagemaker.helpers import (
+    DATA,
+    clean_env,
+    free_port,
+    make_model_dir,
+    serve_ready,
+    toolkit_config,
+)
 
 RECORD = json.loads((DATA / "answers.json").read_text())
 GET_POST_ONLY = "torchbay serves /invocations on POST only (TorchServe runs any method)"
@@ -49,22 +54,11 @@ def start(tmp: Path, extra_models: list[str]) -> tuple[subprocess.Popen, int]:
     config.write_text(toolkit_config(port).replace("0.0.0.0", "127.0.0.1"))
     store = tmp / ".sagemaker" / "ts" / "models"
     store.mkdir(parents=True, exist_ok=True)
-    ready = tmp / "ready.json"
-    ready.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "torchbay", "serve", "--model-store", str(store)]
-    argv += ["--ts-config", str(config), "--models", f"model={tmp / 'ml' / 'model'}"]
-    argv += [*extra_models, "--foreground", "--ncs", "--ready-file", str(ready)]
+    args = ["--model-store", str(store), "--ts-config", str(config)]
+    args += ["--models", f"model={tmp / 'ml' / 'model'}", *extra_models]
     # The toolkit puts the model's code/ on PYTHONPATH before it starts the server.
     env = clean_env(tmp, PYTHONPATH=str(tmp / "ml" / "model" / "code"))
-    with (tmp / "serve.log").open("ab") as log:
-        proc = subprocess.Popen(argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 200
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"torchbay did not start: {(tmp / 'serve.log').read_text()[-3000:]}")
-        time.sleep(0.2)
-    return proc, port
+    return serve_ready(tmp, args, env), port
 
 
 def ask(port: int, request: dict) -> httpx.Response:

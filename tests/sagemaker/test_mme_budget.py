@@ -17,15 +17,14 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.sagemaker.helpers import INPUT, clean_env, free_port, make_model_dir
-from tests.sagemaker.test_toolkit_serving import DRIVER, kill_family, servers, shim
+from tests.sagemaker.helpers import INPUT, make_model_dir
+from tests.sagemaker.test_toolkit_serving import kill_family, servers, start_toolkit
 
 
 def wait_healthy(base: str, proc: subprocess.Popen, log: Path) -> None:
@@ -56,25 +55,12 @@ def test_the_toolkit_in_multi_model_mode_serves_more_models_than_the_budget_hold
         "b": make_model_dir(tmp_path / "models" / "hash-b" / "model", scale=10.0),
     }
     answers = {"a": {"scores": [[14.5, 31.5]]}, "b": {"scores": [[145.0, 315.0]]}}
-    port = free_port()
-    env = clean_env(
+    proc, port, log = start_toolkit(
         tmp_path,
-        PATH=f"{shim(tmp_path / 'bin')}:{clean_env(tmp_path)['PATH']}",
-        SAGEMAKER_BASE_DIR=str(tmp_path / "ml"),
-        SAGEMAKER_BIND_TO_PORT=str(port),
         SAGEMAKER_MULTI_MODEL="true",
         TS_ENABLE_MODEL_API="true",
         TORCHBAY_MAX_LOADED_MODELS="1",
     )
-    log = tmp_path / "toolkit.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(tmp_path / "sagemaker-ts.properties")],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc, log)

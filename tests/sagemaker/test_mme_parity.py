@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.sagemaker.helpers import clean_env, free_port, make_model_dir, mme_config
+from tests.sagemaker.helpers import clean_env, free_port, make_model_dir, mme_config, serve_ready
 
 RECORD = json.loads(
     (Path(__file__).parents[1] / "data/torchserve/sagemaker_mme/answers.json").read_text()
@@ -45,9 +43,6 @@ def start(tmp: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     port = free_port()
     config = tmp / "sagemaker-ts.properties"
     config.write_text(mme_config(port).replace("0.0.0.0", "127.0.0.1"))
-    ready = tmp / "ready.json"
-    argv = [sys.executable, "-m", "torchbay", "serve", "--model-store", "/"]
-    argv += ["--ts-config", str(config), "--foreground", "--ncs", "--ready-file", str(ready)]
     # The container's environment as the toolkit leaves it: its handler service reads
     # SAGEMAKER_MULTI_MODEL to put each model's code/ on the worker's path.
     full_env = clean_env(
@@ -57,15 +52,7 @@ def start(tmp: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
         SAGEMAKER_HANDLER="sagemaker_pytorch_serving_container.handler_service",
         **env,
     )
-    with (tmp / "serve.log").open("ab") as log:
-        proc = subprocess.Popen(argv, cwd=tmp, env=full_env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 200
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"torchbay did not start: {(tmp / 'serve.log').read_text()[-3000:]}")
-        time.sleep(0.2)
-    return proc, port
+    return serve_ready(tmp, ["--model-store", "/", "--ts-config", str(config)], full_env), port
 
 
 def ask(port: int, base: Path, request: dict) -> httpx.Response:

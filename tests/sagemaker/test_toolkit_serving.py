@@ -35,6 +35,30 @@ def shim(folder: Path) -> Path:
     return folder
 
 
+def start_toolkit(tmp: Path, **env: str) -> tuple[subprocess.Popen, int, Path]:
+    """The toolkit's ``serving.main()`` (toolkit_driver.py) in ``tmp``, with ``torchserve`` on
+    PATH the shim and SageMaker's base folder ``tmp/ml``; ``env`` adds to its environment.
+    Returns the driver's process, the port it binds and its log."""
+    port = free_port()
+    env = clean_env(
+        tmp,
+        PATH=f"{shim(tmp / 'bin')}:{clean_env(tmp)['PATH']}",
+        SAGEMAKER_BASE_DIR=str(tmp / "ml"),
+        SAGEMAKER_BIND_TO_PORT=str(port),
+        **env,
+    )
+    log = tmp / "toolkit.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(DRIVER), str(tmp / "sagemaker-ts.properties")],
+            cwd=tmp,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, port, log
+
+
 def first_answer(url: str, proc: subprocess.Popen, log: Path) -> httpx.Response:
     """The first answer of the model, once the toolkit's server has loaded it."""
     deadline = time.monotonic() + 240
@@ -84,23 +108,8 @@ def test_the_toolkit_starts_torchbay_and_serves_inference_py(
     tmp_path: Path, code: str, expected: dict
 ) -> None:
     make_model_dir(tmp_path / "ml" / "model", code=code)
-    port = free_port()
-    env = clean_env(
-        tmp_path,
-        PATH=f"{shim(tmp_path / 'bin')}:{clean_env(tmp_path)['PATH']}",
-        SAGEMAKER_BASE_DIR=str(tmp_path / "ml"),
-        SAGEMAKER_BIND_TO_PORT=str(port),
-    )
     config = tmp_path / "sagemaker-ts.properties"
-    log = tmp_path / "toolkit.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(config)],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc, port, log = start_toolkit(tmp_path)
     try:
         url = f"http://127.0.0.1:{port}/invocations"
         r = first_answer(url, proc, log)

@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.util
+import json
 import os
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import httpx
@@ -54,22 +57,34 @@ def build_store(
 ) -> Path:
     """A fresh model store with one version-1.0 archive per ``name: handler``, each over the
     seeded tiny TorchScript model (``_tiny_model``); ``config_files`` gives an archive its
-    model-config.yaml."""
+    model-config.yaml. A handler file of assets/ gets assets/gates.py beside it (the gate
+    handlers import it)."""
     root = tmp_path_factory.mktemp(prefix)
     work = tmp_path_factory.mktemp(f"{prefix}-build")
-    model = _tiny_model(work / "model.pt")
     for name, handler in handlers.items():
-        package(
-            ArchiveOptions(
-                model_name=name,
-                version="1.0",
-                serialized_file=model,
-                handler=handler,
-                config_file=(config_files or {}).get(name),
-                export_path=root,
-            )
+        ours = Path(handler).parent == ASSETS
+        tiny_archive(
+            work,
+            root,
+            name,
+            handler,
+            extra_files=(str(ASSETS / "gates.py"),) if ours else (),
+            config_file=(config_files or {}).get(name),
         )
     return root
+
+
+def tiny_archive(work: Path, export: Path, name: str, handler: str, **options: Any) -> Path:
+    """``name`` (version 1.0 unless ``options`` say otherwise) with ``handler`` over the seeded
+    tiny TorchScript model (``_tiny_model``, saved in ``work``), packed by our archiver into
+    ``export``; the archive's path."""
+    options = {"version": "1.0", **options}
+    model = _tiny_model(work / "model.pt")
+    return package(
+        ArchiveOptions(
+            model_name=name, serialized_file=model, handler=handler, export_path=export, **options
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +102,47 @@ def talk_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from .cli_helpers import build_talk_store  # (cli_helpers imports this module, too)
 
     return build_talk_store(tmp_path_factory, "talk")
+
+
+def recorded(data: Path, module: str) -> tuple[ModuleType, dict[str, Any]]:
+    """A TorchServe record of tests/data: the recorder's standard-library ``module`` in ``data``
+    (its steps and normalisation, loaded from its file: tests/data is no package) and the
+    ``answers.json`` beside it."""
+    name = "recorded_" + data.name.replace(".", "_")
+    spec = importlib.util.spec_from_file_location(name, data / module)
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded, json.loads((data / "answers.json").read_text())
+
+
+def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` every 10 ms until it holds; fail, naming ``what``, after ``timeout``
+    seconds (a live server's state, read from outside: nothing to wait on directly)."""
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"not in {timeout:g} s: {what}"
+        time.sleep(0.01)
+
+
+def ran_ids(log: Path) -> list[str]:
+    """The ids of the requests tests/server/assets/gate_handler.py ran, in order (its log)."""
+    return log.read_text().split() if log.exists() else []
+
+
+@pytest.fixture
+def cli_run(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """(working directory, environment with its own TMPDIR) for a test that runs the
+    ``torchbay`` command; afterwards kills what the pid file names (a server left started)."""
+    from .cli_helpers import PID_FILE, clean_env, kill_tree
+
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    env = clean_env(tmp_path / "tmp")
+    yield cwd, env
+    pid_file = tmp_path / "tmp" / PID_FILE
+    if pid_file.exists():
+        kill_tree(int(pid_file.read_text()))
 
 
 class LiveServer:
@@ -185,6 +241,45 @@ def running(store: Path, **overrides: Any) -> Iterator[LiveServer]:
         live.stop()
 
 
+@contextlib.contextmanager
+def oip_client(server: LiveServer, protocol: str, *clear: str) -> Iterator[Any]:
+    """tritonclient's ``protocol`` ("http" or "grpc") client of ``server``, closed on leaving;
+    ``clear`` names the shared-memory registrations ("system", "cuda") it drops before and
+    after (a test's regions must not outlive it on a module's server)."""
+    if protocol == "http":
+        import tritonclient.http as triton_http
+
+        client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    else:
+        import tritonclient.grpc as triton_grpc
+
+        port = server.server.state.ports.grpc_inference
+        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
+    drops = [getattr(client, f"unregister_{kind}_shared_memory") for kind in clear]
+    try:
+        for drop in drops:
+            drop()
+        yield client
+        for drop in drops:
+            drop()
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def oip_http(server: LiveServer) -> Iterator[Any]:
+    """tritonclient's HTTP client of the module's ``server`` fixture."""
+    with oip_client(server, "http") as client:
+        yield client
+
+
+@pytest.fixture
+def oip_grpc(server: LiveServer) -> Iterator[Any]:
+    """tritonclient's gRPC client of the module's ``server`` fixture."""
+    with oip_client(server, "grpc") as client:
+        yield client
+
+
 def make_config(store: Path, **overrides: Any) -> ServerConfig:
     settings: dict[str, Any] = {
         "model_store": store,
@@ -239,15 +334,7 @@ def versioned_store(model_store: Path, tmp_path_factory: pytest.TempPathFactory)
     for name in ("probe.mar", "tiny.mar"):
         shutil.copy(model_store / name, root / name)
     work = tmp_path_factory.mktemp("build-v2")
-    built = package(
-        ArchiveOptions(
-            model_name="probe",
-            version="2.0",
-            serialized_file=_tiny_model(work / "model.pt"),
-            handler=str(ASSETS / "probe_handler.py"),
-            export_path=work,
-        )
-    )
+    built = tiny_archive(work, work, "probe", str(ASSETS / "probe_handler.py"), version="2.0")
     shutil.move(built, root / "probe-v2.mar")
     return root
 

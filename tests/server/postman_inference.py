@@ -1,9 +1,10 @@
 """TorchServe's own Postman inference collection (test/postman/inference_api_test_collection.json
-and inference_data.json of TorchServe 0.12, copied unchanged to tests/data/torchserve/postman/),
-replayed as newman runs it: for each row of the data file, the collection's four requests in
-order (register the row's archive with ``initial_workers`` and ``synchronous``, POST the row's file
-to ``/predictions/{model_name}``, unregister, scrape ``/metrics``) and the checks of each request's
-test script (the status codes, the expected text of ``text/plain`` rows, the metrics pattern).
+and inference_data.json of TorchServe 0.12, copied unchanged to
+tests/third_party/torchserve/postman/), replayed as newman runs it: for each row of the data file,
+the collection's four requests in order (register the row's archive with ``initial_workers`` and
+``synchronous``, POST the row's file to ``/predictions/{model_name}``, unregister, scrape
+``/metrics``) and the checks of each request's test script (the status codes, the expected text of
+``text/plain`` rows, the metrics pattern).
 
 The zoo's archives hold pretrained ImageNet, COCO and BERT weights, downloaded from
 torchserve.pytorch.org: this machine has no internet, and TorchServe's built-in vision handlers
@@ -26,7 +27,7 @@ from typing import Any
 import httpx
 import torch
 
-from tests.server.postman_replay import DATA, build_zoo, environment, substitute
+from tests.server.postman_replay import COLLECTIONS, build_zoo, environment, substitute
 
 # The data rows' archives, by the built-in handler TorchServe's zoo archive uses.
 CLASSIFIERS = ("squeezenet1_1", "densenet161", "alexnet", "resnet-18", "vgg16", "resnet-152-batch")
@@ -35,12 +36,12 @@ SEGMENTERS = ("fcn_resnet_101", "deeplabv3_resnet_101_eager")
 
 
 def rows() -> list[dict[str, Any]]:
-    return json.loads((DATA / "inference_data.json").read_text())
+    return json.loads((COLLECTIONS / "inference_data.json").read_text())
 
 
 def metrics_pattern() -> re.Pattern[str]:
     """The regular expression of the collection's "Model Metrics" test, read from its script."""
-    collection = json.loads((DATA / "inference_api_test_collection.json").read_text())
+    collection = json.loads((COLLECTIONS / "inference_api_test_collection.json").read_text())
     [item] = [i for i in collection["item"] if i["name"].endswith("Model Metrics")]
     script = "\n".join(item["event"][0]["script"]["exec"])
     source = re.search(r"new RegExp\('(.*)'\)", script).group(1)

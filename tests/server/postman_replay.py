@@ -1,9 +1,9 @@
 """TorchServe's own Postman management collection (test/postman/management_api_test_collection.json
-and management_data.json of TorchServe 0.12, copied unchanged to tests/data/torchserve/postman/),
-replayed row by row as newman runs it: each row's ``METHOD`` (upper-cased, as newman sends it) on
-the management address plus its ``path``, its ``{{variables}}`` from the collection's
-environment.json, one request at a time, in order. The collection checks the status code only
-(``status_code``, 200 when absent); this records the body too.
+and management_data.json of TorchServe 0.12, copied unchanged to
+tests/third_party/torchserve/postman/), replayed row by row as newman runs it: each row's ``METHOD``
+(upper-cased, as newman sends it) on the management address plus its ``path``, its ``{{variables}}``
+from the collection's environment.json, one request at a time, in order. The collection checks the
+status code only (``status_code``, 200 when absent); this records the body too.
 
 Recorded against TorchServe 0.12 (this machine, no internet: the rows that register from
 torchserve.pytorch.org cannot download) with::
@@ -31,18 +31,20 @@ from typing import Any
 
 import httpx
 
+# TorchServe's collections, copied unchanged (COLLECTIONS), and our records of its answers (DATA).
+COLLECTIONS = Path(__file__).resolve().parents[1] / "third_party" / "torchserve" / "postman"
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "postman"
 # The archives the management collection registers (environment.json's mar_path_* values).
 ZOO = ("mnist", "squeezenet1_1", "densenet161", "resnet-152-batch", "resnet-18")
 
 
 def environment() -> dict[str, str]:
-    values = json.loads((DATA / "environment.json").read_text())["values"]
+    values = json.loads((COLLECTIONS / "environment.json").read_text())["values"]
     return {v["key"]: str(v["value"]) for v in values if v.get("enabled", True)}
 
 
 def rows() -> list[dict[str, Any]]:
-    return json.loads((DATA / "management_data.json").read_text())
+    return json.loads((COLLECTIONS / "management_data.json").read_text())
 
 
 def substitute(text: str, env: dict[str, str]) -> str:

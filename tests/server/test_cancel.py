@@ -14,7 +14,6 @@ import asyncio
 import json
 import socket
 import struct
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -33,7 +32,7 @@ from torchbay.server.plane import CLIENT_LEFT, Exchange
 from torchbay.server.plane.exchange import Wiring
 from torchbay.server.serving.queue import BatchQueue, Pending, clock
 
-from .conftest import ASSETS, LiveServer, build_store, make_config
+from .conftest import ASSETS, LiveServer, build_store, ran_ids, running, until
 
 ONE = {"minWorkers": 1, "maxWorkers": 1}
 MODELS = {
@@ -47,9 +46,8 @@ MODELS = {
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     handler = str(ASSETS / "gate_handler.py")
     store = build_store(tmp_path_factory, "cancel-store", dict.fromkeys(MODELS, handler))
-    live = LiveServer(make_config(store, models=MODELS, load_models=["all"])).start()
-    yield live
-    live.stop()
+    with running(store, models=MODELS, load_models=["all"]) as live:
+        yield live
 
 
 @pytest.fixture
@@ -122,18 +120,6 @@ def _grpc_call(
 # -- what the server did ----------------------------------------------------------------------
 
 
-def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, f"not in {timeout:g} s: {what}"
-        time.sleep(0.01)
-
-
-def _ran(log: Path) -> list[str]:
-    """The ids of the requests the handler ran, in order."""
-    return log.read_text().split() if log.exists() else []
-
-
 def _counts(server: LiveServer, model: str) -> dict[str, float]:
     """The model's cancelled requests by stage, and its answers recorded 499 and its worker
     restarts (the metrics port's series)."""
@@ -177,7 +163,7 @@ def _run_behind(
     held = pool.submit(
         _post, server, "ts", model, {"id": "held", "log": str(log), "gate": str(gate)}
     )
-    _until(lambda: _ran(log) == ["held"], "the first request runs")
+    until(lambda: ran_ids(log) == ["held"], "the first request runs")
     return held, log, gate
 
 
@@ -203,14 +189,14 @@ def test_an_http_client_that_leaves_while_queued_is_never_run(
     )
     held, log, gate = _run_behind(pool, server, "gate", tmp_path)
     sock = _leaving(server, api, "gate", {"id": "gone", "log": str(log)})
-    _until(lambda: _queued(server, "gate") == 1, "the second request is queued")
+    until(lambda: _queued(server, "gate") == 1, "the second request is queued")
     _leave(sock)
-    _until(lambda: _queued(server, "gate") == 0, "the request that left is removed")
-    _until(lambda: _grew(before, _counts(server, "gate"), queued=1, **{"499": 1}), "counted")
+    until(lambda: _queued(server, "gate") == 0, "the request that left is removed")
+    until(lambda: _grew(before, _counts(server, "gate"), queued=1, **{"499": 1}), "counted")
     gate.touch()
     assert held.result(timeout=60).status_code == 200
     _still_served(server, "gate", log, pids)
-    assert _ran(log) == ["held", "later"]  # "gone" never ran
+    assert ran_ids(log) == ["held", "later"]  # "gone" never ran
     # Triton counts a cancelled request as failed; only the two that ran waited for a worker.
     assert _triton(server, "gate") == (failed + 1, queued + 2)
 
@@ -229,18 +215,18 @@ def test_a_grpc_call_that_leaves_while_queued_is_never_run(
     timeout = 2.0 if leave == "deadline" else 60.0
     call = _grpc_call(server, ts_stubs, api, "gate", {"id": "gone", "log": str(log)}, timeout)
     if leave == "cancel":
-        _until(lambda: _queued(server, "gate") == 1, "the second request is queued")
+        until(lambda: _queued(server, "gate") == 1, "the second request is queued")
         call.cancel()
     else:
         with pytest.raises(grpc.RpcError) as info:
             call.result(timeout=60)
         assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-    _until(lambda: _queued(server, "gate") == 0, "the call that left is removed")
-    _until(lambda: _grew(before, _counts(server, "gate"), queued=1, **{"499": 1}), "counted")
+    until(lambda: _queued(server, "gate") == 0, "the call that left is removed")
+    until(lambda: _grew(before, _counts(server, "gate"), queued=1, **{"499": 1}), "counted")
     gate.touch()
     assert held.result(timeout=60).status_code == 200
     _still_served(server, "gate", log, pids)
-    assert _ran(log) == ["held", "later"]
+    assert ran_ids(log) == ["held", "later"]
 
 
 # -- running: the result dropped, the batch answered, the worker kept -------------------------
@@ -258,11 +244,11 @@ def _batch_of_two(
     gate = tmp_path / "gate"
     body = {"log": str(log), "gate": str(gate)}
     stays = pool.submit(_post, server, "ts", "pair", {"id": "stays", **body})
-    _until(lambda: _queued(server, "pair") == 1, "the second request is queued")
+    until(lambda: _queued(server, "pair") == 1, "the second request is queued")
     gone = leaver({"id": "gone", **body})
-    _until(lambda: _queued(server, "pair") == 2, "the third request is queued")
+    until(lambda: _queued(server, "pair") == 2, "the third request is queued")
     first_gate.touch()
-    _until(lambda: _ran(log) == ["held", "stays", "gone"], "the batch of two runs")
+    until(lambda: ran_ids(log) == ["held", "stays", "gone"], "the batch of two runs")
     assert held.result(timeout=60).status_code == 200
     return stays, held, gone, log, gate
 
@@ -276,7 +262,7 @@ def test_an_http_client_that_leaves_while_its_batch_runs(
         pool, server, tmp_path, lambda body: _leaving(server, api, "pair", body)
     )
     _leave(sock)
-    _until(lambda: _grew(before, _counts(server, "pair"), running=1, **{"499": 1}), "counted")
+    until(lambda: _grew(before, _counts(server, "pair"), running=1, **{"499": 1}), "counted")
     _open_gate(server, gate, stays, log, pids, before)
 
 
@@ -293,7 +279,7 @@ def test_a_grpc_call_cancelled_while_its_batch_runs(
         pool, server, tmp_path, lambda body: _grpc_call(server, ts_stubs, api, "pair", body, 60)
     )
     call.cancel()
-    _until(lambda: _grew(before, _counts(server, "pair"), running=1, **{"499": 1}), "counted")
+    until(lambda: _grew(before, _counts(server, "pair"), running=1, **{"499": 1}), "counted")
     _open_gate(server, gate, stays, log, pids, before)
 
 

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -21,9 +20,7 @@ from torchbay.server.errors import TorchbayError
 
 from .cli_helpers import (
     PID_FILE,
-    clean_env,
     free_addresses,
-    kill_tree,
     lines,
     predict,
     read_ready,
@@ -34,20 +31,8 @@ from .cli_helpers import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def run(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    """(working directory, environment with its own TMPDIR); kills what the pid file names."""
-    cwd = tmp_path / "run"
-    cwd.mkdir()
-    env = clean_env(tmp_path / "tmp")
-    yield cwd, env
-    pid_file = tmp_path / "tmp" / PID_FILE
-    if pid_file.exists():
-        kill_tree(int(pid_file.read_text()))
-
-
-def test_start_serves_in_the_background_until_stop(run, talk_store):
-    cwd, env = run
+def test_start_serves_in_the_background_until_stop(cli_run, talk_store):
+    cwd, env = cli_run
     pid_file = Path(env["TMPDIR"]) / PID_FILE
     ready = cwd / "ready.json"
     args = ["serve", "--start", "--ncs", "--model-store", str(talk_store), "--models"]
@@ -158,8 +143,8 @@ def test_a_stop_that_does_not_finish_says_so(tmp_path, monkeypatch):
         stuck.communicate()  # reaps it and closes its stdout pipe
 
 
-def test_a_failed_start_is_one_line_and_leaves_no_pid_file(run, talk_store):
-    cwd, env = run
+def test_a_failed_start_is_one_line_and_leaves_no_pid_file(cli_run, talk_store):
+    cwd, env = cli_run
     pid_file = Path(env["TMPDIR"]) / PID_FILE
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -206,8 +191,8 @@ def test_a_missing_log_config_or_model_store_is_one_line(tmp_path, monkeypatch, 
     assert list(tmp_path.iterdir()) == []  # nothing bound, written or spawned
 
 
-def test_log_config_a_python_dictconfig(run, talk_store):
-    cwd, env = run
+def test_log_config_a_python_dictconfig(cli_run, talk_store):
+    cwd, env = cli_run
     mine = cwd / "mine.log"
     (cwd / "logging.yaml").write_text(
         "version: 1\n"

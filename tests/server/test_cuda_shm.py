@@ -29,7 +29,7 @@ import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
-from .conftest import LiveServer, running
+from .conftest import LiveServer, oip_client, running
 from .test_shm import NBYTES, _data, _inputs, _outputs, _refused, store  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
@@ -59,21 +59,14 @@ def server(store: Path, log: Path) -> Iterator[LiveServer]:  # noqa: F811
 
 @pytest.fixture
 def http(server: LiveServer) -> Iterator[triton_http.InferenceServerClient]:
-    client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
-    yield client
-    client.unregister_cuda_shared_memory()
-    client.unregister_system_shared_memory()
-    client.close()
+    with oip_client(server, "http", "cuda", "system") as client:
+        yield client
 
 
 @pytest.fixture
 def grpc_client(server: LiveServer) -> Iterator[triton_grpc.InferenceServerClient]:
-    client = triton_grpc.InferenceServerClient(
-        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
-    )
-    yield client
-    client.unregister_cuda_shared_memory()
-    client.close()
+    with oip_client(server, "grpc", "cuda") as client:
+        yield client
 
 
 class Device:
@@ -243,11 +236,8 @@ def test_requests_naming_a_wrong_region_offset_size_or_handle(
 
 def test_extension_advertised_with_a_gpu(server: LiveServer) -> None:
     assert "cuda_shared_memory" in httpx.get(f"{server.url}/v2").json()["extensions"]
-    client = triton_grpc.InferenceServerClient(
-        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
-    )
-    assert "cuda_shared_memory" in client.get_server_metadata().extensions
-    client.close()
+    with oip_client(server, "grpc") as client:
+        assert "cuda_shared_memory" in client.get_server_metadata().extensions
 
 
 def test_a_handle_in_use_is_closed_only_when_its_request_is_done(

@@ -14,8 +14,6 @@ handler metric TorchServe drops, which torchbay's registry keeps with labels ``m
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,30 +21,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import _tiny_model
-from torchbay.archiver.package import ArchiveOptions, package
+from tests.server.conftest import recorded, tiny_archive
 from torchbay.server.config.metrics_config import load_metrics_config
+from torchbay.server.observe.ts_families import SYSTEM
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "metrics_modes"
-_spec = importlib.util.spec_from_file_location("ts_metrics_sequence", DATA / "sequence.py")
-assert _spec is not None and _spec.loader is not None
-sequence = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sequence)
-RECORD = json.loads((DATA / "answers.json").read_text())
+sequence, RECORD = recorded(DATA, "sequence.py")
 # TorchServe writes HELP and TYPE of its host metrics with no sample even when they are
-# disabled; torchbay's host collector (observe.system_metrics) writes them only when enabled.
-SYSTEM = {
-    "CPUUtilization",
-    "MemoryUsed",
-    "MemoryAvailable",
-    "MemoryUtilization",
-    "DiskUsage",
-    "DiskUtilization",
-    "DiskAvailable",
-    "GPUMemoryUtilization",
-    "GPUMemoryUsed",
-    "GPUUtilization",
-}
+# disabled; torchbay's host collector (observe.system_metrics) writes them only when enabled:
+# the recorded types are compared without ts_families.SYSTEM, the host families.
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +37,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recorder's model store (counted.mar), built by torchbay's archiver."""
     root = tmp_path_factory.mktemp("metrics-store")
     work = tmp_path_factory.mktemp("metrics-build")
-    built = package(
-        ArchiveOptions(
-            model_name="counted",
-            version="1.0",
-            serialized_file=_tiny_model(work / "model.pt"),
-            handler=str(DATA / "metrics_handler.py"),
-            export_path=work,
-        )
-    )
+    built = tiny_archive(work, work, "counted", str(DATA / "metrics_handler.py"))
     shutil.move(built, root / sequence.ARCHIVE)
     return root
 
@@ -122,8 +97,8 @@ def test_record_is_torchserve_0_12() -> None:
     assert RECORD["torchserve"] == "0.12.0"
     assert RECORD["command"].endswith("tests/data/torchserve/metrics_modes/record.py")
     assert set(RECORD["cases"]) == set(sequence.CASES)
-    for recorded in RECORD["cases"].values():
-        assert [a["id"] for a in recorded["answers"]] == [s["id"] for s in sequence.STEPS]
+    for answered in RECORD["cases"].values():
+        assert [a["id"] for a in answered["answers"]] == [s["id"] for s in sequence.STEPS]
 
 
 def test_same_status_codes(case: tuple[str, dict[str, Any]]) -> None:

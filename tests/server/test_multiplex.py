@@ -9,7 +9,6 @@ waits, while loading, for a gate named in its model-config.yaml."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,19 +18,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import ASSETS, LiveServer, build_store, make_config
+from .conftest import ASSETS, LiveServer, build_store, make_config, until
 
 # Each test spawns three to five workers, one after another; on a loaded 2-core host one takes
 # 20 s or more (an interpreter importing torch).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 HANDLER = str(ASSETS / "load_gate_handler.py")
-
-
-def _until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, f"not in {timeout:g} s: {what}"
-        time.sleep(0.01)
 
 
 def _store(factory: pytest.TempPathFactory, prefix: str, yaml: dict[str, str]) -> Path:
@@ -156,10 +148,10 @@ def test_a_pinned_model_and_a_busy_one_are_never_evicted(
     gate = tmp_path / "gate"
     with ThreadPoolExecutor(2) as pool:
         busy = pool.submit(_predict, live, "b", "busy", gate)  # holds b's worker
-        _until(lambda: live.server.registry.resolve("b").inflight == 1, "b is busy")
+        until(lambda: live.server.registry.resolve("b").inflight == 1, "b is busy", timeout=60.0)
         waiting = pool.submit(_predict, live, "a", "a2")
         # a's load is under way and cannot make room: p is pinned, b busy; both stay loaded.
-        _until(lambda: _residency(live, "a").loading is not None, "a's load started")
+        until(lambda: _residency(live, "a").loading is not None, "a's load started", timeout=60.0)
         assert _loaded(live) == {"p": True, "a": False, "b": True}
         assert not waiting.done()
         gate.touch()  # b's request ends: b is idle, a's load evicts it
@@ -233,7 +225,7 @@ def test_a_deadline_that_passes_during_a_load_is_a_504_and_the_load_completes(
     assert late.status_code == 504, late.text
     assert _residency(live, "slow").loading is not None  # the load goes on
     gate.touch()
-    _until(lambda: _residency(live, "slow").loading is None, "slow's load done")
+    until(lambda: _residency(live, "slow").loading is None, "slow's load done", timeout=60.0)
     assert _loaded(live)["slow"]
     assert _predict(live, "slow", "s2").status_code == 200
     assert _describe(live, "slow")["loads"] == 1

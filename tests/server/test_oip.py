@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from torchbay.archiver.package import ArchiveOptions, package
 
-from .conftest import LiveServer, make_config
+from .conftest import LiveServer, running
 
 CLIENTS = Path(__file__).parents[1] / "clients"
 
@@ -126,16 +126,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     work = tmp_path_factory.mktemp("oip-build")
     for name in MODELS:
         _build(name, root, work)
-    live = LiveServer(make_config(root, load_models=["all"])).start()
-    yield live
-    live.stop()
-
-
-@pytest.fixture
-def client(server: LiveServer) -> Iterator[triton.InferenceServerClient]:
-    c = triton.InferenceServerClient(server.url.removeprefix("http://"))
-    yield c
-    c.close()
+    with running(root, load_models=["all"]) as live:
+        yield live
 
 
 def _input(name: str, array: np.ndarray, datatype: str, binary: bool = True) -> triton.InferInput:
@@ -153,17 +145,17 @@ B = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 
 @pytest.mark.parametrize("binary", [True, False])
 @pytest.mark.parametrize("order", ["ab", "ba"])
-def test_inputs_are_matched_by_name(client: Any, binary: bool, order: str) -> None:
+def test_inputs_are_matched_by_name(oip_http: Any, binary: bool, order: str) -> None:
     inputs = {"a": _input("a", A, "FP32", binary), "b": _input("b", B, "FP32", binary)}
-    result = client.infer("sub", [inputs[k] for k in order])
+    result = oip_http.infer("sub", [inputs[k] for k in order])
     np.testing.assert_array_equal(result.as_numpy("diff"), A - B)
     assert result.get_output("diff")["datatype"] == "FP32"
 
 
-def test_binary_and_json_inputs_mixed(client: Any) -> None:
+def test_binary_and_json_inputs_mixed(oip_http: Any) -> None:
     inputs = [_input("b", B, "FP32", binary=True), _input("a", A, "FP32", binary=False)]
     outputs = [triton.InferRequestedOutput("diff", binary_data=False)]
-    result = client.infer("sub", inputs, outputs=outputs)
+    result = oip_http.infer("sub", inputs, outputs=outputs)
     assert result.get_output("diff")["data"] == (A - B).reshape(-1).tolist()
 
 
@@ -177,9 +169,9 @@ def test_binary_and_json_inputs_mixed(client: Any) -> None:
     ],
     ids=["missing", "unknown", "dtype", "shape"],
 )
-def test_bad_inputs_are_400_naming_the_tensor(client: Any, inputs: list, message: str) -> None:
+def test_bad_inputs_are_400_naming_the_tensor(oip_http: Any, inputs: list, message: str) -> None:
     with pytest.raises(InferenceServerException) as info:
-        client.infer("sub", [_input(n, a, d) for n, a, d in inputs])
+        oip_http.infer("sub", [_input(n, a, d) for n, a, d in inputs])
     assert info.value.status() == "400"
     assert message in info.value.message()
 
@@ -191,57 +183,57 @@ X2 = np.array([[1.0, 2.0]], dtype=np.float32)
 
 
 @pytest.mark.parametrize("binary", [True, False])
-def test_requested_outputs_subset_and_order(client: Any, binary: bool) -> None:
+def test_requested_outputs_subset_and_order(oip_http: Any, binary: bool) -> None:
     plus = [triton.InferRequestedOutput("plus", binary_data=binary)]
-    result = client.infer("pair", [_input("x", X2, "FP32")], outputs=plus)
+    result = oip_http.infer("pair", [_input("x", X2, "FP32")], outputs=plus)
     assert [o["name"] for o in result.get_response()["outputs"]] == ["plus"]
     np.testing.assert_array_equal(result.as_numpy("plus"), X2 + 1)
     both = [triton.InferRequestedOutput(n, binary_data=binary) for n in ("plus", "double")]
-    result = client.infer("pair", [_input("x", X2, "FP32")], outputs=both)
+    result = oip_http.infer("pair", [_input("x", X2, "FP32")], outputs=both)
     assert [o["name"] for o in result.get_response()["outputs"]] == ["plus", "double"]
     np.testing.assert_array_equal(result.as_numpy("plus"), X2 + 1)
     np.testing.assert_array_equal(result.as_numpy("double"), X2 * 2)
 
 
-def test_all_outputs_named_by_the_signature(client: Any) -> None:
-    result = client.infer("pair", [_input("x", X2, "FP32")])
+def test_all_outputs_named_by_the_signature(oip_http: Any) -> None:
+    result = oip_http.infer("pair", [_input("x", X2, "FP32")])
     assert [o["name"] for o in result.get_response()["outputs"]] == ["double", "plus"]
     np.testing.assert_array_equal(result.as_numpy("double"), X2 * 2)
 
 
-def test_unknown_output_is_400(client: Any) -> None:
+def test_unknown_output_is_400(oip_http: Any) -> None:
     with pytest.raises(InferenceServerException) as info:
         outputs = [triton.InferRequestedOutput("nope")]
-        client.infer("pair", [_input("x", X2, "FP32")], outputs=outputs)
+        oip_http.infer("pair", [_input("x", X2, "FP32")], outputs=outputs)
     assert info.value.status() == "400" and "unknown output 'nope'" in info.value.message()
 
 
 # -- datatypes, classification -------------------------------------------------------------------
 
 
-def test_fp16_in_and_out(client: Any) -> None:
+def test_fp16_in_and_out(oip_http: Any) -> None:
     x = np.array([[1.5, -2.25]], dtype=np.float16)
-    result = client.infer("half", [_input("x", x, "FP16")])
+    result = oip_http.infer("half", [_input("x", x, "FP16")])
     assert result.get_output("y")["datatype"] == "FP16"
     np.testing.assert_array_equal(result.as_numpy("y"), x * 2)
 
 
 @pytest.mark.parametrize("binary", [True, False])
-def test_bytes_in_and_out(client: Any, binary: bool) -> None:
+def test_bytes_in_and_out(oip_http: Any, binary: bool) -> None:
     text = np.array([b"hello"], dtype=np.object_)
     outputs = [triton.InferRequestedOutput("upper", binary_data=binary)]
-    result = client.infer("echo", [_input("text", text, "BYTES", binary)], outputs=outputs)
+    result = oip_http.infer("echo", [_input("text", text, "BYTES", binary)], outputs=outputs)
     assert result.get_output("upper")["datatype"] == "BYTES"
     [value] = result.as_numpy("upper").tolist()
     assert value == (b"HELLO" if binary else "HELLO")  # tritonclient: JSON strings stay str
-    result = client.infer("echo", [_input("text", text, "BYTES", binary)])  # all outputs
+    result = oip_http.infer("echo", [_input("text", text, "BYTES", binary)])  # all outputs
     assert [o["name"] for o in result.get_response()["outputs"]] == ["upper"]
 
 
-def test_classification_top_k_with_labels(client: Any) -> None:
+def test_classification_top_k_with_labels(oip_http: Any) -> None:
     x = np.array([[0.1, 0.7, 0.05, 0.15], [0.5, 0.2, 0.3, 0.0]], dtype=np.float32)
     outputs = [triton.InferRequestedOutput("probs", binary_data=True, class_count=2)]
-    result = client.infer("scores", [_input("x", x, "FP32")], outputs=outputs)
+    result = oip_http.infer("scores", [_input("x", x, "FP32")], outputs=outputs)
     assert result.as_numpy("probs").tolist() == [
         [b"0.700000:1:dog", b"0.150000:3:fox"],
         [b"0.500000:0:cat", b"0.300000:2:eel"],
@@ -252,9 +244,9 @@ def test_classification_top_k_with_labels(client: Any) -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
-def test_compressed_request_and_response(client: Any, algorithm: str) -> None:
+def test_compressed_request_and_response(oip_http: Any, algorithm: str) -> None:
     inputs = [_input("a", A, "FP32"), _input("b", B, "FP32")]
-    result = client.infer(
+    result = oip_http.infer(
         "sub",
         inputs,
         request_compression_algorithm=algorithm,

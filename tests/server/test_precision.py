@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from torchbay.archiver.package import ArchiveOptions, package
 
-from .conftest import LiveServer, make_config
+from .conftest import LiveServer, running
 
 pytestmark = pytest.mark.slow
 
@@ -107,24 +107,8 @@ def _build_store(root: Path, work: Path) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("precision-store")
     _build_store(root, tmp_path_factory.mktemp("precision-build"))
-    live = LiveServer(make_config(root, load_models=["all"])).start()
-    yield live
-    live.stop()
-
-
-@pytest.fixture
-def http(server: LiveServer) -> Iterator[triton_http.InferenceServerClient]:
-    client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def grpc(server: LiveServer) -> Iterator[triton_grpc.InferenceServerClient]:
-    port = server.server.state.ports.grpc_inference
-    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
-    yield client
-    client.close()
+    with running(root, load_models=["all"]) as live:
+        yield live
 
 
 def _http_input(name: str, array: np.ndarray, datatype: str, binary: bool = True) -> Any:
@@ -148,13 +132,13 @@ def _out(binary: bool) -> list[Any]:
 
 @pytest.mark.parametrize(("model", "datatype"), [("h16", "FP16"), ("b16", "BF16")])
 def test_the_archive_declares_its_half_datatype_everywhere(
-    server: LiveServer, http: Any, grpc: Any, model: str, datatype: str
+    server: LiveServer, oip_http: Any, oip_grpc: Any, model: str, datatype: str
 ) -> None:
-    meta = http.get_model_metadata(model)
+    meta = oip_http.get_model_metadata(model)
     assert [t["datatype"] for t in meta["inputs"] + meta["outputs"]] == [datatype, datatype]
-    config = http.get_model_config(model)
+    config = oip_http.get_model_config(model)
     assert config["input"][0]["data_type"] == config["output"][0]["data_type"] == f"TYPE_{datatype}"
-    over_grpc = grpc.get_model_config(model, as_json=True)["config"]
+    over_grpc = oip_grpc.get_model_config(model, as_json=True)["config"]
     assert over_grpc["input"][0]["data_type"] == f"TYPE_{datatype}"
     [described] = httpx.get(f"{server.management_url}/models/{model}").json()
     assert described["precision"] == datatype.lower()
@@ -163,8 +147,8 @@ def test_the_archive_declares_its_half_datatype_everywhere(
 
 
 @pytest.mark.parametrize("binary_out", [True, False])
-def test_fp16_in_fp16_out(http: Any, binary_out: bool) -> None:
-    result = http.infer(
+def test_fp16_in_fp16_out(oip_http: Any, binary_out: bool) -> None:
+    result = oip_http.infer(
         "h16", [_http_input("input0", X.astype(np.float16), "FP16")], outputs=_out(binary_out)
     )
     assert result.get_output("output0")["datatype"] == "FP16"
@@ -175,8 +159,8 @@ def test_fp16_in_fp16_out(http: Any, binary_out: bool) -> None:
 
 
 @pytest.mark.parametrize("binary_in", [True, False])
-def test_fp32_in_is_cast_and_answered_in_fp16(http: Any, binary_in: bool) -> None:
-    result = http.infer("h16", [_http_input("input0", X, "FP32", binary_in)])
+def test_fp32_in_is_cast_and_answered_in_fp16(oip_http: Any, binary_in: bool) -> None:
+    result = oip_http.infer("h16", [_http_input("input0", X, "FP32", binary_in)])
     assert result.get_output("output0")["datatype"] == "FP16"
     assert np.array_equal(result.as_numpy("output0"), Y.astype(np.float16))
 
@@ -193,22 +177,22 @@ def test_another_datatype_is_a_clear_400(server: LiveServer, model: str) -> None
     )
 
 
-def test_fp16_over_grpc_raw_contents(grpc: Any) -> None:
+def test_fp16_over_grpc_raw_contents(oip_grpc: Any) -> None:
     for array, datatype in ((X.astype(np.float16), "FP16"), (X, "FP32")):
-        result = grpc.infer("h16", [_grpc_input("input0", array, datatype)])
+        result = oip_grpc.infer("h16", [_grpc_input("input0", array, datatype)])
         output = result.get_response().outputs[0]
         assert output.datatype == "FP16"
         raw = result.get_response().raw_output_contents[0]
         assert np.array_equal(np.frombuffer(raw, "<f2").reshape(2, 3), Y.astype(np.float16))
     with pytest.raises(InferenceServerException) as info:
-        grpc.infer("h16", [_grpc_input("input0", X.astype(np.int32), "INT32")])
+        oip_grpc.infer("h16", [_grpc_input("input0", X.astype(np.int32), "INT32")])
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "the model expects FP16" in info.value.message()
 
 
-def test_bf16_in_and_out_over_http_and_grpc(http: Any, grpc: Any) -> None:
+def test_bf16_in_and_out_over_http_and_grpc(oip_http: Any, oip_grpc: Any) -> None:
     x = X.astype(ml_dtypes.bfloat16)
-    for client, make in ((http, _http_input), (grpc, _grpc_input)):
+    for client, make in ((oip_http, _http_input), (oip_grpc, _grpc_input)):
         for array, datatype in ((x, "BF16"), (X, "FP32")):
             result = client.infer("b16", [make("input0", array, datatype)])
             got = result.as_numpy("output0")
@@ -227,11 +211,11 @@ def test_torchserve_requests_to_an_fp16_model_keep_working(server: LiveServer) -
 
 @pytest.mark.parametrize("model", ["legacy-fp16", "legacy-bf16"])
 def test_an_archive_packed_before_serves_as_it_did(
-    server: LiveServer, http: Any, model: str
+    server: LiveServer, oip_http: Any, model: str
 ) -> None:
-    meta = http.get_model_metadata(model)
+    meta = oip_http.get_model_metadata(model)
     assert [t["datatype"] for t in meta["inputs"] + meta["outputs"]] == ["FP32", "FP32"]
-    result = http.infer(model, [_http_input("input0", X, "FP32")])
+    result = oip_http.infer(model, [_http_input("input0", X, "FP32")])
     assert result.get_output("output0")["datatype"] == "FP32"
     assert np.array_equal(result.as_numpy("output0"), Y)
     half = X.astype(np.float16)
@@ -256,20 +240,22 @@ def test_an_archive_packed_before_serves_as_it_did(
 
 
 def test_an_unbatched_model_is_described_without_a_batch_dimension(
-    server: LiveServer, http: Any, grpc: Any
+    server: LiveServer, oip_http: Any, oip_grpc: Any
 ) -> None:
-    config = http.get_model_config("whole")
+    config = oip_http.get_model_config("whole")
     assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
     assert config["input"] == [{"name": "block", "data_type": "TYPE_FP32", "dims": [3, 4]}]
-    message = grpc.get_model_config("whole").config
+    message = oip_grpc.get_model_config("whole").config
     assert message.max_batch_size == 0 and not message.HasField("dynamic_batching")
     assert list(message.input[0].dims) == [3, 4]
     [described] = httpx.get(f"{server.management_url}/models/whole").json()
     assert described["batched"] is False and described["batchSize"] == 4
 
 
-def test_an_unbatched_model_takes_its_exact_shape(server: LiveServer, http: Any, grpc: Any) -> None:
-    for client, make in ((http, _http_input), (grpc, _grpc_input)):
+def test_an_unbatched_model_takes_its_exact_shape(
+    server: LiveServer, oip_http: Any, oip_grpc: Any
+) -> None:
+    for client, make in ((oip_http, _http_input), (oip_grpc, _grpc_input)):
         result = client.infer("whole", [make("block", BLOCK, "FP32")])
         got = result.as_numpy("total")
         assert got.shape == (4,) and np.array_equal(got, BLOCK.sum(0))
@@ -280,7 +266,7 @@ def test_an_unbatched_model_takes_its_exact_shape(server: LiveServer, http: Any,
 
 @pytest.mark.parametrize("shape", [[1, 3, 4], [4, 3], [3, 4, 1], [12]])
 def test_an_unbatched_model_refuses_another_shape(
-    server: LiveServer, grpc: Any, shape: list[int]
+    server: LiveServer, oip_grpc: Any, shape: list[int]
 ) -> None:
     body = {"inputs": [{"name": "block", "datatype": "FP32", "shape": shape, "data": [1.0] * 12}]}
     response = httpx.post(f"{server.url}/v2/models/whole/infer", json=body)
@@ -289,7 +275,7 @@ def test_an_unbatched_model_refuses_another_shape(
         f"input 'block' has shape {shape}; the model expects [3, 4] (-1: any size)"
     )
     with pytest.raises(InferenceServerException) as info:
-        grpc.infer("whole", [_grpc_input("block", BLOCK.reshape(shape), "FP32")])
+        oip_grpc.infer("whole", [_grpc_input("block", BLOCK.reshape(shape), "FP32")])
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 

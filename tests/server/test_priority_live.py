@@ -11,7 +11,6 @@ its deadline on the queue's own clock, never by sleeping."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from torchbay.server.serving.queue import clock
 
-from .conftest import ASSETS, LiveServer, build_store, make_config
+from .conftest import ASSETS, LiveServer, build_store, ran_ids, running, until
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +54,8 @@ GRPC_STATUS = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     store = build_store(tmp_path_factory, "prio-store", {"gate": str(ASSETS / "gate_handler.py")})
-    config = make_config(store, models={"gate": {"1.0": GATE}}, load_models=["all"])
-    live = LiveServer(config).start()
-    yield live
-    live.stop()
+    with running(store, models={"gate": {"1.0": GATE}}, load_models=["all"]) as live:
+        yield live
 
 
 @pytest.fixture
@@ -131,17 +128,6 @@ def _sender(server: LiveServer, ts: SimpleNamespace, api: str) -> Callable[..., 
     return lambda body, priority=0, timeout=None: fn(server, body, priority, timeout)
 
 
-def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, f"not in {timeout:g} s: {what}"
-        time.sleep(0.01)
-
-
-def _ran(log: Path) -> list[str]:
-    return log.read_text().split() if log.exists() else []
-
-
 def _queue(server: LiveServer) -> Any:
     return server.server.registry.resolve("gate").queue
 
@@ -152,53 +138,56 @@ def _hold(pool: ThreadPoolExecutor, server: LiveServer, tmp_path: Path) -> tuple
     held = pool.submit(
         _ts_rest, server, {"id": "held", "log": str(log), "gate": str(gate)}, 0, None
     )
-    _until(lambda: _ran(log) == ["held"], "the held request runs")
+    until(lambda: ran_ids(log) == ["held"], "the held request runs")
     return held, log, gate
 
 
-@pytest.mark.parametrize("api", APIS)
-def test_high_priority_overtakes_queued_low_ones(
+@pytest.fixture(params=APIS)
+def gated(
+    request: pytest.FixtureRequest,
     server: LiveServer,
     ts_stubs: SimpleNamespace,
     pool: ThreadPoolExecutor,
     tmp_path: Path,
-    api: str,
-) -> None:
-    send = _sender(server, ts_stubs, api)
+) -> SimpleNamespace:
+    """For each API: its ``send``, and a request (``held``) running on the worker until the
+    ``gate`` opens, with the handler's ``log``."""
     held, log, gate = _hold(pool, server, tmp_path)
+    send = _sender(server, ts_stubs, request.param)
+    return SimpleNamespace(api=request.param, send=send, held=held, log=log, gate=gate)
+
+
+def test_high_priority_overtakes_queued_low_ones(
+    server: LiveServer, pool: ThreadPoolExecutor, gated: SimpleNamespace
+) -> None:
+    send, log, gate = gated.send, gated.log, gated.gate
     low = []
     for i in range(2):  # one after the other: their arrival order is known
         low.append(pool.submit(send, {"id": f"low{i}", "log": str(log)}, 2))
-        _until(lambda n=i + 1: len(_queue(server)) == n, f"low-priority request {i} queued")
+        until(lambda n=i + 1: len(_queue(server)) == n, f"low-priority request {i} queued")
     high = pool.submit(send, {"id": "high", "log": str(log)}, 1)
-    _until(lambda: len(_queue(server)) == 3, "the high-priority request queued")
+    until(lambda: len(_queue(server)) == 3, "the high-priority request queued")
     gate.touch()
-    assert [f.result(60)[0] for f in (held, high, *low)] == [200] * 4
-    assert _ran(log) == ["held", "high", "low0", "low1"]
+    assert [f.result(60)[0] for f in (gated.held, high, *low)] == [200] * 4
+    assert ran_ids(log) == ["held", "high", "low0", "low1"]
 
 
-@pytest.mark.parametrize("api", APIS)
 def test_a_request_past_its_timeout_is_answered_504_and_never_runs(
-    server: LiveServer,
-    ts_stubs: SimpleNamespace,
-    pool: ThreadPoolExecutor,
-    tmp_path: Path,
-    api: str,
+    server: LiveServer, pool: ThreadPoolExecutor, gated: SimpleNamespace
 ) -> None:
-    send = _sender(server, ts_stubs, api)
-    held, log, gate = _hold(pool, server, tmp_path)
+    send, log, gate = gated.send, gated.log, gated.gate
     late = pool.submit(send, {"id": "late", "log": str(log)}, 0, 1000)  # 1 ms
-    _until(lambda: len(_queue(server)) == 1, "the request queued")
+    until(lambda: len(_queue(server)) == 1, "the request queued")
     (queued,) = list(_queue(server)._items)
     assert queued.deadline is not None and queued.deadline < clock() + 0.01  # its own 1 ms
-    _until(lambda: clock() > queued.deadline, "its timeout passed")
+    until(lambda: clock() > queued.deadline, "its timeout passed")
     gate.touch()
     status, message = late.result(60)
     assert status == 504
-    if api.startswith("oip"):
+    if gated.api.startswith("oip"):
         assert "Request timeout expired" in message  # Triton's words
-    assert held.result(60)[0] == 200
-    assert _ran(log) == ["held"]  # the worker never saw it
+    assert gated.held.result(60)[0] == 200
+    assert ran_ids(log) == ["held"]  # the worker never saw it
 
 
 @pytest.mark.parametrize(
@@ -287,16 +276,16 @@ def test_metrics_and_describe_count_each_level(
     ]
     high = pool.submit(_ts_rest, server, {"id": "high", "log": str(log)}, 1, None)
     late = pool.submit(_ts_rest, server, {"id": "late", "log": str(log)}, 1, 1000)  # 1 ms
-    _until(lambda: len(_queue(server)) == 4, "four requests queued")
+    until(lambda: len(_queue(server)) == 4, "four requests queued")
     samples, levels = _per_level(server)
     assert (samples[_depth(1)], samples[_depth(2)]) == (2.0, 2.0)
     assert [(lv["level"], lv["queued"]) for lv in levels] == [(1, 2), (2, 2)]
     late_item = next(i for i in _queue(server)._items if i.deadline and i.deadline < clock() + 1)
-    _until(lambda: clock() > late_item.deadline, "the late request's timeout passed")
+    until(lambda: clock() > late_item.deadline, "the late request's timeout passed")
     gate.touch()
     assert [f.result(60)[0] for f in (held, high, *low, late)] == [200, 200, 200, 200, 504]
     counted = before.get(_requests(2, 200), 0) + 3  # the exchanges count as they close
-    _until(lambda: _per_level(server)[0].get(_requests(2, 200)) == counted, "level 2's counted")
+    until(lambda: _per_level(server)[0].get(_requests(2, 200)) == counted, "level 2's counted")
     after, levels = _per_level(server)
     for level, code, count in ((1, 200, 1), (1, 504, 1), (2, 200, 3)):
         key = _requests(level, code)

@@ -65,6 +65,19 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 20))
 
 
+async def _closed_after_one(
+    q: SequenceQueue, slot: _Slot, sid: str | int, payload: object, **flags: bool
+) -> asyncio.Future:
+    """``sid``'s one request taken and answered, then ``slot`` taking again (which releases the
+    sequence: its idle and total times run on) until the queue closes it; that waiting take."""
+    _put(q, sid, payload, **flags)
+    _answer(await q.take(slot))
+    waiting = asyncio.ensure_future(q.take(slot))
+    while sid in q.open:
+        await asyncio.sleep(0.01)
+    return waiting
+
+
 def test_a_batch_holds_one_request_per_sequence_in_order():
     async def scenario() -> list[list[object]]:
         q, slot = _queue(), _Slot()
@@ -127,11 +140,7 @@ def test_direct_strategy_holds_batch_size_sequences_per_slot():
 def test_an_idle_sequence_is_closed_and_its_next_request_refused():
     async def scenario() -> str:
         q, slot = _queue(idle_s=0.05), _Slot()
-        _put(q, 7, "x", start=True)
-        _answer(await q.take(slot))
-        waiting = asyncio.ensure_future(q.take(slot))  # releases 7: its idle time starts
-        while 7 in q.open:
-            await asyncio.sleep(0.01)
+        waiting = await _closed_after_one(q, slot, 7, "x", start=True)
         waiting.cancel()
         with pytest.raises(SequenceRefused) as info:
             _put(q, 7, "y")
@@ -144,11 +153,7 @@ def test_an_idle_sequence_is_closed_and_its_next_request_refused():
 def test_torchserve_reopens_an_idle_sequence_on_its_living_worker():
     async def scenario() -> bool:
         q, slot = _queue(idle_s=0.05), _Slot()
-        _put(q, "s", 1, implicit=True)
-        _answer(await q.take(slot))
-        waiting = asyncio.ensure_future(q.take(slot))
-        while "s" in q.open:
-            await asyncio.sleep(0.01)
+        waiting = await _closed_after_one(q, slot, "s", 1, implicit=True)
         _put(q, "s", 2, implicit=True)  # TorchServe's API: the id opens again, same worker
         return q.open["s"].slot is slot and (await waiting)[0].payload == 2
 
@@ -158,11 +163,7 @@ def test_torchserve_reopens_an_idle_sequence_on_its_living_worker():
 def test_a_sequence_past_its_total_limit_is_closed():
     async def scenario() -> str:
         q, slot = _queue(timeout_s=0.05), _Slot()
-        _put(q, "t", 1, start=True)
-        _answer(await q.take(slot))
-        waiting = asyncio.ensure_future(q.take(slot))
-        while "t" in q.open:
-            await asyncio.sleep(0.01)
+        waiting = await _closed_after_one(q, slot, "t", 1, start=True)
         waiting.cancel()
         with pytest.raises(SequenceRefused) as info:
             _put(q, "t", 2)

@@ -24,7 +24,7 @@ import pytest
 
 from .conftest import LiveServer, make_config
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
-from .test_sequences_live import EXAMPLE, SEQ_HEADER, _archive, _interleaved
+from .test_sequences_live import EXAMPLE, RECORDS, SEQ_HEADER, _archive, _interleaved
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def _recorded(config: str) -> dict:
     """TorchServe 0.12's answers (``file``: the example's model-config.yaml; ``idle60s``: the
     same with the 60 s idle limit its Readme.md shows)."""
     name = "continuous_torchserve_0.12.json" if config == "file" else "continuous_idle60s.json"
-    return json.loads((EXAMPLE / name).read_text())
+    return json.loads((RECORDS / name).read_text())
 
 
 @pytest.fixture(scope="module")

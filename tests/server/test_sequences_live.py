@@ -31,7 +31,10 @@ from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from Torc
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "stateful"
+# TorchServe's stateful example, unchanged (third_party), and our records of TorchServe's
+# answers to it beside our lru.py stand-in (data).
+EXAMPLE = Path(__file__).resolve().parents[1] / "third_party" / "torchserve" / "stateful"
+RECORDS = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "stateful"
 SEQ_HEADER = "ts_request_sequence_id"
 NUMBERS = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -54,7 +57,7 @@ def _archive(
             model_file=EXAMPLE / "model.py",
             serialized_file=work / "model_cnn.pt",
             handler=str(EXAMPLE / example / "stateful_handler.py"),
-            extra_files=(str(EXAMPLE / "lru.py"),),
+            extra_files=(str(RECORDS / "lru.py"),),
             config_file=config,
             export_path=root,
         )
@@ -219,7 +222,7 @@ def test_describe_shows_the_sequence_settings_and_open_sequences(server) -> None
 
 
 def test_describe_shows_torchserve_s_sequence_keys_as_torchserve_does(server) -> None:
-    recorded = json.loads((EXAMPLE / "torchserve_0.12.json").read_text())
+    recorded = json.loads((RECORDS / "torchserve_0.12.json").read_text())
     (theirs,) = recorded["describe"]
     mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
     (ours,) = httpx.get(f"{mgmt}/models/stateful", timeout=30).json()

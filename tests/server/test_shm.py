@@ -23,7 +23,7 @@ import tritonclient.utils.shared_memory as shm
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from .conftest import LiveServer, running, tensor_archive
+from .conftest import LiveServer, oip_client, running, tensor_archive
 
 pytestmark = pytest.mark.slow
 
@@ -70,22 +70,14 @@ def server(store: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def http(server: LiveServer) -> Iterator[triton_http.InferenceServerClient]:
-    client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
-    client.unregister_system_shared_memory()
-    yield client
-    client.unregister_system_shared_memory()
-    client.close()
+    with oip_client(server, "http", "system") as client:
+        yield client
 
 
 @pytest.fixture
 def grpc_client(server: LiveServer) -> Iterator[triton_grpc.InferenceServerClient]:
-    client = triton_grpc.InferenceServerClient(
-        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
-    )
-    client.unregister_system_shared_memory()
-    yield client
-    client.unregister_system_shared_memory()
-    client.close()
+    with oip_client(server, "grpc", "system") as client:
+        yield client
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ TorchServe writes them, and never hold a secret."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from torchbay.server.config.snapshots import (
 )
 from torchbay.server.config.sources import load_server_config
 
-from .cli_helpers import PID_FILE, clean_env, free_addresses, kill_tree, read_ready, torchbay
+from .cli_helpers import free_addresses, read_ready, torchbay
 
 # -- files and names ----------------------------------------------------------------------------
 
@@ -146,17 +145,6 @@ def test_ts_config_or_no_snapshots_leave_the_snapshots_alone(tmp_path: Path):
 # -- the real server ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def run(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    cwd = tmp_path / "run"
-    cwd.mkdir()
-    env = clean_env(tmp_path / "tmp")
-    yield cwd, env
-    pid_file = tmp_path / "tmp" / PID_FILE
-    if pid_file.exists():
-        kill_tree(int(pid_file.read_text()))
-
-
 def _start(cwd: Path, env: dict[str, str], store: Path, *more: str) -> dict:
     ready = cwd / "ready.json"
     ready.unlink(missing_ok=True)
@@ -181,8 +169,8 @@ def _models(path: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_snapshots_are_written_and_the_last_one_restored(run, talk_store):
-    cwd, env = run
+def test_snapshots_are_written_and_the_last_one_restored(cli_run, talk_store):
+    cwd, env = cli_run
     folder = cwd / "logs" / "config"
     info = _start(cwd, env, talk_store, "--models", "talk=talk.mar")
     assert _kinds(folder) == ["startup.cfg"]

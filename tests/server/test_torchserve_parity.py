@@ -11,7 +11,6 @@ counts). What torchbay does differently on purpose is listed in DIFFERENCES (and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
@@ -22,15 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import _tiny_model
+from tests.server.conftest import _tiny_model, recorded, tiny_archive
 from torchbay.archiver.package import ArchiveOptions, package
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12"
-_spec = importlib.util.spec_from_file_location("ts_parity_sequence", DATA / "sequence.py")
-assert _spec is not None and _spec.loader is not None
-sequence = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sequence)
-RECORD = json.loads((DATA / "answers.json").read_text())
+sequence, RECORD = recorded(DATA, "sequence.py")
 ANSWERS = {a["id"]: a for a in RECORD["answers"]}
 
 # step id -> (torchbay's status, the describe fields that differ with torchbay's values, or None
@@ -77,18 +72,8 @@ def parity_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recorder's model store, built by torchbay's archiver from the same handler files."""
     root = tmp_path_factory.mktemp("parity-store")
     work = tmp_path_factory.mktemp("parity-build")
-    model = _tiny_model(work / "model.pt")
     for file_name, (name, version, handler) in sequence.ARCHIVES.items():
-        out = work / file_name
-        built = package(
-            ArchiveOptions(
-                model_name=name,
-                version=version,
-                serialized_file=model,
-                handler=str(DATA / handler),
-                export_path=out,
-            )
-        )
+        built = tiny_archive(work, work / file_name, name, str(DATA / handler), version=version)
         shutil.move(built, root / file_name)
     (root / sequence.NOT_AN_ARCHIVE).write_text("this is not a model archive\n")
     return root

@@ -20,17 +20,14 @@ import pytest
 from tests.server.conftest import running
 from tests.server.workflow_store import (
     ANSWERS,
+    LIVE_MARKS,
     RECORD,
-    archivers_installed,
     build_model_store,
     build_workflow_store,
     steps,
 )
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not archivers_installed(), reason="the archivers (dev extra) are missing"),
-]
+pytestmark = LIVE_MARKS
 
 # step id -> the error type torchbay answers instead of TorchServe's, and why.
 DIFFERENCES = {

@@ -15,15 +15,12 @@ import pytest
 from tests.server.conftest import LiveServer, make_config, running
 from tests.server.workflow_store import (
     DATA,
-    archivers_installed,
+    LIVE_MARKS,
     build_model_store,
     build_workflow,
 )
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not archivers_installed(), reason="the archivers (dev extra) are missing"),
-]
+pytestmark = LIVE_MARKS
 FAULTS = Path(__file__).parent / "assets" / "workflow_faults.py"
 SPECS = {
     # count runs 1 + 2 retries before the workflow gives up

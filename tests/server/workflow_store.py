@@ -5,17 +5,16 @@ used (tests/data/torchserve/workflows)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from .conftest import recorded
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "workflows"
-_spec = importlib.util.spec_from_file_location("workflow_steps", DATA / "steps.py")
-assert _spec is not None and _spec.loader is not None
-steps = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(steps)
-RECORD = json.loads((DATA / "answers.json").read_text())
+steps, RECORD = recorded(DATA, "steps.py")
 ANSWERS = {a["id"]: a for a in RECORD["answers"]}
 
 
@@ -23,6 +22,14 @@ def archivers_installed() -> bool:
     return all(
         importlib.util.find_spec(m) is not None for m in ("model_archiver", "workflow_archiver")
     )
+
+
+# The marks of a test module over these stores: TorchServe's archivers (the dev extra) run as
+# subprocesses, and the workers start one after another (minutes on a loaded host).
+LIVE_MARKS = [
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not archivers_installed(), reason="the archivers (dev extra) are missing"),
+]
 
 
 def _run(module: str, main: str, args: list[str]) -> None:

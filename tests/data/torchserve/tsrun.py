@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,10 +22,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 LISTENERS = ("inference", "management", "metrics")
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 START_FLAGS = ("--start", "--foreground", "--ncs", "--disable-token-auth", "--enable-model-api")
 
 
@@ -180,6 +184,38 @@ def torchserve_version() -> str:
     ).stdout
     versions = (line.split()[-1] for line in shown.splitlines() if line.startswith("Version:"))
     return next(versions, "?")
+
+
+def prometheus_text(
+    text: str, counted: Collection[str], label: Callable[[str, str], str]
+) -> tuple[dict[str, str], list[list[Any]]]:
+    """A /metrics body as the records keep it: its families' types ({family: type}, from the
+    TYPE lines) and its samples ([name, [[label, value], ...], value]), less what differs from
+    run to run: each label's value goes through ``label(name, value)``, and a sample's value is
+    "<value>" unless its name is in ``counted`` (counts, kept as numbers)."""
+    types: dict[str, str] = {}
+    samples: list[list[Any]] = []
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, family, kind = line.split(maxsplit=3)
+            types[family] = kind
+            continue
+        match = _SAMPLE.match(line)
+        if not match or line.startswith("#"):
+            continue
+        labels = [[k, label(k, v)] for k, v in _LABEL.findall(match["labels"] or "")]
+        value: Any = float(match["value"]) if match["name"] in counted else "<value>"
+        samples.append([match["name"], labels, value])
+    return types, samples
+
+
+def json_or_text(response: Any) -> Any:
+    """An answer's body as a record keeps it: its JSON, or its text when it is not JSON (an
+    httpx response, from the recorders that run in torchbay's virtualenv)."""
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
 
 
 def write_json(path: Path, record: dict) -> None:

@@ -10,37 +10,17 @@ waits for every ``gate`` file to exist (the test creates it), then answers each 
 
 from __future__ import annotations
 
-import json
 import os
-import time
-from pathlib import Path
 
-DEADLINE_S = 60.0
-
-
-def _body(row: dict) -> dict:
-    body = row.get("body", row.get("data"))
-    if isinstance(body, (bytes, bytearray, str)):
-        body = json.loads(body)
-    return body
-
-
-def _wait(path: str | None) -> None:
-    if not path:
-        return
-    end = time.monotonic() + DEADLINE_S
-    while not Path(path).exists():
-        if time.monotonic() > end:
-            raise TimeoutError(f"gate {path} never opened")
-        time.sleep(0.005)
+from gates import json_body, wait_open  # packed beside this file (tests/server/assets/gates.py)
 
 
 def handle(data, context):
     if data is None:  # initialization
         return None
-    bodies = [_body(row) for row in data]
+    bodies = [json_body(row) for row in data]
     with open(bodies[0]["log"], "a") as log:
         log.writelines(f"{body['id']}\n" for body in bodies)
     for body in bodies:
-        _wait(body.get("gate"))
+        wait_open(body.get("gate"))
     return [{"id": body["id"], "pid": os.getpid()} for body in bodies]

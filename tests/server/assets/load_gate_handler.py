@@ -9,35 +9,21 @@ for ``gate`` to exist (so a test can hold a model busy), then answers ``{"id", "
 
 from __future__ import annotations
 
-import json
 import os
-import time
-from pathlib import Path
 
-DEADLINE_S = 60.0
-
-
-def _wait(path: str | None) -> None:
-    if not path:
-        return
-    end = time.monotonic() + DEADLINE_S
-    while not Path(path).exists():
-        if time.monotonic() > end:
-            raise TimeoutError(f"gate {path} never opened")
-        time.sleep(0.005)
+from gates import json_body, wait_open  # packed beside this file (tests/server/assets/gates.py)
 
 
 def handle(data, context):
     if data is None:  # initialization
         config = context.model_yaml_config or {}
-        _wait(config.get("loadGate"))
+        wait_open(config.get("loadGate"))
         if config.get("loadFails") == "memory":
             raise MemoryError("this model runs out of memory on purpose")
         if config.get("loadFails"):
             raise RuntimeError("this model fails to load on purpose")
         return None
-    bodies = [row.get("body", row.get("data")) for row in data]
-    bodies = [json.loads(b) if isinstance(b, (bytes, bytearray, str)) else b for b in bodies]
+    bodies = [json_body(row) for row in data]
     for body in bodies:
-        _wait(body.get("gate"))
+        wait_open(body.get("gate"))
     return [{"id": body["id"], "pid": os.getpid()} for body in bodies]

@@ -28,19 +28,8 @@ import os
 import time
 from pathlib import Path
 
+from gates import DEADLINE_S, wait_open  # packed beside this file (tests/server/assets/gates.py)
 from ts.protocol.otf_message_handler import send_intermediate_predict_response
-
-DEADLINE_S = 60.0
-
-
-def _wait(path: str | None) -> None:
-    if not path:
-        return
-    end = time.monotonic() + DEADLINE_S
-    while not Path(path).exists():
-        if time.monotonic() > end:
-            raise TimeoutError(f"gate {path} never opened")
-        time.sleep(0.005)
 
 
 def _parts(body: dict, context) -> str:
@@ -51,7 +40,7 @@ def _parts(body: dict, context) -> str:
         if i == 0 and body.get("crash"):
             os._exit(17)
         if i == 0:
-            _wait(body.get("gate"))
+            wait_open(body.get("gate"))
     if body.get("then_raise"):
         raise ValueError("the handler failed mid-stream")
     return "end"
@@ -65,7 +54,7 @@ def _until_stopped(body: dict, context) -> str:
             part = "x" * body["size"] if "size" in body else f"p{i}"
             send_intermediate_predict_response([part], context.request_ids, "", 200, context)
             if i == 0:
-                _wait(body.get("gate"))
+                wait_open(body.get("gate"))
             i += 1
             time.sleep(0.005)
     except Exception as exc:
@@ -82,7 +71,7 @@ def _generator(body: dict, batch: int = 1):
             time.sleep(float(body.get("pace", 0)))
             yield f"{item}/{batch}" if body.get("batch") else item
             if i == 0:
-                _wait(body.get("gate"))
+                wait_open(body.get("gate"))
         end = time.monotonic() + DEADLINE_S
         while body.get("closed") and time.monotonic() < end:
             time.sleep(0.005)

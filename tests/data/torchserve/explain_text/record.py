@@ -31,6 +31,9 @@ import httpx
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import tsrun  # noqa: E402
+
 TS_VENV = Path(os.environ.get("TS_VENV", "/work/ts-venv"))
 BASE = "http://127.0.0.1:18400"
 TEXT = "the movie was great fun"
@@ -78,15 +81,11 @@ def build(work: Path) -> Path:
 def ask(case: tuple) -> dict:
     cid, method, path, headers, body = case
     r = httpx.request(method, BASE + path, headers=headers, content=body, timeout=120)
-    try:
-        parsed = r.json()
-    except ValueError:
-        parsed = r.text
     return {
         "id": cid,
         "request": {"method": method, "path": path, "headers": headers, "body": body},
         "status": r.status_code,
-        "body": parsed,
+        "body": tsrun.json_or_text(r),
     }
 
 

@@ -6,7 +6,13 @@ metrics mode) and the normalisation both apply before recording or comparing. St
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 from typing import Any
+
+# tsrun: the recorders' shared module, whose metrics normalisation this one applies.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import tsrun
 
 ARCHIVE = "counted.mar"  # model "counted" 1.0, handler metrics_handler.py over a tiny model
 INF, M, X = "inference", "management", "metrics"
@@ -42,9 +48,7 @@ CASES: dict[str, dict[str, str]] = {
     "log_auto_detect": {"metrics_mode": "log", "model_metrics_auto_detect": "true"},
 }
 
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
 _WORKER = re.compile(r"W-\d+-")  # TorchServe numbers workers from 9000, torchbay from 1
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 # Values kept as recorded (counts); every other value (a time) becomes "<value>".
 COUNTED = frozenset(
     ("ts_inference_requests_total", "Requests2XX", "Requests4XX", "Requests5XX", "InferenceCount")
@@ -59,19 +63,7 @@ _LINE = re.compile(
 
 def metrics_text(text: str) -> dict[str, Any]:
     """A /metrics body as {"types": {family: type}, "samples": sorted [name, labels, value]}."""
-    types: dict[str, str] = {}
-    samples = []
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, family, kind = line.split(maxsplit=3)
-            types[family] = kind
-            continue
-        match = _SAMPLE.match(line)
-        if not match or line.startswith("#"):
-            continue
-        labels = [[k, _label(k, v)] for k, v in _LABEL.findall(match["labels"] or "")]
-        value: Any = float(match["value"]) if match["name"] in COUNTED else "<value>"
-        samples.append([match["name"], labels, value])
+    types, samples = tsrun.prometheus_text(text, COUNTED, _label)
     return {"types": types, "samples": sorted(samples, key=repr)}
 
 

@@ -16,11 +16,13 @@ model directory beside it. TorchServe's workers import the toolkit from a folder
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,25 +36,11 @@ from model_dirs import INPUT, make_model_dir  # noqa: E402
 TS_VENV = Path(os.environ.get("TS_VENV", "/work/ts-venv"))
 PORT, METRICS_PORT = 18400, 18402
 BASE = f"http://127.0.0.1:{PORT}"
-JSON = {"Content-Type": "application/json"}
 BODY = json.dumps(INPUT)
 
-# (id, method, path, headers): asked of the one-model server, then of the two-model one.
-CASES = [
-    ("ping", "GET", "/ping", {}),
-    ("invocations", "POST", "/invocations", JSON),
-    ("invocations_query", "POST", "/invocations?model_name=model", JSON),
-    ("invocations_query_other", "POST", "/invocations?model_name=other", JSON),
-    ("invocations_header", "POST", "/invocations", {**JSON, "model_name": "other"}),
-    ("invocations_unknown", "POST", "/invocations?model_name=nope", JSON),
-    ("invocations_get", "GET", "/invocations", JSON),
-    ("invoke", "POST", "/models/model/invoke", JSON),
-    ("invoke_other", "POST", "/models/other/invoke", JSON),
-    ("invoke_unknown", "POST", "/models/nope/invoke", JSON),
-    ("models_not_invoke", "POST", "/models/model/predict", JSON),
-    ("predictions", "POST", "/predictions/model", JSON),
-    ("register_with_model_api_line", "POST", "/models?url=x.mar", {}),
-]
+# {id, method, path, headers} (cases.json): asked of the one-model server, then of the
+# two-model one; a POST with headers sends BODY.
+CASES = json.loads((HERE / "cases.json").read_text())
 
 
 def pylib(dest: Path) -> Path:
@@ -115,44 +103,82 @@ def ready(models: list[str]) -> bool:
         return False
 
 
-def ask(case: tuple[str, str, str, dict[str, str]]) -> dict:
-    cid, method, path, headers = case
+def ask(case: dict) -> dict:
+    cid, method, path, headers = case["id"], case["method"], case["path"], case["headers"]
     body = BODY if method == "POST" and headers else None
     r = httpx.request(method, BASE + path, headers=headers, content=body, timeout=60)
-    try:
-        parsed = r.json()
-    except ValueError:
-        parsed = None
     return {
         "id": cid,
         "request": {"method": method, "path": path, "headers": headers, "body": body},
         "status": r.status_code,
         "content_type": r.headers.get("content-type"),
-        "body": parsed if parsed is not None else r.text,
+        "body": tsrun.json_or_text(r),
     }
 
 
 def run(base: Path, config: Path, command: list[str], extra_models: list[str]) -> dict:
     """Start TorchServe as the toolkit would (in the foreground), ask every case, stop it."""
-    argv = [a for a in command if a != "--start"] + extra_models + ["--foreground", "--ncs"]
-    argv[argv.index("--ts-config") + 1] = str(config)
-    env = {
-        "PATH": f"{TS_VENV / 'bin'}:{os.environ['PATH']}",
-        "PYTHONPATH": f"{base / 'ml' / 'model' / 'code'}:{base / 'pylib'}",
-        "LOG_LOCATION": str(base / "logs"),
-        # Its pid file: other TorchServes on this host (and the previous run) keep theirs.
-        "TMPDIR": tempfile.mkdtemp(dir=base),
-        "METRICS_LOCATION": str(base / "logs"),
-    }
+    argv = foreground(command, config, extra_models)
+    env = toolkit_env(base, base / "ml" / "model" / "code")
     names = ["model"] + [m.split("=")[0] for m in extra_models]
     with tsrun.running(argv, base, lambda: ready(names), env=env, ports=(PORT,), timeout_s=240):
         return {"command": argv, "answers": [ask(c) for c in CASES]}
 
 
-def main() -> None:
-    root = Path.cwd()
-    base = Path(tempfile.mkdtemp(prefix="ts-sagemaker-"))
+def foreground(command: list[str], config: Path, extra: list[str]) -> list[str]:
+    """The toolkit's torchserve ``command`` run in the foreground (``extra`` after its own
+    arguments), its configuration file ``config``."""
+    argv = [a for a in command if a != "--start"] + extra + ["--foreground", "--ncs"]
+    argv[argv.index("--ts-config") + 1] = str(config)
+    return argv
+
+
+def toolkit_env(base: Path, code: Path) -> dict[str, str]:
+    """TorchServe's environment as the toolkit's container has it: TorchServe 0.12 first on
+    PATH, the model's ``code`` and the toolkit's links (``base/pylib``) on PYTHONPATH, its logs
+    in ``base/logs``; and a pid folder of its own (other TorchServes on this host, and the
+    previous run, keep theirs)."""
+    return {
+        "PATH": f"{TS_VENV / 'bin'}:{os.environ['PATH']}",
+        "PYTHONPATH": f"{code}:{base / 'pylib'}",
+        "LOG_LOCATION": str(base / "logs"),
+        "METRICS_LOCATION": str(base / "logs"),
+        "TMPDIR": tempfile.mkdtemp(dir=base),
+    }
+
+
+@contextlib.contextmanager
+def recording(name: str) -> Iterator[Path]:
+    """A fresh base folder for the run; on leaving, TorchServe's console output is kept as
+    ``$TMPDIR/<name>.log`` and the folder removed."""
+    base = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     try:
+        yield base
+    finally:
+        if (base / "ts.out").exists():
+            shutil.copy(base / "ts.out", Path(tempfile.gettempdir(), f"{name}.log"))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def write_record(script: str, base: Path, toolkit: str, config: str, runs: dict, **more) -> None:
+    """The answers.json beside the recorder ``script``: the command that made it, TorchServe's
+    and the toolkit's versions, the toolkit's configuration text and the ``runs`` (``more``
+    after them); the run's folder is written ``<base>``."""
+    here = Path(script).resolve().parent
+    record = {
+        "made_by": f".venv/bin/python {(here / 'record.py').relative_to(HERE.parents[3])}",
+        "torchserve": "0.12.0",
+        "toolkit": toolkit,
+        "toolkit_config": config,
+        "runs": runs,
+        **more,
+    }
+    out = json.dumps(record, indent=1).replace(str(base), "<base>")
+    (here / "answers.json").write_text(out + "\n")
+
+
+def main() -> None:
+    with recording("ts-sagemaker") as base:
         make_model_dir(base / "ml" / "model")
         make_model_dir(base / "other", scale=10.0)
         pylib(base / "pylib")
@@ -166,24 +192,11 @@ def main() -> None:
         one = run(base, config, command, [])
         console_one = (base / "ts.out").read_text()
         two = run(base, config, command, [f"other={base / 'other'}"])
-        record = {
-            "made_by": ".venv/bin/python tests/data/torchserve/sagemaker/record.py",
-            "torchserve": "0.12.0",
-            "toolkit": "sagemaker-pytorch-inference 2.0.25",
-            "toolkit_config": text,
-            "runs": {"one_model": one, "two_models": two},
-            "startup_config_lines": [
-                line
-                for line in console_one.splitlines()
-                if "model api" in line.lower() or "timeout" in line.lower()
-            ],
-        }
-        out = json.dumps(record, indent=1).replace(str(base), "<base>")
-        (root / "tests/data/torchserve/sagemaker/answers.json").write_text(out + "\n")
-    finally:
-        if (base / "ts.out").exists():
-            shutil.copy(base / "ts.out", tempfile.gettempdir() + "/ts-sagemaker-console.log")
-        shutil.rmtree(base, ignore_errors=True)
+        runs = {"one_model": one, "two_models": two}
+        lines = console_one.splitlines()
+        startup = [x for x in lines if "model api" in x.lower() or "timeout" in x.lower()]
+        toolkit = "sagemaker-pytorch-inference 2.0.25"
+        write_record(__file__, base, toolkit, text, runs, startup_config_lines=startup)
 
 
 if __name__ == "__main__":

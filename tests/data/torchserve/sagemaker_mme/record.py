@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import httpx
@@ -33,7 +31,16 @@ sys.path.insert(0, str(SAGEMAKER))
 sys.path.insert(0, str(HERE.parent))
 import tsrun  # noqa: E402
 from model_dirs import INPUT, make_model_dir  # noqa: E402
-from record import BASE, PORT, TS_VENV, pylib, toolkit_start  # noqa: E402
+from record import (  # noqa: E402
+    BASE,
+    PORT,
+    foreground,
+    pylib,
+    recording,
+    toolkit_env,
+    toolkit_start,
+    write_record,
+)
 
 os.environ["SAGEMAKER_MULTI_MODEL"] = "true"  # read by the toolkit's modules as they import
 JSON = {"Content-Type": "application/json"}
@@ -71,16 +78,12 @@ def ask(case: tuple[str, str, str, dict | list | None]) -> dict:
     content = json.dumps(body) if body is not None else None
     headers = JSON if body is not None else {}
     r = httpx.request(method, BASE + path, headers=headers, content=content, timeout=240)
-    try:
-        parsed = r.json()
-    except ValueError:
-        parsed = r.text
     return {
         "id": cid,
         "request": {"method": method, "path": path, "body": body},
         "status": r.status_code,
         "content_type": r.headers.get("content-type"),
-        "body": parsed,
+        "body": tsrun.json_or_text(r),
     }
 
 
@@ -93,17 +96,11 @@ def toolkit_config() -> tuple[str, list[str]]:
 def run(base: Path, config: Path, command: list[str], extra_env: dict[str, str]) -> dict:
     """Start TorchServe as the toolkit would (in the foreground, with ``extra_env``), ask every
     case, stop it (``tsrun.running``: its output in ``base/ts.out``)."""
-    argv = [a for a in command if a != "--start"] + ["--foreground", "--ncs"]
-    argv[argv.index("--ts-config") + 1] = str(config)
+    argv = foreground(command, config, [])
     env = {
         **extra_env,
-        "PATH": f"{TS_VENV / 'bin'}:{os.environ['PATH']}",
-        "PYTHONPATH": f"{base / 'ml' / 'models' / 'code'}:{base / 'pylib'}",
+        **toolkit_env(base, base / "ml" / "models" / "code"),
         "SAGEMAKER_HANDLER": "sagemaker_pytorch_serving_container.handler_service",
-        "LOG_LOCATION": str(base / "logs"),
-        "METRICS_LOCATION": str(base / "logs"),
-        # Its own pid folder: the previous run's TorchServe leaves its pid file behind.
-        "TMPDIR": tempfile.mkdtemp(dir=base),
     }
     ready = lambda: tsrun.listening(PORT)  # noqa: E731
     with tsrun.running(argv, base, ready, env=env, ports=(PORT,), timeout_s=240):
@@ -111,9 +108,7 @@ def run(base: Path, config: Path, command: list[str], extra_env: dict[str, str])
 
 
 def main() -> None:
-    root = Path.cwd()
-    base = Path(tempfile.mkdtemp(prefix="ts-sagemaker-mme-"))
-    try:
+    with recording("ts-sagemaker-mme") as base:
         make_model_dir(base / "models" / "hash-a" / "model")
         make_model_dir(base / "models" / "hash-b" / "model", scale=10.0)
         pylib(base / "pylib")
@@ -125,19 +120,9 @@ def main() -> None:
         )
         as_written = run(base, config, command, {})
         model_api = run(base, config, command, {"TS_ENABLE_MODEL_API": "true"})
-        record = {
-            "made_by": ".venv/bin/python tests/data/torchserve/sagemaker_mme/record.py",
-            "torchserve": "0.12.0",
-            "toolkit": "sagemaker-pytorch-inference 2.0.25, SAGEMAKER_MULTI_MODEL=true",
-            "toolkit_config": text,
-            "runs": {"as_written": as_written, "model_api_on": model_api},
-        }
-        out = json.dumps(record, indent=1).replace(str(base), "<base>")
-        (root / "tests/data/torchserve/sagemaker_mme/answers.json").write_text(out + "\n")
-    finally:
-        if (base / "ts.out").exists():
-            shutil.copy(base / "ts.out", tempfile.gettempdir() + "/ts-sagemaker-mme.log")
-        shutil.rmtree(base, ignore_errors=True)
+        runs = {"as_written": as_written, "model_api_on": model_api}
+        toolkit = "sagemaker-pytorch-inference 2.0.25, SAGEMAKER_MULTI_MODEL=true"
+        write_record(__file__, base, toolkit, text, runs)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+# TorchServe's stateful example, copied unchanged (this folder holds our lru.py and records).
+EXAMPLE = HERE.parents[2] / "third_party" / "torchserve" / "stateful"
 sys.path.insert(0, str(HERE.parent))
 import tsrun  # noqa: E402
 
@@ -48,7 +50,7 @@ def call(url, body=None, headers=None, method=None, timeout=30):
 
 
 def build_store(work):
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(EXAMPLE))
     from model import Net
 
     torch.manual_seed(0)
@@ -57,16 +59,16 @@ def build_store(work):
     store.mkdir()
     tsrun.archive(
         "stateful",
-        HERE / "sequence_batching" / "stateful_handler.py",
+        EXAMPLE / "sequence_batching" / "stateful_handler.py",
         store,
         "--model-file",
-        str(HERE / "model.py"),
+        str(EXAMPLE / "model.py"),
         "--serialized-file",
         str(work / "model_cnn.pt"),
         "--extra-files",
         str(HERE / "lru.py"),
         "--config-file",
-        str(HERE / "sequence_batching" / "model-config.yaml"),
+        str(EXAMPLE / "sequence_batching" / "model-config.yaml"),
     )
     return store
 

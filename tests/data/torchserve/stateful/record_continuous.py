@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+# TorchServe's stateful example, copied unchanged (this folder holds our lru.py and records).
+EXAMPLE = HERE.parents[2] / "third_party" / "torchserve" / "stateful"
 COMMAND = ".venv/bin/python tests/data/torchserve/stateful/record_continuous.py OUT.json"
 # The example's idle limit, 10 ms, closes a sequence between two requests of one client (the
 # next one may then land on the other worker); ``idle60s`` records with the 60 s limit that the
@@ -130,7 +132,7 @@ def grpc_readme(stubs):
     stub = stubs.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
     requests = queue.Queue()
     for i in (1, 2, 3):
-        data = (HERE / "sample" / f"sample{i}.txt").read_bytes()
+        data = (EXAMPLE / "sample" / f"sample{i}.txt").read_bytes()
         requests.put(
             stubs.inference_pb2.PredictionsRequest(
                 model_name="stateful", sequence_id="seq_0", input={"data": data}
@@ -165,14 +167,14 @@ def stubs():
 
 
 def archive(work, idle60s):
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(EXAMPLE))
     from model import Net
 
     torch.manual_seed(0)
     torch.save(Net().state_dict(), work / "model_cnn.pt")
     store = work / "store"
     store.mkdir()
-    example = HERE / "sequence_continuous_batching"
+    example = EXAMPLE / "sequence_continuous_batching"
     config = example / "model-config.yaml"
     if idle60s:
         text = config.read_text()
@@ -187,7 +189,7 @@ def archive(work, idle60s):
             "--version",
             "1.0",
             "--model-file",
-            str(HERE / "model.py"),
+            str(EXAMPLE / "model.py"),
             "--serialized-file",
             str(work / "model_cnn.pt"),
             "--handler",

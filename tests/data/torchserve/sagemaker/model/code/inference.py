@@ -1,27 +1,12 @@
 """A user's ``code/inference.py`` in the SageMaker PyTorch toolkit's layout (model.pth beside
 ``code/``): the toolkit's handler service finds ``model_fn``, ``input_fn``, ``predict_fn`` and
-``output_fn`` here. The model is a 3 -> 2 linear layer; ``model.pth`` holds its state dict."""
+``output_fn`` here. The model and ``model_fn`` are tiny_net.py's (a 3 -> 2 linear layer,
+``model.pth`` its state dict), copied beside this file into the model directory's ``code/``."""
 
 import json
-import os
 
 import torch
-
-
-class TinyNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(3, 2)
-
-    def forward(self, x):
-        return self.linear(x)
-
-
-def model_fn(model_dir):
-    model = TinyNet()
-    state = torch.load(os.path.join(model_dir, "model.pth"), map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
-    return model.eval()
+from tiny_net import model_fn  # noqa: F401  (the toolkit looks it up here; tiny_net.py is beside)
 
 
 def input_fn(request_body, request_content_type):

@@ -1,27 +1,11 @@
 """A user's ``code/inference.py`` with ``transform_fn`` (the toolkit's other contract: one
-function from request body to response, instead of input_fn/predict_fn/output_fn). The model
-and ``model.pth`` are those of ../../model/code/inference.py."""
+function from request body to response, instead of input_fn/predict_fn/output_fn). The model,
+``model_fn`` and ``model.pth`` are those of ../../model/code/inference.py (tiny_net.py's)."""
 
 import json
-import os
 
 import torch
-
-
-class TinyNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(3, 2)
-
-    def forward(self, x):
-        return self.linear(x)
-
-
-def model_fn(model_dir):
-    model = TinyNet()
-    state = torch.load(os.path.join(model_dir, "model.pth"), map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
-    return model.eval()
+from tiny_net import model_fn  # noqa: F401  (the toolkit looks it up here; tiny_net.py is beside)
 
 
 def transform_fn(model, request_body, content_type, accept):
