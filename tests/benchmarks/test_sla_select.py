@@ -4,11 +4,12 @@ the progress lines with an estimate of the time left."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching
-from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions, SlaResult, crown
-from torchbay.benchmarks.sla_report import _repeat_lines
+from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions, SlaResult, Step, crown
+from torchbay.benchmarks.sla_report import _repeat_lines, render_markdown
 
 FAST = Outcome(Batching(8, 5.0, 1), status="searched", best_rate=900.0)
 SLOW = Outcome(Batching(4, 5.0, 1), status="searched", best_rate=700.0)
@@ -96,3 +97,33 @@ def test_progress_drops_units_that_will_not_run() -> None:
     assert lines[-1] == "progress: 2/2 autopilot; elapsed 20 s, about 0 s left"
     progress.drop(5)  # never below what is done
     assert progress.total == 2
+
+
+def test_the_report_states_the_verdict_and_the_autopilot_as_facts() -> None:
+    """A swapped winner: the verdict compares its repeats with the runner-up's, the autopilot's
+    runs and end state are one line each, and no fact is printed without a value."""
+    measured = SimpleNamespace(ok_per_s=698.0, latency=SimpleNamespace(p50_ms=9.0, p99_ms=40.0))
+    best = Step(SLOW.config, "ramp", 700.0, measured, True, "")  # type: ignore[arg-type]
+    slow = Outcome(SLOW.config, status="searched", best_rate=700.0, best_step=best)
+    result = SlaResult(
+        options=SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50),
+        model="m",
+        version="1",
+        outcomes=[FAST, slow],
+        winner=slow,
+        runner_up=FAST,
+        repeats=[rep(FAST, [True, False, True]), rep(slow, [True, True, True])],
+        elapsed_s=1.0,
+        swapped=True,
+        autopilot=rep(FAST, [True]),
+        autopilot_state={"batchSize": 4, "maxBatchDelay": 2.0, "changes": {"up": 1}},
+    )
+    lines = render_markdown(result).splitlines()
+    assert f"- winner: **{slow.label}**: batch size 4, max batch delay 5 ms, 1 worker(s)" in lines
+    assert f"- first pick, missed the SLA in a repeat: {FAST.label}" in lines
+    assert "- repeats that held the SLA: winner 3 of 3, runner-up 2 of 3" in lines
+    assert "- winner's rate against the runner-up's: -22.2% (repeat spread 0.3%)" in lines
+    assert "- autopilot runs that held the SLA: 1 of 1; p99 40.00 ms; 900.0 ok/s" in lines
+    assert "- autopilot's end state: batch 4, delay 2.0 ms (1 changes up, 0 down)" in lines
+    assert not any(line.endswith(": None") for line in lines)
+    assert not any(line.startswith("- too close to call") for line in lines)  # 22% apart
