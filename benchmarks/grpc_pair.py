@@ -177,9 +177,7 @@ def run_grpc_bench(
         if tensor is None:
             http = options
             method = f"/{SERVICE}/Predictions"
-            messages = predictions(
-                model, version, bench.load_payloads(options.inputs, "predict")[0]
-            )
+            messages = predictions(model, version, bench.load_payloads(options.inputs, "predict"))
         else:
             http = _v2_binary(options, tensor, Path(tmp) / BODY_FILE)
             method = f"/{OIP_SERVICE}/ModelInfer"
