@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.procstat import describe_machine, machine_info
 from torchbay.benchmarks.report import markdown_table, num
+from torchbay.benchmarks.stats import spread_pct
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions, SlaResult, Step
+    from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step
 
 Column = tuple[str, str, Callable[[Any], str]]
 
@@ -49,10 +50,10 @@ REPEAT_COLUMNS: list[Column] = [
     ("rate (req/s)", ":", lambda r: f"{r.rate:,.1f}"),
     ("p99 per run (ms)", "-", lambda r: _each(r.p99_ms, 2)),
     ("p99 min-max (ms)", "-", lambda r: _min_max(r.p99_ms, 2)),
-    ("p99 spread", ":", lambda r: f"{num(r.p99_spread_pct, 1)}%"),
+    ("p99 spread", ":", lambda r: f"{num(spread_pct(r.p99_ms), 1)}%"),
     ("ok/s per run", "-", lambda r: _each(r.ok_per_s, 1)),
     ("ok/s min-max", "-", lambda r: _min_max(r.ok_per_s, 1)),
-    ("throughput spread", ":", lambda r: f"{num(r.throughput_spread_pct, 1)}%"),
+    ("throughput spread", ":", lambda r: f"{num(spread_pct(r.ok_per_s), 1)}%"),
     ("SLA held per run", "-", lambda r: " ".join("yes" if p else "MISSED" for p in r.passed)),
     ("SLA held", ":", lambda r: f"{sum(r.passed)}/{len(r.passed)}"),
 ]
@@ -195,7 +196,7 @@ def _verdict(result: SlaResult) -> dict[str, str | None]:
     if w is None or r is None or not r.rate:
         return {}
     gap = 100.0 * (w.rate - r.rate) / r.rate
-    spreads = (w.throughput_spread_pct, r.throughput_spread_pct)
+    spreads = (spread_pct(w.ok_per_s), spread_pct(r.ok_per_s))
     noise = max((x for x in spreads if math.isfinite(x)), default=math.nan)
     return {
         "repeats that held the SLA": f"winner {sum(w.passed)} of {len(w.passed)}, runner-up "
@@ -283,7 +284,7 @@ def _outcome_json(oc: Outcome) -> dict[str, Any]:
     }
 
 
-def _repeat_json(rep: Repeat) -> dict[str, Any]:
+def _repeat_json(rep: Outcome) -> dict[str, Any]:
     return {"rate": rep.rate, "p99_ms": rep.p99_ms, "ok_per_s": rep.ok_per_s, "passed": rep.passed}
 
 

@@ -3,38 +3,53 @@ the progress lines with an estimate of the time left."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching
-from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions, SlaResult, Step, crown
+from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step, crown
 from torchbay.benchmarks.sla_report import _repeat_lines, render_markdown
 
 FAST = Outcome(Batching(8, 5.0, 1), status="searched", best_rate=900.0)
 SLOW = Outcome(Batching(4, 5.0, 1), status="searched", best_rate=700.0)
 
 
-def rep(oc: Outcome, passed: list[bool]) -> Repeat:
-    p99 = [40.0 if ok else 80.0 for ok in passed]
-    return Repeat(
-        oc.label, oc.best_rate, p99, [oc.best_rate - i for i in range(len(passed))], passed
-    )
+def rep(oc: Outcome, passed: list[bool]) -> Outcome:
+    """``oc`` repeated once per ``passed``: p99 40 ms when it held the SLA, 80 when it missed."""
+    runs = [
+        Step(
+            oc.config,
+            "repeat",
+            oc.best_rate,
+            _result(40.0 if ok else 80.0, oc.best_rate - i),
+            ok,
+            "",
+        )
+        for i, ok in enumerate(passed)
+    ]
+    return replace(oc, steps=runs)
+
+
+def _result(p99_ms: float, ok_per_s: float) -> Any:
+    """What the report reads of a step's LoadResult."""
+    return SimpleNamespace(ok_per_s=ok_per_s, latency=SimpleNamespace(p50_ms=9.0, p99_ms=p99_ms))
 
 
 def test_a_config_that_missed_in_one_repeat_is_not_crowned() -> None:
     """The search's pick held the SLA in 2 of 3 repeats (a median would crown it): the runner-up,
     which held it in all three, wins."""
-    winner, runner_up, note = crown(
-        [FAST, SLOW], [rep(FAST, [True, False, True]), rep(SLOW, [True, True, True])]
-    )
-    assert winner is SLOW and runner_up is FAST
+    fast, slow = rep(FAST, [True, False, True]), rep(SLOW, [True, True, True])
+    winner, runner_up, note = crown([fast, slow])
+    assert winner is slow and runner_up is fast
     assert FAST.label in note and "cannot win" in note
 
 
 def test_no_winner_when_every_repeated_config_missed_once() -> None:
     winner, runner_up, note = crown(
-        [FAST, SLOW], [rep(FAST, [True, True, False]), rep(SLOW, [False, True, True])]
+        [rep(FAST, [True, True, False]), rep(SLOW, [False, True, True])]
     )
     assert winner is None and runner_up is None
     assert "No repeated configuration held the SLA in every repeat" in note
@@ -42,9 +57,21 @@ def test_no_winner_when_every_repeated_config_missed_once() -> None:
 
 def test_the_search_pick_stands_when_it_held_every_repeat_or_none_were_run() -> None:
     both = [rep(FAST, [True] * 3), rep(SLOW, [True] * 3)]
-    assert crown([FAST, SLOW], both) == (FAST, SLOW, "")
-    assert crown([FAST, SLOW], []) == (FAST, SLOW, "")
-    assert crown([], []) == (None, None, "")
+    assert crown(both) == (both[0], both[1], "")
+    assert crown([FAST, SLOW]) == (FAST, SLOW, "")
+    assert crown([]) == (None, None, "")
+
+
+def test_a_repeat_is_read_back_from_its_steps() -> None:
+    """The repeats' rate, p99s and verdicts are the outcome's repeat steps; the search's own
+    steps do not count, and before any repeat the rate is the search's best."""
+    ramp = Step(FAST.config, "ramp", 450.0, _result(10.0, 450.0), True, "")
+    fast = rep(FAST, [True, False])
+    fast.steps.insert(0, ramp)
+    assert fast.runs == fast.steps[1:] and fast.rate == 900.0
+    assert fast.p99_ms == [40.0, 80.0] and fast.ok_per_s == [900.0, 899.0]
+    assert fast.passed == [True, False]
+    assert replace(FAST, steps=[ramp]).rate == FAST.best_rate == 900.0
 
 
 def test_the_report_shows_every_repeat_and_the_spread() -> None:
@@ -102,9 +129,8 @@ def test_progress_drops_units_that_will_not_run() -> None:
 def test_the_report_states_the_verdict_and_the_autopilot_as_facts() -> None:
     """A swapped winner: the verdict compares its repeats with the runner-up's, the autopilot's
     runs and end state are one line each, and no fact is printed without a value."""
-    measured = SimpleNamespace(ok_per_s=698.0, latency=SimpleNamespace(p50_ms=9.0, p99_ms=40.0))
-    best = Step(SLOW.config, "ramp", 700.0, measured, True, "")  # type: ignore[arg-type]
-    slow = Outcome(SLOW.config, status="searched", best_rate=700.0, best_step=best)
+    best = Step(SLOW.config, "ramp", 700.0, _result(40.0, 698.0), True, "")
+    slow = rep(replace(SLOW, best_step=best), [True, True, True])
     result = SlaResult(
         options=SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50),
         model="m",
@@ -112,10 +138,10 @@ def test_the_report_states_the_verdict_and_the_autopilot_as_facts() -> None:
         outcomes=[FAST, slow],
         winner=slow,
         runner_up=FAST,
-        repeats=[rep(FAST, [True, False, True]), rep(slow, [True, True, True])],
+        repeats=[rep(FAST, [True, False, True]), slow],
         elapsed_s=1.0,
         swapped=True,
-        autopilot=rep(FAST, [True]),
+        autopilot=replace(rep(FAST, [True]), name="autopilot"),
         autopilot_state={"batchSize": 4, "maxBatchDelay": 2.0, "changes": {"up": 1}},
     )
     lines = render_markdown(result).splitlines()
