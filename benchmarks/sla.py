@@ -127,52 +127,39 @@ class _Search:
         outcome.capacity = step.result.ok_per_s if step.result.ok else 0.0
 
     def search(self, outcome: Outcome) -> None:
-        """Ramp then bisect; sets best_rate/best_step and status."""
+        """Ramp from half the capacity until a step breaches, then bisect; sets best_rate,
+        best_step and status."""
         o = self.o
         cap = outcome.capacity
         if not cap > 0:
             outcome.status, outcome.why = "infeasible", "no successful response in the probe"
             return
-        steps_left = o.max_steps
+        lo: Step | None = None  # the highest passing step so far
+        hi: float | None = None  # the lowest breaching rate so far
         rate = 0.5 * cap
-        lo: Step | None = None
-        hi_rate: float | None = None
-        while steps_left > 0:  # ramp up (or down while the first step breaches)
-            step = self.measure(outcome.config, "ramp", rate)
+        for _ in range(o.max_steps):
+            phase = "ramp"
+            if lo is not None and hi is not None:  # ramped past the edge: bisect it
+                if hi / lo.offered_rate <= 1 + o.precision:
+                    break
+                rate, phase = math.sqrt(lo.offered_rate * hi), "bisect"
+            step = self.measure(outcome.config, phase, rate)
             outcome.steps.append(step)
-            steps_left -= 1
             if step.passed:
-                lo = step
-                rate *= o.ramp_factor
-                if hi_rate is not None:
-                    break
-            else:
-                hi_rate = rate
-                if lo is not None:
-                    break
-                rate /= 2
-                if rate < cap / 64:
+                lo, rate = step, rate * o.ramp_factor
+            else:  # without a pass yet, ramp down until one passes
+                hi, rate = rate, rate / 2
+                if lo is None and rate < cap / 64:
                     break
         if lo is None:
-            outcome.status = "infeasible"
-            outcome.why = f"breached the SLA even at {hi_rate:.1f} req/s"
+            outcome.status, outcome.why = "infeasible", f"breached the SLA even at {hi:.1f} req/s"
             return
-        if hi_rate is None:
-            outcome.status, outcome.best_rate, outcome.best_step = "searched", lo.offered_rate, lo
-            outcome.why = "no breach found within the step budget"
-            return
-        lo_rate = lo.offered_rate
-        while steps_left > 0 and hi_rate / lo_rate > 1 + o.precision:
-            mid = math.sqrt(lo_rate * hi_rate)
-            step = self.measure(outcome.config, "bisect", mid)
-            outcome.steps.append(step)
-            steps_left -= 1
-            if step.passed:
-                lo, lo_rate = step, mid
-            else:
-                hi_rate = mid
-        outcome.status, outcome.best_rate, outcome.best_step = "searched", lo_rate, lo
-        outcome.why = f"passes at {lo_rate:.1f}, breaches at {hi_rate:.1f} req/s"
+        outcome.status, outcome.best_rate, outcome.best_step = "searched", lo.offered_rate, lo
+        outcome.why = (
+            f"passes at {lo.offered_rate:.1f}, breaches at {hi:.1f} req/s"
+            if hi is not None
+            else "no breach found within the step budget"
+        )
 
 
 def _full(config: Batching) -> int:

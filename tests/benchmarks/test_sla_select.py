@@ -10,6 +10,7 @@ from typing import Any
 
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching
+from torchbay.benchmarks.sla import _Search
 from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step, crown
 from torchbay.benchmarks.sla_report import _repeat_lines, render_markdown
 
@@ -153,3 +154,43 @@ def test_the_report_states_the_verdict_and_the_autopilot_as_facts() -> None:
     assert "- autopilot's end state: batch 4, delay 2.0 ms (1 changes up, 0 down)" in lines
     assert not any(line.endswith(": None") for line in lines)
     assert not any(line.startswith("- too close to call") for line in lines)  # 22% apart
+
+
+class _Edge(_Search):
+    """The search's ramp and bisect against a configuration that holds the SLA up to ``edge``
+    req/s: each step passes or breaches by its rate alone (no server)."""
+
+    def __init__(self, edge: float, max_steps: int = 12) -> None:
+        self.o = SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50)
+        self.o = self.o.model_copy(update={"max_steps": max_steps})
+        self.edge = edge
+
+    def measure(self, config: Batching, phase: str, rate: float) -> Step:
+        ok = rate <= self.edge
+        return Step(config, phase, rate, _result(40.0 if ok else 80.0, rate), ok, "")
+
+
+def test_the_search_ramps_past_the_edge_then_bisects_to_the_precision() -> None:
+    outcome = Outcome(FAST.config, capacity=1000.0)
+    _Edge(edge=700.0).search(outcome)
+    phases = [s.phase for s in outcome.steps]
+    assert phases[:2] == ["ramp"] * 2 and set(phases[2:]) == {"bisect"}  # 500 passes, 750 not
+    assert outcome.status == "searched" and outcome.best_step is not None
+    assert 700.0 / 1.05 <= outcome.best_rate <= 700.0 and outcome.best_step.passed
+    breaches = [s.offered_rate for s in outcome.steps if not s.passed]
+    assert min(breaches) / outcome.best_rate <= 1.05  # within the precision
+
+
+def test_the_search_ramps_down_and_gives_up_within_its_budget() -> None:
+    low = Outcome(FAST.config, capacity=1000.0)
+    _Edge(edge=100.0).search(low)  # 500, 250, 125 breach; 62.5 passes
+    assert [s.offered_rate for s in low.steps][:4] == [500.0, 250.0, 125.0, 62.5]
+    assert low.status == "searched" and 62.5 <= low.best_rate <= 100.0
+    never = Outcome(FAST.config, capacity=1000.0)
+    _Edge(edge=0.0, max_steps=3).search(never)
+    assert never.status == "infeasible" and len(never.steps) == 3
+    assert "breached the SLA even at 125.0 req/s" in never.why
+    unbounded = Outcome(FAST.config, capacity=1000.0)
+    _Edge(edge=1e9, max_steps=2).search(unbounded)
+    assert unbounded.why == "no breach found within the step budget"
+    assert unbounded.best_rate == 750.0
