@@ -1,10 +1,6 @@
-"""The server's own view of a run: ``/metrics`` scraped before and after, differenced.
-
-Reads torchbay's per model/version series (``torchbay_request_latency_seconds``,
-``torchbay_queue_latency_seconds``, ``torchbay_batch_size``, ``torchbay_handler_seconds{stage}``,
-``torchbay_requests_total{code}``) with prometheus_client's text parser. Histograms give means over
-the window (``_sum`` / ``_count`` deltas) and bucket-interpolated p50/p99 (Prometheus'
-``histogram_quantile`` over the bucket deltas).
+"""The server's own view of a run: ``/metrics`` scraped before and after, differenced per model
+(and version): request counts by code, histogram means (``_sum`` / ``_count`` deltas) and
+bucket-interpolated p99s (Prometheus' ``histogram_quantile`` over the bucket deltas).
 """
 
 from __future__ import annotations
