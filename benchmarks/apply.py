@@ -67,9 +67,8 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
 
     archive = Path(archive)
     fmt = _archive_format(archive)
-    work = Path(tempfile.mkdtemp(prefix="tb-apply-"))
-    try:
-        root = work / "x"
+    with tempfile.TemporaryDirectory(prefix="tb-apply-") as work:
+        root = Path(work) / "x"
         manifest = extract_archive(archive, root)
         name = manifest.model.config_file or DEFAULT_CONFIG_NAME
         config_path = root / name
@@ -100,8 +99,6 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
         else:
             shutil.copy2(archive, backup)
         write_archive(fmt, archive, files, new_manifest, manifest.model.model_name)  # type: ignore[arg-type]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return backup
 
 
@@ -109,12 +106,9 @@ def read_config(archive: str | Path) -> dict[str, Any]:
     """The archive's model-config.yaml as a dict ({} when it has none)."""
     from torchbay.archiver.extract import extract_archive
 
-    work = Path(tempfile.mkdtemp(prefix="tb-apply-"))
-    try:
-        manifest = extract_archive(archive, work / "x")
+    with tempfile.TemporaryDirectory(prefix="tb-apply-") as work:
+        manifest = extract_archive(archive, Path(work) / "x")
         name = manifest.model.config_file
         if not name:
             return {}
-        return yaml.safe_load((work / "x" / name).read_text()) or {}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return yaml.safe_load((Path(work) / "x" / name).read_text()) or {}

@@ -168,24 +168,18 @@ class BenchReport:
         }
 
 
-def guess_content_type(path: Path) -> str:
-    return _CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
-
-
-def load_payloads(paths: tuple[Path, ...], protocol: Protocol) -> tuple[tuple[bytes, ...], bool]:
+def load_payloads(paths: tuple[Path, ...], protocol: Protocol) -> tuple[bytes, ...]:
     """The request bodies, in order; for the OIP route a non-JSON file is wrapped into a v2
-    request with one BYTES input holding it base64-encoded. Returns (bodies, wrapped)."""
-    bodies, wrapped = [], False
+    request with one BYTES input holding it base64-encoded."""
+    bodies = []
     for path in paths:
         try:
             raw = Path(path).read_bytes()
         except OSError as exc:
             raise BenchError(f"cannot read input {path}: {exc}") from None
-        if protocol == "v2" and not raw.lstrip().startswith(b"{"):
-            raw = v2_bytes_request(raw)
-            wrapped = True
-        bodies.append(raw)
-    return tuple(bodies), wrapped
+        wrap = protocol == "v2" and not raw.lstrip().startswith(b"{")
+        bodies.append(v2_bytes_request(raw) if wrap else raw)
+    return tuple(bodies)
 
 
 def v2_bytes_request(raw: bytes, name: str = "data") -> bytes:
@@ -211,14 +205,12 @@ def make_target(
 ) -> Target:
     """The HTTP target of ``options`` (``bench run``'s or the SLA search's: their ``inputs``,
     ``protocol`` and ``content_type``, and any extra ``headers``) on ``endpoints``."""
-    payloads, wrapped = load_payloads(options.inputs, options.protocol)
-    content_type = options.content_type
-    if content_type is None:
-        content_type = (
-            "application/json"
-            if wrapped or options.protocol == "v2"
-            else guess_content_type(options.inputs[0])
-        )
+    suffix = options.inputs[0].suffix.lower()
+    content_type = options.content_type or (
+        "application/json"
+        if options.protocol == "v2"  # a v2 body is JSON, wrapped or not
+        else _CONTENT_TYPES.get(suffix, "application/octet-stream")
+    )
     headers = [("Content-Type", content_type)]
     if endpoints.inference_key:
         headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
@@ -227,7 +219,7 @@ def make_target(
         host=endpoints.host,
         port=endpoints.inference_port,
         path=route(options.protocol, model, version),
-        payloads=payloads,
+        payloads=load_payloads(options.inputs, options.protocol),
         headers=tuple(headers),
     )
 
@@ -237,23 +229,14 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
     """Yield (endpoints, model, version): the given URL, or a server started from the archive
     (stopped on exit)."""
     if options.url is not None:
-        host, port, _path = parse_url(options.url)
-        inference_key = options.token
-        management_key = None
+        inference_key, management_key = options.token, None
         if options.key_file is not None:
             inference_key, management_key = read_key_file(options.key_file)
-        yield (
-            Endpoints(
-                host,
-                port,
-                parse_url(options.management_url)[1] if options.management_url else None,
-                parse_url(options.metrics_url)[1] if options.metrics_url else None,
-                inference_key,
-                management_key or options.token,
-            ),
-            options.model or "",
-            options.version,
-        )
+        port = lambda url: parse_url(url)[1] if url else None  # noqa: E731
+        host, inference_port, _path = parse_url(options.url)
+        ports = (inference_port, port(options.management_url), port(options.metrics_url))
+        endpoints = Endpoints(host, *ports, inference_key, management_key or options.token)
+        yield endpoints, options.model or "", options.version
         return
     from torchbay.archiver.manifest import read_manifest
 

@@ -1,16 +1,10 @@
 """``torchbay bench run --protocol grpc`` and ``grpc-v2``: the same closed loop over gRPC, beside
 HTTP, on one server (``--archive``; with ``--url``, the server's gRPC address, gRPC alone).
 
-``grpc`` pairs TorchServe's ``Predictions`` (each input as its ``data`` entry) with
-``/predictions``; ``grpc-v2`` pairs ``ModelInfer`` (the tensor in ``raw_input_contents``) with
-``/v2/models/{m}/infer`` in the binary tensor extension, both asking for binary outputs. A gRPC
-target is a ``loadplan.Target`` of serialized messages, so both sides are measured by
-``bench.measure``: one load loop, one server view, one report.
-
-The ``grpc-v2`` tensor comes from the one ``--input``: a ``.mar``'s recorded example input, a
-``.npy`` array (named as the archive's signature names its one input, else ``input0``), or any
-other file as one ``BYTES`` element named ``data``, which the raw handler of the tiny and cnn
-archives reads back as its body.
+``grpc`` pairs TorchServe's ``Predictions`` with ``/predictions``; ``grpc-v2`` pairs ``ModelInfer``
+(``raw_input_contents``) with ``/v2/models/{m}/infer`` in the binary tensor extension. A gRPC
+target is a ``loadplan.Target`` of serialized messages, so both sides are one ``bench.measure``.
+The ``grpc-v2`` tensor comes from the one ``--input`` (:func:`load_tensor`).
 """
 
 from __future__ import annotations
@@ -74,7 +68,9 @@ class OipTensor:
 
 
 def load_tensor(path: Path, archive: Path | None = None) -> OipTensor:
-    """The input tensor from ``path`` (see the module's docstring); BenchError when unreadable."""
+    """The tensor of ``path``: a ``.mar``'s recorded example input, a ``.npy`` array (named as the
+    archive's signature names its one input, else ``input0``), or any other file as one ``BYTES``
+    element named ``data`` (the tiny and cnn raw handlers read it back as the body)."""
     if Path(path).suffix.lower() == ".mar":
         return archive_example(Path(path))
     try:
@@ -177,9 +173,7 @@ def run_grpc_bench(
         if tensor is None:
             http = options
             method = f"/{SERVICE}/Predictions"
-            messages = predictions(
-                model, version, bench.load_payloads(options.inputs, "predict")[0]
-            )
+            messages = predictions(model, version, bench.load_payloads(options.inputs, "predict"))
         else:
             http = _v2_binary(options, tensor, Path(tmp) / BODY_FILE)
             method = f"/{OIP_SERVICE}/ModelInfer"

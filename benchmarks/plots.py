@@ -53,9 +53,8 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
         steps = sorted(
             (s for s in oc.steps if s.phase in ("ramp", "bisect")), key=lambda s: s.offered_rate
         )
-        repeats = [s for s in oc.steps if s.phase == "repeat"]
-        if repeats:
-            _p99(ax, repeats, marker="x", color="purple", zorder=4, s=24, label="p99, repeats")
+        if oc.runs:
+            _p99(ax, oc.runs, marker="x", color="purple", zorder=4, s=24, label="p99, repeats")
         x = [s.result.ok_per_s for s in steps]
         for attr, style in (("p50_ms", ":"), ("p90_ms", "--"), ("p99_ms", "-")):
             ax.plot(

@@ -1,10 +1,6 @@
-"""The server's own view of a run: ``/metrics`` scraped before and after, differenced.
-
-Reads torchbay's per model/version series (``torchbay_request_latency_seconds``,
-``torchbay_queue_latency_seconds``, ``torchbay_batch_size``, ``torchbay_handler_seconds{stage}``,
-``torchbay_requests_total{code}``) with prometheus_client's text parser. Histograms give means over
-the window (``_sum`` / ``_count`` deltas) and bucket-interpolated p50/p99 (Prometheus'
-``histogram_quantile`` over the bucket deltas).
+"""The server's own view of a run: ``/metrics`` scraped before and after, differenced per model
+(and version): request counts by code, histogram means (``_sum`` / ``_count`` deltas) and
+bucket-interpolated p99s (Prometheus' ``histogram_quantile`` over the bucket deltas).
 """
 
 from __future__ import annotations
@@ -12,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torchbay.benchmarks.errors import BenchError
@@ -68,22 +64,6 @@ def parse_snapshot(text: str) -> Snapshot:
 
 
 @dataclass(frozen=True)
-class HistogramDelta:
-    """One histogram's change over the window."""
-
-    count: float
-    sum: float
-    buckets: list[tuple[float, float]] = field(default_factory=list)
-
-    @property
-    def mean(self) -> float:
-        return histogram_mean(self.sum, self.count)
-
-    def quantile(self, q: float) -> float:
-        return histogram_quantile(q, self.buckets)
-
-
-@dataclass(frozen=True)
 class ServerView:
     """The server's numbers over the window (times in ms; NaN when the server recorded none)."""
 
@@ -120,14 +100,13 @@ def _deltas(
 
 def histogram_delta(
     before: Snapshot, after: Snapshot, name: str, labels: dict[str, str]
-) -> HistogramDelta:
-    """``name``'s change between two snapshots, summed over series matching ``labels``."""
+) -> tuple[float, float, list[tuple[float, float]]]:
+    """``name``'s change between two snapshots, summed over series matching ``labels``: its
+    count, its mean and its buckets (upper bound, count)."""
     buckets = _deltas(before, after, name + "_bucket", labels, "le")
-    return HistogramDelta(
-        count=sum(_deltas(before, after, name + "_count", labels, "").values()),
-        sum=sum(_deltas(before, after, name + "_sum", labels, "").values()),
-        buckets=sorted((float(le), v) for le, v in buckets.items()),
-    )
+    count = sum(_deltas(before, after, name + "_count", labels, "").values())
+    total = sum(_deltas(before, after, name + "_sum", labels, "").values())
+    return count, histogram_mean(total, count), sorted((float(le), v) for le, v in buckets.items())
 
 
 def _ms(seconds: float) -> float:
@@ -140,25 +119,25 @@ def server_view(
     """What the server recorded for ``model`` (all versions unless ``version``) in between."""
     labels = {"model": model} | ({"version": version} if version else {})
     requests = _deltas(before, after, "torchbay_requests_total", labels, "code")
-    latency = histogram_delta(before, after, "torchbay_request_latency_seconds", labels)
-    queue = histogram_delta(before, after, "torchbay_queue_latency_seconds", labels)
-    batch = histogram_delta(before, after, "torchbay_batch_size", labels)
+    delta = lambda name, lab=labels: histogram_delta(before, after, "torchbay_" + name, lab)  # noqa: E731
+    _, latency_mean, latency = delta("request_latency_seconds")
+    _, queue_mean, queue = delta("queue_latency_seconds")
+    batches, batch_mean, _ = delta("batch_size")
     stages = {
         dict(lab)["stage"]
         for (n, lab) in after.samples
-        if n == "torchbay_handler_seconds_count" and _matches(lab, labels) and "stage" in dict(lab)
+        if n == HANDLER + "_count" and _matches(lab, labels) and "stage" in dict(lab)
     }
     handler = {
-        stage: _ms(histogram_delta(before, after, HANDLER, labels | {"stage": stage}).mean)
-        for stage in sorted(stages)
+        st: _ms(delta("handler_seconds", labels | {"stage": st})[1]) for st in sorted(stages)
     }
     return ServerView(
         requests={k: v for k, v in sorted(requests.items()) if v},
-        request_mean_ms=_ms(latency.mean),
-        request_p99_ms=_ms(latency.quantile(0.99)),
-        queue_mean_ms=_ms(queue.mean),
-        queue_p99_ms=_ms(queue.quantile(0.99)),
+        request_mean_ms=_ms(latency_mean),
+        request_p99_ms=_ms(histogram_quantile(0.99, latency)),
+        queue_mean_ms=_ms(queue_mean),
+        queue_p99_ms=_ms(histogram_quantile(0.99, queue)),
         handler_mean_ms=handler,
-        batches=batch.count,
-        mean_batch_size=batch.mean,
+        batches=batches,
+        mean_batch_size=batch_mean,
     )

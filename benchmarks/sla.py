@@ -8,25 +8,29 @@ Skipped, as they cannot change the answer: a second delay at batch size 1 (a bat
 waits), and a configuration whose capacity (plus ``bound_margin``, after a second probe) is below
 the best score so far. The top two are then repeated ``repeats`` times, alternating; one that
 missed the SLA in any repeat is never crowned (``sla_model.crown``).
+
+Then the autopilot (server/serving/autopilot.py), on a fresh server since its target comes from a
+config.properties: ``slaP99Ms`` = the SLA, the largest searched batch and delay as its ceilings,
+run at the winner's rate as the repeats are, then searched as a configuration is.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from torchbay.benchmarks.bench import make_target, observe
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.report import Eta
-from torchbay.benchmarks.scenarios import Batching
-from torchbay.benchmarks.sla_autopilot import SEARCH_UNITS, run_autopilot
+from torchbay.benchmarks.scenarios import Batching, models_json
 from torchbay.benchmarks.sla_model import (
     Outcome,
-    Repeat,
     SlaOptions,
     SlaResult,
     Step,
@@ -34,6 +38,8 @@ from torchbay.benchmarks.sla_model import (
 )
 
 Log = Callable[[str], None]
+AUTOPILOT = "autopilot"
+SEARCH_UNITS = 2  # progress units of the autopilot beyond its runs: its probe and its search
 
 
 class _Search:
@@ -121,52 +127,39 @@ class _Search:
         outcome.capacity = step.result.ok_per_s if step.result.ok else 0.0
 
     def search(self, outcome: Outcome) -> None:
-        """Ramp then bisect; sets best_rate/best_step and status."""
+        """Ramp from half the capacity until a step breaches, then bisect; sets best_rate,
+        best_step and status."""
         o = self.o
         cap = outcome.capacity
         if not cap > 0:
             outcome.status, outcome.why = "infeasible", "no successful response in the probe"
             return
-        steps_left = o.max_steps
+        lo: Step | None = None  # the highest passing step so far
+        hi: float | None = None  # the lowest breaching rate so far
         rate = 0.5 * cap
-        lo: Step | None = None
-        hi_rate: float | None = None
-        while steps_left > 0:  # ramp up (or down while the first step breaches)
-            step = self.measure(outcome.config, "ramp", rate)
+        for _ in range(o.max_steps):
+            phase = "ramp"
+            if lo is not None and hi is not None:  # ramped past the edge: bisect it
+                if hi / lo.offered_rate <= 1 + o.precision:
+                    break
+                rate, phase = math.sqrt(lo.offered_rate * hi), "bisect"
+            step = self.measure(outcome.config, phase, rate)
             outcome.steps.append(step)
-            steps_left -= 1
             if step.passed:
-                lo = step
-                rate *= o.ramp_factor
-                if hi_rate is not None:
-                    break
-            else:
-                hi_rate = rate
-                if lo is not None:
-                    break
-                rate /= 2
-                if rate < cap / 64:
+                lo, rate = step, rate * o.ramp_factor
+            else:  # without a pass yet, ramp down until one passes
+                hi, rate = rate, rate / 2
+                if lo is None and rate < cap / 64:
                     break
         if lo is None:
-            outcome.status = "infeasible"
-            outcome.why = f"breached the SLA even at {hi_rate:.1f} req/s"
+            outcome.status, outcome.why = "infeasible", f"breached the SLA even at {hi:.1f} req/s"
             return
-        if hi_rate is None:
-            outcome.status, outcome.best_rate, outcome.best_step = "searched", lo.offered_rate, lo
-            outcome.why = "no breach found within the step budget"
-            return
-        lo_rate = lo.offered_rate
-        while steps_left > 0 and hi_rate / lo_rate > 1 + o.precision:
-            mid = math.sqrt(lo_rate * hi_rate)
-            step = self.measure(outcome.config, "bisect", mid)
-            outcome.steps.append(step)
-            steps_left -= 1
-            if step.passed:
-                lo, lo_rate = step, mid
-            else:
-                hi_rate = mid
-        outcome.status, outcome.best_rate, outcome.best_step = "searched", lo_rate, lo
-        outcome.why = f"passes at {lo_rate:.1f}, breaches at {hi_rate:.1f} req/s"
+        outcome.status, outcome.best_rate, outcome.best_step = "searched", lo.offered_rate, lo
+        outcome.why = (
+            f"passes at {lo.offered_rate:.1f}, breaches at {hi:.1f} req/s"
+            if hi is not None
+            else "no breach found within the step budget"
+        )
 
 
 def _full(config: Batching) -> int:
@@ -190,9 +183,10 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
             raise BenchError("the server has no management API")
         search = _Search(options, endpoints, model, gen, log)
         outcomes, top = _search_all(search, options, log)
-        repeats = _repeat(search, options, top, log)
+        _repeat(search, options, top, log)
+        repeats = [oc for oc in top if oc.runs]
     first_pick = top[0] if top else None
-    winner, runner_up, note = crown(top, repeats)
+    winner, runner_up, note = crown(top)
     swapped = winner is not None and winner is not first_pick
     if note:
         log(note)
@@ -212,8 +206,7 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     )
     pace = winner or first_pick  # the best static configuration's rate, crowned or not
     if options.autopilot and pace is not None:
-        new_search = lambda endpoints, gen: _Search(options, endpoints, model, gen, log)  # noqa: E731
-        run_autopilot(result, pace, search.progress, log, new_search)
+        _run_autopilot(result, pace, search.progress, log)
     result.elapsed_s = time.monotonic() - started
     if options.apply and winner is not None:
         from torchbay.benchmarks.apply import apply_settings
@@ -290,17 +283,57 @@ def _search_all(
     return outcomes, ranked[:2]
 
 
-def _repeat(search: _Search, options: SlaOptions, top: list[Outcome], log: Log) -> list[Repeat]:
+def _repeat(search: _Search, options: SlaOptions, top: list[Outcome], log: Log) -> None:
     # Fewer configurations met the SLA than were planned for: their repeats will not run.
     search.progress.drop(options.repeats * (search.planned_top - len(top)))
     if not top or options.repeats == 0:
-        return []
+        return
     log(f"repeating the top {len(top)} configuration(s) {options.repeats} times each")
     for _ in range(options.repeats):
         for oc in top:  # alternate, so slow drift of the machine hits both alike
             oc.steps.append(search.measure(oc.config, "repeat", oc.best_rate))
             search.progress.tick(f"repeated {oc.label}")
-    return [
-        Repeat.of(oc.label, oc.best_rate, [s for s in oc.steps if s.phase == "repeat"])
-        for oc in top
-    ]
+
+
+def _autopilot_config(result: SlaResult, winner: Outcome) -> tuple[Batching, Path]:
+    """The autopilot's ceilings (the largest searched batch and delay, the winner's workers) and
+    a config.properties whose ``models=`` entry sets them and the SLA target."""
+    o, model, version = result.options, result.model, result.version or "1.0"
+    config = Batching(max(o.batch_sizes), max(o.max_delays_ms), winner.config.workers)
+    models = models_json({model: config}, version)
+    models[model][version] |= {"marName": o.archive.name, "slaP99Ms": o.sla_p99_ms}
+    path = o.out_dir / "autopilot" / "config.properties"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"models={json.dumps(models)}\n")
+    return config, path
+
+
+def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) -> None:
+    """The autopilot's runs at the winner's rate (``result.autopilot``), its describe-model state
+    after them, then its own search (``result.autopilot_search``)."""
+    options, model = result.options, result.model
+    config, props = _autopilot_config(result, winner)
+    log(
+        f"autopilot: p99 target {options.sla_p99_ms:g} ms, ceilings batch {config.batch_size}, "
+        f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
+        f"at {winner.best_rate:.1f} req/s"
+    )
+    server = ManagedServer.torchbay(
+        options.archive,
+        options.out_dir / "autopilot" / "server",
+        name=model,
+        extra_args=("--ts-config", str(props.resolve())),
+    )
+    runs = result.autopilot = Outcome(config, name=AUTOPILOT)
+    with server as endpoints, LoadGenerator(options.processes) as gen:
+        search = _Search(options, endpoints, model, gen, log)
+        for _ in range(max(1, options.repeats)):
+            runs.steps.append(search.measure(config, AUTOPILOT, winner.best_rate))
+            progress.tick(AUTOPILOT)
+        result.autopilot_state = search.mgmt.describe(model, None).get("autopilot")
+        searched = result.autopilot_search = Outcome(config)
+        search.probe(searched)
+        progress.tick(f"{AUTOPILOT} probed")
+        search.search(searched)
+        progress.tick(f"{AUTOPILOT} searched")
+        log(f"autopilot: {searched.status}: {searched.why}")

@@ -1,5 +1,5 @@
 """The SLA search's options (:class:`SlaOptions`, one field per ``torchbay bench sla`` flag) and
-its results (:class:`Step`, :class:`Outcome`, :class:`Repeat`, :class:`SlaResult`). Split out of
+its results (:class:`Step`, :class:`Outcome`, :class:`SlaResult`). Split out of
 ``sla.py`` (the search) so that ``sla_report.py`` and ``plots.py`` read results without it.
 """
 
@@ -15,9 +15,9 @@ from pydantic import Field, ValidationInfo, field_validator
 from torchbay.benchmarks.bench import LoadOptions, flag
 from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.scenarios import Batching
-from torchbay.benchmarks.stats import Arrival, spread_pct
+from torchbay.benchmarks.stats import Arrival
 
-__all__ = ["Outcome", "Repeat", "SlaOptions", "SlaResult", "Step", "crown"]
+__all__ = ["Outcome", "SlaOptions", "SlaResult", "Step", "crown"]
 
 
 class SlaOptions(LoadOptions):
@@ -94,7 +94,9 @@ class Step:
 
 @dataclass
 class Outcome:
-    """A configuration's search result. ``status``: searched | infeasible | skipped | same-as."""
+    """A configuration's search result. ``status``: searched | infeasible | skipped | same-as.
+    Its repeats are its steps of phase ``repeat`` (the autopilot's: ``autopilot``), all at one
+    rate; ``name`` labels the autopilot's row."""
 
     config: Batching
     status: str = "pending"
@@ -104,33 +106,32 @@ class Outcome:
     best_step: Step | None = None
     steps: list[Step] = field(default_factory=list)
     same_as: str | None = None
+    name: str | None = None
 
     @property
     def label(self) -> str:
-        return self.config.label()
-
-
-@dataclass(frozen=True)
-class Repeat:
-    label: str
-    rate: float
-    p99_ms: list[float]
-    ok_per_s: list[float]
-    passed: list[bool]
-
-    @classmethod
-    def of(cls, label: str, rate: float, steps: list[Step]) -> Repeat:
-        """The repeated runs ``steps`` of one configuration at ``rate``."""
-        p99 = [s.result.latency.p99_ms for s in steps]
-        return cls(label, rate, p99, [s.result.ok_per_s for s in steps], [s.passed for s in steps])
+        return self.name or self.config.label()
 
     @property
-    def p99_spread_pct(self) -> float:
-        return spread_pct(self.p99_ms)
+    def runs(self) -> list[Step]:
+        return [s for s in self.steps if s.phase in ("repeat", "autopilot")]
 
     @property
-    def throughput_spread_pct(self) -> float:
-        return spread_pct(self.ok_per_s)
+    def rate(self) -> float:
+        """The repeats' rate (the search's best rate before any ran)."""
+        return self.runs[0].offered_rate if self.runs else self.best_rate
+
+    @property
+    def p99_ms(self) -> list[float]:
+        return [s.result.latency.p99_ms for s in self.runs]
+
+    @property
+    def ok_per_s(self) -> list[float]:
+        return [s.result.ok_per_s for s in self.runs]
+
+    @property
+    def passed(self) -> list[bool]:
+        return [s.passed for s in self.runs]
 
 
 @dataclass
@@ -141,19 +142,17 @@ class SlaResult:
     outcomes: list[Outcome]
     winner: Outcome | None
     runner_up: Outcome | None
-    repeats: list[Repeat]
+    repeats: list[Outcome]  # the repeated configurations, the search's order
     elapsed_s: float
     applied: Path | None = None
     swapped: bool = False
     note: str = ""  # why a repeated configuration could not win (crown)
-    autopilot: Repeat | None = None  # the autopilot at the winner's rate (sla_autopilot)
+    autopilot: Outcome | None = None  # its runs at the winner's rate (sla._run_autopilot)
     autopilot_state: dict[str, Any] | None = None  # its describe-model state after those runs
     autopilot_search: Outcome | None = None  # its own highest rate within the SLA, searched
 
 
-def crown(
-    ranked: list[Outcome], repeats: list[Repeat]
-) -> tuple[Outcome | None, Outcome | None, str]:
+def crown(ranked: list[Outcome]) -> tuple[Outcome | None, Outcome | None, str]:
     """The winner, the runner-up and a note, from the search's ranking (best rate first) and the
     repeats of its top configurations.
 
@@ -161,12 +160,11 @@ def crown(
     best-ranked one that held it in every repeat wins; if none did, there is no winner (the
     note says so). With no repeats run, the search's pick stands (its best step passed).
     """
-    runs = {rep.label: rep for rep in repeats}
-    if not runs:
+    repeated = [oc for oc in ranked if oc.runs]
+    if not repeated:
         return (ranked[0] if ranked else None), (ranked[1] if len(ranked) > 1 else None), ""
-    repeated = [oc for oc in ranked if oc.label in runs]
-    held = [oc for oc in repeated if all(runs[oc.label].passed)]
-    missed = [oc.label for oc in repeated if not all(runs[oc.label].passed)]
+    held = [oc for oc in repeated if all(oc.passed)]
+    missed = [oc.label for oc in repeated if not all(oc.passed)]
     note = (
         f"{', '.join(missed)} missed the SLA in at least one repeat and cannot win."
         if missed

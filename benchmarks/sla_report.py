@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.procstat import describe_machine, machine_info
 from torchbay.benchmarks.report import markdown_table, num
+from torchbay.benchmarks.stats import spread_pct
 
 if TYPE_CHECKING:
-    from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaResult, Step
+    from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step
 
 Column = tuple[str, str, Callable[[Any], str]]
 
@@ -49,10 +50,10 @@ REPEAT_COLUMNS: list[Column] = [
     ("rate (req/s)", ":", lambda r: f"{r.rate:,.1f}"),
     ("p99 per run (ms)", "-", lambda r: _each(r.p99_ms, 2)),
     ("p99 min-max (ms)", "-", lambda r: _min_max(r.p99_ms, 2)),
-    ("p99 spread", ":", lambda r: f"{num(r.p99_spread_pct, 1)}%"),
+    ("p99 spread", ":", lambda r: f"{num(spread_pct(r.p99_ms), 1)}%"),
     ("ok/s per run", "-", lambda r: _each(r.ok_per_s, 1)),
     ("ok/s min-max", "-", lambda r: _min_max(r.ok_per_s, 1)),
-    ("throughput spread", ":", lambda r: f"{num(r.throughput_spread_pct, 1)}%"),
+    ("throughput spread", ":", lambda r: f"{num(spread_pct(r.ok_per_s), 1)}%"),
     ("SLA held per run", "-", lambda r: " ".join("yes" if p else "MISSED" for p in r.passed)),
     ("SLA held", ":", lambda r: f"{sum(r.passed)}/{len(r.passed)}"),
 ]
@@ -77,16 +78,15 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
     return "\n".join(
         [
             *_head_lines(result, command),
-            *_winner_lines(result),
+            "\n## Winner\n",
+            *_facts(_winner_facts(result) | _autopilot_facts(result)),
+            "\n## Repeats (noise)\n",
             *_repeat_lines(result),
-            "",
-            "## All configurations",
-            "",
+            "\n## All configurations\n",
             _table(CONFIG_COLUMNS, result.outcomes),
-            *_method_lines(result),
-            "",
-            "## Files",
-            "",
+            "\n## How it was found\n",
+            *_facts(_method_facts(result.options, [oc.status for oc in result.outcomes])),
+            "\n## Files\n",
             "- `results.csv`: every step (probe, ramp, bisect, repeat)",
             "- `result.json`: the same, machine-readable",
             "- ![latency against throughput](latency_vs_throughput.png)",
@@ -96,157 +96,114 @@ def render_markdown(result: SlaResult, command: str | None = None) -> str:
     )
 
 
+def _facts(facts: dict[str, str | None]) -> list[str]:
+    """One ``- name: value`` line per fact; a fact whose value is None is left out."""
+    return [f"- {name}: {value}" for name, value in facts.items() if value is not None]
+
+
 def _head_lines(result: SlaResult, command: str | None) -> list[str]:
     o = result.options
-    lines = [f"# SLA search: {result.model} (p99 <= {o.sla_p99_ms:g} ms)", ""]
-    if command:
-        lines += ["```", command, "```", ""]
-    return [
-        *lines,
-        f"- archive: `{o.archive}` (model {result.model}, version {result.version})",
-        f"- inputs: {', '.join(f'`{p}`' for p in o.inputs)}; route: {o.protocol}",
-        f"- grid: batch sizes {list(o.batch_sizes)}, max delays (ms) {list(o.max_delays_ms)}, "
-        f"workers {list(o.workers)}",
-        f"- machine: {describe_machine(machine_info())}",
-        f"- search took {result.elapsed_s:.0f} s; load generator: {o.processes} process(es), "
-        f"{o.arrival} arrivals, {o.step_s:g} s steps after {o.step_warmup_s:g} s warm-up",
-    ]
+    code = ["```", command, "```", ""] if command else []
+    facts = {
+        "archive": f"`{o.archive}` (model {result.model}, version {result.version})",
+        "inputs": f"{', '.join(f'`{p}`' for p in o.inputs)}; route: {o.protocol}",
+        "grid": f"batch sizes {list(o.batch_sizes)}, max delays (ms) "
+        f"{list(o.max_delays_ms)}, workers {list(o.workers)}",
+        "machine": describe_machine(machine_info()),
+        "search took": f"{result.elapsed_s:.0f} s",
+        "load generator": f"{o.processes} process(es), {o.arrival} arrivals, {o.step_s:g} s "
+        f"steps after {o.step_warmup_s:g} s warm-up",
+    }
+    return [f"# SLA search: {result.model} (p99 <= {o.sla_p99_ms:g} ms)", "", *code, *_facts(facts)]
 
 
-def _winner_lines(result: SlaResult) -> list[str]:
-    lines = ["", "## Winner", ""]
-    if result.winner is None:
-        if result.note:  # met it in the search, then missed in a repeat: never crowned
-            return [*lines, "No winner: " + result.note.strip(), *_autopilot_lines(result)]
-        return [*lines, "No configuration met the SLA at any tested load."]
-    w = result.winner
-    best = w.best_step
-    assert best is not None
-    lines.append(
-        f"**{w.label}**: batch size {w.config.batch_size}, max batch delay "
-        f"{w.config.max_batch_delay_ms:g} ms, {w.config.workers} worker(s): "
-        f"**{w.best_rate:,.1f} req/s** offered ({best.result.ok_per_s:,.1f} ok/s measured) "
-        f"with p99 {best.result.latency.p99_ms:.2f} ms."
-    )
-    if result.runner_up is not None:
-        r = result.runner_up
-        lines.append(f"Runner-up: {r.label} at {r.best_rate:,.1f} req/s.")
-    if result.swapped:
-        lines.append(
-            f"(The search's first pick, {result.runner_up.label if result.runner_up else '-'}, "
-            "missed the SLA in a repeat; this one held it in every repeat, so it wins.)"
-        )
-    if result.applied:
-        lines.append(f"Applied to `{result.applied}` (model-config.yaml).")
-    return [*lines, *_autopilot_lines(result)]
+def _winner_facts(result: SlaResult) -> dict[str, str | None]:
+    w, r = result.winner, result.runner_up
+    if w is None or w.best_step is None:  # none met the SLA, or none held it in every repeat
+        return {"No winner": result.note.strip() or "no configuration met the SLA at any load"}
+    best, c = w.best_step.result, w.config
+    return {
+        "winner": f"**{w.label}**: batch size {c.batch_size}, max batch delay "
+        f"{c.max_batch_delay_ms:g} ms, {c.workers} worker(s)",
+        "best rate": f"**{w.best_rate:,.1f} req/s** offered ({best.ok_per_s:,.1f} ok/s "
+        f"measured) with p99 {best.latency.p99_ms:.2f} ms",
+        "runner-up": f"{r.label} at {r.best_rate:,.1f} req/s" if r else None,
+        "first pick, missed the SLA in a repeat": r.label if r and result.swapped else None,
+        "applied to": f"`{result.applied}` (model-config.yaml)" if result.applied else None,
+    }
 
 
-def _autopilot_lines(result: SlaResult) -> list[str]:
+def _autopilot_facts(result: SlaResult) -> dict[str, str | None]:
     """The autopilot beside the winner: same rate, same windows, as many runs as the repeats."""
-    a = result.autopilot
+    a, s = result.autopilot, result.autopilot_search
     pace = result.repeats[0].label if result.repeats else None  # the search's pick, no winner
     w = result.winner or next((oc for oc in result.outcomes if oc.label == pace), None)
     if a is None or w is None:
-        return []
-    o = result.options
-    held = f"held the SLA in {sum(a.passed)} of {len(a.passed)} runs"
-    state = result.autopilot_state or {}
-    end = (
-        f" It ended at batch {state.get('batchSize')}, delay {num(state.get('maxBatchDelay'), 1)} "
-        f"ms ({_changes(state.get('changes'))})."
+        return {}
+    o, state = result.options, result.autopilot_state or {}
+    moves = state.get("changes")
+    if isinstance(moves, dict):
+        moves = f"{moves.get('up', 0)} changes up, {moves.get('down', 0)} down"
+    ratio = f"{num(s.best_rate / w.best_rate, 2)}x" if s and w.best_rate > 0 else "-"
+    return {
+        "**Autopilot**": f"(slaP99Ms {o.sla_p99_ms:g}, ceilings batch {max(o.batch_sizes)}, "
+        f"delay {max(o.max_delays_ms):g} ms, {w.config.workers} worker(s)) at {w.label}'s "
+        f"{w.best_rate:,.1f} req/s",
+        "autopilot runs that held the SLA": f"{sum(a.passed)} of {len(a.passed)}; p99 "
+        f"{_each(a.p99_ms, 2)} ms; {_each(a.ok_per_s, 1)} ok/s",
+        "autopilot's end state": f"batch {state.get('batchSize')}, delay "
+        f"{num(state.get('maxBatchDelay'), 1)} ms ({moves or 'changes not reported'})"
         if state
-        else ""
-    )
-    own = _own_search(result.autopilot_search, w)
-    return [
-        "",
-        f"**Autopilot** (slaP99Ms {o.sla_p99_ms:g}, ceilings batch {max(o.batch_sizes)}, delay "
-        f"{max(o.max_delays_ms):g} ms, {w.config.workers} worker(s)) at {w.label}'s "
-        f"{w.best_rate:,.1f} req/s: {held}; p99 {_each(a.p99_ms, 2)} ms; "
-        f"{_each(a.ok_per_s, 1)} ok/s.{end}{own}",
-    ]
-
-
-def _changes(changes: Any) -> str:
-    """The autopilot's change counts ({"up": u, "down": d}) in words."""
-    if not isinstance(changes, dict):
-        return "changes not reported"
-    return f"{changes.get('up', 0)} changes up, {changes.get('down', 0)} down"
-
-
-def _own_search(s: Outcome | None, w: Outcome) -> str:
-    """The autopilot's own highest rate within the SLA, beside the winner's."""
-    if s is None:
-        return ""
-    if s.status != "searched" or not w.best_rate > 0:
-        return f" Its own rate search: {s.status}, {s.why}."
-    return (
-        f" Searched like a static configuration, its highest rate within the SLA is "
-        f"{s.best_rate:,.1f} req/s ({num(s.best_rate / w.best_rate, 2)}x {w.label}'s): {s.why}."
-    )
+        else None,
+        "autopilot's highest rate within the SLA": s
+        and f"{s.status}: {num(s.best_rate, 1)} req/s ({ratio} {w.label}'s): {s.why}",
+    }
 
 
 def _repeat_lines(result: SlaResult) -> list[str]:
-    lines = ["", "## Repeats (noise)", ""]
     if not result.repeats and not result.autopilot:
-        return [*lines, "No repeats were run."]
+        return ["No repeats were run."]
     table = _table(REPEAT_COLUMNS, [*result.repeats, *filter(None, [result.autopilot])])
-    return [*lines, table, "", _verdict(result), *([result.note] if result.note else [])]
+    return [table, "", *_facts(_verdict(result) | {"note": result.note or None})]
 
 
-def _method_lines(result: SlaResult) -> list[str]:
-    o = result.options
-    count = lambda *status: sum(1 for oc in result.outcomes if oc.status in status)  # noqa: E731
-    return [
-        "",
-        "## How it was found",
-        "",
-        f"{len(result.outcomes)} configurations in the grid; {count('searched', 'infeasible')} "
-        f"searched, {count('skipped')} skipped by the capacity "
-        f"bound, {count('same-as')} identical to another "
-        "(batch size 1 ignores the delay).",
-        "",
-        "Each configuration was set live through the management API "
-        "(`PUT /models/{m}?batch_size=&max_batch_delay=&min_worker=&max_worker="
-        "&synchronous=true`), "
-        "without restarting the server. A closed-loop probe "
-        f"({o.probe_s:g} s at concurrency max(4, 2 x batch x workers)) measured its capacity, an "
-        "upper bound on any rate it can sustain. Configurations were then searched in descending "
-        "capacity: open-loop steps from half the capacity, multiplied by "
-        f"{o.ramp_factor:g} until a step breached, then bisected (geometric midpoint) until the "
-        f"passing and breaching rates were within {100 * o.precision:g}%. A step breaches when its "
-        f"p99 exceeds {o.sla_p99_ms:g} ms or more than {100 * o.max_error_rate:g}% of its requests "
-        "fail. Latency is measured from each request's scheduled send time (no coordinated "
-        "omission). A configuration whose capacity (plus "
-        f"{100 * o.bound_margin:g}% for probe noise) is below the best rate already found cannot "
-        "win and was skipped (after a second probe, keeping the better capacity).",
-    ]
+def _method_facts(o: SlaOptions, statuses: list[str]) -> dict[str, str | None]:
+    """The method's settings, one per line; the why of each is in sla.py's docstring."""
+    count = lambda *status: sum(s in status for s in statuses)  # noqa: E731
+    return {
+        "configurations": f"{len(statuses)} in the grid; {count('searched', 'infeasible')} "
+        f"searched, {count('skipped')} skipped by the capacity bound, {count('same-as')} "
+        "identical to another (batch size 1 ignores the delay)",
+        "set live, without a restart": "`PUT /models/{m}?batch_size=&max_batch_delay="
+        "&min_worker=&max_worker=&synchronous=true`",
+        "capacity": f"a closed-loop probe, {o.probe_s:g} s at concurrency max(4, 2 x batch x "
+        "workers): an upper bound on any rate it can sustain",
+        "search": f"in descending capacity, open-loop steps from half the capacity, x "
+        f"{o.ramp_factor:g} until one breached, then bisected (geometric midpoint) to "
+        f"{100 * o.precision:g}%",
+        "a breach": f"p99 over {o.sla_p99_ms:g} ms or over {100 * o.max_error_rate:g}% errors; "
+        "latency from each request's scheduled send time (no coordinated omission)",
+        "skipped": f"capacity (+{100 * o.bound_margin:g}% for probe noise, the better of two "
+        "probes) below the best rate already found",
+    }
 
 
-def _verdict(result: SlaResult) -> str:
+def _verdict(result: SlaResult) -> dict[str, str | None]:
+    """The winner's repeats against the runner-up's: too close to call within their spread."""
     reps = {rep.label: rep for rep in result.repeats}
-    if result.winner is None or result.runner_up is None:
-        return ""
-    w, r = reps.get(result.winner.label), reps.get(result.runner_up.label)
+    w = reps.get(result.winner.label) if result.winner else None
+    r = reps.get(result.runner_up.label) if result.runner_up else None
     if w is None or r is None or not r.rate:
-        return ""
+        return {}
     gap = 100.0 * (w.rate - r.rate) / r.rate
-    noise = max(
-        (x for x in (w.throughput_spread_pct, r.throughput_spread_pct) if math.isfinite(x)),
-        default=math.nan,
-    )
-    held = (
-        f"The winner held the SLA in {sum(w.passed)} of {len(w.passed)} repeats, the runner-up "
-        f"in {sum(r.passed)} of {len(r.passed)}."
-    )
-    if gap < 0:
-        return f"{held} Its rate is {-gap:.1f}% below the runner-up's search result."
-    if math.isfinite(noise) and gap <= noise:
-        return (
-            f"{held} Its rate is {gap:.1f}% above the runner-up's, within the {noise:.1f}% "
-            "throughput spread of the repeats: the two are too close to call on this machine."
-        )
-    return f"{held} Its rate is {gap:.1f}% above the runner-up's (repeat spread {num(noise, 1)}%)."
+    spreads = (spread_pct(w.ok_per_s), spread_pct(r.ok_per_s))
+    noise = max((x for x in spreads if math.isfinite(x)), default=math.nan)
+    return {
+        "repeats that held the SLA": f"winner {sum(w.passed)} of {len(w.passed)}, runner-up "
+        f"{sum(r.passed)} of {len(r.passed)}",
+        "winner's rate against the runner-up's": f"{gap:+.1f}% (repeat spread {num(noise, 1)}%)",
+        "too close to call on this machine": "yes" if 0 <= gap <= noise else None,
+    }
 
 
 def _command_line() -> str:
@@ -327,7 +284,7 @@ def _outcome_json(oc: Outcome) -> dict[str, Any]:
     }
 
 
-def _repeat_json(rep: Repeat) -> dict[str, Any]:
+def _repeat_json(rep: Outcome) -> dict[str, Any]:
     return {"rate": rep.rate, "p99_ms": rep.p99_ms, "ok_per_s": rep.ok_per_s, "passed": rep.passed}
 
 

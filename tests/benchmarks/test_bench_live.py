@@ -181,15 +181,13 @@ def test_sla_search_reports_and_apply(tiny, tmp_path) -> None:
     assert result.autopilot_state is not None and result.autopilot_state["targetP99Ms"] == 200.0
     assert result.autopilot_state["maxBatchSize"] == 4
     assert 1 <= result.autopilot_state["batchSize"] <= 4
-    assert "**Autopilot** (slaP99Ms 200" in report and "| autopilot |" in report
+    assert "- **Autopilot**: (slaP99Ms 200" in report and "| autopilot |" in report
     assert " changes up, " in report and "{'up'" not in report
     # ... and searched for its own highest rate within the SLA, like the static configurations
     searched = result.autopilot_search
     assert searched is not None and searched.capacity > 0 and searched.steps
     assert searched.config.batch_size == 4 and searched.status in ("searched", "infeasible")
-    assert (
-        "highest rate within the SLA" if searched.status == "searched" else "rate search:"
-    ) in report
+    assert f"- autopilot's highest rate within the SLA: {searched.status}: " in report
     saved = json.loads((out / "result.json").read_text())["autopilot"]["search"]
     assert saved["status"] == searched.status and saved["best_rate"] == searched.best_rate
     with (out / "results.csv").open() as fh:

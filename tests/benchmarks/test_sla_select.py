@@ -3,37 +3,54 @@ the progress lines with an estimate of the time left."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching
-from torchbay.benchmarks.sla_model import Outcome, Repeat, SlaOptions, SlaResult, crown
-from torchbay.benchmarks.sla_report import _repeat_lines
+from torchbay.benchmarks.sla import _Search
+from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step, crown
+from torchbay.benchmarks.sla_report import _repeat_lines, render_markdown
 
 FAST = Outcome(Batching(8, 5.0, 1), status="searched", best_rate=900.0)
 SLOW = Outcome(Batching(4, 5.0, 1), status="searched", best_rate=700.0)
 
 
-def rep(oc: Outcome, passed: list[bool]) -> Repeat:
-    p99 = [40.0 if ok else 80.0 for ok in passed]
-    return Repeat(
-        oc.label, oc.best_rate, p99, [oc.best_rate - i for i in range(len(passed))], passed
-    )
+def rep(oc: Outcome, passed: list[bool]) -> Outcome:
+    """``oc`` repeated once per ``passed``: p99 40 ms when it held the SLA, 80 when it missed."""
+    runs = [
+        Step(
+            oc.config,
+            "repeat",
+            oc.best_rate,
+            _result(40.0 if ok else 80.0, oc.best_rate - i),
+            ok,
+            "",
+        )
+        for i, ok in enumerate(passed)
+    ]
+    return replace(oc, steps=runs)
+
+
+def _result(p99_ms: float, ok_per_s: float) -> Any:
+    """What the report reads of a step's LoadResult."""
+    return SimpleNamespace(ok_per_s=ok_per_s, latency=SimpleNamespace(p50_ms=9.0, p99_ms=p99_ms))
 
 
 def test_a_config_that_missed_in_one_repeat_is_not_crowned() -> None:
     """The search's pick held the SLA in 2 of 3 repeats (a median would crown it): the runner-up,
     which held it in all three, wins."""
-    winner, runner_up, note = crown(
-        [FAST, SLOW], [rep(FAST, [True, False, True]), rep(SLOW, [True, True, True])]
-    )
-    assert winner is SLOW and runner_up is FAST
+    fast, slow = rep(FAST, [True, False, True]), rep(SLOW, [True, True, True])
+    winner, runner_up, note = crown([fast, slow])
+    assert winner is slow and runner_up is fast
     assert FAST.label in note and "cannot win" in note
 
 
 def test_no_winner_when_every_repeated_config_missed_once() -> None:
     winner, runner_up, note = crown(
-        [FAST, SLOW], [rep(FAST, [True, True, False]), rep(SLOW, [False, True, True])]
+        [rep(FAST, [True, True, False]), rep(SLOW, [False, True, True])]
     )
     assert winner is None and runner_up is None
     assert "No repeated configuration held the SLA in every repeat" in note
@@ -41,9 +58,21 @@ def test_no_winner_when_every_repeated_config_missed_once() -> None:
 
 def test_the_search_pick_stands_when_it_held_every_repeat_or_none_were_run() -> None:
     both = [rep(FAST, [True] * 3), rep(SLOW, [True] * 3)]
-    assert crown([FAST, SLOW], both) == (FAST, SLOW, "")
-    assert crown([FAST, SLOW], []) == (FAST, SLOW, "")
-    assert crown([], []) == (None, None, "")
+    assert crown(both) == (both[0], both[1], "")
+    assert crown([FAST, SLOW]) == (FAST, SLOW, "")
+    assert crown([]) == (None, None, "")
+
+
+def test_a_repeat_is_read_back_from_its_steps() -> None:
+    """The repeats' rate, p99s and verdicts are the outcome's repeat steps; the search's own
+    steps do not count, and before any repeat the rate is the search's best."""
+    ramp = Step(FAST.config, "ramp", 450.0, _result(10.0, 450.0), True, "")
+    fast = rep(FAST, [True, False])
+    fast.steps.insert(0, ramp)
+    assert fast.runs == fast.steps[1:] and fast.rate == 900.0
+    assert fast.p99_ms == [40.0, 80.0] and fast.ok_per_s == [900.0, 899.0]
+    assert fast.passed == [True, False]
+    assert replace(FAST, steps=[ramp]).rate == FAST.best_rate == 900.0
 
 
 def test_the_report_shows_every_repeat_and_the_spread() -> None:
@@ -96,3 +125,72 @@ def test_progress_drops_units_that_will_not_run() -> None:
     assert lines[-1] == "progress: 2/2 autopilot; elapsed 20 s, about 0 s left"
     progress.drop(5)  # never below what is done
     assert progress.total == 2
+
+
+def test_the_report_states_the_verdict_and_the_autopilot_as_facts() -> None:
+    """A swapped winner: the verdict compares its repeats with the runner-up's, the autopilot's
+    runs and end state are one line each, and no fact is printed without a value."""
+    best = Step(SLOW.config, "ramp", 700.0, _result(40.0, 698.0), True, "")
+    slow = rep(replace(SLOW, best_step=best), [True, True, True])
+    result = SlaResult(
+        options=SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50),
+        model="m",
+        version="1",
+        outcomes=[FAST, slow],
+        winner=slow,
+        runner_up=FAST,
+        repeats=[rep(FAST, [True, False, True]), slow],
+        elapsed_s=1.0,
+        swapped=True,
+        autopilot=replace(rep(FAST, [True]), name="autopilot"),
+        autopilot_state={"batchSize": 4, "maxBatchDelay": 2.0, "changes": {"up": 1}},
+    )
+    lines = render_markdown(result).splitlines()
+    assert f"- winner: **{slow.label}**: batch size 4, max batch delay 5 ms, 1 worker(s)" in lines
+    assert f"- first pick, missed the SLA in a repeat: {FAST.label}" in lines
+    assert "- repeats that held the SLA: winner 3 of 3, runner-up 2 of 3" in lines
+    assert "- winner's rate against the runner-up's: -22.2% (repeat spread 0.3%)" in lines
+    assert "- autopilot runs that held the SLA: 1 of 1; p99 40.00 ms; 900.0 ok/s" in lines
+    assert "- autopilot's end state: batch 4, delay 2.0 ms (1 changes up, 0 down)" in lines
+    assert not any(line.endswith(": None") for line in lines)
+    assert not any(line.startswith("- too close to call") for line in lines)  # 22% apart
+
+
+class _Edge(_Search):
+    """The search's ramp and bisect against a configuration that holds the SLA up to ``edge``
+    req/s: each step passes or breaches by its rate alone (no server)."""
+
+    def __init__(self, edge: float, max_steps: int = 12) -> None:
+        self.o = SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50)
+        self.o = self.o.model_copy(update={"max_steps": max_steps})
+        self.edge = edge
+
+    def measure(self, config: Batching, phase: str, rate: float) -> Step:
+        ok = rate <= self.edge
+        return Step(config, phase, rate, _result(40.0 if ok else 80.0, rate), ok, "")
+
+
+def test_the_search_ramps_past_the_edge_then_bisects_to_the_precision() -> None:
+    outcome = Outcome(FAST.config, capacity=1000.0)
+    _Edge(edge=700.0).search(outcome)
+    phases = [s.phase for s in outcome.steps]
+    assert phases[:2] == ["ramp"] * 2 and set(phases[2:]) == {"bisect"}  # 500 passes, 750 not
+    assert outcome.status == "searched" and outcome.best_step is not None
+    assert 700.0 / 1.05 <= outcome.best_rate <= 700.0 and outcome.best_step.passed
+    breaches = [s.offered_rate for s in outcome.steps if not s.passed]
+    assert min(breaches) / outcome.best_rate <= 1.05  # within the precision
+
+
+def test_the_search_ramps_down_and_gives_up_within_its_budget() -> None:
+    low = Outcome(FAST.config, capacity=1000.0)
+    _Edge(edge=100.0).search(low)  # 500, 250, 125 breach; 62.5 passes
+    assert [s.offered_rate for s in low.steps][:4] == [500.0, 250.0, 125.0, 62.5]
+    assert low.status == "searched" and 62.5 <= low.best_rate <= 100.0
+    never = Outcome(FAST.config, capacity=1000.0)
+    _Edge(edge=0.0, max_steps=3).search(never)
+    assert never.status == "infeasible" and len(never.steps) == 3
+    assert "breached the SLA even at 125.0 req/s" in never.why
+    unbounded = Outcome(FAST.config, capacity=1000.0)
+    _Edge(edge=1e9, max_steps=2).search(unbounded)
+    assert unbounded.why == "no breach found within the step budget"
+    assert unbounded.best_rate == 750.0
