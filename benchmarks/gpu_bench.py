@@ -136,7 +136,7 @@ def served(
     """``torchbay serve`` of the variant's archive under a closed loop (the runner's warm-up and
     measurement, 2 s warm-up at most): ``{"NAME VARIANT serve": metrics}``, per request."""
     from torchbay.benchmarks import runner
-    from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
+    from torchbay.benchmarks.loadgen import LoadGenerator, Target
     from torchbay.benchmarks.managed import ManagedServer
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
@@ -147,24 +147,12 @@ def served(
         server = ManagedServer.torchbay(archive, root / "run", auth=False, extra_args=("--ncs",))
         with server as endpoints, LoadGenerator() as gen:
             ctx = runner.Ctx(root, runner.Assets({}, {}), gen, seconds, min(seconds, 2.0))
-            target = Target(
-                endpoints.host,
-                endpoints.inference_port,
-                f"/predictions/{archive.stem}",
-                (body,),
-                runner.OCTETS,
-            )
-            load = runner.warm_and_measure(
-                ctx, LoadPlan(target, "closed", concurrency, duration_s=seconds)
-            )
-    return {
-        f"{name} {variant} serve": {
-            "samples_per_s": load.req_per_s,
-            "p50_ms": load.latency.p50_ms,
-            "p99_ms": load.latency.p99_ms,
-            "errors": float(load.errors),
-        }
-    }
+            path = f"/predictions/{archive.stem}"
+            target = Target(endpoints.host, endpoints.inference_port, path, (body,), runner.OCTETS)
+            load = runner.closed(ctx, target, concurrency)
+    figures = (load.req_per_s, load.latency.p50_ms, load.latency.p99_ms, float(load.errors))
+    keys = ("samples_per_s", "p50_ms", "p99_ms", "errors")
+    return {f"{name} {variant} serve": dict(zip(keys, figures, strict=True))}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
