@@ -1,25 +1,13 @@
-"""GPU benchmark of the device path (handlers/runtime/accel.py): plain vs its options, in and out
-of serve.
-
-Models (built in code, seeded): ``tiny`` and ``cnn`` (benchmarks/models.py) and ``wide``, a
-ResNet-ish net of width 64/128/256 on 3x128x128 inputs. Variants:
-
-* ``plain``: what BaseHandler did before accel: ``model(x.to(device))`` under ``inference_mode``,
-  the output copied back with ``.cpu()`` (pageable host memory, the default stream); served, the
-  archive sets ``handler: {torchbay: {enabled: false}}``;
-* ``eager``: the device path: pinned staging, the worker's stream, cuDNN benchmark, one copy back;
-* ``channels_last``: + channels_last (conv models); ``fp16``: + autocast fp16;
-* ``graphs``: + CUDA graphs; ``fp16_graphs``: all of them.
+"""GPU benchmark of the device path (handlers/runtime/accel.py): plain vs its options (VARIANTS),
+in process and, with ``--serve``, under ``torchbay serve`` (the archive's model-config.yaml sets
+``handler: {torchbay: ...}``; ``plain`` is BaseHandler's call before accel, ``enabled: false``).
 
 ``python -m torchbay.benchmarks.gpu_bench --models tiny,cnn,wide --batch 8 --seconds 5 [--serve]``
-prints one report row (``report.RowResult``), a system per (model, variant, where): samples/s, the
-median and p99 ms per batch, and the largest difference from ``plain``'s output. ``--serve`` also
-runs ``torchbay serve`` per variant (the archive's model-config.yaml sets ``handler: {torchbay:
-...}``) under a closed loop of ``--concurrency`` clients. ``--json PATH`` writes the report.
+prints one report row, a system per (model, variant, where): samples/s, median and p99 ms per
+batch, and the largest difference from ``plain``'s output; ``--json PATH`` writes it.
 
-Without CUDA it falls back to the CPU, where only ``plain``, ``eager`` and ``channels_last`` run
-(all three take the CPU path); that fallback exists so the script stays runnable and tested. No
-GPU numbers have been recorded yet (docs/gpu.md).
+Without CUDA only CPU_VARIANTS run (all take the CPU path): the fallback keeps the script runnable
+and tested. No GPU numbers have been recorded yet (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -50,8 +38,6 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 }
 CPU_VARIANTS = ("plain", "eager", "channels_last")
 SHAPES = {**models.SAMPLE_SHAPES, "wide": (3, 128, 128)}
-
-
 WIDE_BLOCKS = ((64, 1), (128, 2), (256, 2), (256, 1))
 
 
