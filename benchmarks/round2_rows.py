@@ -54,13 +54,10 @@ Measure = Callable[[int], dict[str, dict[str, float]]]
 
 
 def _closed(ctx: Ctx, row: RowResult, run: Scenario, rnd: int) -> dict[str, dict[str, float]]:
-    """A fresh server for ``run`` (named by its system), warm-up, measure."""
-    with serving(
-        ctx, run.server, {run.model: run.batching}, run_dir(ctx, row.key, run.name, f"r{rnd}")
-    ) as server:
-        result = warm_and_measure(
-            ctx, run.plan(target(ctx, server, run.model, run.model), ctx.duration_s)
-        )
+    """A fresh server for ``run`` (named by its system), warm-up, measure its closed loop."""
+    where = run_dir(ctx, row.key, run.name, f"r{rnd}")
+    with serving(ctx, run.server, {run.model: run.batching}, where) as server:
+        result = closed(ctx, target(ctx, server, run.model, run.model), run.concurrency or 1)
     if result.behind:
         row.notes.append(f"repeat {rnd} {run.name}: generator behind ({'; '.join(result.behind)})")
     return {run.name: load_metrics(result)}
