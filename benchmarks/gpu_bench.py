@@ -1,25 +1,13 @@
-"""GPU benchmark of the device path (handlers/runtime/accel.py): plain vs its options, in and out
-of serve.
-
-Models (built in code, seeded): ``tiny`` and ``cnn`` (benchmarks/models.py) and ``wide``, a
-ResNet-ish net of width 64/128/256 on 3x128x128 inputs. Variants:
-
-* ``plain``: what BaseHandler did before accel: ``model(x.to(device))`` under ``inference_mode``,
-  the output copied back with ``.cpu()`` (pageable host memory, the default stream); served, the
-  archive sets ``handler: {torchbay: {enabled: false}}``;
-* ``eager``: the device path: pinned staging, the worker's stream, cuDNN benchmark, one copy back;
-* ``channels_last``: + channels_last (conv models); ``fp16``: + autocast fp16;
-* ``graphs``: + CUDA graphs; ``fp16_graphs``: all of them.
+"""GPU benchmark of the device path (handlers/runtime/accel.py): plain vs its options (VARIANTS),
+in process and, with ``--serve``, under ``torchbay serve`` (the archive's model-config.yaml sets
+``handler: {torchbay: ...}``; ``plain`` is BaseHandler's call before accel, ``enabled: false``).
 
 ``python -m torchbay.benchmarks.gpu_bench --models tiny,cnn,wide --batch 8 --seconds 5 [--serve]``
-prints one report row (``report.RowResult``), a system per (model, variant, where): samples/s, the
-median and p99 ms per batch, and the largest difference from ``plain``'s output. ``--serve`` also
-runs ``torchbay serve`` per variant (the archive's model-config.yaml sets ``handler: {torchbay:
-...}``) under a closed loop of ``--concurrency`` clients. ``--json PATH`` writes the report.
+prints one report row, a system per (model, variant, where): samples/s, median and p99 ms per
+batch, and the largest difference from ``plain``'s output; ``--json PATH`` writes it.
 
-Without CUDA it falls back to the CPU, where only ``plain``, ``eager`` and ``channels_last`` run
-(all three take the CPU path); that fallback exists so the script stays runnable and tested. No
-GPU numbers have been recorded yet (docs/gpu.md).
+Without CUDA only CPU_VARIANTS run (all take the CPU path): the fallback keeps the script runnable
+and tested. No GPU numbers have been recorded yet (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -50,8 +38,6 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 }
 CPU_VARIANTS = ("plain", "eager", "channels_last")
 SHAPES = {**models.SAMPLE_SHAPES, "wide": (3, 128, 128)}
-
-
 WIDE_BLOCKS = ((64, 1), (128, 2), (256, 2), (256, 1))
 
 
@@ -136,7 +122,7 @@ def served(
     """``torchbay serve`` of the variant's archive under a closed loop (the runner's warm-up and
     measurement, 2 s warm-up at most): ``{"NAME VARIANT serve": metrics}``, per request."""
     from torchbay.benchmarks import runner
-    from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
+    from torchbay.benchmarks.loadgen import LoadGenerator, Target
     from torchbay.benchmarks.managed import ManagedServer
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
@@ -147,24 +133,12 @@ def served(
         server = ManagedServer.torchbay(archive, root / "run", auth=False, extra_args=("--ncs",))
         with server as endpoints, LoadGenerator() as gen:
             ctx = runner.Ctx(root, runner.Assets({}, {}), gen, seconds, min(seconds, 2.0))
-            target = Target(
-                endpoints.host,
-                endpoints.inference_port,
-                f"/predictions/{archive.stem}",
-                (body,),
-                runner.OCTETS,
-            )
-            load = runner.warm_and_measure(
-                ctx, LoadPlan(target, "closed", concurrency, duration_s=seconds)
-            )
-    return {
-        f"{name} {variant} serve": {
-            "samples_per_s": load.req_per_s,
-            "p50_ms": load.latency.p50_ms,
-            "p99_ms": load.latency.p99_ms,
-            "errors": float(load.errors),
-        }
-    }
+            path = f"/predictions/{archive.stem}"
+            target = Target(endpoints.host, endpoints.inference_port, path, (body,), runner.OCTETS)
+            load = runner.closed(ctx, target, concurrency)
+    figures = (load.req_per_s, load.latency.p50_ms, load.latency.p99_ms, float(load.errors))
+    keys = ("samples_per_s", "p50_ms", "p99_ms", "errors")
+    return {f"{name} {variant} serve": dict(zip(keys, figures, strict=True))}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import math
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,10 +36,7 @@ class Ratio:
             return math.nan
         if self.aggregate == "min":
             return finite[0]
-        if self.aggregate == "max":
-            return finite[-1]
-        mid = len(finite) // 2
-        return finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2
+        return finite[-1] if self.aggregate == "max" else statistics.median(finite)
 
     def met(self) -> bool | None:
         if self.bound is None:

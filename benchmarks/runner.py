@@ -250,13 +250,12 @@ def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float
     Raises BenchError (or psutil's error) when the run fails; the server's log is in
     ``runs/<name>-r<round>/``."""
     run_dir = ctx.out_dir / "runs" / f"{scenario.name}-r{round_no}"
-    path, body = f"/predictions/{scenario.model}", ctx.assets.body[scenario.model].read_bytes()
-    served = {scenario.model: scenario.batching}
+    model = scenario.model
+    served = {model: scenario.batching}
     with serving(ctx, scenario.server, served, run_dir, args=scenario.server_args) as server:
-        start_s = server.first_answer(path, body, ctx.start_timeout_s)
-        assert server.endpoints is not None
-        target = Target("127.0.0.1", server.endpoints.inference_port, path, (body,), OCTETS)
-        plan = scenario.plan(target, ctx.duration_s)
+        tgt = target(ctx, server, model, model)
+        start_s = server.first_answer(tgt.path, tgt.payloads[0], ctx.start_timeout_s)
+        plan = scenario.plan(tgt, ctx.duration_s)
         warm_up(ctx, plan)
         before = procstat.cpu_snapshot(server.pid)
         busy0, wall0 = procstat.system_busy_seconds(), time.monotonic()

@@ -117,11 +117,7 @@ class Scenario:
 
     def matches(self, pattern: str) -> bool:
         """True if ``pattern`` is this scenario's name (glob allowed), its server or a tag."""
-        return (
-            fnmatch.fnmatchcase(self.name, pattern)
-            or pattern == self.server
-            or pattern in self.tags
-        )
+        return pattern in (self.server, *self.tags) or fnmatch.fnmatchcase(self.name, pattern)
 
 
 @dataclass(frozen=True)
@@ -162,22 +158,15 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("tb-cnn-c10-b1-w2", "torchbay", "cnn", 10, 1, 10, 2, tags=("c",)),
 )
 
+_TINY, _CNN_W2, _RPS = TB_TINY.name, "tb-cnn-c10-b1-w2", "req_per_s"
 TARGETS: tuple[Goal, ...] = (
-    Goal(
-        "a", "tiny c16 b8 w1 vs bare ASGI echo", "tb-tiny-c16-b8-w1", "req_per_s", 0.30, "echo-c16"
-    ),
-    Goal(
-        "a-nolog", "same, --no-access-log", "tb-tiny-c16-b8-w1-nolog", "req_per_s", 0.30, "echo-c16"
-    ),
-    Goal(
-        "b", "cnn c1: batch 8 vs batch 1", "tb-cnn-c1-b8-w1", "req_per_s", 0.95, "tb-cnn-c1-b1-w1"
-    ),
-    Goal(
-        "c", "cnn c10 b1 w2 vs naive FastAPI", "tb-cnn-c10-b1-w2", "req_per_s", 1.0, "naive-cnn-c10"
-    ),
-    Goal("c-p99", "cnn c10 b1 w2 p99 (ms)", "tb-cnn-c10-b1-w2", "p99_ms", 60.0),
-    Goal("d-rss", "frontend RSS (MB), tiny", "tb-tiny-c16-b8-w1", "frontend_rss_mb", 100.0),
-    Goal("d-start", "start to first answer (s), tiny", "tb-tiny-c16-b8-w1", "start_s", 1.5),
+    Goal("a", "tiny c16 b8 w1 vs bare ASGI echo", _TINY, _RPS, 0.30, "echo-c16"),
+    Goal("a-nolog", "same, --no-access-log", f"{_TINY}-nolog", _RPS, 0.30, "echo-c16"),
+    Goal("b", "cnn c1: batch 8 vs batch 1", "tb-cnn-c1-b8-w1", _RPS, 0.95, "tb-cnn-c1-b1-w1"),
+    Goal("c", "cnn c10 b1 w2 vs naive FastAPI", _CNN_W2, _RPS, 1.0, "naive-cnn-c10"),
+    Goal("c-p99", "cnn c10 b1 w2 p99 (ms)", _CNN_W2, "p99_ms", 60.0),
+    Goal("d-rss", "frontend RSS (MB), tiny", _TINY, "frontend_rss_mb", 100.0),
+    Goal("d-start", "start to first answer (s), tiny", _TINY, "start_s", 1.5),
 )
 
 

@@ -37,8 +37,21 @@ def test_bad_flags_exit_before_building_anything(argv: list[str], tmp_path: Path
 
 
 def test_a_short_run_measures_every_pair_on_real_servers(tmp_path: Path) -> None:
-    argv = ["grpc", "--models", "tiny", "--repeat", "1", "--duration", "0.3", "--warmup", "0",
-            "-c", "2", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "grpc",
+        "--models",
+        "tiny",
+        "--repeat",
+        "1",
+        "--duration",
+        "0.3",
+        "--warmup",
+        "0",
+        "-c",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
     assert tables.main(argv) == 0
     table = (tmp_path / "grpc.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| tiny ")]
@@ -53,8 +66,12 @@ def test_a_short_run_measures_every_pair_on_real_servers(tmp_path: Path) -> None
 def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
     body = tmp_path / "x.bin"
     body.write_bytes(bytes(256))
-    inputs = {"tiny": {"predictions": (tmp_path / "missing.mar", body),
-                       "modelinfer": (tmp_path / "gone.mar", body)}}  # fmt: skip
+    inputs = {
+        "tiny": {
+            "predictions": (tmp_path / "missing.mar", body),
+            "modelinfer": (tmp_path / "gone.mar", body),
+        }
+    }
     ctx = Ctx(tmp_path, Assets({}, {}), None, 0.1, 0.0, 1, log=lambda *a, **k: None)  # type: ignore[arg-type]
     (row,) = run_rows(ctx, [grpc_compare.grpc_row(ctx, inputs, [1])])
     assert len(row.errors) == 2

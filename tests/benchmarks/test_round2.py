@@ -28,8 +28,9 @@ def test_stepped_offsets_follow_each_steps_rate() -> None:
     offsets = list(stepped_offsets(((1.0, 4.0), (1.0, 2.0))))
     assert offsets == [0.0, 0.25, 0.5, 0.75, 1.0, 1.5]
     # two processes at half the rate each, staggered, interleave to the same schedule
-    halves = sorted([*stepped_offsets(((1.0, 4.0),), 0.5, 0.0),
-                     *stepped_offsets(((1.0, 4.0),), 0.5, 0.5)])  # fmt: skip
+    halves = sorted(
+        [*stepped_offsets(((1.0, 4.0),), 0.5, 0.0), *stepped_offsets(((1.0, 4.0),), 0.5, 0.5)]
+    )
     assert halves == [0.0, 0.25, 0.5, 0.75]
 
 
@@ -52,19 +53,20 @@ def test_overload_analysis_counts_phases_goodput_and_recovery() -> None:
     rows += [(4.0 + 0.1 * i, 0.3, 200) for i in range(10)]  # recovery window 1: slow
     rows += [(5.0 + 0.1 * i, 0.015, 200) for i in range(30)]  # then normal again
     out = round2_overload.analyse(_timeline(rows), 20.0, steps, timeouts=3, sent=105)
-    assert (out.pre.answered, out.overload.answered, out.recovery.answered) == (20, 41, 40)
-    assert out.pre.answered + out.overload.answered + out.recovery.answered + 1 + 3 == out.sent
-    assert out.overload.rejected_503 == 10 and out.overload.late == 1
-    assert out.overload.admitted_p99_ms > 500
+    pre, overload, recovery = out["pre"], out["overload"], out["recovery"]
+    assert (pre["answered"], overload["answered"], recovery["answered"]) == (20, 41, 40)
+    assert pre["answered"] + overload["answered"] + recovery["answered"] + 1 + 3 == out["sent"]
+    assert overload["rejected_503"] == 10 and overload["late"] == 1
+    assert overload["admitted_p99_ms"] > 500
     # goodput counts 200s by answer time: the 30 overload answers arrive by 3.95 s (+ 0 pre)
-    assert out.overload.goodput_per_s == pytest.approx(30 / 2.0)
-    assert out.normal_p99_ms == pytest.approx(20.0)
-    assert out.recovery_s == 1.0
-    m = out.metrics()
-    assert out.unanswered == 3 + 1  # timeouts and the connection error
+    assert overload["goodput_per_s"] == pytest.approx(30 / 2.0)
+    assert out["normal_p99_ms"] == pytest.approx(20.0)
+    assert out["recovery_s"] == 1.0
+    m = round2_overload.metrics(out)
+    assert out["unanswered"] == 3 + 1  # timeouts and the connection error
     assert m["unanswered_10s"] == 3 + 1 + 1 and m["503_overload"] == 10
     assert m["goodput_ratio"] == pytest.approx(15.0 / 20.0)
-    json.dumps(out.as_dict())
+    json.dumps(out)
 
 
 def test_recovery_is_nan_when_latency_never_settles() -> None:
@@ -95,9 +97,13 @@ def test_torchserve_kind_command_line_and_properties(tmp_path: Path) -> None:
     store.mkdir()
     models = {"cnn": Batching(8, 10, 2)}
     server = managed.TorchServeServer.build(
-        script, store, {"cnn": "cnn.mar"}, tmp_path / "run", models_json(models),
+        script,
+        store,
+        {"cnn": "cnn.mar"},
+        tmp_path / "run",
+        models_json(models),
         {"job_queue_size": 100},
-    )  # fmt: skip
+    )
     cmd = server.command
     assert cmd[0] == str(script.resolve())
     for flag in ("--start", "--foreground", "--ncs", "--disable-token-auth", "--enable-model-api"):
@@ -182,11 +188,19 @@ def test_one_loop_runs_repeat_outermost_and_a_failed_cell_is_nan_with_its_error(
     ctx = runner.Ctx(
         tmp_path, runner.Assets({}, {}), None, repeat=2, log=lambda s, **_: lines.append(s)
     )  # type: ignore[arg-type]
-    first = runner.Row(RowResult("one", "one", ""), [runner.Cell(("a",), partial(ok, "a"), 1.0),
-                       runner.Cell(("x", "y"), broken, 1.0)], ("req_s", "p99_ms"))  # fmt: skip
+    first = runner.Row(
+        RowResult("one", "one", ""),
+        [runner.Cell(("a",), partial(ok, "a"), 1.0), runner.Cell(("x", "y"), broken, 1.0)],
+        ("req_s", "p99_ms"),
+    )
     judged = lambda r: [Ratio("a", r.series("a", "req_s"))]  # noqa: E731
-    second = runner.Row(RowResult("two", "two", ""), [runner.Cell(("b",), partial(ok, "b"))],
-                        ("req_s",), judge=judged, rounds=3)  # fmt: skip
+    second = runner.Row(
+        RowResult("two", "two", ""),
+        [runner.Cell(("b",), partial(ok, "b"))],
+        ("req_s",),
+        judge=judged,
+        rounds=3,
+    )
     one, two = runner.run_rows(ctx, [first, second])
     assert calls == ["a1", "broken1", "b1", "a2", "broken2", "b2", "b3"]
     assert one.series("a", "req_s") == [10.0, 20.0] and two.series("b", "req_s") == [10, 20, 30]

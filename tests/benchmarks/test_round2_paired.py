@@ -14,11 +14,22 @@ def _slice(ok: int, window_s: float, p50: float, p99: float, sent: int | None = 
     lat = LatencySummary(ok, p50, p50, p99, p99, p99, p99)
     nothing = LatencySummary(0, *(math.nan,) * 6)
     return LoadResult(
-        mode="closed", offered_rate=None, concurrency=1, window_s=window_s,
-        sent=ok if sent is None else sent, completed=ok, ok=ok, statuses={"200": ok},
-        latency=lat, service=lat, lag=nothing, req_per_s=ok / window_s,
-        ok_per_s=ok / window_s, generator_cpu_pct=[], behind=[],
-    )  # fmt: skip
+        mode="closed",
+        offered_rate=None,
+        concurrency=1,
+        window_s=window_s,
+        sent=ok if sent is None else sent,
+        completed=ok,
+        ok=ok,
+        statuses={"200": ok},
+        latency=lat,
+        service=lat,
+        lag=nothing,
+        req_per_s=ok / window_s,
+        ok_per_s=ok / window_s,
+        generator_cpu_pct=[],
+        behind=[],
+    )
 
 
 def test_order_mirrors_every_pair_so_steady_drift_cancels() -> None:

@@ -75,9 +75,13 @@ def test_goals_are_judged_round_by_round_and_a_failed_round_never_meets() -> Non
 def test_markdown_fragment() -> None:
     row = _row(("echo-c16", 35_000, 1.5), ("naive-cnn-c10", math.nan, math.nan))
     row.errors.append("repeat 1 naive-cnn-c10: boom")
-    header = {"title": "Reference scenarios", "when": "today", "settings": "echo-c16: c=16",
-              "command": "python -m torchbay.benchmarks.tables reference --quick",
-              "machine": "AMD EPYC, 2 cores"}  # fmt: skip
+    header = {
+        "title": "Reference scenarios",
+        "when": "today",
+        "settings": "echo-c16: c=16",
+        "command": "python -m torchbay.benchmarks.tables reference --quick",
+        "machine": "AMD EPYC, 2 cores",
+    }
     text = report.render([row], header)
     assert text.startswith("## Reference scenarios\n")
     assert "`python -m torchbay.benchmarks.tables reference --quick`" in text

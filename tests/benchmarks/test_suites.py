@@ -104,8 +104,14 @@ def _suite(tmp_path: Path, script: str | None) -> Suite:
     if script is not None:
         (tmp_path / "build.py").write_text(script)
         script_path = str(tmp_path / "build.py")
-    return Suite("x", "", runs=(row,), archive=str(tmp_path / "x.mar"), script=script_path,
-                 inputs=(str(tmp_path / "in.bin"),))  # fmt: skip
+    return Suite(
+        "x",
+        "",
+        runs=(row,),
+        archive=str(tmp_path / "x.mar"),
+        script=script_path,
+        inputs=(str(tmp_path / "in.bin"),),
+    )
 
 
 def test_build_archive_runs_the_script_when_files_are_missing(tmp_path: Path) -> None:
