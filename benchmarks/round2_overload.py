@@ -19,23 +19,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from torchbay.benchmarks import procstat
+from torchbay.benchmarks import procstat, runner
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadPlan
 from torchbay.benchmarks.loadplan import TIMEOUT
 from torchbay.benchmarks.report import Ratio, RowResult, median
-from torchbay.benchmarks.runner import (
-    TORCHBAY,
-    TORCHSERVE,
-    Cell,
-    Ctx,
-    Row,
-    beside_torchserve,
-    closed,
-    run_dir,
-    serving,
-    systems_for,
-    target,
-)
 from torchbay.benchmarks.scenarios import Batching, Goal
 from torchbay.benchmarks.stats import percentile
 
@@ -167,7 +154,7 @@ def analyse(
     }
 
 
-def _sweep_point(ctx: Ctx, tgt: object, capacity: float, factor: float) -> dict:
+def _sweep_point(ctx: runner.Ctx, tgt: object, capacity: float, factor: float) -> dict:
     """An open-loop run at ``factor`` x capacity, warmed up (the window opens on running load)."""
     d, rate = ctx.duration_s, factor * capacity
     plan = LoadPlan(
@@ -185,20 +172,26 @@ def _sweep_point(ctx: Ctx, tgt: object, capacity: float, factor: float) -> dict:
     return {"factor": factor, **phase_stats(items, 0.0, d, rate), "generator_behind": res.behind}
 
 
-def overload_once(ctx: Ctx, row: RowResult, system: str, rnd: int) -> dict[str, dict[str, float]]:
+def overload_once(
+    ctx: runner.Ctx, row: RowResult, system: str, rnd: int
+) -> dict[str, dict[str, float]]:
     """Capacity (closed loop, c=16), then one open-loop run: 0.5x, 4x, 0.5x capacity for
     ``duration_s`` each (at most 256 connections); in round 1 also one open-loop run per
     SWEEP_FACTORS (the plot). The phases' detail goes to ``row.extra``."""
     props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
-    with serving(
-        ctx, system, {"cnn": CNN_B8_W2}, run_dir(ctx, "overload", system, f"r{rnd}"), props=props
+    with runner.serving(
+        ctx,
+        system,
+        {"cnn": CNN_B8_W2},
+        runner.run_dir(ctx, "overload", system, f"r{rnd}"),
+        props=props,
     ) as server:
-        tgt = target(ctx, server, "cnn", "cnn")
+        tgt = runner.target(ctx, server, "cnn", "cnn")
         pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
         at_capacity = procstat.Window.within(
             pids, procstat.closed_run_opens(ctx.warmup_s), ctx.duration_s
         )
-        capacity = closed(ctx, tgt, 16).ok_per_s
+        capacity = runner.closed(ctx, tgt, 16).ok_per_s
         d = ctx.duration_s
         steps = (
             (d, RECOVERY_FACTOR * capacity),
@@ -243,7 +236,7 @@ OVERLOAD_KEYS = (
 )
 
 
-def row_overload(ctx: Ctx) -> Row:
+def row_overload(ctx: runner.Ctx) -> runner.Row:
     row = RowResult(
         "overload",
         "cnn, 4x overload, then recovery at 0.5x",
@@ -256,21 +249,23 @@ def row_overload(ctx: Ctx) -> Row:
         "open loop at 0.5/1/2/4x capacity, warm-up then the same window each",
         extra={"sweep": {}, "detail": {}},
     )
-    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    systems = runner.systems_for(ctx, row, runner.TORCHBAY, runner.TORCHSERVE)
     estimate = (
         ctx.warmup_s + 4 * ctx.duration_s + 8 + 4 * (ctx.warmup_s + ctx.duration_s) / ctx.repeat
     )
-    cells = [Cell((s,), partial(overload_once, ctx, row, s), estimate) for s in systems]
+    cells = [runner.Cell((s,), partial(overload_once, ctx, row, s), estimate) for s in systems]
 
-    s = TORCHBAY
+    s = runner.TORCHBAY
     lost = f"{s}: unanswered 10 s after the scheduled send"
     back = f"{s}: seconds until normal after the overload (n/a: not normal by the end)"
-    ts_goodput = Goal("TorchServe: goodput / capacity", "", TORCHSERVE, "goodput_ratio", op=">=")
+    ts_goodput = Goal(
+        "TorchServe: goodput / capacity", "", runner.TORCHSERVE, "goodput_ratio", op=">="
+    )
     goals = [
         Goal(f"{s}: goodput / capacity", "", s, "goodput_ratio", 0.90, op=">="),
         Goal(lost, "", s, "unanswered_10s", 0, aggregate="max"),
         Goal(back, "", s, "recovery_s", RECOVERY_BOUND_S),
-        *beside_torchserve(systems, ts_goodput),
+        *runner.beside_torchserve(systems, ts_goodput),
     ]
 
     def judge(r: RowResult) -> list[Ratio]:
@@ -279,4 +274,4 @@ def row_overload(ctx: Ctx) -> Row:
         name = f"{s}: admitted p99 ms (bound: queue delay + 2x pre-overload p99)"
         return [Ratio(name, r.series(s, "admitted_p99_ms"), bound, "<=")]
 
-    return Row(row, cells, OVERLOAD_KEYS, goals, judge)
+    return runner.Row(row, cells, OVERLOAD_KEYS, goals, judge)
