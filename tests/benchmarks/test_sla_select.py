@@ -75,17 +75,26 @@ def test_a_repeat_is_read_back_from_its_steps() -> None:
     assert replace(FAST, steps=[ramp]).rate == FAST.best_rate == 900.0
 
 
-def test_the_report_shows_every_repeat_and_the_spread() -> None:
-    result = SlaResult(
+def swapped(winner: Outcome, **extra: Any) -> SlaResult:
+    """A search whose first pick (FAST) missed the SLA in its second of three repeats, so
+    ``winner`` (SLOW's outcome, held in all three) won instead."""
+    return SlaResult(
         options=SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50),
         model="m",
         version="1",
-        outcomes=[FAST, SLOW],
-        winner=SLOW,
+        outcomes=[FAST, winner],
+        winner=winner,
         runner_up=FAST,
-        repeats=[rep(FAST, [True, False, True]), rep(SLOW, [True, True, True])],
+        repeats=[rep(FAST, [True, False, True]), winner],
         elapsed_s=1.0,
         swapped=True,
+        **extra,
+    )
+
+
+def test_the_report_shows_every_repeat_and_the_spread() -> None:
+    result = swapped(
+        rep(SLOW, [True, True, True]),
         note="b8-d5-w1 missed the SLA in at least one repeat and cannot win.",
     )
     text = "\n".join(_repeat_lines(result))
@@ -132,16 +141,8 @@ def test_the_report_states_the_verdict_and_the_autopilot_as_facts() -> None:
     runs and end state are one line each, and no fact is printed without a value."""
     best = Step(SLOW.config, "ramp", 700.0, _result(40.0, 698.0), True, "")
     slow = rep(replace(SLOW, best_step=best), [True, True, True])
-    result = SlaResult(
-        options=SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50),
-        model="m",
-        version="1",
-        outcomes=[FAST, slow],
-        winner=slow,
-        runner_up=FAST,
-        repeats=[rep(FAST, [True, False, True]), slow],
-        elapsed_s=1.0,
-        swapped=True,
+    result = swapped(
+        slow,
         autopilot=replace(rep(FAST, [True]), name="autopilot"),
         autopilot_state={"batchSize": 4, "maxBatchDelay": 2.0, "changes": {"up": 1}},
     )
