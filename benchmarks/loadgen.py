@@ -83,7 +83,7 @@ class _Runner:
             import grpc  # noqa: F401  (here, not in the measured window)
         self.inflight = 0
         self.last_activity = start_at
-        self.timeline = array.array("d")
+        self.timeline, self.variants = array.array("d"), array.array("I")
 
     async def _connect(self) -> Conn | GrpcConn:
         loop = asyncio.get_running_loop()
@@ -112,7 +112,8 @@ class _Runner:
         reuse, or None after a failure."""
         sent = time.monotonic()
         self.rec.count_sent(sent if scheduled is None else scheduled)
-        request = self.requests[next(self.cycle)]
+        index = next(self.cycle)
+        request = self.requests[index]
         self.inflight += 1
         self.last_activity = sent
         try:
@@ -120,14 +121,14 @@ class _Runner:
                 conn = await self._connect()
             status = await conn.roundtrip(request)
         except (OSError, HttpParseError):
-            self._finish(scheduled, sent, CONN_ERROR)
+            self._finish(scheduled, sent, CONN_ERROR, index)
             if conn is not None:
                 conn.close()
             return None
-        self._finish(scheduled, sent, str(status))
+        self._finish(scheduled, sent, str(status), index)
         return conn
 
-    def _finish(self, scheduled: float | None, sent: float, status: str) -> None:
+    def _finish(self, scheduled: float | None, sent: float, status: str, index: int) -> None:
         done = time.monotonic()
         self.inflight -= 1
         self.last_activity = done
@@ -136,6 +137,7 @@ class _Runner:
             start = sent if scheduled is None else scheduled
             code = float(status) if status.isdigit() else -1.0
             self.timeline.extend((start - self.window_start, done - start, code))
+            self.variants.append(index)
 
     async def _closed_worker(self) -> None:
         conn: Conn | GrpcConn | None = None
@@ -249,6 +251,7 @@ class _Runner:
             wall_s=time.monotonic() - wall0,
             capped=self.capped,
             timeline=self.timeline.tobytes(),
+            variants=self.variants.tobytes(),
         )
 
     def _count_timeouts(self) -> None:
