@@ -13,13 +13,9 @@ How late each request left its schedule is reported as ``lag``; a p99 lag above
 :data:`LAG_WARN_MS`, a connection cap reached or a generator process near 100% CPU mark the run
 ``behind`` with the reason, because then the numbers describe the generator, not the server.
 
-Timer granularity: event-loop timers fire with ~1 ms resolution, so open-loop lag is typically
-0.1-1 ms; a request that leaves early is timed from its actual send, never from before it.
-
-Capacity (``benchmarks/RESULTS.md``, "Load generator capacity"): against the bare raw-ASGI echo
-server one process came within ~10-20% of ``wrk -t1`` on 2 cores (the echo server's core is the
-limit), far above any model server here. Responses are parsed by httptools (~2-3 us each). Use
-more processes (``--procs``) only on machines with spare cores.
+Event-loop timers fire with ~1 ms resolution, so open-loop lag is typically 0.1-1 ms; a request
+that leaves early is timed from its actual send. One process keeps up with far more than any model
+server here (RESULTS.md, "Load generator capacity"); ``--procs`` only helps with spare cores.
 """
 
 from __future__ import annotations
