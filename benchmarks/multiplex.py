@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import array
 import bisect
-import contextlib
 import itertools
 import json
 import random
@@ -47,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 from torchbay.benchmarks import procstat, scrape
 from torchbay.benchmarks.errors import BenchError
@@ -96,11 +94,6 @@ def start_server(root: Path, store: Path, models: list[str], budget: int) -> Man
     """``torchbay serve`` for ``models`` of the store on free ports, no token, no access log."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
     props = {
-        "inference_address": "http://127.0.0.1:0",
-        "management_address": "http://127.0.0.1:0",
-        "metrics_address": "http://127.0.0.1:0",
-        "model_store": str(store),
-        "load_models": ",".join(f"{m}.mar" for m in models),
         "max_loaded_models": str(budget),
         # With a budget every model starts unloaded (the warm-up loads the hot ones).
         "default_workers_per_model": "0" if budget else "1",
@@ -109,19 +102,16 @@ def start_server(root: Path, store: Path, models: list[str], budget: int) -> Man
     }
     config = run_dir / "config.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    command = [sys.executable, "-m", "torchbay", "serve", "--ts-config", str(config)]
-    server = ManagedServer([*command, "--disable-token-auth"], run_dir, start_timeout_s=600)
+    server = ManagedServer.torchbay(
+        store / f"{models[0]}.mar",
+        run_dir,
+        auth=False,
+        models=tuple(f"{m}.mar" for m in models),
+        extra_args=("--ts-config", str(config)),
+    )
+    server.start_timeout_s = 600
     server.start()
     return server
-
-
-def worker_rss(server: ManagedServer) -> list[int]:
-    """The resident memory of each process below the server (its workers), bytes."""
-    out = []
-    for child in procstat.tree(server.pid)[1:]:
-        with contextlib.suppress(psutil.Error):  # a worker that just exited
-            out.append(child.memory_info().rss)
-    return out
 
 
 def series(server: ManagedServer, name: str) -> dict[str, float]:
@@ -183,14 +173,14 @@ class RssPeak(threading.Thread):
 
     def __init__(self, server: ManagedServer) -> None:
         super().__init__(daemon=True)
-        self.server, self.peak, self.peak_workers = server, 0, 0
+        self.server, self.peak, self.peak_workers = server, 0.0, 0
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.25):
-            rss = worker_rss(self.server)
-            if sum(rss) > self.peak:
-                self.peak, self.peak_workers = sum(rss), len(rss)
+            memory = procstat.memory_snapshot(self.server.pid, with_pss=False)
+            if memory.workers_rss_mb > self.peak:
+                self.peak, self.peak_workers = memory.workers_rss_mb, memory.processes - 1
 
 
 def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -201,7 +191,7 @@ def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, A
         port = endpoints.inference_port
         closed_loop(port, [name(1)], args.concurrency, 2.0)  # warm
         answered = closed_loop(port, [name(1)], args.concurrency, args.seconds)
-        rss = worker_rss(server)
+        rss = procstat.memory_snapshot(server.pid, with_pss=False).largest_child_rss_mb
     finally:
         server.stop()
     ok = [t for _, status, t in answered if status == 200]
@@ -210,7 +200,7 @@ def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, A
         "errors": len(answered) - len(ok),
         "p50_ms": p(ok, 0.50),
         "p99_ms": p(ok, 0.99),
-        "worker_rss_mb": max(rss) / 2**20 if rss else None,
+        "worker_rss_mb": rss or None,
     }
 
 
@@ -254,7 +244,7 @@ def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int
         "evictions_in_window": evictions,
         "loaded_models_at_end": peak_loaded,
         "cold_start_ms": cold,
-        "peak_worker_rss_mb": sampler.peak / 2**20,
+        "peak_worker_rss_mb": sampler.peak,
         "peak_workers": sampler.peak_workers,
     }
 
