@@ -129,7 +129,12 @@ def p(values: list[float], q: float) -> float:
 
 
 def closed_loop(
-    port: int, models: list[str], concurrency: int, seconds: float | None, timeout: float = 120
+    gen: LoadGenerator,
+    port: int,
+    models: list[str],
+    concurrency: int,
+    seconds: float | None,
+    timeout: float = 120,
 ) -> list[tuple[str, int, float]]:
     """``concurrency`` connections of the load generator, each sending the next request once
     answered, to ``models`` in turn, for ``seconds`` (None: one request per model):
@@ -150,8 +155,7 @@ def closed_loop(
         timeout_s=timeout,
         timeline=True,
     )
-    with LoadGenerator(1) as gen:
-        result = gen.run(plan)
+    result = gen.run(plan)
     if result.statuses.get(TIMEOUT):
         raise BenchError(f"{result.statuses[TIMEOUT]} requests unanswered after {timeout} s")
     variants = array.array("I", result.variants)
@@ -183,14 +187,16 @@ class RssPeak(threading.Thread):
                 self.peak, self.peak_workers = memory.workers_rss_mb, memory.processes - 1
 
 
-def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_single(
+    gen: LoadGenerator, root: Path, store: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     server = start_server(root, store, [name(1)], budget=0)
     endpoints = server.endpoints
     assert endpoints is not None
     try:
         port = endpoints.inference_port
-        closed_loop(port, [name(1)], args.concurrency, 2.0)  # warm
-        answered = closed_loop(port, [name(1)], args.concurrency, args.seconds)
+        closed_loop(gen, port, [name(1)], args.concurrency, 2.0)  # warm
+        answered = closed_loop(gen, port, [name(1)], args.concurrency, args.seconds)
         rss = procstat.memory_snapshot(server.pid, with_pss=False).largest_child_rss_mb
     finally:
         server.stop()
@@ -204,7 +210,9 @@ def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, A
     }
 
 
-def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+def run_multiplexed(
+    gen: LoadGenerator, root: Path, store: Path, args: argparse.Namespace, seed: int
+) -> dict[str, Any]:
     models = [name(k) for k in range(1, args.models + 1)]
     server = start_server(root, store, models, budget=args.budget)
     endpoints = server.endpoints
@@ -215,13 +223,14 @@ def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int
         port = endpoints.inference_port
         mix = zipf_mix(args.models, args.zipf, seed)
         # One request to each of the hottest at once: loads them, in parallel.
-        first = closed_loop(port, [name(k) for k in range(1, HOT + 1)], HOT, None, timeout=600)
+        first = closed_loop(gen, port, [name(k) for k in range(1, HOT + 1)], HOT, None, timeout=600)
         if refused := [(m, status) for m, status, _ in first if status != 200]:
             raise BenchError(f"first requests refused: {refused}")
-        closed_loop(port, mix, args.concurrency, args.warmup)
+        sent = len(closed_loop(gen, port, mix, args.concurrency, args.warmup)) % len(mix)
+        mix = mix[sent:] + mix[:sent]  # the window goes on with the mix where warm-up left it
         loads0 = sum(series(server, "torchbay_model_loads_total").values())
         evictions0 = sum(series(server, "torchbay_model_evictions_total").values())
-        answered = closed_loop(port, mix, args.concurrency, args.seconds)
+        answered = closed_loop(gen, port, mix, args.concurrency, args.seconds)
         loads = sum(series(server, "torchbay_model_loads_total").values()) - loads0
         evictions = sum(series(server, "torchbay_model_evictions_total").values()) - evictions0
         peak_loaded = series(server, "torchbay_loaded_models")[""]
@@ -307,13 +316,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="torchbay-multiplex-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="torchbay-multiplex-") as tmp, LoadGenerator(1) as gen:
         root = Path(tmp)
         store = build_store(root, args.models)
         for n in range(1, args.runs + 1):
             run = {
-                "single": run_single(root, store, args),
-                "multiplexed": run_multiplexed(root, store, args, seed=n),
+                "single": run_single(gen, root, store, args),
+                "multiplexed": run_multiplexed(gen, root, store, args, seed=n),
             }
             (args.out / f"run-{n}.json").write_text(json.dumps(run, indent=2))
             print(json.dumps({"run": n, **run}), flush=True)

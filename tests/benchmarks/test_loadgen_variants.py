@@ -57,8 +57,8 @@ def test_variants_are_sent_in_turn_and_named_in_the_timeline(
     assert result.statuses == {"200": 10, "404": 20}
 
 
-def test_closed_loop_reports_each_answer_by_model(by_path: int) -> None:
-    answered = multiplex.closed_loop(by_path, ["a", "b"], 2, None)
+def test_closed_loop_reports_each_answer_by_model(gen: LoadGenerator, by_path: int) -> None:
+    answered = multiplex.closed_loop(gen, by_path, ["a", "b"], 2, None)
     assert sorted((model, status) for model, status, _ in answered) == [("a", 200), ("b", 404)]
     assert all(seconds > 0 for _, _, seconds in answered)
 
