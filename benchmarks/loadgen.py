@@ -20,7 +20,6 @@ server here (RESULTS.md, "Load generator capacity"); ``--procs`` only helps with
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import itertools
@@ -70,7 +69,7 @@ class _Runner:
         self.end = math.inf if plan.duration_s is None else self.window_start + plan.duration_s
         self.requests = plan.target.requests()
         self.cycle = itertools.cycle(range(len(self.requests)))
-        self.rec = Recorder(self.window_start)
+        self.rec = Recorder(self.window_start, plan.timeline)
         self.budget = share.requests
         self.capped = False
         self.conns: list[Conn] = []
@@ -79,7 +78,6 @@ class _Runner:
             import grpc  # noqa: F401  (here, not in the measured window)
         self.inflight = 0
         self.last_activity = start_at
-        self.timeline, self.variants = array.array("d"), array.array("I")
 
     async def _connect(self) -> Conn | GrpcConn:
         loop = asyncio.get_running_loop()
@@ -128,12 +126,7 @@ class _Runner:
         done = time.monotonic()
         self.inflight -= 1
         self.last_activity = done
-        self.rec.record(scheduled, sent, done, status)
-        if self.plan.timeline:
-            start = sent if scheduled is None else scheduled
-            code = float(status) if status.isdigit() else -1.0
-            self.timeline.extend((start - self.window_start, done - start, code))
-            self.variants.append(index)
+        self.rec.record(scheduled, sent, done, status, index)
 
     async def _closed_worker(self) -> None:
         conn: Conn | GrpcConn | None = None
@@ -233,22 +226,7 @@ class _Runner:
             conn.close()
         if self.grpc is not None:
             await self.grpc.aclose()
-        rec = self.rec
-        return Part(
-            latency=rec.latency.tobytes(),
-            service=rec.service.tobytes(),
-            lag=rec.lag.tobytes(),
-            statuses=dict(rec.statuses),
-            sent=rec.sent,
-            first_sent=rec.first_sent,
-            last_done=rec.last_done,
-            window_start=self.window_start,
-            cpu_s=_cpu_s() - cpu0,
-            wall_s=time.monotonic() - wall0,
-            capped=self.capped,
-            timeline=self.timeline.tobytes(),
-            variants=self.variants.tobytes(),
-        )
+        return self.rec.part(_cpu_s() - cpu0, time.monotonic() - wall0, self.capped)
 
     def _count_timeouts(self) -> None:
         answered = sum(self.rec.statuses.values())

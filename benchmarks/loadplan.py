@@ -114,7 +114,6 @@ class Part:
     lag: bytes = b""
     statuses: dict[str, int] = field(default_factory=dict)
     sent: int = 0
-    first_sent: float = math.inf
     last_done: float = 0.0
     window_start: float = 0.0
     cpu_s: float = 0.0
