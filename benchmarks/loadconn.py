@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import array
 import asyncio
-import math
 from collections import Counter
 
 from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser
-from torchbay.benchmarks.loadplan import CONN_ERROR, TIMEOUT, Target
+from torchbay.benchmarks.loadplan import CONN_ERROR, TIMEOUT, Part, Target
 
 
 class Conn(asyncio.Protocol):
@@ -106,9 +105,10 @@ class GrpcConn:
 
 
 class Recorder:
-    """Collects one process's measurements for requests started inside the window."""
+    """Collects one process's measurements for requests started inside the window; with
+    ``timeline``, every answer's (start, latency, status) and request index, warm-up included."""
 
-    def __init__(self, window_start: float) -> None:
+    def __init__(self, window_start: float, timeline: bool = False) -> None:
         self.window_start = window_start
         self.latency = array.array("d")
         self.service = array.array("d")
@@ -116,12 +116,19 @@ class Recorder:
         self.statuses: Counter[str] = Counter()
         self.completed = 0
         self.sent = 0
-        self.first_sent = math.inf
         self.last_done = 0.0
+        self.keep_timeline = timeline
+        self.timeline, self.variants = array.array("d"), array.array("I")
 
-    def record(self, scheduled: float | None, sent: float, done: float, status: str) -> None:
+    def record(
+        self, scheduled: float | None, sent: float, done: float, status: str, index: int = 0
+    ) -> None:
         self.completed += 1
         start = sent if scheduled is None else scheduled
+        if self.keep_timeline:
+            code = float(status) if status.isdigit() else -1.0
+            self.timeline.extend((start - self.window_start, done - start, code))
+            self.variants.append(index)
         if start < self.window_start:
             return  # warm-up
         self.statuses[status] += 1
@@ -138,4 +145,20 @@ class Recorder:
     def count_sent(self, start: float) -> None:
         if start >= self.window_start:
             self.sent += 1
-            self.first_sent = min(self.first_sent, start)
+
+    def part(self, cpu_s: float, wall_s: float, capped: bool) -> Part:
+        """What this process sends back to the parent."""
+        return Part(
+            latency=self.latency.tobytes(),
+            service=self.service.tobytes(),
+            lag=self.lag.tobytes(),
+            statuses=dict(self.statuses),
+            sent=self.sent,
+            last_done=self.last_done,
+            window_start=self.window_start,
+            cpu_s=cpu_s,
+            wall_s=wall_s,
+            capped=capped,
+            timeline=self.timeline.tobytes(),
+            variants=self.variants.tobytes(),
+        )

@@ -13,18 +13,13 @@ How late each request left its schedule is reported as ``lag``; a p99 lag above
 :data:`LAG_WARN_MS`, a connection cap reached or a generator process near 100% CPU mark the run
 ``behind`` with the reason, because then the numbers describe the generator, not the server.
 
-Timer granularity: event-loop timers fire with ~1 ms resolution, so open-loop lag is typically
-0.1-1 ms; a request that leaves early is timed from its actual send, never from before it.
-
-Capacity (``benchmarks/RESULTS.md``, "Load generator capacity"): against the bare raw-ASGI echo
-server one process came within ~10-20% of ``wrk -t1`` on 2 cores (the echo server's core is the
-limit), far above any model server here. Responses are parsed by httptools (~2-3 us each). Use
-more processes (``--procs``) only on machines with spare cores.
+Event-loop timers fire with ~1 ms resolution, so open-loop lag is typically 0.1-1 ms; a request
+that leaves early is timed from its actual send. One process keeps up with far more than any model
+server here (RESULTS.md, "Load generator capacity"); ``--procs`` only helps with spare cores.
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import itertools
@@ -74,7 +69,7 @@ class _Runner:
         self.end = math.inf if plan.duration_s is None else self.window_start + plan.duration_s
         self.requests = plan.target.requests()
         self.cycle = itertools.cycle(range(len(self.requests)))
-        self.rec = Recorder(self.window_start)
+        self.rec = Recorder(self.window_start, plan.timeline)
         self.budget = share.requests
         self.capped = False
         self.conns: list[Conn] = []
@@ -83,7 +78,6 @@ class _Runner:
             import grpc  # noqa: F401  (here, not in the measured window)
         self.inflight = 0
         self.last_activity = start_at
-        self.timeline = array.array("d")
 
     async def _connect(self) -> Conn | GrpcConn:
         loop = asyncio.get_running_loop()
@@ -112,7 +106,8 @@ class _Runner:
         reuse, or None after a failure."""
         sent = time.monotonic()
         self.rec.count_sent(sent if scheduled is None else scheduled)
-        request = self.requests[next(self.cycle)]
+        index = next(self.cycle)
+        request = self.requests[index]
         self.inflight += 1
         self.last_activity = sent
         try:
@@ -120,22 +115,18 @@ class _Runner:
                 conn = await self._connect()
             status = await conn.roundtrip(request)
         except (OSError, HttpParseError):
-            self._finish(scheduled, sent, CONN_ERROR)
+            self._finish(scheduled, sent, CONN_ERROR, index)
             if conn is not None:
                 conn.close()
             return None
-        self._finish(scheduled, sent, str(status))
+        self._finish(scheduled, sent, str(status), index)
         return conn
 
-    def _finish(self, scheduled: float | None, sent: float, status: str) -> None:
+    def _finish(self, scheduled: float | None, sent: float, status: str, index: int) -> None:
         done = time.monotonic()
         self.inflight -= 1
         self.last_activity = done
-        self.rec.record(scheduled, sent, done, status)
-        if self.plan.timeline:
-            start = sent if scheduled is None else scheduled
-            code = float(status) if status.isdigit() else -1.0
-            self.timeline.extend((start - self.window_start, done - start, code))
+        self.rec.record(scheduled, sent, done, status, index)
 
     async def _closed_worker(self) -> None:
         conn: Conn | GrpcConn | None = None
@@ -235,21 +226,7 @@ class _Runner:
             conn.close()
         if self.grpc is not None:
             await self.grpc.aclose()
-        rec = self.rec
-        return Part(
-            latency=rec.latency.tobytes(),
-            service=rec.service.tobytes(),
-            lag=rec.lag.tobytes(),
-            statuses=dict(rec.statuses),
-            sent=rec.sent,
-            first_sent=rec.first_sent,
-            last_done=rec.last_done,
-            window_start=self.window_start,
-            cpu_s=_cpu_s() - cpu0,
-            wall_s=time.monotonic() - wall0,
-            capped=self.capped,
-            timeline=self.timeline.tobytes(),
-        )
+        return self.rec.part(_cpu_s() - cpu0, time.monotonic() - wall0, self.capped)
 
     def _count_timeouts(self) -> None:
         answered = sum(self.rec.statuses.values())

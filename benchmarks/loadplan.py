@@ -28,7 +28,10 @@ TIMEOUT = "timeout"
 class Target:
     """Where to send: one route, headers, and payloads (cycled in order). With ``grpc`` (a
     method's path, ``/package.Service/Method``) the payloads are serialized request messages,
-    sent as unary calls over one channel, and the headers go as call metadata."""
+    sent as unary calls over one channel, and the headers go as call metadata. ``paths``, when
+    given, are request variants cycled in order instead of ``path`` (a per-request model mix,
+    drawn once so every run sends the same sequence); the timeline then says which one each
+    answer was (:attr:`LoadResult.variants`)."""
 
     host: str
     port: int
@@ -37,15 +40,20 @@ class Target:
     headers: tuple[tuple[str, str], ...] = ()
     method: str = "POST"
     grpc: str = ""
+    paths: tuple[str, ...] = ()
 
     def requests(self) -> list[bytes]:
-        """The complete wire bytes of one request per payload (gRPC: the messages)."""
+        """The complete wire bytes of one request per payload, or per path of ``paths`` with
+        the payloads cycled (gRPC: the messages)."""
         if self.grpc:
             return list(self.payloads)
-        host = f"{self.host}:{self.port}"
+        host, headers = f"{self.host}:{self.port}", dict(self.headers)
+        bodies = self.payloads
+        if not self.paths:
+            return [build_request(self.method, self.path, host, b, headers) for b in bodies]
         return [
-            build_request(self.method, self.path, host, body, dict(self.headers))
-            for body in self.payloads
+            build_request(self.method, path, host, bodies[i % len(bodies)], headers)
+            for i, path in enumerate(self.paths)
         ]
 
 
@@ -106,13 +114,13 @@ class Part:
     lag: bytes = b""
     statuses: dict[str, int] = field(default_factory=dict)
     sent: int = 0
-    first_sent: float = math.inf
     last_done: float = 0.0
     window_start: float = 0.0
     cpu_s: float = 0.0
     wall_s: float = 0.0
     capped: bool = False
     timeline: bytes = b""
+    variants: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,8 @@ class LoadResult:
     # With LoadPlan.timeline: flat float64 triples per answer, (start s after the window opened
     # (scheduled send in open loop), latency s, HTTP status or -1 for a connection error).
     timeline: bytes = field(default=b"", repr=False)
+    # With LoadPlan.timeline: the index into Target.requests() of each timeline answer (uint32).
+    variants: bytes = field(default=b"", repr=False)
 
     @property
     def errors(self) -> int:
@@ -203,10 +213,11 @@ def split_plan(plan: LoadPlan, processes: int) -> list[Share]:
 def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
     """Combine the processes' measurements into one :class:`LoadResult`."""
     latency, service, lag = array.array("d"), array.array("d"), array.array("d")
-    timeline = array.array("d")
+    timeline, variants = array.array("d"), array.array("I")
     statuses: Counter[str] = Counter()
     for part in parts:
         timeline.frombytes(part.timeline)
+        variants.frombytes(part.variants)
         latency.frombytes(part.latency)
         service.frombytes(part.service)
         lag.frombytes(part.lag)
@@ -248,4 +259,5 @@ def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
         behind=behind,
         generator_cpu_s=sum(p.cpu_s for p in parts),
         timeline=timeline.tobytes(),
+        variants=variants.tobytes(),
     )

@@ -23,16 +23,16 @@ costs a whole interpreter and torch import. The fork server (another change) wil
 starts cheaper; these figures are today's spawn.
 
 Each run's figures go to ``results/multiplex/run-<n>.json``, the medians over runs to
-``results/multiplex/summary.json`` with the command line. The client is one asyncio loop with
-raw HTTP/1.1 keep-alive connections (a loaded host's Python client costs ~0.1 ms a request).
+``results/multiplex/summary.json`` with the command line. The client is the load generator
+(``loadgen.py``): one process, raw HTTP/1.1 keep-alive connections, the Zipf mix drawn once per
+run as the target's request variants.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import array
 import bisect
-import contextlib
 import itertools
 import json
 import random
@@ -46,17 +46,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 from torchbay.benchmarks import procstat, scrape
-from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser, build_request
+from torchbay.benchmarks.errors import BenchError
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
+from torchbay.benchmarks.loadplan import TIMEOUT
 from torchbay.benchmarks.managed import ManagedServer
+from torchbay.benchmarks.round2_overload import answers
 from torchbay.benchmarks.stats import percentile
 
 RESULTS = Path("results/multiplex")
 BODY = json.dumps([round(0.01 * i, 2) for i in range(16)]).encode()
 JSON = {"Content-Type": "application/json"}
 HOT = 10  # "the hottest models": ranks 1..HOT
+ZIPF_DRAWS = 20000  # one run's request mix, drawn once and cycled
 
 
 def build_store(root: Path, count: int) -> Path:
@@ -91,11 +94,6 @@ def start_server(root: Path, store: Path, models: list[str], budget: int) -> Man
     """``torchbay serve`` for ``models`` of the store on free ports, no token, no access log."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
     props = {
-        "inference_address": "http://127.0.0.1:0",
-        "management_address": "http://127.0.0.1:0",
-        "metrics_address": "http://127.0.0.1:0",
-        "model_store": str(store),
-        "load_models": ",".join(f"{m}.mar" for m in models),
         "max_loaded_models": str(budget),
         # With a budget every model starts unloaded (the warm-up loads the hot ones).
         "default_workers_per_model": "0" if budget else "1",
@@ -104,19 +102,16 @@ def start_server(root: Path, store: Path, models: list[str], budget: int) -> Man
     }
     config = run_dir / "config.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    command = [sys.executable, "-m", "torchbay", "serve", "--ts-config", str(config)]
-    server = ManagedServer([*command, "--disable-token-auth"], run_dir, start_timeout_s=600)
+    server = ManagedServer.torchbay(
+        store / f"{models[0]}.mar",
+        run_dir,
+        auth=False,
+        models=tuple(f"{m}.mar" for m in models),
+        extra_args=("--ts-config", str(config)),
+    )
+    server.start_timeout_s = 600
     server.start()
     return server
-
-
-def worker_rss(server: ManagedServer) -> list[int]:
-    """The resident memory of each process below the server (its workers), bytes."""
-    out = []
-    for child in procstat.tree(server.pid)[1:]:
-        with contextlib.suppress(psutil.Error):  # a worker that just exited
-            out.append(child.memory_info().rss)
-    return out
 
 
 def series(server: ManagedServer, name: str) -> dict[str, float]:
@@ -133,50 +128,48 @@ def p(values: list[float], q: float) -> float:
     return percentile(values, q * 100) * 1000
 
 
-async def _request(
-    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], model: str
-) -> tuple[int, float]:
-    """One POST /predictions/<model> on a keep-alive connection, in the load generator's wire
-    format (``httpwire``): (status, seconds)."""
-    reader, writer = conn
-    parser = ResponseParser()
-    start = time.perf_counter()
-    writer.write(build_request("POST", f"/predictions/{model}", "bench", BODY, JSON))
-    while True:
-        chunk = await reader.read(65536)
-        if not chunk:
-            raise HttpParseError(f"{model}: the server closed the connection")
-        if done := parser.feed(chunk):
-            return done[0][0], time.perf_counter() - start
+def closed_loop(
+    gen: LoadGenerator,
+    port: int,
+    models: list[str],
+    concurrency: int,
+    seconds: float | None,
+    timeout: float = 120,
+) -> list[tuple[str, int, float]]:
+    """``concurrency`` connections of the load generator, each sending the next request once
+    answered, to ``models`` in turn, for ``seconds`` (None: one request per model):
+    (model, status, seconds) per answered request."""
+    target = Target(
+        "127.0.0.1",
+        port,
+        "",
+        (BODY,),
+        tuple(JSON.items()),
+        paths=tuple(f"/predictions/{m}" for m in models),
+    )
+    plan = LoadPlan(
+        target,
+        concurrency=concurrency,
+        duration_s=seconds,
+        requests=None if seconds else len(models),
+        timeout_s=timeout,
+        timeline=True,
+    )
+    result = gen.run(plan)
+    if result.statuses.get(TIMEOUT):
+        raise BenchError(f"{result.statuses[TIMEOUT]} requests unanswered after {timeout} s")
+    variants = array.array("I", result.variants)
+    return [
+        (models[v], int(a.status), a.latency)
+        for v, a in zip(variants, answers(result.timeline), strict=True)
+    ]
 
 
-async def closed_loop(
-    port: int, pick: Any, concurrency: int, seconds: float
-) -> list[tuple[str, int, float, float]]:
-    """``concurrency`` connections, each sending the next request once answered, for
-    ``seconds``: (model, status, seconds, sent at) per answered request."""
-    out: list[tuple[str, int, float, float]] = []
-    end = time.monotonic() + seconds
-
-    async def one() -> None:
-        conn = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            while time.monotonic() < end:
-                model = pick()
-                sent = time.monotonic()
-                status, took = await asyncio.wait_for(_request(conn, model), 120)
-                out.append((model, status, took, sent))
-        finally:
-            conn[1].close()
-
-    await asyncio.gather(*(one() for _ in range(concurrency)))
-    return out
-
-
-def zipf_picker(count: int, s: float, seed: int) -> Any:
+def zipf_mix(count: int, s: float, seed: int, draws: int = ZIPF_DRAWS) -> list[str]:
+    """``draws`` model names, model k of rank k with probability ~ 1/k^s."""
     rng = random.Random(seed)
     cum = list(itertools.accumulate(1 / k**s for k in range(1, count + 1)))
-    return lambda: name(bisect.bisect(cum, rng.random() * cum[-1]) + 1)
+    return [name(bisect.bisect(cum, rng.random() * cum[-1]) + 1) for _ in range(draws)]
 
 
 class RssPeak(threading.Thread):
@@ -184,38 +177,42 @@ class RssPeak(threading.Thread):
 
     def __init__(self, server: ManagedServer) -> None:
         super().__init__(daemon=True)
-        self.server, self.peak, self.peak_workers = server, 0, 0
+        self.server, self.peak, self.peak_workers = server, 0.0, 0
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.25):
-            rss = worker_rss(self.server)
-            if sum(rss) > self.peak:
-                self.peak, self.peak_workers = sum(rss), len(rss)
+            memory = procstat.memory_snapshot(self.server.pid, with_pss=False)
+            if memory.workers_rss_mb > self.peak:
+                self.peak, self.peak_workers = memory.workers_rss_mb, memory.processes - 1
 
 
-def run_single(root: Path, store: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_single(
+    gen: LoadGenerator, root: Path, store: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     server = start_server(root, store, [name(1)], budget=0)
     endpoints = server.endpoints
     assert endpoints is not None
     try:
         port = endpoints.inference_port
-        asyncio.run(closed_loop(port, lambda: name(1), args.concurrency, 2.0))  # warm
-        answered = asyncio.run(closed_loop(port, lambda: name(1), args.concurrency, args.seconds))
-        rss = worker_rss(server)
+        closed_loop(gen, port, [name(1)], args.concurrency, 2.0)  # warm
+        answered = closed_loop(gen, port, [name(1)], args.concurrency, args.seconds)
+        rss = procstat.memory_snapshot(server.pid, with_pss=False).largest_child_rss_mb
     finally:
         server.stop()
-    ok = [t for _, status, t, _ in answered if status == 200]
+    ok = [t for _, status, t in answered if status == 200]
     return {
         "requests": len(answered),
         "errors": len(answered) - len(ok),
         "p50_ms": p(ok, 0.50),
         "p99_ms": p(ok, 0.99),
-        "worker_rss_mb": max(rss) / 2**20 if rss else None,
+        "worker_rss_mb": rss or None,
     }
 
 
-def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+def run_multiplexed(
+    gen: LoadGenerator, root: Path, store: Path, args: argparse.Namespace, seed: int
+) -> dict[str, Any]:
     models = [name(k) for k in range(1, args.models + 1)]
     server = start_server(root, store, models, budget=args.budget)
     endpoints = server.endpoints
@@ -224,12 +221,16 @@ def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int
     sampler.start()
     try:
         port = endpoints.inference_port
-        pick = zipf_picker(args.models, args.zipf, seed)
-        asyncio.run(_first_requests(port, [name(k) for k in range(1, HOT + 1)]))
-        asyncio.run(closed_loop(port, pick, args.concurrency, args.warmup))
+        mix = zipf_mix(args.models, args.zipf, seed)
+        # One request to each of the hottest at once: loads them, in parallel.
+        first = closed_loop(gen, port, [name(k) for k in range(1, HOT + 1)], HOT, None, timeout=600)
+        if refused := [(m, status) for m, status, _ in first if status != 200]:
+            raise BenchError(f"first requests refused: {refused}")
+        sent = len(closed_loop(gen, port, mix, args.concurrency, args.warmup)) % len(mix)
+        mix = mix[sent:] + mix[:sent]  # the window goes on with the mix where warm-up left it
         loads0 = sum(series(server, "torchbay_model_loads_total").values())
         evictions0 = sum(series(server, "torchbay_model_evictions_total").values())
-        answered = asyncio.run(closed_loop(port, pick, args.concurrency, args.seconds))
+        answered = closed_loop(gen, port, mix, args.concurrency, args.seconds)
         loads = sum(series(server, "torchbay_model_loads_total").values()) - loads0
         evictions = sum(series(server, "torchbay_model_evictions_total").values()) - evictions0
         peak_loaded = series(server, "torchbay_loaded_models")[""]
@@ -239,7 +240,7 @@ def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int
         sampler.join()
         server.stop()
     hot = {name(k) for k in range(1, HOT + 1)}
-    ok = [(m, t) for m, status, t, _ in answered if status == 200]
+    ok = [(m, t) for m, status, t in answered if status == 200]
     hot_times = [t for m, t in ok if m in hot]
     return {
         "requests": len(answered),
@@ -252,24 +253,9 @@ def run_multiplexed(root: Path, store: Path, args: argparse.Namespace, seed: int
         "evictions_in_window": evictions,
         "loaded_models_at_end": peak_loaded,
         "cold_start_ms": cold,
-        "peak_worker_rss_mb": sampler.peak / 2**20,
+        "peak_worker_rss_mb": sampler.peak,
         "peak_workers": sampler.peak_workers,
     }
-
-
-async def _first_requests(port: int, models: list[str]) -> None:
-    """One request to each of ``models`` at once (loads them, in parallel)."""
-
-    async def one(model: str) -> None:
-        conn = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            status, _ = await asyncio.wait_for(_request(conn, model), 600)
-            if status != 200:
-                raise RuntimeError(f"first request to {model}: {status}")
-        finally:
-            conn[1].close()
-
-    await asyncio.gather(*(one(model) for model in models))
 
 
 def _cold_starts(server: ManagedServer, args: argparse.Namespace) -> list[float]:
@@ -330,13 +316,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="torchbay-multiplex-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="torchbay-multiplex-") as tmp, LoadGenerator(1) as gen:
         root = Path(tmp)
         store = build_store(root, args.models)
         for n in range(1, args.runs + 1):
             run = {
-                "single": run_single(root, store, args),
-                "multiplexed": run_multiplexed(root, store, args, seed=n),
+                "single": run_single(gen, root, store, args),
+                "multiplexed": run_multiplexed(gen, root, store, args, seed=n),
             }
             (args.out / f"run-{n}.json").write_text(json.dumps(run, indent=2))
             print(json.dumps({"run": n, **run}), flush=True)

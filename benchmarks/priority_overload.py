@@ -40,6 +40,7 @@ from typing import Any
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.managed import ManagedServer
+from torchbay.benchmarks.report import markdown_table
 from torchbay.benchmarks.round2_overload import answers
 from torchbay.benchmarks.stats import percentile
 
@@ -158,33 +159,27 @@ def run_once(
     return {name: summarize(result) for name, result in results.items()}
 
 
-def summary_capacity(args: argparse.Namespace) -> float:
-    return float(getattr(args, "capacity", 0.0))
-
-
-def median_of(runs: list[dict], cls: str, key: str) -> float:
-    return statistics.median(run[cls][key] for run in runs)
+# The table's figures after mode and class: each the median over runs, in its format.
+MEDIANS = {"offered_per_s": "{:.0f}", "ok": "{:.0f}", "refused_pct": "{:.1f}%"}
+MEDIANS |= {"p50_ms": "{:.1f}", "p99_ms": "{:.1f}"}
+COLUMNS = ("mode", "class", "offered/s", "200s", "refused 503", "p50 ms (200s)", "p99 ms (200s)")
 
 
 def report(summary: dict[str, list[dict]], args: argparse.Namespace) -> str:
     """The Markdown table of the medians, one row per mode and class."""
-    rows = [
-        f"Capacity {summary_capacity(args):.1f}/s measured; offered {args.load:g}x, "
-        f"{args.high_share:.0%} at priority 1; maxQueueDelayMs {args.bound_ms:g}; "
-        f"{args.seconds:g} s per run; medians of {args.runs} runs.",
-        "",
-        "| mode | class | offered/s | 200s | refused 503 | p50 ms (200s) | p99 ms (200s) |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for mode, runs in summary.items():
         for cls in ("high", "low"):
-            rows.append(
-                f"| {mode} | {cls} | {median_of(runs, cls, 'offered_per_s'):.0f} "
-                f"| {median_of(runs, cls, 'ok'):.0f} "
-                f"| {median_of(runs, cls, 'refused_pct'):.1f}% "
-                f"| {median_of(runs, cls, 'p50_ms'):.1f} | {median_of(runs, cls, 'p99_ms'):.1f} |"
-            )
-    return "\n".join(rows) + "\n"
+            cells = [
+                f.format(statistics.median(r[cls][k] for r in runs)) for k, f in MEDIANS.items()
+            ]
+            rows.append([mode, cls, *cells])
+    head = (
+        f"Capacity {args.capacity:.1f}/s measured; offered {args.load:g}x, "
+        f"{args.high_share:.0%} at priority 1; maxQueueDelayMs {args.bound_ms:g}; "
+        f"{args.seconds:g} s per run; medians of {args.runs} runs."
+    )
+    return f"{head}\n\n{markdown_table(COLUMNS, rows, '--:::::')}\n"
 
 
 def _queue_ns(module: Any, n: int, levels: Any = None) -> float:

@@ -71,6 +71,12 @@ class MemorySnapshot:
     tree_rss_mb: float
     tree_pss_mb: float | None
     processes: int
+    largest_child_rss_mb: float = 0.0  # one worker's (or a fork server's template's) own RSS
+
+    @property
+    def workers_rss_mb(self) -> float:
+        """The resident memory of every process below the root (its workers)."""
+        return self.tree_rss_mb - self.frontend_rss_mb
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -129,19 +135,20 @@ def cpu_ms_per_request(cpu_seconds: float, requests: int) -> float:
     return cpu_seconds * 1000.0 / requests
 
 
-def memory_snapshot(pid: int) -> MemorySnapshot:
+def memory_snapshot(pid: int, with_pss: bool = True) -> MemorySnapshot:
     """RSS/PSS of ``pid`` (the frontend) and of its whole tree. PSS is None where the platform or
-    permissions do not give it (it needs /proc/PID/smaps)."""
+    permissions do not give it (it needs /proc/PID/smaps), or without ``with_pss``: reading smaps
+    costs the host CPU, too much for a sampler running beside a measured window."""
     frontend_rss = 0
     frontend_pss: int | None = None
-    tree_rss = 0
+    tree_rss = largest_child = 0
     tree_pss: int | None = 0
     count = 0
     for proc in tree(pid):
         try:
             rss = proc.memory_info().rss
             try:
-                pss: int | None = proc.memory_full_info().pss
+                pss: int | None = proc.memory_full_info().pss if with_pss else None
             except (psutil.AccessDenied, AttributeError):
                 pss = None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -151,12 +158,15 @@ def memory_snapshot(pid: int) -> MemorySnapshot:
         tree_pss = None if tree_pss is None or pss is None else tree_pss + pss
         if proc.pid == pid:
             frontend_rss, frontend_pss = rss, pss
+        else:
+            largest_child = max(largest_child, rss)
     return MemorySnapshot(
         frontend_rss_mb=frontend_rss / _MB,
         frontend_pss_mb=None if frontend_pss is None else frontend_pss / _MB,
         tree_rss_mb=tree_rss / _MB,
         tree_pss_mb=None if tree_pss is None else tree_pss / _MB,
         processes=count,
+        largest_child_rss_mb=largest_child / _MB,
     )
 
 

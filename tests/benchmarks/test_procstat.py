@@ -2,8 +2,12 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import time
+from subprocess import PIPE
 
+import psutil
 import pytest
 
 from torchbay.benchmarks import procstat
@@ -53,3 +57,15 @@ def test_snapshots_of_this_process() -> None:
     assert memory.tree_rss_mb >= memory.frontend_rss_mb > 1
     if memory.frontend_pss_mb is not None:
         assert 0 < memory.frontend_pss_mb <= memory.frontend_rss_mb
+
+
+def test_workers_rss_counts_the_children_and_skips_pss_when_asked() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE)
+    try:
+        memory = procstat.memory_snapshot(os.getpid(), with_pss=False)
+        assert memory.processes >= 2
+        assert memory.frontend_pss_mb is None and memory.tree_pss_mb is None
+        child_rss = psutil.Process(child.pid).memory_info().rss / 2**20
+        assert memory.workers_rss_mb >= memory.largest_child_rss_mb >= child_rss * 0.9 > 1
+    finally:
+        child.communicate(b"")

@@ -1,0 +1,74 @@
+"""Request variants (``Target.paths``): the load generator sends them in turn and says which one
+each answer was, as the many-models benchmark needs for its Zipf mix (multiplex.py)."""
+
+from __future__ import annotations
+
+import array
+import collections
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from torchbay.benchmarks import multiplex
+from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
+from torchbay.benchmarks.round2_overload import answers
+
+
+class _ByPath(BaseHTTPRequestHandler):
+    """Keep-alive HTTP/1.1: 200 for /predictions/a, 404 for any other path."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        status = 200 if self.path == "/predictions/a" else 404
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+
+@pytest.fixture(scope="module")
+def by_path() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ByPath)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_variants_are_sent_in_turn_and_named_in_the_timeline(
+    gen: LoadGenerator, by_path: int
+) -> None:
+    paths = ("/predictions/a", "/predictions/b", "/predictions/b")
+    target = Target("127.0.0.1", by_path, "", (b"{}",), paths=paths)
+    assert len(target.requests()) == 3
+    result = gen.run(LoadPlan(target, concurrency=2, duration_s=None, requests=30, timeline=True))
+    variants = array.array("I", result.variants)
+    assert len(variants) == result.completed == 30
+    assert collections.Counter(variants) == {0: 10, 1: 10, 2: 10}
+    for index, answer in zip(variants, answers(result.timeline), strict=True):
+        assert answer.status == (200 if index == 0 else 404)
+    assert result.statuses == {"200": 10, "404": 20}
+
+
+def test_closed_loop_reports_each_answer_by_model(gen: LoadGenerator, by_path: int) -> None:
+    answered = multiplex.closed_loop(gen, by_path, ["a", "b"], 2, None)
+    assert sorted((model, status) for model, status, _ in answered) == [("a", 200), ("b", 404)]
+    assert all(seconds > 0 for _, _, seconds in answered)
+
+
+def test_zipf_mix_is_seeded_and_skewed_to_the_first_ranks() -> None:
+    mix = multiplex.zipf_mix(200, 1.1, seed=1, draws=5000)
+    assert mix == multiplex.zipf_mix(200, 1.1, seed=1, draws=5000)
+    assert mix != multiplex.zipf_mix(200, 1.1, seed=2, draws=5000)
+    counts = collections.Counter(mix)
+    assert counts.most_common(1)[0][0] == "m001"
+    # 1/k^1.1 over 200 ranks: the first ten take ~57% of the requests.
+    hot = sum(counts[multiplex.name(k)] for k in range(1, 11)) / len(mix)
+    assert hot == pytest.approx(0.57, abs=0.03)
