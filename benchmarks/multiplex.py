@@ -18,9 +18,10 @@ built once, in a temporary folder, from one tiny scripted MLP (16 -> 32 -> 8):
    nothing else running, ``--cold`` requests one after another to unloaded models of the tail:
    the cold-start latency (an eviction, a worker spawned, the model loaded, the answer).
 
-Workers are spawned (``python -m torchbay.server.worker``), torch imported in each: a cold start
-costs a whole interpreter and torch import. The fork server (another change) will make cold
-starts cheaper; these figures are today's spawn.
+Workers start as the server's default ``worker_start`` says: forked from the worker template
+today. The summed RSS then counts the template (one process more than the budget) and, in each
+worker, the pages it shares with the template; RESULTS.md's "Many models per host" tables were
+taken when workers were spawned (each its own interpreter and torch import).
 
 Each run's figures go to ``results/multiplex/run-<n>.json``, the medians over runs to
 ``results/multiplex/summary.json`` with the command line. The client is the load generator
