@@ -60,8 +60,11 @@ def test_snapshots_of_this_process() -> None:
 
 
 def test_workers_rss_counts_the_children_and_skips_pss_when_asked() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE)
+    program = "import sys; print('up', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", program], stdin=PIPE, stdout=PIPE)
     try:
+        # Its interpreter started (not a process that has just exec'd, under 1 MB resident).
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
         memory = procstat.memory_snapshot(os.getpid(), with_pss=False)
         assert memory.processes >= 2
         assert memory.frontend_pss_mb is None and memory.tree_pss_mb is None
