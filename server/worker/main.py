@@ -317,10 +317,15 @@ def exit_now(code: int) -> None:
     only the module teardown is skipped, as a forked child already does (``template.py``).
     """
     atexit._run_exitfuncs()
+    flush_stdio()
+    os._exit(code)
+
+
+def flush_stdio() -> None:
+    """Write out what stdout and stderr hold (before ``os._exit``, or before a fork)."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe: nothing left to lose
             stream.flush()
-    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,6 @@ on in their own sessions and exit on their own socket's EOF.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -63,15 +62,11 @@ def _child(request: dict, fd: int, inherited: list[int]) -> int:
     return main.run(socket.socket(fileno=fd))
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed pipe: nothing left to lose
-            stream.flush()
-
-
 def _fork(request: dict, fd: int, inherited: list[int]) -> int:
     """Fork a worker on ``fd``; its pid (in the template)."""
-    _flush()  # else the child inherits, and later writes, a copy of what is buffered
+    from torchbay.server.worker.main import exit_now, flush_stdio  # (the template has them)
+
+    flush_stdio()  # else the child inherits, and later writes, a copy of what is buffered
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -80,8 +75,6 @@ def _fork(request: dict, fd: int, inherited: list[int]) -> int:
         except BaseException:
             log.exception("forked worker failed")
         finally:
-            from torchbay.server.worker.main import exit_now  # (imported: the template's)
-
             exit_now(code)  # atexit hooks (logging's flush) run; no interpreter teardown
     os.close(fd)
     return pid
