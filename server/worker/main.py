@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
+import inspect
 import logging
 import os
 import queue
@@ -224,18 +226,7 @@ def serve(sock: socket.socket) -> int:
     started_on = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     try:
         _pin(load)
-        service = load_service(
-            load.model_dir,
-            handler=load.handler,
-            batch_size=load.batch_size,
-            gpu_id=load.gpu_id,
-            server_version=load.server_version,
-            limit_max_image_pixels=load.limit_max_image_pixels,
-            model_name=load.model_name,
-            model_version=load.model_version,
-            max_request_size=load.max_request_size,
-            decode_input_request=load.decode_input_request,
-        )
+        service = load_service(load.model_dir, **_service_options(load, load_service))
     except Exception as exc:  # report any load failure to the frontend, then exit
         log.error("loading %s failed", load.model_name, exc_info=True)
         p.send_message(sock, p.LoadFailed(_load_error_type(exc), str(exc) or repr(exc)))
@@ -253,6 +244,18 @@ def serve(sock: socket.socket) -> int:
     # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect
     # was measured on CPU.
     return _serve_batches(sock, service, first=load.gpu_id is None, started_on=started_on)
+
+
+def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[str, object]:
+    """The ``Load``'s fields that ``load_service`` takes, by name: the Load is the launch spec
+    serialized, so a spec field the service reads reaches it without a line here (the rest,
+    threads and pinning, are the worker's own: ``_pin``)."""
+    accepted = inspect.signature(load_service).parameters
+    return {
+        f.name: getattr(load, f.name)
+        for f in dataclasses.fields(load)
+        if f.name in accepted and f.name != "model_dir"
+    }
 
 
 def _serve_batches(sock: socket.socket, service: object, first: bool, started_on: set[int]) -> int:
