@@ -152,7 +152,7 @@ def test_parity_check_catches_a_package_that_differs(
 def test_cuda_device_refused_on_a_cpu_host(tiny_src: Path, tmp_path: Path) -> None:
     if torch.cuda.is_available():
         # the refusal under test is a CPU-only host's; a GPU host compiles for CUDA instead
-        # (measured by benchmarks/gpu_bench.py where a GPU is lent)
+        # (measured by scripts/gpu/bench.py where a GPU is lent)
         pytest.skip("this host has a usable CUDA GPU: the CPU-only refusal does not apply")
     with pytest.raises(ArchiveArgumentError, match="no usable CUDA GPU"):
         package(_options(tiny_src, tmp_path, device="cuda"))

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_bench.py runs here on its CPU fallback: in-process, and one variant served."""
+"""scripts/gpu/bench.py runs here on its CPU fallback: in-process, and one variant served."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchbay.benchmarks import gpu_bench
+from tests.benchmarks.conftest import load_script
+
+gpu_bench = load_script("scripts/gpu/bench.py")
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CPU fallback")
 

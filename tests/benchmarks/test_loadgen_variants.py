@@ -1,5 +1,5 @@
 """Request variants (``Target.paths``): the load generator sends them in turn and says which one
-each answer was, as the many-models benchmark needs for its Zipf mix (multiplex.py)."""
+each answer was, as the many-models benchmark needs for its Zipf mix (results/multiplex/run.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from torchbay.benchmarks import multiplex
+from tests.benchmarks.conftest import load_script
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
 from torchbay.benchmarks.round2_overload import answers
+
+multiplex = load_script("results/multiplex/run.py")
 
 
 class _ByPath(BaseHTTPRequestHandler):

@@ -1,6 +1,6 @@
 """A new worker's start, spawned against forked (issue 31, item 1), side by side in one run.
 
-    python -m torchbay.benchmarks.worker_start [--runs 3] [--kills 2] [--out results/startup]
+    python results/startup/worker_start.py [--runs 3] [--kills 2] [--out results/startup]
 
 Each run starts a real server in this process (``TorchbayServer`` on 127.0.0.1 port 0, the
 ``tiny`` reference archive, ``worker_start`` spawn or fork, the two modes alternating run by run)
@@ -222,7 +222,7 @@ def render(summary: dict[str, Any], command: str, when: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m torchbay.benchmarks.worker_start", description=__doc__.splitlines()[0]
+        prog="python results/startup/worker_start.py", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--kills", type=int, default=2)
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                 starts += one_run(store, mode, args.kills, run)
                 print(f"run {run + 1}/{args.runs} {mode}: done", file=sys.stderr)
     summary = summarize(starts, args.runs)
-    command = "python -m torchbay.benchmarks.worker_start " + " ".join(argv or sys.argv[1:])
+    command = "python results/startup/worker_start.py " + " ".join(argv or sys.argv[1:])
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report = render(summary, command.strip(), when)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 in process and, with ``--serve``, under ``torchbay serve`` (the archive's model-config.yaml sets
 ``handler: {torchbay: ...}``; ``plain`` is BaseHandler's call before accel, ``enabled: false``).
 
-``python -m torchbay.benchmarks.gpu_bench --models tiny,cnn,wide --batch 8 --seconds 5 [--serve]``
+``python scripts/gpu/bench.py --models tiny,cnn,wide --batch 8 --seconds 5 [--serve]``
 prints one report row, a system per (model, variant, where): samples/s, median and p99 ms per
 batch, and the largest difference from ``plain``'s output; ``--json PATH`` writes it.
 
@@ -142,7 +142,7 @@ def served(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gpu_bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="scripts/gpu/bench.py", description=__doc__.split("\n")[0])
     p.add_argument("--models", default="tiny,cnn,wide")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--batch", type=int, default=8)

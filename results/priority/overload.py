@@ -10,7 +10,7 @@ Each mode runs ``--runs`` times on a fresh server; the report is the median of t
 
 Latencies are from each request's scheduled send (no coordinated omission), of the 200s.
 
-    python -m torchbay.benchmarks.priority_overload --runs 3 --out results/priority
+    python results/priority/overload.py --runs 3 --out results/priority
 
 Writes one JSON per run and ``summary.json`` / ``summary.md`` into ``--out``.
 

@@ -1,7 +1,7 @@
 """Many models per host (``max_loaded_models``, server/serving/multiplex.py): 200 tiny models
 behind a budget of 16 loaded, a Zipf-skewed request mix, against one served model.
 
-    python -m torchbay.benchmarks.multiplex [--models 200] [--budget 16] [--runs 3]
+    python results/multiplex/run.py [--models 200] [--budget 16] [--runs 3]
 
 Each run starts two real servers (``torchbay serve`` processes, their own ports) over archives
 built once, in a temporary folder, from one tiny scripted MLP (16 -> 32 -> 8):
@@ -289,7 +289,7 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     rss_one = med(("single", "worker_rss_mb"))
     cold = [statistics.median(r["multiplexed"]["cold_start_ms"]) for r in runs]
     return {
-        "command": "python -m torchbay.benchmarks.multiplex " + shlex.join(sys.argv[1:]),
+        "command": "python results/multiplex/run.py " + shlex.join(sys.argv[1:]),
         "runs": len(runs),
         "single_p99_ms": single_p99,
         "hot10_p99_ms": hot_p99,
