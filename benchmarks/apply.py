@@ -1,11 +1,6 @@
-"""``bench sla --apply``: write the winning settings into an archive's ``model-config.yaml``.
-
-The archive is unpacked with the archiver's safe extraction (which checks every sha256), the YAML
-gets ``batchSize``, ``maxBatchDelay``, ``minWorkers`` and ``maxWorkers`` (every other key is kept;
-comments are not, since PyYAML does not round-trip them), the manifest's hash of the file is
-updated (and ``configFile`` set when the archive had none), and the archive is written back in its
-own format through the archiver's atomic writer, so the next ``torchbay serve`` uses the winner.
-"""
+"""``bench sla --apply``: the winner's settings into an archive's ``model-config.yaml`` (other
+keys kept; comments lost, as PyYAML does not round-trip them), through the archiver's checked
+extraction and atomic writer, with the manifest's hash updated, so the next serve uses them."""
 
 from __future__ import annotations
 
@@ -107,8 +102,5 @@ def read_config(archive: str | Path) -> dict[str, Any]:
     from torchbay.archiver.extract import extract_archive
 
     with tempfile.TemporaryDirectory(prefix="tb-apply-") as work:
-        manifest = extract_archive(archive, Path(work) / "x")
-        name = manifest.model.config_file
-        if not name:
-            return {}
-        return yaml.safe_load((Path(work) / "x" / name).read_text()) or {}
+        name = extract_archive(archive, Path(work) / "x").model.config_file
+        return (yaml.safe_load((Path(work) / "x" / name).read_text()) or {}) if name else {}
