@@ -1,9 +1,6 @@
 """The files of an SLA search: ``report.md``, ``results.csv`` (one row per measured step, so every
-point of the plots can be checked), ``result.json`` and the plots.
-
-Every table is data: a list of (header, alignment, cell function) columns applied to the rows
-(:func:`_table`), written by ``report.markdown_table``.
-"""
+point of the plots can be checked), ``result.json`` and the plots. Each table is a list of
+columns (header, alignment, cell function) applied to the rows."""
 
 from __future__ import annotations
 
@@ -273,19 +270,17 @@ def step_row(step: Step) -> dict[str, Any]:
     }
 
 
+def _fields(oc: Outcome, *names: str) -> dict[str, Any]:
+    return {name: getattr(oc, name) for name in names}
+
+
 def _outcome_json(oc: Outcome) -> dict[str, Any]:
-    return {
-        **_config_json(oc),
-        "status": oc.status,
-        "why": oc.why,
-        "capacity": oc.capacity,
-        "best_rate": oc.best_rate,
-        "steps": [step_row(s) for s in oc.steps],
-    }
+    facts = _fields(oc, "status", "why", "capacity", "best_rate")
+    return {**_config_json(oc), **facts, "steps": [step_row(s) for s in oc.steps]}
 
 
 def _repeat_json(rep: Outcome) -> dict[str, Any]:
-    return {"rate": rep.rate, "p99_ms": rep.p99_ms, "ok_per_s": rep.ok_per_s, "passed": rep.passed}
+    return _fields(rep, "rate", "p99_ms", "ok_per_s", "passed")
 
 
 def result_json(result: SlaResult) -> dict[str, Any]:
