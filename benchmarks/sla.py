@@ -24,13 +24,7 @@ from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching, models_json
-from torchbay.benchmarks.sla_model import (
-    Outcome,
-    SlaOptions,
-    SlaResult,
-    Step,
-    crown,
-)
+from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step, crown
 
 Log = Callable[[str], None]
 AUTOPILOT = "autopilot"
