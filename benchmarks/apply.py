@@ -78,8 +78,7 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
         if manifest.model.config_file is None:
             update["model"] = manifest.model.model_copy(update={"config_file": name})
         if manifest.torchbay is not None:
-            files = dict(manifest.torchbay.files)
-            files[name] = sha256_file(config_path)
+            files = {**manifest.torchbay.files, name: sha256_file(config_path)}
             update["torchbay"] = manifest.torchbay.model_copy(update={"files": files})
         new_manifest = manifest.model_copy(update=update)
         # For a .tar.gz the name is the top folder TorchServe expects: the model's name.

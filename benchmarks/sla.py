@@ -126,6 +126,14 @@ class _Search:
         self.log(f"  {outcome.label:<16} skipped: {outcome.why}")
         return True
 
+    def repeat(self, outcomes: list[Outcome], phase: str, times: int) -> None:
+        """``times`` steps of each outcome at its best rate, alternating between them, so slow
+        drift of the machine hits each alike."""
+        for _ in range(times):
+            for oc in outcomes:
+                oc.steps.append(self.measure(oc.config, phase, oc.best_rate))
+                self.progress.tick(f"repeated {oc.label}")
+
     def search(self, outcome: Outcome) -> None:
         """Ramp from half the capacity until a step breaches, then bisect; sets best_rate,
         best_step and status."""
@@ -268,10 +276,7 @@ def _search_all(
     search.progress.drop(options.repeats * (top - len(ranked)))
     if ranked and options.repeats:
         log(f"repeating the top {len(ranked)} configuration(s) {options.repeats} times each")
-    for _ in range(options.repeats if ranked else 0):
-        for oc in ranked:  # alternate, so slow drift of the machine hits both alike
-            oc.steps.append(search.measure(oc.config, "repeat", oc.best_rate))
-            search.progress.tick(f"repeated {oc.label}")
+    search.repeat(ranked, "repeat", options.repeats)
     return outcomes, ranked
 
 
@@ -297,12 +302,11 @@ def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) 
         name=model,
         extra_args=("--ts-config", str(props.resolve())),
     )
-    runs = result.autopilot = Outcome(config, name=AUTOPILOT)
+    runs = result.autopilot = Outcome(config, best_rate=winner.best_rate, name=AUTOPILOT)
     with server as endpoints, LoadGenerator(options.processes) as gen:
         search = _Search(options, endpoints, model, gen, log)
-        for _ in range(max(1, options.repeats)):
-            runs.steps.append(search.measure(config, AUTOPILOT, winner.best_rate))
-            progress.tick(AUTOPILOT)
+        search.progress = progress
+        search.repeat([runs], AUTOPILOT, max(1, options.repeats))
         result.autopilot_state = search.mgmt.describe(model, None).get("autopilot")
         searched = result.autopilot_search = Outcome(config)
         search.probe(searched)
