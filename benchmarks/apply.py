@@ -1,11 +1,6 @@
-"""``bench sla --apply``: write the winning settings into an archive's ``model-config.yaml``.
-
-The archive is unpacked with the archiver's safe extraction (which checks every sha256), the YAML
-gets ``batchSize``, ``maxBatchDelay``, ``minWorkers`` and ``maxWorkers`` (every other key is kept;
-comments are not, since PyYAML does not round-trip them), the manifest's hash of the file is
-updated (and ``configFile`` set when the archive had none), and the archive is written back in its
-own format through the archiver's atomic writer, so the next ``torchbay serve`` uses the winner.
-"""
+"""``bench sla --apply``: the winner's settings into an archive's ``model-config.yaml`` (other
+keys kept; comments lost, as PyYAML does not round-trip them), through the archiver's checked
+extraction and atomic writer, with the manifest's hash updated, so the next serve uses them."""
 
 from __future__ import annotations
 
@@ -83,8 +78,7 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
         if manifest.model.config_file is None:
             update["model"] = manifest.model.model_copy(update={"config_file": name})
         if manifest.torchbay is not None:
-            files = dict(manifest.torchbay.files)
-            files[name] = sha256_file(config_path)
+            files = {**manifest.torchbay.files, name: sha256_file(config_path)}
             update["torchbay"] = manifest.torchbay.model_copy(update={"files": files})
         new_manifest = manifest.model_copy(update=update)
         # For a .tar.gz the name is the top folder TorchServe expects: the model's name.
@@ -107,8 +101,5 @@ def read_config(archive: str | Path) -> dict[str, Any]:
     from torchbay.archiver.extract import extract_archive
 
     with tempfile.TemporaryDirectory(prefix="tb-apply-") as work:
-        manifest = extract_archive(archive, Path(work) / "x")
-        name = manifest.model.config_file
-        if not name:
-            return {}
-        return yaml.safe_load((Path(work) / "x" / name).read_text()) or {}
+        name = extract_archive(archive, Path(work) / "x").model.config_file
+        return (yaml.safe_load((Path(work) / "x" / name).read_text()) or {}) if name else {}

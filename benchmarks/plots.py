@@ -1,12 +1,5 @@
-"""PNG plots of the benchmarks (matplotlib, imported lazily, Agg backend: no display needed).
-
-- ``latency_vs_throughput.png``: one panel per measured configuration, p50/p90/p99 latency against
-  achieved throughput for each open-loop step, with the SLA as a horizontal line.
-- ``round2_overload.png`` (:func:`sweep_plot`): goodput and admitted p99 against offered load,
-  one line per system (``round2.py``'s overload sweep).
-- ``best_throughput.png``: the best rate under the SLA per configuration (skipped and infeasible
-  ones shown as empty bars with the reason in the label).
-"""
+"""PNG plots of the SLA search and of round two's overload sweep (matplotlib, imported lazily,
+with the Agg backend, so no display is needed)."""
 
 from __future__ import annotations
 
@@ -30,6 +23,13 @@ def _pyplot():
     except ImportError:
         raise BenchError("plots need matplotlib: pip install 'torchbay[bench]'") from None
     return plt
+
+
+def _save(plt: Any, fig: Any, path: Path, dpi: int = 100) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def _p99(ax: Any, steps: list[Step], **style: Any) -> None:
@@ -75,32 +75,26 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
     if shown:
         axes.flat[0].legend(fontsize=6)
     fig.suptitle(f"{result.model}: latency against throughput (open loop)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def best_throughput(result: SlaResult, path: Path) -> Path:
+    """One bar per configuration; a skipped or infeasible one is empty, its status in its label."""
     plt = _pyplot()
     outcomes = result.outcomes
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(outcomes) + 1.2))
-    labels, values, colors = [], [], []
+    scored = {oc.label for oc in outcomes if oc.status in ("searched", "same-as")}
     winner = result.winner.label if result.winner else None
-    for oc in outcomes:
-        suffix = "" if oc.status in ("searched", "same-as") else f" ({oc.status})"
-        labels.append(oc.label + suffix)
-        values.append(oc.best_rate if oc.status in ("searched", "same-as") else 0.0)
-        colors.append("tab:green" if oc.label == winner else "tab:blue")
-    ax.barh(labels, values, color=colors)
+    ax.barh(
+        [oc.label + ("" if oc.label in scored else f" ({oc.status})") for oc in outcomes],
+        [oc.best_rate if oc.label in scored else 0.0 for oc in outcomes],
+        color=["tab:green" if oc.label == winner else "tab:blue" for oc in outcomes],
+    )
     ax.invert_yaxis()
     ax.set_xlabel(f"best rate with p99 <= {result.options.sla_p99_ms:g} ms (req/s)")
     ax.set_title(f"{result.model}: throughput under the SLA per configuration", fontsize=10)
     ax.tick_params(labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def sweep_plot(sweep: dict[str, list[dict[str, Any]]], path: Path, title: str) -> Path | None:
@@ -126,8 +120,5 @@ def sweep_plot(sweep: dict[str, list[dict[str, Any]]], path: Path, title: str) -
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(textwrap.fill(title, 140), fontsize=8)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, dpi=110)

@@ -1,17 +1,13 @@
 """``torchbay bench sla``: the batching/worker configuration that serves the most traffic within
 a p99 SLA, on one server reconfigured live through the management API.
 
-Per configuration: a closed-loop probe measures its capacity C (no open loop above it can hold);
-open-loop steps ramp from C/2 by ``ramp_factor`` until one breaches (p99 over the SLA or errors
-over ``max_error_rate``), then bisect to ``precision``; its score is the highest passing rate.
-Skipped, as they cannot change the answer: a second delay at batch size 1 (a batch of one never
-waits), and a configuration whose capacity (plus ``bound_margin``, after a second probe) is below
-the best score so far. The top two are then repeated ``repeats`` times, alternating; one that
-missed the SLA in any repeat is never crowned (``sla_model.crown``).
-
-Then the autopilot (server/serving/autopilot.py), on a fresh server since its target comes from a
-config.properties: ``slaP99Ms`` = the SLA, the largest searched batch and delay as its ceilings,
-run at the winner's rate as the repeats are, then searched as a configuration is.
+A closed-loop probe bounds a configuration's capacity C; open-loop steps ramp from C/2 until one
+breaches (p99 over the SLA or too many errors), then bisect; its score is the highest passing
+rate. Skipped, as they cannot change the answer: batch size 1 at a second delay (a batch of one
+never waits) and a configuration whose capacity (plus ``bound_margin``) is below the best score.
+The top two are repeated, alternating; one that missed the SLA in any repeat is never crowned.
+Then the autopilot, on a fresh server (its target comes from a config.properties), at the
+winner's rate as the repeats are, then searched as a configuration is.
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 from torchbay.benchmarks.bench import make_target, observe
 from torchbay.benchmarks.errors import BenchError
@@ -29,13 +24,7 @@ from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching, models_json
-from torchbay.benchmarks.sla_model import (
-    Outcome,
-    SlaOptions,
-    SlaResult,
-    Step,
-    crown,
-)
+from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step, crown
 
 Log = Callable[[str], None]
 AUTOPILOT = "autopilot"
@@ -52,7 +41,6 @@ class _Search:
         log: Log,
     ) -> None:
         self.o = options
-        self.planned_top = 0  # configurations the progress plans to repeat (set by _search_all)
         self.endpoints = endpoints
         self.model = model
         self.gen = gen
@@ -93,17 +81,10 @@ class _Search:
             )
         plan = replace(plan, warmup_s=o.step_warmup_s, timeout_s=o.timeout_s)
         result, view = observe(self.gen, self.endpoints, self.model, None, plan, [])
+        rate = rate if phase != "probe" else result.ok_per_s
+        batch, queue = (view.mean_batch_size, view.queue_mean_ms) if view else (math.nan, math.nan)
         passed, reason = self.judge(result)
-        step = Step(
-            config,
-            phase,
-            rate if phase != "probe" else result.ok_per_s,
-            result,
-            passed,
-            reason,
-            mean_batch_size=view.mean_batch_size if view else math.nan,
-            queue_mean_ms=view.queue_mean_ms if view else math.nan,
-        )
+        step = Step(config, phase, rate, result, passed, reason, batch, queue)
         self.log(
             f"  {config.label():<16} {phase:<6} {step.offered_rate:9.1f} req/s -> "
             f"{result.ok_per_s:9.1f} ok/s  p99 {result.latency.p99_ms:8.2f} ms  "
@@ -125,6 +106,33 @@ class _Search:
         step = self.measure(outcome.config, "probe", 0.0)
         outcome.steps.append(step)
         outcome.capacity = step.result.ok_per_s if step.result.ok else 0.0
+
+    def pruned(self, outcome: Outcome, best: Outcome) -> bool:
+        """Whether ``outcome`` cannot beat ``best``: its capacity (plus the bound margin) is below
+        best's rate. One unlucky probe must not disqualify it: it is probed again first, and the
+        better of the two probes counts."""
+        margin = 1 + self.o.bound_margin
+        if outcome.capacity * margin < best.best_rate:
+            first = outcome.capacity
+            self.probe(outcome)
+            outcome.capacity = max(first, outcome.capacity)
+        if outcome.capacity * margin >= best.best_rate:
+            return False
+        outcome.status = "skipped"
+        outcome.why = (
+            f"capacity {outcome.capacity:.1f} req/s (+{100 * self.o.bound_margin:g}%) "
+            f"is below the best SLA rate so far ({best.best_rate:.1f}, {best.label})"
+        )
+        self.log(f"  {outcome.label:<16} skipped: {outcome.why}")
+        return True
+
+    def repeat(self, outcomes: list[Outcome], phase: str, times: int) -> None:
+        """``times`` steps of each outcome at its best rate, alternating between them, so slow
+        drift of the machine hits each alike."""
+        for _ in range(times):
+            for oc in outcomes:
+                oc.steps.append(self.measure(oc.config, phase, oc.best_rate))
+                self.progress.tick(f"repeated {oc.label}")
 
     def search(self, outcome: Outcome) -> None:
         """Ramp from half the capacity until a step breaches, then bisect; sets best_rate,
@@ -183,7 +191,6 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
             raise BenchError("the server has no management API")
         search = _Search(options, endpoints, model, gen, log)
         outcomes, top = _search_all(search, options, log)
-        _repeat(search, options, top, log)
         repeats = [oc for oc in top if oc.runs]
     first_pick = top[0] if top else None
     winner, runner_up, note = crown(top)
@@ -236,14 +243,14 @@ def _to_measure(outcomes: list[Outcome]) -> list[Outcome]:
 def _search_all(
     search: _Search, options: SlaOptions, log: Log
 ) -> tuple[list[Outcome], list[Outcome]]:
-    """Every configuration's outcome, and the (at most two) best that met the SLA, best first."""
+    """Every configuration's outcome, and the (at most two) best that met the SLA, best first,
+    repeated."""
     outcomes = [Outcome(c) for c in options.configurations()]
     measured = _to_measure(outcomes)
     top = min(2, len(measured))
     pilot = max(1, options.repeats) + SEARCH_UNITS if options.autopilot and measured else 0
     units = 2 * len(measured) + options.repeats * top + pilot
     search.progress = Eta(units, log)
-    search.planned_top = top
     log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")
     for outcome in measured:
         search.probe(outcome)
@@ -251,24 +258,9 @@ def _search_all(
     measured.sort(key=lambda oc: oc.capacity, reverse=True)
     best: Outcome | None = None
     for outcome in measured:
-        if options.prune and best is not None:
-            bound = outcome.capacity * (1 + options.bound_margin)
-            if bound < best.best_rate:
-                # One unlucky probe must not disqualify a configuration: probe again, keep the
-                # better of the two, and skip only if that still cannot win.
-                first = outcome.capacity
-                search.probe(outcome)
-                outcome.capacity = max(first, outcome.capacity)
-                bound = outcome.capacity * (1 + options.bound_margin)
-            if bound < best.best_rate:
-                outcome.status = "skipped"
-                outcome.why = (
-                    f"capacity {outcome.capacity:.1f} req/s (+{100 * options.bound_margin:g}%) "
-                    f"is below the best SLA rate so far ({best.best_rate:.1f}, {best.label})"
-                )
-                log(f"  {outcome.label:<16} skipped: {outcome.why}")
-                search.progress.tick(f"skipped {outcome.label}")
-                continue
+        if options.prune and best is not None and search.pruned(outcome, best):
+            search.progress.tick(f"skipped {outcome.label}")
+            continue
         log(f"searching {outcome.label} (capacity {outcome.capacity:.1f} req/s)")
         search.search(outcome)
         search.progress.tick(f"searched {outcome.label}")
@@ -279,40 +271,26 @@ def _search_all(
         src = by_label[outcome.same_as or ""]
         outcome.capacity, outcome.best_rate = src.capacity, src.best_rate
         outcome.best_step = src.best_step
-    ranked = sorted((oc for oc in measured if oc.best_step), key=lambda oc: -oc.best_rate)
-    return outcomes, ranked[:2]
-
-
-def _repeat(search: _Search, options: SlaOptions, top: list[Outcome], log: Log) -> None:
+    ranked = sorted((oc for oc in measured if oc.best_step), key=lambda oc: -oc.best_rate)[:2]
     # Fewer configurations met the SLA than were planned for: their repeats will not run.
-    search.progress.drop(options.repeats * (search.planned_top - len(top)))
-    if not top or options.repeats == 0:
-        return
-    log(f"repeating the top {len(top)} configuration(s) {options.repeats} times each")
-    for _ in range(options.repeats):
-        for oc in top:  # alternate, so slow drift of the machine hits both alike
-            oc.steps.append(search.measure(oc.config, "repeat", oc.best_rate))
-            search.progress.tick(f"repeated {oc.label}")
-
-
-def _autopilot_config(result: SlaResult, winner: Outcome) -> tuple[Batching, Path]:
-    """The autopilot's ceilings (the largest searched batch and delay, the winner's workers) and
-    a config.properties whose ``models=`` entry sets them and the SLA target."""
-    o, model, version = result.options, result.model, result.version or "1.0"
-    config = Batching(max(o.batch_sizes), max(o.max_delays_ms), winner.config.workers)
-    models = models_json({model: config}, version)
-    models[model][version] |= {"marName": o.archive.name, "slaP99Ms": o.sla_p99_ms}
-    path = o.out_dir / "autopilot" / "config.properties"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"models={json.dumps(models)}\n")
-    return config, path
+    search.progress.drop(options.repeats * (top - len(ranked)))
+    if ranked and options.repeats:
+        log(f"repeating the top {len(ranked)} configuration(s) {options.repeats} times each")
+    search.repeat(ranked, "repeat", options.repeats)
+    return outcomes, ranked
 
 
 def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) -> None:
     """The autopilot's runs at the winner's rate (``result.autopilot``), its describe-model state
-    after them, then its own search (``result.autopilot_search``)."""
-    options, model = result.options, result.model
-    config, props = _autopilot_config(result, winner)
+    after them, then its own search (``result.autopilot_search``). A config.properties sets its
+    target (the SLA) and ceilings (the largest searched batch and delay, the winner's workers)."""
+    options, model, version = result.options, result.model, result.version or "1.0"
+    config = Batching(max(options.batch_sizes), max(options.max_delays_ms), winner.config.workers)
+    models = models_json({model: config}, version)
+    models[model][version] |= {"marName": options.archive.name, "slaP99Ms": options.sla_p99_ms}
+    props = options.out_dir / "autopilot" / "config.properties"
+    props.parent.mkdir(parents=True, exist_ok=True)
+    props.write_text(f"models={json.dumps(models)}\n")
     log(
         f"autopilot: p99 target {options.sla_p99_ms:g} ms, ceilings batch {config.batch_size}, "
         f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
@@ -324,12 +302,11 @@ def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) 
         name=model,
         extra_args=("--ts-config", str(props.resolve())),
     )
-    runs = result.autopilot = Outcome(config, name=AUTOPILOT)
+    runs = result.autopilot = Outcome(config, best_rate=winner.best_rate, name=AUTOPILOT)
     with server as endpoints, LoadGenerator(options.processes) as gen:
         search = _Search(options, endpoints, model, gen, log)
-        for _ in range(max(1, options.repeats)):
-            runs.steps.append(search.measure(config, AUTOPILOT, winner.best_rate))
-            progress.tick(AUTOPILOT)
+        search.progress = progress
+        search.repeat([runs], AUTOPILOT, max(1, options.repeats))
         result.autopilot_state = search.mgmt.describe(model, None).get("autopilot")
         searched = result.autopilot_search = Outcome(config)
         search.probe(searched)

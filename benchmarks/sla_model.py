@@ -1,7 +1,5 @@
-"""The SLA search's options (:class:`SlaOptions`, one field per ``torchbay bench sla`` flag) and
-its results (:class:`Step`, :class:`Outcome`, :class:`SlaResult`). Split out of
-``sla.py`` (the search) so that ``sla_report.py`` and ``plots.py`` read results without it.
-"""
+"""The SLA search's options (one field per ``torchbay bench sla`` flag) and results, apart from
+the search so that ``sla_report.py`` and ``plots.py`` read results without it."""
 
 from __future__ import annotations
 

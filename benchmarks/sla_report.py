@@ -1,9 +1,6 @@
 """The files of an SLA search: ``report.md``, ``results.csv`` (one row per measured step, so every
-point of the plots can be checked), ``result.json`` and the plots.
-
-Every table is data: a list of (header, alignment, cell function) columns applied to the rows
-(:func:`_table`), written by ``report.markdown_table``.
-"""
+point of the plots can be checked), ``result.json`` and the plots. Each table is a list of
+columns (header, alignment, cell function) applied to the rows."""
 
 from __future__ import annotations
 
@@ -207,30 +204,25 @@ def _verdict(result: SlaResult) -> dict[str, str | None]:
 
 
 def _command_line() -> str:
-    args = " ".join(shlex.quote(a) for a in sys.argv[1:])
+    args = shlex.join(sys.argv[1:])
     prog = sys.argv[0] if sys.argv else ""
     return f"torchbay {args}" if prog.endswith(("__main__.py", "torchbay")) else f"{prog} {args}"
 
 
-def write_all(result: SlaResult, command: str | None = None) -> dict[str, Path]:
-    """Write every report file into ``result.options.out_dir``; returns them by kind."""
+def write_all(result: SlaResult) -> None:
+    """Write every report file into ``result.options.out_dir``."""
     from torchbay.benchmarks import plots
 
     out = result.options.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    files = {
-        "csv": write_csv(result, out / "results.csv"),
-        "latency_plot": plots.latency_vs_throughput(result, out / "latency_vs_throughput.png"),
-        "best_plot": plots.best_throughput(result, out / "best_throughput.png"),
-    }
-    files["json"] = out / "result.json"
-    files["json"].write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
-    files["report"] = out / "report.md"
-    files["report"].write_text(render_markdown(result, command or _command_line()))
-    return files
+    write_csv(result, out / "results.csv")
+    plots.latency_vs_throughput(result, out / "latency_vs_throughput.png")
+    plots.best_throughput(result, out / "best_throughput.png")
+    (out / "result.json").write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(result, _command_line()))
 
 
-def write_csv(result: SlaResult, path: Path) -> Path:
+def write_csv(result: SlaResult, path: Path) -> None:
     rows = [step_row(step) for outcome in result.outcomes for step in outcome.steps]
     for step in result.autopilot_search.steps if result.autopilot_search else ():
         # the autopilot's own search, at its ceilings
@@ -239,7 +231,6 @@ def write_csv(result: SlaResult, path: Path) -> Path:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["config"])
         writer.writeheader()
         writer.writerows(rows)
-    return path
 
 
 def _config_json(oc: Outcome | Step) -> dict[str, Any]:
@@ -273,19 +264,17 @@ def step_row(step: Step) -> dict[str, Any]:
     }
 
 
+def _fields(oc: Outcome, *names: str) -> dict[str, Any]:
+    return {name: getattr(oc, name) for name in names}
+
+
 def _outcome_json(oc: Outcome) -> dict[str, Any]:
-    return {
-        **_config_json(oc),
-        "status": oc.status,
-        "why": oc.why,
-        "capacity": oc.capacity,
-        "best_rate": oc.best_rate,
-        "steps": [step_row(s) for s in oc.steps],
-    }
+    facts = _fields(oc, "status", "why", "capacity", "best_rate")
+    return {**_config_json(oc), **facts, "steps": [step_row(s) for s in oc.steps]}
 
 
 def _repeat_json(rep: Outcome) -> dict[str, Any]:
-    return {"rate": rep.rate, "p99_ms": rep.p99_ms, "ok_per_s": rep.ok_per_s, "passed": rep.passed}
+    return _fields(rep, "rate", "p99_ms", "ok_per_s", "passed")
 
 
 def result_json(result: SlaResult) -> dict[str, Any]:
