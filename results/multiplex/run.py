@@ -1,32 +1,17 @@
-"""Many models per host (``max_loaded_models``, server/serving/multiplex.py): 200 tiny models
-behind a budget of 16 loaded, a Zipf-skewed request mix, against one served model.
+"""Many models per host (``max_loaded_models``): 200 tiny models behind a budget of 16 loaded, a
+Zipf-skewed request mix, against one served model (RESULTS.md "Many models per host").
 
-    python results/multiplex/run.py [--models 200] [--budget 16] [--runs 3]
+    .venv/bin/python results/multiplex/run.py [--models 200] [--budget 16] [--runs 3] [--cold 5]
 
-Each run starts two real servers (``torchbay serve`` processes, their own ports) over archives
-built once, in a temporary folder, from one tiny scripted MLP (16 -> 32 -> 8):
-
-1. *single*: one model; a closed loop of ``--concurrency`` connections for ``--seconds``: its
-   p50 and p99.
-2. *multiplexed*: ``--models`` archives (``load_models=all``, ``max_loaded_models=--budget``);
-   the same closed loop, each request to model k of rank k with probability ~ 1/k^s
-   (``--zipf``, 1.1), after one request to each of the 10 hottest at once (every model
-   starts unloaded) and ``--warmup`` seconds of the same mix: the p99 of the requests to
-   the 10 hottest models (ranks 1-10) against the single model's p99, the loads and evictions
-   during the window, and the peak summed RSS of the server's workers (sampled every 0.25 s)
-   against the budget (``--budget`` times one worker's RSS, from the single run). Then, with
-   nothing else running, ``--cold`` requests one after another to unloaded models of the tail:
-   the cold-start latency (an eviction, a worker spawned, the model loaded, the answer).
-
-Workers start as the server's default ``worker_start`` says: forked from the worker template
-today. The summed RSS then counts the template (one process more than the budget) and, in each
-worker, the pages it shares with the template; RESULTS.md's "Many models per host" tables were
-taken when workers were spawned (each its own interpreter and torch import).
-
-Each run's figures go to ``results/multiplex/run-<n>.json``, the medians over runs to
-``results/multiplex/summary.json`` with the command line. The client is the load generator
-(``loadgen.py``): one process, raw HTTP/1.1 keep-alive connections, the Zipf mix drawn once per
-run as the target's request variants.
+Each run starts two ``torchbay serve`` (``ManagedServer``) over one store of archives of a tiny
+scripted MLP: *single* serves one model under a closed loop of ``--concurrency`` connections;
+*multiplexed* serves ``--models`` under the same loop, model k drawn with probability ~ 1/k^s,
+after one request to each of the 10 hottest and ``--warmup`` seconds of the mix. It reports the
+hot ten's p99 against the single model's, loads and evictions in the window, the peak summed RSS
+of the workers (sampled every 0.25 s; with forked workers it counts the template and the pages
+shared with it, unlike RESULTS.md's tables, taken with spawned workers), then ``--cold``
+requests to unloaded models of the tail one after another: the cold start. Writes
+``run-<n>.json`` and ``summary.json`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -48,19 +33,21 @@ from typing import Any
 
 import httpx
 
-from torchbay.benchmarks import procstat, scrape
+from torchbay.benchmarks import procstat, scrape, stats
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
 from torchbay.benchmarks.loadplan import TIMEOUT
 from torchbay.benchmarks.managed import ManagedServer
 from torchbay.benchmarks.round2_overload import answers
-from torchbay.benchmarks.stats import percentile
 
-RESULTS = Path("results/multiplex")
 BODY = json.dumps([round(0.01 * i, 2) for i in range(16)]).encode()
-JSON = {"Content-Type": "application/json"}
+JSON = (("Content-Type", "application/json"),)
 HOT = 10  # "the hottest models": ranks 1..HOT
 ZIPF_DRAWS = 20000  # one run's request mix, drawn once and cycled
+
+
+def name(rank: int) -> str:
+    return f"m{rank:03d}"
 
 
 def build_store(root: Path, count: int) -> Path:
@@ -75,58 +62,44 @@ def build_store(root: Path, count: int) -> Path:
     mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
     weights = root / "mlp.pt"
     torch.jit.save(torch.jit.script(mlp.eval()), str(weights))
+    same = {"version": "1.0", "serialized_file": weights, "handler": "tensor", "export_path": store}
     for k in range(1, count + 1):
-        options = ArchiveOptions(
-            model_name=name(k),
-            version="1.0",
-            serialized_file=weights,
-            handler="tensor",
-            export_path=store,
-        )
-        package(options)
+        package(ArchiveOptions(model_name=name(k), **same))
     return store
 
 
-def name(rank: int) -> str:
-    return f"m{rank:03d}"
-
-
-def start_server(root: Path, store: Path, models: list[str], budget: int) -> ManagedServer:
-    """``torchbay serve`` for ``models`` of the store on free ports, no token, no access log."""
+def make_server(root: Path, store: Path, models: list[str], budget: int) -> ManagedServer:
+    """``torchbay serve`` of ``models``, not started; with a budget every model starts unloaded."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    props = {
-        "max_loaded_models": str(budget),
-        # With a budget every model starts unloaded (the warm-up loads the hot ones).
-        "default_workers_per_model": "0" if budget else "1",
-        "access_log": "false",
-        "disable_system_metrics": "true",
-    }
     config = run_dir / "config.properties"
-    config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    workers = "0" if budget else "1"
+    config.write_text(
+        f"max_loaded_models={budget}\ndefault_workers_per_model={workers}\n"
+        "access_log=false\ndisable_system_metrics=true\n"
+    )
+    models_arg = tuple(f"{m}.mar" for m in models)
     server = ManagedServer.torchbay(
         store / f"{models[0]}.mar",
         run_dir,
         auth=False,
-        models=tuple(f"{m}.mar" for m in models),
+        models=models_arg,
         extra_args=("--ts-config", str(config)),
     )
     server.start_timeout_s = 600
-    server.start()
     return server
 
 
-def series(server: ManagedServer, name: str) -> dict[str, float]:
+def series(server: ManagedServer, metric: str) -> dict[str, float]:
     """One multiplexer series by model (``""`` for a server-wide one)."""
-    endpoints = server.endpoints
-    assert endpoints is not None and endpoints.metrics_port is not None
-    text = scrape.fetch_metrics(endpoints.host, endpoints.metrics_port, timeout=60)
+    ends = server.endpoints
+    assert ends is not None and ends.metrics_port is not None
+    text = scrape.fetch_metrics(ends.host, ends.metrics_port, timeout=60)
     samples = scrape.parse_snapshot(text).samples.items()
-    return {dict(labels).get("model", ""): v for (n, labels), v in samples if n == name}
+    return {dict(labels).get("model", ""): v for (n, labels), v in samples if n == metric}
 
 
-def p(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of latencies in seconds, in ms."""
-    return percentile(values, q * 100) * 1000
+def total(server: ManagedServer, metric: str) -> float:
+    return sum(series(server, metric).values())
 
 
 def closed_loop(
@@ -137,22 +110,16 @@ def closed_loop(
     seconds: float | None,
     timeout: float = 120,
 ) -> list[tuple[str, int, float]]:
-    """``concurrency`` connections of the load generator, each sending the next request once
-    answered, to ``models`` in turn, for ``seconds`` (None: one request per model):
-    (model, status, seconds) per answered request."""
-    target = Target(
-        "127.0.0.1",
-        port,
-        "",
-        (BODY,),
-        tuple(JSON.items()),
-        paths=tuple(f"/predictions/{m}" for m in models),
-    )
+    """The load generator's closed loop over ``models`` in turn (``Target.paths``), for
+    ``seconds`` (None: one request per model): (model, status, seconds) per answer."""
+    paths = tuple(f"/predictions/{m}" for m in models)
+    target = Target("127.0.0.1", port, "", (BODY,), JSON, paths=paths)
+    requests = None if seconds else len(models)
     plan = LoadPlan(
         target,
         concurrency=concurrency,
         duration_s=seconds,
-        requests=None if seconds else len(models),
+        requests=requests,
         timeout_s=timeout,
         timeline=True,
     )
@@ -160,10 +127,8 @@ def closed_loop(
     if result.statuses.get(TIMEOUT):
         raise BenchError(f"{result.statuses[TIMEOUT]} requests unanswered after {timeout} s")
     variants = array.array("I", result.variants)
-    return [
-        (models[v], int(a.status), a.latency)
-        for v, a in zip(variants, answers(result.timeline), strict=True)
-    ]
+    pairs = zip(variants, answers(result.timeline), strict=True)
+    return [(models[v], int(a.status), a.latency) for v, a in pairs]
 
 
 def zipf_mix(count: int, s: float, seed: int, draws: int = ZIPF_DRAWS) -> list[str]:
@@ -174,119 +139,102 @@ def zipf_mix(count: int, s: float, seed: int, draws: int = ZIPF_DRAWS) -> list[s
 
 
 class RssPeak(threading.Thread):
-    """Samples the summed RSS of a server's workers every 0.25 s until stopped."""
+    """The peak summed RSS of a server's workers (``procstat``), sampled every 0.25 s."""
 
-    def __init__(self, server: ManagedServer) -> None:
+    def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
-        self.server, self.peak, self.peak_workers = server, 0.0, 0
+        self.pid, self.peak, self.peak_workers = pid, 0.0, 0
         self.done = threading.Event()
+
+    def __enter__(self) -> RssPeak:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.join()
 
     def run(self) -> None:
         while not self.done.wait(0.25):
-            memory = procstat.memory_snapshot(self.server.pid, with_pss=False)
+            memory = procstat.memory_snapshot(self.pid, with_pss=False)
             if memory.workers_rss_mb > self.peak:
                 self.peak, self.peak_workers = memory.workers_rss_mb, memory.processes - 1
 
 
-def run_single(
-    gen: LoadGenerator, root: Path, store: Path, args: argparse.Namespace
-) -> dict[str, Any]:
-    server = start_server(root, store, [name(1)], budget=0)
-    endpoints = server.endpoints
-    assert endpoints is not None
-    try:
-        port = endpoints.inference_port
-        closed_loop(gen, port, [name(1)], args.concurrency, 2.0)  # warm
-        answered = closed_loop(gen, port, [name(1)], args.concurrency, args.seconds)
+def run_single(gen: LoadGenerator, root: Path, store: Path, args: Any) -> dict[str, Any]:
+    server = make_server(root, store, [name(1)], budget=0)
+    with server as ends:
+        closed_loop(gen, ends.inference_port, [name(1)], args.concurrency, 2.0)  # warm
+        answered = closed_loop(gen, ends.inference_port, [name(1)], args.concurrency, args.seconds)
         rss = procstat.memory_snapshot(server.pid, with_pss=False).largest_child_rss_mb
-    finally:
-        server.stop()
-    ok = [t for _, status, t in answered if status == 200]
+    ok = stats.summarize([t for _, status, t in answered if status == 200])
     return {
         "requests": len(answered),
-        "errors": len(answered) - len(ok),
-        "p50_ms": p(ok, 0.50),
-        "p99_ms": p(ok, 0.99),
+        "errors": len(answered) - ok.count,
+        "p50_ms": ok.p50_ms,
+        "p99_ms": ok.p99_ms,
         "worker_rss_mb": rss or None,
     }
 
 
 def run_multiplexed(
-    gen: LoadGenerator, root: Path, store: Path, args: argparse.Namespace, seed: int
+    gen: LoadGenerator, root: Path, store: Path, args: Any, seed: int
 ) -> dict[str, Any]:
-    models = [name(k) for k in range(1, args.models + 1)]
-    server = start_server(root, store, models, budget=args.budget)
-    endpoints = server.endpoints
-    assert endpoints is not None
-    sampler = RssPeak(server)
-    sampler.start()
-    try:
-        port = endpoints.inference_port
-        mix = zipf_mix(args.models, args.zipf, seed)
-        # One request to each of the hottest at once: loads them, in parallel.
-        first = closed_loop(gen, port, [name(k) for k in range(1, HOT + 1)], HOT, None, timeout=600)
+    server = make_server(root, store, [name(k) for k in range(1, args.models + 1)], args.budget)
+    hot = [name(k) for k in range(1, HOT + 1)]
+    with server as ends, RssPeak(server.pid) as sampler:
+        port = ends.inference_port
+        first = closed_loop(gen, port, hot, HOT, None, timeout=600)  # loads them, in parallel
         if refused := [(m, status) for m, status, _ in first if status != 200]:
             raise BenchError(f"first requests refused: {refused}")
+        mix = zipf_mix(args.models, args.zipf, seed)
         sent = len(closed_loop(gen, port, mix, args.concurrency, args.warmup)) % len(mix)
         mix = mix[sent:] + mix[:sent]  # the window goes on with the mix where warm-up left it
-        loads0 = sum(series(server, "torchbay_model_loads_total").values())
-        evictions0 = sum(series(server, "torchbay_model_evictions_total").values())
+        loads0 = total(server, "torchbay_model_loads_total")
+        evictions0 = total(server, "torchbay_model_evictions_total")
         answered = closed_loop(gen, port, mix, args.concurrency, args.seconds)
-        loads = sum(series(server, "torchbay_model_loads_total").values()) - loads0
-        evictions = sum(series(server, "torchbay_model_evictions_total").values()) - evictions0
-        peak_loaded = series(server, "torchbay_loaded_models")[""]
-        cold = _cold_starts(server, args)
-    finally:
-        sampler.done.set()
-        sampler.join()
-        server.stop()
-    hot = {name(k) for k in range(1, HOT + 1)}
+        loads = total(server, "torchbay_model_loads_total") - loads0
+        evictions = total(server, "torchbay_model_evictions_total") - evictions0
+        loaded_at_end = series(server, "torchbay_loaded_models")[""]
+        cold = cold_starts(server, port, args.cold)
     ok = [(m, t) for m, status, t in answered if status == 200]
     hot_times = [t for m, t in ok if m in hot]
     return {
         "requests": len(answered),
         "errors": len(answered) - len(ok),
         "hot_share": len(hot_times) / max(1, len(ok)),
-        "hot_p50_ms": p(hot_times, 0.50),
-        "hot_p99_ms": p(hot_times, 0.99),
-        "all_p99_ms": p([t for _, t in ok], 0.99),
+        "hot_p50_ms": stats.summarize(hot_times).p50_ms,
+        "hot_p99_ms": stats.summarize(hot_times).p99_ms,
+        "all_p99_ms": stats.summarize([t for _, t in ok]).p99_ms,
         "loads_in_window": loads,
         "evictions_in_window": evictions,
-        "loaded_models_at_end": peak_loaded,
+        "loaded_models_at_end": loaded_at_end,
         "cold_start_ms": cold,
         "peak_worker_rss_mb": sampler.peak,
         "peak_workers": sampler.peak_workers,
     }
 
 
-def _cold_starts(server: ManagedServer, args: argparse.Namespace) -> list[float]:
-    """Requests one after another to unloaded models of the tail (rank order, last first)."""
-    assert server.endpoints is not None
-    url = f"http://127.0.0.1:{server.endpoints.inference_port}/predictions"
+def cold_starts(server: ManagedServer, port: int, count: int) -> list[float]:
+    """Requests one after another to unloaded models of the tail (rank order, last first), ms."""
+    url = f"http://127.0.0.1:{port}/predictions"
     loaded = series(server, "torchbay_model_loaded")
-    tail = [m for m in sorted(loaded, reverse=True) if loaded[m] == 0][: args.cold]
     times = []
-    for model in tail:
+    for model in [m for m in sorted(loaded, reverse=True) if loaded[m] == 0][:count]:
         start = time.perf_counter()
-        response = httpx.post(
-            f"{url}/{model}",
-            content=BODY,
-            headers=JSON,
-            timeout=300,
-        )
+        response = httpx.post(f"{url}/{model}", content=BODY, headers=dict(JSON), timeout=300)
         if response.status_code != 200:
-            raise RuntimeError(f"cold start of {model}: {response.status_code} {response.text}")
+            raise BenchError(f"cold start of {model}: {response.status_code} {response.text}")
         times.append((time.perf_counter() - start) * 1000)
     return times
 
 
-def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    def med(path: tuple[str, str]) -> float:
-        values = [r[path[0]][path[1]] for r in runs if r[path[0]][path[1]] is not None]
-        return statistics.median(values)
+def summarize(runs: list[dict[str, Any]], args: Any) -> dict[str, Any]:
+    def med(part: str, key: str) -> float:
+        return statistics.median(r[part][key] for r in runs if r[part][key] is not None)
 
-    single_p99, hot_p99 = med(("single", "p99_ms")), med(("multiplexed", "hot_p99_ms"))
-    rss_one = med(("single", "worker_rss_mb"))
+    single_p99, hot_p99 = med("single", "p99_ms"), med("multiplexed", "hot_p99_ms")
+    rss_one = med("single", "worker_rss_mb")
     cold = [statistics.median(r["multiplexed"]["cold_start_ms"]) for r in runs]
     return {
         "command": "python results/multiplex/run.py " + shlex.join(sys.argv[1:]),
@@ -295,11 +243,11 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
         "hot10_p99_ms": hot_p99,
         "hot10_p99_over_single": hot_p99 / single_p99,
         "cold_start_ms": statistics.median(cold),
-        "peak_worker_rss_mb": med(("multiplexed", "peak_worker_rss_mb")),
+        "peak_worker_rss_mb": med("multiplexed", "peak_worker_rss_mb"),
         "rss_budget_mb": args.budget * rss_one,
         "one_worker_rss_mb": rss_one,
-        "loads_in_window": med(("multiplexed", "loads_in_window")),
-        "requests_in_window": med(("multiplexed", "requests")),
+        "loads_in_window": med("multiplexed", "loads_in_window"),
+        "requests_in_window": med("multiplexed", "requests"),
     }
 
 
@@ -313,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--cold", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON files go")
+    parser.add_argument("--out", type=Path, default=Path("results/multiplex"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []

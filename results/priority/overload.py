@@ -1,24 +1,17 @@
 """Mixed-priority overload: does the high level keep its latency while the low level is refused?
 
-One model with a fixed service time (a handler that holds its one worker ``--service-ms`` per
-request, batch size 1; its capacity on this host is measured first, closed loop) behind
-``maxQueueDelayMs`` (admission, 503 + Retry-After). Two open-loop generators (Poisson arrivals)
-offer ``--load`` x capacity together, ``--high-share`` of it at priority 1 (the header
-``X-Torchbay-Priority: 1``) and the rest at priority 2, over TorchServe's REST API. The same run
-against the same model without ``priorityLevels`` (neither class sends a header) is the baseline.
-Each mode runs ``--runs`` times on a fresh server; the report is the median of the runs.
+    .venv/bin/python results/priority/overload.py --runs 3 --out results/priority
 
-Latencies are from each request's scheduled send (no coordinated omission), of the 200s.
+One model holds its one worker ``--service-ms`` per request (batch size 1) behind
+``maxQueueDelayMs`` (503 + Retry-After); its capacity is measured first, closed loop. Two open
+loops (Poisson) offer ``--load`` x capacity, ``--high-share`` of it with ``X-Torchbay-Priority:
+1``, the rest at 2; the baseline is the same model without ``priorityLevels`` and no header.
+Latencies of the 200s, from each request's scheduled send. Each mode runs ``--runs`` times on a
+fresh server; writes one JSON per run and ``summary.json`` / ``summary.md`` (medians).
 
-    python results/priority/overload.py --runs 3 --out results/priority
-
-Writes one JSON per run and ``summary.json`` / ``summary.md`` into ``--out``.
-
-``--queue-cost N`` measures instead what the queue itself costs per request: N requests, eight
-``put`` then one ``take`` of a batch of eight at a time, each variant in turn, five rounds, the
-best of each. The variants: the plain queue (no levels), a two-level queue, and, with
-``--baseline-queue FILE`` (a queue.py of an earlier commit, e.g. from ``git show``), that queue,
-so the single-level path before and after levels existed can be compared.
+``--queue-cost N`` measures instead the queue's own cost per request (N requests, eight ``put``
+then one ``take``): the plain queue, two levels, and with ``--baseline-queue FILE`` (queue.py of
+an earlier commit) that queue; five rounds, the best of each.
 """
 
 from __future__ import annotations
@@ -31,9 +24,9 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,31 +53,18 @@ def handle(data, context):
 MODEL = "busy"
 
 
-def model_config(priorities: bool, bound_ms: float) -> str:
-    """The archive's model-config.yaml: one worker, batch size 1, the admission bound."""
-    lines = [
-        "minWorkers: 1",
-        "maxWorkers: 1",
-        "batchSize: 1",
-        "maxBatchDelay: 0",
-        f"maxQueueDelayMs: {bound_ms:g}",
-        "jobQueueSize: 10000",
-    ]
-    if priorities:
-        lines += ["priorityLevels: 2", "defaultPriorityLevel: 2"]
-    return "\n".join(lines) + "\n"
-
-
 def build(root: Path, priorities: bool, bound_ms: float) -> Path:
-    """The archive (handler and model-config.yaml) in its own store under ``root``."""
+    """The archive in its own store: one worker, batch size 1, the admission bound."""
     work = root / ("prio" if priorities else "plain")
-    work.mkdir(parents=True)
-    handler = work / "busy_handler.py"
-    handler.write_text(HANDLER)
-    config = work / "model-config.yaml"
-    config.write_text(model_config(priorities, bound_ms))
     store = work / "store"
-    store.mkdir()
+    store.mkdir(parents=True)
+    handler, config = work / "busy_handler.py", work / "model-config.yaml"
+    handler.write_text(HANDLER)
+    levels = "priorityLevels: 2\ndefaultPriorityLevel: 2\n" if priorities else ""
+    config.write_text(
+        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxBatchDelay: 0\n"
+        f"maxQueueDelayMs: {bound_ms:g}\njobQueueSize: 10000\n{levels}"
+    )
     options = ArchiveOptions(
         model_name=MODEL, version="1.0", handler=str(handler), config_file=config, export_path=store
     )
@@ -128,15 +108,13 @@ def run_once(
     rates["low"] = args.load * capacity - rates["high"]
     levels = {"high": "1", "low": "2"}
     server = ManagedServer.torchbay(archive, run_dir, auth=False)
-    results: dict[str, LoadResult] = {}
     with server as ends:
         server.first_answer(f"/predictions/{MODEL}", b"{}")
 
-        def drive(name: str) -> None:
+        def drive(name: str) -> LoadResult:
             headers = (("x-torchbay-priority", levels[name]),) if priorities else ()
-            target = Target(
-                ends.host, ends.inference_port, f"/predictions/{MODEL}", (b"{}",), headers
-            )
+            path = f"/predictions/{MODEL}"
+            target = Target(ends.host, ends.inference_port, path, (b"{}",), headers)
             plan = LoadPlan(
                 target,
                 mode="open",
@@ -149,13 +127,10 @@ def run_once(
                 timeline=True,
             )
             with LoadGenerator(1) as gen:
-                results[name] = gen.run(plan)
+                return gen.run(plan)
 
-        threads = [threading.Thread(target=drive, args=(name,)) for name in rates]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with ThreadPoolExecutor(len(rates)) as pool:  # both classes at once
+            results = dict(zip(rates, pool.map(drive, rates), strict=True))
     return {name: summarize(result) for name, result in results.items()}
 
 

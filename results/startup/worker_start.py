@@ -1,26 +1,22 @@
 """A new worker's start, spawned against forked (issue 31, item 1), side by side in one run.
 
-    python results/startup/worker_start.py [--runs 3] [--kills 2] [--out results/startup]
+    .venv/bin/python results/startup/worker_start.py --runs 3 --kills 2 --out results/startup
 
-Each run starts a real server in this process (``TorchbayServer`` on 127.0.0.1 port 0, the
-``tiny`` reference archive, ``worker_start`` spawn or fork, the two modes alternating run by run)
-and times, for every new worker, the decision (the ``WorkerProcess`` made by its slot: the scale
-request's new slot, or the supervisor's restart after a death) to its ``Ready``, with the model's
-own load (the worker's ``load_time_ms``: ``load_service``) shown apart, and of the time before
-it, the spawn function's own call (``Popen``; for a fork, the round trip to the template):
-
-* scale-up: ``PUT /models/tiny?min_worker=3`` from one worker (two new workers);
-* restart: ``kill -9`` of a worker, ``--kills`` times, one at a time (restart back-off 0).
-
-In fork mode each run first waits for the worker template to be up (its own start is as slow as
-a spawned worker's, and happens once, after the start-up models). Figures are medians of the runs'
-medians; every run's median is kept. Writes ``worker-start.md`` and ``worker-start.json``.
+Each run starts a ``TorchbayServer`` in this process (the ``tiny`` archive; spawn and fork
+alternating run by run) and times every new worker from the decision (its slot's new
+``WorkerProcess``) to its ``Ready``, the model's own load (``load_time_ms``) apart, and the spawn
+call (``Popen``; for a fork, the round trip to the template), for a scale-up 1 -> 3 and for a
+restart after ``kill -9`` (``--kills`` times). Fork mode waits for the template first (it starts
+once, as slowly as a spawned worker). Figures are medians of the runs' medians. Writes
+``worker-start.md`` and ``worker-start.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import signal
@@ -29,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -88,41 +85,32 @@ class _Recorder(Observer):
                 raise RuntimeError(f"{count} worker starts not seen in {READY_TIMEOUT_S:g}s")
 
 
-class _Server:
-    """A TorchbayServer on its own loop in a thread (as the tests' LiveServer)."""
-
-    def __init__(self, store: Path, mode: str) -> None:
-        config = ServerConfig.model_validate(
-            {
-                "model_store": store,
-                "load_models": ["tiny=tiny.mar"],
-                "inference_address": "http://127.0.0.1:0",
-                "management_address": "http://127.0.0.1:0",
-                "metrics_address": "http://127.0.0.1:0",
-                "grpc_inference_port": 0,
-                "grpc_management_port": 0,
-                "disable_token_authorization": True,
-                "worker_start": mode,
-            }
-        )
-        self.server = TorchbayServer(config, env=dict(os.environ))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()))
-        self.thread.start()
-        if not self.server.state.started.wait(READY_TIMEOUT_S):
+@contextlib.contextmanager
+def serving(store: Path, mode: str) -> Iterator[TorchbayServer]:
+    """A TorchbayServer on its own loop in a thread (as the tests' LiveServer), ports 0."""
+    config = ServerConfig.model_validate(
+        {
+            "model_store": store,
+            "load_models": ["tiny=tiny.mar"],
+            "inference_address": "http://127.0.0.1:0",
+            "management_address": "http://127.0.0.1:0",
+            "metrics_address": "http://127.0.0.1:0",
+            "grpc_inference_port": 0,
+            "grpc_management_port": 0,
+            "disable_token_authorization": True,
+            "worker_start": mode,
+        }
+    )
+    server = TorchbayServer(config, env=dict(os.environ))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()))
+    thread.start()
+    try:
+        if not server.state.started.wait(READY_TIMEOUT_S):
             raise RuntimeError("the server did not start")
-
-    @property
-    def management(self) -> str:
-        return f"http://127.0.0.1:{self.server.state.ports.management}"
-
-    def version(self) -> Any:
-        assert self.server.registry is not None
-        [mv] = self.server.registry.all_versions()
-        return mv
-
-    def stop(self) -> None:
-        self.server.request_stop()
-        self.thread.join(READY_TIMEOUT_S)
+        yield server
+    finally:
+        server.request_stop()
+        thread.join(READY_TIMEOUT_S)
 
 
 def _timed(spawn: Any) -> Any:
@@ -139,60 +127,44 @@ def _timed(spawn: Any) -> Any:
 
 def one_run(store: Path, mode: str, kills: int, run: int) -> list[Start]:
     """Scale 1 -> 3, then kill -9 a worker ``kills`` times; every new worker's start."""
-    server = _Server(store, mode)
-    try:
-        forks = server.server.forks
-        if forks is not None and not forks.wait_ready(READY_TIMEOUT_S):
+    with serving(store, mode) as server:
+        if server.forks is not None and not server.forks.wait_ready(READY_TIMEOUT_S):
             raise RuntimeError("the worker template did not start")
         recorder = _Recorder(mode, run)
-        mv = server.version()
+        assert server.registry is not None
+        [mv] = server.registry.all_versions()
         mv.observer = Observers(mv.observer, recorder)
         mv.spawn = _timed(mv.spawn)
         scaled = httpx.put(
-            f"{server.management}/models/tiny",
+            f"http://127.0.0.1:{server.state.ports.management}/models/tiny",
             params={"min_worker": 3, "max_worker": 3, "synchronous": "true"},
             timeout=READY_TIMEOUT_S,
         )
         scaled.raise_for_status()
         recorder.wait_for(2)
         for k in range(kills):
-            victim = mv.slots[k % len(mv.slots)].worker
-            os.kill(victim.pid, signal.SIGKILL)
+            os.kill(mv.slots[k % len(mv.slots)].worker.pid, signal.SIGKILL)
             recorder.wait_for(3 + k)
         return recorder.starts
-    finally:
-        server.stop()
 
 
-def _median(values: list[float]) -> float:
-    return round(median(values), 1)
+KEYS = ("ready_ms", "load_ms", "before_load_ms", "spawn_call_ms")
+
+
+def _medians(rows: list[Any], get: Any) -> dict[str, float]:
+    return {key: round(median([get(row, key) for row in rows]), 1) for key in KEYS}
 
 
 def summarize(starts: list[Start], runs: int) -> dict[str, Any]:
     """Per mode and kind: the median of the runs' medians, and each run's median."""
     summary: dict[str, Any] = {}
-    for mode in MODES:
-        for kind in ("scale-up", "restart"):
-            per_run = []
-            for run in range(runs):
-                mine = [s for s in starts if (s.mode, s.kind, s.run) == (mode, kind, run)]
-                if mine:
-                    per_run.append(
-                        {
-                            "ready_ms": _median([s.ready_ms for s in mine]),
-                            "load_ms": _median([s.load_ms for s in mine]),
-                            "before_load_ms": _median([s.before_load_ms for s in mine]),
-                            "spawn_call_ms": _median([s.spawn_call_ms for s in mine]),
-                            "forked": all(s.forked for s in mine),
-                        }
-                    )
-            summary[f"{mode} {kind}"] = {
-                "runs": per_run,
-                **{
-                    key: _median([r[key] for r in per_run])
-                    for key in ("ready_ms", "load_ms", "before_load_ms", "spawn_call_ms")
-                },
-            }
+    for mode, kind in itertools.product(MODES, ("scale-up", "restart")):
+        per_run = []
+        for run in range(runs):
+            if mine := [s for s in starts if (s.mode, s.kind, s.run) == (mode, kind, run)]:
+                forked = all(s.forked for s in mine)
+                per_run.append({**_medians(mine, getattr), "forked": forked})
+        summary[f"{mode} {kind}"] = {"runs": per_run, **_medians(per_run, dict.__getitem__)}
     return summary
 
 
@@ -211,8 +183,7 @@ def render(summary: dict[str, Any], command: str, when: str) -> str:
     rows = []
     for name, row in summary.items():
         every = ", ".join(f"{r['ready_ms']:g} / {r['before_load_ms']:g}" for r in row["runs"])
-        keys = ("ready_ms", "load_ms", "before_load_ms", "spawn_call_ms")
-        rows.append([name, *(f"{row[key]:g}" for key in keys), every])
+        rows.append([name, *(f"{row[key]:g}" for key in KEYS), every])
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     machine = f"{describe_machine(machine_info())}; load average {load}"
     head = "## A new worker's start: spawned and forked (issue 31, item 1)"
@@ -221,9 +192,7 @@ def render(summary: dict[str, Any], command: str, when: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python results/startup/worker_start.py", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--kills", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("results/startup"))

@@ -1,19 +1,19 @@
 """GPU benchmark of the device path (handlers/runtime/accel.py): plain vs its options (VARIANTS),
-in process and, with ``--serve``, under ``torchbay serve`` (the archive's model-config.yaml sets
-``handler: {torchbay: ...}``; ``plain`` is BaseHandler's call before accel, ``enabled: false``).
+in process and, with ``--serve``, under ``torchbay serve`` (model-config.yaml's ``handler:
+{torchbay: ...}``; ``plain`` is BaseHandler's call before accel).
 
-``python scripts/gpu/bench.py --models tiny,cnn,wide --batch 8 --seconds 5 [--serve]``
-prints one report row, a system per (model, variant, where): samples/s, median and p99 ms per
-batch, and the largest difference from ``plain``'s output; ``--json PATH`` writes it.
+    .venv/bin/python scripts/gpu/bench.py --models tiny,cnn,wide --batch 8 --seconds 5 [--serve]
 
-Without CUDA only CPU_VARIANTS run (all take the CPU path): the fallback keeps the script runnable
-and tested. No GPU numbers have been recorded yet (docs/gpu.md).
+One report row: samples/s, p50/p99 ms and the largest difference from ``plain``'s output per
+(model, variant, where); ``--json PATH`` writes it. Without CUDA only CPU_VARIANTS run, so the
+script stays tested (tests/benchmarks/test_gpu_bench.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -23,9 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchbay.benchmarks import models, report
+from torchbay.benchmarks import models, report, runner
+from torchbay.benchmarks.loadgen import LoadGenerator, Target
+from torchbay.benchmarks.managed import ManagedServer
 from torchbay.benchmarks.report import RowResult
-from torchbay.benchmarks.stats import percentile
+from torchbay.benchmarks.stats import summarize
 from torchbay.handlers.runtime import accel
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
@@ -48,24 +50,23 @@ def build(name: str) -> nn.Module:
     return models.build(name)
 
 
-class PlainRunner:
+def plain(model: nn.Module, device: torch.device) -> Any:
     """BaseHandler's model call before accel."""
+    model = model.to(device)
 
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.model = model.to(device)
-        self.device = device
-
-    def run(self, x: torch.Tensor) -> torch.Tensor:
+    def run(x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.model(x.to(self.device)).cpu()
+            return model(x.to(device)).cpu()
+
+    return run
 
 
-def runner(name: str, variant: str, device: torch.device, batch: int) -> Any:
-    model = build(name).to(device)
+def variant_run(name: str, variant: str, device: torch.device, batch: int) -> Any:
     options = VARIANTS[variant]
     if options is None:
-        return PlainRunner(model, device)
-    return accel.build(model, device, accel.AccelOptions(**options), batch_size=batch)
+        return plain(build(name), device)
+    options = accel.AccelOptions(**options)
+    return accel.build(build(name).to(device), device, options, batch_size=batch).run
 
 
 def time_loop(run: Any, x: torch.Tensor, seconds: float) -> list[float]:
@@ -86,16 +87,17 @@ def inprocess(
 ) -> dict[str, dict[str, float]]:
     """``{"NAME VARIANT in-process": metrics}`` per variant: samples/s and ms per batch."""
     x = torch.randn(batch, *SHAPES[name], generator=torch.Generator().manual_seed(7))
-    reference = PlainRunner(build(name), device).run(x).float()
+    reference = plain(build(name), device)(x).float()
     out = {}
     for variant in variants:
-        path = runner(name, variant, device, batch)
-        diff = float((path.run(x).float().cpu() - reference).abs().max())
-        times = time_loop(path.run, x, seconds)
+        run = variant_run(name, variant, device, batch)
+        diff = float((run(x).float().cpu() - reference).abs().max())
+        times = time_loop(run, x, seconds)
+        latency = summarize(times)
         out[f"{name} {variant} in-process"] = {
             "samples_per_s": len(times) * batch / sum(times),
-            "p50_ms": percentile(times, 50) * 1000,
-            "p99_ms": percentile(times, 99) * 1000,
+            "p50_ms": latency.p50_ms,
+            "p99_ms": latency.p99_ms,
             "max_abs_diff": diff,
             "errors": 0.0,
         }
@@ -104,8 +106,6 @@ def inprocess(
 
 def _archive(name: str, variant: str, batch: int, store: Path, work: Path) -> Path:
     """A .mar of ``name`` (TorchScript, handler_raw.py) whose model-config sets the variant."""
-    from torchbay.benchmarks import runner
-
     pt = models.save_scripted(build(name), work / f"{name}.pt")
     (work / "input_shape.json").write_text(json.dumps({"shape": list(SHAPES[name])}))
     config = {"batchSize": batch, "maxBatchDelay": 5, "handler": {"num_threads": 1}}
@@ -121,10 +121,6 @@ def served(
 ) -> dict[str, dict[str, float]]:
     """``torchbay serve`` of the variant's archive under a closed loop (the runner's warm-up and
     measurement, 2 s warm-up at most): ``{"NAME VARIANT serve": metrics}``, per request."""
-    from torchbay.benchmarks import runner
-    from torchbay.benchmarks.loadgen import LoadGenerator, Target
-    from torchbay.benchmarks.managed import ManagedServer
-
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         root = Path(tmp)
         (root / "store").mkdir()
@@ -151,14 +147,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--json", type=Path, help="write the rows here")
     args = p.parse_args(argv)
-    args.models = [m for m in args.models.split(",") if m]
-    args.variants = [v for v in args.variants.split(",") if v]
-    for m in args.models:
-        if m not in SHAPES:
-            p.error(f"unknown model {m!r}: want {sorted(SHAPES)}")
-    for v in args.variants:
-        if v not in VARIANTS:
-            p.error(f"unknown variant {v!r}: want {list(VARIANTS)}")
+    for what, known in (("models", sorted(SHAPES)), ("variants", list(VARIANTS))):
+        setattr(args, what, [x for x in getattr(args, what).split(",") if x])
+        if unknown := set(getattr(args, what)) - set(known):
+            p.error(f"unknown {what} {sorted(unknown)}: want {known}")
     return args
 
 
@@ -177,7 +169,9 @@ def main(argv: list[str] | None = None) -> RowResult:
             measured |= served(name, v, args.batch, args.seconds, args.concurrency)
         for system, metrics in measured.items():
             row.add(system, metrics)
-    head = report.header("gpu_bench", argv, settings, title="GPU benchmark", device=label)
+    head = report.header("", argv, settings, title="GPU benchmark", device=label)
+    args_run = sys.argv[1:] if argv is None else argv
+    head["command"] = shlex.join(["python", "scripts/gpu/bench.py", *args_run])
     print(report.render([row], head))
     if args.json:
         args.json.write_text(json.dumps(report.as_json([row], head), indent=2))

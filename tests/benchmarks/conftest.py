@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -27,19 +27,14 @@ def gen() -> Iterator[LoadGenerator]:
         yield generator
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_script(relative: str) -> ModuleType:
-    """A study script that lives beside its results (``results/...``, ``scripts/...``): not in
-    the package, so tests load it by path, as ``python <path>`` runs it."""
-    path = ROOT / relative
-    name = "study_" + path.with_suffix("").as_posix().replace("/", "_").replace("-", "_")
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None, path
+def load_study(path: str) -> types.ModuleType:
+    """A study script (results/..., scripts/...: outside the package) loaded by its path from the
+    repository root, so that its test exercises the script as it is run."""
+    file = Path(__file__).resolve().parents[2] / path
+    name = "study_" + path.removesuffix(".py").replace("/", "_")  # "run", "bench": not unique
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining
     spec.loader.exec_module(module)
     return module

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.benchmarks.conftest import load_script
+from tests.benchmarks.conftest import load_study
 
-gpu_bench = load_script("scripts/gpu/bench.py")
-
+gpu_bench = load_study("scripts/gpu/bench.py")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CPU fallback")
 
 

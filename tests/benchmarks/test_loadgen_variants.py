@@ -1,5 +1,5 @@
 """Request variants (``Target.paths``): the load generator sends them in turn and says which one
-each answer was, as the many-models benchmark needs for its Zipf mix (results/multiplex/run.py)."""
+each answer was, as the many-models study needs for its Zipf mix (results/multiplex/run.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.benchmarks.conftest import load_script
+from tests.benchmarks.conftest import load_study
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
 from torchbay.benchmarks.round2_overload import answers
 
-multiplex = load_script("results/multiplex/run.py")
+multiplex = load_study("results/multiplex/run.py")
 
 
 class _ByPath(BaseHTTPRequestHandler):
@@ -59,9 +59,14 @@ def test_variants_are_sent_in_turn_and_named_in_the_timeline(
     assert result.statuses == {"200": 10, "404": 20}
 
 
-def test_closed_loop_reports_each_answer_by_model(gen: LoadGenerator, by_path: int) -> None:
-    answered = multiplex.closed_loop(gen, by_path, ["a", "b"], 2, None)
-    assert sorted((model, status) for model, status, _ in answered) == [("a", 200), ("b", 404)]
+def test_one_request_per_variant_names_each_answer(gen: LoadGenerator, by_path: int) -> None:
+    """``requests`` = the number of variants: each sent once, each answer named by its variant
+    with its own status and latency (the study's first request to each hot model)."""
+    target = Target("127.0.0.1", by_path, "", (b"{}",), paths=("/predictions/a", "/predictions/b"))
+    result = gen.run(LoadPlan(target, concurrency=2, duration_s=None, requests=2, timeline=True))
+    pairs = zip(array.array("I", result.variants), answers(result.timeline), strict=True)
+    answered = sorted((v, a.status, a.latency) for v, a in pairs)
+    assert [(v, status) for v, status, _ in answered] == [(0, 200), (1, 404)]
     assert all(seconds > 0 for _, _, seconds in answered)
 
 
