@@ -165,13 +165,8 @@ def overload_once(
     ``duration_s`` each (at most 256 connections); in round 1 also one open-loop run per
     SWEEP_FACTORS (the plot). The phases' detail goes to ``row.extra``."""
     props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
-    with runner.serving(
-        ctx,
-        system,
-        {"cnn": CNN_B8_W2},
-        runner.run_dir(ctx, "overload", system, f"r{rnd}"),
-        props=props,
-    ) as server:
+    where = runner.run_dir(ctx, "overload", system, f"r{rnd}")
+    with runner.serving(ctx, system, {"cnn": CNN_B8_W2}, where, props=props) as server:
         tgt = runner.target(ctx, server, "cnn", "cnn")
         pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
         at_capacity = procstat.Window.within(
@@ -181,17 +176,15 @@ def overload_once(
         d = ctx.duration_s
         factors = (RECOVERY_FACTOR, OVERLOAD_FACTOR, RECOVERY_FACTOR)
         steps = tuple((d, f * capacity) for f in factors)
-        plan = open_plan(tgt, OVERLOAD_FACTOR * capacity, 3 * d, steps=steps)
         phase = procstat.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
-        result = ctx.gen.run(plan)
+        result = ctx.gen.run(open_plan(tgt, OVERLOAD_FACTOR * capacity, 3 * d, steps=steps))
         lost = result.statuses.get(TIMEOUT, 0)
         outcome = analyse(result.timeline, capacity, steps, lost, result.sent)
         good, served = outcome["overload"]["goodput_per_s"] * d, capacity * at_capacity.span_s
         cpu = procstat.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
         if rnd == 1:
-            row.extra["sweep"][system] = [
-                _sweep_point(ctx, tgt, capacity, f) for f in SWEEP_FACTORS
-            ]
+            sweep = [_sweep_point(ctx, tgt, capacity, f) for f in SWEEP_FACTORS]
+            row.extra["sweep"][system] = sweep
     row.extra["detail"].setdefault(system, []).append(
         {**outcome, "generator_behind": result.behind}
     )
