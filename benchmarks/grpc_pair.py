@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchbay.archiver.errors import ArchiveError
 from torchbay.benchmarks import bench
 from torchbay.benchmarks.bench import BenchReport, RunOptions
 from torchbay.benchmarks.errors import BenchError
@@ -79,19 +80,19 @@ def load_tensor(path: Path, archive: Path | None = None) -> OipTensor:
         raise BenchError(f"cannot read input {path}: {exc}") from None
     if Path(path).suffix.lower() != ".npy":
         return OipTensor("data", "BYTES", (1,), struct.pack("<I", len(raw)) + raw)
-    return _from_npy(raw, Path(path).name, _input_name(archive))
+    try:
+        info = _recorded(archive)
+    except (ArchiveError, OSError):
+        info = None  # starting the server says what is wrong with the archive
+    return _from_npy(raw, Path(path).name, _input_name(info))
 
 
 def archive_example(archive: Path) -> OipTensor:
-    """The example input ``archive`` records (``torchbay archive --example-input x.npy``), named
-    as its signature names its one input."""
+    """The example input ``archive`` records (``torchbay archive --example-input x.npy``)."""
     import zipfile
 
-    from torchbay.archiver.errors import ArchiveError
-    from torchbay.archiver.manifest import read_manifest
-
     try:
-        info = read_manifest(archive).torchbay
+        info = _recorded(archive)
         example = info.example_input if info is not None else None
         if not example or not example.endswith(".npy"):
             raise BenchError(f"{archive.name} records no one-tensor example input (.npy)")
@@ -99,7 +100,7 @@ def archive_example(archive: Path) -> OipTensor:
             raw = zf.read(example)
     except (ArchiveError, OSError, KeyError, zipfile.BadZipFile) as exc:
         raise BenchError(f"cannot read the example input of {archive.name}: {exc}") from None
-    return _from_npy(raw, f"{archive.name}:{example}", _input_name(archive))
+    return _from_npy(raw, f"{archive.name}:{example}", _input_name(info))
 
 
 def _from_npy(raw: bytes, label: str, name: str) -> OipTensor:
@@ -121,17 +122,15 @@ def _from_npy(raw: bytes, label: str, name: str) -> OipTensor:
     return OipTensor(name, datatype, tuple(array.shape), data)
 
 
-def _input_name(archive: Path | None) -> str:
-    """The archive's recorded single input's name, else ``input0``."""
-    if archive is None:
-        return "input0"
-    from torchbay.archiver.errors import ArchiveError
+def _recorded(archive: Path | None) -> Any:
+    """The torchbay section of the archive's manifest (None: no archive or no section)."""
     from torchbay.archiver.manifest import read_manifest
 
-    try:
-        info = read_manifest(archive).torchbay
-    except (ArchiveError, OSError):
-        return "input0"  # starting the server says what is wrong with it
+    return None if archive is None else read_manifest(archive).torchbay
+
+
+def _input_name(info: Any) -> str:
+    """The name the manifest's signature gives its one input, else ``input0``."""
     inputs = info.inputs if info is not None else None
     return inputs[0].name if inputs and len(inputs) == 1 else "input0"
 

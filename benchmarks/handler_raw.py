@@ -47,12 +47,9 @@ def decode_batch(
     result shares memory with the buffer. A body of the wrong size raises ValueError."""
     count, n = math.prod(shape), len(requests)
     expected = 4 * count
-    if buffer is None or buffer.shape[0] < n or buffer.shape[1] != count:
-        buffer = grow_buffer(None, n, count)
+    buffer = grow_buffer(buffer, n, count)
     for i, row in enumerate(requests):
-        body = row.get("data")
-        if body is None:
-            body = row.get("body")
+        body = row["data"] if row.get("data") is not None else row.get("body")
         if not isinstance(body, (bytes, bytearray, memoryview)) or len(body) != expected:
             raise ValueError(f"expected a raw float32 body of {expected} bytes")
         buffer[i] = np.frombuffer(body, dtype="<f4")

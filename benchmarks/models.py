@@ -11,7 +11,6 @@ bodies are raw little-endian float32, exactly what the handler's ``torch.frombuf
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,20 +77,12 @@ def seeded(make: Callable[[], nn.Module]) -> nn.Module:
     return make().eval()
 
 
-def build_tiny() -> nn.Module:
-    """The seeded tiny MLP in eval mode."""
-    return seeded(lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
-
-
-def build_cnn() -> nn.Module:
-    """The seeded small ResNet in eval mode."""
-    return seeded(SmallResNet)
-
-
 def build(name: str) -> nn.Module:
-    """Build a reference model by name (``tiny`` or ``cnn``)."""
+    """A reference model by name (``tiny`` or ``cnn``), seeded and in eval mode."""
     _check_name(name)
-    return build_tiny() if name == "tiny" else build_cnn()
+    if name == "tiny":
+        return seeded(lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
+    return seeded(SmallResNet)
 
 
 def save_scripted(model: nn.Module, path: str | Path) -> Path:
@@ -112,14 +103,3 @@ def sample_tensor(name: str) -> torch.Tensor:
 def sample_body(name: str) -> bytes:
     """The request body for ``name``: one sample as raw little-endian float32."""
     return sample_tensor(name).numpy().astype("<f4").tobytes()
-
-
-def body_size(name: str) -> int:
-    """Size in bytes of one request body for ``name`` (256 for tiny, 49,152 for cnn)."""
-    _check_name(name)
-    return 4 * math.prod(SAMPLE_SHAPES[name])
-
-
-def param_count(model: nn.Module) -> int:
-    """Number of trainable parameters (BN running stats are buffers, not counted)."""
-    return sum(p.numel() for p in model.parameters())

@@ -1,14 +1,8 @@
-"""Round two's overload row: capacity, then 0.5x / 4x / 0.5x capacity in one open-loop run
-(:func:`overload_once`), and its arithmetic: the phases of the run's timeline, goodput, admitted
-p99, unanswered requests and the time until latency is normal again after the overload.
-
-The arithmetic is pure functions over :attr:`LoadResult.timeline` (triples of start s after the
-window opened, latency s measured from the SCHEDULED send, status or -1).
-
-"Normal" (the recovery test): the p99 of the answers scheduled in each 1 s window of the recovery
-phase is within :data:`NORMAL_FACTOR` x the p99 of the pre-overload phase at the same offered load
-(0.5x capacity), and stays so until the end of the phase. ``recovery_s`` is the start of the first
-such window, counted from the end of the overload; NaN when latency never got back to normal.
+"""Round two's overload row: capacity, then 0.5x / 4x / 0.5x capacity in one open-loop run, and
+its arithmetic over :attr:`LoadResult.timeline` (start s, latency s from the SCHEDULED send,
+status or -1 per request). "Normal" after the overload: every 1 s window of the recovery phase
+has a p99 within :data:`NORMAL_FACTOR` x the pre-overload p99 (the same offered load) until the
+phase ends; ``recovery_s`` is when that began, NaN when it never did.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from typing import Any
 
 from torchbay.benchmarks import procstat, runner
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadPlan
-from torchbay.benchmarks.loadplan import TIMEOUT
+from torchbay.benchmarks.loadplan import TIMEOUT, Target
 from torchbay.benchmarks.report import Ratio, RowResult, median
 from torchbay.benchmarks.scenarios import Batching, Goal
 from torchbay.benchmarks.stats import percentile
@@ -61,11 +55,6 @@ def p99_ms(items: list[Answer]) -> float:
     return 1e3 * percentile([a.latency for a in items], 99.0)
 
 
-def answered_ok_in(items: list[Answer], begin: float, end: float) -> int:
-    """200s whose answer (start + latency) came in [begin, end), whenever they were sent."""
-    return sum(a.status == 200 and begin <= a.start + a.latency < end for a in items)
-
-
 def phase_stats(items: list[Answer], begin: float, end: float, offered_per_s: float) -> Phase:
     """The answers scheduled in [begin, end) as the client saw them: ``answered`` counts HTTP
     answers (a connection error is unanswered), ``late`` those more than LATE_S after the
@@ -73,6 +62,7 @@ def phase_stats(items: list[Answer], begin: float, end: float, offered_per_s: fl
     ``admitted_p99_ms`` the p99 of the 200s, ``p99_ms`` of every answer."""
     scheduled, seconds = in_phase(items, begin, end), end - begin
     ok = [a for a in scheduled if a.status == 200]
+    good = sum(a.status == 200 and begin <= a.start + a.latency < end for a in items)
     return {
         "offered_per_s": offered_per_s,
         "answered": sum(a.status >= 0 for a in scheduled),
@@ -80,7 +70,7 @@ def phase_stats(items: list[Answer], begin: float, end: float, offered_per_s: fl
         "rejected_503": sum(a.status == 503 for a in scheduled),
         "other_errors": sum(a.status >= 0 and a.status not in (200, 503) for a in scheduled),
         "late": sum(a.latency > LATE_S for a in scheduled),
-        "goodput_per_s": answered_ok_in(items, begin, end) / seconds if seconds else math.nan,
+        "goodput_per_s": good / seconds if seconds else math.nan,
         "admitted_p99_ms": p99_ms(ok),
         "p99_ms": p99_ms(scheduled),
     }
@@ -154,20 +144,16 @@ def analyse(
     }
 
 
-def _sweep_point(ctx: runner.Ctx, tgt: object, capacity: float, factor: float) -> dict:
+def open_plan(tgt: Target, rate: float, duration_s: float, **more: Any) -> LoadPlan:
+    """An open loop at ``rate`` recording its timeline, at most MAX_CONNECTIONS connections."""
+    limits = {"timeout_s": LATE_S, "max_connections": MAX_CONNECTIONS, "timeline": True}
+    return LoadPlan(tgt, "open", rate=rate, duration_s=duration_s, **limits, **more)
+
+
+def _sweep_point(ctx: runner.Ctx, tgt: Target, capacity: float, factor: float) -> dict:
     """An open-loop run at ``factor`` x capacity, warmed up (the window opens on running load)."""
     d, rate = ctx.duration_s, factor * capacity
-    plan = LoadPlan(
-        tgt,
-        "open",
-        rate=rate,
-        duration_s=d,
-        warmup_s=ctx.warmup_s,
-        timeline=True,  # type: ignore[arg-type]
-        timeout_s=LATE_S,
-        max_connections=MAX_CONNECTIONS,
-    )
-    res = ctx.gen.run(plan)
+    res = ctx.gen.run(open_plan(tgt, rate, d, warmup_s=ctx.warmup_s))
     items = answers(res.timeline)
     return {"factor": factor, **phase_stats(items, 0.0, d, rate), "generator_behind": res.behind}
 
@@ -179,13 +165,8 @@ def overload_once(
     ``duration_s`` each (at most 256 connections); in round 1 also one open-loop run per
     SWEEP_FACTORS (the plot). The phases' detail goes to ``row.extra``."""
     props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
-    with runner.serving(
-        ctx,
-        system,
-        {"cnn": CNN_B8_W2},
-        runner.run_dir(ctx, "overload", system, f"r{rnd}"),
-        props=props,
-    ) as server:
+    where = runner.run_dir(ctx, "overload", system, f"r{rnd}")
+    with runner.serving(ctx, system, {"cnn": CNN_B8_W2}, where, props=props) as server:
         tgt = runner.target(ctx, server, "cnn", "cnn")
         pids = (server.proc.pid, [p.pid for p in ctx.gen.procs])  # type: ignore[union-attr]
         at_capacity = procstat.Window.within(
@@ -193,60 +174,35 @@ def overload_once(
         )
         capacity = runner.closed(ctx, tgt, 16).ok_per_s
         d = ctx.duration_s
-        steps = (
-            (d, RECOVERY_FACTOR * capacity),
-            (d, OVERLOAD_FACTOR * capacity),
-            (d, RECOVERY_FACTOR * capacity),
-        )
-        plan = LoadPlan(
-            tgt,
-            "open",
-            rate=max(r for _, r in steps),
-            steps=steps,
-            duration_s=3 * d,
-            timeout_s=LATE_S,
-            max_connections=MAX_CONNECTIONS,
-            timeline=True,
-        )
+        factors = (RECOVERY_FACTOR, OVERLOAD_FACTOR, RECOVERY_FACTOR)
+        steps = tuple((d, f * capacity) for f in factors)
         phase = procstat.Window(*pids, START_MARGIN_S + d, START_MARGIN_S + 2 * d)  # the 4x
-        result = ctx.gen.run(plan)
+        result = ctx.gen.run(open_plan(tgt, OVERLOAD_FACTOR * capacity, 3 * d, steps=steps))
         lost = result.statuses.get(TIMEOUT, 0)
         outcome = analyse(result.timeline, capacity, steps, lost, result.sent)
         good, served = outcome["overload"]["goodput_per_s"] * d, capacity * at_capacity.span_s
         cpu = procstat.figures(at_capacity.seconds(), served, phase.seconds(), d, good)
         if rnd == 1:
-            row.extra["sweep"][system] = [
-                _sweep_point(ctx, tgt, capacity, f) for f in SWEEP_FACTORS
-            ]
+            sweep = [_sweep_point(ctx, tgt, capacity, f) for f in SWEEP_FACTORS]
+            row.extra["sweep"][system] = sweep
     row.extra["detail"].setdefault(system, []).append(
         {**outcome, "generator_behind": result.behind}
     )
     return {system: {**metrics(outcome), **cpu}}
 
 
-OVERLOAD_KEYS = (
-    "goodput_ratio",
-    "capacity_req_s",
-    "admitted_p99_ms",
-    "unanswered_10s",
-    "503_overload",
-    "503_recovery",
-    "recovery_s",
-    *procstat.FIGURES,
-)
+OVERLOAD_KEYS = ("goodput_ratio", "capacity_req_s", "admitted_p99_ms", "unanswered_10s")
+OVERLOAD_KEYS += ("503_overload", "503_recovery", "recovery_s", *procstat.FIGURES)
 
 
 def row_overload(ctx: runner.Ctx) -> runner.Row:
     row = RowResult(
         "overload",
         "cnn, 4x overload, then recovery at 0.5x",
-        f"{CNN_B8_W2.describe()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay "
-        f"max_queue_delay_ms {QUEUE_DELAY_MS} (TorchServe has none); capacity: closed "
-        f"loop c=16; then open loop 0.5x / 4x / 0.5x capacity, {ctx.duration_s:g} s "
-        f"each, 48 KiB bodies, <= {MAX_CONNECTIONS} connections, latency from the "
-        "scheduled send; goodput = 200s answered within the overload phase per second; "
-        "normal = p99 of each 1 s window <= 2x the pre-overload p99; sweep (repeat 1 only): "
-        "open loop at 0.5/1/2/4x capacity, warm-up then the same window each",
+        f"{CNN_B8_W2.describe()}; job_queue_size {JOB_QUEUE_SIZE}; torchbay max_queue_delay_ms "
+        f"{QUEUE_DELAY_MS}; capacity: closed loop c=16; then open loop 0.5x / 4x / 0.5x, "
+        f"{ctx.duration_s:g} s each, <= {MAX_CONNECTIONS} connections; goodput: 200s answered "
+        "in the 4x phase per second; sweep (repeat 1): open loop at 0.5/1/2/4x capacity",
         extra={"sweep": {}, "detail": {}},
     )
     systems = runner.systems_for(ctx, row, runner.TORCHBAY, runner.TORCHSERVE)

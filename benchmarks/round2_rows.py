@@ -1,13 +1,9 @@
 """The rows of issue 15's table (``tables round2``): torchbay, TorchServe 0.12 when given, and
-the row's ceiling, side by side in every round; each row's special measurement is its cells'
-``measure`` (the alternating slices, the start time, two models; overload: round2_overload.py).
+the row's ceiling, side by side in every round (overload: round2_overload.py).
 
-Why slices (cnn-c1, batch-sweep): measured one after the other, two runs of the same server
-differ by the host's drift, on a shared 2-core host as much as the 3% the row judges. One server
-serves the cnn twice (batch 1 and batch 8, each its own archive copy and worker) and closed-loop
-load alternates between them, A B B A A B ..., so drift steady over a repeat cancels out of the
-ratio. req/s is a configuration's answers over its measured time; p50 the median of its slices'
-p50s, p99 the largest of their p99s.
+Why slices (cnn-c1, batch-sweep): two runs one after the other differ by the host's drift, on a
+shared host as much as the 3% the row judges. One server serves the cnn at batch 1 and batch 8
+and the load alternates A B B A ..., so drift steady over a repeat cancels out of the ratio.
 """
 
 from __future__ import annotations
@@ -45,6 +41,7 @@ from torchbay.server.serving.worker_env import worker_env
 INPROCESS, INPROCESS_TUNED = "in-process", "in-process, tuned malloc"
 TWO_MODELS = {"cnn_a": "cnn", "cnn_b": "cnn"}  # two names, one reference model (each its own mar)
 TWO_MODELS_BATCHING = Batching(8, 10, 1)
+TWO_MODEL_KEYS = ("alone_a", "alone_b", "together_a", "together_b")
 SWEEP_CONCURRENCY = (2, 4, 8, 16)
 CONFIGS = {"cnn_b1": Batching(1, 10, 1), "cnn_b8": Batching(8, 10, 1)}
 SLICES = 6  # slices per configuration and repeat
@@ -123,7 +120,8 @@ def order(labels: tuple[str, str], slices: int) -> list[str]:
 
 
 def pooled(results: list[LoadResult]) -> dict[str, float]:
-    """One configuration's slices as one run (see the module docstring)."""
+    """One configuration's slices as one run: answers over measured time, the median of the
+    slices' p50s, the largest of their p99s."""
     window = sum(r.window_s for r in results)
     return {
         "req_s": sum(r.ok for r in results) / window if window > 0 else 0.0,
@@ -165,8 +163,7 @@ def _paired(key: str, title: str, concurrencies: tuple[int, ...], ctx: Ctx) -> R
         key,
         title,
         f"c={', '.join(map(str, concurrencies))}{where}, delay 10 ms, 1 worker each; one "
-        f"server serves both, measured in alternating slices (b1 b8 b8 b1 ..., {SLICES} per "
-        "configuration)",
+        f"server serves both, alternating slices (b1 b8 b8 b1 ..., {SLICES} each)",
     )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     tags = {
@@ -235,17 +232,15 @@ def _two_models_once(ctx: Ctx, system: str, conc: int, rnd: int) -> dict[str, di
         serving(ctx, system, models, where, names=TWO_MODELS) as server,
         LoadGenerator(1) as second,
     ):
-        ta, tb = (target(ctx, server, n, "cnn") for n in TWO_MODELS)
-        alone_a = closed(ctx, ta, conc).ok_per_s
-        alone_b = closed(ctx, tb, conc).ok_per_s
+        targets = [target(ctx, server, n, "cnn") for n in TWO_MODELS]
+        alone = [closed(ctx, t, conc).ok_per_s for t in targets]
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            fa = pool.submit(closed, ctx, ta, conc, ctx.gen)
-            fb = pool.submit(closed, ctx, tb, conc, second)
-            together_a, together_b = fa.result().ok_per_s, fb.result().ok_per_s
-    figures = (alone_a, alone_b, together_a, together_b)
-    return {
-        system: dict(zip(("alone_a", "alone_b", "together_a", "together_b"), figures, strict=True))
-    }
+            gens = (ctx.gen, second)
+            runs = [
+                pool.submit(closed, ctx, t, conc, g) for t, g in zip(targets, gens, strict=True)
+            ]
+            together = [f.result().ok_per_s for f in runs]
+    return {system: dict(zip(TWO_MODEL_KEYS, alone + together, strict=True))}
 
 
 def row_two_models(ctx: Ctx, concurrency: int = 8) -> Row:
@@ -253,9 +248,7 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> Row:
         "two-models",
         "two models on one host (cnn as cnn_a and cnn_b)",
         f"one server per system with both, {TWO_MODELS_BATCHING.describe()} each; "
-        f"c={concurrency} per model; alone: one model driven, the other idle; together: both "
-        "at once; the 0.90 target is torchbay's (its host budget), TorchServe's figures are "
-        "the reference",
+        f"c={concurrency} per model; alone: the other model idle; together: both at once",
     )
     systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     prefixes = {s: "" if s == TORCHBAY else f"{s}: " for s in systems}
@@ -276,7 +269,7 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> Row:
             out.append(Ratio(f"{prefix}combined together / alone", ratios(*both), bound))
         return out
 
-    return Row(row, cells, ("alone_a", "alone_b", "together_a", "together_b"), judge=judge)
+    return Row(row, cells, TWO_MODEL_KEYS, judge=judge)
 
 
 ROWS: dict[str, Callable[[Ctx], Row]] = {

@@ -4,11 +4,9 @@
     round2 [--torchserve VENV] [--starts N] [--only ROW ...]      issue 15's rows beside TorchServe
     grpc [--models tiny,cnn] [--pairs P,...] [-c 16,...]          issue 12's gRPC / HTTP pairs
 
-Each table is a list of rows (``runner.Row``: cells of systems, and how the row is judged) that
-``runner.run_rows`` measures, repeat outermost. Every table takes ``--repeat``, ``--duration``,
-``--warmup``, ``--out`` (``STEM.md``, ``STEM.json``, a plot when a row has a sweep) and
-``--work`` (models, archives, server logs). Prints an estimate first and the time left while
-running. Exit status 1 when any run failed (the report says which).
+Each table is a list of ``runner.Row`` s that ``runner.run_rows`` measures, repeat outermost,
+into ``--out``/``STEM.md``, ``STEM.json`` and a plot when a row has a sweep. Exit status 1 when
+any run failed (the report says which).
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from torchbay.benchmarks import managed, plots, report, runner
 from torchbay.benchmarks.errors import exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.models import MODEL_NAMES
-from torchbay.benchmarks.report import RowResult
-from torchbay.benchmarks.runner import Cell, Ctx, Row
+from torchbay.benchmarks.report import Ratio, RowResult, ratios
+from torchbay.benchmarks.runner import Assets, Cell, Ctx, Row
 from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
 
 HERE = Path(__file__).resolve().parent
@@ -106,12 +104,104 @@ def round2_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
     return [ROWS[key](ctx) for key in args.only or ROWS], settings
 
 
-def grpc_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
-    from torchbay.benchmarks import grpc_compare
+# The gRPC table: a cell per model, protocol pair and concurrency, both sides on one fresh server
+# through ``torchbay bench run --protocol grpc|grpc-v2`` (grpc_pair.run_grpc_bench). ``tensor``
+# sends the sample as a typed FP32 tensor to the model packed with the built-in ``tensor``
+# handler (Triton's case); the other pairs send the raw body to the benchmark's own archives.
+PAIRS = {
+    "predictions": "HTTP /predictions vs gRPC Predictions",
+    "modelinfer": "HTTP v2 binary vs gRPC ModelInfer (BYTES body)",
+    "tensor": "HTTP v2 binary vs gRPC ModelInfer (FP32 tensor)",
+}
+Inputs = dict[str, dict[str, tuple[Path, Path]]]  # model -> pair -> (archive, --input file)
 
-    inputs = grpc_compare.build_inputs(ctx, args.models, args.pairs)
+
+def grpc_cell(model: str, pair: str, concurrency: int) -> str:
+    """A system of the gRPC report: ``tiny predictions c=16``."""
+    return f"{model} {pair} c={concurrency}"
+
+
+def grpc_measure(
+    ctx: Ctx, archive: Path, source: Path, pair: str, concurrency: int, run_dir: Path
+) -> dict[str, float]:
+    """Each side's ok/s, p50 and p99 (``http_...``, ``grpc_...``) and the answers not 200."""
+    from torchbay.benchmarks.bench import RunOptions
+    from torchbay.benchmarks.grpc_pair import run_grpc_bench
+
+    windows = {"duration_s": ctx.duration_s, "warmup_s": ctx.warmup_s}
+    options = RunOptions(
+        archive=archive, inputs=(source,), concurrency=concurrency, run_dir=run_dir, **windows
+    )
+    sides = [rep.result for rep in run_grpc_bench(options, pair != "predictions")]
+    figures = {}
+    for side, r in zip(("http", "grpc"), sides, strict=True):
+        figures |= {f"{side}_ok_per_s": r.ok_per_s, f"{side}_p50_ms": r.latency.p50_ms}
+        figures[f"{side}_p99_ms"] = r.latency.p99_ms
+    return figures | {"not_200": float(sum(r.sent - r.ok for r in sides))}
+
+
+def grpc_row(ctx: Ctx, inputs: Inputs, concurrencies: list[int]) -> Row:
+    """A cell per (model, concurrency, pair) of ``inputs``, judged by its gRPC / HTTP ok/s."""
+    pairs = {pair for per in inputs.values() for pair in per}
+    row = RowResult("grpc", "gRPC beside HTTP", ", ".join(PAIRS[p] for p in pairs), wide=True)
+
+    def run(model: str, pair: str, c: int, rnd: int) -> dict[str, dict[str, float]]:
+        archive, source = inputs[model][pair]
+        where = ctx.out_dir / "runs" / f"{model}-{pair}-c{c}-r{rnd}"
+        return {grpc_cell(model, pair, c): grpc_measure(ctx, archive, source, pair, c, where)}
+
+    estimate = 2 * (ctx.warmup_s + ctx.duration_s) + 6
+    cells = [
+        Cell((grpc_cell(m, p, c),), partial(run, m, p, c), estimate)
+        for m, per in inputs.items()
+        for c in concurrencies
+        for p in per
+    ]
+
+    def judge(r: RowResult) -> list[Ratio]:
+        def values(name: str) -> list[float]:
+            return ratios(r.series(name, "grpc_ok_per_s"), r.series(name, "http_ok_per_s"))
+
+        return [Ratio(f"{name}: gRPC / HTTP ok/s", values(name)) for name in r.systems]
+
+    return Row(row, cells, ("http_ok_per_s",), judge=judge)
+
+
+def grpc_inputs(ctx: Ctx, models: list[str], pairs: list[str]) -> Inputs:
+    """The archive and ``--input`` file of each model and pair (``tensor``: its own archive)."""
+    assert ctx.assets.model_store is not None
+    wanted = Assets({m: ctx.assets.pt[m] for m in models}, {m: ctx.assets.body[m] for m in models})
+    tensor = "tensor" in pairs
+    typed = tensor_archives(wanted, ctx.out_dir / "model_store_tensor") if tensor else {}
+    inputs: Inputs = {}
+    for m in models:
+        raw = (ctx.assets.model_store / f"{m}.mar", ctx.assets.body[m])
+        options = {"predictions": raw, "modelinfer": raw, "tensor": (typed.get(m), typed.get(m))}
+        inputs[m] = {pair: options[pair] for pair in pairs}  # type: ignore[misc]
+    return inputs
+
+
+def tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
+    """Each model packed with the built-in ``tensor`` handler (it speaks v2: typed tensors in
+    and out), one sample as a batch of 1 recorded as its example input (its ``--input``)."""
+    import numpy as np
+
+    from torchbay.benchmarks import models
+
+    store.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, pt in assets.pt.items():
+        example = store / f"{name}-example.npy"
+        np.save(example, models.sample_tensor(name).numpy()[None])
+        flags = ("--example-input", str(example), "--force")
+        out[name] = runner.archive(name, pt, store, sys.executable, *flags, handler="tensor")
+    return out
+
+
+def grpc_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
+    inputs = grpc_inputs(ctx, args.models, args.pairs)
     settings = f"{ctx.repeat} repeat(s) of {ctx.duration_s:g} s after {ctx.warmup_s:g} s warm-up"
-    return [grpc_compare.grpc_row(ctx, inputs, args.c)], settings
+    return [grpc_row(ctx, inputs, args.c)], settings
 
 
 TABLES = {
@@ -144,7 +234,6 @@ def _counts(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from torchbay.benchmarks.grpc_compare import PAIRS
     from torchbay.benchmarks.round2_rows import ROWS
 
     common = argparse.ArgumentParser(add_help=False)

@@ -1,4 +1,4 @@
-"""``python -m torchbay.benchmarks.tables grpc`` (benchmarks/grpc_compare.py): the medians table,
+"""``python -m torchbay.benchmarks.tables grpc`` (benchmarks/tables.py): the medians table,
 its flags, and a short run of every protocol pair against real servers."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from torchbay.benchmarks import grpc_compare, tables
+from torchbay.benchmarks import tables
 from torchbay.benchmarks.report import RowResult, render
 from torchbay.benchmarks.runner import Assets, Ctx, run_rows
 
 
 def test_the_row_has_one_line_of_medians_per_cell() -> None:
     row = RowResult("grpc", "gRPC beside HTTP", "pairs", wide=True)
-    name = grpc_compare.cell("tiny", "modelinfer", 4)
+    name = tables.grpc_cell("tiny", "modelinfer", 4)
     for http, grpc_, p99 in ((100.0, 300.0, 5.0), (300.0, 100.0, 9.0), (200.0, 400.0, 7.0)):
         figures = {"http_ok_per_s": http, "http_p99_ms": p99, "grpc_ok_per_s": grpc_}
         row.add(name, {**figures, "not_200": 1.0})
@@ -73,7 +73,7 @@ def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path: Path) -> No
         }
     }
     ctx = Ctx(tmp_path, Assets({}, {}), None, 0.1, 0.0, 1, log=lambda *a, **k: None)  # type: ignore[arg-type]
-    (row,) = run_rows(ctx, [grpc_compare.grpc_row(ctx, inputs, [1])])
+    (row,) = run_rows(ctx, [tables.grpc_row(ctx, inputs, [1])])
     assert len(row.errors) == 2
     assert set(row.systems) == {"tiny predictions c=1", "tiny modelinfer c=1"}
     assert "repeat 1 tiny predictions c=1" in row.errors[0] and "missing.mar" in row.errors[0]

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from torchbay.benchmarks import cli, grpc_compare, grpc_pair, runner
+from torchbay.benchmarks import cli, grpc_pair, runner, tables
 from torchbay.benchmarks.bench import RunOptions, open_server
 from torchbay.benchmarks.errors import BenchError
 from torchbay.handlers.runtime import oip
@@ -74,7 +74,7 @@ def test_an_archive_input_is_its_recorded_example(
     assets: runner.Assets, tiny: tuple[Path, Path], tmp_path: Path
 ) -> None:
     only = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
-    typed = grpc_compare._tensor_archives(only, tmp_path)["tiny"]
+    typed = tables.tensor_archives(only, tmp_path)["tiny"]
     tensor = grpc_pair.load_tensor(typed)
     assert (tensor.name, tensor.datatype, tensor.shape) == ("input0", "FP32", (1, 64))
     assert tensor.raw == tiny[1].read_bytes()  # the same sample as the raw body
