@@ -1,21 +1,13 @@
 """The load generator: N spawned processes, each one asyncio loop with keep-alive connections
-(the plan, its split over processes and the merged result are in ``loadplan.py``; one
-connection and the per-process recorder in ``loadconn.py``). A gRPC target (``Target.grpc``)
-runs the same loops as unary calls over one channel per process.
+(a gRPC target, ``Target.grpc``: unary calls over one channel per process).
 
 Closed loop (``concurrency``): each connection sends, waits for the answer, sends again; latency is
-measured from the actual send. Open loop (``rate``): requests are scheduled at fixed times
-(constant or Poisson arrivals, :func:`stats.arrival_offsets`) whatever the server does, and each
-latency is measured from the request's SCHEDULED time, so a server that stalls cannot hide the
-queue it built (no coordinated omission). When every connection is busy the generator opens
-another (up to ``max_connections``); a request that still waits keeps its scheduled start.
-How late each request left its schedule is reported as ``lag``; a p99 lag above
-:data:`LAG_WARN_MS`, a connection cap reached or a generator process near 100% CPU mark the run
-``behind`` with the reason, because then the numbers describe the generator, not the server.
-
-Event-loop timers fire with ~1 ms resolution, so open-loop lag is typically 0.1-1 ms; a request
-that leaves early is timed from its actual send. One process keeps up with far more than any model
-server here (RESULTS.md, "Load generator capacity"); ``--procs`` only helps with spare cores.
+timed from the actual send. Open loop (``rate``): requests are scheduled at fixed times whatever
+the server does, and each latency is timed from the SCHEDULED time, so a server that stalls cannot
+hide the queue it built (no coordinated omission); when every connection is busy another opens
+(up to ``max_connections``). A p99 send lag above :data:`LAG_WARN_MS`, the connection cap reached
+or a process near 100% CPU mark the run ``behind``: then the numbers describe the generator, not
+the server. Capacity: RESULTS.md, "Load generator capacity".
 """
 
 from __future__ import annotations
@@ -221,18 +213,14 @@ class _Runner:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            self._count_timeouts()
+            missing = self.rec.sent - sum(self.rec.statuses.values())
+            if missing > 0:
+                self.rec.statuses[TIMEOUT] += missing
         for conn in self.conns:
             conn.close()
         if self.grpc is not None:
             await self.grpc.aclose()
         return self.rec.part(_cpu_s() - cpu0, time.monotonic() - wall0, self.capped)
-
-    def _count_timeouts(self) -> None:
-        answered = sum(self.rec.statuses.values())
-        missing = self.rec.sent - answered
-        if missing > 0:
-            self.rec.statuses[TIMEOUT] += missing
 
 
 def _cpu_s() -> float:
