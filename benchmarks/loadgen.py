@@ -105,20 +105,17 @@ class _Runner:
         try:
             if conn is None or not conn.open:
                 conn = await self._connect()
-            status = await conn.roundtrip(request)
+            status = str(await conn.roundtrip(request))
         except (OSError, HttpParseError):
-            self._finish(scheduled, sent, CONN_ERROR, index)
+            status = CONN_ERROR
             if conn is not None:
                 conn.close()
-            return None
-        self._finish(scheduled, sent, str(status), index)
-        return conn
-
-    def _finish(self, scheduled: float | None, sent: float, status: str, index: int) -> None:
+            conn = None
         done = time.monotonic()
         self.inflight -= 1
         self.last_activity = done
         self.rec.record(scheduled, sent, done, status, index)
+        return conn
 
     async def _closed_worker(self) -> None:
         conn: Conn | GrpcConn | None = None
@@ -332,34 +329,24 @@ class LoadGenerator:
         ]
         for pipe, share in active:
             pipe.send(("run", plan, share, start_at))
-        parts: dict[int, Part] = {}
-        progress: dict[int, tuple[int, int]] = {}
-        failures = []
-        waiting = {id(pipe): pipe for pipe, _ in active}
+        parts: list[Part] = []
+        failures: list[str] = []
+        progress: dict[Connection, tuple[int, int]] = {}
+        waiting = [pipe for pipe, _ in active]
         while waiting:
-            for pipe in multiprocessing.connection.wait(list(waiting.values()), timeout=1.0):
+            for pipe in multiprocessing.connection.wait(waiting, timeout=1.0):
                 try:
-                    message = pipe.recv()  # type: ignore[union-attr]
+                    kind, *payload = pipe.recv()  # type: ignore[union-attr]
                 except (EOFError, OSError):
-                    failures.append("a generator process died")
-                    del waiting[id(pipe)]
-                    continue
-                if message[0] == "progress":
-                    progress[id(pipe)] = (message[1], message[2])
+                    kind, payload = "error", ["a generator process died"]
+                if kind == "progress":
+                    progress[pipe] = payload[0], payload[1]  # type: ignore[index]
                     if on_progress is not None:
-                        on_progress(
-                            Progress(
-                                elapsed_s=time.monotonic() - start_at,
-                                completed=sum(p[0] for p in progress.values()),
-                                recorded=sum(p[1] for p in progress.values()),
-                            )
-                        )
+                        completed, recorded = (sum(c) for c in zip(*progress.values(), strict=True))
+                        on_progress(Progress(time.monotonic() - start_at, completed, recorded))
                     continue
-                del waiting[id(pipe)]
-                if message[0] == "error":
-                    failures.append(message[1])
-                else:
-                    parts[id(pipe)] = message[1]
+                waiting.remove(pipe)  # type: ignore[arg-type]
+                (failures if kind == "error" else parts).append(payload[0])
         if failures:
             raise BenchError("load generator failed: " + "; ".join(failures))
-        return merge(plan, list(parts.values()))
+        return merge(plan, parts)
