@@ -1,11 +1,6 @@
-"""The load generator's HTTP/1.1 wire format: requests built once, responses parsed by httptools.
-
-The generator must outrun the server it loads (httpx spends ~100 us of CPU per request), so it
-writes prebuilt request bytes and parses answers with ``httptools.HttpResponseParser`` (llhttp, the
-parser uvicorn uses). Bodies are counted, not kept: the generator records the status.
-
-    parser = ResponseParser()
-    for status, body_bytes, keep_alive in parser.feed(chunk): ...
+"""The load generator's HTTP/1.1 wire format. It must outrun the server it loads (httpx spends
+~100 us of CPU per request), so it writes prebuilt request bytes and parses answers with httptools
+(llhttp, uvicorn's parser), counting bodies, not keeping them.
 """
 
 from __future__ import annotations
@@ -39,10 +34,8 @@ def build_request(
 
 
 class ResponseParser:
-    """Incremental parser for a stream of responses on one connection (pipelining-safe).
-
-    httptools calls back into this object; :meth:`feed` returns the responses completed by one
-    chunk as (status, body bytes, keep-alive)."""
+    """Incremental parser for a stream of responses on one connection (pipelining-safe):
+    :meth:`feed` returns the responses one chunk completed as (status, body bytes, keep-alive)."""
 
     __slots__ = ("_body", "_done", "_framed", "_head_done", "_in_message", "_parser")
 

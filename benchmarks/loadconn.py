@@ -1,7 +1,5 @@
-"""Inside a load-generator process: one keep-alive connection (:class:`Conn`), or one gRPC
-channel (:class:`GrpcConn`), and the recorder of one process's measurements (:class:`Recorder`).
-Split out of ``loadgen.py``, which runs them.
-"""
+"""Inside a load-generator process: one keep-alive connection (:class:`Conn`) or gRPC channel
+(:class:`GrpcConn`), and the :class:`Recorder` of the process's measurements."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ import asyncio
 from collections import Counter
 
 from torchbay.benchmarks.httpwire import HttpParseError, ResponseParser
-from torchbay.benchmarks.loadplan import CONN_ERROR, TIMEOUT, Part, Target
+from torchbay.benchmarks.loadplan import ARRAYS, CONN_ERROR, TIMEOUT, Part, Target
 
 
 class Conn(asyncio.Protocol):
@@ -149,9 +147,7 @@ class Recorder:
     def part(self, cpu_s: float, wall_s: float, capped: bool) -> Part:
         """What this process sends back to the parent."""
         return Part(
-            latency=self.latency.tobytes(),
-            service=self.service.tobytes(),
-            lag=self.lag.tobytes(),
+            **{name: getattr(self, name).tobytes() for name in ARRAYS},
             statuses=dict(self.statuses),
             sent=self.sent,
             last_done=self.last_done,
@@ -159,6 +155,4 @@ class Recorder:
             cpu_s=cpu_s,
             wall_s=wall_s,
             capped=capped,
-            timeline=self.timeline.tobytes(),
-            variants=self.variants.tobytes(),
         )

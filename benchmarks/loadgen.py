@@ -1,21 +1,13 @@
 """The load generator: N spawned processes, each one asyncio loop with keep-alive connections
-(the plan, its split over processes and the merged result are in ``loadplan.py``; one
-connection and the per-process recorder in ``loadconn.py``). A gRPC target (``Target.grpc``)
-runs the same loops as unary calls over one channel per process.
+(a gRPC target, ``Target.grpc``: unary calls over one channel per process).
 
 Closed loop (``concurrency``): each connection sends, waits for the answer, sends again; latency is
-measured from the actual send. Open loop (``rate``): requests are scheduled at fixed times
-(constant or Poisson arrivals, :func:`stats.arrival_offsets`) whatever the server does, and each
-latency is measured from the request's SCHEDULED time, so a server that stalls cannot hide the
-queue it built (no coordinated omission). When every connection is busy the generator opens
-another (up to ``max_connections``); a request that still waits keeps its scheduled start.
-How late each request left its schedule is reported as ``lag``; a p99 lag above
-:data:`LAG_WARN_MS`, a connection cap reached or a generator process near 100% CPU mark the run
-``behind`` with the reason, because then the numbers describe the generator, not the server.
-
-Event-loop timers fire with ~1 ms resolution, so open-loop lag is typically 0.1-1 ms; a request
-that leaves early is timed from its actual send. One process keeps up with far more than any model
-server here (RESULTS.md, "Load generator capacity"); ``--procs`` only helps with spare cores.
+timed from the actual send. Open loop (``rate``): requests are scheduled at fixed times whatever
+the server does, and each latency is timed from the SCHEDULED time, so a server that stalls cannot
+hide the queue it built (no coordinated omission); when every connection is busy another opens
+(up to ``max_connections``). A p99 send lag above :data:`LAG_WARN_MS`, the connection cap reached
+or a process near 100% CPU mark the run ``behind``: then the numbers describe the generator, not
+the server. Capacity: RESULTS.md, "Load generator capacity".
 """
 
 from __future__ import annotations
@@ -113,20 +105,17 @@ class _Runner:
         try:
             if conn is None or not conn.open:
                 conn = await self._connect()
-            status = await conn.roundtrip(request)
+            status = str(await conn.roundtrip(request))
         except (OSError, HttpParseError):
-            self._finish(scheduled, sent, CONN_ERROR, index)
+            status = CONN_ERROR
             if conn is not None:
                 conn.close()
-            return None
-        self._finish(scheduled, sent, str(status), index)
-        return conn
-
-    def _finish(self, scheduled: float | None, sent: float, status: str, index: int) -> None:
+            conn = None
         done = time.monotonic()
         self.inflight -= 1
         self.last_activity = done
         self.rec.record(scheduled, sent, done, status, index)
+        return conn
 
     async def _closed_worker(self) -> None:
         conn: Conn | GrpcConn | None = None
@@ -221,18 +210,14 @@ class _Runner:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            self._count_timeouts()
+            missing = self.rec.sent - sum(self.rec.statuses.values())
+            if missing > 0:
+                self.rec.statuses[TIMEOUT] += missing
         for conn in self.conns:
             conn.close()
         if self.grpc is not None:
             await self.grpc.aclose()
         return self.rec.part(_cpu_s() - cpu0, time.monotonic() - wall0, self.capped)
-
-    def _count_timeouts(self) -> None:
-        answered = sum(self.rec.statuses.values())
-        missing = self.rec.sent - answered
-        if missing > 0:
-            self.rec.statuses[TIMEOUT] += missing
 
 
 def _cpu_s() -> float:
@@ -344,34 +329,24 @@ class LoadGenerator:
         ]
         for pipe, share in active:
             pipe.send(("run", plan, share, start_at))
-        parts: dict[int, Part] = {}
-        progress: dict[int, tuple[int, int]] = {}
-        failures = []
-        waiting = {id(pipe): pipe for pipe, _ in active}
+        parts: list[Part] = []
+        failures: list[str] = []
+        progress: dict[Connection, tuple[int, int]] = {}
+        waiting = [pipe for pipe, _ in active]
         while waiting:
-            for pipe in multiprocessing.connection.wait(list(waiting.values()), timeout=1.0):
+            for pipe in multiprocessing.connection.wait(waiting, timeout=1.0):
                 try:
-                    message = pipe.recv()  # type: ignore[union-attr]
+                    kind, *payload = pipe.recv()  # type: ignore[union-attr]
                 except (EOFError, OSError):
-                    failures.append("a generator process died")
-                    del waiting[id(pipe)]
-                    continue
-                if message[0] == "progress":
-                    progress[id(pipe)] = (message[1], message[2])
+                    kind, payload = "error", ["a generator process died"]
+                if kind == "progress":
+                    progress[pipe] = payload[0], payload[1]  # type: ignore[index]
                     if on_progress is not None:
-                        on_progress(
-                            Progress(
-                                elapsed_s=time.monotonic() - start_at,
-                                completed=sum(p[0] for p in progress.values()),
-                                recorded=sum(p[1] for p in progress.values()),
-                            )
-                        )
+                        completed, recorded = (sum(c) for c in zip(*progress.values(), strict=True))
+                        on_progress(Progress(time.monotonic() - start_at, completed, recorded))
                     continue
-                del waiting[id(pipe)]
-                if message[0] == "error":
-                    failures.append(message[1])
-                else:
-                    parts[id(pipe)] = message[1]
+                waiting.remove(pipe)  # type: ignore[arg-type]
+                (failures if kind == "error" else parts).append(payload[0])
         if failures:
             raise BenchError("load generator failed: " + "; ".join(failures))
-        return merge(plan, list(parts.values()))
+        return merge(plan, parts)

@@ -1,8 +1,6 @@
-"""What a load test is and what it measured: the plan (:class:`Target`, :class:`LoadPlan`), how it
-is split over generator processes (:func:`split_plan`), what each process sends back
-(:class:`Part`) and how the parts merge into one :class:`LoadResult` (:func:`merge`).
-
-Pure data and arithmetic, no I/O: ``loadgen.py`` runs the plans.
+"""A load test's plan (:class:`Target`, :class:`LoadPlan`), its split over generator processes
+(:func:`split_plan`), each process's :class:`Part` and their :func:`merge` into one
+:class:`LoadResult`. Pure data, no I/O: ``loadgen.py`` runs the plans.
 """
 
 from __future__ import annotations
@@ -22,6 +20,8 @@ LAG_WARN_MS = 5.0
 CPU_WARN_PCT = 90.0
 CONN_ERROR = "conn-error"
 TIMEOUT = "timeout"
+# The measurement arrays a process records and the parent concatenates (name: array typecode).
+ARRAYS = {"latency": "d", "service": "d", "lag": "d", "timeline": "d", "variants": "I"}
 
 
 @dataclass(frozen=True)
@@ -212,16 +212,13 @@ def split_plan(plan: LoadPlan, processes: int) -> list[Share]:
 
 def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
     """Combine the processes' measurements into one :class:`LoadResult`."""
-    latency, service, lag = array.array("d"), array.array("d"), array.array("d")
-    timeline, variants = array.array("d"), array.array("I")
+    arrays = {name: array.array(code) for name, code in ARRAYS.items()}
     statuses: Counter[str] = Counter()
     for part in parts:
-        timeline.frombytes(part.timeline)
-        variants.frombytes(part.variants)
-        latency.frombytes(part.latency)
-        service.frombytes(part.service)
-        lag.frombytes(part.lag)
+        for name, values in arrays.items():
+            values.frombytes(getattr(part, name))
         statuses.update(part.statuses)
+    latency = arrays["latency"]
     sent = sum(p.sent for p in parts)
     completed = len(latency)
     ok = sum(n for code, n in statuses.items() if code.isdigit() and 200 <= int(code) < 300)
@@ -232,7 +229,7 @@ def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
     window = max(0.0, last_done - window_start) if completed else 0.0
     if plan.duration_s is not None and plan.requests is None:
         window = max(window, plan.duration_s)
-    lag_summary = summarize(lag)
+    lag_summary = summarize(arrays["lag"])
     cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
     behind = []
     if plan.mode == "open" and lag_summary.count and lag_summary.p99_ms > LAG_WARN_MS:
@@ -251,13 +248,13 @@ def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
         ok=ok,
         statuses=dict(sorted(statuses.items())),
         latency=summarize(latency),
-        service=summarize(service),
+        service=summarize(arrays["service"]),
         lag=lag_summary,
         req_per_s=rate(completed, window),
         ok_per_s=rate(ok, window),
         generator_cpu_pct=cpu_pct,
         behind=behind,
         generator_cpu_s=sum(p.cpu_s for p in parts),
-        timeline=timeline.tobytes(),
-        variants=variants.tobytes(),
+        timeline=arrays["timeline"].tobytes(),
+        variants=arrays["variants"].tobytes(),
     )

@@ -1,9 +1,6 @@
-"""Arithmetic of a load test: percentiles, rates, and open-loop arrival schedules.
-
-Pure functions over plain numbers (no I/O), unit-tested against known inputs. Percentiles are
-numpy's ``method="linear"``, the definition this harness used before numpy (tested):
-``p(q) = x[floor(h)] + (h - floor(h)) * (x[floor(h)+1] - x[floor(h)])`` with
-``h = (n - 1) * q / 100`` over the sorted sample.
+"""Arithmetic of a load test: percentiles, rates, and open-loop arrival schedules. Pure
+functions, no I/O. Percentiles are numpy's ``method="linear"``, the definition this harness used
+before numpy (tested).
 """
 
 from __future__ import annotations
@@ -99,19 +96,15 @@ def arrival_offsets(
 ) -> Iterator[float]:
     """Endless scheduled send times (seconds after the start) of an open-loop load.
 
-    ``constant``: ``(k + phase) / rate`` for k = 0, 1, ...; ``poisson``: exponential gaps with mean
-    ``1 / rate`` drawn from ``random.Random(seed)`` (deterministic for a seed), the first one
-    included, so no request is ever at exactly 0. ``phase`` (0..1) staggers the constant schedules
-    of several generator processes that each run ``rate / N``: together they interleave evenly.
+    ``constant``: ``(k + phase) / rate`` for k = 0, 1, ... (one endless step); ``poisson``:
+    exponential gaps with mean ``1 / rate`` from ``random.Random(seed)``, the first one included,
+    so no request is ever at exactly 0. ``phase`` (0..1) staggers the constant schedules of
+    several generator processes that each run ``rate / N``, so together they interleave evenly.
     """
     if not rate_per_s > 0:
         raise BenchError(f"rate must be > 0, not {rate_per_s}")
     if arrival == "constant":
-        gap = 1.0 / rate_per_s
-        k = 0
-        while True:
-            yield (k + phase) * gap
-            k += 1
+        yield from stepped_offsets(((math.inf, rate_per_s),), phase=phase)
     elif arrival == "poisson":
         rng = random.Random(seed)
         t = 0.0
@@ -120,6 +113,20 @@ def arrival_offsets(
             yield t
     else:
         raise BenchError(f"unknown arrival process {arrival!r}; choose constant or poisson")
+
+
+def stepped_offsets(
+    steps: tuple[tuple[float, float], ...], scale: float = 1.0, phase: float = 0.0
+) -> Iterator[float]:
+    """Constant arrivals at ``rate * scale`` for ``seconds`` per step, the steps back to back."""
+    begin = 0.0
+    for seconds, rate in steps:
+        gap = 1.0 / (rate * scale)
+        k = 0
+        while (offset := begin + (k + phase) * gap) < begin + seconds:
+            yield offset
+            k += 1
+        begin += seconds
 
 
 def histogram_mean(sum_delta: float, count_delta: float) -> float:
@@ -144,17 +151,3 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
             return prev_bound + (bound - prev_bound) * (target - prev_count) / (count - prev_count)
         prev_bound, prev_count = bound, count
     return prev_bound
-
-
-def stepped_offsets(
-    steps: tuple[tuple[float, float], ...], scale: float = 1.0, phase: float = 0.0
-) -> Iterator[float]:
-    """Constant arrivals at ``rate * scale`` for ``seconds`` per step, the steps back to back."""
-    begin = 0.0
-    for seconds, rate in steps:
-        gap = 1.0 / (rate * scale)
-        k = 0
-        while (offset := begin + (k + phase) * gap) < begin + seconds:
-            yield offset
-            k += 1
-        begin += seconds
