@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,11 +151,9 @@ class Management:
 
 @dataclass
 class ManagedServer:
-    """A server under test: ``command`` (plus ``--ready-file``) started in ``run_dir``, ready when
-    it writes the ready file (``torchbay serve`` and the ceilings both do), stopped with its tree.
-
-    :meth:`torchbay` builds the command for one archive; keys are read from the run folder's
-    ``key_file.json`` when ``auth`` is on."""
+    """``command`` (plus ``--ready-file``) started in ``run_dir``, ready when it writes the ready
+    file (``torchbay serve`` and the ceilings both do), stopped with its tree; keys from the run
+    folder's ``key_file.json`` when ``auth`` is on."""
 
     command: list[str]
     run_dir: Path
@@ -253,15 +252,20 @@ class ManagedServer:
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def _wait_ready(self) -> Endpoints:
+    def _poll(self, ready: Callable[[], bool], interval_s: float) -> None:
+        """Poll ``ready`` until it holds; BenchError if the server exits first or the start
+        timeout passes (the server's own signal is awaited: the poll only bounds the wait)."""
         assert self.proc is not None
         deadline = self.started_at + self.start_timeout_s
-        while not self.ready_file.exists():
+        while not ready():
             if self.proc.poll() is not None:
                 raise BenchError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise BenchError(f"server not ready in {self.start_timeout_s:.0f} s")
-            time.sleep(0.01)  # the ready file is the readiness signal; this only polls for it
+            time.sleep(interval_s)
+
+    def _wait_ready(self) -> Endpoints:
+        self._poll(self.ready_file.exists, 0.01)
         ready = json.loads(self.ready_file.read_text())
         if ready.get("failed_models"):
             raise BenchError(f"model failed to load: {ready['failed_models']}\n{self.log_tail()}")
@@ -389,12 +393,6 @@ class TorchServeServer(ManagedServer):
         return True
 
     def _wait_ready(self) -> Endpoints:
-        assert self.proc is not None and self.endpoints is not None
-        deadline = self.started_at + self.start_timeout_s
-        while not self._models_ready():
-            if self.proc.poll() is not None:
-                raise BenchError(f"torchserve exited ({self.proc.returncode}):\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"torchserve not ready in {self.start_timeout_s:.0f} s")
-            time.sleep(0.05)  # polls the management API, bounded by the deadline
+        assert self.endpoints is not None
+        self._poll(self._models_ready, 0.05)
         return self.endpoints
