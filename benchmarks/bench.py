@@ -19,13 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torchbay.benchmarks import scrape
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Progress, Target
-from torchbay.benchmarks.managed import (
-    Endpoints,
-    ManagedServer,
-    Management,
-    parse_url,
-    read_key_file,
-)
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.report import num
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival
@@ -229,13 +223,8 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
     """Yield (endpoints, model, version): the given URL, or a server started from the archive
     (stopped on exit)."""
     if options.url is not None:
-        inference_key, management_key = options.token, None
-        if options.key_file is not None:
-            inference_key, management_key = read_key_file(options.key_file)
-        port = lambda url: parse_url(url)[1] if url else None  # noqa: E731
-        host, inference_port, _path = parse_url(options.url)
-        ports = (inference_port, port(options.management_url), port(options.metrics_url))
-        endpoints = Endpoints(host, *ports, inference_key, management_key or options.token)
+        urls = (options.url, options.management_url, options.metrics_url)
+        endpoints = Endpoints.at(*urls, options.token, options.key_file)
         yield endpoints, options.model or "", options.version
         return
     from torchbay.archiver.manifest import read_manifest

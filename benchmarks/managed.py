@@ -1,11 +1,6 @@
-"""A server under test: endpoints and keys of a running one, or one started from an archive.
-
-:class:`ManagedServer` is the one way a server under test starts: ``torchbay serve`` (port 0 for
-all three listeners and gRPC, token auth on by default, keys read from the ``key_file.json`` it
-writes in its run folder) or a ceiling server; it waits for the ``--ready-file`` (written once the
-startup model loaded; a model that failed to load is an error) and stops the whole process tree at
-the end. :class:`Management` talks to the management API: describe a model, and set batch size,
-delay and worker count live (``PUT /models/{m}/{v}``). :func:`http_call`: the one HTTP helper.
+"""A server under test: the endpoints and keys of a running one (:meth:`Endpoints.at`), or one
+started and stopped here (:class:`ManagedServer`: ``torchbay serve`` or a ceiling server, ready
+when it writes its ``--ready-file``; :class:`TorchServeServer`), and its management API.
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +36,23 @@ class Endpoints:
     inference_key: str | None = None
     management_key: str | None = None
     grpc_port: int | None = None  # gRPC inference (a torchbay server started here)
+
+    @classmethod
+    def at(
+        cls,
+        url: str,
+        management_url: str | None = None,
+        metrics_url: str | None = None,
+        token: str | None = None,
+        key_file: Path | None = None,
+    ) -> Endpoints:
+        """A running server's: its URLs, and its keys from ``key_file`` or one ``token``."""
+        inference_key, management_key = token, None
+        if key_file is not None:
+            inference_key, management_key = read_key_file(key_file)
+        host, inference_port, _path = parse_url(url)
+        ports = [parse_url(u)[1] if u else None for u in (management_url, metrics_url)]
+        return cls(host, inference_port, *ports, inference_key, management_key or token)
 
 
 def read_key_file(path: str | Path) -> tuple[str | None, str | None]:
@@ -137,12 +150,10 @@ class Management:
 
 
 @dataclass
-class ManagedServer(procstat.LoggedServer):
-    """A server under test: ``command`` (plus ``--ready-file``) started in ``run_dir``, ready when
-    it writes the ready file (``torchbay serve`` and the ceilings both do), stopped with its tree.
-
-    :meth:`torchbay` builds the command for one archive; keys are read from the run folder's
-    ``key_file.json`` when ``auth`` is on."""
+class ManagedServer:
+    """``command`` (plus ``--ready-file``) started in ``run_dir``, ready when it writes the ready
+    file (``torchbay serve`` and the ceilings both do), stopped with its tree; keys from the run
+    folder's ``key_file.json`` when ``auth`` is on."""
 
     command: list[str]
     run_dir: Path
@@ -204,52 +215,65 @@ class ManagedServer(procstat.LoggedServer):
         self.stop()
 
     def start(self) -> Endpoints:
-        """Start the server and wait for its ready file; raises BenchError if it exits first,
+        """Start the server and wait until it is ready; raises BenchError if it exits first,
         reports a failed model, or is not ready within ``start_timeout_s``."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.ready_file.unlink(missing_ok=True)
         self._log = self.log_path.open("wb")
         self.started_at = time.monotonic()
-        free_grpc = {f"TORCHBAY_GRPC_{k}_PORT": "0" for k in ("INFERENCE", "MANAGEMENT")}
-        self.proc = subprocess.Popen(  # gRPC on free ports: never 7070/7071 of another server
-            [*self.command, "--ready-file", str(self.ready_file)],
-            cwd=self.run_dir,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**free_grpc, **os.environ},
+        command, env = self._launch()
+        self.proc = subprocess.Popen(
+            command, cwd=self.run_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
         try:
-            ready = self._wait_ready()
+            self.endpoints = self._wait_ready()
         except BenchError:
             self.stop()
             raise
-        inference_key = management_key = None
-        if self.auth:
-            inference_key, management_key = read_key_file(self.run_dir / "key_file.json")
-        self.endpoints = Endpoints(
-            "127.0.0.1",
-            ready["inference"],
-            ready.get("management"),
-            ready.get("metrics"),
-            inference_key,
-            management_key,
-            ready.get("grpc_inference"),
-        )
         return self.endpoints
 
-    def _wait_ready(self) -> dict[str, Any]:
+    def _launch(self) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment: gRPC on free ports (never 7070/7071 of another
+        server), and a fresh ready file to wait for."""
+        self.ready_file.unlink(missing_ok=True)
+        free_grpc = {f"TORCHBAY_GRPC_{k}_PORT": "0" for k in ("INFERENCE", "MANAGEMENT")}
+        return [*self.command, "--ready-file", str(self.ready_file)], {**free_grpc, **os.environ}
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server, wait ``grace_s``, then kill it and any descendant left behind."""
+        if self.proc is not None:
+            procstat.stop_tree(self.proc, grace_s)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the server's log (empty if it has none)."""
+        path = self.log_path
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _poll(self, ready: Callable[[], bool], interval_s: float) -> None:
+        """Poll ``ready`` until it holds; BenchError if the server exits first or the start
+        timeout passes (the server's own signal is awaited: the poll only bounds the wait)."""
         assert self.proc is not None
         deadline = self.started_at + self.start_timeout_s
-        while not self.ready_file.exists():
+        while not ready():
             if self.proc.poll() is not None:
                 raise BenchError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise BenchError(f"server not ready in {self.start_timeout_s:.0f} s")
-            time.sleep(0.01)  # the ready file is the readiness signal; this only polls for it
+            time.sleep(interval_s)
+
+    def _wait_ready(self) -> Endpoints:
+        self._poll(self.ready_file.exists, 0.01)
         ready = json.loads(self.ready_file.read_text())
         if ready.get("failed_models"):
             raise BenchError(f"model failed to load: {ready['failed_models']}\n{self.log_tail()}")
-        return ready
+        keys = (None, None)
+        if self.auth:
+            keys = read_key_file(self.run_dir / "key_file.json")
+        ports = (ready["inference"], ready.get("management"), ready.get("metrics"))
+        return Endpoints("127.0.0.1", *ports, *keys, ready.get("grpc_inference"))
 
     def first_answer(self, path: str, body: bytes, timeout_s: float = 30.0) -> float:
         """POST ``body`` to ``path`` until it answers 200; seconds since the process started."""
@@ -345,22 +369,9 @@ class TorchServeServer(ManagedServer):
         server.endpoints = Endpoints("127.0.0.1", *ports)
         return server
 
-    def start(self) -> Endpoints:
-        assert self.endpoints is not None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
-        self.started_at = time.monotonic()
+    def _launch(self) -> tuple[list[str], dict[str, str]]:
         self.tmp_dir = tempfile.mkdtemp(prefix="tbts-")  # short: a socket path has <= 107 bytes
-        env = {**os.environ, "TMPDIR": self.tmp_dir, "TEMP": self.tmp_dir}
-        self.proc = subprocess.Popen(
-            self.command, cwd=self.run_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env
-        )
-        try:
-            self._wait_models()
-        except BenchError:
-            self.stop()
-            raise
-        return self.endpoints
+        return self.command, {**os.environ, "TMPDIR": self.tmp_dir, "TEMP": self.tmp_dir}
 
     def stop(self, grace_s: float = 20.0) -> None:
         super().stop(grace_s)
@@ -381,12 +392,7 @@ class TorchServeServer(ManagedServer):
                 return False
         return True
 
-    def _wait_models(self) -> None:
-        assert self.proc is not None
-        deadline = self.started_at + self.start_timeout_s
-        while not self._models_ready():
-            if self.proc.poll() is not None:
-                raise BenchError(f"torchserve exited ({self.proc.returncode}):\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"torchserve not ready in {self.start_timeout_s:.0f} s")
-            time.sleep(0.05)  # polls the management API, bounded by the deadline
+    def _wait_ready(self) -> Endpoints:
+        assert self.endpoints is not None
+        self._poll(self._models_ready, 0.05)
+        return self.endpoints

@@ -1,21 +1,11 @@
-"""CPU and memory of a server's process tree (the process and all its descendants), and of the
-load generator's processes beside it.
+"""CPU and memory of a server's process tree (the process and all its descendants) and of the
+load generator beside it, split by role: the frontend (the root and every non-worker
+descendant), the workers, the load generator.
 
-CPU: take :func:`cpu_snapshot` before and after a load run; :func:`cpu_seconds_between` gives the
-tree's CPU seconds spent in between, :func:`cpu_by_role` the same split by role (the frontend: the
-root and every descendant that is not a worker, TorchServe's java frontend included; the workers:
-torchbay's ``torchbay.server.worker`` or TorchServe's ``model_service_worker`` processes; the load
-generator's processes), and :func:`cpu_ms_per_request` divides by the requests served. Processes
-are keyed by (pid, create time) so a reused pid is never subtracted from a stranger; a process
-born during the run counts all its CPU; children that exited and were reaped by the root count
-(as the frontend's) through the root's ``children_user``/``children_system``. (A child that dies
-unreaped, or is reaped by a grandparent, loses its last interval: the price of sampling, noted
-for workers that crash mid-run.) :class:`Window` takes the two snapshots from a thread at given
-offsets (a phase inside one run): round two's overload row says where the two cores went.
-
-Memory: :func:`memory_snapshot` gives RSS and PSS (proportional set size: shared pages split
-between the processes sharing them, so the tree's PSS does not count torch's libraries once per
-worker) of the root ("frontend") and of the whole tree.
+Processes are keyed by (pid, create time) so a reused pid is never subtracted from a stranger; a
+process born during a run counts all its CPU, and children the root reaped count as the
+frontend's (a child reaped elsewhere loses its last interval: the price of sampling). PSS splits
+shared pages between their processes, so the tree's PSS counts torch's libraries once.
 """
 
 from __future__ import annotations
@@ -204,32 +194,6 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     for child in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-
-
-def log_tail(path: Path, lines: int = 30) -> str:
-    """The last ``lines`` lines of a server's log file (empty if it has none)."""
-    text = path.read_text(errors="replace") if path.exists() else ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-class LoggedServer:
-    """Mixin for a server subprocess whose output goes to ``log_path`` (the subclass provides
-    ``proc``, ``log_path`` and the open log file ``_log``)."""
-
-    proc: subprocess.Popen | None
-    log_path: Path
-    _log: Any
-
-    def log_tail(self, lines: int = 30) -> str:
-        return log_tail(self.log_path, lines)
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the server, wait ``grace_s``, then kill it and any descendant left behind."""
-        if self.proc is not None:
-            stop_tree(self.proc, grace_s)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 def _cpu_model() -> str:

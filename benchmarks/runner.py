@@ -249,10 +249,9 @@ def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float
     figures, the server tree's CPU and memory, and the CPU other processes took meanwhile.
     Raises BenchError (or psutil's error) when the run fails; the server's log is in
     ``runs/<name>-r<round>/``."""
-    run_dir = ctx.out_dir / "runs" / f"{scenario.name}-r{round_no}"
-    model = scenario.model
+    model, where = scenario.model, run_dir(ctx, scenario.name, f"r{round_no}")
     served = {model: scenario.batching}
-    with serving(ctx, scenario.server, served, run_dir, args=scenario.server_args) as server:
+    with serving(ctx, scenario.server, served, where, args=scenario.server_args) as server:
         tgt = target(ctx, server, model, model)
         start_s = server.first_answer(tgt.path, tgt.payloads[0], ctx.start_timeout_s)
         plan = scenario.plan(tgt, ctx.duration_s)
