@@ -105,6 +105,9 @@ class InferenceApp:
         except TorchbayError as exc:
             oip = route.oip if route is not None else scope["path"].startswith("/v2")
             await send_error(send, exc, oip=oip)
+            # Answered. Its frames hold the request's future, which holds this error: a cycle
+            # per refused or expired request, left to the garbage collector, unless cut here.
+            exc.__traceback__ = None
 
     def at_headers(self, scope: Scope) -> Answer | None:
         """The 503 to send before the request's ASGI task exists, or None (server.http.early)."""
