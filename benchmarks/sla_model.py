@@ -103,7 +103,7 @@ class Outcome:
     best_rate: float = 0.0
     best_step: Step | None = None
     steps: list[Step] = field(default_factory=list)
-    same_as: str | None = None
+    same_as: Outcome | None = None  # the measured outcome it shares (batch size 1)
     name: str | None = None
 
     @property
@@ -134,20 +134,26 @@ class Outcome:
 
 @dataclass
 class SlaResult:
+    """A search's outcomes; the winner, runner-up and note are crowned from ``ranked``."""
+
     options: SlaOptions
     model: str
     version: str | None
     outcomes: list[Outcome]
-    winner: Outcome | None
-    runner_up: Outcome | None
-    repeats: list[Outcome]  # the repeated configurations, the search's order
-    elapsed_s: float
+    ranked: list[Outcome]  # the (at most two) best that met the SLA, best first, repeated
+    elapsed_s: float = 0.0
     applied: Path | None = None
-    swapped: bool = False
-    note: str = ""  # why a repeated configuration could not win (crown)
-    autopilot: Outcome | None = None  # its runs at the winner's rate (sla._run_autopilot)
+    autopilot: Outcome | None = None  # its runs at the pace's rate (sla._run_autopilot)
     autopilot_state: dict[str, Any] | None = None  # its describe-model state after those runs
     autopilot_search: Outcome | None = None  # its own highest rate within the SLA, searched
+
+    def __post_init__(self) -> None:
+        self.winner, self.runner_up, self.note = crown(self.ranked)
+        self.repeats = [oc for oc in self.ranked if oc.runs]
+        # The search's pick missed the SLA in a repeat and one ranked below it won.
+        self.swapped = self.winner is not None and self.winner is not self.ranked[0]
+        # The best static configuration's rate, crowned or not: the autopilot is run at it.
+        self.pace = self.winner or (self.ranked[0] if self.ranked else None)
 
 
 def crown(ranked: list[Outcome]) -> tuple[Outcome | None, Outcome | None, str]:

@@ -66,7 +66,7 @@ CONFIG_COLUMNS: list[Column] = [
     ("p99 (ms)", ":", _best(2, lambda s: s.result.latency.p99_ms)),
     ("mean batch", ":", _best(2, lambda s: s.mean_batch_size)),
     ("steps", ":", lambda oc: str(sum(s.phase in ("probe", "ramp", "bisect") for s in oc.steps))),
-    ("status", "-", lambda oc: oc.status + (f" {oc.same_as}" if oc.same_as else "")),
+    ("status", "-", lambda oc: oc.status + (f" {oc.same_as.label}" if oc.same_as else "")),
     ("notes", "-", lambda oc: oc.why),
 ]
 
@@ -133,8 +133,7 @@ def _winner_facts(result: SlaResult) -> dict[str, str | None]:
 def _autopilot_facts(result: SlaResult) -> dict[str, str | None]:
     """The autopilot beside the winner: same rate, same windows, as many runs as the repeats."""
     a, s = result.autopilot, result.autopilot_search
-    pace = result.repeats[0].label if result.repeats else None  # the search's pick, no winner
-    w = result.winner or next((oc for oc in result.outcomes if oc.label == pace), None)
+    w = result.pace
     if a is None or w is None:
         return {}
     o, state = result.options, result.autopilot_state or {}

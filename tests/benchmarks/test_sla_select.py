@@ -77,26 +77,22 @@ def test_a_repeat_is_read_back_from_its_steps() -> None:
 
 def swapped(winner: Outcome, **extra: Any) -> SlaResult:
     """A search whose first pick (FAST) missed the SLA in its second of three repeats, so
-    ``winner`` (SLOW's outcome, held in all three) won instead."""
+    ``winner`` (SLOW's outcome, held in all three) is crowned instead."""
     return SlaResult(
         options=SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50),
         model="m",
         version="1",
         outcomes=[FAST, winner],
-        winner=winner,
-        runner_up=FAST,
-        repeats=[rep(FAST, [True, False, True]), winner],
+        ranked=[rep(FAST, [True, False, True]), winner],
         elapsed_s=1.0,
-        swapped=True,
         **extra,
     )
 
 
 def test_the_report_shows_every_repeat_and_the_spread() -> None:
-    result = swapped(
-        rep(SLOW, [True, True, True]),
-        note="b8-d5-w1 missed the SLA in at least one repeat and cannot win.",
-    )
+    result = swapped(rep(SLOW, [True, True, True]))
+    assert result.swapped and result.winner is result.ranked[1] is result.pace
+    assert result.note == "b8-d5-w1 missed the SLA in at least one repeat and cannot win."
     text = "\n".join(_repeat_lines(result))
     fast_row = next(line for line in text.splitlines() if line.startswith(f"| {FAST.label} "))
     assert "40.00, 80.00, 40.00" in fast_row  # every repeat
