@@ -34,22 +34,14 @@ SEARCH_UNITS = 2  # progress units of the autopilot beyond its runs: its probe a
 
 
 class _Search:
+    """One server's configurations measured, judged and searched; ``progress`` is the run's."""
+
     def __init__(
-        self,
-        options: SlaOptions,
-        endpoints: Endpoints,
-        model: str,
-        gen: LoadGenerator,
-        log: Log,
+        self, options: SlaOptions, endpoints: Endpoints, model: str, gen: LoadGenerator, log: Log
     ) -> None:
-        self.o = options
-        self.endpoints = endpoints
-        self.model = model
-        self.gen = gen
-        self.log = log
-        self.mgmt = Management(
-            endpoints.host, endpoints.management_port or 0, endpoints.management_key
-        )
+        self.o, self.endpoints, self.model, self.gen, self.log = options, endpoints, model, gen, log
+        port = endpoints.management_port or 0
+        self.mgmt = Management(endpoints.host, port, endpoints.management_key)
         self.target = make_target(endpoints, options, model, None)
         self.current: Batching | None = None
         self.progress = Eta(0, log)  # set by _search_all

@@ -3,6 +3,7 @@ the search so that ``sla_report.py`` and ``plots.py`` read results without it.""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,12 +69,8 @@ class SlaOptions(LoadOptions):
 
     def configurations(self) -> list[Batching]:
         """Every grid point, workers outermost (scaling workers is the slow change)."""
-        return [
-            Batching(b, d, w)
-            for w in self.workers
-            for b in self.batch_sizes
-            for d in self.max_delays_ms
-        ]
+        grid = itertools.product(self.workers, self.batch_sizes, self.max_delays_ms)
+        return [Batching(b, d, w) for w, b, d in grid]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import math
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.procstat import describe_machine, machine_info
@@ -72,25 +71,23 @@ CONFIG_COLUMNS: list[Column] = [
 
 
 def render_markdown(result: SlaResult, command: str | None = None) -> str:
-    return "\n".join(
-        [
-            *_head_lines(result, command),
-            "\n## Winner\n",
-            *_facts(_winner_facts(result) | _autopilot_facts(result)),
-            "\n## Repeats (noise)\n",
-            *_repeat_lines(result),
-            "\n## All configurations\n",
-            _table(CONFIG_COLUMNS, result.outcomes),
-            "\n## How it was found\n",
-            *_facts(_method_facts(result.options, [oc.status for oc in result.outcomes])),
-            "\n## Files\n",
+    statuses = [oc.status for oc in result.outcomes]
+    sections = {
+        "Winner": _facts(_winner_facts(result) | _autopilot_facts(result)),
+        "Repeats (noise)": _repeat_lines(result),
+        "All configurations": [_table(CONFIG_COLUMNS, result.outcomes)],
+        "How it was found": _facts(_method_facts(result.options, statuses)),
+        "Files": [
             "- `results.csv`: every step (probe, ramp, bisect, repeat)",
             "- `result.json`: the same, machine-readable",
             "- ![latency against throughput](latency_vs_throughput.png)",
             "- ![best throughput under the SLA](best_throughput.png)",
-            "",
-        ]
-    )
+        ],
+    }
+    lines = _head_lines(result, command)
+    for title, body in sections.items():
+        lines += ["", f"## {title}", "", *body]
+    return "\n".join([*lines, ""])
 
 
 def _facts(facts: dict[str, str | None]) -> list[str]:
@@ -209,27 +206,22 @@ def _command_line() -> str:
 
 
 def write_all(result: SlaResult) -> None:
-    """Write every report file into ``result.options.out_dir``."""
+    """Write every report file into ``result.options.out_dir`` (``run_sla`` made it)."""
     from torchbay.benchmarks import plots
 
     out = result.options.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(result, out / "results.csv")
-    plots.latency_vs_throughput(result, out / "latency_vs_throughput.png")
-    plots.best_throughput(result, out / "best_throughput.png")
-    (out / "result.json").write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
-    (out / "report.md").write_text(render_markdown(result, _command_line()))
-
-
-def write_csv(result: SlaResult, path: Path) -> None:
     rows = [step_row(step) for outcome in result.outcomes for step in outcome.steps]
     for step in result.autopilot_search.steps if result.autopilot_search else ():
         # the autopilot's own search, at its ceilings
         rows.append({**step_row(step), "config": f"autopilot {step.config.label()}"})
-    with path.open("w", newline="") as fh:
+    with (out / "results.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["config"])
         writer.writeheader()
         writer.writerows(rows)
+    plots.latency_vs_throughput(result, out / "latency_vs_throughput.png")
+    plots.best_throughput(result, out / "best_throughput.png")
+    (out / "result.json").write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(result, _command_line()))
 
 
 def _config_json(oc: Outcome | Step) -> dict[str, Any]:
@@ -263,17 +255,13 @@ def step_row(step: Step) -> dict[str, Any]:
     }
 
 
-def _fields(oc: Outcome, *names: str) -> dict[str, Any]:
-    return {name: getattr(oc, name) for name in names}
-
-
 def _outcome_json(oc: Outcome) -> dict[str, Any]:
-    facts = _fields(oc, "status", "why", "capacity", "best_rate")
+    facts = {name: getattr(oc, name) for name in ("status", "why", "capacity", "best_rate")}
     return {**_config_json(oc), **facts, "steps": [step_row(s) for s in oc.steps]}
 
 
 def _repeat_json(rep: Outcome) -> dict[str, Any]:
-    return _fields(rep, "rate", "p99_ms", "ok_per_s", "passed")
+    return {name: getattr(rep, name) for name in ("rate", "p99_ms", "ok_per_s", "passed")}
 
 
 def result_json(result: SlaResult) -> dict[str, Any]:
