@@ -16,7 +16,7 @@ from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival
 
-__all__ = ["Outcome", "SlaOptions", "SlaResult", "Step", "crown"]
+__all__ = ["Outcome", "SlaOptions", "SlaResult", "Step"]
 
 
 class SlaOptions(LoadOptions):
@@ -131,7 +131,7 @@ class Outcome:
 
 @dataclass
 class SlaResult:
-    """A search's outcomes; the winner, runner-up and note are crowned from ``ranked``."""
+    """A search's outcomes; the winner, runner-up and note crowned from ``ranked``'s repeats."""
 
     options: SlaOptions
     model: str
@@ -145,34 +145,20 @@ class SlaResult:
     autopilot_search: Outcome | None = None  # its own highest rate within the SLA, searched
 
     def __post_init__(self) -> None:
-        self.winner, self.runner_up, self.note = crown(self.ranked)
-        self.repeats = [oc for oc in self.ranked if oc.runs]
+        """Crown the winner. One that missed the SLA in ANY repeat never is: of those repeated,
+        the best-ranked one that held it in every repeat wins; if none did, there is no winner
+        (the note says so). With no repeats run, the search's pick stands (its best step passed).
+        """
+        self.repeats = [oc for oc in self.ranked if oc.runs]  # the search's order
+        held = [oc for oc in self.repeats if all(oc.passed)] if self.repeats else self.ranked
+        missed = ", ".join(oc.label for oc in self.repeats if not all(oc.passed))
+        self.note = missed and f"{missed} missed the SLA in at least one repeat and cannot win."
+        if self.repeats and not held:
+            self.note += " No repeated configuration held the SLA in every repeat."
+        self.winner = held[0] if held else None
+        others = [oc for oc in self.repeats or self.ranked if oc is not self.winner]
+        self.runner_up = others[0] if others and self.winner else None
         # The search's pick missed the SLA in a repeat and one ranked below it won.
         self.swapped = self.winner is not None and self.winner is not self.ranked[0]
         # The best static configuration's rate, crowned or not: the autopilot is run at it.
         self.pace = self.winner or (self.ranked[0] if self.ranked else None)
-
-
-def crown(ranked: list[Outcome]) -> tuple[Outcome | None, Outcome | None, str]:
-    """The winner, the runner-up and a note, from the search's ranking (best rate first) and the
-    repeats of its top configurations.
-
-    A configuration that missed the SLA in ANY repeat is never crowned: among those repeated, the
-    best-ranked one that held it in every repeat wins; if none did, there is no winner (the
-    note says so). With no repeats run, the search's pick stands (its best step passed).
-    """
-    repeated = [oc for oc in ranked if oc.runs]
-    if not repeated:
-        return (ranked[0] if ranked else None), (ranked[1] if len(ranked) > 1 else None), ""
-    held = [oc for oc in repeated if all(oc.passed)]
-    missed = [oc.label for oc in repeated if not all(oc.passed)]
-    note = (
-        f"{', '.join(missed)} missed the SLA in at least one repeat and cannot win."
-        if missed
-        else ""
-    )
-    if not held:
-        return None, None, note + " No repeated configuration held the SLA in every repeat."
-    winner = held[0]
-    others = [oc for oc in repeated if oc is not winner]
-    return winner, (others[0] if others else None), note
