@@ -183,10 +183,8 @@ def _method_facts(o: SlaOptions, statuses: list[str]) -> dict[str, str | None]:
 
 def _verdict(result: SlaResult) -> dict[str, str | None]:
     """The winner's repeats against the runner-up's: too close to call within their spread."""
-    reps = {rep.label: rep for rep in result.repeats}
-    w = reps.get(result.winner.label) if result.winner else None
-    r = reps.get(result.runner_up.label) if result.runner_up else None
-    if w is None or r is None or not r.rate:
+    w, r = result.winner, result.runner_up
+    if not (w and w.runs and r and r.runs and r.rate):  # both repeated
         return {}
     gap = 100.0 * (w.rate - r.rate) / r.rate
     spreads = (spread_pct(w.ok_per_s), spread_pct(r.ok_per_s))
