@@ -12,12 +12,11 @@ import argparse
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from torchbay.benchmarks.models import SAMPLE_SHAPES
-
-DEFAULT_BATCHES = (1, 8, 16)
 
 
 def samples_per_second(
@@ -25,9 +24,9 @@ def samples_per_second(
 ) -> float:
     """Samples per second of ``streams`` loops of ``model`` on batches of ``batch``, summed."""
     x = torch.randn((batch, *shape), generator=torch.Generator().manual_seed(0))
-    rates, barrier = [0.0] * streams, threading.Barrier(streams)
+    barrier = threading.Barrier(streams)  # every loop starts its clock together
 
-    def loop(i: int) -> None:
+    def loop(_: int) -> float:
         barrier.wait()
         with torch.inference_mode():
             for _ in range(5):
@@ -36,19 +35,15 @@ def samples_per_second(
             while (now := time.perf_counter()) < start + seconds or not calls:
                 model(x)
                 calls += 1
-        rates[i] = calls * batch / (now - start)
+        return calls * batch / (now - start)
 
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(rates)
+    with ThreadPoolExecutor(streams) as pool:  # one thread per loop
+        return sum(pool.map(loop, range(streams)))
 
 
 def measure(
     pt_paths: dict[str, str],
-    batches: tuple[int, ...] = DEFAULT_BATCHES,
+    batches: tuple[int, ...] = (1, 8, 16),
     *,
     seconds: float = 2.0,
     threads: int = 1,
@@ -74,7 +69,7 @@ def _pair(text: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pt", type=_pair, action="append", required=True, help="NAME=PATH")
-    parser.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)))
+    parser.add_argument("--batches", default="1,8,16")
     parser.add_argument("--seconds", type=float, default=2.0, help="wall time per batch size")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--streams", type=int, default=1, help="concurrent loops, summed")
