@@ -30,7 +30,6 @@ from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step
 
 Log = Callable[[str], None]
 AUTOPILOT = "autopilot"
-SEARCH_UNITS = 2  # progress units of the autopilot beyond its runs: its probe and its search
 
 
 class _Search:
@@ -233,7 +232,8 @@ def _search_all(
     outcomes = [Outcome(c) for c in options.configurations()]
     measured = _distinct(outcomes)
     top = min(2, len(measured))
-    pilot = max(1, options.repeats) + SEARCH_UNITS if options.autopilot and measured else 0
+    # The autopilot's progress units: its runs, its probe and its search.
+    pilot = max(1, options.repeats) + 2 if options.autopilot and measured else 0
     units = 2 * len(measured) + options.repeats * top + pilot
     search.progress = Eta(units, log)
     log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")

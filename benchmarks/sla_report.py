@@ -263,7 +263,12 @@ def _repeat_json(rep: Outcome) -> dict[str, Any]:
 
 
 def result_json(result: SlaResult) -> dict[str, Any]:
-    auto, search = result.autopilot, result.autopilot_search
+    search = result.autopilot_search
+    autopilot = result.autopilot and {
+        **_repeat_json(result.autopilot),
+        "state": result.autopilot_state,
+        "search": _outcome_json(search) if search else None,
+    }
     return {
         "model": result.model,
         "version": result.version,
@@ -274,12 +279,6 @@ def result_json(result: SlaResult) -> dict[str, Any]:
         "runner_up": result.runner_up.label if result.runner_up else None,
         "configurations": [_outcome_json(oc) for oc in result.outcomes],
         "repeats": [{"config": rep.label, **_repeat_json(rep)} for rep in result.repeats],
-        "autopilot": None
-        if auto is None
-        else {
-            **_repeat_json(auto),
-            "state": result.autopilot_state,
-            "search": _outcome_json(search) if search else None,
-        },
+        "autopilot": autopilot,
         "applied": str(result.applied) if result.applied else None,
     }
