@@ -133,15 +133,15 @@ def _autopilot_facts(result: SlaResult) -> dict[str, str | None]:
     w = result.pace
     if a is None or w is None:
         return {}
-    o, state = result.options, result.autopilot_state or {}
+    o, c, state = result.options, a.config, result.autopilot_state or {}  # c: its ceilings
     moves = state.get("changes")
     if isinstance(moves, dict):
         moves = f"{moves.get('up', 0)} changes up, {moves.get('down', 0)} down"
     ratio = f"{num(s.best_rate / w.best_rate, 2)}x" if s and w.best_rate > 0 else "-"
     return {
-        "**Autopilot**": f"(slaP99Ms {o.sla_p99_ms:g}, ceilings batch {max(o.batch_sizes)}, "
-        f"delay {max(o.max_delays_ms):g} ms, {w.config.workers} worker(s)) at {w.label}'s "
-        f"{w.best_rate:,.1f} req/s",
+        "**Autopilot**": f"(slaP99Ms {o.sla_p99_ms:g}, ceilings batch {c.batch_size}, delay "
+        f"{c.max_batch_delay_ms:g} ms, {c.workers} worker(s)) at {w.label}'s {w.best_rate:,.1f} "
+        "req/s",
         "autopilot runs that held the SLA": f"{sum(a.passed)} of {len(a.passed)}; p99 "
         f"{_each(a.p99_ms, 2)} ms; {_each(a.ok_per_s, 1)} ok/s",
         "autopilot's end state": f"batch {state.get('batchSize')}, delay "
