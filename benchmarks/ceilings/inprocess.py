@@ -46,12 +46,11 @@ def measure(
     batches: tuple[int, ...] = (1, 8, 16),
     *,
     seconds: float = 2.0,
-    threads: int = 1,
     streams: int = 1,
 ) -> dict[str, dict[int, float]]:
-    """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths`` (``threads``
-    intra-op threads per loop)."""
-    torch.set_num_threads(threads)
+    """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths``, one intra-op
+    thread per loop (a worker's share on a small machine)."""
+    torch.set_num_threads(1)
     loaded = {name: torch.jit.load(path).eval() for name, path in pt_paths.items()}
     return {
         name: {b: samples_per_second(m, SAMPLE_SHAPES[name], b, seconds, streams) for b in batches}
@@ -71,14 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pt", type=_pair, action="append", required=True, help="NAME=PATH")
     parser.add_argument("--batches", default="1,8,16")
     parser.add_argument("--seconds", type=float, default=2.0, help="wall time per batch size")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--streams", type=int, default=1, help="concurrent loops, summed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     batches = tuple(int(b) for b in args.batches.split(","))
-    results = measure(
-        dict(args.pt), batches, seconds=args.seconds, threads=args.threads, streams=args.streams
-    )
+    results = measure(dict(args.pt), batches, seconds=args.seconds, streams=args.streams)
     if args.json:
         print(json.dumps(results))
         return 0
