@@ -1,9 +1,6 @@
-"""Errors of the benchmark part.
-
-``BenchError`` is the one base class; ``torchbay.cli`` prints its message and exits 1, and so does
-a benchmark module run on its own (``exit_status``). Raised when a server under test cannot start,
-a load generator is missing or fails, or its output cannot be read.
-"""
+"""The benchmarks' one error: a server under test cannot start, a load generator is missing or
+fails, or a result cannot be read. ``torchbay.cli`` prints its message and exits 1, and so does a
+benchmark module run on its own (``exit_status``)."""
 
 from __future__ import annotations
 
@@ -18,8 +15,8 @@ class BenchError(Exception):
 def exit_status(
     prog: str, run: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None
 ) -> int:
-    """``run(argv)``, a benchmark command's exit status; a ``BenchError`` it raises is printed to
-    stderr as ``PROG: error: MESSAGE`` and gives 1."""
+    """``run(argv)``; a ``BenchError`` it raises is printed to stderr as ``PROG: error: MESSAGE``
+    and gives 1."""
     try:
         return run(argv)
     except BenchError as exc:

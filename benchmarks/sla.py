@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 from torchbay.benchmarks.bench import make_target, observe
 from torchbay.benchmarks.errors import BenchError
@@ -24,30 +26,21 @@ from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching, models_json
-from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step, crown
+from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step
 
 Log = Callable[[str], None]
 AUTOPILOT = "autopilot"
-SEARCH_UNITS = 2  # progress units of the autopilot beyond its runs: its probe and its search
 
 
 class _Search:
+    """One server's configurations measured, judged and searched; ``progress`` is the run's."""
+
     def __init__(
-        self,
-        options: SlaOptions,
-        endpoints: Endpoints,
-        model: str,
-        gen: LoadGenerator,
-        log: Log,
+        self, options: SlaOptions, endpoints: Endpoints, model: str, gen: LoadGenerator, log: Log
     ) -> None:
-        self.o = options
-        self.endpoints = endpoints
-        self.model = model
-        self.gen = gen
-        self.log = log
-        self.mgmt = Management(
-            endpoints.host, endpoints.management_port or 0, endpoints.management_key
-        )
+        self.o, self.endpoints, self.model, self.gen, self.log = options, endpoints, model, gen, log
+        port = endpoints.management_port or 0
+        self.mgmt = Management(endpoints.host, port, endpoints.management_key)
         self.target = make_target(endpoints, options, model, None)
         self.current: Batching | None = None
         self.progress = Eta(0, log)  # set by _search_all
@@ -175,69 +168,60 @@ def _full(config: Batching) -> int:
     return max(4, 2 * (config.batch_size or 1) * (config.workers or 1))
 
 
+@contextmanager
+def _searching(
+    options: SlaOptions, model: str, run_dir: Path, log: Log, **kw: object
+) -> Iterator[_Search]:
+    """A search on a fresh server of ``options.archive`` (``kw``: ManagedServer.torchbay's)."""
+    with ManagedServer.torchbay(options.archive, run_dir, **kw) as endpoints:
+        if endpoints.management_port is None:
+            raise BenchError("the server has no management API")
+        with LoadGenerator(options.processes) as gen:
+            yield _Search(options, endpoints, model, gen, log)
+
+
 def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     """Start one server from ``options.archive``, search every configuration, repeat the top two,
     write the report files into ``options.out_dir`` and optionally apply the winner."""
     from torchbay.archiver.manifest import read_manifest
     from torchbay.benchmarks import sla_report
 
-    manifest = read_manifest(options.archive)
-    model = manifest.model.model_name
+    manifest = read_manifest(options.archive).model
     options.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    server = ManagedServer.torchbay(options.archive, options.out_dir / "server")
-    with server as endpoints, LoadGenerator(options.processes) as gen:
-        if endpoints.management_port is None:
-            raise BenchError("the server has no management API")
-        search = _Search(options, endpoints, model, gen, log)
-        outcomes, top = _search_all(search, options, log)
-        repeats = [oc for oc in top if oc.runs]
-    first_pick = top[0] if top else None
-    winner, runner_up, note = crown(top)
-    swapped = winner is not None and winner is not first_pick
-    if note:
-        log(note)
-    if swapped and winner is not None:
-        log(f"{winner.label} held the SLA in every repeat, the search's pick did not: it wins")
-    result = SlaResult(
-        options=options,
-        model=model,
-        version=manifest.model.model_version,
-        outcomes=outcomes,
-        winner=winner,
-        runner_up=runner_up,
-        repeats=repeats,
-        elapsed_s=0.0,
-        swapped=swapped,
-        note=note,
-    )
-    pace = winner or first_pick  # the best static configuration's rate, crowned or not
-    if options.autopilot and pace is not None:
-        _run_autopilot(result, pace, search.progress, log)
+    with _searching(options, manifest.model_name, options.out_dir / "server", log) as search:
+        outcomes, ranked = _search_all(search, options, log)
+    result = SlaResult(options, manifest.model_name, manifest.model_version, outcomes, ranked)
+    w = result.winner
+    if result.note:
+        log(result.note)
+    if result.swapped and w is not None:
+        log(f"{w.label} held the SLA in every repeat, the search's pick did not: it wins")
+    if options.autopilot and result.pace is not None:
+        _run_autopilot(result, result.pace, search.progress, log)
     result.elapsed_s = time.monotonic() - started
-    if options.apply and winner is not None:
+    if options.apply and w is not None:
         from torchbay.benchmarks.apply import apply_settings
 
-        backup = apply_settings(options.archive, winner.config)
+        backup = apply_settings(options.archive, w.config)
         result.applied = options.archive
-        log(f"applied {winner.label} to {options.archive} (the original is kept as {backup})")
+        log(f"applied {w.label} to {options.archive} (the original is kept as {backup})")
     sla_report.write_all(result)
     return result
 
 
-def _to_measure(outcomes: list[Outcome]) -> list[Outcome]:
+def _distinct(outcomes: list[Outcome]) -> list[Outcome]:
     """The outcomes to measure; batch size 1 at a second delay is marked same-as the first."""
-    first_delay: dict[tuple[int | None, int | None], Outcome] = {}
-    measured: list[Outcome] = []
+    first: dict[Batching, Outcome] = {}
     for outcome in outcomes:
-        key = (outcome.config.batch_size, outcome.config.workers)
-        if outcome.config.batch_size == 1 and key in first_delay:
-            outcome.status, outcome.same_as = "same-as", first_delay[key].label
+        c = outcome.config
+        src = first.setdefault(
+            replace(c, max_batch_delay_ms=0) if c.batch_size == 1 else c, outcome
+        )
+        if src is not outcome:
+            outcome.status, outcome.same_as = "same-as", src
             outcome.why = "batch size 1 never waits for a batch: the delay does not apply"
-            continue
-        first_delay.setdefault(key, outcome)
-        measured.append(outcome)
-    return measured
+    return list(first.values())
 
 
 def _search_all(
@@ -246,9 +230,10 @@ def _search_all(
     """Every configuration's outcome, and the (at most two) best that met the SLA, best first,
     repeated."""
     outcomes = [Outcome(c) for c in options.configurations()]
-    measured = _to_measure(outcomes)
+    measured = _distinct(outcomes)
     top = min(2, len(measured))
-    pilot = max(1, options.repeats) + SEARCH_UNITS if options.autopilot and measured else 0
+    # The autopilot's progress units: its runs, its probe and its search.
+    pilot = max(1, options.repeats) + 2 if options.autopilot and measured else 0
     units = 2 * len(measured) + options.repeats * top + pilot
     search.progress = Eta(units, log)
     log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")
@@ -266,11 +251,10 @@ def _search_all(
         search.progress.tick(f"searched {outcome.label}")
         if outcome.best_step is not None and (best is None or outcome.best_rate > best.best_rate):
             best = outcome
-    by_label = {oc.label: oc for oc in outcomes}
-    for outcome in (oc for oc in outcomes if oc.same_as):
-        src = by_label[outcome.same_as or ""]
-        outcome.capacity, outcome.best_rate = src.capacity, src.best_rate
-        outcome.best_step = src.best_step
+    for outcome in outcomes:
+        if src := outcome.same_as:
+            outcome.capacity, outcome.best_rate = src.capacity, src.best_rate
+            outcome.best_step = src.best_step
     ranked = sorted((oc for oc in measured if oc.best_step), key=lambda oc: -oc.best_rate)[:2]
     # Fewer configurations met the SLA than were planned for: their repeats will not run.
     search.progress.drop(options.repeats * (top - len(ranked)))
@@ -281,9 +265,9 @@ def _search_all(
 
 
 def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) -> None:
-    """The autopilot's runs at the winner's rate (``result.autopilot``), its describe-model state
+    """The autopilot's runs at the pace's rate (``result.autopilot``), its describe-model state
     after them, then its own search (``result.autopilot_search``). A config.properties sets its
-    target (the SLA) and ceilings (the largest searched batch and delay, the winner's workers)."""
+    target (the SLA) and ceilings (the largest searched batch and delay, the pace's workers)."""
     options, model, version = result.options, result.model, result.version or "1.0"
     config = Batching(max(options.batch_sizes), max(options.max_delays_ms), winner.config.workers)
     models = models_json({model: config}, version)
@@ -296,15 +280,11 @@ def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) 
         f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
         f"at {winner.best_rate:.1f} req/s"
     )
-    server = ManagedServer.torchbay(
-        options.archive,
-        options.out_dir / "autopilot" / "server",
-        name=model,
-        extra_args=("--ts-config", str(props.resolve())),
-    )
     runs = result.autopilot = Outcome(config, best_rate=winner.best_rate, name=AUTOPILOT)
-    with server as endpoints, LoadGenerator(options.processes) as gen:
-        search = _Search(options, endpoints, model, gen, log)
+    extra = ("--ts-config", str(props.resolve()))
+    with _searching(
+        options, model, props.parent / "server", log, name=model, extra_args=extra
+    ) as search:
         search.progress = progress
         search.repeat([runs], AUTOPILOT, max(1, options.repeats))
         result.autopilot_state = search.mgmt.describe(model, None).get("autopilot")

@@ -3,6 +3,7 @@ the search so that ``sla_report.py`` and ``plots.py`` read results without it.""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival
 
-__all__ = ["Outcome", "SlaOptions", "SlaResult", "Step", "crown"]
+__all__ = ["Outcome", "SlaOptions", "SlaResult", "Step"]
 
 
 class SlaOptions(LoadOptions):
@@ -68,12 +69,8 @@ class SlaOptions(LoadOptions):
 
     def configurations(self) -> list[Batching]:
         """Every grid point, workers outermost (scaling workers is the slow change)."""
-        return [
-            Batching(b, d, w)
-            for w in self.workers
-            for b in self.batch_sizes
-            for d in self.max_delays_ms
-        ]
+        grid = itertools.product(self.workers, self.batch_sizes, self.max_delays_ms)
+        return [Batching(b, d, w) for w, b, d in grid]
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,7 @@ class Outcome:
     best_rate: float = 0.0
     best_step: Step | None = None
     steps: list[Step] = field(default_factory=list)
-    same_as: str | None = None
+    same_as: Outcome | None = None  # the measured outcome it shares (batch size 1)
     name: str | None = None
 
     @property
@@ -134,42 +131,34 @@ class Outcome:
 
 @dataclass
 class SlaResult:
+    """A search's outcomes; the winner, runner-up and note crowned from ``ranked``'s repeats."""
+
     options: SlaOptions
     model: str
     version: str | None
     outcomes: list[Outcome]
-    winner: Outcome | None
-    runner_up: Outcome | None
-    repeats: list[Outcome]  # the repeated configurations, the search's order
-    elapsed_s: float
+    ranked: list[Outcome]  # the (at most two) best that met the SLA, best first, repeated
+    elapsed_s: float = 0.0
     applied: Path | None = None
-    swapped: bool = False
-    note: str = ""  # why a repeated configuration could not win (crown)
-    autopilot: Outcome | None = None  # its runs at the winner's rate (sla._run_autopilot)
+    autopilot: Outcome | None = None  # its runs at the pace's rate (sla._run_autopilot)
     autopilot_state: dict[str, Any] | None = None  # its describe-model state after those runs
     autopilot_search: Outcome | None = None  # its own highest rate within the SLA, searched
 
-
-def crown(ranked: list[Outcome]) -> tuple[Outcome | None, Outcome | None, str]:
-    """The winner, the runner-up and a note, from the search's ranking (best rate first) and the
-    repeats of its top configurations.
-
-    A configuration that missed the SLA in ANY repeat is never crowned: among those repeated, the
-    best-ranked one that held it in every repeat wins; if none did, there is no winner (the
-    note says so). With no repeats run, the search's pick stands (its best step passed).
-    """
-    repeated = [oc for oc in ranked if oc.runs]
-    if not repeated:
-        return (ranked[0] if ranked else None), (ranked[1] if len(ranked) > 1 else None), ""
-    held = [oc for oc in repeated if all(oc.passed)]
-    missed = [oc.label for oc in repeated if not all(oc.passed)]
-    note = (
-        f"{', '.join(missed)} missed the SLA in at least one repeat and cannot win."
-        if missed
-        else ""
-    )
-    if not held:
-        return None, None, note + " No repeated configuration held the SLA in every repeat."
-    winner = held[0]
-    others = [oc for oc in repeated if oc is not winner]
-    return winner, (others[0] if others else None), note
+    def __post_init__(self) -> None:
+        """Crown the winner. One that missed the SLA in ANY repeat never is: of those repeated,
+        the best-ranked one that held it in every repeat wins; if none did, there is no winner
+        (the note says so). With no repeats run, the search's pick stands (its best step passed).
+        """
+        self.repeats = [oc for oc in self.ranked if oc.runs]  # the search's order
+        held = [oc for oc in self.repeats if all(oc.passed)] if self.repeats else self.ranked
+        missed = ", ".join(oc.label for oc in self.repeats if not all(oc.passed))
+        self.note = missed and f"{missed} missed the SLA in at least one repeat and cannot win."
+        if self.repeats and not held:
+            self.note += " No repeated configuration held the SLA in every repeat."
+        self.winner = held[0] if held else None
+        others = [oc for oc in self.repeats or self.ranked if oc is not self.winner]
+        self.runner_up = others[0] if others and self.winner else None
+        # The search's pick missed the SLA in a repeat and one ranked below it won.
+        self.swapped = self.winner is not None and self.winner is not self.ranked[0]
+        # The best static configuration's rate, crowned or not: the autopilot is run at it.
+        self.pace = self.winner or (self.ranked[0] if self.ranked else None)

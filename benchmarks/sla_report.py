@@ -10,7 +10,6 @@ import math
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchbay.benchmarks.procstat import describe_machine, machine_info
@@ -66,31 +65,29 @@ CONFIG_COLUMNS: list[Column] = [
     ("p99 (ms)", ":", _best(2, lambda s: s.result.latency.p99_ms)),
     ("mean batch", ":", _best(2, lambda s: s.mean_batch_size)),
     ("steps", ":", lambda oc: str(sum(s.phase in ("probe", "ramp", "bisect") for s in oc.steps))),
-    ("status", "-", lambda oc: oc.status + (f" {oc.same_as}" if oc.same_as else "")),
+    ("status", "-", lambda oc: oc.status + (f" {oc.same_as.label}" if oc.same_as else "")),
     ("notes", "-", lambda oc: oc.why),
 ]
 
 
 def render_markdown(result: SlaResult, command: str | None = None) -> str:
-    return "\n".join(
-        [
-            *_head_lines(result, command),
-            "\n## Winner\n",
-            *_facts(_winner_facts(result) | _autopilot_facts(result)),
-            "\n## Repeats (noise)\n",
-            *_repeat_lines(result),
-            "\n## All configurations\n",
-            _table(CONFIG_COLUMNS, result.outcomes),
-            "\n## How it was found\n",
-            *_facts(_method_facts(result.options, [oc.status for oc in result.outcomes])),
-            "\n## Files\n",
+    statuses = [oc.status for oc in result.outcomes]
+    sections = {
+        "Winner": _facts(_winner_facts(result) | _autopilot_facts(result)),
+        "Repeats (noise)": _repeat_lines(result),
+        "All configurations": [_table(CONFIG_COLUMNS, result.outcomes)],
+        "How it was found": _facts(_method_facts(result.options, statuses)),
+        "Files": [
             "- `results.csv`: every step (probe, ramp, bisect, repeat)",
             "- `result.json`: the same, machine-readable",
             "- ![latency against throughput](latency_vs_throughput.png)",
             "- ![best throughput under the SLA](best_throughput.png)",
-            "",
-        ]
-    )
+        ],
+    }
+    lines = _head_lines(result, command)
+    for title, body in sections.items():
+        lines += ["", f"## {title}", "", *body]
+    return "\n".join([*lines, ""])
 
 
 def _facts(facts: dict[str, str | None]) -> list[str]:
@@ -133,19 +130,18 @@ def _winner_facts(result: SlaResult) -> dict[str, str | None]:
 def _autopilot_facts(result: SlaResult) -> dict[str, str | None]:
     """The autopilot beside the winner: same rate, same windows, as many runs as the repeats."""
     a, s = result.autopilot, result.autopilot_search
-    pace = result.repeats[0].label if result.repeats else None  # the search's pick, no winner
-    w = result.winner or next((oc for oc in result.outcomes if oc.label == pace), None)
+    w = result.pace
     if a is None or w is None:
         return {}
-    o, state = result.options, result.autopilot_state or {}
+    o, c, state = result.options, a.config, result.autopilot_state or {}  # c: its ceilings
     moves = state.get("changes")
     if isinstance(moves, dict):
         moves = f"{moves.get('up', 0)} changes up, {moves.get('down', 0)} down"
     ratio = f"{num(s.best_rate / w.best_rate, 2)}x" if s and w.best_rate > 0 else "-"
     return {
-        "**Autopilot**": f"(slaP99Ms {o.sla_p99_ms:g}, ceilings batch {max(o.batch_sizes)}, "
-        f"delay {max(o.max_delays_ms):g} ms, {w.config.workers} worker(s)) at {w.label}'s "
-        f"{w.best_rate:,.1f} req/s",
+        "**Autopilot**": f"(slaP99Ms {o.sla_p99_ms:g}, ceilings batch {c.batch_size}, delay "
+        f"{c.max_batch_delay_ms:g} ms, {c.workers} worker(s)) at {w.label}'s {w.best_rate:,.1f} "
+        "req/s",
         "autopilot runs that held the SLA": f"{sum(a.passed)} of {len(a.passed)}; p99 "
         f"{_each(a.p99_ms, 2)} ms; {_each(a.ok_per_s, 1)} ok/s",
         "autopilot's end state": f"batch {state.get('batchSize')}, delay "
@@ -187,10 +183,8 @@ def _method_facts(o: SlaOptions, statuses: list[str]) -> dict[str, str | None]:
 
 def _verdict(result: SlaResult) -> dict[str, str | None]:
     """The winner's repeats against the runner-up's: too close to call within their spread."""
-    reps = {rep.label: rep for rep in result.repeats}
-    w = reps.get(result.winner.label) if result.winner else None
-    r = reps.get(result.runner_up.label) if result.runner_up else None
-    if w is None or r is None or not r.rate:
+    w, r = result.winner, result.runner_up
+    if not (w and w.runs and r and r.runs and r.rate):  # both repeated
         return {}
     gap = 100.0 * (w.rate - r.rate) / r.rate
     spreads = (spread_pct(w.ok_per_s), spread_pct(r.ok_per_s))
@@ -210,27 +204,22 @@ def _command_line() -> str:
 
 
 def write_all(result: SlaResult) -> None:
-    """Write every report file into ``result.options.out_dir``."""
+    """Write every report file into ``result.options.out_dir`` (``run_sla`` made it)."""
     from torchbay.benchmarks import plots
 
     out = result.options.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(result, out / "results.csv")
-    plots.latency_vs_throughput(result, out / "latency_vs_throughput.png")
-    plots.best_throughput(result, out / "best_throughput.png")
-    (out / "result.json").write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
-    (out / "report.md").write_text(render_markdown(result, _command_line()))
-
-
-def write_csv(result: SlaResult, path: Path) -> None:
     rows = [step_row(step) for outcome in result.outcomes for step in outcome.steps]
     for step in result.autopilot_search.steps if result.autopilot_search else ():
         # the autopilot's own search, at its ceilings
         rows.append({**step_row(step), "config": f"autopilot {step.config.label()}"})
-    with path.open("w", newline="") as fh:
+    with (out / "results.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["config"])
         writer.writeheader()
         writer.writerows(rows)
+    plots.latency_vs_throughput(result, out / "latency_vs_throughput.png")
+    plots.best_throughput(result, out / "best_throughput.png")
+    (out / "result.json").write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(result, _command_line()))
 
 
 def _config_json(oc: Outcome | Step) -> dict[str, Any]:
@@ -264,21 +253,22 @@ def step_row(step: Step) -> dict[str, Any]:
     }
 
 
-def _fields(oc: Outcome, *names: str) -> dict[str, Any]:
-    return {name: getattr(oc, name) for name in names}
-
-
 def _outcome_json(oc: Outcome) -> dict[str, Any]:
-    facts = _fields(oc, "status", "why", "capacity", "best_rate")
+    facts = {name: getattr(oc, name) for name in ("status", "why", "capacity", "best_rate")}
     return {**_config_json(oc), **facts, "steps": [step_row(s) for s in oc.steps]}
 
 
 def _repeat_json(rep: Outcome) -> dict[str, Any]:
-    return _fields(rep, "rate", "p99_ms", "ok_per_s", "passed")
+    return {name: getattr(rep, name) for name in ("rate", "p99_ms", "ok_per_s", "passed")}
 
 
 def result_json(result: SlaResult) -> dict[str, Any]:
-    auto, search = result.autopilot, result.autopilot_search
+    search = result.autopilot_search
+    autopilot = result.autopilot and {
+        **_repeat_json(result.autopilot),
+        "state": result.autopilot_state,
+        "search": _outcome_json(search) if search else None,
+    }
     return {
         "model": result.model,
         "version": result.version,
@@ -289,12 +279,6 @@ def result_json(result: SlaResult) -> dict[str, Any]:
         "runner_up": result.runner_up.label if result.runner_up else None,
         "configurations": [_outcome_json(oc) for oc in result.outcomes],
         "repeats": [{"config": rep.label, **_repeat_json(rep)} for rep in result.repeats],
-        "autopilot": None
-        if auto is None
-        else {
-            **_repeat_json(auto),
-            "state": result.autopilot_state,
-            "search": _outcome_json(search) if search else None,
-        },
+        "autopilot": autopilot,
         "applied": str(result.applied) if result.applied else None,
     }

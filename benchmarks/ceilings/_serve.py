@@ -1,8 +1,6 @@
 """The ceiling servers' one way to run: one uvicorn process, uvloop + httptools, no access log.
-
-``--port 0 --ready-file PATH`` binds a free port, then writes ``{"inference": port}`` to PATH (as
-``torchbay serve --ready-file`` does), so the harness starts every server under test one way.
-"""
+``--port 0 --ready-file PATH`` binds a free port, then writes ``{"inference": port}`` to PATH, as
+``torchbay serve --ready-file`` does, so the harness starts every server under test one way."""
 
 from __future__ import annotations
 

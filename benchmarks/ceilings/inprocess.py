@@ -1,11 +1,9 @@
-"""The no-HTTP ceiling: samples/s of a scripted model called in a loop, one thread a loop.
+"""The no-HTTP ceiling: samples/s of a scripted model called in a loop (tiny and cnn at batch
+1/8/16, as baseline.md's "Model in process" line), timed for a fixed wall time after a short
+warm-up, as TorchScript optimises on its first calls. ``--streams N`` sums N loops in threads: the
+limit of N single-threaded workers with no server around them.
 
     python -m torchbay.benchmarks.ceilings.inprocess --pt tiny=tiny.pt --pt cnn=cnn.pt --json
-
-Each loop times ``model(batch)`` under ``torch.inference_mode()`` for a fixed wall time after a
-short warm-up (TorchScript profiles and optimises on the first calls), as baseline.md's "Model in
-process" line did: tiny and cnn at batch 1/8/16. ``--streams N`` sums N loops in threads: the
-limit of N single-threaded workers with no server around them.
 """
 
 from __future__ import annotations
@@ -14,12 +12,11 @@ import argparse
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from torchbay.benchmarks.models import SAMPLE_SHAPES
-
-DEFAULT_BATCHES = (1, 8, 16)
 
 
 def samples_per_second(
@@ -27,9 +24,9 @@ def samples_per_second(
 ) -> float:
     """Samples per second of ``streams`` loops of ``model`` on batches of ``batch``, summed."""
     x = torch.randn((batch, *shape), generator=torch.Generator().manual_seed(0))
-    rates, barrier = [0.0] * streams, threading.Barrier(streams)
+    barrier = threading.Barrier(streams)  # every loop starts its clock together
 
-    def loop(i: int) -> None:
+    def loop(_: int) -> float:
         barrier.wait()
         with torch.inference_mode():
             for _ in range(5):
@@ -38,27 +35,22 @@ def samples_per_second(
             while (now := time.perf_counter()) < start + seconds or not calls:
                 model(x)
                 calls += 1
-        rates[i] = calls * batch / (now - start)
+        return calls * batch / (now - start)
 
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(rates)
+    with ThreadPoolExecutor(streams) as pool:  # one thread per loop
+        return sum(pool.map(loop, range(streams)))
 
 
 def measure(
     pt_paths: dict[str, str],
-    batches: tuple[int, ...] = DEFAULT_BATCHES,
+    batches: tuple[int, ...] = (1, 8, 16),
     *,
     seconds: float = 2.0,
-    threads: int = 1,
     streams: int = 1,
 ) -> dict[str, dict[int, float]]:
-    """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths`` (``threads``
-    intra-op threads per loop)."""
-    torch.set_num_threads(threads)
+    """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths``, one intra-op
+    thread per loop (a worker's share on a small machine)."""
+    torch.set_num_threads(1)
     loaded = {name: torch.jit.load(path).eval() for name, path in pt_paths.items()}
     return {
         name: {b: samples_per_second(m, SAMPLE_SHAPES[name], b, seconds, streams) for b in batches}
@@ -76,16 +68,13 @@ def _pair(text: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pt", type=_pair, action="append", required=True, help="NAME=PATH")
-    parser.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)))
+    parser.add_argument("--batches", default="1,8,16")
     parser.add_argument("--seconds", type=float, default=2.0, help="wall time per batch size")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--streams", type=int, default=1, help="concurrent loops, summed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     batches = tuple(int(b) for b in args.batches.split(","))
-    results = measure(
-        dict(args.pt), batches, seconds=args.seconds, threads=args.threads, streams=args.streams
-    )
+    results = measure(dict(args.pt), batches, seconds=args.seconds, streams=args.streams)
     if args.json:
         print(json.dumps(results))
         return 0

@@ -1,11 +1,10 @@
-"""The naive FastAPI ceiling: a sync (``def``) endpoint, so Starlette runs it in its thread pool,
-that runs the scripted model per request with the baseline's handler logic.
+"""The naive FastAPI ceiling: what a user writes first, and issue 3 asks torchbay (cnn, c=10,
+batch 1, 2 workers) to be at least as fast as. A sync endpoint, so Starlette runs it in its thread
+pool, runs the scripted model per request; no batching, no workers, one torch thread.
 
     python -m torchbay.benchmarks.ceilings.naive_fastapi --port 8080 --model cnn --pt cnn.pt
 
 ``POST /predictions/{model}`` with the raw float32 body answers ``{"class": k, "score": s}``.
-This is what a user writes first; issue 3 asks torchbay (cnn, c=10, batch 1, 2 workers) to be at
-least as fast. Deliberately no batching, no workers, no tuning beyond ``torch.set_num_threads(1)``.
 """
 
 from __future__ import annotations
@@ -20,19 +19,16 @@ from torchbay.benchmarks.ceilings import _serve
 from torchbay.benchmarks.models import SAMPLE_SHAPES
 
 
+async def raw_body(request: Request) -> bytes:
+    return await request.body()
+
+
 def create_app(model_name: str, pt_path: str) -> FastAPI:
     """Load the scripted model at ``pt_path`` and return the app serving it as ``model_name``."""
     torch.set_num_threads(1)
     model = torch.jit.load(pt_path).eval()
     shape = SAMPLE_SHAPES[model_name]
     app = FastAPI()
-
-    async def raw_body(request: Request) -> bytes:
-        return await request.body()
-
-    @app.get("/ping")
-    def ping() -> dict:
-        return {"status": "Healthy"}
 
     @app.post("/predictions/{name}")
     def predict(name: str, body: bytes = Depends(raw_body)) -> dict:

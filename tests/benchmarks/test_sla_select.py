@@ -11,11 +11,12 @@ from typing import Any
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla import _Search
-from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step, crown
+from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step
 from torchbay.benchmarks.sla_report import _repeat_lines, render_markdown
 
 FAST = Outcome(Batching(8, 5.0, 1), status="searched", best_rate=900.0)
 SLOW = Outcome(Batching(4, 5.0, 1), status="searched", best_rate=700.0)
+OPTIONS = SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50)
 
 
 def rep(oc: Outcome, passed: list[bool]) -> Outcome:
@@ -37,6 +38,12 @@ def rep(oc: Outcome, passed: list[bool]) -> Outcome:
 def _result(p99_ms: float, ok_per_s: float) -> Any:
     """What the report reads of a step's LoadResult."""
     return SimpleNamespace(ok_per_s=ok_per_s, latency=SimpleNamespace(p50_ms=9.0, p99_ms=p99_ms))
+
+
+def crown(ranked: list[Outcome]) -> tuple[Outcome | None, Outcome | None, str]:
+    """The winner, runner-up and note that a result with ``ranked`` as its top two crowns."""
+    result = SlaResult(OPTIONS, "m", "1", ranked, ranked)
+    return result.winner, result.runner_up, result.note
 
 
 def test_a_config_that_missed_in_one_repeat_is_not_crowned() -> None:
@@ -77,26 +84,22 @@ def test_a_repeat_is_read_back_from_its_steps() -> None:
 
 def swapped(winner: Outcome, **extra: Any) -> SlaResult:
     """A search whose first pick (FAST) missed the SLA in its second of three repeats, so
-    ``winner`` (SLOW's outcome, held in all three) won instead."""
+    ``winner`` (SLOW's outcome, held in all three) is crowned instead."""
     return SlaResult(
-        options=SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50),
+        options=OPTIONS,
         model="m",
         version="1",
         outcomes=[FAST, winner],
-        winner=winner,
-        runner_up=FAST,
-        repeats=[rep(FAST, [True, False, True]), winner],
+        ranked=[rep(FAST, [True, False, True]), winner],
         elapsed_s=1.0,
-        swapped=True,
         **extra,
     )
 
 
 def test_the_report_shows_every_repeat_and_the_spread() -> None:
-    result = swapped(
-        rep(SLOW, [True, True, True]),
-        note="b8-d5-w1 missed the SLA in at least one repeat and cannot win.",
-    )
+    result = swapped(rep(SLOW, [True, True, True]))
+    assert result.swapped and result.winner is result.ranked[1] is result.pace
+    assert result.note == "b8-d5-w1 missed the SLA in at least one repeat and cannot win."
     text = "\n".join(_repeat_lines(result))
     fast_row = next(line for line in text.splitlines() if line.startswith(f"| {FAST.label} "))
     assert "40.00, 80.00, 40.00" in fast_row  # every repeat
@@ -162,8 +165,7 @@ class _Edge(_Search):
     req/s: each step passes or breaches by its rate alone (no server)."""
 
     def __init__(self, edge: float, max_steps: int = 12) -> None:
-        self.o = SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50)
-        self.o = self.o.model_copy(update={"max_steps": max_steps})
+        self.o = OPTIONS.model_copy(update={"max_steps": max_steps})
         self.edge = edge
 
     def measure(self, config: Batching, phase: str, rate: float) -> Step:
