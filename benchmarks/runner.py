@@ -1,11 +1,7 @@
-"""The one runner every benchmark table measures through: build the reference models and
-archives, start a system under test (``torchbay serve``, TorchServe, or a ceiling) from one
-``models={...}`` description (:func:`make_system`), warm up and measure with the load generator,
-and run a table's rows (:func:`run_rows`): repeat outermost, a failed cell NaN with its error.
-
-Work files land under ``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies),
-``model_store/`` (``.mar``), ``runs/<name>/`` (config.properties and the server log).
-"""
+"""The one runner every benchmark table measures through: the reference models and archives
+(``Ctx.out_dir``: ``models/``, ``model_store/``), a system under test from one ``models={...}``
+description (:func:`make_system`; config and log in ``runs/<name>/``), and a table's rows
+(:func:`run_rows`): repeat outermost, a failed cell NaN with its error."""
 
 from __future__ import annotations
 
@@ -65,9 +61,8 @@ def prepare_models(out_dir: Path) -> Assets:
 def archive(
     name: str, pt: Path, store: Path, python: str, *extra: str, handler: str = str(HANDLER_FILE)
 ) -> Path:
-    """Pack a scripted model with ``handler`` (``handler_raw.py`` unless given) into
-    ``store/NAME.mar`` (``torchbay archive`` with ``extra`` flags); the benchmarks' one way to
-    build an archive."""
+    """``store/NAME.mar`` from a scripted model and ``handler`` (``torchbay archive`` with
+    ``extra`` flags): the benchmarks' one way to build an archive."""
     (store / f"{name}.mar").unlink(missing_ok=True)
     cmd = [
         *(python, "-m", "torchbay", "archive"),
@@ -153,10 +148,7 @@ def make_system(
             ctx.torchserve, store, mars, run_dir, models_json(served, MODEL_VERSION), ts_props
         )
     else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config = run_dir / "config.properties"
-        lines = [f"models={json.dumps(models_json(served, MODEL_VERSION))}"]
-        config.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in props.items())]) + "\n")
+        config = managed.write_properties(run_dir, models_json(served, MODEL_VERSION), props)
         server = managed.ManagedServer.torchbay(
             store / f"{next(iter(served))}.mar",
             run_dir,
@@ -175,11 +167,8 @@ def serving(
 ) -> Iterator[managed.ManagedServer]:
     """:func:`make_system`, started (ready when this yields) and stopped after."""
     server = make_system(ctx, system, served, run_dir, **kw)
-    server.start()
-    try:
+    with server:
         yield server
-    finally:
-        server.stop()
 
 
 def target(ctx: Ctx, server: managed.ManagedServer, name: str, model: str) -> Target:
