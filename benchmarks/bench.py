@@ -214,9 +214,7 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
     """Yield (endpoints, model, version): the given URL, or a server started from the archive
     (stopped on exit)."""
     if options.url is not None:
-        urls = (options.url, options.management_url, options.metrics_url)
-        endpoints = Endpoints.at(*urls, options.token, options.key_file)
-        yield endpoints, options.model or "", options.version
+        yield Endpoints.at(options), options.model or "", options.version
         return
     from torchbay.archiver.manifest import read_manifest
 

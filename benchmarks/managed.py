@@ -15,12 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 from torchbay.benchmarks import procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.scenarios import Batching
+
+if TYPE_CHECKING:
+    from torchbay.benchmarks.bench import RunOptions
 
 APIS = ("inference", "management", "metrics")
 
@@ -38,21 +41,14 @@ class Endpoints:
     grpc_port: int | None = None  # gRPC inference (a torchbay server started here)
 
     @classmethod
-    def at(
-        cls,
-        url: str,
-        management_url: str | None = None,
-        metrics_url: str | None = None,
-        token: str | None = None,
-        key_file: Path | None = None,
-    ) -> Endpoints:
-        """A running server's: its URLs, and its keys from ``key_file`` or one ``token``."""
-        inference_key, management_key = token, None
-        if key_file is not None:
-            inference_key, management_key = read_key_file(key_file)
-        host, inference_port, _path = parse_url(url)
-        ports = [parse_url(u)[1] if u else None for u in (management_url, metrics_url)]
-        return cls(host, inference_port, *ports, inference_key, management_key or token)
+    def at(cls, options: RunOptions) -> Endpoints:
+        """A running server's (``bench run --url``): its URLs, and its keys from the key file or
+        one token."""
+        keys = read_key_file(options.key_file) if options.key_file else (options.token, None)
+        ports = [
+            parse_url(u)[1] if u else None for u in (options.management_url, options.metrics_url)
+        ]
+        return cls(*parse_url(options.url or ""), *ports, keys[0], keys[1] or options.token)
 
 
 def read_key_file(path: str | Path) -> tuple[str | None, str | None]:
@@ -61,23 +57,17 @@ def read_key_file(path: str | Path) -> tuple[str | None, str | None]:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise BenchError(f"cannot read key file {path}: {exc}") from None
-    keys = []
-    for api in ("inference", "management"):
-        entry = data.get(api) or {}
-        keys.append(entry.get("key") if isinstance(entry, dict) else None)
-    return keys[0], keys[1]
+    entries = [data.get(api) or {} for api in APIS[:2]]
+    inference, management = (e.get("key") if isinstance(e, dict) else None for e in entries)
+    return inference, management
 
 
-def parse_url(url: str) -> tuple[str, int, str]:
-    """(host, port, path) of an ``http://`` URL; https is refused (plain HTTP/1.1 only)."""
+def parse_url(url: str) -> tuple[str, int]:
+    """(host, port) of an ``http://`` URL; https is refused (plain HTTP/1.1 only)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise BenchError(f"{url!r}: give an http://host:port URL")
-    port = parts.port or 80
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return parts.hostname, port, path
+    return parts.hostname, parts.port or 80
 
 
 def http_call(
@@ -176,9 +166,7 @@ class ManagedServer:
             *(python, "-m", "torchbay", "serve", "--ncs", "--model-store", str(archive.parent)),
             "--models",
             *(models or (archive.name,)),
-            *("--inference-address", "http://127.0.0.1:0"),
-            *("--management-address", "http://127.0.0.1:0"),
-            *("--metrics-address", "http://127.0.0.1:0"),
+            *(arg for api in APIS for arg in (f"--{api}-address", "http://127.0.0.1:0")),
             *(() if auth else ("--disable-token-auth",)),
             *extra_args,
         ]
