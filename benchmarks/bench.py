@@ -1,7 +1,5 @@
-"""``torchbay bench run``: one load test against a running server or one started from an archive,
-between two scrapes of ``/metrics`` (:func:`run_bench`: the client's view and the server's), and
-the options every load-sending command shares (:class:`LoadOptions`, also the command's flags).
-"""
+"""``torchbay bench run``: one load test between two scrapes of ``/metrics`` (:func:`run_bench`),
+and the options every load-sending command shares (:class:`LoadOptions`, also its flags)."""
 
 from __future__ import annotations
 

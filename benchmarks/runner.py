@@ -184,11 +184,8 @@ def warm_up(ctx: Ctx, plan: LoadPlan, gen: LoadGenerator | None = None) -> None:
     lowest rate), so the measured run starts on a warm server."""
     if ctx.warmup_s <= 0:
         return
-    warmup = dataclasses.replace(plan, duration_s=ctx.warmup_s, steps=(), timeline=False)
-    if warmup.mode == "open":
-        warmup = dataclasses.replace(
-            warmup, rate=min(r for _, r in plan.steps or ((1, plan.rate),))
-        )
+    rate = min(r for _, r in plan.steps or ((1, plan.rate),))  # steps: open loop only
+    warmup = dataclasses.replace(plan, duration_s=ctx.warmup_s, steps=(), timeline=False, rate=rate)
     (gen or ctx.gen).run(warmup)
 
 
@@ -235,9 +232,7 @@ def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = 
 
 def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float]:
     """Start the scenario's server, time its first answer, warm up, measure, stop: the client's
-    figures, the server tree's CPU and memory, and the CPU other processes took meanwhile.
-    Raises BenchError (or psutil's error) when the run fails; the server's log is in
-    ``runs/<name>-r<round>/``."""
+    figures, the server tree's CPU and memory, and the CPU other processes took meanwhile."""
     model, where = scenario.model, run_dir(ctx, scenario.name, f"r{round_no}")
     served = {model: scenario.batching}
     with serving(ctx, scenario.server, served, where, args=scenario.server_args) as server:
@@ -297,9 +292,8 @@ class Cell:
 
 @dataclass
 class Row:
-    """A table's row: its result, the cells each round measures, the metrics a failed cell sets
-    to NaN (the first is the progress line's figure), how it is judged once every round ran
-    (its goals, then ``judge`` for a figure no goal describes), and its rounds (0: repeat)."""
+    """A table's row: the cells each round measures, the metrics a failed cell sets to NaN (the
+    first is the progress line's), its goals and ``judge`` (other figures), rounds (0: repeat)."""
 
     result: RowResult
     cells: list[Cell]

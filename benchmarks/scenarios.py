@@ -165,12 +165,9 @@ TARGETS: tuple[Goal, ...] = (
 
 @dataclass(frozen=True)
 class Suite:
-    """What ``torchbay bench scenario NAME`` runs: torchbay scenarios on one archive (a fresh
-    server each, ``duration_s`` measured after ``warmup_s``) and, with ``--sla``, an SLA search.
-
-    The archive is the reference model of the runs (``models.py``, packed with ``handler_raw.py``)
-    unless ``archive`` is given; ``script`` builds it and the ``inputs`` when they are missing.
-    Paths are relative to the repository root. ``sla`` holds :class:`SlaOptions` fields."""
+    """What ``torchbay bench scenario NAME`` runs: torchbay scenarios on one archive (the runs'
+    reference model unless ``archive``, which ``script`` builds when missing; paths from the
+    repository root) and, with ``--sla``, an SLA search (``sla``: ``SlaOptions`` fields)."""
 
     name: str
     about: str
