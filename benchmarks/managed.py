@@ -154,18 +154,20 @@ class ManagedServer:
         *,
         auth: bool = True,
         extra_args: tuple[str, ...] = (),
+        name: str | None = None,
         python: str = sys.executable,
         models: tuple[str, ...] = (),
     ) -> ManagedServer:
-        """``torchbay serve`` for one archive on port 0 for all three listeners; ``models``
-        (``name=file.mar`` each) replaces it when the store serves several."""
+        """``torchbay serve`` for one archive on port 0 for all three listeners; ``name`` loads it
+        as ``--models name=archive`` (to match a ``--ts-config`` entry for the same model), and
+        ``models`` (``name=file.mar`` each) replaces it when the store serves several."""
         if not archive.exists():
             raise BenchError(f"{archive}: no such archive")
         archive = archive.resolve()
         cmd = [
             *(python, "-m", "torchbay", "serve", "--ncs", "--model-store", str(archive.parent)),
             "--models",
-            *(models or (archive.name,)),
+            *(models or (f"{name}={archive.name}" if name else archive.name,)),
             *(arg for api in APIS for arg in (f"--{api}-address", "http://127.0.0.1:0")),
             *(() if auth else ("--disable-token-auth",)),
             *extra_args,

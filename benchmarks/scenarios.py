@@ -91,16 +91,11 @@ class Scenario:
         return Batching(self.batch_size, self.max_batch_delay_ms, self.workers)
 
     @property
-    def load(self) -> str:
-        """``c=16`` (closed loop) or ``r=2000 poisson`` (open loop)."""
-        return f"c={self.concurrency}" if self.rate is None else f"r={self.rate:g} {self.arrival}"
-
-    @property
     def setup(self) -> str:
-        """The load and, for torchbay, the batching: ``c=16 b=8 d=5 w=1``."""
-        if self.server != "torchbay":
-            return self.load
-        return f"{self.load} b={self.batch_size} d={self.max_batch_delay_ms} w={self.workers}"
+        """The load (``c=16`` or ``r=2000 poisson``) and, for torchbay, the batching."""
+        load = f"c={self.concurrency}" if self.rate is None else f"r={self.rate:g} {self.arrival}"
+        batching = f" b={self.batch_size} d={self.max_batch_delay_ms} w={self.workers}"
+        return load + (batching if self.server == "torchbay" else "")
 
     def plan(self, target: Target, duration_s: float) -> LoadPlan:
         """This load on ``target`` for ``duration_s``."""
