@@ -20,16 +20,13 @@ DEFAULT_CONFIG_NAME = "model-config.yaml"
 
 def updated_config(data: dict[str, Any], settings: Batching) -> dict[str, Any]:
     """``data`` with the frontend keys of ``settings`` set (others untouched, order kept)."""
-    out = dict(data)
-    if settings.batch_size is not None:
-        out["batchSize"] = settings.batch_size
-    if settings.max_batch_delay_ms is not None:
-        delay = settings.max_batch_delay_ms
-        out["maxBatchDelay"] = int(delay) if float(delay).is_integer() else delay
-    if settings.workers is not None:
-        out["minWorkers"] = settings.workers
-        out["maxWorkers"] = settings.workers
-    return out
+    delay = settings.max_batch_delay_ms
+    if delay is not None and float(delay).is_integer():
+        delay = int(delay)  # 5, not 5.0, in the YAML a person reads
+    workers = settings.workers
+    keys = {"batchSize": settings.batch_size, "maxBatchDelay": delay}
+    keys |= {"minWorkers": workers, "maxWorkers": workers}
+    return {**data, **{k: v for k, v in keys.items() if v is not None}}
 
 
 def _archive_format(path: Path) -> str:

@@ -1,7 +1,5 @@
-"""``torchbay bench run``: one load test against a running server or one started from an archive,
-between two scrapes of ``/metrics`` (:func:`run_bench`: the client's view and the server's), and
-the options every load-sending command shares (:class:`LoadOptions`, also the command's flags).
-"""
+"""``torchbay bench run``: one load test between two scrapes of ``/metrics`` (:func:`run_bench`),
+and the options every load-sending command shares (:class:`LoadOptions`, also its flags)."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Pro
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.report import num
 from torchbay.benchmarks.scenarios import Batching
-from torchbay.benchmarks.stats import Arrival
+from torchbay.benchmarks.stats import Arrival, LatencySummary
 
 Protocol = Literal["predict", "v2"]
 _CONTENT_TYPES = {
@@ -151,40 +149,31 @@ class BenchReport:
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
+        head = {k: getattr(self, k) for k in ("model", "version", "url", "settings")}
+        server = self.server.as_dict() if self.server else None
         return {
-            "model": self.model,
-            "version": self.version,
-            "url": self.url,
-            "settings": self.settings,
+            **head,
             "client": self.result.as_dict(),
-            "server": self.server.as_dict() if self.server else None,
+            "server": server,
             "notes": list(self.notes),
         }
 
 
 def load_payloads(paths: tuple[Path, ...], protocol: Protocol) -> tuple[bytes, ...]:
     """The request bodies, in order; for the OIP route a non-JSON file is wrapped into a v2
-    request with one BYTES input holding it base64-encoded."""
+    request with one BYTES input (``data``) holding it base64-encoded."""
     bodies = []
     for path in paths:
         try:
             raw = Path(path).read_bytes()
         except OSError as exc:
             raise BenchError(f"cannot read input {path}: {exc}") from None
-        wrap = protocol == "v2" and not raw.lstrip().startswith(b"{")
-        bodies.append(v2_bytes_request(raw) if wrap else raw)
+        if protocol == "v2" and not raw.lstrip().startswith(b"{"):
+            data = [base64.b64encode(raw).decode()]
+            tensor = {"name": "data", "shape": [1], "datatype": "BYTES", "data": data}
+            raw = json.dumps({"inputs": [tensor]}).encode()
+        bodies.append(raw)
     return tuple(bodies)
-
-
-def v2_bytes_request(raw: bytes, name: str = "data") -> bytes:
-    """An OIP inference request carrying ``raw`` as one base64 BYTES element."""
-    tensor = {
-        "name": name,
-        "shape": [1],
-        "datatype": "BYTES",
-        "data": [base64.b64encode(raw).decode()],
-    }
-    return json.dumps({"inputs": [tensor]}).encode()
 
 
 def route(protocol: Protocol, model: str, version: str | None) -> str:
@@ -223,9 +212,7 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
     """Yield (endpoints, model, version): the given URL, or a server started from the archive
     (stopped on exit)."""
     if options.url is not None:
-        urls = (options.url, options.management_url, options.metrics_url)
-        endpoints = Endpoints.at(*urls, options.token, options.key_file)
-        yield endpoints, options.model or "", options.version
+        yield Endpoints.at(options), options.model or "", options.version
         return
     from torchbay.archiver.manifest import read_manifest
 
@@ -253,7 +240,7 @@ def run_bench(
 def configure(options: RunOptions, endpoints: Endpoints, model: str, version: str | None) -> None:
     """Apply the batching and worker flags through the management API (none given: nothing)."""
     settings = Batching(options.batch_size, options.max_batch_delay_ms, options.workers)
-    if all(v is None for v in (settings.batch_size, settings.max_batch_delay_ms, settings.workers)):
+    if settings == Batching(None, None, None):
         return
     if endpoints.management_port is None:
         raise BenchError("batch/worker settings need the management API (--management-url)")
@@ -326,44 +313,40 @@ def _described(
     return {k: info.get(k) for k in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")}
 
 
+def _ms(summary: LatencySummary, *names: str) -> str:
+    """``p50 1.20  p99 3.40``: the named figures of a latency summary."""
+    figures = summary.as_dict()
+    return "  ".join(f"{name} {num(figures[f'{name}_ms'])}" for name in names)
+
+
 def format_report(report: BenchReport) -> str:
-    """The human table printed at the end of ``bench run``."""
-    r = report.result
-    load = (
-        f"open loop {r.offered_rate:g} req/s"
-        if r.mode == "open"
-        else (f"closed loop, concurrency {r.concurrency}")
-    )
-    lines = [
-        f"{report.url}  ({load})",
-        f"settings: {report.settings or 'as served'}",
-        "",
-        f"  requests      {r.sent:,} sent, {r.ok:,} ok, {r.errors:,} errors "
-        f"({100 * r.error_rate:.2f}%) in {r.window_s:.2f} s",
-        f"  throughput    {num(r.req_per_s, 1)} req/s ({num(r.ok_per_s, 1)} ok/s)",
-        f"  latency (ms)  p50 {num(r.latency.p50_ms)}  p90 {num(r.latency.p90_ms)}  "
-        f"p99 {num(r.latency.p99_ms)}  p99.9 {num(r.latency.p999_ms)}  "
-        f"max {num(r.latency.max_ms)}  mean {num(r.latency.mean_ms)}",
-        f"  statuses      {', '.join(f'{k}: {v:,}' for k, v in r.statuses.items()) or '-'}",
-    ]
-    if r.mode == "open":
-        lines.append(
-            f"  send lag (ms) p50 {num(r.lag.p50_ms)}  p99 {num(r.lag.p99_ms)}  "
-            f"max {num(r.lag.max_ms)}"
-        )
+    """The human table printed at the end of ``bench run``: where and how, then one fact a
+    line, the client's and then the server's."""
+    r, s = report.result, report.server
+    load = f"concurrency {r.concurrency}" if r.mode == "closed" else f"{r.offered_rate:g} req/s"
+    sent = f"{r.sent:,} sent, {r.ok:,} ok, {r.errors:,} errors ({100 * r.error_rate:.2f}%)"
     cpu = ", ".join(f"{c:.0f}%" for c in r.generator_cpu_pct)
-    lines.append(f"  generator CPU {cpu} of a core per process")
-    s = report.server
+    facts = [
+        ("requests", f"{sent} in {r.window_s:.2f} s"),
+        ("throughput", f"{num(r.req_per_s, 1)} req/s ({num(r.ok_per_s, 1)} ok/s)"),
+        ("latency (ms)", _ms(r.latency, "p50", "p90", "p99", "p99.9", "max", "mean")),
+        ("statuses", ", ".join(f"{k}: {v:,}" for k, v in r.statuses.items()) or "-"),
+        *([("send lag (ms)", _ms(r.lag, "p50", "p99", "max"))] if r.mode == "open" else []),
+        ("generator CPU", f"{cpu} of a core per process"),
+    ]
     if s is not None:
-        handler = "  ".join(f"{k} {num(v)}" for k, v in s.handler_mean_ms.items()) or "-"
-        lines += [
-            "server view (from /metrics):",
-            f"  requests      {', '.join(f'{k}: {v:,.0f}' for k, v in s.requests.items()) or '-'}",
-            f"  latency (ms)  mean {num(s.request_mean_ms)}  p99~ {num(s.request_p99_ms)}",
-            f"  queue (ms)    mean {num(s.queue_mean_ms)}  p99~ {num(s.queue_p99_ms)}",
-            f"  handler (ms)  {handler}",
-            f"  batches       {s.batches:,.0f}, mean batch size {num(s.mean_batch_size)}",
+        facts += [
+            ("server view (from /metrics):", None),
+            ("requests", ", ".join(f"{k}: {v:,.0f}" for k, v in s.requests.items()) or "-"),
+            ("latency (ms)", f"mean {num(s.request_mean_ms)}  p99~ {num(s.request_p99_ms)}"),
+            ("queue (ms)", f"mean {num(s.queue_mean_ms)}  p99~ {num(s.queue_p99_ms)}"),
+            (
+                "handler (ms)",
+                "  ".join(f"{k} {num(v)}" for k, v in s.handler_mean_ms.items()) or "-",
+            ),
+            ("batches", f"{s.batches:,.0f}, mean batch size {num(s.mean_batch_size)}"),
         ]
-    for note in report.notes:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
+    loop = "open loop" if r.mode == "open" else "closed loop,"
+    lines = [f"{report.url}  ({loop} {load})", f"settings: {report.settings or 'as served'}", ""]
+    lines += [f"  {k:<13} {v}" if v is not None else k for k, v in facts]
+    return "\n".join([*lines, *(f"note: {note}" for note in report.notes)])

@@ -1,10 +1,5 @@
-"""``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a suite).
-
-Importable without torch: every verb imports its core lazily. A suite (``scenarios.SUITES``) runs
-here: its archive is built (:func:`build_archive`), each of its scenarios runs with ``bench run``
-on a fresh server, and with ``--sla`` its SLA search (:func:`run_suite`); everything lands under
-``<out>/scenarios/<suite>/`` (``benchmarks/out/`` by default, gitignored).
-"""
+"""``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a suite,
+:func:`run_scenario`). Importable without torch: every verb imports its core lazily."""
 
 from __future__ import annotations
 
@@ -180,21 +175,6 @@ def run_sla(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_scenario(args: argparse.Namespace) -> int:
-    from torchbay.benchmarks.scenarios import find_suite
-
-    outcome = run_suite(
-        find_suite(args.name),
-        args.out,
-        log=_err,
-        with_sla=args.sla,
-        duration_s=args.duration,
-        warmup_s=args.warmup,
-    )
-    print(json.dumps(outcome, indent=2, default=str) if args.json else outcome["text"])
-    return 0
-
-
 class ProgressLine:
     """A progress line on a stream every few seconds while a run is in flight: elapsed seconds,
     answers so far and the rate since the last line (plain lines, so logs stay readable)."""
@@ -257,42 +237,33 @@ def build_archive(
     return archive, inputs
 
 
-def run_suite(
-    suite: Suite,
-    out_dir: Path | None = None,
-    *,
-    log: Callable[[str], None] = print,
-    with_sla: bool = False,
-    duration_s: float | None = None,
-    warmup_s: float | None = None,
-) -> dict[str, Any]:
-    """Build, run every scenario of the suite (a fresh server each) and, with ``with_sla``, the
-    search. Returns {"scenario", "runs": [...report dicts], "sla": winner or None, "text"}."""
+def run_scenario(args: argparse.Namespace) -> int:
+    """Build the suite's archive, run each of its scenarios with ``bench run`` on a fresh server
+    and, with ``--sla``, its SLA search; everything lands under ``<out>/scenarios/<suite>/``."""
     from torchbay.benchmarks.bench import format_report, run_bench
+    from torchbay.benchmarks.scenarios import find_suite
 
-    out = (out_dir or DEFAULT_OUT) / "scenarios" / suite.name
+    suite = find_suite(args.name)
+    out = (args.out or DEFAULT_OUT) / "scenarios" / suite.name
     out.mkdir(parents=True, exist_ok=True)
-    archive, inputs = build_archive(suite, out.parent.parent, log)
+    archive, inputs = build_archive(suite, out.parent.parent, _err)
     reports, texts = [], []
     for run in suite.runs:
-        log(f"{suite.name}/{run.name}")
-        durations = {"duration_s": duration_s, "warmup_s": warmup_s}
-        options = suite.run_options(run, archive, inputs, out / run.name, **durations)
-        report = run_bench(options)
+        _err(f"{suite.name}/{run.name}")
+        durations = {"duration_s": args.duration, "warmup_s": args.warmup}
+        report = run_bench(suite.run_options(run, archive, inputs, out / run.name, **durations))
         reports.append({"name": run.name, **report.as_dict()})
         texts.append(f"== {suite.name}/{run.name}\n{format_report(report)}")
-    sla_winner = None
-    if with_sla and suite.sla:
+    winner = None
+    if args.sla and suite.sla:
         from torchbay.benchmarks.sla import SlaOptions, run_sla
 
-        sla_opts = SlaOptions(
-            archive=archive,
-            inputs=tuple(inputs),
-            out_dir=out / "sla",
-            content_type=suite.content_type,
-            **suite.sla,
+        where = {"out_dir": out / "sla", "content_type": suite.content_type}
+        result = run_sla(
+            SlaOptions(archive=archive, inputs=tuple(inputs), **where, **suite.sla), log=_err
         )
-        result = run_sla(sla_opts, log=log)
-        sla_winner = result.winner.label if result.winner else None
-        texts.append(f"== {suite.name}/sla: winner {sla_winner}; report {out / 'sla'}")
-    return {"scenario": suite.name, "runs": reports, "sla": sla_winner, "text": "\n\n".join(texts)}
+        winner = result.winner.label if result.winner else None
+        texts.append(f"== {suite.name}/sla: winner {winner}; report {out / 'sla'}")
+    outcome = {"scenario": suite.name, "runs": reports, "sla": winner, "text": "\n\n".join(texts)}
+    print(json.dumps(outcome, indent=2, default=str) if args.json else outcome["text"])
+    return 0

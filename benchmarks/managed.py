@@ -1,7 +1,5 @@
-"""A server under test: the endpoints and keys of a running one (:meth:`Endpoints.at`), or one
-started and stopped here (:class:`ManagedServer`: ``torchbay serve`` or a ceiling server, ready
-when it writes its ``--ready-file``; :class:`TorchServeServer`), and its management API.
-"""
+"""A server under test: a running one's endpoints and keys (:meth:`Endpoints.at`), or one started
+and stopped here (:class:`ManagedServer`, :class:`TorchServeServer`), and its management API."""
 
 from __future__ import annotations
 
@@ -17,12 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 from torchbay.benchmarks import procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.scenarios import Batching
+
+if TYPE_CHECKING:
+    from torchbay.benchmarks.bench import RunOptions
+
+APIS = ("inference", "management", "metrics")
 
 
 @dataclass(frozen=True)
@@ -38,21 +41,14 @@ class Endpoints:
     grpc_port: int | None = None  # gRPC inference (a torchbay server started here)
 
     @classmethod
-    def at(
-        cls,
-        url: str,
-        management_url: str | None = None,
-        metrics_url: str | None = None,
-        token: str | None = None,
-        key_file: Path | None = None,
-    ) -> Endpoints:
-        """A running server's: its URLs, and its keys from ``key_file`` or one ``token``."""
-        inference_key, management_key = token, None
-        if key_file is not None:
-            inference_key, management_key = read_key_file(key_file)
-        host, inference_port, _path = parse_url(url)
-        ports = [parse_url(u)[1] if u else None for u in (management_url, metrics_url)]
-        return cls(host, inference_port, *ports, inference_key, management_key or token)
+    def at(cls, options: RunOptions) -> Endpoints:
+        """A running server's (``bench run --url``): its URLs, and its keys from the key file or
+        one token."""
+        keys = read_key_file(options.key_file) if options.key_file else (options.token, None)
+        ports = [
+            parse_url(u)[1] if u else None for u in (options.management_url, options.metrics_url)
+        ]
+        return cls(*parse_url(options.url or ""), *ports, keys[0], keys[1] or options.token)
 
 
 def read_key_file(path: str | Path) -> tuple[str | None, str | None]:
@@ -61,23 +57,17 @@ def read_key_file(path: str | Path) -> tuple[str | None, str | None]:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise BenchError(f"cannot read key file {path}: {exc}") from None
-    keys = []
-    for api in ("inference", "management"):
-        entry = data.get(api) or {}
-        keys.append(entry.get("key") if isinstance(entry, dict) else None)
-    return keys[0], keys[1]
+    entries = [data.get(api) or {} for api in APIS[:2]]
+    inference, management = (e.get("key") if isinstance(e, dict) else None for e in entries)
+    return inference, management
 
 
-def parse_url(url: str) -> tuple[str, int, str]:
-    """(host, port, path) of an ``http://`` URL; https is refused (plain HTTP/1.1 only)."""
+def parse_url(url: str) -> tuple[str, int]:
+    """(host, port) of an ``http://`` URL; https is refused (plain HTTP/1.1 only)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise BenchError(f"{url!r}: give an http://host:port URL")
-    port = parts.port or 80
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return parts.hostname, port, path
+    return parts.hostname, parts.port or 80
 
 
 def http_call(
@@ -132,21 +122,13 @@ class Management:
         status, body = self._call("PUT", path)
         if status != 200:
             raise BenchError(f"PUT {path} answered {status}: {body}")
-        if settings.batch_size is not None or settings.max_batch_delay_ms is not None:
-            self._check_applied(model, version, settings)
-
-    def _check_applied(self, model: str, version: str | None, settings: Batching) -> None:
-        """Read the settings back: a server that ignored them would make the search a lie."""
-        info = self.describe(model, version)
-        if settings.batch_size is not None and info.get("batchSize") != settings.batch_size:
-            raise BenchError(
-                f"the server kept batchSize={info.get('batchSize')} after asking for "
-                f"{settings.batch_size}: does its management API accept batch_size?"
-            )
-        delay = info.get("maxBatchDelay")
-        want = settings.max_batch_delay_ms
-        if want is not None and (delay is None or abs(float(delay) - want) > 1e-6):
-            raise BenchError(f"the server kept maxBatchDelay={delay} after asking for {want}")
+        # Read the settings back: a server that ignored them would make the search a lie.
+        asked = {"batchSize": settings.batch_size, "maxBatchDelay": settings.max_batch_delay_ms}
+        info = self.describe(model, version) if any(v is not None for v in asked.values()) else {}
+        for key, want in asked.items():
+            got = info.get(key)
+            if want is not None and (got is None or abs(float(got) - want) > 1e-6):
+                raise BenchError(f"the server kept {key}={got} after asking for {want}")
 
 
 @dataclass
@@ -186,9 +168,7 @@ class ManagedServer:
             *(python, "-m", "torchbay", "serve", "--ncs", "--model-store", str(archive.parent)),
             "--models",
             *(models or (f"{name}={archive.name}" if name else archive.name,)),
-            *("--inference-address", "http://127.0.0.1:0"),
-            *("--management-address", "http://127.0.0.1:0"),
-            *("--metrics-address", "http://127.0.0.1:0"),
+            *(arg for api in APIS for arg in (f"--{api}-address", "http://127.0.0.1:0")),
             *(() if auth else ("--disable-token-auth",)),
             *extra_args,
         ]
@@ -313,24 +293,16 @@ def find_torchserve(spec: str | Path | None) -> Path | None:
     return None
 
 
-def torchserve_properties(
-    models_json: dict[str, Any], ports: tuple[int, int, int], extra: dict[str, Any]
-) -> str:
-    """TorchServe's config.properties: loopback ``ports`` (inference, management, metrics), free
-    gRPC ports (its defaults, 7070/7071, may be another server's on a shared host), Prometheus
-    metrics (log mode is slower), and the ``models={...}`` and keys torchbay gets."""
-    inference, management, metrics = ports
-    lines = [
-        f"inference_address=http://127.0.0.1:{inference}",
-        f"management_address=http://127.0.0.1:{management}",
-        f"metrics_address=http://127.0.0.1:{metrics}",
-        f"grpc_inference_port={free_port()}",
-        f"grpc_management_port={free_port()}",
-        "metrics_mode=prometheus",
-        f"models={json.dumps(models_json)}",
-        *(f"{key}={value}" for key, value in extra.items()),
-    ]
-    return "\n".join(lines) + "\n"
+def write_properties(
+    run_dir: Path, models_json: dict[str, Any], props: dict[str, Any], *head: str
+) -> Path:
+    """``run_dir/config.properties``: ``head``, then the ``models={...}`` and ``props`` that
+    torchbay and TorchServe both get."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [*head, f"models={json.dumps(models_json)}", *(f"{k}={v}" for k, v in props.items())]
+    config = run_dir / "config.properties"
+    config.write_text("\n".join(lines) + "\n")
+    return config
 
 
 @dataclass
@@ -352,11 +324,21 @@ class TorchServeServer(ManagedServer):
         models_json: dict[str, Any],
         extra: dict[str, Any] | None = None,
     ) -> TorchServeServer:
-        """``models`` maps a model name to its ``.mar`` in ``model_store``."""
-        run_dir.mkdir(parents=True, exist_ok=True)
+        """``models`` maps a model name to its ``.mar`` in ``model_store``. Its config: loopback
+        ports, free gRPC ports (its defaults, 7070/7071, may be another server's on a shared
+        host) and Prometheus metrics (log mode is slower)."""
         ports = (free_port(), free_port(), free_port())
-        config = run_dir / "config.properties"
-        config.write_text(torchserve_properties(models_json, ports, extra or {}))
+        config = write_properties(
+            run_dir,
+            models_json,
+            extra or {},
+            *(
+                f"{api}_address=http://127.0.0.1:{port}"
+                for api, port in zip(APIS, ports, strict=True)
+            ),
+            *(f"grpc_{api}_port={free_port()}" for api in APIS[:2]),
+            "metrics_mode=prometheus",
+        )
         cmd = [
             str(torchserve),
             *("--start", "--foreground", "--ncs", "--disable-token-auth", "--enable-model-api"),

@@ -1,11 +1,7 @@
-"""The one runner every benchmark table measures through: build the reference models and
-archives, start a system under test (``torchbay serve``, TorchServe, or a ceiling) from one
-``models={...}`` description (:func:`make_system`), warm up and measure with the load generator,
-and run a table's rows (:func:`run_rows`): repeat outermost, a failed cell NaN with its error.
-
-Work files land under ``Ctx.out_dir``: ``models/`` (scripted ``.pt`` and raw bodies),
-``model_store/`` (``.mar``), ``runs/<name>/`` (config.properties and the server log).
-"""
+"""The one runner every benchmark table measures through: the reference models and archives
+(``Ctx.out_dir``: ``models/``, ``model_store/``), a system under test from one ``models={...}``
+description (:func:`make_system`; config and log in ``runs/<name>/``), and a table's rows
+(:func:`run_rows`): repeat outermost, a failed cell NaN with its error."""
 
 from __future__ import annotations
 
@@ -65,9 +61,8 @@ def prepare_models(out_dir: Path) -> Assets:
 def archive(
     name: str, pt: Path, store: Path, python: str, *extra: str, handler: str = str(HANDLER_FILE)
 ) -> Path:
-    """Pack a scripted model with ``handler`` (``handler_raw.py`` unless given) into
-    ``store/NAME.mar`` (``torchbay archive`` with ``extra`` flags); the benchmarks' one way to
-    build an archive."""
+    """``store/NAME.mar`` from a scripted model and ``handler`` (``torchbay archive`` with
+    ``extra`` flags): the benchmarks' one way to build an archive."""
     (store / f"{name}.mar").unlink(missing_ok=True)
     cmd = [
         *(python, "-m", "torchbay", "archive"),
@@ -153,10 +148,7 @@ def make_system(
             ctx.torchserve, store, mars, run_dir, models_json(served, MODEL_VERSION), ts_props
         )
     else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config = run_dir / "config.properties"
-        lines = [f"models={json.dumps(models_json(served, MODEL_VERSION))}"]
-        config.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in props.items())]) + "\n")
+        config = managed.write_properties(run_dir, models_json(served, MODEL_VERSION), props)
         server = managed.ManagedServer.torchbay(
             store / f"{next(iter(served))}.mar",
             run_dir,
@@ -175,11 +167,8 @@ def serving(
 ) -> Iterator[managed.ManagedServer]:
     """:func:`make_system`, started (ready when this yields) and stopped after."""
     server = make_system(ctx, system, served, run_dir, **kw)
-    server.start()
-    try:
+    with server:
         yield server
-    finally:
-        server.stop()
 
 
 def target(ctx: Ctx, server: managed.ManagedServer, name: str, model: str) -> Target:
@@ -195,11 +184,8 @@ def warm_up(ctx: Ctx, plan: LoadPlan, gen: LoadGenerator | None = None) -> None:
     lowest rate), so the measured run starts on a warm server."""
     if ctx.warmup_s <= 0:
         return
-    warmup = dataclasses.replace(plan, duration_s=ctx.warmup_s, steps=(), timeline=False)
-    if warmup.mode == "open":
-        warmup = dataclasses.replace(
-            warmup, rate=min(r for _, r in plan.steps or ((1, plan.rate),))
-        )
+    rate = min(r for _, r in plan.steps or ((1, plan.rate),))  # steps: open loop only
+    warmup = dataclasses.replace(plan, duration_s=ctx.warmup_s, steps=(), timeline=False, rate=rate)
     (gen or ctx.gen).run(warmup)
 
 
@@ -246,9 +232,7 @@ def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = 
 
 def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float]:
     """Start the scenario's server, time its first answer, warm up, measure, stop: the client's
-    figures, the server tree's CPU and memory, and the CPU other processes took meanwhile.
-    Raises BenchError (or psutil's error) when the run fails; the server's log is in
-    ``runs/<name>-r<round>/``."""
+    figures, the server tree's CPU and memory, and the CPU other processes took meanwhile."""
     model, where = scenario.model, run_dir(ctx, scenario.name, f"r{round_no}")
     served = {model: scenario.batching}
     with serving(ctx, scenario.server, served, where, args=scenario.server_args) as server:
@@ -308,9 +292,8 @@ class Cell:
 
 @dataclass
 class Row:
-    """A table's row: its result, the cells each round measures, the metrics a failed cell sets
-    to NaN (the first is the progress line's figure), how it is judged once every round ran
-    (its goals, then ``judge`` for a figure no goal describes), and its rounds (0: repeat)."""
+    """A table's row: the cells each round measures, the metrics a failed cell sets to NaN (the
+    first is the progress line's), its goals and ``judge`` (other figures), rounds (0: repeat)."""
 
     result: RowResult
     cells: list[Cell]

@@ -1,16 +1,12 @@
-"""Every benchmark scenario in one description: a :class:`Scenario` is one server (the bare ASGI
-echo, the naive FastAPI server, ``torchbay serve`` or TorchServe 0.12) serving one model under
-one load with one :class:`Batching` (the ``models={...}`` entry torchbay and TorchServe both
-read: :func:`models_json`); a :class:`Goal` judges a table's row (issue 3's targets: ``TARGETS``
-over ``SCENARIOS``). A :class:`Suite` is what ``torchbay bench scenario NAME`` runs: scenarios
-on one archive and an SLA search.
-"""
+"""Every benchmark scenario in one description: a :class:`Scenario` is one server serving one
+model under one load with one :class:`Batching`; a :class:`Goal` judges a table's row (issue 3's
+targets: ``TARGETS``); a :class:`Suite` is what ``torchbay bench scenario NAME`` runs."""
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
@@ -95,25 +91,17 @@ class Scenario:
         return Batching(self.batch_size, self.max_batch_delay_ms, self.workers)
 
     @property
-    def load(self) -> str:
-        """``c=16`` (closed loop) or ``r=2000 poisson`` (open loop)."""
-        return f"c={self.concurrency}" if self.rate is None else f"r={self.rate:g} {self.arrival}"
-
-    @property
     def setup(self) -> str:
-        """The load and, for torchbay, the batching: ``c=16 b=8 d=5 w=1``."""
-        if self.server != "torchbay":
-            return self.load
-        return f"{self.load} b={self.batch_size} d={self.max_batch_delay_ms} w={self.workers}"
+        """The load (``c=16`` or ``r=2000 poisson``) and, for torchbay, the batching."""
+        load = f"c={self.concurrency}" if self.rate is None else f"r={self.rate:g} {self.arrival}"
+        batching = f" b={self.batch_size} d={self.max_batch_delay_ms} w={self.workers}"
+        return load + (batching if self.server == "torchbay" else "")
 
     def plan(self, target: Target, duration_s: float) -> LoadPlan:
-        """This load on ``target`` for ``duration_s``: closed loop at the concurrency, or open
-        loop at the rate."""
-        if self.rate is not None:
-            return LoadPlan(
-                target, "open", rate=self.rate, arrival=self.arrival, duration_s=duration_s
-            )
-        return LoadPlan(target, "closed", self.concurrency or 1, duration_s=duration_s)
+        """This load on ``target`` for ``duration_s``."""
+        mode = "closed" if self.rate is None else "open"
+        load = {"rate": self.rate or 0.0, "arrival": self.arrival, "duration_s": duration_s}
+        return LoadPlan(target, mode, self.concurrency or 1, **load)
 
     def matches(self, pattern: str) -> bool:
         """True if ``pattern`` is this scenario's name (glob allowed), its server or a tag."""
@@ -172,12 +160,9 @@ TARGETS: tuple[Goal, ...] = (
 
 @dataclass(frozen=True)
 class Suite:
-    """What ``torchbay bench scenario NAME`` runs: torchbay scenarios on one archive (a fresh
-    server each, ``duration_s`` measured after ``warmup_s``) and, with ``--sla``, an SLA search.
-
-    The archive is the reference model of the runs (``models.py``, packed with ``handler_raw.py``)
-    unless ``archive`` is given; ``script`` builds it and the ``inputs`` when they are missing.
-    Paths are relative to the repository root. ``sla`` holds :class:`SlaOptions` fields."""
+    """What ``torchbay bench scenario NAME`` runs: torchbay scenarios on one archive (the runs'
+    reference model unless ``archive``, which ``script`` builds when missing; paths from the
+    repository root) and, with ``--sla``, an SLA search (``sla``: ``SlaOptions`` fields)."""
 
     name: str
     about: str
@@ -216,40 +201,31 @@ class Suite:
         unless overridden)."""
         from torchbay.benchmarks.bench import RunOptions
 
-        batching = {"batch_size": run.batch_size, "max_batch_delay_ms": run.max_batch_delay_ms}
         load = {"concurrency": run.concurrency, "rate": run.rate, "arrival": run.arrival}
         return RunOptions(
             archive=archive,
             inputs=tuple(inputs),
             content_type=self.content_type,
-            workers=run.workers,
             duration_s=duration_s or self.duration_s,
             warmup_s=self.warmup_s if warmup_s is None else warmup_s,
             run_dir=run_dir,
-            **batching,
+            **asdict(run.batching),
             **load,
         )
 
 
-def _reference(*names: str) -> tuple[Scenario, ...]:
-    """The reference scenarios called ``names`` (the same objects: one description each)."""
-    by_name = {s.name: s for s in SCENARIOS}
-    return tuple(by_name[name] for name in names)
-
-
-def _sla(
-    p99_ms: float,
-    batch_sizes: tuple[int, ...],
-    max_delays_ms: tuple[float, ...],
-    workers: tuple[int, ...],
-) -> dict[str, Any]:
-    """A suite's SLA search: the p99 bound and the grid (``SlaOptions`` fields)."""
-    return {
-        "sla_p99_ms": p99_ms,
-        "batch_sizes": list(batch_sizes),
-        "max_delays_ms": list(max_delays_ms),
-        "workers": list(workers),
-    }
+def select(
+    patterns: Iterable[str] | None, scenarios: Iterable[Scenario] = SCENARIOS
+) -> list[Scenario]:
+    """Scenarios matching any pattern (name glob, server kind or tag); all when none given.
+    Raises BenchError when a pattern matches nothing, so a typo never runs an empty benchmark."""
+    scenarios = list(scenarios)
+    patterns = [p for p in (patterns or []) if p]
+    for pattern in patterns:
+        if not any(s.matches(pattern) for s in scenarios):
+            names = ", ".join(s.name for s in scenarios)
+            raise BenchError(f"no scenario matches {pattern!r}; known: {names}")
+    return [s for s in scenarios if not patterns or any(s.matches(p) for p in patterns)]
 
 
 def _own_rows(model: str, conc: int, batch: int, workers: int, rate: float) -> tuple[Scenario, ...]:
@@ -269,23 +245,25 @@ SUITES: tuple[Suite, ...] = (
         "the baseline's tiny model: Linear(64,256)-ReLU-Linear(256,10), TorchScript, raw float32 "
         "bodies (256 bytes); overhead-bound, it measures the server, not the model",
         # tb-tiny-c16-b8-w1: TorchServe 5,693-5,759 req/s with 1 worker
-        runs=(*_reference("tb-tiny-c16-b8-w1"), *_own_rows("tiny", 16, 8, 2, rate=2000.0)),
-        sla=_sla(10, batch_sizes=(1, 8, 16), max_delays_ms=(1, 5), workers=(1, 2)),
+        runs=(*select(["tb-tiny-c16-b8-w1"]), *_own_rows("tiny", 16, 8, 2, rate=2000.0)),
+        sla=dict(sla_p99_ms=10, batch_sizes=[1, 8, 16], max_delays_ms=[1, 5], workers=[1, 2]),
     ),
     Suite(
         "cnn",
         "the baseline's cnn: a small ResNet (~309k parameters), 3x64x64 float32 bodies (49,152 "
         "bytes), ~6.4 ms per image on one core; compute-bound, batching does not make it cheaper "
         "(TorchServe: 128, 51 (waits out the delay) and 233 req/s, p99 67 ms)",
-        runs=_reference("tb-cnn-c1-b1-w1", "tb-cnn-c1-b8-w1", "tb-cnn-c10-b1-w2"),
-        sla=_sla(100, batch_sizes=(1, 4, 8), max_delays_ms=(2, 10), workers=(1, 2)),
+        runs=tuple(select(["tb-cnn-c1-b1-w1", "tb-cnn-c1-b8-w1", "tb-cnn-c10-b1-w2"])),
+        sla=dict(sla_p99_ms=100, batch_sizes=[1, 4, 8], max_delays_ms=[2, 10], workers=[1, 2]),
     ),
     Suite(
         "digits",
         "the digits example: an 8x8 grayscale CNN behind the image_classifier handler, PNG "
         "bodies; examples/digits/build.py trains, archives and verifies it when missing",
         runs=_own_rows("digits", 8, 4, 1, rate=200.0),
-        sla=_sla(100, batch_sizes=(1, 2, 4, 8, 16), max_delays_ms=(2, 5, 10), workers=(1, 2)),
+        sla=dict(
+            sla_p99_ms=100, batch_sizes=[1, 2, 4, 8, 16], max_delays_ms=[2, 5, 10], workers=[1, 2]
+        ),
         duration_s=10.0,
         warmup_s=3.0,
         archive="examples/digits/out/model_store/digits.mar",
@@ -308,17 +286,3 @@ def find_suite(name: str) -> Suite:
     for suite in (suite for suite in SUITES if suite.name == name):
         return suite
     raise BenchError(f"no scenario suite {name!r}; known: {', '.join(suite_names())}")
-
-
-def select(
-    patterns: Iterable[str] | None, scenarios: Iterable[Scenario] = SCENARIOS
-) -> list[Scenario]:
-    """Scenarios matching any pattern (name glob, server kind or tag); all when none given.
-    Raises BenchError when a pattern matches nothing, so a typo never runs an empty benchmark."""
-    scenarios = list(scenarios)
-    patterns = [p for p in (patterns or []) if p]
-    for pattern in patterns:
-        if not any(s.matches(pattern) for s in scenarios):
-            names = ", ".join(s.name for s in scenarios)
-            raise BenchError(f"no scenario matches {pattern!r}; known: {names}")
-    return [s for s in scenarios if not patterns or any(s.matches(p) for p in patterns)]
