@@ -101,6 +101,9 @@ class Calls:
                         yield response
             except TorchbayError as exc:
                 ex.status = exc.status
+                # Its frames hold the request's future, which holds this error: a reference
+                # cycle per refused or expired call, left to the garbage collector, unless cut.
+                exc.__traceback__ = None
                 raise from_error(exc, oip=oip) from None
 
 

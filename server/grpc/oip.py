@@ -30,7 +30,7 @@ from torchbay.server.grpc.calls import final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
 from torchbay.server.grpc.shm import OPERATIONS as SHM_RPCS
 from torchbay.server.grpc.shm import SharedMemoryRpcs
-from torchbay.server.grpc.status import RpcError, abort, from_error, from_response
+from torchbay.server.grpc.status import RpcError, abort, answer_error, from_error, from_response
 from torchbay.server.grpc.triton import OPERATIONS as TRITON_RPCS
 
 log = logging.getLogger("torchbay.grpc")
@@ -114,7 +114,8 @@ class OipService(SharedMemoryRpcs):
             self.calls.authorize(context)
             return await final(self._responses(request, context, _INFER_PATH))
         except RpcError as exc:
-            await abort(context, exc)
+            answer_error(context, exc)  # no abort: see answer_error
+            return None
 
     async def _responses(
         self, request: Any, context: grpc.aio.ServicerContext, path: str, flag: bool = False

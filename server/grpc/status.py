@@ -91,6 +91,17 @@ def error_message(status: int, body: bytes) -> str:
     return text or f"The model answered HTTP status {status}"
 
 
+def answer_error(context: grpc.aio.ServicerContext, error: RpcError) -> None:
+    """End a unary call with ``error`` as its status, its handler then returning None (gRPC
+    discards a response under a non-OK code). Unlike ``abort`` it raises nothing: gRPC keeps an
+    abort's exception in a reference cycle with the call's state and frames, left to the garbage
+    collector, a cost per refused call under overload."""
+    context.set_code(error.code)
+    context.set_details(error.details)
+    if error.metadata:
+        context.set_trailing_metadata(error.metadata)
+
+
 async def abort(context: grpc.aio.ServicerContext, error: RpcError) -> NoReturn:
     await context.abort(error.code, error.details, error.metadata)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover

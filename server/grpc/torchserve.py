@@ -22,7 +22,7 @@ import grpc
 
 from torchbay.server.grpc.calls import Service, final
 from torchbay.server.grpc.messages import TS_INFERENCE_SERVICE, message
-from torchbay.server.grpc.status import RpcError, abort, from_response
+from torchbay.server.grpc.status import RpcError, abort, answer_error, from_response
 
 _RESPONSE = "org.pytorch.serve.grpc.inference.PredictionResponse"
 _FORBIDDEN_IN_NAMES = ('"', "\r", "\n", "\\")
@@ -125,7 +125,8 @@ class TorchServeInference(Service):
             self.calls.authorize(context)
             return await final(self._responses(request, context, "Predictions"))
         except RpcError as exc:
-            await abort(context, exc)
+            answer_error(context, exc)  # no abort: see answer_error
+            return None
 
     async def stream_predictions(
         self, request: Any, context: grpc.aio.ServicerContext

@@ -7,6 +7,7 @@ Queue times come from the server's own access log (``queue_ms``), never from wal
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import socket
@@ -21,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.server.config.sources import load_server_config
+from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc import messages
 from torchbay.server.observe.logs import ACCESS_FIELDS, ACCESS_LOGGER
 
@@ -125,6 +127,60 @@ def test_a_cold_burst_is_bounded_at_dispatch(live_server, caplog: pytest.LogCapt
     refused = _describe(server)["admissionRejections"]
     assert refused["queue_full"] == 0
     assert refused["expired"] + refused["predicted_wait"] == statuses.count(503)
+
+
+def _grpc_burst(server: LiveServer, n: int, body: dict[str, Any]) -> list[str]:
+    """``n`` TorchServe gRPC Predictions at once; each call's status code name."""
+    service = messages.TS_INFERENCE_SERVICE
+    request_type, response_type, *_ = messages.method_types(service, "Predictions")
+    request = request_type(model_name="probe", input={"body": json.dumps(body).encode()})
+
+    async def burst() -> list[str]:
+        target = f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            predict = channel.unary_unary(
+                f"/{service}/Predictions",
+                request_serializer=request_type.SerializeToString,
+                response_deserializer=response_type.FromString,
+            )
+
+            async def one() -> str:
+                try:
+                    await predict(request, timeout=60)
+                except grpc.aio.AioRpcError as error:
+                    return error.code().name
+                return "OK"
+
+            return list(await asyncio.gather(*(one() for _ in range(n))))
+
+    return asyncio.run(burst())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_expired_request_leaves_no_garbage(live_server, protocol: str) -> None:
+    """A request answered 503 after waiting past the bound is freed with its answer. Its error
+    used to stay in a reference cycle (the error's frames held the request's future, which held
+    the error), left to the garbage collector: a collection every few dozen such answers under
+    overload (benchmarks/RESULTS.md, "Refusals and the garbage collector")."""
+    server = live_server(models=_slow_probe(200))
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage to look at
+    try:
+        if protocol == "http":
+            url = f"{server.url}/predictions/probe"
+            codes = [r.status_code for r in asyncio.run(_burst(url, BURST, SLOW))]
+            refused = codes.count(503)
+        else:
+            refused = _grpc_burst(server, BURST, SLOW).count("UNAVAILABLE")
+        server.recorded()
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, TorchbayError)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    expired = _describe(server)["admissionRejections"]["expired"]
+    assert refused >= expired >= 1  # a cold burst: admitted by queue length, then expired
+    assert left == [], f"{len(left)} answered errors left in reference cycles: {left[0]!r}"
 
 
 def test_bound_zero_keeps_the_old_behaviour(live_server, caplog) -> None:

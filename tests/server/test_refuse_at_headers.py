@@ -208,7 +208,7 @@ def test_a_refusal_from_the_headers_leaves_no_garbage(server: LiveServer) -> Non
     """Each refusal is freed when answered. A refusal whose error kept its traceback made a
     reference cycle (the error, its frames, the caller holding the error) per request: under
     overload a garbage collection every few dozen refusals, about 35 us of frontend CPU each
-    (benchmarks/RESULTS.md, "Header-time refusals and the garbage collector")."""
+    (benchmarks/RESULTS.md, "Refusals and the garbage collector")."""
     port = server.server.state.ports.inference
     _press(server)
     gc.collect()

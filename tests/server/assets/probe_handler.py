@@ -13,6 +13,7 @@ The archive's TorchScript model really runs on every batch (one row per survivin
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -34,6 +35,8 @@ class ProbeHandler(BaseHandler):
     def preprocess(self, data):
         def one(item):
             body = item.get("body") if isinstance(item, dict) else None
+            if isinstance(body, bytes):  # TorchServe's gRPC input {"body": JSON bytes}
+                body = json.loads(body)
             if not isinstance(body, dict):
                 raise BadInput("probe wants a JSON object body")
             if body.get("bad"):
