@@ -9,6 +9,7 @@ import array
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
@@ -20,8 +21,8 @@ LAG_WARN_MS = 5.0
 CPU_WARN_PCT = 90.0
 CONN_ERROR = "conn-error"
 TIMEOUT = "timeout"
-# The measurement arrays a process records and the parent concatenates (name: array typecode).
-ARRAYS = {"latency": "d", "service": "d", "lag": "d", "timeline": "d", "variants": "I"}
+# The measurement arrays of a :class:`Part`, which the parent concatenates.
+ARRAYS = ("latency", "service", "lag", "timeline", "variants")
 
 
 @dataclass(frozen=True)
@@ -107,20 +108,49 @@ class Share:
 
 @dataclass
 class Part:
-    """What one process measured (arrays of seconds, kept flat to pickle fast)."""
+    """What one process measured, of the requests started inside its window (seconds), and with
+    ``keep_timeline`` every answer's (start, latency, status) and request index, warm-up too."""
 
-    latency: bytes = b""
-    service: bytes = b""
-    lag: bytes = b""
-    statuses: dict[str, int] = field(default_factory=dict)
+    window_start: float = 0.0
+    keep_timeline: bool = False
+    latency: array.array = field(default_factory=partial(array.array, "d"))
+    service: array.array = field(default_factory=partial(array.array, "d"))
+    lag: array.array = field(default_factory=partial(array.array, "d"))
+    timeline: array.array = field(default_factory=partial(array.array, "d"))
+    variants: array.array = field(default_factory=partial(array.array, "I"))
+    statuses: Counter[str] = field(default_factory=Counter)
+    completed: int = 0  # answers, warm-up included (progress)
     sent: int = 0
     last_done: float = 0.0
-    window_start: float = 0.0
     cpu_s: float = 0.0
     wall_s: float = 0.0
     capped: bool = False
-    timeline: bytes = b""
-    variants: bytes = b""
+
+    def count_sent(self, start: float) -> None:
+        if start >= self.window_start:
+            self.sent += 1
+
+    def record(
+        self, scheduled: float | None, sent: float, done: float, status: str, index: int
+    ) -> None:
+        self.completed += 1
+        start = sent if scheduled is None else scheduled
+        if self.keep_timeline:
+            code = float(status) if status.isdigit() else -1.0
+            self.timeline.extend((start - self.window_start, done - start, code))
+            self.variants.append(index)
+        if start < self.window_start:
+            return  # warm-up
+        self.statuses[status] += 1
+        if status in (CONN_ERROR, TIMEOUT):
+            return
+        # Timed from the schedule, so a late send counts its wait (no coordinated omission); a
+        # request that left early is timed from its actual send (never flatter than real).
+        self.latency.append(done - min(start, sent))
+        self.service.append(done - sent)
+        if scheduled is not None:
+            self.lag.append(max(0.0, sent - scheduled))
+        self.last_done = max(self.last_done, done)
 
 
 @dataclass(frozen=True)
@@ -212,28 +242,24 @@ def split_plan(plan: LoadPlan, processes: int) -> list[Share]:
 
 def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
     """Combine the processes' measurements into one :class:`LoadResult`."""
-    arrays = {name: array.array(code) for name, code in ARRAYS.items()}
-    statuses: Counter[str] = Counter()
+    total = Part(window_start=min((p.window_start for p in parts), default=0.0))
     for part in parts:
-        for name, values in arrays.items():
-            values.frombytes(getattr(part, name))
-        statuses.update(part.statuses)
-    latency = arrays["latency"]
-    sent = sum(p.sent for p in parts)
-    completed = len(latency)
-    ok = sum(n for code, n in statuses.items() if code.isdigit() and 200 <= int(code) < 300)
-    window_start = min((p.window_start for p in parts), default=0.0)
+        for name in ARRAYS:
+            getattr(total, name).extend(getattr(part, name))
+        total.statuses.update(part.statuses)
+    completed = len(total.latency)
+    ok = sum(n for code, n in total.statuses.items() if code.isdigit() and 200 <= int(code) < 300)
     last_done = max((p.last_done for p in parts), default=0.0)
     # A timed run's window is at least its duration (a few early answers must not inflate the
     # rate); a counted run's window ends at its last answer.
-    window = max(0.0, last_done - window_start) if completed else 0.0
+    window = max(0.0, last_done - total.window_start) if completed else 0.0
     if plan.duration_s is not None and plan.requests is None:
         window = max(window, plan.duration_s)
-    lag_summary = summarize(arrays["lag"])
+    lag = summarize(total.lag)
     cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
     behind = []
-    if plan.mode == "open" and lag_summary.count and lag_summary.p99_ms > LAG_WARN_MS:
-        behind.append(f"p99 send lag {lag_summary.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
+    if plan.mode == "open" and lag.count and lag.p99_ms > LAG_WARN_MS:
+        behind.append(f"p99 send lag {lag.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
     if any(p.capped for p in parts):
         behind.append(f"all {plan.max_connections} connections busy; requests waited to be sent")
     if any(c > CPU_WARN_PCT for c in cpu_pct):
@@ -243,18 +269,18 @@ def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
         offered_rate=plan.rate if plan.mode == "open" else None,
         concurrency=plan.concurrency if plan.mode == "closed" else None,
         window_s=window,
-        sent=sent,
+        sent=sum(p.sent for p in parts),
         completed=completed,
         ok=ok,
-        statuses=dict(sorted(statuses.items())),
-        latency=summarize(latency),
-        service=summarize(arrays["service"]),
-        lag=lag_summary,
+        statuses=dict(sorted(total.statuses.items())),
+        latency=summarize(total.latency),
+        service=summarize(total.service),
+        lag=lag,
         req_per_s=rate(completed, window),
         ok_per_s=rate(ok, window),
         generator_cpu_pct=cpu_pct,
         behind=behind,
         generator_cpu_s=sum(p.cpu_s for p in parts),
-        timeline=arrays["timeline"].tobytes(),
-        variants=arrays["variants"].tobytes(),
+        timeline=total.timeline.tobytes(),
+        variants=total.variants.tobytes(),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import math
 import os
 import platform
 import signal
@@ -33,14 +34,16 @@ ProcKey = tuple[int, float]
 FRONTEND, WORKERS, LOAD_GENERATOR = "frontend", "workers", "load generator"
 WORKER_MARKS = ("torchbay.server.worker", "model_service_worker")
 SPAN = 0.8  # the share of a measured window a CPU window covers, clear of the window's edges
-# The figures of :func:`figures`, as round two's overload row reports them.
-FIGURES = (
-    "worker_ms_capacity",
-    "worker_ms_4x",
-    "cpu_frontend_4x_pct",
-    "cpu_workers_4x_pct",
-    "cpu_loadgen_4x_pct",
-)
+# Round two's overload row (:func:`figures`): each figure's CPU window, role, what it divides by
+# and its scale: the workers' CPU per served request (ms), or a role's share of one core (%).
+_FIGURES = {
+    "worker_ms_capacity": ("capacity", WORKERS, "capacity_ok", 1000),
+    "worker_ms_4x": ("overload", WORKERS, "overload_ok", 1000),
+    "cpu_frontend_4x_pct": ("overload", FRONTEND, "overload_s", 100),
+    "cpu_workers_4x_pct": ("overload", WORKERS, "overload_s", 100),
+    "cpu_loadgen_4x_pct": ("overload", LOAD_GENERATOR, "overload_s", 100),
+}
+FIGURES = tuple(_FIGURES)
 
 
 @dataclass(frozen=True)
@@ -288,18 +291,12 @@ def figures(
     overload_s: float,
     overload_ok: float,
 ) -> dict[str, float]:
-    """Round two's CPU figures: the workers' CPU per served request at capacity and in the 4x
-    phase (ms), and each role's share of one core in the 4x phase (%); NaN where a window was
-    not taken."""
-    nan = float("nan")
-    out = {"worker_ms_capacity": nan}
-    if capacity is not None and capacity_ok:
-        out["worker_ms_capacity"] = 1000 * capacity[WORKERS] / capacity_ok
-    keys = ("cpu_frontend_4x_pct", "cpu_workers_4x_pct", "cpu_loadgen_4x_pct", "worker_ms_4x")
-    out.update(dict.fromkeys(keys, nan))
-    if overload is not None and overload_s > 0:
-        for key, role in zip(keys, (FRONTEND, WORKERS, LOAD_GENERATOR), strict=False):
-            out[key] = 100 * overload[role] / overload_s
-        if overload_ok:
-            out["worker_ms_4x"] = 1000 * overload[WORKERS] / overload_ok
+    """Round two's CPU figures (:data:`FIGURES`) from the CPU seconds per role of the window at
+    capacity and of the 4x phase; NaN where a window was not taken or nothing was served."""
+    windows = {"capacity": capacity, "overload": overload}
+    divisors = {"capacity_ok": capacity_ok, "overload_s": overload_s, "overload_ok": overload_ok}
+    out = {}
+    for name, (window, role, divisor, scale) in _FIGURES.items():
+        used, by = windows[window], divisors[divisor]
+        out[name] = scale * used[role] / by if used is not None and by > 0 else math.nan
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import collections
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -79,3 +80,33 @@ def test_zipf_mix_is_seeded_and_skewed_to_the_first_ranks() -> None:
     # 1/k^1.1 over 200 ranks: the first ten take ~57% of the requests.
     hot = sum(counts[multiplex.name(k)] for k in range(1, 11)) / len(mix)
     assert hot == pytest.approx(0.57, abs=0.03)
+
+
+def test_open_loop_sends_its_budget_on_schedule(gen: LoadGenerator, by_path: int) -> None:
+    """An open loop of 20 requests at 200/s: each is sent, answered and timed from its schedule
+    (the send lag is recorded in open loop only)."""
+    target = Target("127.0.0.1", by_path, "/predictions/a", (b"{}",))
+    plan = LoadPlan(target, "open", rate=200.0, duration_s=None, requests=20, timeline=True)
+    result = gen.run(plan)
+    assert (result.sent, result.completed, result.statuses) == (20, 20, {"200": 20})
+    assert result.lag.count == result.latency.count == 20
+    starts = [answer.start for answer in answers(result.timeline)]
+    assert max(starts) - min(starts) == pytest.approx(19 / 200, abs=0.002)
+    closed = gen.run(LoadPlan(target, concurrency=2, duration_s=None, requests=20))
+    assert (closed.completed, closed.lag.count, closed.offered_rate) == (20, 0, None)
+
+
+def test_refused_and_unanswered_requests_are_counted(gen: LoadGenerator) -> None:
+    """A port nobody listens on: every send is a conn-error. A server that accepts and never
+    answers: the requests in flight when the run gives up count as timeouts."""
+    with socket.socket() as closed_port:
+        closed_port.bind(("127.0.0.1", 0))
+        port = closed_port.getsockname()[1]
+    refused = Target("127.0.0.1", port, "/", (b"{}",))
+    result = gen.run(LoadPlan(refused, concurrency=1, duration_s=None, requests=5))
+    assert result.statuses == {"conn-error": 5} and result.ok == 0
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        mute = Target("127.0.0.1", silent.getsockname()[1], "/", (b"{}",))
+        plan = LoadPlan(mute, concurrency=3, duration_s=0.2, timeout_s=0.5)
+        result = gen.run(plan)
+    assert result.statuses == {"timeout": 3} and result.sent == 3
