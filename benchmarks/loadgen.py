@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import math
 import multiprocessing
-import resource
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -89,7 +88,7 @@ class _Runner:
         self.requests = plan.target.requests()
         self.cycle = itertools.cycle(range(len(self.requests)))
         self.part = Part(self.window_start, plan.timeline)
-        self.budget = share.requests
+        self.budget = math.inf if share.requests is None else share.requests
         self.conns: list[Conn] = []
         self.grpc: GrpcConn | None = None  # the one channel of a gRPC target
         if plan.target.grpc:
@@ -103,7 +102,7 @@ class _Runner:
 
     def _take_budget(self, start: float) -> bool:
         """False once this share's request budget (counted after warm-up) is spent."""
-        if self.budget is None or start < self.window_start:
+        if start < self.window_start:
             return True
         if self.budget <= 0:
             return False
@@ -166,12 +165,10 @@ class _Runner:
 
     def _wake_one(self) -> bool:
         """Hand the queue to the most recently idle connection (LIFO keeps few sockets hot)."""
-        while self.idle:
-            waiter = self.idle.pop()
-            if not waiter.done():
-                waiter.set_result(None)
-                return True
-        return False
+        if not self.idle:
+            return False
+        self.idle.pop().set_result(None)  # only a cancelled run leaves a waiter done
+        return True
 
     def _offsets(self) -> Iterable[float]:
         if self.plan.steps:
@@ -204,11 +201,13 @@ class _Runner:
             pass
         await asyncio.gather(*connections)
 
-    async def run(self) -> Part:
+    async def run(self, pipe: Connection) -> Part:
+        """Run the share from the common start, telling the parent the answers so far (warm-up
+        included) and those recorded every :data:`_PROGRESS_EVERY_S`."""
         # Timers fire early at times: a request sent before the start escapes the window's budget.
         while (delay := self.start_at - time.monotonic()) > 0:
             await asyncio.sleep(delay)
-        cpu0, wall0 = _cpu_s(), time.monotonic()
+        cpu0, wall0 = time.process_time(), time.monotonic()
         if self.closed:
             task = asyncio.gather(*(self._connection() for _ in range(self.share.concurrency)))
         else:
@@ -222,7 +221,8 @@ class _Runner:
                 break
             if self.inflight and now - self.last_activity > timeout:
                 break
-            await asyncio.wait({task}, timeout=min(0.5, timeout))
+            await asyncio.wait({task}, timeout=min(_PROGRESS_EVERY_S, timeout))
+            pipe.send(("progress", self.part.completed, sum(self.part.statuses.values())))
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -234,13 +234,8 @@ class _Runner:
             conn.close()
         if self.grpc is not None:
             await self.grpc.channel.close()
-        self.part.cpu_s, self.part.wall_s = _cpu_s() - cpu0, time.monotonic() - wall0
+        self.part.cpu_s, self.part.wall_s = time.process_time() - cpu0, time.monotonic() - wall0
         return self.part
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _process_main(pipe: Connection) -> None:
@@ -248,10 +243,9 @@ def _process_main(pipe: Connection) -> None:
     try:
         import uvloop
 
-        new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a server dependency
-        new_loop = asyncio.new_event_loop
-    loop = new_loop()
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - no uvloop on Windows
+        loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     pipe.send(("ready",))
     while True:
@@ -262,24 +256,10 @@ def _process_main(pipe: Connection) -> None:
         if message[0] == "stop":
             return
         _, plan, share, start_at = message
-        runner = _Runner(plan, share, start_at)
-        reporter = loop.create_task(_report_progress(pipe, runner))
         try:
-            part = loop.run_until_complete(runner.run())
+            pipe.send(("done", loop.run_until_complete(_Runner(plan, share, start_at).run(pipe))))
         except Exception as exc:  # report any crash to the parent as data, then go on
-            reporter.cancel()
             pipe.send(("error", f"{type(exc).__name__}: {exc}"))
-            continue
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            loop.run_until_complete(reporter)
-        pipe.send(("done", part))
-
-
-async def _report_progress(pipe: Connection, runner: _Runner) -> None:
-    while True:
-        await asyncio.sleep(_PROGRESS_EVERY_S)
-        pipe.send(("progress", runner.part.completed, sum(runner.part.statuses.values())))
 
 
 # -- the parent side ------------------------------------------------------------------------

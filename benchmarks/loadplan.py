@@ -1,7 +1,5 @@
-"""A load test's plan (:class:`Target`, :class:`LoadPlan`), its split over generator processes
-(:func:`split_plan`), each process's :class:`Part` and their :func:`merge` into one
-:class:`LoadResult`. Pure data, no I/O: ``loadgen.py`` runs the plans.
-"""
+"""A load test's plan, its split over generator processes, each process's :class:`Part` and
+their :func:`merge` into one :class:`LoadResult`. No I/O: ``loadgen.py`` runs the plans."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from typing import Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.httpwire import build_request
-from torchbay.benchmarks.stats import Arrival, LatencySummary, rate, summarize
+from torchbay.benchmarks.stats import Arrival, LatencySummary, error_rate, rate, summarize
 
 Mode = Literal["closed", "open"]
 LAG_WARN_MS = 5.0
@@ -28,11 +26,10 @@ ARRAYS = ("latency", "service", "lag", "timeline", "variants")
 @dataclass(frozen=True)
 class Target:
     """Where to send: one route, headers, and payloads (cycled in order). With ``grpc`` (a
-    method's path, ``/package.Service/Method``) the payloads are serialized request messages,
-    sent as unary calls over one channel, and the headers go as call metadata. ``paths``, when
-    given, are request variants cycled in order instead of ``path`` (a per-request model mix,
-    drawn once so every run sends the same sequence); the timeline then says which one each
-    answer was (:attr:`LoadResult.variants`)."""
+    method's path, ``/package.Service/Method``) the payloads are serialized request messages
+    and the headers call metadata. ``paths``, when given, are request variants cycled instead of
+    ``path`` (a model mix drawn once, so every run sends the same); :attr:`LoadResult.variants`
+    names each answer's."""
 
     host: str
     port: int
@@ -48,13 +45,13 @@ class Target:
         the payloads cycled (gRPC: the messages)."""
         if self.grpc:
             return list(self.payloads)
-        host, headers = f"{self.host}:{self.port}", dict(self.headers)
-        bodies = self.payloads
-        if not self.paths:
-            return [build_request(self.method, self.path, host, b, headers) for b in bodies]
+        host, headers, bodies = f"{self.host}:{self.port}", dict(self.headers), self.payloads
+        paths = self.paths or (self.path,)
         return [
-            build_request(self.method, path, host, bodies[i % len(bodies)], headers)
-            for i, path in enumerate(self.paths)
+            build_request(
+                self.method, paths[i % len(paths)], host, bodies[i % len(bodies)], headers
+            )
+            for i in range(len(self.paths) or len(bodies))
         ]
 
 
@@ -186,7 +183,7 @@ class LoadResult:
 
     @property
     def error_rate(self) -> float:
-        return self.errors / self.sent if self.sent else 0.0
+        return error_rate(self.errors, self.sent)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -222,22 +219,20 @@ class Progress:
 def split_plan(plan: LoadPlan, processes: int) -> list[Share]:
     """Divide concurrency, rate and the request budget over ``processes`` (the remainder goes to
     the first ones); constant schedules get staggered phases so they interleave evenly."""
-    shares = []
-    for i in range(processes):
-        conc = plan.concurrency // processes + (i < plan.concurrency % processes)
-        budget = None
-        if plan.requests is not None:
-            budget = plan.requests // processes + (i < plan.requests % processes)
-        shares.append(
-            Share(
-                concurrency=conc if plan.mode == "closed" else 0,
-                rate=plan.rate / processes if plan.mode == "open" else 0.0,
-                requests=budget,
-                phase=i / processes,
-                seed=plan.seed * 1009 + i,
-            )
+
+    def portion(total: int, i: int) -> int:
+        return total // processes + (i < total % processes)
+
+    return [
+        Share(
+            concurrency=portion(plan.concurrency, i) if plan.mode == "closed" else 0,
+            rate=plan.rate / processes if plan.mode == "open" else 0.0,
+            requests=None if plan.requests is None else portion(plan.requests, i),
+            phase=i / processes,
+            seed=plan.seed * 1009 + i,
         )
-    return shares
+        for i in range(processes)
+    ]
 
 
 def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:

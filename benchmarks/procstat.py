@@ -123,43 +123,33 @@ def cpu_seconds_between(before: CpuSnapshot, after: CpuSnapshot) -> float:
 
 def cpu_ms_per_request(cpu_seconds: float, requests: int) -> float:
     """Server CPU milliseconds per request; NaN when no request was served."""
-    if requests <= 0:
-        return float("nan")
-    return cpu_seconds * 1000.0 / requests
+    return cpu_seconds * 1000.0 / requests if requests > 0 else math.nan
 
 
 def memory_snapshot(pid: int, with_pss: bool = True) -> MemorySnapshot:
     """RSS/PSS of ``pid`` (the frontend) and of its whole tree. PSS is None where the platform or
     permissions do not give it (it needs /proc/PID/smaps), or without ``with_pss``: reading smaps
     costs the host CPU, too much for a sampler running beside a measured window."""
-    frontend_rss = 0
-    frontend_pss: int | None = None
-    tree_rss = largest_child = 0
-    tree_pss: int | None = 0
-    count = 0
+    sizes: dict[int, tuple[int, int | None]] = {}  # pid: (RSS, PSS) in bytes
     for proc in tree(pid):
         try:
             rss = proc.memory_info().rss
             try:
-                pss: int | None = proc.memory_full_info().pss if with_pss else None
+                pss = proc.memory_full_info().pss if with_pss else None
             except (psutil.AccessDenied, AttributeError):
                 pss = None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        count += 1
-        tree_rss += rss
-        tree_pss = None if tree_pss is None or pss is None else tree_pss + pss
-        if proc.pid == pid:
-            frontend_rss, frontend_pss = rss, pss
-        else:
-            largest_child = max(largest_child, rss)
+        sizes[proc.pid] = (rss, pss)
+    root_rss, root_pss = sizes.get(pid, (0, None))
+    every_pss = [pss for _, pss in sizes.values()]
     return MemorySnapshot(
-        frontend_rss_mb=frontend_rss / _MB,
-        frontend_pss_mb=None if frontend_pss is None else frontend_pss / _MB,
-        tree_rss_mb=tree_rss / _MB,
-        tree_pss_mb=None if tree_pss is None else tree_pss / _MB,
-        processes=count,
-        largest_child_rss_mb=largest_child / _MB,
+        frontend_rss_mb=root_rss / _MB,
+        frontend_pss_mb=None if root_pss is None else root_pss / _MB,
+        tree_rss_mb=sum(rss for rss, _ in sizes.values()) / _MB,
+        tree_pss_mb=None if None in every_pss else sum(p or 0 for p in every_pss) / _MB,
+        processes=len(sizes),
+        largest_child_rss_mb=max((r for p, (r, _) in sizes.items() if p != pid), default=0) / _MB,
     )
 
 
@@ -256,16 +246,13 @@ class Window:
         """``SPAN`` of a measured window of ``duration_s`` that opens ``opens_s`` from now."""
         return cls(*pids, opens_s, opens_s + SPAN * duration_s)
 
-    @property
-    def span_s(self) -> float:
-        return self._marks[1] - self._marks[0]
-
     def __init__(
         self, server_pid: int, generator_pids: Iterable[int], begin_s: float, end_s: float
     ) -> None:
         self._args = (server_pid, list(generator_pids))
         self._t0 = time.monotonic()
         self._marks = (begin_s, end_s)
+        self.span_s = end_s - begin_s
         self._snaps: list[CpuSnapshot] = []
         self._thread = threading.Thread(target=self._run, name="cpu-window", daemon=True)
         self._thread.start()
