@@ -89,10 +89,7 @@ class _Runner:
         self.cycle = itertools.cycle(range(len(self.requests)))
         self.part = Part(self.window_start, plan.timeline)
         self.budget = math.inf if share.requests is None else share.requests
-        self.conns: list[Conn] = []
         self.grpc: GrpcConn | None = None  # the one channel of a gRPC target
-        if plan.target.grpc:
-            import grpc  # noqa: F401  (here, not in the measured window)
         self.inflight = 0
         self.last_activity = start_at
         self.queue: deque[float] = deque()  # the open loop's scheduled times not yet sent
@@ -128,39 +125,36 @@ class _Runner:
     async def _connection(self) -> None:
         """Send one request at a time on one connection, reconnecting after a failure."""
         conn: Conn | GrpcConn | None = None
-        async for scheduled in self._send_times():
-            sent = time.monotonic()
-            self.part.count_sent(sent if scheduled is None else scheduled)
-            index = next(self.cycle)
-            self.inflight += 1
-            self.last_activity = sent
-            try:
-                if conn is None or not conn.open:
-                    conn = await self._connect()
-                status = str(await conn.roundtrip(self.requests[index]))
-            except (OSError, HttpParseError):
-                status = CONN_ERROR
-                if conn is not None:
-                    conn.close()
-                conn = None
-            done = time.monotonic()
-            self.inflight -= 1
-            self.last_activity = done
-            self.part.record(scheduled, sent, done, status, index)
-        if conn is not None:
-            conn.close()
+        try:
+            async for scheduled in self._send_times():
+                sent = time.monotonic()
+                self.part.count_sent(sent if scheduled is None else scheduled)
+                index = next(self.cycle)
+                self.inflight += 1
+                self.last_activity = sent
+                try:
+                    if conn is None or not conn.open:
+                        conn = self.grpc or await self._connect()
+                    status = str(await conn.roundtrip(self.requests[index]))
+                except (OSError, HttpParseError):
+                    status = CONN_ERROR
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                done = time.monotonic()
+                self.inflight -= 1
+                self.last_activity = done
+                self.part.record(scheduled, sent, done, status, index)
+        finally:  # a run given up on cancels its connections
+            if conn is not None:
+                conn.close()
 
-    async def _connect(self) -> Conn | GrpcConn:
+    async def _connect(self) -> Conn:
         loop = asyncio.get_running_loop()
         target = self.plan.target
-        if target.grpc:
-            if self.grpc is None:
-                self.grpc = GrpcConn(target, self.plan.timeout_s)
-            return self.grpc
         _transport, conn = await loop.create_connection(
             lambda: Conn(loop), target.host, target.port
         )
-        self.conns.append(conn)
         return conn
 
     def _wake_one(self) -> bool:
@@ -204,6 +198,8 @@ class _Runner:
     async def run(self, pipe: Connection) -> Part:
         """Run the share from the common start, telling the parent the answers so far (warm-up
         included) and those recorded every :data:`_PROGRESS_EVERY_S`."""
+        if self.plan.target.grpc:  # before the start: not in the measured window
+            self.grpc = GrpcConn(self.plan.target, self.plan.timeout_s)
         # Timers fire early at times: a request sent before the start escapes the window's budget.
         while (delay := self.start_at - time.monotonic()) > 0:
             await asyncio.sleep(delay)
@@ -230,8 +226,6 @@ class _Runner:
             missing = self.part.sent - sum(self.part.statuses.values())
             if missing > 0:
                 self.part.statuses[TIMEOUT] += missing
-        for conn in self.conns:
-            conn.close()
         if self.grpc is not None:
             await self.grpc.channel.close()
         self.part.cpu_s, self.part.wall_s = time.process_time() - cpu0, time.monotonic() - wall0
@@ -248,18 +242,13 @@ def _process_main(pipe: Connection) -> None:
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     pipe.send(("ready",))
-    while True:
-        try:
-            message = pipe.recv()
-        except EOFError:
-            return
-        if message[0] == "stop":
-            return
-        _, plan, share, start_at = message
-        try:
-            pipe.send(("done", loop.run_until_complete(_Runner(plan, share, start_at).run(pipe))))
-        except Exception as exc:  # report any crash to the parent as data, then go on
-            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+    with contextlib.suppress(EOFError):  # the parent is gone
+        for _, plan, share, start_at in iter(pipe.recv, ("stop",)):
+            runner = _Runner(plan, share, start_at)
+            try:
+                pipe.send(("done", loop.run_until_complete(runner.run(pipe))))
+            except Exception as exc:  # report any crash to the parent as data, then go on
+                pipe.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
 # -- the parent side ------------------------------------------------------------------------

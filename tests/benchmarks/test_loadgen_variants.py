@@ -8,6 +8,7 @@ import collections
 import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -110,3 +111,29 @@ def test_refused_and_unanswered_requests_are_counted(gen: LoadGenerator) -> None
         plan = LoadPlan(mute, concurrency=3, duration_s=0.2, timeout_s=0.5)
         result = gen.run(plan)
     assert result.statuses == {"timeout": 3} and result.sent == 3
+
+
+@pytest.fixture(scope="module")
+def grpc_echo() -> Iterator[int]:
+    """A gRPC server whose method /t.Echo/Say answers the request's bytes."""
+    import grpc
+
+    server = grpc.server(ThreadPoolExecutor(2))
+    say = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Echo", {"Say": say}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port
+    server.stop(0)
+
+
+def test_grpc_calls_share_one_channel_and_name_their_status(
+    gen: LoadGenerator, grpc_echo: int
+) -> None:
+    """OK counts as 200; any other status by its code's name."""
+    target = Target("127.0.0.1", grpc_echo, "", (b"ping",), grpc="/t.Echo/Say")
+    result = gen.run(LoadPlan(target, concurrency=3, duration_s=None, requests=12))
+    assert result.statuses == {"200": 12} and result.latency.count == 12
+    missing = Target("127.0.0.1", grpc_echo, "", (b"ping",), grpc="/t.Echo/Nope")
+    result = gen.run(LoadPlan(missing, "open", rate=100.0, duration_s=None, requests=4))
+    assert result.statuses == {"UNIMPLEMENTED": 4} and result.ok == 0
