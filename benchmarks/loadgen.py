@@ -307,19 +307,15 @@ class LoadGenerator:
         """Run ``plan`` on every process from a common start; raises BenchError if a process
         failed. ``on_progress`` is called about every 0.25 s from this thread."""
         plan.check()
-        shares = split_plan(plan, len(self.pipes))
         start_at = time.monotonic() + START_MARGIN_S
-        active = [
-            (pipe, share)
-            for pipe, share in zip(self.pipes, shares, strict=True)
-            if share.concurrency or share.rate
-        ]
-        for pipe, share in active:
-            pipe.send(("run", plan, share, start_at))
+        waiting: list[Connection] = []
+        for pipe, share in zip(self.pipes, split_plan(plan, len(self.pipes)), strict=True):
+            if share.concurrency or share.rate:  # fewer connections than processes: some idle
+                pipe.send(("run", plan, share, start_at))
+                waiting.append(pipe)
         parts: list[Part] = []
         failures: list[str] = []
         progress: dict[Connection, tuple[int, int]] = {}
-        waiting = [pipe for pipe, _ in active]
         while waiting:
             for pipe in multiprocessing.connection.wait(waiting, timeout=1.0):
                 try:
@@ -329,7 +325,7 @@ class LoadGenerator:
                 if kind == "progress":
                     progress[pipe] = payload[0], payload[1]  # type: ignore[index]
                     if on_progress is not None:
-                        completed, recorded = (sum(c) for c in zip(*progress.values(), strict=True))
+                        completed, recorded = map(sum, zip(*progress.values(), strict=True))
                         on_progress(Progress(time.monotonic() - start_at, completed, recorded))
                     continue
                 waiting.remove(pipe)  # type: ignore[arg-type]
