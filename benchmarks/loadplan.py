@@ -45,13 +45,13 @@ class Target:
         the payloads cycled (gRPC: the messages)."""
         if self.grpc:
             return list(self.payloads)
-        host, headers, bodies = f"{self.host}:{self.port}", dict(self.headers), self.payloads
-        paths = self.paths or (self.path,)
+        host, headers = f"{self.host}:{self.port}", dict(self.headers)
+        bodies = self.payloads
+        if not self.paths:
+            return [build_request(self.method, self.path, host, b, headers) for b in bodies]
         return [
-            build_request(
-                self.method, paths[i % len(paths)], host, bodies[i % len(bodies)], headers
-            )
-            for i in range(len(self.paths) or len(bodies))
+            build_request(self.method, path, host, bodies[i % len(bodies)], headers)
+            for i, path in enumerate(self.paths)
         ]
 
 

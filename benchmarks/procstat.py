@@ -1,6 +1,5 @@
-"""CPU and memory of a server's process tree (the process and all its descendants) and of the
-load generator beside it, split by role: the frontend (the root and every non-worker
-descendant), the workers, the load generator.
+"""CPU and memory of a server's process tree and of the load generator beside it, by role: the
+frontend (the root and every non-worker descendant), the workers, the load generator.
 
 Processes are keyed by (pid, create time) so a reused pid is never subtracted from a stranger; a
 process born during a run counts all its CPU, and children the root reaped count as the
