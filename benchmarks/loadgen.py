@@ -32,7 +32,6 @@ from torchbay.benchmarks.loadplan import (
     LoadResult,
     Part,
     Progress,
-    Share,
     Target,
     merge,
     split_plan,
@@ -77,18 +76,18 @@ class GrpcConn:
 
 
 class _Runner:
-    """Runs one share of a plan on this process's event loop: connections that each send when
-    their next send time comes (open loop: a scheduled time from the queue; closed loop: at once,
-    when the previous answer came) and record every answer in ``part``."""
+    """Runs this process's share of a plan (:func:`split_plan`) on its event loop: connections
+    that each send when their next send time comes (open loop: a scheduled time from the queue;
+    closed loop: at once, when the previous answer came) and record every answer in ``part``."""
 
-    def __init__(self, plan: LoadPlan, share: Share, start_at: float) -> None:
-        self.plan, self.share, self.start_at = plan, share, start_at
+    def __init__(self, plan: LoadPlan, start_at: float) -> None:
+        self.plan, self.start_at = plan, start_at
         self.window_start = start_at + plan.warmup_s
         self.end = math.inf if plan.duration_s is None else self.window_start + plan.duration_s
         self.requests = plan.target.requests()
         self.cycle = itertools.cycle(range(len(self.requests)))
         self.part = Part(self.window_start, plan.timeline)
-        self.budget = math.inf if share.requests is None else share.requests
+        self.budget = math.inf if plan.requests is None else plan.requests
         self.grpc: GrpcConn | None = None  # the one channel of a gRPC target
         self.inflight = 0
         self.last_activity = start_at
@@ -98,7 +97,7 @@ class _Runner:
         self.dispatching = True  # the open loop may queue more
 
     def _take_budget(self, start: float) -> bool:
-        """False once this share's request budget (counted after warm-up) is spent."""
+        """False once this process's request budget (counted after warm-up) is spent."""
         if start < self.window_start:
             return True
         if self.budget <= 0:
@@ -165,11 +164,10 @@ class _Runner:
         return True
 
     def _offsets(self) -> Iterable[float]:
-        if self.plan.steps:
-            scale = self.share.rate / self.plan.rate
-            return stepped_offsets(self.plan.steps, scale, self.share.phase)
-        arrival, seed, phase = self.plan.arrival, self.share.seed, self.share.phase
-        return arrival_offsets(self.share.rate, arrival=arrival, seed=seed, phase=phase)
+        plan = self.plan
+        if plan.steps:
+            return stepped_offsets(plan.steps, phase=plan.phase)
+        return arrival_offsets(plan.rate, arrival=plan.arrival, seed=plan.seed, phase=plan.phase)
 
     async def _dispatch(self) -> None:
         """The open loop: queue each scheduled time when it comes, for an idle connection or a
@@ -196,7 +194,7 @@ class _Runner:
         await asyncio.gather(*connections)
 
     async def run(self, pipe: Connection) -> Part:
-        """Run the share from the common start, telling the parent the answers so far (warm-up
+        """Run the plan from the common start, telling the parent the answers so far (warm-up
         included) and those recorded every :data:`_PROGRESS_EVERY_S`."""
         if self.plan.target.grpc:  # before the start: not in the measured window
             self.grpc = GrpcConn(self.plan.target, self.plan.timeout_s)
@@ -205,7 +203,7 @@ class _Runner:
             await asyncio.sleep(delay)
         cpu0, wall0 = time.process_time(), time.monotonic()
         if self.closed:
-            task = asyncio.gather(*(self._connection() for _ in range(self.share.concurrency)))
+            task = asyncio.gather(*(self._connection() for _ in range(self.plan.concurrency)))
         else:
             task = asyncio.ensure_future(self._dispatch())
         timeout = self.plan.timeout_s
@@ -243,8 +241,8 @@ def _process_main(pipe: Connection) -> None:
     asyncio.set_event_loop(loop)
     pipe.send(("ready",))
     with contextlib.suppress(EOFError):  # the parent is gone
-        for _, plan, share, start_at in iter(pipe.recv, ("stop",)):
-            runner = _Runner(plan, share, start_at)
+        for _, plan, start_at in iter(pipe.recv, ("stop",)):
+            runner = _Runner(plan, start_at)
             try:
                 pipe.send(("done", loop.run_until_complete(runner.run(pipe))))
             except Exception as exc:  # report any crash to the parent as data, then go on
@@ -311,7 +309,7 @@ class LoadGenerator:
         waiting: list[Connection] = []
         for pipe, share in zip(self.pipes, split_plan(plan, len(self.pipes)), strict=True):
             if share.concurrency or share.rate:  # fewer connections than processes: some idle
-                pipe.send(("run", plan, share, start_at))
+                pipe.send(("run", share, start_at))
                 waiting.append(pipe)
         parts: list[Part] = []
         failures: list[str] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import array
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -74,6 +74,7 @@ class LoadPlan:
     # must then be the highest step (it splits over processes) and ``duration_s`` their sum.
     steps: tuple[tuple[float, float], ...] = ()
     timeline: bool = False  # keep (start, latency, status) of every answer: LoadResult.timeline
+    phase: float = 0.0  # 0..1 of a gap: staggers the processes' constant schedules (split_plan)
 
     def check(self) -> None:
         if self.steps and (
@@ -90,17 +91,6 @@ class LoadPlan:
             raise BenchError("give a duration or a number of requests")
         if not self.target.payloads:
             raise BenchError("no payloads to send")
-
-
-@dataclass(frozen=True)
-class Share:
-    """One process's part of a plan."""
-
-    concurrency: int
-    rate: float
-    requests: int | None
-    phase: float
-    seed: int
 
 
 @dataclass
@@ -216,17 +206,20 @@ class Progress:
     recorded: int
 
 
-def split_plan(plan: LoadPlan, processes: int) -> list[Share]:
-    """Divide concurrency, rate and the request budget over ``processes`` (the remainder goes to
-    the first ones); constant schedules get staggered phases so they interleave evenly."""
+def split_plan(plan: LoadPlan, processes: int) -> list[LoadPlan]:
+    """Each process's plan: concurrency, rate (steps too) and the request budget divided over
+    ``processes`` (the remainder to the first ones), constant schedules staggered by ``phase``
+    so that together they interleave evenly."""
 
     def portion(total: int, i: int) -> int:
         return total // processes + (i < total % processes)
 
     return [
-        Share(
+        replace(
+            plan,
             concurrency=portion(plan.concurrency, i) if plan.mode == "closed" else 0,
             rate=plan.rate / processes if plan.mode == "open" else 0.0,
+            steps=tuple((seconds, rate / processes) for seconds, rate in plan.steps),
             requests=None if plan.requests is None else portion(plan.requests, i),
             phase=i / processes,
             seed=plan.seed * 1009 + i,

@@ -137,3 +137,17 @@ def test_grpc_calls_share_one_channel_and_name_their_status(
     missing = Target("127.0.0.1", grpc_echo, "", (b"ping",), grpc="/t.Echo/Nope")
     result = gen.run(LoadPlan(missing, "open", rate=100.0, duration_s=None, requests=4))
     assert result.statuses == {"UNIMPLEMENTED": 4} and result.ok == 0
+
+
+def test_two_processes_split_a_stepped_open_loop(by_path: int) -> None:
+    """Steps of 50/s then 100/s for 0.2 s each over two processes: each runs half of each step,
+    staggered, so together they send exactly 10 then 20 requests."""
+    target = Target("127.0.0.1", by_path, "/predictions/a", (b"{}",))
+    steps = ((0.2, 50.0), (0.2, 100.0))
+    plan = LoadPlan(target, "open", rate=100.0, duration_s=0.4, steps=steps, timeline=True)
+    with LoadGenerator(2) as two:
+        result = two.run(plan)
+    starts = sorted(answer.start for answer in answers(result.timeline))
+    assert result.sent == result.statuses["200"] == len(starts) == 30
+    assert sum(start < 0.19 for start in starts) == 10  # the last of the first: 0.18 s
+    assert starts[1] - starts[0] == pytest.approx(1 / 50)  # interleaved, not side by side
