@@ -89,6 +89,7 @@ class _Runner:
         self.part = Part(self.window_start, plan.timeline)
         self.budget = math.inf if plan.requests is None else plan.requests
         self.grpc: GrpcConn | None = None  # the one channel of a gRPC target
+        self.conns: list[Conn] = []  # closed when the run ends, a cancelled connection's too
         self.inflight = 0
         self.last_activity = start_at
         self.queue: deque[float] = deque()  # the open loop's scheduled times not yet sent
@@ -124,29 +125,25 @@ class _Runner:
     async def _connection(self) -> None:
         """Send one request at a time on one connection, reconnecting after a failure."""
         conn: Conn | GrpcConn | None = None
-        try:
-            async for scheduled in self._send_times():
-                sent = time.monotonic()
-                self.part.count_sent(sent if scheduled is None else scheduled)
-                index = next(self.cycle)
-                self.inflight += 1
-                self.last_activity = sent
-                try:
-                    if conn is None or not conn.open:
-                        conn = self.grpc or await self._connect()
-                    status = str(await conn.roundtrip(self.requests[index]))
-                except (OSError, HttpParseError):
-                    status = CONN_ERROR
-                    if conn is not None:
-                        conn.close()
-                    conn = None
-                done = time.monotonic()
-                self.inflight -= 1
-                self.last_activity = done
-                self.part.record(scheduled, sent, done, status, index)
-        finally:  # a run given up on cancels its connections
-            if conn is not None:
-                conn.close()
+        async for scheduled in self._send_times():
+            sent = time.monotonic()
+            self.part.count_sent(sent if scheduled is None else scheduled)
+            index = next(self.cycle)
+            self.inflight += 1
+            self.last_activity = sent
+            try:
+                if conn is None or not conn.open:
+                    conn = self.grpc or await self._connect()
+                status = str(await conn.roundtrip(self.requests[index]))
+            except (OSError, HttpParseError):
+                status = CONN_ERROR
+                if conn is not None:
+                    conn.close()
+                conn = None
+            done = time.monotonic()
+            self.inflight -= 1
+            self.last_activity = done
+            self.part.record(scheduled, sent, done, status, index)
 
     async def _connect(self) -> Conn:
         loop = asyncio.get_running_loop()
@@ -154,6 +151,7 @@ class _Runner:
         _transport, conn = await loop.create_connection(
             lambda: Conn(loop), target.host, target.port
         )
+        self.conns.append(conn)
         return conn
 
     def _wake_one(self) -> bool:
@@ -224,6 +222,8 @@ class _Runner:
             missing = self.part.sent - sum(self.part.statuses.values())
             if missing > 0:
                 self.part.statuses[TIMEOUT] += missing
+        for conn in self.conns:
+            conn.close()
         if self.grpc is not None:
             await self.grpc.channel.close()
         self.part.cpu_s, self.part.wall_s = time.process_time() - cpu0, time.monotonic() - wall0
