@@ -1,9 +1,11 @@
-"""The load generator's HTTP/1.1 wire format. It must outrun the server it loads (httpx spends
-~100 us of CPU per request), so it writes prebuilt request bytes and parses answers with httptools
-(llhttp, uvicorn's parser), counting bodies, not keeping them.
+"""The load generator's HTTP/1.1 client. It must outrun the server it loads (httpx spends ~100 us
+of CPU per request), so it writes prebuilt request bytes on keep-alive connections (:class:`Conn`)
+and parses answers with httptools (llhttp, uvicorn's parser), counting bodies, not keeping them.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import httptools
 
@@ -93,3 +95,63 @@ class ResponseParser:
     def idle(self) -> bool:
         """True between responses (nothing partial buffered)."""
         return not self._in_message
+
+
+class Conn(asyncio.Protocol):
+    """One keep-alive connection; ``roundtrip`` sends a request and awaits its status."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = ResponseParser()
+        self.waiter: asyncio.Future | None = None
+        self.open = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            responses = self.parser.feed(data)
+        except HttpParseError as exc:
+            self._fail(exc)
+            return
+        for status, _size, keep_alive in responses:
+            self.open = self.open and keep_alive
+            self._settle(status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        try:
+            last = self.parser.feed_eof()
+        except HttpParseError as err:
+            self._fail(err)
+            return
+        self._settle(ConnectionError("connection closed") if last is None else last[0])
+
+    def _fail(self, exc: Exception) -> None:
+        self.open = False
+        self._settle(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _settle(self, outcome: int | Exception) -> None:
+        """Hand the awaited answer (a status, or the error instead) to ``roundtrip``."""
+        waiter, self.waiter = self.waiter, None
+        if waiter is None or waiter.done():
+            return
+        if isinstance(outcome, Exception):
+            waiter.set_exception(outcome)
+        else:
+            waiter.set_result(outcome)
+
+    async def roundtrip(self, request: bytes) -> int:
+        self.waiter = self.loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+        return await self.waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()

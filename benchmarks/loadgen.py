@@ -1,13 +1,13 @@
 """The load generator: N spawned processes, each one asyncio loop with keep-alive connections
 (a gRPC target, ``Target.grpc``: unary calls over one channel per process).
 
-Closed loop (``concurrency``): each connection sends, waits for the answer, sends again; latency is
-timed from the actual send. Open loop (``rate``): requests are scheduled at fixed times whatever
-the server does, and each latency is timed from the SCHEDULED time, so a server that stalls cannot
-hide the queue it built (no coordinated omission); when every connection is busy another opens
-(up to ``max_connections``). A p99 send lag above :data:`LAG_WARN_MS`, the connection cap reached
-or a process near 100% CPU mark the run ``behind``: then the numbers describe the generator, not
-the server. Capacity: RESULTS.md, "Load generator capacity".
+Open loop (``rate``): requests are scheduled at fixed times whatever the server does, and each
+latency is timed from the SCHEDULED time, so a server that stalls cannot hide the queue it built
+(no coordinated omission); when every connection is busy another opens (up to
+``max_connections``). Closed loop (``concurrency``): each connection's next send time is when its
+previous answer came, timed from the actual send. A p99 send lag above :data:`LAG_WARN_MS`, the
+connection cap reached or a process near 100% CPU mark the run ``behind``: then the numbers
+describe the generator, not the server. Capacity: RESULTS.md, "Load generator capacity".
 """
 
 from __future__ import annotations
@@ -17,16 +17,14 @@ import contextlib
 import itertools
 import math
 import multiprocessing
-import resource
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.httpwire import HttpParseError
-from torchbay.benchmarks.loadconn import Conn, GrpcConn, Recorder
+from torchbay.benchmarks.httpwire import Conn, HttpParseError
 from torchbay.benchmarks.loadplan import (
     CONN_ERROR,
     TIMEOUT,
@@ -34,7 +32,6 @@ from torchbay.benchmarks.loadplan import (
     LoadResult,
     Part,
     Progress,
-    Share,
     Target,
     merge,
     split_plan,
@@ -50,152 +47,163 @@ _PROGRESS_EVERY_S = 0.25
 # -- inside a generator process -------------------------------------------------------------
 
 
-class _Runner:
-    """Runs one share of a plan on this process's event loop."""
+class GrpcConn:
+    """One grpcio asyncio channel that every caller of a process shares (HTTP/2 multiplexes the
+    calls); ``roundtrip`` makes one unary call with serialized bytes and returns 200 for OK, else
+    the status code's name (``NOT_FOUND``, ``DEADLINE_EXCEEDED``...)."""
 
-    def __init__(self, plan: LoadPlan, share: Share, start_at: float) -> None:
-        self.plan = plan
-        self.share = share
-        self.start_at = start_at
+    def __init__(self, target: Target, timeout_s: float) -> None:
+        import grpc
+
+        self.error = grpc.aio.AioRpcError
+        unlimited = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        address = f"{target.host}:{target.port}"
+        self.channel = grpc.aio.insecure_channel(address, options=unlimited)
+        self.call = self.channel.unary_unary(target.grpc)  # bytes in, bytes out
+        self.metadata = tuple((k.lower(), v) for k, v in target.headers) or None
+        self.timeout_s = timeout_s
+        self.open = True
+
+    async def roundtrip(self, request: bytes) -> int | str:
+        try:
+            await self.call(request, metadata=self.metadata, timeout=self.timeout_s)
+        except self.error as exc:
+            return exc.code().name
+        return 200
+
+    def close(self) -> None:
+        """Nothing to do per caller; the runner closes the channel once."""
+
+
+class _Runner:
+    """Runs this process's share of a plan (:func:`split_plan`) on its event loop: connections
+    that each send when their next send time comes (open loop: a scheduled time from the queue;
+    closed loop: at once, when the previous answer came) and record every answer in ``part``."""
+
+    def __init__(self, plan: LoadPlan, start_at: float) -> None:
+        self.plan, self.start_at = plan, start_at
         self.window_start = start_at + plan.warmup_s
         self.end = math.inf if plan.duration_s is None else self.window_start + plan.duration_s
         self.requests = plan.target.requests()
         self.cycle = itertools.cycle(range(len(self.requests)))
-        self.rec = Recorder(self.window_start, plan.timeline)
-        self.budget = share.requests
-        self.capped = False
-        self.conns: list[Conn] = []
+        self.part = Part(self.window_start, plan.timeline)
+        self.budget = math.inf if plan.requests is None else plan.requests
         self.grpc: GrpcConn | None = None  # the one channel of a gRPC target
-        if plan.target.grpc:
-            import grpc  # noqa: F401  (here, not in the measured window)
+        self.conns: list[Conn] = []  # closed when the run ends, a cancelled connection's too
         self.inflight = 0
         self.last_activity = start_at
-
-    async def _connect(self) -> Conn | GrpcConn:
-        loop = asyncio.get_running_loop()
-        target = self.plan.target
-        if target.grpc:
-            if self.grpc is None:
-                self.grpc = GrpcConn(target, self.plan.timeout_s)
-            return self.grpc
-        _transport, conn = await loop.create_connection(
-            lambda: Conn(loop), target.host, target.port
-        )
-        self.conns.append(conn)
-        return conn
+        self.queue: deque[float] = deque()  # the open loop's scheduled times not yet sent
+        self.idle: list[asyncio.Future] = []  # the open loop's connections waiting for one
+        self.closed = plan.mode == "closed"
+        self.dispatching = True  # the open loop may queue more
 
     def _take_budget(self, start: float) -> bool:
-        """False once this share's request budget (counted after warm-up) is spent."""
-        if self.budget is None or start < self.window_start:
+        """False once this process's request budget (counted after warm-up) is spent."""
+        if start < self.window_start:
             return True
         if self.budget <= 0:
             return False
         self.budget -= 1
         return True
 
-    async def _one(self, conn: Any, scheduled: float | None) -> Any:
-        """Send one request (reconnecting if needed) and record it; returns the connection to
-        reuse, or None after a failure."""
-        sent = time.monotonic()
-        self.rec.count_sent(sent if scheduled is None else scheduled)
-        index = next(self.cycle)
-        request = self.requests[index]
-        self.inflight += 1
-        self.last_activity = sent
-        try:
-            if conn is None or not conn.open:
-                conn = await self._connect()
-            status = str(await conn.roundtrip(request))
-        except (OSError, HttpParseError):
-            status = CONN_ERROR
-            if conn is not None:
-                conn.close()
-            conn = None
-        done = time.monotonic()
-        self.inflight -= 1
-        self.last_activity = done
-        self.rec.record(scheduled, sent, done, status, index)
-        return conn
-
-    async def _closed_worker(self) -> None:
-        conn: Conn | GrpcConn | None = None
-        while True:
+    async def _send_times(self) -> AsyncIterator[float | None]:
+        """One connection's send times: None (now, the closed loop) or a scheduled time."""
+        while self.closed:
             now = time.monotonic()
             if now >= self.end or not self._take_budget(now):
-                break
-            conn = await self._one(conn, None)
-        if conn is not None:
-            conn.close()
-
-    async def _open_worker(self, queue: deque[float]) -> None:
+                return
+            yield None
         loop = asyncio.get_running_loop()
-        conn: Conn | GrpcConn | None = None
-        while True:
-            if queue:
-                conn = await self._one(conn, queue.popleft())
+        while self.queue or self.dispatching:
+            if self.queue:
+                yield self.queue.popleft()
                 continue
-            if self._dispatch_done:
-                break
             waiter = loop.create_future()
-            self._idle.append(waiter)
+            self.idle.append(waiter)
             await waiter
-        if conn is not None:
-            conn.close()
+
+    async def _connection(self) -> None:
+        """Send one request at a time on one connection, reconnecting after a failure."""
+        conn: Conn | GrpcConn | None = None
+        async for scheduled in self._send_times():
+            sent = time.monotonic()
+            self.part.count_sent(sent if scheduled is None else scheduled)
+            index = next(self.cycle)
+            self.inflight += 1
+            self.last_activity = sent
+            try:
+                if conn is None or not conn.open:
+                    conn = self.grpc or await self._connect()
+                status = str(await conn.roundtrip(self.requests[index]))
+            except (OSError, HttpParseError):
+                status = CONN_ERROR
+                if conn is not None:
+                    conn.close()
+                conn = None
+            done = time.monotonic()
+            self.inflight -= 1
+            self.last_activity = done
+            self.part.record(scheduled, sent, done, status, index)
+
+    async def _connect(self) -> Conn:
+        loop = asyncio.get_running_loop()
+        target = self.plan.target
+        _transport, conn = await loop.create_connection(
+            lambda: Conn(loop), target.host, target.port
+        )
+        self.conns.append(conn)
+        return conn
 
     def _wake_one(self) -> bool:
         """Hand the queue to the most recently idle connection (LIFO keeps few sockets hot)."""
-        while self._idle:
-            waiter = self._idle.pop()
-            if not waiter.done():
-                waiter.set_result(None)
-                return True
-        return False
+        if not self.idle:
+            return False
+        self.idle.pop().set_result(None)  # only a cancelled run leaves a waiter done
+        return True
 
-    async def _open_loop(self) -> None:
-        queue: deque[float] = deque()
-        self._dispatch_done = False
-        self._idle: list[asyncio.Future] = []
-        workers: list[asyncio.Task] = []
+    def _offsets(self) -> Iterable[float]:
+        plan = self.plan
+        if plan.steps:
+            return stepped_offsets(plan.steps, phase=plan.phase)
+        return arrival_offsets(plan.rate, arrival=plan.arrival, seed=plan.seed, phase=plan.phase)
+
+    async def _dispatch(self) -> None:
+        """The open loop: queue each scheduled time when it comes, for an idle connection or a
+        new one (up to ``max_connections``: past that the run is marked capped)."""
+        connections: list[asyncio.Task] = []
         cap = max(1, self.plan.max_connections)
-        if self.plan.steps:
-            scale = self.share.rate / self.plan.rate
-            offsets = stepped_offsets(self.plan.steps, scale, self.share.phase)
-        else:
-            offsets = arrival_offsets(
-                self.share.rate,
-                arrival=self.plan.arrival,
-                seed=self.share.seed,
-                phase=self.share.phase,
-            )
-        for offset in offsets:
+        for offset in self._offsets():
             scheduled = self.start_at + offset
             if scheduled >= self.end or not self._take_budget(scheduled):
                 break
             delay = scheduled - time.monotonic()
             if delay > 0.0002:
                 await asyncio.sleep(delay)
-            queue.append(scheduled)
+            self.queue.append(scheduled)
             if self._wake_one():
                 continue
-            if len(workers) < cap:
-                workers.append(asyncio.ensure_future(self._open_worker(queue)))
+            if len(connections) < cap:
+                connections.append(asyncio.ensure_future(self._connection()))
             else:
-                self.capped = True
-        self._dispatch_done = True
+                self.part.capped = True
+        self.dispatching = False
         while self._wake_one():
             pass
-        await asyncio.gather(*workers)
+        await asyncio.gather(*connections)
 
-    async def run(self) -> Part:
+    async def run(self, pipe: Connection) -> Part:
+        """Run the plan from the common start, telling the parent the answers so far (warm-up
+        included) and those recorded every :data:`_PROGRESS_EVERY_S`."""
+        if self.plan.target.grpc:  # before the start: not in the measured window
+            self.grpc = GrpcConn(self.plan.target, self.plan.timeout_s)
         # Timers fire early at times: a request sent before the start escapes the window's budget.
         while (delay := self.start_at - time.monotonic()) > 0:
             await asyncio.sleep(delay)
-        cpu0, wall0 = _cpu_s(), time.monotonic()
-        if self.plan.mode == "closed":
-            coro = asyncio.gather(*(self._closed_worker() for _ in range(self.share.concurrency)))
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        if self.closed:
+            task = asyncio.gather(*(self._connection() for _ in range(self.plan.concurrency)))
         else:
-            coro = self._open_loop()
-        task = asyncio.ensure_future(coro)
+            task = asyncio.ensure_future(self._dispatch())
         timeout = self.plan.timeout_s
         # Requests still unanswered timeout_s after the window closed, or after nothing was sent
         # or answered for timeout_s, count as timeouts.
@@ -205,24 +213,21 @@ class _Runner:
                 break
             if self.inflight and now - self.last_activity > timeout:
                 break
-            await asyncio.wait({task}, timeout=min(0.5, timeout))
+            await asyncio.wait({task}, timeout=min(_PROGRESS_EVERY_S, timeout))
+            pipe.send(("progress", self.part.completed, sum(self.part.statuses.values())))
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            missing = self.rec.sent - sum(self.rec.statuses.values())
+            missing = self.part.sent - sum(self.part.statuses.values())
             if missing > 0:
-                self.rec.statuses[TIMEOUT] += missing
+                self.part.statuses[TIMEOUT] += missing
         for conn in self.conns:
             conn.close()
         if self.grpc is not None:
-            await self.grpc.aclose()
-        return self.rec.part(_cpu_s() - cpu0, time.monotonic() - wall0, self.capped)
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+            await self.grpc.channel.close()
+        self.part.cpu_s, self.part.wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+        return self.part
 
 
 def _process_main(pipe: Connection) -> None:
@@ -230,38 +235,18 @@ def _process_main(pipe: Connection) -> None:
     try:
         import uvloop
 
-        new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a server dependency
-        new_loop = asyncio.new_event_loop
-    loop = new_loop()
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - no uvloop on Windows
+        loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     pipe.send(("ready",))
-    while True:
-        try:
-            message = pipe.recv()
-        except EOFError:
-            return
-        if message[0] == "stop":
-            return
-        _, plan, share, start_at = message
-        runner = _Runner(plan, share, start_at)
-        reporter = loop.create_task(_report_progress(pipe, runner))
-        try:
-            part = loop.run_until_complete(runner.run())
-        except Exception as exc:  # report any crash to the parent as data, then go on
-            reporter.cancel()
-            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
-            continue
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            loop.run_until_complete(reporter)
-        pipe.send(("done", part))
-
-
-async def _report_progress(pipe: Connection, runner: _Runner) -> None:
-    while True:
-        await asyncio.sleep(_PROGRESS_EVERY_S)
-        pipe.send(("progress", runner.rec.completed, sum(runner.rec.statuses.values())))
+    with contextlib.suppress(EOFError):  # the parent is gone
+        for _, plan, start_at in iter(pipe.recv, ("stop",)):
+            runner = _Runner(plan, start_at)
+            try:
+                pipe.send(("done", loop.run_until_complete(runner.run(pipe))))
+            except Exception as exc:  # report any crash to the parent as data, then go on
+                pipe.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
 # -- the parent side ------------------------------------------------------------------------
@@ -320,19 +305,15 @@ class LoadGenerator:
         """Run ``plan`` on every process from a common start; raises BenchError if a process
         failed. ``on_progress`` is called about every 0.25 s from this thread."""
         plan.check()
-        shares = split_plan(plan, len(self.pipes))
         start_at = time.monotonic() + START_MARGIN_S
-        active = [
-            (pipe, share)
-            for pipe, share in zip(self.pipes, shares, strict=True)
-            if share.concurrency or share.rate
-        ]
-        for pipe, share in active:
-            pipe.send(("run", plan, share, start_at))
+        waiting: list[Connection] = []
+        for pipe, share in zip(self.pipes, split_plan(plan, len(self.pipes)), strict=True):
+            if share.concurrency or share.rate:  # fewer connections than processes: some idle
+                pipe.send(("run", share, start_at))
+                waiting.append(pipe)
         parts: list[Part] = []
         failures: list[str] = []
         progress: dict[Connection, tuple[int, int]] = {}
-        waiting = [pipe for pipe, _ in active]
         while waiting:
             for pipe in multiprocessing.connection.wait(waiting, timeout=1.0):
                 try:
@@ -342,7 +323,7 @@ class LoadGenerator:
                 if kind == "progress":
                     progress[pipe] = payload[0], payload[1]  # type: ignore[index]
                     if on_progress is not None:
-                        completed, recorded = (sum(c) for c in zip(*progress.values(), strict=True))
+                        completed, recorded = map(sum, zip(*progress.values(), strict=True))
                         on_progress(Progress(time.monotonic() - start_at, completed, recorded))
                     continue
                 waiting.remove(pipe)  # type: ignore[arg-type]

@@ -1,37 +1,35 @@
-"""A load test's plan (:class:`Target`, :class:`LoadPlan`), its split over generator processes
-(:func:`split_plan`), each process's :class:`Part` and their :func:`merge` into one
-:class:`LoadResult`. Pure data, no I/O: ``loadgen.py`` runs the plans.
-"""
+"""A load test's plan, its split over generator processes, each process's :class:`Part` and
+their :func:`merge` into one :class:`LoadResult`. No I/O: ``loadgen.py`` runs the plans."""
 
 from __future__ import annotations
 
 import array
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Literal
 
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.httpwire import build_request
-from torchbay.benchmarks.stats import Arrival, LatencySummary, rate, summarize
+from torchbay.benchmarks.stats import Arrival, LatencySummary, error_rate, rate, summarize
 
 Mode = Literal["closed", "open"]
 LAG_WARN_MS = 5.0
 CPU_WARN_PCT = 90.0
 CONN_ERROR = "conn-error"
 TIMEOUT = "timeout"
-# The measurement arrays a process records and the parent concatenates (name: array typecode).
-ARRAYS = {"latency": "d", "service": "d", "lag": "d", "timeline": "d", "variants": "I"}
+# The measurement arrays of a :class:`Part`, which the parent concatenates.
+ARRAYS = ("latency", "service", "lag", "timeline", "variants")
 
 
 @dataclass(frozen=True)
 class Target:
     """Where to send: one route, headers, and payloads (cycled in order). With ``grpc`` (a
-    method's path, ``/package.Service/Method``) the payloads are serialized request messages,
-    sent as unary calls over one channel, and the headers go as call metadata. ``paths``, when
-    given, are request variants cycled in order instead of ``path`` (a per-request model mix,
-    drawn once so every run sends the same sequence); the timeline then says which one each
-    answer was (:attr:`LoadResult.variants`)."""
+    method's path, ``/package.Service/Method``) the payloads are serialized request messages
+    and the headers call metadata. ``paths``, when given, are request variants cycled instead of
+    ``path`` (a model mix drawn once, so every run sends the same); :attr:`LoadResult.variants`
+    names each answer's."""
 
     host: str
     port: int
@@ -76,6 +74,7 @@ class LoadPlan:
     # must then be the highest step (it splits over processes) and ``duration_s`` their sum.
     steps: tuple[tuple[float, float], ...] = ()
     timeline: bool = False  # keep (start, latency, status) of every answer: LoadResult.timeline
+    phase: float = 0.0  # 0..1 of a gap: staggers the processes' constant schedules (split_plan)
 
     def check(self) -> None:
         if self.steps and (
@@ -94,33 +93,51 @@ class LoadPlan:
             raise BenchError("no payloads to send")
 
 
-@dataclass(frozen=True)
-class Share:
-    """One process's part of a plan."""
-
-    concurrency: int
-    rate: float
-    requests: int | None
-    phase: float
-    seed: int
-
-
 @dataclass
 class Part:
-    """What one process measured (arrays of seconds, kept flat to pickle fast)."""
+    """What one process measured, of the requests started inside its window (seconds), and with
+    ``keep_timeline`` every answer's (start, latency, status) and request index, warm-up too."""
 
-    latency: bytes = b""
-    service: bytes = b""
-    lag: bytes = b""
-    statuses: dict[str, int] = field(default_factory=dict)
+    window_start: float = 0.0
+    keep_timeline: bool = False
+    latency: array.array = field(default_factory=partial(array.array, "d"))
+    service: array.array = field(default_factory=partial(array.array, "d"))
+    lag: array.array = field(default_factory=partial(array.array, "d"))
+    timeline: array.array = field(default_factory=partial(array.array, "d"))
+    variants: array.array = field(default_factory=partial(array.array, "I"))
+    statuses: Counter[str] = field(default_factory=Counter)
+    completed: int = 0  # answers, warm-up included (progress)
     sent: int = 0
     last_done: float = 0.0
-    window_start: float = 0.0
     cpu_s: float = 0.0
     wall_s: float = 0.0
     capped: bool = False
-    timeline: bytes = b""
-    variants: bytes = b""
+
+    def count_sent(self, start: float) -> None:
+        if start >= self.window_start:
+            self.sent += 1
+
+    def record(
+        self, scheduled: float | None, sent: float, done: float, status: str, index: int
+    ) -> None:
+        self.completed += 1
+        start = sent if scheduled is None else scheduled
+        if self.keep_timeline:
+            code = float(status) if status.isdigit() else -1.0
+            self.timeline.extend((start - self.window_start, done - start, code))
+            self.variants.append(index)
+        if start < self.window_start:
+            return  # warm-up
+        self.statuses[status] += 1
+        if status in (CONN_ERROR, TIMEOUT):
+            return
+        # Timed from the schedule, so a late send counts its wait (no coordinated omission); a
+        # request that left early is timed from its actual send (never flatter than real).
+        self.latency.append(done - min(start, sent))
+        self.service.append(done - sent)
+        if scheduled is not None:
+            self.lag.append(max(0.0, sent - scheduled))
+        self.last_done = max(self.last_done, done)
 
 
 @dataclass(frozen=True)
@@ -156,7 +173,7 @@ class LoadResult:
 
     @property
     def error_rate(self) -> float:
-        return self.errors / self.sent if self.sent else 0.0
+        return error_rate(self.errors, self.sent)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -189,51 +206,48 @@ class Progress:
     recorded: int
 
 
-def split_plan(plan: LoadPlan, processes: int) -> list[Share]:
-    """Divide concurrency, rate and the request budget over ``processes`` (the remainder goes to
-    the first ones); constant schedules get staggered phases so they interleave evenly."""
-    shares = []
-    for i in range(processes):
-        conc = plan.concurrency // processes + (i < plan.concurrency % processes)
-        budget = None
-        if plan.requests is not None:
-            budget = plan.requests // processes + (i < plan.requests % processes)
-        shares.append(
-            Share(
-                concurrency=conc if plan.mode == "closed" else 0,
-                rate=plan.rate / processes if plan.mode == "open" else 0.0,
-                requests=budget,
-                phase=i / processes,
-                seed=plan.seed * 1009 + i,
-            )
+def split_plan(plan: LoadPlan, processes: int) -> list[LoadPlan]:
+    """Each process's plan: concurrency, rate (steps too) and the request budget divided over
+    ``processes`` (the remainder to the first ones), constant schedules staggered by ``phase``
+    so that together they interleave evenly."""
+
+    def portion(total: int, i: int) -> int:
+        return total // processes + (i < total % processes)
+
+    return [
+        replace(
+            plan,
+            concurrency=portion(plan.concurrency, i) if plan.mode == "closed" else 0,
+            rate=plan.rate / processes if plan.mode == "open" else 0.0,
+            steps=tuple((seconds, rate / processes) for seconds, rate in plan.steps),
+            requests=None if plan.requests is None else portion(plan.requests, i),
+            phase=i / processes,
+            seed=plan.seed * 1009 + i,
         )
-    return shares
+        for i in range(processes)
+    ]
 
 
 def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
     """Combine the processes' measurements into one :class:`LoadResult`."""
-    arrays = {name: array.array(code) for name, code in ARRAYS.items()}
-    statuses: Counter[str] = Counter()
+    total = Part(window_start=min((p.window_start for p in parts), default=0.0))
     for part in parts:
-        for name, values in arrays.items():
-            values.frombytes(getattr(part, name))
-        statuses.update(part.statuses)
-    latency = arrays["latency"]
-    sent = sum(p.sent for p in parts)
-    completed = len(latency)
-    ok = sum(n for code, n in statuses.items() if code.isdigit() and 200 <= int(code) < 300)
-    window_start = min((p.window_start for p in parts), default=0.0)
+        for name in ARRAYS:
+            getattr(total, name).extend(getattr(part, name))
+        total.statuses.update(part.statuses)
+    completed = len(total.latency)
+    ok = sum(n for code, n in total.statuses.items() if code.isdigit() and 200 <= int(code) < 300)
     last_done = max((p.last_done for p in parts), default=0.0)
     # A timed run's window is at least its duration (a few early answers must not inflate the
     # rate); a counted run's window ends at its last answer.
-    window = max(0.0, last_done - window_start) if completed else 0.0
+    window = max(0.0, last_done - total.window_start) if completed else 0.0
     if plan.duration_s is not None and plan.requests is None:
         window = max(window, plan.duration_s)
-    lag_summary = summarize(arrays["lag"])
+    lag = summarize(total.lag)
     cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
     behind = []
-    if plan.mode == "open" and lag_summary.count and lag_summary.p99_ms > LAG_WARN_MS:
-        behind.append(f"p99 send lag {lag_summary.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
+    if plan.mode == "open" and lag.count and lag.p99_ms > LAG_WARN_MS:
+        behind.append(f"p99 send lag {lag.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
     if any(p.capped for p in parts):
         behind.append(f"all {plan.max_connections} connections busy; requests waited to be sent")
     if any(c > CPU_WARN_PCT for c in cpu_pct):
@@ -243,18 +257,18 @@ def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
         offered_rate=plan.rate if plan.mode == "open" else None,
         concurrency=plan.concurrency if plan.mode == "closed" else None,
         window_s=window,
-        sent=sent,
+        sent=sum(p.sent for p in parts),
         completed=completed,
         ok=ok,
-        statuses=dict(sorted(statuses.items())),
-        latency=summarize(latency),
-        service=summarize(arrays["service"]),
-        lag=lag_summary,
+        statuses=dict(sorted(total.statuses.items())),
+        latency=summarize(total.latency),
+        service=summarize(total.service),
+        lag=lag,
         req_per_s=rate(completed, window),
         ok_per_s=rate(ok, window),
         generator_cpu_pct=cpu_pct,
         behind=behind,
         generator_cpu_s=sum(p.cpu_s for p in parts),
-        timeline=arrays["timeline"].tobytes(),
-        variants=arrays["variants"].tobytes(),
+        timeline=total.timeline.tobytes(),
+        variants=total.variants.tobytes(),
     )

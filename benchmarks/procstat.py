@@ -1,6 +1,5 @@
-"""CPU and memory of a server's process tree (the process and all its descendants) and of the
-load generator beside it, split by role: the frontend (the root and every non-worker
-descendant), the workers, the load generator.
+"""CPU and memory of a server's process tree and of the load generator beside it, by role: the
+frontend (the root and every non-worker descendant), the workers, the load generator.
 
 Processes are keyed by (pid, create time) so a reused pid is never subtracted from a stranger; a
 process born during a run counts all its CPU, and children the root reaped count as the
@@ -12,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import math
 import os
 import platform
 import signal
@@ -33,14 +33,16 @@ ProcKey = tuple[int, float]
 FRONTEND, WORKERS, LOAD_GENERATOR = "frontend", "workers", "load generator"
 WORKER_MARKS = ("torchbay.server.worker", "model_service_worker")
 SPAN = 0.8  # the share of a measured window a CPU window covers, clear of the window's edges
-# The figures of :func:`figures`, as round two's overload row reports them.
-FIGURES = (
-    "worker_ms_capacity",
-    "worker_ms_4x",
-    "cpu_frontend_4x_pct",
-    "cpu_workers_4x_pct",
-    "cpu_loadgen_4x_pct",
-)
+# Round two's overload row (:func:`figures`): each figure's CPU window, role, what it divides by
+# and its scale: the workers' CPU per served request (ms), or a role's share of one core (%).
+_FIGURES = {
+    "worker_ms_capacity": ("capacity", WORKERS, "capacity_ok", 1000),
+    "worker_ms_4x": ("overload", WORKERS, "overload_ok", 1000),
+    "cpu_frontend_4x_pct": ("overload", FRONTEND, "overload_s", 100),
+    "cpu_workers_4x_pct": ("overload", WORKERS, "overload_s", 100),
+    "cpu_loadgen_4x_pct": ("overload", LOAD_GENERATOR, "overload_s", 100),
+}
+FIGURES = tuple(_FIGURES)
 
 
 @dataclass(frozen=True)
@@ -120,43 +122,33 @@ def cpu_seconds_between(before: CpuSnapshot, after: CpuSnapshot) -> float:
 
 def cpu_ms_per_request(cpu_seconds: float, requests: int) -> float:
     """Server CPU milliseconds per request; NaN when no request was served."""
-    if requests <= 0:
-        return float("nan")
-    return cpu_seconds * 1000.0 / requests
+    return cpu_seconds * 1000.0 / requests if requests > 0 else math.nan
 
 
 def memory_snapshot(pid: int, with_pss: bool = True) -> MemorySnapshot:
     """RSS/PSS of ``pid`` (the frontend) and of its whole tree. PSS is None where the platform or
     permissions do not give it (it needs /proc/PID/smaps), or without ``with_pss``: reading smaps
     costs the host CPU, too much for a sampler running beside a measured window."""
-    frontend_rss = 0
-    frontend_pss: int | None = None
-    tree_rss = largest_child = 0
-    tree_pss: int | None = 0
-    count = 0
+    sizes: dict[int, tuple[int, int | None]] = {}  # pid: (RSS, PSS) in bytes
     for proc in tree(pid):
         try:
             rss = proc.memory_info().rss
             try:
-                pss: int | None = proc.memory_full_info().pss if with_pss else None
+                pss = proc.memory_full_info().pss if with_pss else None
             except (psutil.AccessDenied, AttributeError):
                 pss = None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        count += 1
-        tree_rss += rss
-        tree_pss = None if tree_pss is None or pss is None else tree_pss + pss
-        if proc.pid == pid:
-            frontend_rss, frontend_pss = rss, pss
-        else:
-            largest_child = max(largest_child, rss)
+        sizes[proc.pid] = (rss, pss)
+    root_rss, root_pss = sizes.get(pid, (0, None))
+    every_pss = [pss for _, pss in sizes.values()]
     return MemorySnapshot(
-        frontend_rss_mb=frontend_rss / _MB,
-        frontend_pss_mb=None if frontend_pss is None else frontend_pss / _MB,
-        tree_rss_mb=tree_rss / _MB,
-        tree_pss_mb=None if tree_pss is None else tree_pss / _MB,
-        processes=count,
-        largest_child_rss_mb=largest_child / _MB,
+        frontend_rss_mb=root_rss / _MB,
+        frontend_pss_mb=None if root_pss is None else root_pss / _MB,
+        tree_rss_mb=sum(rss for rss, _ in sizes.values()) / _MB,
+        tree_pss_mb=None if None in every_pss else sum(p or 0 for p in every_pss) / _MB,
+        processes=len(sizes),
+        largest_child_rss_mb=max((r for p, (r, _) in sizes.items() if p != pid), default=0) / _MB,
     )
 
 
@@ -253,16 +245,13 @@ class Window:
         """``SPAN`` of a measured window of ``duration_s`` that opens ``opens_s`` from now."""
         return cls(*pids, opens_s, opens_s + SPAN * duration_s)
 
-    @property
-    def span_s(self) -> float:
-        return self._marks[1] - self._marks[0]
-
     def __init__(
         self, server_pid: int, generator_pids: Iterable[int], begin_s: float, end_s: float
     ) -> None:
         self._args = (server_pid, list(generator_pids))
         self._t0 = time.monotonic()
         self._marks = (begin_s, end_s)
+        self.span_s = end_s - begin_s
         self._snaps: list[CpuSnapshot] = []
         self._thread = threading.Thread(target=self._run, name="cpu-window", daemon=True)
         self._thread.start()
@@ -288,18 +277,12 @@ def figures(
     overload_s: float,
     overload_ok: float,
 ) -> dict[str, float]:
-    """Round two's CPU figures: the workers' CPU per served request at capacity and in the 4x
-    phase (ms), and each role's share of one core in the 4x phase (%); NaN where a window was
-    not taken."""
-    nan = float("nan")
-    out = {"worker_ms_capacity": nan}
-    if capacity is not None and capacity_ok:
-        out["worker_ms_capacity"] = 1000 * capacity[WORKERS] / capacity_ok
-    keys = ("cpu_frontend_4x_pct", "cpu_workers_4x_pct", "cpu_loadgen_4x_pct", "worker_ms_4x")
-    out.update(dict.fromkeys(keys, nan))
-    if overload is not None and overload_s > 0:
-        for key, role in zip(keys, (FRONTEND, WORKERS, LOAD_GENERATOR), strict=False):
-            out[key] = 100 * overload[role] / overload_s
-        if overload_ok:
-            out["worker_ms_4x"] = 1000 * overload[WORKERS] / overload_ok
+    """Round two's CPU figures (:data:`FIGURES`) from the CPU seconds per role of the window at
+    capacity and of the 4x phase; NaN where a window was not taken or nothing was served."""
+    windows = {"capacity": capacity, "overload": overload}
+    divisors = {"capacity_ok": capacity_ok, "overload_s": overload_s, "overload_ok": overload_ok}
+    out = {}
+    for name, (window, role, divisor, scale) in _FIGURES.items():
+        used, by = windows[window], divisors[divisor]
+        out[name] = scale * used[role] / by if used is not None and by > 0 else math.nan
     return out

@@ -49,21 +49,11 @@ class LatencySummary:
 
 def summarize(latencies_s: Sequence[float]) -> LatencySummary:
     """Summarize latencies given in SECONDS into a millisecond :class:`LatencySummary`."""
-    values = np.asarray(latencies_s, dtype=float)
-    if values.size == 0:
-        nan = math.nan
-        return LatencySummary(0, nan, nan, nan, nan, nan, nan)
-    ms = 1e3 * values
-    p50, p90, p99, p999 = np.percentile(ms, PERCENTILES, method=PERCENTILE_METHOD).tolist()
-    return LatencySummary(
-        count=int(values.size),
-        mean_ms=float(ms.mean()),
-        p50_ms=p50,
-        p90_ms=p90,
-        p99_ms=p99,
-        p999_ms=p999,
-        max_ms=float(ms.max()),
-    )
+    ms = 1e3 * np.asarray(latencies_s, dtype=float)
+    if ms.size == 0:
+        return LatencySummary(0, *(math.nan,) * 6)
+    quantiles = np.percentile(ms, PERCENTILES, method=PERCENTILE_METHOD).tolist()
+    return LatencySummary(ms.size, float(ms.mean()), *quantiles, float(ms.max()))
 
 
 def rate(count: int, seconds: float) -> float:
@@ -94,13 +84,9 @@ def arrival_offsets(
     seed: int = 0,
     phase: float = 0.0,
 ) -> Iterator[float]:
-    """Endless scheduled send times (seconds after the start) of an open-loop load.
-
-    ``constant``: ``(k + phase) / rate`` for k = 0, 1, ... (one endless step); ``poisson``:
-    exponential gaps with mean ``1 / rate`` from ``random.Random(seed)``, the first one included,
-    so no request is ever at exactly 0. ``phase`` (0..1) staggers the constant schedules of
-    several generator processes that each run ``rate / N``, so together they interleave evenly.
-    """
+    """Endless send times (seconds after the start) of an open loop: ``constant`` at
+    ``(k + phase) / rate``, ``phase`` (0..1) interleaving the processes that each run a share;
+    ``poisson`` with exponential gaps from ``random.Random(seed)``, the first one included."""
     if not rate_per_s > 0:
         raise BenchError(f"rate must be > 0, not {rate_per_s}")
     if arrival == "constant":

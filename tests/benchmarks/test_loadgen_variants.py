@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import array
 import collections
+import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -79,3 +81,73 @@ def test_zipf_mix_is_seeded_and_skewed_to_the_first_ranks() -> None:
     # 1/k^1.1 over 200 ranks: the first ten take ~57% of the requests.
     hot = sum(counts[multiplex.name(k)] for k in range(1, 11)) / len(mix)
     assert hot == pytest.approx(0.57, abs=0.03)
+
+
+def test_open_loop_sends_its_budget_on_schedule(gen: LoadGenerator, by_path: int) -> None:
+    """An open loop of 20 requests at 200/s: each is sent, answered and timed from its schedule
+    (the send lag is recorded in open loop only)."""
+    target = Target("127.0.0.1", by_path, "/predictions/a", (b"{}",))
+    plan = LoadPlan(target, "open", rate=200.0, duration_s=None, requests=20, timeline=True)
+    result = gen.run(plan)
+    assert (result.sent, result.completed, result.statuses) == (20, 20, {"200": 20})
+    assert result.lag.count == result.latency.count == 20
+    starts = [answer.start for answer in answers(result.timeline)]
+    assert max(starts) - min(starts) == pytest.approx(19 / 200, abs=0.002)
+    closed = gen.run(LoadPlan(target, concurrency=2, duration_s=None, requests=20))
+    assert (closed.completed, closed.lag.count, closed.offered_rate) == (20, 0, None)
+
+
+def test_refused_and_unanswered_requests_are_counted(gen: LoadGenerator) -> None:
+    """A port nobody listens on: every send is a conn-error. A server that accepts and never
+    answers: the requests in flight when the run gives up count as timeouts."""
+    with socket.socket() as closed_port:
+        closed_port.bind(("127.0.0.1", 0))
+        port = closed_port.getsockname()[1]
+    refused = Target("127.0.0.1", port, "/", (b"{}",))
+    result = gen.run(LoadPlan(refused, concurrency=1, duration_s=None, requests=5))
+    assert result.statuses == {"conn-error": 5} and result.ok == 0
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        mute = Target("127.0.0.1", silent.getsockname()[1], "/", (b"{}",))
+        plan = LoadPlan(mute, concurrency=3, duration_s=0.2, timeout_s=0.5)
+        result = gen.run(plan)
+    assert result.statuses == {"timeout": 3} and result.sent == 3
+
+
+@pytest.fixture(scope="module")
+def grpc_echo() -> Iterator[int]:
+    """A gRPC server whose method /t.Echo/Say answers the request's bytes."""
+    import grpc
+
+    server = grpc.server(ThreadPoolExecutor(2))
+    say = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Echo", {"Say": say}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port
+    server.stop(0)
+
+
+def test_grpc_calls_share_one_channel_and_name_their_status(
+    gen: LoadGenerator, grpc_echo: int
+) -> None:
+    """OK counts as 200; any other status by its code's name."""
+    target = Target("127.0.0.1", grpc_echo, "", (b"ping",), grpc="/t.Echo/Say")
+    result = gen.run(LoadPlan(target, concurrency=3, duration_s=None, requests=12))
+    assert result.statuses == {"200": 12} and result.latency.count == 12
+    missing = Target("127.0.0.1", grpc_echo, "", (b"ping",), grpc="/t.Echo/Nope")
+    result = gen.run(LoadPlan(missing, "open", rate=100.0, duration_s=None, requests=4))
+    assert result.statuses == {"UNIMPLEMENTED": 4} and result.ok == 0
+
+
+def test_two_processes_split_a_stepped_open_loop(by_path: int) -> None:
+    """Steps of 50/s then 100/s for 0.2 s each over two processes: each runs half of each step,
+    staggered, so together they send exactly 10 then 20 requests."""
+    target = Target("127.0.0.1", by_path, "/predictions/a", (b"{}",))
+    steps = ((0.2, 50.0), (0.2, 100.0))
+    plan = LoadPlan(target, "open", rate=100.0, duration_s=0.4, steps=steps, timeline=True)
+    with LoadGenerator(2) as two:
+        result = two.run(plan)
+    starts = sorted(answer.start for answer in answers(result.timeline))
+    assert result.sent == result.statuses["200"] == len(starts) == 30
+    assert sum(start < 0.19 for start in starts) == 10  # the last of the first: 0.18 s
+    assert starts[1] - starts[0] == pytest.approx(1 / 50)  # interleaved, not side by side
