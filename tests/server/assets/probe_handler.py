@@ -35,8 +35,11 @@ class ProbeHandler(BaseHandler):
     def preprocess(self, data):
         def one(item):
             body = item.get("body") if isinstance(item, dict) else None
-            if isinstance(body, bytes):  # TorchServe's gRPC input {"body": JSON bytes}
-                body = json.loads(body)
+            if isinstance(body, (bytes, bytearray)):  # TorchServe's gRPC {"body": JSON bytes}
+                try:
+                    body = json.loads(body)
+                except (ValueError, RecursionError):
+                    body = None  # not JSON: the 400 below
             if not isinstance(body, dict):
                 raise BadInput("probe wants a JSON object body")
             if body.get("bad"):
