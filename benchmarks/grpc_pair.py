@@ -1,10 +1,7 @@
-"""``torchbay bench run --protocol grpc`` and ``grpc-v2``: the same closed loop over gRPC, beside
-HTTP, on one server (``--archive``; with ``--url``, the server's gRPC address, gRPC alone).
-
-``grpc`` pairs TorchServe's ``Predictions`` with ``/predictions``; ``grpc-v2`` pairs ``ModelInfer``
-(``raw_input_contents``) with ``/v2/models/{m}/infer`` in the binary tensor extension. A gRPC
-target is a ``loadplan.Target`` of serialized messages, so both sides are one ``bench.measure``.
-The ``grpc-v2`` tensor comes from the one ``--input`` (:func:`load_tensor`).
+"""``torchbay bench run --protocol grpc`` (TorchServe's ``Predictions`` beside ``/predictions``)
+and ``grpc-v2`` (``ModelInfer`` beside ``/v2/models/{m}/infer``, binary extension): one closed
+loop per side on one server; with ``--url`` (the gRPC address), gRPC alone. A gRPC target is a
+``loadplan.Target`` of serialized messages, so both sides are one ``bench.measure``.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.archiver.errors import ArchiveError
+from torchbay.archiver.manifest import read_manifest
 from torchbay.benchmarks import bench
 from torchbay.benchmarks.bench import BenchReport, RunOptions
 from torchbay.benchmarks.errors import BenchError
@@ -42,17 +40,9 @@ class OipTensor:
 
     def http_body(self) -> tuple[bytes, int]:
         """The binary-extension body (JSON header + raw bytes), and the header's length."""
-        header = {
-            "inputs": [
-                {
-                    "name": self.name,
-                    "datatype": self.datatype,
-                    "shape": list(self.shape),
-                    "parameters": {"binary_data_size": len(self.raw)},
-                }
-            ],
-            "parameters": {"binary_data_output": True},
-        }
+        entry = {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+        entry["parameters"] = {"binary_data_size": len(self.raw)}
+        header = {"inputs": [entry], "parameters": {"binary_data_output": True}}
         head = json.dumps(header, separators=(",", ":")).encode()
         return head + self.raw, len(head)
 
@@ -81,7 +71,7 @@ def load_tensor(path: Path, archive: Path | None = None) -> OipTensor:
     if Path(path).suffix.lower() != ".npy":
         return OipTensor("data", "BYTES", (1,), struct.pack("<I", len(raw)) + raw)
     try:
-        info = _recorded(archive)
+        info = None if archive is None else read_manifest(archive).torchbay
     except (ArchiveError, OSError):
         info = None  # starting the server says what is wrong with the archive
     return _from_npy(raw, Path(path).name, _input_name(info))
@@ -92,7 +82,7 @@ def archive_example(archive: Path) -> OipTensor:
     import zipfile
 
     try:
-        info = _recorded(archive)
+        info = read_manifest(archive).torchbay
         example = info.example_input if info is not None else None
         if not example or not example.endswith(".npy"):
             raise BenchError(f"{archive.name} records no one-tensor example input (.npy)")
@@ -120,13 +110,6 @@ def _from_npy(raw: bytes, label: str, name: str) -> OipTensor:
         raise BenchError(f"{label}: numpy dtype {array.dtype} has no OIP datatype")
     data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
     return OipTensor(name, datatype, tuple(array.shape), data)
-
-
-def _recorded(archive: Path | None) -> Any:
-    """The torchbay section of the archive's manifest (None: no archive or no section)."""
-    from torchbay.archiver.manifest import read_manifest
-
-    return None if archive is None else read_manifest(archive).torchbay
 
 
 def _input_name(info: Any) -> str:
