@@ -50,9 +50,8 @@ class OipTensor:
         """The ``ModelInferRequest``, built with the server's own message classes."""
         from torchbay.server.grpc.messages import message
 
-        request = message("inference.ModelInferRequest")(
-            model_name=model, model_version=version or ""
-        )
+        new_request = message("inference.ModelInferRequest")
+        request = new_request(model_name=model, model_version=version or "")
         request.inputs.add(name=self.name, datatype=self.datatype, shape=list(self.shape))
         request.raw_input_contents.append(self.raw)
         return request
@@ -176,12 +175,8 @@ def _v2_binary(options: RunOptions, tensor: OipTensor, body_file: Path) -> RunOp
     """``options`` for the HTTP side of the v2 pair: the binary-extension body of ``tensor``."""
     body, head_len = tensor.http_body()
     body_file.write_bytes(body)
-    update = {
-        "protocol": "v2",
-        "inputs": (body_file,),
-        "content_type": "application/octet-stream",
-        "headers": ((HEADER_LENGTH, str(head_len)),),
-    }
+    octets, headers = "application/octet-stream", ((HEADER_LENGTH, str(head_len)),)
+    update = {"protocol": "v2", "inputs": (body_file,), "content_type": octets, "headers": headers}
     return options.model_copy(update=update)
 
 

@@ -122,8 +122,7 @@ _DIGITS = {"req_s": 0, "capacity_req_s": 0, "offered_req_s": 0, "goodput_req_s":
 def fmt(value: float, metric: str = "") -> str:
     if not isinstance(value, int | float) or not math.isfinite(value):
         return "n/a"
-    digits = _DIGITS.get(metric, 0 if abs(value) >= 100 else 2)
-    return f"{value:,.{digits}f}"
+    return num(value, _DIGITS.get(metric, 0 if abs(value) >= 100 else 2))
 
 
 def _every(values: list[float], metric: str = "") -> str:
@@ -213,9 +212,7 @@ def as_json(rows: list[RowResult], header: dict[str, Any]) -> dict[str, Any]:
 
 def num(value: float | None, digits: int = 2) -> str:
     """A number with thousands separators; "-" for None or NaN."""
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:,.{digits}f}"
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
 
 
 def markdown_table(

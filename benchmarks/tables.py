@@ -29,16 +29,14 @@ Rows = Callable[[Ctx, argparse.Namespace], tuple[list[Row], str]]
 
 @dataclass(frozen=True)
 class Table:
-    """A table's rows and settings line, title, file stem, default folders and durations."""
+    """Rows and settings line, title, file stem, default folders, (repeat, duration, warm-up)."""
 
     rows: Rows
     title: str
     stem: str
     out: Path
     work: Path | None
-    repeat: int
-    duration_s: float
-    warmup_s: float
+    windows: tuple[int, float, float]
 
 
 INPROCESS = "inprocess"
@@ -187,13 +185,13 @@ def grpc_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
 
 
 TABLES = {
-    "reference": Table(reference_rows, "Reference scenarios", "latest", OUT, None, 2, 20.0, 5.0),
+    "reference": Table(reference_rows, "Reference scenarios", "latest", OUT, None, (2, 20.0, 5.0)),
     # Round two's reports live beside the other results, outside the package (results/README.md).
     "round2": Table(
-        round2_rows, "Round two (issue 15)", "round2", RESULTS, OUT / "round2", 3, 10, 3
+        round2_rows, "Round two (issue 15)", "round2", RESULTS, OUT / "round2", (3, 10, 3)
     ),
     "grpc": Table(
-        grpc_rows, "gRPC beside HTTP (issue 12)", "grpc", OUT / "grpc", None, 3, 10.0, 2.0
+        grpc_rows, "gRPC beside HTTP (issue 12)", "grpc", OUT / "grpc", None, (3, 10.0, 2.0)
     ),
 }
 
@@ -246,7 +244,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     table = TABLES[args.table]
     quick = getattr(args, "quick", False)
-    defaults = (1, 3.0, 1.0) if quick else (table.repeat, table.duration_s, table.warmup_s)
+    defaults = (1, 3.0, 1.0) if quick else table.windows
     for name, default in zip(("repeat", "duration", "warmup"), defaults, strict=True):
         setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
     args.out = args.out or table.out
