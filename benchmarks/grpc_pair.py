@@ -7,7 +7,6 @@ loop per side on one server; with ``--url`` (the gRPC address), gRPC alone. A gR
 from __future__ import annotations
 
 import io
-import json
 import struct
 import tempfile
 from collections.abc import Callable
@@ -39,12 +38,11 @@ class OipTensor:
     raw: bytes
 
     def http_body(self) -> tuple[bytes, int]:
-        """The binary-extension body (JSON header + raw bytes), and the header's length."""
-        entry = {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-        entry["parameters"] = {"binary_data_size": len(self.raw)}
-        header = {"inputs": [entry], "parameters": {"binary_data_output": True}}
-        head = json.dumps(header, separators=(",", ":")).encode()
-        return head + self.raw, len(head)
+        """The binary-extension body (JSON header + raw bytes) and the header's length: the
+        server's own conversion of :meth:`grpc_request`, so both routes carry the same input."""
+        from torchbay.server.grpc.tensors import request_body
+
+        return request_body(self.grpc_request("", None))
 
     def grpc_request(self, model: str, version: str | None) -> Any:
         """The ``ModelInferRequest``, built with the server's own message classes."""
