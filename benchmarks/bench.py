@@ -151,12 +151,7 @@ class BenchReport:
     def as_dict(self) -> dict[str, Any]:
         head = {k: getattr(self, k) for k in ("model", "version", "url", "settings")}
         server = self.server.as_dict() if self.server else None
-        return {
-            **head,
-            "client": self.result.as_dict(),
-            "server": server,
-            "notes": list(self.notes),
-        }
+        return {**head, "client": self.result.as_dict(), "server": server, "notes": [*self.notes]}
 
 
 def load_payloads(paths: tuple[Path, ...], protocol: Protocol) -> tuple[bytes, ...]:
@@ -261,9 +256,7 @@ def measure(
     notes: list[str] = []
     plan = options.plan(target)
     with LoadGenerator(options.processes) as gen:
-        if plan.warmup_s > 0:
-            # Warm up separately so the server view covers only the measured window.
-            gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
+        warm_up(gen, plan, plan.warmup_s)  # apart, so the server view is the measured window's
         measured = replace(plan, warmup_s=0.0)
         result, view = observe(gen, endpoints, model, version, measured, notes, on_progress)
     notes.extend(result.behind)
@@ -277,6 +270,15 @@ def measure(
         server=view,
         notes=tuple(notes),
     )
+
+
+def warm_up(gen: LoadGenerator, plan: LoadPlan, seconds: float) -> None:
+    """``seconds`` of ``plan``'s load, unmeasured, so the measured run starts on a warm server
+    (an open loop at its lowest step's rate); every warm-up of the benchmarks is one of these."""
+    if seconds > 0:
+        rate = min(r for _, r in plan.steps or ((1, plan.rate),))  # steps: open loop only
+        fixed = {"requests": None, "warmup_s": 0.0, "steps": (), "timeline": False}
+        gen.run(replace(plan, duration_s=seconds, rate=rate, **fixed))
 
 
 def observe(

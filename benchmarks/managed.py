@@ -232,16 +232,17 @@ class ManagedServer:
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def _poll(self, ready: Callable[[], bool], interval_s: float) -> None:
-        """Poll ``ready`` until it holds; BenchError if the server exits first or the start
-        timeout passes (the server's own signal is awaited: the poll only bounds the wait)."""
+    def _poll(self, ready: Callable[[], bool], interval_s: float, timeout_s: float = 0.0) -> None:
+        """Poll ``ready`` until it holds; BenchError if the server exits first or ``timeout_s``
+        passes (0: the start timeout, from the start; the poll only bounds the wait)."""
         assert self.proc is not None
-        deadline = self.started_at + self.start_timeout_s
+        start = time.monotonic() if timeout_s else self.started_at
+        timeout_s = timeout_s or self.start_timeout_s
         while not ready():
             if self.proc.poll() is not None:
                 raise BenchError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"server not ready in {self.start_timeout_s:.0f} s")
+            if time.monotonic() > start + timeout_s:
+                raise BenchError(f"server not ready in {timeout_s:.0f} s:\n{self.log_tail()}")
             time.sleep(interval_s)
 
     def _wait_ready(self) -> Endpoints:
@@ -257,22 +258,20 @@ class ManagedServer:
 
     def first_answer(self, path: str, body: bytes, timeout_s: float = 30.0) -> float:
         """POST ``body`` to ``path`` until it answers 200; seconds since the process started."""
-        assert self.endpoints is not None
-        deadline = time.monotonic() + timeout_s
+        e = self.endpoints
+        assert e is not None
         headers = {"Content-Type": "application/octet-stream"}
-        if self.endpoints.inference_key:
-            headers["Authorization"] = f"Bearer {self.endpoints.inference_key}"
-        while time.monotonic() < deadline:
+        if e.inference_key:
+            headers["Authorization"] = f"Bearer {e.inference_key}"
+
+        def answered() -> bool:
             try:
-                status, _ = http_call(
-                    self.endpoints.host, self.endpoints.inference_port, "POST", path, body, headers
-                )
+                return http_call(e.host, e.inference_port, "POST", path, body, headers)[0] == 200
             except BenchError:
-                status = 0
-            if status == 200:
-                return time.monotonic() - self.started_at
-            time.sleep(0.01)  # the model answered non-200 or not yet: poll, bounded by deadline
-        raise BenchError(f"no 200 from {path} within {timeout_s:.0f} s:\n{self.log_tail()}")
+                return False  # not listening yet
+
+        self._poll(answered, 0.01, timeout_s)
+        return time.monotonic() - self.started_at
 
 
 def free_port(host: str = "127.0.0.1") -> int:

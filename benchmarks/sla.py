@@ -12,7 +12,6 @@ winner's rate as the repeats are, then searched as a configuration is.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ from pathlib import Path
 from torchbay.benchmarks.bench import make_target, observe
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, write_properties
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching, models_json
 from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step
@@ -272,9 +271,7 @@ def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) 
     config = Batching(max(options.batch_sizes), max(options.max_delays_ms), winner.config.workers)
     models = models_json({model: config}, version)
     models[model][version] |= {"marName": options.archive.name, "slaP99Ms": options.sla_p99_ms}
-    props = options.out_dir / "autopilot" / "config.properties"
-    props.parent.mkdir(parents=True, exist_ok=True)
-    props.write_text(f"models={json.dumps(models)}\n")
+    props = write_properties(options.out_dir / "autopilot", models, {})
     log(
         f"autopilot: p99 target {options.sla_p99_ms:g} ms, ceilings batch {config.batch_size}, "
         f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
