@@ -120,19 +120,13 @@ class RunOptions(LoadOptions):
         return self
 
     def plan(self, target: Target) -> LoadPlan:
+        """The load on ``target``; the plan's fields of the same name are these options'."""
         duration = self.duration_s if self.duration_s or self.requests else 10.0
+        same = ("arrival", "requests", "warmup_s", "timeout_s", "seed", "max_connections")
+        mode = "open" if self.rate else "closed"
+        load = {"concurrency": self.concurrency or 0, "rate": self.rate or 0.0}
         return LoadPlan(
-            target=target,
-            mode="open" if self.rate else "closed",
-            concurrency=self.concurrency or 0,
-            rate=self.rate or 0.0,
-            arrival=self.arrival,
-            duration_s=duration,
-            requests=self.requests,
-            warmup_s=self.warmup_s,
-            timeout_s=self.timeout_s,
-            seed=self.seed,
-            max_connections=self.max_connections,
+            target, mode, duration_s=duration, **load, **{k: getattr(self, k) for k in same}
         )
 
 

@@ -278,10 +278,9 @@ def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) 
         f"at {winner.best_rate:.1f} req/s"
     )
     runs = result.autopilot = Outcome(config, best_rate=winner.best_rate, name=AUTOPILOT)
-    extra = ("--ts-config", str(props.resolve()))
-    with _searching(
-        options, model, props.parent / "server", log, name=model, extra_args=extra
-    ) as search:
+    kw = {"extra_args": ("--ts-config", str(props.resolve()))}
+    kw["models"] = (f"{model}={options.archive.name}",)  # the model as the config names it
+    with _searching(options, model, props.parent / "server", log, **kw) as search:
         search.progress = progress
         search.repeat([runs], AUTOPILOT, max(1, options.repeats))
         result.autopilot_state = search.mgmt.describe(model, None).get("autopilot")
