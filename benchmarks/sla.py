@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from torchbay.benchmarks.bench import make_target, observe
+from torchbay.benchmarks.bench import make_target, observe, warm_up
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, write_properties
@@ -52,12 +52,9 @@ class _Search:
             return
         self.mgmt.configure(self.model, None, config)
         self.current = config
-        if self.o.config_warmup_s > 0:
-            half, timeout = self.o.config_warmup_s / 2, self.o.timeout_s
-            for conc in (1, _full(config)):
-                self.gen.run(
-                    LoadPlan(self.target, "closed", conc, duration_s=half, timeout_s=timeout)
-                )
+        for conc in (1, _full(config)):
+            plan = LoadPlan(self.target, "closed", conc, timeout_s=self.o.timeout_s)
+            warm_up(self.gen, plan, self.o.config_warmup_s / 2)
 
     def measure(self, config: Batching, phase: str, rate: float) -> Step:
         """One open-loop step at ``rate`` (or a closed-loop probe when phase is 'probe')."""
