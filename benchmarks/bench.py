@@ -187,13 +187,9 @@ def make_target(
     if endpoints.inference_key:
         headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
     headers.extend(options.headers)
-    return Target(
-        host=endpoints.host,
-        port=endpoints.inference_port,
-        path=route(options.protocol, model, version),
-        payloads=load_payloads(options.inputs, options.protocol),
-        headers=tuple(headers),
-    )
+    payloads = load_payloads(options.inputs, options.protocol)
+    path = route(options.protocol, model, version)
+    return Target(endpoints.host, endpoints.inference_port, path, payloads, tuple(headers))
 
 
 @contextmanager

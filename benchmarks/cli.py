@@ -221,12 +221,8 @@ def build_archive(
         if suite.script is None:
             raise BenchError(f"{archive} is missing and the suite has no build script")
         log(f"building with {suite.script}")
-        proc = subprocess.run(
-            [sys.executable, str(_resolve(suite.script))],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-        )
+        script = [sys.executable, str(_resolve(suite.script))]
+        proc = subprocess.run(script, cwd=REPO_ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BenchError(f"{suite.script} failed:\n{proc.stderr.strip()[-2000:]}")
     if not inputs:

@@ -148,13 +148,11 @@ def make_system(
         )
     else:
         config = managed.write_properties(run_dir, models_json(served, MODEL_VERSION), props)
+        flags = ("--ncs", "--ts-config", str(config.resolve()), *args)
+        loaded = tuple(f"{name}={name}.mar" for name in served)
+        first = store / f"{next(iter(served))}.mar"
         server = managed.ManagedServer.torchbay(
-            store / f"{next(iter(served))}.mar",
-            run_dir,
-            auth=False,
-            extra_args=("--ncs", "--ts-config", str(config.resolve()), *args),
-            python=ctx.python,
-            models=tuple(f"{name}={name}.mar" for name in served),
+            first, run_dir, auth=False, extra_args=flags, python=ctx.python, models=loaded
         )
     server.start_timeout_s = ctx.start_timeout_s
     return server
