@@ -177,12 +177,9 @@ def make_target(
 ) -> Target:
     """The HTTP target of ``options`` (``bench run``'s or the SLA search's: their ``inputs``,
     ``protocol`` and ``content_type``, and any extra ``headers``) on ``endpoints``."""
-    suffix = options.inputs[0].suffix.lower()
-    content_type = options.content_type or (
-        "application/json"
-        if options.protocol == "v2"  # a v2 body is JSON, wrapped or not
-        else _CONTENT_TYPES.get(suffix, "application/octet-stream")
-    )
+    by_suffix = _CONTENT_TYPES.get(options.inputs[0].suffix.lower(), "application/octet-stream")
+    v2 = "application/json"  # a v2 body is JSON, wrapped or not
+    content_type = options.content_type or (v2 if options.protocol == "v2" else by_suffix)
     headers = [("Content-Type", content_type)]
     if endpoints.inference_key:
         headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
@@ -327,15 +324,13 @@ def format_report(report: BenchReport) -> str:
         ("generator CPU", f"{cpu} of a core per process"),
     ]
     if s is not None:
+        handler = "  ".join(f"{k} {num(v)}" for k, v in s.handler_mean_ms.items()) or "-"
         facts += [
             ("server view (from /metrics):", None),
             ("requests", ", ".join(f"{k}: {v:,.0f}" for k, v in s.requests.items()) or "-"),
             ("latency (ms)", f"mean {num(s.request_mean_ms)}  p99~ {num(s.request_p99_ms)}"),
             ("queue (ms)", f"mean {num(s.queue_mean_ms)}  p99~ {num(s.queue_p99_ms)}"),
-            (
-                "handler (ms)",
-                "  ".join(f"{k} {num(v)}" for k, v in s.handler_mean_ms.items()) or "-",
-            ),
+            ("handler (ms)", handler),
             ("batches", f"{s.batches:,.0f}, mean batch size {num(s.mean_batch_size)}"),
         ]
     loop = "open loop" if r.mode == "open" else "closed loop,"
