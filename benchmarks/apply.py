@@ -18,17 +18,6 @@ from torchbay.benchmarks.scenarios import Batching
 DEFAULT_CONFIG_NAME = "model-config.yaml"
 
 
-def updated_config(data: dict[str, Any], settings: Batching) -> dict[str, Any]:
-    """``data`` with the frontend keys of ``settings`` set (others untouched, order kept)."""
-    delay = settings.max_batch_delay_ms
-    if delay is not None and float(delay).is_integer():
-        delay = int(delay)  # 5, not 5.0, in the YAML a person reads
-    workers = settings.workers
-    keys = {"batchSize": settings.batch_size, "maxBatchDelay": delay}
-    keys |= {"minWorkers": workers, "maxWorkers": workers}
-    return {**data, **{k: v for k, v in keys.items() if v is not None}}
-
-
 def _archive_format(path: Path) -> str:
     if path.is_dir():
         return "no-archive"
@@ -69,7 +58,8 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
             data = yaml.safe_load(config_path.read_text()) or {}
             if not isinstance(data, dict):
                 raise BenchError(f"{archive}:{name} is not a YAML mapping")
-        text = yaml.safe_dump(updated_config(data, settings), sort_keys=False)
+        # The settings' keys set, the others untouched, their order kept.
+        text = yaml.safe_dump({**data, **settings.keys()}, sort_keys=False)
         config_path.write_text(text)
         update: dict[str, Any] = {}
         if manifest.model.config_file is None:
@@ -91,12 +81,3 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
             shutil.copy2(archive, backup)
         write_archive(fmt, archive, files, new_manifest, manifest.model.model_name)  # type: ignore[arg-type]
     return backup
-
-
-def read_config(archive: str | Path) -> dict[str, Any]:
-    """The archive's model-config.yaml as a dict ({} when it has none)."""
-    from torchbay.archiver.extract import extract_archive
-
-    with tempfile.TemporaryDirectory(prefix="tb-apply-") as work:
-        name = extract_archive(archive, Path(work) / "x").model.config_file
-        return (yaml.safe_load((Path(work) / "x" / name).read_text()) or {}) if name else {}

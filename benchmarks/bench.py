@@ -120,19 +120,13 @@ class RunOptions(LoadOptions):
         return self
 
     def plan(self, target: Target) -> LoadPlan:
+        """The load on ``target``; the plan's fields of the same name are these options'."""
         duration = self.duration_s if self.duration_s or self.requests else 10.0
+        same = ("arrival", "requests", "warmup_s", "timeout_s", "seed", "max_connections")
+        mode = "open" if self.rate else "closed"
+        load = {"concurrency": self.concurrency or 0, "rate": self.rate or 0.0}
         return LoadPlan(
-            target=target,
-            mode="open" if self.rate else "closed",
-            concurrency=self.concurrency or 0,
-            rate=self.rate or 0.0,
-            arrival=self.arrival,
-            duration_s=duration,
-            requests=self.requests,
-            warmup_s=self.warmup_s,
-            timeout_s=self.timeout_s,
-            seed=self.seed,
-            max_connections=self.max_connections,
+            target, mode, duration_s=duration, **load, **{k: getattr(self, k) for k in same}
         )
 
 
@@ -151,12 +145,7 @@ class BenchReport:
     def as_dict(self) -> dict[str, Any]:
         head = {k: getattr(self, k) for k in ("model", "version", "url", "settings")}
         server = self.server.as_dict() if self.server else None
-        return {
-            **head,
-            "client": self.result.as_dict(),
-            "server": server,
-            "notes": list(self.notes),
-        }
+        return {**head, "client": self.result.as_dict(), "server": server, "notes": [*self.notes]}
 
 
 def load_payloads(paths: tuple[Path, ...], protocol: Protocol) -> tuple[bytes, ...]:
@@ -188,23 +177,16 @@ def make_target(
 ) -> Target:
     """The HTTP target of ``options`` (``bench run``'s or the SLA search's: their ``inputs``,
     ``protocol`` and ``content_type``, and any extra ``headers``) on ``endpoints``."""
-    suffix = options.inputs[0].suffix.lower()
-    content_type = options.content_type or (
-        "application/json"
-        if options.protocol == "v2"  # a v2 body is JSON, wrapped or not
-        else _CONTENT_TYPES.get(suffix, "application/octet-stream")
-    )
+    by_suffix = _CONTENT_TYPES.get(options.inputs[0].suffix.lower(), "application/octet-stream")
+    v2 = "application/json"  # a v2 body is JSON, wrapped or not
+    content_type = options.content_type or (v2 if options.protocol == "v2" else by_suffix)
     headers = [("Content-Type", content_type)]
     if endpoints.inference_key:
         headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
     headers.extend(options.headers)
-    return Target(
-        host=endpoints.host,
-        port=endpoints.inference_port,
-        path=route(options.protocol, model, version),
-        payloads=load_payloads(options.inputs, options.protocol),
-        headers=tuple(headers),
-    )
+    payloads = load_payloads(options.inputs, options.protocol)
+    path = route(options.protocol, model, version)
+    return Target(endpoints.host, endpoints.inference_port, path, payloads, tuple(headers))
 
 
 @contextmanager
@@ -261,9 +243,7 @@ def measure(
     notes: list[str] = []
     plan = options.plan(target)
     with LoadGenerator(options.processes) as gen:
-        if plan.warmup_s > 0:
-            # Warm up separately so the server view covers only the measured window.
-            gen.run(replace(plan, duration_s=plan.warmup_s, warmup_s=0.0, requests=None))
+        warm_up(gen, plan, plan.warmup_s)  # apart, so the server view is the measured window's
         measured = replace(plan, warmup_s=0.0)
         result, view = observe(gen, endpoints, model, version, measured, notes, on_progress)
     notes.extend(result.behind)
@@ -277,6 +257,15 @@ def measure(
         server=view,
         notes=tuple(notes),
     )
+
+
+def warm_up(gen: LoadGenerator, plan: LoadPlan, seconds: float) -> None:
+    """``seconds`` of ``plan``'s load, unmeasured, so the measured run starts on a warm server
+    (an open loop at its lowest step's rate); every warm-up of the benchmarks is one of these."""
+    if seconds > 0:
+        rate = min(r for _, r in plan.steps or ((1, plan.rate),))  # steps: open loop only
+        fixed = {"requests": None, "warmup_s": 0.0, "steps": (), "timeline": False}
+        gen.run(replace(plan, duration_s=seconds, rate=rate, **fixed))
 
 
 def observe(
@@ -335,15 +324,13 @@ def format_report(report: BenchReport) -> str:
         ("generator CPU", f"{cpu} of a core per process"),
     ]
     if s is not None:
+        handler = "  ".join(f"{k} {num(v)}" for k, v in s.handler_mean_ms.items()) or "-"
         facts += [
             ("server view (from /metrics):", None),
             ("requests", ", ".join(f"{k}: {v:,.0f}" for k, v in s.requests.items()) or "-"),
             ("latency (ms)", f"mean {num(s.request_mean_ms)}  p99~ {num(s.request_p99_ms)}"),
             ("queue (ms)", f"mean {num(s.queue_mean_ms)}  p99~ {num(s.queue_p99_ms)}"),
-            (
-                "handler (ms)",
-                "  ".join(f"{k} {num(v)}" for k, v in s.handler_mean_ms.items()) or "-",
-            ),
+            ("handler (ms)", handler),
             ("batches", f"{s.batches:,.0f}, mean batch size {num(s.mean_batch_size)}"),
         ]
     loop = "open loop" if r.mode == "open" else "closed loop,"

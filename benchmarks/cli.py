@@ -182,17 +182,14 @@ class ProgressLine:
     def __init__(self, total_s: float | None, stream: TextIO = sys.stderr) -> None:
         self.total = f"/{total_s:.0f}" if total_s else ""
         self.stream = stream
-        from torchbay.benchmarks.loadgen import Progress
-
-        self.last = Progress(0.0, 0, 0)
-        self.printed = 0.0
+        self.last, self.printed = (0.0, 0), 0.0  # the last line's (elapsed, completed), when
 
     def __call__(self, p: Progress) -> None:
         if time.monotonic() - self.printed < 5.0:
             return
-        dt = p.elapsed_s - self.last.elapsed_s
-        rps = (p.completed - self.last.completed) / dt if dt > 0 else 0.0
-        self.last, self.printed = p, time.monotonic()
+        dt = p.elapsed_s - self.last[0]
+        rps = (p.completed - self.last[1]) / dt if dt > 0 else 0.0
+        self.last, self.printed = (p.elapsed_s, p.completed), time.monotonic()
         elapsed = f"{max(p.elapsed_s, 0):5.1f}{self.total} s"
         self.stream.write(f"  {elapsed}  {p.completed:,} answered  {rps:,.0f} req/s\n")
         self.stream.flush()
@@ -224,12 +221,8 @@ def build_archive(
         if suite.script is None:
             raise BenchError(f"{archive} is missing and the suite has no build script")
         log(f"building with {suite.script}")
-        proc = subprocess.run(
-            [sys.executable, str(_resolve(suite.script))],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-        )
+        script = [sys.executable, str(_resolve(suite.script))]
+        proc = subprocess.run(script, cwd=REPO_ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BenchError(f"{suite.script} failed:\n{proc.stderr.strip()[-2000:]}")
     if not inputs:

@@ -1,16 +1,12 @@
-"""``torchbay bench run --protocol grpc`` and ``grpc-v2``: the same closed loop over gRPC, beside
-HTTP, on one server (``--archive``; with ``--url``, the server's gRPC address, gRPC alone).
-
-``grpc`` pairs TorchServe's ``Predictions`` with ``/predictions``; ``grpc-v2`` pairs ``ModelInfer``
-(``raw_input_contents``) with ``/v2/models/{m}/infer`` in the binary tensor extension. A gRPC
-target is a ``loadplan.Target`` of serialized messages, so both sides are one ``bench.measure``.
-The ``grpc-v2`` tensor comes from the one ``--input`` (:func:`load_tensor`).
+"""``torchbay bench run --protocol grpc`` (TorchServe's ``Predictions`` beside ``/predictions``)
+and ``grpc-v2`` (``ModelInfer`` beside ``/v2/models/{m}/infer``, binary extension): one closed
+loop per side on one server; with ``--url`` (the gRPC address), gRPC alone. A gRPC target is a
+``loadplan.Target`` of serialized messages, so both sides are one ``bench.measure``.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import struct
 import tempfile
 from collections.abc import Callable
@@ -19,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.archiver.errors import ArchiveError
+from torchbay.archiver.manifest import read_manifest
 from torchbay.benchmarks import bench
 from torchbay.benchmarks.bench import BenchReport, RunOptions
 from torchbay.benchmarks.errors import BenchError
@@ -41,28 +38,18 @@ class OipTensor:
     raw: bytes
 
     def http_body(self) -> tuple[bytes, int]:
-        """The binary-extension body (JSON header + raw bytes), and the header's length."""
-        header = {
-            "inputs": [
-                {
-                    "name": self.name,
-                    "datatype": self.datatype,
-                    "shape": list(self.shape),
-                    "parameters": {"binary_data_size": len(self.raw)},
-                }
-            ],
-            "parameters": {"binary_data_output": True},
-        }
-        head = json.dumps(header, separators=(",", ":")).encode()
-        return head + self.raw, len(head)
+        """The binary-extension body (JSON header + raw bytes) and the header's length: the
+        server's own conversion of :meth:`grpc_request`, so both routes carry the same input."""
+        from torchbay.server.grpc.tensors import request_body
+
+        return request_body(self.grpc_request("", None))
 
     def grpc_request(self, model: str, version: str | None) -> Any:
         """The ``ModelInferRequest``, built with the server's own message classes."""
         from torchbay.server.grpc.messages import message
 
-        request = message("inference.ModelInferRequest")(
-            model_name=model, model_version=version or ""
-        )
+        new_request = message("inference.ModelInferRequest")
+        request = new_request(model_name=model, model_version=version or "")
         request.inputs.add(name=self.name, datatype=self.datatype, shape=list(self.shape))
         request.raw_input_contents.append(self.raw)
         return request
@@ -81,7 +68,7 @@ def load_tensor(path: Path, archive: Path | None = None) -> OipTensor:
     if Path(path).suffix.lower() != ".npy":
         return OipTensor("data", "BYTES", (1,), struct.pack("<I", len(raw)) + raw)
     try:
-        info = _recorded(archive)
+        info = None if archive is None else read_manifest(archive).torchbay
     except (ArchiveError, OSError):
         info = None  # starting the server says what is wrong with the archive
     return _from_npy(raw, Path(path).name, _input_name(info))
@@ -92,7 +79,7 @@ def archive_example(archive: Path) -> OipTensor:
     import zipfile
 
     try:
-        info = _recorded(archive)
+        info = read_manifest(archive).torchbay
         example = info.example_input if info is not None else None
         if not example or not example.endswith(".npy"):
             raise BenchError(f"{archive.name} records no one-tensor example input (.npy)")
@@ -120,13 +107,6 @@ def _from_npy(raw: bytes, label: str, name: str) -> OipTensor:
         raise BenchError(f"{label}: numpy dtype {array.dtype} has no OIP datatype")
     data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
     return OipTensor(name, datatype, tuple(array.shape), data)
-
-
-def _recorded(archive: Path | None) -> Any:
-    """The torchbay section of the archive's manifest (None: no archive or no section)."""
-    from torchbay.archiver.manifest import read_manifest
-
-    return None if archive is None else read_manifest(archive).torchbay
 
 
 def _input_name(info: Any) -> str:
@@ -193,12 +173,8 @@ def _v2_binary(options: RunOptions, tensor: OipTensor, body_file: Path) -> RunOp
     """``options`` for the HTTP side of the v2 pair: the binary-extension body of ``tensor``."""
     body, head_len = tensor.http_body()
     body_file.write_bytes(body)
-    update = {
-        "protocol": "v2",
-        "inputs": (body_file,),
-        "content_type": "application/octet-stream",
-        "headers": ((HEADER_LENGTH, str(head_len)),),
-    }
+    octets, headers = "application/octet-stream", ((HEADER_LENGTH, str(head_len)),)
+    update = {"protocol": "v2", "inputs": (body_file,), "content_type": octets, "headers": headers}
     return options.model_copy(update=update)
 
 

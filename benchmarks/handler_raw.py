@@ -1,12 +1,9 @@
 """The baseline's handler for the reference models: raw float32 bodies in, top-1 class out.
 
-A standalone handler file (archived with ``--handler``) that imports nothing of
-``torchbay.benchmarks`` and only the BaseHandler API, so it runs unchanged under torchbay and
-TorchServe. Each body is copied once (``np.frombuffer``) into a float32 batch buffer the handler
-reuses across batches, run under ``torch.inference_mode()``; each request gets ``{"class": k,
-"score": s}``. The sample shape comes from ``input_shape.json`` in the model directory (an extra
-file of the archive) or else the model name; threads: 1, unless ``model-config.yaml`` sets
-``handler: {num_threads: N}``.
+Standalone (archived with ``--handler``; only the BaseHandler API), so it runs unchanged under
+torchbay and TorchServe. Each body is copied once into a batch buffer reused across batches. The
+sample shape: ``input_shape.json`` in the model directory, else the model name; threads: 1 unless
+``model-config.yaml`` sets ``handler: {num_threads: N}``.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from torchbay.benchmarks.bench import RunOptions
 
 APIS = ("inference", "management", "metrics")
+# The scale-model query's name of each of Batching.keys().
+QUERY_NAMES = {"batchSize": "batch_size", "maxBatchDelay": "max_batch_delay"}
+QUERY_NAMES |= {"minWorkers": "min_worker", "maxWorkers": "max_worker"}
 
 
 @dataclass(frozen=True)
@@ -115,19 +118,17 @@ class Management:
 
     def configure(self, model: str, version: str | None, settings: Batching) -> None:
         """Apply ``settings`` live and wait until the workers are up (synchronous scale)."""
-        wanted = {"batch_size": settings.batch_size, "max_batch_delay": settings.max_batch_delay_ms}
-        wanted.update(min_worker=settings.workers, max_worker=settings.workers)
-        query = {"synchronous": "true", **{k: v for k, v in wanted.items() if v is not None}}
+        keys = settings.keys()
+        query = {"synchronous": "true", **{QUERY_NAMES[k]: v for k, v in keys.items()}}
         path = f"/models/{model}" + (f"/{version}" if version else "") + "?" + urlencode(query)
         status, body = self._call("PUT", path)
         if status != 200:
             raise BenchError(f"PUT {path} answered {status}: {body}")
         # Read the settings back: a server that ignored them would make the search a lie.
-        asked = {"batchSize": settings.batch_size, "maxBatchDelay": settings.max_batch_delay_ms}
-        info = self.describe(model, version) if any(v is not None for v in asked.values()) else {}
+        asked = {k: v for k, v in keys.items() if k in ("batchSize", "maxBatchDelay")}
+        info = self.describe(model, version) if asked else {}
         for key, want in asked.items():
-            got = info.get(key)
-            if want is not None and (got is None or abs(float(got) - want) > 1e-6):
+            if (got := info.get(key)) is None or abs(float(got) - want) > 1e-6:
                 raise BenchError(f"the server kept {key}={got} after asking for {want}")
 
 
@@ -154,20 +155,19 @@ class ManagedServer:
         *,
         auth: bool = True,
         extra_args: tuple[str, ...] = (),
-        name: str | None = None,
         python: str = sys.executable,
         models: tuple[str, ...] = (),
     ) -> ManagedServer:
-        """``torchbay serve`` for one archive on port 0 for all three listeners; ``name`` loads it
-        as ``--models name=archive`` (to match a ``--ts-config`` entry for the same model), and
-        ``models`` (``name=file.mar`` each) replaces it when the store serves several."""
+        """``torchbay serve`` for one archive on port 0 for all three listeners; ``models``
+        (``name=file.mar`` each, from the archive's folder) replaces the archive when it is served
+        under another name (a ``--ts-config`` entry's) or the store serves several."""
         if not archive.exists():
             raise BenchError(f"{archive}: no such archive")
         archive = archive.resolve()
         cmd = [
             *(python, "-m", "torchbay", "serve", "--ncs", "--model-store", str(archive.parent)),
             "--models",
-            *(models or (f"{name}={archive.name}" if name else archive.name,)),
+            *(models or (archive.name,)),
             *(arg for api in APIS for arg in (f"--{api}-address", "http://127.0.0.1:0")),
             *(() if auth else ("--disable-token-auth",)),
             *extra_args,
@@ -232,16 +232,17 @@ class ManagedServer:
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def _poll(self, ready: Callable[[], bool], interval_s: float) -> None:
-        """Poll ``ready`` until it holds; BenchError if the server exits first or the start
-        timeout passes (the server's own signal is awaited: the poll only bounds the wait)."""
+    def _poll(self, ready: Callable[[], bool], interval_s: float, timeout_s: float = 0.0) -> None:
+        """Poll ``ready`` until it holds; BenchError if the server exits first or ``timeout_s``
+        passes (0: the start timeout, from the start; the poll only bounds the wait)."""
         assert self.proc is not None
-        deadline = self.started_at + self.start_timeout_s
+        start = time.monotonic() if timeout_s else self.started_at
+        timeout_s = timeout_s or self.start_timeout_s
         while not ready():
             if self.proc.poll() is not None:
                 raise BenchError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"server not ready in {self.start_timeout_s:.0f} s")
+            if time.monotonic() > start + timeout_s:
+                raise BenchError(f"server not ready in {timeout_s:.0f} s:\n{self.log_tail()}")
             time.sleep(interval_s)
 
     def _wait_ready(self) -> Endpoints:
@@ -257,22 +258,20 @@ class ManagedServer:
 
     def first_answer(self, path: str, body: bytes, timeout_s: float = 30.0) -> float:
         """POST ``body`` to ``path`` until it answers 200; seconds since the process started."""
-        assert self.endpoints is not None
-        deadline = time.monotonic() + timeout_s
+        e = self.endpoints
+        assert e is not None
         headers = {"Content-Type": "application/octet-stream"}
-        if self.endpoints.inference_key:
-            headers["Authorization"] = f"Bearer {self.endpoints.inference_key}"
-        while time.monotonic() < deadline:
+        if e.inference_key:
+            headers["Authorization"] = f"Bearer {e.inference_key}"
+
+        def answered() -> bool:
             try:
-                status, _ = http_call(
-                    self.endpoints.host, self.endpoints.inference_port, "POST", path, body, headers
-                )
+                return http_call(e.host, e.inference_port, "POST", path, body, headers)[0] == 200
             except BenchError:
-                status = 0
-            if status == 200:
-                return time.monotonic() - self.started_at
-            time.sleep(0.01)  # the model answered non-200 or not yet: poll, bounded by deadline
-        raise BenchError(f"no 200 from {path} within {timeout_s:.0f} s:\n{self.log_tail()}")
+                return False  # not listening yet
+
+        self._poll(answered, 0.01, timeout_s)
+        return time.monotonic() - self.started_at
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -327,18 +326,10 @@ class TorchServeServer(ManagedServer):
         """``models`` maps a model name to its ``.mar`` in ``model_store``. Its config: loopback
         ports, free gRPC ports (its defaults, 7070/7071, may be another server's on a shared
         host) and Prometheus metrics (log mode is slower)."""
-        ports = (free_port(), free_port(), free_port())
-        config = write_properties(
-            run_dir,
-            models_json,
-            extra or {},
-            *(
-                f"{api}_address=http://127.0.0.1:{port}"
-                for api, port in zip(APIS, ports, strict=True)
-            ),
-            *(f"grpc_{api}_port={free_port()}" for api in APIS[:2]),
-            "metrics_mode=prometheus",
-        )
+        ports = {api: free_port() for api in APIS}
+        head = [f"{api}_address=http://127.0.0.1:{port}" for api, port in ports.items()]
+        head += [*(f"grpc_{api}_port={free_port()}" for api in APIS[:2]), "metrics_mode=prometheus"]
+        config = write_properties(run_dir, models_json, extra or {}, *head)
         cmd = [
             str(torchserve),
             *("--start", "--foreground", "--ncs", "--disable-token-auth", "--enable-model-api"),
@@ -348,7 +339,7 @@ class TorchServeServer(ManagedServer):
             *(f"{name}={mar}" for name, mar in models.items()),
         ]
         server = cls(cmd, run_dir, models=tuple(models))
-        server.endpoints = Endpoints("127.0.0.1", *ports)
+        server.endpoints = Endpoints("127.0.0.1", *ports.values())
         return server
 
     def _launch(self) -> tuple[list[str], dict[str, str]]:

@@ -1,12 +1,6 @@
-"""The two reference models of ``shared/reference/baseline.md`` and their request bodies.
-
-- **tiny**: ``Linear(64,256) -> ReLU -> Linear(256,10)``; one sample is 64 float32 (256 bytes).
-- **cnn**: a small ResNet (stem conv 3->32 + BN + ReLU, basic blocks 32/64/128 with strides 1/2/2,
-  global average pool, ``Linear(128,10)``); 308,650 parameters; one sample is 3x64x64 float32
-  (49,152 bytes).
-
-Both are built seeded and in eval mode, so every run (and every machine) measures the same weights;
-bodies are raw little-endian float32, exactly what the handler's ``torch.frombuffer`` expects.
+"""The two reference models of ``shared/reference/baseline.md`` (tiny: an MLP on 64 floats; cnn:
+a small ResNet on 3x64x64, 308,650 parameters) and their bodies (raw little-endian float32, what
+the handler decodes). Both are seeded, so every machine measures the same weights.
 """
 
 from __future__ import annotations

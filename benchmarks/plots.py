@@ -43,16 +43,14 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
     plt = _pyplot()
     shown = [oc for oc in result.outcomes if any(s.phase != "probe" for s in oc.steps)]
     n = max(1, len(shown))
-    cols = min(3, n)
-    rows = math.ceil(n / cols)
+    cols, rows = min(3, n), math.ceil(n / min(3, n))
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     sla = result.options.sla_p99_ms
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     for ax, oc in zip(axes.flat, shown, strict=False):
-        steps = sorted(
-            (s for s in oc.steps if s.phase in ("ramp", "bisect")), key=lambda s: s.offered_rate
-        )
+        searched = [s for s in oc.steps if s.phase in ("ramp", "bisect")]
+        steps = sorted(searched, key=lambda s: s.offered_rate)
         if oc.runs:
             _p99(ax, oc.runs, marker="x", color="purple", zorder=4, s=24, label="p99, repeats")
         x = [s.result.ok_per_s for s in steps]
@@ -110,12 +108,8 @@ def sweep_plot(sweep: dict[str, list[dict[str, Any]]], path: Path, title: str) -
     top = max(p["offered_per_s"] for points in sweep.values() for p in points)
     left.plot([0, top], [0, top], ":", color="grey", label="offered")
     left.set(xlabel="offered req/s", ylabel="goodput (200s/s)", title="goodput")
-    right.set(
-        xlabel="offered req/s",
-        ylabel="p99 of 200s, ms (from scheduled send)",
-        title="admitted p99",
-        yscale="log",
-    )
+    p99 = "p99 of 200s, ms (from scheduled send)"
+    right.set(xlabel="offered req/s", ylabel=p99, title="admitted p99", yscale="log")
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend()

@@ -1,7 +1,5 @@
-"""The harness's one result type, :class:`RowResult` (a table's row: per system, each repeat's
-metrics, and :class:`Ratio` s judged against their targets), and its report (:func:`render`,
-:func:`as_json`, :func:`write`); beside them the table and number helpers of every report.
-"""
+"""The harness's one result type, :class:`RowResult` (a table's row, its :class:`Ratio` s judged
+against their targets), its report (:func:`write`) and the number helpers of every report."""
 
 from __future__ import annotations
 
@@ -46,6 +44,12 @@ class Ratio:
             return False
         return value >= self.bound if self.op == ">=" else value <= self.bound
 
+    def cells(self) -> list[str]:
+        """Its line of a report: name, summary, every repeat, target, met?"""
+        target = "" if self.bound is None else f"{self.aggregate} {self.op} {self.bound:g}"
+        met = {None: "", True: "met", False: "MISSED"}[self.met()]
+        return [self.name, fmt(self.summary()), _every(self.values), target, met]
+
 
 @dataclass
 class RowResult:
@@ -72,9 +76,8 @@ class RowResult:
 
 
 class Eta:
-    """Progress of a long run on its log: units done / total, elapsed, and the time left (elapsed
-    per unit so far times the units left). A unit is a step of the SLA search, or an estimated
-    second of a table's cells (so a cell that takes longer than estimated weighs more)."""
+    """Progress on the log: units done / total, elapsed, and the time left at the pace so far. A
+    unit is a step of the SLA search, or an estimated second of a table's cells."""
 
     def __init__(
         self, total: float, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic
@@ -96,15 +99,10 @@ class Eta:
         )
 
 
-def ratio(top: float, bottom: float) -> float:
-    if not (math.isfinite(top) and math.isfinite(bottom)) or bottom <= 0:
-        return math.nan
-    return top / bottom
-
-
 def ratios(top: list[float], bottom: list[float]) -> list[float]:
-    """:func:`ratio` of two series, repeat by repeat."""
-    return [ratio(t, b) for t, b in zip(top, bottom, strict=False)]
+    """``top / bottom`` repeat by repeat; NaN where either is not finite or ``bottom`` <= 0."""
+    pairs = zip(top, bottom, strict=False)
+    return [t / b if math.isfinite(t + b) and b > 0 else math.nan for t, b in pairs]
 
 
 def failed(row: RowResult, system: str, rep: int, exc: Exception, keys: tuple[str, ...]) -> None:
@@ -124,49 +122,38 @@ _DIGITS = {"req_s": 0, "capacity_req_s": 0, "offered_req_s": 0, "goodput_req_s":
 def fmt(value: float, metric: str = "") -> str:
     if not isinstance(value, int | float) or not math.isfinite(value):
         return "n/a"
-    digits = _DIGITS.get(metric, 0 if abs(value) >= 100 else 2)
-    return f"{value:,.{digits}f}"
+    return num(value, _DIGITS.get(metric, 0 if abs(value) >= 100 else 2))
 
 
-def _long_lines(row: RowResult) -> list[str]:
-    """One line per system and metric: the median and every repeat."""
-    lines = ["| system | metric | median | every repeat |", "|---|---|---|---|"]
-    for system, per_repeat in row.systems.items():
-        for metric in per_repeat[0] if per_repeat else ():
-            values = row.series(system, metric)
-            every = ", ".join(fmt(v, metric) for v in values)
-            lines.append(f"| {system} | {metric} | {fmt(median(values), metric)} | {every} |")
+def _every(values: list[float], metric: str = "") -> str:
+    return ", ".join(fmt(v, metric) for v in values)
+
+
+def _system_lines(row: RowResult) -> list[str]:
+    """Wide: a line per system, the median of each metric over the repeats that did not fail,
+    then every repeat of the first metric. Long: a line per system and metric, the median (n/a
+    if a repeat failed) and every repeat, then the systems not run."""
+    cells = []
+    if row.wide:
+        metrics = list(dict.fromkeys(k for runs in row.systems.values() for m in runs for k in m))
+        for s in row.systems:
+            finite = {k: [v for v in row.series(s, k) if math.isfinite(v)] for k in metrics}
+            medians = [fmt(median(finite[k]), k) for k in metrics]
+            cells.append([s, *medians, _every(row.series(s, metrics[0]), metrics[0])])
+        header = ["system", *metrics, f"{metrics[0] if metrics else ''} every repeat"]
+        return markdown_table(header, cells).splitlines()
+    for s, runs in row.systems.items():
+        for k in runs[0] if runs else ():
+            cells.append([s, k, fmt(median(row.series(s, k)), k), _every(row.series(s, k), k)])
+    lines = markdown_table(["system", "metric", "median", "every repeat"], cells).splitlines()
     return lines + [f"| {system} | | {why} | |" for system, why in row.not_run.items()]
 
 
-def _wide_lines(row: RowResult) -> list[str]:
-    """One line per system: the median of each metric (over the repeats that did not fail),
-    then every repeat of the first metric."""
-    metrics = list(dict.fromkeys(k for runs in row.systems.values() for m in runs for k in m))
-    table = []
-    for system in row.systems:
-        values = {k: [v for v in row.series(system, k) if math.isfinite(v)] for k in metrics}
-        medians = [fmt(median(values[k]) if values[k] else math.nan, k) for k in metrics]
-        first = ", ".join(fmt(v, metrics[0]) for v in row.series(system, metrics[0]))
-        table.append([system, *medians, first])
-    header = ["system", *metrics, f"{metrics[0] if metrics else ''} every repeat"]
-    return markdown_table(header, table).splitlines()
-
-
 def row_markdown(row: RowResult) -> str:
-    lines = [f"### {row.title}", "", f"Settings: {row.settings}", ""]
-    lines += _wide_lines(row) if row.wide else _long_lines(row)
+    lines = [f"### {row.title}", "", f"Settings: {row.settings}", "", *_system_lines(row)]
     if row.ratios:
-        lines += [
-            "",
-            "| ratio / figure | value | every repeat | target | met? |",
-            "|---|---|---|---|---|",
-        ]
-        for r in row.ratios:
-            every = ", ".join(fmt(v) for v in r.values)
-            target = "" if r.bound is None else f"{r.aggregate} {r.op} {r.bound:g}"
-            met = {None: "", True: "met", False: "MISSED"}[r.met()]
-            lines.append(f"| {r.name} | {fmt(r.summary())} | {every} | {target} | {met} |")
+        header = ["ratio / figure", "value", "every repeat", "target", "met?"]
+        lines += ["", markdown_table(header, [r.cells() for r in row.ratios])]
     if row.errors:
         lines += ["", "Failures: " + "; ".join(row.errors)]
     if row.notes:
@@ -179,8 +166,7 @@ def render(rows: list[RowResult], header: dict[str, Any]) -> str:
     out = [f"## {header.get('title', 'Benchmark run')}", ""]
     out += [f"Command: `{header['command']}`  ", f"When: {header['when']}  "]
     out += [f"Machine: {header['machine']}  ", f"Settings: {header['settings']}", ""]
-    for row in rows:
-        out.append(row_markdown(row))
+    out += [row_markdown(row) for row in rows]
     if header.get("plot"):
         out.append(f"Plot: `{header['plot']}` (goodput and p99 against offered load)\n")
     return "\n".join(out)
@@ -226,9 +212,7 @@ def as_json(rows: list[RowResult], header: dict[str, Any]) -> dict[str, Any]:
 
 def num(value: float | None, digits: int = 2) -> str:
     """A number with thousands separators; "-" for None or NaN."""
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:,.{digits}f}"
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
 
 
 def markdown_table(

@@ -1,17 +1,15 @@
-"""Round two's overload row: capacity, then 0.5x / 4x / 0.5x capacity in one open-loop run, and
-its arithmetic over :attr:`LoadResult.timeline` (start s, latency s from the SCHEDULED send,
-status or -1 per request). "Normal" after the overload: every 1 s window of the recovery phase
-has a p99 within :data:`NORMAL_FACTOR` x the pre-overload p99 (the same offered load) until the
-phase ends; ``recovery_s`` is when that began, NaN when it never did.
+"""Round two's overload row: capacity, then 0.5x / 4x / 0.5x capacity in one open-loop run,
+judged from :attr:`LoadResult.timeline` (start s, latency s from the SCHEDULED send, status or
+-1 per request). After the overload, latency is back to normal once every 1 s window of the
+recovery phase to its end has a p99 within :data:`NORMAL_FACTOR` x the pre-overload p99.
 """
 
 from __future__ import annotations
 
 import array
 import math
-from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchbay.benchmarks import procstat, runner
 from torchbay.benchmarks.loadgen import START_MARGIN_S, LoadPlan
@@ -30,37 +28,32 @@ QUEUE_DELAY_MS = 200
 JOB_QUEUE_SIZE = 100
 RECOVERY_BOUND_S = 5.0
 CNN_B8_W2 = Batching(8, 10, 2)
-Phase = dict[str, float]  # one phase's counts and rates (phase_stats)
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):
     start: float
     latency: float
     status: int
 
 
 def answers(timeline: bytes) -> list[Answer]:
-    """The timeline's triples as :class:`Answer` s."""
-    flat = array.array("d")
-    flat.frombytes(timeline)
+    """The timeline's (start, latency, status) triples."""
+    flat = array.array("d", timeline)
     return [Answer(flat[i], flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat) - 2, 3)]
-
-
-def in_phase(items: list[Answer], begin: float, end: float) -> list[Answer]:
-    return [a for a in items if begin <= a.start < end]
 
 
 def p99_ms(items: list[Answer]) -> float:
     return 1e3 * percentile([a.latency for a in items], 99.0)
 
 
-def phase_stats(items: list[Answer], begin: float, end: float, offered_per_s: float) -> Phase:
+def phase_stats(
+    items: list[Answer], begin: float, end: float, offered_per_s: float
+) -> dict[str, float]:
     """The answers scheduled in [begin, end) as the client saw them: ``answered`` counts HTTP
     answers (a connection error is unanswered), ``late`` those more than LATE_S after the
     scheduled send; goodput the 200s answered within the phase (whenever sent) per second;
     ``admitted_p99_ms`` the p99 of the 200s, ``p99_ms`` of every answer."""
-    scheduled, seconds = in_phase(items, begin, end), end - begin
+    scheduled, seconds = [a for a in items if begin <= a.start < end], end - begin
     ok = [a for a in scheduled if a.status == 200]
     good = sum(a.status == 200 and begin <= a.start + a.latency < end for a in items)
     return {
@@ -76,42 +69,16 @@ def phase_stats(items: list[Answer], begin: float, end: float, offered_per_s: fl
     }
 
 
-def window_p99s(items: list[Answer], begin: float, end: float) -> list[float]:
-    """p99 (ms) of the answers scheduled in each WINDOW_S window of [begin, end); NaN if none."""
-    count = int((end - begin) / WINDOW_S + 1e-9)
-    starts = [begin + i * WINDOW_S for i in range(count)]
-    return [p99_ms(in_phase(items, t, t + WINDOW_S)) for t in starts]
-
-
 def recovery_seconds(windows: list[float], normal_ms: float) -> float:
     """Seconds from the phase start until every later window is normal (<= ``normal_ms``);
     NaN when the last window is not (or nothing was measured)."""
-    if not windows or not math.isfinite(normal_ms):
+    normal = [math.isfinite(normal_ms) and w <= normal_ms for w in windows]  # NaN: not normal
+    if not normal or not normal[-1]:
         return math.nan
-    back = len(windows)
-    for i in range(len(windows) - 1, -1, -1):
-        if math.isfinite(windows[i]) and windows[i] <= normal_ms:
-            back = i
-        else:
-            break
-    return math.nan if back == len(windows) else back * WINDOW_S
-
-
-def metrics(out: dict[str, Any]) -> dict[str, float]:
-    """The figures the report shows per repeat, from :func:`analyse`'s outcome."""
-    pre, overload, recovery = out["pre"], out["overload"], out["recovery"]
-    return {
-        "capacity_req_s": out["capacity_per_s"],
-        "offered_req_s": overload["offered_per_s"],
-        "goodput_req_s": overload["goodput_per_s"],
-        "goodput_ratio": overload["goodput_per_s"] / out["capacity_per_s"],
-        "admitted_p99_ms": overload["admitted_p99_ms"],
-        "unanswered_10s": out["unanswered"] + overload["late"] + recovery["late"],
-        "503_overload": overload["rejected_503"],
-        "503_recovery": recovery["rejected_503"],
-        "pre_p99_ms": pre["p99_ms"],
-        "recovery_s": out["recovery_s"],
-    }
+    back = len(normal)
+    while back and normal[back - 1]:
+        back -= 1
+    return back * WINDOW_S
 
 
 def analyse(
@@ -130,7 +97,9 @@ def analyse(
     t1, t2, t3 = pre_s, pre_s + over_s, pre_s + over_s + rec_s
     pre, overload = phase_stats(items, 0.0, t1, pre_r), phase_stats(items, t1, t2, over_r)
     recovery = phase_stats(items, t2, t3, rec_r)
-    normal, windows = NORMAL_FACTOR * pre["p99_ms"], window_p99s(items, t2, t3)
+    starts = [t2 + i * WINDOW_S for i in range(int((t3 - t2) / WINDOW_S + 1e-9))]
+    windows = [p99_ms([a for a in items if t <= a.start < t + WINDOW_S]) for t in starts]
+    normal = NORMAL_FACTOR * pre["p99_ms"]
     return {
         "capacity_per_s": capacity,
         "pre": pre,
@@ -141,6 +110,23 @@ def analyse(
         "recovery_windows_p99_ms": windows,
         "normal_p99_ms": normal,
         "recovery_s": recovery_seconds(windows, normal),
+    }
+
+
+def metrics(out: dict[str, Any]) -> dict[str, float]:
+    """The figures the report shows per repeat, from :func:`analyse`'s outcome."""
+    overload, recovery = out["overload"], out["recovery"]
+    return {
+        "capacity_req_s": out["capacity_per_s"],
+        "offered_req_s": overload["offered_per_s"],
+        "goodput_req_s": overload["goodput_per_s"],
+        "goodput_ratio": overload["goodput_per_s"] / out["capacity_per_s"],
+        "admitted_p99_ms": overload["admitted_p99_ms"],
+        "unanswered_10s": out["unanswered"] + overload["late"] + recovery["late"],
+        "503_overload": overload["rejected_503"],
+        "503_recovery": recovery["rejected_503"],
+        "pre_p99_ms": out["pre"]["p99_ms"],
+        "recovery_s": out["recovery_s"],
     }
 
 
@@ -162,8 +148,8 @@ def overload_once(
     ctx: runner.Ctx, row: RowResult, system: str, rnd: int
 ) -> dict[str, dict[str, float]]:
     """Capacity (closed loop, c=16), then one open-loop run: 0.5x, 4x, 0.5x capacity for
-    ``duration_s`` each (at most 256 connections); in round 1 also one open-loop run per
-    SWEEP_FACTORS (the plot). The phases' detail goes to ``row.extra``."""
+    ``duration_s`` each; in round 1 also one open-loop run per SWEEP_FACTORS (the plot). The
+    phases' detail goes to ``row.extra``."""
     props = {"job_queue_size": JOB_QUEUE_SIZE, "max_queue_delay_ms": QUEUE_DELAY_MS}
     where = runner.run_dir(ctx, "overload", system, f"r{rnd}")
     with runner.serving(ctx, system, {"cnn": CNN_B8_W2}, where, props=props) as server:
@@ -185,9 +171,8 @@ def overload_once(
         if rnd == 1:
             sweep = [_sweep_point(ctx, tgt, capacity, f) for f in SWEEP_FACTORS]
             row.extra["sweep"][system] = sweep
-    row.extra["detail"].setdefault(system, []).append(
-        {**outcome, "generator_behind": result.behind}
-    )
+    detail = {**outcome, "generator_behind": result.behind}
+    row.extra["detail"].setdefault(system, []).append(detail)
     return {system: {**metrics(outcome), **cpu}}
 
 
@@ -206,22 +191,18 @@ def row_overload(ctx: runner.Ctx) -> runner.Row:
         extra={"sweep": {}, "detail": {}},
     )
     systems = runner.systems_for(ctx, row, runner.TORCHBAY, runner.TORCHSERVE)
-    estimate = (
-        ctx.warmup_s + 4 * ctx.duration_s + 8 + 4 * (ctx.warmup_s + ctx.duration_s) / ctx.repeat
-    )
+    sweep_s = 4 * (ctx.warmup_s + ctx.duration_s) / ctx.repeat
+    estimate = ctx.warmup_s + 4 * ctx.duration_s + 8 + sweep_s
     cells = [runner.Cell((s,), partial(overload_once, ctx, row, s), estimate) for s in systems]
-
     s = runner.TORCHBAY
     lost = f"{s}: unanswered 10 s after the scheduled send"
     back = f"{s}: seconds until normal after the overload (n/a: not normal by the end)"
-    ts_goodput = Goal(
-        "TorchServe: goodput / capacity", "", runner.TORCHSERVE, "goodput_ratio", op=">="
-    )
+    ts = Goal("TorchServe: goodput / capacity", "", runner.TORCHSERVE, "goodput_ratio", op=">=")
     goals = [
         Goal(f"{s}: goodput / capacity", "", s, "goodput_ratio", 0.90, op=">="),
         Goal(lost, "", s, "unanswered_10s", 0, aggregate="max"),
         Goal(back, "", s, "recovery_s", RECOVERY_BOUND_S),
-        *runner.beside_torchserve(systems, ts_goodput),
+        *runner.beside_torchserve(systems, ts),
     ]
 
     def judge(r: RowResult) -> list[Ratio]:

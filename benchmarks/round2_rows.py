@@ -1,9 +1,7 @@
 """The rows of issue 15's table (``tables round2``): torchbay, TorchServe 0.12 when given, and
-the row's ceiling, side by side in every round (overload: round2_overload.py).
-
-Why slices (cnn-c1, batch-sweep): two runs one after the other differ by the host's drift, on a
-shared host as much as the 3% the row judges. One server serves the cnn at batch 1 and batch 8
-and the load alternates A B B A ..., so drift steady over a repeat cancels out of the ratio.
+the row's ceiling, side by side in every round (overload: round2_overload.py). Batch 8 beside
+batch 1 runs on one server in alternating slices (A B B A ...): the host's drift over a repeat,
+on a shared host as large as the 3% the row judges, cancels out of the ratio.
 """
 
 from __future__ import annotations
@@ -15,26 +13,11 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from torchbay.benchmarks import runner
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.report import Ratio, RowResult, ratios
 from torchbay.benchmarks.round2_overload import CNN_B8_W2, row_overload
-from torchbay.benchmarks.runner import (
-    ECHO,
-    TORCHBAY,
-    TORCHSERVE,
-    Cell,
-    Ctx,
-    Row,
-    beside_torchserve,
-    closed,
-    load_metrics,
-    run_dir,
-    run_inprocess,
-    serving,
-    systems_for,
-    target,
-    warm_and_measure,
-)
+from torchbay.benchmarks.runner import ECHO, TORCHBAY, TORCHSERVE, Cell, Ctx, Row
 from torchbay.benchmarks.scenarios import Batching, Goal, Scenario
 from torchbay.server.serving.worker_env import worker_env
 
@@ -45,71 +28,69 @@ TWO_MODEL_KEYS = ("alone_a", "alone_b", "together_a", "together_b")
 SWEEP_CONCURRENCY = (2, 4, 8, 16)
 CONFIGS = {"cnn_b1": Batching(1, 10, 1), "cnn_b8": Batching(8, 10, 1)}
 SLICES = 6  # slices per configuration and repeat
-WHEN = ("together", "alone")
 LOAD_KEYS = ("req_s", "p50_ms", "p99_ms", "errors")
-Measure = Callable[[int], dict[str, dict[str, float]]]
 
 
-def _closed(ctx: Ctx, row: RowResult, run: Scenario, rnd: int) -> dict[str, dict[str, float]]:
-    """A fresh server for ``run`` (named by its system), warm-up, measure its closed loop."""
-    where = run_dir(ctx, row.key, run.name, f"r{rnd}")
-    with serving(ctx, run.server, {run.model: run.batching}, where) as server:
-        result = closed(ctx, target(ctx, server, run.model, run.model), run.concurrency or 1)
-    if result.behind:
-        row.notes.append(f"repeat {rnd} {run.name}: generator behind ({'; '.join(result.behind)})")
-    return {run.name: load_metrics(result)}
+def _bound(system: str, bound: float) -> float | None:
+    """Targets bind torchbay; TorchServe's figure is shown beside it, not judged."""
+    return bound if system == TORCHBAY else None
 
 
 def _closed_cells(ctx: Ctx, row: RowResult, runs: list[Scenario]) -> list[Cell]:
+    """A cell per run: a fresh server (the run's name is its system), warm-up, a closed loop."""
+
+    def measure(run: Scenario, rnd: int) -> dict[str, dict[str, float]]:
+        where = runner.run_dir(ctx, row.key, run.name, f"r{rnd}")
+        with runner.serving(ctx, run.server, {run.model: run.batching}, where) as server:
+            tgt = runner.target(ctx, server, run.model, run.model)
+            result = runner.closed(ctx, tgt, run.concurrency or 1)
+        if result.behind:
+            behind = "; ".join(result.behind)
+            row.notes.append(f"repeat {rnd} {run.name}: generator behind ({behind})")
+        return {run.name: runner.load_metrics(result)}
+
     estimate = ctx.warmup_s + ctx.duration_s + 3
-    return [Cell((run.name,), partial(_closed, ctx, row, run), estimate) for run in runs]
+    return [Cell((run.name,), partial(measure, run), estimate) for run in runs]
 
 
 def row_tiny(ctx: Ctx) -> Row:
-    row = RowResult(
-        "tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {Batching(8, 5, 1).describe()}"
-    )
-    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
+    batching = Batching(8, 5, 1)
+    row = RowResult("tiny-c16", "tiny, c=16, batch 8, 1 worker", f"c=16, {batching.describe()}")
+    systems = runner.systems_for(ctx, row, TORCHBAY, TORCHSERVE, ECHO)
     runs = [Scenario(s, s, "tiny", 16, 8, 5, 1) for s in systems]
-
+    vs_ts = Goal("torchbay / TorchServe", "", TORCHBAY, "req_s", None, TORCHSERVE)
     goals = [
         Goal("torchbay / bare ASGI", "", TORCHBAY, "req_s", 0.40, ECHO),
-        *beside_torchserve(
-            systems, Goal("torchbay / TorchServe", "", TORCHBAY, "req_s", None, TORCHSERVE)
-        ),
+        *runner.beside_torchserve(systems, vs_ts),
     ]
     return Row(row, _closed_cells(ctx, row, runs), LOAD_KEYS, goals)
 
 
 def row_cnn_c16(ctx: Ctx) -> Row:
+    loop = "in-process: 2 threads x 1 intra-op thread, batch 8"
     row = RowResult(
-        "cnn-c16",
-        "cnn, c=16, batch 8, 2 workers",
-        f"c=16, {CNN_B8_W2.describe()}; in-process: 2 threads x 1 intra-op thread, batch 8",
+        "cnn-c16", "cnn, c=16, batch 8, 2 workers", f"c=16, {CNN_B8_W2.describe()}; {loop}"
     )
-    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    systems = runner.systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     flags = ("--batches", "8", "--streams", "2", "--seconds", str(ctx.duration_s))
 
     def limit(env: dict | None, rnd: int) -> dict[str, dict[str, float]]:
         """samples/s of two single-threaded loops of the cnn in one fresh process (``env``: its
         environment; the tuned one has the allocator settings torchbay's workers start with)."""
         name = INPROCESS if env is None else INPROCESS_TUNED
-        return {name: {"req_s": run_inprocess(ctx, ("cnn",), *flags, env=env)["cnn"][8]}}
+        return {name: {"req_s": runner.run_inprocess(ctx, ("cnn",), *flags, env=env)["cnn"][8]}}
 
     cells = [
         Cell((INPROCESS,), partial(limit, None), ctx.duration_s + 3),
         Cell((INPROCESS_TUNED,), partial(limit, worker_env(os.environ)), ctx.duration_s + 3),
         *_closed_cells(ctx, row, [Scenario(s, s, "cnn", 16, 8, 10, 2) for s in systems]),
     ]
-
-    bounds = {s: 0.90 if s == TORCHBAY else None for s in systems}
     goals = [
-        *(
-            Goal(f"{s} / in-process", "", s, "req_s", b, INPROCESS, "min")
-            for s, b in bounds.items()
-        ),
-        Goal(f"torchbay / {INPROCESS_TUNED}", "", TORCHBAY, "req_s", None, INPROCESS_TUNED, "min"),
+        Goal(f"{s} / in-process", "", s, "req_s", _bound(s, 0.90), INPROCESS, "min")
+        for s in systems
     ]
+    tuned = f"torchbay / {INPROCESS_TUNED}"
+    goals.append(Goal(tuned, "", TORCHBAY, "req_s", None, INPROCESS_TUNED, "min"))
     return Row(row, cells, LOAD_KEYS, goals)
 
 
@@ -137,21 +118,16 @@ def alternate(
     """Serve ``model`` once per config (name -> batching) on one ``system`` server, warm each
     up, then measure them in alternating slices of ``ctx.duration_s / SLICES``; per name,
     :func:`pooled` metrics."""
-    with serving(ctx, system, configs, run_dir, names=dict.fromkeys(configs, model)) as server:
-        plans = {
-            name: LoadPlan(
-                target(ctx, server, name, model),
-                "closed",
-                concurrency,
-                duration_s=ctx.duration_s / SLICES,
-            )
-            for name in configs
-        }
-        for plan in plans.values():  # each warmed up once, before any slice
-            warm_and_measure(ctx, plan)
+    names = dict.fromkeys(configs, model)
+    with runner.serving(ctx, system, configs, run_dir, names=names) as server:
+        plans = {}
+        for name in configs:  # each warmed up once, before any slice
+            tgt = runner.target(ctx, server, name, model)
+            plans[name] = LoadPlan(tgt, "closed", concurrency, duration_s=ctx.duration_s / SLICES)
+            runner.warm_and_measure(ctx, plans[name])
         results: dict[str, list[LoadResult]] = {name: [] for name in configs}
         for name in order(tuple(configs), SLICES):  # type: ignore[arg-type]
-            results[name].append(warm_and_measure(ctx, plans[name], warm=False))
+            results[name].append(runner.warm_and_measure(ctx, plans[name], warm=False))
     return {name: pooled(runs) for name, runs in results.items()}
 
 
@@ -165,31 +141,23 @@ def _paired(key: str, title: str, concurrencies: tuple[int, ...], ctx: Ctx) -> R
         f"c={', '.join(map(str, concurrencies))}{where}, delay 10 ms, 1 worker each; one "
         f"server serves both, alternating slices (b1 b8 b8 b1 ..., {SLICES} each)",
     )
-    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
-    tags = {
-        (s, c): s if len(concurrencies) == 1 else f"{s} c={c}"
-        for s in systems
-        for c in concurrencies
-    }
+    systems = runner.systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    many = len(concurrencies) > 1
+    tags = {(s, c): f"{s} c={c}" if many else s for s in systems for c in concurrencies}
 
     def measure(s: str, c: int, rnd: int) -> dict[str, dict[str, float]]:
-        out = alternate(ctx, s, "cnn", CONFIGS, c, run_dir(ctx, key, s, f"c{c}", f"r{rnd}"))
+        where = runner.run_dir(ctx, key, s, f"c{c}", f"r{rnd}")
+        out = alternate(ctx, s, "cnn", CONFIGS, c, where)
         return {f"{tags[s, c]} {name[-2:]}": metrics for name, metrics in out.items()}
 
-    cells = [
-        Cell(
-            (f"{tag} b8", f"{tag} b1"),
-            partial(measure, s, c),
-            2 * (ctx.warmup_s + ctx.duration_s) + 12,
+    estimate = 2 * (ctx.warmup_s + ctx.duration_s) + 12
+    cells, goals = [], []
+    for (s, c), tag in tags.items():
+        cells.append(Cell((f"{tag} b8", f"{tag} b1"), partial(measure, s, c), estimate))
+        bound = _bound(s, 0.97)
+        goals.append(
+            Goal(f"{tag}: batch 8 / batch 1", "", f"{tag} b8", "req_s", bound, f"{tag} b1", "min")
         )
-        for (s, c), tag in tags.items()
-    ]
-
-    bounds = {tag: 0.97 if s == TORCHBAY else None for (s, _), tag in tags.items()}
-    goals = [
-        Goal(f"{tag}: batch 8 / batch 1", "", f"{tag} b8", "req_s", b, f"{tag} b1", "min")
-        for tag, b in bounds.items()
-    ]
     return Row(row, cells, LOAD_KEYS, goals)
 
 
@@ -207,18 +175,18 @@ def row_start(ctx: Ctx) -> Row:
         "1 worker, batch 1; process start to the first 200 of POST /predictions/tiny; "
         f"{starts} starts per system",
     )
-    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
+    systems = runner.systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     body = ctx.assets.body["tiny"].read_bytes()
 
     def measure(s: str, rnd: int) -> dict[str, dict[str, float]]:
-        with serving(ctx, s, {"tiny": Batching()}, run_dir(ctx, "start", s, f"r{rnd}")) as server:
+        where = runner.run_dir(ctx, "start", s, f"r{rnd}")
+        with runner.serving(ctx, s, {"tiny": Batching()}, where) as server:
             return {s: {"start_s": server.first_answer("/predictions/tiny", body)}}
 
+    vs_ts = Goal("torchbay / TorchServe start", "", TORCHBAY, "start_s", None, TORCHSERVE)
     goals = [
         Goal("torchbay start s (median)", "", TORCHBAY, "start_s", 1.0),
-        *beside_torchserve(
-            systems, Goal("torchbay / TorchServe start", "", TORCHBAY, "start_s", None, TORCHSERVE)
-        ),
+        *runner.beside_torchserve(systems, vs_ts),
     ]
     cells = [Cell((s,), partial(measure, s), 6.0) for s in systems]
     return Row(row, cells, ("start_s",), goals, rounds=starts)
@@ -227,18 +195,16 @@ def row_start(ctx: Ctx) -> Row:
 def _two_models_once(ctx: Ctx, system: str, conc: int, rnd: int) -> dict[str, dict[str, float]]:
     """Each model alone (the other idle), then both at once from two generators."""
     models = dict.fromkeys(TWO_MODELS, TWO_MODELS_BATCHING)
-    where = run_dir(ctx, "two-models", system, f"r{rnd}")
+    where = runner.run_dir(ctx, "two-models", system, f"r{rnd}")
     with (
-        serving(ctx, system, models, where, names=TWO_MODELS) as server,
+        runner.serving(ctx, system, models, where, names=TWO_MODELS) as server,
         LoadGenerator(1) as second,
     ):
-        targets = [target(ctx, server, n, "cnn") for n in TWO_MODELS]
-        alone = [closed(ctx, t, conc).ok_per_s for t in targets]
+        targets = [runner.target(ctx, server, n, "cnn") for n in TWO_MODELS]
+        alone = [runner.closed(ctx, t, conc).ok_per_s for t in targets]
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            gens = (ctx.gen, second)
-            runs = [
-                pool.submit(closed, ctx, t, conc, g) for t, g in zip(targets, gens, strict=True)
-            ]
+            pairs = zip(targets, (ctx.gen, second), strict=True)
+            runs = [pool.submit(runner.closed, ctx, t, conc, g) for t, g in pairs]
             together = [f.result().ok_per_s for f in runs]
     return {system: dict(zip(TWO_MODEL_KEYS, alone + together, strict=True))}
 
@@ -250,23 +216,22 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> Row:
         f"one server per system with both, {TWO_MODELS_BATCHING.describe()} each; "
         f"c={concurrency} per model; alone: the other model idle; together: both at once",
     )
-    systems = systems_for(ctx, row, TORCHBAY, TORCHSERVE)
-    prefixes = {s: "" if s == TORCHBAY else f"{s}: " for s in systems}
+    systems = runner.systems_for(ctx, row, TORCHBAY, TORCHSERVE)
     estimate = 3 * (ctx.warmup_s + ctx.duration_s) + 5
     cells = [Cell((s,), partial(_two_models_once, ctx, s, concurrency), estimate) for s in systems]
 
     def judge(r: RowResult) -> list[Ratio]:
         """Each model together over alone, and both: the host's budget holds for two models."""
         out = []
-        for s, prefix in prefixes.items():
+        for s in systems:
+            prefix = "" if s == TORCHBAY else f"{s}: "
             together, alone = (
                 [r.series(s, f"{w}_{x}") for x in "ab"] for w in ("together", "alone")
             )
             pairs = zip("ab", together, alone, strict=True)
             out += [Ratio(f"{prefix}cnn_{x} together / alone", ratios(t, a)) for x, t, a in pairs]
             both = [[x + y for x, y in zip(*w, strict=True)] for w in (together, alone)]
-            bound = 0.90 if s == TORCHBAY else None
-            out.append(Ratio(f"{prefix}combined together / alone", ratios(*both), bound))
+            out.append(Ratio(f"{prefix}combined together / alone", ratios(*both), _bound(s, 0.90)))
         return out
 
     return Row(row, cells, TWO_MODEL_KEYS, judge=judge)

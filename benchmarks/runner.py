@@ -5,7 +5,6 @@ description (:func:`make_system`; config and log in ``runs/<name>/``), and a tab
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -21,7 +20,7 @@ from typing import Any
 import psutil
 
 from torchbay.archiver.errors import ArchiveError
-from torchbay.benchmarks import managed, models, procstat
+from torchbay.benchmarks import bench, managed, models, procstat
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.report import Eta, Ratio, RowResult, failed, fmt
@@ -149,13 +148,11 @@ def make_system(
         )
     else:
         config = managed.write_properties(run_dir, models_json(served, MODEL_VERSION), props)
+        flags = ("--ncs", "--ts-config", str(config.resolve()), *args)
+        loaded = tuple(f"{name}={name}.mar" for name in served)
+        first = store / f"{next(iter(served))}.mar"
         server = managed.ManagedServer.torchbay(
-            store / f"{next(iter(served))}.mar",
-            run_dir,
-            auth=False,
-            extra_args=("--ncs", "--ts-config", str(config.resolve()), *args),
-            python=ctx.python,
-            models=tuple(f"{name}={name}.mar" for name in served),
+            first, run_dir, auth=False, extra_args=flags, python=ctx.python, models=loaded
         )
     server.start_timeout_s = ctx.start_timeout_s
     return server
@@ -180,13 +177,8 @@ def target(ctx: Ctx, server: managed.ManagedServer, name: str, model: str) -> Ta
 
 
 def warm_up(ctx: Ctx, plan: LoadPlan, gen: LoadGenerator | None = None) -> None:
-    """``ctx.warmup_s`` of the plan's load (closed loop at its concurrency, or open loop at its
-    lowest rate), so the measured run starts on a warm server."""
-    if ctx.warmup_s <= 0:
-        return
-    rate = min(r for _, r in plan.steps or ((1, plan.rate),))  # steps: open loop only
-    warmup = dataclasses.replace(plan, duration_s=ctx.warmup_s, steps=(), timeline=False, rate=rate)
-    (gen or ctx.gen).run(warmup)
+    """``ctx.warmup_s`` of the plan's load (:func:`bench.warm_up`)."""
+    bench.warm_up(gen or ctx.gen, plan, ctx.warmup_s)
 
 
 def warm_and_measure(
@@ -269,7 +261,7 @@ def run_inprocess(
     """The in-process model loop (``ceilings/inprocess.py``, extra ``flags``: ``--batches``,
     ``--streams``, ``--seconds``), in a fresh process with one thread and nothing else loaded
     (``env``: its environment, None: ours); samples/s per model and batch size."""
-    cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess", "--json"]
+    cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess"]
     cmd += ["--seconds", str(ctx.inprocess_seconds), *flags]
     for name in models or ctx.assets.pt:
         cmd += ["--pt", f"{name}={ctx.assets.pt[name]}"]

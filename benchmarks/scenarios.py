@@ -33,6 +33,15 @@ class Batching:
     max_batch_delay_ms: float | None = 0
     workers: int | None = 1
 
+    def keys(self) -> dict[str, int | float]:
+        """The settings given, by their ``models={...}``, model-config.yaml and describe-model
+        names (a whole delay as an int: 5, not 5.0, in the YAML a person reads)."""
+        delay = self.max_batch_delay_ms
+        delay = int(delay) if delay is not None and float(delay).is_integer() else delay
+        keys = {"batchSize": self.batch_size, "maxBatchDelay": delay}
+        keys |= {"minWorkers": self.workers, "maxWorkers": self.workers}
+        return {k: v for k, v in keys.items() if v is not None}
+
     def label(self) -> str:
         """``b8-d5-w1``: the SLA search's name for a configuration."""
         return f"b{self.batch_size}-d{self.max_batch_delay_ms:g}-w{self.workers}"
@@ -46,16 +55,7 @@ def models_json(models: dict[str, Batching], version: str = "1.0") -> dict[str, 
     """TorchServe's ``models={...}`` for ``{name: batching}``; every name serves its own mar (the
     same keys go to torchbay and TorchServe, so both read one description)."""
     return {
-        name: {
-            version: {
-                "defaultVersion": True,
-                "marName": f"{name}.mar",
-                "minWorkers": b.workers,
-                "maxWorkers": b.workers,
-                "batchSize": b.batch_size,
-                "maxBatchDelay": b.max_batch_delay_ms,
-            }
-        }
+        name: {version: {"defaultVersion": True, "marName": f"{name}.mar", **b.keys()}}
         for name, b in models.items()
     }
 
@@ -201,17 +201,11 @@ class Suite:
         unless overridden)."""
         from torchbay.benchmarks.bench import RunOptions
 
+        where = {"archive": archive, "inputs": tuple(inputs), "run_dir": run_dir}
         load = {"concurrency": run.concurrency, "rate": run.rate, "arrival": run.arrival}
-        return RunOptions(
-            archive=archive,
-            inputs=tuple(inputs),
-            content_type=self.content_type,
-            duration_s=duration_s or self.duration_s,
-            warmup_s=self.warmup_s if warmup_s is None else warmup_s,
-            run_dir=run_dir,
-            **asdict(run.batching),
-            **load,
-        )
+        warmup_s = self.warmup_s if warmup_s is None else warmup_s
+        options = {**where, **load, **asdict(run.batching), "content_type": self.content_type}
+        return RunOptions(duration_s=duration_s or self.duration_s, warmup_s=warmup_s, **options)
 
 
 def select(

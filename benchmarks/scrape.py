@@ -1,7 +1,5 @@
 """The server's own view of a run: ``/metrics`` scraped before and after, differenced per model
-(and version): request counts by code, histogram means (``_sum`` / ``_count`` deltas) and
-bucket-interpolated p99s (Prometheus' ``histogram_quantile`` over the bucket deltas).
-"""
+(and version): request counts by code, histogram means and bucket-interpolated p99s."""
 
 from __future__ import annotations
 
@@ -119,18 +117,14 @@ def server_view(
     """What the server recorded for ``model`` (all versions unless ``version``) in between."""
     labels = {"model": model} | ({"version": version} if version else {})
     requests = _deltas(before, after, "torchbay_requests_total", labels, "code")
-    delta = lambda name, lab=labels: histogram_delta(before, after, "torchbay_" + name, lab)  # noqa: E731
+    delta = lambda name: histogram_delta(before, after, "torchbay_" + name, labels)  # noqa: E731
     _, latency_mean, latency = delta("request_latency_seconds")
     _, queue_mean, queue = delta("queue_latency_seconds")
     batches, batch_mean, _ = delta("batch_size")
-    stages = {
-        dict(lab)["stage"]
-        for (n, lab) in after.samples
-        if n == HANDLER + "_count" and _matches(lab, labels) and "stage" in dict(lab)
-    }
-    handler = {
-        st: _ms(delta("handler_seconds", labels | {"stage": st})[1]) for st in sorted(stages)
-    }
+    sums = _deltas(before, after, HANDLER + "_sum", labels, "stage")
+    counts = _deltas(before, after, HANDLER + "_count", labels, "stage")
+    stages = sorted(st for st in counts if st != "?")  # "?": a series without a stage label
+    handler = {st: _ms(histogram_mean(sums[st], counts[st])) for st in stages}
     return ServerView(
         requests={k: v for k, v in sorted(requests.items()) if v},
         request_mean_ms=_ms(latency_mean),

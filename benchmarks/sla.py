@@ -12,7 +12,6 @@ winner's rate as the repeats are, then searched as a configuration is.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +19,10 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from torchbay.benchmarks.bench import make_target, observe
+from torchbay.benchmarks.bench import make_target, observe, warm_up
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
+from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, write_properties
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching, models_json
 from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step
@@ -53,12 +52,9 @@ class _Search:
             return
         self.mgmt.configure(self.model, None, config)
         self.current = config
-        if self.o.config_warmup_s > 0:
-            half, timeout = self.o.config_warmup_s / 2, self.o.timeout_s
-            for conc in (1, _full(config)):
-                self.gen.run(
-                    LoadPlan(self.target, "closed", conc, duration_s=half, timeout_s=timeout)
-                )
+        for conc in (1, _full(config)):
+            plan = LoadPlan(self.target, "closed", conc, timeout_s=self.o.timeout_s)
+            warm_up(self.gen, plan, self.o.config_warmup_s / 2)
 
     def measure(self, config: Batching, phase: str, rate: float) -> Step:
         """One open-loop step at ``rate`` (or a closed-loop probe when phase is 'probe')."""
@@ -272,19 +268,16 @@ def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) 
     config = Batching(max(options.batch_sizes), max(options.max_delays_ms), winner.config.workers)
     models = models_json({model: config}, version)
     models[model][version] |= {"marName": options.archive.name, "slaP99Ms": options.sla_p99_ms}
-    props = options.out_dir / "autopilot" / "config.properties"
-    props.parent.mkdir(parents=True, exist_ok=True)
-    props.write_text(f"models={json.dumps(models)}\n")
+    props = write_properties(options.out_dir / "autopilot", models, {})
     log(
         f"autopilot: p99 target {options.sla_p99_ms:g} ms, ceilings batch {config.batch_size}, "
         f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
         f"at {winner.best_rate:.1f} req/s"
     )
     runs = result.autopilot = Outcome(config, best_rate=winner.best_rate, name=AUTOPILOT)
-    extra = ("--ts-config", str(props.resolve()))
-    with _searching(
-        options, model, props.parent / "server", log, name=model, extra_args=extra
-    ) as search:
+    kw = {"extra_args": ("--ts-config", str(props.resolve()))}
+    kw["models"] = (f"{model}={options.archive.name}",)  # the model as the config names it
+    with _searching(options, model, props.parent / "server", log, **kw) as search:
         search.progress = progress
         search.repeat([runs], AUTOPILOT, max(1, options.repeats))
         result.autopilot_state = search.mgmt.describe(model, None).get("autopilot")

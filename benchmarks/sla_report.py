@@ -161,23 +161,20 @@ def _repeat_lines(result: SlaResult) -> list[str]:
 
 
 def _method_facts(o: SlaOptions, statuses: list[str]) -> dict[str, str | None]:
-    """The method's settings, one per line; the why of each is in sla.py's docstring."""
+    """The method in one line (sla.py's docstring says why) and the settings it ran with."""
     count = lambda *status: sum(s in status for s in statuses)  # noqa: E731
     return {
         "configurations": f"{len(statuses)} in the grid; {count('searched', 'infeasible')} "
         f"searched, {count('skipped')} skipped by the capacity bound, {count('same-as')} "
         "identical to another (batch size 1 ignores the delay)",
-        "set live, without a restart": "`PUT /models/{m}?batch_size=&max_batch_delay="
-        "&min_worker=&max_worker=&synchronous=true`",
-        "capacity": f"a closed-loop probe, {o.probe_s:g} s at concurrency max(4, 2 x batch x "
-        "workers): an upper bound on any rate it can sustain",
-        "search": f"in descending capacity, open-loop steps from half the capacity, x "
-        f"{o.ramp_factor:g} until one breached, then bisected (geometric midpoint) to "
-        f"{100 * o.precision:g}%",
-        "a breach": f"p99 over {o.sla_p99_ms:g} ms or over {100 * o.max_error_rate:g}% errors; "
-        "latency from each request's scheduled send time (no coordinated omission)",
-        "skipped": f"capacity (+{100 * o.bound_margin:g}% for probe noise, the better of two "
-        "probes) below the best rate already found",
+        "method": "each set live (`PUT /models/{m}?...&synchronous=true`); a closed-loop probe "
+        "at concurrency max(4, 2 x batch x workers) bounds its capacity; in descending "
+        "capacity, open-loop steps ramp from half of it until one breaches, then bisect "
+        "(geometric midpoint); one whose capacity is below the best rate so far is skipped",
+        "settings": f"probe {o.probe_s:g} s, ramp x {o.ramp_factor:g}, precision "
+        f"{100 * o.precision:g}%, a breach: p99 over {o.sla_p99_ms:g} ms or over "
+        f"{100 * o.max_error_rate:g}% errors (latency from each request's scheduled send), "
+        f"skip margin {100 * o.bound_margin:g}% (the better of two probes)",
     }
 
 

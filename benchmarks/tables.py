@@ -1,12 +1,7 @@
-"""Every table of RESULTS.md, one command: ``python -m torchbay.benchmarks.tables NAME [flags]``.
-
-    reference [--quick] [--only NAME,GLOB,SERVER,TAG,inprocess]   issue 3's reference scenarios
-    round2 [--torchserve VENV] [--starts N] [--only ROW ...]      issue 15's rows beside TorchServe
-    grpc [--models tiny,cnn] [--pairs P,...] [-c 16,...]          issue 12's gRPC / HTTP pairs
-
-Each table is a list of ``runner.Row`` s that ``runner.run_rows`` measures, repeat outermost,
-into ``--out``/``STEM.md``, ``STEM.json`` and a plot when a row has a sweep. Exit status 1 when
-any run failed (the report says which).
+"""Every table of RESULTS.md, one command: ``python -m torchbay.benchmarks.tables NAME [flags]``
+(``reference``: issue 3's scenarios, ``round2``: issue 15's rows beside TorchServe, ``grpc``:
+issue 12's gRPC / HTTP pairs). A table is a list of ``runner.Row`` s that ``runner.run_rows``
+measures into ``--out``/``STEM.md``, ``STEM.json`` and a plot when a row has a sweep.
 """
 
 from __future__ import annotations
@@ -34,17 +29,14 @@ Rows = Callable[[Ctx, argparse.Namespace], tuple[list[Row], str]]
 
 @dataclass(frozen=True)
 class Table:
-    """A named table: its rows and settings line, report title and file stem, default folders
-    (``work`` None: ``--out``) and durations."""
+    """Rows and settings line, title, file stem, default folders, (repeat, duration, warm-up)."""
 
     rows: Rows
     title: str
     stem: str
     out: Path
     work: Path | None
-    repeat: int
-    duration_s: float
-    warmup_s: float
+    windows: tuple[int, float, float]
 
 
 INPROCESS = "inprocess"
@@ -105,9 +97,8 @@ def round2_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
 
 
 # The gRPC table: a cell per model, protocol pair and concurrency, both sides on one fresh server
-# through ``torchbay bench run --protocol grpc|grpc-v2`` (grpc_pair.run_grpc_bench). ``tensor``
-# sends the sample as a typed FP32 tensor to the model packed with the built-in ``tensor``
-# handler (Triton's case); the other pairs send the raw body to the benchmark's own archives.
+# (grpc_pair.run_grpc_bench). ``tensor`` sends a typed FP32 tensor to the model packed with the
+# built-in ``tensor`` handler (Triton's case); the other pairs send the raw body.
 PAIRS = {
     "predictions": "HTTP /predictions vs gRPC Predictions",
     "modelinfer": "HTTP v2 binary vs gRPC ModelInfer (BYTES body)",
@@ -121,34 +112,29 @@ def grpc_cell(model: str, pair: str, concurrency: int) -> str:
     return f"{model} {pair} c={concurrency}"
 
 
-def grpc_measure(
-    ctx: Ctx, archive: Path, source: Path, pair: str, concurrency: int, run_dir: Path
-) -> dict[str, float]:
-    """Each side's ok/s, p50 and p99 (``http_...``, ``grpc_...``) and the answers not 200."""
+def grpc_row(ctx: Ctx, inputs: Inputs, concurrencies: list[int]) -> Row:
+    """A cell per (model, concurrency, pair) of ``inputs``: each side's ok/s, p50 and p99 and the
+    answers not 200, judged by its gRPC / HTTP ok/s."""
     from torchbay.benchmarks.bench import RunOptions
     from torchbay.benchmarks.grpc_pair import run_grpc_bench
 
-    windows = {"duration_s": ctx.duration_s, "warmup_s": ctx.warmup_s}
-    options = RunOptions(
-        archive=archive, inputs=(source,), concurrency=concurrency, run_dir=run_dir, **windows
-    )
-    sides = [rep.result for rep in run_grpc_bench(options, pair != "predictions")]
-    figures = {}
-    for side, r in zip(("http", "grpc"), sides, strict=True):
-        figures |= {f"{side}_ok_per_s": r.ok_per_s, f"{side}_p50_ms": r.latency.p50_ms}
-        figures[f"{side}_p99_ms"] = r.latency.p99_ms
-    return figures | {"not_200": float(sum(r.sent - r.ok for r in sides))}
-
-
-def grpc_row(ctx: Ctx, inputs: Inputs, concurrencies: list[int]) -> Row:
-    """A cell per (model, concurrency, pair) of ``inputs``, judged by its gRPC / HTTP ok/s."""
-    pairs = {pair for per in inputs.values() for pair in per}
+    pairs = dict.fromkeys(pair for per in inputs.values() for pair in per)
     row = RowResult("grpc", "gRPC beside HTTP", ", ".join(PAIRS[p] for p in pairs), wide=True)
 
     def run(model: str, pair: str, c: int, rnd: int) -> dict[str, dict[str, float]]:
         archive, source = inputs[model][pair]
-        where = ctx.out_dir / "runs" / f"{model}-{pair}-c{c}-r{rnd}"
-        return {grpc_cell(model, pair, c): grpc_measure(ctx, archive, source, pair, c, where)}
+        where = runner.run_dir(ctx, model, pair, f"c{c}", f"r{rnd}")
+        windows = {"duration_s": ctx.duration_s, "warmup_s": ctx.warmup_s}
+        options = RunOptions(
+            archive=archive, inputs=(source,), concurrency=c, run_dir=where, **windows
+        )
+        sides = [rep.result for rep in run_grpc_bench(options, pair != "predictions")]
+        figures = {}
+        for side, r in zip(("http", "grpc"), sides, strict=True):
+            figures |= {f"{side}_ok_per_s": r.ok_per_s, f"{side}_p50_ms": r.latency.p50_ms}
+            figures[f"{side}_p99_ms"] = r.latency.p99_ms
+        figures["not_200"] = float(sum(r.sent - r.ok for r in sides))
+        return {grpc_cell(model, pair, c): figures}
 
     estimate = 2 * (ctx.warmup_s + ctx.duration_s) + 6
     cells = [
@@ -165,20 +151,6 @@ def grpc_row(ctx: Ctx, inputs: Inputs, concurrencies: list[int]) -> Row:
         return [Ratio(f"{name}: gRPC / HTTP ok/s", values(name)) for name in r.systems]
 
     return Row(row, cells, ("http_ok_per_s",), judge=judge)
-
-
-def grpc_inputs(ctx: Ctx, models: list[str], pairs: list[str]) -> Inputs:
-    """The archive and ``--input`` file of each model and pair (``tensor``: its own archive)."""
-    assert ctx.assets.model_store is not None
-    wanted = Assets({m: ctx.assets.pt[m] for m in models}, {m: ctx.assets.body[m] for m in models})
-    tensor = "tensor" in pairs
-    typed = tensor_archives(wanted, ctx.out_dir / "model_store_tensor") if tensor else {}
-    inputs: Inputs = {}
-    for m in models:
-        raw = (ctx.assets.model_store / f"{m}.mar", ctx.assets.body[m])
-        options = {"predictions": raw, "modelinfer": raw, "tensor": (typed.get(m), typed.get(m))}
-        inputs[m] = {pair: options[pair] for pair in pairs}  # type: ignore[misc]
-    return inputs
 
 
 def tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
@@ -199,19 +171,27 @@ def tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
 
 
 def grpc_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
-    inputs = grpc_inputs(ctx, args.models, args.pairs)
+    """The archive and ``--input`` file of each model and pair (``tensor``: its own archive)."""
+    assert ctx.assets.model_store is not None
+    wanted = Assets({m: ctx.assets.pt[m] for m in args.models}, {})
+    tensor = "tensor" in args.pairs
+    typed = tensor_archives(wanted, ctx.out_dir / "model_store_tensor") if tensor else {}
+    inputs: Inputs = {}
+    for m in args.models:
+        raw = (ctx.assets.model_store / f"{m}.mar", ctx.assets.body[m])
+        inputs[m] = {p: (typed[m], typed[m]) if p == "tensor" else raw for p in args.pairs}
     settings = f"{ctx.repeat} repeat(s) of {ctx.duration_s:g} s after {ctx.warmup_s:g} s warm-up"
     return [grpc_row(ctx, inputs, args.c)], settings
 
 
 TABLES = {
-    "reference": Table(reference_rows, "Reference scenarios", "latest", OUT, None, 2, 20.0, 5.0),
+    "reference": Table(reference_rows, "Reference scenarios", "latest", OUT, None, (2, 20.0, 5.0)),
     # Round two's reports live beside the other results, outside the package (results/README.md).
     "round2": Table(
-        round2_rows, "Round two (issue 15)", "round2", RESULTS, OUT / "round2", 3, 10, 3
+        round2_rows, "Round two (issue 15)", "round2", RESULTS, OUT / "round2", (3, 10, 3)
     ),
     "grpc": Table(
-        grpc_rows, "gRPC beside HTTP (issue 12)", "grpc", OUT / "grpc", None, 3, 10.0, 2.0
+        grpc_rows, "gRPC beside HTTP (issue 12)", "grpc", OUT / "grpc", None, (3, 10.0, 2.0)
     ),
 }
 
@@ -264,7 +244,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     table = TABLES[args.table]
     quick = getattr(args, "quick", False)
-    defaults = (1, 3.0, 1.0) if quick else (table.repeat, table.duration_s, table.warmup_s)
+    defaults = (1, 3.0, 1.0) if quick else table.windows
     for name, default in zip(("repeat", "duration", "warmup"), defaults, strict=True):
         setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
     args.out = args.out or table.out
@@ -292,13 +272,10 @@ def run(argv: Sequence[str] | None = None, log: Callable[..., None] = print) -> 
         rows, settings = table.rows(ctx, args)
         results = runner.run_rows(ctx, rows)
     head = report.header("tables", argv, settings, title=table.title)
-    for row in results:
-        if row.extra.get("sweep"):
-            title = f"{head['command']}\n{row.settings}"
-            path = plots.sweep_plot(
-                row.extra["sweep"], args.out / f"{table.stem}_{row.key}.png", title
-            )
-            head["plot"] = str(path.name) if path else None
+    for row in (r for r in results if r.extra.get("sweep")):
+        png, title = args.out / f"{table.stem}_{row.key}.png", f"{head['command']}\n{row.settings}"
+        path = plots.sweep_plot(row.extra["sweep"], png, title)
+        head["plot"] = str(path.name) if path else None
     return report.write(results, head, args.out, table.stem, log)
 
 

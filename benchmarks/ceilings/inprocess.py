@@ -3,7 +3,7 @@
 warm-up, as TorchScript optimises on its first calls. ``--streams N`` sums N loops in threads: the
 limit of N single-threaded workers with no server around them.
 
-    python -m torchbay.benchmarks.ceilings.inprocess --pt tiny=tiny.pt --pt cnn=cnn.pt --json
+    python -m torchbay.benchmarks.ceilings.inprocess --pt tiny=tiny.pt --pt cnn=cnn.pt
 """
 
 from __future__ import annotations
@@ -71,16 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,16")
     parser.add_argument("--seconds", type=float, default=2.0, help="wall time per batch size")
     parser.add_argument("--streams", type=int, default=1, help="concurrent loops, summed")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     batches = tuple(int(b) for b in args.batches.split(","))
     results = measure(dict(args.pt), batches, seconds=args.seconds, streams=args.streams)
-    if args.json:
-        print(json.dumps(results))
-        return 0
-    for name, per_batch in results.items():
-        for batch, rate in per_batch.items():
-            print(f"{name:5s} batch {batch:3d}: {rate:12,.0f} samples/s")
+    print(json.dumps(results))  # one object, {model: {batch: samples/s}}: run_inprocess reads it
     return 0
 
 

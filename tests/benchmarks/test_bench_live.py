@@ -18,12 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from PIL import Image
 
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import read_manifest
 from torchbay.benchmarks import runner
-from torchbay.benchmarks.apply import apply_settings, read_config
+from torchbay.benchmarks.apply import apply_settings
 from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
 from torchbay.benchmarks.managed import Endpoints, ManagedServer
 from torchbay.benchmarks.scenarios import Batching, find_suite, suite_names
@@ -42,6 +43,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     archived = runner.archive_models(only, out, sys.executable)
     assert archived.model_store is not None
     return archived.model_store / "tiny.mar", assets.body["tiny"]
+
+
+def read_config(archive: Path, work: Path) -> dict:
+    """The archive's model-config.yaml as a dict ({} when it has none), hashes checked."""
+    name = extract_archive(archive, work).model.config_file
+    return (yaml.safe_load((work / name).read_text()) or {}) if name else {}
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +215,7 @@ def test_sla_search_reports_and_apply(tiny, tmp_path) -> None:
     assert json.loads((out / "result.json").read_text())["winner"] == result.winner.label
 
     # --apply: the winner is in model-config.yaml and the archive still passes its hash checks.
-    config = read_config(archive)
+    config = read_config(archive, tmp_path / "config")
     w = result.winner.config
     assert config["batchSize"] == w.batch_size and config["maxBatchDelay"] == w.max_batch_delay_ms
     assert config["minWorkers"] == config["maxWorkers"] == 1
@@ -232,7 +239,7 @@ def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
     assert apply_settings(archive, Batching(4, 5.0, 1)) == tmp_path / "tiny.mar.orig.1"
     assert backup.read_bytes() == original  # the first original is never overwritten
     apply_settings(archive, Batching(8, 5.0, 2))
-    assert read_config(archive) == {
+    assert read_config(archive, tmp_path / "config") == {
         "responseTimeout": 30, "batchSize": 8, "handler": {"num_threads": 1},
         "maxBatchDelay": 5, "minWorkers": 2, "maxWorkers": 2,
     }  # fmt: skip
