@@ -18,13 +18,12 @@ Each protocol's list of extensions is derived from what that adapter serves
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.errors import BadRequest, ServiceUnavailable, TorchbayError
-from torchbay.server.observe.logs import RequestHook, RequestRecord, request_hook
+from torchbay.server.observe.logs import RequestHook, request_hook
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.oip_stats import Observers, OipStats, chain
 from torchbay.server.observe.ts_families import metrics_options
@@ -162,14 +161,13 @@ class DataPlane:
         """The 503 to answer at once, from the headers alone, for a request to the pressed
         ``mv`` (``pressed``; the adapter has checked its key), recorded like any answer; None
         when ``mv`` takes this one after all."""
-        started = time.perf_counter()
+        ex = self.exchange(scope, name, version)
+        ex.model = mv
         try:
             refuse_early(mv)
         except TorchbayError as exc:
-            # An exchange's record without the exchange: nothing was queued, no level or trace
-            # taken (the hot path under overload: most requests end here).
-            seconds = time.perf_counter() - started
-            self.record(RequestRecord(scope, name, version, exc.status, seconds, None, mv))
+            ex.status = exc.status
+            ex.close()
             # Returned, not raised: without its traceback, whose frames (the caller's holding
             # this very error) would make a reference cycle per refusal, left to the garbage
             # collector (a collection every few dozen refusals under overload).
