@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import importlib.util
 import json
@@ -358,3 +359,22 @@ def ts_stubs() -> Iterator[SimpleNamespace]:
         yield SimpleNamespace(**{n: importlib.import_module(n) for n in names})
     finally:
         sys.path.remove(str(out))
+
+
+@contextlib.contextmanager
+def errors_left_in_cycles() -> Iterator[list[Any]]:
+    """The server's errors (TorchbayError) that only the garbage collector freed while the
+    block ran: the list is filled when the block ends. A cycle per answered request would
+    make the collector run every few dozen requests under overload."""
+    from torchbay.server.errors import TorchbayError
+
+    left: list[Any] = []
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage to look at
+    try:
+        yield left
+        gc.collect()
+        left.extend(o for o in gc.garbage if isinstance(o, TorchbayError))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()

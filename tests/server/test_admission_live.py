@@ -7,7 +7,6 @@ Queue times come from the server's own access log (``queue_ms``), never from wal
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import socket
@@ -22,11 +21,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.server.config.sources import load_server_config
-from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc import messages
 from torchbay.server.observe.logs import ACCESS_FIELDS, ACCESS_LOGGER
 
-from .conftest import ASSETS, LiveServer, build_store, probe_models
+from .conftest import ASSETS, LiveServer, build_store, errors_left_in_cycles, probe_models
 
 pytestmark = pytest.mark.slow
 
@@ -163,9 +161,7 @@ def test_an_expired_request_leaves_no_garbage(live_server, protocol: str) -> Non
     the error), left to the garbage collector: a collection every few dozen such answers under
     overload (benchmarks/RESULTS.md, "Refusals and the garbage collector")."""
     server = live_server(models=_slow_probe(200))
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage to look at
-    try:
+    with errors_left_in_cycles() as left:
         if protocol == "http":
             url = f"{server.url}/predictions/probe"
             codes = [r.status_code for r in asyncio.run(_burst(url, BURST, SLOW))]
@@ -173,11 +169,6 @@ def test_an_expired_request_leaves_no_garbage(live_server, protocol: str) -> Non
         else:
             refused = _grpc_burst(server, BURST, SLOW).count("UNAVAILABLE")
         server.recorded()
-        gc.collect()
-        left = [o for o in gc.garbage if isinstance(o, TorchbayError)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
     expired = _describe(server)["admissionRejections"]["expired"]
     assert refused >= expired >= 1  # a cold burst: admitted by queue length, then expired
     assert left == [], f"{len(left)} answered errors left in reference cycles: {left[0]!r}"

@@ -10,7 +10,6 @@ requests cannot end the pressure and send a request down the ASGI path unnoticed
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import socket
@@ -24,14 +23,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from torchbay.server.errors import TorchbayError, Unauthorized
+from torchbay.server.errors import Unauthorized
 from torchbay.server.http import early
 from torchbay.server.http.inference import InferenceApp
 from torchbay.server.observe.logs import ACCESS_FIELDS, ACCESS_LOGGER
 from torchbay.server.plane import DataPlane
 from torchbay.server.serving import admission
 
-from .conftest import LiveServer, make_config
+from .conftest import LiveServer, errors_left_in_cycles, make_config
 
 pytestmark = pytest.mark.slow
 
@@ -211,20 +210,13 @@ def test_a_refusal_from_the_headers_leaves_no_garbage(server: LiveServer) -> Non
     (benchmarks/RESULTS.md, "Refusals and the garbage collector")."""
     port = server.server.state.ports.inference
     _press(server)
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage to look at
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
-            buffer = bytearray()
-            for path in PATHS * 10:
-                sock.sendall(_post(path))
-                head, _body = _read_response(sock, buffer)
-                assert head.startswith(b"HTTP/1.1 503 "), head
-        gc.collect()
-        left = [o for o in gc.garbage if isinstance(o, TorchbayError)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+    connection = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+    with errors_left_in_cycles() as left, connection as sock:
+        buffer = bytearray()
+        for path in PATHS * 10:
+            sock.sendall(_post(path))
+            head, _body = _read_response(sock, buffer)
+            assert head.startswith(b"HTTP/1.1 503 "), head
     assert left == [], f"{len(left)} refusals left in reference cycles, e.g. {left[0]!r}"
 
 
