@@ -122,15 +122,26 @@ def test_one_bad_item_fails_only_its_request(live_server):
     assert responses[1].json()["batch_in"] == 3 and responses[1].json()["batch"] == 2
 
 
+async def _running(client: httpx.AsyncClient, server: Any) -> bool:
+    """The probe's worker is BUSY and nothing is left in its queue."""
+    described = (await client.get(f"{server.management_url}/models/probe")).json()[0]
+    pending = described["jobQueueStatus"]["pendingRequests"]
+    return described["workers"][0]["status"] == "BUSY" and pending == 0
+
+
 def test_killed_worker_answers_in_flight_and_comes_back(live_server):
-    server = live_server(models=probe_models(batchSize=4, maxBatchDelay=50))
+    # One batch of the three requests, however slowly they arrive (a batch of 4 is never full).
+    server = live_server(models=probe_models(batchSize=4, maxBatchDelay=1000))
     url = f"{server.url}/predictions/probe"
     [old_pid] = server.worker_pids()
 
     async def scenario() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
             tasks = [asyncio.ensure_future(client.post(url, json={"sleep": 5})) for _ in range(3)]
-            await asyncio.sleep(1.0)  # the batch is running in the worker now
+            # Kill once the worker runs the batch (polled: on a loaded host the requests may
+            # take more than a second to reach it), never while they are still queued.
+            while not any(t.done() for t in tasks) and not await _running(client, server):
+                await asyncio.sleep(0.02)
             os.kill(old_pid, signal.SIGKILL)
             return await asyncio.gather(*tasks)
 
