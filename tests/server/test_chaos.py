@@ -62,6 +62,11 @@ def _describe(server: LiveServer, name: str) -> dict[str, Any]:
     return r.json()[0]
 
 
+def _busy(server: LiveServer, name: str) -> bool:
+    """``name``'s first worker is running a batch."""
+    return _describe(server, name)["workers"][0]["status"] == "BUSY"
+
+
 def _metric(server: LiveServer, sample: str, **labels: str) -> float:
     text = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
     total = 0.0
@@ -255,7 +260,10 @@ def test_hang_past_response_timeout_then_next_batch_served_by_new_worker(live_se
     async def scenario() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as c:
             stuck = asyncio.ensure_future(c.post(url, json={"sleep": 30}))
-            await asyncio.sleep(0.3)  # queued behind the stuck batch
+            # Sent once the stuck batch runs (polled: on a loaded host it may take a while to
+            # arrive), so the next request is queued behind it.
+            while not stuck.done() and not await asyncio.to_thread(_busy, server, "probe"):
+                await asyncio.sleep(0.02)
             following = asyncio.ensure_future(c.post(url, json={"echo": "next"}))
             return list(await asyncio.gather(stuck, following))
 
