@@ -60,11 +60,18 @@ def _start(
     return proc, json.loads(ready.read_text())
 
 
+async def _admitted(client: httpx.AsyncClient, info: dict) -> int:
+    """How many requests the probe model has admitted (describe, on the ready file's port)."""
+    url = f"http://127.0.0.1:{info['management']}/models/probe"
+    return (await client.get(url)).json()[0]["metrics"]["requests"]
+
+
 def _sigterm_during(
-    proc: subprocess.Popen, url: str, *, sleep: float, n: int = 6
+    proc: subprocess.Popen, info: dict, *, sleep: float, n: int = 6
 ) -> tuple[list[httpx.Response], int]:
     """Send ``n`` requests whose batches take ``sleep`` s, SIGTERM the server once all are
     admitted (one batch running, the rest queued), and return the answers and the exit code."""
+    url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
 
     async def scenario() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -72,7 +79,10 @@ def _sigterm_during(
                 asyncio.ensure_future(client.post(url, json={"sleep": sleep, "echo": i}))
                 for i in range(n)
             ]
-            await asyncio.sleep(0.5)
+            # SIGTERM once the server has admitted all n (polled: on a loaded host they may
+            # take a while to arrive), so none of them is refused as shutting down.
+            while not any(t.done() for t in tasks) and await _admitted(client, info) < n:
+                await asyncio.sleep(0.02)
             proc.send_signal(signal.SIGTERM)
             return await asyncio.gather(*tasks)
 
@@ -96,9 +106,8 @@ def test_sigterm_drains_in_flight_requests(model_store, tmp_path):
 
     assert not maps_torch(proc.pid)
     assert all(maps_torch(pid) for pid in workers)
-    url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
 
-    responses, code = _sigterm_during(proc, url, sleep=1.0)
+    responses, code = _sigterm_during(proc, info, sleep=1.0)
     assert [r.status_code for r in responses] == [200] * 6
     assert sorted(r.json()["echo"] for r in responses) == list(range(6))
     assert code == 0
@@ -109,9 +118,8 @@ def test_sigterm_drains_in_flight_requests(model_store, tmp_path):
 def test_sigterm_answers_503_for_work_past_the_grace_period(model_store, tmp_path):
     # TORCHBAY_* settings override config.properties: a 1 s grace, then 503 for what is left.
     proc, info = _start(model_store, tmp_path, env={"TORCHBAY_SHUTDOWN_GRACE_S": "1"})
-    url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
 
-    responses, code = _sigterm_during(proc, url, sleep=3.0)
+    responses, code = _sigterm_during(proc, info, sleep=3.0)
     codes = [r.status_code for r in responses]
     # Every request got exactly one answer: nothing hung up on, the unfinished ones 503.
     assert set(codes) <= {200, 503} and 503 in codes
