@@ -257,11 +257,8 @@ def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) 
     models = models_json({model: config}, version)
     models[model][version] |= {"marName": options.archive.name, "slaP99Ms": options.sla_p99_ms}
     props = write_properties(options.out_dir / "autopilot", models, {})
-    log(
-        f"autopilot: p99 target {options.sla_p99_ms:g} ms, ceilings batch {config.batch_size}, "
-        f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
-        f"at {winner.best_rate:.1f} req/s"
-    )
+    at = f"ceilings {config.label()}, slaP99Ms {options.sla_p99_ms:g}"
+    log(f"autopilot: {at}, at {winner.best_rate:.1f} req/s")
     runs = result.autopilot = Outcome(config, best_rate=winner.best_rate, name=AUTOPILOT)
     kw = {"extra_args": ("--ts-config", str(props.resolve()))}
     kw["models"] = (f"{model}={options.archive.name}",)  # the model as the config names it
