@@ -36,8 +36,9 @@ def rep(oc: Outcome, passed: list[bool]) -> Outcome:
 
 
 def _result(p99_ms: float, ok_per_s: float) -> Any:
-    """What the report reads of a step's LoadResult."""
-    return SimpleNamespace(ok_per_s=ok_per_s, latency=SimpleNamespace(p50_ms=9.0, p99_ms=p99_ms))
+    """What the report and the probe read of a step's LoadResult."""
+    latency = SimpleNamespace(p50_ms=9.0, p99_ms=p99_ms)
+    return SimpleNamespace(ok_per_s=ok_per_s, ok=int(ok_per_s > 0), latency=latency)
 
 
 def crown(ranked: list[Outcome]) -> tuple[Outcome | None, Outcome | None, str]:
@@ -197,3 +198,49 @@ def test_the_search_ramps_down_and_gives_up_within_its_budget() -> None:
     _Edge(edge=1e9, max_steps=2).search(unbounded)
     assert unbounded.why == "no breach found within the step budget"
     assert unbounded.best_rate == 750.0
+
+
+class _Grid(_Search):
+    """A grid whose configurations each hold the SLA up to their own edge (req/s) and probe at
+    1.4x it (no server); ``calls`` records every step in the order it was measured."""
+
+    def __init__(self, edges: dict[str, float], **options: Any) -> None:
+        self.o = OPTIONS.model_copy(update=options)
+        self.edges, self.lines, self.calls = edges, [], []
+        self.log = self.lines.append
+
+    def measure(self, config: Batching, phase: str, rate: float) -> Step:
+        edge = self.edges[config.label()]
+        self.calls.append((config.label(), phase))
+        if phase == "probe":
+            return Step(config, phase, 1.4 * edge, _result(30.0, 1.4 * edge), True, "")
+        ok = rate <= edge
+        return Step(config, phase, rate, _result(40.0 if ok else 80.0, rate), ok, "")
+
+
+def test_the_search_measures_each_configuration_once_prunes_and_repeats_the_top_two() -> None:
+    """Batch size 1 is measured once whatever its delay; a configuration whose capacity stays
+    under the best rate so far after a second probe is skipped; the top two are repeated,
+    alternating; the progress count ends at its planned total."""
+    edges = {"b1-d2-w1": 100.0, "b4-d2-w1": 850.0, "b4-d5-w1": 380.0, "b8-d2-w1": 900.0}
+    edges |= {"b1-d5-w1": 1e9, "b8-d5-w1": 50.0}  # b1-d5 is never measured
+    grid = {"batch_sizes": (1, 4, 8), "max_delays_ms": (2.0, 5.0), "repeats": 2}
+    search = _Grid(edges, **grid, autopilot=False)
+    outcomes, ranked = search.search_all()
+    by_label = {oc.label: oc for oc in outcomes}
+    assert list(by_label) == [c.label() for c in search.o.configurations()]
+    same = by_label["b1-d5-w1"]
+    assert same.status == "same-as" and same.same_as is by_label["b1-d2-w1"] and same.steps == []
+    assert (same.capacity, same.best_rate) == (140.0, by_label["b1-d2-w1"].best_rate)
+    assert all(label != "b1-d5-w1" for label, _ in search.calls)
+    skipped = by_label["b4-d5-w1"]  # 532 req/s (+10%) is under b8-d2's ~900
+    assert skipped.status == "skipped" and [s.phase for s in skipped.steps] == ["probe"] * 2
+    assert "below the best SLA rate so far" in skipped.why and "b8-d2-w1" in skipped.why
+    assert [oc.label for oc in ranked] == ["b8-d2-w1", "b4-d2-w1"]
+    assert 900 / 1.05 <= ranked[0].best_rate <= 900 and 850 / 1.05 <= ranked[1].best_rate <= 850
+    repeats = [label for label, phase in search.calls if phase == "repeat"]
+    assert repeats == ["b8-d2-w1", "b4-d2-w1"] * 2  # alternating
+    assert all(ranked[0].passed) and len(ranked[1].passed) == 2
+    assert SlaResult(search.o, "m", "1", outcomes, ranked).winner is ranked[0]
+    progress = [line for line in search.lines if line.startswith("progress: ")]
+    assert progress[-1].startswith("progress: 14/14 repeated b4-d2-w1;"), progress
