@@ -8,34 +8,32 @@ import shutil
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from torchbay.archiver.extract import extract_archive, sha256_file
+from torchbay.archiver.write import ArchiveFormat, write_archive
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.scenarios import Batching
 
-DEFAULT_CONFIG_NAME = "model-config.yaml"
 
-
-def _archive_format(path: Path) -> str:
+def _archive_format(path: Path) -> ArchiveFormat:
     if path.is_dir():
         return "no-archive"
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            stored = all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist())
-        return "zip-store" if stored else "default"
-    return "tgz"
+    if not zipfile.is_zipfile(path):
+        return "tgz"
+    with zipfile.ZipFile(path) as zf:
+        stored = all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist())
+    return "zip-store" if stored else "default"
 
 
 def backup_path(archive: Path) -> Path:
     """Where the original goes before ``apply_settings`` rewrites it: ``x.mar.orig`` (a name no
     model store loads), or ``x.mar.orig.N`` when an earlier backup is there."""
-    candidate = archive.with_name(archive.name + ".orig")
-    n = 1
+    candidate, n = archive.with_name(archive.name + ".orig"), 0
     while candidate.exists():
-        candidate = archive.with_name(f"{archive.name}.orig.{n}")
         n += 1
+        candidate = archive.with_name(f"{archive.name}.orig.{n}")
     return candidate
 
 
@@ -43,31 +41,22 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
     """Rewrite ``archive`` in place with ``settings`` in its model-config.yaml, after copying the
     original to ``backup_path(archive)``; returns the backup's path.
     Raises BenchError (or the archiver's ArchiveError) when it cannot be read or written."""
-    from torchbay.archiver.extract import extract_archive, sha256_file
-    from torchbay.archiver.write import write_archive
-
     archive = Path(archive)
     fmt = _archive_format(archive)
     with tempfile.TemporaryDirectory(prefix="tb-apply-") as work:
         root = Path(work) / "x"
         manifest = extract_archive(archive, root)
-        name = manifest.model.config_file or DEFAULT_CONFIG_NAME
+        name = manifest.model.config_file or "model-config.yaml"
         config_path = root / name
-        data: Any = {}
-        if config_path.is_file():
-            data = yaml.safe_load(config_path.read_text()) or {}
-            if not isinstance(data, dict):
-                raise BenchError(f"{archive}:{name} is not a YAML mapping")
+        data = (yaml.safe_load(config_path.read_text()) if config_path.is_file() else None) or {}
+        if not isinstance(data, dict):
+            raise BenchError(f"{archive}:{name} is not a YAML mapping")
         # The settings' keys set, the others untouched, their order kept.
-        text = yaml.safe_dump({**data, **settings.keys()}, sort_keys=False)
-        config_path.write_text(text)
-        update: dict[str, Any] = {}
-        if manifest.model.config_file is None:
-            update["model"] = manifest.model.model_copy(update={"config_file": name})
+        config_path.write_text(yaml.safe_dump({**data, **settings.keys()}, sort_keys=False))
+        update = {"model": manifest.model.model_copy(update={"config_file": name})}
         if manifest.torchbay is not None:
             files = {**manifest.torchbay.files, name: sha256_file(config_path)}
             update["torchbay"] = manifest.torchbay.model_copy(update={"files": files})
-        new_manifest = manifest.model_copy(update=update)
         # For a .tar.gz the name is the top folder TorchServe expects: the model's name.
         files = {
             path.relative_to(root).as_posix(): path
@@ -79,5 +68,6 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
             shutil.copytree(archive, backup, symlinks=True)
         else:
             shutil.copy2(archive, backup)
-        write_archive(fmt, archive, files, new_manifest, manifest.model.model_name)  # type: ignore[arg-type]
+        new_manifest = manifest.model_copy(update=update)
+        write_archive(fmt, archive, files, new_manifest, manifest.model.model_name)
     return backup

@@ -1,13 +1,7 @@
 """``torchbay bench sla``: the batching/worker configuration that serves the most traffic within
-a p99 SLA, on one server reconfigured live through the management API.
-
-A closed-loop probe bounds a configuration's capacity C; open-loop steps ramp from C/2 until one
-breaches (p99 over the SLA or too many errors), then bisect; its score is the highest passing
-rate. Skipped, as they cannot change the answer: batch size 1 at a second delay (a batch of one
-never waits) and a configuration whose capacity (plus ``bound_margin``) is below the best score.
-The top two are repeated, alternating; one that missed the SLA in any repeat is never crowned.
-Then the autopilot, on a fresh server (its target comes from a config.properties), at the
-winner's rate as the repeats are, then searched as a configuration is.
+a p99 SLA, on one server reconfigured live through the management API (the method: the report's
+"How it was found"). The top two are repeated, alternating; then the autopilot runs on a fresh
+server at the winner's rate and is searched as a configuration is.
 """
 
 from __future__ import annotations
@@ -19,6 +13,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from torchbay.archiver.manifest import read_manifest
+from torchbay.benchmarks import sla_report
+from torchbay.benchmarks.apply import apply_settings
 from torchbay.benchmarks.bench import make_target, observe, warm_up
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
@@ -42,7 +39,7 @@ class _Search:
         self.mgmt = Management(endpoints.host, port, endpoints.management_key)
         self.target = make_target(endpoints, options, model, None)
         self.current: Batching | None = None
-        self.progress = Eta(0, log)  # set by _search_all
+        self.progress = Eta(0, log)  # set by search_all
 
     def configure(self, config: Batching) -> None:
         """Apply ``config`` live, then warm it up: closed loops at concurrency 1 and 2*b*w, so
@@ -158,10 +155,60 @@ class _Search:
             else "no breach found within the step budget"
         )
 
+    def search_all(self) -> tuple[list[Outcome], list[Outcome]]:
+        """Every configuration's outcome, and the (at most two) best that met the SLA, best
+        first, repeated."""
+        o, outcomes = self.o, [Outcome(c) for c in self.o.configurations()]
+        measured = _distinct(outcomes)
+        top = min(2, len(measured))
+        # The autopilot's progress units: its runs, its probe and its search.
+        pilot = max(1, o.repeats) + 2 if o.autopilot and measured else 0
+        self.progress = Eta(2 * len(measured) + o.repeats * top + pilot, self.log)
+        self.log(f"probing {len(measured)} configuration(s) (closed loop, {o.probe_s:g} s each)")
+        for outcome in measured:
+            self.probe(outcome)
+            self.progress.tick(f"probed {outcome.label}")
+        measured.sort(key=lambda oc: oc.capacity, reverse=True)
+        best: Outcome | None = None
+        for outcome in measured:
+            if o.prune and best is not None and self.pruned(outcome, best):
+                self.progress.tick(f"skipped {outcome.label}")
+                continue
+            self.log(f"searching {outcome.label} (capacity {outcome.capacity:.1f} req/s)")
+            self.search(outcome)
+            self.progress.tick(f"searched {outcome.label}")
+            if outcome.best_step and (best is None or outcome.best_rate > best.best_rate):
+                best = outcome
+        for outcome in outcomes:
+            if src := outcome.same_as:
+                outcome.capacity, outcome.best_rate = src.capacity, src.best_rate
+                outcome.best_step = src.best_step
+        ranked = sorted((oc for oc in measured if oc.best_step), key=lambda oc: -oc.best_rate)[:2]
+        # Fewer configurations met the SLA than were planned for: their repeats will not run.
+        self.progress.drop(o.repeats * (top - len(ranked)))
+        if ranked and o.repeats:
+            self.log(f"repeating the top {len(ranked)} configuration(s) {o.repeats} times each")
+        self.repeat(ranked, "repeat", o.repeats)
+        return outcomes, ranked
+
 
 def _full(config: Batching) -> int:
     """Closed-loop concurrency that keeps every worker's batches full: max(4, 2 * b * w)."""
     return max(4, 2 * (config.batch_size or 1) * (config.workers or 1))
+
+
+def _distinct(outcomes: list[Outcome]) -> list[Outcome]:
+    """The outcomes to measure; batch size 1 at a second delay is marked same-as the first."""
+    first: dict[Batching, Outcome] = {}
+    for outcome in outcomes:
+        c = outcome.config
+        src = first.setdefault(
+            replace(c, max_batch_delay_ms=0) if c.batch_size == 1 else c, outcome
+        )
+        if src is not outcome:
+            outcome.status, outcome.same_as = "same-as", src
+            outcome.why = "batch size 1 never waits for a batch: the delay does not apply"
+    return list(first.values())
 
 
 @contextmanager
@@ -179,14 +226,11 @@ def _searching(
 def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     """Start one server from ``options.archive``, search every configuration, repeat the top two,
     write the report files into ``options.out_dir`` and optionally apply the winner."""
-    from torchbay.archiver.manifest import read_manifest
-    from torchbay.benchmarks import sla_report
-
     manifest = read_manifest(options.archive).model
     options.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with _searching(options, manifest.model_name, options.out_dir / "server", log) as search:
-        outcomes, ranked = _search_all(search, options, log)
+        outcomes, ranked = search.search_all()
     result = SlaResult(options, manifest.model_name, manifest.model_version, outcomes, ranked)
     w = result.winner
     if result.note:
@@ -197,67 +241,11 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
         _run_autopilot(result, result.pace, search.progress, log)
     result.elapsed_s = time.monotonic() - started
     if options.apply and w is not None:
-        from torchbay.benchmarks.apply import apply_settings
-
         backup = apply_settings(options.archive, w.config)
         result.applied = options.archive
         log(f"applied {w.label} to {options.archive} (the original is kept as {backup})")
     sla_report.write_all(result)
     return result
-
-
-def _distinct(outcomes: list[Outcome]) -> list[Outcome]:
-    """The outcomes to measure; batch size 1 at a second delay is marked same-as the first."""
-    first: dict[Batching, Outcome] = {}
-    for outcome in outcomes:
-        c = outcome.config
-        src = first.setdefault(
-            replace(c, max_batch_delay_ms=0) if c.batch_size == 1 else c, outcome
-        )
-        if src is not outcome:
-            outcome.status, outcome.same_as = "same-as", src
-            outcome.why = "batch size 1 never waits for a batch: the delay does not apply"
-    return list(first.values())
-
-
-def _search_all(
-    search: _Search, options: SlaOptions, log: Log
-) -> tuple[list[Outcome], list[Outcome]]:
-    """Every configuration's outcome, and the (at most two) best that met the SLA, best first,
-    repeated."""
-    outcomes = [Outcome(c) for c in options.configurations()]
-    measured = _distinct(outcomes)
-    top = min(2, len(measured))
-    # The autopilot's progress units: its runs, its probe and its search.
-    pilot = max(1, options.repeats) + 2 if options.autopilot and measured else 0
-    units = 2 * len(measured) + options.repeats * top + pilot
-    search.progress = Eta(units, log)
-    log(f"probing {len(measured)} configuration(s) (closed loop, {options.probe_s:g} s each)")
-    for outcome in measured:
-        search.probe(outcome)
-        search.progress.tick(f"probed {outcome.label}")
-    measured.sort(key=lambda oc: oc.capacity, reverse=True)
-    best: Outcome | None = None
-    for outcome in measured:
-        if options.prune and best is not None and search.pruned(outcome, best):
-            search.progress.tick(f"skipped {outcome.label}")
-            continue
-        log(f"searching {outcome.label} (capacity {outcome.capacity:.1f} req/s)")
-        search.search(outcome)
-        search.progress.tick(f"searched {outcome.label}")
-        if outcome.best_step is not None and (best is None or outcome.best_rate > best.best_rate):
-            best = outcome
-    for outcome in outcomes:
-        if src := outcome.same_as:
-            outcome.capacity, outcome.best_rate = src.capacity, src.best_rate
-            outcome.best_step = src.best_step
-    ranked = sorted((oc for oc in measured if oc.best_step), key=lambda oc: -oc.best_rate)[:2]
-    # Fewer configurations met the SLA than were planned for: their repeats will not run.
-    search.progress.drop(options.repeats * (top - len(ranked)))
-    if ranked and options.repeats:
-        log(f"repeating the top {len(ranked)} configuration(s) {options.repeats} times each")
-    search.repeat(ranked, "repeat", options.repeats)
-    return outcomes, ranked
 
 
 def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) -> None:
@@ -269,11 +257,8 @@ def _run_autopilot(result: SlaResult, winner: Outcome, progress: Eta, log: Log) 
     models = models_json({model: config}, version)
     models[model][version] |= {"marName": options.archive.name, "slaP99Ms": options.sla_p99_ms}
     props = write_properties(options.out_dir / "autopilot", models, {})
-    log(
-        f"autopilot: p99 target {options.sla_p99_ms:g} ms, ceilings batch {config.batch_size}, "
-        f"delay {config.max_batch_delay_ms:g} ms, {config.workers} worker(s), "
-        f"at {winner.best_rate:.1f} req/s"
-    )
+    at = f"ceilings {config.label()}, slaP99Ms {options.sla_p99_ms:g}"
+    log(f"autopilot: {at}, at {winner.best_rate:.1f} req/s")
     runs = result.autopilot = Outcome(config, best_rate=winner.best_rate, name=AUTOPILOT)
     kw = {"extra_args": ("--ts-config", str(props.resolve()))}
     kw["models"] = (f"{model}={options.archive.name}",)  # the model as the config names it

@@ -16,8 +16,6 @@ from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival
 
-__all__ = ["Outcome", "SlaOptions", "SlaResult", "Step"]
-
 
 class SlaOptions(LoadOptions):
     """Settings of one SLA search."""

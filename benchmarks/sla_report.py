@@ -1,6 +1,5 @@
 """The files of an SLA search: ``report.md``, ``results.csv`` (one row per measured step, so every
-point of the plots can be checked), ``result.json`` and the plots. Each table is a list of
-columns (header, alignment, cell function) applied to the rows."""
+point of the plots can be checked), ``result.json`` and the plots."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from torchbay.benchmarks import plots
 from torchbay.benchmarks.procstat import describe_machine, machine_info
 from torchbay.benchmarks.report import markdown_table, num
 from torchbay.benchmarks.stats import spread_pct
@@ -202,8 +202,6 @@ def _command_line() -> str:
 
 def write_all(result: SlaResult) -> None:
     """Write every report file into ``result.options.out_dir`` (``run_sla`` made it)."""
-    from torchbay.benchmarks import plots
-
     out = result.options.out_dir
     rows = [step_row(step) for outcome in result.outcomes for step in outcome.steps]
     for step in result.autopilot_search.steps if result.autopilot_search else ():

@@ -26,6 +26,7 @@ from torchbay.archiver.manifest import read_manifest
 from torchbay.benchmarks import runner
 from torchbay.benchmarks.apply import apply_settings
 from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
+from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.managed import Endpoints, ManagedServer
 from torchbay.benchmarks.scenarios import Batching, find_suite, suite_names
 from torchbay.benchmarks.sla import SlaOptions, run_sla
@@ -223,16 +224,23 @@ def test_sla_search_reports_and_apply(tiny, tmp_path) -> None:
     assert read_manifest(archive).model.config_file == "model-config.yaml"
 
 
-def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
-    config = tmp_path / "cfg" / "model-config.yaml"
+def _archive_with_config(tiny: tuple[Path, Path], out: Path, config_text: str) -> Path:
+    """``out/tiny.mar``, packed by ``torchbay archive`` with ``config_text`` as its
+    model-config.yaml."""
+    config = out / "cfg" / "model-config.yaml"
     config.parent.mkdir()
-    config.write_text("# ours\nresponseTimeout: 30\nbatchSize: 2\nhandler:\n  num_threads: 1\n")
+    config.write_text(config_text)
     pt = tiny[0].parent.parent / "models" / "tiny.pt"
     cmd = [sys.executable, "-m", "torchbay", "archive", "--model-name", "tiny", "--version", "1.0",
            "--serialized-file", str(pt), "--handler", str(runner.HANDLER_FILE),
-           "--config-file", str(config), "--export-path", str(tmp_path)]  # fmt: skip
+           "--config-file", str(config), "--export-path", str(out)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
-    archive = tmp_path / "tiny.mar"
+    return out / "tiny.mar"
+
+
+def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
+    config = "# ours\nresponseTimeout: 30\nbatchSize: 2\nhandler:\n  num_threads: 1\n"
+    archive = _archive_with_config(tiny, tmp_path, config)
     original = archive.read_bytes()
     backup = apply_settings(archive, Batching(8, 5.0, 2))
     assert backup == tmp_path / "tiny.mar.orig" and backup.read_bytes() == original
@@ -247,6 +255,16 @@ def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
     assert manifest.model.config_file == "model-config.yaml"
     with zipfile.ZipFile(archive) as zf:
         assert zf.namelist().count("model-config.yaml") == 1
+
+
+def test_apply_refuses_a_config_that_is_not_a_mapping(tiny, tmp_path) -> None:
+    """A model-config.yaml that is a list: a clear error, the archive untouched, no backup."""
+    archive = _archive_with_config(tiny, tmp_path, "- batchSize: 2\n")
+    original = archive.read_bytes()
+    with pytest.raises(BenchError, match=r"model-config\.yaml is not a YAML mapping"):
+        apply_settings(archive, Batching(8, 5.0, 2))
+    assert archive.read_bytes() == original
+    assert not archive.with_name("tiny.mar.orig").exists()
 
 
 def test_bundled_scenarios_parse() -> None:

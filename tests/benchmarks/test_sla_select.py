@@ -1,19 +1,27 @@
-"""``bench sla``'s honesty: selection from recorded repeats (no server), the repeats' table, and
-the progress lines with an estimate of the time left."""
+"""``bench sla``'s honesty, without a server: selection from recorded repeats, the search's ramp,
+bisection, pruning and repeats, the repeats' table, the progress lines with an estimate of the
+time left, and the report files byte for byte against recorded ones."""
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+from torchbay.benchmarks.loadgen import LoadResult
 from torchbay.benchmarks.report import Eta
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla import _Search
 from torchbay.benchmarks.sla_model import Outcome, SlaOptions, SlaResult, Step
-from torchbay.benchmarks.sla_report import _repeat_lines, render_markdown
+from torchbay.benchmarks.sla_report import _repeat_lines, render_markdown, write_all
+from torchbay.benchmarks.stats import LatencySummary
 
+RECORDED = Path(__file__).parent.parent / "data" / "bench_sla"
 FAST = Outcome(Batching(8, 5.0, 1), status="searched", best_rate=900.0)
 SLOW = Outcome(Batching(4, 5.0, 1), status="searched", best_rate=700.0)
 OPTIONS = SlaOptions(archive=Path("m.mar"), inputs=(Path("x"),), sla_p99_ms=50)
@@ -36,8 +44,9 @@ def rep(oc: Outcome, passed: list[bool]) -> Outcome:
 
 
 def _result(p99_ms: float, ok_per_s: float) -> Any:
-    """What the report reads of a step's LoadResult."""
-    return SimpleNamespace(ok_per_s=ok_per_s, latency=SimpleNamespace(p50_ms=9.0, p99_ms=p99_ms))
+    """What the report and the probe read of a step's LoadResult."""
+    latency = SimpleNamespace(p50_ms=9.0, p99_ms=p99_ms)
+    return SimpleNamespace(ok_per_s=ok_per_s, ok=int(ok_per_s > 0), latency=latency)
 
 
 def crown(ranked: list[Outcome]) -> tuple[Outcome | None, Outcome | None, str]:
@@ -197,3 +206,94 @@ def test_the_search_ramps_down_and_gives_up_within_its_budget() -> None:
     _Edge(edge=1e9, max_steps=2).search(unbounded)
     assert unbounded.why == "no breach found within the step budget"
     assert unbounded.best_rate == 750.0
+
+
+class _Grid(_Search):
+    """A grid whose configurations each hold the SLA up to their own edge (req/s) and probe at
+    1.4x it (no server); ``calls`` records every step in the order it was measured."""
+
+    def __init__(self, edges: dict[str, float], **options: Any) -> None:
+        self.o = OPTIONS.model_copy(update=options)
+        self.edges, self.lines, self.calls = edges, [], []
+        self.log = self.lines.append
+
+    def measure(self, config: Batching, phase: str, rate: float) -> Step:
+        edge = self.edges[config.label()]
+        self.calls.append((config.label(), phase))
+        if phase == "probe":
+            return Step(config, phase, 1.4 * edge, _load(1.4 * edge, 30.0), True, "", 2.5, 1.25)
+        ok = rate <= edge
+        return Step(config, phase, rate, _load(rate, 40.0 if ok else 80.0), ok, "", 2.5, 1.25)
+
+
+def _load(ok_per_s: float, p99_ms: float) -> LoadResult:
+    """A LoadResult of two seconds at ``ok_per_s``, every request a 200, with ``p99_ms`` and the
+    other percentiles in fixed ratio to it (all that results.csv and result.json read)."""
+    ms = (p99_ms / 3, p99_ms / 4, p99_ms / 2, p99_ms, 1.1 * p99_ms, 1.2 * p99_ms)
+    latency, n = LatencySummary(100, *ms), int(2 * ok_per_s)
+    counts = ("open", ok_per_s, None, 2.0, n, n, n, {"200": n})
+    return LoadResult(*counts, latency, latency, latency, ok_per_s, ok_per_s, [10.0], [])
+
+
+def test_the_search_measures_each_configuration_once_prunes_and_repeats_the_top_two() -> None:
+    """Batch size 1 is measured once whatever its delay; a configuration whose capacity stays
+    under the best rate so far after a second probe is skipped; the top two are repeated,
+    alternating; the progress count ends at its planned total."""
+    edges = {"b1-d2-w1": 100.0, "b4-d2-w1": 850.0, "b4-d5-w1": 380.0, "b8-d2-w1": 900.0}
+    edges |= {"b1-d5-w1": 1e9, "b8-d5-w1": 50.0}  # b1-d5 is never measured
+    grid = {"batch_sizes": (1, 4, 8), "max_delays_ms": (2.0, 5.0), "repeats": 2}
+    search = _Grid(edges, **grid, autopilot=False)
+    outcomes, ranked = search.search_all()
+    by_label = {oc.label: oc for oc in outcomes}
+    assert list(by_label) == [c.label() for c in search.o.configurations()]
+    same = by_label["b1-d5-w1"]
+    assert same.status == "same-as" and same.same_as is by_label["b1-d2-w1"] and same.steps == []
+    assert (same.capacity, same.best_rate) == (140.0, by_label["b1-d2-w1"].best_rate)
+    assert all(label != "b1-d5-w1" for label, _ in search.calls)
+    skipped = by_label["b4-d5-w1"]  # 532 req/s (+10%) is under b8-d2's ~900
+    assert skipped.status == "skipped" and [s.phase for s in skipped.steps] == ["probe"] * 2
+    assert "below the best SLA rate so far" in skipped.why and "b8-d2-w1" in skipped.why
+    assert [oc.label for oc in ranked] == ["b8-d2-w1", "b4-d2-w1"]
+    assert 900 / 1.05 <= ranked[0].best_rate <= 900 and 850 / 1.05 <= ranked[1].best_rate <= 850
+    repeats = [label for label, phase in search.calls if phase == "repeat"]
+    assert repeats == ["b8-d2-w1", "b4-d2-w1"] * 2  # alternating
+    assert all(ranked[0].passed) and len(ranked[1].passed) == 2
+    assert SlaResult(search.o, "m", "1", outcomes, ranked).winner is ranked[0]
+    progress = [line for line in search.lines if line.startswith("progress: ")]
+    assert progress[-1].startswith("progress: 14/14 repeated b4-d2-w1;"), progress
+
+
+def test_the_report_files_are_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """report.md, results.csv and result.json of a search and an autopilot without a server, the
+    machine left out, byte for byte against the recorded ones: folding the report's code must not
+    change its files. After a deliberate change, delete tests/data/bench_sla/ and run this twice
+    (the first run records them and fails)."""
+    edges = {"b1-d2-w1": 100.0, "b1-d5-w1": 1e9, "b4-d2-w1": 850.0, "b4-d5-w1": 820.0}
+    options = {"batch_sizes": (1, 4), "max_delays_ms": (2.0, 5.0), "out_dir": tmp_path}
+    search = _Grid(edges, **options)
+    result = SlaResult(search.o, "m", "1", *search.search_all())
+    autopilot = result.autopilot = Outcome(Batching(4, 5.0, 1), best_rate=800.0, name="autopilot")
+    search.edges["b4-d5-w1"] = 700.0  # the autopilot at its ceilings
+    search.repeat([autopilot], "autopilot", 2)
+    result.autopilot_state = {"batchSize": 4, "maxBatchDelay": 2.0, "changes": {"up": 2}}
+    result.autopilot_search = Outcome(Batching(4, 5.0, 1))
+    search.probe(result.autopilot_search)
+    search.search(result.autopilot_search)
+    result.elapsed_s = 12.0
+    monkeypatch.setattr(sys, "argv", ["torchbay", "bench", "sla", "--sla-p99-ms", "50"])
+    write_all(result)
+    report = (tmp_path / "report.md").read_text().splitlines(keepends=True)
+    written = {
+        "report.md": "".join(line for line in report if not line.startswith("- machine: ")),
+        "results.csv": (tmp_path / "results.csv").read_text(),
+        "result.json": json.loads((tmp_path / "result.json").read_text()),
+    }
+    written["result.json"].pop("machine")
+    written["result.json"] = json.dumps(written["result.json"], indent=2) + "\n"
+    if not RECORDED.exists():
+        RECORDED.mkdir(parents=True)
+        for name, text in written.items():
+            (RECORDED / name).write_text(text)
+        pytest.fail(f"recorded the report files in {RECORDED}: check them and run again")
+    for name, text in written.items():
+        assert text == (RECORDED / name).read_text(), name
