@@ -20,6 +20,7 @@ from torchbay.server.config.metrics_config import load_metrics_config
 from torchbay.server.config.properties import PropertiesError, parse_properties
 from torchbay.server.config.settings import (
     API_NAMES,
+    MAX_THREADS,
     ModelConfig,
     ServerConfig,
     split_model_keys,
@@ -130,6 +131,7 @@ def load_server_config(
     for key in _PATH_FIELDS:
         if merged.get(key) not in (None, ""):
             merged[key] = base / Path(merged[key])
+    _omp_threads(env, merged, notes)
     restoring = "model_snapshot" in raw_props or (ts_env and "model_snapshot" in ts_env_raw)
     if restoring and merged.pop("load_models", None):  # TorchServe's precedence
         notes.append("model_snapshot given: its models load; load_models and --models ignored")
@@ -138,6 +140,24 @@ def load_server_config(
     if config.metrics_config is not None:  # its errors now, named, not at the first request
         load_metrics_config(config.metrics_config)
     return config, notes
+
+
+def _omp_threads(env: Mapping[str, str], merged: dict[str, Any], notes: list[str]) -> None:
+    """``OMP_NUM_THREADS`` in the server's environment, when no source set
+    ``cpu_threads_per_worker``, becomes it: TorchServe's workers inherit the variable and torch
+    runs that many intra-op threads, where torchbay's budget (serving/budget.py) would otherwise
+    set its own share. Its first level (``4,2`` is OpenMP's nested form) is read; a value that is
+    not a thread count in bounds is noted and ignored (the budget's share applies)."""
+    raw = env.get("OMP_NUM_THREADS")
+    if raw is None or merged.get("cpu_threads_per_worker") is not None:
+        return
+    first = raw.split(",", 1)[0].strip()
+    threads = int(first) if first.isdigit() else 0
+    if not 1 <= threads <= MAX_THREADS:
+        notes.append(f"WARNING ignored OMP_NUM_THREADS={raw!r}: not 1 to {MAX_THREADS} threads")
+        return
+    merged["cpu_threads_per_worker"] = threads
+    notes.append(f"OMP_NUM_THREADS={raw}: every CPU worker runs {threads} intra-op thread(s)")
 
 
 def _config_path(

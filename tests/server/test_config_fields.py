@@ -112,3 +112,32 @@ def test_no_cors_headers_by_default(model_store: Path) -> None:
         assert "access-control-allow-origin" not in answer.headers
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("value", "threads"),
+    [("3", 3), (" 2 ", 2), ("4,2", 4), ("0", None), ("-1", None), ("two", None), ("99999", None)],
+)
+def test_omp_num_threads_sets_the_threads_per_worker(
+    tmp_path: Path, value: str, threads: int | None
+) -> None:
+    # TorchServe's workers inherit OMP_NUM_THREADS (torch runs that many intra-op threads): it
+    # stands for cpu_threads_per_worker. OpenMP's nested form is read at its first level; a value
+    # that is no thread count in bounds is named in a warning and the budget's share applies.
+    config, notes = load_server_config(
+        ts_config=None, env={"OMP_NUM_THREADS": value}, cli={}, cwd=tmp_path
+    )
+    assert config.cpu_threads_per_worker == threads
+    warned = [n for n in notes if n.startswith("WARNING ignored OMP_NUM_THREADS")]
+    assert len(warned) == (threads is None)
+
+
+def test_a_declared_cpu_threads_per_worker_beats_omp_num_threads(tmp_path: Path) -> None:
+    path = tmp_path / "config.properties"
+    path.write_text("cpu_threads_per_worker=2\n")
+    env = {"OMP_NUM_THREADS": "1"}
+    config, notes = load_server_config(ts_config=path, env=env, cli={})
+    assert config.cpu_threads_per_worker == 2
+    assert not any("OMP_NUM_THREADS" in note for note in notes)
+    config, _ = load_server_config(ts_config=None, env={}, cli={}, cwd=tmp_path / "empty")
+    assert config.cpu_threads_per_worker is None  # unset: the budget shares the cores

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import build_store
+from tests.server.conftest import LiveServer, build_store
+from torchbay.server.config.sources import load_server_config
 
 HANDLER = """
 import os
@@ -145,3 +146,25 @@ def test_gpu_workers_take_one_thread_and_nothing_from_the_budget(store_server: A
     assert [(w["gpu"], w["threads"]) for w in cpu["workers"]] == [(False, 2)]
     assert cpu["threadBudget"]["assigned"] == 2
     assert report(server, "tb")["threads"] == 2
+
+
+def test_omp_num_threads_in_the_environment_sets_every_workers_threads(
+    thread_store: Path, tmp_path: Path
+) -> None:
+    # TorchServe's workers inherit OMP_NUM_THREADS; here it stands for cpu_threads_per_worker,
+    # where the budget alone would give the one worker all 4 (fake) cores.
+    local = "http://127.0.0.1:0"
+    cli = {"model_store": str(thread_store), "load_models": "ta=ta.mar"}
+    cli |= {f"{api}_address": local for api in ("inference", "management", "metrics")}
+    cli |= {"grpc_inference_port": 0, "grpc_management_port": 0}
+    cli |= {"disable_token_authorization": True}
+    config, notes = load_server_config(
+        ts_config=None, env={"OMP_NUM_THREADS": "1"}, cli=cli, cwd=tmp_path
+    )
+    assert "OMP_NUM_THREADS=1: every CPU worker runs 1 intra-op thread(s)" in notes
+    server = LiveServer(config, cores=4).start()
+    try:
+        assert threads_of(server, "ta") == [1]
+        assert report(server, "ta")["threads"] == 1
+    finally:
+        server.stop()
