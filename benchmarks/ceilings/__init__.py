@@ -1,2 +1,45 @@
 """Ceilings measured beside torchbay in the same run: a bare ASGI echo, a naive FastAPI server
-running the model in its thread pool, and the model in process (no HTTP at all)."""
+running the model in its thread pool, and the model in process (no HTTP at all). The servers run
+one way (:func:`serve`), so the harness starts every server under test one way."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def serve(
+    doc: str,
+    argv: list[str] | None,
+    make_app: Callable[[argparse.Namespace], Any],
+    add_args: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
+    lifespan: str = "auto",
+) -> int:
+    """Serve ``make_app(args)`` in one uvicorn process (uvloop, httptools, no access log;
+    ``lifespan`` off for an app with nothing to start). ``--port 0 --ready-file PATH`` binds a
+    free port, then writes ``{"inference": port}`` to PATH, as ``torchbay serve`` does."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port (see --ready-file)")
+    parser.add_argument("--ready-file", type=Path, help="write {'inference': port} here")
+    add_args(parser)
+    args = parser.parse_args(argv)
+    app = make_app(args)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(2048)  # connections queue from here on, so the ready file can be written now
+    if args.ready_file is not None:
+        tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
+        tmp.write_text(json.dumps({"inference": sock.getsockname()[1], "pid": os.getpid()}))
+        tmp.replace(args.ready_file)
+    http = {"loop": "uvloop", "http": "httptools", "access_log": False, "log_level": "warning"}
+    uvicorn.Server(uvicorn.Config(app, lifespan=lifespan, **http)).run(sockets=[sock])
+    return 0

@@ -15,7 +15,7 @@ import argparse
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
 
-from torchbay.benchmarks.ceilings import _serve
+from torchbay.benchmarks.ceilings import serve
 from torchbay.benchmarks.models import SAMPLE_SHAPES
 
 
@@ -42,13 +42,10 @@ def create_app(model_name: str, pt_path: str) -> FastAPI:
     return app
 
 
-def main(argv: list[str] | None = None) -> int:
-    def add_args(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", choices=sorted(SAMPLE_SHAPES), required=True)
-        parser.add_argument("--pt", required=True, help="TorchScript file (torch.jit.script)")
-
-    return _serve.main(__doc__, argv, lambda args: create_app(args.model, args.pt), add_args)
+def _flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=sorted(SAMPLE_SHAPES), required=True)
+    parser.add_argument("--pt", required=True, help="TorchScript file (torch.jit.script)")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(serve(__doc__, None, lambda args: create_app(args.model, args.pt), _flags))
