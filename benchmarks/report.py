@@ -1,5 +1,5 @@
 """The harness's one result type, :class:`RowResult` (a table's row, its :class:`Ratio` s judged
-against their targets), its report (:func:`write`) and the number helpers of every report."""
+against their targets), its report (:func:`write`) and the number formats of every report."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import datetime as dt
 import json
 import math
 import shlex
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from torchbay.benchmarks.stats import percentile
+
+AGGREGATES = {"min": 0.0, "median": 50.0, "max": 100.0}  # a Ratio's aggregates, as percentiles
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,10 @@ class Ratio:
     aggregate: str = "median"
 
     def summary(self) -> float:
-        finite = sorted(v for v in self.values if math.isfinite(v))
-        if len(finite) != len(self.values) or not finite:
+        """The aggregate; NaN when there is no repeat or one failed (is not finite)."""
+        if not all(math.isfinite(v) for v in self.values):
             return math.nan
-        if self.aggregate == "min":
-            return finite[0]
-        return finite[-1] if self.aggregate == "max" else statistics.median(finite)
+        return percentile(self.values, AGGREGATES[self.aggregate])
 
     def met(self) -> bool | None:
         if self.bound is None:
