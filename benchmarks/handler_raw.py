@@ -24,11 +24,10 @@ SHAPE_FILE = "input_shape.json"
 
 def resolve_shape(model_name: str, model_dir: str | None) -> tuple[int, ...]:
     """The shape of one sample: ``input_shape.json`` in ``model_dir`` wins over the name table."""
-    if model_dir:
-        path = os.path.join(model_dir, SHAPE_FILE)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                return tuple(int(d) for d in json.load(fh)["shape"])
+    path = os.path.join(model_dir or "", SHAPE_FILE)
+    if model_dir and os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return tuple(int(d) for d in json.load(fh)["shape"])
     if model_name in SAMPLE_SHAPES:
         return SAMPLE_SHAPES[model_name]
     raise ValueError(f"no sample shape for model {model_name!r}: add {SHAPE_FILE} to the archive")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import array
 import math
 from functools import partial
-from itertools import accumulate
+from itertools import accumulate, takewhile
 from typing import Any, NamedTuple
 
 from torchbay.benchmarks import procstat, runner
@@ -70,12 +70,8 @@ def recovery_seconds(windows: list[float], normal_ms: float) -> float:
     """Seconds from the phase start until every later window is normal (<= ``normal_ms``);
     NaN when the last window is not (or nothing was measured)."""
     normal = [math.isfinite(normal_ms) and w <= normal_ms for w in windows]  # NaN: not normal
-    if not normal or not normal[-1]:
-        return math.nan
-    back = len(normal)
-    while back and normal[back - 1]:
-        back -= 1
-    return back * WINDOW_S
+    tail = sum(1 for _ in takewhile(bool, reversed(normal)))
+    return (len(normal) - tail) * WINDOW_S if tail else math.nan
 
 
 def analyse(timeline: bytes, capacity: float, steps: Steps, timeouts: int, sent: int) -> dict:

@@ -10,27 +10,19 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 
-def serve(
-    doc: str,
-    argv: list[str] | None,
-    make_app: Callable[[argparse.Namespace], Any],
-    add_args: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
-    lifespan: str = "auto",
-) -> int:
-    """Serve ``make_app(args)`` in one uvicorn process (uvloop, httptools, no access log;
-    ``lifespan`` off for an app with nothing to start). ``--port 0 --ready-file PATH`` binds a
-    free port, then writes ``{"inference": port}`` to PATH, as ``torchbay serve`` does."""
+def serve(parser: argparse.ArgumentParser, make_app: Callable, lifespan: str = "auto") -> int:
+    """Serve ``make_app(args)`` (``parser``'s and the server flags) in one uvicorn process:
+    uvloop, httptools, no access log; ``lifespan`` off for an app with nothing to start. ``--port
+    0 --ready-file PATH`` binds a free port, then writes ``{"inference": port}`` to PATH, as
+    ``torchbay serve`` does."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port (see --ready-file)")
     parser.add_argument("--ready-file", type=Path, help="write {'inference': port} here")
-    add_args(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     app = make_app(args)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

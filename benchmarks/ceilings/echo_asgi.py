@@ -1,12 +1,10 @@
 """The bare-HTTP ceiling: a raw ASGI app (no framework) that reads the POST body and answers
-``{"ok":true,"bytes":N}``, N its length, to any path and method (readiness polls and the load
-use one URL).
-
-    python -m torchbay.benchmarks.ceilings.echo_asgi --port 8080   # or --port 0 --ready-file F
-"""
+``{"ok":true,"bytes":N}`` to any path and method (readiness polls and the load use one URL):
+``python -m torchbay.benchmarks.ceilings.echo_asgi --port 0 --ready-file F``."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from torchbay.benchmarks.ceilings import serve
@@ -28,4 +26,4 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve(__doc__, None, lambda args: app, lifespan="off"))
+    raise SystemExit(serve(argparse.ArgumentParser(description=__doc__), lambda args: app, "off"))

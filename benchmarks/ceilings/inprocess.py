@@ -1,10 +1,7 @@
 """The no-HTTP ceiling: samples/s of a scripted model called in a loop (tiny and cnn at batch
 1/8/16, as baseline.md's "Model in process" line), timed for a fixed wall time after a short
 warm-up, as TorchScript optimises on its first calls. ``--streams N`` sums N loops in threads: the
-limit of N single-threaded workers with no server around them.
-
-    python -m torchbay.benchmarks.ceilings.inprocess --pt tiny=tiny.pt --pt cnn=cnn.pt
-"""
+limit of N single-threaded workers with no server around them."""
 
 from __future__ import annotations
 
