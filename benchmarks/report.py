@@ -38,11 +38,10 @@ class Ratio:
         return percentile(self.values, AGGREGATES[self.aggregate])
 
     def met(self) -> bool | None:
+        """None without a target; never met when a repeat failed (NaN compares False)."""
         if self.bound is None:
             return None
         value = self.summary()
-        if not math.isfinite(value):
-            return False
         return value >= self.bound if self.op == ">=" else value <= self.bound
 
     def cells(self) -> list[str]:
