@@ -190,7 +190,7 @@ TABLES = {
 }
 
 
-def _csv(text: str, choices: Sequence[str] = ()) -> list:
+def _csv(choices: Sequence[str], text: str) -> list:
     """Comma-separated ``choices``; without choices, integers >= 1."""
     items = [x.strip() for x in text.split(",") if x.strip()]
     if items and all(x in choices if choices else x.isdigit() and int(x) > 0 for x in items):
@@ -216,11 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     r2.add_argument("--starts", type=int, default=3, help="start-row samples (default 3)")
     r2.add_argument("--only", nargs="+", choices=list(ROWS), help="rows to run (default all)")
     grpc = sub.add_parser("grpc", parents=[common], help="issue 12's gRPC / HTTP pairs")
-    grpc.add_argument(
-        "--models", type=partial(_csv, choices=MODEL_NAMES), default=list(MODEL_NAMES)
-    )
-    grpc.add_argument("--pairs", type=partial(_csv, choices=list(PAIRS)), default=list(PAIRS))
-    grpc.add_argument("-c", "--concurrency", dest="c", type=_csv, default=[16])
+    grpc.add_argument("--models", type=partial(_csv, MODEL_NAMES), default=list(MODEL_NAMES))
+    grpc.add_argument("--pairs", type=partial(_csv, tuple(PAIRS)), default=list(PAIRS))
+    grpc.add_argument("-c", "--concurrency", dest="c", type=partial(_csv, ()), default=[16])
     return parser
 
 
