@@ -24,10 +24,8 @@ def serve(parser: argparse.ArgumentParser, make_app: Callable, lifespan: str = "
     parser.add_argument("--ready-file", type=Path, help="write {'inference': port} here")
     args = parser.parse_args()
     app = make_app(args)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    sock.listen(2048)  # connections queue from here on, so the ready file can be written now
+    # SO_REUSEADDR set and listening: connections queue from here on, so the ready file is true.
+    sock = socket.create_server((args.host, args.port), backlog=2048)
     if args.ready_file is not None:
         tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
         tmp.write_text(json.dumps({"inference": sock.getsockname()[1], "pid": os.getpid()}))
