@@ -1,10 +1,8 @@
 """The baseline's handler for the reference models: raw float32 bodies in, top-1 class out.
-
 Standalone (archived with ``--handler``; only the BaseHandler API), so it runs unchanged under
 torchbay and TorchServe. Each body is copied once into a batch buffer reused across batches. The
 sample shape: ``input_shape.json`` in the model directory, else the model name; threads: 1 unless
-``model-config.yaml`` sets ``handler: {num_threads: N}``.
-"""
+``model-config.yaml`` sets ``handler: {num_threads: N}``."""
 
 from __future__ import annotations
 
@@ -26,11 +24,10 @@ SHAPE_FILE = "input_shape.json"
 
 def resolve_shape(model_name: str, model_dir: str | None) -> tuple[int, ...]:
     """The shape of one sample: ``input_shape.json`` in ``model_dir`` wins over the name table."""
-    if model_dir:
-        path = os.path.join(model_dir, SHAPE_FILE)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                return tuple(int(d) for d in json.load(fh)["shape"])
+    path = os.path.join(model_dir or "", SHAPE_FILE)
+    if model_dir and os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return tuple(int(d) for d in json.load(fh)["shape"])
     if model_name in SAMPLE_SHAPES:
         return SAMPLE_SHAPES[model_name]
     raise ValueError(f"no sample shape for model {model_name!r}: add {SHAPE_FILE} to the archive")
@@ -39,12 +36,10 @@ def resolve_shape(model_name: str, model_dir: str | None) -> tuple[int, ...]:
 def decode_batch(
     requests: list[dict], shape: tuple[int, ...], buffer: np.ndarray | None = None
 ) -> torch.Tensor:
-    """The batch of one float32 sample per request, copied into ``buffer`` (a float32 array of
-    at least ``len(requests)`` rows of the sample size; a new one when None or too small). The
-    result shares memory with the buffer. A body of the wrong size raises ValueError."""
+    """The batch of one float32 sample per request, copied into ``buffer`` (:func:`grow_buffer`)
+    and sharing its memory. A body of the wrong size raises ValueError."""
     count, n = math.prod(shape), len(requests)
-    expected = 4 * count
-    buffer = grow_buffer(buffer, n, count)
+    expected, buffer = 4 * count, grow_buffer(buffer, n, count)
     for i, row in enumerate(requests):
         body = row["data"] if row.get("data") is not None else row.get("body")
         if not isinstance(body, (bytes, bytearray, memoryview)) or len(body) != expected:
@@ -71,9 +66,8 @@ class RawTensorHandler(BaseHandler):
     """Raw float32 bodies -> TorchScript model -> top-1 class and score per request."""
 
     def initialize(self, context) -> None:
-        yaml_config = getattr(context, "model_yaml_config", None) or {}
-        threads = int((yaml_config.get("handler") or {}).get("num_threads", 1))
-        torch.set_num_threads(threads)
+        handler = (getattr(context, "model_yaml_config", None) or {}).get("handler") or {}
+        torch.set_num_threads(int(handler.get("num_threads", 1)))
         super().initialize(context)
         model_name = context.manifest["model"]["modelName"]
         self.sample_shape = resolve_shape(model_name, context.system_properties.get("model_dir"))
@@ -93,5 +87,4 @@ class RawTensorHandler(BaseHandler):
         with torch.inference_mode():
             return self.model(data if device is None else data.to(device))
 
-    def postprocess(self, data: torch.Tensor) -> list[dict]:
-        return top1(data)
+    postprocess = staticmethod(top1)

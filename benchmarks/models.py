@@ -1,7 +1,6 @@
 """The two reference models of ``shared/reference/baseline.md`` (tiny: an MLP on 64 floats; cnn:
 a small ResNet on 3x64x64, 308,650 parameters) and their bodies (raw little-endian float32, what
-the handler decodes). Both are seeded, so every machine measures the same weights.
-"""
+the handler decodes). Both are seeded, so every machine measures the same weights."""
 
 from __future__ import annotations
 
@@ -16,13 +15,17 @@ from torchbay.benchmarks.errors import BenchError
 MODEL_NAMES = ("tiny", "cnn")
 # Shape of ONE sample (no batch dimension), as the handler reshapes each request body.
 SAMPLE_SHAPES: dict[str, tuple[int, ...]] = {"tiny": (64,), "cnn": (3, 64, 64)}
-NUM_CLASSES = 10
 
 
-def _check_name(name: str) -> None:
+def _known(name: str) -> str:
     if name not in SAMPLE_SHAPES:
-        choices = ", ".join(MODEL_NAMES)
-        raise BenchError(f"unknown reference model {name!r}; choose one of {choices}")
+        raise BenchError(f"unknown reference model {name!r}; known: {', '.join(MODEL_NAMES)}")
+    return name
+
+
+def _conv_bn(in_ch: int, out_ch: int, size: int, stride: int) -> list[nn.Module]:
+    conv = nn.Conv2d(in_ch, out_ch, size, stride=stride, padding=size // 2, bias=False)
+    return [conv, nn.BatchNorm2d(out_ch)]
 
 
 class BasicBlock(nn.Module):
@@ -30,35 +33,28 @@ class BasicBlock(nn.Module):
 
     def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_ch)
-        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_ch)
+        self.conv1, self.bn1 = _conv_bn(in_ch, out_ch, 3, stride)
+        self.conv2, self.bn2 = _conv_bn(out_ch, out_ch, 3, 1)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_ch != out_ch:
-            conv = nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)
-            self.shortcut = nn.Sequential(conv, nn.BatchNorm2d(out_ch))
+            self.shortcut = nn.Sequential(*_conv_bn(in_ch, out_ch, 1, stride))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return torch.relu(out + self.shortcut(x))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
 class SmallResNet(nn.Module):
     """A stem (3x3 conv to ``stem`` channels, BN, ReLU), basic blocks of (channels, stride),
-    global average pool, linear: the baseline's cnn by default."""
+    global average pool, linear to 10 classes: the baseline's cnn by default."""
 
     def __init__(self, stem: int = 32, blocks: tuple[tuple[int, int], ...] = ()) -> None:
         super().__init__()
         blocks = blocks or ((32, 1), (64, 2), (128, 2))
-        conv = nn.Conv2d(3, stem, 3, stride=1, padding=1, bias=False)
-        self.stem = nn.Sequential(conv, nn.BatchNorm2d(stem), nn.ReLU())
+        self.stem = nn.Sequential(*_conv_bn(3, stem, 3, 1), nn.ReLU())
         widths = [stem, *(c for c, _ in blocks)]
-        self.blocks = nn.Sequential(
-            *(BasicBlock(widths[i], c, s) for i, (c, s) in enumerate(blocks))
-        )
-        self.fc = nn.Linear(widths[-1], NUM_CLASSES)
+        self.blocks = nn.Sequential(*(BasicBlock(widths[i], *b) for i, b in enumerate(blocks)))
+        self.fc = nn.Linear(widths[-1], 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(self.stem(x))
@@ -73,25 +69,22 @@ def seeded(make: Callable[[], nn.Module]) -> nn.Module:
 
 def build(name: str) -> nn.Module:
     """A reference model by name (``tiny`` or ``cnn``), seeded and in eval mode."""
-    _check_name(name)
-    if name == "tiny":
+    if _known(name) == "tiny":
         return seeded(lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
     return seeded(SmallResNet)
 
 
 def save_scripted(model: nn.Module, path: str | Path) -> Path:
     """Script ``model`` with ``torch.jit.script`` and save it to ``path``; return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.jit.script(model).save(str(path))
-    return path
+    return Path(path)
 
 
 def sample_tensor(name: str) -> torch.Tensor:
     """One deterministic sample for ``name`` (no batch dimension), float32."""
-    _check_name(name)
     gen = torch.Generator().manual_seed(1234)
-    return torch.randn(SAMPLE_SHAPES[name], generator=gen, dtype=torch.float32)
+    return torch.randn(SAMPLE_SHAPES[_known(name)], generator=gen, dtype=torch.float32)
 
 
 def sample_body(name: str) -> bytes:

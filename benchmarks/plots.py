@@ -1,5 +1,5 @@
-"""PNG plots of the SLA search and of round two's overload sweep (matplotlib, imported lazily,
-with the Agg backend, so no display is needed)."""
+"""PNG plots of the SLA search and of round two's overload sweep (matplotlib, imported lazily;
+figures drawn without pyplot, so no display or backend is needed)."""
 
 from __future__ import annotations
 
@@ -14,21 +14,19 @@ if TYPE_CHECKING:
     from torchbay.benchmarks.sla_model import SlaResult, Step
 
 
-def _pyplot():
+def _figure(rows: int, cols: int, size: tuple[float, float]) -> tuple[Any, Any]:
+    """A figure and its grid of axes (``rows`` x ``cols``, always 2-D)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         raise BenchError("plots need matplotlib: pip install 'torchbay[bench]'") from None
-    return plt
+    fig = Figure(figsize=size)
+    return fig, fig.subplots(rows, cols, squeeze=False)
 
 
-def _save(plt: Any, fig: Any, path: Path, dpi: int = 100) -> Path:
+def _save(fig: Any, path: Path, dpi: int = 100) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
     return path
 
 
@@ -40,11 +38,10 @@ def _p99(ax: Any, steps: list[Step], **style: Any) -> None:
 
 
 def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
-    plt = _pyplot()
     shown = [oc for oc in result.outcomes if any(s.phase != "probe" for s in oc.steps)]
     n = max(1, len(shown))
     cols, rows = min(3, n), math.ceil(n / min(3, n))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = _figure(rows, cols, (4.2 * cols, 3.2 * rows))
     sla = result.options.sla_p99_ms
     for ax in axes.flat[n:]:
         ax.set_visible(False)
@@ -55,13 +52,8 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
             _p99(ax, oc.runs, marker="x", color="purple", zorder=4, s=24, label="p99, repeats")
         x = [s.result.ok_per_s for s in steps]
         for attr, style in (("p50_ms", ":"), ("p90_ms", "--"), ("p99_ms", "-")):
-            ax.plot(
-                x,
-                [getattr(s.result.latency, attr) for s in steps],
-                style,
-                marker=".",
-                label=attr.removesuffix("_ms"),
-            )
+            y = [getattr(s.result.latency, attr) for s in steps]
+            ax.plot(x, y, style, marker=".", label=attr.removesuffix("_ms"))
         breached = [s for s in steps if not s.passed]  # by p99 or by errors
         _p99(ax, breached, color="red", zorder=3, s=18, label="breach")
         ax.axhline(sla, color="black", linewidth=1, label=f"SLA p99 {sla:g} ms")
@@ -73,14 +65,13 @@ def latency_vs_throughput(result: SlaResult, path: Path) -> Path:
     if shown:
         axes.flat[0].legend(fontsize=6)
     fig.suptitle(f"{result.model}: latency against throughput (open loop)", fontsize=10)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def best_throughput(result: SlaResult, path: Path) -> Path:
     """One bar per configuration; a skipped or infeasible one is empty, its status in its label."""
-    plt = _pyplot()
     outcomes = result.outcomes
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(outcomes) + 1.2))
+    fig, ((ax,),) = _figure(1, 1, (7, 0.35 * len(outcomes) + 1.2))
     scored = {oc.label for oc in outcomes if oc.status in ("searched", "same-as")}
     winner = result.winner.label if result.winner else None
     ax.barh(
@@ -92,15 +83,14 @@ def best_throughput(result: SlaResult, path: Path) -> Path:
     ax.set_xlabel(f"best rate with p99 <= {result.options.sla_p99_ms:g} ms (req/s)")
     ax.set_title(f"{result.model}: throughput under the SLA per configuration", fontsize=10)
     ax.tick_params(labelsize=7)
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def sweep_plot(sweep: dict[str, list[dict[str, Any]]], path: Path, title: str) -> Path | None:
     """Goodput and admitted p99 against offered load, one line per system; None when empty."""
     if not any(sweep.values()):
         return None
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, ((left, right),) = _figure(1, 2, (10, 4))
     for system, points in sweep.items():
         offered = [p["offered_per_s"] for p in points]
         left.plot(offered, [p["goodput_per_s"] for p in points], marker="o", label=system)
@@ -115,4 +105,4 @@ def sweep_plot(sweep: dict[str, list[dict[str, Any]]], path: Path, title: str) -
         ax.legend()
     fig.suptitle(textwrap.fill(title, 140), fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return _save(plt, fig, path, dpi=110)
+    return _save(fig, path, dpi=110)

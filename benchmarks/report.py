@@ -1,5 +1,5 @@
 """The harness's one result type, :class:`RowResult` (a table's row, its :class:`Ratio` s judged
-against their targets), its report (:func:`write`) and the number helpers of every report."""
+against their targets), its report (:func:`write`) and the number formats of every report."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import datetime as dt
 import json
 import math
 import shlex
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from torchbay.benchmarks.stats import percentile
+
+AGGREGATES = {"min": 0.0, "median": 50.0, "max": 100.0}  # a Ratio's aggregates, as percentiles
 
 
 @dataclass(frozen=True)
@@ -29,19 +32,16 @@ class Ratio:
     aggregate: str = "median"
 
     def summary(self) -> float:
-        finite = sorted(v for v in self.values if math.isfinite(v))
-        if len(finite) != len(self.values) or not finite:
+        """The aggregate; NaN when there is no repeat or one failed (is not finite)."""
+        if not all(math.isfinite(v) for v in self.values):
             return math.nan
-        if self.aggregate == "min":
-            return finite[0]
-        return finite[-1] if self.aggregate == "max" else statistics.median(finite)
+        return percentile(self.values, AGGREGATES[self.aggregate])
 
     def met(self) -> bool | None:
+        """None without a target; never met when a repeat failed (NaN compares False)."""
         if self.bound is None:
             return None
         value = self.summary()
-        if not math.isfinite(value):
-            return False
         return value >= self.bound if self.op == ">=" else value <= self.bound
 
     def cells(self) -> list[str]:
@@ -54,8 +54,7 @@ class Ratio:
 @dataclass
 class RowResult:
     """One row of a report: per system (a server, a scenario, a loop), one dict of metrics per
-    repeat; a system that failed a repeat has NaN there and its error in ``errors``. ``wide``
-    rows show one line per system with a column per metric (many metrics, few repeats)."""
+    repeat (NaN where it failed, the error in ``errors``). ``wide``: a column per metric."""
 
     key: str
     title: str
@@ -116,13 +115,11 @@ def median(values: list[float]) -> float:
     return Ratio("", values).summary()
 
 
-_DIGITS = {"req_s": 0, "capacity_req_s": 0, "offered_req_s": 0, "goodput_req_s": 0}
-
-
 def fmt(value: float, metric: str = "") -> str:
+    """Whole numbers for rates (``*req_s``) and from 100 up, else 2 digits; n/a if not a number."""
     if not isinstance(value, int | float) or not math.isfinite(value):
         return "n/a"
-    return num(value, _DIGITS.get(metric, 0 if abs(value) >= 100 else 2))
+    return num(value, 0 if metric.endswith("req_s") or abs(value) >= 100 else 2)
 
 
 def _every(values: list[float], metric: str = "") -> str:
@@ -154,10 +151,9 @@ def row_markdown(row: RowResult) -> str:
     if row.ratios:
         header = ["ratio / figure", "value", "every repeat", "target", "met?"]
         lines += ["", markdown_table(header, [r.cells() for r in row.ratios])]
-    if row.errors:
-        lines += ["", "Failures: " + "; ".join(row.errors)]
-    if row.notes:
-        lines += ["", "Notes: " + "; ".join(row.notes)]
+    for label, items in (("Failures", row.errors), ("Notes", row.notes)):
+        if items:
+            lines += ["", f"{label}: " + "; ".join(items)]
     return "\n".join(lines) + "\n"
 
 
@@ -173,8 +169,7 @@ def render(rows: list[RowResult], header: dict[str, Any]) -> str:
 
 
 def header(prog: str, argv: Sequence[str] | None, settings: str, **extra: Any) -> dict[str, Any]:
-    """A report's head: the command as run (``python -m torchbay.benchmarks.PROG ...``), when, the
-    machine and the run's settings."""
+    """A report's head: the command as run, when, the machine and the run's settings."""
     from torchbay.benchmarks.procstat import machine_info
 
     args = shlex.join(sys.argv[1:] if argv is None else list(argv))
@@ -188,8 +183,7 @@ def header(prog: str, argv: Sequence[str] | None, settings: str, **extra: Any) -
 
 
 def write(rows: list[RowResult], head: dict[str, Any], out: Path, stem: str, log: Any) -> int:
-    """``out/STEM.md`` (:func:`render`) and ``out/STEM.json`` (:func:`as_json`); the markdown
-    goes to ``log`` too. Exit status 1 when any row recorded a failure."""
+    """``out/STEM.md`` (also to ``log``) and ``out/STEM.json``; 1 when any row has a failure."""
     out.mkdir(parents=True, exist_ok=True)
     markdown = render(rows, head)
     (out / f"{stem}.md").write_text(markdown, encoding="utf-8")

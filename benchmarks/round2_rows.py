@@ -1,8 +1,7 @@
 """The rows of issue 15's table (``tables round2``): torchbay, TorchServe 0.12 when given, and
 the row's ceiling, side by side in every round (overload: round2_overload.py). Batch 8 beside
 batch 1 runs on one server in alternating slices (A B B A ...): the host's drift over a repeat,
-on a shared host as large as the 3% the row judges, cancels out of the ratio.
-"""
+on a shared host as large as the 3% the row judges, cancels out of the ratio."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import os
 import statistics
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 from torchbay.benchmarks import runner
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult
@@ -36,10 +34,17 @@ def _bound(system: str, bound: float) -> float | None:
     return bound if system == TORCHBAY else None
 
 
-def _closed_cells(ctx: Ctx, row: RowResult, runs: list[Scenario]) -> list[Cell]:
-    """A cell per run: a fresh server (the run's name is its system), warm-up, a closed loop."""
+def scenario_cells(
+    runs: list[Scenario], measure: Callable[[Scenario, int], dict[str, float]], estimate: float
+) -> list[Cell]:
+    """A cell per scenario, its name its system: the reference table's and round two's rows."""
+    return [Cell((s.name,), lambda rnd, s=s: {s.name: measure(s, rnd)}, estimate) for s in runs]
 
-    def measure(run: Scenario, rnd: int) -> dict[str, dict[str, float]]:
+
+def _closed_cells(ctx: Ctx, row: RowResult, runs: list[Scenario]) -> list[Cell]:
+    """A fresh server per run, warm-up, a closed loop."""
+
+    def measure(run: Scenario, rnd: int) -> dict[str, float]:
         where = runner.run_dir(ctx, row.key, run.name, f"r{rnd}")
         with runner.serving(ctx, run.server, {run.model: run.batching}, where) as server:
             tgt = runner.target(ctx, server, run.model, run.model)
@@ -47,10 +52,9 @@ def _closed_cells(ctx: Ctx, row: RowResult, runs: list[Scenario]) -> list[Cell]:
         if result.behind:
             behind = "; ".join(result.behind)
             row.notes.append(f"repeat {rnd} {run.name}: generator behind ({behind})")
-        return {run.name: runner.load_metrics(result)}
+        return runner.load_metrics(result)
 
-    estimate = ctx.warmup_s + ctx.duration_s + 3
-    return [Cell((run.name,), partial(measure, run), estimate) for run in runs]
+    return scenario_cells(runs, measure, ctx.warmup_s + ctx.duration_s + 3)
 
 
 def row_tiny(ctx: Ctx) -> Row:
@@ -112,59 +116,45 @@ def pooled(results: list[LoadResult]) -> dict[str, float]:
     }
 
 
-def alternate(
-    ctx: Ctx, system: str, model: str, configs: dict[str, Batching], concurrency: int, run_dir: Path
-) -> dict[str, dict[str, float]]:
-    """Serve ``model`` once per config (name -> batching) on one ``system`` server, warm each
-    up, then measure them in alternating slices of ``ctx.duration_s / SLICES``; per name,
-    :func:`pooled` metrics."""
-    names = dict.fromkeys(configs, model)
-    with runner.serving(ctx, system, configs, run_dir, names=names) as server:
-        plans = {}
-        for name in configs:  # each warmed up once, before any slice
-            tgt = runner.target(ctx, server, name, model)
-            plans[name] = LoadPlan(tgt, "closed", concurrency, duration_s=ctx.duration_s / SLICES)
-            runner.warm_and_measure(ctx, plans[name])
-        results: dict[str, list[LoadResult]] = {name: [] for name in configs}
-        for name in order(tuple(configs), SLICES):  # type: ignore[arg-type]
-            results[name].append(runner.warm_and_measure(ctx, plans[name], warm=False))
-    return {name: pooled(runs) for name, runs in results.items()}
-
-
-def _paired(key: str, title: str, concurrencies: tuple[int, ...], ctx: Ctx) -> Row:
+def _paired(key: str, concurrencies: tuple[int, ...], ctx: Ctx) -> Row:
     """batch 8 beside batch 1 (issue 15 item 1: never fewer req/s), a server per system and
-    concurrency; bound 0.97 in every repeat for torchbay."""
-    where = ", a server per concurrency" if len(concurrencies) > 1 else ""
+    concurrency serving both, measured in alternating slices of ``ctx.duration_s / SLICES``
+    (each configuration warmed up once, before any slice); bound 0.97 in every repeat."""
+    many = len(concurrencies) > 1
+    c0, cn = concurrencies[0], concurrencies[-1]
+    title = (
+        f"cnn, batch 8 vs batch 1 at c={c0}..{cn}" if many else f"cnn, c={c0}, batch 8 vs batch 1"
+    )
     row = RowResult(
         key,
         title,
-        f"c={', '.join(map(str, concurrencies))}{where}, delay 10 ms, 1 worker each; one "
-        f"server serves both, alternating slices (b1 b8 b8 b1 ..., {SLICES} each)",
+        f"c={', '.join(map(str, concurrencies))}{', a server per concurrency' if many else ''}, "
+        f"delay 10 ms, 1 worker each; one server serves both, alternating slices (b1 b8 b8 b1 "
+        f"..., {SLICES} each)",
     )
     systems = runner.systems_for(ctx, row, TORCHBAY, TORCHSERVE)
-    many = len(concurrencies) > 1
     tags = {(s, c): f"{s} c={c}" if many else s for s in systems for c in concurrencies}
 
     def measure(s: str, c: int, rnd: int) -> dict[str, dict[str, float]]:
         where = runner.run_dir(ctx, key, s, f"c{c}", f"r{rnd}")
-        out = alternate(ctx, s, "cnn", CONFIGS, c, where)
-        return {f"{tags[s, c]} {name[-2:]}": metrics for name, metrics in out.items()}
+        with runner.serving(ctx, s, CONFIGS, where, names=dict.fromkeys(CONFIGS, "cnn")) as server:
+            plans = {}
+            for name in CONFIGS:
+                tgt = runner.target(ctx, server, name, "cnn")
+                plans[name] = LoadPlan(tgt, "closed", c, duration_s=ctx.duration_s / SLICES)
+                runner.warm_and_measure(ctx, plans[name])
+            slices: dict[str, list[LoadResult]] = {name: [] for name in CONFIGS}
+            for name in order(tuple(CONFIGS), SLICES):  # type: ignore[arg-type]
+                slices[name].append(runner.warm_and_measure(ctx, plans[name], warm=False))
+        return {f"{tags[s, c]} {name[-2:]}": pooled(runs) for name, runs in slices.items()}
 
     estimate = 2 * (ctx.warmup_s + ctx.duration_s) + 12
     cells, goals = [], []
     for (s, c), tag in tags.items():
         cells.append(Cell((f"{tag} b8", f"{tag} b1"), partial(measure, s, c), estimate))
-        bound = _bound(s, 0.97)
-        goals.append(
-            Goal(f"{tag}: batch 8 / batch 1", "", f"{tag} b8", "req_s", bound, f"{tag} b1", "min")
-        )
+        name = f"{tag}: batch 8 / batch 1"
+        goals.append(Goal(name, "", f"{tag} b8", "req_s", _bound(s, 0.97), f"{tag} b1", "min"))
     return Row(row, cells, LOAD_KEYS, goals)
-
-
-def row_batch_sweep(ctx: Ctx) -> Row:
-    """The sweep at SWEEP_CONCURRENCY as it is when the row is built (a test narrows it)."""
-    title = f"cnn, batch 8 vs batch 1 at c={SWEEP_CONCURRENCY[0]}..{SWEEP_CONCURRENCY[-1]}"
-    return _paired("batch-sweep", title, SWEEP_CONCURRENCY, ctx)
 
 
 def row_start(ctx: Ctx) -> Row:
@@ -239,8 +229,8 @@ def row_two_models(ctx: Ctx, concurrency: int = 8) -> Row:
 
 ROWS: dict[str, Callable[[Ctx], Row]] = {
     "tiny-c16": row_tiny,
-    "cnn-c1": partial(_paired, "cnn-c1", "cnn, c=1, batch 8 vs batch 1", (1,)),
-    "batch-sweep": row_batch_sweep,
+    "cnn-c1": partial(_paired, "cnn-c1", (1,)),
+    "batch-sweep": lambda ctx: _paired("batch-sweep", SWEEP_CONCURRENCY, ctx),
     "cnn-c16": row_cnn_c16,
     "overload": row_overload,
     "start": row_start,

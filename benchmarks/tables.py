@@ -1,37 +1,35 @@
 """Every table of RESULTS.md, one command: ``python -m torchbay.benchmarks.tables NAME [flags]``
 (``reference``: issue 3's scenarios, ``round2``: issue 15's rows beside TorchServe, ``grpc``:
 issue 12's gRPC / HTTP pairs). A table is a list of ``runner.Row`` s that ``runner.run_rows``
-measures into ``--out``/``STEM.md``, ``STEM.json`` and a plot when a row has a sweep.
-"""
+measures into ``--out``/``STEM.md``, ``STEM.json`` and a plot when a row has a sweep."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 from torchbay.benchmarks import managed, plots, report, runner
 from torchbay.benchmarks.errors import exit_status
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.models import MODEL_NAMES
 from torchbay.benchmarks.report import Ratio, RowResult, ratios
+from torchbay.benchmarks.round2_rows import ROWS, scenario_cells
 from torchbay.benchmarks.runner import Assets, Cell, Ctx, Row
 from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
 RESULTS = HERE.parent / "results" / "round2"
-Rows = Callable[[Ctx, argparse.Namespace], tuple[list[Row], str]]
 
 
-@dataclass(frozen=True)
-class Table:
+class Table(NamedTuple):
     """Rows and settings line, title, file stem, default folders, (repeat, duration, warm-up)."""
 
-    rows: Rows
+    rows: Callable[[Ctx, argparse.Namespace], tuple[list[Row], str]]
     title: str
     stem: str
     out: Path
@@ -64,10 +62,7 @@ def reference_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
     row = RowResult("scenarios", "Reference scenarios (issue 3)", "", wide=True)
     row.settings = REFERENCE_SETTINGS.format(c=ctx)
     estimate = ctx.warmup_s + ctx.duration_s + 5
-    cells = [
-        Cell((s.name,), lambda rnd, s=s: {s.name: runner.run_scenario(s, ctx, rnd)}, estimate)
-        for s in scenarios
-    ]
+    cells = scenario_cells(scenarios, lambda s, rnd: runner.run_scenario(s, ctx, rnd), estimate)
     names = {s.name for s in scenarios}
     goals = [g for g in TARGETS if {g.numerator, g.denominator} - {None} <= names]
     rows = [Row(row, cells, ("req_per_s",), goals)]
@@ -81,19 +76,6 @@ def reference_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
         cell = Cell(MODEL_NAMES, measure, 6 * ctx.inprocess_seconds + 4)
         rows.append(Row(loop, [cell], ("batch 1",)))
     return rows, "; ".join(f"{s.name}: {s.setup}" for s in scenarios)
-
-
-def round2_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
-    from torchbay.benchmarks.round2_rows import ROWS
-
-    ts = str(ctx.torchserve) if ctx.torchserve else "not run"
-    settings = (
-        f"{ctx.repeat} repeat(s); warm-up {ctx.warmup_s:g} s, {ctx.duration_s:g} s measured per "
-        "run (the same windows for every system); torchbay's load generator (1 process, "
-        "keep-alive, raw float32 bodies); 1 intra-op thread per worker (handler_raw.py); "
-        f"identical .mar and config.properties; TorchServe: {ts}"
-    )
-    return [ROWS[key](ctx) for key in args.only or ROWS], settings
 
 
 # The gRPC table: a cell per model, protocol pair and concurrency, both sides on one fresh server
@@ -120,14 +102,13 @@ def grpc_row(ctx: Ctx, inputs: Inputs, concurrencies: list[int]) -> Row:
 
     pairs = dict.fromkeys(pair for per in inputs.values() for pair in per)
     row = RowResult("grpc", "gRPC beside HTTP", ", ".join(PAIRS[p] for p in pairs), wide=True)
+    windows = {"duration_s": ctx.duration_s, "warmup_s": ctx.warmup_s}
 
     def run(model: str, pair: str, c: int, rnd: int) -> dict[str, dict[str, float]]:
         archive, source = inputs[model][pair]
         where = runner.run_dir(ctx, model, pair, f"c{c}", f"r{rnd}")
-        windows = {"duration_s": ctx.duration_s, "warmup_s": ctx.warmup_s}
-        options = RunOptions(
-            archive=archive, inputs=(source,), concurrency=c, run_dir=where, **windows
-        )
+        load = {"inputs": (source,), "concurrency": c, "run_dir": where, **windows}
+        options = RunOptions(archive=archive, **load)
         sides = [rep.result for rep in run_grpc_bench(options, pair != "predictions")]
         figures = {}
         for side, r in zip(("http", "grpc"), sides, strict=True):
@@ -145,10 +126,12 @@ def grpc_row(ctx: Ctx, inputs: Inputs, concurrencies: list[int]) -> Row:
     ]
 
     def judge(r: RowResult) -> list[Ratio]:
-        def values(name: str) -> list[float]:
-            return ratios(r.series(name, "grpc_ok_per_s"), r.series(name, "http_ok_per_s"))
+        def ok(n: str, side: str) -> list[float]:
+            return r.series(n, f"{side}_ok_per_s")
 
-        return [Ratio(f"{name}: gRPC / HTTP ok/s", values(name)) for name in r.systems]
+        return [
+            Ratio(f"{n}: gRPC / HTTP ok/s", ratios(ok(n, "grpc"), ok(n, "http"))) for n in r.systems
+        ]
 
     return Row(row, cells, ("http_ok_per_s",), judge=judge)
 
@@ -172,16 +155,27 @@ def tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
 
 def grpc_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
     """The archive and ``--input`` file of each model and pair (``tensor``: its own archive)."""
-    assert ctx.assets.model_store is not None
+    store, tensor = ctx.assets.model_store, "tensor" in args.pairs
+    assert store is not None
     wanted = Assets({m: ctx.assets.pt[m] for m in args.models}, {})
-    tensor = "tensor" in args.pairs
     typed = tensor_archives(wanted, ctx.out_dir / "model_store_tensor") if tensor else {}
     inputs: Inputs = {}
     for m in args.models:
-        raw = (ctx.assets.model_store / f"{m}.mar", ctx.assets.body[m])
+        raw = (store / f"{m}.mar", ctx.assets.body[m])
         inputs[m] = {p: (typed[m], typed[m]) if p == "tensor" else raw for p in args.pairs}
     settings = f"{ctx.repeat} repeat(s) of {ctx.duration_s:g} s after {ctx.warmup_s:g} s warm-up"
     return [grpc_row(ctx, inputs, args.c)], settings
+
+
+def round2_rows(ctx: Ctx, args: argparse.Namespace) -> tuple[list[Row], str]:
+    ts = str(ctx.torchserve) if ctx.torchserve else "not run"
+    settings = (
+        f"{ctx.repeat} repeat(s); warm-up {ctx.warmup_s:g} s, {ctx.duration_s:g} s measured per "
+        "run (the same windows for every system); torchbay's load generator (1 process, "
+        "keep-alive, raw float32 bodies); 1 intra-op thread per worker (handler_raw.py); "
+        f"identical .mar and config.properties; TorchServe: {ts}"
+    )
+    return [ROWS[key](ctx) for key in args.only or ROWS], settings
 
 
 TABLES = {
@@ -196,26 +190,16 @@ TABLES = {
 }
 
 
-def _listed(choices: Sequence[str], text: str) -> list[str]:
+def _csv(choices: Sequence[str], text: str) -> list:
+    """Comma-separated ``choices``; without choices, integers >= 1."""
     items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items or any(x not in choices for x in items):
-        raise argparse.ArgumentTypeError(f"expected some of {', '.join(choices)}: {text!r}")
-    return items
-
-
-def _counts(text: str) -> list[int]:
-    try:
-        counts = [int(c) for c in text.split(",") if c.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, comma-separated: {text!r}")
-    return counts
+    if items and all(x in choices if choices else x.isdigit() and int(x) > 0 for x in items):
+        return items if choices else [int(x) for x in items]
+    expected = ", ".join(choices) or "integers >= 1"
+    raise argparse.ArgumentTypeError(f"expected {expected}, comma-separated: {text!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from torchbay.benchmarks.round2_rows import ROWS
-
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--repeat", type=int, help="rounds; the report has medians")
     common.add_argument("--duration", type=float, help="measured seconds per run")
@@ -232,9 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     r2.add_argument("--starts", type=int, default=3, help="start-row samples (default 3)")
     r2.add_argument("--only", nargs="+", choices=list(ROWS), help="rows to run (default all)")
     grpc = sub.add_parser("grpc", parents=[common], help="issue 12's gRPC / HTTP pairs")
-    grpc.add_argument("--models", type=partial(_listed, MODEL_NAMES), default=list(MODEL_NAMES))
-    grpc.add_argument("--pairs", type=partial(_listed, list(PAIRS)), default=list(PAIRS))
-    grpc.add_argument("-c", "--concurrency", dest="c", type=_counts, default=[16])
+    grpc.add_argument("--models", type=partial(_csv, MODEL_NAMES), default=list(MODEL_NAMES))
+    grpc.add_argument("--pairs", type=partial(_csv, tuple(PAIRS)), default=list(PAIRS))
+    grpc.add_argument("-c", "--concurrency", dest="c", type=partial(_csv, ()), default=[16])
     return parser
 
 
@@ -243,8 +227,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     table = TABLES[args.table]
-    quick = getattr(args, "quick", False)
-    defaults = (1, 3.0, 1.0) if quick else table.windows
+    defaults = (1, 3.0, 1.0) if getattr(args, "quick", False) else table.windows
     for name, default in zip(("repeat", "duration", "warmup"), defaults, strict=True):
         setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
     args.out = args.out or table.out
@@ -258,10 +241,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(argv: Sequence[str] | None = None, log: Callable[..., None] = print) -> int:
     args = parse(argv)
-    table = TABLES[args.table]
-    torchserve = managed.find_torchserve(getattr(args, "torchserve", None))
-    if getattr(args, "torchserve", None) and torchserve is None:
-        log(f"no torchserve at {args.torchserve}: its columns say 'not run'", flush=True)
+    table, given = TABLES[args.table], getattr(args, "torchserve", None)
+    torchserve = managed.find_torchserve(given)
+    if given and torchserve is None:
+        log(f"no torchserve at {given}: its columns say 'not run'", flush=True)
     args.work.mkdir(parents=True, exist_ok=True)
     assets = runner.archive_models(runner.prepare_models(args.work), args.work, sys.executable)
     with LoadGenerator(1) as gen:

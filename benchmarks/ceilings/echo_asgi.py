@@ -1,15 +1,13 @@
 """The bare-HTTP ceiling: a raw ASGI app (no framework) that reads the POST body and answers
-``{"ok":true,"bytes":N}``, N its length. Any path and method is answered 200, so readiness polls
-and the load use the same URL.
-
-    python -m torchbay.benchmarks.ceilings.echo_asgi --port 8080   # or --port 0 --ready-file F
-"""
+``{"ok":true,"bytes":N}`` to any path and method (readiness polls and the load use one URL):
+``python -m torchbay.benchmarks.ceilings.echo_asgi --port 0 --ready-file F``."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
-from torchbay.benchmarks.ceilings import _serve
+from torchbay.benchmarks.ceilings import serve
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -27,9 +25,5 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _serve.main(__doc__, argv, lambda args: app, lifespan="off")
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(serve(argparse.ArgumentParser(description=__doc__), lambda args: app, "off"))

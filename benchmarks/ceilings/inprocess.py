@@ -1,10 +1,7 @@
 """The no-HTTP ceiling: samples/s of a scripted model called in a loop (tiny and cnn at batch
 1/8/16, as baseline.md's "Model in process" line), timed for a fixed wall time after a short
 warm-up, as TorchScript optimises on its first calls. ``--streams N`` sums N loops in threads: the
-limit of N single-threaded workers with no server around them.
-
-    python -m torchbay.benchmarks.ceilings.inprocess --pt tiny=tiny.pt --pt cnn=cnn.pt
-"""
+limit of N single-threaded workers with no server around them."""
 
 from __future__ import annotations
 
@@ -42,11 +39,7 @@ def samples_per_second(
 
 
 def measure(
-    pt_paths: dict[str, str],
-    batches: tuple[int, ...] = (1, 8, 16),
-    *,
-    seconds: float = 2.0,
-    streams: int = 1,
+    pt_paths: dict[str, str], batches: tuple[int, ...], seconds: float, streams: int = 1
 ) -> dict[str, dict[int, float]]:
     """``{model: {batch: samples/s}}`` for each scripted model in ``pt_paths``, one intra-op
     thread per loop (a worker's share on a small machine)."""
@@ -65,18 +58,13 @@ def _pair(text: str) -> tuple[str, str]:
     return name, path
 
 
-def main(argv: list[str] | None = None) -> int:
+if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pt", type=_pair, action="append", required=True, help="NAME=PATH")
     parser.add_argument("--batches", default="1,8,16")
     parser.add_argument("--seconds", type=float, default=2.0, help="wall time per batch size")
     parser.add_argument("--streams", type=int, default=1, help="concurrent loops, summed")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     batches = tuple(int(b) for b in args.batches.split(","))
-    results = measure(dict(args.pt), batches, seconds=args.seconds, streams=args.streams)
-    print(json.dumps(results))  # one object, {model: {batch: samples/s}}: run_inprocess reads it
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    # One object, {model: {batch: samples/s}}: runner.run_inprocess reads it.
+    print(json.dumps(measure(dict(args.pt), batches, args.seconds, args.streams)))

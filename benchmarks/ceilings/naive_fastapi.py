@@ -1,11 +1,7 @@
 """The naive FastAPI ceiling: what a user writes first, and issue 3 asks torchbay (cnn, c=10,
 batch 1, 2 workers) to be at least as fast as. A sync endpoint, so Starlette runs it in its thread
-pool, runs the scripted model per request; no batching, no workers, one torch thread.
-
-    python -m torchbay.benchmarks.ceilings.naive_fastapi --port 8080 --model cnn --pt cnn.pt
-
-``POST /predictions/{model}`` with the raw float32 body answers ``{"class": k, "score": s}``.
-"""
+pool, runs the scripted model per request; no batching, no workers, one torch thread. ``POST
+/predictions/{model}`` with the raw float32 body answers ``{"class": k, "score": s}``."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ import argparse
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
 
-from torchbay.benchmarks.ceilings import _serve
+from torchbay.benchmarks.ceilings import serve
 from torchbay.benchmarks.models import SAMPLE_SHAPES
 
 
@@ -42,13 +38,8 @@ def create_app(model_name: str, pt_path: str) -> FastAPI:
     return app
 
 
-def main(argv: list[str] | None = None) -> int:
-    def add_args(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", choices=sorted(SAMPLE_SHAPES), required=True)
-        parser.add_argument("--pt", required=True, help="TorchScript file (torch.jit.script)")
-
-    return _serve.main(__doc__, argv, lambda args: create_app(args.model, args.pt), add_args)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", choices=sorted(SAMPLE_SHAPES), required=True)
+    parser.add_argument("--pt", required=True, help="TorchScript file (torch.jit.script)")
+    raise SystemExit(serve(parser, lambda args: create_app(args.model, args.pt)))

@@ -53,7 +53,7 @@ def test_naive_fastapi_runs_the_model(assets: runner.Assets) -> None:
 def test_inprocess_loop_reports_every_batch(assets: runner.Assets) -> None:
     threads = torch.get_num_threads()
     try:
-        rates = inprocess.measure({"tiny": str(assets.pt["tiny"])}, (1, 4), seconds=0.05)
+        rates = inprocess.measure({"tiny": str(assets.pt["tiny"])}, (1, 4), 0.05)
     finally:
         torch.set_num_threads(threads)
     assert set(rates["tiny"]) == {1, 4}
