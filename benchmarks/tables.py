@@ -138,7 +138,9 @@ def grpc_row(ctx: Ctx, inputs: Inputs, concurrencies: list[int]) -> Row:
 
 def tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
     """Each model packed with the built-in ``tensor`` handler (it speaks v2: typed tensors in
-    and out), one sample as a batch of 1 recorded as its example input (its ``--input``)."""
+    and out), one sample as a batch of 1 recorded as its example input (its ``--input``), and
+    1 intra-op thread as handler_raw.py runs (the budget's 2 on 2 cores ran it 4-5x slower on a
+    loaded host, against the raw pairs' 1)."""
     import numpy as np
 
     from torchbay.benchmarks import models
@@ -148,7 +150,9 @@ def tensor_archives(assets: Assets, store: Path) -> dict[str, Path]:
     for name, pt in assets.pt.items():
         example = store / f"{name}-example.npy"
         np.save(example, models.sample_tensor(name).numpy()[None])
-        flags = ("--example-input", str(example), "--force")
+        config = store / f"{name}-config.yaml"
+        config.write_text("cpu_threads: 1\n")
+        flags = ("--example-input", str(example), "--config-file", str(config), "--force")
         out[name] = runner.archive(name, pt, store, sys.executable, *flags, handler="tensor")
     return out
 
