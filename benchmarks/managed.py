@@ -101,30 +101,27 @@ class Management:
     def __init__(self, host: str, port: int, key: str | None = None, timeout: float = 120.0):
         self.host, self.port, self.key, self.timeout = host, port, key, timeout
 
-    def _call(self, method: str, path: str) -> tuple[int, Any]:
+    def _call(self, method: str, model: str, version: str | None, query: str = "") -> Any:
+        """The JSON (or text) of a 200 answer to ``/models/MODEL[/VERSION][?query]``."""
+        path = f"/models/{model}" + (f"/{version}" if version else "") + query
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         status, raw = http_call(self.host, self.port, method, path, None, headers, self.timeout)
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode("utf-8", "replace")
-        return status, body
+        if status != 200 or (method == "GET" and not (isinstance(body, list) and body)):
+            raise BenchError(f"{method} {path} answered {status}: {body}")
+        return body
 
     def describe(self, model: str, version: str | None = None) -> dict[str, Any]:
-        path = f"/models/{model}" + (f"/{version}" if version else "")
-        status, body = self._call("GET", path)
-        if status != 200 or not isinstance(body, list) or not body:
-            raise BenchError(f"GET {path} answered {status}: {body}")
-        return body[0]
+        return self._call("GET", model, version)[0]
 
     def configure(self, model: str, version: str | None, settings: Batching) -> None:
         """Apply ``settings`` live and wait until the workers are up (synchronous scale)."""
         keys = settings.keys()
         query = {"synchronous": "true", **{QUERY_NAMES[k]: v for k, v in keys.items()}}
-        path = f"/models/{model}" + (f"/{version}" if version else "") + "?" + urlencode(query)
-        status, body = self._call("PUT", path)
-        if status != 200:
-            raise BenchError(f"PUT {path} answered {status}: {body}")
+        self._call("PUT", model, version, "?" + urlencode(query))
         # Read the settings back: a server that ignored them would make the search a lie.
         asked = {k: v for k, v in keys.items() if k in ("batchSize", "maxBatchDelay")}
         info = self.describe(model, version) if asked else {}
@@ -357,17 +354,14 @@ class TorchServeServer(ManagedServer):
         return self.command, {**os.environ, "TMPDIR": self.tmp_dir, "TEMP": self.tmp_dir}
 
     def _models_ready(self) -> bool:
-        assert self.endpoints is not None and self.endpoints.management_port is not None
-        client = Management(self.endpoints.host, self.endpoints.management_port, timeout=2.0)
-        for name in self.models:
-            try:
-                info = client.describe(name)
-            except BenchError:
-                return False
-            workers = info.get("workers") or []
-            if not workers or any(w.get("status") != "READY" for w in workers):
-                return False
-        return True
+        e = self.endpoints
+        assert e is not None and e.management_port is not None
+        client = Management(e.host, e.management_port, timeout=2.0)
+        try:
+            workers = [client.describe(name).get("workers") or [] for name in self.models]
+        except BenchError:
+            return False
+        return all(ws and all(w.get("status") == "READY" for w in ws) for ws in workers)
 
     def _wait_ready(self) -> Endpoints:
         assert self.endpoints is not None
