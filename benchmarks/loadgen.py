@@ -96,11 +96,10 @@ class _Runner:
 
     def _take_budget(self, start: float) -> bool:
         """False once this process's request budget (counted after warm-up) is spent."""
-        if start < self.window_start:
-            return True
-        if self.budget <= 0:
-            return False
-        self.budget -= 1
+        if start >= self.window_start:
+            if self.budget <= 0:
+                return False
+            self.budget -= 1
         return True
 
     async def _send_times(self) -> AsyncIterator[float | None]:
@@ -195,10 +194,7 @@ class _Runner:
         timeout = self.plan.timeout_s
         # Requests still unanswered timeout_s after the window closed, or after nothing was sent
         # or answered for timeout_s, count as timeouts.
-        while not task.done():
-            now = time.monotonic()
-            if now > self.end + timeout:
-                break
+        while not task.done() and (now := time.monotonic()) <= self.end + timeout:
             if self.inflight and now - self.last_activity > timeout:
                 break
             await asyncio.wait({task}, timeout=min(_PROGRESS_EVERY_S, timeout))
