@@ -353,17 +353,17 @@ class TorchServeServer(ManagedServer):
         self.tmp_dir = tempfile.mkdtemp(prefix="tbts-")  # short: a socket path has <= 107 bytes
         return self.command, {**os.environ, "TMPDIR": self.tmp_dir, "TEMP": self.tmp_dir}
 
-    def _models_ready(self) -> bool:
+    def _wait_ready(self) -> Endpoints:
         e = self.endpoints
         assert e is not None and e.management_port is not None
         client = Management(e.host, e.management_port, timeout=2.0)
-        try:
-            workers = [client.describe(name).get("workers") or [] for name in self.models]
-        except BenchError:
-            return False
-        return all(ws and all(w.get("status") == "READY" for w in ws) for ws in workers)
 
-    def _wait_ready(self) -> Endpoints:
-        assert self.endpoints is not None
-        self._poll(self._models_ready, 0.05)
-        return self.endpoints
+        def ready() -> bool:
+            try:
+                workers = [client.describe(name).get("workers") or [] for name in self.models]
+            except BenchError:
+                return False
+            return all(ws and all(w.get("status") == "READY" for w in ws) for ws in workers)
+
+        self._poll(ready, 0.05)
+        return e

@@ -58,9 +58,7 @@ def summarize(latencies_s: Sequence[float]) -> LatencySummary:
 
 def rate(count: int, seconds: float) -> float:
     """Events per second; NaN for an empty or zero-length window (never a division error)."""
-    if seconds <= 0 or count < 0:
-        return math.nan
-    return count / seconds
+    return count / seconds if seconds > 0 and count >= 0 else math.nan
 
 
 def error_rate(errors: int, total: int) -> float:
