@@ -27,7 +27,7 @@ class Snapshot:
 
 def fetch_metrics(host: str, port: int, *, timeout: float = 5.0) -> str:
     """GET /metrics as text; raises BenchError when the endpoint does not answer 200."""
-    status, raw = http_call(host, port, "GET", "/metrics", None, {}, timeout)
+    status, raw = http_call(host, port, "GET", "/metrics", timeout=timeout)
     body = raw.decode("utf-8", "replace")
     if status != 200:
         raise BenchError(f"/metrics answered {status}: {body[:200]}")
