@@ -157,9 +157,12 @@ class _Runner:
     async def _dispatch(self) -> None:
         """The open loop: queue each scheduled time when it comes, for an idle connection or a
         new one (up to ``max_connections``: past that the run is marked capped)."""
-        plan, connections = self.plan, []
-        kind = {"arrival": plan.arrival, "seed": plan.seed, "phase": plan.phase}
-        for offset in arrival_offsets(plan.rate, **kind, steps=plan.steps):
+        plan = self.plan
+        connections: list[asyncio.Task] = []
+        offsets = arrival_offsets(
+            plan.rate, arrival=plan.arrival, seed=plan.seed, phase=plan.phase, steps=plan.steps
+        )
+        for offset in offsets:
             scheduled = self.start_at + offset
             if scheduled >= self.end or not self._take_budget(scheduled):
                 break
