@@ -2,7 +2,8 @@
 frontend (the root and every non-worker descendant), the workers, the load generator.
 
 Processes are keyed by (pid, create time): a reused pid is never subtracted from a stranger. A
-process born during a run counts all its CPU; children the root reaped count as the frontend's.
+process born during a run counts all its CPU; children the root reaped count as the frontend's
+(one reaped elsewhere loses its last interval: the price of sampling).
 """
 
 from __future__ import annotations
