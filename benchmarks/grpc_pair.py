@@ -56,26 +56,46 @@ class OipTensor:
 
 
 def load_tensor(path: Path, archive: Path | None = None) -> OipTensor:
-    """The tensor of ``path``: a ``.mar``'s recorded example input, a ``.npy`` array (named as the
-    archive's signature names its one input, else ``input0``), or any other file as one ``BYTES``
-    element named ``data`` (the tiny and cnn raw handlers read it back as the body)."""
-    if Path(path).suffix.lower() == ".mar":
-        return archive_example(Path(path))
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise BenchError(f"cannot read input {path}: {exc}") from None
-    if Path(path).suffix.lower() != ".npy":
-        return OipTensor("data", "BYTES", (1,), struct.pack("<I", len(raw)) + raw)
+    """The tensor of ``path``: a ``.mar``'s recorded example input (``torchbay archive
+    --example-input x.npy``), a ``.npy`` array (named as the archive's signature names its one
+    input, else ``input0``), or any other file as one ``BYTES`` element named ``data`` (the tiny
+    and cnn raw handlers read it back as the body)."""
+    import numpy as np
+
+    from torchbay.handlers.runtime.oip_binary import datatype_of
+
+    path = Path(path)
+    if path.suffix.lower() == ".mar":
+        archive, (raw, label) = path, _archive_example(path)
+    else:
+        try:
+            raw, label = path.read_bytes(), path.name
+        except OSError as exc:
+            raise BenchError(f"cannot read input {path}: {exc}") from None
+        if path.suffix.lower() != ".npy":
+            return OipTensor("data", "BYTES", (1,), struct.pack("<I", len(raw)) + raw)
     try:
         info = None if archive is None else read_manifest(archive).torchbay
     except (ArchiveError, OSError):
         info = None  # starting the server says what is wrong with the archive
-    return _from_npy(raw, Path(path).name, _input_name(info))
+    inputs = info.inputs if info is not None else None
+    try:
+        array = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise BenchError(f"{label}: not a numeric .npy array: {exc}") from None
+    try:
+        datatype = datatype_of(array)
+    except ValueError:
+        datatype = "BYTES"
+    if datatype == "BYTES":  # a string array: not a tensor to send as raw bytes
+        raise BenchError(f"{label}: numpy dtype {array.dtype} has no OIP datatype")
+    data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    name = inputs[0].name if inputs and len(inputs) == 1 else "input0"
+    return OipTensor(name, datatype, tuple(array.shape), data)
 
 
-def archive_example(archive: Path) -> OipTensor:
-    """The example input ``archive`` records (``torchbay archive --example-input x.npy``)."""
+def _archive_example(archive: Path) -> tuple[bytes, str]:
+    """The .npy bytes of the example input ``archive`` records, and a label for errors."""
     import zipfile
 
     try:
@@ -84,35 +104,9 @@ def archive_example(archive: Path) -> OipTensor:
         if not example or not example.endswith(".npy"):
             raise BenchError(f"{archive.name} records no one-tensor example input (.npy)")
         with zipfile.ZipFile(archive) as zf:
-            raw = zf.read(example)
+            return zf.read(example), f"{archive.name}:{example}"
     except (ArchiveError, OSError, KeyError, zipfile.BadZipFile) as exc:
         raise BenchError(f"cannot read the example input of {archive.name}: {exc}") from None
-    return _from_npy(raw, f"{archive.name}:{example}", _input_name(info))
-
-
-def _from_npy(raw: bytes, label: str, name: str) -> OipTensor:
-    import numpy as np
-
-    try:
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise BenchError(f"{label}: not a numeric .npy array: {exc}") from None
-    from torchbay.handlers.runtime.oip_binary import datatype_of
-
-    try:
-        datatype = datatype_of(array)
-    except ValueError:
-        datatype = "BYTES"
-    if datatype == "BYTES":  # a string array: not a tensor to send as raw bytes
-        raise BenchError(f"{label}: numpy dtype {array.dtype} has no OIP datatype")
-    data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-    return OipTensor(name, datatype, tuple(array.shape), data)
-
-
-def _input_name(info: Any) -> str:
-    """The name the manifest's signature gives its one input, else ``input0``."""
-    inputs = info.inputs if info is not None else None
-    return inputs[0].name if inputs and len(inputs) == 1 else "input0"
 
 
 def grpc_target(endpoints: Endpoints, port: int, method: str, messages: list[Any]) -> Target:

@@ -85,11 +85,10 @@ class ResponseParser:
         partial raises HttpParseError. Returns the completed response, if any."""
         if not self._in_message:
             return None
-        status = self._parser.get_status_code()
         if self._framed or not self._head_done:
             raise HttpParseError("connection closed inside a response")
         self._in_message = False
-        return status, self._body, False
+        return self._parser.get_status_code(), self._body, False
 
     @property
     def idle(self) -> bool:

@@ -1,13 +1,11 @@
 """The load generator: N spawned processes, each one asyncio loop with keep-alive connections
-(a gRPC target, ``Target.grpc``: unary calls over one channel per process).
+(or, for a gRPC target, unary calls over one channel per process).
 
-Open loop (``rate``): requests are scheduled at fixed times whatever the server does, and each
-latency is timed from the SCHEDULED time, so a server that stalls cannot hide the queue it built
-(no coordinated omission); when every connection is busy another opens (up to
-``max_connections``). Closed loop (``concurrency``): each connection's next send time is when its
-previous answer came, timed from the actual send. A p99 send lag above :data:`LAG_WARN_MS`, the
-connection cap reached or a process near 100% CPU mark the run ``behind``: then the numbers
-describe the generator, not the server. Capacity: RESULTS.md, "Load generator capacity".
+Open loop (``rate``): requests are scheduled whatever the server does and timed from the
+SCHEDULED time, so a stalled server cannot hide the queue it built (no coordinated omission).
+Closed loop (``concurrency``): each connection sends again when its answer comes. A lagging
+sender, the connection cap or a process near 100% CPU mark the run ``behind``: then the numbers
+describe the generator, not the server (RESULTS.md, "Load generator capacity").
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import math
 import multiprocessing
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -36,7 +34,7 @@ from torchbay.benchmarks.loadplan import (
     merge,
     split_plan,
 )
-from torchbay.benchmarks.stats import arrival_offsets, stepped_offsets
+from torchbay.benchmarks.stats import arrival_offsets
 
 __all__ = ["LoadGenerator", "LoadPlan", "LoadResult", "Progress", "Target", "split_plan"]
 
@@ -48,9 +46,8 @@ _PROGRESS_EVERY_S = 0.25
 
 
 class GrpcConn:
-    """One grpcio asyncio channel that every caller of a process shares (HTTP/2 multiplexes the
-    calls); ``roundtrip`` makes one unary call with serialized bytes and returns 200 for OK, else
-    the status code's name (``NOT_FOUND``, ``DEADLINE_EXCEEDED``...)."""
+    """The process's one grpcio channel, shared by every caller (HTTP/2 multiplexes the calls):
+    ``roundtrip`` answers 200 for OK, else the status code's name (``NOT_FOUND``...)."""
 
     def __init__(self, target: Target, timeout_s: float) -> None:
         import grpc
@@ -72,13 +69,13 @@ class GrpcConn:
         return 200
 
     def close(self) -> None:
-        """Nothing to do per caller; the runner closes the channel once."""
+        """Nothing per caller: the runner closes the channel once."""
 
 
 class _Runner:
-    """Runs this process's share of a plan (:func:`split_plan`) on its event loop: connections
-    that each send when their next send time comes (open loop: a scheduled time from the queue;
-    closed loop: at once, when the previous answer came) and record every answer in ``part``."""
+    """This process's share of a plan (:func:`split_plan`): connections that each send at their
+    next send time (open loop: a scheduled time from the queue; closed loop: at once) and record
+    every answer in ``part``."""
 
     def __init__(self, plan: LoadPlan, start_at: float) -> None:
         self.plan, self.start_at = plan, start_at
@@ -99,11 +96,10 @@ class _Runner:
 
     def _take_budget(self, start: float) -> bool:
         """False once this process's request budget (counted after warm-up) is spent."""
-        if start < self.window_start:
-            return True
-        if self.budget <= 0:
-            return False
-        self.budget -= 1
+        if start >= self.window_start:
+            if self.budget <= 0:
+                return False
+            self.budget -= 1
         return True
 
     async def _send_times(self) -> AsyncIterator[float | None]:
@@ -133,7 +129,7 @@ class _Runner:
             self.last_activity = sent
             try:
                 if conn is None or not conn.open:
-                    conn = self.grpc or await self._connect()
+                    conn = self.grpc or await self._connect(asyncio.get_running_loop())
                 status = str(await conn.roundtrip(self.requests[index]))
             except (OSError, HttpParseError):
                 status = CONN_ERROR
@@ -145,12 +141,9 @@ class _Runner:
             self.last_activity = done
             self.part.record(scheduled, sent, done, status, index)
 
-    async def _connect(self) -> Conn:
-        loop = asyncio.get_running_loop()
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> Conn:
         target = self.plan.target
-        _transport, conn = await loop.create_connection(
-            lambda: Conn(loop), target.host, target.port
-        )
+        _, conn = await loop.create_connection(lambda: Conn(loop), target.host, target.port)
         self.conns.append(conn)
         return conn
 
@@ -161,18 +154,15 @@ class _Runner:
         self.idle.pop().set_result(None)  # only a cancelled run leaves a waiter done
         return True
 
-    def _offsets(self) -> Iterable[float]:
-        plan = self.plan
-        if plan.steps:
-            return stepped_offsets(plan.steps, phase=plan.phase)
-        return arrival_offsets(plan.rate, arrival=plan.arrival, seed=plan.seed, phase=plan.phase)
-
     async def _dispatch(self) -> None:
         """The open loop: queue each scheduled time when it comes, for an idle connection or a
         new one (up to ``max_connections``: past that the run is marked capped)."""
+        plan = self.plan
         connections: list[asyncio.Task] = []
-        cap = max(1, self.plan.max_connections)
-        for offset in self._offsets():
+        offsets = arrival_offsets(
+            plan.rate, arrival=plan.arrival, seed=plan.seed, phase=plan.phase, steps=plan.steps
+        )
+        for offset in offsets:
             scheduled = self.start_at + offset
             if scheduled >= self.end or not self._take_budget(scheduled):
                 break
@@ -182,7 +172,7 @@ class _Runner:
             self.queue.append(scheduled)
             if self._wake_one():
                 continue
-            if len(connections) < cap:
+            if len(connections) < max(1, plan.max_connections):
                 connections.append(asyncio.ensure_future(self._connection()))
             else:
                 self.part.capped = True
@@ -207,10 +197,7 @@ class _Runner:
         timeout = self.plan.timeout_s
         # Requests still unanswered timeout_s after the window closed, or after nothing was sent
         # or answered for timeout_s, count as timeouts.
-        while not task.done():
-            now = time.monotonic()
-            if now > self.end + timeout:
-                break
+        while not task.done() and (now := time.monotonic()) <= self.end + timeout:
             if self.inflight and now - self.last_activity > timeout:
                 break
             await asyncio.wait({task}, timeout=min(_PROGRESS_EVERY_S, timeout))

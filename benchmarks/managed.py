@@ -3,6 +3,7 @@ and stopped here (:class:`ManagedServer`, :class:`TorchServeServer`), and its ma
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
-from torchbay.benchmarks import procstat
+import psutil
+
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.scenarios import Batching
 
@@ -45,8 +47,7 @@ class Endpoints:
 
     @classmethod
     def at(cls, options: RunOptions) -> Endpoints:
-        """A running server's (``bench run --url``): its URLs, and its keys from the key file or
-        one token."""
+        """``bench run --url``'s server: its URLs, and its keys from the key file or one token."""
         keys = read_key_file(options.key_file) if options.key_file else (options.token, None)
         ports = [
             parse_url(u)[1] if u else None for u in (options.management_url, options.metrics_url)
@@ -100,30 +101,27 @@ class Management:
     def __init__(self, host: str, port: int, key: str | None = None, timeout: float = 120.0):
         self.host, self.port, self.key, self.timeout = host, port, key, timeout
 
-    def _call(self, method: str, path: str) -> tuple[int, Any]:
+    def _call(self, method: str, model: str, version: str | None, query: str = "") -> Any:
+        """The JSON (or text) of a 200 answer to ``/models/MODEL[/VERSION][?query]``."""
+        path = f"/models/{model}" + (f"/{version}" if version else "") + query
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         status, raw = http_call(self.host, self.port, method, path, None, headers, self.timeout)
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode("utf-8", "replace")
-        return status, body
+        if status != 200 or (method == "GET" and not (isinstance(body, list) and body)):
+            raise BenchError(f"{method} {path} answered {status}: {body}")
+        return body
 
     def describe(self, model: str, version: str | None = None) -> dict[str, Any]:
-        path = f"/models/{model}" + (f"/{version}" if version else "")
-        status, body = self._call("GET", path)
-        if status != 200 or not isinstance(body, list) or not body:
-            raise BenchError(f"GET {path} answered {status}: {body}")
-        return body[0]
+        return self._call("GET", model, version)[0]
 
     def configure(self, model: str, version: str | None, settings: Batching) -> None:
         """Apply ``settings`` live and wait until the workers are up (synchronous scale)."""
         keys = settings.keys()
         query = {"synchronous": "true", **{QUERY_NAMES[k]: v for k, v in keys.items()}}
-        path = f"/models/{model}" + (f"/{version}" if version else "") + "?" + urlencode(query)
-        status, body = self._call("PUT", path)
-        if status != 200:
-            raise BenchError(f"PUT {path} answered {status}: {body}")
+        self._call("PUT", model, version, "?" + urlencode(query))
         # Read the settings back: a server that ignored them would make the search a lie.
         asked = {k: v for k, v in keys.items() if k in ("batchSize", "maxBatchDelay")}
         info = self.describe(model, version) if asked else {}
@@ -136,7 +134,7 @@ class Management:
 class ManagedServer:
     """``command`` (plus ``--ready-file``) started in ``run_dir``, ready when it writes the ready
     file (``torchbay serve`` and the ceilings both do), stopped with its tree; keys from the run
-    folder's ``key_file.json`` when ``auth`` is on."""
+    folder's ``key_file.json`` when ``auth`` is on. ``tmp_dir``, when set, goes at the stop."""
 
     command: list[str]
     run_dir: Path
@@ -145,6 +143,7 @@ class ManagedServer:
     proc: subprocess.Popen | None = None
     endpoints: Endpoints | None = None
     started_at: float = 0.0
+    tmp_dir: str | None = None
     _log: Any = field(default=None, repr=False)
 
     @classmethod
@@ -175,15 +174,6 @@ class ManagedServer:
         return cls(cmd, run_dir, auth=auth)
 
     @property
-    def ready_file(self) -> Path:
-        # Absolute: the server runs with run_dir as its cwd.
-        return self.run_dir.resolve() / "ready.json"
-
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir / "server.log"
-
-    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
@@ -195,10 +185,10 @@ class ManagedServer:
         self.stop()
 
     def start(self) -> Endpoints:
-        """Start the server and wait until it is ready; raises BenchError if it exits first,
-        reports a failed model, or is not ready within ``start_timeout_s``."""
+        """Start the server and wait until it is ready; BenchError (and the server stopped) if it
+        exits first, reports a failed model, or is not ready within ``start_timeout_s``."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
+        self._log = (self.run_dir / "server.log").open("wb")
         self.started_at = time.monotonic()
         command, env = self._launch()
         self.proc = subprocess.Popen(
@@ -213,22 +203,39 @@ class ManagedServer:
 
     def _launch(self) -> tuple[list[str], dict[str, str]]:
         """The command line and environment: gRPC on free ports (never 7070/7071 of another
-        server), and a fresh ready file to wait for."""
-        self.ready_file.unlink(missing_ok=True)
+        server), and a fresh ready file to wait for (absolute: the server runs in ``run_dir``)."""
+        ready_file = self.run_dir.resolve() / "ready.json"
+        ready_file.unlink(missing_ok=True)
         free_grpc = {f"TORCHBAY_GRPC_{k}_PORT": "0" for k in ("INFERENCE", "MANAGEMENT")}
-        return [*self.command, "--ready-file", str(self.ready_file)], {**free_grpc, **os.environ}
+        return [*self.command, "--ready-file", str(ready_file)], {**free_grpc, **os.environ}
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the server, wait ``grace_s``, then kill it and any descendant left behind."""
         if self.proc is not None:
-            procstat.stop_tree(self.proc, grace_s)
+            try:
+                children = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                children = []
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            for child in psutil.wait_procs(children, timeout=5)[1]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the server's log (empty if it has none)."""
-        path = self.log_path
+        path = self.run_dir / "server.log"
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
@@ -246,8 +253,9 @@ class ManagedServer:
             time.sleep(interval_s)
 
     def _wait_ready(self) -> Endpoints:
-        self._poll(self.ready_file.exists, 0.01)
-        ready = json.loads(self.ready_file.read_text())
+        ready_file = self.run_dir / "ready.json"
+        self._poll(ready_file.exists, 0.01)
+        ready = json.loads(ready_file.read_text())
         if ready.get("failed_models"):
             raise BenchError(f"model failed to load: {ready['failed_models']}\n{self.log_tail()}")
         keys = (None, None)
@@ -311,7 +319,6 @@ class TorchServeServer(ManagedServer):
     its pid file and worker sockets (``.ts.sock.9000``) would clash in a shared /tmp."""
 
     models: tuple[str, ...] = ()
-    tmp_dir: str | None = None
 
     @classmethod
     def build(
@@ -346,26 +353,17 @@ class TorchServeServer(ManagedServer):
         self.tmp_dir = tempfile.mkdtemp(prefix="tbts-")  # short: a socket path has <= 107 bytes
         return self.command, {**os.environ, "TMPDIR": self.tmp_dir, "TEMP": self.tmp_dir}
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        super().stop(grace_s)
-        if self.tmp_dir is not None:
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
-            self.tmp_dir = None
+    def _wait_ready(self) -> Endpoints:
+        e = self.endpoints
+        assert e is not None and e.management_port is not None
+        client = Management(e.host, e.management_port, timeout=2.0)
 
-    def _models_ready(self) -> bool:
-        assert self.endpoints is not None and self.endpoints.management_port is not None
-        client = Management(self.endpoints.host, self.endpoints.management_port, timeout=2.0)
-        for name in self.models:
+        def ready() -> bool:
             try:
-                info = client.describe(name)
+                workers = [client.describe(name).get("workers") or [] for name in self.models]
             except BenchError:
                 return False
-            workers = info.get("workers") or []
-            if not workers or any(w.get("status") != "READY" for w in workers):
-                return False
-        return True
+            return all(ws and all(w.get("status") == "READY" for w in ws) for ws in workers)
 
-    def _wait_ready(self) -> Endpoints:
-        assert self.endpoints is not None
-        self._poll(self._models_ready, 0.05)
-        return self.endpoints
+        self._poll(ready, 0.05)
+        return e

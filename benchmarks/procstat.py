@@ -1,10 +1,9 @@
 """CPU and memory of a server's process tree and of the load generator beside it, by role: the
 frontend (the root and every non-worker descendant), the workers, the load generator.
 
-Processes are keyed by (pid, create time) so a reused pid is never subtracted from a stranger; a
-process born during a run counts all its CPU, and children the root reaped count as the
-frontend's (a child reaped elsewhere loses its last interval: the price of sampling). PSS splits
-shared pages between their processes, so the tree's PSS counts torch's libraries once.
+Processes are keyed by (pid, create time): a reused pid is never subtracted from a stranger. A
+process born during a run counts all its CPU; children the root reaped count as the frontend's
+(one reaped elsewhere loses its last interval: the price of sampling).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import importlib.metadata
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import threading
@@ -28,27 +26,15 @@ import psutil
 
 from torchbay.benchmarks.loadgen import START_MARGIN_S
 
-_MB = 1024 * 1024
 ProcKey = tuple[int, float]
 FRONTEND, WORKERS, LOAD_GENERATOR = "frontend", "workers", "load generator"
 WORKER_MARKS = ("torchbay.server.worker", "model_service_worker")
 SPAN = 0.8  # the share of a measured window a CPU window covers, clear of the window's edges
-# Round two's overload row (:func:`figures`): each figure's CPU window, role, what it divides by
-# and its scale: the workers' CPU per served request (ms), or a role's share of one core (%).
-_FIGURES = {
-    "worker_ms_capacity": ("capacity", WORKERS, "capacity_ok", 1000),
-    "worker_ms_4x": ("overload", WORKERS, "overload_ok", 1000),
-    "cpu_frontend_4x_pct": ("overload", FRONTEND, "overload_s", 100),
-    "cpu_workers_4x_pct": ("overload", WORKERS, "overload_s", 100),
-    "cpu_loadgen_4x_pct": ("overload", LOAD_GENERATOR, "overload_s", 100),
-}
-FIGURES = tuple(_FIGURES)
 
 
 @dataclass(frozen=True)
 class CpuSnapshot:
-    """Role and CPU seconds (user + system) of each live process, and of the root's reaped
-    children."""
+    """Role and CPU seconds (user + system) of each process, and of the root's reaped children."""
 
     per_process: dict[ProcKey, tuple[str, float]]
     reaped_children_s: float = 0.0
@@ -56,7 +42,7 @@ class CpuSnapshot:
 
 @dataclass(frozen=True)
 class MemorySnapshot:
-    """Resident and proportional memory in MB of the root process and of the whole tree."""
+    """Resident and proportional (PSS: shared pages split, torch counted once) memory in MB."""
 
     frontend_rss_mb: float
     frontend_pss_mb: float | None
@@ -80,12 +66,6 @@ def tree(pid: int) -> list[psutil.Process]:
         return [root]
 
 
-def is_worker(proc: psutil.Process) -> bool:
-    """A worker process of torchbay or TorchServe (by its command line)."""
-    command = " ".join(proc.cmdline())
-    return any(mark in command for mark in WORKER_MARKS)
-
-
 def cpu_snapshot(pid: int, generator_pids: Iterable[int] = ()) -> CpuSnapshot:
     """CPU times of ``pid``'s tree and of the load generator's processes now. Raises
     ``psutil.NoSuchProcess`` if the root is gone; other processes that vanish are skipped."""
@@ -97,7 +77,8 @@ def cpu_snapshot(pid: int, generator_pids: Iterable[int] = ()) -> CpuSnapshot:
             with proc.oneshot():
                 times = proc.cpu_times()
                 key = (proc.pid, proc.create_time())
-                role = role or (WORKERS if is_worker(proc) else FRONTEND)
+                command = " ".join(proc.cmdline())
+                role = role or (WORKERS if any(m in command for m in WORKER_MARKS) else FRONTEND)
         except psutil.Error:
             continue
         per_process[key] = (role, times.user + times.system)
@@ -129,26 +110,27 @@ def memory_snapshot(pid: int, with_pss: bool = True) -> MemorySnapshot:
     """RSS/PSS of ``pid`` (the frontend) and of its whole tree. PSS is None where the platform or
     permissions do not give it (it needs /proc/PID/smaps), or without ``with_pss``: reading smaps
     costs the host CPU, too much for a sampler running beside a measured window."""
-    sizes: dict[int, tuple[int, int | None]] = {}  # pid: (RSS, PSS) in bytes
+    sizes: dict[int, tuple[float, float | None]] = {}  # pid: (RSS, PSS) in MB
     for proc in tree(pid):
         try:
-            rss = proc.memory_info().rss
+            rss = proc.memory_info().rss / 2**20
             try:
-                pss = proc.memory_full_info().pss if with_pss else None
+                pss = proc.memory_full_info().pss / 2**20 if with_pss else None
             except (psutil.AccessDenied, AttributeError):
                 pss = None
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        except psutil.NoSuchProcess:  # a zombie too
             continue
         sizes[proc.pid] = (rss, pss)
-    root_rss, root_pss = sizes.get(pid, (0, None))
+    root_rss, root_pss = sizes.get(pid, (0.0, None))
+    children = [rss for p, (rss, _) in sizes.items() if p != pid]
     every_pss = [pss for _, pss in sizes.values()]
     return MemorySnapshot(
-        frontend_rss_mb=root_rss / _MB,
-        frontend_pss_mb=None if root_pss is None else root_pss / _MB,
-        tree_rss_mb=sum(rss for rss, _ in sizes.values()) / _MB,
-        tree_pss_mb=None if None in every_pss else sum(p or 0 for p in every_pss) / _MB,
+        frontend_rss_mb=root_rss,
+        frontend_pss_mb=root_pss,
+        tree_rss_mb=root_rss + sum(children),
+        tree_pss_mb=None if None in every_pss else sum(p or 0.0 for p in every_pss),
         processes=len(sizes),
-        largest_child_rss_mb=max((r for p, (r, _) in sizes.items() if p != pid), default=0) / _MB,
+        largest_child_rss_mb=max(children, default=0.0),
     )
 
 
@@ -169,35 +151,6 @@ def foreign_cpu_percent(
     return max(busy_s - server_s - client_s, 0.0) / (wall_s * cores) * 100.0
 
 
-def stop_tree(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM ``proc``, wait ``grace_s``, then kill it and any descendant left behind."""
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    _gone, alive = psutil.wait_procs(tree, timeout=5)
-    for child in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info() -> dict[str, Any]:
     """This machine and the versions that matter to the numbers (torch read from package
     metadata, not imported; torchbay with the git commit of this checkout when there is one)."""
@@ -212,8 +165,11 @@ def machine_info() -> dict[str, Any]:
         ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
     commit = git.stdout.strip() if git.returncode == 0 else "unknown"
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    models = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
     return {
-        "cpu": _cpu_model(),
+        "cpu": (models or [platform.processor() or platform.machine()])[0],
         "cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "os": platform.platform(),
@@ -277,12 +233,20 @@ def figures(
     overload_s: float,
     overload_ok: float,
 ) -> dict[str, float]:
-    """Round two's CPU figures (:data:`FIGURES`) from the CPU seconds per role of the window at
-    capacity and of the 4x phase; NaN where a window was not taken or nothing was served."""
-    windows = {"capacity": capacity, "overload": overload}
-    divisors = {"capacity_ok": capacity_ok, "overload_s": overload_s, "overload_ok": overload_ok}
-    out = {}
-    for name, (window, role, divisor, scale) in _FIGURES.items():
-        used, by = windows[window], divisors[divisor]
-        out[name] = scale * used[role] / by if used is not None and by > 0 else math.nan
-    return out
+    """Round two's CPU figures from the CPU seconds per role of the window at capacity and of the
+    4x phase: the workers' CPU per served request (ms), or a role's share of one core (%); NaN
+    where a window was not taken or nothing was served."""
+
+    def per(used: dict[str, float] | None, role: str, by: float, scale: float) -> float:
+        return scale * used[role] / by if used is not None and by > 0 else math.nan
+
+    return {
+        "worker_ms_capacity": per(capacity, WORKERS, capacity_ok, 1000),
+        "worker_ms_4x": per(overload, WORKERS, overload_ok, 1000),
+        "cpu_frontend_4x_pct": per(overload, FRONTEND, overload_s, 100),
+        "cpu_workers_4x_pct": per(overload, WORKERS, overload_s, 100),
+        "cpu_loadgen_4x_pct": per(overload, LOAD_GENERATOR, overload_s, 100),
+    }
+
+
+FIGURES = tuple(figures(None, 0, None, 0, 0))  # the names, in the report's order

@@ -25,10 +25,9 @@ class Snapshot:
     samples: dict[Sample, float]
 
 
-def fetch_metrics(host: str, port: int, *, token: str | None = None, timeout: float = 5.0) -> str:
+def fetch_metrics(host: str, port: int, *, timeout: float = 5.0) -> str:
     """GET /metrics as text; raises BenchError when the endpoint does not answer 200."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    status, raw = http_call(host, port, "GET", "/metrics", None, headers, timeout)
+    status, raw = http_call(host, port, "GET", "/metrics", timeout=timeout)
     body = raw.decode("utf-8", "replace")
     if status != 200:
         raise BenchError(f"/metrics answered {status}: {body[:200]}")
@@ -78,11 +77,6 @@ class ServerView:
         return dataclasses.asdict(self)
 
 
-def _matches(labels: tuple[tuple[str, str], ...], want: dict[str, str]) -> bool:
-    have = dict(labels)
-    return all(have.get(k) == v for k, v in want.items())
-
-
 def _deltas(
     before: Snapshot, after: Snapshot, name: str, labels: dict[str, str], key: str
 ) -> dict[str, float]:
@@ -90,9 +84,10 @@ def _deltas(
     value of the label ``key`` ("" sums them all)."""
     out: dict[str, float] = defaultdict(float)
     for snap, sign in ((after, 1.0), (before, -1.0)):
-        for (n, lab), v in snap.samples.items():
-            if n == name and _matches(lab, labels):
-                out[dict(lab).get(key, "?") if key else ""] += sign * v
+        for (n, lab), value in snap.samples.items():
+            have = dict(lab)
+            if n == name and all(have.get(k) == v for k, v in labels.items()):
+                out[have.get(key, "?") if key else ""] += sign * value
     return out
 
 

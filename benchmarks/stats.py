@@ -58,9 +58,7 @@ def summarize(latencies_s: Sequence[float]) -> LatencySummary:
 
 def rate(count: int, seconds: float) -> float:
     """Events per second; NaN for an empty or zero-length window (never a division error)."""
-    if seconds <= 0 or count < 0:
-        return math.nan
-    return count / seconds
+    return count / seconds if seconds > 0 and count >= 0 else math.nan
 
 
 def error_rate(errors: int, total: int) -> float:
@@ -83,14 +81,16 @@ def arrival_offsets(
     arrival: Arrival = "constant",
     seed: int = 0,
     phase: float = 0.0,
+    steps: tuple[tuple[float, float], ...] = (),
 ) -> Iterator[float]:
-    """Endless send times (seconds after the start) of an open loop: ``constant`` at
-    ``(k + phase) / rate``, ``phase`` (0..1) interleaving the processes that each run a share;
-    ``poisson`` with exponential gaps from ``random.Random(seed)``, the first one included."""
+    """Send times (seconds after the start) of an open loop: ``constant`` at ``(k + phase) /
+    rate`` (``phase``, 0..1, interleaves the processes that each run a share), endless or over
+    ``steps`` (:func:`stepped_offsets`); ``poisson`` with exponential gaps from
+    ``random.Random(seed)``, the first one included."""
     if not rate_per_s > 0:
         raise BenchError(f"rate must be > 0, not {rate_per_s}")
-    if arrival == "constant":
-        yield from stepped_offsets(((math.inf, rate_per_s),), phase=phase)
+    if arrival == "constant" or steps:
+        yield from stepped_offsets(steps or ((math.inf, rate_per_s),), phase=phase)
     elif arrival == "poisson":
         rng = random.Random(seed)
         t = 0.0
