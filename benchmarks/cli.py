@@ -165,11 +165,9 @@ def run_sla(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.sla import SlaOptions, run_sla
 
     options = _options(SlaOptions, args)
-    result = run_sla(options, log=_err)
-    if result.winner is None:
+    if (w := run_sla(options, log=_err).winner) is None:
         print(f"no configuration met p99 <= {options.sla_p99_ms:g} ms; report in {options.out_dir}")
         return 1
-    w = result.winner
     print(f"winner: {w.label} at {w.best_rate:,.1f} req/s with p99 <= {options.sla_p99_ms:g} ms")
     print(f"report: {options.out_dir / 'report.md'}")
     return 0
@@ -252,10 +250,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         from torchbay.benchmarks.sla import SlaOptions, run_sla
 
         where = {"out_dir": out / "sla", "content_type": suite.content_type}
-        result = run_sla(
-            SlaOptions(archive=archive, inputs=tuple(inputs), **where, **suite.sla), log=_err
-        )
-        winner = result.winner.label if result.winner else None
+        options = SlaOptions(archive=archive, inputs=tuple(inputs), **where, **suite.sla)
+        winner = getattr(run_sla(options, log=_err).winner, "label", None)
         texts.append(f"== {suite.name}/sla: winner {winner}; report {out / 'sla'}")
     outcome = {"scenario": suite.name, "runs": reports, "sla": winner, "text": "\n\n".join(texts)}
     print(json.dumps(outcome, indent=2, default=str) if args.json else outcome["text"])
