@@ -200,8 +200,9 @@ def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | Non
     assert options.archive is not None
     model = options.model or read_manifest(options.archive).model.model_name
     with ExitStack() as stack:
-        temporary = tempfile.TemporaryDirectory(prefix="tb-bench-")
-        run_dir = options.run_dir or Path(stack.enter_context(temporary))
+        run_dir = options.run_dir
+        if run_dir is None:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-bench-")))
         endpoints = stack.enter_context(ManagedServer.torchbay(options.archive, run_dir))
         yield endpoints, model, options.version
 

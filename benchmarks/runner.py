@@ -1,7 +1,6 @@
-"""The one runner every benchmark table measures through: the reference models and archives
-(``Ctx.out_dir``: ``models/``, ``model_store/``), a system under test from one ``models={...}``
-description (:func:`make_system`; config and log in ``runs/<name>/``), and a table's rows
-(:func:`run_rows`): repeat outermost, a failed cell NaN with its error."""
+"""The one runner every benchmark table measures through: the reference models and archives, a
+system under test from one ``models={...}`` description (:func:`make_system`; config and log in
+``runs/<name>/``), and a table's rows (:func:`run_rows`): repeat outermost, a failure NaN."""
 
 from __future__ import annotations
 
@@ -222,9 +221,8 @@ def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = 
 
 
 def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float]:
-    """Start the scenario's server, time its first answer, measure one window (:func:`bench.window`)
-    and stop: the client's figures, the server tree's CPU and memory, and the CPU other processes
-    took meanwhile."""
+    """One :func:`bench.window` on the scenario's own server: the client's figures, its start, the
+    server tree's CPU and memory, and the CPU other processes took meanwhile."""
     model, where = scenario.model, run_dir(ctx, scenario.name, f"r{round_no}")
     served = {model: scenario.batching}
     with serving(ctx, scenario.server, served, where, args=scenario.server_args) as server:
@@ -252,17 +250,15 @@ def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float
 
 
 def _busy(pid: int) -> tuple[procstat.CpuSnapshot, float, float]:
-    """A window's watch for :func:`run_scenario`: the server tree's CPU, the machine's busy
-    seconds and the clock."""
+    """:func:`run_scenario`'s watch: the server tree's CPU, the machine's busy time, the clock."""
     return procstat.cpu_snapshot(pid), procstat.system_busy_seconds(), time.monotonic()
 
 
 def run_inprocess(
     ctx: Ctx, models: tuple[str, ...] | None = None, *flags: str, env: dict | None = None
 ) -> dict[str, dict[int, float]]:
-    """The in-process model loop (``ceilings/inprocess.py``, extra ``flags``: ``--batches``,
-    ``--streams``, ``--seconds``), in a fresh process with one thread and nothing else loaded
-    (``env``: its environment, None: ours); samples/s per model and batch size."""
+    """The in-process model loop (``ceilings/inprocess.py`` with ``flags``) in a fresh process,
+    nothing else loaded (``env``: its environment, None: ours): samples/s per model and batch."""
     cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess"]
     cmd += ["--seconds", str(ctx.inprocess_seconds), *flags]
     for name in models or ctx.assets.pt:
