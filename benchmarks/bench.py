@@ -43,8 +43,7 @@ def flag(default: Any, *names: str, help: str | None = None, **kw: Any) -> Any:
 
 
 class LoadOptions(BaseModel):
-    """What every command that sends load takes (:class:`RunOptions`, the SLA search's options):
-    the request bodies, their route, and the generator's processes."""
+    """What every load-sending command takes: the request bodies, their route, the processes."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -75,8 +74,7 @@ class LoadOptions(BaseModel):
 
 
 class RunOptions(LoadOptions):
-    """Everything ``torchbay bench run`` takes. Exactly one of ``url`` / ``archive``; exactly one
-    of ``concurrency`` (closed loop) / ``rate`` (open loop)."""
+    """``bench run``'s options: one of ``url`` / ``archive``, one of ``concurrency`` / ``rate``."""
 
     url: str | None = flag(
         None, group="where", help="a running server's inference base URL, http://host:port"
@@ -174,8 +172,7 @@ def route(protocol: Protocol, model: str, version: str | None) -> str:
 def make_target(
     endpoints: Endpoints, options: LoadOptions, model: str, version: str | None
 ) -> Target:
-    """The HTTP target of ``options`` (``bench run``'s or the SLA search's: their ``inputs``,
-    ``protocol`` and ``content_type``, and any extra ``headers``) on ``endpoints``."""
+    """The HTTP target of ``options`` (``bench run``'s or the SLA search's) on ``endpoints``."""
     by_suffix = _CONTENT_TYPES.get(options.inputs[0].suffix.lower(), "application/octet-stream")
     v2 = "application/json"  # a v2 body is JSON, wrapped or not
     content_type = options.content_type or (v2 if options.protocol == "v2" else by_suffix)
@@ -190,8 +187,7 @@ def make_target(
 
 @contextmanager
 def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | None]]:
-    """Yield (endpoints, model, version): the given URL, or a server started from the archive
-    (stopped on exit)."""
+    """Yield (endpoints, model, version): the URL's, or a started archive's (stopped after)."""
     if options.url is not None:
         yield Endpoints.at(options), options.model or "", options.version
         return
@@ -232,8 +228,7 @@ def measure(
     target: Target,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> BenchReport:
-    """Warm up, then run the measured load on ``target`` (HTTP or gRPC) between two scrapes of
-    ``/metrics`` (:func:`observe`), and read the model's settings back: one report."""
+    """Warm up, run on ``target`` between two ``/metrics`` scrapes, read the settings back."""
     notes: list[str] = []
     plan = options.plan(target)
     with LoadGenerator(options.processes) as gen:
@@ -323,8 +318,7 @@ def _ms(summary: LatencySummary, *names: str) -> str:
 
 
 def format_report(report: BenchReport) -> str:
-    """The human table printed at the end of ``bench run``: where and how, then one fact a
-    line, the client's and then the server's."""
+    """``bench run``'s human table: where and how, then one fact a line, client's then server's."""
     r, s = report.result, report.server
     load = f"concurrency {r.concurrency}" if r.mode == "closed" else f"{r.offered_rate:g} req/s"
     sent = f"{r.sent:,} sent, {r.ok:,} ok, {r.errors:,} errors ({100 * r.error_rate:.2f}%)"

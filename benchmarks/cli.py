@@ -133,8 +133,7 @@ def _add_scenario(verbs: Any) -> None:
 
 
 def _options(model: Any, args: argparse.Namespace) -> Any:
-    """``model`` (a pydantic options class) from the parsed flags: each flag's ``dest`` is the
-    field's name, so the flags and the options cannot drift apart."""
+    """``model`` from the parsed flags (each flag's ``dest`` is its field: they cannot drift)."""
     return model(**{k: v for k, v in vars(args).items() if k in model.model_fields})
 
 
@@ -174,8 +173,7 @@ def run_sla(args: argparse.Namespace) -> int:
 
 
 class ProgressLine:
-    """A progress line on a stream every few seconds while a run is in flight: elapsed seconds,
-    answers so far and the rate since the last line (plain lines, so logs stay readable)."""
+    """Every few seconds of a run: elapsed seconds, answers so far, the rate since the last line."""
 
     def __init__(self, total_s: float | None, stream: TextIO = sys.stderr) -> None:
         self.total = f"/{total_s:.0f}" if total_s else ""

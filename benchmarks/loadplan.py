@@ -40,8 +40,7 @@ class Target:
     paths: tuple[str, ...] = ()
 
     def requests(self) -> list[bytes]:
-        """The wire bytes of one request per path of ``paths`` (the payloads cycled), else per
-        payload (gRPC: the messages)."""
+        """One request's wire bytes per ``paths`` entry (payloads cycled), else per payload."""
         if self.grpc:
             return list(self.payloads)
         host, headers, bodies = f"{self.host}:{self.port}", dict(self.headers), self.payloads
@@ -77,8 +76,7 @@ class LoadPlan:
     def of(
         cls, target: Target, concurrency: int | None, rate: float | None, **fields: Any
     ) -> LoadPlan:
-        """The plan of a run described by its load: an open loop at ``rate`` when one is given,
-        else a closed loop at ``concurrency`` (``bench run``'s options, a scenario's row)."""
+        """A run's load: an open loop at ``rate`` if one is given, else a closed loop."""
         if rate:
             return cls(target, "open", concurrency=0, rate=rate, **fields)
         return cls(target, "closed", concurrency=concurrency or 1, **fields)

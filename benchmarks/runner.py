@@ -60,8 +60,7 @@ def prepare_models(out_dir: Path) -> Assets:
 def archive(
     name: str, pt: Path, store: Path, python: str, *extra: str, handler: str = str(HANDLER_FILE)
 ) -> Path:
-    """``store/NAME.mar`` from a scripted model and ``handler`` (``torchbay archive`` with
-    ``extra`` flags): the benchmarks' one way to build an archive."""
+    """``store/NAME.mar`` by ``torchbay archive``: the benchmarks' one way to build an archive."""
     (store / f"{name}.mar").unlink(missing_ok=True)
     cmd = [
         *(python, "-m", "torchbay", "archive"),

@@ -50,8 +50,7 @@ class Batching:
 
 
 def models_json(models: dict[str, Batching], version: str = "1.0") -> dict[str, Any]:
-    """TorchServe's ``models={...}`` for ``{name: batching}``, each name its own mar (torchbay
-    reads the same description)."""
+    """TorchServe's ``models={...}`` for ``{name: batching}`` (torchbay reads the same)."""
     return {
         name: {version: {"defaultVersion": True, "marName": f"{name}.mar", **b.keys()}}
         for name, b in models.items()
@@ -251,11 +250,7 @@ SUITES: tuple[Suite, ...] = (
         warmup_s=3.0,
         archive="examples/digits/out/model_store/digits.mar",
         script="examples/digits/build.py",
-        inputs=(
-            "examples/digits/out/sample_0.png",
-            "examples/digits/out/sample_3.png",
-            "examples/digits/out/sample_7.png",
-        ),
+        inputs=tuple(f"examples/digits/out/sample_{digit}.png" for digit in (0, 3, 7)),
     ),
 )
 
