@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO, get_args, get_origin
 
@@ -233,14 +234,15 @@ def run_scenario(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.scenarios import find_suite
 
     suite = find_suite(args.name)
+    durations = {"duration_s": args.duration or suite.duration_s, "warmup_s": args.warmup}
+    suite = replace(suite, **{k: v for k, v in durations.items() if v is not None})
     out = (args.out or DEFAULT_OUT) / "scenarios" / suite.name
     out.mkdir(parents=True, exist_ok=True)
     archive, inputs = build_archive(suite, out.parent.parent, _err)
     reports, texts = [], []
     for run in suite.runs:
         _err(f"{suite.name}/{run.name}")
-        durations = {"duration_s": args.duration, "warmup_s": args.warmup}
-        report = run_bench(suite.run_options(run, archive, inputs, out / run.name, **durations))
+        report = run_bench(suite.run_options(run, archive, inputs, out / run.name))
         reports.append({"name": run.name, **report.as_dict()})
         texts.append(f"== {suite.name}/{run.name}\n{format_report(report)}")
     winner = None

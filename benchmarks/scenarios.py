@@ -182,23 +182,16 @@ class Suite:
         return self.runs[0].model
 
     def run_options(
-        self,
-        run: Scenario,
-        archive: Path,
-        inputs: list[Path],
-        run_dir: Path,
-        *,
-        duration_s: float | None = None,
-        warmup_s: float | None = None,
+        self, run: Scenario, archive: Path, inputs: list[Path], run_dir: Path
     ) -> RunOptions:
-        """``bench run``'s options for ``run`` (the suite's durations unless overridden)."""
+        """``bench run``'s options for ``run``, one of the suite's scenarios."""
         from torchbay.benchmarks.bench import RunOptions
 
         where = {"archive": archive, "inputs": tuple(inputs), "run_dir": run_dir}
         load = {"concurrency": run.concurrency, "rate": run.rate, "arrival": run.arrival}
-        warmup_s = self.warmup_s if warmup_s is None else warmup_s
+        timing = {"duration_s": self.duration_s, "warmup_s": self.warmup_s}
         options = {**where, **load, **asdict(run.batching), "content_type": self.content_type}
-        return RunOptions(duration_s=duration_s or self.duration_s, warmup_s=warmup_s, **options)
+        return RunOptions(**timing, **options)
 
 
 def select(
