@@ -232,9 +232,10 @@ def measure(
     notes: list[str] = []
     plan = options.plan(target)
     with LoadGenerator(options.processes) as gen:
-        measured = replace(plan, warmup_s=0.0)
-        progress = {"on_progress": on_progress, "warmup_s": plan.warmup_s}
-        result, view = observe(gen, endpoints, model, version, measured, notes, **progress)
+        measured = replace(plan, warmup_s=0.0)  # warmed up apart, before the window
+        result, view = observe(
+            gen, endpoints, model, version, measured, notes, on_progress, plan.warmup_s
+        )
     notes.extend(result.behind)
     scheme, path = ("grpc", target.grpc) if target.grpc else ("http", target.path)
     return BenchReport(
