@@ -184,7 +184,8 @@ def warm_and_measure(
     ctx: Ctx, plan: LoadPlan, gen: LoadGenerator | None = None, warm: bool = True
 ) -> LoadResult:
     """One unwatched :func:`bench.window`: ``ctx.warmup_s`` of warm-up unless ``warm`` is False."""
-    return bench.window(gen or ctx.gen, plan, lambda: None, warmup_s=ctx.warmup_s * warm)[0]
+    warmup_s = ctx.warmup_s if warm else 0.0
+    return bench.window(gen or ctx.gen, plan, lambda: None, warmup_s=warmup_s)[0]
 
 
 def load_metrics(result: LoadResult) -> dict[str, float]:
