@@ -76,7 +76,8 @@ class LoadPlan:
     def of(
         cls, target: Target, concurrency: int | None, rate: float | None, **fields: Any
     ) -> LoadPlan:
-        """A run's load: an open loop at ``rate`` if one is given, else a closed loop."""
+        """A run's load, read the same way from every description (``bench run``'s options, a
+        scenario): an open loop at ``rate`` if one is given, else a closed loop."""
         if rate:
             return cls(target, "open", concurrency=0, rate=rate, **fields)
         return cls(target, "closed", concurrency=concurrency or 1, **fields)
