@@ -1,5 +1,5 @@
-"""``torchbay bench run``: one load test between two scrapes of ``/metrics`` (:func:`run_bench`),
-and the options every load-sending command shares (:class:`LoadOptions`, also its flags)."""
+"""``torchbay bench run`` (:func:`run_bench`), the options every load-sending command shares
+(:class:`LoadOptions`, also its flags) and the benchmarks' one measured window (:func:`window`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,6 +24,7 @@ from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival, LatencySummary
 
 Protocol = Literal["predict", "v2"]
+W = TypeVar("W")  # what a window's watch returns
 _CONTENT_TYPES = {
     ".png": "image/png",
     ".jpg": "image/jpeg",
@@ -41,8 +43,7 @@ def flag(default: Any, *names: str, help: str | None = None, **kw: Any) -> Any:
 
 
 class LoadOptions(BaseModel):
-    """What every command that sends load takes (``bench run``'s :class:`RunOptions` and the SLA
-    search's ``SlaOptions``): the request bodies, their route, and the generator's processes."""
+    """What every load-sending command takes: the request bodies, their route, the processes."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -73,8 +74,7 @@ class LoadOptions(BaseModel):
 
 
 class RunOptions(LoadOptions):
-    """Everything ``torchbay bench run`` takes. Exactly one of ``url`` / ``archive``; exactly one
-    of ``concurrency`` (closed loop) / ``rate`` (open loop)."""
+    """``bench run``'s options: one of ``url`` / ``archive``, one of ``concurrency`` / ``rate``."""
 
     url: str | None = flag(
         None, group="where", help="a running server's inference base URL, http://host:port"
@@ -120,14 +120,11 @@ class RunOptions(LoadOptions):
         return self
 
     def plan(self, target: Target) -> LoadPlan:
-        """The load on ``target``; the plan's fields of the same name are these options'."""
+        """The load on ``target``: the plan's fields of the same name are these options'."""
         duration = self.duration_s if self.duration_s or self.requests else 10.0
         same = ("arrival", "requests", "warmup_s", "timeout_s", "seed", "max_connections")
-        mode = "open" if self.rate else "closed"
-        load = {"concurrency": self.concurrency or 0, "rate": self.rate or 0.0}
-        return LoadPlan(
-            target, mode, duration_s=duration, **load, **{k: getattr(self, k) for k in same}
-        )
+        load = {k: getattr(self, k) for k in same}
+        return LoadPlan.of(target, self.concurrency, self.rate, duration_s=duration, **load)
 
 
 @dataclass(frozen=True)
@@ -175,8 +172,7 @@ def route(protocol: Protocol, model: str, version: str | None) -> str:
 def make_target(
     endpoints: Endpoints, options: LoadOptions, model: str, version: str | None
 ) -> Target:
-    """The HTTP target of ``options`` (``bench run``'s or the SLA search's: their ``inputs``,
-    ``protocol`` and ``content_type``, and any extra ``headers``) on ``endpoints``."""
+    """The HTTP target of ``options`` (``bench run``'s or the SLA search's) on ``endpoints``."""
     by_suffix = _CONTENT_TYPES.get(options.inputs[0].suffix.lower(), "application/octet-stream")
     v2 = "application/json"  # a v2 body is JSON, wrapped or not
     content_type = options.content_type or (v2 if options.protocol == "v2" else by_suffix)
@@ -191,28 +187,26 @@ def make_target(
 
 @contextmanager
 def open_server(options: RunOptions) -> Iterator[tuple[Endpoints, str, str | None]]:
-    """Yield (endpoints, model, version): the given URL, or a server started from the archive
-    (stopped on exit)."""
+    """Yield (endpoints, model, version): the URL's, or a started archive's (stopped after)."""
     if options.url is not None:
         yield Endpoints.at(options), options.model or "", options.version
         return
     from torchbay.archiver.manifest import read_manifest
 
     assert options.archive is not None
-    manifest = read_manifest(options.archive)
+    model = options.model or read_manifest(options.archive).model.model_name
     with ExitStack() as stack:
         run_dir = options.run_dir
         if run_dir is None:
             run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-bench-")))
-        server = ManagedServer.torchbay(options.archive, run_dir)
-        endpoints = stack.enter_context(server)
-        yield endpoints, options.model or manifest.model.model_name, options.version
+        endpoints = stack.enter_context(ManagedServer.torchbay(options.archive, run_dir))
+        yield endpoints, model, options.version
 
 
 def run_bench(
     options: RunOptions, on_progress: Callable[[Progress], None] | None = None
 ) -> BenchReport:
-    """Run one load test as ``options`` say and return the client's and the server's numbers."""
+    """One load test as ``options`` say: the client's and the server's numbers."""
     with open_server(options) as (endpoints, model, version):
         configure(options, endpoints, model, version)
         target = make_target(endpoints, options, model, version)
@@ -222,12 +216,8 @@ def run_bench(
 def configure(options: RunOptions, endpoints: Endpoints, model: str, version: str | None) -> None:
     """Apply the batching and worker flags through the management API (none given: nothing)."""
     settings = Batching(options.batch_size, options.max_batch_delay_ms, options.workers)
-    if settings == Batching(None, None, None):
-        return
-    if endpoints.management_port is None:
-        raise BenchError("batch/worker settings need the management API (--management-url)")
-    mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
-    mgmt.configure(model, version, settings)
+    if settings.keys():
+        _management(endpoints).configure(model, version, settings)
 
 
 def measure(
@@ -238,14 +228,14 @@ def measure(
     target: Target,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> BenchReport:
-    """Warm up, scrape ``/metrics``, run the measured load on ``target`` (HTTP or gRPC), scrape
-    again, read the model's settings back: one report."""
+    """Warm up, run on ``target`` between two ``/metrics`` scrapes, read the settings back."""
     notes: list[str] = []
     plan = options.plan(target)
     with LoadGenerator(options.processes) as gen:
-        warm_up(gen, plan, plan.warmup_s)  # apart, so the server view is the measured window's
-        measured = replace(plan, warmup_s=0.0)
-        result, view = observe(gen, endpoints, model, version, measured, notes, on_progress)
+        measured = replace(plan, warmup_s=0.0)  # warmed up apart, before the window
+        result, view = observe(
+            gen, endpoints, model, version, measured, notes, on_progress, plan.warmup_s
+        )
     notes.extend(result.behind)
     scheme, path = ("grpc", target.grpc) if target.grpc else ("http", target.path)
     return BenchReport(
@@ -268,6 +258,22 @@ def warm_up(gen: LoadGenerator, plan: LoadPlan, seconds: float) -> None:
         gen.run(replace(plan, duration_s=seconds, rate=rate, **fixed))
 
 
+def window(
+    gen: LoadGenerator,
+    plan: LoadPlan,
+    watch: Callable[[], W],
+    on_progress: Callable[[Progress], None] | None = None,
+    warmup_s: float = 0.0,
+) -> tuple[LoadResult, W, W]:
+    """The one measured window: ``warmup_s`` of warm-up first (apart, so the window is the
+    measured run's alone), then ``plan`` between two calls of ``watch`` (the server's side of
+    the same window: its ``/metrics``, or its process tree's CPU): the result and both watches."""
+    warm_up(gen, plan, warmup_s)
+    before = watch()
+    result = gen.run(plan, on_progress)
+    return result, before, watch()
+
+
 def observe(
     gen: LoadGenerator,
     endpoints: Endpoints,
@@ -276,15 +282,20 @@ def observe(
     plan: LoadPlan,
     notes: list[str],
     on_progress: Callable[[Progress], None] | None = None,
+    warmup_s: float = 0.0,
 ) -> tuple[LoadResult, scrape.ServerView | None]:
-    """Run ``plan`` between two scrapes of ``/metrics``: the client's result and the server's
-    view of the same window (None without a metrics port or when a scrape failed: ``notes``
-    says why). Every measured run of ``bench run`` and of the SLA search is one of these."""
-    before = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
-    result = gen.run(plan, on_progress)
-    after = scrape.snapshot(endpoints.host, endpoints.metrics_port, notes)
+    """:func:`window` watched by ``/metrics``: the client's result and the server's view of the
+    same window (None without a metrics port or when a scrape failed: ``notes`` says why)."""
+    snapshot = partial(scrape.snapshot, endpoints.host, endpoints.metrics_port, notes)
+    result, before, after = window(gen, plan, snapshot, on_progress, warmup_s)
     view = scrape.server_view(before, after, model, version) if before and after else None
     return result, view
+
+
+def _management(endpoints: Endpoints) -> Management:
+    if endpoints.management_port is None:
+        raise BenchError("batch/worker settings need the management API (--management-url)")
+    return Management(endpoints.host, endpoints.management_port, endpoints.management_key)
 
 
 def _described(
@@ -294,8 +305,7 @@ def _described(
     if endpoints.management_port is None:
         return {}
     try:
-        mgmt = Management(endpoints.host, endpoints.management_port, endpoints.management_key)
-        info = mgmt.describe(model, version)
+        info = _management(endpoints).describe(model, version)
     except BenchError as exc:
         notes.append(f"cannot describe the model: {exc}")
         return {}
@@ -309,8 +319,7 @@ def _ms(summary: LatencySummary, *names: str) -> str:
 
 
 def format_report(report: BenchReport) -> str:
-    """The human table printed at the end of ``bench run``: where and how, then one fact a
-    line, the client's and then the server's."""
+    """``bench run``'s human table: where and how, then one fact a line, client's then server's."""
     r, s = report.result, report.server
     load = f"concurrency {r.concurrency}" if r.mode == "closed" else f"{r.offered_rate:g} req/s"
     sent = f"{r.sent:,} sent, {r.ok:,} ok, {r.errors:,} errors ({100 * r.error_rate:.2f}%)"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO, get_args, get_origin
 
@@ -133,8 +134,7 @@ def _add_scenario(verbs: Any) -> None:
 
 
 def _options(model: Any, args: argparse.Namespace) -> Any:
-    """``model`` (a pydantic options class) from the parsed flags: each flag's ``dest`` is the
-    field's name, so the flags and the options cannot drift apart."""
+    """``model`` from the parsed flags (each flag's ``dest`` is its field: they cannot drift)."""
     return model(**{k: v for k, v in vars(args).items() if k in model.model_fields})
 
 
@@ -165,19 +165,16 @@ def run_sla(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.sla import SlaOptions, run_sla
 
     options = _options(SlaOptions, args)
-    result = run_sla(options, log=_err)
-    if result.winner is None:
+    if (w := run_sla(options, log=_err).winner) is None:
         print(f"no configuration met p99 <= {options.sla_p99_ms:g} ms; report in {options.out_dir}")
         return 1
-    w = result.winner
     print(f"winner: {w.label} at {w.best_rate:,.1f} req/s with p99 <= {options.sla_p99_ms:g} ms")
     print(f"report: {options.out_dir / 'report.md'}")
     return 0
 
 
 class ProgressLine:
-    """A progress line on a stream every few seconds while a run is in flight: elapsed seconds,
-    answers so far and the rate since the last line (plain lines, so logs stay readable)."""
+    """Every few seconds of a run: elapsed seconds, answers so far, the rate since the last line."""
 
     def __init__(self, total_s: float | None, stream: TextIO = sys.stderr) -> None:
         self.total = f"/{total_s:.0f}" if total_s else ""
@@ -237,14 +234,15 @@ def run_scenario(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.scenarios import find_suite
 
     suite = find_suite(args.name)
+    durations = {"duration_s": args.duration or suite.duration_s, "warmup_s": args.warmup}
+    suite = replace(suite, **{k: v for k, v in durations.items() if v is not None})
     out = (args.out or DEFAULT_OUT) / "scenarios" / suite.name
     out.mkdir(parents=True, exist_ok=True)
     archive, inputs = build_archive(suite, out.parent.parent, _err)
     reports, texts = [], []
     for run in suite.runs:
         _err(f"{suite.name}/{run.name}")
-        durations = {"duration_s": args.duration, "warmup_s": args.warmup}
-        report = run_bench(suite.run_options(run, archive, inputs, out / run.name, **durations))
+        report = run_bench(suite.run_options(run, archive, inputs, out / run.name))
         reports.append({"name": run.name, **report.as_dict()})
         texts.append(f"== {suite.name}/{run.name}\n{format_report(report)}")
     winner = None
@@ -252,10 +250,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         from torchbay.benchmarks.sla import SlaOptions, run_sla
 
         where = {"out_dir": out / "sla", "content_type": suite.content_type}
-        result = run_sla(
-            SlaOptions(archive=archive, inputs=tuple(inputs), **where, **suite.sla), log=_err
-        )
-        winner = result.winner.label if result.winner else None
+        options = SlaOptions(archive=archive, inputs=tuple(inputs), **where, **suite.sla)
+        winner = getattr(run_sla(options, log=_err).winner, "label", None)
         texts.append(f"== {suite.name}/sla: winner {winner}; report {out / 'sla'}")
     outcome = {"scenario": suite.name, "runs": reports, "sla": winner, "text": "\n\n".join(texts)}
     print(json.dumps(outcome, indent=2, default=str) if args.json else outcome["text"])

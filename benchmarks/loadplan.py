@@ -26,10 +26,9 @@ ARRAYS = ("latency", "service", "lag", "timeline", "variants")
 @dataclass(frozen=True)
 class Target:
     """Where to send: one route, headers, and payloads (cycled in order). With ``grpc`` (a
-    method's path, ``/package.Service/Method``) the payloads are serialized request messages
-    and the headers call metadata. ``paths``, when given, are request variants cycled instead of
-    ``path`` (a model mix drawn once, so every run sends the same); :attr:`LoadResult.variants`
-    names each answer's."""
+    method's path, ``/package.Service/Method``) the payloads are serialized request messages and
+    the headers call metadata. ``paths``, when given, are request variants sent instead of
+    ``path`` (a model mix drawn once); :attr:`LoadResult.variants` names each answer's."""
 
     host: str
     port: int
@@ -41,17 +40,14 @@ class Target:
     paths: tuple[str, ...] = ()
 
     def requests(self) -> list[bytes]:
-        """The complete wire bytes of one request per payload, or per path of ``paths`` with
-        the payloads cycled (gRPC: the messages)."""
+        """One request's wire bytes per ``paths`` entry (payloads cycled), else per payload."""
         if self.grpc:
             return list(self.payloads)
-        host, headers = f"{self.host}:{self.port}", dict(self.headers)
-        bodies = self.payloads
-        if not self.paths:
-            return [build_request(self.method, self.path, host, b, headers) for b in bodies]
+        host, headers, bodies = f"{self.host}:{self.port}", dict(self.headers), self.payloads
+        paths = self.paths or (self.path,) * len(bodies)
         return [
             build_request(self.method, path, host, bodies[i % len(bodies)], headers)
-            for i, path in enumerate(self.paths)
+            for i, path in enumerate(paths)
         ]
 
 
@@ -75,6 +71,16 @@ class LoadPlan:
     steps: tuple[tuple[float, float], ...] = ()
     timeline: bool = False  # keep (start, latency, status) of every answer: LoadResult.timeline
     phase: float = 0.0  # 0..1 of a gap: staggers the processes' constant schedules (split_plan)
+
+    @classmethod
+    def of(
+        cls, target: Target, concurrency: int | None, rate: float | None, **fields: Any
+    ) -> LoadPlan:
+        """A run's load, read the same way from every description (``bench run``'s options, a
+        scenario): an open loop at ``rate`` if one is given, else a closed loop."""
+        if rate:
+            return cls(target, "open", concurrency=0, rate=rate, **fields)
+        return cls(target, "closed", concurrency=concurrency or 1, **fields)
 
     def check(self) -> None:
         if self.steps and (
@@ -176,25 +182,12 @@ class LoadResult:
         return error_rate(self.errors, self.sent)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "offered_rate": self.offered_rate,
-            "concurrency": self.concurrency,
-            "window_s": self.window_s,
-            "sent": self.sent,
-            "completed": self.completed,
-            "ok": self.ok,
-            "errors": self.errors,
-            "error_rate": self.error_rate,
-            "statuses": self.statuses,
-            "req_per_s": self.req_per_s,
-            "ok_per_s": self.ok_per_s,
-            "latency": self.latency.as_dict(),
-            "service_latency": self.service.as_dict(),
-            "lag": self.lag.as_dict(),
-            "generator_cpu_pct": self.generator_cpu_pct,
-            "behind": self.behind,
-        }
+        head = ("mode", "offered_rate", "concurrency", "window_s", "sent", "completed", "ok")
+        counts = ("errors", "error_rate", "statuses", "req_per_s", "ok_per_s")
+        out = {name: getattr(self, name) for name in (*head, *counts)}
+        latencies = {"latency": self.latency, "service_latency": self.service, "lag": self.lag}
+        out |= {name: summary.as_dict() for name, summary in latencies.items()}
+        return out | {"generator_cpu_pct": self.generator_cpu_pct, "behind": self.behind}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,6 @@
-"""The one runner every benchmark table measures through: the reference models and archives
-(``Ctx.out_dir``: ``models/``, ``model_store/``), a system under test from one ``models={...}``
-description (:func:`make_system`; config and log in ``runs/<name>/``), and a table's rows
-(:func:`run_rows`): repeat outermost, a failed cell NaN with its error."""
+"""The one runner every benchmark table measures through: the reference models and archives, a
+system under test from one ``models={...}`` description (:func:`make_system`; config and log in
+``runs/<name>/``), and a table's rows (:func:`run_rows`): repeat outermost, a failure NaN."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,7 @@ def prepare_models(out_dir: Path) -> Assets:
 def archive(
     name: str, pt: Path, store: Path, python: str, *extra: str, handler: str = str(HANDLER_FILE)
 ) -> Path:
-    """``store/NAME.mar`` from a scripted model and ``handler`` (``torchbay archive`` with
-    ``extra`` flags): the benchmarks' one way to build an archive."""
+    """``store/NAME.mar`` by ``torchbay archive``: the benchmarks' one way to build an archive."""
     (store / f"{name}.mar").unlink(missing_ok=True)
     cmd = [
         *(python, "-m", "torchbay", "archive"),
@@ -184,10 +183,9 @@ def warm_up(ctx: Ctx, plan: LoadPlan, gen: LoadGenerator | None = None) -> None:
 def warm_and_measure(
     ctx: Ctx, plan: LoadPlan, gen: LoadGenerator | None = None, warm: bool = True
 ) -> LoadResult:
-    """Warm up (:func:`warm_up`) unless ``warm`` is False, then run ``plan``."""
-    if warm:
-        warm_up(ctx, plan, gen)
-    return (gen or ctx.gen).run(plan)
+    """One unwatched :func:`bench.window`: ``ctx.warmup_s`` of warm-up unless ``warm`` is False."""
+    warmup_s = ctx.warmup_s if warm else 0.0
+    return bench.window(gen or ctx.gen, plan, lambda: None, warmup_s=warmup_s)[0]
 
 
 def load_metrics(result: LoadResult) -> dict[str, float]:
@@ -223,22 +221,18 @@ def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = 
 
 
 def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float]:
-    """Start the scenario's server, time its first answer, warm up, measure, stop: the client's
-    figures, the server tree's CPU and memory, and the CPU other processes took meanwhile."""
+    """One :func:`bench.window` on the scenario's own server: the client's figures, its start, the
+    server tree's CPU and memory, and the CPU other processes took meanwhile."""
     model, where = scenario.model, run_dir(ctx, scenario.name, f"r{round_no}")
     served = {model: scenario.batching}
     with serving(ctx, scenario.server, served, where, args=scenario.server_args) as server:
         tgt = target(ctx, server, model, model)
         start_s = server.first_answer(tgt.path, tgt.payloads[0], ctx.start_timeout_s)
-        plan = scenario.plan(tgt, ctx.duration_s)
-        warm_up(ctx, plan)
-        before = procstat.cpu_snapshot(server.pid)
-        busy0, wall0 = procstat.system_busy_seconds(), time.monotonic()
-        load = ctx.gen.run(plan)
-        busy1, wall1 = procstat.system_busy_seconds(), time.monotonic()
-        cpu_s = procstat.cpu_seconds_between(before, procstat.cpu_snapshot(server.pid))
+        plan, watch = scenario.plan(tgt, ctx.duration_s), partial(_busy, server.pid)
+        load, before, after = bench.window(ctx.gen, plan, watch, warmup_s=ctx.warmup_s)
         memory = procstat.memory_snapshot(server.pid)
-    busy = (busy1 - busy0, cpu_s, load.generator_cpu_s, wall1 - wall0, os.cpu_count() or 1)
+    cpu_s = procstat.cpu_seconds_between(before[0], after[0])
+    busy = (after[1] - before[1], cpu_s, load.generator_cpu_s, after[2] - before[2])
     return {
         "req_per_s": load.req_per_s,
         "p50_ms": load.latency.p50_ms,
@@ -251,16 +245,20 @@ def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float
         "tree_pss_mb": math.nan if memory.tree_pss_mb is None else memory.tree_pss_mb,
         "processes": float(memory.processes),
         "start_s": start_s,
-        "foreign_cpu_pct": procstat.foreign_cpu_percent(*busy),
+        "foreign_cpu_pct": procstat.foreign_cpu_percent(*busy, os.cpu_count() or 1),
     }
+
+
+def _busy(pid: int) -> tuple[procstat.CpuSnapshot, float, float]:
+    """:func:`run_scenario`'s watch: the server tree's CPU, the machine's busy time, the clock."""
+    return procstat.cpu_snapshot(pid), procstat.system_busy_seconds(), time.monotonic()
 
 
 def run_inprocess(
     ctx: Ctx, models: tuple[str, ...] | None = None, *flags: str, env: dict | None = None
 ) -> dict[str, dict[int, float]]:
-    """The in-process model loop (``ceilings/inprocess.py``, extra ``flags``: ``--batches``,
-    ``--streams``, ``--seconds``), in a fresh process with one thread and nothing else loaded
-    (``env``: its environment, None: ours); samples/s per model and batch size."""
+    """The in-process model loop (``ceilings/inprocess.py`` with ``flags``) in a fresh process,
+    nothing else loaded (``env``: its environment, None: ours): samples/s per model and batch."""
     cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess"]
     cmd += ["--seconds", str(ctx.inprocess_seconds), *flags]
     for name in models or ctx.assets.pt:

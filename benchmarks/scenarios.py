@@ -1,6 +1,6 @@
 """Every benchmark scenario in one description: a :class:`Scenario` is one server serving one
-model under one load with one :class:`Batching`; a :class:`Goal` judges a table's row (issue 3's
-targets: ``TARGETS``); a :class:`Suite` is what ``torchbay bench scenario NAME`` runs."""
+model under one load with one :class:`Batching`; a :class:`Goal` judges a table's row; a
+:class:`Suite` is what ``torchbay bench scenario NAME`` runs."""
 
 from __future__ import annotations
 
@@ -25,17 +25,15 @@ ServerKind = Literal["echo", "naive", "torchbay", "torchserve"]
 
 @dataclass(frozen=True)
 class Batching:
-    """One model's batching and scale: its entry in TorchServe's ``models={...}`` when a server
-    starts, or the settings the management API changes on a running one (``bench run``, the SLA
-    search), where None leaves a setting as it is."""
+    """One model's batching and scale: its ``models={...}`` entry when a server starts, or what
+    the management API changes on a running one (None leaves a setting as it is)."""
 
     batch_size: int | None = 1
     max_batch_delay_ms: float | None = 0
     workers: int | None = 1
 
     def keys(self) -> dict[str, int | float]:
-        """The settings given, by their ``models={...}``, model-config.yaml and describe-model
-        names (a whole delay as an int: 5, not 5.0, in the YAML a person reads)."""
+        """The settings given, by their ``models={...}`` names (a whole delay as an int)."""
         delay = self.max_batch_delay_ms
         delay = int(delay) if delay is not None and float(delay).is_integer() else delay
         keys = {"batchSize": self.batch_size, "maxBatchDelay": delay}
@@ -52,8 +50,7 @@ class Batching:
 
 
 def models_json(models: dict[str, Batching], version: str = "1.0") -> dict[str, Any]:
-    """TorchServe's ``models={...}`` for ``{name: batching}``; every name serves its own mar (the
-    same keys go to torchbay and TorchServe, so both read one description)."""
+    """TorchServe's ``models={...}`` for ``{name: batching}`` (torchbay reads the same)."""
     return {
         name: {version: {"defaultVersion": True, "marName": f"{name}.mar", **b.keys()}}
         for name, b in models.items()
@@ -63,8 +60,7 @@ def models_json(models: dict[str, Batching], version: str = "1.0") -> dict[str, 
 @dataclass(frozen=True)
 class Scenario:
     """One server under one load: a closed loop at ``concurrency`` connections, or (``rate`` set,
-    ``concurrency`` None) an open loop at ``rate`` requests/s. Batching applies to torchbay and
-    TorchServe (the same ``models={...}`` entry); the ceilings have none."""
+    ``concurrency`` None) an open loop at ``rate`` requests/s; the ceilings ignore the batching."""
 
     name: str
     server: ServerKind
@@ -99,9 +95,8 @@ class Scenario:
 
     def plan(self, target: Target, duration_s: float) -> LoadPlan:
         """This load on ``target`` for ``duration_s``."""
-        mode = "closed" if self.rate is None else "open"
-        load = {"rate": self.rate or 0.0, "arrival": self.arrival, "duration_s": duration_s}
-        return LoadPlan(target, mode, self.concurrency or 1, **load)
+        load = {"arrival": self.arrival, "duration_s": duration_s}
+        return LoadPlan.of(target, self.concurrency, self.rate, **load)
 
     def matches(self, pattern: str) -> bool:
         """True if ``pattern`` is this scenario's name (glob allowed), its server or a tag."""
@@ -110,10 +105,9 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Goal:
-    """A figure of a row: ``numerator.metric / denominator.metric`` (taken within each round, so
-    drift between rounds cancels) or ``numerator.metric`` alone (``denominator`` None), judged
-    as ``aggregate`` (over the rounds) ``op`` ``bound``: ">=" for a ratio, "<=" for a figure
-    alone unless ``op`` says; no bound: shown, not judged."""
+    """A figure of a row: ``numerator.metric / denominator.metric`` within each round (drift
+    cancels) or ``numerator.metric`` alone, judged as ``aggregate`` ``op`` ``bound`` (">=" for a
+    ratio, "<=" alone, unless ``op`` says); no bound: shown, not judged."""
 
     key: str
     about: str
@@ -161,8 +155,8 @@ TARGETS: tuple[Goal, ...] = (
 @dataclass(frozen=True)
 class Suite:
     """What ``torchbay bench scenario NAME`` runs: torchbay scenarios on one archive (the runs'
-    reference model unless ``archive``, which ``script`` builds when missing; paths from the
-    repository root) and, with ``--sla``, an SLA search (``sla``: ``SlaOptions`` fields)."""
+    reference model unless ``archive``, which ``script`` builds; paths from the repository root)
+    and, with ``--sla``, an SLA search (``sla``: ``SlaOptions`` fields)."""
 
     name: str
     about: str
@@ -188,31 +182,23 @@ class Suite:
         return self.runs[0].model
 
     def run_options(
-        self,
-        run: Scenario,
-        archive: Path,
-        inputs: list[Path],
-        run_dir: Path,
-        *,
-        duration_s: float | None = None,
-        warmup_s: float | None = None,
+        self, run: Scenario, archive: Path, inputs: list[Path], run_dir: Path
     ) -> RunOptions:
-        """``bench run``'s options for one of the suite's scenarios (the suite's durations
-        unless overridden)."""
+        """``bench run``'s options for ``run``, one of the suite's scenarios."""
         from torchbay.benchmarks.bench import RunOptions
 
         where = {"archive": archive, "inputs": tuple(inputs), "run_dir": run_dir}
         load = {"concurrency": run.concurrency, "rate": run.rate, "arrival": run.arrival}
-        warmup_s = self.warmup_s if warmup_s is None else warmup_s
+        timing = {"duration_s": self.duration_s, "warmup_s": self.warmup_s}
         options = {**where, **load, **asdict(run.batching), "content_type": self.content_type}
-        return RunOptions(duration_s=duration_s or self.duration_s, warmup_s=warmup_s, **options)
+        return RunOptions(**timing, **options)
 
 
 def select(
     patterns: Iterable[str] | None, scenarios: Iterable[Scenario] = SCENARIOS
 ) -> list[Scenario]:
-    """Scenarios matching any pattern (name glob, server kind or tag); all when none given.
-    Raises BenchError when a pattern matches nothing, so a typo never runs an empty benchmark."""
+    """Scenarios matching any pattern (name glob, server kind or tag); all when none given. A
+    pattern that matches nothing is a BenchError, so a typo never runs an empty benchmark."""
     scenarios = list(scenarios)
     patterns = [p for p in (patterns or []) if p]
     for pattern in patterns:
@@ -223,8 +209,8 @@ def select(
 
 
 def _own_rows(model: str, conc: int, batch: int, workers: int, rate: float) -> tuple[Scenario, ...]:
-    """A suite's own rows: a closed loop at ``conc`` connections with ``workers`` workers, and an
-    open loop of Poisson arrivals at ``rate`` with one worker; both 5 ms delay, batch ``batch``."""
+    """A suite's own rows, 5 ms delay: ``conc`` connections on ``workers`` workers, and Poisson
+    arrivals at ``rate`` on one."""
     closed, tags = f"tb-{model}-c{conc}-b{batch}-w{workers}", (model,)
     opened = f"tb-{model}-r{rate:g}-b{batch}-w1"
     return (
@@ -236,24 +222,19 @@ def _own_rows(model: str, conc: int, batch: int, workers: int, rate: float) -> t
 SUITES: tuple[Suite, ...] = (
     Suite(
         "tiny",
-        "the baseline's tiny model: Linear(64,256)-ReLU-Linear(256,10), TorchScript, raw float32 "
-        "bodies (256 bytes); overhead-bound, it measures the server, not the model",
-        # tb-tiny-c16-b8-w1: TorchServe 5,693-5,759 req/s with 1 worker
+        "the baseline's tiny model (Linear-ReLU-Linear, 256-byte bodies): measures the server",
         runs=(*select(["tb-tiny-c16-b8-w1"]), *_own_rows("tiny", 16, 8, 2, rate=2000.0)),
         sla=dict(sla_p99_ms=10, batch_sizes=[1, 8, 16], max_delays_ms=[1, 5], workers=[1, 2]),
     ),
     Suite(
         "cnn",
-        "the baseline's cnn: a small ResNet (~309k parameters), 3x64x64 float32 bodies (49,152 "
-        "bytes), ~6.4 ms per image on one core; compute-bound, batching does not make it cheaper "
-        "(TorchServe: 128, 51 (waits out the delay) and 233 req/s, p99 67 ms)",
+        "the baseline's cnn (a small ResNet, ~6.4 ms per 3x64x64 image): compute-bound",
         runs=tuple(select(["tb-cnn-c1-b1-w1", "tb-cnn-c1-b8-w1", "tb-cnn-c10-b1-w2"])),
         sla=dict(sla_p99_ms=100, batch_sizes=[1, 4, 8], max_delays_ms=[2, 10], workers=[1, 2]),
     ),
     Suite(
         "digits",
-        "the digits example: an 8x8 grayscale CNN behind the image_classifier handler, PNG "
-        "bodies; examples/digits/build.py trains, archives and verifies it when missing",
+        "the digits example: an 8x8 grayscale CNN behind the image_classifier handler, PNG bodies",
         runs=_own_rows("digits", 8, 4, 1, rate=200.0),
         sla=dict(
             sla_p99_ms=100, batch_sizes=[1, 2, 4, 8, 16], max_delays_ms=[2, 5, 10], workers=[1, 2]
@@ -262,11 +243,7 @@ SUITES: tuple[Suite, ...] = (
         warmup_s=3.0,
         archive="examples/digits/out/model_store/digits.mar",
         script="examples/digits/build.py",
-        inputs=(
-            "examples/digits/out/sample_0.png",
-            "examples/digits/out/sample_3.png",
-            "examples/digits/out/sample_7.png",
-        ),
+        inputs=tuple(f"examples/digits/out/sample_{digit}.png" for digit in (0, 3, 7)),
     ),
 )
 

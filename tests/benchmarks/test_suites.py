@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,9 @@ def test_every_suite_row_becomes_run_options_and_its_sla_is_valid(
 
 
 def test_durations_can_be_overridden(tmp_path: Path) -> None:
-    suite = scenarios.find_suite("digits")
+    suite = replace(scenarios.find_suite("digits"), duration_s=0.5, warmup_s=0.0)
     files = (tmp_path / "d.mar", [tmp_path / "x.png"], tmp_path)
-    options = suite.run_options(suite.runs[1], *files, duration_s=0.5, warmup_s=0.0)
+    options = suite.run_options(suite.runs[1], *files)
     assert (options.duration_s, options.warmup_s, options.rate) == (0.5, 0.0, 200.0)
 
 
