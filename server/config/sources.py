@@ -148,10 +148,10 @@ def _omp_threads(env: Mapping[str, str], merged: dict[str, Any], notes: list[str
     runs that many intra-op threads, where torchbay's budget (serving/budget.py) would otherwise
     set its own share. Its first level (``4,2`` is OpenMP's nested form) is read; a value that is
     not a thread count in bounds is noted and ignored (the budget's share applies)."""
-    raw = env.get("OMP_NUM_THREADS")
-    if raw is None or merged.get("cpu_threads_per_worker") is not None:
+    raw = env.get("OMP_NUM_THREADS", "").strip()
+    if not raw or merged.get("cpu_threads_per_worker") is not None:  # empty: as OpenMP, unset
         return
-    first = raw.split(",", 1)[0].strip()
+    first = raw.split(",", 1)[0].rstrip()
     threads = int(first) if first.isdigit() else 0
     if not 1 <= threads <= MAX_THREADS:
         notes.append(f"WARNING ignored OMP_NUM_THREADS={raw!r}: not 1 to {MAX_THREADS} threads")

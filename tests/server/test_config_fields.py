@@ -116,7 +116,11 @@ def test_no_cors_headers_by_default(model_store: Path) -> None:
 
 @pytest.mark.parametrize(
     ("value", "threads"),
-    [("3", 3), (" 2 ", 2), ("4,2", 4), ("0", None), ("-1", None), ("two", None), ("99999", None)],
+    [
+        *[("3", 3), (" 2 ", 2), ("4,2", 4)],
+        *[("0", None), ("-1", None), ("two", None), ("99999", None)],
+        *[("", None), (" ", None)],
+    ],
 )
 def test_omp_num_threads_sets_the_threads_per_worker(
     tmp_path: Path, value: str, threads: int | None
@@ -129,7 +133,7 @@ def test_omp_num_threads_sets_the_threads_per_worker(
     )
     assert config.cpu_threads_per_worker == threads
     warned = [n for n in notes if n.startswith("WARNING ignored OMP_NUM_THREADS")]
-    assert len(warned) == (threads is None)
+    assert len(warned) == (threads is None and bool(value.strip()))  # empty: as if unset
 
 
 def test_a_declared_cpu_threads_per_worker_beats_omp_num_threads(tmp_path: Path) -> None:
