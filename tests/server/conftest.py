@@ -126,6 +126,15 @@ def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> No
         time.sleep(0.01)
 
 
+def batch_running(server: Any, model: str) -> bool:
+    """``model``'s first worker runs a batch and nothing waits in its queue (describe): what a
+    test that kills, signals or queues behind a batch polls for instead of sleeping."""
+    r = httpx.get(f"{server.management_url}/models/{model}", timeout=30)
+    described = r.json()[0]
+    pending = described["jobQueueStatus"]["pendingRequests"]
+    return described["workers"][0]["status"] == "BUSY" and pending == 0
+
+
 def ran_ids(log: Path) -> list[str]:
     """The ids of the requests tests/server/assets/gate_handler.py ran, in order (its log)."""
     return log.read_text().split() if log.exists() else []

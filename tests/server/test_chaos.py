@@ -27,7 +27,7 @@ from torchbay.server.serving.handle import spawn_process
 from torchbay.server.serving.protocol import WireResponse
 from torchbay.server.serving.registry import settings_from
 
-from .conftest import ASSETS, LiveServer, _tiny_model
+from .conftest import ASSETS, LiveServer, _tiny_model, batch_running
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,6 @@ def _describe(server: LiveServer, name: str) -> dict[str, Any]:
     r = httpx.get(f"{server.management_url}/models/{name}", timeout=30)
     assert r.status_code == 200
     return r.json()[0]
-
-
-def _busy(server: LiveServer, name: str) -> bool:
-    """``name``'s first worker is running a batch."""
-    return _describe(server, name)["workers"][0]["status"] == "BUSY"
 
 
 def _metric(server: LiveServer, sample: str, **labels: str) -> float:
@@ -264,7 +259,7 @@ def test_hang_past_response_timeout_then_next_batch_served_by_new_worker(live_se
             stuck = asyncio.ensure_future(c.post(url, json={"sleep": 30}))
             # Sent once the stuck batch runs (polled: on a loaded host it may take a while to
             # arrive), so the next request is queued behind it.
-            while not stuck.done() and not await asyncio.to_thread(_busy, server, "probe"):
+            while not stuck.done() and not await asyncio.to_thread(batch_running, server, "probe"):
                 await asyncio.sleep(0.02)
             following = asyncio.ensure_future(c.post(url, json={"echo": "next"}))
             return list(await asyncio.gather(stuck, following))

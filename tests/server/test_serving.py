@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import probe_models
+from .conftest import batch_running, probe_models
 
 pytestmark = pytest.mark.slow
 
@@ -122,13 +122,6 @@ def test_one_bad_item_fails_only_its_request(live_server):
     assert responses[1].json()["batch_in"] == 3 and responses[1].json()["batch"] == 2
 
 
-async def _running(client: httpx.AsyncClient, server: Any) -> bool:
-    """The probe's worker is BUSY and nothing is left in its queue."""
-    described = (await client.get(f"{server.management_url}/models/probe")).json()[0]
-    pending = described["jobQueueStatus"]["pendingRequests"]
-    return described["workers"][0]["status"] == "BUSY" and pending == 0
-
-
 def test_killed_worker_answers_in_flight_and_comes_back(live_server):
     # One batch of the three requests, however slowly they arrive (a batch of 4 is never full).
     server = live_server(models=probe_models(batchSize=4, maxBatchDelay=1000))
@@ -140,7 +133,9 @@ def test_killed_worker_answers_in_flight_and_comes_back(live_server):
             tasks = [asyncio.ensure_future(client.post(url, json={"sleep": 5})) for _ in range(3)]
             # Kill once the worker runs the batch (polled: on a loaded host the requests may
             # take more than a second to reach it), never while they are still queued.
-            while not any(t.done() for t in tasks) and not await _running(client, server):
+            while not any(t.done() for t in tasks) and not await asyncio.to_thread(
+                batch_running, server, "probe"
+            ):
                 await asyncio.sleep(0.02)
             os.kill(old_pid, signal.SIGKILL)
             return await asyncio.gather(*tasks)
