@@ -26,6 +26,11 @@ from torchbay.handlers.runtime.loading import load_model
 
 from .conftest import tensor_options
 
+# The session's one AOTInductor compile (a C++ build of the model) is charged to whichever test
+# asks for ``aoti_archive`` first: ~20 s on a quiet 2-core box, past the default 120 s on one
+# running another suite beside this one. A bound on a hang, not on speed.
+pytestmark = pytest.mark.timeout(600)
+
 MODEL_PY = """
 import torch
 from torch import nn
