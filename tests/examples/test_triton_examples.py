@@ -10,9 +10,12 @@ Triton's example models compute). A program passes when it exits 0 and, where it
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
@@ -145,13 +148,22 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_program(script: str, url: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(PROGRAMS / script), "-u", url, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    command = [sys.executable, str(PROGRAMS / script), "-u", url, *args]
+    with _host_wide_regions(script):
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+@contextlib.contextmanager
+def _host_wide_regions(script: str) -> Iterator[None]:
+    """The shared-memory programs name their POSIX regions themselves (``/input0_simple``...),
+    and those names are the whole host's: one run of them unlinks another's regions, so another
+    suite on the same host takes this file lock while it runs them."""
+    if "shared_memory" not in (PROGRAMS / script).read_text():
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / "torchbay-triton-shm-examples.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def assert_passed(script: str, done: subprocess.CompletedProcess) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.server.conftest import until
 from torchbay.server.early_workers import _spawn_worker
 from torchbay.server.serving.handle import Spawned, spawn_process
 from torchbay.server.serving.worker_env import MALLOC_DEFAULTS, worker_env
@@ -45,8 +46,13 @@ def test_unrelated_preload_and_tunables_still_get_the_defaults() -> None:
 
 
 def _environ(spawned: Spawned) -> list[bytes]:
+    """The process's environment once its exec is through: until the kernel has set up the new
+    program's environment, /proc/PID/environ reads empty (a window a loaded host widens)."""
+    path = Path(f"/proc/{spawned.proc.pid}/environ")
     try:
-        return Path(f"/proc/{spawned.proc.pid}/environ").read_bytes().split(b"\0")
+        until(lambda: spawned.proc.poll() is not None or path.read_bytes() != b"", "exec done")
+        assert spawned.proc.poll() is None, "the spawned worker exited"
+        return path.read_bytes().split(b"\0")
     finally:
         spawned.discard()
 
