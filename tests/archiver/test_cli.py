@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.torchserve_archivers import run_archiver
 from torchbay.archiver.manifest import read_manifest
 from torchbay.cli import main
 
@@ -108,15 +109,13 @@ def test_torch_model_archiver_archive_passes_verify(tmp_path: Path) -> None:
         model.bias.fill_(0.0)
     torch.jit.save(model, str(tmp_path / "linear.pt"))
     (tmp_path / "double_handler.py").write_text(TS_HANDLER)
-    import subprocess
-
-    subprocess.run(
+    run_archiver(
         [
             archiver, "--model-name", "linear", "--version", "1.0",
             "--serialized-file", str(tmp_path / "linear.pt"),
             "--handler", str(tmp_path / "double_handler.py"), "--export-path", str(tmp_path),
         ],
-        check=True, capture_output=True, timeout=120,
+        capture_output=True, timeout=120,
     )  # fmt: skip
     mar = tmp_path / "linear.mar"
     manifest = read_manifest(mar)

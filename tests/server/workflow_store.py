@@ -5,11 +5,12 @@ used (tests/data/torchserve/workflows)."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.torchserve_archivers import run_archiver
 
 from .conftest import recorded
 
@@ -34,7 +35,7 @@ LIVE_MARKS = [
 
 def _run(module: str, main: str, args: list[str]) -> None:
     code = f"import sys; from {module} import {main}; sys.argv[0] = 'archiver'; {main}()"
-    subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True)
+    run_archiver([sys.executable, "-c", code, *args], capture_output=True)
 
 
 def build_model_store(root: Path) -> Path:
