@@ -24,6 +24,15 @@ DEPLOY = ROOT / "deploy"
 ENTRYPOINT = DEPLOY / "docker" / "entrypoint.sh"
 VENV_BIN = Path(sys.executable).parent
 SAMPLE = [float(i % 7) / 7.0 for i in range(64)]  # one input of the archive's model
+# The image's and KServe's configs bind gRPC on 0.0.0.0:7070/7071, which any other server on the
+# host (a second test run, a TorchServe) may hold: free ports on loopback here (the variables win
+# over config.properties).
+GRPC_ON_FREE_PORTS = {
+    "TORCHBAY_GRPC_INFERENCE_ADDRESS": "127.0.0.1",
+    "TORCHBAY_GRPC_MANAGEMENT_ADDRESS": "127.0.0.1",
+    "TORCHBAY_GRPC_INFERENCE_PORT": "0",
+    "TORCHBAY_GRPC_MANAGEMENT_PORT": "0",
+}
 
 
 def find_tool(name: str, *extra_dirs: Path) -> str | None:
@@ -152,11 +161,7 @@ def image_server(archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "TORCHBAY_INFERENCE_PORT": "0",
         "TORCHBAY_MANAGEMENT_PORT": "0",
         "TORCHBAY_METRICS_PORT": "0",
-        # The image's config binds gRPC on 0.0.0.0:7070/7071: free ports on loopback here.
-        "TORCHBAY_GRPC_INFERENCE_ADDRESS": "127.0.0.1",
-        "TORCHBAY_GRPC_MANAGEMENT_ADDRESS": "127.0.0.1",
-        "TORCHBAY_GRPC_INFERENCE_PORT": "0",
-        "TORCHBAY_GRPC_MANAGEMENT_PORT": "0",
+        **GRPC_ON_FREE_PORTS,
     }
     run = Container(env, home, home / "ready.json")
     try:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import DEPLOY, SAMPLE, free_port
+from .conftest import DEPLOY, GRPC_ON_FREE_PORTS, SAMPLE, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +47,6 @@ def _exercise(base: str, headers: dict[str, str] | None = None) -> None:
         assert outputs[0]["data"] == pytest.approx(expected, rel=1e-5)
 
 
-GRPC_ON_LOOPBACK = {
-    "grpc_inference_address=0.0.0.0": "grpc_inference_address=127.0.0.1",
-    "grpc_inference_port=7070": "grpc_inference_port=0",
-    "grpc_management_port=7071": "grpc_management_port=0",
-}
-
-
 def test_kserve_layout(archive: Path, container: Any, tmp_path: Path) -> None:
     """KServe's config unchanged but for loopback and free ports: one listener for inference
     and management, the model named only in model_snapshot."""
@@ -66,11 +59,6 @@ def test_kserve_layout(archive: Path, container: Any, tmp_path: Path) -> None:
     assert "\nload_models" not in text and "\nmodel_snapshot=" in text
     text = text.replace("0.0.0.0:8085", f"127.0.0.1:{port}")
     text = text.replace("0.0.0.0:8082", "127.0.0.1:0")
-    # gRPC on 0.0.0.0:7070/7071 as KServe's config has it would clash with any other server on
-    # the host (a second test run, a TorchServe): free ports on loopback, as for HTTP.
-    for line, local in GRPC_ON_LOOPBACK.items():
-        assert f"\n{line}\n" in text, line
-        text = text.replace(f"\n{line}\n", f"\n{local}\n")
     (root / "config" / "config.properties").write_text(text)
     run = container(
         {
@@ -78,6 +66,7 @@ def test_kserve_layout(archive: Path, container: Any, tmp_path: Path) -> None:
             "TORCHBAY_HOME": str(tmp_path / "no-home"),
             # As the ClusterServingRuntime sets it (auth sits in front of KServe).
             "TORCHBAY_DISABLE_TOKEN_AUTHORIZATION": "true",
+            **GRPC_ON_FREE_PORTS,
         },
         tmp_path,
     )
