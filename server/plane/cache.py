@@ -30,6 +30,7 @@ than ``maxBytes`` is not stored. Torch-free.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import weakref
 from collections import OrderedDict
@@ -58,6 +59,8 @@ _OFF = (b"no-store", b"no-cache")
 _STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
 # In an OIP body: a sequence's request, or a tensor in a shared-memory region.
 _UNCACHEABLE_V2 = (b'"sequence_id"', b'"shared_memory_region"')
+# JSON's only escape that can spell a name's letters: ``\u00XX`` (ASCII), undone before the search.
+_ASCII_ESCAPE = re.compile(rb"\\u00([0-7][0-9a-fA-F])")
 ENTRY_OVERHEAD = 256  # bytes an entry costs beyond its body, headers and key (objects, dict slot)
 # (model version, hit, seconds spent) for each lookup: the statistics' cache_hit / cache_miss.
 Counted = Callable[["ModelVersion", bool, float], None]
@@ -204,11 +207,23 @@ def request_key(wire: p.WireRequest) -> bytes | None:
     if not _hash_headers(h, wire.raw_headers, wire.headers):
         return None
     body = wire.body
-    if wire.protocol == "v2" and any(marker in body for marker in _UNCACHEABLE_V2):
+    if wire.protocol == "v2" and _names_uncacheable(body):
         return None
     h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
     h.update(body)
     return h.digest()
+
+
+def _names_uncacheable(body: bytes) -> bool:
+    """An OIP body that names a sequence id or a shared-memory region, written plainly or with
+    its letters escaped (``"shared_memory_regio\\u006e"`` is the same name to the JSON parser
+    that reads the request). A false match (the bytes in a tensor's data) only skips the cache."""
+    if any(marker in body for marker in _UNCACHEABLE_V2):
+        return True
+    if b"\\u00" not in body:
+        return False
+    plain = _ASCII_ESCAPE.sub(lambda m: bytes([int(m[1], 16)]), body)
+    return any(marker in plain for marker in _UNCACHEABLE_V2)
 
 
 def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:

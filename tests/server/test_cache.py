@@ -59,6 +59,8 @@ def test_the_key_holds_what_can_change_the_answer() -> None:
     moved = _http().raw_headers.replace(b"content-length: 99", b"content-length: 7")
     assert request_key(replace(_http(), raw_headers=moved)) == base
     assert request_key(_http(V2_BODY, b"content-encoding: identity")) is not None
+    text = V2_BODY.replace('"data": [1]', r'"data": ["caf\u00e9 \u0073"]')  # escaped text
+    assert request_key(_http(text)) not in (None, base)
     # A header line can not pass for the start of the body, nor the reverse.
     assert request_key(_http("x-a: b\nZ")) != request_key(_http("Z", b"x-a: b"))
     # gRPC metadata is in the key as HTTP's headers are.
@@ -74,10 +76,16 @@ def test_the_key_holds_what_can_change_the_answer() -> None:
         WireRequest("1", b"{}", "", headers={"cache-control": "no-store"}, protocol="v2"),
         _http(V2_BODY.replace('"inputs"', '"parameters": {"sequence_id": 3}, "inputs"')),
         _http(V2_BODY.replace('"data": [1]', '"parameters": {"shared_memory_region": "r"}')),
+        # the same names with escaped letters: the JSON parser reads them as the plain ones
+        _http(V2_BODY.replace('"data": [1]', r'"parameters": {"shared_memory_regio\u006E": "r"}')),
+        _http(V2_BODY.replace('"inputs"', r'"parameters": {"\u0073equence_id": 3}, "inputs"')),
         _http("{}", b"ts_request_sequence_id: 4", protocol="predict"),
         _http("\x1f\x8b", b"content-encoding: gzip"),
     ],
-    ids=["no-store", "no-cache", "grpc-no-store", "sequence", "shm", "ts-sequence", "gzip"],
+    ids=[
+        *("no-store", "no-cache", "grpc-no-store", "sequence", "shm", "shm-escaped"),
+        *("sequence-escaped", "ts-sequence", "gzip"),
+    ],
 )
 def test_requests_that_are_never_cached(wire: WireRequest) -> None:
     assert request_key(wire) is None
