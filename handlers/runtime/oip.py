@@ -14,6 +14,7 @@ Every input keeps the request's fields (``name``, ``shape``, ``datatype``, ``par
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_RANK = 32  # as a signature's (archiver.signature.MAX_RANK); numpy allows 64
+MAX_ELEMENTS = 1 << 56  # of 8 bytes each: within numpy's index range, past any real tensor
 
 
 def parse_request(
@@ -80,6 +82,7 @@ def _check_envelope(request: Any) -> None:
     if "id" in request and not isinstance(request["id"], str):
         raise BadInput("v2 field 'id' must be a string")
     check_parameters(request, "v2 request")
+    _check_flag(request, "binary_data_output")
     outputs = request.get("outputs")
     if outputs is None:
         return
@@ -93,6 +96,7 @@ def _check_envelope(request: Any) -> None:
             raise BadInput(f"v2 output {output['name']!r} is requested twice")
         seen.add(output["name"])
         check_parameters(output, f"v2 output {output['name']!r}")
+        _check_flag(output, "binary_data")
         classes = parameters(output).get("classification")
         if classes is not None and (type(classes) is not int or classes < 1):
             raise BadInput(f"v2 output {output['name']!r}: classification must be an integer >= 1")
@@ -101,6 +105,13 @@ def _check_envelope(request: Any) -> None:
 def check_parameters(obj: dict[str, Any], where: str) -> None:
     if "parameters" in obj and not isinstance(obj["parameters"], (dict, type(None))):
         raise BadInput(f"{where}: field 'parameters' must be an object")
+
+
+def _check_flag(obj: dict[str, Any], name: str) -> None:
+    """A boolean parameter is true or false: anything else is Triton's 400, not ignored."""
+    params = parameters(obj)
+    if name in params and not isinstance(params[name], bool):
+        raise BadInput(f"Unable to parse '{name}': it must be true or false")
 
 
 def parameters(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -168,6 +179,8 @@ def _check_fields(tensor: Any, i: int) -> tuple[str, str, list[int]]:
         )
     if len(shape) > MAX_RANK:
         raise BadInput(f"v2 input {name!r}: shape has {len(shape)} dimensions (at most {MAX_RANK})")
+    if math.prod(d for d in shape if d) > MAX_ELEMENTS:  # numpy refuses it, even with a 0
+        raise BadInput(f"v2 input {name!r}: shape {shape} is larger than a tensor can be")
     check_parameters(tensor, f"v2 input {name!r}")
     return name, datatype, shape
 

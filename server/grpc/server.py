@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.errors import TorchbayError
@@ -45,30 +46,77 @@ def grpc_target(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def guarded(function: Any, streams: bool, rpc: str) -> Any:
+class Malformed(Exception):
+    """A request message that does not parse as its type: the client's INVALID_ARGUMENT.
+
+    The deserializer hands the RPC this object instead of raising (grpc would answer a unary
+    call UNKNOWN "Unexpected <class DecodeError>", and a streaming method would fail on it as on
+    a bug of ours); ``guarded`` answers it, or raises it where a client stream yields it."""
+
+    def __init__(self, type_name: str) -> None:
+        super().__init__(f"The request is not a valid {type_name} message")
+
+
+def deserializer(message_class: Any) -> Any:
+    """``message_class.FromString``, a ``Malformed`` for bytes that do not parse."""
+    name = message_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError:
+            return Malformed(name)
+
+    return parse
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A client stream whose malformed message ends it with that message's ``Malformed``."""
+    async for request in requests:
+        if isinstance(request, Malformed):
+            raise request
+        yield request
+
+
+def guarded(function: Any, streams: bool, rpc: str, client_streams: bool = False) -> Any:
     """``function`` answering INTERNAL "Internal server error" for a bug of ours (logged with
-    its traceback), never grpc's default UNKNOWN with the exception's text."""
+    its traceback), never grpc's default UNKNOWN with the exception's text; a request message
+    that does not parse is INVALID_ARGUMENT (``Malformed``)."""
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await function(request, context)
+            return await function(_request(request, client_streams), context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
+        except Malformed as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception:
             log.exception("gRPC %s failed", rpc)
             await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
-            async for item in function(request, context):
+            async for item in function(_request(request, client_streams), context):
                 yield item
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
+        except Malformed as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception:
             log.exception("gRPC %s failed", rpc)
             await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
 
     return stream if streams else unary
+
+
+def _request(request: Any, client_streams: bool) -> Any:
+    """The request as the RPC takes it: a client stream checked as it is read; a single
+    message raised when it is ``Malformed``."""
+    if client_streams:
+        return _checked(request)
+    if isinstance(request, Malformed):
+        raise request
+    return request
 
 
 def generic_handler(service: str, implementations: dict[str, Any]) -> grpc.GenericRpcHandler:
@@ -78,8 +126,8 @@ def generic_handler(service: str, implementations: dict[str, Any]) -> grpc.Gener
     for name, function in implementations.items():
         request, response, client_streams, server_streams = messages.method_types(service, name)
         methods[name] = _KINDS[(client_streams, server_streams)](
-            guarded(function, server_streams, f"{service}/{name}"),
-            request_deserializer=request.FromString,
+            guarded(function, server_streams, f"{service}/{name}", client_streams),
+            request_deserializer=deserializer(request),
             response_serializer=response.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service, methods)

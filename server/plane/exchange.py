@@ -121,7 +121,7 @@ class Exchange:
         assert self.model is not None, "resolve() first"
         sequence = None
         if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
-            wire, sequence = sequence_of(wire)
+            wire, sequence = sequence_of(wire, self._max_size())
         lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:
             return self._answered(wire, lookup.hit)
@@ -129,7 +129,7 @@ class Exchange:
         table = regions() if regions is not None else None
         if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
             wire = dataclasses.replace(wire, regions=table)
-        schedule = self._leveled(schedule_of(wire))
+        schedule = self._leveled(schedule_of(wire, self._max_size()))
         item = self.model.admit_reader(wire, sequence=sequence, schedule=schedule)
         self.items.append(item)
         if self.trace is not None:
@@ -139,6 +139,10 @@ class Exchange:
         with_deadline(item, deadline_s)
         self._bound(item)
         return item
+
+    def _max_size(self) -> int:
+        """The most bytes a request body may be, inflated too (``max_request_size``)."""
+        return self.wiring.registry.config.max_request_size
 
     def _leveled(self, schedule: Schedule) -> Schedule:
         """``schedule``, its level noted when the model has levels (a priority it has no level

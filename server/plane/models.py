@@ -344,7 +344,7 @@ def _config_settings(config: dict[str, Any]) -> tuple[dict[str, Any], int | None
             workers = sum(int(g.get("count", 1)) for g in groups)
         if "response_cache" in config:
             overrides["response_cache"] = _response_cache(config["response_cache"])
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, AttributeError, OverflowError):  # int() of JSON Infinity
         raise BadRequest(
             "parameters.config: max_batch_size, dynamic_batching.max_queue_delay_microseconds "
             "and instance_group[].count must be numbers"

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchbay.server.config.queue_policy import MAX_PRIORITY_LEVELS, QueuePolicyConfig
+from torchbay.server.errors import TorchbayError
+from torchbay.server.plane import oip_body
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.priority import MAX_TIMEOUT_US, NO_SCHEDULE, Schedule, parse_int
 
@@ -32,10 +34,11 @@ _LENGTH_LINE = re.compile(rb"(?:^|\r\n)inference-header-content-length: *(\d+)")
 _MARKS = (b'"priority"', b'"timeout"')
 
 
-def schedule_of(wire: p.WireRequest) -> Schedule:
-    """The schedule parameters ``wire`` carries (NO_SCHEDULE: none); BadRequest for bad ones."""
+def schedule_of(wire: p.WireRequest, limit: int = oip_body.DEFAULT_LIMIT) -> Schedule:
+    """The schedule parameters ``wire`` carries (NO_SCHEDULE: none); BadRequest for bad ones.
+    ``limit``: the most bytes a compressed OIP body is inflated to (``oip_body.py``)."""
     if wire.protocol == "v2":
-        return _from_oip(wire)
+        return _from_oip(wire, limit)
     if wire.headers:  # gRPC: the call's metadata, lower-cased
         return _from_headers(wire.headers)
     raw = wire.raw_headers
@@ -54,8 +57,8 @@ def _from_headers(headers: Mapping[str, str]) -> Schedule:
     )
 
 
-def _from_oip(wire: p.WireRequest) -> Schedule:
-    head = _json_header(wire)
+def _from_oip(wire: p.WireRequest, limit: int) -> Schedule:
+    head = _json_header(wire, limit)
     if not any(mark in head for mark in _MARKS):
         return NO_SCHEDULE
     try:
@@ -71,9 +74,16 @@ def _from_oip(wire: p.WireRequest) -> Schedule:
     )
 
 
-def _json_header(wire: p.WireRequest) -> bytes:
+def _json_header(wire: p.WireRequest, limit: int) -> bytes:
     """The request's JSON: the whole body, or its first ``inference-header-content-length``
-    bytes (the binary tensor extension)."""
+    bytes (the binary tensor extension), of the inflated body when it came compressed (empty
+    when it does not inflate: the worker answers that request's error)."""
+    body = wire.body
+    if oip_body.encoding_of(wire) is not None:
+        try:
+            body = oip_body.inflated(wire, limit)
+        except TorchbayError:
+            return b""
     length: str | bytes | None = wire.headers.get(_HEADER_LENGTH)
     if length is None and b"inference-header" in wire.raw_headers:
         found = _LENGTH_LINE.search(wire.raw_headers)
@@ -82,7 +92,7 @@ def _json_header(wire: p.WireRequest) -> bytes:
         n = int(length) if length is not None else 0
     except ValueError:
         n = 0
-    return wire.body[:n] if 0 < n < len(wire.body) else wire.body
+    return body[:n] if 0 < n < len(body) else body
 
 
 def _oip_policy(policy: Any, job_queue_size: int) -> dict[str, Any]:

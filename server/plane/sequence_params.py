@@ -23,6 +23,7 @@ import uuid
 from typing import Any
 
 from torchbay.server.errors import BadRequest
+from torchbay.server.plane import oip_body
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.sequences import SequenceRef
 
@@ -32,10 +33,13 @@ MAX_ID_CHARS = 256  # a sequence id longer than this is a mistake, not an id
 MAX_UINT64 = (1 << 64) - 1
 
 
-def sequence_of(wire: p.WireRequest) -> tuple[p.WireRequest, SequenceRef]:
+def sequence_of(
+    wire: p.WireRequest, limit: int = oip_body.DEFAULT_LIMIT
+) -> tuple[p.WireRequest, SequenceRef]:
     """``wire`` with TorchServe's sequence headers in their one form, and its ``SequenceRef``.
-    Raises BadRequest (400) naming the field for an id or flag that is not one."""
-    ref = _oip_ref(wire) if wire.protocol == "v2" else _torchserve_ref(wire)
+    Raises BadRequest (400) naming the field for an id or flag that is not one. ``limit``: the
+    most bytes a compressed OIP body may inflate to (413 past it; ``oip_body.py``)."""
+    ref = _oip_ref(wire, limit) if wire.protocol == "v2" else _torchserve_ref(wire)
     return _with_headers(wire, ref), ref
 
 
@@ -62,8 +66,8 @@ def _checked_text(value: str, field: str) -> str:
     return value
 
 
-def _oip_ref(wire: p.WireRequest) -> SequenceRef:
-    params = _oip_parameters(wire)
+def _oip_ref(wire: p.WireRequest, limit: int) -> SequenceRef:
+    params = _oip_parameters(wire, limit)
     if "sequence_id" not in params:
         raise BadRequest(
             "This model is a sequence model: the request must set the parameter sequence_id "
@@ -90,11 +94,12 @@ def _bool_param(params: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _oip_parameters(wire: p.WireRequest) -> dict[str, Any]:
+def _oip_parameters(wire: p.WireRequest, limit: int) -> dict[str, Any]:
     """The request-level ``parameters`` of an OIP body (its JSON part: all of it, or the first
-    ``Inference-Header-Content-Length`` bytes of a binary-tensor body)."""
+    ``Inference-Header-Content-Length`` bytes of a binary-tensor body), inflated first when it
+    came compressed."""
     headers = _headers(wire)
-    body = wire.body
+    body = oip_body.inflated(wire, limit)
     length = headers.get("inference-header-content-length")
     if length is not None:
         try:

@@ -41,6 +41,7 @@ SETTINGS = ("trace_level", *SCALARS, "trace_file", "trace_mode")
 MODE = "triton"
 MAX_BUFFERED = 1000  # traces held for a write at the end before they go to the file anyway
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+MAX_DIGITS = 19  # more significant digits than any setting's value can have
 
 
 @dataclass(frozen=True)
@@ -317,9 +318,10 @@ def _number(name: str, value: Any) -> int | None:
         value = value[0]
     if not isinstance(value, str):
         raise BadRequest(f"Unable to parse '{name}', expect a string, got: {json.dumps(value)}")
-    if not _INTEGER.fullmatch(value.strip()):
+    text = value.strip()
+    if not _INTEGER.fullmatch(text):
         raise BadRequest(f"Unable to parse '{name}', got: {value}")
-    number = int(value)
+    number = _integer(text)
     low, high = (MIN_COUNT, INT32_MAX) if name == "trace_count" else (0, UINT32_MAX)
     if name == "trace_count" and number < low:
         raise BadRequest(f"Unable to parse '{name}'. Expecting value >= {low}, got: {value}")
@@ -328,3 +330,11 @@ def _number(name: str, value: Any) -> int | None:
             f"Unable to parse '{name}', value is out of range [ {low}, {high} ], got: {value}"
         )
     return number
+
+
+def _integer(text: str) -> int:
+    """A decimal integer text: its value, or one past the range of every setting when it has
+    more digits than any in range (Python's int() refuses texts of over 4300 digits)."""
+    if len(text.lstrip("+-").lstrip("0")) <= MAX_DIGITS:
+        return int(text)
+    return -(1 << 64) if text.startswith("-") else 1 << 64

@@ -172,3 +172,19 @@ def test_kserve_sdk_infers_over_grpc(server: LiveServer) -> None:
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["model_ready"] is True
     assert result["infer"] == {"double": [[2.0, 4.0]], "plus": [[2.0, 3.0]]}
+
+
+def test_a_message_that_does_not_parse_is_invalid_argument(server: LiveServer, client) -> None:
+    """Bytes that are no ModelInferRequest: INVALID_ARGUMENT, unary and in a stream (were
+    grpc's UNKNOWN "Unexpected <class DecodeError>", and INTERNAL logged as a bug of ours)."""
+    garbage = b"\xff\xff\xff\xff\x0f not a message"
+    service = "/inference.GRPCInferenceService"
+    with grpc.insecure_channel(f"127.0.0.1:{server.server.state.ports.grpc_inference}") as ch:
+        infer = ch.unary_unary(f"{service}/ModelInfer")
+        stream = ch.stream_stream(f"{service}/ModelStreamInfer")
+        for call in (lambda: infer(garbage, timeout=30), lambda: list(stream(iter([garbage])))):
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a valid inference.ModelInferRequest" in info.value.details()
+    assert client.is_server_live()

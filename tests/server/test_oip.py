@@ -180,6 +180,7 @@ def test_bad_inputs_are_400_naming_the_tensor(oip_http: Any, inputs: list, messa
 
 
 X2 = np.array([[1.0, 2.0]], dtype=np.float32)
+_X2_JSON = {"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}
 
 
 @pytest.mark.parametrize("binary", [True, False])
@@ -206,6 +207,24 @@ def test_unknown_output_is_400(oip_http: Any) -> None:
         outputs = [triton.InferRequestedOutput("nope")]
         oip_http.infer("pair", [_input("x", X2, "FP32")], outputs=outputs)
     assert info.value.status() == "400" and "unknown output 'nope'" in info.value.message()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"parameters": {"binary_data_output": "yes"}}, "Unable to parse 'binary_data_output'"),
+        ({"outputs": [{"name": "plus", "parameters": {"binary_data": 1}}]}, "'binary_data'"),
+        ({"inputs": [{**_X2_JSON, "shape": [1 << 62, 0], "data": []}]}, "larger than a tensor"),
+        ({"inputs": [{**_X2_JSON, "shape": [1 << 64, 0], "data": []}]}, "larger than a tensor"),
+    ],
+    ids=["binary_data_output", "binary_data", "huge-empty", "past-int64-empty"],
+)
+def test_bad_request_fields_are_400s_naming_them(server: LiveServer, change, message) -> None:
+    """As Triton: a flag that is not a boolean is refused, not taken for false; a shape numpy
+    cannot hold is the request's 400 (it was the decoder's "cannot be decoded (ValueError)")."""
+    body = {"inputs": [_X2_JSON], **change}
+    r = httpx.post(f"{server.url}/v2/models/pair/infer", json=body)
+    assert r.status_code == 400 and message in r.json()["error"], r.text
 
 
 # -- datatypes, classification -------------------------------------------------------------------

@@ -223,6 +223,18 @@ def test_oip_negative_timeout_is_a_400_naming_it(server: LiveServer) -> None:
     assert "timeout: must be an integer from 0" in response.json()["error"]
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_a_compressed_oip_request_s_schedule_is_read(server: LiveServer, algorithm: str) -> None:
+    """tritonclient compresses the body when asked; its priority is read all the same (it was
+    ignored: the plane looked for it in the compressed bytes)."""
+    client = triton_http.InferenceServerClient(_http_port(server), network_timeout=60)
+    text = triton_http.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b'{"id": "z", "log": "/dev/null"}'], dtype=object))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("gate", [text], priority=3, request_compression_algorithm=algorithm)
+    assert err.value.status() == "400" and "priority" in err.value.message()
+
+
 def test_model_config_shows_the_levels_and_policies(server: LiveServer) -> None:
     config = httpx.get(f"{server.url}/v2/models/gate/config", timeout=30).json()
     batching = config["dynamic_batching"]

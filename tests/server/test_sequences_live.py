@@ -21,8 +21,10 @@ from types import SimpleNamespace
 
 import grpc
 import httpx
+import numpy as np
 import pytest
 import torch
+import tritonclient.http as triton_http
 
 from torchbay.archiver.package import ArchiveOptions, package
 
@@ -210,6 +212,30 @@ def test_oip_sequence_needs_its_start_and_is_refused_once_ended(server) -> None:
     assert _v2(server, {"sequence_id": 4242, "sequence_end": True}, 1).status_code == 200
     r = _v2(server, {"sequence_id": 4242}, 1)
     assert r.status_code == 400 and "has ended" in r.json()["error"]
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_oip_sequence_of_compressed_requests(server, algorithm: str) -> None:
+    """Triton takes gzip and deflate bodies; so does a sequence model (the plane read the
+    compressed bytes for the sequence's parameters: 400 "not valid JSON")."""
+    client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    totals = []
+    try:
+        for i, n in enumerate(NUMBERS[:3]):
+            data = triton_http.InferInput("data", [1], "BYTES")
+            data.set_data_from_numpy(np.array([str(n).encode()], dtype=object))
+            result = client.infer(
+                "stateful_oip",
+                [data],
+                sequence_id=f"zipped-{algorithm}",
+                sequence_start=i == 0,
+                sequence_end=i == 2,
+                request_compression_algorithm=algorithm,
+            )
+            totals.append(int(result.as_numpy("output0")))
+    finally:
+        client.close()
+    assert totals == _totals()[:3]
 
 
 def test_describe_shows_the_sequence_settings_and_open_sequences(server) -> None:

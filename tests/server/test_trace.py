@@ -136,6 +136,8 @@ BAD = [
     ({"log_frequency": "x1"}, "Unable to parse 'log_frequency', got: x1"),
     ({"trace_count": "-2"}, "Unable to parse 'trace_count'. Expecting value >= -1, got: -2"),
     ({"trace_count": "9999999999"}, "value is out of range [ -1, 2147483647 ]"),
+    ({"trace_rate": "9" * 5000}, "value is out of range [ 0, 4294967295 ]"),  # int() refuses
+    ({"trace_count": "-" + "9" * 5000}, "Expecting value >= -1"),
     ({"trace_level": ["OFF", "TIMESTAMPS"]}, "Expect only one trace level 'OFF' is specified"),
     ({"trace_level": ["TENSORS"]}, "TENSORS is not supported"),
     ({"trace_level": ["LOUD"]}, "Unknown trace_level 'LOUD'"),

@@ -119,6 +119,9 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
         ("two", {"parameters": {"config": "{not json"}}, 400, "JSON"),
         ("two", {"parameters": {"config": json.dumps({"max_batch_size": 0.5e9})}}, 400,
          "batch_size"),
+        ("two", {"parameters": {"config": '{"max_batch_size": Infinity}'}}, 400, "numbers"),
+        ("two", {"parameters": {"config": '{"instance_group": [{"count": Infinity}]}'}}, 400,
+         "numbers"),
     ],
 )  # fmt: skip
 def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, fragment) -> None:
