@@ -45,6 +45,8 @@ BAD_BODIES = [
     b'{"instances": []}',
     b'{"instances": {"a": 1}}',
     b'{"instances": [{"bad": true}, {"echo": 1}]}',  # one instance fails the whole call
+    b"[" * 100_000,  # nested past the parser's recursion limit (was a bare 500)
+    b'{"instances": [' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"]}",
 ]
 
 
