@@ -283,6 +283,8 @@ def parse_manifest(raw: bytes | str, *, source: str = MANIFEST_PATH) -> Manifest
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{source}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: not valid JSON (nested too deep)") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: must be a JSON object")
     try:

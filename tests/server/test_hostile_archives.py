@@ -91,7 +91,19 @@ def _corrupt_archives(root: Path) -> dict[str, str]:
         tf.addfile(info, io.BytesIO(man.encode()))
     (root / "truncated.tar.gz").write_bytes(buf.getvalue()[:40])  # cut in its first block
     names = ("garbled-manifest.mar", "garbled-member.mar", "method.mar", "truncated.tar.gz")
-    return dict.fromkeys(names, "corrupt")
+    return dict.fromkeys(names, "corrupt") | _deep_archives(root)
+
+
+def _deep_archives(root: Path) -> dict[str, str]:
+    """A manifest and a model-config.yaml nested past the parsers' recursion limits (stored,
+    not deflated: under the compression-ratio limit)."""
+    deep = "[" * 100_000
+    with zipfile.ZipFile(root / "deep-manifest.mar", "w") as zf:
+        zf.writestr("MAR-INF/MANIFEST.json", deep)
+    with zipfile.ZipFile(root / "deep-config.mar", "w") as zf:
+        zf.writestr("MAR-INF/MANIFEST.json", _manifest(configFile="model-config.yaml"))
+        zf.writestr("model-config.yaml", deep)
+    return dict.fromkeys(("deep-manifest.mar", "deep-config.mar"), "nested too deep")
 
 
 # archive name -> (how it is built, a fragment of the refusal message)
