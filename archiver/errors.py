@@ -16,6 +16,25 @@ classify by message text.
 
 from __future__ import annotations
 
+import lzma
+import tarfile
+import zipfile
+import zlib
+
+# What reading a damaged zip or tar raises besides the format's own error: zlib, lzma and gzip
+# raise theirs (zlib.error and LZMAError are no OSError), a truncated gzip stream EOFError,
+# zipfile NotImplementedError for a compression method or an encryption it does not read.
+# Readers map all of them to CorruptArchiveError at the boundary.
+UNREADABLE = (
+    zipfile.BadZipFile,
+    tarfile.TarError,
+    OSError,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    NotImplementedError,
+)
+
 
 class ArchiveError(Exception):
     """Base of every archiver error. ``str(exc)`` is one line a user can act on."""

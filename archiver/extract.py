@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from torchbay.archiver.errors import (
+    UNREADABLE,
     ArchiveError,
     CorruptArchiveError,
     HashMismatchError,
@@ -47,6 +48,7 @@ from torchbay.archiver.manifest import (
     MANIFEST_PATH,
     MAX_MANIFEST_BYTES,
     Manifest,
+    is_tar,
     parse_manifest,
     read_manifest,
     safe_relpath,
@@ -156,7 +158,7 @@ def open_zip(path: Path) -> zipfile.ZipFile:
     """``path`` opened as a zip (.mar or .war); a file that is not one is a CorruptArchiveError."""
     try:
         return zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except UNREADABLE as exc:
         raise CorruptArchiveError(f"{path.name}: corrupt zip archive ({exc})") from None
 
 
@@ -169,8 +171,7 @@ def write_zip_members(
         try:
             with zf.open(info) as src:
                 writer.write(name, src, info.compress_size)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-            # zipfile raises BadZipFile on a CRC error, zlib errors surface as OSError.
+        except (*UNREADABLE, ValueError) as exc:  # BadZipFile: a CRC error
             raise CorruptArchiveError(f"{source}: member {name!r} is corrupt ({exc})") from None
 
 
@@ -194,7 +195,7 @@ def _zip_manifest(
             try:
                 with zf.open(info) as fh:
                     raw = fh.read(MAX_MANIFEST_BYTES + 1)
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            except UNREADABLE as exc:
                 raise CorruptArchiveError(
                     f"{path.name}: member {name!r} is corrupt ({exc})"
                 ) from None
@@ -219,7 +220,7 @@ def _tar_members(path: Path, tf: tarfile.TarFile, budget: Budget) -> list[tarfil
             declared_total += member.size
             budget.declare(member.name, member.size, declared_total)
             members.append(member)
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except UNREADABLE as exc:
         raise CorruptArchiveError(f"{path.name}: corrupt tar archive ({exc})") from None
     return members
 
@@ -227,7 +228,7 @@ def _tar_members(path: Path, tf: tarfile.TarFile, budget: Budget) -> list[tarfil
 def _extract_tar(path: Path, dest: Path, budget: Budget) -> Manifest:
     try:
         tf = tarfile.open(path, "r:*")  # noqa: SIM115 (closed by the with below)
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except UNREADABLE as exc:
         raise CorruptArchiveError(f"{path.name}: corrupt tar archive ({exc})") from None
     with tf:
         members = _tar_members(path, tf, budget)
@@ -246,7 +247,7 @@ def _extract_tar(path: Path, dest: Path, budget: Budget) -> Manifest:
             fh = tf.extractfile(manifest_name)
             assert fh is not None
             raw = fh.read(MAX_MANIFEST_BYTES + 1)
-        except (tarfile.TarError, OSError, EOFError) as exc:
+        except UNREADABLE as exc:
             raise CorruptArchiveError(f"{path.name}: corrupt tar archive ({exc})") from None
         manifest = parse_manifest(raw, source=f"{path.name}:{manifest_name}")
         writer = _Writer(dest, manifest, budget)
@@ -256,7 +257,7 @@ def _extract_tar(path: Path, dest: Path, budget: Budget) -> Manifest:
                 src = tf.extractfile(member)
                 assert src is not None
                 writer.write(name, src)
-            except (tarfile.TarError, OSError, EOFError) as exc:
+            except UNREADABLE as exc:
                 raise CorruptArchiveError(
                     f"{path.name}: member {name!r} is corrupt ({exc})"
                 ) from None
@@ -358,15 +359,8 @@ def extract_archive(
     with _cleanup_on_error(dest):
         if zipfile.is_zipfile(src):
             return _extract_zip(src, dest, budget)
-        if _is_tar(src):
+        if is_tar(src):
             return _extract_tar(src, dest, budget)
         raise CorruptArchiveError(
             f"{src.name}: not a zip (.mar), a .tar.gz or an archive directory"
         )
-
-
-def _is_tar(path: Path) -> bool:
-    try:
-        return tarfile.is_tarfile(path)
-    except (OSError, tarfile.TarError):
-        return False

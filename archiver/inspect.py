@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from torchbay.archiver.errors import ArchiveError, CorruptArchiveError
+from torchbay.archiver.errors import UNREADABLE, ArchiveError, CorruptArchiveError
 from torchbay.archiver.manifest import MANIFEST_PATH, Manifest, read_manifest, tar_manifest_name
 
 
@@ -34,7 +34,7 @@ def list_files(path: str | Path) -> dict[str, int]:
             top = tar_manifest_name([m.name for m in members]) or MANIFEST_PATH
             prefix = top[: -len(MANIFEST_PATH)]
             return {m.name[len(prefix) :]: m.size for m in members if m.isfile()}
-    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as exc:
+    except UNREADABLE as exc:
         raise CorruptArchiveError(f"{path}: cannot list the archive ({exc})") from None
 
 

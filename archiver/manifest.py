@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from torchbay.archiver.errors import CorruptArchiveError, ManifestError
+from torchbay.archiver.errors import UNREADABLE, CorruptArchiveError, ManifestError
 from torchbay.archiver.signature import TensorSpec
 
 MANIFEST_PATH = "MAR-INF/MANIFEST.json"
@@ -283,6 +283,8 @@ def parse_manifest(raw: bytes | str, *, source: str = MANIFEST_PATH) -> Manifest
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{source}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: not valid JSON (nested too deep)") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: must be a JSON object")
     try:
@@ -311,6 +313,15 @@ def tar_manifest_name(names: list[str]) -> str | None:
     return None
 
 
+def is_tar(path: Path) -> bool:
+    """``path`` is a tar, or a compressed stream that holds one; a damaged compressed stream
+    (a truncated .tar.gz: EOFError) counts, so that reading it says it is corrupt."""
+    try:
+        return tarfile.is_tarfile(path)
+    except UNREADABLE:
+        return True
+
+
 def read_manifest(path: str | Path) -> Manifest:
     """Read the manifest of a ``.mar``/zip, a TorchServe ``.tar.gz`` or an archive directory.
 
@@ -337,10 +348,10 @@ def read_manifest(path: str | Path) -> Manifest:
                     raise ManifestError(f"{label}: no {MANIFEST_PATH} in the archive") from None
                 with zf.open(info) as fh:
                     raw = _read_limited(fh, MANIFEST_PATH)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        except UNREADABLE as exc:
             raise CorruptArchiveError(f"{label}: corrupt zip archive ({exc})") from None
         return parse_manifest(raw, source=f"{label}:{MANIFEST_PATH}")
-    if tarfile.is_tarfile(path):
+    if is_tar(path):
         try:
             with tarfile.open(path, "r:*") as tf:
                 name = tar_manifest_name(tf.getnames())
@@ -350,7 +361,7 @@ def read_manifest(path: str | Path) -> Manifest:
                 fh = tf.extractfile(member)
                 assert fh is not None
                 raw = _read_limited(fh, name or MANIFEST_PATH)
-        except (tarfile.TarError, OSError, EOFError) as exc:
+        except UNREADABLE as exc:
             raise CorruptArchiveError(f"{label}: corrupt tar archive ({exc})") from None
         return parse_manifest(raw, source=f"{label}:{name}")
     raise CorruptArchiveError(f"{label}: not a zip (.mar), a .tar.gz or an archive directory")

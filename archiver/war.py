@@ -58,6 +58,8 @@ def _manifest(dest: Path, source: str) -> dict[str, Any]:
         data = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{source}: {WAR_MANIFEST} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: {WAR_MANIFEST} is nested too deep") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: {WAR_MANIFEST} must be a JSON object")
     return data

@@ -242,7 +242,7 @@ def _snapshot_models(
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # nested too deep: no ValueError
             raise ConfigError(f"{where}: model_snapshot is not valid JSON: {exc}") from exc
     if not isinstance(value, Mapping) or not isinstance(value.get("models", {}), Mapping):
         raise ConfigError(f"{where}: model_snapshot must be an object with a models object")
@@ -254,7 +254,7 @@ def _models_layer(value: str | Mapping[str, Any], where: str, notes: list[str]) 
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # nested too deep: no ValueError
             raise ConfigError(f"{where}: models= is not valid JSON: {exc}") from exc
     if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
         raise ConfigError(f"{where}: models= must map model name -> version -> settings")

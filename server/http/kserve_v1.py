@@ -40,6 +40,8 @@ _DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding", b"
 def parse_instances(body: bytes) -> list[Any]:
     try:
         data = json.loads(body)
+    except RecursionError:
+        raise BadRequest("body is not valid JSON: nested too deep") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from exc
     instances = data.get("instances") if isinstance(data, dict) else None

@@ -28,6 +28,7 @@ from torchbay.server.serving.archives import (
     ArchiveError,
     Manifest,
     extract_archive,
+    handler_spec_problem,
     read_manifest,
     signature_of,
 )
@@ -233,9 +234,11 @@ class ModelRegistry:
     ) -> tuple[Manifest, Mapping[str, Any]]:
         """The archive's manifest (made up for a model directory), and the overrides with
         ``default_service_handler`` as the handler when the manifest names none."""
-        if str(overrides.get("handler") or "").strip().startswith("/"):
+        handler = overrides.get("handler")
+        why = handler_spec_problem(str(handler)) if handler else None
+        if why is not None:
             # Only the server's default_service_handler may name a file outside the archive.
-            raise BadRequest("handler must be a module or a file inside the archive")
+            raise BadRequest(f"handler must be a module or a file inside the archive: {why}")
         try:
             manifest: Manifest = (
                 store.directory_manifest(path, name)

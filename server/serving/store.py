@@ -149,6 +149,8 @@ def read_model_yaml(model_dir: Path, manifest: Manifest) -> dict[str, Any] | Non
         data = yaml.safe_load(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise BadRequest(f"{config_file} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"{config_file} is not valid YAML: nested too deep") from None
     if not isinstance(data, dict):
         raise BadRequest(f"{config_file} must be a YAML mapping")
     return data

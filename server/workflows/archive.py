@@ -92,7 +92,7 @@ def _checked(folder: Path, manifest: dict[str, Any], name: str | None) -> Unpack
         raise InvalidWorkflow("The workflow archive names no spec file.")
     try:
         spec = yaml.safe_load(spec_file.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError):
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError):  # (nested too deep)
         raise InvalidWorkflow("Failed to parse yaml.") from None
     handler = _member(folder, workflow.get("handler"), "handler")
     return Unpacked(folder, name, spec, handler.name if handler is not None else None)

@@ -47,14 +47,63 @@ def _zip(path: Path, members: dict[str, bytes], man: str) -> Path:
 
 def _lie(path: Path, member: str, declared: int) -> None:
     """Patch the local and central headers of ``member`` to declare ``declared`` bytes."""
+    _patch(path, member, (22, 24), struct.pack("<I", declared))
+
+
+def _patch(path: Path, member: str, at: tuple[int, int], value: bytes) -> None:
+    """Write ``value`` at offset ``at[0]`` of ``member``'s local header and ``at[1]`` of its
+    central one."""
     raw = bytearray(path.read_bytes())
-    for sig, size_at, name_at in ((b"PK\x03\x04", 22, 30), (b"PK\x01\x02", 24, 46)):
+    for sig, field_at, name_at in ((b"PK\x03\x04", at[0], 30), (b"PK\x01\x02", at[1], 46)):
         start = 0
-        while (at := raw.find(sig, start)) >= 0:
-            start = at + 4
-            if raw[at + name_at : at + name_at + len(member)] == member.encode():
-                raw[at + size_at : at + size_at + 4] = struct.pack("<I", declared)
+        while (found := raw.find(sig, start)) >= 0:
+            start = found + 4
+            if raw[found + name_at : found + name_at + len(member)] == member.encode():
+                raw[found + field_at : found + field_at + len(value)] = value
     path.write_bytes(bytes(raw))
+
+
+def _garble(path: Path, member: str) -> Path:
+    """Overwrite ``member``'s compressed bytes with 0xff (a reserved deflate block type)."""
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+    at = info.header_offset
+    name_len, extra_len = struct.unpack("<HH", raw[at + 26 : at + 30])
+    start = at + 30 + name_len + extra_len
+    raw[start : start + info.compress_size] = b"\xff" * info.compress_size
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def _corrupt_archives(root: Path) -> dict[str, str]:
+    """Archives whose bytes are damaged or that zipfile cannot read (zlib, gzip and zipfile
+    raise their own errors on them): each is a 400 that says it is corrupt."""
+    man = _manifest(modelName="broken")
+    _garble(_zip(root / "garbled-manifest.mar", {}, man), "MAR-INF/MANIFEST.json")
+    _garble(_zip(root / "garbled-member.mar", {"model.pt": bytes(4096)}, man), "model.pt")
+    # compression method 99 (AES), which zipfile does not read
+    _patch(_zip(root / "method.mar", {}, man), "MAR-INF/MANIFEST.json", (8, 10), b"\x63\x00")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        info = tarfile.TarInfo("broken/MAR-INF/MANIFEST.json")
+        info.size = len(man)
+        tf.addfile(info, io.BytesIO(man.encode()))
+    (root / "truncated.tar.gz").write_bytes(buf.getvalue()[:40])  # cut in its first block
+    names = ("garbled-manifest.mar", "garbled-member.mar", "method.mar", "truncated.tar.gz")
+    return dict.fromkeys(names, "corrupt") | _deep_archives(root)
+
+
+def _deep_archives(root: Path) -> dict[str, str]:
+    """A manifest and a model-config.yaml nested past the parsers' recursion limits (stored,
+    not deflated: under the compression-ratio limit)."""
+    deep = "[" * 100_000
+    with zipfile.ZipFile(root / "deep-manifest.mar", "w") as zf:
+        zf.writestr("MAR-INF/MANIFEST.json", deep)
+    with zipfile.ZipFile(root / "deep-config.mar", "w") as zf:
+        zf.writestr("MAR-INF/MANIFEST.json", _manifest(configFile="model-config.yaml"))
+        zf.writestr("model-config.yaml", deep)
+    return dict.fromkeys(("deep-manifest.mar", "deep-config.mar"), "nested too deep")
 
 
 # archive name -> (how it is built, a fragment of the refusal message)
@@ -107,7 +156,7 @@ def _build_store(root: Path, tiny: Path) -> dict[str, str]:
         zf.writestr("MAR-INF/MANIFEST.json", _manifest(modelName="absm"))
         zf.writestr(zipfile.ZipInfo(f"/abs/{MARKER}.py"), b"x")
     expected["abs-member.mar"] = "absolute"
-    return expected
+    return {**expected, **_corrupt_archives(root)}
 
 
 class FileOrigin:
@@ -162,7 +211,7 @@ def _no_marker(*roots: Path) -> None:
 def test_hostile_archives_refused_at_startup_and_through_the_api(live_server, hostile, tmp_path):
     store, expected, origin = hostile
     before = _tree(tmp_path)
-    startup = ["version.mar", "serialized-abs.mar", "bomb.mar", "liar.mar"]
+    startup = ["version.mar", "serialized-abs.mar", "bomb.mar", "liar.mar", "truncated.tar.gz"]
     server = live_server(
         model_store=store,
         load_models=["tiny.mar", *startup],

@@ -45,6 +45,8 @@ BAD_BODIES = [
     b'{"instances": []}',
     b'{"instances": {"a": 1}}',
     b'{"instances": [{"bad": true}, {"echo": 1}]}',  # one instance fails the whole call
+    b"[" * 100_000,  # nested past the parser's recursion limit (was a bare 500)
+    b'{"instances": [' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"]}",
 ]
 
 
@@ -150,10 +152,17 @@ def test_model_snapshot_models_load_like_models_entries(tmp_path: Path) -> None:
     assert config.models["mnist"]["1.0"].mar_name == "b.mar"
 
 
-@pytest.mark.parametrize("value", ["{not json", '{"models": [1]}', "[1]"])
+@pytest.mark.parametrize("value", ["{not json", '{"models": [1]}', "[1]", "[" * 100_000])
 def test_model_snapshot_bad_json_is_a_config_error(tmp_path: Path, value: str) -> None:
     with pytest.raises(ConfigError, match="model_snapshot"):
         load_server_config(ts_config=_write(tmp_path, f"model_snapshot={value}\n"), env={}, cli={})
+
+
+@pytest.mark.parametrize("value", ["{not json", "[1]", "[" * 100_000])
+def test_models_bad_json_is_a_config_error(tmp_path: Path, value: str) -> None:
+    """Nested past the parser's recursion limit too (a RecursionError escaped, a traceback)."""
+    with pytest.raises(ConfigError, match="models="):
+        load_server_config(ts_config=_write(tmp_path, f"models={value}\n"), env={}, cli={})
 
 
 def test_shared_address_makes_one_listener() -> None:

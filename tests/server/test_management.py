@@ -211,6 +211,21 @@ def test_registration_scaling_and_errors_without_workers(live_server, versioned_
     assert m.get("/models").json() == {"models": []}
 
 
+@pytest.mark.parametrize("handler", ["../../h.py", "h.py:not a name", "a\\b.py", "/etc/passwd"])
+def test_register_refuses_a_handler_outside_the_archive(live_server, handler, request):
+    """Refused before any worker runs, with no worker as with one: ``..`` or a bad function
+    name was registered (200) and the model's worker then failed to load (500)."""
+    server = live_server(load_models=[], enable_model_api=True)
+    m = httpx.Client(base_url=server.management_url, timeout=60)
+    request.addfinalizer(m.close)
+    for workers in (0, 1):
+        params = {"url": "tiny.mar", "handler": handler, "initial_workers": workers}
+        r = m.post("/models", params=params)
+        assert r.status_code == 400, r.text
+        assert r.json()["message"].startswith("handler must be a module or a file inside"), r.text
+    assert m.get("/models").json() == {"models": []}
+
+
 def test_model_api_off_by_default(live_server, request):
     server = live_server(load_models=[])
     m = httpx.Client(base_url=server.management_url, timeout=60)

@@ -104,9 +104,10 @@ def test_a_war_url_stays_inside_the_store(tmp_path: Path) -> None:
         war_path(None, "w.war")
 
 
-def _war(path: Path, manifest: dict, files: dict[str, str]) -> Path:
+def _war(path: Path, manifest: dict | str, files: dict[str, str]) -> Path:
     with zipfile.ZipFile(path, "w") as war:
-        war.writestr("WAR-INF/MANIFEST.json", json.dumps(manifest))
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        war.writestr("WAR-INF/MANIFEST.json", text)
         for name, text in files.items():
             war.writestr(name, text)
     return path
@@ -138,11 +139,13 @@ def test_a_war_unpacks_and_a_function_node_gets_its_own_model_folder(tmp_path: P
         ({**GOOD, "archiverVersion": None}, {}, "Workflow archive version is not defined."),
         (GOOD, {"h.py": ""}, "The workflow archive's spec file w.yaml is missing."),
         (GOOD, {"w.yaml": "a: [", "h.py": ""}, "Failed to parse yaml."),
+        (GOOD, {"w.yaml": "[" * 100_000, "h.py": ""}, "Failed to parse yaml."),  # too deep
+        ("[" * 100_000, {}, "nested too deep"),
         (GOOD, {"../x.py": ""}, "../x.py"),
     ],
 )
 def test_a_bad_war_is_a_400_and_leaves_nothing(
-    tmp_path: Path, manifest: dict, files: dict[str, str], message: str
+    tmp_path: Path, manifest: dict | str, files: dict[str, str], message: str
 ) -> None:
     war = _war(tmp_path / "w.war", manifest, files)
     with pytest.raises(InvalidWorkflow) as caught:
