@@ -22,7 +22,7 @@ from torchbay.server.grpc.messages import TS_MANAGEMENT_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_error
 from torchbay.server.plane import management as plane
 from torchbay.server.plane.management import Management, Status
-from torchbay.server.plane.params import RegisterParams, validation_message
+from torchbay.server.plane.params import RegisterParams, check_runtime, validation_message
 
 _RESPONSE = "org.pytorch.serve.grpc.management.ManagementResponse"
 
@@ -43,6 +43,7 @@ def _register_params(request: Any) -> Any:
     }
     if not given.get("url"):
         raise BadRequest("Parameter url is required.")
+    check_runtime(given.get("runtime"))
     return RegisterParams.model_validate(
         {k: v for k, v in given.items() if v is not None} | {"synchronous": request.synchronous}
     )

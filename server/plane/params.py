@@ -115,9 +115,7 @@ def register_params(raw: Mapping[str, Any]) -> Any:
     url = raw.get("url")
     if url is None:
         raise BadRequest("Parameter url is required.")
-    runtime = raw.get("runtime")
-    if runtime is not None and runtime not in RUNTIMES:
-        raise BadRequest(f"Invalid RuntimeType value: {str(runtime)[:64]}")
+    check_runtime(raw.get("runtime"))
     settings = {}
     for name, setting in REGISTERED.items():
         parse = _number_parser(setting)
@@ -134,6 +132,12 @@ def register_params(raw: Mapping[str, Any]) -> Any:
             **settings,
         }
     )
+
+
+def check_runtime(runtime: Any) -> None:
+    """TorchServe's ``runtime`` parameter: none, or one of its RuntimeType values (a 400)."""
+    if runtime is not None and runtime not in RUNTIMES:
+        raise BadRequest(f"Invalid RuntimeType value: {str(runtime)[:64]}")
 
 
 def register_overrides(params: Any) -> dict[str, Any]:

@@ -378,6 +378,8 @@ def test_management_rpcs_answer_what_the_http_api_answers(server, ts) -> None:
          "missing.mar"),  # HTTP answers 404, as TorchServe does
         ("RegisterModel", {"url": "echo.mar", "model_name": "bad name!"},
          grpc.StatusCode.INVALID_ARGUMENT, "model_name"),
+        ("RegisterModel", {"url": "echo.mar", "model_name": "e2", "runtime": "java"},
+         grpc.StatusCode.INVALID_ARGUMENT, "Invalid RuntimeType value: java"),  # as HTTP
         ("UnregisterModel", {"model_name": "nope"}, grpc.StatusCode.NOT_FOUND, "nope"),
     ],
 )  # fmt: skip
