@@ -249,6 +249,12 @@ class ModelRegistry:
             raise BadRequest(str(exc)) from None
         if not manifest.model.handler and self.config.default_service_handler:
             overrides = {"handler": self.config.default_service_handler, **overrides}
+        if not manifest.model.handler and not overrides.get("handler"):
+            # a worker could only fail to load it (a 500 for the operator's mistake)
+            raise BadRequest(
+                "the model names no handler: give the handler parameter, or archive it with "
+                "--handler (or set default_service_handler)"
+            )
         return manifest, overrides
 
     def _new_version(

@@ -226,6 +226,19 @@ def test_register_refuses_a_handler_outside_the_archive(live_server, handler, re
     assert m.get("/models").json() == {"models": []}
 
 
+def test_register_refuses_a_model_directory_that_names_no_handler(live_server, request):
+    """A folder without a manifest (``url=.``: the store itself) has no handler unless the call
+    or ``default_service_handler`` gives one: a 400 at once, not a worker that fails (500)."""
+    server = live_server(load_models=[], enable_model_api=True)
+    m = httpx.Client(base_url=server.management_url, timeout=60)
+    request.addfinalizer(m.close)
+    for workers in (0, 1):
+        r = m.post("/models", params={"url": ".", "model_name": "loose", "initial_workers": workers})
+        assert r.status_code == 400, r.text
+        assert r.json()["message"].startswith("the model names no handler"), r.text
+    assert m.get("/models").json() == {"models": []}
+
+
 def test_model_api_off_by_default(live_server, request):
     server = live_server(load_models=[])
     m = httpx.Client(base_url=server.management_url, timeout=60)
