@@ -216,6 +216,11 @@ class ModelVersion(RequestPath):
         finally:
             self._loading = False
         if count and not any(slot.ready for slot in self.slots):
+            if self.closing and not errors:  # unregistered (or the server stopped) meanwhile
+                raise ShuttingDown(
+                    f'Model "{self.name}" version {self.version} was unregistered before its '
+                    "workers loaded"
+                )
             error = errors[0] if errors else WorkerLoadError("no worker could load the model")
             self.load_error = str(error)
             await self.stop(timeout=5)

@@ -252,3 +252,43 @@ def test_without_a_budget_nothing_changes(serve: Callable[..., LiveServer]) -> N
     assert described["status"] == "STOPPED" and "loaded" not in described
     assert not _series(live)
     assert json.loads(httpx.get(f"{live.url}/ping").text)["status"] == "Healthy"
+
+
+def test_a_model_scaled_to_zero_while_it_loads_on_demand_is_loaded_again_by_its_request(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    gate = tmp_path / "load-gate"
+    live = serve({"slow": f"loadGate: {gate}\n"}, max_loaded_models=1)
+    _register(live, "slow", workers=0)
+    slow = live.server.registry.resolve("slow")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_predict, live, "slow", "s1")  # its load waits for the gate
+        until(lambda: any(s.worker for s in slow.slots), "slow's load started", timeout=60.0)
+        url = f"{live.management_url}/models/slow?min_worker=0&synchronous=true"
+        assert httpx.put(url, timeout=120).status_code == 200  # the loading worker is stopped
+        gate.touch()
+        answer = first.result()
+    # The queued request loads it again, as after an eviction; the load under way was not
+    # left hanging (it held the model's place of the budget, and every later request waited).
+    assert answer.status_code == 200, answer.text
+    until(lambda: _residency(live, "slow").loading is None, "slow's load done", timeout=60.0)
+    assert _predict(live, "slow", "s2").status_code == 200
+
+
+def test_a_registration_unregistered_while_its_worker_loads_is_answered(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    gate = tmp_path / "load-gate"
+    live = serve({"slow": f"loadGate: {gate}\n"})
+    url = f"{live.management_url}/models?url=slow.mar&initial_workers=1&synchronous=true"
+    with ThreadPoolExecutor(1) as pool:
+        registering = pool.submit(httpx.post, url, timeout=60)  # its worker waits for the gate
+        until(lambda: "slow" in live.server.registry.models, "slow registered", timeout=60.0)
+        deleted = httpx.delete(f"{live.management_url}/models/slow", timeout=120)
+        assert deleted.status_code == 200, deleted.text
+        answer = registering.result()  # it was never answered
+    assert answer.status_code == 503, answer.text
+    assert "unregistered before its workers loaded" in answer.json()["message"]
+    gate.touch()
+    _register(live, "slow")
+    assert _predict(live, "slow", "s1").status_code == 200
