@@ -253,10 +253,7 @@ class ModelVersion(RequestPath):
         """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops."""
         max_workers = min_workers if max_workers is None else max_workers
         self._update(min_workers=min_workers, max_workers=max_workers)
-        gone = [s for s in self.slots if s.gave_up]  # replaced by new slots below
-        for slot in gone:
-            self.slots.remove(slot)
-        await asyncio.gather(*(slot.retire() for slot in gone))
+        await self._drop_given_up()  # replaced by new slots below
         live = [s for s in self.slots if not s.retiring]
         if min_workers > len(live):
             await self._add_slots(min_workers - len(live))
@@ -271,10 +268,19 @@ class ModelVersion(RequestPath):
 
     async def load(self, workers: int) -> list[WorkerLoadError]:
         """Start ``workers`` more slots and wait for their first load (serving/multiplex.py's
-        load on demand); the errors of those that could not load (they are dropped)."""
+        load on demand); the errors of those that could not load (they are dropped). Slots
+        that gave up (their restarts exhausted) are dropped first: the new ones replace them."""
+        await self._drop_given_up()
         errors = await self._add_slots(workers)
         self._retune()
         return errors
+
+    async def _drop_given_up(self) -> None:
+        """Drop (and retire) the slots whose restarts were exhausted."""
+        gone = [s for s in self.slots if s.gave_up]
+        for slot in gone:
+            self.slots.remove(slot)
+        await asyncio.gather(*(slot.retire() for slot in gone))
 
     async def unload(self) -> None:
         """Retire every slot (each finishes the batch it holds) and keep the version registered

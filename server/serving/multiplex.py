@@ -86,8 +86,9 @@ class Multiplexer:
 
     @staticmethod
     def loaded(mv: ModelVersion) -> bool:
-        """Holds a live (not retiring) slot."""
-        return any(not slot.retiring for slot in mv.slots)
+        """Holds a live slot (not retiring, not given up: a slot whose restarts were exhausted
+        holds no worker, and the next request loads the version again)."""
+        return any(not slot.retiring and not slot.gave_up for slot in mv.slots)
 
     def holds(self, mv: ModelVersion) -> bool:
         """Takes a place of the budget: loaded and not being unloaded, or loading with room

@@ -9,6 +9,8 @@ waits, while loading, for a gate named in its model-config.yaml."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -292,3 +294,20 @@ def test_a_registration_unregistered_while_its_worker_loads_is_answered(
     gate.touch()
     _register(live, "slow")
     assert _predict(live, "slow", "s1").status_code == 200
+
+
+def test_a_model_whose_worker_gave_up_loads_again_on_its_next_request(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"  # while it exists, the model's worker fails to load
+    yaml = {"a": f"loadFailsOnceExists: {broken}\nmaxRetryTimeoutInSec: 1\n"}
+    live = serve(yaml, max_loaded_models=1, restart_backoff_s=(0.2,))
+    _register(live, "a")
+    slots = live.server.registry.resolve("a").slots
+    broken.touch()
+    os.kill(live.worker_pids()[0], signal.SIGKILL)  # its restarts fail until it gives up
+    until(lambda: any(s.gave_up for s in slots), "a's slot gave up", timeout=120.0)
+    broken.unlink()
+    answer = httpx.post(f"{live.url}/predictions/a", json={"id": "a1"}, timeout=60)
+    assert answer.status_code == 200, answer.text  # was: never answered (it counted as loaded)
+    assert _describe(live, "a")["loads"] == 2

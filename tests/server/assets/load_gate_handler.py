@@ -2,7 +2,8 @@
 
 At load, the archive's model-config.yaml says what happens: ``loadStarted: path`` is created
 first (a test knows the load is under way); ``loadGate: path`` waits (polling, bounded) until
-that file exists; ``loadFails: true`` raises (``loadFails: memory``: MemoryError,
+that file exists; ``loadFailsOnceExists: path`` raises once that file exists (a worker that
+loaded fails when restarted); ``loadFails: true`` raises (``loadFails: memory``: MemoryError,
 as a load that runs out of memory). Each request is the JSON object
 ``{"id": str, "gate": path}`` (``gate`` optional), sent as TorchServe's body: the handler waits
 for ``gate`` to exist (so a test can hold a model busy), then answers ``{"id", "pid"}``.
@@ -22,6 +23,8 @@ def handle(data, context):
         if config.get("loadStarted"):
             Path(config["loadStarted"]).touch()
         wait_open(config.get("loadGate"))
+        if config.get("loadFailsOnceExists") and Path(config["loadFailsOnceExists"]).exists():
+            raise RuntimeError("this model fails to load again on purpose")
         if config.get("loadFails") == "memory":
             raise MemoryError("this model runs out of memory on purpose")
         if config.get("loadFails"):
