@@ -218,8 +218,8 @@ class ModelVersion(RequestPath):
         if count and not any(slot.ready for slot in self.slots):
             if self.closing and not errors:  # unregistered (or the server stopped) meanwhile
                 raise ShuttingDown(
-                    f'Model "{self.name}" version {self.version} was unregistered before its '
-                    "workers loaded"
+                    f'Model "{self.name}" version {self.version} was stopped (unregistered, or '
+                    "the server stopping) before its workers loaded"
                 )
             error = errors[0] if errors else WorkerLoadError("no worker could load the model")
             self.load_error = str(error)
@@ -347,6 +347,11 @@ class ModelVersion(RequestPath):
         for slot in self.slots:
             slot.fail_running(exc)
         return clean
+
+    async def stop_starting(self) -> None:
+        """Retire the slots whose first start is still under way (the server stops: whatever
+        waits for them, a registration or a scale, is answered now, not past the grace)."""
+        await asyncio.gather(*(slot.retire() for slot in self.slots if slot.starting))
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop every worker (after ``drain`` for a graceful stop)."""

@@ -290,7 +290,7 @@ def test_a_registration_unregistered_while_its_worker_loads_is_answered(
         assert deleted.status_code == 200, deleted.text
         answer = registering.result()  # it was never answered
     assert answer.status_code == 503, answer.text
-    assert "unregistered before its workers loaded" in answer.json()["message"]
+    assert "stopped (unregistered" in answer.json()["message"]
     gate.touch()
     _register(live, "slow")
     assert _predict(live, "slow", "s1").status_code == 200

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,7 @@ import psutil
 import pytest
 
 from .cli_helpers import spawned_workers
-from .conftest import ASSETS, build_store, until
+from .conftest import ASSETS, LiveServer, build_store, make_config, until
 
 pytestmark = pytest.mark.slow
 
@@ -179,3 +180,36 @@ def test_sigterm_while_a_start_up_model_loads_stops_at_once(tmp_path_factory, tm
     assert not (tmp_path / "ready.json").exists()
     for pid in workers:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stop_answers_the_registration_and_the_scale_that_wait_for_workers(
+    tmp_path_factory, tmp_path
+):
+    gate = tmp_path / "gate"  # the workers' load waits for it; it opens only for a's first
+    yaml = tmp_path / "gated.yaml"
+    yaml.write_text(f"loadGate: {gate}\n")
+    handler = str(ASSETS / "load_gate_handler.py")
+    handlers, configs = {"a": handler, "b": handler}, {"a": yaml, "b": yaml}
+    store = build_store(tmp_path_factory, "stop-gated", handlers, configs)
+    live = LiveServer(make_config(store, enable_model_api=True, shutdown_grace_s=2)).start()
+    mgmt, registry = live.management_url, live.server.registry
+    gate.touch()
+    register = f"{mgmt}/models?initial_workers=1&synchronous=true&url="
+    assert httpx.post(register + "a.mar", timeout=120).status_code == 200
+    gate.unlink()
+    with ThreadPoolExecutor(2) as pool:
+        scaling = pool.submit(
+            httpx.put, f"{mgmt}/models/a?min_worker=2&synchronous=true", timeout=60
+        )
+        registering = pool.submit(httpx.post, register + "b.mar", timeout=60)
+
+        def waiting() -> bool:
+            b = registry.models.get("b", {}).get("1.0")
+            return len(registry.resolve("a").slots) == 2 and b is not None and bool(b.slots)
+
+        until(waiting, "both wait for a worker's load")
+        live.stop()
+        answers = [scaling.result(), registering.result()]
+    for answer in answers:  # was: uvicorn's bare 500 once the grace (+5 s) had passed
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["type"] == "ShuttingDown"
