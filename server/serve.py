@@ -4,7 +4,9 @@ Startup binds the three listeners first (port 0 allowed; the bound ports are rep
 then builds the apps (which writes the key file), so a start that cannot bind touches nothing of a
 server already running there. Every listener speaks HTTP through ``http.limits`` (header and body
 timeouts, header limits). It then loads the startup models concurrently; a model that fails to
-load is logged with its reason and the others keep serving. Signal handlers only set a flag.
+load is logged with its reason and the others keep serving (``startup_models.py``). Signal
+handlers only set a flag; one set during start-up cuts it short (the models still loading are
+not waited for) and the server shuts down what started.
 Shutdown is bounded: stop accepting, drain queued and running requests for ``shutdown_grace_s``
 (what is left gets 503), stop workers (Shutdown -> terminate -> kill), then close the metrics
 listener.
@@ -43,6 +45,7 @@ from torchbay.server.serving.handle import Spawned
 from torchbay.server.serving.launch import Placement
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
+from torchbay.server.startup_models import load_startup_models
 from torchbay.server.workflows.startup import load_startup_workflows
 
 log = logging.getLogger("torchbay.serve")
@@ -150,10 +153,26 @@ class TorchbayServer:
         self._stop = asyncio.Event()
         self._install_signal_handlers()
         try:
-            await self.startup()
+            await self._start_unless_stopped(self._stop)
             await self._stop.wait()
         finally:
             await self.shutdown()
+
+    async def _start_unless_stopped(self, stop: asyncio.Event) -> None:
+        """``startup``, cut short by a stop asked meanwhile (SIGTERM while the start-up models
+        still load: they are not waited for); what started is then shut down as after a start.
+        Raises what ``startup`` raised."""
+        starting = asyncio.ensure_future(self.startup())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not starting.done():
+                log.info("stop asked during start-up: the start-up models are not waited for")
+                starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -295,50 +314,9 @@ class TorchbayServer:
 
     async def _load_startup_models(self) -> None:
         assert self.registry is not None
-        registry, config = self.registry, self.config
-        # An archive that a models={...} entry names by marName loads under that entry's name,
-        # once, however else it is listed (load_models=x.mar, load_models=all).
-        by_mar = {
-            mc.mar_name: name
-            for name, versions in config.models.items()
-            for mc in versions.values()
-            if mc.mar_name
-        }
-        jobs: list[tuple[str, str | None]] = []
-        if config.load_all:
-            jobs += [(path.name, by_mar.get(path.name)) for path in registry.store_archives()]
-        jobs += [(spec.url, spec.name or by_mar.get(spec.url)) for spec in config.model_specs()]
-        named = {name for _, name in jobs if name}
-        # models={...} entries with a marName load too, unless load_models named them already.
-        for model_name, versions in config.models.items():
-            for model_config in versions.values():
-                if model_config.mar_name and model_name not in named:
-                    jobs.append((model_config.mar_name, model_name))
-                    named.add(model_name)
-        jobs = list(dict.fromkeys(jobs))
-        if not jobs:
-            return
-
-        async def load(url: str, name: str | None) -> None:
-            label = name or url
-            try:
-                await registry.register(url, name=name)
-            except Exception as exc:  # one bad model never stops the others
-                self.state.failed_models[label] = str(exc)
-                log.error("model %s failed to load: %s", label, exc)
-            else:
-                self.state.failed_models.pop(label, None)  # reported late, loaded at last
-
-        tasks = {asyncio.ensure_future(load(url, name)): name or url for url, name in jobs}
-        _, late = await asyncio.wait(tasks, timeout=config.workers_start_timeout_s)
-        for task in late:  # reported failed; it goes on loading and serves once it is ready
-            label = tasks[task]
-            self.state.failed_models[label] = (
-                f"not loaded within workers_start_timeout_s ({config.workers_start_timeout_s:g}s)"
-            )
-            log.error("model %s did not load within workers_start_timeout_s", label)
-            self._late_loads.add(task)
-            task.add_done_callback(self._late_loads.discard)
+        await load_startup_models(
+            self.registry, self.config, self.state.failed_models, self._late_loads
+        )
 
     def _write_ready_file(self) -> None:
         if self.ready_file is None:

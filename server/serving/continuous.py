@@ -76,7 +76,7 @@ class ContinuousSequenceQueue(SequenceQueue):
             del self._of[item]
             self._queued -= 1
             item.dispatched = now
-            seq.running = True
+            seq.running = seq.ran = True
             self._sequence_of[item] = seq
             batch.append(item)
         return batch
@@ -102,7 +102,7 @@ class ContinuousSequenceQueue(SequenceQueue):
         seq = self.open.get(sequence_id)
         if seq is None:
             return
-        seq.ending = True
+        seq.ending, seq.end_request = True, None  # ended by the handler, whatever leaves
         if not seq.items and not seq.running:
             self._end(seq, "has ended", "end")
 

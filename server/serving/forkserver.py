@@ -36,7 +36,7 @@ import threading
 from collections.abc import Mapping
 
 from torchbay.server.config.settings import ServerConfig
-from torchbay.server.serving.handle import Spawned, spawn_process
+from torchbay.server.serving.spawning import Spawned, spawn_process
 from torchbay.server.serving.worker_env import worker_env
 
 log = logging.getLogger("torchbay.workers")
@@ -178,6 +178,7 @@ class _Template:
         try:
             socket.send_fds(self.ctl, [json.dumps(request).encode()], [child.fileno()])
             if not reply.event.wait(FORK_REPLY_TIMEOUT_S):
+                self._broken()
                 raise OSError(f"the worker template did not fork in {FORK_REPLY_TIMEOUT_S:g}s")
             if reply.proc is None:
                 raise OSError(reply.error)
@@ -189,6 +190,14 @@ class _Template:
         finally:
             child.close()
         return Spawned(reply.proc, parent)  # type: ignore[arg-type]
+
+    def _broken(self) -> None:
+        """It did not answer a fork (stopped, hung): killed, so that the next worker's start
+        replaces it instead of waiting for it again (its workers live on)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with self._lock:
+            self.dead = True
 
     def _read(self) -> None:
         """Route the template's messages until it is gone; then fail what waits on it."""

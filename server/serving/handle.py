@@ -21,27 +21,23 @@ import contextlib
 import enum
 import itertools
 import logging
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.worker_env import worker_env
+from torchbay.server.serving.spawning import Spawned, SpawnFn, spawn_off_loop, spawn_process
+
+__all__ = ["SpawnFn", "Spawned", "WorkerLoadError", "WorkerProcess", "WorkerState", "spawn_process"]
 
 log = logging.getLogger("torchbay.workers")
 
 PartFn = Callable[[p.Part], None]  # a running batch's streamed parts, as they arrive
-
-# (env, python, log format) -> a spawned worker process: the seam a test uses to make spawning
-# fail (OSError EMFILE/ENOMEM from Popen) the way an exhausted host does.
-SpawnFn = Callable[["Mapping[str, str] | None", str, str], "Spawned"]
 
 
 class WorkerState(enum.Enum):
@@ -61,53 +57,6 @@ class WorkerLoadError(TorchbayError):
     def __init__(self, message: str, *, error_type: str = "") -> None:
         super().__init__(message)
         self.error_type = error_type
-
-
-@dataclass
-class Spawned:
-    """A started worker process that has not been sent its ``Load`` yet."""
-
-    proc: subprocess.Popen
-    sock: socket.socket  # the frontend's end of the socketpair
-
-    def discard(self) -> None:
-        """Close our end: an idle worker sees EOF and exits."""
-        self.sock.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def spawn_process(
-    env: Mapping[str, str] | None = None, python: str = sys.executable, log_format: str = "text"
-) -> Spawned:
-    """Start ``python -m torchbay.server.worker`` on one end of a socketpair (synchronous, cheap).
-
-    The worker imports torch and the handlers at once and then waits for its ``Load``, so a
-    process spawned early overlaps torch's import with the frontend's own start-up.
-    """
-    parent, child = socket.socketpair()
-    args = [python, "-m", "torchbay.server.worker", "--fd", str(child.fileno())]
-    args += ["--log-format", log_format]
-    try:
-        proc = subprocess.Popen(
-            args,
-            pass_fds=(child.fileno(),),
-            env=worker_env(os.environ if env is None else env),
-            stdin=subprocess.DEVNULL,
-            # Own session: a signal to the server's process group (Ctrl-C, `timeout`) must not
-            # kill workers mid-batch; the frontend stops them after draining. A worker whose
-            # frontend vanished sees EOF on its socket and exits.
-            start_new_session=True,
-        )
-    except BaseException:
-        parent.close()
-        raise
-    finally:
-        child.close()
-    return Spawned(proc, parent)
 
 
 class WorkerProcess:
@@ -181,8 +130,8 @@ class WorkerProcess:
 
     async def _start(self, timeout: float, spawned: Spawned | None) -> p.Ready:
         loop = asyncio.get_running_loop()
-        if spawned is None:
-            spawned = self.spawn(self.env, self.python, self.log_format)
+        if spawned is None:  # in a thread: a fork server's answer must not stall the loop
+            spawned = await spawn_off_loop(self.spawn, self.env, self.python, self.log_format)
         self._proc, parent = spawned.proc, spawned.sock
         self.pid = self._proc.pid
         log.debug("worker %s uses pid=%s", self.name, self.pid)

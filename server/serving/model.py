@@ -216,6 +216,11 @@ class ModelVersion(RequestPath):
         finally:
             self._loading = False
         if count and not any(slot.ready for slot in self.slots):
+            if self.closing and not errors:  # unregistered (or the server stopped) meanwhile
+                raise ShuttingDown(
+                    f'Model "{self.name}" version {self.version} was stopped (unregistered, or '
+                    "the server stopping) before its workers loaded"
+                )
             error = errors[0] if errors else WorkerLoadError("no worker could load the model")
             self.load_error = str(error)
             await self.stop(timeout=5)
@@ -248,10 +253,7 @@ class ModelVersion(RequestPath):
         """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops."""
         max_workers = min_workers if max_workers is None else max_workers
         self._update(min_workers=min_workers, max_workers=max_workers)
-        gone = [s for s in self.slots if s.gave_up]  # replaced by new slots below
-        for slot in gone:
-            self.slots.remove(slot)
-        await asyncio.gather(*(slot.retire() for slot in gone))
+        await self._drop_given_up()  # replaced by new slots below
         live = [s for s in self.slots if not s.retiring]
         if min_workers > len(live):
             await self._add_slots(min_workers - len(live))
@@ -266,10 +268,19 @@ class ModelVersion(RequestPath):
 
     async def load(self, workers: int) -> list[WorkerLoadError]:
         """Start ``workers`` more slots and wait for their first load (serving/multiplex.py's
-        load on demand); the errors of those that could not load (they are dropped)."""
+        load on demand); the errors of those that could not load (they are dropped). Slots
+        that gave up (their restarts exhausted) are dropped first: the new ones replace them."""
+        await self._drop_given_up()
         errors = await self._add_slots(workers)
         self._retune()
         return errors
+
+    async def _drop_given_up(self) -> None:
+        """Drop (and retire) the slots whose restarts were exhausted."""
+        gone = [s for s in self.slots if s.gave_up]
+        for slot in gone:
+            self.slots.remove(slot)
+        await asyncio.gather(*(slot.retire() for slot in gone))
 
     async def unload(self) -> None:
         """Retire every slot (each finishes the batch it holds) and keep the version registered
@@ -336,6 +347,11 @@ class ModelVersion(RequestPath):
         for slot in self.slots:
             slot.fail_running(exc)
         return clean
+
+    async def stop_starting(self) -> None:
+        """Retire the slots whose first start is still under way (the server stops: whatever
+        waits for them, a registration or a scale, is answered now, not past the grace)."""
+        await asyncio.gather(*(slot.retire() for slot in self.slots if slot.starting))
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop every worker (after ``drain`` for a graceful stop)."""

@@ -17,7 +17,8 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
   first starts the load, the others share it; all are queued meanwhile, each bounded by its
   deadline (``clientTimeoutInMills`` or the caller's: :meth:`Multiplexer.bound` answers 504 at
   the deadline, and the load still completes). A load that fails answers every queued request
-  with the load error (500 ``model_load_failed``); the next request tries again.
+  with the load error (500 ``model_load_failed``); the next request tries again. A load undone
+  as it runs (scaled to zero: its starting worker is stopped) leaves the queued to load it again.
 * To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
   is idle (nothing queued, no reader in flight, not loading) and not ``pinned`` is unloaded.
   It is idle, so unloading drains nothing; a request that arrives meanwhile is queued and loads
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import InsufficientStorage, NoWorker, RequestTimeout, TorchbayError
-from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.queue import Pending, clock, reject
 
 if TYPE_CHECKING:
@@ -86,8 +86,9 @@ class Multiplexer:
 
     @staticmethod
     def loaded(mv: ModelVersion) -> bool:
-        """Holds a live (not retiring) slot."""
-        return any(not slot.retiring for slot in mv.slots)
+        """Holds a live slot (not retiring, not given up: a slot whose restarts were exhausted
+        holds no worker, and the next request loads the version again)."""
+        return any(not slot.retiring and not slot.gave_up for slot in mv.slots)
 
     def holds(self, mv: ModelVersion) -> bool:
         """Takes a place of the budget: loaded and not being unloaded, or loading with room
@@ -144,16 +145,18 @@ class Multiplexer:
                 residency.placed = True
             await asyncio.gather(*leaving)  # what they held is freed before this load spawns
             async with residency.lock:
-                if self.loaded(mv):
-                    return  # loaded meanwhile (the management API scaled it)
+                if self.loaded(mv) or mv.closing:
+                    return  # loaded meanwhile (the management API scaled it), or unregistered
                 residency.loads += 1
                 errors = await mv.load(max(1, mv.settings.min_workers))
-            if not any(slot.ready for slot in mv.slots):
-                raise errors[0] if errors else WorkerLoadError("no worker could load the model")
+            if errors and not any(slot.may_serve for slot in mv.slots):
+                raise errors[0]
         except TorchbayError as exc:
             _answer_queued(mv, exc)
         finally:
             residency.loading, residency.placed = None, False
+        if len(mv.queue) and not any(slot.may_serve for slot in mv.slots):
+            self.demand(mv)  # unloaded as it loaded (scaled to zero): the queued load it again
 
     async def _make_room(self, mv: ModelVersion) -> list[asyncio.Future[None]]:
         """Start unloading least recently used idle versions until ``mv`` fits the budget (the

@@ -45,6 +45,8 @@ class Sequence:
     worker: Any = None  # that slot's worker when bound: its state lives there
     running: bool = False  # one of its requests is in a batch
     ending: bool = False  # its end request is queued: nothing more joins
+    end_request: Pending | None = None  # that request (None: none, or the handler ended it)
+    ran: bool = False  # a worker took one of its requests (or it is an idle one reopened)
     streaming: int = 0  # its requests still answering over several calls (continuous batching)
 
 

@@ -122,6 +122,7 @@ class SequenceQueue(BatchQueue):
                 headers={"retry-after": self.retry_after()},
             )
         seq.ending = ref.end
+        seq.end_request = item if ref.end else None
         seq.items.append(item)
         seq.last = item.arrival
         self._of[item] = seq
@@ -151,17 +152,25 @@ class SequenceQueue(BatchQueue):
         seq = Sequence(ref.id, now, now)
         if reopen:
             assert ended is not None
-            seq.slot, seq.worker = ended.slot, ended.worker
+            seq.slot, seq.worker, seq.ran = ended.slot, ended.worker, True
         self.open[ref.id] = seq
         self._arm()
         return seq
 
     def discard(self, item: Pending) -> bool:
+        """Take out a queued request that will never run (its caller left, its deadline
+        passed). It never happened: an end request that leaves does not end its sequence, and
+        a sequence none of whose requests ran (its start left) is no longer open."""
         seq = self._of.pop(item, None)
         if seq is None:
             return False
         seq.items.remove(item)
         self._queued -= 1
+        if seq.end_request is item:
+            seq.ending, seq.end_request = False, None
+        if not seq.ran and not seq.items and self.open.get(seq.id) is seq:
+            del self.open[seq.id]
+            self._arm()
         return True
 
     def requeue_front(self, items: Iterable[Pending]) -> None:
@@ -248,7 +257,7 @@ class SequenceQueue(BatchQueue):
             del self._of[item]
             self._queued -= 1
             item.dispatched = now
-            seq.running = True
+            seq.running = seq.ran = True
             batch.append(item)
         return batch
 

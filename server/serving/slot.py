@@ -247,8 +247,12 @@ class WorkerSlot:
         self.ctx.events.gave_up()
 
     def _supervisor_done(self, task: asyncio.Task) -> None:
-        """Backstop: a supervisor that ended on an unexpected exception fails its slot loudly."""
+        """Backstop: a supervisor that ended on an unexpected exception fails its slot loudly.
+        One that ended before its first load (retired, or its model stopped, meanwhile: scaled
+        down, unregistered) lets ``start`` return: nothing else would ever settle ``_first``."""
         if task.cancelled() or task.exception() is None:
+            if not self._first.done():
+                self._first.set_result(None)
             return
         log.error("model %s: worker supervisor crashed", self.ctx.key, exc_info=task.exception())
         if self.worker is not None:

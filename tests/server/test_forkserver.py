@@ -7,6 +7,7 @@ template, never a missing worker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import psutil
 import pytest
 
 from tests.server.conftest import build_store, until
+from torchbay.server.serving import forkserver
 from torchbay.server.serving.forkserver import ForkedProc, ForkServer, supported
 
 pytestmark = pytest.mark.skipif(not supported(), reason="needs fork, pidfds and SCM_RIGHTS")
@@ -206,6 +208,37 @@ def test_a_dead_template_means_a_spawned_worker_and_a_new_template(forking: Any)
             break
     assert answered == pids
     assert psutil.Process(slot.worker.pid).ppid() == forks.pid
+
+
+def test_a_template_that_does_not_answer_stalls_nothing_and_is_replaced(
+    forking: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forkserver, "FORK_REPLY_TIMEOUT_S", 5.0)
+    server = forking()
+    forks = server.server.forks
+    silent = forks._template.proc
+    os.kill(silent.pid, signal.SIGSTOP)  # alive and ready, but it never answers a fork
+    try:
+        url = f"{server.management_url}/models/forked"
+        scaled = httpx.put(url, params={"min_worker": 2, "max_worker": 2}, timeout=60)
+        assert scaled.status_code == 202, scaled.text  # the new worker starts in the background
+        waits = []
+        end = time.monotonic() + 6.0  # past the fork's timeout
+        while time.monotonic() < end:
+            start = time.monotonic()
+            report(server)
+            waits.append(time.monotonic() - start)
+        # The frontend kept serving while the fork waited (it waited on the event loop: 5 s).
+        assert max(waits) < 2.5, waits
+        assert silent.wait(timeout=60) == -signal.SIGKILL  # taken for broken: never waited again
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(silent.pid, signal.SIGCONT)
+    until(lambda: sum(s.ready for s in slots(server)) == 2, "the spawned worker", timeout=READY_S)
+    assert forks.wait_ready(READY_S) and forks.pid not in (None, silent.pid)
+    forked = forks.forks
+    scale(server, 3)  # from the new template
+    assert forks.forks == forked + 1
 
 
 def test_worker_start_spawn_never_forks(live_server: Any, fork_store: Path) -> None:

@@ -9,6 +9,8 @@ waits, while loading, for a gate named in its model-config.yaml."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -252,3 +254,60 @@ def test_without_a_budget_nothing_changes(serve: Callable[..., LiveServer]) -> N
     assert described["status"] == "STOPPED" and "loaded" not in described
     assert not _series(live)
     assert json.loads(httpx.get(f"{live.url}/ping").text)["status"] == "Healthy"
+
+
+def test_a_model_scaled_to_zero_while_it_loads_on_demand_is_loaded_again_by_its_request(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    gate = tmp_path / "load-gate"
+    live = serve({"slow": f"loadGate: {gate}\n"}, max_loaded_models=1)
+    _register(live, "slow", workers=0)
+    slow = live.server.registry.resolve("slow")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_predict, live, "slow", "s1")  # its load waits for the gate
+        until(lambda: any(s.worker for s in slow.slots), "slow's load started", timeout=60.0)
+        url = f"{live.management_url}/models/slow?min_worker=0&synchronous=true"
+        assert httpx.put(url, timeout=120).status_code == 200  # the loading worker is stopped
+        gate.touch()
+        answer = first.result()
+    # The queued request loads it again, as after an eviction; the load under way was not
+    # left hanging (it held the model's place of the budget, and every later request waited).
+    assert answer.status_code == 200, answer.text
+    until(lambda: _residency(live, "slow").loading is None, "slow's load done", timeout=60.0)
+    assert _predict(live, "slow", "s2").status_code == 200
+
+
+def test_a_registration_unregistered_while_its_worker_loads_is_answered(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    gate = tmp_path / "load-gate"
+    live = serve({"slow": f"loadGate: {gate}\n"})
+    url = f"{live.management_url}/models?url=slow.mar&initial_workers=1&synchronous=true"
+    with ThreadPoolExecutor(1) as pool:
+        registering = pool.submit(httpx.post, url, timeout=60)  # its worker waits for the gate
+        until(lambda: "slow" in live.server.registry.models, "slow registered", timeout=60.0)
+        deleted = httpx.delete(f"{live.management_url}/models/slow", timeout=120)
+        assert deleted.status_code == 200, deleted.text
+        answer = registering.result()  # it was never answered
+    assert answer.status_code == 503, answer.text
+    assert "stopped (unregistered" in answer.json()["message"]
+    gate.touch()
+    _register(live, "slow")
+    assert _predict(live, "slow", "s1").status_code == 200
+
+
+def test_a_model_whose_worker_gave_up_loads_again_on_its_next_request(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"  # while it exists, the model's worker fails to load
+    yaml = {"a": f"loadFailsOnceExists: {broken}\nmaxRetryTimeoutInSec: 1\n"}
+    live = serve(yaml, max_loaded_models=1, restart_backoff_s=(0.2,))
+    _register(live, "a")
+    slots = live.server.registry.resolve("a").slots
+    broken.touch()
+    os.kill(live.worker_pids()[0], signal.SIGKILL)  # its restarts fail until it gives up
+    until(lambda: any(s.gave_up for s in slots), "a's slot gave up", timeout=120.0)
+    broken.unlink()
+    answer = httpx.post(f"{live.url}/predictions/a", json={"id": "a1"}, timeout=60)
+    assert answer.status_code == 200, answer.text  # was: never answered (it counted as loaded)
+    assert _describe(live, "a")["loads"] == 2

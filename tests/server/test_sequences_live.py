@@ -16,6 +16,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,7 +29,7 @@ import tritonclient.http as triton_http
 
 from torchbay.archiver.package import ArchiveOptions, package
 
-from .conftest import LiveServer, make_config
+from .conftest import ASSETS, LiveServer, batch_running, build_store, make_config, running, until
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
 
 pytestmark = pytest.mark.slow
@@ -292,3 +293,36 @@ def test_grpc_without_a_sequence_id_gets_the_one_the_server_made(server, ts) -> 
     )
     (answer2,) = list(stub.StreamPredictions2(iter([again]), timeout=120))
     assert answer2.sequence_id == answer.sequence_id and answer2.prediction == b"7"
+
+
+def test_a_start_or_an_end_whose_client_left_while_queued_never_happened(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """A queued request whose caller left never runs: its sequence goes on as if it had never
+    been sent. Its start left: the id is not open (it may start again; no place of
+    maxNumSequence is kept). Its end left: the sequence is not ended."""
+    store = build_store(tmp_path_factory, "seq-left", {"probe": str(ASSETS / "probe_handler.py")})
+    settings = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "sequenceBatching": True}
+    settings |= {"maxNumSequence": 3, "maxSequenceJobQueueSize": 4}
+    with running(store, models={"probe": {"1.0": {"marName": "probe.mar", **settings}}}) as live:
+        url, mv = f"{live.url}/predictions/probe", live.server.registry.resolve("probe")
+
+        def post(seq: str, flag: str = "", timeout: float = 60, **body: object) -> httpx.Response:
+            headers = {SEQ_HEADER: seq, **({f"ts_request_sequence_{flag}": "true"} if flag else {})}
+            return httpx.post(url, json=body, headers=headers, timeout=timeout)
+
+        assert post("b", "start").status_code == 200
+        gate = tmp_path / "gate"
+        with ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(post, "a", "start", until=str(gate))  # holds the one worker
+            until(lambda: batch_running(live, "probe"), "a's request runs")
+            for seq, flag in (("b", "end"), ("c", "start")):  # queued behind it, then gone
+                with pytest.raises(httpx.ReadTimeout):
+                    post(seq, flag, timeout=0.5)
+            until(lambda: mv.cancelled["queued"] == 2, "both callers' leaving seen")
+            gate.touch()
+            assert busy.result().status_code == 200
+        assert post("c", "start").status_code == 200  # was: 400 "already open"
+        assert post("b").status_code == 200  # was: 400 "has ended"
+        assert post("b", "end").status_code == 200
+        assert post("d", "start").status_code == 200  # was: 503, the 3 places held

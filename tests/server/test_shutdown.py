@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -16,22 +17,44 @@ import psutil
 import pytest
 
 from .cli_helpers import spawned_workers
+from .conftest import ASSETS, LiveServer, build_store, make_config, until
 
 pytestmark = pytest.mark.slow
+
+
+PROBE = (
+    "models={\\\n"
+    '  "probe": {"1.0": {"marName": "probe.mar", "minWorkers": 1, "batchSize": 4,\\\n'
+    '                    "maxBatchDelay": 20}}\\\n'
+    "}\n"
+)
 
 
 def _start(
     model_store: Path, tmp_path: Path, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, dict]:
+    proc = _launch(model_store, tmp_path, PROBE + "shutdown_grace_s=20\n", env)
+    ready = tmp_path / "ready.json"
+    # The server writes the ready file once its listeners are up and its models loaded; the
+    # process exiting first is a failure we report with its output.
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if proc.poll() is not None:
+            out = (tmp_path / "serve.log").read_text()
+            pytest.fail(f"server exited early ({proc.returncode}):\n{out}")
+        assert time.monotonic() < deadline, "server never became ready"
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())
+
+
+def _launch(
+    model_store: Path, tmp_path: Path, properties: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``torchbay serve`` over ``model_store`` with ``properties`` as its config.properties,
+    its output in serve.log, its ready file ready.json (in ``tmp_path``)."""
     ready = tmp_path / "ready.json"
     config = tmp_path / "config.properties"
-    config.write_text(
-        "models={\\\n"
-        '  "probe": {"1.0": {"marName": "probe.mar", "minWorkers": 1, "batchSize": 4,\\\n'
-        '                    "maxBatchDelay": 20}}\\\n'
-        "}\n"
-        "shutdown_grace_s=20\n"
-    )
+    config.write_text(properties)
     log = (tmp_path / "serve.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -48,16 +71,7 @@ def _start(
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     log.close()  # the child holds its own descriptor
-    # The server writes the ready file once its listeners are up and its models loaded; the
-    # process exiting first is a failure we report with its output.
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        if proc.poll() is not None:
-            out = (tmp_path / "serve.log").read_text()
-            pytest.fail(f"server exited early ({proc.returncode}):\n{out}")
-        assert time.monotonic() < deadline, "server never became ready"
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())
+    return proc
 
 
 async def _admitted(client: httpx.AsyncClient, info: dict) -> int:
@@ -144,3 +158,58 @@ def test_log_format_json_covers_frontend_workers_and_access(model_store, tmp_pat
     assert any(name.startswith("torchbay.handlers") for name in loggers)  # a worker's record
     access = next(r for r in records if r["logger"] == "torchbay.access")
     assert access["status"] == 200 and access["model"] == "probe"
+
+
+def test_sigterm_while_a_start_up_model_loads_stops_at_once(tmp_path_factory, tmp_path):
+    # The model's load waits for a gate that never opens (60 s): the stop does not wait for it.
+    handler = str(ASSETS / "load_gate_handler.py")
+    yaml = tmp_path / "slow.yaml"
+    started = tmp_path / "load-started"
+    yaml.write_text(f"loadStarted: {started}\nloadGate: {tmp_path / 'never'}\n")
+    store = build_store(tmp_path_factory, "slow-start", {"slow": handler}, {"slow": yaml})
+    models = 'models={"slow": {"1.0": {"marName": "slow.mar", "minWorkers": 1}}}\n'
+    proc = _launch(store, tmp_path, models + "shutdown_grace_s=5\n")
+    try:
+        until(started.exists, "the start-up model's load", timeout=120.0)
+        workers = [c.pid for c in spawned_workers(proc.pid, recursive=True)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0  # was: once the load had failed, 60 s later
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (tmp_path / "ready.json").exists()
+    for pid in workers:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stop_answers_the_registration_and_the_scale_that_wait_for_workers(
+    tmp_path_factory, tmp_path
+):
+    gate = tmp_path / "gate"  # the workers' load waits for it; it opens only for a's first
+    yaml = tmp_path / "gated.yaml"
+    yaml.write_text(f"loadGate: {gate}\n")
+    handler = str(ASSETS / "load_gate_handler.py")
+    handlers, configs = {"a": handler, "b": handler}, {"a": yaml, "b": yaml}
+    store = build_store(tmp_path_factory, "stop-gated", handlers, configs)
+    live = LiveServer(make_config(store, enable_model_api=True, shutdown_grace_s=2)).start()
+    mgmt, registry = live.management_url, live.server.registry
+    gate.touch()
+    register = f"{mgmt}/models?initial_workers=1&synchronous=true&url="
+    assert httpx.post(register + "a.mar", timeout=120).status_code == 200
+    gate.unlink()
+    with ThreadPoolExecutor(2) as pool:
+        scaling = pool.submit(
+            httpx.put, f"{mgmt}/models/a?min_worker=2&synchronous=true", timeout=60
+        )
+        registering = pool.submit(httpx.post, register + "b.mar", timeout=60)
+
+        def waiting() -> bool:
+            b = registry.models.get("b", {}).get("1.0")
+            return len(registry.resolve("a").slots) == 2 and b is not None and bool(b.slots)
+
+        until(waiting, "both wait for a worker's load")
+        live.stop()
+        answers = [scaling.result(), registering.result()]
+    for answer in answers:  # was: uvicorn's bare 500 once the grace (+5 s) had passed
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["type"] == "ShuttingDown"
