@@ -163,7 +163,7 @@ class Multiplexer:
         unloads, returned, run in parallel with other loads' decisions); wait while every
         candidate is busy. Raises NoWorker when pinned versions fill the budget."""
         leaving: list[asyncio.Future[None]] = []
-        while True:
+        while not mv.closing:  # unregistered while it waits: no room is made for it
             held = [other for other in self.held() if other is not mv]
             if len(held) < self.limit:
                 return leaving
@@ -177,6 +177,7 @@ class Multiplexer:
                 await asyncio.sleep(ROOM_POLL_S)  # every candidate is busy: wait for one
                 continue
             leaving.append(self._evict(victim))
+        return leaving
 
     def _victim(self, held: list[ModelVersion]) -> ModelVersion | None:
         """The least recently used of ``held`` that may be unloaded now (None: none may)."""

@@ -311,3 +311,26 @@ def test_a_model_whose_worker_gave_up_loads_again_on_its_next_request(
     answer = httpx.post(f"{live.url}/predictions/a", json={"id": "a1"}, timeout=60)
     assert answer.status_code == 200, answer.text  # was: never answered (it counted as loaded)
     assert _describe(live, "a")["loads"] == 2
+
+
+def test_a_load_waiting_for_room_makes_none_once_its_model_is_unregistered(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve(max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b")  # past the budget: registered unloaded
+    gate = tmp_path / "gate"
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(_predict, live, "a", "busy", gate)  # a is busy: no room for b yet
+        until(lambda: live.server.registry.resolve("a").inflight == 1, "a is busy", timeout=60.0)
+        waiting = pool.submit(_predict, live, "b", "b1")
+        until(lambda: _residency(live, "b").loading is not None, "b's load started", timeout=60.0)
+        b_residency = _residency(live, "b")
+        deleted = httpx.delete(f"{live.management_url}/models/b", timeout=120)
+        assert deleted.status_code == 200, deleted.text
+        gate.touch()  # a is idle now: the load of the unregistered b must not evict it
+        assert busy.result().status_code == 200
+        assert waiting.result().status_code == 503
+        until(lambda: b_residency.loading is None, "b's load given up", timeout=60.0)
+    assert _loaded(live) == {"a": True}
+    assert _describe(live, "a")["evictions"] == 0
