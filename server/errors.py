@@ -127,6 +127,12 @@ class Conflict(TorchbayError):
     status, code = 409, "conflict"
 
 
+class UnsupportedMediaType(BadRequest):
+    """A body in an encoding the server does not read (``Content-Encoding: br``)."""
+
+    status, code = 415, "unsupported_media_type"
+
+
 class PayloadTooLarge(TorchbayError):
     status, code = 413, "payload_too_large"
 

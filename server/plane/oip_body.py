@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 
-from torchbay.server.errors import BadRequest, PayloadTooLarge
+from torchbay.server.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from torchbay.server.serving import protocol as p
 
 DEFAULT_LIMIT = 6553500  # TorchServe's default max_request_size
@@ -32,9 +32,9 @@ def encoding_of(wire: p.WireRequest) -> str | None:
 
 
 def inflated(wire: p.WireRequest, limit: int = DEFAULT_LIMIT) -> bytes:
-    """``wire.body`` with its content codings undone (unchanged without one). BadRequest for a
-    coding other than gzip, deflate and identity or data that does not inflate; PayloadTooLarge
-    (413) for a body that inflates past ``limit`` bytes."""
+    """``wire.body`` with its content codings undone (unchanged without one): 415 for a coding
+    other than gzip, deflate and identity (the worker's answer too), 400 for data that does not
+    inflate, 413 for a body that inflates past ``limit`` bytes."""
     body = wire.body
     encoding = encoding_of(wire)
     codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip()]
@@ -42,7 +42,7 @@ def inflated(wire: p.WireRequest, limit: int = DEFAULT_LIMIT) -> bytes:
         if coding == "identity":
             continue
         if coding not in _WBITS:
-            raise BadRequest(f"unsupported Content-Encoding {coding!r}")
+            raise UnsupportedMediaType(f"unsupported Content-Encoding {coding!r}")  # as the worker
         body = _inflate(body, coding, limit)
     return body
 

@@ -239,6 +239,19 @@ def test_oip_sequence_of_compressed_requests(server, algorithm: str) -> None:
     assert totals == _totals()[:3]
 
 
+def test_oip_sequence_request_in_an_unknown_encoding_is_a_415(server) -> None:
+    """The worker's answer to any other model's (tests/handlers/test_oip_codec.py), not a 400."""
+    body = json.dumps({"inputs": [], "parameters": {"sequence_id": 5}}).encode()
+    r = httpx.post(
+        f"{server.url}/v2/models/stateful_oip/infer",
+        content=body,
+        headers={"Content-Encoding": "br", "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 415, r.text
+    assert "unsupported Content-Encoding 'br'" in r.json()["error"]
+
+
 def test_describe_shows_the_sequence_settings_and_open_sequences(server) -> None:
     mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
     (desc,) = httpx.get(f"{mgmt}/models/stateful", timeout=30).json()
