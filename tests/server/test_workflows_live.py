@@ -28,6 +28,9 @@ SPECS = {
     "dag:\n  count: [double]\n",
     "slow": "models:\n  retry-attempts: 0\n  timeout-ms: 300\ndag:\n  nap: [echo]\n",
     "crash": "models:\n  retry-attempts: 0\ndag:\n  crash: [echo]\n",
+    # fields gets its two parents' outputs as one form (fan-in)
+    "fanin": "models:\n  retry-attempts: 0\n"
+    "dag:\n  passthrough: [constant, fields]\n  constant: [fields]\n",
 }
 
 
@@ -113,6 +116,22 @@ def test_a_function_that_kills_its_worker_leaves_the_frontend_serving(live: Live
     assert httpx.get(f"{live.url}/ping", timeout=60).status_code in (200, 500)
     again = httpx.post(f"{live.url}/wfpredict/arith", json={"values": [1]}, timeout=120)
     assert again.status_code == 200 and again.json()["sum"] == [3.0]
+
+
+def test_a_parent_output_holding_the_form_boundary_reaches_its_child_whole(
+    live: LiveServer,
+) -> None:
+    """A fan-in node's form must not be framed by a boundary that a parent's output (here the
+    client's bytes, passed through) can contain: the child would get them cut, or a field the
+    client made up."""
+    assert httpx.post(f"{live.management_url}/workflows?url=fanin.war", timeout=300).is_success
+    forged = (
+        b'x\r\n--torchbay-workflow-node\r\nContent-Disposition: form-data; name="forged"; '
+        b'filename="forged"\r\nContent-Type: application/octet-stream\r\n\r\nmade up'
+    )
+    answer = httpx.post(f"{live.url}/wfpredict/fanin", content=forged, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"passthrough": forged.decode("latin-1"), "constant": "constant"}
 
 
 def test_a_war_whose_member_climbs_out_is_refused(
