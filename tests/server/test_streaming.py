@@ -319,3 +319,32 @@ def test_client_leaving_with_a_request_pipelined_behind_the_stream_closes_it(
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # the stream is under way
     assert _poll(closed, 30) == "GeneratorExit"  # not left to run to its end for nobody
     _plain_request_served(server)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        ("/predictions/stream", {"yield": ["a", "b"]}, b"ab"),
+        (
+            "/v2/models/stream/generate_stream",
+            {"text_input": "a b"},
+            b'data: {"model_name":"stream","model_version":"1.0","text_output":"a "}\n\n'
+            b'data: {"model_name":"stream","model_version":"1.0","text_output":"b"}\n\n',
+        ),
+    ],
+)
+def test_an_http_1_0_client_gets_the_stream_whole_not_chunked(
+    server: LiveServer, path: str, body: dict[str, Any], expected: bytes
+) -> None:
+    """RFC 9112 6.1: no Transfer-Encoding to an HTTP/1.0 request (it would read the chunk
+    framing as the body); the stream is answered whole, with its length."""
+    data = json.dumps(body).encode()
+    request = f"POST {path} HTTP/1.0\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data
+    with socket.create_connection(("127.0.0.1", server.server.state.ports.inference), 60) as sock:
+        sock.sendall(request)
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))  # HTTP/1.0: closed at its end
+    head, _, content = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    assert f"content-length: {len(expected)}".encode() in head.lower()
+    assert content == expected
