@@ -11,8 +11,9 @@ a request waits, its scope holds the exchange's ``leave`` under ``LEFT``, and
 that is one dict store and one delete, no task, no waiter, no timer. A streamed answer's later
 parts watch ``receive()`` instead (streaming.py): they have a task per part anyway.
 
-With HTTP/1.1 pipelining only the connection's latest request is told (uvicorn's own
-``http.disconnect`` has the same limit): an earlier one still waiting runs as before. Torch-free.
+With HTTP/1.1 pipelining uvicorn tells only the connection's latest request read, one queued
+that never started; the protocol tells the request being answered too (waiting or streaming),
+so it is cancelled rather than run for nobody. Torch-free.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from torchbay.server.http.coalesce import CoalescingCycle
 from torchbay.server.http.disconnect import client_left
 
 log = logging.getLogger("torchbay.http")
@@ -102,6 +103,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._count = 0
         self._last_read = 0.0
         self._rejection: tuple[int, str] | None = None
+        # The cycle whose ASGI task was started last: the one being answered, which is not
+        # ``self.cycle`` once a pipelined request's headers have arrived behind it.
+        self._answering: RequestResponseCycle | None = None
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -115,6 +119,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        answering, self._answering = self._answering, None
+        if answering is not None and answering is not self.cycle:
+            # uvicorn tells only ``self.cycle``, the last request read: here a pipelined one
+            # that never started. The request being answered (still waiting, or streaming)
+            # is told too, so that it stops rather than runs for nobody.
+            if not answering.response_complete:
+                answering.disconnected = True
+            answering.message_event.set()
+            client_left(answering)
         client_left(self.cycle)  # a request waiting for its answer is cancelled
         super().connection_lost(exc)
 
@@ -201,13 +214,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """The listener's answer from the headers alone, if it has one, written before any ASGI
         task (a refusal under overload). Not for uvicorn's own 503 app, a connection closing or
         a client waiting for ``100 Continue`` (the ASGI path closes those properly), nor for a
-        pipelined request started from its predecessor's send (not written yet: _Gather)."""
+        pipelined request started from its predecessor's send (not written yet: coalesce.py)."""
         early = self.at_headers if self._at_headers and app is self.app else None
         if early is not None and cycle.keep_alive and not cycle.waiting_for_100_continue:
             answer = early(cycle.scope)
             if answer is not None:
                 self._answer(cycle, *answer)
                 return
+        self._answering = cycle
         super()._start_asgi_task(cycle, app)
 
     def _answer(self, cycle: RequestResponseCycle, status: int, headers: Any, body: bytes) -> None:
@@ -320,65 +334,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         self._close_due = self.loop.time() + LINGER_S
         self._ensure_timer(self._close_due)
-
-
-class _Gather:
-    """Stands in for the transport while a response's head and first body part are written."""
-
-    __slots__ = ("closed", "parts", "real")
-
-    def __init__(self, real: Any) -> None:
-        self.real, self.parts, self.closed = real, [], False
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed or self.real.is_closing()
-
-
-class CoalescingCycle(RequestResponseCycle):
-    """uvicorn's request/response cycle with the response's head held until its first body
-    part and written with it: one write per response instead of two, so a small answer is one
-    TCP segment and wakes the client once (the frontend's biggest per-request syscall cost).
-    A head that is never followed by a body is replaced by the next one (uvicorn's 500).
-
-    A request with ``Expect: 100-continue`` answered before the app read its body (a refusal
-    from the headers: 503, 401, 404) was never told to send the body, and may or may not send
-    it: what follows on the connection cannot be framed. Its answer says ``connection: close``,
-    and the connection closes lingering (the body, if it comes, is discarded), RFC 9110 10.1.1.
-    """
-
-    _head: Any = None
-    close_lingering: Any = None  # the protocol's lingering close
-
-    async def send(self, message: Any) -> None:
-        if message["type"] == "http.response.start" and not self.response_started:
-            if self.waiting_for_100_continue and self.more_body:
-                self.keep_alive = False  # uvicorn adds connection: close
-            self._head = message
-            return
-        head, self._head = self._head, None
-        if head is None:
-            await super().send(message)
-            return
-        real = self.transport
-        gather = self.transport = _Gather(real)
-        try:
-            await super().send(head)
-            await super().send(message)
-        finally:
-            self.transport = real
-            if gather.parts and not real.is_closing():
-                real.writelines(gather.parts)
-            if gather.closed:
-                if self.more_body and self.close_lingering is not None and not real.is_closing():
-                    self.close_lingering()  # the request's body may still be on its way
-                else:
-                    real.close()
 
 
 def _client(client: tuple[str, int] | None) -> str:

@@ -8,7 +8,9 @@ error after the first part cannot change the status any more: its error body is 
 last chunk (an SSE ``data: {"error": ...}`` event). While a stream is open the client's
 disconnect (ASGI ``http.disconnect``) is watched: the stream is closed, which cancels the
 request and tells its worker to stop producing for it (``ModelVersion.stream``). A client that
-reads slower than the handler produces is not pushed back on: its parts wait in memory.
+reads slower than the handler produces is not pushed back on: its parts wait in memory. An
+HTTP/1.0 client cannot read chunked transfer encoding (RFC 9112 6.1, a server MUST NOT send it):
+its stream is gathered and answered whole, with its length (:func:`whole`).
 
 Generate extension (Triton's ``extension_generate.md``): each part becomes one
 ``{"model_name", "model_version", "text_output", ...}`` object: a JSON object part is taken as
@@ -26,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from torchbay.server.errors import TorchbayError
-from torchbay.server.http.asgi import Receive, Send, dumps, send_bytes
+from torchbay.server.http.asgi import Message, Receive, Scope, Send, dumps, send_bytes
 from torchbay.server.plane import WireResponse
 
 Parts = AsyncIterator[WireResponse]
@@ -90,6 +92,30 @@ async def send_chunked(
         if body:
             await send({"type": "http.response.body", "body": body, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
+
+
+def whole(send: Send, scope: Scope) -> Send:
+    """``send`` for a streamed answer: as it is, or for an HTTP/1.0 client (no chunked transfer
+    encoding) one that gathers the body messages and sends them as one, with its length."""
+    if scope.get("http_version") != "1.0":
+        return send
+    start: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    async def gathered(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = b"".join(chunks)
+        headers = [(k, v) for k, v in start.get("headers", ()) if k != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return gathered
 
 
 # -- the generate extension -----------------------------------------------------------------

@@ -1,14 +1,18 @@
 """TorchServe's ``POST /wfpredict/{name}`` on the inference listener: its route (for
 ``route_table.INFERENCE_ROUTES``) and its endpoint, which reads the body and runs the workflow's
-DAG (``server/workflows/executor.py``), whose node requests are the plane's exchanges.
+DAG (``server/workflows/executor.py``), whose node requests are the plane's exchanges. A client
+that disconnects while the DAG runs cancels it (``disconnect.LEFT``, as a model request): the
+nodes still running or queued are cancelled, and none is started after.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 from torchbay.server.http.asgi import Receive, Scope, Send, header, read_body, send_bytes
+from torchbay.server.http.disconnect import LEFT
 from torchbay.server.http.routes import OK, Route
 from torchbay.server.plane import WireRequest, join_headers
 from torchbay.server.workflows import executor
@@ -50,5 +54,15 @@ class WorkflowPredict:
             query=scope.get("query_string", b"").decode("latin-1"),
             raw_headers=join_headers(scope["headers"]),
         )
-        answer = await executor.run(self.workflows.plane, workflow, scope, request)
+        run = asyncio.ensure_future(executor.run(self.workflows.plane, workflow, scope, request))
+        left: list[bool] = []
+        scope[LEFT] = lambda: left.append(run.cancel())  # the protocol calls it (disconnect.py)
+        try:
+            answer = await run
+        except asyncio.CancelledError:
+            if not left:
+                raise  # this task itself was cancelled (the server stops)
+            return  # the client is gone: nobody to answer
+        finally:
+            del scope[LEFT]
         await send_bytes(send, 200, answer)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -139,18 +140,23 @@ def _node_input(request: WireRequest, parents: list[str], outputs: dict[str, byt
 
 
 def _form(fields: dict[str, bytes]) -> tuple[bytes, str]:
-    """multipart/form-data with each field as a file part, so its handler gets bytes."""
+    """multipart/form-data with each field as a file part, so its handler gets bytes. Its
+    boundary occurs in no field: a parent's output (the client's bytes, passed on) cannot cut
+    another field short or add one."""
+    boundary = _BOUNDARY
+    while any(boundary.encode() in value for value in fields.values()):
+        boundary = f"{_BOUNDARY}-{secrets.token_hex(16)}"
     chunks: list[bytes] = []
     for name, value in fields.items():
         chunks += [
-            f"--{_BOUNDARY}\r\n".encode(),
+            f"--{boundary}\r\n".encode(),
             f'Content-Disposition: form-data; name="{name}"; filename="{name}"\r\n'.encode(),
             b"Content-Type: application/octet-stream\r\n\r\n",
             value,
             b"\r\n",
         ]
-    chunks.append(f"--{_BOUNDARY}--\r\n".encode())
-    return b"".join(chunks), f"multipart/form-data; boundary={_BOUNDARY}"
+    chunks.append(f"--{boundary}--\r\n".encode())
+    return b"".join(chunks), f"multipart/form-data; boundary={boundary}"
 
 
 def _answer(leaves: dict[str, bytes]) -> bytes:

@@ -1,4 +1,4 @@
-"""A response's head and its first body part leave in one write (limits.CoalescingCycle): the
+"""A response's head and its first body part leave in one write (coalesce.CoalescingCycle): the
 real uvicorn protocol over a recording transport (the socket is the seam)."""
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -297,3 +298,53 @@ def test_a_part_past_max_response_size_fails_the_request_and_stops_the_handler(
         _plain_request_served(live)
     finally:
         live.stop()
+
+
+def test_client_leaving_with_a_request_pipelined_behind_the_stream_closes_it(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """uvicorn tells only the connection's last request read (here the pipelined one, never
+    started) that the client left: the stream being answered must be told too."""
+    closed = tmp_path / "closed"
+
+    def request(body: dict[str, Any]) -> bytes:
+        data = json.dumps(body).encode()
+        head = f"POST /predictions/stream HTTP/1.1\r\nhost: x\r\ncontent-length: {len(data)}\r\n"
+        return head.encode() + b"content-type: application/json\r\n\r\n" + data
+
+    port = server.server.state.ports.inference
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        # One write: the server reads the second request, pipelined, with the first.
+        sock.sendall(request({"yield": ["a"], "closed": str(closed)}) + request({"x": 1}))
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # the stream is under way
+    assert _poll(closed, 30) == "GeneratorExit"  # not left to run to its end for nobody
+    _plain_request_served(server)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        ("/predictions/stream", {"yield": ["a", "b"]}, b"ab"),
+        (
+            "/v2/models/stream/generate_stream",
+            {"text_input": "a b"},
+            b'data: {"model_name":"stream","model_version":"1.0","text_output":"a "}\n\n'
+            b'data: {"model_name":"stream","model_version":"1.0","text_output":"b"}\n\n',
+        ),
+    ],
+)
+def test_an_http_1_0_client_gets_the_stream_whole_not_chunked(
+    server: LiveServer, path: str, body: dict[str, Any], expected: bytes
+) -> None:
+    """RFC 9112 6.1: no Transfer-Encoding to an HTTP/1.0 request (it would read the chunk
+    framing as the body); the stream is answered whole, with its length."""
+    data = json.dumps(body).encode()
+    request = f"POST {path} HTTP/1.0\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data
+    with socket.create_connection(("127.0.0.1", server.server.state.ports.inference), 60) as sock:
+        sock.sendall(request)
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))  # HTTP/1.0: closed at its end
+    head, _, content = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    assert f"content-length: {len(expected)}".encode() in head.lower()
+    assert content == expected

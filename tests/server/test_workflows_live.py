@@ -5,14 +5,17 @@ made by torch-workflow-archiver 0.2.15 (the dev extra)."""
 
 from __future__ import annotations
 
+import json
+import socket
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.conftest import LiveServer, make_config, running
+from tests.server.conftest import LiveServer, batch_running, make_config, running, until
 from tests.server.workflow_store import (
     DATA,
     LIVE_MARKS,
@@ -28,6 +31,10 @@ SPECS = {
     "dag:\n  count: [double]\n",
     "slow": "models:\n  retry-attempts: 0\n  timeout-ms: 300\ndag:\n  nap: [echo]\n",
     "crash": "models:\n  retry-attempts: 0\ndag:\n  crash: [echo]\n",
+    "napper": "models:\n  retry-attempts: 0\ndag:\n  echo: [nap]\n",
+    # fields gets its two parents' outputs as one form (fan-in)
+    "fanin": "models:\n  retry-attempts: 0\n"
+    "dag:\n  passthrough: [constant, fields]\n  constant: [fields]\n",
 }
 
 
@@ -113,6 +120,45 @@ def test_a_function_that_kills_its_worker_leaves_the_frontend_serving(live: Live
     assert httpx.get(f"{live.url}/ping", timeout=60).status_code in (200, 500)
     again = httpx.post(f"{live.url}/wfpredict/arith", json={"values": [1]}, timeout=120)
     assert again.status_code == 200 and again.json()["sum"] == [3.0]
+
+
+def test_a_parent_output_holding_the_form_boundary_reaches_its_child_whole(
+    live: LiveServer,
+) -> None:
+    """A fan-in node's form must not be framed by a boundary that a parent's output (here the
+    client's bytes, passed through) can contain: the child would get them cut, or a field the
+    client made up."""
+    assert httpx.post(f"{live.management_url}/workflows?url=fanin.war", timeout=300).is_success
+    forged = (
+        b'x\r\n--torchbay-workflow-node\r\nContent-Disposition: form-data; name="forged"; '
+        b'filename="forged"\r\nContent-Type: application/octet-stream\r\n\r\nmade up'
+    )
+    answer = httpx.post(f"{live.url}/wfpredict/fanin", content=forged, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"passthrough": forged.decode("latin-1"), "constant": "constant"}
+
+
+def _answered(live: LiveServer, model: str) -> dict[str, float]:
+    """``model``'s recorded requests by status code (the metrics)."""
+    text = httpx.get(f"{live.metrics_url}/metrics", timeout=60).text
+    return {
+        sample.labels["code"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "torchbay_requests_total" and sample.labels.get("model") == model
+    }
+
+
+def test_a_client_that_leaves_cancels_the_node_still_running(live: LiveServer) -> None:
+    assert httpx.post(f"{live.management_url}/workflows?url=napper.war", timeout=300).is_success
+    body = json.dumps({"values": [1]}).encode()
+    head = f"POST /wfpredict/napper HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", live.server.state.ports.inference)) as sock:
+        sock.sendall(head.encode() + body)
+        until(lambda: batch_running(live, "napper__nap"), "the nap node runs")
+    # The client left while nap ran (3 s): its request is cancelled (499), not answered 200.
+    until(lambda: bool(_answered(live, "napper__nap")), "the nap request is recorded")
+    assert _answered(live, "napper__nap") == {"499": 1.0}
 
 
 def test_a_war_whose_member_climbs_out_is_refused(

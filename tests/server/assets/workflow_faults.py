@@ -2,7 +2,9 @@
 
 ``count`` appends a line to the file the request names, then raises when asked to: the number of
 lines is the number of times the node ran. ``nap`` takes longer than its node's ``timeout-ms``.
-``crash`` ends its worker process. ``echo`` passes the request on.
+``crash`` ends its worker process. ``echo`` passes the request on. ``passthrough`` passes the
+request's raw bytes on, ``constant`` answers ``constant``, and ``fields`` (a fan-in node) answers
+the fields it got as a JSON object of latin-1 text.
 """
 
 import json
@@ -46,3 +48,26 @@ def echo(data, context):
     if data is None:
         return None
     return [json.dumps(values) for values in _rows(data)]
+
+
+def _raw(row):
+    body = row.get("body") if row.get("body") is not None else row.get("data")
+    return bytes(body or b"")
+
+
+def passthrough(data, context):
+    if data is None:
+        return None
+    return [_raw(row) for row in data]
+
+
+def constant(data, context):
+    if data is None:
+        return None
+    return [b"constant" for _ in data]
+
+
+def fields(data, context):
+    if data is None:
+        return None
+    return [json.dumps({k: bytes(v).decode("latin-1") for k, v in row.items()}) for row in data]
