@@ -182,6 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
             "missing mandatory parameter --model-store (or model_store in --ts-config)"
         )
     preflight(config)
+    ready_file = _ready_file(args.ready_file)
     listeners = bind_listeners(config)
     notice = _ready_notice(args.daemon_fd)
     output = stop_logging = None
@@ -200,7 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
         server = _server_class(lambda: _on_ready(notice, output, stop_logging))(
             config,
             env=dict(os.environ),
-            ready_file=Path(args.ready_file) if args.ready_file else None,
+            ready_file=ready_file,
             prewarmed=prewarmed,
             listeners=listeners,
         )
@@ -215,6 +216,23 @@ def _serve(args: argparse.Namespace) -> int:
             notice.close()
             daemon.remove_pid_file(os.getpid())
     return 0
+
+
+def _ready_file(value: str | None) -> Path | None:
+    """``--ready-file``, refused now (one line) when its folder cannot hold it: not after every
+    startup model loaded."""
+    from torchbay.server.errors import TorchbayError
+
+    if not value:
+        return None
+    path = Path(value)
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise TorchbayError(f"cannot write --ready-file {path}: folder {folder} {what}")
+    if path.is_dir():
+        raise TorchbayError(f"cannot write --ready-file {path}: it is a folder")
+    return path
 
 
 def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any, Any]:

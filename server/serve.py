@@ -31,6 +31,7 @@ import uvicorn
 
 from torchbay import __version__
 from torchbay.server.config.settings import ModelConfig, ServerConfig, parse_address
+from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc.calls import Calls
 from torchbay.server.grpc.server import GrpcListeners
 from torchbay.server.http.asgi import ASGIApp
@@ -332,8 +333,13 @@ class TorchbayServer:
             "failed_models": self.state.failed_models,
         }
         tmp = self.ready_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.ready_file)
+        try:
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.ready_file)
+        except OSError as exc:  # the server stops: whoever waits on the file would never see it
+            raise TorchbayError(
+                f"cannot write the ready file {self.ready_file}: {exc.strerror or exc}"
+            ) from None
 
     async def shutdown(self) -> None:
         log.info("shutting down: draining for up to %gs", self.config.shutdown_grace_s)

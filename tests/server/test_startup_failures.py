@@ -121,6 +121,17 @@ def test_missing_model_store_and_unreadable_tls_files(tmp_path, model_store):
     assert not (tmp_path / "key_file.json").exists()
 
 
+def test_a_ready_file_in_a_missing_folder_is_one_line_before_anything_starts(tmp_path, model_store):
+    ready = tmp_path / "nowhere" / "ready.json"
+    args = ["--model-store", str(model_store), "--ready-file", str(ready), *_addresses()]
+    code, err = _serve(tmp_path, *args)
+    assert code == 1
+    assert err == [
+        f"torchbay: error: cannot write --ready-file {ready}: folder {ready.parent} does not exist"
+    ]
+    assert not (tmp_path / "key_file.json").exists()  # refused before the server started
+
+
 def test_bad_configuration_is_one_line_per_field_and_exit_2(tmp_path, model_store):
     # A typed value (here the environment) is refused; config.properties' bad values warn and
     # keep their default, except where that is not safe (config/lenient.py): those refuse too.
