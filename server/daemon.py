@@ -74,15 +74,21 @@ def _running(path: Path) -> tuple[int | None, psutil.Process | None]:
     pid = _read_pid(path)
     proc = _ours(pid) if pid is not None else None
     if proc is None and not (pid is not None and _is_torchserve(pid)):
-        with contextlib.suppress(FileNotFoundError):
+        # Not there, or not removable (a folder of that name): --start's pid file write says so.
+        with contextlib.suppress(OSError):
             path.unlink()
     return pid, proc
 
 
 def _write_pid(path: Path, pid: int) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(str(pid))
-    tmp.replace(path)
+    try:
+        tmp.write_text(str(pid))
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def remove_pid_file(pid: int) -> None:

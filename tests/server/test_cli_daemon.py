@@ -119,6 +119,21 @@ def test_stop_with_nothing_running_and_stale_pid_files(tmp_path, monkeypatch, ca
         bystander.wait()
 
 
+def test_a_pid_file_that_is_a_folder_is_not_a_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / PID_FILE).mkdir()  # nothing it names runs: --stop has nothing to stop
+    assert main(["serve", "--stop"]) == 0
+    assert capsys.readouterr().out == "torchbay is not currently running.\n"
+    # --start cannot write its pid file there: one line, and no server left running.
+    code = main(["serve", "--start", "--model-store", str(tmp_path), "--ncs"])
+    assert code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"torchbay: error: cannot write the pid file {tmp_path / PID_FILE}: Is a directory"
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == [PID_FILE]  # no temporary pid file left
+
+
 def test_a_stop_that_does_not_finish_says_so(tmp_path, monkeypatch):
     """A server that ignores SIGTERM (stuck): --stop gives up after its timeout with one line."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
