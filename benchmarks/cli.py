@@ -155,9 +155,21 @@ def run_run(args: argparse.Namespace) -> int:
         dump, text = [r.as_dict() for r in reports], grpc_pair.format_side_by_side(reports)
     else:
         progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
-        report = run_bench(_options(RunOptions, args), progress)
-        dump, text = report.as_dict(), format_report(report)
+        reports = [run_bench(_options(RunOptions, args), progress)]
+        dump, text = reports[0].as_dict(), format_report(reports[0])
     print(json.dumps(dump, indent=2, default=str) if args.json else text)
+    return _all_failed(reports)
+
+
+def _all_failed(reports: list[Any]) -> int:
+    """1, saying why on stderr, when every request of a run failed (a server that refused the
+    connections, a wrong model): its figures measure errors, not the server. 0 otherwise."""
+    for report in reports:
+        r = report.result
+        if r.sent and not r.ok:
+            statuses = ", ".join(f"{k}: {v:,}" for k, v in r.statuses.items()) or "no answer"
+            _err(f"torchbay bench: no request to {report.url} succeeded ({statuses})")
+            return 1
     return 0
 
 

@@ -67,3 +67,21 @@ def test_the_torchbay_parser_imports_no_options_model() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_run_whose_every_request_failed_exits_1(tmp_path: Path) -> None:
+    """A server that refuses the connections: the report is printed, and the exit status and
+    one line say that it measured errors (it was 0, with a throughput of failures)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    body = tmp_path / "x.bin"
+    body.write_bytes(b"x")
+    cmd = [sys.executable, "-m", "torchbay", "bench", "run", "--url", f"http://127.0.0.1:{port}"]
+    cmd += ["--model", "m", "--input", str(body), "-c", "1", "--duration", "0.5", "--warmup", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert f"no request to http://127.0.0.1:{port}/predictions/m succeeded" in out.stderr
+    assert "Traceback" not in out.stderr and "0 ok" in out.stdout
