@@ -17,6 +17,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from torchbay import __version__
 from torchbay.archiver.errors import ArchiveArgumentError
 from torchbay.archiver.extract import sha256_file
@@ -51,6 +53,20 @@ def _require_file(path: Path | None, flag: str) -> Path | None:
     if path is not None and not Path(path).is_file():
         raise ArchiveArgumentError(f"{flag} {str(path)!r} does not exist or is not a file")
     return Path(path) if path is not None else None
+
+
+def _require_yaml_mapping(path: Path | None, flag: str) -> None:
+    """``path`` is the YAML mapping the server reads it as (model-config.yaml's keys; empty is
+    none): anything else would pack and then fail only when the model loads."""
+    if path is None:
+        return
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
+        problem = " ".join(str(exc).split())[:200] or "nested too deep"
+        raise ArchiveArgumentError(f"{flag} {str(path)!r} is not valid YAML: {problem}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ArchiveArgumentError(f"{flag} {str(path)!r} must be a YAML mapping of settings")
 
 
 def resolve_handler(handler: str) -> tuple[str, Path | None]:
@@ -164,6 +180,7 @@ def package(options: ArchiveOptions) -> Path:
     model_file = _require_file(options.model_file, "--model-file")
     _require_file(options.requirements_file, "--requirements-file")
     _require_file(options.config_file, "--config-file")
+    _require_yaml_mapping(options.config_file, "--config-file")
     _require_file(options.example_input, "--example-input")
     handler_value, handler_file = resolve_handler(options.handler)
     if model_file is not None and serialized is None:

@@ -181,6 +181,11 @@ def test_bad_arguments(digits_options: dict, tmp_path: Path) -> None:
         package(ArchiveOptions(**{**digits_options, "extra_files": str(tmp_path / "gone")}))
     with pytest.raises(ArchiveArgumentError, match=r"--example-input"):
         package(ArchiveOptions(**{**digits_options, "example_input": None, "convert": "export"}))
+    for text, words in (("a: [1", "is not valid YAML"), ("- batchSize: 4\n", "YAML mapping")):
+        config = tmp_path / "model-config.yaml"
+        config.write_text(text)  # packed before, then the model failed when it loaded
+        with pytest.raises(ArchiveArgumentError, match=rf"--config-file .*{words}"):
+            package(ArchiveOptions(**{**digits_options, "config_file": config}))
 
 
 TRANSFORMER = """\

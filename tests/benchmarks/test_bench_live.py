@@ -257,9 +257,25 @@ def test_apply_keeps_other_keys(tiny, tmp_path) -> None:
         assert zf.namelist().count("model-config.yaml") == 1
 
 
+def _as_torch_model_archiver_packs(archive: Path, config_text: str) -> None:
+    """``archive`` rewritten with ``config_text`` as its model-config.yaml and no torchbay hash
+    record: what torch-model-archiver packs, as it checks no config (torchbay's archiver
+    refuses one that is not a YAML mapping)."""
+    with zipfile.ZipFile(archive) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    manifest = json.loads(members["MAR-INF/MANIFEST.json"])
+    manifest.pop("torchbay", None)
+    members["MAR-INF/MANIFEST.json"] = json.dumps(manifest).encode()
+    members["model-config.yaml"] = config_text.encode()
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+
+
 def test_apply_refuses_a_config_that_is_not_a_mapping(tiny, tmp_path) -> None:
     """A model-config.yaml that is a list: a clear error, the archive untouched, no backup."""
-    archive = _archive_with_config(tiny, tmp_path, "- batchSize: 2\n")
+    archive = _archive_with_config(tiny, tmp_path, "batchSize: 2\n")
+    _as_torch_model_archiver_packs(archive, "- batchSize: 2\n")
     original = archive.read_bytes()
     with pytest.raises(BenchError, match=r"model-config\.yaml is not a YAML mapping"):
         apply_settings(archive, Batching(8, 5.0, 2))
