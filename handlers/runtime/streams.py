@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from ..errors import handler_fault
 from ..streaming import StreamCancelled
 from .responses import Response, error_response
 
@@ -112,7 +113,9 @@ def _advance(
         item = next(gen)
     except StopIteration:
         return Response(200, b"", "application/octet-stream", {})
-    except Exception as exc:  # a handler error mid-stream answers this request alone
+    except BaseException as exc:  # a handler error mid-stream answers this request alone
+        if not handler_fault(exc):
+            raise
         return fail(idx, exc)
     stream.sink.send(stream.request_ids[idx], stream.encode(idx, item))
     stream.sent += 1
@@ -130,7 +133,9 @@ def _close(
     if callable(close):
         try:
             close()
-        except Exception as exc:  # the generator raised while being closed
+        except BaseException as exc:  # the generator raised while being closed
+            if not handler_fault(exc):
+                raise
             return fail(idx, exc)
     logger.info("request %s: the client went away; its stream stopped", request_id)
     return cancelled_response(request_id, v2)

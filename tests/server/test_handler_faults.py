@@ -1,0 +1,71 @@
+"""A handler author's mistakes on a live server (tests/server/assets/fault_handler.py): each is a
+500 naming the handler's error for the request it touched, its batch mates get their answers, and
+the same worker keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import ASSETS, build_store
+
+MODEL = {"batchSize": 4, "maxBatchDelay": 300, "minWorkers": 1, "maxWorkers": 1}
+
+
+@pytest.fixture(scope="module")
+def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory, "faults", {"faults": str(ASSETS / "fault_handler.py")})
+
+
+@pytest.fixture(scope="module")
+def server(model_store: Path) -> Any:
+    from .conftest import LiveServer, make_config
+
+    models = {"faults": {"1.0": {"marName": "faults.mar", "defaultVersion": True, **MODEL}}}
+    config = make_config(model_store, models=models, load_models=["faults.mar"])
+    live = LiveServer(config).start()
+    yield live
+    live.stop()
+
+
+def _batch(server: Any, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    """``bodies`` posted at once (one batch, the model waits 300 ms to fill it)."""
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            posts = [client.post("/predictions/faults", json=b) for b in bodies]
+            return list(await asyncio.gather(*posts))
+
+    return asyncio.run(run())
+
+
+def _pid(server: Any) -> int:
+    r = httpx.post(f"{server.url}/predictions/faults", json={}, timeout=60)
+    assert r.status_code == 200, r.text
+    return int(r.json()["pid"])
+
+
+@pytest.mark.parametrize("name", ["KeyboardInterrupt", "GeneratorExit", "BaseException"])
+def test_a_base_exception_from_handle_is_a_500_and_the_worker_keeps_serving(
+    server: Any, name: str
+) -> None:
+    pid = _pid(server)
+    bad, *good = _batch(server, [{"raise": name}, {}, {}, {}])
+    assert bad.status_code == 500, bad.text
+    assert bad.json()["type"] == name
+    assert [(r.status_code, r.json()) for r in good] == [(200, {"pid": pid})] * 3
+    assert _pid(server) == pid
+
+
+@pytest.mark.parametrize("name", ["KeyboardInterrupt", "SystemExit"])
+def test_a_stream_raising_a_base_exception_fails_alone(server: Any, name: str) -> None:
+    pid = _pid(server)
+    bad, *good = _batch(server, [{"stream_raise": name}, {}, {}, {}])
+    assert bad.status_code == 200  # its first part went out before the error
+    assert name in bad.text
+    assert [(r.status_code, r.json()) for r in good] == [(200, {"pid": pid})] * 3
+    assert _pid(server) == pid
