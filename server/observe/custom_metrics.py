@@ -9,6 +9,7 @@ handler gave them (no prefix), as TorchServe's Prometheus mode does. Torch-free.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +80,8 @@ class CustomMetrics:
     A record is ``{"name", "type": counter|gauge|histogram, "unit", "value", "dimensions"}``.
     Labels are ``model``, ``version`` and the record's dimension names (sanitised). A record
     that cannot be recorded (another type or dimension set than the metric's first record, a
-    name clashing with a server metric, a negative counter increment, past ``max_metrics``
+    name clashing with a server metric, a negative counter increment, a NaN or infinite
+    counter increment or histogram observation, past ``max_metrics``
     metrics or ``max_series`` label sets per metric) is dropped and logged once; the server
     never fails on a handler's metric.
     """
@@ -124,6 +126,10 @@ class CustomMetrics:
                 list(keys),
             )
             return
+        value = float(rec["value"])
+        if kind != "gauge" and not math.isfinite(value):  # it would stay NaN/Inf for good
+            self._warn(f"finite:{raw}", "dropping custom metric %r: value %r", raw, value)
+            return
         values = (mv.name, mv.version, *(str(dims[k]) for k in keys))
         child = entry.children.get(values)
         if child is None:
@@ -131,7 +137,6 @@ class CustomMetrics:
                 self._warn(f"series:{raw}", "custom metric %r: too many label sets", raw)
                 return
             child = entry.children[values] = entry.metric.labels(*values)
-        value = float(rec["value"])
         if kind == "counter":
             child.inc(value)
         elif kind == "gauge":

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import ASSETS, build_store
 
@@ -69,3 +70,20 @@ def test_a_stream_raising_a_base_exception_fails_alone(server: Any, name: str) -
     assert name in bad.text
     assert [(r.status_code, r.json()) for r in good] == [(200, {"pid": pid})] * 3
     assert _pid(server) == pid
+
+
+def test_a_nan_or_infinite_counter_increment_is_dropped(server: Any) -> None:
+    for value in (1, "nan", "inf", 2, "-inf"):
+        r = httpx.post(
+            f"{server.url}/predictions/faults", json={"metric": ["fault_count", value]}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+    server.recorded()
+    text = httpx.get(f"{server.metrics_url}/metrics", timeout=60).text
+    samples = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "fault_count_total"
+    ]
+    assert samples == [3.0]  # not NaN or +Inf for good
