@@ -7,13 +7,23 @@ ride back to the frontend with the results (workers never touch Prometheus). A r
      "dimensions": {str: str}}
 
 with ``ModelName`` and ``Level="Model"`` added after the dimensions unless given. Torch-free.
+
+At most ``MAX_RECORDS`` records ride back with one batch (the frontend parses and records each
+on its event loop): past that they are dropped, and the drain logs how many.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Records kept per batch: a handler recording a metric in a hot loop must not stall the frontend
+# (a million records took it ~6 s and ~1 GB to take in).
+MAX_RECORDS = 10_000
 
 
 class MetricTypes(str, enum.Enum):
@@ -128,6 +138,7 @@ class MetricsCache:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self._buffer: list[dict[str, Any]] = []
+        self._dropped = 0  # records past MAX_RECORDS since the last drain
         self._metrics: dict[tuple[str, str], Metric] = {}
         self.request_ids: dict[int, str] | None = None
 
@@ -137,6 +148,10 @@ class MetricsCache:
     ) -> None:
         # TorchServe's order: the handler's dimensions, then ModelName and Level (its
         # _add_default_dims appends them); an auto-detected metric keeps this order.
+        if len(self._buffer) >= MAX_RECORDS:
+            float(value)  # a value that is no number still fails the handler's call
+            self._dropped += 1
+            return
         dimensions = {**dims}
         dimensions.setdefault("ModelName", self.model_name)
         dimensions.setdefault("Level", "Model")
@@ -153,6 +168,14 @@ class MetricsCache:
     def drain(self) -> list[dict[str, Any]]:
         """Return and clear every record made since the last drain."""
         out, self._buffer = self._buffer, []
+        if self._dropped:
+            logger.warning(
+                "model %s: %d custom metric records past the %d of one batch dropped",
+                self.model_name,
+                self._dropped,
+                MAX_RECORDS,
+            )
+            self._dropped = 0
         return out
 
     # -- TorchServe's convenience API -----------------------------------------------------------

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from torchbay.handlers.metrics import MAX_RECORDS
+
 from .conftest import ASSETS, build_store
 
 MODEL = {"batchSize": 4, "maxBatchDelay": 300, "minWorkers": 1, "maxWorkers": 1}
@@ -78,12 +80,18 @@ def test_a_nan_or_infinite_counter_increment_is_dropped(server: Any) -> None:
             f"{server.url}/predictions/faults", json={"metric": ["fault_count", value]}, timeout=60
         )
         assert r.status_code == 200, r.text
+    assert _samples(server, "fault_count_total") == [3.0]  # not NaN or +Inf for good
+
+
+def test_the_custom_metric_records_of_one_batch_are_bounded(server: Any) -> None:
+    body = {"metric": ["fault_flood", 1], "times": 3 * MAX_RECORDS}
+    r = httpx.post(f"{server.url}/predictions/faults", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert _samples(server, "fault_flood_total") == [float(MAX_RECORDS)]
+
+
+def _samples(server: Any, name: str) -> list[float]:
     server.recorded()
     text = httpx.get(f"{server.metrics_url}/metrics", timeout=60).text
-    samples = [
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "fault_count_total"
-    ]
-    assert samples == [3.0]  # not NaN or +Inf for good
+    families = text_string_to_metric_families(text)
+    return [s.value for family in families for s in family.samples if s.name == name]

@@ -4,7 +4,8 @@
                                   "GeneratorExit", "BaseException", "SystemExit")
   {"stream_raise": name}          the request's answer is a generator that yields one part,
                                   then raises that BaseException
-  {"metric": [name, value]}       ``context.metrics.add_counter(name, float(value))``
+  {"metric": [name, value]}       ``context.metrics.add_counter(name, float(value))`` (as many
+                                  times as "times" says, once if absent)
 Every other request answers {"pid": the worker's pid}.
 """
 
@@ -31,7 +32,8 @@ class FaultHandler(BaseHandler):
                 raise getattr(builtins, body["raise"])()
             if "metric" in body:
                 name, value = body["metric"]
-                context.metrics.add_counter(name, float(value))
+                for _ in range(int(body.get("times", 1))):
+                    context.metrics.add_counter(name, float(value))
         return [
             _stream(b["stream_raise"]) if "stream_raise" in b else {"pid": os.getpid()}
             for b in bodies
