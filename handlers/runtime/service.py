@@ -255,6 +255,7 @@ class Service:
                 raise
             return exc
         finally:
+            stream.ended = True
             _add(timings, "handler", (perf_counter() - start) * 1000)
             for stage, ms in (getattr(self.context, "stage_timings", None) or {}).items():
                 _add(timings, stage, ms)

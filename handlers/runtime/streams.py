@@ -50,11 +50,14 @@ class RunStream:
         self.request_ids = request_ids
         self.encode = encode
         self.sent = 0  # parts sent in this run: the run must not be retried
+        self.ended = False  # the run returned: its requests are answered, no part may follow
 
     def cancelled(self, idx: int) -> bool:
         return self.sink.cancelled(self.request_ids[idx])
 
     def send(self, ret: Any, req_id_map: dict[int, str]) -> None:
+        if self.ended:  # e.g. from a thread the handler left running
+            raise RuntimeError("send_intermediate_predict_response after the handler returned")
         live = 0
         for idx, request_id in dict(req_id_map).items():
             if self.sink.cancelled(request_id):

@@ -6,6 +6,9 @@
                                   then raises that BaseException
   {"metric": [name, value]}       ``context.metrics.add_counter(name, float(value))`` (as many
                                   times as "times" says, once if absent)
+  {"late_parts": n}               a thread the handler leaves running sends n parts of 1 MiB
+                                  with send_intermediate_predict_response after it returned
+  {"big": n}                      the answer carries n more bytes
 Every other request answers {"pid": the worker's pid}.
 """
 
@@ -13,14 +16,26 @@ from __future__ import annotations
 
 import builtins
 import os
+import threading
+import time
 from typing import Any
 
 from torchbay.handlers.base_handler import BaseHandler
+from torchbay.handlers.streaming import send_intermediate_predict_response
 
 
 def _stream(name: str) -> Any:
     yield {"part": 1}
     raise getattr(builtins, name)()
+
+
+def _late_parts(n: int, ids: dict[int, str], context: Any) -> None:
+    time.sleep(0.2)  # the handler has returned
+    for _ in range(n):
+        try:
+            send_intermediate_predict_response(["z" * (1 << 20)] * len(ids), ids, "", 200, context)
+        except Exception:  # the run ended: what a handler's thread sees
+            return
 
 
 class FaultHandler(BaseHandler):
@@ -34,7 +49,12 @@ class FaultHandler(BaseHandler):
                 name, value = body["metric"]
                 for _ in range(int(body.get("times", 1))):
                     context.metrics.add_counter(name, float(value))
+            if "late_parts" in body:
+                args = (int(body["late_parts"]), dict(context.request_ids), context)
+                threading.Thread(target=_late_parts, args=args, daemon=True).start()
         return [
-            _stream(b["stream_raise"]) if "stream_raise" in b else {"pid": os.getpid()}
+            _stream(b["stream_raise"])
+            if "stream_raise" in b
+            else {"pid": os.getpid(), "big": "x" * int(b.get("big", 0))}
             for b in bodies
         ]
