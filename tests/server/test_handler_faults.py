@@ -108,3 +108,11 @@ def test_parts_sent_by_a_thread_after_the_handler_returned_break_nothing(server:
     assert _post(server, {"late_parts": 100}).status_code == 200
     answers = [_post(server, {"big": 1 << 20}) for _ in range(20)]
     assert [(r.status_code, r.json()["pid"]) for r in answers] == [(200, pid)] * 20
+
+
+def test_more_header_bytes_than_a_client_reads_are_a_500(server: Any) -> None:
+    few, many = _post(server, {"headers": 100}), _post(server, {"headers": 200})
+    assert few.status_code == 200 and few.headers["x-fault-99"] == "v" * 100  # 11 KiB
+    assert many.status_code == 500  # 22 KiB: past h11's and Node.js's default limits
+    assert many.json()["message"] == "The model answered with too many HTTP header bytes"
+    assert _pid(server) == few.json()["pid"]

@@ -9,6 +9,7 @@
   {"late_parts": n}               a thread the handler leaves running sends n parts of 1 MiB
                                   with send_intermediate_predict_response after it returned
   {"big": n}                      the answer carries n more bytes
+  {"headers": n}                  the answer gets n headers x-fault-<i> of 100 bytes each
 Every other request answers {"pid": the worker's pid}.
 """
 
@@ -49,6 +50,8 @@ class FaultHandler(BaseHandler):
                 name, value = body["metric"]
                 for _ in range(int(body.get("times", 1))):
                     context.metrics.add_counter(name, float(value))
+            for i in range(int(body.get("headers", 0))):
+                context.set_response_header(bodies.index(body), f"x-fault-{i}", "v" * 100)
             if "late_parts" in body:
                 args = (int(body["late_parts"]), dict(context.request_ids), context)
                 threading.Thread(target=_late_parts, args=args, daemon=True).start()
