@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from torchbay.handlers.metrics import MAX_RECORDS
+from torchbay.handlers.metrics import MAX_DIMENSIONS, MAX_RECORDS, MAX_TEXT
 
 from .conftest import ASSETS, build_store
 
@@ -94,6 +94,16 @@ def test_the_custom_metric_records_of_one_batch_are_bounded(server: Any) -> None
     r = httpx.post(f"{server.url}/predictions/faults", json=body, timeout=120)
     assert r.status_code == 200, r.text
     assert _samples(server, "fault_flood_total") == [float(MAX_RECORDS)]
+
+
+def test_custom_metric_labels_are_bounded(server: Any) -> None:
+    for value in ("short", "v" * (MAX_TEXT + 1)):
+        body = {"metric": ["fault_labels", 1, {"input": value}]}
+        assert _post(server, body).status_code == 200
+    many = {f"d{i}": "1" for i in range(MAX_DIMENSIONS + 1)}
+    assert _post(server, {"metric": ["fault_dims", 1, many]}).status_code == 200
+    assert _samples(server, "fault_labels_total") == [1.0]  # the long value: no series
+    assert _samples(server, "fault_dims_total") == []
 
 
 def _samples(server: Any, name: str) -> list[float]:

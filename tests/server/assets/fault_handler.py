@@ -5,7 +5,8 @@
   {"stream_raise": name}          the request's answer is a generator that yields one part,
                                   then raises that BaseException
   {"metric": [name, value]}       ``context.metrics.add_counter(name, float(value))`` (as many
-                                  times as "times" says, once if absent)
+                                  times as "times" says, once if absent); a third item: the
+                                  dimensions
   {"late_parts": n}               a thread the handler leaves running sends n parts of 1 MiB
                                   with send_intermediate_predict_response after it returned
   {"big": n}                      the answer carries n more bytes
@@ -47,9 +48,9 @@ class FaultHandler(BaseHandler):
             if "raise" in body:
                 raise getattr(builtins, body["raise"])()
             if "metric" in body:
-                name, value = body["metric"]
+                name, value, *dims = body["metric"]
                 for _ in range(int(body.get("times", 1))):
-                    context.metrics.add_counter(name, float(value))
+                    context.metrics.add_counter(name, float(value), None, (dims or [None])[0])
             for i in range(int(body.get("headers", 0))):
                 context.set_response_header(bodies.index(body), f"x-fault-{i}", "v" * 100)
             if "late_parts" in body:
