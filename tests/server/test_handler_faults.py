@@ -126,3 +126,22 @@ def test_more_header_bytes_than_a_client_reads_are_a_500(server: Any) -> None:
     assert many.status_code == 500  # 22 KiB: past h11's and Node.js's default limits
     assert many.json()["message"] == "The model answered with too many HTTP header bytes"
     assert _pid(server) == few.json()["pid"]
+
+
+@pytest.mark.parametrize("status", [201, 202])
+def test_a_2xx_status_set_by_the_handler_is_a_success_over_oip_grpc(
+    server: Any, status: int
+) -> None:
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    x = triton.InferInput("x", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1.0, 2.0]], dtype=np.float32))
+    client = triton.InferenceServerClient(f"127.0.0.1:{server.server.state.ports.grpc_inference}")
+    with client:
+        result = client.infer("faults", [x], headers={"x-fault-status": str(status)})
+    assert result.as_numpy(result.get_response().outputs[0].name).ravel().tolist() == [1.0, 2.0]
+    body = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+    headers = {"x-fault-status": str(status)}
+    r = httpx.post(f"{server.url}/v2/models/faults/infer", json=body, headers=headers, timeout=60)
+    assert r.status_code == status and r.json()["outputs"][0]["data"] == [1.0, 2.0]

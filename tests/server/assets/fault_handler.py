@@ -11,7 +11,8 @@
                                   with send_intermediate_predict_response after it returned
   {"big": n}                      the answer carries n more bytes
   {"headers": n}                  the answer gets n headers x-fault-<i> of 100 bytes each
-Every other request answers {"pid": the worker's pid}.
+Every other request answers {"pid": the worker's pid}; one with an ``x-fault-status`` request
+header (an OIP request, its body the input's data) answers its data with that status.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class FaultHandler(BaseHandler):
     def handle(self, data: list[Any], context: Any) -> list[Any]:
         bodies = [row.get("body") if isinstance(row, dict) else None for row in data]
         bodies = [b if isinstance(b, dict) else {} for b in bodies]
+        status = [context.get_request_header(i, "x-fault-status") for i in range(len(data))]
+        if any(status):
+            for i, code in enumerate(status):
+                context.set_response_status(int(code or 200), "", i)
+            return [row.get("data") for row in data]
         for body in bodies:
             if "raise" in body:
                 raise getattr(builtins, body["raise"])()
