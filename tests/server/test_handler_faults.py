@@ -145,3 +145,12 @@ def test_a_2xx_status_set_by_the_handler_is_a_success_over_oip_grpc(
     headers = {"x-fault-status": str(status)}
     r = httpx.post(f"{server.url}/v2/models/faults/infer", json=body, headers=headers, timeout=60)
     assert r.status_code == status and r.json()["outputs"][0]["data"] == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("name", ["ts_inference_requests_total", "ts_inference_requests"])
+def test_a_custom_metric_named_as_a_torchserve_family_is_refused(server: Any, name: str) -> None:
+    assert _post(server, {"metric": [name, 5]}).status_code == 200
+    server.recorded()
+    text = httpx.get(f"{server.metrics_url}/metrics", timeout=60).text
+    names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(names) == len(set(names))  # one family per name: Prometheus takes the scrape
