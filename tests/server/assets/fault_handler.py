@@ -50,7 +50,7 @@ class FaultHandler(BaseHandler):
             for i, code in enumerate(status):
                 context.set_response_status(int(code or 200), "", i)
             return [row.get("data") for row in data]
-        for body in bodies:
+        for idx, body in enumerate(bodies):
             if "raise" in body:
                 raise getattr(builtins, body["raise"])()
             if "metric" in body:
@@ -58,7 +58,7 @@ class FaultHandler(BaseHandler):
                 for _ in range(int(body.get("times", 1))):
                     context.metrics.add_counter(name, float(value), None, (dims or [None])[0])
             for i in range(int(body.get("headers", 0))):
-                context.set_response_header(bodies.index(body), f"x-fault-{i}", "v" * 100)
+                context.set_response_header(idx, f"x-fault-{i}", "v" * 100)
             if "late_parts" in body:
                 args = (int(body["late_parts"]), dict(context.request_ids), context)
                 threading.Thread(target=_late_parts, args=args, daemon=True).start()
