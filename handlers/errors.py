@@ -19,6 +19,7 @@ no traceback, no filesystem path.
 from __future__ import annotations
 
 import re
+import signal
 
 _MAX_MESSAGE = 1000
 # A line that starts a traceback (Python's, or TorchScript's interpreter report).
@@ -60,6 +61,16 @@ def failure_message(exc: BaseException, request_ids: list[str] | tuple[str, ...]
     ids = ", ".join(str(r) for r in request_ids) or "unknown"
     noun = "request id" if len(request_ids) <= 1 else "request ids"
     return scrub_message(f"The handler failed on this request ({type(exc).__name__}); {noun} {ids}")
+
+
+def handler_fault(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by handler code, is the handler's failure to answer rather than a
+    reason to stop: any exception, ``SystemExit`` and ``GeneratorExit``, and a
+    ``KeyboardInterrupt`` where no Ctrl-C can have caused it (the worker ignores SIGINT, so
+    there one comes from the handler itself; ``torchbay verify`` still stops on Ctrl-C)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    return True
 
 
 class HandlerError(Exception):

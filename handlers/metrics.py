@@ -7,13 +7,34 @@ ride back to the frontend with the results (workers never touch Prometheus). A r
      "dimensions": {str: str}}
 
 with ``ModelName`` and ``Level="Model"`` added after the dimensions unless given. Torch-free.
+
+At most ``MAX_RECORDS`` records ride back with one batch (the frontend parses and records each
+on its event loop), each with at most ``MAX_DIMENSIONS`` dimensions and no name or value longer
+than ``MAX_TEXT``: the others are dropped, and the drain logs how many.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Records kept per batch: a handler recording a metric in a hot loop must not stall the frontend
+# (a million records took it ~6 s and ~1 GB to take in).
+MAX_RECORDS = 10_000
+# Each one becomes a Prometheus series label set the frontend keeps (up to its series cap): a
+# record with more dimensions, or a name, unit or dimension longer, is dropped.
+MAX_DIMENSIONS = 16
+MAX_TEXT = 256
+
+
+def _bounded(record: dict[str, Any]) -> bool:
+    dims = record["dimensions"]
+    texts = (record["name"], record["unit"], *dims, *dims.values())
+    return len(dims) <= MAX_DIMENSIONS + 2 and all(len(t) <= MAX_TEXT for t in texts)
 
 
 class MetricTypes(str, enum.Enum):
@@ -128,6 +149,7 @@ class MetricsCache:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self._buffer: list[dict[str, Any]] = []
+        self._dropped = 0  # records past MAX_RECORDS since the last drain
         self._metrics: dict[tuple[str, str], Metric] = {}
         self.request_ids: dict[int, str] | None = None
 
@@ -140,19 +162,32 @@ class MetricsCache:
         dimensions = {**dims}
         dimensions.setdefault("ModelName", self.model_name)
         dimensions.setdefault("Level", "Model")
-        self._buffer.append(
-            {
-                "name": str(name),
-                "type": metric_type,
-                "unit": str(unit),
-                "value": float(value),
-                "dimensions": dimensions,
-            }
-        )
+        record = {
+            "name": str(name),
+            "type": metric_type,
+            "unit": str(unit),
+            "value": float(value),  # a value that is no number fails the handler's call
+            "dimensions": dimensions,
+        }
+        if len(self._buffer) >= MAX_RECORDS or not _bounded(record):
+            self._dropped += 1
+        else:
+            self._buffer.append(record)
 
     def drain(self) -> list[dict[str, Any]]:
         """Return and clear every record made since the last drain."""
         out, self._buffer = self._buffer, []
+        if self._dropped:
+            logger.warning(
+                "model %s: %d custom metric records dropped (past the %d of one batch, more "
+                "than %d dimensions, or a name or value past %d characters)",
+                self.model_name,
+                self._dropped,
+                MAX_RECORDS,
+                MAX_DIMENSIONS,
+                MAX_TEXT,
+            )
+            self._dropped = 0
         return out
 
     # -- TorchServe's convenience API -----------------------------------------------------------

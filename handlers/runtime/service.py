@@ -60,7 +60,13 @@ from typing import Any, Protocol
 
 from .. import oip_signature
 from ..context import Context
-from ..errors import HandlerError, HandlerLoadError, PredictionException, failure_message
+from ..errors import (
+    HandlerError,
+    HandlerLoadError,
+    PredictionException,
+    failure_message,
+    handler_fault,
+)
 from ..metrics import MetricsCache
 from ..streaming import StreamCancelled
 from . import continuous, controls, envelopes, oip, oip_response
@@ -244,10 +250,12 @@ class Service:
                 finals = drive_generators(results, stream, fail, [j.v2 is not None for j in jobs])
             elif isinstance(results, list) and len(results) == len(jobs):
                 continuous.mark_stream_next(self.context, results)  # continuousBatching's
-        except (Exception, SystemExit) as exc:  # bisected by the caller, answered per request
-            # (a handler calling sys.exit() is a handler bug, not a reason for the worker to stop)
+        except BaseException as exc:  # a handler bug (sys.exit() too): bisected by the caller
+            if not handler_fault(exc):
+                raise
             return exc
         finally:
+            stream.ended = True
             _add(timings, "handler", (perf_counter() - start) * 1000)
             for stage, ms in (getattr(self.context, "stage_timings", None) or {}).items():
                 _add(timings, stage, ms)

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from ..errors import handler_fault
 from ..streaming import StreamCancelled
 from .responses import Response, error_response
 
@@ -49,11 +50,14 @@ class RunStream:
         self.request_ids = request_ids
         self.encode = encode
         self.sent = 0  # parts sent in this run: the run must not be retried
+        self.ended = False  # the run returned: its requests are answered, no part may follow
 
     def cancelled(self, idx: int) -> bool:
         return self.sink.cancelled(self.request_ids[idx])
 
     def send(self, ret: Any, req_id_map: dict[int, str]) -> None:
+        if self.ended:  # e.g. from a thread the handler left running
+            raise RuntimeError("send_intermediate_predict_response after the handler returned")
         live = 0
         for idx, request_id in dict(req_id_map).items():
             if self.sink.cancelled(request_id):
@@ -112,7 +116,9 @@ def _advance(
         item = next(gen)
     except StopIteration:
         return Response(200, b"", "application/octet-stream", {})
-    except Exception as exc:  # a handler error mid-stream answers this request alone
+    except BaseException as exc:  # a handler error mid-stream answers this request alone
+        if not handler_fault(exc):
+            raise
         return fail(idx, exc)
     stream.sink.send(stream.request_ids[idx], stream.encode(idx, item))
     stream.sent += 1
@@ -130,7 +136,9 @@ def _close(
     if callable(close):
         try:
             close()
-        except Exception as exc:  # the generator raised while being closed
+        except BaseException as exc:  # the generator raised while being closed
+            if not handler_fault(exc):
+                raise
             return fail(idx, exc)
     logger.info("request %s: the client went away; its stream stopped", request_id)
     return cancelled_response(request_id, v2)

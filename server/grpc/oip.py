@@ -142,7 +142,7 @@ class OipService(SharedMemoryRpcs):
         ended = False  # the last response was a final one (not a streamed part)
         async with contextlib.aclosing(responses):
             async for response in responses:
-                if response.status != 200:
+                if not 200 <= response.status < 300:  # a handler's 201 or 202 is a success
                     raise from_response(response.status, response.body)
                 try:
                     out = tensors.infer_response(response.body, response.headers, name, version)

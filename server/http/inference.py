@@ -4,10 +4,11 @@ v2) REST endpoints, as one raw ASGI app. Its routes are ``route_table.INFERENCE_
 dispatch below and the OpenAPI document (``OPTIONS /``, ``/openapi.json``) both come from it.
 
 The frontend never decodes bodies: raw bytes and headers go to the worker, which parses them.
-It does check what comes back before handing it to the HTTP server: a status outside 200..599
-or a header that is not a valid HTTP field (name not a token; CR, LF or NUL in a value; not
-latin-1) is answered 500 with an error body, never passed on (uvicorn would send nothing);
-a 204 or 304 goes out without the body the handler gave it.
+It does check what comes back before handing it to the HTTP server: a status outside 200..599,
+a header that is not a valid HTTP field (name not a token; CR, LF or NUL in a value; not
+latin-1) or headers past ``MAX_HANDLER_HEADER_BYTES`` in all is answered 500 with an error body,
+never passed on (uvicorn would send nothing, a client could read nothing); a 204 or 304 goes out
+without the body the handler gave it.
 
 Every request is read with ``ModelVersion.admit_reader`` (then ``rest``): a handler that streams
 parts is answered chunked (TorchServe) or as server-sent events (the generate extension), see
@@ -318,6 +319,10 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\r\n\x00]")
 # Framing is the frontend's: a handler's own copies would contradict the body it sends.
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+# The most header bytes a handler may set on one response: what common clients read (h11's and
+# Node.js's defaults stop at 16 KiB, httpx at 100 KiB; nginx's proxy buffer is 4-8 KiB). Past
+# it a client could read no answer at all, so the request is answered 500 instead.
+MAX_HANDLER_HEADER_BYTES = 16 * 1024
 
 
 def _checked_response(
@@ -352,6 +357,15 @@ def _checked_response(
             bad[0][1][:100],
         )
         raise HandlerFailed("The model answered with an invalid HTTP header")
+    size = sum(len(k) + len(v) + 4 for k, v in pairs)  # "name: value\r\n"
+    if size > MAX_HANDLER_HEADER_BYTES:
+        log.error(
+            "request %s: the handler set %d header bytes (at most %d); answered 500",
+            request_id,
+            size,
+            MAX_HANDLER_HEADER_BYTES,
+        )
+        raise HandlerFailed("The model answered with too many HTTP header bytes")
     headers = []
     for name, value in pairs:
         if name.lower() not in _FRAMING:

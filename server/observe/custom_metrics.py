@@ -9,7 +9,9 @@ handler gave them (no prefix), as TorchServe's Prometheus mode does. Torch-free.
 from __future__ import annotations
 
 import logging
+import math
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -79,15 +81,24 @@ class CustomMetrics:
     A record is ``{"name", "type": counter|gauge|histogram, "unit", "value", "dimensions"}``.
     Labels are ``model``, ``version`` and the record's dimension names (sanitised). A record
     that cannot be recorded (another type or dimension set than the metric's first record, a
-    name clashing with a server metric, a negative counter increment, past ``max_metrics``
-    metrics or ``max_series`` label sets per metric) is dropped and logged once; the server
-    never fails on a handler's metric.
+    name clashing with a server metric, TorchServe's families included, a negative counter
+    increment, a NaN or infinite counter increment or histogram observation, past
+    ``max_metrics`` metrics or ``max_series`` label sets per metric) is dropped and logged once;
+    the server never fails on a handler's metric.
     """
 
     def __init__(
-        self, registry: CollectorRegistry, *, max_metrics: int = 100, max_series: int = 1000
+        self,
+        registry: CollectorRegistry,
+        *,
+        max_metrics: int = 100,
+        max_series: int = 1000,
+        reserved: Callable[[str], bool] = lambda name: False,
     ) -> None:
         self.registry = registry
+        # Names exposed outside ``registry`` (TorchServe's families, observe.ts_families): a
+        # second family of one name makes Prometheus reject the whole scrape.
+        self.reserved = reserved
         self.max_metrics = max_metrics
         self.max_series = max_series
         self._metrics: dict[str, _Custom | None] = {}  # raw name -> metric, None if refused
@@ -124,6 +135,10 @@ class CustomMetrics:
                 list(keys),
             )
             return
+        value = float(rec["value"])
+        if kind != "gauge" and not math.isfinite(value):  # it would stay NaN/Inf for good
+            self._warn(f"finite:{raw}", "dropping custom metric %r: value %r", raw, value)
+            return
         values = (mv.name, mv.version, *(str(dims[k]) for k in keys))
         child = entry.children.get(values)
         if child is None:
@@ -131,7 +146,6 @@ class CustomMetrics:
                 self._warn(f"series:{raw}", "custom metric %r: too many label sets", raw)
                 return
             child = entry.children[values] = entry.metric.labels(*values)
-        value = float(rec["value"])
         if kind == "counter":
             child.inc(value)
         elif kind == "gauge":
@@ -152,6 +166,9 @@ class CustomMetrics:
                 raise ValueError(f"unknown metric type {kind!r}")
             if len(set(labels)) != len(labels):
                 raise ValueError(f"dimension names clash once sanitised: {list(keys)}")
+            base = name.removesuffix("_total") if cls is Counter else name
+            if any(map(self.reserved, {name, base, base + "_total"} if cls is Counter else {name})):
+                raise ValueError(f"{name} is one of the server's TorchServe metrics")
             extra = {"buckets": CUSTOM_BUCKETS} if cls is Histogram else {}
             metric = cls(name, doc, labels, registry=self.registry, **extra)
         except ValueError as exc:  # bad type, clashing labels, or a name already registered

@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,6 +41,11 @@ MODEL_LOGGER = "torchbay.model_log"
 SERVER_LOG, ACCESS_LOG, MODEL_LOG = "ts_log.log", "access_log.log", "model_log.log"
 # A worker's own formatted record: a JSON object, or text starting with its timestamp.
 _FORMATTED = re.compile(r"\{|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+# A worker's output line ends at LF, CR or CRLF (a progress bar's updates end with CR only, as
+# Java's readLine, TorchServe's reader, takes them); one longer than MAX_LINE bytes is cut in
+# pieces of that size: a handler writing without a newline never grows the reader's buffer.
+_EOL = re.compile(rb"\r\n|\r|\n")
+MAX_LINE = 64 * 1024
 
 log = logging.getLogger("torchbay.logs")
 
@@ -70,6 +75,20 @@ def log_files(directory: Path) -> tuple[dict[Path, RecordFilter | None], str | N
 
 def _named(name: str) -> RecordFilter:
     return lambda record: record.name == name
+
+
+def _lines(pipe: Any) -> Iterator[bytes]:
+    """The lines read from ``pipe`` (a buffered binary file), without their ends, each at most
+    MAX_LINE bytes (see ``_EOL``)."""
+    buf = b""
+    while chunk := pipe.read1(MAX_LINE):
+        *lines, buf = _EOL.split(buf + chunk)
+        yield from lines
+        while len(buf) >= MAX_LINE:
+            yield buf[:MAX_LINE]
+            buf = buf[MAX_LINE:]
+    if buf:
+        yield buf
 
 
 class WorkerOutput:
@@ -105,8 +124,8 @@ class WorkerOutput:
 
     def _pump(self, pipeline: Any) -> None:
         with open(self._read, "rb") as pipe:
-            for raw in pipe:
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            for raw in _lines(pipe):
+                line = raw.decode("utf-8", "replace")
                 if _FORMATTED.match(line):
                     pipeline.put_line(MODEL_LOGGER, line)
                 elif line:

@@ -167,7 +167,9 @@ class ServerMetrics(Observer):
         self.ts = TsFamilies(spec or load_metrics_config(None), mode, self.hostname, metrics_log)
         self._host = ("Host", self.hostname)
         self._last_handler_ms = 0.0
-        self.custom = CustomMetrics(self.registry, max_metrics=max_custom_metrics)
+        self.custom = CustomMetrics(
+            self.registry, max_metrics=max_custom_metrics, reserved=self._ts_name
+        )
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         self.registry.register(ModelStateCollector(self))
         self.registry.register(MultiplexCollector(self))  # max_loaded_models (serving/multiplex)
@@ -334,6 +336,10 @@ class ServerMetrics(Observer):
                 self.ts.model_update(name, "gauge", "ms", dims, round(handler_ms, 2), rids)
         if record.metrics:
             self.custom.record(model, self.ts.model_records(record.metrics, rids))
+
+    def _ts_name(self, name: str) -> bool:
+        """``name`` is one of TorchServe's families that /metrics exposes (observe.ts_families)."""
+        return name in self.ts.frontend or name in self.ts.model
 
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
         restarts = self.worker_restarts.labels(model.name, model.version)  # the series exists at 0

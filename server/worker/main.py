@@ -111,6 +111,9 @@ class _Channel:
         self.batch_id = 0
         self._inbox: queue.SimpleQueue[p.Message | BaseException | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        # One frame at a time on the socket: a handler's own thread may send a part while the
+        # serving loop sends a Result (interleaved bytes would break the protocol).
+        self._write_lock = threading.Lock()
         self._live: set[str] = set()  # request ids received and not answered yet
         self._cancelled: set[str] = set()
         threading.Thread(target=self._read, name="torchbay-reader", daemon=True).start()
@@ -156,7 +159,12 @@ class _Channel:
     def send(self, request_id: str, response: object) -> None:
         """One streamed part (raises ProtocolError for a part too big to frame)."""
         part = p.Part(self.batch_id, request_id, _to_wire(response, partial=True))
-        self.sock.sendall(p.encode(part))
+        self.write(p.encode(part))
+
+    def write(self, frame: bytes) -> None:
+        """Send one whole frame."""
+        with self._write_lock:
+            self.sock.sendall(frame)
 
 
 def _predict(service: object, message: p.Infer, first: bool) -> p.Result:
@@ -277,7 +285,7 @@ def _serve_batches(sock: socket.socket, service: object, first: bool, started_on
         frame = _frame(_predict(service, message, first), message)
         first = False
         channel.done(message)
-        sock.sendall(frame)
+        channel.write(frame)
 
 
 def configure_logging(level: str, log_format: str) -> None:

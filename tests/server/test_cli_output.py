@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from torchbay.server.observe.logfiles import MAX_LINE
+
 SCRIPT = textwrap.dedent(
     """
     import subprocess, sys, time
@@ -58,3 +60,24 @@ def test_children_output_is_logged_and_a_detached_console_is_quiet(tmp_path: Pat
     assert {json.loads(line)["message"] for line in console[:2]} == set(messages)
     assert "after" not in proc.stdout and proc.stderr == ""
     assert err_file.read_text() == "frontend traceback after\n"
+
+
+def test_a_child_writing_without_newlines_is_logged_in_bounded_lines(tmp_path: Path) -> None:
+    # A handler's progress bar (CR only between updates) and a 3 MiB write with no newline.
+    child = "import sys; sys.stdout.write('\\rstep 1\\rstep 2\\r\\n' + 'x' * (3 << 20) + '\\n')"
+    log_file, err_file = tmp_path / "model.log", tmp_path / "ts_log.log"
+    script = SCRIPT.replace(
+        "child = \"import sys; print('child says hi'); print('child warns', file=sys.stderr)\"",
+        f"child = {child!r}",
+    ).replace('.count("child") < 2', '.count("x") < (3 << 20)')
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(log_file), str(err_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    messages = [json.loads(line)["message"] for line in log_file.read_text().splitlines()]
+    assert messages[:2] == ["step 1", "step 2"]
+    assert all(set(m) == {"x"} and len(m) <= MAX_LINE for m in messages[2:])
+    assert sum(map(len, messages[2:])) == 3 << 20
