@@ -233,7 +233,8 @@ def test_register_refuses_a_model_directory_that_names_no_handler(live_server, r
     m = httpx.Client(base_url=server.management_url, timeout=60)
     request.addfinalizer(m.close)
     for workers in (0, 1):
-        r = m.post("/models", params={"url": ".", "model_name": "loose", "initial_workers": workers})
+        params = {"url": ".", "model_name": "loose", "initial_workers": workers}
+        r = m.post("/models", params=params)
         assert r.status_code == 400, r.text
         assert r.json()["message"].startswith("the model names no handler"), r.text
     assert m.get("/models").json() == {"models": []}
