@@ -1,9 +1,17 @@
-import sys, collections, re
-lines = [l.rsplit(' ', 1) for l in open(sys.argv[1]) if l.strip()]
-tot = collections.Counter(); self_ = collections.Counter(); incl = collections.Counter(); threads = collections.Counter()
+import collections
+import re
+import sys
+
+with open(sys.argv[1]) as raw:
+    lines = [row.rsplit(" ", 1) for row in raw if row.strip()]
+tot = collections.Counter()
+self_ = collections.Counter()
+incl = collections.Counter()
+threads = collections.Counter()
 mainlines = []
 for stack, n in lines:
-    n = int(n); frames = stack.split(';')
+    n = int(n)
+    frames = stack.split(";")
     threads[frames[0]] += n
     mainlines.append((frames, n))
 # main thread = largest
@@ -11,18 +19,23 @@ main = threads.most_common(1)[0][0]
 print(threads.most_common(5))
 T = 0
 for frames, n in mainlines:
-    if frames[0] != main: continue
+    if frames[0] != main:
+        continue
     T += n
     fr = frames[1:]
-    if not fr: continue
+    if not fr:
+        continue
     self_[fr[-1]] += n
     seen = set()
     for f in fr:
-        key = re.sub(r' \(.*?:\d+\)$', lambda m: m.group(0).split(':')[0] + ')', f)
+        key = re.sub(r" \(.*?:\d+\)$", lambda m: m.group(0).split(":")[0] + ")", f)
         if key not in seen:
-            incl[key] += n; seen.add(key)
+            incl[key] += n
+            seen.add(key)
 print("main samples", T)
 print("--- self top 40")
-for f, n in self_.most_common(40): print(f"{100*n/T:5.1f}% {f}")
+for f, n in self_.most_common(40):
+    print(f"{100 * n / T:5.1f}% {f}")
 print("--- inclusive top 60")
-for f, n in incl.most_common(60): print(f"{100*n/T:5.1f}% {f}")
+for f, n in incl.most_common(60):
+    print(f"{100 * n / T:5.1f}% {f}")
