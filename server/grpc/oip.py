@@ -30,7 +30,14 @@ from torchbay.server.grpc.calls import final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
 from torchbay.server.grpc.shm import OPERATIONS as SHM_RPCS
 from torchbay.server.grpc.shm import SharedMemoryRpcs
-from torchbay.server.grpc.status import RpcError, abort, answer_error, from_error, from_response
+from torchbay.server.grpc.status import (
+    RpcError,
+    abort,
+    answer_error,
+    from_error,
+    from_response,
+    succeeded,
+)
 from torchbay.server.grpc.triton import OPERATIONS as TRITON_RPCS
 
 log = logging.getLogger("torchbay.grpc")
@@ -142,7 +149,7 @@ class OipService(SharedMemoryRpcs):
         ended = False  # the last response was a final one (not a streamed part)
         async with contextlib.aclosing(responses):
             async for response in responses:
-                if not 200 <= response.status < 300:  # a handler's 201 or 202 is a success
+                if not succeeded(response.status):
                     raise from_response(response.status, response.body)
                 try:
                     out = tensors.infer_response(response.body, response.headers, name, version)

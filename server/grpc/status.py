@@ -72,9 +72,17 @@ def from_error(exc: TorchbayError, *, oip: bool = False) -> RpcError:
     )
 
 
+def succeeded(status: object) -> bool:
+    """A handler's answer that is a success: any 2xx (a 201 or 202 it set too)."""
+    return type(status) is int and 200 <= status < 300
+
+
 def from_response(status: int, body: bytes) -> RpcError:
     """A handler's error response (``{"code","type","message"}`` or OIP's ``{"error"}``) as a
-    status: its HTTP status mapped, its message as the details."""
+    status: its HTTP status mapped, its message as the details. A status that is no HTTP
+    answer (a 1xx, 999) is INTERNAL, as REST answers it 500 (http/inference.py)."""
+    if type(status) is not int or not 200 <= status <= 599:
+        return RpcError(grpc.StatusCode.INTERNAL, "The model answered with an invalid HTTP status")
     return RpcError(code_for(status), error_message(status, body), status)
 
 

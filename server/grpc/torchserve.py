@@ -22,7 +22,7 @@ import grpc
 
 from torchbay.server.grpc.calls import Service, final
 from torchbay.server.grpc.messages import TS_INFERENCE_SERVICE, message
-from torchbay.server.grpc.status import RpcError, abort, answer_error, from_response
+from torchbay.server.grpc.status import RpcError, abort, answer_error, from_response, succeeded
 
 _RESPONSE = "org.pytorch.serve.grpc.inference.PredictionResponse"
 _FORBIDDEN_IN_NAMES = ('"', "\r", "\n", "\\")
@@ -110,7 +110,7 @@ class TorchServeInference(Service):
         responses = self.calls.infer(context, path, name, version, wire)
         async with contextlib.aclosing(responses):
             async for response in responses:
-                if response.status >= 300:
+                if not succeeded(response.status):
                     raise from_response(response.status, response.body)
                 out = message(_RESPONSE)(prediction=response.body)
                 sequence_id = response.headers.get(_SEQUENCE_ID)  # a sequence model's (it may

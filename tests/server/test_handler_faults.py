@@ -154,3 +154,35 @@ def test_a_custom_metric_named_as_a_torchserve_family_is_refused(server: Any, na
     text = httpx.get(f"{server.metrics_url}/metrics", timeout=60).text
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
     assert len(names) == len(set(names))  # one family per name: Prometheus takes the scrape
+
+
+def test_a_status_that_is_no_http_answer_is_an_error_on_every_protocol(
+    server: Any, ts_stubs: Any
+) -> None:
+    """A handler's 102: REST answers 500, and so both gRPC services answer INTERNAL (TorchServe's
+    Predictions took it for a success, ModelInfer answered UNKNOWN)."""
+    import grpc
+    import numpy as np
+    import tritonclient.grpc as triton
+    from tritonclient.utils import InferenceServerException
+
+    headers = {"x-fault-status": "102"}
+    r = httpx.post(f"{server.url}/predictions/faults", content=b"x", headers=headers, timeout=60)
+    assert r.status_code == 500 and "invalid HTTP status" in r.json()["message"]
+    port = server.server.state.ports.grpc_inference
+    x = triton.InferInput("x", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1.0, 2.0]], dtype=np.float32))
+    with (
+        triton.InferenceServerClient(f"127.0.0.1:{port}") as client,
+        pytest.raises(InferenceServerException, match="invalid HTTP status") as oip,
+    ):
+        client.infer("faults", [x], headers=headers)
+    assert oip.value.status() == "StatusCode.INTERNAL"
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = ts_stubs.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    request = ts_stubs.inference_pb2.PredictionsRequest(model_name="faults", input={"data": b"x"})
+    with pytest.raises(grpc.RpcError) as predictions:
+        stub.Predictions(request, metadata=tuple(headers.items()), timeout=60)
+    channel.close()
+    assert predictions.value.code() is grpc.StatusCode.INTERNAL
+    assert "invalid HTTP status" in (predictions.value.details() or "")
