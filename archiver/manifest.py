@@ -277,8 +277,9 @@ class Manifest(BaseModel):
         return data
 
 
-def parse_manifest(raw: bytes | str, *, source: str = MANIFEST_PATH) -> Manifest:
-    """Validate manifest JSON text; raises ManifestError naming the first bad field."""
+def json_object(raw: bytes | str, source: str) -> dict[str, Any]:
+    """``raw`` as a JSON object; ManifestError naming ``source`` for anything else (text that is
+    no JSON, nested past the parser's recursion limit, or not an object)."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -287,6 +288,12 @@ def parse_manifest(raw: bytes | str, *, source: str = MANIFEST_PATH) -> Manifest
         raise ManifestError(f"{source}: not valid JSON (nested too deep)") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: must be a JSON object")
+    return data
+
+
+def parse_manifest(raw: bytes | str, *, source: str = MANIFEST_PATH) -> Manifest:
+    """Validate manifest JSON text; raises ManifestError naming the first bad field."""
+    data = json_object(raw, source)
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

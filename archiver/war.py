@@ -9,7 +9,6 @@ writing), and its manifest is read with a size cap. Torch-free.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from torchbay.archiver.extract import (
     write_zip_members,
 )
 from torchbay.archiver.limits import DEFAULT_MAX_RATIO, DEFAULT_MAX_TOTAL_BYTES, Budget, free_bytes
-from torchbay.archiver.manifest import MAX_MANIFEST_BYTES
+from torchbay.archiver.manifest import MAX_MANIFEST_BYTES, json_object
 
 WAR_MANIFEST = "WAR-INF/MANIFEST.json"
 
@@ -54,12 +53,4 @@ def _manifest(dest: Path, source: str) -> dict[str, Any]:
         return {}
     if path.stat().st_size > MAX_MANIFEST_BYTES:
         raise ManifestError(f"{source}: {WAR_MANIFEST} is too large")
-    try:
-        data = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{source}: {WAR_MANIFEST} is not valid JSON ({exc})") from None
-    except RecursionError:
-        raise ManifestError(f"{source}: {WAR_MANIFEST} is nested too deep") from None
-    if not isinstance(data, dict):
-        raise ManifestError(f"{source}: {WAR_MANIFEST} must be a JSON object")
-    return data
+    return json_object(path.read_bytes(), f"{source}:{WAR_MANIFEST}")

@@ -88,11 +88,8 @@ def guarded(function: Any, streams: bool, rpc: str, client_streams: bool = False
             return await function(_request(request, client_streams), context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Malformed as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Exception:
-            log.exception("gRPC %s failed", rpc)
-            await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
+        except Exception as exc:
+            await _failed(exc, context, rpc)
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
@@ -100,13 +97,19 @@ def guarded(function: Any, streams: bool, rpc: str, client_streams: bool = False
                 yield item
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Malformed as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Exception:
-            log.exception("gRPC %s failed", rpc)
-            await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
+        except Exception as exc:
+            await _failed(exc, context, rpc)
 
     return stream if streams else unary
+
+
+async def _failed(exc: Exception, context: grpc.aio.ServicerContext, rpc: str) -> None:
+    """End the call for ``exc`` (raised inside it, so still being handled): a request that did
+    not parse is the client's INVALID_ARGUMENT, anything else a bug of ours (logged)."""
+    if isinstance(exc, Malformed):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    log.error("gRPC %s failed", rpc, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, "Internal server error")
 
 
 def _request(request: Any, client_streams: bool) -> Any:

@@ -147,10 +147,9 @@ def read_model_yaml(model_dir: Path, manifest: Manifest) -> dict[str, Any] | Non
     # safe_load only: TorchServe's YAML parsing of archive configs was an RCE (CVE-2022-1471).
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"{config_file} is not valid YAML: {exc}") from None
-    except RecursionError:
-        raise BadRequest(f"{config_file} is not valid YAML: nested too deep") from None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
+        problem = "nested too deep" if isinstance(exc, RecursionError) else exc
+        raise BadRequest(f"{config_file} is not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise BadRequest(f"{config_file} must be a YAML mapping")
     return data

@@ -39,16 +39,23 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_children_output_is_logged_and_a_detached_console_is_quiet(tmp_path: Path) -> None:
-    log_file, err_file = tmp_path / "model.log", tmp_path / "ts_log.log"
+def _run(script: str, folder: Path) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    """``script`` run with a model log and a frontend error log in ``folder``: (the run, its
+    model log, its error log)."""
+    log_file, err_file = folder / "model.log", folder / "ts_log.log"
     err_file.write_text("")
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(log_file), str(err_file)],
+        [sys.executable, "-c", script, str(log_file), str(err_file)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+    return proc, log_file, err_file
+
+
+def test_children_output_is_logged_and_a_detached_console_is_quiet(tmp_path: Path) -> None:
+    proc, log_file, err_file = _run(SCRIPT, tmp_path)
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
     messages = {r["message"]: r["logger"] for r in records}
     # A child's print on either stream is one model-log record, formatted by the frontend.
@@ -65,18 +72,11 @@ def test_children_output_is_logged_and_a_detached_console_is_quiet(tmp_path: Pat
 def test_a_child_writing_without_newlines_is_logged_in_bounded_lines(tmp_path: Path) -> None:
     # A handler's progress bar (CR only between updates) and a 3 MiB write with no newline.
     child = "import sys; sys.stdout.write('\\rstep 1\\rstep 2\\r\\n' + 'x' * (3 << 20) + '\\n')"
-    log_file, err_file = tmp_path / "model.log", tmp_path / "ts_log.log"
     script = SCRIPT.replace(
         "child = \"import sys; print('child says hi'); print('child warns', file=sys.stderr)\"",
         f"child = {child!r}",
     ).replace('.count("child") < 2', '.count("x") < (3 << 20)')
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(log_file), str(err_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
+    _, log_file, _ = _run(script, tmp_path)
     messages = [json.loads(line)["message"] for line in log_file.read_text().splitlines()]
     assert messages[:2] == ["step 1", "step 2"]
     assert all(set(m) == {"x"} and len(m) <= MAX_LINE for m in messages[2:])
