@@ -130,12 +130,9 @@ class OipService(SharedMemoryRpcs):
         """One ModelInferRequest through the queue: a ModelInferResponse per part (one for a
         model that does not stream); RpcError for an error. With ``flag``, each carries
         ``triton_final_response``, and a stream that ends on a part gets an empty final one."""
-        try:
-            body, head_len = tensors.request_body(request)
-        except BadRequest as exc:
-            raise from_error(exc, oip=True) from None
 
-        def wire() -> Any:
+        def wire() -> Any:  # read inside the plane's exchange: a refusal is recorded there
+            body, head_len = tensors.request_body(request)  # BadRequest: calls.infer's 400
             return self.calls.wire(
                 context,
                 body,

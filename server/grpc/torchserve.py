@@ -97,10 +97,10 @@ class TorchServeInference(Service):
         self, request: Any, context: grpc.aio.ServicerContext, method: str
     ) -> AsyncIterator[Any]:
         """The PredictionResponses of one request; RpcError for an error."""
-        body, content_type = multipart(request.input)
-        extra = _sequence_headers(request)
 
-        def wire() -> Any:
+        def wire() -> Any:  # read inside the plane's exchange: a refusal is recorded there
+            body, content_type = multipart(request.input)
+            extra = _sequence_headers(request)
             return self.calls.wire(
                 context, body, content_type=content_type, protocol="predict", extra=extra
             )

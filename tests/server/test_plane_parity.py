@@ -354,3 +354,36 @@ def test_a_server_leaves_the_process_log_level_as_it_found_it(oip_store: Path) -
         assert changed.status_code == 200 and changed.json()["log_verbose_level"] == 1
         assert logger.level == logging.DEBUG
     assert logger.level == before
+
+
+def test_a_grpc_infer_refused_for_its_message_is_recorded_as_rest_s_is(
+    server: LiveServer, clients: dict[str, Any]
+) -> None:
+    """A ModelInfer whose tensors cannot be read (two raw contents for one input) is refused
+    INVALID_ARGUMENT, and counted once, as the same refusal over REST is: a fail in the
+    statistics, a 400 in /metrics. A bad message to an unknown model is NOT_FOUND, as over REST."""
+    request_type, response_type, _, _ = messages.method_types(messages.OIP_SERVICE, "ModelInfer")
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.server.state.ports.grpc_inference}")
+    infer = channel.unary_unary(
+        f"/{messages.OIP_SERVICE}/ModelInfer",
+        request_serializer=request_type.SerializeToString,
+        response_deserializer=response_type.FromString,
+    )
+
+    def bad(model: str) -> grpc.StatusCode:
+        request = request_type(model_name=model, raw_input_contents=[b"\0" * 256, b"\0" * 4])
+        request.inputs.add(name="input0", datatype="FP32", shape=[1, 64])
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(request, timeout=30)
+        return refused.value.code()
+
+    try:
+        before, metrics_before = _stats(clients["http"], "http"), _metrics(server)
+        assert bad("one") == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad("nope") == grpc.StatusCode.NOT_FOUND
+        after, metrics = _stats(clients["http"], "http"), _metrics(server)
+        assert (after["fail"] - before["fail"], after["success"] - before["success"]) == (1, 0)
+        assert metrics["code 400"] - metrics_before.get("code 400", 0) == 1
+        assert metrics["ts"] - metrics_before.get("ts", 0) == 1
+    finally:
+        channel.close()
