@@ -330,7 +330,10 @@ def test_a_load_waiting_for_room_makes_none_once_its_model_is_unregistered(
         assert deleted.status_code == 200, deleted.text
         gate.touch()  # a is idle now: the load of the unregistered b must not evict it
         assert busy.result().status_code == 200
-        assert waiting.result().status_code == 503
+        refused = waiting.result()
+        assert refused.status_code == 503
+        assert "server is shutting down" not in refused.text  # was: only b is unregistered
+        assert 'Model "b" version 1.0 is stopping' in refused.json()["message"]
         until(lambda: b_residency.loading is None, "b's load given up", timeout=60.0)
     assert _loaded(live) == {"a": True}
     assert _describe(live, "a")["evictions"] == 0
