@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from torchbay.server.errors import BadRequest, ConfigError, Unauthorized
+from torchbay.server.errors import BadRequest, ConfigError, ServiceUnavailable, Unauthorized
 from torchbay.server.http.asgi import Scope, header
 
 log = logging.getLogger("torchbay.auth")
@@ -104,10 +104,14 @@ class TokenAuth:
             tmp.unlink()
         text = json.dumps(self.key_file_json(), indent=2)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o600)  # a umask can only remove bits, but be explicit
-        tmp.replace(path)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o600)  # a umask can only remove bits, but be explicit
+            tmp.replace(path)
+        except BaseException:  # a full disk: no half-written copy of the keys stays behind
+            tmp.unlink(missing_ok=True)
+            raise
         self._written = text
 
     def delete_key_file(self) -> bool:
@@ -160,13 +164,23 @@ class TokenAuth:
         self.check(header(scope, b"authorization"), kind)  # type: ignore[arg-type]
 
     def rotate(self, kind: str) -> dict[str, Any]:
-        """Replace the management or inference key (new expiry too); rewrite the key file."""
+        """Replace the management or inference key (new expiry too); rewrite the key file. A
+        key file that cannot be written is a 503 and the old key stays (no key is lost)."""
         if kind not in ROTATABLE:
             raise BadRequest(f"type must be one of {', '.join(ROTATABLE)}, got {kind!r}")
         if self.provided:
             raise BadRequest("the keys come from token_keys_file: rotate them there")
+        old = self.keys[kind]
         self.keys[kind] = _Key(new_key(), self.clock() + self.expiration_s)
-        self.write_key_file()
+        try:
+            self.write_key_file()
+        except OSError as exc:  # a full disk, a folder gone: the old key stays, as written
+            self.keys[kind] = old
+            log.error("cannot write the key file %s: %s", self.key_file, exc)
+            raise ServiceUnavailable(
+                f"the {kind} key was not rotated: the key file cannot be written "
+                f"({exc.strerror or type(exc).__name__})"
+            ) from None
         log.info("rotated the %s key", kind)
         return {kind: self.keys[kind].to_json()}
 

@@ -63,7 +63,7 @@ async def kserve_ready(state: State, name: str) -> dict[str, Any]:
     return {"name": name, "ready": mv.status is ModelStatus.READY}
 
 
-@keys.get("/token", **documented(400, 401, 404))
+@keys.get("/token", **documented(400, 401, 404, 503))
 async def rotate_token(request: Request, auth: Auth, type: str = "management") -> dict[str, Any]:
     if auth is None:
         raise NotFound("Token authorization is disabled on this server")

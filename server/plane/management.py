@@ -189,8 +189,11 @@ async def scale(
         task.add_done_callback(_scale_done)
         return Status("Processing worker updates...", 202)
     await _scale(state, mv, params)
-    if mv.closing:  # the server stopped while the workers started (they were stopped)
-        raise ShuttingDown("The server is shutting down; the workers were not scaled")
+    if mv.closing:  # unregistered, or the server stopped, while the workers started
+        raise ShuttingDown(
+            f'Model "{mv.name}" version {mv.version} was stopped (unregistered, or the server '
+            "stopping); the workers were not scaled"
+        )
     if params.min_worker is None:
         return Status(f"Model {mv.name} version {mv.version} updated")
     # TorchServe 0.12 (ApiUtils.updateModelWorkers): 200 when scaled, 500 when starting the

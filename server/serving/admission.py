@@ -197,7 +197,7 @@ def refuse(mv: Any, level: int | None = None) -> None:
     headers, the level not yet known): 503 ShuttingDown, NoWorker or Overloaded (the queue's own
     QueueFull comes at ``put``)."""
     if mv.closing:
-        raise ShuttingDown("The server is shutting down")
+        raise ShuttingDown(stopping_message(mv))
     serving = False
     workers = busy = 0
     for slot in mv.slots:  # one pass: this runs twice per request (see refuse_early)
@@ -214,6 +214,14 @@ def refuse(mv: Any, level: int | None = None) -> None:
         )
     # the batch size the queue runs: the autopilot may run it below the configured one
     mv.admission.check(workers=workers, busy=busy, batch_size=mv.queue.batch_size, level=level)
+
+
+def stopping_message(mv: Any) -> str:
+    """Why a version that is closing refuses: it is unregistered or the server stops (the
+    version cannot tell which; a model's unregistration is no server shutdown)."""
+    return (
+        f'Model "{mv.name}" version {mv.version} is stopping (unregistered, or the server stopping)'
+    )
 
 
 def refuse_early(mv: Any) -> None:

@@ -26,7 +26,7 @@ from torchbay.server.config.model_settings import SETTINGS
 from torchbay.server.config.settings import ModelConfig
 from torchbay.server.errors import NoWorker, ShuttingDown
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.admission import Admission
+from torchbay.server.serving.admission import Admission, stopping_message
 from torchbay.server.serving.autopilot import Autopilot
 from torchbay.server.serving.handle import (
     Spawned,
@@ -341,7 +341,7 @@ class ModelVersion(RequestPath):
                 break  # nobody will ever run them
             await asyncio.sleep(0.02)
         clean = not len(self.queue) and not self.inflight
-        exc = ShuttingDown("The server is shutting down")
+        exc = ShuttingDown(stopping_message(self))
         for item in self.queue.close(exc):
             reject(item.future, ShuttingDown(exc.message))
         for slot in self.slots:

@@ -20,10 +20,10 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
   with the load error (500 ``model_load_failed``); the next request tries again. A load undone
   as it runs (scaled to zero: its starting worker is stopped) leaves the queued to load it again.
 * To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
-  is idle (nothing queued, no reader in flight, not loading) and not ``pinned`` is unloaded.
-  It is idle, so unloading drains nothing; a request that arrives meanwhile is queued and loads
-  it again. When every loaded version is busy, the load waits for one to become idle
-  (re-checked every ``ROOM_POLL_S``); when every one is pinned, it fails 503 at once.
+  is idle (nothing queued, no reader in flight, not loading nor registering) and not ``pinned``
+  is unloaded. It is idle, so unloading drains nothing; a request that arrives meanwhile is
+  queued and loads it again. When every loaded version is busy, the load waits for one to
+  become idle (re-checked every ``ROOM_POLL_S``); when every one is pinned, it fails 503 at once.
 * Readiness: an on-demand version is READY (``ModelVersion.status``) loaded or not, as Ray
   Serve's multiplexed models are always routable: a load balancer that saw it unready would
   never send the request that loads it. Describe's ``loaded`` tells the two apart.
@@ -61,7 +61,7 @@ class Residency:
     loads: int = 0
     evictions: int = 0
     loading: asyncio.Future[None] | None = None
-    placed: bool = False
+    placed: bool = False  # also while a registration starts its workers: never evicted then
     leaving: asyncio.Future[None] | None = None  # its unload under way (an eviction)
     # One load or unload of this version at a time.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -189,6 +189,7 @@ class Multiplexer:
         return (
             not mv.settings.pinned
             and residency.loading is None
+            and not residency.placed  # its registration's workers are starting
             and residency.leaving is None
             and not residency.lock.locked()
             and not len(mv.queue)

@@ -248,3 +248,30 @@ def test_unusable_provided_keys_are_a_config_error(tmp_path, content):
     keys_file.write_text(content)
     with pytest.raises(ConfigError, match="token_keys_file"):
         TokenAuth(tmp_path / "key_file.json", 60, keys_file=keys_file)
+
+
+def test_a_rotation_whose_key_file_cannot_be_written_keeps_the_old_key(model_store, tmp_path):
+    run = tmp_path / "run"
+    key_file = run / "key_file.json"
+    config = make_config(model_store, disable_token_authorization=False, key_file=key_file)
+    server = LiveServer(config).start()
+    try:
+        keys = json.loads(key_file.read_text())
+        api = {"Authorization": f"Bearer {keys['API']['key']}"}
+        old = {"Authorization": f"Bearer {keys['management']['key']}"}
+        key_file.unlink()
+        run.rmdir()
+        run.write_text("not a folder")  # the key file cannot be written now
+        with httpx.Client(base_url=server.management_url, timeout=60) as client:
+            r = client.get("/token", params={"type": "management"}, headers=api)
+            assert r.status_code == 503, r.text  # was: 500, and the new key lost with it
+            assert "not rotated" in r.json()["message"] and str(tmp_path) not in r.text
+            assert client.get("/models", headers=old).status_code == 200  # the old key holds
+            run.unlink()
+            r = client.get("/token", params={"type": "management"}, headers=api)
+            assert r.status_code == 200, r.text
+            new = {"Authorization": f"Bearer {r.json()['management']['key']}"}
+            assert client.get("/models", headers=new).status_code == 200
+            assert client.get("/models", headers=old).status_code == 401
+    finally:
+        server.stop()

@@ -330,7 +330,32 @@ def test_a_load_waiting_for_room_makes_none_once_its_model_is_unregistered(
         assert deleted.status_code == 200, deleted.text
         gate.touch()  # a is idle now: the load of the unregistered b must not evict it
         assert busy.result().status_code == 200
-        assert waiting.result().status_code == 503
+        refused = waiting.result()
+        assert refused.status_code == 503
+        assert "server is shutting down" not in refused.text  # was: only b is unregistered
+        assert 'Model "b" version 1.0 is stopping' in refused.json()["message"]
         until(lambda: b_residency.loading is None, "b's load given up", timeout=60.0)
     assert _loaded(live) == {"a": True}
     assert _describe(live, "a")["evictions"] == 0
+
+
+def test_a_registration_still_loading_is_never_evicted_for_another_load(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    gate = tmp_path / "load-gate"
+    live = serve({"slow": f"loadGate: {gate}\n"}, max_loaded_models=1)
+    _register(live, "b", workers=0)  # registered unloaded: the budget is empty
+    url = f"{live.management_url}/models?url=slow.mar&initial_workers=1&synchronous=true"
+    with ThreadPoolExecutor(2) as pool:
+        registering = pool.submit(httpx.post, url, timeout=120)  # takes the budget's one place
+        until(lambda: "slow" in live.server.registry.models, "slow registered", timeout=60.0)
+        slow = live.server.registry.resolve("slow")
+        until(lambda: any(s.worker for s in slow.slots), "slow's worker started", timeout=60.0)
+        waiting = pool.submit(_predict, live, "b", "b1")  # must wait for slow to be loaded
+        until(lambda: _residency(live, "b").loading is not None, "b's load started", timeout=60.0)
+        gate.touch()
+        answer = registering.result()  # was: 500 "no worker could load the model" (evicted)
+        assert answer.status_code == 200, answer.text
+        assert waiting.result().status_code == 200  # then slow, idle, makes room for b
+    assert _loaded(live) == {"b": True, "slow": False}
+    assert _describe(live, "slow")["evictions"] == 1
