@@ -46,6 +46,14 @@ def _parts(body: dict, context) -> str:
     return "end"
 
 
+def _note(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole: the test polls for the file, and a read between its
+    creation and its write would be empty."""
+    tmp = Path(path + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def _until_stopped(body: dict, context) -> str:
     end = time.monotonic() + DEADLINE_S
     i = 0
@@ -58,7 +66,7 @@ def _until_stopped(body: dict, context) -> str:
             i += 1
             time.sleep(0.005)
     except Exception as exc:
-        Path(body["until_stopped"]).write_text(type(exc).__name__)
+        _note(body["until_stopped"], type(exc).__name__)
         raise
     return "never stopped"
 
@@ -78,7 +86,7 @@ def _generator(body: dict, batch: int = 1):
             yield "."
     except GeneratorExit:
         if body.get("closed"):
-            Path(body["closed"]).write_text("GeneratorExit")
+            _note(body["closed"], "GeneratorExit")
         raise
 
 
