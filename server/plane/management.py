@@ -31,6 +31,7 @@ from torchbay.server.errors import (
 )
 from torchbay.server.plane.describe import describe as describe_version
 from torchbay.server.plane.params import ScaleParams, register_overrides, scale_params
+from torchbay.server.serving.admission import stopping_message
 from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
@@ -190,10 +191,7 @@ async def scale(
         return Status("Processing worker updates...", 202)
     await _scale(state, mv, params)
     if mv.closing:  # unregistered, or the server stopped, while the workers started
-        raise ShuttingDown(
-            f'Model "{mv.name}" version {mv.version} was stopped (unregistered, or the server '
-            "stopping); the workers were not scaled"
-        )
+        raise ShuttingDown(stopping_message(mv, "was stopped", "; the workers were not scaled"))
     if params.min_worker is None:
         return Status(f"Model {mv.name} version {mv.version} updated")
     # TorchServe 0.12 (ApiUtils.updateModelWorkers): 200 when scaled, 500 when starting the

@@ -216,11 +216,12 @@ def refuse(mv: Any, level: int | None = None) -> None:
     mv.admission.check(workers=workers, busy=busy, batch_size=mv.queue.batch_size, level=level)
 
 
-def stopping_message(mv: Any) -> str:
-    """Why a version that is closing refuses: it is unregistered or the server stops (the
-    version cannot tell which; a model's unregistration is no server shutdown)."""
+def stopping_message(mv: Any, state: str = "is stopping", then: str = "") -> str:
+    """Why a version that is closing refuses or stops what it did (``then``): it is unregistered
+    or the server stops (the version cannot tell which; an unregistration is no shutdown)."""
     return (
-        f'Model "{mv.name}" version {mv.version} is stopping (unregistered, or the server stopping)'
+        f'Model "{mv.name}" version {mv.version} {state} (unregistered, or the server '
+        f"stopping){then}"
     )
 
 

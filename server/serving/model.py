@@ -218,8 +218,7 @@ class ModelVersion(RequestPath):
         if count and not any(slot.ready for slot in self.slots):
             if self.closing and not errors:  # unregistered (or the server stopped) meanwhile
                 raise ShuttingDown(
-                    f'Model "{self.name}" version {self.version} was stopped (unregistered, or '
-                    "the server stopping) before its workers loaded"
+                    stopping_message(self, "was stopped", " before its workers loaded")
                 )
             error = errors[0] if errors else WorkerLoadError("no worker could load the model")
             self.load_error = str(error)
