@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
-from torchbay.server.errors import HandlerFailed, ServiceUnavailable, TorchbayError
+from torchbay.server.errors import BadRequest, HandlerFailed, ServiceUnavailable, TorchbayError
 from torchbay.server.http import disconnect, early, kserve_v1, streaming
 from torchbay.server.http.asgi import (
     Answer,
@@ -177,10 +177,12 @@ class InferenceApp:
         extra: dict[str, str] | None = None,
         respond: Respond | None = None,
         choose: Callable[[], str] | None = None,
+        check: Callable[[Scope, bytes], None] | None = None,
     ) -> None:
         """The hot path: admit one request to its model's queue, answer its response (or its
         stream of parts, see streaming.py) with ``respond``; the plane records it. ``choose``
-        names the model once the key is checked (``/invocations``: 401 before 400)."""
+        names the model once the key is checked (``/invocations``: 401 before 400); ``check``
+        refuses a body the endpoint cannot take before it is queued."""
         with self.plane.exchange(scope, name, version) as ex:
             if self.authorize is not None:
                 self.authorize(scope, "inference")
@@ -188,6 +190,8 @@ class InferenceApp:
                 ex.name = choose()
             mv = ex.resolve()  # 503 from the headers alone: the body is never read
             body = await read_body(scope, receive, self.max_request_size)
+            if check is not None:
+                check(scope, body)
             wire = self._wire_request(scope, body, protocol, extra)
             item = ex.admit(wire)
             # A part, or the response when nothing streams; None when the client left.
@@ -264,16 +268,23 @@ class InferenceApp:
         await self._infer(scope, receive, send, name, version, "v2")
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
-        respond = _generated(streaming.respond_generate)
-        scope = _as_json(scope)
-        await self._infer(scope, receive, send, *early.v2_model(match), "predict", respond=respond)
+        await self._generated(scope, receive, send, match, streaming.respond_generate)
 
     async def _generate_stream(
         self, scope: Scope, receive: Receive, send: Send, match: Match
     ) -> None:
-        respond = _generated(streaming.respond_generate_stream)
-        scope = _as_json(scope)
-        await self._infer(scope, receive, send, *early.v2_model(match), "predict", respond=respond)
+        await self._generated(scope, receive, send, match, streaming.respond_generate_stream)
+
+    async def _generated(
+        self, scope: Scope, receive: Receive, send: Send, match: Match, answer: Callable
+    ) -> None:
+        """The generate extension: its JSON object to the handler, the answer as one JSON
+        object or as server-sent events (``answer``)."""
+        respond, scope = _generated(answer), _as_json(scope)
+        name, version = early.v2_model(match)
+        await self._infer(
+            scope, receive, send, name, version, "predict", respond=respond, check=_json_object
+        )
 
     async def _model_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         if self.authorize is not None:
@@ -293,6 +304,15 @@ def _as_json(scope: Scope) -> Scope:
     headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
     scope["headers"] = [*headers, (b"content-type", b"application/json")]
     return scope
+
+
+def _json_object(scope: Scope, body: bytes) -> None:
+    """A generate body is one JSON object (its keys: the inputs and parameters), as Triton
+    requires: an empty body or other JSON is a 400 here, not a call of the handler with
+    nothing. A byte test, not a parse: the worker parses it, and refuses a broken object. A
+    compressed body is left to the worker's decoding."""
+    if header(scope, b"content-encoding") is None and body.lstrip(b" \t\r\n")[:1] != b"{":
+        raise BadRequest("The generate request body must be a JSON object")
 
 
 def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:

@@ -205,6 +205,19 @@ def test_generate_error_before_any_part_is_json(server: LiveServer) -> None:
     assert missing.status_code == 404 and set(missing.json()) == {"error"}
 
 
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_generate_body_must_be_a_json_object(server: LiveServer, path: str) -> None:
+    # Triton refuses these; they reached the handler, which answered 200 to nothing
+    for body in (b"", b"  ", b"[]", b"5", b'"text"', b"null"):
+        answer = httpx.post(f"{server.url}/v2/models/stream/{path}", content=body)
+        assert answer.status_code == 400, body
+        assert answer.json() == {"error": "The generate request body must be a JSON object"}
+    spaced = httpx.post(
+        f"{server.url}/v2/models/stream/generate", content=b'\n {"text_input": "a"}'
+    )
+    assert spaced.status_code == 200 and spaced.json()["text_output"] == "a"
+
+
 def test_response_timeout_bounds_each_part_not_the_stream(server: LiveServer) -> None:
     # 16 parts 0.25 s apart: 4 s in all, past the model's 3 s responseTimeout
     items = [str(i) for i in range(16)]
