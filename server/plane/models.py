@@ -327,21 +327,29 @@ def _load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | N
         )
     if config.get("name", name) != name:
         raise BadRequest(f"parameters.config: name {config['name']!r} is not {name!r}")
-    return _config_settings(config)
+    return _config_settings(name, config)
 
 
-def _config_settings(config: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+def _batch_size(name: str, max_batch_size: int) -> int:
+    """The batch size of Triton's ``max_batch_size``: 0 (no batching) serves one at a time;
+    below 0 is refused in Triton's words."""
+    if max_batch_size < 0:
+        raise BadRequest(f"'max_batch_size' must be non-negative value for {name}")
+    return max(1, max_batch_size)
+
+
+def _config_settings(name: str, config: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     overrides: dict[str, Any] = {}
     workers: int | None = None
     try:
         if "max_batch_size" in config:
-            overrides["batch_size"] = max(1, int(config["max_batch_size"]))
+            overrides["batch_size"] = _batch_size(name, int(config["max_batch_size"]))
         delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
         if delay is not None:
             overrides["max_batch_delay"] = float(delay) / 1000
         groups = config.get("instance_group")
-        if groups is not None:
-            workers = sum(int(g.get("count", 1)) for g in groups)
+        if groups:  # Triton: a group's count below 1 is its default, one instance
+            workers = sum(max(1, int(g.get("count", 1))) for g in groups)
         if "response_cache" in config:
             overrides["response_cache"] = _response_cache(config["response_cache"])
     except (TypeError, ValueError, AttributeError, OverflowError):  # int() of JSON Infinity

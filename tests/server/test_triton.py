@@ -122,6 +122,8 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
         ("two", {"parameters": {"config": '{"max_batch_size": Infinity}'}}, 400, "numbers"),
         ("two", {"parameters": {"config": '{"instance_group": [{"count": Infinity}]}'}}, 400,
          "numbers"),
+        ("two", {"parameters": {"config": '{"max_batch_size": -5}'}}, 400,
+         "'max_batch_size' must be non-negative value for two"),
     ],
 )  # fmt: skip
 def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, fragment) -> None:
@@ -160,6 +162,21 @@ def test_loading_a_loaded_model_with_a_config_reloads_it_with_that_config(
         }
         client.load_model("one", config=json.dumps(back))
     assert client.get_model_config("one")["max_batch_size"] == 1
+
+
+@pytest.mark.parametrize("groups", [[{"count": 0}], [{"count": -2, "kind": "KIND_CPU"}], []])
+def test_load_with_an_instance_count_below_one_takes_one(
+    server: LiveServer, client, groups: list
+) -> None:
+    """Triton gives a group whose count is below 1 (or no group at all) its default count,
+    one instance for PyTorch; torchbay registered the model with no worker."""
+    client.load_model("two", config=json.dumps({"instance_group": groups}))
+    try:
+        assert client.is_model_ready("two")
+        assert client.get_model_config("two")["instance_group"][0]["count"] == 1
+        assert len(server.server.registry.resolve("two").slots) == 1
+    finally:
+        client.unload_model("two")
 
 
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
