@@ -125,13 +125,20 @@ class OipService(SharedMemoryRpcs):
             return None
 
     async def _responses(
-        self, request: Any, context: grpc.aio.ServicerContext, path: str, flag: bool = False
+        self,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        path: str,
+        flag: bool | None = None,
     ) -> AsyncIterator[Any]:
         """One ModelInferRequest through the queue: a ModelInferResponse per part (one for a
-        model that does not stream); RpcError for an error. With ``flag``, each carries
-        ``triton_final_response``, and a stream that ends on a part gets an empty final one."""
+        model that does not stream); RpcError for an error. ``flag`` (a stream's request: not
+        None) is whether it asks for ``triton_final_response``: then each response carries it,
+        and a stream that ends on a part gets an empty final one."""
 
         def wire() -> Any:  # read inside the plane's exchange: a refusal is recorded there
+            if flag is not None:
+                _take_final_flag(request)  # BadRequest for a value that is not a bool
             body, head_len = tensors.request_body(request)  # BadRequest: calls.infer's 400
             return self.calls.wire(
                 context,
@@ -197,9 +204,8 @@ class OipService(SharedMemoryRpcs):
         self, request: Any, context: grpc.aio.ServicerContext, done: asyncio.Queue
     ) -> None:
         out = message("inference.ModelStreamInferResponse")()
-        flag = False
+        flag = _asks_final(request)
         try:
-            flag = _final_flag(request)
             async for part in self._responses(request, context, _STREAM_PATH, flag):
                 done.put_nowait(message("inference.ModelStreamInferResponse")(infer_response=part))
             return
@@ -215,20 +221,23 @@ class OipService(SharedMemoryRpcs):
         done.put_nowait(out)
 
 
-def _final_flag(request: Any) -> bool:
-    """Whether the request asks for ``triton_final_response`` (Triton's parameter, taken out
-    of the request: it is the server's, not the model's); RpcError for a value not a bool."""
+def _asks_final(request: Any) -> bool:
+    """Whether the request asks for ``triton_final_response`` (a bool parameter, true)."""
     if EMPTY_FINAL not in request.parameters:
         return False
     value = request.parameters[EMPTY_FINAL]
-    kind, on = value.WhichOneof("parameter_choice"), value.bool_param
+    return value.WhichOneof("parameter_choice") == "bool_param" and value.bool_param
+
+
+def _take_final_flag(request: Any) -> None:
+    """Take Triton's ``triton_enable_empty_final_response`` out of the request (it is the
+    server's, not the model's); BadRequest for a value that is not a bool."""
+    if EMPTY_FINAL not in request.parameters:
+        return
+    kind = request.parameters[EMPTY_FINAL].WhichOneof("parameter_choice")
     del request.parameters[EMPTY_FINAL]
     if kind != "bool_param":
-        raise from_error(
-            BadRequest(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param."),
-            oip=True,
-        )
-    return on
+        raise BadRequest(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param.")
 
 
 def _empty_final(request: Any) -> Any:

@@ -12,9 +12,12 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from .conftest import LiveServer, stream_server
 
@@ -90,3 +93,35 @@ def test_an_error_mid_stream_ends_the_request_without_an_empty_response(
     assert got[0].text == "a" and got[0].params["triton_final_response"] is False
     # The error is the request's last answer (tritonclient hands it over as an error).
     assert len(got) == 2 and got[1].error is not None and "ValueError" in got[1].error
+
+
+def test_a_flag_that_is_not_a_bool_is_refused_and_recorded(server: LiveServer) -> None:
+    """Refused in Triton's words, and counted as the model's failed request, as every other
+    refusal inside the exchange is (it was refused before it, and counted nowhere).
+    tritonclient will not send it: raw stubs."""
+
+    def failures() -> int:
+        stats = httpx.get(f"{server.url}/v2/models/stream/stats", timeout=30).json()
+        return stats["model_stats"][0]["inference_stats"]["fail"]["count"]
+
+    def request(flag: Any) -> Any:
+        body = json.dumps({"yield": ["a"]}).encode()
+        raw = service_pb2.ModelInferRequest(model_name="stream", id="r2")
+        raw.inputs.add(name="INPUT0", datatype="BYTES", shape=[1])
+        raw.raw_input_contents.append(len(body).to_bytes(4, "little") + body)
+        raw.parameters["triton_enable_empty_final_response"].CopyFrom(flag)
+        return raw
+
+    before = failures()
+    address = f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        flags = [service_pb2.InferParameter(string_param="yes")]
+        flags.append(service_pb2.InferParameter(bool_param=True))
+        got = list(stub.ModelStreamInfer(iter([request(f) for f in flags]), timeout=DEADLINE_S))
+    errors = [r.error_message for r in got if r.error_message]
+    refusal = "invalid value type for 'triton_enable_empty_final_response' parameter"
+    assert errors == [refusal + ", expected bool_param."]
+    assert failures() == before + 1
+    served = [r.infer_response for r in got if not r.error_message]  # the stream serves on
+    assert served and served[-1].parameters["triton_final_response"].bool_param is True
