@@ -175,5 +175,12 @@ class ShuttingDown(ServiceUnavailable):
     code = "shutting_down"
 
 
+class SlowReader(ServiceUnavailable):
+    """A stream whose client reads it slower than its handler writes it, ended when the parts
+    waiting to be sent would pass ``max_response_size`` (serving/streams.py)."""
+
+    code = "slow_reader"
+
+
 class RequestTimeout(TorchbayError):
     status, code = 504, "timeout"

@@ -43,6 +43,8 @@ from torchbay.server.grpc.triton import OPERATIONS as TRITON_RPCS
 log = logging.getLogger("torchbay.grpc")
 _INFER_PATH = f"/{OIP_SERVICE}/ModelInfer"
 _STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
+# The answers of a ModelStreamInfer call that may wait for its client to read them.
+_AHEAD = 16
 EMPTY_FINAL = "triton_enable_empty_final_response"  # Triton's request parameter
 FINAL = "triton_final_response"  # and the response parameter it turns on
 TRITON_OPERATIONS = (*TRITON_RPCS, *SHM_RPCS)
@@ -170,7 +172,9 @@ class OipService(SharedMemoryRpcs):
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         await self.authorize(context)
-        done: asyncio.Queue[Any] = asyncio.Queue()
+        # Bounded: a client that reads slowly holds the requests' tasks back, so their parts
+        # wait in the plane's buffer, which ends a stream that runs too far ahead (SlowReader).
+        done: asyncio.Queue[Any] = asyncio.Queue(maxsize=_AHEAD)
         reader = asyncio.ensure_future(self._read_stream(requests, context, done))
         try:
             while True:
@@ -188,6 +192,7 @@ class OipService(SharedMemoryRpcs):
     ) -> None:
         """Start one task per request as it arrives; put each answer on ``done``, then None."""
         tasks: set[asyncio.Task] = set()
+        ended = False
         try:
             async for request in requests:
                 task = asyncio.ensure_future(self._stream_one(request, context, done))
@@ -195,10 +200,13 @@ class OipService(SharedMemoryRpcs):
                 task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.gather(*tasks)
+            await done.put(None)  # after every answer, as the client reads them
+            ended = True
         finally:
             for task in tasks:
                 task.cancel()
-            done.put_nowait(None)
+            if not ended and not done.full():  # a broken call: nobody may read any more
+                done.put_nowait(None)
 
     async def _stream_one(
         self, request: Any, context: grpc.aio.ServicerContext, done: asyncio.Queue
@@ -207,7 +215,7 @@ class OipService(SharedMemoryRpcs):
         flag = _asks_final(request)
         try:
             async for part in self._responses(request, context, _STREAM_PATH, flag):
-                done.put_nowait(message("inference.ModelStreamInferResponse")(infer_response=part))
+                await done.put(message("inference.ModelStreamInferResponse")(infer_response=part))
             return
         except RpcError as exc:
             out.error_message = exc.details
@@ -218,7 +226,7 @@ class OipService(SharedMemoryRpcs):
             out.infer_response.id = request.id
         if flag:  # an error ends the request: Triton flags its error response final
             out.infer_response.parameters[FINAL].bool_param = True
-        done.put_nowait(out)
+        await done.put(out)
 
 
 def _asks_final(request: Any) -> bool:

@@ -7,8 +7,10 @@ each flushed (one ASGI body message each; uvicorn frames them as HTTP/1.1 chunks
 error after the first part cannot change the status any more: its error body is the stream's
 last chunk (an SSE ``data: {"error": ...}`` event). While a stream is open the client's
 disconnect (ASGI ``http.disconnect``) is watched: the stream is closed, which cancels the
-request and tells its worker to stop producing for it (``ModelVersion.stream``). A client that
-reads slower than the handler produces is not pushed back on: its parts wait in memory. An
+request and tells its worker to stop producing for it (``ModelVersion.stream``). Each part is
+sent once uvicorn's write buffer drains; a client that reads slower than the handler produces
+lets its parts wait, up to ``max_response_size`` bytes, then its stream ends with a SlowReader
+error (serving/streams.py). An
 HTTP/1.0 client cannot read chunked transfer encoding (RFC 9112 6.1, a server MUST NOT send it):
 its stream is gathered and answered whole, with its length (:func:`whole`).
 

@@ -71,13 +71,20 @@ class Parts(Generic[R]):
     ``Pending`` then holds a fresh future for the final response); the later ones do."""
 
     def __init__(self) -> None:
-        self.items: collections.deque[R] = collections.deque()
+        self.items: collections.deque[tuple[R, int]] = collections.deque()
+        self.unread = 0  # bytes of the buffered parts (the sizes given to ``push``)
         self.started = False
         self._waiter: asyncio.Future[None] | None = None
 
-    def push(self, part: R) -> None:
-        self.items.append(part)
+    def push(self, part: R, size: int = 0) -> None:
+        self.items.append((part, size))
+        self.unread += size
         self._wake()
+
+    def pop(self) -> R:
+        part, size = self.items.popleft()
+        self.unread -= size
+        return part
 
     def _wake(self, _: object = None) -> None:
         if self._waiter is not None and not self._waiter.done():

@@ -7,7 +7,10 @@ Used by ``slot.run_batch`` for every batch; ``ModelVersion.admit_reader``/``rest
 ``stream``) is the reader. A request admitted without one (``admit``, no ``Parts``) gets only the
 handler's final response: its parts are dropped. A part past ``max_response_size`` ends its
 request with a 500, like a final response, and the worker is told to stop producing for it.
-Torch-free.
+A reader that falls behind is bounded the same way: when the parts waiting for it would hold
+more than ``max_response_size`` bytes (as much as one whole response), its request is ended
+with :class:`SlowReader` (the stream's last answer) and the worker told to stop: a client that
+stops reading cannot make the server hold its stream without bound. Torch-free.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from torchbay.server.errors import HandlerFailed
+from torchbay.server.errors import HandlerFailed, SlowReader, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Parts, Pending, reject
 
@@ -51,22 +54,11 @@ class BatchStreams:
             return
         size = len(part.response.body)
         if self.limit and size > self.limit:
-            log.error(
-                "model %s: request %s: a streamed part of %d bytes exceeds "
-                "max_response_size (%d bytes); answered 500",
-                self.key,
-                part.request_id,
-                size,
-                self.limit,
+            message = (
+                f"The model's response of {size} bytes exceeds the "
+                f"server's max_response_size of {self.limit} bytes"
             )
-            reject(
-                item.future,
-                HandlerFailed(
-                    f"The model's response of {size} bytes exceeds the "
-                    f"server's max_response_size of {self.limit} bytes"
-                ),
-            )
-            self.worker.cancel(part.request_id)  # nobody will read its further parts
+            self._end(item, part.request_id, HandlerFailed(message))
             return
         if not item.parts.started:
             # The first part answers the reader's await of the request's future (no waiter on
@@ -77,7 +69,21 @@ class BatchStreams:
             item.future.add_done_callback(self._left)
             first.set_result(part.response)
             return
-        item.parts.push(part.response)
+        if self.limit and item.parts.unread + size > self.limit:
+            message = (
+                f"The client read the stream too slowly: more than the server's "
+                f"max_response_size of {self.limit} bytes of it were waiting to be sent"
+            )
+            self._end(item, part.request_id, SlowReader(message))
+            return
+        item.parts.push(part.response, size)
+
+    def _end(self, item: Pending, request_id: str, error: TorchbayError) -> None:
+        """End a request on ``error`` (its reader's last answer) and tell the worker to stop
+        producing for it (nobody will read its further parts)."""
+        log.error("model %s: request %s: %s; the request is ended", self.key, request_id, error)
+        reject(item.future, error)
+        self.worker.cancel(request_id)
 
     def _left(self, future: asyncio.Future) -> None:
         if not future.cancelled():
@@ -96,7 +102,7 @@ async def later_parts(item: Pending, parts: Parts) -> AsyncIterator[p.WireRespon
     while True:  # the final response comes on a fresh future (see on_part)
         await parts.wait(item.future)
         if parts.items:
-            yield parts.items.popleft()
+            yield parts.pop()
             continue
         final = item.future.result()
         if final.body or final.status >= 400:
