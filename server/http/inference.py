@@ -221,7 +221,8 @@ class InferenceApp:
         if response.partial and status not in (204, 304):
             headers.insert(0, (b"content-type", content_type))
             oip = wire.protocol == "v2"
-            send = streaming.whole(send, scope)  # (an HTTP/1.0 client: no chunks)
+            # (an HTTP/1.0 client: no chunks)
+            send = streaming.whole(send, scope, mv.settings.max_response_size)
             await streaming.send_chunked(send, receive, response, parts, headers, oip=oip)
         elif status in (204, 304):
             # No body allowed: one sent anyway would be read as the start of the next
@@ -327,8 +328,9 @@ def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:
         first: WireResponse,
         parts: streaming.Parts,
     ) -> int:
-        send = streaming.whole(send, scope)  # (an HTTP/1.0 client: no chunks)
-        return await answer(send, receive, first, parts, mv.name, mv.version)
+        limit = mv.settings.max_response_size
+        send = streaming.whole(send, scope, limit)  # (an HTTP/1.0 client: no chunks)
+        return await answer(send, receive, first, parts, mv.name, mv.version, limit)
 
     return respond
 

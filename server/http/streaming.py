@@ -29,7 +29,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from torchbay.server.errors import TorchbayError
+from torchbay.server.errors import HandlerFailed, TorchbayError
 from torchbay.server.http.asgi import Message, Receive, Scope, Send, dumps, send_bytes
 from torchbay.server.plane import WireResponse
 
@@ -96,19 +96,21 @@ async def send_chunked(
     await send({"type": "http.response.body", "body": b""})
 
 
-def whole(send: Send, scope: Scope) -> Send:
+def whole(send: Send, scope: Scope, limit: int) -> Send:
     """``send`` for a streamed answer: as it is, or for an HTTP/1.0 client (no chunked transfer
-    encoding) one that gathers the body messages and sends them as one, with its length."""
+    encoding) one that gathers the body messages and sends them as one, with its length; past
+    ``limit`` bytes (``max_response_size``, 0: none) it raises, nothing sent (see ``gather``)."""
     if scope.get("http_version") != "1.0":
         return send
     start: dict[str, Any] = {}
     chunks: list[bytes] = []
+    size = Gathered(limit)
 
     async def gathered(message: Message) -> None:
         if message["type"] == "http.response.start":
             start.update(message)
             return
-        chunks.append(message.get("body", b""))
+        chunks.append(size.add(message.get("body", b"")))
         if message.get("more_body", False):
             return
         body = b"".join(chunks)
@@ -118,6 +120,25 @@ def whole(send: Send, scope: Scope) -> Send:
         await send({"type": "http.response.body", "body": body})
 
     return gathered
+
+
+class Gathered:
+    """The bytes of a stream gathered into one answer, bounded as a whole response is: past
+    ``max_response_size`` (0: no bound) ``add`` raises HandlerFailed, the 500 of a handler's
+    response that is too large. Raised while the stream is read, it closes the stream (the
+    worker is told to stop); nothing was sent, so the route answers the error."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.size = limit, 0
+
+    def add(self, body: bytes) -> bytes:
+        self.size += len(body)
+        if self.limit and self.size > self.limit:
+            raise HandlerFailed(
+                f"The model's streamed response of more than {self.limit} bytes exceeds the "
+                f"server's max_response_size of {self.limit} bytes"
+            )
+        return body
 
 
 # -- the generate extension -----------------------------------------------------------------
@@ -183,13 +204,23 @@ async def send_events(
 
 
 async def respond_generate(
-    send: Send, receive: Receive, first: WireResponse, parts: Parts, name: str, version: str
+    send: Send,
+    receive: Receive,
+    first: WireResponse,
+    parts: Parts,
+    name: str,
+    version: str,
+    limit: int = 0,
 ) -> int:
-    """``/generate``: every part gathered into one JSON answer; its status."""
+    """``/generate``: every part gathered into one JSON answer (at most ``limit`` bytes of
+    parts, see ``Gathered``); its status."""
     objects = [generate_object(first, name, version)]
+    size = Gathered(limit)
+    size.add(first.body)
     async for item in follow(parts, receive) if first.status < 400 else _nothing():
         if isinstance(item, TorchbayError):
             raise item  # nothing was sent yet: answered as any error of this route
+        size.add(item.body)
         if item.status >= 400:
             first, objects = item, [generate_object(item, name, version)]
             break
@@ -201,9 +232,16 @@ async def respond_generate(
 
 
 async def respond_generate_stream(
-    send: Send, receive: Receive, first: WireResponse, parts: Parts, name: str, version: str
+    send: Send,
+    receive: Receive,
+    first: WireResponse,
+    parts: Parts,
+    name: str,
+    version: str,
+    limit: int = 0,
 ) -> int:
-    """``/generate_stream``: an error first answer is plain JSON; else server-sent events."""
+    """``/generate_stream``: an error first answer is plain JSON; else server-sent events
+    (sent as they come: ``limit`` is not needed, the parts' buffer bounds a slow reader)."""
     if first.status >= 400:
         await send_bytes(send, first.status, dumps(generate_object(first, name, version)))
         return first.status

@@ -2,8 +2,10 @@
 (assets/stream_handler.py's ``until_stopped``: a 50 kB part every 5 ms, ~10 MB/s). The parts
 waiting for the client may hold at most ``max_response_size`` bytes (200 kB here): past that
 the stream ends with a SlowReader answer and the handler is told to stop, over HTTP (chunked),
-gRPC ModelStreamInfer and TorchServe's gRPC StreamPredictions. Before, they were held in the
-server's memory without bound for as long as the handler ran."""
+gRPC ModelStreamInfer and TorchServe's gRPC StreamPredictions. A stream the server gathers
+into one answer (``/generate``, an HTTP/1.0 client's) is bounded as a whole response is: a 500
+past ``max_response_size``. Before, all of these were held in the server's memory without
+bound for as long as the handler ran."""
 
 from __future__ import annotations
 
@@ -121,4 +123,36 @@ def test_grpc_stream_predictions(server: LiveServer, ts, tmp_path: Path) -> None
                 pass
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "read the stream too slowly" in ended.value.details()
+    _still_serves(server)
+
+
+def test_generate_gathers_at_most_max_response_size(server: LiveServer, tmp_path: Path) -> None:
+    """``/generate`` joins every part into one answer: bounded as a whole response is."""
+    stopped = tmp_path / "stopped"
+    answer = httpx.post(
+        f"{server.url}/v2/models/stream/generate", content=_body(stopped), timeout=DEADLINE_S
+    )
+    assert answer.status_code == 500
+    assert "exceeds the server's max_response_size of 200000 bytes" in answer.json()["error"]
+    assert _poll(stopped) == "StreamCancelled"
+    _still_serves(server)
+
+
+def test_an_http10_stream_is_gathered_at_most_max_response_size(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """An HTTP/1.0 client gets the stream whole, with its length: bounded the same way."""
+    stopped = tmp_path / "stopped"
+    data = _body(stopped)
+    head = f"POST /predictions/stream HTTP/1.0\r\ncontent-length: {len(data)}\r\n"
+    with socket.create_connection(("127.0.0.1", server.server.state.ports.inference)) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.sendall(head.encode() + b"content-type: application/json\r\n\r\n" + data)
+        received = b""
+        while chunk := sock.recv(1 << 20):  # HTTP/1.0: the server closes after the answer
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 500")
+    error = json.loads(received.split(b"\r\n\r\n", 1)[1])
+    assert "exceeds the server's max_response_size of 200000 bytes" in error["message"]
+    assert _poll(stopped) == "StreamCancelled"
     _still_serves(server)
