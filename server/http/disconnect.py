@@ -19,6 +19,7 @@ so it is cancelled rather than run for nobody. Torch-free.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from torchbay.server.http.asgi import Scope
@@ -47,3 +48,17 @@ async def first_answer(scope: Scope, ex: Exchange, future: asyncio.Future) -> Wi
         return None
     finally:
         del scope[LEFT]
+
+
+async def all_answers(
+    scope: Scope, ex: Exchange, futures: Sequence[asyncio.Future]
+) -> list[WireResponse | BaseException] | None:
+    """Every one of ``futures``' results or errors, in order (KServe v1's instances), or None
+    when the client disconnected while they were pending: every request still unanswered is
+    then cancelled (queued: it never runs) and the exchange records 499."""
+    scope[LEFT] = ex.leave
+    try:
+        results = await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        del scope[LEFT]
+    return None if ex.status == CLIENT_LEFT else results

@@ -6,12 +6,13 @@ handler gets); the batcher groups them like any other requests and the results c
 in order. No worker or handler change: a handler that answers ``/predictions`` answers this too.
 Every instance is admitted before any is awaited; if one is refused (queue full, no worker), the
 ones already queued are cancelled (the batcher skips them) and the call gets that one error.
-The first failed instance's status and body are the response. Torch-free.
+The first failed instance's status and body are the response. A client that disconnects while
+its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
+``/predictions`` (disconnect.py). Torch-free.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -19,7 +20,8 @@ from urllib.parse import urlencode
 
 from torchbay.server.errors import BadRequest
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
-from torchbay.server.plane import DataPlane, WireRequest, WireResponse
+from torchbay.server.http.disconnect import all_answers
+from torchbay.server.plane import DataPlane, Exchange, WireRequest, WireResponse
 
 
 class Listener(Protocol):
@@ -83,11 +85,16 @@ async def predict(
         ex.resolve()  # 503 from the headers alone: the body is never read
         instances = parse_instances(await read_body(scope, receive, app.max_request_size))
         items = ex.admit_all(_wires(app, scope, instances, explain))
-        ex.status = await _answer(items, send, "explanations" if explain else "predictions")
+        key = "explanations" if explain else "predictions"
+        ex.status = await _answer(scope, ex, items, send, key)
 
 
-async def _answer(items: list[Any], send: Send, key: str) -> int:
-    results = await asyncio.gather(*(item.future for item in items), return_exceptions=True)
+async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key: str) -> int:
+    """The call's answer, sent; its status. A client that disconnects while its instances wait
+    has them cancelled (never run when still queued) and nothing sent: 499."""
+    results = await all_answers(scope, ex, [item.future for item in items])
+    if results is None:
+        return ex.status
     for result in results:
         if isinstance(result, BaseException):
             raise result  # TorchbayError (worker died, timeout): the app sends it

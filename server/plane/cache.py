@@ -13,7 +13,8 @@ bytes, datatypes and shapes, the requested outputs, the parameters and the OIP `
 that differs from a stored one in any of these (another ``id`` too: it is echoed in the answer)
 is another key. The entries live per model version object: a version unloaded and loaded again is
 a new object with an empty cache, and a repository load of a loaded model clears its cache, so
-no answer is ever served across versions or reloads.
+no answer is ever served across versions or reloads. An unloaded or unregistered version's answers
+are freed then (Triton's unload, the plane's sweep after TorchServe's unregister).
 
 Never cached: a streaming call (``/generate_stream``, ``ModelStreamInfer``,
 ``StreamPredictions[2]``) or an answer that streamed, a sequence request (``sequence_id`` in an
@@ -164,7 +165,7 @@ class ResponseCache:
             return None
         cache = self._versions.get(mv)
         if cache is None:
-            self._sweep()
+            self.sweep()
             cache = self._versions[mv] = VersionCache(settings)
         elif cache.settings != settings:
             cache.settings = settings
@@ -185,15 +186,16 @@ class ResponseCache:
         """Forget ``mv``'s answers (a repository load of the loaded model reloads it)."""
         self._versions.pop(mv, None)
 
-    def _sweep(self) -> None:
-        """Free the answers of versions unloaded since (the metrics keep their objects)."""
+    def sweep(self) -> None:
+        """Free the answers of versions unloaded since (the metrics keep their objects): after
+        every management change (TorchServe's unregister), when a cache is made, when scraped."""
         for mv in [mv for mv in self._versions if mv.closing]:
             self._versions.pop(mv, None)
 
     def sizes(self) -> Iterator[tuple[ModelVersion, int, int]]:
         """(model version, entries, bytes) of every version that has a cache (metrics); the
         unloaded versions' answers are freed first."""
-        self._sweep()
+        self.sweep()
         for mv, cache in list(self._versions.items()):
             yield mv, len(cache.entries), cache.bytes
 

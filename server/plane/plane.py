@@ -86,7 +86,6 @@ class DataPlane:
         self.management = Management(registry, config)
         # TorchServe's config snapshots, after each management change (plane/snapshots.py).
         self.snapshots = Snapshots(config, registry)
-        self.management.changed = self.snapshots.save
         # Triton's shared-memory regions, one registry for every protocol (plane/shm.py).
         self.shm = SharedMemory(
             allow=config.allow_client_shm,
@@ -96,6 +95,7 @@ class DataPlane:
         # The response cache of the versions that enable it (plane/cache.py), counted in the
         # statistics' cache_hit / cache_miss and the metrics' torchbay_cache_*.
         self.cache = ResponseCache(self._cache_counted)
+        self.management.changed = self._changed
         if metrics is not None:
             metrics.cache.watch(self.cache.sizes)
         # Metadata, model configuration, statistics and the model repository (plane/models.py).
@@ -136,6 +136,12 @@ class DataPlane:
         if not names and self.starting:  # TorchServe: its model has no worker yet (503)
             raise ServiceUnavailable("The start-up models are still loading")
         raise BadRequest("Parameter model_name is required.")
+
+    def _changed(self) -> None:
+        """After a management change: TorchServe's config snapshot, and the answers of a version
+        it unregistered freed then (not at a later scrape, which may never come)."""
+        self.snapshots.save()
+        self.cache.sweep()
 
     def _cache_counted(self, mv: ModelVersion, hit: bool, seconds: float) -> None:
         """One response cache look-up, counted in the statistics and the metrics."""

@@ -288,6 +288,21 @@ def test_a_reload_or_an_unload_and_load_misses(server: LiveServer) -> None:
     assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == HIT
 
 
+def test_torchserve_unregister_frees_the_versions_answers_at_once(server: LiveServer) -> None:
+    """Not at a later scrape or another version's first look-up: those may never come."""
+    params = {"url": "plain.mar", "model_name": "freed", "response_cache": "true"}
+    params |= {"initial_workers": "1", "synchronous": "true"}
+    registered = httpx.post(f"{server.management_url}/models", params=params, timeout=120)
+    assert registered.status_code == 200, registered.text
+    _post(server, "/predictions/freed", json={"echo": "freed"})
+    (mv,) = server.server.registry.models["freed"].values()
+    held = server.server.plane.cache._versions  # the answers held, by version
+    assert len(held[mv].entries) == 1
+    gone = httpx.delete(f"{server.management_url}/models/freed", timeout=120)
+    assert gone.status_code == 200, gone.text
+    assert mv not in held
+
+
 def test_the_counters_move_in_metrics_and_hits_count_as_requests(server: LiveServer) -> None:
     def scrape() -> dict[str, float]:
         server.recorded()

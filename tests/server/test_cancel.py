@@ -229,6 +229,30 @@ def test_a_grpc_call_that_leaves_while_queued_is_never_run(
     assert ran_ids(log) == ["held", "later"]
 
 
+def test_a_kserve_v1_client_that_leaves_while_queued_has_no_instance_run(
+    server: LiveServer, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    """Every instance queued for a v1 predict call that left is taken out, none runs; one 499."""
+    pids, before = server.worker_pids(), _counts(server, "gate")
+    held, log, gate = _run_behind(pool, server, "gate", tmp_path)
+    instances = [{"id": f"gone{i}", "log": str(log), "n": i} for i in range(2)]  # JSON rows
+    content = json.dumps({"instances": instances}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.server.state.ports.inference))
+    sock.sendall(
+        b"POST /v1/models/gate:predict HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        + f"content-type: application/json\r\ncontent-length: {len(content)}\r\n\r\n".encode()
+        + content
+    )
+    until(lambda: _queued(server, "gate") == 2, "both instances are queued")
+    _leave(sock)
+    until(lambda: _queued(server, "gate") == 0, "the instances of the call that left are removed")
+    until(lambda: _grew(before, _counts(server, "gate"), queued=2, **{"499": 1}), "counted")
+    gate.touch()
+    assert held.result(timeout=60).status_code == 200
+    _still_served(server, "gate", log, pids)
+    assert ran_ids(log) == ["held", "later"]
+
+
 # -- running: the result dropped, the batch answered, the worker kept -------------------------
 
 
