@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -107,15 +106,6 @@ def _add_extra(stage: Stage, spec: str) -> None:
                     stage.add(full.relative_to(path).as_posix(), full)
         else:
             raise ArchiveArgumentError(f"--extra-files {match!r} is not a file or directory")
-
-
-def _is_torchscript_file(path: Path) -> bool:
-    """TorchScript archives carry a ``code/`` folder; plain torch.save zips do not."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            return any("/code/" in n or n.endswith("constants.pkl") for n in zf.namelist())
-    except (zipfile.BadZipFile, OSError):
-        return False
 
 
 def _source_format(options: ArchiveOptions) -> Format:
