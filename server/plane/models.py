@@ -45,7 +45,7 @@ from torchbay.server.serving.archives import (
 )
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
-from torchbay.server.serving.store import ARCHIVE_SUFFIXES
+from torchbay.server.serving.store import ARCHIVE_SUFFIXES, identity
 
 # What a load request's ``parameters.config`` may set (Triton ModelConfig JSON fields).
 LOAD_CONFIG_KEYS = frozenset(
@@ -234,6 +234,9 @@ class Models:
         if not candidates:
             raise ModelNotFound(f"Model {name} is not in the model store")
         loaded = self.registry.models.get(name, {})
+        if _replaced(candidates, loaded):  # Triton reloads a model whose files changed
+            await self._unload_all(name)
+            loaded = {}
         if overrides or workers is not None:  # Triton reloads a loaded model with the new config
             await asyncio.gather(*(_reconfigure(mv, overrides, workers) for mv in loaded.values()))
             for mv in loaded.values():  # a reload: no answer of before it is served after it
@@ -253,9 +256,12 @@ class Models:
         self.control()
         if not isinstance(parameters, dict):
             raise BadRequest('"parameters" must be an object')
-        versions = self.registry.models.get(name)
-        if not versions:
+        if not self.registry.models.get(name):
             raise ModelNotFound(f"Model not found: {name}")
+        await self._unload_all(name)
+
+    async def _unload_all(self, name: str) -> None:
+        versions = self.registry.models.get(name, {})
         default = self.registry.defaults.get(name)
         # The default version goes last: the registry keeps it while others remain.
         for version in sorted(versions, key=lambda v: v == default):
@@ -275,6 +281,17 @@ async def _reconfigure(mv: ModelVersion, overrides: dict[str, Any], workers: int
         mv.config = mv.config.model_copy(update={"response_cache": cache})
     if workers is not None:
         await mv.scale(workers)
+
+
+def _replaced(candidates: list[tuple[Path, Manifest]], loaded: dict[str, ModelVersion]) -> bool:
+    """Whether the store holds another file now for a loaded version's archive (another size
+    or modification time): Triton's load reloads a model whose files changed, from the store
+    and the request's config; a model folder served in place is not compared."""
+    for path, manifest in candidates:
+        mv = loaded.get(_store_name(path, manifest)[1])
+        if mv is not None and mv.source is not None and identity(path) != mv.source:
+            return True
+    return False
 
 
 def _failed(name: str, why: str) -> str:

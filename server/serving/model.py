@@ -133,6 +133,7 @@ class ModelVersion(RequestPath):
         self.name = name
         self.version = version
         self.model_dir = model_dir
+        self.source: tuple[int, int] | None = None  # its archive file's store.identity
         # The resolved ModelConfig is the source; ``settings`` is its live view (settings_from).
         self.config = config
         self.settings = settings

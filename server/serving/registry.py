@@ -218,6 +218,7 @@ class ModelRegistry:
                 store.remove(model_dir)
                 raise
             mv = self._new_version(name, version, model_dir, config, manifest, url)
+            mv.source = store.identity(path)
             self.models.setdefault(name, {})[version] = mv
             if name not in self.defaults or config.default_version:
                 self.defaults[name] = version

@@ -73,6 +73,16 @@ def directory_manifest(path: Path, name: str | None) -> Manifest:
     return Manifest(model=model)
 
 
+def identity(path: Path) -> tuple[int, int] | None:
+    """An archive file's (size, modification time): another one means the file was replaced
+    (a Triton repository load reloads the model then). None for a folder or a missing file."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_size, stat.st_mtime_ns) if path.is_file() else None
+
+
 def store_archives(store: Path | None) -> list[Path]:
     """Every archive in the model store (``load_models=all``)."""
     if store is None or not store.is_dir():

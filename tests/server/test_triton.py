@@ -179,6 +179,35 @@ def test_load_with_an_instance_count_below_one_takes_one(
         client.unload_model("two")
 
 
+def test_loading_a_loaded_model_whose_archive_was_replaced_reloads_it(tmp_path: Path) -> None:
+    """As Triton: a load request reloads a model whose files changed (here the archive, replaced
+    by one with another handler); unchanged, the load leaves it as it is."""
+    from .conftest import ASSETS, tiny_archive
+
+    store, work = tmp_path / "store", tmp_path / "work"
+    store.mkdir(), work.mkdir()
+    tiny_archive(work, store, "swap", str(ASSETS / "probe_handler.py"))
+    with running(store, load_models=["swap.mar"], enable_model_api=True) as live:
+        client = triton_http.InferenceServerClient(live.url.removeprefix("http://"))
+
+        def answer() -> object:
+            response = httpx.post(f"{live.url}/predictions/swap", json={"x": 1}, timeout=60)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        first = live.server.registry.resolve("swap")
+        probe = answer()
+        client.load_model("swap")  # unchanged: nothing to do
+        assert live.server.registry.resolve("swap") is first
+        replaced = tiny_archive(work, work, "swap", str(ASSETS / "metric_handler.py"))
+        replaced.replace(store / "swap.mar")
+        client.load_model("swap")
+        assert live.server.registry.resolve("swap") is not first
+        assert client.is_model_ready("swap")
+        assert answer() == {"batch": 1} != probe  # the new archive's handler answers
+        client.close()
+
+
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
     with pytest.raises(InferenceServerException, match="Model not found: nope"):
         client.unload_model("nope")
