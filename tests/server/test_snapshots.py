@@ -24,6 +24,7 @@ from torchbay.server.config.snapshots import (
 from torchbay.server.config.sources import load_server_config
 
 from .cli_helpers import free_addresses, read_ready, torchbay
+from .conftest import ASSETS, LiveServer, build_store
 
 # -- files and names ----------------------------------------------------------------------------
 
@@ -204,3 +205,33 @@ def test_snapshots_are_written_and_the_last_one_restored(cli_run, talk_store):
     assert listed["models"] == []
     _stop(cwd, env)
     assert sorted(folder.iterdir()) == before
+
+
+@pytest.mark.slow
+def test_a_restored_snapshot_ranks_over_the_archives_yaml(tmp_path_factory, tmp_path: Path):
+    """TorchServe restores a version as it ran (Model.setModelState): its scaled workers and
+    batch size, not its model-config.yaml's; a models={...} entry stays under the YAML."""
+    yaml = tmp_path / "model-config.yaml"
+    yaml.write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 2\n")
+    handlers = {"probe": str(ASSETS / "probe_handler.py")}
+    store = build_store(tmp_path_factory, "yaml-store", handlers, {"probe": yaml})
+    entry = {"marName": "probe.mar", "minWorkers": 2, "maxWorkers": 2, "batchSize": 4}
+    folder = tmp_path / "logs" / "config"
+    _snapshot(folder, "20261126150605123-snapshot.cfg", {"probe": {"1.0": entry}})
+    cli = {"model_store": str(store), "disable_token_authorization": True}
+    cli |= {f"{n}_address": "http://127.0.0.1:0" for n in ("inference", "management", "metrics")}
+    cli |= {"grpc_inference_port": 0, "grpc_management_port": 0}
+    for models, expected in ((None, (2, 2, 4)), ({"probe": {"1.0": entry}}, (1, 1, 2))):
+        more = {"models": models} if models else {}
+        snapshots = None if models else folder  # models=: no snapshot restored
+        config, _ = load_server_config(
+            ts_config=None, env={}, cli={**cli, **more}, cwd=tmp_path, snapshots=snapshots
+        )
+        live = LiveServer(config).start()
+        try:
+            url = f"{live.management_url}/models/probe"
+            (described,) = httpx.get(url, timeout=30).json()
+            found = (described["minWorkers"], described["maxWorkers"], described["batchSize"])
+            assert found == expected, models
+        finally:
+            live.stop()
