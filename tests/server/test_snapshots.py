@@ -24,7 +24,7 @@ from torchbay.server.config.snapshots import (
 from torchbay.server.config.sources import load_server_config
 
 from .cli_helpers import free_addresses, read_ready, torchbay
-from .conftest import ASSETS, LiveServer, build_store
+from .conftest import ASSETS, LiveServer, build_store, make_config
 
 # -- files and names ----------------------------------------------------------------------------
 
@@ -235,3 +235,21 @@ def test_a_restored_snapshot_ranks_over_the_archives_yaml(tmp_path_factory, tmp_
             assert found == expected, models
         finally:
             live.stop()
+
+
+@pytest.mark.slow
+def test_changes_in_one_millisecond_each_get_a_newer_snapshot(model_store, tmp_path: Path):
+    """Management changes answered in one loop turn (asynchronous scales finishing together)
+    each write their snapshot, each newer than the last: the newest is the last state."""
+    folder = tmp_path / "config"
+    config = make_config(model_store, load_models=["probe.mar"], snapshot_dir=folder)
+    live = LiveServer(config).start()
+    try:
+        snapshots = live.server.plane.snapshots
+        written = [snapshots.save() for _ in range(5)]
+    finally:
+        live.stop()
+    assert None not in written
+    names = [path.name for path in written if path is not None]
+    assert names == sorted(set(names))
+    assert sorted(folder.iterdir())[-1].name.endswith("-shutdown.cfg")
