@@ -163,6 +163,8 @@ def parse_metrics_config(text: str, *, auto_detect: bool = False) -> MetricsSpec
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "bad YAML"
         raise _fail("", f"not valid YAML ({first})") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise _fail("", "not valid YAML (nested too deep)") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -69,6 +69,7 @@ def test_a_custom_config_drops_and_declares() -> None:
         ("- a list\n", "a mapping"),
         ("ts_metrics: [\n", "not valid YAML"),
         ("x: !!python/object/apply:os.system ['true']\n", "not valid YAML"),  # safe_load only
+        ("[" * 5000, "nested too deep"),  # PyYAML recurses: no RecursionError escapes
     ],
 )
 def test_a_bad_config_is_an_error_naming_it(text: str, named: str) -> None:
