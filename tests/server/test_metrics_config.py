@@ -93,6 +93,24 @@ def test_a_bad_metrics_config_stops_the_config_load(tmp_path: Path) -> None:
     assert not any("ignored" in note for note in notes)  # both keys are used now
 
 
+def test_prometheus_mode_refuses_a_name_prometheus_cannot_read(tmp_path: Path) -> None:
+    """One such name would make every scraper refuse the whole /metrics page."""
+    bad = {
+        "model_metrics:\n  gauge:\n    - {name: my-metric, unit: ms}\n": "'my-metric'",
+        "ts_metrics:\n  counter:\n    - {name: A, dimensions: [Model Name]}\n": "'Model Name'",
+        "model_metrics:\n  counter:\n    - {name: A, dimensions: [Hostname]}\n": "twice",
+    }
+    for text, named in bad.items():
+        (tmp_path / "metrics.yaml").write_text(text)
+        for mode, refused in (("prometheus", True), ("log", False), ("legacy", False)):
+            cli = {"metrics_config": "metrics.yaml", "metrics_mode": mode}
+            if not refused:  # the log files take any name, as TorchServe's
+                load_server_config(ts_config=None, env={}, cli=cli, cwd=tmp_path)
+                continue
+            with pytest.raises(ConfigError, match=named):
+                load_server_config(ts_config=None, env={}, cli=cli, cwd=tmp_path)
+
+
 def test_java_double_as_torchserves_lines_write_it() -> None:
     values = (1, 0.26, 12296.056, 1e7, 0.0001, 123456789.5, 0)
     assert [java_double(v) for v in values] == [
