@@ -103,6 +103,8 @@ def _escape(text: str, key: bool = False) -> str:
             out.append("\\t")
         elif ch in ":=#!" or (ch == " " and (key or i == 0)):
             out.append("\\" + ch)
+        elif "\ud800" <= ch <= "\udfff":  # a byte not UTF-8 (os.environ, argv): read back as is
+            out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     return "".join(out)
@@ -116,7 +118,11 @@ def write_snapshot(directory: Path, name: str, text: str) -> Path | None:
         return None
     tmp = directory / f".{name}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, text that is not UTF-8: no half-written file is left
+        tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -70,7 +70,7 @@ class Snapshots:
         props["model_snapshot"] = _json(self.model_snapshot(name))
         try:
             path = write_snapshot(self.directory, name, format_properties(props))
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: UnicodeEncodeError
             log.error("config snapshot %s not written: %s", name, exc)
             return None
         if path is None:

@@ -55,6 +55,7 @@ def test_the_properties_format_reads_back_exactly():
         "inference_address": "http://0.0.0.0:8080",
         "model_snapshot": json.dumps({"models": {"m": {"1.0": {"marName": "m.mar"}}}}, indent=2),
         "odd key": " leading space, = and : and # and ! and \\ and\ttab\nand a line",
+        "not utf-8": "a\udcffb",  # a byte of os.environ or argv that is not UTF-8
     }
     text = format_properties(props)
     assert text.startswith("#Saving snapshot\n#")
@@ -92,6 +93,9 @@ def test_a_snapshot_is_never_overwritten_and_is_private(tmp_path: Path):
     assert write_snapshot(tmp_path / "config", first.name, "a=2\n") is None
     assert first.read_text() == "a=1\n"
     assert [p.name for p in (tmp_path / "config").iterdir()] == [first.name]  # no temp file left
+    with pytest.raises(UnicodeEncodeError):  # a failed write leaves no temporary file either
+        write_snapshot(tmp_path / "config", "20261126140605124-snapshot.cfg", "a=\udcff\n")
+    assert [p.name for p in (tmp_path / "config").iterdir()] == [first.name]
 
 
 # -- which configuration a start reads ----------------------------------------------------------
@@ -253,3 +257,17 @@ def test_changes_in_one_millisecond_each_get_a_newer_snapshot(model_store, tmp_p
     names = [path.name for path in written if path is not None]
     assert names == sorted(set(names))
     assert sorted(folder.iterdir())[-1].name.endswith("-shutdown.cfg")
+
+
+@pytest.mark.slow
+def test_a_setting_that_is_not_utf8_is_snapshotted_and_restored(cli_run, talk_store):
+    """A value of the environment with a byte that is not UTF-8 (os.environ holds it as a
+    surrogate) once crashed the start on writing the startup snapshot."""
+    cwd, env = cli_run
+    env = {**env, "TORCHBAY_CORS_ALLOWED_ORIGIN": "https://a\udcff.example"}
+    _start(cwd, env, talk_store, "--models", "talk=talk.mar")
+    _stop(cwd, env)
+    folder = cwd / "logs" / "config"
+    assert _kinds(folder) == ["startup.cfg", "shutdown.cfg"]  # no temporary file either
+    restored = parse_properties(sorted(folder.iterdir())[-1].read_text(encoding="utf-8"))
+    assert restored["cors_allowed_origin"] == "https://a\udcff.example"
