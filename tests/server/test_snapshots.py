@@ -45,8 +45,9 @@ def test_the_newest_snapshot_by_the_time_in_its_name(tmp_path: Path):
         "99999999999999999-notes.txt",  # not a snapshot's name: passed over
         "latest.cfg",
     ):
-        (tmp_path / name).write_text("")
+        (tmp_path / name).write_text("a=1\n")
     (tmp_path / "30000000000000000-dir.cfg").mkdir()  # not a file
+    (tmp_path / "20261126160000000-snapshot.cfg").write_text("")  # what a crash left: no config
     assert last_snapshot(tmp_path) == tmp_path / "20261126150000000-snapshot.cfg"
 
 
