@@ -6,7 +6,7 @@ The two rank differently against the archive's model-config.yaml, as in TorchSer
 the archive gives no value), while a snapshot's entry is the state the version ran with, its
 scaled workers and tuned settings, set over the archive's (``Model.setModelState`` on restore).
 ``normalize_models`` names the models whose entry is a snapshot's (``RESTORED``), so that
-``resolve_model_config`` applies them after the YAML. Torch-free.
+``resolve_model_config`` applies them after the YAML (``version_entry``). Torch-free.
 """
 
 from __future__ import annotations
@@ -67,3 +67,23 @@ def models_layer(value: str | Mapping[str, Any], where: str, notes: list[str]) -
             notes.extend(more)
             out[name][version] = fields
     return out
+
+
+def version_entry(
+    models: Mapping[str, Mapping[str, Any]],
+    restored: frozenset[str],
+    name: str,
+    version: str,
+    url: str | None,
+) -> tuple[dict[str, Any], bool]:
+    """The ``models`` entry (``ServerConfig.models``) of ``name``'s ``version`` as a settings
+    layer, and whether it is a restored snapshot's. A snapshot's model whose archive ``url``
+    (its ``marName``) holds another version now (replaced since) gets that archive's entry:
+    TorchServe restores the entry's state onto whatever version the archive holds."""
+    versions = models.get(name, {})
+    entry = versions.get(version)
+    is_restored = name in restored
+    if entry is None and is_restored and url:
+        same = [e for e in versions.values() if e.mar_name == url]
+        entry = same[0] if len(same) == 1 else None
+    return (entry.model_dump(exclude_unset=True) if entry is not None else {}), is_restored

@@ -21,6 +21,7 @@ from torchbay.server.config.model_layers import (
     models_layer,
     normalize_models,
     snapshot_models,
+    version_entry,
 )
 from torchbay.server.config.properties import PropertiesError, parse_properties
 from torchbay.server.config.settings import (
@@ -251,13 +252,15 @@ def resolve_model_config(
     archive_yaml: Mapping[str, Any] | None,
     api_overrides: Mapping[str, Any] | None,
     default_workers: int | None = None,
+    url: str | None = None,
 ) -> ModelConfig:
     """The settings of one model version, TorchServe's precedence, later wins::
 
         ServerConfig defaults < server.models[name][version] < model-config.yaml < management API
 
     but an entry of a restored ``model_snapshot`` ranks over model-config.yaml, as TorchServe
-    restores a version as it ran (config.model_layers).
+    restores a version as it ran; ``url``: the archive registered, which finds a snapshot's entry
+    written for another version of it (config.model_layers.version_entry).
 
     ``archive_yaml`` is the parsed model-config.yaml (camelCase); keys that are not frontend
     settings become ``handler_config``; TorchServe keys torchbay ignores are logged.
@@ -283,9 +286,8 @@ def resolve_model_config(
         "cpu_threads": server.cpu_threads_per_worker,
         "cpu_affinity": server.cpu_affinity,
     }
-    entry = server.models.get(name, {}).get(version)
-    first = entry.model_dump(exclude_unset=True) if entry is not None else {}
-    restored = name in server._restored  # a snapshot's state: over the archive's (model_layers)
+    # A restored snapshot's entry ranks over the archive's YAML (model_layers).
+    first, restored = version_entry(server.models, server._restored, name, version, url)
     _apply(merged, {} if restored else first)
     if archive_yaml:
         fields, backend, notes = split_model_keys(

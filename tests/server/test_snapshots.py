@@ -212,6 +212,13 @@ def test_snapshots_are_written_and_the_last_one_restored(cli_run, talk_store):
     assert sorted(folder.iterdir()) == before
 
 
+def _cli(store: Path) -> dict:
+    """The flags of a server in this process on free ports, over ``store``."""
+    cli = {"model_store": str(store), "disable_token_authorization": True}
+    cli |= {f"{n}_address": "http://127.0.0.1:0" for n in ("inference", "management", "metrics")}
+    return cli | {"grpc_inference_port": 0, "grpc_management_port": 0}
+
+
 @pytest.mark.slow
 def test_a_restored_snapshot_ranks_over_the_archives_yaml(tmp_path_factory, tmp_path: Path):
     """TorchServe restores a version as it ran (Model.setModelState): its scaled workers and
@@ -223,9 +230,7 @@ def test_a_restored_snapshot_ranks_over_the_archives_yaml(tmp_path_factory, tmp_
     entry = {"marName": "probe.mar", "minWorkers": 2, "maxWorkers": 2, "batchSize": 4}
     folder = tmp_path / "logs" / "config"
     _snapshot(folder, "20261126150605123-snapshot.cfg", {"probe": {"1.0": entry}})
-    cli = {"model_store": str(store), "disable_token_authorization": True}
-    cli |= {f"{n}_address": "http://127.0.0.1:0" for n in ("inference", "management", "metrics")}
-    cli |= {"grpc_inference_port": 0, "grpc_management_port": 0}
+    cli = _cli(store)
     for models, expected in ((None, (2, 2, 4)), ({"probe": {"1.0": entry}}, (1, 1, 2))):
         more = {"models": models} if models else {}
         snapshots = None if models else folder  # models=: no snapshot restored
@@ -240,6 +245,29 @@ def test_a_restored_snapshot_ranks_over_the_archives_yaml(tmp_path_factory, tmp_
             assert found == expected, models
         finally:
             live.stop()
+
+
+def _restore(folder: Path, cwd: Path, store: Path) -> LiveServer:
+    """A server started (in this process) from the newest snapshot in ``folder``."""
+    cli = _cli(store)
+    config, _ = load_server_config(ts_config=None, env={}, cli=cli, cwd=cwd, snapshots=folder)
+    return LiveServer(config).start()
+
+
+@pytest.mark.slow
+def test_an_archive_replaced_by_another_version_gets_its_entry(model_store, tmp_path: Path):
+    """The snapshot's probe.mar held version 0.9; the store's holds 1.0 now: TorchServe sets the
+    entry's state on the version the archive holds (registerAndUpdateModel)."""
+    entry = {"marName": "probe.mar", "minWorkers": 2, "maxWorkers": 2, "batchSize": 3}
+    folder = tmp_path / "logs" / "config"
+    _snapshot(folder, "20261126150605123-snapshot.cfg", {"probe": {"0.9": entry}})
+    live = _restore(folder, tmp_path, model_store)
+    try:
+        (described,) = httpx.get(f"{live.management_url}/models/probe", timeout=30).json()
+    finally:
+        live.stop()
+    assert described["modelVersion"] == "1.0"
+    assert (described["minWorkers"], described["batchSize"], len(described["workers"])) == (2, 3, 2)
 
 
 @pytest.mark.slow
