@@ -30,12 +30,12 @@ def startup_jobs(registry: ModelRegistry, config: ServerConfig) -> list[tuple[st
         jobs += [(path.name, by_mar.get(path.name)) for path in registry.store_archives()]
     jobs += [(spec.url, spec.name or by_mar.get(spec.url)) for spec in config.model_specs()]
     named = {name for _, name in jobs if name}
-    # models={...} entries with a marName load too, unless load_models named them already.
+    # models={...} entries with a marName load too, every version of them (a snapshot's
+    # versions side by side, as TorchServe restores them), unless load_models named the model.
     for model_name, versions in config.models.items():
-        for model_config in versions.values():
-            if model_config.mar_name and model_name not in named:
-                jobs.append((model_config.mar_name, model_name))
-                named.add(model_name)
+        if model_name in named:
+            continue
+        jobs += [(mc.mar_name, model_name) for mc in versions.values() if mc.mar_name]
     return list(dict.fromkeys(jobs))
 
 

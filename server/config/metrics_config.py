@@ -15,6 +15,8 @@ is a start-up error naming it. Torch-free.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,9 @@ UNITS = {
     "": "unit",
 }
 GROUPS = ("ts_metrics", "model_metrics")
+# Prometheus's names (its text format): one bad name makes a scraper refuse the whole page.
+_PROMETHEUS_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 DEFAULT_YAML = """
 dimensions:
@@ -116,6 +121,29 @@ class MetricsSpec:
         return spec
 
 
+def prometheus_problem(name: str, dimensions: Sequence[str]) -> str | None:
+    """Why a metric ``name`` with ``dimensions`` (its labels) cannot be a Prometheus family, or
+    None when it can: TorchServe's Prometheus client refuses such a metric as well."""
+    if not _PROMETHEUS_NAME.fullmatch(name):
+        return f"{name!r} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"
+    for label in dimensions:
+        if not _PROMETHEUS_LABEL.fullmatch(label) or label.startswith("__"):
+            return f"dimension {label!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+    if len(set(dimensions)) != len(dimensions):
+        return "a dimension is named twice (Hostname is added to a model metric)"
+    return None
+
+
+def check_prometheus(spec: MetricsSpec) -> None:
+    """``metrics_mode=prometheus`` publishes every metric of ``spec`` on /metrics: a name that
+    Prometheus cannot read is a start-up error naming it, not a page no scraper reads."""
+    for group, metrics in (("ts_metrics", spec.frontend), ("model_metrics", spec.model)):
+        for metric in metrics.values():
+            problem = prometheus_problem(metric.name, metric.dimensions)
+            if problem is not None:
+                raise _fail(f"{group}.{metric.kind} {metric.name}", f"{problem}")
+
+
 def _fail(where: str, message: str) -> ConfigError:
     return ConfigError(f"metrics_config {where}: {message}")
 
@@ -163,6 +191,8 @@ def parse_metrics_config(text: str, *, auto_detect: bool = False) -> MetricsSpec
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "bad YAML"
         raise _fail("", f"not valid YAML ({first})") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise _fail("", "not valid YAML (nested too deep)") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -12,6 +12,8 @@ now is the most deliberate source. Model settings, later wins (``resolve_model_c
 
     ServerConfig defaults < models={...} entry < archive's model-config.yaml < management API
 
+(a restored ``model_snapshot``'s entry ranks over the archive's YAML: config.model_layers).
+
 TorchServe keys torchbay has no use for (``vmargs``, netty, gRPC, ``parallelType``, ...) are never
 fatal: they come back as notes for the caller to log, as do unknown keys (users bring whole
 TorchServe configs). Bad values of keys torchbay uses raise pydantic's ``ValidationError`` (but
@@ -222,6 +224,8 @@ class ServerConfig(GrpcSettings):
     # The settings as the user declared them (file, environment, flags), which a snapshot
     # writes back; set by ``config.sources.load_server_config``.
     _declared: dict[str, Any] = PrivateAttr(default_factory=dict)
+    # The models whose ``models`` entry is a restored snapshot's (config.model_layers).
+    _restored: frozenset[str] = PrivateAttr(default_factory=frozenset)
     shm_max_regions: int = Field(64, ge=1, le=4096)
     shm_max_bytes: int = Field(16 << 30, ge=1, le=1 << 44)  # registered bytes, all regions
     cors_allowed_origin: str | None = None

@@ -49,14 +49,23 @@ def snapshot_name(kind: str, now: datetime | None = None) -> str:
 
 def last_snapshot(directory: Path) -> Path | None:
     """The newest snapshot in ``directory`` by the time in its name; None when there is none.
-    Files named otherwise are not snapshots (TorchServe fails on them; we pass them over)."""
+    Files named otherwise are not snapshots (TorchServe fails on them; we pass them over), nor
+    is an empty file (what a crash can leave of a write: read, it would start the server with
+    no model and no setting, config.properties passed over too)."""
     try:
-        names = [p.name for p in directory.iterdir() if _NAME.match(p.name) and p.is_file()]
+        names = [p.name for p in directory.iterdir() if _NAME.match(p.name) and _filled(p)]
     except OSError:
         return None
     if not names:
         return None
     return directory / max(names, key=lambda name: (name[:17], name))
+
+
+def _filled(path: Path) -> bool:
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def declared_properties(raw: Mapping[str, Any]) -> dict[str, str]:
@@ -103,6 +112,8 @@ def _escape(text: str, key: bool = False) -> str:
             out.append("\\t")
         elif ch in ":=#!" or (ch == " " and (key or i == 0)):
             out.append("\\" + ch)
+        elif "\ud800" <= ch <= "\udfff":  # a byte not UTF-8 (os.environ, argv): read back as is
+            out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     return "".join(out)
@@ -116,7 +127,13 @@ def write_snapshot(directory: Path, name: str, text: str) -> Path | None:
         return None
     tmp = directory / f".{name}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())  # renamed only once on disk: never an empty snapshot
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, text that is not UTF-8: no half-written file is left
+        tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -7,7 +7,6 @@ Torch-free; nothing here reads ``os.environ`` (the CLI passes the environment in
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -16,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.server.config import lenient
-from torchbay.server.config.metrics_config import load_metrics_config
+from torchbay.server.config.metrics_config import check_prometheus, load_metrics_config
+from torchbay.server.config.model_layers import (
+    RESTORED,
+    models_layer,
+    normalize_models,
+    snapshot_models,
+    version_entry,
+)
 from torchbay.server.config.properties import PropertiesError, parse_properties
 from torchbay.server.config.settings import (
     API_NAMES,
@@ -128,6 +134,7 @@ def load_server_config(
         names = ", ".join(f"TS_{k.upper()}" for k in ts_env_raw)
         notes.append(f"ignored {names}: TorchServe env vars need enable_envvars_config=true")
     merged = {"key_file": "key_file.json", **props, **ts_env, **own_env, **flags}
+    restored = merged.pop(RESTORED, frozenset())
     for key in _PATH_FIELDS:
         if merged.get(key) not in (None, ""):
             merged[key] = base / Path(merged[key])
@@ -137,8 +144,11 @@ def load_server_config(
         notes.append("model_snapshot given: its models load; load_models and --models ignored")
     config = lenient.validate(merged, props, f"{path}", notes)  # a bad line warns, see there
     config._declared = _declared({**raw_props, **ts_env, **own_env, **flags}, base)
+    config._restored = restored
     if config.metrics_config is not None:  # its errors now, named, not at the first request
-        load_metrics_config(config.metrics_config)
+        spec = load_metrics_config(config.metrics_config)
+        if config.metrics_mode == "prometheus":
+            check_prometheus(spec)
     return config, notes
 
 
@@ -220,55 +230,16 @@ def _normalize(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str
     for key, value in raw.items():
         field = SERVER_KEY_ALIASES.get(key, key)
         if key == "model_snapshot" and isinstance(value, str | Mapping):
-            snapshot = _snapshot_models(value, where, notes)
+            snapshot = snapshot_models(value, where, notes)
         elif key in SERVER_IGNORED_KEYS:
             notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
         elif field not in _FIELDS:
             notes.append(f"{where}: ignored unknown key {key!r}")
         elif field == "models" and isinstance(value, str | Mapping):
-            out[field] = _models_layer(value, where, notes)
+            out[field] = models_layer(value, where, notes)
         else:
             out[field] = value
-    if snapshot:  # a models= entry of the same name wins over the snapshot's
-        out["models"] = {**snapshot, **out.get("models", {})}
-    return out
-
-
-def _snapshot_models(
-    value: str | Mapping[str, Any], where: str, notes: list[str]
-) -> dict[str, Any]:
-    """TorchServe's ``model_snapshot`` (KServe's config.properties names its models this way):
-    its ``models`` load exactly like ``models={...}`` entries; the rest (name, counts) is noted."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (json.JSONDecodeError, RecursionError) as exc:  # nested too deep: no ValueError
-            raise ConfigError(f"{where}: model_snapshot is not valid JSON: {exc}") from exc
-    if not isinstance(value, Mapping) or not isinstance(value.get("models", {}), Mapping):
-        raise ConfigError(f"{where}: model_snapshot must be an object with a models object")
-    return _models_layer(value.get("models", {}), f"{where}: model_snapshot", notes)
-
-
-def _models_layer(value: str | Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
-    """The ``models={...}`` JSON: name -> version -> settings, unknown keys noted and dropped."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (json.JSONDecodeError, RecursionError) as exc:  # nested too deep: no ValueError
-            raise ConfigError(f"{where}: models= is not valid JSON: {exc}") from exc
-    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
-        raise ConfigError(f"{where}: models= must map model name -> version -> settings")
-    out: dict[str, dict[str, Any]] = {}
-    for name, versions in value.items():
-        out[name] = {}
-        for version, settings in versions.items():
-            if not isinstance(settings, Mapping):
-                raise ConfigError(f"{where}: models.{name}.{version} must be an object")
-            fields, _, more = split_model_keys(
-                settings, where=f"{where}: models.{name}.{version}", backend_params=False
-            )
-            notes.extend(more)
-            out[name][version] = fields
+    normalize_models(out, snapshot)  # a models= entry of the same name wins over the snapshot's
     return out
 
 
@@ -281,10 +252,15 @@ def resolve_model_config(
     archive_yaml: Mapping[str, Any] | None,
     api_overrides: Mapping[str, Any] | None,
     default_workers: int | None = None,
+    url: str | None = None,
 ) -> ModelConfig:
     """The settings of one model version, TorchServe's precedence, later wins::
 
         ServerConfig defaults < server.models[name][version] < model-config.yaml < management API
+
+    but an entry of a restored ``model_snapshot`` ranks over model-config.yaml, as TorchServe
+    restores a version as it ran; ``url``: the archive registered, which finds a snapshot's entry
+    written for another version of it (config.model_layers.version_entry).
 
     ``archive_yaml`` is the parsed model-config.yaml (camelCase); keys that are not frontend
     settings become ``handler_config``; TorchServe keys torchbay ignores are logged.
@@ -310,9 +286,9 @@ def resolve_model_config(
         "cpu_threads": server.cpu_threads_per_worker,
         "cpu_affinity": server.cpu_affinity,
     }
-    entry = server.models.get(name, {}).get(version)
-    if entry is not None:
-        _apply(merged, entry.model_dump(exclude_unset=True))
+    # A restored snapshot's entry ranks over the archive's YAML (model_layers).
+    first, restored = version_entry(server.models, server._restored, name, version, url)
+    _apply(merged, {} if restored else first)
     if archive_yaml:
         fields, backend, notes = split_model_keys(
             archive_yaml, where=f"model {name} {version} model-config.yaml", backend_params=True
@@ -320,6 +296,7 @@ def resolve_model_config(
         for note in notes:
             log.info("%s", note)
         _apply(merged, {**fields, "handler_config": backend})
+    _apply(merged, first if restored else {})
     if api_overrides:
         _apply(merged, _api_fields(api_overrides))
     return ModelConfig.model_validate(merged)

@@ -20,7 +20,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchbay.server.config.metrics_config import MetricSpec, MetricsSpec, load_metrics_config
+from torchbay.server.config.metrics_config import (
+    MetricSpec,
+    MetricsSpec,
+    check_prometheus,
+    load_metrics_config,
+    prometheus_problem,
+)
 
 log = logging.getLogger("torchbay.metrics")
 
@@ -146,8 +152,9 @@ class Family:
         # Decided once, not per event (a request updates about six families).
         self.adds = kind == "counter"
         self.size = len(BUCKETS) + 2 if kind == "histogram" else 1
+        unit = spec.unit.replace("\\", "\\\\").replace("\n", "\\n")  # a handler's unit
         self.help = _LEGACY_HELP.get(
-            spec.name, f"Torchserve prometheus {kind} metric with unit: {spec.unit}"
+            spec.name, f"Torchserve prometheus {kind} metric with unit: {unit}"
         )
 
     def update(self, values: tuple[str, ...], value: float, request_ids: str | None = None) -> None:
@@ -219,9 +226,12 @@ class TsFamilies:
         self.frontend = {name: self._family(s, TS_METRICS_LOG) for name, s in spec.frontend.items()}
         self.model = {name: self._family(s, MODEL_METRICS_LOG) for name, s in spec.model.items()}
 
+    def _logged(self, name: str) -> bool:
+        """Whether the metric ``name`` is written to a log file rather than to /metrics."""
+        return self.mode == "log" or (self.mode == "legacy" and name not in LEGACY)
+
     def _family(self, spec: MetricSpec, file_name: str) -> Family:
-        logged = self.mode == "log" or (self.mode == "legacy" and spec.name not in LEGACY)
-        if not logged:
+        if not self._logged(spec.name):
             return Family(spec, None)
         if self.log is None:
             return Family(spec, _discard)
@@ -241,6 +251,8 @@ class TsFamilies:
         when the config has no such metric and auto-detect is off."""
         family = self.model.get(name)
         if family is None:
+            if not self._logged(name) and prometheus_problem(name, [*dims, "Hostname"]):
+                return False  # torchbay's registry takes it, its names made Prometheus's
             spec = self.spec.model_metric(name, kind, unit, list(dims))
             if spec is None:
                 return False
@@ -296,6 +308,8 @@ def metrics_options(config: Any, env: Mapping[str, str]) -> dict[str, Any]:
     ``$METRICS_LOCATION`` (TorchServe's), else ``$LOG_LOCATION``, else ``logs``. A directory that
     cannot be written leaves the log families silent, with one warning (as the other logs)."""
     spec = load_metrics_config(config.metrics_config, auto_detect=config.model_metrics_auto_detect)
+    if config.metrics_mode == "prometheus":
+        check_prometheus(spec)
     metrics_log = None
     if config.metrics_mode != "prometheus":
         directory = Path(env.get("METRICS_LOCATION") or env.get("LOG_LOCATION") or "logs")

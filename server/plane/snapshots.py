@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ class Snapshots:
         self.registry = registry
         self.directory: Path | None = config.snapshot_dir
         self.written: list[Path] = []
+        self._last: datetime | None = None  # the newest name's time, to the millisecond
         # Model names left out: a workflow's nodes (server/workflows sets it), as TorchServe.
         self.skip: Callable[[str], bool] = lambda name: False
 
@@ -63,12 +65,12 @@ class Snapshots:
         """Write one snapshot of ``kind``; its path, or None when off or not written."""
         if self.directory is None:
             return None
-        name = snapshot_name(kind)
+        name = snapshot_name(kind, self._next_time())
         props = declared_properties(self.config._declared)
         props["model_snapshot"] = _json(self.model_snapshot(name))
         try:
             path = write_snapshot(self.directory, name, format_properties(props))
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: UnicodeEncodeError
             log.error("config snapshot %s not written: %s", name, exc)
             return None
         if path is None:
@@ -76,6 +78,17 @@ class Snapshots:
         else:
             self.written.append(path)
         return path
+
+    def _next_time(self) -> datetime:
+        """Now to the millisecond, or a millisecond past the last name's when that is not
+        earlier: a change within the same millisecond as the last (two answers of one loop
+        turn) gets a newer name, not a refusal, so the newest snapshot is the last state."""
+        now = datetime.now()
+        now = now.replace(microsecond=now.microsecond // 1000 * 1000)
+        if self._last is not None and now <= self._last:
+            now = self._last + timedelta(milliseconds=1)
+        self._last = now
+        return now
 
     def model_snapshot(self, name: str) -> dict[str, Any]:
         """TorchServe's ``model_snapshot`` object for the registry as it is now."""

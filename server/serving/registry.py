@@ -208,7 +208,7 @@ class ModelRegistry:
                         max_ratio=self.config.max_archive_compression_ratio,
                     )
                 config = store.model_config(
-                    self.config, name, version, model_dir, manifest, overrides, default_workers
+                    self.config, name, version, model_dir, manifest, overrides, default_workers, url
                 )
                 signature_of(manifest, config.handler_config)  # ArchiveError: a bad signature
             except ArchiveError as exc:

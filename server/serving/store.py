@@ -103,8 +103,10 @@ def model_config(
     manifest: Manifest,
     overrides: Mapping[str, Any],
     default_workers: int | None,
+    url: str | None = None,
 ) -> ModelConfig:
-    """A version's resolved config: the server's defaults, the archive's YAML, the API's values."""
+    """A version's resolved config: the server's defaults, the archive's YAML, the API's values
+    (``url``: the archive as registered, see ``resolve_model_config``)."""
     api = dict(overrides)
     initial_workers = api.pop("initial_workers", None)
     if initial_workers is not None:
@@ -117,6 +119,7 @@ def model_config(
         archive_yaml=read_model_yaml(model_dir, manifest),
         api_overrides=api,
         default_workers=default_workers,
+        url=url,
     )
 
 

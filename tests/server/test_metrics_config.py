@@ -69,6 +69,7 @@ def test_a_custom_config_drops_and_declares() -> None:
         ("- a list\n", "a mapping"),
         ("ts_metrics: [\n", "not valid YAML"),
         ("x: !!python/object/apply:os.system ['true']\n", "not valid YAML"),  # safe_load only
+        ("[" * 5000, "nested too deep"),  # PyYAML recurses: no RecursionError escapes
     ],
 )
 def test_a_bad_config_is_an_error_naming_it(text: str, named: str) -> None:
@@ -90,6 +91,24 @@ def test_a_bad_metrics_config_stops_the_config_load(tmp_path: Path) -> None:
     assert config.metrics_config == tmp_path / "metrics.yaml"
     assert config.model_metrics_auto_detect and config.metrics_mode == "log"
     assert not any("ignored" in note for note in notes)  # both keys are used now
+
+
+def test_prometheus_mode_refuses_a_name_prometheus_cannot_read(tmp_path: Path) -> None:
+    """One such name would make every scraper refuse the whole /metrics page."""
+    bad = {
+        "model_metrics:\n  gauge:\n    - {name: my-metric, unit: ms}\n": "'my-metric'",
+        "ts_metrics:\n  counter:\n    - {name: A, dimensions: [Model Name]}\n": "'Model Name'",
+        "model_metrics:\n  counter:\n    - {name: A, dimensions: [Hostname]}\n": "twice",
+    }
+    for text, named in bad.items():
+        (tmp_path / "metrics.yaml").write_text(text)
+        for mode, refused in (("prometheus", True), ("log", False), ("legacy", False)):
+            cli = {"metrics_config": "metrics.yaml", "metrics_mode": mode}
+            if not refused:  # the log files take any name, as TorchServe's
+                load_server_config(ts_config=None, env={}, cli=cli, cwd=tmp_path)
+                continue
+            with pytest.raises(ConfigError, match=named):
+                load_server_config(ts_config=None, env={}, cli=cli, cwd=tmp_path)
 
 
 def test_java_double_as_torchserves_lines_write_it() -> None:

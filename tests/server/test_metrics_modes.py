@@ -135,3 +135,32 @@ def test_same_log_lines(case: tuple[str, dict[str, Any]]) -> None:
     want = RECORD["cases"][name]["logs"]
     for log_name, lines in want.items():
         assert (got["logs"][log_name] or []) == (lines or []), log_name
+
+
+@pytest.mark.slow
+def test_an_auto_detected_metric_never_breaks_the_page(tmp_path: Path) -> None:
+    """A handler metric Prometheus cannot name (``model_metrics_auto_detect``, prometheus mode)
+    goes to torchbay's registry, its names made Prometheus's; a unit with a line break stays
+    in its HELP line: every scraper still reads the whole page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.server.conftest import ASSETS, LiveServer, make_config
+
+    handler = str(ASSETS / "metric_handler.py")
+    tiny_archive(tmp_path, tmp_path / "store", "metric", handler)
+    models = {"metric": {"1.0": {"marName": "metric.mar"}}}
+    config = make_config(tmp_path / "store", models=models, model_metrics_auto_detect=True)
+    server = LiveServer(config).start()
+    metrics = [
+        {"name": "my-metric.v2", "value": 1, "dims": {"Model Name": "x"}},
+        {"name": "Twice", "value": 1, "dims": {"Hostname": "x"}},
+        {"name": "Kept", "value": 1, "unit": "ms\n# TYPE Kept gauge", "dims": {"A": "x"}},
+    ]
+    try:
+        url = f"{server.url}/predictions/metric"
+        assert httpx.post(url, json={"metrics": metrics}, timeout=60).status_code == 200
+        page = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
+    finally:
+        server.stop()
+    names = {family.name for family in text_string_to_metric_families(page)}
+    assert {"Kept", "my_metric_v2", "Twice"} <= names, names

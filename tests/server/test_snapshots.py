@@ -24,6 +24,7 @@ from torchbay.server.config.snapshots import (
 from torchbay.server.config.sources import load_server_config
 
 from .cli_helpers import free_addresses, read_ready, torchbay
+from .conftest import ASSETS, LiveServer, build_store, make_config
 
 # -- files and names ----------------------------------------------------------------------------
 
@@ -44,8 +45,9 @@ def test_the_newest_snapshot_by_the_time_in_its_name(tmp_path: Path):
         "99999999999999999-notes.txt",  # not a snapshot's name: passed over
         "latest.cfg",
     ):
-        (tmp_path / name).write_text("")
+        (tmp_path / name).write_text("a=1\n")
     (tmp_path / "30000000000000000-dir.cfg").mkdir()  # not a file
+    (tmp_path / "20261126160000000-snapshot.cfg").write_text("")  # what a crash left: no config
     assert last_snapshot(tmp_path) == tmp_path / "20261126150000000-snapshot.cfg"
 
 
@@ -54,6 +56,7 @@ def test_the_properties_format_reads_back_exactly():
         "inference_address": "http://0.0.0.0:8080",
         "model_snapshot": json.dumps({"models": {"m": {"1.0": {"marName": "m.mar"}}}}, indent=2),
         "odd key": " leading space, = and : and # and ! and \\ and\ttab\nand a line",
+        "not utf-8": "a\udcffb",  # a byte of os.environ or argv that is not UTF-8
     }
     text = format_properties(props)
     assert text.startswith("#Saving snapshot\n#")
@@ -91,6 +94,9 @@ def test_a_snapshot_is_never_overwritten_and_is_private(tmp_path: Path):
     assert write_snapshot(tmp_path / "config", first.name, "a=2\n") is None
     assert first.read_text() == "a=1\n"
     assert [p.name for p in (tmp_path / "config").iterdir()] == [first.name]  # no temp file left
+    with pytest.raises(UnicodeEncodeError):  # a failed write leaves no temporary file either
+        write_snapshot(tmp_path / "config", "20261126140605124-snapshot.cfg", "a=\udcff\n")
+    assert [p.name for p in (tmp_path / "config").iterdir()] == [first.name]
 
 
 # -- which configuration a start reads ----------------------------------------------------------
@@ -204,3 +210,93 @@ def test_snapshots_are_written_and_the_last_one_restored(cli_run, talk_store):
     assert listed["models"] == []
     _stop(cwd, env)
     assert sorted(folder.iterdir()) == before
+
+
+def _cli(store: Path) -> dict:
+    """The flags of a server in this process on free ports, over ``store``."""
+    cli = {"model_store": str(store), "disable_token_authorization": True}
+    cli |= {f"{n}_address": "http://127.0.0.1:0" for n in ("inference", "management", "metrics")}
+    return cli | {"grpc_inference_port": 0, "grpc_management_port": 0}
+
+
+@pytest.mark.slow
+def test_a_restored_snapshot_ranks_over_the_archives_yaml(tmp_path_factory, tmp_path: Path):
+    """TorchServe restores a version as it ran (Model.setModelState): its scaled workers and
+    batch size, not its model-config.yaml's; a models={...} entry stays under the YAML."""
+    yaml = tmp_path / "model-config.yaml"
+    yaml.write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 2\n")
+    handlers = {"probe": str(ASSETS / "probe_handler.py")}
+    store = build_store(tmp_path_factory, "yaml-store", handlers, {"probe": yaml})
+    entry = {"marName": "probe.mar", "minWorkers": 2, "maxWorkers": 2, "batchSize": 4}
+    folder = tmp_path / "logs" / "config"
+    _snapshot(folder, "20261126150605123-snapshot.cfg", {"probe": {"1.0": entry}})
+    cli = _cli(store)
+    for models, expected in ((None, (2, 2, 4)), ({"probe": {"1.0": entry}}, (1, 1, 2))):
+        more = {"models": models} if models else {}
+        snapshots = None if models else folder  # models=: no snapshot restored
+        config, _ = load_server_config(
+            ts_config=None, env={}, cli={**cli, **more}, cwd=tmp_path, snapshots=snapshots
+        )
+        live = LiveServer(config).start()
+        try:
+            url = f"{live.management_url}/models/probe"
+            (described,) = httpx.get(url, timeout=30).json()
+            found = (described["minWorkers"], described["maxWorkers"], described["batchSize"])
+            assert found == expected, models
+        finally:
+            live.stop()
+
+
+def _restore(folder: Path, cwd: Path, store: Path) -> LiveServer:
+    """A server started (in this process) from the newest snapshot in ``folder``."""
+    cli = _cli(store)
+    config, _ = load_server_config(ts_config=None, env={}, cli=cli, cwd=cwd, snapshots=folder)
+    return LiveServer(config).start()
+
+
+@pytest.mark.slow
+def test_an_archive_replaced_by_another_version_gets_its_entry(model_store, tmp_path: Path):
+    """The snapshot's probe.mar held version 0.9; the store's holds 1.0 now: TorchServe sets the
+    entry's state on the version the archive holds (registerAndUpdateModel)."""
+    entry = {"marName": "probe.mar", "minWorkers": 2, "maxWorkers": 2, "batchSize": 3}
+    folder = tmp_path / "logs" / "config"
+    _snapshot(folder, "20261126150605123-snapshot.cfg", {"probe": {"0.9": entry}})
+    live = _restore(folder, tmp_path, model_store)
+    try:
+        (described,) = httpx.get(f"{live.management_url}/models/probe", timeout=30).json()
+    finally:
+        live.stop()
+    assert described["modelVersion"] == "1.0"
+    assert (described["minWorkers"], described["batchSize"], len(described["workers"])) == (2, 3, 2)
+
+
+@pytest.mark.slow
+def test_changes_in_one_millisecond_each_get_a_newer_snapshot(model_store, tmp_path: Path):
+    """Management changes answered in one loop turn (asynchronous scales finishing together)
+    each write their snapshot, each newer than the last: the newest is the last state."""
+    folder = tmp_path / "config"
+    config = make_config(model_store, load_models=["probe.mar"], snapshot_dir=folder)
+    live = LiveServer(config).start()
+    try:
+        snapshots = live.server.plane.snapshots
+        written = [snapshots.save() for _ in range(5)]
+    finally:
+        live.stop()
+    assert None not in written
+    names = [path.name for path in written if path is not None]
+    assert names == sorted(set(names))
+    assert sorted(folder.iterdir())[-1].name.endswith("-shutdown.cfg")
+
+
+@pytest.mark.slow
+def test_a_setting_that_is_not_utf8_is_snapshotted_and_restored(cli_run, talk_store):
+    """A value of the environment with a byte that is not UTF-8 (os.environ holds it as a
+    surrogate) once crashed the start on writing the startup snapshot."""
+    cwd, env = cli_run
+    env = {**env, "TORCHBAY_CORS_ALLOWED_ORIGIN": "https://a\udcff.example"}
+    _start(cwd, env, talk_store, "--models", "talk=talk.mar")
+    _stop(cwd, env)
+    folder = cwd / "logs" / "config"
+    assert _kinds(folder) == ["startup.cfg", "shutdown.cfg"]  # no temporary file either
+    restored = parse_properties(sorted(folder.iterdir())[-1].read_text(encoding="utf-8"))
+    assert restored["cors_allowed_origin"] == "https://a\udcff.example"
