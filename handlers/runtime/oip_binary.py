@@ -101,16 +101,28 @@ def from_binary(buffer: memoryview, datatype: str, shape: list[int], name: str) 
     if datatype == "BYTES":
         return _bytes_elements(buffer, count, name).reshape(shape)
     dtype = NUMPY_DTYPES[datatype]
-    if len(buffer) != count * dtype.itemsize:
-        raise BadInput(
-            f"input {name!r}: binary_data_size {len(buffer)} is not {count} {datatype} "
-            f"values of shape {shape} ({count * dtype.itemsize} bytes)"
-        )
+    check_size(len(buffer), datatype, shape, name)
     if datatype == "BOOL":
         raw = np.frombuffer(buffer, dtype=np.uint8)
         if raw.size and raw.max() > 1:
             raise BadInput(f"input {name!r}: BOOL bytes must be 0 or 1")
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def check_size(size: int, datatype: str, shape: list[int], name: str) -> None:
+    """400 unless ``size`` bytes are exactly ``shape``'s values of ``datatype`` (BYTES, of
+    elements of any length, needs at least their 4-byte lengths)."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        if count * 4 > size:
+            raise BadInput(f"input {name!r}: {size} bytes cannot hold {count} BYTES elements")
+        return
+    expected = count * NUMPY_DTYPES[datatype].itemsize
+    if size != expected:
+        raise BadInput(
+            f"input {name!r}: binary_data_size {size} is not {count} {datatype} "
+            f"values of shape {shape} ({expected} bytes)"
+        )
 
 
 def _bytes_elements(buffer: memoryview, count: int, name: str) -> np.ndarray:

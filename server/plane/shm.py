@@ -11,9 +11,10 @@ regions, as Triton's do.
 The frontend never maps a region nor copies its bytes: registration checks that the object
 exists, can be opened read-write and is large enough (``fstat``), and each request that may use
 a region carries the table of registered system regions (:meth:`SharedMemory.table`) to the
-worker, which maps the region itself (``handlers/runtime/shm.py``). A region unregistered while
-a request uses it stays mapped in that worker until the request ends (POSIX keeps an unlinked
-object alive while it is mapped), so the worker never reads freed memory.
+worker, which reads and writes the object itself, through its file and never a mapping
+(``handlers/runtime/shm.py``: a client that shrinks or removes its object, even during a
+request, gets a 400 and never faults the worker). A region unregistered while a request uses it
+is still used by that request (the table it carried names it).
 
 As Triton (``--allow-client-shm``), clients may use shared memory only when the operator allows
 it (``allow_client_shm``): a client that registers a region makes the server read from, and
