@@ -143,7 +143,7 @@ def test_inputs_and_outputs_in_shared_memory(
     assert shape == [1, 16]
     if protocol == "http":  # Triton's answer for an output in shared memory: no data
         assert "data" not in output and "binary_data_size" not in output.get("parameters", {})
-    # The client's input region is never written (the worker maps it copy-on-write).
+    # The client's input region is never written (the worker reads a copy of it).
     np.testing.assert_array_equal(shm.get_contents_as_numpy(ip, np.int32, [1, 16]), a)
 
 
