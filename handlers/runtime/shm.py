@@ -26,6 +26,8 @@ is read and written by ``cuda_shm.py``, imported only when a request names one. 
 
 from __future__ import annotations
 
+import io
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -128,6 +130,29 @@ def read(slot: Slot) -> memoryview:
     return view
 
 
+def _read_elements(slot: Slot, count: int, name: str) -> np.ndarray:
+    """A BYTES input's elements, read from the client's object as they are parsed (a buffered
+    MiB at a time): a slot far larger than its elements (a sparse object) is refused at its
+    first extra byte, never read whole into memory."""
+    fd = _open(slot)
+    try:
+        with io.BufferedReader(io.FileIO(fd, "rb", closefd=False), 1 << 20) as reader:
+            reader.seek(slot.start)
+
+            def take(size: int) -> bytes:
+                data = reader.read(size)
+                if len(data) < size:
+                    raise BadInput(_shrunk(slot))
+                return data
+
+            return oip_binary.bytes_elements(take, slot.size, count, name)
+    except OSError as exc:
+        message = f"Unable to read shared memory region '{slot.region}': {exc.strerror}"
+        raise BadInput(message) from None
+    finally:
+        os.close(fd)
+
+
 def _write(slot: Slot, data: memoryview) -> None:
     """Put ``data`` at the slot's start in the client's object."""
     done = 0
@@ -162,6 +187,8 @@ def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> A
         return cuda_shm.read_input(slot, tensor["datatype"], list(tensor["shape"]), name)
     datatype, shape = tensor["datatype"], list(tensor["shape"])
     oip_binary.check_size(slot.size, datatype, shape, name)  # before reading that many bytes
+    if datatype == "BYTES":
+        return _read_elements(slot, math.prod(shape), name).reshape(shape)
     return oip_binary.from_binary(read(slot), datatype, shape, name)
 
 

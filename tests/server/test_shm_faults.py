@@ -110,14 +110,41 @@ def test_a_sparse_object_of_any_size(server: LiveServer, key: str, size: int) ->
     assert server.worker_pids() == pids
 
 
-def test_a_size_that_is_not_the_tensors_is_refused_before_reading(
-    server: LiveServer, key: str
+def _peak_mib(server: LiveServer) -> int:
+    """The worker's peak resident memory so far (VmHWM), in MiB."""
+    (pid,) = server.worker_pids()
+    status = Path(f"/proc/{pid}/status").read_text()
+    return (
+        int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+        >> 10
+    )
+
+
+SPARSE = 1 << 30  # a sparse region of 1 GiB: no memory of the client's, zeros when read
+
+
+@pytest.mark.parametrize(
+    ("datatype", "fragment"),
+    [
+        ("INT32", f"binary_data_size {SPARSE} is not 16 INT32 values"),
+        ("BYTES", f"{SPARSE - 4} bytes left after 1 BYTES elements"),
+    ],
+)
+def test_a_region_larger_than_its_tensor_is_refused_without_reading_it(
+    server: LiveServer, key: str, datatype: str, fragment: str
 ) -> None:
-    """A 16 GiB sparse region named as the bytes of a 16-value tensor: refused from the sizes,
-    without reading (a copy of that many bytes would take 16 GiB of the worker's memory)."""
+    """An input named as 1 GiB of a sparse object: refused from the sizes (a fixed-size datatype)
+    or at the first byte past its elements (BYTES, read as parsed), never read whole into the
+    worker's memory (a client could make the worker read far more than it has)."""
+    pids, peak = server.worker_pids(), _peak_mib(server)
     with open(f"/dev/shm{key}", "wb") as f:
-        f.truncate(16 << 30)
-    _register(server, key, 16 << 30)
-    reply = _infer(server, size=16 << 30)
+        f.truncate(SPARSE)
+    _register(server, key, SPARSE)
+    shape = [16] if datatype == "INT32" else [1]
+    region = {"shared_memory_region": "in", "shared_memory_byte_size": SPARSE}
+    tensor = {"name": "x", "datatype": datatype, "shape": shape, "parameters": region}
+    reply = httpx.post(f"{server.url}/v2/models/gate/infer", json={"inputs": [tensor]}, timeout=60)
     assert reply.status_code == 400, reply.text
-    assert "binary_data_size 17179869184 is not 16 INT32 values" in reply.json()["error"]
+    assert fragment in reply.json()["error"]
+    assert server.worker_pids() == pids
+    assert _peak_mib(server) - peak < 256, "the worker read the whole region"
