@@ -64,7 +64,8 @@ def placed(params: Mapping[str, Any]) -> bool:
 
 
 def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
-    """The slot the parameters name, checked against the registered regions (400s)."""
+    """The slot the parameters name, checked against the registered regions (400s; 404 for a
+    region that is not registered)."""
     region = params.get("shared_memory_region")
     if not isinstance(region, str):
         raise BadInput("Unable to parse 'shared_memory_region'")
@@ -77,8 +78,8 @@ def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
     if type(offset) is not int or offset < 0:
         raise BadInput("Unable to parse 'shared_memory_offset'")
     entry = (table or {}).get(region)
-    if entry is None:
-        raise BadInput(f"Unable to find shared memory region: '{region}'")
+    if entry is None:  # Triton's TRITONSERVER_ERROR_NOT_FOUND: 404, gRPC NOT_FOUND
+        raise BadInput(f"Unable to find shared memory region: '{region}'", 404)
     key, base, byte_size = entry[:3]
     if offset >= byte_size:
         raise BadInput(f"Invalid offset for shared memory region: '{region}'")

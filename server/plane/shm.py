@@ -39,7 +39,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchbay.server.errors import BadRequest
+from torchbay.server.errors import BadRequest, NotFound
 
 Kind = Literal["system", "cuda"]
 SHM_DIR = "/dev/shm"  # where Linux's shm_open keeps its objects
@@ -110,15 +110,16 @@ class SharedMemory:
     # -- status, register, unregister ------------------------------------------------------------
 
     def status(self, kind: Kind, name: str | None = None) -> list[dict[str, Any]]:
-        """Every region of ``kind``, or the one named (400 when there is none of that kind)."""
+        """Every region of ``kind``, or the one named (404, gRPC NOT_FOUND, when there is none of
+        that kind: Triton's TRITONSERVER_ERROR_NOT_FOUND)."""
         if not name:
             return [r.status() for r in self._regions.values() if r.kind == kind]
         region = self._regions.get(name)
         if region is None:
             label = "system" if kind == "system" else "cuda"
-            raise BadRequest(f"Unable to find {label} shared memory region: '{name}'")
+            raise NotFound(f"Unable to find {label} shared memory region: '{name}'")
         if region.kind != kind:
-            raise BadRequest(
+            raise NotFound(
                 f"The region named '{name}' is registered as {_label(region.kind)} shared "
                 f"memory, not {_label(kind)} shared memory"
             )

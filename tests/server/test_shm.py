@@ -184,19 +184,20 @@ def test_status_register_and_unregister(server: LiveServer, http, grpc_client, r
     grpc_client.unregister_system_shared_memory("a")
     assert [r["name"] for r in http.get_system_shared_memory_status()] == ["b"]
     unknown = httpx.get(f"{server.url}/v2/systemsharedmemory/region/a/status")
-    assert unknown.status_code == 400
+    assert unknown.status_code == 404  # Triton's NOT_FOUND
     assert unknown.json() == {"error": "Unable to find system shared memory region: 'a'"}
     http.unregister_system_shared_memory("not-registered")  # as Triton: not an error
     http.unregister_system_shared_memory()
     assert http.get_system_shared_memory_status() == []
 
 
-def _refused(call, fragment: str) -> None:
+def _refused(call, fragment: str, code: int = 400) -> None:
     with pytest.raises(InferenceServerException) as info:
         call()
     assert fragment in info.value.message(), info.value.message()
     status = str(info.value.status())
-    assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status
+    grpc_code = "INVALID_ARGUMENT" if code == 400 else "NOT_FOUND"
+    assert status in (str(code), f"StatusCode.{grpc_code}"), status
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -236,7 +237,6 @@ def test_requests_naming_a_wrong_region_offset_or_size(
     client.register_system_shared_memory("in", ip_key, 2 * NBYTES)
     client.register_system_shared_memory("out", op_key, 2 * NBYTES)
     cases = [
-        (_inputs(module, "nope"), None, "Unable to find shared memory region: 'nope'"),
         (_inputs(module, "in", offset=2 * NBYTES), None, "Invalid offset for shared memory"),
         (_inputs(module, "in", offset=NBYTES + 4), None, "Invalid offset + byte size"),
         (_inputs(module, "in", size=NBYTES - 4), None, "binary_data_size 60 is not 16 INT32"),
@@ -244,6 +244,9 @@ def test_requests_naming_a_wrong_region_offset_or_size(
     ]
     for inputs, outputs, fragment in cases:
         _refused(lambda i=inputs, o=outputs: client.infer("simple", i, outputs=o), fragment)
+    # a region that is not registered: Triton's NOT_FOUND (404), as for its status
+    nope = "Unable to find shared memory region: 'nope'"
+    _refused(lambda: client.infer("simple", _inputs(module, "nope")), nope, 404)
     assert server.worker_pids() == pids
 
 
