@@ -263,10 +263,12 @@ def _ipc_handle(name: str, raw: Any) -> bytes:
 
 
 def _size(name: str, field: str, value: Any, *, minimum: int) -> int:
+    """``value`` as a size: an integer from ``minimum`` to 2**63 - 1 (gRPC's are uint64: a
+    client's -1 arrives as 2**64 - 1, which the message shows)."""
     if type(value) is not int or value < minimum or value >= 1 << 63:
         raise BadRequest(
             f"failed to register shared memory region '{name}': {field} must be an integer "
-            f">= {minimum}"
+            f"from {minimum} to {(1 << 63) - 1}, not {str(value)[:32]}"
         )
     return value
 

@@ -214,6 +214,10 @@ def test_registration_refusals(http, grpc_client, regions, protocol: str) -> Non
         lambda: client.register_system_shared_memory("r", key, 100, offset=64),
         "failed to register shared memory region 'r': invalid args",
     )
+    _refused(  # a uint64 over gRPC: out of range, said so (was "must be an integer >= 0")
+        lambda: client.register_system_shared_memory("r", key, 8, offset=(1 << 64) - 1),
+        f"offset must be an integer from 0 to {(1 << 63) - 1}, not 18446744073709551615",
+    )
     client.register_system_shared_memory("r", key, 128)
     _refused(lambda: client.register_system_shared_memory("r", key, 8), "'r' already in manager")
 
