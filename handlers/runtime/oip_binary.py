@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -101,11 +102,7 @@ def from_binary(buffer: memoryview, datatype: str, shape: list[int], name: str) 
     if datatype == "BYTES":
         return _bytes_elements(buffer, count, name).reshape(shape)
     dtype = NUMPY_DTYPES[datatype]
-    if len(buffer) != count * dtype.itemsize:
-        raise BadInput(
-            f"input {name!r}: binary_data_size {len(buffer)} is not {count} {datatype} "
-            f"values of shape {shape} ({count * dtype.itemsize} bytes)"
-        )
+    check_size(len(buffer), datatype, shape, name)
     if datatype == "BOOL":
         raw = np.frombuffer(buffer, dtype=np.uint8)
         if raw.size and raw.max() > 1:
@@ -113,22 +110,54 @@ def from_binary(buffer: memoryview, datatype: str, shape: list[int], name: str) 
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
+def check_size(size: int, datatype: str, shape: list[int], name: str) -> None:
+    """400 unless ``size`` bytes are exactly ``shape``'s values of ``datatype`` (BYTES, of
+    elements of any length, needs at least their 4-byte lengths)."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        if count * 4 > size:
+            raise BadInput(f"input {name!r}: {size} bytes cannot hold {count} BYTES elements")
+        return
+    expected = count * NUMPY_DTYPES[datatype].itemsize
+    if size != expected:
+        raise BadInput(
+            f"input {name!r}: binary_data_size {size} is not {count} {datatype} "
+            f"values of shape {shape} ({expected} bytes)"
+        )
+
+
 def _bytes_elements(buffer: memoryview, count: int, name: str) -> np.ndarray:
-    if count * 4 > len(buffer):  # checked before allocating: every element has a 4-byte length
-        raise BadInput(f"input {name!r}: {len(buffer)} bytes cannot hold {count} BYTES elements")
+    offset = 0
+
+    def take(size: int) -> memoryview:
+        nonlocal offset
+        offset += size
+        return buffer[offset - size : offset]
+
+    return bytes_elements(take, len(buffer), count, name)
+
+
+def bytes_elements(
+    take: Callable[[int], bytes | memoryview], size: int, count: int, name: str
+) -> np.ndarray:
+    """``count`` BYTES elements out of ``size`` bytes, which ``take(n)`` gives ``n`` at a time
+    (a request body's binary data, or a client's shared-memory object read as it goes: never
+    more than the elements it holds, whatever ``size`` claims)."""
+    if count * 4 > size:  # checked before allocating: every element has a 4-byte length
+        raise BadInput(f"input {name!r}: {size} bytes cannot hold {count} BYTES elements")
     out = np.empty(count, dtype=object)
-    offset, end = 0, len(buffer)
+    offset = 0
     for i in range(count):
-        if offset + 4 > end:
+        if offset + 4 > size:
             raise BadInput(f"input {name!r}: BYTES data ends inside element {i} of {count}")
-        (length,) = _LENGTH.unpack_from(buffer, offset)
+        (length,) = _LENGTH.unpack(take(4))
         offset += 4
-        if offset + length > end:
+        if offset + length > size:
             raise BadInput(f"input {name!r}: BYTES element {i} runs past binary_data_size")
-        out[i] = bytes(buffer[offset : offset + length])
+        out[i] = bytes(take(length))
         offset += length
-    if offset != end:
-        raise BadInput(f"input {name!r}: {end - offset} bytes left after {count} BYTES elements")
+    if offset != size:
+        raise BadInput(f"input {name!r}: {size - offset} bytes left after {count} BYTES elements")
     return out
 
 

@@ -6,19 +6,19 @@ a requested output whose ``parameters`` name a ``shared_memory_region`` (with
 region, never in the request or the response. The frontend hands each request the table of
 registered regions (``WireRequest.regions``: ``{name: [key, offset, byte_size]}``); here
 :func:`locate` checks a tensor's parameters against it (Triton's messages, 400), :func:`read`
-maps an input's bytes and :func:`write` puts an output's bytes into the client's region.
+copies an input's bytes out and :func:`write` puts an output's bytes into the client's region.
 
-Nothing is copied on the way in: the worker maps the client's object once (``Mappings``,
-kept for the next request: on this kind of host mapping 16 MiB costs ~25 ms of page-table work
-and copying it ~3 ms) and an input's array is a READ-ONLY view of the client's bytes. A handler
-cannot write into the client's region through it: the built-in tensor handler copies a read-only
-input once into the model's own memory (as it does a request body it does not own), a native v2
-handler gets the read-only array. An output is copied once, from the result into the region
-(Triton copies too). The object is opened and its size checked on every request, so a region
-that shrank or vanished is a 400, not a fault, and an object unlinked and made again under the
-same name is mapped anew. A client that shrinks its object while a request is reading it can
-still fault the worker (as with any ``mmap``, in Triton too; the worker is then restarted and
-the request answered 503).
+The worker never maps a client's object: it reads an input's bytes with ``pread`` into memory of
+its own and writes an output's with ``pwrite``, opening the object and checking its size on every
+request. A mapping would fault the worker (SIGBUS) when the client shrinks its object while a
+request reads or writes it (Triton's server itself faults so); a read of a shrunk object only
+comes back short, which is a 400, and a write past the object's new end grows it again. Each
+tensor costs one copy, as it did mapped (the tensor handler copied a mapped input into the
+model's memory, and an output is copied into the region in either case); an input arrives
+writable, so the tensor handler uses it as it is and a handler cannot write into the client's
+region through it. Nothing stays open or mapped between requests: an object the client unlinks
+is freed at once, however large it is (a sparse object of any size too), and an object unlinked
+and made again under the same name is simply opened anew.
 
 A CUDA region's entry has a fourth item, its GPU (``[handle, 0, byte_size, device]``); its slot
 is read and written by ``cuda_shm.py``, imported only when a request names one. Torch-free.
@@ -26,11 +26,10 @@ is read and written by ``cuda_shm.py``, imported only when a request names one. 
 
 from __future__ import annotations
 
-import contextlib
-import mmap
+import io
+import math
 import os
 import sys
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +64,8 @@ def placed(params: Mapping[str, Any]) -> bool:
 
 
 def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
-    """The slot the parameters name, checked against the registered regions (400s)."""
+    """The slot the parameters name, checked against the registered regions (400s; 404 for a
+    region that is not registered)."""
     region = params.get("shared_memory_region")
     if not isinstance(region, str):
         raise BadInput("Unable to parse 'shared_memory_region'")
@@ -78,8 +78,8 @@ def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
     if type(offset) is not int or offset < 0:
         raise BadInput("Unable to parse 'shared_memory_offset'")
     entry = (table or {}).get(region)
-    if entry is None:
-        raise BadInput(f"Unable to find shared memory region: '{region}'")
+    if entry is None:  # Triton's TRITONSERVER_ERROR_NOT_FOUND: 404, gRPC NOT_FOUND
+        raise BadInput(f"Unable to find shared memory region: '{region}'", 404)
     key, base, byte_size = entry[:3]
     if offset >= byte_size:
         raise BadInput(f"Invalid offset for shared memory region: '{region}'")
@@ -87,64 +87,6 @@ def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
         raise BadInput(f"Invalid offset + byte size for shared memory region: '{region}'")
     device = int(entry[3]) if len(entry) > 3 else None
     return Slot(region, str(key), int(base) + offset, size, device)
-
-
-class Mappings:
-    """The worker's mappings of the clients' shared-memory objects, one per object (its device
-    and inode: an object unlinked and made again under the same name is a new one), made on
-    first use and kept: mapping 16 MiB costs more than copying it (page tables), so a region
-    used again is not mapped again. At most ``limit`` bytes stay mapped (least recently used
-    go first), and a mapping of an object no registered region names any more is dropped when
-    a request's table shows it (POSIX frees an unlinked object once no one maps it)."""
-
-    def __init__(self, limit: int = 4 << 30) -> None:
-        self.limit = limit
-        self._maps: OrderedDict[tuple[int, int], tuple[str, mmap.mmap]] = OrderedDict()
-        self._keys: frozenset[str] = frozenset()
-
-    def view(self, slot: Slot) -> memoryview:
-        """The slot's bytes, read-write, in this worker's mapping of its object."""
-        fd = _open(slot)
-        try:
-            info = os.fstat(fd)
-            ident = (info.st_dev, info.st_ino)
-            found = self._maps.pop(ident, None)
-            if found is None or len(found[1]) < slot.start + slot.size:
-                found = (slot.key, mmap.mmap(fd, info.st_size))  # MAP_SHARED, read-write
-                self._replaced(slot.key)
-        finally:
-            os.close(fd)
-        self._maps[ident] = found
-        self._evict()
-        return memoryview(found[1])[slot.start : slot.start + slot.size]
-
-    def forget_unnamed(self, table: Table | None) -> None:
-        """Drop the mappings of objects no region of ``table`` names."""
-        keys = frozenset(str(entry[0]) for entry in (table or {}).values())
-        if keys == self._keys:
-            return
-        self._keys = keys
-        for ident, (key, _) in list(self._maps.items()):
-            if key not in keys:
-                self._close(ident)
-
-    def _replaced(self, key: str) -> None:
-        """Drop the mappings of objects that went by ``key`` before the one just mapped."""
-        for ident, (named, _) in list(self._maps.items()):
-            if named == key:
-                self._close(ident)
-
-    def _evict(self) -> None:
-        while len(self._maps) > 1 and sum(len(m) for _, m in self._maps.values()) > self.limit:
-            self._close(next(iter(self._maps)))
-
-    def _close(self, ident: tuple[int, int]) -> None:
-        _, mapped = self._maps.pop(ident)
-        with contextlib.suppress(BufferError):  # a live array still uses it: freed with it
-            mapped.close()
-
-
-MAPPINGS = Mappings()
 
 
 def _open(slot: Slot) -> int:
@@ -157,20 +99,73 @@ def _open(slot: Slot) -> int:
         raise BadInput(f"Unable to open shared memory region: '{slot.key}'") from None
     try:
         if os.fstat(fd).st_size < slot.start + slot.size:
-            raise BadInput(
-                f"shared memory region '{slot.region}' is smaller than its registered size"
-            )
+            raise BadInput(_shrunk(slot))
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
+def _shrunk(slot: Slot) -> str:
+    return f"shared memory region '{slot.region}' is smaller than its registered size"
+
+
 def read(slot: Slot) -> memoryview:
-    """The slot's bytes, read-only (see the module docstring)."""
-    if slot.size == 0:
-        return memoryview(b"")
-    return MAPPINGS.view(slot).toreadonly()
+    """The slot's bytes, copied out of the client's object into a writable buffer of this
+    worker (see the module docstring); 400 when the object is gone or shorter."""
+    buffer = np.empty(slot.size, np.uint8)
+    view = memoryview(buffer)
+    done = 0
+    fd = _open(slot)
+    try:
+        while done < slot.size:  # one read moves at most ~2 GiB
+            got = os.preadv(fd, [view[done:]], slot.start + done)
+            if got <= 0:
+                raise BadInput(_shrunk(slot))
+            done += got
+    except OSError as exc:
+        message = f"Unable to read shared memory region '{slot.region}': {exc.strerror}"
+        raise BadInput(message) from None
+    finally:
+        os.close(fd)
+    return view
+
+
+def _read_elements(slot: Slot, count: int, name: str) -> np.ndarray:
+    """A BYTES input's elements, read from the client's object as they are parsed (a buffered
+    MiB at a time): a slot far larger than its elements (a sparse object) is refused at its
+    first extra byte, never read whole into memory."""
+    fd = _open(slot)
+    try:
+        with io.BufferedReader(io.FileIO(fd, "rb", closefd=False), 1 << 20) as reader:
+            reader.seek(slot.start)
+
+            def take(size: int) -> bytes:
+                data = reader.read(size)
+                if len(data) < size:
+                    raise BadInput(_shrunk(slot))
+                return data
+
+            return oip_binary.bytes_elements(take, slot.size, count, name)
+    except OSError as exc:
+        message = f"Unable to read shared memory region '{slot.region}': {exc.strerror}"
+        raise BadInput(message) from None
+    finally:
+        os.close(fd)
+
+
+def _write(slot: Slot, data: memoryview) -> None:
+    """Put ``data`` at the slot's start in the client's object."""
+    done = 0
+    fd = _open(Slot(slot.region, slot.key, slot.start, len(data)))
+    try:
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], slot.start + done)
+    except OSError as exc:  # a sparse object on a full /dev/shm: ENOSPC
+        message = f"Unable to write shared memory region '{slot.region}': {exc.strerror}"
+        raise BadInput(message) from None
+    finally:
+        os.close(fd)
 
 
 def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> Any:
@@ -186,13 +181,16 @@ def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> A
             "'shared_memory_region'"
         )
     slot = locate(table, params, f"input {name!r}")
-    MAPPINGS.forget_unnamed(table)
     if slot.device is not None:
         from . import cuda_shm  # torch: only in a worker that is sent a CUDA region
 
         slot = tensor[SLOT] = cuda_shm.bind(slot, table)
         return cuda_shm.read_input(slot, tensor["datatype"], list(tensor["shape"]), name)
-    return oip_binary.from_binary(read(slot), tensor["datatype"], list(tensor["shape"]), name)
+    datatype, shape = tensor["datatype"], list(tensor["shape"])
+    oip_binary.check_size(slot.size, datatype, shape, name)  # before reading that many bytes
+    if datatype == "BYTES":
+        return _read_elements(slot, math.prod(shape), name).reshape(shape)
+    return oip_binary.from_binary(read(slot), datatype, shape, name)
 
 
 def check_output(table: Table | None, output: dict[str, Any]) -> None:
@@ -206,7 +204,6 @@ def check_output(table: Table | None, output: dict[str, Any]) -> None:
     if params.get("binary_data") is True:
         raise BadInput("Output can't set both 'shared_memory_region' and 'binary_data'")
     slot = locate(table, params, f"output {output['name']!r}")
-    MAPPINGS.forget_unnamed(table)
     if slot.device is not None:
         from . import cuda_shm
 
@@ -215,10 +212,9 @@ def check_output(table: Table | None, output: dict[str, Any]) -> None:
 
 
 def release_unnamed(table: Table | None) -> None:
-    """Let go of the mappings and CUDA handles no region of ``table`` names any more (called for
-    every v2 request, which carries the current table: a region unregistered is let go at the
-    worker's next request, not only at its next request that names a region)."""
-    MAPPINGS.forget_unnamed(table)
+    """Let go of the CUDA handles no region of ``table`` names any more (called for every v2
+    request, which carries the current table: a region unregistered is let go at the worker's
+    next request, not only at its next request that names a region)."""
     cuda = sys.modules.get(f"{__package__}.cuda_shm")  # loaded once a CUDA region was used
     if cuda is not None:
         cuda.HANDLES.forget_unnamed(table)
@@ -253,4 +249,4 @@ def write(slot: Slot, array: Any, datatype: str, name: str) -> None:
             f"({slot.size} bytes) should be at least {len(data)} bytes to hold the results"
         )
     if len(data):
-        MAPPINGS.view(Slot(slot.region, slot.key, slot.start, len(data)))[:] = data
+        _write(slot, data)

@@ -11,9 +11,10 @@ regions, as Triton's do.
 The frontend never maps a region nor copies its bytes: registration checks that the object
 exists, can be opened read-write and is large enough (``fstat``), and each request that may use
 a region carries the table of registered system regions (:meth:`SharedMemory.table`) to the
-worker, which maps the region itself (``handlers/runtime/shm.py``). A region unregistered while
-a request uses it stays mapped in that worker until the request ends (POSIX keeps an unlinked
-object alive while it is mapped), so the worker never reads freed memory.
+worker, which reads and writes the object itself, through its file and never a mapping
+(``handlers/runtime/shm.py``: a client that shrinks or removes its object, even during a
+request, gets a 400 and never faults the worker). A region unregistered while a request uses it
+is still used by that request (the table it carried names it).
 
 As Triton (``--allow-client-shm``), clients may use shared memory only when the operator allows
 it (``allow_client_shm``): a client that registers a region makes the server read from, and
@@ -38,7 +39,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchbay.server.errors import BadRequest
+from torchbay.server.errors import BadRequest, NotFound
 
 Kind = Literal["system", "cuda"]
 SHM_DIR = "/dev/shm"  # where Linux's shm_open keeps its objects
@@ -109,15 +110,16 @@ class SharedMemory:
     # -- status, register, unregister ------------------------------------------------------------
 
     def status(self, kind: Kind, name: str | None = None) -> list[dict[str, Any]]:
-        """Every region of ``kind``, or the one named (400 when there is none of that kind)."""
+        """Every region of ``kind``, or the one named (404, gRPC NOT_FOUND, when there is none of
+        that kind: Triton's TRITONSERVER_ERROR_NOT_FOUND)."""
         if not name:
             return [r.status() for r in self._regions.values() if r.kind == kind]
         region = self._regions.get(name)
         if region is None:
             label = "system" if kind == "system" else "cuda"
-            raise BadRequest(f"Unable to find {label} shared memory region: '{name}'")
+            raise NotFound(f"Unable to find {label} shared memory region: '{name}'")
         if region.kind != kind:
-            raise BadRequest(
+            raise NotFound(
                 f"The region named '{name}' is registered as {_label(region.kind)} shared "
                 f"memory, not {_label(kind)} shared memory"
             )
@@ -261,10 +263,12 @@ def _ipc_handle(name: str, raw: Any) -> bytes:
 
 
 def _size(name: str, field: str, value: Any, *, minimum: int) -> int:
+    """``value`` as a size: an integer from ``minimum`` to 2**63 - 1 (gRPC's are uint64: a
+    client's -1 arrives as 2**64 - 1, which the message shows)."""
     if type(value) is not int or value < minimum or value >= 1 << 63:
         raise BadRequest(
             f"failed to register shared memory region '{name}': {field} must be an integer "
-            f">= {minimum}"
+            f"from {minimum} to {(1 << 63) - 1}, not {str(value)[:32]}"
         )
     return value
 

@@ -163,7 +163,7 @@ def test_status_register_and_unregister_share_one_registry(
     assert one["regions"]["a"] == {"name": "a", "byte_size": "256"}  # device_id 0: a default
     assert http.get_system_shared_memory_status() == []
     wrong_kind = httpx.get(f"{server.url}/v2/systemsharedmemory/region/a/status")
-    assert wrong_kind.status_code == 400
+    assert wrong_kind.status_code == 404  # Triton's NOT_FOUND
     assert "'a' is registered as CUDA shared memory" in wrong_kind.json()["error"]
     # one namespace: a system region cannot take a CUDA region's name
     device.alloc(64)  # (its POSIX object serves as a system region's here)
@@ -221,7 +221,6 @@ def test_requests_naming_a_wrong_region_offset_size_or_handle(
     dead = base64.b64encode(b"\7" * 64).decode()  # no allocation: the open fails in the worker
     client.register_cuda_shared_memory("dead", dead, 0, 2 * NBYTES)
     cases = [
-        (_inputs(module, "nope"), None, "Unable to find shared memory region: 'nope'"),
         (_inputs(module, "in", offset=2 * NBYTES), None, "Invalid offset for shared memory"),
         (_inputs(module, "in", offset=NBYTES + 4), None, "Invalid offset + byte size"),
         (_inputs(module, "in", size=NBYTES - 4), None, "shared_memory_byte_size 60 is not 16"),
@@ -231,6 +230,8 @@ def test_requests_naming_a_wrong_region_offset_size_or_handle(
     ]
     for inputs, outputs, fragment in cases:
         _refused(lambda i=inputs, o=outputs: client.infer("simple", i, outputs=o), fragment)
+    nope = "Unable to find shared memory region: 'nope'"  # Triton's NOT_FOUND (404)
+    _refused(lambda: client.infer("simple", _inputs(module, "nope")), nope, 404)
     assert server.worker_pids() == pids
 
 

@@ -143,7 +143,7 @@ def test_inputs_and_outputs_in_shared_memory(
     assert shape == [1, 16]
     if protocol == "http":  # Triton's answer for an output in shared memory: no data
         assert "data" not in output and "binary_data_size" not in output.get("parameters", {})
-    # The client's input region is never written (the worker maps it copy-on-write).
+    # The client's input region is never written (the worker reads a copy of it).
     np.testing.assert_array_equal(shm.get_contents_as_numpy(ip, np.int32, [1, 16]), a)
 
 
@@ -184,19 +184,20 @@ def test_status_register_and_unregister(server: LiveServer, http, grpc_client, r
     grpc_client.unregister_system_shared_memory("a")
     assert [r["name"] for r in http.get_system_shared_memory_status()] == ["b"]
     unknown = httpx.get(f"{server.url}/v2/systemsharedmemory/region/a/status")
-    assert unknown.status_code == 400
+    assert unknown.status_code == 404  # Triton's NOT_FOUND
     assert unknown.json() == {"error": "Unable to find system shared memory region: 'a'"}
     http.unregister_system_shared_memory("not-registered")  # as Triton: not an error
     http.unregister_system_shared_memory()
     assert http.get_system_shared_memory_status() == []
 
 
-def _refused(call, fragment: str) -> None:
+def _refused(call, fragment: str, code: int = 400) -> None:
     with pytest.raises(InferenceServerException) as info:
         call()
     assert fragment in info.value.message(), info.value.message()
     status = str(info.value.status())
-    assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status
+    grpc_code = "INVALID_ARGUMENT" if code == 400 else "NOT_FOUND"
+    assert status in (str(code), f"StatusCode.{grpc_code}"), status
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -212,6 +213,10 @@ def test_registration_refusals(http, grpc_client, regions, protocol: str) -> Non
     _refused(
         lambda: client.register_system_shared_memory("r", key, 100, offset=64),
         "failed to register shared memory region 'r': invalid args",
+    )
+    _refused(  # a uint64 over gRPC: out of range, said so (was "must be an integer >= 0")
+        lambda: client.register_system_shared_memory("r", key, 8, offset=(1 << 64) - 1),
+        f"offset must be an integer from 0 to {(1 << 63) - 1}, not 18446744073709551615",
     )
     client.register_system_shared_memory("r", key, 128)
     _refused(lambda: client.register_system_shared_memory("r", key, 8), "'r' already in manager")
@@ -236,7 +241,6 @@ def test_requests_naming_a_wrong_region_offset_or_size(
     client.register_system_shared_memory("in", ip_key, 2 * NBYTES)
     client.register_system_shared_memory("out", op_key, 2 * NBYTES)
     cases = [
-        (_inputs(module, "nope"), None, "Unable to find shared memory region: 'nope'"),
         (_inputs(module, "in", offset=2 * NBYTES), None, "Invalid offset for shared memory"),
         (_inputs(module, "in", offset=NBYTES + 4), None, "Invalid offset + byte size"),
         (_inputs(module, "in", size=NBYTES - 4), None, "binary_data_size 60 is not 16 INT32"),
@@ -244,6 +248,9 @@ def test_requests_naming_a_wrong_region_offset_or_size(
     ]
     for inputs, outputs, fragment in cases:
         _refused(lambda i=inputs, o=outputs: client.infer("simple", i, outputs=o), fragment)
+    # a region that is not registered: Triton's NOT_FOUND (404), as for its status
+    nope = "Unable to find shared memory region: 'nope'"
+    _refused(lambda: client.infer("simple", _inputs(module, "nope")), nope, 404)
     assert server.worker_pids() == pids
 
 
