@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.server.config import lenient
-from torchbay.server.config.metrics_config import load_metrics_config
+from torchbay.server.config.metrics_config import check_published, load_metrics_config
 from torchbay.server.config.properties import PropertiesError, parse_properties
 from torchbay.server.config.settings import (
     API_NAMES,
@@ -138,7 +138,7 @@ def load_server_config(
     config = lenient.validate(merged, props, f"{path}", notes)  # a bad line warns, see there
     config._declared = _declared({**raw_props, **ts_env, **own_env, **flags}, base)
     if config.metrics_config is not None:  # its errors now, named, not at the first request
-        load_metrics_config(config.metrics_config)
+        check_published(load_metrics_config(config.metrics_config), config.metrics_mode)
     return config, notes
 
 

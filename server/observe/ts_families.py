@@ -20,17 +20,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchbay.server.config.metrics_config import MetricSpec, MetricsSpec, load_metrics_config
+from torchbay.server.config.metrics_config import (
+    LEGACY,
+    MetricSpec,
+    MetricsSpec,
+    check_published,
+    load_metrics_config,
+)
 
 log = logging.getLogger("torchbay.metrics")
 
-LEGACY = frozenset(
-    (
-        "ts_inference_requests_total",
-        "ts_inference_latency_microseconds",
-        "ts_queue_latency_microseconds",
-    )
-)
 # TorchServe 0.12's help texts (its record: tests/data/torchserve_0.12/answers.json).
 _LEGACY_HELP = {
     "ts_inference_requests_total": "Total number of inference requests.",
@@ -77,10 +76,25 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _escape_help(text: str) -> str:
+    """A HELP text as text format 0.0.4 escapes it: backslash and line feed."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _go(value: float) -> str:
-    if value == float("inf"):
-        return "+Inf"
+    if value != value:  # a handler's gauge may be NaN; Inf and -Inf as Go writes them
+        return "NaN"
+    if abs(value) == float("inf"):
+        return "+Inf" if value > 0 else "-Inf"
     return repr(float(value)) if value != int(value) or abs(value) >= 1e15 else f"{value:.1f}"
+
+
+def _one_line(text: str) -> str:
+    """``text`` for a metrics log line: a line break escaped (a handler's name, unit or dimension
+    value must not start a line of its own)."""
+    if "\n" not in text and "\r" not in text:
+        return text
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class MetricsLog:
@@ -147,7 +161,7 @@ class Family:
         self.adds = kind == "counter"
         self.size = len(BUCKETS) + 2 if kind == "histogram" else 1
         self.help = _LEGACY_HELP.get(
-            spec.name, f"Torchserve prometheus {kind} metric with unit: {spec.unit}"
+            spec.name, _escape_help(f"Torchserve prometheus {kind} metric with unit: {spec.unit}")
         )
 
     def update(self, values: tuple[str, ...], value: float, request_ids: str | None = None) -> None:
@@ -179,7 +193,7 @@ class Family:
         )
         rid = "" if request_ids is None else f",requestID:{request_ids}"
         stamp = int(time.time())
-        return (
+        return _one_line(
             f"{self.spec.name}.{self.spec.unit}:{java_double(value)}|#{dims}"
             f"|#hostname:{values[-1]}{rid},timestamp:{stamp}"
         )
@@ -238,10 +252,15 @@ class TsFamilies:
         self, name: str, kind: str, unit: str, dims: dict[str, str], value: float, rids: str
     ) -> bool:
         """A model metric's event, its values found by dimension name (Hostname added); False
-        when the config has no such metric and auto-detect is off."""
+        when the config has no such metric and auto-detect is off or refuses it (a name that
+        would clash on /metrics with torchbay's own ``torchbay_*`` families, or that Prometheus
+        cannot write: MetricsSpec.model_metric)."""
         family = self.model.get(name)
         if family is None:
-            spec = self.spec.model_metric(name, kind, unit, list(dims))
+            prometheus = self.mode == "prometheus"  # published on /metrics, not logged
+            if prometheus and name.startswith("torchbay_"):
+                return False
+            spec = self.spec.model_metric(name, kind, unit, list(dims), prometheus=prometheus)
             if spec is None:
                 return False
             family = self.model[name] = self._family(spec, MODEL_METRICS_LOG)
@@ -296,6 +315,7 @@ def metrics_options(config: Any, env: Mapping[str, str]) -> dict[str, Any]:
     ``$METRICS_LOCATION`` (TorchServe's), else ``$LOG_LOCATION``, else ``logs``. A directory that
     cannot be written leaves the log families silent, with one warning (as the other logs)."""
     spec = load_metrics_config(config.metrics_config, auto_detect=config.model_metrics_auto_detect)
+    check_published(spec, config.metrics_mode)
     metrics_log = None
     if config.metrics_mode != "prometheus":
         directory = Path(env.get("METRICS_LOCATION") or env.get("LOG_LOCATION") or "logs")
