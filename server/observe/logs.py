@@ -6,6 +6,9 @@ Access log: one INFO line per inference request on the ``torchbay.access`` logge
         total_ms=3.214 queue_ms=0.41      (one line)
 
 ``queue_ms`` is ``None`` when no worker took the request (rejected at admission, unknown model).
+The path, model and version come from the client (percent-decoded): a character that is not
+printable (a line break, an ANSI escape) is written escaped (``\\n``, :func:`printable`), so a
+client cannot end the line or start a forged one.
 The line costs one ``isEnabledFor`` check when the logger is off, and is formatted lazily.
 
 ``--log-format json`` makes every record one JSON object per line: ``time`` (ISO 8601, UTC),
@@ -155,18 +158,28 @@ def _record_failed(request: RequestRecord) -> None:
     )
 
 
+def printable(text: str) -> str:
+    """``text`` for a log line: each character that is not printable (line breaks, ANSI
+    escapes, other controls) written as its Python escape (``\\n``, ``\\x1b``)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def _access_args(request: RequestRecord) -> tuple[Any, ...]:
-    """The values of one access line, in ``ACCESS_FIELDS`` order."""
+    """The values of one access line, in ``ACCESS_FIELDS`` order; what the client sent through
+    :func:`printable`."""
     scope, mv, queue_s = request.scope, request.model, request.queue_s
     client = scope.get("client")
+    version = mv.version if mv is not None else request.version
     return (
         f"{client[0]}:{client[1]}" if client else "-",
         scope["method"],
-        scope["path"],
+        printable(scope["path"]),
         scope.get("http_version", "1.1"),
         request.status,
-        request.name,
-        mv.version if mv is not None else request.version,
+        printable(request.name),
+        version if version is None else printable(version),
         request.seconds * 1000,
         None if queue_s is None else round(queue_s * 1000, 3),
     )
