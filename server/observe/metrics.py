@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -161,7 +162,8 @@ class ServerMetrics(Observer):
         self.hostname = hostname or socket.gethostname()
         self.models: ModelRegistry | None = None
         self._declare(self.registry)
-        self._series: dict[ModelVersion, _Series] = {}
+        # Weak: an unregistered version's cached children must not keep the version alive.
+        self._series: weakref.WeakKeyDictionary[ModelVersion, _Series] = weakref.WeakKeyDictionary()
         self._unrouted: dict[int, Any] = {}
         # TorchServe's metrics as metrics_config and metrics_mode say (observe.ts_families).
         self.ts = TsFamilies(spec or load_metrics_config(None), mode, self.hostname, metrics_log)
