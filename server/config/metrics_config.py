@@ -148,13 +148,16 @@ def prometheus_problem(spec: MetricSpec) -> str | None:
 
 def check_published(spec: MetricsSpec, mode: str) -> None:
     """ConfigError naming the first metric that ``mode`` publishes on /metrics (``prometheus``:
-    all; ``legacy``: LEGACY) but Prometheus cannot name (``prometheus_problem``)."""
+    all; ``legacy``: LEGACY) but Prometheus cannot name (``prometheus_problem``), or that both
+    groups declare (two families of one name: TorchServe's registry refuses the second)."""
     if mode == "log":
         return
     for group, metrics in (("ts_metrics", spec.frontend), ("model_metrics", spec.model)):
         for metric in metrics.values():
             published = mode == "prometheus" or metric.name in LEGACY
             problem = prometheus_problem(metric) if published else None
+            if published and group == "model_metrics" and metric.name in spec.frontend:
+                problem = f"{metric.name!r} is a ts_metrics name too"
             if problem is not None:
                 raise _fail(f"{group}.{metric.kind}", f"{problem} (metrics_mode={mode})")
 
