@@ -71,7 +71,7 @@ from torchbay.server.config.metrics_config import MetricsSpec, load_metrics_conf
 from torchbay.server.observe.autopilot_metrics import AutopilotCollector
 from torchbay.server.observe.cache_metrics import CacheMetrics
 from torchbay.server.observe.cancel_metrics import CancelCollector
-from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
+from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics, utf8_records
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.model_state_metrics import ModelStateCollector
 from torchbay.server.observe.multiplex_metrics import MultiplexCollector
@@ -337,7 +337,8 @@ class ServerMetrics(Observer):
             for name in ("HandlerTime", "PredictionTime"):  # TorchServe's handler and service
                 self.ts.model_update(name, "gauge", "ms", dims, round(handler_ms, 2), rids)
         if record.metrics:
-            self.custom.record(model, self.ts.model_records(record.metrics, rids))
+            records = utf8_records(record.metrics)
+            self.custom.record(model, self.ts.model_records(records, rids))
 
     def _ts_name(self, name: str) -> bool:
         """``name`` is one of TorchServe's families that /metrics exposes (observe.ts_families)."""

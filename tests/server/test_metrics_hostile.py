@@ -3,7 +3,8 @@
 TorchServe's model metrics with ``model_metrics_auto_detect`` take a handler's names, units,
 dimension names and values as they come (observe.ts_families). A name or dimension Prometheus
 cannot write, a unit with a line break, a NaN gauge, a name of torchbay's own families: each must
-leave every scrape parseable by prometheus_client, with one TYPE line per family, and every line
+leave every scrape parseable by prometheus_client, with one TYPE line per family (a name that
+auto-detect refuses goes to torchbay's own registry, which must survive it too), and every line
 of ``model_metrics.log`` (``log`` mode) one line in TorchServe's format.
 """
 
@@ -35,6 +36,9 @@ HOSTILE = [
     {"name": "torchbay_requests_total", "value": 1},
     {"name": "torchbay_batch_size_count", "value": 1, "type": "gauge"},
     {"name": "h", "value": 1, "type": "histogram", "dims": {"le": "1"}},
+    # A lone surrogate (a client's JSON string copied into a metric) is no UTF-8 text.
+    {"name": "surrogate", "value": 1, "dims": {"Color": "\ud800"}},
+    {"name": "surrogate\udc80name", "value": 1, "unit": "\ud800"},
 ]
 
 
