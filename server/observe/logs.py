@@ -24,6 +24,7 @@ thread and only the write moves. Torch-free.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import logging.handlers
@@ -45,6 +46,7 @@ from torchbay.server.observe.logwriter import (
     IdleFlushHandler,
     Listener,
     RecordFilter,
+    flush_quietly,
 )
 
 if TYPE_CHECKING:
@@ -394,9 +396,10 @@ def configure_logging(
         root.removeHandler(front)
         uvicorn_log.removeFilter(_quiet_uvicorn)
         for writer in writers:
-            logging.StreamHandler.flush(writer)  # type: ignore[arg-type]
+            flush_quietly(writer)
         for writer in file_writers:
-            writer.close()
+            with contextlib.suppress(OSError, ValueError):  # a full disk: what is left is lost
+                writer.close()
         logging._srcfile = srcfile  # type: ignore[attr-defined]
         logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved_flags
 

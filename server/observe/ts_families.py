@@ -11,6 +11,7 @@ An update whose values do not match the metric's dimensions is dropped, as Torch
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import logging
 import queue
@@ -108,6 +109,7 @@ class MetricsLog:
             for name in (TS_METRICS_LOG, MODEL_METRICS_LOG)
         }
         self._queue: queue.SimpleQueue[tuple[str, float, str] | None] = queue.SimpleQueue()
+        self._failed: set[str] = set()  # the files whose writes failed (warned once)
         self._thread = threading.Thread(
             target=self._write, name="torchbay-metrics-log", daemon=True
         )
@@ -134,16 +136,28 @@ class MetricsLog:
                     f"{when},{int(stamp % 1 * 1000):03d} - {message}\n"
                 )
             for name, lines in texts.items():
-                self._files[name].write("".join(lines))
-                self._files[name].flush()
+                self._write_file(name, "".join(lines))
             if None in batch:
                 return
+
+    def _write_file(self, name: str, text: str) -> None:
+        """Append ``text`` to ``name``; a write that fails (a full disk) loses those lines, with
+        one warning per file, and the thread writes on (a dead writer would leave ``put``
+        queueing without end)."""
+        try:
+            self._files[name].write(text)
+            self._files[name].flush()
+        except (OSError, ValueError) as exc:
+            if name not in self._failed:
+                self._failed.add(name)
+                log.warning("cannot write %s (%s): metrics lines lost", name, exc)
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(5)
         for handle in self._files.values():
-            handle.close()
+            with contextlib.suppress(OSError, ValueError):  # what is left to flush is lost
+                handle.close()
 
 
 class Family:

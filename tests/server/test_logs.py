@@ -6,6 +6,8 @@ import asyncio
 import io
 import json
 import logging
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -294,3 +296,29 @@ def test_a_client_cannot_break_or_forge_access_lines(
     assert all(line.isprintable() for line in lines), lines
     assert "probe\\r\\n2026-01-01" in lines[0] and "version=1.0\\r\\n2026" in lines[1]
     assert "model=x\\x1b[31mred" in lines[2] and "model=probe\\nforged" in lines[3]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_log_file_leaves_the_writer_and_the_exit_alone(
+    root_logging: logging.Logger, tmp_path
+) -> None:
+    """Every write to a log file fails (ENOSPC): one report of it, the console still gets every
+    line, a flush (the barrier ``--start`` waits on) comes back, and the exit does not raise."""
+    full = tmp_path / "access.log"
+    full.symlink_to("/dev/full")
+    stream, errors = io.StringIO(), io.StringIO()
+    pipeline = configure_logging("text", level=logging.INFO, stream=stream, files={full: None})
+    request = RequestRecord(SCOPE, "m", None, 200, 0.0123, 0.0004, None)
+    saved, sys.stderr = sys.stderr, errors  # where logging reports a failed write
+    try:
+        for _ in range(3):
+            log_access(request)
+            assert pipeline.flush(timeout=5)
+        logging.getLogger("torchbay.serve").info("still writing")
+        assert pipeline.flush(timeout=5)
+    finally:
+        sys.stderr = saved
+        pipeline()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 4 and lines[-1].endswith("torchbay.serve: still writing")
+    assert errors.getvalue().count("--- Logging error ---") == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,3 +110,29 @@ def test_log_mode_lines_stay_one_line_each(
     line = re.compile(r"^\d{4}-\d\d-\d\dT[\d:]{8},\d{3} - .+\|#.*\|#hostname:.+,timestamp:\d+$")
     assert [text for text in lines if not line.match(text)] == []
     assert any(text.startswith(r"a\nb.") for text in (t.split(" - ", 1)[1] for t in lines))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_loses_metrics_lines_but_not_the_writer_nor_the_stop(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every write of the metrics logs fails (ENOSPC): the lines are lost with one warning per
+    file, the writer thread drains on (no queue growing per request) and the server stops."""
+    for name in ("ts_metrics.log", "model_metrics.log"):
+        (tmp_path / name).symlink_to("/dev/full")
+    monkeypatch.setenv("METRICS_LOCATION", str(tmp_path))
+    config = make_config(store, models=MODELS, disable_system_metrics=True, metrics_mode="log")
+    live = LiveServer(config).start()
+    metrics_log = live.server.metrics.ts.log
+    try:
+        with httpx.Client(timeout=60) as client:
+            for _ in range(2):
+                for _ in range(5):
+                    record(client, live, {"name": "n", "value": 1})
+                deadline = time.monotonic() + 30
+                while metrics_log._queue.qsize() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert metrics_log._queue.qsize() == 0
+    finally:
+        live.stop()  # closing the files must not raise either
+    assert caplog.text.count("metrics lines lost") == 2
