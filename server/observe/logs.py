@@ -24,7 +24,6 @@ thread and only the write moves. Torch-free.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import logging.handlers
@@ -46,7 +45,9 @@ from torchbay.server.observe.logwriter import (
     IdleFlushHandler,
     Listener,
     RecordFilter,
+    close_quietly,
     flush_quietly,
+    printable,
 )
 
 if TYPE_CHECKING:
@@ -158,14 +159,6 @@ def _record_failed(request: RequestRecord) -> None:
     logging.getLogger("torchbay.serve").exception(
         "recording request %s %s failed", request.name, request.status
     )
-
-
-def printable(text: str) -> str:
-    """``text`` for a log line: each character that is not printable (line breaks, ANSI
-    escapes, other controls) written as its Python escape (``\\n``, ``\\x1b``)."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def _access_args(request: RequestRecord) -> tuple[Any, ...]:
@@ -398,8 +391,7 @@ def configure_logging(
         for writer in writers:
             flush_quietly(writer)
         for writer in file_writers:
-            with contextlib.suppress(OSError, ValueError):  # a full disk: what is left is lost
-                writer.close()
+            close_quietly(writer)
         logging._srcfile = srcfile  # type: ignore[attr-defined]
         logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved_flags
 

@@ -84,11 +84,25 @@ class FastAccess:
         self._put(Line(self._logger.name, head + f"\n{head}".join(messages)))
 
 
+def printable(text: str) -> str:
+    """``text`` for a log line: each character that is not printable (line breaks, ANSI
+    escapes, other controls) written as its Python escape (``\\n``, ``\\x1b``)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def flush_quietly(handler: logging.Handler) -> None:
     """Write out what ``handler`` buffered; a write that fails (a full disk, a closed pipe)
     loses it: the writer thread, or the server's exit, goes on."""
     with contextlib.suppress(OSError, ValueError):
         logging.StreamHandler.flush(handler)  # type: ignore[arg-type]
+
+
+def close_quietly(handler: logging.Handler) -> None:
+    """Close ``handler``; what it could not write out (a full disk) is lost."""
+    with contextlib.suppress(OSError, ValueError):
+        handler.close()
 
 
 class _IdleFlush:
