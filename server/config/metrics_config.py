@@ -16,7 +16,6 @@ is a start-up error naming it. Torch-free.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,17 @@ UNITS = {
     "": "unit",
 }
 GROUPS = ("ts_metrics", "model_metrics")
-# Prometheus's names (its text format): one bad name makes a scraper refuse the whole page.
-_PROMETHEUS_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# The three families that ``legacy`` mode still publishes on /metrics (observe.ts_families).
+LEGACY = frozenset(
+    (
+        "ts_inference_requests_total",
+        "ts_inference_latency_microseconds",
+        "ts_queue_latency_microseconds",
+    )
+)
+# Prometheus' names (text format 0.0.4): a metric's, and a label's (``__`` prefix reserved).
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 DEFAULT_YAML = """
 dimensions:
@@ -109,39 +116,52 @@ class MetricsSpec:
         self.auto_detect = auto_detect
         self._room = max_detected  # auto-detected names come from handlers: keep them bounded
 
-    def model_metric(self, name: str, kind: str, unit: str, dims: list[str]) -> MetricSpec | None:
+    def model_metric(
+        self, name: str, kind: str, unit: str, dims: list[str], *, prometheus: bool = False
+    ) -> MetricSpec | None:
         """The model metric ``name``; one first seen here when auto-detect is on (its type, unit
-        and dimensions as the handler sent them, plus Hostname), else None (dropped)."""
+        and dimensions as the handler sent them, plus Hostname), else None (dropped). Never
+        detected: a frontend metric's name, and with ``prometheus`` (it would be published on
+        /metrics) a name or dimension that Prometheus cannot write (``prometheus_problem``)."""
         spec = self.model.get(name)
         if spec is not None or not self.auto_detect or self._room <= 0 or kind not in KINDS:
             return spec
+        spec = MetricSpec(name, kind, UNITS.get(unit, unit), (*dims, "Hostname"))
+        if name in self.frontend or (prometheus and prometheus_problem(spec) is not None):
+            return None
         self._room -= 1
-        unit = UNITS.get(unit, unit)
-        spec = self.model[name] = MetricSpec(name, kind, unit, (*dims, "Hostname"))
+        self.model[name] = spec
         return spec
 
 
-def prometheus_problem(name: str, dimensions: Sequence[str]) -> str | None:
-    """Why a metric ``name`` with ``dimensions`` (its labels) cannot be a Prometheus family, or
-    None when it can: TorchServe's Prometheus client refuses such a metric as well."""
-    if not _PROMETHEUS_NAME.fullmatch(name):
-        return f"{name!r} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"
-    for label in dimensions:
-        if not _PROMETHEUS_LABEL.fullmatch(label) or label.startswith("__"):
-            return f"dimension {label!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"
-    if len(set(dimensions)) != len(dimensions):
+def prometheus_problem(spec: MetricSpec) -> str | None:
+    """Why ``spec`` cannot be a Prometheus family (its name, a dimension's), or None. Such a
+    family would make every scrape unparseable; TorchServe's Prometheus client refuses it too."""
+    if not _METRIC_NAME.fullmatch(spec.name):
+        return f"{spec.name!r} is not a Prometheus metric name"
+    for dim in spec.dimensions:
+        reserved = dim.startswith("__") or (dim == "le" and spec.kind == "histogram")
+        if reserved or not _LABEL_NAME.fullmatch(dim):
+            return f"dimension {dim!r} is not a Prometheus label name"
+    if len(set(spec.dimensions)) != len(spec.dimensions):
         return "a dimension is named twice (Hostname is added to a model metric)"
     return None
 
 
-def check_prometheus(spec: MetricsSpec) -> None:
-    """``metrics_mode=prometheus`` publishes every metric of ``spec`` on /metrics: a name that
-    Prometheus cannot read is a start-up error naming it, not a page no scraper reads."""
+def check_published(spec: MetricsSpec, mode: str) -> None:
+    """ConfigError naming the first metric that ``mode`` publishes on /metrics (``prometheus``:
+    all; ``legacy``: LEGACY) but Prometheus cannot name (``prometheus_problem``), or that both
+    groups declare (two families of one name: TorchServe's registry refuses the second)."""
+    if mode == "log":
+        return
     for group, metrics in (("ts_metrics", spec.frontend), ("model_metrics", spec.model)):
         for metric in metrics.values():
-            problem = prometheus_problem(metric.name, metric.dimensions)
+            published = mode == "prometheus" or metric.name in LEGACY
+            problem = prometheus_problem(metric) if published else None
+            if published and group == "model_metrics" and metric.name in spec.frontend:
+                problem = f"{metric.name!r} is a ts_metrics name too"
             if problem is not None:
-                raise _fail(f"{group}.{metric.kind} {metric.name}", f"{problem}")
+                raise _fail(f"{group}.{metric.kind}", f"{problem} (metrics_mode={mode})")
 
 
 def _fail(where: str, message: str) -> ConfigError:

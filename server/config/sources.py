@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.server.config import lenient
-from torchbay.server.config.metrics_config import check_prometheus, load_metrics_config
+from torchbay.server.config.metrics_config import check_published, load_metrics_config
 from torchbay.server.config.model_layers import (
     RESTORED,
     models_layer,
@@ -146,9 +146,7 @@ def load_server_config(
     config._declared = _declared({**raw_props, **ts_env, **own_env, **flags}, base)
     config._restored = restored
     if config.metrics_config is not None:  # its errors now, named, not at the first request
-        spec = load_metrics_config(config.metrics_config)
-        if config.metrics_mode == "prometheus":
-            check_prometheus(spec)
+        check_published(load_metrics_config(config.metrics_config), config.metrics_mode)
     return config, notes
 
 

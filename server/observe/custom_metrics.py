@@ -65,6 +65,29 @@ def label_name(raw: str) -> str:
     return "exported_" + name if name in LABELS else name
 
 
+def utf8_records(records: list[Any]) -> list[Any]:
+    """``records`` with every name, unit, type and dimension UTF-8 text: a lone surrogate (a
+    handler may copy one from a client's JSON) becomes ``?``. One such string in any family
+    made prometheus_client's exposition, so every scrape, fail."""
+    return [_utf8_record(rec) if isinstance(rec, dict) else rec for rec in records]
+
+
+def _utf8_record(rec: dict[str, Any]) -> dict[str, Any]:
+    out = {k: _utf8(v) if isinstance(v, str) else v for k, v in rec.items()}
+    dims = rec.get("dimensions")
+    if isinstance(dims, dict):
+        out["dimensions"] = {
+            _utf8(str(k)): _utf8(v) if isinstance(v, str) else v for k, v in dims.items()
+        }
+    return out
+
+
+def _utf8(text: str) -> str:
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 class _Custom:
     __slots__ = ("children", "keys", "kind", "metric")
 

@@ -6,6 +6,9 @@ Access log: one INFO line per inference request on the ``torchbay.access`` logge
         total_ms=3.214 queue_ms=0.41      (one line)
 
 ``queue_ms`` is ``None`` when no worker took the request (rejected at admission, unknown model).
+The path, model and version come from the client (percent-decoded): a character that is not
+printable (a line break, an ANSI escape) is written escaped (``\\n``, :func:`printable`), so a
+client cannot end the line or start a forged one.
 The line costs one ``isEnabledFor`` check when the logger is off, and is formatted lazily.
 
 ``--log-format json`` makes every record one JSON object per line: ``time`` (ISO 8601, UTC),
@@ -42,6 +45,9 @@ from torchbay.server.observe.logwriter import (
     IdleFlushHandler,
     Listener,
     RecordFilter,
+    close_quietly,
+    flush_quietly,
+    printable,
 )
 
 if TYPE_CHECKING:
@@ -156,17 +162,19 @@ def _record_failed(request: RequestRecord) -> None:
 
 
 def _access_args(request: RequestRecord) -> tuple[Any, ...]:
-    """The values of one access line, in ``ACCESS_FIELDS`` order."""
+    """The values of one access line, in ``ACCESS_FIELDS`` order; what the client sent through
+    :func:`printable`."""
     scope, mv, queue_s = request.scope, request.model, request.queue_s
     client = scope.get("client")
+    version = mv.version if mv is not None else request.version
     return (
         f"{client[0]}:{client[1]}" if client else "-",
         scope["method"],
-        scope["path"],
+        printable(scope["path"]),
         scope.get("http_version", "1.1"),
         request.status,
-        request.name,
-        mv.version if mv is not None else request.version,
+        printable(request.name),
+        version if version is None else printable(version),
         request.seconds * 1000,
         None if queue_s is None else round(queue_s * 1000, 3),
     )
@@ -381,9 +389,9 @@ def configure_logging(
         root.removeHandler(front)
         uvicorn_log.removeFilter(_quiet_uvicorn)
         for writer in writers:
-            logging.StreamHandler.flush(writer)  # type: ignore[arg-type]
+            flush_quietly(writer)
         for writer in file_writers:
-            writer.close()
+            close_quietly(writer)
         logging._srcfile = srcfile  # type: ignore[attr-defined]
         logging.logThreads, logging.logProcesses, logging.logMultiprocessing = saved_flags
 

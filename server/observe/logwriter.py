@@ -18,6 +18,7 @@ Torch-free; imports nothing of ours.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import queue
@@ -83,12 +84,34 @@ class FastAccess:
         self._put(Line(self._logger.name, head + f"\n{head}".join(messages)))
 
 
+def printable(text: str) -> str:
+    """``text`` for a log line: each character that is not printable (line breaks, ANSI
+    escapes, other controls) written as its Python escape (``\\n``, ``\\x1b``)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def flush_quietly(handler: logging.Handler) -> None:
+    """Write out what ``handler`` buffered; a write that fails (a full disk, a closed pipe)
+    loses it: the writer thread, or the server's exit, goes on."""
+    with contextlib.suppress(OSError, ValueError):
+        logging.StreamHandler.flush(handler)  # type: ignore[arg-type]
+
+
+def close_quietly(handler: logging.Handler) -> None:
+    """Close ``handler``; what it could not write out (a full disk) is lost."""
+    with contextlib.suppress(OSError, ValueError):
+        handler.close()
+
+
 class _IdleFlush:
     """A writer that flushes when the queue runs dry, not after every line, so a busy access
     log costs one write call per burst instead of one per request. The queue's handler did the
     formatting: the writer's format is the message."""
 
     _records: queue.SimpleQueue
+    _failed = False  # a write failed (reported once)
 
     def _idle_flush(self, records: queue.SimpleQueue) -> None:
         self._records = records
@@ -97,6 +120,13 @@ class _IdleFlush:
     def flush(self) -> None:
         if self._records.empty():
             super().flush()  # type: ignore[misc]
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """logging's report of a failed write (a traceback on stderr), once per destination:
+        a full disk would otherwise print one per burst of lines."""
+        if not self._failed:
+            self._failed = True
+            super().handleError(record)  # type: ignore[misc]
 
 
 class IdleFlushHandler(_IdleFlush, logging.StreamHandler):
@@ -151,7 +181,7 @@ class Listener(logging.handlers.QueueListener):
             super().handle(record)
             return
         for handler in self.handlers:
-            logging.StreamHandler.flush(handler)  # type: ignore[arg-type]
+            flush_quietly(handler)
         record.barrier.set()  # type: ignore[attr-defined]
 
     def _write_lines(self, lines: list[Line]) -> None:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -70,7 +71,7 @@ from torchbay.server.config.metrics_config import MetricsSpec, load_metrics_conf
 from torchbay.server.observe.autopilot_metrics import AutopilotCollector
 from torchbay.server.observe.cache_metrics import CacheMetrics
 from torchbay.server.observe.cancel_metrics import CancelCollector
-from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics
+from torchbay.server.observe.custom_metrics import LABELS, CustomMetrics, utf8_records
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.model_state_metrics import ModelStateCollector
 from torchbay.server.observe.multiplex_metrics import MultiplexCollector
@@ -161,7 +162,8 @@ class ServerMetrics(Observer):
         self.hostname = hostname or socket.gethostname()
         self.models: ModelRegistry | None = None
         self._declare(self.registry)
-        self._series: dict[ModelVersion, _Series] = {}
+        # Weak: an unregistered version's cached children must not keep the version alive.
+        self._series: weakref.WeakKeyDictionary[ModelVersion, _Series] = weakref.WeakKeyDictionary()
         self._unrouted: dict[int, Any] = {}
         # TorchServe's metrics as metrics_config and metrics_mode say (observe.ts_families).
         self.ts = TsFamilies(spec or load_metrics_config(None), mode, self.hostname, metrics_log)
@@ -335,7 +337,8 @@ class ServerMetrics(Observer):
             for name in ("HandlerTime", "PredictionTime"):  # TorchServe's handler and service
                 self.ts.model_update(name, "gauge", "ms", dims, round(handler_ms, 2), rids)
         if record.metrics:
-            self.custom.record(model, self.ts.model_records(record.metrics, rids))
+            records = utf8_records(record.metrics)
+            self.custom.record(model, self.ts.model_records(records, rids))
 
     def _ts_name(self, name: str) -> bool:
         """``name`` is one of TorchServe's families that /metrics exposes (observe.ts_families)."""

@@ -11,6 +11,7 @@ An update whose values do not match the metric's dimensions is dropped, as Torch
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import logging
 import queue
@@ -21,22 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.server.config.metrics_config import (
+    LEGACY,
     MetricSpec,
     MetricsSpec,
-    check_prometheus,
+    check_published,
     load_metrics_config,
-    prometheus_problem,
 )
 
 log = logging.getLogger("torchbay.metrics")
 
-LEGACY = frozenset(
-    (
-        "ts_inference_requests_total",
-        "ts_inference_latency_microseconds",
-        "ts_queue_latency_microseconds",
-    )
-)
 # TorchServe 0.12's help texts (its record: tests/data/torchserve_0.12/answers.json).
 _LEGACY_HELP = {
     "ts_inference_requests_total": "Total number of inference requests.",
@@ -83,10 +77,25 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _escape_help(text: str) -> str:
+    """A HELP text as text format 0.0.4 escapes it: backslash and line feed."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _go(value: float) -> str:
-    if value == float("inf"):
-        return "+Inf"
+    if value != value:  # a handler's gauge may be NaN; Inf and -Inf as Go writes them
+        return "NaN"
+    if abs(value) == float("inf"):
+        return "+Inf" if value > 0 else "-Inf"
     return repr(float(value)) if value != int(value) or abs(value) >= 1e15 else f"{value:.1f}"
+
+
+def _one_line(text: str) -> str:
+    """``text`` for a metrics log line: a line break escaped (a handler's name, unit or dimension
+    value must not start a line of its own)."""
+    if "\n" not in text and "\r" not in text:
+        return text
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class MetricsLog:
@@ -100,6 +109,7 @@ class MetricsLog:
             for name in (TS_METRICS_LOG, MODEL_METRICS_LOG)
         }
         self._queue: queue.SimpleQueue[tuple[str, float, str] | None] = queue.SimpleQueue()
+        self._failed: set[str] = set()  # the files whose writes failed (warned once)
         self._thread = threading.Thread(
             target=self._write, name="torchbay-metrics-log", daemon=True
         )
@@ -126,16 +136,28 @@ class MetricsLog:
                     f"{when},{int(stamp % 1 * 1000):03d} - {message}\n"
                 )
             for name, lines in texts.items():
-                self._files[name].write("".join(lines))
-                self._files[name].flush()
+                self._write_file(name, "".join(lines))
             if None in batch:
                 return
+
+    def _write_file(self, name: str, text: str) -> None:
+        """Append ``text`` to ``name``; a write that fails (a full disk) loses those lines, with
+        one warning per file, and the thread writes on (a dead writer would leave ``put``
+        queueing without end)."""
+        try:
+            self._files[name].write(text)
+            self._files[name].flush()
+        except (OSError, ValueError) as exc:
+            if name not in self._failed:
+                self._failed.add(name)
+                log.warning("cannot write %s (%s): metrics lines lost", name, exc)
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(5)
         for handle in self._files.values():
-            handle.close()
+            with contextlib.suppress(OSError, ValueError):  # what is left to flush is lost
+                handle.close()
 
 
 class Family:
@@ -152,9 +174,8 @@ class Family:
         # Decided once, not per event (a request updates about six families).
         self.adds = kind == "counter"
         self.size = len(BUCKETS) + 2 if kind == "histogram" else 1
-        unit = spec.unit.replace("\\", "\\\\").replace("\n", "\\n")  # a handler's unit
         self.help = _LEGACY_HELP.get(
-            spec.name, f"Torchserve prometheus {kind} metric with unit: {unit}"
+            spec.name, _escape_help(f"Torchserve prometheus {kind} metric with unit: {spec.unit}")
         )
 
     def update(self, values: tuple[str, ...], value: float, request_ids: str | None = None) -> None:
@@ -186,7 +207,7 @@ class Family:
         )
         rid = "" if request_ids is None else f",requestID:{request_ids}"
         stamp = int(time.time())
-        return (
+        return _one_line(
             f"{self.spec.name}.{self.spec.unit}:{java_double(value)}|#{dims}"
             f"|#hostname:{values[-1]}{rid},timestamp:{stamp}"
         )
@@ -226,12 +247,9 @@ class TsFamilies:
         self.frontend = {name: self._family(s, TS_METRICS_LOG) for name, s in spec.frontend.items()}
         self.model = {name: self._family(s, MODEL_METRICS_LOG) for name, s in spec.model.items()}
 
-    def _logged(self, name: str) -> bool:
-        """Whether the metric ``name`` is written to a log file rather than to /metrics."""
-        return self.mode == "log" or (self.mode == "legacy" and name not in LEGACY)
-
     def _family(self, spec: MetricSpec, file_name: str) -> Family:
-        if not self._logged(spec.name):
+        logged = self.mode == "log" or (self.mode == "legacy" and spec.name not in LEGACY)
+        if not logged:
             return Family(spec, None)
         if self.log is None:
             return Family(spec, _discard)
@@ -248,12 +266,15 @@ class TsFamilies:
         self, name: str, kind: str, unit: str, dims: dict[str, str], value: float, rids: str
     ) -> bool:
         """A model metric's event, its values found by dimension name (Hostname added); False
-        when the config has no such metric and auto-detect is off."""
+        when the config has no such metric and auto-detect is off or refuses it (a name that
+        would clash on /metrics with torchbay's own ``torchbay_*`` families, or that Prometheus
+        cannot write: MetricsSpec.model_metric)."""
         family = self.model.get(name)
         if family is None:
-            if not self._logged(name) and prometheus_problem(name, [*dims, "Hostname"]):
-                return False  # torchbay's registry takes it, its names made Prometheus's
-            spec = self.spec.model_metric(name, kind, unit, list(dims))
+            prometheus = self.mode == "prometheus"  # published on /metrics, not logged
+            if prometheus and name.startswith("torchbay_"):
+                return False
+            spec = self.spec.model_metric(name, kind, unit, list(dims), prometheus=prometheus)
             if spec is None:
                 return False
             family = self.model[name] = self._family(spec, MODEL_METRICS_LOG)
@@ -308,8 +329,7 @@ def metrics_options(config: Any, env: Mapping[str, str]) -> dict[str, Any]:
     ``$METRICS_LOCATION`` (TorchServe's), else ``$LOG_LOCATION``, else ``logs``. A directory that
     cannot be written leaves the log families silent, with one warning (as the other logs)."""
     spec = load_metrics_config(config.metrics_config, auto_detect=config.model_metrics_auto_detect)
-    if config.metrics_mode == "prometheus":
-        check_prometheus(spec)
+    check_published(spec, config.metrics_mode)
     metrics_log = None
     if config.metrics_mode != "prometheus":
         directory = Path(env.get("METRICS_LOCATION") or env.get("LOG_LOCATION") or "logs")

@@ -6,6 +6,8 @@ import asyncio
 import io
 import json
 import logging
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -246,3 +248,77 @@ def test_one_access_line_per_request(live_server, caplog: pytest.LogCaptureFixtu
     assert fields[0]["total_ms"] >= fields[0]["queue_ms"]
     assert fields[2]["queue_ms"] is None
     assert fields[0]["client"].startswith("127.0.0.1:")
+
+
+def _raw_post(port: int, target: bytes) -> bytes:
+    """POST ``target`` as sent (percent-escapes and all); the status line of the answer."""
+    import socket
+
+    request = b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(request % target)
+        answer = b""
+        while b"\r\n" not in answer and (chunk := sock.recv(4096)):
+            answer += chunk
+    return answer.split(b"\r\n")[0]
+
+
+@pytest.mark.slow
+def test_a_client_cannot_break_or_forge_access_lines(
+    live_server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Line breaks and ANSI escapes in a decoded path, model name or version (HTTP) or in a gRPC
+    request's model name are written escaped: each request stays one line of printable text."""
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    server = live_server(models=probe_models())
+    port = server.server.state.ports.inference
+    forged = b"%0d%0a2026-01-01%2000:00:00,000%20INFO%20torchbay.access:%20forged"
+    for target in (
+        b"/predictions/probe" + forged,
+        b"/predictions/probe/1.0" + forged,
+        b"/v2/models/x%1b[31mred%1b[0m/infer",
+    ):
+        assert _raw_post(port, target) == b"HTTP/1.1 404 Not Found"
+    client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    tensor = triton_grpc.InferInput("x", [1], "FP32")
+    tensor.set_data_from_numpy(np.zeros(1, np.float32))
+    with pytest.raises(Exception, match="forged"):
+        client.infer("probe\nforged", [tensor])
+    client.close()
+    server.recorded()
+    lines = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert len(lines) == 4, lines
+    assert all(line.isprintable() for line in lines), lines
+    assert "probe\\r\\n2026-01-01" in lines[0] and "version=1.0\\r\\n2026" in lines[1]
+    assert "model=x\\x1b[31mred" in lines[2] and "model=probe\\nforged" in lines[3]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_log_file_leaves_the_writer_and_the_exit_alone(
+    root_logging: logging.Logger, tmp_path
+) -> None:
+    """Every write to a log file fails (ENOSPC): one report of it, the console still gets every
+    line, a flush (the barrier ``--start`` waits on) comes back, and the exit does not raise."""
+    full = tmp_path / "access.log"
+    full.symlink_to("/dev/full")
+    stream, errors = io.StringIO(), io.StringIO()
+    pipeline = configure_logging("text", level=logging.INFO, stream=stream, files={full: None})
+    request = RequestRecord(SCOPE, "m", None, 200, 0.0123, 0.0004, None)
+    saved, sys.stderr = sys.stderr, errors  # where logging reports a failed write
+    try:
+        for _ in range(3):
+            log_access(request)
+            assert pipeline.flush(timeout=5)
+        logging.getLogger("torchbay.serve").info("still writing")
+        assert pipeline.flush(timeout=5)
+    finally:
+        sys.stderr = saved
+        pipeline()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 4 and lines[-1].endswith("torchbay.serve: still writing")
+    assert errors.getvalue().count("--- Logging error ---") == 1

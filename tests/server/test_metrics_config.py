@@ -226,3 +226,31 @@ def test_the_log_files_follow_metrics_location_and_survive_an_unwritable_one(
     options = metrics_options(logged, {"LOG_LOCATION": str(tmp_path / "file")})
     assert options["metrics_log"] is None and options["mode"] == "log"
     assert "cannot write metrics logs" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("metric", "named"),
+    [
+        ("{name: my metric, unit: Count, dimensions: [Color]}", "'my metric'"),
+        ("{name: Inferences, unit: Count, dimensions: [bad-dim]}", "'bad-dim'"),
+        ("{name: Inferences, unit: Count, dimensions: [__reserved]}", "'__reserved'"),
+        ("{name: QueueTime, unit: Count, dimensions: [Level]}", "'QueueTime' is a ts_metrics"),
+    ],
+)
+def test_a_name_prometheus_cannot_write_stops_the_config_load_when_published(
+    tmp_path: Path, metric: str, named: str
+) -> None:
+    """A family that would make every scrape unparseable: an error in prometheus mode, fine where
+    it is only logged (TorchServe's log lines take any name)."""
+    frontend = "ts_metrics:\n  gauge:\n    - {name: QueueTime, unit: ms, dimensions: [Level]}\n"
+    model = f"model_metrics:\n  counter:\n    - {metric}\n"
+    (tmp_path / "metrics.yaml").write_text(frontend + model)
+    for mode in ("log", "legacy", "prometheus"):
+        (tmp_path / "config.properties").write_text(
+            f"metrics_config=metrics.yaml\nmetrics_mode={mode}\n"
+        )
+        if mode != "prometheus":
+            load_server_config(ts_config=None, env={}, cli={}, cwd=tmp_path)
+            continue
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            load_server_config(ts_config=None, env={}, cli={}, cwd=tmp_path)

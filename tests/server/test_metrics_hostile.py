@@ -1,0 +1,138 @@
+"""Handler metrics that /metrics and the metrics logs must survive, on a live server.
+
+TorchServe's model metrics with ``model_metrics_auto_detect`` take a handler's names, units,
+dimension names and values as they come (observe.ts_families). A name or dimension Prometheus
+cannot write, a unit with a line break, a NaN gauge, a name of torchbay's own families: each must
+leave every scrape parseable by prometheus_client, with one TYPE line per family (a name that
+auto-detect refuses goes to torchbay's own registry, which must survive it too), and every line
+of ``model_metrics.log`` (``log`` mode) one line in TorchServe's format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import ASSETS, LiveServer, build_store, make_config
+
+MODELS = {"metric": {"1.0": {"marName": "metric.mar"}}}
+# What the metric handler (assets/metric_handler.py) is asked to record, one request each.
+HOSTILE = [
+    {"name": "a\nb", "value": 1, "type": "gauge"},
+    {"name": "spaced name", "value": 1},
+    {"name": "dims", "value": 1, "dims": {"bad-dim": "x"}},
+    {"name": "unit", "value": 2, "type": "gauge", "unit": "ms\nTYPE x\\y"},
+    {"name": "quoted", "value": 1, "dims": {"Color": 'r"e\\d\nx'}},
+    {"name": "nan", "value": float("nan"), "type": "gauge"},
+    {"name": "neg_inf", "value": float("-inf"), "type": "gauge"},
+    {"name": "torchbay_requests_total", "value": 1},
+    {"name": "torchbay_batch_size_count", "value": 1, "type": "gauge"},
+    {"name": "h", "value": 1, "type": "histogram", "dims": {"le": "1"}},
+    # A lone surrogate (a client's JSON string copied into a metric) is no UTF-8 text.
+    {"name": "surrogate", "value": 1, "dims": {"Color": "\ud800"}},
+    {"name": "surrogate\udc80name", "value": 1, "unit": "\ud800"},
+]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory, "hostile", {"metric": str(ASSETS / "metric_handler.py")})
+
+
+@pytest.fixture(scope="module")
+def server(store: Path) -> Iterator[LiveServer]:
+    config = make_config(
+        store, models=MODELS, model_metrics_auto_detect=True, disable_system_metrics=True
+    )
+    live = LiveServer(config).start()
+    yield live
+    live.stop()
+
+
+def record(client: httpx.Client, server: LiveServer, metric: dict[str, Any]) -> None:
+    body = json.dumps({"metrics": [metric]})  # NaN and -Infinity: Python's JSON reads them
+    url = f"{server.url}/predictions/metric"
+    response = client.post(url, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("metric", HOSTILE, ids=lambda m: repr(m["name"]))
+def test_a_hostile_handler_metric_leaves_metrics_parseable(
+    server: LiveServer, metric: dict[str, Any]
+) -> None:
+    with httpx.Client(timeout=60) as client:
+        record(client, server, metric)
+        response = client.get(f"{server.metrics_url}/metrics")
+    assert response.status_code == 200, response.text
+    families = list(text_string_to_metric_families(response.text))
+    assert any(f.name == "ts_inference_requests" for f in families)
+    types = Counter(line.split()[2] for line in response.text.splitlines() if line[:6] == "# TYPE")
+    assert [name for name, count in types.items() if count > 1] == []
+
+
+def test_a_handler_gauge_at_nan_is_written_as_nan(server: LiveServer) -> None:
+    with httpx.Client(timeout=60) as client:
+        record(client, server, {"name": "nan_gauge", "value": float("nan"), "type": "gauge"})
+        text = client.get(f"{server.metrics_url}/metrics").text
+    assert re.search(
+        r'^nan_gauge\{ModelName="metric",Level="Model",Hostname=".*",\} NaN$', text, re.M
+    )
+
+
+def test_log_mode_lines_stay_one_line_each(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("METRICS_LOCATION", str(tmp_path))
+    config = make_config(
+        store,
+        models=MODELS,
+        model_metrics_auto_detect=True,
+        disable_system_metrics=True,
+        metrics_mode="log",
+    )
+    live = LiveServer(config).start()
+    try:
+        with httpx.Client(timeout=60) as client:
+            for metric in HOSTILE[:5]:
+                record(client, live, metric)
+    finally:
+        live.stop()
+    lines = (tmp_path / "model_metrics.log").read_text().splitlines()
+    line = re.compile(r"^\d{4}-\d\d-\d\dT[\d:]{8},\d{3} - .+\|#.*\|#hostname:.+,timestamp:\d+$")
+    assert [text for text in lines if not line.match(text)] == []
+    assert any(text.startswith(r"a\nb.") for text in (t.split(" - ", 1)[1] for t in lines))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_loses_metrics_lines_but_not_the_writer_nor_the_stop(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every write of the metrics logs fails (ENOSPC): the lines are lost with one warning per
+    file, the writer thread drains on (no queue growing per request) and the server stops."""
+    for name in ("ts_metrics.log", "model_metrics.log"):
+        (tmp_path / name).symlink_to("/dev/full")
+    monkeypatch.setenv("METRICS_LOCATION", str(tmp_path))
+    config = make_config(store, models=MODELS, disable_system_metrics=True, metrics_mode="log")
+    live = LiveServer(config).start()
+    metrics_log = live.server.metrics.ts.log
+    try:
+        with httpx.Client(timeout=60) as client:
+            for _ in range(2):
+                for _ in range(5):
+                    record(client, live, {"name": "n", "value": 1})
+                deadline = time.monotonic() + 30
+                while metrics_log._queue.qsize() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert metrics_log._queue.qsize() == 0
+    finally:
+        live.stop()  # closing the files must not raise either
+    assert caplog.text.count("metrics lines lost") == 2
