@@ -54,9 +54,12 @@ def measure(reference: Any, packed: Any) -> tuple[float, float, float | None]:
             )
         a64, b64 = a.detach().double(), b.detach().double()
         if a64.numel():
-            diff = (a64 - b64).abs().nan_to_num(nan=math.inf)  # max() would skip a NaN
-            max_abs = max(max_abs, diff.max().item())
-            scale = max(scale, a64.abs().max().item())
+            # Equal values (the same infinity included) do not differ; a NaN or an infinity the
+            # reference does not have does, without bound (max() would skip a NaN).
+            diff = torch.where(a64 == b64, 0.0, (a64 - b64).abs())
+            max_abs = max(max_abs, diff.nan_to_num(nan=math.inf, posinf=math.inf).max().item())
+            finite = a64[a64.isfinite()].abs()
+            scale = max(scale, finite.max().item() if finite.numel() else 0.0)
         if a.dim() == 2 and a.shape[1] > 1:
             agree += int((a64.argmax(1) == b64.argmax(1)).sum().item())
             rows += a.shape[0]
