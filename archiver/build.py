@@ -235,16 +235,24 @@ def _parity(
             return reference(*x.tensors)
 
     what = f"{options.precision} {target}" + (" (optimized)" if options.optimize else "")
+    batched = _served_batched(options)
     parity = check(
         run_reference,
         run_packed,
-        [example, example.rows(1), example.rows(3)],
+        _parity_inputs(example),
         default_tolerance(options),
         allow_drift=options.allow_drift,
         what=what,
+        batched=batched,
     )
     with torch.inference_mode():
         return parity, run_packed(example)
+
+
+def _parity_inputs(example: rs.Example) -> list[rs.Example]:
+    """The example, one row of it, and batches past it (a trace may have fixed the batch size,
+    and the server batches requests together)."""
+    return [example.rows(n) for n in dict.fromkeys((example.batch, 1, 3, example.batch + 1))]
 
 
 def _run_on(loaded: Any, x: rs.Example, dtype: torch.dtype, device: str) -> Any:
@@ -263,6 +271,23 @@ def _to_cpu(output: Any) -> Any:
     if isinstance(output, dict):
         return {k: _to_cpu(v) for k, v in output.items()}
     return output
+
+
+def _served_batched(options: ArchiveOptions) -> bool:
+    """Whether the archive is served batched: the recorded signature always is, unless the
+    model-config.yaml's ``inputs`` declare no batch dimension (Triton's ``max_batch_size: 0``)."""
+    if options.config_file is None:
+        return True
+    import yaml
+
+    from torchbay.archiver.signature import SignatureError, model_signature
+
+    config = yaml.safe_load(Path(options.config_file).read_text()) or {}
+    try:
+        declared = model_signature({}, config)
+    except SignatureError:
+        return True  # the server refuses the archive's signature when it loads
+    return declared is None or not declared.inputs or declared.batched
 
 
 def default_tolerance(options: ArchiveOptions) -> Tolerance:

@@ -68,6 +68,30 @@ def measure(reference: Any, packed: Any) -> tuple[float, float, float | None]:
     return max_abs, max_rel, top1
 
 
+def _named(output: Any) -> list[tuple[str, torch.Tensor]]:
+    """The output's tensors with the names the signature gives them (output0.., a dict's keys)."""
+    if isinstance(output, dict):
+        items = [(str(k), v) for k, v in output.items()]
+    elif isinstance(output, list | tuple):
+        items = [(f"output{i}", v) for i, v in enumerate(output)]
+    else:
+        items = [("output0", output)]
+    return [(name, t) for name, v in items for t in _tensors(v)]
+
+
+def check_batch_dimension(output: Any, rows: int) -> None:
+    """ConversionError unless every output has one row per input row: the server concatenates
+    requests and splits each output along its first dimension."""
+    for name, t in _named(output):
+        if t.dim() == 0 or t.shape[0] != rows:
+            raise ConversionError(
+                f"the packed model's output {name!r} has shape {list(t.shape)} on a batch of "
+                f"{rows}: the server needs one row per input row in every output (a batch "
+                "dimension first, not fixed by a trace); declare inputs without a batch "
+                "dimension in model-config.yaml to serve it unbatched"
+            )
+
+
 def _rows(x: Any) -> int:
     """The batch size of one input: a tensor, or anything with ``tensors`` (several inputs)."""
     first = x if isinstance(x, torch.Tensor) else x.tensors[0]
@@ -82,21 +106,19 @@ def check(
     *,
     allow_drift: bool,
     what: str,
+    batched: bool = True,
 ) -> Parity:
     """Compare both models on every input (a tensor, or an ``Example`` of several for
-    multi-input models); ParityError past tolerance unless ``allow_drift``."""
+    multi-input models); ParityError past tolerance unless ``allow_drift``. ``batched``: every
+    output must keep the batch dimension first (``check_batch_dimension``)."""
     max_abs, max_rel, agree, rows = 0.0, 0.0, 0.0, 0
     top1_seen = False
     for x in inputs:
         with torch.inference_mode():
-            ref = run_reference(x)
-            try:
-                out = run_packed(x)
-            except Exception as exc:
-                raise ConversionError(
-                    f"the packed model fails on a batch of {_rows(x)}: "
-                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
-                ) from None
+            ref = _run(run_reference, x, "model")
+            out = _run(run_packed, x, "packed model")
+        if batched:
+            check_batch_dimension(out, _rows(x))
         a, r, t = measure(ref, out)
         max_abs, max_rel = max(max_abs, a), max(max_rel, r)
         if t is not None:
@@ -120,6 +142,17 @@ def check(
             parity=parity.model_dump(),
         )
     return parity
+
+
+def _run(run: Callable[[Any], Any], x: Any, which: str) -> Any:
+    """``run(x)``; ConversionError naming the batch size when it raises."""
+    try:
+        return run(x)
+    except Exception as exc:
+        raise ConversionError(
+            f"the {which} fails on a batch of {_rows(x)}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+        ) from None
 
 
 def _problems(

@@ -1,5 +1,8 @@
-"""The parity check on outputs that are not finite: a reference with infinite outputs of its own
-packs; a conversion that overflows is refused as not finite."""
+"""What the server does to a batched model, checked at packing: it concatenates requests along
+the first dimension and splits every output along it. A model whose outputs have no batch
+dimension or whose trace fixed the batch size is refused with one line naming the cause; a
+reference with infinite outputs of its own packs.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchbay.archiver.errors import ParityError
+from torchbay.archiver.errors import ConversionError, ParityError
 from torchbay.archiver.manifest import read_manifest
 from torchbay.archiver.package import package
 
@@ -50,6 +53,38 @@ def _folder(tmp_path: Path, kind: str) -> Path:
     torch.save(namespace["Net"]().state_dict(), folder / "net.pt")
     torch.save(torch.randn(4, 4), folder / "x.pt")
     return folder
+
+
+@pytest.mark.parametrize(
+    ("kind", "convert", "words"),
+    [
+        ("scalar", "none", "output 'output1' has shape [] on a batch of 4"),
+        ("scalar", "export", "output 'output1' has shape [] on a batch of 4"),
+        ("table", "torchscript-trace", "output 'output1' has shape [5] on a batch of 4"),
+        ("table", "export", "output 'output1' has shape [5] on a batch of 4"),
+        ("loop", "torchscript-trace", "output 'output0' has shape [4, 3] on a batch of 5"),
+    ],
+)
+def test_an_output_without_one_row_per_input_row_is_refused(
+    tmp_path: Path, kind: str, convert: str, words: str
+) -> None:
+    folder = _folder(tmp_path, kind)
+    options = tensor_options(kind, folder, "net.py", "net.pt", "x.pt", convert=convert)
+    with pytest.raises(ConversionError, match="one row per input row") as caught:
+        package(options)
+    assert words in str(caught.value)
+    assert not (folder / f"{kind}.mar").exists()
+
+
+def test_a_model_declared_unbatched_may_return_a_scalar(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, "scalar")
+    (folder / "model-config.yaml").write_text(
+        "inputs:\n  - {name: x, datatype: FP32, shape: [4, 4]}\n"
+    )
+    options = tensor_options(
+        "scalar", folder, "net.py", "net.pt", "x.pt", config_file=folder / "model-config.yaml"
+    )
+    assert read_manifest(package(options)).torchbay.parity.passed
 
 
 @pytest.mark.parametrize("convert", ["none", "export"])
