@@ -149,9 +149,11 @@ def _run(run: Callable[[Any], Any], x: Any, which: str) -> Any:
     try:
         return run(x)
     except Exception as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [repr(exc)]
+        # TorchScript's interpreter puts its own error last, under its traceback
+        scripted = lines[0].startswith("The following operation failed")
         raise ConversionError(
-            f"the {which} fails on a batch of {_rows(x)}: "
-            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+            f"the {which} fails on a batch of {_rows(x)}: {lines[-1] if scripted else lines[0]}"
         ) from None
 
 

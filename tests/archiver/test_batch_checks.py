@@ -15,7 +15,7 @@ from torchbay.archiver.errors import ConversionError, ParityError
 from torchbay.archiver.manifest import read_manifest
 from torchbay.archiver.package import package
 
-from .conftest import tensor_options
+from .conftest import run_torchbay, tensor_options
 
 MODELS = """\
 import torch
@@ -74,6 +74,27 @@ def test_an_output_without_one_row_per_input_row_is_refused(
         package(options)
     assert words in str(caught.value)
     assert not (folder / f"{kind}.mar").exists()
+
+
+def test_a_reference_failing_on_another_batch_size_is_one_line(tmp_path: Path) -> None:
+    """A TorchScript file that fixed the batch size fails on one row: one line, no traceback."""
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(4, 4) * 2
+
+    torch.jit.save(torch.jit.script(Fixed()), str(tmp_path / "fixed.pt"))
+    torch.save(torch.randn(4, 4), tmp_path / "x.pt")
+    args = ["archive", "--model-name", "fixed", "--version", "1", "--handler", "tensor"]
+    result = run_torchbay(
+        *args, "--serialized-file", "fixed.pt", "--example-input", "x.pt", cwd=tmp_path
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    error = [line for line in result.stderr.splitlines() if "error" in line]
+    assert error == [
+        "torchbay: error: the model fails on a batch of 1: RuntimeError: shape '[4, 4]' is "
+        "invalid for input of size 4"
+    ]
 
 
 def test_a_model_declared_unbatched_may_return_a_scalar(tmp_path: Path) -> None:
