@@ -16,7 +16,7 @@ from torchbay.archiver import convert
 from torchbay.archiver import record_signature as rs
 from torchbay.archiver.errors import ConversionError
 from torchbay.archiver.manifest import Format, Parity, Tolerance
-from torchbay.archiver.parity import DEFAULT_TOLERANCES, check
+from torchbay.archiver.parity import DEFAULT_TOLERANCES, check, check_rows_independent
 
 if TYPE_CHECKING:
     from torchbay.archiver.options import ArchiveOptions, Stage
@@ -245,6 +245,8 @@ def _parity(
         what=what,
         batched=batched,
     )
+    if batched:
+        check_rows_independent(run_reference, example)
     with torch.inference_mode():
         return parity, run_packed(example)
 

@@ -26,6 +26,11 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "bf16": Tolerance(max_rel_error=1e-1, min_top1_agreement=0.9),
     "int8-dynamic": Tolerance(max_rel_error=1e-1, min_top1_agreement=0.9),
 }
+# How far the reference's answer for a row alone may differ from its answer within a batch:
+# kernels may sum in another order for another batch size, and a reference that is itself half
+# precision or quantized per tensor (torch.ao's dynamic int8) rounds with the batch's range. A
+# BatchNorm or Dropout in training mode is off by the output's own scale.
+ROW_TOLERANCE = 5e-2
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:
@@ -90,6 +95,24 @@ def check_batch_dimension(output: Any, rows: int) -> None:
                 "dimension first, not fixed by a trace); declare inputs without a batch "
                 "dimension in model-config.yaml to serve it unbatched"
             )
+
+
+def check_rows_independent(run: Callable[[Any], Any], example: Any) -> None:
+    """ConversionError when the reference answers the example's first row alone otherwise than
+    within the whole example: the server batches requests, so a row's answer must not depend on
+    the rows beside it (a BatchNorm or Dropout saved in training mode makes it so)."""
+    if _rows(example) < 2:
+        return
+    with torch.inference_mode():
+        whole, alone = run(example), run(example.rows(1))
+    firsts = [t[:1] for t in _tensors(whole)]
+    _, rel, _ = measure(firsts, alone)
+    if not rel <= ROW_TOLERANCE:
+        raise ConversionError(
+            f"the model answers a row differently alone than in a batch (max_rel_error "
+            f"{rel:.3g}): the server batches requests together, so a row's answer must not "
+            "depend on the others; save the model in eval mode (BatchNorm, Dropout)"
+        )
 
 
 def _rows(x: Any) -> int:

@@ -1,11 +1,12 @@
 """What the server does to a batched model, checked at packing: it concatenates requests along
 the first dimension and splits every output along it. A model whose outputs have no batch
-dimension or whose trace fixed the batch size is refused with one line naming the cause; a
-reference with infinite outputs of its own packs.
+dimension, whose trace fixed the batch size, or whose answer for a row depends on the rows beside
+it is refused with one line naming the cause; a reference with infinite outputs of its own packs.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,25 @@ def test_a_model_declared_unbatched_may_return_a_scalar(tmp_path: Path) -> None:
         "scalar", folder, "net.py", "net.pt", "x.pt", config_file=folder / "model-config.yaml"
     )
     assert read_manifest(package(options)).torchbay.parity.passed
+
+
+def test_a_torchscript_saved_in_training_mode_is_refused(tmp_path: Path) -> None:
+    """BatchNorm traced in training mode normalizes with the batch's statistics: each request's
+    answer would depend on the requests batched with it. The CLI says so in one line."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).train()
+    with warnings.catch_warnings():  # the tracer's warnings (errors under pytest's filters)
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(model, torch.randn(4, 4))
+    torch.jit.save(traced, str(tmp_path / "bn.pt"))
+    torch.save(torch.randn(4, 4), tmp_path / "x.pt")
+    args = ["archive", "--model-name", "bn", "--version", "1", "--handler", "tensor"]
+    args += ["--serialized-file", "bn.pt", "--example-input", "x.pt"]
+    result = run_torchbay(*args, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout
+    assert "answers a row differently alone than in a batch" in result.stderr
+    assert "eval mode" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "bn.mar").exists()
 
 
 @pytest.mark.parametrize("convert", ["none", "export"])
