@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from .base_handler import BaseHandler
-from .batching import BatchBuffers
+from .batching import BatchBuffers, split_rows
 from .errors import BadInput, PredictionException, UnprocessableInput
 from .oip_signature import load as load_signature
 from .oip_signature import output_names
@@ -290,10 +290,8 @@ class TensorHandler(BaseHandler):
             outputs[members[0]] = (results, multi, names)
             return
         counts = [data[j][0][0].shape[0] for j in members]
-        offset = 0
-        for j, count in zip(members, counts, strict=True):
-            outputs[j] = ([r[offset : offset + count] for r in results], multi, names)
-            offset += count
+        for j, rows in zip(members, split_rows(names, results, counts), strict=True):
+            outputs[j] = (rows, multi, names)
 
     def _buffers_for(self, n_inputs: int) -> list[BatchBuffers]:
         buffers = getattr(self, "_input_buffers", None) or []
