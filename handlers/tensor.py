@@ -68,8 +68,10 @@ _V2_DTYPES = {
     **{name: getattr(torch, wider.__name__) for name, wider in _WIDER.items()},
 }
 _FLOATING = frozenset({"FP16", "FP32", "FP64", "BF16"})
-# A torch dtype's OIP name: the wider stand-ins above map back to their own (signed) names.
+# A torch dtype's OIP name: the wider stand-ins above map back to their own (signed) names, and
+# a model's own unsigned outputs keep theirs (the datatype the archiver declares for them).
 _V2_NAMES = {dtype: name for name, dtype in _V2_DTYPES.items() if name not in _WIDER}
+_V2_NAMES.update({getattr(torch, name.lower()): name for name in _WIDER})
 logger = logging.getLogger(__name__)
 _OUT_OF_MEMORY = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
 

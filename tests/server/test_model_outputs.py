@@ -4,7 +4,7 @@ It splits every output of a batched model along its first dimension, one part pe
 output without one row per input row (a scalar, a table the model returns whole), in an archive
 packed without the archiver's check (no example input), is the model's fault: a 500 naming the
 output over every protocol, never a 422 blaming the request nor a silently wrong slice of the
-table."""
+table. Unsigned outputs are answered in the datatype the archive declares for them (UINT16...)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
@@ -41,6 +42,12 @@ class WithTable(nn.Module):
         return x * 2, self.table * 1.0
 
 
+class Unsigned(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = x.abs() * 10
+        return y.to(torch.uint16), y.to(torch.uint32), y.to(torch.uint64)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     work = tmp_path_factory.mktemp("batch-outputs")
@@ -56,7 +63,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
             export_path=store,
         )
         package(options)
-    with running(store, load_models=["scalar.mar", "table.mar"]) as live:
+    torch.jit.save(torch.jit.script(Unsigned()), str(work / "unsigned.pt"))
+    torch.save(torch.from_numpy(X), work / "x.pt")
+    package(
+        ArchiveOptions(
+            model_name="unsigned",
+            version="1",
+            handler="tensor",
+            serialized_file=work / "unsigned.pt",
+            example_input=work / "x.pt",
+            export_path=store,
+        )
+    )
+    with running(store, load_models=["scalar.mar", "table.mar", "unsigned.mar"]) as live:
         yield live
 
 
@@ -94,3 +113,30 @@ def test_the_worker_keeps_serving(server: LiveServer) -> None:
         body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}]}
         assert httpx.post(f"{server.url}/v2/models/scalar/infer", json=body).status_code == 500
     assert server.worker_pids() == pids
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_unsigned_outputs_are_answered_in_their_declared_datatype(
+    server: LiveServer, protocol: str
+) -> None:
+    declared = ["UINT16", "UINT32", "UINT64"]
+    metadata = httpx.get(f"{server.url}/v2/models/unsigned").json()
+    assert [o["datatype"] for o in metadata["outputs"]] == declared
+    module = triton_grpc if protocol == "grpc" else triton_http
+    with oip_client(server, protocol) as client:
+        request = module.InferInput("input0", [2, 4], "FP32")
+        request.set_data_from_numpy(X)
+        result = client.infer("unsigned", [request])
+    outputs = result.get_response(as_json=True) if protocol == "grpc" else result.get_response()
+    assert [o["datatype"] for o in outputs["outputs"]] == declared
+    for k, dtype in enumerate((np.uint16, np.uint32, np.uint64)):
+        got = result.as_numpy(f"output{k}")
+        assert got.dtype == dtype and got.tolist() == (np.abs(X) * 10).astype(dtype).tolist()
+
+
+def test_unsigned_outputs_in_json(server: LiveServer) -> None:
+    tensor = {"name": "input0", "shape": [2, 4], "datatype": "FP32", "data": X.ravel().tolist()}
+    response = httpx.post(f"{server.url}/v2/models/unsigned/infer", json={"inputs": [tensor]})
+    assert response.status_code == 200, response.text
+    first = response.json()["outputs"][0]
+    assert first["datatype"] == "UINT16" and first["data"] == (np.abs(X) * 10).ravel().tolist()
