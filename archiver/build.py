@@ -239,7 +239,7 @@ def _parity(
     parity = check(
         run_reference,
         run_packed,
-        _parity_inputs(example),
+        _parity_inputs(example) if batched else [example],  # unbatched: the whole input only
         default_tolerance(options),
         allow_drift=options.allow_drift,
         what=what,

@@ -98,6 +98,25 @@ def test_a_reference_failing_on_another_batch_size_is_one_line(tmp_path: Path) -
     ]
 
 
+def test_an_exported_program_of_a_fixed_batch_size(tmp_path: Path) -> None:
+    """torch.export without dynamic shapes fixes the batch size: refused in one line, unless
+    model-config.yaml declares its inputs whole (no batch dimension): it is then checked and
+    served with that shape only."""
+    model = torch.nn.Linear(4, 3).eval()
+    program = torch.export.export(model, (torch.randn(4, 4),))
+    torch.export.save(program, str(tmp_path / "fixed.pt2"))
+    torch.save(torch.randn(4, 4), tmp_path / "x.pt")
+    args = ["archive", "--model-name", "fixed", "--version", "1", "--handler", "tensor"]
+    args += ["--serialized-file", "fixed.pt2", "--example-input", "x.pt"]
+    result = run_torchbay(*args, cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "torchbay: error: the model fails on a batch of 1: " in result.stderr
+    (tmp_path / "whole.yaml").write_text("inputs:\n  - {name: x, datatype: FP32, shape: [4, 4]}\n")
+    result = run_torchbay(*args, "--config-file", "whole.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert read_manifest(tmp_path / "fixed.mar").torchbay.parity.passed
+
+
 def test_a_model_declared_unbatched_may_return_a_scalar(tmp_path: Path) -> None:
     folder = _folder(tmp_path, "scalar")
     (folder / "model-config.yaml").write_text(
