@@ -49,6 +49,18 @@ class BatchBuffers:
         ]
 
 
+def check_tensors(names: list[str], outputs: list[object]) -> None:
+    """A 500 naming the first output that is not a tensor (a nested tuple, None, a number): the
+    tensor handler answers a tensor, or a tuple, list or dict of tensors."""
+    for name, out in zip(names, outputs, strict=True):
+        if not isinstance(out, torch.Tensor):
+            raise PredictionException(
+                f"the model's output {name!r} is a {type(out).__name__}, not a tensor: the "
+                "tensor handler answers a tensor, or a tuple, list or dict of tensors",
+                500,
+            )
+
+
 def split_rows(
     names: list[str], outputs: list[torch.Tensor], counts: list[int]
 ) -> list[list[torch.Tensor]]:

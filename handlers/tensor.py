@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from .base_handler import BaseHandler
-from .batching import BatchBuffers, split_rows
+from .batching import BatchBuffers, check_tensors, split_rows
 from .errors import BadInput, PredictionException, UnprocessableInput
 from .oip_signature import load as load_signature
 from .oip_signature import output_names
@@ -285,6 +285,7 @@ class TensorHandler(BaseHandler):
         batch = [buffers[k].assemble([data[j][0][k] for j in members]) for k in range(n_inputs)]
         result = self.run_model(*batch, *args, **kwargs)  # BaseHandler's device path
         names, results = self._named(result)
+        check_tensors(names, results)
         for k in range(n_inputs):  # an output aliasing a reused buffer must outlive the batch
             results = buffers[k].detach_from(batch[k], results)
         multi = isinstance(result, (tuple, list, dict))

@@ -4,7 +4,8 @@ It splits every output of a batched model along its first dimension, one part pe
 output without one row per input row (a scalar, a table the model returns whole), in an archive
 packed without the archiver's check (no example input), is the model's fault: a 500 naming the
 output over every protocol, never a 422 blaming the request nor a silently wrong slice of the
-table. Unsigned outputs are answered in the datatype the archive declares for them (UINT16...)."""
+table; so is a nested output (a tuple in the tuple). Unsigned outputs are answered in the
+datatype the archive declares for them (UINT16...)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ class WithTable(nn.Module):
         return x * 2, self.table * 1.0
 
 
+class Nested(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        return x, (x * 2, x * 3)
+
+
 class Unsigned(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         y = x.abs() * 10
@@ -53,7 +59,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     work = tmp_path_factory.mktemp("batch-outputs")
     store = work / "store"
     store.mkdir()
-    for name, model in (("scalar", WithScalar()), ("table", WithTable())):
+    for name, model in (("scalar", WithScalar()), ("table", WithTable()), ("nested", Nested())):
         torch.jit.save(torch.jit.script(model.eval()), str(work / f"{name}.pt"))
         options = ArchiveOptions(
             model_name=name,
@@ -75,7 +81,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
             export_path=store,
         )
     )
-    with running(store, load_models=["scalar.mar", "table.mar", "unsigned.mar"]) as live:
+    models = ["scalar.mar", "table.mar", "nested.mar", "unsigned.mar"]
+    with running(store, load_models=models) as live:
         yield live
 
 
@@ -95,6 +102,15 @@ def test_an_output_without_the_batch_dimension_is_a_500_naming_it(
     assert torchserve.status_code == 500, torchserve.text
     assert _refusal(model, shape) in torchserve.json()["message"]
     assert "Traceback" not in v2.text + torchserve.text
+
+
+def test_a_nested_output_is_a_500_naming_it(server: LiveServer) -> None:
+    tensor = {"name": "input0", "shape": [2, 4], "datatype": "FP32", "data": X.ravel().tolist()}
+    v2 = httpx.post(f"{server.url}/v2/models/nested/infer", json={"inputs": [tensor]})
+    torchserve = httpx.post(f"{server.url}/predictions/nested", json=X.tolist())
+    for response in (v2, torchserve):
+        assert response.status_code == 500, response.text
+        assert "the model's output 'output1' is a tuple, not a tensor" in response.text
 
 
 def test_over_grpc_it_is_internal(server: LiveServer) -> None:
