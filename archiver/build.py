@@ -54,6 +54,8 @@ def build_model(
     stage.files[example_name] = example_path
 
     parity, output = _parity(options, stage, target, name, model_name, reference, example)
+    if options.handler == "tensor":
+        _tensors_only(output)
     dynamic = rs.exported_dynamic_dims(program) if program is not None else None
     declared = _declared(example, options.precision)
     return name, model_name, parity, _recorded(declared, example_name, output, dynamic)
@@ -103,6 +105,23 @@ def _stage_model(
     program = convert.export(packed, x.tensors)
     convert.save_exported(program, stage.written("model.pt2"))
     return "model.pt2", None, program
+
+
+def _tensors_only(output: Any) -> None:
+    """ConversionError naming the first output the tensor handler cannot answer (a nested tuple,
+    None, a number): it serves a tensor, or a tuple, list or dict of tensors."""
+    if isinstance(output, dict):
+        named = [(str(k), v) for k, v in output.items()]
+    elif isinstance(output, list | tuple):
+        named = [(f"output{i}", v) for i, v in enumerate(output)]
+    else:
+        named = [("output0", output)]
+    for name, value in named:
+        if not isinstance(value, torch.Tensor):
+            raise ConversionError(
+                f"the model's output {name!r} is a {type(value).__name__}, not a tensor: the "
+                "tensor handler serves a tensor, or a tuple, list or dict of tensors"
+            )
 
 
 def _declared(example: rs.Example, precision: str) -> rs.Example:

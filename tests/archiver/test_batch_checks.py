@@ -1,7 +1,8 @@
 """What the server does to a batched model, checked at packing: it concatenates requests along
 the first dimension and splits every output along it. A model whose outputs have no batch
 dimension, whose trace fixed the batch size, or whose answer for a row depends on the rows beside
-it is refused with one line naming the cause; a reference with infinite outputs of its own packs.
+it is refused with one line naming the cause (for the tensor handler, a nested output too); a
+reference with infinite outputs of its own packs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Net(nn.Module):
             return y, y.sum()
         if KIND == "table":
             return y, self.table * 1.0
+        if KIND == "nested":
+            return y, (y * 2, y * 3)
         if KIND == "loop":  # a trace unrolls this for the example's batch size
             return torch.cat([self.l(x[i : i + 1]) for i in range(x.shape[0])])
         return y + self.mask  # "masked": a column that is always -inf
@@ -115,6 +118,16 @@ def test_an_exported_program_of_a_fixed_batch_size(tmp_path: Path) -> None:
     result = run_torchbay(*args, "--config-file", "whole.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert read_manifest(tmp_path / "fixed.mar").torchbay.parity.passed
+
+
+@pytest.mark.parametrize("convert", ["none", "export"])
+def test_a_nested_output_is_refused_for_the_tensor_handler(tmp_path: Path, convert: str) -> None:
+    folder = _folder(tmp_path, "nested")
+    options = tensor_options("nested", folder, "net.py", "net.pt", "x.pt", convert=convert)
+    with pytest.raises(ConversionError, match="output 'output1' is a tuple, not a tensor"):
+        package(options)
+    custom = options.model_copy(update={"handler": "image_classifier"})  # its own outputs
+    assert read_manifest(package(custom)).torchbay.parity.passed
 
 
 def test_a_model_declared_unbatched_may_return_a_scalar(tmp_path: Path) -> None:
