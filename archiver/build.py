@@ -16,7 +16,7 @@ from torchbay.archiver import convert
 from torchbay.archiver import record_signature as rs
 from torchbay.archiver.errors import ConversionError
 from torchbay.archiver.manifest import Format, Parity, Tolerance
-from torchbay.archiver.parity import DEFAULT_TOLERANCES, check
+from torchbay.archiver.parity import DEFAULT_TOLERANCES, check, check_rows_independent
 
 if TYPE_CHECKING:
     from torchbay.archiver.options import ArchiveOptions, Stage
@@ -54,6 +54,8 @@ def build_model(
     stage.files[example_name] = example_path
 
     parity, output = _parity(options, stage, target, name, model_name, reference, example)
+    if options.handler == "tensor":
+        _tensors_only(output)
     dynamic = rs.exported_dynamic_dims(program) if program is not None else None
     declared = _declared(example, options.precision)
     return name, model_name, parity, _recorded(declared, example_name, output, dynamic)
@@ -103,6 +105,23 @@ def _stage_model(
     program = convert.export(packed, x.tensors)
     convert.save_exported(program, stage.written("model.pt2"))
     return "model.pt2", None, program
+
+
+def _tensors_only(output: Any) -> None:
+    """ConversionError naming the first output the tensor handler cannot answer (a nested tuple,
+    None, a number): it serves a tensor, or a tuple, list or dict of tensors."""
+    if isinstance(output, dict):
+        named = [(str(k), v) for k, v in output.items()]
+    elif isinstance(output, list | tuple):
+        named = [(f"output{i}", v) for i, v in enumerate(output)]
+    else:
+        named = [("output0", output)]
+    for name, value in named:
+        if not isinstance(value, torch.Tensor):
+            raise ConversionError(
+                f"the model's output {name!r} is a {type(value).__name__}, not a tensor: the "
+                "tensor handler serves a tensor, or a tuple, list or dict of tensors"
+            )
 
 
 def _declared(example: rs.Example, precision: str) -> rs.Example:
@@ -235,16 +254,26 @@ def _parity(
             return reference(*x.tensors)
 
     what = f"{options.precision} {target}" + (" (optimized)" if options.optimize else "")
+    batched = _served_batched(options)
     parity = check(
         run_reference,
         run_packed,
-        [example, example.rows(1), example.rows(3)],
+        _parity_inputs(example) if batched else [example],  # unbatched: the whole input only
         default_tolerance(options),
         allow_drift=options.allow_drift,
         what=what,
+        batched=batched,
     )
+    if batched:
+        check_rows_independent(run_reference, example)
     with torch.inference_mode():
         return parity, run_packed(example)
+
+
+def _parity_inputs(example: rs.Example) -> list[rs.Example]:
+    """The example, one row of it, and batches past it (a trace may have fixed the batch size,
+    and the server batches requests together)."""
+    return [example.rows(n) for n in dict.fromkeys((example.batch, 1, 3, example.batch + 1))]
 
 
 def _run_on(loaded: Any, x: rs.Example, dtype: torch.dtype, device: str) -> Any:
@@ -263,6 +292,23 @@ def _to_cpu(output: Any) -> Any:
     if isinstance(output, dict):
         return {k: _to_cpu(v) for k, v in output.items()}
     return output
+
+
+def _served_batched(options: ArchiveOptions) -> bool:
+    """Whether the archive is served batched: the recorded signature always is, unless the
+    model-config.yaml's ``inputs`` declare no batch dimension (Triton's ``max_batch_size: 0``)."""
+    if options.config_file is None:
+        return True
+    import yaml
+
+    from torchbay.archiver.signature import SignatureError, model_signature
+
+    config = yaml.safe_load(Path(options.config_file).read_text()) or {}
+    try:
+        declared = model_signature({}, config)
+    except SignatureError:
+        return True  # the server refuses the archive's signature when it loads
+    return declared is None or not declared.inputs or declared.batched
 
 
 def default_tolerance(options: ArchiveOptions) -> Tolerance:

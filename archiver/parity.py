@@ -26,6 +26,11 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "bf16": Tolerance(max_rel_error=1e-1, min_top1_agreement=0.9),
     "int8-dynamic": Tolerance(max_rel_error=1e-1, min_top1_agreement=0.9),
 }
+# How far the reference's answer for a row alone may differ from its answer within a batch:
+# kernels may sum in another order for another batch size, and a reference that is itself half
+# precision or quantized per tensor (torch.ao's dynamic int8) rounds with the batch's range. A
+# BatchNorm or Dropout in training mode is off by the output's own scale.
+ROW_TOLERANCE = 5e-2
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:
@@ -54,15 +59,60 @@ def measure(reference: Any, packed: Any) -> tuple[float, float, float | None]:
             )
         a64, b64 = a.detach().double(), b.detach().double()
         if a64.numel():
-            diff = (a64 - b64).abs().nan_to_num(nan=math.inf)  # max() would skip a NaN
-            max_abs = max(max_abs, diff.max().item())
-            scale = max(scale, a64.abs().max().item())
+            # Equal values (the same infinity included) do not differ; a NaN or an infinity the
+            # reference does not have does, without bound (max() would skip a NaN).
+            diff = torch.where(a64 == b64, 0.0, (a64 - b64).abs())
+            max_abs = max(max_abs, diff.nan_to_num(nan=math.inf, posinf=math.inf).max().item())
+            finite = a64[a64.isfinite()].abs()
+            scale = max(scale, finite.max().item() if finite.numel() else 0.0)
         if a.dim() == 2 and a.shape[1] > 1:
             agree += int((a64.argmax(1) == b64.argmax(1)).sum().item())
             rows += a.shape[0]
     max_rel = max_abs / scale if scale > 0 else max_abs
     top1 = agree / rows if rows else None
     return max_abs, max_rel, top1
+
+
+def _named(output: Any) -> list[tuple[str, torch.Tensor]]:
+    """The output's tensors with the names the signature gives them (output0.., a dict's keys)."""
+    if isinstance(output, dict):
+        items = [(str(k), v) for k, v in output.items()]
+    elif isinstance(output, list | tuple):
+        items = [(f"output{i}", v) for i, v in enumerate(output)]
+    else:
+        items = [("output0", output)]
+    return [(name, t) for name, v in items for t in _tensors(v)]
+
+
+def check_batch_dimension(output: Any, rows: int) -> None:
+    """ConversionError unless every output has one row per input row: the server concatenates
+    requests and splits each output along its first dimension."""
+    for name, t in _named(output):
+        if t.dim() == 0 or t.shape[0] != rows:
+            raise ConversionError(
+                f"the packed model's output {name!r} has shape {list(t.shape)} on a batch of "
+                f"{rows}: the server needs one row per input row in every output (a batch "
+                "dimension first, not fixed by a trace); declare inputs without a batch "
+                "dimension in model-config.yaml to serve it unbatched"
+            )
+
+
+def check_rows_independent(run: Callable[[Any], Any], example: Any) -> None:
+    """ConversionError when the reference answers the example's first row alone otherwise than
+    within the whole example: the server batches requests, so a row's answer must not depend on
+    the rows beside it (a BatchNorm or Dropout saved in training mode makes it so)."""
+    if _rows(example) < 2:
+        return
+    with torch.inference_mode():
+        whole, alone = run(example), run(example.rows(1))
+    firsts = [t[:1] for t in _tensors(whole)]
+    _, rel, _ = measure(firsts, alone)
+    if not rel <= ROW_TOLERANCE:
+        raise ConversionError(
+            f"the model answers a row differently alone than in a batch (max_rel_error "
+            f"{rel:.3g}): the server batches requests together, so a row's answer must not "
+            "depend on the others; save the model in eval mode (BatchNorm, Dropout)"
+        )
 
 
 def _rows(x: Any) -> int:
@@ -79,21 +129,19 @@ def check(
     *,
     allow_drift: bool,
     what: str,
+    batched: bool = True,
 ) -> Parity:
     """Compare both models on every input (a tensor, or an ``Example`` of several for
-    multi-input models); ParityError past tolerance unless ``allow_drift``."""
+    multi-input models); ParityError past tolerance unless ``allow_drift``. ``batched``: every
+    output must keep the batch dimension first (``check_batch_dimension``)."""
     max_abs, max_rel, agree, rows = 0.0, 0.0, 0.0, 0
     top1_seen = False
     for x in inputs:
         with torch.inference_mode():
-            ref = run_reference(x)
-            try:
-                out = run_packed(x)
-            except Exception as exc:
-                raise ConversionError(
-                    f"the packed model fails on a batch of {_rows(x)}: "
-                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
-                ) from None
+            ref = _run(run_reference, x, "model")
+            out = _run(run_packed, x, "packed model")
+        if batched:
+            check_batch_dimension(out, _rows(x))
         a, r, t = measure(ref, out)
         max_abs, max_rel = max(max_abs, a), max(max_rel, r)
         if t is not None:
@@ -117,6 +165,19 @@ def check(
             parity=parity.model_dump(),
         )
     return parity
+
+
+def _run(run: Callable[[Any], Any], x: Any, which: str) -> Any:
+    """``run(x)``; ConversionError naming the batch size when it raises."""
+    try:
+        return run(x)
+    except Exception as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [repr(exc)]
+        # TorchScript's interpreter puts its own error last, under its traceback
+        scripted = lines[0].startswith("The following operation failed")
+        raise ConversionError(
+            f"the {which} fails on a batch of {_rows(x)}: {lines[-1] if scripted else lines[0]}"
+        ) from None
 
 
 def _problems(

@@ -14,6 +14,8 @@ from collections import OrderedDict
 
 import torch
 
+from .errors import PredictionException
+
 MAX_KEYS = 4  # distinct (sample shape, dtype) buffers kept; the least recently used goes first
 
 
@@ -45,3 +47,37 @@ class BatchBuffers:
             else o
             for o in outputs
         ]
+
+
+def check_tensors(names: list[str], outputs: list[object]) -> None:
+    """A 500 naming the first output that is not a tensor (a nested tuple, None, a number): the
+    tensor handler answers a tensor, or a tuple, list or dict of tensors."""
+    for name, out in zip(names, outputs, strict=True):
+        if not isinstance(out, torch.Tensor):
+            raise PredictionException(
+                f"the model's output {name!r} is a {type(out).__name__}, not a tensor: the "
+                "tensor handler answers a tensor, or a tuple, list or dict of tensors",
+                500,
+            )
+
+
+def split_rows(
+    names: list[str], outputs: list[torch.Tensor], counts: list[int]
+) -> list[list[torch.Tensor]]:
+    """Each request's rows of every output (``counts``: the requests' rows, in batch order).
+
+    An output whose first dimension is not the batch's rows (a scalar, a table the model returns
+    whole) has no per-request part: slicing it would answer each request a wrong piece, so the
+    batch fails with a 500 that names the output (the model's fault, not the request's).
+    """
+    rows = sum(counts)
+    for name, out in zip(names, outputs, strict=True):
+        if out.dim() == 0 or out.shape[0] != rows:
+            raise PredictionException(
+                f"the model's output {name!r} of shape {list(out.shape)} has no batch dimension "
+                f"(the batch has {rows} row(s)): a batched model returns every output with one "
+                "row per input row",
+                500,
+            )
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [[out[s : s + n] for out in outputs] for s, n in zip(starts, counts, strict=True)]

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from .base_handler import BaseHandler
-from .batching import BatchBuffers
+from .batching import BatchBuffers, check_tensors, split_rows
 from .errors import BadInput, PredictionException, UnprocessableInput
 from .oip_signature import load as load_signature
 from .oip_signature import output_names
@@ -68,8 +68,10 @@ _V2_DTYPES = {
     **{name: getattr(torch, wider.__name__) for name, wider in _WIDER.items()},
 }
 _FLOATING = frozenset({"FP16", "FP32", "FP64", "BF16"})
-# A torch dtype's OIP name: the wider stand-ins above map back to their own (signed) names.
+# A torch dtype's OIP name: the wider stand-ins above map back to their own (signed) names, and
+# a model's own unsigned outputs keep theirs (the datatype the archiver declares for them).
 _V2_NAMES = {dtype: name for name, dtype in _V2_DTYPES.items() if name not in _WIDER}
+_V2_NAMES.update({getattr(torch, name.lower()): name for name in _WIDER})
 logger = logging.getLogger(__name__)
 _OUT_OF_MEMORY = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
 
@@ -283,6 +285,7 @@ class TensorHandler(BaseHandler):
         batch = [buffers[k].assemble([data[j][0][k] for j in members]) for k in range(n_inputs)]
         result = self.run_model(*batch, *args, **kwargs)  # BaseHandler's device path
         names, results = self._named(result)
+        check_tensors(names, results)
         for k in range(n_inputs):  # an output aliasing a reused buffer must outlive the batch
             results = buffers[k].detach_from(batch[k], results)
         multi = isinstance(result, (tuple, list, dict))
@@ -290,10 +293,8 @@ class TensorHandler(BaseHandler):
             outputs[members[0]] = (results, multi, names)
             return
         counts = [data[j][0][0].shape[0] for j in members]
-        offset = 0
-        for j, count in zip(members, counts, strict=True):
-            outputs[j] = ([r[offset : offset + count] for r in results], multi, names)
-            offset += count
+        for j, rows in zip(members, split_rows(names, results, counts), strict=True):
+            outputs[j] = (rows, multi, names)
 
     def _buffers_for(self, n_inputs: int) -> list[BatchBuffers]:
         buffers = getattr(self, "_input_buffers", None) or []
