@@ -328,9 +328,8 @@ def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:
         first: WireResponse,
         parts: streaming.Parts,
     ) -> int:
-        limit = mv.settings.max_response_size
-        send = streaming.whole(send, scope, limit)  # (an HTTP/1.0 client: no chunks)
-        return await answer(send, receive, first, parts, mv.name, mv.version, limit)
+        send = streaming.whole(send, scope, mv.settings.max_response_size)  # (HTTP/1.0)
+        return await answer(send, receive, first, parts, mv)
 
     return respond
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from torchbay.server.errors import HandlerFailed, TorchbayError
 from torchbay.server.http.asgi import Message, Receive, Scope, Send, dumps, send_bytes
-from torchbay.server.plane import WireResponse
+from torchbay.server.plane import ModelVersion, WireResponse
 
 Parts = AsyncIterator[WireResponse]
 _SSE = b"text/event-stream; charset=utf-8"
@@ -204,18 +205,13 @@ async def send_events(
 
 
 async def respond_generate(
-    send: Send,
-    receive: Receive,
-    first: WireResponse,
-    parts: Parts,
-    name: str,
-    version: str,
-    limit: int = 0,
+    send: Send, receive: Receive, first: WireResponse, parts: Parts, mv: ModelVersion
 ) -> int:
-    """``/generate``: every part gathered into one JSON answer (at most ``limit`` bytes of
-    parts, see ``Gathered``); its status."""
+    """``/generate``: every part gathered into one JSON answer (at most the model's
+    ``max_response_size`` bytes of parts, see ``Gathered``); its status."""
+    name, version = mv.name, mv.version
     objects = [generate_object(first, name, version)]
-    size = Gathered(limit)
+    size = Gathered(mv.settings.max_response_size)
     size.add(first.body)
     async for item in follow(parts, receive) if first.status < 400 else _nothing():
         if isinstance(item, TorchbayError):
@@ -232,20 +228,15 @@ async def respond_generate(
 
 
 async def respond_generate_stream(
-    send: Send,
-    receive: Receive,
-    first: WireResponse,
-    parts: Parts,
-    name: str,
-    version: str,
-    limit: int = 0,
+    send: Send, receive: Receive, first: WireResponse, parts: Parts, mv: ModelVersion
 ) -> int:
-    """``/generate_stream``: an error first answer is plain JSON; else server-sent events
-    (sent as they come: ``limit`` is not needed, the parts' buffer bounds a slow reader)."""
+    """``/generate_stream``: an error first answer is plain JSON; else server-sent events, sent
+    as they come (the parts' buffer bounds a slow reader)."""
+    event = functools.partial(generate_object, name=mv.name, version=mv.version)
     if first.status >= 400:
-        await send_bytes(send, first.status, dumps(generate_object(first, name, version)))
+        await send_bytes(send, first.status, dumps(event(first)))
         return first.status
-    await send_events(send, receive, first, parts, lambda r: generate_object(r, name, version))
+    await send_events(send, receive, first, parts, event)
     return 200
 
 

@@ -88,6 +88,20 @@ def tiny_archive(work: Path, export: Path, name: str, handler: str, **options: A
     )
 
 
+def scripted_archive(
+    module: torch.nn.Module, name: str, work: Path, export: Path, **options: Any
+) -> Path:
+    """``module`` scripted (in eval mode) into ``work`` and packed by our archiver into
+    ``export`` as ``name`` version 1 with the tensor handler (``options`` add to or replace
+    those fields); the archive's path."""
+    serialized = work / f"{name}.pt"
+    torch.jit.save(torch.jit.script(module.eval()), str(serialized))
+    fields = {"version": "1", "handler": "tensor", **options}
+    return package(
+        ArchiveOptions(model_name=name, serialized_file=serialized, export_path=export, **fields)
+    )
+
+
 @pytest.fixture(scope="module")
 def oip_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The store of :func:`oip_store.build_oip_store`: archives with recorded signatures."""

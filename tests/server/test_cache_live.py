@@ -21,14 +21,11 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
 
-from torchbay.archiver.package import ArchiveOptions, package
-
-from .conftest import ASSETS, LiveServer, build_store, make_config
+from .conftest import ASSETS, LiveServer, build_store, make_config, scripted_archive
 from .test_oip import Sub
 
 pytestmark = pytest.mark.slow
@@ -60,17 +57,8 @@ def _store(tmp_path_factory: pytest.TempPathFactory, versioned_store: Path) -> P
     for name in ("probe.mar", "probe-v2.mar"):
         shutil.copy(versioned_store / name, root / name)
     work = tmp_path_factory.mktemp("cache-build")
-    torch.jit.save(torch.jit.script(Sub().eval()), str(work / "sub.pt"))
     (work / "sub.yaml").write_text(json.dumps(SUB))  # JSON is YAML
-    options = ArchiveOptions(
-        model_name="sub",
-        version="1",
-        handler="tensor",
-        serialized_file=work / "sub.pt",
-        config_file=work / "sub.yaml",
-        export_path=root,
-    )
-    package(options)
+    scripted_archive(Sub(), "sub", work, root, config_file=work / "sub.yaml")
     return root
 
 

@@ -175,6 +175,20 @@ def _still_served(server: LiveServer, model: str, log: Path, pids: list[int]) ->
     assert server.worker_pids() == pids
 
 
+def _removed_and_counted(
+    server: LiveServer, before: dict, queued: int, held: Future, gate: Path, log: Path, pids: list
+) -> None:
+    """After a client left with ``queued`` requests waiting behind the held one: they are taken
+    out and counted (499 once), the held one is answered, and the worker serves on; only the
+    held and a later request ever ran."""
+    until(lambda: _queued(server, "gate") == 0, "the requests of the client that left are removed")
+    until(lambda: _grew(before, _counts(server, "gate"), queued=queued, **{"499": 1}), "counted")
+    gate.touch()
+    assert held.result(timeout=60).status_code == 200
+    _still_served(server, "gate", log, pids)
+    assert ran_ids(log) == ["held", "later"]  # the requests that left never ran
+
+
 # -- queued: removed, never run, counted ------------------------------------------------------
 
 
@@ -191,12 +205,7 @@ def test_an_http_client_that_leaves_while_queued_is_never_run(
     sock = _leaving(server, api, "gate", {"id": "gone", "log": str(log)})
     until(lambda: _queued(server, "gate") == 1, "the second request is queued")
     _leave(sock)
-    until(lambda: _queued(server, "gate") == 0, "the request that left is removed")
-    until(lambda: _grew(before, _counts(server, "gate"), queued=1, **{"499": 1}), "counted")
-    gate.touch()
-    assert held.result(timeout=60).status_code == 200
-    _still_served(server, "gate", log, pids)
-    assert ran_ids(log) == ["held", "later"]  # "gone" never ran
+    _removed_and_counted(server, before, 1, held, gate, log, pids)
     # Triton counts a cancelled request as failed; only the two that ran waited for a worker.
     assert _triton(server, "gate") == (failed + 1, queued + 2)
 
@@ -221,12 +230,7 @@ def test_a_grpc_call_that_leaves_while_queued_is_never_run(
         with pytest.raises(grpc.RpcError) as info:
             call.result(timeout=60)
         assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-    until(lambda: _queued(server, "gate") == 0, "the call that left is removed")
-    until(lambda: _grew(before, _counts(server, "gate"), queued=1, **{"499": 1}), "counted")
-    gate.touch()
-    assert held.result(timeout=60).status_code == 200
-    _still_served(server, "gate", log, pids)
-    assert ran_ids(log) == ["held", "later"]
+    _removed_and_counted(server, before, 1, held, gate, log, pids)
 
 
 def test_a_kserve_v1_client_that_leaves_while_queued_has_no_instance_run(
@@ -245,12 +249,7 @@ def test_a_kserve_v1_client_that_leaves_while_queued_has_no_instance_run(
     )
     until(lambda: _queued(server, "gate") == 2, "both instances are queued")
     _leave(sock)
-    until(lambda: _queued(server, "gate") == 0, "the instances of the call that left are removed")
-    until(lambda: _grew(before, _counts(server, "gate"), queued=2, **{"499": 1}), "counted")
-    gate.touch()
-    assert held.result(timeout=60).status_code == 200
-    _still_served(server, "gate", log, pids)
-    assert ran_ids(log) == ["held", "later"]
+    _removed_and_counted(server, before, 2, held, gate, log, pids)
 
 
 # -- running: the result dropped, the batch answered, the worker kept -------------------------

@@ -20,9 +20,7 @@ import tritonclient.http as triton_http
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from torchbay.archiver.package import ArchiveOptions, package
-
-from .conftest import LiveServer, oip_client, running
+from .conftest import LiveServer, oip_client, running, scripted_archive
 
 pytestmark = pytest.mark.slow
 
@@ -60,27 +58,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     store = work / "store"
     store.mkdir()
     for name, model in (("scalar", WithScalar()), ("table", WithTable()), ("nested", Nested())):
-        torch.jit.save(torch.jit.script(model.eval()), str(work / f"{name}.pt"))
-        options = ArchiveOptions(
-            model_name=name,
-            version="1",
-            handler="tensor",
-            serialized_file=work / f"{name}.pt",
-            export_path=store,
-        )
-        package(options)
-    torch.jit.save(torch.jit.script(Unsigned()), str(work / "unsigned.pt"))
+        scripted_archive(model, name, work, store)
     torch.save(torch.from_numpy(X), work / "x.pt")
-    package(
-        ArchiveOptions(
-            model_name="unsigned",
-            version="1",
-            handler="tensor",
-            serialized_file=work / "unsigned.pt",
-            example_input=work / "x.pt",
-            export_path=store,
-        )
-    )
+    scripted_archive(Unsigned(), "unsigned", work, store, example_input=work / "x.pt")
     models = ["scalar.mar", "table.mar", "nested.mar", "unsigned.mar"]
     with running(store, load_models=models) as live:
         yield live
