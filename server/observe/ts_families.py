@@ -21,13 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchbay.server.config.metrics_config import (
-    LEGACY,
-    MetricSpec,
-    MetricsSpec,
-    check_published,
-    load_metrics_config,
-)
+from torchbay.server.config import metrics_config
+from torchbay.server.config.metrics_config import LEGACY, MetricSpec, MetricsSpec
 
 log = logging.getLogger("torchbay.metrics")
 
@@ -328,8 +323,10 @@ def metrics_options(config: Any, env: Mapping[str, str]) -> dict[str, Any]:
     errors raise ConfigError), ``metrics_mode`` and, outside ``prometheus`` mode, the log files in
     ``$METRICS_LOCATION`` (TorchServe's), else ``$LOG_LOCATION``, else ``logs``. A directory that
     cannot be written leaves the log families silent, with one warning (as the other logs)."""
-    spec = load_metrics_config(config.metrics_config, auto_detect=config.model_metrics_auto_detect)
-    check_published(spec, config.metrics_mode)
+    spec = metrics_config.load_metrics_config(
+        config.metrics_config, auto_detect=config.model_metrics_auto_detect
+    )
+    metrics_config.check_published(spec, config.metrics_mode)
     metrics_log = None
     if config.metrics_mode != "prometheus":
         directory = Path(env.get("METRICS_LOCATION") or env.get("LOG_LOCATION") or "logs")
