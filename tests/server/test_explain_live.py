@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -119,3 +121,67 @@ def test_text_explanations_have_torchserve_s_shape_on_its_archive() -> None:
         predicted = httpx.post(f"{live.url}/predictions/text", content=text.encode(), timeout=60)
         their_prediction = next(a for a in recorded if a["id"] == "predict")["body"]
         assert predicted.status_code == 200 and predicted.json().keys() == their_prediction.keys()
+
+
+def _batched_store(root: Path, work: Path) -> None:
+    """``pair``: the image classifier with batches of two, gathered for up to 20 s (two
+    concurrent requests always run as one batch)."""
+    torch.manual_seed(0)
+    torch.jit.script(TinyCNN().eval()).save(str(work / "cnn.pt"))
+    config = work / "pair.yaml"
+    config.write_text("batchSize: 2\nmaxBatchDelay: 20000\nimage:\n  resize: 10\n  crop: 8\n")
+    options = ArchiveOptions(
+        model_name="pair",
+        version="1.0",
+        serialized_file=work / "cnn.pt",
+        handler="image_classifier",
+        config_file=config,
+        export_path=root,
+    )
+    package(options)
+
+
+def _pair(url: str, first: tuple[str, Any], second: tuple[str, Any]) -> list[httpx.Response]:
+    """Two concurrent POSTs ``(path, json body)``: the batch of two of ``pair``."""
+    with ThreadPoolExecutor(2) as pool:
+        calls = [
+            pool.submit(httpx.post, url + path, json=body, timeout=60)
+            for path, body in (first, second)
+        ]
+        return [call.result() for call in calls]
+
+
+def _close(ours: Any, theirs: Any) -> bool:
+    return torch.allclose(torch.tensor(ours), torch.tensor(theirs), atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def pair_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root, work = tmp_path_factory.mktemp("pair-store"), tmp_path_factory.mktemp("pair")
+    _batched_store(root, work)
+    return root
+
+
+def _alone(url: str, image: str, target: int) -> httpx.Response:
+    """The explanation for ``target`` in a batch of two requests just like it."""
+    return _pair(url, *[("/explanations/pair", {"data": image, "target": target})] * 2)[0]
+
+
+def test_a_batch_of_a_prediction_and_an_explanation_answers_each_its_own(
+    pair_store: Path,
+) -> None:
+    """A prediction and an explanation gathered into one batch: each gets what it asked for
+    (TorchServe's handlers read the first request's ``explain`` header for the whole batch)."""
+    pytest.importorskip("captum")
+    image = base64.b64encode(_png()).decode()
+    with running(pair_store, load_models=["pair.mar"]) as live:
+        explained = _alone(live.url, image, 0)
+        for paths in (("predictions", "explanations"), ("explanations", "predictions")):
+            answers = _pair(live.url, *[(f"/{p}/pair", {"data": image}) for p in paths])
+            for path, answer in zip(paths, answers, strict=True):
+                assert answer.status_code == 200, answer.text
+                if path == "predictions":
+                    assert isinstance(answer.json(), dict), answer.text[:200]
+                else:
+                    assert isinstance(answer.json(), list), answer.text[:200]
+                    assert _close(answer.json(), explained.json())
