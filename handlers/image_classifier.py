@@ -74,10 +74,24 @@ class ImageClassifier(BaseHandler):
         images = self.map_items(data, self.load_item)
         return torch.stack(images).to(self.device, self.model_input_dtype)
 
+    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> list[Any]:
+        """One attribution per request that preprocessing kept, each for its own ``target``
+        (TorchServe's handler takes the first request's target for the whole batch): the batch
+        at once when they share it, else image by image."""
+        targets = [explain.target_class(explain.target_of(raw_data[i])) for i in self.kept_indices]
+        if len(set(targets)) == 1:
+            return self.get_insights(data_preprocess, raw_data, targets[0])
+        return [
+            self.get_insights(data_preprocess[j : j + 1], raw_data, target)[0]
+            for j, target in enumerate(targets)
+        ]
+
     def get_insights(self, tensor_data: Any, raw_data: Any, target: Any) -> list[Any]:
         """Captum's Integrated Gradients per image, as TorchServe's VisionHandler (runtime/
-        explain.py); 501 without Captum."""
-        return explain.integrated_gradients(self.model, tensor_data, explain.target_class(target))
+        explain.py); 501 without Captum, 422 for a target the model has no class for."""
+        target = explain.target_class(target)
+        with self.model_errors():
+            return explain.integrated_gradients(self.model, tensor_data, target)
 
     def load_item(self, row: Any) -> torch.Tensor:
         """One request's row -> a CHW float tensor; raises BadInput for an unusable image."""

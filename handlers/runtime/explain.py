@@ -34,6 +34,14 @@ def target_class(value: Any) -> int:
     return target
 
 
+def target_of(row: Any) -> Any:
+    """The ``target`` class of an explanation request: a form field, or in a JSON body."""
+    if not isinstance(row, dict):
+        return None
+    body = row.get("data") or row.get("body")
+    return row.get("target") or (body.get("target") if isinstance(body, dict) else None)
+
+
 def _captum_attr() -> Any:
     """``captum.attr``; a 501 that says how to install it when Captum is missing."""
     try:

@@ -185,3 +185,29 @@ def test_a_batch_of_a_prediction_and_an_explanation_answers_each_its_own(
                 else:
                     assert isinstance(answer.json(), list), answer.text[:200]
                     assert _close(answer.json(), explained.json())
+
+
+def test_each_explanation_of_a_batch_is_for_its_own_target(pair_store: Path) -> None:
+    """Two explanations of one batch with different targets: each for its own (TorchServe's
+    handler explains the whole batch for the first request's target). A target the model has
+    no class for is a 422 of its request alone, not a 500."""
+    pytest.importorskip("captum")
+    image = base64.b64encode(_png()).decode()
+    with running(pair_store, load_models=["pair.mar"]) as live:
+        alone = {t: _alone(live.url, image, t) for t in (0, 2)}
+        assert all(r.status_code == 200 for r in alone.values())
+        assert not _close(alone[0].json(), alone[2].json())
+        targets = _pair(
+            live.url,
+            ("/explanations/pair", {"data": image, "target": 0}),
+            ("/explanations/pair", {"data": image, "target": 2}),
+        )
+        for answer, t in zip(targets, (0, 2), strict=True):
+            assert answer.status_code == 200 and _close(answer.json(), alone[t].json()), t
+        wrong = _pair(
+            live.url,
+            ("/explanations/pair", {"data": image, "target": 99}),
+            ("/explanations/pair", {"data": image, "target": 2}),
+        )
+        assert wrong[0].status_code == 422 and "request id" in wrong[0].json()["message"]
+        assert wrong[1].status_code == 200 and _close(wrong[1].json(), alone[2].json())
