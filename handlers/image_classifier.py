@@ -3,7 +3,8 @@
 Input per request: image bytes (raw body or a multipart field ``data``), a base64 string, or JSON
 ``{"data": "<base64>"}``; a JSON list is taken as an already-decoded float tensor (TorchServe).
 An undecodable image, or one over PIL's ``MAX_IMAGE_PIXELS`` (decompression bomb; disabled when
-``limit_max_image_pixels`` is false), fails only its own request with 400.
+``limit_max_image_pixels`` is false) as decoded or as ``resize`` would make it, fails only its own
+request with 400.
 
 Transforms (no torchvision), configured by ``model-config.yaml``'s ``image`` section (or
 ``handler: {image: ...}``), defaults in parentheses:
@@ -118,11 +119,12 @@ class ImageClassifier(BaseHandler):
         return self.transform(image)
 
     def transform(self, image: Image.Image) -> torch.Tensor:
-        image = image.convert("L" if self.channels == 1 else "RGB")
+        image = convert(image, "L" if self.channels == 1 else "RGB")
         if isinstance(self.resize, int):
             w, h = image.size
             scale = self.resize / min(w, h)
             size = (max(1, round(w * scale)), max(1, round(h * scale)))
+            check_pixels(size, f"a {w}x{h} image resized to {self.resize} on its shorter side")
             image = image.resize(size, Image.BILINEAR)
         elif self.resize is not None:
             image = image.resize((self.resize[1], self.resize[0]), Image.BILINEAR)
@@ -165,3 +167,26 @@ def decode_image(payload: bytes) -> Image.Image:
     except (OSError, SyntaxError, ValueError) as exc:
         raise BadInput(f"cannot decode image: {_OBJECT_REPR.sub('the image', str(exc))}") from exc
     return image
+
+
+def convert(image: Image.Image, mode: str) -> Image.Image:
+    """``image`` in ``mode`` ("RGB" or "L"), through RGB where PIL has no direct conversion
+    (a CIELab TIFF to gray); BadInput when it has none at all."""
+    try:
+        return image.convert(mode)
+    except ValueError:
+        pass
+    try:
+        return image.convert("RGB").convert(mode)
+    except ValueError as exc:
+        raise BadInput(f"cannot convert a {image.mode} image to {mode}") from exc
+
+
+def check_pixels(size: tuple[int, int], what: str) -> None:
+    """BadInput when an image of ``size`` would pass PIL's ``MAX_IMAGE_PIXELS`` (the limit a
+    decoded image keeps to, unless ``limit_max_image_pixels`` is false): a resize must not
+    make a few bytes of a 1 x N image gigabytes."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and size[0] * size[1] > limit:
+        pixels = size[0] * size[1]
+        raise BadInput(f"image too large: {what} is {pixels} pixels, over the limit of {limit}")

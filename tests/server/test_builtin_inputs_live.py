@@ -1,0 +1,107 @@
+"""Hostile or unusual client inputs to the built-in handlers on a live server: each is a 200
+with an answer or a 4xx that names the problem, never a 500, and never a worker's memory blown
+up by a few bytes (handlers/image_classifier.py, handlers/tensor.py)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from torchbay.archiver.package import ArchiveOptions, package
+
+from .conftest import running
+
+pytestmark = pytest.mark.slow
+
+
+class GrayCNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).mean(dim=(2, 3))
+
+
+class ColorCNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).mean(dim=(2, 3))
+
+
+def _encode(image: Image.Image, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def _archive(root: Path, work: Path, name: str, model: torch.nn.Module, config: str) -> None:
+    torch.jit.script(model.eval()).save(str(work / f"{name}.pt"))
+    (work / f"{name}.yaml").write_text(config)
+    handler = "tensor" if name == "linear" else "image_classifier"
+    options = ArchiveOptions(
+        model_name=name,
+        version="1.0",
+        serialized_file=work / f"{name}.pt",
+        handler=handler,
+        config_file=work / f"{name}.yaml",
+        export_path=root,
+    )
+    package(options)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """``gray`` (grayscale image classifier over 8x8), ``color`` (TorchServe's default
+    transforms: shorter side to 256, crop 224) and ``linear`` (the tensor handler)."""
+    root, work = tmp_path_factory.mktemp("inputs-store"), tmp_path_factory.mktemp("inputs")
+    torch.manual_seed(0)
+    _archive(root, work, "gray", GrayCNN(), "image:\n  resize: 10\n  crop: 8\n  grayscale: true\n")
+    _archive(root, work, "color", ColorCNN(), "minWorkers: 1\n")
+    _archive(root, work, "linear", torch.nn.Linear(4, 3), "minWorkers: 1\n")
+    with running(root, load_models=["gray.mar", "color.mar", "linear.mar"]) as server:
+        yield server
+
+
+def _post(live: Any, model: str, body: bytes, content_type: str) -> httpx.Response:
+    headers = {"content-type": content_type}
+    return httpx.post(f"{live.url}/predictions/{model}", content=body, headers=headers, timeout=60)
+
+
+def test_an_image_in_a_color_space_pil_cannot_turn_gray_directly(live: Any) -> None:
+    """A CIELab TIFF to a grayscale model: PIL converts LAB to RGB only; a 200 (was a 500)."""
+    lab = _encode(Image.new("LAB", (12, 12), (50, 0, 0)), "TIFF")
+    answer = _post(live, "gray", lab, "image/tiff")
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()) == 3
+
+
+@pytest.mark.parametrize("size", [(1, 1500), (1500, 1)])
+def test_an_extreme_aspect_ratio_is_a_400_not_a_huge_resize(
+    live: Any, size: tuple[int, int]
+) -> None:
+    """A 1x1500 PNG (under 100 bytes) is 256 x 384000 pixels once its shorter side is resized
+    to 256, past the server's image pixel limit (``limit_max_image_pixels``): a 400 that says
+    so, before the worker allocates it (a 1 x 60000 one would need 12 GB)."""
+    answer = _post(live, "color", _encode(Image.new("L", size), "PNG"), "image/png")
+    assert answer.status_code == 400, answer.text
+    assert "pixel" in answer.json()["message"]
+    normal = _post(live, "color", _encode(Image.new("RGB", (300, 200)), "PNG"), "image/png")
+    assert normal.status_code == 200, normal.text
