@@ -106,6 +106,18 @@ def _load_npy(payload: bytes) -> np.ndarray:
         raise BadInput(f"invalid .npy payload: {exc}") from exc
 
 
+def _npy_tensor(array: np.ndarray) -> torch.Tensor:
+    """A loaded .npy as a tensor: in native byte order; BadInput for a dtype no tensor has."""
+    if array.dtype.kind not in "biufc":  # strings, records, datetimes, objects
+        raise BadInput(f".npy dtype {array.dtype} is not a numeric tensor type")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    try:
+        return torch.from_numpy(np.ascontiguousarray(array))
+    except TypeError as exc:  # e.g. float128
+        raise BadInput(f".npy dtype {array.dtype} has no tensor type") from exc
+
+
 class TensorHandler(BaseHandler):
     """Generic tensor-in/JSON-out handler (see the module docstring for formats)."""
 
@@ -190,7 +202,7 @@ class TensorHandler(BaseHandler):
             # One copy of the body (np.frombuffer reads bytes, bytearray or a frame's view).
             view = memoryview(value).cast("B")
             if view[:6] == b"\x93NUMPY":
-                return torch.from_numpy(np.ascontiguousarray(_load_npy(view.tobytes())))
+                return _npy_tensor(_load_npy(view.tobytes()))
             if not view.nbytes or view.nbytes % 4:
                 raise BadInput(
                     f"raw float32 body must be a non-empty multiple of 4 bytes, got {view.nbytes}"

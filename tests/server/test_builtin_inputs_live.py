@@ -105,3 +105,20 @@ def test_an_extreme_aspect_ratio_is_a_400_not_a_huge_resize(
     assert "pixel" in answer.json()["message"]
     normal = _post(live, "color", _encode(Image.new("RGB", (300, 200)), "PNG"), "image/png")
     assert normal.status_code == 200, normal.text
+
+
+def test_npy_in_any_byte_order_or_dtype_is_an_answer_or_a_400(live: Any) -> None:
+    """.npy bodies to the tensor handler: big-endian floats are the same numbers (200, was a
+    500); strings, records and datetimes are no tensor: a 400 naming the dtype (was a 500)."""
+    ones = _post(live, "linear", _npy(np.ones(4, "<f4")), "application/octet-stream")
+    assert ones.status_code == 200, ones.text
+    big = _post(live, "linear", _npy(np.ones(4, ">f4")), "application/octet-stream")
+    assert big.status_code == 200 and big.json() == ones.json(), big.text
+    for array in (
+        np.array(["a", "b", "c", "d"]),
+        np.zeros(4, dtype=[("a", "<f4")]),
+        np.zeros(4, dtype="datetime64[s]"),
+    ):
+        answer = _post(live, "linear", _npy(array), "application/octet-stream")
+        assert answer.status_code == 400, (array.dtype, answer.text)
+        assert "dtype" in answer.json()["message"]
