@@ -102,10 +102,7 @@ class ImageClassifier(BaseHandler):
         if isinstance(value, dict):
             value = value.get("data", value.get("image"))
         if isinstance(value, str):
-            try:
-                value = base64.b64decode(value, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise BadInput("image string is not valid base64") from exc
+            value = decode_base64(value)
         if isinstance(value, list):
             try:
                 return torch.as_tensor(value, dtype=torch.float32)
@@ -167,6 +164,22 @@ def decode_image(payload: bytes) -> Image.Image:
     except (OSError, SyntaxError, ValueError) as exc:
         raise BadInput(f"cannot decode image: {_OBJECT_REPR.sub('the image', str(exc))}") from exc
     return image
+
+
+# A data URL's head ("data:image/png;base64,"), which browsers' FileReader produce.
+_DATA_URL = re.compile(r"data:[\w.+-]*/?[\w.+-]*(;[\w.+-]+=[\w.+-]+)*;base64,", re.ASCII)
+
+
+def decode_base64(text: str) -> bytes:
+    """An image sent as base64 text: whitespace (``base64``'s line breaks at 76 columns, a
+    file's last newline) ignored as TorchServe's ``b64decode`` ignores it, an optional data
+    URL head; BadInput when the rest is not base64."""
+    text = "".join(text.split())
+    head = _DATA_URL.match(text)
+    try:
+        return base64.b64decode(text[head.end() :] if head else text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadInput("image string is not valid base64") from exc
 
 
 def convert(image: Image.Image, mode: str) -> Image.Image:

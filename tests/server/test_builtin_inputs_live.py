@@ -4,7 +4,10 @@ up by a few bytes (handlers/image_classifier.py, handlers/tensor.py)."""
 
 from __future__ import annotations
 
+import base64
 import io
+import json
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,3 +125,24 @@ def test_npy_in_any_byte_order_or_dtype_is_an_answer_or_a_400(live: Any) -> None
         answer = _post(live, "linear", _npy(array), "application/octet-stream")
         assert answer.status_code == 400, (array.dtype, answer.text)
         assert "dtype" in answer.json()["message"]
+
+
+def test_base64_with_line_breaks_or_a_data_url_is_the_image(live: Any) -> None:
+    """Base64 as the ``base64`` tool writes it (lines of 76, a last newline: TorchServe's
+    ``b64decode`` ignores them) and a browser's data URL are the image (were a 400)."""
+    png = _encode(Image.new("RGB", (40, 40), (200, 10, 30)), "PNG")
+    direct = _post(live, "gray", png, "image/png")
+    assert direct.status_code == 200, direct.text
+    text = base64.b64encode(png).decode()
+    wrapped = "\n".join(textwrap.wrap(text, 76)) + "\n"
+    for body, content_type in (
+        (wrapped, "text/plain"),
+        (json.dumps({"data": wrapped}), "application/json"),
+        (json.dumps({"data": f"data:image/png;base64,{text}"}), "application/json"),
+    ):
+        answer = _post(live, "gray", body.encode(), content_type)
+        assert answer.status_code == 200 and answer.json() == direct.json(), answer.text
+    broken = _post(
+        live, "gray", json.dumps({"data": "data:image/png,%89PNG"}).encode(), "application/json"
+    )
+    assert broken.status_code == 400 and "base64" in broken.json()["message"]
