@@ -72,6 +72,7 @@ _FLOATING = frozenset({"FP16", "FP32", "FP64", "BF16"})
 _V2_NAMES = {dtype: name for name, dtype in _V2_DTYPES.items() if name not in _WIDER}
 logger = logging.getLogger(__name__)
 _OUT_OF_MEMORY = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
+MAX_DIMS = 64
 
 
 def parse_shape(text: str) -> list[int]:
@@ -81,6 +82,8 @@ def parse_shape(text: str) -> list[int]:
         raise BadInput(f"invalid x-input-shape {text!r}: want e.g. '1,28,28'") from exc
     if any(d <= 0 for d in shape):
         raise BadInput(f"invalid x-input-shape {text!r}: dimensions must be positive")
+    if len(shape) > MAX_DIMS:  # numpy's limit; deeper answers are past JSON's recursion
+        raise BadInput(f"invalid x-input-shape: {len(shape)} dimensions, at most {MAX_DIMS}")
     return shape
 
 

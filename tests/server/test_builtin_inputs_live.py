@@ -146,3 +146,18 @@ def test_base64_with_line_breaks_or_a_data_url_is_the_image(live: Any) -> None:
         live, "gray", json.dumps({"data": "data:image/png,%89PNG"}).encode(), "application/json"
     )
     assert broken.status_code == 400 and "base64" in broken.json()["message"]
+
+
+def test_a_shape_header_of_a_thousand_dimensions_is_a_400(live: Any) -> None:
+    """``x-input-shape: 1,1,...,4`` with 1000 dimensions made an answer nested 1000 deep,
+    past the JSON encoder's recursion: a 500. Over numpy's 64 dimensions is a 400 now."""
+    headers = {"content-type": "application/json", "x-input-shape": "1," * 1000 + "4"}
+    answer = httpx.post(
+        f"{live.url}/predictions/linear", content=b"[1, 2, 3, 4]", headers=headers, timeout=60
+    )
+    assert answer.status_code == 400 and "at most 64" in answer.json()["message"], answer.text
+    headers["x-input-shape"] = "1," * 10 + "4"
+    deep = httpx.post(
+        f"{live.url}/predictions/linear", content=b"[1, 2, 3, 4]", headers=headers, timeout=60
+    )
+    assert deep.status_code == 200, deep.text
