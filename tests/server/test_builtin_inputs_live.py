@@ -43,6 +43,15 @@ class ColorCNN(torch.nn.Module):
         return self.conv(x).mean(dim=(2, 3))
 
 
+class Segmenter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": self.conv(x)}
+
+
 def _encode(image: Image.Image, fmt: str) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format=fmt)
@@ -58,7 +67,7 @@ def _npy(array: np.ndarray) -> bytes:
 def _archive(root: Path, work: Path, name: str, model: torch.nn.Module, config: str) -> None:
     torch.jit.script(model.eval()).save(str(work / f"{name}.pt"))
     (work / f"{name}.yaml").write_text(config)
-    handler = "tensor" if name == "linear" else "image_classifier"
+    handler = {"linear": "tensor", "seg": "image_segmenter"}.get(name, "image_classifier")
     options = ArchiveOptions(
         model_name=name,
         version="1.0",
@@ -73,13 +82,16 @@ def _archive(root: Path, work: Path, name: str, model: torch.nn.Module, config: 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """``gray`` (grayscale image classifier over 8x8), ``color`` (TorchServe's default
-    transforms: shorter side to 256, crop 224) and ``linear`` (the tensor handler)."""
+    transforms: shorter side to 256, crop 224), ``linear`` (the tensor handler) and ``seg``
+    (the image segmenter)."""
     root, work = tmp_path_factory.mktemp("inputs-store"), tmp_path_factory.mktemp("inputs")
     torch.manual_seed(0)
     _archive(root, work, "gray", GrayCNN(), "image:\n  resize: 10\n  crop: 8\n  grayscale: true\n")
     _archive(root, work, "color", ColorCNN(), "minWorkers: 1\n")
     _archive(root, work, "linear", torch.nn.Linear(4, 3), "minWorkers: 1\n")
-    with running(root, load_models=["gray.mar", "color.mar", "linear.mar"]) as server:
+    _archive(root, work, "seg", Segmenter(), "image:\n  resize: 10\n  crop: 8\n")
+    models = ["gray.mar", "color.mar", "linear.mar", "seg.mar"]
+    with running(root, load_models=models) as server:
         yield server
 
 
@@ -161,3 +173,12 @@ def test_a_shape_header_of_a_thousand_dimensions_is_a_400(live: Any) -> None:
         f"{live.url}/predictions/linear", content=b"[1, 2, 3, 4]", headers=headers, timeout=60
     )
     assert deep.status_code == 200, deep.text
+
+
+def test_explaining_a_segmentation_is_a_501(live: Any) -> None:
+    """Integrated Gradients needs a score per class: a segmenter's (and a detector's)
+    explanation is a 501 that says so (was a 500, then a 422 "cannot process this input")."""
+    png = _encode(Image.new("RGB", (12, 12), (200, 10, 30)), "PNG")
+    answer = httpx.post(f"{live.url}/explanations/seg", content=png, timeout=60)
+    assert answer.status_code == 501 and "image_segmenter" in answer.json()["message"]
+    assert _post(live, "seg", png, "image/png").status_code == 200
