@@ -3,7 +3,8 @@
 Input per request: image bytes (raw body or a multipart field ``data``), a base64 string, or JSON
 ``{"data": "<base64>"}``; a JSON list is taken as an already-decoded float tensor (TorchServe).
 An undecodable image, or one over PIL's ``MAX_IMAGE_PIXELS`` (decompression bomb; disabled when
-``limit_max_image_pixels`` is false), fails only its own request with 400.
+``limit_max_image_pixels`` is false) as decoded or as ``resize`` would make it, fails only its own
+request with 400.
 
 Transforms (no torchvision), configured by ``model-config.yaml``'s ``image`` section (or
 ``handler: {image: ...}``), defaults in parentheses:
@@ -74,10 +75,24 @@ class ImageClassifier(BaseHandler):
         images = self.map_items(data, self.load_item)
         return torch.stack(images).to(self.device, self.model_input_dtype)
 
+    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> list[Any]:
+        """One attribution per request that preprocessing kept, each for its own ``target``
+        (TorchServe's handler takes the first request's target for the whole batch): the batch
+        at once when they share it, else image by image."""
+        targets = [explain.target_class(explain.target_of(raw_data[i])) for i in self.kept_indices]
+        if len(set(targets)) == 1:
+            return self.get_insights(data_preprocess, raw_data, targets[0])
+        return [
+            self.get_insights(data_preprocess[j : j + 1], raw_data, target)[0]
+            for j, target in enumerate(targets)
+        ]
+
     def get_insights(self, tensor_data: Any, raw_data: Any, target: Any) -> list[Any]:
         """Captum's Integrated Gradients per image, as TorchServe's VisionHandler (runtime/
-        explain.py); 501 without Captum."""
-        return explain.integrated_gradients(self.model, tensor_data, explain.target_class(target))
+        explain.py); 501 without Captum, 422 for a target the model has no class for."""
+        target = explain.target_class(target)
+        with self.model_errors():
+            return explain.integrated_gradients(self.model, tensor_data, target)
 
     def load_item(self, row: Any) -> torch.Tensor:
         """One request's row -> a CHW float tensor; raises BadInput for an unusable image."""
@@ -87,10 +102,7 @@ class ImageClassifier(BaseHandler):
         if isinstance(value, dict):
             value = value.get("data", value.get("image"))
         if isinstance(value, str):
-            try:
-                value = base64.b64decode(value, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise BadInput("image string is not valid base64") from exc
+            value = decode_base64(value)
         if isinstance(value, list):
             try:
                 return torch.as_tensor(value, dtype=torch.float32)
@@ -104,11 +116,12 @@ class ImageClassifier(BaseHandler):
         return self.transform(image)
 
     def transform(self, image: Image.Image) -> torch.Tensor:
-        image = image.convert("L" if self.channels == 1 else "RGB")
+        image = convert(image, "L" if self.channels == 1 else "RGB")
         if isinstance(self.resize, int):
             w, h = image.size
             scale = self.resize / min(w, h)
             size = (max(1, round(w * scale)), max(1, round(h * scale)))
+            check_pixels(size, f"a {w}x{h} image resized to {self.resize} on its shorter side")
             image = image.resize(size, Image.BILINEAR)
         elif self.resize is not None:
             image = image.resize((self.resize[1], self.resize[0]), Image.BILINEAR)
@@ -151,3 +164,42 @@ def decode_image(payload: bytes) -> Image.Image:
     except (OSError, SyntaxError, ValueError) as exc:
         raise BadInput(f"cannot decode image: {_OBJECT_REPR.sub('the image', str(exc))}") from exc
     return image
+
+
+# A data URL's head ("data:image/png;base64,"), which browsers' FileReader produce.
+_DATA_URL = re.compile(r"data:[\w.+-]*/?[\w.+-]*(;[\w.+-]+=[\w.+-]+)*;base64,", re.ASCII)
+
+
+def decode_base64(text: str) -> bytes:
+    """An image sent as base64 text: whitespace (``base64``'s line breaks at 76 columns, a
+    file's last newline) ignored as TorchServe's ``b64decode`` ignores it, an optional data
+    URL head; BadInput when the rest is not base64."""
+    text = "".join(text.split())
+    head = _DATA_URL.match(text)
+    try:
+        return base64.b64decode(text[head.end() :] if head else text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadInput("image string is not valid base64") from exc
+
+
+def convert(image: Image.Image, mode: str) -> Image.Image:
+    """``image`` in ``mode`` ("RGB" or "L"), through RGB where PIL has no direct conversion
+    (a CIELab TIFF to gray); BadInput when it has none at all."""
+    try:
+        return image.convert(mode)
+    except ValueError:
+        pass
+    try:
+        return image.convert("RGB").convert(mode)
+    except ValueError as exc:
+        raise BadInput(f"cannot convert a {image.mode} image to {mode}") from exc
+
+
+def check_pixels(size: tuple[int, int], what: str) -> None:
+    """BadInput when an image of ``size`` would pass PIL's ``MAX_IMAGE_PIXELS`` (the limit a
+    decoded image keeps to, unless ``limit_max_image_pixels`` is false): a resize must not
+    make a few bytes of a 1 x N image gigabytes."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and size[0] * size[1] > limit:
+        pixels = size[0] * size[1]
+        raise BadInput(f"image too large: {what} is {pixels} pixels, over the limit of {limit}")

@@ -22,6 +22,11 @@ from .image_classifier import ImageClassifier
 class ImageSegmenter(ImageClassifier):
     """Segmentation: the top class of every pixel (see the module docstring)."""
 
+    def get_insights(self, tensor_data: Any, raw_data: Any, target: Any) -> list[Any]:
+        """501: Integrated Gradients needs one score per class, which segmenters do not give
+        (TorchServe's handler runs Captum anyway and fails)."""
+        raise PredictionException("the image_segmenter handler does not support explanations", 501)
+
     def postprocess(self, data: Any) -> list[Any]:
         if isinstance(data, dict):
             data = data.get("out")

@@ -50,6 +50,11 @@ class ObjectDetector(ImageClassifier):
             return images
         return torch.stack(images)
 
+    def get_insights(self, tensor_data: Any, raw_data: Any, target: Any) -> list[Any]:
+        """501: Integrated Gradients needs one score per class, which detectors do not give
+        (TorchServe's handler runs Captum anyway and fails)."""
+        raise PredictionException("the object_detector handler does not support explanations", 501)
+
     def postprocess(self, data: Any) -> list[list[dict[str, Any]]]:
         if isinstance(data, tuple):  # a scripted torchvision detector answers (losses, detections)
             data = data[-1]

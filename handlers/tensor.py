@@ -74,6 +74,7 @@ _V2_NAMES = {dtype: name for name, dtype in _V2_DTYPES.items() if name not in _W
 _V2_NAMES.update({getattr(torch, name.lower()): name for name in _WIDER})
 logger = logging.getLogger(__name__)
 _OUT_OF_MEMORY = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
+MAX_DIMS = 64
 
 
 def parse_shape(text: str) -> list[int]:
@@ -83,6 +84,8 @@ def parse_shape(text: str) -> list[int]:
         raise BadInput(f"invalid x-input-shape {text!r}: want e.g. '1,28,28'") from exc
     if any(d <= 0 for d in shape):
         raise BadInput(f"invalid x-input-shape {text!r}: dimensions must be positive")
+    if len(shape) > MAX_DIMS:  # numpy's limit; deeper answers are past JSON's recursion
+        raise BadInput(f"invalid x-input-shape: {len(shape)} dimensions, at most {MAX_DIMS}")
     return shape
 
 
@@ -106,6 +109,18 @@ def _load_npy(payload: bytes) -> np.ndarray:
         raise PredictionException(".npy payload too large to load", 413) from exc
     except (ValueError, OSError, EOFError, TypeError) as exc:
         raise BadInput(f"invalid .npy payload: {exc}") from exc
+
+
+def _npy_tensor(array: np.ndarray) -> torch.Tensor:
+    """A loaded .npy as a tensor: in native byte order; BadInput for a dtype no tensor has."""
+    if array.dtype.kind not in "biufc":  # strings, records, datetimes, objects
+        raise BadInput(f".npy dtype {array.dtype} is not a numeric tensor type")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    try:
+        return torch.from_numpy(np.ascontiguousarray(array))
+    except TypeError as exc:  # e.g. float128
+        raise BadInput(f".npy dtype {array.dtype} has no tensor type") from exc
 
 
 class TensorHandler(BaseHandler):
@@ -192,7 +207,7 @@ class TensorHandler(BaseHandler):
             # One copy of the body (np.frombuffer reads bytes, bytearray or a frame's view).
             view = memoryview(value).cast("B")
             if view[:6] == b"\x93NUMPY":
-                return torch.from_numpy(np.ascontiguousarray(_load_npy(view.tobytes())))
+                return _npy_tensor(_load_npy(view.tobytes()))
             if not view.nbytes or view.nbytes % 4:
                 raise BadInput(
                     f"raw float32 body must be a non-empty multiple of 4 bytes, got {view.nbytes}"

@@ -32,6 +32,7 @@ from .base_handler import BaseHandler
 from .classify import handler_config, topk_labels
 from .errors import BadInput, HandlerLoadError
 from .runtime import explain
+from .runtime.explain import target_of
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
@@ -160,11 +161,3 @@ class TextClassifier(BaseHandler):
         if self.input_mode != "offsets":
             attributions = attributions[0]  # one text: its tokens' rows
         return {"importances": explain.summarize(attributions), "words": words}
-
-
-def target_of(row: Any) -> Any:
-    """The ``target`` class of an explanation request: a form field, or in a JSON body."""
-    if not isinstance(row, dict):
-        return None
-    body = row.get("data") or row.get("body")
-    return row.get("target") or (body.get("target") if isinstance(body, dict) else None)

@@ -19,6 +19,8 @@ import torch
 from ..errors import BadInput, PredictionException
 
 N_STEPS = 15  # TorchServe's
+CAPTUM_STEPS = 50  # LayerIntegratedGradients' default, which TorchServe's TextHandler keeps
+STEP_TOKENS = 1 << 16  # tokens in one forward pass of a text explanation, at most
 
 
 def target_class(value: Any) -> int:
@@ -32,6 +34,14 @@ def target_class(value: Any) -> int:
     if target < 0:
         raise BadInput(f"target must be a class index, got {target}")
     return target
+
+
+def target_of(row: Any) -> Any:
+    """The ``target`` class of an explanation request: a form field, or in a JSON body."""
+    if not isinstance(row, dict):
+        return None
+    body = row.get("data") or row.get("body")
+    return row.get("target") or (body.get("target") if isinstance(body, dict) else None)
 
 
 def _captum_attr() -> Any:
@@ -88,8 +98,24 @@ def layer_integrated_gradients(
     lig = attr.LayerIntegratedGradients(model, embedding_layer(model))
     with torch.enable_grad():
         return lig.attribute(
-            inputs, baselines, additional_forward_args=extra or None, target=target
+            inputs,
+            baselines,
+            additional_forward_args=extra or None,
+            target=target,
+            internal_batch_size=steps_per_pass(inputs),
         )
+
+
+def steps_per_pass(inputs: torch.Tensor) -> int | None:
+    """Captum's ``internal_batch_size`` for one text's token ids: None (all the steps in one
+    forward pass, as TorchServe) unless that pass would hold over ``STEP_TOKENS`` tokens; then
+    as many steps as fit, so that a long text (no ``max_length``) costs passes, not 50 times
+    its memory (200 000 tokens took 8 GB). Not for 1-D ids (an EmbeddingBag's ``offsets``
+    input), whose first dimension Captum takes for examples; the bag holds no per-token
+    activations to multiply."""
+    if inputs.dim() < 2 or inputs.numel() * CAPTUM_STEPS <= STEP_TOKENS:
+        return None
+    return max(1, STEP_TOKENS // inputs.numel())
 
 
 def summarize(attributions: torch.Tensor) -> list[Any]:

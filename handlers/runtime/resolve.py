@@ -78,6 +78,14 @@ def resolve_handler(spec: str, model_dir: str | Path, outside_ok: bool = False) 
     )
 
 
+def device_of(instance: Any, gpu_id: int | None) -> str:
+    """The device a loaded handler runs on: its ``device``, else the worker's GPU or CPU."""
+    device = getattr(instance, "device", None)
+    if device is not None:
+        return str(device)
+    return "cpu" if gpu_id is None else f"cuda:{gpu_id}"
+
+
 def _import_handler_module(name: str, model_dir: Path) -> types.ModuleType:
     if name in BUILTIN_HANDLERS:
         return importlib.import_module(BUILTIN_HANDLERS[name])

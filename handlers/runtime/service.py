@@ -8,6 +8,8 @@ never raises for anything a request carries, and one request never fails another
 Isolation:
 
 * decoding happens per request; a request that cannot be decoded is answered alone;
+* requests whose ``explain`` or ``describe`` headers differ run as batches of their own
+  (modes.py): handlers read those headers from a batch's first request;
 * when ``handle()`` raises on a batch of n > 1 requests (any exception), or returns a wrong number
   of results, the batch is run again in halves, recursively, so the failure is pinned on the
   request(s) that cause it and every other request gets its answer (per-item failures through
@@ -69,7 +71,7 @@ from ..errors import (
 )
 from ..metrics import MetricsCache
 from ..streaming import StreamCancelled
-from . import continuous, controls, envelopes, oip, oip_response
+from . import continuous, controls, envelopes, modes, oip, oip_response
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
 from .responses import (
     FRAMING_HEADERS,
@@ -170,8 +172,9 @@ class Service:
             except Exception as exc:  # whatever decoding raises answers this request alone
                 responses[i] = decode_failure(exc, request.request_id, request.protocol == "v2")
         timings: dict[str, float] = {}
-        if jobs:
-            for i, response in zip(kept, self._run_isolated(jobs, timings), strict=True):
+        if jobs:  # explanations and predictions gathered together run apart (modes.py)
+            answers = modes.by_mode(jobs, lambda group: self._run_isolated(group, timings))
+            for i, response in zip(kept, answers, strict=True):
                 responses[i] = response
         metrics = self.context.metrics.drain() if self.context.metrics is not None else []
         return BatchOutcome([r for r in responses if r is not None], timings, metrics)
@@ -346,7 +349,7 @@ def load_service(
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
     from .loading import model_yaml_config, read_manifest
-    from .resolve import install_ts_alias, resolve_handler
+    from .resolve import device_of, install_ts_alias, resolve_handler
 
     model_dir = Path(model_dir).resolve()
     if not model_dir.is_dir():
@@ -385,16 +388,9 @@ def load_service(
     except Exception as exc:
         logger.error("handler %r failed to initialize", spec, exc_info=True)
         raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}") from exc
-    device = _device_of(resolved.instance, gpu_id)
+    device = device_of(resolved.instance, gpu_id)
     signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
     context.metrics.drain()  # metrics recorded while loading are not a batch's
     return Service(
         context, resolved, device, name, version, signature, max_request_size, decode_input_request
     )
-
-
-def _device_of(instance: Any, gpu_id: int | None) -> str:
-    device = getattr(instance, "device", None)
-    if device is not None:
-        return str(device)
-    return "cpu" if gpu_id is None else f"cuda:{gpu_id}"
