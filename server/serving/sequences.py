@@ -7,7 +7,8 @@ keeps: ``put`` never waits, ``take`` returns a non-empty batch, ``discard``, ``c
   so to that slot's worker process, when a slot first takes it. A slot binds a new sequence
   only while no other live slot holds fewer (least loaded first); with the ``direct``
   strategy a slot holds at most ``batch_size`` sequences (one batch lane each) and the others
-  wait unbound, with ``oldest`` it holds any number.
+  wait unbound, with ``oldest`` it holds any number. A sequence is keyed by its id as text
+  (the handler reads it so): the integer 5 and the string "5" are one sequence.
 * Each sequence has its own FIFO (``maxSequenceJobQueueSize``). A slot's batch takes the head
   of each of its sequences that is not running, oldest first, at most ``batch_size``: never two
   requests of one sequence in a batch, never one before the previous one is answered. A slot
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,6 +53,13 @@ __all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
 
 # Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
 REMEMBERED = 65_536
+
+
+def _keyed(ref: SequenceRef) -> SequenceRef:
+    """``ref`` with its id as text: the handler reads the id as a header's text (and CORRID
+    from it), so the integer 5 and the string "5" name one sequence, never two whose requests
+    would share one state, side by side."""
+    return ref if isinstance(ref.id, str) else dataclasses.replace(ref, id=str(ref.id))
 
 
 class SequenceQueue(BatchQueue):
@@ -105,6 +114,7 @@ class SequenceQueue(BatchQueue):
             raise self._closed
         if ref is None:
             ref = SequenceRef(f"torchbay-{id(item):x}", start=True, end=True)
+        ref = _keyed(ref)
         if self._queued >= self.capacity:
             self.put_refused()
         seq = self.open.get(ref.id)

@@ -273,6 +273,20 @@ def test_describe_shows_torchserve_s_sequence_keys_as_torchserve_does(server) ->
     assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
 
 
+def test_an_integer_id_and_its_text_name_one_sequence(server) -> None:
+    """The handler reads the id as text (its header), so 31 and "31" must not be two
+    sequences sharing one state on one worker (the start of 31 answered 110, not 100)."""
+    model = "stateful_dying"  # one worker: both would run there
+    assert _v2(server, {"sequence_id": "31", "sequence_start": True}, 10, model).status_code == 200
+    r = _v2(server, {"sequence_id": 31, "sequence_start": True}, 100, model)
+    assert r.status_code == 400 and "already open" in r.json()["error"], r.text
+    r = _v2(server, {"sequence_id": 31}, 1, model)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [11], r.text
+    assert _v2(server, {"sequence_id": "31", "sequence_end": True}, 1, model).status_code == 200
+    r = _v2(server, {"sequence_id": 31}, 1, model)
+    assert r.status_code == 400 and "has ended" in r.json()["error"], r.text
+
+
 def test_a_worker_that_dies_ends_its_sequences_with_a_clear_error(server) -> None:
     mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
     start = {"sequence_id": "doomed", "sequence_start": True}
