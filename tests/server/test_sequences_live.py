@@ -40,6 +40,11 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "third_party" / "torchserve" / "
 RECORDS = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "stateful"
 SEQ_HEADER = "ts_request_sequence_id"
 NUMBERS = [3, 1, 4, 1, 5, 9, 2, 6]
+CORRID_INT32 = """sequence_batching:
+  control_input:
+    - name: CORRID
+      control: [{kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_INT32}]
+"""
 
 
 def _archive(
@@ -84,6 +89,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
     with dying_config.open("a") as f:
         f.write("minWorkers: 1\nmaxWorkers: 1\n")
     _archive(root, work, "stateful_dying", dying_config)
+    # Triton's CORRID control input, a 32-bit one (an id past it is the client's mistake).
+    corrid_config = work / "corrid.yaml"
+    shutil.copy(dying_config, corrid_config)
+    corrid_config.write_text(corrid_config.read_text() + CORRID_INT32)
+    _archive(root, work, "stateful_corrid", corrid_config)
     config = make_config(root, load_models=["all"])
     live = LiveServer(config).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
@@ -285,6 +295,14 @@ def test_an_integer_id_and_its_text_name_one_sequence(server) -> None:
     assert _v2(server, {"sequence_id": "31", "sequence_end": True}, 1, model).status_code == 200
     r = _v2(server, {"sequence_id": 31}, 1, model)
     assert r.status_code == 400 and "has ended" in r.json()["error"], r.text
+
+
+def test_an_id_that_corrid_s_type_cannot_hold_is_a_400(server) -> None:
+    """Was a 413 "input too large to decode (OverflowError)" from numpy."""
+    params = {"sequence_id": 1 << 40, "sequence_start": True, "sequence_end": True}
+    r = _v2(server, params, 1, "stateful_corrid")
+    assert r.status_code == 400, r.text
+    assert "CORRID" in r.json()["error"] and "INT32" in r.json()["error"], r.text
 
 
 def test_a_worker_that_dies_ends_its_sequences_with_a_clear_error(server) -> None:
