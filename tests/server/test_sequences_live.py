@@ -371,3 +371,19 @@ def test_a_start_or_an_end_whose_client_left_while_queued_never_happened(
         assert post("b").status_code == 200  # was: 400 "has ended"
         assert post("b", "end").status_code == 200
         assert post("d", "start").status_code == 200  # was: 503, the 3 places held
+
+
+def test_without_an_idle_limit_id_less_requests_do_not_hold_every_place(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """TorchServe's defaults (no ``sequenceMaxIdleMSec``): its job group is dropped once idle,
+    so each request without an id is answered. Was: the first one's sequence stayed open for
+    ever and every later new sequence got 503 (maxNumSequence)."""
+    store = build_store(tmp_path_factory, "seq-idless", {"probe": str(ASSETS / "probe_handler.py")})
+    settings = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "sequenceBatching": True}
+    with running(store, models={"probe": {"1.0": {"marName": "probe.mar", **settings}}}) as live:
+        url = f"{live.url}/predictions/probe"
+        named = [httpx.post(url, json={}, timeout=60) for _ in range(3)]
+        assert [r.status_code for r in named] == [200] * 3, named[-1].text
+        again = {SEQ_HEADER: named[0].headers[SEQ_HEADER]}  # reopens on its worker
+        assert httpx.post(url, json={}, headers=again, timeout=60).status_code == 200
