@@ -9,13 +9,15 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from .conftest import LiveServer, make_config, oip_client
+from .conftest import ASSETS, LiveServer, make_config, oip_client, tiny_archive
+from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
 from .test_sequences_live import EXAMPLE, _archive
 
 pytestmark = pytest.mark.slow
@@ -30,6 +32,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with config.open("a") as f:
         f.write("sequenceMaxIdleMSec: 60000\nminWorkers: 1\nmaxWorkers: 1\n")
     _archive(root, work, "stateful", config)
+    gates = (str(ASSETS / "gates.py"),)  # a model without sequences
+    tiny_archive(work, root, "plain", str(ASSETS / "probe_handler.py"), extra_files=gates)
     live = LiveServer(make_config(root, load_models=["all"])).start()
     try:
         yield live
@@ -68,3 +72,19 @@ def test_two_http_ids_beyond_latin_1_are_not_one_state(server) -> None:
         }
         r = httpx.post(url, json=body, timeout=60)
         assert r.status_code == 400 and "Latin-1" in r.json()["error"], r.text
+
+
+def test_a_ts_grpc_id_beyond_latin_1_to_a_plain_model_is_answered(server, ts) -> None:  # noqa: F811
+    """A model without sequences reads no id, but the request still carries TorchServe's
+    header to the worker. Was: as for the model above, no answer and a worker slot that took
+    no batch again."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.server.state.ports.grpc_inference}")
+    try:
+        stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        for sequence_id in ("日本語", "plain"):
+            request = ts.inference_pb2.PredictionsRequest(
+                model_name="plain", sequence_id=sequence_id, input={"body": b"{}"}
+            )
+            assert b'"logits"' in stub.Predictions(request, timeout=30).prediction
+    finally:
+        channel.close()
