@@ -80,10 +80,7 @@ def _value(kind: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[str, tu
         if kind.get("data_type") == "TYPE_STRING":
             return "BYTES", (object, sequence_id.encode())
         datatype, np_type = _CORRID.get(kind.get("data_type"), ("UINT64", np.uint64))
-        try:
-            return datatype, (np_type, int(sequence_id))
-        except ValueError:
-            raise BadInput(f"sequence id {sequence_id!r} is not an integer (CORRID)") from None
+        return datatype, (np_type, _corrid(sequence_id, datatype, np_type))
     on = {
         "CONTROL_SEQUENCE_START": headers.get(_START) == "true",
         "CONTROL_SEQUENCE_END": headers.get(_END) == "true",
@@ -96,3 +93,15 @@ def _value(kind: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[str, tu
             pair = kind[key]
             return datatype, (np_type, pair[1] if on else pair[0])
     return "INT32", (np.int32, int(on))
+
+
+def _corrid(sequence_id: str, datatype: str, np_type: Any) -> int:
+    """The sequence id as CORRID's integer; BadInput (400) for one that is not an integer or
+    that the declared type cannot hold (numpy's OverflowError would read as a 413)."""
+    digits = sequence_id.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise BadInput(f"sequence id {sequence_id!r} is not an integer (CORRID)")
+    value, info = int(sequence_id), np.iinfo(np_type)
+    if not info.min <= value <= info.max:
+        raise BadInput(f"sequence id {sequence_id} does not fit CORRID's type {datatype}")
+    return value

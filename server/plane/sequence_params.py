@@ -61,8 +61,15 @@ def _flag(value: str | None) -> bool:
 
 
 def _checked_text(value: str, field: str) -> str:
+    """``value`` as a sequence id: printable, at most ``MAX_ID_CHARS``, and Latin-1 text, since
+    it travels to the worker as a header line (latin-1, as HTTP/1.1's): another character
+    would turn to "?" there (two ids, one state) or, from gRPC, fail to be sent at all."""
     if len(value) > MAX_ID_CHARS or not value.isprintable():
         raise BadRequest(f"{field} must be a printable string of at most {MAX_ID_CHARS} characters")
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise BadRequest(f"{field} must be Latin-1 text (it is sent on as a header)") from None
     return value
 
 

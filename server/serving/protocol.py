@@ -212,8 +212,9 @@ def encode(message: Message) -> bytes:
             ],
         }
         for r in message.requests:  # two blobs a request: its header lines, then its body
-            raw = r.raw_headers or join_headers(
-                (k.encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()
+            raw = r.raw_headers or join_headers(  # "?" for what Latin-1 lacks, as HTTP's are
+                (k.encode("latin-1", "replace"), v.encode("latin-1", "replace"))
+                for k, v in r.headers.items()
             )
             blobs += (raw, r.body)
     elif isinstance(message, Result):

@@ -48,6 +48,7 @@ class Sequence:
     end_request: Pending | None = None  # that request (None: none, or the handler ended it)
     ran: bool = False  # a worker took one of its requests (or it is an idle one reopened)
     streaming: int = 0  # its requests still answering over several calls (continuous batching)
+    implicit: bool = False  # opened by TorchServe's API (see SequenceRef)
 
 
 @dataclass(frozen=True, slots=True)

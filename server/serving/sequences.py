@@ -7,14 +7,16 @@ keeps: ``put`` never waits, ``take`` returns a non-empty batch, ``discard``, ``c
   so to that slot's worker process, when a slot first takes it. A slot binds a new sequence
   only while no other live slot holds fewer (least loaded first); with the ``direct``
   strategy a slot holds at most ``batch_size`` sequences (one batch lane each) and the others
-  wait unbound, with ``oldest`` it holds any number.
+  wait unbound, with ``oldest`` it holds any number. A sequence is keyed by its id as text
+  (the handler reads it so): the integer 5 and the string "5" are one sequence.
 * Each sequence has its own FIFO (``maxSequenceJobQueueSize``). A slot's batch takes the head
   of each of its sequences that is not running, oldest first, at most ``batch_size``: never two
   requests of one sequence in a batch, never one before the previous one is answered. A slot
   calls ``take`` again only once its batch is answered, so that call releases its sequences.
   A batch leaves at once (the next request of a sequence usually waits for this answer).
 * A sequence ends after its request with ``sequence_end``; it is closed when it idles past
-  ``sequenceMaxIdleMSec`` or lives past ``sequenceTimeoutMSec``; it fails when its worker dies
+  ``sequenceMaxIdleMSec`` (without it, one of TorchServe's API once idle, as TorchServe drops
+  its job group) or lives past ``sequenceTimeoutMSec``; it fails when its worker dies
   or is replaced (the handler's state died with it): its queued requests are answered 503 and
   the id is remembered, so that its next request is refused with the reason, never silently
   run on a fresh state. TorchServe's API reopens an idle-closed id on the same, still living,
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,6 +54,13 @@ __all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
 
 # Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
 REMEMBERED = 65_536
+
+
+def _keyed(ref: SequenceRef) -> SequenceRef:
+    """``ref`` with its id as text: the handler reads the id as a header's text (and CORRID
+    from it), so the integer 5 and the string "5" name one sequence, never two whose requests
+    would share one state, side by side."""
+    return ref if isinstance(ref.id, str) else dataclasses.replace(ref, id=str(ref.id))
 
 
 class SequenceQueue(BatchQueue):
@@ -105,6 +115,7 @@ class SequenceQueue(BatchQueue):
             raise self._closed
         if ref is None:
             ref = SequenceRef(f"torchbay-{id(item):x}", start=True, end=True)
+        ref = _keyed(ref)
         if self._queued >= self.capacity:
             self.put_refused()
         seq = self.open.get(ref.id)
@@ -149,7 +160,7 @@ class SequenceQueue(BatchQueue):
             )
         self._ended.pop(ref.id, None)
         now = clock()
-        seq = Sequence(ref.id, now, now)
+        seq = Sequence(ref.id, now, now, implicit=ref.implicit)
         if reopen:
             assert ended is not None
             seq.slot, seq.worker, seq.ran = ended.slot, ended.worker, True
@@ -272,7 +283,7 @@ class SequenceQueue(BatchQueue):
             elif self.timeout_s and now - seq.opened >= self.timeout_s:
                 limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
                 self._end(seq, f"was closed after its time limit of {limit}", "timeout")
-            elif self._idle(seq) and now - seq.last >= self.idle_s:
+            elif self._idle(seq) and now - seq.last >= self._idle_limit(seq):
                 limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
                 self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
             else:
@@ -281,7 +292,15 @@ class SequenceQueue(BatchQueue):
 
     def _idle(self, seq: Sequence) -> bool:
         """``seq`` has an idle limit and nothing queued, running or streaming."""
-        return bool(self.idle_s) and not (seq.items or seq.running or seq.streaming)
+        has_limit = bool(self.idle_s) or seq.implicit
+        return has_limit and not (seq.items or seq.running or seq.streaming)
+
+    def _idle_limit(self, seq: Sequence) -> float:
+        """Seconds ``seq`` may idle. Without ``sequenceMaxIdleMSec`` a sequence of TorchServe's
+        API closes once idle (TorchServe polls its job group with that 0 ms wait), else every
+        id-less request would hold a place of ``maxNumSequence`` for ever; named again, it
+        reopens on its worker (``_open``)."""
+        return self.idle_s if self.idle_s or not seq.implicit else 0.0
 
     def _drop_expired(self, seq: Sequence, now: float) -> None:
         for item in list(seq.items):
@@ -313,7 +332,7 @@ class SequenceQueue(BatchQueue):
             if self.timeout_s:
                 limits.append(seq.opened + self.timeout_s)
             if self._idle(seq):
-                limits.append(seq.last + self.idle_s)
+                limits.append(seq.last + self._idle_limit(seq))
         if limits:
             delay = max(0.0, min(limits) - clock()) + 0.001
             self._timer = asyncio.get_running_loop().call_later(delay, self._sweep_now)

@@ -73,7 +73,7 @@ async def _closed_after_one(
     _put(q, sid, payload, **flags)
     _answer(await q.take(slot))
     waiting = asyncio.ensure_future(q.take(slot))
-    while sid in q.open:
+    while str(sid) in q.open:  # the queue keys a sequence by its id as text
         await asyncio.sleep(0.01)
     return waiting
 

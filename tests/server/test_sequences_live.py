@@ -40,6 +40,11 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "third_party" / "torchserve" / "
 RECORDS = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "stateful"
 SEQ_HEADER = "ts_request_sequence_id"
 NUMBERS = [3, 1, 4, 1, 5, 9, 2, 6]
+CORRID_INT32 = """sequence_batching:
+  control_input:
+    - name: CORRID
+      control: [{kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_INT32}]
+"""
 
 
 def _archive(
@@ -84,6 +89,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
     with dying_config.open("a") as f:
         f.write("minWorkers: 1\nmaxWorkers: 1\n")
     _archive(root, work, "stateful_dying", dying_config)
+    # Triton's CORRID control input, a 32-bit one (an id past it is the client's mistake).
+    corrid_config = work / "corrid.yaml"
+    shutil.copy(dying_config, corrid_config)
+    corrid_config.write_text(corrid_config.read_text() + CORRID_INT32)
+    _archive(root, work, "stateful_corrid", corrid_config)
     config = make_config(root, load_models=["all"])
     live = LiveServer(config).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
@@ -273,6 +283,28 @@ def test_describe_shows_torchserve_s_sequence_keys_as_torchserve_does(server) ->
     assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
 
 
+def test_an_integer_id_and_its_text_name_one_sequence(server) -> None:
+    """The handler reads the id as text (its header), so 31 and "31" must not be two
+    sequences sharing one state on one worker (the start of 31 answered 110, not 100)."""
+    model = "stateful_dying"  # one worker: both would run there
+    assert _v2(server, {"sequence_id": "31", "sequence_start": True}, 10, model).status_code == 200
+    r = _v2(server, {"sequence_id": 31, "sequence_start": True}, 100, model)
+    assert r.status_code == 400 and "already open" in r.json()["error"], r.text
+    r = _v2(server, {"sequence_id": 31}, 1, model)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [11], r.text
+    assert _v2(server, {"sequence_id": "31", "sequence_end": True}, 1, model).status_code == 200
+    r = _v2(server, {"sequence_id": 31}, 1, model)
+    assert r.status_code == 400 and "has ended" in r.json()["error"], r.text
+
+
+def test_an_id_that_corrid_s_type_cannot_hold_is_a_400(server) -> None:
+    """Was a 413 "input too large to decode (OverflowError)" from numpy."""
+    params = {"sequence_id": 1 << 40, "sequence_start": True, "sequence_end": True}
+    r = _v2(server, params, 1, "stateful_corrid")
+    assert r.status_code == 400, r.text
+    assert "CORRID" in r.json()["error"] and "INT32" in r.json()["error"], r.text
+
+
 def test_a_worker_that_dies_ends_its_sequences_with_a_clear_error(server) -> None:
     mgmt = f"http://127.0.0.1:{server.live.server.state.ports.management}"
     start = {"sequence_id": "doomed", "sequence_start": True}
@@ -339,3 +371,19 @@ def test_a_start_or_an_end_whose_client_left_while_queued_never_happened(
         assert post("b").status_code == 200  # was: 400 "has ended"
         assert post("b", "end").status_code == 200
         assert post("d", "start").status_code == 200  # was: 503, the 3 places held
+
+
+def test_without_an_idle_limit_id_less_requests_do_not_hold_every_place(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """TorchServe's defaults (no ``sequenceMaxIdleMSec``): its job group is dropped once idle,
+    so each request without an id is answered. Was: the first one's sequence stayed open for
+    ever and every later new sequence got 503 (maxNumSequence)."""
+    store = build_store(tmp_path_factory, "seq-idless", {"probe": str(ASSETS / "probe_handler.py")})
+    settings = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "sequenceBatching": True}
+    with running(store, models={"probe": {"1.0": {"marName": "probe.mar", **settings}}}) as live:
+        url = f"{live.url}/predictions/probe"
+        named = [httpx.post(url, json={}, timeout=60) for _ in range(3)]
+        assert [r.status_code for r in named] == [200] * 3, named[-1].text
+        again = {SEQ_HEADER: named[0].headers[SEQ_HEADER]}  # reopens on its worker
+        assert httpx.post(url, json={}, headers=again, timeout=60).status_code == 200
