@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from torchbay.server.errors import TorchbayError
+from torchbay.server.errors import HandlerFailed, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.batches import BatchRecord, run_batch
 from torchbay.server.serving.continuous import Carry, ContinuousSequenceQueue
@@ -285,6 +285,9 @@ class WorkerSlot:
             try:
                 run = self._carry.run if self._carry else run_batch
                 record = await run(worker, batch, self.ctx.settings(), self.ctx.key)
+            except Exception:  # a bug of ours; the batch is answered and the slot goes on
+                self._broken_batch(worker, batch)
+                record = None
             finally:
                 self._running = []
                 self._idle.set()
@@ -292,6 +295,16 @@ class WorkerSlot:
                 self.ctx.events.batch_done(record)
             if worker is self.worker and self._wants_recycle(worker):
                 self._recycle.set()
+
+    def _broken_batch(self, worker: WorkerProcess, batch: list[Pending]) -> None:
+        """A batch whose run raised what it never should (a bug of ours, logged): each request
+        is answered 500, and the worker, whose channel may hold half a frame, is killed for
+        the supervisor to replace. Without this the dispatcher ended: the batch was never
+        answered and the slot never took another."""
+        log.exception("model %s: running a batch on %s failed", self.ctx.key, worker.name)
+        for item in batch:
+            reject(item.future, HandlerFailed("Internal server error"))
+        worker.kill()
 
     def _wants_recycle(self, worker: WorkerProcess) -> bool:
         settings = self.ctx.settings()
