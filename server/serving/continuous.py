@@ -168,9 +168,8 @@ class Carry:
     def _one(self, item: Item, response: p.WireResponse, streams: BatchStreams) -> None:
         headers = dict(response.headers)
         more = headers.pop(STREAM_NEXT, None) == "true"
-        for sequence_id in (headers.get(SEQUENCE_END) or "").split(";"):
-            if sequence_id.strip():
-                self.queue.finish(sequence_id.strip())
+        for sequence_id in ended_sequences(headers.get(SEQUENCE_END) or "", self.queue.open):
+            self.queue.finish(sequence_id)
         response = dataclasses.replace(response, headers=headers)
         if more and not item.future.done() and response.status < 400:
             part = dataclasses.replace(response, partial=True)
@@ -186,3 +185,13 @@ class Carry:
 def _continued(wire: p.WireRequest) -> p.WireRequest:
     """``wire`` sent again: its id and headers, no body (its handler had it), marked."""
     return dataclasses.replace(wire, body=b"", protocol=CONTINUED)
+
+
+def ended_sequences(value: str, open_ids: Any) -> list[str]:
+    """The sequences a handler's end header names: TorchServe's ``;``-joined ids, or the whole
+    value when it is one open sequence's id (a client's id may hold a ``;``: naming its own
+    sequence ``victim;x`` must not end the sequence ``victim``)."""
+    value = value.strip()
+    if value in open_ids:
+        return [value]
+    return [part.strip() for part in value.split(";") if part.strip()]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from torchbay.server.config.model_keys import split_model_keys
-from torchbay.server.serving.continuous import ContinuousSequenceQueue
+from torchbay.server.serving.continuous import ContinuousSequenceQueue, ended_sequences
 from torchbay.server.serving.queue import clock
 from torchbay.server.serving.sequences import SequenceRefused
 
@@ -75,6 +75,23 @@ def test_a_request_after_the_handler_ended_its_sequence_is_refused():
             _put(q, "a", "a1", start=False)
 
     run(scenario())
+
+
+def test_a_handler_s_end_header_names_one_sequence_whose_id_holds_a_semicolon():
+    """TorchServe joins the ids a handler ended with ``;``; a client whose own sequence id holds
+    one (``victim;x``) ended the sequence ``victim`` of another client with its own end."""
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        q = _queue()
+        for seq in ("victim", "victim;x", "a", "b"):
+            _put(q, seq, f"{seq}0", start=True)
+        return (
+            ended_sequences("victim;x", q.open),
+            ended_sequences("a;b", q.open),
+            ended_sequences(" a ; gone;", q.open),
+        )
+
+    assert run(scenario()) == (["victim;x"], ["a", "b"], ["a", "gone"])
 
 
 def test_continuous_batching_needs_sequence_batching():
