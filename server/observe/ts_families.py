@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import decimal
 import logging
+import math
 import queue
 import threading
 import time
@@ -158,7 +159,7 @@ class MetricsLog:
 class Family:
     """One of TorchServe's metrics: its samples (Prometheus) or its log file (``log`` set)."""
 
-    __slots__ = ("adds", "help", "log", "samples", "size", "spec", "width")
+    __slots__ = ("adds", "help", "log", "refused", "samples", "size", "spec", "width")
 
     def __init__(self, spec: MetricSpec, log: Callable[[str], None] | None) -> None:
         self.spec = spec
@@ -169,6 +170,7 @@ class Family:
         # Decided once, not per event (a request updates about six families).
         self.adds = kind == "counter"
         self.size = len(BUCKETS) + 2 if kind == "histogram" else 1
+        self.refused = False  # an increment was dropped (said once)
         self.help = _LEGACY_HELP.get(
             spec.name, _escape_help(f"Torchserve prometheus {kind} metric with unit: {spec.unit}")
         )
@@ -178,6 +180,9 @@ class Family:
             return  # TorchServe's addOrUpdate fails on a dimension count it was not built for
         if self.log is not None:
             self.log(self._line(values, value, request_ids))
+            return
+        if self.adds and not 0 <= value < math.inf:  # a counter never goes down, nor to NaN
+            self._refuse(value)
             return
         state = self.samples.get(values)
         if state is None:
@@ -194,6 +199,15 @@ class Family:
                     state[i] += 1
             state[-2] += 1
             state[-1] += value
+
+    def _refuse(self, value: float) -> None:
+        """A counter's increment Prometheus cannot take (negative, NaN, infinite): dropped, as
+        TorchServe's client refuses it; said once per family."""
+        if not self.refused:
+            self.refused = True
+            log.warning(
+                "metric %s: increment %r dropped (a counter only grows)", self.spec.name, value
+            )
 
     def _line(self, values: tuple[str, ...], value: float, request_ids: str | None) -> str:
         # TorchServe's LogMetric: every dimension but the last (the host) as Name:value.

@@ -88,6 +88,18 @@ def test_a_handler_gauge_at_nan_is_written_as_nan(server: LiveServer) -> None:
     )
 
 
+def test_a_negative_increment_leaves_a_handler_counter_as_it_was(server: LiveServer) -> None:
+    """A Prometheus counter never decreases (``rate()`` reads a decrease as a reset);
+    TorchServe's client refuses a negative increment, and so does this: the event is dropped."""
+    pattern = r'^down_counter\{ModelName="metric",Level="Model",Hostname=".*",\} (\S+)$'
+    with httpx.Client(timeout=60) as client:
+        for value in (3, -5, float("nan"), 1):
+            record(client, server, {"name": "down_counter", "value": value})
+        text = client.get(f"{server.metrics_url}/metrics").text
+    found = re.search(pattern, text, re.M)
+    assert found is not None and float(found.group(1)) == 4.0
+
+
 def test_log_mode_lines_stay_one_line_each(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
