@@ -24,6 +24,7 @@ from typing import Any
 
 from torchbay.server.config import metrics_config
 from torchbay.server.config.metrics_config import LEGACY, MetricSpec, MetricsSpec
+from torchbay.server.observe.logwriter import printable
 
 log = logging.getLogger("torchbay.metrics")
 
@@ -84,14 +85,6 @@ def _go(value: float) -> str:
     if abs(value) == float("inf"):
         return "+Inf" if value > 0 else "-Inf"
     return repr(float(value)) if value != int(value) or abs(value) >= 1e15 else f"{value:.1f}"
-
-
-def _one_line(text: str) -> str:
-    """``text`` for a metrics log line: a line break escaped (a handler's name, unit or dimension
-    value must not start a line of its own)."""
-    if "\n" not in text and "\r" not in text:
-        return text
-    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class MetricsLog:
@@ -216,7 +209,7 @@ class Family:
         )
         rid = "" if request_ids is None else f",requestID:{request_ids}"
         stamp = int(time.time())
-        return _one_line(
+        return printable(
             f"{self.spec.name}.{self.spec.unit}:{java_double(value)}|#{dims}"
             f"|#hostname:{values[-1]}{rid},timestamp:{stamp}"
         )

@@ -25,19 +25,12 @@ from .conftest import running
 pytestmark = pytest.mark.slow
 
 
-class GrayCNN(torch.nn.Module):
-    def __init__(self) -> None:
+class TinyCNN(torch.nn.Module):
+    """Three class scores from an image of ``channels`` channels (1: grayscale, 3: color)."""
+
+    def __init__(self, channels: int) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(1, 3, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x).mean(dim=(2, 3))
-
-
-class ColorCNN(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 3, 3, padding=1)
+        self.conv = torch.nn.Conv2d(channels, 3, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x).mean(dim=(2, 3))
@@ -86,8 +79,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     (the image segmenter)."""
     root, work = tmp_path_factory.mktemp("inputs-store"), tmp_path_factory.mktemp("inputs")
     torch.manual_seed(0)
-    _archive(root, work, "gray", GrayCNN(), "image:\n  resize: 10\n  crop: 8\n  grayscale: true\n")
-    _archive(root, work, "color", ColorCNN(), "minWorkers: 1\n")
+    _archive(root, work, "gray", TinyCNN(1), "image:\n  resize: 10\n  crop: 8\n  grayscale: true\n")
+    _archive(root, work, "color", TinyCNN(3), "minWorkers: 1\n")
     _archive(root, work, "linear", torch.nn.Linear(4, 3), "minWorkers: 1\n")
     _archive(root, work, "seg", Segmenter(), "image:\n  resize: 10\n  crop: 8\n")
     models = ["gray.mar", "color.mar", "linear.mar", "seg.mar"]
