@@ -254,8 +254,10 @@ class Autopilot:
         return Knobs(s.batch_size, s.max_batch_delay_ms)
 
     def current(self) -> Knobs:
+        """What the queue uses; its delay in ms as set (the queue holds seconds: 3.97 ms reads
+        back 3.9700000000000006 unrounded, above a ceiling of 3.97)."""
         q = self.model.queue
-        return Knobs(q.batch_size, q.max_delay_s * 1000)
+        return Knobs(q.batch_size, round(q.max_delay_s * 1000, 9))
 
     def observe(self, record: BatchRecord) -> None:
         """A batch finished: add it to the window; close the window when it is due."""
@@ -289,10 +291,13 @@ class Autopilot:
         self.last = decision
         if decision.knobs == before:
             return
+        if decision.direction == "hold":
+            # Only clipped to the ceilings: a delay's ms -> s -> ms round trip can read back a
+            # hair above the configured one (3.97 -> 3.9700000000000006). No change to count.
+            self._apply(decision.knobs)
+            return
         self.changes[decision.direction] += 1
-        self.model.queue.configure(
-            batch_size=decision.knobs.batch_size, max_delay_s=decision.knobs.delay_ms / 1000
-        )
+        self._apply(decision.knobs)
         log.info(
             "autopilot %s: batch %d -> %d, delay %.1f -> %.1f ms (p99 %.1f ms, target %.1f ms): %s",
             self.model.key,
@@ -304,6 +309,9 @@ class Autopilot:
             self.controller.target_ms,
             decision.reason,
         )
+
+    def _apply(self, knobs: Knobs) -> None:
+        self.model.queue.configure(batch_size=knobs.batch_size, max_delay_s=knobs.delay_ms / 1000)
 
     def describe(self) -> dict[str, Any] | None:
         """The autopilot's part of describe-model (None when it is off)."""

@@ -50,7 +50,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
             }
         }
     }
-    live = LiveServer(make_config(root, load_models=["slow.mar"], models=models)).start()
+    config = make_config(root, load_models=["slow.mar"], models=models, enable_model_api=True)
+    live = LiveServer(config).start()
     yield live
     live.stop()
 
@@ -134,3 +135,27 @@ def test_the_management_api_sets_changes_and_clears_the_target_live(server: Live
         assert autopilot() is None  # 0: off
     finally:
         put("5")
+
+
+def test_a_delay_whose_seconds_read_back_above_it_keeps_the_model_serving(
+    server: LiveServer,
+) -> None:
+    """3.97 ms is 0.00397 s in the queue, which reads back 3.9700000000000006 ms: above its own
+    ceiling, so the first window that held 'clipped' the delay and counted a 'hold' change
+    (KeyError), which ended the slot's dispatcher: every later request hung."""
+    mgmt = server.management_url
+    params = {"url": "slow.mar", "model_name": "odd", "batch_size": "4", "synchronous": "true"}
+    params |= {"max_batch_delay": "3.97", "sla_p99_ms": "1000", "initial_workers": "1"}
+    assert httpx.post(f"{mgmt}/models", params=params, timeout=120).status_code == 200
+    try:
+        with httpx.Client(timeout=10) as client:
+            end = time.monotonic() + 3  # past the first windows (1 s, 20 requests)
+            while time.monotonic() < end:
+                answer = client.post(f"{server.url}/predictions/odd", content=b"x")
+                assert answer.status_code == 200, answer.text
+            info = client.get(f"{mgmt}/models/odd").json()[0]["autopilot"]
+        assert info["windowP99Ms"] is not None, info  # a window closed and was decided
+        assert info["maxBatchDelay"] <= info["maxBatchDelayCeiling"] == 3.97, info
+        assert info["changes"] == {"up": 0, "down": 0}, info  # 1 s target: nothing to change
+    finally:
+        httpx.delete(f"{mgmt}/models/odd", timeout=60)
