@@ -292,9 +292,17 @@ class WorkerSlot:
                 self._running = []
                 self._idle.set()
             if record is not None:
-                self.ctx.events.batch_done(record)
+                self._report(record)
             if worker is self.worker and self._wants_recycle(worker):
                 self._recycle.set()
+
+    def _report(self, record: BatchRecord) -> None:
+        """The finished batch to the model's metrics and autopilot. What they raise is a bug of
+        ours, logged: the batch is answered already, and the slot must take the next one."""
+        try:
+            self.ctx.events.batch_done(record)
+        except Exception:
+            log.exception("model %s: recording a finished batch failed", self.ctx.key)
 
     def _broken_batch(self, worker: WorkerProcess, batch: list[Pending]) -> None:
         """A batch whose run raised what it never should (a bug of ours, logged): each request

@@ -19,7 +19,7 @@ from torchbay.server.errors import HandlerFailed
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.launch import ModelSettings, Placement
 from torchbay.server.serving.queue import BatchQueue, Pending, clock
-from torchbay.server.serving.slot import SlotContext, WorkerSlot
+from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
 _pids = itertools.count(1000)
 
@@ -56,16 +56,30 @@ class FakeWorker:
         self.kill()
 
 
-async def _scenario() -> tuple[list[Any], list[FakeWorker]]:
+class FailingEvents(SlotEvents):
+    """A model's metrics or autopilot that raises on every finished batch (a bug of ours)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def batch_done(self, record: BatchRecord) -> None:
+        self.calls += 1
+        raise KeyError("hold")
+
+
+async def _scenario(
+    events: SlotEvents | None = None, broken_first: bool = True
+) -> tuple[list[Any], list[FakeWorker]]:
     queue: BatchQueue = BatchQueue(batch_size=1, max_delay_s=0.0, capacity=10)
     settings = ModelSettings(restart_backoff_s=(0.0,))
     workers: list[FakeWorker] = []
 
     def new_worker(placement: Placement) -> FakeWorker:
-        workers.append(FakeWorker(broken=not workers))  # the first one is broken
+        workers.append(FakeWorker(broken=broken_first and not workers))
         return workers[-1]
 
-    ctx = SlotContext("m/1.0", queue, lambda: settings, new_worker)  # type: ignore[arg-type]
+    events = events or SlotEvents()
+    ctx = SlotContext("m/1.0", queue, lambda: settings, new_worker, events=events)  # type: ignore[arg-type]
     slot = WorkerSlot(ctx, 0, Placement(None, 1))
     await slot.start()
     answers: list[Any] = []
@@ -94,3 +108,15 @@ def test_a_batch_run_that_raises_is_answered_and_the_slot_serves_on(
     assert isinstance(second, p.WireResponse) and second.status == 200
     assert second.body == f'{{"pid": {workers[1].pid}}}'.encode()
     assert "running a batch on W-fake failed" in caplog.text  # logged as a bug of ours
+
+
+def test_a_report_of_a_finished_batch_that_raises_leaves_the_slot_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The batch was answered before its report: the report's bug is logged, and the next
+    request is served (the dispatcher ended on it before: every later request hung)."""
+    events = FailingEvents()
+    answers, workers = asyncio.run(_scenario(events, broken_first=False))
+    assert [a.status for a in answers] == [200, 200] and events.calls == 2
+    assert len(workers) == 1  # the worker did nothing wrong: not replaced
+    assert "recording a finished batch failed" in caplog.text
