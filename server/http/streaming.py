@@ -30,9 +30,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from torchbay.server.errors import HandlerFailed, TorchbayError
+from torchbay.server.errors import TorchbayError
 from torchbay.server.http.asgi import Message, Receive, Scope, Send, dumps, send_bytes
-from torchbay.server.plane import ModelVersion, WireResponse
+from torchbay.server.plane import Gathered, ModelVersion, WireResponse
 
 Parts = AsyncIterator[WireResponse]
 _SSE = b"text/event-stream; charset=utf-8"
@@ -121,25 +121,6 @@ def whole(send: Send, scope: Scope, limit: int) -> Send:
         await send({"type": "http.response.body", "body": body})
 
     return gathered
-
-
-class Gathered:
-    """The bytes of a stream gathered into one answer, bounded as a whole response is: past
-    ``max_response_size`` (0: no bound) ``add`` raises HandlerFailed, the 500 of a handler's
-    response that is too large. Raised while the stream is read, it closes the stream (the
-    worker is told to stop); nothing was sent, so the route answers the error."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.size = limit, 0
-
-    def add(self, body: bytes) -> bytes:
-        self.size += len(body)
-        if self.limit and self.size > self.limit:
-            raise HandlerFailed(
-                f"The model's streamed response of more than {self.limit} bytes exceeds the "
-                f"server's max_response_size of {self.limit} bytes"
-            )
-        return body
 
 
 # -- the generate extension -----------------------------------------------------------------

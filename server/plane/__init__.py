@@ -7,11 +7,13 @@ from torchbay.server.plane.plane import DataPlane, build_plane, extensions_of
 from torchbay.server.serving.admission import any_pressed
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.protocol import WireRequest, WireResponse, join_headers
+from torchbay.server.serving.streams import Gathered
 
 __all__ = [
     "CLIENT_LEFT",
     "DataPlane",
     "Exchange",
+    "Gathered",
     "ModelStatus",
     "ModelVersion",
     "WireRequest",

@@ -10,7 +10,9 @@ request with a 500, like a final response, and the worker is told to stop produc
 A reader that falls behind is bounded the same way: when the parts waiting for it would hold
 more than ``max_response_size`` bytes (as much as one whole response), its request is ended
 with :class:`SlowReader` (the stream's last answer) and the worker told to stop: a client that
-stops reading cannot make the server hold its stream without bound. Torch-free.
+stops reading cannot make the server hold its stream without bound. A stream gathered into one
+answer (``/generate``, an HTTP/1.0 client's, a workflow node's) is bounded by :class:`Gathered`.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -108,3 +110,22 @@ async def later_parts(item: Pending, parts: Parts) -> AsyncIterator[p.WireRespon
         if final.body or final.status >= 400:
             yield final
         return
+
+
+class Gathered:
+    """The bytes of a stream gathered into one answer, bounded as a whole response is: past
+    ``max_response_size`` (0: no bound) ``add`` raises HandlerFailed, the 500 of a handler's
+    response that is too large. Raised while the stream is read, it closes the stream (the
+    worker is told to stop); nothing was sent, so the route answers the error."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.size = limit, 0
+
+    def add(self, body: bytes) -> bytes:
+        self.size += len(body)
+        if self.limit and self.size > self.limit:
+            raise HandlerFailed(
+                f"The model's streamed response of more than {self.limit} bytes exceeds the "
+                f"server's max_response_size of {self.limit} bytes"
+            )
+        return body

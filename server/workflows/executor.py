@@ -8,7 +8,9 @@ side by side (fan-out). Every node request is an exchange of the data plane to t
 (``plane.exchange``): admission, queue, deadline, metrics and the access line are those of any
 request. A node is tried ``retry-attempts`` more times after a failure (an error status, or no
 answer within ``timeout-ms``); then the workflow answers 500 naming the node, in TorchServe's
-words (``Error executing <node>``), and the nodes still running are cancelled.
+words (``Error executing <node>``), and the nodes still running are cancelled. A node that
+streams has its parts gathered as its output, at most the model's ``max_response_size`` bytes
+(past that it failed, as a response too large).
 
 The answer: the only leaf's output as it is; with several leaves, a JSON object of each leaf's
 output (parsed as JSON) by node name. Torch-free.
@@ -25,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchbay.server.errors import TorchbayError
-from torchbay.server.plane import DataPlane, WireRequest
+from torchbay.server.plane import DataPlane, Gathered, WireRequest
 from torchbay.server.workflows.manager import Workflow
 
 log = logging.getLogger("torchbay.workflows")
@@ -99,12 +101,12 @@ async def _once(plane: DataPlane, model: str, scope: dict[str, Any], wire: WireR
         raw_headers=wire.raw_headers,
     )
     with plane.exchange(scope, model, None) as ex:
-        ex.resolve()
+        size = Gathered(ex.resolve().settings.max_response_size)  # a streaming node's parts
         parts: list[bytes] = []
         status = 500
         async for response in ex.responses(wire):
             status = response.status
-            parts.append(response.body)
+            parts.append(size.add(response.body))
         if status >= 400:
             raise NodeFailed(status, b"".join(parts))
         return b"".join(parts)

@@ -35,6 +35,7 @@ SPECS = {
     # fields gets its two parents' outputs as one form (fan-in)
     "fanin": "models:\n  retry-attempts: 0\n"
     "dag:\n  passthrough: [constant, fields]\n  constant: [fields]\n",
+    "flood": "models:\n  retry-attempts: 0\ndag:\n  flood: []\n",
 }
 
 
@@ -159,6 +160,17 @@ def test_a_client_that_leaves_cancels_the_node_still_running(live: LiveServer) -
     # The client left while nap ran (3 s): its request is cancelled (499), not answered 200.
     until(lambda: bool(_answered(live, "napper__nap")), "the nap request is recorded")
     assert _answered(live, "napper__nap") == {"499": 1.0}
+
+
+def test_a_node_streaming_past_max_response_size_fails_the_workflow(live: LiveServer) -> None:
+    """A streaming node's parts are its output, gathered: bounded as one response is (6.5 MB by
+    default); they were gathered without bound (12 MB answered 200 here)."""
+    assert httpx.post(f"{live.management_url}/workflows?url=flood.war", timeout=300).is_success
+    small = httpx.post(f"{live.url}/wfpredict/flood", json={"parts": 2}, timeout=120)
+    assert small.status_code == 200 and len(small.content) == 2_000_003
+    answer = httpx.post(f"{live.url}/wfpredict/flood", json={"parts": 12}, timeout=120)
+    assert answer.status_code == 500, len(answer.content)
+    assert answer.json()["message"] == "Error executing flood"
 
 
 def test_a_war_whose_member_climbs_out_is_refused(

@@ -4,12 +4,15 @@
 lines is the number of times the node ran. ``nap`` takes longer than its node's ``timeout-ms``.
 ``crash`` ends its worker process. ``echo`` passes the request on. ``passthrough`` passes the
 request's raw bytes on, ``constant`` answers ``constant``, and ``fields`` (a fan-in node) answers
-the fields it got as a JSON object of latin-1 text.
+the fields it got as a JSON object of latin-1 text. ``flood`` streams 1 MB parts, as many as
+the request's ``parts`` (a node's stream is gathered into its output).
 """
 
 import json
 import os
 import time
+
+from ts.protocol.otf_message_handler import send_intermediate_predict_response
 
 
 def _rows(data):
@@ -71,3 +74,13 @@ def fields(data, context):
     if data is None:
         return None
     return [json.dumps({k: bytes(v).decode("latin-1") for k, v in row.items()}) for row in data]
+
+
+def flood(data, context):
+    if data is None:
+        return None
+    for values in _rows(data):
+        for _ in range(values["parts"]):
+            part = [b"y" * 1_000_000]
+            send_intermediate_predict_response(part, context.request_ids, "Part", 200, context)
+    return [b"end" for _ in data]
