@@ -64,11 +64,15 @@ class Workflows:
         self.management: Management = plane.management
         self.workflows: dict[str, Workflow] = {}
         self._lock = asyncio.Lock()
+        # The models serving a workflow's node, from its registration's start to its
+        # unregistration's end (a snapshot meanwhile must not hold them either).
+        self._nodes: set[str] = set()
 
     def serves(self, model_name: str) -> bool:
-        """Whether ``model_name`` serves a node of a registered workflow (such models are not
-        in config snapshots: TorchServe's snapshots hold no workflow)."""
-        return any(model_name.startswith(f"{w.name}__") for w in self.workflows.values())
+        """Whether ``model_name`` serves a node of a workflow (such models are not in config
+        snapshots: TorchServe's snapshots hold no workflow). Only the nodes' own names: a model
+        registered as ``{workflow}__other`` is the operator's."""
+        return model_name in self._nodes
 
     @property
     def store(self) -> Path | None:
@@ -139,7 +143,14 @@ class Workflows:
                     raise ConflictStatusException(
                         f"Workflow {workflow.name} is already registered."
                     )
-                await self._register_nodes(workflow, unpacked)
+                names = {workflow.model_of(n) for n in workflow.spec.nodes}
+                added = names - set(self.management.registry.models) - self._nodes
+                self._nodes |= added
+                try:
+                    await self._register_nodes(workflow, unpacked)
+                except BaseException:
+                    self._nodes -= added
+                    raise
                 self.workflows[workflow.name] = workflow
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
@@ -208,6 +219,7 @@ class Workflows:
             workflow = self.get(name)
             del self.workflows[name]
         await self._unregister_nodes(workflow, list(workflow.spec.nodes))
+        self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
         shutil.rmtree(workflow.folder, ignore_errors=True)
         return Status(f'Workflow "{name}" unregistered')
 

@@ -22,6 +22,7 @@ from tests.server.workflow_store import (
     build_model_store,
     build_workflow,
 )
+from torchbay.server.config.properties import parse_properties
 
 pytestmark = LIVE_MARKS
 FAULTS = Path(__file__).parent / "assets" / "workflow_faults.py"
@@ -185,6 +186,23 @@ def test_a_war_whose_member_climbs_out_is_refused(
     assert not (stores[1].parent / "evil.py").exists()
     listed = httpx.get(f"{live.management_url}/workflows", timeout=60).json()["workflows"]
     assert "evil" not in {w["workflowName"] for w in listed}
+
+
+def test_a_model_named_like_a_node_of_a_workflow_is_snapshotted(
+    stores: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Only the workflow's own nodes are left out of a config snapshot: a model the operator
+    registered as ``arith__extra`` was left out too (every name starting ``arith__``), and was
+    gone after a restart."""
+    models, wars = stores
+    config = {"load_workflows": ["arith.war"], "enable_model_api": True, "snapshot_dir": tmp_path}
+    with running(models, workflow_store=wars, **config) as server:
+        params = {"url": "double.mar", "model_name": "arith__extra", "synchronous": "true"}
+        answer = httpx.post(f"{server.management_url}/models", params=params, timeout=120)
+        assert answer.status_code == 200, answer.text
+        newest = sorted(tmp_path.iterdir())[-1]
+        snapshot = json.loads(parse_properties(newest.read_text())["model_snapshot"])
+    assert sorted(snapshot["models"]) == ["arith__extra"]  # not arith's nodes, as TorchServe
 
 
 def test_registering_needs_the_model_api(stores: tuple[Path, Path]) -> None:
