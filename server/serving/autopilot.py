@@ -263,10 +263,7 @@ class Autopilot:
         """A batch finished: add it to the window; close the window when it is due."""
         target = self.target_ms
         if target is None:
-            if self.controller is not None:  # switched off live: back to the configured values
-                self.controller = None
-                c = self.ceiling()
-                self.model.queue.configure(batch_size=c.batch_size, max_delay_s=c.delay_ms / 1000)
+            self.retargeted()
             return
         if self.controller is None or self.controller.target_ms != target:
             self.controller = Controller(target)
@@ -281,6 +278,13 @@ class Autopilot:
             self.window.elapsed_s = now - self.started
             self._decide()
             self.window, self.started = Window(), now
+
+    def retargeted(self) -> None:
+        """The target changed (management API): switched off, the queue is back on the
+        configured values at once, not after the next batch (none may come for long)."""
+        if self.target_ms is None and self.controller is not None:
+            self.controller = None
+            self._apply(self.ceiling())
 
     def _decide(self) -> None:
         assert self.controller is not None

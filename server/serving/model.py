@@ -322,6 +322,8 @@ class ModelVersion(RequestPath):
             raise TypeError(f"not live settings: {', '.join(unknown)}")
         self._update(**changes)
         self.admission.configure(changes.get("max_queue_delay_ms"))  # None: unchanged
+        if changes.get("sla_p99_ms") is not None:
+            self.autopilot.retargeted()  # 0: off, the configured batching back at once
         delay_ms = changes.get("max_batch_delay_ms")
         self.queue.configure(
             batch_size=changes.get("batch_size"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -87,6 +87,16 @@ async def _until_decided(live: LiveServer, deadline_s: float) -> dict:
     return info
 
 
+async def _driven_until(live: LiveServer, done: Callable[[], bool], deadline_s: float) -> None:
+    stop = asyncio.Event()
+    driver = asyncio.create_task(_drive(live.url, stop))
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and not driver.done() and not done():
+        await asyncio.sleep(0.05)
+    stop.set()
+    assert await driver > 0
+
+
 def test_the_autopilot_adapts_within_the_maxima_and_is_visible(server: LiveServer) -> None:
     info = asyncio.run(_until_decided(server, deadline_s=60))
     assert info["targetP99Ms"] == 5
@@ -135,6 +145,25 @@ def test_the_management_api_sets_changes_and_clears_the_target_live(server: Live
         assert autopilot() is None  # 0: off
     finally:
         put("5")
+
+
+def test_switched_off_the_configured_batching_is_back_at_once(server: LiveServer) -> None:
+    """Not after the next batch: with no traffic the queue kept the autopilot's values (the
+    next batch ran with them while describe already said off)."""
+    url = f"{server.management_url}/models/slow/1"
+    mv = server.server.plane.registry.resolve("slow", "1")
+    try:
+        configured = (MAX_BATCH, MAX_DELAY / 1000)
+        asyncio.run(
+            _driven_until(
+                server, lambda: (mv.queue.batch_size, mv.queue.max_delay_s) != configured, 60
+            )
+        )
+        assert (mv.queue.batch_size, mv.queue.max_delay_s) != configured  # the autopilot moved
+        assert httpx.put(url, params={"sla_p99_ms": "0", "synchronous": "true"}).is_success
+        assert (mv.queue.batch_size, mv.queue.max_delay_s) == configured
+    finally:
+        httpx.put(url, params={"sla_p99_ms": "5", "synchronous": "true"})
 
 
 def test_a_delay_whose_seconds_read_back_above_it_keeps_the_model_serving(
