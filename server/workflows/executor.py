@@ -162,12 +162,26 @@ def _form(fields: dict[str, bytes]) -> tuple[bytes, str]:
 
 
 def _answer(leaves: dict[str, bytes]) -> bytes:
+    """The only leaf's output as it is; several: a JSON object of each leaf's output by name."""
     if len(leaves) == 1:
         return next(iter(leaves.values()))
-    out: dict[str, Any] = {}
-    for name, body in leaves.items():
-        try:
-            out[name] = json.loads(body)
-        except ValueError:
-            out[name] = body.decode("utf-8", "replace")
-    return json.dumps(out).encode()
+    fields = [
+        json.dumps(name).encode() + b": " + _json_value(body) for name, body in leaves.items()
+    ]
+    return b"{" + b", ".join(fields) + b"}"
+
+
+def _json_value(body: bytes) -> bytes:
+    """A leaf's output as it came when it is one JSON value in UTF-8 (never parsed and written
+    again: 1e999 stays 1e999, not Python's Infinity, which no JSON reader takes), else its text
+    as a JSON string: NaN or Infinity, a value nested past the parser's limit, other bytes."""
+    try:
+        text = body.decode("utf-8")
+        json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        return json.dumps(body.decode("utf-8", "replace")).encode()
+    return text.strip().encode()
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")

@@ -36,6 +36,7 @@ SPECS = {
     # fields gets its two parents' outputs as one form (fan-in)
     "fanin": "models:\n  retry-attempts: 0\n"
     "dag:\n  passthrough: [constant, fields]\n  constant: [fields]\n",
+    "leaves": "models:\n  retry-attempts: 0\ndag:\n  passthrough: [relay, constant]\n",
     "flood": "models:\n  retry-attempts: 0\ndag:\n  flood: []\n",
 }
 
@@ -172,6 +173,29 @@ def test_a_node_streaming_past_max_response_size_fails_the_workflow(live: LiveSe
     answer = httpx.post(f"{live.url}/wfpredict/flood", json={"parts": 12}, timeout=120)
     assert answer.status_code == 500, len(answer.content)
     assert answer.json()["message"] == "Error executing flood"
+
+
+@pytest.mark.parametrize(
+    ("body", "relayed"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "[" * 100_000 + "]" * 100_000),  # was a bare 500
+        (b"NaN", "NaN"),  # no JSON value: its text
+        (b" 1e999\n", 1e999),  # JSON, as it came: was written back as Infinity
+    ],
+)
+def test_several_leaves_answer_json_whatever_the_leaves_answered(
+    live: LiveServer, body: bytes, relayed: object
+) -> None:
+    """The leaves' outputs (here the client's bytes, passed on) as one JSON object: one that
+    the parser refused to nest (RecursionError) was an 'Internal Server Error', a JSON number
+    past a float's range came back as Python's Infinity, which no strict reader takes."""
+    registered = httpx.get(f"{live.management_url}/workflows", timeout=60).json()["workflows"]
+    if "leaves" not in {w["workflowName"] for w in registered}:
+        assert httpx.post(f"{live.management_url}/workflows?url=leaves.war", timeout=300).is_success
+    answer = httpx.post(f"{live.url}/wfpredict/leaves", content=body, timeout=120)
+    assert answer.status_code == 200, answer.text[:200]
+    assert b"Infinity" not in answer.content and b"NaN," not in answer.content
+    assert json.loads(answer.content) == {"relay": relayed, "constant": "constant"}
 
 
 def test_a_war_whose_member_climbs_out_is_refused(

@@ -2,10 +2,10 @@
 
 ``count`` appends a line to the file the request names, then raises when asked to: the number of
 lines is the number of times the node ran. ``nap`` takes longer than its node's ``timeout-ms``.
-``crash`` ends its worker process. ``echo`` passes the request on. ``passthrough`` passes the
-request's raw bytes on, ``constant`` answers ``constant``, and ``fields`` (a fan-in node) answers
-the fields it got as a JSON object of latin-1 text. ``flood`` streams 1 MB parts, as many as
-the request's ``parts`` (a node's stream is gathered into its output).
+``crash`` ends its worker process. ``echo`` passes the request on. ``passthrough`` (and
+``relay``) pass the request's raw bytes on, ``constant`` answers ``constant``, and ``fields`` (a
+fan-in node) answers the fields it got as a JSON object of latin-1 text. ``flood`` streams 1 MB
+parts, as many as the request's ``parts`` (a node's stream is gathered into its output).
 """
 
 import json
@@ -62,6 +62,10 @@ def passthrough(data, context):
     if data is None:
         return None
     return [_raw(row) for row in data]
+
+
+def relay(data, context):
+    return passthrough(data, context)
 
 
 def constant(data, context):
