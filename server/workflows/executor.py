@@ -28,6 +28,7 @@ from typing import Any
 
 from torchbay.server.errors import TorchbayError
 from torchbay.server.plane import DataPlane, Gathered, WireRequest
+from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.workflows.manager import Workflow
 
 log = logging.getLogger("torchbay.workflows")
@@ -41,7 +42,9 @@ class InternalServerException(TorchbayError):
 async def run(
     plane: DataPlane, workflow: Workflow, scope: Mapping[str, Any], request: WireRequest
 ) -> bytes:
-    """The workflow's answer to ``request``; raises InternalServerException naming a node."""
+    """The workflow's answer to ``request``; raises InternalServerException naming a node, or
+    BadRequest for schedule headers that are not the plane's (every node would refuse them)."""
+    schedule_of(request)  # x-torchbay-priority / -timeout-us: a 400 before any node runs
     spec = workflow.spec
     outputs: dict[str, bytes] = {}
     waiting = {name: len(spec.parents[name]) for name in spec.nodes}

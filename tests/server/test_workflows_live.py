@@ -88,6 +88,20 @@ def test_a_compressed_request_is_inflated_once_by_the_start_node(live: LiveServe
     assert answer.json() == {"sum": [15.0], "inputs": ["double", "square"]}
 
 
+@pytest.mark.parametrize(
+    ("name", "value"), [("x-torchbay-priority", "abc"), ("x-torchbay-timeout-us", "-1")]
+)
+def test_a_malformed_schedule_header_is_the_clients_400(
+    live: LiveServer, name: str, value: str
+) -> None:
+    """Every node gets the request's headers, so every node refused it: the workflow answered
+    500 'Error executing pre_processing' after its retries."""
+    headers = {name: value}
+    answer = httpx.post(f"{live.url}/wfpredict/arith", json={"values": [1]}, headers=headers)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["message"].startswith("Invalid parameter(s): X-Torchbay-")
+
+
 def test_a_failing_node_is_retried_then_named(live: LiveServer, tmp_path: Path) -> None:
     register = httpx.post(f"{live.management_url}/workflows?url=retry.war", timeout=300)
     assert register.status_code == 200, register.text
