@@ -4,8 +4,11 @@ TorchServe's layout: the inference services (``inference.GRPCInferenceService`` 
 ``InferenceAPIsService``) on ``grpc_inference_address:grpc_inference_port`` (7070), the
 management service on ``grpc_management_address:grpc_management_port`` (7071); one server holds
 all three when both name the same address. ``enable_grpc_ssl`` serves TLS with
-``private_key_file`` / ``certificate_file``. Messages are bounded by ``max_request_size`` and
-``max_response_size`` (grpc answers RESOURCE_EXHAUSTED past them); SO_REUSEPORT is off, so a
+``private_key_file`` / ``certificate_file``. A request message is bounded by ``max_request_size``
+(grpc answers RESOURCE_EXHAUSTED past it); a model's answer is bounded by ``max_response_size``
+where every protocol's is (the plane's 500 past it), so the message around it (the tensors'
+names, shapes, the request's id) is not bounded again here: a limit of ``max_response_size`` on
+the whole message failed answers of just under it that REST serves. SO_REUSEPORT is off, so a
 port in use fails start-up instead of sharing the port with another server.
 
 Binding happens in ``bind`` (before the key file is written or a model loads); the services are
@@ -150,7 +153,7 @@ class GrpcListeners:
         options = [
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", config.max_request_size),
-            ("grpc.max_send_message_length", config.max_response_size),
+            ("grpc.max_send_message_length", -1),  # the answer's own bound: see the docstring
         ]
         addresses = {
             "inference": (config.grpc_inference_address, config.grpc_inference_port),
