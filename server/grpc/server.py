@@ -13,7 +13,8 @@ port in use fails start-up instead of sharing the port with another server.
 
 Binding happens in ``bind`` (before the key file is written or a model loads); the services are
 added and the servers started in ``start``; ``stop`` stops accepting and lets calls in flight
-finish for the grace period (the registry's drain answers what is still queued).
+finish for the grace period (the registry's drain answers what is still queued), and the
+client streams end once their requests are answered.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class GrpcListeners:
     config: ServerConfig
     servers: dict[str, grpc.aio.Server] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    calls: Calls | None = None  # once started
 
     def bind(self) -> None:
         """Create the servers and bind their ports; TorchbayError naming the listener."""
@@ -198,6 +200,7 @@ class GrpcListeners:
 
     async def start(self, calls: Calls) -> None:
         """Register the services on the bound servers and start them."""
+        self.calls = calls
         services: dict[str, tuple[Service, ...]] = {
             "inference": (OipService(calls), TorchServeInference(calls)),
             "management": (TorchServeManagement(calls, calls.plane.management),),
@@ -210,5 +213,10 @@ class GrpcListeners:
             await server.start()
 
     async def stop(self, grace: float) -> None:
+        """Stop taking calls; the calls in flight have ``grace`` seconds. A client stream ends
+        once the requests it sent are answered (``calls.ClientStream``): one that its client
+        keeps open does not hold the stop for the whole grace."""
+        if self.calls is not None:
+            self.calls.closing.set()
         for server in {id(s): s for s in self.servers.values()}.values():
             await server.stop(grace)

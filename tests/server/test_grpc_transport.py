@@ -1,24 +1,35 @@
-"""The gRPC transport against a real server: message size limits, and streams when the server
-stops. Clients generated at test time from TorchServe's own .proto files and tritonclient."""
+"""The gRPC transport against a real server: message size limits, and client streams when the
+server stops. Clients generated at test time from TorchServe's own .proto files, and grpc's
+generic stubs over the shipped protos."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import httpx
 import pytest
 
-from .conftest import LiveServer, build_store, make_config
+from torchbay.server.grpc import messages
+
+from .conftest import LiveServer, batch_running, build_store, make_config, until
 from .test_grpc import (
     HANDLER,
     ts,  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
 )
 
 MAX_RESPONSE = 100_000
+GRACE_S = 30.0
+DEADLINE_S = 60.0
+STREAM_REQUEST, STREAM_RESPONSE, *_ = messages.method_types(
+    messages.OIP_SERVICE, "ModelStreamInfer"
+)
 ECHO = {"echo": {"1.0": {"marName": "echo.mar", "defaultVersion": True}}}
 
 
@@ -67,3 +78,70 @@ def test_an_answer_of_max_response_size_reaches_the_grpc_client(server, ts) -> N
     assert f"exceeds the server's max_response_size of {MAX_RESPONSE} bytes" in (
         info.value.details()
     )
+
+
+def _held_open(requests: list, sent: threading.Event, release: threading.Event) -> Iterator:
+    """A client stream: ``requests``, then held open (as tritonclient holds its stream) until
+    ``release``."""
+    yield from requests
+    sent.set()
+    release.wait(DEADLINE_S)
+
+
+def _read(responses: Any, into: list) -> None:
+    """Every message of a stream, then how it ended: ``("end", code, details)``."""
+    try:
+        for response in responses:
+            into.append(response)
+        into.append(("end", grpc.StatusCode.OK, ""))
+    except grpc.RpcError as exc:
+        into.append(("end", exc.code(), exc.details()))
+
+
+def test_streams_held_open_do_not_hold_the_stop_for_the_grace(store: Path, ts) -> None:  # noqa: F811
+    """Streams that their clients keep open between requests end once what they sent is
+    answered, UNAVAILABLE: the stop no longer waits out the whole grace for them (it did, then
+    grpc cancelled them). A request still running when the stop begins is answered first."""
+    live = LiveServer(make_config(store, models=ECHO, shutdown_grace_s=GRACE_S)).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
+    oip = channel.stream_stream(
+        f"/{messages.OIP_SERVICE}/ModelStreamInfer",
+        request_serializer=STREAM_REQUEST.SerializeToString,
+        response_deserializer=STREAM_RESPONSE.FromString,
+    )
+    predict = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel).StreamPredictions2
+    running = ts.inference_pb2.PredictionsRequest(
+        model_name="echo", input={"data": b'{"sleep": 1.5, "echo": "last"}'}
+    )
+    release, streams, threads = threading.Event(), [], []
+    for call, requests in ((oip, [_oip_request()]), (predict, [running])):
+        sent, answers = threading.Event(), []
+        responses = call(_held_open(requests, sent, release), timeout=DEADLINE_S)
+        threads.append(threading.Thread(target=_read, args=(responses, answers)))
+        threads[-1].start()
+        assert sent.wait(DEADLINE_S)
+        streams.append(answers)
+    until(lambda: batch_running(live, "echo"), "the held stream's request runs")
+    started = time.monotonic()
+    try:
+        live.stop()
+        took = time.monotonic() - started
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(DEADLINE_S)
+        channel.close()
+    assert took < GRACE_S / 2, f"the stop took {took:.1f} s"
+    (oip_answer, oip_end), (ts_answer, ts_end) = streams
+    assert not oip_answer.error_message and oip_answer.infer_response.id == "held"
+    assert json.loads(ts_answer.prediction)["echo"] == "last"
+    for end in (oip_end, ts_end):
+        assert end[:2] == ("end", grpc.StatusCode.UNAVAILABLE)
+        assert "shutting down" in end[2]
+
+
+def _oip_request() -> Any:
+    request = STREAM_REQUEST(model_name="echo", id="held")
+    tensor = request.inputs.add(name="data", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(b'{"echo": "held"}')
+    return request
