@@ -5,6 +5,8 @@ generic stubs over the shipped protos."""
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -145,3 +147,67 @@ def _oip_request() -> Any:
     tensor = request.inputs.add(name="data", datatype="BYTES", shape=[1])
     tensor.contents.bytes_contents.append(b'{"echo": "held"}')
     return request
+
+
+# -- a metadata value that is not UTF-8 (grpc's clients refuse to send one: raw HTTP/2) ----------
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    head = len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big")
+    return head + payload
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """An HPACK literal header field, not indexed, new name, no Huffman (lengths < 127)."""
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+def _raw_call(port: int, path: str, message: bytes, extra: list[tuple[bytes, bytes]]) -> bool:
+    """One unary gRPC call over a bare HTTP/2 connection; whether the server ended the stream
+    with its trailers (a HEADERS frame with END_STREAM) after a DATA frame (the answer)."""
+    head = [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", path.encode()),
+        (b":authority", b"localhost"),
+        (b"te", b"trailers"),
+        (b"content-type", b"application/grpc"),
+        *extra,
+    ]
+    block = b"".join(_literal(name, value) for name, value in head)
+    body = b"\x00" + len(message).to_bytes(4, "big") + message
+    with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as sock:
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0, b"")
+        sock.sendall(preface + _frame(1, 4, 1, block) + _frame(0, 1, 1, body))
+        answered, data = False, b""
+        while True:
+            while len(data) < 9 or len(data) < 9 + int.from_bytes(data[:3], "big"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return False
+                data += chunk
+            size, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
+            stream, data = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF, data[9 + size :]
+            if kind == 4 and not flags & 1:
+                sock.sendall(_frame(4, 1, 0, b""))  # SETTINGS ACK
+            elif stream == 1 and kind == 0:
+                answered = True
+            elif stream == 1 and kind == 1 and flags & 1:
+                return answered
+            elif kind in (3, 7):  # RST_STREAM, GOAWAY
+                return False
+
+
+def test_a_metadata_value_that_is_not_utf8_is_no_error_in_the_log(
+    server,
+    ts,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """grpc logged each read of such a value as an ERROR with a traceback (twice per call: the
+    key check and the request's headers); the call is answered, the value read as Latin-1."""
+    request = ts.inference_pb2.PredictionsRequest(model_name="echo", input={"data": b'{"echo": 1}'})
+    path = f"/{messages.TS_INFERENCE_SERVICE}/Predictions"
+    port = server.live.server.state.ports.grpc_inference
+    with caplog.at_level(logging.INFO, logger="grpc"):
+        assert _raw_call(port, path, request.SerializeToString(), [(b"x-note", b"caf\xe9")])
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
