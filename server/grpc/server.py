@@ -1,7 +1,8 @@
 """The gRPC listeners' lifecycle: bind, register the services, start, stop.
 
-TorchServe's layout: the inference services (``inference.GRPCInferenceService`` and TorchServe's
-``InferenceAPIsService``) on ``grpc_inference_address:grpc_inference_port`` (7070), the
+TorchServe's layout: the inference services (``inference.GRPCInferenceService``, TorchServe's
+``InferenceAPIsService`` and, as Triton, grpc's ``grpc.health.v1.Health``: ``health.py``) on
+``grpc_inference_address:grpc_inference_port`` (7070), the
 management service on ``grpc_management_address:grpc_management_port`` (7071); one server holds
 all three when both name the same address. ``enable_grpc_ssl`` serves TLS with
 ``private_key_file`` / ``certificate_file``. A request message is bounded by ``max_request_size``
@@ -32,6 +33,7 @@ from torchbay.server.config.settings import ServerConfig
 from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc import messages
 from torchbay.server.grpc.calls import Calls, Service
+from torchbay.server.grpc.health import HealthService
 from torchbay.server.grpc.management import TorchServeManagement
 from torchbay.server.grpc.oip import OipService
 from torchbay.server.grpc.torchserve import TorchServeInference
@@ -210,7 +212,7 @@ class GrpcListeners:
         """Register the services on the bound servers and start them."""
         self.calls = calls
         services: dict[str, tuple[Service, ...]] = {
-            "inference": (OipService(calls), TorchServeInference(calls)),
+            "inference": (OipService(calls), TorchServeInference(calls), HealthService(calls)),
             "management": (TorchServeManagement(calls, calls.plane.management),),
         }
         for listener, implementations in services.items():

@@ -211,3 +211,36 @@ def test_a_metadata_value_that_is_not_utf8_is_no_error_in_the_log(
     with caplog.at_level(logging.INFO, logger="grpc"):
         assert _raw_call(port, path, request.SerializeToString(), [(b"x-note", b"caf\xe9")])
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+# -- grpc's health checking protocol ---------------------------------------------------------------
+
+
+def test_grpc_health_check_answers_what_server_ready_answers(server) -> None:
+    """grpc.health.v1.Health/Check, as Triton serves it (Kubernetes' gRPC probes ask it): it was
+    UNIMPLEMENTED. SERVING while ServerReady is true, NOT_SERVING while it is not (a model held
+    at zero workers); an unknown service is NOT_FOUND; Watch is not served."""
+    request, response, *_ = messages.method_types(messages.HEALTH_SERVICE, "Check")
+    check = server.channel.unary_unary(
+        f"/{messages.HEALTH_SERVICE}/Check",
+        request_serializer=request.SerializeToString,
+        response_deserializer=response.FromString,
+    )
+    for name in ("", messages.OIP_SERVICE, messages.TS_INFERENCE_SERVICE):
+        assert check(request(service=name), timeout=30).status == response.SERVING
+    with pytest.raises(grpc.RpcError) as info:
+        check(request(service="no.Such"), timeout=30)
+    assert info.value.code() is grpc.StatusCode.NOT_FOUND
+    watch = server.channel.unary_stream(
+        f"/{messages.HEALTH_SERVICE}/Watch", request_serializer=request.SerializeToString
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(watch(request(), timeout=30))
+    assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    scale = f"{server.live.management_url}/models/echo?synchronous=true&min_worker="
+    assert httpx.put(scale + "0", timeout=60).status_code == 200
+    try:
+        assert check(request(), timeout=30).status == response.NOT_SERVING
+    finally:
+        assert httpx.put(scale + "1", timeout=120).status_code == 200
+    assert check(request(), timeout=30).status == response.SERVING
