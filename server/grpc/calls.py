@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, ClassVar, TypeVar
 
 import grpc
 
@@ -30,6 +31,9 @@ from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc.status import RpcError, abort, from_error
 from torchbay.server.plane import DataPlane, WireRequest, WireResponse
 
+log = logging.getLogger("torchbay.grpc")
+T = TypeVar("T")
+_LEFT: set[asyncio.Task] = set()  # operations whose callers left, running to their end
 # Raises Unauthorized unless ``authorization`` (the metadata value, or None) holds a valid key
 # of ``kind`` ("inference" or "management"): http.auth.TokenAuth.check.
 CheckKey = Callable[[str | None, str], None]
@@ -144,6 +148,29 @@ class ClientStream:
         return read.result()  # StopAsyncIteration at the stream's end
 
 
+async def to_the_end(work: Awaitable[T]) -> T:
+    """``work`` (a management operation) run to its end even when its call is cancelled (a
+    client's deadline or cancel), as over REST, where a client that leaves does not stop it:
+    cancelled half-way, an unregister left its version registered, refusing every request as
+    stopping. What it raises when its caller has left is logged."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _LEFT.add(task)
+        task.add_done_callback(_ended)
+        raise
+
+
+def _ended(task: asyncio.Task) -> None:
+    _LEFT.discard(task)
+    error = None if task.cancelled() else task.exception()
+    if isinstance(error, TorchbayError):
+        log.warning("a gRPC operation whose caller left failed: %s", error.message)
+    elif error is not None:
+        log.error("a gRPC operation whose caller left failed", exc_info=error)
+
+
 def _seen(read: asyncio.Future[Any]) -> None:
     """Mark a read's exception (the stream's end, a broken call) as retrieved."""
     if not read.cancelled():
@@ -195,4 +222,13 @@ async def final(responses: AsyncIterator[Any]) -> Any:
     return last
 
 
-__all__ = ["STOPPING", "Calls", "ClientStream", "RpcError", "Service", "final", "metadata"]
+__all__ = [
+    "STOPPING",
+    "Calls",
+    "ClientStream",
+    "RpcError",
+    "Service",
+    "final",
+    "metadata",
+    "to_the_end",
+]

@@ -244,3 +244,35 @@ def test_grpc_health_check_answers_what_server_ready_answers(server) -> None:
     finally:
         assert httpx.put(scale + "1", timeout=120).status_code == 200
     assert check(request(), timeout=30).status == response.SERVING
+
+
+# -- a management call whose client leaves ---------------------------------------------------------
+
+
+def test_an_unregister_whose_deadline_passes_still_unregisters(store: Path, ts) -> None:  # noqa: F811
+    """The operation runs to its end, as over REST. Before, the deadline cancelled it while the
+    version drained: the version stayed registered and described READY, refusing every request
+    503 'is stopping' until unregistered again."""
+    live = LiveServer(make_config(store, models=ECHO, enable_model_api=True)).start()
+    ports = live.server.state.ports
+    inference = grpc.insecure_channel(f"127.0.0.1:{ports.grpc_inference}")
+    management = grpc.insecure_channel(f"127.0.0.1:{ports.grpc_management}")
+    try:
+        slow = ts.inference_pb2.PredictionsRequest(
+            model_name="echo", input={"data": b'{"sleep": 2, "echo": "slow"}'}
+        )
+        answer = ts.inference_pb2_grpc.InferenceAPIsServiceStub(inference).Predictions.future(
+            slow, timeout=DEADLINE_S
+        )
+        until(lambda: batch_running(live, "echo"), "the slow request runs")
+        unregister = ts.management_pb2_grpc.ManagementAPIsServiceStub(management).UnregisterModel
+        with pytest.raises(grpc.RpcError) as info:
+            unregister(ts.management_pb2.UnregisterModelRequest(model_name="echo"), timeout=0.3)
+        assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert json.loads(answer.result().prediction)["echo"] == "slow"  # drained, answered
+        described = f"{live.management_url}/models/echo"
+        until(lambda: httpx.get(described, timeout=30).status_code == 404, "echo unregistered")
+    finally:
+        inference.close()
+        management.close()
+        live.stop()
