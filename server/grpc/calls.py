@@ -6,17 +6,24 @@ every service shares (``Service``: its RPCs by name).
 The gRPC deadline becomes the queued request's deadline (the mechanism ``clientTimeoutInMills``
 uses): a request still queued when its caller's deadline passes is answered DEADLINE_EXCEEDED and
 never runs. A caller that leaves (deadline or cancel) cancels its future; the queue drops it.
+
+A client stream (``ClientStream``) is read until its client ends it or the server begins to stop
+(``Calls.closing``): a stream the client keeps open between requests, as tritonclient's does,
+then ends once its requests are answered (UNAVAILABLE, retryable) instead of holding the
+server's stop for the whole grace period.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, ClassVar, TypeVar
 
 import grpc
 
@@ -24,6 +31,9 @@ from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc.status import RpcError, abort, from_error
 from torchbay.server.plane import DataPlane, WireRequest, WireResponse
 
+log = logging.getLogger("torchbay.grpc")
+T = TypeVar("T")
+_LEFT: set[asyncio.Task] = set()  # operations whose callers left, running to their end
 # Raises Unauthorized unless ``authorization`` (the metadata value, or None) holds a valid key
 # of ``kind`` ("inference" or "management"): http.auth.TokenAuth.check.
 CheckKey = Callable[[str | None, str], None]
@@ -45,6 +55,7 @@ class Calls:
         self.check_key = check_key
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()):x}-g"
+        self.closing = asyncio.Event()  # set when the server begins to stop
 
     def authorize(self, context: grpc.aio.ServicerContext, kind: str = "inference") -> None:
         """Raise RpcError(UNAUTHENTICATED) unless the call carries ``authorization: Bearer``
@@ -107,6 +118,71 @@ class Calls:
                 raise from_error(exc, oip=oip) from None
 
 
+class ClientStream:
+    """A client stream's requests, read until the client ends the stream or ``closing`` is set
+    (the server stops); ``cut`` says it was the latter: the RPC answers what it has taken, then
+    ends with ``STOPPING``."""
+
+    def __init__(self, requests: AsyncIterator[Any], closing: asyncio.Event) -> None:
+        self.requests = requests
+        self.closing = closing
+        self.cut = False
+
+    def __aiter__(self) -> ClientStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        read = asyncio.ensure_future(anext(self.requests))
+        read.add_done_callback(_seen)  # a call cancelled meanwhile never reads its outcome
+        stop = asyncio.ensure_future(self.closing.wait())
+        try:
+            await asyncio.wait((read, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # (a cancelled call leaves neither behind)
+            stop.cancel()
+            waiting = not read.done()
+            if waiting:
+                read.cancel()
+        if waiting:
+            self.cut = True
+            raise StopAsyncIteration
+        return read.result()  # StopAsyncIteration at the stream's end
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """``work`` (a management operation) run to its end even when its call is cancelled (a
+    client's deadline or cancel), as over REST, where a client that leaves does not stop it:
+    cancelled half-way, an unregister left its version registered, refusing every request as
+    stopping. What it raises when its caller has left is logged."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _LEFT.add(task)
+        task.add_done_callback(_ended)
+        raise
+
+
+def _ended(task: asyncio.Task) -> None:
+    _LEFT.discard(task)
+    error = None if task.cancelled() else task.exception()
+    if isinstance(error, TorchbayError):
+        log.warning("a gRPC operation whose caller left failed: %s", error.message)
+    elif error is not None:
+        log.error("a gRPC operation whose caller left failed", exc_info=error)
+
+
+def _seen(read: asyncio.Future[Any]) -> None:
+    """Mark a read's exception (the stream's end, a broken call) as retrieved."""
+    if not read.cancelled():
+        read.exception()
+
+
+# How a stream that the server's stop cut ends, once its requests are answered.
+STOPPING = RpcError(
+    grpc.StatusCode.UNAVAILABLE, "The server is shutting down: the stream takes no more requests"
+)
+
+
 class Service:
     """A service of the shipped protos: ``name`` is its full proto name, ``rpcs`` the RPCs it
     implements, each by the method of its name in snake case (``ModelInfer``: ``model_infer``).
@@ -146,4 +222,13 @@ async def final(responses: AsyncIterator[Any]) -> Any:
     return last
 
 
-__all__ = ["Calls", "RpcError", "Service", "final", "metadata"]
+__all__ = [
+    "STOPPING",
+    "Calls",
+    "ClientStream",
+    "RpcError",
+    "Service",
+    "final",
+    "metadata",
+    "to_the_end",
+]

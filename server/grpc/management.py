@@ -4,7 +4,8 @@ Each RPC runs the plane's management operation that the HTTP route runs (``plane
 and answers ``ManagementResponse{msg}`` with the JSON text the HTTP API answers; its errors are
 the same errors as gRPC statuses. As TorchServe's gRPC API: a zero number is "not given" (proto3
 cannot tell), register and unregister with the model API disabled are PERMISSION_DENIED, and
-every RPC needs the management key when token authorization is on.
+every RPC needs the management key when token authorization is on. An operation runs to its end
+when its call is cancelled (a client's deadline), as over REST (``calls.to_the_end``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import grpc
 from pydantic import ValidationError
 
 from torchbay.server.errors import BadRequest, MethodNotAllowed, TorchbayError
-from torchbay.server.grpc.calls import Calls, Service
+from torchbay.server.grpc.calls import Calls, Service, to_the_end
 from torchbay.server.grpc.messages import TS_MANAGEMENT_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, from_error
 from torchbay.server.plane import management as plane
@@ -71,8 +72,8 @@ class TorchServeManagement(Service):
         try:
             self.calls.authorize(context, "management")
             result = work()
-            if isinstance(result, Awaitable):
-                result = await result
+            if isinstance(result, Awaitable):  # not stopped half-way by a call cancelled
+                result = await to_the_end(result)
         except RpcError as exc:
             await abort(context, exc)
         except MethodNotAllowed as exc:  # the model API is off: TorchServe's PERMISSION_DENIED

@@ -23,6 +23,7 @@ DESCRIPTOR_SET = PROTOS.parent / "services.binpb"
 OIP_SERVICE = "inference.GRPCInferenceService"
 TS_INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 TS_MANAGEMENT_SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
+HEALTH_SERVICE = "grpc.health.v1.Health"  # grpc's health checking protocol (health.py)
 
 
 @functools.cache
@@ -31,7 +32,40 @@ def pool() -> descriptor_pool.DescriptorPool:
     private = descriptor_pool.DescriptorPool()
     for proto in files.file:  # --include_imports lists dependencies first
         private.Add(proto)
+    private.Add(_health_file())
     return private
+
+
+def _health_file() -> descriptor_pb2.FileDescriptorProto:
+    """grpc's health checking protocol (package ``grpc.health.v1``): its two messages and its
+    service, described here (the protocol is grpc's documented wire format)."""
+    field = descriptor_pb2.FieldDescriptorProto
+    package = HEALTH_SERVICE.rsplit(".", 1)[0]
+    health = descriptor_pb2.FileDescriptorProto(
+        name="torchbay/grpc_health_v1.proto", package=package, syntax="proto3"
+    )
+    request = health.message_type.add(name="HealthCheckRequest")
+    request.field.add(name="service", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    response = health.message_type.add(name="HealthCheckResponse")
+    states = response.enum_type.add(name="ServingStatus")
+    for number, state in enumerate(("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")):
+        states.value.add(name=state, number=number)
+    response.field.add(
+        name="status",
+        number=1,
+        type=field.TYPE_ENUM,
+        type_name=f".{package}.HealthCheckResponse.ServingStatus",
+        label=field.LABEL_OPTIONAL,
+    )
+    service = health.service.add(name="Health")
+    for rpc, streams in (("Check", False), ("Watch", True)):
+        service.method.add(
+            name=rpc,
+            input_type=f".{package}.HealthCheckRequest",
+            output_type=f".{package}.HealthCheckResponse",
+            server_streaming=streams,
+        )
+    return health
 
 
 @functools.cache

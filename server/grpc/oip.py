@@ -26,7 +26,7 @@ import grpc
 
 from torchbay.server.errors import BadRequest, ModelNotFound, TorchbayError
 from torchbay.server.grpc import tensors
-from torchbay.server.grpc.calls import final
+from torchbay.server.grpc.calls import STOPPING, ClientStream, final
 from torchbay.server.grpc.messages import OIP_SERVICE, message
 from torchbay.server.grpc.shm import OPERATIONS as SHM_RPCS
 from torchbay.server.grpc.shm import SharedMemoryRpcs
@@ -175,20 +175,20 @@ class OipService(SharedMemoryRpcs):
         # Bounded: a client that reads slowly holds the requests' tasks back, so their parts
         # wait in the plane's buffer, which ends a stream that runs too far ahead (SlowReader).
         done: asyncio.Queue[Any] = asyncio.Queue(maxsize=_AHEAD)
-        reader = asyncio.ensure_future(self._read_stream(requests, context, done))
+        stream = ClientStream(requests, self.calls.closing)
+        reader = asyncio.ensure_future(self._read_stream(stream, context, done))
         try:
-            while True:
-                item = await done.get()
-                if item is None:
-                    return
+            while (item := await done.get()) is not None:
                 yield item
+            if stream.cut:  # the server stops: every request taken is answered
+                await abort(context, STOPPING)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
     async def _read_stream(
-        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext, done: asyncio.Queue
+        self, requests: ClientStream, context: grpc.aio.ServicerContext, done: asyncio.Queue
     ) -> None:
         """Start one task per request as it arrives; put each answer on ``done``, then None."""
         tasks: set[asyncio.Task] = set()

@@ -1,16 +1,21 @@
 """The gRPC listeners' lifecycle: bind, register the services, start, stop.
 
-TorchServe's layout: the inference services (``inference.GRPCInferenceService`` and TorchServe's
-``InferenceAPIsService``) on ``grpc_inference_address:grpc_inference_port`` (7070), the
+TorchServe's layout: the inference services (``inference.GRPCInferenceService``, TorchServe's
+``InferenceAPIsService`` and, as Triton, grpc's ``grpc.health.v1.Health``: ``health.py``) on
+``grpc_inference_address:grpc_inference_port`` (7070), the
 management service on ``grpc_management_address:grpc_management_port`` (7071); one server holds
 all three when both name the same address. ``enable_grpc_ssl`` serves TLS with
-``private_key_file`` / ``certificate_file``. Messages are bounded by ``max_request_size`` and
-``max_response_size`` (grpc answers RESOURCE_EXHAUSTED past them); SO_REUSEPORT is off, so a
+``private_key_file`` / ``certificate_file``. A request message is bounded by ``max_request_size``
+(grpc answers RESOURCE_EXHAUSTED past it); a model's answer is bounded by ``max_response_size``
+where every protocol's is (the plane's 500 past it), so the message around it (the tensors'
+names, shapes, the request's id) is not bounded again here: a limit of ``max_response_size`` on
+the whole message failed answers of just under it that REST serves. SO_REUSEPORT is off, so a
 port in use fails start-up instead of sharing the port with another server.
 
 Binding happens in ``bind`` (before the key file is written or a model loads); the services are
 added and the servers started in ``start``; ``stop`` stops accepting and lets calls in flight
-finish for the grace period (the registry's drain answers what is still queued).
+finish for the grace period (the registry's drain answers what is still queued), and the
+client streams end once their requests are answered.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from torchbay.server.config.settings import ServerConfig
 from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc import messages
 from torchbay.server.grpc.calls import Calls, Service
+from torchbay.server.grpc.health import HealthService
 from torchbay.server.grpc.management import TorchServeManagement
 from torchbay.server.grpc.oip import OipService
 from torchbay.server.grpc.torchserve import TorchServeInference
@@ -40,6 +46,13 @@ _KINDS = {
     (True, False): grpc.stream_unary_rpc_method_handler,
     (True, True): grpc.stream_stream_rpc_method_handler,
 }
+
+
+def _client_metadata_is_no_error(record: logging.LogRecord) -> bool:
+    """grpc logs a call's metadata value that is not UTF-8 (the client's choice) as an ERROR with
+    a traceback each time the metadata is read, then reads it as Latin-1: a client could fill
+    the log with tracebacks that look like bugs of ours. Those records are dropped."""
+    return not record.getMessage().startswith("Invalid encoding on ")
 
 
 def grpc_target(host: str, port: int) -> str:
@@ -143,14 +156,16 @@ class GrpcListeners:
     config: ServerConfig
     servers: dict[str, grpc.aio.Server] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    calls: Calls | None = None  # once started
 
     def bind(self) -> None:
         """Create the servers and bind their ports; TorchbayError naming the listener."""
         config = self.config
+        logging.getLogger("grpc._cython.cygrpc").addFilter(_client_metadata_is_no_error)
         options = [
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", config.max_request_size),
-            ("grpc.max_send_message_length", config.max_response_size),
+            ("grpc.max_send_message_length", -1),  # the answer's own bound: see the docstring
         ]
         addresses = {
             "inference": (config.grpc_inference_address, config.grpc_inference_port),
@@ -195,8 +210,9 @@ class GrpcListeners:
 
     async def start(self, calls: Calls) -> None:
         """Register the services on the bound servers and start them."""
+        self.calls = calls
         services: dict[str, tuple[Service, ...]] = {
-            "inference": (OipService(calls), TorchServeInference(calls)),
+            "inference": (OipService(calls), TorchServeInference(calls), HealthService(calls)),
             "management": (TorchServeManagement(calls, calls.plane.management),),
         }
         for listener, implementations in services.items():
@@ -207,5 +223,10 @@ class GrpcListeners:
             await server.start()
 
     async def stop(self, grace: float) -> None:
+        """Stop taking calls; the calls in flight have ``grace`` seconds. A client stream ends
+        once the requests it sent are answered (``calls.ClientStream``): one that its client
+        keeps open does not hold the stop for the whole grace."""
+        if self.calls is not None:
+            self.calls.closing.set()
         for server in {id(s): s for s in self.servers.values()}.values():
             await server.stop(grace)

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from torchbay.server.grpc.calls import Service, final
+from torchbay.server.grpc.calls import STOPPING, ClientStream, Service, final
 from torchbay.server.grpc.messages import TS_INFERENCE_SERVICE, message
 from torchbay.server.grpc.status import RpcError, abort, answer_error, from_response, succeeded
 
@@ -143,7 +143,8 @@ class TorchServeInference(Service):
     ) -> AsyncIterator[Any]:
         """Requests in order, each answered (parts, then the last) before the next runs."""
         await self.authorize(context)
-        async for request in requests:
+        stream = ClientStream(requests, self.calls.closing)
+        async for request in stream:
             try:
                 async for out in self._responses(request, context, "StreamPredictions2"):
                     yield out
@@ -154,3 +155,5 @@ class TorchServeInference(Service):
                 if request.HasField("sequence_id"):
                     out.sequence_id = request.sequence_id
                 yield out
+        if stream.cut:  # the server stops: every request taken is answered
+            await abort(context, STOPPING)

@@ -19,7 +19,7 @@ import grpc
 from google.protobuf import json_format
 
 from torchbay.server.errors import BadRequest, MethodNotAllowed, TorchbayError
-from torchbay.server.grpc.calls import Service
+from torchbay.server.grpc.calls import Service, to_the_end
 from torchbay.server.grpc.messages import message
 from torchbay.server.grpc.status import RpcError, abort, from_error
 from torchbay.server.grpc.tensors import parameters_json
@@ -81,7 +81,7 @@ class TritonExtensions(Service):
         """Check the ``kind`` key, run ``work``, answer its message or its error."""
         try:
             self.calls.authorize(context, kind)
-            return await work()
+            return await to_the_end(work())  # not stopped half-way by a call cancelled
         except RpcError as exc:
             await abort(context, exc)
         except MethodNotAllowed as exc:  # the model API is off
