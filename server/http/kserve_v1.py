@@ -6,6 +6,7 @@ handler gets); the batcher groups them like any other requests and the results c
 in order. No worker or handler change: a handler that answers ``/predictions`` answers this too.
 Every instance is admitted before any is awaited; if one is refused (queue full, no worker), the
 ones already queued are cancelled (the batcher skips them) and the call gets that one error.
+More instances than the model's queue holds at all (``job_queue_size``) are a 413 at once.
 The first failed instance's status and body are the response. A client that disconnects while
 its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
 ``/predictions`` (disconnect.py). Torch-free.

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchbay.server.errors import BadRequest, TorchbayError
+from torchbay.server.errors import BadRequest, PayloadTooLarge, TorchbayError
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.plane.sequence_params import sequence_of
@@ -182,9 +182,16 @@ class Exchange:
         """Queue every request before any is awaited (KServe v1's instances); when one is
         refused, the ones queued before it are cancelled (the batcher skips them) and the
         refusal is raised. The block's end finishes them all. Each is admitted without a
-        reader of parts: a streaming handler's final response is its answer."""
+        reader of parts: a streaming handler's final response is its answer. More requests
+        than the model's queue holds at all are a 413: that call could never be queued whole
+        (a 503 "queue full, retry later" it got was retried in vain)."""
         mv = self.model
         assert mv is not None, "resolve() first"
+        if len(wires) > mv.queue.capacity:
+            raise PayloadTooLarge(
+                f"{len(wires)} instances are more than the queue of this model holds "
+                f"({mv.queue.capacity}); send at most {mv.queue.capacity} in one call"
+            )
         try:
             for wire in wires:
                 schedule = self._leveled(schedule_of(wire))

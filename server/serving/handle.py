@@ -21,6 +21,7 @@ import contextlib
 import enum
 import itertools
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -31,7 +32,13 @@ from dataclasses import replace
 
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.spawning import Spawned, SpawnFn, spawn_off_loop, spawn_process
+from torchbay.server.serving.spawning import (
+    Spawned,
+    SpawnFn,
+    end_group,
+    spawn_off_loop,
+    spawn_process,
+)
 
 __all__ = ["SpawnFn", "Spawned", "WorkerLoadError", "WorkerProcess", "WorkerState", "spawn_process"]
 
@@ -258,6 +265,10 @@ class WorkerProcess:
         assert proc is not None
 
         def wait() -> None:
+            if isinstance(proc, subprocess.Popen):  # a forked one's template ends its group
+                with contextlib.suppress(OSError):  # exited, not reaped: the pid is still its
+                    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+                end_group(proc.pid)
             code = proc.wait()
             with contextlib.suppress(RuntimeError):  # the loop may be closed at exit
                 loop.call_soon_threadsafe(self._on_exit, code)

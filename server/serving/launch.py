@@ -85,6 +85,7 @@ class LaunchSpec:
     server_version: str = ""
     limit_max_image_pixels: bool = True
     max_request_size: int = 6553500  # the worker's cap on a decompressed request body
+    max_response_size: int = 0  # the worker's cap on one response body (0: none)
     decode_input_request: bool = True  # false: JSON and text bodies reach the handler as bytes
     env: Mapping[str, str] | None = None  # None: the server's own environment
     log_format: str = "text"

@@ -73,6 +73,7 @@ class Load:
     server_version: str = ""
     limit_max_image_pixels: bool = True
     max_request_size: int = 6553500  # caps a decompressed (Content-Encoding) request body
+    max_response_size: int = 0  # a response past it is answered 500 by the worker (0: none)
     decode_input_request: bool = True  # TorchServe's: JSON and text bodies reach handlers decoded
 
 

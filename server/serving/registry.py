@@ -284,6 +284,7 @@ class ModelRegistry:
                 server_version=self.server_version,
                 limit_max_image_pixels=self.config.limit_max_image_pixels,
                 max_request_size=self.config.max_request_size,
+                max_response_size=self.config.max_response_size,
                 decode_input_request=self.config.decode_input_request,
                 env=self.worker_env,
                 log_format=self.config.log_format,

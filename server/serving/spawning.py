@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from torchbay.server.serving.worker_env import worker_env
 
-__all__ = ["SpawnFn", "Spawned", "spawn_off_loop", "spawn_process"]
+__all__ = ["SpawnFn", "Spawned", "end_group", "spawn_off_loop", "spawn_process"]
 
 # (env, python, log format) -> a spawned worker process: the seam a test uses to make spawning
 # fail (OSError EMFILE/ENOMEM from Popen) the way an exhausted host does.
@@ -69,6 +70,17 @@ def spawn_process(
     finally:
         child.close()
     return Spawned(proc, parent)
+
+
+def end_group(pid: int) -> None:
+    """Kill what is left of the exited worker ``pid``'s process group: the processes its handler
+    started (a helper server, DataLoader workers), which would run on under init. A worker leads
+    its own session (``start_new_session`` here, ``setsid`` in a forked one), so its group holds
+    nothing of the server's. Called before the worker is reaped: a zombie's pid, and so its group
+    id, cannot have been reused by another process."""
+    with contextlib.suppress(OSError):  # gone already, or no group of its own
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
 
 
 async def spawn_off_loop(

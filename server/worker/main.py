@@ -167,8 +167,9 @@ class _Channel:
             self.sock.sendall(frame)
 
 
-def _predict(service: object, message: p.Infer, first: bool) -> p.Result:
-    """The ``Result`` for one ``Infer``: exactly one response per request, whatever happens."""
+def _predict(service: object, message: p.Infer, first: bool, limit: int = 0) -> p.Result:
+    """The ``Result`` for one ``Infer``: exactly one response per request, whatever happens;
+    one past ``limit`` bytes (``max_response_size``, 0: none) is that request's 500."""
     requests = message.requests
     try:
         predict = service.predict  # type: ignore[attr-defined]
@@ -176,6 +177,7 @@ def _predict(service: object, message: p.Infer, first: bool) -> p.Result:
         responses = [_to_wire(r) for r in outcome.responses]
         if len(responses) != len(requests):
             raise RuntimeError(f"{len(responses)} responses for {len(requests)} requests")
+        responses = [_bounded(r, q, limit) for r, q in zip(responses, requests, strict=True)]
         return p.Result(message.batch_id, responses, outcome.timings, outcome.metrics)
     except Exception as exc:  # last resort: a worker death is never how an input error shows
         ids = [r.request_id for r in requests]
@@ -183,6 +185,21 @@ def _predict(service: object, message: p.Infer, first: bool) -> p.Result:
             "predict failed on batch %s (request ids %s)", message.batch_id, ids, exc_info=True
         )
         return p.Result(message.batch_id, [_failure(exc, r) for r in requests], {}, [])
+
+
+def _bounded(response: p.WireResponse, request: p.WireRequest, limit: int) -> p.WireResponse:
+    """``response``, or its 500 when its body is past ``limit`` bytes: answered here, not sent
+    whole for the frontend to refuse (it read all of it, and a batch's frame past 2 GiB failed
+    every request of the batch)."""
+    size = len(response.body)
+    if not limit or size <= limit:
+        return response
+    from torchbay.handlers.runtime.responses import error_response
+
+    message = f"The model's response of {size} bytes exceeds the server's max_response_size of "
+    message += f"{limit} bytes"
+    log.error("request %s: %s; answered 500", request.request_id, message)
+    return _to_wire(error_response(500, "HandlerFailed", message, request.protocol == "v2"))
 
 
 def _frame(result: p.Result, message: p.Infer) -> bytes:
@@ -251,7 +268,8 @@ def serve(sock: socket.socket) -> int:
     )
     # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect
     # was measured on CPU.
-    return _serve_batches(sock, service, first=load.gpu_id is None, started_on=started_on)
+    first = load.gpu_id is None
+    return _serve_batches(sock, service, first, started_on, load.max_response_size)
 
 
 def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[str, object]:
@@ -266,7 +284,9 @@ def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[
     }
 
 
-def _serve_batches(sock: socket.socket, service: object, first: bool, started_on: set[int]) -> int:
+def _serve_batches(
+    sock: socket.socket, service: object, first: bool, started_on: set[int], limit: int
+) -> int:
     """Serve ``Infer`` frames until ``Shutdown`` or EOF (the exit code)."""
     channel = _Channel(sock)
     service.part_sink = channel  # type: ignore[attr-defined]
@@ -282,7 +302,7 @@ def _serve_batches(sock: socket.socket, service: object, first: bool, started_on
         if not isinstance(message, p.Infer):
             raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")
         channel.batch_id = message.batch_id
-        frame = _frame(_predict(service, message, first), message)
+        frame = _frame(_predict(service, message, first, limit), message)
         first = False
         channel.done(message)
         channel.write(frame)

@@ -35,6 +35,8 @@ import signal
 import socket
 import sys
 
+from torchbay.server.serving.spawning import end_group
+
 log = logging.getLogger("torchbay.template")
 
 MAX_PACKET = 1 << 20  # a fork request carries the worker's whole environment
@@ -131,6 +133,7 @@ class Template:
         pid = self.children.pop(pidfd)
         self.selector.unregister(pidfd)
         os.close(pidfd)
+        end_group(pid)  # exited, not reaped yet: its handler's children go with it
         _, status = os.waitpid(pid, 0)
         _send(self.ctl, {"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 

@@ -3,7 +3,7 @@ inference/management listener (the rest of the KServe layout runs in tests/deplo
 
 from __future__ import annotations
 
-import time
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from torchbay.server.errors import ConfigError
 from torchbay.server.http.combined import is_management_path, same_address
 from torchbay.server.http.listeners import listener_names
 
-from .conftest import ASSETS, _tiny_model, probe_models
+from .conftest import ASSETS, _tiny_model, batch_running, probe_models, until
 
 pytestmark = pytest.mark.slow
 
@@ -109,22 +109,49 @@ def test_v1_predict_routes(live_server: Any) -> None:
 
 
 def test_v1_predict_queue_full_cancels_the_admitted_instances(live_server: Any) -> None:
-    """Instance 2 finds the queue full: the call gets 503 and instance 1 never runs."""
-    server = live_server(models=probe_models(batchSize=1, jobQueueSize=1))
-    reply = httpx.post(
-        f"{server.url}/v1/models/probe:predict",
-        json={"instances": [{"echo": "cancelled"}, {"echo": "refused"}]},
-        timeout=30,
-    )
+    """A slow batch runs and one request waits: instance 1 takes the queue's last place,
+    instance 2 finds it full; the call gets 503 and instance 1 never runs."""
+    server = live_server(models=probe_models(batchSize=1, jobQueueSize=2))
+    url = f"{server.url}/predictions/probe"
+
+    async def scenario() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=60) as c:
+            slow = asyncio.ensure_future(c.post(url, json={"sleep": 5}))
+            while not await asyncio.to_thread(batch_running, server, "probe"):
+                await asyncio.sleep(0.02)
+            waiting = asyncio.ensure_future(c.post(url, json={"echo": "waiting"}))
+            await asyncio.to_thread(until, lambda: _pending(server) == 1, "one request waits")
+            # (a number among the values: the instance goes as JSON, as the probe takes it)
+            body = {"instances": [{"echo": "cancelled", "n": 1}, {"echo": "refused", "n": 2}]}
+            reply = await c.post(f"{server.url}/v1/models/probe:predict", json=body)
+            assert [r.status_code for r in await asyncio.gather(slow, waiting)] == [200, 200]
+            return reply
+
+    reply = asyncio.run(scenario())
     assert reply.status_code == 503, reply.text
+    assert reply.json()["type"] == "QueueFull"
     _no_leak(reply.json())
-    deadline = time.monotonic() + 30
-    while True:  # the cancelled item leaves the queue when the worker next takes
-        ran = httpx.post(f"{server.url}/predictions/probe", json={"ran": True}, timeout=30)
-        if ran.status_code != 503 or time.monotonic() > deadline:
-            break
+    ran = httpx.post(url, json={"ran": True}, timeout=30)
     assert ran.status_code == 200, ran.text
-    assert "cancelled" not in ran.json()["ran"]
+    assert "waiting" in ran.json()["ran"] and "cancelled" not in ran.json()["ran"]
+
+
+def _pending(server: Any) -> int:
+    described = httpx.get(f"{server.management_url}/models/probe", timeout=30).json()[0]
+    return int(described["jobQueueStatus"]["pendingRequests"])
+
+
+def test_v1_predict_with_more_instances_than_the_queue_holds_is_413(live_server: Any) -> None:
+    """Such a call can never be queued whole: a 503 'retry later' was retried in vain."""
+    server = live_server(models=probe_models(batchSize=1, jobQueueSize=2))
+    body = {"instances": [{"echo": 1}, {"echo": 2}, {"echo": 3}]}
+    reply = httpx.post(f"{server.url}/v1/models/probe:predict", json=body, timeout=30)
+    assert reply.status_code == 413, reply.text
+    assert "3 instances" in reply.json()["message"] and "(2)" in reply.json()["message"]
+    _no_leak(reply.json())
+    body = {"instances": [{"echo": 1}, {"echo": 2}]}
+    reply = httpx.post(f"{server.url}/v1/models/probe:predict", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
 
 
 def _write(tmp_path: Path, text: str) -> Path:
