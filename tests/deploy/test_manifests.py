@@ -207,6 +207,48 @@ def test_kserve_runtime() -> None:
     assert model["modelFormat"]["name"] == "pytorch"
 
 
+# KServe's own runtimes that serve the pytorch format, as config/runtimes/ ships them (the same
+# since v0.11.1 through v0.20: kserve-torchserve.yaml; kserve-tritonserver's pytorch entry has no
+# autoSelect, so it never clashes).
+KSERVE_PYTORCH_RUNTIMES = {
+    "kserve-torchserve": {
+        "supportedModelFormats": [
+            {"name": "pytorch", "version": "1", "autoSelect": True, "priority": 2}
+        ],
+        "protocolVersions": ["v1", "v2", "grpc-v2"],
+    },
+}
+
+
+def _priority_clash(new: dict[str, Any], existing: dict[str, Any]) -> str | None:
+    """KServe's admission webhook rule (validateServingRuntimePriority): two runtimes that share
+    a protocol version must not give one auto-selected model format (name and version) the same
+    priority; the second runtime applied is denied."""
+    if not set(new.get("protocolVersions", [])) & set(existing.get("protocolVersions", [])):
+        return None
+    for old in existing["supportedModelFormats"]:
+        for ours in new["supportedModelFormats"]:
+            same = old["name"].lower() == ours["name"].lower() and old.get("version") == ours.get(
+                "version"
+            )
+            auto = old.get("autoSelect") and ours.get("autoSelect")
+            if same and auto and old.get("priority") == ours.get("priority") is not None:
+                return f"same priority {ours['priority']} for {ours['name']}"
+    return None
+
+
+def test_kserve_runtime_is_admitted_beside_kserves_own() -> None:
+    """KServe installs kserve-torchserve (pytorch v1, priority 2) by default: a runtime with the
+    same priority for pytorch is denied by KServe's webhook ('same priority assigned for the
+    model format pytorch'), so the overlay never applied; ours must rank above it."""
+    (runtime,) = by_kind("kserve", "ClusterServingRuntime")
+    for name, spec in KSERVE_PYTORCH_RUNTIMES.items():
+        assert _priority_clash(runtime["spec"], spec) is None, name
+        (theirs,) = spec["supportedModelFormats"]
+        (ours,) = runtime["spec"]["supportedModelFormats"]
+        assert ours["priority"] > theirs["priority"], "torchbay is to be picked for pytorch"
+
+
 def test_schemas_name_their_source() -> None:
     for path in SCHEMAS.glob("*.json"):
         schema = json.loads(path.read_text())
