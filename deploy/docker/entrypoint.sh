@@ -16,7 +16,9 @@
 #   TORCHBAY_READY_FILE   write the bound ports as JSON there once the models loaded
 # A listener's address: TORCHBAY_HOST or its port variable set -> that; else the config file's
 # <name>_address if it has one (KServe's config puts inference and management on one port);
-# else $TORCHBAY_HOST:<default port>. Any other setting: TORCHBAY_<KEY> (e.g.
+# else $TORCHBAY_HOST:<default port>. TORCHBAY_HOST (an IPv6 address with or without brackets)
+# binds the gRPC listeners too unless TORCHBAY_GRPC_{INFERENCE,MANAGEMENT}_ADDRESS name their
+# own. Any other setting: TORCHBAY_<KEY> (e.g.
 # TORCHBAY_DISABLE_TOKEN_AUTHORIZATION=true, TORCHBAY_LOAD_MODELS=all), read by torchbay itself.
 # TORCHBAY_BIN (default torchbay) is the command run.
 set -eu
@@ -52,12 +54,26 @@ config_has() {
   [ -n "$config" ] && grep -Eq "^[[:space:]]*$1[[:space:]]*[=:]" "$config"
 }
 
+# The host in a URL: an IPv6 address goes in brackets (http://[::]:8080).
+url_host=${TORCHBAY_HOST:-0.0.0.0}
+case $url_host in
+  \[*) ;;
+  *:*) url_host="[$url_host]" ;;
+esac
+
 # address NAME PORT_VALUE DEFAULT_PORT: print the --NAME-address flag's value, or nothing.
 address() {
   if [ -n "${TORCHBAY_HOST:-}" ] || [ -n "$2" ] || ! config_has "$1_address"; then
-    echo "http://${TORCHBAY_HOST:-0.0.0.0}:${2:-$3}"
+    echo "http://$url_host:${2:-$3}"
   fi
 }
+
+# The host chosen for the HTTP listeners binds gRPC too (the config's gRPC addresses would
+# otherwise stay, e.g. the image's 0.0.0.0 under TORCHBAY_HOST=127.0.0.1).
+if [ -n "${TORCHBAY_HOST:-}" ]; then
+  export TORCHBAY_GRPC_INFERENCE_ADDRESS="${TORCHBAY_GRPC_INFERENCE_ADDRESS:-$TORCHBAY_HOST}"
+  export TORCHBAY_GRPC_MANAGEMENT_ADDRESS="${TORCHBAY_GRPC_MANAGEMENT_ADDRESS:-$TORCHBAY_HOST}"
+fi
 
 set -- --model-store "$store" "$@"
 [ -n "$config" ] && set -- --ts-config "$config" "$@"

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from .conftest import DEPLOY, GRPC_ON_FREE_PORTS, SAMPLE, free_port
@@ -97,3 +99,52 @@ def test_torchserve_layout(image_server: Any) -> None:
     assert unauthorized.status_code == 401
     _exercise(base, {"Authorization": f"Bearer {keys['inference']['key']}"})
     assert re.search(r"configuration from .*config\.properties", run.output())
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_torchbay_host_binds_every_listener(
+    host: str, archive: Path, container: Any, tmp_path: Path
+) -> None:
+    """TORCHBAY_HOST alone (gRPC on free ports, no gRPC address variable) binds all five
+    listeners there. Were: an IPv6 host made http://::1:8080 (the start refused the address),
+    and the image config's gRPC 0.0.0.0 stayed under TORCHBAY_HOST=127.0.0.1."""
+    if ":" in host and not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    home = tmp_path / "home"
+    (home / "model-store").mkdir(parents=True)
+    shutil.copy(archive, home / "model-store" / "mnist.mar")
+    shutil.copy(DEPLOY / "docker" / "config.properties", home / "config.properties")
+    run = container(
+        {
+            "TORCHBAY_KSERVE_ROOT": str(tmp_path / "no-kserve"),
+            "TORCHBAY_HOME": str(home),
+            "TORCHBAY_HOST": host,
+            "TORCHBAY_INFERENCE_PORT": "0",
+            "TORCHBAY_MANAGEMENT_PORT": "0",
+            "TORCHBAY_METRICS_PORT": "0",
+            "TORCHBAY_GRPC_INFERENCE_PORT": "0",
+            "TORCHBAY_GRPC_MANAGEMENT_PORT": "0",
+        },
+        home,
+    )
+    ports = run.wait_ready()
+    listening = {
+        c.laddr.port: c.laddr.ip.removeprefix("::ffff:")  # grpc's IPv4 on an IPv6 socket
+        for c in psutil.Process(ports["pid"]).connections("inet")
+        if c.status == psutil.CONN_LISTEN
+    }
+    names = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+    assert {listening.get(ports[n]) for n in names} == {host}, (listening, ports)
+    url_host = f"[{host}]" if ":" in host else host
+    ready = httpx.get(f"http://{url_host}:{ports['inference']}/v2/health/ready", timeout=30)
+    assert ready.status_code == 200, ready.text
+    assert run.stop() == 0, run.output()
