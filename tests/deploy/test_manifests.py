@@ -129,6 +129,26 @@ def test_probes_drain_and_grace() -> None:
     )
 
 
+def test_read_only_roots_give_logs_and_snapshots_a_writable_folder() -> None:
+    """With a read-only root filesystem the server's logs/ and config snapshots (under
+    LOG_LOCATION, else logs/ in the working directory, the image's /home/model-server) must
+    go to a writable mount: compose left LOG_LOCATION unset, so every start and stop logged
+    'ERROR config snapshot ... not written' and the log files were console only."""
+    image_home = "/home/model-server/"
+    main = container("cpu")
+    assert main["securityContext"]["readOnlyRootFilesystem"]
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    writable = [m["mountPath"] for m in main["volumeMounts"] if not m.get("readOnly")]
+    assert any(env["LOG_LOCATION"].startswith(f"{w}/") for w in writable), (env, writable)
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    torchbay = compose["services"]["torchbay"]
+    assert torchbay["read_only"]
+    env = torchbay["environment"]
+    tmpfs = [t.split(":")[0] for t in torchbay["tmpfs"]]
+    assert "LOG_LOCATION" in env, f"logs/ would go to the read-only {image_home}"
+    assert any(env["LOG_LOCATION"].startswith(f"{t}/") for t in tmpfs), (env, tmpfs)
+
+
 def test_gpu_overlay_requests_what_it_uses() -> None:
     main = container("gpu")
     limits, requests = main["resources"]["limits"], main["resources"]["requests"]
