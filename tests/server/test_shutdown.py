@@ -141,6 +141,22 @@ def test_sigterm_answers_503_for_work_past_the_grace_period(model_store, tmp_pat
     assert code == 0
 
 
+def test_a_batch_still_running_past_the_grace_does_not_hold_the_stop(model_store, tmp_path):
+    # A handler busy for 90 s (stuck, or just slow): the drain answers its request 503 after
+    # the 1 s grace, and the stop must not then wait for the batch (was: the process exited
+    # once the handler returned, 90 s later; Kubernetes SIGKILLs past its grace period).
+    proc, info = _start(model_store, tmp_path, env={"TORCHBAY_SHUTDOWN_GRACE_S": "1"})
+    workers = [c.pid for c in spawned_workers(proc.pid, recursive=True)]
+    started = time.monotonic()
+    responses, code = _sigterm_during(proc, info, sleep=90.0, n=1)
+    assert time.monotonic() - started < 40  # grace 1 s + the worker's stop (10 s, then SIGTERM)
+    assert [r.status_code for r in responses] == [503]
+    assert responses[0].json()["type"] == "ShuttingDown"
+    assert code == 0
+    for pid in workers:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_log_format_json_covers_frontend_workers_and_access(model_store, tmp_path):
     proc, info = _start(model_store, tmp_path, env={"TORCHBAY_LOG_FORMAT": "json"})
     url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
