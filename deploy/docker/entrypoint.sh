@@ -85,4 +85,9 @@ value=$(address management "${TORCHBAY_MANAGEMENT_PORT:-}" 8081)
 value=$(address metrics "${TORCHBAY_METRICS_PORT:-}" 8082)
 [ -n "$value" ] && set -- --metrics-address "$value" "$@"
 
-exec "${TORCHBAY_BIN:-torchbay}" serve "$@"
+# The variables above are this script's, not torchbay settings: torchbay would log each one
+# as an "ignored unknown environment variable" although it took effect.
+bin=${TORCHBAY_BIN:-torchbay}
+unset TORCHBAY_KSERVE_ROOT TORCHBAY_HOME TORCHBAY_CONFIG TORCHBAY_HOST TORCHBAY_READY_FILE \
+  TORCHBAY_INFERENCE_PORT TORCHBAY_MANAGEMENT_PORT TORCHBAY_METRICS_PORT TORCHBAY_BIN
+exec "$bin" serve "$@"

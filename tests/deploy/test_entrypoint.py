@@ -99,6 +99,9 @@ def test_torchserve_layout(image_server: Any) -> None:
     assert unauthorized.status_code == 401
     _exercise(base, {"Authorization": f"Bearer {keys['inference']['key']}"})
     assert re.search(r"configuration from .*config\.properties", run.output())
+    # The entrypoint's own variables (TORCHBAY_HOME, _HOST, _*_PORT, ...) took effect: torchbay
+    # must not call them ignored.
+    assert "ignored unknown environment variable" not in run.output()
 
 
 def _ipv6_loopback() -> bool:
