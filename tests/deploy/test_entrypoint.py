@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+import yaml
 
 from .conftest import DEPLOY, GRPC_ON_FREE_PORTS, SAMPLE, free_port
 
@@ -150,4 +151,45 @@ def test_torchbay_host_binds_every_listener(
     url_host = f"[{host}]" if ":" in host else host
     ready = httpx.get(f"http://{url_host}:{ports['inference']}/v2/health/ready", timeout=30)
     assert ready.status_code == 200, ready.text
+    assert run.stop() == 0, run.output()
+
+
+def test_kserve_runtime_keeps_management_off_the_routed_port(
+    archive: Path, container: Any, tmp_path: Path
+) -> None:
+    """The ClusterServingRuntime's env over KServe's config: the container port (what KServe
+    routes clients to) answers inference only; the management API is on the pod's loopback.
+    Was: inference and management shared it, so any client could scale the model's workers."""
+    runtime = yaml.safe_load(
+        (DEPLOY / "k8s" / "overlays" / "kserve" / "servingruntime.yaml").read_text()
+    )
+    (main,) = runtime["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    management = env.get("TORCHBAY_MANAGEMENT_ADDRESS", "")
+    assert management.startswith("http://127.0.0.1:"), env
+    root = tmp_path / "mnt-models"
+    (root / "config").mkdir(parents=True)
+    (root / "model-store").mkdir()
+    shutil.copy(archive, root / "model-store" / "mnist.mar")
+    port = free_port()
+    assert main["ports"][0]["containerPort"] == 8085
+    text = (DEPLOY / "kserve" / "config" / "config.properties").read_text()
+    text = text.replace("0.0.0.0:8085", f"127.0.0.1:{port}").replace("0.0.0.0:8082", "127.0.0.1:0")
+    (root / "config" / "config.properties").write_text(text)
+    env.update(
+        TORCHBAY_CONFIG=str(root / "config" / "config.properties"),
+        TORCHBAY_MODEL_STORE=str(root / "model-store"),
+        TORCHBAY_MANAGEMENT_ADDRESS="http://127.0.0.1:0",  # the manifest's host, a free port
+        **GRPC_ON_FREE_PORTS,
+    )
+    run = container(env, tmp_path)
+    ports = run.wait_ready()
+    assert ports["inference"] == port != ports["management"]
+    routed = f"http://127.0.0.1:{port}"
+    scale = httpx.put(f"{routed}/models/mnist", params={"min_worker": 2}, timeout=30)
+    assert scale.status_code == 404, scale.text
+    predict = httpx.post(f"{routed}/v1/models/mnist:predict", json={"instances": [SAMPLE]})
+    assert predict.status_code == 200, predict.text
+    described = httpx.get(f"http://127.0.0.1:{ports['management']}/models/mnist", timeout=30)
+    assert described.status_code == 200, described.text
     assert run.stop() == 0, run.output()
