@@ -157,6 +157,33 @@ def test_a_batch_still_running_past_the_grace_does_not_hold_the_stop(model_store
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_second_interrupt_stops_without_the_drain(model_store, tmp_path):
+    # Ctrl-C twice ("second interrupt: stopping workers now"): the request still running is
+    # answered 503 at once and the workers stop. Was: the full 20 s drain, then the batch.
+    proc, info = _start(model_store, tmp_path)
+    url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(httpx.post, url, json={"sleep": 60}, timeout=90)
+        until(lambda: asyncio.run(_admitted_now(info)) == 1, "the request's admission")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert time.monotonic() - started < 10
+        assert answer.result().status_code == 503
+    assert code == 0
+
+
+async def _admitted_now(info: dict) -> int:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await _admitted(client, info)
+
+
 def test_log_format_json_covers_frontend_workers_and_access(model_store, tmp_path):
     proc, info = _start(model_store, tmp_path, env={"TORCHBAY_LOG_FORMAT": "json"})
     url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
