@@ -269,6 +269,22 @@ def test_kserve_runtime_is_admitted_beside_kserves_own() -> None:
         assert ours["priority"] > theirs["priority"], "torchbay is to be picked for pytorch"
 
 
+def test_kserve_pods_stop_within_their_grace_period() -> None:
+    """KServe's pods (raw deployment) get terminationGracePeriodSeconds 30, Kubernetes'
+    default, unless the InferenceService sets one: the drain plus the workers' stop (10 s at
+    most: Shutdown, then SIGTERM) must fit in it, or a drain that runs its course is SIGKILLed.
+    Was: the default shutdown_grace_s of 30 s."""
+    (runtime,) = by_kind("kserve", "ClusterServingRuntime")
+    (main,) = runtime["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    config = (DEPLOY / "kserve" / "config" / "config.properties").read_text()
+    assert "shutdown_grace_s" not in config  # KServe's file, unchanged: the env decides
+    grace = float(env.get("TORCHBAY_SHUTDOWN_GRACE_S", ServerConfig().shutdown_grace_s))
+    (isvc,) = by_kind("kserve", "InferenceService")
+    period = isvc["spec"]["predictor"].get("terminationGracePeriodSeconds", 30)
+    assert grace + 10 < period
+
+
 def test_schemas_name_their_source() -> None:
     for path in SCHEMAS.glob("*.json"):
         schema = json.loads(path.read_text())
