@@ -78,11 +78,20 @@ fi
 set -- --model-store "$store" "$@"
 [ -n "$config" ] && set -- --ts-config "$config" "$@"
 [ -n "${TORCHBAY_READY_FILE:-}" ] && set -- --ready-file "$TORCHBAY_READY_FILE" "$@"
-value=$(address inference "${TORCHBAY_INFERENCE_PORT:-}" 8080)
+# port VALUE: VALUE, unless it is a Kubernetes service link: a Service named torchbay-inference
+# in the pod's namespace makes TORCHBAY_INFERENCE_PORT=tcp://10.0.0.1:8080, which is no port.
+port() {
+  case $1 in
+    *://*) ;;
+    *) echo "$1" ;;
+  esac
+}
+
+value=$(address inference "$(port "${TORCHBAY_INFERENCE_PORT:-}")" 8080)
 [ -n "$value" ] && set -- --inference-address "$value" "$@"
-value=$(address management "${TORCHBAY_MANAGEMENT_PORT:-}" 8081)
+value=$(address management "$(port "${TORCHBAY_MANAGEMENT_PORT:-}")" 8081)
 [ -n "$value" ] && set -- --management-address "$value" "$@"
-value=$(address metrics "${TORCHBAY_METRICS_PORT:-}" 8082)
+value=$(address metrics "$(port "${TORCHBAY_METRICS_PORT:-}")" 8082)
 [ -n "$value" ] && set -- --metrics-address "$value" "$@"
 
 # The variables above are this script's, not torchbay settings: torchbay would log each one

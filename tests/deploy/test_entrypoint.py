@@ -193,3 +193,47 @@ def test_kserve_runtime_keeps_management_off_the_routed_port(
     described = httpx.get(f"http://127.0.0.1:{ports['management']}/models/mnist", timeout=30)
     assert described.status_code == 200, described.text
     assert run.stop() == 0, run.output()
+
+
+def _service_links(services: list[dict[str, Any]]) -> dict[str, str]:
+    """The variables Kubernetes' service links give a pod for ``services`` (kubelet's rule: the
+    name upper-cased, '-' as '_'; the first port is <NAME>_PORT)."""
+    env = {}
+    for service in services:
+        name = service["metadata"]["name"].upper().replace("-", "_")
+        ports = [p["port"] for p in service["spec"]["ports"]]
+        env |= {f"{name}_SERVICE_HOST": "10.96.0.10", f"{name}_SERVICE_PORT": str(ports[0])}
+        env[f"{name}_PORT"] = f"tcp://10.96.0.10:{ports[0]}"
+        for port in ports:
+            env[f"{name}_PORT_{port}_TCP"] = f"tcp://10.96.0.10:{port}"
+            env[f"{name}_PORT_{port}_TCP_PORT"] = str(port)
+    return env
+
+
+def test_kubernetes_service_links_are_not_ports(
+    archive: Path, container: Any, tmp_path: Path
+) -> None:
+    """A pod in the namespace of base/services.yaml gets TORCHBAY_INFERENCE_PORT=tcp://<ip>:8080
+    (and _MANAGEMENT_, _METRICS_) from Kubernetes' service links, the entrypoint's own port
+    variables: they made http://0.0.0.0:tcp://..., the start refused it, a crash loop. The
+    Deployment turns service links off, and the entrypoint ignores such values."""
+    k8s = DEPLOY / "k8s" / "base"
+    services = list(yaml.safe_load_all((k8s / "services.yaml").read_text()))
+    links = _service_links([s for s in services if s])
+    assert links["TORCHBAY_INFERENCE_PORT"].startswith("tcp://")
+    deployment = yaml.safe_load((k8s / "deployment.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
+    home = tmp_path / "home"
+    (home / "model-store").mkdir(parents=True)
+    shutil.copy(archive, home / "model-store" / "mnist.mar")
+    config = home / "config.properties"  # the addresses come from here, as in the ConfigMap
+    config.write_text(
+        "".join(f"{n}_address=http://127.0.0.1:0\n" for n in ("inference", "management", "metrics"))
+    )
+    env = {"TORCHBAY_CONFIG": str(config), "TORCHBAY_MODEL_STORE": str(home / "model-store")}
+    env |= {"TORCHBAY_DISABLE_TOKEN_AUTHORIZATION": "true", **GRPC_ON_FREE_PORTS, **links}
+    run = container(env, home)
+    ports = run.wait_ready()
+    ready = httpx.get(f"http://127.0.0.1:{ports['inference']}/v2/health/ready", timeout=30)
+    assert ready.status_code == 200, ready.text
+    assert run.stop() == 0, run.output()
