@@ -106,6 +106,7 @@ class TorchbayServer:
         self.assigner = DeviceAssigner(gpu_count)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None  # created inside the running loop
+        self._hurry = asyncio.Event()  # a second Ctrl-C: no drain, workers stopped at once
         self._servers: list[tuple[str, uvicorn.Server, socket.socket]] = []
         self._late_loads: set[asyncio.Future[None]] = set()  # past workers_start_timeout_s
         self.registry: ModelRegistry | None = None
@@ -189,6 +190,7 @@ class TorchbayServer:
                 log.warning("second interrupt: stopping workers now")
                 for _, server, _ in self._servers:
                     server.force_exit = True
+                self._hurry.set()
             self._stop.set()
 
     async def startup(self) -> None:
@@ -350,7 +352,7 @@ class TorchbayServer:
         front = [s for s in self._servers if s[0] != "metrics"]
         back = [s for s in self._servers if s[0] == "metrics"]
         drain = (
-            self.registry.drain(self.config.shutdown_grace_s)
+            self.registry.drain(self.config.shutdown_grace_s, self._hurry)
             if self.registry is not None
             else asyncio.sleep(0)
         )
@@ -363,7 +365,7 @@ class TorchbayServer:
             drain, grpc_stop, *(server.shutdown(sockets=[sock]) for _, server, sock in front)
         )
         if self.registry is not None:
-            await self.registry.stop()
+            await self.registry.stop(1.0 if self._hurry.is_set() else 10.0)
         if self.forks is not None:
             await asyncio.to_thread(self.forks.close)
         for task in list(self._late_loads):

@@ -330,8 +330,9 @@ class ModelVersion(RequestPath):
             max_delay_s=None if delay_ms is None else delay_ms / 1000,
         )
 
-    async def drain(self, timeout: float) -> bool:
-        """Stop admitting; wait up to ``timeout`` for queued and running requests to finish.
+    async def drain(self, timeout: float, hurry: asyncio.Event | None = None) -> bool:
+        """Stop admitting; wait up to ``timeout`` (or until ``hurry`` is set) for queued and
+        running requests to finish.
 
         Whatever is left afterwards is answered 503 ShuttingDown. Returns True if all finished.
         """
@@ -339,8 +340,8 @@ class ModelVersion(RequestPath):
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while (len(self.queue) or self.inflight) and loop.time() < end:
-            if not any(s.ready for s in self.slots):
-                break  # nobody will ever run them
+            if not any(s.ready for s in self.slots) or (hurry is not None and hurry.is_set()):
+                break  # nobody will ever run them, or the operator will not wait
             await asyncio.sleep(0.02)
         clean = not len(self.queue) and not self.inflight
         exc = ShuttingDown(stopping_message(self))

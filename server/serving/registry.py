@@ -358,9 +358,10 @@ class ModelRegistry:
 
     # -- shutdown -------------------------------------------------------------------------------
 
-    async def drain(self, timeout: float) -> None:
-        """Drain every version (the server stops), then stop the workers still starting."""
-        await asyncio.gather(*(mv.drain(timeout) for mv in self.all_versions()))
+    async def drain(self, timeout: float, hurry: asyncio.Event | None = None) -> None:
+        """Drain every version (the server stops; ``hurry`` set: at once), then stop the
+        workers still starting."""
+        await asyncio.gather(*(mv.drain(timeout, hurry) for mv in self.all_versions()))
         await asyncio.gather(*(mv.stop_starting() for mv in self.all_versions()))
 
     async def stop(self, timeout: float = 10.0) -> None:

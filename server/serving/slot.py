@@ -349,12 +349,16 @@ class WorkerSlot:
             reject(item.future, type(exc)(exc.message))
 
     async def retire(self, timeout: float = 10.0) -> None:
-        """Finish the batch in hand, take no more, stop the worker."""
+        """Finish the batch in hand, take no more, stop the worker. A batch whose requests are
+        all answered already (a drain past its grace answered them 503) is not waited for:
+        nobody wants its results, and a stuck or slow handler would hold the server's stop
+        past Kubernetes' grace period (SIGKILL)."""
         self.retiring = True
         self._ready.set()  # release a dispatcher waiting for readiness so it can exit
         dispatcher = self._dispatcher
         if dispatcher is not None and not dispatcher.done():
-            if self._in_take or not self._running:
+            abandoned = all(item.future.done() for item in self._running)
+            if self._in_take or abandoned:  # abandoned: also true with no batch in hand
                 dispatcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await dispatcher

@@ -129,6 +129,23 @@ def test_probes_drain_and_grace() -> None:
     )
 
 
+def test_read_only_roots_log_to_the_console_and_write_no_snapshots() -> None:
+    """A read-only root leaves the log on the console only (one warning) and --ncs writes no
+    config snapshot (never read back: the entrypoint always passes --ts-config). Were: compose
+    logged 'ERROR config snapshot ... not written' at every start and stop; the Deployment's
+    LOG_LOCATION put the log files (never rotated: two lines a request) in the tmp emptyDir,
+    whose sizeLimit gets the pod evicted; pointing compose at its tmpfs would grow memory."""
+    main = container("cpu")
+    assert main["securityContext"]["readOnlyRootFilesystem"]
+    assert "--ncs" in main["args"]
+    assert "LOG_LOCATION" not in {e["name"] for e in main.get("env", [])}
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    torchbay = compose["services"]["torchbay"]
+    assert torchbay["read_only"]
+    assert torchbay["command"][0] == "serve" and "--ncs" in torchbay["command"]
+    assert "LOG_LOCATION" not in torchbay.get("environment", {})
+
+
 def test_gpu_overlay_requests_what_it_uses() -> None:
     main = container("gpu")
     limits, requests = main["resources"]["limits"], main["resources"]["requests"]
@@ -205,6 +222,64 @@ def test_kserve_runtime() -> None:
     model = isvc["spec"]["predictor"]["model"]
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] == "pytorch"
+
+
+# KServe's own runtimes that serve the pytorch format, as config/runtimes/ ships them (the same
+# since v0.11.1 through v0.20: kserve-torchserve.yaml; kserve-tritonserver's pytorch entry has no
+# autoSelect, so it never clashes).
+KSERVE_PYTORCH_RUNTIMES = {
+    "kserve-torchserve": {
+        "supportedModelFormats": [
+            {"name": "pytorch", "version": "1", "autoSelect": True, "priority": 2}
+        ],
+        "protocolVersions": ["v1", "v2", "grpc-v2"],
+    },
+}
+
+
+def _priority_clash(new: dict[str, Any], existing: dict[str, Any]) -> str | None:
+    """KServe's admission webhook rule (validateServingRuntimePriority): two runtimes that share
+    a protocol version must not give one auto-selected model format (name and version) the same
+    priority; the second runtime applied is denied."""
+    if not set(new.get("protocolVersions", [])) & set(existing.get("protocolVersions", [])):
+        return None
+    for old in existing["supportedModelFormats"]:
+        for ours in new["supportedModelFormats"]:
+            same = old["name"].lower() == ours["name"].lower() and old.get("version") == ours.get(
+                "version"
+            )
+            auto = old.get("autoSelect") and ours.get("autoSelect")
+            if same and auto and old.get("priority") == ours.get("priority") is not None:
+                return f"same priority {ours['priority']} for {ours['name']}"
+    return None
+
+
+def test_kserve_runtime_is_admitted_beside_kserves_own() -> None:
+    """KServe installs kserve-torchserve (pytorch v1, priority 2) by default: a runtime with the
+    same priority for pytorch is denied by KServe's webhook ('same priority assigned for the
+    model format pytorch'), so the overlay never applied; ours must rank above it."""
+    (runtime,) = by_kind("kserve", "ClusterServingRuntime")
+    for name, spec in KSERVE_PYTORCH_RUNTIMES.items():
+        assert _priority_clash(runtime["spec"], spec) is None, name
+        (theirs,) = spec["supportedModelFormats"]
+        (ours,) = runtime["spec"]["supportedModelFormats"]
+        assert ours["priority"] > theirs["priority"], "torchbay is to be picked for pytorch"
+
+
+def test_kserve_pods_stop_within_their_grace_period() -> None:
+    """KServe's pods (raw deployment) get terminationGracePeriodSeconds 30, Kubernetes'
+    default, unless the InferenceService sets one: the drain plus the workers' stop (10 s at
+    most: Shutdown, then SIGTERM) must fit in it, or a drain that runs its course is SIGKILLed.
+    Was: the default shutdown_grace_s of 30 s."""
+    (runtime,) = by_kind("kserve", "ClusterServingRuntime")
+    (main,) = runtime["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    config = (DEPLOY / "kserve" / "config" / "config.properties").read_text()
+    assert "shutdown_grace_s" not in config  # KServe's file, unchanged: the env decides
+    grace = float(env.get("TORCHBAY_SHUTDOWN_GRACE_S", ServerConfig().shutdown_grace_s))
+    (isvc,) = by_kind("kserve", "InferenceService")
+    period = isvc["spec"]["predictor"].get("terminationGracePeriodSeconds", 30)
+    assert grace + 10 < period
 
 
 def test_schemas_name_their_source() -> None:

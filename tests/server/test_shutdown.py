@@ -141,6 +141,49 @@ def test_sigterm_answers_503_for_work_past_the_grace_period(model_store, tmp_pat
     assert code == 0
 
 
+def test_a_batch_still_running_past_the_grace_does_not_hold_the_stop(model_store, tmp_path):
+    # A handler busy for 90 s (stuck, or just slow): the drain answers its request 503 after
+    # the 1 s grace, and the stop must not then wait for the batch (was: the process exited
+    # once the handler returned, 90 s later; Kubernetes SIGKILLs past its grace period).
+    proc, info = _start(model_store, tmp_path, env={"TORCHBAY_SHUTDOWN_GRACE_S": "1"})
+    workers = [c.pid for c in spawned_workers(proc.pid, recursive=True)]
+    started = time.monotonic()
+    responses, code = _sigterm_during(proc, info, sleep=90.0, n=1)
+    assert time.monotonic() - started < 40  # grace 1 s + the worker's stop (10 s, then SIGTERM)
+    assert [r.status_code for r in responses] == [503]
+    assert responses[0].json()["type"] == "ShuttingDown"
+    assert code == 0
+    for pid in workers:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_second_interrupt_stops_without_the_drain(model_store, tmp_path):
+    # Ctrl-C twice ("second interrupt: stopping workers now"): the request still running is
+    # answered 503 at once and the workers stop. Was: the full 20 s drain, then the batch.
+    proc, info = _start(model_store, tmp_path)
+    url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(httpx.post, url, json={"sleep": 60}, timeout=90)
+        until(lambda: asyncio.run(_admitted_now(info)) == 1, "the request's admission")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert time.monotonic() - started < 10
+        assert answer.result().status_code == 503
+    assert code == 0
+
+
+async def _admitted_now(info: dict) -> int:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await _admitted(client, info)
+
+
 def test_log_format_json_covers_frontend_workers_and_access(model_store, tmp_path):
     proc, info = _start(model_store, tmp_path, env={"TORCHBAY_LOG_FORMAT": "json"})
     url = f"http://127.0.0.1:{info['inference']}/predictions/probe"
