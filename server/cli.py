@@ -239,13 +239,18 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
     """Console and log files (``logs/`` or ``LOG_LOCATION``), workers' output, --log-config."""
     from torchbay.server.observe.logfiles import WorkerOutput, log_dir, log_files
     from torchbay.server.observe.logs import configure_logging
+    from torchbay.server.observe.logwriter import Rotation
 
     files, unwritable = log_files(log_dir(os.environ))
     output = WorkerOutput()
     try:
         # --log-format json: one object a line, from the frontend and its workers alike.
         stop_logging = configure_logging(
-            config.log_format, access_log=config.access_log, stream=output.console, files=files
+            config.log_format,
+            access_log=config.access_log,
+            stream=output.console,
+            files=files,
+            rotation=Rotation.of(config),
         )
     except BaseException:
         output.close()

@@ -185,6 +185,9 @@ class ServerConfig(GrpcSettings):
     disable_system_metrics: bool = False
     log_format: Literal["text", "json"] = "text"
     access_log: bool = True  # one line per inference request on logger torchbay.access
+    # A log file rolls over past this size (0: never), keeping this many older files (name.1 ...)
+    log_file_max_bytes: int = Field(100 * 1024 * 1024, ge=0, le=1 << 40)
+    log_file_backups: int = Field(5, ge=0, le=1000)
     # Triton's trace extension writes its traces here (and to trace_file.<k>); "" traces nothing.
     # Only the operator sets it: the trace settings API cannot change it (as in Triton).
     trace_file: str = Field("", max_length=4096)

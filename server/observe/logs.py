@@ -29,7 +29,6 @@ import logging
 import logging.handlers
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
@@ -45,9 +44,11 @@ from torchbay.server.observe.logwriter import (
     IdleFlushHandler,
     Listener,
     RecordFilter,
+    Rotation,
     close_quietly,
     flush_quietly,
     printable,
+    stderr_stream,
 )
 
 if TYPE_CHECKING:
@@ -332,13 +333,6 @@ def _quiet_uvicorn(record: logging.LogRecord) -> bool:
     )
 
 
-def _stderr() -> TextIO:
-    # stderr is line-buffered: one write syscall per line. Give the writer thread its own
-    # buffer; IdleFlushHandler flushes it whenever the queue runs dry.
-    sys.stderr.flush()
-    return open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False)
-
-
 def configure_logging(
     log_format: str = "text",
     *,
@@ -346,9 +340,11 @@ def configure_logging(
     stream: TextIO | None = None,
     access_log: bool = True,
     files: Mapping[Path, RecordFilter | None] | None = None,
+    rotation: Rotation = Rotation(),
 ) -> LogPipeline:
     """Route every log record (ours, uvicorn's) through one formatter to ``stream`` (stderr) and
-    to each of ``files`` (appended to; a filter keeps only some records, see ``logfiles.py``).
+    to each of ``files`` (appended to, rolled over as ``rotation`` says; a filter keeps only
+    some records, see ``logfiles.py``).
 
     Replaces the root logger's handlers; ``level`` None keeps the root level; ``access_log``
     False silences the ``torchbay.access`` logger. Returns the :class:`LogPipeline`: call it once
@@ -369,8 +365,8 @@ def configure_logging(
     front = _OwnedQueueHandler(records)
     pipeline = LogPipeline(records, make_formatter(log_format))
     front.setFormatter(pipeline.formatter)  # format here; the listener only writes
-    file_writers = [IdleFlushFile(path, records, keep) for path, keep in (files or {}).items()]
-    writers = [IdleFlushHandler(stream or _stderr(), records), *file_writers]
+    file_writers = [IdleFlushFile(p, records, keep, rotation) for p, keep in (files or {}).items()]
+    writers = [IdleFlushHandler(stream or stderr_stream(), records), *file_writers]
     listener = Listener(records, *writers)  # the writers' format: "%(message)s"
     for handler in list(root.handlers):
         root.removeHandler(handler)

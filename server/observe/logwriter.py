@@ -13,6 +13,10 @@ for the frontend, which shares the GIL with this thread:
   burst gather for ``GATHER_S``, then writes each run of access lines with one ``write`` per
   destination and flushes when the queue is dry.
 
+A log file rolls over (:class:`Rotation`) before a write would take it past ``max_bytes``: the
+file becomes ``name.1``, the older ones ``name.2`` ... up to ``backups`` (the oldest dropped),
+as TorchServe's log4j2 configuration keeps 5 files of 100 MB each.
+
 Torch-free; imports nothing of ours.
 """
 
@@ -22,15 +26,50 @@ import contextlib
 import logging
 import logging.handlers
 import queue
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 RecordFilter = Callable[[logging.LogRecord], bool]
 BARRIER = "torchbay.logs.barrier"
 # How long the writer lets a burst gather after its first record (a line's worst extra delay).
 GATHER_S = 0.005
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """When a log file rolls over: before a write would take it past ``max_bytes`` (0: never),
+    keeping ``backups`` older files (TorchServe's log4j2: 100 MB, 5 files)."""
+
+    max_bytes: int = 100 * 1024 * 1024
+    backups: int = 5
+
+    @classmethod
+    def of(cls, config: Any) -> Rotation:
+        """The server config's ``log_file_max_bytes`` and ``log_file_backups``."""
+        return cls(config.log_file_max_bytes, config.log_file_backups)
+
+
+class RollingFile(logging.handlers.RotatingFileHandler):
+    """A log file (append mode, opened at once) that rolls over as ``rotation`` says, for a
+    record (``emit``) or for text written whole (:meth:`write_text`)."""
+
+    def __init__(self, path: Path, rotation: Rotation) -> None:
+        super().__init__(path, "a", rotation.max_bytes, rotation.backups, encoding="utf-8")
+
+    def write_text(self, text: str) -> None:
+        """Append ``text``, rolling the file over first when it would pass ``max_bytes`` (a file
+        that holds nothing yet is never rolled: one burst larger than the bound goes whole)."""
+        if self.stream is None:  # closed by a rollover that failed to reopen
+            self.stream = self._open()
+        if self.maxBytes > 0:
+            size = self.stream.tell()
+            if size and size + len(text) > self.maxBytes:
+                self.doRollover()
+        self.stream.write(text)
 
 
 class Line:
@@ -129,6 +168,13 @@ class _IdleFlush:
             super().handleError(record)  # type: ignore[misc]
 
 
+def stderr_stream() -> TextIO:
+    """stderr for the writer thread. stderr is line-buffered (one write call per line): this
+    one has its own buffer, which IdleFlushHandler flushes whenever the queue runs dry."""
+    sys.stderr.flush()
+    return open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False)
+
+
 class IdleFlushHandler(_IdleFlush, logging.StreamHandler):
     """The console writer."""
 
@@ -137,11 +183,13 @@ class IdleFlushHandler(_IdleFlush, logging.StreamHandler):
         self._idle_flush(records)
 
 
-class IdleFlushFile(_IdleFlush, logging.FileHandler):
-    """A log file (append mode, opened at once), ``keep`` choosing its records."""
+class IdleFlushFile(_IdleFlush, RollingFile):
+    """A log file, ``keep`` choosing its records."""
 
-    def __init__(self, path: Path, records: queue.SimpleQueue, keep: RecordFilter | None) -> None:
-        super().__init__(path, mode="a", encoding="utf-8")
+    def __init__(
+        self, path: Path, records: queue.SimpleQueue, keep: RecordFilter | None, rotation: Rotation
+    ) -> None:
+        super().__init__(path, rotation)
         self._idle_flush(records)
         if keep is not None:
             self.addFilter(keep)
@@ -191,7 +239,10 @@ class Listener(logging.handlers.QueueListener):
             if not text:
                 continue
             try:
-                handler.stream.write(text)  # type: ignore[attr-defined]
+                if isinstance(handler, RollingFile):
+                    handler.write_text(text)
+                else:
+                    handler.stream.write(text)  # type: ignore[attr-defined]
                 handler.flush()
             except Exception:  # a closed or broken stream: logging's own report
                 handler.handleError(logging.makeLogRecord({"msg": text.rstrip("\n")}))

@@ -24,7 +24,7 @@ from typing import Any
 
 from torchbay.server.config import metrics_config
 from torchbay.server.config.metrics_config import LEGACY, MetricSpec, MetricsSpec
-from torchbay.server.observe.logwriter import printable
+from torchbay.server.observe.logwriter import RollingFile, Rotation, printable
 
 log = logging.getLogger("torchbay.metrics")
 
@@ -89,12 +89,13 @@ def _go(value: float) -> str:
 
 class MetricsLog:
     """``ts_metrics.log`` and ``model_metrics.log`` in ``directory``, written by one thread in
-    bursts (log4j's ``%d{ISO8601} - %m`` lines); ``put`` only queues."""
+    bursts (log4j's ``%d{ISO8601} - %m`` lines), rolled over as the other log files are;
+    ``put`` only queues."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, rotation: Rotation) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self._files = {
-            name: (directory / name).open("a", encoding="utf-8")
+            name: RollingFile(directory / name, rotation)
             for name in (TS_METRICS_LOG, MODEL_METRICS_LOG)
         }
         self._queue: queue.SimpleQueue[tuple[str, float, str] | None] = queue.SimpleQueue()
@@ -134,7 +135,7 @@ class MetricsLog:
         one warning per file, and the thread writes on (a dead writer would leave ``put``
         queueing without end)."""
         try:
-            self._files[name].write(text)
+            self._files[name].write_text(text)
             self._files[name].flush()
         except (OSError, ValueError) as exc:
             if name not in self._failed:
@@ -338,7 +339,7 @@ def metrics_options(config: Any, env: Mapping[str, str]) -> dict[str, Any]:
     if config.metrics_mode != "prometheus":
         directory = Path(env.get("METRICS_LOCATION") or env.get("LOG_LOCATION") or "logs")
         try:
-            metrics_log = MetricsLog(directory)
+            metrics_log = MetricsLog(directory, Rotation.of(config))
         except OSError as exc:
             reason = (exc.strerror or type(exc).__name__).lower()
             log.warning("cannot write metrics logs in %s (%s): none written", directory, reason)

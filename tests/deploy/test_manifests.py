@@ -133,7 +133,7 @@ def test_read_only_roots_log_to_the_console_and_write_no_snapshots() -> None:
     """A read-only root leaves the log on the console only (one warning) and --ncs writes no
     config snapshot (never read back: the entrypoint always passes --ts-config). Were: compose
     logged 'ERROR config snapshot ... not written' at every start and stop; the Deployment's
-    LOG_LOCATION put the log files (never rotated: two lines a request) in the tmp emptyDir,
+    LOG_LOCATION put the log files (two lines a request, 600 MB a log) in the tmp emptyDir,
     whose sizeLimit gets the pod evicted; pointing compose at its tmpfs would grow memory."""
     main = container("cpu")
     assert main["securityContext"]["readOnlyRootFilesystem"]
