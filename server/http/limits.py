@@ -12,6 +12,8 @@ sending it, holds a connection forever. :class:`LimitedHttpToolsProtocol` adds, 
   and close; the ASGI app's ``receive()`` answers ``http.disconnect`` and whatever it sends
   afterwards is dropped, so the request never runs;
 * ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close.
+* a transfer coding other than ``chunked`` (``gzip, chunked``): ``501`` and close, as nginx
+  (httptools would read the body as chunked and hand it on still gzipped, as the body).
 
 A listener may answer a request from its headers alone, before any ASGI task exists (the
 inference listener's refusals under overload, server.http.early).
@@ -51,7 +53,7 @@ log = logging.getLogger("torchbay.http")
 
 _IDLE, _HEADERS, _BODY, _CLOSING = 0, 1, 2, 3
 LINGER_S = 2.0  # the lingering close after an error answer (see the module docstring)
-_TYPES = {408: "RequestTimeout", 431: "RequestHeaderFieldsTooLarge"}
+_TYPES = {408: "RequestTimeout", 431: "RequestHeaderFieldsTooLarge", 501: "NotImplemented"}
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         name = name.lower()  # uvicorn's on_header, inlined
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
+        elif name == b"transfer-encoding":
+            unknown = _unknown_transfer_coding(value)
+            if unknown is not None:
+                self._refuse(501, f"Transfer-Encoding {unknown!r} is not supported (only chunked)")
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -334,6 +340,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         self._close_due = self.loop.time() + LINGER_S
         self._ensure_timer(self._close_due)
+
+
+def _unknown_transfer_coding(value: bytes) -> str | None:
+    """A transfer coding other than ``chunked`` in ``value``, or None. The request is refused
+    with 501 (nginx's answer; RFC 9112 6.1): httptools reads ``gzip, chunked`` as chunked and
+    would hand the body on still gzipped, as if it were the body."""
+    for coding in value.split(b","):
+        coding = coding.strip(b" \t").lower()
+        if coding and coding != b"chunked":
+            return coding[:64].decode("latin-1")
+    return None
 
 
 def _client(client: tuple[str, int] | None) -> str:

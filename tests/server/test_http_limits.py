@@ -177,6 +177,28 @@ def test_a_thousand_headers_get_431(server):
     assert "more than 32 request headers" in error["message"]
 
 
+def test_a_transfer_coding_other_than_chunked_gets_501(server):
+    # httptools reads "gzip, chunked" as chunked: the gzipped bytes reached the model as the
+    # body (here a plain JSON object, which the probe echoed: 200).
+    body = b'{"echo": "coded"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for codings in (b"gzip, chunked", b"Deflate ,chunked", b"x-foo\r\nTransfer-Encoding: chunked"):
+        raw, closed = _exchange(
+            _ports(server)["inference"],
+            head + b"Transfer-Encoding: " + codings + b"\r\n\r\n" + chunked,
+        )
+        error = _assert_refused(raw, closed, 501, "NotImplemented")
+        assert "is not supported (only chunked)" in error["message"], codings
+    ran = httpx.post(f"{server.url}/predictions/probe", json={"ran": True}, timeout=WAIT_S)
+    assert "coded" not in ran.json()["ran"]
+    raw, closed = _exchange(  # chunked alone, in any case, is read
+        _ports(server)["inference"],
+        head + b"Transfer-Encoding: Chunked\r\nConnection: close\r\n\r\n" + chunked,
+    )
+    assert closed and _parse(raw)[0] == 200 and json.loads(_parse(raw)[2])["echo"] == "coded"
+
+
 def test_idle_connections_are_closed(server):
     port = _ports(server)["inference"]
     # After a response, the keep-alive timeout closes the connection.
