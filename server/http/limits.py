@@ -11,9 +11,14 @@ sending it, holds a connection forever. :class:`LimitedHttpToolsProtocol` adds, 
   body is incomplete (not counted while we, not the client, hold reading paused). Past it: ``408``
   and close; the ASGI app's ``receive()`` answers ``http.disconnect`` and whatever it sends
   afterwards is dropped, so the request never runs;
-* ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close.
+* ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close;
 * a transfer coding other than ``chunked`` (``gzip, chunked``): ``501`` and close, as nginx
-  (httptools would read the body as chunked and hand it on still gzipped, as the body).
+  (httptools would read the body as chunked and hand it on still gzipped, as the body);
+* ``max_connections`` open connections on the listener: past it a new connection is answered
+  ``503`` once its first bytes are read, and closed (one silent for ``FULL_WAIT_S`` is just
+  closed; no lingering: it must free its descriptor), so that one listener's clients cannot take
+  every file descriptor of the process (no listener accepted a connection then, and no worker
+  could start). By default a share of the open-file limit (``edge_rules.connection_cap``).
 
 A listener may answer a request from its headers alone, before any ASGI task exists (the
 inference listener's refusals under overload, server.http.early).
@@ -32,7 +37,6 @@ the cost is a clock read and a few integer updates per header.
 
 from __future__ import annotations
 
-import json
 import logging
 from asyncio import TimerHandle
 from collections.abc import Callable
@@ -48,12 +52,14 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from torchbay.server.http.coalesce import CoalescingCycle
 from torchbay.server.http.disconnect import client_left
+from torchbay.server.http.edge_rules import connection_cap, error_bytes, unknown_transfer_coding
 
 log = logging.getLogger("torchbay.http")
 
-_IDLE, _HEADERS, _BODY, _CLOSING = 0, 1, 2, 3
+_IDLE, _HEADERS, _BODY, _CLOSING, _FULL = 0, 1, 2, 3, 4
 LINGER_S = 2.0  # the lingering close after an error answer (see the module docstring)
-_TYPES = {408: "RequestTimeout", 431: "RequestHeaderFieldsTooLarge", 501: "NotImplemented"}
+FULL_WAIT_S = 1.0  # a connection past the cap waits this long at most for its request's bytes
+_FULL_LOG_S = 10.0  # a listener that refuses connections says so at most this often
 
 
 @dataclass(frozen=True)
@@ -62,15 +68,18 @@ class HttpLimits:
     body_timeout_s: float = 60.0
     max_header_size: int = 64 << 10
     max_header_count: int = 256
+    max_connections: int = 0  # per listener; 0: no cap
 
     @classmethod
-    def from_config(cls, config: Any) -> HttpLimits:
-        """The limits of a ``ServerConfig``."""
+    def from_config(cls, config: Any, listeners: int = 3) -> HttpLimits:
+        """The limits of a ``ServerConfig`` whose ``listeners`` HTTP listeners share the
+        process's file descriptors."""
         return cls(
             header_timeout_s=config.http_header_timeout_s,
             body_timeout_s=config.http_body_timeout_s,
             max_header_size=config.max_header_size,
             max_header_count=config.max_header_count,
+            max_connections=config.max_connections or connection_cap(listeners),
         )
 
 
@@ -111,8 +120,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- connection -----------------------------------------------------------------------------
 
+    _full_logged = 0.0  # loop time this listener last logged refusing connections
+
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        cap = self.limits.max_connections
+        if cap and len(self.connections) > cap:
+            self._full(cap)
+            return
         self._phase = _HEADERS  # the first request is due within the header timeout
         self._header_due = self.loop.time() + self.limits.header_timeout_s
         self._ensure_timer(self._header_due)
@@ -134,7 +149,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._phase == _CLOSING:
+        if self._phase >= _CLOSING:
+            if self._phase == _FULL:
+                self._refuse_connection()
             return  # answered and closing: discard
         self._unset_keepalive_if_required()
         self._last_read = self.loop.time()
@@ -189,7 +206,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
         elif name == b"transfer-encoding":
-            unknown = _unknown_transfer_coding(value)
+            unknown = unknown_transfer_coding(value)
             if unknown is not None:
                 self._refuse(501, f"Transfer-Encoding {unknown!r} is not supported (only chunked)")
         self.headers.append((name, value))
@@ -275,6 +292,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._ensure_timer(now + self.limits.body_timeout_s)
             else:
                 self._body_stalled()
+        elif phase == _FULL:
+            self.transport.close()  # past the cap and silent: just close
         elif phase == _CLOSING and self._close_due:
             if now < self._close_due:
                 self._ensure_timer(self._close_due)
@@ -314,18 +333,32 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._send_error(status, message)
 
+    def _full(self, cap: int) -> None:
+        """The listener holds ``cap`` connections already: this one is answered 503 once its
+        request's first bytes are read (closed with them unread, the answer would be lost to
+        a reset), or closed after ``FULL_WAIT_S`` without any."""
+        self._phase = _FULL
+        now = self.loop.time()
+        cls = type(self)
+        if now - cls._full_logged >= _FULL_LOG_S:
+            cls._full_logged = now
+            log.warning("%d connections open on port %s: refusing more", cap, self._port())
+        self._ensure_timer(now + FULL_WAIT_S)
+
+    def _refuse_connection(self) -> None:
+        self._phase = _CLOSING
+        cap = self.limits.max_connections
+        message = f"the server holds {cap} connections on this port; retry later"
+        self.transport.write(error_bytes(self.server_state, 503, message, b"retry-after: 1\r\n"))
+        self.transport.close()
+
+    def _port(self) -> str:
+        sockname = self.transport.get_extra_info("sockname")
+        return str(sockname[1]) if sockname else "?"
+
     def _send_error(self, status: int, message: str) -> None:
         log.info("%s: %d %s", _client(self.client), status, message)
-        body = json.dumps({"code": status, "type": _TYPES[status], "message": message}).encode()
-        content = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            content.extend([name, b": ", value, b"\r\n"])
-        content.append(
-            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % len(body)
-        )
-        content.append(body)
-        self.transport.write(b"".join(content))
+        self.transport.write(error_bytes(self.server_state, status, message))
         self._close_lingering()
 
     def _close_lingering(self) -> None:
@@ -340,17 +373,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         self._close_due = self.loop.time() + LINGER_S
         self._ensure_timer(self._close_due)
-
-
-def _unknown_transfer_coding(value: bytes) -> str | None:
-    """A transfer coding other than ``chunked`` in ``value``, or None. The request is refused
-    with 501 (nginx's answer; RFC 9112 6.1): httptools reads ``gzip, chunked`` as chunked and
-    would hand the body on still gzipped, as if it were the body."""
-    for coding in value.split(b","):
-        coding = coding.strip(b" \t").lower()
-        if coding and coding != b"chunked":
-            return coding[:64].decode("latin-1")
-    return None
 
 
 def _client(client: tuple[str, int] | None) -> str:
