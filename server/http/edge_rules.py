@@ -1,6 +1,6 @@
 """What the HTTP edge limits (limits.py) decide without a connection: each listener's cap on open
 connections from the process's open-file limit, which transfer codings a request may use, and
-the bytes of an error answer written by the protocol itself. Torch-free.
+the bytes of an answer written by the protocol itself. Torch-free.
 """
 
 from __future__ import annotations
@@ -53,12 +53,16 @@ def unknown_transfer_coding(value: bytes) -> str | None:
 def error_bytes(server_state: Any, status: int, message: str, extra: bytes = b"") -> bytes:
     """A whole ``connection: close`` answer with the server's error JSON."""
     body = json.dumps({"code": status, "type": _TYPES[status], "message": message}).encode()
+    head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s"
+    return answer_bytes(status, server_state.default_headers, body, head % (len(body), extra))
+
+
+def answer_bytes(
+    status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bytes = b""
+) -> bytes:
+    """A whole answer as uvicorn's ``send`` writes it; ``more``: header lines already written."""
     content = [STATUS_LINE[status]]
-    for name, value in server_state.default_headers:
+    for name, value in headers:
         content.extend([name, b": ", value, b"\r\n"])
-    content.append(
-        b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s\r\n"
-        % (len(body), extra)
-    )
-    content.append(body)
+    content += [more, b"\r\n", body]
     return b"".join(content)

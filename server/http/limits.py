@@ -14,11 +14,9 @@ sending it, holds a connection forever. :class:`LimitedHttpToolsProtocol` adds, 
 * ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close;
 * a transfer coding other than ``chunked`` (``gzip, chunked``): ``501`` and close, as nginx
   (httptools would read the body as chunked and hand it on still gzipped, as the body);
-* ``max_connections`` open connections on the listener: past it a new connection is answered
-  ``503`` once its first bytes are read, and closed (one silent for ``FULL_WAIT_S`` is just
-  closed; no lingering: it must free its descriptor), so that one listener's clients cannot take
-  every file descriptor of the process (no listener accepted a connection then, and no worker
-  could start). By default a share of the open-file limit (``edge_rules.connection_cap``).
+* ``max_connections`` open connections on the listener: past it, ``503`` and close at once, so
+  one listener's clients cannot take every file descriptor (``edge_rules.connection_cap``);
+* at most ``pipelining.MAX_PIPELINED`` pipelined requests parsed ahead (``BoundedPipeline``).
 
 A listener may answer a request from its headers alone, before any ASGI task exists (the
 inference listener's refusals under overload, server.http.early).
@@ -44,15 +42,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from torchbay.server.http import edge_rules
 from torchbay.server.http.coalesce import CoalescingCycle
 from torchbay.server.http.disconnect import client_left
-from torchbay.server.http.edge_rules import connection_cap, error_bytes, unknown_transfer_coding
+from torchbay.server.http.pipelining import FEED_STEP, BoundedPipeline
 
 log = logging.getLogger("torchbay.http")
 
@@ -79,7 +74,7 @@ class HttpLimits:
             body_timeout_s=config.http_body_timeout_s,
             max_header_size=config.max_header_size,
             max_header_count=config.max_header_count,
-            max_connections=config.max_connections or connection_cap(listeners),
+            max_connections=config.max_connections or edge_rules.connection_cap(listeners),
         )
 
 
@@ -91,7 +86,7 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing; ``_rejection`` says what to answer."""
 
 
-class LimitedHttpToolsProtocol(HttpToolsProtocol):
+class LimitedHttpToolsProtocol(BoundedPipeline, HttpToolsProtocol):
     """uvicorn's httptools protocol with header/body timeouts and header limits."""
 
     limits: HttpLimits = HttpLimits()  # set per listener by protocol_class()
@@ -153,8 +148,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if self._phase == _FULL:
                 self._refuse_connection()
             return  # answered and closing: discard
+        if self._held is not None:  # a read already under way when reading paused
+            self._held = memoryview(bytes(self._held) + data)
+            return
         self._unset_keepalive_if_required()
         self._last_read = self.loop.time()
+        if len(data) <= FEED_STEP and not self.pipeline:
+            self._feed(data)
+        else:
+            self._feed_bounded(memoryview(data))
+
+    def _feed(self, data: bytes | memoryview) -> bool:
+        """Parse ``data``; False when the connection is answered or closing because of it."""
         if self._phase != _BODY:
             self._raw += len(data)
         try:
@@ -164,21 +169,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
-            return
+            return False
         except httptools.HttpParserError:
             rejection, self._rejection = self._rejection, None
             if rejection is not None:
                 self._refuse_headers(*rejection)
-                return
+                return False
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
             self.send_400_response(msg)
-            return
+            return False
         if self._phase == _HEADERS:
             if self._raw > self.limits.max_header_size:
                 self._refuse_headers(431, self._too_large())
+                return False
         elif self._phase == _BODY:
             self._ensure_timer(self._last_read + self.limits.body_timeout_s)
+        return self._phase < _CLOSING
 
     # -- parser callbacks -----------------------------------------------------------------------
 
@@ -206,7 +213,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
         elif name == b"transfer-encoding":
-            unknown = unknown_transfer_coding(value)
+            unknown = edge_rules.unknown_transfer_coding(value)
             if unknown is not None:
                 self._refuse(501, f"Transfer-Encoding {unknown!r} is not supported (only chunked)")
         self.headers.append((name, value))
@@ -250,13 +257,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _answer(self, cycle: RequestResponseCycle, status: int, headers: Any, body: bytes) -> None:
         """Write ``cycle``'s whole answer as uvicorn's ``send`` would; the rest of its body is
         discarded as it arrives (the cycle is complete)."""
-        content = [STATUS_LINE[status]]
-        for name, value in cycle.default_headers + headers:
-            content.extend([name, b": ", value, b"\r\n"])
-        content += [b"\r\n", body]
         cycle.response_started = cycle.response_complete = True
         if not self.transport.is_closing():
-            self.transport.write(b"".join(content))
+            self.transport.write(
+                edge_rules.answer_bytes(status, cycle.default_headers + headers, body)
+            )
         cycle.on_response()  # keep-alive timer, or the next pipelined request
 
     # -- the timer ------------------------------------------------------------------------------
@@ -281,6 +286,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._ensure_timer(self._header_due)
             elif not self._begun:  # nothing of a request arrived: just close
                 self.transport.close()
+            elif self.flow.read_paused:  # we are the ones not reading (pipelined requests)
+                self._ensure_timer(now + self.limits.header_timeout_s)
             else:
                 limit = self.limits.header_timeout_s
                 self._refuse_headers(408, f"the request headers did not arrive within {limit:g} s")
@@ -334,31 +341,30 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._send_error(status, message)
 
     def _full(self, cap: int) -> None:
-        """The listener holds ``cap`` connections already: this one is answered 503 once its
-        request's first bytes are read (closed with them unread, the answer would be lost to
-        a reset), or closed after ``FULL_WAIT_S`` without any."""
+        """The listener holds ``cap`` connections: this one is answered 503 once its first bytes
+        are read (closed unread, the answer would be lost to a reset), or closed after
+        ``FULL_WAIT_S`` without any; never lingering, it must free its descriptor."""
         self._phase = _FULL
         now = self.loop.time()
         cls = type(self)
         if now - cls._full_logged >= _FULL_LOG_S:
             cls._full_logged = now
-            log.warning("%d connections open on port %s: refusing more", cap, self._port())
+            where = self.transport.get_extra_info("sockname")
+            log.warning("%d connections open on %s: refusing more", cap, where)
         self._ensure_timer(now + FULL_WAIT_S)
 
     def _refuse_connection(self) -> None:
         self._phase = _CLOSING
         cap = self.limits.max_connections
         message = f"the server holds {cap} connections on this port; retry later"
-        self.transport.write(error_bytes(self.server_state, 503, message, b"retry-after: 1\r\n"))
+        self.transport.write(
+            edge_rules.error_bytes(self.server_state, 503, message, b"retry-after: 1\r\n")
+        )
         self.transport.close()
-
-    def _port(self) -> str:
-        sockname = self.transport.get_extra_info("sockname")
-        return str(sockname[1]) if sockname else "?"
 
     def _send_error(self, status: int, message: str) -> None:
         log.info("%s: %d %s", _client(self.client), status, message)
-        self.transport.write(error_bytes(self.server_state, status, message))
+        self.transport.write(edge_rules.error_bytes(self.server_state, status, message))
         self._close_lingering()
 
     def _close_lingering(self) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from torchbay.server.http.edge_rules import connection_cap
+from torchbay.server.http.pipelining import FEED_STEP, MAX_PIPELINED
 
 from .conftest import LiveServer, make_config, probe_models
 
@@ -245,6 +246,27 @@ def test_the_default_cap_is_a_share_of_the_raised_open_file_limit():
         assert raised > 256 and share == max(64, min(raised, 1 << 20) * 3 // 4 // 3)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_client_that_pipelines_without_reading_has_few_requests_parsed_ahead(server):
+    # httptools parsed each whole read and uvicorn read again after every answer: a client that
+    # pipelined 12 MB of small requests without reading its answers made the server hold every
+    # one of them parsed (~1.5 KB each: 500 MB), here thousands.
+    one = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    [(protocols, _)] = [
+        (s.server_state.connections, _) for n, s, _ in server.server._servers if n == "inference"
+    ]
+    with socket.create_connection(("127.0.0.1", _ports(server)["inference"]), WAIT_S) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(2)
+        with contextlib.suppress(TimeoutError):
+            sock.sendall(one * 50_000)  # stops once the server stops reading
+        deepest, until = 0, time.monotonic() + 3
+        while time.monotonic() < until:  # the deepest the queue gets while they are answered
+            deepest = max([deepest, *(len(p.pipeline) for p in list(protocols))])
+            time.sleep(0.01)
+        assert 0 < deepest <= MAX_PIPELINED + FEED_STEP // len(one), deepest
+    assert httpx.get(f"{server.url}/ping", timeout=WAIT_S).status_code == 200
 
 
 def test_idle_connections_are_closed(server):
