@@ -159,7 +159,10 @@ class LimitedHttpToolsProtocol(BoundedPipeline, HttpToolsProtocol):
             self._feed_bounded(memoryview(data))
 
     def _feed(self, data: bytes | memoryview) -> bool:
-        """Parse ``data``; False when the connection is answered or closing because of it."""
+        """Parse ``data``; False when the connection is answered or closing (held bytes fed
+        after a refusal of a pipelined request are not parsed)."""
+        if self._phase >= _CLOSING:
+            return False
         if self._phase != _BODY:
             self._raw += len(data)
         try:
@@ -355,11 +358,9 @@ class LimitedHttpToolsProtocol(BoundedPipeline, HttpToolsProtocol):
 
     def _refuse_connection(self) -> None:
         self._phase = _CLOSING
-        cap = self.limits.max_connections
-        message = f"the server holds {cap} connections on this port; retry later"
-        self.transport.write(
-            edge_rules.error_bytes(self.server_state, 503, message, b"retry-after: 1\r\n")
-        )
+        message = f"the server holds {self.limits.max_connections} connections; retry later"
+        state, retry = self.server_state, b"retry-after: 1\r\n"
+        self.transport.write(edge_rules.error_bytes(state, 503, message, retry))
         self.transport.close()
 
     def _send_error(self, status: int, message: str) -> None:
