@@ -222,7 +222,7 @@ class TorchbayServer:
             routes["inference"] = CombinedApp(apps.inference, apps.management)
             del routes["management"]
             self.state.ports.management = self.state.ports.inference
-        limits = HttpLimits.from_config(config)
+        limits = HttpLimits.from_config(config, listeners=len(self._sockets))
         for name, app in routes.items():
             if name in self._sockets:  # no metrics listener with enable_metrics_api false
                 # The inference listener refuses from the headers while a model refuses.

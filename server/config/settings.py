@@ -218,6 +218,10 @@ class ServerConfig(GrpcSettings):
     keep_alive_timeout_s: float = Field(30.0, gt=0, le=3600)
     max_header_size: int = Field(64 << 10, ge=1024, le=16 << 20)  # request line + all headers
     max_header_count: int = Field(256, ge=8, le=10_000)
+    # Open connections per HTTP listener; past it a new one is answered 503 and closed at once, so
+    # one client's connections never take every file descriptor of the process (then no listener
+    # accepts, workers cannot start). 0: a share of the open-file limit (server.http.limits).
+    max_connections: int = Field(0, ge=0, le=1_000_000)
     # Triton's shared-memory extensions (server/plane/shm.py): off unless the operator allows
     # clients to name memory objects of this host, as Triton's --allow-client-shm.
     allow_client_shm: bool = False

@@ -9,7 +9,9 @@ ones already queued are cancelled (the batcher skips them) and the call gets tha
 More instances than the model's queue holds at all (``job_queue_size``) are a 413 at once.
 The first failed instance's status and body are the response. A client that disconnects while
 its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
-``/predictions`` (disconnect.py). Torch-free.
+``/predictions`` (disconnect.py). A body in a ``Content-Encoding`` is inflated first, bounded by
+``max_request_size`` (gzip and deflate, as ``/predictions`` and OIP infer take them; another
+coding is a 415), and each instance is sent on uncoded. Torch-free.
 """
 
 from __future__ import annotations
@@ -20,9 +22,17 @@ from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from torchbay.server.errors import BadRequest
-from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
+from torchbay.server.http.asgi import (
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_bytes,
+    send_json,
+)
 from torchbay.server.http.disconnect import all_answers
-from torchbay.server.plane import DataPlane, Exchange, WireRequest, WireResponse
+from torchbay.server.plane import DataPlane, Exchange, WireRequest, WireResponse, oip_body
 
 
 class Listener(Protocol):
@@ -84,7 +94,11 @@ async def predict(
         if app.authorize is not None:
             app.authorize(scope, "inference")
         ex.resolve()  # 503 from the headers alone: the body is never read
-        instances = parse_instances(await read_body(scope, receive, app.max_request_size))
+        body = await read_body(scope, receive, app.max_request_size)
+        encoding = header(scope, b"content-encoding")
+        if encoding is not None:  # gzip or deflate, as the other inference routes; else 415
+            body = oip_body.decoded(body, encoding.decode("latin-1"), app.max_request_size)
+        instances = parse_instances(body)
         items = ex.admit_all(_wires(app, scope, instances, explain))
         key = "explanations" if explain else "predictions"
         ex.status = await _answer(scope, ex, items, send, key)

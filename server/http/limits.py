@@ -11,7 +11,12 @@ sending it, holds a connection forever. :class:`LimitedHttpToolsProtocol` adds, 
   body is incomplete (not counted while we, not the client, hold reading paused). Past it: ``408``
   and close; the ASGI app's ``receive()`` answers ``http.disconnect`` and whatever it sends
   afterwards is dropped, so the request never runs;
-* ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close.
+* ``max_header_size`` (request line + headers) and ``max_header_count``: ``431`` and close;
+* a transfer coding other than ``chunked`` (``gzip, chunked``): ``501`` and close, as nginx
+  (httptools would read the body as chunked and hand it on still gzipped, as the body);
+* ``max_connections`` open connections on the listener: past it, ``503`` and close at once, so
+  one listener's clients cannot take every file descriptor (``edge_rules.connection_cap``);
+* at most ``pipelining.MAX_PIPELINED`` pipelined requests parsed ahead (``BoundedPipeline``).
 
 A listener may answer a request from its headers alone, before any ASGI task exists (the
 inference listener's refusals under overload, server.http.early).
@@ -30,7 +35,6 @@ the cost is a clock read and a few integer updates per header.
 
 from __future__ import annotations
 
-import json
 import logging
 from asyncio import TimerHandle
 from collections.abc import Callable
@@ -38,20 +42,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from torchbay.server.http import edge_rules
 from torchbay.server.http.coalesce import CoalescingCycle
 from torchbay.server.http.disconnect import client_left
+from torchbay.server.http.pipelining import FEED_STEP, BoundedPipeline
 
 log = logging.getLogger("torchbay.http")
 
-_IDLE, _HEADERS, _BODY, _CLOSING = 0, 1, 2, 3
+_IDLE, _HEADERS, _BODY, _CLOSING, _FULL = 0, 1, 2, 3, 4
 LINGER_S = 2.0  # the lingering close after an error answer (see the module docstring)
-_TYPES = {408: "RequestTimeout", 431: "RequestHeaderFieldsTooLarge"}
+FULL_WAIT_S = 1.0  # a connection past the cap waits this long at most for its request's bytes
+_FULL_LOG_S = 10.0  # a listener that refuses connections says so at most this often
 
 
 @dataclass(frozen=True)
@@ -60,15 +63,18 @@ class HttpLimits:
     body_timeout_s: float = 60.0
     max_header_size: int = 64 << 10
     max_header_count: int = 256
+    max_connections: int = 0  # per listener; 0: no cap
 
     @classmethod
-    def from_config(cls, config: Any) -> HttpLimits:
-        """The limits of a ``ServerConfig``."""
+    def from_config(cls, config: Any, listeners: int = 3) -> HttpLimits:
+        """The limits of a ``ServerConfig`` whose ``listeners`` HTTP listeners share the
+        process's file descriptors."""
         return cls(
             header_timeout_s=config.http_header_timeout_s,
             body_timeout_s=config.http_body_timeout_s,
             max_header_size=config.max_header_size,
             max_header_count=config.max_header_count,
+            max_connections=config.max_connections or edge_rules.connection_cap(listeners),
         )
 
 
@@ -80,7 +86,7 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing; ``_rejection`` says what to answer."""
 
 
-class LimitedHttpToolsProtocol(HttpToolsProtocol):
+class LimitedHttpToolsProtocol(BoundedPipeline, HttpToolsProtocol):
     """uvicorn's httptools protocol with header/body timeouts and header limits."""
 
     limits: HttpLimits = HttpLimits()  # set per listener by protocol_class()
@@ -109,8 +115,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- connection -----------------------------------------------------------------------------
 
+    _full_logged = 0.0  # loop time this listener last logged refusing connections
+
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        cap = self.limits.max_connections
+        if cap and len(self.connections) > cap:
+            self._full(cap)
+            return
         self._phase = _HEADERS  # the first request is due within the header timeout
         self._header_due = self.loop.time() + self.limits.header_timeout_s
         self._ensure_timer(self._header_due)
@@ -132,10 +144,25 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._phase == _CLOSING:
+        if self._phase >= _CLOSING:
+            if self._phase == _FULL:
+                self._refuse_connection()
             return  # answered and closing: discard
+        if self._held is not None:  # a read already under way when reading paused
+            self._held = memoryview(bytes(self._held) + data)
+            return
         self._unset_keepalive_if_required()
         self._last_read = self.loop.time()
+        if len(data) <= FEED_STEP and not self.pipeline:
+            self._feed(data)
+        else:
+            self._feed_bounded(memoryview(data))
+
+    def _feed(self, data: bytes | memoryview) -> bool:
+        """Parse ``data``; False when the connection is answered or closing (held bytes fed
+        after a refusal of a pipelined request are not parsed)."""
+        if self._phase >= _CLOSING:
+            return False
         if self._phase != _BODY:
             self._raw += len(data)
         try:
@@ -145,21 +172,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
-            return
+            return False
         except httptools.HttpParserError:
             rejection, self._rejection = self._rejection, None
             if rejection is not None:
                 self._refuse_headers(*rejection)
-                return
+                return False
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
             self.send_400_response(msg)
-            return
+            return False
         if self._phase == _HEADERS:
             if self._raw > self.limits.max_header_size:
                 self._refuse_headers(431, self._too_large())
+                return False
         elif self._phase == _BODY:
             self._ensure_timer(self._last_read + self.limits.body_timeout_s)
+        return self._phase < _CLOSING
 
     # -- parser callbacks -----------------------------------------------------------------------
 
@@ -186,6 +215,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         name = name.lower()  # uvicorn's on_header, inlined
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
+        elif name == b"transfer-encoding":
+            unknown = edge_rules.unknown_transfer_coding(value)
+            if unknown is not None:
+                self._refuse(501, f"Transfer-Encoding {unknown!r} is not supported (only chunked)")
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -227,13 +260,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _answer(self, cycle: RequestResponseCycle, status: int, headers: Any, body: bytes) -> None:
         """Write ``cycle``'s whole answer as uvicorn's ``send`` would; the rest of its body is
         discarded as it arrives (the cycle is complete)."""
-        content = [STATUS_LINE[status]]
-        for name, value in cycle.default_headers + headers:
-            content.extend([name, b": ", value, b"\r\n"])
-        content += [b"\r\n", body]
         cycle.response_started = cycle.response_complete = True
         if not self.transport.is_closing():
-            self.transport.write(b"".join(content))
+            self.transport.write(
+                edge_rules.answer_bytes(status, cycle.default_headers + headers, body)
+            )
         cycle.on_response()  # keep-alive timer, or the next pipelined request
 
     # -- the timer ------------------------------------------------------------------------------
@@ -258,6 +289,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._ensure_timer(self._header_due)
             elif not self._begun:  # nothing of a request arrived: just close
                 self.transport.close()
+            elif self.flow.read_paused:  # we are the ones not reading (pipelined requests)
+                self._ensure_timer(now + self.limits.header_timeout_s)
             else:
                 limit = self.limits.header_timeout_s
                 self._refuse_headers(408, f"the request headers did not arrive within {limit:g} s")
@@ -269,6 +302,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._ensure_timer(now + self.limits.body_timeout_s)
             else:
                 self._body_stalled()
+        elif phase == _FULL:
+            self.transport.close()  # past the cap and silent: just close
         elif phase == _CLOSING and self._close_due:
             if now < self._close_due:
                 self._ensure_timer(self._close_due)
@@ -308,18 +343,29 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._send_error(status, message)
 
+    def _full(self, cap: int) -> None:
+        """The listener holds ``cap`` connections: this one is answered 503 once its first bytes
+        are read (closed unread, the answer would be lost to a reset), or closed after
+        ``FULL_WAIT_S`` without any; never lingering, it must free its descriptor."""
+        self._phase = _FULL
+        now = self.loop.time()
+        cls = type(self)
+        if now - cls._full_logged >= _FULL_LOG_S:
+            cls._full_logged = now
+            where = self.transport.get_extra_info("sockname")
+            log.warning("%d connections open on %s: refusing more", cap, where)
+        self._ensure_timer(now + FULL_WAIT_S)
+
+    def _refuse_connection(self) -> None:
+        self._phase = _CLOSING
+        message = f"the server holds {self.limits.max_connections} connections; retry later"
+        state, retry = self.server_state, b"retry-after: 1\r\n"
+        self.transport.write(edge_rules.error_bytes(state, 503, message, retry))
+        self.transport.close()
+
     def _send_error(self, status: int, message: str) -> None:
         log.info("%s: %d %s", _client(self.client), status, message)
-        body = json.dumps({"code": status, "type": _TYPES[status], "message": message}).encode()
-        content = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            content.extend([name, b": ", value, b"\r\n"])
-        content.append(
-            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % len(body)
-        )
-        content.append(body)
-        self.transport.write(b"".join(content))
+        self.transport.write(edge_rules.error_bytes(self.server_state, status, message))
         self._close_lingering()
 
     def _close_lingering(self) -> None:

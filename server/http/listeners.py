@@ -47,7 +47,14 @@ def check_tls(config: ServerConfig) -> None:
             raise TorchbayError(f"cannot read TLS file {path}: {_reason(exc)}") from None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        context.load_cert_chain(str(cert), str(key))
+        # No password: OpenSSL would prompt for one on the terminal (a start that waits for
+        # typing, or two prompts and then 'not a PEM certificate' without a terminal).
+        context.load_cert_chain(str(cert), str(key), password=_encrypted)
+    except _EncryptedKey:
+        raise TorchbayError(
+            f"TLS key {key} is encrypted: private_key_file must be an unencrypted PEM key "
+            "(e.g. openssl pkey -in KEY -out PLAIN_KEY)"
+        ) from None
     except (ssl.SSLError, OSError) as exc:
         reason = getattr(exc, "reason", None)
         detail = f" ({reason.lower().replace('_', ' ')})" if reason else ""
@@ -55,6 +62,14 @@ def check_tls(config: ServerConfig) -> None:
             f"cannot use TLS certificate {cert} with key {key}: not a PEM certificate and its "
             f"private key{detail}"
         ) from None
+
+
+class _EncryptedKey(Exception):
+    """The private key asks for a password."""
+
+
+def _encrypted() -> bytes:
+    raise _EncryptedKey
 
 
 def listener_names(config: ServerConfig) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ declares are its API description; the values are parsed by ``plane.params``.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from torchbay.server.config.sources import api_int
 from torchbay.server.errors import BadRequest
+from torchbay.server.http.asgi import read_body
 from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.openapi import documented
 from torchbay.server.plane import management as plane
@@ -75,14 +77,15 @@ async def describe_version(state: State, name: str, version: str) -> list[dict[s
 # -- register -----------------------------------------------------------------------------------
 
 
-async def _register_params(request: Request) -> Any:
-    """The query string, overlaid by a JSON object body (TorchServe takes either)."""
+async def _register_params(request: Request, limit: int) -> Any:
+    """The query string, overlaid by a JSON object body (TorchServe takes either) of at most
+    ``limit`` bytes (``max_request_size``, as TorchServe bounds every listener's request)."""
     raw: dict[str, Any] = dict(request.query_params.items())
     if request.headers.get("content-type", "").startswith("application/json"):
-        body = await request.body()
+        body = await read_body(request.scope, request.receive, limit)
         if body.strip():
             try:
-                data = await request.json()
+                data = json.loads(body)
             except (ValueError, RecursionError):  # RecursionError: nested too deep
                 raise BadRequest("The request body is not valid JSON") from None
             if not isinstance(data, dict):
@@ -111,7 +114,8 @@ async def register_model(
     max_queue_delay_ms: str | None = None,  # torchbay's: the queue-time bound (0: off)
     sla_p99_ms: str | None = None,  # torchbay's: the autopilot's p99 target (0: off)
 ) -> JSONResponse:
-    return status(await plane.register(state, await _register_params(request)))
+    params = await _register_params(request, state.config.max_request_size)
+    return status(await plane.register(state, params))
 
 
 # -- scale and tune -----------------------------------------------------------------------------

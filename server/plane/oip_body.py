@@ -35,8 +35,12 @@ def inflated(wire: p.WireRequest, limit: int = DEFAULT_LIMIT) -> bytes:
     """``wire.body`` with its content codings undone (unchanged without one): 415 for a coding
     other than gzip, deflate and identity (the worker's answer too), 400 for data that does not
     inflate, 413 for a body that inflates past ``limit`` bytes."""
-    body = wire.body
-    encoding = encoding_of(wire)
+    return decoded(wire.body, encoding_of(wire), limit)
+
+
+def decoded(body: bytes, encoding: str | None, limit: int = DEFAULT_LIMIT) -> bytes:
+    """``body`` with the content codings of ``encoding`` undone, as :func:`inflated` (for a
+    body the frontend reads itself: KServe v1's instances)."""
     codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip()]
     for coding in reversed(codings):  # the last coding applied is listed last
         if coding == "identity":

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import resource
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from torchbay.server.http.edge_rules import connection_cap
+from torchbay.server.http.pipelining import FEED_STEP, MAX_PIPELINED
 
 from .conftest import LiveServer, make_config, probe_models
 
@@ -175,6 +180,93 @@ def test_a_thousand_headers_get_431(server):
     )
     error = _assert_refused(raw, closed, 431, "RequestHeaderFieldsTooLarge")
     assert "more than 32 request headers" in error["message"]
+
+
+def test_a_transfer_coding_other_than_chunked_gets_501(server):
+    # httptools reads "gzip, chunked" as chunked: the gzipped bytes reached the model as the
+    # body (here a plain JSON object, which the probe echoed: 200).
+    body = b'{"echo": "coded"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for codings in (b"gzip, chunked", b"Deflate ,chunked", b"x-foo\r\nTransfer-Encoding: chunked"):
+        raw, closed = _exchange(
+            _ports(server)["inference"],
+            head + b"Transfer-Encoding: " + codings + b"\r\n\r\n" + chunked,
+        )
+        error = _assert_refused(raw, closed, 501, "NotImplemented")
+        assert "is not supported (only chunked)" in error["message"], codings
+    ran = httpx.post(f"{server.url}/predictions/probe", json={"ran": True}, timeout=WAIT_S)
+    assert "coded" not in ran.json()["ran"]
+    raw, closed = _exchange(  # chunked alone, in any case, is read
+        _ports(server)["inference"],
+        head + b"Transfer-Encoding: Chunked\r\nConnection: close\r\n\r\n" + chunked,
+    )
+    assert closed and _parse(raw)[0] == 200 and json.loads(_parse(raw)[2])["echo"] == "coded"
+
+
+def test_connections_past_the_cap_get_503_and_the_other_listeners_serve(model_store):
+    # Without a cap one client's connections took every file descriptor of the process: no
+    # listener accepted another connection (ping, metrics, management all timed out) and the
+    # accept loop logged EMFILE tracebacks until the client left.
+    live = LiveServer(make_config(model_store, max_connections=4)).start()
+    ports = _ports(live)
+    try:
+        held = [
+            socket.create_connection(("127.0.0.1", ports["inference"]), WAIT_S) for _ in range(4)
+        ]
+        with contextlib.ExitStack() as stack:
+            for sock in held:
+                stack.enter_context(sock)
+            raw, closed = _exchange(ports["inference"], b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+            error = _assert_refused(raw, closed, 503, "ServiceUnavailable")
+            assert "4 connections" in error["message"] and _parse(raw)[1]["retry-after"] == "1"
+            for port in (ports["management"], ports["metrics"]):  # caps of their own
+                assert httpx.get(f"http://127.0.0.1:{port}/", timeout=WAIT_S).status_code < 500
+            held.pop().close()
+            until_served = time.monotonic() + WAIT_S
+            while True:  # the server sees the close soon after
+                raw, _ = _exchange(
+                    ports["inference"], b"GET /ping HTTP/1.1\r\nConnection: close\r\n\r\n"
+                )
+                if _parse(raw)[0] == 200 or time.monotonic() > until_served:
+                    break
+            assert _parse(raw)[0] == 200, raw
+    finally:
+        live.stop()
+
+
+def test_the_default_cap_is_a_share_of_the_raised_open_file_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard open-file limit is {hard}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        share = connection_cap(3)  # raises the soft limit to the hard one first
+        raised = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert raised > 256 and share == max(64, min(raised, 1 << 20) * 3 // 4 // 3)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_client_that_pipelines_without_reading_has_few_requests_parsed_ahead(server):
+    # httptools parsed each whole read and uvicorn read again after every answer: a client that
+    # pipelined 12 MB of small requests without reading its answers made the server hold every
+    # one of them parsed (~1.5 KB each: 500 MB), here thousands.
+    one = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    [(protocols, _)] = [
+        (s.server_state.connections, _) for n, s, _ in server.server._servers if n == "inference"
+    ]
+    with socket.create_connection(("127.0.0.1", _ports(server)["inference"]), WAIT_S) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(2)
+        with contextlib.suppress(TimeoutError):
+            sock.sendall(one * 50_000)  # stops once the server stops reading
+        deepest, until = 0, time.monotonic() + 3
+        while time.monotonic() < until:  # the deepest the queue gets while they are answered
+            deepest = max([deepest, *(len(p.pipeline) for p in list(protocols))])
+            time.sleep(0.01)
+        assert 0 < deepest <= MAX_PIPELINED + FEED_STEP // len(one), deepest
+    assert httpx.get(f"{server.url}/ping", timeout=WAIT_S).status_code == 200
 
 
 def test_idle_connections_are_closed(server):

@@ -240,6 +240,28 @@ def test_register_refuses_a_model_directory_that_names_no_handler(live_server, r
     assert m.get("/models").json() == {"models": []}
 
 
+def test_register_json_body_is_bounded_by_max_request_size(live_server, request):
+    # The body was read whole whatever its size (300 MB took 300 MB of the server's memory),
+    # where TorchServe's max_request_size bounds every listener's request.
+    server = live_server(enable_model_api=True, max_request_size=4096)
+    m = httpx.Client(base_url=server.management_url, timeout=60)
+    request.addfinalizer(m.close)
+    json_type = {"content-type": "application/json"}
+    big = b'{"url": "missing.mar"' + b" " * 8192 + b"}"
+
+    def chunks():  # no Content-Length: the limit is found while reading
+        yield big[:4000]
+        yield big[4000:]
+
+    for content in (big, chunks()):
+        r = m.post("/models", content=content, headers=json_type)
+        assert r.status_code == 413, r.text
+        assert r.json()["type"] == "PayloadTooLarge" and "4096" in r.json()["message"]
+    r = m.post("/models", content=b'{"url": "missing.mar"}', headers=json_type)
+    assert r.status_code == 404 and r.json()["type"] == "ModelNotFound", r.text  # read, as before
+    assert m.get("/models").json()["models"] == []
+
+
 def test_model_api_off_by_default(live_server, request):
     server = live_server(load_models=[])
     m = httpx.Client(base_url=server.management_url, timeout=60)

@@ -121,6 +121,30 @@ def test_missing_model_store_and_unreadable_tls_files(tmp_path, model_store):
     assert not (tmp_path / "key_file.json").exists()
 
 
+def test_an_encrypted_tls_key_is_one_line_and_no_password_prompt(tmp_path, model_store):
+    # OpenSSL prompted "Enter PEM pass phrase:" (twice without a terminal, then the start failed
+    # with 'not a PEM certificate and its private key'; with one, the start waited for typing).
+    from cryptography.hazmat.primitives import serialization
+
+    from .test_grpc import _self_signed
+
+    key, cert = _self_signed(tmp_path)
+    private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    locked = serialization.BestAvailableEncryption(b"secret")
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8, locked))  # fmt: skip
+    tls = tmp_path / "tls.properties"
+    tls.write_text(f"private_key_file={key}\ncertificate_file={cert}\n")
+    args = ["--model-store", str(model_store), "--ts-config", str(tls), *_addresses()]
+    args[args.index("--inference-address") + 1] = "https://127.0.0.1:0"
+    code, err = _serve(tmp_path, *args)
+    assert code == 1
+    assert err == [
+        f"torchbay: error: TLS key {key} is encrypted: private_key_file must be an unencrypted "
+        "PEM key (e.g. openssl pkey -in KEY -out PLAIN_KEY)"
+    ]
+
+
 def test_a_ready_file_in_a_missing_folder_is_one_line_before_anything_starts(tmp_path, model_store):
     ready = tmp_path / "nowhere" / "ready.json"
     args = ["--model-store", str(model_store), "--ready-file", str(ready), *_addresses()]
