@@ -48,6 +48,8 @@ _FORMATTED = re.compile(r"\{|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
 # pieces of that size: a handler writing without a newline never grows the reader's buffer.
 _EOL = re.compile(rb"\r\n|\r|\n")
 MAX_LINE = 64 * 1024
+# The workers' output waits in their pipe while the writer is this many records behind.
+MAX_BACKLOG = 1000
 
 log = logging.getLogger("torchbay.logs")
 
@@ -101,6 +103,11 @@ class WorkerOutput:
     thread: a line a worker formatted (its log records) is written as it is, anything else (a
     ``print``) becomes a ``torchbay.model_log`` record. ``close()`` puts fds 1 and 2 back and
     waits (bounded) for the workers' last lines.
+
+    While the writer is ``MAX_BACKLOG`` records behind (stdout a pipe that nobody reads), the
+    thread stops reading: the workers' output waits in their pipe and a worker that writes more
+    waits too, as TorchServe's reader blocks on its log. It piled up in the frontend's memory
+    (100 MB printed: 155 MB more held).
     """
 
     def __init__(self) -> None:
@@ -117,6 +124,7 @@ class WorkerOutput:
         sys.stderr = open(self._err_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
         self.console: TextIO = open(self._out_fd, "w", buffering=1 << 16, closefd=False)  # noqa: SIM115
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
 
     def start(self, pipeline: Any) -> None:
         self._thread = threading.Thread(
@@ -127,6 +135,8 @@ class WorkerOutput:
     def _pump(self, pipeline: Any) -> None:
         with open(self._read, "rb") as pipe:
             for raw in _lines(pipe):
+                while pipeline.backlog() > MAX_BACKLOG and not self._closing.is_set():
+                    self._closing.wait(0.01)
                 line = raw.decode("utf-8", "replace")
                 if _FORMATTED.match(line):
                     pipeline.put_line(MODEL_LOGGER, line)
@@ -149,6 +159,7 @@ class WorkerOutput:
             os.close(fd)
 
     def close(self, timeout: float = 5.0) -> None:
+        self._closing.set()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         sys.stdout, sys.stderr = self._saved

@@ -305,6 +305,10 @@ class LogPipeline:
     def __call__(self) -> None:
         self._stop()
 
+    def backlog(self) -> int:
+        """Records queued and not written yet (many: a console that nobody reads)."""
+        return self._records.qsize()
+
     def put_line(self, name: str, line: str) -> None:
         """Write ``line`` as it is (already formatted) to every destination, as logger ``name``."""
         record = logging.LogRecord(name, logging.INFO, "", 0, line, None, None)

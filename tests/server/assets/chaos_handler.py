@@ -7,6 +7,7 @@ Each request is a JSON object; keys change what happens to it:
   {"status": code}        answer with this HTTP status (even an invalid one)
   {"header": [k, v]}      add this response header (even an invalid one)
   {"big": n}              the answer carries n extra bytes
+  {"print_mb": n}         print n MiB to stdout first (lines of 1 KiB)
 Every answer is {"pid": worker pid, "leaked_mb": MiB leaked so far[, "big": "x" * n]}. The
 archive's TorchScript model is loaded (BaseHandler) and left alone.
 """
@@ -29,6 +30,10 @@ class ChaosHandler(BaseHandler):
         if delay:
             time.sleep(delay)
         results = []
+        for body in bodies:
+            line = "p" * 1023
+            for _ in range(int(body.get("print_mb", 0)) * 1024):
+                print(line, flush=False)
         for idx, body in enumerate(bodies):
             cap = int(body.get("leak_cap_mb", 1 << 20)) << 20
             if body.get("leak_mb") and sum(len(b) for b in LEAKED) < cap:
