@@ -14,7 +14,7 @@ its instances wait has every one cancelled (queued: never run) and is recorded 4
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
@@ -108,13 +108,14 @@ async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key:
 
 def _wires(
     app: Listener, scope: Scope, instances: list[Any], explain: bool = False
-) -> list[WireRequest]:
+) -> Iterator[WireRequest]:
+    """One request per instance, made as ``admit_all`` takes it: past the queue's bound none
+    is made (a body of a million instances made them all first: the event loop held for
+    a minute and gigabytes of copied headers, to be refused 503 at the 101st)."""
     headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED_HEADERS]
     if explain:
         headers.append((b"explain", b"True"))
-    wires = []
     for instance in instances:
         body, content_type = encode_instance(instance)
         one = {**scope, "headers": [*headers, (b"content-type", content_type)]}
-        wires.append(app._wire_request(one, body, "predict"))
-    return wires
+        yield app._wire_request(one, body, "predict")

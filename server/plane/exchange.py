@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -178,11 +178,13 @@ class Exchange:
         self.model.requests_received += 1  # describe's request count: a hit is a request
         return Pending(wire, future, clock(), parts=Parts())
 
-    def admit_all(self, wires: list[p.WireRequest]) -> list[Item]:
+    def admit_all(self, wires: Iterable[p.WireRequest]) -> list[Item]:
         """Queue every request before any is awaited (KServe v1's instances); when one is
         refused, the ones queued before it are cancelled (the batcher skips them) and the
         refusal is raised. The block's end finishes them all. Each is admitted without a
-        reader of parts: a streaming handler's final response is its answer."""
+        reader of parts: a streaming handler's final response is its answer. ``wires`` is
+        read one at a time, each admitted before the next is made: a refusal (the queue's
+        bound) stops it, so a body of a million instances makes no more requests than fit."""
         mv = self.model
         assert mv is not None, "resolve() first"
         try:

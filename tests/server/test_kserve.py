@@ -127,6 +127,27 @@ def test_v1_predict_queue_full_cancels_the_admitted_instances(live_server: Any) 
     assert "cancelled" not in ran.json()["ran"]
 
 
+def test_v1_predict_of_a_million_instances_is_refused_without_making_them_all(
+    live_server: Any,
+) -> None:
+    """Past the queue's bound (100) no instance is made into a request: the whole body's
+    instances were made first (each with a copy of the headers), holding the event loop about
+    a minute and gigabytes of memory before the 503."""
+    server = live_server(models=probe_models())
+    body = b'{"instances":[' + b",".join([b"0"] * 1_000_000) + b"]}"
+    started = time.monotonic()
+    reply = httpx.post(
+        f"{server.url}/v1/models/probe:predict",
+        content=body,
+        headers={"content-type": "application/json", "x-pad": "a" * 4000},
+        timeout=300,
+    )
+    assert reply.status_code == 503 and reply.json()["type"] == "QueueFull", reply.text
+    assert time.monotonic() - started < 10  # was 60 s and more
+    ok = httpx.post(f"{server.url}/predictions/probe", json={"echo": "after"}, timeout=30)
+    assert ok.status_code == 200
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "config.properties"
     path.write_text(text)
