@@ -6,7 +6,9 @@ handler gets); the batcher groups them like any other requests and the results c
 in order. No worker or handler change: a handler that answers ``/predictions`` answers this too.
 Every instance is admitted before any is awaited; if one is refused (queue full, no worker), the
 ones already queued are cancelled (the batcher skips them) and the call gets that one error.
-The first failed instance's status and body are the response. A client that disconnects while
+The first failed instance's status and body are the response. The answer is bounded as one
+response (``max_response_size``: 500 past it), as TorchServe answers a v1 call as one. A client
+that disconnects while
 its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
 ``/predictions`` (disconnect.py). Torch-free.
 """
@@ -18,8 +20,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
-from torchbay.server.errors import BadRequest
-from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
+from torchbay.server.errors import BadRequest, HandlerFailed
+from torchbay.server.http.asgi import Receive, Scope, Send, dumps, read_body, send_bytes
 from torchbay.server.http.disconnect import all_answers
 from torchbay.server.plane import DataPlane, Exchange, WireRequest, WireResponse
 
@@ -102,8 +104,23 @@ async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key:
     if failed is not None:
         await send_bytes(send, failed.status, failed.body, failed.content_type.encode("latin-1"))
         return failed.status
-    await send_json(send, 200, {key: [decode_prediction(r) for r in results]})
+    limit = ex.model.settings.max_response_size if ex.model is not None else 0
+    _bounded(sum(len(r.body) for r in results), len(results), limit)
+    body = dumps({key: [decode_prediction(r) for r in results]})
+    _bounded(len(body), len(results), limit)
+    await send_bytes(send, 200, body)
     return 200
+
+
+def _bounded(size: int, count: int, limit: int) -> None:
+    """The call's answer is bounded as one response is (TorchServe answers a v1 call as one):
+    past ``max_response_size`` (0: none) in all, it is the 500 of a response too large, as an
+    instance's own answer past it is; each instance's answer was bounded alone before."""
+    if limit and size > limit:
+        raise HandlerFailed(
+            f"The model's responses to the {count} instances, {size} bytes in all, exceed "
+            f"the server's max_response_size of {limit} bytes"
+        )
 
 
 def _wires(

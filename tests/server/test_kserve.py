@@ -148,6 +148,19 @@ def test_v1_predict_of_a_million_instances_is_refused_without_making_them_all(
     assert ok.status_code == 200
 
 
+def test_v1_predict_answer_is_bounded_as_one_response(live_server: Any) -> None:
+    """Each instance's answer is under max_response_size, all of them past it: a 500, as
+    TorchServe's one response for the call would be (it was sent, 2.5 x the bound)."""
+    server = live_server(models=probe_models(batchSize=4), max_response_size=2000)
+    url = f"{server.url}/v1/models/probe:predict"
+    fits = httpx.post(url, json={"instances": [{"echo": "x" * 300, "n": 1}] * 2}, timeout=30)
+    assert fits.status_code == 200, fits.text
+    reply = httpx.post(url, json={"instances": [{"echo": "x" * 300, "n": 1}] * 10}, timeout=30)
+    assert reply.status_code == 500, reply.text[:200]
+    assert "max_response_size of 2000 bytes" in reply.json()["message"]
+    _no_leak(reply.json())
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "config.properties"
     path.write_text(text)
