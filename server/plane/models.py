@@ -18,13 +18,9 @@ need the model API (``enable_model_api``, else 405, as the management API answer
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from torchbay.server.config.model_settings import ResponseCacheConfig, check_model_settings
 from torchbay.server.errors import (
     BadRequest,
     ConfigError,
@@ -34,6 +30,7 @@ from torchbay.server.errors import (
 )
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.plane.cache import ResponseCache
+from torchbay.server.plane.load_config import load_overrides
 from torchbay.server.plane.schedule import queue_policies
 from torchbay.server.serving.archives import (
     ArchiveError,
@@ -46,11 +43,6 @@ from torchbay.server.serving.archives import (
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.store import ARCHIVE_SUFFIXES, identity
-
-# What a load request's ``parameters.config`` may set (Triton ModelConfig JSON fields).
-LOAD_CONFIG_KEYS = frozenset(
-    {"name", "max_batch_size", "dynamic_batching", "instance_group", "response_cache"}
-)
 
 
 def signature(mv: ModelVersion) -> Signature | None:
@@ -226,7 +218,7 @@ class Models:
             raise
 
     async def _load(self, name: str, parameters: Any) -> None:
-        overrides, workers = _load_overrides(name, parameters)
+        overrides, workers = load_overrides(name, parameters)
         store = [(p, mf) for p, mf in await self._store() if mf is not None]
         candidates = [(p, mf) for p, mf in store if _store_name(p, mf)[0] == name] or [
             (p, mf) for p, mf in store if _stem(p) == name
@@ -314,78 +306,3 @@ def _store_name(path: Path, manifest: Manifest | None) -> tuple[str, str]:
     if manifest is None:
         return _stem(path), ""
     return manifest.model.model_name or _stem(path), str(manifest.model.model_version or "1.0")
-
-
-def _load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | None]:
-    """(register overrides, initial workers) from a load request's ``parameters.config``;
-    BadRequest for what torchbay does not support."""
-    parameters = parameters or {}
-    if not isinstance(parameters, dict):
-        raise BadRequest('"parameters" must be an object')
-    unknown = sorted(k for k in parameters if k != "config")
-    if unknown:
-        raise BadRequest(
-            f"Unsupported load parameter(s) {unknown}: torchbay loads archives from its model "
-            'store and takes only a "config" override'
-        )
-    if "config" not in parameters:
-        return {}, None
-    try:
-        config = json.loads(parameters["config"])
-    except (TypeError, ValueError, RecursionError):
-        raise BadRequest("parameters.config must be a string holding a JSON object") from None
-    if not isinstance(config, dict):
-        raise BadRequest("parameters.config must be a JSON object")
-    unsupported = sorted(set(config) - LOAD_CONFIG_KEYS)
-    if unsupported:
-        raise BadRequest(
-            f"parameters.config: unsupported field(s) {unsupported}; torchbay takes "
-            f"{sorted(LOAD_CONFIG_KEYS)}"
-        )
-    if config.get("name", name) != name:
-        raise BadRequest(f"parameters.config: name {config['name']!r} is not {name!r}")
-    return _config_settings(name, config)
-
-
-def _batch_size(name: str, max_batch_size: int) -> int:
-    """The batch size of Triton's ``max_batch_size``: 0 (no batching) serves one at a time;
-    below 0 is refused in Triton's words."""
-    if max_batch_size < 0:
-        raise BadRequest(f"'max_batch_size' must be non-negative value for {name}")
-    return max(1, max_batch_size)
-
-
-def _config_settings(name: str, config: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-    overrides: dict[str, Any] = {}
-    workers: int | None = None
-    try:
-        if "max_batch_size" in config:
-            overrides["batch_size"] = _batch_size(name, int(config["max_batch_size"]))
-        delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
-        if delay is not None:
-            overrides["max_batch_delay"] = float(delay) / 1000
-        groups = config.get("instance_group")
-        if groups:  # Triton: a group's count below 1 is its default, one instance
-            workers = sum(max(1, int(g.get("count", 1))) for g in groups)
-        if "response_cache" in config:
-            overrides["response_cache"] = _response_cache(config["response_cache"])
-    except (TypeError, ValueError, AttributeError, OverflowError):  # int() of JSON Infinity
-        raise BadRequest(
-            "parameters.config: max_batch_size, dynamic_batching.max_queue_delay_microseconds "
-            "and instance_group[].count must be numbers"
-        ) from None
-    check_model_settings({**overrides, "initial_workers": workers})
-    return overrides, workers
-
-
-def _response_cache(value: Any) -> ResponseCacheConfig:
-    """Triton's ``response_cache`` (``{"enable": true}``; torchbay's bounds may be given too)."""
-    try:
-        return ResponseCacheConfig.model_validate(value)
-    except ValidationError as exc:
-        parts = [
-            ".".join(["response_cache", *(str(p) for p in err.get("loc", ()))])
-            + f": {err.get('msg')}"
-            for err in exc.errors()
-        ]
-        raise BadRequest("parameters.config: " + "; ".join(parts)) from None
