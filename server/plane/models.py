@@ -18,6 +18,8 @@ need the model API (``enable_model_api``, else 405, as the management API answer
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,7 @@ class Models:
         self.model_api = model_api
         self.unload_timeout_s = unload_timeout_s
         self.cache = cache or ResponseCache()
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # name: its lock, its users
 
     # -- metadata, configuration, statistics ----------------------------------------------------
 
@@ -210,7 +213,8 @@ class Models:
         (its model-control examples look for those words)."""
         self.control()
         try:
-            await self._load(name, parameters)
+            async with self._turn(name):
+                await self._load(name, parameters)
         except ConfigError as exc:
             raise BadRequest(exc.message, oip_message=_failed(name, exc.message)) from None
         except TorchbayError as exc:
@@ -248,9 +252,29 @@ class Models:
         self.control()
         if not isinstance(parameters, dict):
             raise BadRequest('"parameters" must be an object')
-        if not self.registry.models.get(name):
-            raise ModelNotFound(f"Model not found: {name}")
-        await self._unload_all(name)
+        async with self._turn(name):
+            if not self.registry.models.get(name):
+                raise ModelNotFound(f"Model not found: {name}")
+            await self._unload_all(name)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, name: str) -> AsyncIterator[None]:
+        """One repository load or unload of ``name`` at a time, in the order they came, as
+        Triton's repository manager takes them: a second load while one is under way waited
+        for nothing and was a 409 (already registered), an unload meanwhile a 404 (the model
+        left loaded), and concurrent config changes left whichever finished last. The lock
+        is dropped once no request holds or awaits it (a name is a client's text)."""
+        lock, users = self._turns.get(name, (asyncio.Lock(), 0))
+        self._turns[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._turns[name]
+            if users == 1:
+                del self._turns[name]
+            else:
+                self._turns[name] = (lock, users - 1)
 
     async def _unload_all(self, name: str) -> None:
         versions = self.registry.models.get(name, {})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import httpx
@@ -206,6 +207,41 @@ def test_loading_a_loaded_model_whose_archive_was_replaced_reloads_it(tmp_path: 
         assert client.is_model_ready("swap")
         assert answer() == {"batch": 1} != probe  # the new archive's handler answers
         client.close()
+
+
+def test_loads_and_unloads_of_a_model_take_turns(tmp_path_factory, tmp_path: Path) -> None:
+    """As Triton's repository manager: a load that comes while the model's load is under way
+    waits for it (was answered 200 before the model was ready, or 409 'already registered'
+    when both came before either registered), and so does an unload (it unregistered the model
+    mid-load: the load answered 503; or, before the registration, 404 with the model left
+    loaded)."""
+    from .conftest import ASSETS, build_store, until
+
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    (tmp_path / "gated.yaml").write_text(f"loadStarted: {started}\nloadGate: {gate}\n")
+    handler = {"gated": str(ASSETS / "load_gate_handler.py")}
+    store = build_store(tmp_path_factory, "turns", handler, {"gated": tmp_path / "gated.yaml"})
+    with running(store, enable_model_api=True) as live, ThreadPoolExecutor(2) as pool:
+        url = f"{live.url}/v2/repository/models/gated"
+
+        def under_way(second: str) -> tuple[Future, Future]:
+            first = pool.submit(httpx.post, f"{url}/load", json={}, timeout=120)
+            until(started.exists, "the load under way")
+            then = pool.submit(httpx.post, f"{url}/{second}", json={}, timeout=120)
+            wait([then], timeout=1.0)  # before: answered at once
+            assert not then.done(), then.result().text  # it waits for the load under way
+            gate.touch()
+            return first, then
+
+        for answer in under_way("load"):
+            assert answer.result().status_code == 200, answer.result().text
+        assert list(live.server.registry.models["gated"]) == ["1.0"]
+        assert httpx.post(f"{url}/unload", json={}, timeout=120).status_code == 200
+        gate.unlink(), started.unlink()
+        for answer in under_way("unload"):
+            assert answer.result().status_code == 200, answer.result().text
+        assert "gated" not in live.server.registry.models
+        assert live.server.plane.models._turns == {}  # nothing kept per name
 
 
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
