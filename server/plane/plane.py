@@ -199,10 +199,17 @@ class DataPlane:
         """OIP ``/v2/health/ready`` and gRPC ``ServerReady``, the one truth: the models asked
         for at start are loaded (none asked: ready, as Triton is with no model), none of them
         failed, and every loaded version is READY (Triton's strict readiness; a version held at
-        zero workers on request is healthy for ``/ping`` but not ready)."""
-        if self.starting or self.startup_failures:
+        zero workers on request is healthy for ``/ping`` but not ready). A start-up model
+        that failed counts no more once a model of its name or URL is loaded after all (a
+        repository load, a registration), as Triton's strict readiness reads the model's
+        state now, not its first load's."""
+        if self.starting:
             return False
-        return all(mv.status is ModelStatus.READY for mv in self.registry.all_versions())
+        versions = self.registry.all_versions()
+        loaded = {mv.name for mv in versions} | {mv.url for mv in versions}
+        if any(label not in loaded for label in self.startup_failures):
+            return False
+        return all(mv.status is ModelStatus.READY for mv in versions)
 
     def model_ready(self, name: str, version: str | None = None) -> tuple[ModelVersion, bool]:
         mv = self.model(name, version)

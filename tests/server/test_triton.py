@@ -244,6 +244,28 @@ def test_loads_and_unloads_of_a_model_take_turns(tmp_path_factory, tmp_path: Pat
         assert live.server.plane.models._turns == {}  # nothing kept per name
 
 
+def test_a_failed_start_up_model_loaded_later_makes_the_server_ready(
+    tmp_path_factory, tmp_path: Path
+) -> None:
+    """Triton's strict readiness reads a model's state now: a start-up model that failed,
+    then loaded through the repository, no longer holds the server not ready (it did for
+    good, the readiness probe failing while every model served)."""
+    from .conftest import ASSETS, build_store
+
+    flag = tmp_path / "fail"
+    flag.touch()
+    (tmp_path / "flaky.yaml").write_text(f"loadFailsOnceExists: {flag}\n")
+    handler = {"flaky": str(ASSETS / "load_gate_handler.py")}
+    store = build_store(tmp_path_factory, "flaky", handler, {"flaky": tmp_path / "flaky.yaml"})
+    with running(store, load_models=["flaky.mar"], enable_model_api=True) as live:
+        assert "flaky.mar" in live.server.state.failed_models
+        assert httpx.get(f"{live.url}/v2/health/ready").status_code == 503
+        flag.unlink()
+        loaded = httpx.post(f"{live.url}/v2/repository/models/flaky/load", json={}, timeout=120)
+        assert loaded.status_code == 200, loaded.text
+        assert httpx.get(f"{live.url}/v2/health/ready").json() == {"ready": True}
+
+
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
     with pytest.raises(InferenceServerException, match="Model not found: nope"):
         client.unload_model("nope")
