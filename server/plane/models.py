@@ -42,6 +42,7 @@ from torchbay.server.serving.archives import (
     read_manifest,
     signature_of,
 )
+from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.store import ARCHIVE_SUFFIXES, identity
@@ -237,6 +238,7 @@ class Models:
             await asyncio.gather(*(_reconfigure(mv, overrides, workers) for mv in loaded.values()))
             for mv in loaded.values():  # a reload: no answer of before it is served after it
                 self.cache.clear(mv)
+        await asyncio.gather(*(_serve_again(mv) for mv in loaded.values()))
         todo = [p for p, mf in candidates if _store_name(p, mf)[1] not in loaded]
         for path in todo:
             await self.registry.register(
@@ -297,6 +299,18 @@ async def _reconfigure(mv: ModelVersion, overrides: dict[str, Any], workers: int
         mv.config = mv.config.model_copy(update={"response_cache": cache})
     if workers is not None:
         await mv.scale(workers)
+
+
+async def _serve_again(mv: ModelVersion) -> None:
+    """A loaded version held at zero workers (registered with none, scaled to zero) or whose
+    workers gave up (FAILED) starts again, at least one worker, as Triton's load of a model
+    that is not ready loads it: the load answered 200 and left it answering 503. A worker that
+    cannot load fails the load."""
+    if mv.status not in (ModelStatus.STOPPED, ModelStatus.FAILED):
+        return
+    await mv.scale(max(1, mv.settings.min_workers))
+    if mv.status is not ModelStatus.READY:
+        raise WorkerLoadError(mv.load_error or "no worker could load the model")
 
 
 def _replaced(candidates: list[tuple[Path, Manifest]], loaded: dict[str, ModelVersion]) -> bool:

@@ -209,6 +209,21 @@ def test_loading_a_loaded_model_whose_archive_was_replaced_reloads_it(tmp_path: 
         client.close()
 
 
+def test_loading_a_model_held_at_zero_workers_starts_it(server: LiveServer, client) -> None:
+    """As Triton loads a model that is not ready: one scaled to zero (or registered with no
+    worker) gets a worker; the load answered 200 and left it answering 503."""
+    scale = f"{server.management_url}/models/one?synchronous=true&min_worker="
+    assert httpx.put(scale + "0", timeout=60).status_code == 200
+    try:
+        assert not client.is_model_ready("one")
+        client.load_model("one")
+        assert client.is_model_ready("one")
+        answer = httpx.post(f"{server.url}/predictions/one", content=ZEROS, timeout=60)
+        assert answer.status_code == 200, answer.text
+    finally:
+        assert httpx.put(scale + "1", timeout=60).status_code == 200
+
+
 def test_loads_and_unloads_of_a_model_take_turns(tmp_path_factory, tmp_path: Path) -> None:
     """As Triton's repository manager: a load that comes while the model's load is under way
     waits for it (was answered 200 before the model was ready, or 409 'already registered'
