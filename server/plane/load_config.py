@@ -64,22 +64,33 @@ def _config_settings(name: str, config: dict[str, Any]) -> tuple[dict[str, Any],
     workers: int | None = None
     try:
         if "max_batch_size" in config:
-            overrides["batch_size"] = _batch_size(name, int(config["max_batch_size"]))
+            overrides["batch_size"] = _batch_size(name, _whole(config["max_batch_size"]))
         delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
         if delay is not None:
-            overrides["max_batch_delay"] = float(delay) / 1000
+            overrides["max_batch_delay"] = _whole(delay) / 1000
         groups = config.get("instance_group")
         if groups:  # Triton: a group's count below 1 is its default, one instance
-            workers = sum(max(1, int(g.get("count", 1))) for g in groups)
+            workers = sum(max(1, _whole(g.get("count", 1))) for g in groups)
         if "response_cache" in config:
             overrides["response_cache"] = _response_cache(config["response_cache"])
     except (TypeError, ValueError, AttributeError, OverflowError):  # int() of JSON Infinity
         raise BadRequest(
             "parameters.config: max_batch_size, dynamic_batching.max_queue_delay_microseconds "
-            "and instance_group[].count must be numbers"
+            "and instance_group[].count must be whole numbers"
         ) from None
     check_model_settings({**overrides, "initial_workers": workers})
     return overrides, workers
+
+
+def _whole(value: Any) -> int:
+    """An integer field of Triton's ModelConfig as protobuf's JSON parser reads it: a number
+    without a fraction, or its text ("16", as Triton's model-control examples send it);
+    ValueError for a fraction, a bool, a text with spaces (2.7 was taken as 2, true as 1)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(value)
+    if isinstance(value, str) and " " in value:
+        raise ValueError(value)
+    return int(value)
 
 
 def _response_cache(value: Any) -> ResponseCacheConfig:

@@ -125,6 +125,12 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
          "numbers"),
         ("two", {"parameters": {"config": '{"max_batch_size": -5}'}}, 400,
          "'max_batch_size' must be non-negative value for two"),
+        ("two", {"parameters": {"config": '{"max_batch_size": 2.5}'}}, 400, "whole numbers"),
+        ("two", {"parameters": {"config": '{"max_batch_size": true}'}}, 400, "whole numbers"),
+        ("two", {"parameters": {"config": '{"instance_group": [{"count": 1.5}]}'}}, 400,
+         "whole numbers"),
+        ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
+            "max_queue_delay_microseconds": 0.5}})}}, 400, "whole numbers"),
     ],
 )  # fmt: skip
 def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, fragment) -> None:
