@@ -63,7 +63,13 @@ def encode_instance(instance: Any) -> tuple[bytes, bytes]:
         and instance
         and all(isinstance(v, str) for v in instance.values())
     ):
-        return urlencode(instance).encode(), b"application/x-www-form-urlencoded"
+        try:
+            return urlencode(instance).encode(), b"application/x-www-form-urlencoded"
+        except UnicodeEncodeError:  # a JSON escape of half a UTF-16 pair ("\ud800")
+            raise BadRequest(
+                "an instance's text holds a lone surrogate (half of a UTF-16 pair), which is "
+                "not text"
+            ) from None
     return json.dumps(instance).encode(), b"application/json"
 
 

@@ -47,6 +47,8 @@ BAD_BODIES = [
     b'{"instances": [{"bad": true}, {"echo": 1}]}',  # one instance fails the whole call
     b"[" * 100_000,  # nested past the parser's recursion limit (was a bare 500)
     b'{"instances": [' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"]}",
+    b'{"instances": [{"echo": 1}, {"data": "\\ud800"}]}',  # a lone surrogate (was a bare 500)
+    b'{"instances": [{"\\udfff": "x"}]}',
 ]
 
 
