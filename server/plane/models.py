@@ -305,8 +305,9 @@ async def _serve_again(mv: ModelVersion) -> None:
     """A loaded version held at zero workers (registered with none, scaled to zero) or whose
     workers gave up (FAILED) starts again, at least one worker, as Triton's load of a model
     that is not ready loads it: the load answered 200 and left it answering 503. A worker that
-    cannot load fails the load."""
-    if mv.status not in (ModelStatus.STOPPED, ModelStatus.FAILED):
+    cannot load fails the load. One being unregistered (its slots retiring: FAILED for now)
+    is left to go: a slot started on it would outlive it."""
+    if mv.closing or mv.status not in (ModelStatus.STOPPED, ModelStatus.FAILED):
         return
     await mv.scale(max(1, mv.settings.min_workers))
     if mv.status is not ModelStatus.READY:
