@@ -137,6 +137,7 @@ class Models:
         self.unload_timeout_s = unload_timeout_s
         self.cache = cache or ResponseCache()
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # name: its lock, its users
+        self.startup_failures: dict[str, str] = {}  # the plane's (serve.py sets it)
 
     # -- metadata, configuration, statistics ----------------------------------------------------
 
@@ -250,12 +251,19 @@ class Models:
             )
 
     async def unload(self, name: str, parameters: Any) -> None:
-        """Unload every version of ``name`` (the default one last)."""
+        """Unload every version of ``name`` (the default one last). A start-up model of that
+        name that failed to load is forgotten (the server's readiness no longer waits for it),
+        as Triton's unload of a model that failed marks it unloaded."""
         self.control()
         if not isinstance(parameters, dict):
             raise BadRequest('"parameters" must be an object')
         async with self._turn(name):
+            failed = [k for k in self.startup_failures if name in (k, _stem(Path(k)))]
+            for label in failed:  # Triton: unloaded, so no longer a failure (readiness)
+                del self.startup_failures[label]
             if not self.registry.models.get(name):
+                if failed:
+                    return
                 raise ModelNotFound(f"Model not found: {name}")
             await self._unload_all(name)
 

@@ -265,12 +265,14 @@ def test_loads_and_unloads_of_a_model_take_turns(tmp_path_factory, tmp_path: Pat
         assert live.server.plane.models._turns == {}  # nothing kept per name
 
 
-def test_a_failed_start_up_model_loaded_later_makes_the_server_ready(
-    tmp_path_factory, tmp_path: Path
+@pytest.mark.parametrize("verb", ["load", "unload"])
+def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready(
+    tmp_path_factory, tmp_path: Path, verb: str
 ) -> None:
-    """Triton's strict readiness reads a model's state now: a start-up model that failed,
-    then loaded through the repository, no longer holds the server not ready (it did for
-    good, the readiness probe failing while every model served)."""
+    """Triton's strict readiness reads a model's state now: a start-up model that failed, then
+    loaded (or unloaded: forgotten, where it was a 404) through the repository, no longer holds
+    the server not ready (it did for good, the readiness probe failing while every model
+    served)."""
     from .conftest import ASSETS, build_store
 
     flag = tmp_path / "fail"
@@ -281,10 +283,12 @@ def test_a_failed_start_up_model_loaded_later_makes_the_server_ready(
     with running(store, load_models=["flaky.mar"], enable_model_api=True) as live:
         assert "flaky.mar" in live.server.state.failed_models
         assert httpx.get(f"{live.url}/v2/health/ready").status_code == 503
-        flag.unlink()
-        loaded = httpx.post(f"{live.url}/v2/repository/models/flaky/load", json={}, timeout=120)
-        assert loaded.status_code == 200, loaded.text
+        if verb == "load":
+            flag.unlink()
+        done = httpx.post(f"{live.url}/v2/repository/models/flaky/{verb}", json={}, timeout=120)
+        assert done.status_code == 200, done.text
         assert httpx.get(f"{live.url}/v2/health/ready").json() == {"ready": True}
+        assert ("flaky" in live.server.registry.models) is (verb == "load")
 
 
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
