@@ -7,7 +7,9 @@ in order. No worker or handler change: a handler that answers ``/predictions`` a
 Every instance is admitted before any is awaited; if one is refused (queue full, no worker), the
 ones already queued are cancelled (the batcher skips them) and the call gets that one error.
 More instances than the model's queue holds at all (``job_queue_size``) are a 413 at once.
-The first failed instance's status and body are the response. A client that disconnects while
+The first failed instance's status and body are the response. The answer is bounded as one
+response (``max_response_size``: 500 past it), as TorchServe answers a v1 call as one. A client
+that disconnects while
 its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
 ``/predictions`` (disconnect.py). A body in a ``Content-Encoding`` is inflated first, bounded by
 ``max_request_size`` (gzip and deflate, as ``/predictions`` and OIP infer take them; another
@@ -17,19 +19,19 @@ coding is a 415), and each instance is sent on uncoded. Torch-free.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
-from torchbay.server.errors import BadRequest
+from torchbay.server.errors import BadRequest, HandlerFailed
 from torchbay.server.http.asgi import (
     Receive,
     Scope,
     Send,
+    dumps,
     header,
     read_body,
     send_bytes,
-    send_json,
 )
 from torchbay.server.http.disconnect import all_answers
 from torchbay.server.plane import DataPlane, Exchange, WireRequest, WireResponse, oip_body
@@ -72,7 +74,13 @@ def encode_instance(instance: Any) -> tuple[bytes, bytes]:
         and instance
         and all(isinstance(v, str) for v in instance.values())
     ):
-        return urlencode(instance).encode(), b"application/x-www-form-urlencoded"
+        try:
+            return urlencode(instance).encode(), b"application/x-www-form-urlencoded"
+        except UnicodeEncodeError:  # a JSON escape of half a UTF-16 pair ("\ud800")
+            raise BadRequest(
+                "an instance's text holds a lone surrogate (half of a UTF-16 pair), which is "
+                "not text"
+            ) from None
     return json.dumps(instance).encode(), b"application/json"
 
 
@@ -99,7 +107,7 @@ async def predict(
         if encoding is not None:  # gzip or deflate, as the other inference routes; else 415
             body = oip_body.decoded(body, encoding.decode("latin-1"), app.max_request_size)
         instances = parse_instances(body)
-        items = ex.admit_all(_wires(app, scope, instances, explain))
+        items = ex.admit_all(_wires(app, scope, instances, explain), len(instances))
         key = "explanations" if explain else "predictions"
         ex.status = await _answer(scope, ex, items, send, key)
 
@@ -117,19 +125,35 @@ async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key:
     if failed is not None:
         await send_bytes(send, failed.status, failed.body, failed.content_type.encode("latin-1"))
         return failed.status
-    await send_json(send, 200, {key: [decode_prediction(r) for r in results]})
+    limit = ex.model.settings.max_response_size if ex.model is not None else 0
+    _bounded(sum(len(r.body) for r in results), len(results), limit)
+    body = dumps({key: [decode_prediction(r) for r in results]})
+    _bounded(len(body), len(results), limit)
+    await send_bytes(send, 200, body)
     return 200
+
+
+def _bounded(size: int, count: int, limit: int) -> None:
+    """The call's answer is bounded as one response is (TorchServe answers a v1 call as one):
+    past ``max_response_size`` (0: none) in all, it is the 500 of a response too large, as an
+    instance's own answer past it is; each instance's answer was bounded alone before."""
+    if limit and size > limit:
+        raise HandlerFailed(
+            f"The model's responses to the {count} instances, {size} bytes in all, exceed "
+            f"the server's max_response_size of {limit} bytes"
+        )
 
 
 def _wires(
     app: Listener, scope: Scope, instances: list[Any], explain: bool = False
-) -> list[WireRequest]:
+) -> Iterator[WireRequest]:
+    """One request per instance, made as ``admit_all`` takes it: past the queue's bound none
+    is made (a body of a million instances made them all first: the event loop held for
+    a minute and gigabytes of copied headers, to be refused 503 at the 101st)."""
     headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED_HEADERS]
     if explain:
         headers.append((b"explain", b"True"))
-    wires = []
     for instance in instances:
         body, content_type = encode_instance(instance)
         one = {**scope, "headers": [*headers, (b"content-type", content_type)]}
-        wires.append(app._wire_request(one, body, "predict"))
-    return wires
+        yield app._wire_request(one, body, "predict")

@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -178,18 +178,20 @@ class Exchange:
         self.model.requests_received += 1  # describe's request count: a hit is a request
         return Pending(wire, future, clock(), parts=Parts())
 
-    def admit_all(self, wires: list[p.WireRequest]) -> list[Item]:
+    def admit_all(self, wires: Iterable[p.WireRequest], count: int) -> list[Item]:
         """Queue every request before any is awaited (KServe v1's instances); when one is
         refused, the ones queued before it are cancelled (the batcher skips them) and the
         refusal is raised. The block's end finishes them all. Each is admitted without a
-        reader of parts: a streaming handler's final response is its answer. More requests
-        than the model's queue holds at all are a 413: that call could never be queued whole
-        (a 503 "queue full, retry later" it got was retried in vain)."""
+        reader of parts: a streaming handler's final response is its answer. ``wires`` (``count``
+        of them) is read one at a time, each admitted before the next is made: a refusal (the
+        queue's bound) stops it, so a body of a million instances makes no more requests than
+        fit. More than the model's queue holds at all are a 413: that call could never be
+        queued whole (a 503 "queue full, retry later" it got was retried in vain)."""
         mv = self.model
         assert mv is not None, "resolve() first"
-        if len(wires) > mv.queue.capacity:
+        if count > mv.queue.capacity:
             raise PayloadTooLarge(
-                f"{len(wires)} instances are more than the queue of this model holds "
+                f"{count} instances are more than the queue of this model holds "
                 f"({mv.queue.capacity}); send at most {mv.queue.capacity} in one call"
             )
         try:

@@ -18,13 +18,11 @@ need the model API (``enable_model_api``, else 405, as the management API answer
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from torchbay.server.config.model_settings import ResponseCacheConfig, check_model_settings
 from torchbay.server.errors import (
     BadRequest,
     ConfigError,
@@ -34,6 +32,7 @@ from torchbay.server.errors import (
 )
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.plane.cache import ResponseCache
+from torchbay.server.plane.load_config import load_overrides
 from torchbay.server.plane.schedule import queue_policies
 from torchbay.server.serving.archives import (
     ArchiveError,
@@ -43,14 +42,10 @@ from torchbay.server.serving.archives import (
     read_manifest,
     signature_of,
 )
+from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.store import ARCHIVE_SUFFIXES, identity
-
-# What a load request's ``parameters.config`` may set (Triton ModelConfig JSON fields).
-LOAD_CONFIG_KEYS = frozenset(
-    {"name", "max_batch_size", "dynamic_batching", "instance_group", "response_cache"}
-)
 
 
 def signature(mv: ModelVersion) -> Signature | None:
@@ -141,6 +136,8 @@ class Models:
         self.model_api = model_api
         self.unload_timeout_s = unload_timeout_s
         self.cache = cache or ResponseCache()
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # name: its lock, its users
+        self.startup_failures: dict[str, str] = {}  # the plane's (serve.py sets it)
 
     # -- metadata, configuration, statistics ----------------------------------------------------
 
@@ -218,7 +215,8 @@ class Models:
         (its model-control examples look for those words)."""
         self.control()
         try:
-            await self._load(name, parameters)
+            async with self._turn(name):
+                await self._load(name, parameters)
         except ConfigError as exc:
             raise BadRequest(exc.message, oip_message=_failed(name, exc.message)) from None
         except TorchbayError as exc:
@@ -226,7 +224,7 @@ class Models:
             raise
 
     async def _load(self, name: str, parameters: Any) -> None:
-        overrides, workers = _load_overrides(name, parameters)
+        overrides, workers = load_overrides(name, parameters)
         store = [(p, mf) for p, mf in await self._store() if mf is not None]
         candidates = [(p, mf) for p, mf in store if _store_name(p, mf)[0] == name] or [
             (p, mf) for p, mf in store if _stem(p) == name
@@ -241,6 +239,7 @@ class Models:
             await asyncio.gather(*(_reconfigure(mv, overrides, workers) for mv in loaded.values()))
             for mv in loaded.values():  # a reload: no answer of before it is served after it
                 self.cache.clear(mv)
+        await asyncio.gather(*(_serve_again(mv) for mv in loaded.values()))
         todo = [p for p, mf in candidates if _store_name(p, mf)[1] not in loaded]
         for path in todo:
             await self.registry.register(
@@ -252,13 +251,40 @@ class Models:
             )
 
     async def unload(self, name: str, parameters: Any) -> None:
-        """Unload every version of ``name`` (the default one last)."""
+        """Unload every version of ``name`` (the default one last). A start-up model of that
+        name that failed to load is forgotten (the server's readiness no longer waits for it),
+        as Triton's unload of a model that failed marks it unloaded."""
         self.control()
         if not isinstance(parameters, dict):
             raise BadRequest('"parameters" must be an object')
-        if not self.registry.models.get(name):
-            raise ModelNotFound(f"Model not found: {name}")
-        await self._unload_all(name)
+        async with self._turn(name):
+            failed = [k for k in self.startup_failures if name in (k, _stem(Path(k)))]
+            for label in failed:  # Triton: unloaded, so no longer a failure (readiness)
+                del self.startup_failures[label]
+            if not self.registry.models.get(name):
+                if failed:
+                    return
+                raise ModelNotFound(f"Model not found: {name}")
+            await self._unload_all(name)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, name: str) -> AsyncIterator[None]:
+        """One repository load or unload of ``name`` at a time, in the order they came, as
+        Triton's repository manager takes them: a second load while one is under way waited
+        for nothing and was a 409 (already registered), an unload meanwhile a 404 (the model
+        left loaded), and concurrent config changes left whichever finished last. The lock
+        is dropped once no request holds or awaits it (a name is a client's text)."""
+        lock, users = self._turns.get(name, (asyncio.Lock(), 0))
+        self._turns[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._turns[name]
+            if users == 1:
+                del self._turns[name]
+            else:
+                self._turns[name] = (lock, users - 1)
 
     async def _unload_all(self, name: str) -> None:
         versions = self.registry.models.get(name, {})
@@ -281,6 +307,19 @@ async def _reconfigure(mv: ModelVersion, overrides: dict[str, Any], workers: int
         mv.config = mv.config.model_copy(update={"response_cache": cache})
     if workers is not None:
         await mv.scale(workers)
+
+
+async def _serve_again(mv: ModelVersion) -> None:
+    """A loaded version held at zero workers (registered with none, scaled to zero) or whose
+    workers gave up (FAILED) starts again, at least one worker, as Triton's load of a model
+    that is not ready loads it: the load answered 200 and left it answering 503. A worker that
+    cannot load fails the load. One being unregistered (its slots retiring: FAILED for now)
+    is left to go: a slot started on it would outlive it."""
+    if mv.closing or mv.status not in (ModelStatus.STOPPED, ModelStatus.FAILED):
+        return
+    await mv.scale(max(1, mv.settings.min_workers))
+    if mv.status is not ModelStatus.READY:
+        raise WorkerLoadError(mv.load_error or "no worker could load the model")
 
 
 def _replaced(candidates: list[tuple[Path, Manifest]], loaded: dict[str, ModelVersion]) -> bool:
@@ -314,78 +353,3 @@ def _store_name(path: Path, manifest: Manifest | None) -> tuple[str, str]:
     if manifest is None:
         return _stem(path), ""
     return manifest.model.model_name or _stem(path), str(manifest.model.model_version or "1.0")
-
-
-def _load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | None]:
-    """(register overrides, initial workers) from a load request's ``parameters.config``;
-    BadRequest for what torchbay does not support."""
-    parameters = parameters or {}
-    if not isinstance(parameters, dict):
-        raise BadRequest('"parameters" must be an object')
-    unknown = sorted(k for k in parameters if k != "config")
-    if unknown:
-        raise BadRequest(
-            f"Unsupported load parameter(s) {unknown}: torchbay loads archives from its model "
-            'store and takes only a "config" override'
-        )
-    if "config" not in parameters:
-        return {}, None
-    try:
-        config = json.loads(parameters["config"])
-    except (TypeError, ValueError, RecursionError):
-        raise BadRequest("parameters.config must be a string holding a JSON object") from None
-    if not isinstance(config, dict):
-        raise BadRequest("parameters.config must be a JSON object")
-    unsupported = sorted(set(config) - LOAD_CONFIG_KEYS)
-    if unsupported:
-        raise BadRequest(
-            f"parameters.config: unsupported field(s) {unsupported}; torchbay takes "
-            f"{sorted(LOAD_CONFIG_KEYS)}"
-        )
-    if config.get("name", name) != name:
-        raise BadRequest(f"parameters.config: name {config['name']!r} is not {name!r}")
-    return _config_settings(name, config)
-
-
-def _batch_size(name: str, max_batch_size: int) -> int:
-    """The batch size of Triton's ``max_batch_size``: 0 (no batching) serves one at a time;
-    below 0 is refused in Triton's words."""
-    if max_batch_size < 0:
-        raise BadRequest(f"'max_batch_size' must be non-negative value for {name}")
-    return max(1, max_batch_size)
-
-
-def _config_settings(name: str, config: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-    overrides: dict[str, Any] = {}
-    workers: int | None = None
-    try:
-        if "max_batch_size" in config:
-            overrides["batch_size"] = _batch_size(name, int(config["max_batch_size"]))
-        delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
-        if delay is not None:
-            overrides["max_batch_delay"] = float(delay) / 1000
-        groups = config.get("instance_group")
-        if groups:  # Triton: a group's count below 1 is its default, one instance
-            workers = sum(max(1, int(g.get("count", 1))) for g in groups)
-        if "response_cache" in config:
-            overrides["response_cache"] = _response_cache(config["response_cache"])
-    except (TypeError, ValueError, AttributeError, OverflowError):  # int() of JSON Infinity
-        raise BadRequest(
-            "parameters.config: max_batch_size, dynamic_batching.max_queue_delay_microseconds "
-            "and instance_group[].count must be numbers"
-        ) from None
-    check_model_settings({**overrides, "initial_workers": workers})
-    return overrides, workers
-
-
-def _response_cache(value: Any) -> ResponseCacheConfig:
-    """Triton's ``response_cache`` (``{"enable": true}``; torchbay's bounds may be given too)."""
-    try:
-        return ResponseCacheConfig.model_validate(value)
-    except ValidationError as exc:
-        parts = [
-            ".".join(["response_cache", *(str(p) for p in err.get("loc", ()))])
-            + f": {err.get('msg')}"
-            for err in exc.errors()
-        ]
-        raise BadRequest("parameters.config: " + "; ".join(parts)) from None

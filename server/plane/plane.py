@@ -110,9 +110,8 @@ class DataPlane:
         # Metrics, statistics and the access line, once per answered request of any protocol.
         self.record: RequestHook = request_hook(chain(*recorders, self.stats.request_done))
         # Start-up (serve.py): not ready while the models asked for at start are loading, nor
-        # while one of them failed (its label and reason, until a late load succeeds).
+        # while one of them failed (``startup_failures``: until it loads or is unloaded).
         self.starting = False
-        self.startup_failures: dict[str, str] = {}
         self._log_level = log_settings.level_set()  # put back by ``close``
         # Triton's trace extension: its settings, and the traces of the requests it samples.
         self.tracer = Tracer(str(getattr(config, "trace_file", "") or ""))
@@ -199,10 +198,27 @@ class DataPlane:
         """OIP ``/v2/health/ready`` and gRPC ``ServerReady``, the one truth: the models asked
         for at start are loaded (none asked: ready, as Triton is with no model), none of them
         failed, and every loaded version is READY (Triton's strict readiness; a version held at
-        zero workers on request is healthy for ``/ping`` but not ready)."""
-        if self.starting or self.startup_failures:
+        zero workers on request is healthy for ``/ping`` but not ready). A start-up model
+        that failed counts no more once a model of its name or URL is loaded after all (a
+        repository load, a registration), as Triton's strict readiness reads the model's
+        state now, not its first load's."""
+        if self.starting:
             return False
-        return all(mv.status is ModelStatus.READY for mv in self.registry.all_versions())
+        versions = self.registry.all_versions()
+        loaded = {mv.name for mv in versions} | {mv.url for mv in versions}
+        if any(label not in loaded for label in self.startup_failures):
+            return False
+        return all(mv.status is ModelStatus.READY for mv in versions)
+
+    @property
+    def startup_failures(self) -> dict[str, str]:
+        """The start-up models that failed: label (name or URL) to reason. The repository's
+        (``Models``): an unload of one forgets it, as Triton's of a model that failed."""
+        return self.models.startup_failures
+
+    @startup_failures.setter
+    def startup_failures(self, failures: dict[str, str]) -> None:
+        self.models.startup_failures = failures
 
     def model_ready(self, name: str, version: str | None = None) -> tuple[ModelVersion, bool]:
         mv = self.model(name, version)

@@ -20,7 +20,7 @@ from torchbay.server.config.model_settings import (
 from torchbay.server.errors import BadRequest
 from torchbay.server.plane.cache import ResponseCache, VersionCache, entry_size, request_key
 from torchbay.server.plane.describe import described
-from torchbay.server.plane.models import _load_overrides
+from torchbay.server.plane.load_config import load_overrides
 from torchbay.server.plane.params import register_params
 from torchbay.server.serving.launch import settings_from
 from torchbay.server.serving.protocol import WireRequest, WireResponse
@@ -187,11 +187,11 @@ def test_the_management_api_and_triton_load_take_the_setting() -> None:
     with pytest.raises(ValidationError, match=r"response_cache\.maxBytes"):
         register_params({"url": "m.mar", "response_cache": '{"maxBytes": -5}'})
     config = json.dumps({"response_cache": {"enable": True}})
-    overrides, _ = _load_overrides("m", {"config": config})
+    overrides, _ = load_overrides("m", {"config": config})
     assert overrides == {"response_cache": ResponseCacheConfig(enable=True)}
     refused = json.dumps({"response_cache": {"enable": True, "maxEntries": 0}})
     with pytest.raises(BadRequest, match=r"response_cache\.maxEntries"):
-        _load_overrides("m", {"config": refused})
+        load_overrides("m", {"config": refused})
 
 
 def test_describe_shows_the_setting_by_its_yaml_keys() -> None:

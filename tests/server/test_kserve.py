@@ -50,6 +50,8 @@ BAD_BODIES = [
     b'{"instances": [{"bad": true}, {"echo": 1}]}',  # one instance fails the whole call
     b"[" * 100_000,  # nested past the parser's recursion limit (was a bare 500)
     b'{"instances": [' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"]}",
+    b'{"instances": [{"echo": 1}, {"data": "\\ud800"}]}',  # a lone surrogate (was a bare 500)
+    b'{"instances": [{"\\udfff": "x"}]}',
 ]
 
 
@@ -185,6 +187,40 @@ def test_v1_predict_with_more_instances_than_the_queue_holds_is_413(live_server:
     body = {"instances": [{"echo": 1}, {"echo": 2}]}
     reply = httpx.post(f"{server.url}/v1/models/probe:predict", json=body, timeout=30)
     assert reply.status_code == 200, reply.text
+
+
+def test_v1_predict_of_a_million_instances_is_refused_without_making_them_all(
+    live_server: Any,
+) -> None:
+    """Past the queue's bound (100) no instance is made into a request: the whole body's
+    instances were made first (each with a copy of the headers), holding the event loop about
+    a minute and gigabytes of memory before the 503."""
+    server = live_server(models=probe_models())
+    body = b'{"instances":[' + b",".join([b"0"] * 1_000_000) + b"]}"
+    started = time.monotonic()
+    reply = httpx.post(
+        f"{server.url}/v1/models/probe:predict",
+        content=body,
+        headers={"content-type": "application/json", "x-pad": "a" * 4000},
+        timeout=300,
+    )
+    assert reply.status_code == 503 and reply.json()["type"] == "QueueFull", reply.text
+    assert time.monotonic() - started < 10  # was 60 s and more
+    ok = httpx.post(f"{server.url}/predictions/probe", json={"echo": "after"}, timeout=30)
+    assert ok.status_code == 200
+
+
+def test_v1_predict_answer_is_bounded_as_one_response(live_server: Any) -> None:
+    """Each instance's answer is under max_response_size, all of them past it: a 500, as
+    TorchServe's one response for the call would be (it was sent, 2.5 x the bound)."""
+    server = live_server(models=probe_models(batchSize=4), max_response_size=2000)
+    url = f"{server.url}/v1/models/probe:predict"
+    fits = httpx.post(url, json={"instances": [{"echo": "x" * 300, "n": 1}] * 2}, timeout=30)
+    assert fits.status_code == 200, fits.text
+    reply = httpx.post(url, json={"instances": [{"echo": "x" * 300, "n": 1}] * 10}, timeout=30)
+    assert reply.status_code == 500, reply.text[:200]
+    assert "max_response_size of 2000 bytes" in reply.json()["message"]
+    _no_leak(reply.json())
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import httpx
@@ -124,6 +125,12 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
          "numbers"),
         ("two", {"parameters": {"config": '{"max_batch_size": -5}'}}, 400,
          "'max_batch_size' must be non-negative value for two"),
+        ("two", {"parameters": {"config": '{"max_batch_size": 2.5}'}}, 400, "whole numbers"),
+        ("two", {"parameters": {"config": '{"max_batch_size": true}'}}, 400, "whole numbers"),
+        ("two", {"parameters": {"config": '{"instance_group": [{"count": 1.5}]}'}}, 400,
+         "whole numbers"),
+        ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
+            "max_queue_delay_microseconds": 0.5}})}}, 400, "whole numbers"),
     ],
 )  # fmt: skip
 def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, fragment) -> None:
@@ -206,6 +213,82 @@ def test_loading_a_loaded_model_whose_archive_was_replaced_reloads_it(tmp_path: 
         assert client.is_model_ready("swap")
         assert answer() == {"batch": 1} != probe  # the new archive's handler answers
         client.close()
+
+
+def test_loading_a_model_held_at_zero_workers_starts_it(server: LiveServer, client) -> None:
+    """As Triton loads a model that is not ready: one scaled to zero (or registered with no
+    worker) gets a worker; the load answered 200 and left it answering 503."""
+    scale = f"{server.management_url}/models/one?synchronous=true&min_worker="
+    assert httpx.put(scale + "0", timeout=60).status_code == 200
+    try:
+        assert not client.is_model_ready("one")
+        client.load_model("one")
+        assert client.is_model_ready("one")
+        answer = httpx.post(f"{server.url}/predictions/one", content=ZEROS, timeout=60)
+        assert answer.status_code == 200, answer.text
+    finally:
+        assert httpx.put(scale + "1", timeout=60).status_code == 200
+
+
+def test_loads_and_unloads_of_a_model_take_turns(tmp_path_factory, tmp_path: Path) -> None:
+    """As Triton's repository manager: a load that comes while the model's load is under way
+    waits for it (was answered 200 before the model was ready, or 409 'already registered'
+    when both came before either registered), and so does an unload (it unregistered the model
+    mid-load: the load answered 503; or, before the registration, 404 with the model left
+    loaded)."""
+    from .conftest import ASSETS, build_store, until
+
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    (tmp_path / "gated.yaml").write_text(f"loadStarted: {started}\nloadGate: {gate}\n")
+    handler = {"gated": str(ASSETS / "load_gate_handler.py")}
+    store = build_store(tmp_path_factory, "turns", handler, {"gated": tmp_path / "gated.yaml"})
+    with running(store, enable_model_api=True) as live, ThreadPoolExecutor(2) as pool:
+        url = f"{live.url}/v2/repository/models/gated"
+
+        def under_way(second: str) -> tuple[Future, Future]:
+            first = pool.submit(httpx.post, f"{url}/load", json={}, timeout=120)
+            until(started.exists, "the load under way")
+            then = pool.submit(httpx.post, f"{url}/{second}", json={}, timeout=120)
+            wait([then], timeout=1.0)  # before: answered at once
+            assert not then.done(), then.result().text  # it waits for the load under way
+            gate.touch()
+            return first, then
+
+        for answer in under_way("load"):
+            assert answer.result().status_code == 200, answer.result().text
+        assert list(live.server.registry.models["gated"]) == ["1.0"]
+        assert httpx.post(f"{url}/unload", json={}, timeout=120).status_code == 200
+        gate.unlink(), started.unlink()
+        for answer in under_way("unload"):
+            assert answer.result().status_code == 200, answer.result().text
+        assert "gated" not in live.server.registry.models
+        assert live.server.plane.models._turns == {}  # nothing kept per name
+
+
+@pytest.mark.parametrize("verb", ["load", "unload"])
+def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready(
+    tmp_path_factory, tmp_path: Path, verb: str
+) -> None:
+    """Triton's strict readiness reads a model's state now: a start-up model that failed, then
+    loaded (or unloaded: forgotten, where it was a 404) through the repository, no longer holds
+    the server not ready (it did for good, the readiness probe failing while every model
+    served)."""
+    from .conftest import ASSETS, build_store
+
+    flag = tmp_path / "fail"
+    flag.touch()
+    (tmp_path / "flaky.yaml").write_text(f"loadFailsOnceExists: {flag}\n")
+    handler = {"flaky": str(ASSETS / "load_gate_handler.py")}
+    store = build_store(tmp_path_factory, "flaky", handler, {"flaky": tmp_path / "flaky.yaml"})
+    with running(store, load_models=["flaky.mar"], enable_model_api=True) as live:
+        assert "flaky.mar" in live.server.state.failed_models
+        assert httpx.get(f"{live.url}/v2/health/ready").status_code == 503
+        if verb == "load":
+            flag.unlink()
+        done = httpx.post(f"{live.url}/v2/repository/models/flaky/{verb}", json={}, timeout=120)
+        assert done.status_code == 200, done.text
+        assert httpx.get(f"{live.url}/v2/health/ready").json() == {"ready": True}
+        assert ("flaky" in live.server.registry.models) is (verb == "load")
 
 
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:

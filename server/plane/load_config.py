@@ -1,0 +1,106 @@
+"""A Triton repository load request's ``parameters``: its ``config`` override (Triton's
+ModelConfig JSON) as the register overrides and worker count torchbay applies
+(``plane/models.py``'s load). Only the fields torchbay serves are taken; anything else, and a
+value out of a setting's bounds, is a 400 naming it. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from torchbay.server.config.model_settings import ResponseCacheConfig, check_model_settings
+from torchbay.server.errors import BadRequest
+
+# What a load request's ``parameters.config`` may set (Triton ModelConfig JSON fields).
+LOAD_CONFIG_KEYS = frozenset(
+    {"name", "max_batch_size", "dynamic_batching", "instance_group", "response_cache"}
+)
+
+
+def load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | None]:
+    """(register overrides, initial workers) from a load request's ``parameters.config``;
+    BadRequest for what torchbay does not support."""
+    parameters = parameters or {}
+    if not isinstance(parameters, dict):
+        raise BadRequest('"parameters" must be an object')
+    unknown = sorted(k for k in parameters if k != "config")
+    if unknown:
+        raise BadRequest(
+            f"Unsupported load parameter(s) {unknown}: torchbay loads archives from its model "
+            'store and takes only a "config" override'
+        )
+    if "config" not in parameters:
+        return {}, None
+    try:
+        config = json.loads(parameters["config"])
+    except (TypeError, ValueError, RecursionError):
+        raise BadRequest("parameters.config must be a string holding a JSON object") from None
+    if not isinstance(config, dict):
+        raise BadRequest("parameters.config must be a JSON object")
+    unsupported = sorted(set(config) - LOAD_CONFIG_KEYS)
+    if unsupported:
+        raise BadRequest(
+            f"parameters.config: unsupported field(s) {unsupported}; torchbay takes "
+            f"{sorted(LOAD_CONFIG_KEYS)}"
+        )
+    if config.get("name", name) != name:
+        raise BadRequest(f"parameters.config: name {config['name']!r} is not {name!r}")
+    return _config_settings(name, config)
+
+
+def _batch_size(name: str, max_batch_size: int) -> int:
+    """The batch size of Triton's ``max_batch_size``: 0 (no batching) serves one at a time;
+    below 0 is refused in Triton's words."""
+    if max_batch_size < 0:
+        raise BadRequest(f"'max_batch_size' must be non-negative value for {name}")
+    return max(1, max_batch_size)
+
+
+def _config_settings(name: str, config: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    overrides: dict[str, Any] = {}
+    workers: int | None = None
+    try:
+        if "max_batch_size" in config:
+            overrides["batch_size"] = _batch_size(name, _whole(config["max_batch_size"]))
+        delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
+        if delay is not None:
+            overrides["max_batch_delay"] = _whole(delay) / 1000
+        groups = config.get("instance_group")
+        if groups:  # Triton: a group's count below 1 is its default, one instance
+            workers = sum(max(1, _whole(g.get("count", 1))) for g in groups)
+        if "response_cache" in config:
+            overrides["response_cache"] = _response_cache(config["response_cache"])
+    except (TypeError, ValueError, AttributeError, OverflowError):  # int() of JSON Infinity
+        raise BadRequest(
+            "parameters.config: max_batch_size, dynamic_batching.max_queue_delay_microseconds "
+            "and instance_group[].count must be whole numbers"
+        ) from None
+    check_model_settings({**overrides, "initial_workers": workers})
+    return overrides, workers
+
+
+def _whole(value: Any) -> int:
+    """An integer field of Triton's ModelConfig as protobuf's JSON parser reads it: a number
+    without a fraction, or its text ("16", as Triton's model-control examples send it);
+    ValueError for a fraction, a bool, a text with spaces (2.7 was taken as 2, true as 1)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(value)
+    if isinstance(value, str) and " " in value:
+        raise ValueError(value)
+    return int(value)
+
+
+def _response_cache(value: Any) -> ResponseCacheConfig:
+    """Triton's ``response_cache`` (``{"enable": true}``; torchbay's bounds may be given too)."""
+    try:
+        return ResponseCacheConfig.model_validate(value)
+    except ValidationError as exc:
+        parts = [
+            ".".join(["response_cache", *(str(p) for p in err.get("loc", ()))])
+            + f": {err.get('msg')}"
+            for err in exc.errors()
+        ]
+        raise BadRequest("parameters.config: " + "; ".join(parts)) from None
