@@ -165,6 +165,7 @@ _ALIASES: dict[str, dict[str, str]] = {
     "ts.torch_handler.image_segmenter": {"ImageSegmenter": "image_segmenter.ImageSegmenter"},
     "ts.protocol.otf_message_handler": _OTF,
     "ts.handler_utils.utils": _OTF,  # TorchServe >= 0.9 exports it here too
+    "ts.handler_utils.timer": {"timed": "timer.timed"},
 }
 
 
