@@ -59,18 +59,17 @@ def resolve_handler(spec: str, model_dir: str | Path, outside_ok: bool = False) 
         module = _import_by_folder(module_part)
     else:
         module = _import_handler_module(module_part, Path(model_dir))
-    fn = getattr(module, function, None) if function else None
-    if callable(fn):
+    # TorchServe (model_loader): the module's function (``handle`` unless named) is the entry
+    # point, even beside a handler class (a module-level ``handle`` that wraps its class's);
+    # a module without it is served by its handler class (SageMaker's default_service_handler
+    # names handler_service.py:handle, a class's method).
+    fn = getattr(module, function or "handle", None)
+    if callable(fn) and not inspect.isclass(fn):
         return ResolvedHandler(spec, fn)
-    # TorchServe: a module without the function named is served by its handler class
-    # (SageMaker's default_service_handler names handler_service.py:handle, a class's method).
     cls = _handler_class(module, module_part)
     if cls is not None:
         instance = cls()
         return ResolvedHandler(spec, instance.handle, instance)
-    fn = getattr(module, "handle", None)
-    if callable(fn) and not function:
-        return ResolvedHandler(spec, fn)
     if function:
         raise HandlerLoadError(f"handler {spec!r}: {module_part!r} has no function {function!r}")
     raise HandlerLoadError(
