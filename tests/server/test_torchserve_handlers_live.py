@@ -1,0 +1,204 @@
+"""TorchServe handlers that lean on TorchServe's own helpers, packed by TorchServe's
+torch-model-archiver 0.12 and served unchanged: what BaseHandler's subclasses read after
+``super().initialize`` (``model_yaml_config``, ``model_pt_path``), its loading helpers
+(``_load_torchscript_model``, ``_load_pickled_model``), ``ts.handler_utils.timer.timed``, and a
+module-level ``handle`` beside a handler class (TorchServe's entry point then)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from tests.torchserve_archivers import run_archiver
+
+from .conftest import LiveServer, running
+
+ARCHIVER = shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
+pytestmark = pytest.mark.skipif(ARCHIVER is None, reason="torch-model-archiver (dev) missing")
+
+MODEL_PY = """
+import torch
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+ROWS = """
+import torch
+
+
+def rows(data):
+    return torch.tensor([r.get("data") or r.get("body") for r in data], dtype=torch.float32)
+"""
+
+# Reads what TorchServe's BaseHandler.initialize sets, and times its stages as TorchServe's
+# examples do (handler: {profile: true} makes them metrics).
+ATTRS_HANDLER = """
+import os
+
+from ts.handler_utils.timer import timed
+from ts.torch_handler.base_handler import BaseHandler
+
+from rows import rows
+
+
+class AttrsHandler(BaseHandler):
+    def initialize(self, context):
+        super().initialize(context)
+        self.scale = self.model_yaml_config["handler"]["scale"]
+        self.pt = os.path.basename(self.model_pt_path)
+
+    @timed
+    def preprocess(self, data):
+        return rows(data) * self.scale
+
+    @timed
+    def postprocess(self, data):
+        return [{"pt": self.pt, "n": len(row)} for row in data.tolist()]
+"""
+
+ATTRS_CONFIG = "handler:\n  scale: 3\n  profile: true\n"
+
+# Loads its own model with TorchServe's helpers (the yolov8 and dlrm examples do).
+LOADER_HANDLER = """
+import os
+
+from ts.torch_handler.base_handler import BaseHandler
+
+from rows import rows
+
+
+class LoaderHandler(BaseHandler):
+    def initialize(self, context):
+        self.manifest = context.manifest
+        model_dir = context.system_properties["model_dir"]
+        path = os.path.join(model_dir, self.manifest["model"]["serializedFile"])
+        model_file = self.manifest["model"].get("modelFile")
+        if model_file:
+            self.model = self._load_pickled_model(model_dir, model_file, path)
+        else:
+            self.model = self._load_torchscript_model(path)
+        self.model.eval()
+        self.initialized = True
+
+    def preprocess(self, data):
+        return rows(data)
+"""
+
+# TorchServe's docs/custom_service.md: a module-level entry point over a handler class.
+WRAPPED_HANDLER = """
+from ts.torch_handler.base_handler import BaseHandler
+
+from rows import rows
+
+
+class Inner(BaseHandler):
+    def preprocess(self, data):
+        return rows(data)
+
+
+_service = Inner()
+
+
+def handle(data, context):
+    if not _service.initialized:
+        _service.initialize(context)
+    if data is None:
+        return None
+    return [{"via": "module handle", "out": out} for out in _service.handle(data, context)]
+"""
+
+
+class Tiny(torch.nn.Module):
+    """MODEL_PY's class: its state dict is the eager archive's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def _sources(src: Path) -> None:
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    torch.save(model.state_dict(), src / "state.pth")
+    torch.jit.script(model).save(str(src / "model.pt"))
+    for name, text in {
+        "model.py": MODEL_PY,
+        "rows.py": ROWS,
+        "attrs_handler.py": ATTRS_HANDLER,
+        "loader_handler.py": LOADER_HANDLER,
+        "wrapped_handler.py": WRAPPED_HANDLER,
+        "model-config.yaml": ATTRS_CONFIG,
+    }.items():
+        (src / name).write_text(text)
+
+
+def _archive(src: Path, store: Path, name: str, handler: str, *more: str) -> None:
+    """``name`` 1.0 packed by torch-model-archiver into ``store``: ``handler`` with rows.py, over
+    model.pt, or state.pth when ``more`` gives a --model-file."""
+    serialized = src / ("state.pth" if "--model-file" in more else "model.pt")
+    command = [ARCHIVER, "--model-name", name, "--version", "1.0", "--export-path", str(store)]
+    command += ["--handler", str(src / handler), "--extra-files", str(src / "rows.py")]
+    run_archiver([*command, "--serialized-file", str(serialized), *more], timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    src = tmp_path_factory.mktemp("ts-handlers-src")
+    store = tmp_path_factory.mktemp("ts-handlers-store")
+    _sources(src)
+    _archive(src, store, "attrs", "attrs_handler.py", "--config-file", f"{src}/model-config.yaml")
+    _archive(src, store, "scripted", "loader_handler.py")
+    _archive(src, store, "pickled", "loader_handler.py", "--model-file", str(src / "model.py"))
+    _archive(src, store, "wrapped", "wrapped_handler.py")
+    with running(store, load_models=["all"]) as live:
+        yield live
+
+
+def _predict(server: LiveServer, model: str) -> httpx.Response:
+    return httpx.post(f"{server.url}/predictions/{model}", json=[1, 2, 3, 4], timeout=60)
+
+
+def test_subclass_reads_model_yaml_config_and_model_pt_path(server: LiveServer) -> None:
+    r = _predict(server, "attrs")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"pt": "model.pt", "n": 3}
+
+
+def test_timed_stages_are_metrics_with_profile_on(server: LiveServer) -> None:
+    assert _predict(server, "attrs").status_code == 200
+    server.recorded()
+    page = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
+    for stage in ("preprocess", "postprocess"):
+        assert f'ts_handler_{stage}{{Level="Model",ModelName="attrs"' in page, stage
+
+
+@pytest.mark.parametrize("model", ["scripted", "pickled"])
+def test_base_handler_loading_helpers(server: LiveServer, model: str) -> None:
+    r = _predict(server, model)
+    assert r.status_code == 200, r.text
+    torch.manual_seed(0)
+    with torch.no_grad():
+        expected = Tiny()(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))[0].tolist()
+    assert r.json() == pytest.approx(expected, abs=1e-5)
+
+
+def test_module_level_handle_is_the_entry_point_beside_a_class(server: LiveServer) -> None:
+    r = _predict(server, "wrapped")
+    assert r.status_code == 200, r.text
+    assert r.json()["via"] == "module handle"
