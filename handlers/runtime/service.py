@@ -348,7 +348,7 @@ def load_service(
     decode_input_request: bool = True,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
-    from .loading import model_yaml_config, read_manifest
+    from .loading import missing_packages, model_yaml_config, read_manifest
     from .resolve import device_of, install_ts_alias, resolve_handler
 
     model_dir = Path(model_dir).resolve()
@@ -381,13 +381,14 @@ def load_service(
             resolved.entry(None, context)
         else:
             resolved.instance.initialize(context)
-    except HandlerLoadError:
-        raise
+    except HandlerLoadError as exc:
+        raise missing_packages(exc, manifest, exc.__cause__) from exc.__cause__
     except HandlerError as exc:
         raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc}") from exc
     except Exception as exc:
         logger.error("handler %r failed to initialize", spec, exc_info=True)
-        raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}") from exc
+        failed = HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}")
+        raise missing_packages(failed, manifest, exc) from exc
     device = device_of(resolved.instance, gpu_id)
     signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
     context.metrics.drain()  # metrics recorded while loading are not a batch's

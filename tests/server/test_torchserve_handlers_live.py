@@ -121,6 +121,17 @@ def handle(data, context):
 """
 
 
+# Imports a package that is not installed, which its archive's requirements file names.
+NEEDS_HANDLER = """
+import not_installed_for_torchbay_tests  # noqa: F401
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class NeedsHandler(BaseHandler):
+    pass
+"""
+
+
 class Tiny(torch.nn.Module):
     """MODEL_PY's class: its state dict is the eager archive's."""
 
@@ -144,6 +155,8 @@ def _sources(src: Path) -> None:
         "loader_handler.py": LOADER_HANDLER,
         "wrapped_handler.py": WRAPPED_HANDLER,
         "model-config.yaml": ATTRS_CONFIG,
+        "needs_handler.py": NEEDS_HANDLER,
+        "requirements.txt": "not_installed_for_torchbay_tests==1.0\n",
     }.items():
         (src / name).write_text(text)
 
@@ -166,7 +179,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     _archive(src, store, "scripted", "loader_handler.py")
     _archive(src, store, "pickled", "loader_handler.py", "--model-file", str(src / "model.py"))
     _archive(src, store, "wrapped", "wrapped_handler.py")
-    with running(store, load_models=["all"]) as live:
+    _archive(src, store, "needs", "needs_handler.py", "-r", str(src / "requirements.txt"))
+    loaded = [f"{name}.mar" for name in ("attrs", "scripted", "pickled", "wrapped")]
+    with running(store, load_models=loaded, enable_model_api=True) as live:
         yield live
 
 
@@ -202,3 +217,14 @@ def test_module_level_handle_is_the_entry_point_beside_a_class(server: LiveServe
     r = _predict(server, "wrapped")
     assert r.status_code == 200, r.text
     assert r.json()["via"] == "module handle"
+
+
+def test_missing_package_of_the_requirements_file_is_named(server: LiveServer) -> None:
+    """torchbay never installs an archive's requirements file (TorchServe does with
+    install_py_dep_per_model=true): the load failure says so."""
+    params = {"url": "needs.mar", "initial_workers": 1, "synchronous": "true"}
+    r = httpx.post(f"{server.management_url}/models", params=params, timeout=120)
+    assert r.status_code == 500, r.text
+    message = r.json()["message"]
+    assert "not_installed_for_torchbay_tests" in message
+    assert "requirements file 'requirements.txt' is not installed by torchbay" in message
