@@ -346,6 +346,7 @@ def load_service(
     model_version: str | None = None,
     max_request_size: int = DEFAULT_MAX_SIZE,
     decode_input_request: bool = True,
+    model_metrics: Sequence[Sequence[Any]] | None = None,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
     from .loading import missing_packages, model_yaml_config, read_manifest
@@ -371,7 +372,7 @@ def load_service(
         gpu_id,
         server_version,
         limit_max_image_pixels,
-        MetricsCache(name),
+        MetricsCache(name, model_metrics),
         yaml_config,
     )
     spec = handler or model.get("handler") or ""

@@ -74,6 +74,7 @@ class Load:
     limit_max_image_pixels: bool = True
     max_request_size: int = 6553500  # caps a decompressed (Content-Encoding) request body
     decode_input_request: bool = True  # TorchServe's: JSON and text bodies reach handlers decoded
+    model_metrics: list[Any] | None = None  # [name, kind, unit, [dimensions]] per model metric
 
 
 @dataclass(frozen=True, slots=True)

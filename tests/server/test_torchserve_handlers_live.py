@@ -121,6 +121,33 @@ def handle(data, context):
 """
 
 
+# TorchServe's examples/custom_metrics: metrics_config's model metrics, found by get_metric.
+METRICS_HANDLER = """
+from ts.metrics.metric_type_enum import MetricTypes
+from ts.torch_handler.base_handler import BaseHandler
+
+from rows import rows
+
+
+class CachedMetricsHandler(BaseHandler):
+    def preprocess(self, data):
+        metrics, name = self.context.metrics, self.context.model_name
+        metrics.get_metric("InferenceRequestCount", MetricTypes.COUNTER).add_or_update(1, [])
+        metrics.get_metric("PreprocessCallCount").add_or_update(1, dimension_values=[name])
+        batch = metrics.get_metric("RequestBatchSize", metric_type=MetricTypes.GAUGE)
+        batch.add_or_update(value=len(data), dimension_values=[name])
+        return rows(data)
+"""
+
+METRICS_YAML = """
+model_metrics:
+  counter:
+    - {name: InferenceRequestCount, unit: count, dimensions: []}
+    - {name: PreprocessCallCount, unit: count, dimensions: [ModelName]}
+  gauge:
+    - {name: RequestBatchSize, unit: count, dimensions: [ModelName]}
+"""
+
 # Imports a package that is not installed, which its archive's requirements file names.
 NEEDS_HANDLER = """
 import not_installed_for_torchbay_tests  # noqa: F401
@@ -156,6 +183,8 @@ def _sources(src: Path) -> None:
         "wrapped_handler.py": WRAPPED_HANDLER,
         "model-config.yaml": ATTRS_CONFIG,
         "needs_handler.py": NEEDS_HANDLER,
+        "metrics_handler.py": METRICS_HANDLER,
+        "metrics.yaml": METRICS_YAML,
         "requirements.txt": "not_installed_for_torchbay_tests==1.0\n",
     }.items():
         (src / name).write_text(text)
@@ -180,8 +209,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     _archive(src, store, "pickled", "loader_handler.py", "--model-file", str(src / "model.py"))
     _archive(src, store, "wrapped", "wrapped_handler.py")
     _archive(src, store, "needs", "needs_handler.py", "-r", str(src / "requirements.txt"))
-    loaded = [f"{name}.mar" for name in ("attrs", "scripted", "pickled", "wrapped")]
-    with running(store, load_models=loaded, enable_model_api=True) as live:
+    _archive(src, store, "cached", "metrics_handler.py")
+    loaded = [f"{name}.mar" for name in ("attrs", "scripted", "pickled", "wrapped", "cached")]
+    metrics = src / "metrics.yaml"
+    with running(store, load_models=loaded, enable_model_api=True, metrics_config=metrics) as live:
         yield live
 
 
@@ -228,3 +259,19 @@ def test_missing_package_of_the_requirements_file_is_named(server: LiveServer) -
     message = r.json()["message"]
     assert "not_installed_for_torchbay_tests" in message
     assert "requirements file 'requirements.txt' is not installed by torchbay" in message
+
+
+def test_metrics_config_model_metrics_are_in_the_handlers_cache(server: LiveServer) -> None:
+    """TorchServe's custom_metrics example: get_metric finds what metrics_config declares, and
+    add_or_update records exactly its dimensions (TorchServe's /metrics in that README)."""
+    for _ in range(2):
+        r = _predict(server, "cached")
+        assert r.status_code == 200, r.text
+    server.recorded()
+    page = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
+    samples = {line.split("{")[0]: line for line in page.splitlines() if "Hostname=" in line}
+    assert samples["InferenceRequestCount"].startswith("InferenceRequestCount{Hostname=")
+    assert samples["InferenceRequestCount"].endswith("} 2.0")
+    for name, value in (("PreprocessCallCount", "2.0"), ("RequestBatchSize", "1.0")):
+        assert samples[name].startswith(f'{name}{{ModelName="cached",Hostname='), samples[name]
+        assert samples[name].endswith(f"}} {value}"), samples[name]
