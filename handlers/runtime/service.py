@@ -63,7 +63,6 @@ from typing import Any, Protocol
 from .. import oip_signature
 from ..context import Context
 from ..errors import (
-    HandlerError,
     HandlerLoadError,
     PredictionException,
     failure_message,
@@ -349,8 +348,8 @@ def load_service(
     model_metrics: Sequence[Sequence[Any]] | None = None,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
-    from .loading import missing_packages, model_yaml_config, read_manifest
-    from .resolve import device_of, install_ts_alias, resolve_handler
+    from .loading import model_yaml_config, read_manifest
+    from .resolve import device_of, install_ts_alias, start_handler
 
     model_dir = Path(model_dir).resolve()
     if not model_dir.is_dir():
@@ -375,21 +374,9 @@ def load_service(
         MetricsCache(name, model_metrics),
         yaml_config,
     )
-    spec = handler or model.get("handler") or ""
-    try:  # an absolute file only from the Load (the server's default_service_handler)
-        resolved = resolve_handler(str(spec), model_dir, outside_ok=handler is not None)
-        if resolved.is_function:
-            resolved.entry(None, context)
-        else:
-            resolved.instance.initialize(context)
-    except HandlerLoadError as exc:
-        raise missing_packages(exc, manifest, exc.__cause__) from exc.__cause__
-    except HandlerError as exc:
-        raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc}") from exc
-    except Exception as exc:
-        logger.error("handler %r failed to initialize", spec, exc_info=True)
-        failed = HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}")
-        raise missing_packages(failed, manifest, exc) from exc
+    spec = str(handler or model.get("handler") or "")
+    # An absolute file only from the Load (the server's default_service_handler).
+    resolved = start_handler(spec, model_dir, context, outside_ok=handler is not None)
     device = device_of(resolved.instance, gpu_id)
     signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
     context.metrics.drain()  # metrics recorded while loading are not a batch's
