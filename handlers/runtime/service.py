@@ -147,6 +147,7 @@ class Service:
         decode_input: bool = True,  # TorchServe's decode_input_request: JSON and text decoded
     ) -> None:
         self.decode_input = decode_input
+        self.load_metrics: list[dict[str, Any]] = []  # recorded by the handler's initialize
         self.context = context
         self.handler = resolved.instance
         self._entry = resolved.entry
@@ -379,7 +380,9 @@ def load_service(
     resolved = start_handler(spec, model_dir, context, outside_ok=handler is not None)
     device = device_of(resolved.instance, gpu_id)
     signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
-    context.metrics.drain()  # metrics recorded while loading are not a batch's
-    return Service(
+    load_metrics = context.metrics.drain()  # the worker's Ready carries them, not a batch
+    service = Service(
         context, resolved, device, name, version, signature, max_request_size, decode_input_request
     )
+    service.load_metrics = load_metrics
+    return service

@@ -87,6 +87,7 @@ class Ready:
     load_time_ms: float
     num_threads: int
     torch_version: str = ""
+    metrics: list[Any] | None = None  # the handler's metric records made while it loaded
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,6 +247,7 @@ def serve(sock: socket.socket) -> int:
             load_time_ms=(time.perf_counter() - started) * 1000,
             num_threads=torch.get_num_threads(),
             torch_version=torch.__version__,
+            metrics=service.load_metrics or None,
         ),
     )
     # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect

@@ -130,6 +130,12 @@ from rows import rows
 
 
 class CachedMetricsHandler(BaseHandler):
+    def initialize(self, context):
+        super().initialize(context)
+        context.metrics.add_metric(
+            name="InitializeCallCount", value=1, unit="count", metric_type=MetricTypes.COUNTER
+        )
+
     def preprocess(self, data):
         metrics, name = self.context.metrics, self.context.model_name
         metrics.get_metric("InferenceRequestCount", MetricTypes.COUNTER).add_or_update(1, [])
@@ -144,6 +150,7 @@ model_metrics:
   counter:
     - {name: InferenceRequestCount, unit: count, dimensions: []}
     - {name: PreprocessCallCount, unit: count, dimensions: [ModelName]}
+    - {name: InitializeCallCount, unit: count, dimensions: [ModelName, Level]}
   gauge:
     - {name: RequestBatchSize, unit: count, dimensions: [ModelName]}
 """
@@ -262,8 +269,9 @@ def test_missing_package_of_the_requirements_file_is_named(server: LiveServer) -
 
 
 def test_metrics_config_model_metrics_are_in_the_handlers_cache(server: LiveServer) -> None:
-    """TorchServe's custom_metrics example: get_metric finds what metrics_config declares, and
-    add_or_update records exactly its dimensions (TorchServe's /metrics in that README)."""
+    """TorchServe's custom_metrics example: get_metric finds what metrics_config declares,
+    add_or_update records exactly its dimensions, and what initialize records is published too
+    (TorchServe's /metrics in that README)."""
     for _ in range(2):
         r = _predict(server, "cached")
         assert r.status_code == 200, r.text
@@ -272,6 +280,9 @@ def test_metrics_config_model_metrics_are_in_the_handlers_cache(server: LiveServ
     samples = {line.split("{")[0]: line for line in page.splitlines() if "Hostname=" in line}
     assert samples["InferenceRequestCount"].startswith("InferenceRequestCount{Hostname=")
     assert samples["InferenceRequestCount"].endswith("} 2.0")
+    initialized = samples["InitializeCallCount"]
+    assert initialized.startswith('InitializeCallCount{ModelName="cached",Level="Model",Hostname=')
+    assert initialized.endswith("} 1.0"), initialized
     for name, value in (("PreprocessCallCount", "2.0"), ("RequestBatchSize", "1.0")):
         assert samples[name].startswith(f'{name}{{ModelName="cached",Hostname='), samples[name]
         assert samples[name].endswith(f"}} {value}"), samples[name]
