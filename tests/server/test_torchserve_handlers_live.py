@@ -192,6 +192,7 @@ def _sources(src: Path) -> None:
         "needs_handler.py": NEEDS_HANDLER,
         "metrics_handler.py": METRICS_HANDLER,
         "metrics.yaml": METRICS_YAML,
+        "broken_handler.py": "def broken(:\n",
         "requirements.txt": "not_installed_for_torchbay_tests==1.0\n",
     }.items():
         (src / name).write_text(text)
@@ -217,6 +218,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     _archive(src, store, "wrapped", "wrapped_handler.py")
     _archive(src, store, "needs", "needs_handler.py", "-r", str(src / "requirements.txt"))
     _archive(src, store, "cached", "metrics_handler.py")
+    _archive(src, store, "broken", "broken_handler.py")
     loaded = [f"{name}.mar" for name in ("attrs", "scripted", "pickled", "wrapped", "cached")]
     metrics = src / "metrics.yaml"
     with running(store, load_models=loaded, enable_model_api=True, metrics_config=metrics) as live:
@@ -286,3 +288,15 @@ def test_metrics_config_model_metrics_are_in_the_handlers_cache(server: LiveServ
     for name, value in (("PreprocessCallCount", "2.0"), ("RequestBatchSize", "1.0")):
         assert samples[name].startswith(f'{name}{{ModelName="cached",Hostname='), samples[name]
         assert samples[name].endswith(f"}} {value}"), samples[name]
+
+
+def test_a_load_failure_answers_no_server_path(server: LiveServer) -> None:
+    """A handler that does not compile: the 500 names the error, not where the server keeps
+    the model (a SyntaxError's repr holds the file's path)."""
+    params = {"url": "broken.mar", "initial_workers": 1, "synchronous": "true"}
+    r = httpx.post(f"{server.management_url}/models", params=params, timeout=120)
+    assert r.status_code == 500, r.text
+    message = r.json()["message"]
+    assert "SyntaxError" in message and "broken_handler.py" in message
+    workdir = str(server.server.registry.workdir)
+    assert workdir not in message and "<path>" in message, message
