@@ -50,6 +50,7 @@ import os
 
 from ts.handler_utils.timer import timed
 from ts.torch_handler.base_handler import BaseHandler
+from ts.utils.util import CLEANUP_REGEX, check_valid_pt2_backend
 
 from rows import rows
 
@@ -66,7 +67,9 @@ class AttrsHandler(BaseHandler):
 
     @timed
     def postprocess(self, data):
-        return [{"pt": self.pt, "n": len(row)} for row in data.tolist()]
+        ok = check_valid_pt2_backend("inductor") and not check_valid_pt2_backend("x")
+        text = CLEANUP_REGEX.sub("", "<b>bold</b>&amp;")
+        return [{"pt": self.pt, "n": len(row), "util": [ok, text]} for row in data.tolist()]
 """
 
 ATTRS_CONFIG = "handler:\n  scale: 3\n  profile: true\n"
@@ -229,10 +232,10 @@ def _predict(server: LiveServer, model: str) -> httpx.Response:
     return httpx.post(f"{server.url}/predictions/{model}", json=[1, 2, 3, 4], timeout=60)
 
 
-def test_subclass_reads_model_yaml_config_and_model_pt_path(server: LiveServer) -> None:
+def test_subclass_reads_model_yaml_config_model_pt_path_and_ts_utils(server: LiveServer) -> None:
     r = _predict(server, "attrs")
     assert r.status_code == 200, r.text
-    assert r.json() == {"pt": "model.pt", "n": 3}
+    assert r.json() == {"pt": "model.pt", "n": 3, "util": [True, "bold"]}
 
 
 def test_timed_stages_are_metrics_with_profile_on(server: LiveServer) -> None:
