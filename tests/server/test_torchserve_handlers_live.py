@@ -6,6 +6,8 @@ module-level ``handle`` beside a handler class (TorchServe's entry point then)."
 
 from __future__ import annotations
 
+import base64
+import io
 import shutil
 import sys
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from PIL import Image
 
 from tests.torchserve_archivers import run_archiver
 
@@ -124,6 +127,31 @@ def handle(data, context):
 """
 
 
+# TorchServe's near_real_time_video example: a subclass of its ImageClassifier that runs the
+# inherited image_processing itself and sets its top-k.
+VIDEO_HANDLER = """
+import base64
+import io
+
+import torch
+from PIL import Image
+from ts.torch_handler.image_classifier import ImageClassifier
+
+
+class FramesHandler(ImageClassifier):
+    def initialize(self, context):
+        super().initialize(context)
+        self.set_max_result_classes(2)
+
+    def preprocess(self, data):
+        frames = [(row.get("data") or row.get("body"))["frame"] for row in data]
+        images = [Image.open(io.BytesIO(base64.b64decode(f))) for f in frames]
+        return torch.stack([self.image_processing(image) for image in images])
+
+    def postprocess(self, data):
+        return [{"topk": self.get_max_result_classes(), "shape": list(data.shape)}]
+"""
+
 # TorchServe's examples/custom_metrics: metrics_config's model metrics, found by get_metric.
 METRICS_HANDLER = """
 from ts.metrics.metric_type_enum import MetricTypes
@@ -169,6 +197,17 @@ class NeedsHandler(BaseHandler):
 """
 
 
+class Cnn(torch.nn.Module):
+    """An image classifier of three classes for the frames handler."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).mean((2, 3))
+
+
 class Tiny(torch.nn.Module):
     """MODEL_PY's class: its state dict is the eager archive's."""
 
@@ -185,6 +224,7 @@ def _sources(src: Path) -> None:
     model = Tiny().eval()
     torch.save(model.state_dict(), src / "state.pth")
     torch.jit.script(model).save(str(src / "model.pt"))
+    torch.jit.script(Cnn().eval()).save(str(src / "cnn.pt"))
     for name, text in {
         "model.py": MODEL_PY,
         "rows.py": ROWS,
@@ -196,6 +236,7 @@ def _sources(src: Path) -> None:
         "metrics_handler.py": METRICS_HANDLER,
         "metrics.yaml": METRICS_YAML,
         "broken_handler.py": "def broken(:\n",
+        "video_handler.py": VIDEO_HANDLER,
         "requirements.txt": "not_installed_for_torchbay_tests==1.0\n",
     }.items():
         (src / name).write_text(text)
@@ -205,6 +246,8 @@ def _archive(src: Path, store: Path, name: str, handler: str, *more: str) -> Non
     """``name`` 1.0 packed by torch-model-archiver into ``store``: ``handler`` with rows.py, over
     model.pt, or state.pth when ``more`` gives a --model-file."""
     serialized = src / ("state.pth" if "--model-file" in more else "model.pt")
+    if name == "frames":
+        serialized = src / "cnn.pt"
     command = [ARCHIVER, "--model-name", name, "--version", "1.0", "--export-path", str(store)]
     command += ["--handler", str(src / handler), "--extra-files", str(src / "rows.py")]
     run_archiver([*command, "--serialized-file", str(serialized), *more], timeout=120)
@@ -222,7 +265,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     _archive(src, store, "needs", "needs_handler.py", "-r", str(src / "requirements.txt"))
     _archive(src, store, "cached", "metrics_handler.py")
     _archive(src, store, "broken", "broken_handler.py")
-    loaded = [f"{name}.mar" for name in ("attrs", "scripted", "pickled", "wrapped", "cached")]
+    _archive(src, store, "frames", "video_handler.py")
+    names = ("attrs", "scripted", "pickled", "wrapped", "cached", "frames")
+    loaded = [f"{name}.mar" for name in names]
     metrics = src / "metrics.yaml"
     with running(store, load_models=loaded, enable_model_api=True, metrics_config=metrics) as live:
         yield live
@@ -303,3 +348,14 @@ def test_a_load_failure_answers_no_server_path(server: LiveServer) -> None:
     assert "SyntaxError" in message and "broken_handler.py" in message
     workdir = str(server.server.registry.workdir)
     assert workdir not in message and "<path>" in message, message
+
+
+def test_image_classifier_subclass_runs_the_inherited_image_processing(
+    server: LiveServer,
+) -> None:
+    picture = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(picture, format="PNG")
+    frame = base64.b64encode(picture.getvalue()).decode()
+    r = httpx.post(f"{server.url}/predictions/frames", json={"frame": frame}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"topk": 2, "shape": [1, 3]}
