@@ -243,13 +243,15 @@ def _sources(src: Path) -> None:
 
 
 def _archive(src: Path, store: Path, name: str, handler: str, *more: str) -> None:
-    """``name`` 1.0 packed by torch-model-archiver into ``store``: ``handler`` with rows.py, over
-    model.pt, or state.pth when ``more`` gives a --model-file."""
+    """``name`` 1.0 packed by torch-model-archiver into ``store``: ``handler`` (a file of
+    ``src``, or a name) with rows.py, over model.pt (cnn.pt for ``frames``), or state.pth when
+    ``more`` gives a --model-file."""
     serialized = src / ("state.pth" if "--model-file" in more else "model.pt")
     if name == "frames":
         serialized = src / "cnn.pt"
     command = [ARCHIVER, "--model-name", name, "--version", "1.0", "--export-path", str(store)]
-    command += ["--handler", str(src / handler), "--extra-files", str(src / "rows.py")]
+    handler = str(src / handler) if handler.endswith(".py") else handler  # else a built-in
+    command += ["--handler", handler, "--extra-files", str(src / "rows.py")]
     run_archiver([*command, "--serialized-file", str(serialized), *more], timeout=120)
 
 
@@ -266,6 +268,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     _archive(src, store, "cached", "metrics_handler.py")
     _archive(src, store, "broken", "broken_handler.py")
     _archive(src, store, "frames", "video_handler.py")
+    _archive(src, store, "cpp", "BaseHandler", "--runtime", "LSP")
     names = ("attrs", "scripted", "pickled", "wrapped", "cached", "frames")
     loaded = [f"{name}.mar" for name in names]
     metrics = src / "metrics.yaml"
@@ -359,3 +362,10 @@ def test_image_classifier_subclass_runs_the_inherited_image_processing(
     r = httpx.post(f"{server.url}/predictions/frames", json={"frame": frame}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json() == {"topk": 2, "shape": [1, 3]}
+
+
+def test_an_archive_for_torchserves_cpp_backend_is_refused(server: LiveServer) -> None:
+    params = {"url": "cpp.mar", "initial_workers": 1, "synchronous": "true"}
+    r = httpx.post(f"{server.management_url}/models", params=params, timeout=120)
+    assert r.status_code == 400, r.text
+    assert "runtime 'LSP' is not served" in r.json()["message"]
