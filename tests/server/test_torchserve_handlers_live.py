@@ -269,6 +269,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     _archive(src, store, "broken", "broken_handler.py")
     _archive(src, store, "frames", "video_handler.py")
     _archive(src, store, "cpp", "BaseHandler", "--runtime", "LSP")
+    (src / "source_vocab.pt").write_bytes(b"torchtext")  # only its name matters here
+    _archive(src, store, "text", "text_classifier", "--extra-files", f"{src}/source_vocab.pt")
     names = ("attrs", "scripted", "pickled", "wrapped", "cached", "frames")
     loaded = [f"{name}.mar" for name in names]
     metrics = src / "metrics.yaml"
@@ -369,3 +371,10 @@ def test_an_archive_for_torchserves_cpp_backend_is_refused(server: LiveServer) -
     r = httpx.post(f"{server.management_url}/models", params=params, timeout=120)
     assert r.status_code == 400, r.text
     assert "runtime 'LSP' is not served" in r.json()["message"]
+
+
+def test_a_torchserve_text_classifier_archive_names_its_vocabulary(server: LiveServer) -> None:
+    params = {"url": "text.mar", "initial_workers": 1, "synchronous": "true"}
+    r = httpx.post(f"{server.management_url}/models", params=params, timeout=120)
+    assert r.status_code == 500, r.text
+    assert "source_vocab.pt (a pickled torchtext vocabulary) is not read" in r.json()["message"]
