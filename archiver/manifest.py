@@ -252,6 +252,9 @@ class ModelInfo(BaseModel):
         return data
 
 
+PYTHON_RUNTIMES = ("python", "python2", "python3")
+
+
 class Manifest(BaseModel):
     """MAR-INF/MANIFEST.json. ``torchbay`` is None for archives made by torch-model-archiver."""
 
@@ -264,6 +267,17 @@ class Manifest(BaseModel):
     archiver_version: str = Field(default="", alias="archiverVersion")
     model: ModelInfo
     torchbay: TorchbayInfo | None = None
+
+    @field_validator("runtime")
+    @classmethod
+    def _python_runtime(cls, runtime: str) -> str:
+        # torch-model-archiver's --runtime: python, python3, or LSP (TorchServe's C++ backend).
+        if runtime.lower() not in PYTHON_RUNTIMES:
+            raise ValueError(
+                f"runtime {runtime[:64]!r} is not served: torchbay runs Python handlers "
+                f"(runtime {', '.join(PYTHON_RUNTIMES)}; LSP is TorchServe's C++ backend)"
+            )
+        return runtime
 
     def to_json(self) -> str:
         """Serialize with TorchServe's field names, omitting unset optional fields."""

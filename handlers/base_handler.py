@@ -55,6 +55,10 @@ class BaseHandler:
         self.manifest: dict[str, Any] | None = None
         self.map_location: str | None = None
         self.model_dir: str | None = None
+        # TorchServe's BaseHandler sets these too; its subclasses read them after initialize.
+        self.model_pt_path: str | None = None
+        self.model_yaml_config: dict[str, Any] = {}
+        self.profiler_args: dict[str, Any] = {}
         self.model_input_dtype: torch.dtype = torch.float32
         self.explain = False
         self.target = 0
@@ -70,6 +74,9 @@ class BaseHandler:
         properties = context.system_properties
         self.manifest = context.manifest
         self.model_dir = str(properties.get("model_dir"))
+        self.model_yaml_config = getattr(context, "model_yaml_config", None) or {}
+        serialized = (self.manifest or {}).get("model", {}).get("serializedFile")
+        self.model_pt_path = os.path.join(self.model_dir, serialized) if serialized else None
         gpu_id = properties.get("gpu_id")
         if gpu_id is not None and torch.cuda.is_available():
             self.map_location = "cuda"
@@ -86,6 +93,23 @@ class BaseHandler:
         if self.model is not None:
             self._device_path()  # convert the model (channels_last, cuDNN) at load, not later
         self.initialized = True
+
+    def _load_torchscript_model(self, model_pt_path: str) -> Any:
+        """TorchServe's helper for a handler that loads its own model: a TorchScript file onto
+        ``self.device``."""
+        return torch.jit.load(model_pt_path, map_location=self.device)
+
+    def _load_pickled_model(
+        self, model_dir: str, model_file: str, model_pt_path: str | None
+    ) -> torch.nn.Module:
+        """TorchServe's helper: the one model class of ``model_file`` (inside ``model_dir``),
+        built with no arguments, with the state dict at ``model_pt_path`` loaded (weights only)."""
+        path = loading.inside(model_dir, model_file, "modelFile")
+        model = loading.single_module_class(loading.import_file(path), model_file)()
+        if model_pt_path:
+            state = torch.load(model_pt_path, map_location=self.device, weights_only=True)
+            model.load_state_dict(state)
+        return model
 
     def _device_path(self) -> Any:
         """The model's device path (handlers/runtime/accel.py), rebuilt when ``self.model``

@@ -70,6 +70,14 @@ class ImageClassifier(BaseHandler):
         self.topk = int(top)
         if not context.system_properties.get("limit_max_image_pixels", True):
             Image.MAX_IMAGE_PIXELS = None
+        if self.image_processing is None:  # TorchServe's subclasses call it on a PIL image
+            self.image_processing = self.transform
+
+    def set_max_result_classes(self, topk: int) -> None:
+        self.topk = topk
+
+    def get_max_result_classes(self) -> int:
+        return self.topk
 
     def preprocess(self, data: list[Any]) -> torch.Tensor:
         images = self.map_items(data, self.load_item)
@@ -111,9 +119,8 @@ class ImageClassifier(BaseHandler):
         if not isinstance(value, (bytes, bytearray)) or not value:
             raise BadInput("no image in the request (send PNG/JPEG bytes or base64)")
         image = decode_image(bytes(value))
-        if self.image_processing is not None:
-            return self.image_processing(image)
-        return self.transform(image)
+        processing = self.image_processing
+        return (self.transform if processing is None else processing)(image)
 
     def transform(self, image: Image.Image) -> torch.Tensor:
         image = convert(image, "L" if self.channels == 1 else "RGB")

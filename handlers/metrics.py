@@ -93,7 +93,7 @@ class Metric:
                 f"got values {list(dimension_values)}"
             )
         dims = dict(zip(self.dimension_names, (str(v) for v in dimension_values), strict=True))
-        self._cache._record(self.name, self.metric_type.value, self.unit, value, dims)
+        self._cache._record(self.name, self.metric_type.value, self.unit, value, dims, False)
 
     def update(self, value: float, request_id: str = "", dimensions: DimensionsLike = None) -> None:
         """Record ``value`` with the given dimensions (or none beyond the defaults)."""
@@ -146,22 +146,39 @@ def _default_unit(method: str, default_unit: str, default: MetricTypes) -> Calla
 class MetricsCache:
     """Buffer of custom metric records for one model; ``drain()`` empties it."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, definitions: Sequence[Sequence[Any]] | None = None) -> None:
+        """``definitions``: the metrics_config's model metrics, ``(name, type, unit,
+        dimension names)`` each, in the cache from the start as TorchServe's backend has them
+        (``get_metric`` finds them); one that is not such a row is skipped."""
         self.model_name = model_name
         self._buffer: list[dict[str, Any]] = []
         self._dropped = 0  # records past MAX_RECORDS since the last drain
         self._metrics: dict[tuple[str, str], Metric] = {}
         self.request_ids: dict[int, str] | None = None
+        for row in definitions or ():
+            try:
+                name, kind, unit, dims = row
+                self.add_metric_to_cache(str(name), str(unit), [str(d) for d in dims], kind)
+            except (TypeError, ValueError):
+                logger.warning("model %s: metric definition %r skipped", model_name, row)
 
     # -- recording ----------------------------------------------------------------------------
     def _record(
-        self, name: str, metric_type: str, unit: str, value: float, dims: dict[str, str]
+        self,
+        name: str,
+        metric_type: str,
+        unit: str,
+        value: float,
+        dims: dict[str, str],
+        defaults: bool = True,
     ) -> None:
         # TorchServe's order: the handler's dimensions, then ModelName and Level (its
-        # _add_default_dims appends them); an auto-detected metric keeps this order.
+        # _add_default_dims appends them); an auto-detected metric keeps this order. A cached
+        # metric's add_or_update has exactly its own dimensions (``defaults`` false), as there.
         dimensions = {**dims}
-        dimensions.setdefault("ModelName", self.model_name)
-        dimensions.setdefault("Level", "Model")
+        if defaults:
+            dimensions.setdefault("ModelName", self.model_name)
+            dimensions.setdefault("Level", "Model")
         record = {
             "name": str(name),
             "type": metric_type,

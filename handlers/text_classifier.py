@@ -35,6 +35,10 @@ from .runtime import explain
 from .runtime.explain import target_of
 
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+_TORCHTEXT_VOCAB = (
+    "; TorchServe's source_vocab.pt (a pickled torchtext vocabulary) is not read: write its "
+    "tokens to vocab.txt, one a line in id order (vocab.get_itos())"
+)
 
 
 def load_vocab(path: str) -> dict[str, int]:
@@ -62,8 +66,10 @@ class TextClassifier(BaseHandler):
             os.path.join(model_dir, n) for n in names if os.path.isfile(os.path.join(model_dir, n))
         ]
         if not paths:
+            torchserve = os.path.isfile(os.path.join(model_dir, "source_vocab.pt"))
             raise HandlerLoadError(
                 f"text_classifier needs a vocabulary file ({' or '.join(names)})"
+                + (_TORCHTEXT_VOCAB if torchserve else "")
             )
         self.vocab = load_vocab(paths[0])
         self.lowercase = bool(config.get("lowercase", True))

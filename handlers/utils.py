@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import inspect
 import itertools
 import json
 import logging
 import os
+import re
 import sys
 from types import ModuleType
 from typing import Any
@@ -15,7 +17,10 @@ from typing import Any
 from .errors import PredictionException
 
 __all__ = [
+    "CLEANUP_REGEX",
+    "PT2Backend",
     "PredictionException",
+    "check_valid_pt2_backend",
     "get_yaml_config",
     "list_classes_from_module",
     "load_label_mapping",
@@ -23,6 +28,36 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# TorchServe's: HTML tags and entities, which its text handlers strip from inputs.
+CLEANUP_REGEX = re.compile("<.*?>|&([a-z0-9]+|#[0-9]{1,6}|#x[0-9a-f]{1,6});")
+
+
+class PT2Backend(str, enum.Enum):
+    """The torch.compile backends TorchServe's ``check_valid_pt2_backend`` accepts."""
+
+    EAGER = "eager"
+    AOT_EAGER = "aot_eager"
+    INDUCTOR = "inductor"
+    NVFUSER = "nvfuser"
+    AOT_NVFUSER = "aot_nvfuser"
+    AOT_CUDAGRAPHS = "aot_cudagraphs"
+    OFI = "ofi"
+    FX2TRT = "fx2trt"
+    ONNXRT = "onnxrt"
+    IPEX = "ipex"
+    TORCHXLA_TRACE_ONCE = "torchxla_trace_once"
+    OPENVINO = "openvino"
+    TENSORRT = "tensorrt"
+    HPU_BACKEND = "hpu_backend"
+
+
+def check_valid_pt2_backend(backend: str) -> bool:
+    """Whether ``backend`` is one of :class:`PT2Backend` (TorchServe's, with its warning)."""
+    if backend in {member.value for member in PT2Backend}:
+        return True
+    logger.warning("%s is not a supported backend", backend)
+    return False
 
 
 def list_classes_from_module(module: ModuleType, parent_class: type | None = None) -> list[type]:

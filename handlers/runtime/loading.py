@@ -90,6 +90,21 @@ def model_yaml_config(model_dir: Path, manifest: dict[str, Any]) -> dict[str, An
     return config
 
 
+def missing_packages(
+    error: HandlerLoadError, manifest: dict[str, Any], cause: BaseException | None
+) -> HandlerLoadError:
+    """``error``, naming the archive's requirements file when ``cause`` is a module the handler
+    imports that is not installed: torchbay never installs that file (TorchServe does with
+    ``install_py_dep_per_model=true``), so its packages must be installed where the server runs."""
+    requirements = manifest.get("model", {}).get("requirementsFile")
+    if not requirements or not isinstance(cause, ModuleNotFoundError):
+        return error
+    return HandlerLoadError(
+        f"{error} (the archive's requirements file {str(requirements)!r} is not installed by "
+        "torchbay: install its packages where the server runs)"
+    )
+
+
 def model_format(manifest: dict[str, Any]) -> str | None:
     """``torchscript`` | ``exported`` | ``eager`` | ``aoti``, or None without a serialized file."""
     info = torchbay_info(manifest)

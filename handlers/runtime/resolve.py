@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import logging
 import sys
 import types
 from collections.abc import Callable
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import utils
-from ..errors import HandlerLoadError
+from ..errors import HandlerError, HandlerLoadError
+
+logger = logging.getLogger(__name__)
 
 BUILTIN_HANDLERS: dict[str, str] = {
     "tensor": "torchbay.handlers.tensor",
@@ -59,23 +62,48 @@ def resolve_handler(spec: str, model_dir: str | Path, outside_ok: bool = False) 
         module = _import_by_folder(module_part)
     else:
         module = _import_handler_module(module_part, Path(model_dir))
-    fn = getattr(module, function, None) if function else None
-    if callable(fn):
+    # TorchServe (model_loader): the module's function (``handle`` unless named) is the entry
+    # point, even beside a handler class (a module-level ``handle`` that wraps its class's);
+    # a module without it is served by its handler class (SageMaker's default_service_handler
+    # names handler_service.py:handle, a class's method).
+    fn = getattr(module, function or "handle", None)
+    if callable(fn) and not inspect.isclass(fn):
         return ResolvedHandler(spec, fn)
-    # TorchServe: a module without the function named is served by its handler class
-    # (SageMaker's default_service_handler names handler_service.py:handle, a class's method).
     cls = _handler_class(module, module_part)
     if cls is not None:
         instance = cls()
         return ResolvedHandler(spec, instance.handle, instance)
-    fn = getattr(module, "handle", None)
-    if callable(fn) and not function:
-        return ResolvedHandler(spec, fn)
     if function:
         raise HandlerLoadError(f"handler {spec!r}: {module_part!r} has no function {function!r}")
     raise HandlerLoadError(
         f"handler {spec!r}: {module_part!r} defines no handler class and no handle() function"
     )
+
+
+def start_handler(
+    spec: str, model_dir: Path, context: Any, outside_ok: bool = False
+) -> ResolvedHandler:
+    """``resolve_handler``, then the handler's ``initialize(context)`` (a function handler:
+    ``handle(None, context)``, TorchServe's convention); raises HandlerLoadError for either, naming
+    the archive's requirements file when a module it imports is missing."""
+    from .loading import missing_packages
+
+    manifest = context.manifest
+    try:
+        resolved = resolve_handler(spec, model_dir, outside_ok=outside_ok)
+        if resolved.is_function:
+            resolved.entry(None, context)
+        else:
+            resolved.instance.initialize(context)
+    except HandlerLoadError as exc:
+        raise missing_packages(exc, manifest, exc.__cause__) from exc.__cause__
+    except HandlerError as exc:
+        raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc}") from exc
+    except Exception as exc:
+        logger.error("handler %r failed to initialize", spec, exc_info=True)
+        failed = HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}")
+        raise missing_packages(failed, manifest, exc) from exc
+    return resolved
 
 
 def device_of(instance: Any, gpu_id: int | None) -> str:
@@ -165,6 +193,7 @@ _ALIASES: dict[str, dict[str, str]] = {
     "ts.torch_handler.image_segmenter": {"ImageSegmenter": "image_segmenter.ImageSegmenter"},
     "ts.protocol.otf_message_handler": _OTF,
     "ts.handler_utils.utils": _OTF,  # TorchServe >= 0.9 exports it here too
+    "ts.handler_utils.timer": {"timed": "timer.timed"},
 }
 
 

@@ -63,7 +63,6 @@ from typing import Any, Protocol
 from .. import oip_signature
 from ..context import Context
 from ..errors import (
-    HandlerError,
     HandlerLoadError,
     PredictionException,
     failure_message,
@@ -148,6 +147,7 @@ class Service:
         decode_input: bool = True,  # TorchServe's decode_input_request: JSON and text decoded
     ) -> None:
         self.decode_input = decode_input
+        self.load_metrics: list[dict[str, Any]] = []  # recorded by the handler's initialize
         self.context = context
         self.handler = resolved.instance
         self._entry = resolved.entry
@@ -346,10 +346,11 @@ def load_service(
     model_version: str | None = None,
     max_request_size: int = DEFAULT_MAX_SIZE,
     decode_input_request: bool = True,
+    model_metrics: Sequence[Sequence[Any]] | None = None,
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
     from .loading import model_yaml_config, read_manifest
-    from .resolve import device_of, install_ts_alias, resolve_handler
+    from .resolve import device_of, install_ts_alias, start_handler
 
     model_dir = Path(model_dir).resolve()
     if not model_dir.is_dir():
@@ -371,26 +372,17 @@ def load_service(
         gpu_id,
         server_version,
         limit_max_image_pixels,
-        MetricsCache(name),
+        MetricsCache(name, model_metrics),
         yaml_config,
     )
-    spec = handler or model.get("handler") or ""
-    try:  # an absolute file only from the Load (the server's default_service_handler)
-        resolved = resolve_handler(str(spec), model_dir, outside_ok=handler is not None)
-        if resolved.is_function:
-            resolved.entry(None, context)
-        else:
-            resolved.instance.initialize(context)
-    except HandlerLoadError:
-        raise
-    except HandlerError as exc:
-        raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc}") from exc
-    except Exception as exc:
-        logger.error("handler %r failed to initialize", spec, exc_info=True)
-        raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}") from exc
+    spec = str(handler or model.get("handler") or "")
+    # An absolute file only from the Load (the server's default_service_handler).
+    resolved = start_handler(spec, model_dir, context, outside_ok=handler is not None)
     device = device_of(resolved.instance, gpu_id)
     signature = oip_signature.for_requests(manifest, yaml_config, resolved.instance)
-    context.metrics.drain()  # metrics recorded while loading are not a batch's
-    return Service(
+    load_metrics = context.metrics.drain()  # the worker's Ready carries them, not a batch
+    service = Service(
         context, resolved, device, name, version, signature, max_request_size, decode_input_request
     )
+    service.load_metrics = load_metrics
+    return service

@@ -229,6 +229,15 @@ def parse_metrics_config(text: str, *, auto_detect: bool = False) -> MetricsSpec
     )
 
 
+def handler_metrics(spec: MetricsSpec) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
+    """``model_metrics`` as a handler's metrics cache holds them from the start (TorchServe's
+    backend reads the same file: ``get_metric`` finds them): (name, kind, unit, dimensions),
+    the dimensions as the file lists them (without the Hostname added here)."""
+    return tuple(
+        (m.name, m.kind, m.unit, m.dimensions[:-1]) for m in spec.model.values() if m.dimensions
+    )
+
+
 def load_metrics_config(path: Path | None, *, auto_detect: bool = False) -> MetricsSpec:
     """The config at ``path`` (None: TorchServe's default, ``DEFAULT_YAML``)."""
     if path is None:

@@ -355,6 +355,9 @@ class ServerMetrics(Observer):
             labels = (worker.name, "Host", self.hostname)
             self.ts.update("WorkerLoadTime", labels, float(worker.load_time_ms))
         self.ts.update("WorkerThreadTime", self._host, 0.0)  # TorchServe's load is a job too
+        if worker.load_metrics:  # what the handler's initialize recorded (TorchServe emits it)
+            records = utf8_records(worker.load_metrics)
+            self.custom.record(model, self.ts.model_records(records, ""))
 
     def worker_start_failed(self, model: ModelVersion, error: Exception) -> None:
         self.start_failures.labels(model.name, model.version).inc()

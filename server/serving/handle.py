@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
 from torchbay.server.serving import protocol as p
@@ -94,6 +95,7 @@ class WorkerProcess:
         self.pid: int | None = None
         self.device: str = "cpu" if load.gpu_id is None else f"cuda:{load.gpu_id}"
         self.load_time_ms: float | None = None
+        self.load_metrics: list[dict[str, Any]] = []  # the handler's, recorded while it loaded
         self.start_time = time.time()
         self.exit_code: int | None = None
         self.batches = 0
@@ -163,6 +165,7 @@ class WorkerProcess:
             self.kill()
             raise WorkerLoadError(f"worker {self.name} sent {type(message).__name__} before Ready")
         self.pid, self.device, self.load_time_ms = message.pid, message.device, message.load_time_ms
+        self.load_metrics = [m for m in message.metrics or () if isinstance(m, dict)]
         self.state = WorkerState.READY
         self._spawn(self._read_results())
         log.debug("worker %s ready pid=%s device=%s", self.name, self.pid, self.device)

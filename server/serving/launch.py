@@ -89,6 +89,8 @@ class LaunchSpec:
     decode_input_request: bool = True  # false: JSON and text bodies reach the handler as bytes
     env: Mapping[str, str] | None = None  # None: the server's own environment
     log_format: str = "text"
+    # metrics_config's model_metrics, which the handler's metrics cache starts with
+    model_metrics: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
     batch_size: int = 1
     placement: Placement = Placement(gpu_id=None, threads=1)
 

@@ -75,6 +75,7 @@ class Load:
     max_request_size: int = 6553500  # caps a decompressed (Content-Encoding) request body
     max_response_size: int = 0  # a response past it is answered 500 by the worker (0: none)
     decode_input_request: bool = True  # TorchServe's: JSON and text bodies reach handlers decoded
+    model_metrics: list[Any] | None = None  # [name, kind, unit, [dimensions]] per model metric
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,7 @@ class Ready:
     load_time_ms: float
     num_threads: int
     torch_version: str = ""
+    metrics: list[Any] | None = None  # the handler's metric records made while it loaded
 
 
 @dataclass(frozen=True, slots=True)

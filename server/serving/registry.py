@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from torchbay.server.config.metrics_config import handler_metrics, load_metrics_config
 from torchbay.server.config.settings import ModelConfig, ServerConfig
 from torchbay.server.errors import (
     BadRequest,
@@ -70,6 +71,7 @@ class ModelRegistry:
         self.observer = observer
         self.fetch = fetch
         self.worker_env = worker_env
+        self.model_metrics = handler_metrics(load_metrics_config(config.metrics_config))
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="torchbay-models-"))
         self.models: dict[str, dict[str, ModelVersion]] = {}
@@ -288,6 +290,7 @@ class ModelRegistry:
                 decode_input_request=self.config.decode_input_request,
                 env=self.worker_env,
                 log_format=self.config.log_format,
+                model_metrics=self.model_metrics,
             ),
             url=url,
             manifest=manifest,

@@ -239,6 +239,7 @@ def serve(sock: socket.socket) -> int:
     # serving.handle.spawn_process) overlaps this, its slowest start-up step, with the frontend.
     import torch
 
+    from torchbay.handlers.errors import scrub_message
     from torchbay.handlers.runtime.service import load_service
 
     try:
@@ -254,7 +255,10 @@ def serve(sock: socket.socket) -> int:
         service = load_service(load.model_dir, **_service_options(load, load_service))
     except Exception as exc:  # report any load failure to the frontend, then exit
         log.error("loading %s failed", load.model_name, exc_info=True)
-        p.send_message(sock, p.LoadFailed(_load_error_type(exc), str(exc) or repr(exc)))
+        # The reason reaches API answers (a registration's 500, describe's loadError): no
+        # traceback or server path in it; this worker's log above has them.
+        reason = scrub_message(str(exc) or repr(exc))
+        p.send_message(sock, p.LoadFailed(_load_error_type(exc), reason))
         return 1
     p.send_message(
         sock,
@@ -264,6 +268,7 @@ def serve(sock: socket.socket) -> int:
             load_time_ms=(time.perf_counter() - started) * 1000,
             num_threads=torch.get_num_threads(),
             torch_version=torch.__version__,
+            metrics=service.load_metrics or None,
         ),
     )
     # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect
