@@ -9,7 +9,9 @@ levelled, so a combination with a gap (``log_info`` on and ``log_warning`` off) 
 400 that says so, where Triton would filter each severity on its own. The access log
 (``torchbay.access``) keeps its own setting (``access_log``), and the log file and format are the
 start-up configuration's: a request to change them is a 400 (Triton can reopen its log file
-live). The worker processes keep the level they started with. Torch-free.
+live). The worker processes keep the level they started with. A verbose level above 1 is
+read back as it was set (Triton echoes it); logging has one DEBUG level, so every one acts as 1.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -23,16 +25,19 @@ LOGGER = "torchbay"
 FILE, FORMAT = "", "default"  # what Triton answers when it logs to the console in its format
 _FLAGS = ("log_info", "log_warning", "log_error")
 _LEVELS = {"log_info": logging.INFO, "log_warning": logging.WARNING, "log_error": logging.ERROR}
-MAX_VERBOSE = 1 << 16
+MAX_VERBOSE = (1 << 32) - 1  # Triton's uint32
+_VERBOSE = "torchbay_verbose_level"  # the verbose level set, on the server's logger
 
 
 def current() -> dict[str, Any]:
     """The settings as Triton answers them."""
-    level = logging.getLogger(LOGGER).getEffectiveLevel()
+    logger = logging.getLogger(LOGGER)
+    level = logger.getEffectiveLevel()
+    verbose = getattr(logger, _VERBOSE, 1) if level <= logging.DEBUG else 0
     return {
         "log_file": FILE,
         **{flag: level <= _LEVELS[flag] for flag in _FLAGS},
-        "log_verbose_level": 1 if level <= logging.DEBUG else 0,
+        "log_verbose_level": verbose,
         "log_format": FORMAT,
     }
 
@@ -50,6 +55,7 @@ def update(changes: Any) -> dict[str, Any]:
     level, logger = _level(settings), logging.getLogger(LOGGER)
     if level != logger.getEffectiveLevel():  # what is in force already is left as it is set
         logger.setLevel(level)
+    _remember(logger, settings["log_verbose_level"])
     return current()
 
 
@@ -61,7 +67,17 @@ def level_set() -> int:
 def restore(level: int) -> None:
     """Put back the level ``level_set`` returned: a server that stops leaves the process's
     logging as it found it (a test process runs many servers one after another)."""
-    logging.getLogger(LOGGER).setLevel(level)
+    logger = logging.getLogger(LOGGER)
+    logger.setLevel(level)
+    _remember(logger, 0)
+
+
+def _remember(logger: logging.Logger, verbose: int) -> None:
+    """Keep the verbose level set (above 0) for ``current``; 0 forgets it."""
+    if verbose > 0:
+        setattr(logger, _VERBOSE, verbose)
+    elif hasattr(logger, _VERBOSE):
+        delattr(logger, _VERBOSE)
 
 
 def _checked(changes: dict[str, Any]) -> dict[str, Any]:
