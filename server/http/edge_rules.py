@@ -50,9 +50,15 @@ def unknown_transfer_coding(value: bytes) -> str | None:
     return None
 
 
-def error_bytes(server_state: Any, status: int, message: str, extra: bytes = b"") -> bytes:
-    """A whole ``connection: close`` answer with the server's error JSON."""
-    body = json.dumps({"code": status, "type": _TYPES[status], "message": message}).encode()
+def error_bytes(
+    server_state: Any, status: int, message: str, url: bytes = b"", extra: bytes = b""
+) -> bytes:
+    """A whole ``connection: close`` answer with the server's error JSON: OIP's ``{"error"}``
+    when the request's target ``url`` is a ``/v2`` path, TorchServe's otherwise."""
+    if url.startswith(b"/v2"):
+        body = json.dumps({"error": message}).encode()
+    else:
+        body = json.dumps({"code": status, "type": _TYPES[status], "message": message}).encode()
     head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s"
     return answer_bytes(status, server_state.default_headers, body, head % (len(body), extra))
 

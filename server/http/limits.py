@@ -22,8 +22,9 @@ A listener may answer a request from its headers alone, before any ASGI task exi
 inference listener's refusals under overload, server.http.early).
 
 Idle keep-alive between requests stays uvicorn's ``timeout_keep_alive``. Error bodies are the
-server's ``{"code", "type", "message"}`` JSON with ``connection: close``, then a lingering close
-(half-close, discard the rest of the upload for up to ``LINGER_S``) so a client mid-upload reads
+server's ``{"code", "type", "message"}`` JSON (OIP's ``{"error"}`` for a ``/v2`` target) with
+``connection: close``, then a lingering close (half-close, discard the rest of the upload for up
+to ``LINGER_S``) so a client mid-upload reads
 the answer rather than a reset. A refusal while an earlier pipelined response is still being
 written just closes the connection after that response.
 
@@ -90,14 +91,13 @@ class LimitedHttpToolsProtocol(BoundedPipeline, HttpToolsProtocol):
     """uvicorn's httptools protocol with header/body timeouts and header limits."""
 
     limits: HttpLimits = HttpLimits()  # set per listener by protocol_class()
+    url = b""  # the request target, uvicorn's (set per request; none before the first)
     _max_size = limits.max_header_size  # the two checked per header, as plain class attributes
     _max_count = limits.max_header_count
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # One lazy timer per connection: it fires at or before the earliest deadline and
-        # re-arms itself if that moved, so a busy keep-alive connection creates a timer handle
-        # about once per header timeout rather than once per request.
+        # One lazy timer per connection (the module docstring's "hot path").
         self._timer: TimerHandle | None = None
         self._timer_at = 0.0
         self._phase = _IDLE
@@ -360,12 +360,12 @@ class LimitedHttpToolsProtocol(BoundedPipeline, HttpToolsProtocol):
         self._phase = _CLOSING
         message = f"the server holds {self.limits.max_connections} connections; retry later"
         state, retry = self.server_state, b"retry-after: 1\r\n"
-        self.transport.write(edge_rules.error_bytes(state, 503, message, retry))
+        self.transport.write(edge_rules.error_bytes(state, 503, message, extra=retry))
         self.transport.close()
 
     def _send_error(self, status: int, message: str) -> None:
         log.info("%s: %d %s", _client(self.client), status, message)
-        self.transport.write(edge_rules.error_bytes(self.server_state, status, message))
+        self.transport.write(edge_rules.error_bytes(self.server_state, status, message, self.url))
         self._close_lingering()
 
     def _close_lingering(self) -> None:

@@ -65,16 +65,18 @@ STATUS_TEXT = {
     422: "The model cannot process this input (a shape or type it does not take)",
     431: "Request headers too large",
     500: "Internal error: the handler failed (or a bug of ours)",
-    501: "The handler does not support explanations (/explanations or an explain header)",
+    501: "Not implemented: a handler without explanations (/explanations or an explain header), "
+    "or a transfer coding other than chunked",
     503: "Queue full, no worker, or shutting down; see Retry-After",
     504: "Timed out",
     507: "No room to load the model: out of memory, or max_loaded_models full of pinned models",
 }
 # Statuses any request to a port may get, whatever its route: the HTTP layer's (malformed
-# request, slow client, oversized headers) and the routers' (no such route or method).
-INFERENCE_GENERIC = (400, 404, 405, 408, 413, 431)
-MANAGEMENT_GENERIC = (400, 404, 405, 408, 413, 431, 500)
-METRICS_GENERIC = (400, 404, 405, 408, 431)
+# request, slow client, oversized headers, a transfer coding it does not read) and the routers'
+# (no such route or method).
+INFERENCE_GENERIC = (400, 404, 405, 408, 413, 431, 501)
+MANAGEMENT_GENERIC = (400, 404, 405, 408, 413, 431, 500, 501)
+METRICS_GENERIC = (400, 404, 405, 408, 431, 501)
 
 
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:

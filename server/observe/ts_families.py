@@ -92,7 +92,7 @@ class MetricsLog:
     bursts (log4j's ``%d{ISO8601} - %m`` lines), rolled over as the other log files are;
     ``put`` only queues."""
 
-    def __init__(self, directory: Path, rotation: Rotation) -> None:
+    def __init__(self, directory: Path, rotation: Rotation = Rotation()) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self._files = {
             name: RollingFile(directory / name, rotation)

@@ -279,8 +279,8 @@ def serve(sock: socket.socket) -> int:
 
 def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[str, object]:
     """The ``Load``'s fields that ``load_service`` takes, by name: the Load is the launch spec
-    serialized, so a spec field the service reads reaches it without a line here (the rest,
-    threads and pinning, are the worker's own: ``_pin``)."""
+    serialized, so a spec field the service reads reaches it without a line here (the rest are
+    the worker's own: threads and pinning, ``_pin``; the response bound, ``_bounded``)."""
     accepted = inspect.signature(load_service).parameters
     return {
         f.name: getattr(load, f.name)

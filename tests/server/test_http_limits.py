@@ -204,6 +204,17 @@ def test_a_transfer_coding_other_than_chunked_gets_501(server):
     assert closed and _parse(raw)[0] == 200 and json.loads(_parse(raw)[2])["echo"] == "coded"
 
 
+def test_an_edge_refusal_of_a_v2_request_has_oips_error_shape(server):
+    """OIP's error body is ``{"error": ...}`` (tritonclient reads that key); the edge's refusals
+    of a /v2 request were TorchServe's {code, type, message} (found by test_fuzz)."""
+    head = b"POST /v2/models/probe/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"
+    raw, closed = _exchange(_ports(server)["inference"], head)
+    assert closed and _parse(raw)[0] == 501, raw
+    assert json.loads(_parse(raw)[2]) == {
+        "error": "Transfer-Encoding 'gzip' is not supported (only chunked)"
+    }
+
+
 def test_connections_past_the_cap_get_503_and_the_other_listeners_serve(model_store):
     # Without a cap one client's connections took every file descriptor of the process: no
     # listener accepted another connection (ping, metrics, management all timed out) and the

@@ -210,7 +210,12 @@ def test_the_log_files_follow_metrics_location_and_survive_an_unwritable_one(
 ) -> None:
     from types import SimpleNamespace
 
-    config = SimpleNamespace(metrics_config=None, model_metrics_auto_detect=False)
+    config = SimpleNamespace(
+        metrics_config=None,
+        model_metrics_auto_detect=False,
+        log_file_max_bytes=1 << 20,
+        log_file_backups=2,
+    )
     prometheus = metrics_options(SimpleNamespace(**vars(config), metrics_mode="prometheus"), {})
     assert prometheus["metrics_log"] is None  # no file is opened in prometheus mode
     logged = SimpleNamespace(**vars(config), metrics_mode="log")

@@ -141,7 +141,8 @@ def test_the_load_message_is_the_launch_spec_by_field_name() -> None:
     facts = {**dataclasses.asdict(spec), **dataclasses.asdict(spec.placement)}
     facts["num_threads"] = facts.pop("threads")
     assert set(load) == {f.name for f in dataclasses.fields(p.Load)}
-    assert load == {**{k: facts[k] for k in load}, "model_dir": "/m", "cpu_affinity": [1]}
+    wire = {"model_dir": "/m", "cpu_affinity": [1], "model_metrics": None}  # none: None
+    assert load == {**{k: facts[k] for k in load}, **wire}
     unpinned = dataclasses.replace(spec, placement=Placement(gpu_id=None, threads=1))
     assert unpinned.load_message().cpu_affinity is None
 

@@ -1,5 +1,5 @@
 """The worker's ``Load`` is the launch spec serialized: every field reaches ``load_service`` by
-name, except the ones the worker applies itself (threads and pinning)."""
+name, except the ones the worker applies itself (threads, pinning, the response bound)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from torchbay.handlers.runtime.service import load_service
 from torchbay.server.serving import protocol as p
 from torchbay.server.worker.main import _service_options
 
-WORKER_OWN = {"model_dir", "num_threads", "cpu_affinity"}  # model_dir: load_service's positional
+# model_dir: load_service's positional; max_response_size: the worker bounds each response
+WORKER_OWN = {"model_dir", "num_threads", "cpu_affinity", "max_response_size"}
 
 
 def test_every_load_field_reaches_the_service_or_the_worker() -> None:
