@@ -10,7 +10,6 @@ import pytest
 from torchbay.server.errors import BadRequest
 from torchbay.server.plane import log_settings
 
-
 ON = {"log_info": True, "log_warning": True, "log_error": True}
 
 
