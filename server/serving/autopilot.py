@@ -6,9 +6,10 @@ window, moves the queue's batch size and batch delay within the configured ceili
 (``batch_size`` and ``max_batch_delay_ms`` stay what was configured; the autopilot changes only
 what the queue uses). The control law (docs/autopilot.md):
 
-* a window closes after ``window_s`` of batches holding at least ``min_samples`` requests; its
-  p99 is the nearest-rank 99th percentile of each request's queue time plus its batch's service
-  time (its wall time on the worker, ``BatchRecord.run_s``);
+* a window closes after ``window_s`` of batches holding at least ``min_samples`` requests (with
+  priority levels: of one level, the highest so served being judged); its p99 is the
+  nearest-rank 99th percentile of each request's queue time plus its batch's service time (its
+  wall time on the worker, ``BatchRecord.run_s``);
 * over the target: halve the delay (below 1 ms: 0); with no delay left, halve the batch size,
   but only when service time, not queueing, dominates, and not while the workers are ``BUSY``
   with batches that alone fit the target (a queue longer than the capacity is not cured by
@@ -58,7 +59,7 @@ class Piloted(Protocol):
     def ready_workers(self) -> int: ...
 
 
-__all__ = ["BUSY", "Autopilot", "Controller", "Decision", "Knobs", "Window", "p99"]
+__all__ = ["BUSY", "Autopilot", "Controller", "Decision", "Knobs", "Samples", "Window", "p99"]
 
 log = logging.getLogger("torchbay.autopilot")
 BUSY = 0.8  # the workers' busy share of a window from which the queue counts as building
@@ -73,16 +74,28 @@ class Knobs:
 
 
 @dataclass
-class Window:
-    """What one window saw. With priority levels, its latencies (and the queue and service
-    sums beside them) are those of the highest level served in the window: the target is the
-    latency of the level that admission protects, the lower ones being refused first."""
+class Samples:
+    """One priority level's requests in a window: each one's latency, the queue and service
+    sums beside them (for the means)."""
 
     latencies_ms: list[float] = field(default_factory=list)
-    level: int = 1 << 30  # the highest level (0-based) whose requests the latencies are
-    served: int = 0  # requests of every level
-    queue_ms: float = 0.0  # sums, for the means
+    queue_ms: float = 0.0
     service_ms: float = 0.0
+
+
+_NO_SAMPLES = Samples()
+
+
+@dataclass
+class Window:
+    """What one window saw, each priority level's requests apart (no levels: all are level 0).
+    Its judged latencies (``latencies_ms`` and the sums beside them) are those of ``level``:
+    :meth:`judge` picks the highest level served often enough to judge, the level admission
+    protects, the lower ones being refused first; before that, the highest level served."""
+
+    by_level: dict[int, Samples] = field(default_factory=dict)
+    level: int | None = None  # the level judged (0-based); None: the highest served
+    served: int = 0  # requests of every level
     batches: int = 0
     busy_s: float = 0.0  # the batches' wall time on workers, summed
     elapsed_s: float = 0.0  # set when the window closes (0: unknown)
@@ -93,19 +106,43 @@ class Window:
         """One batch: its requests' queue times, its service time, and (with priority levels)
         each request's level."""
         self.served += len(queue_times_s)
-        if levels:
-            top = min(levels)
-            if top < self.level:  # a higher level than any so far: it alone counts from now
-                self.level, self.latencies_ms, self.queue_ms, self.service_ms = top, [], 0.0, 0.0
-            queue_times_s = [
-                q for q, lv in zip(queue_times_s, levels, strict=True) if lv == self.level
-            ]
-        for q in queue_times_s:
-            self.latencies_ms.append(q * 1000 + service_ms)
-            self.queue_ms += q * 1000
-            self.service_ms += service_ms
+        for q, level in zip(queue_times_s, levels or (0,) * len(queue_times_s), strict=True):
+            samples = self.by_level.get(level)
+            if samples is None:
+                samples = self.by_level[level] = Samples()
+            samples.latencies_ms.append(q * 1000 + service_ms)
+            samples.queue_ms += q * 1000
+            samples.service_ms += service_ms
         self.batches += 1
         self.busy_s += service_ms / 1000
+
+    def judge(self, min_samples: int) -> bool:
+        """Judge the highest level with at least ``min_samples`` requests; False when no level
+        has that many. A level served more rarely is not judged: a p99 of a few samples means
+        nothing, and one high request a minute held every window open (no decision for 20
+        minutes) when the highest level seen was the only one that counted."""
+        for level in sorted(self.by_level):
+            if len(self.by_level[level].latencies_ms) >= min_samples:
+                self.level = level
+                return True
+        return False
+
+    @property
+    def _judged(self) -> Samples:
+        level = min(self.by_level, default=0) if self.level is None else self.level
+        return self.by_level.get(level, _NO_SAMPLES)
+
+    @property
+    def latencies_ms(self) -> list[float]:
+        return self._judged.latencies_ms
+
+    @property
+    def queue_ms(self) -> float:
+        return self._judged.queue_ms
+
+    @property
+    def service_ms(self) -> float:
+        return self._judged.service_ms
 
     def arrival_rps(self) -> float:
         """Requests served per second of the window: in a steady state, the arrival rate."""
@@ -271,10 +308,7 @@ class Autopilot:
         service = record.run_s * 1000  # the batch's wall time on its worker
         self.window.add(record.queue_times_s, service, record.levels)
         now = self.clock()
-        if (
-            now - self.started >= self.window_s
-            and len(self.window.latencies_ms) >= self.min_samples
-        ):
+        if now - self.started >= self.window_s and self.window.judge(self.min_samples):
             self.window.elapsed_s = now - self.started
             self._decide()
             self.window, self.started = Window(), now

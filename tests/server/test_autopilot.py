@@ -204,3 +204,21 @@ def test_too_few_samples_extend_the_window() -> None:
     for _ in range(3):
         pilot.observe(record(2, 100, 100))
     assert pilot.last is not None and model.queue.max_delay_s == 0.01
+
+
+def test_a_rare_high_level_does_not_hold_the_window_open() -> None:
+    """One high-priority request in a window of low ones: the low level is judged. The window
+    counted the highest level seen alone, so one high request a minute held every window open
+    until 10 of them came (no decision for 10 minutes here)."""
+    now = [0.0]
+    model = _Model(ModelSettings(batch_size=8, max_batch_delay_ms=20, sla_p99_ms=50))
+    pilot = Autopilot(model, window_s=1.0, min_samples=10, clock=lambda: now[0])  # type: ignore[arg-type]
+    high = BatchRecord(1, [0.001], {}, [], run_s=0.005, levels=(0,))
+    low = BatchRecord(8, [0.030] * 8, {}, [], run_s=0.040, levels=(1,) * 8)  # p99 70 ms > 50
+    pilot.observe(high)
+    for _ in range(4):
+        pilot.observe(low)
+    now[0] = 1.0
+    pilot.observe(low)
+    assert pilot.last is not None and pilot.last.p99_ms == 70.0
+    assert model.queue.max_delay_s == 0.01  # over the target: the delay halved

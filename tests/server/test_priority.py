@@ -243,14 +243,19 @@ def test_settings_are_bounded_and_checked():
             ModelConfig.model_validate(bad)
 
 
-def test_autopilot_window_judges_the_highest_level_served():
+def test_autopilot_window_judges_the_highest_level_served_often_enough():
     window = Window()
     window.add([0.5, 0.5], 10.0, (1, 1))  # level 2 only so far: its latencies count
     assert window.latencies_ms == [510.0, 510.0]
-    window.add([0.02, 0.9], 10.0, (0, 1))  # level 1 appears: from now on only it counts
+    window.add([0.02, 0.9], 10.0, (0, 1))  # level 1 appears: the highest served
     window.add([0.9], 10.0, (1,))
-    assert window.latencies_ms == [30.0] and window.level == 0
+    assert window.latencies_ms == [30.0] and window.queue_ms == 20.0
     assert window.served == 5 and window.batches == 3  # every request and batch still counted
+    assert window.judge(1) and window.level == 0 and window.latencies_ms == [30.0]
+    # level 1 had one request, level 2 four: with 3 samples needed, level 2 is judged
+    assert window.judge(3) and window.level == 1
+    assert window.latencies_ms == [510.0, 510.0, 910.0, 910.0]
+    assert not window.judge(5)  # no level has 5
     plain = Window()
     plain.add([0.1, 0.2], 10.0)  # no levels: every request, as before
     assert plain.latencies_ms == [110.0, 210.0]
