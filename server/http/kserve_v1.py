@@ -6,7 +6,8 @@ handler gets); the batcher groups them like any other requests and the results c
 in order. No worker or handler change: a handler that answers ``/predictions`` answers this too.
 Every instance is admitted before any is awaited; if one is refused (queue full, no worker), the
 ones already queued are cancelled (the batcher skips them) and the call gets that one error.
-More instances than the model's queue holds at all (``job_queue_size``) are a 413 at once.
+More instances than the model's queue holds at all (``job_queue_size``, or their priority
+level's ``maxQueueSize``) are a 413 at once.
 The first failed instance's status and body are the response. The answer is bounded as one
 response (``max_response_size``: 500 past it), as TorchServe answers a v1 call as one. A client
 that disconnects while

@@ -189,14 +189,11 @@ class Exchange:
         queued whole (a 503 "queue full, retry later" it got was retried in vain)."""
         mv = self.model
         assert mv is not None, "resolve() first"
-        if count > mv.queue.capacity:
-            raise PayloadTooLarge(
-                f"{count} instances are more than the queue of this model holds "
-                f"({mv.queue.capacity}); send at most {mv.queue.capacity} in one call"
-            )
         try:
             for wire in wires:
                 schedule = self._leveled(schedule_of(wire))
+                if not self.items:  # the first: its level is known now
+                    self._whole(count)
                 self.items.append(item := mv.admit(wire, schedule=schedule))
                 if self.trace is not None:
                     item.future.add_done_callback(self._responded)
@@ -207,6 +204,22 @@ class Exchange:
                 item.future.cancel()
             raise
         return list(self.items)
+
+    def _whole(self, count: int) -> None:
+        """A 413 for ``count`` requests that could never be queued together: more than the
+        model's queue holds, or than the one of their priority level (its ``max_queue_size``)."""
+        assert self.model is not None
+        queue = self.model.queue
+        bound, where = queue.capacity, "the queue of this model"
+        if queue.levels is not None and self.level is not None:
+            own = queue.levels.policies[self.level].max_queue_size
+            if own and own < bound:
+                bound, where = own, f"the queue of priority level {self.level + 1} of this model"
+        if count > bound:
+            raise PayloadTooLarge(
+                f"{count} instances are more than {where} holds ({bound}); send at most "
+                f"{bound} in one call"
+            )
 
     def rest(self, item: Item) -> AsyncIterator[p.WireResponse]:
         """After ``item``'s first answer: its later parts, then its final response."""

@@ -211,6 +211,25 @@ def test_v1_predict_of_a_million_instances_is_refused_without_making_them_all(
     assert ok.status_code == 200
 
 
+def test_v1_predict_past_its_priority_levels_own_bound_is_a_413(live_server: Any) -> None:
+    """A level's maxQueueSize bounds a v1 call as the model's queue does: 3 instances at a
+    level that holds 2 could never be queued together (a 503 "retry later" was retried in
+    vain); 2 are served."""
+    levels = {
+        "priorityLevels": 2,
+        "defaultPriorityLevel": 2,
+        "defaultQueuePolicy": {"maxQueueSize": 2},
+    }
+    server = live_server(models=probe_models(**levels))
+    url = f"{server.url}/v1/models/probe:predict"
+    three = {"instances": [{"echo": i} for i in range(3)]}
+    reply = httpx.post(url, json=three, headers={"x-torchbay-priority": "1"}, timeout=60)
+    assert reply.status_code == 413, reply.text
+    assert "the queue of priority level 1 of this model holds (2)" in reply.text
+    reply = httpx.post(url, json={"instances": three["instances"][:2]}, timeout=60)
+    assert reply.status_code == 200, reply.text
+
+
 def test_v1_predict_answer_is_bounded_as_one_response(live_server: Any) -> None:
     """Each instance's answer is under max_response_size, all of them past it: a 500, as
     TorchServe's one response for the call would be (it was sent, 2.5 x the bound)."""
