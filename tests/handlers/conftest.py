@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.tiny_sources import TINY_LINEAR_SOURCE
 from torchbay.handlers.runtime.service import Request
 
 
@@ -26,18 +27,7 @@ class TinyLinear(torch.nn.Module):
         return self.fc(x)
 
 
-EAGER_SOURCE = """
-import torch
-
-
-class Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.fc(x)
-"""
+EAGER_SOURCE = TINY_LINEAR_SOURCE  # the module of TinyLinear's eager archive
 
 
 def write_manifest(

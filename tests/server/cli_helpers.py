@@ -110,3 +110,21 @@ def build_talk_store(factory: pytest.TempPathFactory, name: str) -> Path:
     handler = factory.mktemp(f"{name}-src") / "talk_handler.py"
     handler.write_text(TALK_HANDLER)
     return build_store(factory, name, {"talk": str(handler)})
+
+
+def serve_foreground(
+    args: list[str], cwd: Path, env: dict[str, str], stdout: int = subprocess.DEVNULL
+) -> tuple[subprocess.Popen, dict]:
+    """``python -m torchbay serve --foreground --ncs ARGS`` on free ports in ``cwd``, once its
+    ready file is written: (the process, the ready file). Stop it with :func:`kill_tree`."""
+    ready = cwd / "ready.json"
+    command = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs", *args]
+    command += ["--ready-file", str(ready), *free_addresses()]
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 100
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_tree(proc.pid)
+            raise AssertionError(f"never became ready (exit {proc.poll()})")
+        time.sleep(0.05)
+    return proc, read_ready(ready)

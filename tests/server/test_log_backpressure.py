@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from .cli_helpers import clean_env, free_addresses, kill_tree, read_ready
+from .cli_helpers import clean_env, kill_tree, serve_foreground
 from .conftest import ASSETS, build_store
 
 pytestmark = pytest.mark.slow
@@ -34,23 +32,11 @@ def _rss(pid: int) -> int:
 def test_a_stalled_console_holds_the_workers_output_back(tmp_path_factory) -> None:
     store = build_store(tmp_path_factory, "loud", {"chaos": str(ASSETS / "chaos_handler.py")})
     cwd = tmp_path_factory.mktemp("loud-run")
-    ready = cwd / "ready.json"
-    args = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs", "--model-store"]
-    args += [str(store), "--models", "chaos=chaos.mar", "--disable-token-auth"]
+    args = ["--model-store", str(store), "--models", "chaos=chaos.mar", "--disable-token-auth"]
     env = clean_env(cwd / "tmp", LOG_LOCATION=str(cwd / "logs"))
-    proc = subprocess.Popen(
-        [*args, "--ready-file", str(ready), *free_addresses()],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,  # never read past the start: the console stalls
-        stderr=subprocess.DEVNULL,
-    )
+    # stdout never read: the console stalls once the pipe is full
+    proc, info = serve_foreground(args, cwd, env, stdout=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 100
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "never became ready"
-            time.sleep(0.05)
-        info = read_ready(ready)
         url = f"http://127.0.0.1:{info['inference']}/predictions/chaos"
         before = _rss(info["pid"])
         with contextlib.suppress(httpx.TimeoutException):  # the handler waits on its pipe

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,27 +18,14 @@ from torchbay.server.observe.logs import ACCESS_LOGGER, RequestRecord, configure
 from torchbay.server.observe.logwriter import Rotation
 from torchbay.server.observe.ts_families import MetricsLog
 
-from .cli_helpers import clean_env, free_addresses, kill_tree, predict, read_ready
-
-SCOPE = {
-    "type": "http",
-    "method": "POST",
-    "path": "/predictions/m",
-    "http_version": "1.1",
-    "client": ("127.0.0.1", 5000),
-}
+from .cli_helpers import clean_env, kill_tree, predict, serve_foreground
+from .log_helpers import SCOPE, kept_root_logging
 
 
 @pytest.fixture
-def root_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
+def root_logging() -> Iterator[logging.Logger]:
+    with kept_root_logging() as root:
+        yield root
 
 
 def _generations(path: Path) -> list[Path]:
@@ -117,40 +102,20 @@ def test_the_settings_are_bounded() -> None:
 def test_a_served_access_log_rolls_over(tmp_path, talk_store) -> None:
     """``log_file_max_bytes`` / ``log_file_backups`` in config.properties, a real server: the
     access log rolls over while it serves."""
-    logs, ready = tmp_path / "logs", tmp_path / "ready.json"
-    config = tmp_path / "config.properties"
+    logs, config = tmp_path / "logs", tmp_path / "config.properties"
     config.write_text("log_file_max_bytes=600\nlog_file_backups=1\n")
     env = clean_env(tmp_path / "tmp", LOG_LOCATION=str(logs))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torchbay",
-            "serve",
-            "--foreground",
-            "--ncs",
-            "--ts-config",
-            str(config),
-            "--model-store",
-            str(talk_store),
-            "--models",
-            "talk=talk.mar",
-            "--disable-token-auth",
-            "--ready-file",
-            str(ready),
-            *free_addresses(),
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    args = [
+        "--ts-config",
+        str(config),
+        "--model-store",
+        str(talk_store),
+        "--models",
+        "talk=talk.mar",
+    ]
+    proc, info = serve_foreground([*args, "--disable-token-auth"], tmp_path, env)
     try:
-        deadline = time.monotonic() + 100
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "never became ready"
-            time.sleep(0.05)
-        url = read_ready(ready)["inference"]
+        url = info["inference"]
         for _ in range(20):
             assert predict(url).status_code == 200
             time.sleep(0.02)  # bursts of one line: each write checks the bound

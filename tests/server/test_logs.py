@@ -26,27 +26,13 @@ from torchbay.server.observe.logs import (
 )
 
 from .conftest import probe_models
-
-SCOPE = {
-    "type": "http",
-    "method": "POST",
-    "path": "/predictions/m",
-    "http_version": "1.1",
-    "client": ("127.0.0.1", 5000),
-}
+from .log_helpers import SCOPE, kept_root_logging
 
 
 @pytest.fixture
 def root_logging() -> Iterator[logging.Logger]:
-    """Give a test the root logger and put its handlers and level back afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield root
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
+    with kept_root_logging() as root:
+        yield root
 
 
 def _record(name: str, msg: str, args: Any, **kwargs: Any) -> logging.LogRecord:

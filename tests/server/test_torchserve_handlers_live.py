@@ -18,6 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.tiny_sources import TINY_LINEAR_SOURCE
 from tests.torchserve_archivers import run_archiver
 
 from .conftest import LiveServer, running
@@ -25,18 +26,7 @@ from .conftest import LiveServer, running
 ARCHIVER = shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
 pytestmark = pytest.mark.skipif(ARCHIVER is None, reason="torch-model-archiver (dev) missing")
 
-MODEL_PY = """
-import torch
-
-
-class Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.fc(x)
-"""
+MODEL_PY = TINY_LINEAR_SOURCE
 
 ROWS = """
 import torch
