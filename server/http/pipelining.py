@@ -27,6 +27,7 @@ class BoundedPipeline:
     _held: memoryview | None = None  # read but not yet parsed
     _feeding = False  # _feed_held is scheduled
     pipeline: Any
+    cycle: Any
     flow: Any
     loop: Any
     transport: Any
@@ -45,8 +46,18 @@ class BoundedPipeline:
                 self._held = data[start:]
                 self.flow.pause_reading()
                 return
+            if self._mid_body():  # the rest of a body in one go (below)
+                self._feed(data[start:])
+                return
             if not self._feed(data[start : start + FEED_STEP]):
                 return
+
+    def _mid_body(self) -> bool:
+        """Whether the request being read is in its body with no other request waiting: then
+        the rest of a read is fed whole, as uvicorn feeds it. A large body fed in steps cost a
+        16 MiB upload ~7% more (uvicorn joins each step's bytes to the body read so far)."""
+        cycle = self.cycle
+        return cycle is not None and cycle.more_body and not self.pipeline
 
     def on_response_complete(self) -> None:
         if self._held is None:
