@@ -122,7 +122,7 @@ def test_torchbay_host_binds_every_listener(
     listeners there. Were: an IPv6 host made http://::1:8080 (the start refused the address),
     and the image config's gRPC 0.0.0.0 stayed under TORCHBAY_HOST=127.0.0.1."""
     if ":" in host and not _ipv6_loopback():
-        pytest.skip("no IPv6 loopback here")
+        pytest.skip("this host has no IPv6 loopback (::1) to bind the IPv6 case to")
     home = tmp_path / "home"
     (home / "model-store").mkdir(parents=True)
     shutil.copy(archive, home / "model-store" / "mnist.mar")

@@ -249,7 +249,9 @@ def test_connections_past_the_cap_get_503_and_the_other_listeners_serve(model_st
 def test_the_default_cap_is_a_share_of_the_raised_open_file_limit():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1024:
-        pytest.skip(f"the hard open-file limit is {hard}")
+        pytest.skip(
+            f"the hard open-file limit is {hard}: no room above a 1024 soft limit to raise it"
+        )
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
         share = connection_cap(3)  # raises the soft limit to the hard one first
