@@ -43,7 +43,9 @@ from torchbay.server.observe.logwriter import (
     IdleFlushFile,
     IdleFlushHandler,
     Listener,
+    OwnedQueueHandler,
     RecordFilter,
+    Records,
     Rotation,
     close_quietly,
     flush_quietly,
@@ -273,22 +275,6 @@ class TextFormatter(logging.Formatter):
         return self._stamp
 
 
-class _OwnedQueueHandler(logging.handlers.QueueHandler):
-    """QueueHandler that formats in place instead of copying the record: it is the only handler
-    on the root logger, so no other handler sees the record after it."""
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        if len(logging.root.handlers) > 1:  # --log-config added one: it must see the original
-            return super().prepare(record)
-        record.msg = self.format(record)
-        record.message = record.msg
-        record.args = None
-        record.exc_info = None
-        record.exc_text = None
-        record.stack_info = None
-        return record
-
-
 def make_formatter(log_format: str) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else TextFormatter()
 
@@ -365,13 +351,14 @@ def configure_logging(
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(_quiet_uvicorn)
     root = logging.getLogger()
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    front = _OwnedQueueHandler(records)
+    records = Records()
+    front = OwnedQueueHandler(records)
     pipeline = LogPipeline(records, make_formatter(log_format))
     front.setFormatter(pipeline.formatter)  # format here; the listener only writes
     file_writers = [IdleFlushFile(p, records, keep, rotation) for p, keep in (files or {}).items()]
     writers = [IdleFlushHandler(stream or stderr_stream(), records), *file_writers]
     listener = Listener(records, *writers)  # the writers' format: "%(message)s"
+    listener.formatter = pipeline.formatter  # for its own line on dropped records
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.addHandler(front)

@@ -13,6 +13,11 @@ for the frontend, which shares the GIL with this thread:
   burst gather for ``GATHER_S``, then writes each run of access lines with one ``write`` per
   destination and flushes when the queue is dry.
 
+The queue is bounded for the event loop (:class:`Records`): while the writer is
+``MAX_QUEUED`` records behind (stderr a pipe that nobody reads, a stalled disk), a record is
+dropped and counted rather than held, and the writer says how many once it writes again. The
+event loop never waits on a log; the workers' output waits instead (``logfiles.MAX_BACKLOG``).
+
 A log file rolls over (:class:`Rotation`) before a write would take it past ``max_bytes``: the
 file becomes ``name.1``, the older ones ``name.2`` ... up to ``backups`` (the oldest dropped),
 as TorchServe's log4j2 configuration keeps 5 files of 100 MB each.
@@ -37,6 +42,51 @@ RecordFilter = Callable[[logging.LogRecord], bool]
 BARRIER = "torchbay.logs.barrier"
 # How long the writer lets a burst gather after its first record (a line's worst extra delay).
 GATHER_S = 0.005
+# Records the event loop may queue ahead of the writer; past it they are dropped and counted.
+MAX_QUEUED = 10_000
+DROPPED_LOGGER = "torchbay.logs"
+
+
+class Records(queue.SimpleQueue):
+    """The writer's queue: :meth:`offer` (the event loop's records) drops a record while
+    ``limit`` are queued, counting it; ``put`` always queues (barriers, the stop, the workers'
+    output, which waits for the writer before it puts)."""
+
+    def __init__(self, limit: int = MAX_QUEUED) -> None:
+        self.limit, self.dropped = limit, 0
+
+    def offer(self, record: Any) -> None:
+        if self.qsize() < self.limit:
+            self.put(record)
+        else:
+            self.dropped += 1
+
+    def take_dropped(self) -> int:
+        """The records dropped since the last call."""
+        dropped = self.dropped
+        self.dropped -= dropped
+        return dropped
+
+
+class OwnedQueueHandler(logging.handlers.QueueHandler):
+    """The root logger's one handler: formats in place instead of copying the record (no other
+    handler sees it after this one) and offers it to :class:`Records`."""
+
+    queue: Records
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        if len(logging.root.handlers) > 1:  # --log-config added one: it must see the original
+            return super().prepare(record)
+        record.msg = self.format(record)
+        record.message = record.msg
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+        record.stack_info = None
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self.queue.offer(record)
 
 
 @dataclass(frozen=True)
@@ -94,9 +144,9 @@ class FastAccess:
         logger: logging.Logger,
         front: logging.Handler,
         stamp: Callable[[float], str],
-        records: queue.SimpleQueue,
+        records: Records,
     ) -> None:
-        self._logger, self._front, self._stamp, self._put = logger, front, stamp, records.put
+        self._logger, self._front, self._stamp, self._put = logger, front, stamp, records.offer
         self._root = logging.getLogger()
         self._prefix = f" INFO {logger.name}: "
 
@@ -196,8 +246,11 @@ class IdleFlushFile(_IdleFlush, RollingFile):
 
 
 class Listener(logging.handlers.QueueListener):
-    """The writer thread: bursts, :class:`Line` runs written whole, and barrier records (flush
-    every handler, then wake the waiter)."""
+    """The writer thread: bursts, :class:`Line` runs written whole, barrier records (flush
+    every handler, then wake the waiter), and a line saying how many records were dropped."""
+
+    queue: Records
+    formatter: logging.Formatter = logging.Formatter()
 
     def _monitor(self) -> None:
         records = self.queue
@@ -223,6 +276,17 @@ class Listener(logging.handlers.QueueListener):
                 self.handle(record)
             if lines:
                 self._write_lines(lines)
+            self._say_dropped()
+
+    def _say_dropped(self) -> None:
+        if dropped := self.queue.take_dropped():
+            message = (
+                f"{dropped} log records dropped: the log writer was {self.queue.limit} records "
+                "behind (a console or a log file that is not being written)"
+            )
+            record = logging.LogRecord(DROPPED_LOGGER, logging.WARNING, "", 0, message, None, None)
+            record.msg, record.args = self.formatter.format(record), None
+            self.handle(record)
 
     def handle(self, record: logging.LogRecord) -> None:
         if record.name != BARRIER:

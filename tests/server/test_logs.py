@@ -308,3 +308,49 @@ def test_a_full_disk_log_file_leaves_the_writer_and_the_exit_alone(
     lines = stream.getvalue().splitlines()
     assert len(lines) == 4 and lines[-1].endswith("torchbay.serve: still writing")
     assert errors.getvalue().count("--- Logging error ---") == 1
+
+
+class _StalledConsole(io.StringIO):
+    """stderr a pipe that nobody reads: every write waits until the test lets it through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.released = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.released.wait(30)
+        return super().write(text)
+
+
+def test_a_stalled_console_drops_the_event_loops_records_past_the_bound(
+    root_logging: logging.Logger,
+) -> None:
+    """While the writer cannot write, the event loop's records (access lines, fast path and
+    standard path alike) are held up to ``MAX_QUEUED``, then dropped and counted, never held
+    without bound; once the console moves again, every record held is written and one warning
+    says how many were dropped. Before, the queue grew with every request."""
+    from torchbay.server.observe import logwriter
+
+    stream = _StalledConsole()
+    pipeline = configure_logging("text", level=logging.INFO, stream=stream)
+    request = RequestRecord(SCOPE, "m", None, 200, 0.0123, 0.0004, None)
+    served = 3 * logwriter.MAX_QUEUED
+    try:
+        for i in range(served):
+            log_access(request) if i % 2 else logging.getLogger("torchbay.serve").info("r %d", i)
+        assert pipeline.backlog() <= logwriter.MAX_QUEUED
+        stream.released.set()
+        assert pipeline.flush(timeout=30)
+    finally:
+        stream.released.set()
+        pipeline()
+    lines = stream.getvalue().splitlines()
+    (warning,) = [line for line in lines if "WARNING" in line]
+    dropped = int(warning.split(" WARNING torchbay.logs: ")[1].split()[0])
+    assert warning.endswith(
+        f"the log writer was {logwriter.MAX_QUEUED} records behind "
+        "(a console or a log file that is not being written)"
+    )
+    assert dropped > 0 and len(lines) - 1 + dropped == served
