@@ -357,8 +357,7 @@ def configure_logging(
     front.setFormatter(pipeline.formatter)  # format here; the listener only writes
     file_writers = [IdleFlushFile(p, records, keep, rotation) for p, keep in (files or {}).items()]
     writers = [IdleFlushHandler(stream or stderr_stream(), records), *file_writers]
-    listener = Listener(records, *writers)  # the writers' format: "%(message)s"
-    listener.formatter = pipeline.formatter  # for its own line on dropped records
+    listener = Listener(records, *writers, formatter=pipeline.formatter)  # writers: %(message)s
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.addHandler(front)

@@ -250,7 +250,12 @@ class Listener(logging.handlers.QueueListener):
     every handler, then wake the waiter), and a line saying how many records were dropped."""
 
     queue: Records
-    formatter: logging.Formatter = logging.Formatter()
+
+    def __init__(
+        self, records: Records, *handlers: logging.Handler, formatter: logging.Formatter
+    ) -> None:
+        super().__init__(records, *handlers)
+        self.formatter = formatter
 
     def _monitor(self) -> None:
         records = self.queue
