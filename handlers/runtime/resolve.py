@@ -194,6 +194,7 @@ _ALIASES: dict[str, dict[str, str]] = {
     "ts.protocol.otf_message_handler": _OTF,
     "ts.handler_utils.utils": _OTF,  # TorchServe >= 0.9 exports it here too
     "ts.handler_utils.timer": {"timed": "timer.timed"},
+    "ts.handler_utils.micro_batching": {"MicroBatching": "micro_batching.MicroBatching"},
 }
 
 
