@@ -40,12 +40,8 @@ from torchbay.server.grpc.torchserve import TorchServeInference
 
 log = logging.getLogger("torchbay.grpc")
 
-_KINDS = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
+# Every RPC is read as a client stream (one_request); by whether the server streams:
+_KINDS = {False: grpc.stream_unary_rpc_method_handler, True: grpc.stream_stream_rpc_method_handler}
 
 
 def _client_metadata_is_no_error(record: logging.LogRecord) -> bool:
@@ -135,14 +131,40 @@ def _request(request: Any, client_streams: bool) -> Any:
     return request
 
 
+def one_request(function: Any, streams: bool, method: str) -> Any:
+    """``function`` of one request message, served as a client stream from which it reads that
+    message: grpc.aio never answers a unary call whose client half-closed without one (it hung
+    until the client's deadline, for ever without one). Such a call is UNIMPLEMENTED, in the
+    words of grpc's own synchronous server; messages past the first are not read."""
+
+    async def first(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        async for request in requests:
+            return request
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, f'"{method}" requires exactly one request message.'
+        )
+
+    async def unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        return await function(await first(requests, context), context)
+
+    async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        async for item in function(await first(requests, context), context):
+            yield item
+
+    return stream if streams else unary
+
+
 def generic_handler(service: str, implementations: dict[str, Any]) -> grpc.GenericRpcHandler:
-    """A service's RPCs (message classes from the private pool) as a generic handler; RPCs of
-    the proto left out answer UNIMPLEMENTED."""
+    """A service's RPCs (message classes from the private pool) as a generic handler, each read
+    as a client stream (:func:`one_request`); RPCs of the proto left out answer UNIMPLEMENTED."""
     methods = {}
     for name, function in implementations.items():
         request, response, client_streams, server_streams = messages.method_types(service, name)
-        methods[name] = _KINDS[(client_streams, server_streams)](
-            guarded(function, server_streams, f"{service}/{name}", client_streams),
+        served = guarded(function, server_streams, f"{service}/{name}", client_streams)
+        if not client_streams:
+            served = one_request(served, server_streams, f"/{service}/{name}")
+        methods[name] = _KINDS[server_streams](
+            served,
             request_deserializer=deserializer(request),
             response_serializer=response.SerializeToString,
         )

@@ -276,3 +276,39 @@ def test_an_unregister_whose_deadline_passes_still_unregisters(store: Path, ts) 
         inference.close()
         management.close()
         live.stop()
+
+
+# -- a unary call without its request message --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("service", "rpc", "listener"),
+    [
+        (messages.OIP_SERVICE, "ModelInfer", "grpc_inference"),
+        (messages.OIP_SERVICE, "ServerLive", "grpc_inference"),
+        (messages.TS_INFERENCE_SERVICE, "Predictions", "grpc_inference"),
+        (messages.TS_INFERENCE_SERVICE, "StreamPredictions", "grpc_inference"),
+        (messages.HEALTH_SERVICE, "Check", "grpc_inference"),
+        (messages.TS_MANAGEMENT_SERVICE, "ListModels", "grpc_management"),
+    ],
+)
+def test_a_unary_request_without_its_message_is_answered(server, service, rpc, listener) -> None:
+    """A client that half-closes a unary-request call without sending its message (grpc's
+    stream_unary over the method's path) is answered UNIMPLEMENTED at once, as grpc's own
+    synchronous server answers it; grpc.aio never answered it: the call hung until its deadline
+    (for ever without one). The server serves on."""
+    port = getattr(server.live.server.state.ports, listener)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        path = f"/{service}/{rpc}"
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            if "Stream" in rpc:
+                list(channel.stream_stream(path)(iter(()), timeout=DEADLINE_S))
+            else:
+                channel.stream_unary(path)(iter(()), timeout=DEADLINE_S)
+        assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED, info.value
+        assert info.value.details() == f'"{path}" requires exactly one request message.'
+        assert time.monotonic() - started < DEADLINE_S / 2
+    live, *_ = messages.method_types(messages.OIP_SERVICE, "ServerLive")
+    call = server.channel.unary_unary(f"/{messages.OIP_SERVICE}/ServerLive")
+    assert call(live().SerializeToString(), timeout=30)  # the server serves on
