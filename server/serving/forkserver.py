@@ -103,7 +103,10 @@ class ForkedProc:
         self._done.set()
 
     def orphaned(self) -> None:
-        """The template died first: watch the pidfd for the exit (its code is lost)."""
+        """The template died first: watch the pidfd for the exit (its code is lost), then end
+        what is left of the worker's process group (its handler's children), which the template
+        would have ended. init reaps the worker, but a group id still in use is never given to a
+        new process: the group is the worker's, or empty (ESRCH) unless the pids wrapped around."""
 
         def watch() -> None:
             with self._lock:
@@ -113,6 +116,8 @@ class ForkedProc:
                     select.select([pidfd], [], [])  # readable once the process has exited
                 finally:
                     os.close(pidfd)
+                with contextlib.suppress(OSError):  # no group left (ESRCH)
+                    os.killpg(self.pid, signal.SIGKILL)
             self.exited(UNKNOWN_EXIT)
 
         threading.Thread(target=watch, name=f"orphan-{self.pid}", daemon=True).start()

@@ -73,3 +73,32 @@ def test_the_children_of_a_stopped_worker_end(server: LiveServer, tmp_path: Path
     assert response.status_code == 200, response.text
     server.stop()
     _ends(child)
+
+
+def test_the_children_of_a_worker_that_outlived_its_template_end(
+    child_store: Path, tmp_path: Path
+) -> None:
+    """The template ends a forked worker's process group when it reaps the worker. With the
+    template dead (killed, OOM), nobody did: a forked worker that exited then left its handler's
+    children running under init. Now the frontend, which sees the exit through the pidfd, ends
+    the group."""
+    models = {"child": {"1.0": {"marName": "child.mar", "defaultVersion": True, **MODEL}}}
+    config = make_config(child_store, models=models, worker_start="fork", restart_backoff_s=[0.1])
+    live = LiveServer(config).start()
+    try:
+        forks = live.server.forks
+        assert forks.wait_ready(120), "the worker template did not start"
+        [slot] = live.server.registry.all_versions()[0].slots
+        first = slot.worker
+        first.kill()  # the start-up worker may predate the template: its restart is forked
+        until(lambda: slot.worker is not first and slot.ready, "a forked worker", timeout=120)
+        assert psutil.Process(slot.worker.pid).ppid() == forks.pid
+        response, child = _child(live, tmp_path / "pid", "answer")
+        assert response.status_code == 200, response.text
+        template = forks._template.proc
+        template.kill()
+        template.wait(timeout=60)
+        psutil.Process(response.json()["pid"]).kill()
+        _ends(child)
+    finally:
+        live.stop()
