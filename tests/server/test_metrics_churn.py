@@ -48,3 +48,41 @@ def test_an_unregistered_version_is_not_kept_alive_by_the_metrics(model_store: P
         assert _requests(text, "churn") == 3
     finally:
         live.stop()
+
+
+@pytest.mark.slow
+def test_an_unregistered_cached_version_is_not_kept_alive_by_the_cache_counters(
+    model_store: Path,
+) -> None:
+    """A version with the response cache counts its hits and misses: the counters' cache of
+    labelled children kept each unregistered version (its queue, slots and settings) for good."""
+    config = make_config(model_store, enable_model_api=True, disable_system_metrics=True)
+    live = LiveServer(config).start()
+    gone: list[weakref.ref] = []
+    params = {"url": "probe.mar", "model_name": "cached", "initial_workers": 1}
+    try:
+        with httpx.Client(timeout=120) as client:
+            for _ in range(2):
+                register = {**params, "synchronous": "true", "response_cache": "true"}
+                answer = client.post(f"{live.management_url}/models", params=register)
+                assert answer.status_code == 200, answer.text
+                for _ in range(2):  # a miss, then a hit
+                    answer = client.post(f"{live.url}/predictions/cached", json={"echo": 1})
+                    assert answer.status_code == 200, answer.text
+                registry = live.server.registry
+                assert registry is not None
+                gone += [weakref.ref(mv) for mv in registry.all_versions() if mv.name == "cached"]
+                answer = client.delete(f"{live.management_url}/models/cached/1.0")
+                assert answer.status_code == 200, answer.text
+            text = client.get(f"{live.metrics_url}/metrics").text
+        gc.collect()
+        assert len(gone) == 2 and [ref for ref in gone if ref() is not None] == []
+        hits = [
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "torchbay_cache_hits_total" and s.labels.get("model") == "cached"
+        ]
+        assert hits == [2.0]  # the series stays, and counts on when the version comes back
+    finally:
+        live.stop()
