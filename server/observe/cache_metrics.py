@@ -60,6 +60,14 @@ class CacheMetrics:
             child = self._children[key] = counter.labels(mv.name, mv.version)
         child.inc()
 
+    def counters(self) -> tuple[Counter, Counter]:
+        return self.hits, self.misses
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop the children of ``key`` (model, version), whose series were removed."""
+        for hit in (True, False):
+            self._children.pop((*key, hit), None)
+
     def watch(self, sizes: Sizes) -> None:
         """Read the caches' sizes from ``sizes`` when scraped."""
         self._sizes = sizes

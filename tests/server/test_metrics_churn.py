@@ -12,6 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from torchbay.server.observe import retired
+
 from .conftest import LiveServer, make_config
 
 
@@ -84,5 +86,40 @@ def test_an_unregistered_cached_version_is_not_kept_alive_by_the_cache_counters(
             if s.name == "torchbay_cache_hits_total" and s.labels.get("model") == "cached"
         ]
         assert hits == [2.0]  # the series stays, and counts on when the version comes back
+    finally:
+        live.stop()
+
+
+@pytest.mark.slow
+def test_the_series_of_versions_gone_stay_within_a_bound(model_store: Path) -> None:
+    """Ever new names registered, asked and unregistered (a multi-model endpoint): the series
+    of the KEEP most recently used versions gone stay, the older ones' go; a registered
+    version's series stay whatever its age. Before, every name's stayed for good."""
+    config = make_config(model_store, enable_model_api=True, disable_system_metrics=True)
+    live = LiveServer(config).start()
+    names = [f"gone{i}" for i in range(retired.KEEP + 3)]
+    try:
+        with httpx.Client(timeout=120) as client:
+            register = {"url": "probe.mar", "initial_workers": 0, "synchronous": "true"}
+            answer = client.post(f"{live.management_url}/models", params=register)
+            assert answer.status_code == 200, answer.text
+            client.post(f"{live.url}/predictions/probe", json={})  # 503: no worker
+            for name in names:
+                params = {**register, "model_name": name}
+                answer = client.post(f"{live.management_url}/models", params=params)
+                assert answer.status_code == 200, answer.text
+                assert client.post(f"{live.url}/predictions/{name}", json={}).status_code == 503
+                answer = client.delete(f"{live.management_url}/models/{name}/1.0")
+                assert answer.status_code == 200, answer.text
+            text = client.get(f"{live.metrics_url}/metrics").text
+        seen = {
+            s.labels["model"]
+            for f in text_string_to_metric_families(text)
+            if f.name.startswith("torchbay_")
+            for s in f.samples
+            if "model" in s.labels
+        }
+        # The bound is checked when a version first records: the last one was registered then.
+        assert seen == {"probe", *names[2:]}
     finally:
         live.stop()
