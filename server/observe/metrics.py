@@ -246,12 +246,16 @@ class ServerMetrics(Observer):
             registry=r,
         )
 
-    def _per_version(self) -> list[tuple[Any, tuple[str, ...]]]:
-        """The families labelled by model version, each with its label names."""
+    def _per_version(self) -> list[Any]:
+        """The families labelled by model version (observe.retired.Family)."""
         plain = (self.latency, self.queue_time, self.batch_size, self.worker_restarts)
         plain += (self.start_failures, self.recycles, self.load_time, *self.cache.counters())
-        keyed = [(self.requests, (*LABELS, "code")), (self.handler_time, (*LABELS, "stage"))]
-        return [*keyed, *((family, LABELS) for family in plain)]
+        stages = [(stage,) for stage in STAGES]
+        keyed = [
+            (self.requests, (*LABELS, "code"), None),  # any status: looked up
+            (self.handler_time, (*LABELS, "stage"), stages),
+        ]
+        return [*keyed, *((family, LABELS, [()]) for family in plain)]
 
     def _registered(self) -> list[tuple[str, str]]:
         return [(mv.name, mv.version) for mv in self.versions()]

@@ -20,7 +20,9 @@ from typing import Any
 KEEP = 100
 
 Key = tuple[str, str]  # (model, version)
-Family = tuple[Any, tuple[str, ...]]  # a labelled metric and its label names
+# A labelled metric, its label names (``model`` and ``version`` first), and the values its other
+# labels can take (None: whatever its children hold, looked up; a scrape's work, so rare).
+Family = tuple[Any, tuple[str, ...], "Iterable[tuple[str, ...]] | None"]
 
 
 class Retired:
@@ -55,21 +57,25 @@ class Retired:
         gone = [key for key in self._used if key not in live]
         for key in gone[: max(0, len(gone) - self.keep)]:
             del self._used[key]
-            for family, names in self.families:
-                drop(family, names, key)
+            for family, names, rest in self.families:
+                drop(family, names, key, rest)
             self.dropped(key)
 
 
-def drop(family: Any, names: tuple[str, ...], key: Key) -> None:
+def drop(
+    family: Any, names: tuple[str, ...], key: Key, rest: Iterable[tuple[str, ...]] | None = ((),)
+) -> None:
     """Remove every child of ``family`` (label names ``names``) whose model and version are
-    ``key``, whatever its other labels (a status code, a stage)."""
-    model, version = key
-    found = set()
-    for metric in family.collect():
-        for sample in metric.samples:
-            labels = sample.labels
-            if labels.get("model") == model and labels.get("version") == version:
-                found.add(tuple(labels[name] for name in names))
+    ``key``, whatever its other labels (a status code, a stage: ``rest``, or looked up)."""
+    if rest is not None:
+        found = {(*key, *values) for values in rest}
+    else:
+        found = set()
+        for metric in family.collect():
+            for sample in metric.samples:
+                labels = sample.labels
+                if (labels.get("model"), labels.get("version")) == key:
+                    found.add(tuple(labels[name] for name in names))
     for values in found:
         with contextlib.suppress(KeyError):  # removed meanwhile
             family.remove(*values)

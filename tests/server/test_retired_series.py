@@ -22,7 +22,10 @@ def test_the_oldest_versions_gone_lose_every_series_and_a_registered_one_none() 
     stages = Histogram("stages", "", ("model", "version", "stage"), registry=registry)
     live = {("kept", "1")}
     dropped: list[tuple[str, str]] = []
-    families = [(codes, ("model", "version", "code")), (stages, ("model", "version", "stage"))]
+    families = [
+        (codes, ("model", "version", "code"), None),  # looked up
+        (stages, ("model", "version", "stage"), [("inference",), ("handler",)]),  # known
+    ]
     retired = Retired(families, lambda: live, dropped.append, keep=2)
 
     def serve(key: tuple[str, str]) -> None:  # registered, asked, unregistered
