@@ -45,17 +45,28 @@ class CacheMetrics:
             LABELS,
             registry=registry,
         )
-        self._children: dict[tuple[Any, bool], Any] = {}  # (version, hit) -> its child
+        # (name, version, hit) -> its child: by label, never by the version object, which an
+        # unregister must free (a version registered again counts on in the same series).
+        self._children: dict[tuple[str, str, bool], Any] = {}
         self._sizes: Sizes = list
         registry.register(_SizeCollector(self))
 
     def done(self, mv: ModelVersion, hit: bool, seconds: float = 0.0) -> None:
         """One look-up (``plane/cache.Counted``)."""
-        child = self._children.get((mv, hit))
+        key = (mv.name, mv.version, hit)
+        child = self._children.get(key)
         if child is None:
             counter = self.hits if hit else self.misses
-            child = self._children[(mv, hit)] = counter.labels(mv.name, mv.version)
+            child = self._children[key] = counter.labels(mv.name, mv.version)
         child.inc()
+
+    def counters(self) -> tuple[Counter, Counter]:
+        return self.hits, self.misses
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop the children of ``key`` (model, version), whose series were removed."""
+        for hit in (True, False):
+            self._children.pop((*key, hit), None)
 
     def watch(self, sizes: Sizes) -> None:
         """Read the caches' sizes from ``sizes`` when scraped."""

@@ -48,6 +48,9 @@ observe.sequence_metrics. Priority levels (``torchbay_priority_queue_depth``,
 ``torchbay_priority_requests_total{level,code}``): observe.priority_metrics.
 Loaded models, loads and evictions (``max_loaded_models``): observe.multiplex_metrics.
 
+An unregistered version's series stay (they count on when it comes back) for the 100 most
+recently used versions gone; older ones' are removed (observe.retired).
+
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
 """
@@ -76,6 +79,7 @@ from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.observe.model_state_metrics import ModelStateCollector
 from torchbay.server.observe.multiplex_metrics import MultiplexCollector
 from torchbay.server.observe.priority_metrics import PriorityCollector
+from torchbay.server.observe.retired import Retired
 from torchbay.server.observe.sequence_metrics import SequenceCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
 from torchbay.server.observe.ts_families import MetricsLog, TsFamilies
@@ -173,6 +177,8 @@ class ServerMetrics(Observer):
             self.registry, max_metrics=max_custom_metrics, reserved=self._ts_name
         )
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
+        # The series of versions gone stay for the KEEP most recently used (observe.retired).
+        self.retired = Retired(self._per_version(), self._registered, self.cache.forget)
         self.registry.register(ModelStateCollector(self))
         self.registry.register(MultiplexCollector(self))  # max_loaded_models (serving/multiplex)
         collectors = (AutopilotCollector, CancelCollector, PriorityCollector, SequenceCollector)
@@ -240,6 +246,20 @@ class ServerMetrics(Observer):
             registry=r,
         )
 
+    def _per_version(self) -> list[Any]:
+        """The families labelled by model version (observe.retired.Family)."""
+        plain = (self.latency, self.queue_time, self.batch_size, self.worker_restarts)
+        plain += (self.start_failures, self.recycles, self.load_time, *self.cache.counters())
+        stages = [(stage,) for stage in STAGES]
+        keyed = [
+            (self.requests, (*LABELS, "code"), None),  # any status: looked up
+            (self.handler_time, (*LABELS, "stage"), stages),
+        ]
+        return [*keyed, *((family, LABELS, [()]) for family in plain)]
+
+    def _registered(self) -> list[tuple[str, str]]:
+        return [(mv.name, mv.version) for mv in self.versions()]
+
     def _register_gpu(self, nvml: Any) -> None:
         if nvml is None:
             return
@@ -265,6 +285,7 @@ class ServerMetrics(Observer):
             self._gpu = None
 
     def _new_series(self, mv: ModelVersion) -> _Series:
+        self.retired.used((mv.name, mv.version))
         series = self._series[mv] = _Series(self, mv)
         return series
 
@@ -345,6 +366,7 @@ class ServerMetrics(Observer):
         return name in self.ts.frontend or name in self.ts.model
 
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
+        self.retired.used((model.name, model.version))
         restarts = self.worker_restarts.labels(model.name, model.version)  # the series exists at 0
         self.start_failures.labels(model.name, model.version)
         self.recycles.labels(model.name, model.version)
@@ -360,6 +382,7 @@ class ServerMetrics(Observer):
             self.custom.record(model, self.ts.model_records(records, ""))
 
     def worker_start_failed(self, model: ModelVersion, error: Exception) -> None:
+        self.retired.used((model.name, model.version))
         self.start_failures.labels(model.name, model.version).inc()
 
     def worker_recycled(self, model: ModelVersion, worker: WorkerProcess) -> None:

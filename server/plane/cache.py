@@ -187,7 +187,7 @@ class ResponseCache:
         self._versions.pop(mv, None)
 
     def sweep(self) -> None:
-        """Free the answers of versions unloaded since (the metrics keep their objects): after
+        """Free the answers of versions unloaded since (a request in flight can hold one): after
         every management change (TorchServe's unregister), when a cache is made, when scraped."""
         for mv in [mv for mv in self._versions if mv.closing]:
             self._versions.pop(mv, None)

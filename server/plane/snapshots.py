@@ -56,7 +56,6 @@ class Snapshots:
         self.config = config
         self.registry = registry
         self.directory: Path | None = config.snapshot_dir
-        self.written: list[Path] = []
         self._last: datetime | None = None  # the newest name's time, to the millisecond
         # Model names left out: a workflow's nodes (server/workflows sets it), as TorchServe.
         self.skip: Callable[[str], bool] = lambda name: False
@@ -75,8 +74,6 @@ class Snapshots:
             return None
         if path is None:
             log.error("config snapshot %s already exists; not written", name)
-        else:
-            self.written.append(path)
         return path
 
     def _next_time(self) -> datetime:

@@ -300,3 +300,32 @@ def test_a_setting_that_is_not_utf8_is_snapshotted_and_restored(cli_run, talk_st
     assert _kinds(folder) == ["startup.cfg", "shutdown.cfg"]  # no temporary file either
     restored = parse_properties(sorted(folder.iterdir())[-1].read_text(encoding="utf-8"))
     assert restored["cors_allowed_origin"] == "https://a\udcff.example"
+
+
+@pytest.mark.slow
+def test_the_snapshot_writer_holds_nothing_per_change(model_store, tmp_path: Path):
+    """Every management change writes a snapshot; the writer kept each one's path in a list
+    nobody read, one more per change for the server's life. The files stay, as TorchServe's."""
+    folder = tmp_path / "config"
+    config = make_config(model_store, load_models=["probe.mar"], snapshot_dir=folder)
+    live = LiveServer(config).start()
+
+    def held() -> int:
+        values = vars(live.server.plane.snapshots).values()
+        return sum(len(v) for v in values if isinstance(v, (list, dict, set, tuple)))
+
+    def change() -> None:
+        url = f"{live.management_url}/models/probe"
+        answer = httpx.put(url, params={"min_worker": 1, "synchronous": "true"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+
+    try:
+        change()
+        before = held()
+        for _ in range(5):
+            change()
+        after = held()
+    finally:
+        live.stop()
+    assert after == before
+    assert len(list(folder.glob("*-snapshot.cfg"))) == 6
