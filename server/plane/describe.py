@@ -75,9 +75,16 @@ def described(
         value = getattr(source, setting.name, setting.default)
         # A nested setting (responseCache) is shown by its model-config.yaml keys.
         shown[setting.describe] = (
-            value.model_dump(by_alias=True) if isinstance(value, BaseModel) else value
+            value.model_dump(by_alias=True) if isinstance(value, BaseModel) else _number(value)
         )
     return shown
+
+
+def _number(value: Any) -> Any:
+    """A whole number as an integer: settings that take decimals (milliseconds, seconds) are
+    floats here, and TorchServe's describe has integers (``"maxBatchDelay": 100``), which a
+    client decoding into an integer field (Go, serde) cannot take as ``100.0``."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _tensors(mv: ModelVersion) -> dict[str, Any]:
@@ -96,7 +103,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "modelName": mv.name,
         "modelVersion": mv.version,
         "modelUrl": mv.url,
-        "runtime": "python",
+        "runtime": mv.runtime or getattr(mv.manifest, "runtime", None) or "python",
         **described(SETTINGS, mv.settings, config, "batching"),  # workers, batching, timeouts
         **mv.admission.describe(),  # maxQueueDelayMs, the service rate, rejections by reason
         **described(SETTINGS, mv.settings, config, "device"),

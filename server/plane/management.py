@@ -143,6 +143,7 @@ async def register(state: Management, params: Any) -> Status:
             f"Model {params.model_name or params.url!r} could not be loaded: its worker ran out "
             f"of memory ({exc.error_type})"
         ) from None
+    mv.runtime = params.runtime  # describe shows it, as TorchServe's does
     state.changed()
     registered = f'Model "{mv.name}" Version: {mv.version} registered with'
     if mv.settings.min_workers == 0:
