@@ -4,6 +4,7 @@ whole sequence compared by test_torchserve_versions.py)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,3 +69,51 @@ def test_describe_shows_the_runtime_registered(server: SimpleNamespace) -> None:
     _register(server, "rt")
     assert _describe(server, "rt3")["runtime"] == "python3"
     assert _describe(server, "rt")["runtime"] == "python"
+
+
+def _rpc(server: SimpleNamespace, ts: SimpleNamespace, rpc: str, **fields: Any) -> str:
+    stub = ts.management_pb2_grpc.ManagementAPIsServiceStub(server.channel)
+    request = getattr(ts.management_pb2, f"{rpc}Request")(**fields)
+    return getattr(stub, rpc)(request, timeout=120).msg
+
+
+def test_grpc_management_answers_the_status_message(
+    server: SimpleNamespace, ts_stubs: SimpleNamespace
+) -> None:
+    """TorchServe's ManagementAPIsService answers register, scale, set-default and unregister
+    with the status message alone in ``msg``; torchbay sent the HTTP body, ``{"status": ...}``.
+    Describe and list stay JSON text."""
+    registered = _rpc(server, ts_stubs, "RegisterModel", url="tiny.mar", model_name="g1")
+    assert registered == (
+        'Model "g1" Version: 1.0 registered with 0 initial workers. '
+        "Use scale workers API to add workers for the model."
+    )
+    scaled = _rpc(server, ts_stubs, "ScaleWorker", model_name="g1", min_worker=1, synchronous=True)
+    assert scaled == "Workers scaled to 1 for model: g1"
+    default = _rpc(server, ts_stubs, "SetDefault", model_name="g1", model_version="1.0")
+    assert default == 'Default version successfully updated for model "g1" to "1.0"'
+    described = json.loads(_rpc(server, ts_stubs, "DescribeModel", model_name="g1"))
+    assert described[0]["modelName"] == "g1"
+    assert _rpc(server, ts_stubs, "UnregisterModel", model_name="g1") == 'Model "g1" unregistered'
+
+
+def test_grpc_zero_or_negative_numbers_are_defaults(
+    server: SimpleNamespace, ts_stubs: SimpleNamespace
+) -> None:
+    """TorchServe's gRPC API takes a number below 1 as not given (``getRegisterParam``): a
+    register with -1 everywhere is the defaults, a scale with ``min_worker`` -1 is 1, with
+    ``max_worker`` or ``timeout`` -1 the defaults. torchbay refused each (INVALID_ARGUMENT)."""
+    negatives = dict.fromkeys(
+        ("initial_workers", "batch_size", "max_batch_delay", "response_timeout",
+         "startup_timeout"), -1,
+    )  # fmt: skip
+    _rpc(server, ts_stubs, "RegisterModel", url="tiny.mar", model_name="neg", **negatives)
+    described = _describe(server, "neg")
+    assert {k: described[k] for k in ("minWorkers", "batchSize", "maxBatchDelay")} == {
+        "minWorkers": 0, "batchSize": 1, "maxBatchDelay": 100,
+    }  # fmt: skip
+    assert (described["responseTimeout"], described["startupTimeout"]) == (120, 120)
+    for fields in ({"min_worker": -1}, {"min_worker": 1, "max_worker": -1}, {"timeout": -5}):
+        scaled = _rpc(server, ts_stubs, "ScaleWorker", model_name="neg", synchronous=True, **fields)
+        assert scaled == "Workers scaled to 1 for model: neg"
+    assert _describe(server, "neg")["maxWorkers"] == 1
