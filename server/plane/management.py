@@ -39,6 +39,7 @@ from torchbay.server.serving.registry import ModelRegistry
 log = logging.getLogger("torchbay.management")
 
 _background: set[asyncio.Task] = set()
+_INT32_MAX = 2**31 - 1  # TorchServe's parameters are Java ints: a larger one is junk
 
 # The handler errors (their type names, as a worker reports them) of a load that ran out of
 # memory: Python's, and torch's for an accelerator (torch.OutOfMemoryError).
@@ -91,9 +92,11 @@ def require_model_api(state: Management) -> None:
 
 def list_models(state: Management, limit: int | None, next_page_token: int | None) -> dict:
     """TorchServe's paging: a limit that is absent, negative or over 100 is 100; an absent or
-    negative token is 0; ``nextPageToken`` is there unless the page ran past the end."""
+    negative token is 0, and so is one past Java's int (TorchServe's junk); ``nextPageToken`` is
+    there unless the page ran past the end."""
     size = 100 if limit is None or not 0 <= limit <= 100 else limit
-    token = 0 if next_page_token is None or next_page_token < 0 else next_page_token
+    token = next_page_token if next_page_token is not None else 0
+    token = token if 0 <= token <= _INT32_MAX else 0
     # A workflow's function nodes (no URL: server/workflows) are models TorchServe never lists.
     names = sorted(n for n in state.registry.models if state.registry.resolve(n).url)
     body: dict[str, Any] = {}

@@ -166,17 +166,18 @@ class ScaleParams:
 
 def scale_params(raw: Mapping[str, Any]) -> ScaleParams:
     """TorchServe's own parameters parse leniently (junk is the default: ``min_worker`` 1 when
-    nothing is tuned, ``timeout`` -1); the live settings (not in TorchServe's scale API) are
-    refused when they are not numbers. The defaults filled in and every value checked, or
-    BadRequest; nothing has changed yet."""
+    nothing is tuned, ``timeout`` -1, as is one below -1); the live settings (not in
+    TorchServe's scale API) are refused when they are not numbers. The defaults filled in and
+    every value checked, or BadRequest; nothing has changed yet."""
     tuning = {
         name: strict_number(name, raw.get(name), _number_parser(s) or api_number)
         for name, s in LIVE.items()
     }
     min_worker, max_worker = api_int(raw.get("min_worker")), api_int(raw.get("max_worker"))
     drain = api_number(raw.get("timeout"))
-    timeout = -1 if drain is None else drain
-    if not -1 <= timeout <= MAX_TIMEOUT_S:
+    # TorchServe takes any timeout below -1 (as -1: no bound); one past the bound is a typo.
+    timeout = -1 if drain is None or drain < -1 else drain
+    if timeout > MAX_TIMEOUT_S:
         raise BadRequest(f"timeout must be -1 to {MAX_TIMEOUT_S:g} seconds, got {timeout}")
     if min_worker is None and all(v is None for v in tuning.values()):
         min_worker = 1  # TorchServe's default

@@ -117,3 +117,43 @@ def test_grpc_zero_or_negative_numbers_are_defaults(
         scaled = _rpc(server, ts_stubs, "ScaleWorker", model_name="neg", synchronous=True, **fields)
         assert scaled == "Workers scaled to 1 for model: neg"
     assert _describe(server, "neg")["maxWorkers"] == 1
+
+
+def test_repeated_query_parameters_take_the_first_value(server: SimpleNamespace) -> None:
+    """TorchServe reads a parameter's first value (``?min_worker=1&min_worker=2`` scales to
+    1); torchbay read the last one, for register, scale and list alike."""
+    registered = server.http.post(
+        "/models", params=[("url", "tiny.mar"), ("model_name", "first"), ("model_name", "second")]
+    )
+    assert registered.status_code == 200, registered.text
+    assert _describe(server, "first")["modelName"] == "first"
+    assert server.http.get("/models/second").status_code == 404
+    scaled = server.http.put(
+        "/models/first",
+        params=[("min_worker", "1"), ("min_worker", "2"), ("synchronous", "true")],
+    )
+    assert scaled.json() == {"status": "Workers scaled to 1 for model: first"}
+    assert _describe(server, "first")["minWorkers"] == 1
+    listed = server.http.get("/models", params=[("limit", "1"), ("limit", "2")]).json()
+    assert (len(listed["models"]), listed["nextPageToken"]) == (1, "1")
+
+
+def test_scale_timeout_below_minus_one_is_taken(server: SimpleNamespace) -> None:
+    """TorchServe scales with ``timeout=-2`` (200); torchbay answered 400."""
+    _register(server, "drain")
+    params = {"min_worker": "1", "synchronous": "true", "timeout": "-2"}
+    scaled = server.http.put("/models/drain", params=params)
+    assert (scaled.status_code, scaled.json()) == (
+        200,
+        {"status": "Workers scaled to 1 for model: drain"},
+    )
+    too_long = server.http.put("/models/drain", params={**params, "timeout": "604801"})
+    assert too_long.status_code == 400  # past torchbay's bound, as the README's table says
+
+
+def test_list_token_past_java_int_is_the_first_page(server: SimpleNamespace) -> None:
+    """TorchServe parses ``next_page_token`` as a Java int: 99999999999 is junk, the first
+    page; torchbay answered an empty page."""
+    first = server.http.get("/models").json()
+    assert first["models"]
+    assert server.http.get("/models", params={"next_page_token": "99999999999"}).json() == first
