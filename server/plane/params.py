@@ -89,7 +89,8 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     url: str
-    model_name: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    # Checked as the archiver's (store.check_name_and_version: it names a folder), with its words.
+    model_name: str | None = Field(None, min_length=1)
     runtime: str | None = None
     synchronous: bool = True  # TorchServe's code default (its docs say false)
     s3_sse_kms: bool | None = None  # accepted and ignored (no S3 here)

@@ -376,7 +376,7 @@ def test_management_rpcs_answer_what_the_http_api_answers(server, ts) -> None:
         ("RegisterModel", {"url": "missing.mar"}, grpc.StatusCode.NOT_FOUND,
          "missing.mar"),  # HTTP answers 404, as TorchServe does
         ("RegisterModel", {"url": "echo.mar", "model_name": "bad name!"},
-         grpc.StatusCode.INVALID_ARGUMENT, "model_name"),
+         grpc.StatusCode.INVALID_ARGUMENT, "Invalid model name 'bad name!'"),
         ("RegisterModel", {"url": "echo.mar", "model_name": "e2", "runtime": "java"},
          grpc.StatusCode.INVALID_ARGUMENT, "Invalid RuntimeType value: java"),  # as HTTP
         ("UnregisterModel", {"model_name": "nope"}, grpc.StatusCode.NOT_FOUND, "nope"),
