@@ -96,7 +96,10 @@ class TorchServeManagement(Service):
 
     async def describe_model(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version = request.model_name, request.model_version or None
-        return await self._answer(context, lambda: plane.describe(self.state, name, version))
+        customized = request.customized
+        return await self._answer(
+            context, lambda: plane.describe(self.state, name, version, customized)
+        )
 
     async def list_models(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         limit, token = _given(request.limit) or 100, request.next_page_token

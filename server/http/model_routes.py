@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from torchbay.server.config.sources import api_int
+from torchbay.server.config.sources import api_bool, api_int
 from torchbay.server.errors import BadRequest
 from torchbay.server.http.asgi import read_body
 from torchbay.server.http.auth import TokenAuth
@@ -76,14 +76,21 @@ async def list_models(
     )
 
 
-@models.get("/models/{name}", **documented(401, 404))
-async def describe_default(state: State, name: str) -> list[dict[str, Any]]:
-    return plane.describe(state, name)
+@models.get("/models/{name}", **documented(401, 404, 500, 503))
+async def describe_default(
+    request: Request, state: State, name: str, customized: str | None = None
+) -> list[dict[str, Any]]:
+    """``customized=true``: with the handler's ``customizedMetadata`` (a worker answers it)."""
+    wanted = api_bool(first_values(request).get("customized"), False)
+    return await plane.describe(state, name, None, wanted)
 
 
-@models.get("/models/{name}/{version}", **documented(401, 404))
-async def describe_version(state: State, name: str, version: str) -> list[dict[str, Any]]:
-    return plane.describe(state, name, version)
+@models.get("/models/{name}/{version}", **documented(401, 404, 500, 503))
+async def describe_version(
+    request: Request, state: State, name: str, version: str, customized: str | None = None
+) -> list[dict[str, Any]]:
+    wanted = api_bool(first_values(request).get("customized"), False)
+    return await plane.describe(state, name, version, wanted)
 
 
 # -- register -----------------------------------------------------------------------------------

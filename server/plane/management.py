@@ -29,6 +29,7 @@ from torchbay.server.errors import (
     ShuttingDown,
     TorchbayError,
 )
+from torchbay.server.plane.describe import customized as customized_metadata
 from torchbay.server.plane.describe import describe as describe_version
 from torchbay.server.plane.params import ScaleParams, register_overrides, scale_params
 from torchbay.server.serving.admission import stopping_message
@@ -107,13 +108,21 @@ def list_models(state: Management, limit: int | None, next_page_token: int | Non
     return body
 
 
-def describe(state: Management, name: str, version: str | None = None) -> list[dict[str, Any]]:
-    """The default version (``version`` None), one version, or every one (``"all"``)."""
+async def describe(
+    state: Management, name: str, version: str | None = None, customized: bool = False
+) -> list[dict[str, Any]]:
+    """The default version (``version`` None), one version, or every one (``"all"``);
+    ``customized``: with the handler's own description (``customizedMetadata``), as TorchServe
+    adds it to one version's, never to ``all``."""
     registry = state.registry
     if version == "all":
         registry.resolve(name)
         return [describe_version(registry, mv) for mv in registry.models[name].values()]
-    return [describe_version(registry, registry.resolve(name, version))]
+    mv = registry.resolve(name, version)
+    described = describe_version(registry, mv)
+    if customized:
+        described["customizedMetadata"] = await customized_metadata(mv)
+    return [described]
 
 
 # -- register -----------------------------------------------------------------------------------

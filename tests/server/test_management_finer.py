@@ -157,3 +157,25 @@ def test_list_token_past_java_int_is_the_first_page(server: SimpleNamespace) -> 
     first = server.http.get("/models").json()
     assert first["models"]
     assert server.http.get("/models", params={"next_page_token": "99999999999"}).json() == first
+
+
+def test_customized_describe_asks_the_handler(
+    server: SimpleNamespace, ts_stubs: SimpleNamespace
+) -> None:
+    """``?customized=true`` (gRPC ``customized``): TorchServe adds what the handler answers a
+    ``describe: True`` request as ``customizedMetadata`` (the parity handler's ``{"ok": true}``),
+    and answers 503 without a worker; torchbay ignored the parameter."""
+    _register(server, "cust", initial_workers="1")
+    answer = server.http.get("/models/cust", params={"customized": "true"})
+    assert answer.json()[0]["customizedMetadata"] == {"ok": True}
+    described = _rpc(server, ts_stubs, "DescribeModel", model_name="cust", customized=True)
+    assert json.loads(described)[0]["customizedMetadata"] == {"ok": True}
+    every = server.http.get("/models/cust/all", params={"customized": "true"}).json()
+    assert "customizedMetadata" not in every[0]  # TorchServe: never for "all"
+    _register(server, "idle")
+    idle = server.http.get("/models/idle/1.0", params={"customized": "true"})
+    assert (idle.status_code, idle.json()["message"]) == (
+        503,
+        'Model "idle" has no worker to serve describe request. '
+        "Please use scale workers API to add workers.",
+    )

@@ -76,6 +76,12 @@ DIFFERENCES: dict[str, tuple[Any, Any, str]] = {
         "Model not found: tiny",
         "as grpc_predict_missing_version",
     ),
+    "grpc_customized_no_worker": (
+        "UNAVAILABLE",
+        'Model "odd.name-x_1" has no worker to serve describe request. Please use scale workers '
+        "API to add workers.",
+        "503 as gRPC's UNAVAILABLE, with its message (TorchServe: INTERNAL, no message)",
+    ),
     "grpc_list_limit_unset": (
         "OK",
         {"models": [{"modelName": n, "modelUrl": _URLS.get(n, "tiny.mar")} for n in _LISTED]},
@@ -102,7 +108,7 @@ DIFFERENCES: dict[str, tuple[Any, Any, str]] = {
 DESCRIBE_VALUES = (
     "modelName", "modelVersion", "modelUrl", "runtime", "minWorkers", "maxWorkers", "batchSize",
     "maxBatchDelay", "responseTimeout", "startupTimeout", "maxRetryTimeoutInSec",
-    "clientTimeoutInMills", "loadedAtStartup",
+    "clientTimeoutInMills", "loadedAtStartup", "customizedMetadata",
 )  # fmt: skip
 
 
@@ -111,9 +117,8 @@ def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recorder's model store, built by torchbay's archiver from the same handler."""
     root = tmp_path_factory.mktemp("versions-store")
     work = tmp_path_factory.mktemp("versions-build")
-    handler = str(DATA.parent / "parity_handler.py")
-    for file_name, (name, version) in versions.ARCHIVES.items():
-        built = tiny_archive(work, work / file_name, name, handler, version=version)
+    for file_name, (name, version, handler) in versions.ARCHIVES.items():
+        built = tiny_archive(work, work / file_name, name, str(DATA / handler), version=version)
         shutil.move(built, root / file_name)
     return root
 

@@ -6,7 +6,7 @@ commands taken from its own virtualenv (``TS_VENV``, /work/ts-venv; Java 17 on P
     .venv/bin/python tests/data/torchserve_0.12/versions/record.py
 
 It builds the archives of ``versions.ARCHIVES`` with TorchServe's torch-model-archiver from
-../parity_handler.py over a tiny TorchScript model, starts TorchServe in a folder of its own
+their handler files over a tiny TorchScript model, starts TorchServe in a folder of its own
 (``--foreground --ncs --disable-token-auth --enable-model-api``, free ports, gRPC too, no system
 metrics), generates gRPC stubs from the .proto files torchbay ships (TorchServe's own), runs
 every step in order and stops it.
@@ -57,12 +57,12 @@ def build_store(work: Path) -> Path:
     store = work / "store"
     store.mkdir()
     model = tsrun.scripted_linear(work)
-    for file_name, (name, version) in versions.ARCHIVES.items():
+    for file_name, (name, version, handler) in versions.ARCHIVES.items():
         out = work / f"build-{file_name}"
         out.mkdir()
         subprocess.run(
             [str(TS_BIN / "torch-model-archiver"), "--model-name", name, "--version", version,
-             "--handler", str(HERE.parent / "parity_handler.py"), "--serialized-file",
+             "--handler", str(HERE / handler), "--serialized-file",
              str(model), "--export-path", str(out)],
             check=True,
         )  # fmt: skip

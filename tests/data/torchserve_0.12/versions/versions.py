@@ -24,12 +24,14 @@ from typing import Any
 import grpc
 import httpx
 
-# The model store of both runs (archive file: model name, version), built from the parity
-# handler (../parity_handler.py).
+# The model store of both runs (archive file: model name, version, handler file): the parity
+# handler (a module-level ``handle``), and a BaseHandler with its own ``describe_handle``.
+_PARITY, _DESCRIBED = "../parity_handler.py", "described_handler.py"
 ARCHIVES = {
-    "tiny.mar": ("tiny", "1.0"),
-    "tiny-v2.mar": ("tiny", "2.0"),
-    "odd.mar": ("odd.name-x_1", "1.0-rc_1"),
+    "tiny.mar": ("tiny", "1.0", _PARITY),
+    "tiny-v2.mar": ("tiny", "2.0", _PARITY),
+    "odd.mar": ("odd.name-x_1", "1.0-rc_1", _PARITY),
+    "desc.mar": ("desc", "1.0", _DESCRIBED),
 }
 STEPS: list[dict[str, Any]] = json.loads(Path(__file__).with_name("steps.json").read_text())
 _VOLATILE_WORKER = ("id", "startTime", "memoryUsage", "pid", "gpuUsage")
