@@ -20,7 +20,7 @@ from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.openapi import documented
 from torchbay.server.plane import management as plane
 from torchbay.server.plane.management import Management, Status
-from torchbay.server.plane.params import register_params
+from torchbay.server.plane.params import check_json_numbers, register_params
 
 
 def management(request: Request) -> Management:
@@ -109,6 +109,7 @@ async def _register_params(request: Request, limit: int) -> Any:
                 raise BadRequest("The request body is not valid JSON") from None
             if not isinstance(data, dict):
                 raise BadRequest("The JSON body must be an object of register parameters")
+            check_json_numbers(data)
             raw.update(data)
     return register_params(raw)
 

@@ -135,6 +135,19 @@ def register_params(raw: Mapping[str, Any]) -> Any:
     )
 
 
+def check_json_numbers(body: Mapping[str, Any]) -> None:
+    """A JSON body's whole-number parameters (``batch_size``, ``initial_workers``): TorchServe
+    reads the body into int fields (Gson), so ``4``, ``4.0`` and ``"4"`` are 4 and anything
+    else refuses the request (its 500 JsonSyntaxException); torchbay's 400 names it. The query
+    string stays lenient (junk: the default), as TorchServe's."""
+    for name, setting in REGISTERED.items():
+        value = body.get(name)
+        if value is not None and _number_parser(setting) is api_int and api_int(value) is None:
+            raise BadRequest(
+                f"Invalid parameter(s): {name}: must be a whole number, got {str(value)[:64]!r}"
+            )
+
+
 def check_runtime(runtime: Any) -> None:
     """TorchServe's ``runtime`` parameter: none, or one of its RuntimeType values (a 400)."""
     if runtime is not None and runtime not in RUNTIMES:

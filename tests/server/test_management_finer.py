@@ -179,3 +179,22 @@ def test_customized_describe_asks_the_handler(
         'Model "idle" has no worker to serve describe request. '
         "Please use scale workers API to add workers.",
     )
+
+
+def test_register_json_whole_numbers_written_as_decimals(server: SimpleNamespace) -> None:
+    """A JSON body's ``"batch_size": 4.0``: TorchServe (Gson) registers batch size 4; torchbay
+    took it as junk (batch size 1). ``4.5`` or ``"abc"``: TorchServe refuses the request (500
+    JsonSyntaxException), torchbay registered batch size 1; now a 400 that names it."""
+    body = {"url": "tiny.mar", "model_name": "jf", "batch_size": 4.0, "initial_workers": 0.0}
+    registered = server.http.post("/models", json=body)
+    assert registered.status_code == 200, registered.text
+    assert _describe(server, "jf")["batchSize"] == 4
+    for junk in (4.5, "abc", [4]):
+        body = {"url": "tiny.mar", "model_name": "jh", "batch_size": junk}
+        refused = server.http.post("/models", json=body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["message"].startswith("Invalid parameter(s): batch_size: ")
+    assert server.http.get("/models/jh").status_code == 404
+    stringly = {"url": "tiny.mar", "model_name": "js", "batch_size": "4"}
+    assert server.http.post("/models", json=stringly).status_code == 200
+    assert _describe(server, "js")["batchSize"] == 4
