@@ -336,11 +336,15 @@ _JAVA_INT = re.compile(r"[+-]?[0-9]+")
 
 
 def api_int(value: Any) -> int | None:
-    """A TorchServe integer parameter: None when absent or not an integer (the default)."""
+    """A TorchServe integer parameter: None when absent or not an integer (the default). A
+    JSON body's number without a fraction (``4.0``) is that integer, as TorchServe's Gson reads
+    it into an int field; ``4.5`` is junk."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
     if isinstance(value, str) and len(value) <= 20 and _JAVA_INT.fullmatch(value):
         return int(value)  # beyond int32 too: the bounds check refuses it, not a silent default
     return None

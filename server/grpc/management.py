@@ -1,10 +1,13 @@
 """TorchServe's ``org.pytorch.serve.grpc.management.ManagementAPIsService``.
 
 Each RPC runs the plane's management operation that the HTTP route runs (``plane.management``)
-and answers ``ManagementResponse{msg}`` with the JSON text the HTTP API answers; its errors are
-the same errors as gRPC statuses. As TorchServe's gRPC API: a zero number is "not given" (proto3
-cannot tell), register and unregister with the model API disabled are PERMISSION_DENIED, and
-every RPC needs the management key when token authorization is on. An operation runs to its end
+and answers ``ManagementResponse{msg}`` as TorchServe 0.12's ManagementImpl does: describe and
+list as the JSON text the HTTP API answers, the others as their status message alone (the
+HTTP API's ``{"status": ...}`` without the object); its errors are the same errors as gRPC
+statuses. As TorchServe's gRPC API (``GRPCUtils.getRegisterParam``): a number that is zero or
+negative is "not given" (proto3 cannot tell zero from absent), register and unregister with the
+model API disabled are PERMISSION_DENIED, and every RPC needs the management key when token
+authorization is on. An operation runs to its end
 when its call is cancelled (a client's deadline), as over REST (``calls.to_the_end``).
 """
 
@@ -29,18 +32,25 @@ _RESPONSE = "org.pytorch.serve.grpc.management.ManagementResponse"
 
 
 def _text(result: Any) -> str:
-    """An operation's answer as the JSON text the HTTP API sends."""
-    body = result.body if isinstance(result, Status) else result
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    """An operation's answer as TorchServe's ``msg``: a status's message, else JSON text."""
+    if isinstance(result, Status):
+        return result.message
+    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
+
+
+def _given(value: int) -> int | None:
+    """A number of a request message: zero or negative is not given (TorchServe's)."""
+    return value if value > 0 else None
 
 
 def _register_params(request: Any) -> Any:
-    """The request's register parameters: each message field RegisterParams knows (a zero or
-    empty one is not given), and ``synchronous`` as it is."""
+    """The request's register parameters: each message field RegisterParams knows (an empty
+    string, false, or a number below 1 is not given), and ``synchronous`` as it is."""
     given = {
-        f.name: getattr(request, f.name) or None
+        f.name: _given(value) if type(value) is int else value or None
         for f in request.DESCRIPTOR.fields
         if f.name in RegisterParams.model_fields and f.name != "synchronous"
+        for value in (getattr(request, f.name),)
     }
     if not given.get("url"):
         raise BadRequest("Parameter url is required.")
@@ -86,10 +96,13 @@ class TorchServeManagement(Service):
 
     async def describe_model(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version = request.model_name, request.model_version or None
-        return await self._answer(context, lambda: plane.describe(self.state, name, version))
+        customized = request.customized
+        return await self._answer(
+            context, lambda: plane.describe(self.state, name, version, customized)
+        )
 
     async def list_models(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        limit, token = request.limit or 100, request.next_page_token
+        limit, token = _given(request.limit) or 100, request.next_page_token
         return await self._answer(context, lambda: plane.list_models(self.state, limit, token))
 
     async def register_model(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -101,10 +114,10 @@ class TorchServeManagement(Service):
 
     async def scale_worker(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         raw = {
-            "min_worker": request.min_worker or 1,
-            "max_worker": request.max_worker or None,
+            "min_worker": _given(request.min_worker) or 1,
+            "max_worker": _given(request.max_worker),
             "synchronous": request.synchronous,
-            "timeout": request.timeout or -1,
+            "timeout": _given(request.timeout) or -1,
         }
         name, version = request.model_name, request.model_version or None
         return await self._answer(context, lambda: plane.scale(self.state, name, version, raw))

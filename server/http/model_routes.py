@@ -13,14 +13,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from torchbay.server.config.sources import api_int
+from torchbay.server.config.sources import api_bool, api_int
 from torchbay.server.errors import BadRequest
 from torchbay.server.http.asgi import read_body
 from torchbay.server.http.auth import TokenAuth
 from torchbay.server.http.openapi import documented
 from torchbay.server.plane import management as plane
 from torchbay.server.plane.management import Management, Status
-from torchbay.server.plane.params import register_params
+from torchbay.server.plane.params import check_json_numbers, register_params
 
 
 def management(request: Request) -> Management:
@@ -49,6 +49,14 @@ def status(answer: Status) -> JSONResponse:
     return JSONResponse(answer.body, status_code=answer.code)
 
 
+def first_values(request: Request) -> dict[str, str]:
+    """The query string, each parameter's first value: TorchServe's (Netty's decoder, then
+    ``NettyUtils.getParameter``) for ``?min_worker=1&min_worker=2``, where starlette keeps the
+    last."""
+    query = request.query_params
+    return {key: query.getlist(key)[0] for key in query}
+
+
 # -- list, describe -----------------------------------------------------------------------------
 
 models = APIRouter(dependencies=[Depends(management_key)])
@@ -57,21 +65,32 @@ _CONTROL = [Depends(model_api)]
 
 @models.get("/models", **documented(400, 401))
 async def list_models(
-    state: State, limit: str | None = None, next_page_token: str | None = None
+    request: Request, state: State, limit: str | None = None, next_page_token: str | None = None
 ) -> dict[str, Any]:
     """TorchServe's paging: a limit that is junk, negative or over 100 is 100; a junk or
-    negative token is 0; ``nextPageToken`` is there unless the page ran past the end."""
-    return plane.list_models(state, api_int(limit), api_int(next_page_token))
+    negative token is 0; ``nextPageToken`` is there unless the page ran past the end. The
+    parameters declared are the API description; each one's first value is the one read."""
+    query = first_values(request)
+    return plane.list_models(
+        state, api_int(query.get("limit")), api_int(query.get("next_page_token"))
+    )
 
 
-@models.get("/models/{name}", **documented(401, 404))
-async def describe_default(state: State, name: str) -> list[dict[str, Any]]:
-    return plane.describe(state, name)
+@models.get("/models/{name}", **documented(401, 404, 500, 503))
+async def describe_default(
+    request: Request, state: State, name: str, customized: str | None = None
+) -> list[dict[str, Any]]:
+    """``customized=true``: with the handler's ``customizedMetadata`` (a worker answers it)."""
+    wanted = api_bool(first_values(request).get("customized"), False)
+    return await plane.describe(state, name, None, wanted)
 
 
-@models.get("/models/{name}/{version}", **documented(401, 404))
-async def describe_version(state: State, name: str, version: str) -> list[dict[str, Any]]:
-    return plane.describe(state, name, version)
+@models.get("/models/{name}/{version}", **documented(401, 404, 500, 503))
+async def describe_version(
+    request: Request, state: State, name: str, version: str, customized: str | None = None
+) -> list[dict[str, Any]]:
+    wanted = api_bool(first_values(request).get("customized"), False)
+    return await plane.describe(state, name, version, wanted)
 
 
 # -- register -----------------------------------------------------------------------------------
@@ -80,7 +99,7 @@ async def describe_version(state: State, name: str, version: str) -> list[dict[s
 async def _register_params(request: Request, limit: int) -> Any:
     """The query string, overlaid by a JSON object body (TorchServe takes either) of at most
     ``limit`` bytes (``max_request_size``, as TorchServe bounds every listener's request)."""
-    raw: dict[str, Any] = dict(request.query_params.items())
+    raw: dict[str, Any] = first_values(request)
     if request.headers.get("content-type", "").startswith("application/json"):
         body = await read_body(request.scope, request.receive, limit)
         if body.strip():
@@ -90,6 +109,7 @@ async def _register_params(request: Request, limit: int) -> Any:
                 raise BadRequest("The request body is not valid JSON") from None
             if not isinstance(data, dict):
                 raise BadRequest("The JSON body must be an object of register parameters")
+            check_json_numbers(data)
             raw.update(data)
     return register_params(raw)
 
@@ -140,7 +160,7 @@ async def scale_model(
 ) -> JSONResponse:
     # The parameters above are the API description; the query string as it came is what
     # plane.params.scale_params parses (TorchServe's leniency, torchbay's strict live settings).
-    return status(await plane.scale(state, name, version, request.query_params))
+    return status(await plane.scale(state, name, version, first_values(request)))
 
 
 # -- default version, unregister ----------------------------------------------------------------

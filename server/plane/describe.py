@@ -4,7 +4,9 @@ with a describe key in ``config.model_settings``, each in its section."""
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,9 +14,11 @@ import psutil
 from pydantic import BaseModel
 
 from torchbay.server.config.model_settings import SETTINGS, ModelConfig, Section, Setting
+from torchbay.server.errors import HandlerFailed, NoWorker
 from torchbay.server.plane.models import signature
 from torchbay.server.serving.archives import Signature
 from torchbay.server.serving.model import ModelVersion
+from torchbay.server.serving.protocol import WireRequest
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.sequences import SequenceQueue
 from torchbay.server.serving.slot import WorkerSlot
@@ -75,9 +79,16 @@ def described(
         value = getattr(source, setting.name, setting.default)
         # A nested setting (responseCache) is shown by its model-config.yaml keys.
         shown[setting.describe] = (
-            value.model_dump(by_alias=True) if isinstance(value, BaseModel) else value
+            value.model_dump(by_alias=True) if isinstance(value, BaseModel) else _number(value)
         )
     return shown
+
+
+def _number(value: Any) -> Any:
+    """A whole number as an integer: settings that take decimals (milliseconds, seconds) are
+    floats here, and TorchServe's describe has integers (``"maxBatchDelay": 100``), which a
+    client decoding into an integer field (Go, serde) cannot take as ``100.0``."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _tensors(mv: ModelVersion) -> dict[str, Any]:
@@ -96,7 +107,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "modelName": mv.name,
         "modelVersion": mv.version,
         "modelUrl": mv.url,
-        "runtime": "python",
+        "runtime": mv.runtime or getattr(mv.manifest, "runtime", None) or "python",
         **described(SETTINGS, mv.settings, config, "batching"),  # workers, batching, timeouts
         **mv.admission.describe(),  # maxQueueDelayMs, the service rate, rejections by reason
         **described(SETTINGS, mv.settings, config, "device"),
@@ -129,6 +140,29 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "threadBudget": registry.budget.summary(),  # the host's, over all models (budget.py)
         "autopilot": mv.autopilot.describe(),  # sla_p99_ms: current batching beside the ceilings
     }
+
+
+async def customized(mv: ModelVersion) -> Any:
+    """``?customized=true``: what the handler answers a request with TorchServe's ``describe:
+    True`` header (BaseHandler's ``describe_handle``), JSON-decoded when it is JSON, as
+    TorchServe's ``customizedMetadata``. The request runs on a worker in a batch of its own
+    (handlers.runtime.service); without one, TorchServe's 503 for a describe request."""
+    wire = WireRequest(request_id=uuid.uuid4().hex, body=b"", raw_headers=b"describe: True")
+    try:
+        answers = [response async for response in mv.stream(wire)]
+    except NoWorker:
+        raise NoWorker(
+            f'Model "{mv.name}" has no worker to serve describe request. '
+            "Please use scale workers API to add workers."
+        ) from None
+    if not answers or answers[-1].status >= 400:
+        status = answers[-1].status if answers else "none"
+        raise HandlerFailed(f'Model "{mv.name}" failed to describe itself (status {status})')
+    text = b"".join(response.body for response in answers).decode("utf-8", "replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _sequences(mv: ModelVersion) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from torchbay.server.errors import (
     ShuttingDown,
     TorchbayError,
 )
+from torchbay.server.plane.describe import customized as customized_metadata
 from torchbay.server.plane.describe import describe as describe_version
 from torchbay.server.plane.params import ScaleParams, register_overrides, scale_params
 from torchbay.server.serving.admission import stopping_message
@@ -39,6 +40,7 @@ from torchbay.server.serving.registry import ModelRegistry
 log = logging.getLogger("torchbay.management")
 
 _background: set[asyncio.Task] = set()
+_INT32_MAX = 2**31 - 1  # TorchServe's parameters are Java ints: a larger one is junk
 
 # The handler errors (their type names, as a worker reports them) of a load that ran out of
 # memory: Python's, and torch's for an accelerator (torch.OutOfMemoryError).
@@ -91,9 +93,11 @@ def require_model_api(state: Management) -> None:
 
 def list_models(state: Management, limit: int | None, next_page_token: int | None) -> dict:
     """TorchServe's paging: a limit that is absent, negative or over 100 is 100; an absent or
-    negative token is 0; ``nextPageToken`` is there unless the page ran past the end."""
+    negative token is 0, and so is one past Java's int (TorchServe's junk); ``nextPageToken`` is
+    there unless the page ran past the end."""
     size = 100 if limit is None or not 0 <= limit <= 100 else limit
-    token = 0 if next_page_token is None or next_page_token < 0 else next_page_token
+    token = next_page_token if next_page_token is not None else 0
+    token = token if 0 <= token <= _INT32_MAX else 0
     # A workflow's function nodes (no URL: server/workflows) are models TorchServe never lists.
     names = sorted(n for n in state.registry.models if state.registry.resolve(n).url)
     body: dict[str, Any] = {}
@@ -104,13 +108,21 @@ def list_models(state: Management, limit: int | None, next_page_token: int | Non
     return body
 
 
-def describe(state: Management, name: str, version: str | None = None) -> list[dict[str, Any]]:
-    """The default version (``version`` None), one version, or every one (``"all"``)."""
+async def describe(
+    state: Management, name: str, version: str | None = None, customized: bool = False
+) -> list[dict[str, Any]]:
+    """The default version (``version`` None), one version, or every one (``"all"``);
+    ``customized``: with the handler's own description (``customizedMetadata``), as TorchServe
+    adds it to one version's, never to ``all``."""
     registry = state.registry
     if version == "all":
         registry.resolve(name)
         return [describe_version(registry, mv) for mv in registry.models[name].values()]
-    return [describe_version(registry, registry.resolve(name, version))]
+    mv = registry.resolve(name, version)
+    described = describe_version(registry, mv)
+    if customized:
+        described["customizedMetadata"] = await customized_metadata(mv)
+    return [described]
 
 
 # -- register -----------------------------------------------------------------------------------
@@ -143,6 +155,7 @@ async def register(state: Management, params: Any) -> Status:
             f"Model {params.model_name or params.url!r} could not be loaded: its worker ran out "
             f"of memory ({exc.error_type})"
         ) from None
+    mv.runtime = params.runtime  # describe shows it, as TorchServe's does
     state.changed()
     registered = f'Model "{mv.name}" Version: {mv.version} registered with'
     if mv.settings.min_workers == 0:

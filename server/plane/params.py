@@ -89,7 +89,8 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     url: str
-    model_name: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    # Checked as the archiver's (store.check_name_and_version: it names a folder), with its words.
+    model_name: str | None = Field(None, min_length=1)
     runtime: str | None = None
     synchronous: bool = True  # TorchServe's code default (its docs say false)
     s3_sse_kms: bool | None = None  # accepted and ignored (no S3 here)
@@ -134,6 +135,19 @@ def register_params(raw: Mapping[str, Any]) -> Any:
     )
 
 
+def check_json_numbers(body: Mapping[str, Any]) -> None:
+    """A JSON body's whole-number parameters (``batch_size``, ``initial_workers``): TorchServe
+    reads the body into int fields (Gson), so ``4``, ``4.0`` and ``"4"`` are 4 and anything
+    else refuses the request (its 500 JsonSyntaxException); torchbay's 400 names it. The query
+    string stays lenient (junk: the default), as TorchServe's."""
+    for name, setting in REGISTERED.items():
+        value = body.get(name)
+        if value is not None and _number_parser(setting) is api_int and api_int(value) is None:
+            raise BadRequest(
+                f"Invalid parameter(s): {name}: must be a whole number, got {str(value)[:64]!r}"
+            )
+
+
 def check_runtime(runtime: Any) -> None:
     """TorchServe's ``runtime`` parameter: none, or one of its RuntimeType values (a 400)."""
     if runtime is not None and runtime not in RUNTIMES:
@@ -166,17 +180,18 @@ class ScaleParams:
 
 def scale_params(raw: Mapping[str, Any]) -> ScaleParams:
     """TorchServe's own parameters parse leniently (junk is the default: ``min_worker`` 1 when
-    nothing is tuned, ``timeout`` -1); the live settings (not in TorchServe's scale API) are
-    refused when they are not numbers. The defaults filled in and every value checked, or
-    BadRequest; nothing has changed yet."""
+    nothing is tuned, ``timeout`` -1, as is one below -1); the live settings (not in
+    TorchServe's scale API) are refused when they are not numbers. The defaults filled in and
+    every value checked, or BadRequest; nothing has changed yet."""
     tuning = {
         name: strict_number(name, raw.get(name), _number_parser(s) or api_number)
         for name, s in LIVE.items()
     }
     min_worker, max_worker = api_int(raw.get("min_worker")), api_int(raw.get("max_worker"))
     drain = api_number(raw.get("timeout"))
-    timeout = -1 if drain is None else drain
-    if not -1 <= timeout <= MAX_TIMEOUT_S:
+    # TorchServe takes any timeout below -1 (as -1: no bound); one past the bound is a typo.
+    timeout = -1 if drain is None or drain < -1 else drain
+    if timeout > MAX_TIMEOUT_S:
         raise BadRequest(f"timeout must be -1 to {MAX_TIMEOUT_S:g} seconds, got {timeout}")
     if min_worker is None and all(v is None for v in tuning.values()):
         min_worker = 1  # TorchServe's default

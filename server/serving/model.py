@@ -112,6 +112,8 @@ class ModelVersion(RequestPath):
     # used first), and, called when a request finds no worker, a load instead of the 503.
     last_used = 0.0
     demand: Callable[[ModelVersion], None] | None = None
+    # The register API's ``runtime`` (TorchServe's RuntimeType); None: the manifest's.
+    runtime: str | None = None
 
     def __init__(
         self,
