@@ -96,6 +96,26 @@ def _predictions(verb: str, methods: tuple[str, ...], endpoint: str) -> tuple[Ro
     return tuple(out)
 
 
+def _legacy_predict() -> tuple[Route, ...]:
+    """TorchServe's legacy (MMS) ``/{model}[/{version}]/predict``, answered as ``/predictions``
+    (a model named as one of the routes' own first segments, ``ping`` or ``v2``, cannot)."""
+    paths = ("/{model_name}/predict", "/{model_name}/{model_version}/predict")
+    return tuple(
+        Route(
+            method,
+            path,
+            "predict",
+            "Predict (TorchServe's legacy form of /predictions)",
+            (*PREDICT_ERRORS, 501),
+            {"200": ("The handler's output", "*/*")},
+            auth=True,
+            body=_PREDICT_BODY,
+        )
+        for path in paths
+        for method in ("POST", "PUT")
+    )
+
+
 def _sagemaker() -> tuple[Route, ...]:
     """SageMaker's serving contract, as TorchServe 0.12 serves it (docs/sagemaker.md)."""
     name = {
@@ -217,6 +237,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         description="As /explanations; 501 when the handler has no explanations.",
     ),
     WFPREDICT_ROUTE,  # TorchServe's workflows (http/wfpredict.py)
+    *_legacy_predict(),
 )
 
 _NAMES = {

@@ -93,7 +93,10 @@ class Router:
             methods[route.method] = (route, endpoints[route.endpoint])
 
     def resolve(self, path: str, method: str) -> tuple[Route, Endpoint, re.Match[str]]:
-        for pattern, methods, strict in self._paths.get(first_segment(path), ()):
+        """A path's first segment picks the routes to try; one that no route begins with tries
+        the routes that begin with a parameter (TorchServe's legacy ``/{model}/predict``)."""
+        routes = self._paths.get(first_segment(path))
+        for pattern, methods, strict in routes if routes is not None else self._paths.get("", ()):
             match = pattern.match(path)
             if match is None:
                 continue

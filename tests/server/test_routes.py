@@ -128,3 +128,43 @@ def test_the_auth_flag_is_what_the_inference_app_enforces(tmp_path):
             assert ("error" in r.json()) == route.oip
         else:
             assert r.status_code != 401 and not asked, (route.method, route.path)
+
+
+def test_torchserve_legacy_predict_paths_route_as_predictions():
+    """TorchServe's legacy (MMS) ``/{model}[/{version}]/predict`` was a 404: it is the
+    predictions endpoint for that model; a first segment that routes of ours begin with keeps
+    its routes (an unrouted ``/v2/...`` is still OIP's 404)."""
+    router = _router(INFERENCE_ROUTES)
+    for method in ("POST", "PUT"):
+        route, _, match = router.resolve("/mnist/predict", method)
+        assert (route.endpoint, match["model_name"]) == ("predict", "mnist")
+        route, _, match = router.resolve("/mnist/2.0/predict", method)
+        assert (match["model_name"], match["model_version"]) == ("mnist", "2.0")
+    for path in ("/v2/predict", "/v2/x/predict"):
+        with pytest.raises(NotFound, match="No route for"):
+            router.resolve(path, "POST")
+    for path, method in (
+        ("/mnist/predict", "GET"),
+        ("/mnist/predicts", "POST"),
+        ("/a/b/c/predict", "POST"),
+    ):
+        with pytest.raises(NotFound):
+            router.resolve(path, method)
+
+
+@pytest.mark.slow
+def test_legacy_predict_answers_as_predictions(live_server) -> None:
+    import httpx
+
+    from .conftest import probe_models
+
+    server = live_server(models=probe_models())
+    body = {"x": [0.5] * 64}
+    answers = [
+        httpx.post(f"{server.url}{path}", json=body, timeout=60)
+        for path in ("/predictions/probe", "/probe/predict", "/probe/1.0/predict")
+    ]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert answers[1].json() == answers[0].json() == answers[2].json()
+    missing = httpx.post(f"{server.url}/nope/predict", json=body, timeout=60)
+    assert missing.status_code == 404 and "nope" in missing.json()["message"]
