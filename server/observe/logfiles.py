@@ -38,6 +38,7 @@ import yaml
 
 from torchbay.server.errors import ConfigError, TorchbayError
 from torchbay.server.observe.logs import ACCESS_LOGGER, RecordFilter
+from torchbay.server.observe.logwriter import printable
 
 MODEL_LOGGER = "torchbay.model_log"
 SERVER_LOG, ACCESS_LOG, MODEL_LOG = "ts_log.log", "access_log.log", "model_log.log"
@@ -102,7 +103,9 @@ class WorkerOutput:
     written as the worker formatted it, less the tag; anything else (a ``print``, a record's
     further lines, text a handler logged with line breaks in it) becomes a ``torchbay.model_log``
     record, as TorchServe prefixes every line of its workers': a worker's output never passes for
-    a record of the server's. ``close()`` puts fds 1 and 2 back and waits (bounded) for the
+    a record of the server's. A character that is not printable (an ANSI escape that moves a
+    terminal's cursor and erases the line above) is written escaped, as in the access log
+    (TorchServe writes it raw). ``close()`` puts fds 1 and 2 back and waits (bounded) for the
     workers' last lines.
 
     While the writer is ``MAX_BACKLOG`` records behind (stdout a pipe that nobody reads), the
@@ -141,9 +144,9 @@ class WorkerOutput:
                     self._closing.wait(0.01)
                 line = raw.decode("utf-8", "replace")
                 if self.tag and line.startswith(self.tag):
-                    pipeline.put_line(MODEL_LOGGER, line[len(self.tag) :])
+                    pipeline.put_line(MODEL_LOGGER, printable(line[len(self.tag) :]))
                 elif line:
-                    pipeline.put_message(MODEL_LOGGER, line)
+                    pipeline.put_message(MODEL_LOGGER, printable(line))
 
     def detach_console(self, stderr_to: Path | None = None) -> None:
         """A server started with ``--start``, once up: stdout goes to /dev/null (every log line

@@ -2,7 +2,9 @@
 their input) cannot forge a record of the server's in ``model_log.log`` or ``ts_log.log``: only a
 worker's own records are written as the worker formatted them; every other line a worker writes
 is a ``torchbay.model_log`` record of its own, as TorchServe 0.12 prefixes every line of its
-workers' output (tests/data/torchserve/log_forging, recorded with its ``record.py``)."""
+workers' output (tests/data/torchserve/log_forging, recorded with its ``record.py``). ANSI
+escapes that would erase a line on an operator's terminal are written escaped (TorchServe writes
+them raw)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ pytestmark = pytest.mark.slow
 
 RECORD = Path(__file__).parents[1] / "data" / "torchserve" / "log_forging"
 TORCHSERVE = json.loads((RECORD / "answers.json").read_text())
-BODY = TORCHSERVE["body"]  # hello, a forged text line, a forged JSON record
+BODY = TORCHSERVE["body"]  # hello, a forged text line, a forged JSON record, ANSI escapes
+JSON_LINE = '{"logger": "torchbay.serve", "message": "forged"}'
+ESCAPES = "\\x1b[1A\\x1b[2K"  # cursor up a line, erase it: as the log writes them, escaped
 STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
 
 
@@ -32,6 +36,7 @@ def test_torchserve_prefixes_every_line_of_its_workers_output() -> None:
         assert len(lines) == 7, lines
         assert all(" MODEL_LOG - " in line for line in lines)
         assert lines[-1].endswith("secret seen: None")
+        assert sum("\x1b[1A\x1b[2K" in line for line in lines) == 2  # written raw
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
@@ -59,6 +64,7 @@ def test_a_client_cannot_forge_server_records_through_a_handlers_output(
         kill_tree(proc.pid)
     for name in ("model_log.log", "ts_log.log"):
         text = (logs / name).read_text()
+        assert "\x1b" not in text
         assert "ignored unknown environment variable" not in text  # the secret is no setting
         check = _check_json if log_format == "json" else _check_text
         check([line for line in text.splitlines() if line.strip()])
@@ -74,17 +80,18 @@ def _check_text(lines: list[str]) -> None:
     (own,) = [line for line in lines if "Received text" in line]
     assert re.search(r" INFO worker\[\d+\] echo_handler: Received text: 'hello$", own), own
     assert any(line.endswith("torchbay.model_log: secret seen: None") for line in lines)
+    assert sum(line.endswith(JSON_LINE + ESCAPES) for line in lines) == 1  # printed
+    assert sum(line.endswith(JSON_LINE + ESCAPES + "'") for line in lines) == 1  # logged
 
 
 def _check_json(lines: list[str]) -> None:
     records = [json.loads(line) for line in lines]  # one JSON object a line
     assert not [r for r in records if r["logger"] == "torchbay.serve" and r["message"] == "forged"]
-    printed = [
-        r for r in records if r["message"] == '{"logger": "torchbay.serve", "message": "forged"}'
-    ]
+    printed = [r for r in records if r["message"] == JSON_LINE + ESCAPES]
     assert len(printed) == 1 and printed[0]["logger"] == "torchbay.model_log"
     (own,) = [r for r in records if r["message"].startswith("Received text")]
-    assert own["logger"] == "echo_handler" and own["message"].endswith("forged\"}'")
+    # The worker's own record: its JSON writes the escapes as \u001b, none raw in the file.
+    assert own["logger"] == "echo_handler" and own["message"].endswith("\x1b[2K'")
     assert {"message": "secret seen: None"}.items() <= next(
         r for r in records if r["message"].startswith("secret")
     ).items()

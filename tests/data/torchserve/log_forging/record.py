@@ -11,7 +11,7 @@ README.md says how it was installed; Java 17 on PATH)::
 It builds ``echo.mar`` with torch-model-archiver, starts TorchServe in a fresh folder on ports
 18480-18482 (``--foreground --ncs --disable-token-auth``, no system metrics), POSTs ``BODY`` as
 text/plain to ``/predictions/echo``, stops it and reads its logs. Timestamps and worker numbers
-are replaced by ``<time>`` and ``<n>``.
+are replaced by ``<time>`` and ``<n>``; the escape characters are kept as TorchServe wrote them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ sys.path.insert(0, str(HERE.parent))
 import tsrun  # noqa: E402
 
 FORGED = "2026-01-01 00:00:00,000 INFO torchbay.access: forged"
-BODY = f"hello\n{FORGED}\n" + '{"logger": "torchbay.serve", "message": "forged"}'
+# A line that forges a text record, one that forges a JSON record, and ANSI escapes that move a
+# terminal's cursor up a line and erase it (what `tail -f` shows of the line before).
+BODY = f"hello\n{FORGED}\n" + '{"logger": "torchbay.serve", "message": "forged"}\x1b[1A\x1b[2K'
 PORTS = {"inference": 18480, "management": 18481, "metrics": 18482}
 _TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{3}")
 _WORKER = re.compile(r"W-\d+-")
