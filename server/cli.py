@@ -240,9 +240,10 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
     from torchbay.server.observe.logfiles import WorkerOutput, log_dir, log_files
     from torchbay.server.observe.logs import configure_logging
     from torchbay.server.observe.logwriter import Rotation
+    from torchbay.server.serving.worker_env import LOG_TAG
 
     files, unwritable = log_files(log_dir(os.environ))
-    output = WorkerOutput()
+    output = WorkerOutput(tag=os.environ.get(LOG_TAG, ""))  # torchbay.cli.main's
     try:
         # --log-format json: one object a line, from the frontend and its workers alike.
         stop_logging = configure_logging(

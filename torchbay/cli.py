@@ -82,7 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `serve` with start-up models: a worker process first, so that its torch import (the
     # slowest step of a start) overlaps everything below instead of following it.
     from torchbay.server.early_workers import spawn_early
+    from torchbay.server.serving.worker_env import tag_worker_logs
 
+    # Every worker spawned from here on starts its log lines with this secret: the server's
+    # WorkerOutput tells them from what a handler prints (serving/worker_env.LOG_TAG).
+    tag_worker_logs(os.environ)
     early = spawn_early(words)
     try:
         return _main(words, early)

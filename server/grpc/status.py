@@ -32,6 +32,11 @@ _CODES = {
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 MAX_DETAILS = 4096  # characters of a handler's message kept in the status details
+# ... and bytes of them as gRPC sends them (grpc-message: UTF-8, percent-encoded but for printable
+# ASCII): a client takes 8 KiB of metadata by default, and past it (with certainty past 16 KiB)
+# reports RESOURCE_EXHAUSTED "Stream removed" instead of our status. 4096 characters of a
+# non-ASCII message (or a model name a client sent, echoed) are up to 36 KiB.
+MAX_DETAILS_SENT = 6144
 
 
 def code_for(http_status: int) -> grpc.StatusCode:
@@ -58,9 +63,23 @@ class RpcError(Exception):
     ) -> None:
         super().__init__(details)
         self.code = code
-        self.details = details[:MAX_DETAILS]
+        self.details = bounded_details(details)
         self.http_status = http_status  # for the metrics and the access log
         self.metadata = metadata  # trailing metadata (a 503's retry-after)
+
+
+def bounded_details(details: str) -> str:
+    """``details`` cut to ``MAX_DETAILS`` characters and ``MAX_DETAILS_SENT`` bytes as sent."""
+    details = details[:MAX_DETAILS]
+    if len(details) <= MAX_DETAILS_SENT // 9:  # 9 bytes a character at most (%XX%XX%XX)
+        return details
+    sent = 0
+    for i, ch in enumerate(details):
+        plain = " " <= ch <= "~" and ch != "%"
+        sent += 1 if plain else 3 * len(ch.encode("utf-8", "surrogatepass"))
+        if sent > MAX_DETAILS_SENT:
+            return details[:i]
+    return details
 
 
 def from_error(exc: TorchbayError, *, oip: bool = False) -> RpcError:

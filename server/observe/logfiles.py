@@ -38,11 +38,10 @@ import yaml
 
 from torchbay.server.errors import ConfigError, TorchbayError
 from torchbay.server.observe.logs import ACCESS_LOGGER, RecordFilter
+from torchbay.server.observe.logwriter import printable
 
 MODEL_LOGGER = "torchbay.model_log"
 SERVER_LOG, ACCESS_LOG, MODEL_LOG = "ts_log.log", "access_log.log", "model_log.log"
-# A worker's own formatted record: a JSON object, or text starting with its timestamp.
-_FORMATTED = re.compile(r"\{|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
 # A worker's output line ends at LF, CR or CRLF (a progress bar's updates end with CR only, as
 # Java's readLine, TorchServe's reader, takes them); one longer than MAX_LINE bytes is cut in
 # pieces of that size: a handler writing without a newline never grows the reader's buffer.
@@ -100,9 +99,14 @@ class WorkerOutput:
 
     ``console`` is the frontend's log stream: stdout as it was (TorchServe logs to stdout);
     ``sys.stdout``/``sys.stderr`` write where they did. ``start(pipeline)`` reads the pipe on a
-    thread: a line a worker formatted (its log records) is written as it is, anything else (a
-    ``print``) becomes a ``torchbay.model_log`` record. ``close()`` puts fds 1 and 2 back and
-    waits (bounded) for the workers' last lines.
+    thread: a line that starts with ``tag`` (a worker's log record, serving/worker_env.LOG_TAG) is
+    written as the worker formatted it, less the tag; anything else (a ``print``, a record's
+    further lines, text a handler logged with line breaks in it) becomes a ``torchbay.model_log``
+    record, as TorchServe prefixes every line of its workers': a worker's output never passes for
+    a record of the server's. A character that is not printable (an ANSI escape that moves a
+    terminal's cursor and erases the line above) is written escaped, as in the access log
+    (TorchServe writes it raw). ``close()`` puts fds 1 and 2 back and waits (bounded) for the
+    workers' last lines.
 
     While the writer is ``MAX_BACKLOG`` records behind (stdout a pipe that nobody reads), the
     thread stops reading: the workers' output waits in their pipe and a worker that writes more
@@ -110,7 +114,8 @@ class WorkerOutput:
     (100 MB printed: 155 MB more held).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tag: str = "") -> None:
+        self.tag = tag
         sys.stdout.flush()
         sys.stderr.flush()
         self._out_fd, self._err_fd = os.dup(1), os.dup(2)
@@ -138,10 +143,10 @@ class WorkerOutput:
                 while pipeline.backlog() > MAX_BACKLOG and not self._closing.is_set():
                     self._closing.wait(0.01)
                 line = raw.decode("utf-8", "replace")
-                if _FORMATTED.match(line):
-                    pipeline.put_line(MODEL_LOGGER, line)
+                if self.tag and line.startswith(self.tag):
+                    pipeline.put_line(MODEL_LOGGER, printable(line[len(self.tag) :]))
                 elif line:
-                    pipeline.put_message(MODEL_LOGGER, line)
+                    pipeline.put_message(MODEL_LOGGER, printable(line))
 
     def detach_console(self, stderr_to: Path | None = None) -> None:
         """A server started with ``--start``, once up: stdout goes to /dev/null (every log line

@@ -8,7 +8,7 @@ Access log: one INFO line per inference request on the ``torchbay.access`` logge
 ``queue_ms`` is ``None`` when no worker took the request (rejected at admission, unknown model).
 The path, model and version come from the client (percent-decoded): a character that is not
 printable (a line break, an ANSI escape) is written escaped (``\\n``, :func:`printable`), so a
-client cannot end the line or start a forged one.
+client cannot end the line or start a forged one, and is cut at ``MAX_FIELD`` characters.
 The line costs one ``isEnabledFor`` check when the logger is off, and is formatted lazily.
 
 ``--log-format json`` makes every record one JSON object per line: ``time`` (ISO 8601, UTC),
@@ -68,6 +68,7 @@ ACCESS_FIELDS = (
     "total_ms",
     "queue_ms",
 )
+MAX_FIELD = 1024  # characters kept of a client's path, model, version (gRPC's: megabytes)
 _ACCESS_FORMAT = '%s "%s %s HTTP/%s" %d model=%s version=%s total_ms=%.3f queue_ms=%s'
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -173,11 +174,11 @@ def _access_args(request: RequestRecord) -> tuple[Any, ...]:
     return (
         f"{client[0]}:{client[1]}" if client else "-",
         scope["method"],
-        printable(scope["path"]),
+        printable(scope["path"], MAX_FIELD),
         scope.get("http_version", "1.1"),
         request.status,
-        printable(request.name),
-        version if version is None else printable(version),
+        printable(request.name, MAX_FIELD),
+        version if version is None else printable(version, MAX_FIELD),
         request.seconds * 1000,
         None if queue_s is None else round(queue_s * 1000, 3),
     )

@@ -173,12 +173,16 @@ class FastAccess:
         self._put(Line(self._logger.name, head + f"\n{head}".join(messages)))
 
 
-def printable(text: str) -> str:
+def printable(text: str, limit: int | None = None) -> str:
     """``text`` for a log line: each character that is not printable (line breaks, ANSI
-    escapes, other controls) written as its Python escape (``\\n``, ``\\x1b``)."""
+    escapes, other controls) written as its Python escape (``\\n``, ``\\x1b``); with ``limit``,
+    its first ``limit`` characters only, then ``...(N more characters)``."""
+    cut = ""
+    if limit is not None and len(text) > limit:
+        text, cut = text[:limit], f"...({len(text) - limit} more characters)"
     if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+        return text + cut
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text) + cut
 
 
 def flush_quietly(handler: logging.Handler) -> None:

@@ -22,13 +22,21 @@ Imports nothing but the standard library: the CLI spawns its first worker before
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import secrets
+from collections.abc import Mapping, MutableMapping
 
 MALLOC_DEFAULTS = {
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
 }
 OPT_OUT = "TORCHBAY_MALLOC_TUNING"
+# A secret that starts each of a worker's own log lines (worker/main.configure_logging): the
+# frontend writes a line that starts with it as the worker formatted it, and everything else a
+# worker writes (a print, a record's further lines) as a model-log message of its own
+# (observe/logfiles.WorkerOutput). So a client's text that a handler logs or prints, line breaks
+# and all, never passes for a record of the server's.
+# (Not TORCHBAY_*: those are settings, config/sources.py; an unknown one is reported.)
+LOG_TAG = "_TORCHBAY_LOG_TAG"
 _OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
@@ -48,4 +56,10 @@ def worker_env(base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-__all__ = ["MALLOC_DEFAULTS", "OPT_OUT", "worker_env"]
+def tag_worker_logs(environ: MutableMapping[str, str]) -> str:
+    """A fresh ``LOG_TAG`` in ``environ`` (the CLI's, before it spawns a worker); the tag."""
+    tag = environ[LOG_TAG] = f"<{secrets.token_hex(12)}>"
+    return tag
+
+
+__all__ = ["LOG_TAG", "MALLOC_DEFAULTS", "OPT_OUT", "tag_worker_logs", "worker_env"]

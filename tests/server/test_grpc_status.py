@@ -14,6 +14,8 @@ from torchbay.server.config.settings import ServerConfig
 from torchbay.server.grpc.status import code_for, error_message, from_error
 from torchbay.server.http.listeners import bind_listeners
 
+from .conftest import probe_models
+
 C = grpc.StatusCode
 
 
@@ -210,3 +212,26 @@ def test_enable_grpc_ssl_checks_the_tls_files_before_start(tmp_path) -> None:
                           certificate_file=tmp_path / "cert.pem")  # fmt: skip
     with pytest.raises(errors.TorchbayError, match=r"cannot read TLS file .*cert\.pem"):
         check_tls(config)
+
+
+@pytest.mark.slow
+def test_a_long_non_ascii_status_message_still_reaches_the_client(live_server) -> None:
+    """The details echo a client's model name (or carry a handler's message): their sent form
+    (percent-encoded UTF-8) is bounded too, so the client gets NOT_FOUND, not grpc's
+    RESOURCE_EXHAUSTED "Stream removed" for trailers past its 8 KiB (3000 x "€" was 27 KiB)."""
+    import tritonclient.grpc as triton_grpc
+    from tritonclient.utils import InferenceServerException
+
+    server = live_server(models=probe_models())
+    client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    try:
+        for name in ("€" * 3000, "\x01" * 5000, "a" * 5000):
+            with pytest.raises(InferenceServerException) as caught:
+                client.get_model_metadata(name)
+            assert caught.value.status() == "StatusCode.NOT_FOUND", caught.value
+            assert "Request for unknown model" in caught.value.message()
+        assert client.is_model_ready("probe")  # the server serves on
+    finally:
+        client.close()

@@ -284,6 +284,31 @@ def test_a_client_cannot_break_or_forge_access_lines(
     assert "model=x\\x1b[31mred" in lines[2] and "model=probe\\nforged" in lines[3]
 
 
+@pytest.mark.slow
+def test_a_huge_model_name_writes_a_bounded_access_line(
+    live_server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gRPC model name of a million control characters (a message may hold megabytes) is one
+    access line of a few KiB, not four megabytes escaped in each log file."""
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    server = live_server(models=probe_models())
+    client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    tensor = triton_grpc.InferInput("x", [1], "FP32")
+    tensor.set_data_from_numpy(np.zeros(1, np.float32))
+    with pytest.raises(Exception, match="unknown model"):
+        client.infer("\x01" * 1_000_000, [tensor])
+    client.close()
+    server.recorded()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert len(line) < 8 * 1024 and line.isprintable()
+    assert "model=\\x01\\x01" in line and "...(998976 more characters) version=" in line
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_full_disk_log_file_leaves_the_writer_and_the_exit_alone(
     root_logging: logging.Logger, tmp_path
