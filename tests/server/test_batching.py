@@ -10,7 +10,13 @@ import asyncio
 
 import pytest
 
-from torchbay.server.errors import QueueFull, RequestTimeout, ShuttingDown
+from torchbay.server.errors import (
+    Overloaded,
+    QueueFull,
+    RequestTimeout,
+    ShuttingDown,
+    TorchbayError,
+)
 from torchbay.server.serving.queue import BatchQueue, Pending, clock
 
 
@@ -226,3 +232,64 @@ def test_live_reconfigure_changes_batch_size():
         return len(await asyncio.wait_for(taker, 5))
 
     assert run(scenario()) == 2
+
+
+def test_a_batch_never_waits_to_fill_past_a_requests_deadline():
+    """A 60 s batch window and a request with 1 s to live: the batch leaves with it in time
+    (half-way to its deadline), not at the window's end, where it was answered 504 unrun."""
+
+    async def scenario() -> tuple[list[object], bool]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=8, max_delay_s=60, capacity=10)
+        item = _item(loop, "soon", deadline=clock() + 1.0)
+        q.put(item)
+        batch = await asyncio.wait_for(q.take(), 30)
+        return [p.payload for p in batch], item.future.done()
+
+    assert run(scenario()) == (["soon"], False)
+
+
+@pytest.mark.parametrize("bound", ["deadline", "max_wait_s"])
+def test_a_queued_request_is_answered_at_its_bound_while_no_worker_takes(bound):
+    """Every worker busy (no ``take``): a request whose deadline (or queue-time bound) passes
+    is answered then (504 / 503), not when a worker next takes; it never runs."""
+
+    async def scenario() -> tuple[BaseException | None, list[object]]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=4, max_delay_s=0, capacity=10)
+        if bound == "max_wait_s":
+            q.max_wait_s = 0.05
+        late = _item(loop, "late", deadline=clock() + 0.05 if bound == "deadline" else None)
+        q.put(late)
+        with pytest.raises(TorchbayError) as info:
+            await asyncio.wait_for(late.future, 30)
+        q.put(_item(loop, "next"))
+        return info.value, [p.payload for p in await q.take()]
+
+    error, batch = run(scenario())
+    assert batch == ["next"]
+    if bound == "deadline":
+        assert isinstance(error, RequestTimeout) and error.status == 504
+    else:
+        assert isinstance(error, Overloaded) and error.status == 503
+
+
+def test_thousands_of_deadlines_are_each_answered_once():
+    """5000 queued requests, deadlines spread over 50 ms, no worker: each is answered 504
+    once, and a taker after them gets only the live one."""
+
+    async def scenario() -> tuple[int, list[object]]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=8, max_delay_s=0, capacity=6000)
+        now = clock()
+        doomed = [_item(loop, i, deadline=now + (i % 50) / 1000) for i in range(5000)]
+        for item in doomed:
+            q.put(item)
+        await asyncio.wait_for(
+            asyncio.gather(*(i.future for i in doomed), return_exceptions=True), 30
+        )
+        q.put(_item(loop, "live"))
+        timeouts = sum(isinstance(i.future.exception(), RequestTimeout) for i in doomed)
+        return timeouts, [p.payload for p in await q.take()]
+
+    assert run(scenario()) == (5000, ["live"])

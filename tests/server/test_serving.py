@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import batch_running, probe_models
+from .conftest import batch_running, probe_models, until
 
 pytestmark = pytest.mark.slow
 
@@ -178,6 +178,31 @@ def test_request_past_its_deadline_is_answered_and_never_run(live_server):
     assert [r.status_code for r in responses] == [200, 504]
     ran = httpx.post(url, json={"ran": True}).json()["ran"]
     assert "first" in ran and "late" not in ran
+
+
+def test_a_queued_request_is_answered_at_its_deadline_while_the_worker_is_busy(
+    live_server, tmp_path
+):
+    """The one worker holds a batch until its gate opens; a request queued behind it with
+    ``clientTimeoutInMills`` is answered 504 at its deadline, while the worker is still busy
+    (it was answered only once the worker was free: up to ``response_timeout`` late), and
+    never runs."""
+    server = live_server(models=probe_models(clientTimeoutInMills=300, batchSize=1))
+    url = f"{server.url}/predictions/probe"
+    gate = tmp_path / "open"
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            held = asyncio.ensure_future(client.post(url, json={"until": str(gate)}))
+            await asyncio.to_thread(until, lambda: batch_running(server, "probe"), "held runs")
+            late = await client.post(url, json={"echo": "late"}, timeout=20)
+            gate.touch()
+            return await held, late
+
+    held, late = asyncio.run(scenario())
+    assert (held.status_code, late.status_code) == (200, 504)
+    assert late.json()["type"] == "RequestTimeout"
+    assert "late" not in httpx.post(url, json={"ran": True}, timeout=60).json()["ran"]
 
 
 def test_not_found_and_too_large(live_server):
