@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from torchbay.server.config.model_keys import split_model_keys
 from torchbay.server.config.model_settings import ModelConfig
-from torchbay.server.errors import BadRequest, QueueFull
+from torchbay.server.errors import BadRequest, QueueFull, RequestTimeout
 from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending, clock
@@ -104,6 +104,23 @@ def test_a_sequence_runs_one_request_at_a_time():
         return (await second)[0].payload == 2
 
     assert run(scenario())
+
+
+def test_a_request_waiting_for_its_sequence_is_answered_at_its_deadline():
+    """A sequence's second request waits while its first runs (no ``take`` looks at it): past
+    its deadline it is answered 504 then, not once the first is answered, and never runs."""
+
+    async def scenario() -> tuple[int, int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", 1, start=True)
+        assert len(await q.take(slot)) == 1  # a's first request runs
+        second = Pending(2, asyncio.get_running_loop().create_future(), clock(), clock() + 0.05)
+        q.put(second, SequenceRef("a"))
+        with pytest.raises(RequestTimeout) as info:
+            await second.future  # the first is still running
+        return info.value.status, len(q)
+
+    assert run(scenario()) == (504, 0)
 
 
 def test_a_sequence_stays_on_its_slot_and_new_ones_go_to_the_least_loaded():
