@@ -42,8 +42,9 @@ from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
+from torchbay.server.serving.parts import NO_PARTS, Parts
 from torchbay.server.serving.priority import Schedule
-from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
+from torchbay.server.serving.queue import Pending, clock
 
 if TYPE_CHECKING:
     from torchbay.server.plane.cache import Lookup, ResponseCache

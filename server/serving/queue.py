@@ -21,10 +21,10 @@ Contract:
   order of place (level 1 first; one past its timeout under ``DELAY`` behind its level's live
   ones); each level's ``maxQueueSize`` is a 503 QueueFull. Without (``levels`` None) it appends.
 
-A streaming caller (``ModelVersion.stream``) gives its ``Pending`` a :class:`Parts` buffer. The
-request's future answers the caller's first await: the first part resolves it and is replaced
-by a fresh future for the final response, the later parts go to the buffer (serving/streams.py);
-a request that streams nothing has its future resolved once, with its response.
+A streaming caller (``ModelVersion.stream``) gives its ``Pending`` a ``Parts`` buffer
+(serving/parts.py). The request's future answers the caller's first await: the first part
+resolves it and is replaced by a fresh future for the final response, the later parts go to the
+buffer (serving/streams.py); a request that streams nothing has its future resolved once.
 
 Torch-free, and free of our worker and HTTP code: it only knows futures.
 """
@@ -37,10 +37,11 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from torchbay.server.errors import Overloaded, QueueFull, TorchbayError
 from torchbay.server.serving.deadlines import Deadlines, due, expiry, fill_by
+from torchbay.server.serving.parts import Parts
 from torchbay.server.serving.priority import Levels, settle
 
 T = TypeVar("T")
@@ -63,60 +64,6 @@ class Pending(Generic[T, R]):
     parts: Parts[R] | None = None  # a streaming caller's intermediate parts (None: not streaming)
     place: int = 0  # its place in a queue with levels: 2 * level (0-based), + 1 once delayed
     delay_at: float | None = None  # clock() after which it is delayed (timeoutAction DELAY)
-
-
-class Parts(Generic[R]):
-    """A streaming request's intermediate parts, in arrival order, for one reader. The first
-    part does not come here: it resolves the request's future (``started`` says it did, and the
-    ``Pending`` then holds a fresh future for the final response); the later ones do."""
-
-    def __init__(self) -> None:
-        self.items: collections.deque[tuple[R, int]] = collections.deque()
-        self.unread = 0  # bytes of the buffered parts (the sizes given to ``push``)
-        self.started = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def push(self, part: R, size: int = 0) -> None:
-        self.items.append((part, size))
-        self.unread += size
-        self._wake()
-
-    def pop(self) -> R:
-        part, size = self.items.popleft()
-        self.unread -= size
-        return part
-
-    def _wake(self, _: object = None) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def wait(self, future: asyncio.Future) -> None:
-        """Return once a part is buffered or ``future`` (the final response) is done."""
-        if self.items or future.done():
-            return
-        self._waiter = asyncio.get_running_loop().create_future()
-        future.add_done_callback(self._wake)
-        try:
-            await self._waiter
-        finally:
-            future.remove_done_callback(self._wake)
-            self._waiter = None
-
-
-class _NoParts:
-    """The rest of a request whose first answer was its final one: nothing (no generator)."""
-
-    def __aiter__(self) -> _NoParts:
-        return self
-
-    async def __anext__(self) -> Any:
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        pass
-
-
-NO_PARTS: Any = _NoParts()
 
 
 def resolve(future: asyncio.Future, result: object) -> None:
