@@ -98,6 +98,7 @@ class BatchQueue(Generic[T, R]):
         self._items: collections.deque[Pending[T, R]] = collections.deque()
         self._waker: asyncio.Future[None] | None = None
         self._wake_at = 1  # a put wakes the waiting take once this many are queued
+        self._until = math.inf  # when the waiting take's window ends (inf: none)
         self._take_lock = asyncio.Lock()
         self._arrivals = 0  # admitted so far (monotonic counter)
         # Arrivals observed while a batch waited, and for how long it waited (decayed sums).
@@ -144,9 +145,17 @@ class BatchQueue(Generic[T, R]):
         else:
             self._put_level(self.levels, item)
         self._arrivals += 1
-        self._deadlines.watch(item, due(item, self.max_wait_s))
+        self.watch(item)
         if len(self) >= self._wake_at:
             self._wake()
+
+    def watch(self, item: Pending[T, R]) -> None:
+        """Answer queued ``item`` at its deadline or queue-time bound should it still wait, and
+        end a filling batch in time for it; again when its deadline moved after ``put`` (the
+        plane sets a gRPC call's then)."""
+        self._deadlines.watch(item, due(item, self.max_wait_s))
+        if fill_by((item,), self.max_wait_s) < self._until:
+            self._wake()  # the waiting batch's window ends too late for it
 
     def put_refused(self) -> None:
         """Raise (and count) the full queue's 503."""
@@ -276,6 +285,7 @@ class BatchQueue(Generic[T, R]):
         waker = loop.create_future()
         self._waker = waker
         self._wake_at = wake_at
+        self._until = math.inf if seconds is None else clock() + seconds
         timer = loop.call_later(seconds, resolve, waker, None) if seconds is not None else None
         try:
             await waker
@@ -284,6 +294,7 @@ class BatchQueue(Generic[T, R]):
                 timer.cancel()
             self._waker = None
             self._wake_at = 1
+            self._until = math.inf
 
     def _expire(self, item: Pending[T, R], now: float) -> None:
         """``item``'s time came while it is queued (Deadlines): answered as at dispatch, left

@@ -139,9 +139,13 @@ class SequenceQueue(BatchQueue):
         self._of[item] = seq
         self._queued += 1
         self._arrivals += 1
-        if item.deadline is not None:  # answered then, should it still wait (deadlines.py)
-            self._deadlines.watch(item, item.deadline)
+        self.watch(item)
         self._wake_for(seq)
+
+    def watch(self, item: Pending) -> None:
+        """Answer queued ``item`` at its deadline should it still wait (deadlines.py)."""
+        if item.deadline is not None:
+            self._deadlines.watch(item, item.deadline)
 
     def _open(self, ref: SequenceRef) -> Sequence:
         ended = self._ended.get(ref.id)

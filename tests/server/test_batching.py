@@ -293,3 +293,27 @@ def test_thousands_of_deadlines_are_each_answered_once():
         return timeouts, [p.payload for p in await q.take()]
 
     assert run(scenario()) == (5000, ["live"])
+
+
+@pytest.mark.parametrize("given", ["at_put", "after_put"])
+def test_a_newcomer_with_a_deadline_ends_a_filling_batch_in_time(given):
+    """A batch waits (60 s window) for company; a request with 1 s to live joins it, its
+    deadline given at ``put`` (clientTimeoutInMills, a level's) or after it (the plane's
+    ``watch``: a gRPC call's). The batch leaves with both in time, not at the window's end."""
+
+    async def scenario() -> tuple[list[object], bool]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=8, max_delay_s=60, capacity=10)
+        q.put(_item(loop, "first"))
+        taker = asyncio.ensure_future(q.take())
+        await asyncio.sleep(0.05)
+        assert not taker.done()  # the first batch probes: it waits for company
+        soon = _item(loop, "soon", deadline=clock() + 1.0 if given == "at_put" else None)
+        q.put(soon)
+        if given == "after_put":
+            soon.deadline = clock() + 1.0
+            q.watch(soon)
+        batch = await asyncio.wait_for(taker, 30)
+        return [p.payload for p in batch], soon.future.done()
+
+    assert run(scenario()) == (["first", "soon"], False)
