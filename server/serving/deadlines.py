@@ -7,9 +7,10 @@ whose deadline passed was answered only then, seconds or minutes late.
 :class:`Deadlines` keeps a heap of ``(when, n, item)`` and one ``TimerHandle`` at its top: a
 request costs a heap push, however many are queued. Entries of requests that left the queue
 (dispatched, answered, cancelled) are dropped as they reach the top, and the heap is rebuilt
-once it holds more than twice the queue's requests, so it keeps no request's body for
-long after its dispatch. When the timer fires it hands each request whose time came, still
-queued, to the queue (``expire``), which answers it or, when its bound moved, watches it again.
+once it holds more than twice the live entries it kept at its last rebuild, so it keeps no
+request's body for long after its dispatch. When the timer fires it hands each request whose
+time came, still queued, to the queue (``expire``), which answers it or, when its bound moved,
+watches it again.
 
 Torch-free; it knows only the queue's ``Pending`` items and the event loop.
 """
@@ -21,7 +22,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from torchbay.server.errors import Overloaded, RequestTimeout, TorchbayError
@@ -78,10 +79,10 @@ def fill_by(items: Iterable[Any], max_wait_s: float) -> float:
 class Deadlines:
     """One timer over the times of a queue's requests (see the module docstring)."""
 
-    def __init__(self, queue: Sized, expire: Callable[[Any, float], None]) -> None:
-        self._queue = queue  # its length bounds the heap's
+    def __init__(self, expire: Callable[[Any, float], None]) -> None:
         self._expire = expire  # called with (item, now) for a queued item whose time came
         self._heap: list[tuple[float, int, Any]] = []
+        self._rebuild_past = _SLACK  # twice the live entries at the last rebuild, + _SLACK
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf  # when the timer fires (inf: not armed)
@@ -91,12 +92,19 @@ class Deadlines:
         still queued then."""
         if when == math.inf:
             return
-        heapq.heappush(self._heap, (when, next(self._order), item))
-        if len(self._heap) > 2 * len(self._queue) + _SLACK:
+        heap = self._heap
+        heapq.heappush(heap, (when, next(self._order), item))
+        if len(heap) > self._rebuild_past:
             self._rebuild()
-        self._prune()
-        if self._heap and self._heap[0][0] < self._at:
-            self._arm(self._heap[0][0])
+            heap = self._heap
+        top = heap[0]
+        if not queued(top[2]):
+            self._prune()
+            if not heap:
+                return
+            top = heap[0]
+        if top[0] < self._at:
+            self._arm(top[0])
 
     def stop(self) -> None:
         """Forget every time and cancel the timer (the queue closed)."""
@@ -106,6 +114,7 @@ class Deadlines:
     def _rebuild(self) -> None:
         self._heap = [entry for entry in self._heap if queued(entry[2])]
         heapq.heapify(self._heap)
+        self._rebuild_past = 2 * len(self._heap) + _SLACK
 
     def _prune(self) -> None:
         heap = self._heap

@@ -113,7 +113,7 @@ class BatchQueue(Generic[T, R]):
         self.full = 0  # requests refused because the queue was full
         self.levels = levels  # priority levels / queue policies (None: one plain level)
         # Answers a queued request at its deadline or queue-time bound while no worker looks.
-        self._deadlines = Deadlines(self, self._expire)
+        self._deadlines = Deadlines(self._expire)
         self._dead = 0  # queued requests answered by it, taken out by the next take
 
     def __len__(self) -> int:
@@ -138,23 +138,28 @@ class BatchQueue(Generic[T, R]):
     def put(self, item: Pending[T, R]) -> None:
         if self._closed is not None:
             raise self._closed
-        if len(self) >= self.capacity:
+        queued = len(self._items) - self._dead
+        if queued >= self.capacity:
             self.put_refused()
         if self.levels is None:
             self._items.append(item)
         else:
             self._put_level(self.levels, item)
         self._arrivals += 1
-        self.watch(item)
-        if len(self) >= self._wake_at:
+        if item.deadline is not None or self.max_wait_s > 0:
+            self.watch(item)
+        if queued + 1 >= self._wake_at:
             self._wake()
 
     def watch(self, item: Pending[T, R]) -> None:
         """Answer queued ``item`` at its deadline or queue-time bound should it still wait, and
         end a filling batch in time for it; again when its deadline moved after ``put`` (the
         plane sets a gRPC call's then)."""
-        self._deadlines.watch(item, due(item, self.max_wait_s))
-        if fill_by((item,), self.max_wait_s) < self._until:
+        when = due(item, self.max_wait_s)
+        if when == math.inf:
+            return  # nothing to watch (no deadline, no queue-time bound)
+        self._deadlines.watch(item, when)
+        if self._until < math.inf and fill_by((item,), self.max_wait_s) < self._until:
             self._wake()  # the waiting batch's window ends too late for it
 
     def put_refused(self) -> None:

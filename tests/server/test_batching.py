@@ -7,6 +7,8 @@ leaves when full costs none of its window."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -317,3 +319,30 @@ def test_a_newcomer_with_a_deadline_ends_a_filling_batch_in_time(given):
         return [p.payload for p in batch], soon.future.done()
 
     assert run(scenario()) == (["first", "soon"], False)
+
+
+def test_the_deadline_timer_keeps_no_dispatched_request():
+    """100 requests with deadlines an hour away run; newcomers with earlier deadlines follow.
+    The timer's heap lets the dispatched ones go (their bodies are freed), though they never
+    reached its top."""
+
+    class Body:
+        pass
+
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=100, max_delay_s=0, capacity=1000)
+        bodies = [Body() for _ in range(100)]
+        refs = [weakref.ref(body) for body in bodies]
+        for body in bodies:
+            q.put(_item(loop, body, deadline=clock() + 3600))
+        del bodies, body
+        for done in await q.take():
+            done.future.set_result(None)
+        del done
+        for i in range(200):
+            q.put(_item(loop, i, deadline=clock() + 1800))
+        gc.collect()
+        return sum(ref() is not None for ref in refs)
+
+    assert run(scenario()) == 0
