@@ -303,3 +303,24 @@ def test_triton_s_sequence_batching_section_makes_a_sequence_model() -> None:
         {"sequenceMaxIdleMSec": 10, "sequence_batching": {}}, where="x", backend_params=True
     )
     assert ModelConfig.model_validate(fields).sequence_max_idle_ms == 10
+
+
+@pytest.mark.parametrize(("idle_us", "idle_ms"), [(0, 1000), ("5000000", 5000), (500, 1)])
+def test_triton_s_idle_limit_zero_is_its_default_of_a_second(idle_us: object, idle_ms: int):
+    """model_config.proto: ``max_sequence_idle_microseconds`` "not specified (or specified as
+    zero)" is 1 s (0 was read as a 1 ms limit, closing every sequence between two requests); a
+    uint64 that protobuf's JSON wrote as a string counts in microseconds too (it was read as
+    milliseconds)."""
+    section = {"max_sequence_idle_microseconds": idle_us}
+    fields, _, _ = split_model_keys({"sequence_batching": section}, where="x", backend_params=True)
+    assert ModelConfig.model_validate(fields).sequence_max_idle_ms == idle_ms
+
+
+@pytest.mark.parametrize("idle_us", [float("inf"), float("nan"), -5, 1e308])
+def test_triton_s_idle_limit_out_of_range_is_the_settings_error(idle_us: float):
+    """YAML's ``.inf`` / ``.nan`` raised OverflowError / ValueError here (a registration's 500);
+    now ModelConfig refuses them, naming the setting (a 400)."""
+    section = {"max_sequence_idle_microseconds": idle_us}
+    fields, _, _ = split_model_keys({"sequence_batching": section}, where="x", backend_params=True)
+    with pytest.raises(ValidationError, match="sequence_max_idle_ms"):
+        ModelConfig.model_validate(fields)
