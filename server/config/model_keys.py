@@ -5,6 +5,7 @@ are the handler's, and which TorchServe keys torchbay reads and ignores; Triton'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,7 +65,19 @@ def _triton_sequences(section: Any, fields: dict[str, Any]) -> None:
         return
     fields.setdefault("sequence_mode", True)
     fields.setdefault("sequence_strategy", "direct" if "direct" in section else "oldest")
-    idle_us = section.get("max_sequence_idle_microseconds", 1_000_000)
-    if isinstance(idle_us, int | float) and not isinstance(idle_us, bool):
-        idle_us = max(int(idle_us) // 1000, 1)  # a sub-millisecond limit is the shortest one
-    fields.setdefault("sequence_max_idle_ms", idle_us)  # anything else: ModelConfig's 400
+    idle_us = section.get("max_sequence_idle_microseconds", 0)
+    fields.setdefault("sequence_max_idle_ms", _idle_ms(idle_us))
+
+
+def _idle_ms(idle_us: Any) -> Any:
+    """Triton's ``max_sequence_idle_microseconds`` (a uint64: protobuf's JSON writes it as a
+    string of digits) in milliseconds: 0 is Triton's default, 1 s; a sub-millisecond limit is
+    the shortest one. Anything else (negative, not finite, not a number) is passed on as it
+    is, for ModelConfig's 400 naming the setting."""
+    if isinstance(idle_us, str) and idle_us.strip().isdecimal():
+        idle_us = int(idle_us)
+    if isinstance(idle_us, bool) or not isinstance(idle_us, int | float):
+        return idle_us
+    if not math.isfinite(idle_us) or idle_us < 0:
+        return idle_us
+    return max(int(idle_us or 1_000_000) // 1000, 1)

@@ -42,8 +42,9 @@ from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
+from torchbay.server.serving.parts import NO_PARTS, Parts
 from torchbay.server.serving.priority import Schedule
-from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
+from torchbay.server.serving.queue import Pending, clock
 
 if TYPE_CHECKING:
     from torchbay.server.plane.cache import Lookup, ResponseCache
@@ -136,8 +137,9 @@ class Exchange:
             item.future.add_done_callback(self._responded)
         if lookup is not None:
             item.future.add_done_callback(_offer(lookup))
-        with_deadline(item, deadline_s)
-        self._bound(item)
+        if deadline_s is not None:  # still queued at it: answered then (serving/deadlines.py)
+            with_deadline(item, deadline_s)
+            self.model.queue.watch(item)
         return item
 
     def _max_size(self) -> int:
@@ -153,13 +155,6 @@ class Exchange:
             with contextlib.suppress(BadRequest):
                 self.level = levels.level_of(schedule.priority)
         return schedule
-
-    def _bound(self, item: Item) -> None:
-        """With ``max_loaded_models``, a request queued while its version loads is answered 504
-        at its deadline (``serving/multiplex.py``): no worker reads the clock meanwhile."""
-        multiplexer = self.wiring.registry.multiplexer
-        if multiplexer is not None and self.model is not None:
-            multiplexer.bound(self.model, item)
 
     def _lookup(self, wire: p.WireRequest) -> Lookup | None:
         """The cache's look-up of ``wire`` (None: no cache, or not to be cached)."""
@@ -198,7 +193,6 @@ class Exchange:
                 if self.trace is not None:
                     item.future.add_done_callback(self._responded)
                 mv.inflight += 1  # as a reader's: ``finish`` takes it back
-                self._bound(item)
         except TorchbayError:
             for item in self.items:
                 item.future.cancel()

@@ -108,6 +108,7 @@ class WorkerProcess:
         self._pending: dict[int, asyncio.Future[p.Result]] = {}
         self._on_part: dict[int, PartFn] = {}
         self._parts_seen = 0  # Part frames received (a streaming batch's progress)
+        self._part_at = 0.0  # time.monotonic() of the last one
         self._tasks: set[asyncio.Task] = set()
         self.exited: asyncio.Future[int] | None = None
 
@@ -316,6 +317,7 @@ class WorkerProcess:
 
     def _part(self, part: p.Part) -> None:
         self._parts_seen += 1
+        self._part_at = time.monotonic()
         on_part = self._on_part.get(part.batch_id)
         if on_part is not None:
             on_part(part)
@@ -334,26 +336,28 @@ class WorkerProcess:
 
 class _FrameWatchdog:
     """``response_timeout`` for one batch: fails ``future`` with TimeoutError once ``timeout``
-    passes without a frame from the worker (each Part starts the clock again). One timer, so the
-    dispatcher awaits the Result's future itself and runs the next batch one loop turn after the
-    Result arrives (``wait_for(shield(...))`` took three turns, each behind every ready callback:
-    the worker sat idle that long between batches)."""
+    passes without a frame from the worker (each Part starts the clock again: when the timer
+    fires after parts came, it waits again from the last one, so a stream that stalls fails
+    ``timeout`` after its last part, never up to twice that). One timer, so the dispatcher
+    awaits the Result's future itself and runs the next batch one loop turn after the Result
+    arrives (``wait_for(shield(...))`` took three turns, each behind every ready callback: the
+    worker sat idle that long between batches)."""
 
     __slots__ = ("_future", "_handle", "_seen", "_timeout", "_worker")
 
     def __init__(self, worker: WorkerProcess, future: asyncio.Future, timeout: float) -> None:
         self._worker, self._future, self._timeout = worker, future, timeout
-        self._arm()
+        self._arm(timeout)
 
-    def _arm(self) -> None:
+    def _arm(self, delay: float) -> None:
         self._seen = self._worker._parts_seen
-        self._handle = asyncio.get_running_loop().call_later(self._timeout, self._fire)
+        self._handle = asyncio.get_running_loop().call_later(delay, self._fire)
 
     def _fire(self) -> None:
         if self._future.done():
             return
-        if self._worker._parts_seen != self._seen:
-            self._arm()  # a part came: the worker is alive and streaming
+        if self._worker._parts_seen != self._seen:  # a part came: the worker is alive, streaming
+            self._arm(max(0.0, self._worker._part_at + self._timeout - time.monotonic()))
         else:
             self._future.set_exception(asyncio.TimeoutError())
 

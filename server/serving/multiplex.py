@@ -15,10 +15,11 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
   multi-model contract, whose platform then unloads models and tries again.
 * A request that finds no worker (``admission.refuse``) calls ``ModelVersion.demand``: the
   first starts the load, the others share it; all are queued meanwhile, each bounded by its
-  deadline (``clientTimeoutInMills`` or the caller's: :meth:`Multiplexer.bound` answers 504 at
-  the deadline, and the load still completes). A load that fails answers every queued request
-  with the load error (500 ``model_load_failed``); the next request tries again. A load undone
-  as it runs (scaled to zero: its starting worker is stopped) leaves the queued to load it again.
+  deadline (``clientTimeoutInMills`` or the caller's: the queue's timer, serving/deadlines.py,
+  answers 504 at the deadline, and the load still completes). A load that fails answers every
+  queued request with the load error (500 ``model_load_failed``); the next request tries
+  again. A load undone as it runs (scaled to zero: its starting worker is stopped) leaves the
+  queued to load it again.
 * To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
   is idle (nothing queued, no reader in flight, not loading nor registering) and not ``pinned``
   is unloaded. It is idle, so unloading drains nothing; a request that arrives meanwhile is
@@ -41,8 +42,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchbay.server.errors import InsufficientStorage, NoWorker, RequestTimeout, TorchbayError
-from torchbay.server.serving.queue import Pending, clock, reject
+from torchbay.server.errors import InsufficientStorage, NoWorker, TorchbayError
+from torchbay.server.serving.queue import clock, reject
 
 if TYPE_CHECKING:
     from torchbay.server.serving.model import ModelVersion
@@ -214,16 +215,6 @@ class Multiplexer:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def bound(self, mv: ModelVersion, item: Pending[Any, Any]) -> None:
-        """A request just queued (its deadline final) to a version without a ready worker: no
-        worker looks at its deadline while the version loads, so a timer answers it 504 then
-        (taken out of the queue, never run); the load goes on for the others."""
-        if item.deadline is None or any(slot.ready for slot in mv.slots):
-            return
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(max(0.0, item.deadline - clock()), _expire, mv, item)
-        item.future.add_done_callback(lambda _: timer.cancel())
-
     def describe(self, mv: ModelVersion) -> dict[str, Any]:
         """Describe's facts of one version: loaded or not, its loads and evictions, and when
         a request was last admitted (ISO 8601, UTC)."""
@@ -235,12 +226,6 @@ class Multiplexer:
             "evictions": residency.evictions,
             "lastUsed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last)),
         }
-
-
-def _expire(mv: ModelVersion, item: Pending[Any, Any]) -> None:
-    if item.dispatched is None and not item.future.done():
-        mv.queue.discard(item)
-        reject(item.future, RequestTimeout("The request waited past its deadline; not run"))
 
 
 def _answer_queued(mv: ModelVersion, exc: TorchbayError) -> None:

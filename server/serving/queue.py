@@ -5,28 +5,26 @@ Contract:
 * ``put`` admits a request or raises :class:`QueueFull` at once; it never waits.
 * ``take`` is called by a dispatcher whose worker is free. It returns up to ``batch_size`` requests,
   in arrival order. A full batch leaves at once. Otherwise the batch may wait for more requests,
-  but never past ``max_delay`` after the OLDEST queued request arrived, and only while waiting can
-  plausibly fill it: the queue measures how many requests actually arrive while it waits
-  (closed-loop clients send nothing while their request is queued, so waiting for them only
-  adds latency), and waits only when that rate predicts at least one more request before the
-  deadline. Every
-  ``probe_interval`` seconds it waits once anyway to refresh the estimate.
+  but never past ``max_delay`` after the OLDEST queued request arrived, nor past half-way to a
+  waiting request's deadline or queue-time bound, and only while waiting can plausibly fill it:
+  the queue measures how many requests arrive while it waits (closed-loop clients send nothing
+  while their request is queued), and waits only when that rate predicts one more request
+  before the window ends. Every ``probe_interval`` seconds it waits once anyway.
 * A request whose caller left is taken out at once (``discard``: its reader's ``finish``); any
-  other whose future is done is dropped before dispatch; requests past their
-  deadline are answered with :class:`RequestTimeout` and never run; requests queued longer than
-  ``max_wait_s`` (the model's ``max_queue_delay_ms``, 0: off; see admission.py) are answered
-  503 :class:`Overloaded` and never run, and a batch never waits to fill past that bound.
+  other whose future is done is dropped before dispatch. A request still queued at its deadline
+  is answered :class:`RequestTimeout` (504), and one queued ``max_wait_s`` (the model's
+  ``max_queue_delay_ms``, 0: off; see admission.py) :class:`Overloaded` (503), then, even while
+  every worker is busy (serving/deadlines.py's timer), and never runs.
 * ``take`` pops requests only at its very end, synchronously, so cancelling a waiting ``take``
   loses nothing; ``_pop`` is the one place requests leave the queue for a worker.
 * With priority levels or a queue policy (serving/priority.py: ``levels``), the deque is kept in
-  order of place (level 1 first; a request past its timeout under ``DELAY`` behind its level's
-  live ones), so a batch takes the highest level first; each level's ``maxQueueSize`` is a 503
-  QueueFull. Without them (``levels`` None) the queue appends and pops exactly as it always did.
+  order of place (level 1 first; one past its timeout under ``DELAY`` behind its level's live
+  ones); each level's ``maxQueueSize`` is a 503 QueueFull. Without (``levels`` None) it appends.
 
-A streaming caller (``ModelVersion.stream``) gives its ``Pending`` a :class:`Parts` buffer. The
-request's future answers the caller's first await: the first part resolves it and is replaced
-by a fresh future for the final response, the later parts go to the buffer (serving/streams.py);
-a request that streams nothing has its future resolved once, with its response.
+A streaming caller (``ModelVersion.stream``) gives its ``Pending`` a ``Parts`` buffer
+(serving/parts.py). The request's future answers the caller's first await: the first part
+resolves it and is replaced by a fresh future for the final response, the later parts go to the
+buffer (serving/streams.py); a request that streams nothing has its future resolved once.
 
 Torch-free, and free of our worker and HTTP code: it only knows futures.
 """
@@ -35,12 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from torchbay.server.errors import Overloaded, QueueFull, RequestTimeout, TorchbayError
+from torchbay.server.errors import Overloaded, QueueFull, TorchbayError
+from torchbay.server.serving.deadlines import Deadlines, due, expiry, fill_by
+from torchbay.server.serving.parts import Parts
 from torchbay.server.serving.priority import Levels, settle
 
 T = TypeVar("T")
@@ -63,60 +64,6 @@ class Pending(Generic[T, R]):
     parts: Parts[R] | None = None  # a streaming caller's intermediate parts (None: not streaming)
     place: int = 0  # its place in a queue with levels: 2 * level (0-based), + 1 once delayed
     delay_at: float | None = None  # clock() after which it is delayed (timeoutAction DELAY)
-
-
-class Parts(Generic[R]):
-    """A streaming request's intermediate parts, in arrival order, for one reader. The first
-    part does not come here: it resolves the request's future (``started`` says it did, and the
-    ``Pending`` then holds a fresh future for the final response); the later ones do."""
-
-    def __init__(self) -> None:
-        self.items: collections.deque[tuple[R, int]] = collections.deque()
-        self.unread = 0  # bytes of the buffered parts (the sizes given to ``push``)
-        self.started = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def push(self, part: R, size: int = 0) -> None:
-        self.items.append((part, size))
-        self.unread += size
-        self._wake()
-
-    def pop(self) -> R:
-        part, size = self.items.popleft()
-        self.unread -= size
-        return part
-
-    def _wake(self, _: object = None) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def wait(self, future: asyncio.Future) -> None:
-        """Return once a part is buffered or ``future`` (the final response) is done."""
-        if self.items or future.done():
-            return
-        self._waiter = asyncio.get_running_loop().create_future()
-        future.add_done_callback(self._wake)
-        try:
-            await self._waiter
-        finally:
-            future.remove_done_callback(self._wake)
-            self._waiter = None
-
-
-class _NoParts:
-    """The rest of a request whose first answer was its final one: nothing (no generator)."""
-
-    def __aiter__(self) -> _NoParts:
-        return self
-
-    async def __anext__(self) -> Any:
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        pass
-
-
-NO_PARTS: Any = _NoParts()
 
 
 def resolve(future: asyncio.Future, result: object) -> None:
@@ -151,6 +98,7 @@ class BatchQueue(Generic[T, R]):
         self._items: collections.deque[Pending[T, R]] = collections.deque()
         self._waker: asyncio.Future[None] | None = None
         self._wake_at = 1  # a put wakes the waiting take once this many are queued
+        self._until = math.inf  # when the waiting take's window ends (inf: none)
         self._take_lock = asyncio.Lock()
         self._arrivals = 0  # admitted so far (monotonic counter)
         # Arrivals observed while a batch waited, and for how long it waited (decayed sums).
@@ -164,13 +112,16 @@ class BatchQueue(Generic[T, R]):
         self.expired = 0  # requests answered 503 for waiting past max_wait_s
         self.full = 0  # requests refused because the queue was full
         self.levels = levels  # priority levels / queue policies (None: one plain level)
+        # Answers a queued request at its deadline or queue-time bound while no worker looks.
+        self._deadlines = Deadlines(self._expire)
+        self._dead = 0  # queued requests answered by it, taken out by the next take
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) - self._dead
 
     @property
     def remaining_capacity(self) -> int:
-        return max(0, self.capacity - len(self._items))
+        return max(0, self.capacity - len(self))
 
     def configure(self, *, batch_size: int | None = None, max_delay_s: float | None = None) -> None:
         """Change batching live (management API); takes effect at the next ``take``."""
@@ -187,15 +138,29 @@ class BatchQueue(Generic[T, R]):
     def put(self, item: Pending[T, R]) -> None:
         if self._closed is not None:
             raise self._closed
-        if len(self._items) >= self.capacity:
+        queued = len(self._items) - self._dead
+        if queued >= self.capacity:
             self.put_refused()
         if self.levels is None:
             self._items.append(item)
         else:
             self._put_level(self.levels, item)
         self._arrivals += 1
-        if len(self._items) >= self._wake_at:
+        if item.deadline is not None or self.max_wait_s > 0:
+            self.watch(item)
+        if queued + 1 >= self._wake_at:
             self._wake()
+
+    def watch(self, item: Pending[T, R]) -> None:
+        """Answer queued ``item`` at its deadline or queue-time bound should it still wait, and
+        end a filling batch in time for it; again when its deadline moved after ``put`` (the
+        plane sets a gRPC call's then)."""
+        when = due(item, self.max_wait_s)
+        if when == math.inf:
+            return  # nothing to watch (no deadline, no queue-time bound)
+        self._deadlines.watch(item, when)
+        if self._until < math.inf and fill_by((item,), self.max_wait_s) < self._until:
+            self._wake()  # the waiting batch's window ends too late for it
 
     def put_refused(self) -> None:
         """Raise (and count) the full queue's 503."""
@@ -230,6 +195,8 @@ class BatchQueue(Generic[T, R]):
         else:
             for item in reversed(items):
                 self._items.insert(self.levels.front_of(item.place), item)
+        for item in items:
+            self._deadlines.watch(item, due(item, self.max_wait_s))
         self._wake()
 
     def discard(self, item: Pending[T, R]) -> bool:
@@ -250,6 +217,8 @@ class BatchQueue(Generic[T, R]):
         self._closed = exc
         drained = list(self._items)
         self._items.clear()
+        self._dead = 0
+        self._deadlines.stop()
         if self.levels is not None:
             self.levels.recount(())
         self._wake()
@@ -284,9 +253,9 @@ class BatchQueue(Generic[T, R]):
                 continue
             if n >= self.batch_size:
                 return self._pop(self.batch_size, now)
-            window_end = self._items[0].arrival + self.max_delay_s
-            if self.max_wait_s > 0:  # filling a batch may use half the queue-time bound
-                window_end = min(window_end, self._items[0].arrival + self.max_wait_s / 2)
+            window_end = min(
+                self._items[0].arrival + self.max_delay_s, fill_by(self._items, self.max_wait_s)
+            )
             remaining = window_end - now
             if remaining <= 0 or not self._worth_waiting(now, remaining):
                 return self._pop(n, now)
@@ -321,6 +290,7 @@ class BatchQueue(Generic[T, R]):
         waker = loop.create_future()
         self._waker = waker
         self._wake_at = wake_at
+        self._until = math.inf if seconds is None else clock() + seconds
         timer = loop.call_later(seconds, resolve, waker, None) if seconds is not None else None
         try:
             await waker
@@ -329,15 +299,37 @@ class BatchQueue(Generic[T, R]):
                 timer.cancel()
             self._waker = None
             self._wake_at = 1
+            self._until = math.inf
+
+    def _expire(self, item: Pending[T, R], now: float) -> None:
+        """``item``'s time came while it is queued (Deadlines): answered as at dispatch, left
+        uncounted for the next ``take`` to take out (at once past half, or with levels)."""
+        error = self._expiry_of(item, now)
+        if error is None:  # its bound moved (max_queue_delay_ms changed)
+            self._deadlines.watch(item, due(item, self.max_wait_s))
+            return
+        reject(item.future, error)
+        self._dead += 1
+        if self.levels is not None or self._dead * 2 > len(self._items):
+            self._drop_dead(now)
+
+    def _expiry_of(self, p: Pending[T, R], now: float) -> TorchbayError | None:
+        """The answer of a request that must not run any more at ``now`` (None: it may)."""
+        error = expiry(p, now, self.max_wait_s, self.retry_after)
+        if isinstance(error, Overloaded):
+            self.expired += 1
+        return error
 
     def _drop_dead(self, now: float) -> None:
         items = self._items
         if not items:
             return
-        oldest = now - self.max_wait_s if self.max_wait_s > 0 else float("-inf")
+        bound = self.max_wait_s if self.max_wait_s > 0 else math.inf
         levels = self.levels
         if all(
-            not p.future.done() and (p.deadline is None or p.deadline > now) and p.arrival > oldest
+            not p.future.done()
+            and (p.deadline is None or p.deadline > now)
+            and p.arrival + bound > now
             for p in items
         ):
             if levels is not None:
@@ -347,29 +339,14 @@ class BatchQueue(Generic[T, R]):
         for p in items:
             if p.future.done():
                 continue  # the caller left or was answered already
-            if p.deadline is not None and p.deadline <= now:
-                reject(
-                    p.future,
-                    RequestTimeout(
-                        "The request waited past its deadline; not run",
-                        oip_message="Request timeout expired",  # Triton's words
-                    ),
-                )
-                continue
-            if p.arrival <= oldest:
-                self.expired += 1
-                reject(
-                    p.future,
-                    Overloaded(
-                        f"The request waited past the model's queue-time bound of "
-                        f"{self.max_wait_s * 1000:g} ms; not run",
-                        headers={"retry-after": self.retry_after()},
-                    ),
-                )
+            error = self._expiry_of(p, now)
+            if error is not None:
+                reject(p.future, error)
                 continue
             alive.append(p)
         items.clear()
         items.extend(alive)
+        self._dead = 0
         if levels is not None:
             levels.recount(items)
             settle(items, levels, now)

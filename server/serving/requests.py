@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from torchbay.server.errors import TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse
+from torchbay.server.serving.parts import NO_PARTS, Parts
 from torchbay.server.serving.priority import NO_SCHEDULE, Schedule, level_of, place
-from torchbay.server.serving.queue import NO_PARTS, Parts, Pending, clock
+from torchbay.server.serving.queue import Pending, clock
 from torchbay.server.serving.streams import later_parts
 
 if TYPE_CHECKING:

@@ -139,7 +139,13 @@ class SequenceQueue(BatchQueue):
         self._of[item] = seq
         self._queued += 1
         self._arrivals += 1
+        self.watch(item)
         self._wake_for(seq)
+
+    def watch(self, item: Pending) -> None:
+        """Answer queued ``item`` at its deadline should it still wait (deadlines.py)."""
+        if item.deadline is not None:
+            self._deadlines.watch(item, item.deadline)
 
     def _open(self, ref: SequenceRef) -> Sequence:
         ended = self._ended.get(ref.id)
@@ -197,6 +203,7 @@ class SequenceQueue(BatchQueue):
             self._end(seq, "was closed: the model stopped serving", "worker", fail=False)
         self._of.clear()
         self._queued = 0
+        self._deadlines.stop()
         for waker in self._wakers.values():
             resolve(waker, None)
         return drained
@@ -305,8 +312,12 @@ class SequenceQueue(BatchQueue):
     def _drop_expired(self, seq: Sequence, now: float) -> None:
         for item in list(seq.items):
             if item.future.done() or (item.deadline is not None and item.deadline <= now):
-                reject(item.future, RequestTimeout("The request waited past its deadline; not run"))
-                self.discard(item)
+                self._expire(item, now)
+
+    def _expire(self, item: Pending, now: float) -> None:
+        """``item`` waited past its deadline (or its caller left): answered, taken out."""
+        reject(item.future, RequestTimeout("The request waited past its deadline; not run"))
+        self.discard(item)
 
     def _end(self, seq: Sequence, reason: str, why: str, idle: bool = False, fail: bool = True):
         """Close ``seq``; its queued requests (if any) are answered with the reason."""

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from torchbay.server.errors import HandlerFailed, SlowReader, TorchbayError
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.queue import Parts, Pending, reject
+from torchbay.server.serving.parts import Parts
+from torchbay.server.serving.queue import Pending, reject
 
 if TYPE_CHECKING:
     from torchbay.server.serving.handle import WorkerProcess

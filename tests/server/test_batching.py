@@ -7,10 +7,18 @@ leaves when full costs none of its window."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
-from torchbay.server.errors import QueueFull, RequestTimeout, ShuttingDown
+from torchbay.server.errors import (
+    Overloaded,
+    QueueFull,
+    RequestTimeout,
+    ShuttingDown,
+    TorchbayError,
+)
 from torchbay.server.serving.queue import BatchQueue, Pending, clock
 
 
@@ -226,3 +234,115 @@ def test_live_reconfigure_changes_batch_size():
         return len(await asyncio.wait_for(taker, 5))
 
     assert run(scenario()) == 2
+
+
+def test_a_batch_never_waits_to_fill_past_a_requests_deadline():
+    """A 60 s batch window and a request with 1 s to live: the batch leaves with it in time
+    (half-way to its deadline), not at the window's end, where it was answered 504 unrun."""
+
+    async def scenario() -> tuple[list[object], bool]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=8, max_delay_s=60, capacity=10)
+        item = _item(loop, "soon", deadline=clock() + 1.0)
+        q.put(item)
+        batch = await asyncio.wait_for(q.take(), 30)
+        return [p.payload for p in batch], item.future.done()
+
+    assert run(scenario()) == (["soon"], False)
+
+
+@pytest.mark.parametrize("bound", ["deadline", "max_wait_s"])
+def test_a_queued_request_is_answered_at_its_bound_while_no_worker_takes(bound):
+    """Every worker busy (no ``take``): a request whose deadline (or queue-time bound) passes
+    is answered then (504 / 503), not when a worker next takes; it never runs."""
+
+    async def scenario() -> tuple[BaseException | None, list[object]]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=4, max_delay_s=0, capacity=10)
+        if bound == "max_wait_s":
+            q.max_wait_s = 0.05
+        late = _item(loop, "late", deadline=clock() + 0.05 if bound == "deadline" else None)
+        q.put(late)
+        with pytest.raises(TorchbayError) as info:
+            await asyncio.wait_for(late.future, 30)
+        q.put(_item(loop, "next"))
+        return info.value, [p.payload for p in await q.take()]
+
+    error, batch = run(scenario())
+    assert batch == ["next"]
+    if bound == "deadline":
+        assert isinstance(error, RequestTimeout) and error.status == 504
+    else:
+        assert isinstance(error, Overloaded) and error.status == 503
+
+
+def test_thousands_of_deadlines_are_each_answered_once():
+    """5000 queued requests, deadlines spread over 50 ms, no worker: each is answered 504
+    once, and a taker after them gets only the live one."""
+
+    async def scenario() -> tuple[int, list[object]]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=8, max_delay_s=0, capacity=6000)
+        now = clock()
+        doomed = [_item(loop, i, deadline=now + (i % 50) / 1000) for i in range(5000)]
+        for item in doomed:
+            q.put(item)
+        await asyncio.wait_for(
+            asyncio.gather(*(i.future for i in doomed), return_exceptions=True), 30
+        )
+        q.put(_item(loop, "live"))
+        timeouts = sum(isinstance(i.future.exception(), RequestTimeout) for i in doomed)
+        return timeouts, [p.payload for p in await q.take()]
+
+    assert run(scenario()) == (5000, ["live"])
+
+
+@pytest.mark.parametrize("given", ["at_put", "after_put"])
+def test_a_newcomer_with_a_deadline_ends_a_filling_batch_in_time(given):
+    """A batch waits (60 s window) for company; a request with 1 s to live joins it, its
+    deadline given at ``put`` (clientTimeoutInMills, a level's) or after it (the plane's
+    ``watch``: a gRPC call's). The batch leaves with both in time, not at the window's end."""
+
+    async def scenario() -> tuple[list[object], bool]:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=8, max_delay_s=60, capacity=10)
+        q.put(_item(loop, "first"))
+        taker = asyncio.ensure_future(q.take())
+        await asyncio.sleep(0.05)
+        assert not taker.done()  # the first batch probes: it waits for company
+        soon = _item(loop, "soon", deadline=clock() + 1.0 if given == "at_put" else None)
+        q.put(soon)
+        if given == "after_put":
+            soon.deadline = clock() + 1.0
+            q.watch(soon)
+        batch = await asyncio.wait_for(taker, 30)
+        return [p.payload for p in batch], soon.future.done()
+
+    assert run(scenario()) == (["first", "soon"], False)
+
+
+def test_the_deadline_timer_keeps_no_dispatched_request():
+    """100 requests with deadlines an hour away run; newcomers with earlier deadlines follow.
+    The timer's heap lets the dispatched ones go (their bodies are freed), though they never
+    reached its top."""
+
+    class Body:
+        pass
+
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        q: BatchQueue = BatchQueue(batch_size=100, max_delay_s=0, capacity=1000)
+        bodies = [Body() for _ in range(100)]
+        refs = [weakref.ref(body) for body in bodies]
+        for body in bodies:
+            q.put(_item(loop, body, deadline=clock() + 3600))
+        del bodies, body
+        for done in await q.take():
+            done.future.set_result(None)
+        del done
+        for i in range(200):
+            q.put(_item(loop, i, deadline=clock() + 1800))
+        gc.collect()
+        return sum(ref() is not None for ref in refs)
+
+    assert run(scenario()) == 0

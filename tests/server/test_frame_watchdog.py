@@ -15,7 +15,7 @@ from torchbay.server.serving.queue import clock
 def test_parts_restart_the_clock_and_silence_fails_the_batch() -> None:
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
-        worker = SimpleNamespace(_parts_seen=0)
+        worker = SimpleNamespace(_parts_seen=0, _part_at=0.0)
         future = loop.create_future()
         started = clock()
         _FrameWatchdog(worker, future, 0.1)  # type: ignore[arg-type]
@@ -23,6 +23,7 @@ def test_parts_restart_the_clock_and_silence_fails_the_batch() -> None:
             await asyncio.sleep(0.07)
             assert not future.done()
             worker._parts_seen += 1
+            worker._part_at = clock()
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(future, 5)
         return clock() - started
@@ -34,13 +35,32 @@ def test_a_result_in_time_is_kept_and_the_timer_cancelled() -> None:
     async def scenario() -> object:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        watchdog = _FrameWatchdog(SimpleNamespace(_parts_seen=0), future, 0.05)  # type: ignore[arg-type]
+        watchdog = _FrameWatchdog(SimpleNamespace(_parts_seen=0, _part_at=0.0), future, 0.05)  # type: ignore[arg-type]
         future.set_result("result")
         watchdog.cancel()
         await asyncio.sleep(0.1)  # past the timeout: nothing fires
         return future.result()
 
     assert run(scenario()) == "result"
+
+
+def test_a_stream_that_stalls_fails_one_timeout_after_its_last_part() -> None:
+    """A part just after the batch began, then silence: the batch fails ``timeout`` (2 s)
+    after that part. The timer that fired at 2 s saw the part and waited a whole timeout
+    again, failing it at 4 s (twice the timeout); a second of slack either side."""
+
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        worker = SimpleNamespace(_parts_seen=0, _part_at=0.0)
+        future = loop.create_future()
+        _FrameWatchdog(worker, future, 2.0)  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        worker._parts_seen, worker._part_at = 1, clock()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(future, 30)
+        return clock() - worker._part_at
+
+    assert 1.9 <= run(scenario()) < 3.0
 
 
 def run(coro):

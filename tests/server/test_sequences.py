@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from torchbay.server.config.model_keys import split_model_keys
 from torchbay.server.config.model_settings import ModelConfig
-from torchbay.server.errors import BadRequest, QueueFull
+from torchbay.server.errors import BadRequest, QueueFull, RequestTimeout
 from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending, clock
@@ -104,6 +104,23 @@ def test_a_sequence_runs_one_request_at_a_time():
         return (await second)[0].payload == 2
 
     assert run(scenario())
+
+
+def test_a_request_waiting_for_its_sequence_is_answered_at_its_deadline():
+    """A sequence's second request waits while its first runs (no ``take`` looks at it): past
+    its deadline it is answered 504 then, not once the first is answered, and never runs."""
+
+    async def scenario() -> tuple[int, int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", 1, start=True)
+        assert len(await q.take(slot)) == 1  # a's first request runs
+        second = Pending(2, asyncio.get_running_loop().create_future(), clock(), clock() + 0.05)
+        q.put(second, SequenceRef("a"))
+        with pytest.raises(RequestTimeout) as info:
+            await second.future  # the first is still running
+        return info.value.status, len(q)
+
+    assert run(scenario()) == (504, 0)
 
 
 def test_a_sequence_stays_on_its_slot_and_new_ones_go_to_the_least_loaded():
@@ -286,3 +303,24 @@ def test_triton_s_sequence_batching_section_makes_a_sequence_model() -> None:
         {"sequenceMaxIdleMSec": 10, "sequence_batching": {}}, where="x", backend_params=True
     )
     assert ModelConfig.model_validate(fields).sequence_max_idle_ms == 10
+
+
+@pytest.mark.parametrize(("idle_us", "idle_ms"), [(0, 1000), ("5000000", 5000), (500, 1)])
+def test_triton_s_idle_limit_zero_is_its_default_of_a_second(idle_us: object, idle_ms: int):
+    """model_config.proto: ``max_sequence_idle_microseconds`` "not specified (or specified as
+    zero)" is 1 s (0 was read as a 1 ms limit, closing every sequence between two requests); a
+    uint64 that protobuf's JSON wrote as a string counts in microseconds too (it was read as
+    milliseconds)."""
+    section = {"max_sequence_idle_microseconds": idle_us}
+    fields, _, _ = split_model_keys({"sequence_batching": section}, where="x", backend_params=True)
+    assert ModelConfig.model_validate(fields).sequence_max_idle_ms == idle_ms
+
+
+@pytest.mark.parametrize("idle_us", [float("inf"), float("nan"), -5, 1e308])
+def test_triton_s_idle_limit_out_of_range_is_the_settings_error(idle_us: float):
+    """YAML's ``.inf`` / ``.nan`` raised OverflowError / ValueError here (a registration's 500);
+    now ModelConfig refuses them, naming the setting (a 400)."""
+    section = {"max_sequence_idle_microseconds": idle_us}
+    fields, _, _ = split_model_keys({"sequence_batching": section}, where="x", backend_params=True)
+    with pytest.raises(ValidationError, match="sequence_max_idle_ms"):
+        ModelConfig.model_validate(fields)

@@ -387,3 +387,19 @@ def test_without_an_idle_limit_id_less_requests_do_not_hold_every_place(
         assert [r.status_code for r in named] == [200] * 3, named[-1].text
         again = {SEQ_HEADER: named[0].headers[SEQ_HEADER]}  # reopens on its worker
         assert httpx.post(url, json={}, headers=again, timeout=60).status_code == 200
+
+
+def test_an_archive_whose_triton_idle_limit_is_infinite_is_refused_400(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """A model-config.yaml with ``max_sequence_idle_microseconds: .inf`` (or ``.nan``): its
+    registration was a 500 (OverflowError, a traceback in the log); now a 400 naming it."""
+    config = tmp_path / "model-config.yaml"
+    config.write_text("sequence_batching:\n  max_sequence_idle_microseconds: .inf\n")
+    store = build_store(
+        tmp_path_factory, "idle-inf", {"probe": str(ASSETS / "probe_handler.py")}, {"probe": config}
+    )
+    with running(store, enable_model_api=True) as live:
+        r = httpx.post(f"{live.management_url}/models", params={"url": "probe.mar"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "sequence_max_idle_ms" in r.json()["message"]

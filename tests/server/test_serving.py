@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import batch_running, probe_models
+from .conftest import batch_running, probe_models, until
 
 pytestmark = pytest.mark.slow
 
@@ -178,6 +179,65 @@ def test_request_past_its_deadline_is_answered_and_never_run(live_server):
     assert [r.status_code for r in responses] == [200, 504]
     ran = httpx.post(url, json={"ran": True}).json()["ran"]
     assert "first" in ran and "late" not in ran
+
+
+def test_a_queued_request_is_answered_at_its_deadline_while_the_worker_is_busy(
+    live_server, tmp_path
+):
+    """The one worker holds a batch until its gate opens; a request queued behind it with
+    ``clientTimeoutInMills`` is answered 504 at its deadline, while the worker is still busy
+    (it was answered only once the worker was free: up to ``response_timeout`` late), and
+    never runs."""
+    server = live_server(models=probe_models(clientTimeoutInMills=300, batchSize=1))
+    url = f"{server.url}/predictions/probe"
+    gate = tmp_path / "open"
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            held = asyncio.ensure_future(client.post(url, json={"until": str(gate)}))
+            await asyncio.to_thread(until, lambda: batch_running(server, "probe"), "held runs")
+            late = await client.post(url, json={"echo": "late"}, timeout=20)
+            gate.touch()
+            return await held, late
+
+    held, late = asyncio.run(scenario())
+    assert (held.status_code, late.status_code) == (200, 504)
+    assert late.json()["type"] == "RequestTimeout"
+    assert "late" not in httpx.post(url, json={"ran": True}, timeout=60).json()["ran"]
+
+
+def test_a_grpc_deadline_ends_a_filling_batch_in_time(live_server):
+    """A batch of 8 waits up to a minute for company; a gRPC call with a 3 s deadline joins
+    it. The batch leaves in time for the call (half-way to its deadline) and both run; it left
+    at the minute's end, past the call's DEADLINE_EXCEEDED."""
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    server = live_server(models=probe_models(batchSize=8, maxBatchDelay=60_000))
+    port = server.server.state.ports.grpc_inference
+    url = f"{server.url}/predictions/probe"
+
+    def queued() -> bool:
+        described = httpx.get(f"{server.management_url}/models/probe", timeout=30).json()[0]
+        return described["jobQueueStatus"]["pendingRequests"] == 1
+
+    async def scenario() -> tuple[httpx.Response, Any]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            first = asyncio.ensure_future(client.post(url, json={"echo": "first"}))
+            await asyncio.to_thread(until, queued, "the first request waits for company")
+            body = triton_grpc.InferInput("body", [1], "BYTES")
+            body.set_data_from_numpy(np.array([b'{"echo": "call"}'], dtype=object))
+            grpc_client = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
+            try:
+                call = await asyncio.to_thread(grpc_client.infer, "probe", [body], client_timeout=3)
+            finally:
+                grpc_client.close()
+            return await first, call
+
+    first, call = asyncio.run(scenario())
+    assert first.status_code == 200 and first.json()["batch"] == 2
+    (output,) = call.get_response(as_json=True)["outputs"]
+    assert json.loads(call.as_numpy(output["name"])[0])["echo"] == "call"
 
 
 def test_not_found_and_too_large(live_server):
