@@ -137,9 +137,9 @@ class Exchange:
             item.future.add_done_callback(self._responded)
         if lookup is not None:
             item.future.add_done_callback(_offer(lookup))
-        if deadline_s is not None:  # still queued at it: answered then (serving/deadlines.py)
+        if deadline_s is not None:  # a gRPC deadline: the transport ends the call at it (a 499)
             with_deadline(item, deadline_s)
-            self.model.queue.watch(item)
+            self.model.queue.watch(item, timer=False)  # a filling batch leaves in time for it
         return item
 
     def _max_size(self) -> int:

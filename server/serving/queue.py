@@ -151,14 +151,16 @@ class BatchQueue(Generic[T, R]):
         if queued + 1 >= self._wake_at:
             self._wake()
 
-    def watch(self, item: Pending[T, R]) -> None:
+    def watch(self, item: Pending[T, R], timer: bool = True) -> None:
         """Answer queued ``item`` at its deadline or queue-time bound should it still wait, and
         end a filling batch in time for it; again when its deadline moved after ``put`` (the
-        plane sets a gRPC call's then)."""
+        plane sets a gRPC call's then, ``timer`` False: the transport ends the call at it, which
+        is the client leaving, so the queue's timer must not race it)."""
         when = due(item, self.max_wait_s)
         if when == math.inf:
             return  # nothing to watch (no deadline, no queue-time bound)
-        self._deadlines.watch(item, when)
+        if timer:
+            self._deadlines.watch(item, when)
         if self._until < math.inf and fill_by((item,), self.max_wait_s) < self._until:
             self._wake()  # the waiting batch's window ends too late for it
 

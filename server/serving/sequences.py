@@ -142,9 +142,10 @@ class SequenceQueue(BatchQueue):
         self.watch(item)
         self._wake_for(seq)
 
-    def watch(self, item: Pending) -> None:
-        """Answer queued ``item`` at its deadline should it still wait (deadlines.py)."""
-        if item.deadline is not None:
+    def watch(self, item: Pending, timer: bool = True) -> None:
+        """Answer queued ``item`` at its deadline should it still wait (deadlines.py); ``timer``
+        False: nothing (a gRPC deadline, which the transport ends the call at)."""
+        if timer and item.deadline is not None:
             self._deadlines.watch(item, item.deadline)
 
     def _open(self, ref: SequenceRef) -> Sequence:
