@@ -18,6 +18,7 @@ worker inherits the server's mask and uses ``cuda:<id>``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -32,26 +33,46 @@ def detect_gpu_count(
     env: Mapping[str, str], *, physical: Callable[[Mapping[str, str]], int] | None = None
 ) -> int:
     """GPUs this process may use: the physical count (NVML, else ``nvidia-smi -L``, else 0)
-    narrowed by ``CUDA_VISIBLE_DEVICES`` from ``env``. ``physical`` replaces the probe (tests)."""
+    narrowed by ``CUDA_VISIBLE_DEVICES`` from ``env`` as CUDA narrows it for the workers, who
+    inherit the mask. ``physical`` replaces the probe (tests)."""
     mask = env.get("CUDA_VISIBLE_DEVICES")
-    if mask is not None and _mask_len(mask) == 0:
+    listed = None if mask is None else _mask_entries(mask)
+    if listed is not None and not listed:
         return 0  # don't even probe: the user hid every GPU
     count = (physical or _physical_gpu_count)(env)
-    if mask is None or count == 0:
+    if listed is None or count == 0:
         return count
-    return min(count, _mask_len(mask))
+    if isinstance(listed[0], str):  # UUIDs: which exist is NVML's to say; at most them all
+        return min(count, len(listed))
+    # An ordinal past the physical GPUs ends the list (``0,5`` on two GPUs is one GPU).
+    return next((i for i, ordinal in enumerate(listed) if ordinal >= count), len(listed))
 
 
-def _mask_len(mask: str) -> int:
-    """Entries CUDA honours: up to the first invalid one (CUDA stops there, "-1" hides all)."""
-    n = 0
+def _mask_entries(mask: str) -> list[int] | list[str]:
+    """The devices a ``CUDA_VISIBLE_DEVICES`` value lists, read as CUDA reads it (and torch's
+    ``torch.cuda._parse_visible_devices``): UUIDs (``GPU-``/``MIG-``) up to the first entry of
+    another form; else ordinals by their leading digits (``1gpu`` is 1) up to the first entry
+    that has none (``-1``, ``x``, empty); a repeated entry hides every GPU."""
+    if mask.startswith(("GPU-", "MIG-")):
+        prefix = mask[:4]
+        uuids: list[str] = []
+        for entry in (e.strip() for e in mask.split(",")):
+            if not entry.startswith(prefix):
+                break
+            if entry in uuids:
+                return []
+            uuids.append(entry)
+        return uuids
+    ordinals: list[int] = []
     for entry in mask.split(","):
-        entry = entry.strip()
-        if entry.isdigit() or entry.startswith(("GPU-", "MIG-")):
-            n += 1
-        else:
+        digits = re.match(r"\+?([0-9]+)", entry.strip())
+        if digits is None:
             break
-    return n
+        ordinal = int(digits[1])
+        if ordinal in ordinals:
+            return []
+        ordinals.append(ordinal)
+    return ordinals
 
 
 def _physical_gpu_count(env: Mapping[str, str]) -> int:

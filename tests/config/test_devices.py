@@ -32,6 +32,16 @@ def physical(n: int) -> Callable[[Mapping[str, str]], int]:
         ("0,-1,2", 4, 1),  # CUDA stops at the first invalid entry
         ("GPU-8d1c, GPU-77aa", 4, 2),
         ("0,1", 0, 0),
+        # As CUDA (and torch's _parse_visible_devices) read it, so that no worker is given an
+        # ordinal its CUDA does not have ("invalid device ordinal" at every load):
+        ("0,5", 2, 1),  # an ordinal past the physical GPUs ends the list
+        ("5,0", 2, 0),
+        ("0,0", 2, 0),  # a repeated ordinal hides every GPU
+        ("1,0,1", 2, 0),
+        ("GPU-8d1c,GPU-8d1c", 4, 0),
+        ("1gpu", 2, 1),  # strtoul: the leading digits
+        (" 1 , 0 ", 2, 2),
+        ("x,0", 2, 0),
     ],
 )
 def test_detect_gpu_count_honours_cuda_visible_devices(
