@@ -5,8 +5,8 @@ GPU assignment follows TorchServe's ``WorkLoadManager.addThreads`` (anchors 1.10
 * a model without ``device_ids`` takes the next GPU of one server-wide counter shared by every
   worker of every model and version (round robin over all workers);
 * a model with ``device_ids`` has its own counter and takes ``device_ids[0]``, ``[1]``, ... in turn;
-* ``device_type="cpu"``, or ``"auto"`` on a host without GPUs, gives ``None`` (CPU);
-  ``device_type="gpu"`` on a host without GPUs is a ``ConfigError``.
+* ``device_type="cpu"``, or any type on a host without GPUs, gives ``None`` (CPU): as
+  TorchServe's ``Model``, a ``gpu`` model where no GPU is visible runs on the CPU (logged once).
 
 Deliberate difference: torchbay's global counter starts at GPU 0. TorchServe pre-increments, so
 its first worker lands on GPU 1 (workers 1, 0, 1, 0 on two GPUs).
@@ -17,6 +17,7 @@ worker inherits the server's mask and uses ``cuda:<id>``.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -25,6 +26,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from torchbay.server.errors import ConfigError
+
+log = logging.getLogger("torchbay.devices")
 
 _SMI_TIMEOUT_S = 5.0
 
@@ -121,6 +124,7 @@ class DeviceAssigner:
         self.gpu_count = gpu_count
         self._next_global = 0
         self._per_model: dict[str, int] = {}
+        self._warned: set[str] = set()  # gpu models placed on the CPU, logged once each
         self._lock = threading.Lock()
 
     def assign(
@@ -130,8 +134,9 @@ class DeviceAssigner:
         if device_type == "cpu":
             return None
         if self.gpu_count == 0:
-            if device_type == "gpu":
-                raise ConfigError(f"model {model_key} needs deviceType gpu but no GPU is visible")
+            if device_type == "gpu" and model_key not in self._warned:
+                self._warned.add(model_key)
+                log.warning("model %s: deviceType gpu, but no GPU is visible: CPU", model_key)
             return None
         with self._lock:
             if device_ids:
@@ -152,6 +157,7 @@ class DeviceAssigner:
         """Drop a model's per-model counter (after it is unregistered)."""
         with self._lock:
             self._per_model.pop(model_key, None)
+            self._warned.discard(model_key)
 
 
 def usable_cores(count: int | None = None) -> tuple[int, ...]:
