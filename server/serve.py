@@ -88,12 +88,12 @@ class TorchbayServer:
         # Worker processes the CLI spawned before the frontend's imports (see serving/handle.py).
         self._prewarmed = list(prewarmed or [])
         self.env = dict(env if env is not None else {})
+        # ``gpu_count``: the GPUs visible here (tests), else detected; number_of_gpu caps them
+        # (TorchServe: min(detected, number_of_gpu)), never adds GPUs the host does not have.
         if gpu_count is None:
-            gpu_count = (
-                config.number_of_gpu
-                if config.number_of_gpu is not None
-                else detect_gpu_count(self.env)
-            )
+            gpu_count = 0 if config.number_of_gpu == 0 else detect_gpu_count(self.env)
+        if config.number_of_gpu is not None:
+            gpu_count = min(gpu_count, config.number_of_gpu)
         self.gpu_count = gpu_count
         # New workers fork from a template process (``worker_start``; serving/forkserver.py).
         self.forks = ForkServer.configured(config, self.env or None)
