@@ -261,6 +261,7 @@ class TorchbayServer:
             env=self.env,
             prewarmed=self.take_prewarmed,
             spawn=self.forks.spawn if self.forks is not None else None,
+            unplace=self.assigner.forget,
         )
         plane.startup_failures = self.state.failed_models
         plane.shm.cuda_devices = self.gpu_count  # CUDA shared memory needs a GPU (plane/shm.py)

@@ -92,3 +92,21 @@ def test_number_of_gpu_caps_the_visible_gpus(device_store: Path) -> None:
         assert placements(server, "plain") == [0, 0]
     finally:
         server.stop()
+
+
+def test_device_ids_start_again_at_the_first_after_registering_again(device_store: Path) -> None:
+    # deviceIds [1, 0]: a per-model counter; a model registered again is a new model to
+    # TorchServe (its counter at 0), so its first worker is on deviceIds[0] again.
+    config = make_config(device_store, enable_model_api=True)
+    server = LiveServer(config, gpu_count=2, cores=2).start()
+    try:
+        assert register(server, "ids_pair").status_code == 200
+        assert placements(server, "ids_pair") == [1]
+        gone = httpx.delete(f"{server.management_url}/models/ids_pair", timeout=60)
+        assert gone.status_code == 200, gone.text
+        assert register(server, "ids_pair").status_code == 200
+        assert placements(server, "ids_pair") == [1]
+        predicted = httpx.post(f"{server.url}/predictions/ids_pair", json={}, timeout=60)
+        assert predicted.json()["gpu_id"] == 1  # what the handler's context says
+    finally:
+        server.stop()
