@@ -42,7 +42,7 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
         "gpu": slot.placement.gpu_id is not None,
         "gpuUsage": "N/A",
         "device": w.device if w else None,
-        "threads": slot.placement.threads,
+        "threads": (w.own_threads if w else None) or slot.placement.threads,
         "cpuAffinity": list(slot.placement.cpu_affinity or ()) or None,  # None: not pinned
         "restarts": slot.restarts,
         "startFailures": slot.start_failures,

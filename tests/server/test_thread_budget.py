@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, build_store
+from tests.server.conftest import LiveServer, build_store, make_config
 from torchbay.server.config.sources import load_server_config
 
 HANDLER = """
@@ -166,5 +166,48 @@ def test_omp_num_threads_in_the_environment_sets_every_workers_threads(
     try:
         assert threads_of(server, "ta") == [1]
         assert report(server, "ta")["threads"] == 1
+    finally:
+        server.stop()
+
+
+OWN_HANDLER = """
+import os
+
+import torch
+
+
+class OwnThreads:
+    def initialize(self, context):
+        torch.set_num_threads(1)  # the handler's own choice, as some TorchServe handlers make
+
+    def handle(self, data, context):
+        return [{"pid": os.getpid(), "threads": torch.get_num_threads()} for _ in data or ()]
+"""
+
+
+def test_a_handler_that_sets_its_own_threads_keeps_them(
+    thread_store: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # TorchServe never touches a worker's threads after its handler loaded; here the budget
+    # counts them as configured, never re-tunes them, and describe says what the worker runs.
+    handler = tmp_path_factory.mktemp("own-handler") / "own_handler.py"
+    handler.write_text(OWN_HANDLER)
+    store = build_store(tmp_path_factory, "own", {"own": str(handler)})
+    (store / "tb.mar").write_bytes((thread_store / "tb.mar").read_bytes())
+    config = make_config(store, enable_model_api=True, load_models=["own.mar"])
+    server = LiveServer(config, cores=4).start()
+    try:
+        assert threads_of(server, "own") == [1]
+        registered = httpx.post(
+            f"{server.management_url}/models",
+            params={"url": "tb.mar", "initial_workers": 1, "synchronous": "true"},
+            timeout=60,
+        )
+        assert registered.status_code == 200, registered.text
+        assert threads_of(server, "own", "tb") == [1, 3]  # the rest of the budget
+        gone = httpx.delete(f"{server.management_url}/models/tb", timeout=60)
+        assert gone.status_code == 200, gone.text
+        assert threads_of(server, "own") == [1]
+        assert report(server, "own")["threads"] == 1
     finally:
         server.stop()
