@@ -106,6 +106,15 @@ def _demand(mv: Any, index: int, gpu: bool, own: int | None = None) -> Demand:
     )
 
 
+def on_gpu(slot: Any) -> bool:
+    """The slot's worker was given a GPU and runs there. One given a GPU whose handler runs on
+    the CPU (no CUDA for torch in the worker: a CPU build on a GPU host) is a CPU worker here,
+    once its Ready said so: the budget gives it a share, as the other CPU workers."""
+    if slot.placement.gpu_id is None:
+        return False
+    return getattr(slot.worker, "device", "cuda") != "cpu"
+
+
 def own_threads(slot: Any) -> int | None:
     """The intra-op threads the slot's worker's handler set itself, if it did."""
     return getattr(slot.worker, "own_threads", None)
@@ -122,7 +131,7 @@ class HostBudget:
 
     def _plan(self, versions: Iterable[Any], extra: Demand | None = None) -> Plan:
         demands = [
-            _demand(mv, s.index, s.placement.gpu_id is not None, own_threads(s))
+            _demand(mv, s.index, on_gpu(s), own_threads(s))
             for mv in versions
             for s in _live_slots(mv)
         ]
@@ -158,7 +167,7 @@ class HostBudget:
         for mv in versions:
             for slot in _live_slots(mv):
                 share = result.shares.get((mv.key, slot.index))
-                if share is None or slot.placement.gpu_id is not None:
+                if share is None or on_gpu(slot):
                     continue
                 _retune(slot, share)
 

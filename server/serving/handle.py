@@ -171,6 +171,12 @@ class WorkerProcess:
         self.load_metrics = [m for m in message.metrics or () if isinstance(m, dict)]
         if message.num_threads != max(1, self.load.num_threads):
             self.own_threads = message.num_threads
+        if self.load.gpu_id is not None and self.device == "cpu":
+            log.warning(
+                "worker %s was given GPU %d but runs on the CPU (no CUDA for torch there)",
+                self.name,
+                self.load.gpu_id,
+            )
         self.state = WorkerState.READY
         self._spawn(self._read_results())
         log.debug("worker %s ready pid=%s device=%s", self.name, self.pid, self.device)

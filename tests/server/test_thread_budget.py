@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from tests.server.conftest import LiveServer, build_store, make_config
 from torchbay.server.config.sources import load_server_config
@@ -33,11 +34,29 @@ def handle(data, context):
 """
 
 
+# A handler that says it runs on its GPU (BaseHandler's ``device``): its worker counts as a GPU
+# worker on a host whose torch has no CUDA (the GPU itself is injected).
+ON_GPU_HANDLER = """
+import torch
+
+
+class OnGpu:
+    def initialize(self, context):
+        self.device = f"cuda:{context.system_properties['gpu_id']}"
+
+    def handle(self, data, context):
+        return [{"threads": torch.get_num_threads()} for _ in data or ()]
+"""
+
+
 @pytest.fixture(scope="module")
 def thread_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    handler = tmp_path_factory.mktemp("threads-handler") / "threads_handler.py"
+    folder = tmp_path_factory.mktemp("threads-handler")
+    handler, on_gpu = folder / "threads_handler.py", folder / "on_gpu_handler.py"
     handler.write_text(HANDLER)
-    return build_store(tmp_path_factory, "threads", {"ta": str(handler), "tb": str(handler)})
+    on_gpu.write_text(ON_GPU_HANDLER)
+    handlers = {"ta": str(handler), "tb": str(handler), "tg": str(on_gpu)}
+    return build_store(tmp_path_factory, "threads", handlers)
 
 
 @pytest.fixture
@@ -134,14 +153,14 @@ def test_affinity_gives_two_models_disjoint_cores(store_server: Any) -> None:
 
 
 def test_gpu_workers_take_one_thread_and_nothing_from_the_budget(store_server: Any) -> None:
-    # One (injected) GPU: ta is placed on it, tb (deviceType cpu) keeps the whole CPU budget.
+    # One (injected) GPU: tg is placed on it, tb (deviceType cpu) keeps the whole CPU budget.
     server = store_server(
         cores=2,
         gpu_count=1,
         models={"tb": {"1.0": {"marName": "tb.mar", "deviceType": "cpu"}}},
-        load_models=["ta=ta.mar", "tb"],
+        load_models=["tg=tg.mar", "tb"],
     )
-    gpu, cpu = describe(server, "ta"), describe(server, "tb")
+    gpu, cpu = describe(server, "tg"), describe(server, "tb")
     assert [(w["gpu"], w["threads"]) for w in gpu["workers"]] == [(True, 1)]
     assert [(w["gpu"], w["threads"]) for w in cpu["workers"]] == [(False, 2)]
     assert cpu["threadBudget"]["assigned"] == 2
@@ -211,3 +230,14 @@ def test_a_handler_that_sets_its_own_threads_keeps_them(
         assert report(server, "own")["threads"] == 1
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the worker must find no CUDA")
+def test_a_worker_given_a_gpu_that_runs_on_the_cpu_takes_a_cpu_share(store_server: Any) -> None:
+    # GPUs seen by the server (injected) but no CUDA for torch in the worker (a CPU build of
+    # torch on a GPU host): BaseHandler runs on the CPU, as TorchServe's does, so the worker
+    # takes its share of the budget instead of a GPU worker's 1 thread.
+    server = store_server(cores=4, gpu_count=1, load_models=["ta=ta.mar"])
+    [worker] = describe(server, "ta")["workers"]
+    assert (worker["gpu"], worker["device"], worker["threads"]) == (True, "cpu", 4)
+    assert report(server, "ta")["threads"] == 4
