@@ -133,11 +133,12 @@ class TorchbayServer:
             spawned.discard()
 
     def place(self, mv: ModelVersion, slot_index: int, config: ModelConfig) -> Placement:
-        """GPU round-robin (TorchServe's rule, from 0) with 1 thread, or the worker's share of
-        the host budget (threads, optional cores); the other CPU workers are re-tuned to it."""
+        """GPU round-robin (TorchServe's rule, from 0) with 1 thread (or its cpu_threads), or the
+        worker's share of the host budget (threads, optional cores); the other CPU workers are
+        re-tuned to it."""
         gpu_id = self.assigner.assign(mv.key, config.device_type, config.device_ids)
-        if gpu_id is not None:
-            return Placement(gpu_id=gpu_id, threads=GPU_WORKER_THREADS)
+        if gpu_id is not None:  # a declared cpu_threads holds on a GPU too ("exactly this many")
+            return Placement(gpu_id=gpu_id, threads=config.cpu_threads or GPU_WORKER_THREADS)
         versions = self.registry.all_versions() if self.registry is not None else [mv]
         share = self.budget.place(versions, mv, slot_index)
         return Placement(gpu_id=None, threads=share.threads, cpu_affinity=share.cpu_affinity)

@@ -167,6 +167,23 @@ def test_gpu_workers_take_one_thread_and_nothing_from_the_budget(store_server: A
     assert report(server, "tb")["threads"] == 2
 
 
+def test_a_gpu_worker_runs_its_declared_cpu_threads(store_server: Any) -> None:
+    # cpu_threads is "exactly this many" on a GPU too (a GPU model's CPU preprocessing); it is
+    # not taken from the CPU budget, which tb keeps whole.
+    server = store_server(
+        cores=2,
+        gpu_count=1,
+        models={
+            "tg": {"1.0": {"marName": "tg.mar", "cpu_threads": 3}},
+            "tb": {"1.0": {"marName": "tb.mar", "deviceType": "cpu"}},
+        },
+        load_models=["tg", "tb"],
+    )
+    assert [(w["gpu"], w["threads"]) for w in describe(server, "tg")["workers"]] == [(True, 3)]
+    assert report(server, "tg")["threads"] == 3
+    assert threads_of(server, "tb") == [2]
+
+
 def test_omp_num_threads_in_the_environment_sets_every_workers_threads(
     thread_store: Path, tmp_path: Path
 ) -> None:
