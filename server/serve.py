@@ -266,6 +266,7 @@ class TorchbayServer:
         )
         plane.startup_failures = self.state.failed_models
         plane.shm.cuda_devices = self.gpu_count  # CUDA shared memory needs a GPU (plane/shm.py)
+        plane.registry.gpus = self.gpu_count
         plane.starting = True
         return plane
 

@@ -99,7 +99,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "runtime": "python",
         **described(SETTINGS, mv.settings, config, "batching"),  # workers, batching, timeouts
         **mv.admission.describe(),  # maxQueueDelayMs, the service rate, rejections by reason
-        **described(SETTINGS, mv.settings, config, "device"),
+        **_device(registry, mv, config),
         "status": mv.status.value,
         "loadError": mv.load_error,
         "workerRestarts": mv.restarts,
@@ -128,6 +128,21 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         **_tensors(mv),
         "threadBudget": registry.budget.summary(),  # the host's, over all models (budget.py)
         "autopilot": mv.autopilot.describe(),  # sla_p99_ms: current batching beside the ceilings
+    }
+
+
+def _device(
+    registry: ModelRegistry, mv: ModelVersion, config: ModelConfig | None
+) -> dict[str, Any]:
+    """TorchServe's ``deviceType`` and ``deviceIds`` as its Model settles them: ``gpu`` where the
+    server has GPUs and the model does not ask for the CPU (``auto`` included), else ``cpu``; the
+    ids only where there are GPUs to name (tests/data/torchserve/devices)."""
+    declared = described(SETTINGS, mv.settings, config, "device")
+    gpus = registry.gpus > 0
+    on_gpu = gpus and declared["deviceType"] != "cpu"
+    return {
+        "deviceType": "gpu" if on_gpu else "cpu",
+        "deviceIds": declared["deviceIds"] if gpus else None,
     }
 
 

@@ -65,6 +65,7 @@ class ModelRegistry:
     ) -> None:
         self.config = config
         self.unplace = unplace
+        self.gpus = 0  # the GPUs workers are placed on (serve.py sets it): describe's deviceType
         self.prewarmed = prewarmed
         self.spawn = spawn
         self.place = place

@@ -67,8 +67,9 @@ def test_number_of_gpu_and_device_type_gpu_on_a_host_without_gpu(no_gpu_server: 
             assert REFUSED[name] in registered.json()["message"]
             continue
         assert registered.status_code == answer["register"], registered.text
-        described = httpx.get(f"{no_gpu_server.management_url}/models/{name}", timeout=30)
-        assert [w["gpu"] for w in described.json()[0]["workers"]] == answer["workers_gpu"], name
+        [described] = httpx.get(f"{no_gpu_server.management_url}/models/{name}", timeout=30).json()
+        assert [w["gpu"] for w in described["workers"]] == answer["workers_gpu"], name
+        assert {k: described[k] for k in answer["described"]} == answer["described"], name
         predicted = httpx.post(f"{no_gpu_server.url}/predictions/{name}", json={}, timeout=60)
         assert predicted.status_code == answer["predict"]
         assert predicted.json() == answer["handler_saw"], name
@@ -90,6 +91,8 @@ def test_number_of_gpu_caps_the_visible_gpus(device_store: Path) -> None:
     try:
         assert server.server.gpu_count == 1
         assert placements(server, "plain") == [0, 0]
+        [described] = httpx.get(f"{server.management_url}/models/plain", timeout=30).json()
+        assert (described["deviceType"], described["deviceIds"]) == ("gpu", None)  # TorchServe's
     finally:
         server.stop()
 

@@ -10,7 +10,8 @@ It builds one archive per case (``devices_handler.py`` over a tiny TorchScript m
 model-config.yaml) with torch-model-archiver, starts TorchServe once on ports 18600-18602 with
 ``number_of_gpu=2`` (``--foreground --ncs --disable-token-auth --enable-model-api``), registers
 each archive synchronously with one worker, predicts once, records the registration's status,
-the worker's ``gpu`` flag in describe and what the handler saw, and stops it.
+describe's ``deviceType``, ``deviceIds`` and the worker's ``gpu`` flag, and what the handler saw,
+and stops it.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ def ask(name: str) -> dict:
     answer: dict = {"model": name, "register": status, "register_body": body(raw)}
     if status != 200:
         return answer
-    _, _, described = tsrun.call(f"{mgmt}/models/{name}", "GET")
-    answer["workers_gpu"] = [w["gpu"] for w in json.loads(described)[0]["workers"]]
+    _, _, raw = tsrun.call(f"{mgmt}/models/{name}", "GET")
+    [described] = json.loads(raw)
+    answer["workers_gpu"] = [w["gpu"] for w in described["workers"]]
+    answer["described"] = {key: described.get(key) for key in ("deviceType", "deviceIds")}
     predicted = f"http://127.0.0.1:{PORTS['inference']}/predictions/{name}"
     status, _, raw = tsrun.call(predicted, "POST", b"{}", "application/json")
     answer["predict"] = status
