@@ -96,7 +96,8 @@ class WorkerProcess:
         self.device: str = "cpu" if load.gpu_id is None else f"cuda:{load.gpu_id}"
         self.load_time_ms: float | None = None
         # Intra-op threads the handler set itself while loading (Ready's count differs from the
-        # Load's): the host budget counts them as configured and never re-tunes them.
+        # Load's; a restarted slot's worker starts with its predecessor's): the host budget
+        # counts them as configured and never re-tunes them.
         self.own_threads: int | None = None
         self.load_metrics: list[dict[str, Any]] = []  # the handler's, recorded while it loaded
         self.start_time = time.time()

@@ -5,6 +5,7 @@ live workers are re-tuned in place (same pid)."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from tests.server.conftest import LiveServer, build_store, make_config
+from tests.server.conftest import LiveServer, build_store, make_config, until
 from torchbay.server.config.sources import load_server_config
 
 HANDLER = """
@@ -244,9 +245,28 @@ def test_a_handler_that_sets_its_own_threads_keeps_them(
         gone = httpx.delete(f"{server.management_url}/models/tb", timeout=60)
         assert gone.status_code == 200, gone.text
         assert threads_of(server, "own") == [1]
+        first = report(server, "own")
+        assert first["threads"] == 1
+        # Restarted (its Load now says 1, what the handler sets): still the handler's threads.
+        os.kill(first["pid"], signal.SIGKILL)
+        until(lambda: restarted(server, "own", first["pid"]), "the worker restarted")
+        registered = httpx.post(
+            f"{server.management_url}/models",
+            params={"url": "tb.mar", "initial_workers": 1, "synchronous": "true"},
+            timeout=60,
+        )
+        assert registered.status_code == 200, registered.text
+        gone = httpx.delete(f"{server.management_url}/models/tb", timeout=60)
+        assert gone.status_code == 200, gone.text
+        assert threads_of(server, "own") == [1]
         assert report(server, "own")["threads"] == 1
     finally:
         server.stop()
+
+
+def restarted(server: Any, model: str, pid: int) -> bool:
+    [worker] = describe(server, model)["workers"]
+    return worker["status"] == "READY" and worker["pid"] not in (None, pid)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the worker must find no CUDA")
