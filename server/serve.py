@@ -88,12 +88,12 @@ class TorchbayServer:
         # Worker processes the CLI spawned before the frontend's imports (see serving/handle.py).
         self._prewarmed = list(prewarmed or [])
         self.env = dict(env if env is not None else {})
+        # ``gpu_count``: the GPUs visible here (tests), else detected; number_of_gpu caps them
+        # (TorchServe: min(detected, number_of_gpu)), never adds GPUs the host does not have.
         if gpu_count is None:
-            gpu_count = (
-                config.number_of_gpu
-                if config.number_of_gpu is not None
-                else detect_gpu_count(self.env)
-            )
+            gpu_count = 0 if config.number_of_gpu == 0 else detect_gpu_count(self.env)
+        if config.number_of_gpu is not None:
+            gpu_count = min(gpu_count, config.number_of_gpu)
         self.gpu_count = gpu_count
         # New workers fork from a template process (``worker_start``; serving/forkserver.py).
         self.forks = ForkServer.configured(config, self.env or None)
@@ -133,11 +133,12 @@ class TorchbayServer:
             spawned.discard()
 
     def place(self, mv: ModelVersion, slot_index: int, config: ModelConfig) -> Placement:
-        """GPU round-robin (TorchServe's rule, from 0) with 1 thread, or the worker's share of
-        the host budget (threads, optional cores); the other CPU workers are re-tuned to it."""
+        """GPU round-robin (TorchServe's rule, from 0) with 1 thread (or its cpu_threads), or the
+        worker's share of the host budget (threads, optional cores); the other CPU workers are
+        re-tuned to it."""
         gpu_id = self.assigner.assign(mv.key, config.device_type, config.device_ids)
-        if gpu_id is not None:
-            return Placement(gpu_id=gpu_id, threads=GPU_WORKER_THREADS)
+        if gpu_id is not None:  # a declared cpu_threads holds on a GPU too ("exactly this many")
+            return Placement(gpu_id=gpu_id, threads=config.cpu_threads or GPU_WORKER_THREADS)
         versions = self.registry.all_versions() if self.registry is not None else [mv]
         share = self.budget.place(versions, mv, slot_index)
         return Placement(gpu_id=None, threads=share.threads, cpu_affinity=share.cpu_affinity)
@@ -261,9 +262,11 @@ class TorchbayServer:
             env=self.env,
             prewarmed=self.take_prewarmed,
             spawn=self.forks.spawn if self.forks is not None else None,
+            unplace=self.assigner.forget,
         )
         plane.startup_failures = self.state.failed_models
         plane.shm.cuda_devices = self.gpu_count  # CUDA shared memory needs a GPU (plane/shm.py)
+        plane.registry.gpus = self.gpu_count
         plane.starting = True
         return plane
 

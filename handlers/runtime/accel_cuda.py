@@ -65,8 +65,8 @@ class GraphCache:
 
     def _capture(self, key: tuple, args: list[torch.Tensor]) -> Any:
         size = key[0]
-        static_in = [_static_like(a, size) for a in args]
-        try:
+        try:  # the static buffers too: a size past the device's memory is eager, not an error
+            static_in = [_static_like(a, size) for a in args]
             graph, static_out = self.backend.capture(lambda: self.fn(*static_in), self.stream)
         except Exception as exc:  # an op that cannot be captured: eager for this shape
             logger.warning("CUDA graph capture failed for batch %d; running eagerly: %s", size, exc)

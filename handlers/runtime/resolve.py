@@ -107,11 +107,16 @@ def start_handler(
 
 
 def device_of(instance: Any, gpu_id: int | None) -> str:
-    """The device a loaded handler runs on: its ``device``, else the worker's GPU or CPU."""
+    """The device a loaded handler runs on: its ``device``, else the worker's GPU, or the CPU
+    when it has none or torch finds no CUDA here (as BaseHandler then falls back)."""
     device = getattr(instance, "device", None)
     if device is not None:
         return str(device)
-    return "cpu" if gpu_id is None else f"cuda:{gpu_id}"
+    if gpu_id is None:
+        return "cpu"
+    import torch
+
+    return f"cuda:{gpu_id}" if torch.cuda.is_available() else "cpu"
 
 
 def _import_handler_module(name: str, model_dir: Path) -> types.ModuleType:

@@ -272,9 +272,9 @@ class ModelConfig(BaseModel):
     def _device_ids(cls, value: Any) -> Any:
         if isinstance(value, str):  # "0,1" from a query string or env
             value = [part for part in value.replace(" ", "").split(",") if part]
-        if value is not None and len(value) == 0:
-            return None
-        return value
+        if value is not None and not isinstance(value, list | tuple):
+            raise ValueError(f"deviceIds must be a list of GPU ids, such as [0, 1]; got {value!r}")
+        return value or None
 
     @field_validator("device_ids")
     @classmethod

@@ -145,7 +145,7 @@ class ServerConfig(GrpcSettings):
     load_workflows: list[str] = Field(default_factory=list)
     models: dict[str, dict[str, ModelConfig]] = Field(default_factory=dict)
     default_workers_per_model: int = Field(1, ge=0, le=MAX_WORKERS)
-    number_of_gpu: int | None = Field(None, ge=0, le=MAX_DEVICE_ID + 1)  # None: detect
+    number_of_gpu: int | None = Field(None, ge=0, le=MAX_DEVICE_ID + 1)  # caps detected; None: all
     job_queue_size: int = Field(100, ge=1, le=MAX_QUEUE_SIZE)
     batch_size: int = Field(1, ge=1, le=MAX_BATCH_SIZE)
     max_batch_delay_ms: float = Field(100.0, ge=0, le=MAX_DELAY_MS)

@@ -151,21 +151,29 @@ def load_server_config(
 
 
 def _omp_threads(env: Mapping[str, str], merged: dict[str, Any], notes: list[str]) -> None:
-    """``OMP_NUM_THREADS`` in the server's environment, when no source set
-    ``cpu_threads_per_worker``, becomes it: TorchServe's workers inherit the variable and torch
-    runs that many intra-op threads, where torchbay's budget (serving/budget.py) would otherwise
-    set its own share. Its first level (``4,2`` is OpenMP's nested form) is read; a value that is
-    not a thread count in bounds is noted and ignored (the budget's share applies)."""
-    raw = env.get("OMP_NUM_THREADS", "").strip()
-    if not raw or merged.get("cpu_threads_per_worker") is not None:  # empty: as OpenMP, unset
+    """``MKL_NUM_THREADS``, else ``OMP_NUM_THREADS``, in the server's environment, when no source
+    set ``cpu_threads_per_worker``, becomes it: TorchServe's workers inherit the variables and
+    torch starts that many intra-op threads (the first of the two that holds a count, torch's
+    order), where torchbay's budget (serving/budget.py) would otherwise set its own share. The
+    first level (``4,2`` is OpenMP's nested form) is read; a value that is not a thread count in
+    bounds is noted and ignored."""
+    if merged.get("cpu_threads_per_worker") is not None:
         return
-    first = raw.split(",", 1)[0].rstrip()
-    threads = int(first) if first.isdigit() else 0
-    if not 1 <= threads <= MAX_THREADS:
-        notes.append(f"WARNING ignored OMP_NUM_THREADS={raw!r}: not 1 to {MAX_THREADS} threads")
-        return
-    merged["cpu_threads_per_worker"] = threads
-    notes.append(f"OMP_NUM_THREADS={raw}: every CPU worker runs {threads} intra-op thread(s)")
+    chosen: tuple[str, str, int] | None = None
+    for name in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        raw = env.get(name, "").strip()
+        if not raw:  # empty: as OpenMP, unset
+            continue
+        first = raw.split(",", 1)[0].rstrip()
+        threads = int(first) if first.isdigit() else 0
+        if not 1 <= threads <= MAX_THREADS:
+            notes.append(f"WARNING ignored {name}={raw!r}: not 1 to {MAX_THREADS} threads")
+        elif chosen is None:
+            chosen = (name, raw, threads)
+    if chosen is not None:
+        name, raw, threads = chosen
+        merged["cpu_threads_per_worker"] = threads
+        notes.append(f"{name}={raw}: every CPU worker runs {threads} intra-op thread(s)")
 
 
 def _config_path(

@@ -46,7 +46,7 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
         "gpu": slot.placement.gpu_id is not None,
         "gpuUsage": "N/A",
         "device": w.device if w else None,
-        "threads": slot.placement.threads,
+        "threads": (w.own_threads if w else None) or slot.placement.threads,
         "cpuAffinity": list(slot.placement.cpu_affinity or ()) or None,  # None: not pinned
         "restarts": slot.restarts,
         "startFailures": slot.start_failures,
@@ -110,7 +110,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "runtime": mv.runtime or getattr(mv.manifest, "runtime", None) or "python",
         **described(SETTINGS, mv.settings, config, "batching"),  # workers, batching, timeouts
         **mv.admission.describe(),  # maxQueueDelayMs, the service rate, rejections by reason
-        **described(SETTINGS, mv.settings, config, "device"),
+        **_device(registry, mv, config),
         "status": mv.status.value,
         "loadError": mv.load_error,
         "workerRestarts": mv.restarts,
@@ -163,6 +163,21 @@ async def customized(mv: ModelVersion) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def _device(
+    registry: ModelRegistry, mv: ModelVersion, config: ModelConfig | None
+) -> dict[str, Any]:
+    """TorchServe's ``deviceType`` and ``deviceIds`` as its Model settles them: ``gpu`` where the
+    server has GPUs and the model does not ask for the CPU (``auto`` included), else ``cpu``; the
+    ids only where there are GPUs to name (tests/data/torchserve/devices)."""
+    declared = described(SETTINGS, mv.settings, config, "device")
+    gpus = registry.gpus > 0
+    on_gpu = gpus and declared["deviceType"] != "cpu"
+    return {
+        "deviceType": "gpu" if on_gpu else "cpu",
+        "deviceIds": declared["deviceIds"] if gpus else None,
+    }
 
 
 def _sequences(mv: ModelVersion) -> dict[str, Any]:

@@ -263,6 +263,7 @@ def build_plane(
     env: Mapping[str, str] | None = None,
     prewarmed: Any = None,
     spawn: Any = None,
+    unplace: Any = None,
 ) -> DataPlane:
     """The server's one plane: its registry (fed to the metrics and the statistics), the
     recorders, and URL registration limited to ``allowed_urls`` (none by default)."""
@@ -279,6 +280,7 @@ def build_plane(
         worker_env=dict(env) if env else None,
         prewarmed=prewarmed,
         spawn=spawn,
+        unplace=unplace,
     )
     metrics.watch(registry)
     registry.fetch = Fetcher(

@@ -94,15 +94,30 @@ def _live_slots(mv: Any) -> list[Any]:
     return [s for s in mv.slots if not s.retiring and not s.gave_up]
 
 
-def _demand(mv: Any, index: int, gpu: bool) -> Demand:
+def _demand(mv: Any, index: int, gpu: bool, own: int | None = None) -> Demand:
+    """``own``: the threads the worker's handler set itself (they count as configured)."""
     config = mv.config
     return Demand(
         model=mv.key,
         index=index,
         gpu=gpu,
-        configured=getattr(config, "cpu_threads", None),
+        configured=own or getattr(config, "cpu_threads", None),
         affinity=bool(getattr(config, "cpu_affinity", False)),
     )
+
+
+def on_gpu(slot: Any) -> bool:
+    """The slot's worker was given a GPU and runs there. One given a GPU whose handler runs on
+    the CPU (no CUDA for torch in the worker: a CPU build on a GPU host) is a CPU worker here,
+    once its Ready said so: the budget gives it a share, as the other CPU workers."""
+    if slot.placement.gpu_id is None:
+        return False
+    return getattr(slot.worker, "device", "cuda") != "cpu"
+
+
+def own_threads(slot: Any) -> int | None:
+    """The intra-op threads the slot's worker's handler set itself, if it did."""
+    return getattr(slot.worker, "own_threads", None)
 
 
 class HostBudget:
@@ -116,7 +131,7 @@ class HostBudget:
 
     def _plan(self, versions: Iterable[Any], extra: Demand | None = None) -> Plan:
         demands = [
-            _demand(mv, s.index, s.placement.gpu_id is not None)
+            _demand(mv, s.index, on_gpu(s), own_threads(s))
             for mv in versions
             for s in _live_slots(mv)
         ]
@@ -152,7 +167,7 @@ class HostBudget:
         for mv in versions:
             for slot in _live_slots(mv):
                 share = result.shares.get((mv.key, slot.index))
-                if share is None or slot.placement.gpu_id is not None:
+                if share is None or on_gpu(slot):
                     continue
                 _retune(slot, share)
 
@@ -174,8 +189,8 @@ def _retune(slot: Any, share: Share) -> None:
     placement = replace(slot.placement, threads=share.threads, cpu_affinity=share.cpu_affinity)
     slot.placement = placement
     worker = slot.worker
-    if worker is None or not worker.alive:
-        return  # it starts (or restarts) from slot.placement
+    if worker is None or not worker.alive or own_threads(slot):
+        return  # it starts (or restarts) from slot.placement; a handler's own threads stay
     running = (worker.load.num_threads, tuple(worker.load.cpu_affinity or ()) or None)
     if running != (share.threads, share.cpu_affinity):
         worker.tune(share.threads, list(share.cpu_affinity) if share.cpu_affinity else None)

@@ -5,8 +5,8 @@ GPU assignment follows TorchServe's ``WorkLoadManager.addThreads`` (anchors 1.10
 * a model without ``device_ids`` takes the next GPU of one server-wide counter shared by every
   worker of every model and version (round robin over all workers);
 * a model with ``device_ids`` has its own counter and takes ``device_ids[0]``, ``[1]``, ... in turn;
-* ``device_type="cpu"``, or ``"auto"`` on a host without GPUs, gives ``None`` (CPU);
-  ``device_type="gpu"`` on a host without GPUs is a ``ConfigError``.
+* ``device_type="cpu"``, or any type on a host without GPUs, gives ``None`` (CPU): as
+  TorchServe's ``Model``, a ``gpu`` model where no GPU is visible runs on the CPU (logged once).
 
 Deliberate difference: torchbay's global counter starts at GPU 0. TorchServe pre-increments, so
 its first worker lands on GPU 1 (workers 1, 0, 1, 0 on two GPUs).
@@ -17,13 +17,17 @@ worker inherits the server's mask and uses ``cuda:<id>``.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from torchbay.server.errors import ConfigError
+
+log = logging.getLogger("torchbay.devices")
 
 _SMI_TIMEOUT_S = 5.0
 
@@ -32,26 +36,46 @@ def detect_gpu_count(
     env: Mapping[str, str], *, physical: Callable[[Mapping[str, str]], int] | None = None
 ) -> int:
     """GPUs this process may use: the physical count (NVML, else ``nvidia-smi -L``, else 0)
-    narrowed by ``CUDA_VISIBLE_DEVICES`` from ``env``. ``physical`` replaces the probe (tests)."""
+    narrowed by ``CUDA_VISIBLE_DEVICES`` from ``env`` as CUDA narrows it for the workers, who
+    inherit the mask. ``physical`` replaces the probe (tests)."""
     mask = env.get("CUDA_VISIBLE_DEVICES")
-    if mask is not None and _mask_len(mask) == 0:
+    listed = None if mask is None else _mask_entries(mask)
+    if listed is not None and not listed:
         return 0  # don't even probe: the user hid every GPU
     count = (physical or _physical_gpu_count)(env)
-    if mask is None or count == 0:
+    if listed is None or count == 0:
         return count
-    return min(count, _mask_len(mask))
+    if isinstance(listed[0], str):  # UUIDs: which exist is NVML's to say; at most them all
+        return min(count, len(listed))
+    # An ordinal past the physical GPUs ends the list (``0,5`` on two GPUs is one GPU).
+    return next((i for i, ordinal in enumerate(listed) if ordinal >= count), len(listed))
 
 
-def _mask_len(mask: str) -> int:
-    """Entries CUDA honours: up to the first invalid one (CUDA stops there, "-1" hides all)."""
-    n = 0
+def _mask_entries(mask: str) -> list[int] | list[str]:
+    """The devices a ``CUDA_VISIBLE_DEVICES`` value lists, read as CUDA reads it (and torch's
+    ``torch.cuda._parse_visible_devices``): UUIDs (``GPU-``/``MIG-``) up to the first entry of
+    another form; else ordinals by their leading digits (``1gpu`` is 1) up to the first entry
+    that has none (``-1``, ``x``, empty); a repeated entry hides every GPU."""
+    if mask.startswith(("GPU-", "MIG-")):
+        prefix = mask[:4]
+        uuids: list[str] = []
+        for entry in (e.strip() for e in mask.split(",")):
+            if not entry.startswith(prefix):
+                break
+            if entry in uuids:
+                return []
+            uuids.append(entry)
+        return uuids
+    ordinals: list[int] = []
     for entry in mask.split(","):
-        entry = entry.strip()
-        if entry.isdigit() or entry.startswith(("GPU-", "MIG-")):
-            n += 1
-        else:
+        digits = re.match(r"\+?([0-9]+)", entry.strip())
+        if digits is None:
             break
-    return n
+        ordinal = int(digits[1])
+        if ordinal in ordinals:
+            return []
+        ordinals.append(ordinal)
+    return ordinals
 
 
 def _physical_gpu_count(env: Mapping[str, str]) -> int:
@@ -100,6 +124,7 @@ class DeviceAssigner:
         self.gpu_count = gpu_count
         self._next_global = 0
         self._per_model: dict[str, int] = {}
+        self._warned: set[str] = set()  # gpu models placed on the CPU, logged once each
         self._lock = threading.Lock()
 
     def assign(
@@ -109,8 +134,9 @@ class DeviceAssigner:
         if device_type == "cpu":
             return None
         if self.gpu_count == 0:
-            if device_type == "gpu":
-                raise ConfigError(f"model {model_key} needs deviceType gpu but no GPU is visible")
+            if device_type == "gpu" and model_key not in self._warned:
+                self._warned.add(model_key)
+                log.warning("model %s: deviceType gpu, but no GPU is visible: CPU", model_key)
             return None
         with self._lock:
             if device_ids:
@@ -131,6 +157,7 @@ class DeviceAssigner:
         """Drop a model's per-model counter (after it is unregistered)."""
         with self._lock:
             self._per_model.pop(model_key, None)
+            self._warned.discard(model_key)
 
 
 def usable_cores(count: int | None = None) -> tuple[int, ...]:

@@ -95,6 +95,10 @@ class WorkerProcess:
         self.pid: int | None = None
         self.device: str = "cpu" if load.gpu_id is None else f"cuda:{load.gpu_id}"
         self.load_time_ms: float | None = None
+        # Intra-op threads the handler set itself while loading (Ready's count differs from the
+        # Load's; a restarted slot's worker starts with its predecessor's): the host budget
+        # counts them as configured and never re-tunes them.
+        self.own_threads: int | None = None
         self.load_metrics: list[dict[str, Any]] = []  # the handler's, recorded while it loaded
         self.start_time = time.time()
         self.exit_code: int | None = None
@@ -167,6 +171,14 @@ class WorkerProcess:
             raise WorkerLoadError(f"worker {self.name} sent {type(message).__name__} before Ready")
         self.pid, self.device, self.load_time_ms = message.pid, message.device, message.load_time_ms
         self.load_metrics = [m for m in message.metrics or () if isinstance(m, dict)]
+        if message.num_threads != max(1, self.load.num_threads):
+            self.own_threads = message.num_threads
+        if self.load.gpu_id is not None and self.device == "cpu":
+            log.warning(
+                "worker %s was given GPU %d but runs on the CPU (no CUDA for torch there)",
+                self.name,
+                self.load.gpu_id,
+            )
         self.state = WorkerState.READY
         self._spawn(self._read_results())
         log.debug("worker %s ready pid=%s device=%s", self.name, self.pid, self.device)

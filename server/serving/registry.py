@@ -61,8 +61,11 @@ class ModelRegistry:
         worker_env: dict[str, str] | None = None,
         prewarmed: Callable[[], Spawned | None] | None = None,
         spawn: SpawnFn | None = None,  # how workers start (serving/forkserver.py); None: spawned
+        unplace: Callable[[str], None] | None = None,  # a version gone: its placement state
     ) -> None:
         self.config = config
+        self.unplace = unplace
+        self.gpus = 0  # the GPUs workers are placed on (serve.py sets it): describe's deviceType
         self.prewarmed = prewarmed
         self.spawn = spawn
         self.place = place
@@ -336,6 +339,8 @@ class ModelRegistry:
         elif self.defaults.get(mv.name) == mv.version:
             self.defaults[mv.name] = sorted(versions)[-1]
         store.remove(mv.model_dir)  # a model directory's link only
+        if self.unplace is not None:  # registered again, it starts at deviceIds[0] (TorchServe)
+            self.unplace(mv.key)
         self.budget.rebalance(self.all_versions())  # its threads go to the others
 
     async def unregister(self, name: str, version: str | None = None, timeout: float = 120) -> None:

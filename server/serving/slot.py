@@ -129,7 +129,10 @@ class WorkerSlot:
         return not self.retiring and not self.gave_up and self.worker is not None
 
     def _new_worker(self) -> WorkerProcess:
-        return self.ctx.new_worker(self.placement)
+        worker = self.ctx.new_worker(self.placement)
+        if self.worker is not None:  # a handler that set its own threads sets them again
+            worker.own_threads = self.worker.own_threads
+        return worker
 
     async def start(self) -> None:
         """Start the supervisor and dispatcher; return after the first load attempt."""

@@ -53,12 +53,14 @@ def _pin(load: p.Load) -> None:
         os.sched_setaffinity(0, load.cpu_affinity)
 
 
-def _retune(message: p.Tune, started_on: set[int]) -> None:
-    """Apply a ``Tune``: torch's intra-op threads, and the cores of every thread of the process
-    (``None``: the cores it started with); a core that cannot be had leaves them as they are."""
+def _retune(message: p.Tune, started_on: set[int], keep_threads: bool) -> None:
+    """Apply a ``Tune``: torch's intra-op threads (unless the handler set its own:
+    ``keep_threads``), and the cores of every thread of the process (``None``: the cores it
+    started with); a core that cannot be had leaves them as they are."""
     import torch
 
-    torch.set_num_threads(max(1, message.num_threads))
+    if not keep_threads:
+        torch.set_num_threads(max(1, message.num_threads))
     if started_on and hasattr(os, "sched_setaffinity"):
         cores = set(message.cpu_affinity or started_on)
         for tid in os.listdir("/proc/self/task"):
@@ -261,13 +263,17 @@ def serve(sock: socket.socket) -> int:
         reason = scrub_message(str(exc) or repr(exc))
         p.send_message(sock, p.LoadFailed(_load_error_type(exc), reason))
         return 1
+    threads = torch.get_num_threads()
+    own = threads != max(1, load.num_threads)  # the handler's initialize set its own
+    if own:
+        log.info("the handler set %d intra-op threads (given %d): kept", threads, load.num_threads)
     p.send_message(
         sock,
         p.Ready(
             pid=os.getpid(),
             device=str(service.device),
             load_time_ms=(time.perf_counter() - started) * 1000,
-            num_threads=torch.get_num_threads(),
+            num_threads=threads,
             torch_version=torch.__version__,
             metrics=service.load_metrics or None,
         ),
@@ -275,7 +281,7 @@ def serve(sock: socket.socket) -> int:
     # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect
     # was measured on CPU.
     first = load.gpu_id is None
-    return _serve_batches(sock, service, first, started_on, load.max_response_size)
+    return _serve_batches(sock, service, first, started_on, load.max_response_size, own)
 
 
 def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[str, object]:
@@ -291,7 +297,12 @@ def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[
 
 
 def _serve_batches(
-    sock: socket.socket, service: object, first: bool, started_on: set[int], limit: int
+    sock: socket.socket,
+    service: object,
+    first: bool,
+    started_on: set[int],
+    limit: int,
+    keep_threads: bool,
 ) -> int:
     """Serve ``Infer`` frames until ``Shutdown`` or EOF (the exit code)."""
     channel = _Channel(sock)
@@ -303,7 +314,7 @@ def _serve_batches(
         if isinstance(message, p.Shutdown):
             return 0
         if isinstance(message, p.Tune):
-            _retune(message, started_on)
+            _retune(message, started_on, keep_threads)
             continue
         if not isinstance(message, p.Infer):
             raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")

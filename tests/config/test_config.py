@@ -273,6 +273,9 @@ def test_model_config_camel_case_and_snake_case() -> None:
         ({"deviceType": "neuron"}, "not supported"),
         ({"deviceType": "tpu"}, "deviceType"),
         ({"deviceIds": [-1]}, "device ids"),
+        ({"deviceIds": 1}, "deviceIds must be a list"),  # was a TypeError: a 500 at register
+        ({"deviceIds": 1.5}, "deviceIds must be a list"),
+        ({"deviceIds": True}, "deviceIds must be a list"),
         ({"noSuchKey": 1}, "noSuchKey"),
     ],
 )

@@ -32,6 +32,16 @@ def physical(n: int) -> Callable[[Mapping[str, str]], int]:
         ("0,-1,2", 4, 1),  # CUDA stops at the first invalid entry
         ("GPU-8d1c, GPU-77aa", 4, 2),
         ("0,1", 0, 0),
+        # As CUDA (and torch's _parse_visible_devices) read it, so that no worker is given an
+        # ordinal its CUDA does not have ("invalid device ordinal" at every load):
+        ("0,5", 2, 1),  # an ordinal past the physical GPUs ends the list
+        ("5,0", 2, 0),
+        ("0,0", 2, 0),  # a repeated ordinal hides every GPU
+        ("1,0,1", 2, 0),
+        ("GPU-8d1c,GPU-8d1c", 4, 0),
+        ("1gpu", 2, 1),  # strtoul: the leading digits
+        (" 1 , 0 ", 2, 2),
+        ("x,0", 2, 0),
     ],
 )
 def test_detect_gpu_count_honours_cuda_visible_devices(
@@ -117,9 +127,15 @@ def test_cpu_and_no_gpu_mean_none() -> None:
     assert DeviceAssigner(0).assign("m/1", "auto", [0]) is None
 
 
-def test_gpu_required_without_gpu_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="no GPU"):
-        DeviceAssigner(0).assign("m/1", "gpu", None)
+def test_gpu_required_without_gpu_runs_on_the_cpu(caplog: pytest.LogCaptureFixture) -> None:
+    # TorchServe's Model: deviceType gpu where number_of_gpu is 0 is the CPU (its record:
+    # tests/data/torchserve/devices/answers.json); said once per model, not per worker.
+    devices = DeviceAssigner(0)
+    assert [devices.assign("m/1", "gpu", None) for _ in range(3)] == [None] * 3
+    assert devices.assign("m/1", "gpu", [0]) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "model m/1: deviceType gpu, but no GPU is visible: CPU"
+    ]
 
 
 def test_device_ids_out_of_range() -> None:

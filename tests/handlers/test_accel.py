@@ -269,6 +269,21 @@ def test_cuda_graph_falls_back_to_eager_for_uncaptured_shapes() -> None:
     assert len(path.graphs.uncapturable) == 1 and failing.calls("replay") == []
 
 
+def test_a_graph_whose_buffers_cannot_be_made_runs_eagerly() -> None:
+    # graph_batch_sizes past what the device can hold (here past what any tensor can): the
+    # static input buffers fail to allocate. The batch runs eagerly and that shape is not tried
+    # again, as for a capture that fails; it was the batch's error, every time.
+    backend = RecordingBackend()
+    model = linear()
+    path = device_path(model, backend, cuda_graphs=True, graph_batch_sizes=(2**62,))
+    x = torch.randn(3, 6)
+    for _ in range(2):
+        out = path.run(x)
+        with torch.inference_mode():
+            assert torch.allclose(out, model(x))
+    assert len(path.graphs.uncapturable) == 1 and backend.calls("capture") == []
+
+
 def test_cuda_graph_off_for_outputs_without_batch_dimension() -> None:
     class Total(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -256,9 +256,10 @@ def stream_server(factory: pytest.TempPathFactory, name: str) -> Iterator[LiveSe
 
 
 @contextlib.contextmanager
-def running(store: Path, **overrides: Any) -> Iterator[LiveServer]:
-    """A LiveServer over ``store`` (``make_config(store, **overrides)``), stopped on leaving."""
-    live = LiveServer(make_config(store, **overrides)).start()
+def running(store: Path, *, gpu_count: int | None = None, **overrides: Any) -> Iterator[LiveServer]:
+    """A LiveServer over ``store`` (``make_config(store, **overrides)``), stopped on leaving;
+    ``gpu_count``: the GPUs it sees (the seam), else those detected."""
+    live = LiveServer(make_config(store, **overrides), gpu_count=gpu_count).start()
     try:
         yield live
     finally:

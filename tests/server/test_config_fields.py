@@ -136,6 +136,25 @@ def test_omp_num_threads_sets_the_threads_per_worker(
     assert len(warned) == (threads is None and bool(value.strip()))  # empty: as if unset
 
 
+@pytest.mark.parametrize(
+    ("env", "threads"),
+    [
+        ({"MKL_NUM_THREADS": "1"}, 1),
+        ({"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "2"}, 1),  # torch: MKL's count wins
+        ({"MKL_NUM_THREADS": "0", "OMP_NUM_THREADS": "2"}, 2),  # a bad one: the other
+        ({"MKL_NUM_THREADS": "", "OMP_NUM_THREADS": "3"}, 3),
+    ],
+)
+def test_mkl_num_threads_as_torch_reads_it(
+    tmp_path: Path, env: dict[str, str], threads: int
+) -> None:
+    # torch starts MKL_NUM_THREADS intra-op threads, else OMP_NUM_THREADS (what a TorchServe
+    # worker runs with: `MKL_NUM_THREADS=1 python -c "import torch; print(torch.get_num_threads())"`
+    # prints 1 on a 2-core host, and 1 again with OMP_NUM_THREADS=2).
+    config, _ = load_server_config(ts_config=None, env=env, cli={}, cwd=tmp_path)
+    assert config.cpu_threads_per_worker == threads
+
+
 def test_a_declared_cpu_threads_per_worker_beats_omp_num_threads(tmp_path: Path) -> None:
     path = tmp_path / "config.properties"
     path.write_text("cpu_threads_per_worker=2\n")

@@ -2,7 +2,8 @@
 HTTP and gRPC, on a host without a GPU: the worker's four CUDA calls are replaced by a fake at
 their one seam (assets/fake_cuda_ipc.py, "device memory" backed by host memory, loaded by the
 worker through ``TORCHBAY_CUDA_IPC``), everything above it is the real code. The server is told
-it has one GPU (``number_of_gpu=1``) and places its worker on the CPU (``deviceType: cpu``).
+it sees one GPU (``gpu_count=1``, the seam of the GPUs found) and places its worker on the CPU
+(``deviceType: cpu``).
 
 Covered: registration, status and unregister in the one registry (names shared with system
 regions, the same limits), the extension advertised, inputs read from and outputs written into
@@ -49,11 +50,11 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(store: Path, log: Path) -> Iterator[LiveServer]:  # noqa: F811
-    settings = {"allow_client_shm": True, "shm_max_regions": 4, "number_of_gpu": 1}
+    settings = {"allow_client_shm": True, "shm_max_regions": 4}
     with pytest.MonkeyPatch.context() as env:
         env.setenv("TORCHBAY_CUDA_IPC", str(ASSETS / "fake_cuda_ipc.py"))
         env.setenv("TORCHBAY_FAKE_CUDA_LOG", str(log))
-        with running(store, models=MODELS, **settings) as live:
+        with running(store, gpu_count=1, models=MODELS, **settings) as live:
             yield live
 
 

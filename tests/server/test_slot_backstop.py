@@ -31,6 +31,7 @@ class FakeWorker:
         self.broken, self.killed = broken, False
         self.pid, self.name = next(_pids), "W-fake"
         self.requests, self.rss_checked_at = 0, 0.0
+        self.own_threads: int | None = None  # the handler's own torch threads (none here)
         self.exited: asyncio.Future[int] | None = None
 
     @property

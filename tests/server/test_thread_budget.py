@@ -5,13 +5,15 @@ live workers are re-tuned in place (same pid)."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import torch
 
-from tests.server.conftest import LiveServer, build_store
+from tests.server.conftest import LiveServer, build_store, make_config, until
 from torchbay.server.config.sources import load_server_config
 
 HANDLER = """
@@ -33,11 +35,29 @@ def handle(data, context):
 """
 
 
+# A handler that says it runs on its GPU (BaseHandler's ``device``): its worker counts as a GPU
+# worker on a host whose torch has no CUDA (the GPU itself is injected).
+ON_GPU_HANDLER = """
+import torch
+
+
+class OnGpu:
+    def initialize(self, context):
+        self.device = f"cuda:{context.system_properties['gpu_id']}"
+
+    def handle(self, data, context):
+        return [{"threads": torch.get_num_threads()} for _ in data or ()]
+"""
+
+
 @pytest.fixture(scope="module")
 def thread_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    handler = tmp_path_factory.mktemp("threads-handler") / "threads_handler.py"
+    folder = tmp_path_factory.mktemp("threads-handler")
+    handler, on_gpu = folder / "threads_handler.py", folder / "on_gpu_handler.py"
     handler.write_text(HANDLER)
-    return build_store(tmp_path_factory, "threads", {"ta": str(handler), "tb": str(handler)})
+    on_gpu.write_text(ON_GPU_HANDLER)
+    handlers = {"ta": str(handler), "tb": str(handler), "tg": str(on_gpu)}
+    return build_store(tmp_path_factory, "threads", handlers)
 
 
 @pytest.fixture
@@ -134,18 +154,35 @@ def test_affinity_gives_two_models_disjoint_cores(store_server: Any) -> None:
 
 
 def test_gpu_workers_take_one_thread_and_nothing_from_the_budget(store_server: Any) -> None:
-    # One (injected) GPU: ta is placed on it, tb (deviceType cpu) keeps the whole CPU budget.
+    # One (injected) GPU: tg is placed on it, tb (deviceType cpu) keeps the whole CPU budget.
     server = store_server(
         cores=2,
         gpu_count=1,
         models={"tb": {"1.0": {"marName": "tb.mar", "deviceType": "cpu"}}},
-        load_models=["ta=ta.mar", "tb"],
+        load_models=["tg=tg.mar", "tb"],
     )
-    gpu, cpu = describe(server, "ta"), describe(server, "tb")
+    gpu, cpu = describe(server, "tg"), describe(server, "tb")
     assert [(w["gpu"], w["threads"]) for w in gpu["workers"]] == [(True, 1)]
     assert [(w["gpu"], w["threads"]) for w in cpu["workers"]] == [(False, 2)]
     assert cpu["threadBudget"]["assigned"] == 2
     assert report(server, "tb")["threads"] == 2
+
+
+def test_a_gpu_worker_runs_its_declared_cpu_threads(store_server: Any) -> None:
+    # cpu_threads is "exactly this many" on a GPU too (a GPU model's CPU preprocessing); it is
+    # not taken from the CPU budget, which tb keeps whole.
+    server = store_server(
+        cores=2,
+        gpu_count=1,
+        models={
+            "tg": {"1.0": {"marName": "tg.mar", "cpu_threads": 3}},
+            "tb": {"1.0": {"marName": "tb.mar", "deviceType": "cpu"}},
+        },
+        load_models=["tg", "tb"],
+    )
+    assert [(w["gpu"], w["threads"]) for w in describe(server, "tg")["workers"]] == [(True, 3)]
+    assert report(server, "tg")["threads"] == 3
+    assert threads_of(server, "tb") == [2]
 
 
 def test_omp_num_threads_in_the_environment_sets_every_workers_threads(
@@ -168,3 +205,76 @@ def test_omp_num_threads_in_the_environment_sets_every_workers_threads(
         assert report(server, "ta")["threads"] == 1
     finally:
         server.stop()
+
+
+OWN_HANDLER = """
+import os
+
+import torch
+
+
+class OwnThreads:
+    def initialize(self, context):
+        torch.set_num_threads(1)  # the handler's own choice, as some TorchServe handlers make
+
+    def handle(self, data, context):
+        return [{"pid": os.getpid(), "threads": torch.get_num_threads()} for _ in data or ()]
+"""
+
+
+def test_a_handler_that_sets_its_own_threads_keeps_them(
+    thread_store: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # TorchServe never touches a worker's threads after its handler loaded; here the budget
+    # counts them as configured, never re-tunes them, and describe says what the worker runs.
+    handler = tmp_path_factory.mktemp("own-handler") / "own_handler.py"
+    handler.write_text(OWN_HANDLER)
+    store = build_store(tmp_path_factory, "own", {"own": str(handler)})
+    (store / "tb.mar").write_bytes((thread_store / "tb.mar").read_bytes())
+    config = make_config(store, enable_model_api=True, load_models=["own.mar"])
+    server = LiveServer(config, cores=4).start()
+    try:
+        assert threads_of(server, "own") == [1]
+        registered = httpx.post(
+            f"{server.management_url}/models",
+            params={"url": "tb.mar", "initial_workers": 1, "synchronous": "true"},
+            timeout=60,
+        )
+        assert registered.status_code == 200, registered.text
+        assert threads_of(server, "own", "tb") == [1, 3]  # the rest of the budget
+        gone = httpx.delete(f"{server.management_url}/models/tb", timeout=60)
+        assert gone.status_code == 200, gone.text
+        assert threads_of(server, "own") == [1]
+        first = report(server, "own")
+        assert first["threads"] == 1
+        # Restarted (its Load now says 1, what the handler sets): still the handler's threads.
+        os.kill(first["pid"], signal.SIGKILL)
+        until(lambda: restarted(server, "own", first["pid"]), "the worker restarted")
+        registered = httpx.post(
+            f"{server.management_url}/models",
+            params={"url": "tb.mar", "initial_workers": 1, "synchronous": "true"},
+            timeout=60,
+        )
+        assert registered.status_code == 200, registered.text
+        gone = httpx.delete(f"{server.management_url}/models/tb", timeout=60)
+        assert gone.status_code == 200, gone.text
+        assert threads_of(server, "own") == [1]
+        assert report(server, "own")["threads"] == 1
+    finally:
+        server.stop()
+
+
+def restarted(server: Any, model: str, pid: int) -> bool:
+    [worker] = describe(server, model)["workers"]
+    return worker["status"] == "READY" and worker["pid"] not in (None, pid)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the worker must find no CUDA")
+def test_a_worker_given_a_gpu_that_runs_on_the_cpu_takes_a_cpu_share(store_server: Any) -> None:
+    # GPUs seen by the server (injected) but no CUDA for torch in the worker (a CPU build of
+    # torch on a GPU host): BaseHandler runs on the CPU, as TorchServe's does, so the worker
+    # takes its share of the budget instead of a GPU worker's 1 thread.
+    server = store_server(cores=4, gpu_count=1, load_models=["ta=ta.mar"])
+    [worker] = describe(server, "ta")["workers"]
+    assert (worker["gpu"], worker["device"], worker["threads"]) == (True, "cpu", 4)
+    assert report(server, "ta")["threads"] == 4
