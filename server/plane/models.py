@@ -253,7 +253,10 @@ class Models:
     async def unload(self, name: str, parameters: Any) -> None:
         """Unload every version of ``name`` (the default one last). A start-up model of that
         name that failed to load is forgotten (the server's readiness no longer waits for it),
-        as Triton's unload of a model that failed marks it unloaded."""
+        as Triton's unload of a model that failed marks it unloaded. A model of the store that
+        is not loaded is a success with nothing to do, as Triton's unload of a model not
+        loaded ("no affect and success code", tritonserver.h); a name the store does not have
+        is a 404 (Triton answers success there too: a typo should be told)."""
         self.control()
         if not isinstance(parameters, dict):
             raise BadRequest('"parameters" must be an object')
@@ -262,7 +265,7 @@ class Models:
             for label in failed:  # Triton: unloaded, so no longer a failure (readiness)
                 del self.startup_failures[label]
             if not self.registry.models.get(name):
-                if failed:
+                if failed or self.in_store(name):
                     return
                 raise ModelNotFound(f"Model not found: {name}")
             await self._unload_all(name)

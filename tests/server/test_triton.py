@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
@@ -294,6 +295,23 @@ def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
     with pytest.raises(InferenceServerException, match="Model not found: nope"):
         client.unload_model("nope")
+
+
+def test_unloading_a_model_that_is_not_loaded_succeeds(server: LiveServer, client) -> None:
+    """Triton: "Unloading a model that is not loaded on server has no affect and success code
+    will be returned" (tritonserver.h), so a second unload, or a clean-up that unloads a
+    model of the repository never loaded, succeeds; it was a 404 "Model not found"."""
+    grpc_client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    if "two" in server.server.registry.models:
+        client.unload_model("two")
+    for _ in range(2):
+        client.unload_model("two")
+        grpc_client.unload_model("two", unload_dependents=True)
+    grpc_client.close()
+    index = {e["name"]: e for e in client.get_model_repository_index()}
+    assert index["two"]["state"] == "UNAVAILABLE" and index["one"]["state"] == "READY"
 
 
 def test_disabled_model_api_and_token_auth(oip_store: Path, tmp_path: Path) -> None:
