@@ -125,7 +125,7 @@ class OipService(SharedMemoryRpcs):
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             self.calls.authorize(context)
-            return await final(self._responses(request, context, _INFER_PATH))
+            return await final(self._responses(request, context, _INFER_PATH, once=True))
         except RpcError as exc:
             answer_error(context, exc)  # no abort: see answer_error
             return None
@@ -136,11 +136,15 @@ class OipService(SharedMemoryRpcs):
         context: grpc.aio.ServicerContext,
         path: str,
         flag: bool | None = None,
+        *,
+        once: bool = False,
     ) -> AsyncIterator[Any]:
         """One ModelInferRequest through the queue: a ModelInferResponse per part (one for a
         model that does not stream); RpcError for an error. ``flag`` (a stream's request: not
         None) is whether it asks for ``triton_final_response``: then each response carries it,
-        and a stream that ends on a part gets an empty final one."""
+        and a stream that ends on a part, or with no answer at all (a generator that yielded
+        nothing: Triton's decoupled model that sent no response), gets an empty final one.
+        ``once`` (ModelInfer): a handler that streams or answers nothing is refused."""
 
         def wire() -> Any:  # read inside the plane's exchange: a refusal is recorded there
             if flag is not None:
@@ -155,12 +159,15 @@ class OipService(SharedMemoryRpcs):
             )
 
         name, version = request.model_name, request.model_version
-        responses = self.calls.infer(context, path, name, version, wire, oip=True)
+        once_name = "ModelInfer RPC" if once else None
+        responses = self.calls.infer(context, path, name, version, wire, oip=True, once=once_name)
         ended = False  # the last response was a final one (not a streamed part)
         async with contextlib.aclosing(responses):
             async for response in responses:
                 if not succeeded(response.status):
                     raise from_response(response.status, response.body)
+                if not response.partial and not response.body:
+                    continue  # a stream that ended with no answer: only the flag to write
                 try:
                     out = tensors.infer_response(response.body, response.headers, name, version)
                 except TorchbayError as exc:
