@@ -32,7 +32,7 @@ from torchbay.server.errors import (
 )
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.plane.cache import ResponseCache
-from torchbay.server.plane.load_config import load_overrides
+from torchbay.server.plane.load_config import check_fixed, fixed_fields, load_overrides
 from torchbay.server.plane.schedule import queue_policies
 from torchbay.server.serving.archives import (
     ArchiveError,
@@ -225,6 +225,7 @@ class Models:
 
     async def _load(self, name: str, parameters: Any) -> None:
         overrides, workers = load_overrides(name, parameters)
+        fixed = fixed_fields(parameters)
         store = [(p, mf) for p, mf in await self._store() if mf is not None]
         candidates = [(p, mf) for p, mf in store if _store_name(p, mf)[0] == name] or [
             (p, mf) for p, mf in store if _stem(p) == name
@@ -235,6 +236,8 @@ class Models:
         if _replaced(candidates, loaded):  # Triton reloads a model whose files changed
             await self._unload_all(name)
             loaded = {}
+        if fixed and loaded:  # refused before anything changes
+            check_fixed(fixed, [model_config(mv) for mv in loaded.values()])
         if overrides or workers is not None:  # Triton reloads a loaded model with the new config
             await asyncio.gather(*(_reconfigure(mv, overrides, workers) for mv in loaded.values()))
             for mv in loaded.values():  # a reload: no answer of before it is served after it
@@ -249,6 +252,12 @@ class Models:
                 initial_workers=workers,
                 startup=False,  # describe: loadedAtStartup false
             )
+        if fixed and not loaded:  # known once loaded: a mismatch leaves it unloaded
+            try:
+                check_fixed(fixed, [model_config(mv) for mv in self.registry.models[name].values()])
+            except BadRequest:
+                await self._unload_all(name)
+                raise
 
     async def unload(self, name: str, parameters: Any) -> None:
         """Unload every version of ``name`` (the default one last). A start-up model of that

@@ -172,6 +172,35 @@ def test_loading_a_loaded_model_with_a_config_reloads_it_with_that_config(
     assert client.get_model_config("one")["max_batch_size"] == 1
 
 
+def test_a_load_takes_back_the_config_the_server_gave(server: LiveServer, client) -> None:
+    """Triton loads a whole config, so its users send back what get_model_config gave with a
+    field changed (over HTTP, or gRPC's JSON with int64 dims as text); its platform, backend,
+    version policy, inputs and outputs were each an "unsupported field" 400. They are taken as
+    they are; a changed one is refused before anything changes (a model not loaded yet is
+    checked once loaded, and left unloaded)."""
+    grpc_client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    served = client.get_model_config("one")
+    try:
+        client.load_model("one", config=json.dumps({**served, "max_batch_size": 2}))
+        assert client.get_model_config("one")["max_batch_size"] == 2
+        over_grpc = grpc_client.get_model_config("one", as_json=True)["config"]
+        grpc_client.load_model("one", config=json.dumps({**over_grpc, "max_batch_size": "3"}))
+        assert client.get_model_config("one")["max_batch_size"] == 3
+        changed = {**served, "input": [{**served["input"][0], "dims": [65]}]}
+        with pytest.raises(InferenceServerException, match="input cannot change"):
+            client.load_model("one", config=json.dumps(changed))
+        assert client.get_model_config("one")["max_batch_size"] == 3
+    finally:
+        client.load_model("one", config=json.dumps(served))
+        grpc_client.close()
+    assert client.get_model_config("one")["max_batch_size"] == served["max_batch_size"]
+    with pytest.raises(InferenceServerException, match="platform cannot change"):
+        client.load_model("two", config=json.dumps({"platform": "onnxruntime_onnx"}))
+    assert "two" not in server.server.registry.models
+
+
 @pytest.mark.parametrize("groups", [[{"count": 0}], [{"count": -2, "kind": "KIND_CPU"}], []])
 def test_load_with_an_instance_count_below_one_takes_one(
     server: LiveServer, client, groups: list
