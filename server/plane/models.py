@@ -80,7 +80,9 @@ def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
     """A tensor of Triton's model configuration: ``dims`` without the batch dimension when the
     model takes one (``max_batch_size`` > 0), its whole shape otherwise."""
     dims = spec.shape[1:] if batched and spec.shape[:1] == [-1] else spec.shape
-    tensor = {"name": spec.name, "data_type": f"TYPE_{spec.datatype}", "dims": dims}
+    # model_config.proto names BYTES TYPE_STRING (there is no TYPE_BYTES: gRPC dropped it)
+    data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
+    tensor = {"name": spec.name, "data_type": data_type, "dims": dims}
     if spec.format is not None:
         tensor["format"] = spec.format
     return tensor
