@@ -18,6 +18,8 @@
     ├── InsufficientStorage (507 insufficient_storage)  no room to load a model (SageMaker's
     │                                                   "unload some and retry")
     ├── HandlerFailed (500 handler_error)         the handler raised or broke its contract
+    ├── StreamNotSupported (501 stream_not_supported)  a streaming handler's answer on an
+    │                                             endpoint of one response (OIP infer)
     ├── ServiceUnavailable (503 service_unavailable)
     │   ├── QueueFull (503 queue_full)            with Retry-After
     │   ├── Overloaded (503 overloaded)           with Retry-After: past max_queue_delay_ms
@@ -147,6 +149,13 @@ class InsufficientStorage(TorchbayError):
 
 class HandlerFailed(TorchbayError):
     code = "handler_error"
+
+
+class StreamNotSupported(TorchbayError):
+    """A handler that streams (several answers to one request) called through an endpoint that
+    answers once: Triton's refusal of a decoupled model there."""
+
+    status, code = 501, "stream_not_supported"
 
 
 class ServiceUnavailable(TorchbayError):

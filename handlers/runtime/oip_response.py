@@ -112,19 +112,24 @@ def classify(
     array: np.ndarray, datatype: str, k: int, labels: Mapping[str, Any] | None, name: str
 ) -> np.ndarray:
     """Top-``k`` ``"<value>:<index>[:<label>]"`` strings per batch item (shape ``[batch, k]``;
-    ``[k]`` for a 1-D output), as Triton's classification extension."""
+    ``[k]`` for a 1-D output), as Triton's classification extension: an integer output's value
+    is written as the integer (``"7:2"``), any other's as C's ``%f`` (``"0.600000:1"``)."""
     if datatype == "BYTES":
         raise BadInput(f"output {name!r} is BYTES: it cannot be classified")
-    values = oip_binary.bf16_floats(array) if datatype == "BF16" else array
-    values = values.astype(np.float64, copy=False)
+    values = oip_binary.bf16_floats(array) if datatype == "BF16" else np.asarray(array)
+    whole = values.dtype.kind in "iu"
+    if not whole:
+        values = values.astype(np.float64, copy=False)
     rows = values.reshape(1, -1) if values.ndim <= 1 else values.reshape(values.shape[0], -1)
     k = min(k, rows.shape[1])
-    top = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    # Largest first, ties by index; ~x orders integers (signed or not) without overflow.
+    top = np.argsort(~rows if whole else -rows, axis=1, kind="stable")[:, :k]
     out = np.empty(top.shape, dtype=object)
     for b in range(top.shape[0]):
         for j in range(k):
             index = int(top[b, j])
-            text = f"{rows[b, index]:f}:{index}"
+            value = rows[b, index]
+            text = f"{int(value) if whole else format(value, 'f')}:{index}"
             label = _label(labels, index)
             out[b, j] = f"{text}:{label}" if label is not None else text
     return out.reshape(-1) if values.ndim <= 1 else out

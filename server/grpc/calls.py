@@ -97,11 +97,14 @@ class Calls:
         wire: Callable[[], WireRequest],
         *,
         oip: bool = False,
+        once: str | None = None,
     ) -> AsyncIterator[WireResponse]:
         """One request through the plane: its responses, each streamed part then the final one
         (one when the handler does not stream); the call's deadline is the request's. Leaving
         early (a deadline, a cancelled call) cancels the request, in the worker too; the plane
-        records the call once. Raises RpcError."""
+        records the call once. ``once`` names an OIP endpoint that answers once (ModelInfer):
+        a handler that streams, or answers nothing, is refused (``answers_once``). Raises
+        RpcError."""
         scope: dict[str, Any] = {"method": "POST", "path": method, "http_version": "2"}
         with self.plane.exchange(scope, name, version or None) as ex:
             try:
@@ -109,6 +112,8 @@ class Calls:
                 responses = ex.responses(wire(), context.time_remaining())
                 async with contextlib.aclosing(responses):
                     async for response in responses:
+                        if once is not None:
+                            ex.answers_once(response, once)
                         yield response
             except TorchbayError as exc:
                 ex.status = exc.status

@@ -5,8 +5,12 @@ Live, ready and metadata answer what the REST endpoints answer (``http/inference
 ready and metadata need the inference key, as over REST. ``ModelInfer`` becomes the REST
 request of the binary tensor data extension (``tensors.py``) with protocol ``"v2"``, through the
 model's queue like every other request. ``ModelStreamInfer`` runs each request of the stream as
-it arrives and answers each when done (in completion order, as Triton does for non-decoupled
-models); an error goes into that response's ``error_message`` and the stream goes on. A request
+it arrives, and writes each request's first answer only after the first answer of the request
+before it: in the order the requests came, as Triton writes a non-decoupled model's responses
+(its stream infer handler queues them), so that a client whose callback gets an error, which
+names no request, can tell which request failed. torchbay does not know a decoupled model from
+its configuration: a streaming handler's later parts go as they come. An error goes into that
+response's ``error_message`` and the stream goes on. A request
 whose parameter ``triton_enable_empty_final_response`` is true (tritonclient's
 ``enable_empty_final_response``) gets Triton's ``triton_final_response`` parameter on each of its
 responses: false on a streamed part, true on its final response; a streaming handler that ends
@@ -121,7 +125,7 @@ class OipService(SharedMemoryRpcs):
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             self.calls.authorize(context)
-            return await final(self._responses(request, context, _INFER_PATH))
+            return await final(self._responses(request, context, _INFER_PATH, once=True))
         except RpcError as exc:
             answer_error(context, exc)  # no abort: see answer_error
             return None
@@ -132,11 +136,15 @@ class OipService(SharedMemoryRpcs):
         context: grpc.aio.ServicerContext,
         path: str,
         flag: bool | None = None,
+        *,
+        once: bool = False,
     ) -> AsyncIterator[Any]:
         """One ModelInferRequest through the queue: a ModelInferResponse per part (one for a
         model that does not stream); RpcError for an error. ``flag`` (a stream's request: not
         None) is whether it asks for ``triton_final_response``: then each response carries it,
-        and a stream that ends on a part gets an empty final one."""
+        and a stream that ends on a part, or with no answer at all (a generator that yielded
+        nothing: Triton's decoupled model that sent no response), gets an empty final one.
+        ``once`` (ModelInfer): a handler that streams or answers nothing is refused."""
 
         def wire() -> Any:  # read inside the plane's exchange: a refusal is recorded there
             if flag is not None:
@@ -151,12 +159,15 @@ class OipService(SharedMemoryRpcs):
             )
 
         name, version = request.model_name, request.model_version
-        responses = self.calls.infer(context, path, name, version, wire, oip=True)
+        once_name = "ModelInfer RPC" if once else None
+        responses = self.calls.infer(context, path, name, version, wire, oip=True, once=once_name)
         ended = False  # the last response was a final one (not a streamed part)
         async with contextlib.aclosing(responses):
             async for response in responses:
                 if not succeeded(response.status):
                     raise from_response(response.status, response.body)
+                if not response.partial and not response.body:
+                    continue  # a stream that ended with no answer: only the flag to write
                 try:
                     out = tensors.infer_response(response.body, response.headers, name, version)
                 except TorchbayError as exc:
@@ -190,12 +201,16 @@ class OipService(SharedMemoryRpcs):
     async def _read_stream(
         self, requests: ClientStream, context: grpc.aio.ServicerContext, done: asyncio.Queue
     ) -> None:
-        """Start one task per request as it arrives; put each answer on ``done``, then None."""
+        """Start one task per request as it arrives; put each answer on ``done``, then None.
+        Each request's turn (a future) is done once its first answer is out; the next
+        request's first answer waits for it."""
         tasks: set[asyncio.Task] = set()
         ended = False
+        turn: asyncio.Future[None] | None = None
         try:
             async for request in requests:
-                task = asyncio.ensure_future(self._stream_one(request, context, done))
+                after, turn = turn, asyncio.get_running_loop().create_future()
+                task = asyncio.ensure_future(self._stream_one(request, context, done, after, turn))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -209,13 +224,38 @@ class OipService(SharedMemoryRpcs):
                 done.put_nowait(None)
 
     async def _stream_one(
-        self, request: Any, context: grpc.aio.ServicerContext, done: asyncio.Queue
+        self,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        done: asyncio.Queue,
+        after: asyncio.Future[None] | None,
+        turn: asyncio.Future[None],
     ) -> None:
+        """Answer one request of the stream: its first answer waits for ``after`` (the turn of
+        the request before), then ``turn`` is done. A request that ends without an answer
+        passes its turn on when ``after`` is done: a later one never waits for one gone."""
+        try:
+            async with contextlib.aclosing(self._stream_answers(request, context)) as answers:
+                async for item in answers:
+                    if after is not None and not turn.done():
+                        await asyncio.shield(after)
+                    await done.put(item)
+                    _pass(turn)
+        finally:
+            if after is None or after.done():
+                _pass(turn)
+            else:
+                after.add_done_callback(lambda _: _pass(turn))
+
+    async def _stream_answers(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        """Each ModelStreamInferResponse of one request: its parts, or its error."""
         out = message("inference.ModelStreamInferResponse")()
         flag = _asks_final(request)
         try:
             async for part in self._responses(request, context, _STREAM_PATH, flag):
-                await done.put(message("inference.ModelStreamInferResponse")(infer_response=part))
+                yield message("inference.ModelStreamInferResponse")(infer_response=part)
             return
         except RpcError as exc:
             out.error_message = exc.details
@@ -226,7 +266,12 @@ class OipService(SharedMemoryRpcs):
             out.infer_response.id = request.id
         if flag:  # an error ends the request: Triton flags its error response final
             out.infer_response.parameters[FINAL].bool_param = True
-        await done.put(out)
+        yield out
+
+
+def _pass(turn: asyncio.Future[None]) -> None:
+    if not turn.done():
+        turn.set_result(None)
 
 
 def _asks_final(request: Any) -> bool:

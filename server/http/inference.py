@@ -200,6 +200,8 @@ class InferenceApp:
                 return
             rest = ex.rest(item)
             try:
+                if protocol == "v2":  # OIP's infer answers once: a streaming handler is refused
+                    ex.answers_once(first, "HTTP end point")
                 answer = respond or self._respond
                 ex.status = await answer(scope, receive, send, mv, wire, first, rest)
             finally:
@@ -220,10 +222,9 @@ class InferenceApp:
         status = response.status
         if response.partial and status not in (204, 304):
             headers.insert(0, (b"content-type", content_type))
-            oip = wire.protocol == "v2"
             # (an HTTP/1.0 client: no chunks)
             send = streaming.whole(send, scope, mv.settings.max_response_size)
-            await streaming.send_chunked(send, receive, response, parts, headers, oip=oip)
+            await streaming.send_chunked(send, receive, response, parts, headers)
         elif status in (204, 304):
             # No body allowed: one sent anyway would be read as the start of the next
             # response on this keep-alive connection.

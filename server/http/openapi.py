@@ -66,7 +66,7 @@ STATUS_TEXT = {
     431: "Request headers too large",
     500: "Internal error: the handler failed (or a bug of ours)",
     501: "Not implemented: a handler without explanations (/explanations or an explain header), "
-    "or a transfer coding other than chunked",
+    "a handler that streams on OIP infer, or a transfer coding other than chunked",
     503: "Queue full, no worker, or shutting down; see Retry-After",
     504: "Timed out",
     507: "No room to load the model: out of memory, or max_loaded_models full of pinned models",

@@ -158,7 +158,7 @@ def _v2_model_routes(base: str) -> list[Route]:
             base + "/infer",
             "v2_infer",
             "Open Inference Protocol (KServe v2) inference",
-            PREDICT_ERRORS,
+            (*PREDICT_ERRORS, 501),
             {"200": ("Output tensors", _OBJECT)},
             _JSON_BODY,
         ),

@@ -80,18 +80,13 @@ async def send_chunked(
     first: WireResponse,
     parts: Parts,
     headers: list[tuple[bytes, bytes]],
-    *,
-    oip: bool = False,
 ) -> None:
     """``first`` (already checked: ``headers`` include its content type) and the rest of
-    ``parts`` as one chunked response; an error that ends it is its route's error body."""
+    ``parts`` as one chunked response; an error that ends it is its TorchServe error body."""
     await send({"type": "http.response.start", "status": first.status, "headers": headers})
     await send({"type": "http.response.body", "body": first.body, "more_body": True})
     async for item in follow(parts, receive):
-        if isinstance(item, TorchbayError):
-            body = dumps({"error": item.message} if oip else item.to_json())
-        else:
-            body = item.body
+        body = dumps(item.to_json()) if isinstance(item, TorchbayError) else item.body
         if body:
             await send({"type": "http.response.body", "body": body, "more_body": True})
     await send({"type": "http.response.body", "body": b""})

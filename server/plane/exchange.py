@@ -36,7 +36,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchbay.server.errors import BadRequest, PayloadTooLarge, TorchbayError
+from torchbay.server.errors import (
+    BadRequest,
+    HandlerFailed,
+    PayloadTooLarge,
+    StreamNotSupported,
+    TorchbayError,
+)
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.plane.sequence_params import sequence_of
@@ -245,6 +251,19 @@ class Exchange:
         async for response in self.rest(item):
             self.status = response.status
             yield response
+
+    def answers_once(self, first: p.WireResponse, endpoint: str) -> None:
+        """Check the first answer to an OIP request on an endpoint that answers once (REST
+        infer, gRPC ModelInfer): a streamed part is Triton's refusal of a decoupled model there
+        (501, its words after ``endpoint``); a handler that streamed nothing at all (a
+        generator that yielded nothing: an empty final answer) gave no response (500)."""
+        if first.partial:
+            raise StreamNotSupported(
+                f"{endpoint} doesn't support models with decoupled transaction policy: the "
+                "model streams its answers (read them over gRPC ModelStreamInfer)"
+            )
+        if first.status == 200 and not first.body:
+            raise HandlerFailed("The model gave no response")
 
     def leave(self) -> None:
         """The caller went away before its answer (an HTTP client that disconnected; a gRPC

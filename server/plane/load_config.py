@@ -18,6 +18,9 @@ from torchbay.server.errors import BadRequest
 LOAD_CONFIG_KEYS = frozenset(
     {"name", "max_batch_size", "dynamic_batching", "instance_group", "response_cache"}
 )
+# What it may hold but not change: the archive's, as the model configuration shows them. Triton
+# takes a whole config, so its users send back what get_model_config gave, one field changed.
+FIXED_CONFIG_KEYS = frozenset({"platform", "backend", "version_policy", "input", "output"})
 
 
 def load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | None]:
@@ -40,11 +43,11 @@ def load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | No
         raise BadRequest("parameters.config must be a string holding a JSON object") from None
     if not isinstance(config, dict):
         raise BadRequest("parameters.config must be a JSON object")
-    unsupported = sorted(set(config) - LOAD_CONFIG_KEYS)
+    unsupported = sorted(set(config) - LOAD_CONFIG_KEYS - FIXED_CONFIG_KEYS)
     if unsupported:
         raise BadRequest(
             f"parameters.config: unsupported field(s) {unsupported}; torchbay takes "
-            f"{sorted(LOAD_CONFIG_KEYS)}"
+            f"{sorted(LOAD_CONFIG_KEYS)} (and {sorted(FIXED_CONFIG_KEYS)} as they are)"
         )
     if config.get("name", name) != name:
         raise BadRequest(f"parameters.config: name {config['name']!r} is not {name!r}")
@@ -104,3 +107,33 @@ def _response_cache(value: Any) -> ResponseCacheConfig:
             for err in exc.errors()
         ]
         raise BadRequest("parameters.config: " + "; ".join(parts)) from None
+
+
+def fixed_fields(parameters: Any) -> dict[str, Any]:
+    """The fields of a load's ``parameters.config`` that torchbay cannot change (called once
+    ``load_overrides`` accepted the parameters)."""
+    if not isinstance(parameters, dict) or "config" not in parameters:
+        return {}
+    config = json.loads(parameters["config"])
+    return {key: config[key] for key in FIXED_CONFIG_KEYS & set(config)}
+
+
+def check_fixed(fixed: dict[str, Any], served: list[dict[str, Any]]) -> None:
+    """BadRequest unless every field of ``fixed`` is what one of the ``served`` model
+    configurations (the model's loaded versions) holds: the archive's, which no load changes.
+    Dims compare as numbers (gRPC's JSON writes int64 as text)."""
+    for key in sorted(fixed):
+        if not any(_normal(key, fixed[key]) == _normal(key, c.get(key)) for c in served):
+            raise BadRequest(
+                f"parameters.config: {key} cannot change (it is the archive's): "
+                f"{json.dumps(fixed[key])[:200]}"
+            )
+
+
+def _normal(key: str, value: Any) -> Any:
+    if key not in ("input", "output") or not isinstance(value, list):
+        return value
+    try:
+        return [{**t, "dims": [int(d) for d in t.get("dims", [])]} for t in value]
+    except (TypeError, ValueError, AttributeError):
+        return value

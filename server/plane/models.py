@@ -32,7 +32,7 @@ from torchbay.server.errors import (
 )
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.plane.cache import ResponseCache
-from torchbay.server.plane.load_config import load_overrides
+from torchbay.server.plane.load_config import check_fixed, fixed_fields, load_overrides
 from torchbay.server.plane.schedule import queue_policies
 from torchbay.server.serving.archives import (
     ArchiveError,
@@ -80,7 +80,9 @@ def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
     """A tensor of Triton's model configuration: ``dims`` without the batch dimension when the
     model takes one (``max_batch_size`` > 0), its whole shape otherwise."""
     dims = spec.shape[1:] if batched and spec.shape[:1] == [-1] else spec.shape
-    tensor = {"name": spec.name, "data_type": f"TYPE_{spec.datatype}", "dims": dims}
+    # model_config.proto names BYTES TYPE_STRING (there is no TYPE_BYTES: gRPC dropped it)
+    data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
+    tensor = {"name": spec.name, "data_type": data_type, "dims": dims}
     if spec.format is not None:
         tensor["format"] = spec.format
     return tensor
@@ -225,6 +227,7 @@ class Models:
 
     async def _load(self, name: str, parameters: Any) -> None:
         overrides, workers = load_overrides(name, parameters)
+        fixed = fixed_fields(parameters)
         store = [(p, mf) for p, mf in await self._store() if mf is not None]
         candidates = [(p, mf) for p, mf in store if _store_name(p, mf)[0] == name] or [
             (p, mf) for p, mf in store if _stem(p) == name
@@ -235,6 +238,8 @@ class Models:
         if _replaced(candidates, loaded):  # Triton reloads a model whose files changed
             await self._unload_all(name)
             loaded = {}
+        if fixed and loaded:  # refused before anything changes
+            check_fixed(fixed, [model_config(mv) for mv in loaded.values()])
         if overrides or workers is not None:  # Triton reloads a loaded model with the new config
             await asyncio.gather(*(_reconfigure(mv, overrides, workers) for mv in loaded.values()))
             for mv in loaded.values():  # a reload: no answer of before it is served after it
@@ -249,11 +254,20 @@ class Models:
                 initial_workers=workers,
                 startup=False,  # describe: loadedAtStartup false
             )
+        if fixed and not loaded:  # known once loaded: a mismatch leaves it unloaded
+            try:
+                check_fixed(fixed, [model_config(mv) for mv in self.registry.models[name].values()])
+            except BadRequest:
+                await self._unload_all(name)
+                raise
 
     async def unload(self, name: str, parameters: Any) -> None:
         """Unload every version of ``name`` (the default one last). A start-up model of that
         name that failed to load is forgotten (the server's readiness no longer waits for it),
-        as Triton's unload of a model that failed marks it unloaded."""
+        as Triton's unload of a model that failed marks it unloaded. A model of the store that
+        is not loaded is a success with nothing to do, as Triton's unload of a model not
+        loaded ("no affect and success code", tritonserver.h); a name the store does not have
+        is a 404 (Triton answers success there too: a typo should be told)."""
         self.control()
         if not isinstance(parameters, dict):
             raise BadRequest('"parameters" must be an object')
@@ -262,7 +276,7 @@ class Models:
             for label in failed:  # Triton: unloaded, so no longer a failure (readiness)
                 del self.startup_failures[label]
             if not self.registry.models.get(name):
-                if failed:
+                if failed or self.in_store(name):
                     return
                 raise ModelNotFound(f"Model not found: {name}")
             await self._unload_all(name)

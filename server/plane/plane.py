@@ -44,6 +44,7 @@ from torchbay.server.serving.registry import ModelRegistry
 EXTENSIONS: dict[str, frozenset[str]] = {
     "binary_tensor_data": frozenset({"infer"}),
     "classification": frozenset({"infer"}),
+    "sequence": frozenset({"infer"}),  # sequence_id/start/end: plane/sequence_params.py
     "schedule_policy": frozenset({"infer"}),  # priority and timeout: plane/schedule.py
     "model_configuration": frozenset({"model_config"}),
     "model_repository": frozenset({"repository_index", "repository_load", "repository_unload"}),

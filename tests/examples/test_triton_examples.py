@@ -27,6 +27,7 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from PIL import Image
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from .conftest import REPO, _server, example_module
@@ -242,3 +243,20 @@ def test_a_model_without_a_batch_dimension_answers_one_sample(triton_server: Any
     best = client.infer("densenet_onnx", [image], outputs=[top]).as_numpy("fc6_1")
     assert best.shape == (2,) and best[0].decode().split(":")[2].startswith("CLASS_")
     client.close()
+
+
+def test_a_bytes_tensor_is_type_string_in_the_model_config(triton_server: Any) -> None:
+    """model_config.proto names BYTES ``TYPE_STRING`` (it has no TYPE_BYTES): the REST config
+    said TYPE_BYTES, and gRPC's ModelConfig, whose enum has no such value, dropped the
+    datatype (TYPE_INVALID)."""
+    ports = triton_server.server.state.ports
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{ports.inference}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+    try:
+        rest = http.get_model_config("simple_string")
+        over_grpc = grpc.get_model_config("simple_string").config
+    finally:
+        http.close(), grpc.close()
+    assert [t["data_type"] for t in rest["input"] + rest["output"]] == ["TYPE_STRING"] * 4
+    tensors = [*over_grpc.input, *over_grpc.output]
+    assert [model_config_pb2.DataType.Name(t.data_type) for t in tensors] == ["TYPE_STRING"] * 4

@@ -271,6 +271,24 @@ def test_classification_1d_and_labels() -> None:
         oip_response.classify(np.array(["x"], dtype=object), "BYTES", 1, None, "s")
 
 
+@pytest.mark.parametrize(
+    ("values", "datatype", "expected"),
+    [
+        ([[3, -7, 9]], "INT32", [["9:2", "3:0", "-7:1"]]),
+        ([[0, 255, 7]], "UINT8", [["255:1", "7:2", "0:0"]]),
+        ([[2**63 - 1, 2**63 - 2, -(2**63)]], "INT64", [[f"{2**63 - 1}:0", f"{2**63 - 2}:1"]]),
+        ([[2**64 - 1, 0, 2**63]], "UINT64", [[f"{2**64 - 1}:0", f"{2**63}:2"]]),
+    ],
+)
+def test_classification_of_integers_writes_the_integer(values, datatype, expected) -> None:
+    """Triton writes an integer output's value with std::to_string of its type ("9:2"; it
+    was "9.000000:2"), and an int64 past 2**53 exactly (it was rounded through a double, and
+    2**63 - 1 and 2**63 - 2 tied)."""
+    array = np.array(values, dtype=oip_binary.NUMPY_DTYPES[datatype])
+    k = len(expected[0])
+    assert oip_response.classify(array, datatype, k, None, "o").tolist() == expected
+
+
 # -- content encodings ----------------------------------------------------------------------------
 
 

@@ -126,6 +126,7 @@ def test_server_metadata_lists_the_extensions(server: LiveServer) -> None:
     assert body["extensions"] == [
         "binary_tensor_data",
         "classification",
+        "sequence",  # OIP's sequence_id/start/end parameters: it was served but not listed
         "schedule_policy",
         "model_configuration",
         "model_repository",

@@ -39,6 +39,7 @@ EXTENSION_RPCS = {
     "model_repository": ["RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"],
     "binary_tensor_data": ["ModelInfer"],
     "classification": ["ModelInfer"],
+    "sequence": ["ModelInfer"],
     "schedule_policy": ["ModelInfer"],
     "logging": ["LogSettings"],
     "trace": ["TraceSetting"],

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
@@ -171,6 +172,35 @@ def test_loading_a_loaded_model_with_a_config_reloads_it_with_that_config(
     assert client.get_model_config("one")["max_batch_size"] == 1
 
 
+def test_a_load_takes_back_the_config_the_server_gave(server: LiveServer, client) -> None:
+    """Triton loads a whole config, so its users send back what get_model_config gave with a
+    field changed (over HTTP, or gRPC's JSON with int64 dims as text); its platform, backend,
+    version policy, inputs and outputs were each an "unsupported field" 400. They are taken as
+    they are; a changed one is refused before anything changes (a model not loaded yet is
+    checked once loaded, and left unloaded)."""
+    grpc_client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    served = client.get_model_config("one")
+    try:
+        client.load_model("one", config=json.dumps({**served, "max_batch_size": 2}))
+        assert client.get_model_config("one")["max_batch_size"] == 2
+        over_grpc = grpc_client.get_model_config("one", as_json=True)["config"]
+        grpc_client.load_model("one", config=json.dumps({**over_grpc, "max_batch_size": "3"}))
+        assert client.get_model_config("one")["max_batch_size"] == 3
+        changed = {**served, "input": [{**served["input"][0], "dims": [65]}]}
+        with pytest.raises(InferenceServerException, match="input cannot change"):
+            client.load_model("one", config=json.dumps(changed))
+        assert client.get_model_config("one")["max_batch_size"] == 3
+    finally:
+        client.load_model("one", config=json.dumps(served))
+        grpc_client.close()
+    assert client.get_model_config("one")["max_batch_size"] == served["max_batch_size"]
+    with pytest.raises(InferenceServerException, match="platform cannot change"):
+        client.load_model("two", config=json.dumps({"platform": "onnxruntime_onnx"}))
+    assert "two" not in server.server.registry.models
+
+
 @pytest.mark.parametrize("groups", [[{"count": 0}], [{"count": -2, "kind": "KIND_CPU"}], []])
 def test_load_with_an_instance_count_below_one_takes_one(
     server: LiveServer, client, groups: list
@@ -294,6 +324,23 @@ def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
     with pytest.raises(InferenceServerException, match="Model not found: nope"):
         client.unload_model("nope")
+
+
+def test_unloading_a_model_that_is_not_loaded_succeeds(server: LiveServer, client) -> None:
+    """Triton: "Unloading a model that is not loaded on server has no affect and success code
+    will be returned" (tritonserver.h), so a second unload, or a clean-up that unloads a
+    model of the repository never loaded, succeeds; it was a 404 "Model not found"."""
+    grpc_client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    if "two" in server.server.registry.models:
+        client.unload_model("two")
+    for _ in range(2):
+        client.unload_model("two")
+        grpc_client.unload_model("two", unload_dependents=True)
+    grpc_client.close()
+    index = {e["name"]: e for e in client.get_model_repository_index()}
+    assert index["two"]["state"] == "UNAVAILABLE" and index["one"]["state"] == "READY"
 
 
 def test_disabled_model_api_and_token_auth(oip_store: Path, tmp_path: Path) -> None:
