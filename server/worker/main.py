@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.worker_env import LOG_TAG
+from torchbay.server.worker.worker_logs import configure_logging
 
 log = logging.getLogger("torchbay.worker")
 T = TypeVar("T")
@@ -323,37 +323,6 @@ def _serve_batches(
         first = False
         channel.done(message)
         channel.write(frame)
-
-
-def configure_logging(level: str, log_format: str) -> None:
-    """The worker's log lines on stderr (the frontend's WorkerOutput), text or JSON, each
-    record's first line after the frontend's secret (``LOG_TAG``, taken out of the environment:
-    the handler and its children never see it)."""
-    handler = logging.StreamHandler(sys.stderr)
-    formatter: logging.Formatter
-    if log_format == "json":
-        from torchbay.server.observe.logs import JsonFormatter
-
-        formatter = JsonFormatter()
-    else:
-        formatter = logging.Formatter(
-            f"%(asctime)s %(levelname)s worker[{os.getpid()}] %(name)s: %(message)s"
-        )
-    tag = os.environ.pop(LOG_TAG, "")
-    handler.setFormatter(_Tagged(formatter, tag) if tag else formatter)
-    # force: a forked worker replaces what its template set up (server/worker/template.py).
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-
-
-class _Tagged(logging.Formatter):
-    """``inner``'s text with ``tag`` before it."""
-
-    def __init__(self, inner: logging.Formatter, tag: str) -> None:
-        super().__init__()
-        self.inner, self.tag = inner, tag
-
-    def format(self, record: logging.LogRecord) -> str:
-        return self.tag + self.inner.format(record)
 
 
 def run(sock: socket.socket) -> int:
