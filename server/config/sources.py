@@ -333,7 +333,7 @@ def _apply(merged: dict[str, Any], layer: Mapping[str, Any]) -> None:
 def _as_int(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: YAML's .inf
         return None  # validation reports it
 
 

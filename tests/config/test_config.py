@@ -407,3 +407,20 @@ def test_bounds_apply_to_config_properties_too(tmp_path: Path) -> None:
         load(tmp_path, ts_config=None, env={}, cli={"max_batch_delay": "inf"})
     with pytest.raises(ValidationError, match="finite"):
         load(tmp_path, ts_config=None, env={"TORCHBAY_MAX_BATCH_DELAY": "inf"}, cli={})
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 1e400])
+def test_an_infinite_worker_count_in_model_config_is_the_settings_error(
+    tmp_path: Path, value: float
+) -> None:
+    """``minWorkers: .inf`` in model-config.yaml (YAML's infinity) raised OverflowError while
+    max was raised to min (a 500 at registration, hunt-time saw it); it is now the settings'
+    error that names the field."""
+    with pytest.raises(ValidationError, match="min_workers"):
+        resolve_model_config(
+            _server(tmp_path),
+            name="m",
+            version="1.0",
+            archive_yaml={"minWorkers": value},
+            api_overrides=None,
+        )
