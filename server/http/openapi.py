@@ -17,9 +17,10 @@ from torchbay.server.http.asgi import (
     Receive,
     Scope,
     Send,
+    dumps,
     lifespan,
+    send_bytes,
     send_error,
-    send_json,
 )
 from torchbay.server.http.route_table import INFERENCE_ROUTES, METRICS_ROUTES
 from torchbay.server.http.routes import Route, Router
@@ -246,8 +247,10 @@ def with_openapi(app: ASGIApp, document: dict[str, Any]) -> ASGIApp:
         _check_utf8(scope)
         await app(scope, receive, send)
 
+    body = dumps(document)  # an open route: serialized once
+
     async def describe(scope: Scope, receive: Receive, send: Send, match: Any) -> None:
-        await send_json(send, 200, document)
+        await send_bytes(send, 200, body)
 
     router = Router(METRICS_ROUTES, {"metrics": metrics, "describe": describe})
 
