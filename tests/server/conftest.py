@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -72,6 +73,21 @@ def build_store(
             extra_files=(str(ASSETS / "gates.py"),) if ours else (),
             config_file=(config_files or {}).get(name),
         )
+    return root
+
+
+def recorded_store(
+    factory: pytest.TempPathFactory,
+    prefix: str,
+    archives: dict[str, tuple[str, str, str]],
+    data: Path,
+) -> Path:
+    """A TorchServe recorder's model store (``archives``: file name -> model name, version,
+    handler file in ``data``), built by torchbay's archiver from the same handler files."""
+    root, work = factory.mktemp(prefix), factory.mktemp(f"{prefix}-build")
+    for file_name, (name, version, handler) in archives.items():
+        built = tiny_archive(work, work / file_name, name, str(data / handler), version=version)
+        shutil.move(built, root / file_name)
     return root
 
 
@@ -264,6 +280,18 @@ def running(store: Path, *, gpu_count: int | None = None, **overrides: Any) -> I
         yield live
     finally:
         live.stop()
+
+
+@contextlib.contextmanager
+def gate_server(
+    factory: pytest.TempPathFactory, prefix: str, models: dict[str, Any]
+) -> Iterator[LiveServer]:
+    """A LiveServer of ``models`` (``models={...}``), each name an archive of the gate handler
+    (assets/gate_handler.py), all loaded."""
+    handler = str(ASSETS / "gate_handler.py")
+    store = build_store(factory, prefix, dict.fromkeys(models, handler))
+    with running(store, models=models, load_models=["all"]) as live:
+        yield live
 
 
 @contextlib.contextmanager

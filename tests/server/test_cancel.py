@@ -32,7 +32,7 @@ from torchbay.server.plane import CLIENT_LEFT, Exchange
 from torchbay.server.plane.exchange import Wiring
 from torchbay.server.serving.queue import BatchQueue, Pending, clock
 
-from .conftest import ASSETS, LiveServer, build_store, ran_ids, running, until
+from .conftest import LiveServer, gate_server, ran_ids, until
 
 ONE = {"minWorkers": 1, "maxWorkers": 1}
 MODELS = {
@@ -44,9 +44,7 @@ MODELS = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    handler = str(ASSETS / "gate_handler.py")
-    store = build_store(tmp_path_factory, "cancel-store", dict.fromkeys(MODELS, handler))
-    with running(store, models=MODELS, load_models=["all"]) as live:
+    with gate_server(tmp_path_factory, "cancel-store", MODELS) as live:
         yield live
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
-from .conftest import ASSETS, LiveServer, build_store, ran_ids, running, until
+from .conftest import LiveServer, gate_server, ran_ids, until
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +27,7 @@ MODELS = {name: {"1.0": {"marName": f"{name}.mar", **ONE}} for name in ("held", 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    handler = str(ASSETS / "gate_handler.py")
-    store = build_store(tmp_path_factory, "stream-order", dict.fromkeys(MODELS, handler))
-    with running(store, models=MODELS, load_models=["all"]) as live:
+    with gate_server(tmp_path_factory, "stream-order", MODELS) as live:
         yield live
 
 

@@ -17,39 +17,48 @@ from torchbay.server.observe import retired
 from .conftest import LiveServer, make_config
 
 
-def _requests(text: str, model: str) -> float:
-    return sum(
+def _samples(text: str, name: str, model: str) -> list[float]:
+    return [
         s.value
         for f in text_string_to_metric_families(text)
         for s in f.samples
-        if s.name == "torchbay_requests_total" and s.labels.get("model") == model
-    )
+        if s.name == name and s.labels.get("model") == model
+    ]
+
+
+def _cycles(model_store: Path, name: str, cycles: int, asks: int, **register: str) -> str:
+    """``cycles`` times: register ``name`` (probe.mar, one worker, ``register``'s parameters),
+    ask it ``asks`` times, unregister it; then no version object of it may be alive. The
+    scrape after the cycles."""
+    config = make_config(model_store, enable_model_api=True, disable_system_metrics=True)
+    live = LiveServer(config).start()
+    gone: list[weakref.ref] = []
+    params = {"url": "probe.mar", "model_name": name, "initial_workers": 1, **register}
+    try:
+        with httpx.Client(timeout=120) as client:
+            for _ in range(cycles):
+                answer = client.post(f"{live.management_url}/models", params=params)
+                assert answer.status_code == 200, answer.text
+                for _ in range(asks):
+                    answer = client.post(f"{live.url}/predictions/{name}", json={"echo": 1})
+                    assert answer.status_code == 200, answer.text
+                registry = live.server.registry
+                assert registry is not None
+                gone += [weakref.ref(mv) for mv in registry.all_versions() if mv.name == name]
+                answer = client.delete(f"{live.management_url}/models/{name}/1.0")
+                assert answer.status_code == 200, answer.text
+            text = client.get(f"{live.metrics_url}/metrics").text
+    finally:
+        live.stop()
+    gc.collect()
+    assert len(gone) == cycles and [ref for ref in gone if ref() is not None] == []
+    return text
 
 
 @pytest.mark.slow
 def test_an_unregistered_version_is_not_kept_alive_by_the_metrics(model_store: Path) -> None:
-    config = make_config(model_store, enable_model_api=True, disable_system_metrics=True)
-    live = LiveServer(config).start()
-    gone: list[weakref.ref] = []
-    params = {"url": "probe.mar", "model_name": "churn", "initial_workers": 1}
-    try:
-        with httpx.Client(timeout=120) as client:
-            for _ in range(3):
-                register = f"{live.management_url}/models"
-                answer = client.post(register, params={**params, "synchronous": "true"})
-                assert answer.status_code == 200, answer.text
-                assert client.post(f"{live.url}/predictions/churn", json={}).status_code == 200
-                registry = live.server.registry
-                assert registry is not None
-                gone += [weakref.ref(mv) for mv in registry.all_versions() if mv.name == "churn"]
-                answer = client.delete(f"{live.management_url}/models/churn/1.0")
-                assert answer.status_code == 200, answer.text
-            text = client.get(f"{live.metrics_url}/metrics").text
-        gc.collect()
-        assert len(gone) == 3 and [ref for ref in gone if ref() is not None] == []
-        assert _requests(text, "churn") == 3
-    finally:
-        live.stop()
+    text = _cycles(model_store, "churn", 3, 1, synchronous="true")
+    assert sum(_samples(text, "torchbay_requests_total", "churn")) == 3
 
 
 @pytest.mark.slow
@@ -58,36 +67,9 @@ def test_an_unregistered_cached_version_is_not_kept_alive_by_the_cache_counters(
 ) -> None:
     """A version with the response cache counts its hits and misses: the counters' cache of
     labelled children kept each unregistered version (its queue, slots and settings) for good."""
-    config = make_config(model_store, enable_model_api=True, disable_system_metrics=True)
-    live = LiveServer(config).start()
-    gone: list[weakref.ref] = []
-    params = {"url": "probe.mar", "model_name": "cached", "initial_workers": 1}
-    try:
-        with httpx.Client(timeout=120) as client:
-            for _ in range(2):
-                register = {**params, "synchronous": "true", "response_cache": "true"}
-                answer = client.post(f"{live.management_url}/models", params=register)
-                assert answer.status_code == 200, answer.text
-                for _ in range(2):  # a miss, then a hit
-                    answer = client.post(f"{live.url}/predictions/cached", json={"echo": 1})
-                    assert answer.status_code == 200, answer.text
-                registry = live.server.registry
-                assert registry is not None
-                gone += [weakref.ref(mv) for mv in registry.all_versions() if mv.name == "cached"]
-                answer = client.delete(f"{live.management_url}/models/cached/1.0")
-                assert answer.status_code == 200, answer.text
-            text = client.get(f"{live.metrics_url}/metrics").text
-        gc.collect()
-        assert len(gone) == 2 and [ref for ref in gone if ref() is not None] == []
-        hits = [
-            s.value
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if s.name == "torchbay_cache_hits_total" and s.labels.get("model") == "cached"
-        ]
-        assert hits == [2.0]  # the series stays, and counts on when the version comes back
-    finally:
-        live.stop()
+    text = _cycles(model_store, "cached", 2, 2, synchronous="true", response_cache="true")
+    # a miss then a hit per cycle: the series stays, and counts on when the version comes back
+    assert _samples(text, "torchbay_cache_hits_total", "cached") == [2.0]
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import _tiny_model, recorded, tiny_archive
+from tests.server.conftest import _tiny_model, recorded, recorded_store
 from torchbay.archiver.package import ArchiveOptions, package
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12"
@@ -70,11 +70,7 @@ TS_FAMILIES = (
 @pytest.fixture(scope="module")
 def parity_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recorder's model store, built by torchbay's archiver from the same handler files."""
-    root = tmp_path_factory.mktemp("parity-store")
-    work = tmp_path_factory.mktemp("parity-build")
-    for file_name, (name, version, handler) in sequence.ARCHIVES.items():
-        built = tiny_archive(work, work / file_name, name, str(DATA / handler), version=version)
-        shutil.move(built, root / file_name)
+    root = recorded_store(tmp_path_factory, "parity-store", sequence.ARCHIVES, DATA)
     (root / sequence.NOT_AN_ARCHIVE).write_text("this is not a model archive\n")
     return root
 

@@ -12,7 +12,6 @@ README's "Differences from TorchServe".
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +21,7 @@ import grpc
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, make_config, recorded, tiny_archive
+from tests.server.conftest import LiveServer, make_config, recorded, recorded_store
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12" / "versions"
 versions, RECORD = recorded(DATA, "versions.py")
@@ -115,12 +114,7 @@ DESCRIBE_VALUES = (
 @pytest.fixture(scope="module")
 def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recorder's model store, built by torchbay's archiver from the same handler."""
-    root = tmp_path_factory.mktemp("versions-store")
-    work = tmp_path_factory.mktemp("versions-build")
-    for file_name, (name, version, handler) in versions.ARCHIVES.items():
-        built = tiny_archive(work, work / file_name, name, str(DATA / handler), version=version)
-        shutil.move(built, root / file_name)
-    return root
+    return recorded_store(tmp_path_factory, "versions-store", versions.ARCHIVES, DATA)
 
 
 @pytest.fixture(scope="module")

@@ -91,13 +91,42 @@ def call(
         return exc.code, exc.headers.get("content-type", ""), exc.read()
 
 
-def archive(name: str, handler: Path, export: Path, *extra: str, version: str = "1.0") -> Path:
-    """``torch-model-archiver`` for one model (``extra``: its other flags, such as
-    ``--serialized-file``); returns the ``.mar`` it wrote."""
-    command = [tool("torch-model-archiver"), "--model-name", name, "--version", version]
+def archive(
+    name: str,
+    handler: Path,
+    export: Path,
+    *extra: str,
+    version: str = "1.0",
+    archiver: str | None = None,
+) -> Path:
+    """``torch-model-archiver`` (``archiver``, else :func:`tool`'s) for one model (``extra``:
+    its other flags, such as ``--serialized-file``); returns the ``.mar`` it wrote."""
+    command = [archiver or tool("torch-model-archiver"), "--model-name", name, "--version", version]
     command += ["--handler", str(handler), "--export-path", str(export), *extra]
     subprocess.run(command, check=True)
     return export / f"{name}.mar"
+
+
+def build_store(
+    work: Path,
+    archives: dict[str, tuple[str, str, str]],
+    handlers: Path,
+    archiver: str | None = None,
+) -> Path:
+    """``work/store`` with ``archives`` (file name -> model name, version, handler file in
+    ``handlers``), each packed by torch-model-archiver over one tiny scripted model."""
+    store = work / "store"
+    store.mkdir()
+    model = scripted_linear(work)
+    for file_name, (name, version, handler) in archives.items():
+        out = work / f"build-{file_name}"
+        out.mkdir()
+        serialized = ("--serialized-file", str(model))
+        mar = archive(
+            name, handlers / handler, out, *serialized, version=version, archiver=archiver
+        )
+        os.replace(mar, store / file_name)
+    return store
 
 
 def properties(path: Path, config: dict[str, str]) -> Path:

@@ -16,7 +16,6 @@ no system metrics), runs every step in order and stops it.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,20 +28,6 @@ import sequence  # noqa: E402
 import tsrun  # noqa: E402
 
 COMMAND = tsrun.recorder_command(__file__)
-
-
-def build_store(work: Path) -> Path:
-    store = work / "store"
-    store.mkdir()
-    model = tsrun.scripted_linear(work)
-    for file_name, (name, version, handler) in sequence.ARCHIVES.items():
-        out = work / f"build-{file_name}"
-        out.mkdir()
-        serialized = ("--serialized-file", str(model))
-        mar = tsrun.archive(name, HERE / handler, out, *serialized, version=version)
-        shutil.move(mar, store / file_name)
-    (store / sequence.NOT_AN_ARCHIVE).write_text("this is not a model archive\n")
-    return store
 
 
 def run_step(bases: dict[str, str], step: dict) -> dict:
@@ -59,7 +44,8 @@ def run_step(bases: dict[str, str], step: dict) -> dict:
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ts-parity-"))
-    store = build_store(work)
+    store = tsrun.build_store(work, sequence.ARCHIVES, HERE)
+    (store / sequence.NOT_AN_ARCHIVE).write_text("this is not a model archive\n")
     bases = {name: f"http://127.0.0.1:{tsrun.free_port()}" for name in tsrun.LISTENERS}
     config = {f"{name}_address": base for name, base in bases.items()}
     config.update(metrics_mode="prometheus", disable_system_metrics="true")

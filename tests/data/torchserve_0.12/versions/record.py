@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,26 +52,10 @@ def stubs(out: Path) -> SimpleNamespace:
     return SimpleNamespace(**{n: importlib.import_module(n) for n in names})
 
 
-def build_store(work: Path) -> Path:
-    store = work / "store"
-    store.mkdir()
-    model = tsrun.scripted_linear(work)
-    for file_name, (name, version, handler) in versions.ARCHIVES.items():
-        out = work / f"build-{file_name}"
-        out.mkdir()
-        subprocess.run(
-            [str(TS_BIN / "torch-model-archiver"), "--model-name", name, "--version", version,
-             "--handler", str(HERE / handler), "--serialized-file",
-             str(model), "--export-path", str(out)],
-            check=True,
-        )  # fmt: skip
-        shutil.move(out / f"{name}.mar", store / file_name)
-    return store
-
-
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ts-versions-"))
-    store = build_store(work)
+    archiver = str(TS_BIN / "torch-model-archiver")
+    store = tsrun.build_store(work, versions.ARCHIVES, HERE, archiver)
     ports = {name: tsrun.free_port() for name in (*tsrun.LISTENERS, "gi", "gm")}
     bases = {name: f"http://127.0.0.1:{ports[name]}" for name in tsrun.LISTENERS}
     config = {f"{name}_address": base for name, base in bases.items()}
