@@ -49,6 +49,7 @@ def _send(ctl: socket.socket, message: dict, fds: list[int] | None = None) -> No
 def _child(request: dict, fd: int, inherited: list[int]) -> int:
     """In the forked child: become a worker on ``fd`` (its exit code)."""
     from torchbay.server.worker import main
+    from torchbay.server.worker.worker_logs import configure_logging
 
     for other in inherited:  # the template's socket, selector and its other children's pidfds
         os.close(other)
@@ -60,7 +61,7 @@ def _child(request: dict, fd: int, inherited: list[int]) -> int:
     os.environ.update(request["env"])
     if "numpy" in sys.modules:  # numpy seeded its global generator at import: one per worker
         sys.modules["numpy"].random.seed()
-    main.configure_logging("INFO", request.get("log_format", "text"))
+    configure_logging("INFO", request.get("log_format", "text"))
     return main.run(socket.socket(fileno=fd))
 
 
@@ -144,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a worker: the frontend decides
-    from torchbay.server.worker import main as worker_main
+    from torchbay.server.worker.worker_logs import configure_logging
 
-    worker_main.configure_logging("INFO", args.log_format)  # its lines are a worker's
+    configure_logging("INFO", args.log_format)  # its lines are a worker's
     # What a worker imports before its Load (main.serve), imported once here. Nothing of torch
     # runs: no thread pool, no CUDA.
     import torch  # noqa: F401
