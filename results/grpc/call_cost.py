@@ -27,7 +27,6 @@ import grpc
 import psutil
 
 AB = Path("/tmp/ab")
-ROOT = Path(__file__).resolve().parents[2]
 ECHO = ("aio-unary", "aio-stream-unary", "sync-unary")
 
 
