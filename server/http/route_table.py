@@ -29,6 +29,8 @@ _PREDICT_BODY = {
     "description": "Raw bytes, JSON or multipart form data; passed to the handler as is",
     "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
 }
+_NAMES_LIST = {"type": "array", "items": {"type": "string"}}
+_MODELS = {"type": "object", "properties": {"models": _NAMES_LIST}}
 _INSTANCES = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
 _PREDICTIONS = {"type": "object", "properties": {"predictions": {"type": "array"}}}
 _EXPLANATIONS = {"type": "object", "properties": {"explanations": {"type": "array"}}}
@@ -214,6 +216,17 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         oip=True,
     ),
     *_v2_models(),
+    Route("GET", "/", "kserve_live", "KServe v1 liveness", answers={"200": ("Live", _HEALTH)}),
+    Route(
+        "GET",
+        "/v1/models",
+        "kserve_models",
+        "KServe v1: the names of the models served",
+        (401,),
+        {"200": ("OK", _MODELS)},
+        auth=True,
+        strict=True,
+    ),
     Route(
         "POST",
         "/v1/models/{model_name}:predict",
@@ -224,6 +237,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         auth=True,
         body={"content": {"application/json": {"schema": _INSTANCES}}},
         description="The first failed instance's status and body are the answer's.",
+        strict=True,  # GET on it: 405, as KServe (not this model's readiness)
     ),
     Route(
         "POST",
@@ -235,6 +249,17 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         auth=True,
         body={"content": {"application/json": {"schema": _INSTANCES}}},
         description="As /explanations; 501 when the handler has no explanations.",
+        strict=True,
+    ),
+    Route(
+        "GET",
+        "/v1/models/{model_name}",
+        "kserve_ready",
+        "KServe v1 model readiness (the management API's, where both share the listener)",
+        (401, 404),
+        {"200": ("Ready", _MODEL_READY), "503": ("Not ready", _MODEL_READY)},
+        auth=True,
+        strict=True,
     ),
     WFPREDICT_ROUTE,  # TorchServe's workflows (http/wfpredict.py)
     *_legacy_predict(),
