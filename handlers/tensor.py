@@ -195,6 +195,11 @@ class TensorHandler(BaseHandler):
         else:
             name = None if spec.get("control") else spec["name"]  # controls.py: not checked
             tensor = _host_tensor(array, datatype, name)
+        if not self.unbatched and tensor.dim() == 0:  # (was the model's IndexError: a 422)
+            raise BadInput(
+                f"v2 input {spec['name']!r} has shape []: the model takes a batch, so its "
+                "inputs need a first (batch) dimension, e.g. shape [1]"
+            )
         sample = list(tensor.shape[1:])
         if (
             not self.unbatched  # the signature checked the whole shape

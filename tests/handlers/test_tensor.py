@@ -121,3 +121,17 @@ def test_uint64_past_int64_is_refused_not_wrapped(tmp_path) -> None:
     assert fits.status == 200 and body_json(fits)["outputs"][0]["data"] == [2**63 - 1]
     assert wraps.status == 400
     assert "UINT64 value 18446744073709551615 is past the INT64 range" in body_json(wraps)["error"]
+
+
+def test_a_scalar_input_to_a_batched_model_is_a_400_naming_it(tmp_path) -> None:
+    """Shape [] has no batch dimension to split the answer along: was a 422 "the model cannot
+    process this input (IndexError)" with no word of the shape."""
+    torch.jit.script(_Identity()).save(str(tmp_path / "model.pt"))
+    write_manifest(tmp_path, serialized="model.pt", handler="tensor")
+    service = load_service(tmp_path)
+    for data in ([5.0], 5.0):
+        tensor = {"name": "x", "shape": [], "datatype": "FP32", "data": data}
+        body = json.dumps({"inputs": [tensor]})
+        [response] = service.predict([req(body, "application/json", protocol="v2")]).responses
+        assert response.status == 400, response.body
+        assert "v2 input 'x' has shape []" in body_json(response)["error"]
