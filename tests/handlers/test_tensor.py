@@ -135,3 +135,29 @@ def test_a_scalar_input_to_a_batched_model_is_a_400_naming_it(tmp_path) -> None:
         [response] = service.predict([req(body, "application/json", protocol="v2")]).responses
         assert response.status == 400, response.body
         assert "v2 input 'x' has shape []" in body_json(response)["error"]
+
+
+class _Corrid(torch.nn.Module):
+    def forward(self, x: torch.Tensor, corrid: torch.Tensor) -> torch.Tensor:
+        return corrid
+
+
+def test_a_uint64_corrid_past_int64_keeps_its_bits(tmp_path) -> None:
+    """The sequence control CORRID (TYPE_UINT64) is an id the server fills, not a client's
+    value: past INT64 it reaches the model in the INT64 stand-in with its bits kept (2**64 - 1
+    as -1), as before the UINT64 check above, never refused."""
+    torch.jit.script(_Corrid()).save(str(tmp_path / "model.pt"))
+    (tmp_path / "model-config.yaml").write_text(
+        "sequence_batching:\n  control_input:\n    - name: CORRID\n"
+        "      control: [{kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_UINT64}]\n"
+    )
+    write_manifest(
+        tmp_path, serialized="model.pt", handler="tensor", config_file="model-config.yaml"
+    )
+    service = load_service(tmp_path)
+    tensor = {"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}
+    request = req(json.dumps({"inputs": [tensor]}), "application/json", protocol="v2")
+    request.headers = {"ts_request_sequence_id": str(2**64 - 1)}
+    [response] = service.predict([request]).responses
+    assert response.status == 200, response.body
+    assert body_json(response)["outputs"][0]["data"] == [-1]
