@@ -2,9 +2,10 @@
 ``{"instances": [...]}`` answers ``{"predictions": [...]}``, as TorchServe's ``kserve`` envelope
 does; ``GET /`` (liveness ``{"status": "alive"}``), ``GET /v1/models`` (``{"models": [...]}``)
 and ``GET /v1/models/{m}`` (``{"name", "ready"}``, 503 while not ready) as KServe's model server
-answers them, which the kserve SDK's v1 client reads (``is_server_live``, ``is_model_ready``).
-The management API keeps TorchServe's ``GET /v1/models/{m}`` (always 200); where both APIs
-share one listener (KServe's TorchServe config) that one answers.
+answers them (and its ``GET /v2/models``, the same list), which the kserve SDK's v1 client
+reads (``is_server_live``, ``is_model_ready``). The management API keeps TorchServe's
+``GET /v1/models/{m}`` (always 200); where both APIs share one listener (KServe's TorchServe
+config) that one answers.
 
 Each instance becomes one request to the model's queue (see ``encode_instance`` for the row the
 handler gets); the batcher groups them like any other requests and the results come back

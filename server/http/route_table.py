@@ -31,6 +31,7 @@ _PREDICT_BODY = {
 }
 _NAMES_LIST = {"type": "array", "items": {"type": "string"}}
 _MODELS = {"type": "object", "properties": {"models": _NAMES_LIST}}
+_LIST = "KServe: the names of the models served"
 _INSTANCES = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
 _PREDICTIONS = {"type": "object", "properties": {"predictions": {"type": "array"}}}
 _EXPLANATIONS = {"type": "object", "properties": {"explanations": {"type": "array"}}}
@@ -186,7 +187,9 @@ def _v2_model_routes(base: str) -> list[Route]:
 
 
 def _v2_models() -> tuple[Route, ...]:
-    out = [*triton_routes(), *shm_routes()]
+    # KServe's model server lists its models here too (the kserve_v1 endpoint's answer).
+    listed = _oip("GET", "/v2/models", "kserve_models", _LIST, (401,), {"200": ("OK", _MODELS)})
+    out = [listed, *triton_routes(), *shm_routes()]
     for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
         out += _v2_model_routes(base)
     return tuple(out)
@@ -221,7 +224,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/models",
         "kserve_models",
-        "KServe v1: the names of the models served",
+        _LIST,
         (401,),
         {"200": ("OK", _MODELS)},
         auth=True,

@@ -116,6 +116,7 @@ def _matrix(server: LiveServer, keys: dict) -> None:
         ("GET", f"{inf}/v2/models/tiny/ready", {}, "inference", 200),
         ("POST", f"{inf}/v2/models/tiny/infer", {"json": V2_BODY}, "inference", 200),
         ("GET", f"{inf}/v1/models", {}, "inference", 200),
+        ("GET", f"{inf}/v2/models", {}, "inference", 200),
         ("GET", f"{inf}/v1/models/tiny", {}, "inference", 200),
         ("GET", f"{mgmt}/models", {}, "management", 200),
         ("GET", f"{mgmt}/models/tiny", {}, "management", 200),

@@ -66,6 +66,9 @@ def test_kserve_sdk_v1_health_on_the_inference_listener(live_server: Any) -> Non
         "unknown": 404,
         "models": {"models": ["probe", "tiny"]},
     }
+    # KServe's model server lists them on its v2 path too.
+    listed = httpx.get(f"{server.url}/v2/models", timeout=30)
+    assert (listed.status_code, listed.json()) == (200, {"models": ["probe", "tiny"]})
     idle = httpx.get(f"{server.url}/v1/models/tiny", timeout=30)
     assert (idle.status_code, idle.json()) == (503, {"name": "tiny", "ready": False})
     # The management API keeps TorchServe's answer (200, ready false).
