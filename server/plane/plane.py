@@ -221,6 +221,10 @@ class DataPlane:
     def startup_failures(self, failures: dict[str, str]) -> None:
         self.models.startup_failures = failures
 
+    def model_names(self) -> list[str]:
+        """The registered models' names (KServe v1's ``GET /v1/models``)."""
+        return sorted(self.registry.models)
+
     def model_ready(self, name: str, version: str | None = None) -> tuple[ModelVersion, bool]:
         mv = self.model(name, version)
         return mv, mv.status is ModelStatus.READY
