@@ -113,17 +113,20 @@ class Multiplexer:
         try again") instead of registered unloaded."""
         residency = self.residency(mv)
         mv.last_used = clock()  # registered now: the least recently used of those never asked
-        async with self._room:  # decided as a load on demand is: never past the budget
-            held = [other for other in self.held() if other is not mv]
-            room = len(held) < self.limit
-            never = not room and all(other.settings.pinned for other in held)
-            if refuse_unloadable and never and mv.settings.min_workers > 0:
-                raise InsufficientStorage(
-                    f'Model "{mv.name}" cannot be loaded: the {self.limit} loaded models '
-                    "allowed (max_loaded_models) are all pinned; unregister one first"
-                )
-            workers = mv.settings.min_workers if room else 0
-            residency.placed = workers > 0
+        # Decided at once, without ``_room``: a load holds that lock while it waits for a busy
+        # version to go idle, which may take minutes, and a registration never waits for room.
+        # Nothing awaits between a load's look at the budget and its place (or its evictions),
+        # so this look sees every place taken: never past the budget.
+        held = [other for other in self.held() if other is not mv]
+        room = len(held) < self.limit
+        never = not room and all(other.settings.pinned for other in held)
+        if refuse_unloadable and never and mv.settings.min_workers > 0:
+            raise InsufficientStorage(
+                f'Model "{mv.name}" cannot be loaded: the {self.limit} loaded models '
+                "allowed (max_loaded_models) are all pinned; unregister one first"
+            )
+        workers = mv.settings.min_workers if room else 0
+        residency.placed = workers > 0
         try:
             residency.loads += workers > 0
             await mv.start(workers)

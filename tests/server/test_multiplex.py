@@ -359,3 +359,28 @@ def test_a_registration_still_loading_is_never_evicted_for_another_load(
         assert waiting.result().status_code == 200  # then slow, idle, makes room for b
     assert _loaded(live) == {"b": True, "slow": False}
     assert _describe(live, "slow")["evictions"] == 1
+
+
+def test_a_registration_is_answered_while_a_load_waits_for_a_busy_model(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve(max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b", workers=0)
+    gate = tmp_path / "gate"
+    url = f"{live.management_url}/models?url=c.mar&initial_workers=1&synchronous=true"
+    with ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(_predict, live, "a", "busy", gate)  # a is busy: no room for b yet
+        until(lambda: live.server.registry.resolve("a").inflight == 1, "a is busy", timeout=60.0)
+        waiting = pool.submit(_predict, live, "b", "b1")
+        until(lambda: _residency(live, "b").loading is not None, "b's load started", timeout=60.0)
+        registering = pool.submit(httpx.post, url, timeout=120)
+        # Was: the registration waited, as long as a stayed busy, for the lock b's load held
+        # while it waited for room; it is decided at once (no room: registered unloaded).
+        until(registering.done, "c's registration answered while a is busy", timeout=90.0)
+        assert registering.result().status_code == 200, registering.result().text
+        assert not waiting.done()
+        gate.touch()
+        assert busy.result().status_code == 200
+        assert waiting.result().status_code == 200
+    assert _loaded(live) == {"a": False, "b": True, "c": False}
