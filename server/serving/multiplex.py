@@ -21,10 +21,11 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
   again. A load undone as it runs (scaled to zero: its starting worker is stopped) leaves the
   queued to load it again.
 * To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
-  is idle (nothing queued, no reader in flight, not loading nor registering) and not ``pinned``
-  is unloaded. It is idle, so unloading drains nothing; a request that arrives meanwhile is
-  queued and loads it again. When every loaded version is busy, the load waits for one to
-  become idle (re-checked every ``ROOM_POLL_S``); when every one is pinned, it fails 503 at once.
+  is idle (nothing queued, no reader in flight, no open sequence, not loading nor registering)
+  and not ``pinned`` is unloaded. It is idle, so unloading drains nothing; a request that
+  arrives meanwhile is queued and loads it again. When every loaded version is busy, the load
+  waits for one to become idle (re-checked every ``ROOM_POLL_S``); when every one is pinned, it
+  fails 503 at once.
 * Readiness: an on-demand version is READY (``ModelVersion.status``) loaded or not, as Ray
   Serve's multiplexed models are always routable: a load balancer that saw it unready would
   never send the request that loads it. Describe's ``loaded`` tells the two apart.
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import InsufficientStorage, NoWorker, TorchbayError
 from torchbay.server.serving.queue import clock, reject
+from torchbay.server.serving.sequences import SequenceQueue
 
 if TYPE_CHECKING:
     from torchbay.server.serving.model import ModelVersion
@@ -198,6 +200,9 @@ class Multiplexer:
             and not residency.lock.locked()
             and not len(mv.queue)
             and not mv.inflight
+            # A sequence's state lives in its worker: unloaded, its next request would be
+            # refused as lost. It ends with its last request, its idle or its time limit.
+            and not (isinstance(mv.queue, SequenceQueue) and mv.queue.open)
         )
 
     def _evict(self, mv: ModelVersion) -> asyncio.Future[None]:

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import ASSETS, LiveServer, build_store, make_config, until
+from .test_sequences_live import EXAMPLE, _archive
 
 # Each test spawns three to five workers, one after another; on a loaded 2-core host one takes
 # 20 s or more (an interpreter importing torch).
@@ -384,3 +385,44 @@ def test_a_registration_is_answered_while_a_load_waits_for_a_busy_model(
         assert busy.result().status_code == 200
         assert waiting.result().status_code == 200
     assert _loaded(live) == {"a": False, "b": True, "c": False}
+
+
+def test_a_model_holding_an_open_sequence_is_not_evicted_until_it_ends(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """TorchServe's stateful example (each answer: its sequence's running total, kept in the
+    worker) with one worker and a minute's idle limit, beside a load-gate model, budget 1."""
+    root = build_store(tmp_path_factory, "multiplex-seq", {"a": HANDLER})
+    work = tmp_path_factory.mktemp("multiplex-seq-build")
+    config = work / "stateful.yaml"
+    text = (EXAMPLE / "sequence_batching" / "model-config.yaml").read_text()
+    config.write_text(text.replace(": 2\n", ": 1\n") + "sequenceMaxIdleMSec: 60000\n")
+    _archive(root, work, "stateful", config)
+    live = LiveServer(make_config(root, enable_model_api=True, max_loaded_models=1)).start()
+    try:
+        _register(live, "stateful")
+        _register(live, "a", workers=0)
+
+        def step(value: int, **params: Any) -> httpx.Response:
+            data = {"name": "data", "datatype": "BYTES", "shape": [1], "data": [str(value)]}
+            body = {"inputs": [data], "parameters": {"sequence_id": 7, **params}}
+            return httpx.post(f"{live.url}/v2/models/stateful/infer", json=body, timeout=120)
+
+        def total(response: httpx.Response) -> int:
+            assert response.status_code == 200, response.text
+            return response.json()["outputs"][0]["data"][0]
+
+        assert total(step(3, sequence_start=True)) == 3
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_predict, live, "a", "a1")
+            until(lambda: _residency(live, "a").loading is not None, "a's load", timeout=60.0)
+            # Was: a's load unloaded stateful (idle between two requests of its sequence), and
+            # the sequence's next request was a 400 "was lost: its worker died or was replaced".
+            assert _describe(live, "stateful")["evictions"] == 0
+            assert total(step(1)) == 4
+            assert not waiting.done()
+            assert total(step(4, sequence_end=True)) == 8  # ended: stateful may go now
+            assert waiting.result().status_code == 200
+        assert _loaded(live) == {"a": True, "stateful": False}
+    finally:
+        live.stop()
