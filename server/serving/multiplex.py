@@ -43,7 +43,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchbay.server.errors import InsufficientStorage, NoWorker, TorchbayError
+from torchbay.server.errors import InsufficientStorage, NoWorker, ShuttingDown, TorchbayError
+from torchbay.server.serving.admission import stopping_message
+from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.queue import clock, reject
 from torchbay.server.serving.sequences import SequenceQueue
 
@@ -64,6 +66,7 @@ class Residency:
     loads: int = 0
     evictions: int = 0
     loading: asyncio.Future[None] | None = None
+    failure: TorchbayError | None = None  # why its last load on demand failed (None: it did not)
     placed: bool = False  # also while a registration starts its workers: never evicted then
     leaving: asyncio.Future[None] | None = None  # its unload under way (an eviction)
     # One load or unload of this version at a time.
@@ -144,7 +147,24 @@ class Multiplexer:
         if residency.loading is None:
             residency.loading = asyncio.ensure_future(self._load(mv, residency))
 
+    async def load_now(self, mv: ModelVersion) -> None:
+        """An operator's explicit load (Triton's repository load) of a version that is not
+        loaded: loaded as its first request would load it (making room), answered once it is.
+        Raises why it could not load (the load error, NoWorker when pinned versions fill the
+        budget, ShuttingDown when it was unregistered meanwhile)."""
+        residency = self.residency(mv)
+        if self.loaded(mv) and residency.leaving is None:
+            return
+        self.demand(mv)
+        if residency.loading is not None:
+            await asyncio.shield(residency.loading)
+        if mv.closing:
+            raise ShuttingDown(stopping_message(mv))
+        if not self.loaded(mv):
+            raise residency.failure or WorkerLoadError(mv.load_error or "it did not load")
+
     async def _load(self, mv: ModelVersion, residency: Residency) -> None:
+        residency.failure = None
         try:
             async with self._room:
                 leaving = await self._make_room(mv)
@@ -158,6 +178,7 @@ class Multiplexer:
             if errors and not any(slot.may_serve for slot in mv.slots):
                 raise errors[0]
         except TorchbayError as exc:
+            residency.failure = exc
             _answer_queued(mv, exc)
         finally:
             residency.loading, residency.placed = None, False

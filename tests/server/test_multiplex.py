@@ -426,3 +426,27 @@ def test_a_model_holding_an_open_sequence_is_not_evicted_until_it_ends(
         assert _loaded(live) == {"a": True, "stateful": False}
     finally:
         live.stop()
+
+
+def test_a_triton_repository_load_loads_an_unloaded_model_and_answers_once_loaded(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve({"broken": "loadFails: true\n"}, max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b", workers=0)
+    url = f"{live.url}/v2/repository/models/{{}}/load"
+    loaded = httpx.post(url.format("b"), json={}, timeout=120)
+    assert loaded.status_code == 200, loaded.text
+    # Was: 200 with b left unloaded (its first request still a cold start), even with room.
+    assert _loaded(live) == {"a": False, "b": True}
+    assert _describe(live, "b")["loads"] == 1
+    # A model of the store, registered past the budget, is loaded too (the idle b makes room).
+    assert httpx.post(url.format("c"), json={}, timeout=120).status_code == 200
+    assert _loaded(live) == {"a": False, "b": False, "c": True}
+    # One that cannot load is Triton's "failed to load" with its error, and not registered.
+    failed = httpx.post(url.format("broken"), json={}, timeout=120)
+    assert failed.status_code == 500, failed.text
+    message = failed.json()["error"]
+    assert message.startswith("failed to load 'broken'") and "on purpose" in message
+    assert "Traceback" not in failed.text and str(tmp_path.parent) not in failed.text
+    assert "broken" not in _loaded(live)
