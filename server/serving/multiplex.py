@@ -17,9 +17,9 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
   first starts the load, the others share it; all are queued meanwhile, each bounded by its
   deadline (``clientTimeoutInMills`` or the caller's: the queue's timer, serving/deadlines.py,
   answers 504 at the deadline, and the load still completes). A load that fails answers every
-  queued request with the load error (500 ``model_load_failed``); the next request tries
-  again. A load undone as it runs (scaled to zero: its starting worker is stopped) leaves the
-  queued to load it again.
+  queued request with the load error (500 ``model_load_failed``; 507 when it ran out of
+  memory); the next request tries again. A load undone as it runs (scaled to zero: its
+  starting worker is stopped) leaves the queued to load it again.
 * To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
   is idle (nothing queued, no reader in flight, no open sequence, not loading nor registering)
   and not ``pinned`` is unloaded. It is idle, so unloading drains nothing; a request that
@@ -176,7 +176,7 @@ class Multiplexer:
                 residency.loads += 1
                 errors = await mv.load(max(1, mv.settings.min_workers))
             if errors and not any(slot.may_serve for slot in mv.slots):
-                raise errors[0]
+                raise _load_failed(mv, errors[0])
         except TorchbayError as exc:
             residency.failure = exc
             _answer_queued(mv, exc)
@@ -255,6 +255,16 @@ class Multiplexer:
             "evictions": residency.evictions,
             "lastUsed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last)),
         }
+
+
+def _load_failed(mv: ModelVersion, error: WorkerLoadError) -> TorchbayError:
+    """What a failed load on demand answers: its error, or 507 when it ran out of memory (as
+    a registration's load that runs out of memory: SageMaker's "unload models and retry")."""
+    if not error.out_of_memory:
+        return error
+    return InsufficientStorage(
+        f'Model "{mv.name}" could not be loaded: its worker ran out of memory ({error.error_type})'
+    )
 
 
 def _answer_queued(mv: ModelVersion, exc: TorchbayError) -> None:

@@ -450,3 +450,21 @@ def test_a_triton_repository_load_loads_an_unloaded_model_and_answers_once_loade
     assert message.startswith("failed to load 'broken'") and "on purpose" in message
     assert "Traceback" not in failed.text and str(tmp_path.parent) not in failed.text
     assert "broken" not in _loaded(live)
+
+
+def test_a_load_on_demand_that_runs_out_of_memory_is_a_507(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve({"hungry": "loadFails: memory\n"}, max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "hungry")  # past the budget: registered unloaded, its load on demand
+    answer = _predict(live, "hungry", "h1")
+    # Was: 500 model_load_failed, where its registration with room is a 507 (SageMaker's
+    # "unload models and retry"), as docs/sagemaker.md promises "with or without a budget".
+    assert answer.status_code == 507, answer.text
+    assert answer.json()["type"] == "InsufficientStorage"
+    assert answer.json()["message"] == (
+        'Model "hungry" could not be loaded: its worker ran out of memory (MemoryError)'
+    )
+    assert "Traceback" not in answer.text and str(tmp_path.parent) not in answer.text
+    assert _describe(live, "hungry")["status"] == "READY"  # registered: the next one tries again
