@@ -18,8 +18,10 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
   deadline (``clientTimeoutInMills`` or the caller's: the queue's timer, serving/deadlines.py,
   answers 504 at the deadline, and the load still completes). A load that fails answers every
   queued request with the load error (500 ``model_load_failed``; 507 when it ran out of
-  memory); the next request tries again. A load undone as it runs (scaled to zero: its
-  starting worker is stopped) leaves the queued to load it again.
+  memory); the next request tries again, after the worker restart back-off of the failures
+  in a row (until then it is answered that error at once, and unloads nothing). A load
+  undone as it runs (scaled to zero: its starting worker is stopped) leaves the queued to
+  load it again.
 * To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
   is idle (nothing queued, no reader in flight, no open sequence, not loading nor registering)
   and not ``pinned`` is unloaded. It is idle, so unloading drains nothing; a request that
@@ -37,6 +39,7 @@ until scaled, as in TorchServe. Torch-free.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -67,6 +70,8 @@ class Residency:
     evictions: int = 0
     loading: asyncio.Future[None] | None = None
     failure: TorchbayError | None = None  # why its last load on demand failed (None: it did not)
+    failed_loads: int = 0  # loads on demand that failed in a row (their workers could not load)
+    retry_at: float = 0.0  # clock() before which a request does not load it again
     placed: bool = False  # also while a registration starts its workers: never evicted then
     leaving: asyncio.Future[None] | None = None  # its unload under way (an eviction)
     # One load or unload of this version at a time.
@@ -142,8 +147,18 @@ class Multiplexer:
     # -- loading on demand ----------------------------------------------------------------------
 
     def demand(self, mv: ModelVersion) -> None:
-        """A request found ``mv`` without a worker: start its load unless one is under way."""
+        """A request found ``mv`` without a worker: start its load unless one is under way.
+        After loads that failed in a row, the next waits its worker restart back-off
+        (``restart_backoff_s``: at once after the first failure): until then a request is
+        answered the last load's error at once, so a model that cannot load does not unload
+        another model for every request it gets."""
         residency = self.residency(mv)
+        held_off = residency.loading is None and clock() < residency.retry_at
+        if held_off and residency.failure is not None:
+            raise copy.copy(residency.failure)  # a fresh one: no traceback of before
+        self._start(mv, residency)
+
+    def _start(self, mv: ModelVersion, residency: Residency) -> None:
         if residency.loading is None:
             residency.loading = asyncio.ensure_future(self._load(mv, residency))
 
@@ -155,7 +170,7 @@ class Multiplexer:
         residency = self.residency(mv)
         if self.loaded(mv) and residency.leaving is None:
             return
-        self.demand(mv)
+        self._start(mv, residency)  # the operator's call: never held off
         if residency.loading is not None:
             await asyncio.shield(residency.loading)
         if mv.closing:
@@ -176,14 +191,19 @@ class Multiplexer:
                 residency.loads += 1
                 errors = await mv.load(max(1, mv.settings.min_workers))
             if errors and not any(slot.may_serve for slot in mv.slots):
+                residency.failed_loads += 1  # held off as a worker's restart: 0, 1, 1, 2.. s
+                backoff = mv.settings.restart_backoff_s
+                delay = backoff[min(residency.failed_loads, len(backoff)) - 1]
+                residency.retry_at = clock() + delay
                 raise _load_failed(mv, errors[0])
+            residency.failed_loads, residency.retry_at = 0, 0.0
         except TorchbayError as exc:
             residency.failure = exc
             _answer_queued(mv, exc)
         finally:
             residency.loading, residency.placed = None, False
         if len(mv.queue) and not any(slot.may_serve for slot in mv.slots):
-            self.demand(mv)  # unloaded as it loaded (scaled to zero): the queued load it again
+            self._start(mv, residency)  # unloaded as it loaded (scaled to zero): load it again
 
     async def _make_room(self, mv: ModelVersion) -> list[asyncio.Future[None]]:
         """Start unloading least recently used idle versions until ``mv`` fits the budget (the
@@ -230,6 +250,7 @@ class Multiplexer:
         """Start unloading ``mv`` (idle): from now on it holds no place of the budget."""
         residency = self.residency(mv)
         residency.evictions += 1
+        residency.failed_loads, residency.retry_at = 0, 0.0  # it was loaded (scaled up)
         residency.leaving = asyncio.ensure_future(self._unload(mv, residency))
         return residency.leaving
 
@@ -240,7 +261,7 @@ class Multiplexer:
         finally:
             residency.leaving = None
         if len(mv.queue):  # admitted as it left (its slots not yet retiring): load it again
-            self.demand(mv)
+            self._start(mv, residency)
 
     # -- requests -------------------------------------------------------------------------------
 

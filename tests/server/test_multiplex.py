@@ -468,3 +468,26 @@ def test_a_load_on_demand_that_runs_out_of_memory_is_a_507(
     )
     assert "Traceback" not in answer.text and str(tmp_path.parent) not in answer.text
     assert _describe(live, "hungry")["status"] == "READY"  # registered: the next one tries again
+
+
+def test_a_model_that_cannot_load_does_not_evict_another_for_every_request(
+    serve: Callable[..., LiveServer],
+) -> None:
+    # The retry of a failed load on demand waits its worker restart back-off: here at once
+    # after the first failure, then ten minutes.
+    live = serve({"broken": "loadFails: true\n"}, max_loaded_models=2, restart_backoff_s=(0, 600))
+    _register(live, "a")
+    _register(live, "b")
+    _register(live, "broken", workers=0)
+    assert _predict(live, "broken", "x1").status_code == 500  # a (least recently used) went
+    assert _predict(live, "a", "a1").status_code == 200  # loaded again, in the place left free
+    assert _predict(live, "broken", "x2").status_code == 500  # tried again at once: b went
+    assert _predict(live, "b", "b1").status_code == 200
+    held_off = _predict(live, "broken", "x3")
+    # Was: a third load, which unloaded a again (every request to a model that cannot load
+    # unloaded a working one, whose next request paid a cold start).
+    assert held_off.status_code == 500, held_off.text
+    assert "fails to load on purpose" in held_off.json()["message"]
+    assert _describe(live, "broken")["loads"] == 2
+    assert _loaded(live) == {"a": True, "b": True, "broken": False}
+    assert (_describe(live, "a")["evictions"], _describe(live, "b")["evictions"]) == (1, 1)
