@@ -42,10 +42,6 @@ log = logging.getLogger("torchbay.management")
 _background: set[asyncio.Task] = set()
 _INT32_MAX = 2**31 - 1  # TorchServe's parameters are Java ints: a larger one is junk
 
-# The handler errors (their type names, as a worker reports them) of a load that ran out of
-# memory: Python's, and torch's for an accelerator (torch.OutOfMemoryError).
-OUT_OF_MEMORY = frozenset({"MemoryError", "OutOfMemoryError"})
-
 
 @dataclass
 class Management:
@@ -148,7 +144,7 @@ async def register(state: Management, params: Any) -> Status:
     except ConfigError as exc:  # a bad setting from the request, mapped at the boundary
         raise BadRequest(exc.message) from None
     except WorkerLoadError as exc:
-        if exc.error_type not in OUT_OF_MEMORY:
+        if not exc.out_of_memory:
             raise
         # SageMaker's multi-model contract: 507 asks its platform to unload models and retry.
         raise InsufficientStorage(

@@ -260,6 +260,20 @@ class Models:
             except BadRequest:
                 await self._unload_all(name)
                 raise
+        if self.registry.multiplexer is not None:
+            await self._load_now(name, registered=bool(todo) and not loaded)
+
+    async def _load_now(self, name: str, registered: bool) -> None:
+        """On demand (max_loaded_models): the default version is loaded now, making room, as
+        a request would load it; Triton's load answers once it is. One this load ``registered``
+        that cannot load is unregistered, as a registration that cannot load is refused."""
+        assert self.registry.multiplexer is not None
+        try:
+            await self.registry.multiplexer.load_now(self.registry.resolve(name))
+        except TorchbayError:
+            if registered:
+                await self._unload_all(name)
+            raise
 
     async def unload(self, name: str, parameters: Any) -> None:
         """Unload every version of ``name`` (the default one last). A start-up model of that

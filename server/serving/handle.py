@@ -66,6 +66,12 @@ class WorkerLoadError(TorchbayError):
         super().__init__(message)
         self.error_type = error_type
 
+    @property
+    def out_of_memory(self) -> bool:
+        """The handler ran out of memory: Python's MemoryError, or torch's OutOfMemoryError
+        (an accelerator's), as the worker names its type."""
+        return self.error_type in ("MemoryError", "OutOfMemoryError")
+
 
 class WorkerProcess:
     """One spawned worker. ``infer`` sends one batch and awaits its ``Result``."""
