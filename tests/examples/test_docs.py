@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from torchbay.cli import main
+
+from .conftest import example_module
+
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "handlers.md"
+README = REPO / "README.md"
 EXAMPLES = sorted(p.name for p in (REPO / "examples").iterdir() if p.is_dir())
 
 
@@ -25,6 +30,25 @@ def test_the_testing_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     exec(compile(code.group(1), str(GUIDE), "exec"), {"__name__": "guide"})
+
+
+@pytest.mark.slow
+def test_the_readmes_handler_test_runs_on_the_tabular_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README "Writing a handler": its snippet and its `torchbay verify` line, as written, on the
+    archive the tabular example builds. A body that is not JSON is the handler's 400, not a 500."""
+    monkeypatch.chdir(tmp_path)
+    example_module("tabular").build(Path("out/tabular"))
+    section = _section(README.read_text(), "Writing a handler")
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    exec(compile(code.group(1), str(README), "exec"), {"__name__": "readme"})
+    line = re.search(r"`torchbay verify ([^`]*)`", section)
+    assert line is not None
+    Path("row.json").write_text("[6.3, 2.9, 5.6, 1.8]")
+    Path("bad.json").write_text("not json")
+    assert main(["verify", *line.group(1).split()]) == 0  # 1 on a 5xx
 
 
 @pytest.mark.parametrize("doc", ["docs/handlers.md", "README.md"])
