@@ -15,7 +15,8 @@ from .conftest import example_module
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "handlers.md"
 README = REPO / "README.md"
-EXAMPLES = sorted(p.name for p in (REPO / "examples").iterdir() if p.is_dir())
+EXAMPLES_DIR = REPO / "examples"
+EXAMPLES = sorted(p.name for p in EXAMPLES_DIR.iterdir() if p.is_dir())
 
 
 def _section(text: str, title: str) -> str:
@@ -70,3 +71,32 @@ def test_each_example_is_documented_built_and_tested(name: str) -> None:
     assert (tests / f"test_{name}.py").is_file() or (tests / f"test_{name}_examples.py").is_file()
     assert f"(../examples/{name})" in GUIDE.read_text()
     assert f"(examples/{name})" in (REPO / "README.md").read_text()
+
+
+DOCS = [
+    "README.md",
+    "ARCHITECTURE.md",
+    *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")),
+    *sorted(f"examples/{p.parent.name}/README.md" for p in EXAMPLES_DIR.glob("*/README.md")),
+]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_the_code_a_doc_names_exists(doc: str) -> None:
+    """Every `server/x/y.py` a doc names is a file of the repository, and every `server/x/y.Name`
+    a name defined in that module: a reader who looks for it finds it (TorchServe's own paths
+    aside)."""
+    roots = "server|handlers|archiver|benchmarks|torchbay|examples|tests|scripts|deploy|results"
+    text = (REPO / doc).read_text()
+    missing = []
+    for match in re.finditer(rf"(TorchServe's )?`((?:{roots})/[\w./-]*[\w/])`", text):
+        theirs, path = match.groups()  # TorchServe's `examples/...`: its repository's
+        if theirs:
+            continue
+        if not (REPO / path).exists() and not (REPO / doc).parent.joinpath(path).exists():
+            module, _, name = path.rpartition(".")
+            source = REPO / f"{module}.py"
+            defined = rf"^\s*(?:async def|def|class) {name}\b|^{name}\s*[:=]"
+            if not (source.is_file() and re.search(defined, source.read_text(), re.M)):
+                missing.append(path)
+    assert missing == []
