@@ -14,7 +14,7 @@ from torchbay.server.http.routes import OK, Answer, Route
 from torchbay.server.http.routes import oip_route as _oip
 from torchbay.server.http.shm_routes import shm_routes
 from torchbay.server.http.triton_routes import triton_routes
-from torchbay.server.http.wfpredict import WFPREDICT_ROUTE
+from torchbay.server.http.wfpredict import WFPREDICT_ROUTES
 
 # -- shared schemas -----------------------------------------------------------------------------
 
@@ -200,7 +200,9 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "Health: 200 when every default model version has its minimum workers",
         answers={"200": ("Healthy", _HEALTH), "500": ("Unhealthy", _HEALTH)},
     ),
-    *_predictions("Prediction", ("POST", "PUT"), "predict"),
+    # GET too (a query alone, curl without a body): TorchServe 0.12 answers it (its workflow
+    # record's predict_node_model_get)
+    *_predictions("Prediction", ("POST", "PUT", "GET"), "predict"),
     *_predictions("Explanation", ("POST",), "explain"),
     *_sagemaker(),
     Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True),
@@ -236,7 +238,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         body={"content": {"application/json": {"schema": _INSTANCES}}},
         description="As /explanations; 501 when the handler has no explanations.",
     ),
-    WFPREDICT_ROUTE,  # TorchServe's workflows (http/wfpredict.py)
+    *WFPREDICT_ROUTES,  # TorchServe's workflows (http/wfpredict.py)
     *_legacy_predict(),
 )
 

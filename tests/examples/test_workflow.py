@@ -40,3 +40,6 @@ def test_workflow_reads_digits_through_its_dag(serve, tmp_path: Path) -> None:
     # A scan the first node refuses fails the workflow, which names the node (TorchServe's words).
     assert replies[10].status_code == 500
     assert replies[10].json()["message"] == "Error executing shrink"
+    # The README's curl -T uploads with PUT, which TorchServe answers as POST.
+    put = httpx.put(url, content=scans[7], timeout=120)
+    assert put.status_code == 200 and put.json()["digit"] == replies[7].json()["digit"]
