@@ -1,5 +1,6 @@
-"""docs/handlers.md and the examples index: the code runs, the links resolve, every example has
-its README, build script and served test."""
+"""The docs as a reader follows them: docs/handlers.md's and the README's code runs, every link
+(and its anchor) and every piece of code a doc names resolve, and every example has its README,
+build script and served test."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ GUIDE = REPO / "docs" / "handlers.md"
 README = REPO / "README.md"
 EXAMPLES_DIR = REPO / "examples"
 EXAMPLES = sorted(p.name for p in EXAMPLES_DIR.iterdir() if p.is_dir())
+DOCS = [
+    "README.md",
+    "ARCHITECTURE.md",
+    *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")),
+    *sorted(f"examples/{p.parent.name}/README.md" for p in EXAMPLES_DIR.glob("*/README.md")),
+]
 
 
 def _section(text: str, title: str) -> str:
@@ -52,12 +59,31 @@ def test_the_readmes_handler_test_runs_on_the_tabular_archive(
     assert main(["verify", *line.group(1).split()]) == 0  # 1 on a 5xx
 
 
-@pytest.mark.parametrize("doc", ["docs/handlers.md", "README.md"])
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub makes for ``path`` (lower case, punctuation dropped, spaces
+    to dashes; a repeated heading gets ``-1``, ``-2``, ...)."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    counts: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}\s+(.*)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{counts[slug]}" if slug in counts else slug)
+        counts[slug] = counts.get(slug, 0) + 1
+    return anchors
+
+
+@pytest.mark.parametrize("doc", DOCS)
 def test_relative_links_resolve(doc: str) -> None:
+    """Every relative link of a doc names a file of the repository, and its ``#anchor`` a
+    heading of that file (a renamed heading breaks every link to it, silently)."""
     path = REPO / doc
-    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text())
-    assert links
-    missing = [link for link in links if not (path.parent / link).exists()]
+    missing = []
+    for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([^)\s]*))?\)", path.read_text()):
+        linked = path.parent / target if target else path
+        if target and not linked.exists():
+            missing.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            missing.append(f"{target}#{anchor}")
     assert missing == []
 
 
@@ -71,14 +97,6 @@ def test_each_example_is_documented_built_and_tested(name: str) -> None:
     assert (tests / f"test_{name}.py").is_file() or (tests / f"test_{name}_examples.py").is_file()
     assert f"(../examples/{name})" in GUIDE.read_text()
     assert f"(examples/{name})" in (REPO / "README.md").read_text()
-
-
-DOCS = [
-    "README.md",
-    "ARCHITECTURE.md",
-    *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")),
-    *sorted(f"examples/{p.parent.name}/README.md" for p in EXAMPLES_DIR.glob("*/README.md")),
-]
 
 
 @pytest.mark.parametrize("doc", DOCS)
