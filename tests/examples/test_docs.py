@@ -4,6 +4,7 @@ build script and served test."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -118,3 +119,29 @@ def test_the_code_a_doc_names_exists(doc: str) -> None:
             if not (source.is_file() and re.search(defined, source.read_text(), re.M)):
                 missing.append(path)
     assert missing == []
+
+
+@pytest.mark.slow
+def test_the_readmes_model_commands_run_in_order(
+    serve, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README "Operate it": its `torchbay models` lines, in order, against a server that serves
+    digits 1.0 (the model API on) over a store that also holds digits-v2.mar (digits 2.0, as the
+    block's comment makes it). Each exits 0; digits 2.0 is then the only version, the default."""
+    from .conftest import _server
+
+    store = tmp_path / "model_store"
+    store.mkdir()
+    _server.tiny_archive(tmp_path, store, "digits", "tensor")
+    v2 = _server.tiny_archive(tmp_path, tmp_path / "v2", "digits", "tensor", version="2.0")
+    v2.rename(store / "digits-v2.mar")
+    server = serve(store, load_models=["digits=digits.mar"], enable_model_api=True)
+    block = _section(README.read_text(), "Operate it")
+    commands = re.findall(r"^torchbay (models .*?)(?:\s+#.*)?$", block, re.M)
+    assert len(commands) == 6
+    for command in commands:
+        assert main([*command.split(), "--url", server.management_url]) == 0, command
+    capsys.readouterr()
+    assert main(["models", "describe", "digits", "--json", "--url", server.management_url]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert [(d["modelVersion"], d["isDefault"]) for d in described] == [("2.0", True)]
