@@ -200,10 +200,10 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "Health: 200 when every default model version has its minimum workers",
         answers={"200": ("Healthy", _HEALTH), "500": ("Unhealthy", _HEALTH)},
     ),
-    # GET too (a query alone, curl without a body): TorchServe 0.12 answers it (its workflow
-    # record's predict_node_model_get)
+    # PUT (curl -T, as TorchServe's docs send images) and GET (a query alone): TorchServe 0.12
+    # answers both (its workflow record's predict_node_model_put / _get)
     *_predictions("Prediction", ("POST", "PUT", "GET"), "predict"),
-    *_predictions("Explanation", ("POST",), "explain"),
+    *_predictions("Explanation", ("POST", "PUT", "GET"), "explain"),
     *_sagemaker(),
     Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True),
     Route("GET", "/v2/health/live", "live", "Liveness", answers=OK, oip=True),
