@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import struct
-import zlib
 from pathlib import Path
 
 import httpx
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from .conftest import example_module
+from .conftest import example_module, png_header
 
 pytestmark = pytest.mark.slow
 
@@ -29,19 +27,6 @@ def _png(pixels: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     return buf.getvalue()
-
-
-def _png_header(width: int, height: int) -> bytes:
-    """A PNG that declares ``width`` x ``height`` and holds almost no data: what a client sends
-    to make a decoder allocate (PIL refuses past 2 x its pixel limit, DecompressionBombError)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16))
-    return b"\x89PNG\r\n\x1a\n" + body + chunk(b"IEND", b"")
 
 
 def test_detection_finds_every_box(serve, tmp_path: Path) -> None:
@@ -67,7 +52,7 @@ def test_detection_finds_every_box(serve, tmp_path: Path) -> None:
         assert huge.status_code == 413 and "512" in huge.json()["message"]
         # Past PIL's pixel limit the header alone is refused: too large (413), not a 500.
         for side in (20_000, 100_000):
-            bomb = client.post(url, content=_png_header(side, side))
+            bomb = client.post(url, content=png_header(side, side))
             assert bomb.status_code == 413 and "512" in bomb.json()["message"], bomb.text
         truncated = client.post(url, content=(out / "scene_0.png").read_bytes()[:200])
         assert truncated.status_code == 400, truncated.text
