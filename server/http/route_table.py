@@ -14,7 +14,7 @@ from torchbay.server.http.routes import OK, Answer, Route
 from torchbay.server.http.routes import oip_route as _oip
 from torchbay.server.http.shm_routes import shm_routes
 from torchbay.server.http.triton_routes import triton_routes
-from torchbay.server.http.wfpredict import WFPREDICT_ROUTE
+from torchbay.server.http.wfpredict import WFPREDICT_ROUTES
 
 # -- shared schemas -----------------------------------------------------------------------------
 
@@ -205,8 +205,10 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "Health: 200 when every default model version has its minimum workers",
         answers={"200": ("Healthy", _HEALTH), "500": ("Unhealthy", _HEALTH)},
     ),
-    *_predictions("Prediction", ("POST", "PUT"), "predict"),
-    *_predictions("Explanation", ("POST",), "explain"),
+    # PUT (curl -T, as TorchServe's docs send images) and GET (a query alone): TorchServe 0.12
+    # answers both (its workflow record's predict_node_model_put / _get)
+    *_predictions("Prediction", ("POST", "PUT", "GET"), "predict"),
+    *_predictions("Explanation", ("POST", "PUT", "GET"), "explain"),
     *_sagemaker(),
     Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True),
     Route("GET", "/v2/health/live", "live", "Liveness", answers=OK, oip=True),
@@ -264,7 +266,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         auth=True,
         strict=True,
     ),
-    WFPREDICT_ROUTE,  # TorchServe's workflows (http/wfpredict.py)
+    *WFPREDICT_ROUTES,  # TorchServe's workflows (http/wfpredict.py)
     *_legacy_predict(),
 )
 

@@ -341,6 +341,12 @@ def test_shared_address_makes_one_listener() -> None:
         ("GET", "/v2/models/m/ready", False),
         ("POST", "/predictions/m", False),
         ("GET", "/ping", False),
+        # TorchServe's workflow management on a shared port (KServe's config) as on its own
+        ("POST", "/workflows", True),
+        ("GET", "/workflows/w", True),
+        ("DELETE", "/workflows/w", True),
+        ("GET", "/workflowsx", False),
+        ("POST", "/wfpredict/w", False),
     ],
 )
 def test_management_paths(method: str, path: str, management: bool) -> None:
