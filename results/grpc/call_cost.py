@@ -19,34 +19,16 @@ import statistics
 import struct
 import subprocess
 import sys
-import time
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import psutil
 
+from torchbay.benchmarks.managed import ManagedServer
+
 AB = Path("/tmp/ab")
 ECHO = ("aio-unary", "aio-stream-unary", "sync-unary")
-
-
-def serve_torchbay() -> tuple[subprocess.Popen, dict]:
-    run = AB / "run-call-cost"
-    run.mkdir(exist_ok=True)
-    ready = run / "ready.json"
-    ready.unlink(missing_ok=True)
-    env = {**os.environ, "TORCHBAY_GRPC_INFERENCE_PORT": "0", "TORCHBAY_GRPC_MANAGEMENT_PORT": "0"}
-    cmd = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs", "--no-access-log"]
-    cmd += ["--model-store", str(AB / "model_store"), "--models", "tiny=tiny.mar"]
-    cmd += ["--disable-token-auth", "--ready-file", str(ready)]
-    for api in ("inference", "management", "metrics"):
-        cmd += [f"--{api}-address", "http://127.0.0.1:0"]
-    proc = subprocess.Popen(
-        cmd, cwd=run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-    )
-    while not ready.exists():
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())
 
 
 def echo_server(kind: str) -> None:
@@ -137,9 +119,14 @@ def cpu_per_call(process: psutil.Process, call, calls: int) -> float:
 
 
 def torchbay_side(calls: int) -> dict[str, float]:
-    proc, info = serve_torchbay()
-    try:
-        channel = grpc.insecure_channel(f"127.0.0.1:{info['grpc_inference']}")
+    server = ManagedServer.torchbay(
+        AB / "model_store" / "tiny.mar",
+        AB / "run-call-cost",
+        auth=False,
+        extra_args=("--no-access-log",),
+    )
+    with server as endpoints:
+        channel = grpc.insecure_channel(f"127.0.0.1:{endpoints.grpc_port}")
         infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         raw = model_infer_request()
         body = (AB / "models" / "tiny.bin").read_bytes()
@@ -152,18 +139,14 @@ def torchbay_side(calls: int) -> dict[str, float]:
             f"Inference-Header-Content-Length: {len(head)}\r\n"
             "Content-Type: application/octet-stream\r\n"
         )
+        port = endpoints.inference_port
         kinds = {
             "torchbay gRPC ModelInfer": lambda: infer(raw, timeout=10),
-            "torchbay HTTP /predictions": Http(info["inference"], "/predictions/tiny", body),
-            "torchbay HTTP v2 infer (binary)": Http(
-                info["inference"], "/v2/models/tiny/infer", v2, v2_headers
-            ),
+            "torchbay HTTP /predictions": Http(port, "/predictions/tiny", body),
+            "torchbay HTTP v2 infer (binary)": Http(port, "/v2/models/tiny/infer", v2, v2_headers),
         }
-        front = psutil.Process(info["pid"])
+        front = psutil.Process(server.pid)
         return {name: cpu_per_call(front, call, calls) for name, call in kinds.items()}
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def echo_side(kind: str, calls: int) -> float:
