@@ -114,6 +114,9 @@ class ModelVersion(RequestPath):
     demand: Callable[[ModelVersion], None] | None = None
     # The register API's ``runtime`` (TorchServe's RuntimeType); None: the manifest's.
     runtime: str | None = None
+    # Being unregistered (set before its drain): gone for the management API, as TorchServe
+    # takes a version out of its map before draining it.
+    leaving = False
 
     def __init__(
         self,

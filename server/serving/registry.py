@@ -352,8 +352,10 @@ class ModelRegistry:
         mv = versions.get(version)
         if mv is None:  # TorchServe: 404 ModelVersionNotFoundException
             raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
-        if self.defaults.get(name) == version and len(versions) > 1:
+        staying = [v for v in versions.values() if not v.leaving]
+        if self.defaults.get(name) == version and len(staying) > 1:
             raise DefaultVersionInUse(f"Cannot remove default version for model {name}")
+        mv.leaving = True
         await mv.drain(timeout)
         await mv.stop()
         self._forget(mv)
