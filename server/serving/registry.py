@@ -23,6 +23,7 @@ from torchbay.server.errors import (
     DefaultVersionInUse,
     ModelNotFound,
     ModelVersionNotFound,
+    ShuttingDown,
 )
 from torchbay.server.serving import store
 from torchbay.server.serving.archives import (
@@ -312,12 +313,15 @@ class ModelRegistry:
                 await mv.start()
             else:
                 await multiplexer.start(mv, refuse_unloadable=from_api)
-        except Exception:
+        except Exception as exc:
             self._forget(mv)
-            if quiet:
+            if not quiet:
+                raise
+            if isinstance(exc, ShuttingDown):  # unregistered (or the server stopped) meanwhile
+                log.info("model %s: %s", mv.key, exc)
+            else:
                 log.error("model %s failed to load", mv.key, exc_info=True)
-                return
-            raise
+            return
         self.budget.rebalance(self.all_versions())  # catch up workers that loaded meanwhile
         log.info(
             "model %s ready: %d worker(s) on %s, batch_size=%d, max_batch_delay=%gms",

@@ -11,6 +11,7 @@ README's "Differences from TorchServe".
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import recorded, recorded_store, running
+from tests.server.conftest import ASSETS, build_store, recorded, recorded_store, running, until
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +73,29 @@ def test_same_answers(answers: dict[str, Any], step: str) -> None:
     if step in DIFFERENCES:
         expected = DIFFERENCES[step][0]
     assert _comparable(answers[step]) == _comparable(expected), json.dumps(answers[step])
+
+
+def test_an_unregister_during_an_asynchronous_registration_logs_no_traceback(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The registration's worker is still loading (held by its gate) when its version is
+    # unregistered: an operator's ordinary change of mind, answered 200 to both. Was: logged
+    # as 'ERROR model gated/1.0 failed to load' with a ShuttingDown traceback.
+    yaml = tmp_path / "gated.yaml"
+    started = tmp_path / "load-started"
+    yaml.write_text(f"loadStarted: {started}\nloadGate: {tmp_path / 'never'}\n")
+    handler = str(ASSETS / "load_gate_handler.py")
+    store = build_store(tmp_path_factory, "busy-gated", {"gated": handler}, {"gated": yaml})
+    with running(store, enable_model_api=True) as live:
+        m = httpx.Client(base_url=live.management_url, timeout=120)
+        params = {"url": "gated.mar", "initial_workers": 1, "synchronous": "false"}
+        assert m.post("/models", params=params).status_code == 202
+        until(started.exists, "the registration's worker loads", timeout=120)
+        with caplog.at_level(logging.INFO, logger="torchbay"):
+            r = m.delete("/models/gated/1.0")
+            assert r.status_code == 200, r.text
+            until(lambda: m.get("/models").json() == {"models": []}, "the version forgotten")
+            until(lambda: "before its workers loaded" in caplog.text, "the registration's end")
+        m.close()
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
