@@ -13,13 +13,23 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import ASSETS, build_store, recorded, recorded_store, running, until
+from tests.server.conftest import (
+    ASSETS,
+    batch_running,
+    build_store,
+    probe_models,
+    recorded,
+    recorded_store,
+    running,
+    until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -99,3 +109,32 @@ def test_an_unregister_during_an_asynchronous_registration_logs_no_traceback(
         m.close()
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_repository_load_during_an_unregister_loads_that_version_again(
+    versioned_store: Path, tmp_path: Path
+) -> None:
+    # probe 1.0 drains (its worker held by a gate) for a TorchServe unregister when a Triton
+    # load of probe comes: the load registers every archive of probe, that version again too,
+    # once its unregister is done. Was: taken as loaded, it was left out; the load answered
+    # 200 and probe 1.0 stayed unloaded.
+    gate = tmp_path / "gate"
+    with running(versioned_store, enable_model_api=True, models=probe_models()) as live:
+        m = httpx.Client(base_url=live.management_url, timeout=120)
+        load_url = f"{live.url}/v2/repository/models/probe/load"
+        with ThreadPoolExecutor(3) as pool:
+            body = {"until": str(gate)}
+            held = pool.submit(httpx.post, f"{live.url}/predictions/probe", json=body, timeout=120)
+            until(lambda: batch_running(live, "probe"), "the held request runs")
+            leaving = pool.submit(m.delete, "/models/probe/1.0")
+            until(lambda: m.get("/models/probe/1.0").status_code == 404, "the unregister drains")
+            load = pool.submit(httpx.post, load_url, json={}, timeout=120)
+            until(lambda: "probe" in live.server.plane.models._turns, "the load under way")
+            gate.touch()
+            assert held.result().status_code == 200
+            assert leaving.result().status_code == 200
+            assert load.result().status_code == 200, load.result().text
+        index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=60).json()
+        probe = {(e["version"], e["state"]) for e in index if e["name"] == "probe"}
+        assert probe == {("1.0", "READY"), ("2.0", "READY")}
+        m.close()
