@@ -198,9 +198,12 @@ async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> No
         await _settle(mv)
         if params.tuned():
             mv.configure(**params.tuning)
-        if params.min_worker is not None:
-            await mv.scale(params.min_worker, params.max_worker)
-    state.changed()
+        if params.min_worker is None:
+            state.changed()
+        else:
+            # One snapshot, holding the new counts at once, as TorchServe's: a restart while
+            # the workers start (an asynchronous scale answered 202) restores them.
+            await mv.scale(params.min_worker, params.max_worker, resized=state.changed)
 
 
 async def scale(

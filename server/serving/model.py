@@ -254,10 +254,18 @@ class ModelVersion(RequestPath):
             self.load_error = None  # it loads again
         return errors
 
-    async def scale(self, min_workers: int, max_workers: int | None = None) -> None:
-        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops."""
+    async def scale(
+        self,
+        min_workers: int,
+        max_workers: int | None = None,
+        resized: Callable[[], object] = lambda: None,
+    ) -> None:
+        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops.
+        ``resized`` is called once the new counts are the version's settings, before any
+        worker starts or stops (a config snapshot, as TorchServe writes it then)."""
         max_workers = min_workers if max_workers is None else max_workers
         self._update(min_workers=min_workers, max_workers=max_workers)
+        resized()
         await self._drop_given_up()  # replaced by new slots below
         live = [s for s in self.slots if not s.retiring]
         if min_workers > len(live):
