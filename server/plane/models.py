@@ -228,7 +228,9 @@ class Models:
     async def _load(self, name: str, parameters: Any) -> None:
         overrides, workers = load_overrides(name, parameters)
         fixed = fixed_fields(parameters)
-        await self._left(name)
+        # Versions a TorchServe unregister drains are registered again once gone (taken as
+        # loaded, they were left out: the load answered 200 with them unloaded).
+        await self.registry.departed(name)
         store = [(p, mf) for p, mf in await self._store() if mf is not None]
         candidates = [(p, mf) for p, mf in store if _store_name(p, mf)[0] == name] or [
             (p, mf) for p, mf in store if _stem(p) == name
@@ -314,18 +316,6 @@ class Models:
                 del self._turns[name]
             else:
                 self._turns[name] = (lock, users - 1)
-
-    async def _left(self, name: str) -> None:
-        """Wait until the versions of ``name`` being unregistered (a TorchServe unregister
-        draining them) are gone, so that a load registers them again: taken as loaded, they
-        were left out, and the load answered 200 with them unloaded. Bounded by their drain
-        (the unload timeout) and their workers' stop."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.unload_timeout_s + 30
-        while loop.time() < end and any(
-            mv.leaving for mv in self.registry.models.get(name, {}).values()
-        ):
-            await asyncio.sleep(0.05)
 
     async def _unload_all(self, name: str) -> None:
         versions = self.registry.models.get(name, {})

@@ -197,6 +197,7 @@ class ModelRegistry:
         name = name or manifest.model.model_name
         version = str(manifest.model.model_version or "1.0")
         store.check_name_and_version(name, version)
+        await self.departed(name, version)  # being unregistered: registered again once gone
         async with self._lock:
             if version in self.models.get(name, {}):
                 raise Conflict(f"Model version {version} is already registered for model {name}")
@@ -356,13 +357,25 @@ class ModelRegistry:
         mv = versions.get(version)
         if mv is None:  # TorchServe: 404 ModelVersionNotFoundException
             raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
-        staying = [v for v in versions.values() if not v.leaving]
-        if self.defaults.get(name) == version and len(staying) > 1:
+        if self.defaults.get(name) == version and sum(not v.leaving for v in versions.values()) > 1:
             raise DefaultVersionInUse(f"Cannot remove default version for model {name}")
         mv.leaving = True
-        await mv.drain(timeout)
-        await mv.stop()
+        try:
+            await mv.drain(timeout)
+            await mv.stop()
+        except BaseException:
+            mv.leaving = False  # still registered (TorchServe puts a version back, too)
+            raise
         self._forget(mv)
+
+    async def departed(self, name: str, version: str | None = None) -> None:
+        """Return once no version of ``name`` (or ``version``) is being unregistered (bounded)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.config.unregister_model_timeout_s + 30
+        while loop.time() < end and any(
+            mv.leaving and version in (None, v) for v, mv in self.models.get(name, {}).items()
+        ):
+            await asyncio.sleep(0.05)
 
     def set_default(self, name: str, version: str) -> None:
         if name in self.models and version not in self.models[name]:  # TorchServe's wording

@@ -41,7 +41,7 @@ DIFFERENCES: dict[str, tuple[Any, str]] = {
     "held_request": (
         [200, {"ok": True}],
         "an unregister drains its version: the request it runs is answered (TorchServe kills "
-        "the worker: 500 'Worker died.')",
+        "the worker: 500 'Worker died.', or the request is never answered)",
     ),
 }
 

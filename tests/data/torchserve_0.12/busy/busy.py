@@ -63,15 +63,20 @@ def run(call: Call, inference: str, management: str, gates: Path) -> dict[str, A
     answers["scale_leaving"] = call("PUT", f"{v2}?min_worker=2&synchronous=true", None)
     answers["unregister_leaving"] = call("DELETE", v2, None)
     answers["describe_all_leaving"] = _versions(call("GET", f"{management}/models/m/all", None))
+    # Registered again while the unregister drains (TorchServe: at once; torchbay: once the
+    # drain is over, so in the background here: the gate opens after it is sent).
+    again, again_out = _background(call, "POST", reg + "m-v2.mar", None)
     gate.touch()
-    for thread in (held, leaving):
+    for thread in (held, leaving, again):
         thread.join(WAIT_S)
     answers["held_request"] = held_out[0] if held_out else "no answer"
     answers["unregister_v2"] = leaving_out[0] if leaving_out else "no answer"
+    answers["register_leaving"] = again_out[0] if again_out else "no answer"
+    answers["versions_after"] = _versions(call("GET", f"{management}/models/m/all", None))
     answers["default_after"] = _versions(call("GET", f"{management}/models/m", None))
     v3 = f"{management}/models?initial_workers=1&synchronous=false&url=m-v3.mar"
     answers["register_v3_async"] = call("POST", v3, None)
     answers["unregister_v3_loading"] = call("DELETE", f"{management}/models/m/3.0", None)
-    gone = lambda: _versions(call("GET", f"{management}/models/m/all", None)) == ["1.0"]  # noqa: E731
-    answers["v3_gone"] = _until(gone)
+    every = f"{management}/models/m/all"
+    answers["v3_gone"] = _until(lambda: _versions(call("GET", every, None)) == ["1.0", "2.0"])
     return {k: list(v) if isinstance(v, tuple) else v for k, v in answers.items()}
