@@ -187,9 +187,12 @@ class DataPlane:
         return self.registry.resolve(name, version or None)
 
     def healthy(self) -> bool:
-        """TorchServe's ``/ping`` and gRPC ``Ping``: every default version has at least its
-        ``minWorkers`` ready workers, or loads on demand (``max_loaded_models``, loaded or not:
+        """TorchServe's ``/ping`` and gRPC ``Ping``: the start-up models are in (TorchServe
+        listens only then) and every default version has at least its ``minWorkers`` ready
+        workers, or loads on demand (``max_loaded_models``, loaded or not:
         serving/multiplex.py)."""
+        if self.starting:  # a start-up model not registered yet: its requests would be 404s
+            return False
         defaults = (self.registry.models[n][v] for n, v in self.registry.defaults.items())
         return all(
             mv.demand is not None or mv.ready_workers >= mv.settings.min_workers for mv in defaults
