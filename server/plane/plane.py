@@ -116,7 +116,9 @@ class DataPlane:
         self._log_level = log_settings.level_set()  # put back by ``close``
         # Triton's trace extension: its settings, and the traces of the requests it samples.
         self.tracer = Tracer(str(getattr(config, "trace_file", "") or ""))
-        self.wiring = Wiring(registry, self.record, self.shm.table, self.tracer, self.cache)
+        self.wiring = Wiring(
+            registry, self.record, self.shm.table, self.tracer, self.cache, lambda: self.starting
+        )
 
     # -- requests -------------------------------------------------------------------------------
 
