@@ -198,7 +198,7 @@ class Models:
         for mv in self.registry.all_versions():
             status = mv.status
             state = {ModelStatus.READY: "READY", ModelStatus.LOADING: "LOADING"}.get(
-                status, "UNAVAILABLE"
+                status, "UNLOADING" if mv.leaving else "UNAVAILABLE"
             )
             reason = "" if state != "UNAVAILABLE" else status.value.lower()
             entries[(mv.name, mv.version)] = _entry(mv.name, mv.version, state, reason)

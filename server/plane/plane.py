@@ -210,7 +210,8 @@ class DataPlane:
         state now, not its first load's."""
         if self.starting:
             return False
-        versions = self.registry.all_versions()
+        # A version being unregistered is no loaded model of the server's any more.
+        versions = [mv for mv in self.registry.all_versions() if not mv.leaving]
         loaded = {mv.name for mv in versions} | {mv.url for mv in versions}
         if any(label not in loaded for label in self.startup_failures):
             return False

@@ -50,8 +50,8 @@ LIVE_SETTINGS = frozenset(name for name, s in SETTINGS.items() if s.live)  # wha
 class ModelStatus(enum.Enum):
     """LOADING: no live worker yet, one is starting (first start, or a restart under way).
     READY: at least one live worker. FAILED: no slot can ever serve (the model failed to load,
-    or every worker's restarts gave up) until scaled up again. STOPPED: unregistered, or
-    scaled to zero workers on request."""
+    or every worker's restarts gave up) until scaled up again. STOPPED: unregistered (from
+    the start of its drain), or scaled to zero workers on request."""
 
     LOADING = "LOADING"
     READY = "READY"
@@ -194,6 +194,8 @@ class ModelVersion(RequestPath):
         """The one answer to "can this version serve?" (see ModelStatus)."""
         if self._final is not None:
             return self._final
+        if self.leaving:  # being unregistered: it takes no request any more
+            return ModelStatus.STOPPED
         slots = [s for s in self.slots if not s.retiring]
         if any(s.ready for s in slots) or self.demand is not None:
             return ModelStatus.READY  # on demand: routable unloaded, a request loads it

@@ -139,3 +139,41 @@ def test_a_repository_load_during_an_unregister_loads_that_version_again(
         probe = {(e["version"], e["state"]) for e in index if e["name"] == "probe"}
         assert probe == {("1.0", "READY"), ("2.0", "READY")}
         m.close()
+
+
+def test_a_version_being_unregistered_is_not_ready_anywhere(
+    versioned_store: Path, tmp_path: Path
+) -> None:
+    # probe 2.0 drains for a TorchServe unregister (its worker held by a gate): its requests
+    # are refused 503 'is stopping' and the management API says it is gone, but OIP's model
+    # readiness said ready and the repository index READY. Now it is not ready, UNLOADING in
+    # the index (Triton's state), and the server stays ready (its other models serve on).
+    gate = tmp_path / "gate"
+    models = {
+        "probe": {
+            "1.0": {"marName": "probe.mar", "defaultVersion": True},
+            "2.0": {"marName": "probe-v2.mar"},
+        }
+    }
+    with running(versioned_store, enable_model_api=True, models=models) as live:
+        m = httpx.Client(base_url=live.management_url, timeout=120)
+        with ThreadPoolExecutor(2) as pool:
+            body = {"until": str(gate)}
+            url = f"{live.url}/predictions/probe/2.0"
+            held = pool.submit(httpx.post, url, json=body, timeout=120)
+            until(lambda: live.server.registry.resolve("probe", "2.0").inflight == 1, "2.0 busy")
+            leaving = pool.submit(m.delete, "/models/probe/2.0")
+            until(lambda: m.get("/models/probe/2.0").status_code == 404, "the unregister drains")
+            try:
+                ready = httpx.get(f"{live.url}/v2/models/probe/versions/2.0/ready", timeout=30)
+                index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=30).json()
+                server_ready = httpx.get(f"{live.url}/v2/health/ready", timeout=30)
+            finally:
+                gate.touch()
+            assert held.result().status_code == 200
+            assert leaving.result().status_code == 200
+        m.close()
+    assert ready.json()["ready"] is False, ready.text
+    states = {(e["version"], e["state"]) for e in index if e["name"] == "probe"}
+    assert states == {("1.0", "READY"), ("2.0", "UNLOADING")}
+    assert server_ready.json() == {"ready": True}
