@@ -106,6 +106,7 @@ class DataPlane:
             model_api=model_api,
             unload_timeout_s=unload_timeout_s,
             cache=self.cache,
+            lock_for=self.management.lock_for,
         )
         recorders = [metrics.request_done] if metrics is not None else []
         # Metrics, statistics and the access line, once per answered request of any protocol.

@@ -177,3 +177,42 @@ def test_a_version_being_unregistered_is_not_ready_anywhere(
     states = {(e["version"], e["state"]) for e in index if e["name"] == "probe"}
     assert states == {("1.0", "READY"), ("2.0", "UNLOADING")}
     assert server_ready.json() == {"ready": True}
+
+
+def test_a_scale_and_a_repository_load_of_one_version_take_turns(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    # A synchronous TorchServe scale to 3 waits for its new workers' load (held by a gate)
+    # when a Triton load with one instance comes: the load waits for the scale's turn, as a
+    # second scale does, then scales to 1. Was: it scaled to 1 across the scale, retiring the
+    # workers still loading, and the scale answered 206 'Workers scaling in progress...' for
+    # a count the load had undone.
+    gate, started = tmp_path / "gate", tmp_path / "load-started"
+    yaml = tmp_path / "gated.yaml"
+    yaml.write_text(f"loadStarted: {started}\nloadGate: {gate}\n")
+    handler = str(ASSETS / "load_gate_handler.py")
+    store = build_store(tmp_path_factory, "busy-turns", {"gated": handler}, {"gated": yaml})
+    models = {"gated": {"1.0": {"marName": "gated.mar", "minWorkers": 1}}}
+    gate.touch()
+    with running(store, enable_model_api=True, models=models) as live:
+        gate.unlink()
+        started.unlink()
+        scaled = f"{live.management_url}/models/gated?min_worker=3&synchronous=true"
+        one = json.dumps({"instance_group": [{"count": 1, "kind": "KIND_CPU"}]})
+        load = f"{live.url}/v2/repository/models/gated/load"
+        with ThreadPoolExecutor(2) as pool:
+            scale = pool.submit(httpx.put, scaled, timeout=120)
+            until(started.exists, "the new workers' load")
+            loading = pool.submit(
+                httpx.post, load, json={"parameters": {"config": one}}, timeout=120
+            )
+            until(lambda: "gated" in live.server.plane.models._turns, "the load under way")
+            gate.touch()
+            answer = scale.result()
+            assert (answer.status_code, answer.json()) == (
+                200,
+                {"status": "Workers scaled to 3 for model: gated"},
+            )
+            assert loading.result().status_code == 200, loading.result().text
+        [described] = httpx.get(f"{live.management_url}/models/gated", timeout=60).json()
+    assert (described["minWorkers"], len(described["workers"])) == (1, 1)
