@@ -19,7 +19,6 @@ its request cancelled at once (the handler's next streamed part for it raises, s
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import dataclasses
 import inspect
@@ -28,13 +27,13 @@ import os
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from torchbay.server.serving import protocol as p
+from torchbay.server.worker.exits import FRONTEND_GONE
 from torchbay.server.worker.worker_logs import configure_logging
 
 log = logging.getLogger("torchbay.worker")
@@ -125,7 +124,9 @@ class _Channel:
         while True:
             try:
                 message = p.recv_message(self.sock)
-            except (EOFError, OSError):
+            except (EOFError, OSError) as exc:
+                if isinstance(exc, EOFError | ConnectionResetError):  # not the handler's close
+                    FRONTEND_GONE.set()
                 with self._lock:  # the frontend is gone: nobody reads any stream
                     self._cancelled |= self._live
                 self._inbox.put(None)
@@ -336,27 +337,6 @@ def run(sock: socket.socket) -> int:
         return 0
     finally:
         sock.close()
-
-
-def exit_now(code: int) -> None:
-    """End the process with ``code`` without the interpreter's teardown.
-
-    With torch imported, CPython's finalization (every module's globals cleared, torch's objects
-    collected) takes 2-3 s of CPU on a loaded 2-core host, paid by every worker that stops:
-    at shutdown, scale-down, recycling. The atexit hooks still run (a handler's, torch's, and
-    logging's, which flushes and closes every log handler), then stdout and stderr are flushed;
-    only the module teardown is skipped, as a forked child already does (``template.py``).
-    """
-    atexit._run_exitfuncs()
-    flush_stdio()
-    os._exit(code)
-
-
-def flush_stdio() -> None:
-    """Write out what stdout and stderr hold (before ``os._exit``, or before a fork)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed pipe: nothing left to lose
-            stream.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

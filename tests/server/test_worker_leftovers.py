@@ -1,0 +1,57 @@
+"""A worker ends, however its handler left things (tests/server/assets/leftover_handler.py):
+a non-daemon thread, a multiprocessing child. Its batch is answered as soon as it died, and once
+its frontend is gone it leaves no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from .cli_helpers import kill_tree, serve_foreground, spawned_workers, wait_gone
+from .conftest import ASSETS, build_store
+
+pytestmark = pytest.mark.slow
+
+MODELS = {"leftover": {"1.0": {"marName": "leftover.mar", "responseTimeout": 60}}}
+
+
+@pytest.fixture(scope="module")
+def leftover_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    handler = str(ASSETS / "leftover_handler.py")
+    return build_store(tmp_path_factory, "leftover", {"leftover": handler})
+
+
+def test_a_worker_whose_frontend_died_ends_with_the_children_its_handler_left(
+    leftover_store: Path, cli_run: tuple[Path, dict[str, str]]
+) -> None:
+    """The frontend SIGKILLed (the OOM killer, kill -9): its workers see EOF and exit, and the
+    frontend, which ended a worker's process group after it, is not there. A worker whose handler
+    left a non-daemon multiprocessing child hung for good in multiprocessing's exit hook (which
+    joins it), and kept its model's memory; both ran on under init."""
+    cwd, env = cli_run
+    args = ["--model-store", str(leftover_store), "--models", "leftover=leftover.mar"]
+    args.append("--disable-token-auth")
+    proc, ready = serve_foreground(args, cwd, env)
+    note = cwd / "child.pid"
+    pids: list[int] = []  # the worker and its handler's child, killed whatever happens
+    try:
+        url = f"http://127.0.0.1:{ready['inference']}/predictions/leftover"
+        assert httpx.post(url, json={"mp_child": str(note)}, timeout=90).status_code == 200
+        [worker] = [p.pid for p in spawned_workers(proc.pid)]
+        child = int(note.read_text())
+        pids += [worker, child]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+        assert wait_gone(worker, 60), "the worker outlived its frontend"
+        assert wait_gone(child, 30), "the handler's child outlived its worker"
+    finally:
+        kill_tree(proc.pid)  # (what a failed check left)
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
