@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from torchbay.server.serving import protocol as p
-from torchbay.server.worker.exits import FRONTEND_GONE
+from torchbay.server.worker.exits import FRONTEND_GONE, exit_now
 from torchbay.server.worker.worker_logs import configure_logging
 
 log = logging.getLogger("torchbay.worker")
@@ -337,6 +337,20 @@ def run(sock: socket.socket) -> int:
         return 0
     finally:
         sock.close()
+
+
+def start(argv: list[str] | None = None) -> None:
+    """A spawned worker: ``main``, then ``exit_now`` whatever it raised (the interpreter's
+    teardown would wait for every non-daemon thread a handler left)."""
+    code = 1
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code if isinstance(exc.code, int) else 2
+    except BaseException:
+        log.exception("the worker failed")
+    finally:
+        exit_now(code)
 
 
 def main(argv: list[str] | None = None) -> int:

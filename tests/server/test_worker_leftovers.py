@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from .cli_helpers import kill_tree, serve_foreground, spawned_workers, wait_gone
-from .conftest import ASSETS, build_store
+from .conftest import ASSETS, LiveServer, build_store, running
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +26,28 @@ MODELS = {"leftover": {"1.0": {"marName": "leftover.mar", "responseTimeout": 60}
 def leftover_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     handler = str(ASSETS / "leftover_handler.py")
     return build_store(tmp_path_factory, "leftover", {"leftover": handler})
+
+
+@pytest.fixture
+def server(leftover_store: Path) -> Iterator[LiveServer]:
+    with running(leftover_store, models=MODELS, restart_backoff_s=[0.1]) as live:
+        yield live
+
+
+def test_a_worker_that_lost_its_channel_under_a_leftover_thread_is_answered_dead(
+    server: LiveServer,
+) -> None:
+    """The start-up worker (spawned) whose socket its handler closed raised on its answer and
+    waited, in the interpreter's teardown, for the handler's thread: its request was answered
+    504 only at responseTimeout (60 s here, 120 by default). Now the worker exits at once."""
+    url = f"{server.url}/predictions/leftover"
+    first = httpx.post(url, json={"thread": True}, timeout=90)
+    assert first.status_code == 200
+    lost = httpx.post(url, json={"close_channel": True}, timeout=90)
+    assert lost.status_code == 503, lost.text
+    assert lost.json()["type"] == "WorkerDied"
+    again = httpx.post(url, json={}, timeout=90)
+    assert again.status_code == 200 and again.json()["pid"] != first.json()["pid"]
 
 
 def test_a_worker_whose_frontend_died_ends_with_the_children_its_handler_left(
