@@ -50,6 +50,20 @@ def test_a_worker_that_lost_its_channel_under_a_leftover_thread_is_answered_dead
     assert again.status_code == 200 and again.json()["pid"] != first.json()["pid"]
 
 
+def test_a_worker_that_writes_junk_into_its_channel_is_answered_dead(server: LiveServer) -> None:
+    """Bytes that are no frame (a handler writing to the wrong descriptor) were read as the
+    length of a frame of 4 GiB: the frontend waited for it, and the request was answered 504
+    at responseTimeout. Now an unknown kind (or a length past the 2 GiB bound) is a protocol
+    error at once: the worker is killed, its request answered 503, a new worker serves."""
+    url = f"{server.url}/predictions/leftover"
+    first = httpx.post(url, json={}, timeout=90)
+    junk = httpx.post(url, json={"scribble": True}, timeout=90)
+    assert junk.status_code == 503, junk.text
+    assert junk.json()["type"] == "WorkerDied"
+    again = httpx.post(url, json={}, timeout=90)
+    assert again.status_code == 200 and again.json()["pid"] != first.json()["pid"]
+
+
 def test_a_worker_whose_frontend_died_ends_with_the_children_its_handler_left(
     leftover_store: Path, cli_run: tuple[Path, dict[str, str]]
 ) -> None:

@@ -1,10 +1,11 @@
-"""A test handler that leaves things behind, as handler authors do. Each request is a JSON
-object; keys:
+"""A test handler that leaves things behind, or writes where it should not, as handler authors
+do. Each request is a JSON object; keys:
 
   {"thread": true}       start a non-daemon thread that sleeps 600 s (never joined)
   {"mp_child": path}     start a non-daemon ``multiprocessing`` child (fork) that sleeps 600 s
                          and write its pid to ``path``: multiprocessing's exit hook joins it
   {"close_channel": true} close every socket the worker holds (its channel to the frontend)
+  {"scribble": true}     write 64 bytes of 0xff into every socket the worker holds
 Every answer is {"pid": the worker's pid}.
 """
 
@@ -21,14 +22,15 @@ from typing import Any
 from torchbay.handlers.base_handler import BaseHandler
 
 
-def _close_sockets() -> None:
+def _sockets() -> list[int]:
+    found = []
     for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
         try:
-            if stat.S_ISSOCK(os.fstat(fd).st_mode):
-                os.close(fd)
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                found.append(int(name))
         except OSError:  # the listing's own descriptor, gone already
             continue
+    return found
 
 
 class LeftoverHandler(BaseHandler):
@@ -42,6 +44,8 @@ class LeftoverHandler(BaseHandler):
                 child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
                 child.start()
                 Path(body["mp_child"]).write_text(str(child.pid))
-            if body.get("close_channel"):
-                _close_sockets()
+            for fd in _sockets() if body.get("close_channel") else ():
+                os.close(fd)
+            for fd in _sockets() if body.get("scribble") else ():
+                os.write(fd, b"\xff" * 64)
         return [{"pid": os.getpid()} for _ in data]
