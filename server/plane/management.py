@@ -181,7 +181,9 @@ async def _settle(mv: ModelVersion) -> None:
 
 async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> None:
     async with state.lock_for(mv):
-        await _settle(mv)
+        live = sum(not slot.retiring for slot in mv.slots)
+        if params.min_worker is None or params.min_worker >= live:
+            await _settle(mv)  # (a scale down stops workers still loading: TorchServe's at once)
         if params.tuned():
             mv.configure(**params.tuning)
         if params.min_worker is not None:

@@ -223,6 +223,8 @@ class ModelVersion(RequestPath):
                 raise ShuttingDown(
                     stopping_message(self, "was stopped", " before its workers loaded")
                 )
+            if not errors and self.settings.min_workers == 0:
+                return  # scaled to zero meanwhile: registered with no worker, as TorchServe
             error = errors[0] if errors else WorkerLoadError("no worker could load the model")
             self.load_error = str(error)
             await self.stop(timeout=5)

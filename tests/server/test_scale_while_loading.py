@@ -1,0 +1,42 @@
+"""Scaling a model down while its workers still load (an asynchronous registration whose
+handler's initialize hangs: weights from a dead URL, a lock): the workers still loading are
+stopped at once, as TorchServe 0.12 does (it answered 'Workers scaled to 0' in milliseconds to
+a synchronous scale while its worker slept in initialize)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .cli_helpers import wait_gone
+from .conftest import ASSETS, build_store, running, until
+
+pytestmark = pytest.mark.slow
+
+
+def test_scaling_down_while_a_worker_loads_stops_it_at_once(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """The scale waited for the load (up to startupTimeout + 5 s: 125 s by default) before
+    counting the worker, and only then stopped it; here the load is held 60 s by its gate
+    (assets/gates.py), past the client's 45 s."""
+    started = tmp_path / "started"
+    yaml = tmp_path / "model-config.yaml"
+    yaml.write_text(f"loadStarted: {started}\nloadGate: {tmp_path / 'never'}\n")
+    handler = str(ASSETS / "load_gate_handler.py")
+    store = build_store(tmp_path_factory, "scale-loading", {"slow": handler}, {"slow": yaml})
+    with running(store, enable_model_api=True) as server:
+        management = server.management_url
+        params = {"url": "slow.mar", "initial_workers": 1, "synchronous": "false"}
+        assert httpx.post(f"{management}/models", params=params, timeout=60).status_code == 202
+        until(started.exists, "the worker to start loading", timeout=60)
+        [pid] = server.worker_pids()
+        scale = {"min_worker": 0, "synchronous": "true"}
+        r = httpx.put(f"{management}/models/slow", params=scale, timeout=45)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"status": "Workers scaled to 0 for model: slow"}
+        assert wait_gone(pid, 30), "the worker still loading was not stopped"
+        [described] = httpx.get(f"{management}/models/slow", timeout=30).json()
+        assert (described["minWorkers"], described["workers"]) == (0, [])
