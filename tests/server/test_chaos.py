@@ -220,6 +220,7 @@ def test_spawn_failures_back_off_and_recover(live_server):
     described = _describe(server, "probe")
     assert described["workerStartFailures"] == 3
     assert described["workers"][0]["startFailures"] == 3
+    assert described["loadError"] is None  # the restarts failed, then one loaded
     assert _metric(server, "torchbay_worker_start_failures_total", model="probe") == 3
     _assert_serving(server, "probe")
 
@@ -240,10 +241,14 @@ def test_spawn_failing_past_the_retry_window_answers_queued_requests_503(live_se
     assert r.status_code == 503 and r.json()["type"] in ("NoWorker", "WorkerDied")
     _wait_for(lambda: _describe(server, "probe")["status"] == "FAILED", "giving up")
     assert _states(server, "probe") == FAILED
-    assert _describe(server, "probe")["workerStartFailures"] == spawn.calls >= 2
+    described = _describe(server, "probe")
+    assert described["workerStartFailures"] == spawn.calls >= 2
+    # Why it gave up (the last restart's error; it said null, and only the log knew).
+    assert "Too many open files" in described["loadError"]
     spawn.left = 0  # the host recovers
     _scale(server, "probe", 1)
     _assert_serving(server, "probe")
+    assert _describe(server, "probe")["loadError"] is None
 
 
 # -- (c) a handler hangs past responseTimeout ------------------------------------------------------
