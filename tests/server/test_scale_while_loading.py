@@ -16,12 +16,14 @@ from .conftest import ASSETS, build_store, running, until
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize(("initial", "scaled"), [(1, 0), (2, 1)])
 def test_scaling_down_while_a_worker_loads_stops_it_at_once(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, initial: int, scaled: int
 ) -> None:
     """The scale waited for the load (up to startupTimeout + 5 s: 125 s by default) before
-    counting the worker, and only then stopped it; here the load is held 60 s by its gate
-    (assets/gates.py), past the client's 45 s."""
+    counting the workers, and only then stopped them; here each load is held 60 s by its gate
+    (assets/gates.py), past the client's 45 s. TorchServe answers a scale down 200 at once,
+    whether the workers left have loaded or not."""
     started = tmp_path / "started"
     yaml = tmp_path / "model-config.yaml"
     yaml.write_text(f"loadStarted: {started}\nloadGate: {tmp_path / 'never'}\n")
@@ -29,14 +31,16 @@ def test_scaling_down_while_a_worker_loads_stops_it_at_once(
     store = build_store(tmp_path_factory, "scale-loading", {"slow": handler}, {"slow": yaml})
     with running(store, enable_model_api=True) as server:
         management = server.management_url
-        params = {"url": "slow.mar", "initial_workers": 1, "synchronous": "false"}
+        params = {"url": "slow.mar", "initial_workers": initial, "synchronous": "false"}
         assert httpx.post(f"{management}/models", params=params, timeout=60).status_code == 202
-        until(started.exists, "the worker to start loading", timeout=60)
-        [pid] = server.worker_pids()
-        scale = {"min_worker": 0, "synchronous": "true"}
+        until(lambda: len(server.worker_pids()) == initial, "the workers to start", timeout=60)
+        until(started.exists, "a worker to start loading", timeout=60)
+        pids = server.worker_pids()
+        scale = {"min_worker": scaled, "synchronous": "true"}
         r = httpx.put(f"{management}/models/slow", params=scale, timeout=45)
         assert r.status_code == 200, r.text
-        assert r.json() == {"status": "Workers scaled to 0 for model: slow"}
-        assert wait_gone(pid, 30), "the worker still loading was not stopped"
+        assert r.json() == {"status": f"Workers scaled to {scaled} for model: slow"}
+        assert wait_gone(pids[-1], 30), "the worker still loading was not stopped"
         [described] = httpx.get(f"{management}/models/slow", timeout=30).json()
-        assert (described["minWorkers"], described["workers"]) == (0, [])
+        assert described["minWorkers"] == scaled
+        assert [w["pid"] for w in described["workers"]] == pids[:scaled]
