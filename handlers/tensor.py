@@ -193,7 +193,13 @@ class TensorHandler(BaseHandler):
         if isinstance(array, torch.Tensor):  # in CUDA shared memory: on its GPU, no copy
             tensor = array.to(_V2_DTYPES[datatype]) if datatype in _WIDER else array
         else:
-            tensor = _host_tensor(array, datatype)
+            name = None if spec.get("control") else spec["name"]  # controls.py: not checked
+            tensor = _host_tensor(array, datatype, name)
+        if not self.unbatched and tensor.dim() == 0:  # (was the model's IndexError: a 422)
+            raise BadInput(
+                f"v2 input {spec['name']!r} has shape []: the model takes a batch, so its "
+                "inputs need a first (batch) dimension, e.g. shape [1]"
+            )
         sample = list(tensor.shape[1:])
         if (
             not self.unbatched  # the signature checked the whole shape
@@ -313,8 +319,16 @@ class TensorHandler(BaseHandler):
         return isinstance(row, dict) and row.get("protocol") == "v2"
 
 
-def _host_tensor(array: np.ndarray, datatype: str) -> torch.Tensor:
-    """A decoded host array as a tensor (widened where torch lacks the type's ops)."""
+def _host_tensor(array: np.ndarray, datatype: str, name: str | None) -> torch.Tensor:
+    """A decoded host array as a tensor (widened where torch lacks the type's ops). A UINT64
+    value past INT64's range in input ``name`` is a BadInput: the stand-in would wrap it
+    (2**64 - 1 to -1); ``name`` None (a sequence control): its bits are kept."""
+    big = datatype == "UINT64" and name is not None and array.size
+    if big and int(array.max()) > np.iinfo(np.int64).max:
+        raise BadInput(
+            f"v2 input {name!r}: UINT64 value {int(array.max())} is past the INT64 range the "
+            "model takes UINT64 in (torch has no uint64 arithmetic)"
+        )
     if datatype in _WIDER:
         array = array.astype(_WIDER[datatype])
     tensor = _shared(array.view(np.int16) if datatype == "BF16" else array)

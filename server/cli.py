@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchbay import __version__
+
 log = logging.getLogger("torchbay.cli")
 # The stores and what of each loads at start: (noun, what a store holds, the verb, archive
 # suffix, TorchServe's config key), for --<noun>-store and --<noun>s.
@@ -57,14 +59,20 @@ def register(subparsers: Any) -> None:
     # The server --start runs: where it says "ready" (server/daemon.py).
     serve.add_argument("--daemon-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--ts-class", help=argparse.SUPPRESS)  # daemon.TORCHSERVE_CLASS, see there
-    serve.add_argument("--plugins-path", help=argparse.SUPPRESS)
+    # TorchServe's flags for its Java plugins and C++ backend: taken, noted and ignored.
+    serve.add_argument("--plugins-path", "--ppath", help=argparse.SUPPRESS)
+    serve.add_argument("--cpp-log-config", help=argparse.SUPPRESS)
     serve.set_defaults(func=run_serve)
 
 
 def _switches(serve: argparse.ArgumentParser) -> None:
     """The on/off flags (None when not given: config.properties decides)."""
     serve.add_argument(
-        "--disable-token-auth", action="store_true", default=None, help="serve without API keys"
+        "--disable-token-auth",
+        "--dt",  # TorchServe's short form
+        action="store_true",
+        default=None,
+        help="serve without API keys",
     )
     serve.add_argument(
         "--enable-model-api",
@@ -97,6 +105,9 @@ def _lifecycle_flags(serve: argparse.ArgumentParser) -> None:
         help="start in the background: return once it serves (pid file $TMPDIR/.model_server.pid)",
     )
     mode.add_argument("--stop", action="store_true", help="stop the server --start started")
+    mode.add_argument(  # TorchServe's `torchserve -v`, which scripts run as `torchbay serve -v`
+        "-v", "--version", action="version", version=f"torchbay {__version__}"
+    )
     serve.add_argument(
         "--foreground", action="store_true", help="run in this process (the default; beats --start)"
     )
@@ -170,8 +181,12 @@ def _serve(args: argparse.Namespace) -> int:
     from torchbay.server.observe.logfiles import read_log_config
     from torchbay.server.serving.handle import spawn_process
 
-    if args.plugins_path:
-        log.info("--plugins-path is a TorchServe option torchbay ignores")
+    for flag, given in (
+        ("--plugins-path", args.plugins_path),
+        ("--cpp-log-config", args.cpp_log_config),
+    ):
+        if given:
+            log.info("%s is a TorchServe option torchbay ignores", flag)
     log_config = read_log_config(args.log_config) if args.log_config else None
     config, notes = _load_config(args)
     # Everything that can make the start fail on its own (a missing store, unreadable TLS files,

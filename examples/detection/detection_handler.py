@@ -55,12 +55,19 @@ class DetectionHandler(BaseHandler):
         data = request.get("data") if request.get("data") is not None else request.get("body")
         if not isinstance(data, (bytes, bytearray)):
             raise PredictionException("send a PNG or JPEG image as the request body", 400)
+        too_large = PredictionException(f"image larger than {self.max_side} pixels a side", 413)
         try:
-            image = Image.open(io.BytesIO(data)).convert("RGB")
+            image = Image.open(io.BytesIO(data))  # reads the header: the size, no pixels yet
+        except Image.DecompressionBombError:  # a header past PIL's own pixel limit
+            raise too_large from None
         except (UnidentifiedImageError, OSError) as exc:
             raise PredictionException(f"cannot decode image: {type(exc).__name__}", 400) from None
-        if max(image.size) > self.max_side:
-            raise PredictionException(f"image larger than {self.max_side} pixels a side", 413)
+        if max(image.size) > self.max_side:  # refused before its pixels are decoded
+            raise too_large
+        try:
+            image = image.convert("RGB")
+        except OSError as exc:  # truncated or corrupt pixel data
+            raise PredictionException(f"cannot decode image: {type(exc).__name__}", 400) from None
         pixels = np.asarray(image, dtype=np.float32) / 255.0
         return torch.from_numpy(pixels).permute(2, 0, 1)
 

@@ -26,8 +26,13 @@ class TabularHandler(BaseHandler):
 
     def _row(self, request):
         value = request.get("data") if request.get("data") is not None else request.get("body")
-        if isinstance(value, (bytes, bytearray)):
-            value = json.loads(value)
+        if isinstance(value, (bytes, bytearray)):  # a body sent without a JSON content type
+            try:
+                value = json.loads(value)
+            except ValueError:  # not JSON, or not UTF-8: the client's mistake, not ours
+                raise PredictionException(
+                    "a row is JSON: 4 numbers or {name: value}", 400
+                ) from None
         if isinstance(value, dict):
             missing = [name for name in FEATURES if name not in value]
             if missing:

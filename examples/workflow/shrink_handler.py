@@ -21,11 +21,18 @@ class ShrinkHandler(BaseHandler):
         if not isinstance(data, (bytes, bytearray)):
             raise PredictionException("send a 32x32 grayscale PNG", 400)
         try:
-            image = Image.open(io.BytesIO(data)).convert("L")
+            image = Image.open(io.BytesIO(data))  # the header: its size, no pixels yet
+            size = image.size
+        except Image.DecompressionBombError:  # a header past PIL's pixel limit: not a scan
+            size = None
         except (UnidentifiedImageError, OSError) as exc:
             raise PredictionException(f"cannot decode image: {type(exc).__name__}", 400) from None
-        if image.size != (SIDE, SIDE):
-            raise PredictionException(f"the scan must be {SIDE}x{SIDE}, got {image.size}", 422)
+        if size != (SIDE, SIDE):  # refused before its pixels are decoded
+            raise PredictionException(f"the scan must be {SIDE}x{SIDE}, got {size}", 422)
+        try:
+            image = image.convert("L")
+        except OSError as exc:  # truncated or corrupt pixel data
+            raise PredictionException(f"cannot decode image: {type(exc).__name__}", 400) from None
         return torch.from_numpy(np.asarray(image, dtype=np.float32)).unsqueeze(0)
 
     def preprocess(self, data):

@@ -46,9 +46,12 @@ def parse_request(
     _check_envelope(request)
     shm.release_unnamed(regions)
     binary = view[header_len:] if header_len is not None else view[:0]
-    offset = 0
+    offset, names = 0, set()
     for i, tensor in enumerate(request["inputs"]):
         offset = _decode_input(tensor, i, binary, offset, header_len is not None, regions)
+        if tensor["name"] in names:  # as Triton, whatever the model declares
+            raise BadInput(f"input {tensor['name']!r} is given twice")
+        names.add(tensor["name"])
     if offset != len(binary):
         raise BadInput(
             f"the binary tensor data is {len(binary)} bytes but the inputs' binary_data_size "

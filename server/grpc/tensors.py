@@ -16,6 +16,7 @@ the worker answered as JSON ``data`` is packed the same way, so every response u
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -118,11 +119,26 @@ def _raw_inputs(request: Any) -> list[bytes]:
 
 
 def _typed(tensor: Any) -> bytes:
+    """An input's typed ``contents`` packed; BadRequest naming the field when they are in
+    another datatype's field or do not fill the shape (the worker sees only their bytes)."""
     what = f"input {tensor.name!r}"
     field = _TYPED.get(tensor.datatype, ("", ""))[0]
     if not field:
         raise BadRequest(f"{what}: datatype {tensor.datatype!r} needs raw_input_contents")
-    return pack(tensor.datatype, list(getattr(tensor.contents, field)), what)
+    values = list(getattr(tensor.contents, field))
+    others = [f.name for f, _ in tensor.contents.ListFields() if f.name != field]
+    if others:
+        raise BadRequest(
+            f"{what}: a {tensor.datatype} input's values go in contents.{field} (or "
+            f"raw_input_contents), not contents.{others[0]}"
+        )
+    shape = list(tensor.shape)
+    if all(d >= 0 for d in shape) and len(values) != math.prod(shape):
+        raise BadRequest(
+            f"{what}: shape {shape} holds {math.prod(shape)} values; contents.{field} has "
+            f"{len(values)}"
+        )
+    return pack(tensor.datatype, values, what)
 
 
 def request_body(request: Any) -> tuple[bytes, int]:

@@ -2,8 +2,8 @@
 ``ConnectorType.BOTH``; KServe's TorchServe config sets ``inference_address`` and
 ``management_address`` to the same ``http://0.0.0.0:8085``).
 
-The management paths (``/models...``, ``/token`` and the KServe v1 readiness
-``GET /v1/models/{m}``) go to the management app; everything else (predictions,
+The management paths (``/models...``, ``/workflows...``, ``/token`` and the KServe v1 readiness
+``GET /v1/models/{m}``) go to the management app; everything else (predictions, ``/wfpredict``,
 ``/v1/models/{m}:predict``, ``/v2``, ``/ping``, the OpenAPI description) goes to the inference app.
 Each app keeps its own token check. Port 0 never counts as shared: two ``:0`` listeners are two
 ephemeral ports.
@@ -19,6 +19,8 @@ def is_management_path(method: str, path: str) -> bool:
     if path.startswith("/models/") and path.endswith("/invoke") and path.count("/") == 3:
         return False  # SageMaker's /models/{m}/invoke is inference (TorchServe's order too)
     if path == "/token" or path == "/models" or path.startswith("/models/"):
+        return True
+    if path == "/workflows" or path.startswith("/workflows/"):  # TorchServe's workflow API
         return True
     # KServe v1 model readiness lives on TorchServe's management API; :predict is inference.
     return method == "GET" and path.startswith("/v1/models/") and ":" not in path

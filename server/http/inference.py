@@ -1,7 +1,8 @@
 """The inference listener (default 8080): TorchServe's inference API (``/ping``,
-``/predictions``, ``/explanations``), KServe v1 predict and the Open Inference Protocol (KServe
-v2) REST endpoints, as one raw ASGI app. Its routes are ``route_table.INFERENCE_ROUTES``: the
-dispatch below and the OpenAPI document (``OPTIONS /``, ``/openapi.json``) both come from it.
+``/predictions``, ``/explanations``), KServe v1 (``kserve_v1.py``) and the Open Inference
+Protocol (KServe v2) REST endpoints, as one raw ASGI app. Its routes are
+``route_table.INFERENCE_ROUTES``: the dispatch below and the OpenAPI document (``OPTIONS /``,
+``/openapi.json``) both come from it.
 
 The frontend never decodes bodies: raw bytes and headers go to the worker, which parses them.
 It does check what comes back before handing it to the HTTP server: a status outside 200..599,
@@ -84,10 +85,12 @@ class InferenceApp:
         # TorchServe's /wfpredict (http/wfpredict.py) over the server's workflows.
         self.workflows = workflows or Workflows(plane)
         wf = WorkflowPredict(self.workflows, max_request_size=max_request_size, authorize=authorize)
+        v1 = kserve_v1.KServeV1(self)  # KServe v1: predict, explain, liveness, readiness
         endpoints = {
             r.endpoint: getattr(self, "_" + r.endpoint, None)
             or getattr(self.triton, r.endpoint, None)
             or getattr(shm, r.endpoint, None)
+            or getattr(v1, r.endpoint, None)
             or getattr(wf, r.endpoint)
             for r in INFERENCE_ROUTES
         }
@@ -158,15 +161,6 @@ class InferenceApp:
     async def _invoke(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         """SageMaker's ``POST /models/{model}/invoke``: the model's default version."""
         await self._infer(scope, receive, send, unquote(match["model_name"]), None, "predict")
-
-    async def _kserve_v1(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
-        await kserve_v1.predict(self, scope, receive, send, unquote(match["model_name"]))
-
-    async def _kserve_v1_explain(
-        self, scope: Scope, receive: Receive, send: Send, match: Match
-    ) -> None:
-        name = unquote(match["model_name"])
-        await kserve_v1.predict(self, scope, receive, send, name, explain=True)
 
     async def _infer(
         self,

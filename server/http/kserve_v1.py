@@ -1,5 +1,11 @@
-"""KServe v1 predict on the frontend: ``POST /v1/models/{m}:predict`` with ``{"instances": [...]}``
-answers ``{"predictions": [...]}``, as TorchServe's ``kserve`` envelope does.
+"""KServe v1 on the inference listener: ``POST /v1/models/{m}:predict`` with
+``{"instances": [...]}`` answers ``{"predictions": [...]}``, as TorchServe's ``kserve`` envelope
+does; ``GET /`` (liveness ``{"status": "alive"}``), ``GET /v1/models`` (``{"models": [...]}``)
+and ``GET /v1/models/{m}`` (``{"name", "ready"}``, 503 while not ready) as KServe's model server
+answers them (and its ``GET /v2/models``, the same list), which the kserve SDK's v1 client
+reads (``is_server_live``, ``is_model_ready``). The management API keeps TorchServe's
+``GET /v1/models/{m}`` (always 200); where both APIs share one listener (KServe's TorchServe
+config) that one answers.
 
 Each instance becomes one request to the model's queue (see ``encode_instance`` for the row the
 handler gets); the batcher groups them like any other requests and the results come back
@@ -21,8 +27,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from re import Match
 from typing import Any, Protocol
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 from torchbay.server.errors import BadRequest, HandlerFailed
 from torchbay.server.http.asgi import (
@@ -33,6 +40,7 @@ from torchbay.server.http.asgi import (
     header,
     read_body,
     send_bytes,
+    send_json,
 )
 from torchbay.server.http.disconnect import all_answers
 from torchbay.server.plane import DataPlane, Exchange, WireRequest, WireResponse, oip_body
@@ -51,6 +59,36 @@ class Listener(Protocol):
 
 # The body is re-encoded here: its framing and its coding headers do not carry over.
 _DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding", b"content-encoding")
+
+
+class KServeV1:
+    """The inference listener's KServe v1 endpoints (named as ``route_table`` names them)."""
+
+    def __init__(self, app: Listener) -> None:
+        self.app = app
+
+    async def kserve_v1(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        await predict(self.app, scope, receive, send, unquote(match["model_name"]))
+
+    async def kserve_v1_explain(
+        self, scope: Scope, receive: Receive, send: Send, match: Match
+    ) -> None:
+        name = unquote(match["model_name"])
+        await predict(self.app, scope, receive, send, name, explain=True)
+
+    async def kserve_live(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
+        await send_json(send, 200, {"status": "alive"})
+
+    async def kserve_models(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        if self.app.authorize is not None:
+            self.app.authorize(scope, "inference")
+        await send_json(send, 200, {"models": self.app.plane.model_names()})
+
+    async def kserve_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
+        if self.app.authorize is not None:
+            self.app.authorize(scope, "inference")
+        mv, ready = self.app.plane.model_ready(unquote(m["model_name"]))
+        await send_json(send, 200 if ready else 503, {"name": mv.name, "ready": ready})
 
 
 def parse_instances(body: bytes) -> list[Any]:

@@ -14,7 +14,7 @@ from torchbay.server.http.routes import OK, Answer, Route
 from torchbay.server.http.routes import oip_route as _oip
 from torchbay.server.http.shm_routes import shm_routes
 from torchbay.server.http.triton_routes import triton_routes
-from torchbay.server.http.wfpredict import WFPREDICT_ROUTE
+from torchbay.server.http.wfpredict import WFPREDICT_ROUTES
 
 # -- shared schemas -----------------------------------------------------------------------------
 
@@ -29,6 +29,9 @@ _PREDICT_BODY = {
     "description": "Raw bytes, JSON or multipart form data; passed to the handler as is",
     "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
 }
+_NAMES_LIST = {"type": "array", "items": {"type": "string"}}
+_MODELS = {"type": "object", "properties": {"models": _NAMES_LIST}}
+_LIST = "KServe: the names of the models served"
 _INSTANCES = {"type": "object", "properties": {"instances": {"type": "array", "minItems": 1}}}
 _PREDICTIONS = {"type": "object", "properties": {"predictions": {"type": "array"}}}
 _EXPLANATIONS = {"type": "object", "properties": {"explanations": {"type": "array"}}}
@@ -184,7 +187,9 @@ def _v2_model_routes(base: str) -> list[Route]:
 
 
 def _v2_models() -> tuple[Route, ...]:
-    out = [*triton_routes(), *shm_routes()]
+    # KServe's model server lists its models here too (the kserve_v1 endpoint's answer).
+    listed = _oip("GET", "/v2/models", "kserve_models", _LIST, (401,), {"200": ("OK", _MODELS)})
+    out = [listed, *triton_routes(), *shm_routes()]
     for base in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
         out += _v2_model_routes(base)
     return tuple(out)
@@ -200,8 +205,10 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "Health: 200 when every default model version has its minimum workers",
         answers={"200": ("Healthy", _HEALTH), "500": ("Unhealthy", _HEALTH)},
     ),
-    *_predictions("Prediction", ("POST", "PUT"), "predict"),
-    *_predictions("Explanation", ("POST",), "explain"),
+    # PUT (curl -T, as TorchServe's docs send images) and GET (a query alone): TorchServe 0.12
+    # answers both (its workflow record's predict_node_model_put / _get)
+    *_predictions("Prediction", ("POST", "PUT", "GET"), "predict"),
+    *_predictions("Explanation", ("POST", "PUT", "GET"), "explain"),
     *_sagemaker(),
     Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True),
     Route("GET", "/v2/health/live", "live", "Liveness", answers=OK, oip=True),
@@ -214,6 +221,17 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         oip=True,
     ),
     *_v2_models(),
+    Route("GET", "/", "kserve_live", "KServe v1 liveness", answers={"200": ("Live", _HEALTH)}),
+    Route(
+        "GET",
+        "/v1/models",
+        "kserve_models",
+        _LIST,
+        (401,),
+        {"200": ("OK", _MODELS)},
+        auth=True,
+        strict=True,
+    ),
     Route(
         "POST",
         "/v1/models/{model_name}:predict",
@@ -224,6 +242,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         auth=True,
         body={"content": {"application/json": {"schema": _INSTANCES}}},
         description="The first failed instance's status and body are the answer's.",
+        strict=True,  # GET on it: 405, as KServe (not this model's readiness)
     ),
     Route(
         "POST",
@@ -235,8 +254,19 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         auth=True,
         body={"content": {"application/json": {"schema": _INSTANCES}}},
         description="As /explanations; 501 when the handler has no explanations.",
+        strict=True,
     ),
-    WFPREDICT_ROUTE,  # TorchServe's workflows (http/wfpredict.py)
+    Route(
+        "GET",
+        "/v1/models/{model_name}",
+        "kserve_ready",
+        "KServe v1 model readiness (the management API's, where both share the listener)",
+        (401, 404),
+        {"200": ("Ready", _MODEL_READY), "503": ("Not ready", _MODEL_READY)},
+        auth=True,
+        strict=True,
+    ),
+    *WFPREDICT_ROUTES,  # TorchServe's workflows (http/wfpredict.py)
     *_legacy_predict(),
 )
 

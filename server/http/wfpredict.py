@@ -1,4 +1,4 @@
-"""TorchServe's ``POST /wfpredict/{name}`` on the inference listener: its route (for
+"""TorchServe's ``POST /wfpredict/{name}`` on the inference listener: its routes (for
 ``route_table.INFERENCE_ROUTES``) and its endpoint, which reads the body and runs the workflow's
 DAG (``server/workflows/executor.py``), whose node requests are the plane's exchanges. A client
 that disconnects while the DAG runs cancels it (``disconnect.LEFT``, as a model request): the
@@ -18,16 +18,21 @@ from torchbay.server.plane import WireRequest, join_headers
 from torchbay.server.workflows import executor
 from torchbay.server.workflows.manager import Workflows
 
-WFPREDICT_ROUTE = Route(
-    "POST",
-    "/wfpredict/{workflow_name}",
-    "wfpredict",
-    "Run a workflow: its DAG's nodes in order, each a request to its model",
-    (400, 401, 404, 413, 500, 503),
-    OK,
-    auth=True,
-    body={"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}},
-    description="One leaf: its output as it is; several: a JSON object by node name.",
+# POST, PUT (curl -T, as TorchServe's docs upload) and GET (a query alone): TorchServe 0.12
+# answers each (tests/data/torchserve/workflows: predict_put, predict_get), as /predictions.
+WFPREDICT_ROUTES = tuple(
+    Route(
+        method,
+        "/wfpredict/{workflow_name}",
+        "wfpredict",
+        "Run a workflow: its DAG's nodes in order, each a request to its model",
+        (400, 401, 404, 413, 500, 503),
+        OK,
+        auth=True,
+        body={"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}},
+        description="One leaf: its output as it is; several: a JSON object by node name.",
+    )
+    for method in ("POST", "PUT", "GET")
 )
 
 

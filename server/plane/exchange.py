@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any
 from torchbay.server.errors import (
     BadRequest,
     HandlerFailed,
+    ModelNotFound,
     PayloadTooLarge,
+    ServiceUnavailable,
     StreamNotSupported,
     TorchbayError,
 )
@@ -78,6 +80,7 @@ class Wiring:
     regions: RegionsFn | None = None  # Triton's shared-memory regions (plane/shm.py)
     tracer: Tracer | None = None  # Triton's trace extension (plane/trace.py)
     cache: ResponseCache | None = None  # the response cache (plane/cache.py)
+    starting: Callable[[], bool] = lambda: False  # the start-up models are not all in yet
 
 
 @dataclass(slots=True, eq=False)
@@ -109,7 +112,16 @@ class Exchange:
     def resolve(self) -> ModelVersion:
         """The model version named, refused at once (503) when it refuses newcomers: a shutting
         down, workerless or overloaded version. Raises the error tree's 404 / 400 / 503."""
-        mv = self.model = self.wiring.registry.resolve(self.name, self.version)
+        try:
+            mv = self.model = self.wiring.registry.resolve(self.name, self.version)
+        except ModelNotFound:
+            if not self.wiring.starting():
+                raise
+            # Maybe a start-up model still on its way in (TorchServe listens only then): 503,
+            # which a client retries, rather than 404.
+            raise ServiceUnavailable(
+                f"Model {self.name!r} is not loaded yet: the server is starting"
+            ) from None
         tracer = self.wiring.tracer
         if tracer is not None and tracer.active:
             self.trace = tracer.start(self.name, self.started)

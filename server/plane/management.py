@@ -25,6 +25,8 @@ from torchbay.server.errors import (
     ConfigError,
     InsufficientStorage,
     MethodNotAllowed,
+    ModelNotFound,
+    ModelVersionNotFound,
     NotFound,
     ShuttingDown,
     TorchbayError,
@@ -41,10 +43,6 @@ log = logging.getLogger("torchbay.management")
 
 _background: set[asyncio.Task] = set()
 _INT32_MAX = 2**31 - 1  # TorchServe's parameters are Java ints: a larger one is junk
-
-# The handler errors (their type names, as a worker reports them) of a load that ran out of
-# memory: Python's, and torch's for an accelerator (torch.OutOfMemoryError).
-OUT_OF_MEMORY = frozenset({"MemoryError", "OutOfMemoryError"})
 
 
 @dataclass
@@ -88,6 +86,19 @@ def require_model_api(state: Management) -> None:
         )
 
 
+def present(state: Management, name: str, version: str | None = None) -> ModelVersion:
+    """The registry's version (the default one when ``version`` is None), one being
+    unregistered taken as gone (404): TorchServe takes a version out of its map before draining
+    it, so a set-default, scale, describe or second unregister meanwhile finds no such version."""
+    mv = state.registry.resolve(name, version)
+    if mv.leaving:
+        raise ModelVersionNotFound(
+            f"Model version: {mv.version} does not exist for model: {name}",
+            oip_message=ModelVersionNotFound.triton_text(name, mv.version),
+        )
+    return mv
+
+
 # -- list, describe -----------------------------------------------------------------------------
 
 
@@ -117,8 +128,11 @@ async def describe(
     registry = state.registry
     if version == "all":
         registry.resolve(name)
-        return [describe_version(registry, mv) for mv in registry.models[name].values()]
-    mv = registry.resolve(name, version)
+        staying = [mv for mv in registry.models[name].values() if not mv.leaving]
+        if not staying:
+            raise ModelNotFound(f"Model not found: {name}")
+        return [describe_version(registry, mv) for mv in staying]
+    mv = present(state, name, version)
     described = describe_version(registry, mv)
     if customized:
         described["customizedMetadata"] = await customized_metadata(mv)
@@ -148,7 +162,7 @@ async def register(state: Management, params: Any) -> Status:
     except ConfigError as exc:  # a bad setting from the request, mapped at the boundary
         raise BadRequest(exc.message) from None
     except WorkerLoadError as exc:
-        if exc.error_type not in OUT_OF_MEMORY:
+        if not exc.out_of_memory:
             raise
         # SageMaker's multi-model contract: 507 asks its platform to unload models and retry.
         raise InsufficientStorage(
@@ -188,9 +202,12 @@ async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> bo
             await _settle(mv)
         if params.tuned():
             mv.configure(**params.tuning)
-        if params.min_worker is not None:
-            await mv.scale(params.min_worker, params.max_worker)
-    state.changed()
+        if params.min_worker is None:
+            state.changed()
+        else:
+            # One snapshot, holding the new counts at once, as TorchServe's: a restart while
+            # the workers start (an asynchronous scale answered 202) restores them.
+            await mv.scale(params.min_worker, params.max_worker, resized=state.changed)
     return shrink
 
 
@@ -200,7 +217,7 @@ async def scale(
     """Tune the live settings and scale the workers of one version (the default one when
     ``version`` is None) as the parameters in ``raw`` say (``plane.params.scale_params``);
     asynchronously (202) unless they ask for ``synchronous``."""
-    mv = state.registry.resolve(name, version)
+    mv = present(state, name, version)
     params = scale_params(raw)
     if not params.synchronous:
         task = asyncio.ensure_future(_scale(state, mv, params))
@@ -234,6 +251,9 @@ def _scale_done(task: asyncio.Task) -> None:
 
 
 def set_default(state: Management, name: str, version: str) -> Status:
+    leaving = state.registry.models.get(name, {}).get(version)
+    if leaving is not None and leaving.leaving:  # as present(), in set-default's words
+        raise ModelVersionNotFound(f"Model version {version} does not exist for model {name}")
     state.registry.set_default(name, version)
     state.changed()
     return Status(f'Default version successfully updated for model "{name}" to "{version}"')
@@ -248,6 +268,7 @@ async def unregister(state: Management, name: str, version: str | None) -> Statu
         # Unknown model (404) or version (400, as TorchServe): the registry says which.
         await registry.unregister(name, version, timeout)
         raise NotFound(f"Model not found: {name}")
+    present(state, name, target.version)  # one being unregistered already: 404 at once
     async with state.lock_for(target):
         await registry.unregister(name, target.version, timeout)
     state.changed()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +132,10 @@ class Models:
         model_api: bool = False,
         unload_timeout_s: float = 120.0,
         cache: ResponseCache | None = None,
+        lock_for: Callable[[ModelVersion], asyncio.Lock] | None = None,
     ) -> None:
         self.registry = registry
+        self.lock_for = lock_for or (lambda mv: asyncio.Lock())  # Management.lock_for
         self.stats = stats
         self.model_api = model_api
         self.unload_timeout_s = unload_timeout_s
@@ -198,7 +200,7 @@ class Models:
         for mv in self.registry.all_versions():
             status = mv.status
             state = {ModelStatus.READY: "READY", ModelStatus.LOADING: "LOADING"}.get(
-                status, "UNAVAILABLE"
+                status, "UNLOADING" if mv.leaving else "UNAVAILABLE"
             )
             reason = "" if state != "UNAVAILABLE" else status.value.lower()
             entries[(mv.name, mv.version)] = _entry(mv.name, mv.version, state, reason)
@@ -228,6 +230,7 @@ class Models:
     async def _load(self, name: str, parameters: Any) -> None:
         overrides, workers = load_overrides(name, parameters)
         fixed = fixed_fields(parameters)
+        await self.registry.departed(name)  # being unregistered: registered again once gone
         store = [(p, mf) for p, mf in await self._store() if mf is not None]
         candidates = [(p, mf) for p, mf in store if _store_name(p, mf)[0] == name] or [
             (p, mf) for p, mf in store if _stem(p) == name
@@ -241,10 +244,11 @@ class Models:
         if fixed and loaded:  # refused before anything changes
             check_fixed(fixed, [model_config(mv) for mv in loaded.values()])
         if overrides or workers is not None:  # Triton reloads a loaded model with the new config
-            await asyncio.gather(*(_reconfigure(mv, overrides, workers) for mv in loaded.values()))
+            changes = (self._turned(mv, _reconfigure, overrides, workers) for mv in loaded.values())
+            await asyncio.gather(*changes)
             for mv in loaded.values():  # a reload: no answer of before it is served after it
                 self.cache.clear(mv)
-        await asyncio.gather(*(_serve_again(mv) for mv in loaded.values()))
+        await asyncio.gather(*(self._turned(mv, _serve_again) for mv in loaded.values()))
         todo = [p for p, mf in candidates if _store_name(p, mf)[1] not in loaded]
         for path in todo:
             await self.registry.register(
@@ -260,6 +264,20 @@ class Models:
             except BadRequest:
                 await self._unload_all(name)
                 raise
+        if self.registry.multiplexer is not None:
+            await self._load_now(name, registered=bool(todo) and not loaded)
+
+    async def _load_now(self, name: str, registered: bool) -> None:
+        """On demand (max_loaded_models): the default version is loaded now, making room, as
+        a request would load it; Triton's load answers once it is. One this load ``registered``
+        that cannot load is unregistered, as a registration that cannot load is refused."""
+        assert self.registry.multiplexer is not None
+        try:
+            await self.registry.multiplexer.load_now(self.registry.resolve(name))
+        except TorchbayError:
+            if registered:
+                await self._unload_all(name)
+            raise
 
     async def unload(self, name: str, parameters: Any) -> None:
         """Unload every version of ``name`` (the default one last). A start-up model of that
@@ -300,13 +318,24 @@ class Models:
             else:
                 self._turns[name] = (lock, users - 1)
 
+    async def _turned(self, mv: ModelVersion, work: Callable[..., Awaitable], *args: Any) -> None:
+        """``work(mv, *args)`` in the version's management turn (a TorchServe scale or
+        unregister of it runs wholly before or after); nothing if it was unregistered meanwhile."""
+        async with self.lock_for(mv):
+            if not mv.closing:
+                await work(mv, *args)
+
     async def _unload_all(self, name: str) -> None:
-        versions = self.registry.models.get(name, {})
+        versions = dict(self.registry.models.get(name, {}))
         default = self.registry.defaults.get(name)
         # The default version goes last: the registry keeps it while others remain.
         for version in sorted(versions, key=lambda v: v == default):
-            self.cache.clear(versions[version])
-            await self.registry.unregister(name, version, self.unload_timeout_s)
+            mv = versions[version]
+            async with self.lock_for(mv):  # after a TorchServe scale or unregister of it
+                if self.registry.models.get(name, {}).get(version) is not mv:
+                    continue  # unregistered meanwhile
+                self.cache.clear(mv)
+                await self.registry.unregister(name, version, self.unload_timeout_s)
 
 
 async def _reconfigure(mv: ModelVersion, overrides: dict[str, Any], workers: int | None) -> None:

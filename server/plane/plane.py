@@ -106,6 +106,7 @@ class DataPlane:
             model_api=model_api,
             unload_timeout_s=unload_timeout_s,
             cache=self.cache,
+            lock_for=self.management.lock_for,
         )
         recorders = [metrics.request_done] if metrics is not None else []
         # Metrics, statistics and the access line, once per answered request of any protocol.
@@ -116,7 +117,9 @@ class DataPlane:
         self._log_level = log_settings.level_set()  # put back by ``close``
         # Triton's trace extension: its settings, and the traces of the requests it samples.
         self.tracer = Tracer(str(getattr(config, "trace_file", "") or ""))
-        self.wiring = Wiring(registry, self.record, self.shm.table, self.tracer, self.cache)
+        self.wiring = Wiring(
+            registry, self.record, self.shm.table, self.tracer, self.cache, lambda: self.starting
+        )
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -187,9 +190,12 @@ class DataPlane:
         return self.registry.resolve(name, version or None)
 
     def healthy(self) -> bool:
-        """TorchServe's ``/ping`` and gRPC ``Ping``: every default version has at least its
-        ``minWorkers`` ready workers, or loads on demand (``max_loaded_models``, loaded or not:
+        """TorchServe's ``/ping`` and gRPC ``Ping``: the start-up models are in (TorchServe
+        listens only then) and every default version has at least its ``minWorkers`` ready
+        workers, or loads on demand (``max_loaded_models``, loaded or not:
         serving/multiplex.py)."""
+        if self.starting:  # a start-up model not registered yet: its requests would be 404s
+            return False
         defaults = (self.registry.models[n][v] for n, v in self.registry.defaults.items())
         return all(
             mv.demand is not None or mv.ready_workers >= mv.settings.min_workers for mv in defaults
@@ -205,7 +211,8 @@ class DataPlane:
         state now, not its first load's."""
         if self.starting:
             return False
-        versions = self.registry.all_versions()
+        # A version being unregistered is no loaded model of the server's any more.
+        versions = [mv for mv in self.registry.all_versions() if not mv.leaving]
         loaded = {mv.name for mv in versions} | {mv.url for mv in versions}
         if any(label not in loaded for label in self.startup_failures):
             return False
@@ -220,6 +227,10 @@ class DataPlane:
     @startup_failures.setter
     def startup_failures(self, failures: dict[str, str]) -> None:
         self.models.startup_failures = failures
+
+    def model_names(self) -> list[str]:
+        """The registered models' names (KServe v1's ``GET /v1/models``)."""
+        return sorted(self.registry.models)
 
     def model_ready(self, name: str, version: str | None = None) -> tuple[ModelVersion, bool]:
         mv = self.model(name, version)

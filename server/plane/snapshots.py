@@ -59,11 +59,15 @@ class Snapshots:
         self._last: datetime | None = None  # the newest name's time, to the millisecond
         # Model names left out: a workflow's nodes (server/workflows sets it), as TorchServe.
         self.skip: Callable[[str], bool] = lambda name: False
+        self.stopped = False  # the shutdown snapshot is written: it stays the newest
 
     def save(self, kind: str = "snapshot") -> Path | None:
         """Write one snapshot of ``kind``; its path, or None when off or not written."""
-        if self.directory is None:
+        if self.directory is None or self.stopped:
             return None
+        # A change that ends during the drain (an asynchronous scale) writes nothing after the
+        # shutdown snapshot: every version closing then, its snapshot would hold no model.
+        self.stopped = kind == "shutdown"
         name = snapshot_name(kind, self._next_time())
         props = declared_properties(self.config._declared)
         props["model_snapshot"] = _json(self.model_snapshot(name))

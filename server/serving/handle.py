@@ -66,6 +66,12 @@ class WorkerLoadError(TorchbayError):
         super().__init__(message)
         self.error_type = error_type
 
+    @property
+    def out_of_memory(self) -> bool:
+        """The handler ran out of memory: Python's MemoryError, or torch's OutOfMemoryError
+        (an accelerator's), as the worker names its type."""
+        return self.error_type in ("MemoryError", "OutOfMemoryError")
+
 
 class WorkerProcess:
     """One spawned worker. ``infer`` sends one batch and awaits its ``Result``."""
@@ -131,13 +137,17 @@ class WorkerProcess:
         self.exited = asyncio.get_running_loop().create_future()
         try:
             return await self._start(timeout, spawned)
+        except asyncio.CancelledError:  # its slot retired (scaled down, unregistered, a stop)
+            self.abort(WorkerState.STOPPED)  # our own kill: its exit is no failure to warn of
+            raise
         except BaseException:
             self.abort()
             raise
 
-    def abort(self) -> None:
-        """A start that did not finish: FAILED, the process killed; ``exited`` resolves."""
-        self.state = WorkerState.FAILED
+    def abort(self, state: WorkerState = WorkerState.FAILED) -> None:
+        """A start that did not finish: ``state`` (FAILED, or STOPPED when called off), the
+        process killed; ``exited`` resolves."""
+        self.state = state
         self.kill()
         if self._proc is None and self.exited is not None and not self.exited.done():
             self.exited.set_result(-1)  # nothing was spawned: nothing will ever exit

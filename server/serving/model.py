@@ -50,8 +50,8 @@ LIVE_SETTINGS = frozenset(name for name, s in SETTINGS.items() if s.live)  # wha
 class ModelStatus(enum.Enum):
     """LOADING: no live worker yet, one is starting (first start, or a restart under way).
     READY: at least one live worker. FAILED: no slot can ever serve (the model failed to load,
-    or every worker's restarts gave up) until scaled up again. STOPPED: unregistered, or
-    scaled to zero workers on request."""
+    or every worker's restarts gave up) until scaled up again. STOPPED: unregistered (from
+    the start of its drain), or scaled to zero workers on request."""
 
     LOADING = "LOADING"
     READY = "READY"
@@ -117,6 +117,9 @@ class ModelVersion(RequestPath):
     demand: Callable[[ModelVersion], None] | None = None
     # The register API's ``runtime`` (TorchServe's RuntimeType); None: the manifest's.
     runtime: str | None = None
+    # Being unregistered (set before its drain): gone for the management API, as TorchServe
+    # takes a version out of its map before draining it.
+    leaving = False
 
     def __init__(
         self,
@@ -194,6 +197,8 @@ class ModelVersion(RequestPath):
         """The one answer to "can this version serve?" (see ModelStatus)."""
         if self._final is not None:
             return self._final
+        if self.leaving:  # being unregistered: it takes no request any more
+            return ModelStatus.STOPPED
         slots = [s for s in self.slots if not s.retiring]
         if any(s.ready for s in slots) or self.demand is not None:
             return ModelStatus.READY  # on demand: routable unloaded, a request loads it
@@ -256,10 +261,18 @@ class ModelVersion(RequestPath):
             self.load_error = None  # it loads again
         return errors
 
-    async def scale(self, min_workers: int, max_workers: int | None = None) -> None:
-        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops."""
+    async def scale(
+        self,
+        min_workers: int,
+        max_workers: int | None = None,
+        resized: Callable[[], object] = lambda: None,
+    ) -> None:
+        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops.
+        ``resized`` is called once the new counts are the version's settings, before any
+        worker starts or stops (a config snapshot, as TorchServe writes it then)."""
         max_workers = min_workers if max_workers is None else max_workers
         self._update(min_workers=min_workers, max_workers=max_workers)
+        resized()
         await self._drop_given_up()  # replaced by new slots below
         live = [s for s in self.slots if not s.retiring]
         if min_workers > len(live):

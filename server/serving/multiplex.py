@@ -17,14 +17,17 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
   first starts the load, the others share it; all are queued meanwhile, each bounded by its
   deadline (``clientTimeoutInMills`` or the caller's: the queue's timer, serving/deadlines.py,
   answers 504 at the deadline, and the load still completes). A load that fails answers every
-  queued request with the load error (500 ``model_load_failed``); the next request tries
-  again. A load undone as it runs (scaled to zero: its starting worker is stopped) leaves the
-  queued to load it again.
+  queued request with the load error (500 ``model_load_failed``; 507 when it ran out of
+  memory); the next request tries again, after the worker restart back-off of the failures
+  in a row (until then it is answered that error at once, and unloads nothing). A load
+  undone as it runs (scaled to zero: its starting worker is stopped) leaves the queued to
+  load it again.
 * To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
-  is idle (nothing queued, no reader in flight, not loading nor registering) and not ``pinned``
-  is unloaded. It is idle, so unloading drains nothing; a request that arrives meanwhile is
-  queued and loads it again. When every loaded version is busy, the load waits for one to
-  become idle (re-checked every ``ROOM_POLL_S``); when every one is pinned, it fails 503 at once.
+  is idle (nothing queued, no reader in flight, no open sequence, not loading nor registering)
+  and not ``pinned`` is unloaded. It is idle, so unloading drains nothing; a request that
+  arrives meanwhile is queued and loads it again. When every loaded version is busy, the load
+  waits for one to become idle (re-checked every ``ROOM_POLL_S``); when every one is pinned, it
+  fails 503 at once.
 * Readiness: an on-demand version is READY (``ModelVersion.status``) loaded or not, as Ray
   Serve's multiplexed models are always routable: a load balancer that saw it unready would
   never send the request that loads it. Describe's ``loaded`` tells the two apart.
@@ -36,14 +39,18 @@ until scaled, as in TorchServe. Torch-free.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchbay.server.errors import InsufficientStorage, NoWorker, TorchbayError
+from torchbay.server.errors import InsufficientStorage, NoWorker, ShuttingDown, TorchbayError
+from torchbay.server.serving.admission import stopping_message
+from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.queue import clock, reject
+from torchbay.server.serving.sequences import SequenceQueue
 
 if TYPE_CHECKING:
     from torchbay.server.serving.model import ModelVersion
@@ -62,6 +69,9 @@ class Residency:
     loads: int = 0
     evictions: int = 0
     loading: asyncio.Future[None] | None = None
+    failure: TorchbayError | None = None  # why its last load on demand failed (None: it did not)
+    failed_loads: int = 0  # loads on demand that failed in a row (their workers could not load)
+    retry_at: float = 0.0  # clock() before which a request does not load it again
     placed: bool = False  # also while a registration starts its workers: never evicted then
     leaving: asyncio.Future[None] | None = None  # its unload under way (an eviction)
     # One load or unload of this version at a time.
@@ -113,17 +123,20 @@ class Multiplexer:
         try again") instead of registered unloaded."""
         residency = self.residency(mv)
         mv.last_used = clock()  # registered now: the least recently used of those never asked
-        async with self._room:  # decided as a load on demand is: never past the budget
-            held = [other for other in self.held() if other is not mv]
-            room = len(held) < self.limit
-            never = not room and all(other.settings.pinned for other in held)
-            if refuse_unloadable and never and mv.settings.min_workers > 0:
-                raise InsufficientStorage(
-                    f'Model "{mv.name}" cannot be loaded: the {self.limit} loaded models '
-                    "allowed (max_loaded_models) are all pinned; unregister one first"
-                )
-            workers = mv.settings.min_workers if room else 0
-            residency.placed = workers > 0
+        # Decided at once, without ``_room``: a load holds that lock while it waits for a busy
+        # version to go idle, which may take minutes, and a registration never waits for room.
+        # Nothing awaits between a load's look at the budget and its place (or its evictions),
+        # so this look sees every place taken: never past the budget.
+        held = [other for other in self.held() if other is not mv]
+        room = len(held) < self.limit
+        never = not room and all(other.settings.pinned for other in held)
+        if refuse_unloadable and never and mv.settings.min_workers > 0:
+            raise InsufficientStorage(
+                f'Model "{mv.name}" cannot be loaded: the {self.limit} loaded models '
+                "allowed (max_loaded_models) are all pinned; unregister one first"
+            )
+        workers = mv.settings.min_workers if room else 0
+        residency.placed = workers > 0
         try:
             residency.loads += workers > 0
             await mv.start(workers)
@@ -134,12 +147,39 @@ class Multiplexer:
     # -- loading on demand ----------------------------------------------------------------------
 
     def demand(self, mv: ModelVersion) -> None:
-        """A request found ``mv`` without a worker: start its load unless one is under way."""
+        """A request found ``mv`` without a worker: start its load unless one is under way.
+        After loads that failed in a row, the next waits its worker restart back-off
+        (``restart_backoff_s``: at once after the first failure): until then a request is
+        answered the last load's error at once, so a model that cannot load does not unload
+        another model for every request it gets."""
         residency = self.residency(mv)
+        held_off = residency.loading is None and clock() < residency.retry_at
+        if held_off and residency.failure is not None:
+            raise copy.copy(residency.failure)  # a fresh one: no traceback of before
+        self._start(mv, residency)
+
+    def _start(self, mv: ModelVersion, residency: Residency) -> None:
         if residency.loading is None:
             residency.loading = asyncio.ensure_future(self._load(mv, residency))
 
+    async def load_now(self, mv: ModelVersion) -> None:
+        """An operator's explicit load (Triton's repository load) of a version that is not
+        loaded: loaded as its first request would load it (making room), answered once it is.
+        Raises why it could not load (the load error, NoWorker when pinned versions fill the
+        budget, ShuttingDown when it was unregistered meanwhile)."""
+        residency = self.residency(mv)
+        if self.loaded(mv) and residency.leaving is None:
+            return
+        self._start(mv, residency)  # the operator's call: never held off
+        if residency.loading is not None:
+            await asyncio.shield(residency.loading)
+        if mv.closing:
+            raise ShuttingDown(stopping_message(mv))
+        if not self.loaded(mv):
+            raise residency.failure or WorkerLoadError(mv.load_error or "it did not load")
+
     async def _load(self, mv: ModelVersion, residency: Residency) -> None:
+        residency.failure = None
         try:
             async with self._room:
                 leaving = await self._make_room(mv)
@@ -151,13 +191,19 @@ class Multiplexer:
                 residency.loads += 1
                 errors = await mv.load(max(1, mv.settings.min_workers))
             if errors and not any(slot.may_serve for slot in mv.slots):
-                raise errors[0]
+                residency.failed_loads += 1  # held off as a worker's restart: 0, 1, 1, 2.. s
+                backoff = mv.settings.restart_backoff_s
+                delay = backoff[min(residency.failed_loads, len(backoff)) - 1]
+                residency.retry_at = clock() + delay
+                raise _load_failed(mv, errors[0])
+            residency.failed_loads, residency.retry_at = 0, 0.0
         except TorchbayError as exc:
+            residency.failure = exc
             _answer_queued(mv, exc)
         finally:
             residency.loading, residency.placed = None, False
         if len(mv.queue) and not any(slot.may_serve for slot in mv.slots):
-            self.demand(mv)  # unloaded as it loaded (scaled to zero): the queued load it again
+            self._start(mv, residency)  # unloaded as it loaded (scaled to zero): load it again
 
     async def _make_room(self, mv: ModelVersion) -> list[asyncio.Future[None]]:
         """Start unloading least recently used idle versions until ``mv`` fits the budget (the
@@ -195,12 +241,16 @@ class Multiplexer:
             and not residency.lock.locked()
             and not len(mv.queue)
             and not mv.inflight
+            # A sequence's state lives in its worker: unloaded, its next request would be
+            # refused as lost. It ends with its last request, its idle or its time limit.
+            and not (isinstance(mv.queue, SequenceQueue) and mv.queue.open)
         )
 
     def _evict(self, mv: ModelVersion) -> asyncio.Future[None]:
         """Start unloading ``mv`` (idle): from now on it holds no place of the budget."""
         residency = self.residency(mv)
         residency.evictions += 1
+        residency.failed_loads, residency.retry_at = 0, 0.0  # it was loaded (scaled up)
         residency.leaving = asyncio.ensure_future(self._unload(mv, residency))
         return residency.leaving
 
@@ -211,7 +261,7 @@ class Multiplexer:
         finally:
             residency.leaving = None
         if len(mv.queue):  # admitted as it left (its slots not yet retiring): load it again
-            self.demand(mv)
+            self._start(mv, residency)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -226,6 +276,16 @@ class Multiplexer:
             "evictions": residency.evictions,
             "lastUsed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last)),
         }
+
+
+def _load_failed(mv: ModelVersion, error: WorkerLoadError) -> TorchbayError:
+    """What a failed load on demand answers: its error, or 507 when it ran out of memory (as
+    a registration's load that runs out of memory: SageMaker's "unload models and retry")."""
+    if not error.out_of_memory:
+        return error
+    return InsufficientStorage(
+        f'Model "{mv.name}" could not be loaded: its worker ran out of memory ({error.error_type})'
+    )
 
 
 def _answer_queued(mv: ModelVersion, exc: TorchbayError) -> None:

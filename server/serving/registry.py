@@ -23,6 +23,7 @@ from torchbay.server.errors import (
     DefaultVersionInUse,
     ModelNotFound,
     ModelVersionNotFound,
+    ShuttingDown,
 )
 from torchbay.server.serving import store
 from torchbay.server.serving.archives import (
@@ -196,6 +197,7 @@ class ModelRegistry:
         name = name or manifest.model.model_name
         version = str(manifest.model.model_version or "1.0")
         store.check_name_and_version(name, version)
+        await self.departed(name, version)  # being unregistered: registered again once gone
         async with self._lock:
             if version in self.models.get(name, {}):
                 raise Conflict(f"Model version {version} is already registered for model {name}")
@@ -312,12 +314,15 @@ class ModelRegistry:
                 await mv.start()
             else:
                 await multiplexer.start(mv, refuse_unloadable=from_api)
-        except Exception:
+        except Exception as exc:
             self._forget(mv)
-            if quiet:
+            if not quiet:
+                raise
+            if isinstance(exc, ShuttingDown):  # unregistered (or the server stopped) meanwhile
+                log.info("model %s: %s", mv.key, exc)
+            else:
                 log.error("model %s failed to load", mv.key, exc_info=True)
-                return
-            raise
+            return
         self.budget.rebalance(self.all_versions())  # catch up workers that loaded meanwhile
         log.info(
             "model %s ready: %d worker(s) on %s, batch_size=%d, max_batch_delay=%gms",
@@ -352,11 +357,25 @@ class ModelRegistry:
         mv = versions.get(version)
         if mv is None:  # TorchServe: 404 ModelVersionNotFoundException
             raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
-        if self.defaults.get(name) == version and len(versions) > 1:
+        if self.defaults.get(name) == version and sum(not v.leaving for v in versions.values()) > 1:
             raise DefaultVersionInUse(f"Cannot remove default version for model {name}")
-        await mv.drain(timeout)
-        await mv.stop()
+        mv.leaving = True
+        try:
+            await mv.drain(timeout)
+            await mv.stop()
+        except BaseException:
+            mv.leaving = False  # still registered (TorchServe puts a version back, too)
+            raise
         self._forget(mv)
+
+    async def departed(self, name: str, version: str | None = None) -> None:
+        """Return once no version of ``name`` (or ``version``) is being unregistered (bounded)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.config.unregister_model_timeout_s + 30
+        while loop.time() < end and any(
+            mv.leaving and version in (None, v) for v, mv in self.models.get(name, {}).items()
+        ):
+            await asyncio.sleep(0.05)
 
     def set_default(self, name: str, version: str) -> None:
         if name in self.models and version not in self.models[name]:  # TorchServe's wording

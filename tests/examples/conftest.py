@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import importlib.util
+import struct
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -54,3 +56,16 @@ def serve() -> Iterator[Callable[..., Any]]:
 def model_entry(mar: str, **settings: Any) -> dict[str, Any]:
     """One model's ``models`` entry (TorchServe's camelCase settings), version 1.0."""
     return {"1.0": {"marName": mar, "defaultVersion": True, **settings}}
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that declares ``width`` x ``height`` and holds almost no data: what a client sends
+    to make a decoder allocate (PIL refuses past 2 x its pixel limit, DecompressionBombError)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16))
+    return b"\x89PNG\r\n\x1a\n" + body + chunk(b"IEND", b"")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from .conftest import example_module
+from .conftest import example_module, png_header
 
 pytestmark = pytest.mark.slow
 
@@ -50,3 +50,9 @@ def test_detection_finds_every_box(serve, tmp_path: Path) -> None:
         assert client.post(url, content=b"not an image").status_code == 400
         huge = client.post(url, content=_png(np.zeros((600, 8, 3), dtype=np.uint8)))
         assert huge.status_code == 413 and "512" in huge.json()["message"]
+        # Past PIL's pixel limit the header alone is refused: too large (413), not a 500.
+        for side in (20_000, 100_000):
+            bomb = client.post(url, content=png_header(side, side))
+            assert bomb.status_code == 413 and "512" in bomb.json()["message"], bomb.text
+        truncated = client.post(url, content=(out / "scene_0.png").read_bytes()[:200])
+        assert truncated.status_code == 400, truncated.text

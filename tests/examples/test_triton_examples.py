@@ -193,13 +193,23 @@ FILE_OVERRIDES = pytest.mark.xfail(
 )
 
 
-@pytest.mark.parametrize(
-    ("script", "count", "grpc"),
-    [
-        ("simple_http_model_control.py", 7, False),
-        pytest.param("simple_grpc_model_control.py", 8, True, marks=FILE_OVERRIDES),
-    ],
-)
+CONTROL = [
+    pytest.param("simple_http_model_control.py", 7, False),
+    pytest.param("simple_grpc_model_control.py", 8, True, marks=FILE_OVERRIDES),
+]
+
+
+def test_the_readme_counts_the_runs_that_pass() -> None:
+    """README's "Differences from Triton" says how many of these runs pass (every run without a
+    skip or an expected failure): adding or marking a program changes it there too."""
+    passing = sum(not param.marks for param in EXAMPLES + CONTROL)
+    row = next(
+        line for line in (REPO / "README.md").read_text().splitlines() if "| Examples run" in line
+    )
+    assert f"({passing} runs pass" in row
+
+
+@pytest.mark.parametrize(("script", "count", "grpc"), CONTROL)
 def test_model_control(
     triton_store: Path, control_server: Any, script: str, count: int, grpc: bool
 ) -> None:

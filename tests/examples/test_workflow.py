@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import example_module
+from .conftest import example_module, png_header
 
 # Training, then three node workers on a shared host: past the default 120 s guard.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -40,3 +40,10 @@ def test_workflow_reads_digits_through_its_dag(serve, tmp_path: Path) -> None:
     # A scan the first node refuses fails the workflow, which names the node (TorchServe's words).
     assert replies[10].status_code == 500
     assert replies[10].json()["message"] == "Error executing shrink"
+    # A header past PIL's pixel limit is no scan (422 from the node), never a 500.
+    node = f"{server.url}/predictions/read_digit__shrink"
+    bomb = httpx.post(node, content=png_header(20_000, 20_000), timeout=120)
+    assert bomb.status_code == 422, bomb.text
+    # The README's curl -T uploads with PUT, which TorchServe answers as POST.
+    put = httpx.put(url, content=scans[7], timeout=120)
+    assert put.status_code == 200 and put.json()["digit"] == replies[7].json()["digit"]

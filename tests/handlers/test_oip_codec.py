@@ -387,6 +387,15 @@ def test_unknown_output_without_a_signature_is_400(torchscript_dir: Any) -> None
     assert "unknown output 'output1'" in body_json(response)["error"]
 
 
+def test_an_input_given_twice_without_a_signature_is_400(torchscript_dir: Any) -> None:
+    """Was a 422 "the model cannot process this input (RuntimeError)": both went to forward."""
+    service = load_service(torchscript_dir())
+    x = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": X}
+    [response] = service.predict([req(json.dumps({"inputs": [x, x]}), protocol="v2")]).responses
+    assert response.status == 400
+    assert body_json(response)["error"] == "input 'x' is given twice"
+
+
 def test_signature_from_model_config_yaml(torchscript_dir: Any, tmp_path: Path) -> None:
     model_dir = torchscript_dir(config_file="model-config.yaml")
     (model_dir / "model-config.yaml").write_text(

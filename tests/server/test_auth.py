@@ -115,6 +115,9 @@ def _matrix(server: LiveServer, keys: dict) -> None:
         ("GET", f"{inf}/v2/models/tiny/versions/1.0", {}, "inference", 200),
         ("GET", f"{inf}/v2/models/tiny/ready", {}, "inference", 200),
         ("POST", f"{inf}/v2/models/tiny/infer", {"json": V2_BODY}, "inference", 200),
+        ("GET", f"{inf}/v1/models", {}, "inference", 200),
+        ("GET", f"{inf}/v2/models", {}, "inference", 200),
+        ("GET", f"{inf}/v1/models/tiny", {}, "inference", 200),
         ("GET", f"{mgmt}/models", {}, "management", 200),
         ("GET", f"{mgmt}/models/tiny", {}, "management", 200),
         ("GET", f"{mgmt}/models/tiny/all", {}, "management", 200),
@@ -148,6 +151,7 @@ def _matrix(server: LiveServer, keys: dict) -> None:
         # Open routes: health, metrics, API descriptions.
         for url in (
             f"{inf}/ping",
+            f"{inf}/",  # KServe v1 liveness
             f"{inf}/v2/health/live",
             f"{inf}/v2/health/ready",
             f"{server.metrics_url}/metrics",

@@ -10,7 +10,16 @@ import time
 
 import pytest
 
-from .cli_helpers import PID_FILE, clean_env, free_addresses, kill_tree, lines, predict, read_ready
+from .cli_helpers import (
+    PID_FILE,
+    clean_env,
+    free_addresses,
+    kill_tree,
+    lines,
+    predict,
+    read_ready,
+    serve_foreground,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -96,3 +105,44 @@ def test_an_unwritable_log_location_leaves_the_console(tmp_path, talk_store):
     assert len(warning) == 1, out
     assert warning[0].endswith(f"cannot write log files in {blocker / 'logs'} (not a directory): "
                                "console only")  # fmt: skip
+
+
+# Every option of TorchServe 0.12's `torchserve --help` (ts/arg_parser.py), short forms included.
+TORCHSERVE_FLAGS = {
+    "-v": [], "--version": [], "--start": [], "--stop": [], "--ts-config": ["c"],
+    "--model-store": ["s"], "--workflow-store": ["w"], "--models": ["m.mar"],
+    "--log-config": ["l"], "--cpp-log-config": ["l"], "--foreground": [],
+    "--no-config-snapshots": [], "--ncs": [], "--plugins-path": ["p"], "--ppath": ["p"],
+    "--disable-token-auth": [], "--dt": [], "--enable-model-api": [],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", TORCHSERVE_FLAGS)
+def test_every_torchserve_flag_is_taken(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """README: TorchServe's flags work, so scripts change only the binary name."""
+    from torchbay.cli import build_parser
+
+    try:
+        args = build_parser().parse_args(["serve", flag, *TORCHSERVE_FLAGS[flag]])
+    except SystemExit as done:  # -v / --version print the version and exit 0, as TorchServe's
+        assert done.code == 0 and capsys.readouterr().out.startswith("torchbay ")
+        return
+    assert args.func.__name__ == "run_serve"
+    if flag == "--dt":
+        assert args.disable_token_auth is True
+
+
+def test_torchserves_short_flags_start_the_server(tmp_path, talk_store):
+    """``--dt`` (TorchServe's --disable-token-auth), ``--ppath`` and ``--cpp-log-config``
+    (noted and ignored): a TorchServe script's command line serves, without keys."""
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    args = ["--model-store", str(talk_store), "--models", "talk=talk.mar", "--dt"]
+    args += ["--ppath", "plugins", "--cpp-log-config", "cpp.yaml"]
+    proc, info = serve_foreground(args, cwd, clean_env(tmp_path / "tmp"))
+    try:
+        assert predict(info["inference"]).status_code == 200  # no key needed
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc.pid)

@@ -79,6 +79,25 @@ def test_typed_contents_pack_to_the_same_raw_layout() -> None:
             ).contents.int_contents.append(300),
             "do not fit datatype INT8",
         ),
+        # The values in another datatype's field: was packed as no values, and the worker's
+        # 400 spoke of a "binary_data_size 0" the client never sent.
+        (
+            lambda r: r.inputs.add(
+                name="x", datatype="FP32", shape=[2]
+            ).contents.int_contents.extend([1, 2]),
+            r"a FP32 input's values go in contents.fp32_contents \(or raw_input_contents\), "
+            "not contents.int_contents",
+        ),
+        (
+            lambda r: r.inputs.add(
+                name="x", datatype="FP32", shape=[1, 3]
+            ).contents.fp32_contents.extend([1, 2]),
+            r"input 'x': shape \[1, 3\] holds 3 values; contents.fp32_contents has 2",
+        ),
+        (
+            lambda r: r.inputs.add(name="x", datatype="INT64", shape=[2]),
+            r"shape \[2\] holds 2 values; contents.int64_contents has 0",
+        ),
     ],
 )
 def test_inputs_that_cannot_be_sent_are_bad_requests_naming_the_problem(build, words) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import subprocess
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -25,6 +27,8 @@ from .conftest import ASSETS, _tiny_model, batch_running, probe_models, until
 
 pytestmark = pytest.mark.slow
 
+CLIENTS = Path(__file__).parents[1] / "clients"
+
 
 def _no_leak(body: dict[str, Any]) -> None:
     text = str(body)
@@ -41,6 +45,35 @@ def test_v1_predict_batches_instances_in_order(live_server: Any) -> None:
     predictions = reply.json()["predictions"]
     assert [p["echo"] for p in predictions] == [0, 1, 2]
     assert {p["batch"] for p in predictions} == {3}  # one request each, batched together
+
+
+def test_kserve_sdk_v1_health_on_the_inference_listener(live_server: Any) -> None:
+    """The kserve SDK's v1 client asks the port it predicts on (KServe's runtime moves the
+    management API off it): ``GET /`` for liveness, ``GET /v1/models/{m}`` for readiness (503
+    while not ready, as KServe's model server answers), ``GET /v1/models`` lists the models."""
+    models = {
+        "probe": {"1.0": {"marName": "probe.mar"}},
+        "tiny": {"1.0": {"marName": "tiny.mar", "minWorkers": 0}},  # held at zero: not ready
+    }
+    server = live_server(models=models)
+    args = [sys.executable, str(CLIENTS / "kserve_v1.py"), server.url, "probe", "tiny"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == {
+        "live": True,
+        "ready": True,
+        "idle": False,
+        "unknown": 404,
+        "models": {"models": ["probe", "tiny"]},
+    }
+    # KServe's model server lists them on its v2 path too.
+    listed = httpx.get(f"{server.url}/v2/models", timeout=30)
+    assert (listed.status_code, listed.json()) == (200, {"models": ["probe", "tiny"]})
+    idle = httpx.get(f"{server.url}/v1/models/tiny", timeout=30)
+    assert (idle.status_code, idle.json()) == (503, {"name": "tiny", "ready": False})
+    # The management API keeps TorchServe's answer (200, ready false).
+    managed = httpx.get(f"{server.management_url}/v1/models/tiny", timeout=30)
+    assert (managed.status_code, managed.json()) == (200, {"name": "tiny", "ready": False})
 
 
 BAD_BODIES = [
@@ -137,8 +170,10 @@ def test_v1_predict_routes(live_server: Any) -> None:
     assert httpx.post(f"{server.url}/v1/models/nope:predict", json=body).status_code == 404
     # :explain is routed (test_explain_live.py); the probe handler has no explanations: 501.
     assert httpx.post(f"{server.url}/v1/models/probe:explain", json=body).status_code == 501
-    assert httpx.post(f"{server.url}/v1/models/probe:nope", json=body).status_code == 404
-    assert httpx.post(f"{server.url}/v1/models/probe", json=body).status_code == 404
+    # The path of GET /v1/models/{m} (readiness), another method: 405, as KServe answers.
+    assert httpx.post(f"{server.url}/v1/models/probe:nope", json=body).status_code == 405
+    assert httpx.post(f"{server.url}/v1/models/probe", json=body).status_code == 405
+    assert httpx.get(f"{server.url}/v1/models/probe:predict").status_code == 405
     described = httpx.get(f"{server.url}/openapi.json").json()["paths"]
     assert "post" in described["/v1/models/{model_name}:predict"]
     assert "post" in described["/v1/models/{model_name}:explain"]
@@ -306,6 +341,12 @@ def test_shared_address_makes_one_listener() -> None:
         ("GET", "/v2/models/m/ready", False),
         ("POST", "/predictions/m", False),
         ("GET", "/ping", False),
+        # TorchServe's workflow management on a shared port (KServe's config) as on its own
+        ("POST", "/workflows", True),
+        ("GET", "/workflows/w", True),
+        ("DELETE", "/workflows/w", True),
+        ("GET", "/workflowsx", False),
+        ("POST", "/wfpredict/w", False),
     ],
 )
 def test_management_paths(method: str, path: str, management: bool) -> None:

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import ASSETS, LiveServer, build_store, make_config, until
+from .test_sequences_live import EXAMPLE, _archive
 
 # Each test spawns three to five workers, one after another; on a loaded 2-core host one takes
 # 20 s or more (an interpreter importing torch).
@@ -359,3 +360,134 @@ def test_a_registration_still_loading_is_never_evicted_for_another_load(
         assert waiting.result().status_code == 200  # then slow, idle, makes room for b
     assert _loaded(live) == {"b": True, "slow": False}
     assert _describe(live, "slow")["evictions"] == 1
+
+
+def test_a_registration_is_answered_while_a_load_waits_for_a_busy_model(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve(max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b", workers=0)
+    gate = tmp_path / "gate"
+    url = f"{live.management_url}/models?url=c.mar&initial_workers=1&synchronous=true"
+    with ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(_predict, live, "a", "busy", gate)  # a is busy: no room for b yet
+        until(lambda: live.server.registry.resolve("a").inflight == 1, "a is busy", timeout=60.0)
+        waiting = pool.submit(_predict, live, "b", "b1")
+        until(lambda: _residency(live, "b").loading is not None, "b's load started", timeout=60.0)
+        registering = pool.submit(httpx.post, url, timeout=120)
+        # Was: the registration waited, as long as a stayed busy, for the lock b's load held
+        # while it waited for room; it is decided at once (no room: registered unloaded).
+        until(registering.done, "c's registration answered while a is busy", timeout=90.0)
+        assert registering.result().status_code == 200, registering.result().text
+        assert not waiting.done()
+        gate.touch()
+        assert busy.result().status_code == 200
+        assert waiting.result().status_code == 200
+    assert _loaded(live) == {"a": False, "b": True, "c": False}
+
+
+def test_a_model_holding_an_open_sequence_is_not_evicted_until_it_ends(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """TorchServe's stateful example (each answer: its sequence's running total, kept in the
+    worker) with one worker and a minute's idle limit, beside a load-gate model, budget 1."""
+    root = build_store(tmp_path_factory, "multiplex-seq", {"a": HANDLER})
+    work = tmp_path_factory.mktemp("multiplex-seq-build")
+    config = work / "stateful.yaml"
+    text = (EXAMPLE / "sequence_batching" / "model-config.yaml").read_text()
+    config.write_text(text.replace(": 2\n", ": 1\n") + "sequenceMaxIdleMSec: 60000\n")
+    _archive(root, work, "stateful", config)
+    live = LiveServer(make_config(root, enable_model_api=True, max_loaded_models=1)).start()
+    try:
+        _register(live, "stateful")
+        _register(live, "a", workers=0)
+
+        def step(value: int, **params: Any) -> httpx.Response:
+            data = {"name": "data", "datatype": "BYTES", "shape": [1], "data": [str(value)]}
+            body = {"inputs": [data], "parameters": {"sequence_id": 7, **params}}
+            return httpx.post(f"{live.url}/v2/models/stateful/infer", json=body, timeout=120)
+
+        def total(response: httpx.Response) -> int:
+            assert response.status_code == 200, response.text
+            return response.json()["outputs"][0]["data"][0]
+
+        assert total(step(3, sequence_start=True)) == 3
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_predict, live, "a", "a1")
+            until(lambda: _residency(live, "a").loading is not None, "a's load", timeout=60.0)
+            # Was: a's load unloaded stateful (idle between two requests of its sequence), and
+            # the sequence's next request was a 400 "was lost: its worker died or was replaced".
+            assert _describe(live, "stateful")["evictions"] == 0
+            assert total(step(1)) == 4
+            assert not waiting.done()
+            assert total(step(4, sequence_end=True)) == 8  # ended: stateful may go now
+            assert waiting.result().status_code == 200
+        assert _loaded(live) == {"a": True, "stateful": False}
+    finally:
+        live.stop()
+
+
+def test_a_triton_repository_load_loads_an_unloaded_model_and_answers_once_loaded(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve({"broken": "loadFails: true\n"}, max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b", workers=0)
+    url = f"{live.url}/v2/repository/models/{{}}/load"
+    loaded = httpx.post(url.format("b"), json={}, timeout=120)
+    assert loaded.status_code == 200, loaded.text
+    # Was: 200 with b left unloaded (its first request still a cold start), even with room.
+    assert _loaded(live) == {"a": False, "b": True}
+    assert _describe(live, "b")["loads"] == 1
+    # A model of the store, registered past the budget, is loaded too (the idle b makes room).
+    assert httpx.post(url.format("c"), json={}, timeout=120).status_code == 200
+    assert _loaded(live) == {"a": False, "b": False, "c": True}
+    # One that cannot load is Triton's "failed to load" with its error, and not registered.
+    failed = httpx.post(url.format("broken"), json={}, timeout=120)
+    assert failed.status_code == 500, failed.text
+    message = failed.json()["error"]
+    assert message.startswith("failed to load 'broken'") and "on purpose" in message
+    assert "Traceback" not in failed.text and str(tmp_path.parent) not in failed.text
+    assert "broken" not in _loaded(live)
+
+
+def test_a_load_on_demand_that_runs_out_of_memory_is_a_507(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    live = serve({"hungry": "loadFails: memory\n"}, max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "hungry")  # past the budget: registered unloaded, its load on demand
+    answer = _predict(live, "hungry", "h1")
+    # Was: 500 model_load_failed, where its registration with room is a 507 (SageMaker's
+    # "unload models and retry"), as docs/sagemaker.md promises "with or without a budget".
+    assert answer.status_code == 507, answer.text
+    assert answer.json()["type"] == "InsufficientStorage"
+    assert answer.json()["message"] == (
+        'Model "hungry" could not be loaded: its worker ran out of memory (MemoryError)'
+    )
+    assert "Traceback" not in answer.text and str(tmp_path.parent) not in answer.text
+    assert _describe(live, "hungry")["status"] == "READY"  # registered: the next one tries again
+
+
+def test_a_model_that_cannot_load_does_not_evict_another_for_every_request(
+    serve: Callable[..., LiveServer],
+) -> None:
+    # The retry of a failed load on demand waits its worker restart back-off: here at once
+    # after the first failure, then ten minutes.
+    live = serve({"broken": "loadFails: true\n"}, max_loaded_models=2, restart_backoff_s=(0, 600))
+    _register(live, "a")
+    _register(live, "b")
+    _register(live, "broken", workers=0)
+    assert _predict(live, "broken", "x1").status_code == 500  # a (least recently used) went
+    assert _predict(live, "a", "a1").status_code == 200  # loaded again, in the place left free
+    assert _predict(live, "broken", "x2").status_code == 500  # tried again at once: b went
+    assert _predict(live, "b", "b1").status_code == 200
+    held_off = _predict(live, "broken", "x3")
+    # Was: a third load, which unloaded a again (every request to a model that cannot load
+    # unloaded a working one, whose next request paid a cold start).
+    assert held_off.status_code == 500, held_off.text
+    assert "fails to load on purpose" in held_off.json()["message"]
+    assert _describe(live, "broken")["loads"] == 2
+    assert _loaded(live) == {"a": True, "b": True, "broken": False}
+    assert (_describe(live, "a")["evictions"], _describe(live, "b")["evictions"]) == (1, 1)

@@ -152,6 +152,23 @@ def test_torchserve_legacy_predict_paths_route_as_predictions():
             router.resolve(path, method)
 
 
+def test_torchserves_inference_routes_take_post_put_and_get():
+    """TorchServe 0.12 runs the model whatever the method (tests/data/torchserve/workflows:
+    predict_put, predict_get, predict_node_model_put, predict_node_model_get); its docs upload
+    with curl -T, a PUT, on /predictions, /explanations and /wfpredict alike."""
+    router = _router(INFERENCE_ROUTES)
+    paths = {
+        "/predictions/m": "predict",
+        "/predictions/m/1.0": "predict",
+        "/explanations/m": "explain",
+        "/explanations/m/1.0": "explain",
+        "/wfpredict/w": "wfpredict",
+    }
+    for path, endpoint in paths.items():
+        for method in ("POST", "PUT", "GET"):
+            assert router.resolve(path, method)[0].endpoint == endpoint, (method, path)
+
+
 @pytest.mark.slow
 def test_legacy_predict_answers_as_predictions(live_server) -> None:
     import httpx

@@ -3,11 +3,15 @@ configuration) and touches nothing of a server already running: its key file and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -15,7 +19,7 @@ import pytest
 
 from torchbay.server.errors import TorchbayError
 
-from .conftest import LiveServer, make_config
+from .conftest import LiveServer, make_config, until
 
 pytestmark = pytest.mark.slow
 
@@ -179,3 +183,72 @@ def test_bad_configuration_is_one_line_per_field_and_exit_2(tmp_path, model_stor
     # A traceback stays one switch away, for debugging.
     code, err = _serve(tmp_path, *args, env={"TORCHBAY_DEBUG": "1"})
     assert code != 0 and "Traceback (most recent call last):" in err
+
+
+@contextlib.contextmanager
+def _held_start(model_store: Path) -> Iterator[tuple[LiveServer, threading.Event]]:
+    """A server starting with probe.mar from a URL, whose download the origin holds until the
+    event yielded is set: the start-up window, held open (the server, the event)."""
+    asked, gate = threading.Event(), threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            asked.set()
+            gate.wait(60)
+            body = (model_store / "probe.mar").read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    origin = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=origin.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{origin.server_address[1]}"
+    allowed = [re.escape(base) + "/.*"]
+    live = LiveServer(
+        make_config(model_store, load_models=[f"{base}/probe.mar"], allowed_urls=allowed)
+    )
+    threading.Thread(target=live.start, daemon=True).start()
+    try:
+        until(asked.is_set, "the start-up model's download", timeout=120)
+        yield live, gate
+    finally:
+        gate.set()
+        live.stop()
+        origin.shutdown()
+        origin.server_close()
+
+
+def test_ping_is_unhealthy_until_the_start_up_models_are_in(model_store):
+    # A start-up model still on its way (here its download, held by the origin): /ping
+    # answered 200 Healthy (no default version to count yet) while its requests were 404
+    # ModelNotFound, so a load balancer or SageMaker routed traffic to a restarting server.
+    # TorchServe listens only once its models are in; /v2/health/ready was already 503.
+    with _held_start(model_store) as (live, gate):
+        ping = httpx.get(f"{live.url}/ping", timeout=30)
+        assert (ping.status_code, ping.json()) == (500, {"status": "Unhealthy"})
+        gate.set()
+        assert live.server.state.started.wait(120)
+        ping = httpx.get(f"{live.url}/ping", timeout=30)
+        assert (ping.status_code, ping.json()) == (200, {"status": "Healthy"})
+
+
+def test_a_request_for_a_model_not_in_yet_at_start_up_is_a_503_not_a_404(model_store):
+    # Its requests were 404 Model not found for as long as the archive took to come in (a
+    # restart from the snapshot: seconds of 404s, which clients do not retry).
+    with _held_start(model_store) as (live, gate):
+        r = httpx.post(f"{live.url}/predictions/probe", json={}, timeout=30)
+        assert r.status_code == 503, r.text
+        assert r.json()["message"] == "Model 'probe' is not loaded yet: the server is starting"
+        v2 = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+        r = httpx.post(f"{live.url}/v2/models/probe/infer", json=v2, timeout=30)
+        assert r.status_code == 503, r.text
+        gate.set()
+        assert live.server.state.started.wait(120)
+        r = httpx.post(f"{live.url}/predictions/probe", json={}, timeout=30)
+        assert r.status_code == 200, r.text
+        r = httpx.post(f"{live.url}/predictions/nope", json={}, timeout=30)
+        assert r.status_code == 404, r.text  # once started, an unknown model is a 404 again

@@ -55,6 +55,11 @@ STEPS = [
     ),
     step("predict_unknown", INF, "POST", "/wfpredict/nope", json=VALUES),
     step("predict_node_model", INF, "POST", "/predictions/arith__double", json=VALUES),
+    # the method: TorchServe's own docs upload with curl -T, a PUT
+    step("predict_put", INF, "PUT", "/wfpredict/arith", json=VALUES),
+    step("predict_get", INF, "GET", "/wfpredict/arith", json=VALUES),
+    step("predict_node_model_put", INF, "PUT", "/predictions/arith__double", json=VALUES),
+    step("predict_node_model_get", INF, "GET", "/predictions/arith__double", json=VALUES),
     step("scale_workflow", M, "PUT", "/workflows/arith"),
     step("unregister_split", M, "DELETE", "/workflows/split"),
     step("unregister_arith", M, "DELETE", "/workflows/arith"),

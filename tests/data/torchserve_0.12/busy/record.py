@@ -1,0 +1,63 @@
+"""Record what TorchServe 0.12 answers to busy.py's scenario into answers.json.
+
+Run from the repository root, TorchServe in its own virtualenv (Java 17 on PATH)::
+
+    PATH=/work/ts-venv/bin:$PATH /work/ts-venv/bin/python tests/data/torchserve_0.12/busy/record.py
+
+It builds the archives of ``busy.ARCHIVES`` with torch-model-archiver from gate_handler.py over a
+tiny TorchScript model, starts TorchServe in a folder of its own (``--foreground --ncs
+--disable-token-auth --enable-model-api``, free ports, no system metrics), runs the scenario and
+stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1] / "torchserve")]  # busy, tsrun
+import busy  # noqa: E402
+import tsrun  # noqa: E402
+
+COMMAND = tsrun.recorder_command(__file__)
+
+
+def call(method: str, url: str, body: bytes | None) -> tuple[int, Any]:
+    status, _, raw = tsrun.call(url, method, body, "application/json")
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="ts-busy-"))
+    store = tsrun.build_store(work, busy.ARCHIVES, HERE)
+    bases = {name: f"http://127.0.0.1:{tsrun.free_port()}" for name in tsrun.LISTENERS}
+    config = {f"{name}_address": base for name, base in bases.items()}
+    config.update(disable_system_metrics="true", install_py_dep_per_model="false")
+    argv = tsrun.command(store, tsrun.properties(work / "config.properties", config))
+    gates = work / "gates"
+    gates.mkdir()
+    with tsrun.running(argv, work, tsrun.pinged(bases["inference"])):
+        answers = busy.run(call, bases["inference"], bases["management"], gates)
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    record = {
+        "command": COMMAND,
+        "torchserve": tsrun.torchserve_version(),
+        "java": java.splitlines()[0],
+        "answers": answers,
+    }
+    tsrun.write_json(HERE / "answers.json", record)
+    print(f"wrote {HERE / 'answers.json'}; TorchServe's own output: {work / 'ts.out'}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TS_DISABLE_TOKEN_AUTHORIZATION", "true")
+    main()
