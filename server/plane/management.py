@@ -193,9 +193,13 @@ async def _settle(mv: ModelVersion) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> None:
+async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> bool:
+    """Whether it scaled down: that stops workers still loading at once, as TorchServe's."""
     async with state.lock_for(mv):
-        await _settle(mv)
+        live = sum(not slot.retiring for slot in mv.slots)
+        shrink = params.min_worker is not None and params.min_worker < live
+        if not shrink:
+            await _settle(mv)
         if params.tuned():
             mv.configure(**params.tuning)
         if params.min_worker is None:
@@ -204,6 +208,7 @@ async def _scale(state: Management, mv: ModelVersion, params: ScaleParams) -> No
             # One snapshot, holding the new counts at once, as TorchServe's: a restart while
             # the workers start (an asynchronous scale answered 202) restores them.
             await mv.scale(params.min_worker, params.max_worker, resized=state.changed)
+    return shrink
 
 
 async def scale(
@@ -219,14 +224,14 @@ async def scale(
         _background.add(task)
         task.add_done_callback(_scale_done)
         return Status("Processing worker updates...", 202)
-    await _scale(state, mv, params)
+    shrunk = await _scale(state, mv, params)
     if mv.closing:  # unregistered, or the server stopped, while the workers started
         raise ShuttingDown(stopping_message(mv, "was stopped", "; the workers were not scaled"))
     if params.min_worker is None:
         return Status(f"Model {mv.name} version {mv.version} updated")
-    # TorchServe 0.12 (ApiUtils.updateModelWorkers): 200 when scaled, 500 when starting the
-    # workers failed, 206 when they are not all up yet.
-    if mv.ready_workers < params.min_worker:
+    # TorchServe 0.12 (ApiUtils.updateModelWorkers): 200 when scaled (down: at once), 500 when
+    # starting the workers failed, 206 when they are not all up yet.
+    if mv.ready_workers < params.min_worker and not shrunk:
         if mv.load_error is not None:
             log.warning("model %s: scaling failed: %s", mv.key, mv.load_error)
             failed = f"Failed to start workers for model {mv.name} version: {mv.version}"

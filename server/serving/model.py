@@ -88,10 +88,13 @@ class _Events(SlotEvents):
 
     def worker_started(self, worker: WorkerProcess, restart: bool) -> None:
         self.model.restarts += restart
+        if restart:
+            self.model.load_error = None  # it loads again
         self.model.observer.worker_started(self.model, worker, restart=restart)
 
     def worker_start_failed(self, error: Exception) -> None:
         self.model.start_failures += 1
+        self.model.load_error = str(error)  # describe's loadError: why restarts fail (or failed)
         self.model.observer.worker_start_failed(self.model, error)
 
     def worker_recycled(self, worker: WorkerProcess) -> None:
@@ -228,6 +231,8 @@ class ModelVersion(RequestPath):
                 raise ShuttingDown(
                     stopping_message(self, "was stopped", " before its workers loaded")
                 )
+            if not errors and self.settings.min_workers == 0:
+                return  # scaled to zero meanwhile: registered with no worker, as TorchServe
             error = errors[0] if errors else WorkerLoadError("no worker could load the model")
             self.load_error = str(error)
             await self.stop(timeout=5)

@@ -353,12 +353,23 @@ def _str_dict(value: Any) -> dict[str, str]:
 # -- transport --------------------------------------------------------------------------------
 
 
-async def read_message(reader: asyncio.StreamReader) -> Message:
-    """Read one frame; ``asyncio.IncompleteReadError`` means the peer closed the socket."""
-    prefix = await reader.readexactly(5)
+def _prefix(prefix: bytes | bytearray) -> tuple[int, int]:
+    """A frame's (length, kind), checked before its payload is waited for: bytes that are no
+    frame (a handler writing to the wrong descriptor) fail here, not after a wait for gigabytes."""
     length, kind = struct.unpack("!IB", prefix)
     if length < 5:
         raise ProtocolError(f"frame length {length} is too short")
+    if length >= MAX_FRAME or kind not in _KINDS:
+        raise ProtocolError(f"not a frame: kind {kind}, length {length}")
+    return length, kind
+
+
+_KINDS = frozenset(Kind)
+
+
+async def read_message(reader: asyncio.StreamReader) -> Message:
+    """Read one frame; ``asyncio.IncompleteReadError`` means the peer closed the socket."""
+    length, kind = _prefix(await reader.readexactly(5))
     payload = await reader.readexactly(length - 1)
     return decode(kind, payload)
 
@@ -377,10 +388,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
 
 def recv_message(sock: socket.socket) -> Message:
     """Blocking read of one frame (the worker side). ``EOFError`` when the frontend is gone."""
-    prefix = _recv_exactly(sock, 5)
-    length, kind = struct.unpack("!IB", prefix)
-    if length < 5:
-        raise ProtocolError(f"frame length {length} is too short")
+    length, kind = _prefix(_recv_exactly(sock, 5))
     return decode(kind, _recv_exactly(sock, length - 1))
 
 

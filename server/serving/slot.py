@@ -6,8 +6,11 @@ serve). A retiring slot finishes the batch it holds and takes no more. Torch-fre
 Supervision: a worker that fails to start at all on the slot's first attempt (its model does not
 load) is reported, not retried. Afterwards every failure (the worker died, it failed to load
 again, spawning it raised OSError such as EMFILE or ENOMEM) is retried after the server's
-``restart_backoff_s`` delays, until failures have lasted ``max_retry_timeout_s``: then the slot
-gives up (FAILED) and, when no slot can serve, everything queued is answered 503 at once.
+``restart_backoff_s`` delays, until a recovery has failed for ``max_retry_timeout_s``: then the
+slot gives up (FAILED) and, when no slot can serve, everything queued is answered 503 at once.
+As TorchServe's, a worker that loads again ends the recovery (its window starts again at the
+next death); the delays start again once a worker served a batch or lived HEALTHY_UPTIME_S (one
+that dies idle right after loading, a crash loop of its own, keeps backing off).
 
 Recycling (``max_requests_per_worker``, ``max_worker_rss_mb``): make-before-break. After a
 batch, a worker past a limit gets a replacement started beside it; the slot keeps serving with
@@ -40,7 +43,7 @@ from torchbay.server.serving.queue import BatchQueue, Pending, reject
 
 log = logging.getLogger("torchbay.model")
 
-# A worker that lived this long before dying resets the back-off.
+# A worker that lived this long (or served a batch) before dying resets the back-off.
 HEALTHY_UPTIME_S = 10.0
 # A worker's RSS is read at most this often (recycling on memory).
 RSS_CHECK_INTERVAL_S = 1.0
@@ -179,11 +182,12 @@ class WorkerSlot:
                 else:
                     self.restarts += 1
                 self.ctx.events.worker_started(worker, restart=not first)
-                uptime = await self._watch(worker)
+                window_start = None  # recovered: only a recovery that fails is bounded
+                proved = await self._watch(worker)
                 if self._stopping():
                     return
-                if uptime >= HEALTHY_UPTIME_S:
-                    failures, window_start = 0, None
+                if proved:
+                    failures = 0
             elif first:
                 self._first.set_result(None)
                 return  # a model that cannot load at all is reported, not retried
@@ -198,8 +202,9 @@ class WorkerSlot:
             log.warning("model %s: restarting worker in %gs", self.ctx.key, delay)
             await asyncio.sleep(delay)
 
-    async def _watch(self, worker: WorkerProcess) -> float:
-        """Serve with ``worker`` (and its recycled successors) until one dies; its uptime."""
+    async def _watch(self, worker: WorkerProcess) -> bool:
+        """Serve with ``worker`` (and its recycled successors) until one dies; whether that one
+        proved itself (served a batch, or lived ``HEALTHY_UPTIME_S``)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         self._ready.set()
@@ -221,7 +226,7 @@ class WorkerSlot:
             if successor is not None:
                 worker, started = successor, loop.time()
         self._ready.clear()
-        return loop.time() - started
+        return worker.batches > 0 or loop.time() - started >= HEALTHY_UPTIME_S
 
     async def _replace(self, old: WorkerProcess) -> WorkerProcess | None:
         """Make-before-break: start a successor beside ``old``, switch, stop ``old``."""

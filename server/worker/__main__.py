@@ -1,5 +1,5 @@
 """``python -m torchbay.server.worker --fd N``: the worker process's entry point."""
 
-from torchbay.server.worker.main import exit_now, main
+from torchbay.server.worker.main import start
 
-exit_now(main())
+start()

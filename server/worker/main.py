@@ -19,7 +19,6 @@ its request cancelled at once (the handler's next streamed part for it raises, s
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import dataclasses
 import inspect
@@ -28,17 +27,15 @@ import os
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 from torchbay.server.serving import protocol as p
+from torchbay.server.worker.exits import FRONTEND_GONE, exit_now
 from torchbay.server.worker.worker_logs import configure_logging
 
 log = logging.getLogger("torchbay.worker")
-T = TypeVar("T")
 
 
 def _pin(load: p.Load) -> None:
@@ -66,33 +63,6 @@ def _retune(message: p.Tune, started_on: set[int], keep_threads: bool) -> None:
         for tid in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(int(tid), cores)
-
-
-def _in_fresh_thread(fn: Callable[..., T], *args: object) -> T:
-    """Run ``fn`` in a short-lived thread and return (or raise) what it did.
-
-    The worker runs its first batch this way: the thread that first ran a TorchScript model ran
-    it slower afterwards (the reference cnn at batch 1, one thread: ~145 img/s in that thread,
-    ~205 in any other; shared/reference/baseline.md saw the same). Most of that gap turned out to
-    be glibc malloc's page faults on the main thread (serving/worker_env.py's settings remove
-    it); with those settings a first batch run elsewhere still left the main thread a few
-    percent faster at batch 1 (257-279 against 251-256 samples/s, stop 22).
-    """
-    box: list[T] = []
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(fn(*args))
-        except BaseException as exc:  # re-raised in the caller's thread
-            error.append(exc)
-
-    thread = threading.Thread(target=run, name="torchbay-first-batch")
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return box[0]
 
 
 def _to_wire(response: object, partial: bool = False) -> p.WireResponse:
@@ -125,7 +95,9 @@ class _Channel:
         while True:
             try:
                 message = p.recv_message(self.sock)
-            except (EOFError, OSError):
+            except (EOFError, OSError) as exc:
+                if isinstance(exc, EOFError | ConnectionResetError):  # not the handler's close
+                    FRONTEND_GONE.set()
                 with self._lock:  # the frontend is gone: nobody reads any stream
                     self._cancelled |= self._live
                 self._inbox.put(None)
@@ -170,13 +142,13 @@ class _Channel:
             self.sock.sendall(frame)
 
 
-def _predict(service: object, message: p.Infer, first: bool, limit: int = 0) -> p.Result:
+def _predict(service: object, message: p.Infer, limit: int = 0) -> p.Result:
     """The ``Result`` for one ``Infer``: exactly one response per request, whatever happens;
     one past ``limit`` bytes (``max_response_size``, 0: none) is that request's 500."""
     requests = message.requests
     try:
         predict = service.predict  # type: ignore[attr-defined]
-        outcome = _in_fresh_thread(predict, requests) if first else predict(requests)
+        outcome = predict(requests)
         responses = [_to_wire(r) for r in outcome.responses]
         if len(responses) != len(requests):
             raise RuntimeError(f"{len(responses)} responses for {len(requests)} requests")
@@ -278,10 +250,9 @@ def serve(sock: socket.socket) -> int:
             metrics=service.load_metrics or None,
         ),
     )
-    # CPU only: on a GPU the current CUDA device is per-thread, and the slow-first-thread effect
-    # was measured on CPU.
-    first = load.gpu_id is None
-    return _serve_batches(sock, service, first, started_on, load.max_response_size, own)
+    # Every batch on this thread, which ran the handler's initialize (as TorchServe's backend):
+    # what a handler set there for later is per thread (torch's grad mode, signal handlers).
+    return _serve_batches(sock, service, started_on, load.max_response_size, own)
 
 
 def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[str, object]:
@@ -299,7 +270,6 @@ def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[
 def _serve_batches(
     sock: socket.socket,
     service: object,
-    first: bool,
     started_on: set[int],
     limit: int,
     keep_threads: bool,
@@ -319,8 +289,7 @@ def _serve_batches(
         if not isinstance(message, p.Infer):
             raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")
         channel.batch_id = message.batch_id
-        frame = _frame(_predict(service, message, first, limit), message)
-        first = False
+        frame = _frame(_predict(service, message, limit), message)
         channel.done(message)
         channel.write(frame)
 
@@ -338,25 +307,18 @@ def run(sock: socket.socket) -> int:
         sock.close()
 
 
-def exit_now(code: int) -> None:
-    """End the process with ``code`` without the interpreter's teardown.
-
-    With torch imported, CPython's finalization (every module's globals cleared, torch's objects
-    collected) takes 2-3 s of CPU on a loaded 2-core host, paid by every worker that stops:
-    at shutdown, scale-down, recycling. The atexit hooks still run (a handler's, torch's, and
-    logging's, which flushes and closes every log handler), then stdout and stderr are flushed;
-    only the module teardown is skipped, as a forked child already does (``template.py``).
-    """
-    atexit._run_exitfuncs()
-    flush_stdio()
-    os._exit(code)
-
-
-def flush_stdio() -> None:
-    """Write out what stdout and stderr hold (before ``os._exit``, or before a fork)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed pipe: nothing left to lose
-            stream.flush()
+def start(argv: list[str] | None = None) -> None:
+    """A spawned worker: ``main``, then ``exit_now`` whatever it raised (the interpreter's
+    teardown would wait for every non-daemon thread a handler left)."""
+    code = 1
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code if isinstance(exc.code, int) else 2
+    except BaseException:
+        log.exception("the worker failed")
+    finally:
+        exit_now(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,7 +67,7 @@ def _child(request: dict, fd: int, inherited: list[int]) -> int:
 
 def _fork(request: dict, fd: int, inherited: list[int]) -> int:
     """Fork a worker on ``fd``; its pid (in the template)."""
-    from torchbay.server.worker.main import exit_now, flush_stdio  # (the template has them)
+    from torchbay.server.worker.exits import exit_now, flush_stdio  # (the template has them)
 
     flush_stdio()  # else the child inherits, and later writes, a copy of what is buffered
     pid = os.fork()
@@ -164,6 +164,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from torchbay.server.worker.main import exit_now
+    from torchbay.server.worker.exits import exit_now
 
     exit_now(main())  # EOF ended it: no 2-3 s interpreter teardown with torch imported

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import subprocess
@@ -71,6 +72,31 @@ def test_every_message_round_trips(message):
 def test_malformed_frames_raise_protocol_error(payload):
     with pytest.raises(p.ProtocolError):
         p.decode(payload[0], payload[1:])
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        b"\xff" * 5,  # no kind, and 4 GiB
+        struct.pack("!IB", 1 << 10, 99),  # an unknown kind
+        struct.pack("!IB", 1 << 31, p.Kind.RESULT),  # past MAX_FRAME
+    ],
+)
+def test_bytes_that_are_no_frame_fail_before_their_payload_is_waited_for(prefix):
+    """A reader given only the 5 bytes of a prefix (nothing more will come) fails at once."""
+
+    async def read() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(prefix)
+        await asyncio.wait_for(p.read_message(reader), 30)
+
+    with pytest.raises(p.ProtocolError):
+        asyncio.run(read())
+    parent, child = socket.socketpair()
+    with parent, child:
+        parent.sendall(prefix)
+        with pytest.raises(p.ProtocolError):
+            p.recv_message(child)
 
 
 def test_a_real_worker_exits_on_a_malformed_first_frame():

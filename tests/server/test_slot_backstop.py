@@ -31,6 +31,7 @@ class FakeWorker:
         self.broken, self.killed = broken, False
         self.pid, self.name = next(_pids), "W-fake"
         self.requests, self.rss_checked_at = 0, 0.0
+        self.batches = 0  # batches run (a worker that ran one proved it loads and serves)
         self.own_threads: int | None = None  # the handler's own torch threads (none here)
         self.exited: asyncio.Future[int] | None = None
 
@@ -45,6 +46,7 @@ class FakeWorker:
         if self.broken:
             raise UnicodeEncodeError("latin-1", "\u65e5", 0, 1, "ordinal not in range(256)")
         self.requests += len(requests)
+        self.batches += 1
         responses = [p.WireResponse(200, f'{{"pid": {self.pid}}}'.encode()) for _ in requests]
         return SimpleNamespace(responses=responses, timings={}, metrics=[])
 
