@@ -95,7 +95,8 @@ def test_torchserve_layout(image_server: Any) -> None:
     run, ports, keys = image_server
     assert len({ports["inference"], ports["management"], ports["metrics"]}) == 3
     base = f"http://127.0.0.1:{ports['inference']}"
-    assert httpx.get(f"{base}/v1/models/mnist:predict", timeout=30).status_code == 404
+    # GET on KServe v1 predict: 405, as KServe answers it (not the model's readiness)
+    assert httpx.get(f"{base}/v1/models/mnist:predict", timeout=30).status_code == 405
     unauthorized = httpx.post(f"{base}/predictions/mnist", json=SAMPLE, timeout=30)
     assert unauthorized.status_code == 401
     _exercise(base, {"Authorization": f"Bearer {keys['inference']['key']}"})
