@@ -331,18 +331,15 @@ def test_the_snapshot_writer_holds_nothing_per_change(model_store, tmp_path: Pat
     assert len(list(folder.glob("*-snapshot.cfg"))) == 6
 
 
-@pytest.mark.slow
-def test_an_asynchronous_scale_is_in_the_snapshot_before_its_workers_load(
-    tmp_path_factory, tmp_path: Path
-):
-    """TorchServe writes the snapshot when a scale is asked. torchbay wrote it once the new
-    workers had loaded: a frontend killed meanwhile (kill -9, the OOM killer) restarted from
-    the snapshot with the old count, though the scale had been answered 202."""
+def _gated_scale(tmp_path_factory, tmp_path: Path, store_name: str, workers: int):
+    """A server with a snapshot folder serving ``gated`` (1 worker loaded), then asked for
+    ``workers`` asynchronously (202) while the new workers' load is held at its gate: the
+    server, the snapshot folder and the gate (touch it to let the loads finish)."""
     gate, started = tmp_path / "gate", tmp_path / "load-started"
     yaml = tmp_path / "gated.yaml"
     yaml.write_text(f"loadStarted: {started}\nloadGate: {gate}\n")
     handler = str(ASSETS / "load_gate_handler.py")
-    store = build_store(tmp_path_factory, "snap-gated", {"gated": handler}, {"gated": yaml})
+    store = build_store(tmp_path_factory, store_name, {"gated": handler}, {"gated": yaml})
     folder = tmp_path / "config"
     models = {"gated": {"1.0": {"marName": "gated.mar", "minWorkers": 1}}}
     gate.touch()
@@ -351,8 +348,24 @@ def test_an_asynchronous_scale_is_in_the_snapshot_before_its_workers_load(
         gate.unlink()
         started.unlink()
         url = f"{live.management_url}/models/gated"
-        assert httpx.put(url, params={"min_worker": 3}, timeout=60).status_code == 202
+        assert httpx.put(url, params={"min_worker": workers}, timeout=60).status_code == 202
         until(started.exists, "a new worker's load")
+    except BaseException:
+        gate.touch()
+        live.stop()
+        raise
+    return live, folder, gate
+
+
+@pytest.mark.slow
+def test_an_asynchronous_scale_is_in_the_snapshot_before_its_workers_load(
+    tmp_path_factory, tmp_path: Path
+):
+    """TorchServe writes the snapshot when a scale is asked. torchbay wrote it once the new
+    workers had loaded: a frontend killed meanwhile (kill -9, the OOM killer) restarted from
+    the snapshot with the old count, though the scale had been answered 202."""
+    live, folder, gate = _gated_scale(tmp_path_factory, tmp_path, "snap-gated", 3)
+    try:
         newest = last_snapshot(folder)
         assert newest is not None
         entry = _models(newest)["gated"]["1.0"]
@@ -369,24 +382,9 @@ def test_a_change_that_ends_during_the_stop_leaves_the_shutdown_snapshot_newest(
     """An asynchronous scale still loading its workers when the server stops ends during the
     drain, and wrote its snapshot then, after the shutdown one: every version closing, it
     held no model, and the next start restored an empty server."""
-    gate, started = tmp_path / "gate", tmp_path / "load-started"
-    yaml = tmp_path / "gated.yaml"
-    yaml.write_text(f"loadStarted: {started}\nloadGate: {gate}\n")
-    handler = str(ASSETS / "load_gate_handler.py")
-    store = build_store(tmp_path_factory, "snap-stop", {"gated": handler}, {"gated": yaml})
-    folder = tmp_path / "config"
-    models = {"gated": {"1.0": {"marName": "gated.mar", "minWorkers": 1}}}
+    live, folder, gate = _gated_scale(tmp_path_factory, tmp_path, "snap-stop", 2)
+    live.stop()  # the new worker never loads: the stop retires it, ending the scale
     gate.touch()
-    live = LiveServer(make_config(store, models=models, snapshot_dir=folder)).start()
-    try:
-        gate.unlink()
-        started.unlink()
-        url = f"{live.management_url}/models/gated"
-        assert httpx.put(url, params={"min_worker": 2}, timeout=60).status_code == 202
-        until(started.exists, "the new worker's load")
-    finally:
-        live.stop()  # the new worker never loads: the stop retires it, ending the scale
-        gate.touch()
     newest = last_snapshot(folder)
     assert newest is not None and newest.name.endswith("-shutdown.cfg"), newest
     assert _models(newest)["gated"]["1.0"]["minWorkers"] == 2
