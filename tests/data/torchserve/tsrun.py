@@ -206,10 +206,10 @@ def pinged(base: str) -> Callable[[], bool]:
     return lambda: bool(call(base + "/ping", "GET"))
 
 
-def torchserve_version() -> str:
-    """The installed torchserve's version, from pip (``?`` when pip does not say)."""
+def torchserve_version(python: str = sys.executable) -> str:
+    """``python`` 's torchserve's version, from pip (``?`` when pip does not say)."""
     shown = subprocess.run(
-        [sys.executable, "-m", "pip", "show", "torchserve"], capture_output=True, text=True
+        [python, "-m", "pip", "show", "torchserve"], capture_output=True, text=True
     ).stdout
     versions = (line.split()[-1] for line in shown.splitlines() if line.startswith("Version:"))
     return next(versions, "?")
@@ -250,3 +250,18 @@ def json_or_text(response: Any) -> Any:
 def write_json(path: Path, record: dict) -> None:
     """Write a record the way every answers.json is written (indent 1, a final newline)."""
     path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def write_answers(folder: Path, command: str, answers: Any, work: Path, **where: str) -> None:
+    """``folder/answers.json``: the recorder's command, TorchServe's and Java's versions (``where``:
+    ``python``, another interpreter's torchserve) and the answers; says where TorchServe's own
+    output is (``work/ts.out``)."""
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    record = {
+        "command": command,
+        "torchserve": torchserve_version(**where),
+        "java": java.splitlines()[0],
+        "answers": answers,
+    }
+    write_json(folder / "answers.json", record)
+    print(f"wrote {folder / 'answers.json'}; TorchServe's own output: {work / 'ts.out'}")

@@ -16,7 +16,6 @@ no system metrics), runs every step in order and stops it.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,15 +52,7 @@ def main() -> None:
     argv = tsrun.command(store, tsrun.properties(work / "config.properties", config))
     with tsrun.running(argv, work, tsrun.pinged(bases["inference"])):
         answers = [run_step(bases, step) for step in sequence.STEPS]
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
-    record = {
-        "command": COMMAND,
-        "torchserve": tsrun.torchserve_version(),
-        "java": java.splitlines()[0],
-        "answers": answers,
-    }
-    tsrun.write_json(HERE / "answers.json", record)
-    print(f"wrote {HERE / 'answers.json'}; TorchServe's own output: {work / 'ts.out'}")
+    tsrun.write_answers(HERE, COMMAND, answers, work)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -47,15 +46,7 @@ def main() -> None:
     gates.mkdir()
     with tsrun.running(argv, work, tsrun.pinged(bases["inference"])):
         answers = busy.run(call, bases["inference"], bases["management"], gates)
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
-    record = {
-        "command": COMMAND,
-        "torchserve": tsrun.torchserve_version(),
-        "java": java.splitlines()[0],
-        "answers": answers,
-    }
-    tsrun.write_json(HERE / "answers.json", record)
-    print(f"wrote {HERE / 'answers.json'}; TorchServe's own output: {work / 'ts.out'}")
+    tsrun.write_answers(HERE, COMMAND, answers, work)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -76,20 +75,7 @@ def main() -> None:
             answer = versions.call(step, client, bases, channels, generated)
             print(step["id"], answer["status"], flush=True)
             answers.append({"id": step["id"], **answer})
-    shown = subprocess.run(
-        [str(TS_BIN / "python"), "-m", "pip", "show", "torchserve"], capture_output=True, text=True
-    ).stdout
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
-    record = {
-        "command": COMMAND,
-        "torchserve": next(
-            (line.split()[-1] for line in shown.splitlines() if line.startswith("Version:")), "?"
-        ),
-        "java": java.splitlines()[0],
-        "answers": answers,
-    }
-    tsrun.write_json(HERE / "answers.json", record)
-    print(f"wrote {HERE / 'answers.json'}; TorchServe's own output: {work / 'ts.out'}")
+    tsrun.write_answers(HERE, COMMAND, answers, work, python=str(TS_BIN / "python"))
 
 
 if __name__ == "__main__":
