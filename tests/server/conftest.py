@@ -282,6 +282,23 @@ def running(store: Path, *, gpu_count: int | None = None, **overrides: Any) -> I
         live.stop()
 
 
+def load_gated_store(
+    factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    prefix: str,
+    name: str = "gated",
+    gate: Path | None = None,
+) -> tuple[Path, Path]:
+    """A store with ``name``.mar of the load-gate handler (assets/load_gate_handler.py): each of
+    its workers' loads creates ``tmp_path/load-started``, then waits while ``gate`` is absent
+    (None: a gate never opened, so the load is held 60 s). The store and that started file."""
+    started = tmp_path / "load-started"
+    yaml = tmp_path / f"{name}.yaml"
+    yaml.write_text(f"loadStarted: {started}\nloadGate: {gate or tmp_path / 'never'}\n")
+    handler = str(ASSETS / "load_gate_handler.py")
+    return build_store(factory, prefix, {name: handler}, {name: yaml}), started
+
+
 @contextlib.contextmanager
 def gate_server(
     factory: pytest.TempPathFactory, prefix: str, models: dict[str, Any]

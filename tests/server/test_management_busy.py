@@ -21,9 +21,8 @@ import httpx
 import pytest
 
 from tests.server.conftest import (
-    ASSETS,
     batch_running,
-    build_store,
+    load_gated_store,
     probe_models,
     recorded,
     recorded_store,
@@ -91,11 +90,7 @@ def test_an_unregister_during_an_asynchronous_registration_logs_no_traceback(
     # The registration's worker is still loading (held by its gate) when its version is
     # unregistered: an operator's ordinary change of mind, answered 200 to both. Was: logged
     # as 'ERROR model gated/1.0 failed to load' with a ShuttingDown traceback.
-    yaml = tmp_path / "gated.yaml"
-    started = tmp_path / "load-started"
-    yaml.write_text(f"loadStarted: {started}\nloadGate: {tmp_path / 'never'}\n")
-    handler = str(ASSETS / "load_gate_handler.py")
-    store = build_store(tmp_path_factory, "busy-gated", {"gated": handler}, {"gated": yaml})
+    store, started = load_gated_store(tmp_path_factory, tmp_path, "busy-gated")
     with running(store, enable_model_api=True) as live:
         m = httpx.Client(base_url=live.management_url, timeout=120)
         params = {"url": "gated.mar", "initial_workers": 1, "synchronous": "false"}
@@ -187,11 +182,8 @@ def test_a_scale_and_a_repository_load_of_one_version_take_turns(
     # second scale does, then scales to 1. Was: it scaled to 1 across the scale, retiring the
     # workers still loading, and the scale answered 206 'Workers scaling in progress...' for
     # a count the load had undone.
-    gate, started = tmp_path / "gate", tmp_path / "load-started"
-    yaml = tmp_path / "gated.yaml"
-    yaml.write_text(f"loadStarted: {started}\nloadGate: {gate}\n")
-    handler = str(ASSETS / "load_gate_handler.py")
-    store = build_store(tmp_path_factory, "busy-turns", {"gated": handler}, {"gated": yaml})
+    gate = tmp_path / "gate"
+    store, started = load_gated_store(tmp_path_factory, tmp_path, "busy-turns", gate=gate)
     models = {"gated": {"1.0": {"marName": "gated.mar", "minWorkers": 1}}}
     gate.touch()
     with running(store, enable_model_api=True, models=models) as live:

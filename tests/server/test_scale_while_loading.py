@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from .cli_helpers import wait_gone
-from .conftest import ASSETS, build_store, running, until
+from .conftest import load_gated_store, running, until
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,7 @@ def test_scaling_down_while_a_worker_loads_stops_it_at_once(
     counting the workers, and only then stopped them; here each load is held 60 s by its gate
     (assets/gates.py), past the client's 45 s. TorchServe answers a scale down 200 at once,
     whether the workers left have loaded or not."""
-    started = tmp_path / "started"
-    yaml = tmp_path / "model-config.yaml"
-    yaml.write_text(f"loadStarted: {started}\nloadGate: {tmp_path / 'never'}\n")
-    handler = str(ASSETS / "load_gate_handler.py")
-    store = build_store(tmp_path_factory, "scale-loading", {"slow": handler}, {"slow": yaml})
+    store, started = load_gated_store(tmp_path_factory, tmp_path, "scale-loading", "slow")
     with running(store, enable_model_api=True) as server:
         management = server.management_url
         params = {"url": "slow.mar", "initial_workers": initial, "synchronous": "false"}

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from .cli_helpers import spawned_workers
-from .conftest import ASSETS, LiveServer, build_store, make_config, until
+from .conftest import ASSETS, LiveServer, build_store, load_gated_store, make_config, until
 
 pytestmark = pytest.mark.slow
 
@@ -205,11 +205,7 @@ def test_log_format_json_covers_frontend_workers_and_access(model_store, tmp_pat
 
 def test_sigterm_while_a_start_up_model_loads_stops_at_once(tmp_path_factory, tmp_path):
     # The model's load waits for a gate that never opens (60 s): the stop does not wait for it.
-    handler = str(ASSETS / "load_gate_handler.py")
-    yaml = tmp_path / "slow.yaml"
-    started = tmp_path / "load-started"
-    yaml.write_text(f"loadStarted: {started}\nloadGate: {tmp_path / 'never'}\n")
-    store = build_store(tmp_path_factory, "slow-start", {"slow": handler}, {"slow": yaml})
+    store, started = load_gated_store(tmp_path_factory, tmp_path, "slow-start", "slow")
     models = 'models={"slow": {"1.0": {"marName": "slow.mar", "minWorkers": 1}}}\n'
     proc = _launch(store, tmp_path, models + "shutdown_grace_s=5\n")
     try:

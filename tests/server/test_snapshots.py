@@ -24,7 +24,7 @@ from torchbay.server.config.snapshots import (
 from torchbay.server.config.sources import load_server_config
 
 from .cli_helpers import free_addresses, read_ready, torchbay
-from .conftest import ASSETS, LiveServer, build_store, make_config, until
+from .conftest import ASSETS, LiveServer, build_store, load_gated_store, make_config, until
 
 # -- files and names ----------------------------------------------------------------------------
 
@@ -335,11 +335,8 @@ def _gated_scale(tmp_path_factory, tmp_path: Path, store_name: str, workers: int
     """A server with a snapshot folder serving ``gated`` (1 worker loaded), then asked for
     ``workers`` asynchronously (202) while the new workers' load is held at its gate: the
     server, the snapshot folder and the gate (touch it to let the loads finish)."""
-    gate, started = tmp_path / "gate", tmp_path / "load-started"
-    yaml = tmp_path / "gated.yaml"
-    yaml.write_text(f"loadStarted: {started}\nloadGate: {gate}\n")
-    handler = str(ASSETS / "load_gate_handler.py")
-    store = build_store(tmp_path_factory, store_name, {"gated": handler}, {"gated": yaml})
+    gate = tmp_path / "gate"
+    store, started = load_gated_store(tmp_path_factory, tmp_path, store_name, gate=gate)
     folder = tmp_path / "config"
     models = {"gated": {"1.0": {"marName": "gated.mar", "minWorkers": 1}}}
     gate.touch()

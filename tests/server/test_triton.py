@@ -266,12 +266,10 @@ def test_loads_and_unloads_of_a_model_take_turns(tmp_path_factory, tmp_path: Pat
     when both came before either registered), and so does an unload (it unregistered the model
     mid-load: the load answered 503; or, before the registration, 404 with the model left
     loaded)."""
-    from .conftest import ASSETS, build_store, until
+    from .conftest import load_gated_store, until
 
-    gate, started = tmp_path / "gate", tmp_path / "started"
-    (tmp_path / "gated.yaml").write_text(f"loadStarted: {started}\nloadGate: {gate}\n")
-    handler = {"gated": str(ASSETS / "load_gate_handler.py")}
-    store = build_store(tmp_path_factory, "turns", handler, {"gated": tmp_path / "gated.yaml"})
+    gate = tmp_path / "gate"
+    store, started = load_gated_store(tmp_path_factory, tmp_path, "turns", gate=gate)
     with running(store, enable_model_api=True) as live, ThreadPoolExecutor(2) as pool:
         url = f"{live.url}/v2/repository/models/gated"
 
