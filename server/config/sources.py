@@ -32,6 +32,9 @@ from torchbay.server.config.settings import (
     split_model_keys,
 )
 from torchbay.server.config.snapshots import last_snapshot
+from torchbay.server.config.ts_values import (
+    java_values,
+)
 from torchbay.server.errors import ConfigError
 
 log = logging.getLogger("torchbay.server.config")  # one logger for all of config
@@ -117,7 +120,7 @@ def load_server_config(
     notes: list[str] = []
     path = _config_path(ts_config, env, base, snapshots)
     raw_props = _read_properties(path) if path is not None else {}
-    props = _normalize(raw_props, f"{path}", notes)
+    props = _normalize(java_values(raw_props, f"{path}", notes), f"{path}", notes)
     if path is not None:
         notes.insert(0, f"configuration from {path}")
     unknown_cli = [k for k in cli if k not in _FIELDS and k not in SERVER_KEY_ALIASES]
@@ -129,7 +132,7 @@ def load_server_config(
     ts_env_raw = _env_layer(env, "TS_", notes, known_only=True)
     ts_env: dict[str, Any] = {}
     if _truthy(envvars_on):
-        ts_env = _normalize(ts_env_raw, "env", notes)
+        ts_env = _normalize(java_values(ts_env_raw, "env", notes), "env", notes)
     elif ts_env_raw:
         names = ", ".join(f"TS_{k.upper()}" for k in ts_env_raw)
         notes.append(f"ignored {names}: TorchServe env vars need enable_envvars_config=true")

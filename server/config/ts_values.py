@@ -1,0 +1,48 @@
+"""How TorchServe 0.12's ConfigManager reads a value, where that is not the plain reading
+(config.sources applies these to config.properties and the ``TS_*`` environment):
+
+* A boolean key is Java's ``Boolean.parseBoolean``: ``true`` in any case is true, anything else
+  is false (``yes``, ``1`` and ``on`` too, which pydantic would read as true: a
+  ``disable_token_authorization=1`` must not turn authorization off where TorchServe keeps it
+  on); ``decode_input_request`` is true only as exactly ``true`` (ts/protocol's worker compares
+  the string). A value other than ``true``/``false`` is noted with how it reads.
+
+Torch-free; imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# The boolean keys TorchServe reads with Boolean.parseBoolean and torchbay honours; not
+# enable_grpc_ssl, whose junk refuses the file (config.lenient.UNSAFE: plain text is not the
+# safe reading) and whose 1 or yes turns TLS on.
+JAVA_BOOLEANS = frozenset(
+    {
+        "enable_metrics_api",
+        "disable_token_authorization",
+        "enable_model_api",
+        "model_metrics_auto_detect",
+        "disable_system_metrics",
+        "limit_max_image_pixels",
+    }
+)
+EXACT_TRUE = frozenset({"decode_input_request"})  # the worker's os.environ[...] == "true"
+
+
+def java_values(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
+    """``raw`` (a file's or the environment's text values) with the boolean keys read as
+    TorchServe reads them; a value other than ``true``/``false`` is noted."""
+    out = dict(raw)
+    for key, value in raw.items():
+        if not isinstance(value, str) or key not in JAVA_BOOLEANS | EXACT_TRUE:
+            continue
+        text = value.strip() if key in EXACT_TRUE else value.strip().lower()
+        out[key] = text == "true"
+        if text not in ("true", "false"):
+            notes.append(
+                f"WARNING {where}: {key}={value!r} reads as {str(out[key]).lower()}, as "
+                "TorchServe reads it"
+            )
+    return out

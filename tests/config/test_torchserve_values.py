@@ -1,0 +1,53 @@
+"""Values read as TorchServe 0.12's ConfigManager reads them (config/ts_values.py): its booleans,
+the names of its environment variables, ``TS_ALLOWED_URLS``'s gate and ``$$NAME$$`` in
+config.properties (ConfigManager.java: Boolean.parseBoolean, setSystemVars,
+use_env_allowed_urls, resolveEnvVarVals)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchbay.server.config.sources import load_server_config
+
+
+def _load(tmp_path: Path, text: str, env: dict[str, str] | None = None):
+    (tmp_path / "config.properties").write_text(text, encoding="utf-8")
+    return load_server_config(ts_config=None, env=env or {}, cli={}, cwd=tmp_path)
+
+
+def test_booleans_are_true_only_as_true_as_in_java(tmp_path: Path) -> None:
+    """Was: pydantic's reading, so ``disable_token_authorization=1`` turned authorization off
+    and ``enable_model_api=yes`` turned the model API on, where TorchServe keeps both as they
+    were (Boolean.parseBoolean("1") is false); ``enable_metrics_api=enabled`` warned and kept
+    true where TorchServe turns the metrics API off."""
+    text = (
+        "disable_token_authorization=1\n"
+        "enable_model_api=yes\n"
+        "enable_metrics_api=enabled\n"
+        "limit_max_image_pixels=TRUE\n"
+        "model_metrics_auto_detect=True\n"
+        "disable_system_metrics=false\n"
+    )
+    config, notes = _load(tmp_path, text)
+    assert config.disable_token_authorization is False
+    assert config.enable_model_api is False
+    assert config.enable_metrics_api is False
+    assert config.limit_max_image_pixels is True and config.model_metrics_auto_detect is True
+    assert config.disable_system_metrics is False
+    warned = sorted(n.split(":")[1].split("=")[0].strip() for n in notes if "reads as" in n)
+    assert warned == ["disable_token_authorization", "enable_metrics_api", "enable_model_api"]
+
+
+def test_decode_input_request_is_true_only_as_exactly_true(tmp_path: Path) -> None:
+    """TorchServe's worker decodes a body only when TS_DECODE_INPUT_REQUEST is "true"."""
+    config, notes = _load(tmp_path, "decode_input_request=True\n")
+    assert config.decode_input_request is False
+    assert any("decode_input_request='True' reads as false" in n for n in notes), notes
+    config, _ = _load(tmp_path, "decode_input_request=true\n")
+    assert config.decode_input_request is True
+
+
+def test_an_environment_boolean_is_read_as_java_reads_it(tmp_path: Path) -> None:
+    env = {"TS_DISABLE_TOKEN_AUTHORIZATION": "1"}
+    config, _ = _load(tmp_path, "enable_envvars_config=true\n", env)
+    assert config.disable_token_authorization is False
