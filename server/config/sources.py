@@ -33,6 +33,7 @@ from torchbay.server.config.settings import (
 )
 from torchbay.server.config.snapshots import last_snapshot
 from torchbay.server.config.ts_values import (
+    env_key,
     java_values,
 )
 from torchbay.server.errors import ConfigError
@@ -224,7 +225,7 @@ def _env_layer(
     for name, value in env.items():
         if not name.startswith(prefix) or name == "TS_CONFIG_FILE":
             continue
-        key = name[len(prefix) :].lower()
+        key = env_key(name) if prefix == "TS_" else name[len(prefix) :].lower()
         if key in _KNOWN_KEYS:
             out[key] = value
         elif not known_only:

@@ -1,6 +1,8 @@
 """How TorchServe 0.12's ConfigManager reads a value, where that is not the plain reading
 (config.sources applies these to config.properties and the ``TS_*`` environment):
 
+* An environment variable is the name of a ConfigManager field (``setSystemVars``), mostly
+  ``TS_<KEY>``, but a few fields are named otherwise (``ENV_NAMES``).
 * A boolean key is Java's ``Boolean.parseBoolean``: ``true`` in any case is true, anything else
   is false (``yes``, ``1`` and ``on`` too, which pydantic would read as true: a
   ``disable_token_authorization=1`` must not turn authorization off where TorchServe keeps it
@@ -15,6 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# ConfigManager's fields whose names are not TS_<KEY>: environment variable -> key.
+ENV_NAMES = {
+    "TS_TOKEN_EXPIRATION_TIME_MIN": "token_expiration_min",
+    "TS_HEADER_KEY_SEQUENCE_ID": "ts_header_key_sequence_id",
+    "TS_HEADER_KEY_SEQUENCE_START": "ts_header_key_sequence_start",
+    "TS_HEADER_KEY_SEQUENCE_END": "ts_header_key_sequence_end",
+}
 # The boolean keys TorchServe reads with Boolean.parseBoolean and torchbay honours; not
 # enable_grpc_ssl, whose junk refuses the file (config.lenient.UNSAFE: plain text is not the
 # safe reading) and whose 1 or yes turns TLS on.
@@ -29,6 +38,13 @@ JAVA_BOOLEANS = frozenset(
     }
 )
 EXACT_TRUE = frozenset({"decode_input_request"})  # the worker's os.environ[...] == "true"
+
+
+def env_key(name: str) -> str | None:
+    """The key a ``TS_*`` environment variable sets (None: not one)."""
+    if name in ENV_NAMES:
+        return ENV_NAMES[name]
+    return name[3:].lower() if name.startswith("TS_") else None
 
 
 def java_values(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:

@@ -51,3 +51,12 @@ def test_an_environment_boolean_is_read_as_java_reads_it(tmp_path: Path) -> None
     env = {"TS_DISABLE_TOKEN_AUTHORIZATION": "1"}
     config, _ = _load(tmp_path, "enable_envvars_config=true\n", env)
     assert config.disable_token_authorization is False
+
+
+def test_torchserve_s_environment_variable_names(tmp_path: Path) -> None:
+    """Was: ignored, since torchbay looked for TS_TOKEN_EXPIRATION_MIN and
+    TS_TS_HEADER_KEY_SEQUENCE_ID (TS_<KEY>), not ConfigManager's field names."""
+    env = {"TS_TOKEN_EXPIRATION_TIME_MIN": "5", "TS_HEADER_KEY_SEQUENCE_ID": "x-seq"}
+    config, _ = _load(tmp_path, "enable_envvars_config=true\n", env)
+    assert config.token_expiration_min == 5
+    assert config.sequence_headers[0] == "x-seq"
