@@ -33,6 +33,8 @@ from torchbay.server.config.settings import (
 )
 from torchbay.server.config.snapshots import last_snapshot
 from torchbay.server.config.ts_values import (
+    ALLOWED_URLS_GATE,
+    allowed_urls_gate,
     env_key,
     java_values,
 )
@@ -61,7 +63,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "initial_worker_port",
         "initial_distribution_port",
         "blacklist_env_vars",
-        "use_env_allowed_urls",
         "system_metrics_cmd",
         "plugins_path",
         "keystore",
@@ -133,6 +134,7 @@ def load_server_config(
     ts_env_raw = _env_layer(env, "TS_", notes, known_only=True)
     ts_env: dict[str, Any] = {}
     if _truthy(envvars_on):
+        ts_env_raw = allowed_urls_gate(ts_env_raw, raw_props, notes)
         ts_env = _normalize(java_values(ts_env_raw, "env", notes), "env", notes)
     elif ts_env_raw:
         names = ", ".join(f"TS_{k.upper()}" for k in ts_env_raw)
@@ -241,6 +243,8 @@ def _normalize(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str
         field = SERVER_KEY_ALIASES.get(key, key)
         if key == "model_snapshot" and isinstance(value, str | Mapping):
             snapshot = snapshot_models(value, where, notes)
+        elif key == ALLOWED_URLS_GATE:  # read by allowed_urls_gate
+            continue
         elif key in SERVER_IGNORED_KEYS:
             notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
         elif field not in _FIELDS:

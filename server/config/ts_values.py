@@ -2,7 +2,9 @@
 (config.sources applies these to config.properties and the ``TS_*`` environment):
 
 * An environment variable is the name of a ConfigManager field (``setSystemVars``), mostly
-  ``TS_<KEY>``, but a few fields are named otherwise (``ENV_NAMES``).
+  ``TS_<KEY>``, but a few fields are named otherwise (``ENV_NAMES``); ``TS_ALLOWED_URLS`` is read
+  only when config.properties sets ``use_env_allowed_urls=true`` (for security, TorchServe's
+  docs say), else ignored with a note.
 * A boolean key is Java's ``Boolean.parseBoolean``: ``true`` in any case is true, anything else
   is false (``yes``, ``1`` and ``on`` too, which pydantic would read as true: a
   ``disable_token_authorization=1`` must not turn authorization off where TorchServe keeps it
@@ -38,6 +40,7 @@ JAVA_BOOLEANS = frozenset(
     }
 )
 EXACT_TRUE = frozenset({"decode_input_request"})  # the worker's os.environ[...] == "true"
+ALLOWED_URLS_GATE = "use_env_allowed_urls"
 
 
 def env_key(name: str) -> str | None:
@@ -62,3 +65,19 @@ def java_values(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[st
                 "TorchServe reads it"
             )
     return out
+
+
+def allowed_urls_gate(
+    ts_env: dict[str, Any], props: Mapping[str, Any], notes: list[str]
+) -> dict[str, Any]:
+    """``ts_env`` without ``allowed_urls`` unless the file's ``use_env_allowed_urls`` is true."""
+    if "allowed_urls" not in ts_env:
+        return ts_env
+    gate = props.get(ALLOWED_URLS_GATE)
+    if isinstance(gate, str) and gate.strip().lower() == "true":
+        return ts_env
+    notes.append(
+        "ignored TS_ALLOWED_URLS: TorchServe reads it only with use_env_allowed_urls=true in "
+        "config.properties"
+    )
+    return {k: v for k, v in ts_env.items() if k != "allowed_urls"}

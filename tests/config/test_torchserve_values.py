@@ -60,3 +60,17 @@ def test_torchserve_s_environment_variable_names(tmp_path: Path) -> None:
     config, _ = _load(tmp_path, "enable_envvars_config=true\n", env)
     assert config.token_expiration_min == 5
     assert config.sequence_headers[0] == "x-seq"
+
+
+def test_allowed_urls_from_the_environment_need_use_env_allowed_urls(tmp_path: Path) -> None:
+    """Was: TS_ALLOWED_URLS widened the registrable URLs with enable_envvars_config alone, where
+    TorchServe reads it only with use_env_allowed_urls=true (and the key was noted as one
+    torchbay does not use)."""
+    env = {"TS_ALLOWED_URLS": "https://.*"}
+    config, notes = _load(tmp_path, "enable_envvars_config=true\n", env)
+    assert config.allowed_urls == []
+    assert any("use_env_allowed_urls" in n and "TS_ALLOWED_URLS" in n for n in notes), notes
+    text = "enable_envvars_config=true\nuse_env_allowed_urls=true\n"
+    config, notes = _load(tmp_path, text, env)
+    assert config.allowed_urls == ["https://.*"]
+    assert not [n for n in notes if "use_env_allowed_urls" in n], notes
