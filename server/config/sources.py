@@ -37,6 +37,7 @@ from torchbay.server.config.ts_values import (
     allowed_urls_gate,
     env_key,
     java_values,
+    substituted,
 )
 from torchbay.server.errors import ConfigError
 
@@ -121,7 +122,7 @@ def load_server_config(
     base = Path(cwd) if cwd is not None else Path.cwd()
     notes: list[str] = []
     path = _config_path(ts_config, env, base, snapshots)
-    raw_props = _read_properties(path) if path is not None else {}
+    raw_props = substituted(_read_properties(path), env) if path is not None else {}
     props = _normalize(java_values(raw_props, f"{path}", notes), f"{path}", notes)
     if path is not None:
         notes.insert(0, f"configuration from {path}")

@@ -1,6 +1,9 @@
 """How TorchServe 0.12's ConfigManager reads a value, where that is not the plain reading
 (config.sources applies these to config.properties and the ``TS_*`` environment):
 
+* ``$$NAME$$`` in a config.properties value is the environment variable ``NAME``
+  (``resolveEnvVarVals``, always on); one that is not set refuses the file, as TorchServe
+  refuses to start ("Invalid Environment Variable").
 * An environment variable is the name of a ConfigManager field (``setSystemVars``), mostly
   ``TS_<KEY>``, but a few fields are named otherwise (``ENV_NAMES``); ``TS_ALLOWED_URLS`` is read
   only when config.properties sets ``use_env_allowed_urls=true`` (for security, TorchServe's
@@ -11,13 +14,16 @@
   on); ``decode_input_request`` is true only as exactly ``true`` (ts/protocol's worker compares
   the string). A value other than ``true``/``false`` is noted with how it reads.
 
-Torch-free; imports nothing of ours.
+Torch-free; imports nothing of ours but errors.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
+
+from torchbay.server.errors import ConfigError
 
 # ConfigManager's fields whose names are not TS_<KEY>: environment variable -> key.
 ENV_NAMES = {
@@ -41,6 +47,7 @@ JAVA_BOOLEANS = frozenset(
 )
 EXACT_TRUE = frozenset({"decode_input_request"})  # the worker's os.environ[...] == "true"
 ALLOWED_URLS_GATE = "use_env_allowed_urls"
+_VARIABLE = re.compile(r"\$\$([^$]+[^$])\$\$")  # ConfigManager's pattern
 
 
 def env_key(name: str) -> str | None:
@@ -48,6 +55,19 @@ def env_key(name: str) -> str | None:
     if name in ENV_NAMES:
         return ENV_NAMES[name]
     return name[3:].lower() if name.startswith("TS_") else None
+
+
+def substituted(props: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """``props`` with each ``$$NAME$$`` replaced by ``env[NAME]``; ConfigError names a
+    variable that is not set."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in env:
+            raise ConfigError(f"Invalid Environment Variable {name} (in config.properties)")
+        return env[name]
+
+    return {key: _VARIABLE.sub(value, text) for key, text in props.items()}
 
 
 def java_values(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str, Any]:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from torchbay.server.config.sources import load_server_config
+from torchbay.server.errors import ConfigError
 
 
 def _load(tmp_path: Path, text: str, env: dict[str, str] | None = None):
@@ -74,3 +77,13 @@ def test_allowed_urls_from_the_environment_need_use_env_allowed_urls(tmp_path: P
     config, notes = _load(tmp_path, text, env)
     assert config.allowed_urls == ["https://.*"]
     assert not [n for n in notes if "use_env_allowed_urls" in n], notes
+
+
+def test_dollar_dollar_names_an_environment_variable(tmp_path: Path) -> None:
+    """Was: kept as written, so the address was refused and a number kept its default."""
+    env = {"PORT": "9123", "QUEUE": "7"}
+    text = "inference_address=http://127.0.0.1:$$PORT$$\njob_queue_size=$$QUEUE$$\n"
+    config, _ = _load(tmp_path, text, env)
+    assert config.inference.port == 9123 and config.job_queue_size == 7
+    with pytest.raises(ConfigError, match="MISSING"):
+        _load(tmp_path, "job_queue_size=$$MISSING$$\n")
