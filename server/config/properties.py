@@ -2,6 +2,7 @@
 
 Follows ``java.util.Properties.load`` where it matters to TorchServe configs:
 
+* lines end at ``\\n``, ``\\r`` or ``\\r\\n`` (only: a form feed is whitespace);
 * comment lines start (after leading whitespace) with ``#`` or ``!``; blank lines are skipped;
 * a line ending in an odd number of backslashes continues on the next line, whose leading
   whitespace is dropped (the ``models={...}`` JSON spans lines this way);
@@ -17,7 +18,10 @@ Torch-free; imports nothing of ours.
 
 from __future__ import annotations
 
+import re
+
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # Java's; not str.splitlines' \f, \v, \x85, ...
 _SEPARATORS = "=:"
 _WHITESPACE = " \t\f"
 
@@ -40,7 +44,7 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     parts: list[str] = []
     start = 0
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    for lineno, raw in enumerate(_LINE_BREAK.split(text), start=1):
         line = raw.lstrip(_WHITESPACE)
         if not parts:
             if not line or line[0] in "#!":
