@@ -11,6 +11,9 @@ Follows ``java.util.Properties.load`` where it matters to TorchServe configs:
 * escapes ``\\\\``, ``\\=``, ``\\:``, ``\\#``, ``\\!``, ``\\ ``, ``\\t``, ``\\n``, ``\\r``, ``\\f``,
   ``\\uXXXX``; a backslash before any other character yields that character.
 
+A file that is not UTF-8 is read as ISO 8859-1, as ``Properties.load(InputStream)`` reads every
+file (``decoded``; a UTF-8 file stays UTF-8, where Java would misread its non-ASCII letters).
+
 One deliberate difference: trailing whitespace of values is stripped too (Java keeps it, and a
 stray space after ``true`` or a port is never what a user meant). A later duplicate key wins.
 Torch-free; imports nothing of ours.
@@ -28,6 +31,14 @@ _WHITESPACE = " \t\f"
 
 class PropertiesError(ValueError):
     """A malformed escape (``\\u`` without four hex digits)."""
+
+
+def decoded(raw: bytes) -> str:
+    """The text of a ``.properties`` file's bytes: UTF-8, else ISO 8859-1 (which reads any)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 def parse_properties(text: str) -> dict[str, str]:

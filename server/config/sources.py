@@ -23,7 +23,7 @@ from torchbay.server.config.model_layers import (
     snapshot_models,
     version_entry,
 )
-from torchbay.server.config.properties import PropertiesError, parse_properties
+from torchbay.server.config.properties import PropertiesError, decoded, parse_properties
 from torchbay.server.config.settings import (
     API_NAMES,
     MAX_THREADS,
@@ -211,8 +211,8 @@ def _declared(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
 
 def _read_properties(path: Path) -> dict[str, str]:
     try:
-        return parse_properties(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, PropertiesError) as exc:
+        return parse_properties(decoded(path.read_bytes()))
+    except (OSError, PropertiesError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
 
 
