@@ -33,7 +33,6 @@ Deliberate default differences from TorchServe:
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -49,6 +48,7 @@ from pydantic import (
     model_validator,
 )
 
+from torchbay.server.config import gson_json
 from torchbay.server.config.grpc_settings import GrpcSettings
 from torchbay.server.config.model_keys import MODEL_ALIASES, MODEL_IGNORED_KEYS, split_model_keys
 from torchbay.server.config.model_settings import (
@@ -288,7 +288,7 @@ class ServerConfig(GrpcSettings):
     @field_validator("models", mode="before")
     @classmethod
     def _models_json(cls, value: Any) -> Any:
-        return json.loads(value) if isinstance(value, str) else value
+        return gson_json.loads(value) if isinstance(value, str) else value
 
     @field_validator(*_SEQUENCE_KEYS)
     @classmethod

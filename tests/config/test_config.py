@@ -438,3 +438,22 @@ def test_a_file_that_is_not_utf_8_is_read_as_latin_1_as_java_reads_it(tmp_path: 
     path.write_bytes("model_store=/caf\u00e9\n".encode())  # UTF-8 stays UTF-8 (Java: "cafÃ©")
     config, _ = load(tmp_path, ts_config=path)
     assert config.model_store == Path("/caf\u00e9")
+
+
+def test_models_json_is_read_as_leniently_as_torchserve_s_gson_reads_it(tmp_path: Path) -> None:
+    """TorchServe reads models= (and model_snapshot) with Gson's lenient fromJson: single
+    quotes, unquoted names, comments, ``;``. Was: "models= is not valid JSON", and the server
+    did not start."""
+    text = (
+        "models={'noop': {'1.0': {marName: 'noop.mar', /* two */ minWorkers: 2;\\\n"
+        "  'batchSize': 4}}}\n"
+        "model_snapshot={'name': 'startup.cfg', 'models': {'other': {'2.0': {marName: o.mar}}}}\n"
+    )
+    config, _ = load(tmp_path, ts_config=write(tmp_path / "config.properties", text))
+    entry = config.models["noop"]["1.0"]
+    assert (entry.mar_name, entry.min_workers, entry.batch_size) == ("noop.mar", 2, 4)
+    assert config.models["other"]["2.0"].mar_name == "o.mar"
+    config, _ = load(tmp_path, ts_config=write(tmp_path / "config.properties", "models=\n"))
+    assert config.models == {}
+    with pytest.raises(ConfigError, match="not valid JSON"):  # as Gson: no trailing comma
+        load(tmp_path, ts_config=write(tmp_path / "config.properties", 'models={"a": {},}\n'))
