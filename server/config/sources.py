@@ -34,6 +34,7 @@ from torchbay.server.config.settings import (
 from torchbay.server.config.snapshots import last_snapshot
 from torchbay.server.config.ts_values import (
     ALLOWED_URLS_GATE,
+    SERVER_IGNORED_KEYS,
     allowed_urls_gate,
     env_key,
     java_values,
@@ -52,40 +53,6 @@ SERVER_KEY_ALIASES = {
     "unregister_model_timeout": "unregister_model_timeout_s",
     "cors_allowed_origins": "cors_allowed_origin",
 }
-# TorchServe config.properties keys torchbay accepts and ignores (logged, never fatal).
-SERVER_IGNORED_KEYS = frozenset(
-    {
-        "vmargs",
-        "number_of_netty_threads",
-        "netty_client_threads",
-        "prefer_direct_buffer",
-        "async_logging",
-        "install_py_dep_per_model",
-        "initial_worker_port",
-        "initial_distribution_port",
-        "blacklist_env_vars",
-        "system_metrics_cmd",
-        "plugins_path",
-        "keystore",
-        "keystore_pass",
-        "keystore_type",
-        "tsConfigFile",
-        "model_server_home",
-        "ipex_enable",
-        "ipex_gpu_enable",
-        "cpp_log_config",
-        "use_native_io",
-        "io_ratio",
-        "service_envelope",
-        "max_idle_time",
-        "enable_grpc",
-        "ts_config_file",
-        "log_location",
-        "metrics_location",
-        "headless",
-        "metrics_format",
-    }
-)
 _FIELDS = frozenset(ServerConfig.model_fields)
 # Every key a config source may name (model_snapshot: TorchServe's snapshot, see _normalize).
 _KNOWN_KEYS = _FIELDS | SERVER_KEY_ALIASES.keys() | SERVER_IGNORED_KEYS | {"model_snapshot"}

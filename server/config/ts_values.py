@@ -14,7 +14,8 @@
   on); ``decode_input_request`` is true only as exactly ``true`` (ts/protocol's worker compares
   the string). A value other than ``true``/``false`` is noted with how it reads.
 
-Torch-free; imports nothing of ours but errors.
+``SERVER_IGNORED_KEYS`` are TorchServe's config.properties keys torchbay takes and does not use
+(noted as such, not as unknown keys). Torch-free; imports nothing of ours but errors.
 """
 
 from __future__ import annotations
@@ -47,6 +48,48 @@ JAVA_BOOLEANS = frozenset(
 )
 EXACT_TRUE = frozenset({"decode_input_request"})  # the worker's os.environ[...] == "true"
 ALLOWED_URLS_GATE = "use_env_allowed_urls"
+# TorchServe config.properties keys torchbay accepts and ignores (noted, never fatal).
+SERVER_IGNORED_KEYS = frozenset(
+    {
+        "vmargs",
+        "number_of_netty_threads",
+        "netty_client_threads",
+        "prefer_direct_buffer",
+        "async_logging",
+        "install_py_dep_per_model",
+        "initial_worker_port",
+        "initial_distribution_port",
+        "blacklist_env_vars",
+        "system_metrics_cmd",
+        "plugins_path",
+        "keystore",
+        "keystore_pass",
+        "keystore_type",
+        "tsConfigFile",
+        "model_server_home",
+        "ipex_enable",
+        "ipex_gpu_enable",
+        "cpp_log_config",
+        "use_native_io",
+        "io_ratio",
+        "service_envelope",
+        "max_idle_time",
+        "enable_grpc",
+        "ts_config_file",
+        "log_location",
+        "metrics_location",
+        "headless",
+        "metrics_format",
+        # ConfigManager's own, found in the snapshots it writes, and its other switches
+        "version",
+        "python",
+        "debug",
+        "cpu_launcher_enable",
+        "cpu_launcher_args",
+        "metric_time_interval",
+        "ts_open_inference_protocol",
+    }
+)
 _VARIABLE = re.compile(r"\$\$([^$]+[^$])\$\$")  # ConfigManager's pattern
 
 

@@ -87,3 +87,21 @@ def test_dollar_dollar_names_an_environment_variable(tmp_path: Path) -> None:
     assert config.inference.port == 9123 and config.job_queue_size == 7
     with pytest.raises(ConfigError, match="MISSING"):
         _load(tmp_path, "job_queue_size=$$MISSING$$\n")
+
+
+def test_torchserve_s_other_keys_are_noted_as_torchserve_s(tmp_path: Path) -> None:
+    """Keys of ConfigManager (some in every snapshot TorchServe writes) that torchbay does not
+    use. Was: each noted as an "unknown key", as a typo is."""
+    keys = (
+        "version",
+        "python",
+        "debug",
+        "cpu_launcher_enable",
+        "cpu_launcher_args",
+        "metric_time_interval",
+        "ts_open_inference_protocol",
+    )
+    _, notes = _load(tmp_path, "".join(f"{key}=x\n" for key in keys))
+    assert not [n for n in notes if "unknown" in n], notes
+    for key in keys:
+        assert any(f"ignored TorchServe key {key!r}" in n for n in notes), key
