@@ -348,9 +348,10 @@ def load_service(
     decode_input_request: bool = True,
     model_metrics: Sequence[Sequence[Any]] | None = None,
     sequence_headers: Sequence[str] | None = None,  # the server's names: id, start, end
+    blacklist_env_vars: str = "",  # TorchServe's: variables the handler must not see
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
-    from .loading import model_yaml_config, read_manifest
+    from .loading import hide_environment, model_yaml_config, read_manifest
     from .resolve import device_of, install_ts_alias, start_handler
 
     model_dir = Path(model_dir).resolve()
@@ -362,6 +363,7 @@ def load_service(
     version = model_version or str(model.get("modelVersion") or "")
     yaml_config = model_yaml_config(model_dir, manifest)
     install_ts_alias()
+    hide_environment(blacklist_env_vars)
     # TorchServe puts the model directory on sys.path so handlers import their sibling files.
     if str(model_dir) not in sys.path:
         sys.path.insert(0, str(model_dir))

@@ -256,6 +256,8 @@ class ServerConfig(GrpcSettings):
     cors_allowed_origin: str | None = None
     cors_allowed_methods: str | None = None
     cors_allowed_headers: str | None = None
+    # TorchServe's: the variables (a regex over the whole name) a worker's handler must not see.
+    blacklist_env_vars: str = Field("", max_length=4096)
     # The names of the headers that carry a sequence's id, start and end (TorchServe's keys and
     # defaults): the frontend reads them, the worker's handler gets them under these names
     # (``context.header_key_sequence_*``), a handler's answer ends a sequence by the third.
@@ -307,6 +309,15 @@ class ServerConfig(GrpcSettings):
         """The sequence headers' names (id, start, end), lower-case, as the wire carries them."""
         id_, start, end = (getattr(self, k).lower() for k in _SEQUENCE_KEYS)
         return id_, start, end
+
+    @field_validator("blacklist_env_vars")
+    @classmethod
+    def _env_regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"blacklist_env_vars: bad regex {value!r}: {exc}") from None
+        return value
 
     @field_validator("allowed_urls")
     @classmethod

@@ -59,7 +59,6 @@ SERVER_IGNORED_KEYS = frozenset(
         "install_py_dep_per_model",
         "initial_worker_port",
         "initial_distribution_port",
-        "blacklist_env_vars",
         "system_metrics_cmd",
         "plugins_path",
         "keystore",

@@ -11,6 +11,8 @@ the spawn arguments both come from it (:meth:`LaunchSpec.load_message`,
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
@@ -79,6 +81,7 @@ _SERVER_FACTS = (
     "max_response_size",
     "decode_input_request",
     "sequence_headers",
+    "blacklist_env_vars",
     "log_format",
 )
 
@@ -113,6 +116,7 @@ class LaunchSpec:
     decode_input_request: bool = True  # false: JSON and text bodies reach the handler as bytes
     # The sequence headers' names (id, start, end): the handler's context.header_key_sequence_*
     sequence_headers: tuple[str, str, str] = SEQUENCE_HEADERS
+    blacklist_env_vars: str = ""  # TorchServe's: variables (whole names) the handler never sees
     env: Mapping[str, str] | None = None  # None: the server's own environment
     log_format: str = "text"
     # metrics_config's model_metrics, which the handler's metrics cache starts with
@@ -133,9 +137,11 @@ class LaunchSpec:
         return p.Load(**{f.name: _wire(facts[f.name]) for f in fields(p.Load)})
 
     def new_worker(self, spawn: SpawnFn | None = None) -> WorkerProcess:
-        return WorkerProcess(
-            self.load_message(), env=self.env, log_format=self.log_format, spawn=spawn
-        )
+        env = self.env
+        if self.blacklist_env_vars:  # (a prewarmed worker drops them at its Load instead)
+            hidden = re.compile(self.blacklist_env_vars)
+            env = {k: v for k, v in (env or os.environ).items() if not hidden.fullmatch(k)}
+        return WorkerProcess(self.load_message(), env=env, log_format=self.log_format, spawn=spawn)
 
 
 def _wire(value: Any) -> Any:
