@@ -12,7 +12,6 @@ the spawn arguments both come from it (:meth:`LaunchSpec.load_message`,
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from torchbay.server.config.settings import (
 )
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.handle import SpawnFn, WorkerProcess
+from torchbay.server.serving.worker_env import visible_env
 
 _SETTINGS_DOC = """The live settings of one model version (already resolved from every source): the
 model settings declared ``serving`` in ``config.model_settings`` and the server-wide ones."""
@@ -138,9 +138,8 @@ class LaunchSpec:
 
     def new_worker(self, spawn: SpawnFn | None = None) -> WorkerProcess:
         env = self.env
-        if self.blacklist_env_vars:  # (a prewarmed worker drops them at its Load instead)
-            hidden = re.compile(self.blacklist_env_vars)
-            env = {k: v for k, v in (env or os.environ).items() if not hidden.fullmatch(k)}
+        if self.blacklist_env_vars:
+            env = visible_env(os.environ if env is None else env, self.blacklist_env_vars)
         return WorkerProcess(self.load_message(), env=env, log_format=self.log_format, spawn=spawn)
 
 

@@ -26,7 +26,12 @@ def handle(data, context):
     if data is None:
         return None
     names = ("TB_HIDDEN_SECRET", "TB_SHOWN_SETTING")
-    return [json.dumps({n: os.environ.get(n) for n in names})] * len(data)
+    seen = {n: os.environ.get(n) for n in names}
+    with open("/proc/self/environ", "rb") as f:  # the process's initial environment
+        block = f.read()
+    seen["proc"] = b"TB_HIDDEN_SECRET=" in block
+    seen["proc_shown"] = b"TB_SHOWN_SETTING=" in block
+    return [json.dumps(seen)] * len(data)
 """
 
 
@@ -54,11 +59,29 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         live.stop()
 
 
-def test_the_handler_does_not_see_a_blacklisted_variable(server: LiveServer) -> None:
-    """Was: the key was noted as ignored and every worker saw the whole environment."""
+def _seen(server: LiveServer) -> dict:
     r = httpx.post(f"{server.url}/predictions/envs", content=b"x", timeout=60)
     assert r.status_code == 200, r.text
-    assert json.loads(r.text) == {"TB_HIDDEN_SECRET": None, "TB_SHOWN_SETTING": "on"}
+    return json.loads(r.text)
+
+
+def _scale(server: LiveServer, workers: int) -> None:
+    url = f"{server.management_url}/models/envs?min_worker={workers}&synchronous=true"
+    assert httpx.put(url, timeout=120).status_code == 200
+
+
+def test_the_handler_does_not_see_a_blacklisted_variable(server: LiveServer) -> None:
+    """Not in its os.environ, nor in the environment its process started with, whether it was
+    spawned or forked from the fork server (whose environment a forked worker's /proc shows).
+    Was: the key was noted as ignored and every worker saw the whole environment."""
+    hidden = {"TB_HIDDEN_SECRET": None, "TB_SHOWN_SETTING": "on", "proc": False}
+    assert _seen(server) == {**hidden, "proc_shown": True}
+    forks = server.server.forks
+    assert forks is not None and forks.wait_ready(120)
+    _scale(server, 0)
+    _scale(server, 1)  # the template is up: this worker forks from it
+    assert forks.forks >= 1
+    assert _seen(server) == {**hidden, "proc_shown": True}
 
 
 def test_a_regex_that_does_not_compile_is_refused(tmp_path: Path) -> None:
