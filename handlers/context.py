@@ -12,7 +12,9 @@ from typing import Any
 
 # TorchServe's sequence headers (ts/context.py), renamed by the same environment variables. The
 # server sets them on every request of a sequence model (serving/sequences.py): the id always,
-# start and end ("true") only on a sequence's first and last request.
+# start and end ("true") only on a sequence's first and last request; a worker the server starts
+# has its context's names set to the server's (its ts_header_key_sequence_* keys), which are the
+# names its requests carry them under.
 SEQUENCE_ID = os.getenv("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
 SEQUENCE_START = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
 SEQUENCE_END = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
@@ -112,10 +114,11 @@ class Context:
         """Start a new batch: fresh ids, request headers and response state (Service calls it)."""
         self.request_ids = dict(enumerate(request_ids))
         self._request_processor = [RequestProcessor(dict(h)) for h in headers]
+        key = self.header_key_sequence_id
         for processor in self._request_processor:  # a sequence's id goes back in its response
-            sequence_id = processor.get_request_property(SEQUENCE_ID)  # (SageMaker's sticky
-            if sequence_id is not None:  # routing reads it); a handler may overwrite it
-                processor.add_response_property(SEQUENCE_ID, sequence_id)
+            sequence_id = processor.get_request_property(key)  # (SageMaker's sticky routing
+            if sequence_id is not None:  # reads it); a handler may overwrite it
+                processor.add_response_property(key, sequence_id)
         self.stage_timings = {}
         if hasattr(self.metrics, "request_ids"):
             self.metrics.request_ids = self.request_ids

@@ -173,13 +173,33 @@ def _load_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
     )
 
 
+def _prewarmed(args: argparse.Namespace, config: Any) -> list[Any]:
+    """The start-up models' worker processes, started now: each imports torch (the slowest part
+    of start-up) while the frontend imports the rest and unpacks the archives. They inherit
+    stdout and stderr: the pipe that WorkerOutput reads into model_log.log. Workers the CLI
+    spawned before its imports (spawn_early) count towards that number, unless
+    ``blacklist_env_vars`` hides variables: they were started with every one."""
+    from torchbay.server.serving.handle import spawn_process
+    from torchbay.server.serving.worker_env import visible_env
+
+    early = getattr(args, "early_workers", None)
+    if early is not None and config.blacklist_env_vars:
+        early.close()
+        early = None
+    prewarmed = early.adopt(config.log_format) if early is not None else []
+    env = visible_env(os.environ, config.blacklist_env_vars)
+    return prewarmed + [
+        spawn_process(env, log_format=config.log_format)
+        for _ in range(expected_startup_workers(config) - len(prewarmed))
+    ]
+
+
 def _serve(args: argparse.Namespace) -> int:
     """The server in this process: ``--foreground``, or the child ``--start`` runs."""
     from torchbay.server import daemon
     from torchbay.server.errors import TorchbayError
     from torchbay.server.http.listeners import bind_listeners, close_all, preflight
     from torchbay.server.observe.logfiles import read_log_config
-    from torchbay.server.serving.handle import spawn_process
 
     for flag, given in (
         ("--plugins-path", args.plugins_path),
@@ -203,16 +223,7 @@ def _serve(args: argparse.Namespace) -> int:
     output = stop_logging = None
     try:
         output, stop_logging = _start_logging(config, log_config, notes)
-        # Then start the workers' processes: each imports torch (the slowest part of start-up)
-        # while the frontend imports the rest and unpacks the archives. They inherit stdout and
-        # stderr: the pipe that WorkerOutput reads into model_log.log.
-        # Workers the CLI spawned before its imports (spawn_early) count towards that number.
-        early = getattr(args, "early_workers", None)
-        prewarmed = early.adopt(config.log_format) if early is not None else []
-        prewarmed += [
-            spawn_process(os.environ, log_format=config.log_format)
-            for _ in range(expected_startup_workers(config) - len(prewarmed))
-        ]
+        prewarmed = _prewarmed(args, config)
         server = _server_class(lambda: _on_ready(notice, output, stop_logging))(
             config,
             env=dict(os.environ),

@@ -11,8 +11,10 @@ A sequence model may declare, in model-config.yaml, the control inputs of Triton
           control: [{kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_UINT64}]
 
 Each OIP request of a sequence then gets those tensors, one value per batch row, from the
-sequence headers the frontend set (server/plane/sequence_params.py): START and END from the
-request's flags, READY always true (the request is ready to run), CORRID the sequence's id.
+sequence headers the frontend set (server/plane/sequence_params.py; under the names of the
+context's ``header_key_sequence_*``, the server's ``ts_header_key_sequence_*`` keys): START and
+END from the request's flags, READY always true (the request is ready to run), CORRID the
+sequence's id.
 A request that names a control input itself is refused: the server fills it.
 """
 
@@ -36,11 +38,6 @@ _CORRID = {  # CORRID's integer types
     "TYPE_UINT32": ("UINT32", np.uint32),
     "TYPE_INT32": ("INT32", np.int32),
 }
-_SEQUENCE_ID, _START, _END = (
-    "ts_request_sequence_id",
-    "ts_request_sequence_start",
-    "ts_request_sequence_end",
-)
 
 
 def declared(yaml_config: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -52,9 +49,19 @@ def declared(yaml_config: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [c for c in controls if isinstance(c, Mapping)] if isinstance(controls, list) else []
 
 
-def fill(request: dict[str, Any], headers: Mapping[str, str], controls: list[dict]) -> None:
-    """Append each declared control input to a parsed OIP ``request`` (see the docstring)."""
-    if not controls or _SEQUENCE_ID not in headers:
+def fill(
+    request: dict[str, Any], headers: Mapping[str, str], controls: list[dict], context: Any
+) -> None:
+    """Append each declared control input to a parsed OIP ``request`` (see the docstring);
+    ``headers``: the request's (lower-case names), the sequence's under ``context``'s
+    ``header_key_sequence_*`` names (the server's)."""
+    if not controls:
+        return
+    flags = {
+        key: headers.get(str(getattr(context, f"header_key_sequence_{key}")).lower())
+        for key in ("id", "start", "end")
+    }
+    if flags["id"] is None:
         return
     named = {t.get("name") for t in request["inputs"]}
     first = request["inputs"][0] if request["inputs"] else None
@@ -64,7 +71,7 @@ def fill(request: dict[str, Any], headers: Mapping[str, str], controls: list[dic
         if name in named:
             raise BadInput(f"input {name!r} is a sequence control input: the server sets it")
         for kind in control.get("control") or ():
-            datatype, value = _value(kind, headers)
+            datatype, value = _value(kind, flags)
             shape = [rows, 1] if rows is not None else [1]
             array = np.full(shape, value[1], dtype=value[0])
             # (control: a UINT64 CORRID past INT64 reaches the tensor handler's INT64 stand-in
@@ -80,18 +87,19 @@ def fill(request: dict[str, Any], headers: Mapping[str, str], controls: list[dic
             )
 
 
-def _value(kind: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[str, tuple[Any, Any]]:
-    """(datatype, (numpy type, value)) of one control."""
+def _value(kind: Mapping[str, Any], flags: Mapping[str, Any]) -> tuple[str, tuple[Any, Any]]:
+    """(datatype, (numpy type, value)) of one control; ``flags``: the sequence's id, start and
+    end headers' values (None: absent)."""
     what = kind.get("kind")
     if what == "CONTROL_SEQUENCE_CORRID":
-        sequence_id = headers[_SEQUENCE_ID]
+        sequence_id = flags["id"]
         if kind.get("data_type") == "TYPE_STRING":
             return "BYTES", (object, sequence_id.encode())
         datatype, np_type = _CORRID.get(kind.get("data_type"), ("UINT64", np.uint64))
         return datatype, (np_type, _corrid(sequence_id, datatype, np_type))
     on = {
-        "CONTROL_SEQUENCE_START": headers.get(_START) == "true",
-        "CONTROL_SEQUENCE_END": headers.get(_END) == "true",
+        "CONTROL_SEQUENCE_START": flags["start"] == "true",
+        "CONTROL_SEQUENCE_END": flags["end"] == "true",
         "CONTROL_SEQUENCE_READY": True,
     }.get(str(what))
     if on is None:

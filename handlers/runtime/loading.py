@@ -16,6 +16,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -127,6 +129,16 @@ def model_precision(manifest: dict[str, Any]) -> str:
     if precision not in _PRECISION_DTYPES:
         raise HandlerLoadError(f"unknown precision {precision!r} in manifest")
     return precision
+
+
+def hide_environment(pattern: str) -> None:
+    """TorchServe's ``blacklist_env_vars``: each variable whose whole name matches ``pattern``
+    leaves this process's environment (``os.environ`` unsets it for C code too), before the
+    handler is imported."""
+    if pattern:
+        hidden = re.compile(pattern)
+        for name in [n for n in os.environ if hidden.fullmatch(n)]:
+            del os.environ[name]
 
 
 def load_model(model_dir: str | Path, manifest: dict[str, Any], device: str | torch.device) -> Any:

@@ -185,7 +185,7 @@ class Service:
         if request.protocol == "v2":
             regions = getattr(request, "regions", None)  # WireRequest's; a test's may lack it
             v2 = oip.parse_request(request.body, request.headers, self.max_request_size, regions)
-            controls.fill(v2, request.headers, self.controls)  # a sequence's START, READY...
+            controls.fill(v2, request.headers, self.controls, self.context)  # START, READY...
             oip.check_signature(v2, self.signature)
             if self.native_v2:
                 return _Job(request, {"body": v2, "protocol": "v2"}, v2)
@@ -347,9 +347,11 @@ def load_service(
     max_request_size: int = DEFAULT_MAX_SIZE,
     decode_input_request: bool = True,
     model_metrics: Sequence[Sequence[Any]] | None = None,
+    sequence_headers: Sequence[str] | None = None,  # the server's names: id, start, end
+    blacklist_env_vars: str = "",  # TorchServe's: variables the handler must not see
 ) -> Service:
     """Load the model directory's handler and model; raises HandlerLoadError on any failure."""
-    from .loading import model_yaml_config, read_manifest
+    from .loading import hide_environment, model_yaml_config, read_manifest
     from .resolve import device_of, install_ts_alias, start_handler
 
     model_dir = Path(model_dir).resolve()
@@ -361,6 +363,7 @@ def load_service(
     version = model_version or str(model.get("modelVersion") or "")
     yaml_config = model_yaml_config(model_dir, manifest)
     install_ts_alias()
+    hide_environment(blacklist_env_vars)
     # TorchServe puts the model directory on sys.path so handlers import their sibling files.
     if str(model_dir) not in sys.path:
         sys.path.insert(0, str(model_dir))
@@ -375,6 +378,10 @@ def load_service(
         MetricsCache(name, model_metrics),
         yaml_config,
     )
+    if sequence_headers:  # before the handler's initialize, which may read them
+        keys = ("id", "start", "end")
+        for key, name in zip(keys, sequence_headers, strict=True):
+            setattr(context, f"header_key_sequence_{key}", name)
     spec = str(handler or model.get("handler") or "")
     # An absolute file only from the Load (the server's default_service_handler).
     resolved = start_handler(spec, model_dir, context, outside_ok=handler is not None)

@@ -6,7 +6,8 @@ Only values read from the file are forgiven: a flag or an environment variable w
 run, and stays an error. Nor are the keys whose default would not be the safe reading of a
 broken value: where the server listens (``UNSAFE`` below: its addresses), what it trusts (TLS
 key and certificate, the API key files, ``allowed_urls``) and where it reads models from
-(``model_store``, ``load_models``, ``models``). A typo there refuses the whole configuration, as
+(``model_store``, ``load_models``, ``models``), and which variables a handler must not see
+(``blacklist_env_vars``). A typo there refuses the whole configuration, as
 before. Every other key has a default that is the cautious one (authorization on, the model API
 off, TorchServe's limits and timeouts). Torch-free.
 """
@@ -35,6 +36,7 @@ UNSAFE = frozenset(
         "key_file",
         "token_keys_file",
         "allowed_urls",
+        "blacklist_env_vars",
         "model_store",
         "load_models",
         "models",

@@ -1,5 +1,6 @@
 """The JSON of ``models={...}`` and of TorchServe's ``model_snapshot``: model name -> version ->
-settings, each the first layer of that version's settings (``sources.resolve_model_config``).
+settings, each the first layer of that version's settings (``sources.resolve_model_config``),
+read as TorchServe's Gson reads them (config.gson_json: single quotes, comments, ...).
 
 The two rank differently against the archive's model-config.yaml, as in TorchServe: a
 ``models={...}`` entry is a default the archive's YAML overrides (``getJsonIntValue`` only when
@@ -15,6 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from torchbay.server.config import gson_json
 from torchbay.server.config.model_keys import split_model_keys
 from torchbay.server.errors import ConfigError
 
@@ -38,7 +40,7 @@ def snapshot_models(value: str | Mapping[str, Any], where: str, notes: list[str]
     its ``models`` load like ``models={...}`` entries; the rest (name, counts) is not used."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = gson_json.loads(value)
         except (json.JSONDecodeError, RecursionError) as exc:  # nested too deep: no ValueError
             raise ConfigError(f"{where}: model_snapshot is not valid JSON: {exc}") from exc
     if not isinstance(value, Mapping) or not isinstance(value.get("models", {}), Mapping):
@@ -50,9 +52,11 @@ def models_layer(value: str | Mapping[str, Any], where: str, notes: list[str]) -
     """The ``models={...}`` JSON: name -> version -> settings, unknown keys noted and dropped."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = gson_json.loads(value)
         except (json.JSONDecodeError, RecursionError) as exc:  # nested too deep: no ValueError
             raise ConfigError(f"{where}: models= is not valid JSON: {exc}") from exc
+        if value is None:  # models= with nothing after it (Gson's null): no models
+            return {}
     if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
         raise ConfigError(f"{where}: models= must map model name -> version -> settings")
     out: dict[str, dict[str, Any]] = {}

@@ -2,6 +2,7 @@
 
 Follows ``java.util.Properties.load`` where it matters to TorchServe configs:
 
+* lines end at ``\\n``, ``\\r`` or ``\\r\\n`` (only: a form feed is whitespace);
 * comment lines start (after leading whitespace) with ``#`` or ``!``; blank lines are skipped;
 * a line ending in an odd number of backslashes continues on the next line, whose leading
   whitespace is dropped (the ``models={...}`` JSON spans lines this way);
@@ -10,6 +11,9 @@ Follows ``java.util.Properties.load`` where it matters to TorchServe configs:
 * escapes ``\\\\``, ``\\=``, ``\\:``, ``\\#``, ``\\!``, ``\\ ``, ``\\t``, ``\\n``, ``\\r``, ``\\f``,
   ``\\uXXXX``; a backslash before any other character yields that character.
 
+A file that is not UTF-8 is read as ISO 8859-1, as ``Properties.load(InputStream)`` reads every
+file (``decoded``; a UTF-8 file stays UTF-8, where Java would misread its non-ASCII letters).
+
 One deliberate difference: trailing whitespace of values is stripped too (Java keeps it, and a
 stray space after ``true`` or a port is never what a user meant). A later duplicate key wins.
 Torch-free; imports nothing of ours.
@@ -17,13 +21,24 @@ Torch-free; imports nothing of ours.
 
 from __future__ import annotations
 
+import re
+
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # Java's; not str.splitlines' \f, \v, \x85, ...
 _SEPARATORS = "=:"
 _WHITESPACE = " \t\f"
 
 
 class PropertiesError(ValueError):
     """A malformed escape (``\\u`` without four hex digits)."""
+
+
+def decoded(raw: bytes) -> str:
+    """The text of a ``.properties`` file's bytes: UTF-8, else ISO 8859-1 (which reads any)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -40,7 +55,7 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     parts: list[str] = []
     start = 0
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    for lineno, raw in enumerate(_LINE_BREAK.split(text), start=1):
         line = raw.lstrip(_WHITESPACE)
         if not parts:
             if not line or line[0] in "#!":

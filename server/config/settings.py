@@ -33,15 +33,22 @@ Deliberate default differences from TorchServe:
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from torchbay.server.config import gson_json
 from torchbay.server.config.grpc_settings import GrpcSettings
 from torchbay.server.config.model_keys import MODEL_ALIASES, MODEL_IGNORED_KEYS, split_model_keys
 from torchbay.server.config.model_settings import (
@@ -73,6 +80,7 @@ __all__ = [
     "MODEL_ALIASES",
     "MODEL_IGNORED_KEYS",
     "RESTART_BACKOFF_S",
+    "SEQUENCE_HEADERS",
     "Address",
     "ModelConfig",
     "ModelSpec",
@@ -122,6 +130,16 @@ class ModelSpec(BaseModel):
     name: str | None
     url: str
 
+
+# TorchServe's sequence header names (its ts_header_key_sequence_* keys rename them) and a header
+# name's characters (RFC 9110's token).
+SEQUENCE_HEADERS = (
+    "ts_request_sequence_id",
+    "ts_request_sequence_start",
+    "ts_request_sequence_end",
+)
+_SEQUENCE_KEYS = tuple(f"ts_header_key_sequence_{k}" for k in ("id", "start", "end"))
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 # TorchServe's restart backoff (seconds), shortened: the last value repeats.
 RESTART_BACKOFF_S = (0.0, 1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0)
@@ -238,6 +256,14 @@ class ServerConfig(GrpcSettings):
     cors_allowed_origin: str | None = None
     cors_allowed_methods: str | None = None
     cors_allowed_headers: str | None = None
+    # TorchServe's: the variables (a regex over the whole name) a worker's handler must not see.
+    blacklist_env_vars: str = Field("", max_length=4096)
+    # The names of the headers that carry a sequence's id, start and end (TorchServe's keys and
+    # defaults): the frontend reads them, the worker's handler gets them under these names
+    # (``context.header_key_sequence_*``), a handler's answer ends a sequence by the third.
+    ts_header_key_sequence_id: str = SEQUENCE_HEADERS[0]
+    ts_header_key_sequence_start: str = SEQUENCE_HEADERS[1]
+    ts_header_key_sequence_end: str = SEQUENCE_HEADERS[2]
 
     @field_validator("inference_address", "management_address", "metrics_address")
     @classmethod
@@ -264,7 +290,34 @@ class ServerConfig(GrpcSettings):
     @field_validator("models", mode="before")
     @classmethod
     def _models_json(cls, value: Any) -> Any:
-        return json.loads(value) if isinstance(value, str) else value
+        return gson_json.loads(value) if isinstance(value, str) else value
+
+    @field_validator(*_SEQUENCE_KEYS)
+    @classmethod
+    def _header_name(cls, value: str, info: ValidationInfo) -> str:
+        """An HTTP header name (a token), other than the sequence keys named before it."""
+        value = value.strip()
+        if not _TOKEN.fullmatch(value):
+            raise ValueError("must be an HTTP header name (letters, digits, -_.!#$%&'*+^`|~)")
+        others = [info.data.get(k) for k in _SEQUENCE_KEYS if k != info.field_name]
+        if value.lower() in {o.lower() for o in others if isinstance(o, str)}:
+            raise ValueError(f"{value!r} already names another sequence header")
+        return value
+
+    @property
+    def sequence_headers(self) -> tuple[str, str, str]:
+        """The sequence headers' names (id, start, end), lower-case, as the wire carries them."""
+        id_, start, end = (getattr(self, k).lower() for k in _SEQUENCE_KEYS)
+        return id_, start, end
+
+    @field_validator("blacklist_env_vars")
+    @classmethod
+    def _env_regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"blacklist_env_vars: bad regex {value!r}: {exc}") from None
+        return value
 
     @field_validator("allowed_urls")
     @classmethod

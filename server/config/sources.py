@@ -23,7 +23,7 @@ from torchbay.server.config.model_layers import (
     snapshot_models,
     version_entry,
 )
-from torchbay.server.config.properties import PropertiesError, parse_properties
+from torchbay.server.config.properties import PropertiesError, decoded, parse_properties
 from torchbay.server.config.settings import (
     API_NAMES,
     MAX_THREADS,
@@ -32,6 +32,14 @@ from torchbay.server.config.settings import (
     split_model_keys,
 )
 from torchbay.server.config.snapshots import last_snapshot
+from torchbay.server.config.ts_values import (
+    ALLOWED_URLS_GATE,
+    SERVER_IGNORED_KEYS,
+    allowed_urls_gate,
+    env_key,
+    java_values,
+    substituted,
+)
 from torchbay.server.errors import ConfigError
 
 log = logging.getLogger("torchbay.server.config")  # one logger for all of config
@@ -45,41 +53,6 @@ SERVER_KEY_ALIASES = {
     "unregister_model_timeout": "unregister_model_timeout_s",
     "cors_allowed_origins": "cors_allowed_origin",
 }
-# TorchServe config.properties keys torchbay accepts and ignores (logged, never fatal).
-SERVER_IGNORED_KEYS = frozenset(
-    {
-        "vmargs",
-        "number_of_netty_threads",
-        "netty_client_threads",
-        "prefer_direct_buffer",
-        "async_logging",
-        "install_py_dep_per_model",
-        "initial_worker_port",
-        "initial_distribution_port",
-        "blacklist_env_vars",
-        "use_env_allowed_urls",
-        "system_metrics_cmd",
-        "plugins_path",
-        "keystore",
-        "keystore_pass",
-        "keystore_type",
-        "tsConfigFile",
-        "model_server_home",
-        "ipex_enable",
-        "ipex_gpu_enable",
-        "cpp_log_config",
-        "use_native_io",
-        "io_ratio",
-        "service_envelope",
-        "max_idle_time",
-        "enable_grpc",
-        "ts_config_file",
-        "log_location",
-        "metrics_location",
-        "headless",
-        "metrics_format",
-    }
-)
 _FIELDS = frozenset(ServerConfig.model_fields)
 # Every key a config source may name (model_snapshot: TorchServe's snapshot, see _normalize).
 _KNOWN_KEYS = _FIELDS | SERVER_KEY_ALIASES.keys() | SERVER_IGNORED_KEYS | {"model_snapshot"}
@@ -116,8 +89,8 @@ def load_server_config(
     base = Path(cwd) if cwd is not None else Path.cwd()
     notes: list[str] = []
     path = _config_path(ts_config, env, base, snapshots)
-    raw_props = _read_properties(path) if path is not None else {}
-    props = _normalize(raw_props, f"{path}", notes)
+    raw_props = substituted(_read_properties(path), env) if path is not None else {}
+    props = _normalize(java_values(raw_props, f"{path}", notes), f"{path}", notes)
     if path is not None:
         notes.insert(0, f"configuration from {path}")
     unknown_cli = [k for k in cli if k not in _FIELDS and k not in SERVER_KEY_ALIASES]
@@ -129,7 +102,8 @@ def load_server_config(
     ts_env_raw = _env_layer(env, "TS_", notes, known_only=True)
     ts_env: dict[str, Any] = {}
     if _truthy(envvars_on):
-        ts_env = _normalize(ts_env_raw, "env", notes)
+        ts_env_raw = allowed_urls_gate(ts_env_raw, raw_props, notes)
+        ts_env = _normalize(java_values(ts_env_raw, "env", notes), "env", notes)
     elif ts_env_raw:
         names = ", ".join(f"TS_{k.upper()}" for k in ts_env_raw)
         notes.append(f"ignored {names}: TorchServe env vars need enable_envvars_config=true")
@@ -204,8 +178,8 @@ def _declared(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
 
 def _read_properties(path: Path) -> dict[str, str]:
     try:
-        return parse_properties(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, PropertiesError) as exc:
+        return parse_properties(decoded(path.read_bytes()))
+    except (OSError, PropertiesError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
 
 
@@ -221,7 +195,7 @@ def _env_layer(
     for name, value in env.items():
         if not name.startswith(prefix) or name == "TS_CONFIG_FILE":
             continue
-        key = name[len(prefix) :].lower()
+        key = env_key(name) if prefix == "TS_" else name[len(prefix) :].lower()
         if key in _KNOWN_KEYS:
             out[key] = value
         elif not known_only:
@@ -237,6 +211,8 @@ def _normalize(raw: Mapping[str, Any], where: str, notes: list[str]) -> dict[str
         field = SERVER_KEY_ALIASES.get(key, key)
         if key == "model_snapshot" and isinstance(value, str | Mapping):
             snapshot = snapshot_models(value, where, notes)
+        elif key == ALLOWED_URLS_GATE:  # read by allowed_urls_gate
+            continue
         elif key in SERVER_IGNORED_KEYS:
             notes.append(f"{where}: ignored TorchServe key {key!r} (not used by torchbay)")
         elif field not in _FIELDS:

@@ -68,20 +68,23 @@ def _boundary(fields: Any) -> str:
     return boundary
 
 
-_SEQUENCE_ID = "ts_request_sequence_id"
-_SEQUENCE_FLAGS = ("ts_request_sequence_start", "ts_request_sequence_end")
-
-
-def _sequence_headers(request: Any) -> dict[str, str]:
+def _sequence_headers(request: Any, names: tuple[str, str, str]) -> dict[str, str]:
     """A request's sequence as TorchServe's headers (plane/sequence_params.py reads them): the
-    ``sequence_id`` field, and the ``input`` entries that TorchServe reads as start and end."""
+    ``sequence_id`` field, and the ``input`` entries that TorchServe reads as start and end
+    (named as the headers: ``names``, the server's id, start and end, lower-case; any case)."""
     headers = {}
     if request.HasField("sequence_id") and request.sequence_id:
-        headers[_SEQUENCE_ID] = request.sequence_id
-    for key in _SEQUENCE_FLAGS:
-        if key in request.input:
-            headers[key] = bytes(request.input[key]).decode("utf-8", "replace")
+        headers[names[0]] = request.sequence_id
+    for key, value in request.input.items():
+        if key.lower() in names[1:]:
+            headers[key.lower()] = bytes(value).decode("utf-8", "replace")
     return headers
+
+
+def _header(headers: dict[str, str], name: str) -> str | None:
+    """The value of the header ``name`` (lower-case) in ``headers`` of any case."""
+    found = [v for k, v in headers.items() if k.lower() == name]
+    return found[-1] if found else None
 
 
 class TorchServeInference(Service):
@@ -100,11 +103,12 @@ class TorchServeInference(Service):
 
         def wire() -> Any:  # read inside the plane's exchange: a refusal is recorded there
             body, content_type = multipart(request.input)
-            extra = _sequence_headers(request)
+            extra = _sequence_headers(request, names)
             return self.calls.wire(
                 context, body, content_type=content_type, protocol="predict", extra=extra
             )
 
+        names = self.calls.plane.sequence_headers
         path = f"/{TS_INFERENCE_SERVICE}/{method}"
         name, version = request.model_name, request.model_version
         responses = self.calls.infer(context, path, name, version, wire)
@@ -113,7 +117,7 @@ class TorchServeInference(Service):
                 if not succeeded(response.status):
                     raise from_response(response.status, response.body)
                 out = message(_RESPONSE)(prediction=response.body)
-                sequence_id = response.headers.get(_SEQUENCE_ID)  # a sequence model's (it may
+                sequence_id = _header(response.headers, names[0])  # a sequence model's (it may
                 if sequence_id is not None:  # have started the sequence and named it)
                     out.sequence_id = sequence_id
                 elif request.HasField("sequence_id"):

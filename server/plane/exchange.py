@@ -140,7 +140,8 @@ class Exchange:
         assert self.model is not None, "resolve() first"
         sequence = None
         if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
-            wire, sequence = sequence_of(wire, self._max_size())
+            names = self.model.settings.sequence_headers
+            wire, sequence = sequence_of(wire, self._max_size(), names)
         lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:
             return self._answered(wire, lookup.hit)

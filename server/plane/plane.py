@@ -84,6 +84,7 @@ class DataPlane:
         self.stats = stats or OipStats()
         # Model management: list, describe, register, scale, set-default (plane/management.py).
         config = config or registry.config
+        self.sequence_headers = config.sequence_headers  # their names: id, start, end
         self.management = Management(registry, config)
         # TorchServe's config snapshots, after each management change (plane/snapshots.py).
         self.snapshots = Snapshots(config, registry)

@@ -12,7 +12,10 @@ an id, and an unknown id needs ``sequence_start``, as Triton does.
 Either way the request then carries TorchServe's three headers in their one form (the id; start
 and end as ``true`` only when set), which is what the worker's handler reads
 (``context.get_sequence_id``, ``get_request_header``) and what the scheduler
-(serving/sequences.py) is told through a :class:`SequenceRef`. Torch-free.
+(serving/sequences.py) is told through a :class:`SequenceRef`. The three names are TorchServe's
+``ts_header_key_sequence_id`` / ``_start`` / ``_end`` keys (``names``, lower-case; their
+defaults above): a renamed header is read, and sent on, under its new name, as TorchServe does;
+a client's header under another name is none of the sequence's. Torch-free.
 """
 
 from __future__ import annotations
@@ -22,38 +25,42 @@ import json
 import uuid
 from typing import Any
 
+from torchbay.server.config.settings import SEQUENCE_HEADERS
 from torchbay.server.errors import BadRequest
 from torchbay.server.plane import oip_body
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.sequences import SequenceRef
 
-ID, START, END = "ts_request_sequence_id", "ts_request_sequence_start", "ts_request_sequence_end"
-_NAMES = (ID.encode(), START.encode(), END.encode())
+ID, START, END = SEQUENCE_HEADERS
 MAX_ID_CHARS = 256  # a sequence id longer than this is a mistake, not an id
 MAX_UINT64 = (1 << 64) - 1
 
 
 def sequence_of(
-    wire: p.WireRequest, limit: int = oip_body.DEFAULT_LIMIT
+    wire: p.WireRequest,
+    limit: int = oip_body.DEFAULT_LIMIT,
+    names: tuple[str, str, str] = SEQUENCE_HEADERS,
 ) -> tuple[p.WireRequest, SequenceRef]:
     """``wire`` with TorchServe's sequence headers in their one form, and its ``SequenceRef``.
     Raises BadRequest (400) naming the field for an id or flag that is not one. ``limit``: the
-    most bytes a compressed OIP body may inflate to (413 past it; ``oip_body.py``)."""
-    ref = _oip_ref(wire, limit) if wire.protocol == "v2" else _torchserve_ref(wire)
-    return _with_headers(wire, ref), ref
+    most bytes a compressed OIP body may inflate to (413 past it; ``oip_body.py``); ``names``:
+    the headers' names (id, start, end; lower-case)."""
+    ref = _oip_ref(wire, limit) if wire.protocol == "v2" else _torchserve_ref(wire, names)
+    return _with_headers(wire, ref, names), ref
 
 
 def _headers(wire: p.WireRequest) -> dict[str, str]:
     return p.parse_headers(wire.raw_headers) if wire.raw_headers else wire.headers
 
 
-def _torchserve_ref(wire: p.WireRequest) -> SequenceRef:
+def _torchserve_ref(wire: p.WireRequest, names: tuple[str, str, str]) -> SequenceRef:
     headers = _headers(wire)
-    given = headers.get(ID, "").strip()
-    start, end = _flag(headers.get(START)), _flag(headers.get(END))
+    id_name, start_name, end_name = names
+    given = headers.get(id_name, "").strip()
+    start, end = _flag(headers.get(start_name)), _flag(headers.get(end_name))
     if not given:
         return SequenceRef(f"ts-seq-{uuid.uuid4()}", start=True, end=end, implicit=True)
-    return SequenceRef(_checked_text(given, ID), start=start, end=end, implicit=True)
+    return SequenceRef(_checked_text(given, id_name), start=start, end=end, implicit=True)
 
 
 def _flag(value: str | None) -> bool:
@@ -125,21 +132,25 @@ def _oip_parameters(wire: p.WireRequest, limit: int) -> dict[str, Any]:
     return params
 
 
-def _with_headers(wire: p.WireRequest, ref: SequenceRef) -> p.WireRequest:
-    """``wire`` carrying exactly the sequence headers that ``ref`` says (a client's own lines of
-    those names are replaced)."""
-    ours = {ID: str(ref.id)}
+def _with_headers(
+    wire: p.WireRequest, ref: SequenceRef, names: tuple[str, str, str]
+) -> p.WireRequest:
+    """``wire`` carrying exactly the sequence headers that ``ref`` says, under ``names`` (a
+    client's own lines of those names are replaced)."""
+    id_name, start_name, end_name = names
+    ours = {id_name: str(ref.id)}
     if ref.start:
-        ours[START] = "true"
+        ours[start_name] = "true"
     if ref.end:
-        ours[END] = "true"
+        ours[end_name] = "true"
+    encoded = {name.encode() for name in names}
     if wire.raw_headers:
         lines = [
             line
             for line in wire.raw_headers.split(b"\r\n")
-            if line.partition(b":")[0].strip().lower() not in _NAMES
+            if line.partition(b":")[0].strip().lower() not in encoded
         ]
         lines += [f"{k}: {v}".encode("latin-1", "replace") for k, v in ours.items()]
         return dataclasses.replace(wire, raw_headers=b"\r\n".join(lines))
-    headers = {k: v for k, v in wire.headers.items() if k.encode() not in _NAMES}
+    headers = {k: v for k, v in wire.headers.items() if k.lower() not in names}
     return dataclasses.replace(wire, headers={**headers, **ours})

@@ -11,8 +11,9 @@ come: a call holds the continued requests plus new ones, up to twice the batch s
 (TorchServe's hard-coded limit). While requests are continued the slot does not wait for new
 ones. A sequence is not closed for idling while one of its requests streams.
 
-A handler ends a sequence by setting ``ts_request_sequence_end`` on an answer (its id, or
-several ids joined by ``;``): the sequence takes no new request (the next one is refused: it
+A handler ends a sequence by setting ``ts_request_sequence_end`` (or the name the server's
+``ts_header_key_sequence_end`` gives it; any case) on an answer (its id, or several ids joined
+by ``;``): the sequence takes no new request (the next one is refused: it
 has ended) and closes once its queued and running ones are answered. A continued request whose
 caller left is dropped before the next call (TorchServe drops it too); the handler keeps
 whatever state it holds for it. One whose worker was restarted or recycled meanwhile is
@@ -39,7 +40,6 @@ from torchbay.server.serving.streams import BatchStreams
 # mark, which no client can set (a header could be forged).
 CONTINUED = "continued"
 STREAM_NEXT = "ts_stream_next"
-SEQUENCE_END = "ts_request_sequence_end"
 
 Item = Pending[p.WireRequest, p.WireResponse]
 
@@ -152,7 +152,7 @@ class Carry:
             if len(result.responses) != len(batch):
                 raise HandlerFailed("The worker answered the wrong number of results")
             for item, response in zip(batch, result.responses, strict=True):
-                self._one(item, response, streams)
+                self._one(item, response, streams, settings.sequence_headers[2])
         except TorchbayError as exc:  # WorkerDied, RequestTimeout, HandlerFailed
             for item in batch:
                 reject(item.future, type(exc)(exc.message))
@@ -165,10 +165,13 @@ class Carry:
         self._carried = set(self.items)
         return batch_record(batch, result, started)
 
-    def _one(self, item: Item, response: p.WireResponse, streams: BatchStreams) -> None:
+    def _one(
+        self, item: Item, response: p.WireResponse, streams: BatchStreams, end_name: str
+    ) -> None:
         headers = dict(response.headers)
         more = headers.pop(STREAM_NEXT, None) == "true"
-        for sequence_id in ended_sequences(headers.get(SEQUENCE_END) or "", self.queue.open):
+        ended = [v for k, v in headers.items() if k.lower() == end_name]
+        for sequence_id in ended_sequences(ended[-1] if ended else "", self.queue.open):
             self.queue.finish(sequence_id)
         response = dataclasses.replace(response, headers=headers)
         if more and not item.future.done() and response.status < 400:

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.serving.spawning import Spawned, spawn_process
-from torchbay.server.serving.worker_env import worker_env
+from torchbay.server.serving.worker_env import visible_env, worker_env
 
 log = logging.getLogger("torchbay.workers")
 
@@ -293,7 +293,8 @@ class ForkServer:
         as on a platform without fork or pidfds)."""
         if config.worker_start != "fork" or not supported():
             return None
-        return cls(env, log_format=config.log_format)
+        visible = visible_env(os.environ if env is None else env, config.blacklist_env_vars)
+        return cls(visible, log_format=config.log_format)  # (the workers' /proc environ too)
 
     def start(self) -> None:
         """Launch the template unless one is running (a dead one is replaced)."""

@@ -11,15 +11,22 @@ the spawn arguments both come from it (:meth:`LaunchSpec.load_message`,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from torchbay.server.config.model_settings import SETTINGS, Setting
-from torchbay.server.config.settings import RESTART_BACKOFF_S, ModelConfig, ServerConfig
+from torchbay.server.config.settings import (
+    RESTART_BACKOFF_S,
+    SEQUENCE_HEADERS,
+    ModelConfig,
+    ServerConfig,
+)
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.handle import SpawnFn, WorkerProcess
+from torchbay.server.serving.worker_env import visible_env
 
 _SETTINGS_DOC = """The live settings of one model version (already resolved from every source): the
 model settings declared ``serving`` in ``config.model_settings`` and the server-wide ones."""
@@ -41,6 +48,8 @@ def settings_class(settings: Mapping[str, Setting]) -> type:
         # (0: no limit).
         ("restart_backoff_s", tuple[float, ...], field(default=RESTART_BACKOFF_S)),
         ("max_response_size", int, field(default=0)),
+        # The sequence headers' names (id, start, end; lower-case: ServerConfig's).
+        ("sequence_headers", tuple[str, str, str], field(default=SEQUENCE_HEADERS)),
     ]
     namespace = {"updated": _updated, "__doc__": _SETTINGS_DOC}
     cls = make_dataclass("ModelSettings", [*model, *server], frozen=True, namespace=namespace)
@@ -60,8 +69,26 @@ def settings_from(config: ModelConfig, server: ServerConfig | None = None) -> Mo
         extra = {
             "restart_backoff_s": server.restart_backoff_s,
             "max_response_size": server.max_response_size,
+            "sequence_headers": server.sequence_headers,
         }
     return ModelSettings(**{name: getattr(config, name) for name in _SERVING}, **extra)
+
+
+# The launch facts that are server settings of the same name.
+_SERVER_FACTS = (
+    "limit_max_image_pixels",
+    "max_request_size",
+    "max_response_size",
+    "decode_input_request",
+    "sequence_headers",
+    "blacklist_env_vars",
+    "log_format",
+)
+
+
+def server_facts(server: ServerConfig) -> dict[str, Any]:
+    """The ``LaunchSpec`` fields that ``server`` sets (by the settings of their names)."""
+    return {name: getattr(server, name) for name in _SERVER_FACTS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +114,9 @@ class LaunchSpec:
     max_request_size: int = 6553500  # the worker's cap on a decompressed request body
     max_response_size: int = 0  # the worker's cap on one response body (0: none)
     decode_input_request: bool = True  # false: JSON and text bodies reach the handler as bytes
+    # The sequence headers' names (id, start, end): the handler's context.header_key_sequence_*
+    sequence_headers: tuple[str, str, str] = SEQUENCE_HEADERS
+    blacklist_env_vars: str = ""  # TorchServe's: variables (whole names) the handler never sees
     env: Mapping[str, str] | None = None  # None: the server's own environment
     log_format: str = "text"
     # metrics_config's model_metrics, which the handler's metrics cache starts with
@@ -107,9 +137,10 @@ class LaunchSpec:
         return p.Load(**{f.name: _wire(facts[f.name]) for f in fields(p.Load)})
 
     def new_worker(self, spawn: SpawnFn | None = None) -> WorkerProcess:
-        return WorkerProcess(
-            self.load_message(), env=self.env, log_format=self.log_format, spawn=spawn
-        )
+        env = self.env
+        if self.blacklist_env_vars:
+            env = visible_env(os.environ if env is None else env, self.blacklist_env_vars)
+        return WorkerProcess(self.load_message(), env=env, log_format=self.log_format, spawn=spawn)
 
 
 def _wire(value: Any) -> Any:

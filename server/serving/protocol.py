@@ -76,6 +76,8 @@ class Load:
     max_response_size: int = 0  # a response past it is answered 500 by the worker (0: none)
     decode_input_request: bool = True  # TorchServe's: JSON and text bodies reach handlers decoded
     model_metrics: list[Any] | None = None  # [name, kind, unit, [dimensions]] per model metric
+    sequence_headers: list[str] | None = None  # id, start, end (None: TorchServe's names)
+    blacklist_env_vars: str = ""  # variables (a regex, whole names) the handler must not see
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from torchbay.server.serving.archives import (
 )
 from torchbay.server.serving.budget import HostBudget
 from torchbay.server.serving.handle import Spawned, SpawnFn
-from torchbay.server.serving.launch import LaunchSpec, Placement, settings_from
+from torchbay.server.serving.launch import LaunchSpec, Placement, server_facts, settings_from
 from torchbay.server.serving.model import ModelVersion, Observer
 from torchbay.server.serving.multiplex import Multiplexer
 
@@ -289,12 +289,8 @@ class ModelRegistry:
                 model_version=version,
                 handler=config.handler,
                 server_version=self.server_version,
-                limit_max_image_pixels=self.config.limit_max_image_pixels,
-                max_request_size=self.config.max_request_size,
-                max_response_size=self.config.max_response_size,
-                decode_input_request=self.config.decode_input_request,
                 env=self.worker_env,
-                log_format=self.config.log_format,
+                **server_facts(self.config),
                 model_metrics=self.model_metrics,
             ),
             url=url,

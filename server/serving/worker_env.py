@@ -22,6 +22,7 @@ Imports nothing but the standard library: the CLI spawns its first worker before
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping, MutableMapping
 
@@ -62,4 +63,20 @@ def tag_worker_logs(environ: MutableMapping[str, str]) -> str:
     return tag
 
 
-__all__ = ["LOG_TAG", "MALLOC_DEFAULTS", "OPT_OUT", "tag_worker_logs", "worker_env"]
+def visible_env(base: Mapping[str, str], hidden: str) -> dict[str, str]:
+    """``base`` without the variables whose whole name matches the regex ``hidden``
+    (TorchServe's ``blacklist_env_vars``; "": all of it)."""
+    if not hidden:
+        return dict(base)
+    pattern = re.compile(hidden)
+    return {k: v for k, v in base.items() if not pattern.fullmatch(k)}
+
+
+__all__ = [
+    "LOG_TAG",
+    "MALLOC_DEFAULTS",
+    "OPT_OUT",
+    "tag_worker_logs",
+    "visible_env",
+    "worker_env",
+]

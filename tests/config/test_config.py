@@ -424,3 +424,36 @@ def test_an_infinite_worker_count_in_model_config_is_the_settings_error(
             archive_yaml={"minWorkers": value},
             api_overrides=None,
         )
+
+
+def test_a_file_that_is_not_utf_8_is_read_as_latin_1_as_java_reads_it(tmp_path: Path) -> None:
+    """java.util.Properties.load(InputStream) reads ISO 8859-1, so TorchServe starts on a file
+    with a Latin-1 comment. Was: "cannot read config file ... 'utf-8' codec can't decode",
+    and the server did not start."""
+    path = tmp_path / "config.properties"
+    path.write_bytes(b"# Mod\xe8le de production\njob_queue_size=7\nmodel_store=/caf\xe9\n")
+    config, _ = load(tmp_path, ts_config=path)
+    assert config.job_queue_size == 7
+    assert config.model_store == Path("/caf\u00e9")
+    path.write_bytes("model_store=/caf\u00e9\n".encode())  # UTF-8 stays UTF-8 (Java: "cafÃ©")
+    config, _ = load(tmp_path, ts_config=path)
+    assert config.model_store == Path("/caf\u00e9")
+
+
+def test_models_json_is_read_as_leniently_as_torchserve_s_gson_reads_it(tmp_path: Path) -> None:
+    """TorchServe reads models= (and model_snapshot) with Gson's lenient fromJson: single
+    quotes, unquoted names, comments, ``;``. Was: "models= is not valid JSON", and the server
+    did not start."""
+    text = (
+        "models={'noop': {'1.0': {marName: 'noop.mar', /* two */ minWorkers: 2;\\\n"
+        "  'batchSize': 4}}}\n"
+        "model_snapshot={'name': 'startup.cfg', 'models': {'other': {'2.0': {marName: o.mar}}}}\n"
+    )
+    config, _ = load(tmp_path, ts_config=write(tmp_path / "config.properties", text))
+    entry = config.models["noop"]["1.0"]
+    assert (entry.mar_name, entry.min_workers, entry.batch_size) == ("noop.mar", 2, 4)
+    assert config.models["other"]["2.0"].mar_name == "o.mar"
+    config, _ = load(tmp_path, ts_config=write(tmp_path / "config.properties", "models=\n"))
+    assert config.models == {}
+    with pytest.raises(ConfigError, match="not valid JSON"):  # as Gson: no trailing comma
+        load(tmp_path, ts_config=write(tmp_path / "config.properties", 'models={"a": {},}\n'))

@@ -77,3 +77,11 @@ def test_later_duplicate_wins() -> None:
 def test_bad_unicode_escape() -> None:
     with pytest.raises(PropertiesError, match="line 2"):
         parse_properties("ok=1\nbad=\\u12\n")
+
+
+@pytest.mark.parametrize("separator", ["\x0b", "\x0c", "\x1c", "\x85", "\u2028"])
+def test_only_cr_and_lf_end_a_line_as_in_java(separator: str) -> None:
+    """java.util.Properties breaks lines at \\n and \\r only (a form feed is whitespace). Was:
+    str.splitlines, which also breaks at these, so one line read as two keys."""
+    text = f"a=1{separator}b=2\nc=3\r\nd=4\re=5"
+    assert parse_properties(text) == {"a": f"1{separator}b=2", "c": "3", "d": "4", "e": "5"}

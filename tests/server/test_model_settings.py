@@ -77,6 +77,7 @@ def test_live_settings_come_from_every_serving_setting() -> None:
         *(name for name, s in SETTINGS.items() if s.serving),
         "restart_backoff_s",
         "max_response_size",
+        "sequence_headers",
     }
     for name, value in values.items():
         assert getattr(settings, name) == value != SETTINGS[name].default, name
@@ -142,6 +143,7 @@ def test_the_load_message_is_the_launch_spec_by_field_name() -> None:
     facts["num_threads"] = facts.pop("threads")
     assert set(load) == {f.name for f in dataclasses.fields(p.Load)}
     wire = {"model_dir": "/m", "cpu_affinity": [1], "model_metrics": None}  # none: None
+    wire["sequence_headers"] = list(spec.sequence_headers)  # a tuple travels as a list
     assert load == {**{k: facts[k] for k in load}, **wire}
     unpinned = dataclasses.replace(spec, placement=Placement(gpu_id=None, threads=1))
     assert unpinned.load_message().cpu_affinity is None
