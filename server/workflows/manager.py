@@ -192,7 +192,7 @@ class Workflows:
         registry, name = self.management.registry, workflow.model_of(node.name)
         overrides = {
             "min_worker": node.settings["min-workers"],
-            "max_worker": max(node.settings["max-workers"], node.settings["min-workers"]),
+            "max_worker": node.settings["max-workers"],
             "batch_size": node.settings["batch-size"],
             "max_batch_delay": node.settings["max-batch-delay"],
         }

@@ -89,6 +89,32 @@ def test_a_malformed_spec_is_a_400(text: str) -> None:
     assert "Invalid workflow specification" in caught.value.message
 
 
+def test_a_model_nodes_settings_below_their_bound_are_the_default() -> None:
+    """TorchServe registers these (a batch size of 0, -1 workers); they were a 500 'Check error
+    logs.' from the node's registration (the model's config refused them)."""
+    parsed = spec(
+        "models:\n  batch-size: 0\n  min-workers: -1\n  max-workers: -3\n"
+        "  max-batch-delay: -5\n  a:\n    url: a.mar\n  b:\n    url: b.mar\n"
+        "    min-workers: 2\n    max-workers: 1\ndag:\n  a: [b]\n"
+    )
+    defaults = {"min-workers": 1, "max-workers": 1, "batch-size": 1, "max-batch-delay": 50}
+    assert parsed.nodes["a"].settings == {**defaults, "retry-attempts": 1, "timeout-ms": 10000}
+    assert parsed.nodes["b"].settings["min-workers"] == 2
+    assert parsed.nodes["b"].settings["max-workers"] == 2
+    assert parsed.globals["batch-size"] == 0  # describe shows the spec's own, as TorchServe
+
+
+@pytest.mark.parametrize(
+    ("key", "api"), [("max-workers", "max_worker"), ("batch-size", "batch_size")]
+)
+def test_a_model_nodes_setting_past_its_bound_is_a_400_naming_it(key: str, api: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        spec(f"models:\n  {key}: 100000000\n  a:\n    url: a.mar\ndag:\n  a: []\n")
+    assert caught.value.status == 400
+    assert caught.value.message.startswith("Invalid workflow specification: model 'a': ")
+    assert api in caught.value.message
+
+
 def test_a_war_url_stays_inside_the_store(tmp_path: Path) -> None:
     (tmp_path / "w.war").write_bytes(b"")
     assert war_path(tmp_path, "w.war") == (tmp_path / "w.war").resolve()
