@@ -63,7 +63,9 @@ class Workflows:
         self.plane = plane  # the node requests' exchanges (executor.py)
         self.management: Management = plane.management
         self.workflows: dict[str, Workflow] = {}
-        self._lock = asyncio.Lock()
+        # The names being registered: taken (409) while their nodes load, which may take
+        # minutes; no lock is held meanwhile, so other workflows register and go at once.
+        self._taken: set[str] = set()
         # The models serving a workflow's node, from its registration's start to its
         # unregistration's end (a snapshot meanwhile must not hold them either).
         self._nodes: set[str] = set()
@@ -138,25 +140,29 @@ class Workflows:
             workflow = Workflow(unpacked.name, url, parse_spec(unpacked.spec), folder)
             for node in workflow.spec.nodes:  # each becomes a model, and a folder, name
                 store.check_name_and_version(workflow.model_of(node), "1.0")
-            async with self._lock:
-                if workflow.name in self.workflows:
-                    raise ConflictStatusException(
-                        f"Workflow {workflow.name} is already registered."
-                    )
-                names = {workflow.model_of(n) for n in workflow.spec.nodes}
-                added = names - set(self.management.registry.models) - self._nodes
-                self._nodes |= added
-                try:
-                    await self._register_nodes(workflow, unpacked)
-                except BaseException:
-                    self._nodes -= added
-                    raise
-                self.workflows[workflow.name] = workflow
+            await self._register_workflow(workflow, unpacked)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         log.info("workflow %s registered: %d node(s)", workflow.name, len(workflow.spec.nodes))
         return Status(f"Workflow {workflow.name} has been registered and scaled successfully.")
+
+    async def _register_workflow(self, workflow: Workflow, unpacked: archive.Unpacked) -> None:
+        """Its nodes, its name taken meanwhile (no await between the check and the taking)."""
+        if workflow.name in self.workflows or workflow.name in self._taken:
+            raise ConflictStatusException(f"Workflow {workflow.name} is already registered.")
+        names = {workflow.model_of(n) for n in workflow.spec.nodes}
+        added = names - set(self.management.registry.models) - self._nodes
+        self._nodes |= added
+        self._taken.add(workflow.name)
+        try:
+            await self._register_nodes(workflow, unpacked)
+        except BaseException:
+            self._nodes -= added
+            raise
+        finally:
+            self._taken.discard(workflow.name)
+        self.workflows[workflow.name] = workflow
 
     async def _locate(self, url: str) -> Path:
         if url.startswith(("http://", "https://")):
@@ -215,9 +221,8 @@ class Workflows:
     async def unregister(self, name: str, *, api: bool = True) -> Status:
         if api:
             require_model_api(self.management)
-        async with self._lock:
-            workflow = self.get(name)
-            del self.workflows[name]
+        workflow = self.get(name)
+        del self.workflows[name]
         await self._unregister_nodes(workflow, list(workflow.spec.nodes))
         self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
         shutil.rmtree(workflow.folder, ignore_errors=True)

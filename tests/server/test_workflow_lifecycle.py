@@ -1,0 +1,80 @@
+"""Registering and unregistering workflows while others load, run or go, on a live torchbay:
+a node that takes minutes to load holds up no other workflow, and an unregistration lets the
+runs in flight finish. The nodes wait at gates the test opens (assets/workflow_gates.py); the
+``.war``s are made by torch-workflow-archiver 0.2.15 (the dev extra)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import LiveServer, make_config, until
+from tests.server.workflow_store import LIVE_MARKS, build_workflow
+
+pytestmark = LIVE_MARKS
+GATES = Path(__file__).parent / "assets" / "workflow_gates.py"
+SPECS = {
+    "slowstart": "dag:\n  slow_start: []\n",
+    "quick": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
+    "drained": "models:\n  retry-attempts: 0\ndag:\n  held: [relay]\n",
+}
+
+
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("wf-gates")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Iterator[LiveServer]:
+    work = tmp_path_factory.mktemp("wf-lifecycle")
+    handler = work / "workflow_gates.py"
+    handler.write_text(GATES.read_text().replace("@GATES@", str(gates)))
+    wars = work / "wars"
+    for name, text in SPECS.items():
+        (work / f"{name}.yaml").write_text(text)
+        build_workflow(wars, name, work / f"{name}.yaml", handler)
+    (work / "models").mkdir()
+    config = make_config(work / "models", workflow_store=wars, enable_model_api=True)
+    server = LiveServer(config).start()
+    try:
+        yield server
+    finally:
+        (gates / "load").touch()
+        (gates / "release").touch()
+        server.stop()
+
+
+def _listed(live: LiveServer) -> set[str]:
+    answer = httpx.get(f"{live.management_url}/workflows", timeout=60).json()
+    return {w["workflowName"] for w in answer["workflows"]}
+
+
+def test_a_node_that_loads_for_minutes_holds_up_no_other_workflow(
+    live: LiveServer, gates: Path
+) -> None:
+    """Registering one workflow held a lock over its nodes' loads: every other workflow's
+    registration and unregistration waited for it (TorchServe 0.12 answers them at once)."""
+    workflows = f"{live.management_url}/workflows"
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(httpx.post, f"{workflows}?url=slowstart.war", timeout=600)
+        try:
+            until(lambda: (gates / "loading").exists(), "slow_start loads", timeout=120)
+            # Never answered before the gate opens, if it waits for slowstart's load.
+            quick = httpx.post(f"{workflows}?url=quick.war", timeout=90)
+            assert quick.status_code == 200, quick.text
+            answer = httpx.post(f"{live.url}/wfpredict/quick", content=b"hi", timeout=60)
+            assert answer.status_code == 200 and answer.content == b"hi"
+            assert httpx.delete(f"{workflows}/quick", timeout=90).status_code == 200
+            assert _listed(live) == set()  # slowstart: not registered until its nodes are
+            again = httpx.post(f"{workflows}?url=slowstart.war", timeout=90)
+            assert again.status_code == 409, again.text
+            assert httpx.get(f"{workflows}/slowstart", timeout=60).status_code == 404
+        finally:
+            (gates / "load").touch()
+        assert slow.result().status_code == 200, slow.result().text
+    assert _listed(live) == {"slowstart"}
