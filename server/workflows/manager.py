@@ -7,7 +7,8 @@ registers every node as a model named ``{workflow}__{node}``: a model node from 
 node from a folder made of the archive (``archive.function_folder``), whose worker calls the
 handler's function, so that a user's function runs in a worker process, never in the frontend.
 A node that fails to register fails the workflow (500, every node's reason named) and the nodes
-already registered are unregistered again. Torch-free.
+already registered are unregistered again. Unregistering lets the workflow's runs in flight
+finish before its nodes go. Torch-free.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import asyncio
 import logging
 import shutil
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +46,38 @@ class WorkflowException(TorchbayError):
     pass
 
 
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
 @dataclass
 class Workflow:
-    """A registered workflow: its DAG and the model each node is served by."""
+    """A registered workflow: its DAG, the model each node is served by, and its runs in flight
+    (``/wfpredict`` requests), which its unregistration lets finish."""
 
     name: str
     url: str
     spec: WorkflowSpec
     folder: Path
+    runs: int = 0
+    idle: asyncio.Event = field(default_factory=_set_event)  # set while no run is in flight
 
     def model_of(self, node: str) -> str:
         return f"{self.name}__{node}"
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """One run of the DAG (executor.py), counted until it ends however it ends."""
+        self.runs += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.runs -= 1
+            if not self.runs:
+                self.idle.set()
 
 
 class Workflows:
@@ -63,8 +87,9 @@ class Workflows:
         self.plane = plane  # the node requests' exchanges (executor.py)
         self.management: Management = plane.management
         self.workflows: dict[str, Workflow] = {}
-        # The names being registered: taken (409) while their nodes load, which may take
-        # minutes; no lock is held meanwhile, so other workflows register and go at once.
+        # The names being registered or unregistered: taken (409) while their nodes load or
+        # drain, which may take minutes; no lock is held meanwhile, so other workflows
+        # register and go at once.
         self._taken: set[str] = set()
         # The models serving a workflow's node, from its registration's start to its
         # unregistration's end (a snapshot meanwhile must not hold them either).
@@ -222,11 +247,31 @@ class Workflows:
         if api:
             require_model_api(self.management)
         workflow = self.get(name)
-        del self.workflows[name]
-        await self._unregister_nodes(workflow, list(workflow.spec.nodes))
-        self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
-        shutil.rmtree(workflow.folder, ignore_errors=True)
+        del self.workflows[name]  # a new /wfpredict is a 404 from here
+        self._taken.add(name)
+        try:
+            await self._finish_runs(workflow)
+            await self._unregister_nodes(workflow, list(workflow.spec.nodes))
+        finally:
+            self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
+            self._taken.discard(name)
+            shutil.rmtree(workflow.folder, ignore_errors=True)
         return Status(f'Workflow "{name}" unregistered')
+
+    async def _finish_runs(self, workflow: Workflow) -> None:
+        """The runs in flight go through every node before the nodes go, as a model's queued
+        requests are answered before it goes (bounded by ``unregister_model_timeout_s``; those
+        still running then fail at their next node)."""
+        timeout = self.management.config.unregister_model_timeout_s
+        try:
+            await asyncio.wait_for(workflow.idle.wait(), timeout)
+        except asyncio.TimeoutError:  # (not the builtin one on 3.10)
+            log.warning(
+                "workflow %s: %d run(s) still in flight after %g s; its nodes go now",
+                workflow.name,
+                workflow.runs,
+                timeout,
+            )
 
     async def _unregister_nodes(self, workflow: Workflow, nodes: list[str]) -> None:
         registry = self.management.registry

@@ -78,3 +78,30 @@ def test_a_node_that_loads_for_minutes_holds_up_no_other_workflow(
             (gates / "load").touch()
         assert slow.result().status_code == 200, slow.result().text
     assert _listed(live) == {"slowstart"}
+
+
+def test_unregistering_lets_the_runs_in_flight_finish(live: LiveServer, gates: Path) -> None:
+    """DELETE /workflows/{name} unregistered its nodes while a run was between them: the run's
+    next node was gone and the client got 500 'Error executing relay' for a request accepted
+    before the DELETE. Now the runs in flight finish first; a new request is a 404."""
+    workflows = f"{live.management_url}/workflows"
+    assert httpx.post(f"{workflows}?url=drained.war", timeout=300).status_code == 200
+    with ThreadPoolExecutor(2) as pool:
+        run = pool.submit(
+            httpx.post, f"{live.url}/wfpredict/drained", content=b"payload", timeout=300
+        )
+        try:
+            until(lambda: (gates / "held").exists(), "the held node runs", timeout=120)
+            gone = pool.submit(httpx.delete, f"{workflows}/drained", timeout=300)
+            until(lambda: "drained" not in _listed(live), "drained is unlisted", timeout=120)
+            late = httpx.post(f"{live.url}/wfpredict/drained", content=b"late", timeout=60)
+            assert late.status_code == 404, late.text
+        finally:
+            (gates / "release").touch()
+        answer = run.result()
+        assert answer.status_code == 200, answer.text
+        assert answer.content == b"payload"
+        assert gone.result().status_code == 200, gone.result().text
+    for node in ("held", "relay"):
+        described = httpx.get(f"{live.management_url}/models/drained__{node}", timeout=60)
+        assert described.status_code == 404, described.text
