@@ -139,6 +139,11 @@ def _war(path: Path, manifest: dict | str, files: dict[str, str]) -> Path:
     return path
 
 
+BILLION_LAUGHS = "\n".join(
+    ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    + ["models: {}", "dag:", "  start: *a7", ""]
+)
 GOOD = {
     "createdOn": "01/01/2025 00:00:00",
     "archiverVersion": "0.2.15",
@@ -168,6 +173,8 @@ def test_a_war_unpacks_and_a_function_node_gets_its_own_model_folder(tmp_path: P
         (GOOD, {"w.yaml": "[" * 100_000, "h.py": ""}, "Failed to parse yaml."),  # too deep
         ("[" * 100_000, {}, "nested too deep"),
         (GOOD, {"../x.py": ""}, "../x.py"),
+        # 1 KB of nested aliases: 10**8 values once expanded; reading it blocked the server
+        (GOOD, {"w.yaml": BILLION_LAUGHS, "h.py": ""}, "more than 100000 values"),
     ],
 )
 def test_a_bad_war_is_a_400_and_leaves_nothing(
@@ -179,6 +186,16 @@ def test_a_bad_war_is_a_400_and_leaves_nothing(
     assert message in caught.value.message and caught.value.status == 400
     assert str(tmp_path) not in caught.value.message
     assert not (tmp_path / "out").exists()
+
+
+def test_a_spec_may_share_settings_through_yaml_aliases(tmp_path: Path) -> None:
+    spec_text = (
+        "shared: &shared {batch-size: 4, url: m.mar}\n"
+        "models:\n  m: *shared\n  n: {<<: *shared, url: n.mar}\ndag:\n  m: [n]\n"
+    )
+    war = _war(tmp_path / "w.war", GOOD, {"w.yaml": spec_text, "h.py": ""})
+    parsed = parse_spec(unpack(war, tmp_path / "out", ServerConfig(), None).spec)
+    assert parsed.nodes["n"].url == "n.mar" and parsed.nodes["n"].settings["batch-size"] == 4
 
 
 def test_the_workflow_store_and_start_up_workflows_come_from_properties_and_flags(
