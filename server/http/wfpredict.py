@@ -19,7 +19,8 @@ from torchbay.server.workflows import executor
 from torchbay.server.workflows.manager import Workflows
 
 # POST, PUT (curl -T, as TorchServe's docs upload) and GET (a query alone): TorchServe 0.12
-# answers each (tests/data/torchserve/workflows: predict_put, predict_get), as /predictions.
+# answers each (tests/data/torchserve/workflows: predict_put, predict_get), as /predictions, and
+# with a trailing slash or more segments after the name (predict_trailing_slash, _more_segments).
 WFPREDICT_ROUTES = tuple(
     Route(
         method,
@@ -30,7 +31,9 @@ WFPREDICT_ROUTES = tuple(
         OK,
         auth=True,
         body={"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}},
-        description="One leaf: its output as it is; several: a JSON object by node name.",
+        description="One leaf: its output as it is; several: a JSON object by node name. "
+        "A trailing slash or further path segments are ignored, as TorchServe ignores them.",
+        suffix=True,  # a trailing slash, further segments: taken and ignored, as TorchServe
     )
     for method in ("POST", "PUT", "GET")
 )
