@@ -54,21 +54,20 @@ async def run(
         task = asyncio.ensure_future(_invoke(plane, workflow, node, dict(scope), wire))
         running[task] = node
 
-    with workflow.running():  # its unregistration waits for it (manager.py)
-        launch(spec.start, request)
-        try:
-            while running:
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    node = running.pop(task)
-                    outputs[node] = task.result()  # raises: the first failing node answers
-                    for kid in spec.children[node]:
-                        waiting[kid] -= 1
-                        if waiting[kid] == 0:
-                            launch(kid, _node_input(request, spec.parents[kid], outputs))
-        finally:
-            for task in running:
-                task.cancel()
+    launch(spec.start, request)
+    try:
+        while running:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                node = running.pop(task)
+                outputs[node] = task.result()  # raises: the first failing node answers
+                for kid in spec.children[node]:
+                    waiting[kid] -= 1
+                    if waiting[kid] == 0:
+                        launch(kid, _node_input(request, spec.parents[kid], outputs))
+    finally:
+        for task in running:
+            task.cancel()
     return _answer({leaf: outputs[leaf] for leaf in spec.leaves()})
 
 

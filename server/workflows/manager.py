@@ -69,7 +69,8 @@ class Workflow:
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        """One run of the DAG (executor.py), counted until it ends however it ends."""
+        """One run of the DAG, counted from the end of its request's body (http/wfpredict.py)
+        until it ends however it ends."""
         self.runs += 1
         self.idle.clear()
         try:

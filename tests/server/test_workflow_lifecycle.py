@@ -5,6 +5,7 @@ runs in flight finish. The nodes wait at gates the test opens (assets/workflow_g
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +22,7 @@ SPECS = {
     "slowstart": "dag:\n  slow_start: []\n",
     "quick": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
     "drained": "models:\n  retry-attempts: 0\ndag:\n  held: [relay]\n",
+    "upload": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
 }
 
 
@@ -105,3 +107,37 @@ def test_unregistering_lets_the_runs_in_flight_finish(live: LiveServer, gates: P
     for node in ("held", "relay"):
         described = httpx.get(f"{live.management_url}/models/drained__{node}", timeout=60)
         assert described.status_code == 404, described.text
+
+
+def test_a_workflow_unregistered_while_a_request_uploads_is_that_requests_404(
+    live: LiveServer,
+) -> None:
+    """The workflow was looked up before the body came only: unregistered meanwhile, the
+    request ran on its removed nodes and was a 500 'Error executing relay'."""
+    workflows = f"{live.management_url}/workflows"
+    assert httpx.post(f"{workflows}?url=upload.war", timeout=300).status_code == 200
+    body = b"payload"
+    head = (
+        "POST /wfpredict/upload HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", live.server.state.ports.inference)) as sock:
+        sock.settimeout(120)
+        sock.sendall(head.encode())
+        # 100 Continue: the endpoint found the workflow and waits for the body
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(1024)
+            assert chunk, interim
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100 "), interim
+        assert httpx.delete(f"{workflows}/upload", timeout=120).status_code == 200
+        sock.sendall(body)
+        answer = b""
+        while b"}" not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 404 "), answer
+    assert b'"message":"Workflow not found: upload"' in rest, answer
