@@ -8,6 +8,7 @@ statuses and headers a handler sets apply to the current batch only.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 # TorchServe's sequence headers (ts/context.py), renamed by the same environment variables. The
@@ -20,18 +21,39 @@ SEQUENCE_START = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_sta
 SEQUENCE_END = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
 
 
+class RequestHeaders(dict[str, str]):
+    """One request's headers by lower-case name (as ASGI and HTTP/2 carry them), looked up in
+    any case: TorchServe keeps the client's spelling, so handlers written for it read
+    ``props.get("X-Amzn-SageMaker-Custom-Attributes")`` or ``props["Content-Type"]``."""
+
+    def __init__(self, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__((_lower(k), v) for k, v in (headers or {}).items())
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(_lower(key))
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(_lower(key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return super().get(_lower(key), default)
+
+
+def _lower(key: Any) -> Any:
+    return key.lower() if isinstance(key, str) else key
+
+
 class RequestProcessor:
     """Request headers in, response status and headers out, for one request of a batch."""
 
-    def __init__(self, request_header: dict[str, str]) -> None:
+    def __init__(self, request_header: Mapping[str, str]) -> None:
         self._status_code = 200
         self._reason_phrase: str | None = None
         self._response_header: dict[str, str] = {}
-        self._request_header = request_header
+        self._request_header = RequestHeaders(request_header)
 
     def get_request_property(self, key: str) -> str | None:
-        value = self._request_header.get(key)
-        return value if value is not None else self._request_header.get(key.lower())
+        return self._request_header.get(key)
 
     def get_request_properties(self) -> dict[str, str]:
         return self._request_header
@@ -113,7 +135,7 @@ class Context:
     def reset_batch(self, request_ids: list[str], headers: list[dict[str, str]]) -> None:
         """Start a new batch: fresh ids, request headers and response state (Service calls it)."""
         self.request_ids = dict(enumerate(request_ids))
-        self._request_processor = [RequestProcessor(dict(h)) for h in headers]
+        self._request_processor = [RequestProcessor(h) for h in headers]
         key = self.header_key_sequence_id
         for processor in self._request_processor:  # a sequence's id goes back in its response
             sequence_id = processor.get_request_property(key)  # (SageMaker's sticky routing

@@ -16,10 +16,11 @@ from torchbay.server.http.disconnect import LEFT
 from torchbay.server.http.routes import OK, Route
 from torchbay.server.plane import WireRequest, join_headers
 from torchbay.server.workflows import executor
-from torchbay.server.workflows.manager import Workflows
+from torchbay.server.workflows.manager import Workflow, Workflows
 
 # POST, PUT (curl -T, as TorchServe's docs upload) and GET (a query alone): TorchServe 0.12
-# answers each (tests/data/torchserve/workflows: predict_put, predict_get), as /predictions.
+# answers each (tests/data/torchserve/workflows: predict_put, predict_get), as /predictions, and
+# with a trailing slash or more segments after the name (predict_trailing_slash, _more_segments).
 WFPREDICT_ROUTES = tuple(
     Route(
         method,
@@ -30,7 +31,9 @@ WFPREDICT_ROUTES = tuple(
         OK,
         auth=True,
         body={"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}},
-        description="One leaf: its output as it is; several: a JSON object by node name.",
+        description="One leaf: its output as it is; several: a JSON object by node name. "
+        "A trailing slash or further path segments are ignored, as TorchServe ignores them.",
+        suffix=True,  # a trailing slash, further segments: taken and ignored, as TorchServe
     )
     for method in ("POST", "PUT", "GET")
 )
@@ -49,8 +52,12 @@ class WorkflowPredict:
     ) -> None:
         if self.authorize is not None:
             self.authorize(scope, "inference")
-        workflow = self.workflows.get(match["workflow_name"])  # 404 before the body is read
+        self.workflows.get(match["workflow_name"])  # 404 before the body is read
         body = await read_body(scope, receive, self.max_request_size)
+        # Again: it may have been unregistered while the body came (its nodes gone: a 404, not
+        # a 500 at its first node). Counted from here, with no await between, so that an
+        # unregistration from now on waits for this run (Workflow.running).
+        workflow = self.workflows.get(match["workflow_name"])
         content_type = header(scope, b"content-type")
         request = WireRequest(
             request_id="",
@@ -59,15 +66,21 @@ class WorkflowPredict:
             query=scope.get("query_string", b"").decode("latin-1"),
             raw_headers=join_headers(scope["headers"]),
         )
+        with workflow.running():
+            answer = await self._run(scope, workflow, request)
+        if answer is not None:
+            await send_bytes(send, 200, answer)
+
+    async def _run(self, scope: Scope, workflow: Workflow, request: WireRequest) -> bytes | None:
+        """The DAG's answer; None when the client left (its nodes cancelled)."""
         run = asyncio.ensure_future(executor.run(self.workflows.plane, workflow, scope, request))
         left: list[bool] = []
         scope[LEFT] = lambda: left.append(run.cancel())  # the protocol calls it (disconnect.py)
         try:
-            answer = await run
+            return await run
         except asyncio.CancelledError:
             if not left:
                 raise  # this task itself was cancelled (the server stops)
-            return  # the client is gone: nobody to answer
+            return None  # the client is gone: nobody to answer
         finally:
             del scope[LEFT]
-        await send_bytes(send, 200, answer)

@@ -18,6 +18,11 @@ from torchbay.server.config.settings import ServerConfig
 from torchbay.server.errors import BadRequest, NotFound
 from torchbay.server.serving.archives import WAR_MANIFEST, ArchiveError, extract_war, safe_relpath
 
+# The values a spec may hold once its YAML aliases are expanded (an alias counts as all it
+# names): a 1 KB spec of nested aliases (a "billion laughs") expands past any memory when it is
+# read, and blocked the server for as long. TorchServe's reader (SnakeYAML) refuses it too.
+MAX_SPEC_VALUES = 100_000
+
 
 class WorkflowNotFound(NotFound):
     type = "WorkflowNotFoundException"
@@ -94,8 +99,29 @@ def _checked(folder: Path, manifest: dict[str, Any], name: str | None) -> Unpack
         spec = yaml.safe_load(spec_file.read_text())
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError):  # (nested too deep)
         raise InvalidWorkflow("Failed to parse yaml.") from None
+    if not _expands_within(spec, MAX_SPEC_VALUES):
+        raise InvalidWorkflow(
+            f"Failed to parse yaml: it holds more than {MAX_SPEC_VALUES} values once its "
+            "aliases are expanded."
+        )
     handler = _member(folder, workflow.get("handler"), "handler")
     return Unpacked(folder, name, spec, handler.name if handler is not None else None)
+
+
+def _expands_within(data: Any, limit: int) -> bool:
+    """Whether ``data`` (a loaded YAML document) holds at most ``limit`` values, each alias
+    counted as what it names (a document that holds itself never is); at most ``limit`` steps."""
+    stack = [data]
+    while stack:
+        limit -= 1
+        if limit < 0:
+            return False
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+    return True
 
 
 def _member(folder: Path, name: Any, what: str) -> Path | None:

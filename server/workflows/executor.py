@@ -26,8 +26,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from torchbay.server.errors import TorchbayError
-from torchbay.server.plane import DataPlane, Gathered, WireRequest
+from torchbay.server.errors import RequestTimeout, TorchbayError
+from torchbay.server.plane import DataPlane, Exchange, Gathered, WireRequest
 from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.workflows.manager import Workflow
 
@@ -76,26 +76,26 @@ async def _invoke(
 ) -> bytes:
     settings = workflow.spec.nodes[node].settings
     attempts = max(settings["retry-attempts"], 0) + 1
-    timeout = settings["timeout-ms"] / 1000 if settings["timeout-ms"] > 0 else None
     for attempt in range(attempts):
         try:
-            return await asyncio.wait_for(
-                _once(plane, workflow.model_of(node), scope, wire), timeout
-            )
-        except (TorchbayError, asyncio.TimeoutError) as exc:  # (not the builtin one on 3.10)
+            return await _once(plane, workflow.model_of(node), scope, wire, settings["timeout-ms"])
+        except TorchbayError as exc:
             log.warning(
                 "workflow %s: node %s failed (attempt %d of %d): %s",
                 workflow.name,
                 node,
                 attempt + 1,
                 attempts,
-                exc or "timed out",
+                exc,
             )
     raise InternalServerException(f"Error executing {node}")
 
 
-async def _once(plane: DataPlane, model: str, scope: dict[str, Any], wire: WireRequest) -> bytes:
-    """One request to a node's model through the plane; its whole body, or raises."""
+async def _once(
+    plane: DataPlane, model: str, scope: dict[str, Any], wire: WireRequest, timeout_ms: int
+) -> bytes:
+    """One request to a node's model through the plane; its whole body, or raises (NodeTimedOut
+    past ``timeout_ms``, when above 0: the request is cancelled and recorded as a 504)."""
     wire = WireRequest(
         request_id=uuid.uuid4().hex,
         body=wire.body,
@@ -105,14 +105,29 @@ async def _once(plane: DataPlane, model: str, scope: dict[str, Any], wire: WireR
     )
     with plane.exchange(scope, model, None) as ex:
         size = Gathered(ex.resolve().settings.max_response_size)  # a streaming node's parts
-        parts: list[bytes] = []
-        status = 500
-        async for response in ex.responses(wire):
-            status = response.status
-            parts.append(size.add(response.body))
+        timeout = timeout_ms / 1000 if timeout_ms > 0 else None
+        try:
+            status, body = await asyncio.wait_for(_gathered(ex, wire, size), timeout)
+        except asyncio.TimeoutError:  # (not the builtin one on 3.10)
+            raise NodeTimedOut(f"no answer within its timeout-ms ({timeout_ms})") from None
         if status >= 400:
-            raise NodeFailed(status, b"".join(parts))
-        return b"".join(parts)
+            raise NodeFailed(status, body)
+        return body
+
+
+async def _gathered(ex: Exchange, wire: WireRequest, size: Gathered) -> tuple[int, bytes]:
+    """The node's status and its whole output (a streaming node's parts, bounded by ``size``)."""
+    parts: list[bytes] = []
+    status = 500
+    async for response in ex.responses(wire):
+        status = response.status
+        parts.append(size.add(response.body))
+    return status, b"".join(parts)
+
+
+class NodeTimedOut(RequestTimeout):
+    """A node gave no answer within its ``timeout-ms``: its request is recorded as a 504 (the
+    metrics and access line of the node's model), not as a client that left (499)."""
 
 
 class NodeFailed(TorchbayError):

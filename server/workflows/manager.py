@@ -7,7 +7,8 @@ registers every node as a model named ``{workflow}__{node}``: a model node from 
 node from a folder made of the archive (``archive.function_folder``), whose worker calls the
 handler's function, so that a user's function runs in a worker process, never in the frontend.
 A node that fails to register fails the workflow (500, every node's reason named) and the nodes
-already registered are unregistered again. Torch-free.
+already registered are unregistered again. Unregistering lets the workflow's runs in flight
+finish before its nodes go. Torch-free.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import asyncio
 import logging
 import shutil
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +46,39 @@ class WorkflowException(TorchbayError):
     pass
 
 
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
 @dataclass
 class Workflow:
-    """A registered workflow: its DAG and the model each node is served by."""
+    """A registered workflow: its DAG, the model each node is served by, and its runs in flight
+    (``/wfpredict`` requests), which its unregistration lets finish."""
 
     name: str
     url: str
     spec: WorkflowSpec
     folder: Path
+    runs: int = 0
+    idle: asyncio.Event = field(default_factory=_set_event)  # set while no run is in flight
 
     def model_of(self, node: str) -> str:
         return f"{self.name}__{node}"
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """One run of the DAG, counted from the end of its request's body (http/wfpredict.py)
+        until it ends however it ends."""
+        self.runs += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.runs -= 1
+            if not self.runs:
+                self.idle.set()
 
 
 class Workflows:
@@ -63,7 +88,10 @@ class Workflows:
         self.plane = plane  # the node requests' exchanges (executor.py)
         self.management: Management = plane.management
         self.workflows: dict[str, Workflow] = {}
-        self._lock = asyncio.Lock()
+        # The names being registered or unregistered: taken (409) while their nodes load or
+        # drain, which may take minutes; no lock is held meanwhile, so other workflows
+        # register and go at once.
+        self._taken: set[str] = set()
         # The models serving a workflow's node, from its registration's start to its
         # unregistration's end (a snapshot meanwhile must not hold them either).
         self._nodes: set[str] = set()
@@ -138,25 +166,29 @@ class Workflows:
             workflow = Workflow(unpacked.name, url, parse_spec(unpacked.spec), folder)
             for node in workflow.spec.nodes:  # each becomes a model, and a folder, name
                 store.check_name_and_version(workflow.model_of(node), "1.0")
-            async with self._lock:
-                if workflow.name in self.workflows:
-                    raise ConflictStatusException(
-                        f"Workflow {workflow.name} is already registered."
-                    )
-                names = {workflow.model_of(n) for n in workflow.spec.nodes}
-                added = names - set(self.management.registry.models) - self._nodes
-                self._nodes |= added
-                try:
-                    await self._register_nodes(workflow, unpacked)
-                except BaseException:
-                    self._nodes -= added
-                    raise
-                self.workflows[workflow.name] = workflow
+            await self._register_workflow(workflow, unpacked)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         log.info("workflow %s registered: %d node(s)", workflow.name, len(workflow.spec.nodes))
         return Status(f"Workflow {workflow.name} has been registered and scaled successfully.")
+
+    async def _register_workflow(self, workflow: Workflow, unpacked: archive.Unpacked) -> None:
+        """Its nodes, its name taken meanwhile (no await between the check and the taking)."""
+        if workflow.name in self.workflows or workflow.name in self._taken:
+            raise ConflictStatusException(f"Workflow {workflow.name} is already registered.")
+        names = {workflow.model_of(n) for n in workflow.spec.nodes}
+        added = names - set(self.management.registry.models) - self._nodes
+        self._nodes |= added
+        self._taken.add(workflow.name)
+        try:
+            await self._register_nodes(workflow, unpacked)
+        except BaseException:
+            self._nodes -= added
+            raise
+        finally:
+            self._taken.discard(workflow.name)
+        self.workflows[workflow.name] = workflow
 
     async def _locate(self, url: str) -> Path:
         if url.startswith(("http://", "https://")):
@@ -192,7 +224,7 @@ class Workflows:
         registry, name = self.management.registry, workflow.model_of(node.name)
         overrides = {
             "min_worker": node.settings["min-workers"],
-            "max_worker": max(node.settings["max-workers"], node.settings["min-workers"]),
+            "max_worker": node.settings["max-workers"],
             "batch_size": node.settings["batch-size"],
             "max_batch_delay": node.settings["max-batch-delay"],
         }
@@ -215,13 +247,32 @@ class Workflows:
     async def unregister(self, name: str, *, api: bool = True) -> Status:
         if api:
             require_model_api(self.management)
-        async with self._lock:
-            workflow = self.get(name)
-            del self.workflows[name]
-        await self._unregister_nodes(workflow, list(workflow.spec.nodes))
-        self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
-        shutil.rmtree(workflow.folder, ignore_errors=True)
+        workflow = self.get(name)
+        del self.workflows[name]  # a new /wfpredict is a 404 from here
+        self._taken.add(name)
+        try:
+            await self._finish_runs(workflow)
+            await self._unregister_nodes(workflow, list(workflow.spec.nodes))
+        finally:
+            self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
+            self._taken.discard(name)
+            shutil.rmtree(workflow.folder, ignore_errors=True)
         return Status(f'Workflow "{name}" unregistered')
+
+    async def _finish_runs(self, workflow: Workflow) -> None:
+        """The runs in flight go through every node before the nodes go, as a model's queued
+        requests are answered before it goes (bounded by ``unregister_model_timeout_s``; those
+        still running then fail at their next node)."""
+        timeout = self.management.config.unregister_model_timeout_s
+        try:
+            await asyncio.wait_for(workflow.idle.wait(), timeout)
+        except asyncio.TimeoutError:  # (not the builtin one on 3.10)
+            log.warning(
+                "workflow %s: %d run(s) still in flight after %g s; its nodes go now",
+                workflow.name,
+                workflow.runs,
+                timeout,
+            )
 
     async def _unregister_nodes(self, workflow: Workflow, nodes: list[str]) -> None:
         registry = self.management.registry

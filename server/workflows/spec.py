@@ -7,6 +7,10 @@ maps each node to its children. A node named in the DAG is a model node when ``m
 else a function node: a function of the workflow's handler file, served with one worker, batch
 size 1 and no batch delay. Model entries the DAG never names are not served.
 
+A node's workers, batch size and delay are its model's settings: TorchServe registers any
+number, torchbay reads one below the setting's bound (a batch size of 0, -1 workers) as the
+spec's default, as its model API reads such a parameter, and refuses one past the bound (400).
+
 The DAG must have exactly one start node and no cycle; the messages are TorchServe's. Torch-free.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchbay.server.config.model_settings import API_NAMES, SETTINGS, check_model_settings
 from torchbay.server.errors import BadRequest
 
 # TorchServe's defaults (ensemble/WorkFlow.java), by spec key.
@@ -25,6 +30,13 @@ DEFAULTS = {
     "max-batch-delay": 50,
     "retry-attempts": 1,
     "timeout-ms": 10000,
+}
+# The settings a model node is registered with: spec key -> management API name (its bounds).
+REGISTERED = {
+    "min-workers": "min_worker",
+    "max-workers": "max_worker",
+    "batch-size": "batch_size",
+    "max-batch-delay": "max_batch_delay",
 }
 # A function node's own settings (TorchServe registers it with these, whatever the globals say).
 FUNCTION_SETTINGS = {"min-workers": 1, "max-workers": 1, "batch-size": 1, "max-batch-delay": 0}
@@ -85,8 +97,27 @@ def _models(section: Any) -> tuple[dict[str, int], dict[str, Node]]:
         if not isinstance(value, dict) or not isinstance(value.get("url"), str):
             raise BadRequest(f"Invalid workflow specification: model {key!r} needs a url")
         own = {k: _int(k, value[k], f"model {key!r}") for k in DEFAULTS if k in value}
-        models[key] = Node(key, value["url"], {**current, **own})
+        models[key] = Node(key, value["url"], _registered({**current, **own}, key))
     return current, models
+
+
+def _registered(settings: dict[str, int], model: str) -> dict[str, int]:
+    """A model node's settings as its model takes them: below the bound, the spec's default;
+    fewer max than min workers, the min; past a bound, a 400 naming the model and the key."""
+    out = dict(settings)
+    for key, api in REGISTERED.items():
+        setting = SETTINGS[API_NAMES[api]]
+        lower = setting.lower if setting.lower is not None else out[key]
+        if out[key] < lower or (setting.lower_open and out[key] == lower):
+            out[key] = DEFAULTS[key]
+    out["max-workers"] = max(out["max-workers"], out["min-workers"])
+    try:
+        check_model_settings({api: out[key] for key, api in REGISTERED.items()})
+    except BadRequest as exc:
+        raise BadRequest(
+            f"Invalid workflow specification: model {model!r}: {exc.message}"
+        ) from None
+    return out
 
 
 def parse_spec(data: Any) -> WorkflowSpec:

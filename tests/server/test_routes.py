@@ -91,6 +91,7 @@ def test_oip_routes_are_the_v2_ones_and_suffix_routes_take_more_segments():
     assert {r.path for r in suffixed} == {
         "/predictions/{model_name}/{model_version}",
         "/explanations/{model_name}/{model_version}",
+        "/wfpredict/{workflow_name}",  # taken and ignored, as TorchServe
     }
     for route in suffixed:
         path, _ = _fill(route)

@@ -89,6 +89,32 @@ def test_a_malformed_spec_is_a_400(text: str) -> None:
     assert "Invalid workflow specification" in caught.value.message
 
 
+def test_a_model_nodes_settings_below_their_bound_are_the_default() -> None:
+    """TorchServe registers these (a batch size of 0, -1 workers); they were a 500 'Check error
+    logs.' from the node's registration (the model's config refused them)."""
+    parsed = spec(
+        "models:\n  batch-size: 0\n  min-workers: -1\n  max-workers: -3\n"
+        "  max-batch-delay: -5\n  a:\n    url: a.mar\n  b:\n    url: b.mar\n"
+        "    min-workers: 2\n    max-workers: 1\ndag:\n  a: [b]\n"
+    )
+    defaults = {"min-workers": 1, "max-workers": 1, "batch-size": 1, "max-batch-delay": 50}
+    assert parsed.nodes["a"].settings == {**defaults, "retry-attempts": 1, "timeout-ms": 10000}
+    assert parsed.nodes["b"].settings["min-workers"] == 2
+    assert parsed.nodes["b"].settings["max-workers"] == 2
+    assert parsed.globals["batch-size"] == 0  # describe shows the spec's own, as TorchServe
+
+
+@pytest.mark.parametrize(
+    ("key", "api"), [("max-workers", "max_worker"), ("batch-size", "batch_size")]
+)
+def test_a_model_nodes_setting_past_its_bound_is_a_400_naming_it(key: str, api: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        spec(f"models:\n  {key}: 100000000\n  a:\n    url: a.mar\ndag:\n  a: []\n")
+    assert caught.value.status == 400
+    assert caught.value.message.startswith("Invalid workflow specification: model 'a': ")
+    assert api in caught.value.message
+
+
 def test_a_war_url_stays_inside_the_store(tmp_path: Path) -> None:
     (tmp_path / "w.war").write_bytes(b"")
     assert war_path(tmp_path, "w.war") == (tmp_path / "w.war").resolve()
@@ -113,6 +139,11 @@ def _war(path: Path, manifest: dict | str, files: dict[str, str]) -> Path:
     return path
 
 
+BILLION_LAUGHS = "\n".join(
+    ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    + ["models: {}", "dag:", "  start: *a7", ""]
+)
 GOOD = {
     "createdOn": "01/01/2025 00:00:00",
     "archiverVersion": "0.2.15",
@@ -142,6 +173,8 @@ def test_a_war_unpacks_and_a_function_node_gets_its_own_model_folder(tmp_path: P
         (GOOD, {"w.yaml": "[" * 100_000, "h.py": ""}, "Failed to parse yaml."),  # too deep
         ("[" * 100_000, {}, "nested too deep"),
         (GOOD, {"../x.py": ""}, "../x.py"),
+        # 1 KB of nested aliases: 10**8 values once expanded; reading it blocked the server
+        (GOOD, {"w.yaml": BILLION_LAUGHS, "h.py": ""}, "more than 100000 values"),
     ],
 )
 def test_a_bad_war_is_a_400_and_leaves_nothing(
@@ -153,6 +186,16 @@ def test_a_bad_war_is_a_400_and_leaves_nothing(
     assert message in caught.value.message and caught.value.status == 400
     assert str(tmp_path) not in caught.value.message
     assert not (tmp_path / "out").exists()
+
+
+def test_a_spec_may_share_settings_through_yaml_aliases(tmp_path: Path) -> None:
+    spec_text = (
+        "shared: &shared {batch-size: 4, url: m.mar}\n"
+        "models:\n  m: *shared\n  n: {<<: *shared, url: n.mar}\ndag:\n  m: [n]\n"
+    )
+    war = _war(tmp_path / "w.war", GOOD, {"w.yaml": spec_text, "h.py": ""})
+    parsed = parse_spec(unpack(war, tmp_path / "out", ServerConfig(), None).spec)
+    assert parsed.nodes["n"].url == "n.mar" and parsed.nodes["n"].settings["batch-size"] == 4
 
 
 def test_the_workflow_store_and_start_up_workflows_come_from_properties_and_flags(

@@ -120,13 +120,21 @@ def test_a_failing_node_is_retried_then_named(live: LiveServer, tmp_path: Path) 
     assert log.read_text().count("ran") == 3  # the first attempt and retry-attempts: 2
 
 
-def test_a_node_past_its_timeout_fails_the_workflow(live: LiveServer) -> None:
+def test_a_node_past_its_timeout_fails_the_workflow(
+    live: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The try that timed out is the node model's 504 (metrics, access line), and the log says
+    why it failed; it was recorded as a client that left (499), logged with no reason."""
     assert httpx.post(f"{live.management_url}/workflows?url=slow.war", timeout=300).is_success
-    answer = httpx.post(f"{live.url}/wfpredict/slow", json={"values": [1]}, timeout=120)
+    with caplog.at_level("WARNING", logger="torchbay.workflows"):
+        answer = httpx.post(f"{live.url}/wfpredict/slow", json={"values": [1]}, timeout=120)
     assert answer.status_code == 500
     assert answer.json() == {
         "code": 500, "type": "InternalServerException", "message": "Error executing nap",
     }  # fmt: skip
+    until(lambda: bool(_answered(live, "slow__nap")), "the nap request is recorded")
+    assert _answered(live, "slow__nap") == {"504": 1.0}
+    assert "node nap failed (attempt 1 of 1): no answer within its timeout-ms (300)" in caplog.text
 
 
 def test_a_function_that_kills_its_worker_leaves_the_frontend_serving(live: LiveServer) -> None:

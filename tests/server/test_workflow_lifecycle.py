@@ -1,0 +1,143 @@
+"""Registering and unregistering workflows while others load, run or go, on a live torchbay:
+a node that takes minutes to load holds up no other workflow, and an unregistration lets the
+runs in flight finish. The nodes wait at gates the test opens (assets/workflow_gates.py); the
+``.war``s are made by torch-workflow-archiver 0.2.15 (the dev extra)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import LiveServer, make_config, until
+from tests.server.workflow_store import LIVE_MARKS, build_workflow
+
+pytestmark = LIVE_MARKS
+GATES = Path(__file__).parent / "assets" / "workflow_gates.py"
+SPECS = {
+    "slowstart": "dag:\n  slow_start: []\n",
+    "quick": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
+    "drained": "models:\n  retry-attempts: 0\ndag:\n  held: [relay]\n",
+    "upload": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
+}
+
+
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("wf-gates")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Iterator[LiveServer]:
+    work = tmp_path_factory.mktemp("wf-lifecycle")
+    handler = work / "workflow_gates.py"
+    handler.write_text(GATES.read_text().replace("@GATES@", str(gates)))
+    wars = work / "wars"
+    for name, text in SPECS.items():
+        (work / f"{name}.yaml").write_text(text)
+        build_workflow(wars, name, work / f"{name}.yaml", handler)
+    (work / "models").mkdir()
+    config = make_config(work / "models", workflow_store=wars, enable_model_api=True)
+    server = LiveServer(config).start()
+    try:
+        yield server
+    finally:
+        (gates / "load").touch()
+        (gates / "release").touch()
+        server.stop()
+
+
+def _listed(live: LiveServer) -> set[str]:
+    answer = httpx.get(f"{live.management_url}/workflows", timeout=60).json()
+    return {w["workflowName"] for w in answer["workflows"]}
+
+
+def test_a_node_that_loads_for_minutes_holds_up_no_other_workflow(
+    live: LiveServer, gates: Path
+) -> None:
+    """Registering one workflow held a lock over its nodes' loads: every other workflow's
+    registration and unregistration waited for it (TorchServe 0.12 answers them at once)."""
+    workflows = f"{live.management_url}/workflows"
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(httpx.post, f"{workflows}?url=slowstart.war", timeout=600)
+        try:
+            until(lambda: (gates / "loading").exists(), "slow_start loads", timeout=120)
+            # Never answered before the gate opens, if it waits for slowstart's load.
+            quick = httpx.post(f"{workflows}?url=quick.war", timeout=90)
+            assert quick.status_code == 200, quick.text
+            answer = httpx.post(f"{live.url}/wfpredict/quick", content=b"hi", timeout=60)
+            assert answer.status_code == 200 and answer.content == b"hi"
+            assert httpx.delete(f"{workflows}/quick", timeout=90).status_code == 200
+            assert _listed(live) == set()  # slowstart: not registered until its nodes are
+            again = httpx.post(f"{workflows}?url=slowstart.war", timeout=90)
+            assert again.status_code == 409, again.text
+            assert httpx.get(f"{workflows}/slowstart", timeout=60).status_code == 404
+        finally:
+            (gates / "load").touch()
+        assert slow.result().status_code == 200, slow.result().text
+    assert _listed(live) == {"slowstart"}
+
+
+def test_unregistering_lets_the_runs_in_flight_finish(live: LiveServer, gates: Path) -> None:
+    """DELETE /workflows/{name} unregistered its nodes while a run was between them: the run's
+    next node was gone and the client got 500 'Error executing relay' for a request accepted
+    before the DELETE. Now the runs in flight finish first; a new request is a 404."""
+    workflows = f"{live.management_url}/workflows"
+    assert httpx.post(f"{workflows}?url=drained.war", timeout=300).status_code == 200
+    with ThreadPoolExecutor(2) as pool:
+        run = pool.submit(
+            httpx.post, f"{live.url}/wfpredict/drained", content=b"payload", timeout=300
+        )
+        try:
+            until(lambda: (gates / "held").exists(), "the held node runs", timeout=120)
+            gone = pool.submit(httpx.delete, f"{workflows}/drained", timeout=300)
+            until(lambda: "drained" not in _listed(live), "drained is unlisted", timeout=120)
+            late = httpx.post(f"{live.url}/wfpredict/drained", content=b"late", timeout=60)
+            assert late.status_code == 404, late.text
+        finally:
+            (gates / "release").touch()
+        answer = run.result()
+        assert answer.status_code == 200, answer.text
+        assert answer.content == b"payload"
+        assert gone.result().status_code == 200, gone.result().text
+    for node in ("held", "relay"):
+        described = httpx.get(f"{live.management_url}/models/drained__{node}", timeout=60)
+        assert described.status_code == 404, described.text
+
+
+def test_a_workflow_unregistered_while_a_request_uploads_is_that_requests_404(
+    live: LiveServer,
+) -> None:
+    """The workflow was looked up before the body came only: unregistered meanwhile, the
+    request ran on its removed nodes and was a 500 'Error executing relay'."""
+    workflows = f"{live.management_url}/workflows"
+    assert httpx.post(f"{workflows}?url=upload.war", timeout=300).status_code == 200
+    body = b"payload"
+    head = (
+        "POST /wfpredict/upload HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", live.server.state.ports.inference)) as sock:
+        sock.settimeout(120)
+        sock.sendall(head.encode())
+        # 100 Continue: the endpoint found the workflow and waits for the body
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(1024)
+            assert chunk, interim
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100 "), interim
+        assert httpx.delete(f"{workflows}/upload", timeout=120).status_code == 200
+        sock.sendall(body)
+        answer = b""
+        while b"}" not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 404 "), answer
+    assert b'"message":"Workflow not found: upload"' in rest, answer
