@@ -30,6 +30,7 @@ from typing import Any
 import uvicorn
 
 from torchbay import __version__
+from torchbay.server import stop_signals
 from torchbay.server.config.settings import ModelConfig, ServerConfig, parse_address
 from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc.calls import Calls
@@ -152,14 +153,21 @@ class TorchbayServer:
             loop.call_soon_threadsafe(stop.set)
 
     async def serve(self) -> None:
+        """Start, serve until a stop is asked, stop. In the main thread it owns SIGINT and
+        SIGTERM (a stop; a second SIGINT: at once) until the process exits: ignored once the
+        stop is done (``stop_signals.settle``)."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self._install_signal_handlers()
+        installed = stop_signals.install(self._on_signal)
         try:
             await self._start_unless_stopped(self._stop)
             await self._stop.wait()
         finally:
-            await self.shutdown()
+            try:
+                await self.shutdown()
+            finally:
+                if installed:
+                    stop_signals.settle()
 
     async def _start_unless_stopped(self, stop: asyncio.Event) -> None:
         """``startup``, cut short by a stop asked meanwhile (SIGTERM while the start-up models
@@ -177,17 +185,9 @@ class TorchbayServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
 
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._on_signal, sig)
-
     def _on_signal(self, sig: int) -> None:
         if self._stop is not None:
-            if self._stop.is_set() and sig == signal.SIGINT:
+            if self._stop.is_set() and sig == signal.SIGINT and not self._hurry.is_set():
                 log.warning("second interrupt: stopping workers now")
                 for _, server, _ in self._servers:
                     server.force_exit = True
