@@ -43,7 +43,7 @@ from torchbay.server.plane import build_plane
 from torchbay.server.serving.budget import GPU_WORKER_THREADS, HostBudget
 from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count, usable_cores
 from torchbay.server.serving.forkserver import ForkServer
-from torchbay.server.serving.handle import Spawned
+from torchbay.server.serving.handle import TERM_GRACE_S, Spawned
 from torchbay.server.serving.launch import Placement
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
@@ -51,6 +51,16 @@ from torchbay.server.startup_models import load_startup_models
 from torchbay.server.workflows.startup import load_startup_workflows
 
 log = logging.getLogger("torchbay.serve")
+# A stop's steps past shutdown_grace_s (docs/shutdown.md, ``stop_bound``): answers still being
+# written (uvicorn's graceful shutdown), then the workers: Shutdown, SIGTERM once WORKERS_STOP_S
+# passed (at once for one stuck in a batch), SIGKILL TERM_GRACE_S later.
+WRITE_GRACE_S = 5.0
+WORKERS_STOP_S = 6.0  # an idle worker exits at once, its atexit hooks bounded by 5 s
+
+
+def stop_bound(grace_s: float) -> float:
+    """The longest a SIGTERM stop takes with ``shutdown_grace_s`` = ``grace_s``."""
+    return grace_s + WRITE_GRACE_S + WORKERS_STOP_S + TERM_GRACE_S
 
 
 @dataclass
@@ -299,7 +309,7 @@ class TorchbayServer:
             http=protocol,  # httptools plus header/body timeouts and header limits
             ws="none",
             loop="none",
-            timeout_graceful_shutdown=self.config.shutdown_grace_s + 5,
+            timeout_graceful_shutdown=self.config.shutdown_grace_s + WRITE_GRACE_S,
             timeout_keep_alive=self.config.keep_alive_timeout_s,  # type: ignore[arg-type]
             server_header=False,
             # No X-Forwarded-* rewriting: one less ASGI layer on every request. Put a proxy's
@@ -368,7 +378,7 @@ class TorchbayServer:
             drain, grpc_stop, *(server.shutdown(sockets=[sock]) for _, server, sock in front)
         )
         if self.registry is not None:
-            await self.registry.stop(1.0 if self._hurry.is_set() else 10.0)
+            await self.registry.stop(1.0 if self._hurry.is_set() else WORKERS_STOP_S)
         if self.forks is not None:
             await asyncio.to_thread(self.forks.close)
         for task in list(self._late_loads):

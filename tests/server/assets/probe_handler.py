@@ -6,6 +6,7 @@ Each request is a JSON object; keys change what happens to it:
                  holds a worker busy for exactly as long as it needs
   {"bad": true}  this item fails with 400 (BadInput); the others still run
   {"crash": true} the worker process dies mid-batch (os._exit)
+  {"deaf": true}  the worker ignores SIGTERM from then on (a handler that installed its own)
   {"echo": x}    returned as is; the handler also remembers every echo it ran
   {"ran": true}  returns the list of echoes this worker ran so far
 The archive's TorchScript model really runs on every batch (one row per surviving item).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import torch
@@ -53,6 +55,8 @@ class ProbeHandler(BaseHandler):
     def inference(self, batch, *args, **kwargs):
         if any(b.get("crash") for b in self.bodies):
             os._exit(17)
+        if any(b.get("deaf") for b in self.bodies):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for gate in (b["until"] for b in self.bodies if "until" in b):
             deadline = time.monotonic() + 60
             while not os.path.exists(gate) and time.monotonic() < deadline:
