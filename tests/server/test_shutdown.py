@@ -264,3 +264,25 @@ def test_a_stop_answers_the_registration_and_the_scale_that_wait_for_workers(
     for answer in answers:  # was: uvicorn's bare 500 once the grace (+5 s) had passed
         assert answer.status_code == 503, answer.text
         assert answer.json()["type"] == "ShuttingDown"
+
+
+def test_a_stop_keeps_the_workers_last_output(model_store, tmp_path):
+    # A worker that prints much at its exit (a handler's atexit hook): every line reaches the
+    # console and model_log.log, formatted as the workers' output. Was: the console's fd was
+    # closed before the log writer had written them all (a "Logging error" traceback, the
+    # rest of the console's lines lost), and the start-up worker's last lines, forwarded after
+    # the console was put back, went to it raw and never to model_log.log.
+    lines = 20_000
+    proc, _ = _start(model_store, tmp_path, env={"PROBE_EXIT_LINES": str(lines)})
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    console = (tmp_path / "serve.log").read_text()
+    assert "Logging error" not in console
+    for text in (console, (tmp_path / "logs" / "model_log.log").read_text()):
+        said = [line for line in text.splitlines() if "probe exit line" in line]
+        assert len(said) == lines
+        assert all("torchbay.model_log: probe exit line" in line for line in said)

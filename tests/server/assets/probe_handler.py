@@ -10,10 +10,13 @@ Each request is a JSON object; keys change what happens to it:
   {"echo": x}    returned as is; the handler also remembers every echo it ran
   {"ran": true}  returns the list of echoes this worker ran so far
 The archive's TorchScript model really runs on every batch (one row per surviving item).
+With ``PROBE_EXIT_LINES=n`` in its environment, a worker prints ``probe exit line 0..n-1`` at
+its exit (an atexit hook: a handler's last words).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -33,6 +36,9 @@ class ProbeHandler(BaseHandler):
         if os.environ.get("PROBE_FAIL_LOAD"):
             raise RuntimeError("probe told to fail loading")
         self.gpu_id = context.system_properties.get("gpu_id")
+        lines = int(os.environ.get("PROBE_EXIT_LINES", "0"))
+        if lines:
+            atexit.register(lambda: print("".join(f"probe exit line {i}\n" for i in range(lines))))
 
     def preprocess(self, data):
         def one(item):
