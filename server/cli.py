@@ -221,6 +221,7 @@ def _serve(args: argparse.Namespace) -> int:
     listeners = bind_listeners(config)
     notice = _ready_notice(args.daemon_fd)
     output = stop_logging = None
+    early = getattr(args, "early_workers", None)
     try:
         output, stop_logging = _start_logging(config, log_config, notes)
         prewarmed = _prewarmed(args, config)
@@ -234,9 +235,11 @@ def _serve(args: argparse.Namespace) -> int:
         _run(server)
     finally:
         close_all(listeners)  # the server took them; only a failure before that leaves any
-        if output is not None:
-            output.close()
-        if stop_logging is not None:
+        if early is not None:  # its output reaches fd 1 through a thread: the last lines first
+            early.join_output()
+        if output is not None:  # the workers' last lines, then the log writer's, then closed
+            output.close(then=stop_logging)
+        elif stop_logging is not None:
             stop_logging()
         if notice is not None:
             notice.close()

@@ -48,6 +48,7 @@ class EarlyWorkers:
     log_format: str
     spawned: list[Any]
     read_fd: int
+    forwarder: threading.Thread | None = None
 
     def adopt(self, log_format: str) -> list[Any]:
         """The workers for a server whose fds 1 and 2 are now its WorkerOutput pipe; none (all
@@ -60,10 +61,17 @@ class EarlyWorkers:
         spawned = [Spawned(early.proc, early.sock) for early in self.spawned]
         self.spawned = []
         read_fd, self.read_fd = self.read_fd, -1
-        threading.Thread(
+        self.forwarder = threading.Thread(
             target=_forward, args=(read_fd,), name="torchbay-early-output", daemon=True
-        ).start()
+        )
+        self.forwarder.start()
         return spawned
+
+    def join_output(self, timeout: float = 5.0) -> None:
+        """Wait (bounded) until the adopted workers' last lines are forwarded: they have exited
+        (the server stopped them), and the frontend's fd 1 is still the WorkerOutput pipe."""
+        if self.forwarder is not None:
+            self.forwarder.join(timeout)
 
     def close(self) -> None:
         """Stop the workers nobody adopted (idle: they have nothing to lose)."""

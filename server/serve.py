@@ -30,6 +30,7 @@ from typing import Any
 import uvicorn
 
 from torchbay import __version__
+from torchbay.server import stop_signals
 from torchbay.server.config.settings import ModelConfig, ServerConfig, parse_address
 from torchbay.server.errors import TorchbayError
 from torchbay.server.grpc.calls import Calls
@@ -42,7 +43,7 @@ from torchbay.server.plane import build_plane
 from torchbay.server.serving.budget import GPU_WORKER_THREADS, HostBudget
 from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count, usable_cores
 from torchbay.server.serving.forkserver import ForkServer
-from torchbay.server.serving.handle import Spawned
+from torchbay.server.serving.handle import TERM_GRACE_S, Spawned
 from torchbay.server.serving.launch import Placement
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
@@ -50,6 +51,16 @@ from torchbay.server.startup_models import load_startup_models
 from torchbay.server.workflows.startup import load_startup_workflows
 
 log = logging.getLogger("torchbay.serve")
+# A stop's steps past shutdown_grace_s (docs/shutdown.md, ``stop_bound``): answers still being
+# written (uvicorn's graceful shutdown), then the workers: Shutdown, SIGTERM once WORKERS_STOP_S
+# passed (at once for one stuck in a batch), SIGKILL TERM_GRACE_S later.
+WRITE_GRACE_S = 5.0
+WORKERS_STOP_S = 6.0  # an idle worker exits at once, its atexit hooks bounded by 5 s
+
+
+def stop_bound(grace_s: float) -> float:
+    """The longest a SIGTERM stop takes with ``shutdown_grace_s`` = ``grace_s``."""
+    return grace_s + WRITE_GRACE_S + WORKERS_STOP_S + TERM_GRACE_S
 
 
 @dataclass
@@ -152,14 +163,21 @@ class TorchbayServer:
             loop.call_soon_threadsafe(stop.set)
 
     async def serve(self) -> None:
+        """Start, serve until a stop is asked, stop. In the main thread it owns SIGINT and
+        SIGTERM (a stop; a second SIGINT: at once) until the process exits: ignored once the
+        stop is done (``stop_signals.settle``)."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self._install_signal_handlers()
+        installed = stop_signals.install(self._on_signal)
         try:
             await self._start_unless_stopped(self._stop)
             await self._stop.wait()
         finally:
-            await self.shutdown()
+            try:
+                await self.shutdown()
+            finally:
+                if installed:
+                    stop_signals.settle()
 
     async def _start_unless_stopped(self, stop: asyncio.Event) -> None:
         """``startup``, cut short by a stop asked meanwhile (SIGTERM while the start-up models
@@ -177,17 +195,9 @@ class TorchbayServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
 
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._on_signal, sig)
-
     def _on_signal(self, sig: int) -> None:
         if self._stop is not None:
-            if self._stop.is_set() and sig == signal.SIGINT:
+            if self._stop.is_set() and sig == signal.SIGINT and not self._hurry.is_set():
                 log.warning("second interrupt: stopping workers now")
                 for _, server, _ in self._servers:
                     server.force_exit = True
@@ -299,7 +309,7 @@ class TorchbayServer:
             http=protocol,  # httptools plus header/body timeouts and header limits
             ws="none",
             loop="none",
-            timeout_graceful_shutdown=self.config.shutdown_grace_s + 5,
+            timeout_graceful_shutdown=self.config.shutdown_grace_s + WRITE_GRACE_S,
             timeout_keep_alive=self.config.keep_alive_timeout_s,  # type: ignore[arg-type]
             server_header=False,
             # No X-Forwarded-* rewriting: one less ASGI layer on every request. Put a proxy's
@@ -368,7 +378,7 @@ class TorchbayServer:
             drain, grpc_stop, *(server.shutdown(sockets=[sock]) for _, server, sock in front)
         )
         if self.registry is not None:
-            await self.registry.stop(1.0 if self._hurry.is_set() else 10.0)
+            await self.registry.stop(1.0 if self._hurry.is_set() else WORKERS_STOP_S)
         if self.forks is not None:
             await asyncio.to_thread(self.forks.close)
         for task in list(self._late_loads):

@@ -163,7 +163,9 @@ class WorkerOutput:
         for fd in {devnull, err}:
             os.close(fd)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0, then: Callable[[], object] | None = None) -> None:
+        """Put fds 1 and 2 back, wait (``timeout``) for the workers' last lines, run ``then``
+        (the log pipeline's stop: it writes what it holds to ``console``), close the console."""
         self._closing.set()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
@@ -174,6 +176,8 @@ class WorkerOutput:
             self._thread.join(timeout)
         else:
             os.close(self._read)
+        if then is not None:
+            then()
         os.close(self._out_fd)
         os.close(self._err_fd)
 

@@ -46,6 +46,9 @@ __all__ = ["SpawnFn", "Spawned", "WorkerLoadError", "WorkerProcess", "WorkerStat
 log = logging.getLogger("torchbay.workers")
 
 PartFn = Callable[[p.Part], None]  # a running batch's streamed parts, as they arrive
+# A worker SIGTERMed (``WorkerProcess.stop``) has this long to exit before SIGKILL: a handler's
+# own SIGTERM handler may clean up; the default action ends the process at once.
+TERM_GRACE_S = 2.0
 
 
 class WorkerState(enum.Enum):
@@ -242,8 +245,11 @@ class WorkerProcess:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 self._writer.write(p.encode(p.Cancel(request_id)))
 
-    async def stop(self, timeout: float = 5.0) -> None:
-        """Ask the worker to exit; then terminate, then kill. Idempotent."""
+    async def stop(self, timeout: float = 5.0, *, busy: bool = False) -> None:
+        """Ask the worker to exit (Shutdown), SIGTERM it once ``timeout`` passed, SIGKILL it
+        ``TERM_GRACE_S`` later: at most ``timeout + TERM_GRACE_S``. A ``busy`` worker (still
+        in a batch nobody waits for: a stuck handler) reads no Shutdown until its handler
+        returns: SIGTERM at once. Idempotent."""
         proc = self._proc
         if proc is None or self.exit_code is not None:
             self._mark_stopped()
@@ -252,12 +258,15 @@ class WorkerProcess:
         if self._writer is not None and not self._writer.is_closing():
             with contextlib.suppress(ConnectionError, RuntimeError):
                 self._writer.write(p.encode(p.Shutdown()))
-        for action in (None, proc.terminate, proc.kill):  # Shutdown, then SIGTERM, then SIGKILL
+        stages = ((proc.terminate, TERM_GRACE_S), (proc.kill, TERM_GRACE_S))
+        if not busy:
+            stages = ((None, timeout), *stages)
+        for action, wait in stages:  # Shutdown, then SIGTERM, then SIGKILL
             if action is not None:
                 with contextlib.suppress(ProcessLookupError):
                     action()
             try:
-                await asyncio.wait_for(asyncio.shield(self._exit_code()), timeout)
+                await asyncio.wait_for(asyncio.shield(self._exit_code()), wait)
                 break
             except asyncio.TimeoutError:
                 continue

@@ -364,8 +364,10 @@ class WorkerSlot:
         self.retiring = True
         self._ready.set()  # release a dispatcher waiting for readiness so it can exit
         dispatcher = self._dispatcher
+        busy = False  # its worker runs a batch nobody waits for: stopped without Shutdown
         if dispatcher is not None and not dispatcher.done():
             abandoned = all(item.future.done() for item in self._running)
+            busy = abandoned and bool(self._running)
             if self._in_take or abandoned:  # abandoned: also true with no batch in hand
                 dispatcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -377,7 +379,7 @@ class WorkerSlot:
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
         if self.worker is not None:
-            await self.worker.stop(timeout)
+            await self.worker.stop(timeout, busy=busy)
 
     @property
     def state(self) -> WorkerState:

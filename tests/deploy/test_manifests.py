@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from torchbay.server.config.settings import ServerConfig
+from torchbay.server.serve import stop_bound
 
 from .conftest import DEPLOY, require_tool
 
@@ -115,7 +116,7 @@ def test_probes_drain_and_grace() -> None:
     )
     grace = float(props.get("shutdown_grace_s", ServerConfig().shutdown_grace_s))
     pre_stop = int(main["lifecycle"]["preStop"]["exec"]["command"][-1])
-    assert spec["terminationGracePeriodSeconds"] > pre_stop + grace + 10
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + stop_bound(grace)
     # Token auth on, with the keys every replica shares from the torchbay-keys Secret.
     assert props["disable_token_authorization"] == "false"
     (keys,) = [v for v in spec["volumes"] if v["name"] == "keys"]
@@ -144,6 +145,20 @@ def test_read_only_roots_log_to_the_console_and_write_no_snapshots() -> None:
     assert torchbay["read_only"]
     assert torchbay["command"][0] == "serve" and "--ncs" in torchbay["command"]
     assert "LOG_LOCATION" not in torchbay.get("environment", {})
+
+
+def test_docker_stop_waits_for_the_stop_to_end() -> None:
+    """compose's stop_grace_period (docker stop's SIGKILL) covers the stop's bound."""
+    torchbay = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"][
+        "torchbay"
+    ]
+    grace = float(
+        torchbay.get("environment", {}).get(
+            "TORCHBAY_SHUTDOWN_GRACE_S", ServerConfig().shutdown_grace_s
+        )
+    )
+    assert torchbay["stop_grace_period"].endswith("s")
+    assert float(torchbay["stop_grace_period"][:-1]) > stop_bound(grace)
 
 
 def test_gpu_overlay_requests_what_it_uses() -> None:
@@ -268,9 +283,9 @@ def test_kserve_runtime_is_admitted_beside_kserves_own() -> None:
 
 def test_kserve_pods_stop_within_their_grace_period() -> None:
     """KServe's pods (raw deployment) get terminationGracePeriodSeconds 30, Kubernetes'
-    default, unless the InferenceService sets one: the drain plus the workers' stop (10 s at
-    most: Shutdown, then SIGTERM) must fit in it, or a drain that runs its course is SIGKILLed.
-    Was: the default shutdown_grace_s of 30 s."""
+    default, unless the InferenceService sets one: the stop's bound (the drain and what
+    follows it, docs/shutdown.md) must fit in it, or a drain that runs its course is
+    SIGKILLed. Was: the default shutdown_grace_s of 30 s."""
     (runtime,) = by_kind("kserve", "ClusterServingRuntime")
     (main,) = runtime["spec"]["containers"]
     env = {e["name"]: e["value"] for e in main["env"]}
@@ -279,7 +294,7 @@ def test_kserve_pods_stop_within_their_grace_period() -> None:
     grace = float(env.get("TORCHBAY_SHUTDOWN_GRACE_S", ServerConfig().shutdown_grace_s))
     (isvc,) = by_kind("kserve", "InferenceService")
     period = isvc["spec"]["predictor"].get("terminationGracePeriodSeconds", 30)
-    assert grace + 10 < period
+    assert stop_bound(grace) < period
 
 
 def test_schemas_name_their_source() -> None:

@@ -55,7 +55,7 @@ class FakeWorker:
         if self.exited is not None and not self.exited.done():
             self.exited.set_result(-9)
 
-    async def stop(self, timeout: float = 5.0) -> None:
+    async def stop(self, timeout: float = 5.0, *, busy: bool = False) -> None:
         self.kill()
 
 

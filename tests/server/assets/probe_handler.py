@@ -6,15 +6,20 @@ Each request is a JSON object; keys change what happens to it:
                  holds a worker busy for exactly as long as it needs
   {"bad": true}  this item fails with 400 (BadInput); the others still run
   {"crash": true} the worker process dies mid-batch (os._exit)
+  {"deaf": true}  the worker ignores SIGTERM from then on (a handler that installed its own)
   {"echo": x}    returned as is; the handler also remembers every echo it ran
   {"ran": true}  returns the list of echoes this worker ran so far
 The archive's TorchScript model really runs on every batch (one row per surviving item).
+With ``PROBE_EXIT_LINES=n`` in its environment, a worker prints ``probe exit line 0..n-1`` at
+its exit (an atexit hook: a handler's last words).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import signal
 import time
 
 import torch
@@ -31,6 +36,9 @@ class ProbeHandler(BaseHandler):
         if os.environ.get("PROBE_FAIL_LOAD"):
             raise RuntimeError("probe told to fail loading")
         self.gpu_id = context.system_properties.get("gpu_id")
+        lines = int(os.environ.get("PROBE_EXIT_LINES", "0"))
+        if lines:
+            atexit.register(lambda: print("".join(f"probe exit line {i}\n" for i in range(lines))))
 
     def preprocess(self, data):
         def one(item):
@@ -53,6 +61,8 @@ class ProbeHandler(BaseHandler):
     def inference(self, batch, *args, **kwargs):
         if any(b.get("crash") for b in self.bodies):
             os._exit(17)
+        if any(b.get("deaf") for b in self.bodies):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for gate in (b["until"] for b in self.bodies if "until" in b):
             deadline = time.monotonic() + 60
             while not os.path.exists(gate) and time.monotonic() < deadline:
