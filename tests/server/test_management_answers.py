@@ -1,0 +1,74 @@
+"""The management API's answers on a live server where torchbay once answered otherwise than
+TorchServe 0.12, or than its own settings say: an unregister that meets a busy worker, and what a
+describe of the handler (``?customized=true``) counts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from tests.server.conftest import build_store, running
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12"
+GATE = DATA / "busy" / "gate_handler.py"  # a request {"started", "gate"} waits for its gate
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory, "answers-store", {"m": str(GATE)})
+
+
+@pytest.fixture
+def live(store: Path) -> Iterator[SimpleNamespace]:
+    config = {"enable_model_api": True, "unregister_model_timeout_s": 1}
+    with running(store, **config) as server, httpx.Client(timeout=120) as client:
+        yield SimpleNamespace(server=server, http=client)
+
+
+def _register(live: SimpleNamespace) -> None:
+    url = f"{live.server.management_url}/models"
+    params = {"url": "m.mar", "initial_workers": "1", "synchronous": "true"}
+    assert live.http.post(url, params=params).status_code == 200
+
+
+def test_unregister_of_a_busy_worker_ends_within_unregister_model_timeout(
+    live: SimpleNamespace, tmp_path: Path
+) -> None:
+    """``unregister_model_timeout=1`` and a request the handler holds (its gate shut): the
+    unregister drained 1 s, answered the request 503, then waited the worker stop's fixed 10 s
+    grace for a worker that was still running it: 11 s and more. TorchServe kills the worker at
+    once (200 in well under a second, tests/data/torchserve_0.12/busy); torchbay now stops a
+    worker whose requests are all answered at once after its drain."""
+    _register(live)
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    hold = json.dumps({"started": str(started), "gate": str(gate)})
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(
+            live.http.post,
+            f"{live.server.url}/predictions/m",
+            content=hold,
+            headers={"content-type": "application/json"},
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not started.exists():  # the handler runs the request (and holds it)
+                assert time.monotonic() < deadline, "the held request never started"
+                time.sleep(0.01)
+            began = time.monotonic()
+            gone = live.http.delete(f"{live.server.management_url}/models/m")
+            took = time.monotonic() - began
+        finally:
+            gate.touch()  # the handler's wait ends either way (60 s at most otherwise)
+        assert (gone.status_code, gone.json()) == (200, {"status": 'Model "m" unregistered'})
+        assert took < 8, f"the unregister took {took:.1f} s with unregister_model_timeout=1"
+        answered = held.result()
+    assert answered.status_code == 503, answered.text
+    assert answered.json()["type"] == "ShuttingDown"
+    assert live.http.get(f"{live.server.management_url}/models/m").status_code == 404
