@@ -19,6 +19,7 @@ from torchbay.server.plane.models import signature
 from torchbay.server.serving.archives import Signature
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.protocol import WireRequest
+from torchbay.server.serving.queue import Pending
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.sequences import SequenceQueue
 from torchbay.server.serving.slot import WorkerSlot
@@ -149,7 +150,7 @@ async def customized(mv: ModelVersion) -> Any:
     (handlers.runtime.service); without one, TorchServe's 503 for a describe request."""
     wire = WireRequest(request_id=uuid.uuid4().hex, body=b"", raw_headers=b"describe: True")
     try:
-        answers = [response async for response in mv.stream(wire)]
+        answers = [response async for response in mv.stream(wire, _uncounted)]
     except NoWorker:
         raise NoWorker(
             f'Model "{mv.name}" has no worker to serve describe request. '
@@ -163,6 +164,11 @@ async def customized(mv: ModelVersion) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def _uncounted(item: Pending) -> None:
+    """A describe is no inference: no batch metric, statistic or service rate counts it."""
+    item.counted = False
 
 
 def _device(

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.server.conftest import build_store, running
+from tests.server.conftest import build_store, running, until
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12"
 GATE = DATA / "busy" / "gate_handler.py"  # a request {"started", "gate"} waits for its gate
@@ -72,3 +72,33 @@ def test_unregister_of_a_busy_worker_ends_within_unregister_model_timeout(
     assert answered.status_code == 503, answered.text
     assert answered.json()["type"] == "ShuttingDown"
     assert live.http.get(f"{live.server.management_url}/models/m").status_code == 404
+
+
+def _counts(live: SimpleNamespace) -> tuple[int, int, float]:
+    """m's Triton statistics (inference_count, execution_count) and torchbay's batch count."""
+    stats = live.http.get(f"{live.server.url}/v2/models/m/stats").json()["model_stats"][0]
+    metrics = live.http.get(f"{live.server.metrics_url}/metrics").text
+    batches = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('torchbay_batch_size_count{model="m"')
+    ]
+    return stats["inference_count"], stats["execution_count"], sum(batches)
+
+
+def test_a_customized_describe_is_no_inference(live: SimpleNamespace) -> None:
+    """``GET /models/m?customized=true`` runs the handler's describe on a worker. TorchServe
+    counts it in no inference metric (ts_inference_requests_total, its latencies: probed);
+    torchbay counted it as an executed batch: Triton's statistics said execution_count 2 with
+    inference_count 0 after two describes, and torchbay_batch_size counted them."""
+    _register(live)
+    for _ in range(2):
+        described = live.http.get(
+            f"{live.server.management_url}/models/m", params={"customized": "true"}
+        )
+        assert described.status_code == 200, described.text
+        assert described.json()[0]["customizedMetadata"] == {"ok": True}
+    assert _counts(live) == (0, 0, 0.0)
+    answered = live.http.post(f"{live.server.url}/predictions/m", content=b"{}")
+    assert answered.status_code == 200, answered.text
+    until(lambda: _counts(live) == (1, 1, 1.0), "the inference counted")  # it still counts
