@@ -17,6 +17,7 @@ from torchbay.server.config.model_settings import SETTINGS, ModelConfig, Section
 from torchbay.server.errors import HandlerFailed, NoWorker
 from torchbay.server.plane.models import signature
 from torchbay.server.serving.archives import Signature
+from torchbay.server.serving.handle import WorkerState
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.protocol import WireRequest
 from torchbay.server.serving.queue import Pending
@@ -34,6 +35,9 @@ def _rss(pid: int | None) -> int:
         return 0  # the worker just exited
 
 
+_LOADED = (WorkerState.READY, WorkerState.BUSY)
+
+
 def _worker(slot: WorkerSlot) -> dict[str, Any]:
     w = slot.worker
     pid = w.pid if w else None
@@ -41,7 +45,9 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
     return {
         "id": str(w.id if w else slot.index),
         "startTime": started,
-        "status": slot.state.value,
+        # TorchServe's two values: READY (loaded, idle or running a request), else UNLOADING
+        "status": "READY" if slot.state in _LOADED else "UNLOADING",
+        "state": slot.state.value,  # torchbay's: STARTING, READY, BUSY, DRAINING, STOPPED, FAILED
         "memoryUsage": _rss(pid),
         "pid": pid,
         "gpu": slot.placement.gpu_id is not None,

@@ -102,3 +102,36 @@ def test_a_customized_describe_is_no_inference(live: SimpleNamespace) -> None:
     answered = live.http.post(f"{live.server.url}/predictions/m", content=b"{}")
     assert answered.status_code == 200, answered.text
     until(lambda: _counts(live) == (1, 1, 1.0), "the inference counted")  # it still counts
+
+
+def test_a_busy_worker_is_described_ready_as_torchserve_does(
+    live: SimpleNamespace, tmp_path: Path
+) -> None:
+    """TorchServe's describe says a worker's ``status`` is ``READY`` (loaded: idle or running
+    a request) or ``UNLOADING`` (anything else); torchbay said ``BUSY`` while it ran a request,
+    so a script waiting for, or alerting on, every worker READY (benchmarks/managed.py's own
+    wait, a readiness probe over describe) saw a loaded model as not ready under load.
+    torchbay's finer state is ``state``."""
+    _register(live)
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    hold = json.dumps({"started": str(started), "gate": str(gate)})
+    describe = f"{live.server.management_url}/models/m"
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(
+            live.http.post,
+            f"{live.server.url}/predictions/m",
+            content=hold,
+            headers={"content-type": "application/json"},
+        )
+        try:
+            until(started.exists, "the held request started", timeout=60)
+            [worker] = live.http.get(describe).json()[0]["workers"]
+        finally:
+            gate.touch()
+        assert held.result().status_code == 200
+    assert worker["status"] == "READY", worker
+    assert worker["state"] == "BUSY"
+    live.http.put(describe, params={"min_worker": "2"})  # asynchronous: one worker starts
+    until(lambda: len(live.http.get(describe).json()[0]["workers"]) == 2, "a second worker", 60)
+    statuses = {(w["status"], w["state"]) for w in live.http.get(describe).json()[0]["workers"]}
+    assert statuses <= {("READY", "READY"), ("UNLOADING", "STARTING")}, statuses
