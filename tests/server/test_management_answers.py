@@ -10,14 +10,25 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import build_store, running, until
+from tests.server.conftest import build_store, recorded, recorded_store, running, until
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12"
 GATE = DATA / "busy" / "gate_handler.py"  # a request {"started", "gate"} waits for its gate
+scenario, RECORD = recorded(DATA / "answers", "scenario.py")
+
+# step id -> (torchbay's answer, why): each a row of the README's "Differences from TorchServe"
+DIFFERENCES: dict[str, tuple[Any, str]] = {
+    "second_request": (
+        [503, "ShuttingDown"],
+        "an unregister drains its version (up to unregister_model_timeout), then answers what is "
+        "left 503; TorchServe kills the worker and never answers the request",
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +146,46 @@ def test_a_busy_worker_is_described_ready_as_torchserve_does(
     until(lambda: len(live.http.get(describe).json()[0]["workers"]) == 2, "a second worker", 60)
     statuses = {(w["status"], w["state"]) for w in live.http.get(describe).json()[0]["workers"]}
     assert statuses <= {("READY", "READY"), ("UNLOADING", "STARTING")}, statuses
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """scenario.py's answers from torchbay, configured as the recorder configured TorchServe."""
+    data = DATA / "answers"
+    store = recorded_store(tmp_path_factory, "answers-rec", scenario.ARCHIVES, data)
+    config = {"unregister_model_timeout_s": scenario.UNREGISTER_TIMEOUT_S}
+    with running(store, enable_model_api=True, **config) as live, httpx.Client(timeout=120) as c:
+
+        def call(method: str, url: str, body: bytes | None) -> tuple[int, Any]:
+            headers = {"content-type": "application/json"} if body is not None else {}
+            r = c.request(method, url, content=body, headers=headers)
+            try:
+                return r.status_code, r.json()
+            except ValueError:
+                return r.status_code, r.text
+
+        gates = tmp_path_factory.mktemp("answers-gates")
+        return scenario.run(call, live.url, live.management_url, live.metrics_url, gates)
+
+
+def _comparable(answer: Any) -> Any:
+    """An error body by its code and message (its type is Java's class name there)."""
+    body = answer[1] if isinstance(answer, list) and len(answer) == 2 else None
+    if isinstance(body, dict) and "code" in body:
+        return [answer[0], {k: answer[1][k] for k in ("code", "message")}]
+    return answer
+
+
+def test_record_is_torchserve_0_12() -> None:
+    assert RECORD["torchserve"] == "0.12.0"
+    assert RECORD["command"].endswith("tests/data/torchserve_0.12/answers/record.py")
+
+
+@pytest.mark.parametrize("step", list(RECORD["answers"]))
+def test_same_answers_as_torchserve(answers: dict[str, Any], step: str) -> None:
+    ours = answers[step]
+    if step in DIFFERENCES:
+        status, kind = DIFFERENCES[step][0]
+        assert [ours[0], ours[1]["type"]] == [status, kind], ours
+        return
+    assert _comparable(ours) == _comparable(RECORD["answers"][step])
