@@ -26,7 +26,7 @@ DIFFERENCES: dict[str, tuple[Any, str]] = {
     "second_request": (
         [503, "ShuttingDown"],
         "an unregister drains its version (up to unregister_model_timeout), then answers what is "
-        "left 503; TorchServe kills the worker and never answers the request",
+        "left 503; TorchServe kills the worker: 500 'Worker died.', or no answer at all",
     ),
 }
 
