@@ -15,7 +15,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import build_store, recorded, recorded_store, running, until
+from tests.server.conftest import (
+    build_store,
+    load_gated_store,
+    recorded,
+    recorded_store,
+    running,
+    until,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12"
 GATE = DATA / "busy" / "gate_handler.py"  # a request {"started", "gate"} waits for its gate
@@ -189,3 +196,32 @@ def test_same_answers_as_torchserve(answers: dict[str, Any], step: str) -> None:
         assert [ours[0], ours[1]["type"]] == [status, kind], ours
         return
     assert _comparable(ours) == _comparable(RECORD["answers"][step])
+
+
+def test_unregister_meets_a_scale_still_loading_at_once(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """A synchronous scale whose worker is still loading, then DELETE of that version:
+    TorchServe 0.12 unregisters at once (200 in 0.2 s, probed) and the scale answers 500; the
+    unregister waited for the scale's load to end (the version's management lock), here a load
+    held by its gate: as long as a big model takes to load. Now it stops the loading worker and
+    answers at once; the scale answers 503 (stopped before its workers loaded)."""
+    gate = tmp_path / "gate"
+    store, started = load_gated_store(tmp_path_factory, tmp_path, "unreg-scale", gate=gate)
+    with running(store, enable_model_api=True) as live, httpx.Client(timeout=120) as c:
+        models = f"{live.management_url}/models"
+        assert c.post(models, params={"url": "gated.mar"}).status_code == 200  # no worker
+        with ThreadPoolExecutor(1) as pool:
+            scaling = pool.submit(
+                c.put, f"{models}/gated", params={"min_worker": "1", "synchronous": "true"}
+            )
+            try:
+                until(started.exists, "the scale's worker is loading", timeout=60)
+                gone = c.delete(f"{models}/gated", timeout=30)  # before: past the gate's 60 s
+            finally:
+                gate.touch()
+            scaled = scaling.result()
+        assert (gone.status_code, gone.json()) == (200, {"status": 'Model "gated" unregistered'})
+        assert scaled.status_code == 503, scaled.text
+        assert c.get(f"{models}/gated").status_code == 404
+        assert c.get(models).json()["models"] == []
