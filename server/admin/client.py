@@ -221,7 +221,7 @@ def format_describe(described: list[dict[str, Any]]) -> str:
                 (
                     w.get("id"),
                     w.get("pid"),
-                    w.get("status"),
+                    w.get("state", w.get("status")),  # torchbay's finer state
                     w.get("device"),
                     f"{(w.get('memoryUsage') or 0) / 2**20:.0f} MiB",
                     w.get("startTime"),

@@ -9,7 +9,8 @@
     DELETE /models/{m}[/{v}]                          drain and unregister; model API only
     GET    /v1/models/{m}                             KServe v1 readiness {"name", "ready"}
     GET    /token?type=management|inference          rotate a key (needs the API key)
-    OPTIONS /   GET /openapi.json                     this API's OpenAPI description
+    OPTIONS /   GET /openapi.json                     this API's OpenAPI description (also
+    GET|OPTIONS /api-description                      TorchServe's path for it)
 
 The model routes are ``model_routes.models``; the others are here. Each route declares the
 statuses it answers (``openapi.documented``), which is what its OpenAPI entry lists. With token
@@ -72,7 +73,10 @@ async def rotate_token(request: Request, auth: Auth, type: str = "management") -
 
 
 @description.options("/", **documented(auth=False))
+@description.get("/api-description", **documented(auth=False))
+@description.options("/api-description", **documented(auth=False))
 async def api_description(request: Request) -> dict[str, Any]:
+    """This API's description (TorchServe's ``OPTIONS /`` and ``/api-description``)."""
     return request.app.openapi()
 
 

@@ -17,8 +17,10 @@ from torchbay.server.config.model_settings import SETTINGS, ModelConfig, Section
 from torchbay.server.errors import HandlerFailed, NoWorker
 from torchbay.server.plane.models import signature
 from torchbay.server.serving.archives import Signature
+from torchbay.server.serving.handle import WorkerState
 from torchbay.server.serving.model import ModelVersion
 from torchbay.server.serving.protocol import WireRequest
+from torchbay.server.serving.queue import Pending
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.sequences import SequenceQueue
 from torchbay.server.serving.slot import WorkerSlot
@@ -33,6 +35,9 @@ def _rss(pid: int | None) -> int:
         return 0  # the worker just exited
 
 
+_LOADED = (WorkerState.READY, WorkerState.BUSY)
+
+
 def _worker(slot: WorkerSlot) -> dict[str, Any]:
     w = slot.worker
     pid = w.pid if w else None
@@ -40,7 +45,9 @@ def _worker(slot: WorkerSlot) -> dict[str, Any]:
     return {
         "id": str(w.id if w else slot.index),
         "startTime": started,
-        "status": slot.state.value,
+        # TorchServe's two values: READY (loaded, idle or running a request), else UNLOADING
+        "status": "READY" if slot.state in _LOADED else "UNLOADING",
+        "state": slot.state.value,  # torchbay's: STARTING, READY, BUSY, DRAINING, STOPPED, FAILED
         "memoryUsage": _rss(pid),
         "pid": pid,
         "gpu": slot.placement.gpu_id is not None,
@@ -149,7 +156,7 @@ async def customized(mv: ModelVersion) -> Any:
     (handlers.runtime.service); without one, TorchServe's 503 for a describe request."""
     wire = WireRequest(request_id=uuid.uuid4().hex, body=b"", raw_headers=b"describe: True")
     try:
-        answers = [response async for response in mv.stream(wire)]
+        answers = [response async for response in mv.stream(wire, _uncounted)]
     except NoWorker:
         raise NoWorker(
             f'Model "{mv.name}" has no worker to serve describe request. '
@@ -163,6 +170,11 @@ async def customized(mv: ModelVersion) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def _uncounted(item: Pending) -> None:
+    """A describe is no inference: no batch metric, statistic or service rate counts it."""
+    item.counted = False
 
 
 def _device(

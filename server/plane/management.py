@@ -48,7 +48,8 @@ _INT32_MAX = 2**31 - 1  # TorchServe's parameters are Java ints: a larger one is
 @dataclass
 class Management:
     """What the management operations work on: the registry, the server's settings, and one lock
-    per model version so that scale, tune and unregister of one version run one at a time."""
+    per model version so that scales and tunings of one version run one at a time (an
+    unregister takes no turn: it stops a scale whose workers are still loading)."""
 
     registry: ModelRegistry
     config: ServerConfig
@@ -269,7 +270,8 @@ async def unregister(state: Management, name: str, version: str | None) -> Statu
         await registry.unregister(name, version, timeout)
         raise NotFound(f"Model not found: {name}")
     present(state, name, target.version)  # one being unregistered already: 404 at once
-    async with state.lock_for(target):
-        await registry.unregister(name, target.version, timeout)
+    # Not in the version's management turn: as TorchServe's, an unregister does not wait for a
+    # scale whose workers are still loading; it stops them (that scale answers 503).
+    await registry.unregister(name, target.version, timeout)
     state.changed()
     return Status(f'Model "{name}" unregistered')

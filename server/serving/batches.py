@@ -66,9 +66,12 @@ async def run_batch(
     return batch_record(batch, result, started)
 
 
-def batch_record(batch: Batch, result: Any, started: float) -> BatchRecord:
+def batch_record(batch: Batch, result: Any, started: float) -> BatchRecord | None:
     """The record of ``batch``, answered by the worker with ``result`` (its ``InferResult``),
-    which ``started`` (``clock()``) to run."""
+    which ``started`` (``clock()``) to run; None for a batch of no inference (a management
+    describe's: TorchServe counts it in no inference metric, nor is it Triton's execution)."""
+    if not any(item.counted for item in batch):
+        return None
     return BatchRecord(
         size=len(batch),
         queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],

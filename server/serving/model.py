@@ -240,7 +240,10 @@ class ModelVersion(RequestPath):
             raise error
 
     async def _add_slots(self, count: int) -> list[WorkerLoadError]:
-        """Start ``count`` new slots; drop (and return the errors of) those that cannot load."""
+        """Start ``count`` new slots; drop (and return the errors of) those that cannot load.
+        None once the version is closing: an unregister met a scale (its slots are stopped)."""
+        if self.closing:
+            return []
         new = []
         for _ in range(count):
             slot = WorkerSlot(
@@ -254,7 +257,8 @@ class ModelVersion(RequestPath):
         for slot in new:
             if slot.load_error is not None and not slot.ready:
                 errors.append(slot.load_error)
-                self.slots.remove(slot)
+                if slot in self.slots:  # an unregister meanwhile cleared them
+                    self.slots.remove(slot)
         if errors:
             self.load_error = str(errors[0])
         elif new:

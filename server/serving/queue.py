@@ -64,6 +64,7 @@ class Pending(Generic[T, R]):
     parts: Parts[R] | None = None  # a streaming caller's intermediate parts (None: not streaming)
     place: int = 0  # its place in a queue with levels: 2 * level (0-based), + 1 once delayed
     delay_at: float | None = None  # clock() after which it is delayed (timeoutAction DELAY)
+    counted: bool = True  # an inference; a management describe is not (plane/describe.py)
 
 
 def resolve(future: asyncio.Future, result: object) -> None:

@@ -356,9 +356,8 @@ class ModelRegistry:
         if self.defaults.get(name) == version and sum(not v.leaving for v in versions.values()) > 1:
             raise DefaultVersionInUse(f"Cannot remove default version for model {name}")
         mv.leaving = True
-        try:
-            await mv.drain(timeout)
-            await mv.stop()
+        try:  # a worker still busy past the drain runs requests answered 503: stopped at once
+            await mv.stop(10.0 if await mv.drain(timeout) else 1.0)
         except BaseException:
             mv.leaving = False  # still registered (TorchServe puts a version back, too)
             raise

@@ -162,7 +162,7 @@ def batch_running(server: Any, model: str) -> bool:
     r = httpx.get(f"{server.management_url}/models/{model}", timeout=30)
     described = r.json()[0]
     pending = described["jobQueueStatus"]["pendingRequests"]
-    return described["workers"][0]["status"] == "BUSY" and pending == 0
+    return described["workers"][0]["state"] == "BUSY" and pending == 0
 
 
 def ran_ids(log: Path) -> list[str]:

@@ -91,7 +91,7 @@ def _states(server: LiveServer, name: str) -> dict[str, Any]:
         "model_ready": httpx.get(f"{inf}/v2/models/{name}/ready").status_code,
         "kserve": httpx.get(f"{mgmt}/v1/models/{name}").json()["ready"],
         "status": described["status"],
-        "live_workers": sum(w["status"] in ("READY", "BUSY") for w in described["workers"]),
+        "live_workers": sum(w["status"] == "READY" for w in described["workers"]),
         "gauge": _metric(server, "torchbay_model_ready", model=name),
     }
 

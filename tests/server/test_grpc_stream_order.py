@@ -41,7 +41,7 @@ def _ran_and_idle(server: LiveServer, model: str, log: Path) -> bool:
     """``model``'s handler ran the request ``log`` names and its worker is free again: the
     answer is back in the frontend."""
     described = httpx.get(f"{server.management_url}/models/{model}", timeout=30).json()[0]
-    return ran_ids(log) == ["second"] and described["workers"][0]["status"] != "BUSY"
+    return ran_ids(log) == ["second"] and described["workers"][0]["state"] != "BUSY"
 
 
 def test_a_stream_answers_in_the_order_its_requests_came(

@@ -87,12 +87,8 @@ def test_lifecycle_under_continuous_traffic(live_server, versioned_store, reques
         assert r.json() == {"status": "Workers scaled to 2 for model: probe, version: 1.0"}
         [v1] = m.get("/models/probe/1.0").json()
         assert (v1["minWorkers"], v1["maxWorkers"]) == (2, 2)
-        assert [w["status"] for w in v1["workers"]] in (
-            ["READY"] * 2,
-            ["READY", "BUSY"],
-            ["BUSY", "READY"],
-            ["BUSY"] * 2,
-        )
+        assert [w["status"] for w in v1["workers"]] == ["READY"] * 2  # busy ones too
+        assert {w["state"] for w in v1["workers"]} <= {"READY", "BUSY"}
         assert all(w["memoryUsage"] > 1_000_000 for w in v1["workers"])  # real RSS, bytes
         assert v1["metrics"]["requests"] > 0 and v1["metrics"]["rejectedRequests"] == 0
         traffic.wait_for_more(10)

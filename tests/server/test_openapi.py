@@ -115,6 +115,19 @@ def test_management_document_lists_every_route_with_its_statuses(tmp_path):
     assert _call(app, "OPTIONS", "/").json() == doc
 
 
+def test_management_api_description_path(tmp_path):
+    """TorchServe 0.12 serves its management API's description at ``GET /api-description`` too
+    (ApiDescriptionRequestHandler, probed: 200 on port 8081), as the inference port does;
+    torchbay's management port answered 404 there. Without a key, as ``OPTIONS /``."""
+    registry, config = _registry(tmp_path)
+    plane = DataPlane(registry, server_version="t", config=config)
+    app = build_management_app(plane, config, auth=TokenAuth(tmp_path / "k.json", 60))
+    for method in ("GET", "OPTIONS"):
+        answer = _call(app, method, "/api-description")
+        assert answer.status_code == 200, (method, answer.text)
+        assert answer.json() == app.openapi()
+
+
 def test_management_statuses_seen_are_documented(tmp_path):
     registry, config = _registry(tmp_path)
     plane = DataPlane(registry, server_version="t", config=config)
