@@ -45,7 +45,7 @@ def flag(default: Any, *names: str, help: str | None = None, **kw: Any) -> Any:
 class LoadOptions(BaseModel):
     """What every load-sending command takes: the request bodies, their route, the processes."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)  # inf: a run that never ends
 
     inputs: tuple[Path, ...] = flag(
         (),
