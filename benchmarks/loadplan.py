@@ -201,11 +201,12 @@ class Progress:
 
 def split_plan(plan: LoadPlan, processes: int) -> list[LoadPlan]:
     """Each process's plan: concurrency, rate (steps too) and the request budget divided over
-    ``processes`` (the remainder to the first ones), constant schedules staggered by ``phase``
-    so that together they interleave evenly."""
+    ``processes`` (the remainder to the first ones; the budget over those with a connection),
+    constant schedules staggered by ``phase`` so that together they interleave evenly."""
+    active = min(processes, plan.concurrency) if plan.mode == "closed" else processes
 
-    def portion(total: int, i: int) -> int:
-        return total // processes + (i < total % processes)
+    def portion(total: int, i: int, n: int = processes) -> int:
+        return total // n + (i < total % n) if i < n else 0
 
     return [
         replace(
@@ -213,7 +214,7 @@ def split_plan(plan: LoadPlan, processes: int) -> list[LoadPlan]:
             concurrency=portion(plan.concurrency, i) if plan.mode == "closed" else 0,
             rate=plan.rate / processes if plan.mode == "open" else 0.0,
             steps=tuple((seconds, rate / processes) for seconds, rate in plan.steps),
-            requests=None if plan.requests is None else portion(plan.requests, i),
+            requests=None if plan.requests is None else portion(plan.requests, i, active),
             phase=i / processes,
             seed=plan.seed * 1009 + i,
         )

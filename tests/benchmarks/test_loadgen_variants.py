@@ -151,3 +151,14 @@ def test_two_processes_split_a_stepped_open_loop(by_path: int) -> None:
     assert result.sent == result.statuses["200"] == len(starts) == 30
     assert sum(start < 0.19 for start in starts) == 10  # the last of the first: 0.18 s
     assert starts[1] - starts[0] == pytest.approx(1 / 50)  # interleaved, not side by side
+
+
+def test_fewer_connections_than_processes_still_send_every_request(by_path: int) -> None:
+    """``-c 1 -n 10 --procs 2``: one process has no connection; the request budget goes to the
+    one that has (it was split over both, and the idle one's half was never sent: 5 of 10)."""
+    target = Target("127.0.0.1", by_path, "/predictions/a", (b"{}",))
+    with LoadGenerator(2) as two:
+        result = two.run(LoadPlan(target, concurrency=1, duration_s=None, requests=10))
+        assert (result.sent, result.statuses) == (10, {"200": 10})
+        result = two.run(LoadPlan(target, concurrency=3, duration_s=None, requests=7))
+        assert (result.sent, result.statuses) == (7, {"200": 7})
