@@ -105,3 +105,16 @@ def test_an_infinite_rate_or_duration_is_refused(tmp_path: Path) -> None:
     args = _parse("sla", "--archive", "a", "--input", "x", "--sla-p99-ms", "5", "--step", "inf")
     with pytest.raises(ValidationError, match="finite number"):
         cli._options(SlaOptions, args)
+
+
+def test_a_url_with_a_path_is_refused(tmp_path: Path) -> None:
+    """``--url http://host:port/predictions/m`` (the URL curl is given) or a proxy's prefix: the
+    path was dropped without a word and the load sent to ``/predictions/MODEL`` of the host."""
+    body = tmp_path / "x.bin"
+    body.write_bytes(b"x")
+    cmd = [sys.executable, "-m", "torchbay", "bench", "run", "--model", "m", "--input", str(body)]
+    for url in ("http://127.0.0.1:9/predictions/m", "http://127.0.0.1:9/prefix/"):
+        load = ["--url", url, "-c", "1", "--duration", "0.5", "--warmup", "0"]
+        out = subprocess.run([*cmd, *load], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "sent" not in out.stdout, out.stdout
+        assert f"torchbay: error: {url!r}: give an http://host:port URL" in out.stderr
