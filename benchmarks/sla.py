@@ -7,6 +7,7 @@ server at the winner's rate and is searched as a configuration is.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -227,6 +228,8 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     """Start one server from ``options.archive``, search every configuration, repeat the top two,
     write the report files into ``options.out_dir`` and optionally apply the winner."""
     manifest = read_manifest(options.archive).model
+    if options.apply and not os.access(options.archive.resolve().parent, os.W_OK):
+        raise BenchError(f"--apply: {options.archive.parent} is read-only; nothing was run")
     options.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with _searching(options, manifest.model_name, options.out_dir / "server", log) as search:
@@ -240,11 +243,13 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     if options.autopilot and result.pace is not None:
         _run_autopilot(result, result.pace, search.progress, log)
     result.elapsed_s = time.monotonic() - started
-    if options.apply and w is not None:
-        backup = apply_settings(options.archive, w.config)
-        result.applied = options.archive
-        log(f"applied {w.label} to {options.archive} (the original is kept as {backup})")
-    sla_report.write_all(result)
+    try:
+        if options.apply and w is not None:
+            backup = apply_settings(options.archive, w.config)
+            result.applied = options.archive
+            log(f"applied {w.label} to {options.archive} (the original is kept as {backup})")
+    finally:  # the search's report, whatever --apply met
+        sla_report.write_all(result)
     return result
 
 

@@ -288,3 +288,31 @@ def test_bundled_scenarios_parse() -> None:
     for name in suite_names():
         scenario = find_suite(name)
         assert scenario.runs and scenario.sla and scenario.sla["sla_p99_ms"] > 0
+
+
+def test_apply_that_cannot_write_keeps_the_report(tiny, tmp_path) -> None:
+    """--apply whose archive cannot be rewritten (a read-only model store; here a name too long
+    for the backup's suffix, which root cannot get past either): one clear error, the archive as
+    it was, and the search's report written (it was lost, after the whole search, to a raw
+    OSError traceback)."""
+    archive = tmp_path / ("t" * 247 + ".mar")
+    shutil.copy(tiny[0], archive)
+    short = {"step_s": 0.3, "probe_s": 0.3, "step_warmup_s": 0.0, "config_warmup_s": 0.0}
+    options = SlaOptions(
+        archive=archive,
+        inputs=(tiny[1],),
+        sla_p99_ms=60_000.0,
+        max_error_rate=1.0,
+        max_steps=2,
+        repeats=0,
+        min_requests=5,
+        out_dir=tmp_path / "out",
+        apply=True,
+        autopilot=False,
+        **short,
+    )
+    with pytest.raises(BenchError, match=r"--apply: cannot keep the original beside it: .*long"):
+        run_sla(options, log=lambda line: None)
+    assert archive.read_bytes() == tiny[0].read_bytes()
+    report = (options.out_dir / "report.md").read_text()
+    assert "**b1-d5-w1**" in report and "applied to" not in report
