@@ -206,6 +206,8 @@ class _Runner:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            for scheduled in self.queue:  # offered in the window, never sent: unanswered too
+                self.part.count_sent(scheduled)
             missing = self.part.sent - sum(self.part.statuses.values())
             if missing > 0:
                 self.part.statuses[TIMEOUT] += missing
