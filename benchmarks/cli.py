@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -143,6 +144,7 @@ def _err(line: str) -> None:
 
 
 def run_run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: its server stops
     from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
 
     dump: Any
@@ -176,6 +178,7 @@ def _all_failed(reports: list[Any]) -> int:
 def run_sla(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.sla import SlaOptions, run_sla
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: its server stops
     options = _options(SlaOptions, args)
     if (w := run_sla(options, log=_err).winner) is None:
         print(f"no configuration met p99 <= {options.sla_p99_ms:g} ms; report in {options.out_dir}")
@@ -245,6 +248,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.bench import format_report, run_bench
     from torchbay.benchmarks.scenarios import find_suite
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: its server stops
     suite = find_suite(args.name)
     durations = {"duration_s": args.duration or suite.duration_s, "warmup_s": args.warmup}
     suite = replace(suite, **{k: v for k, v in durations.items() if v is not None})

@@ -35,17 +35,6 @@ from torchbay.cli import main
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(tiny.mar built by our archiver with the raw handler, one raw body file)."""
-    out = tmp_path_factory.mktemp("tb-bench")
-    assets = runner.prepare_models(out)
-    only = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
-    archived = runner.archive_models(only, out, sys.executable)
-    assert archived.model_store is not None
-    return archived.model_store / "tiny.mar", assets.body["tiny"]
-
-
 def read_config(archive: Path, work: Path) -> dict:
     """The archive's model-config.yaml as a dict ({} when it has none), hashes checked."""
     name = extract_archive(archive, work).model.config_file
