@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from torchbay.benchmarks import scrape
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Progress, Target
+from torchbay.benchmarks.loadgen import Interrupted, LoadGenerator, LoadPlan, LoadResult
+from torchbay.benchmarks.loadplan import Progress, Target
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.report import num
 from torchbay.benchmarks.scenarios import Batching
@@ -230,15 +231,18 @@ def measure(
 ) -> BenchReport:
     """Warm up, run on ``target`` between two ``/metrics`` scrapes, read the settings back."""
     notes: list[str] = []
-    plan = options.plan(target)
+    plan, stop = options.plan(target), None
     with LoadGenerator(options.processes) as gen:
         measured = replace(plan, warmup_s=0.0)  # warmed up apart, before the window
-        result, view = observe(
-            gen, endpoints, model, version, measured, notes, on_progress, plan.warmup_s
-        )
+        try:
+            result, view = observe(
+                gen, endpoints, model, version, measured, notes, on_progress, plan.warmup_s
+            )
+        except Interrupted as interrupted:  # Ctrl-C: the run so far, reported, then the stop
+            stop, result, view = interrupted, interrupted.args[0], None
     notes.extend(result.behind)
     scheme, path = ("grpc", target.grpc) if target.grpc else ("http", target.path)
-    return BenchReport(
+    report = BenchReport(
         model=model,
         version=version,
         url=f"{scheme}://{target.host}:{target.port}{path}",
@@ -247,6 +251,9 @@ def measure(
         server=view,
         notes=tuple(notes),
     )
+    if stop is not None:
+        raise Interrupted(report) from None
+    return report
 
 
 def warm_up(gen: LoadGenerator, plan: LoadPlan, seconds: float) -> None:
@@ -255,7 +262,10 @@ def warm_up(gen: LoadGenerator, plan: LoadPlan, seconds: float) -> None:
     if seconds > 0:
         rate = min(r for _, r in plan.steps or ((1, plan.rate),))  # steps: open loop only
         fixed = {"requests": None, "warmup_s": 0.0, "steps": (), "timeline": False}
-        gen.run(replace(plan, duration_s=seconds, rate=rate, **fixed))
+        try:
+            gen.run(replace(plan, duration_s=seconds, rate=rate, **fixed))
+        except Interrupted:  # in the warm-up: nothing measured to report
+            raise KeyboardInterrupt from None
 
 
 def window(

@@ -118,6 +118,7 @@ class Part:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     capped: bool = False
+    halted: bool = False  # stopped early by the parent (Ctrl-C)
 
     def count_sent(self, start: float) -> None:
         if start >= self.window_start:
@@ -235,11 +236,12 @@ def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
     # A timed run's window is at least its duration (a few early answers must not inflate the
     # rate); a counted run's window ends at its last answer.
     window = max(0.0, last_done - total.window_start) if completed else 0.0
-    if plan.duration_s is not None and plan.requests is None:
+    halted = any(p.halted for p in parts)
+    if plan.duration_s is not None and plan.requests is None and not halted:
         window = max(window, plan.duration_s)
     lag = summarize(total.lag)
     cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
-    behind = []
+    behind = [f"interrupted: a partial run, {window:.2f} s measured"] if halted else []
     if plan.mode == "open" and lag.count and lag.p99_ms > LAG_WARN_MS:
         behind.append(f"p99 send lag {lag.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
     if any(p.capped for p in parts):

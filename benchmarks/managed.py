@@ -192,8 +192,14 @@ class ManagedServer:
         self._log = (self.run_dir / "server.log").open("wb")
         self.started_at = time.monotonic()
         command, env = self._launch()
+        # Its own session: a Ctrl-C halts the load and reports it, then stops the server.
         self.proc = subprocess.Popen(
-            command, cwd=self.run_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env
+            command,
+            cwd=self.run_dir,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         try:
             self.endpoints = self._wait_ready()
