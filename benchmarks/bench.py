@@ -8,7 +8,7 @@ import json
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -26,6 +26,7 @@ from torchbay.benchmarks.stats import Arrival, LatencySummary
 
 Protocol = Literal["predict", "v2"]
 W = TypeVar("W")  # what a window's watch returns
+LOAD_SETTINGS = ("arrival", "warmup_s", "duration_s", "requests", "timeout_s", "processes")
 _CONTENT_TYPES = {
     ".png": "image/png",
     ".jpg": "image/jpeg",
@@ -139,9 +140,10 @@ class BenchReport:
     result: LoadResult
     server: scrape.ServerView | None
     notes: tuple[str, ...] = ()
+    load: dict[str, Any] = field(default_factory=dict)  # the generator's settings (LOAD_SETTINGS)
 
     def as_dict(self) -> dict[str, Any]:
-        head = {k: getattr(self, k) for k in ("model", "version", "url", "settings")}
+        head = {k: getattr(self, k) for k in ("model", "version", "url", "settings", "load")}
         server = self.server.as_dict() if self.server else None
         return {**head, "client": self.result.as_dict(), "server": server, "notes": [*self.notes]}
 
@@ -250,6 +252,7 @@ def measure(
         result=result,
         server=view,
         notes=tuple(notes),
+        load={k: getattr(options, k) for k in LOAD_SETTINGS},
     )
     if stop is not None:
         raise Interrupted(report) from None
@@ -353,6 +356,7 @@ def format_report(report: BenchReport) -> str:
             ("batches", f"{s.batches:,.0f}, mean batch size {num(s.mean_batch_size)}"),
         ]
     loop = "open loop" if r.mode == "open" else "closed loop,"
-    lines = [f"{report.url}  ({loop} {load})", f"settings: {report.settings or 'as served'}", ""]
+    lines = [f"{report.url}  ({loop} {load})", f"settings: {report.settings or 'as served'}"]
+    lines += [f"load: {report.load}", ""]
     lines += [f"  {k:<13} {v}" if v is not None else k for k, v in facts]
     return "\n".join([*lines, *(f"note: {note}" for note in report.notes)])

@@ -93,8 +93,14 @@ def test_open_loop_measures_from_the_schedule(server, tiny) -> None:
     options = _url_options(
         endpoints, key_file, tiny[1], rate=300.0, arrival="poisson", duration_s=1.0
     )
-    r = run_bench(options).result
+    report = run_bench(options)
+    r = report.result
     assert r.mode == "open" and r.offered_rate == 300.0
+    # The report says how the load was made (it said neither the arrivals nor the warm-up).
+    assert report.as_dict()["load"]["arrival"] == "poisson" and report.load["warmup_s"] == 0.0
+    assert "load: {'arrival': 'poisson', 'warmup_s': 0.0, 'duration_s': 1.0" in format_report(
+        report
+    )
     assert r.sent > 100
     # Every request is answered; a busy host may shed some with 503 (the queue bound): the
     # measurement must still account for each one.
