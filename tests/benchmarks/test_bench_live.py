@@ -311,3 +311,40 @@ def test_apply_that_cannot_write_keeps_the_report(tiny, tmp_path) -> None:
     assert archive.read_bytes() == tiny[0].read_bytes()
     report = (options.out_dir / "report.md").read_text()
     assert "**b1-d5-w1**" in report and "applied to" not in report
+
+
+def test_an_interrupted_sla_search_leaves_a_partial_report(tiny, tmp_path) -> None:
+    """Ctrl-C (here: KeyboardInterrupt raised where the search logs its second configuration's
+    search, as a Ctrl-C does at any point) left no report at all, however long the search had
+    run. Now the configurations measured so far are written, the report saying it is partial."""
+
+    searches: list[str] = []
+
+    def interrupt(line: str) -> None:
+        if line.startswith("searching "):
+            searches.append(line.split()[1])
+        if len(searches) == 2:
+            raise KeyboardInterrupt
+
+    short = {"step_s": 0.3, "probe_s": 0.3, "step_warmup_s": 0.0, "config_warmup_s": 0.0}
+    options = SlaOptions(
+        archive=tiny[0],
+        inputs=(tiny[1],),
+        sla_p99_ms=60_000.0,
+        max_error_rate=1.0,
+        batch_sizes=(1, 4),
+        max_delays_ms=(1.0,),
+        max_steps=2,
+        min_requests=5,
+        prune=False,
+        out_dir=tmp_path / "out",
+        **short,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run_sla(options, log=interrupt)
+    report = (options.out_dir / "report.md").read_text()
+    assert "- INTERRUPTED: a partial search" in report and "- No winner: interrupted" in report
+    saved = json.loads((options.out_dir / "result.json").read_text())
+    assert saved["interrupted"] is True and saved["winner"] is None
+    status = {c["config"]: c["status"] for c in saved["configurations"]}
+    assert status == {searches[0]: "searched", searches[1]: "pending"}
