@@ -316,29 +316,27 @@ class LoadGenerator:
         progress: dict[Connection, tuple[int, int]] = {}
         halted = False
         while waiting:
-            try:
-                ready = multiprocessing.connection.wait(waiting, timeout=1.0)
-            except KeyboardInterrupt:  # the first Ctrl-C halts the run, a second one quits
+            try:  # Ctrl-C: the first one halts the run (its part is reported), a second one quits
+                for pipe in multiprocessing.connection.wait(waiting, timeout=1.0):
+                    try:
+                        kind, *payload = pipe.recv()  # type: ignore[union-attr]
+                    except (EOFError, OSError):
+                        kind, payload = "error", ["a generator process died"]
+                    if kind == "progress":
+                        progress[pipe] = payload[0], payload[1]  # type: ignore[index]
+                        if on_progress is not None:
+                            completed, recorded = map(sum, zip(*progress.values(), strict=True))
+                            on_progress(Progress(time.monotonic() - start_at, completed, recorded))
+                        continue
+                    waiting.remove(pipe)  # type: ignore[arg-type]
+                    (failures if kind == "error" else parts).append(payload[0])
+            except KeyboardInterrupt:
                 if halted:
                     raise
                 halted = True
                 for pipe in waiting:
                     with contextlib.suppress(OSError):  # a process that died: its error follows
                         pipe.send(("halt",))
-                continue
-            for pipe in ready:
-                try:
-                    kind, *payload = pipe.recv()  # type: ignore[union-attr]
-                except (EOFError, OSError):
-                    kind, payload = "error", ["a generator process died"]
-                if kind == "progress":
-                    progress[pipe] = payload[0], payload[1]  # type: ignore[index]
-                    if on_progress is not None:
-                        completed, recorded = map(sum, zip(*progress.values(), strict=True))
-                        on_progress(Progress(time.monotonic() - start_at, completed, recorded))
-                    continue
-                waiting.remove(pipe)  # type: ignore[arg-type]
-                (failures if kind == "error" else parts).append(payload[0])
         if failures:
             raise BenchError("load generator failed: " + "; ".join(failures))
         if halted:
