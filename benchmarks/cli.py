@@ -262,7 +262,7 @@ def run_scenario(args: argparse.Namespace) -> int:
 
     _stop_as_ctrl_c()
     suite = find_suite(args.name)
-    durations = {"duration_s": args.duration or suite.duration_s, "warmup_s": args.warmup}
+    durations = {"duration_s": args.duration, "warmup_s": args.warmup}  # 0: refused, not unset
     suite = replace(suite, **{k: v for k, v in durations.items() if v is not None})
     out = (args.out or DEFAULT_OUT) / "scenarios" / suite.name
     out.mkdir(parents=True, exist_ok=True)
