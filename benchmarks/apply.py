@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import zipfile
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -63,11 +64,11 @@ def apply_settings(archive: str | Path, settings: Batching) -> Path:
             for path in sorted(root.rglob("*"))
             if path.is_file() and not path.relative_to(root).as_posix().startswith("MAR-INF/")
         }
-        backup = backup_path(archive)
-        if archive.is_dir():
-            shutil.copytree(archive, backup, symlinks=True)
-        else:
-            shutil.copy2(archive, backup)
+        try:
+            copy = partial(shutil.copytree, symlinks=True) if archive.is_dir() else shutil.copy2
+            backup = copy(archive, backup_path(archive))
+        except OSError as exc:  # a read-only model store: the archive is left as it was
+            raise BenchError(f"--apply: cannot keep the original beside it: {exc}") from None
         new_manifest = manifest.model_copy(update=update)
         write_archive(fmt, archive, files, new_manifest, manifest.model.model_name)
     return backup

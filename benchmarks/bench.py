@@ -8,7 +8,7 @@ import json
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from torchbay.benchmarks import scrape
 from torchbay.benchmarks.errors import BenchError
-from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Progress, Target
+from torchbay.benchmarks.loadgen import Interrupted, LoadGenerator, LoadPlan, LoadResult
+from torchbay.benchmarks.loadplan import Progress, Target
 from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
 from torchbay.benchmarks.report import num
 from torchbay.benchmarks.scenarios import Batching
@@ -25,6 +26,7 @@ from torchbay.benchmarks.stats import Arrival, LatencySummary
 
 Protocol = Literal["predict", "v2"]
 W = TypeVar("W")  # what a window's watch returns
+LOAD_SETTINGS = ("arrival", "warmup_s", "duration_s", "requests", "timeout_s", "processes")
 _CONTENT_TYPES = {
     ".png": "image/png",
     ".jpg": "image/jpeg",
@@ -45,7 +47,7 @@ def flag(default: Any, *names: str, help: str | None = None, **kw: Any) -> Any:
 class LoadOptions(BaseModel):
     """What every load-sending command takes: the request bodies, their route, the processes."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)  # inf: a run that never ends
 
     inputs: tuple[Path, ...] = flag(
         (),
@@ -138,9 +140,10 @@ class BenchReport:
     result: LoadResult
     server: scrape.ServerView | None
     notes: tuple[str, ...] = ()
+    load: dict[str, Any] = field(default_factory=dict)  # the generator's settings (LOAD_SETTINGS)
 
     def as_dict(self) -> dict[str, Any]:
-        head = {k: getattr(self, k) for k in ("model", "version", "url", "settings")}
+        head = {k: getattr(self, k) for k in ("model", "version", "url", "settings", "load")}
         server = self.server.as_dict() if self.server else None
         return {**head, "client": self.result.as_dict(), "server": server, "notes": [*self.notes]}
 
@@ -230,15 +233,18 @@ def measure(
 ) -> BenchReport:
     """Warm up, run on ``target`` between two ``/metrics`` scrapes, read the settings back."""
     notes: list[str] = []
-    plan = options.plan(target)
+    plan, stop = options.plan(target), None
     with LoadGenerator(options.processes) as gen:
         measured = replace(plan, warmup_s=0.0)  # warmed up apart, before the window
-        result, view = observe(
-            gen, endpoints, model, version, measured, notes, on_progress, plan.warmup_s
-        )
+        try:
+            result, view = observe(
+                gen, endpoints, model, version, measured, notes, on_progress, plan.warmup_s
+            )
+        except Interrupted as interrupted:  # Ctrl-C: the run so far, reported, then the stop
+            stop, result, view = interrupted, interrupted.args[0], None
     notes.extend(result.behind)
     scheme, path = ("grpc", target.grpc) if target.grpc else ("http", target.path)
-    return BenchReport(
+    report = BenchReport(
         model=model,
         version=version,
         url=f"{scheme}://{target.host}:{target.port}{path}",
@@ -246,7 +252,11 @@ def measure(
         result=result,
         server=view,
         notes=tuple(notes),
+        load={k: getattr(options, k) for k in LOAD_SETTINGS},
     )
+    if stop is not None:
+        raise Interrupted(report) from None
+    return report
 
 
 def warm_up(gen: LoadGenerator, plan: LoadPlan, seconds: float) -> None:
@@ -255,7 +265,10 @@ def warm_up(gen: LoadGenerator, plan: LoadPlan, seconds: float) -> None:
     if seconds > 0:
         rate = min(r for _, r in plan.steps or ((1, plan.rate),))  # steps: open loop only
         fixed = {"requests": None, "warmup_s": 0.0, "steps": (), "timeline": False}
-        gen.run(replace(plan, duration_s=seconds, rate=rate, **fixed))
+        try:
+            gen.run(replace(plan, duration_s=seconds, rate=rate, **fixed))
+        except Interrupted:  # in the warm-up: nothing measured to report
+            raise KeyboardInterrupt from None
 
 
 def window(
@@ -343,6 +356,7 @@ def format_report(report: BenchReport) -> str:
             ("batches", f"{s.batches:,.0f}, mean batch size {num(s.mean_batch_size)}"),
         ]
     loop = "open loop" if r.mode == "open" else "closed loop,"
-    lines = [f"{report.url}  ({loop} {load})", f"settings: {report.settings or 'as served'}", ""]
+    lines = [f"{report.url}  ({loop} {load})", f"settings: {report.settings or 'as served'}"]
+    lines += [f"load: {report.load}", ""]
     lines += [f"  {k:<13} {v}" if v is not None else k for k, v in facts]
     return "\n".join([*lines, *(f"note: {note}" for note in report.notes)])

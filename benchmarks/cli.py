@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -142,23 +143,36 @@ def _err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _stop_as_ctrl_c() -> None:
+    """SIGTERM (a CI's timeout) and SIGHUP (a closed terminal; nohup's ignored one stays so) stop
+    a bench as Ctrl-C does: the server it started stops too (it runs in its own session)."""
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, signal.default_int_handler)
+
+
 def run_run(args: argparse.Namespace) -> int:
-    from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
+    _stop_as_ctrl_c()
+    from torchbay.benchmarks import grpc_pair
+    from torchbay.benchmarks.bench import RunOptions, run_bench
+    from torchbay.benchmarks.loadgen import Interrupted
 
-    dump: Any
-    if args.protocol in ("grpc", "grpc-v2"):
-        from torchbay.benchmarks import grpc_pair
-
-        oip = args.protocol == "grpc-v2"
-        args.protocol = "predict"  # the HTTP side of the comparison (grpc-v2 sets its own)
-        reports = grpc_pair.run_grpc_bench(_options(RunOptions, args), oip)
-        dump, text = [r.as_dict() for r in reports], grpc_pair.format_side_by_side(reports)
-    else:
-        progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
-        reports = [run_bench(_options(RunOptions, args), progress)]
-        dump, text = reports[0].as_dict(), format_report(reports[0])
+    pair = args.protocol in ("grpc", "grpc-v2")
+    try:
+        if pair:
+            oip = args.protocol == "grpc-v2"
+            args.protocol = "predict"  # the HTTP side of the comparison (grpc-v2 sets its own)
+            reports = grpc_pair.run_grpc_bench(_options(RunOptions, args), oip)
+        else:
+            progress = ProgressLine(None if args.requests else (args.duration_s or 10.0))
+            reports = [run_bench(_options(RunOptions, args), progress)]
+        status = _all_failed(reports)
+    except Interrupted as stop:  # Ctrl-C: the measured part, its report saying so
+        reports, status = [stop.args[0]], 130
+    dump = [r.as_dict() for r in reports] if pair else reports[0].as_dict()
+    text = grpc_pair.format_side_by_side(reports)
     print(json.dumps(dump, indent=2, default=str) if args.json else text)
-    return _all_failed(reports)
+    return status
 
 
 def _all_failed(reports: list[Any]) -> int:
@@ -176,6 +190,7 @@ def _all_failed(reports: list[Any]) -> int:
 def run_sla(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.sla import SlaOptions, run_sla
 
+    _stop_as_ctrl_c()
     options = _options(SlaOptions, args)
     if (w := run_sla(options, log=_err).winner) is None:
         print(f"no configuration met p99 <= {options.sla_p99_ms:g} ms; report in {options.out_dir}")
@@ -245,8 +260,9 @@ def run_scenario(args: argparse.Namespace) -> int:
     from torchbay.benchmarks.bench import format_report, run_bench
     from torchbay.benchmarks.scenarios import find_suite
 
+    _stop_as_ctrl_c()
     suite = find_suite(args.name)
-    durations = {"duration_s": args.duration or suite.duration_s, "warmup_s": args.warmup}
+    durations = {"duration_s": args.duration, "warmup_s": args.warmup}  # 0: refused, not unset
     suite = replace(suite, **{k: v for k, v in durations.items() if v is not None})
     out = (args.out or DEFAULT_OUT) / "scenarios" / suite.name
     out.mkdir(parents=True, exist_ok=True)

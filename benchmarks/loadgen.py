@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import math
 import multiprocessing
+import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +41,10 @@ __all__ = ["LoadGenerator", "LoadPlan", "LoadResult", "Progress", "Target", "spl
 
 START_MARGIN_S = 0.3  # time for the plan to reach every process before the common start
 _PROGRESS_EVERY_S = 0.25
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) in :meth:`LoadGenerator.run`; ``args[0]``: the run until then."""
 
 
 # -- inside a generator process -------------------------------------------------------------
@@ -200,12 +205,17 @@ class _Runner:
         while not task.done() and (now := time.monotonic()) <= self.end + timeout:
             if self.inflight and now - self.last_activity > timeout:
                 break
+            if pipe.poll():  # ("halt",) from the parent (Ctrl-C): no more sends, answers awaited
+                pipe.recv()
+                self.end, self.part.halted = min(self.end, now), True
             await asyncio.wait({task}, timeout=min(_PROGRESS_EVERY_S, timeout))
             pipe.send(("progress", self.part.completed, sum(self.part.statuses.values())))
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            for scheduled in self.queue:  # offered in the window, never sent: unanswered too
+                self.part.count_sent(scheduled)
             missing = self.part.sent - sum(self.part.statuses.values())
             if missing > 0:
                 self.part.statuses[TIMEOUT] += missing
@@ -226,10 +236,13 @@ def _process_main(pipe: Connection) -> None:
     except ImportError:  # pragma: no cover - no uvloop on Windows
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent halts the run
     pipe.send(("ready",))
     with contextlib.suppress(EOFError):  # the parent is gone
-        for _, plan, start_at in iter(pipe.recv, ("stop",)):
-            runner = _Runner(plan, start_at)
+        for kind, *args in iter(pipe.recv, ("stop",)):
+            if kind != "run":
+                continue  # a halt that came after the run ended
+            runner = _Runner(*args)
             try:
                 pipe.send(("done", loop.run_until_complete(runner.run(pipe))))
             except Exception as exc:  # report any crash to the parent as data, then go on
@@ -301,20 +314,31 @@ class LoadGenerator:
         parts: list[Part] = []
         failures: list[str] = []
         progress: dict[Connection, tuple[int, int]] = {}
+        halted = False
         while waiting:
-            for pipe in multiprocessing.connection.wait(waiting, timeout=1.0):
-                try:
-                    kind, *payload = pipe.recv()  # type: ignore[union-attr]
-                except (EOFError, OSError):
-                    kind, payload = "error", ["a generator process died"]
-                if kind == "progress":
-                    progress[pipe] = payload[0], payload[1]  # type: ignore[index]
-                    if on_progress is not None:
-                        completed, recorded = map(sum, zip(*progress.values(), strict=True))
-                        on_progress(Progress(time.monotonic() - start_at, completed, recorded))
-                    continue
-                waiting.remove(pipe)  # type: ignore[arg-type]
-                (failures if kind == "error" else parts).append(payload[0])
+            try:  # Ctrl-C: the first one halts the run (its part is reported), a second one quits
+                for pipe in multiprocessing.connection.wait(waiting, timeout=1.0):
+                    try:
+                        kind, *payload = pipe.recv()  # type: ignore[union-attr]
+                    except (EOFError, OSError):
+                        kind, payload = "error", ["a generator process died"]
+                    if kind == "progress":
+                        progress[pipe] = payload[0], payload[1]  # type: ignore[index]
+                        if on_progress is not None:
+                            completed, recorded = map(sum, zip(*progress.values(), strict=True))
+                            on_progress(Progress(time.monotonic() - start_at, completed, recorded))
+                        continue
+                    waiting.remove(pipe)  # type: ignore[arg-type]
+                    (failures if kind == "error" else parts).append(payload[0])
+            except KeyboardInterrupt:
+                if halted:
+                    raise
+                halted = True
+                for pipe in waiting:
+                    with contextlib.suppress(OSError):  # a process that died: its error follows
+                        pipe.send(("halt",))
         if failures:
             raise BenchError("load generator failed: " + "; ".join(failures))
+        if halted:
+            raise Interrupted(merge(plan, parts))
         return merge(plan, parts)

@@ -118,6 +118,7 @@ class Part:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     capped: bool = False
+    halted: bool = False  # stopped early by the parent (Ctrl-C)
 
     def count_sent(self, start: float) -> None:
         if start >= self.window_start:
@@ -201,11 +202,12 @@ class Progress:
 
 def split_plan(plan: LoadPlan, processes: int) -> list[LoadPlan]:
     """Each process's plan: concurrency, rate (steps too) and the request budget divided over
-    ``processes`` (the remainder to the first ones), constant schedules staggered by ``phase``
-    so that together they interleave evenly."""
+    ``processes`` (the remainder to the first ones; the budget over those with a connection),
+    constant schedules staggered by ``phase`` so that together they interleave evenly."""
+    active = min(processes, plan.concurrency) if plan.mode == "closed" else processes
 
-    def portion(total: int, i: int) -> int:
-        return total // processes + (i < total % processes)
+    def portion(total: int, i: int, n: int = processes) -> int:
+        return total // n + (i < total % n) if i < n else 0
 
     return [
         replace(
@@ -213,7 +215,7 @@ def split_plan(plan: LoadPlan, processes: int) -> list[LoadPlan]:
             concurrency=portion(plan.concurrency, i) if plan.mode == "closed" else 0,
             rate=plan.rate / processes if plan.mode == "open" else 0.0,
             steps=tuple((seconds, rate / processes) for seconds, rate in plan.steps),
-            requests=None if plan.requests is None else portion(plan.requests, i),
+            requests=None if plan.requests is None else portion(plan.requests, i, active),
             phase=i / processes,
             seed=plan.seed * 1009 + i,
         )
@@ -234,11 +236,12 @@ def merge(plan: LoadPlan, parts: list[Part]) -> LoadResult:
     # A timed run's window is at least its duration (a few early answers must not inflate the
     # rate); a counted run's window ends at its last answer.
     window = max(0.0, last_done - total.window_start) if completed else 0.0
-    if plan.duration_s is not None and plan.requests is None:
+    halted = any(p.halted for p in parts)
+    if plan.duration_s is not None and plan.requests is None and not halted:
         window = max(window, plan.duration_s)
     lag = summarize(total.lag)
     cpu_pct = [100.0 * p.cpu_s / p.wall_s if p.wall_s > 0 else math.nan for p in parts]
-    behind = []
+    behind = [f"interrupted: a partial run, {window:.2f} s measured"] if halted else []
     if plan.mode == "open" and lag.count and lag.p99_ms > LAG_WARN_MS:
         behind.append(f"p99 send lag {lag.p99_ms:.1f} ms > {LAG_WARN_MS:g} ms")
     if any(p.capped for p in parts):

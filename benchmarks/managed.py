@@ -67,10 +67,11 @@ def read_key_file(path: str | Path) -> tuple[str | None, str | None]:
 
 
 def parse_url(url: str) -> tuple[str, int]:
-    """(host, port) of an ``http://`` URL; https is refused (plain HTTP/1.1 only)."""
+    """(host, port) of an ``http://`` URL; https (plain HTTP/1.1 only) and a path (the bench
+    sends to its own routes) are refused."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise BenchError(f"{url!r}: give an http://host:port URL")
+    if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise BenchError(f"{url!r}: give an http://host:port URL, without a path")
     return parts.hostname, parts.port or 80
 
 
@@ -191,8 +192,14 @@ class ManagedServer:
         self._log = (self.run_dir / "server.log").open("wb")
         self.started_at = time.monotonic()
         command, env = self._launch()
+        # Its own session: a Ctrl-C halts the load and reports it, then stops the server.
         self.proc = subprocess.Popen(
-            command, cwd=self.run_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env
+            command,
+            cwd=self.run_dir,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         try:
             self.endpoints = self._wait_ready()

@@ -7,6 +7,7 @@ server at the winner's rate and is searched as a configuration is.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ class _Search:
         self.mgmt = Management(endpoints.host, port, endpoints.management_key)
         self.target = make_target(endpoints, options, model, None)
         self.current: Batching | None = None
+        self.outcomes: list[Outcome] = []  # set by search_all, measured or not
         self.progress = Eta(0, log)  # set by search_all
 
     def configure(self, config: Batching) -> None:
@@ -158,7 +160,8 @@ class _Search:
     def search_all(self) -> tuple[list[Outcome], list[Outcome]]:
         """Every configuration's outcome, and the (at most two) best that met the SLA, best
         first, repeated."""
-        o, outcomes = self.o, [Outcome(c) for c in self.o.configurations()]
+        o = self.o
+        self.outcomes = outcomes = [Outcome(c) for c in self.o.configurations()]
         measured = _distinct(outcomes)
         top = min(2, len(measured))
         # The autopilot's progress units: its runs, its probe and its search.
@@ -227,24 +230,37 @@ def run_sla(options: SlaOptions, log: Log = print) -> SlaResult:
     """Start one server from ``options.archive``, search every configuration, repeat the top two,
     write the report files into ``options.out_dir`` and optionally apply the winner."""
     manifest = read_manifest(options.archive).model
+    if options.apply and not os.access(options.archive.resolve().parent, os.W_OK):
+        raise BenchError(f"--apply: {options.archive.parent} is read-only; nothing was run")
     options.out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with _searching(options, manifest.model_name, options.out_dir / "server", log) as search:
-        outcomes, ranked = search.search_all()
-    result = SlaResult(options, manifest.model_name, manifest.model_version, outcomes, ranked)
-    w = result.winner
-    if result.note:
-        log(result.note)
-    if result.swapped and w is not None:
-        log(f"{w.label} held the SLA in every repeat, the search's pick did not: it wins")
-    if options.autopilot and result.pace is not None:
-        _run_autopilot(result, result.pace, search.progress, log)
+    started, name, version = time.monotonic(), manifest.model_name, manifest.model_version
+    search, result = None, None
+    try:
+        with _searching(options, name, options.out_dir / "server", log) as search:
+            result = SlaResult(options, name, version, *search.search_all())
+        w = result.winner
+        if result.note:
+            log(result.note)
+        if result.swapped and w is not None:
+            log(f"{w.label} held the SLA in every repeat, the search's pick did not: it wins")
+        if options.autopilot and result.pace is not None:
+            _run_autopilot(result, result.pace, search.progress, log)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was measured, in a report saying so
+        if search is None:
+            raise
+        result = result or SlaResult(options, name, version, search.outcomes, [])
+        result.interrupted, result.elapsed_s = True, time.monotonic() - started
+        sla_report.write_all(result)
+        log(f"interrupted: a partial report is in {options.out_dir}")
+        raise
     result.elapsed_s = time.monotonic() - started
-    if options.apply and w is not None:
-        backup = apply_settings(options.archive, w.config)
-        result.applied = options.archive
-        log(f"applied {w.label} to {options.archive} (the original is kept as {backup})")
-    sla_report.write_all(result)
+    try:
+        if options.apply and w is not None:
+            backup = apply_settings(options.archive, w.config)
+            result.applied = options.archive
+            log(f"applied {w.label} to {options.archive} (the original is kept as {backup})")
+    finally:  # the search's report, whatever --apply met
+        sla_report.write_all(result)
     return result
 
 

@@ -141,6 +141,7 @@ class SlaResult:
     autopilot: Outcome | None = None  # its runs at the pace's rate (sla._run_autopilot)
     autopilot_state: dict[str, Any] | None = None  # its describe-model state after those runs
     autopilot_search: Outcome | None = None  # its own highest rate within the SLA, searched
+    interrupted: bool = False  # stopped (Ctrl-C, SIGTERM) before the end: a partial report
 
     def __post_init__(self) -> None:
         """Crown the winner. One that missed the SLA in ANY repeat never is: of those repeated,

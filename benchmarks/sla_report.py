@@ -105,6 +105,9 @@ def _head_lines(result: SlaResult, command: str | None) -> list[str]:
         f"{list(o.max_delays_ms)}, workers {list(o.workers)}",
         "machine": describe_machine(machine_info()),
         "search took": f"{result.elapsed_s:.0f} s",
+        "INTERRUPTED": "a partial search (Ctrl-C or SIGTERM): what it measured until then"
+        if result.interrupted
+        else None,
         "load generator": f"{o.processes} process(es), {o.arrival} arrivals, {o.step_s:g} s "
         f"steps after {o.step_warmup_s:g} s warm-up",
     }
@@ -114,7 +117,8 @@ def _head_lines(result: SlaResult, command: str | None) -> list[str]:
 def _winner_facts(result: SlaResult) -> dict[str, str | None]:
     w, r = result.winner, result.runner_up
     if w is None or w.best_step is None:  # none met the SLA, or none held it in every repeat
-        return {"No winner": result.note.strip() or "no configuration met the SLA at any load"}
+        why = "no configuration met the SLA at any load"
+        return {"No winner": result.note.strip() or ("interrupted" if result.interrupted else why)}
     best, c = w.best_step.result, w.config
     return {
         "winner": f"**{w.label}**: batch size {c.batch_size}, max batch delay "
@@ -270,6 +274,7 @@ def result_json(result: SlaResult) -> dict[str, Any]:
         "sla_p99_ms": result.options.sla_p99_ms,
         "machine": machine_info(),
         "elapsed_s": result.elapsed_s,
+        "interrupted": result.interrupted,
         "winner": result.winner.label if result.winner else None,
         "runner_up": result.runner_up.label if result.runner_up else None,
         "configurations": [_outcome_json(oc) for oc in result.outcomes],

@@ -20,6 +20,17 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> runner.Assets:
     return runner.prepare_models(Path(tmp_path_factory.mktemp("bench-assets")))
 
 
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(tiny.mar built by our archiver with the raw handler, one raw body file)."""
+    out = tmp_path_factory.mktemp("tb-bench")
+    assets = runner.prepare_models(out)
+    only = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
+    archived = runner.archive_models(only, out, sys.executable)
+    assert archived.model_store is not None
+    return archived.model_store / "tiny.mar", assets.body["tiny"]
+
+
 @pytest.fixture(scope="module")
 def gen() -> Iterator[LoadGenerator]:
     """One load-generator process, reused by a module's runs (as run_scenarios reuses it)."""

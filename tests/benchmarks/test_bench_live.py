@@ -35,17 +35,6 @@ from torchbay.cli import main
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(tiny.mar built by our archiver with the raw handler, one raw body file)."""
-    out = tmp_path_factory.mktemp("tb-bench")
-    assets = runner.prepare_models(out)
-    only = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
-    archived = runner.archive_models(only, out, sys.executable)
-    assert archived.model_store is not None
-    return archived.model_store / "tiny.mar", assets.body["tiny"]
-
-
 def read_config(archive: Path, work: Path) -> dict:
     """The archive's model-config.yaml as a dict ({} when it has none), hashes checked."""
     name = extract_archive(archive, work).model.config_file
@@ -104,8 +93,14 @@ def test_open_loop_measures_from_the_schedule(server, tiny) -> None:
     options = _url_options(
         endpoints, key_file, tiny[1], rate=300.0, arrival="poisson", duration_s=1.0
     )
-    r = run_bench(options).result
+    report = run_bench(options)
+    r = report.result
     assert r.mode == "open" and r.offered_rate == 300.0
+    # The report says how the load was made (it said neither the arrivals nor the warm-up).
+    assert report.as_dict()["load"]["arrival"] == "poisson" and report.load["warmup_s"] == 0.0
+    assert "load: {'arrival': 'poisson', 'warmup_s': 0.0, 'duration_s': 1.0" in format_report(
+        report
+    )
     assert r.sent > 100
     # Every request is answered; a busy host may shed some with 503 (the queue bound): the
     # measurement must still account for each one.
@@ -288,3 +283,68 @@ def test_bundled_scenarios_parse() -> None:
     for name in suite_names():
         scenario = find_suite(name)
         assert scenario.runs and scenario.sla and scenario.sla["sla_p99_ms"] > 0
+
+
+def test_apply_that_cannot_write_keeps_the_report(tiny, tmp_path) -> None:
+    """--apply whose archive cannot be rewritten (a read-only model store; here a name too long
+    for the backup's suffix, which root cannot get past either): one clear error, the archive as
+    it was, and the search's report written (it was lost, after the whole search, to a raw
+    OSError traceback)."""
+    archive = tmp_path / ("t" * 247 + ".mar")
+    shutil.copy(tiny[0], archive)
+    short = {"step_s": 0.3, "probe_s": 0.3, "step_warmup_s": 0.0, "config_warmup_s": 0.0}
+    options = SlaOptions(
+        archive=archive,
+        inputs=(tiny[1],),
+        sla_p99_ms=60_000.0,
+        max_error_rate=1.0,
+        max_steps=2,
+        repeats=0,
+        min_requests=5,
+        out_dir=tmp_path / "out",
+        apply=True,
+        autopilot=False,
+        **short,
+    )
+    with pytest.raises(BenchError, match=r"--apply: cannot keep the original beside it: .*long"):
+        run_sla(options, log=lambda line: None)
+    assert archive.read_bytes() == tiny[0].read_bytes()
+    report = (options.out_dir / "report.md").read_text()
+    assert "**b1-d5-w1**" in report and "applied to" not in report
+
+
+def test_an_interrupted_sla_search_leaves_a_partial_report(tiny, tmp_path) -> None:
+    """Ctrl-C (here: KeyboardInterrupt raised where the search logs its second configuration's
+    search, as a Ctrl-C does at any point) left no report at all, however long the search had
+    run. Now the configurations measured so far are written, the report saying it is partial."""
+
+    searches: list[str] = []
+
+    def interrupt(line: str) -> None:
+        if line.startswith("searching "):
+            searches.append(line.split()[1])
+        if len(searches) == 2:
+            raise KeyboardInterrupt
+
+    short = {"step_s": 0.3, "probe_s": 0.3, "step_warmup_s": 0.0, "config_warmup_s": 0.0}
+    options = SlaOptions(
+        archive=tiny[0],
+        inputs=(tiny[1],),
+        sla_p99_ms=60_000.0,
+        max_error_rate=1.0,
+        batch_sizes=(1, 4),
+        max_delays_ms=(1.0,),
+        max_steps=2,
+        min_requests=5,
+        prune=False,
+        out_dir=tmp_path / "out",
+        **short,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run_sla(options, log=interrupt)
+    report = (options.out_dir / "report.md").read_text()
+    assert "- INTERRUPTED: a partial search" in report and "- No winner: interrupted" in report
+    saved = json.loads((options.out_dir / "result.json").read_text())
+    assert saved["interrupted"] is True and saved["winner"] is None
+    status = {c["config"]: c["status"] for c in saved["configurations"]}
+    assert status == {searches[0]: "searched", searches[1]: "pending"}

@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from torchbay.benchmarks import cli
 from torchbay.benchmarks.bench import RunOptions
 from torchbay.benchmarks.sla import SlaOptions
@@ -85,3 +88,33 @@ def test_a_run_whose_every_request_failed_exits_1(tmp_path: Path) -> None:
     assert out.returncode == 1, out.stderr
     assert f"no request to http://127.0.0.1:{port}/predictions/m succeeded" in out.stderr
     assert "Traceback" not in out.stderr and "0 ok" in out.stdout
+
+
+def test_an_infinite_rate_or_duration_is_refused(tmp_path: Path) -> None:
+    """``--rate inf`` scheduled every request at once and hung the generator for ever (no report,
+    no exit); ``--duration inf`` never ended. Both are refused before anything starts, as any
+    non-finite number of the options is."""
+    body = tmp_path / "x.bin"
+    body.write_bytes(b"x")
+    cmd = [sys.executable, "-m", "torchbay", "bench", "run", "--url", "http://127.0.0.1:9"]
+    cmd += ["--model", "m", "--input", str(body), "--warmup", "0"]
+    for load in (["--rate", "inf", "--duration", "1"], ["-c", "1", "--duration", "inf"]):
+        out = subprocess.run([*cmd, *load], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 2, out.stderr
+        assert "invalid configuration" in out.stderr and "finite number" in out.stderr
+    args = _parse("sla", "--archive", "a", "--input", "x", "--sla-p99-ms", "5", "--step", "inf")
+    with pytest.raises(ValidationError, match="finite number"):
+        cli._options(SlaOptions, args)
+
+
+def test_a_url_with_a_path_is_refused(tmp_path: Path) -> None:
+    """``--url http://host:port/predictions/m`` (the URL curl is given) or a proxy's prefix: the
+    path was dropped without a word and the load sent to ``/predictions/MODEL`` of the host."""
+    body = tmp_path / "x.bin"
+    body.write_bytes(b"x")
+    cmd = [sys.executable, "-m", "torchbay", "bench", "run", "--model", "m", "--input", str(body)]
+    for url in ("http://127.0.0.1:9/predictions/m", "http://127.0.0.1:9/prefix/"):
+        load = ["--url", url, "-c", "1", "--duration", "0.5", "--warmup", "0"]
+        out = subprocess.run([*cmd, *load], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "sent" not in out.stdout, out.stdout
+        assert f"torchbay: error: {url!r}: give an http://host:port URL" in out.stderr

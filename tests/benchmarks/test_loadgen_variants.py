@@ -151,3 +151,26 @@ def test_two_processes_split_a_stepped_open_loop(by_path: int) -> None:
     assert result.sent == result.statuses["200"] == len(starts) == 30
     assert sum(start < 0.19 for start in starts) == 10  # the last of the first: 0.18 s
     assert starts[1] - starts[0] == pytest.approx(1 / 50)  # interleaved, not side by side
+
+
+def test_fewer_connections_than_processes_still_send_every_request(by_path: int) -> None:
+    """``-c 1 -n 10 --procs 2``: one process has no connection; the request budget goes to the
+    one that has (it was split over both, and the idle one's half was never sent: 5 of 10)."""
+    target = Target("127.0.0.1", by_path, "/predictions/a", (b"{}",))
+    with LoadGenerator(2) as two:
+        result = two.run(LoadPlan(target, concurrency=1, duration_s=None, requests=10))
+        assert (result.sent, result.statuses) == (10, {"200": 10})
+        result = two.run(LoadPlan(target, concurrency=3, duration_s=None, requests=7))
+        assert (result.sent, result.statuses) == (7, {"200": 7})
+
+
+def test_open_loop_requests_never_sent_count_as_timeouts(gen: LoadGenerator) -> None:
+    """An open loop on a server that never answers, its 2 connections stuck: the 28 requests
+    still queued for a connection when the run gives up were scheduled in the window and never
+    answered. They count as sent and timed out (they vanished: '2 sent, 2 timeouts', a 2-request
+    run where 30 were offered, and an error rate over 2 sends)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        mute = Target("127.0.0.1", silent.getsockname()[1], "/", (b"{}",))
+        plan = LoadPlan(mute, "open", rate=100.0, duration_s=0.3, timeout_s=0.5, max_connections=2)
+        result = gen.run(plan)
+    assert result.statuses == {"timeout": 30} and result.sent == 30 and result.ok == 0

@@ -135,3 +135,13 @@ def test_build_archive_reports_a_failing_or_missing_script(tmp_path: Path) -> No
     failing = "import sys\nprint('boom: no data', file=sys.stderr)\nsys.exit(1)\n"
     with pytest.raises(BenchError, match="failed:\nboom: no data"):
         build_archive(_suite(tmp_path, failing), tmp_path, print)
+
+
+def test_a_zero_duration_is_refused_not_replaced_by_the_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench scenario tiny --duration 0`` ran every scenario for the suite's own 10 s (a 0
+    read as 'not given'); it is refused as ``bench run --duration 0`` is, before any server."""
+    assert main(["bench", "scenario", "tiny", "--duration", "0", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "duration_s: Input should be greater than 0" in err and "sent" not in err
