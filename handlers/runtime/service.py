@@ -380,8 +380,8 @@ def load_service(
     )
     if sequence_headers:  # before the handler's initialize, which may read them
         keys = ("id", "start", "end")
-        for key, name in zip(keys, sequence_headers, strict=True):
-            setattr(context, f"header_key_sequence_{key}", name)
+        for key, header in zip(keys, sequence_headers, strict=True):
+            setattr(context, f"header_key_sequence_{key}", header)
     spec = str(handler or model.get("handler") or "")
     # An absolute file only from the Load (the server's default_service_handler).
     resolved = start_handler(spec, model_dir, context, outside_ok=handler is not None)
