@@ -83,11 +83,8 @@ class ModelRegistry:
         self.startup_models: set[str] = set()  # "name/version" registered at start-up
         self._lock = asyncio.Lock()
         # Many models per host: None unless max_loaded_models is set (serving/multiplex.py).
-        self.multiplexer = (
-            Multiplexer(config.max_loaded_models, self.all_versions)
-            if config.max_loaded_models
-            else None
-        )
+        limit = config.max_loaded_models
+        self.multiplexer = Multiplexer(limit, self.all_versions) if limit else None
 
     # -- lookup ---------------------------------------------------------------------------------
 
@@ -118,10 +115,6 @@ class ModelRegistry:
         return self.defaults.get(mv.name) == mv.version
 
     # -- registration ---------------------------------------------------------------------------
-
-    def archive_path(self, url: str) -> Path:
-        """A model-store archive named by ``url`` (a file name or path inside the store)."""
-        return store.archive_path(self.config.model_store, url)
 
     def store_archives(self) -> list[Path]:
         """Every archive in the model store (``load_models=all``)."""
@@ -154,7 +147,8 @@ class ModelRegistry:
                 raise BadRequest("Registering from a URL is not enabled (allowed_urls)")
             path = await self.fetch(url)
         else:  # an absolute directory only at start-up: the operator's, not an API client's
-            path = (store.startup_directory(url) if startup else None) or self.archive_path(url)
+            given = store.startup_directory(url) if startup else None
+            path = given or store.archive_path(self.config.model_store, url)
         try:
             api = dict(overrides or {})
             if initial_workers is not None:
@@ -355,6 +349,13 @@ class ModelRegistry:
             raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
         if self.defaults.get(name) == version and sum(not v.leaving for v in versions.values()) > 1:
             raise DefaultVersionInUse(f"Cannot remove default version for model {name}")
+        await self.remove(mv, timeout, checked=True)
+
+    async def remove(self, mv: ModelVersion, timeout: float, checked: bool = False) -> None:
+        """Drain then stop exactly ``mv``, the default or not (a workflow's node: the version it
+        registered, whatever versions were added since), unless it is gone or going already."""
+        if not checked and (mv.leaving or self.models.get(mv.name, {}).get(mv.version) is not mv):
+            return
         mv.leaving = True
         try:  # a worker still busy past the drain runs requests answered 503: stopped at once
             await mv.stop(10.0 if await mv.drain(timeout) else 1.0)

@@ -27,6 +27,7 @@ from torchbay.server.errors import BadRequest, Conflict, TorchbayError
 from torchbay.server.plane import DataPlane
 from torchbay.server.plane.management import Management, Status, require_model_api
 from torchbay.server.serving import store
+from torchbay.server.serving.model import ModelVersion
 from torchbay.server.workflows import archive
 from torchbay.server.workflows.archive import WorkflowNotFound
 from torchbay.server.workflows.spec import Node, WorkflowSpec, parse_spec
@@ -61,6 +62,9 @@ class Workflow:
     url: str
     spec: WorkflowSpec
     folder: Path
+    # The model version each node registered, by node: the one its unregistration removes,
+    # whatever other versions of that model an operator registered or made the default.
+    versions: dict[str, ModelVersion] = field(default_factory=dict)
     runs: int = 0
     idle: asyncio.Event = field(default_factory=_set_event)  # set while no run is in flight
 
@@ -211,8 +215,7 @@ class Workflows:
             if isinstance(result, BaseException)
         ]
         if failures:
-            registered = [n.name for n, r in zip(nodes, results, strict=True) if r is None]
-            await self._unregister_nodes(workflow, registered)
+            await self._unregister_nodes(workflow)
             raise WorkflowException(
                 f"Workflow {workflow.name} has failed to register. "
                 f"Failures: [{', '.join(failures)}]"
@@ -230,14 +233,18 @@ class Workflows:
         }
         try:
             if node.url is not None:
-                await registry.register(node.url, name=name, overrides=overrides, startup=False)
+                workflow.versions[node.name] = await registry.register(
+                    node.url, name=name, overrides=overrides, startup=False
+                )
                 return
             dest = workflow.folder.parent / f"{workflow.folder.name}-{node.name}"
             folder = await asyncio.to_thread(
                 archive.function_folder, unpacked, node.name, name, dest
             )
             try:
-                await registry.register_local(folder, name=name, overrides=overrides)
+                workflow.versions[node.name] = await registry.register_local(
+                    folder, name=name, overrides=overrides
+                )
             finally:
                 shutil.rmtree(folder, ignore_errors=True)  # the registry copied it
         except Exception as exc:
@@ -252,7 +259,7 @@ class Workflows:
         self._taken.add(name)
         try:
             await self._finish_runs(workflow)
-            await self._unregister_nodes(workflow, list(workflow.spec.nodes))
+            await self._unregister_nodes(workflow)
         finally:
             self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
             self._taken.discard(name)
@@ -274,13 +281,16 @@ class Workflows:
                 timeout,
             )
 
-    async def _unregister_nodes(self, workflow: Workflow, nodes: list[str]) -> None:
+    async def _unregister_nodes(self, workflow: Workflow) -> None:
+        """Exactly the model versions the workflow's nodes registered (TorchServe unregisters
+        each node model's default version: one an operator added and made the default, and
+        the node's own version then left behind, which made a registration again fail)."""
         registry = self.management.registry
         timeout = self.management.config.unregister_model_timeout_s
-        names = [workflow.model_of(node) for node in nodes]
+        versions = list(workflow.versions.values())
+        workflow.versions.clear()
         results = await asyncio.gather(
-            *(registry.unregister(n, None, timeout) for n in names if n in registry.models),
-            return_exceptions=True,
+            *(registry.remove(mv, timeout) for mv in versions), return_exceptions=True
         )
         for result in results:
             if isinstance(result, BaseException):

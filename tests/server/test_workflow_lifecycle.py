@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, make_config, until
+from tests.server.conftest import LiveServer, make_config, tiny_archive, until
 from tests.server.workflow_store import LIVE_MARKS, build_workflow
 
 pytestmark = LIVE_MARKS
@@ -23,6 +23,7 @@ SPECS = {
     "quick": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
     "drained": "models:\n  retry-attempts: 0\ndag:\n  held: [relay]\n",
     "upload": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
+    "versioned": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
 }
 
 
@@ -41,6 +42,8 @@ def live(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Iterator[Live
         (work / f"{name}.yaml").write_text(text)
         build_workflow(wars, name, work / f"{name}.yaml", handler)
     (work / "models").mkdir()
+    # An operator's own version 2.0 of a node's model (test_an_operators_version_of_a_node...)
+    tiny_archive(work, work / "models", "other", "tensor", version="2.0")
     config = make_config(work / "models", workflow_store=wars, enable_model_api=True)
     server = LiveServer(config).start()
     try:
@@ -141,3 +144,41 @@ def test_a_workflow_unregistered_while_a_request_uploads_is_that_requests_404(
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line.startswith(b"HTTP/1.1 404 "), answer
     assert b'"message":"Workflow not found: upload"' in rest, answer
+
+
+def _versions(live: LiveServer, model: str) -> dict[str, bool]:
+    """``model``'s registered versions, each with whether it is the default (describe)."""
+    described = httpx.get(f"{live.management_url}/models/{model}/all", timeout=60)
+    if described.status_code == 404:
+        return {}
+    assert described.status_code == 200, described.text
+    return {d["modelVersion"]: d["isDefault"] for d in described.json()}
+
+
+@pytest.mark.parametrize("default", ["2.0", "1.0"])
+def test_an_operators_version_of_a_node_model_stays_and_the_workflows_goes(
+    live: LiveServer, default: str
+) -> None:
+    """An operator registered version 2.0 of a node's model (versioned__relay) beside the
+    node's own 1.0: unregistering the workflow removed the model's default version, or failed
+    (logged) when that default had another version beside it; the node's 1.0 stayed behind,
+    and registering the workflow again was a 500 (version 1.0 already registered). Now the
+    workflow removes exactly the version it registered, the default or not, and the
+    operator's stays."""
+    workflows, models = f"{live.management_url}/workflows", f"{live.management_url}/models"
+    node = "versioned__relay"
+    assert httpx.post(f"{workflows}?url=versioned.war", timeout=300).status_code == 200
+    mine = httpx.post(f"{models}?url=other.mar&model_name={node}", timeout=300)
+    assert mine.status_code == 200, mine.text
+    made = httpx.put(f"{models}/{node}/{default}/set-default", timeout=60)
+    assert made.status_code == 200, made.text
+    assert _versions(live, node) == {"1.0": default == "1.0", "2.0": default == "2.0"}
+    gone = httpx.delete(f"{workflows}/versioned", timeout=300)
+    assert gone.status_code == 200, gone.text
+    assert _versions(live, node) == {"2.0": True}
+    again = httpx.post(f"{workflows}?url=versioned.war", timeout=300)
+    assert again.status_code == 200, again.text
+    assert _versions(live, node) == {"1.0": False, "2.0": True}
+    assert httpx.delete(f"{workflows}/versioned", timeout=300).status_code == 200
+    assert _versions(live, node) == {"2.0": True}
+    assert httpx.delete(f"{models}/{node}", timeout=300).status_code == 200
