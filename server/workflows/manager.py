@@ -17,7 +17,7 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,8 +96,11 @@ class Workflows:
         # drain, which may take minutes; no lock is held meanwhile, so other workflows
         # register and go at once.
         self._taken: set[str] = set()
-        # The models serving a workflow's node, from its registration's start to its
-        # unregistration's end (a snapshot meanwhile must not hold them either).
+        # The model names of every workflow's nodes, each with its workflow, from its
+        # registration's start to its unregistration's end: one name serves one workflow's
+        # node at most (``a`` with node ``b__c`` and ``a__b`` with node ``c``: both a__b__c).
+        self._claims: dict[str, str] = {}
+        # Those that were no operator's model when claimed: left out of config snapshots.
         self._nodes: set[str] = set()
 
     def serves(self, model_name: str) -> bool:
@@ -182,17 +185,40 @@ class Workflows:
         if workflow.name in self.workflows or workflow.name in self._taken:
             raise ConflictStatusException(f"Workflow {workflow.name} is already registered.")
         names = {workflow.model_of(n) for n in workflow.spec.nodes}
-        added = names - set(self.management.registry.models) - self._nodes
+        self._refuse_claimed(workflow, names)
+        added = names - set(self.management.registry.models)
+        self._claims.update(dict.fromkeys(names, workflow.name))
         self._nodes |= added
         self._taken.add(workflow.name)
         try:
             await self._register_nodes(workflow, unpacked)
         except BaseException:
-            self._nodes -= added
+            self._release(names)
             raise
         finally:
             self._taken.discard(workflow.name)
         self.workflows[workflow.name] = workflow
+
+    def _refuse_claimed(self, workflow: Workflow, names: set[str]) -> None:
+        """A 500 in TorchServe's words, before any node loads, when another workflow's node
+        has the model name of one of ``workflow``'s: its nodes would share that model (its
+        runs answered by the other's node; its rollback or unregistration removing it)."""
+        failures = [
+            f"Workflow Node {name} failed to register. Details: Model {name} serves node "
+            f"{name.removeprefix(owner + '__')} of workflow {owner}"
+            for name in names
+            if (owner := self._claims.get(name)) is not None
+        ]
+        if failures:
+            raise WorkflowException(
+                f"Workflow {workflow.name} has failed to register. "
+                f"Failures: [{', '.join(sorted(failures))}]"
+            )
+
+    def _release(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._claims.pop(name, None)
+            self._nodes.discard(name)
 
     async def _locate(self, url: str) -> Path:
         if url.startswith(("http://", "https://")):
@@ -261,7 +287,7 @@ class Workflows:
             await self._finish_runs(workflow)
             await self._unregister_nodes(workflow)
         finally:
-            self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
+            self._release(workflow.model_of(n) for n in workflow.spec.nodes)
             self._taken.discard(name)
             shutil.rmtree(workflow.folder, ignore_errors=True)
         return Status(f'Workflow "{name}" unregistered')

@@ -24,6 +24,9 @@ SPECS = {
     "drained": "models:\n  retry-attempts: 0\ndag:\n  held: [relay]\n",
     "upload": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
     "versioned": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
+    # pair's node one__two and pair__one's node two: both the model pair__one__two
+    "pair": "models:\n  retry-attempts: 0\ndag:\n  one__two: []\n",
+    "pair__one": "models:\n  retry-attempts: 0\n  two:\n    url: other.mar\ndag:\n  two: []\n",
 }
 
 
@@ -182,3 +185,26 @@ def test_an_operators_version_of_a_node_model_stays_and_the_workflows_goes(
     assert httpx.delete(f"{workflows}/versioned", timeout=300).status_code == 200
     assert _versions(live, node) == {"2.0": True}
     assert httpx.delete(f"{models}/{node}", timeout=300).status_code == 200
+
+
+def test_a_node_whose_model_name_another_workflows_node_has_is_refused(live: LiveServer) -> None:
+    """Workflow pair's node one__two and pair__one's node two are both the model
+    pair__one__two. pair__one's node (version 2.0) was registered as a second version of
+    pair's node model: 200, and pair__one's runs were answered by pair's node (the default
+    version); registered the other way round or at once, a failing one's rollback took the
+    name out of the ones config snapshots leave out. Now the second is refused before any
+    node loads, in TorchServe's words, and the first one's model is untouched."""
+    workflows = f"{live.management_url}/workflows"
+    assert httpx.post(f"{workflows}?url=pair.war", timeout=300).status_code == 200
+    refused = httpx.post(f"{workflows}?url=pair__one.war", timeout=300)
+    assert refused.status_code == 500, refused.text
+    assert refused.json()["message"] == (
+        "Workflow pair__one has failed to register. Failures: [Workflow Node pair__one__two "
+        "failed to register. Details: Model pair__one__two serves node one__two of workflow pair]"
+    )
+    assert _versions(live, "pair__one__two") == {"1.0": True}
+    assert httpx.get(f"{workflows}/pair__one", timeout=60).status_code == 404
+    answer = httpx.post(f"{live.url}/wfpredict/pair", content=b"hi", timeout=120)
+    assert answer.status_code == 200 and answer.content == b"hi"
+    assert httpx.delete(f"{workflows}/pair", timeout=300).status_code == 200
+    assert _versions(live, "pair__one__two") == {}
