@@ -46,6 +46,7 @@ log = logging.getLogger("torchbay.registry")
 PlaceFn = Callable[[ModelVersion, int, ModelConfig], Placement]
 # url -> local archive path (remote registration; see serving.fetch)
 FetchFn = Callable[[str], Awaitable[Path]]
+Registered = Callable[[ModelVersion], object]  # register's: a version is in the registry
 
 
 class ModelRegistry:
@@ -98,8 +99,7 @@ class ModelRegistry:
         if not versions:
             triton = f"Request for unknown model: '{name}' is not found"
             raise ModelNotFound(f"Model not found: {name}", oip_message=triton)
-        if version is None:
-            version = self.defaults[name]
+        version = self.defaults[name] if version is None else version
         try:
             return versions[version]
         except KeyError:
@@ -130,14 +130,15 @@ class ModelRegistry:
         synchronous: bool = True,
         default_workers: int | None = None,
         startup: bool = True,
+        registered: Registered | None = None,
     ) -> ModelVersion:
         """Unpack, configure and start one model version. Raises Conflict, BadRequest, load errors.
 
         With ``synchronous=False`` the workers start in the background and this returns as soon
         as the version is registered (status LOADING). ``default_workers`` replaces the server's
         ``default_workers_per_model`` when neither ``initial_workers`` nor the archive's config
-        says (the management API passes TorchServe's 0). ``startup=False``: registered through
-        an API, not at start-up (describe's ``loadedAtStartup``).
+        says (the management API passes TorchServe's 0). ``startup=False``: through an API, not
+        at start-up (``loadedAtStartup``). ``registered(mv)``: once in, before workers start.
         """
         if not url:
             raise ModelNotFound("empty url")  # TorchServe's answer
@@ -154,7 +155,7 @@ class ModelRegistry:
             if initial_workers is not None:
                 api["initial_workers"] = initial_workers
             mv = await self._register(
-                path, url, name, api, default_workers, synchronous, from_api=not startup
+                path, url, name, api, default_workers, synchronous, not startup, registered
             )
             if startup:
                 self.startup_models.add(mv.key)
@@ -169,12 +170,11 @@ class ModelRegistry:
         *,
         name: str,
         overrides: Mapping[str, Any],
-        synchronous: bool = True,
+        registered: Registered | None = None,
     ) -> ModelVersion:
-        """Register an archive folder the server made itself, not one of the model store: a
-        workflow's function node (``server/workflows``). Its URL is empty (the model list leaves
-        it out, as TorchServe lists no function node) and it is never a start-up model."""
-        return await self._register(path, "", name, dict(overrides), None, synchronous)
+        """Register a folder the server made, a workflow's function node (``server/workflows``):
+        its URL is empty (no model list shows it, as TorchServe's), never a start-up model."""
+        return await self._register(path, "", name, dict(overrides), None, True, False, registered)
 
     async def _register(
         self,
@@ -184,7 +184,8 @@ class ModelRegistry:
         overrides: Mapping[str, Any],
         default_workers: int | None,
         synchronous: bool,
-        from_api: bool = False,
+        from_api: bool,
+        registered: Registered | None,
     ) -> ModelVersion:
         loose = store.is_model_directory(path)
         manifest, overrides = await self._manifest(path, loose, name, overrides)
@@ -223,6 +224,8 @@ class ModelRegistry:
             self.models.setdefault(name, {})[version] = mv
             if name not in self.defaults or config.default_version:
                 self.defaults[name] = version
+            if registered is not None:
+                registered(mv)
         if synchronous:
             await self._start(mv, from_api=from_api)
         else:

@@ -6,9 +6,9 @@ registers every node as a model named ``{workflow}__{node}``: a model node from 
 (the model store, or an allowed URL) with the spec's workers, batch size and delay; a function
 node from a folder made of the archive (``archive.function_folder``), whose worker calls the
 handler's function, so that a user's function runs in a worker process, never in the frontend.
-A node that fails to register fails the workflow (500, every node's reason named) and the nodes
-already registered are unregistered again. Unregistering lets the workflow's runs in flight
-finish before its nodes go. Torch-free.
+A node that fails to register fails the workflow (500, every failed node's reason named): the
+nodes still loading stop then (``nodes.py``) and those registered are unregistered again.
+Unregistering lets the workflow's runs in flight finish before its nodes go. Torch-free.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +25,11 @@ from torchbay.server.errors import BadRequest, Conflict, TorchbayError
 from torchbay.server.plane import DataPlane
 from torchbay.server.plane.management import Management, Status, require_model_api
 from torchbay.server.serving import store
-from torchbay.server.serving.model import ModelVersion
 from torchbay.server.workflows import archive
 from torchbay.server.workflows.archive import WorkflowNotFound
-from torchbay.server.workflows.spec import Node, WorkflowSpec, parse_spec
+from torchbay.server.workflows.nodes import NodeLoads
+from torchbay.server.workflows.spec import parse_spec
+from torchbay.server.workflows.workflow import Workflow
 
 log = logging.getLogger("torchbay.workflows")
 
@@ -45,44 +44,6 @@ class BadRequestException(BadRequest):
 
 class WorkflowException(TorchbayError):
     pass
-
-
-def _set_event() -> asyncio.Event:
-    event = asyncio.Event()
-    event.set()
-    return event
-
-
-@dataclass
-class Workflow:
-    """A registered workflow: its DAG, the model each node is served by, and its runs in flight
-    (``/wfpredict`` requests), which its unregistration lets finish."""
-
-    name: str
-    url: str
-    spec: WorkflowSpec
-    folder: Path
-    # The model version each node registered, by node: the one its unregistration removes,
-    # whatever other versions of that model an operator registered or made the default.
-    versions: dict[str, ModelVersion] = field(default_factory=dict)
-    runs: int = 0
-    idle: asyncio.Event = field(default_factory=_set_event)  # set while no run is in flight
-
-    def model_of(self, node: str) -> str:
-        return f"{self.name}__{node}"
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """One run of the DAG, counted from the end of its request's body (http/wfpredict.py)
-        until it ends however it ends."""
-        self.runs += 1
-        self.idle.clear()
-        try:
-            yield
-        finally:
-            self.runs -= 1
-            if not self.runs:
-                self.idle.set()
 
 
 class Workflows:
@@ -229,53 +190,17 @@ class Workflows:
         return archive.war_path(self.store, url)
 
     async def _register_nodes(self, workflow: Workflow, unpacked: archive.Unpacked) -> None:
-        nodes = list(workflow.spec.nodes.values())
-        results = await asyncio.gather(
-            *(self._register_node(workflow, unpacked, node) for node in nodes),
-            return_exceptions=True,
-        )
-        failures = [
-            f"Workflow Node {workflow.model_of(node.name)} failed to register. Details: "
-            + (result.message if isinstance(result, TorchbayError) else "Check error logs.")
-            for node, result in zip(nodes, results, strict=True)
-            if isinstance(result, BaseException)
-        ]
+        """Every node (nodes.py: the first failure stops the others); a failure is a 500
+        naming each failed node, once the nodes registered are unregistered again."""
+        timeout = self.management.config.unregister_model_timeout_s
+        loads = NodeLoads(self.management.registry, workflow, unpacked, timeout)
+        failures = await loads.run()
         if failures:
             await self._unregister_nodes(workflow)
             raise WorkflowException(
                 f"Workflow {workflow.name} has failed to register. "
                 f"Failures: [{', '.join(failures)}]"
             )
-
-    async def _register_node(
-        self, workflow: Workflow, unpacked: archive.Unpacked, node: Node
-    ) -> None:
-        registry, name = self.management.registry, workflow.model_of(node.name)
-        overrides = {
-            "min_worker": node.settings["min-workers"],
-            "max_worker": node.settings["max-workers"],
-            "batch_size": node.settings["batch-size"],
-            "max_batch_delay": node.settings["max-batch-delay"],
-        }
-        try:
-            if node.url is not None:
-                workflow.versions[node.name] = await registry.register(
-                    node.url, name=name, overrides=overrides, startup=False
-                )
-                return
-            dest = workflow.folder.parent / f"{workflow.folder.name}-{node.name}"
-            folder = await asyncio.to_thread(
-                archive.function_folder, unpacked, node.name, name, dest
-            )
-            try:
-                workflow.versions[node.name] = await registry.register_local(
-                    folder, name=name, overrides=overrides
-                )
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)  # the registry copied it
-        except Exception as exc:
-            log.error("workflow %s: node %s failed to register: %s", workflow.name, name, exc)
-            raise
 
     async def unregister(self, name: str, *, api: bool = True) -> Status:
         if api:

@@ -27,6 +27,8 @@ SPECS = {
     # pair's node one__two and pair__one's node two: both the model pair__one__two
     "pair": "models:\n  retry-attempts: 0\ndag:\n  one__two: []\n",
     "pair__one": "models:\n  retry-attempts: 0\n  two:\n    url: other.mar\ndag:\n  two: []\n",
+    # stuck: loads until a gate the test never opens; broken fails to load once stuck loads
+    "failfast": "models:\n  retry-attempts: 0\ndag:\n  stuck: [broken]\n",
 }
 
 
@@ -52,8 +54,8 @@ def live(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Iterator[Live
     try:
         yield server
     finally:
-        (gates / "load").touch()
-        (gates / "release").touch()
+        for gate in ("load", "release", "unstuck"):
+            (gates / gate).touch()
         server.stop()
 
 
@@ -208,3 +210,25 @@ def test_a_node_whose_model_name_another_workflows_node_has_is_refused(live: Liv
     assert answer.status_code == 200 and answer.content == b"hi"
     assert httpx.delete(f"{workflows}/pair", timeout=300).status_code == 200
     assert _versions(live, "pair__one__two") == {}
+
+
+def test_a_node_that_fails_stops_the_others_loading(live: LiveServer, gates: Path) -> None:
+    """failfast's broken node fails to load once its stuck node loads, which it does until a
+    gate that never opens: the registration waited for stuck's load (here its 300 s bound,
+    minutes for a big model) before its 500. Now broken's failure stops stuck while it loads
+    (and, the second time, maybe before) and the 500, naming broken alone, comes then;
+    stuck's model is gone, so the same registration again is the same 500."""
+    workflows = f"{live.management_url}/workflows"
+    want = (
+        "Workflow failfast has failed to register. Failures: [Workflow Node failfast__broken "
+        "failed to register. Details: "
+    )
+    for _ in range(2):
+        # Within 120 s on a loaded host; stuck's load alone takes 300 s.
+        refused = httpx.post(f"{workflows}?url=failfast.war", timeout=120)
+        assert refused.status_code == 500, refused.text
+        assert refused.json()["message"].startswith(want), refused.text
+        assert "stuck" not in refused.json()["message"]
+        assert (gates / "stuck").exists()  # stuck was loading when broken failed
+        assert _versions(live, "failfast__stuck") == {}
+        assert httpx.get(f"{workflows}/failfast", timeout=60).status_code == 404
