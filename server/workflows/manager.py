@@ -17,7 +17,6 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from torchbay.server.errors import BadRequest, Conflict, TorchbayError
 from torchbay.server.plane import DataPlane
 from torchbay.server.plane.management import Management, Status, require_model_api
 from torchbay.server.serving import store
+from torchbay.server.serving.model import ModelVersion
 from torchbay.server.workflows import archive
 from torchbay.server.workflows.archive import WorkflowNotFound
 from torchbay.server.workflows.nodes import NodeLoads
@@ -60,15 +60,14 @@ class Workflows:
         # The model names of every workflow's nodes, each with its workflow, from its
         # registration's start to its unregistration's end: one name serves one workflow's
         # node at most (``a`` with node ``b__c`` and ``a__b`` with node ``c``: both a__b__c).
-        self._claims: dict[str, str] = {}
-        # Those that were no operator's model when claimed: left out of config snapshots.
-        self._nodes: set[str] = set()
+        self._claims: dict[str, Workflow] = {}
 
-    def serves(self, model_name: str) -> bool:
-        """Whether ``model_name`` serves a node of a workflow (such models are not in config
-        snapshots: TorchServe's snapshots hold no workflow). Only the nodes' own names: a model
-        registered as ``{workflow}__other`` is the operator's."""
-        return model_name in self._nodes
+    def serves(self, mv: ModelVersion) -> bool:
+        """Whether ``mv`` is a version a workflow's node registered (left out of config
+        snapshots: TorchServe's snapshots hold no workflow). Only those: a model registered as
+        ``{workflow}__other``, or another version of a node's model, is the operator's."""
+        workflow = self._claims.get(mv.name)
+        return workflow is not None and any(v is mv for v in workflow.versions.values())
 
     @property
     def store(self) -> Path | None:
@@ -147,14 +146,12 @@ class Workflows:
             raise ConflictStatusException(f"Workflow {workflow.name} is already registered.")
         names = {workflow.model_of(n) for n in workflow.spec.nodes}
         self._refuse_claimed(workflow, names)
-        added = names - set(self.management.registry.models)
-        self._claims.update(dict.fromkeys(names, workflow.name))
-        self._nodes |= added
+        self._claims.update(dict.fromkeys(names, workflow))
         self._taken.add(workflow.name)
         try:
             await self._register_nodes(workflow, unpacked)
         except BaseException:
-            self._release(names)
+            self._release(workflow)
             raise
         finally:
             self._taken.discard(workflow.name)
@@ -166,7 +163,7 @@ class Workflows:
         runs answered by the other's node; its rollback or unregistration removing it)."""
         failures = [
             f"Workflow Node {name} failed to register. Details: Model {name} serves node "
-            f"{name.removeprefix(owner + '__')} of workflow {owner}"
+            f"{name.removeprefix(owner.name + '__')} of workflow {owner.name}"
             for name in names
             if (owner := self._claims.get(name)) is not None
         ]
@@ -176,10 +173,10 @@ class Workflows:
                 f"Failures: [{', '.join(sorted(failures))}]"
             )
 
-    def _release(self, names: Iterable[str]) -> None:
-        for name in names:
-            self._claims.pop(name, None)
-            self._nodes.discard(name)
+    def _release(self, workflow: Workflow) -> None:
+        for node in workflow.spec.nodes:
+            if self._claims.get(workflow.model_of(node)) is workflow:
+                del self._claims[workflow.model_of(node)]
 
     async def _locate(self, url: str) -> Path:
         if url.startswith(("http://", "https://")):
@@ -212,7 +209,7 @@ class Workflows:
             await self._finish_runs(workflow)
             await self._unregister_nodes(workflow)
         finally:
-            self._release(workflow.model_of(n) for n in workflow.spec.nodes)
+            self._release(workflow)
             self._taken.discard(name)
             shutil.rmtree(workflow.folder, ignore_errors=True)
         return Status(f'Workflow "{name}" unregistered')
