@@ -16,7 +16,8 @@ from torchbay.server.http.asgi import ASGIApp, Receive, Scope, Send
 
 
 def is_management_path(method: str, path: str) -> bool:
-    if path.startswith("/models/") and path.endswith("/invoke") and path.count("/") == 3:
+    bare = path.rstrip("/")  # TorchServe splits the path as Java does: trailing slashes dropped
+    if bare.startswith("/models/") and bare.endswith("/invoke") and bare.count("/") == 3:
         return False  # SageMaker's /models/{m}/invoke is inference (TorchServe's order too)
     if path == "/token" or path == "/models" or path.startswith("/models/"):
         return True

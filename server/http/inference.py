@@ -151,8 +151,9 @@ class InferenceApp:
     async def _invocations(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         """SageMaker's ``POST /invocations``: the model ``model_name`` names (query parameter,
         else header), else the only model loaded at start-up (``DataPlane.invocation_model``)."""
-        named = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("model_name")
-        value = named[0] if named else header(scope, b"model_name")
+        query = scope.get("query_string", b"").decode("latin-1")
+        named = parse_qs(query, keep_blank_values=True).get("model_name")  # "": TorchServe's 404
+        value = named[0] if named else header(scope, b"model_name") or None
         if isinstance(value, bytes):
             value = value.decode("latin-1")
         choose = lambda: self.plane.invocation_model(value)  # noqa: E731

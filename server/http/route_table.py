@@ -134,6 +134,7 @@ def _sagemaker() -> tuple[Route, ...]:
         "answers": {"200": ("The handler's output", "*/*")},
         "auth": True,
         "body": _PREDICT_BODY,
+        "slash": True,  # TorchServe 0.12 answers /invocations/ and /models/m/invoke/ too
     }
     return (
         Route("POST", "/invocations", "invocations", "SageMaker: predict", query=(name,), **common),

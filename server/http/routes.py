@@ -46,6 +46,7 @@ class Route:
     suffix: bool = False  # further path segments are taken (as ``url_path``)
     empty_segments: bool = False  # a path parameter may be empty
     strict: bool = False  # another method on this path is 405 (else 404)
+    slash: bool = False  # trailing slashes are taken (TorchServe splits paths as Java does)
 
     def params(self) -> list[str]:
         return re.findall(r"\{(\w+)\}", self.path)
@@ -59,8 +60,8 @@ def _pattern(route: Route) -> re.Pattern[str]:
     )
     if route.suffix:
         regex += "(?:/(?P<url_path>.*))?"
-    if route.oip:
-        regex += "/*"  # OIP paths take trailing slashes
+    if route.oip or route.slash:
+        regex += "/*"  # OIP paths take trailing slashes; so do SageMaker's on TorchServe
     return re.compile(regex + r"\Z")
 
 

@@ -16,7 +16,8 @@ from torchbay.server.http.disconnect import LEFT
 from torchbay.server.http.routes import OK, Route
 from torchbay.server.plane import WireRequest, join_headers
 from torchbay.server.workflows import executor
-from torchbay.server.workflows.manager import Workflow, Workflows
+from torchbay.server.workflows.manager import Workflows
+from torchbay.server.workflows.workflow import Workflow
 
 # POST, PUT (curl -T, as TorchServe's docs upload) and GET (a query alone): TorchServe 0.12
 # answers each (tests/data/torchserve/workflows: predict_put, predict_get), as /predictions, and

@@ -131,7 +131,8 @@ class DataPlane:
     def invocation_model(self, named: str | None) -> str:
         """The model SageMaker's ``POST /invocations`` serves: the one ``named`` (the
         ``model_name`` query parameter or header), else the only model loaded at start-up, as
-        TorchServe picks it (``getStartupModels``); else 400 with TorchServe's message."""
+        TorchServe picks it (``getStartupModels``); else 400 with TorchServe's message, or an
+        empty ``named`` (``?model_name=``) looked up as TorchServe looks it up: 404."""
         if named:
             return named
         names = {key.rpartition("/")[0] for key in self.registry.startup_models}
@@ -139,6 +140,8 @@ class DataPlane:
             return names.pop()
         if not names and self.starting:  # TorchServe: its model has no worker yet (503)
             raise ServiceUnavailable("The start-up models are still loading")
+        if named is not None:
+            return named
         raise BadRequest("Parameter model_name is required.")
 
     def _changed(self) -> None:

@@ -57,8 +57,8 @@ class Snapshots:
         self.registry = registry
         self.directory: Path | None = config.snapshot_dir
         self._last: datetime | None = None  # the newest name's time, to the millisecond
-        # Model names left out: a workflow's nodes (server/workflows sets it), as TorchServe.
-        self.skip: Callable[[str], bool] = lambda name: False
+        # Versions left out: a workflow's nodes (server/workflows sets it), as TorchServe.
+        self.skip: Callable[[ModelVersion], bool] = lambda mv: False
         self.stopped = False  # the shutdown snapshot is written: it stays the newest
 
     def save(self, kind: str = "snapshot") -> Path | None:
@@ -95,7 +95,7 @@ class Snapshots:
         """TorchServe's ``model_snapshot`` object for the registry as it is now."""
         models: dict[str, dict[str, Any]] = {}
         for mv in self.registry.all_versions():
-            if mv.closing or mv.status is ModelStatus.FAILED or self.skip(mv.name):
+            if mv.closing or mv.status is ModelStatus.FAILED or self.skip(mv):
                 continue  # on its way out, never served, or a workflow's node
             models.setdefault(mv.name, {})[mv.version] = self._state(mv)
         count = sum(len(versions) for versions in models.values())

@@ -46,6 +46,7 @@ log = logging.getLogger("torchbay.registry")
 PlaceFn = Callable[[ModelVersion, int, ModelConfig], Placement]
 # url -> local archive path (remote registration; see serving.fetch)
 FetchFn = Callable[[str], Awaitable[Path]]
+Registered = Callable[[ModelVersion], object]  # register's: a version is in the registry
 
 
 class ModelRegistry:
@@ -83,11 +84,8 @@ class ModelRegistry:
         self.startup_models: set[str] = set()  # "name/version" registered at start-up
         self._lock = asyncio.Lock()
         # Many models per host: None unless max_loaded_models is set (serving/multiplex.py).
-        self.multiplexer = (
-            Multiplexer(config.max_loaded_models, self.all_versions)
-            if config.max_loaded_models
-            else None
-        )
+        limit = config.max_loaded_models
+        self.multiplexer = Multiplexer(limit, self.all_versions) if limit else None
 
     # -- lookup ---------------------------------------------------------------------------------
 
@@ -101,8 +99,7 @@ class ModelRegistry:
         if not versions:
             triton = f"Request for unknown model: '{name}' is not found"
             raise ModelNotFound(f"Model not found: {name}", oip_message=triton)
-        if version is None:
-            version = self.defaults[name]
+        version = self.defaults[name] if version is None else version
         try:
             return versions[version]
         except KeyError:
@@ -119,10 +116,6 @@ class ModelRegistry:
 
     # -- registration ---------------------------------------------------------------------------
 
-    def archive_path(self, url: str) -> Path:
-        """A model-store archive named by ``url`` (a file name or path inside the store)."""
-        return store.archive_path(self.config.model_store, url)
-
     def store_archives(self) -> list[Path]:
         """Every archive in the model store (``load_models=all``)."""
         return store.store_archives(self.config.model_store)
@@ -137,14 +130,15 @@ class ModelRegistry:
         synchronous: bool = True,
         default_workers: int | None = None,
         startup: bool = True,
+        registered: Registered | None = None,
     ) -> ModelVersion:
         """Unpack, configure and start one model version. Raises Conflict, BadRequest, load errors.
 
         With ``synchronous=False`` the workers start in the background and this returns as soon
         as the version is registered (status LOADING). ``default_workers`` replaces the server's
         ``default_workers_per_model`` when neither ``initial_workers`` nor the archive's config
-        says (the management API passes TorchServe's 0). ``startup=False``: registered through
-        an API, not at start-up (describe's ``loadedAtStartup``).
+        says (the management API passes TorchServe's 0). ``startup=False``: through an API, not
+        at start-up (``loadedAtStartup``). ``registered(mv)``: once in, before workers start.
         """
         if not url:
             raise ModelNotFound("empty url")  # TorchServe's answer
@@ -154,13 +148,14 @@ class ModelRegistry:
                 raise BadRequest("Registering from a URL is not enabled (allowed_urls)")
             path = await self.fetch(url)
         else:  # an absolute directory only at start-up: the operator's, not an API client's
-            path = (store.startup_directory(url) if startup else None) or self.archive_path(url)
+            given = store.startup_directory(url) if startup else None
+            path = given or store.archive_path(self.config.model_store, url)
         try:
             api = dict(overrides or {})
             if initial_workers is not None:
                 api["initial_workers"] = initial_workers
             mv = await self._register(
-                path, url, name, api, default_workers, synchronous, from_api=not startup
+                path, url, name, api, default_workers, synchronous, not startup, registered
             )
             if startup:
                 self.startup_models.add(mv.key)
@@ -175,12 +170,11 @@ class ModelRegistry:
         *,
         name: str,
         overrides: Mapping[str, Any],
-        synchronous: bool = True,
+        registered: Registered | None = None,
     ) -> ModelVersion:
-        """Register an archive folder the server made itself, not one of the model store: a
-        workflow's function node (``server/workflows``). Its URL is empty (the model list leaves
-        it out, as TorchServe lists no function node) and it is never a start-up model."""
-        return await self._register(path, "", name, dict(overrides), None, synchronous)
+        """Register a folder the server made, a workflow's function node (``server/workflows``):
+        its URL is empty (no model list shows it, as TorchServe's), never a start-up model."""
+        return await self._register(path, "", name, dict(overrides), None, True, False, registered)
 
     async def _register(
         self,
@@ -190,7 +184,8 @@ class ModelRegistry:
         overrides: Mapping[str, Any],
         default_workers: int | None,
         synchronous: bool,
-        from_api: bool = False,
+        from_api: bool,
+        registered: Registered | None,
     ) -> ModelVersion:
         loose = store.is_model_directory(path)
         manifest, overrides = await self._manifest(path, loose, name, overrides)
@@ -229,6 +224,8 @@ class ModelRegistry:
             self.models.setdefault(name, {})[version] = mv
             if name not in self.defaults or config.default_version:
                 self.defaults[name] = version
+            if registered is not None:
+                registered(mv)
         if synchronous:
             await self._start(mv, from_api=from_api)
         else:
@@ -355,6 +352,13 @@ class ModelRegistry:
             raise ModelVersionNotFound(f"Model version: {version} does not exist for model: {name}")
         if self.defaults.get(name) == version and sum(not v.leaving for v in versions.values()) > 1:
             raise DefaultVersionInUse(f"Cannot remove default version for model {name}")
+        await self.remove(mv, timeout, checked=True)
+
+    async def remove(self, mv: ModelVersion, timeout: float, checked: bool = False) -> None:
+        """Drain then stop exactly ``mv``, the default or not (a workflow's node: the version it
+        registered, whatever versions were added since), unless it is gone or going already."""
+        if not checked and (mv.leaving or self.models.get(mv.name, {}).get(mv.version) is not mv):
+            return
         mv.leaving = True
         try:  # a worker still busy past the drain runs requests answered 503: stopped at once
             await mv.stop(10.0 if await mv.drain(timeout) else 1.0)

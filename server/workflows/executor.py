@@ -29,7 +29,7 @@ from typing import Any
 from torchbay.server.errors import RequestTimeout, TorchbayError
 from torchbay.server.plane import DataPlane, Exchange, Gathered, WireRequest
 from torchbay.server.plane.schedule import schedule_of
-from torchbay.server.workflows.manager import Workflow
+from torchbay.server.workflows.workflow import Workflow
 
 log = logging.getLogger("torchbay.workflows")
 _BOUNDARY = "torchbay-workflow-node"

@@ -6,9 +6,9 @@ registers every node as a model named ``{workflow}__{node}``: a model node from 
 (the model store, or an allowed URL) with the spec's workers, batch size and delay; a function
 node from a folder made of the archive (``archive.function_folder``), whose worker calls the
 handler's function, so that a user's function runs in a worker process, never in the frontend.
-A node that fails to register fails the workflow (500, every node's reason named) and the nodes
-already registered are unregistered again. Unregistering lets the workflow's runs in flight
-finish before its nodes go. Torch-free.
+A node that fails to register fails the workflow (500, every failed node's reason named): the
+nodes still loading stop then (``nodes.py``) and those registered are unregistered again.
+Unregistering lets the workflow's runs in flight finish before its nodes go. Torch-free.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +24,12 @@ from torchbay.server.errors import BadRequest, Conflict, TorchbayError
 from torchbay.server.plane import DataPlane
 from torchbay.server.plane.management import Management, Status, require_model_api
 from torchbay.server.serving import store
+from torchbay.server.serving.model import ModelVersion
 from torchbay.server.workflows import archive
 from torchbay.server.workflows.archive import WorkflowNotFound
-from torchbay.server.workflows.spec import Node, WorkflowSpec, parse_spec
+from torchbay.server.workflows.nodes import NodeLoads
+from torchbay.server.workflows.spec import parse_spec
+from torchbay.server.workflows.workflow import Workflow
 
 log = logging.getLogger("torchbay.workflows")
 
@@ -46,41 +46,6 @@ class WorkflowException(TorchbayError):
     pass
 
 
-def _set_event() -> asyncio.Event:
-    event = asyncio.Event()
-    event.set()
-    return event
-
-
-@dataclass
-class Workflow:
-    """A registered workflow: its DAG, the model each node is served by, and its runs in flight
-    (``/wfpredict`` requests), which its unregistration lets finish."""
-
-    name: str
-    url: str
-    spec: WorkflowSpec
-    folder: Path
-    runs: int = 0
-    idle: asyncio.Event = field(default_factory=_set_event)  # set while no run is in flight
-
-    def model_of(self, node: str) -> str:
-        return f"{self.name}__{node}"
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """One run of the DAG, counted from the end of its request's body (http/wfpredict.py)
-        until it ends however it ends."""
-        self.runs += 1
-        self.idle.clear()
-        try:
-            yield
-        finally:
-            self.runs -= 1
-            if not self.runs:
-                self.idle.set()
-
-
 class Workflows:
     """The registered workflows of one server, over its model management state."""
 
@@ -92,15 +57,17 @@ class Workflows:
         # drain, which may take minutes; no lock is held meanwhile, so other workflows
         # register and go at once.
         self._taken: set[str] = set()
-        # The models serving a workflow's node, from its registration's start to its
-        # unregistration's end (a snapshot meanwhile must not hold them either).
-        self._nodes: set[str] = set()
+        # The model names of every workflow's nodes, each with its workflow, from its
+        # registration's start to its unregistration's end: one name serves one workflow's
+        # node at most (``a`` with node ``b__c`` and ``a__b`` with node ``c``: both a__b__c).
+        self._claims: dict[str, Workflow] = {}
 
-    def serves(self, model_name: str) -> bool:
-        """Whether ``model_name`` serves a node of a workflow (such models are not in config
-        snapshots: TorchServe's snapshots hold no workflow). Only the nodes' own names: a model
-        registered as ``{workflow}__other`` is the operator's."""
-        return model_name in self._nodes
+    def serves(self, mv: ModelVersion) -> bool:
+        """Whether ``mv`` is a version a workflow's node registered (left out of config
+        snapshots: TorchServe's snapshots hold no workflow). Only those: a model registered as
+        ``{workflow}__other``, or another version of a node's model, is the operator's."""
+        workflow = self._claims.get(mv.name)
+        return workflow is not None and any(v is mv for v in workflow.versions.values())
 
     @property
     def store(self) -> Path | None:
@@ -178,17 +145,38 @@ class Workflows:
         if workflow.name in self.workflows or workflow.name in self._taken:
             raise ConflictStatusException(f"Workflow {workflow.name} is already registered.")
         names = {workflow.model_of(n) for n in workflow.spec.nodes}
-        added = names - set(self.management.registry.models) - self._nodes
-        self._nodes |= added
+        self._refuse_claimed(workflow, names)
+        self._claims.update(dict.fromkeys(names, workflow))
         self._taken.add(workflow.name)
         try:
             await self._register_nodes(workflow, unpacked)
         except BaseException:
-            self._nodes -= added
+            self._release(workflow)
             raise
         finally:
             self._taken.discard(workflow.name)
         self.workflows[workflow.name] = workflow
+
+    def _refuse_claimed(self, workflow: Workflow, names: set[str]) -> None:
+        """A 500 in TorchServe's words, before any node loads, when another workflow's node
+        has the model name of one of ``workflow``'s: its nodes would share that model (its
+        runs answered by the other's node; its rollback or unregistration removing it)."""
+        failures = [
+            f"Workflow Node {name} failed to register. Details: Model {name} serves node "
+            f"{name.removeprefix(owner.name + '__')} of workflow {owner.name}"
+            for name in names
+            if (owner := self._claims.get(name)) is not None
+        ]
+        if failures:
+            raise WorkflowException(
+                f"Workflow {workflow.name} has failed to register. "
+                f"Failures: [{', '.join(sorted(failures))}]"
+            )
+
+    def _release(self, workflow: Workflow) -> None:
+        for node in workflow.spec.nodes:
+            if self._claims.get(workflow.model_of(node)) is workflow:
+                del self._claims[workflow.model_of(node)]
 
     async def _locate(self, url: str) -> Path:
         if url.startswith(("http://", "https://")):
@@ -199,50 +187,17 @@ class Workflows:
         return archive.war_path(self.store, url)
 
     async def _register_nodes(self, workflow: Workflow, unpacked: archive.Unpacked) -> None:
-        nodes = list(workflow.spec.nodes.values())
-        results = await asyncio.gather(
-            *(self._register_node(workflow, unpacked, node) for node in nodes),
-            return_exceptions=True,
-        )
-        failures = [
-            f"Workflow Node {workflow.model_of(node.name)} failed to register. Details: "
-            + (result.message if isinstance(result, TorchbayError) else "Check error logs.")
-            for node, result in zip(nodes, results, strict=True)
-            if isinstance(result, BaseException)
-        ]
+        """Every node (nodes.py: the first failure stops the others); a failure is a 500
+        naming each failed node, once the nodes registered are unregistered again."""
+        timeout = self.management.config.unregister_model_timeout_s
+        loads = NodeLoads(self.management.registry, workflow, unpacked, timeout)
+        failures = await loads.run()
         if failures:
-            registered = [n.name for n, r in zip(nodes, results, strict=True) if r is None]
-            await self._unregister_nodes(workflow, registered)
+            await self._unregister_nodes(workflow)
             raise WorkflowException(
                 f"Workflow {workflow.name} has failed to register. "
                 f"Failures: [{', '.join(failures)}]"
             )
-
-    async def _register_node(
-        self, workflow: Workflow, unpacked: archive.Unpacked, node: Node
-    ) -> None:
-        registry, name = self.management.registry, workflow.model_of(node.name)
-        overrides = {
-            "min_worker": node.settings["min-workers"],
-            "max_worker": node.settings["max-workers"],
-            "batch_size": node.settings["batch-size"],
-            "max_batch_delay": node.settings["max-batch-delay"],
-        }
-        try:
-            if node.url is not None:
-                await registry.register(node.url, name=name, overrides=overrides, startup=False)
-                return
-            dest = workflow.folder.parent / f"{workflow.folder.name}-{node.name}"
-            folder = await asyncio.to_thread(
-                archive.function_folder, unpacked, node.name, name, dest
-            )
-            try:
-                await registry.register_local(folder, name=name, overrides=overrides)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)  # the registry copied it
-        except Exception as exc:
-            log.error("workflow %s: node %s failed to register: %s", workflow.name, name, exc)
-            raise
 
     async def unregister(self, name: str, *, api: bool = True) -> Status:
         if api:
@@ -252,9 +207,9 @@ class Workflows:
         self._taken.add(name)
         try:
             await self._finish_runs(workflow)
-            await self._unregister_nodes(workflow, list(workflow.spec.nodes))
+            await self._unregister_nodes(workflow)
         finally:
-            self._nodes -= {workflow.model_of(n) for n in workflow.spec.nodes}
+            self._release(workflow)
             self._taken.discard(name)
             shutil.rmtree(workflow.folder, ignore_errors=True)
         return Status(f'Workflow "{name}" unregistered')
@@ -274,13 +229,16 @@ class Workflows:
                 timeout,
             )
 
-    async def _unregister_nodes(self, workflow: Workflow, nodes: list[str]) -> None:
+    async def _unregister_nodes(self, workflow: Workflow) -> None:
+        """Exactly the model versions the workflow's nodes registered (TorchServe unregisters
+        each node model's default version: one an operator added and made the default, and
+        the node's own version then left behind, which made a registration again fail)."""
         registry = self.management.registry
         timeout = self.management.config.unregister_model_timeout_s
-        names = [workflow.model_of(node) for node in nodes]
+        versions = list(workflow.versions.values())
+        workflow.versions.clear()
         results = await asyncio.gather(
-            *(registry.unregister(n, None, timeout) for n in names if n in registry.models),
-            return_exceptions=True,
+            *(registry.remove(mv, timeout) for mv in versions), return_exceptions=True
         )
         for result in results:
             if isinstance(result, BaseException):

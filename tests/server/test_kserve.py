@@ -347,6 +347,10 @@ def test_shared_address_makes_one_listener() -> None:
         ("DELETE", "/workflows/w", True),
         ("GET", "/workflowsx", False),
         ("POST", "/wfpredict/w", False),
+        # SageMaker's invoke is inference, with a trailing slash too (as TorchServe 0.12)
+        ("POST", "/models/m/invoke", False),
+        ("POST", "/models/m/invoke/", False),
+        ("POST", "/models/m/invoke/x", True),
     ],
 )
 def test_management_paths(method: str, path: str, management: bool) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, make_config, until
+from tests.server.conftest import LiveServer, make_config, tiny_archive, until
 from tests.server.workflow_store import LIVE_MARKS, build_workflow
 
 pytestmark = LIVE_MARKS
@@ -23,6 +23,12 @@ SPECS = {
     "quick": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
     "drained": "models:\n  retry-attempts: 0\ndag:\n  held: [relay]\n",
     "upload": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
+    "versioned": "models:\n  retry-attempts: 0\ndag:\n  relay: []\n",
+    # pair's node one__two and pair__one's node two: both the model pair__one__two
+    "pair": "models:\n  retry-attempts: 0\ndag:\n  one__two: []\n",
+    "pair__one": "models:\n  retry-attempts: 0\n  two:\n    url: other.mar\ndag:\n  two: []\n",
+    # stuck: loads until a gate the test never opens; broken fails to load once stuck loads
+    "failfast": "models:\n  retry-attempts: 0\ndag:\n  stuck: [broken]\n",
 }
 
 
@@ -41,13 +47,15 @@ def live(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Iterator[Live
         (work / f"{name}.yaml").write_text(text)
         build_workflow(wars, name, work / f"{name}.yaml", handler)
     (work / "models").mkdir()
+    # An operator's own version 2.0 of a node's model (test_an_operators_version_of_a_node...)
+    tiny_archive(work, work / "models", "other", "tensor", version="2.0")
     config = make_config(work / "models", workflow_store=wars, enable_model_api=True)
     server = LiveServer(config).start()
     try:
         yield server
     finally:
-        (gates / "load").touch()
-        (gates / "release").touch()
+        for gate in ("load", "release", "unstuck"):
+            (gates / gate).touch()
         server.stop()
 
 
@@ -141,3 +149,86 @@ def test_a_workflow_unregistered_while_a_request_uploads_is_that_requests_404(
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line.startswith(b"HTTP/1.1 404 "), answer
     assert b'"message":"Workflow not found: upload"' in rest, answer
+
+
+def _versions(live: LiveServer, model: str) -> dict[str, bool]:
+    """``model``'s registered versions, each with whether it is the default (describe)."""
+    described = httpx.get(f"{live.management_url}/models/{model}/all", timeout=60)
+    if described.status_code == 404:
+        return {}
+    assert described.status_code == 200, described.text
+    return {d["modelVersion"]: d["isDefault"] for d in described.json()}
+
+
+@pytest.mark.parametrize("default", ["2.0", "1.0"])
+def test_an_operators_version_of_a_node_model_stays_and_the_workflows_goes(
+    live: LiveServer, default: str
+) -> None:
+    """An operator registered version 2.0 of a node's model (versioned__relay) beside the
+    node's own 1.0: unregistering the workflow removed the model's default version, or failed
+    (logged) when that default had another version beside it; the node's 1.0 stayed behind,
+    and registering the workflow again was a 500 (version 1.0 already registered). Now the
+    workflow removes exactly the version it registered, the default or not, and the
+    operator's stays."""
+    workflows, models = f"{live.management_url}/workflows", f"{live.management_url}/models"
+    node = "versioned__relay"
+    assert httpx.post(f"{workflows}?url=versioned.war", timeout=300).status_code == 200
+    mine = httpx.post(f"{models}?url=other.mar&model_name={node}", timeout=300)
+    assert mine.status_code == 200, mine.text
+    made = httpx.put(f"{models}/{node}/{default}/set-default", timeout=60)
+    assert made.status_code == 200, made.text
+    assert _versions(live, node) == {"1.0": default == "1.0", "2.0": default == "2.0"}
+    gone = httpx.delete(f"{workflows}/versioned", timeout=300)
+    assert gone.status_code == 200, gone.text
+    assert _versions(live, node) == {"2.0": True}
+    again = httpx.post(f"{workflows}?url=versioned.war", timeout=300)
+    assert again.status_code == 200, again.text
+    assert _versions(live, node) == {"1.0": False, "2.0": True}
+    assert httpx.delete(f"{workflows}/versioned", timeout=300).status_code == 200
+    assert _versions(live, node) == {"2.0": True}
+    assert httpx.delete(f"{models}/{node}", timeout=300).status_code == 200
+
+
+def test_a_node_whose_model_name_another_workflows_node_has_is_refused(live: LiveServer) -> None:
+    """Workflow pair's node one__two and pair__one's node two are both the model
+    pair__one__two. pair__one's node (version 2.0) was registered as a second version of
+    pair's node model: 200, and pair__one's runs were answered by pair's node (the default
+    version); registered the other way round or at once, a failing one's rollback took the
+    name out of the ones config snapshots leave out. Now the second is refused before any
+    node loads, in TorchServe's words, and the first one's model is untouched."""
+    workflows = f"{live.management_url}/workflows"
+    assert httpx.post(f"{workflows}?url=pair.war", timeout=300).status_code == 200
+    refused = httpx.post(f"{workflows}?url=pair__one.war", timeout=300)
+    assert refused.status_code == 500, refused.text
+    assert refused.json()["message"] == (
+        "Workflow pair__one has failed to register. Failures: [Workflow Node pair__one__two "
+        "failed to register. Details: Model pair__one__two serves node one__two of workflow pair]"
+    )
+    assert _versions(live, "pair__one__two") == {"1.0": True}
+    assert httpx.get(f"{workflows}/pair__one", timeout=60).status_code == 404
+    answer = httpx.post(f"{live.url}/wfpredict/pair", content=b"hi", timeout=120)
+    assert answer.status_code == 200 and answer.content == b"hi"
+    assert httpx.delete(f"{workflows}/pair", timeout=300).status_code == 200
+    assert _versions(live, "pair__one__two") == {}
+
+
+def test_a_node_that_fails_stops_the_others_loading(live: LiveServer, gates: Path) -> None:
+    """failfast's broken node fails to load once its stuck node loads, which it does until a
+    gate that never opens: the registration waited for stuck's load (here its 300 s bound,
+    minutes for a big model) before its 500. Now broken's failure stops stuck while it loads
+    (and, the second time, maybe before) and the 500, naming broken alone, comes then;
+    stuck's model is gone, so the same registration again is the same 500."""
+    workflows = f"{live.management_url}/workflows"
+    want = (
+        "Workflow failfast has failed to register. Failures: [Workflow Node failfast__broken "
+        "failed to register. Details: "
+    )
+    for _ in range(2):
+        # Within 120 s on a loaded host; stuck's load alone takes 300 s.
+        refused = httpx.post(f"{workflows}?url=failfast.war", timeout=120)
+        assert refused.status_code == 500, refused.text
+        assert refused.json()["message"].startswith(want), refused.text
+        assert "stuck" not in refused.json()["message"]
+        assert (gates / "stuck").exists()  # stuck was loading when broken failed
+        assert _versions(live, "failfast__stuck") == {}
+        assert httpx.get(f"{workflows}/failfast", timeout=60).status_code == 404

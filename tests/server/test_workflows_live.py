@@ -6,6 +6,7 @@ made by torch-workflow-archiver 0.2.15 (the dev extra)."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import zipfile
 from collections.abc import Iterator
@@ -15,7 +16,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.conftest import LiveServer, batch_running, make_config, running, until
+from tests.server.conftest import (
+    LiveServer,
+    batch_running,
+    make_config,
+    running,
+    tiny_archive,
+    until,
+)
 from tests.server.workflow_store import (
     DATA,
     LIVE_MARKS,
@@ -249,6 +257,28 @@ def test_a_model_named_like_a_node_of_a_workflow_is_snapshotted(
         newest = sorted(tmp_path.iterdir())[-1]
         snapshot = json.loads(parse_properties(newest.read_text())["model_snapshot"])
     assert sorted(snapshot["models"]) == ["arith__extra"]  # not arith's nodes, as TorchServe
+
+
+def test_an_operators_version_of_a_node_model_is_snapshotted(
+    stores: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A version 2.0 of arith's node model arith__double, registered by the operator, was left
+    out of config snapshots with the node's own 1.0 (every version of a node's model name), so
+    a restart from the snapshot lost it. Now only the versions arith's nodes registered are."""
+    models, wars = stores
+    store = tmp_path / "models"
+    shutil.copytree(models, store)
+    tiny_archive(tmp_path, store, "double_v2", "tensor", version="2.0")
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    config = {"load_workflows": ["arith.war"], "enable_model_api": True, "snapshot_dir": snapshots}
+    with running(store, workflow_store=wars, **config) as server:
+        params = {"url": "double_v2.mar", "model_name": "arith__double"}
+        answer = httpx.post(f"{server.management_url}/models", params=params, timeout=120)
+        assert answer.status_code == 200, answer.text
+        newest = sorted(snapshots.iterdir())[-1]
+        snapshot = json.loads(parse_properties(newest.read_text())["model_snapshot"])
+    assert {m: sorted(v) for m, v in snapshot["models"].items()} == {"arith__double": ["2.0"]}
 
 
 def test_registering_needs_the_model_api(stores: tuple[Path, Path]) -> None:

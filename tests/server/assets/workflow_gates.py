@@ -2,8 +2,10 @@
 which the test writes into its copy of this file before it packs the ``.war``.
 
 ``slow_start`` finishes loading only once the ``load`` file exists (it writes ``loading``
-first); ``held`` answers only once ``release`` exists (it writes ``held`` first); ``relay``
-passes its input on. The waits are bounded (300 s): a failing test leaves no worker waiting.
+first), ``stuck`` once ``unstuck`` exists (written only at the end), ``broken`` fails to load
+once ``stuck`` loads; ``held`` answers only once
+``release`` exists (it writes ``held`` first); ``relay`` (and ``one__two``) pass their input
+on. The waits are bounded (300 s): a failing test leaves no worker waiting.
 """
 
 import os
@@ -31,6 +33,20 @@ def slow_start(data, context):
     return [_raw(row) for row in data]
 
 
+def stuck(data, context):
+    if data is None:
+        _wait("unstuck", "stuck")
+        return None
+    return [_raw(row) for row in data]
+
+
+def broken(data, context):
+    if data is None:
+        _wait("stuck", "broken")
+        raise RuntimeError("broken does not load")
+    return [_raw(row) for row in data]
+
+
 def held(data, context):
     if data is None:
         return None
@@ -42,3 +58,7 @@ def relay(data, context):
     if data is None:
         return None
     return [_raw(row) for row in data]
+
+
+def one__two(data, context):
+    return relay(data, context)

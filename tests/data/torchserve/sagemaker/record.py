@@ -38,8 +38,8 @@ PORT, METRICS_PORT = 18400, 18402
 BASE = f"http://127.0.0.1:{PORT}"
 BODY = json.dumps(INPUT)
 
-# {id, method, path, headers} (cases.json): asked of the one-model server, then of the
-# two-model one; a POST with headers sends BODY.
+# {id, method, path, headers[, body]} (cases.json): asked of the one-model server, then of the
+# two-model one; a POST with headers and no body of its own sends BODY.
 CASES = json.loads((HERE / "cases.json").read_text())
 
 
@@ -105,7 +105,7 @@ def ready(models: list[str]) -> bool:
 
 def ask(case: dict) -> dict:
     cid, method, path, headers = case["id"], case["method"], case["path"], case["headers"]
-    body = BODY if method == "POST" and headers else None
+    body = case.get("body", BODY if method == "POST" and headers else None)
     r = httpx.request(method, BASE + path, headers=headers, content=body, timeout=60)
     return {
         "id": cid,
