@@ -19,7 +19,7 @@ from torchbay.benchmarks import scrape
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import Interrupted, LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.loadplan import Progress, Target
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management, bearer
+from torchbay.benchmarks.managed import QUERY_NAMES, Endpoints, ManagedServer, Management, bearer
 from torchbay.benchmarks.report import num
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival, LatencySummary
@@ -320,7 +320,7 @@ def _described(
     except BenchError as exc:
         notes.append(f"cannot describe the model: {exc}")
         return {}
-    return {k: info.get(k) for k in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")}
+    return {k: info.get(k) for k in QUERY_NAMES}  # the scale query's settings, described
 
 
 def _ms(summary: LatencySummary, *names: str) -> str:
