@@ -19,7 +19,7 @@ from torchbay.benchmarks import scrape
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import Interrupted, LoadGenerator, LoadPlan, LoadResult
 from torchbay.benchmarks.loadplan import Progress, Target
-from torchbay.benchmarks.managed import Endpoints, ManagedServer, Management
+from torchbay.benchmarks.managed import QUERY_NAMES, Endpoints, ManagedServer, Management, bearer
 from torchbay.benchmarks.report import num
 from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.stats import Arrival, LatencySummary
@@ -179,13 +179,11 @@ def make_target(
     by_suffix = _CONTENT_TYPES.get(options.inputs[0].suffix.lower(), "application/octet-stream")
     v2 = "application/json"  # a v2 body is JSON, wrapped or not
     content_type = options.content_type or (v2 if options.protocol == "v2" else by_suffix)
-    headers = [("Content-Type", content_type)]
-    if endpoints.inference_key:
-        headers.append(("Authorization", f"Bearer {endpoints.inference_key}"))
-    headers.extend(options.headers)
+    headers = {"Content-Type": content_type, **bearer(endpoints.inference_key)}
     payloads = load_payloads(options.inputs, options.protocol)
     path = route(options.protocol, model, version)
-    return Target(endpoints.host, endpoints.inference_port, path, payloads, tuple(headers))
+    head = (*headers.items(), *options.headers)
+    return Target(endpoints.host, endpoints.inference_port, path, payloads, head)
 
 
 @contextmanager
@@ -322,7 +320,7 @@ def _described(
     except BenchError as exc:
         notes.append(f"cannot describe the model: {exc}")
         return {}
-    return {k: info.get(k) for k in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")}
+    return {k: info.get(k) for k in QUERY_NAMES}  # the scale query's settings, described
 
 
 def _ms(summary: LatencySummary, *names: str) -> str:

@@ -223,16 +223,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "out"
 
 
-def _resolve(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
 def build_archive(
     suite: Suite, out_dir: Path, log: Callable[[str], None]
 ) -> tuple[Path, list[Path]]:
     """Make the suite's archive (and bodies, for reference models); returns (archive, inputs)."""
-    inputs = [_resolve(p) for p in suite.inputs]
+    inputs = [REPO_ROOT / p for p in suite.inputs]  # an absolute path stays as it is
     if suite.archive is None:
         from torchbay.benchmarks import runner
 
@@ -240,12 +235,12 @@ def build_archive(
         assets = runner.archive_models(runner.prepare_models(out_dir), out_dir, sys.executable)
         assert assets.model_store is not None
         return assets.model_store / f"{suite.model}.mar", inputs or [assets.body[suite.model]]
-    archive = _resolve(suite.archive)
+    archive = REPO_ROOT / suite.archive
     if not archive.exists() or any(not p.exists() for p in inputs):
         if suite.script is None:
             raise BenchError(f"{archive} is missing and the suite has no build script")
         log(f"building with {suite.script}")
-        script = [sys.executable, str(_resolve(suite.script))]
+        script = [sys.executable, str(REPO_ROOT / suite.script)]
         proc = subprocess.run(script, cwd=REPO_ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BenchError(f"{suite.script} failed:\n{proc.stderr.strip()[-2000:]}")

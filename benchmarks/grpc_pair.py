@@ -20,7 +20,7 @@ from torchbay.benchmarks import bench
 from torchbay.benchmarks.bench import BenchReport, RunOptions
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadplan import Target
-from torchbay.benchmarks.managed import Endpoints
+from torchbay.benchmarks.managed import Endpoints, bearer
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 OIP_SERVICE = "inference.GRPCInferenceService"
@@ -112,8 +112,7 @@ def _archive_example(archive: Path) -> tuple[bytes, str]:
 def grpc_target(endpoints: Endpoints, port: int, method: str, messages: list[Any]) -> Target:
     """The load generator's gRPC target: ``messages`` serialized, sent in turn to ``method``
     (``/package.Service/Method``), the inference key as ``authorization`` metadata."""
-    key = endpoints.inference_key
-    auth = (("authorization", f"Bearer {key}"),) if key else ()
+    auth = tuple(bearer(endpoints.inference_key).items())  # metadata keys go lower-case
     payloads = tuple(m.SerializeToString() for m in messages)
     return Target(endpoints.host, port, "", payloads, auth, grpc=method)
 

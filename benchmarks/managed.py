@@ -75,6 +75,11 @@ def parse_url(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port or 80
 
 
+def bearer(key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header an API key asks for (none without a key)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def http_call(
     host: str,
     port: int,
@@ -105,7 +110,7 @@ class Management:
     def _call(self, method: str, model: str, version: str | None, query: str = "") -> Any:
         """The JSON (or text) of a 200 answer to ``/models/MODEL[/VERSION][?query]``."""
         path = f"/models/{model}" + (f"/{version}" if version else "") + query
-        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        headers = bearer(self.key)
         status, raw = http_call(self.host, self.port, method, path, None, headers, self.timeout)
         try:
             body = json.loads(raw) if raw else None
@@ -275,9 +280,7 @@ class ManagedServer:
         """POST ``body`` to ``path`` until it answers 200; seconds since the process started."""
         e = self.endpoints
         assert e is not None
-        headers = {"Content-Type": "application/octet-stream"}
-        if e.inference_key:
-            headers["Authorization"] = f"Bearer {e.inference_key}"
+        headers = {"Content-Type": "application/octet-stream", **bearer(e.inference_key)}
 
         def answered() -> bool:
             try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from torchbay.benchmarks.cli import REPO_ROOT
 from torchbay.benchmarks.loadgen import START_MARGIN_S
 
 ProcKey = tuple[int, float]
@@ -160,10 +161,8 @@ def machine_info() -> dict[str, Any]:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = "not installed"
-    repo = Path(__file__).resolve().parent.parent
-    git = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
+    cmd = ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"]
+    git = subprocess.run(cmd, capture_output=True, text=True)
     commit = git.stdout.strip() if git.returncode == 0 else "unknown"
     info = Path("/proc/cpuinfo")
     lines = info.read_text().splitlines() if info.exists() else []

@@ -52,7 +52,7 @@ def _closed_cells(ctx: Ctx, row: RowResult, runs: list[Scenario]) -> list[Cell]:
         if result.behind:
             behind = "; ".join(result.behind)
             row.notes.append(f"repeat {rnd} {run.name}: generator behind ({behind})")
-        return runner.load_metrics(result)
+        return pooled([result])
 
     return scenario_cells(runs, measure, ctx.warmup_s + ctx.duration_s + 3)
 
@@ -105,8 +105,8 @@ def order(labels: tuple[str, str], slices: int) -> list[str]:
 
 
 def pooled(results: list[LoadResult]) -> dict[str, float]:
-    """One configuration's slices as one run: answers over measured time, the median of the
-    slices' p50s, the largest of their p99s."""
+    """One configuration's runs (its slices, or one closed loop) as one run: answers over
+    measured time, the median of the runs' p50s, the largest of their p99s."""
     window = sum(r.window_s for r in results)
     return {
         "req_s": sum(r.ok for r in results) / window if window > 0 else 0.0,

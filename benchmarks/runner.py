@@ -188,16 +188,6 @@ def warm_and_measure(
     return bench.window(gen or ctx.gen, plan, lambda: None, warmup_s=warmup_s)[0]
 
 
-def load_metrics(result: LoadResult) -> dict[str, float]:
-    """req/s, p50/p99 and the error count of one closed-loop run."""
-    return {
-        "req_s": result.ok_per_s,
-        "p50_ms": result.latency.p50_ms,
-        "p99_ms": result.latency.p99_ms,
-        "errors": float(result.errors),
-    }
-
-
 def systems_for(ctx: Ctx, row: RowResult, *names: str) -> list[str]:
     """``names`` less TorchServe when it was not given (marked "not run")."""
     if ctx.torchserve is None and TORCHSERVE in names:

@@ -58,18 +58,14 @@ class _Search:
     def measure(self, config: Batching, phase: str, rate: float) -> Step:
         """One open-loop step at ``rate`` (or a closed-loop probe when phase is 'probe')."""
         self.configure(config)
-        o = self.o
-        if phase == "probe":
-            plan = LoadPlan(self.target, "closed", _full(config), duration_s=o.probe_s)
-        else:
-            # Enough requests for a meaningful p99 at low rates, within a bound.
-            duration = min(max(o.step_s, o.min_requests / rate), 5 * o.step_s)
-            plan = LoadPlan(
-                self.target, "open", rate=rate, arrival=o.arrival, duration_s=duration, seed=o.seed
-            )
-        plan = replace(plan, warmup_s=o.step_warmup_s, timeout_s=o.timeout_s)
+        o, probe = self.o, phase == "probe"
+        # A step: enough requests for a meaningful p99 at low rates, within a bound.
+        duration = o.probe_s if probe else min(max(o.step_s, o.min_requests / rate), 5 * o.step_s)
+        timing = {"duration_s": duration, "warmup_s": o.step_warmup_s, "timeout_s": o.timeout_s}
+        plan = LoadPlan.of(self.target, _full(config), None if probe else rate, **timing)
+        plan = replace(plan, arrival=o.arrival, seed=o.seed)
         result, view = observe(self.gen, self.endpoints, self.model, None, plan, [])
-        rate = rate if phase != "probe" else result.ok_per_s
+        rate = result.ok_per_s if probe else rate
         batch, queue = (view.mean_batch_size, view.queue_mean_ms) if view else (math.nan, math.nan)
         passed, reason = self.judge(result)
         step = Step(config, phase, rate, result, passed, reason, batch, queue)

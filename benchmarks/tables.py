@@ -12,8 +12,8 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
-from torchbay.benchmarks import managed, plots, report, runner
-from torchbay.benchmarks.errors import exit_status
+from torchbay.benchmarks import cli, managed, plots, report, runner
+from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator
 from torchbay.benchmarks.models import MODEL_NAMES
 from torchbay.benchmarks.report import Ratio, RowResult, ratios
@@ -21,9 +21,7 @@ from torchbay.benchmarks.round2_rows import ROWS, scenario_cells
 from torchbay.benchmarks.runner import Assets, Cell, Ctx, Row
 from torchbay.benchmarks.scenarios import TARGETS, Scenario, select
 
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
-RESULTS = HERE.parent / "results" / "round2"
+OUT, RESULTS = cli.DEFAULT_OUT, cli.REPO_ROOT / "results" / "round2"
 
 
 class Table(NamedTuple):
@@ -267,7 +265,12 @@ def run(argv: Sequence[str] | None = None, log: Callable[..., None] = print) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return exit_status("tables", run, argv)
+    """:func:`run`; a BenchError is printed to stderr as ``tables: error: MESSAGE`` and gives 1."""
+    try:
+        return run(argv)
+    except BenchError as exc:
+        print(f"tables: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
