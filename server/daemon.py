@@ -5,7 +5,9 @@ and stderr pipes to this process, a third pipe for "ready"), writes the pid file
 child's console until the child is up: its listeners bound and its startup models loaded (or
 reported failed). Then the child's console goes to /dev/null (its logs go on in ``logs/``) and
 ``--start`` exits 0. A child that fails to start has printed its one line; ``--start`` exits with
-the child's code. ``--stop`` sends SIGTERM to the pid in the pid file and waits for the drain.
+the child's code (1, or 2 for a configuration error). A child stopped before it was ready
+(``--stop`` or a signal while it starts) is one line and exit 1 too: not started. ``--stop``
+sends SIGTERM to the pid in the pid file and waits for the drain.
 
 The pid file is TorchServe's: ``.model_server.pid`` in ``tempfile.gettempdir()`` (``TMPDIR``,
 ``TEMP``, ``TMP``, ``/tmp``), holding the pid only. A pid is only ever signalled if its command
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import tempfile
@@ -148,7 +151,21 @@ def start(argv: Sequence[str]) -> int:
         return 0
     code = child.wait()
     remove_pid_file(child.pid)
-    return code or 1
+    if code > 0:  # it printed its one line (1: an error, 2: a configuration error)
+        return code
+    raise TorchbayError(_stopped_before_ready(child.pid, code))
+
+
+def _stopped_before_ready(pid: int, code: int) -> str:
+    """Why a server that exited 0 (a stop asked while it started: ``--stop``, SIGTERM, SIGINT)
+    or was killed by a signal (-N: before it owned SIGTERM, or SIGKILL) is not started."""
+    if code == 0:
+        return f"the server (pid {pid}) was stopped before it was ready"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"the server (pid {pid}) was stopped by {name} before it was ready"
 
 
 def _binary(stream: Any) -> Any:

@@ -1,0 +1,74 @@
+"""``torchbay serve --start`` when the start does not go to its end: the server stopped while it
+starts (``--stop``, a signal), the ``--start`` process itself interrupted. The real command, a
+real server in the background; a start is held where the test acts (a model whose load waits
+on a gate, a process held in an import: cli_helpers.hold_import), never timed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .cli_helpers import PID_FILE, free_addresses, hold_import, torchbay, wait_for
+from .conftest import load_gated_store
+
+pytestmark = pytest.mark.slow
+
+
+def _start(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "torchbay", "serve", "--start", "--ncs", "--dt", *args]
+    command += free_addresses()
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_a_stop_while_the_models_load_is_a_start_that_failed(cli_run, tmp_path_factory, tmp_path):
+    """--stop while the start-up models still load: the server stops (without waiting for
+    them), and --start says it was stopped before it was ready, exit 1 (it exited 1 with
+    nothing said)."""
+    cwd, env = cli_run
+    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "stop-starting")
+    starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar")
+    try:
+        wait_for(load_started, starting)
+        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
+        stopped = torchbay(cwd, env, "serve", "--stop")
+        assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
+        out, err = starting.communicate(timeout=60)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+            starting.communicate()
+    assert starting.returncode == 1, (out, err)
+    assert err.splitlines() == [
+        f"torchbay: error: the server (pid {pid}) was stopped before it was ready"
+    ]
+    assert "stop asked during start-up" in out  # its console, relayed until it stopped
+    assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
+
+
+def test_a_stop_before_the_server_owns_its_signals(cli_run, talk_store, tmp_path):
+    """--stop while the server is still reading its configuration (held in an import): SIGTERM
+    ends it there, and --start says so, exit 1 (it exited 241: sys.exit(-15))."""
+    cwd, env = cli_run
+    hold, held = hold_import(tmp_path, "torchbay.server.config.sources")
+    env = {**env, **hold}
+    starting = _start(cwd, env, "--model-store", str(talk_store))
+    try:
+        wait_for(held, starting)
+        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
+        stopped = torchbay(cwd, env, "serve", "--stop")
+        assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
+        out, err = starting.communicate(timeout=60)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+            starting.communicate()
+    assert starting.returncode == 1, (out, err)
+    assert err.splitlines() == [
+        f"torchbay: error: the server (pid {pid}) was stopped by SIGTERM before it was ready"
+    ]
+    assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
