@@ -22,6 +22,7 @@ that a thread reads, so their lines reach the same writer as the frontend's reco
 from __future__ import annotations
 
 import configparser
+import contextlib
 import json
 import logging
 import logging.config
@@ -150,9 +151,12 @@ class WorkerOutput:
 
     def detach_console(self, stderr_to: Path | None = None) -> None:
         """A server started with ``--start``, once up: stdout goes to /dev/null (every log line
-        is in the files already), stderr (a last traceback) is appended to ``stderr_to``."""
+        is in the files already), stderr (a last traceback) is appended to ``stderr_to``. A
+        console nobody reads any more (the ``--start`` process interrupted, its terminal closed)
+        loses what it held: the server goes on."""
         for stream in (sys.stdout, sys.stderr, self.console):
-            stream.flush()
+            with contextlib.suppress(OSError):  # BrokenPipeError
+                stream.flush()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self._out_fd)
         try:

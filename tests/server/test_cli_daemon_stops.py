@@ -5,13 +5,17 @@ on a gate, a process held in an import: cli_helpers.hold_import), never timed.""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
 
-from .cli_helpers import PID_FILE, free_addresses, hold_import, torchbay, wait_for
+from .cli_helpers import PID_FILE, free_addresses, hold_import, read_ready, torchbay, wait_for
 from .conftest import load_gated_store
 
 pytestmark = pytest.mark.slow
@@ -72,3 +76,38 @@ def test_a_stop_before_the_server_owns_its_signals(cli_run, talk_store, tmp_path
         f"torchbay: error: the server (pid {pid}) was stopped by SIGTERM before it was ready"
     ]
     assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
+
+
+def test_an_interrupted_start_leaves_the_server_starting(cli_run, tmp_path_factory, tmp_path):
+    """Ctrl-C (or a closed terminal) ends --start while the models load: the server goes on in
+    the background, serves once up, and --stop stops it. It died as it became ready (exit 1):
+    its console, the pipe to the --start process that was gone, raised BrokenPipeError when
+    the server let go of it."""
+    cwd, env = cli_run
+    gate = tmp_path / "gate"
+    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "int-start", gate=gate)
+    ready = cwd / "ready.json"
+    starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar",
+                      "--ready-file", str(ready))  # fmt: skip
+    try:
+        wait_for(load_started, starting)
+        starting.send_signal(signal.SIGINT)
+        starting.communicate(timeout=60)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+            starting.communicate()
+    assert starting.returncode == 130
+    gate.touch()
+    pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
+    deadline = time.monotonic() + 100
+    while not ready.exists():
+        assert psutil.pid_exists(pid) and time.monotonic() < deadline
+        time.sleep(0.05)
+    info = read_ready(ready)
+    assert (info["pid"], info["failed_models"]) == (pid, {})
+    assert httpx.get(f"http://127.0.0.1:{info['inference']}/ping", timeout=30).status_code == 200
+    stopped = torchbay(cwd, env, "serve", "--stop")
+    assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
+    server_log = (cwd / "logs" / "ts_log.log").read_text()
+    assert "Traceback" not in server_log and "BrokenPipeError" not in server_log
