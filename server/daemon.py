@@ -145,7 +145,12 @@ def start(argv: Sequence[str]) -> int:
         _relay({out_read: _binary(sys.stdout), err_read: _binary(sys.stderr)})
         with open(ready_read, "rb") as ready:
             up = ready.read() == READY
-    except KeyboardInterrupt:  # the server goes on starting; --stop stops it
+    except KeyboardInterrupt:  # the server goes on starting (its own session); --stop stops it
+        print(
+            f"torchbay: interrupted: the server (pid {child.pid}) goes on starting in the "
+            "background; torchbay serve --stop stops it",
+            file=sys.stderr,
+        )
         return 130
     if up:
         return 0

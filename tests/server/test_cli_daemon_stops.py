@@ -91,15 +91,19 @@ def test_an_interrupted_start_leaves_the_server_starting(cli_run, tmp_path_facto
                       "--ready-file", str(ready))  # fmt: skip
     try:
         wait_for(load_started, starting)
+        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
         starting.send_signal(signal.SIGINT)
-        starting.communicate(timeout=60)
+        _, err = starting.communicate(timeout=60)
     finally:
         if starting.poll() is None:
             starting.kill()
             starting.communicate()
     assert starting.returncode == 130
+    assert err.splitlines() == [  # it said nothing: was the start given up?
+        f"torchbay: interrupted: the server (pid {pid}) goes on starting in the background; "
+        "torchbay serve --stop stops it"
+    ]
     gate.touch()
-    pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
     deadline = time.monotonic() + 100
     while not ready.exists():
         assert psutil.pid_exists(pid) and time.monotonic() < deadline
