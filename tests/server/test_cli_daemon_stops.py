@@ -15,7 +15,17 @@ import httpx
 import psutil
 import pytest
 
-from .cli_helpers import PID_FILE, free_addresses, hold_import, read_ready, torchbay, wait_for
+from .cli_helpers import (
+    PID_FILE,
+    clean_env,
+    free_addresses,
+    hold_import,
+    kill_tree,
+    read_ready,
+    torchbay,
+    wait_for,
+    wait_gone,
+)
 from .conftest import load_gated_store
 
 pytestmark = pytest.mark.slow
@@ -115,3 +125,26 @@ def test_an_interrupted_start_leaves_the_server_starting(cli_run, tmp_path_facto
     assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
     server_log = (cwd / "logs" / "ts_log.log").read_text()
     assert "Traceback" not in server_log and "BrokenPipeError" not in server_log
+
+
+def test_ctrl_c_during_the_commands_imports_is_no_traceback(tmp_path, talk_store):
+    """Ctrl-C while ``torchbay serve`` still imports its verbs (held there): exit 130, nothing
+    on stderr, the early worker it spawned gone. It printed a KeyboardInterrupt traceback and
+    died of SIGINT (-2)."""
+    hold, held = hold_import(tmp_path, "torchbay.archiver.cli")
+    env = clean_env(tmp_path / "tmp", **hold)
+    command = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs"]
+    command += ["--model-store", str(talk_store), "--models", "talk=talk.mar", *free_addresses()]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(held, proc)
+        early = psutil.Process(proc.pid).children()  # the worker spawned before the imports
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate()
+    assert (proc.returncode, out, err) == (130, "", "")
+    assert early and all(wait_gone(child.pid, timeout=30) for child in early)
