@@ -191,7 +191,9 @@ class _TextSink:
 
 
 def _relay(pipes: dict[int, Any]) -> None:
-    """Copy the child's stdout and stderr to ours until it closes both (ready, or exited)."""
+    """Copy the child's stdout and stderr to ours until it closes both (ready, or exited). A
+    stream of ours that cannot be written any more (``| grep -m1 ready`` done, a terminal gone)
+    is dropped, and the wait for ready goes on."""
     with selectors.DefaultSelector() as selector:
         for fd, sink in pipes.items():
             selector.register(fd, selectors.EVENT_READ, sink)
@@ -201,9 +203,27 @@ def _relay(pipes: dict[int, Any]) -> None:
                 if not chunk:
                     selector.unregister(key.fd)
                     os.close(key.fd)
-                    continue
-                key.data.write(chunk)
-                key.data.flush()
+                elif key.data is not None:
+                    try:
+                        key.data.write(chunk)
+                        key.data.flush()
+                    except OSError:
+                        _drop(key.data)
+                        selector.modify(key.fd, selectors.EVENT_READ, None)
+
+
+def _drop(sink: Any) -> None:
+    """Our stream that broke writes to /dev/null from now on, so that the interpreter's last
+    flush of it does not fail either (exit 120)."""
+    try:
+        fd = sink.fileno()
+    except (OSError, ValueError, AttributeError):  # not a file (pytest's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def stop(timeout: float = STOP_TIMEOUT_S) -> int:

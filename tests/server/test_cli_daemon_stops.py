@@ -1,5 +1,6 @@
 """``torchbay serve --start`` when the start does not go to its end: the server stopped while it
-starts (``--stop``, a signal), the ``--start`` process itself interrupted. The real command, a
+starts (``--stop``, a signal), the ``--start`` process itself interrupted or its stdout closed,
+Ctrl-C while the command starts. The real command, a
 real server in the background; a start is held where the test acts (a model whose load waits
 on a gate, a process held in an import: cli_helpers.hold_import), never timed."""
 
@@ -148,3 +149,30 @@ def test_ctrl_c_during_the_commands_imports_is_no_traceback(tmp_path, talk_store
         proc.communicate()
     assert (proc.returncode, out, err) == (130, "", "")
     assert early and all(wait_gone(child.pid, timeout=30) for child in early)
+
+
+def test_a_start_whose_stdout_closes_still_waits_for_ready(cli_run, tmp_path_factory, tmp_path):
+    """``torchbay serve --start ... | grep -m1 ready``: the reader of --start's stdout is gone
+    before the server is up (closed here while the model loads). --start still waits for the
+    server and exits 0, without a traceback; it raised BrokenPipeError (exit 1)."""
+    cwd, env = cli_run
+    gate = tmp_path / "gate"
+    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "pipe-start", gate=gate)
+    ready = cwd / "ready.json"
+    starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar",
+                      "--ready-file", str(ready))  # fmt: skip
+    assert starting.stdout is not None and starting.stderr is not None
+    try:
+        wait_for(load_started, starting)
+        starting.stdout.close()  # what the server logs from now on meets a closed pipe
+        gate.touch()
+        err = starting.stderr.read()
+        starting.wait(timeout=100)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+        starting.wait()
+        starting.stderr.close()
+    assert (starting.returncode, err) == (0, "")
+    info = read_ready(ready)
+    assert httpx.get(f"http://127.0.0.1:{info['inference']}/ping", timeout=30).status_code == 200
