@@ -1,8 +1,8 @@
 """``torchbay serve --start`` when the start does not go to its end: the server stopped while it
 starts (``--stop``, a signal), the ``--start`` process itself interrupted or its stdout closed,
-Ctrl-C while the command starts. The real command, a
-real server in the background; a start is held where the test acts (a model whose load waits
-on a gate, a process held in an import: cli_helpers.hold_import), never timed."""
+Ctrl-C while the command starts. The real command, a real server in the background; a start is
+held where the test acts (a model whose load waits on a gate, a process held in an import:
+cli_helpers.hold_import), never timed."""
 
 from __future__ import annotations
 
