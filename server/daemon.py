@@ -5,7 +5,9 @@ and stderr pipes to this process, a third pipe for "ready"), writes the pid file
 child's console until the child is up: its listeners bound and its startup models loaded (or
 reported failed). Then the child's console goes to /dev/null (its logs go on in ``logs/``) and
 ``--start`` exits 0. A child that fails to start has printed its one line; ``--start`` exits with
-the child's code. ``--stop`` sends SIGTERM to the pid in the pid file and waits for the drain.
+the child's code (1, or 2 for a configuration error). A child stopped before it was ready
+(``--stop`` or a signal while it starts) is one line and exit 1 too: not started. ``--stop``
+sends SIGTERM to the pid in the pid file and waits for the drain.
 
 The pid file is TorchServe's: ``.model_server.pid`` in ``tempfile.gettempdir()`` (``TMPDIR``,
 ``TEMP``, ``TMP``, ``/tmp``), holding the pid only. A pid is only ever signalled if its command
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import tempfile
@@ -142,13 +145,32 @@ def start(argv: Sequence[str]) -> int:
         _relay({out_read: _binary(sys.stdout), err_read: _binary(sys.stderr)})
         with open(ready_read, "rb") as ready:
             up = ready.read() == READY
-    except KeyboardInterrupt:  # the server goes on starting; --stop stops it
+    except KeyboardInterrupt:  # the server goes on starting (its own session); --stop stops it
+        print(
+            f"torchbay: interrupted: the server (pid {child.pid}) goes on starting in the "
+            "background; torchbay serve --stop stops it",
+            file=sys.stderr,
+        )
         return 130
     if up:
         return 0
     code = child.wait()
     remove_pid_file(child.pid)
-    return code or 1
+    if code > 0:  # it printed its one line (1: an error, 2: a configuration error)
+        return code
+    raise TorchbayError(_stopped_before_ready(child.pid, code))
+
+
+def _stopped_before_ready(pid: int, code: int) -> str:
+    """Why a server that exited 0 (a stop asked while it started: ``--stop``, SIGTERM, SIGINT)
+    or was killed by a signal (-N: before it owned SIGTERM, or SIGKILL) is not started."""
+    if code == 0:
+        return f"the server (pid {pid}) was stopped before it was ready"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"the server (pid {pid}) was stopped by {name} before it was ready"
 
 
 def _binary(stream: Any) -> Any:
@@ -169,7 +191,9 @@ class _TextSink:
 
 
 def _relay(pipes: dict[int, Any]) -> None:
-    """Copy the child's stdout and stderr to ours until it closes both (ready, or exited)."""
+    """Copy the child's stdout and stderr to ours until it closes both (ready, or exited). A
+    stream of ours that cannot be written any more (``| grep -m1 ready`` done, a terminal gone)
+    is dropped, and the wait for ready goes on."""
     with selectors.DefaultSelector() as selector:
         for fd, sink in pipes.items():
             selector.register(fd, selectors.EVENT_READ, sink)
@@ -179,9 +203,27 @@ def _relay(pipes: dict[int, Any]) -> None:
                 if not chunk:
                     selector.unregister(key.fd)
                     os.close(key.fd)
-                    continue
-                key.data.write(chunk)
-                key.data.flush()
+                elif key.data is not None:
+                    try:
+                        key.data.write(chunk)
+                        key.data.flush()
+                    except OSError:
+                        _drop(key.data)
+                        selector.modify(key.fd, selectors.EVENT_READ, None)
+
+
+def _drop(sink: Any) -> None:
+    """Our stream that broke writes to /dev/null from now on, so that the interpreter's last
+    flush of it does not fail either (exit 120)."""
+    try:
+        fd = sink.fileno()
+    except (OSError, ValueError, AttributeError):  # not a file (pytest's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def stop(timeout: float = STOP_TIMEOUT_S) -> int:

@@ -3,7 +3,8 @@
 Each part registers its verbs (``register(subparsers)``) and owns the core functions they call, so
 tests call those functions directly. Domain errors print one line and exit 1; configuration errors
 (a bad value: one line per field; an unreadable config file) exit 2; a traceback only with
-``--debug`` or ``TORCHBAY_DEBUG=1``.
+``--debug`` or ``TORCHBAY_DEBUG=1``. Ctrl-C that no verb handles (one pressed while the command
+starts) exits 130, without a traceback.
 """
 
 from __future__ import annotations
@@ -79,17 +80,20 @@ def _debug(args: argparse.Namespace) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    # `serve` with start-up models: a worker process first, so that its torch import (the
-    # slowest step of a start) overlaps everything below instead of following it.
-    from torchbay.server.early_workers import spawn_early
-    from torchbay.server.serving.worker_env import tag_worker_logs
-
-    # Every worker spawned from here on starts its log lines with this secret: the server's
-    # WorkerOutput tells them from what a handler prints (serving/worker_env.LOG_TAG).
-    tag_worker_logs(os.environ)
-    early = spawn_early(words)
+    early = None
     try:
+        # `serve` with start-up models: a worker process first, so that its torch import (the
+        # slowest step of a start) overlaps everything below instead of following it.
+        from torchbay.server.early_workers import spawn_early
+        from torchbay.server.serving.worker_env import tag_worker_logs
+
+        # Every worker spawned from here on starts its log lines with this secret: the server's
+        # WorkerOutput tells them from what a handler prints (serving/worker_env.LOG_TAG).
+        tag_worker_logs(os.environ)
+        early = spawn_early(words)
         return _main(words, early)
+    except KeyboardInterrupt:  # Ctrl-C before a verb took it (the imports): no traceback
+        return 130
     finally:
         if early is not None:
             early.close()  # those the server did not adopt (a bad flag, a config error, ...)

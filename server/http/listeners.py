@@ -1,5 +1,5 @@
-"""Start-up checks that must pass before the server touches anything: the model store, the TLS
-files, and the three listening sockets.
+"""Start-up checks that must pass before the server touches anything: the model and workflow
+stores, the TLS files, and the three listening sockets.
 
 ``torchbay serve`` runs these first, before it spawns a worker, writes the key file or logs a
 line, so a start that cannot succeed (a port in use, a missing store, an unreadable key) fails
@@ -24,11 +24,12 @@ LISTENERS = ("inference", "management", "metrics")
 
 
 def preflight(config: ServerConfig) -> None:
-    """Raise TorchbayError when the model store or the TLS files cannot be used."""
-    store = config.model_store
-    if store is not None and not store.is_dir():
-        what = "is not a folder" if store.exists() else "does not exist"
-        raise TorchbayError(f"model store {store} {what}")
+    """Raise TorchbayError when the model store, the workflow store (TorchServe's launcher:
+    ``--workflow-store directory not found``) or the TLS files cannot be used."""
+    for noun, store in (("model", config.model_store), ("workflow", config.workflow_store)):
+        if store is not None and not store.is_dir():
+            what = "is not a folder" if store.exists() else "does not exist"
+            raise TorchbayError(f"{noun} store {store} {what}")
     check_tls(config)
 
 

@@ -22,6 +22,7 @@ that a thread reads, so their lines reach the same writer as the frontend's reco
 from __future__ import annotations
 
 import configparser
+import contextlib
 import json
 import logging
 import logging.config
@@ -150,9 +151,12 @@ class WorkerOutput:
 
     def detach_console(self, stderr_to: Path | None = None) -> None:
         """A server started with ``--start``, once up: stdout goes to /dev/null (every log line
-        is in the files already), stderr (a last traceback) is appended to ``stderr_to``."""
+        is in the files already), stderr (a last traceback) is appended to ``stderr_to``. A
+        console nobody reads any more (the ``--start`` process interrupted, its terminal closed)
+        loses what it held: the server goes on."""
         for stream in (sys.stdout, sys.stderr, self.console):
-            stream.flush()
+            with contextlib.suppress(OSError):  # BrokenPipeError
+                stream.flush()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self._out_fd)
         try:
@@ -167,8 +171,11 @@ class WorkerOutput:
         """Put fds 1 and 2 back, wait (``timeout``) for the workers' last lines, run ``then``
         (the log pipeline's stop: it writes what it holds to ``console``), close the console."""
         self._closing.set()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+        for stream, fd in ((sys.stdout, self._out_fd), (sys.stderr, self._err_fd)):
+            try:
+                stream.flush()
+            except OSError:  # a console nobody reads any more (`| tee` gone with the Ctrl-C):
+                _to_devnull(fd)  # what it held is lost, and no later flush fails (exit 120)
         sys.stdout, sys.stderr = self._saved
         os.dup2(self._out_fd, 1)  # the pipe's last writers are now the workers, if any
         os.dup2(self._err_fd, 2)
@@ -180,6 +187,14 @@ class WorkerOutput:
             then()
         os.close(self._out_fd)
         os.close(self._err_fd)
+
+
+def _to_devnull(fd: int) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 @dataclass(frozen=True)

@@ -128,3 +128,48 @@ def serve_foreground(
             raise AssertionError(f"never became ready (exit {proc.poll()})")
         time.sleep(0.05)
     return proc, read_ready(ready)
+
+
+# A sitecustomize.py that holds one process at the import of one module: the first process of
+# the tree (the marker is created with O_EXCL) that imports HOLD_IMPORT creates HOLD_MARK, then
+# sleeps (60 s at most) in that import, where a test signals it: a point of a start that no
+# timing reaches reliably (the CLI's imports, a server before its event loop owns its signals).
+_HOLD = """
+import importlib.abc, os, sys, time
+
+class _Hold(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == os.environ["HOLD_IMPORT"]:
+            try:
+                os.close(os.open(os.environ["HOLD_MARK"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return None
+            end = time.monotonic() + 60
+            while time.monotonic() < end:
+                time.sleep(0.01)
+        return None
+
+if os.environ.get("HOLD_IMPORT"):
+    sys.meta_path.insert(0, _Hold())
+"""
+
+
+def hold_import(folder: Path, module: str) -> tuple[dict[str, str], Path]:
+    """(environment variables, marker): a ``torchbay`` run with them holds at the import of
+    ``module`` once the marker exists (see _HOLD)."""
+    site = folder / "hold-site"
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(_HOLD)
+    marker = folder / "held"
+    path = os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))
+    env = {"PYTHONPATH": path, "HOLD_IMPORT": module, "HOLD_MARK": str(marker)}
+    return env, marker
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 100.0) -> None:
+    """Until ``path`` exists; fails if ``proc`` exits first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"exited {proc.returncode} before {path.name} existed"
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)

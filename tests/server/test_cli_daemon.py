@@ -188,6 +188,20 @@ def test_a_failed_start_is_one_line_and_leaves_no_pid_file(cli_run, talk_store):
     assert not (cwd / "logs").exists()  # nothing was written
 
 
+def test_a_missing_workflow_store_is_one_line(cli_run, talk_store):
+    """A --workflow-store that is not there refuses the start, before anything is bound or
+    written (the server started, exit 0, and every workflow registration failed later)."""
+    cwd, env = cli_run
+    result = torchbay(cwd, env, "serve", "--start", "--ncs", "--model-store", str(talk_store),
+                      "--workflow-store", "nowhere", *free_addresses())  # fmt: skip
+    assert result.returncode == 1  # TorchServe: "--workflow-store directory not found: ..."
+    assert result.stderr.splitlines() == [
+        f"torchbay: error: workflow store {cwd / 'nowhere'} does not exist"
+    ]
+    assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
+    assert [p.name for p in cwd.iterdir()] == []  # no logs/, no key file
+
+
 def test_a_missing_log_config_or_model_store_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for name in list(os.environ):

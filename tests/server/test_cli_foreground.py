@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 
 from .cli_helpers import (
@@ -20,6 +21,7 @@ from .cli_helpers import (
     read_ready,
     serve_foreground,
 )
+from .conftest import load_gated_store
 
 pytestmark = pytest.mark.slow
 
@@ -146,3 +148,46 @@ def test_torchserves_short_flags_start_the_server(tmp_path, talk_store):
         assert proc.wait(timeout=60) == 0
     finally:
         kill_tree(proc.pid)
+
+
+def test_a_console_closed_under_the_server_is_a_clean_stop(tmp_path, tmp_path_factory):
+    """``torchbay serve | tee server.log`` and Ctrl-C: tee is gone before the server's last
+    lines. Here the reader of its stdout and stderr closes them while the model loads; the
+    server serves, and SIGTERM stops it with exit 0 (it exited 120: the last flush of its
+    console failed)."""
+    gate = tmp_path / "gate"
+    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "gone-console", gate=gate)
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    ready = cwd / "ready.json"
+    command = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs", "--dt",
+               "--model-store", str(store), "--models", "gated=gated.mar",
+               "--ready-file", str(ready), *free_addresses()]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=clean_env(tmp_path / "tmp"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        deadline = time.monotonic() + 100
+        while not load_started.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.stdout.close()
+        proc.stderr.close()
+        gate.touch()
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        ping = httpx.get(f"http://127.0.0.1:{read_ready(ready)['inference']}/ping", timeout=30)
+        assert ping.status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=100) == 0
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+    server_log = (cwd / "logs" / "ts_log.log").read_text()
+    assert "BrokenPipeError" not in server_log and "lost sys.stderr" not in server_log

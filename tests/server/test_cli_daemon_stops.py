@@ -1,0 +1,178 @@
+"""``torchbay serve --start`` when the start does not go to its end: the server stopped while it
+starts (``--stop``, a signal), the ``--start`` process itself interrupted or its stdout closed,
+Ctrl-C while the command starts. The real command, a real server in the background; a start is
+held where the test acts (a model whose load waits on a gate, a process held in an import:
+cli_helpers.hold_import), never timed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from .cli_helpers import (
+    PID_FILE,
+    clean_env,
+    free_addresses,
+    hold_import,
+    kill_tree,
+    read_ready,
+    torchbay,
+    wait_for,
+    wait_gone,
+)
+from .conftest import load_gated_store
+
+pytestmark = pytest.mark.slow
+
+
+def _start(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "torchbay", "serve", "--start", "--ncs", "--dt", *args]
+    command += free_addresses()
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_a_stop_while_the_models_load_is_a_start_that_failed(cli_run, tmp_path_factory, tmp_path):
+    """--stop while the start-up models still load: the server stops (without waiting for
+    them), and --start says it was stopped before it was ready, exit 1 (it exited 1 with
+    nothing said)."""
+    cwd, env = cli_run
+    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "stop-starting")
+    starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar")
+    try:
+        wait_for(load_started, starting)
+        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
+        stopped = torchbay(cwd, env, "serve", "--stop")
+        assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
+        out, err = starting.communicate(timeout=60)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+            starting.communicate()
+    assert starting.returncode == 1, (out, err)
+    assert err.splitlines() == [
+        f"torchbay: error: the server (pid {pid}) was stopped before it was ready"
+    ]
+    assert "stop asked during start-up" in out  # its console, relayed until it stopped
+    assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
+
+
+def test_a_stop_before_the_server_owns_its_signals(cli_run, talk_store, tmp_path):
+    """--stop while the server is still reading its configuration (held in an import): SIGTERM
+    ends it there, and --start says so, exit 1 (it exited 241: sys.exit(-15))."""
+    cwd, env = cli_run
+    hold, held = hold_import(tmp_path, "torchbay.server.config.sources")
+    env = {**env, **hold}
+    starting = _start(cwd, env, "--model-store", str(talk_store))
+    try:
+        wait_for(held, starting)
+        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
+        stopped = torchbay(cwd, env, "serve", "--stop")
+        assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
+        out, err = starting.communicate(timeout=60)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+            starting.communicate()
+    assert starting.returncode == 1, (out, err)
+    assert err.splitlines() == [
+        f"torchbay: error: the server (pid {pid}) was stopped by SIGTERM before it was ready"
+    ]
+    assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
+
+
+def test_an_interrupted_start_leaves_the_server_starting(cli_run, tmp_path_factory, tmp_path):
+    """Ctrl-C (or a closed terminal) ends --start while the models load: the server goes on in
+    the background, serves once up, and --stop stops it. It died as it became ready (exit 1):
+    its console, the pipe to the --start process that was gone, raised BrokenPipeError when
+    the server let go of it."""
+    cwd, env = cli_run
+    gate = tmp_path / "gate"
+    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "int-start", gate=gate)
+    ready = cwd / "ready.json"
+    starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar",
+                      "--ready-file", str(ready))  # fmt: skip
+    try:
+        wait_for(load_started, starting)
+        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
+        starting.send_signal(signal.SIGINT)
+        _, err = starting.communicate(timeout=60)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+            starting.communicate()
+    assert starting.returncode == 130
+    assert err.splitlines() == [  # it said nothing: was the start given up?
+        f"torchbay: interrupted: the server (pid {pid}) goes on starting in the background; "
+        "torchbay serve --stop stops it"
+    ]
+    gate.touch()
+    deadline = time.monotonic() + 100
+    while not ready.exists():
+        assert psutil.pid_exists(pid) and time.monotonic() < deadline
+        time.sleep(0.05)
+    info = read_ready(ready)
+    assert (info["pid"], info["failed_models"]) == (pid, {})
+    assert httpx.get(f"http://127.0.0.1:{info['inference']}/ping", timeout=30).status_code == 200
+    stopped = torchbay(cwd, env, "serve", "--stop")
+    assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
+    server_log = (cwd / "logs" / "ts_log.log").read_text()
+    assert "Traceback" not in server_log and "BrokenPipeError" not in server_log
+
+
+def test_ctrl_c_during_the_commands_imports_is_no_traceback(tmp_path, talk_store):
+    """Ctrl-C while ``torchbay serve`` still imports its verbs (held there): exit 130, nothing
+    on stderr, the early worker it spawned gone. It printed a KeyboardInterrupt traceback and
+    died of SIGINT (-2)."""
+    hold, held = hold_import(tmp_path, "torchbay.archiver.cli")
+    env = clean_env(tmp_path / "tmp", **hold)
+    command = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs"]
+    command += ["--model-store", str(talk_store), "--models", "talk=talk.mar", *free_addresses()]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(held, proc)
+        early = psutil.Process(proc.pid).children()  # the worker spawned before the imports
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate()
+    assert (proc.returncode, out, err) == (130, "", "")
+    assert early and all(wait_gone(child.pid, timeout=30) for child in early)
+
+
+def test_a_start_whose_stdout_closes_still_waits_for_ready(cli_run, tmp_path_factory, tmp_path):
+    """``torchbay serve --start ... | grep -m1 ready``: the reader of --start's stdout is gone
+    before the server is up (closed here while the model loads). --start still waits for the
+    server and exits 0, without a traceback; it raised BrokenPipeError (exit 1)."""
+    cwd, env = cli_run
+    gate = tmp_path / "gate"
+    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "pipe-start", gate=gate)
+    ready = cwd / "ready.json"
+    starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar",
+                      "--ready-file", str(ready))  # fmt: skip
+    assert starting.stdout is not None and starting.stderr is not None
+    try:
+        wait_for(load_started, starting)
+        starting.stdout.close()  # what the server logs from now on meets a closed pipe
+        gate.touch()
+        err = starting.stderr.read()
+        starting.wait(timeout=100)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+        starting.wait()
+        starting.stderr.close()
+    assert (starting.returncode, err) == (0, "")
+    info = read_ready(ready)
+    assert httpx.get(f"http://127.0.0.1:{info['inference']}/ping", timeout=30).status_code == 200
