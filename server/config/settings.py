@@ -310,23 +310,14 @@ class ServerConfig(GrpcSettings):
         id_, start, end = (getattr(self, k).lower() for k in _SEQUENCE_KEYS)
         return id_, start, end
 
-    @field_validator("blacklist_env_vars")
+    @field_validator("allowed_urls", "blacklist_env_vars")
     @classmethod
-    def _env_regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"blacklist_env_vars: bad regex {value!r}: {exc}") from None
-        return value
-
-    @field_validator("allowed_urls")
-    @classmethod
-    def _regexes(cls, value: list[str]) -> list[str]:
-        for pattern in value:
+    def _regexes(cls, value: list[str] | str, info: ValidationInfo) -> list[str] | str:
+        for pattern in [value] if isinstance(value, str) else value:
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise ValueError(f"allowed_urls: bad regex {pattern!r}: {exc}") from None
+                raise ValueError(f"{info.field_name}: bad regex {pattern!r}: {exc}") from None
         return value
 
     @field_validator("restart_backoff_s")
