@@ -114,9 +114,8 @@ def _registered(settings: dict[str, int], model: str) -> dict[str, int]:
     try:
         check_model_settings({api: out[key] for key, api in REGISTERED.items()})
     except BadRequest as exc:
-        raise BadRequest(
-            f"Invalid workflow specification: model {model!r}: {exc.message}"
-        ) from None
+        message = f"Invalid workflow specification: model {model!r}: {exc.message}"
+        raise BadRequest(message) from None
     return out
 
 
