@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -201,6 +202,34 @@ def running(
                 time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def served(
+    work: Path, archives: dict[str, tuple[str, str, str]], handlers: Path, **config: str
+) -> Iterator[dict[str, str]]:
+    """TorchServe over :func:`build_store`'s store of ``archives`` in ``work``, each listener on a
+    free port and ``config`` beside them in its config.properties, ready once it answers
+    ``/ping``: {listener: its base URL}."""
+    store = build_store(work, archives, handlers)
+    bases = {name: f"http://127.0.0.1:{free_port()}" for name in LISTENERS}
+    settings = {f"{name}_address": base for name, base in bases.items()}
+    settings.update(config)
+    argv = command(store, properties(work / "config.properties", settings))
+    with running(argv, work, pinged(bases["inference"])):
+        yield bases
+
+
+@contextlib.contextmanager
+def archived(name: str, handler: Path) -> Iterator[tuple[Path, Path]]:
+    """A temporary folder, removed on leaving, and its ``store``: ``name``.mar, ``handler``'s
+    model (no serialized file) packed by :func:`archive`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        store = work / "store"
+        store.mkdir()
+        archive(name, handler, store)
+        yield work, store
+
+
 def pinged(base: str) -> Callable[[], bool]:
     """A ``ready`` test: the inference listener answers ``/ping`` (any status)."""
     return lambda: bool(call(base + "/ping", "GET"))
@@ -236,6 +265,16 @@ def prometheus_text(
         value: Any = float(match["value"]) if match["name"] in counted else "<value>"
         samples.append([match["name"], labels, value])
     return types, samples
+
+
+def json_call(method: str, url: str, body: bytes | None) -> tuple[int, Any]:
+    """A scenario's ``call`` (its body, when there is one, sent as JSON): (status, the answer's
+    JSON, or its text when it is not JSON)."""
+    status, _, raw = call(url, method, body, "application/json")
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
 
 
 def json_or_text(response: Any) -> Any:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,11 +38,7 @@ def normalised(line: str) -> str:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        store = work / "store"
-        store.mkdir()
-        tsrun.archive("echo", HERE / "echo_handler.py", store)
+    with tsrun.archived("echo", HERE / "echo_handler.py") as (work, store):
         config = {f"{k}_address": f"http://127.0.0.1:{port}" for k, port in PORTS.items()}
         config["disable_system_metrics"] = "true"
         properties = tsrun.properties(work / "config.properties", config)

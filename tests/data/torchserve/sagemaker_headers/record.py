@@ -15,7 +15,6 @@ from __future__ import annotations
 import http.client
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -52,11 +51,7 @@ def ask(headers: dict[str, str]) -> dict:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        store = work / "store"
-        store.mkdir()
-        tsrun.archive("headers", HERE / "headers_handler.py", store)
+    with tsrun.archived("headers", HERE / "headers_handler.py") as (work, store):
         config = tsrun.properties(
             work / "config.properties",
             {

@@ -11,12 +11,10 @@ tiny TorchScript model, starts TorchServe in a folder of its own (``--foreground
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1] / "torchserve")]  # scenario, tsrun
@@ -26,29 +24,15 @@ import tsrun  # noqa: E402
 COMMAND = tsrun.recorder_command(__file__)
 
 
-def call(method: str, url: str, body: bytes | None) -> tuple[int, Any]:
-    status, _, raw = tsrun.call(url, method, body, "application/json")
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
-
-
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ts-answers-"))
-    store = tsrun.build_store(work, scenario.ARCHIVES, HERE)
-    bases = {name: f"http://127.0.0.1:{tsrun.free_port()}" for name in tsrun.LISTENERS}
-    config = {f"{name}_address": base for name, base in bases.items()}
-    config.update(metrics_mode="prometheus", disable_system_metrics="true")
+    (work / "gates").mkdir()
+    config = dict(metrics_mode="prometheus", disable_system_metrics="true")
     config.update(install_py_dep_per_model="false")
     config.update(unregister_model_timeout=str(scenario.UNREGISTER_TIMEOUT_S))
-    argv = tsrun.command(store, tsrun.properties(work / "config.properties", config))
-    gates = work / "gates"
-    gates.mkdir()
-    with tsrun.running(argv, work, tsrun.pinged(bases["inference"])):
-        answers = scenario.run(
-            call, bases["inference"], bases["management"], bases["metrics"], gates
-        )
+    with tsrun.served(work, scenario.ARCHIVES, HERE, **config) as bases:
+        urls = bases["inference"], bases["management"], bases["metrics"]
+        answers = scenario.run(tsrun.json_call, *urls, work / "gates")
     tsrun.write_answers(HERE, COMMAND, answers, work)
 
 

@@ -12,12 +12,10 @@ stops it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1] / "torchserve")]  # busy, tsrun
@@ -27,25 +25,12 @@ import tsrun  # noqa: E402
 COMMAND = tsrun.recorder_command(__file__)
 
 
-def call(method: str, url: str, body: bytes | None) -> tuple[int, Any]:
-    status, _, raw = tsrun.call(url, method, body, "application/json")
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
-
-
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ts-busy-"))
-    store = tsrun.build_store(work, busy.ARCHIVES, HERE)
-    bases = {name: f"http://127.0.0.1:{tsrun.free_port()}" for name in tsrun.LISTENERS}
-    config = {f"{name}_address": base for name, base in bases.items()}
-    config.update(disable_system_metrics="true", install_py_dep_per_model="false")
-    argv = tsrun.command(store, tsrun.properties(work / "config.properties", config))
-    gates = work / "gates"
-    gates.mkdir()
-    with tsrun.running(argv, work, tsrun.pinged(bases["inference"])):
-        answers = busy.run(call, bases["inference"], bases["management"], gates)
+    (work / "gates").mkdir()
+    config = dict(disable_system_metrics="true", install_py_dep_per_model="false")
+    with tsrun.served(work, busy.ARCHIVES, HERE, **config) as bases:
+        answers = busy.run(tsrun.json_call, bases["inference"], bases["management"], work / "gates")
     tsrun.write_answers(HERE, COMMAND, answers, work)
 
 
