@@ -10,26 +10,18 @@ body)`` is the caller's HTTP client: (status, body as JSON or text) for any stat
 
 from __future__ import annotations
 
-import json
+import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+if str(Path(__file__).resolve().parents[1] / "busy") not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "busy"))  # gating
+from gating import WAIT_S, Call, hold, until
+
 ARCHIVES = {"m.mar": ("m", "1.0", "../busy/gate_handler.py")}  # file: model, version, handler
 UNREGISTER_TIMEOUT_S = 2
-Call = Callable[[str, str, "bytes | None"], tuple[int, Any]]
-WAIT_S = 60.0
-
-
-def _until(condition: Callable[[], bool], timeout: float = WAIT_S) -> bool:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _requests_total(call: Call, metrics: str) -> float:
@@ -46,18 +38,18 @@ def _requests_total(call: Call, metrics: str) -> float:
 def _held(call: Call, inference: str, gates: Path, name: str) -> tuple[threading.Thread, list]:
     """A request that m's handler holds until ``gates/name`` exists, once it has begun."""
     started, gate = gates / f"{name}-started", gates / name
-    hold = json.dumps({"started": str(started), "gate": str(gate)}).encode()
+    body = hold(started, gate)
     out: list = []
 
     def send() -> None:
         try:
-            out.append(call("POST", f"{inference}/predictions/m", hold))
+            out.append(call("POST", f"{inference}/predictions/m", body))
         except OSError as exc:  # TorchServe: reset when it stops, the request never answered
             out.append(f"no answer: {type(exc).__name__}")
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
-    _until(started.exists)
+    until(started.exists)
     return thread, out
 
 

@@ -8,29 +8,20 @@ body)`` is the caller's HTTP client: (status, body as JSON or text) for any stat
 
 from __future__ import annotations
 
-import json
+import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))  # gating, beside
+from gating import WAIT_S, Call, hold, until
 
 ARCHIVES = {  # file name -> model name, version, handler file (beside this module)
     "m.mar": ("m", "1.0", "gate_handler.py"),
     "m-v2.mar": ("m", "2.0", "gate_handler.py"),
     "m-v3.mar": ("m", "3.0", "gate_handler.py"),
 }
-Call = Callable[[str, str, "bytes | None"], tuple[int, Any]]
-WAIT_S = 60.0
-
-
-def _until(condition: Callable[[], bool], timeout: float = WAIT_S) -> bool:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _versions(answer: tuple[int, Any]) -> Any:
@@ -52,13 +43,14 @@ def run(call: Call, inference: str, management: str, gates: Path) -> dict[str, A
     answers["register_v1"] = call("POST", reg + "m.mar", None)
     answers["register_v2"] = call("POST", reg + "m-v2.mar", None)
     started, gate = gates / "started", gates / "gate"
-    hold = json.dumps({"started": str(started), "gate": str(gate)}).encode()
-    held, held_out = _background(call, "POST", f"{inference}/predictions/m/2.0", hold)
-    answers["held_started"] = _until(started.exists)
+    held, held_out = _background(
+        call, "POST", f"{inference}/predictions/m/2.0", hold(started, gate)
+    )
+    answers["held_started"] = until(started.exists)
     leaving, leaving_out = _background(call, "DELETE", f"{management}/models/m/2.0", None)
     # The unregister has begun once its version is gone for describe (it drains meanwhile).
     v2 = f"{management}/models/m/2.0"
-    answers["unregister_began"] = _until(lambda: call("GET", v2, None)[0] == 404)
+    answers["unregister_began"] = until(lambda: call("GET", v2, None)[0] == 404)
     answers["set_default_leaving"] = call("PUT", f"{v2}/set-default", None)
     answers["scale_leaving"] = call("PUT", f"{v2}?min_worker=2&synchronous=true", None)
     answers["unregister_leaving"] = call("DELETE", v2, None)
@@ -78,5 +70,5 @@ def run(call: Call, inference: str, management: str, gates: Path) -> dict[str, A
     answers["register_v3_async"] = call("POST", v3, None)
     answers["unregister_v3_loading"] = call("DELETE", f"{management}/models/m/3.0", None)
     every = f"{management}/models/m/all"
-    answers["v3_gone"] = _until(lambda: _versions(call("GET", every, None)) == ["1.0", "2.0"])
+    answers["v3_gone"] = until(lambda: _versions(call("GET", every, None)) == ["1.0", "2.0"])
     return {k: list(v) if isinstance(v, tuple) else v for k, v in answers.items()}
