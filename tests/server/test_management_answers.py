@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +23,7 @@ from tests.server.conftest import (
     running,
     until,
 )
+from tests.server.torchserve_scenarios import assert_torchserve_0_12, comparable, json_call
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12"
 GATE = DATA / "busy" / "gate_handler.py"  # a request {"started", "gate"} waits for its gate
@@ -56,6 +57,20 @@ def _register(live: SimpleNamespace) -> None:
     assert live.http.post(url, params=params).status_code == 200
 
 
+def _held(
+    live: SimpleNamespace, pool: ThreadPoolExecutor, started: Path, gate: Path
+) -> Future[httpx.Response]:
+    """POST /predictions/m in ``pool``: a request the gate handler holds (it creates ``started``
+    when it runs it, then waits until ``gate`` exists)."""
+    hold = json.dumps({"started": str(started), "gate": str(gate)})
+    return pool.submit(
+        live.http.post,
+        f"{live.server.url}/predictions/m",
+        content=hold,
+        headers={"content-type": "application/json"},
+    )
+
+
 def test_unregister_of_a_busy_worker_ends_within_unregister_model_timeout(
     live: SimpleNamespace, tmp_path: Path
 ) -> None:
@@ -66,14 +81,8 @@ def test_unregister_of_a_busy_worker_ends_within_unregister_model_timeout(
     worker whose requests are all answered at once after its drain."""
     _register(live)
     started, gate = tmp_path / "started", tmp_path / "gate"
-    hold = json.dumps({"started": str(started), "gate": str(gate)})
     with ThreadPoolExecutor(1) as pool:
-        held = pool.submit(
-            live.http.post,
-            f"{live.server.url}/predictions/m",
-            content=hold,
-            headers={"content-type": "application/json"},
-        )
+        held = _held(live, pool, started, gate)
         try:
             deadline = time.monotonic() + 60
             while not started.exists():  # the handler runs the request (and holds it)
@@ -132,15 +141,9 @@ def test_a_busy_worker_is_described_ready_as_torchserve_does(
     torchbay's finer state is ``state``."""
     _register(live)
     started, gate = tmp_path / "started", tmp_path / "gate"
-    hold = json.dumps({"started": str(started), "gate": str(gate)})
     describe = f"{live.server.management_url}/models/m"
     with ThreadPoolExecutor(1) as pool:
-        held = pool.submit(
-            live.http.post,
-            f"{live.server.url}/predictions/m",
-            content=hold,
-            headers={"content-type": "application/json"},
-        )
+        held = _held(live, pool, started, gate)
         try:
             until(started.exists, "the held request started", timeout=60)
             [worker] = live.http.get(describe).json()[0]["workers"]
@@ -162,30 +165,13 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     store = recorded_store(tmp_path_factory, "answers-rec", scenario.ARCHIVES, data)
     config = {"unregister_model_timeout_s": scenario.UNREGISTER_TIMEOUT_S}
     with running(store, enable_model_api=True, **config) as live, httpx.Client(timeout=120) as c:
-
-        def call(method: str, url: str, body: bytes | None) -> tuple[int, Any]:
-            headers = {"content-type": "application/json"} if body is not None else {}
-            r = c.request(method, url, content=body, headers=headers)
-            try:
-                return r.status_code, r.json()
-            except ValueError:
-                return r.status_code, r.text
-
         gates = tmp_path_factory.mktemp("answers-gates")
-        return scenario.run(call, live.url, live.management_url, live.metrics_url, gates)
-
-
-def _comparable(answer: Any) -> Any:
-    """An error body by its code and message (its type is Java's class name there)."""
-    body = answer[1] if isinstance(answer, list) and len(answer) == 2 else None
-    if isinstance(body, dict) and "code" in body:
-        return [answer[0], {k: answer[1][k] for k in ("code", "message")}]
-    return answer
+        urls = live.url, live.management_url, live.metrics_url
+        return scenario.run(json_call(c), *urls, gates)
 
 
 def test_record_is_torchserve_0_12() -> None:
-    assert RECORD["torchserve"] == "0.12.0"
-    assert RECORD["command"].endswith("tests/data/torchserve_0.12/answers/record.py")
+    assert_torchserve_0_12(RECORD, "answers/record.py")
 
 
 @pytest.mark.parametrize("step", list(RECORD["answers"]))
@@ -195,7 +181,7 @@ def test_same_answers_as_torchserve(answers: dict[str, Any], step: str) -> None:
         status, kind = DIFFERENCES[step][0]
         assert [ours[0], ours[1]["type"]] == [status, kind], ours
         return
-    assert _comparable(ours) == _comparable(RECORD["answers"][step])
+    assert comparable(ours) == comparable(RECORD["answers"][step])
 
 
 def test_unregister_meets_a_scale_still_loading_at_once(

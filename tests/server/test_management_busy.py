@@ -29,6 +29,7 @@ from tests.server.conftest import (
     running,
     until,
 )
+from tests.server.torchserve_scenarios import assert_torchserve_0_12, comparable, json_call
 
 pytestmark = pytest.mark.slow
 
@@ -49,31 +50,12 @@ DIFFERENCES: dict[str, tuple[Any, str]] = {
 def answers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     store = recorded_store(tmp_path_factory, "busy-store", busy.ARCHIVES, DATA)
     with running(store, enable_model_api=True) as live, httpx.Client(timeout=120) as client:
-
-        def call(method: str, url: str, body: bytes | None) -> tuple[int, Any]:
-            headers = {"content-type": "application/json"} if body is not None else {}
-            r = client.request(method, url, content=body, headers=headers)
-            try:
-                return r.status_code, r.json()
-            except ValueError:
-                return r.status_code, r.text
-
         gates = tmp_path_factory.mktemp("busy-gates")
-        yield busy.run(call, live.url, live.management_url, gates)
-
-
-def _comparable(answer: Any) -> Any:
-    """An error body by its code and message (the type is Java's class name there)."""
-    if isinstance(answer, list) and len(answer) == 2 and isinstance(answer[1], dict):
-        status, body = answer
-        if "code" in body:
-            return [status, {"code": body["code"], "message": body["message"]}]
-    return answer
+        yield busy.run(json_call(client), live.url, live.management_url, gates)
 
 
 def test_record_is_torchserve_0_12() -> None:
-    assert RECORD["torchserve"] == "0.12.0"
-    assert RECORD["command"].endswith("tests/data/torchserve_0.12/busy/record.py")
+    assert_torchserve_0_12(RECORD, "busy/record.py")
 
 
 @pytest.mark.parametrize("step", list(RECORD["answers"]))
@@ -81,7 +63,7 @@ def test_same_answers(answers: dict[str, Any], step: str) -> None:
     expected = RECORD["answers"][step]
     if step in DIFFERENCES:
         expected = DIFFERENCES[step][0]
-    assert _comparable(answers[step]) == _comparable(expected), json.dumps(answers[step])
+    assert comparable(answers[step]) == comparable(expected), json.dumps(answers[step])
 
 
 def test_an_unregister_during_an_asynchronous_registration_logs_no_traceback(
