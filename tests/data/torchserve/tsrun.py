@@ -204,18 +204,19 @@ def running(
 
 @contextlib.contextmanager
 def served(
-    work: Path, archives: dict[str, tuple[str, str, str]], handlers: Path, **config: str
-) -> Iterator[dict[str, str]]:
-    """TorchServe over :func:`build_store`'s store of ``archives`` in ``work``, each listener on a
-    free port and ``config`` beside them in its config.properties, ready once it answers
-    ``/ping``: {listener: its base URL}."""
+    prefix: str, archives: dict[str, tuple[str, str, str]], handlers: Path, **config: str
+) -> Iterator[tuple[Path, dict[str, str]]]:
+    """TorchServe over :func:`build_store`'s store of ``archives`` in a new folder (``prefix``,
+    kept: its ts.out), each listener on a free port and ``config`` beside them in its
+    config.properties, ready once it answers ``/ping``: (the folder, {listener: base URL})."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     store = build_store(work, archives, handlers)
     bases = {name: f"http://127.0.0.1:{free_port()}" for name in LISTENERS}
     settings = {f"{name}_address": base for name, base in bases.items()}
     settings.update(config)
     argv = command(store, properties(work / "config.properties", settings))
     with running(argv, work, pinged(bases["inference"])):
-        yield bases
+        yield work, bases
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -21,19 +20,16 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1] / "torchserve")]  # scenario, tsr
 import scenario  # noqa: E402
 import tsrun  # noqa: E402
 
-COMMAND = tsrun.recorder_command(__file__)
-
 
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="ts-answers-"))
-    (work / "gates").mkdir()
     config = dict(metrics_mode="prometheus", disable_system_metrics="true")
     config.update(install_py_dep_per_model="false")
     config.update(unregister_model_timeout=str(scenario.UNREGISTER_TIMEOUT_S))
-    with tsrun.served(work, scenario.ARCHIVES, HERE, **config) as bases:
+    with tsrun.served("ts-answers-", scenario.ARCHIVES, HERE, **config) as (work, bases):
+        (work / "gates").mkdir()
         urls = bases["inference"], bases["management"], bases["metrics"]
         answers = scenario.run(tsrun.json_call, *urls, work / "gates")
-    tsrun.write_answers(HERE, COMMAND, answers, work)
+    tsrun.write_answers(HERE, tsrun.recorder_command(__file__), answers, work)
 
 
 if __name__ == "__main__":

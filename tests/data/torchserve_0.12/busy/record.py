@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -22,16 +21,13 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1] / "torchserve")]  # busy, tsrun
 import busy  # noqa: E402
 import tsrun  # noqa: E402
 
-COMMAND = tsrun.recorder_command(__file__)
-
 
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="ts-busy-"))
-    (work / "gates").mkdir()
     config = dict(disable_system_metrics="true", install_py_dep_per_model="false")
-    with tsrun.served(work, busy.ARCHIVES, HERE, **config) as bases:
+    with tsrun.served("ts-busy-", busy.ARCHIVES, HERE, **config) as (work, bases):
+        (work / "gates").mkdir()
         answers = busy.run(tsrun.json_call, bases["inference"], bases["management"], work / "gates")
-    tsrun.write_answers(HERE, COMMAND, answers, work)
+    tsrun.write_answers(HERE, tsrun.recorder_command(__file__), answers, work)
 
 
 if __name__ == "__main__":
