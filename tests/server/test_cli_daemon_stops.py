@@ -6,10 +6,12 @@ cli_helpers.hold_import), never timed."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -40,6 +42,29 @@ def _start(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
     )
 
 
+def _stop(cwd: Path, env: dict[str, str]) -> None:
+    stopped = torchbay(cwd, env, "serve", "--stop")
+    assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
+
+
+def _while_starting(
+    starting: subprocess.Popen, started: Callable[[], bool], env: dict[str, str], act: Callable
+) -> tuple[int, str, str]:
+    """Once ``started`` holds (the server starting, its pid file written), ``act()``, then the
+    end of --start (killed if it outlives the test): (the server's pid, --start's stdout, its
+    stderr)."""
+    try:
+        wait_for(started, starting)
+        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
+        act()
+        out, err = starting.communicate(timeout=60)
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+            starting.communicate()
+    return pid, out, err
+
+
 def test_a_stop_while_the_models_load_is_a_start_that_failed(cli_run, tmp_path_factory, tmp_path):
     """--stop while the start-up models still load: the server stops (without waiting for
     them), and --start says it was stopped before it was ready, exit 1 (it exited 1 with
@@ -47,16 +72,7 @@ def test_a_stop_while_the_models_load_is_a_start_that_failed(cli_run, tmp_path_f
     cwd, env = cli_run
     store, load_started = load_gated_store(tmp_path_factory, tmp_path, "stop-starting")
     starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar")
-    try:
-        wait_for(load_started, starting)
-        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
-        stopped = torchbay(cwd, env, "serve", "--stop")
-        assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
-        out, err = starting.communicate(timeout=60)
-    finally:
-        if starting.poll() is None:
-            starting.kill()
-            starting.communicate()
+    pid, out, err = _while_starting(starting, load_started, env, lambda: _stop(cwd, env))
     assert starting.returncode == 1, (out, err)
     assert err.splitlines() == [
         f"torchbay: error: the server (pid {pid}) was stopped before it was ready"
@@ -72,16 +88,7 @@ def test_a_stop_before_the_server_owns_its_signals(cli_run, talk_store, tmp_path
     hold, held = hold_import(tmp_path, "torchbay.server.config.sources")
     env = {**env, **hold}
     starting = _start(cwd, env, "--model-store", str(talk_store))
-    try:
-        wait_for(held, starting)
-        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
-        stopped = torchbay(cwd, env, "serve", "--stop")
-        assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
-        out, err = starting.communicate(timeout=60)
-    finally:
-        if starting.poll() is None:
-            starting.kill()
-            starting.communicate()
+    pid, out, err = _while_starting(starting, held, env, lambda: _stop(cwd, env))
     assert starting.returncode == 1, (out, err)
     assert err.splitlines() == [
         f"torchbay: error: the server (pid {pid}) was stopped by SIGTERM before it was ready"
@@ -98,17 +105,10 @@ def test_an_interrupted_start_leaves_the_server_starting(cli_run, tmp_path_facto
     gate = tmp_path / "gate"
     store, load_started = load_gated_store(tmp_path_factory, tmp_path, "int-start", gate=gate)
     ready = cwd / "ready.json"
-    starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar",
-                      "--ready-file", str(ready))  # fmt: skip
-    try:
-        wait_for(load_started, starting)
-        pid = int((Path(env["TMPDIR"]) / PID_FILE).read_text())
-        starting.send_signal(signal.SIGINT)
-        _, err = starting.communicate(timeout=60)
-    finally:
-        if starting.poll() is None:
-            starting.kill()
-            starting.communicate()
+    models = ("--models", "gated=gated.mar", "--ready-file", str(ready))
+    starting = _start(cwd, env, "--model-store", str(store), *models)
+    interrupt = functools.partial(starting.send_signal, signal.SIGINT)
+    pid, _, err = _while_starting(starting, load_started, env, interrupt)
     assert starting.returncode == 130
     assert err.splitlines() == [  # it said nothing: was the start given up?
         f"torchbay: interrupted: the server (pid {pid}) goes on starting in the background; "
@@ -122,8 +122,7 @@ def test_an_interrupted_start_leaves_the_server_starting(cli_run, tmp_path_facto
     info = read_ready(ready)
     assert (info["pid"], info["failed_models"]) == (pid, {})
     assert httpx.get(f"http://127.0.0.1:{info['inference']}/ping", timeout=30).status_code == 200
-    stopped = torchbay(cwd, env, "serve", "--stop")
-    assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
+    _stop(cwd, env)
     server_log = (cwd / "logs" / "ts_log.log").read_text()
     assert "Traceback" not in server_log and "BrokenPipeError" not in server_log
 
@@ -159,8 +158,8 @@ def test_a_start_whose_stdout_closes_still_waits_for_ready(cli_run, tmp_path_fac
     gate = tmp_path / "gate"
     store, load_started = load_gated_store(tmp_path_factory, tmp_path, "pipe-start", gate=gate)
     ready = cwd / "ready.json"
-    starting = _start(cwd, env, "--model-store", str(store), "--models", "gated=gated.mar",
-                      "--ready-file", str(ready))  # fmt: skip
+    models = ("--models", "gated=gated.mar", "--ready-file", str(ready))
+    starting = _start(cwd, env, "--model-store", str(store), *models)
     assert starting.stdout is not None and starting.stderr is not None
     try:
         wait_for(load_started, starting)
