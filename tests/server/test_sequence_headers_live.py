@@ -22,9 +22,8 @@ import pytest
 
 from torchbay.archiver.package import ArchiveOptions, package
 
-from .conftest import LiveServer, make_config
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
-from .test_sequences_live import EXAMPLE, _archive
+from .test_sequences_live import EXAMPLE, _archive, _served
 
 pytestmark = pytest.mark.slow
 
@@ -62,13 +61,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
     with continuous.open("a") as f:
         f.write("sequenceMaxIdleMSec: 60000\nminWorkers: 1\nmaxWorkers: 1\n")
     _archive(root, work, "continuous", continuous, example="sequence_continuous_batching")
-    live = LiveServer(make_config(root, load_models=["all"], **NAMES)).start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
-    try:
-        yield SimpleNamespace(live=live, url=live.url, channel=channel)
-    finally:
-        channel.close()
-        live.stop()
+    yield from _served(root, **NAMES)
 
 
 def _seen(server, body: str, headers: dict[str, str]) -> tuple[httpx.Response, dict]:

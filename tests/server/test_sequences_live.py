@@ -10,6 +10,7 @@ beside another of its sequence in one batch would answer a wrong total."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import httpx
@@ -29,7 +31,7 @@ import tritonclient.http as triton_http
 
 from torchbay.archiver.package import ArchiveOptions, package
 
-from .conftest import ASSETS, LiveServer, batch_running, build_store, make_config, running, until
+from .conftest import ASSETS, batch_running, build_store, running, until
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
 
 pytestmark = pytest.mark.slow
@@ -94,22 +96,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
     shutil.copy(dying_config, corrid_config)
     corrid_config.write_text(corrid_config.read_text() + CORRID_INT32)
     _archive(root, work, "stateful_corrid", corrid_config)
-    config = make_config(root, load_models=["all"])
-    live = LiveServer(config).start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
-    try:
-        yield SimpleNamespace(live=live, url=live.url, channel=channel)
-    finally:
-        channel.close()
-        live.stop()
+    yield from _served(root)
+
+
+def _served(root: Path, **overrides: Any) -> Iterator[SimpleNamespace]:
+    """The live server of these tests, every model in ``root`` loaded (``overrides``: its other
+    settings), and a gRPC channel to its inference port; both closed when the generator ends."""
+    with running(root, load_models=["all"], **overrides) as live:
+        port = live.server.state.ports.grpc_inference
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield SimpleNamespace(live=live, url=live.url, channel=channel)
 
 
 def _totals() -> list[int]:
-    total, out = 0, []
-    for n in NUMBERS:
-        total += n
-        out.append(total)
-    return out
+    return list(itertools.accumulate(NUMBERS))
 
 
 def _interleaved(count: int, run_one) -> dict[int, list]:
