@@ -42,6 +42,22 @@ def _start(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
     )
 
 
+def _gated_start(
+    cli_run: tuple[Path, dict[str, str]],
+    factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    prefix: str,
+) -> tuple[Path, Callable[[], bool], Path, subprocess.Popen]:
+    """--start of a model whose load waits for ``tmp_path/gate``, ``--ready-file`` ready.json in
+    its folder: (the gate, whether the load has begun, the ready file, the --start process)."""
+    cwd, env = cli_run
+    gate = tmp_path / "gate"
+    store, load_started = load_gated_store(factory, tmp_path, prefix, gate=gate)
+    ready = cwd / "ready.json"
+    models = ("--models", "gated=gated.mar", "--ready-file", str(ready))
+    return gate, load_started, ready, _start(cwd, env, "--model-store", str(store), *models)
+
+
 def _stop(cwd: Path, env: dict[str, str]) -> None:
     stopped = torchbay(cwd, env, "serve", "--stop")
     assert (stopped.returncode, stopped.stdout) == (0, "torchbay has stopped.\n")
@@ -102,11 +118,9 @@ def test_an_interrupted_start_leaves_the_server_starting(cli_run, tmp_path_facto
     its console, the pipe to the --start process that was gone, raised BrokenPipeError when
     the server let go of it."""
     cwd, env = cli_run
-    gate = tmp_path / "gate"
-    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "int-start", gate=gate)
-    ready = cwd / "ready.json"
-    models = ("--models", "gated=gated.mar", "--ready-file", str(ready))
-    starting = _start(cwd, env, "--model-store", str(store), *models)
+    gate, load_started, ready, starting = _gated_start(
+        cli_run, tmp_path_factory, tmp_path, "int-start"
+    )
     interrupt = functools.partial(starting.send_signal, signal.SIGINT)
     pid, _, err = _while_starting(starting, load_started, env, interrupt)
     assert starting.returncode == 130
@@ -154,12 +168,9 @@ def test_a_start_whose_stdout_closes_still_waits_for_ready(cli_run, tmp_path_fac
     """``torchbay serve --start ... | grep -m1 ready``: the reader of --start's stdout is gone
     before the server is up (closed here while the model loads). --start still waits for the
     server and exits 0, without a traceback; it raised BrokenPipeError (exit 1)."""
-    cwd, env = cli_run
-    gate = tmp_path / "gate"
-    store, load_started = load_gated_store(tmp_path_factory, tmp_path, "pipe-start", gate=gate)
-    ready = cwd / "ready.json"
-    models = ("--models", "gated=gated.mar", "--ready-file", str(ready))
-    starting = _start(cwd, env, "--model-store", str(store), *models)
+    gate, load_started, ready, starting = _gated_start(
+        cli_run, tmp_path_factory, tmp_path, "pipe-start"
+    )
     assert starting.stdout is not None and starting.stderr is not None
     try:
         wait_for(load_started, starting)
