@@ -1,36 +1,33 @@
 """Live-server fixtures: real uvicorn listeners on 127.0.0.1 port 0, real worker processes,
 real archives built by our archiver. Readiness comes from the server's own event, never sleeps.
 
-Sibling modules are imported inside the fixtures that need them, never at the top: the examples'
-conftest loads this file by path, outside the package."""
+Sibling modules are imported inside the fixtures that need them, never at the top, except
+live.py by its absolute name: the examples' conftest loads this file by path, outside the package."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import importlib
 import importlib.util
 import json
-import os
 import shutil
 import sys
 import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 import torch
 
+from tests.server.live import LiveServer, batch_running, ran_ids, until
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.config.settings import ServerConfig
-from torchbay.server.serve import TorchbayServer
+
+__all__ = ["LiveServer", "batch_running", "ran_ids", "until"]  # what tests import from here
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -147,29 +144,6 @@ def recorded(data: Path, module: str) -> tuple[ModuleType, dict[str, Any]]:
     return loaded, json.loads((data / "answers.json").read_text())
 
 
-def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Poll ``condition`` every 10 ms until it holds; fail, naming ``what``, after ``timeout``
-    seconds (a live server's state, read from outside: nothing to wait on directly)."""
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, f"not in {timeout:g} s: {what}"
-        time.sleep(0.01)
-
-
-def batch_running(server: Any, model: str) -> bool:
-    """``model``'s first worker runs a batch and nothing waits in its queue (describe): what a
-    test that kills, signals or queues behind a batch polls for instead of sleeping."""
-    r = httpx.get(f"{server.management_url}/models/{model}", timeout=30)
-    described = r.json()[0]
-    pending = described["jobQueueStatus"]["pendingRequests"]
-    return described["workers"][0]["state"] == "BUSY" and pending == 0
-
-
-def ran_ids(log: Path) -> list[str]:
-    """The ids of the requests tests/server/assets/gate_handler.py ran, in order (its log)."""
-    return log.read_text().split() if log.exists() else []
-
-
 @pytest.fixture
 def cli_run(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """(working directory, environment with its own TMPDIR) for a test that runs the
@@ -183,70 +157,6 @@ def cli_run(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     pid_file = tmp_path / "tmp" / PID_FILE
     if pid_file.exists():
         kill_tree(int(pid_file.read_text()))
-
-
-class LiveServer:
-    """A TorchbayServer running in a background thread with its own event loop."""
-
-    def __init__(self, config: ServerConfig, **kwargs: Any) -> None:
-        self.server = TorchbayServer(config, env=dict(os.environ), **kwargs)
-        self._thread = threading.Thread(target=self._run, name="torchbay-test-server", daemon=True)
-        self._error: BaseException | None = None
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self.server.serve())
-        except BaseException as exc:  # surfaced by start()/stop()
-            self._error = exc
-            self.server.state.started.set()
-
-    def start(self) -> LiveServer:
-        self._thread.start()
-        assert self.server.state.started.wait(120), "server did not start"
-        if self._error is not None:
-            raise self._error
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.state.ports.inference}"
-
-    @property
-    def management_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.state.ports.management}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.state.ports.metrics}"
-
-    def recorded(self) -> None:
-        """Return once the server has recorded (metrics, access line) every request it answered
-        so far: it does that in a callback after the answers (observe.logs.Deferred), which a
-        loaded host may run after the client read them, but before it answers a later request,
-        so one metrics scrape answered is the barrier."""
-        assert httpx.get(f"{self.metrics_url}/metrics", timeout=60).status_code == 200
-
-    def worker_pids(self) -> list[int]:
-        registry = self.server.registry
-        assert registry is not None
-        return [
-            slot.worker.pid
-            for mv in registry.all_versions()
-            for slot in mv.slots
-            if slot.worker is not None and slot.worker.pid is not None
-        ]
-
-    def stop(self) -> None:
-        pids = self.worker_pids()
-        self.server.request_stop()
-        self._thread.join(60)
-        assert not self._thread.is_alive(), "server did not stop"
-        for pid in pids:  # every child exited
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc = psutil.Process(pid)
-                assert proc.status() == psutil.STATUS_ZOMBIE, f"worker {pid} still running"
-        if self._error is not None:
-            raise self._error
 
 
 def tensor_archive(root: Path, name: str, model: Path, example: Path, **options: Any) -> Path:

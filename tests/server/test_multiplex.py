@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import ASSETS, LiveServer, build_store, make_config, until
-from .test_sequences_live import EXAMPLE, _archive
+from .stateful_store import EXAMPLE, archive
 
 # Each test spawns three to five workers, one after another; on a loaded 2-core host one takes
 # 20 s or more (an interpreter importing torch).
@@ -397,7 +397,7 @@ def test_a_model_holding_an_open_sequence_is_not_evicted_until_it_ends(
     config = work / "stateful.yaml"
     text = (EXAMPLE / "sequence_batching" / "model-config.yaml").read_text()
     config.write_text(text.replace(": 2\n", ": 1\n") + "sequenceMaxIdleMSec: 60000\n")
-    _archive(root, work, "stateful", config)
+    archive(root, work, "stateful", config)
     live = LiveServer(make_config(root, enable_model_api=True, max_loaded_models=1)).start()
     try:
         _register(live, "stateful")

@@ -22,8 +22,8 @@ import pytest
 
 from torchbay.archiver.package import ArchiveOptions, package
 
+from .stateful_store import EXAMPLE, archive, served
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
-from .test_sequences_live import EXAMPLE, _archive, _served
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +60,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
     shutil.copy(EXAMPLE / "sequence_continuous_batching" / "model-config.yaml", continuous)
     with continuous.open("a") as f:
         f.write("sequenceMaxIdleMSec: 60000\nminWorkers: 1\nmaxWorkers: 1\n")
-    _archive(root, work, "continuous", continuous, example="sequence_continuous_batching")
-    yield from _served(root, **NAMES)
+    archive(root, work, "continuous", continuous, example="sequence_continuous_batching")
+    yield from served(root, **NAMES)
 
 
 def _seen(server, body: str, headers: dict[str, str]) -> tuple[httpx.Response, dict]:

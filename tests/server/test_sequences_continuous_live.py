@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from .conftest import LiveServer, make_config
+from .stateful_store import EXAMPLE, RECORDS, SEQ_HEADER, archive, interleaved
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
-from .test_sequences_live import EXAMPLE, RECORDS, SEQ_HEADER, _archive, _interleaved
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def _recorded(config: str) -> dict:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     root = tmp_path_factory.mktemp("seqcb-store")
     work = tmp_path_factory.mktemp("seqcb-build")
-    _archive(root, work, "stateful", CONFIG, example="sequence_continuous_batching")
+    archive(root, work, "stateful", CONFIG, example="sequence_continuous_batching")
     live = LiveServer(make_config(root, load_models=["all"])).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{live.server.state.ports.grpc_inference}")
     try:
@@ -73,7 +73,7 @@ def test_rest_sequences_at_once_keep_their_totals(server) -> None:
             step = 2 * (i + 1)
             return _sequence(client, server.url, [step * k for k in range(1, 6)])[1]
 
-    results = _interleaved(4, run_one)
+    results = interleaved(4, run_one)
     for i, answers in results.items():
         step = 2 * (i + 1)
         assert answers == [str(step * t) for t in (1, 3, 6, 10, 15)], i
@@ -172,7 +172,7 @@ def test_grpc_stream_predictions2_sequences_at_once(server, ts) -> None:  # noqa
         step = 2 * (i + 1)
         return _grpc_sequence(ts, stub, [str(step * k).encode() for k in range(1, 6)])[1]
 
-    results = _interleaved(4, run_one)
+    results = interleaved(4, run_one)
     for i, answers in results.items():
         step = 2 * (i + 1)
         assert answers == [str(step * t) for t in (1, 3, 6, 10, 15)], i

@@ -17,8 +17,8 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from .conftest import ASSETS, LiveServer, make_config, oip_client, tiny_archive
+from .stateful_store import EXAMPLE, archive
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
-from .test_sequences_live import EXAMPLE, _archive
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     shutil.copy(EXAMPLE / "sequence_batching" / "model-config.yaml", config)
     with config.open("a") as f:
         f.write("sequenceMaxIdleMSec: 60000\nminWorkers: 1\nmaxWorkers: 1\n")
-    _archive(root, work, "stateful", config)
+    archive(root, work, "stateful", config)
     gates = (str(ASSETS / "gates.py"),)  # a model without sequences
     tiny_archive(work, root, "plain", str(ASSETS / "probe_handler.py"), extra_files=gates)
     live = LiveServer(make_config(root, load_models=["all"])).start()

@@ -15,121 +15,59 @@ import json
 import os
 import shutil
 import signal
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
-import grpc
 import httpx
 import numpy as np
 import pytest
-import torch
 import tritonclient.http as triton_http
 
-from torchbay.archiver.package import ArchiveOptions, package
-
 from .conftest import ASSETS, batch_running, build_store, running, until
+from .stateful_store import (
+    CORRID_INT32,
+    EXAMPLE,
+    NUMBERS,
+    RECORDS,
+    SEQ_HEADER,
+    archive,
+    interleaved,
+    served,
+)
 from .test_grpc import ts  # noqa: F401  (the fixture: stubs generated from TorchServe's protos)
 
 pytestmark = pytest.mark.slow
-
-# TorchServe's stateful example, unchanged (third_party), and our records of TorchServe's
-# answers to it beside our lru.py stand-in (data).
-EXAMPLE = Path(__file__).resolve().parents[1] / "third_party" / "torchserve" / "stateful"
-RECORDS = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "stateful"
-SEQ_HEADER = "ts_request_sequence_id"
-NUMBERS = [3, 1, 4, 1, 5, 9, 2, 6]
-CORRID_INT32 = """sequence_batching:
-  control_input:
-    - name: CORRID
-      control: [{kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_INT32}]
-"""
-
-
-def _archive(
-    root: Path, work: Path, name: str, config: Path, example: str = "sequence_batching"
-) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("stateful_model", EXAMPLE / "model.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    torch.manual_seed(0)
-    torch.save(module.Net().state_dict(), work / "model_cnn.pt")
-    package(
-        ArchiveOptions(
-            model_name=name,
-            version="1.0",
-            model_file=EXAMPLE / "model.py",
-            serialized_file=work / "model_cnn.pt",
-            handler=str(EXAMPLE / example / "stateful_handler.py"),
-            extra_files=(str(RECORDS / "lru.py"),),
-            config_file=config,
-            export_path=root,
-        )
-    )
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     root = tmp_path_factory.mktemp("seq-store")
     work = tmp_path_factory.mktemp("seq-build")
-    _archive(root, work, "stateful", EXAMPLE / "sequence_batching" / "model-config.yaml")
+    archive(root, work, "stateful", EXAMPLE / "sequence_batching" / "model-config.yaml")
     # The same handler for OIP clients, whose sequences start and end explicitly (Triton).
     oip_config = work / "oip.yaml"
     shutil.copy(EXAMPLE / "sequence_batching" / "model-config.yaml", oip_config)
     with oip_config.open("a") as f:
         f.write("sequenceMaxIdleMSec: 60000\n")
-    _archive(root, work, "stateful_oip", oip_config)
+    archive(root, work, "stateful_oip", oip_config)
     # One worker, to be killed: its sequences must end with a clear error.
     dying_config = work / "dying.yaml"
     shutil.copy(oip_config, dying_config)
     with dying_config.open("a") as f:
         f.write("minWorkers: 1\nmaxWorkers: 1\n")
-    _archive(root, work, "stateful_dying", dying_config)
+    archive(root, work, "stateful_dying", dying_config)
     # Triton's CORRID control input, a 32-bit one (an id past it is the client's mistake).
     corrid_config = work / "corrid.yaml"
     shutil.copy(dying_config, corrid_config)
     corrid_config.write_text(corrid_config.read_text() + CORRID_INT32)
-    _archive(root, work, "stateful_corrid", corrid_config)
-    yield from _served(root)
-
-
-def _served(root: Path, **overrides: Any) -> Iterator[SimpleNamespace]:
-    """The live server of these tests, every model in ``root`` loaded (``overrides``: its other
-    settings), and a gRPC channel to its inference port; both closed when the generator ends."""
-    with running(root, load_models=["all"], **overrides) as live:
-        port = live.server.state.ports.grpc_inference
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield SimpleNamespace(live=live, url=live.url, channel=channel)
+    archive(root, work, "stateful_corrid", corrid_config)
+    yield from served(root)
 
 
 def _totals() -> list[int]:
     return list(itertools.accumulate(NUMBERS))
-
-
-def _interleaved(count: int, run_one) -> dict[int, list]:
-    """``run_one(i)`` for ``count`` sequences at once, in threads; {i: its answers}."""
-    results: dict[int, list] = {}
-    errors: list[BaseException] = []
-
-    def target(i: int) -> None:
-        try:
-            results[i] = run_one(i)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return results
 
 
 def test_torchserve_rest_sequences_interleaved_keep_their_totals(server) -> None:
@@ -147,7 +85,7 @@ def test_torchserve_rest_sequences_interleaved_keep_their_totals(server) -> None
                 answers.append(int(r.text))
         return answers
 
-    results = _interleaved(4, run_one)
+    results = interleaved(4, run_one)
     for i, answers in results.items():
         assert answers == [t * (i + 1) for t in _totals()], i
 
@@ -166,7 +104,7 @@ def test_a_request_without_an_id_starts_a_sequence_the_server_names(server) -> N
     assert again.status_code == 200 and again.text == "7"
 
 
-def test_grpc_stream_predictions2_sequences_interleaved(server, ts) -> None:  # noqa: F811
+def test_grpc_stream_predictions2_sequencesinterleaved(server, ts) -> None:  # noqa: F811
     stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(server.channel)
 
     def run_one(i: int) -> list:
@@ -185,7 +123,7 @@ def test_grpc_stream_predictions2_sequences_interleaved(server, ts) -> None:  # 
             answers.append(int(response.prediction))
         return answers
 
-    results = _interleaved(4, run_one)
+    results = interleaved(4, run_one)
     for i, answers in results.items():
         assert answers == [t * (i + 1) for t in _totals()], i
 
