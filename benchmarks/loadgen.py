@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import math
 import multiprocessing
+import re
 import signal
 import time
 from collections import deque
@@ -50,6 +51,9 @@ class Interrupted(KeyboardInterrupt):
 # -- inside a generator process -------------------------------------------------------------
 
 
+_NO_CONNECTION = re.compile("failed to connect to all addresses|Socket closed|Connection reset")
+
+
 class GrpcConn:
     """The process's one grpcio channel, shared by every caller (HTTP/2 multiplexes the calls):
     ``roundtrip`` answers 200 for OK, else the status code's name (``NOT_FOUND``...)."""
@@ -69,8 +73,9 @@ class GrpcConn:
     async def roundtrip(self, request: bytes) -> int | str:
         try:
             await self.call(request, metadata=self.metadata, timeout=self.timeout_s)
-        except self.error as exc:
-            return exc.code().name
+        except self.error as exc:  # a refused or lost connection: UNAVAILABLE in grpc core's words
+            lost = exc.code().name == "UNAVAILABLE" and _NO_CONNECTION.search(exc.details() or "")
+            return CONN_ERROR if lost else exc.code().name
         return 200
 
     def close(self) -> None:

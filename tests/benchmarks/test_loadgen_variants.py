@@ -139,6 +139,17 @@ def test_grpc_calls_share_one_channel_and_name_their_status(
     assert result.statuses == {"UNIMPLEMENTED": 4} and result.ok == 0
 
 
+def test_a_grpc_port_nobody_listens_on_is_a_conn_error(gen: LoadGenerator) -> None:
+    """grpc names a refused connection UNAVAILABLE, as it names a server's 503 (overloaded):
+    the refused call is a conn-error, as over HTTP, and no latency of an answer never given."""
+    with socket.socket() as closed_port:
+        closed_port.bind(("127.0.0.1", 0))
+        port = closed_port.getsockname()[1]
+    refused = Target("127.0.0.1", port, "", (b"ping",), grpc="/t.Echo/Say")
+    result = gen.run(LoadPlan(refused, concurrency=1, duration_s=None, requests=3, timeout_s=5))
+    assert result.statuses == {"conn-error": 3} and result.latency.count == 0
+
+
 def test_two_processes_split_a_stepped_open_loop(by_path: int) -> None:
     """Steps of 50/s then 100/s for 0.2 s each over two processes: each runs half of each step,
     staggered, so together they send exactly 10 then 20 requests."""
