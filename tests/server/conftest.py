@@ -1,8 +1,8 @@
 """Live-server fixtures: real uvicorn listeners on 127.0.0.1 port 0, real worker processes,
 real archives built by our archiver. Readiness comes from the server's own event, never sleeps.
 
-Sibling modules are imported inside the fixtures that need them, never at the top, except
-live.py by its absolute name: the examples' conftest loads this file by path, outside the package."""
+Sibling modules are imported inside the fixtures that need them, never at the top (live.py
+only by its absolute name): the examples' conftest loads this file by path, outside the package."""
 
 from __future__ import annotations
 
