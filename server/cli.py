@@ -268,7 +268,7 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
     """Console and log files (``logs/`` or ``LOG_LOCATION``), workers' output, --log-config."""
     from torchbay.server.observe.logfiles import WorkerOutput, log_dir, log_files
     from torchbay.server.observe.logs import configure_logging
-    from torchbay.server.observe.logwriter import Rotation
+    from torchbay.server.observe.rollover import Rotation
     from torchbay.server.serving.worker_env import LOG_TAG
 
     files, unwritable = log_files(log_dir(os.environ))

@@ -8,9 +8,9 @@ TorchServe's layout: ``logs/`` under the current directory (``LOG_LOCATION`` mov
 - ``model_log.log``: whatever the workers write on stdout and stderr (their log records, a
   handler's ``print``), logger ``torchbay.model_log``.
 
-Files are appended to and roll over past ``log_file_max_bytes`` (100 MB), keeping
-``log_file_backups`` (5) older files ``name.1`` ... as TorchServe's log4j2 configuration keeps 5
-of 100 MB (logwriter.Rotation; not daily nor gzipped, as log4j2's are). TorchServe's
+Files are appended to and roll over daily and past ``log_file_max_bytes`` (100 MB) into
+``ts_log.02-Dec.log.gz``, keeping ``log_file_backups`` (5), as TorchServe's log4j2 configuration
+rolls them (rollover.py). TorchServe's
 ``ts_metrics.log``/``model_metrics.log`` are written by observe.ts_families, and only with
 ``metrics_mode`` log or legacy. A directory that cannot be written (a read-only container)
 leaves the console only, with one warning.
