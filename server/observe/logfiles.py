@@ -197,6 +197,9 @@ def _to_devnull(fd: int) -> None:
         os.close(devnull)
 
 
+_REFUSED = (ValueError, TypeError, AttributeError, ImportError, KeyError)
+
+
 @dataclass(frozen=True)
 class LogConfig:
     """A ``--log-config`` file, read before anything starts and applied once logging is up."""
@@ -218,8 +221,10 @@ class LogConfig:
                 logging.config.dictConfig(self.data or {})
             else:
                 logging.config.fileConfig(self.path, disable_existing_loggers=False)
-        except (ValueError, TypeError, AttributeError, ImportError, KeyError) as exc:
-            raise ConfigError(f"--log-config {self.path.name}: {exc}") from None
+        # OSError: a log file that cannot be opened; NameError, SyntaxError: fileConfig
+        # evaluates a handler's args.
+        except (*_REFUSED, OSError, NameError, SyntaxError) as exc:
+            raise ConfigError(f"--log-config {self.path.name}: {_reason(exc)}") from None
         log.info("logging configured from %s", self.path.name)
 
 
@@ -255,6 +260,15 @@ def read_log_config(value: str) -> LogConfig:
     # Python's default (True) would silence every logger the server already made: ours.
     data.setdefault("disable_existing_loggers", False)
     return LogConfig(path, "dict", data)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a config was refused, on one line: dictConfig's "Unable to configure handler 'f'"
+    with its cause (a log file's folder that does not exist)."""
+    reason = _first_line(exc)
+    if exc.__cause__ is not None:
+        reason = f"{reason}: {_first_line(exc.__cause__)}"
+    return reason
 
 
 def _first_line(exc: BaseException) -> str:
