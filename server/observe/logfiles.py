@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import io
 import json
 import logging
 import logging.config
@@ -151,21 +152,20 @@ class WorkerOutput:
 
     def detach_console(self, stderr_to: Path | None = None) -> None:
         """A server started with ``--start``, once up: stdout goes to /dev/null (every log line
-        is in the files already), stderr (a last traceback) is appended to ``stderr_to``. A
-        console nobody reads any more (the ``--start`` process interrupted, its terminal closed)
-        loses what it held: the server goes on."""
+        is in the files already), ``sys.stderr`` (a last traceback) is appended to ``stderr_to``
+        by its name, each write: the file rolls over (rollover.py), and an open file would be
+        the archive by then, gzipped and deleted. A console nobody reads any more (the
+        ``--start`` process interrupted, its terminal closed) loses what it held: the server
+        goes on."""
         for stream in (sys.stdout, sys.stderr, self.console):
             with contextlib.suppress(OSError):  # BrokenPipeError
                 stream.flush()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self._out_fd)
-        try:
-            err = os.open(stderr_to, os.O_WRONLY | os.O_APPEND) if stderr_to else devnull
-        except OSError:
-            err = devnull
-        os.dup2(err, self._err_fd)
-        for fd in {devnull, err}:
-            os.close(fd)
+        os.dup2(devnull, self._err_fd)
+        os.close(devnull)
+        if stderr_to is not None:
+            sys.stderr = AppendTo(stderr_to)
 
     def close(self, timeout: float = 5.0, then: Callable[[], object] | None = None) -> None:
         """Put fds 1 and 2 back, wait (``timeout``) for the workers' last lines, run ``then``
@@ -187,6 +187,25 @@ class WorkerOutput:
             then()
         os.close(self._out_fd)
         os.close(self._err_fd)
+
+
+class AppendTo(io.TextIOBase):
+    """A text stream that appends each write to ``path``, opened by name for that write (a file
+    that rolls over is followed); a write that fails is lost."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with (
+            contextlib.suppress(OSError),
+            open(self.path, "a", encoding="utf-8", errors="backslashreplace") as out,
+        ):
+            out.write(text)
+        return len(text)
 
 
 def _to_devnull(fd: int) -> None:
