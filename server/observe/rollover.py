@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 # log4j2's %d{dd-MMM}: the day of the month and Java's English month abbreviation (never the
@@ -72,7 +73,8 @@ def _size(path: Path) -> int:
 
 class RollingFile(logging.FileHandler):
     """A log file (append mode, opened at once) that rolls over as ``rotation`` says, for a
-    record (``emit``) or for text written whole (:meth:`write_text`)."""
+    record (``emit``) or for text written whole (:meth:`write_text`); one that is not a regular
+    file (a FIFO, a terminal, ``/dev/stdout``) is written and never rolled over."""
 
     def __init__(self, path: Path, rotation: Rotation) -> None:
         super().__init__(path, "a", encoding="utf-8")
@@ -84,6 +86,8 @@ class RollingFile(logging.FileHandler):
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # one gzip and prune at a time
         stat = os.fstat(self.stream.fileno())
+        # Only a file rolls over: not a pipe, a terminal or /dev/stdout a log file links to.
+        self.regular = S_ISREG(stat.st_mode)
         # A file that holds lines is of the day it was last written: an earlier day's rolls over.
         self._begin(stat.st_mtime if stat.st_size else rotation.clock())
 
@@ -105,6 +109,9 @@ class RollingFile(logging.FileHandler):
         burst larger than the bound goes whole)."""
         if self.stream is None:  # closed by a rollover that failed to reopen
             self.stream = self._open()
+        if not self.regular:
+            self.stream.write(text)
+            return
         now = self.rotation.clock()
         if now >= self._midnight:
             self.roll(now)

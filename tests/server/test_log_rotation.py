@@ -161,6 +161,36 @@ def test_a_file_deleted_under_the_server_starts_again_at_the_next_day(root_loggi
     assert _archives(server) == []
 
 
+def test_a_log_file_that_is_a_pipe_is_written_and_never_rolled(root_logging, tmp_path) -> None:
+    """``access_log.log`` a FIFO that a log shipper reads (or a link to ``/dev/stdout``, a pipe
+    in a container): its lines went nowhere, with one traceback ("underlying stream is not
+    seekable": the size check's ``tell``). Written as they come, never rolled over."""
+    clock, fifo = Clock(), tmp_path / "access_log.log"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the writer's open does not wait
+    try:
+        files = {fifo: lambda r: r.name == ACCESS_LOGGER}
+        rotation = Rotation(max_bytes=10, clock=clock)
+        pipeline = configure_logging("text", level=logging.INFO, files=files, rotation=rotation)
+        try:
+            for i in range(4):
+                clock.now += 60  # the second line is of 3 December
+                log_access(RequestRecord(SCOPE, f"m{i}", None, 200, 0.01, 0.001, None))
+                assert pipeline.flush(timeout=10)
+        finally:
+            pipeline()
+        read = os.read(reader, 1 << 16)
+    finally:
+        os.close(reader)
+    assert [line.rsplit("model=", 1)[1][:2] for line in read.decode().splitlines()] == [
+        "m0",
+        "m1",
+        "m2",
+        "m3",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["access_log.log"]
+
+
 def test_no_rotation_when_max_bytes_is_0(root_logging, tmp_path) -> None:
     log = tmp_path / "ts_log.log"
     pipeline = configure_logging(
