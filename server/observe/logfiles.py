@@ -97,7 +97,8 @@ def _lines(pipe: Any) -> Iterator[bytes]:
 
 
 class WorkerOutput:
-    """fds 1 and 2 (what workers inherit) become one pipe; the frontend keeps copies of both.
+    """fds 1 and 2 (what workers inherit) become one pipe at ``start``; the frontend keeps
+    copies of both.
 
     ``console`` is the frontend's log stream: stdout as it was (TorchServe logs to stdout);
     ``sys.stdout``/``sys.stderr`` write where they did. ``start(pipeline)`` reads the pipe on a
@@ -121,11 +122,7 @@ class WorkerOutput:
         sys.stdout.flush()
         sys.stderr.flush()
         self._out_fd, self._err_fd = os.dup(1), os.dup(2)
-        read, write = os.pipe()
-        os.dup2(write, 1)
-        os.dup2(write, 2)
-        os.close(write)
-        self._read = read
+        self._read, self._write = os.pipe()
         self._saved = (sys.stdout, sys.stderr)
         sys.stdout = open(self._out_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(self._err_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
@@ -134,6 +131,12 @@ class WorkerOutput:
         self._closing = threading.Event()
 
     def start(self, pipeline: Any) -> None:
+        """Point fds 1 and 2 at the pipe and read it. Only now, once the log files are open: a
+        log file linked to ``/dev/stdout`` opened the pipe otherwise, and each line written to
+        it came back as a worker's, to be logged again, without end."""
+        os.dup2(self._write, 1)
+        os.dup2(self._write, 2)
+        os.close(self._write)
         self._thread = threading.Thread(
             target=self._pump, args=(pipeline,), name="torchbay-worker-output", daemon=True
         )
@@ -181,8 +184,9 @@ class WorkerOutput:
         os.dup2(self._err_fd, 2)
         if self._thread is not None:
             self._thread.join(timeout)
-        else:
+        else:  # never started
             os.close(self._read)
+            os.close(self._write)
         if then is not None:
             then()
         os.close(self._out_fd)

@@ -120,3 +120,48 @@ def test_a_detached_servers_stderr_follows_its_log_file_over_a_rollover(tmp_path
     assert "traceback before midnight" in gzip.decompress(archive.read_bytes()).decode()
     now = err_file.read_text()
     assert "a line of 3 December" in now and "traceback after midnight\n" in now
+
+
+LINKED = textwrap.dedent(
+    """
+    import logging, subprocess, sys, time
+    from pathlib import Path
+    from torchbay.server.observe.logfiles import WorkerOutput
+    from torchbay.server.observe.logs import configure_logging
+
+    linked, plain = Path(sys.argv[1]), Path(sys.argv[2])
+    linked.symlink_to("/dev/stdout")  # as a container's image links its log files
+    output = WorkerOutput()
+    pipeline = configure_logging("text", stream=output.console,
+                                 files={linked: None, plain: None}, level=logging.INFO)
+    output.start(pipeline)
+    logging.getLogger("torchbay.serve").info("one record")
+    assert pipeline.flush(timeout=30)
+    # A worker's line, after the record went out: the pipe is read in order, so once it is
+    # in, a copy of the record that came back through the pipe would be in too.
+    child = "print('child marker')"
+    subprocess.run([sys.executable, "-c", child], check=True)
+    deadline = time.monotonic() + 30
+    while "child marker" not in plain.read_text() and time.monotonic() < deadline:
+        pipeline.flush()
+        time.sleep(0.01)
+    output.close()
+    pipeline()
+    """
+)
+
+
+def test_a_log_file_linked_to_stdout_is_not_read_back_as_worker_output(tmp_path: Path) -> None:
+    """``logs/ts_log.log`` linked to ``/dev/stdout``: the file was opened once fd 1 was the
+    workers' pipe, so each line written to it came back as a worker's line, was logged again,
+    and again, without end (each time one prefix longer)."""
+    linked, plain = tmp_path / "linked.log", tmp_path / "plain.log"
+    argv = [sys.executable, "-c", LINKED, str(linked), str(plain)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    # Once on the console, once through the file linked to stdout; the child's line as well.
+    assert sum("torchbay.serve: one record" in line for line in lines) == 2, lines
+    assert sum("torchbay.model_log: child marker" in line for line in lines) == 2, lines
+    assert len(lines) == 4, lines
+    assert plain.read_text().count("\n") == 2  # the record and the child's line, once each
