@@ -10,8 +10,9 @@ recorded it): a second archive of one day is ``ts_log.02-Dec.2.log.gz`` (log4j2,
 has no ``%i``, writes it over the first), and only the newest ``backups`` archives of a file are
 kept (log4j2's ``max="5"`` counts an ``%i`` its pattern lacks: it never deletes a day's archive).
 
-A file is renamed at once; the gzip (and the pruning) runs on a thread of its own, as log4j2's
-compression does, so a 100 MB file never stalls the writer. Torch-free; imports nothing of ours.
+A file is renamed at once; the gzip (and the pruning) runs on one thread per file (log4j2
+compresses asynchronously too), so a 100 MB file never stalls the writer. Torch-free; imports
+nothing of ours.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import gzip
 import logging
 import os
+import queue
 import re
 import shutil
 import threading
@@ -83,8 +85,8 @@ class RollingFile(logging.FileHandler):
         self._archives = re.compile(
             rf"^{re.escape(self._stem)}\.\d\d-[A-Z][a-z]{{2}}(\.\d+)?\.log(\.gz)?$"
         )
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()  # one gzip and prune at a time
+        self._pending: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self._archiver: threading.Thread | None = None
         stat = os.fstat(self.stream.fileno())
         # Only a file rolls over: not a pipe, a terminal or /dev/stdout a log file links to.
         self.regular = S_ISREG(stat.st_mode)
@@ -155,14 +157,18 @@ class RollingFile(logging.FileHandler):
         return folder / (prefix + (f"{n}." if n > 1 else "") + "log")
 
     def _archive(self, target: Path) -> None:
-        thread = threading.Thread(
-            target=self._gzip_and_prune, args=(target,), name="torchbay-log-gzip"
-        )
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
+        """Have ``target`` gzipped, then the archives pruned, by this file's one archiving
+        thread (started at the first rollover): a storm of rollovers queues, never a thread
+        each."""
+        self._pending.put(target)
+        if self._archiver is None:
+            self._archiver = threading.Thread(
+                target=self._archive_all, name="torchbay-log-gzip", daemon=True
+            )
+            self._archiver.start()
 
-    def _gzip_and_prune(self, target: Path) -> None:
-        with self._lock:
+    def _archive_all(self) -> None:
+        while (target := self._pending.get()) is not None:
             gz = target.with_name(target.name + ".gz")
             try:
                 with open(target, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as out:
@@ -170,7 +176,7 @@ class RollingFile(logging.FileHandler):
                 stat = target.stat()
                 os.utime(gz, ns=(stat.st_atime_ns, stat.st_mtime_ns))
                 target.unlink()
-            except OSError:  # a full disk: the archive stays uncompressed
+            except OSError:  # a full disk (it stays uncompressed), pruned already (gone)
                 gz.unlink(missing_ok=True)
             self._prune()
 
@@ -192,5 +198,7 @@ class RollingFile(logging.FileHandler):
     def close(self) -> None:
         """Close the file, then wait (bounded) for the archives being gzipped."""
         super().close()
-        for thread in self._threads:
-            thread.join(60)
+        if self._archiver is not None:
+            self._pending.put(None)
+            self._archiver.join(60)
+            self._archiver = None

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,6 +190,29 @@ def test_a_log_file_that_is_a_pipe_is_written_and_never_rolled(root_logging, tmp
         "m3",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["access_log.log"]
+
+
+def test_a_storm_of_rollovers_is_archived_by_one_thread_per_file(root_logging, tmp_path):
+    """``log_file_max_bytes`` far too small: every write rolls the file over. Each file's
+    archives are gzipped in turn by one thread, never a thread per rollover."""
+    server = tmp_path / "ts_log.log"
+    rotation = Rotation(max_bytes=100, backups=3, clock=Clock())
+    pipeline = configure_logging(
+        "text", level=logging.INFO, files={server: None}, rotation=rotation
+    )
+    most = 0
+    try:
+        for i in range(200):
+            logging.getLogger("torchbay.serve").info("record %03d of a storm", i)
+            assert pipeline.flush(timeout=10)
+            gzipping = [t for t in threading.enumerate() if t.name == "torchbay-log-gzip"]
+            most = max(most, len(gzipping))
+    finally:
+        pipeline()
+    assert most == 1
+    kept = _archives(server)
+    assert len(kept) == 3 and all(p.suffix == ".gz" for p in kept)
+    assert "record 199" in server.read_text()
 
 
 def test_no_rotation_when_max_bytes_is_0(root_logging, tmp_path) -> None:
