@@ -223,7 +223,7 @@ def _serve(args: argparse.Namespace) -> int:
     output = stop_logging = None
     early = getattr(args, "early_workers", None)
     try:
-        output, stop_logging = _start_logging(config, log_config, notes)
+        output, stop_logging = _start_logging(config, log_config, notes, notice is not None)
         prewarmed = _prewarmed(args, config)
         server = _server_class(lambda: _on_ready(notice, output, stop_logging))(
             config,
@@ -264,11 +264,14 @@ def _ready_file(value: str | None) -> Path | None:
     return path
 
 
-def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any, Any]:
-    """Console and log files (``logs/`` or ``LOG_LOCATION``), workers' output, --log-config."""
+def _start_logging(
+    config: Any, log_config: Any, notes: list[str], detached: bool = False
+) -> tuple[Any, Any]:
+    """Console and log files (``logs/`` or ``LOG_LOCATION``), workers' output, --log-config.
+    ``detached``: started by ``--start``, whose console ends once the server is up."""
     from torchbay.server.observe.logfiles import WorkerOutput, log_dir, log_files
     from torchbay.server.observe.logs import configure_logging
-    from torchbay.server.observe.logwriter import Rotation
+    from torchbay.server.observe.rollover import Rotation
     from torchbay.server.serving.worker_env import LOG_TAG
 
     files, unwritable = log_files(log_dir(os.environ))
@@ -287,7 +290,7 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
         raise
     output.start(stop_logging)
     if unwritable:
-        log.warning("%s", unwritable)
+        log.warning("%s%s", unwritable, _NOWHERE if detached else "")
     for note in notes:  # lenient.validate's notes are warnings: a value of the file was dropped
         if note.startswith("WARNING "):
             log.warning("%s", note.removeprefix("WARNING "))
@@ -301,6 +304,13 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
             output.close()
             raise
     return output, stop_logging
+
+
+# What an unwritable log folder means to a server started by --start: no console once it is up.
+_NOWHERE = (
+    "; --start's console ends once the server is up, so from then on it logs nowhere "
+    "(make the folder writable, set LOG_LOCATION, or run it with --foreground)"
+)
 
 
 def _ready_notice(fd: int | None) -> Any:

@@ -8,9 +8,9 @@ TorchServe's layout: ``logs/`` under the current directory (``LOG_LOCATION`` mov
 - ``model_log.log``: whatever the workers write on stdout and stderr (their log records, a
   handler's ``print``), logger ``torchbay.model_log``.
 
-Files are appended to and roll over past ``log_file_max_bytes`` (100 MB), keeping
-``log_file_backups`` (5) older files ``name.1`` ... as TorchServe's log4j2 configuration keeps 5
-of 100 MB (logwriter.Rotation; not daily nor gzipped, as log4j2's are). TorchServe's
+Files are appended to and roll over daily and past ``log_file_max_bytes`` (100 MB) into
+``ts_log.02-Dec.log.gz``, keeping ``log_file_backups`` (5), as TorchServe's log4j2 configuration
+rolls them (rollover.py). TorchServe's
 ``ts_metrics.log``/``model_metrics.log`` are written by observe.ts_families, and only with
 ``metrics_mode`` log or legacy. A directory that cannot be written (a read-only container)
 leaves the console only, with one warning.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import io
 import json
 import logging
 import logging.config
@@ -96,7 +97,8 @@ def _lines(pipe: Any) -> Iterator[bytes]:
 
 
 class WorkerOutput:
-    """fds 1 and 2 (what workers inherit) become one pipe; the frontend keeps copies of both.
+    """fds 1 and 2 (what workers inherit) become one pipe at ``start``; the frontend keeps
+    copies of both.
 
     ``console`` is the frontend's log stream: stdout as it was (TorchServe logs to stdout);
     ``sys.stdout``/``sys.stderr`` write where they did. ``start(pipeline)`` reads the pipe on a
@@ -120,11 +122,7 @@ class WorkerOutput:
         sys.stdout.flush()
         sys.stderr.flush()
         self._out_fd, self._err_fd = os.dup(1), os.dup(2)
-        read, write = os.pipe()
-        os.dup2(write, 1)
-        os.dup2(write, 2)
-        os.close(write)
-        self._read = read
+        self._read, self._write = os.pipe()
         self._saved = (sys.stdout, sys.stderr)
         sys.stdout = open(self._out_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(self._err_fd, "w", buffering=1, closefd=False)  # noqa: SIM115
@@ -133,6 +131,12 @@ class WorkerOutput:
         self._closing = threading.Event()
 
     def start(self, pipeline: Any) -> None:
+        """Point fds 1 and 2 at the pipe and read it. Only now, once the log files are open: a
+        log file linked to ``/dev/stdout`` opened the pipe otherwise, and each line written to
+        it came back as a worker's, to be logged again, without end."""
+        os.dup2(self._write, 1)
+        os.dup2(self._write, 2)
+        os.close(self._write)
         self._thread = threading.Thread(
             target=self._pump, args=(pipeline,), name="torchbay-worker-output", daemon=True
         )
@@ -151,21 +155,20 @@ class WorkerOutput:
 
     def detach_console(self, stderr_to: Path | None = None) -> None:
         """A server started with ``--start``, once up: stdout goes to /dev/null (every log line
-        is in the files already), stderr (a last traceback) is appended to ``stderr_to``. A
-        console nobody reads any more (the ``--start`` process interrupted, its terminal closed)
-        loses what it held: the server goes on."""
+        is in the files already), ``sys.stderr`` (a last traceback) is appended to ``stderr_to``
+        by its name, each write: the file rolls over (rollover.py), and an open file would be
+        the archive by then, gzipped and deleted. A console nobody reads any more (the
+        ``--start`` process interrupted, its terminal closed) loses what it held: the server
+        goes on."""
         for stream in (sys.stdout, sys.stderr, self.console):
             with contextlib.suppress(OSError):  # BrokenPipeError
                 stream.flush()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self._out_fd)
-        try:
-            err = os.open(stderr_to, os.O_WRONLY | os.O_APPEND) if stderr_to else devnull
-        except OSError:
-            err = devnull
-        os.dup2(err, self._err_fd)
-        for fd in {devnull, err}:
-            os.close(fd)
+        os.dup2(devnull, self._err_fd)
+        os.close(devnull)
+        if stderr_to is not None:
+            sys.stderr = AppendTo(stderr_to)
 
     def close(self, timeout: float = 5.0, then: Callable[[], object] | None = None) -> None:
         """Put fds 1 and 2 back, wait (``timeout``) for the workers' last lines, run ``then``
@@ -181,12 +184,32 @@ class WorkerOutput:
         os.dup2(self._err_fd, 2)
         if self._thread is not None:
             self._thread.join(timeout)
-        else:
+        else:  # never started
             os.close(self._read)
+            os.close(self._write)
         if then is not None:
             then()
         os.close(self._out_fd)
         os.close(self._err_fd)
+
+
+class AppendTo(io.TextIOBase):
+    """A text stream that appends each write to ``path``, opened by name for that write (a file
+    that rolls over is followed); a write that fails is lost."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with (
+            contextlib.suppress(OSError),
+            open(self.path, "a", encoding="utf-8", errors="backslashreplace") as out,
+        ):
+            out.write(text)
+        return len(text)
 
 
 def _to_devnull(fd: int) -> None:
@@ -195,6 +218,9 @@ def _to_devnull(fd: int) -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+_REFUSED = (ValueError, TypeError, AttributeError, ImportError, KeyError)
 
 
 @dataclass(frozen=True)
@@ -218,8 +244,10 @@ class LogConfig:
                 logging.config.dictConfig(self.data or {})
             else:
                 logging.config.fileConfig(self.path, disable_existing_loggers=False)
-        except (ValueError, TypeError, AttributeError, ImportError, KeyError) as exc:
-            raise ConfigError(f"--log-config {self.path.name}: {exc}") from None
+        # OSError: a log file that cannot be opened; NameError, SyntaxError: fileConfig
+        # evaluates a handler's args.
+        except (*_REFUSED, OSError, NameError, SyntaxError) as exc:
+            raise ConfigError(f"--log-config {self.path.name}: {_reason(exc)}") from None
         log.info("logging configured from %s", self.path.name)
 
 
@@ -255,6 +283,15 @@ def read_log_config(value: str) -> LogConfig:
     # Python's default (True) would silence every logger the server already made: ours.
     data.setdefault("disable_existing_loggers", False)
     return LogConfig(path, "dict", data)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a config was refused, on one line: dictConfig's "Unable to configure handler 'f'"
+    with its cause (a log file's folder that does not exist)."""
+    reason = _first_line(exc)
+    if exc.__cause__ is not None:
+        reason = f"{reason}: {_first_line(exc.__cause__)}"
+    return reason
 
 
 def _first_line(exc: BaseException) -> str:

@@ -46,12 +46,12 @@ from torchbay.server.observe.logwriter import (
     OwnedQueueHandler,
     RecordFilter,
     Records,
-    Rotation,
     close_quietly,
     flush_quietly,
     printable,
     stderr_stream,
 )
+from torchbay.server.observe.rollover import Rotation
 
 if TYPE_CHECKING:
     from torchbay.server.serving.model import ModelVersion

@@ -18,11 +18,10 @@ The queue is bounded for the event loop (:class:`Records`): while the writer is
 dropped and counted rather than held, and the writer says how many once it writes again. The
 event loop never waits on a log; the workers' output waits instead (``logfiles.MAX_BACKLOG``).
 
-A log file rolls over (:class:`Rotation`) before a write would take it past ``max_bytes``: the
-file becomes ``name.1``, the older ones ``name.2`` ... up to ``backups`` (the oldest dropped),
-as TorchServe's log4j2 configuration keeps 5 files of 100 MB each.
+A log file rolls over daily and by size, as TorchServe's log4j2 configuration rolls its files
+(rollover.py).
 
-Torch-free; imports nothing of ours.
+Torch-free; imports only rollover.py of ours.
 """
 
 from __future__ import annotations
@@ -34,9 +33,10 @@ import queue
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+from torchbay.server.observe.rollover import RollingFile, Rotation
 
 RecordFilter = Callable[[logging.LogRecord], bool]
 BARRIER = "torchbay.logs.barrier"
@@ -87,39 +87,6 @@ class OwnedQueueHandler(logging.handlers.QueueHandler):
 
     def enqueue(self, record: logging.LogRecord) -> None:
         self.queue.offer(record)
-
-
-@dataclass(frozen=True)
-class Rotation:
-    """When a log file rolls over: before a write would take it past ``max_bytes`` (0: never),
-    keeping ``backups`` older files (TorchServe's log4j2: 100 MB, 5 files)."""
-
-    max_bytes: int = 100 * 1024 * 1024
-    backups: int = 5
-
-    @classmethod
-    def of(cls, config: Any) -> Rotation:
-        """The server config's ``log_file_max_bytes`` and ``log_file_backups``."""
-        return cls(config.log_file_max_bytes, config.log_file_backups)
-
-
-class RollingFile(logging.handlers.RotatingFileHandler):
-    """A log file (append mode, opened at once) that rolls over as ``rotation`` says, for a
-    record (``emit``) or for text written whole (:meth:`write_text`)."""
-
-    def __init__(self, path: Path, rotation: Rotation) -> None:
-        super().__init__(path, "a", rotation.max_bytes, rotation.backups, encoding="utf-8")
-
-    def write_text(self, text: str) -> None:
-        """Append ``text``, rolling the file over first when it would pass ``max_bytes`` (a file
-        that holds nothing yet is never rolled: one burst larger than the bound goes whole)."""
-        if self.stream is None:  # closed by a rollover that failed to reopen
-            self.stream = self._open()
-        if self.maxBytes > 0:
-            size = self.stream.tell()
-            if size and size + len(text) > self.maxBytes:
-                self.doRollover()
-        self.stream.write(text)
 
 
 class Line:

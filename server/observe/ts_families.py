@@ -24,7 +24,8 @@ from typing import Any
 
 from torchbay.server.config import metrics_config
 from torchbay.server.config.metrics_config import LEGACY, MetricSpec, MetricsSpec
-from torchbay.server.observe.logwriter import RollingFile, Rotation, printable
+from torchbay.server.observe.logwriter import printable
+from torchbay.server.observe.rollover import RollingFile, Rotation
 
 log = logging.getLogger("torchbay.metrics")
 

@@ -252,3 +252,20 @@ def test_log_config_a_python_dictconfig(cli_run, talk_store):
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("torchbay: invalid configuration: --log-config bad.json: ")
+
+
+def test_a_start_whose_log_folder_cannot_be_written_says_it_will_log_nowhere(cli_run, talk_store):
+    """``--start`` with LOG_LOCATION not writable: the server logs to its console only, and
+    that console is ``--start``'s, gone once the server is up. The warning said "console
+    only", as if its lines went on somewhere; the server then logged nothing at all."""
+    cwd, env = cli_run
+    blocker = cwd / "a-file"
+    blocker.write_text("")
+    env = {**env, "LOG_LOCATION": str(blocker / "logs")}  # under a file: cannot be made
+    args = ["serve", "--start", "--ncs", "--model-store", str(talk_store)]
+    started = torchbay(cwd, env, *args, "--disable-token-auth", *free_addresses())
+    assert started.returncode == 0, started.stderr
+    stopped = torchbay(cwd, env, "serve", "--stop")
+    assert stopped.returncode == 0, stopped.stderr
+    (warning,) = [line for line in started.stdout.splitlines() if "cannot write log" in line]
+    assert "from then on it logs nowhere" in warning

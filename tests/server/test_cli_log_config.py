@@ -149,3 +149,41 @@ def test_a_missing_file():
         read_log_config("nowhere.yaml")
     assert str(caught.value) == "--log-config file not found: nowhere.yaml"
     assert not isinstance(caught.value, ConfigError)  # exit 1, as TorchServe's launcher
+
+
+@pytest.mark.parametrize(
+    ("name", "handler", "reason"),
+    [
+        (
+            "a.ini",
+            "[handler_f]\nclass=FileHandler\nargs=('{out}',)\n",
+            "[Errno 2] No such file or directory",
+        ),
+        ("a.ini", "[handler_f]\nclass=FileHandler\nargs=(nowhere,)\n", "name 'nowhere' is not"),
+        ("a.ini", "[handler_f]\nclass=FileHandler\nargs=((,\n", "invalid syntax"),
+        (
+            "a.yaml",
+            "handlers:\n  f: {{class: logging.FileHandler, filename: '{out}'}}\n",
+            "Unable to configure handler 'f': [Errno 2] No such file or directory",
+        ),
+    ],
+)
+def test_a_config_that_fails_to_apply_is_one_line_with_its_reason(
+    tmp_path, saved_logging, name, handler, reason
+):
+    """A handler whose log file's folder does not exist, or whose INI args do not evaluate:
+    the start printed a traceback (fileConfig's FileNotFoundError, NameError, SyntaxError) or
+    dictConfig's "Unable to configure handler 'f'" without why."""
+    if name.endswith(".ini"):
+        head = "[loggers]\nkeys=root\n[handlers]\nkeys=f\n[formatters]\nkeys=\n"
+        text = head + "[logger_root]\nhandlers=f\n" + handler
+    else:
+        text = "version: 1\n" + handler + "root: {{handlers: [f]}}\n"
+    out = tmp_path / "missing" / "out.log"
+    path = tmp_path / name
+    path.write_text(text.format(out=out))
+    with pytest.raises(ConfigError) as caught:
+        read_log_config(str(path)).apply()
+    message = str(caught.value)
+    assert message.startswith(f"--log-config {name}: ") and reason in message, message
+    assert "\n" not in message

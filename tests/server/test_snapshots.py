@@ -26,6 +26,8 @@ from torchbay.server.config.sources import load_server_config
 from .cli_helpers import free_addresses, read_ready, torchbay
 from .conftest import ASSETS, LiveServer, build_store, load_gated_store, make_config, until
 
+SNAPSHOTS_RECORD = Path(__file__).parents[1] / "data" / "torchserve" / "snapshots"
+
 # -- files and names ----------------------------------------------------------------------------
 
 
@@ -388,3 +390,28 @@ def test_a_change_that_ends_during_the_stop_leaves_the_shutdown_snapshot_newest(
     newest = last_snapshot(folder)
     assert newest is not None and newest.name.endswith("-shutdown.cfg"), newest
     assert _models(newest)["gated"]["1.0"]["minWorkers"] == 2
+
+
+@pytest.mark.slow
+def test_every_snapshot_is_kept_as_torchserve_keeps_them(model_store, tmp_path: Path):
+    """TorchServe 0.12 deletes no snapshot (tests/data/torchserve/snapshots, recorded with its
+    record.py): three registrations and unregistrations, a stop, a start and a stop leave every
+    file each wrote, in the same order of kinds."""
+    recorded = json.loads((SNAPSHOTS_RECORD / "answers.json").read_text())
+    folder = tmp_path / "config"
+    config = make_config(model_store, snapshot_dir=folder, enable_model_api=True)
+    live = LiveServer(config).start()
+    try:
+        for _ in range(recorded["rounds"]):
+            params = {"url": "probe.mar", "initial_workers": 1, "synchronous": "true"}
+            registered = httpx.post(f"{live.management_url}/models", params=params, timeout=120)
+            assert registered.status_code == 200, registered.text
+            removed = httpx.delete(f"{live.management_url}/models/probe", timeout=120)
+            assert removed.status_code == 200, removed.text
+    finally:
+        live.stop()
+    kinds = [kind.removesuffix(".cfg") for kind in _kinds(folder)]
+    assert kinds == recorded["first_run"]["kinds"]
+    LiveServer(config).start().stop()
+    kinds = [kind.removesuffix(".cfg") for kind in _kinds(folder)]
+    assert kinds == recorded["second_run"]["kinds"]
