@@ -163,7 +163,8 @@ def start(argv: Sequence[str]) -> int:
 
 def _stopped_before_ready(pid: int, code: int) -> str:
     """Why a server that exited 0 (a stop asked while it started: ``--stop``, SIGTERM, SIGINT)
-    or was killed by a signal (-N: before it owned SIGTERM, or SIGKILL) is not started."""
+    or was killed by a signal (-N: SIGKILL, or a SIGTERM as its interpreter started) is not
+    started."""
     if code == 0:
         return f"the server (pid {pid}) was stopped before it was ready"
     try:

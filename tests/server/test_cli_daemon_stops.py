@@ -98,8 +98,9 @@ def test_a_stop_while_the_models_load_is_a_start_that_failed(cli_run, tmp_path_f
 
 
 def test_a_stop_before_the_server_owns_its_signals(cli_run, talk_store, tmp_path):
-    """--stop while the server is still reading its configuration (held in an import): SIGTERM
-    ends it there, and --start says so, exit 1 (it exited 241: sys.exit(-15))."""
+    """--stop while the server is still reading its configuration (held in an import): a clean
+    stop there (server/early_stop.py), and --start says the server was stopped before it was
+    ready, exit 1 (it exited 241: sys.exit(-15); then "stopped by SIGTERM": killed by it)."""
     cwd, env = cli_run
     hold, held = hold_import(tmp_path, "torchbay.server.config.sources")
     env = {**env, **hold}
@@ -107,7 +108,7 @@ def test_a_stop_before_the_server_owns_its_signals(cli_run, talk_store, tmp_path
     pid, out, err = _while_starting(starting, held, env, lambda: _stop(cwd, env))
     assert starting.returncode == 1, (out, err)
     assert err.splitlines() == [
-        f"torchbay: error: the server (pid {pid}) was stopped by SIGTERM before it was ready"
+        f"torchbay: error: the server (pid {pid}) was stopped before it was ready"
     ]
     assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
 
