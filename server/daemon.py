@@ -13,11 +13,17 @@ The pid file is TorchServe's: ``.model_server.pid`` in ``tempfile.gettempdir()``
 ``TEMP``, ``TMP``, ``/tmp``), holding the pid only. A pid is only ever signalled if its command
 line is a torchbay server this module started (``--daemon-fd``); a TorchServe named there is left
 alone. ``--foreground`` (and a plain ``torchbay serve``) neither reads nor writes the pid file.
+``--start`` reads the pid file and writes its server's pid under ``flock`` of
+``.model_server.pid.lock`` beside it (``_claim``; ``--stop`` reads and signals under it too): of
+two ``--start`` at the same instant, one starts the server and the other says it is already
+running. The kernel drops the lock when its holder dies: a ``--start`` killed half-way blocks
+nobody.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import selectors
 import signal
@@ -25,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +49,26 @@ CLASS_FLAG = "--ts-class"  # the child's hidden flag that carries TORCHSERVE_CLA
 
 def pid_file() -> Path:
     return Path(tempfile.gettempdir()) / PID_FILE_NAME
+
+
+@contextlib.contextmanager
+def _claim(path: Path) -> Iterator[None]:
+    """Hold the pid file's lock (``<pid file>.lock``, created if need be, never removed): one
+    ``--start`` or ``--stop`` at a time reads the pid file and acts on what it names. Each holds
+    it for milliseconds (a check, a spawn, a write); a holder that dies releases it."""
+    lock = path.with_name(f"{path.name}.lock")
+    try:  # read-only (flock needs no more); one of another user's in /tmp opens without O_CREAT
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise TorchbayError(f"cannot open the lock file {lock}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 def _read_pid(path: Path) -> int | None:
@@ -105,6 +131,31 @@ def remove_pid_file(pid: int) -> None:
 def start(argv: Sequence[str]) -> int:
     """Start ``torchbay <argv>`` (a ``serve`` command line) in the background; see the module."""
     path = pid_file()
+    with _claim(path):  # checked and claimed at once: no other --start between the two
+        child, pipes, ready_read = _spawn(path, argv)
+    try:
+        _relay(pipes)
+        with open(ready_read, "rb") as ready:
+            up = ready.read() == READY
+    except KeyboardInterrupt:  # the server goes on starting (its own session); --stop stops it
+        print(
+            f"torchbay: interrupted: the server (pid {child.pid}) goes on starting in the "
+            "background; torchbay serve --stop stops it",
+            file=sys.stderr,
+        )
+        return 130
+    if up:
+        return 0
+    code = child.wait()
+    remove_pid_file(child.pid)
+    if code > 0:  # it printed its one line (1: an error, 2: a configuration error)
+        return code
+    raise TorchbayError(_stopped_before_ready(child.pid, code))
+
+
+def _spawn(path: Path, argv: Sequence[str]) -> tuple[subprocess.Popen, dict[int, Any], int]:
+    """Unless a server runs: the child started, its pid written: (the child, its stdout and
+    stderr pipes to relay, the read end of its "ready" pipe)."""
     pid, proc = _running(path)
     if proc is not None:
         raise TorchbayError(
@@ -141,24 +192,7 @@ def start(argv: Sequence[str]) -> int:
         child.kill()
         child.wait()
         raise TorchbayError(f"cannot write the pid file {path}: {exc.strerror or exc}") from None
-    try:
-        _relay({out_read: _binary(sys.stdout), err_read: _binary(sys.stderr)})
-        with open(ready_read, "rb") as ready:
-            up = ready.read() == READY
-    except KeyboardInterrupt:  # the server goes on starting (its own session); --stop stops it
-        print(
-            f"torchbay: interrupted: the server (pid {child.pid}) goes on starting in the "
-            "background; torchbay serve --stop stops it",
-            file=sys.stderr,
-        )
-        return 130
-    if up:
-        return 0
-    code = child.wait()
-    remove_pid_file(child.pid)
-    if code > 0:  # it printed its one line (1: an error, 2: a configuration error)
-        return code
-    raise TorchbayError(_stopped_before_ready(child.pid, code))
+    return child, {out_read: _binary(sys.stdout), err_read: _binary(sys.stderr)}, ready_read
 
 
 def _stopped_before_ready(pid: int, code: int) -> str:
@@ -230,16 +264,17 @@ def _drop(sink: Any) -> None:
 def stop(timeout: float = STOP_TIMEOUT_S) -> int:
     """``--stop``: SIGTERM the server of the pid file, wait until it is gone."""
     path = pid_file()
-    pid, proc = _running(path)
-    if proc is None:
-        print("torchbay is not currently running.")
-        return 0
-    try:
-        proc.terminate()
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.AccessDenied:
-        raise TorchbayError(f"cannot stop torchbay (pid {pid}): permission denied") from None
+    with _claim(path):  # a --start under way has written its pid: that server is stopped
+        pid, proc = _running(path)
+        if proc is None:
+            print("torchbay is not currently running.")
+            return 0
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.AccessDenied:
+            raise TorchbayError(f"cannot stop torchbay (pid {pid}): permission denied") from None
     if not _wait_gone(proc, timeout):
         raise TorchbayError(
             f"torchbay (pid {pid}) did not stop within {timeout:g}s; it is still draining or stuck"
