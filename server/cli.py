@@ -219,7 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
     preflight(config)
     ready_file = _ready_file(args.ready_file)
     listeners = bind_listeners(config)
-    notice = _ready_notice(args.daemon_fd)
+    notice = _ready_notice(args.daemon_fd, config.shutdown_grace_s)
     output = stop_logging = None
     early = getattr(args, "early_workers", None)
     try:
@@ -315,11 +315,13 @@ def _start_logging(config: Any, log_config: Any, notes: list[str]) -> tuple[Any,
     return output, stop_logging
 
 
-def _ready_notice(fd: int | None) -> Any:
+def _ready_notice(fd: int | None, grace_s: float) -> Any:
+    """The server ``--start`` runs: its "ready" pipe; its grace recorded for ``--stop``."""
     if fd is None:
         return None
-    from torchbay.server.daemon import ReadyNotice
+    from torchbay.server.daemon import ReadyNotice, record_grace
 
+    record_grace(os.getpid(), grace_s)
     return ReadyNotice(fd)
 
 

@@ -17,13 +17,16 @@ alone. ``--foreground`` (and a plain ``torchbay serve``) neither reads nor write
 ``.model_server.pid.lock`` beside it (``_claim``; ``--stop`` reads and signals under it too): of
 two ``--start`` at the same instant, one starts the server and the other says it is already
 running. The kernel drops the lock when its holder dies: a ``--start`` killed half-way blocks
-nobody.
+nobody. The server records its ``shutdown_grace_s`` beside the pid file
+(``.model_server.pid.json``): ``--stop`` waits for its stop as long as the server's own bound
+(``serve.stop_bound``) plus ``STOP_MARGIN_S``, however long the grace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import selectors
 import signal
@@ -42,7 +45,10 @@ from torchbay.server.errors import TorchbayError
 PID_FILE_NAME = ".model_server.pid"
 DAEMON_FLAG = "--daemon-fd"  # the child's hidden flag: the fd it writes "ready" to
 READY = b"ready\n"
-STOP_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 300.0  # --stop's wait for a server that recorded no grace (still starting)
+# --stop's wait past the server's stop bound: the process's last steps (the start-up cut short,
+# the worker template's exit, the log files closed, the interpreter's exit) on a loaded host.
+STOP_MARGIN_S = 30.0
 TORCHSERVE_CLASS = "org.pytorch.serve.ModelServer"  # what TorchServe's launcher checks for
 CLASS_FLAG = "--ts-class"  # the child's hidden flag that carries TORCHSERVE_CLASS
 
@@ -69,6 +75,41 @@ def _claim(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # the lock goes with it
+
+
+def _grace_file(path: Path) -> Path:
+    return path.with_name(f"{path.name}.json")
+
+
+def record_grace(pid: int, grace_s: float) -> None:
+    """The server ``pid`` (``--start``'s) stops within ``stop_bound(grace_s)``: for --stop."""
+    path = _grace_file(pid_file())
+    tmp = path.with_name(f"{path.name}.{pid}.tmp")
+    try:
+        tmp.write_text(json.dumps({"pid": pid, "shutdown_grace_s": grace_s}))
+        tmp.replace(path)
+    except OSError:  # --stop then waits STOP_TIMEOUT_S
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def recorded_grace(pid: int) -> float | None:
+    """The ``shutdown_grace_s`` the server ``pid`` recorded, if it did."""
+    try:
+        record = json.loads(_grace_file(pid_file()).read_text())
+        return float(record["shutdown_grace_s"]) if record["pid"] == pid else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def stop_wait(grace_s: float | None) -> float:
+    """How long --stop waits for a server to stop: its own bound for the grace it recorded, plus
+    STOP_MARGIN_S; STOP_TIMEOUT_S when it recorded none."""
+    if grace_s is None:
+        return STOP_TIMEOUT_S
+    from torchbay.server.serve import stop_bound  # the server's modules: only now
+
+    return stop_bound(grace_s) + STOP_MARGIN_S
 
 
 def _read_pid(path: Path) -> int | None:
@@ -126,6 +167,9 @@ def remove_pid_file(pid: int) -> None:
     if _read_pid(path) == pid:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        if json.loads(_grace_file(path).read_text())["pid"] == pid:
+            _grace_file(path).unlink()
 
 
 def start(argv: Sequence[str]) -> int:
@@ -261,25 +305,29 @@ def _drop(sink: Any) -> None:
         os.close(devnull)
 
 
-def stop(timeout: float = STOP_TIMEOUT_S) -> int:
-    """``--stop``: SIGTERM the server of the pid file, wait until it is gone."""
+def stop(timeout: float | None = None) -> int:
+    """``--stop``: SIGTERM the server of the pid file, wait until it is gone (``timeout``, else
+    ``stop_wait``)."""
     path = pid_file()
     with _claim(path):  # a --start under way has written its pid: that server is stopped
         pid, proc = _running(path)
         if proc is None:
             print("torchbay is not currently running.")
             return 0
+        grace = recorded_grace(proc.pid)  # read first: the server removes it as it exits
         try:
             proc.terminate()
         except psutil.NoSuchProcess:
             pass
         except psutil.AccessDenied:
             raise TorchbayError(f"cannot stop torchbay (pid {pid}): permission denied") from None
+    assert pid is not None
+    if timeout is None:
+        timeout = stop_wait(grace)
     if not _wait_gone(proc, timeout):
         raise TorchbayError(
             f"torchbay (pid {pid}) did not stop within {timeout:g}s; it is still draining or stuck"
         )
-    assert pid is not None
     remove_pid_file(pid)
     print("torchbay has stopped.")
     return 0
