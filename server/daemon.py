@@ -12,7 +12,9 @@ sends SIGTERM to the pid in the pid file and waits for the drain.
 The pid file is TorchServe's: ``.model_server.pid`` in ``tempfile.gettempdir()`` (``TMPDIR``,
 ``TEMP``, ``TMP``, ``/tmp``), holding the pid only. A pid is only ever signalled if its command
 line is a torchbay server this module started (``--daemon-fd``); a TorchServe named there is left
-alone. ``--foreground`` (and a plain ``torchbay serve``) neither reads nor writes the pid file.
+alone, and so is one that is not the process the pid file was written for (its start differs
+from the record beside it: server/daemon_record.py). ``--foreground`` (and a plain
+``torchbay serve``) neither reads nor writes the pid file.
 ``--start`` reads the pid file and writes its server's pid under ``flock`` of
 ``.model_server.pid.lock`` beside it (``_claim``; ``--stop`` reads and signals under it too): of
 two ``--start`` at the same instant, one starts the server and the other says it is already
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import selectors
 import signal
@@ -40,6 +41,7 @@ from typing import Any
 
 import psutil
 
+from torchbay.server import daemon_record
 from torchbay.server.errors import TorchbayError
 
 PID_FILE_NAME = ".model_server.pid"
@@ -77,29 +79,15 @@ def _claim(path: Path) -> Iterator[None]:
         os.close(fd)  # the lock goes with it
 
 
-def _grace_file(path: Path) -> Path:
-    return path.with_name(f"{path.name}.json")
-
-
 def record_grace(pid: int, grace_s: float) -> None:
     """The server ``pid`` (``--start``'s) stops within ``stop_bound(grace_s)``: for --stop."""
-    path = _grace_file(pid_file())
-    tmp = path.with_name(f"{path.name}.{pid}.tmp")
-    try:
-        tmp.write_text(json.dumps({"pid": pid, "shutdown_grace_s": grace_s}))
-        tmp.replace(path)
-    except OSError:  # --stop then waits STOP_TIMEOUT_S
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    daemon_record.write(pid_file(), pid, shutdown_grace_s=grace_s)
 
 
 def recorded_grace(pid: int) -> float | None:
     """The ``shutdown_grace_s`` the server ``pid`` recorded, if it did."""
-    try:
-        record = json.loads(_grace_file(pid_file()).read_text())
-        return float(record["shutdown_grace_s"]) if record["pid"] == pid else None
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+    grace = daemon_record.read(pid_file(), pid).get("shutdown_grace_s")
+    return float(grace) if isinstance(grace, int | float) else None
 
 
 def stop_wait(grace_s: float | None) -> float:
@@ -142,11 +130,15 @@ def _running(path: Path) -> tuple[int | None, psutil.Process | None]:
     """(pid in the file, our server or None). A file naming neither our server nor a running
     TorchServe (a dead pid, a pid reused since) is stale and removed."""
     pid = _read_pid(path)
-    proc = _ours(pid) if pid is not None else None
+    proc = None
+    if pid is not None and not daemon_record.reused(path, pid):
+        proc = _ours(pid)
     if proc is None and not (pid is not None and _is_torchserve(pid)):
         # Not there, or not removable (a folder of that name): --start's pid file write says so.
         with contextlib.suppress(OSError):
             path.unlink()
+        if pid is not None:
+            daemon_record.remove(path, pid)
     return pid, proc
 
 
@@ -167,9 +159,7 @@ def remove_pid_file(pid: int) -> None:
     if _read_pid(path) == pid:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        if json.loads(_grace_file(path).read_text())["pid"] == pid:
-            _grace_file(path).unlink()
+    daemon_record.remove(path, pid)
 
 
 def start(argv: Sequence[str]) -> int:
@@ -232,6 +222,9 @@ def _spawn(path: Path, argv: Sequence[str]) -> tuple[subprocess.Popen, dict[int,
             os.close(fd)
     try:
         _write_pid(path, child.pid)
+        daemon_record.write(
+            path, child.pid
+        )  # which process that pid is (the server adds its grace)
     except OSError as exc:  # a server nobody could --stop is not started
         child.kill()
         child.wait()

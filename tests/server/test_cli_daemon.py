@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from torchbay.cli import main
-from torchbay.server import daemon
+from torchbay.server import daemon, daemon_record
 from torchbay.server.errors import TorchbayError
 
 from .cli_helpers import (
@@ -194,6 +194,39 @@ def test_two_starts_at_once_start_one_server(cli_run, talk_store):
             os.close(lock)
         first.kill()
         first.communicate()
+
+
+def test_a_pid_reused_by_another_torchbay_server_is_left_alone(tmp_path, monkeypatch, capsys):
+    """A server killed without removing its pid file (SIGKILL, the OOM killer) whose pid went
+    to another torchbay server (one of another TMPDIR, here a stand-in that SIGTERM ends):
+    --stop stopped that one, and --start refused to start ("already running"). The record
+    beside the pid file says when the server it names started; another start is not it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    command = [sys.executable, "-c", code, "serve", "--daemon-fd", "0"]
+    other = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "up\n"
+        started = daemon_record.start_ticks(other.pid)
+        assert started is not None
+        pid_file = tmp_path / PID_FILE
+        record = daemon_record.record_path(pid_file)
+        pid_file.write_text(str(other.pid))  # the killed server's, as --start wrote them
+        record.write_text(json.dumps({"pid": other.pid, "started": started - 1}))
+        assert main(["serve", "--stop"]) == 0
+        assert capsys.readouterr().out == "torchbay is not currently running.\n"
+        assert other.poll() is None  # not signalled
+        assert not pid_file.exists() and not record.exists()  # stale: removed
+
+        # The record of that very process: it is the server, and --stop stops it.
+        pid_file.write_text(str(other.pid))
+        daemon_record.write(pid_file, other.pid)
+        assert main(["serve", "--stop"]) == 0
+        assert capsys.readouterr().out == "torchbay has stopped.\n"
+        assert other.wait(timeout=30) == -15
+    finally:
+        other.kill()
+        other.communicate()
 
 
 def test_a_stop_that_does_not_finish_says_so(tmp_path, monkeypatch):
