@@ -219,19 +219,23 @@ def _serve(args: argparse.Namespace) -> int:
     preflight(config)
     ready_file = _ready_file(args.ready_file)
     listeners = bind_listeners(config)
-    notice = _ready_notice(args.daemon_fd)
+    notice = _ready_notice(args.daemon_fd, config.shutdown_grace_s)
     output = stop_logging = None
     early = getattr(args, "early_workers", None)
     try:
         output, stop_logging = _start_logging(config, log_config, notes, notice is not None)
         prewarmed = _prewarmed(args, config)
-        server = _server_class(lambda: _on_ready(notice, output, stop_logging))(
-            config,
-            env=dict(os.environ),
-            ready_file=ready_file,
-            prewarmed=prewarmed,
-            listeners=listeners,
-        )
+        try:
+            server = _server_class(lambda: _on_ready(notice, output, stop_logging))(
+                config,
+                env=dict(os.environ),
+                ready_file=ready_file,
+                prewarmed=prewarmed,
+                listeners=listeners,
+            )
+        except BaseException:  # a SIGTERM in the server's imports (early_stop.Terminated), ...
+            _discard(prewarmed)
+            raise
         _run(server)
     finally:
         close_all(listeners)  # the server took them; only a failure before that leaves any
@@ -245,6 +249,14 @@ def _serve(args: argparse.Namespace) -> int:
             notice.close()
             daemon.remove_pid_file(os.getpid())
     return 0
+
+
+def _discard(prewarmed: list[Any]) -> None:
+    """Workers spawned for a server that never took them: idle, killed now (a worker still
+    importing torch would read the EOF of its socket only once the import is done)."""
+    for spawned in prewarmed:
+        spawned.proc.kill()
+        spawned.discard()
 
 
 def _ready_file(value: str | None) -> Path | None:
@@ -313,11 +325,13 @@ _NOWHERE = (
 )
 
 
-def _ready_notice(fd: int | None) -> Any:
+def _ready_notice(fd: int | None, grace_s: float) -> Any:
+    """The server ``--start`` runs: its "ready" pipe; its grace recorded for ``--stop``."""
     if fd is None:
         return None
-    from torchbay.server.daemon import ReadyNotice
+    from torchbay.server.daemon import ReadyNotice, record_grace
 
+    record_grace(os.getpid(), grace_s)
     return ReadyNotice(fd)
 
 

@@ -10,6 +10,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from torchbay.server.early_stop import runs_server
+
 # Value flags of `serve` that name start-up models (no early worker without one of them).
 _MODEL_FLAGS = ("--models", "--ts-config")
 
@@ -27,14 +29,9 @@ def _flag(argv: list[str], name: str) -> str | None:
 def _serves_models(argv: list[str]) -> bool:
     """``argv`` runs the server in this process (not ``--start``'s parent, ``--stop``, help) with
     start-up models named on the command line or in a config file."""
-    words = [arg for arg in argv if arg != "--debug"]
-    if not words or words[0] != "serve":
+    if not runs_server(argv):
         return False
-    flags = {arg.partition("=")[0] for arg in words[1:]}
-    if flags & {"-h", "--help", "--stop", "--version"}:
-        return False
-    if "--start" in flags and not flags & {"--foreground", "--daemon-fd"}:
-        return False
+    flags = {arg.partition("=")[0] for arg in argv}
     return bool(flags & set(_MODEL_FLAGS))
 
 

@@ -39,6 +39,7 @@ from torchbay.server.http.asgi import ASGIApp
 from torchbay.server.http.combined import CombinedApp
 from torchbay.server.http.limits import HttpLimits, protocol_class
 from torchbay.server.http.listeners import bind_listeners, check_tls, close_all
+from torchbay.server.job_threads import JobThreads
 from torchbay.server.plane import build_plane
 from torchbay.server.serving.budget import GPU_WORKER_THREADS, HostBudget
 from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count, usable_cores
@@ -167,6 +168,7 @@ class TorchbayServer:
         SIGTERM (a stop; a second SIGINT: at once) until the process exits: ignored once the
         stop is done (``stop_signals.settle``)."""
         self._loop = asyncio.get_running_loop()
+        self._loop.set_default_executor(JobThreads())  # the loop's close waits for no orphan
         self._stop = asyncio.Event()
         installed = stop_signals.install(self._on_signal)
         try:

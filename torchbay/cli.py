@@ -4,7 +4,8 @@ Each part registers its verbs (``register(subparsers)``) and owns the core funct
 tests call those functions directly. Domain errors print one line and exit 1; configuration errors
 (a bad value: one line per field; an unreadable config file) exit 2; a traceback only with
 ``--debug`` or ``TORCHBAY_DEBUG=1``. Ctrl-C that no verb handles (one pressed while the command
-starts) exits 130, without a traceback.
+starts) exits 130, without a traceback; a SIGTERM while ``serve`` starts is a clean stop, exit 0
+(server/early_stop.py).
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def _debug(args: argparse.Namespace) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     early = None
+    # First thing: a SIGTERM while the server starts is a clean stop (server/early_stop.py).
+    from torchbay.server.early_stop import Terminated, runs_server, take_sigterm
+
+    if runs_server(words):
+        take_sigterm()
     try:
         # `serve` with start-up models: a worker process first, so that its torch import (the
         # slowest step of a start) overlaps everything below instead of following it.
@@ -94,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(words, early)
     except KeyboardInterrupt:  # Ctrl-C before a verb took it (the imports): no traceback
         return 130
+    except Terminated:  # SIGTERM before the server's loop took it: a stop, what started undone
+        return 0
     finally:
         if early is not None:
             early.close()  # those the server did not adopt (a bad flag, a config error, ...)

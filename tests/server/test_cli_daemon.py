@@ -3,19 +3,21 @@ tests/data/torchserve_0.12/cli.md): the real command, a real server in the backg
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from torchbay.cli import main
-from torchbay.server import daemon
+from torchbay.server import daemon, daemon_record
 from torchbay.server.errors import TorchbayError
 
 from .cli_helpers import (
@@ -131,19 +133,106 @@ def test_a_pid_file_that_is_a_folder_is_not_a_traceback(tmp_path, monkeypatch, c
     assert err == [
         f"torchbay: error: cannot write the pid file {tmp_path / PID_FILE}: Is a directory"
     ]
-    assert [p.name for p in tmp_path.iterdir()] == [PID_FILE]  # no temporary pid file left
+    # No temporary pid file left; the lock file beside it stays (daemon._claim).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PID_FILE, f"{PID_FILE}.lock"]
+
+
+def _fake_server() -> subprocess.Popen:
+    """A process that --start and --stop take for their server (``serve --daemon-fd`` on its
+    command line) and that ignores SIGTERM; it prints "ignoring" once it does."""
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ignoring', flush=True); time.sleep(60)"
+    )
+    command = [sys.executable, "-c", code, "serve", "--daemon-fd", "0"]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+
+def _waits_on_lock(pid: int, proc: subprocess.Popen) -> bool:
+    """Until ``pid`` waits for a flock (a "->" line of /proc/locks): True; False if ``proc``
+    exits first."""
+    deadline = time.monotonic() + 100
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open("/proc/locks") as locks:
+            if any("-> FLOCK" in line and f" {pid} " in line for line in locks):
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def test_two_starts_at_once_start_one_server(cli_run, talk_store):
+    """Two --start at the same instant both passed the "already running" check and started two
+    servers, the pid file naming only one. Here the test holds the claim (the pid file's lock)
+    as a --start that is spawning its server would: the second --start waits for it, then sees
+    the first one's server (a stand-in that ignores SIGTERM) and refuses, exit 1."""
+    cwd, env = cli_run
+    pid_file = Path(env["TMPDIR"]) / PID_FILE
+    first = _fake_server()
+    lock = os.open(pid_file.with_name(f"{PID_FILE}.lock"), os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first --start, between its check and its write
+        command = [sys.executable, "-m", "torchbay", "serve", "--start", "--ncs"]
+        command += ["--model-store", str(talk_store), *free_addresses()]
+        second = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        # It did not wait: it started a second server (the pid file names it: cli_run stops it).
+        assert _waits_on_lock(second.pid, second), second.communicate()
+        assert first.stdout is not None and first.stdout.readline() == "ignoring\n"
+        pid_file.write_text(str(first.pid))  # the first --start's server
+        os.close(lock)
+        lock = -1
+        out, err = second.communicate(timeout=100)
+        assert second.returncode == 1, (out, err)
+        assert err.splitlines() == [
+            f"torchbay: error: torchbay is already running (pid {first.pid}), please use "
+            "torchbay serve --stop to stop it"
+        ]
+        assert pid_file.read_text() == str(first.pid)
+    finally:
+        if lock >= 0:
+            os.close(lock)
+        first.kill()
+        first.communicate()
+
+
+def test_a_pid_reused_by_another_torchbay_server_is_left_alone(tmp_path, monkeypatch, capsys):
+    """A server killed without removing its pid file (SIGKILL, the OOM killer) whose pid went
+    to another torchbay server (one of another TMPDIR, here a stand-in that SIGTERM ends):
+    --stop stopped that one, and --start refused to start ("already running"). The record
+    beside the pid file says when the server it names started; another start is not it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    command = [sys.executable, "-c", code, "serve", "--daemon-fd", "0"]
+    other = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "up\n"
+        started = daemon_record.start_ticks(other.pid)
+        assert started is not None
+        pid_file = tmp_path / PID_FILE
+        record = daemon_record.record_path(pid_file)
+        pid_file.write_text(str(other.pid))  # the killed server's, as --start wrote them
+        record.write_text(json.dumps({"pid": other.pid, "started": started - 1}))
+        assert main(["serve", "--stop"]) == 0
+        assert capsys.readouterr().out == "torchbay is not currently running.\n"
+        assert other.poll() is None  # not signalled
+        assert not pid_file.exists() and not record.exists()  # stale: removed
+
+        # The record of that very process: it is the server, and --stop stops it.
+        pid_file.write_text(str(other.pid))
+        daemon_record.write(pid_file, other.pid)
+        assert main(["serve", "--stop"]) == 0
+        assert capsys.readouterr().out == "torchbay has stopped.\n"
+        assert other.wait(timeout=30) == -15
+    finally:
+        other.kill()
+        other.communicate()
 
 
 def test_a_stop_that_does_not_finish_says_so(tmp_path, monkeypatch):
     """A server that ignores SIGTERM (stuck): --stop gives up after its timeout with one line."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    stuck = subprocess.Popen(
-        [sys.executable, "-c",
-         "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-         "print('ignoring', flush=True); time.sleep(60)",
-         "serve", "--daemon-fd", "0"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    stuck = _fake_server()
     try:
         assert stuck.stdout is not None and stuck.stdout.readline() == "ignoring\n"
         (tmp_path / PID_FILE).write_text(str(stuck.pid))

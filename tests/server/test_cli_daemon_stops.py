@@ -10,6 +10,7 @@ import functools
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+
+from torchbay.server import daemon
+from torchbay.server.serve import stop_bound
 
 from .cli_helpers import (
     PID_FILE,
@@ -98,8 +102,9 @@ def test_a_stop_while_the_models_load_is_a_start_that_failed(cli_run, tmp_path_f
 
 
 def test_a_stop_before_the_server_owns_its_signals(cli_run, talk_store, tmp_path):
-    """--stop while the server is still reading its configuration (held in an import): SIGTERM
-    ends it there, and --start says so, exit 1 (it exited 241: sys.exit(-15))."""
+    """--stop while the server is still reading its configuration (held in an import): a clean
+    stop there (server/early_stop.py), and --start says the server was stopped before it was
+    ready, exit 1 (it exited 241: sys.exit(-15); then "stopped by SIGTERM": killed by it)."""
     cwd, env = cli_run
     hold, held = hold_import(tmp_path, "torchbay.server.config.sources")
     env = {**env, **hold}
@@ -107,7 +112,7 @@ def test_a_stop_before_the_server_owns_its_signals(cli_run, talk_store, tmp_path
     pid, out, err = _while_starting(starting, held, env, lambda: _stop(cwd, env))
     assert starting.returncode == 1, (out, err)
     assert err.splitlines() == [
-        f"torchbay: error: the server (pid {pid}) was stopped by SIGTERM before it was ready"
+        f"torchbay: error: the server (pid {pid}) was stopped before it was ready"
     ]
     assert not (Path(env["TMPDIR"]) / PID_FILE).exists()
 
@@ -186,3 +191,26 @@ def test_a_start_whose_stdout_closes_still_waits_for_ready(cli_run, tmp_path_fac
     assert (starting.returncode, err) == (0, "")
     info = read_ready(ready)
     assert httpx.get(f"http://127.0.0.1:{info['inference']}/ping", timeout=30).status_code == 200
+
+
+def test_stop_waits_as_long_as_the_servers_own_stop_bound(cli_run, talk_store, monkeypatch):
+    """A server with shutdown_grace_s 400 may take stop_bound(400) = 413 s to stop; --stop gave
+    up after a fixed 300 s ("did not stop", exit 1, the pid file left) while it still drained.
+    The server records its grace beside the pid file, and --stop waits its bound plus
+    STOP_MARGIN_S; the record goes with the server."""
+    cwd, env = cli_run
+    env = {**env, "TORCHBAY_SHUTDOWN_GRACE_S": "400"}
+    ready = cwd / "ready.json"
+    args = ["serve", "--start", "--ncs", "--dt", "--model-store", str(talk_store)]
+    started = torchbay(cwd, env, *args, "--ready-file", str(ready), *free_addresses())
+    assert started.returncode == 0, started.stderr
+    pid = read_ready(ready)["pid"]
+    monkeypatch.setattr(tempfile, "tempdir", env["TMPDIR"])  # daemon's pid file: the server's
+    grace = daemon.recorded_grace(pid)
+    assert grace == 400.0
+    assert daemon.stop_wait(grace) == stop_bound(400.0) + daemon.STOP_MARGIN_S > 413
+    assert daemon.stop_wait(None) == daemon.STOP_TIMEOUT_S  # a server that recorded none
+    _stop(cwd, env)  # nothing to drain: at once
+    assert wait_gone(pid, timeout=5)
+    assert daemon.recorded_grace(pid) is None
+    assert not (Path(env["TMPDIR"]) / f"{PID_FILE}.json").exists()

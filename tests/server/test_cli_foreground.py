@@ -9,17 +9,21 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 
 from .cli_helpers import (
     PID_FILE,
     clean_env,
     free_addresses,
+    hold_import,
     kill_tree,
     lines,
     predict,
     read_ready,
     serve_foreground,
+    wait_for,
+    wait_gone,
 )
 from .conftest import load_gated_store
 
@@ -107,6 +111,39 @@ def test_an_unwritable_log_location_leaves_the_console(tmp_path, talk_store):
     assert len(warning) == 1, out
     assert warning[0].endswith(f"cannot write log files in {blocker / 'logs'} (not a directory): "
                                "console only")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "held_in",
+    [
+        "torchbay.archiver.cli",  # the command's imports (its first worker spawned)
+        "torchbay.server.config.sources",  # reading the configuration
+        "torchbay.server.serve",  # the server's imports: listeners bound, workers spawned
+    ],
+)
+def test_a_sigterm_while_the_server_starts_is_a_clean_stop(tmp_path, talk_store, held_in):
+    """A pod deleted as it starts: SIGTERM before the server's loop owns its signals (the start
+    held at an import) stops it cleanly: exit 0, nothing on stderr, its workers gone. It was
+    killed by SIGTERM's default action (exit -15), a failed container."""
+    hold, held = hold_import(tmp_path, held_in)
+    env = clean_env(tmp_path / "tmp", **hold)
+    command = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs", "--dt"]
+    command += ["--model-store", str(talk_store), "--models", "talk=talk.mar", *free_addresses()]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(held, proc)
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert family  # the worker spawned before the imports, at least
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate()
+    assert (proc.returncode, err) == (0, ""), out
+    assert "Traceback" not in out
+    assert all(wait_gone(child.pid, timeout=30) for child in family)
 
 
 # Every option of TorchServe 0.12's `torchserve --help` (ts/arg_parser.py), short forms included.
