@@ -127,6 +127,8 @@ def routes_document(
         item[route.method.lower()] = operation(route, generic)
         if route.suffix:
             item["x-torchbay-path-suffix"] = True  # /predictions/m/v/more/segments -> url_path
+        if route.any_method:
+            item["x-torchbay-any-method"] = True  # other methods answered so (TorchServe)
     return _document(title, version, paths, generic)
 
 

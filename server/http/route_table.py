@@ -205,6 +205,9 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "ping",
         "Health: 200 when every default model version has its minimum workers",
         answers={"200": ("Healthy", _HEALTH), "500": ("Unhealthy", _HEALTH)},
+        description="Every method is answered so (HEAD: without the body), as TorchServe 0.12.",
+        slash=True,  # /ping/, as TorchServe
+        any_method=True,
     ),
     # PUT (curl -T, as TorchServe's docs send images) and GET (a query alone): TorchServe 0.12
     # answers both (its workflow record's predict_node_model_put / _get)

@@ -162,8 +162,13 @@ def test_inference_document_lists_every_route_the_app_answers(tmp_path):
         assert set(op["responses"]) >= {str(c) for c in INFERENCE_GENERIC}
     for path, item in doc["paths"].items():
         for method in METHODS:
-            if method.lower() not in item and method != "HEAD":
-                r = _call(app, method, _fill(path), content=b"{}")
+            if method.lower() in item or method == "HEAD":
+                continue
+            r = _call(app, method, _fill(path), content=b"{}")
+            if item.get("x-torchbay-any-method"):  # TorchServe's route: it checks no method
+                message = r.json().get("message", "") if r.status_code == 404 else ""
+                assert r.status_code != 405 and not message.startswith(ROUTE_404), (method, path)
+            else:
                 assert r.status_code in (404, 405), (method, path, r.status_code)
     assert _call(app, "OPTIONS", "/").json() == doc
 

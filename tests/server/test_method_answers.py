@@ -1,0 +1,104 @@
+"""Which methods the inference routes take, and what they answer, against TorchServe 0.12's
+answers (tests/data/torchserve/methods: record.py asked TorchServe cases.py's requests; the same
+requests here, to a live torchbay over archives of the same handler built by our archiver)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import recorded, recorded_store, running, until
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "methods"
+cases, RECORD = recorded(DATA, "cases.py")
+RECORDED = {answer["id"]: answer for answer in RECORD["answers"]["cases"]}
+REQUESTS = {case[0]: case[1:] for case in cases.CASES}
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A live torchbay serving every archive of the record, one worker each, ready."""
+    store = recorded_store(tmp_path_factory, "methods", cases.ARCHIVES, DATA)
+    models = {
+        name: {version: {"marName": file, "defaultVersion": True, "minWorkers": 1}}
+        for file, (name, version, _) in cases.ARCHIVES.items()
+    }
+    with running(store, models=models, enable_model_api=True) as live:
+        for name, _, _ in cases.ARCHIVES.values():
+            url = f"{live.management_url}/models/{name}"
+            until(lambda url=url: _ready(url), f"{url} has a READY worker", timeout=300)
+        yield {"inference": live.url, "management": live.management_url}
+
+
+def _ready(url: str) -> bool:
+    answer = httpx.get(url, timeout=60)
+    return answer.status_code == 200 and any(
+        w["status"] == "READY" for w in answer.json()[0]["workers"]
+    )
+
+
+def comparable(answer: dict[str, Any]) -> tuple[int, Any]:
+    """An answer's status and body as compared: an error body by its code and message (its type
+    is Java's class name there), an API description by its title (torchbay's has more paths)."""
+    body = answer["body"]
+    if isinstance(body, dict) and "code" in body and "message" in body:
+        body = {"code": body["code"], "message": body["message"]}
+    elif isinstance(body, dict) and "openapi" in body:
+        body = {"title": body["title"]}
+    return answer["status"], body
+
+
+def ask(bases: dict[str, str], case: str) -> dict[str, Any]:
+    return cases.ask(bases, *REQUESTS[case])
+
+
+def assert_as_torchserve(bases: dict[str, str], ids: tuple[str, ...]) -> None:
+    got = {case: comparable(ask(bases, case)) for case in ids}
+    assert got == {case: comparable(RECORDED[case]) for case in ids}
+
+
+def raw_twice(base: str, first: str) -> bytes:
+    """``first`` (a request line) then ``GET /ping`` on one connection, everything read back."""
+    host, port = base.rsplit("//", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(
+            f"{first} HTTP/1.1\r\nHost: x\r\n\r\n"
+            "GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        )
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_the_record_is_torchserve_0_12s() -> None:
+    assert RECORD["torchserve"] == "0.12.0"
+    assert RECORD["command"].endswith("tests/data/torchserve/methods/record.py")
+
+
+PING = ("options_ping", "delete_ping", "post_ping", "put_ping", "head_ping", "ping_slash")
+
+
+def test_ping_answers_every_method_and_a_trailing_slash_as_torchserve(
+    bases: dict[str, str],
+) -> None:
+    """TorchServe's /ping checks no method: HEAD (a load balancer's health check), OPTIONS,
+    POST, PUT, DELETE and ``/ping/`` are health checks too. torchbay answered each 404
+    'Requested resource is not found', so a HEAD health check saw a server without /ping."""
+    assert_as_torchserve(bases, (*PING, "ping_slashes"))
+
+
+def test_head_ping_sends_no_body(bases: dict[str, str]) -> None:
+    """A HEAD answer carries the GET's headers and no body bytes: the next answer on the same
+    connection starts right after the HEAD answer's headers."""
+    raw = raw_twice(bases["inference"], "HEAD /ping")
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), raw
+    assert b"content-length: 20" in head.lower(), head  # {"status":"Healthy"}'s length
+    assert rest.startswith(b"HTTP/1.1 200"), raw
+    assert rest.endswith(b'{"status":"Healthy"}'), raw
