@@ -42,6 +42,7 @@ from torchbay.server.http.asgi import (
     send_error,
     send_json,
 )
+from torchbay.server.http.openapi import ModelApi
 from torchbay.server.http.route_table import INFERENCE_ROUTES
 from torchbay.server.http.routes import Route, Router
 from torchbay.server.http.shm import SharedMemoryApi
@@ -86,11 +87,13 @@ class InferenceApp:
         self.workflows = workflows or Workflows(plane)
         wf = WorkflowPredict(self.workflows, max_request_size=max_request_size, authorize=authorize)
         v1 = kserve_v1.KServeV1(self)  # KServe v1: predict, explain, liveness, readiness
+        api = ModelApi(plane, self.openapi, authorize)  # OPTIONS /predictions/{m}: http/openapi
         endpoints = {
             r.endpoint: getattr(self, "_" + r.endpoint, None)
             or getattr(self.triton, r.endpoint, None)
             or getattr(shm, r.endpoint, None)
             or getattr(v1, r.endpoint, None)
+            or getattr(api, r.endpoint, None)
             or getattr(wf, r.endpoint)
             for r in INFERENCE_ROUTES
         }

@@ -53,6 +53,10 @@ _GENERATE_BODY = {
         }
     }
 }
+_ANY_METHOD_TEXT = (
+    " Any other method (DELETE, PATCH, HEAD: no body in the answer) runs the model too, as "
+    "TorchServe 0.12 checks no method; OPTIONS answers the model's API description."
+)
 _SUFFIX_TEXT = (
     "Further path segments reach the handler as the url_path header. The handler may set "
     "other statuses of its own."
@@ -91,11 +95,15 @@ def _predictions(verb: str, methods: tuple[str, ...], endpoint: str) -> tuple[Ro
                     {"200": ("The handler's output", "*/*")},
                     auth=True,
                     body=_PREDICT_BODY,
-                    description=_SUFFIX_TEXT,
+                    description=_SUFFIX_TEXT + _ANY_METHOD_TEXT,
                     suffix=version,
                     empty_segments=True,
+                    any_method=method == "POST",  # TorchServe 0.12 runs the model on any method
                 )
             )
+        summary = "The model's API description (TorchServe's OPTIONS on a model)"
+        answers = {"200": ("OpenAPI document of the model's operations", _OBJECT)}
+        out.append(Route("OPTIONS", path, "model_api", summary, (401, 404), answers, auth=True))
     return tuple(out)
 
 

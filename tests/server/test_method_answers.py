@@ -102,3 +102,49 @@ def test_head_ping_sends_no_body(bases: dict[str, str]) -> None:
     assert b"content-length: 20" in head.lower(), head  # {"status":"Healthy"}'s length
     assert rest.startswith(b"HTTP/1.1 200"), raw
     assert rest.endswith(b'{"status":"Healthy"}'), raw
+
+
+MODEL_API = (
+    "options_predictions",
+    "options_predictions_version",
+    "options_predictions_unknown",
+    "options_predictions_unknown_version",
+    "options_predictions_dotted",
+    "options_explanations",
+)
+ANY_METHOD = (
+    "delete_predictions",
+    "delete_predictions_body",
+    "patch_predictions",
+    "head_predictions",
+    "delete_predictions_version",
+    "delete_predictions_unknown",
+)
+
+
+def test_predictions_take_every_method_and_options_describes_the_model(
+    bases: dict[str, str],
+) -> None:
+    """TorchServe's /predictions and /explanations check no method: DELETE, PATCH and HEAD run
+    the model as POST does (a body or none), OPTIONS answers the model's API description (404
+    for a model or version it lacks). torchbay answered all of them 404 'Requested resource is
+    not found', which tells a client the route, or the model, does not exist."""
+    assert_as_torchserve(bases, (*MODEL_API, *ANY_METHOD))
+    described = ask(bases, "options_predictions")["body"]
+    assert "/predictions/echo" in described["paths"]
+    assert "/v2/models/echo/infer" in described["paths"]
+    assert not any("{model_name}" in path for path in described["paths"])
+
+
+def test_delete_on_explanations_explains(bases: dict[str, str]) -> None:
+    """Any method on /explanations is the explanation, as POST: the same answer."""
+    post, delete = ask(bases, "post_explanations"), ask(bases, "delete_explanations")
+    assert (delete["status"], delete["body"]) == (post["status"], post["body"])
+    assert RECORDED["delete_explanations"]["status"] == RECORDED["post_explanations"]["status"]
+
+
+def test_head_predictions_runs_the_model_and_sends_no_body(bases: dict[str, str]) -> None:
+    raw = raw_twice(bases["inference"], "HEAD /predictions/echo")
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), raw
+    assert rest.startswith(b"HTTP/1.1 200") and rest.endswith(b'{"status":"Healthy"}'), raw
