@@ -222,8 +222,9 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
     *_predictions("Prediction", ("POST", "PUT", "GET"), "predict"),
     *_predictions("Explanation", ("POST", "PUT", "GET"), "explain"),
     *_sagemaker(),
-    Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True),
-    Route("GET", "/v2/health/live", "live", "Liveness", answers=OK, oip=True),
+    # Another method on these: 405 with Allow (Triton and KServe answer 405, HEAD included)
+    Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True, strict=True),
+    Route("GET", "/v2/health/live", "live", "Liveness", answers=OK, oip=True, strict=True),
     Route(
         "GET",
         "/v2/health/ready",
@@ -231,6 +232,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "Readiness: every model version has a ready worker",
         answers={"200": ("Ready", _READY), "503": ("Not ready", _READY)},
         oip=True,
+        strict=True,
     ),
     *_v2_models(),
     Route("GET", "/", "kserve_live", "KServe v1 liveness", answers={"200": ("Live", _HEALTH)}),

@@ -110,8 +110,11 @@ class Router:
             found = methods.get(method) or methods.get(_ANY)
             if found is not None:
                 return found[0], found[1], match
-            if strict:
-                raise MethodNotAllowed(f"{method} is not allowed on {path}")
+            if strict:  # RFC 9110: a 405 names the methods the path takes
+                allow = ", ".join(m for m in methods if m != _ANY)
+                raise MethodNotAllowed(
+                    f"{method} is not allowed on {path}", headers={"Allow": allow}
+                )
         oip = self._oip_prefix is not None and path.startswith(self._oip_prefix)
         raise NotFound(f"No route for {method} {path}" if oip else ROUTE_NOT_FOUND)
 

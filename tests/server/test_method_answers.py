@@ -148,3 +148,33 @@ def test_head_predictions_runs_the_model_and_sends_no_body(bases: dict[str, str]
     head, _, rest = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), raw
     assert rest.startswith(b"HTTP/1.1 200") and rest.endswith(b'{"status":"Healthy"}'), raw
+
+
+# case -> the methods the path takes: KServe's and the Open Inference Protocol's routes answer
+# another method 405 with Allow, as KServe's model server (FastAPI) and Triton do. TorchServe
+# runs the model on any method on its own KServe paths and has no /v2/health (the record).
+NOT_ALLOWED = {
+    "options_v1_predict": "POST",
+    "get_v1_predict": "POST",
+    "delete_v1_predict": "POST",
+    "options_v2_infer": "POST",
+    "get_v2_infer": "POST",
+    "delete_v2_infer": "POST",
+    "options_v2_ready": "GET",
+    "delete_v2_ready": "GET",
+    "head_v2_ready": "GET",
+    "head_v2_live": "GET",
+}
+
+
+def test_a_wrong_method_on_kserve_and_oip_routes_is_405_with_allow(bases: dict[str, str]) -> None:
+    """DELETE /v2/health/ready answered 404 'No route for DELETE /v2/health/ready', as if the
+    server served no OIP (Triton: 405), and no 405 said which methods its path takes (RFC 9110:
+    a 405 carries Allow; Starlette's, KServe's, does)."""
+    got = {case: ask(bases, case) for case in NOT_ALLOWED}
+    assert {case: (a["status"], a["allow"]) for case, a in got.items()} == {
+        case: (405, allow) for case, allow in NOT_ALLOWED.items()
+    }
+    for case, answer in got.items():
+        if REQUESTS[case][1] != "HEAD":
+            assert ("error" in answer["body"]) == REQUESTS[case][2].startswith("/v2"), answer
