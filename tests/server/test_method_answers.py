@@ -21,14 +21,23 @@ REQUESTS = {case[0]: case[1:] for case in cases.CASES}
 
 
 @pytest.fixture(scope="module")
-def bases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A live torchbay serving every archive of the record, one worker each, ready."""
-    store = recorded_store(tmp_path_factory, "methods", cases.ARCHIVES, DATA)
-    models = {
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return recorded_store(tmp_path_factory, "methods", cases.ARCHIVES, DATA)
+
+
+def _models(*names: str) -> dict[str, Any]:
+    """``models=`` for the record's archives (all, or those named), one worker each."""
+    return {
         name: {version: {"marName": file, "defaultVersion": True, "minWorkers": 1}}
         for file, (name, version, _) in cases.ARCHIVES.items()
+        if name in names or not names
     }
-    with running(store, models=models, enable_model_api=True) as live:
+
+
+@pytest.fixture(scope="module")
+def bases(store: Path) -> Iterator[dict[str, str]]:
+    """A live torchbay serving every archive of the record, one worker each, ready."""
+    with running(store, models=_models(), enable_model_api=True) as live:
         for name, _, _ in cases.ARCHIVES.values():
             url = f"{live.management_url}/models/{name}"
             until(lambda url=url: _ready(url), f"{url} has a READY worker", timeout=300)
@@ -178,3 +187,28 @@ def test_a_wrong_method_on_kserve_and_oip_routes_is_405_with_allow(bases: dict[s
     for case, answer in got.items():
         if REQUESTS[case][1] != "HEAD":
             assert ("error" in answer["body"]) == REQUESTS[case][2].startswith("/v2"), answer
+
+
+def test_a_customized_describe_writes_torchserves_handler_metrics(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TorchServe's backend times a describe (``?customized=true``) as any call of the handler:
+    model_metrics.log gets its HandlerTime and PredictionTime, ts_metrics.log its
+    WorkerThreadTime (the record). torchbay wrote none of them since a describe stopped counting
+    as an inference (it still counts in no inference metric)."""
+    monkeypatch.setenv("METRICS_LOCATION", str(tmp_path))
+    settings = {"metrics_mode": "log", "disable_system_metrics": True}
+    with running(store, models=_models("echo"), **settings) as live:
+        url = f"{live.management_url}/models/echo"
+        until(lambda: _ready(url), f"{url} has a READY worker", timeout=300)
+        described = httpx.get(url, params={"customized": "true"}, timeout=120)
+        assert described.status_code == 200, described.text
+        assert described.json()[0]["customizedMetadata"] == {"described": True}
+    # stopped: the logs are flushed and closed
+    recorded_describe = RECORD["answers"]["describe_customized"]
+    model_lines = cases.metric_lines((tmp_path / "model_metrics.log").read_text())
+    assert model_lines == recorded_describe["model_metrics"]
+    ts_lines = (tmp_path / "ts_metrics.log").read_text().splitlines()
+    loads = sum(" - WorkerLoadTime." in line for line in ts_lines)
+    # one WorkerThreadTime per worker start (TorchServe's load is a job too), one the describe's
+    assert sum(" - WorkerThreadTime." in line for line in ts_lines) == loads + 1

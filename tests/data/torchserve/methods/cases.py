@@ -102,7 +102,11 @@ def _body(content_type: str, raw: bytes) -> Any:
         return raw.decode(errors="replace")
     if isinstance(value, dict) and "openapi" in value:
         info = value.get("info", {})
-        return {"openapi": value["openapi"], "title": info.get("title"), "paths": sorted(value["paths"])}
+        return {
+            "openapi": value["openapi"],
+            "title": info.get("title"),
+            "paths": sorted(value["paths"]),
+        }
     return value
 
 
@@ -126,8 +130,23 @@ def ask(bases: dict[str, str], listener: str, method: str, path: str, body: byte
         connection.close()
 
 
+def metric_lines(text: str) -> list[str]:
+    """A metrics log's lines as ``Name.Unit:<value>|#dimensions`` (less the time, host and
+    request id)."""
+    lines = []
+    for line in text.splitlines():
+        metric, _, rest = line.split(" - ", 1)[-1].partition("|#")
+        name, _, _value = metric.rpartition(":")
+        lines.append(f"{name}:<value>|#{rest.split('|#')[0]}")
+    return lines
+
+
 def run(bases: dict[str, str]) -> list[dict]:
     return [
-        {"id": case, "request": [listener, method, path], **ask(bases, listener, method, path, body)}
+        {
+            "id": case,
+            "request": [listener, method, path],
+            **ask(bases, listener, method, path, body),
+        }
         for case, listener, method, path, body in CASES
     ]

@@ -10,7 +10,6 @@ TorchServe's default metrics mode (``log``; no system metrics), describes echo w
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -36,15 +35,7 @@ def _ready(management: str, names: list[str]) -> None:
 
 
 def _metric_lines(log: Path) -> list[str]:
-    """A metrics log's lines as ``Name.Unit:<value>|#dimensions`` (less time, host, request id)."""
-    if not log.exists():
-        return []
-    lines = []
-    for line in log.read_text().splitlines():
-        metric, _, rest = line.split(" - ", 1)[-1].partition("|#")
-        name, _, _value = metric.rpartition(":")
-        lines.append(f"{name}:<value>|#{rest.split('|#')[0]}")
-    return lines
+    return cases.metric_lines(log.read_text()) if log.exists() else []
 
 
 def main() -> None:
