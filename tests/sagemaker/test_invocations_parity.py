@@ -33,11 +33,6 @@ SHARED_PORT = (
     "on a shared inference+management port torchbay sends only /models/{m}/invoke to inference; "
     "TorchServe sends every /models/{a}/{b} there, so describing a version breaks"
 )
-FORM = (
-    "torchbay reads no body to choose /invocations' model: a form field model_name is the "
-    "handler's input (TorchServe routes by it when no query names the model and several "
-    "models were loaded at start-up)"
-)
 # (run, case) -> (torchbay's status, why): rows of docs/sagemaker.md's differences.
 DIFFERENCES: dict[tuple[str, str], tuple[int, str]] = {
     ("one_model", "invocations_get"): (404, GET_POST_ONLY),
@@ -46,7 +41,6 @@ DIFFERENCES: dict[tuple[str, str], tuple[int, str]] = {
     ("two_models", "invocations_header"): (200, HEADER),
     ("one_model", "models_not_invoke"): (405, SHARED_PORT),
     ("two_models", "models_not_invoke"): (405, SHARED_PORT),
-    ("two_models", "invocations_form_field"): (400, FORM),
 }
 # Cases the toolkit's handler answers with its own error text (its traceback, with the run's
 # paths): the status alone is compared.

@@ -212,3 +212,30 @@ def test_a_customized_describe_writes_torchserves_handler_metrics(
     loads = sum(" - WorkerLoadTime." in line for line in ts_lines)
     # one WorkerThreadTime per worker start (TorchServe's load is a job too), one the describe's
     assert sum(" - WorkerThreadTime." in line for line in ts_lines) == loads + 1
+
+
+def _inferences(bases: dict[str, str], model: str) -> int:
+    stats = httpx.get(f"{bases['inference']}/v2/models/{model}/stats", timeout=60).json()
+    return stats["model_stats"][0]["inference_count"]
+
+
+def test_invocations_takes_the_model_from_a_form_field(bases: dict[str, str]) -> None:
+    """SageMaker's /invocations with several start-up models and no ``model_name`` query
+    parameter: TorchServe 0.12 takes the model from the body's form field ``model_name``
+    (urlencoded or multipart; tests/data/torchserve/sagemaker, invocations_form_field).
+    torchbay answered 400 'Parameter model_name is required.'."""
+    url = f"{bases['inference']}/invocations"
+    before = _inferences(bases, "a.b-c")
+    urlencoded = httpx.post(url, data={"model_name": "a.b-c", "x": "1"}, timeout=120)
+    files = {"data": ("x.bin", b"\x00\xff" * 100, "application/octet-stream")}
+    multipart = httpx.post(url, data={"model_name": "a.b-c"}, files=files, timeout=120)
+    assert urlencoded.status_code == 200, urlencoded.text  # its fields are the handler's input
+    assert multipart.status_code == 200, multipart.text
+    until(lambda: _inferences(bases, "a.b-c") == before + 2, "both ran on a.b-c")
+    unknown = httpx.post(url, data={"model_name": "nope"}, timeout=120)
+    assert (unknown.status_code, unknown.json()["message"]) == (404, "Model not found: nope")
+    unnamed = httpx.post(url, json={"model_name": "a.b-c"}, timeout=120)  # JSON is no form
+    assert (unnamed.status_code, unnamed.json()["message"]) == (
+        400,
+        "Parameter model_name is required.",
+    )
