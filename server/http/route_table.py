@@ -143,6 +143,7 @@ def _sagemaker() -> tuple[Route, ...]:
         "auth": True,
         "body": _PREDICT_BODY,
         "slash": True,  # TorchServe 0.12 answers /invocations/ and /models/m/invoke/ too
+        "any_method": True,  # and runs the model on any method (GET: an empty body)
     }
     return (
         Route("POST", "/invocations", "invocations", "SageMaker: predict", query=(name,), **common),
