@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from torchbay.server.errors import BadRequest, HandlerFailed, ServiceUnavailable, TorchbayError
 from torchbay.server.http import disconnect, early, invocations, kserve_v1, streaming
@@ -165,7 +165,7 @@ class InferenceApp:
 
     async def _invoke(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         """SageMaker's ``POST /models/{model}/invoke``: the model's default version."""
-        await self._infer(scope, receive, send, unquote(match["model_name"]), None, "predict")
+        await self._infer(scope, receive, send, match["model_name"], None, "predict")
 
     async def _infer(
         self,

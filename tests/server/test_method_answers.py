@@ -18,6 +18,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "methods"
 cases, RECORD = recorded(DATA, "cases.py")
 RECORDED = {answer["id"]: answer for answer in RECORD["answers"]["cases"]}
 REQUESTS = {case[0]: case[1:] for case in cases.CASES}
+INFERENCE = cases.INF
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +243,28 @@ def test_invocations_takes_the_model_from_a_form_field(bases: dict[str, str]) ->
         400,
         "Parameter model_name is required.",
     )
+
+
+def test_a_model_name_is_percent_decoded_once(bases: dict[str, str]) -> None:
+    """/predictions/ech%256F asks for the model ``ech%6F``, as TorchServe and torchbay's own
+    management API read it (404); torchbay's inference routes decoded the path a second time
+    and served ``echo``: a name no client asked for."""
+    twice = ("predictions_encoded_twice", "predictions_version_encoded_twice")
+    assert_as_torchserve(bases, (*twice, "describe_encoded_twice", "predictions_encoded_letter"))
+    base = bases["inference"]
+    for method, path in (
+        ("GET", "/v2/models/ech%256F/ready"),
+        ("POST", "/v2/models/ech%256F/infer"),
+        ("POST", "/v1/models/ech%256F:predict"),
+        ("GET", "/v1/models/ech%256F"),
+        ("POST", "/models/ech%256F/invoke"),
+        ("GET", "/v2/models/ech%256F/stats"),
+    ):
+        answer = cases.ask(bases, INFERENCE, method, path, b'{"instances": [1]}')
+        assert answer["status"] == 404, (method, path, answer)
+        assert "ech%6F" in str(answer["body"]), (method, path, answer)
+    ready = httpx.get(f"{base}/v2/models/echo/versions/1%252E0/ready", timeout=60)
+    assert ready.status_code == 404, ready.text
 
 
 KSERVE = "torchbay serves KServe v1 and the Open Inference Protocol on these paths (TorchServe: \
