@@ -158,10 +158,11 @@ def test_torchserve_legacy_predict_paths_route_as_predictions():
             router.resolve(path, method)
 
 
-def test_torchserves_inference_routes_take_post_put_and_get():
+def test_torchserves_inference_routes_take_any_method():
     """TorchServe 0.12 runs the model whatever the method (tests/data/torchserve/workflows:
-    predict_put, predict_get, predict_node_model_put, predict_node_model_get); its docs upload
-    with curl -T, a PUT, on /predictions, /explanations and /wfpredict alike."""
+    predict_put, predict_get, predict_delete, predict_node_model_put, predict_node_model_get;
+    tests/data/torchserve/methods); its docs upload with curl -T, a PUT, on /predictions,
+    /explanations and /wfpredict alike."""
     router = _router(INFERENCE_ROUTES)
     paths = {
         "/predictions/m": "predict",
@@ -171,7 +172,7 @@ def test_torchserves_inference_routes_take_post_put_and_get():
         "/wfpredict/w": "wfpredict",
     }
     for path, endpoint in paths.items():
-        for method in ("POST", "PUT", "GET"):
+        for method in ("POST", "PUT", "GET", "DELETE", "PATCH", "HEAD"):  # any method
             assert router.resolve(path, method)[0].endpoint == endpoint, (method, path)
 
 
