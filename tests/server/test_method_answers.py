@@ -297,3 +297,19 @@ def test_every_case_as_torchserve(bases: dict[str, str], case: str) -> None:
         assert answer["status"] == DIFFERENCES[case][0], answer
     else:
         assert comparable(answer) == comparable(RECORDED[case])
+
+
+def test_a_management_405_names_every_method_of_the_path(bases: dict[str, str]) -> None:
+    """Starlette's 405 names the methods of the first route of the path only: DELETE /models
+    said ``Allow: GET`` though POST /models registers, so a client that retries with an allowed
+    method never found registration (TorchServe sends no Allow; RFC 9110 wants them all)."""
+    base = bases["management"]
+    assert_as_torchserve(bases, ("delete_models_root", "options_management_models", "head_models"))
+    for method, path, allow in (
+        ("DELETE", "/models", "GET, POST"),
+        ("PATCH", "/models/echo", "DELETE, GET, PUT"),
+        ("POST", "/models/echo/1.0", "DELETE, GET, PUT"),
+        ("GET", "/models/echo/1.0/set-default", "PUT"),
+    ):
+        answer = httpx.request(method, base + path, timeout=60)
+        assert (answer.status_code, answer.headers.get("allow")) == (405, allow), (method, path)
