@@ -98,4 +98,7 @@ def _refusal(app: Any, scope: Scope) -> Answer | None:
         except TorchbayError:
             return None  # 401: the ASGI path answers it as always
     refused = plane.refusal(scope, mv, name, version)
-    return error_answer(refused, oip=route.oip) if refused is not None else None
+    if refused is None:
+        return None
+    status, headers, body = error_answer(refused, oip=route.oip)
+    return status, headers, b"" if scope["method"] == "HEAD" else body  # HEAD: the head only
