@@ -42,7 +42,11 @@ def bases(store: Path) -> Iterator[dict[str, str]]:
         for name, _, _ in cases.ARCHIVES.values():
             url = f"{live.management_url}/models/{name}"
             until(lambda url=url: _ready(url), f"{url} has a READY worker", timeout=300)
-        yield {"inference": live.url, "management": live.management_url}
+        yield {
+            "inference": live.url,
+            "management": live.management_url,
+            "metrics": live.metrics_url,
+        }
 
 
 def _ready(url: str) -> bool:
@@ -229,6 +233,8 @@ def test_invocations_takes_the_model_from_a_form_field(bases: dict[str, str]) ->
     (urlencoded or multipart; tests/data/torchserve/sagemaker, invocations_form_field).
     torchbay answered 400 'Parameter model_name is required.'."""
     url = f"{bases['inference']}/invocations"
+    # every request answered so far is recorded once a scrape is answered (LiveServer.recorded)
+    assert httpx.get(f"{bases['metrics']}/metrics", timeout=60).status_code == 200
     before = _inferences(bases, "a.b-c")
     urlencoded = httpx.post(url, data={"model_name": "a.b-c", "x": "1"}, timeout=120)
     files = {"data": ("x.bin", b"\x00\xff" * 100, "application/octet-stream")}
