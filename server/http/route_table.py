@@ -305,6 +305,8 @@ METRICS_ROUTES: tuple[Route, ...] = (
         answers=_TEXT,
         query=(_NAMES,),
         strict=True,
+        slash=True,  # /metrics/, and any method, as TorchServe 0.12 answers them
+        any_method=True,
     ),
     Route(
         "HEAD",
@@ -314,5 +316,6 @@ METRICS_ROUTES: tuple[Route, ...] = (
         answers=_TEXT,
         query=(_NAMES,),
         strict=True,
+        slash=True,
     ),
 )

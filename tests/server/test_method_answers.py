@@ -275,6 +275,7 @@ def test_a_model_name_is_percent_decoded_once(bases: dict[str, str]) -> None:
 
 KSERVE = "torchbay serves KServe v1 and the Open Inference Protocol on these paths (TorchServe: \
 its handler's raw input on any method, or no route)"
+PROMETHEUS = "metrics_mode is prometheus by default (TorchServe's log mode: an empty page)"
 OWN_DOCUMENT = "torchbay's own API description (its title, every route it serves)"
 # case -> (torchbay's status, why): what torchbay answers otherwise on purpose (README's
 # differences tables, and the tests above for the 405s).
@@ -282,6 +283,8 @@ DIFFERENCES: dict[str, tuple[int, str]] = {
     "options_root": (200, OWN_DOCUMENT),
     "get_api_description": (200, OWN_DOCUMENT),
     "options_management_root": (200, OWN_DOCUMENT),
+    "options_metrics_root": (200, OWN_DOCUMENT),
+    **{case: (200, PROMETHEUS) for case in ("metrics", "metrics_slash", "post_metrics")},
     **{case: (405, KSERVE) for case in NOT_ALLOWED},
     **{case: (200, KSERVE) for case in ("v1_model", "v2_ready", "v2_live", "v2_model")},
     **{case: (200, KSERVE) for case in ("v2_model_ready", "v2_server", "v1_predict")},

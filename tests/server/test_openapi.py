@@ -182,12 +182,14 @@ def test_metrics_document_and_wrapper(tmp_path):
         assert set(op["responses"]) >= {str(c) for c in METRICS_GENERIC}
     assert _call(app, "GET", "/openapi.json").json() == doc
     assert _call(app, "GET", "/metrics?name[]=x").status_code == 200
+    # Any method and a trailing slash, as TorchServe 0.12 (tests/data/torchserve/methods).
+    for method, path in (("POST", "/metrics"), ("GET", "/metrics/"), ("HEAD", "/metrics/")):
+        assert _call(app, method, path).status_code == 200, (method, path)
     for method, path, status in [
-        ("POST", "/metrics", 405),
         ("DELETE", "/openapi.json", 405),
         ("GET", "/", 405),
         ("GET", "/nothing", 404),
-        ("GET", "/metrics/", 404),
+        ("GET", "/metrics/x", 404),
     ]:
         r = _call(app, method, path)
         assert r.status_code == status, (method, path)

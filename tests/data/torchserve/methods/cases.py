@@ -20,7 +20,7 @@ ARCHIVES = {  # file: model, version, handler (here)
     "a.b-c.mar": ("a.b-c", "1.0", "echo_handler.py"),
 }
 BODY = b'{"x": 1}'
-INF, MAN = "inference", "management"
+INF, MAN, MET = "inference", "management", "metrics"
 
 CASES: list[tuple[str, str, str, str, bytes | None]] = [
     ("options_root", INF, "OPTIONS", "/", None),
@@ -89,6 +89,11 @@ CASES: list[tuple[str, str, str, str, bytes | None]] = [
     ("v2_model", INF, "GET", "/v2/models/echo", None),
     ("v2_model_ready", INF, "GET", "/v2/models/echo/ready", None),
     ("v2_server", INF, "GET", "/v2", None),
+    ("metrics", MET, "GET", "/metrics", None),
+    ("metrics_slash", MET, "GET", "/metrics/", None),
+    ("head_metrics", MET, "HEAD", "/metrics", None),
+    ("post_metrics", MET, "POST", "/metrics", BODY),
+    ("options_metrics_root", MET, "OPTIONS", "/", None),
     ("delete_models_root", MAN, "DELETE", "/models", None),
     ("head_models", MAN, "HEAD", "/models", None),
     ("models_slash", MAN, "GET", "/models/", None),
