@@ -45,10 +45,14 @@ def v2_model(match: Match) -> tuple[str, str | None]:
 
 
 def ts_model(match: Match) -> tuple[str, str | None]:
-    """TorchServe's ``{model}[/{version}]``: an empty version is the default one."""
+    """TorchServe's ``{model}[/{version}]``: an empty version is the default one, unless
+    further segments follow it (``/predictions/m//x``: the version ``""``, TorchServe's 404), as
+    Java's split drops trailing empty segments only."""
     params = match.groupdict()
     version = params.get("model_version")
-    return params["model_name"], version or None
+    if not version and not (params.get("url_path") or "").strip("/"):
+        version = None
+    return params["model_name"], version
 
 
 # The endpoints whose requests may be refused at the headers, and the model version each names.

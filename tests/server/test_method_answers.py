@@ -273,6 +273,16 @@ def test_a_model_name_is_percent_decoded_once(bases: dict[str, str]) -> None:
     assert ready.status_code == 404, ready.text
 
 
+def test_an_empty_version_before_more_segments_is_asked_for(bases: dict[str, str]) -> None:
+    """/predictions/echo//1.0 names the version "" (TorchServe: 404 'Model version:  does not
+    exist'); torchbay ran the default version with 1.0 as the handler's url_path. A trailing
+    slash (one or more) still means the default version, as Java's split drops it."""
+    slashes = ("predictions_slash", "predictions_version_slash", "predictions_extra_segments")
+    assert_as_torchserve(bases, ("predictions_empty_version", *slashes))
+    answer = cases.ask(bases, INFERENCE, "POST", "/predictions/echo//", cases.BODY)
+    assert (answer["status"], answer["body"]) == (200, {"bytes": len(cases.BODY)})
+
+
 KSERVE = "torchbay serves KServe v1 and the Open Inference Protocol on these paths (TorchServe: \
 its handler's raw input on any method, or no route)"
 PROMETHEUS = "metrics_mode is prometheus by default (TorchServe's log mode: an empty page)"
@@ -293,7 +303,6 @@ DIFFERENCES: dict[str, tuple[int, str]] = {
     "post_explanations": (501, "a handler without explanations is a 501 (TorchServe: 503)"),
     "delete_explanations": (501, "a handler without explanations is a 501 (TorchServe: 503)"),
     "ping_more": (404, "/ping and /ping/ are health; a further segment is no route"),
-    "predictions_empty_version": (200, "an empty version segment is the default version"),
     "predictions_no_model": (404, "the same 404, naming the empty model"),
 }
 
