@@ -25,7 +25,6 @@ import logging
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote
 
 from torchbay.server.errors import TorchbayError
 from torchbay.server.http.asgi import Answer, Scope, error_answer
@@ -37,17 +36,23 @@ ROUTED = "torchbay.routed"  # the scope key of at_headers' route, popped by Infe
 
 
 def v2_model(match: Match) -> tuple[str, str | None]:
-    """The Open Inference Protocol's ``{model_name}[/versions/{model_version}]``."""
+    """The Open Inference Protocol's ``{model_name}[/versions/{model_version}]``. A route's
+    parameters are the path's, which the HTTP server has percent-decoded once (as TorchServe
+    and the management API decode it): never decoded again."""
     params = match.groupdict()
     version = params.get("model_version")
-    return unquote(params["model_name"]), unquote(version) if version is not None else None
+    return params["model_name"], version
 
 
 def ts_model(match: Match) -> tuple[str, str | None]:
-    """TorchServe's ``{model}[/{version}]``: an empty version is the default one."""
+    """TorchServe's ``{model}[/{version}]``: an empty version is the default one, unless
+    further segments follow it (``/predictions/m//x``: the version ``""``, TorchServe's 404), as
+    Java's split drops trailing empty segments only."""
     params = match.groupdict()
     version = params.get("model_version")
-    return unquote(params["model_name"]), unquote(version) if version else None
+    if not version and not (params.get("url_path") or "").strip("/"):
+        version = None
+    return params["model_name"], version
 
 
 # The endpoints whose requests may be refused at the headers, and the model version each names.
@@ -57,9 +62,9 @@ MODEL_OF: dict[str, Callable[[Match], tuple[str, str | None]]] = {
     "v2_infer": v2_model,
     "generate": v2_model,
     "generate_stream": v2_model,
-    "kserve_v1": lambda match: (unquote(match["model_name"]), None),
-    "kserve_v1_explain": lambda match: (unquote(match["model_name"]), None),
-    "invoke": lambda match: (unquote(match["model_name"]), None),
+    "kserve_v1": lambda match: (match["model_name"], None),
+    "kserve_v1_explain": lambda match: (match["model_name"], None),
+    "invoke": lambda match: (match["model_name"], None),
 }
 
 
@@ -97,4 +102,7 @@ def _refusal(app: Any, scope: Scope) -> Answer | None:
         except TorchbayError:
             return None  # 401: the ASGI path answers it as always
     refused = plane.refusal(scope, mv, name, version)
-    return error_answer(refused, oip=route.oip) if refused is not None else None
+    if refused is None:
+        return None
+    status, headers, body = error_answer(refused, oip=route.oip)
+    return status, headers, b"" if scope["method"] == "HEAD" else body  # HEAD: the head only

@@ -25,10 +25,10 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote
+from urllib.parse import quote
 
 from torchbay.server.errors import BadRequest, HandlerFailed, ServiceUnavailable, TorchbayError
-from torchbay.server.http import disconnect, early, kserve_v1, streaming
+from torchbay.server.http import disconnect, early, invocations, kserve_v1, streaming
 from torchbay.server.http.asgi import (
     Answer,
     Receive,
@@ -42,6 +42,8 @@ from torchbay.server.http.asgi import (
     send_error,
     send_json,
 )
+from torchbay.server.http.invocations import replay
+from torchbay.server.http.openapi import ModelApi
 from torchbay.server.http.route_table import INFERENCE_ROUTES
 from torchbay.server.http.routes import Route, Router
 from torchbay.server.http.shm import SharedMemoryApi
@@ -86,11 +88,13 @@ class InferenceApp:
         self.workflows = workflows or Workflows(plane)
         wf = WorkflowPredict(self.workflows, max_request_size=max_request_size, authorize=authorize)
         v1 = kserve_v1.KServeV1(self)  # KServe v1: predict, explain, liveness, readiness
+        api = ModelApi(plane, self.openapi, authorize)  # OPTIONS /predictions/{m}: http/openapi
         endpoints = {
             r.endpoint: getattr(self, "_" + r.endpoint, None)
             or getattr(self.triton, r.endpoint, None)
             or getattr(shm, r.endpoint, None)
             or getattr(v1, r.endpoint, None)
+            or getattr(api, r.endpoint, None)
             or getattr(wf, r.endpoint)
             for r in INFERENCE_ROUTES
         }
@@ -149,19 +153,19 @@ class InferenceApp:
         await self._infer(scope, receive, send, name, version, "predict", extra)
 
     async def _invocations(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
-        """SageMaker's ``POST /invocations``: the model ``model_name`` names (query parameter,
-        else header), else the only model loaded at start-up (``DataPlane.invocation_model``)."""
-        query = scope.get("query_string", b"").decode("latin-1")
-        named = parse_qs(query, keep_blank_values=True).get("model_name")  # "": TorchServe's 404
-        value = named[0] if named else header(scope, b"model_name") or None
-        if isinstance(value, bytes):
-            value = value.decode("latin-1")
-        choose = lambda: self.plane.invocation_model(value)  # noqa: E731
+        """SageMaker's ``POST /invocations``: the model named as http/invocations.py says."""
+        named, form = invocations.named(scope), None
+        if named is None and invocations.is_form(scope):  # its field model_name may name it
+            if self.authorize is not None:
+                self.authorize(scope, "inference")  # 401 before the body is read
+            body = await read_body(scope, receive, self.max_request_size)
+            form, receive = invocations.form_field(scope, body, "model_name"), replay(body, receive)
+        choose = lambda: self.plane.invocation_model(named, form)  # noqa: E731
         await self._infer(scope, receive, send, "", None, "predict", choose=choose)
 
     async def _invoke(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
         """SageMaker's ``POST /models/{model}/invoke``: the model's default version."""
-        await self._infer(scope, receive, send, unquote(match["model_name"]), None, "predict")
+        await self._infer(scope, receive, send, match["model_name"], None, "predict")
 
     async def _infer(
         self,

@@ -29,7 +29,7 @@ import json
 from collections.abc import Callable, Iterator
 from re import Match
 from typing import Any, Protocol
-from urllib.parse import unquote, urlencode
+from urllib.parse import urlencode
 
 from torchbay.server.errors import BadRequest, HandlerFailed
 from torchbay.server.http.asgi import (
@@ -68,12 +68,12 @@ class KServeV1:
         self.app = app
 
     async def kserve_v1(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
-        await predict(self.app, scope, receive, send, unquote(match["model_name"]))
+        await predict(self.app, scope, receive, send, match["model_name"])
 
     async def kserve_v1_explain(
         self, scope: Scope, receive: Receive, send: Send, match: Match
     ) -> None:
-        name = unquote(match["model_name"])
+        name = match["model_name"]
         await predict(self.app, scope, receive, send, name, explain=True)
 
     async def kserve_live(self, scope: Scope, receive: Receive, send: Send, match: Match) -> None:
@@ -87,7 +87,7 @@ class KServeV1:
     async def kserve_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         if self.app.authorize is not None:
             self.app.authorize(scope, "inference")
-        mv, ready = self.app.plane.model_ready(unquote(m["model_name"]))
+        mv, ready = self.app.plane.model_ready(m["model_name"])
         await send_json(send, 200 if ready else 503, {"name": mv.name, "ready": ready})
 
 

@@ -81,6 +81,9 @@ async def api_description(request: Request) -> dict[str, Any]:
 
 
 ROUTERS = (models, kserve, keys, description)
+_ROUTES = tuple(  # every route, for a 405's Allow (the app wraps the routers it includes)
+    r for router in (*ROUTERS, workflow_router) for r in router.routes if isinstance(r, APIRoute)
+)
 
 # (method, path) -> the statuses the route answers besides the port's generic ones, as each
 # route declares them; FastAPI's own GET /openapi.json answers 200.
@@ -114,12 +117,15 @@ def _install_error_handlers(app: FastAPI) -> None:
             error = NotFound("Requested resource is not found, please refer to API document.")
         elif exc.status_code == 405:
             error = MethodNotAllowed(
-                "Requested method is not allowed, please refer to API document."
+                "Requested method is not allowed, please refer to API document.",
+                headers={"Allow": _allowed(request)},
             )
         else:
             error = TorchbayError(str(exc.detail))
             error.status = exc.status_code
-        return JSONResponse(error.to_json(), status_code=error.status, headers=exc.headers)
+        return JSONResponse(
+            error.to_json(), status_code=error.status, headers=error.headers or exc.headers
+        )
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
@@ -132,6 +138,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.error("management request %s %s failed", request.method, request.url.path, exc_info=exc)
         return JSONResponse(TorchbayError("Internal server error").to_json(), status_code=500)
+
+
+def _allowed(request: Request) -> str:
+    """Every method a route of this path takes (Starlette's 405 names only the first route's:
+    ``DELETE /models`` said ``Allow: GET``, though ``POST /models`` registers)."""
+    path = request.scope["path"]
+    methods = {m for route in _ROUTES if route.path_regex.match(path) for m in route.methods}
+    return ", ".join(sorted(methods))
 
 
 class _OneTrailingSlash:

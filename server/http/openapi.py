@@ -9,6 +9,7 @@ and the metrics port's wrapper that dispatches on its table. Torch-free.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torchbay.server.errors import BadRequest, TorchbayError
@@ -21,9 +22,12 @@ from torchbay.server.http.asgi import (
     lifespan,
     send_bytes,
     send_error,
+    send_json,
 )
+from torchbay.server.http.early import ts_model
 from torchbay.server.http.route_table import INFERENCE_ROUTES, METRICS_ROUTES
 from torchbay.server.http.routes import Route, Router
+from torchbay.server.plane import DataPlane
 
 _ERROR = {
     "type": "object",
@@ -127,7 +131,40 @@ def routes_document(
         item[route.method.lower()] = operation(route, generic)
         if route.suffix:
             item["x-torchbay-path-suffix"] = True  # /predictions/m/v/more/segments -> url_path
+        if route.any_method:
+            item["x-torchbay-any-method"] = True  # other methods answered so (TorchServe)
     return _document(title, version, paths, generic)
+
+
+def model_document(document: dict[str, Any], name: str) -> dict[str, Any]:
+    """TorchServe's ``OPTIONS /predictions/{m}``: the inference ``document``'s operations on one
+    model (``{model_name}`` filled in), titled as TorchServe titles it."""
+    paths = {
+        path.replace("{model_name}", name): item
+        for path, item in document["paths"].items()
+        if "{model_name}" in path
+    }
+    info = {**document["info"], "title": f"RESTful API for: {name}"}
+    return {**document, "info": info, "paths": paths}
+
+
+class ModelApi:
+    """The inference listener's ``OPTIONS /predictions/{m}[/{v}]`` (and ``/explanations``):
+    :func:`model_document` of a model the server has; 404 for one it lacks, as TorchServe."""
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        document: dict[str, Any],
+        authorize: Callable[[Scope, str], None] | None,
+    ) -> None:
+        self.plane, self.document, self.authorize = plane, document, authorize
+
+    async def model_api(self, scope: Scope, receive: Receive, send: Send, match: Any) -> None:
+        if self.authorize is not None:
+            self.authorize(scope, "inference")
+        mv = self.plane.model(*ts_model(match))
+        await send_json(send, 200, model_document(self.document, mv.name))
 
 
 def inference_openapi(server_version: str) -> dict[str, Any]:

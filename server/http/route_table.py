@@ -53,6 +53,10 @@ _GENERATE_BODY = {
         }
     }
 }
+_ANY_METHOD_TEXT = (
+    " Any other method (DELETE, PATCH, HEAD: no body in the answer) runs the model too, as "
+    "TorchServe 0.12 checks no method; OPTIONS answers the model's API description."
+)
 _SUFFIX_TEXT = (
     "Further path segments reach the handler as the url_path header. The handler may set "
     "other statuses of its own."
@@ -91,11 +95,15 @@ def _predictions(verb: str, methods: tuple[str, ...], endpoint: str) -> tuple[Ro
                     {"200": ("The handler's output", "*/*")},
                     auth=True,
                     body=_PREDICT_BODY,
-                    description=_SUFFIX_TEXT,
+                    description=_SUFFIX_TEXT + _ANY_METHOD_TEXT,
                     suffix=version,
                     empty_segments=True,
+                    any_method=method == "POST",  # TorchServe 0.12 runs the model on any method
                 )
             )
+        summary = "The model's API description (TorchServe's OPTIONS on a model)"
+        answers = {"200": ("OpenAPI document of the model's operations", _OBJECT)}
+        out.append(Route("OPTIONS", path, "model_api", summary, (401, 404), answers, auth=True))
     return tuple(out)
 
 
@@ -135,6 +143,7 @@ def _sagemaker() -> tuple[Route, ...]:
         "auth": True,
         "body": _PREDICT_BODY,
         "slash": True,  # TorchServe 0.12 answers /invocations/ and /models/m/invoke/ too
+        "any_method": True,  # and runs the model on any method (GET: an empty body)
     }
     return (
         Route("POST", "/invocations", "invocations", "SageMaker: predict", query=(name,), **common),
@@ -205,14 +214,18 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "ping",
         "Health: 200 when every default model version has its minimum workers",
         answers={"200": ("Healthy", _HEALTH), "500": ("Unhealthy", _HEALTH)},
+        description="Every method is answered so (HEAD: without the body), as TorchServe 0.12.",
+        slash=True,  # /ping/, as TorchServe
+        any_method=True,
     ),
     # PUT (curl -T, as TorchServe's docs send images) and GET (a query alone): TorchServe 0.12
     # answers both (its workflow record's predict_node_model_put / _get)
     *_predictions("Prediction", ("POST", "PUT", "GET"), "predict"),
     *_predictions("Explanation", ("POST", "PUT", "GET"), "explain"),
     *_sagemaker(),
-    Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True),
-    Route("GET", "/v2/health/live", "live", "Liveness", answers=OK, oip=True),
+    # Another method on these: 405 with Allow (Triton and KServe answer 405, HEAD included)
+    Route("GET", "/v2", "server_metadata", "Server metadata", answers=OK, oip=True, strict=True),
+    Route("GET", "/v2/health/live", "live", "Liveness", answers=OK, oip=True, strict=True),
     Route(
         "GET",
         "/v2/health/ready",
@@ -220,6 +233,7 @@ INFERENCE_ROUTES: tuple[Route, ...] = (
         "Readiness: every model version has a ready worker",
         answers={"200": ("Ready", _READY), "503": ("Not ready", _READY)},
         oip=True,
+        strict=True,
     ),
     *_v2_models(),
     Route("GET", "/", "kserve_live", "KServe v1 liveness", answers={"200": ("Live", _HEALTH)}),
@@ -291,6 +305,8 @@ METRICS_ROUTES: tuple[Route, ...] = (
         answers=_TEXT,
         query=(_NAMES,),
         strict=True,
+        slash=True,  # /metrics/, and any method, as TorchServe 0.12 answers them
+        any_method=True,
     ),
     Route(
         "HEAD",
@@ -300,5 +316,6 @@ METRICS_ROUTES: tuple[Route, ...] = (
         answers=_TEXT,
         query=(_NAMES,),
         strict=True,
+        slash=True,
     ),
 )

@@ -24,6 +24,7 @@ Endpoint = Callable[[Scope, Receive, Send, "re.Match[str]"], Awaitable[None]]
 # (description, JSON schema, or the content type of a body that is not JSON)
 Answer = tuple[str, "dict[str, Any] | str"]
 
+_ANY = "*"  # the methods key of a path's ``any_method`` route
 ROUTE_NOT_FOUND = "Requested resource is not found, please refer to API document."
 
 
@@ -47,6 +48,9 @@ class Route:
     empty_segments: bool = False  # a path parameter may be empty
     strict: bool = False  # another method on this path is 405 (else 404)
     slash: bool = False  # trailing slashes are taken (TorchServe splits paths as Java does)
+    # A method that no route of this path names is answered here too: TorchServe's own routes
+    # check no method (DELETE /predictions/m runs the model, HEAD /ping is a health check).
+    any_method: bool = False
 
     def params(self) -> list[str]:
         return re.findall(r"\{(\w+)\}", self.path)
@@ -92,6 +96,8 @@ class Router:
                 bucket = self._paths.setdefault(first_segment(route.path.split("{")[0]), [])
                 bucket.append((_pattern(route), methods, route.strict))
             methods[route.method] = (route, endpoints[route.endpoint])
+            if route.any_method:
+                methods.setdefault(_ANY, methods[route.method])
 
     def resolve(self, path: str, method: str) -> tuple[Route, Endpoint, re.Match[str]]:
         """A path's first segment picks the routes to try; one that no route begins with tries
@@ -101,11 +107,14 @@ class Router:
             match = pattern.match(path)
             if match is None:
                 continue
-            found = methods.get(method)
+            found = methods.get(method) or methods.get(_ANY)
             if found is not None:
                 return found[0], found[1], match
-            if strict:
-                raise MethodNotAllowed(f"{method} is not allowed on {path}")
+            if strict:  # RFC 9110: a 405 names the methods the path takes
+                allow = ", ".join(m for m in methods if m != _ANY)
+                raise MethodNotAllowed(
+                    f"{method} is not allowed on {path}", headers={"Allow": allow}
+                )
         oip = self._oip_prefix is not None and path.startswith(self._oip_prefix)
         raise NotFound(f"No route for {method} {path}" if oip else ROUTE_NOT_FOUND)
 

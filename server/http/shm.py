@@ -11,7 +11,6 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote
 
 from torchbay.server.errors import BadRequest
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_json
@@ -35,7 +34,7 @@ async def _object(scope: Scope, receive: Receive) -> dict[str, Any]:
 
 def _region(match: Match) -> str | None:
     name = match.groupdict().get("region_name")
-    return unquote(name) if name is not None else None
+    return name  # the path is decoded already (uvicorn)
 
 
 class SharedMemoryApi:

@@ -20,7 +20,6 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote
 
 from torchbay.server.errors import BadRequest
 from torchbay.server.http.asgi import Receive, Scope, Send, read_body, send_json
@@ -34,9 +33,7 @@ MAX_CONTROL_BODY = 1 << 20  # repository requests carry a small JSON object
 def _params(match: Match) -> tuple[str | None, str | None]:
     groups = match.groupdict()
     name, version = groups.get("model_name"), groups.get("model_version")
-    return (unquote(name) if name is not None else None), (
-        unquote(version) if version is not None else None
-    )
+    return name, version  # the path is decoded already (uvicorn): decoding again is wrong
 
 
 async def _json_body(scope: Scope, receive: Receive) -> dict[str, Any]:

@@ -35,6 +35,7 @@ WFPREDICT_ROUTES = tuple(
         description="One leaf: its output as it is; several: a JSON object by node name. "
         "A trailing slash or further path segments are ignored, as TorchServe ignores them.",
         suffix=True,  # a trailing slash, further segments: taken and ignored, as TorchServe
+        any_method=method == "POST",  # DELETE, PATCH...: run it too (predict_delete, _patch)
     )
     for method in ("POST", "PUT", "GET")
 )

@@ -59,4 +59,7 @@ async def unregister_workflow(state: State, name: str) -> JSONResponse:
 @workflows.api_route("/workflows/{name}", methods=["PUT", "POST"], include_in_schema=False)
 async def other_method(name: str) -> None:
     """TorchServe answers 405 here: workflows are not scaled or updated through the API."""
-    raise MethodNotAllowed("Requested method is not allowed, please refer to API document.")
+    raise MethodNotAllowed(
+        "Requested method is not allowed, please refer to API document.",
+        headers={"Allow": "DELETE, GET"},  # RFC 9110: a 405 names what the path takes
+    )

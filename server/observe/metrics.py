@@ -340,19 +340,24 @@ class ServerMetrics(Observer):
 
     def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
         series = self._series.get(model) or self._new_series(model)
-        series.batch.observe(record.size)
-        stages = series.stages
-        for stage, ms in record.timings_ms.items():
-            child = stages.get(stage)
-            if child is None:
-                if stage not in STAGES:
-                    continue  # stage names come from the worker: keep the label bounded
-                child = stages[stage] = self.handler_time.labels(model.name, model.version, stage)
-            child.observe(ms / 1000)
-        rids = ",".join(record.request_ids)
         handler_ms = record.timings_ms.get("handler")
-        if handler_ms is not None:
-            self._last_handler_ms = handler_ms
+        if not record.inference:  # a describe's batch: TorchServe times it, counts no batch
+            outside = record.run_s * 1000 - (handler_ms or 0.0)
+            self.ts.update("WorkerThreadTime", self._host, float(max(0, int(outside))))
+        else:
+            series.batch.observe(record.size)
+            stages = series.stages
+            for stage, ms in record.timings_ms.items():
+                child = stages.get(stage)
+                if child is None:
+                    if stage not in STAGES:
+                        continue  # stage names come from the worker: keep the label bounded
+                    labels = (model.name, model.version, stage)
+                    child = stages[stage] = self.handler_time.labels(*labels)
+                child.observe(ms / 1000)
+            if handler_ms is not None:
+                self._last_handler_ms = handler_ms
+        rids = ",".join(record.request_ids)
         if handler_ms is not None and record.answered:
             dims = {"ModelName": model.name, "Level": "Model"}
             for name in ("HandlerTime", "PredictionTime"):  # TorchServe's handler and service

@@ -144,6 +144,8 @@ class OipStats(Observer):
         (stats.cache_hit if hit else stats.cache_miss).add(1, _ns(seconds))
 
     def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
+        if not record.inference:  # a management describe's: no execution of Triton's
+            return
         stats = self.of(model)
         stats.execution_count += 1
         per_batch = stats.batches.get(record.size)

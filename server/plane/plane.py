@@ -128,11 +128,12 @@ class DataPlane:
         """One inference request's steps and its one record (``plane/exchange.py``)."""
         return Exchange(self.wiring, scope, name, version)
 
-    def invocation_model(self, named: str | None) -> str:
+    def invocation_model(self, named: str | None, form: str | None = None) -> str:
         """The model SageMaker's ``POST /invocations`` serves: the one ``named`` (the
         ``model_name`` query parameter or header), else the only model loaded at start-up, as
-        TorchServe picks it (``getStartupModels``); else 400 with TorchServe's message, or an
-        empty ``named`` (``?model_name=``) looked up as TorchServe looks it up: 404."""
+        TorchServe picks it (``getStartupModels``), else the one its ``form`` field
+        ``model_name`` names; else 400 with TorchServe's message, or an empty ``named``
+        (``?model_name=``) looked up as TorchServe looks it up: 404."""
         if named:
             return named
         names = {key.rpartition("/")[0] for key in self.registry.startup_models}
@@ -142,6 +143,8 @@ class DataPlane:
             raise ServiceUnavailable("The start-up models are still loading")
         if named is not None:
             return named
+        if form is not None:
+            return form
         raise BadRequest("Parameter model_name is required.")
 
     def _changed(self) -> None:

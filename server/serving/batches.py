@@ -33,6 +33,10 @@ class BatchRecord:
     # only when the handler returned (an error on every request is taken as a raise).
     answered: bool = True
     levels: tuple[int, ...] = ()  # each request's priority level, 0-based (a queue with levels)
+    # False: a management describe's batch. TorchServe times its handler (HandlerTime,
+    # PredictionTime, WorkerThreadTime) but counts no inference: no batch metric, statistic,
+    # service rate or autopilot sample.
+    inference: bool = True
 
 
 async def run_batch(
@@ -66,12 +70,10 @@ async def run_batch(
     return batch_record(batch, result, started)
 
 
-def batch_record(batch: Batch, result: Any, started: float) -> BatchRecord | None:
+def batch_record(batch: Batch, result: Any, started: float) -> BatchRecord:
     """The record of ``batch``, answered by the worker with ``result`` (its ``InferResult``),
-    which ``started`` (``clock()``) to run; None for a batch of no inference (a management
-    describe's: TorchServe counts it in no inference metric, nor is it Triton's execution)."""
-    if not any(item.counted for item in batch):
-        return None
+    which ``started`` (``clock()``) to run; ``inference`` False for a management describe's
+    (TorchServe counts it in no inference metric, nor is it Triton's execution)."""
     return BatchRecord(
         size=len(batch),
         queue_times_s=[(item.dispatched or item.arrival) - item.arrival for item in batch],
@@ -81,6 +83,7 @@ def batch_record(batch: Batch, result: Any, started: float) -> BatchRecord | Non
         request_ids=tuple(str(item.payload.request_id) for item in batch),
         answered=any(response.status < 400 for response in result.responses),
         levels=tuple(item.place >> 1 for item in batch),  # place: 2 * level (+1 delayed)
+        inference=any(item.counted for item in batch),
     )
 
 

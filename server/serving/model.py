@@ -82,9 +82,10 @@ class _Events(SlotEvents):
         self.model = model
 
     def batch_done(self, record: BatchRecord) -> None:
-        self.model.admission.learn(record.size, record.run_s)
+        if record.inference:  # a describe's batch is no service-rate nor latency sample
+            self.model.admission.learn(record.size, record.run_s)
+            self.model.autopilot.observe(record)  # sla_p99_ms: adapts the queue's batching
         self.model.observer.batch_done(self.model, record)
-        self.model.autopilot.observe(record)  # sla_p99_ms: adapts the queue's batching
 
     def worker_started(self, worker: WorkerProcess, restart: bool) -> None:
         self.model.restarts += restart

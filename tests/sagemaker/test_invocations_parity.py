@@ -27,30 +27,21 @@ from tests.sagemaker.helpers import (
 )
 
 RECORD = json.loads((DATA / "answers.json").read_text())
-GET_POST_ONLY = "torchbay serves /invocations on POST only (TorchServe runs any method)"
 HEADER = "torchbay also reads a model_name header, as the issue asks (TorchServe: query only)"
 SHARED_PORT = (
     "on a shared inference+management port torchbay sends only /models/{m}/invoke to inference; "
     "TorchServe sends every /models/{a}/{b} there, so describing a version breaks"
 )
-FORM = (
-    "torchbay reads no body to choose /invocations' model: a form field model_name is the "
-    "handler's input (TorchServe routes by it when no query names the model and several "
-    "models were loaded at start-up)"
-)
 # (run, case) -> (torchbay's status, why): rows of docs/sagemaker.md's differences.
 DIFFERENCES: dict[tuple[str, str], tuple[int, str]] = {
-    ("one_model", "invocations_get"): (404, GET_POST_ONLY),
-    ("two_models", "invocations_get"): (404, GET_POST_ONLY),
     ("one_model", "invocations_header"): (404, HEADER),  # it names "other": not loaded here
     ("two_models", "invocations_header"): (200, HEADER),
     ("one_model", "models_not_invoke"): (405, SHARED_PORT),
     ("two_models", "models_not_invoke"): (405, SHARED_PORT),
-    ("two_models", "invocations_form_field"): (400, FORM),
 }
 # Cases the toolkit's handler answers with its own error text (its traceback, with the run's
 # paths): the status alone is compared.
-HANDLER_TEXT = {"invocations_form_field"}
+HANDLER_TEXT = {"invocations_form_field", "invocations_get"}
 # Cases whose error message torchbay words its own way (the code is the same).
 OWN_MESSAGE = {"register_with_model_api_line": "names the switch that turns the model API on"}
 

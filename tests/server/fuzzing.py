@@ -108,6 +108,8 @@ def operation(doc: dict[str, Any], req: Req) -> tuple[str, dict[str, Any]] | Non
         op = item.get(req.method.lower())
         if op is None and req.method == "HEAD" and req.port == "management":
             op = item.get("get")  # Starlette answers HEAD on every GET route
+        if op is None and item.get("x-torchbay-any-method"):
+            op = item.get("post") or item.get("get")  # TorchServe's route: any method
         if op is not None and _matches(template, segments, item.get("x-torchbay-path-suffix")):
             literal = sum(len(re.sub(r"\{[^}]+\}", "", s)) for s in _segments(template))
             found.append((literal, len(_segments(template)), template, op))

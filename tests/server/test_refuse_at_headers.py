@@ -267,3 +267,23 @@ def test_at_headers_on_any_path_answers_a_503_or_nothing(
         status, _headers, body = answer
         assert status == 503
         assert isinstance(json.loads(body), dict)
+
+
+def test_a_head_refused_from_the_headers_sends_no_body(server: LiveServer) -> None:
+    """HEAD /predictions runs the model as POST does (TorchServe checks no method), so a
+    pressed model refuses it from the headers too: that answer wrote its body, which a client
+    on the same connection reads as the start of the next answer."""
+    port = server.server.state.ports.inference
+    _press(server)
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.sendall(
+            b"HEAD /predictions/idle HTTP/1.1\r\nHost: t\r\n\r\n"
+            b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        )
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    raw = b"".join(chunks)
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), raw
+    assert rest.startswith(b"HTTP/1.1 200 ") and rest.endswith(b'{"live":true}'), raw

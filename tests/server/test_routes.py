@@ -74,9 +74,14 @@ def test_every_documented_operation_dispatches_to_its_entry(routes, document):
             assert match[name] == value
         assert (found.path, found.method) in by_key
         assert found.method.lower() in doc["paths"][found.path]
-        # Another method on the same path: 405 where the route says so, else 404.
+        # Another method on the same path: its any_method route (TorchServe's routes check no
+        # method), else 405 where the route says so, else 404.
+        anyone = [r for r in routes if r.path == route.path and r.any_method]
         for method in METHODS:
             if (route.path, method) in by_key:
+                continue
+            if anyone:
+                assert router.resolve(path, method)[0] is anyone[0], (method, route.path)
                 continue
             expected = MethodNotAllowed if route.strict else NotFound
             with pytest.raises(expected):
@@ -153,10 +158,11 @@ def test_torchserve_legacy_predict_paths_route_as_predictions():
             router.resolve(path, method)
 
 
-def test_torchserves_inference_routes_take_post_put_and_get():
+def test_torchserves_inference_routes_take_any_method():
     """TorchServe 0.12 runs the model whatever the method (tests/data/torchserve/workflows:
-    predict_put, predict_get, predict_node_model_put, predict_node_model_get); its docs upload
-    with curl -T, a PUT, on /predictions, /explanations and /wfpredict alike."""
+    predict_put, predict_get, predict_delete, predict_node_model_put, predict_node_model_get;
+    tests/data/torchserve/methods); its docs upload with curl -T, a PUT, on /predictions,
+    /explanations and /wfpredict alike."""
     router = _router(INFERENCE_ROUTES)
     paths = {
         "/predictions/m": "predict",
@@ -166,7 +172,7 @@ def test_torchserves_inference_routes_take_post_put_and_get():
         "/wfpredict/w": "wfpredict",
     }
     for path, endpoint in paths.items():
-        for method in ("POST", "PUT", "GET"):
+        for method in ("POST", "PUT", "GET", "DELETE", "PATCH", "HEAD"):  # any method
             assert router.resolve(path, method)[0].endpoint == endpoint, (method, path)
 
 

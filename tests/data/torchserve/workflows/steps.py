@@ -58,6 +58,9 @@ STEPS = [
     # the method: TorchServe's own docs upload with curl -T, a PUT
     step("predict_put", INF, "PUT", "/wfpredict/arith", json=VALUES),
     step("predict_get", INF, "GET", "/wfpredict/arith", json=VALUES),
+    # any other method runs it too: TorchServe checks no method
+    step("predict_delete", INF, "DELETE", "/wfpredict/arith", json=VALUES),
+    step("predict_patch", INF, "PATCH", "/wfpredict/arith", json=VALUES),
     # TorchServe takes a trailing slash and ignores further segments, as for /predictions
     step("predict_trailing_slash", INF, "POST", "/wfpredict/arith/", json=VALUES),
     step("predict_more_segments", INF, "POST", "/wfpredict/arith/more/path", json=VALUES),
