@@ -193,13 +193,13 @@ def check_signature(
 ) -> None:
     """Match ``request``'s inputs by name against ``signature`` (an archiver ``Signature``) and
     reorder them to its order; check requested output names and, for a model whose inputs have
-    a batch dimension, that it is at most ``max_batch`` (0: any; Triton's max_batch_size, as
-    ``WireRequest.max_batch`` carries it). Raises BadInput."""
+    a batch dimension, that they agree on it and it is at most ``max_batch`` (0: any; Triton's
+    max_batch_size, as ``WireRequest.max_batch`` carries it). Raises BadInput."""
     if signature is None:
         return
     if signature.inputs:
         request["inputs"] = _matched_inputs(request["inputs"], signature)
-        if max_batch and signature.batched:
+        if signature.batched:
             _check_batch(request["inputs"], max_batch, model)
     if signature.outputs:
         known = [s.name for s in signature.outputs]
@@ -210,9 +210,16 @@ def check_signature(
 
 
 def _check_batch(inputs: list[dict[str, Any]], max_batch: int, model: str) -> None:
-    """Triton's rule, in its words: a request's batch (its inputs' first dimension) is at most
-    the model's max_batch_size."""
-    if any(t["shape"] and t["shape"][0] > max_batch for t in inputs):
+    """Triton's rules, in its words: a request's inputs have one batch size (their first
+    dimension: the handler concatenates requests along it and splits the outputs by it), at
+    most the model's max_batch_size."""
+    batch = inputs[0]["shape"][:1]
+    for tensor in inputs[1:]:
+        if tensor["shape"][:1] != batch:
+            raise BadInput(
+                f"input '{tensor['name']}' batch size does not match other inputs for '{model}'"
+            )
+    if max_batch and batch and batch[0] > max_batch:
         raise BadInput(f"inference request batch-size must be <= {max_batch} for '{model}'")
 
 

@@ -3,7 +3,9 @@ configuration shows a batched model's batch size as ``max_batch_size``, and an O
 batch dimension is larger is refused as Triton refuses it (``inference request batch-size must
 be <= N for 'm'``: 400 / INVALID_ARGUMENT) once somebody declared a batch size above 1 (a
 repository load's ``max_batch_size``, or TorchServe's ``batch_size`` at registration). At 1,
-TorchServe's default that nobody declared, a request of any batch size still runs alone."""
+TorchServe's default that nobody declared, a request of any batch size still runs alone. A
+request whose inputs disagree on the batch size is refused as Triton refuses it, whatever the
+model's batch size."""
 
 from __future__ import annotations
 
@@ -122,3 +124,33 @@ def _max_batch_size(client: Any, protocol: str, model: str) -> int:
     if protocol == "http":
         return client.get_model_config(model)["max_batch_size"]
     return int(client.get_model_config(model, as_json=True)["config"]["max_batch_size"])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_inputs_whose_batch_sizes_differ_are_refused_in_tritons_words(
+    clients: dict[str, Any], protocol: str
+) -> None:
+    """``two`` takes features [-1, 64] and extra [-1, 3]: one batch dimension. A request giving
+    them different batch sizes was run anyway: 1 and 2 rows failed as the model's fault (500,
+    'has no batch dimension'), 2 and 1 were answered with a broadcast the client never asked
+    for. Triton refuses both before the model runs."""
+    client = clients[protocol]
+    client.load_model("two")
+    try:
+        module = triton_http if protocol == "http" else triton_grpc
+        for features, extra in ((1, 2), (2, 1)):
+            tensors = [module.InferInput("features", [features, 64], "FP32")]
+            tensors.append(module.InferInput("extra", [extra, 3], "FP32"))
+            tensors[0].set_data_from_numpy(np.zeros((features, 64), dtype=np.float32))
+            tensors[1].set_data_from_numpy(np.zeros((extra, 3), dtype=np.float32))
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("two", tensors)
+            expected = "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"
+            assert refused.value.status() == expected, refused.value.message()
+            assert refused.value.message() == (
+                "input 'extra' batch size does not match other inputs for 'two'"
+            )
+        two = {"features": 64, "extra": 3}
+        assert _infer(client, protocol, "two", 3, two).as_numpy("output0").shape == (3, 5)
+    finally:
+        client.unload_model("two")
