@@ -34,6 +34,7 @@ from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.plane.cache import ResponseCache
 from torchbay.server.plane.load_config import check_fixed, fixed_fields, load_overrides
 from torchbay.server.plane.schedule import queue_policies
+from torchbay.server.plane.sequence_params import without_controls
 from torchbay.server.serving.archives import (
     ArchiveError,
     Manifest,
@@ -49,11 +50,12 @@ from torchbay.server.serving.store import ARCHIVE_SUFFIXES, identity
 
 
 def signature(mv: ModelVersion) -> Signature | None:
-    """The version's signature (validated at registration, so this does not fail)."""
+    """The version's signature as clients send it (validated at registration: cannot fail)."""
     try:
-        return signature_of(mv.manifest, mv.config.handler_config)
+        sig = signature_of(mv.manifest, mv.config.handler_config)
     except ArchiveError:
         return None
+    return without_controls(sig, mv.config.handler_config)
 
 
 def platform(mv: ModelVersion) -> str:

@@ -270,3 +270,37 @@ def test_a_bytes_tensor_is_type_string_in_the_model_config(triton_server: Any) -
     assert [t["data_type"] for t in rest["input"] + rest["output"]] == ["TYPE_STRING"] * 4
     tensors = [*over_grpc.input, *over_grpc.output]
     assert [model_config_pb2.DataType.Name(t.data_type) for t in tensors] == ["TYPE_STRING"] * 4
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_sequence_model_s_inputs_are_those_a_client_sends(
+    triton_server: Any, protocol: str
+) -> None:
+    """simple_sequence's START and READY are control inputs: the server fills them and refuses a
+    request that sends one. Its metadata and configuration listed them among the inputs, so a
+    client that builds its request from them (perf_analyzer does) was refused every time; as
+    Triton's, they list INPUT alone, and a request built from them is served."""
+    ports = triton_server.server.state.ports
+    if protocol == "http":
+        client: Any = httpclient.InferenceServerClient(f"127.0.0.1:{ports.inference}")
+        meta = client.get_model_metadata("simple_sequence")
+        config = client.get_model_config("simple_sequence")
+    else:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+        meta = client.get_model_metadata("simple_sequence", as_json=True)
+        config = client.get_model_config("simple_sequence", as_json=True)["config"]
+    try:
+        assert [t["name"] for t in meta["inputs"]] == ["INPUT"]
+        assert [t["name"] for t in config["input"]] == ["INPUT"]
+        module = httpclient if protocol == "http" else grpcclient
+        tensors = []
+        for spec in meta["inputs"]:  # as a client that reads the metadata builds its request
+            tensor = module.InferInput(spec["name"], [1, 1], spec["datatype"])
+            tensor.set_data_from_numpy(np.array([[7]], dtype=np.int32))
+            tensors.append(tensor)
+        seq = 4242 if protocol == "http" else 4243
+        result = client.infer("simple_sequence", tensors, sequence_id=seq, sequence_start=True)
+        assert result.as_numpy("OUTPUT").tolist() == [[8]]  # INPUT + START
+        client.infer("simple_sequence", tensors, sequence_id=seq, sequence_end=True)
+    finally:
+        client.close()
