@@ -20,7 +20,9 @@ LOAD_CONFIG_KEYS = frozenset(
 )
 # What it may hold but not change: the archive's, as the model configuration shows them. Triton
 # takes a whole config, so its users send back what get_model_config gave, one field changed.
-FIXED_CONFIG_KEYS = frozenset({"platform", "backend", "version_policy", "input", "output"})
+FIXED_CONFIG_KEYS = frozenset(
+    {"platform", "backend", "version_policy", "input", "output", "sequence_batching"}
+)
 
 
 def load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | None]:
@@ -131,9 +133,30 @@ def check_fixed(fixed: dict[str, Any], served: list[dict[str, Any]]) -> None:
 
 
 def _normal(key: str, value: Any) -> Any:
+    if key == "sequence_batching":
+        return _numbers(value)
     if key not in ("input", "output") or not isinstance(value, list):
         return value
     try:
         return [{**t, "dims": [int(d) for d in t.get("dims", [])]} for t in value]
     except (TypeError, ValueError, AttributeError):
         return value
+
+
+# Enum values that are their field's default: proto3's JSON (gRPC's config) leaves them out.
+_ENUM_DEFAULTS = {("kind", "CONTROL_SEQUENCE_START"), ("data_type", "TYPE_INVALID")}
+
+
+def _numbers(value: Any) -> Any:
+    """``value`` with gRPC's JSON undone: int64 and uint64 written as text read as numbers,
+    and the fields it leaves out at their defaults (0, false, empty, an enum's first value)
+    left out here too."""
+    if isinstance(value, dict):
+        pairs = [(k, _numbers(v)) for k, v in value.items()]
+        kept = [(k, v) for k, v in pairs if v not in (0, False, "", None, []) or v == {}]
+        return {k: v for k, v in kept if not (isinstance(v, str) and (k, v) in _ENUM_DEFAULTS)}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    if isinstance(value, str) and value.lstrip("-").isdecimal():
+        return int(value)
+    return value

@@ -65,9 +65,27 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
         ],
         "response_cache": {"enable": bool(cache is not None and cache.enable)},
     }
-    if batched:  # none without a batch dimension: each request runs alone (the worker's rule)
+    if settings.sequence_mode:  # Triton's clients (perf_analyzer) tell a sequence model by it
+        config["sequence_batching"] = sequence_batching(mv)
+    elif batched:  # none without a batch dimension: each request runs alone (the worker's rule)
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
             **queue_policies(mv.config, settings.job_queue_size),
         }
     return config
+
+
+def sequence_batching(mv: ModelVersion) -> dict[str, Any]:
+    """A sequence model's ``sequence_batching``: its strategy with the batch delay, its idle
+    limit (none when 0, where Triton's 0 would mean its default of 1 s) and the control inputs
+    its model-config.yaml declares (the server fills them; model_config.proto's form)."""
+    settings = mv.settings
+    delay = {"max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000)}
+    section: dict[str, Any] = {settings.sequence_strategy: delay}
+    if settings.sequence_max_idle_ms:
+        section["max_sequence_idle_microseconds"] = settings.sequence_max_idle_ms * 1000
+    declared = (mv.config.handler_config or {}).get("sequence_batching")
+    controls = declared.get("control_input") if isinstance(declared, dict) else None
+    if isinstance(controls, list) and controls:
+        section["control_input"] = controls
+    return section
