@@ -117,7 +117,18 @@ def fixed_fields(parameters: Any) -> dict[str, Any]:
     if not isinstance(parameters, dict) or "config" not in parameters:
         return {}
     config = json.loads(parameters["config"])
-    return {key: config[key] for key in FIXED_CONFIG_KEYS & set(config)}
+    fixed = {key: config[key] for key in FIXED_CONFIG_KEYS & set(config)}
+    batching = _batching_rest(config.get("dynamic_batching"))
+    if batching:  # its fields other than the delay: as the configuration shows them
+        fixed["dynamic_batching"] = batching
+    return fixed
+
+
+def _batching_rest(value: Any) -> Any:
+    """A ``dynamic_batching`` without the one field a load changes, its queue delay."""
+    if not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if k != "max_queue_delay_microseconds"}
 
 
 def check_fixed(fixed: dict[str, Any], served: list[dict[str, Any]]) -> None:
@@ -126,15 +137,17 @@ def check_fixed(fixed: dict[str, Any], served: list[dict[str, Any]]) -> None:
     Dims compare as numbers (gRPC's JSON writes int64 as text)."""
     for key in sorted(fixed):
         if not any(_normal(key, fixed[key]) == _normal(key, c.get(key)) for c in served):
+            why = "it is the archive's"
+            if key == "dynamic_batching":  # priorities and queue policies: model-config.yaml's
+                why = "a load changes its max_queue_delay_microseconds alone"
             raise BadRequest(
-                f"parameters.config: {key} cannot change (it is the archive's): "
-                f"{json.dumps(fixed[key])[:200]}"
+                f"parameters.config: {key} cannot change ({why}): {json.dumps(fixed[key])[:200]}"
             )
 
 
 def _normal(key: str, value: Any) -> Any:
-    if key == "sequence_batching":
-        return _numbers(value)
+    if key in ("sequence_batching", "dynamic_batching"):
+        return _numbers(_batching_rest(value) if key == "dynamic_batching" else value)
     if key not in ("input", "output") or not isinstance(value, list):
         return value
     try:
@@ -144,7 +157,11 @@ def _normal(key: str, value: Any) -> Any:
 
 
 # Enum values that are their field's default: proto3's JSON (gRPC's config) leaves them out.
-_ENUM_DEFAULTS = {("kind", "CONTROL_SEQUENCE_START"), ("data_type", "TYPE_INVALID")}
+_ENUM_DEFAULTS = {
+    ("kind", "CONTROL_SEQUENCE_START"),
+    ("data_type", "TYPE_INVALID"),
+    ("timeout_action", "REJECT"),
+}
 
 
 def _numbers(value: Any) -> Any:
@@ -152,7 +169,7 @@ def _numbers(value: Any) -> Any:
     and the fields it leaves out at their defaults (0, false, empty, an enum's first value)
     left out here too."""
     if isinstance(value, dict):
-        pairs = [(k, _numbers(v)) for k, v in value.items()]
+        pairs = [(str(k), _numbers(v)) for k, v in value.items()]  # JSON keys: text
         kept = [(k, v) for k, v in pairs if v not in (0, False, "", None, []) or v == {}]
         return {k: v for k, v in kept if not (isinstance(v, str) and (k, v) in _ENUM_DEFAULTS)}
     if isinstance(value, list):

@@ -132,6 +132,14 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
          "whole numbers"),
         ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
             "max_queue_delay_microseconds": 0.5}})}}, 400, "whole numbers"),
+        # what a load does not apply is refused, not ignored (it answered 200, unchanged)
+        ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
+            "max_queue_delay_microseconds": 100, "priority_levels": 3}})}}, 400,
+         "dynamic_batching cannot change"),
+        ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
+            "preferred_batch_size": [4]}})}}, 400, "max_queue_delay_microseconds alone"),
+        ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
+            "default_queue_policy": {"max_queue_size": 5}}})}}, 400, "dynamic_batching"),
     ],
 )  # fmt: skip
 def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, fragment) -> None:
