@@ -121,7 +121,15 @@ def fixed_fields(parameters: Any) -> dict[str, Any]:
     batching = _batching_rest(config.get("dynamic_batching"))
     if batching:  # its fields other than the delay: as the configuration shows them
         fixed["dynamic_batching"] = batching
+    groups = [_group_rest(g) for g in config.get("instance_group") or ()]
+    if any(groups):  # a group's fields other than its count: as the configuration shows them
+        fixed["instance_group"] = groups
     return fixed
+
+
+def _group_rest(group: dict[str, Any]) -> dict[str, Any]:
+    """An instance group without its count, and without KIND_AUTO (the server's choice)."""
+    return {k: v for k, v in group.items() if k != "count" and (k, v) != ("kind", "KIND_AUTO")}
 
 
 def _batching_rest(value: Any) -> Any:
@@ -136,13 +144,26 @@ def check_fixed(fixed: dict[str, Any], served: list[dict[str, Any]]) -> None:
     configurations (the model's loaded versions) holds: the archive's, which no load changes.
     Dims compare as numbers (gRPC's JSON writes int64 as text)."""
     for key in sorted(fixed):
-        if not any(_normal(key, fixed[key]) == _normal(key, c.get(key)) for c in served):
-            why = "it is the archive's"
-            if key == "dynamic_batching":  # priorities and queue policies: model-config.yaml's
-                why = "a load changes its max_queue_delay_microseconds alone"
+        if not any(_shown(key, fixed[key], c.get(key)) for c in served):
+            why = _WHY.get(key, "it is the archive's")
             raise BadRequest(
                 f"parameters.config: {key} cannot change ({why}): {json.dumps(fixed[key])[:200]}"
             )
+
+
+_WHY = {  # why a field of a load's config cannot change, where it is not the archive's
+    "dynamic_batching": "a load changes its max_queue_delay_microseconds alone",
+    "instance_group": "a load changes its count alone; the kind is the server's devices'",
+}
+
+
+def _shown(key: str, given: Any, shown: Any) -> bool:
+    """Whether ``given`` (a load's field) is what the configuration shows (``shown``); an
+    instance group may leave out what the configuration's group has (its name, its kind)."""
+    if key != "instance_group":
+        return _normal(key, given) == _normal(key, shown)
+    group = (shown or [{}])[0]
+    return all(g.items() <= group.items() for g in given)
 
 
 def _normal(key: str, value: Any) -> Any:
