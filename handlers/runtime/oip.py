@@ -188,19 +188,39 @@ def _check_fields(tensor: Any, i: int) -> tuple[str, str, list[int]]:
     return name, datatype, shape
 
 
-def check_signature(request: dict[str, Any], signature: Any) -> None:
+def check_signature(
+    request: dict[str, Any], signature: Any, max_batch: int = 0, model: str = ""
+) -> None:
     """Match ``request``'s inputs by name against ``signature`` (an archiver ``Signature``) and
-    reorder them to its order; check requested output names. Raises BadInput."""
+    reorder them to its order; check requested output names and, for a model whose inputs have
+    a batch dimension, that they agree on it and it is at most ``max_batch`` (0: any; Triton's
+    max_batch_size, as ``WireRequest.max_batch`` carries it). Raises BadInput."""
     if signature is None:
         return
     if signature.inputs:
         request["inputs"] = _matched_inputs(request["inputs"], signature)
+        if signature.batched:
+            _check_batch(request["inputs"], max_batch, model)
     if signature.outputs:
         known = [s.name for s in signature.outputs]
         for output in request.get("outputs") or []:
             if output["name"] not in known:
                 name = output["name"]
                 raise BadInput(f"unknown output {name!r}; the model's outputs are {known}")
+
+
+def _check_batch(inputs: list[dict[str, Any]], max_batch: int, model: str) -> None:
+    """Triton's rules, in its words: a request's inputs have one batch size (their first
+    dimension: the handler concatenates requests along it and splits the outputs by it), at
+    most the model's max_batch_size."""
+    batch = inputs[0]["shape"][:1]
+    for tensor in inputs[1:]:
+        if tensor["shape"][:1] != batch:
+            raise BadInput(
+                f"input '{tensor['name']}' batch size does not match other inputs for '{model}'"
+            )
+    if max_batch and batch and batch[0] > max_batch:
+        raise BadInput(f"inference request batch-size must be <= {max_batch} for '{model}'")
 
 
 def _matched_inputs(inputs: list[dict[str, Any]], signature: Any) -> list[dict[str, Any]]:

@@ -186,7 +186,8 @@ class Service:
             regions = getattr(request, "regions", None)  # WireRequest's; a test's may lack it
             v2 = oip.parse_request(request.body, request.headers, self.max_request_size, regions)
             controls.fill(v2, request.headers, self.controls, self.context)  # START, READY...
-            oip.check_signature(v2, self.signature)
+            bound = getattr(request, "max_batch", 0)  # Triton's max_batch_size, when declared
+            oip.check_signature(v2, self.signature, bound, self.model_name)
             if self.native_v2:
                 return _Job(request, {"body": v2, "protocol": "v2"}, v2)
             body = oip.body_value(v2)

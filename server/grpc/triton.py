@@ -42,9 +42,15 @@ def _config_message(config: dict[str, Any]) -> Any:
     policy = config.get("version_policy", {}).get("specific", {}).get("versions", [])
     if not all(str(v).isdigit() for v in policy):
         config = {k: v for k, v in config.items() if k != "version_policy"}
-    return json_format.ParseDict(
-        config, message("inference.ModelConfig")(), ignore_unknown_fields=True
-    )
+    try:
+        return json_format.ParseDict(
+            config, message("inference.ModelConfig")(), ignore_unknown_fields=True
+        )
+    except json_format.ParseError:  # control inputs a model-config.yaml wrote another way
+        section = dict(config.get("sequence_batching") or {})
+        if section.pop("control_input", None) is None:
+            raise
+        return _config_message({**config, "sequence_batching": section})
 
 
 def _setting_value(message_class: Any, value: Any) -> Any:

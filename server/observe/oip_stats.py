@@ -15,9 +15,10 @@ What each field counts (Triton's meanings, on torchbay's parts):
   time of each batch, charged to every request of the batch (as Triton does);
 * ``cache_hit`` / ``cache_miss``: response cache look-ups (``plane/cache.py``) that hit, with
   their digest and look-up time, and that missed, with that and the insertion time; a hit is
-  also one ``success`` and one inference, with no queue or compute time and no execution;
-* ``inference_count``: successful requests (torchbay does not look inside a request for its
-  batch dimension); ``execution_count``: batches executed; ``batch_stats``: per batch size,
+  also one ``success``, with no queue or compute time, no execution and no inference;
+* ``inference_count``: successful requests a worker ran (a cache hit is none, as Triton's
+  count leaves hits out; torchbay does not look inside a request for its batch dimension);
+  ``execution_count``: batches executed; ``batch_stats``: per batch size,
   the executions and their stage times; ``last_inference``: ms since the epoch.
 
 Statistics live as long as the version: a version loaded again starts from zero. Torch-free.
@@ -131,7 +132,8 @@ class OipStats(Observer):
         stats = self.of(request.model)
         if request.status < 400:
             stats.success.add(1, _ns(request.seconds))
-            stats.inference_count += 1
+            if request.queue_s is not None:  # a worker ran it: not a cache hit
+                stats.inference_count += 1
             stats.last_inference = int(time.time() * 1000)
         else:
             stats.fail.add(1, _ns(request.seconds))

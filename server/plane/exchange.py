@@ -145,10 +145,8 @@ class Exchange:
         lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:
             return self._answered(wire, lookup.hit)
-        regions = self.wiring.regions
-        table = regions() if regions is not None else None
-        if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
-            wire = dataclasses.replace(wire, regions=table)
+        if wire.protocol == "v2":
+            wire = self._v2_facts(wire)
         schedule = self._leveled(schedule_of(wire, self._max_size()))
         item = self.model.admit_reader(wire, sequence=sequence, schedule=schedule)
         self.items.append(item)
@@ -160,6 +158,20 @@ class Exchange:
             with_deadline(item, deadline_s)
             self.model.queue.watch(item, timer=False)  # a filling batch leaves in time for it
         return item
+
+    def _v2_facts(self, wire: p.WireRequest) -> p.WireRequest:
+        """An OIP request with what its worker checks it against: the shared-memory regions
+        its tensors may sit in, and Triton's max_batch_size, the model's batch size (what its
+        configuration shows) once declared above TorchServe's default of 1 (at 1 each request
+        runs alone, whatever its batch dimension: a limit nobody declared is not enforced)."""
+        assert self.model is not None
+        regions = self.wiring.regions
+        table = regions() if regions is not None else None
+        batch_size = self.model.settings.batch_size
+        if table is None and batch_size == 1:
+            return wire
+        bound = batch_size if batch_size > 1 else 0
+        return dataclasses.replace(wire, regions=table, max_batch=bound)
 
     def _max_size(self) -> int:
         """The most bytes a request body may be, inflated too (``max_request_size``)."""

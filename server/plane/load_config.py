@@ -20,7 +20,9 @@ LOAD_CONFIG_KEYS = frozenset(
 )
 # What it may hold but not change: the archive's, as the model configuration shows them. Triton
 # takes a whole config, so its users send back what get_model_config gave, one field changed.
-FIXED_CONFIG_KEYS = frozenset({"platform", "backend", "version_policy", "input", "output"})
+FIXED_CONFIG_KEYS = frozenset(
+    {"platform", "backend", "version_policy", "input", "output", "sequence_batching"}
+)
 
 
 def load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | None]:
@@ -115,7 +117,26 @@ def fixed_fields(parameters: Any) -> dict[str, Any]:
     if not isinstance(parameters, dict) or "config" not in parameters:
         return {}
     config = json.loads(parameters["config"])
-    return {key: config[key] for key in FIXED_CONFIG_KEYS & set(config)}
+    fixed = {key: config[key] for key in FIXED_CONFIG_KEYS & set(config)}
+    batching = _batching_rest(config.get("dynamic_batching"))
+    if batching:  # its fields other than the delay: as the configuration shows them
+        fixed["dynamic_batching"] = batching
+    groups = [_group_rest(g) for g in config.get("instance_group") or ()]
+    if any(groups):  # a group's fields other than its count: as the configuration shows them
+        fixed["instance_group"] = groups
+    return fixed
+
+
+def _group_rest(group: dict[str, Any]) -> dict[str, Any]:
+    """An instance group without its count, and without KIND_AUTO (the server's choice)."""
+    return {k: v for k, v in group.items() if k != "count" and (k, v) != ("kind", "KIND_AUTO")}
+
+
+def _batching_rest(value: Any) -> Any:
+    """A ``dynamic_batching`` without the one field a load changes, its queue delay."""
+    if not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if k != "max_queue_delay_microseconds"}
 
 
 def check_fixed(fixed: dict[str, Any], served: list[dict[str, Any]]) -> None:
@@ -123,17 +144,57 @@ def check_fixed(fixed: dict[str, Any], served: list[dict[str, Any]]) -> None:
     configurations (the model's loaded versions) holds: the archive's, which no load changes.
     Dims compare as numbers (gRPC's JSON writes int64 as text)."""
     for key in sorted(fixed):
-        if not any(_normal(key, fixed[key]) == _normal(key, c.get(key)) for c in served):
+        if not any(_shown(key, fixed[key], c.get(key)) for c in served):
+            why = _WHY.get(key, "it is the archive's")
             raise BadRequest(
-                f"parameters.config: {key} cannot change (it is the archive's): "
-                f"{json.dumps(fixed[key])[:200]}"
+                f"parameters.config: {key} cannot change ({why}): {json.dumps(fixed[key])[:200]}"
             )
 
 
+_WHY = {  # why a field of a load's config cannot change, where it is not the archive's
+    "dynamic_batching": "a load changes its max_queue_delay_microseconds alone",
+    "instance_group": "a load changes its count alone; the kind is the server's devices'",
+}
+
+
+def _shown(key: str, given: Any, shown: Any) -> bool:
+    """Whether ``given`` (a load's field) is what the configuration shows (``shown``); an
+    instance group may leave out what the configuration's group has (its name, its kind)."""
+    if key != "instance_group":
+        return _normal(key, given) == _normal(key, shown)
+    group = (shown or [{}])[0]
+    return all(g.items() <= group.items() for g in given)
+
+
 def _normal(key: str, value: Any) -> Any:
+    if key in ("sequence_batching", "dynamic_batching"):
+        return _numbers(_batching_rest(value) if key == "dynamic_batching" else value)
     if key not in ("input", "output") or not isinstance(value, list):
         return value
     try:
         return [{**t, "dims": [int(d) for d in t.get("dims", [])]} for t in value]
     except (TypeError, ValueError, AttributeError):
         return value
+
+
+# Enum values that are their field's default: proto3's JSON (gRPC's config) leaves them out.
+_ENUM_DEFAULTS = {
+    ("kind", "CONTROL_SEQUENCE_START"),
+    ("data_type", "TYPE_INVALID"),
+    ("timeout_action", "REJECT"),
+}
+
+
+def _numbers(value: Any) -> Any:
+    """``value`` with gRPC's JSON undone: int64 and uint64 written as text read as numbers,
+    and the fields it leaves out at their defaults (0, false, empty, an enum's first value)
+    left out here too."""
+    if isinstance(value, dict):
+        pairs = [(str(k), _numbers(v)) for k, v in value.items()]  # JSON keys: text
+        kept = [(k, v) for k, v in pairs if v not in (0, False, "", None, []) or v == {}]
+        return {k: v for k, v in kept if not (isinstance(v, str) and (k, v) in _ENUM_DEFAULTS)}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    if isinstance(value, str) and value.lstrip("-").isdecimal():
+        return int(value)
+    return value

@@ -7,7 +7,7 @@ and ``grpc/triton.py``). Each returns plain data (Triton's JSON shapes) or raise
   model-config.yaml);
 * statistics ``GET /v2/models[/{m}[/versions/{v}]]/stats`` (``observe.oip_stats``);
 * model configuration ``GET /v2/models/{m}[/versions/{v}]/config``: a Triton-style config built
-  from the version's settings and signature;
+  from the version's settings and signature (``triton_config.py``);
 * model repository ``POST /v2/repository/index``, ``.../models/{m}/load``, ``.../unload``: the
   model store's archives; load and unload call the registry's register / unregister.
 
@@ -33,32 +33,12 @@ from torchbay.server.errors import (
 from torchbay.server.observe.oip_stats import OipStats
 from torchbay.server.plane.cache import ResponseCache
 from torchbay.server.plane.load_config import check_fixed, fixed_fields, load_overrides
-from torchbay.server.plane.schedule import queue_policies
-from torchbay.server.serving.archives import (
-    ArchiveError,
-    Manifest,
-    Signature,
-    TensorSpec,
-    read_manifest,
-    signature_of,
-)
+from torchbay.server.plane.triton_config import model_config, platform, signature
+from torchbay.server.serving.archives import ArchiveError, Manifest, read_manifest
 from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 from torchbay.server.serving.store import ARCHIVE_SUFFIXES, identity
-
-
-def signature(mv: ModelVersion) -> Signature | None:
-    """The version's signature (validated at registration, so this does not fail)."""
-    try:
-        return signature_of(mv.manifest, mv.config.handler_config)
-    except ArchiveError:
-        return None
-
-
-def platform(mv: ModelVersion) -> str:
-    info = getattr(mv.manifest, "torchbay", None)
-    return f"pytorch_{getattr(info, 'format', None) or 'torchscript'}"
 
 
 def model_metadata(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
@@ -74,51 +54,6 @@ def model_metadata(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         # The input names are the archiver's, not declared: requests may name them otherwise.
         meta["parameters"] = {"inputs_by_position": True}
     return meta
-
-
-def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
-    """A tensor of Triton's model configuration: ``dims`` without the batch dimension when the
-    model takes one (``max_batch_size`` > 0), its whole shape otherwise."""
-    dims = spec.shape[1:] if batched and spec.shape[:1] == [-1] else spec.shape
-    # model_config.proto names BYTES TYPE_STRING (there is no TYPE_BYTES: gRPC dropped it)
-    data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
-    tensor = {"name": spec.name, "data_type": data_type, "dims": dims}
-    if spec.format is not None:
-        tensor["format"] = spec.format
-    return tensor
-
-
-def model_config(mv: ModelVersion) -> dict[str, Any]:
-    """A Triton ModelConfig JSON of the version: the batch dimension is implicit in ``dims``."""
-    sig = signature(mv) or Signature()
-    settings = mv.settings
-    gpu = any(s.worker is not None and s.worker.device.startswith("cuda") for s in mv.slots)
-    # Triton's max_batch_size 0: a model whose inputs have no batch dimension (a leading -1)
-    batched = sig.batched
-    cache = getattr(mv.config, "response_cache", None)
-    config: dict[str, Any] = {
-        "name": mv.name,
-        "platform": platform(mv),
-        "backend": "pytorch",
-        "version_policy": {"specific": {"versions": [mv.version]}},
-        "max_batch_size": settings.batch_size if batched else 0,
-        "input": [_config_tensor(s, batched) for s in sig.inputs],
-        "output": [_config_tensor(s, batched) for s in sig.outputs],
-        "instance_group": [
-            {
-                "name": mv.name,
-                "kind": "KIND_GPU" if gpu else "KIND_CPU",
-                "count": settings.min_workers,
-            }
-        ],
-        "response_cache": {"enable": bool(cache is not None and cache.enable)},
-    }
-    if batched:  # none without a batch dimension: each request runs alone (the worker's rule)
-        config["dynamic_batching"] = {
-            "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
-            **queue_policies(mv.config, settings.job_queue_size),
-        }
-    return config
 
 
 class Models:

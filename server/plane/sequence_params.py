@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from torchbay.server.config.settings import SEQUENCE_HEADERS
@@ -154,3 +155,16 @@ def _with_headers(
         return dataclasses.replace(wire, raw_headers=b"\r\n".join(lines))
     headers = {k: v for k, v in wire.headers.items() if k.lower() not in names}
     return dataclasses.replace(wire, headers={**headers, **ours})
+
+
+def without_controls(sig: Any, handler_config: Mapping[str, Any] | None) -> Any:
+    """A model's signature (an archiver ``Signature``, or None) without the control inputs a
+    model-config.yaml declares in Triton's ``sequence_batching``: the worker fills them
+    (handlers/runtime/controls.py) and refuses a request that sends one, so the model's
+    metadata and configuration leave them out, as Triton's do."""
+    batching = (handler_config or {}).get("sequence_batching")
+    controls = batching.get("control_input") if isinstance(batching, Mapping) else None
+    if sig is None or not isinstance(controls, list):
+        return sig
+    filled = {c.get("name") for c in controls if isinstance(c, Mapping)}
+    return sig.model_copy(update={"inputs": [t for t in sig.inputs if t.name not in filled]})

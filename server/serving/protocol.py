@@ -116,6 +116,7 @@ class WireRequest:
     # The server's registered system shared-memory regions, {name: [key, offset, byte_size]},
     # for a v2 request that may name one (server/plane/shm.py); None: no region registered.
     regions: dict[str, list[Any]] | None = None
+    max_batch: int = 0  # a v2 request's largest batch dimension (Triton's max_batch_size); 0: any
 
 
 def join_headers(pairs: Iterable[tuple[bytes, bytes]]) -> bytes:
@@ -212,7 +213,7 @@ def encode(message: Message) -> bytes:
         header: dict[str, Any] = {
             "batch_id": message.batch_id,
             "requests": [
-                [r.request_id, r.content_type, r.query, r.protocol, r.regions]
+                [r.request_id, r.content_type, r.query, r.protocol, r.regions, r.max_batch]
                 for r in message.requests
             ],
         }
@@ -300,9 +301,10 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
                 parse_headers(raw),
                 str(query),
                 str(proto),
-                regions=_regions(regions),
+                regions=_regions(shm),
+                max_batch=int(cap),
             )
-            for (rid, ctype, query, proto, regions), (raw, body) in zip(items, pairs, strict=True)
+            for (rid, ctype, query, proto, shm, cap), (raw, body) in zip(items, pairs, strict=True)
         ]
         return Infer(batch_id=int(header["batch_id"]), requests=requests)
     if kind is Kind.RESULT:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import shutil
 import subprocess
 import sys
@@ -270,3 +271,75 @@ def test_a_bytes_tensor_is_type_string_in_the_model_config(triton_server: Any) -
     assert [t["data_type"] for t in rest["input"] + rest["output"]] == ["TYPE_STRING"] * 4
     tensors = [*over_grpc.input, *over_grpc.output]
     assert [model_config_pb2.DataType.Name(t.data_type) for t in tensors] == ["TYPE_STRING"] * 4
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_sequence_model_s_inputs_are_those_a_client_sends(
+    triton_server: Any, protocol: str
+) -> None:
+    """simple_sequence's START and READY are control inputs: the server fills them and refuses a
+    request that sends one. Its metadata and configuration listed them among the inputs, so a
+    client that builds its request from them (perf_analyzer does) was refused every time; as
+    Triton's, they list INPUT alone, and a request built from them is served."""
+    ports = triton_server.server.state.ports
+    if protocol == "http":
+        client: Any = httpclient.InferenceServerClient(f"127.0.0.1:{ports.inference}")
+        meta = client.get_model_metadata("simple_sequence")
+        config = client.get_model_config("simple_sequence")
+    else:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+        meta = client.get_model_metadata("simple_sequence", as_json=True)
+        config = client.get_model_config("simple_sequence", as_json=True)["config"]
+    try:
+        assert [t["name"] for t in meta["inputs"]] == ["INPUT"]
+        assert [t["name"] for t in config["input"]] == ["INPUT"]
+        module = httpclient if protocol == "http" else grpcclient
+        tensors = []
+        for spec in meta["inputs"]:  # as a client that reads the metadata builds its request
+            tensor = module.InferInput(spec["name"], [1, 1], spec["datatype"])
+            tensor.set_data_from_numpy(np.array([[7]], dtype=np.int32))
+            tensors.append(tensor)
+        seq = 4242 if protocol == "http" else 4243
+        result = client.infer("simple_sequence", tensors, sequence_id=seq, sequence_start=True)
+        assert result.as_numpy("OUTPUT").tolist() == [[8]]  # INPUT + START
+        client.infer("simple_sequence", tensors, sequence_id=seq, sequence_end=True)
+    finally:
+        client.close()
+
+
+def test_a_sequence_model_s_config_has_triton_s_sequence_batching(
+    triton_store: Path, control_server: Any
+) -> None:
+    """A sequence model's configuration showed dynamic_batching, which tells a Triton client
+    (perf_analyzer decides by it) that requests need no sequence: every one it sent was refused.
+    It shows sequence_batching, with the control inputs the server fills, and the configuration
+    read over either protocol loads back unchanged, one field changed."""
+    store = control_server.server.config.model_store
+    for old in store.glob("*.mar"):
+        old.unlink()
+    shutil.copy(triton_store / "simple_sequence.mar", store)
+    ports = control_server.server.state.ports
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{ports.inference}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+    try:
+        http.load_model("simple_sequence")
+        config = http.get_model_config("simple_sequence")
+        over_grpc = grpc.get_model_config("simple_sequence", as_json=True)["config"]
+        for shown in (config, over_grpc):
+            assert "dynamic_batching" not in shown
+            section = shown["sequence_batching"]
+            assert int(section["max_sequence_idle_microseconds"]) == 10_000_000
+            assert "oldest" in section  # TorchServe's and Triton's default strategy
+            assert [c["name"] for c in section["control_input"]] == ["START", "READY"]
+        kinds = [c["control"][0]["kind"] for c in config["sequence_batching"]["control_input"]]
+        assert kinds == ["CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_READY"]
+        http.load_model("simple_sequence", config=json.dumps({**config, "max_batch_size": 4}))
+        assert http.get_model_config("simple_sequence")["max_batch_size"] == 4
+        grpc.load_model("simple_sequence", config=json.dumps(over_grpc))
+        assert http.get_model_config("simple_sequence")["max_batch_size"] == 8
+        changed = {**config, "sequence_batching": {"direct": {}}}
+        with pytest.raises(InferenceServerException, match="sequence_batching cannot change"):
+            http.load_model("simple_sequence", config=json.dumps(changed))
+    finally:
+        http.unload_model("simple_sequence")
+        http.close(), grpc.close()

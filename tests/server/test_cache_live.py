@@ -1,7 +1,7 @@
 """The response cache on a real server, over every protocol: TorchServe REST and gRPC, OIP REST
 (httpx and tritonclient.http) and OIP gRPC (tritonclient.grpc). A hit is told from a miss by the
-statistics: a hit adds to ``cache_hit`` and ``inference_count`` but no batch runs
-(``execution_count`` unchanged); a miss runs one.
+statistics: a hit adds to ``cache_hit`` and ``success`` but no batch runs (``execution_count``
+unchanged) and, as Triton counts, no inference (``inference_count`` unchanged); a miss runs one.
 
 Models (real archives, our archiver): ``sub`` (TorchScript ``a - b``, the tensor handler; cache
 of at most 2 answers), ``probe`` 1.0 and 2.0 (the probe handler, JSON in and out), ``stream``
@@ -95,7 +95,7 @@ def _moved(server: LiveServer, name: str, version: str, run: Callable[[], Any]) 
     return {k: after[k] - before[k] for k in after}
 
 
-HIT = {"hit": 1, "miss": 0, "executed": 0, "inferences": 1, "success": 1}
+HIT = {"hit": 1, "miss": 0, "executed": 0, "inferences": 0, "success": 1}
 MISS = {"hit": 0, "miss": 1, "executed": 1, "inferences": 1, "success": 1}
 UNCACHED = {"hit": 0, "miss": 0, "executed": 1, "inferences": 1, "success": 1}
 

@@ -172,7 +172,7 @@ def test_a_scale_and_a_repository_load_of_one_version_take_turns(
         gate.unlink()
         started.unlink()
         scaled = f"{live.management_url}/models/gated?min_worker=3&synchronous=true"
-        one = json.dumps({"instance_group": [{"count": 1, "kind": "KIND_CPU"}]})
+        one = json.dumps({"instance_group": [{"count": 1}]})
         load = f"{live.url}/v2/repository/models/gated/load"
         with ThreadPoolExecutor(2) as pool:
             scale = pool.submit(httpx.put, scaled, timeout=120)

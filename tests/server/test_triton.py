@@ -95,7 +95,7 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
     assert [e["name"] for e in ready] == ["one"]
 
     config = {"max_batch_size": 4, "dynamic_batching": {"max_queue_delay_microseconds": 2000},
-              "instance_group": [{"count": 1, "kind": "KIND_CPU"}]}  # fmt: skip
+              "instance_group": [{"count": 1}]}  # fmt: skip
     client.load_model("two", config=json.dumps(config))
     assert client.is_model_ready("two")
     loaded = client.get_model_config("two")
@@ -132,6 +132,18 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
          "whole numbers"),
         ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
             "max_queue_delay_microseconds": 0.5}})}}, 400, "whole numbers"),
+        # what a load does not apply is refused, not ignored (it answered 200, unchanged)
+        ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
+            "max_queue_delay_microseconds": 100, "priority_levels": 3}})}}, 400,
+         "dynamic_batching cannot change"),
+        ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
+            "preferred_batch_size": [4]}})}}, 400, "max_queue_delay_microseconds alone"),
+        ("two", {"parameters": {"config": json.dumps({"dynamic_batching": {
+            "default_queue_policy": {"max_queue_size": 5}}})}}, 400, "dynamic_batching"),
+        ("two", {"parameters": {"config": json.dumps({"instance_group": [
+            {"count": 1, "gpus": [0]}]})}}, 400, "instance_group cannot change"),
+        ("two", {"parameters": {"config": json.dumps({"instance_group": [
+            {"count": 1, "kind": "KIND_MODEL"}]})}}, 400, "the kind is the server's devices'"),
     ],
 )  # fmt: skip
 def test_load_refusals(server: LiveServer, name: str, body: dict, status: int, fragment) -> None:
@@ -150,7 +162,7 @@ def test_loading_a_loaded_model_with_a_config_reloads_it_with_that_config(
     config = {
         "max_batch_size": 3,
         "dynamic_batching": {"max_queue_delay_microseconds": 1500},
-        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+        "instance_group": [{"count": 2}],
     }
     client.load_model("one", config=json.dumps(config))
     try:
@@ -201,7 +213,7 @@ def test_a_load_takes_back_the_config_the_server_gave(server: LiveServer, client
     assert "two" not in server.server.registry.models
 
 
-@pytest.mark.parametrize("groups", [[{"count": 0}], [{"count": -2, "kind": "KIND_CPU"}], []])
+@pytest.mark.parametrize("groups", [[{"count": 0}], [{"count": -2, "kind": "KIND_AUTO"}], []])
 def test_load_with_an_instance_count_below_one_takes_one(
     server: LiveServer, client, groups: list
 ) -> None:
