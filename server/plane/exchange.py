@@ -142,6 +142,8 @@ class Exchange:
         if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
             names = self.model.settings.sequence_headers
             wire, sequence = sequence_of(wire, self._max_size(), names)
+        # Read before the look-up: a hit is counted at its priority level as any answer.
+        schedule = self._leveled(schedule_of(wire, self._max_size()))
         lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:
             return self._answered(wire, lookup.hit)
@@ -149,7 +151,6 @@ class Exchange:
         table = regions() if regions is not None else None
         if table is not None and wire.protocol == "v2":  # its tensors may sit in shared memory
             wire = dataclasses.replace(wire, regions=table)
-        schedule = self._leveled(schedule_of(wire, self._max_size()))
         item = self.model.admit_reader(wire, sequence=sequence, schedule=schedule)
         self.items.append(item)
         if self.trace is not None:

@@ -38,7 +38,14 @@ SUB = {
     "outputs": [{"name": "diff", "datatype": "FP32", "shape": [-1, 3]}],
 }
 MODELS = {
-    "sub": {"1": {"marName": "sub.mar", "responseCache": {"enable": True, "maxEntries": 2}}},
+    "sub": {
+        "1": {
+            "marName": "sub.mar",
+            "responseCache": {"enable": True, "maxEntries": 2},
+            "priorityLevels": 2,
+            "defaultPriorityLevel": 2,
+        }
+    },
     "probe": {
         "1.0": {"marName": "probe.mar", "responseCache": True, "defaultVersion": True},
         "2.0": {"marName": "probe-v2.mar", "responseCache": True},
@@ -161,6 +168,29 @@ def test_oip_rest_json_repeats_are_hits_and_what_differs_misses(server: LiveServ
     ]
     for other in different:
         assert _moved(server, "sub", "1", lambda o=other: _post(server, url, json=o)) == MISS
+
+
+def _level_answers(server: LiveServer) -> list[dict[str, int]]:
+    """``sub``'s answers by priority level (describe's ``queueLevels``), level 1 first."""
+    server.recorded()
+    described = httpx.get(f"{server.management_url}/models/sub", timeout=30).json()[0]
+    return [level["requests"] for level in described["queueLevels"]]
+
+
+def test_a_hit_is_counted_at_its_priority_level(server: LiveServer) -> None:
+    """A hit is an answered request of its level: describe's and the metrics' per-level counts
+    hold it, as the request's other counters do."""
+    body = _v2(A * 5, parameters={"priority": 1})
+    before = _level_answers(server)
+    assert (
+        _moved(server, "sub", "1", lambda: _post(server, "/v2/models/sub/infer", json=body)) == MISS
+    )
+    assert (
+        _moved(server, "sub", "1", lambda: _post(server, "/v2/models/sub/infer", json=body)) == HIT
+    )
+    after = _level_answers(server)
+    assert after[0].get("200", 0) - before[0].get("200", 0) == 2
+    assert after[1] == before[1]
 
 
 def _inputs(module: Any, a: np.ndarray) -> list[Any]:
