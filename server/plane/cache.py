@@ -11,10 +11,12 @@ the content type, the query string, the request headers (all but the transport's
 how the body travelled, not what it says) and the body's bytes, which hold the input tensors'
 bytes, datatypes and shapes, the requested outputs, the parameters and the OIP ``id``. A request
 that differs from a stored one in any of these (another ``id`` too: it is echoed in the answer)
-is another key. The entries live per model version object: a version unloaded and loaded again is
-a new object with an empty cache, and a repository load of a loaded model clears its cache, so
-no answer is ever served across versions or reloads. An unloaded or unregistered version's answers
-are freed then (Triton's unload, the plane's sweep after TorchServe's unregister).
+is another key. Its priority and timeout are not in the key: they say when it runs, not what
+it answers (Triton's key has neither). The entries live per model version object: a version
+unloaded and loaded again is a new object with an empty cache, and a repository load of a
+loaded model clears its cache, so no answer is ever served across versions or reloads. An
+unloaded or unregistered version's answers are freed then (Triton's unload, the plane's sweep
+after TorchServe's unregister).
 
 Never cached: a streaming call (``/generate_stream``, ``ModelStreamInfer``,
 ``StreamPredictions[2]``) or an answer that streamed, a sequence request (``sequence_id`` in an
@@ -31,6 +33,7 @@ than ``maxBytes`` is not stored. Torch-free.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 import weakref
@@ -38,6 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
 
 if TYPE_CHECKING:
@@ -56,6 +60,11 @@ _TRANSPORT = (
 _SWITCH = b"cache-control:"
 _ENCODED = b"content-encoding:"
 _OFF = (b"no-store", b"no-cache")
+# A request's priority and timeout (plane/schedule.py): when it runs, not what it answers.
+_SCHEDULE_HEADERS = (b"x-torchbay-priority:", b"x-torchbay-timeout-us:")
+_SCHEDULE_PARAMS = frozenset(("priority", "timeout"))
+_SCHEDULE_MARKS = (b'"priority"', b'"timeout"')
+_HEAD_LENGTH = b"inference-header-content-length:"
 # The calls that stream by their nature: a streaming client is never answered from the cache.
 _STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
 # In an OIP body: a sequence's request, or a tensor in a shared-memory region.
@@ -203,17 +212,45 @@ class ResponseCache:
 def request_key(wire: p.WireRequest) -> bytes | None:
     """The digest of what can change ``wire``'s answer, or None when it must not be cached
     (the switch-off, a sequence, a shared-memory region, a compressed body). 32 bytes: a client
-    that could make two requests collide could have one answered with the other's answer."""
+    that could make two requests collide could have one answered with the other's answer.
+    The request's priority and timeout say when it runs, not what it answers: they are left
+    out (Triton's key has neither), so a repeat at another priority or timeout is a hit."""
     h = hashlib.blake2b(digest_size=32)
     h.update(f"{wire.protocol}\0{wire.content_type}\0{wire.query}\0".encode("utf-8", "replace"))
-    if not _hash_headers(h, wire.raw_headers, wire.headers):
-        return None
-    body = wire.body
-    if wire.protocol == "v2" and _names_uncacheable(body):
+    body, skipped = wire.body, _SCHEDULE_HEADERS
+    parts: list[bytes | memoryview] = [body]
+    if wire.protocol == "v2":
+        if _names_uncacheable(body):
+            return None
+        head = json_header(wire)  # the JSON, then (binary extension) the tensors' bytes
+        if len(head) < len(body):
+            skipped += (_HEAD_LENGTH,)  # the JSON's length: its prefix below
+        plain = _unscheduled(head)
+        parts = [len(plain).to_bytes(8, "big"), plain, memoryview(body)[len(head) :]]
+    if not _hash_headers(h, wire.raw_headers, wire.headers, skipped):
         return None
     h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
-    h.update(body)
+    for part in parts:
+        h.update(part)
     return h.digest()
+
+
+def _unscheduled(head: bytes) -> bytes:
+    """An OIP request's JSON without the ``priority`` and ``timeout`` of its ``parameters``
+    (and without ``parameters`` left empty), written compactly; ``head`` itself when it has
+    neither (or is not a JSON object: the worker answers its 400)."""
+    if not any(mark in head for mark in _SCHEDULE_MARKS):
+        return head
+    try:
+        doc = json.loads(head)
+    except (ValueError, RecursionError):
+        return head
+    params = doc.get("parameters") if isinstance(doc, dict) else None
+    if not isinstance(params, dict) or not params.keys() & _SCHEDULE_PARAMS:
+        return head
+    rest = {k: v for k, v in params.items() if k not in _SCHEDULE_PARAMS}
+    doc = {k: rest if k == "parameters" else v for k, v in doc.items() if k != "parameters" or rest}
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _names_uncacheable(body: bytes) -> bool:
@@ -228,9 +265,12 @@ def _names_uncacheable(body: bytes) -> bool:
     return any(marker in plain for marker in _UNCACHEABLE_V2)
 
 
-def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:
-    """Add the headers that reach the handler to ``h`` (HTTP's raw lines, or gRPC's metadata);
-    False when one says not to cache (the switch-off, a sequence id, a compressed body)."""
+def _hash_headers(
+    h: Any, raw: bytes, headers: Mapping[str, str], skipped: tuple[bytes, ...]
+) -> bool:
+    """Add the headers that reach the handler to ``h`` (HTTP's raw lines, or gRPC's metadata),
+    but the ``skipped`` ones; False when one says not to cache (the switch-off, a sequence id,
+    a compressed body)."""
     lines = raw.split(b"\r\n") if raw else []
     lines += [f"{k}: {v}".encode("utf-8", "replace") for k, v in sorted(headers.items())]
     for line in lines:
@@ -241,6 +281,7 @@ def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:
             return False
         if low.startswith(_ENCODED) and not low.endswith(b"identity"):
             return False  # a compressed body hides what the checks of ``request_key`` read
-        if not low.startswith(_TRANSPORT):  # length-prefixed: no line can pass for the body
+        if not low.startswith(_TRANSPORT) and not low.startswith(skipped):
+            # length-prefixed: no line can pass for the body
             h.update(len(line).to_bytes(4, "big") + line)
     return True

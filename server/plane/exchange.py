@@ -51,7 +51,7 @@ from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.parts import NO_PARTS, Parts
-from torchbay.server.serving.priority import Schedule
+from torchbay.server.serving.priority import Schedule, level_of
 from torchbay.server.serving.queue import Pending, clock
 
 if TYPE_CHECKING:
@@ -146,6 +146,7 @@ class Exchange:
         schedule = self._leveled(schedule_of(wire, self._max_size()))
         lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:
+            level_of(self.model.queue.levels, schedule)  # the queue's 400, a hit's too
             return self._answered(wire, lookup.hit)
         regions = self.wiring.regions
         table = regions() if regions is not None else None

@@ -68,6 +68,30 @@ def test_the_key_holds_what_can_change_the_answer() -> None:
     assert request_key(grpc) != request_key(replace(grpc, headers={"x-tenant": "b"}))
 
 
+def test_priority_and_timeout_are_not_in_the_key() -> None:
+    """They say when a request runs, not what it answers (Triton's key has neither): over OIP
+    (its parameters, REST's JSON or the binary extension's, gRPC's) and the TorchServe API (the
+    x-torchbay headers), another priority or timeout is the same key; other parameters are not."""
+    doc = json.loads(V2_BODY)
+
+    def v2(*head: bytes, tail: bytes = b"", **params: Any) -> WireRequest:
+        body = json.dumps({"parameters": params, **doc} if params else doc, separators=(",", ":"))
+        length = [b"inference-header-content-length: %d" % len(body)] if tail else []
+        return _http(body + tail.decode(), *head, *length)
+
+    base = request_key(v2())
+    for params in ({"priority": 1}, {"priority": 2, "timeout": 10}, {"timeout": 5}):
+        assert request_key(v2(**params)) == base, params
+    assert request_key(v2(priority=1, note="x")) == request_key(v2(priority=2, note="x")) != base
+    binary = request_key(v2(tail=b"\x01\x02"))
+    assert request_key(v2(tail=b"\x01\x02", timeout=9)) == binary != base
+    assert request_key(v2(tail=b"\x01\x03", timeout=9)) != binary  # the tensors' bytes still
+    grpc = WireRequest("1", b"{}", "", headers={"x-torchbay-priority": "1"}, protocol="predict")
+    assert request_key(grpc) == request_key(replace(grpc, headers={}))
+    ts = _http("{}", b"x-torchbay-priority: 2", b"x-torchbay-timeout-us: 9", protocol="predict")
+    assert request_key(ts) == request_key(_http("{}", protocol="predict"))
+
+
 @pytest.mark.parametrize(
     "wire",
     [

@@ -193,6 +193,36 @@ def test_a_hit_is_counted_at_its_priority_level(server: LiveServer) -> None:
     assert after[1] == before[1]
 
 
+def test_another_priority_or_timeout_is_a_hit(server: LiveServer) -> None:
+    """Priority and timeout say when a request runs, not what it answers: Triton's key has
+    neither. A priority the model has no level for is still the queue's 400, hit or not."""
+    url = "/v2/models/sub/infer"
+    first = _v2(A * 6, parameters={"priority": 2, "timeout": 5_000_000})
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=first)) == MISS
+    for params in ({"priority": 1}, {"timeout": 7_000_000}, {"priority": 1, "timeout": 9}):
+        again = _v2(A * 6, parameters=params)
+        assert _moved(server, "sub", "1", lambda a=again: _post(server, url, json=a)) == HIT
+    refused = httpx.post(f"{server.url}{url}", json=_v2(A * 6, parameters={"priority": 3}))
+    assert refused.status_code == 400 and "priority" in refused.text, refused.text
+    client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    try:
+        a = A * 7
+        assert (
+            _moved(server, "sub", "1", lambda: _infer(triton_grpc, client, a, priority=1)) == MISS
+        )
+        for kw in ({"priority": 2}, {"timeout": 4_000_000}):
+            assert (
+                _moved(server, "sub", "1", lambda k=kw: _infer(triton_grpc, client, a, **k)) == HIT
+            )
+    finally:
+        client.close()
+    body, timeout = {"echo": "scheduled"}, {"x-torchbay-timeout-us": "5000000"}
+    _post(server, "/predictions/probe", json=body)
+    assert _posted(server, "probe", "1.0", "/predictions/probe", json=body, headers=timeout) == HIT
+
+
 def _inputs(module: Any, a: np.ndarray) -> list[Any]:
     inputs = []
     for name, array in (("a", a), ("b", B)):
