@@ -9,14 +9,14 @@ stream. So every protocol (TorchServe and OIP, REST and gRPC) has it, and none h
 The key is a blake2b digest of what reaches the handler and can change its answer: the protocol,
 the content type, the query string, the request headers (all but the transport's own, which say
 how the body travelled, not what it says) and the body's bytes, which hold the input tensors'
-bytes, datatypes and shapes, the requested outputs, the parameters and the OIP ``id``. A request
-that differs from a stored one in any of these (another ``id`` too: it is echoed in the answer)
-is another key. Its priority and timeout are not in the key: they say when it runs, not what
-it answers (Triton's key has neither). The entries live per model version object: a version
-unloaded and loaded again is a new object with an empty cache, and a repository load of a
-loaded model clears its cache, so no answer is ever served across versions or reloads. An
-unloaded or unregistered version's answers are freed then (Triton's unload, the plane's sweep
-after TorchServe's unregister).
+bytes, datatypes and shapes, the requested outputs and the parameters. A request that differs
+from a stored one in any of these is another key. Its priority and timeout are not in the key:
+they say when it runs, not what it answers; nor is an OIP request's ``id``, put back into a hit's
+answer (``cache_ids.py``; Triton's key has none of them). The entries live per model version
+object: a version unloaded and loaded again is a new object with an empty cache, and a
+repository load of a loaded model clears its cache, so no answer is ever served across versions
+or reloads. An unloaded or unregistered version's answers are freed then (Triton's unload, the
+plane's sweep after TorchServe's unregister).
 
 Never cached: a streaming call (``/generate_stream``, ``ModelStreamInfer``,
 ``StreamPredictions[2]``) or an answer that streamed, a sequence request (``sequence_id`` in an
@@ -41,6 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from torchbay.server.plane.cache_ids import with_id, without_id
 from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
 
@@ -65,6 +66,9 @@ _SCHEDULE_HEADERS = (b"x-torchbay-priority:", b"x-torchbay-timeout-us:")
 _SCHEDULE_PARAMS = frozenset(("priority", "timeout"))
 _SCHEDULE_MARKS = (b'"priority"', b'"timeout"')
 _HEAD_LENGTH = b"inference-header-content-length:"
+_MARKS = (*_SCHEDULE_MARKS, b'"id"')
+# A look-up's key, whether the OIP id is out of it, and the request's id (cache_ids.py).
+Keyed = tuple[bytes, bool, "str | None"]
 # The calls that stream by their nature: a streaming client is never answered from the cache.
 _STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
 # In an OIP body: a sequence's request, or a tensor in a shared-memory region.
@@ -128,20 +132,22 @@ class VersionCache:
 class Lookup:
     """One cacheable request's look-up: its key, and the stored answer on a hit."""
 
-    __slots__ = ("_counted", "cache", "hit", "key", "model", "spent")
+    __slots__ = ("_counted", "anonymous", "cache", "hit", "key", "model", "spent")
 
     def __init__(
         self,
         model: ModelVersion,
         cache: VersionCache,
-        key: bytes,
+        keyed: Keyed,
         counted: Counted,
         started: float,
     ) -> None:
         self.model = model
         self.cache = cache
-        self.key = key
-        self.hit = cache.get(key)
+        self.key, self.anonymous, rid = keyed
+        found = cache.get(self.key)
+        # An OIP answer is held without its id (cache_ids.py): the asking request's is put in.
+        self.hit = found if found is None or not self.anonymous else with_id(found, rid)
         self._counted = counted
         self.spent = time.perf_counter() - started  # the key's digest and the look-up
         if self.hit is not None:
@@ -153,7 +159,10 @@ class Lookup:
         ``cache_miss``; the inference between them is not the cache's)."""
         started = time.perf_counter()
         if response is not None and response.status == 200 and not response.partial:
-            self.cache.put(self.key, response)
+            limit = self.cache.settings.max_bytes
+            held = without_id(response, limit) if self.anonymous else response
+            if held is not None:  # (None: it does not inflate within maxBytes)
+                self.cache.put(self.key, held)
         self._counted(self.model, False, self.spent + time.perf_counter() - started)
 
 
@@ -188,8 +197,8 @@ class ResponseCache:
         if cache is None or path.endswith(_STREAMING):
             return None
         started = time.perf_counter()
-        key = request_key(wire)
-        return None if key is None else Lookup(mv, cache, key, self._counted, started)
+        found = keyed(wire)
+        return None if found is None else Lookup(mv, cache, found, self._counted, started)
 
     def clear(self, mv: ModelVersion) -> None:
         """Forget ``mv``'s answers (a repository load of the loaded model reloads it)."""
@@ -210,14 +219,22 @@ class ResponseCache:
 
 
 def request_key(wire: p.WireRequest) -> bytes | None:
+    """:func:`keyed`'s key alone."""
+    found = keyed(wire)
+    return None if found is None else found[0]
+
+
+def keyed(wire: p.WireRequest) -> Keyed | None:
     """The digest of what can change ``wire``'s answer, or None when it must not be cached
     (the switch-off, a sequence, a shared-memory region, a compressed body). 32 bytes: a client
     that could make two requests collide could have one answered with the other's answer.
     The request's priority and timeout say when it runs, not what it answers: they are left
-    out (Triton's key has neither), so a repeat at another priority or timeout is a hit."""
+    out (Triton's key has neither), so a repeat at another priority or timeout is a hit. So is
+    an OIP request's ``id`` (Triton's key has none): a hit's answer gets its own
+    (``cache_ids.py``). (key, whether the id is out of it, the request's id)."""
     h = hashlib.blake2b(digest_size=32)
     h.update(f"{wire.protocol}\0{wire.content_type}\0{wire.query}\0".encode("utf-8", "replace"))
-    body, skipped = wire.body, _SCHEDULE_HEADERS
+    body, skipped, anonymous, rid = wire.body, _SCHEDULE_HEADERS, False, None
     parts: list[bytes | memoryview] = [body]
     if wire.protocol == "v2":
         if _names_uncacheable(body):
@@ -225,31 +242,40 @@ def request_key(wire: p.WireRequest) -> bytes | None:
         head = json_header(wire)  # the JSON, then (binary extension) the tensors' bytes
         if len(head) < len(body):
             skipped += (_HEAD_LENGTH,)  # the JSON's length: its prefix below
-        plain = _unscheduled(head)
+        anonymous = True  # its answer is held without its id
+        plain, rid = _unscheduled(head)
         parts = [len(plain).to_bytes(8, "big"), plain, memoryview(body)[len(head) :]]
     if not _hash_headers(h, wire.raw_headers, wire.headers, skipped):
         return None
     h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
     for part in parts:
         h.update(part)
-    return h.digest()
+    return h.digest(), anonymous, rid
 
 
-def _unscheduled(head: bytes) -> bytes:
+def _unscheduled(head: bytes) -> tuple[bytes, str | None]:
     """An OIP request's JSON without the ``priority`` and ``timeout`` of its ``parameters``
-    (and without ``parameters`` left empty), written compactly; ``head`` itself when it has
-    neither (or is not a JSON object: the worker answers its 400)."""
-    if not any(mark in head for mark in _SCHEDULE_MARKS):
-        return head
+    (and without ``parameters`` left empty) and without its ``id``, written
+    compactly; and that id. ``head`` itself when it has none of them (or is not a JSON object,
+    or its id is not a string: the worker answers its 400)."""
+    if not any(mark in head for mark in _MARKS):
+        return head, None
     try:
         doc = json.loads(head)
     except (ValueError, RecursionError):
-        return head
-    params = doc.get("parameters") if isinstance(doc, dict) else None
+        return head, None
+    if not isinstance(doc, dict) or not isinstance(doc.get("id", ""), str):
+        return head, None
+    rid = doc.pop("id", None)
+    params = doc.get("parameters")
     if not isinstance(params, dict) or not params.keys() & _SCHEDULE_PARAMS:
-        return head
+        return (head, None) if rid is None else (_compact(doc), rid)
     rest = {k: v for k, v in params.items() if k not in _SCHEDULE_PARAMS}
     doc = {k: rest if k == "parameters" else v for k, v in doc.items() if k != "parameters" or rest}
+    return _compact(doc), rid
+
+
+def _compact(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 

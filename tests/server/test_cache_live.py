@@ -160,8 +160,12 @@ def test_oip_rest_json_repeats_are_hits_and_what_differs_misses(server: LiveServ
     hit: list[httpx.Response] = []
     assert _moved(server, "sub", "1", lambda: hit.append(_post(server, url, json=body))) == HIT
     assert hit[0].json()["id"] == "j1" and hit[0].json()["outputs"][0]["data"] == [4.0, 5.0, 6.0]
+    # Another id is a hit (Triton's key has none) answered with its own id; httpx takes gzip,
+    # so the answer came compressed: it is held inflated.
+    other_id = lambda: hit.append(_post(server, url, json=_v2(A, id="j2")))  # noqa: E731
+    assert _moved(server, "sub", "1", other_id) == HIT
+    assert hit[1].json() == {**hit[0].json(), "id": "j2"}
     different = [
-        _v2(A, id="j2"),  # another id: echoed in the answer
         _v2(A + 1, id="j1"),  # other input bytes
         _v2(A, id="j1", outputs=[{"name": "diff"}]),  # other requested outputs
         _v2(A, id="j1", parameters={"note": 1}),  # other parameters
@@ -191,6 +195,38 @@ def test_a_hit_is_counted_at_its_priority_level(server: LiveServer) -> None:
     after = _level_answers(server)
     assert after[0].get("200", 0) - before[0].get("200", 0) == 2
     assert after[1] == before[1]
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_another_request_id_is_a_hit_answered_with_its_own_id(
+    server: LiveServer, kind: str
+) -> None:
+    """Triton's key has no request id: tritonclient's request_id does not keep a repeat from
+    being a hit, and the hit's answer carries the asking request's id (binary outputs too)."""
+    ports = server.server.state.ports
+    if kind == "http":
+        module: Any = triton_http
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}")
+    else:
+        module = triton_grpc
+        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+    a = A * (8 if kind == "http" else 9)
+    out = [module.InferRequestedOutput("diff")]
+    answers: list[Any] = []
+
+    def infer(rid: str) -> None:
+        answers.append(client.infer("sub", _inputs(module, a), outputs=out, request_id=rid))
+
+    try:
+        assert _moved(server, "sub", "1", lambda: infer("first")) == MISS
+        assert _moved(server, "sub", "1", lambda: infer("second")) == HIT
+        assert _moved(server, "sub", "1", lambda: infer("first")) == HIT
+    finally:
+        client.close()
+    ids = [r.get_response()["id"] if kind == "http" else r.get_response().id for r in answers]
+    assert ids == ["first", "second", "first"]
+    for answer in answers:
+        np.testing.assert_array_equal(answer.as_numpy("diff"), a - B)
 
 
 def test_another_priority_or_timeout_is_a_hit(server: LiveServer) -> None:
@@ -311,7 +347,7 @@ def test_a_request_in_shared_memory_is_never_cached(server: LiveServer) -> None:
 
 def test_lru_holds_max_entries(server: LiveServer) -> None:
     url = "/v2/models/sub/infer"
-    bodies = [_v2(A, id=f"lru{i}") for i in range(3)]
+    bodies = [_v2(A + 100 + i) for i in range(3)]
     for body in bodies:  # the third pushes the first out (maxEntries 2)
         _post(server, url, json=body)
     assert _moved(server, "sub", "1", lambda: _post(server, url, json=bodies[2])) == HIT
