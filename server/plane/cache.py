@@ -239,6 +239,8 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
     if wire.protocol == "v2":
         if _names_uncacheable(body):
             return None
+        if wire.raw_headers.count(_HEAD_LENGTH) > 1:
+            return None  # two lengths: the key reads the first, the worker the last
         head = json_header(wire)  # the JSON, then (binary extension) the tensors' bytes
         if len(head) < len(body):
             skipped += (_HEAD_LENGTH,)  # the JSON's length: its prefix below

@@ -128,6 +128,9 @@ def test_priority_and_timeout_are_not_in_the_key() -> None:
     binary = request_key(v2(tail=b"\x01\x02"))
     assert request_key(v2(tail=b"\x01\x02", timeout=9)) == binary != base
     assert request_key(v2(tail=b"\x01\x03", timeout=9)) != binary  # the tensors' bytes still
+    # Two JSON lengths: the worker reads the last, the key would read the first: not cached.
+    twice = v2(b"inference-header-content-length: 3", tail=b"\x01\x02")
+    assert request_key(twice) is None
     grpc = WireRequest("1", b"{}", "", headers={"x-torchbay-priority": "1"}, protocol="predict")
     assert request_key(grpc) == request_key(replace(grpc, headers={}))
     ts = _http("{}", b"x-torchbay-priority: 2", b"x-torchbay-timeout-us: 9", protocol="predict")
