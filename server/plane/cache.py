@@ -67,7 +67,7 @@ _SCHEDULE_PARAMS = frozenset(("priority", "timeout"))
 _SCHEDULE_MARKS = (b'"priority"', b'"timeout"')
 _HEAD_LENGTH = b"inference-header-content-length:"
 _MARKS = (*_SCHEDULE_MARKS, b'"id"')
-# A look-up's key, whether the OIP id is out of it, and the request's id (cache_ids.py).
+# A look-up's key, whether it is an OIP request's (its id out of the key, cache_ids.py), its id.
 Keyed = tuple[bytes, bool, "str | None"]
 # The calls that stream by their nature: a streaming client is never answered from the cache.
 _STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
@@ -132,7 +132,7 @@ class VersionCache:
 class Lookup:
     """One cacheable request's look-up: its key, and the stored answer on a hit."""
 
-    __slots__ = ("_counted", "anonymous", "cache", "hit", "key", "model", "spent")
+    __slots__ = ("_counted", "cache", "hit", "key", "model", "oip", "spent")
 
     def __init__(
         self,
@@ -144,10 +144,10 @@ class Lookup:
     ) -> None:
         self.model = model
         self.cache = cache
-        self.key, self.anonymous, rid = keyed
+        self.key, self.oip, rid = keyed
         found = cache.get(self.key)
         # An OIP answer is held without its id (cache_ids.py): the asking request's is put in.
-        self.hit = found if found is None or not self.anonymous else with_id(found, rid)
+        self.hit = found if found is None or not self.oip else with_id(found, rid)
         self._counted = counted
         self.spent = time.perf_counter() - started  # the key's digest and the look-up
         if self.hit is not None:
@@ -155,13 +155,15 @@ class Lookup:
 
     def store(self, response: p.WireResponse | None) -> None:
         """A miss's first answer (None: it failed or its caller left): stored when it is a
-        whole 200 answer; the miss is counted with its look-up and insertion time (Triton's
-        ``cache_miss``; the inference between them is not the cache's)."""
+        whole 200 answer (with a body, over OIP); the miss is counted with its look-up and
+        insertion time (Triton's ``cache_miss``; the inference between them is not the cache's)."""
         started = time.perf_counter()
         if response is not None and response.status == 200 and not response.partial:
             limit = self.cache.settings.max_bytes
-            held = without_id(response, limit) if self.anonymous else response
-            if held is not None:  # (None: it does not inflate within maxBytes)
+            held = without_id(response, limit) if self.oip else response
+            # None: it does not inflate within maxBytes; an OIP answer with no body is the 500
+            # "The model gave no response" (Exchange.answers_once).
+            if held is not None and (held.body or not self.oip):
                 self.cache.put(self.key, held)
         self._counted(self.model, False, self.spent + time.perf_counter() - started)
 
@@ -234,7 +236,7 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
     (``cache_ids.py``). (key, whether the id is out of it, the request's id)."""
     h = hashlib.blake2b(digest_size=32)
     h.update(f"{wire.protocol}\0{wire.content_type}\0{wire.query}\0".encode("utf-8", "replace"))
-    body, skipped, anonymous, rid = wire.body, _SCHEDULE_HEADERS, False, None
+    body, skipped, oip, rid = wire.body, _SCHEDULE_HEADERS, False, None
     parts: list[bytes | memoryview] = [body]
     if wire.protocol == "v2":
         if _names_uncacheable(body):
@@ -244,7 +246,7 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
         head = json_header(wire)  # the JSON, then (binary extension) the tensors' bytes
         if len(head) < len(body):
             skipped += (_HEAD_LENGTH,)  # the JSON's length: its prefix below
-        anonymous = True  # its answer is held without its id
+        oip = True  # its answer is held without its id
         plain, rid = _unscheduled(head)
         parts = [len(plain).to_bytes(8, "big"), plain, memoryview(body)[len(head) :]]
     if not _hash_headers(h, wire.raw_headers, wire.headers, skipped):
@@ -252,7 +254,7 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
     h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
     for part in parts:
         h.update(part)
-    return h.digest(), anonymous, rid
+    return h.digest(), oip, rid
 
 
 def _unscheduled(head: bytes) -> tuple[bytes, str | None]:

@@ -323,6 +323,31 @@ def test_a_streamed_answer_is_never_cached(server: LiveServer) -> None:
     assert _posted(server, "stream", "1.0", "/predictions/stream", json=plain) == HIT
 
 
+def test_an_oip_answer_that_failed_is_never_a_hit(server: LiveServer) -> None:
+    """A handler that answers nothing (a generator that yields nothing) is OIP's 500 "The model
+    gave no response": a failure, never stored, so each time a miss that runs the model."""
+    ports = server.server.state.ports
+    clients = (
+        (triton_http, triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}")),
+        (triton_grpc, triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")),
+    )
+    failed = {"hit": 0, "miss": 1, "executed": 1, "inferences": 0, "success": 0}
+    try:
+        for module, client in clients:
+            tensor = module.InferInput("INPUT0", [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([b'{"yield": []}'], dtype=object))
+            for _ in range(2):
+
+                def refused(m: Any = module, c: Any = client, t: Any = tensor) -> None:
+                    with pytest.raises(m.InferenceServerException, match="gave no response"):
+                        c.infer("stream", [t])
+
+                assert _moved(server, "stream", "1.0", refused) == failed
+    finally:
+        for _, client in clients:
+            client.close()
+
+
 def test_a_request_in_shared_memory_is_never_cached(server: LiveServer) -> None:
     """The answer lives in the client's region: a stored one could not write it there."""
     client = triton_http.InferenceServerClient(f"127.0.0.1:{server.server.state.ports.inference}")
