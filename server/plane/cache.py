@@ -9,12 +9,14 @@ stream. So every protocol (TorchServe and OIP, REST and gRPC) has it, and none h
 The key is a blake2b digest of what reaches the handler and can change its answer: the protocol,
 the content type, the query string, the request headers (all but the transport's own, which say
 how the body travelled, not what it says) and the body's bytes, which hold the input tensors'
-bytes, datatypes and shapes, the requested outputs, the parameters and the OIP ``id``. A request
-that differs from a stored one in any of these (another ``id`` too: it is echoed in the answer)
-is another key. The entries live per model version object: a version unloaded and loaded again is
-a new object with an empty cache, and a repository load of a loaded model clears its cache, so
-no answer is ever served across versions or reloads. An unloaded or unregistered version's answers
-are freed then (Triton's unload, the plane's sweep after TorchServe's unregister).
+bytes, datatypes and shapes, the requested outputs and the parameters. A request that differs
+from a stored one in any of these is another key. Its priority and timeout are not in the key:
+they say when it runs, not what it answers; nor is an OIP request's ``id``, put back into a hit's
+answer (``cache_ids.py``; Triton's key has none of them). The entries live per model version
+object: a version unloaded and loaded again is a new object with an empty cache, and a
+repository load of a loaded model clears its cache, so no answer is ever served across versions
+or reloads. An unloaded or unregistered version's answers are freed then (Triton's unload, the
+plane's sweep after TorchServe's unregister).
 
 Never cached: a streaming call (``/generate_stream``, ``ModelStreamInfer``,
 ``StreamPredictions[2]``) or an answer that streamed, a sequence request (``sequence_id`` in an
@@ -31,6 +33,7 @@ than ``maxBytes`` is not stored. Torch-free.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 import weakref
@@ -38,6 +41,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from torchbay.server.plane.cache_ids import with_id, without_id
+from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
 
 if TYPE_CHECKING:
@@ -56,6 +61,14 @@ _TRANSPORT = (
 _SWITCH = b"cache-control:"
 _ENCODED = b"content-encoding:"
 _OFF = (b"no-store", b"no-cache")
+# A request's priority and timeout (plane/schedule.py): when it runs, not what it answers.
+_SCHEDULE_HEADERS = (b"x-torchbay-priority:", b"x-torchbay-timeout-us:")
+_SCHEDULE_PARAMS = frozenset(("priority", "timeout"))
+_SCHEDULE_MARKS = (b'"priority"', b'"timeout"')
+_HEAD_LENGTH = b"inference-header-content-length:"
+_MARKS = (*_SCHEDULE_MARKS, b'"id"')
+# A look-up's key, whether it is an OIP request's (its id out of the key, cache_ids.py), its id.
+Keyed = tuple[bytes, bool, "str | None"]
 # The calls that stream by their nature: a streaming client is never answered from the cache.
 _STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
 # In an OIP body: a sequence's request, or a tensor in a shared-memory region.
@@ -119,20 +132,22 @@ class VersionCache:
 class Lookup:
     """One cacheable request's look-up: its key, and the stored answer on a hit."""
 
-    __slots__ = ("_counted", "cache", "hit", "key", "model", "spent")
+    __slots__ = ("_counted", "cache", "hit", "key", "model", "oip", "spent")
 
     def __init__(
         self,
         model: ModelVersion,
         cache: VersionCache,
-        key: bytes,
+        keyed: Keyed,
         counted: Counted,
         started: float,
     ) -> None:
         self.model = model
         self.cache = cache
-        self.key = key
-        self.hit = cache.get(key)
+        self.key, self.oip, rid = keyed
+        found = cache.get(self.key)
+        # An OIP answer is held without its id (cache_ids.py): the asking request's is put in.
+        self.hit = found if found is None or not self.oip else with_id(found, rid)
         self._counted = counted
         self.spent = time.perf_counter() - started  # the key's digest and the look-up
         if self.hit is not None:
@@ -140,11 +155,16 @@ class Lookup:
 
     def store(self, response: p.WireResponse | None) -> None:
         """A miss's first answer (None: it failed or its caller left): stored when it is a
-        whole 200 answer; the miss is counted with its look-up and insertion time (Triton's
-        ``cache_miss``; the inference between them is not the cache's)."""
+        whole 200 answer (with a body, over OIP); the miss is counted with its look-up and
+        insertion time (Triton's ``cache_miss``; the inference between them is not the cache's)."""
         started = time.perf_counter()
         if response is not None and response.status == 200 and not response.partial:
-            self.cache.put(self.key, response)
+            limit = self.cache.settings.max_bytes
+            held = without_id(response, limit) if self.oip else response
+            # None: it does not inflate within maxBytes; an OIP answer with no body is the 500
+            # "The model gave no response" (Exchange.answers_once).
+            if held is not None and (held.body or not self.oip):
+                self.cache.put(self.key, held)
         self._counted(self.model, False, self.spent + time.perf_counter() - started)
 
 
@@ -179,8 +199,8 @@ class ResponseCache:
         if cache is None or path.endswith(_STREAMING):
             return None
         started = time.perf_counter()
-        key = request_key(wire)
-        return None if key is None else Lookup(mv, cache, key, self._counted, started)
+        found = keyed(wire)
+        return None if found is None else Lookup(mv, cache, found, self._counted, started)
 
     def clear(self, mv: ModelVersion) -> None:
         """Forget ``mv``'s answers (a repository load of the loaded model reloads it)."""
@@ -201,19 +221,66 @@ class ResponseCache:
 
 
 def request_key(wire: p.WireRequest) -> bytes | None:
+    """:func:`keyed`'s key alone."""
+    found = keyed(wire)
+    return None if found is None else found[0]
+
+
+def keyed(wire: p.WireRequest) -> Keyed | None:
     """The digest of what can change ``wire``'s answer, or None when it must not be cached
     (the switch-off, a sequence, a shared-memory region, a compressed body). 32 bytes: a client
-    that could make two requests collide could have one answered with the other's answer."""
+    that could make two requests collide could have one answered with the other's answer.
+    The request's priority and timeout say when it runs, not what it answers: they are left
+    out (Triton's key has neither), so a repeat at another priority or timeout is a hit. So is
+    an OIP request's ``id`` (Triton's key has none): a hit's answer gets its own
+    (``cache_ids.py``). (key, whether the id is out of it, the request's id)."""
     h = hashlib.blake2b(digest_size=32)
     h.update(f"{wire.protocol}\0{wire.content_type}\0{wire.query}\0".encode("utf-8", "replace"))
-    if not _hash_headers(h, wire.raw_headers, wire.headers):
-        return None
-    body = wire.body
-    if wire.protocol == "v2" and _names_uncacheable(body):
+    body, skipped, oip, rid = wire.body, _SCHEDULE_HEADERS, False, None
+    parts: list[bytes | memoryview] = [body]
+    if wire.protocol == "v2":
+        if _names_uncacheable(body):
+            return None
+        if wire.raw_headers.count(_HEAD_LENGTH) > 1:
+            return None  # two lengths: the key reads the first, the worker the last
+        head = json_header(wire)  # the JSON, then (binary extension) the tensors' bytes
+        if len(head) < len(body):
+            skipped += (_HEAD_LENGTH,)  # the JSON's length: its prefix below
+        oip = True  # its answer is held without its id
+        plain, rid = _unscheduled(head)
+        parts = [len(plain).to_bytes(8, "big"), plain, memoryview(body)[len(head) :]]
+    if not _hash_headers(h, wire.raw_headers, wire.headers, skipped):
         return None
     h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
-    h.update(body)
-    return h.digest()
+    for part in parts:
+        h.update(part)
+    return h.digest(), oip, rid
+
+
+def _unscheduled(head: bytes) -> tuple[bytes, str | None]:
+    """An OIP request's JSON without the ``priority`` and ``timeout`` of its ``parameters``
+    (and without ``parameters`` left empty) and without its ``id``, written
+    compactly; and that id. ``head`` itself when it has none of them (or is not a JSON object,
+    or its id is not a string: the worker answers its 400)."""
+    if not any(mark in head for mark in _MARKS):
+        return head, None
+    try:
+        doc = json.loads(head)
+    except (ValueError, RecursionError):
+        return head, None
+    if not isinstance(doc, dict) or not isinstance(doc.get("id", ""), str):
+        return head, None
+    rid = doc.pop("id", None)
+    params = doc.get("parameters")
+    if not isinstance(params, dict) or not params.keys() & _SCHEDULE_PARAMS:
+        return (head, None) if rid is None else (_compact(doc), rid)
+    rest = {k: v for k, v in params.items() if k not in _SCHEDULE_PARAMS}
+    doc = {k: rest if k == "parameters" else v for k, v in doc.items() if k != "parameters" or rest}
+    return _compact(doc), rid
+
+
+def _compact(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _names_uncacheable(body: bytes) -> bool:
@@ -228,9 +295,12 @@ def _names_uncacheable(body: bytes) -> bool:
     return any(marker in plain for marker in _UNCACHEABLE_V2)
 
 
-def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:
-    """Add the headers that reach the handler to ``h`` (HTTP's raw lines, or gRPC's metadata);
-    False when one says not to cache (the switch-off, a sequence id, a compressed body)."""
+def _hash_headers(
+    h: Any, raw: bytes, headers: Mapping[str, str], skipped: tuple[bytes, ...]
+) -> bool:
+    """Add the headers that reach the handler to ``h`` (HTTP's raw lines, or gRPC's metadata),
+    but the ``skipped`` ones; False when one says not to cache (the switch-off, a sequence id,
+    a compressed body)."""
     lines = raw.split(b"\r\n") if raw else []
     lines += [f"{k}: {v}".encode("utf-8", "replace") for k, v in sorted(headers.items())]
     for line in lines:
@@ -241,6 +311,7 @@ def _hash_headers(h: Any, raw: bytes, headers: Mapping[str, str]) -> bool:
             return False
         if low.startswith(_ENCODED) and not low.endswith(b"identity"):
             return False  # a compressed body hides what the checks of ``request_key`` read
-        if not low.startswith(_TRANSPORT):  # length-prefixed: no line can pass for the body
+        if not low.startswith(_TRANSPORT) and not low.startswith(skipped):
+            # length-prefixed: no line can pass for the body
             h.update(len(line).to_bytes(4, "big") + line)
     return True

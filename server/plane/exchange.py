@@ -51,7 +51,7 @@ from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.parts import NO_PARTS, Parts
-from torchbay.server.serving.priority import Schedule
+from torchbay.server.serving.priority import Schedule, level_of
 from torchbay.server.serving.queue import Pending, clock
 
 if TYPE_CHECKING:
@@ -142,12 +142,14 @@ class Exchange:
         if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
             names = self.model.settings.sequence_headers
             wire, sequence = sequence_of(wire, self._max_size(), names)
+        # Read before the look-up: a hit is counted at its priority level as any answer.
+        schedule = self._leveled(schedule_of(wire, self._max_size()))
         lookup = self._lookup(wire) if sequence is None else None
         if lookup is not None and lookup.hit is not None:
+            level_of(self.model.queue.levels, schedule)  # the queue's 400, a hit's too
             return self._answered(wire, lookup.hit)
         if wire.protocol == "v2":
             wire = self._v2_facts(wire)
-        schedule = self._leveled(schedule_of(wire, self._max_size()))
         item = self.model.admit_reader(wire, sequence=sequence, schedule=schedule)
         self.items.append(item)
         if self.trace is not None:

@@ -58,7 +58,7 @@ def _from_headers(headers: Mapping[str, str]) -> Schedule:
 
 
 def _from_oip(wire: p.WireRequest, limit: int) -> Schedule:
-    head = _json_header(wire, limit)
+    head = json_header(wire, limit)
     if not any(mark in head for mark in _MARKS):
         return NO_SCHEDULE
     try:
@@ -74,7 +74,7 @@ def _from_oip(wire: p.WireRequest, limit: int) -> Schedule:
     )
 
 
-def _json_header(wire: p.WireRequest, limit: int) -> bytes:
+def json_header(wire: p.WireRequest, limit: int = oip_body.DEFAULT_LIMIT) -> bytes:
     """The request's JSON: the whole body, or its first ``inference-header-content-length``
     bytes (the binary tensor extension), of the inflated body when it came compressed (empty
     when it does not inflate: the worker answers that request's error)."""

@@ -4,6 +4,7 @@ and bounds. The live server's behaviour over every protocol: test_cache_live.py.
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import replace
 from typing import Any
@@ -19,6 +20,7 @@ from torchbay.server.config.model_settings import (
 )
 from torchbay.server.errors import BadRequest
 from torchbay.server.plane.cache import ResponseCache, VersionCache, entry_size, request_key
+from torchbay.server.plane.cache_ids import with_id, without_id
 from torchbay.server.plane.describe import described
 from torchbay.server.plane.load_config import load_overrides
 from torchbay.server.plane.params import register_params
@@ -49,8 +51,11 @@ def test_the_key_holds_what_can_change_the_answer() -> None:
     assert request_key(_http(other_input)) != base  # the tensor's bytes
     assert request_key(_http(V2_BODY.replace("FP32", "INT32"))) != base  # its datatype
     assert request_key(_http(V2_BODY.replace('"shape": [1]', '"shape": [1, 1]'))) != base
-    with_id = json.dumps({"id": "x", **json.loads(V2_BODY)})
-    assert request_key(_http(with_id)) != base  # the answer echoes the id
+    # Triton's key has no id: a hit gets its own put in its answer (cache_ids.py).
+    with_id = lambda rid: json.dumps({"id": rid, **json.loads(V2_BODY)})  # noqa: E731
+    assert request_key(_http(with_id("x"))) == request_key(_http(with_id("y")))
+    gzip = b"accept-encoding: gzip"
+    assert request_key(_http(with_id("x"), gzip)) == request_key(_http(with_id("y"), gzip))
     assert request_key(_http(V2_BODY, b"x-tenant: b")) != base  # the handler sees headers
     assert request_key(replace(_http(), query="a=1")) != base
     assert request_key(replace(_http(), content_type="text/plain")) != base
@@ -66,6 +71,70 @@ def test_the_key_holds_what_can_change_the_answer() -> None:
     # gRPC metadata is in the key as HTTP's headers are.
     grpc = WireRequest("1", b"x", "", headers={"x-tenant": "a"}, protocol="v2")
     assert request_key(grpc) != request_key(replace(grpc, headers={"x-tenant": "b"}))
+
+
+def test_a_hit_answers_with_its_own_id_in_json_or_the_binary_extension() -> None:
+    head = b'{"model_name":"m","model_version":"1","id":"a","outputs":[{"name":"o"}]}'
+    binary = WireResponse(200, head + b"\x00\x01", "application/octet-stream")
+    binary.headers["Inference-Header-Content-Length"] = str(len(head))
+    held = without_id(binary, 1 << 20)
+    assert held is not None and b'"id"' not in held.body and held.body.endswith(b"\x00\x01")
+    for response in (held, with_id(held, "zz")):
+        n = int(response.headers["Inference-Header-Content-Length"])
+        assert response.body[n:] == b"\x00\x01"
+    answer = with_id(held, "zz")
+    n = int(answer.headers["Inference-Header-Content-Length"])
+    assert list(json.loads(answer.body[:n])) == ["id", "model_name", "model_version", "outputs"]
+    assert json.loads(answer.body[:n])["id"] == "zz" and with_id(held, None) is held
+    plain = WireResponse(200, b'{"id":"a","outputs":[]}')
+    assert json.loads(with_id(without_id(plain, 99), "b").body) == {"id": "b", "outputs": []}
+    # The id wherever it is, in whatever spacing: out, once; then the asker's alone.
+    for text in (
+        '{ "id" : "a" }',
+        '{"model_name":"m","id":"a"}',
+        '{"model_name": "m", "id": "a", "outputs": [{"id": "inner"}]}',
+        '{"outputs":[{"name":"o"}],"id":"a"}',  # not the worker's order: read whole
+        '{"model_name":"m","outputs":[{"name":"id"}]}',  # no id ("id" a name in the data)
+    ):
+        held = without_id(WireResponse(200, text.encode()), 99)
+        assert held is not None and "id" not in json.loads(held.body), text
+        answer = json.loads(with_id(held, "b").body)
+        assert answer["id"] == "b" and with_id(held, "b").body.count(b'"b"') == 1, text
+        assert answer == {**json.loads(text), "id": "b"}, text
+    # An answer that came compressed is held inflated (any HTTP answer may be sent so).
+    zipped = WireResponse(200, gzip.compress(plain.body), headers={"content-encoding": "gzip"})
+    held = without_id(zipped, 99)
+    assert held is not None and held.headers == {} and json.loads(held.body) == {"outputs": []}
+    assert without_id(zipped, 10) is None  # past maxBytes inflated: not held
+    broken = WireResponse(200, b"\x1f\x8b", headers={"content-encoding": "gzip"})
+    assert without_id(broken, 99) is None
+
+
+def test_priority_and_timeout_are_not_in_the_key() -> None:
+    """They say when a request runs, not what it answers (Triton's key has neither): over OIP
+    (its parameters, REST's JSON or the binary extension's, gRPC's) and the TorchServe API (the
+    x-torchbay headers), another priority or timeout is the same key; other parameters are not."""
+    doc = json.loads(V2_BODY)
+
+    def v2(*head: bytes, tail: bytes = b"", **params: Any) -> WireRequest:
+        body = json.dumps({"parameters": params, **doc} if params else doc, separators=(",", ":"))
+        length = [b"inference-header-content-length: %d" % len(body)] if tail else []
+        return _http(body + tail.decode(), *head, *length)
+
+    base = request_key(v2())
+    for params in ({"priority": 1}, {"priority": 2, "timeout": 10}, {"timeout": 5}):
+        assert request_key(v2(**params)) == base, params
+    assert request_key(v2(priority=1, note="x")) == request_key(v2(priority=2, note="x")) != base
+    binary = request_key(v2(tail=b"\x01\x02"))
+    assert request_key(v2(tail=b"\x01\x02", timeout=9)) == binary != base
+    assert request_key(v2(tail=b"\x01\x03", timeout=9)) != binary  # the tensors' bytes still
+    # Two JSON lengths: the worker reads the last, the key would read the first: not cached.
+    twice = v2(b"inference-header-content-length: 3", tail=b"\x01\x02")
+    assert request_key(twice) is None
+    grpc = WireRequest("1", b"{}", "", headers={"x-torchbay-priority": "1"}, protocol="predict")
+    assert request_key(grpc) == request_key(replace(grpc, headers={}))
+    ts = _http("{}", b"x-torchbay-priority: 2", b"x-torchbay-timeout-us: 9", protocol="predict")
+    assert request_key(ts) == request_key(_http("{}", protocol="predict"))
 
 
 @pytest.mark.parametrize(

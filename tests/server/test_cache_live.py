@@ -38,7 +38,14 @@ SUB = {
     "outputs": [{"name": "diff", "datatype": "FP32", "shape": [-1, 3]}],
 }
 MODELS = {
-    "sub": {"1": {"marName": "sub.mar", "responseCache": {"enable": True, "maxEntries": 2}}},
+    "sub": {
+        "1": {
+            "marName": "sub.mar",
+            "responseCache": {"enable": True, "maxEntries": 2},
+            "priorityLevels": 2,
+            "defaultPriorityLevel": 2,
+        }
+    },
     "probe": {
         "1.0": {"marName": "probe.mar", "responseCache": True, "defaultVersion": True},
         "2.0": {"marName": "probe-v2.mar", "responseCache": True},
@@ -153,14 +160,103 @@ def test_oip_rest_json_repeats_are_hits_and_what_differs_misses(server: LiveServ
     hit: list[httpx.Response] = []
     assert _moved(server, "sub", "1", lambda: hit.append(_post(server, url, json=body))) == HIT
     assert hit[0].json()["id"] == "j1" and hit[0].json()["outputs"][0]["data"] == [4.0, 5.0, 6.0]
+    # Another id is a hit (Triton's key has none) answered with its own id; httpx takes gzip,
+    # so the answer came compressed: it is held inflated.
+    other_id = lambda: hit.append(_post(server, url, json=_v2(A, id="j2")))  # noqa: E731
+    assert _moved(server, "sub", "1", other_id) == HIT
+    assert hit[1].json() == {**hit[0].json(), "id": "j2"}
     different = [
-        _v2(A, id="j2"),  # another id: echoed in the answer
         _v2(A + 1, id="j1"),  # other input bytes
         _v2(A, id="j1", outputs=[{"name": "diff"}]),  # other requested outputs
         _v2(A, id="j1", parameters={"note": 1}),  # other parameters
     ]
     for other in different:
         assert _moved(server, "sub", "1", lambda o=other: _post(server, url, json=o)) == MISS
+
+
+def _level_answers(server: LiveServer) -> list[dict[str, int]]:
+    """``sub``'s answers by priority level (describe's ``queueLevels``), level 1 first."""
+    server.recorded()
+    described = httpx.get(f"{server.management_url}/models/sub", timeout=30).json()[0]
+    return [level["requests"] for level in described["queueLevels"]]
+
+
+def test_a_hit_is_counted_at_its_priority_level(server: LiveServer) -> None:
+    """A hit is an answered request of its level: describe's and the metrics' per-level counts
+    hold it, as the request's other counters do."""
+    body = _v2(A * 5, parameters={"priority": 1})
+    before = _level_answers(server)
+    assert (
+        _moved(server, "sub", "1", lambda: _post(server, "/v2/models/sub/infer", json=body)) == MISS
+    )
+    assert (
+        _moved(server, "sub", "1", lambda: _post(server, "/v2/models/sub/infer", json=body)) == HIT
+    )
+    after = _level_answers(server)
+    assert after[0].get("200", 0) - before[0].get("200", 0) == 2
+    assert after[1] == before[1]
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_another_request_id_is_a_hit_answered_with_its_own_id(
+    server: LiveServer, kind: str
+) -> None:
+    """Triton's key has no request id: tritonclient's request_id does not keep a repeat from
+    being a hit, and the hit's answer carries the asking request's id (binary outputs too)."""
+    ports = server.server.state.ports
+    if kind == "http":
+        module: Any = triton_http
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}")
+    else:
+        module = triton_grpc
+        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+    a = A * (8 if kind == "http" else 9)
+    out = [module.InferRequestedOutput("diff")]
+    answers: list[Any] = []
+
+    def infer(rid: str) -> None:
+        answers.append(client.infer("sub", _inputs(module, a), outputs=out, request_id=rid))
+
+    try:
+        assert _moved(server, "sub", "1", lambda: infer("first")) == MISS
+        assert _moved(server, "sub", "1", lambda: infer("second")) == HIT
+        assert _moved(server, "sub", "1", lambda: infer("first")) == HIT
+    finally:
+        client.close()
+    ids = [r.get_response()["id"] if kind == "http" else r.get_response().id for r in answers]
+    assert ids == ["first", "second", "first"]
+    for answer in answers:
+        np.testing.assert_array_equal(answer.as_numpy("diff"), a - B)
+
+
+def test_another_priority_or_timeout_is_a_hit(server: LiveServer) -> None:
+    """Priority and timeout say when a request runs, not what it answers: Triton's key has
+    neither. A priority the model has no level for is still the queue's 400, hit or not."""
+    url = "/v2/models/sub/infer"
+    first = _v2(A * 6, parameters={"priority": 2, "timeout": 5_000_000})
+    assert _moved(server, "sub", "1", lambda: _post(server, url, json=first)) == MISS
+    for params in ({"priority": 1}, {"timeout": 7_000_000}, {"priority": 1, "timeout": 9}):
+        again = _v2(A * 6, parameters=params)
+        assert _moved(server, "sub", "1", lambda a=again: _post(server, url, json=a)) == HIT
+    refused = httpx.post(f"{server.url}{url}", json=_v2(A * 6, parameters={"priority": 3}))
+    assert refused.status_code == 400 and "priority" in refused.text, refused.text
+    client = triton_grpc.InferenceServerClient(
+        f"127.0.0.1:{server.server.state.ports.grpc_inference}"
+    )
+    try:
+        a = A * 7
+        assert (
+            _moved(server, "sub", "1", lambda: _infer(triton_grpc, client, a, priority=1)) == MISS
+        )
+        for kw in ({"priority": 2}, {"timeout": 4_000_000}):
+            assert (
+                _moved(server, "sub", "1", lambda k=kw: _infer(triton_grpc, client, a, **k)) == HIT
+            )
+    finally:
+        client.close()
+    body, timeout = {"echo": "scheduled"}, {"x-torchbay-timeout-us": "5000000"}
+    _post(server, "/predictions/probe", json=body)
+    assert _posted(server, "probe", "1.0", "/predictions/probe", json=body, headers=timeout) == HIT
 
 
 def _inputs(module: Any, a: np.ndarray) -> list[Any]:
@@ -227,6 +323,31 @@ def test_a_streamed_answer_is_never_cached(server: LiveServer) -> None:
     assert _posted(server, "stream", "1.0", "/predictions/stream", json=plain) == HIT
 
 
+def test_an_oip_answer_that_failed_is_never_a_hit(server: LiveServer) -> None:
+    """A handler that answers nothing (a generator that yields nothing) is OIP's 500 "The model
+    gave no response": a failure, never stored, so each time a miss that runs the model."""
+    ports = server.server.state.ports
+    clients = (
+        (triton_http, triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}")),
+        (triton_grpc, triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")),
+    )
+    failed = {"hit": 0, "miss": 1, "executed": 1, "inferences": 0, "success": 0}
+    try:
+        for module, client in clients:
+            tensor = module.InferInput("INPUT0", [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([b'{"yield": []}'], dtype=object))
+            for _ in range(2):
+
+                def refused(m: Any = module, c: Any = client, t: Any = tensor) -> None:
+                    with pytest.raises(m.InferenceServerException, match="gave no response"):
+                        c.infer("stream", [t])
+
+                assert _moved(server, "stream", "1.0", refused) == failed
+    finally:
+        for _, client in clients:
+            client.close()
+
+
 def test_a_request_in_shared_memory_is_never_cached(server: LiveServer) -> None:
     """The answer lives in the client's region: a stored one could not write it there."""
     client = triton_http.InferenceServerClient(f"127.0.0.1:{server.server.state.ports.inference}")
@@ -251,7 +372,7 @@ def test_a_request_in_shared_memory_is_never_cached(server: LiveServer) -> None:
 
 def test_lru_holds_max_entries(server: LiveServer) -> None:
     url = "/v2/models/sub/infer"
-    bodies = [_v2(A, id=f"lru{i}") for i in range(3)]
+    bodies = [_v2(A + 100 + i) for i in range(3)]
     for body in bodies:  # the third pushes the first out (maxEntries 2)
         _post(server, url, json=body)
     assert _moved(server, "sub", "1", lambda: _post(server, url, json=bodies[2])) == HIT
