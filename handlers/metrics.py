@@ -86,12 +86,19 @@ class Metric:
     def add_or_update(
         self, value: float, dimension_values: Sequence[str] = (), request_id: str = ""
     ) -> None:
-        """Record ``value`` with one value per dimension name (in order)."""
-        if len(dimension_values) != len(self.dimension_names):
-            raise ValueError(
-                f"metric {self.name!r} has dimensions {self.dimension_names}, "
-                f"got values {list(dimension_values)}"
+        """Record ``value`` with one value per dimension name (in order). Another count of values
+        records nothing and logs the error, as TorchServe's CachingMetric does (the handler's
+        call goes on: a metric never fails a request)."""
+        if dimension_values is None or len(dimension_values) != len(self.dimension_names):
+            logger.error(
+                "[METRICS]Failed to update metric with name:%s with value: %s: Dimension values: "
+                "%s should correspond to Dimension names: %s",
+                self.name,
+                value,
+                dimension_values,
+                self.dimension_names,
             )
+            return
         dims = dict(zip(self.dimension_names, (str(v) for v in dimension_values), strict=True))
         self._cache._record(self.name, self.metric_type.value, self.unit, value, dims, False)
 
