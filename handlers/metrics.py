@@ -182,6 +182,13 @@ class MetricsCache:
         # TorchServe's order: the handler's dimensions, then ModelName and Level (its
         # _add_default_dims appends them); an auto-detected metric keeps this order. A cached
         # metric's add_or_update has exactly its own dimensions (``defaults`` false), as there.
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            # TorchServe's frontend cannot parse such a metric line: it logs it and drops it
+            # (the handler's call goes on).
+            logger.error("[METRICS]metric %s: value %r is no number, dropped", name, value)
+            return
         dimensions = {**dims}
         if defaults:
             dimensions.setdefault("ModelName", self.model_name)
@@ -190,7 +197,7 @@ class MetricsCache:
             "name": str(name),
             "type": metric_type,
             "unit": str(unit),
-            "value": float(value),  # a value that is no number fails the handler's call
+            "value": number,
             "dimensions": dimensions,
         }
         if len(self._buffer) >= MAX_RECORDS or not _bounded(record):
