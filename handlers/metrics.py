@@ -240,7 +240,11 @@ class MetricsCache:
     add_percent = _fixed_unit("add_percent", "percent", MetricTypes.GAUGE)
 
     def add_error(self, name: str, value: float, dimensions: DimensionsLike = None) -> None:
-        self._record(name, "counter", "", value, _dims(dimensions))
+        """A counter with TorchServe's error defaults: ``Level`` ``Error`` after the handler's
+        dimensions, and no ``ModelName`` (its ``_add_default_dims`` without a request)."""
+        dims = _dims(dimensions)
+        dims.setdefault("Level", "Error")
+        self._record(name, "counter", "", value, dims, False)
 
     def set_gauge(
         self, name: str, value: float, unit: str = "", dimensions: DimensionsLike = None
