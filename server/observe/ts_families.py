@@ -173,11 +173,11 @@ class Family:
     def update(self, values: tuple[str, ...], value: float, request_ids: str | None = None) -> None:
         if len(values) != self.width:
             return  # TorchServe's addOrUpdate fails on a dimension count it was not built for
+        if self.adds and not 0 <= value < math.inf:  # a counter never goes down, nor to NaN
+            self._refuse(value)  # nor is it logged: TorchServe's backend refuses it there too
+            return
         if self.log is not None:
             self.log(self._line(values, value, request_ids))
-            return
-        if self.adds and not 0 <= value < math.inf:  # a counter never goes down, nor to NaN
-            self._refuse(value)
             return
         state = self.samples.get(values)
         if state is None:
