@@ -37,6 +37,23 @@ def _bounded(record: dict[str, Any]) -> bool:
     return len(dims) <= MAX_DIMENSIONS + 2 and all(len(t) <= MAX_TEXT for t in texts)
 
 
+class MetricsCacheKeyError(KeyError):
+    """TorchServe's ``ts.metrics.metric_cache_errors.MetricsCacheKeyError``: ``get_metric`` of
+    a metric the cache does not hold."""
+
+
+class MetricsCacheValueError(ValueError):
+    """TorchServe's ``MetricsCacheValueError`` (importable; torchbay raises none)."""
+
+
+class MetricsCacheTypeError(TypeError):
+    """TorchServe's ``MetricsCacheTypeError`` (importable; torchbay raises none)."""
+
+
+class GeneralMetricsCacheError(Exception):
+    """TorchServe's ``GeneralMetricsCacheError`` (importable; torchbay raises none)."""
+
+
 class MetricTypes(str, enum.Enum):
     """TorchServe's ``ts.metrics.metric_type_enum.MetricTypes``."""
 
@@ -266,8 +283,11 @@ class MetricsCache:
     def get_metric(
         self, metric_name: str, metric_type: MetricTypes | str = MetricTypes.COUNTER
     ) -> Metric:
-        """The metric registered under this name and type (created unit-less if unknown)."""
+        """The metric cached under this name and type (``add_metric_to_cache``, the
+        metrics_config's ``model_metrics``); MetricsCacheKeyError if none, as in TorchServe."""
         key = (_type_name(metric_type), metric_name)
         if key not in self._metrics:
-            return self.add_metric_to_cache(metric_name, "", (), metric_type)
+            raise MetricsCacheKeyError(
+                f"Metric of type '{key[0]}' and name '{metric_name}' doesn't exist"
+            )
         return self._metrics[key]

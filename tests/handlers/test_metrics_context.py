@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import pytest
+
 from torchbay.handlers.context import Context
 from torchbay.handlers.errors import BadInput, HandlerError, PredictionException
-from torchbay.handlers.metrics import Dimension, MetricsCache, MetricTypes
+from torchbay.handlers.metrics import Dimension, MetricsCache, MetricsCacheKeyError, MetricTypes
 
 
 def test_metrics_api_records_plain_dicts() -> None:
@@ -16,6 +18,8 @@ def test_metrics_api_records_plain_dicts() -> None:
     metric.add_or_update(1, ["/a"])
     cache.get_metric("Hits", MetricTypes.COUNTER).update(2)
     metric.add_or_update(1, [])  # another count of values: logged, nothing recorded
+    with pytest.raises(MetricsCacheKeyError):  # TorchServe's KeyError: never created here
+        cache.get_metric("Hits", MetricTypes.GAUGE)
     records = cache.drain()
     assert cache.drain() == []
     assert [(r["name"], r["type"], r["unit"], r["value"]) for r in records] == [
