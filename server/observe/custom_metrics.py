@@ -88,6 +88,16 @@ def _utf8(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+def _written(name: str, kind: str) -> set[str]:
+    """The names prometheus_client writes for a metric ``name`` of ``kind`` (text 0.0.4, no
+    ``_created``): a counter's ``<base>_total``, a histogram's own and its samples'."""
+    if kind == "counter":
+        return {name.removesuffix("_total") + "_total"}
+    if kind == "histogram":
+        return {name, *(f"{name}_{suffix}" for suffix in ("bucket", "count", "sum"))}
+    return {name}
+
+
 class _Custom:
     __slots__ = ("children", "keys", "kind", "metric")
 
@@ -125,6 +135,7 @@ class CustomMetrics:
         self.max_metrics = max_metrics
         self.max_series = max_series
         self._metrics: dict[str, _Custom | None] = {}  # raw name -> metric, None if refused
+        self.written: set[str] = set()  # the family and sample names the metrics write
         self._warned: set[str] = set()
 
     def record(self, mv: ModelVersion, records: list[dict[str, Any]]) -> None:
@@ -189,11 +200,12 @@ class CustomMetrics:
                 raise ValueError(f"unknown metric type {kind!r}")
             if len(set(labels)) != len(labels):
                 raise ValueError(f"dimension names clash once sanitised: {list(keys)}")
-            base = name.removesuffix("_total") if cls is Counter else name
-            if any(map(self.reserved, {name, base, base + "_total"} if cls is Counter else {name})):
+            written = _written(name, kind)
+            if any(map(self.reserved, written | {name, name.removesuffix("_total")})):
                 raise ValueError(f"{name} is one of the server's TorchServe metrics")
             extra = {"buckets": CUSTOM_BUCKETS} if cls is Histogram else {}
             metric = cls(name, doc, labels, registry=self.registry, **extra)
+            self.written |= written
         except ValueError as exc:  # bad type, clashing labels, or a name already registered
             self._warn(f"register:{raw}", "refusing custom metric %r: %s", raw, exc)
             self._metrics[raw] = None

@@ -174,8 +174,9 @@ class ServerMetrics(Observer):
         self._host = ("Host", self.hostname)
         self._last_handler_ms = 0.0
         self.custom = CustomMetrics(
-            self.registry, max_metrics=max_custom_metrics, reserved=self._ts_name
+            self.registry, max_metrics=max_custom_metrics, reserved=self.ts.writes
         )
+        self.ts.taken = self.custom.written.__contains__  # the reverse: auto-detect's
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         # The series of versions gone stay for the KEEP most recently used (observe.retired).
         self.retired = Retired(self._per_version(), self._registered, self.cache.forget)
@@ -360,10 +361,6 @@ class ServerMetrics(Observer):
         if record.metrics:
             records = utf8_records(record.metrics)
             self.custom.record(model, self.ts.model_records(records, rids))
-
-    def _ts_name(self, name: str) -> bool:
-        """``name`` is one of TorchServe's families that /metrics exposes (observe.ts_families)."""
-        return name in self.ts.frontend or name in self.ts.model
 
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
         self.retired.used((model.name, model.version))

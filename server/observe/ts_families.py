@@ -250,6 +250,10 @@ class TsFamilies:
         self.log = log
         self.frontend = {name: self._family(s, TS_METRICS_LOG) for name, s in spec.frontend.items()}
         self.model = {name: self._family(s, MODEL_METRICS_LOG) for name, s in spec.model.items()}
+        # Whether torchbay's own registry writes this family or sample name on /metrics
+        # (observe.metrics wires it to the custom metrics'): auto-detect leaves such a name
+        # there, as a second family of one name makes Prometheus reject the whole scrape.
+        self.taken: Callable[[str], bool] = lambda name: False
 
     def _family(self, spec: MetricSpec, file_name: str) -> Family:
         logged = self.mode == "log" or (self.mode == "legacy" and spec.name not in LEGACY)
@@ -276,7 +280,9 @@ class TsFamilies:
         family = self.model.get(name)
         if family is None:
             prometheus = self.mode == "prometheus"  # published on /metrics, not logged
-            if prometheus and name.startswith("torchbay_"):
+            if prometheus and (
+                name.startswith("torchbay_") or any(map(self.taken, written_names(name, kind)))
+            ):
                 return False
             spec = self.spec.model_metric(name, kind, unit, list(dims), prometheus=prometheus)
             if spec is None:
@@ -287,6 +293,15 @@ class TsFamilies:
             return True  # other dimensions than the metric's: TorchServe's update fails too
         family.update((*(dims[n] for n in names), self.hostname), value, rids)
         return True
+
+    def writes(self, name: str) -> bool:
+        """Whether one of these families has ``name`` as its name or one of its samples'
+        (a histogram's ``_bucket``, ``_count``, ``_sum``)."""
+        if name in self.frontend or name in self.model:
+            return True
+        base, _, suffix = name.rpartition("_")
+        family = self.frontend.get(base) or self.model.get(base)
+        return family is not None and family.spec.kind == "histogram" and suffix in _SUFFIXES
 
     def model_records(self, records: list[dict], rids: str) -> list[dict]:
         """A handler's metric records (handlers.metrics) taken as TorchServe's model metrics;
@@ -321,6 +336,15 @@ class TsFamilies:
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+_SUFFIXES = ("bucket", "count", "sum")
+
+
+def written_names(name: str, kind: str) -> set[str]:
+    """The names a family ``name`` of ``kind`` writes in text format 0.0.4: its own and, for a
+    histogram, its samples'."""
+    return {name, *(f"{name}_{s}" for s in _SUFFIXES)} if kind == "histogram" else {name}
 
 
 def _discard(line: str) -> None:
