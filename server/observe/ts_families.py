@@ -216,14 +216,16 @@ class Family:
             f"|#hostname:{values[-1]}{rid},timestamp:{stamp}"
         )
 
-    def text(self) -> list[str]:
+    def text(self, only: set[str] | None = None) -> list[str]:
         """The family in Prometheus text format 0.0.4: its HELP and TYPE even before a sample,
-        as TorchServe's registry writes them (host metrics excepted: see ``SYSTEM``)."""
+        as TorchServe's registry writes them (host metrics excepted: see ``SYSTEM``). With
+        ``only`` (``name[]``), only the samples named there (``LatH_count``: a histogram's family
+        name names none), and nothing without one, as TorchServe's registry filters."""
         if self.log is not None or (not self.samples and self.spec.name in SYSTEM):
             return []
         name, names = self.spec.name, self.spec.dimensions
         kind = "counter" if name in LEGACY else self.spec.kind
-        lines = [f"# HELP {name} {self.help}", f"# TYPE {name} {kind}"]
+        lines = []
         for values, state in list(self.samples.items()):
             # Each label ends with a comma, the last one too (``{Level="Host",Hostname="h",}``),
             # as TorchServe's Prometheus client writes them and TorchServe's own Postman
@@ -237,7 +239,11 @@ class Family:
                 lines.append(f'{name}_bucket{{{labels}le="{_go(bound)}",}} {_go(count)}')
             lines.append(f"{name}_count{{{labels}}} {_go(state[-2])}")
             lines.append(f"{name}_sum{{{labels}}} {_go(state[-1])}")
-        return lines
+        if only is not None:
+            lines = [line for line in lines if line[: line.index("{")] in only]
+            if not lines:
+                return []
+        return [f"# HELP {name} {self.help}", f"# TYPE {name} {kind}", *lines]
 
 
 class TsFamilies:
@@ -325,11 +331,11 @@ class TsFamilies:
         return left
 
     def text(self, names: set[str] | None = None) -> str:
-        """Every Prometheus family (those in ``names``, or all) in text format 0.0.4."""
+        """Every Prometheus family in text format 0.0.4 (with ``names``, their samples of those
+        names: ``Family.text``)."""
         lines: list[str] = []
         for family in (*self.frontend.values(), *self.model.values()):
-            if names is None or family.spec.name in names:
-                lines += family.text()
+            lines += family.text(names)
         return "".join(f"{line}\n" for line in lines)
 
     def close(self) -> None:

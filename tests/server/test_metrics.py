@@ -305,6 +305,8 @@ def test_host_metrics(server: LiveServer) -> None:
 
 @pytest.mark.slow
 def test_metrics_filter_by_name(server: LiveServer) -> None:
+    # name[] keeps samples (TorchServe's filter): both families have one once a request was served
+    assert httpx.post(f"{server.url}/predictions/probe", json={}, timeout=60).status_code == 200
     r = httpx.get(
         f"{server.metrics_url}/metrics",
         params=[("name[]", "ts_inference_requests_total"), ("name[]", "Requests2XX")],
