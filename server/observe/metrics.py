@@ -82,7 +82,7 @@ from torchbay.server.observe.priority_metrics import PriorityCollector
 from torchbay.server.observe.retired import Retired
 from torchbay.server.observe.sequence_metrics import SequenceCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
-from torchbay.server.observe.ts_families import MetricsLog, TsFamilies
+from torchbay.server.observe.ts_families import SYSTEM, MetricsLog, TsFamilies
 from torchbay.server.serving.handle import WorkerProcess
 from torchbay.server.serving.model import ModelVersion, Observer
 from torchbay.server.serving.slot import BatchRecord
@@ -176,7 +176,9 @@ class ServerMetrics(Observer):
         self.custom = CustomMetrics(
             self.registry, max_metrics=max_custom_metrics, reserved=self.ts.writes
         )
-        self.ts.taken = self.custom.written.__contains__  # the reverse: auto-detect's
+        # The reverse, for auto-detect: the custom metrics' names, and the host collector's.
+        written, host = self.custom.written, SYSTEM if system_metrics else frozenset()
+        self.ts.taken = lambda name: name in written or name in host
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         # The series of versions gone stay for the KEEP most recently used (observe.retired).
         self.retired = Retired(self._per_version(), self._registered, self.cache.forget)

@@ -116,6 +116,26 @@ def test_a_detected_name_never_doubles_a_family_that_torchbay_wrote_first(
     assert {name: fams for name, fams in families.items() if len(fams) > 1} == {}
 
 
+def test_a_detected_name_never_doubles_a_host_metric(store: Path, tmp_path: Path) -> None:
+    """A metrics_config without the host metrics in ``ts_metrics`` (TorchServe would publish
+    none then; torchbay's host collector still does, system metrics on): a handler's
+    ``CPUUtilization`` must not be auto-detected beside the host collector's family."""
+    config_file = tmp_path / "metrics.yaml"
+    config_file.write_text("ts_metrics:\n  counter:\n    - {name: Requests2XX, unit: Count}\n")
+    config = make_config(
+        store, models=MODELS, model_metrics_auto_detect=True, metrics_config=config_file
+    )
+    live = LiveServer(config).start()
+    try:
+        with httpx.Client(timeout=60) as client:
+            record(client, live, {"name": "CPUUtilization", "value": 1, "type": "gauge"})
+            text = client.get(f"{live.metrics_url}/metrics").text
+    finally:
+        live.stop()
+    list(text_string_to_metric_families(text))  # parseable
+    assert text.count("# TYPE CPUUtilization ") == 1, text
+
+
 def test_a_handler_gauge_at_nan_is_written_as_nan(server: LiveServer) -> None:
     with httpx.Client(timeout=60) as client:
         record(client, server, {"name": "nan_gauge", "value": float("nan"), "type": "gauge"})
