@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.server.config import metrics_config
-from torchbay.server.config.metrics_config import LEGACY, MetricSpec, MetricsSpec
+from torchbay.server.config.metrics_config import HOST_METRICS, LEGACY, MetricSpec, MetricsSpec
 from torchbay.server.observe.logwriter import printable
 from torchbay.server.observe.rollover import RollingFile, Rotation
 
@@ -42,20 +42,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
 MAX_SAMPLES = 1000
 TS_METRICS_LOG, MODEL_METRICS_LOG = "ts_metrics.log", "model_metrics.log"
 # Host metrics: observe.system_metrics writes them (when enabled), never an empty family here.
-SYSTEM = frozenset(
-    (
-        "CPUUtilization",
-        "MemoryUsed",
-        "MemoryAvailable",
-        "MemoryUtilization",
-        "DiskUsage",
-        "DiskUtilization",
-        "DiskAvailable",
-        "GPUMemoryUtilization",
-        "GPUMemoryUsed",
-        "GPUUtilization",
-    )
-)
+SYSTEM = HOST_METRICS
 
 
 def java_double(value: float) -> str:
@@ -365,7 +352,8 @@ def metrics_options(config: Any, env: Mapping[str, str]) -> dict[str, Any]:
     spec = metrics_config.load_metrics_config(
         config.metrics_config, auto_detect=config.model_metrics_auto_detect
     )
-    metrics_config.check_published(spec, config.metrics_mode)
+    host = not config.disable_system_metrics
+    metrics_config.check_published(spec, config.metrics_mode, host=host)
     metrics_log = None
     if config.metrics_mode != "prometheus":
         directory = Path(env.get("METRICS_LOCATION") or env.get("LOG_LOCATION") or "logs")
