@@ -116,8 +116,10 @@ class CustomMetrics:
     that cannot be recorded (another type or dimension set than the metric's first record, a
     name clashing with a server metric, TorchServe's families included, a negative counter
     increment, a NaN or infinite counter increment or histogram observation, past
-    ``max_metrics`` metrics or ``max_series`` label sets per metric) is dropped and logged once;
-    the server never fails on a handler's metric.
+    ``max_metrics`` metrics) is dropped and logged once; past ``max_series`` label sets of one
+    metric, the oldest label set goes (logged once), as a TorchServe family's do
+    (observe.ts_families): a server that registers ever new versions keeps publishing the new
+    ones' series. The server never fails on a handler's metric.
     """
 
     def __init__(
@@ -176,9 +178,11 @@ class CustomMetrics:
         values = (mv.name, mv.version, *(str(dims[k]) for k in keys))
         child = entry.children.get(values)
         if child is None:
-            if len(entry.children) >= self.max_series:
+            if len(entry.children) >= self.max_series:  # the oldest goes (a version long gone)
                 self._warn(f"series:{raw}", "custom metric %r: too many label sets", raw)
-                return
+                oldest = next(iter(entry.children))
+                del entry.children[oldest]
+                entry.metric.remove(*oldest)
             child = entry.children[values] = entry.metric.labels(*values)
         if kind == "counter":
             child.inc(value)
