@@ -184,7 +184,9 @@ def check_published(spec: MetricsSpec, mode: str, *, host: bool = False) -> None
 
 
 def _fail(where: str, message: str) -> ConfigError:
-    return ConfigError(f"metrics_config {where}: {message}")
+    return ConfigError(
+        f"metrics_config {where}: {message}" if where else f"metrics_config: {message}"
+    )
 
 
 def _metric(where: str, kind: str, entry: Any, model: bool) -> MetricSpec:
@@ -229,7 +231,9 @@ def parse_metrics_config(text: str, *, auto_detect: bool = False) -> MetricsSpec
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "bad YAML"
-        raise _fail("", f"not valid YAML ({first})") from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise _fail("", f"not valid YAML{at} ({first})") from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise _fail("", "not valid YAML (nested too deep)") from None
     if data is None:

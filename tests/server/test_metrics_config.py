@@ -68,6 +68,8 @@ def test_a_custom_config_drops_and_declares() -> None:
         ("ts_metrics:\n  counter:\n    - {name: A, dimensions: [x, x]}\n", "distinct"),
         ("- a list\n", "a mapping"),
         ("ts_metrics: [\n", "not valid YAML"),
+        ("dimensions: [a]\nts_metrics:\n  counter: [{name: A, dimensions: [*b]}]\n", "line 3"),
+        ("ts_metrics: {\n  counter: [\n", "metrics_config: not valid YAML at line 3"),
         ("x: !!python/object/apply:os.system ['true']\n", "not valid YAML"),  # safe_load only
         ("[" * 5000, "nested too deep"),  # PyYAML recurses: no RecursionError escapes
     ],
