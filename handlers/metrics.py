@@ -29,6 +29,9 @@ MAX_RECORDS = 10_000
 # record with more dimensions, or a name, unit or dimension longer, is dropped.
 MAX_DIMENSIONS = 16
 MAX_TEXT = 256
+# Metrics cached by type and name (TorchServe's backend caches every one it sees): past this many,
+# a new name is recorded as given, uncached.
+MAX_CACHED = 1000
 
 
 def _bounded(record: dict[str, Any]) -> bool:
@@ -117,11 +120,14 @@ class Metric:
             )
             return
         dims = dict(zip(self.dimension_names, (str(v) for v in dimension_values), strict=True))
-        self._cache._record(self.name, self.metric_type.value, self.unit, value, dims, False)
+        self._cache._emit(self.name, self.metric_type.value, self.unit, value, dims)
 
     def update(self, value: float, request_id: str = "", dimensions: DimensionsLike = None) -> None:
         """Record ``value`` with the given dimensions (or none beyond the defaults)."""
-        self._cache._record(self.name, self.metric_type.value, self.unit, value, _dims(dimensions))
+        dims = _dims(dimensions)
+        dims.setdefault("ModelName", self._cache.model_name)
+        dims.setdefault("Level", "Model")
+        self._cache._emit(self.name, self.metric_type.value, self.unit, value, dims)
 
 
 def _dims(dimensions: DimensionsLike) -> dict[str, str]:
@@ -196,9 +202,28 @@ class MetricsCache:
         dims: dict[str, str],
         defaults: bool = True,
     ) -> None:
-        # TorchServe's order: the handler's dimensions, then ModelName and Level (its
-        # _add_default_dims appends them); an auto-detected metric keeps this order. A cached
-        # metric's add_or_update has exactly its own dimensions (``defaults`` false), as there.
+        """TorchServe's ``add_*``: the handler's dimensions, then ModelName and Level (its
+        ``_add_default_dims`` appends them; ``defaults`` false: as given), recorded through the
+        cached metric of this type and name (``_get_or_add_metric``): the metrics_config's, or
+        the one the first call cached. Its dimension names take the values by position (another
+        count is logged and dropped) and its unit stays, as in TorchServe."""
+        dimensions = {**dims}
+        if defaults:
+            dimensions.setdefault("ModelName", self.model_name)
+            dimensions.setdefault("Level", "Model")
+        key = (metric_type, str(name))
+        metric = self._metrics.get(key)
+        if metric is not None:
+            metric.add_or_update(value, list(dimensions.values()))
+            return
+        if len(self._metrics) < MAX_CACHED:  # names come from the handler: keep the map bounded
+            self._metrics[key] = Metric(self, str(name), str(unit), list(dimensions), metric_type)
+        self._emit(str(name), metric_type, unit, value, dimensions)
+
+    def _emit(
+        self, name: str, metric_type: str, unit: str, value: float, dimensions: dict[str, str]
+    ) -> None:
+        """One record, with exactly these dimensions."""
         try:
             number = float(value)
         except (TypeError, ValueError, OverflowError):
@@ -206,10 +231,6 @@ class MetricsCache:
             # (the handler's call goes on).
             logger.error("[METRICS]metric %s: value %r is no number, dropped", name, value)
             return
-        dimensions = {**dims}
-        if defaults:
-            dimensions.setdefault("ModelName", self.model_name)
-            dimensions.setdefault("Level", "Model")
         record = {
             "name": str(name),
             "type": metric_type,

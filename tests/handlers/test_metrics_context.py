@@ -36,6 +36,26 @@ def test_metrics_api_records_plain_dicts() -> None:
     assert records[5]["dimensions"]["Route"] == "/a"
 
 
+def test_add_calls_go_through_the_cached_metric_as_torchserves() -> None:
+    """TorchServe's _get_or_add_metric: the metrics_config's metric (else the first call's)
+    takes a later call's dimension values by position, keeps its unit, and refuses (logs) another
+    count of values."""
+    declared = [("InferenceCount", "counter", "Count", ("Color", "ModelName", "Level"))]
+    cache = MetricsCache("m", declared)
+    cache.add_counter("InferenceCount", 1, None, [Dimension("Shape", "round")])
+    cache.add_counter("InferenceCount", 1, None, [Dimension("A", "x"), Dimension("B", "y")])
+    cache.add_time("Took", 1)
+    cache.add_time("Took", 2, None, "s", [Dimension("Stage", "pre")])  # another count: dropped
+    cache.add_time("Took", 3, None, "s")
+    got = [(r["name"], r["unit"], r["value"], r["dimensions"]) for r in cache.drain()]
+    model = {"ModelName": "m", "Level": "Model"}
+    assert got == [
+        ("InferenceCount", "Count", 1.0, {"Color": "round", **model}),
+        ("Took", "ms", 1.0, model),
+        ("Took", "ms", 3.0, model),
+    ]
+
+
 def test_context_per_request_state() -> None:
     context = Context("m", "/tmp/m", {"model": {}}, 2, None, "1.0")
     assert context.system_properties["server_name"] == "MMS"

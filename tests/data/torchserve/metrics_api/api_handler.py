@@ -5,6 +5,7 @@ wrong (or that TorchServe treats its own way); the answer is ``{"ok": <body>}``,
 ``"missing": true`` when ``get_metric`` raised TorchServe's MetricsCacheKeyError.
 """
 
+from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
@@ -21,6 +22,12 @@ def record(metrics, case):
         metrics.add_counter("NegCounter", -1)
     elif case == "error":  # add_error: Level "Error", no ModelName
         metrics.add_error("ErrMetric", 1)
+    elif case == "dimension_renamed":  # the first call's names take the second's values
+        metrics.add_counter("Renamed", 1, None, [Dimension("A", "1")])
+        metrics.add_counter("Renamed", 1, None, [Dimension("B", "2")])
+    elif case == "unit_changed":  # the first call's unit stays
+        metrics.add_time("UnitKept", 1)
+        metrics.add_time("UnitKept", 2, None, "s")
     elif case == "get_missing":
         from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 

@@ -34,9 +34,20 @@ CASES = (
     "negative_counter",
     "error",
     "get_missing",
+    "dimension_renamed",
+    "unit_changed",
 )
 # The handler's families (what auto-detect may publish for them).
-FAMILIES = ("WrongDims", "StrGauge", "NumStrGauge", "NegCounter", "ErrMetric", "NoSuchMetric")
+FAMILIES = (
+    "WrongDims",
+    "StrGauge",
+    "NumStrGauge",
+    "NegCounter",
+    "ErrMetric",
+    "NoSuchMetric",
+    "Renamed",
+    "UnitKept",
+)
 PORTS = {"inference": 18610, "management": 18611, "metrics": 18612}
 _LINE = re.compile(r"^(?P<name>\w+)\.(?P<rest>[^|]*\|#[^|]*)\|#hostname:")
 
