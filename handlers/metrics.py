@@ -29,12 +29,32 @@ MAX_RECORDS = 10_000
 # record with more dimensions, or a name, unit or dimension longer, is dropped.
 MAX_DIMENSIONS = 16
 MAX_TEXT = 256
+# Metrics cached by type and name (TorchServe's backend caches every one it sees): past this many,
+# a new name is recorded as given, uncached.
+MAX_CACHED = 1000
 
 
 def _bounded(record: dict[str, Any]) -> bool:
     dims = record["dimensions"]
     texts = (record["name"], record["unit"], *dims, *dims.values())
     return len(dims) <= MAX_DIMENSIONS + 2 and all(len(t) <= MAX_TEXT for t in texts)
+
+
+class MetricsCacheKeyError(KeyError):
+    """TorchServe's ``ts.metrics.metric_cache_errors.MetricsCacheKeyError``: ``get_metric`` of
+    a metric the cache does not hold."""
+
+
+class MetricsCacheValueError(ValueError):
+    """TorchServe's ``MetricsCacheValueError`` (importable; torchbay raises none)."""
+
+
+class MetricsCacheTypeError(TypeError):
+    """TorchServe's ``MetricsCacheTypeError`` (importable; torchbay raises none)."""
+
+
+class GeneralMetricsCacheError(Exception):
+    """TorchServe's ``GeneralMetricsCacheError`` (importable; torchbay raises none)."""
 
 
 class MetricTypes(str, enum.Enum):
@@ -86,18 +106,28 @@ class Metric:
     def add_or_update(
         self, value: float, dimension_values: Sequence[str] = (), request_id: str = ""
     ) -> None:
-        """Record ``value`` with one value per dimension name (in order)."""
-        if len(dimension_values) != len(self.dimension_names):
-            raise ValueError(
-                f"metric {self.name!r} has dimensions {self.dimension_names}, "
-                f"got values {list(dimension_values)}"
+        """Record ``value`` with one value per dimension name (in order). Another count of values
+        records nothing and logs the error, as TorchServe's CachingMetric does (the handler's
+        call goes on: a metric never fails a request)."""
+        if dimension_values is None or len(dimension_values) != len(self.dimension_names):
+            logger.error(
+                "[METRICS]Failed to update metric with name:%s with value: %s: Dimension values: "
+                "%s should correspond to Dimension names: %s",
+                self.name,
+                value,
+                dimension_values,
+                self.dimension_names,
             )
+            return
         dims = dict(zip(self.dimension_names, (str(v) for v in dimension_values), strict=True))
-        self._cache._record(self.name, self.metric_type.value, self.unit, value, dims, False)
+        self._cache._emit(self.name, self.metric_type.value, self.unit, value, dims)
 
     def update(self, value: float, request_id: str = "", dimensions: DimensionsLike = None) -> None:
         """Record ``value`` with the given dimensions (or none beyond the defaults)."""
-        self._cache._record(self.name, self.metric_type.value, self.unit, value, _dims(dimensions))
+        dims = _dims(dimensions)
+        dims.setdefault("ModelName", self._cache.model_name)
+        dims.setdefault("Level", "Model")
+        self._cache._emit(self.name, self.metric_type.value, self.unit, value, dims)
 
 
 def _dims(dimensions: DimensionsLike) -> dict[str, str]:
@@ -172,18 +202,40 @@ class MetricsCache:
         dims: dict[str, str],
         defaults: bool = True,
     ) -> None:
-        # TorchServe's order: the handler's dimensions, then ModelName and Level (its
-        # _add_default_dims appends them); an auto-detected metric keeps this order. A cached
-        # metric's add_or_update has exactly its own dimensions (``defaults`` false), as there.
+        """TorchServe's ``add_*``: the handler's dimensions, then ModelName and Level (its
+        ``_add_default_dims`` appends them; ``defaults`` false: as given), recorded through the
+        cached metric of this type and name (``_get_or_add_metric``): the metrics_config's, or
+        the one the first call cached. Its dimension names take the values by position (another
+        count is logged and dropped) and its unit stays, as in TorchServe."""
         dimensions = {**dims}
         if defaults:
             dimensions.setdefault("ModelName", self.model_name)
             dimensions.setdefault("Level", "Model")
+        key = (metric_type, str(name))
+        metric = self._metrics.get(key)
+        if metric is not None:
+            metric.add_or_update(value, list(dimensions.values()))
+            return
+        if len(self._metrics) < MAX_CACHED:  # names come from the handler: keep the map bounded
+            self._metrics[key] = Metric(self, str(name), str(unit), list(dimensions), metric_type)
+        self._emit(str(name), metric_type, unit, value, dimensions)
+
+    def _emit(
+        self, name: str, metric_type: str, unit: str, value: float, dimensions: dict[str, str]
+    ) -> None:
+        """One record, with exactly these dimensions."""
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            # TorchServe's frontend cannot parse such a metric line: it logs it and drops it
+            # (the handler's call goes on).
+            logger.error("[METRICS]metric %s: value %r is no number, dropped", name, value)
+            return
         record = {
             "name": str(name),
             "type": metric_type,
             "unit": str(unit),
-            "value": float(value),  # a value that is no number fails the handler's call
+            "value": number,
             "dimensions": dimensions,
         }
         if len(self._buffer) >= MAX_RECORDS or not _bounded(record):
@@ -226,7 +278,11 @@ class MetricsCache:
     add_percent = _fixed_unit("add_percent", "percent", MetricTypes.GAUGE)
 
     def add_error(self, name: str, value: float, dimensions: DimensionsLike = None) -> None:
-        self._record(name, "counter", "", value, _dims(dimensions))
+        """A counter with TorchServe's error defaults: ``Level`` ``Error`` after the handler's
+        dimensions, and no ``ModelName`` (its ``_add_default_dims`` without a request)."""
+        dims = _dims(dimensions)
+        dims.setdefault("Level", "Error")
+        self._record(name, "counter", "", value, dims, False)
 
     def set_gauge(
         self, name: str, value: float, unit: str = "", dimensions: DimensionsLike = None
@@ -248,8 +304,11 @@ class MetricsCache:
     def get_metric(
         self, metric_name: str, metric_type: MetricTypes | str = MetricTypes.COUNTER
     ) -> Metric:
-        """The metric registered under this name and type (created unit-less if unknown)."""
+        """The metric cached under this name and type (``add_metric_to_cache``, the
+        metrics_config's ``model_metrics``); MetricsCacheKeyError if none, as in TorchServe."""
         key = (_type_name(metric_type), metric_name)
         if key not in self._metrics:
-            return self.add_metric_to_cache(metric_name, "", (), metric_type)
+            raise MetricsCacheKeyError(
+                f"Metric of type '{key[0]}' and name '{metric_name}' doesn't exist"
+            )
         return self._metrics[key]

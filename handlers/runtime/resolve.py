@@ -191,6 +191,15 @@ _ALIASES: dict[str, dict[str, str]] = {
     "ts.utils.util": {name: f"utils.{name}" for name in utils.__all__},
     "ts.metrics.dimension": {"Dimension": "metrics.Dimension"},
     "ts.metrics.metric_type_enum": {"MetricTypes": "metrics.MetricTypes"},
+    "ts.metrics.metric_cache_errors": {
+        name: f"metrics.{name}"
+        for name in (
+            "MetricsCacheKeyError",
+            "MetricsCacheValueError",
+            "MetricsCacheTypeError",
+            "GeneralMetricsCacheError",
+        )
+    },
     "ts.torch_handler.vision_handler": {"VisionHandler": "image_classifier.ImageClassifier"},
     "ts.torch_handler.image_classifier": {"ImageClassifier": "image_classifier.ImageClassifier"},
     "ts.torch_handler.text_classifier": {"TextClassifier": "text_classifier.TextClassifier"},

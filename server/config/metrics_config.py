@@ -47,6 +47,22 @@ LEGACY = frozenset(
         "ts_queue_latency_microseconds",
     )
 )
+# The host metrics: torchbay's host collector (observe.system_metrics) publishes them on /metrics
+# while system metrics are on, whatever ``ts_metrics`` lists.
+HOST_METRICS = frozenset(
+    (
+        "CPUUtilization",
+        "MemoryUsed",
+        "MemoryAvailable",
+        "MemoryUtilization",
+        "DiskUsage",
+        "DiskUtilization",
+        "DiskAvailable",
+        "GPUMemoryUtilization",
+        "GPUMemoryUsed",
+        "GPUUtilization",
+    )
+)
 # Prometheus' names (text format 0.0.4): a metric's, and a label's (``__`` prefix reserved).
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -148,10 +164,11 @@ def prometheus_problem(spec: MetricSpec) -> str | None:
     return None
 
 
-def check_published(spec: MetricsSpec, mode: str) -> None:
+def check_published(spec: MetricsSpec, mode: str, *, host: bool = False) -> None:
     """ConfigError naming the first metric that ``mode`` publishes on /metrics (``prometheus``:
     all; ``legacy``: LEGACY) but Prometheus cannot name (``prometheus_problem``), or that both
-    groups declare (two families of one name: TorchServe's registry refuses the second)."""
+    groups declare (two families of one name: TorchServe's registry refuses the second), or, with
+    ``host`` (system metrics on), a model metric named as a host metric (HOST_METRICS)."""
     if mode == "log":
         return
     for group, metrics in (("ts_metrics", spec.frontend), ("model_metrics", spec.model)):
@@ -160,12 +177,16 @@ def check_published(spec: MetricsSpec, mode: str) -> None:
             problem = prometheus_problem(metric) if published else None
             if published and group == "model_metrics" and metric.name in spec.frontend:
                 problem = f"{metric.name!r} is a ts_metrics name too"
+            if published and group == "model_metrics" and host and metric.name in HOST_METRICS:
+                problem = f"{metric.name!r} is a host metric (disable_system_metrics=false)"
             if problem is not None:
                 raise _fail(f"{group}.{metric.kind}", f"{problem} (metrics_mode={mode})")
 
 
 def _fail(where: str, message: str) -> ConfigError:
-    return ConfigError(f"metrics_config {where}: {message}")
+    return ConfigError(
+        f"metrics_config {where}: {message}" if where else f"metrics_config: {message}"
+    )
 
 
 def _metric(where: str, kind: str, entry: Any, model: bool) -> MetricSpec:
@@ -210,7 +231,9 @@ def parse_metrics_config(text: str, *, auto_detect: bool = False) -> MetricsSpec
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "bad YAML"
-        raise _fail("", f"not valid YAML ({first})") from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise _fail("", f"not valid YAML{at} ({first})") from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise _fail("", "not valid YAML (nested too deep)") from None
     if data is None:

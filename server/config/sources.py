@@ -120,7 +120,8 @@ def load_server_config(
     config._declared = _declared({**raw_props, **ts_env, **own_env, **flags}, base)
     config._restored = restored
     if config.metrics_config is not None:  # its errors now, named, not at the first request
-        check_published(load_metrics_config(config.metrics_config), config.metrics_mode)
+        spec, host = load_metrics_config(config.metrics_config), not config.disable_system_metrics
+        check_published(spec, config.metrics_mode, host=host)
     return config, notes
 
 

@@ -88,6 +88,16 @@ def _utf8(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+def _written(name: str, kind: str) -> set[str]:
+    """The names prometheus_client writes for a metric ``name`` of ``kind`` (text 0.0.4, no
+    ``_created``): a counter's ``<base>_total``, a histogram's own and its samples'."""
+    if kind == "counter":
+        return {name.removesuffix("_total") + "_total"}
+    if kind == "histogram":
+        return {name, *(f"{name}_{suffix}" for suffix in ("bucket", "count", "sum"))}
+    return {name}
+
+
 class _Custom:
     __slots__ = ("children", "keys", "kind", "metric")
 
@@ -106,8 +116,10 @@ class CustomMetrics:
     that cannot be recorded (another type or dimension set than the metric's first record, a
     name clashing with a server metric, TorchServe's families included, a negative counter
     increment, a NaN or infinite counter increment or histogram observation, past
-    ``max_metrics`` metrics or ``max_series`` label sets per metric) is dropped and logged once;
-    the server never fails on a handler's metric.
+    ``max_metrics`` metrics) is dropped and logged once; past ``max_series`` label sets of one
+    metric, the oldest label set goes (logged once), as a TorchServe family's do
+    (observe.ts_families): a server that registers ever new versions keeps publishing the new
+    ones' series. The server never fails on a handler's metric.
     """
 
     def __init__(
@@ -125,6 +137,7 @@ class CustomMetrics:
         self.max_metrics = max_metrics
         self.max_series = max_series
         self._metrics: dict[str, _Custom | None] = {}  # raw name -> metric, None if refused
+        self.written: set[str] = set()  # the family and sample names the metrics write
         self._warned: set[str] = set()
 
     def record(self, mv: ModelVersion, records: list[dict[str, Any]]) -> None:
@@ -165,9 +178,11 @@ class CustomMetrics:
         values = (mv.name, mv.version, *(str(dims[k]) for k in keys))
         child = entry.children.get(values)
         if child is None:
-            if len(entry.children) >= self.max_series:
+            if len(entry.children) >= self.max_series:  # the oldest goes (a version long gone)
                 self._warn(f"series:{raw}", "custom metric %r: too many label sets", raw)
-                return
+                oldest = next(iter(entry.children))
+                del entry.children[oldest]
+                entry.metric.remove(*oldest)
             child = entry.children[values] = entry.metric.labels(*values)
         if kind == "counter":
             child.inc(value)
@@ -189,11 +204,12 @@ class CustomMetrics:
                 raise ValueError(f"unknown metric type {kind!r}")
             if len(set(labels)) != len(labels):
                 raise ValueError(f"dimension names clash once sanitised: {list(keys)}")
-            base = name.removesuffix("_total") if cls is Counter else name
-            if any(map(self.reserved, {name, base, base + "_total"} if cls is Counter else {name})):
+            written = _written(name, kind)
+            if any(map(self.reserved, written | {name, name.removesuffix("_total")})):
                 raise ValueError(f"{name} is one of the server's TorchServe metrics")
             extra = {"buckets": CUSTOM_BUCKETS} if cls is Histogram else {}
             metric = cls(name, doc, labels, registry=self.registry, **extra)
+            self.written |= written
         except ValueError as exc:  # bad type, clashing labels, or a name already registered
             self._warn(f"register:{raw}", "refusing custom metric %r: %s", raw, exc)
             self._metrics[raw] = None

@@ -82,7 +82,7 @@ from torchbay.server.observe.priority_metrics import PriorityCollector
 from torchbay.server.observe.retired import Retired
 from torchbay.server.observe.sequence_metrics import SequenceCollector
 from torchbay.server.observe.system_metrics import GpuCollector, HostCollector, load_nvml
-from torchbay.server.observe.ts_families import MetricsLog, TsFamilies
+from torchbay.server.observe.ts_families import SYSTEM, MetricsLog, TsFamilies
 from torchbay.server.serving.handle import WorkerProcess
 from torchbay.server.serving.model import ModelVersion, Observer
 from torchbay.server.serving.slot import BatchRecord
@@ -174,8 +174,11 @@ class ServerMetrics(Observer):
         self._host = ("Host", self.hostname)
         self._last_handler_ms = 0.0
         self.custom = CustomMetrics(
-            self.registry, max_metrics=max_custom_metrics, reserved=self._ts_name
+            self.registry, max_metrics=max_custom_metrics, reserved=self.ts.writes
         )
+        # The reverse, for auto-detect: the custom metrics' names, and the host collector's.
+        written, host = self.custom.written, SYSTEM if system_metrics else frozenset()
+        self.ts.taken = lambda name: name in written or name in host
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         # The series of versions gone stay for the KEEP most recently used (observe.retired).
         self.retired = Retired(self._per_version(), self._registered, self.cache.forget)
@@ -365,10 +368,6 @@ class ServerMetrics(Observer):
         if record.metrics:
             records = utf8_records(record.metrics)
             self.custom.record(model, self.ts.model_records(records, rids))
-
-    def _ts_name(self, name: str) -> bool:
-        """``name`` is one of TorchServe's families that /metrics exposes (observe.ts_families)."""
-        return name in self.ts.frontend or name in self.ts.model
 
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
         self.retired.used((model.name, model.version))

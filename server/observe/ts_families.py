@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbay.server.config import metrics_config
-from torchbay.server.config.metrics_config import LEGACY, MetricSpec, MetricsSpec
+from torchbay.server.config.metrics_config import HOST_METRICS, LEGACY, MetricSpec, MetricsSpec
 from torchbay.server.observe.logwriter import printable
 from torchbay.server.observe.rollover import RollingFile, Rotation
 
@@ -42,20 +42,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
 MAX_SAMPLES = 1000
 TS_METRICS_LOG, MODEL_METRICS_LOG = "ts_metrics.log", "model_metrics.log"
 # Host metrics: observe.system_metrics writes them (when enabled), never an empty family here.
-SYSTEM = frozenset(
-    (
-        "CPUUtilization",
-        "MemoryUsed",
-        "MemoryAvailable",
-        "MemoryUtilization",
-        "DiskUsage",
-        "DiskUtilization",
-        "DiskAvailable",
-        "GPUMemoryUtilization",
-        "GPUMemoryUsed",
-        "GPUUtilization",
-    )
-)
+SYSTEM = HOST_METRICS
 
 
 def java_double(value: float) -> str:
@@ -173,11 +160,11 @@ class Family:
     def update(self, values: tuple[str, ...], value: float, request_ids: str | None = None) -> None:
         if len(values) != self.width:
             return  # TorchServe's addOrUpdate fails on a dimension count it was not built for
+        if self.adds and not 0 <= value < math.inf:  # a counter never goes down, nor to NaN
+            self._refuse(value)  # nor is it logged: TorchServe's backend refuses it there too
+            return
         if self.log is not None:
             self.log(self._line(values, value, request_ids))
-            return
-        if self.adds and not 0 <= value < math.inf:  # a counter never goes down, nor to NaN
-            self._refuse(value)
             return
         state = self.samples.get(values)
         if state is None:
@@ -216,14 +203,16 @@ class Family:
             f"|#hostname:{values[-1]}{rid},timestamp:{stamp}"
         )
 
-    def text(self) -> list[str]:
+    def text(self, only: set[str] | None = None) -> list[str]:
         """The family in Prometheus text format 0.0.4: its HELP and TYPE even before a sample,
-        as TorchServe's registry writes them (host metrics excepted: see ``SYSTEM``)."""
+        as TorchServe's registry writes them (host metrics excepted: see ``SYSTEM``). With
+        ``only`` (``name[]``), only the samples named there (``LatH_count``: a histogram's family
+        name names none), and nothing without one, as TorchServe's registry filters."""
         if self.log is not None or (not self.samples and self.spec.name in SYSTEM):
             return []
         name, names = self.spec.name, self.spec.dimensions
         kind = "counter" if name in LEGACY else self.spec.kind
-        lines = [f"# HELP {name} {self.help}", f"# TYPE {name} {kind}"]
+        lines = []
         for values, state in list(self.samples.items()):
             # Each label ends with a comma, the last one too (``{Level="Host",Hostname="h",}``),
             # as TorchServe's Prometheus client writes them and TorchServe's own Postman
@@ -237,7 +226,11 @@ class Family:
                 lines.append(f'{name}_bucket{{{labels}le="{_go(bound)}",}} {_go(count)}')
             lines.append(f"{name}_count{{{labels}}} {_go(state[-2])}")
             lines.append(f"{name}_sum{{{labels}}} {_go(state[-1])}")
-        return lines
+        if only is not None:
+            lines = [line for line in lines if line[: line.index("{")] in only]
+            if not lines:
+                return []
+        return [f"# HELP {name} {self.help}", f"# TYPE {name} {kind}", *lines]
 
 
 class TsFamilies:
@@ -250,6 +243,10 @@ class TsFamilies:
         self.log = log
         self.frontend = {name: self._family(s, TS_METRICS_LOG) for name, s in spec.frontend.items()}
         self.model = {name: self._family(s, MODEL_METRICS_LOG) for name, s in spec.model.items()}
+        # Whether torchbay's own registry writes this family or sample name on /metrics
+        # (observe.metrics wires it to the custom metrics'): auto-detect leaves such a name
+        # there, as a second family of one name makes Prometheus reject the whole scrape.
+        self.taken: Callable[[str], bool] = lambda name: False
 
     def _family(self, spec: MetricSpec, file_name: str) -> Family:
         logged = self.mode == "log" or (self.mode == "legacy" and spec.name not in LEGACY)
@@ -276,7 +273,9 @@ class TsFamilies:
         family = self.model.get(name)
         if family is None:
             prometheus = self.mode == "prometheus"  # published on /metrics, not logged
-            if prometheus and name.startswith("torchbay_"):
+            if prometheus and (
+                name.startswith("torchbay_") or any(map(self.taken, written_names(name, kind)))
+            ):
                 return False
             spec = self.spec.model_metric(name, kind, unit, list(dims), prometheus=prometheus)
             if spec is None:
@@ -287,6 +286,15 @@ class TsFamilies:
             return True  # other dimensions than the metric's: TorchServe's update fails too
         family.update((*(dims[n] for n in names), self.hostname), value, rids)
         return True
+
+    def writes(self, name: str) -> bool:
+        """Whether one of these families has ``name`` as its name or one of its samples'
+        (a histogram's ``_bucket``, ``_count``, ``_sum``)."""
+        if name in self.frontend or name in self.model:
+            return True
+        base, _, suffix = name.rpartition("_")
+        family = self.frontend.get(base) or self.model.get(base)
+        return family is not None and family.spec.kind == "histogram" and suffix in _SUFFIXES
 
     def model_records(self, records: list[dict], rids: str) -> list[dict]:
         """A handler's metric records (handlers.metrics) taken as TorchServe's model metrics;
@@ -310,17 +318,26 @@ class TsFamilies:
         return left
 
     def text(self, names: set[str] | None = None) -> str:
-        """Every Prometheus family (those in ``names``, or all) in text format 0.0.4."""
+        """Every Prometheus family in text format 0.0.4 (with ``names``, their samples of those
+        names: ``Family.text``)."""
         lines: list[str] = []
         for family in (*self.frontend.values(), *self.model.values()):
-            if names is None or family.spec.name in names:
-                lines += family.text()
+            lines += family.text(names)
         return "".join(f"{line}\n" for line in lines)
 
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+_SUFFIXES = ("bucket", "count", "sum")
+
+
+def written_names(name: str, kind: str) -> set[str]:
+    """The names a family ``name`` of ``kind`` writes in text format 0.0.4: its own and, for a
+    histogram, its samples'."""
+    return {name, *(f"{name}_{s}" for s in _SUFFIXES)} if kind == "histogram" else {name}
 
 
 def _discard(line: str) -> None:
@@ -335,7 +352,8 @@ def metrics_options(config: Any, env: Mapping[str, str]) -> dict[str, Any]:
     spec = metrics_config.load_metrics_config(
         config.metrics_config, auto_detect=config.model_metrics_auto_detect
     )
-    metrics_config.check_published(spec, config.metrics_mode)
+    host = not config.disable_system_metrics
+    metrics_config.check_published(spec, config.metrics_mode, host=host)
     metrics_log = None
     if config.metrics_mode != "prometheus":
         directory = Path(env.get("METRICS_LOCATION") or env.get("LOG_LOCATION") or "logs")

@@ -4,7 +4,7 @@ import pytest
 
 from torchbay.handlers.context import Context
 from torchbay.handlers.errors import BadInput, HandlerError, PredictionException
-from torchbay.handlers.metrics import Dimension, MetricsCache, MetricTypes
+from torchbay.handlers.metrics import Dimension, MetricsCache, MetricsCacheKeyError, MetricTypes
 
 
 def test_metrics_api_records_plain_dicts() -> None:
@@ -17,8 +17,9 @@ def test_metrics_api_records_plain_dicts() -> None:
     metric = cache.add_metric_to_cache("Hits", "count", ["Route"], MetricTypes.COUNTER)
     metric.add_or_update(1, ["/a"])
     cache.get_metric("Hits", MetricTypes.COUNTER).update(2)
-    with pytest.raises(ValueError, match="dimensions"):
-        metric.add_or_update(1, [])
+    metric.add_or_update(1, [])  # another count of values: logged, nothing recorded
+    with pytest.raises(MetricsCacheKeyError):  # TorchServe's KeyError: never created here
+        cache.get_metric("Hits", MetricTypes.GAUGE)
     records = cache.drain()
     assert cache.drain() == []
     assert [(r["name"], r["type"], r["unit"], r["value"]) for r in records] == [
@@ -33,6 +34,26 @@ def test_metrics_api_records_plain_dicts() -> None:
     assert records[1]["dimensions"] == {"ModelName": "m", "Level": "Model", "Part": "a"}
     assert records[4]["dimensions"]["Level"] == "Host"
     assert records[5]["dimensions"]["Route"] == "/a"
+
+
+def test_add_calls_go_through_the_cached_metric_as_torchserves() -> None:
+    """TorchServe's _get_or_add_metric: the metrics_config's metric (else the first call's)
+    takes a later call's dimension values by position, keeps its unit, and refuses (logs) another
+    count of values."""
+    declared = [("InferenceCount", "counter", "Count", ("Color", "ModelName", "Level"))]
+    cache = MetricsCache("m", declared)
+    cache.add_counter("InferenceCount", 1, None, [Dimension("Shape", "round")])
+    cache.add_counter("InferenceCount", 1, None, [Dimension("A", "x"), Dimension("B", "y")])
+    cache.add_time("Took", 1)
+    cache.add_time("Took", 2, None, "s", [Dimension("Stage", "pre")])  # another count: dropped
+    cache.add_time("Took", 3, None, "s")
+    got = [(r["name"], r["unit"], r["value"], r["dimensions"]) for r in cache.drain()]
+    model = {"ModelName": "m", "Level": "Model"}
+    assert got == [
+        ("InferenceCount", "Count", 1.0, {"Color": "round", **model}),
+        ("Took", "ms", 1.0, model),
+        ("Took", "ms", 3.0, model),
+    ]
 
 
 def test_context_per_request_state() -> None:

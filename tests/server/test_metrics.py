@@ -305,6 +305,8 @@ def test_host_metrics(server: LiveServer) -> None:
 
 @pytest.mark.slow
 def test_metrics_filter_by_name(server: LiveServer) -> None:
+    # name[] keeps samples (TorchServe's filter): both families have one once a request was served
+    assert httpx.post(f"{server.url}/predictions/probe", json={}, timeout=60).status_code == 200
     r = httpx.get(
         f"{server.metrics_url}/metrics",
         params=[("name[]", "ts_inference_requests_total"), ("name[]", "Requests2XX")],
@@ -381,10 +383,10 @@ def test_dashboard_queries_only_metrics_that_exist(server: LiveServer) -> None:
 # -- units ----------------------------------------------------------------------------------------
 
 
-def _model(name: str = "m") -> ModelVersion:
+def _model(name: str = "m", version: str = "1.0") -> ModelVersion:
     return ModelVersion(
         name=name,
-        version="1.0",
+        version=version,
         model_dir=Path("."),
         settings=ModelSettings(),
         place=lambda mv, i: Placement(gpu_id=None, threads=1),
@@ -432,6 +434,19 @@ def test_custom_metrics_are_capped_and_never_raise(caplog: pytest.LogCaptureFixt
     assert len(custom._metrics["g"].children) == 2  # type: ignore[union-attr]
     warnings = [r for r in caplog.records if r.name == "torchbay.metrics"]
     assert warnings and len(warnings) == len({r.getMessage() for r in warnings})  # logged once
+
+
+def test_a_new_versions_custom_series_is_kept_past_the_cap() -> None:
+    """Versions come and go (each registration a new label set): past ``max_series``, the
+    oldest label set makes room, and the version serving now keeps being published."""
+    registry = CollectorRegistry()
+    custom = CustomMetrics(registry, max_series=3)
+    record = {"name": "hits", "type": "counter", "value": 1, "dimensions": {}}
+    for version in range(1, 6):
+        custom.record(_model(version=f"{version}.0"), [record, record])
+    page = _page(registry)
+    assert page.value("hits_total", model="m", version="5.0") == 2
+    assert [s.labels["version"] for s in page.series("hits_total")] == ["3.0", "4.0", "5.0"]
 
 
 def test_system_metrics_can_be_disabled() -> None:

@@ -68,6 +68,8 @@ def test_a_custom_config_drops_and_declares() -> None:
         ("ts_metrics:\n  counter:\n    - {name: A, dimensions: [x, x]}\n", "distinct"),
         ("- a list\n", "a mapping"),
         ("ts_metrics: [\n", "not valid YAML"),
+        ("dimensions: [a]\nts_metrics:\n  counter: [{name: A, dimensions: [*b]}]\n", "line 3"),
+        ("ts_metrics: {\n  counter: [\n", "metrics_config: not valid YAML at line 3"),
         ("x: !!python/object/apply:os.system ['true']\n", "not valid YAML"),  # safe_load only
         ("[" * 5000, "nested too deep"),  # PyYAML recurses: no RecursionError escapes
     ],
@@ -109,6 +111,19 @@ def test_prometheus_mode_refuses_a_name_prometheus_cannot_read(tmp_path: Path) -
                 continue
             with pytest.raises(ConfigError, match=named):
                 load_server_config(ts_config=None, env={}, cli=cli, cwd=tmp_path)
+
+
+def test_a_model_metric_named_as_a_host_metric_stops_the_config_load(tmp_path: Path) -> None:
+    """The host collector publishes CPUUtilization while system metrics are on: a model metric
+    of that name would be a second family of it on /metrics (Prometheus refuses the scrape)."""
+    (tmp_path / "metrics.yaml").write_text(
+        "model_metrics:\n  gauge:\n    - {name: CPUUtilization, dimensions: [ModelName]}\n"
+    )
+    cli = {"metrics_config": "metrics.yaml", "metrics_mode": "prometheus"}
+    with pytest.raises(ConfigError, match="'CPUUtilization' is a host metric"):
+        load_server_config(ts_config=None, env={}, cli=cli, cwd=tmp_path)
+    for fine in ({"disable_system_metrics": "true"}, {"metrics_mode": "log"}):
+        load_server_config(ts_config=None, env={}, cli={**cli, **fine}, cwd=tmp_path)
 
 
 def test_java_double_as_torchserves_lines_write_it() -> None:
@@ -213,6 +228,7 @@ def test_the_log_files_follow_metrics_location_and_survive_an_unwritable_one(
     config = SimpleNamespace(
         metrics_config=None,
         model_metrics_auto_detect=False,
+        disable_system_metrics=False,
         log_file_max_bytes=1 << 20,
         log_file_backups=2,
     )

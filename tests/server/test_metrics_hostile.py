@@ -79,6 +79,63 @@ def test_a_hostile_handler_metric_leaves_metrics_parseable(
     assert [name for name, count in types.items() if count > 1] == []
 
 
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ({"name": "clash-g", "type": "gauge"}, {"name": "clash_g", "type": "gauge"}),
+        ({"name": "clash-c"}, {"name": "clash_c_total"}),
+        ({"name": "clash-h", "type": "histogram"}, {"name": "clash_h", "type": "gauge"}),
+        ({"name": "clash-s", "type": "histogram"}, {"name": "clash_s_sum", "type": "gauge"}),
+        ({"name": "rev_h", "type": "histogram"}, {"name": "rev-h_count", "type": "gauge"}),
+    ],
+    ids=["gauge", "counter", "histogram", "histogram-sample", "detected-first"],
+)
+def test_a_detected_name_never_doubles_a_family_that_torchbay_wrote_first(
+    server: LiveServer, first: dict[str, Any], then: dict[str, Any]
+) -> None:
+    """A name auto-detect refuses (``clash-g``) goes to torchbay's registry, sanitised
+    (``clash_g``); a later metric of that very name (or of one of its samples) must not be
+    detected too, nor may torchbay's registry take a detected histogram's sample name
+    (``rev_h_count``): a second family of one name makes Prometheus reject the whole scrape."""
+    base = first["name"].replace("-", "_")
+    with httpx.Client(timeout=60) as client:
+        record(client, server, {**first, "value": 1})
+        record(client, server, {**then, "value": 1})
+        text = client.get(f"{server.metrics_url}/metrics").text
+    list(text_string_to_metric_families(text))  # parseable
+    families: dict[str, set[str]] = {}  # a name of this case's -> the families that write it
+    family = ""
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            family = line.split()[2]
+            if family.startswith(base):
+                assert family not in families, f"a second family {family}"
+                families[family] = {family}
+        elif line and not line.startswith("#") and line.startswith(base):
+            families.setdefault(line.split("{")[0].split()[0], set()).add(family)
+    assert {name: fams for name, fams in families.items() if len(fams) > 1} == {}
+
+
+def test_a_detected_name_never_doubles_a_host_metric(store: Path, tmp_path: Path) -> None:
+    """A metrics_config without the host metrics in ``ts_metrics`` (TorchServe would publish
+    none then; torchbay's host collector still does, system metrics on): a handler's
+    ``CPUUtilization`` must not be auto-detected beside the host collector's family."""
+    config_file = tmp_path / "metrics.yaml"
+    config_file.write_text("ts_metrics:\n  counter:\n    - {name: Requests2XX, unit: Count}\n")
+    config = make_config(
+        store, models=MODELS, model_metrics_auto_detect=True, metrics_config=config_file
+    )
+    live = LiveServer(config).start()
+    try:
+        with httpx.Client(timeout=60) as client:
+            record(client, live, {"name": "CPUUtilization", "value": 1, "type": "gauge"})
+            text = client.get(f"{live.metrics_url}/metrics").text
+    finally:
+        live.stop()
+    list(text_string_to_metric_families(text))  # parseable
+    assert text.count("# TYPE CPUUtilization ") == 1, text
+
+
 def test_a_handler_gauge_at_nan_is_written_as_nan(server: LiveServer) -> None:
     with httpx.Client(timeout=60) as client:
         record(client, server, {"name": "nan_gauge", "value": float("nan"), "type": "gauge"})
