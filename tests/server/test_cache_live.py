@@ -25,8 +25,10 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
 
-from .conftest import ASSETS, LiveServer, build_store, make_config, scripted_archive
+from .conftest import ASSETS, LiveServer, build_store, make_config, oip_client, scripted_archive
 from .test_oip import Sub
+
+_MODULES: dict[str, Any] = {"http": triton_http, "grpc": triton_grpc}
 
 pytestmark = pytest.mark.slow
 
@@ -203,26 +205,18 @@ def test_another_request_id_is_a_hit_answered_with_its_own_id(
 ) -> None:
     """Triton's key has no request id: tritonclient's request_id does not keep a repeat from
     being a hit, and the hit's answer carries the asking request's id (binary outputs too)."""
-    ports = server.server.state.ports
-    if kind == "http":
-        module: Any = triton_http
-        client = triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}")
-    else:
-        module = triton_grpc
-        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+    module = _MODULES[kind]
     a = A * (8 if kind == "http" else 9)
     out = [module.InferRequestedOutput("diff")]
     answers: list[Any] = []
+    with oip_client(server, kind) as client:
 
-    def infer(rid: str) -> None:
-        answers.append(client.infer("sub", _inputs(module, a), outputs=out, request_id=rid))
+        def infer(rid: str) -> None:
+            answers.append(client.infer("sub", _inputs(module, a), outputs=out, request_id=rid))
 
-    try:
         assert _moved(server, "sub", "1", lambda: infer("first")) == MISS
         assert _moved(server, "sub", "1", lambda: infer("second")) == HIT
         assert _moved(server, "sub", "1", lambda: infer("first")) == HIT
-    finally:
-        client.close()
     ids = [r.get_response()["id"] if kind == "http" else r.get_response().id for r in answers]
     assert ids == ["first", "second", "first"]
     for answer in answers:
@@ -274,15 +268,9 @@ def _infer(module: Any, client: Any, a: np.ndarray, **kw: Any) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
 def test_tritonclient_repeats_are_hits(server: LiveServer, kind: str) -> None:
-    ports = server.server.state.ports
-    if kind == "http":
-        module: Any = triton_http
-        client = triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}")
-    else:
-        module = triton_grpc
-        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+    module = _MODULES[kind]
     a = A * (3 if kind == "http" else 4)
-    try:
+    with oip_client(server, kind) as client:
         out: list[np.ndarray] = []
         assert _moved(server, "sub", "1", lambda: out.append(_infer(module, client, a))) == MISS
         assert _moved(server, "sub", "1", lambda: out.append(_infer(module, client, a))) == HIT
@@ -292,8 +280,6 @@ def test_tritonclient_repeats_are_hits(server: LiveServer, kind: str) -> None:
         off = {"cache-control": "no-cache"}
         skip = _moved(server, "sub", "1", lambda: _infer(module, client, a, headers=off))
         assert skip == UNCACHED
-    finally:
-        client.close()
 
 
 def test_torchserve_grpc_repeats_are_hits(server: LiveServer, ts_stubs: SimpleNamespace) -> None:

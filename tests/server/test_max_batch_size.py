@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +20,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from .conftest import LiveServer, running
+from .conftest import LiveServer, oip_client
+from .test_plane_parity import server  # noqa: F401  (the fixture: one.mar loaded, model API on)
 
 pytestmark = pytest.mark.slow
 
@@ -29,21 +29,10 @@ PROTOCOLS = ("http", "grpc")
 
 
 @pytest.fixture(scope="module")
-def server(oip_store: Path) -> Iterator[LiveServer]:
-    with running(oip_store, load_models=["one.mar"], enable_model_api=True) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def clients(server: LiveServer) -> Iterator[dict[str, Any]]:
-    ports = server.server.state.ports
-    both = {
-        "http": triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}"),
-        "grpc": triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}"),
-    }
-    yield both
-    for client in both.values():
-        client.close()
+def clients(server: LiveServer) -> Iterator[dict[str, Any]]:  # noqa: F811
+    """tritonclient's HTTP and gRPC clients of the module's server (the parity test's)."""
+    with oip_client(server, "http") as http, oip_client(server, "grpc") as grpc:
+        yield {"http": http, "grpc": grpc}
 
 
 def _infer(client: Any, protocol: str, model: str, rows: int, inputs: dict[str, int]) -> Any:
@@ -85,7 +74,8 @@ def test_a_batch_past_a_loaded_max_batch_size_is_refused_in_tritons_words(
 
 
 def test_torchserves_declared_batch_size_is_the_same_bound(
-    server: LiveServer, clients: dict[str, Any]
+    server: LiveServer,
+    clients: dict[str, Any],  # noqa: F811
 ) -> None:
     """A batch size registered through TorchServe's management API is the one the model
     configuration shows, so OIP requests are held to it over either protocol; TorchServe's own
