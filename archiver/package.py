@@ -84,6 +84,18 @@ def resolve_handler(handler: str) -> tuple[str, Path | None]:
     return path.name + (sep + function if function else ""), path
 
 
+def _make_export_dir(export_dir: Path) -> None:
+    """--export-path, made when missing (torch-model-archiver wants it to exist)."""
+    if export_dir.exists() and not export_dir.is_dir():
+        raise ArchiveArgumentError(f"--export-path {str(export_dir)!r} is not a directory")
+    try:
+        export_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArchiveArgumentError(
+            f"--export-path {str(export_dir)!r} cannot be made: {exc.strerror or exc}"
+        ) from None
+
+
 def _add_extra(stage: Stage, spec: str) -> None:
     """torch-model-archiver's --extra-files: files by basename, directories' contents at root."""
     wildcard = any(ch in spec for ch in "*?[")
@@ -179,10 +191,7 @@ def package(options: ArchiveOptions) -> Path:
     target = _target_format(options, source)
     _check_options(options, source, target)
     out = output_path(options)
-    export_dir = Path(options.export_path)
-    if export_dir.exists() and not export_dir.is_dir():
-        raise ArchiveArgumentError(f"--export-path {str(export_dir)!r} is not a directory")
-    export_dir.mkdir(parents=True, exist_ok=True)
+    _make_export_dir(Path(options.export_path))
     if out.exists() and not options.force:
         raise ArchiveArgumentError(f"{out} already exists; use -f/--force to overwrite")
 

@@ -204,6 +204,17 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
             int8_args,
             "int8-dynamic quantizes only Linear",
         ),
+        "export path under a file": (  # was a NotADirectoryError traceback
+            [
+                *archive[:-1],
+                str(good / "sub"),
+                "--handler",
+                "tensor",
+                "--serialized-file",
+                str(good),
+            ],
+            f"--export-path {str(good / 'sub')!r} cannot be made: Not a directory",
+        ),
     }
 
 
@@ -217,6 +228,7 @@ CASES = [
     "symlink member",
     "missing archive",
     "precision the model cannot take",
+    "export path under a file",
 ]
 
 
