@@ -28,11 +28,14 @@ from __future__ import annotations
 import copy
 import importlib.util
 import inspect
+import io
+import logging
+import re
 import sys
 import uuid
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Any
 
@@ -254,12 +257,46 @@ def export(
         args = tuple(torch.cat([t, t]) for t in args)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     try:
-        with torch.no_grad(), quiet():
+        with torch.no_grad(), quiet(), export_silenced():
             return torch.export.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args))
     except Exception as exc:
-        raise ConversionError(
-            f"torch.export failed (try --convert torchscript-trace): {_one_line(exc)}"
-        ) from None
+        raise ConversionError(f"torch.export failed{export_failure(exc)}") from None
+
+
+class _DropTorchRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "torch" or record.name.startswith("torch."))
+
+
+@contextmanager
+def export_silenced() -> Iterator[None]:
+    """A failing torch.export prints its partial graph to stderr (twice) and logs warnings through
+    torch's own handlers: the ConversionError's one line (``export_failure``) says it instead."""
+    names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] == "torch"]
+    handlers = {h for n in ("", *names) for h in logging.getLogger(n).handlers}
+    drop = _DropTorchRecords()
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        with redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop)
+
+
+def export_failure(exc: BaseException) -> str:
+    """`` (hint): first line (at file.py line N: code)`` for a torch.export error: where in the
+    model it failed (torch names the call), and the way out. Data-dependent control flow is no
+    case for tracing (a trace keeps the example's branch): it names TorchScript scripting."""
+    text = str(exc)
+    where = re.search(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', text)
+    at = f" (at {Path(where[1]).name} line {where[2]}: {where[3].strip()})" if where else ""
+    if "data-dependent" in text or "DataDependent" in type(exc).__name__:
+        hint = "data-dependent control flow; try --convert torchscript-script, or none"
+    else:
+        hint = "try --convert torchscript-trace"
+    return f" ({hint}): {_one_line(exc)}{at}"
 
 
 def save_torchscript(module: torch.jit.ScriptModule, path: Path) -> None:
