@@ -215,9 +215,33 @@ def locate_failure(
 def trace(
     model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...]
 ) -> torch.jit.ScriptModule:
+    """torch.jit.trace, checked on other values of the example's shape (negated, doubled plus
+    one): a trace keeps the path the example took, so a model whose path depends on its input's
+    values (``if x.sum() > 0``) would serve that path for every request. The parity check runs
+    the example's own rows and cannot see it."""
+    args = positional(example)
+    checks = [
+        tuple(fn(t) if t.is_floating_point() else t for t in args)
+        for fn in (torch.neg, lambda t: t * 2 + 1)
+    ]
+    if not any(t.is_floating_point() for t in args):
+        checks = []
     try:
         with torch.no_grad(), quiet():
-            return torch.jit.trace(model, positional(example), check_trace=False)
+            return torch.jit.trace(
+                model, args, check_trace=bool(checks), check_inputs=checks, check_tolerance=1e-4
+            )
+    except torch.jit.TracingCheckError:
+        raise ConversionError(
+            "torch.jit.trace keeps the example's path only, and the model takes another on "
+            "other inputs (data-dependent control flow): use --convert torchscript-script or "
+            "export, or none"
+        ) from None
+    except Exception:  # it fails on the other values themselves (or at all): unchecked
+        pass
+    try:
+        with torch.no_grad(), quiet():
+            return torch.jit.trace(model, args, check_trace=False)
     except Exception as exc:
         raise ConversionError(f"torch.jit.trace failed: {_one_line(exc)}") from None
 
