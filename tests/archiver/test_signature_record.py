@@ -144,8 +144,9 @@ def test_inspect_shows_the_signature(two_inputs: dict, tmp_path) -> None:
     assert "inputs:     features FP32 [-1, 4], extra FP32 [-1, 2]" in result.stdout
     assert "outputs:    output0 FP32 [-1, 3], output1 FP32 [-1]" in result.stdout
     assert "example_input.npz (one array per input, by name)" in result.stdout
-    verify = run_torchbay("verify", str(out))
-    assert verify.returncode != 0 and "several inputs: pass --input" in verify.stderr
+    verify = run_torchbay("verify", str(out))  # the stored example, as an OIP request
+    assert verify.returncode == 0, verify.stderr
+    assert "example_input.npz[0] (features, extra) as an OIP request" in verify.stdout
 
 
 class _Seq(nn.Module):
