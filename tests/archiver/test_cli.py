@@ -241,3 +241,28 @@ def test_bad_input_gives_one_error_line_and_exit_1(case: str, tmp_path: Path, di
     assert len(errors) == 1, proc.stderr
     assert expected in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--tolerance", "nan", "tolerance: Input should be a finite number"),
+        ("--tolerance", "-1", "tolerance: Input should be greater than or equal to 0"),
+        ("--min-top1-agreement", "2", "min_top1_agreement: Input should be less than or equal"),
+    ],
+)
+def test_a_parity_limit_that_is_no_limit_is_refused(
+    flag: str, value: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--tolerance nan passed every model (NaN compares false) and wrote NaN, which is no JSON,
+    into the manifest; a negative tolerance or an agreement above 1 refused every model as drift."""
+    model_file, state = write_conv_model(tmp_path)
+    torch.save(torch.randn(2, 1, 5, 5), tmp_path / "x.pt")
+    args = [
+        *("archive", "--model-name", "c", "-v", "1", "--handler", "tensor"),
+        *("--model-file", str(model_file), "--serialized-file", str(state)),
+        *("--example-input", str(tmp_path / "x.pt"), "--export-path", str(tmp_path)),
+    ]
+    assert main([*args, flag, value]) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "c.mar").exists()
