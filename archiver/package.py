@@ -109,15 +109,22 @@ def _add_extra(stage: Stage, spec: str) -> None:
         if path.is_file():
             stage.add(path.name, path)
         elif path.is_dir():
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d[0] != ".")
-                for name in sorted(filenames):
-                    full = Path(dirpath) / name
-                    if full.is_symlink():
-                        raise ArchiveArgumentError(f"--extra-files: {full} is a link")
-                    stage.add(full.relative_to(path).as_posix(), full)
+            _add_folder(stage, path)
         else:
             raise ArchiveArgumentError(f"--extra-files {match!r} is not a file or directory")
+
+
+def _add_folder(stage: Stage, folder: Path) -> None:
+    """A folder's files at the archive's root, subfolders kept (no hidden or cache folders). A
+    link is refused: os.walk would list a linked folder but never enter it, leaving it out."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d[0] != ".")
+        for name in [*dirnames, *sorted(filenames)]:
+            full = Path(dirpath) / name
+            if full.is_symlink():
+                raise ArchiveArgumentError(f"--extra-files: {full} is a link")
+            if name in filenames:
+                stage.add(full.relative_to(folder).as_posix(), full)
 
 
 def _source_format(options: ArchiveOptions) -> Format:

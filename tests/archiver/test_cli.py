@@ -176,6 +176,10 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
         "--serialized-file", str(conv_state), "--convert", "torchscript-trace",
         "--precision", "int8-dynamic", "--example-input", str(digits / "example_input.pt"),
     ]  # fmt: skip
+    extra = tmp_path / "extra"
+    (extra / "assets").mkdir(parents=True)
+    (extra / "vocab.txt").write_text("a b")
+    (extra / "assets" / "tokenizer").symlink_to(digits, target_is_directory=True)
     return {
         "missing file": (
             [*archive, "--handler", "tensor", "--serialized-file", str(tmp_path / "nope.pt")],
@@ -204,6 +208,18 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
             int8_args,
             "int8-dynamic quantizes only Linear",
         ),
+        "linked folder in extra files": (  # was left out of the archive, unsaid
+            [
+                *archive,
+                "--handler",
+                "tensor",
+                "--serialized-file",
+                str(good),
+                "--extra-files",
+                str(extra),
+            ],
+            f"--extra-files: {extra / 'assets' / 'tokenizer'} is a link",
+        ),
         "export path under a file": (  # was a NotADirectoryError traceback
             [
                 *archive[:-1],
@@ -229,6 +245,7 @@ CASES = [
     "missing archive",
     "precision the model cannot take",
     "export path under a file",
+    "linked folder in extra files",
 ]
 
 
