@@ -116,7 +116,7 @@ def load_eager(model_file: Path, state_file: Path) -> nn.Module:
 
 def load_exported(path: Path) -> torch.export.ExportedProgram:
     try:
-        with quiet():
+        with quiet(), export_silenced():  # torch logs the traceback of a file it cannot read
             return torch.export.load(str(path))
     except Exception as exc:
         raise ArchiveArgumentError(

@@ -14,6 +14,7 @@ import torch
 
 from tests.torchserve_archivers import run_archiver
 from torchbay.archiver.manifest import read_manifest
+from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.cli import main
 
 from .conftest import run_torchbay, write_conv_model
@@ -176,6 +177,18 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
         "--serialized-file", str(conv_state), "--convert", "torchscript-trace",
         "--precision", "int8-dynamic", "--example-input", str(digits / "example_input.pt"),
     ]  # fmt: skip
+    example = ["--example-input", str(digits / "example_input.pt")]
+    junk_pt2 = tmp_path / "junk.pt2"  # torch.export.load logged its traceback reading it
+    junk_pt2.write_bytes(b"not a program")
+    junk_mar = package(
+        ArchiveOptions(
+            model_name="junk",
+            version="1",
+            handler="tensor",
+            serialized_file=junk_pt2,
+            export_path=tmp_path / "junk",
+        )
+    )
     extra = tmp_path / "extra"
     (extra / "assets").mkdir(parents=True)
     (extra / "vocab.txt").write_text("a b")
@@ -220,6 +233,14 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
             ],
             f"--extra-files: {extra / 'assets' / 'tokenizer'} is a link",
         ),
+        "a .pt2 that is no program": (
+            [*archive, "--handler", "tensor", "--serialized-file", str(junk_pt2), *example],
+            "'junk.pt2' is not a torch.export program",
+        ),
+        "verify a .pt2 that is no program": (
+            ["verify", str(junk_mar), "--input", str(junk_pt2)],
+            "cannot load exported model 'junk.pt2'",
+        ),
         "export path under a file": (  # was a NotADirectoryError traceback
             [
                 *archive[:-1],
@@ -246,6 +267,8 @@ CASES = [
     "precision the model cannot take",
     "export path under a file",
     "linked folder in extra files",
+    "a .pt2 that is no program",
+    "verify a .pt2 that is no program",
 ]
 
 
