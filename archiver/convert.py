@@ -99,7 +99,8 @@ def load_eager(model_file: Path, state_file: Path) -> nn.Module:
         state = torch.load(state_file, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise ArchiveArgumentError(
-            f"cannot read state dict {state_file.name!r} (weights_only): {exc}"
+            f"cannot read state dict {state_file.name!r} (weights_only): "
+            f"{file_problem(state_file, exc)}"
         ) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
@@ -128,7 +129,9 @@ def load_torchscript(path: Path) -> torch.jit.ScriptModule:
     try:
         return torch.jit.load(str(path), map_location="cpu").eval()
     except Exception as exc:
-        raise ArchiveArgumentError(f"{path.name!r} is not a TorchScript file: {exc}") from None
+        raise ArchiveArgumentError(
+            f"{path.name!r} is not a TorchScript file: {file_problem(path, exc)}"
+        ) from None
 
 
 def quantizable_layers(model: nn.Module, types: tuple[type[nn.Module], ...]) -> list[str]:
@@ -334,6 +337,17 @@ def save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
 
 def save_state_dict(model: nn.Module, path: Path) -> None:
     torch.save(model.state_dict(), path)
+
+
+def file_problem(path: Path, exc: BaseException) -> str:
+    """Why ``path`` could not be read, in one line: torch says nothing of an empty file (an
+    EOFError without a message)."""
+    try:
+        if path.stat().st_size == 0:
+            return "the file is empty"
+    except OSError:
+        pass
+    return _one_line(exc)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchbay.archiver.convert import file_problem
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
 from torchbay.archiver.signature import TORCH_TO_OIP, TensorSpec
 
@@ -82,7 +83,9 @@ def load_example(path: Path, model: Any) -> Example:
         else:
             data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # numpy/torch raise many types for a bad file
-        raise ArchiveArgumentError(f"cannot read example input {path.name!r}: {exc}") from None
+        raise ArchiveArgumentError(
+            f"cannot read example input {path.name!r}: {file_problem(path, exc)}"
+        ) from None
     if isinstance(data, torch.Tensor):
         names, tensors = ["input0"], [data]
     elif isinstance(data, tuple | list) and data:

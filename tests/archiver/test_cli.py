@@ -189,6 +189,7 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
             export_path=tmp_path / "junk",
         )
     )
+    (tmp_path / "empty.pt").touch()  # torch says nothing of it (an EOFError without a message)
     extra = tmp_path / "extra"
     (extra / "assets").mkdir(parents=True)
     (extra / "vocab.txt").write_text("a b")
@@ -241,6 +242,10 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
             ["verify", str(junk_mar), "--input", str(junk_pt2)],
             "cannot load exported model 'junk.pt2'",
         ),
+        "empty example input": (
+            [*int8_args[:-4], "--example-input", str(tmp_path / "empty.pt")],
+            "cannot read example input 'empty.pt': the file is empty",
+        ),
         "export path under a file": (  # was a NotADirectoryError traceback
             [
                 *archive[:-1],
@@ -269,6 +274,7 @@ CASES = [
     "linked folder in extra files",
     "a .pt2 that is no program",
     "verify a .pt2 that is no program",
+    "empty example input",
 ]
 
 
