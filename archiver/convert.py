@@ -72,7 +72,10 @@ def import_model_class(model_file: Path) -> type[nn.Module]:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise ArchiveArgumentError(f"importing {model_file.name!r} failed: {exc!r}") from None
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError):  # the worker finds only what the archive holds
+            hint = " (a module of your own goes into the archive with --extra-files)"
+        raise ArchiveArgumentError(f"importing {model_file.name!r} failed: {exc!r}{hint}") from None
     classes = [
         c
         for _, c in inspect.getmembers(module, inspect.isclass)

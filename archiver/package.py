@@ -204,9 +204,6 @@ def package(options: ArchiveOptions) -> Path:
 
     with tempfile.TemporaryDirectory(prefix="torchbay-archive-") as tmp:
         stage = Stage(Path(tmp))
-        serialized_name, packed_model_file, parity, recorded = _model_files(
-            options, stage, source, target, serialized, model_file
-        )
         if handler_file is not None:
             stage.add(handler_file.name, handler_file)
         for spec in options.extra_files:
@@ -214,6 +211,10 @@ def package(options: ArchiveOptions) -> Path:
         for path in (options.requirements_file, options.config_file):
             if path is not None:
                 stage.add(Path(path).name, Path(path))
+        # staged first: the model file imports its sibling modules from them, as in a worker
+        serialized_name, packed_model_file, parity, recorded = _model_files(
+            options, stage, source, target, serialized, model_file
+        )
         files = {name: sha256_file(src) for name, src in sorted(stage.files.items())}
         manifest = _manifest(
             options,
