@@ -31,6 +31,7 @@ from torchbay.archiver.write import write_archive
 BUILTIN_HANDLERS = (
     "tensor",
     "base",
+    "base_handler",
     "image_classifier",
     "image_segmenter",
     "object_detector",
