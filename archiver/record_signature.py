@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchbay.archiver.convert import file_problem
+from torchbay.archiver.convert import file_problem, quiet
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
 from torchbay.archiver.signature import TORCH_TO_OIP, TensorSpec
 
@@ -81,7 +81,8 @@ def load_example(path: Path, model: Any) -> Example:
             with np.load(path, allow_pickle=False) as npz:
                 data = {k: torch.from_numpy(npz[k]) for k in npz.files}
         else:
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            with quiet():  # a quantized tensor's deprecation
+                data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # numpy/torch raise many types for a bad file
         raise ArchiveArgumentError(
             f"cannot read example input {path.name!r}: {file_problem(path, exc)}"
@@ -110,6 +111,13 @@ def _checked(file: str, name: str, tensor: Any) -> torch.Tensor:
         raise ArchiveArgumentError(
             f"example input {file!r}: {name} must be a tensor, got {type(tensor).__name__}"
         )
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        kind, way = ("quantized", "dequantize") if tensor.is_quantized else ("sparse", "to_dense")
+        raise ArchiveArgumentError(
+            f"example input {file!r}: {name} must be a dense tensor, got a {kind} one "
+            f"(save its .{way}())"
+        )
+    tensor = tensor.detach()  # saved from a computation with autograd (numpy() refuses it)
     if tensor.dim() < 1 or tensor.shape[0] < 1:
         raise ArchiveArgumentError(
             f"example input {file!r}: {name} needs a batch dimension first "

@@ -226,3 +226,19 @@ def test_a_half_precision_archive_declares_its_floating_tensors_half(
     assert tb.outputs == [_spec("output0", [-1, 3], half), _spec("output1", [-1], "INT64")]
     assert tb.parity is not None and tb.parity.passed and tb.parity.max_rel_error > 0
     assert tb.parity.tolerance.max_rel_error >= 5e-2  # the precision's, not fp32's 1e-4
+
+
+def test_an_example_saved_with_autograd_packs(two_inputs: dict, tmp_path: Path) -> None:
+    """An example computed with autograd on (requires_grad): a RuntimeError traceback ('Can't
+    call numpy() on Tensor that requires grad') when the archiver saved it."""
+    features = torch.randn(3, 4, requires_grad=True) * 1.0
+    torch.save((features, torch.randn(3, 2)), tmp_path / "ex.pt")
+    out = package(ArchiveOptions(**two_inputs, example_input=tmp_path / "ex.pt"))
+    assert read_manifest(out).torchbay.inputs[0].shape == [-1, 4]
+
+
+def test_a_sparse_example_is_refused_in_one_line(two_inputs: dict, tmp_path: Path) -> None:
+    """A sparse example tensor was a RuntimeError traceback ('unsupported memory format')."""
+    torch.save((torch.randn(3, 4).to_sparse(), torch.randn(3, 2)), tmp_path / "ex.pt")
+    with pytest.raises(ArchiveArgumentError, match="input0 must be a dense tensor, got a sparse"):
+        package(ArchiveOptions(**two_inputs, example_input=tmp_path / "ex.pt"))
