@@ -92,7 +92,12 @@ def load_example(path: Path, model: Any) -> Example:
     elif isinstance(data, tuple | list) and data:
         names, tensors = [f"input{i}" for i in range(len(data))], list(data)
     elif isinstance(data, dict) and data:
-        names = [str(k) for k in data]
+        if not all(isinstance(k, str) and k for k in data):  # they are the inputs' OIP names
+            raise ArchiveArgumentError(
+                f"example input {path.name!r}: a dict's keys name the inputs and must be "
+                f"non-empty strings, got {list(data)!r}"[:300]
+            )
+        names = list(data)
         order = forward_names(model)
         if order and set(names) <= set(order):
             names = sorted(names, key=order.index)

@@ -242,3 +242,15 @@ def test_a_sparse_example_is_refused_in_one_line(two_inputs: dict, tmp_path: Pat
     torch.save((torch.randn(3, 4).to_sparse(), torch.randn(3, 2)), tmp_path / "ex.pt")
     with pytest.raises(ArchiveArgumentError, match="input0 must be a dense tensor, got a sparse"):
         package(ArchiveOptions(**two_inputs, example_input=tmp_path / "ex.pt"))
+
+
+@pytest.mark.parametrize("keys", [(0, 1), ("", "extra")])
+def test_a_dict_example_whose_keys_are_no_names_is_refused(
+    two_inputs: dict, tmp_path: Path, keys: tuple
+) -> None:
+    """Integer keys were a KeyError traceback ('0'); an empty one 'invalid configuration:
+    name: String should have at least 1 character'."""
+    example = dict(zip(keys, (torch.randn(3, 4), torch.randn(3, 2)), strict=True))
+    torch.save(example, tmp_path / "ex.pt")
+    with pytest.raises(ArchiveArgumentError, match="keys name the inputs and must be non-empty"):
+        package(ArchiveOptions(**two_inputs, example_input=tmp_path / "ex.pt"))
