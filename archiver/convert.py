@@ -101,9 +101,14 @@ def load_eager(model_file: Path, state_file: Path) -> nn.Module:
     try:
         state = torch.load(state_file, map_location="cpu", weights_only=True)
     except Exception as exc:
+        problem = file_problem(state_file, exc)
+        if "Weights only load failed" in str(exc):  # pickled objects: torch.save(model)?
+            problem = (
+                "it holds pickled objects, not only tensors (a whole model saved with "
+                "torch.save(model)? save model.state_dict() instead)"
+            )
         raise ArchiveArgumentError(
-            f"cannot read state dict {state_file.name!r} (weights_only): "
-            f"{file_problem(state_file, exc)}"
+            f"cannot read state dict {state_file.name!r} (weights_only): {problem}"
         ) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]

@@ -189,6 +189,7 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
             export_path=tmp_path / "junk",
         )
     )
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "whole.pt")  # the model, not its state dict
     (tmp_path / "empty.pt").touch()  # torch says nothing of it (an EOFError without a message)
     extra = tmp_path / "extra"
     (extra / "assets").mkdir(parents=True)
@@ -246,6 +247,10 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
             [*int8_args[:-4], "--example-input", str(tmp_path / "empty.pt")],
             "cannot read example input 'empty.pt': the file is empty",
         ),
+        "a whole model for a state dict": (  # was torch's words, cut, with terminal codes
+            [*int8_args[:-4], *example, "--serialized-file", str(tmp_path / "whole.pt")],
+            "'whole.pt' (weights_only): it holds pickled objects, not only tensors",
+        ),
         "export path under a file": (  # was a NotADirectoryError traceback
             [
                 *archive[:-1],
@@ -275,6 +280,7 @@ CASES = [
     "a .pt2 that is no program",
     "verify a .pt2 that is no program",
     "empty example input",
+    "a whole model for a state dict",
 ]
 
 
