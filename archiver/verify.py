@@ -196,7 +196,9 @@ def verify_archive(
             runner = Runner(service, batch_size)
             replies = runner.run([request for request, _ in pairs])
         except HandlerError as exc:
-            raise ArchiveError(f"handler {spec!r}: {exc}") from None
+            said = str(exc)  # the loader's own words may name the handler already
+            prefix = f"handler {spec!r}: "
+            raise ArchiveError(said if said.startswith(prefix) else prefix + said) from None
     results = [
         VerifyResult(
             manifest=manifest,

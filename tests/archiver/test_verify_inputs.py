@@ -173,3 +173,22 @@ def test_a_model_of_two_inputs_is_verified_over_the_open_inference_protocol(
     with torch.no_grad():
         expected = model(torch.tensor([[1.0, 2, 3, 4]]), torch.tensor([[1.0, 2, 3]]))
     assert answer["outputs"][0]["data"] == pytest.approx(expected[0].tolist(), rel=1e-5)
+
+
+def test_a_handler_function_that_is_not_there_is_named_once(
+    echo_mar: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error named the handler twice: handler 'echo.py:nope': handler 'echo.py:nope': ..."""
+    root = echo_mar.parent
+    nope = package(
+        ArchiveOptions(
+            model_name="nope",
+            version="1.0",
+            serialized_file=root / "id.pt",
+            handler=f"{root / 'echo.py'}:nope",
+            export_path=root / "nope",
+        )
+    )
+    assert main(["verify", str(nope), "--input", str(root / "hello.txt")]) == 1
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert errors == ["torchbay: error: handler 'echo.py:nope': 'echo.py' has no function 'nope'"]
