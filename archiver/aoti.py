@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from torchbay.archiver.convert import positional, quiet
+from torchbay.archiver.convert import export_failure, export_silenced, positional, quiet
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
 
 # also handlers/runtime/aoti_loader.py's AOTI_MAX_BATCH (the worker does not import the archiver)
@@ -84,12 +84,12 @@ def compile_package(
         args = tuple(torch.cat([t, t]) for t in args)
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     try:
-        with torch.no_grad(), quiet():
+        with torch.no_grad(), quiet(), export_silenced():
             program = torch.export.export(
                 model, args, dynamic_shapes=tuple({0: batch} for _ in args)
             )
     except Exception as exc:
-        raise ConversionError(f"--convert aoti: torch.export failed: {_one_line(exc)}") from None
+        raise ConversionError(f"--convert aoti: torch.export failed{export_failure(exc)}") from None
     try:
         with torch.no_grad(), quiet():
             torch._inductor.aoti_compile_and_package(

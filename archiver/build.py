@@ -6,6 +6,9 @@ Called by ``package.package`` when the model is transformed or an example input 
 from __future__ import annotations
 
 import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +36,40 @@ def build_model(
     """Stage the (converted) model and the example; returns (serializedFile, modelFile, parity,
     the manifest fields recorded from the example and a run of the packed model).
     Raises ConversionError / ParityError / ArchiveArgumentError."""
+    assert options.example_input is not None
+    with _model_dir_on_path(stage):
+        return _build(options, stage, source, target, serialized, model_file)
+
+
+@contextmanager
+def _model_dir_on_path(stage: Stage) -> Iterator[None]:
+    """The files staged so far (extra files, the handler) linked into one folder on sys.path, as
+    the worker's model directory is: a model file imports its sibling modules from there, and
+    from there only (what the archive does not hold, the worker would not find). The modules
+    imported from it are forgotten afterwards."""
+    folder = stage.root / "model_dir"
+    for name, source in stage.files.items():
+        link = folder / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path(source).resolve())
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        for name, module in list(sys.modules.items()):
+            if str(getattr(module, "__file__", None) or "").startswith(str(folder)):
+                del sys.modules[name]
+
+
+def _build(
+    options: ArchiveOptions,
+    stage: Stage,
+    source: Format,
+    target: Format,
+    serialized: Path,
+    model_file: Path | None,
+) -> tuple[str, str | None, Parity, dict[str, Any]]:
     assert options.example_input is not None
     program: Any = None
     if source == "eager":

@@ -28,11 +28,14 @@ from __future__ import annotations
 import copy
 import importlib.util
 import inspect
+import io
+import logging
+import re
 import sys
 import uuid
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +72,10 @@ def import_model_class(model_file: Path) -> type[nn.Module]:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise ArchiveArgumentError(f"importing {model_file.name!r} failed: {exc!r}") from None
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError):  # the worker finds only what the archive holds
+            hint = " (a module of your own goes into the archive with --extra-files)"
+        raise ArchiveArgumentError(f"importing {model_file.name!r} failed: {exc!r}{hint}") from None
     classes = [
         c
         for _, c in inspect.getmembers(module, inspect.isclass)
@@ -95,8 +101,14 @@ def load_eager(model_file: Path, state_file: Path) -> nn.Module:
     try:
         state = torch.load(state_file, map_location="cpu", weights_only=True)
     except Exception as exc:
+        problem = file_problem(state_file, exc)
+        if "Weights only load failed" in str(exc):  # pickled objects: torch.save(model)?
+            problem = (
+                "it holds pickled objects, not only tensors (a whole model saved with "
+                "torch.save(model)? save model.state_dict() instead)"
+            )
         raise ArchiveArgumentError(
-            f"cannot read state dict {state_file.name!r} (weights_only): {exc}"
+            f"cannot read state dict {state_file.name!r} (weights_only): {problem}"
         ) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
@@ -113,7 +125,7 @@ def load_eager(model_file: Path, state_file: Path) -> nn.Module:
 
 def load_exported(path: Path) -> torch.export.ExportedProgram:
     try:
-        with quiet():
+        with quiet(), export_silenced():  # torch logs the traceback of a file it cannot read
             return torch.export.load(str(path))
     except Exception as exc:
         raise ArchiveArgumentError(
@@ -125,7 +137,9 @@ def load_torchscript(path: Path) -> torch.jit.ScriptModule:
     try:
         return torch.jit.load(str(path), map_location="cpu").eval()
     except Exception as exc:
-        raise ArchiveArgumentError(f"{path.name!r} is not a TorchScript file: {exc}") from None
+        raise ArchiveArgumentError(
+            f"{path.name!r} is not a TorchScript file: {file_problem(path, exc)}"
+        ) from None
 
 
 def quantizable_layers(model: nn.Module, types: tuple[type[nn.Module], ...]) -> list[str]:
@@ -212,9 +226,33 @@ def locate_failure(
 def trace(
     model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...]
 ) -> torch.jit.ScriptModule:
+    """torch.jit.trace, checked on other values of the example's shape (negated, doubled plus
+    one): a trace keeps the path the example took, so a model whose path depends on its input's
+    values (``if x.sum() > 0``) would serve that path for every request. The parity check runs
+    the example's own rows and cannot see it."""
+    args = positional(example)
+    checks = [
+        tuple(fn(t) if t.is_floating_point() else t for t in args)
+        for fn in (torch.neg, lambda t: t * 2 + 1)
+    ]
+    if not any(t.is_floating_point() for t in args):
+        checks = []
     try:
         with torch.no_grad(), quiet():
-            return torch.jit.trace(model, positional(example), check_trace=False)
+            return torch.jit.trace(
+                model, args, check_trace=bool(checks), check_inputs=checks, check_tolerance=1e-4
+            )
+    except torch.jit.TracingCheckError:
+        raise ConversionError(
+            "torch.jit.trace keeps the example's path only, and the model takes another on "
+            "other inputs (data-dependent control flow): use --convert torchscript-script or "
+            "export, or none"
+        ) from None
+    except Exception:  # it fails on the other values themselves (or at all): unchecked
+        pass
+    try:
+        with torch.no_grad(), quiet():
+            return torch.jit.trace(model, args, check_trace=False)
     except Exception as exc:
         raise ConversionError(f"torch.jit.trace failed: {_one_line(exc)}") from None
 
@@ -254,12 +292,46 @@ def export(
         args = tuple(torch.cat([t, t]) for t in args)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     try:
-        with torch.no_grad(), quiet():
+        with torch.no_grad(), quiet(), export_silenced():
             return torch.export.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args))
     except Exception as exc:
-        raise ConversionError(
-            f"torch.export failed (try --convert torchscript-trace): {_one_line(exc)}"
-        ) from None
+        raise ConversionError(f"torch.export failed{export_failure(exc)}") from None
+
+
+class _DropTorchRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "torch" or record.name.startswith("torch."))
+
+
+@contextmanager
+def export_silenced() -> Iterator[None]:
+    """A failing torch.export prints its partial graph to stderr (twice) and logs warnings through
+    torch's own handlers: the ConversionError's one line (``export_failure``) says it instead."""
+    names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] == "torch"]
+    handlers = {h for n in ("", *names) for h in logging.getLogger(n).handlers}
+    drop = _DropTorchRecords()
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        with redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop)
+
+
+def export_failure(exc: BaseException) -> str:
+    """`` (hint): first line (at file.py line N: code)`` for a torch.export error: where in the
+    model it failed (torch names the call), and the way out. Data-dependent control flow is no
+    case for tracing (a trace keeps the example's branch): it names TorchScript scripting."""
+    text = str(exc)
+    where = re.search(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', text)
+    at = f" (at {Path(where[1]).name} line {where[2]}: {where[3].strip()})" if where else ""
+    if "data-dependent" in text or "DataDependent" in type(exc).__name__:
+        hint = "data-dependent control flow; try --convert torchscript-script, or none"
+    else:
+        hint = "try --convert torchscript-trace"
+    return f" ({hint}): {_one_line(exc)}{at}"
 
 
 def save_torchscript(module: torch.jit.ScriptModule, path: Path) -> None:
@@ -273,6 +345,17 @@ def save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
 
 def save_state_dict(model: nn.Module, path: Path) -> None:
     torch.save(model.state_dict(), path)
+
+
+def file_problem(path: Path, exc: BaseException) -> str:
+    """Why ``path`` could not be read, in one line: torch says nothing of an empty file (an
+    EOFError without a message)."""
+    try:
+        if path.stat().st_size == 0:
+            return "the file is empty"
+    except OSError:
+        pass
+    return _one_line(exc)
 
 
 def _one_line(exc: BaseException) -> str:

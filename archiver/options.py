@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from torchbay.archiver.errors import ArchiveArgumentError
 from torchbay.archiver.manifest import Precision, check_folder_name
@@ -42,8 +42,10 @@ class ArchiveOptions(BaseModel):
     precision: Precision = "fp32"
     optimize: bool = False
     example_input: Path | None = None
-    tolerance: float | None = None
-    min_top1_agreement: float | None = None
+    # A limit the parity check compares with: NaN passed every model (and wrote NaN, no JSON,
+    # into the manifest); "accept any drift" is --allow-drift.
+    tolerance: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     allow_drift: bool = False
 
     @field_validator("model_name", "version")

@@ -31,6 +31,7 @@ from torchbay.archiver.write import write_archive
 BUILTIN_HANDLERS = (
     "tensor",
     "base",
+    "base_handler",
     "image_classifier",
     "image_segmenter",
     "object_detector",
@@ -84,6 +85,18 @@ def resolve_handler(handler: str) -> tuple[str, Path | None]:
     return path.name + (sep + function if function else ""), path
 
 
+def _make_export_dir(export_dir: Path) -> None:
+    """--export-path, made when missing (torch-model-archiver wants it to exist)."""
+    if export_dir.exists() and not export_dir.is_dir():
+        raise ArchiveArgumentError(f"--export-path {str(export_dir)!r} is not a directory")
+    try:
+        export_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArchiveArgumentError(
+            f"--export-path {str(export_dir)!r} cannot be made: {exc.strerror or exc}"
+        ) from None
+
+
 def _add_extra(stage: Stage, spec: str) -> None:
     """torch-model-archiver's --extra-files: files by basename, directories' contents at root."""
     wildcard = any(ch in spec for ch in "*?[")
@@ -97,15 +110,22 @@ def _add_extra(stage: Stage, spec: str) -> None:
         if path.is_file():
             stage.add(path.name, path)
         elif path.is_dir():
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d[0] != ".")
-                for name in sorted(filenames):
-                    full = Path(dirpath) / name
-                    if full.is_symlink():
-                        raise ArchiveArgumentError(f"--extra-files: {full} is a link")
-                    stage.add(full.relative_to(path).as_posix(), full)
+            _add_folder(stage, path)
         else:
             raise ArchiveArgumentError(f"--extra-files {match!r} is not a file or directory")
+
+
+def _add_folder(stage: Stage, folder: Path) -> None:
+    """A folder's files at the archive's root, subfolders kept (no hidden or cache folders). A
+    link is refused: os.walk would list a linked folder but never enter it, leaving it out."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d[0] != ".")
+        for name in [*dirnames, *sorted(filenames)]:
+            full = Path(dirpath) / name
+            if full.is_symlink():
+                raise ArchiveArgumentError(f"--extra-files: {full} is a link")
+            if name in filenames:
+                stage.add(full.relative_to(folder).as_posix(), full)
 
 
 def _source_format(options: ArchiveOptions) -> Format:
@@ -179,18 +199,12 @@ def package(options: ArchiveOptions) -> Path:
     target = _target_format(options, source)
     _check_options(options, source, target)
     out = output_path(options)
-    export_dir = Path(options.export_path)
-    if export_dir.exists() and not export_dir.is_dir():
-        raise ArchiveArgumentError(f"--export-path {str(export_dir)!r} is not a directory")
-    export_dir.mkdir(parents=True, exist_ok=True)
+    _make_export_dir(Path(options.export_path))
     if out.exists() and not options.force:
         raise ArchiveArgumentError(f"{out} already exists; use -f/--force to overwrite")
 
     with tempfile.TemporaryDirectory(prefix="torchbay-archive-") as tmp:
         stage = Stage(Path(tmp))
-        serialized_name, packed_model_file, parity, recorded = _model_files(
-            options, stage, source, target, serialized, model_file
-        )
         if handler_file is not None:
             stage.add(handler_file.name, handler_file)
         for spec in options.extra_files:
@@ -198,6 +212,10 @@ def package(options: ArchiveOptions) -> Path:
         for path in (options.requirements_file, options.config_file):
             if path is not None:
                 stage.add(Path(path).name, Path(path))
+        # staged first: the model file imports its sibling modules from them, as in a worker
+        serialized_name, packed_model_file, parity, recorded = _model_files(
+            options, stage, source, target, serialized, model_file
+        )
         files = {name: sha256_file(src) for name, src in sorted(stage.files.items())}
         manifest = _manifest(
             options,

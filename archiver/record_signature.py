@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchbay.archiver.convert import file_problem, quiet
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
 from torchbay.archiver.signature import TORCH_TO_OIP, TensorSpec
 
@@ -80,15 +81,23 @@ def load_example(path: Path, model: Any) -> Example:
             with np.load(path, allow_pickle=False) as npz:
                 data = {k: torch.from_numpy(npz[k]) for k in npz.files}
         else:
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            with quiet():  # a quantized tensor's deprecation
+                data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # numpy/torch raise many types for a bad file
-        raise ArchiveArgumentError(f"cannot read example input {path.name!r}: {exc}") from None
+        raise ArchiveArgumentError(
+            f"cannot read example input {path.name!r}: {file_problem(path, exc)}"
+        ) from None
     if isinstance(data, torch.Tensor):
         names, tensors = ["input0"], [data]
     elif isinstance(data, tuple | list) and data:
         names, tensors = [f"input{i}" for i in range(len(data))], list(data)
     elif isinstance(data, dict) and data:
-        names = [str(k) for k in data]
+        if not all(isinstance(k, str) and k for k in data):  # they are the inputs' OIP names
+            raise ArchiveArgumentError(
+                f"example input {path.name!r}: a dict's keys name the inputs and must be "
+                f"non-empty strings, got {list(data)!r}"[:300]
+            )
+        names = list(data)
         order = forward_names(model)
         if order and set(names) <= set(order):
             names = sorted(names, key=order.index)
@@ -107,6 +116,13 @@ def _checked(file: str, name: str, tensor: Any) -> torch.Tensor:
         raise ArchiveArgumentError(
             f"example input {file!r}: {name} must be a tensor, got {type(tensor).__name__}"
         )
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        kind, way = ("quantized", "dequantize") if tensor.is_quantized else ("sparse", "to_dense")
+        raise ArchiveArgumentError(
+            f"example input {file!r}: {name} must be a dense tensor, got a {kind} one "
+            f"(save its .{way}())"
+        )
+    tensor = tensor.detach()  # saved from a computation with autograd (numpy() refuses it)
     if tensor.dim() < 1 or tensor.shape[0] < 1:
         raise ArchiveArgumentError(
             f"example input {file!r}: {name} needs a batch dimension first "

@@ -2,8 +2,10 @@
 
 The inputs are ``--input FILE`` (repeatable: one request each, in batches of ``--batch-size``) or
 the example stored in the archive (for the ``tensor`` handler: one sample, as raw little-endian
-float32, or ``.npy`` for integer inputs). The requests go through ``handlers.testing``'s Runner,
-i.e. ``load_service`` and ``Service.predict``, the worker's own code. An unsafe archive or a
+float32, or ``.npy`` for integer inputs; for a model of several inputs, their first rows as an
+Open Inference Protocol request). An OIP request given as ``--input`` takes the ``/v2`` path too.
+The requests go through ``handlers.testing``'s Runner, i.e. ``load_service`` and
+``Service.predict``, the worker's own code. An unsafe archive or a
 handler that fails to load raises ArchiveError; the report says which responses failed: any 5xx
 (a bug of the handler), or a non-2xx answer to the stored example (a model must take its own).
 A 4xx to a given input is the handler refusing that input, shown but not a failure.
@@ -83,12 +85,58 @@ def _example_body(model_dir: Path, manifest: Manifest) -> tuple[bytes, str, str]
 
 
 def _input_request(input_file: Path, content_type: str | None, index: int) -> Any:
+    """One request of a --input file; an Open Inference Protocol request (a JSON object whose
+    ``inputs`` are named tensors) goes the way ``/v2/models/{name}/infer`` takes it."""
     from torchbay.handlers.testing import make_request
 
     if not input_file.is_file():
         raise ArchiveArgumentError(f"--input {str(input_file)!r} does not exist")
     request = make_request(input_file, content_type=content_type, request_id=str(index))
+    if _is_oip_request(request.body, request.content_type):
+        request = make_request(
+            input_file, content_type=content_type, request_id=str(index), protocol="v2"
+        )
+        return request, f"{input_file} (Open Inference Protocol request)"
     return request, f"{input_file} ({request.content_type})"
+
+
+def _is_oip_request(body: bytes, content_type: str) -> bool:
+    """A JSON ``{"inputs": [{"name", "shape", "datatype", ...}, ...]}`` (not TorchServe's
+    ``{"inputs": "text"}`` of many handlers)."""
+    if "json" not in content_type.lower():
+        return False
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return False
+    inputs = data.get("inputs") if isinstance(data, dict) else None
+    return (
+        isinstance(inputs, list)
+        and bool(inputs)
+        and all(isinstance(t, dict) and {"name", "shape", "datatype"} <= t.keys() for t in inputs)
+    )
+
+
+def _oip_example(model_dir: Path, name: str) -> Any:
+    """The first row of every input of a multi-input example (``.npz``) as an OIP request."""
+    import numpy as np
+
+    from torchbay.archiver.signature import TORCH_TO_OIP
+    from torchbay.handlers.testing import make_request
+
+    with np.load(model_dir / name, allow_pickle=False) as npz:
+        rows = {key: npz[key][:1] for key in npz.files}
+    inputs = [
+        {
+            "name": key,
+            "shape": list(row.shape),
+            "datatype": TORCH_TO_OIP[str(row.dtype)],
+            "data": row.reshape(-1).tolist(),
+        }
+        for key, row in rows.items()
+    ]
+    request = make_request({"inputs": inputs}, protocol="v2")
+    return request, f"stored example {name}[0] ({', '.join(rows)}) as an OIP request"
 
 
 def _example_request(model_dir: Path, manifest: Manifest, handler: str, ctype: str | None) -> Any:
@@ -99,16 +147,13 @@ def _example_request(model_dir: Path, manifest: Manifest, handler: str, ctype: s
         raise ArchiveArgumentError(
             "the archive stores no example input: pass --input FILE (e.g. an image)"
         )
-    if tb.example_input.endswith(".npz"):
-        raise ArchiveArgumentError(
-            "the stored example has several inputs: pass --input FILE (e.g. an OIP v2 JSON "
-            "request with --content-type application/json)"
-        )
     if handler not in _TENSOR_HANDLERS:
         raise ArchiveArgumentError(
             f"handler {handler!r} takes its own input format: pass --input FILE "
             "(the stored example is a preprocessed tensor)"
         )
+    if tb.example_input.endswith(".npz"):  # several inputs: by name, as OIP clients send them
+        return _oip_example(model_dir, tb.example_input)
     body, example_type, what = _example_body(model_dir, manifest)
     return make_request(body, content_type=ctype or example_type), what
 
@@ -151,7 +196,9 @@ def verify_archive(
             runner = Runner(service, batch_size)
             replies = runner.run([request for request, _ in pairs])
         except HandlerError as exc:
-            raise ArchiveError(f"handler {spec!r}: {exc}") from None
+            said = str(exc)  # the loader's own words may name the handler already
+            prefix = f"handler {spec!r}: "
+            raise ArchiveError(said if said.startswith(prefix) else prefix + said) from None
     results = [
         VerifyResult(
             manifest=manifest,

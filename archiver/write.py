@@ -29,7 +29,10 @@ def write_archive(
     ``fmt`` next to ``out``, then move it into place (never a half-written archive). ``name`` is
     the model name (the top folder of a tgz)."""
     manifest_bytes = manifest.to_json().encode()
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    try:
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    except OSError as exc:
+        raise ArchiveError(f"cannot write {out}: {exc.strerror or exc}") from None
     try:
         if fmt == "no-archive":
             target = _write_folder(tmp_dir / name, files, manifest_bytes)

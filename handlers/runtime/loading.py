@@ -196,8 +196,20 @@ def _optimize(model: Any, serialized: str) -> Any:
         return model
 
 
+class _NoRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
 def _load_exported(path: Path, device: torch.device) -> Any:
-    program = torch.export.load(str(path))
+    # torch.export.load logs the whole traceback of a file it cannot read (a warning of its own
+    # logger) before it raises; the error raised says it in one line (the caller's)
+    silent, export_log = _NoRecords(), logging.getLogger("torch.export")
+    export_log.addFilter(silent)
+    try:
+        program = torch.export.load(str(path))
+    finally:
+        export_log.removeFilter(silent)
     if device.type != "cpu":
         # Constants baked into the graph stay on the export device unless the program is moved.
         from torch.export.passes import move_to_device_pass

@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 BUILTIN_HANDLERS: dict[str, str] = {
     "tensor": "torchbay.handlers.tensor",
     "base": "torchbay.handlers.tensor",
+    # TorchServe's name for its BaseHandler (torch-model-archiver --handler base_handler)
+    "base_handler": "torchbay.handlers.base_handler",
     "image_classifier": "torchbay.handlers.image_classifier",
     "image_segmenter": "torchbay.handlers.image_segmenter",
     "object_detector": "torchbay.handlers.object_detector",

@@ -14,6 +14,7 @@ import torch
 
 from tests.torchserve_archivers import run_archiver
 from torchbay.archiver.manifest import read_manifest
+from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.cli import main
 
 from .conftest import run_torchbay, write_conv_model
@@ -176,6 +177,24 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
         "--serialized-file", str(conv_state), "--convert", "torchscript-trace",
         "--precision", "int8-dynamic", "--example-input", str(digits / "example_input.pt"),
     ]  # fmt: skip
+    example = ["--example-input", str(digits / "example_input.pt")]
+    junk_pt2 = tmp_path / "junk.pt2"  # torch.export.load logged its traceback reading it
+    junk_pt2.write_bytes(b"not a program")
+    junk_mar = package(
+        ArchiveOptions(
+            model_name="junk",
+            version="1",
+            handler="tensor",
+            serialized_file=junk_pt2,
+            export_path=tmp_path / "junk",
+        )
+    )
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "whole.pt")  # the model, not its state dict
+    (tmp_path / "empty.pt").touch()  # torch says nothing of it (an EOFError without a message)
+    extra = tmp_path / "extra"
+    (extra / "assets").mkdir(parents=True)
+    (extra / "vocab.txt").write_text("a b")
+    (extra / "assets" / "tokenizer").symlink_to(digits, target_is_directory=True)
     return {
         "missing file": (
             [*archive, "--handler", "tensor", "--serialized-file", str(tmp_path / "nope.pt")],
@@ -204,6 +223,45 @@ def _bad_inputs(tmp_path: Path, digits: Path) -> dict[str, tuple[list[str], str]
             int8_args,
             "int8-dynamic quantizes only Linear",
         ),
+        "linked folder in extra files": (  # was left out of the archive, unsaid
+            [
+                *archive,
+                "--handler",
+                "tensor",
+                "--serialized-file",
+                str(good),
+                "--extra-files",
+                str(extra),
+            ],
+            f"--extra-files: {extra / 'assets' / 'tokenizer'} is a link",
+        ),
+        "a .pt2 that is no program": (
+            [*archive, "--handler", "tensor", "--serialized-file", str(junk_pt2), *example],
+            "'junk.pt2' is not a torch.export program",
+        ),
+        "verify a .pt2 that is no program": (
+            ["verify", str(junk_mar), "--input", str(junk_pt2)],
+            "cannot load exported model 'junk.pt2'",
+        ),
+        "empty example input": (
+            [*int8_args[:-4], "--example-input", str(tmp_path / "empty.pt")],
+            "cannot read example input 'empty.pt': the file is empty",
+        ),
+        "a whole model for a state dict": (  # was torch's words, cut, with terminal codes
+            [*int8_args[:-4], *example, "--serialized-file", str(tmp_path / "whole.pt")],
+            "'whole.pt' (weights_only): it holds pickled objects, not only tensors",
+        ),
+        "export path under a file": (  # was a NotADirectoryError traceback
+            [
+                *archive[:-1],
+                str(good / "sub"),
+                "--handler",
+                "tensor",
+                "--serialized-file",
+                str(good),
+            ],
+            f"--export-path {str(good / 'sub')!r} cannot be made: Not a directory",
+        ),
     }
 
 
@@ -217,6 +275,12 @@ CASES = [
     "symlink member",
     "missing archive",
     "precision the model cannot take",
+    "export path under a file",
+    "linked folder in extra files",
+    "a .pt2 that is no program",
+    "verify a .pt2 that is no program",
+    "empty example input",
+    "a whole model for a state dict",
 ]
 
 
@@ -229,3 +293,28 @@ def test_bad_input_gives_one_error_line_and_exit_1(case: str, tmp_path: Path, di
     assert len(errors) == 1, proc.stderr
     assert expected in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--tolerance", "nan", "tolerance: Input should be a finite number"),
+        ("--tolerance", "-1", "tolerance: Input should be greater than or equal to 0"),
+        ("--min-top1-agreement", "2", "min_top1_agreement: Input should be less than or equal"),
+    ],
+)
+def test_a_parity_limit_that_is_no_limit_is_refused(
+    flag: str, value: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--tolerance nan passed every model (NaN compares false) and wrote NaN, which is no JSON,
+    into the manifest; a negative tolerance or an agreement above 1 refused every model as drift."""
+    model_file, state = write_conv_model(tmp_path)
+    torch.save(torch.randn(2, 1, 5, 5), tmp_path / "x.pt")
+    args = [
+        *("archive", "--model-name", "c", "-v", "1", "--handler", "tensor"),
+        *("--model-file", str(model_file), "--serialized-file", str(state)),
+        *("--example-input", str(tmp_path / "x.pt"), "--export-path", str(tmp_path)),
+    ]
+    assert main([*args, flag, value]) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "c.mar").exists()

@@ -144,8 +144,9 @@ def test_inspect_shows_the_signature(two_inputs: dict, tmp_path) -> None:
     assert "inputs:     features FP32 [-1, 4], extra FP32 [-1, 2]" in result.stdout
     assert "outputs:    output0 FP32 [-1, 3], output1 FP32 [-1]" in result.stdout
     assert "example_input.npz (one array per input, by name)" in result.stdout
-    verify = run_torchbay("verify", str(out))
-    assert verify.returncode != 0 and "several inputs: pass --input" in verify.stderr
+    verify = run_torchbay("verify", str(out))  # the stored example, as an OIP request
+    assert verify.returncode == 0, verify.stderr
+    assert "example_input.npz[0] (features, extra) as an OIP request" in verify.stdout
 
 
 class _Seq(nn.Module):
@@ -225,3 +226,31 @@ def test_a_half_precision_archive_declares_its_floating_tensors_half(
     assert tb.outputs == [_spec("output0", [-1, 3], half), _spec("output1", [-1], "INT64")]
     assert tb.parity is not None and tb.parity.passed and tb.parity.max_rel_error > 0
     assert tb.parity.tolerance.max_rel_error >= 5e-2  # the precision's, not fp32's 1e-4
+
+
+def test_an_example_saved_with_autograd_packs(two_inputs: dict, tmp_path: Path) -> None:
+    """An example computed with autograd on (requires_grad): a RuntimeError traceback ('Can't
+    call numpy() on Tensor that requires grad') when the archiver saved it."""
+    features = torch.randn(3, 4, requires_grad=True) * 1.0
+    torch.save((features, torch.randn(3, 2)), tmp_path / "ex.pt")
+    out = package(ArchiveOptions(**two_inputs, example_input=tmp_path / "ex.pt"))
+    assert read_manifest(out).torchbay.inputs[0].shape == [-1, 4]
+
+
+def test_a_sparse_example_is_refused_in_one_line(two_inputs: dict, tmp_path: Path) -> None:
+    """A sparse example tensor was a RuntimeError traceback ('unsupported memory format')."""
+    torch.save((torch.randn(3, 4).to_sparse(), torch.randn(3, 2)), tmp_path / "ex.pt")
+    with pytest.raises(ArchiveArgumentError, match="input0 must be a dense tensor, got a sparse"):
+        package(ArchiveOptions(**two_inputs, example_input=tmp_path / "ex.pt"))
+
+
+@pytest.mark.parametrize("keys", [(0, 1), ("", "extra")])
+def test_a_dict_example_whose_keys_are_no_names_is_refused(
+    two_inputs: dict, tmp_path: Path, keys: tuple
+) -> None:
+    """Integer keys were a KeyError traceback ('0'); an empty one 'invalid configuration:
+    name: String should have at least 1 character'."""
+    example = dict(zip(keys, (torch.randn(3, 4), torch.randn(3, 2)), strict=True))
+    torch.save(example, tmp_path / "ex.pt")
+    with pytest.raises(ArchiveArgumentError, match="keys name the inputs and must be non-empty"):
+        package(ArchiveOptions(**two_inputs, example_input=tmp_path / "ex.pt"))

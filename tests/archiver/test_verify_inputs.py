@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,79 @@ def test_a_streaming_handler_shows_its_parts(
     out = capsys.readouterr().out
     assert "output:  three" in out
     assert "stream:  2 parts, then the output: one two three" in out
+
+
+TWO_INPUTS = """\
+import torch
+from torch import nn
+
+
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 3)
+
+    def forward(self, a, b):
+        return self.l(a) + b
+"""
+
+
+def test_a_model_of_two_inputs_is_verified_over_the_open_inference_protocol(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verify refused the stored two-input example (asking for an OIP request) and then answered
+    the OIP request it asked for with a 400 (it went the TorchServe way, as a JSON array)."""
+    (tmp_path / "two.py").write_text(TWO_INPUTS)
+    namespace: dict = {}
+    exec(compile(TWO_INPUTS, "two.py", "exec"), namespace)
+    model = namespace["Two"]().eval()
+    torch.save(model.state_dict(), tmp_path / "two.pt")
+    torch.save({"a": torch.randn(2, 4), "b": torch.randn(2, 3)}, tmp_path / "ab.pt")
+    mar = package(
+        ArchiveOptions(
+            model_name="two",
+            version="1.0",
+            handler="tensor",
+            model_file=tmp_path / "two.py",
+            serialized_file=tmp_path / "two.pt",
+            example_input=tmp_path / "ab.pt",
+            export_path=tmp_path,
+        )
+    )
+    assert main(["verify", str(mar)]) == 0
+    out = capsys.readouterr().out
+    assert "stored example example_input.npz[0] (a, b) as an OIP request" in out
+    assert "status:  200" in out and '"name": "output0"' in out
+    request = {
+        "inputs": [
+            {"name": "a", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+            {"name": "b", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+        ]
+    }
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    assert main(["verify", str(mar), "--input", str(tmp_path / "request.json")]) == 0
+    out = capsys.readouterr().out
+    assert "status:  200" in out, out
+    answer = json.loads(out.split("output:  ", 1)[1].splitlines()[0])
+    with torch.no_grad():
+        expected = model(torch.tensor([[1.0, 2, 3, 4]]), torch.tensor([[1.0, 2, 3]]))
+    assert answer["outputs"][0]["data"] == pytest.approx(expected[0].tolist(), rel=1e-5)
+
+
+def test_a_handler_function_that_is_not_there_is_named_once(
+    echo_mar: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error named the handler twice: handler 'echo.py:nope': handler 'echo.py:nope': ..."""
+    root = echo_mar.parent
+    nope = package(
+        ArchiveOptions(
+            model_name="nope",
+            version="1.0",
+            serialized_file=root / "id.pt",
+            handler=f"{root / 'echo.py'}:nope",
+            export_path=root / "nope",
+        )
+    )
+    assert main(["verify", str(nope), "--input", str(root / "hello.txt")]) == 1
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert errors == ["torchbay: error: handler 'echo.py:nope': 'echo.py' has no function 'nope'"]

@@ -68,3 +68,32 @@ def test_torch_model_archiver_mar(tmp_path: Path) -> None:
     assert outcome.responses[0].status == 200, outcome.responses[0].body
     probs = body_json(outcome.responses[0])
     assert set(probs) == {"a", "b", "c"} and max(probs, key=probs.get) == "c"
+
+
+@pytest.mark.skipif(archiver() is None, reason="torch-model-archiver (dev extra) not installed")
+def test_torchserves_base_handler_by_name(tmp_path: Path) -> None:
+    """torch-model-archiver --handler base_handler (TorchServe loads its BaseHandler by that
+    name): the worker refused it ('unknown handler base_handler') and torchbay archive too."""
+    from torchbay.archiver.package import ArchiveOptions, package
+    from torchbay.handlers.base_handler import BaseHandler
+
+    torch.jit.script(TinyLinear().eval()).save(str(tmp_path / "model.pt"))
+    names = ["--model-name", "b", "--version", "1", "--handler", "base_handler"]
+    files = ["--serialized-file", str(tmp_path / "model.pt"), "--export-path", str(tmp_path)]
+    run_archiver([str(archiver()), *names, *files], timeout=120)
+    ours = package(
+        ArchiveOptions(
+            model_name="ours",
+            version="1",
+            handler="base_handler",
+            serialized_file=tmp_path / "model.pt",
+            export_path=tmp_path,
+        )
+    )
+    for mar in (tmp_path / "b.mar", ours):
+        model_dir = tmp_path / mar.stem
+        with zipfile.ZipFile(mar) as archive:
+            archive.extractall(model_dir)
+        service = load_service(model_dir)
+        assert type(service.handler) is BaseHandler
+        assert isinstance(service.handler.model, torch.jit.ScriptModule)
