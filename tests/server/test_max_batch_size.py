@@ -74,8 +74,8 @@ def test_a_batch_past_a_loaded_max_batch_size_is_refused_in_tritons_words(
 
 
 def test_torchserves_declared_batch_size_is_the_same_bound(
-    server: LiveServer,
-    clients: dict[str, Any],  # noqa: F811
+    server: LiveServer,  # noqa: F811
+    clients: dict[str, Any],
 ) -> None:
     """A batch size registered through TorchServe's management API is the one the model
     configuration shows, so OIP requests are held to it over either protocol; TorchServe's own
