@@ -25,24 +25,8 @@ if TYPE_CHECKING:
     from torchbay.archiver.options import ArchiveOptions, Stage
 
 
-def build_model(
-    options: ArchiveOptions,
-    stage: Stage,
-    source: Format,
-    target: Format,
-    serialized: Path,
-    model_file: Path | None,
-) -> tuple[str, str | None, Parity, dict[str, Any]]:
-    """Stage the (converted) model and the example; returns (serializedFile, modelFile, parity,
-    the manifest fields recorded from the example and a run of the packed model).
-    Raises ConversionError / ParityError / ArchiveArgumentError."""
-    assert options.example_input is not None
-    with _model_dir_on_path(stage):
-        return _build(options, stage, source, target, serialized, model_file)
-
-
 @contextmanager
-def _model_dir_on_path(stage: Stage) -> Iterator[None]:
+def model_dir_on_path(stage: Stage) -> Iterator[None]:
     """The files staged so far (extra files, the handler) linked into one folder on sys.path, as
     the worker's model directory is: a model file imports its sibling modules from there, and
     from there only (what the archive does not hold, the worker would not find). The modules
@@ -62,7 +46,7 @@ def _model_dir_on_path(stage: Stage) -> Iterator[None]:
                 del sys.modules[name]
 
 
-def _build(
+def build_model(
     options: ArchiveOptions,
     stage: Stage,
     source: Format,
@@ -70,6 +54,9 @@ def _build(
     serialized: Path,
     model_file: Path | None,
 ) -> tuple[str, str | None, Parity, dict[str, Any]]:
+    """Stage the (converted) model and the example; returns (serializedFile, modelFile, parity,
+    the manifest fields recorded from the example and a run of the packed model), inside
+    :func:`model_dir_on_path`. Raises ConversionError / ParityError / ArchiveArgumentError."""
     assert options.example_input is not None
     program: Any = None
     if source == "eager":

@@ -255,7 +255,8 @@ def _model_files(
     from torchbay.archiver import build  # torch lives behind this import
 
     assert options.example_input is not None
-    return build.build_model(options, stage, source, target, serialized, model_file)
+    with build.model_dir_on_path(stage):
+        return build.build_model(options, stage, source, target, serialized, model_file)
 
 
 def _manifest(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.tiny_sources import saved_model
 from torchbay.handlers.testing import run_handler
 
 from .conftest import run_torchbay
@@ -34,11 +35,7 @@ class Branchy(nn.Module):
 
 def _folder(tmp_path: Path) -> Path:
     """branchy.py, its state dict and an example whose every row (and sum) is positive."""
-    (tmp_path / "branchy.py").write_text(BRANCHY)
-    namespace: dict = {}
-    exec(compile(BRANCHY, "branchy.py", "exec"), namespace)
-    torch.manual_seed(0)
-    torch.save(namespace["Branchy"]().state_dict(), tmp_path / "branchy.pt")
+    saved_model(tmp_path, "branchy.py", BRANCHY, "Branchy", "branchy.pt")
     torch.save(torch.rand(4, 4) + 0.1, tmp_path / "x.pt")
     return tmp_path
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.tiny_sources import saved_model
 from torchbay.archiver.errors import ArchiveArgumentError
 from torchbay.archiver.extract import extract_archive
 from torchbay.archiver.manifest import read_manifest
@@ -39,11 +40,7 @@ class TwoInputs(nn.Module):
 @pytest.fixture
 def two_inputs(tmp_path: Path) -> dict:
     """An eager two-input model (model file + state dict) returning a tuple."""
-    (tmp_path / "two_inputs_model.py").write_text(MODEL_FILE)
-    namespace: dict = {}
-    exec(compile(MODEL_FILE, "two_inputs_model.py", "exec"), namespace)
-    torch.manual_seed(0)
-    torch.save(namespace["TwoInputs"]().state_dict(), tmp_path / "state.pt")
+    saved_model(tmp_path, "two_inputs_model.py", MODEL_FILE, "TwoInputs", "state.pt")
     return {
         "model_name": "two",
         "version": "1.0",

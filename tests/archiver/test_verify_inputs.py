@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.tiny_sources import saved_model
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.cli import main
 
@@ -138,11 +139,7 @@ def test_a_model_of_two_inputs_is_verified_over_the_open_inference_protocol(
 ) -> None:
     """verify refused the stored two-input example (asking for an OIP request) and then answered
     the OIP request it asked for with a 400 (it went the TorchServe way, as a JSON array)."""
-    (tmp_path / "two.py").write_text(TWO_INPUTS)
-    namespace: dict = {}
-    exec(compile(TWO_INPUTS, "two.py", "exec"), namespace)
-    model = namespace["Two"]().eval()
-    torch.save(model.state_dict(), tmp_path / "two.pt")
+    model = saved_model(tmp_path, "two.py", TWO_INPUTS, "Two", "two.pt")
     torch.save({"a": torch.randn(2, 4), "b": torch.randn(2, 3)}, tmp_path / "ab.pt")
     mar = package(
         ArchiveOptions(

@@ -11,14 +11,13 @@ handler's lines of ``model_metrics.log``.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, make_config, recorded, tiny_archive
+from tests.server.conftest import LiveServer, make_config, recorded, recorded_store
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "metrics_api"
 record, RECORD = recorded(DATA, "record.py")
@@ -27,10 +26,8 @@ record, RECORD = recorded(DATA, "record.py")
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recorder's model store (api.mar), built by torchbay's archiver."""
-    root = tmp_path_factory.mktemp("metrics-api-store")
-    work = tmp_path_factory.mktemp("metrics-api-build")
-    shutil.move(tiny_archive(work, work, "api", str(DATA / "api_handler.py")), root / "api.mar")
-    return root
+    archives = {"api.mar": ("api", "1.0", "api_handler.py")}
+    return recorded_store(tmp_path_factory, "metrics-api", archives, DATA)
 
 
 def run_mode(store: Path, logs: Path, mode: str) -> dict[str, Any]:

@@ -14,14 +14,13 @@ handler metric TorchServe drops, which torchbay's registry keeps with labels ``m
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import recorded, tiny_archive
+from tests.server.conftest import recorded, recorded_store, tiny_archive
 from torchbay.server.config.metrics_config import load_metrics_config
 from torchbay.server.observe.ts_families import SYSTEM
 
@@ -35,11 +34,8 @@ sequence, RECORD = recorded(DATA, "sequence.py")
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recorder's model store (counted.mar), built by torchbay's archiver."""
-    root = tmp_path_factory.mktemp("metrics-store")
-    work = tmp_path_factory.mktemp("metrics-build")
-    built = tiny_archive(work, work, "counted", str(DATA / "metrics_handler.py"))
-    shutil.move(built, root / sequence.ARCHIVE)
-    return root
+    archives = {sequence.ARCHIVE: ("counted", "1.0", "metrics_handler.py")}
+    return recorded_store(tmp_path_factory, "metrics", archives, DATA)
 
 
 def run_case(store: Path, logs: Path, case: str) -> dict[str, Any]:

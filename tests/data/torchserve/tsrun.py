@@ -292,6 +292,13 @@ def write_json(path: Path, record: dict) -> None:
     path.write_text(json.dumps(record, indent=1) + "\n")
 
 
+def write_record(folder: Path, command: str, **answers: Any) -> None:
+    """``folder/answers.json``: the recorder's command, TorchServe's version and ``answers``."""
+    record = {"command": command, "torchserve": torchserve_version(), **answers}
+    write_json(folder / "answers.json", record)
+    print(f"wrote {folder / 'answers.json'}")
+
+
 def write_answers(folder: Path, command: str, answers: Any, work: Path, **where: str) -> None:
     """``folder/answers.json``: the recorder's command, TorchServe's and Java's versions (``where``:
     ``python``, another interpreter's torchserve) and the answers; says where TorchServe's own

@@ -101,9 +101,7 @@ def main() -> None:
     model = tsrun.scripted_linear(work)
     tsrun.archive("api", HERE / "api_handler.py", store, "--serialized-file", str(model))
     modes = {mode: run(store, mode) for mode in ("prometheus", "log")}
-    record = {"command": COMMAND, "torchserve": tsrun.torchserve_version(), "modes": modes}
-    tsrun.write_json(HERE / "answers.json", record)
-    print(f"wrote {HERE / 'answers.json'}")
+    tsrun.write_record(HERE, COMMAND, modes=modes)
 
 
 if __name__ == "__main__":

@@ -68,9 +68,7 @@ def main() -> None:
         for query in QUERIES:
             url = f"http://127.0.0.1:{PORTS['metrics']}/metrics{query}"
             pages[query] = page(tsrun.call(url, "GET")[2].decode())
-    record = {"command": COMMAND, "torchserve": tsrun.torchserve_version(), "pages": pages}
-    tsrun.write_json(HERE / "answers.json", record)
-    print(f"wrote {HERE / 'answers.json'}")
+    tsrun.write_record(HERE, COMMAND, pages=pages)
 
 
 if __name__ == "__main__":

@@ -91,9 +91,7 @@ def run_case(store: Path, name: str, lines: dict[str, str]) -> dict:
 def main() -> None:
     store = build_store(Path(tempfile.mkdtemp(prefix="ts-metrics-store-")))
     cases = {name: run_case(store, name, lines) for name, lines in sequence.CASES.items()}
-    record = {"command": COMMAND, "torchserve": tsrun.torchserve_version(), "cases": cases}
-    tsrun.write_json(HERE / "answers.json", record)
-    print(f"wrote {HERE / 'answers.json'}")
+    tsrun.write_record(HERE, COMMAND, cases=cases)
 
 
 if __name__ == "__main__":
