@@ -74,23 +74,18 @@ def test_torch_model_archiver_mar(tmp_path: Path) -> None:
 def test_torchserves_base_handler_by_name(tmp_path: Path) -> None:
     """torch-model-archiver --handler base_handler (TorchServe loads its BaseHandler by that
     name): the worker refused it ('unknown handler base_handler') and torchbay archive too."""
-    from torchbay.archiver.package import ArchiveOptions, package
+    from torchbay.cli import main
     from torchbay.handlers.base_handler import BaseHandler
 
     torch.jit.script(TinyLinear().eval()).save(str(tmp_path / "model.pt"))
-    names = ["--model-name", "b", "--version", "1", "--handler", "base_handler"]
     files = ["--serialized-file", str(tmp_path / "model.pt"), "--export-path", str(tmp_path)]
-    run_archiver([str(archiver()), *names, *files], timeout=120)
-    ours = package(
-        ArchiveOptions(
-            model_name="ours",
-            version="1",
-            handler="base_handler",
-            serialized_file=tmp_path / "model.pt",
-            export_path=tmp_path,
-        )
-    )
-    for mar in (tmp_path / "b.mar", ours):
+    for name, command in (("b", [str(archiver())]), ("ours", [])):
+        flags = ["--model-name", name, "--version", "1", "--handler", "base_handler", *files]
+        if command:  # torch-model-archiver's, then the same flags to torchbay archive
+            run_archiver([*command, *flags], timeout=120)
+        else:
+            assert main(["archive", *flags]) == 0
+    for mar in (tmp_path / "b.mar", tmp_path / "ours.mar"):
         model_dir = tmp_path / mar.stem
         with zipfile.ZipFile(mar) as archive:
             archive.extractall(model_dir)

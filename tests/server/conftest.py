@@ -14,7 +14,7 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -258,6 +258,17 @@ def oip_grpc(server: LiveServer) -> Iterator[Any]:
     """tritonclient's gRPC client of the module's ``server`` fixture."""
     with oip_client(server, "grpc") as client:
         yield client
+
+
+def with_metrics_logs(
+    factory: pytest.TempPathFactory, prefix: str, param: str, run: Callable[[Path], Any]
+) -> tuple[str, Any]:
+    """``(param, run(logs))``, METRICS_LOCATION set to ``logs``, a fresh folder of its own
+    meanwhile: a module fixture's run of a TorchServe metrics recording, one per parameter."""
+    logs = factory.mktemp(f"{prefix}-{param}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("METRICS_LOCATION", str(logs))
+        return param, run(logs)
 
 
 def make_config(store: Path, **overrides: Any) -> ServerConfig:

@@ -11,13 +11,20 @@ handler's lines of ``model_metrics.log``.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, make_config, recorded, recorded_store
+from tests.server.conftest import (
+    LiveServer,
+    make_config,
+    recorded,
+    recorded_store,
+    with_metrics_logs,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "metrics_api"
 record, RECORD = recorded(DATA, "record.py")
@@ -61,10 +68,8 @@ def run_mode(store: Path, logs: Path, mode: str) -> dict[str, Any]:
 def mode(
     request: pytest.FixtureRequest, store: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, dict[str, Any]]:
-    logs = tmp_path_factory.mktemp(f"metrics-api-logs-{request.param}")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("METRICS_LOCATION", str(logs))
-        return request.param, run_mode(store, logs, request.param)
+    run = partial(run_mode, store, mode=request.param)
+    return with_metrics_logs(tmp_path_factory, "metrics-api-logs", request.param, run)
 
 
 def test_record_is_torchserve_0_12() -> None:

@@ -14,13 +14,14 @@ handler metric TorchServe drops, which torchbay's registry keeps with labels ``m
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.conftest import recorded, recorded_store, tiny_archive
+from tests.server.conftest import recorded, recorded_store, tiny_archive, with_metrics_logs
 from torchbay.server.config.metrics_config import load_metrics_config
 from torchbay.server.observe.ts_families import SYSTEM
 
@@ -76,10 +77,8 @@ def run_case(store: Path, logs: Path, case: str) -> dict[str, Any]:
 def case(
     request: pytest.FixtureRequest, store: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, dict[str, Any]]:
-    logs = tmp_path_factory.mktemp(f"metrics-logs-{request.param}")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("METRICS_LOCATION", str(logs))
-        return request.param, run_case(store, logs, request.param)
+    run = partial(run_case, store, case=request.param)
+    return with_metrics_logs(tmp_path_factory, "metrics-logs", request.param, run)
 
 
 def _families(body: dict[str, Any], ts_names: set[str]) -> dict[str, Any]:
