@@ -98,13 +98,16 @@ class Calls:
         *,
         oip: bool = False,
         once: str | None = None,
-    ) -> AsyncIterator[WireResponse]:
+        convert: Callable[[WireResponse], Any] | None = None,
+    ) -> AsyncIterator[Any]:
         """One request through the plane: its responses, each streamed part then the final one
         (one when the handler does not stream); the call's deadline is the request's. Leaving
         early (a deadline, a cancelled call) cancels the request, in the worker too; the plane
         records the call once. ``once`` names an OIP endpoint that answers once (ModelInfer):
-        a handler that streams, or answers nothing, is refused (``answers_once``). Raises
-        RpcError."""
+        a handler that streams, or answers nothing, is refused (``answers_once``). ``convert``
+        makes each response the call's message (yielded instead), inside the exchange: an
+        answer it cannot convert (TorchbayError) is recorded as the error it is, and is not
+        cached. Raises RpcError."""
         scope: dict[str, Any] = {"method": "POST", "path": method, "http_version": "2"}
         with self.plane.exchange(scope, name, version or None) as ex:
             try:
@@ -114,7 +117,7 @@ class Calls:
                     async for response in responses:
                         if once is not None:
                             ex.answers_once(response, once)
-                        yield response
+                        yield response if convert is None else convert(response)
             except TorchbayError as exc:
                 ex.status = exc.status
                 # Its frames hold the request's future, which holds this error: a reference

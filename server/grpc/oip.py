@@ -159,19 +159,23 @@ class OipService(SharedMemoryRpcs):
             )
 
         name, version = request.model_name, request.model_version
+
+        def converted(response: Any) -> tuple[Any, Any]:  # in the exchange: a failure recorded
+            if not succeeded(response.status) or (not response.partial and not response.body):
+                return response, None
+            return response, tensors.infer_response(response.body, response.headers, name, version)
+
         once_name = "ModelInfer RPC" if once else None
-        responses = self.calls.infer(context, path, name, version, wire, oip=True, once=once_name)
+        responses = self.calls.infer(
+            context, path, name, version, wire, oip=True, once=once_name, convert=converted
+        )
         ended = False  # the last response was a final one (not a streamed part)
         async with contextlib.aclosing(responses):
-            async for response in responses:
+            async for response, out in responses:
                 if not succeeded(response.status):
                     raise from_response(response.status, response.body)
-                if not response.partial and not response.body:
+                if out is None:
                     continue  # a stream that ended with no answer: only the flag to write
-                try:
-                    out = tensors.infer_response(response.body, response.headers, name, version)
-                except TorchbayError as exc:
-                    raise from_error(exc, oip=True) from None
                 ended = not response.partial
                 if flag:
                     out.parameters[FINAL].bool_param = ended

@@ -3,8 +3,11 @@
 Opt-in per model version (``responseCache: {enable, maxEntries, maxBytes}``,
 ``config.model_settings.ResponseCacheConfig``). The plane's :class:`Exchange` asks
 :meth:`ResponseCache.lookup` before it queues a request: a hit is answered at once with the stored
-response; a miss is queued as any request, and its answer is stored when it is a 200 that did not
-stream. So every protocol (TorchServe and OIP, REST and gRPC) has it, and none has its own.
+response; a miss is queued as any request, and its answer is stored when it is a 200 that did
+not stream, and withdrawn when the protocol could not answer it 200 (:meth:`Lookup.withdraw`,
+when the exchange closes: an answer gRPC cannot make a ModelInferResponse of, a handler's
+headers HTTP refuses, fail each time, never from the cache). So every protocol (TorchServe and
+OIP, REST and gRPC) has it, and none has its own.
 
 The key is a blake2b digest of what reaches the handler and can change its answer: the protocol,
 the content type, the query string, the request headers (all but the transport's own, which say
@@ -132,7 +135,7 @@ class VersionCache:
 class Lookup:
     """One cacheable request's look-up: its key, and the stored answer on a hit."""
 
-    __slots__ = ("_counted", "cache", "hit", "key", "model", "oip", "spent")
+    __slots__ = ("_counted", "cache", "hit", "key", "model", "oip", "spent", "stored")
 
     def __init__(
         self,
@@ -149,6 +152,7 @@ class Lookup:
         # An OIP answer is held without its id (cache_ids.py): the asking request's is put in.
         self.hit = found if found is None or not self.oip else with_id(found, rid)
         self._counted = counted
+        self.stored: p.WireResponse | None = None  # what its answer put in the cache
         self.spent = time.perf_counter() - started  # the key's digest and the look-up
         if self.hit is not None:
             counted(model, True, self.spent)
@@ -163,9 +167,18 @@ class Lookup:
             held = without_id(response, limit) if self.oip else response
             # None: it does not inflate within maxBytes; an OIP answer with no body is the 500
             # "The model gave no response" (Exchange.answers_once).
-            if held is not None and (held.body or not self.oip):
-                self.cache.put(self.key, held)
+            if held is not None and (held.body or not self.oip) and self.cache.put(self.key, held):
+                self.stored = held
         self._counted(self.model, False, self.spent + time.perf_counter() - started)
+
+    def withdraw(self) -> None:
+        """Drop the answer this miss stored (still the one held under its key): the protocol
+        could not answer it 200 (gRPC could not convert it, HTTP refused the handler's headers),
+        so a repeat is to fail as it did, not be answered from the cache."""
+        held = self.cache.entries.get(self.key)
+        if self.stored is not None and held is not None and held[0] is self.stored:
+            self.cache.drop(self.key)
+        self.stored = None
 
 
 class ResponseCache:

@@ -98,6 +98,7 @@ class Exchange:
     trace: Trace | None = None  # Triton's trace extension sampled this request
     closed: bool = False
     level: int | None = None  # its 0-based priority level, on a model with levels
+    cached: Lookup | None = None  # a cache miss: its answer withdrawn if the protocol failed it
 
     def __enter__(self) -> Exchange:
         return self
@@ -136,7 +137,8 @@ class Exchange:
         among the model's levels. Raises 503 (queue full, no worker, shutting down), 400 (a
         bad priority or timeout).
         A response cache hit comes back answered, with nothing queued; a miss's answer is
-        offered to the cache once it comes."""
+        offered to the cache once it comes, and withdrawn at ``close`` unless the protocol
+        answered it 200."""
         assert self.model is not None, "resolve() first"
         sequence = None
         if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
@@ -156,6 +158,7 @@ class Exchange:
             item.future.add_done_callback(self._responded)
         if lookup is not None:
             item.future.add_done_callback(_offer(lookup))
+            self.cached = lookup
         if deadline_s is not None:  # a gRPC deadline: the transport ends the call at it (a 499)
             with_deadline(item, deadline_s)
             self.model.queue.watch(item, timer=False)  # a filling batch leaves in time for it
@@ -308,6 +311,8 @@ class Exchange:
         if self.closed:
             return
         self.closed = True
+        if self.cached is not None and self.status != 200:
+            self.cached.withdraw()  # the protocol could not answer it (or its caller left)
         model = self.model
         for item in self.items:
             if model is not None:

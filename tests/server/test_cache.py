@@ -198,6 +198,22 @@ def test_a_miss_stores_a_whole_200_and_a_hit_returns_it() -> None:
     assert cache.lookup(mv, _http(), path).hit is None  # type: ignore[union-attr, arg-type]
 
 
+def test_a_withdrawn_answer_is_dropped_unless_another_miss_replaced_it() -> None:
+    """A miss whose protocol could not answer it 200 withdraws what it stored; an answer a
+    concurrent miss of the same key stored since is that one's, and stays."""
+    cache = ResponseCache()
+    mv = _Version()
+    first, second = (cache.lookup(mv, _http(), "/p") for _ in range(2))  # type: ignore[arg-type]
+    assert first is not None and second is not None and second.hit is None
+    first.store(_answer(1))
+    first.withdraw()
+    assert cache.lookup(mv, _http(), "/p").hit is None  # type: ignore[union-attr, arg-type]
+    first.store(_answer(1))
+    second.store(_answer(2))  # replaces it
+    first.withdraw()
+    assert cache.lookup(mv, _http(), "/p").hit == _answer(2)  # type: ignore[union-attr, arg-type]
+
+
 def test_entries_are_bounded_least_recently_used_first() -> None:
     one = entry_size(b"k" * 16, _answer(100))
     cache = VersionCache(ResponseCacheConfig(enable=True, maxEntries=2, maxBytes=10 * one))

@@ -5,7 +5,8 @@ unchanged) and, as Triton counts, no inference (``inference_count`` unchanged); 
 
 Models (real archives, our archiver): ``sub`` (TorchScript ``a - b``, the tensor handler; cache
 of at most 2 answers), ``probe`` 1.0 and 2.0 (the probe handler, JSON in and out), ``stream``
-(the streaming test handler) and ``plain`` (the probe handler, no cache)."""
+(the streaming test handler), ``fault`` (the fault handler: too many headers on request) and
+``plain`` (the probe handler, no cache)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ MODELS = {
         "2.0": {"marName": "probe-v2.mar", "responseCache": True},
     },
     "stream": {"1.0": {"marName": "stream.mar", "responseCache": True}},
+    "fault": {"1.0": {"marName": "fault.mar", "responseCache": True}},
     "plain": {"1.0": {"marName": "plain.mar"}},
 }
 A = np.array([[5.0, 7.0, 9.0]], dtype=np.float32)
@@ -62,6 +64,7 @@ B = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 def _store(tmp_path_factory: pytest.TempPathFactory, versioned_store: Path) -> Path:
     probe = str(ASSETS / "probe_handler.py")
     handlers = {"stream": str(ASSETS / "stream_handler.py"), "plain": probe}
+    handlers["fault"] = str(ASSETS / "fault_handler.py")
     root = build_store(tmp_path_factory, "cache", handlers)
     for name in ("probe.mar", "probe-v2.mar"):
         shutil.copy(versioned_store / name, root / name)
@@ -332,6 +335,33 @@ def test_an_oip_answer_that_failed_is_never_a_hit(server: LiveServer) -> None:
     finally:
         for _, client in clients:
             client.close()
+
+
+def test_an_answer_the_protocol_could_not_send_is_never_a_hit(server: LiveServer) -> None:
+    """A worker's 200 that the protocol cannot answer is a failure, each time: never stored,
+    so never replayed from the cache (Triton caches only what it answered). Over HTTP: a
+    handler that sets more header bytes than HTTP answers (500); over gRPC ModelInfer: an
+    answer that is no ModelInferResponse (here gzip, asked by an ``accept-encoding`` in the
+    call's metadata), which the statistics count as the failure it is, not a success."""
+    failed = {"hit": 0, "miss": 1, "executed": 1, "success": 0}
+    for _ in range(2):
+        moved = _moved(server, "fault", "1.0", lambda: _refused(server, {"headers": 200}))
+        assert {k: moved[k] for k in failed} == failed
+    with oip_client(server, "grpc") as client:
+        a, gzip = A * 11, {"accept-encoding": "gzip"}
+
+        def broken() -> None:
+            with pytest.raises(triton_grpc.InferenceServerException, match="malformed"):
+                _infer(triton_grpc, client, a, headers=gzip)
+
+        for _ in range(2):
+            moved = _moved(server, "sub", "1", broken)
+            assert {k: moved[k] for k in failed} == failed
+
+
+def _refused(server: LiveServer, body: dict[str, Any]) -> None:
+    response = httpx.post(f"{server.url}/predictions/fault", json=body, timeout=60)
+    assert response.status_code == 500 and "header bytes" in response.text, response.text
 
 
 def test_a_request_in_shared_memory_is_never_cached(server: LiveServer) -> None:
