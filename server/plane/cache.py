@@ -18,8 +18,9 @@ they say when it runs, not what it answers; nor is an OIP request's ``id``, put 
 answer (``cache_ids.py``; Triton's key has none of them). The entries live per model version
 object: a version unloaded and loaded again is a new object with an empty cache, and a
 repository load of a loaded model clears its cache, so no answer is ever served across versions
-or reloads. An unloaded or unregistered version's answers are freed then (Triton's unload, the
-plane's sweep after TorchServe's unregister).
+or reloads; a management change of a live setting that decides what a request may ask (the
+batch size: :func:`facts_of`) empties it too. An unloaded or unregistered version's answers are
+freed then (Triton's unload, the plane's sweep after TorchServe's unregister).
 
 Never cached: a streaming call (``/generate_stream``, ``ModelStreamInfer``,
 ``StreamPredictions[2]``) or an answer that streamed, a sequence request (``sequence_id`` in an
@@ -90,13 +91,19 @@ def entry_size(key: bytes, response: p.WireResponse) -> int:
 
 
 class VersionCache:
-    """One model version's entries, least recently used first, bounded by its settings."""
+    """One model version's entries, least recently used first, bounded by its settings;
+    ``facts``: the version's live settings its entries were answered under (:func:`facts_of`)."""
 
-    __slots__ = ("bytes", "entries", "settings")
+    __slots__ = ("bytes", "entries", "facts", "settings")
 
-    def __init__(self, settings: ResponseCacheConfig) -> None:
+    def __init__(self, settings: ResponseCacheConfig, facts: tuple[Any, ...] = ()) -> None:
         self.settings = settings
+        self.facts = facts
         self.entries: OrderedDict[bytes, tuple[p.WireResponse, int]] = OrderedDict()
+        self.bytes = 0
+
+    def clear(self) -> None:
+        self.entries.clear()
         self.bytes = 0
 
     def get(self, key: bytes) -> p.WireResponse | None:
@@ -135,7 +142,7 @@ class VersionCache:
 class Lookup:
     """One cacheable request's look-up: its key, and the stored answer on a hit."""
 
-    __slots__ = ("_counted", "cache", "hit", "key", "model", "oip", "spent", "stored")
+    __slots__ = ("_counted", "cache", "facts", "hit", "key", "model", "oip", "spent", "stored")
 
     def __init__(
         self,
@@ -147,6 +154,7 @@ class Lookup:
     ) -> None:
         self.model = model
         self.cache = cache
+        self.facts = cache.facts  # a live change while it runs: its answer is not stored
         self.key, self.oip, rid = keyed
         found = cache.get(self.key)
         # An OIP answer is held without its id (cache_ids.py): the asking request's is put in.
@@ -162,7 +170,8 @@ class Lookup:
         whole 200 answer (with a body, over OIP); the miss is counted with its look-up and
         insertion time (Triton's ``cache_miss``; the inference between them is not the cache's)."""
         started = time.perf_counter()
-        if response is not None and response.status == 200 and not response.partial:
+        fresh = facts_of(self.model) == self.facts
+        if fresh and response is not None and response.status == 200 and not response.partial:
             limit = self.cache.settings.max_bytes
             held = without_id(response, limit) if self.oip else response
             # None: it does not inflate within maxBytes; an OIP answer with no body is the 500
@@ -197,12 +206,16 @@ class ResponseCache:
         if settings is None or not settings.enable or mv.closing:
             return None
         cache = self._versions.get(mv)
+        facts = facts_of(mv)
         if cache is None:
             self.sweep()
-            cache = self._versions[mv] = VersionCache(settings)
+            cache = self._versions[mv] = VersionCache(settings, facts)
         elif cache.settings != settings:
             cache.settings = settings
             cache.bound()
+        if cache.facts != facts:  # a live change since: its answers were given under others
+            cache.clear()
+            cache.facts = facts
         return cache
 
     def lookup(self, mv: ModelVersion, wire: p.WireRequest, path: str) -> Lookup | None:
@@ -231,6 +244,16 @@ class ResponseCache:
         self.sweep()
         for mv, cache in list(self._versions.items()):
             yield mv, len(cache.entries), cache.bytes
+
+
+def facts_of(mv: ModelVersion) -> tuple[Any, ...]:
+    """The live settings (the management API's ``PUT /models/{m}``) that decide whether a
+    request is refused or what it answers, so its cached answer too: the batch size, an OIP
+    request's ``max_batch_size`` (``Exchange._v2_facts``: a request of a larger batch is
+    refused). A change empties the version's cache, as Triton's load of a new configuration
+    does; the batching delay, the timeouts, the queue-time bound and the autopilot's target
+    say when a request runs, not what it answers, and keep it."""
+    return (mv.settings.batch_size,)
 
 
 def request_key(wire: p.WireRequest) -> bytes | None:

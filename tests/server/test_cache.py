@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -36,11 +37,13 @@ def _http(body: str = V2_BODY, *headers: bytes, protocol: str = "v2") -> WireReq
 
 
 class _Version:
-    """What the cache reads of a model version: its config, and whether it is unloading."""
+    """What the cache reads of a model version: its config, its live settings, and whether it
+    is unloading."""
 
     def __init__(self, **cache: Any) -> None:
         self.name, self.version = "m", "1"
         self.config = ModelConfig.model_validate({"responseCache": {"enable": True, **cache}})
+        self.settings = SimpleNamespace(batch_size=1, max_batch_delay_ms=100.0)
         self.closing = False
 
 
@@ -158,6 +161,25 @@ def test_priority_and_timeout_are_not_in_the_key() -> None:
 )
 def test_requests_that_are_never_cached(wire: WireRequest) -> None:
     assert request_key(wire) is None
+
+
+def test_a_live_batch_size_change_empties_the_cache() -> None:
+    """The batch size decides which OIP requests are refused (max_batch_size): a management
+    change of it empties the version's cache; the batching delay does not."""
+    cache = ResponseCache()
+    mv = _Version()
+    cache.lookup(mv, _http(), "/p").store(_answer(1))  # type: ignore[union-attr, arg-type]
+    mv.settings.max_batch_delay_ms = 5.0
+    assert cache.lookup(mv, _http(), "/p").hit is not None  # type: ignore[union-attr, arg-type]
+    mv.settings.batch_size = 4
+    assert cache.lookup(mv, _http(), "/p").hit is None  # type: ignore[union-attr, arg-type]
+    assert [e for _, e, _ in cache.sizes()] == [0]
+    # A miss in flight across a change: its answer came under the old size, and is not stored.
+    running = cache.lookup(mv, _http(), "/p")  # type: ignore[arg-type]
+    assert running is not None
+    mv.settings.batch_size = 2
+    running.store(_answer(1))
+    assert cache.lookup(mv, _http(), "/p").hit is None  # type: ignore[union-attr, arg-type]
 
 
 def test_streaming_calls_and_disabled_versions_are_not_looked_up() -> None:

@@ -413,6 +413,38 @@ def test_a_reload_or_an_unload_and_load_misses(server: LiveServer) -> None:
     assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == HIT
 
 
+def _tune(server: LiveServer, **live: Any) -> None:
+    params = {**live, "synchronous": "true"}
+    tuned = httpx.put(f"{server.management_url}/models/sub/1", params=params, timeout=60)
+    assert tuned.status_code == 200, tuned.text
+
+
+def test_a_live_batch_size_change_empties_the_versions_cache(server: LiveServer) -> None:
+    """The batch size is OIP's max_batch_size: lowered through the management API, a request
+    of a larger batch is refused, and so it is when its answer was cached before (Triton's
+    load of a new configuration starts with an empty cache). A live change that does not
+    decide what a request may ask (the batching delay) keeps the entries."""
+    rows = np.repeat(A * 12, 3, axis=0)
+    data = [
+        {"name": n, "shape": [3, 3], "datatype": "FP32", "data": x.ravel().tolist()}
+        for n, x in (("a", rows), ("b", np.repeat(B, 3, axis=0)))
+    ]
+    url, body = "/v2/models/sub/infer", {"inputs": data}
+    try:
+        _tune(server, batch_size=4, max_batch_delay=1)
+        assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == MISS
+        assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == HIT
+        _tune(server, max_batch_delay=2)  # when it runs, not what it may ask: still a hit
+        assert _moved(server, "sub", "1", lambda: _post(server, url, json=body)) == HIT
+        _tune(server, batch_size=2)
+        for _ in range(2):
+            refused = httpx.post(f"{server.url}{url}", json=body, timeout=60)
+            assert refused.status_code == 400, refused.text
+            assert "batch-size must be <= 2" in refused.text, refused.text
+    finally:
+        _tune(server, batch_size=1, max_batch_delay=100)
+
+
 def test_torchserve_unregister_frees_the_versions_answers_at_once(server: LiveServer) -> None:
     """Not at a later scrape or another version's first look-up: those may never come."""
     params = {"url": "plain.mar", "model_name": "freed", "response_cache": "true"}
