@@ -11,8 +11,9 @@ OIP, REST and gRPC) has it, and none has its own.
 
 The key is a blake2b digest of what reaches the handler and can change its answer: the protocol,
 the content type, the query string, the request headers (all but the transport's own, which say
-how the body travelled, not what it says) and the body's bytes, which hold the input tensors'
-bytes, datatypes and shapes, the requested outputs and the parameters. A request that differs
+how the body travelled, not what it says, and the cache directives, ``cache_control.py``) and
+the body's bytes, which hold the input tensors' bytes, datatypes and shapes, the requested
+outputs and the parameters. A request that differs
 from a stored one in any of these is another key. Its priority and timeout are not in the key:
 they say when it runs, not what it answers; nor is an OIP request's ``id``, put back into a hit's
 answer (``cache_ids.py``; Triton's key has none of them). The entries live per model version
@@ -26,8 +27,10 @@ Never cached: a streaming call (``/generate_stream``, ``ModelStreamInfer``,
 ``StreamPredictions[2]``) or an answer that streamed, a sequence request (``sequence_id`` in an
 OIP body, a ``*sequence*`` header), a request naming a shared-memory region (its inputs or its
 answer live in the client's memory), a compressed body (``Content-Encoding``: those checks could
-not read it), a non-200 answer, and a request carrying
-``Cache-Control: no-store`` or ``no-cache`` (HTTP header or gRPC metadata): the switch-off.
+not read it), a non-200 answer, and a request carrying ``Cache-Control: no-store`` (HTTP
+header or gRPC metadata): the switch-off. ``no-cache`` (or ``Pragma: no-cache``) and ``max-age``
+keep a stored answer (or one older than that) from answering: the model runs, and its answer
+replaces it (``cache_control.py``: RFC 9111's request directives).
 
 Memory is bounded per version: at most ``maxEntries`` answers and ``maxBytes`` bytes (bodies,
 headers, keys and a fixed overhead per entry), least recently used first out; an answer larger
@@ -45,6 +48,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from torchbay.server.plane.cache_control import Directives
 from torchbay.server.plane.cache_ids import with_id, without_id
 from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
@@ -62,17 +66,16 @@ _TRANSPORT = (
     b"transfer-encoding:",
     b"expect:",
 )
-_SWITCH = b"cache-control:"
 _ENCODED = b"content-encoding:"
-_OFF = (b"no-store", b"no-cache")
 # A request's priority and timeout (plane/schedule.py): when it runs, not what it answers.
 _SCHEDULE_HEADERS = (b"x-torchbay-priority:", b"x-torchbay-timeout-us:")
 _SCHEDULE_PARAMS = frozenset(("priority", "timeout"))
 _SCHEDULE_MARKS = (b'"priority"', b'"timeout"')
 _HEAD_LENGTH = b"inference-header-content-length:"
 _MARKS = (*_SCHEDULE_MARKS, b'"id"')
-# A look-up's key, whether it is an OIP request's (its id out of the key, cache_ids.py), its id.
-Keyed = tuple[bytes, bool, "str | None"]
+# A look-up's key, whether it is an OIP request's (its id out of the key, cache_ids.py), its id,
+# and the most seconds a stored answer may have to answer it (None: any; cache_control.py).
+Keyed = tuple[bytes, bool, "str | None", "float | None"]
 # The calls that stream by their nature: a streaming client is never answered from the cache.
 _STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
 # In an OIP body: a sequence's request, or a tensor in a shared-memory region.
@@ -99,17 +102,22 @@ class VersionCache:
     def __init__(self, settings: ResponseCacheConfig, facts: tuple[Any, ...] = ()) -> None:
         self.settings = settings
         self.facts = facts
-        self.entries: OrderedDict[bytes, tuple[p.WireResponse, int]] = OrderedDict()
+        # key -> (answer, its size, when it was stored: time.monotonic())
+        self.entries: OrderedDict[bytes, tuple[p.WireResponse, int, float]] = OrderedDict()
         self.bytes = 0
 
     def clear(self) -> None:
         self.entries.clear()
         self.bytes = 0
 
-    def get(self, key: bytes) -> p.WireResponse | None:
+    def get(self, key: bytes, max_age: float | None = None) -> p.WireResponse | None:
+        """The answer stored under ``key``; None when there is none, or (``max_age``: the
+        request's ``Cache-Control``, cache_control.py) it is older than ``max_age`` seconds."""
         found = self.entries.get(key)
         if found is None:
             return None
+        if max_age is not None and (max_age <= 0 or time.monotonic() - found[2] > max_age):
+            return None  # the request's miss replaces it
         self.entries.move_to_end(key)
         return found[0]
 
@@ -120,7 +128,7 @@ class VersionCache:
         if size > self.settings.max_bytes:
             return False
         self.drop(key)
-        self.entries[key] = (response, size)
+        self.entries[key] = (response, size, time.monotonic())
         self.bytes += size
         self.bound()
         return True
@@ -135,8 +143,8 @@ class VersionCache:
         while self.entries and (
             len(self.entries) > limits.max_entries or self.bytes > limits.max_bytes
         ):
-            _, (_, size) = self.entries.popitem(last=False)
-            self.bytes -= size
+            _, entry = self.entries.popitem(last=False)
+            self.bytes -= entry[1]
 
 
 class Lookup:
@@ -155,8 +163,8 @@ class Lookup:
         self.model = model
         self.cache = cache
         self.facts = cache.facts  # a live change while it runs: its answer is not stored
-        self.key, self.oip, rid = keyed
-        found = cache.get(self.key)
+        self.key, self.oip, rid, max_age = keyed
+        found = cache.get(self.key, max_age)
         # An OIP answer is held without its id (cache_ids.py): the asking request's is put in.
         self.hit = found if found is None or not self.oip else with_id(found, rid)
         self._counted = counted
@@ -269,7 +277,8 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
     The request's priority and timeout say when it runs, not what it answers: they are left
     out (Triton's key has neither), so a repeat at another priority or timeout is a hit. So is
     an OIP request's ``id`` (Triton's key has none): a hit's answer gets its own
-    (``cache_ids.py``). (key, whether the id is out of it, the request's id)."""
+    (``cache_ids.py``). (key, whether the id is out of it, the request's id, the most seconds
+    a stored answer may have to answer it: ``cache_control.py``)."""
     h = hashlib.blake2b(digest_size=32)
     h.update(f"{wire.protocol}\0{wire.content_type}\0{wire.query}\0".encode("utf-8", "replace"))
     body, skipped, oip, rid = wire.body, _SCHEDULE_HEADERS, False, None
@@ -285,12 +294,13 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
         oip = True  # its answer is held without its id
         plain, rid = _unscheduled(head)
         parts = [len(plain).to_bytes(8, "big"), plain, memoryview(body)[len(head) :]]
-    if not _hash_headers(h, wire.raw_headers, wire.headers, skipped):
+    said = _hash_headers(h, wire.raw_headers, wire.headers, skipped)
+    if said is None:
         return None
     h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
     for part in parts:
         h.update(part)
-    return h.digest(), oip, rid
+    return h.digest(), oip, rid, said.fresh_for()
 
 
 def _unscheduled(head: bytes) -> tuple[bytes, str | None]:
@@ -333,21 +343,23 @@ def _names_uncacheable(body: bytes) -> bool:
 
 def _hash_headers(
     h: Any, raw: bytes, headers: Mapping[str, str], skipped: tuple[bytes, ...]
-) -> bool:
+) -> Directives | None:
     """Add the headers that reach the handler to ``h`` (HTTP's raw lines, or gRPC's metadata),
-    but the ``skipped`` ones; False when one says not to cache (the switch-off, a sequence id,
-    a compressed body)."""
+    but the ``skipped`` ones and the request's cache directives (``Cache-Control``, ``Pragma``:
+    what they say is returned); None when the request is not to be cached (``no-store``, a
+    sequence id, a compressed body)."""
     lines = raw.split(b"\r\n") if raw else []
     lines += [f"{k}: {v}".encode("utf-8", "replace") for k, v in sorted(headers.items())]
+    said = Directives()
     for line in lines:
         low = line.lower()
-        if low.startswith(_SWITCH) and any(off in low for off in _OFF):
-            return False
+        if said.read(low):
+            continue  # how it may be answered, not what it asks: not in the key
         if b"sequence" in low.partition(b":")[0]:
-            return False
+            return None
         if low.startswith(_ENCODED) and not low.endswith(b"identity"):
-            return False  # a compressed body hides what the checks of ``request_key`` read
+            return None  # a compressed body hides what the checks of ``request_key`` read
         if not low.startswith(_TRANSPORT) and not low.startswith(skipped):
             # length-prefixed: no line can pass for the body
             h.update(len(line).to_bytes(4, "big") + line)
-    return True
+    return None if said.no_store else said

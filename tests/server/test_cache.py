@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +21,13 @@ from torchbay.server.config.model_settings import (
     check_model_settings,
 )
 from torchbay.server.errors import BadRequest
-from torchbay.server.plane.cache import ResponseCache, VersionCache, entry_size, request_key
+from torchbay.server.plane.cache import (
+    ResponseCache,
+    VersionCache,
+    entry_size,
+    keyed,
+    request_key,
+)
 from torchbay.server.plane.cache_ids import with_id, without_id
 from torchbay.server.plane.describe import described
 from torchbay.server.plane.load_config import load_overrides
@@ -144,7 +151,7 @@ def test_priority_and_timeout_are_not_in_the_key() -> None:
     "wire",
     [
         _http(V2_BODY, b"cache-control: no-store"),
-        _http(V2_BODY, b"Cache-Control: max-age=0, no-cache"),
+        _http(V2_BODY, b"Cache-Control: max-age=60, No-Store"),
         WireRequest("1", b"{}", "", headers={"cache-control": "no-store"}, protocol="v2"),
         _http(V2_BODY.replace('"inputs"', '"parameters": {"sequence_id": 3}, "inputs"')),
         _http(V2_BODY.replace('"data": [1]', '"parameters": {"shared_memory_region": "r"}')),
@@ -155,12 +162,49 @@ def test_priority_and_timeout_are_not_in_the_key() -> None:
         _http("\x1f\x8b", b"content-encoding: gzip"),
     ],
     ids=[
-        *("no-store", "no-cache", "grpc-no-store", "sequence", "shm", "shm-escaped"),
+        *("no-store", "no-store-among", "grpc-no-store", "sequence", "shm", "shm-escaped"),
         *("sequence-escaped", "ts-sequence", "gzip"),
     ],
 )
 def test_requests_that_are_never_cached(wire: WireRequest) -> None:
     assert request_key(wire) is None
+
+
+@pytest.mark.parametrize(
+    ("lines", "max_age"),
+    [
+        ((), None),
+        ((b"cache-control: no-cache",), 0.0),
+        ((b"Cache-Control: MAX-AGE=0",), 0.0),
+        ((b"cache-control: public, max-age=30", b"cache-control: max-age=10"), 10.0),
+        ((b'cache-control: max-age="20"',), 20.0),
+        ((b"cache-control: max-age=soon",), 0.0),  # malformed: no stored answer is fresh
+        ((b"cache-control: max-age=99999999999999",), float(1 << 31)),
+        ((b"pragma: no-cache",), 0.0),  # HTTP/1.0's no-cache
+        ((b"Pragma: no-cache", b"cache-control: max-age=5"), 5.0),  # Pragma ignored then
+        ((b"pragma: x-other",), None),
+        ((b"cache-control: only-if-cached, max-stale",), None),  # not for this cache
+        ((b"x-no-cache: 1",), None),  # not a directive
+    ],
+)
+def test_cache_directives_are_read_as_rfc_9111_says(lines: tuple[bytes, ...], max_age: Any) -> None:
+    """What a request's Cache-Control and Pragma say to the cache: how old a stored answer may
+    be to answer it (0: none may); neither header is in the key."""
+    found = keyed(_http(V2_BODY, *lines))
+    assert found is not None and found[3] == max_age
+    plain = keyed(_http(V2_BODY))
+    assert plain is not None
+    same = not any(line.lower().startswith(b"x-") for line in lines)
+    assert (found[0] == plain[0]) is same
+
+
+def test_a_stored_answer_older_than_max_age_does_not_answer() -> None:
+    cache = VersionCache(ResponseCacheConfig(enable=True))
+    cache.put(b"k", _answer(1))
+    assert cache.get(b"k") == cache.get(b"k", 3600) == _answer(1)
+    assert cache.get(b"k", 0) is None  # no-cache: the stored answer is kept for the refresh
+    cache.entries[b"k"] = (*cache.entries[b"k"][:2], time.monotonic() - 20)
+    assert cache.get(b"k", 10) is None and cache.get(b"k", 30) == _answer(1)
 
 
 def test_a_live_batch_size_change_empties_the_cache() -> None:

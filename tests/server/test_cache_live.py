@@ -143,6 +143,40 @@ def test_torchserve_rest_repeats_are_hits_and_other_requests_miss(server: LiveSe
     assert skipped == UNCACHED
 
 
+def test_a_request_s_cache_directives_are_honoured_as_rfc_9111_says(server: LiveServer) -> None:
+    """``Cache-Control: no-cache``, ``max-age=0`` and HTTP/1.0's ``Pragma: no-cache`` (when
+    there is no Cache-Control) keep the stored answer from answering: the model runs and its
+    answer replaces it (the probe's answer lists the echoes its worker ran: it changes each
+    run). ``max-age`` of an hour takes the stored one; ``no-store`` neither reads nor stores."""
+    body = {"echo": "directives", "ran": True}
+    answers: list[Any] = []
+
+    def ask(headers: dict[str, str]) -> Callable[[], None]:
+        def run() -> None:
+            answers.append(_post(server, "/predictions/probe", json=body, headers=headers).json())
+
+        return run
+
+    assert _moved(server, "probe", "1.0", ask({})) == MISS
+    cases = [
+        ({"pragma": "no-cache"}, MISS),
+        ({"pragma": "no-cache"}, MISS),  # each time: it is no key of its own
+        ({}, HIT),
+        ({"Cache-Control": "max-age=0"}, MISS),
+        ({"cache-control": "max-age=3600"}, HIT),
+        ({"cache-control": "max-age=3600", "pragma": "no-cache"}, HIT),  # Pragma is ignored
+        ({"cache-control": "No-Cache"}, MISS),
+        ({"cache-control": "no-store"}, UNCACHED),
+        ({}, HIT),
+    ]
+    for headers, expected in cases:
+        assert _moved(server, "probe", "1.0", ask(headers)) == expected, headers
+    ran = [answer["ran"].count("directives") for answer in answers]
+    # Each miss ran the model once more; each hit answered the latest stored answer (no-store's
+    # was not stored).
+    assert ran == [1, 2, 3, 3, 4, 4, 4, 5, 6, 5], answers
+
+
 def test_a_new_version_never_answers_from_another_versions_entries(server: LiveServer) -> None:
     body = {"echo": "versions"}
     _post(server, "/predictions/probe/1.0", json=body)
@@ -280,9 +314,12 @@ def test_tritonclient_repeats_are_hits(server: LiveServer, kind: str) -> None:
         np.testing.assert_array_equal(out[1], a - B)
         other = a + 1
         assert _moved(server, "sub", "1", lambda: _infer(module, client, other)) == MISS
-        off = {"cache-control": "no-cache"}
+        off = {"cache-control": "no-store"}
         skip = _moved(server, "sub", "1", lambda: _infer(module, client, a, headers=off))
         assert skip == UNCACHED
+        fresh = {"cache-control": "no-cache"}  # not answered from the cache: run, and stored
+        again = _moved(server, "sub", "1", lambda: _infer(module, client, a, headers=fresh))
+        assert again == MISS
 
 
 def test_torchserve_grpc_repeats_are_hits(server: LiveServer, ts_stubs: SimpleNamespace) -> None:
