@@ -169,7 +169,9 @@ class DataPlane:
         if not versions:
             return None
         mv = versions.get(version if version is not None else self.registry.defaults.get(name, ""))
-        return mv if mv is not None and mv.admission.pressed else None
+        if mv is None or not mv.admission.pressed or self.cache.of(mv) is not None:
+            return None  # a cached version's request may be a hit, answered whatever the load
+        return mv
 
     def refusal(
         self, scope: Scope, mv: ModelVersion, name: str, version: str | None

@@ -192,10 +192,10 @@ class Admission:
         }
 
 
-def refuse(mv: Any, level: int | None = None) -> None:
+def refuse(mv: Any, level: int | None = None, load: bool = True) -> None:
     """Raise what a model version refuses a newcomer at ``level`` with at once (None: from the
     headers, the level not yet known): 503 ShuttingDown, NoWorker or Overloaded (the queue's own
-    QueueFull comes at ``put``)."""
+    QueueFull comes at ``put``); not Overloaded without ``load``."""
     if mv.closing:
         raise ShuttingDown(stopping_message(mv))
     serving = False
@@ -212,8 +212,8 @@ def refuse(mv: Any, level: int | None = None) -> None:
             f'Model "{mv.name}" has no worker to serve inference request. '
             "Please use scale workers API to add workers."
         )
-    # the batch size the queue runs: the autopilot may run it below the configured one
-    mv.admission.check(workers=workers, busy=busy, batch_size=mv.queue.batch_size, level=level)
+    if load:  # the batch size the queue runs: the autopilot may run it below the configured one
+        mv.admission.check(workers=workers, busy=busy, batch_size=mv.queue.batch_size, level=level)
 
 
 def stopping_message(mv: Any, state: str = "is stopping", then: str = "") -> str:
@@ -225,12 +225,14 @@ def stopping_message(mv: Any, state: str = "is stopping", then: str = "") -> str
     )
 
 
-def refuse_early(mv: Any) -> None:
+def refuse_early(mv: Any, load: bool = True) -> None:
     """``refuse`` from the request's headers alone, before its body is read (a listener's
-    cheap path); a refusal is counted as a received and rejected request."""
+    cheap path); a refusal is counted as a received and rejected request. Without ``load``
+    (a version whose response cache may answer the request without its queue) only what no
+    answer bypasses: a full queue or an overload is left to the queue, after the look-up."""
     try:
-        refuse(mv)
-        if mv.queue.remaining_capacity <= 0:
+        refuse(mv, load=load)
+        if load and mv.queue.remaining_capacity <= 0:
             mv.queue.put_refused()
     except TorchbayError:
         mv.requests_received += 1
