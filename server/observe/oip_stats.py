@@ -9,13 +9,14 @@ What each field counts (Triton's meanings, on torchbay's parts):
 
 * ``success`` / ``fail``: answered requests routed to the version, status < 400 / >= 400
   (rejected at admission, timed out, handler errors), with their total time;
-* ``queue``: requests a worker took, with their time in the version's queue;
+* ``queue``: requests a worker took, with their time in the version's queue, and cache hits
+  (Triton's ``queue`` includes them: counted, with no queue time);
 * ``compute_input`` / ``compute_infer`` / ``compute_output``: the handler's ``preprocess`` /
   ``inference`` (or the whole ``handler`` time when it reports no stages) / ``postprocess``
   time of each batch, charged to every request of the batch (as Triton does);
 * ``cache_hit`` / ``cache_miss``: response cache look-ups (``plane/cache.py``) that hit, with
   their digest and look-up time, and that missed, with that and the insertion time; a hit is
-  also one ``success``, with no queue or compute time, no execution and no inference;
+  also one ``success`` and one ``queue`` (no time), with no compute, execution or inference;
 * ``inference_count``: successful requests a worker ran (a cache hit is none, as Triton's
   count leaves hits out; torchbay does not look inside a request for its batch dimension);
   ``execution_count``: batches executed; ``batch_stats``: per batch size,
@@ -139,6 +140,8 @@ class OipStats(Observer):
             stats.fail.add(1, _ns(request.seconds))
         if request.queue_s is not None:
             stats.queue.add(1, _ns(request.queue_s))
+        elif request.status < 400:  # answered, no worker took it: a cache hit, in Triton's queue
+            stats.queue.add(1, 0)  # count with its wait before the look-up (none here)
 
     def cache_done(self, model: ModelVersion, hit: bool, seconds: float) -> None:
         """One response cache look-up of ``model``: a hit, or a miss (once its answer came)."""

@@ -96,6 +96,7 @@ def _stats(server: LiveServer, name: str, version: str) -> dict[str, int]:
         "executed": entry["execution_count"],
         "inferences": entry["inference_count"],
         "success": inference["success"]["count"],
+        "queued": inference["queue"]["count"],  # Triton's queue count holds hits too
     }
 
 
@@ -107,9 +108,9 @@ def _moved(server: LiveServer, name: str, version: str, run: Callable[[], Any]) 
     return {k: after[k] - before[k] for k in after}
 
 
-HIT = {"hit": 1, "miss": 0, "executed": 0, "inferences": 0, "success": 1}
-MISS = {"hit": 0, "miss": 1, "executed": 1, "inferences": 1, "success": 1}
-UNCACHED = {"hit": 0, "miss": 0, "executed": 1, "inferences": 1, "success": 1}
+HIT = {"hit": 1, "miss": 0, "executed": 0, "inferences": 0, "success": 1, "queued": 1}
+MISS = {"hit": 0, "miss": 1, "executed": 1, "inferences": 1, "success": 1, "queued": 1}
+UNCACHED = {"hit": 0, "miss": 0, "executed": 1, "inferences": 1, "success": 1, "queued": 1}
 
 
 def _post(server: LiveServer, path: str, **kw: Any) -> httpx.Response:
@@ -357,7 +358,7 @@ def test_an_oip_answer_that_failed_is_never_a_hit(server: LiveServer) -> None:
         (triton_http, triton_http.InferenceServerClient(f"127.0.0.1:{ports.inference}")),
         (triton_grpc, triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")),
     )
-    failed = {"hit": 0, "miss": 1, "executed": 1, "inferences": 0, "success": 0}
+    failed = {"hit": 0, "miss": 1, "executed": 1, "inferences": 0, "success": 0, "queued": 1}
     try:
         for module, client in clients:
             tensor = module.InferInput("INPUT0", [1], "BYTES")

@@ -59,6 +59,10 @@ def test_requests_success_fail_queue_and_unrouted() -> None:
     assert inf["fail"] == {"count": 1, "ns": 1_000_000}
     assert inf["queue"] == {"count": 1, "ns": 250_000_000}
     assert body["inference_count"] == 1 and body["last_inference"] > 0
+    # A cache hit (answered, no worker took it) is in Triton's queue count, with no time.
+    stats.request_done(_request(mv, 200, 0.001, None))
+    inf = stats.model_stats([mv])["model_stats"][0]["inference_stats"]
+    assert inf["queue"] == {"count": 2, "ns": 250_000_000} and inf["success"]["count"] == 2
     fresh = stats.model_stats([_Version("other", "2")])["model_stats"][0]
     assert fresh["name"] == "other" and fresh["version"] == "2"
     assert fresh["inference_count"] == 0 and fresh["batch_stats"] == []
