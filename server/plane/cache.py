@@ -30,7 +30,8 @@ answer live in the client's memory), a compressed body (``Content-Encoding``: th
 not read it), a non-200 answer, and a request carrying ``Cache-Control: no-store`` (HTTP
 header or gRPC metadata): the switch-off. ``no-cache`` (or ``Pragma: no-cache``) and ``max-age``
 keep a stored answer (or one older than that) from answering: the model runs, and its answer
-replaces it (``cache_control.py``: RFC 9111's request directives).
+replaces it; ``only-if-cached`` is a 504 unless a stored answer answers it (``cache_control.py``:
+RFC 9111's request directives).
 
 Memory is bounded per version: at most ``maxEntries`` answers and ``maxBytes`` bytes (bodies,
 headers, keys and a fixed overhead per entry), least recently used first out; an answer larger
@@ -48,6 +49,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from torchbay.server.errors import RequestTimeout
 from torchbay.server.plane.cache_control import Directives
 from torchbay.server.plane.cache_ids import with_id, without_id
 from torchbay.server.plane.schedule import json_header
@@ -74,8 +76,9 @@ _SCHEDULE_MARKS = (b'"priority"', b'"timeout"')
 _HEAD_LENGTH = b"inference-header-content-length:"
 _MARKS = (*_SCHEDULE_MARKS, b'"id"')
 # A look-up's key, whether it is an OIP request's (its id out of the key, cache_ids.py), its id,
-# and the most seconds a stored answer may have to answer it (None: any; cache_control.py).
-Keyed = tuple[bytes, bool, "str | None", "float | None"]
+# the most seconds a stored answer may have to answer it (None: any; cache_control.py), and
+# whether it asks to be answered from the cache only (only-if-cached).
+Keyed = tuple[bytes, bool, "str | None", "float | None", bool]
 # The calls that stream by their nature: a streaming client is never answered from the cache.
 _STREAMING = ("/generate_stream", "/ModelStreamInfer", "/StreamPredictions", "/StreamPredictions2")
 # In an OIP body: a sequence's request, or a tensor in a shared-memory region.
@@ -163,8 +166,12 @@ class Lookup:
         self.model = model
         self.cache = cache
         self.facts = cache.facts  # a live change while it runs: its answer is not stored
-        self.key, self.oip, rid, max_age = keyed
+        self.key, self.oip, rid, max_age, only = keyed
         found = cache.get(self.key, max_age)
+        if found is None and only:  # RFC 9111's only-if-cached: 504, the model does not run
+            raise RequestTimeout(
+                "The response cache holds no answer to this request (Cache-Control: only-if-cached)"
+            )
         # An OIP answer is held without its id (cache_ids.py): the asking request's is put in.
         self.hit = found if found is None or not self.oip else with_id(found, rid)
         self._counted = counted
@@ -228,7 +235,8 @@ class ResponseCache:
 
     def lookup(self, mv: ModelVersion, wire: p.WireRequest, path: str) -> Lookup | None:
         """The look-up of a request to ``mv`` on ``path`` (its URL path or gRPC method), or None
-        when it is not to be cached (see the module docstring)."""
+        when it is not to be cached (see the module docstring). RequestTimeout (504) for a miss
+        that asks ``only-if-cached``."""
         cache = self.of(mv)
         if cache is None or path.endswith(_STREAMING):
             return None
@@ -300,7 +308,7 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
     h.update(b"\xff\xff\xff\xff")  # the headers' end: no header line is that long
     for part in parts:
         h.update(part)
-    return h.digest(), oip, rid, said.fresh_for()
+    return h.digest(), oip, rid, said.fresh_for(), said.only_if_cached
 
 
 def _unscheduled(head: bytes) -> tuple[bytes, str | None]:

@@ -8,10 +8,12 @@ in any case) and, when the request has no ``Cache-Control``, HTTP/1.0's ``Pragma
 * ``no-cache`` (or ``Pragma: no-cache``, or ``max-age=0``): no stored answer is used, the model
   runs, and its answer is stored (replacing the one held: a refresh);
 * ``max-age=N``: a stored answer older than ``N`` seconds is not used (the model runs, and its
-  answer replaces the old one); a malformed ``N`` is read as 0.
+  answer replaces the old one); a malformed ``N`` is read as 0;
+* ``only-if-cached``: answered from the cache or not at all: without a stored answer (fresh
+  as the others ask) it is a 504 and the model does not run (RFC 9111 section 5.2.1.7).
 
-The other directives (``max-stale``, ``min-fresh``, ``no-transform``, ``only-if-cached``,
-extensions) are not for this cache and are ignored, as RFC 9111 says of unknown ones. Neither
+The other directives (``max-stale``, ``min-fresh``, ``no-transform``, extensions) are not for
+this cache and are ignored, as RFC 9111 says of unknown ones. Neither
 header is in the cache's key: it says how the request may be answered, not what it asks.
 Torch-free.
 """
@@ -27,10 +29,11 @@ PRAGMA = b"pragma:"
 class Directives:
     """What a request's ``Cache-Control`` and ``Pragma`` lines say to the cache."""
 
-    __slots__ = ("_control", "_pragma", "max_age", "no_store")
+    __slots__ = ("_control", "_pragma", "max_age", "no_store", "only_if_cached")
 
     def __init__(self) -> None:
         self.no_store = False
+        self.only_if_cached = False
         self.max_age: float | None = None  # seconds a stored answer may have; None: any
         self._pragma = False  # Pragma: no-cache seen
         self._control = False  # Cache-Control seen
@@ -50,6 +53,8 @@ class Directives:
     def _directive(self, name: bytes, value: bytes | None) -> None:
         if name == b"no-store":
             self.no_store = True
+        elif name == b"only-if-cached":
+            self.only_if_cached = True
         elif name == b"no-cache":
             self.max_age = 0.0
         elif name == b"max-age":

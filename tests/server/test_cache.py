@@ -192,6 +192,7 @@ def test_cache_directives_are_read_as_rfc_9111_says(lines: tuple[bytes, ...], ma
     be to answer it (0: none may); neither header is in the key."""
     found = keyed(_http(V2_BODY, *lines))
     assert found is not None and found[3] == max_age
+    assert found[4] is any(b"only-if-cached" in line for line in lines)
     plain = keyed(_http(V2_BODY))
     assert plain is not None
     same = not any(line.lower().startswith(b"x-") for line in lines)

@@ -148,7 +148,8 @@ def test_a_request_s_cache_directives_are_honoured_as_rfc_9111_says(server: Live
     """``Cache-Control: no-cache``, ``max-age=0`` and HTTP/1.0's ``Pragma: no-cache`` (when
     there is no Cache-Control) keep the stored answer from answering: the model runs and its
     answer replaces it (the probe's answer lists the echoes its worker ran: it changes each
-    run). ``max-age`` of an hour takes the stored one; ``no-store`` neither reads nor stores."""
+    run). ``max-age`` of an hour takes the stored one; ``no-store`` neither reads nor stores;
+    ``only-if-cached`` takes the stored one, or is a 504 that runs nothing."""
     body = {"echo": "directives", "ran": True}
     answers: list[Any] = []
 
@@ -172,10 +173,21 @@ def test_a_request_s_cache_directives_are_honoured_as_rfc_9111_says(server: Live
     ]
     for headers, expected in cases:
         assert _moved(server, "probe", "1.0", ask(headers)) == expected, headers
-    ran = [answer["ran"].count("directives") for answer in answers]
+    # only-if-cached: the stored answer, or a 504 without running the model.
+    assert _moved(server, "probe", "1.0", ask({"cache-control": "only-if-cached"})) == HIT
+    unseen = lambda: _post_only_if_cached(server, {"echo": "never stored"})  # noqa: E731
+    refused = {"hit": 0, "miss": 0, "executed": 0, "inferences": 0, "success": 0, "queued": 0}
+    assert _moved(server, "probe", "1.0", unseen) == refused
+    ran = [answer["ran"].count("directives") for answer in answers[:-1]]
     # Each miss ran the model once more; each hit answered the latest stored answer (no-store's
     # was not stored).
     assert ran == [1, 2, 3, 3, 4, 4, 4, 5, 6, 5], answers
+
+
+def _post_only_if_cached(server: LiveServer, body: dict[str, Any]) -> None:
+    only = {"cache-control": "only-if-cached"}
+    response = httpx.post(f"{server.url}/predictions/probe", json=body, headers=only, timeout=60)
+    assert response.status_code == 504 and "only-if-cached" in response.text, response.text
 
 
 def test_a_new_version_never_answers_from_another_versions_entries(server: LiveServer) -> None:
