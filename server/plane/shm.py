@@ -39,7 +39,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchbay.server.errors import BadRequest, NotFound
+from torchbay.server.errors import AlreadyExists, BadRequest, NotFound
 
 Kind = Literal["system", "cuda"]
 SHM_DIR = "/dev/shm"  # where Linux's shm_open keeps its objects
@@ -211,7 +211,7 @@ class SharedMemory:
                 "characters)"
             )
         if name in self._regions:
-            raise BadRequest(f"shared memory region '{name}' already in manager")
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
 
     def _within_limits(self, name: str, byte_size: int) -> None:
         if len(self._regions) >= self.max_regions:

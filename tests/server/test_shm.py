@@ -191,12 +191,12 @@ def test_status_register_and_unregister(server: LiveServer, http, grpc_client, r
     assert http.get_system_shared_memory_status() == []
 
 
-def _refused(call, fragment: str, code: int = 400) -> None:
+def _refused(call, fragment: str, code: int = 400, grpc_code: str = "") -> None:
     with pytest.raises(InferenceServerException) as info:
         call()
     assert fragment in info.value.message(), info.value.message()
     status = str(info.value.status())
-    grpc_code = "INVALID_ARGUMENT" if code == 400 else "NOT_FOUND"
+    grpc_code = grpc_code or ("INVALID_ARGUMENT" if code == 400 else "NOT_FOUND")
     assert status in (str(code), f"StatusCode.{grpc_code}"), status
 
 
@@ -219,7 +219,11 @@ def test_registration_refusals(http, grpc_client, regions, protocol: str) -> Non
         f"offset must be an integer from 0 to {(1 << 63) - 1}, not 18446744073709551615",
     )
     client.register_system_shared_memory("r", key, 128)
-    _refused(lambda: client.register_system_shared_memory("r", key, 8), "'r' already in manager")
+    # a name taken: Triton's ALREADY_EXISTS (HTTP 400; gRPC ALREADY_EXISTS, not INVALID_ARGUMENT)
+    taken = "shared memory region 'r' already in manager"
+    _refused(
+        lambda: client.register_system_shared_memory("r", key, 8), taken, 400, "ALREADY_EXISTS"
+    )
 
 
 def test_at_most_max_regions(http, regions) -> None:
