@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
 from torch import nn
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from .conftest import LiveServer, oip_client, running, tensor_archive
@@ -275,6 +277,34 @@ def test_a_region_that_vanished_or_shrank_is_refused_and_the_worker_lives(
     inputs[1].set_data_from_numpy(b)
     np.testing.assert_array_equal(http.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
     assert server.worker_pids() == pids
+
+
+def test_a_grpc_input_in_a_region_that_also_carries_contents_is_refused(
+    server: LiveServer, http, regions
+) -> None:
+    """A ModelInfer input naming a region and carrying typed ``contents`` too: which values?
+    Triton refuses it (INVALID_ARGUMENT, its words); the contents were silently dropped."""
+    a, _ = _data()
+    ip, ip_key = regions("in", 2 * NBYTES)
+    shm.set_shared_memory_region(ip, [a, a])
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    for i, name in enumerate(("INPUT0", "INPUT1")):
+        tensor = request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        tensor.parameters["shared_memory_region"].string_param = "in"
+        tensor.parameters["shared_memory_byte_size"].int64_param = NBYTES
+        tensor.parameters["shared_memory_offset"].int64_param = i * NBYTES
+    request.inputs[1].contents.int_contents.extend([100] * 16)
+    port = server.server.state.ports.grpc_inference
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "unexpected 'content' provided when using shared memory for input tensor 'INPUT1' "
+        "for model 'simple'"
+    )
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
