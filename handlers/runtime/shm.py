@@ -41,6 +41,7 @@ from . import oip_binary
 
 SHM_DIR = "/dev/shm"
 SLOT = "shm_slot"  # the key of a parsed request's output entry that sits in a region
+SIZE_FIELD = "shared_memory_byte_size"  # what an input's size errors name (not binary_data_size)
 Table = Mapping[str, Any]
 
 
@@ -146,7 +147,7 @@ def _read_elements(slot: Slot, count: int, name: str) -> np.ndarray:
                     raise BadInput(_shrunk(slot))
                 return data
 
-            return oip_binary.bytes_elements(take, slot.size, count, name)
+            return oip_binary.bytes_elements(take, slot.size, count, name, SIZE_FIELD)
     except OSError as exc:
         message = f"Unable to read shared memory region '{slot.region}': {exc.strerror}"
         raise BadInput(message) from None
@@ -187,7 +188,7 @@ def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> A
         slot = tensor[SLOT] = cuda_shm.bind(slot, table)
         return cuda_shm.read_input(slot, tensor["datatype"], list(tensor["shape"]), name)
     datatype, shape = tensor["datatype"], list(tensor["shape"])
-    oip_binary.check_size(slot.size, datatype, shape, name)  # before reading that many bytes
+    oip_binary.check_size(slot.size, datatype, shape, name, SIZE_FIELD)  # before reading them
     if datatype == "BYTES":
         return _read_elements(slot, math.prod(shape), name).reshape(shape)
     return oip_binary.from_binary(read(slot), datatype, shape, name)

@@ -249,7 +249,11 @@ def test_requests_naming_a_wrong_region_offset_or_size(
     cases = [
         (_inputs(module, "in", offset=2 * NBYTES), None, "Invalid offset for shared memory"),
         (_inputs(module, "in", offset=NBYTES + 4), None, "Invalid offset + byte size"),
-        (_inputs(module, "in", size=NBYTES - 4), None, "binary_data_size 60 is not 16 INT32"),
+        (
+            _inputs(module, "in", size=NBYTES - 4),
+            None,
+            "shared_memory_byte_size 60 is not 16 INT32",
+        ),
         (_inputs(module, "in"), _outputs(module, "out", size=8), "should be at least 64 bytes"),
     ]
     for inputs, outputs, fragment in cases:
