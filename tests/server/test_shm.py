@@ -264,6 +264,25 @@ def test_requests_naming_a_wrong_region_offset_or_size(
     assert server.worker_pids() == pids
 
 
+def test_an_offset_and_size_past_uint64_are_tritons_integer_overflow(http, regions) -> None:
+    """Triton's qa (L0_shared_memory test_infer_integer_overflow): over REST, an output at
+    offset 32 of 2**64 - 32 bytes is 'Integer overflow detected: byte_size ...' (was 'Invalid
+    offset + byte size'); a size past uint64 cannot be parsed."""
+    _ip, ip_key = regions("in", 2 * NBYTES)
+    _op, op_key = regions("out", 2 * NBYTES)
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    http.register_system_shared_memory("out", op_key, 2 * NBYTES)
+    for size, fragment in (
+        ((1 << 64) - 32, f"Integer overflow detected: byte_size ({(1 << 64) - 32}) + offset (32)"),
+        (1 << 64, "'shared_memory_byte_size' must be a non-negative integer"),
+    ):
+        out = triton_http.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("out", size, offset=32)
+        _refused(
+            lambda o=out: http.infer("simple", _inputs(triton_http, "in"), outputs=[o]), fragment
+        )
+
+
 def test_a_region_that_vanished_or_shrank_is_refused_and_the_worker_lives(
     server: LiveServer, http, regions
 ) -> None:
