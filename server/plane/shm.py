@@ -139,6 +139,7 @@ class SharedMemory:
         object cannot be opened read-write or is smaller than ``offset + byte_size``, or a
         limit would be passed."""
         self._may_register(name)
+        _given(key=key, byte_size=byte_size)
         key = _key(name, key)
         offset = _size(name, "offset", offset, minimum=0)
         byte_size = _size(name, "byte_size", byte_size, minimum=1)
@@ -156,6 +157,7 @@ class SharedMemory:
         GPU, the name is taken, the arguments are wrong or a limit would be passed. Whether the
         handle opens is known in the worker, at the first request that uses it."""
         self._may_register(name)
+        _given(raw_handle=raw_handle)
         if self.cuda_devices < 1:
             raise BadRequest(
                 f"failed to register CUDA shared memory region '{name}': this server has no "
@@ -259,6 +261,13 @@ class SharedMemory:
                 f"pass the server's {self.max_bytes}-byte limit on registered regions "
                 f"(shm_max_bytes; {used} bytes registered)"
             )
+
+
+def _given(**fields: Any) -> None:
+    """Triton's words for a REST register body without a field it needs (gRPC's have them all)."""
+    for field, value in fields.items():
+        if value is None:
+            raise BadRequest(f"Shared memory register request has no '{field}' field")
 
 
 def _label(kind: Kind) -> str:

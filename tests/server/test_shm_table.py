@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from torchbay.server.errors import BadRequest
 from torchbay.server.plane.shm import SharedMemory
 from torchbay.server.serving.protocol import WireRequest
 
@@ -78,3 +79,17 @@ def test_a_body_it_cannot_read_plainly_carries_every_region(registry) -> None:
     registry.unregister("system")
     registry.unregister("cuda")
     assert registry.table_for(_request({"inputs": [_tensor("x", "r1")]})) is None
+
+
+def test_a_register_body_without_a_field_says_which_in_tritons_words(registry) -> None:
+    """A REST body without ``key``, ``byte_size`` or ``raw_handle`` (http/shm.py passes None):
+    Triton's 'Shared memory register request has no ...' (was 'invalid shm key None' and
+    'byte_size must be an integer ..., not None')."""
+    key = "/" + registry.table()["r0"][0].lstrip("/")
+    for args, field in (((None, 0, 8), "key"), ((key, 0, None), "byte_size")):
+        with pytest.raises(BadRequest) as info:
+            registry.register_system("new", *args)
+        assert info.value.message == f"Shared memory register request has no '{field}' field"
+    with pytest.raises(BadRequest) as info:
+        registry.register_cuda("new", None, 0, 8)
+    assert info.value.message == "Shared memory register request has no 'raw_handle' field"
