@@ -80,12 +80,15 @@ def _switches(serve: argparse.ArgumentParser) -> None:
         default=None,
         help="allow registering and unregistering models through the management API",
     )
-    serve.add_argument(
+    serve.add_argument(  # Triton's --allow-client-shm=<bool>, or bare as a switch
         "--allow-client-shm",
-        action="store_true",
+        nargs="?",
+        const=True,
         default=None,
+        type=_boolean,
+        metavar="BOOL",
         help="let clients register shared-memory regions for inputs and outputs (Triton's "
-        "--allow-client-shm; allow_client_shm)",
+        "--allow-client-shm=true; allow_client_shm)",
     )
     serve.add_argument(
         "--no-access-log",
@@ -94,6 +97,16 @@ def _switches(serve: argparse.ArgumentParser) -> None:
         default=None,
         help="no access-log line per inference request",
     )
+
+
+def _boolean(text: str) -> bool:
+    """A flag's boolean value, as Triton's command line reads one (true/on/1, false/off/0)."""
+    value = text.strip().lower()
+    if value in ("true", "on", "1"):
+        return True
+    if value in ("false", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true or false)")
 
 
 def _lifecycle_flags(serve: argparse.ArgumentParser) -> None:

@@ -4,6 +4,8 @@
     ├── ConfigError (500 config_error)           bad configuration, raised at start
     ├── BadRequest (400 bad_request)
     │   ├── InvalidModelVersion (400 invalid_model_version)  (unregister an unknown version)
+│   ├── AlreadyExists (400 already_exists)    a shared-memory region's name is taken (Triton's
+│   │                                         ALREADY_EXISTS: HTTP 400, gRPC ALREADY_EXISTS)
     │   └── ClientDisconnected (499 client_disconnected)     the client left (or was timed out)
     │                                                        before its whole body arrived
     ├── Unauthorized (401 unauthorized)
@@ -77,6 +79,10 @@ class BadRequest(TorchbayError):
 
 class InvalidModelVersion(BadRequest):
     code = "invalid_model_version"
+
+
+class AlreadyExists(BadRequest):
+    code = "already_exists"
 
 
 class ClientDisconnected(BadRequest):

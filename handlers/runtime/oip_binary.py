@@ -110,9 +110,12 @@ def from_binary(buffer: memoryview, datatype: str, shape: list[int], name: str) 
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
-def check_size(size: int, datatype: str, shape: list[int], name: str) -> None:
+def check_size(
+    size: int, datatype: str, shape: list[int], name: str, field: str = "binary_data_size"
+) -> None:
     """400 unless ``size`` bytes are exactly ``shape``'s values of ``datatype`` (BYTES, of
-    elements of any length, needs at least their 4-byte lengths)."""
+    elements of any length, needs at least their 4-byte lengths); ``field`` is the parameter
+    that gave the size (``shared_memory_byte_size`` for a tensor in a region)."""
     count = math.prod(shape)
     if datatype == "BYTES":
         if count * 4 > size:
@@ -121,7 +124,7 @@ def check_size(size: int, datatype: str, shape: list[int], name: str) -> None:
     expected = count * NUMPY_DTYPES[datatype].itemsize
     if size != expected:
         raise BadInput(
-            f"input {name!r}: binary_data_size {size} is not {count} {datatype} "
+            f"input {name!r}: {field} {size} is not {count} {datatype} "
             f"values of shape {shape} ({expected} bytes)"
         )
 
@@ -138,7 +141,11 @@ def _bytes_elements(buffer: memoryview, count: int, name: str) -> np.ndarray:
 
 
 def bytes_elements(
-    take: Callable[[int], bytes | memoryview], size: int, count: int, name: str
+    take: Callable[[int], bytes | memoryview],
+    size: int,
+    count: int,
+    name: str,
+    field: str = "binary_data_size",
 ) -> np.ndarray:
     """``count`` BYTES elements out of ``size`` bytes, which ``take(n)`` gives ``n`` at a time
     (a request body's binary data, or a client's shared-memory object read as it goes: never
@@ -153,7 +160,7 @@ def bytes_elements(
         (length,) = _LENGTH.unpack(take(4))
         offset += 4
         if offset + length > size:
-            raise BadInput(f"input {name!r}: BYTES element {i} runs past binary_data_size")
+            raise BadInput(f"input {name!r}: BYTES element {i} runs past {field} ({size})")
         out[i] = bytes(take(length))
         offset += length
     if offset != size:

@@ -41,6 +41,8 @@ from . import oip_binary
 
 SHM_DIR = "/dev/shm"
 SLOT = "shm_slot"  # the key of a parsed request's output entry that sits in a region
+UINT64_MAX = (1 << 64) - 1  # Triton reads the sizes and offsets as uint64
+SIZE_FIELD = "shared_memory_byte_size"  # what an input's size errors name (not binary_data_size)
 Table = Mapping[str, Any]
 
 
@@ -70,12 +72,12 @@ def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
     if not isinstance(region, str):
         raise BadInput("Unable to parse 'shared_memory_region'")
     size, offset = params.get("shared_memory_byte_size"), params.get("shared_memory_offset", 0)
-    if type(size) is not int or size < 0:
+    if type(size) is not int or not 0 <= size <= UINT64_MAX:
         raise BadInput(
             f"{what}: 'shared_memory_byte_size' must be a non-negative integer given with "
             "'shared_memory_region'"
         )
-    if type(offset) is not int or offset < 0:
+    if type(offset) is not int or not 0 <= offset <= UINT64_MAX:
         raise BadInput("Unable to parse 'shared_memory_offset'")
     entry = (table or {}).get(region)
     if entry is None:  # Triton's TRITONSERVER_ERROR_NOT_FOUND: 404, gRPC NOT_FOUND
@@ -83,6 +85,11 @@ def locate(table: Table | None, params: Mapping[str, Any], what: str) -> Slot:
     key, base, byte_size = entry[:3]
     if offset >= byte_size:
         raise BadInput(f"Invalid offset for shared memory region: '{region}'")
+    if size > UINT64_MAX - offset:  # Triton's words (its sizes are uint64: the sum wraps)
+        raise BadInput(
+            f"Integer overflow detected: byte_size ({size}) + offset ({offset}) exceeds maximum "
+            f"value ({UINT64_MAX}) for region '{region}'"
+        )
     if offset + size > byte_size:
         raise BadInput(f"Invalid offset + byte size for shared memory region: '{region}'")
     device = int(entry[3]) if len(entry) > 3 else None
@@ -146,7 +153,7 @@ def _read_elements(slot: Slot, count: int, name: str) -> np.ndarray:
                     raise BadInput(_shrunk(slot))
                 return data
 
-            return oip_binary.bytes_elements(take, slot.size, count, name)
+            return oip_binary.bytes_elements(take, slot.size, count, name, SIZE_FIELD)
     except OSError as exc:
         message = f"Unable to read shared memory region '{slot.region}': {exc.strerror}"
         raise BadInput(message) from None
@@ -187,7 +194,7 @@ def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> A
         slot = tensor[SLOT] = cuda_shm.bind(slot, table)
         return cuda_shm.read_input(slot, tensor["datatype"], list(tensor["shape"]), name)
     datatype, shape = tensor["datatype"], list(tensor["shape"])
-    oip_binary.check_size(slot.size, datatype, shape, name)  # before reading that many bytes
+    oip_binary.check_size(slot.size, datatype, shape, name, SIZE_FIELD)  # before reading them
     if datatype == "BYTES":
         return _read_elements(slot, math.prod(shape), name).reshape(shape)
     return oip_binary.from_binary(read(slot), datatype, shape, name)

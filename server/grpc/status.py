@@ -3,7 +3,8 @@
 The table is TorchServe's (``GRPCUtils.getGRPCStatusCode``), which agrees with how Triton maps its
 own errors: 400 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND,
 409 ABORTED, 413/429 RESOURCE_EXHAUSTED, 499 CANCELLED, 501 UNIMPLEMENTED, 503 UNAVAILABLE,
-504 DEADLINE_EXCEEDED; any other 4xx FAILED_PRECONDITION, any other 5xx INTERNAL. The details
+504 DEADLINE_EXCEEDED; any other 4xx FAILED_PRECONDITION, any other 5xx INTERNAL; Triton's
+ALREADY_EXISTS (a taken shared-memory region name, ``AlreadyExists``) is 400 over HTTP. The details
 string is the same clear message the HTTP API answers (never a traceback or a path: the worker
 and our errors already guarantee that of what they say).
 """
@@ -31,6 +32,8 @@ _CODES = {
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
+# Errors whose gRPC code is not their HTTP status's: Triton's ALREADY_EXISTS is HTTP 400.
+_BY_ERROR_CODE = {"already_exists": grpc.StatusCode.ALREADY_EXISTS}
 MAX_DETAILS = 4096  # characters of a handler's message kept in the status details
 # ... and bytes of them as gRPC sends them (grpc-message: UTF-8, percent-encoded but for printable
 # ASCII): a client takes 8 KiB of metadata by default, and past it (with certainty past 16 KiB)
@@ -86,9 +89,8 @@ def from_error(exc: TorchbayError, *, oip: bool = False) -> RpcError:
     """``exc`` as a status; ``oip``: with Triton's wording (the OIP service's answers)."""
     retry = exc.headers.get("retry-after")
     metadata = (("retry-after", retry),) if retry else ()
-    return RpcError(
-        code_for(exc.status), exc.oip_text if oip else exc.message, exc.status, metadata
-    )
+    code = _BY_ERROR_CODE.get(exc.code) or code_for(exc.status)
+    return RpcError(code, exc.oip_text if oip else exc.message, exc.status, metadata)
 
 
 def succeeded(status: object) -> bool:

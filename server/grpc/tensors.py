@@ -115,6 +115,15 @@ def _raw_inputs(request: Any) -> list[bytes]:
             )
         given = iter(raw)
         return [b"" if placed else next(given) for placed in shm]
+    both = next(
+        (t for t, placed in zip(inputs, shm, strict=True) if placed and t.HasField("contents")),
+        None,
+    )
+    if both is not None:  # Triton's words: its values would be ignored for the region's
+        raise BadRequest(
+            f"unexpected 'content' provided when using shared memory for input tensor "
+            f"'{both.name}' for model '{request.model_name}'"
+        )
     return [b"" if placed else _typed(tensor) for tensor, placed in zip(inputs, shm, strict=True)]
 
 

@@ -64,7 +64,7 @@ Scope = MutableMapping[str, Any]
 Item = Pending[p.WireRequest, p.WireResponse]
 RecordFn = Callable[[RequestRecord], None]  # the plane's recorder (metrics, statistics, access)
 # The registered shared-memory regions a v2 request carries to its worker (plane/shm.py).
-RegionsFn = Callable[[], "dict[str, list[Any]] | None"]
+RegionsFn = Callable[[p.WireRequest], "dict[str, list[Any]] | None"]
 log = logging.getLogger("torchbay.trace")
 # The status recorded for a caller that left (a gRPC cancel or deadline, an HTTP disconnect)
 # before its answer.
@@ -174,7 +174,7 @@ class Exchange:
         runs alone, whatever its batch dimension: a limit nobody declared is not enforced)."""
         assert self.model is not None
         regions = self.wiring.regions
-        table = regions() if regions is not None else None
+        table = regions(wire) if regions is not None else None
         batch_size = self.model.settings.batch_size
         if table is None and batch_size == 1:
             return wire

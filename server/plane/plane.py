@@ -119,7 +119,12 @@ class DataPlane:
         # Triton's trace extension: its settings, and the traces of the requests it samples.
         self.tracer = Tracer(str(getattr(config, "trace_file", "") or ""))
         self.wiring = Wiring(
-            registry, self.record, self.shm.table, self.tracer, self.cache, lambda: self.starting
+            registry,
+            self.record,
+            self.shm.table_for,
+            self.tracer,
+            self.cache,
+            lambda: self.starting,
         )
 
     # -- requests -------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ call the same :class:`SharedMemory`); the names share one namespace across syste
 regions, as Triton's do.
 
 The frontend never maps a region nor copies its bytes: registration checks that the object
-exists, can be opened read-write and is large enough (``fstat``), and each request that may use
-a region carries the table of registered system regions (:meth:`SharedMemory.table`) to the
+exists, can be opened read-write and is large enough (``fstat``), and each request carries the
+entries of the registered regions its JSON names (:meth:`SharedMemory.table_for`) to the
 worker, which reads and writes the object itself, through its file and never a mapping
 (``handlers/runtime/shm.py``: a client that shrinks or removes its object, even during a
 request, gets a 400 and never faults the worker). A region unregistered while a request uses it
@@ -34,12 +34,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchbay.server.errors import BadRequest, NotFound
+from torchbay.server.errors import AlreadyExists, BadRequest, NotFound
+from torchbay.server.plane import oip_body
+from torchbay.server.plane.schedule import json_header
+from torchbay.server.serving import protocol as p
 
 Kind = Literal["system", "cuda"]
 SHM_DIR = "/dev/shm"  # where Linux's shm_open keeps its objects
@@ -49,6 +54,8 @@ IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 # Prefixes of objects that are not the clients' to hand out: Triton's Python backend's, and the
 # ones torch's multiprocessing creates for tensors shared between processes.
 RESERVED_PREFIXES = ("triton_python_backend_shm_region_", "torch_")
+# A region named in an OIP request's JSON: the name's JSON string, escapes and all.
+_NAMED = re.compile(rb'"shared_memory_region"\s*:\s*("(?:[^"\\]|\\.)*")')
 DISABLED = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm' "
     "(allow_client_shm=true) to enable."
@@ -106,6 +113,7 @@ class SharedMemory:
         self.shm_dir = shm_dir
         self._regions: dict[str, Region] = {}
         self._table: dict[str, list[Any]] | None = None  # what requests carry; None: no region
+        self._cuda: dict[str, list[Any]] = {}  # its CUDA regions, carried by every request
 
     # -- status, register, unregister ------------------------------------------------------------
 
@@ -131,6 +139,7 @@ class SharedMemory:
         object cannot be opened read-write or is smaller than ``offset + byte_size``, or a
         limit would be passed."""
         self._may_register(name)
+        _given(key=key, byte_size=byte_size)
         key = _key(name, key)
         offset = _size(name, "offset", offset, minimum=0)
         byte_size = _size(name, "byte_size", byte_size, minimum=1)
@@ -148,6 +157,7 @@ class SharedMemory:
         GPU, the name is taken, the arguments are wrong or a limit would be passed. Whether the
         handle opens is known in the worker, at the first request that uses it."""
         self._may_register(name)
+        _given(raw_handle=raw_handle)
         if self.cuda_devices < 1:
             raise BadRequest(
                 f"failed to register CUDA shared memory region '{name}': this server has no "
@@ -198,7 +208,32 @@ class SharedMemory:
         and a region they name is unknown to the worker)."""
         if self._table is None and self._regions:
             self._table = {r.name: r.carried() for r in self._regions.values()}
+            self._cuda = {
+                r.name: self._table[r.name] for r in self._regions.values() if r.kind == "cuda"
+            }
         return self._table or None
+
+    def table_for(self, wire: p.WireRequest) -> dict[str, list[Any]] | None:
+        """What ``wire`` carries of :meth:`table`: the regions its JSON names, and every CUDA
+        region (the worker keeps a CUDA handle open while a request's table names it). Each
+        entry costs every request that carries it, so a request naming no region carries none
+        but those: 4096 regions made each v2 request ~5x slower, whatever it named. A body
+        the frontend cannot read plainly (compressed, or with a ``\\u`` escape that may spell
+        the name or the key) carries the whole table, as before."""
+        table = self.table()
+        if table is None or oip_body.encoding_of(wire) is not None:
+            return table
+        if wire.raw_headers.count(b"inference-header-content-length") > 1:
+            return table  # which JSON the worker reads is its business (the last length)
+        head = json_header(wire)
+        if b"\\u" in head:
+            return table
+        try:
+            named = {json.loads(m) for m in _NAMED.findall(head)}
+        except ValueError:  # an escape JSON has not: the worker answers the request's 400
+            return table
+        picked = {n: table[n] for n in named if n in table}
+        return {**self._cuda, **picked} or None
 
     # -- checks ------------------------------------------------------------------------------------
 
@@ -211,7 +246,7 @@ class SharedMemory:
                 "characters)"
             )
         if name in self._regions:
-            raise BadRequest(f"shared memory region '{name}' already in manager")
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
 
     def _within_limits(self, name: str, byte_size: int) -> None:
         if len(self._regions) >= self.max_regions:
@@ -226,6 +261,13 @@ class SharedMemory:
                 f"pass the server's {self.max_bytes}-byte limit on registered regions "
                 f"(shm_max_bytes; {used} bytes registered)"
             )
+
+
+def _given(**fields: Any) -> None:
+    """Triton's words for a REST register body without a field it needs (gRPC's have them all)."""
+    for field, value in fields.items():
+        if value is None:
+            raise BadRequest(f"Shared memory register request has no '{field}' field")
 
 
 def _label(kind: Kind) -> str:

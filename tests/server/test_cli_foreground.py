@@ -187,6 +187,39 @@ def test_torchserves_short_flags_start_the_server(tmp_path, talk_store):
         kill_tree(proc.pid)
 
 
+def test_tritons_allow_client_shm_true_starts_a_server_that_offers_shared_memory(
+    tmp_path, talk_store
+):
+    """``--allow-client-shm=true``, Triton's form (its docs, and its refusal's words): the
+    server starts with client shared memory on (it exited 2 before: 'ignored explicit
+    argument'); ``=false`` and the bare switch read as Triton's boolean, a word that is none
+    is refused by name."""
+    from torchbay.cli import build_parser
+
+    parser = build_parser()
+    for given, value in (("=false", False), ("=0", False), ("=TRUE", True), ("", True)):
+        assert parser.parse_args(["serve", f"--allow-client-shm{given}"]).allow_client_shm is value
+    bad = subprocess.run(
+        [sys.executable, "-m", "torchbay", "serve", "--allow-client-shm=maybe"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "'maybe' is not a boolean" in bad.stderr
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    args = ["--model-store", str(talk_store), "--dt", "--allow-client-shm=true"]
+    proc, info = serve_foreground(args, cwd, clean_env(tmp_path / "tmp"))
+    try:
+        server = httpx.get(f"http://127.0.0.1:{info['inference']}/v2", timeout=30).json()
+        assert "system_shared_memory" in server["extensions"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+
+
 def test_a_console_closed_under_the_server_is_a_clean_stop(tmp_path, tmp_path_factory):
     """``torchbay serve | tee server.log`` and Ctrl-C: tee is gone before the server's last
     lines. Here the reader of its stdout and stderr closes them while the model loads; the

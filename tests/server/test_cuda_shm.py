@@ -190,7 +190,10 @@ def test_registration_refusals(http, grpc_client, device: Device, protocol: str)
     )
     _refused(lambda: client.register_cuda_shared_memory("r", handle, 0, 0), "byte_size must be")
     client.register_cuda_shared_memory("r", handle, 0, 64)
-    _refused(lambda: client.register_cuda_shared_memory("r", handle, 0, 64), "already in manager")
+    taken = "already in manager"  # Triton's ALREADY_EXISTS: HTTP 400
+    _refused(
+        lambda: client.register_cuda_shared_memory("r", handle, 0, 64), taken, 400, "ALREADY_EXISTS"
+    )
 
 
 def test_a_b64_handle_that_is_not_base64_is_refused(server: LiveServer) -> None:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
 from torch import nn
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from .conftest import LiveServer, oip_client, running, tensor_archive
@@ -191,12 +193,12 @@ def test_status_register_and_unregister(server: LiveServer, http, grpc_client, r
     assert http.get_system_shared_memory_status() == []
 
 
-def _refused(call, fragment: str, code: int = 400) -> None:
+def _refused(call, fragment: str, code: int = 400, grpc_code: str = "") -> None:
     with pytest.raises(InferenceServerException) as info:
         call()
     assert fragment in info.value.message(), info.value.message()
     status = str(info.value.status())
-    grpc_code = "INVALID_ARGUMENT" if code == 400 else "NOT_FOUND"
+    grpc_code = grpc_code or ("INVALID_ARGUMENT" if code == 400 else "NOT_FOUND")
     assert status in (str(code), f"StatusCode.{grpc_code}"), status
 
 
@@ -219,7 +221,11 @@ def test_registration_refusals(http, grpc_client, regions, protocol: str) -> Non
         f"offset must be an integer from 0 to {(1 << 63) - 1}, not 18446744073709551615",
     )
     client.register_system_shared_memory("r", key, 128)
-    _refused(lambda: client.register_system_shared_memory("r", key, 8), "'r' already in manager")
+    # a name taken: Triton's ALREADY_EXISTS (HTTP 400; gRPC ALREADY_EXISTS, not INVALID_ARGUMENT)
+    taken = "shared memory region 'r' already in manager"
+    _refused(
+        lambda: client.register_system_shared_memory("r", key, 8), taken, 400, "ALREADY_EXISTS"
+    )
 
 
 def test_at_most_max_regions(http, regions) -> None:
@@ -243,7 +249,11 @@ def test_requests_naming_a_wrong_region_offset_or_size(
     cases = [
         (_inputs(module, "in", offset=2 * NBYTES), None, "Invalid offset for shared memory"),
         (_inputs(module, "in", offset=NBYTES + 4), None, "Invalid offset + byte size"),
-        (_inputs(module, "in", size=NBYTES - 4), None, "binary_data_size 60 is not 16 INT32"),
+        (
+            _inputs(module, "in", size=NBYTES - 4),
+            None,
+            "shared_memory_byte_size 60 is not 16 INT32",
+        ),
         (_inputs(module, "in"), _outputs(module, "out", size=8), "should be at least 64 bytes"),
     ]
     for inputs, outputs, fragment in cases:
@@ -252,6 +262,25 @@ def test_requests_naming_a_wrong_region_offset_or_size(
     nope = "Unable to find shared memory region: 'nope'"
     _refused(lambda: client.infer("simple", _inputs(module, "nope")), nope, 404)
     assert server.worker_pids() == pids
+
+
+def test_an_offset_and_size_past_uint64_are_tritons_integer_overflow(http, regions) -> None:
+    """Triton's qa (L0_shared_memory test_infer_integer_overflow): over REST, an output at
+    offset 32 of 2**64 - 32 bytes is 'Integer overflow detected: byte_size ...' (was 'Invalid
+    offset + byte size'); a size past uint64 cannot be parsed."""
+    _ip, ip_key = regions("in", 2 * NBYTES)
+    _op, op_key = regions("out", 2 * NBYTES)
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    http.register_system_shared_memory("out", op_key, 2 * NBYTES)
+    for size, fragment in (
+        ((1 << 64) - 32, f"Integer overflow detected: byte_size ({(1 << 64) - 32}) + offset (32)"),
+        (1 << 64, "'shared_memory_byte_size' must be a non-negative integer"),
+    ):
+        out = triton_http.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("out", size, offset=32)
+        _refused(
+            lambda o=out: http.infer("simple", _inputs(triton_http, "in"), outputs=[o]), fragment
+        )
 
 
 def test_a_region_that_vanished_or_shrank_is_refused_and_the_worker_lives(
@@ -271,6 +300,34 @@ def test_a_region_that_vanished_or_shrank_is_refused_and_the_worker_lives(
     inputs[1].set_data_from_numpy(b)
     np.testing.assert_array_equal(http.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
     assert server.worker_pids() == pids
+
+
+def test_a_grpc_input_in_a_region_that_also_carries_contents_is_refused(
+    server: LiveServer, http, regions
+) -> None:
+    """A ModelInfer input naming a region and carrying typed ``contents`` too: which values?
+    Triton refuses it (INVALID_ARGUMENT, its words); the contents were silently dropped."""
+    a, _ = _data()
+    ip, ip_key = regions("in", 2 * NBYTES)
+    shm.set_shared_memory_region(ip, [a, a])
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    for i, name in enumerate(("INPUT0", "INPUT1")):
+        tensor = request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        tensor.parameters["shared_memory_region"].string_param = "in"
+        tensor.parameters["shared_memory_byte_size"].int64_param = NBYTES
+        tensor.parameters["shared_memory_offset"].int64_param = i * NBYTES
+    request.inputs[1].contents.int_contents.extend([100] * 16)
+    port = server.server.state.ports.grpc_inference
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "unexpected 'content' provided when using shared memory for input tensor 'INPUT1' "
+        "for model 'simple'"
+    )
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
