@@ -47,7 +47,7 @@ from torchbay.server.errors import (
 )
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.plane.schedule import schedule_of
-from torchbay.server.plane.sequence_params import sequence_of
+from torchbay.server.plane.sequence_params import check_ignored, sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.parts import NO_PARTS, Parts
@@ -147,6 +147,8 @@ class Exchange:
         if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
             names = self.model.settings.sequence_headers
             wire, sequence = sequence_of(wire, self._max_size(), names)
+        elif wire.protocol == "v2":  # ignored, but checked as Triton does
+            check_ignored(wire, self._max_size())
         # Read before the look-up: a hit is counted at its priority level as any answer.
         schedule = self._leveled(schedule_of(wire, self._max_size()))
         lookup = self._lookup(wire) if sequence is None else None

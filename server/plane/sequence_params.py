@@ -29,6 +29,7 @@ from typing import Any
 from torchbay.server.config.settings import SEQUENCE_HEADERS
 from torchbay.server.errors import BadRequest
 from torchbay.server.plane import oip_body
+from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.sequences import SequenceRef
 
@@ -88,10 +89,8 @@ def _oip_ref(wire: p.WireRequest, limit: int) -> SequenceRef:
             "This model is a sequence model: the request must set the parameter sequence_id "
             "(a uint64 other than 0, or a non-empty string)"
         )
-    value = params["sequence_id"]
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise BadRequest("Parameter sequence_id must be a uint64 or a string")
-    if isinstance(value, int) and not 0 < value <= MAX_UINT64:
+    value = _typed_id(params["sequence_id"])
+    if isinstance(value, int) and value == 0:
         raise BadRequest("Parameter sequence_id must be a uint64 other than 0")
     if isinstance(value, str):
         if not value:
@@ -100,6 +99,37 @@ def _oip_ref(wire: p.WireRequest, limit: int) -> SequenceRef:
     return SequenceRef(
         value, start=_bool_param(params, "sequence_start"), end=_bool_param(params, "sequence_end")
     )
+
+
+def _typed_id(value: Any) -> int | str:
+    """``value`` when it is a uint64 or a string (Triton's two kinds of id), else a 400."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadRequest("Parameter sequence_id must be a uint64 or a string")
+    if isinstance(value, int) and not 0 <= value <= MAX_UINT64:
+        raise BadRequest("Parameter sequence_id must be a uint64 (0 to 2^64-1)")
+    return value
+
+
+def check_ignored(wire: p.WireRequest, limit: int = oip_body.DEFAULT_LIMIT) -> None:
+    """An OIP request to a model without sequences: its ``sequence_id``, ``sequence_start`` and
+    ``sequence_end`` are ignored, but one of the wrong type is a 400 naming it, as Triton's
+    frontends refuse it for every model (an id that is no uint64 nor string, a flag that is no
+    boolean). A byte search when the request names none; a body that is not JSON is left to
+    the worker's 400."""
+    head = json_header(wire, limit)
+    if b'"sequence_' not in head:
+        return
+    try:
+        doc = json.loads(head)
+    except (ValueError, RecursionError):
+        return
+    params = doc.get("parameters") if isinstance(doc, dict) else None
+    if not isinstance(params, dict):
+        return
+    if "sequence_id" in params:
+        _typed_id(params["sequence_id"])
+    _bool_param(params, "sequence_start")
+    _bool_param(params, "sequence_end")
 
 
 def _bool_param(params: dict[str, Any], name: str) -> bool:

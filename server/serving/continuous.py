@@ -100,8 +100,8 @@ class ContinuousSequenceQueue(SequenceQueue):
     def finish(self, sequence_id: str) -> None:
         """The handler ended ``sequence_id``: nothing more joins it; it closes once done."""
         seq = self.open.get(sequence_id)
-        if seq is None:
-            return
+        if seq is None or any(item is seq.restart for item in seq.items):
+            return  # (a start queued since: a new sequence under the id, which goes on)
         seq.ending, seq.end_request = True, None  # ended by the handler, whatever leaves
         if not seq.items and not seq.running:
             self._end(seq, "has ended", "end")

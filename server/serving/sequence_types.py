@@ -49,6 +49,7 @@ class Sequence:
     ran: bool = False  # a worker took one of its requests (or it is an idle one reopened)
     streaming: int = 0  # its requests still answering over several calls (continuous batching)
     implicit: bool = False  # opened by TorchServe's API (see SequenceRef)
+    restart: Pending | None = None  # the last start that joined it while open (queue.put)
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,12 +118,10 @@ class SequenceQueue(BatchQueue):
         ref = _keyed(ref)
         if self._queued >= self.capacity:
             self.put_refused()
-        seq = self.open.get(ref.id)
+        seq = self._current(ref)
         if seq is None:
             seq = self._open(ref)
-        elif ref.start:
-            raise SequenceRefused(f"Sequence {ref.id!r} is already open; end it before a start")
-        elif seq.ending:
+        elif seq.ending and not ref.start:
             raise SequenceRefused(f"Sequence {ref.id!r} has ended; start a new one")
         elif len(seq.items) >= self.per_sequence:
             self.full += 1
@@ -132,6 +130,8 @@ class SequenceQueue(BatchQueue):
                 "(maxSequenceJobQueueSize); retry later",
                 headers={"retry-after": self.retry_after()},
             )
+        elif ref.start:  # a new sequence under its id: its time limit counts from here
+            seq.opened, seq.restart = item.arrival, item
         seq.ending = ref.end
         seq.end_request = item if ref.end else None
         seq.items.append(item)
@@ -141,6 +141,17 @@ class SequenceQueue(BatchQueue):
         self._arrivals += 1
         self.watch(item)
         self._wake_for(seq)
+
+    def _current(self, ref: SequenceRef) -> Sequence | None:
+        """The open sequence ``ref`` joins (None: it opens one). A start for an open id joins
+        it, behind its queued requests and on its worker, as Triton runs it (the previous
+        sequence ends early; the handler sees the start) and TorchServe (its job group); one
+        whose worker is gone is ended first, so that the start opens a new one."""
+        seq = self.open.get(ref.id)
+        if seq is not None and ref.start and seq.slot is not None and not holds(seq):
+            self._sweep(clock())
+            seq = self.open.get(ref.id)
+        return seq
 
     def watch(self, item: Pending, timer: bool = True) -> None:
         """Answer queued ``item`` at its deadline should it still wait (deadlines.py); ``timer``

@@ -222,6 +222,29 @@ def test_a_dead_worker_fails_its_sequences_queued_and_later_requests():
     assert lost and "worker died" in message
 
 
+def test_a_start_for_an_open_id_runs_after_its_queued_requests_on_its_worker():
+    """Triton ends the previous sequence early and begins anew under the id; TorchServe's job
+    group takes the request. A start whose worker was replaced (its exit not yet seen) opens a
+    new sequence, rather than joining one that is lost."""
+
+    async def scenario() -> tuple[list[object], bool]:
+        q, slot, other = _queue(), _Slot(), _Slot()
+        _put(q, "a", "a1", start=True)
+        _put(q, "a", "a2", end=True)
+        _put(q, "a", "b1", start=True)  # an end and the next start, sent without waiting
+        order = []
+        for _ in range(3):
+            batch = await q.take(slot)
+            order += [i.payload for i in batch]
+            _answer(batch)
+        slot.worker = _Worker()  # replaced: a's state is gone
+        restart = _put(q, "a", "c1", start=True)
+        (taken,) = await q.take(other)  # a new sequence: bound anew, to the least loaded
+        return order, taken is restart and not restart.future.done()
+
+    assert run(scenario()) == (["a1", "a2", "b1"], True)
+
+
 def test_a_sequence_queue_is_bounded_and_unstarted_ids_refused():
     async def scenario() -> None:
         q = _queue(per_sequence=2)

@@ -77,6 +77,25 @@ def test_a_request_after_the_handler_ended_its_sequence_is_refused():
     run(scenario())
 
 
+def test_a_start_queued_before_the_handler_ends_its_sequence_begins_a_new_one():
+    """A client's next conversation under the id, sent while the last request of the one
+    before runs, joins it (as in Triton and TorchServe): the handler's end is the one
+    before's. Was: the new sequence ended after its first request, and its next was refused
+    (400 "has ended")."""
+
+    async def scenario() -> list[object]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", "a0", start=True)
+        await q.take(slot)  # a0 runs
+        _put(q, "a", "b0", start=True)
+        q.finish("a")  # the handler ends the sequence a0 belongs to
+        taken = [i.payload for i in await q.take(slot)]
+        _put(q, "a", "b1")
+        return taken + [i.payload for i in await q.take(slot)]
+
+    assert run(scenario()) == ["b0", "b1"]
+
+
 def test_a_handler_s_end_header_names_one_sequence_whose_id_holds_a_semicolon():
     """TorchServe joins the ids a handler ended with ``;``; a client whose own sequence id holds
     one (``victim;x``) ended the sequence ``victim`` of another client with its own end."""

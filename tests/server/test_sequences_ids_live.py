@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from .conftest import ASSETS, LiveServer, make_config, oip_client, tiny_archive
@@ -34,6 +35,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     archive(root, work, "stateful", config)
     gates = (str(ASSETS / "gates.py"),)  # a model without sequences
     tiny_archive(work, root, "plain", str(ASSETS / "probe_handler.py"), extra_files=gates)
+    counter = work / "counter.yaml"  # the same handler without sequences: it reads no id
+    counter.write_text("minWorkers: 1\nmaxWorkers: 1\nhandler:\n  cache:\n    capacity: 4\n")
+    archive(root, work, "counter", counter)
     live = LiveServer(make_config(root, load_models=["all"])).start()
     try:
         yield live
@@ -86,5 +90,47 @@ def test_a_ts_grpc_id_beyond_latin_1_to_a_plain_model_is_answered(server, ts) ->
                 model_name="plain", sequence_id=sequence_id, input={"body": b"{}"}
             )
             assert b'"logits"' in stub.Predictions(request, timeout=30).prediction
+    finally:
+        channel.close()
+
+
+BAD_SEQUENCE_PARAMETERS = (
+    ({"sequence_id": -1}, "sequence_id"),
+    ({"sequence_id": 1 << 64}, "sequence_id"),
+    ({"sequence_id": 1.5}, "sequence_id"),
+    ({"sequence_id": True}, "sequence_id"),
+    ({"sequence_id": [1]}, "sequence_id"),
+    ({"sequence_id": 5, "sequence_start": "yes"}, "sequence_start"),
+    ({"sequence_end": 1}, "sequence_end"),
+)
+
+
+def test_a_model_without_sequences_refuses_sequence_parameters_of_the_wrong_type(server) -> None:
+    """Triton's frontends parse sequence_id (a uint64 or a string), sequence_start and
+    sequence_end (booleans) for every model, and refuse another type (400, INVALID_ARGUMENT);
+    a model without sequences then ignores them. Was: any value was taken and ignored (-1,
+    1.5, true, "yes": 200)."""
+    url = f"{server.url}/v2/models/counter/infer"
+    data = [{"name": "data", "datatype": "BYTES", "shape": [1], "data": ["1"]}]
+    for params, name in BAD_SEQUENCE_PARAMETERS:
+        r = httpx.post(url, json={"inputs": data, "parameters": params}, timeout=60)
+        assert r.status_code == 400 and name in r.json()["error"], (params, r.text)
+    for params in ({"sequence_id": 0}, {"sequence_id": ""}, {"sequence_id": (1 << 64) - 1}):
+        params |= {"sequence_start": True, "sequence_end": False}
+        r = httpx.post(url, json={"inputs": data, "parameters": params}, timeout=60)
+        assert r.status_code == 200, (params, r.text)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.server.state.ports.grpc_inference}")
+    try:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.ModelInferRequest(model_name="counter")
+        request.inputs.add(name="data", datatype="BYTES", shape=[1])
+        request.raw_input_contents.append(len(b"1").to_bytes(4, "little") + b"1")
+        request.parameters["sequence_id"].double_param = 1.5
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=60)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "sequence_id" in (info.value.details() or "")
+        request.parameters["sequence_id"].string_param = "any"
+        assert stub.ModelInfer(request, timeout=60).outputs[0].name == "output0"
     finally:
         channel.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import queue
 import shutil
 import signal
 from collections.abc import Iterator
@@ -23,9 +24,10 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
-from .conftest import ASSETS, batch_running, build_store, running, until
+from .conftest import ASSETS, batch_running, build_store, oip_client, running, until
 from .stateful_store import (
     CORRID_INT32,
     EXAMPLE,
@@ -226,12 +228,36 @@ def test_an_integer_id_and_its_text_name_one_sequence(server) -> None:
     sequences sharing one state on one worker (the start of 31 answered 110, not 100)."""
     model = "stateful_dying"  # one worker: both would run there
     assert _v2(server, {"sequence_id": "31", "sequence_start": True}, 10, model).status_code == 200
-    r = _v2(server, {"sequence_id": 31, "sequence_start": True}, 100, model)
-    assert r.status_code == 400 and "already open" in r.json()["error"], r.text
     r = _v2(server, {"sequence_id": 31}, 1, model)
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [11], r.text
     assert _v2(server, {"sequence_id": "31", "sequence_end": True}, 1, model).status_code == 200
     r = _v2(server, {"sequence_id": 31}, 1, model)
+    assert r.status_code == 400 and "has ended" in r.json()["error"], r.text
+
+
+def test_a_start_for_an_open_id_joins_it_as_triton_and_torchserve_do(server) -> None:
+    """A gRPC stream client sends an id's end and its next start without waiting, or restarts
+    a sequence it never ended (Triton: the previous one ends early; TorchServe: its job group
+    takes the request). Both run, in order, on the sequence's worker (the example's handler
+    keeps its total: 1+2+3, then +10, +20; then +5). Was: 400 "already open" for the start,
+    then "has ended" for the rest of the new sequence."""
+    answers: queue.Queue = queue.Queue()
+    with oip_client(server.live, "grpc") as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        steps = [(1, True, False), (2, False, False), (3, False, True), (10, True, False)]
+        steps += [(20, False, True), (5, True, False), (5, True, True)]
+        for value, start, end in steps:
+            data = triton_grpc.InferInput("data", [1], "BYTES")
+            data.set_data_from_numpy(np.array([str(value).encode()], dtype=object))
+            client.async_stream_infer(
+                "stateful_oip", [data], sequence_id=7007, sequence_start=start, sequence_end=end
+            )
+        got = [answers.get(timeout=120) for _ in steps]
+        client.stop_stream()
+    assert [error for _, error in got] == [None] * len(steps)
+    totals = [int(result.as_numpy("output0").reshape(-1)[0]) for result, _ in got]
+    assert totals == [1, 3, 6, 16, 36, 41, 46]
+    r = _v2(server, {"sequence_id": 7007}, 1)
     assert r.status_code == 400 and "has ended" in r.json()["error"], r.text
 
 
