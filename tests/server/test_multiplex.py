@@ -362,6 +362,38 @@ def test_a_registration_still_loading_is_never_evicted_for_another_load(
     assert _describe(live, "slow")["evictions"] == 1
 
 
+def test_a_model_being_scaled_up_is_not_evicted_while_its_new_workers_load(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    """The operator's scale wins (docs/multiplex.md): a version whose new workers still load
+    is not idle. Before, another model's load evicted it meanwhile: the synchronous scale
+    answered 206 "Workers scaling in progress..." with nothing in progress and no worker."""
+    gate, started = tmp_path / "load-gate", tmp_path / "load-started"
+    live = serve({"a": f"loadStarted: {started}\nloadGate: {gate}\n"}, max_loaded_models=1)
+    gate.touch()
+    _register(live, "a")
+    _register(live, "b", workers=0)
+    gate.unlink()
+    started.unlink()
+    url = f"{live.management_url}/models/a?min_worker=2&synchronous=true"
+    with ThreadPoolExecutor(2) as pool:
+        scaling = pool.submit(httpx.put, url, timeout=120)
+        until(started.exists, "a's second worker loads", timeout=60.0)
+        waiting = pool.submit(_predict, live, "b", "b1")
+        until(
+            lambda: _residency(live, "b").loading is not None or waiting.done(),
+            "b's load started",
+            timeout=60.0,
+        )
+        gate.touch()
+        scaled = scaling.result()
+        assert scaled.status_code == 200, scaled.text
+        assert scaled.json()["status"] == "Workers scaled to 2 for model: a"
+        assert waiting.result().status_code == 200  # then a, idle, makes room for b
+    assert _loaded(live) == {"a": False, "b": True}
+    assert _describe(live, "a")["evictions"] == 1
+
+
 def test_a_registration_is_answered_while_a_load_waits_for_a_busy_model(
     serve: Callable[..., LiveServer], tmp_path: Path
 ) -> None:
