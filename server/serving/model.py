@@ -5,8 +5,7 @@ queue while its worker is READY. Scaling adds or retires slots (a retiring slot 
 batch it holds) and re-tunes the survivors' CPU threads.
 
 Every admitted request gets exactly one response: a result, a handler error, 504 (deadline or
-response timeout), 503 (worker died, no worker, shutdown), 500 (a response past
-``max_response_size``).
+response timeout), 503 (worker died, no worker, shutdown), 500 (over ``max_response_size``).
 
 A version's status has one source, :meth:`ModelVersion.status`, computed from its slots; every
 health and readiness answer (``/ping``, ``/v2/health/ready``, ``/v2/models/{m}/ready``, KServe
@@ -16,6 +15,7 @@ v1, describe, the ``torchbay_model_ready`` gauge) reads it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import Callable
 from functools import cached_property
@@ -24,7 +24,7 @@ from typing import Any
 
 from torchbay.server.config.model_settings import SETTINGS
 from torchbay.server.config.settings import ModelConfig
-from torchbay.server.errors import NoWorker, ShuttingDown
+from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import Admission, stopping_message
 from torchbay.server.serving.autopilot import Autopilot
@@ -212,9 +212,8 @@ class ModelVersion(RequestPath):
     @property
     def healthy(self) -> bool:
         """TorchServe's /ping: serving, or holding zero workers on request."""
-        return self.status is ModelStatus.READY or (
-            self.status is ModelStatus.STOPPED and self._final is None
-        )
+        status = self.status
+        return status is ModelStatus.READY or (status is ModelStatus.STOPPED and not self._final)
 
     async def start(self, workers: int | None = None) -> None:
         """Start ``workers`` (default min_workers) and wait for their first load.
@@ -288,7 +287,7 @@ class ModelVersion(RequestPath):
             for slot in leaving:
                 if slot in self.slots:
                     self.slots.remove(slot)
-            self.fail_if_unserved()
+            self.fail_if_unserved(scaled=True)
         self._retune()
 
     async def load(self, workers: int) -> list[WorkerLoadError]:
@@ -330,10 +329,15 @@ class ModelVersion(RequestPath):
             self.config = ModelConfig.model_validate({**self.config.model_dump(), **changes})
         self.settings = self.settings.updated(**changes)
 
-    def fail_if_unserved(self) -> None:
-        """When no slot can ever serve again, answer everything queued with 503 at once."""
+    def fail_if_unserved(self, scaled: bool = False) -> None:
+        """When no slot can ever serve again, answer everything queued with 503 at once; or,
+        ``scaled`` to zero on demand (serving/multiplex.py), load it again for them."""
         if any(s.may_serve for s in self.slots):
             return
+        if scaled and self.demand is not None and len(self.queue):
+            with contextlib.suppress(TorchbayError):  # held off after failed loads: a 503
+                self.demand(self)
+                return
         message = f'Model "{self.name}" version {self.version} has no worker left'
         for item in list(self.queue.close(NoWorker(message))):
             reject(item.future, NoWorker(message))

@@ -278,6 +278,33 @@ def test_a_model_scaled_to_zero_while_it_loads_on_demand_is_loaded_again_by_its_
     assert _predict(live, "slow", "s2").status_code == 200
 
 
+def test_a_request_queued_when_its_loaded_model_is_scaled_to_zero_loads_it_again(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    """On demand, zero workers is "unloaded": a request queued as the operator scales the
+    model to zero loads it again, as the next request and one queued during an eviction do.
+    Before, it was answered 503 "has no worker left" while a request a moment later got 200."""
+    gate = tmp_path / "gate"
+    live = serve(max_loaded_models=2)
+    _register(live, "a")
+    a = live.server.registry.resolve("a")
+    url = f"{live.management_url}/models/a?min_worker=0&synchronous=true"
+    with ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(_predict, live, "a", "busy", gate)
+        until(lambda: a.inflight == 1 and not len(a.queue), "a is busy", timeout=60.0)
+        queued = pool.submit(_predict, live, "a", "queued")
+        until(lambda: len(a.queue) == 1, "a request waits behind it", timeout=60.0)
+        scaling = pool.submit(httpx.put, url, timeout=120)
+        until(lambda: all(s.retiring for s in a.slots), "a's worker retires", timeout=60.0)
+        gate.touch()
+        assert busy.result().status_code == 200  # the batch in hand is finished
+        assert scaling.result().status_code == 200, scaling.result().text
+        answer = queued.result()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["id"] == "queued"
+    assert _describe(live, "a")["loads"] == 2
+
+
 def test_a_registration_unregistered_while_its_worker_loads_is_answered(
     serve: Callable[..., LiveServer], tmp_path: Path
 ) -> None:
