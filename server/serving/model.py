@@ -40,6 +40,7 @@ from torchbay.server.serving.priority import levels_from
 from torchbay.server.serving.queue import BatchQueue, reject
 from torchbay.server.serving.queues import new_queue
 from torchbay.server.serving.requests import RequestPath
+from torchbay.server.serving.retiring import retire
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
@@ -271,7 +272,8 @@ class ModelVersion(RequestPath):
         max_workers: int | None = None,
         resized: Callable[[], object] = lambda: None,
     ) -> None:
-        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops.
+        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops: it
+        returns once the idle workers stopped, those running a batch finish it meanwhile.
         ``resized`` is called once the new counts are the version's settings, before any
         worker starts or stops (a config snapshot, as TorchServe writes it then)."""
         max_workers = min_workers if max_workers is None else max_workers
@@ -282,11 +284,7 @@ class ModelVersion(RequestPath):
         if min_workers > len(live):
             await self._add_slots(min_workers - len(live))
         elif min_workers < len(live):
-            leaving = live[min_workers:]
-            await asyncio.gather(*(slot.retire() for slot in leaving))
-            for slot in leaving:
-                if slot in self.slots:
-                    self.slots.remove(slot)
+            await retire(self.slots, live[min_workers:], busy_later=True)
             self.fail_if_unserved(scaled=True)
         self._retune()
 
@@ -309,11 +307,7 @@ class ModelVersion(RequestPath):
     async def unload(self) -> None:
         """Retire every slot (each finishes the batch it holds) and keep the version registered
         with its settings: serving/multiplex.py's eviction, which ``load`` undoes."""
-        leaving = list(self.slots)
-        await asyncio.gather(*(slot.retire() for slot in leaving))
-        for slot in leaving:
-            if slot in self.slots:
-                self.slots.remove(slot)
+        await retire(self.slots, list(self.slots))
         self._retune()
 
     def _retune(self) -> None:
