@@ -192,10 +192,11 @@ class Admission:
         }
 
 
-def refuse(mv: Any, level: int | None = None) -> None:
+def refuse(mv: Any, level: int | None = None, load: bool = True) -> None:
     """Raise what a model version refuses a newcomer at ``level`` with at once (None: from the
     headers, the level not yet known): 503 ShuttingDown, NoWorker or Overloaded (the queue's own
-    QueueFull comes at ``put``)."""
+    QueueFull comes at ``put``). An on-demand version without a worker is loaded (``load``:
+    the request is admitted; not from the headers, as a response cache hit needs no worker)."""
     if mv.closing:
         raise ShuttingDown(stopping_message(mv))
     serving = False
@@ -206,7 +207,8 @@ def refuse(mv: Any, level: int | None = None) -> None:
             workers += 1
             busy += slot.state is WorkerState.BUSY
     if not serving and mv.demand is not None:
-        mv.demand(mv)  # on demand (serving/multiplex.py): queued while its load runs
+        if load:
+            mv.demand(mv)  # on demand (serving/multiplex.py): queued while its load runs
     elif not serving:
         raise NoWorker(  # TorchServe 0.12's words, less its sequence-batching advice
             f'Model "{mv.name}" has no worker to serve inference request. '
@@ -229,7 +231,7 @@ def refuse_early(mv: Any) -> None:
     """``refuse`` from the request's headers alone, before its body is read (a listener's
     cheap path); a refusal is counted as a received and rejected request."""
     try:
-        refuse(mv)
+        refuse(mv, load=False)
         if mv.queue.remaining_capacity <= 0:
             mv.queue.put_refused()
     except TorchbayError:

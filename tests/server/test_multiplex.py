@@ -306,6 +306,27 @@ def test_a_request_queued_when_its_loaded_model_is_scaled_to_zero_loads_it_again
     assert _describe(live, "a")["loads"] == 2
 
 
+def test_a_response_cache_hit_of_an_unloaded_model_loads_nothing(
+    serve: Callable[..., LiveServer],
+) -> None:
+    """A hit is answered by the frontend, without a worker (docs/cache.md). Before, the check
+    at the request's headers started the model's load before the cache was asked: each hit
+    on an unloaded model loaded it and unloaded another to make room."""
+    live = serve(max_loaded_models=1)
+    for name in ("a", "b"):
+        url = f"{live.management_url}/models?url={name}.mar&initial_workers=1"
+        answer = httpx.post(url + "&synchronous=true&response_cache=true", timeout=120)
+        assert answer.status_code == 200, answer.text
+    stored = _predict(live, "a", "x")  # a miss: its answer is stored
+    assert _predict(live, "b", "y").status_code == 200  # a, idle, makes room for b
+    assert _loaded(live) == {"a": False, "b": True}
+    hit = _predict(live, "a", "x")
+    assert hit.status_code == 200 and hit.json() == stored.json()  # its worker is gone
+    assert _residency(live, "a").loading is None  # (was: loading, b being unloaded for it)
+    assert _loaded(live) == {"a": False, "b": True}
+    assert (_describe(live, "a")["loads"], _describe(live, "b")["evictions"]) == (1, 0)
+
+
 def test_a_registration_unregistered_while_its_worker_loads_is_answered(
     serve: Callable[..., LiveServer], tmp_path: Path
 ) -> None:
