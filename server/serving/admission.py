@@ -33,7 +33,6 @@ import math
 from typing import Any
 
 from torchbay.server.errors import NoWorker, Overloaded, ShuttingDown, TorchbayError
-from torchbay.server.serving.handle import WorkerState
 from torchbay.server.serving.queue import BatchQueue, clock
 
 __all__ = ["Admission", "any_pressed", "refuse", "refuse_early", "retry_after"]
@@ -205,7 +204,7 @@ def refuse(mv: Any, level: int | None = None, load: bool = True) -> None:
         serving = serving or slot.may_serve
         if slot.ready:
             workers += 1
-            busy += slot.state is WorkerState.BUSY
+            busy += slot.busy  # its batch in hand (one retiring after a scale down: DRAINING)
     if not serving and mv.demand is not None:
         if load:
             mv.demand(mv)  # on demand (serving/multiplex.py): queued while its load runs
