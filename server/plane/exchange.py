@@ -129,7 +129,7 @@ class Exchange:
         # From the headers alone (the protocol has not read the body); but a full queue or an
         # overload does not refuse a request the response cache may answer (Triton looks up first)
         cache = self.wiring.cache
-        refuse_early(mv, load=cache is None or cache.of(mv) is None)
+        refuse_early(mv, pressure=cache is None or cache.of(mv) is None)
         return mv
 
     def admit(self, wire: p.WireRequest, deadline_s: float | None = None) -> Item:

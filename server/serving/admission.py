@@ -33,7 +33,6 @@ import math
 from typing import Any
 
 from torchbay.server.errors import NoWorker, Overloaded, ShuttingDown, TorchbayError
-from torchbay.server.serving.handle import WorkerState
 from torchbay.server.serving.queue import BatchQueue, clock
 
 __all__ = ["Admission", "any_pressed", "refuse", "refuse_early", "retry_after"]
@@ -192,10 +191,12 @@ class Admission:
         }
 
 
-def refuse(mv: Any, level: int | None = None, load: bool = True) -> None:
+def refuse(mv: Any, level: int | None = None, load: bool = True, pressure: bool = True) -> None:
     """Raise what a model version refuses a newcomer at ``level`` with at once (None: from the
     headers, the level not yet known): 503 ShuttingDown, NoWorker or Overloaded (the queue's own
-    QueueFull comes at ``put``); not Overloaded without ``load``."""
+    QueueFull comes at ``put``). An on-demand version without a worker is loaded (``load``:
+    the request is admitted; not from the headers, as a response cache hit needs no worker);
+    not Overloaded without ``pressure``."""
     if mv.closing:
         raise ShuttingDown(stopping_message(mv))
     serving = False
@@ -204,15 +205,16 @@ def refuse(mv: Any, level: int | None = None, load: bool = True) -> None:
         serving = serving or slot.may_serve
         if slot.ready:
             workers += 1
-            busy += slot.state is WorkerState.BUSY
+            busy += slot.busy  # its batch in hand (one retiring after a scale down: DRAINING)
     if not serving and mv.demand is not None:
-        mv.demand(mv)  # on demand (serving/multiplex.py): queued while its load runs
+        if load:
+            mv.demand(mv)  # on demand (serving/multiplex.py): queued while its load runs
     elif not serving:
         raise NoWorker(  # TorchServe 0.12's words, less its sequence-batching advice
             f'Model "{mv.name}" has no worker to serve inference request. '
             "Please use scale workers API to add workers."
         )
-    if load:  # the batch size the queue runs: the autopilot may run it below the configured one
+    if pressure:  # the batch size the queue runs: the autopilot may run it below the configured one
         mv.admission.check(workers=workers, busy=busy, batch_size=mv.queue.batch_size, level=level)
 
 
@@ -225,14 +227,14 @@ def stopping_message(mv: Any, state: str = "is stopping", then: str = "") -> str
     )
 
 
-def refuse_early(mv: Any, load: bool = True) -> None:
+def refuse_early(mv: Any, pressure: bool = True) -> None:
     """``refuse`` from the request's headers alone, before its body is read (a listener's
-    cheap path); a refusal is counted as a received and rejected request. Without ``load``
+    cheap path); a refusal is counted as a received and rejected request. Without ``pressure``
     (a version whose response cache may answer the request without its queue) only what no
     answer bypasses: a full queue or an overload is left to the queue, after the look-up."""
     try:
-        refuse(mv, load=load)
-        if load and mv.queue.remaining_capacity <= 0:
+        refuse(mv, load=False, pressure=pressure)
+        if pressure and mv.queue.remaining_capacity <= 0:
             mv.queue.put_refused()
     except TorchbayError:
         mv.requests_received += 1

@@ -5,8 +5,7 @@ queue while its worker is READY. Scaling adds or retires slots (a retiring slot 
 batch it holds) and re-tunes the survivors' CPU threads.
 
 Every admitted request gets exactly one response: a result, a handler error, 504 (deadline or
-response timeout), 503 (worker died, no worker, shutdown), 500 (a response past
-``max_response_size``).
+response timeout), 503 (worker died, no worker, shutdown), 500 (over ``max_response_size``).
 
 A version's status has one source, :meth:`ModelVersion.status`, computed from its slots; every
 health and readiness answer (``/ping``, ``/v2/health/ready``, ``/v2/models/{m}/ready``, KServe
@@ -16,6 +15,7 @@ v1, describe, the ``torchbay_model_ready`` gauge) reads it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import Callable
 from functools import cached_property
@@ -24,7 +24,7 @@ from typing import Any
 
 from torchbay.server.config.model_settings import SETTINGS
 from torchbay.server.config.settings import ModelConfig
-from torchbay.server.errors import NoWorker, ShuttingDown
+from torchbay.server.errors import NoWorker, ShuttingDown, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import Admission, stopping_message
 from torchbay.server.serving.autopilot import Autopilot
@@ -40,6 +40,7 @@ from torchbay.server.serving.priority import levels_from
 from torchbay.server.serving.queue import BatchQueue, reject
 from torchbay.server.serving.queues import new_queue
 from torchbay.server.serving.requests import RequestPath
+from torchbay.server.serving.retiring import retire
 from torchbay.server.serving.slot import BatchRecord, SlotContext, SlotEvents, WorkerSlot
 
 __all__ = ["BatchRecord", "ModelSettings", "ModelStatus", "ModelVersion", "Observer"]
@@ -212,9 +213,8 @@ class ModelVersion(RequestPath):
     @property
     def healthy(self) -> bool:
         """TorchServe's /ping: serving, or holding zero workers on request."""
-        return self.status is ModelStatus.READY or (
-            self.status is ModelStatus.STOPPED and self._final is None
-        )
+        status = self.status
+        return status is ModelStatus.READY or (status is ModelStatus.STOPPED and not self._final)
 
     async def start(self, workers: int | None = None) -> None:
         """Start ``workers`` (default min_workers) and wait for their first load.
@@ -272,7 +272,8 @@ class ModelVersion(RequestPath):
         max_workers: int | None = None,
         resized: Callable[[], object] = lambda: None,
     ) -> None:
-        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops.
+        """Grow or shrink to ``min_workers`` live slots. Shrinking drains, never drops: it
+        returns once the idle workers stopped, those running a batch finish it meanwhile.
         ``resized`` is called once the new counts are the version's settings, before any
         worker starts or stops (a config snapshot, as TorchServe writes it then)."""
         max_workers = min_workers if max_workers is None else max_workers
@@ -283,12 +284,8 @@ class ModelVersion(RequestPath):
         if min_workers > len(live):
             await self._add_slots(min_workers - len(live))
         elif min_workers < len(live):
-            leaving = live[min_workers:]
-            await asyncio.gather(*(slot.retire() for slot in leaving))
-            for slot in leaving:
-                if slot in self.slots:
-                    self.slots.remove(slot)
-            self.fail_if_unserved()
+            await retire(self.slots, live[min_workers:], busy_later=True)
+            self.fail_if_unserved(scaled=True)
         self._retune()
 
     async def load(self, workers: int) -> list[WorkerLoadError]:
@@ -310,11 +307,7 @@ class ModelVersion(RequestPath):
     async def unload(self) -> None:
         """Retire every slot (each finishes the batch it holds) and keep the version registered
         with its settings: serving/multiplex.py's eviction, which ``load`` undoes."""
-        leaving = list(self.slots)
-        await asyncio.gather(*(slot.retire() for slot in leaving))
-        for slot in leaving:
-            if slot in self.slots:
-                self.slots.remove(slot)
+        await retire(self.slots, list(self.slots))
         self._retune()
 
     def _retune(self) -> None:
@@ -330,10 +323,15 @@ class ModelVersion(RequestPath):
             self.config = ModelConfig.model_validate({**self.config.model_dump(), **changes})
         self.settings = self.settings.updated(**changes)
 
-    def fail_if_unserved(self) -> None:
-        """When no slot can ever serve again, answer everything queued with 503 at once."""
+    def fail_if_unserved(self, scaled: bool = False) -> None:
+        """When no slot can ever serve again, answer everything queued with 503 at once; or,
+        ``scaled`` to zero on demand (serving/multiplex.py), load it again for them."""
         if any(s.may_serve for s in self.slots):
             return
+        if scaled and self.demand is not None and len(self.queue):
+            with contextlib.suppress(TorchbayError):  # held off after failed loads: a 503
+                self.demand(self)
+                return
         message = f'Model "{self.name}" version {self.version} has no worker left'
         for item in list(self.queue.close(NoWorker(message))):
             reject(item.future, NoWorker(message))

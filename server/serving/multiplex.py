@@ -23,7 +23,8 @@ version holds zero slots (``ModelVersion.unload``) and loading adds them again
   undone as it runs (scaled to zero: its starting worker is stopped) leaves the queued to
   load it again.
 * To make room, the least recently admitted (``ModelVersion.last_used``) loaded version that
-  is idle (nothing queued, no reader in flight, no open sequence, not loading nor registering)
+  is idle (nothing queued, no reader in flight, no open sequence, not loading nor registering
+  nor starting the workers of a scale)
   and not ``pinned`` is unloaded. It is idle, so unloading drains nothing; a request that
   arrives meanwhile is queued and loads it again. When every loaded version is busy, the load
   waits for one to become idle (re-checked every ``ROOM_POLL_S``); when every one is pinned, it
@@ -239,6 +240,8 @@ class Multiplexer:
             and not residency.placed  # its registration's workers are starting
             and residency.leaving is None
             and not residency.lock.locked()
+            # The operator's scale wins: a version whose new workers still load is not idle.
+            and not any(slot.starting for slot in mv.slots)
             and not len(mv.queue)
             and not mv.inflight
             # A sequence's state lives in its worker: unloaded, its next request would be

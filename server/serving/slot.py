@@ -121,6 +121,11 @@ class WorkerSlot:
         return self._ready.is_set() and self.worker is not None and self.worker.alive
 
     @property
+    def busy(self) -> bool:
+        """A batch is in hand."""
+        return not self._idle.is_set()
+
+    @property
     def starting(self) -> bool:
         """The slot's first start is under way."""
         return not self._first.done()
@@ -385,4 +390,6 @@ class WorkerSlot:
     def state(self) -> WorkerState:
         if self.worker is None:
             return WorkerState.FAILED if self.gave_up else WorkerState.STOPPED
+        if self.retiring and self.worker.alive:
+            return WorkerState.DRAINING  # it finishes its batch, if any, and stops
         return self.worker.state

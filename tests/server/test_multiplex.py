@@ -278,6 +278,55 @@ def test_a_model_scaled_to_zero_while_it_loads_on_demand_is_loaded_again_by_its_
     assert _predict(live, "slow", "s2").status_code == 200
 
 
+def test_a_request_queued_when_its_loaded_model_is_scaled_to_zero_loads_it_again(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    """On demand, zero workers is "unloaded": a request queued as the operator scales the
+    model to zero loads it again, as the next request and one queued during an eviction do.
+    Before, it was answered 503 "has no worker left" while a request a moment later got 200."""
+    gate = tmp_path / "gate"
+    live = serve(max_loaded_models=2)
+    _register(live, "a")
+    a = live.server.registry.resolve("a")
+    url = f"{live.management_url}/models/a?min_worker=0&synchronous=true"
+    with ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(_predict, live, "a", "busy", gate)
+        until(lambda: a.inflight == 1 and not len(a.queue), "a is busy", timeout=60.0)
+        queued = pool.submit(_predict, live, "a", "queued")
+        until(lambda: len(a.queue) == 1, "a request waits behind it", timeout=60.0)
+        scaling = pool.submit(httpx.put, url, timeout=120)
+        # (The scale is answered while a's worker finishes its batch: serving/retiring.py.)
+        until(scaling.done, "the scale answered", timeout=60.0)
+        gate.touch()
+        assert busy.result().status_code == 200  # the batch in hand is finished
+        assert scaling.result().status_code == 200, scaling.result().text
+        answer = queued.result()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["id"] == "queued"
+    assert _describe(live, "a")["loads"] == 2
+
+
+def test_a_response_cache_hit_of_an_unloaded_model_loads_nothing(
+    serve: Callable[..., LiveServer],
+) -> None:
+    """A hit is answered by the frontend, without a worker (docs/cache.md). Before, the check
+    at the request's headers started the model's load before the cache was asked: each hit
+    on an unloaded model loaded it and unloaded another to make room."""
+    live = serve(max_loaded_models=1)
+    for name in ("a", "b"):
+        url = f"{live.management_url}/models?url={name}.mar&initial_workers=1"
+        answer = httpx.post(url + "&synchronous=true&response_cache=true", timeout=120)
+        assert answer.status_code == 200, answer.text
+    stored = _predict(live, "a", "x")  # a miss: its answer is stored
+    assert _predict(live, "b", "y").status_code == 200  # a, idle, makes room for b
+    assert _loaded(live) == {"a": False, "b": True}
+    hit = _predict(live, "a", "x")
+    assert hit.status_code == 200 and hit.json() == stored.json()  # its worker is gone
+    assert _residency(live, "a").loading is None  # (was: loading, b being unloaded for it)
+    assert _loaded(live) == {"a": False, "b": True}
+    assert (_describe(live, "a")["loads"], _describe(live, "b")["evictions"]) == (1, 0)
+
+
 def test_a_registration_unregistered_while_its_worker_loads_is_answered(
     serve: Callable[..., LiveServer], tmp_path: Path
 ) -> None:
@@ -360,6 +409,38 @@ def test_a_registration_still_loading_is_never_evicted_for_another_load(
         assert waiting.result().status_code == 200  # then slow, idle, makes room for b
     assert _loaded(live) == {"b": True, "slow": False}
     assert _describe(live, "slow")["evictions"] == 1
+
+
+def test_a_model_being_scaled_up_is_not_evicted_while_its_new_workers_load(
+    serve: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    """The operator's scale wins (docs/multiplex.md): a version whose new workers still load
+    is not idle. Before, another model's load evicted it meanwhile: the synchronous scale
+    answered 206 "Workers scaling in progress..." with nothing in progress and no worker."""
+    gate, started = tmp_path / "load-gate", tmp_path / "load-started"
+    live = serve({"a": f"loadStarted: {started}\nloadGate: {gate}\n"}, max_loaded_models=1)
+    gate.touch()
+    _register(live, "a")
+    _register(live, "b", workers=0)
+    gate.unlink()
+    started.unlink()
+    url = f"{live.management_url}/models/a?min_worker=2&synchronous=true"
+    with ThreadPoolExecutor(2) as pool:
+        scaling = pool.submit(httpx.put, url, timeout=120)
+        until(started.exists, "a's second worker loads", timeout=60.0)
+        waiting = pool.submit(_predict, live, "b", "b1")
+        until(
+            lambda: _residency(live, "b").loading is not None or waiting.done(),
+            "b's load started",
+            timeout=60.0,
+        )
+        gate.touch()
+        scaled = scaling.result()
+        assert scaled.status_code == 200, scaled.text
+        assert scaled.json()["status"] == "Workers scaled to 2 for model: a"
+        assert waiting.result().status_code == 200  # then a, idle, makes room for b
+    assert _loaded(live) == {"a": False, "b": True}
+    assert _describe(live, "a")["evictions"] == 1
 
 
 def test_a_registration_is_answered_while_a_load_waits_for_a_busy_model(
