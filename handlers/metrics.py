@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -227,9 +228,11 @@ class MetricsCache:
         try:
             number = float(value)
         except (TypeError, ValueError, OverflowError):
-            # TorchServe's frontend cannot parse such a metric line: it logs it and drops it
-            # (the handler's call goes on).
-            logger.error("[METRICS]metric %s: value %r is no number, dropped", name, value)
+            number = math.nan
+        if not math.isfinite(number):
+            # TorchServe's frontend cannot parse such a metric line (``abc``, ``nan``, ``inf``):
+            # it logs it and drops it, whatever the type (the handler's call goes on).
+            logger.error("[METRICS]metric %s: value %r is no finite number, dropped", name, value)
             return
         record = {
             "name": str(name),

@@ -115,7 +115,7 @@ class CustomMetrics:
     Labels are ``model``, ``version`` and the record's dimension names (sanitised). A record
     that cannot be recorded (another type or dimension set than the metric's first record, a
     name clashing with a server metric, TorchServe's families included, a negative counter
-    increment, a NaN or infinite counter increment or histogram observation, past
+    increment, a NaN or infinite value of any type (TorchServe's frontend cannot parse it), past
     ``max_metrics`` metrics) is dropped and logged once; past ``max_series`` label sets of one
     metric, the oldest label set goes (logged once), as a TorchServe family's do
     (observe.ts_families): a server that registers ever new versions keeps publishing the new
@@ -172,7 +172,7 @@ class CustomMetrics:
             )
             return
         value = float(rec["value"])
-        if kind != "gauge" and not math.isfinite(value):  # it would stay NaN/Inf for good
+        if not math.isfinite(value):  # TorchServe drops it; a counter would stay NaN for good
             self._warn(f"finite:{raw}", "dropping custom metric %r: value %r", raw, value)
             return
         values = (mv.name, mv.version, *(str(dims[k]) for k in keys))

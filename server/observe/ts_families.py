@@ -308,9 +308,10 @@ class TsFamilies:
                     str(rec.get("type", "counter")),
                     rec.get("unit"),
                 )
-                taken = self.model_update(
-                    name, kind, str(unit or ""), dims, float(rec["value"]), rids
-                )
+                value = float(rec["value"])
+                if not math.isfinite(value):
+                    continue  # TorchServe's frontend cannot parse NaN or Inf: no family has it
+                taken = self.model_update(name, kind, str(unit or ""), dims, value, rids)
             except (KeyError, TypeError, ValueError, AttributeError):
                 taken = False  # torchbay's registry logs a malformed record once
             if not taken:

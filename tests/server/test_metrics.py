@@ -436,6 +436,23 @@ def test_custom_metrics_are_capped_and_never_raise(caplog: pytest.LogCaptureFixt
     assert warnings and len(warnings) == len({r.getMessage() for r in warnings})  # logged once
 
 
+def test_a_nan_or_infinite_custom_value_is_dropped_whatever_its_type() -> None:
+    """TorchServe's frontend cannot parse ``nan`` or ``inf``: no family gets them. A gauge's
+    NaN or Inf was published (``g NaN``), and the gauge lost its last finite value."""
+    registry = CollectorRegistry()
+    custom = CustomMetrics(registry)
+    records = [{"name": "g", "type": "gauge", "value": 3, "dimensions": {}}]
+    records += [
+        {"name": name, "type": kind, "value": value, "dimensions": {}}
+        for name, kind in (("g", "gauge"), ("h", "histogram"), ("c", "counter"))
+        for value in (float("nan"), float("inf"), float("-inf"))
+    ]
+    custom.record(_model(), records)
+    page = _page(registry)
+    assert [(s.name, s.value) for s in page.series("g")] == [("g", 3.0)]
+    assert page.series("h_count") == page.series("c_total") == []
+
+
 def test_a_new_versions_custom_series_is_kept_past_the_cap() -> None:
     """Versions come and go (each registration a new label set): past ``max_series``, the
     oldest label set makes room, and the version serving now keeps being published."""
