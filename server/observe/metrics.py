@@ -49,7 +49,8 @@ observe.sequence_metrics. Priority levels (``torchbay_priority_queue_depth``,
 Loaded models, loads and evictions (``max_loaded_models``): observe.multiplex_metrics.
 
 An unregistered version's series stay (they count on when it comes back) for the 100 most
-recently used versions gone; older ones' are removed (observe.retired).
+recently used versions gone; older ones' are removed (observe.retired), its handler metrics'
+(observe.custom_metrics) too.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -181,7 +182,7 @@ class ServerMetrics(Observer):
         self.ts.taken = lambda name: name in written or name in host
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         # The series of versions gone stay for the KEEP most recently used (observe.retired).
-        self.retired = Retired(self._per_version(), self._registered, self.cache.forget)
+        self.retired = Retired(self._per_version(), self._registered, self._forget)
         self.registry.register(ModelStateCollector(self))
         self.registry.register(MultiplexCollector(self))  # max_loaded_models (serving/multiplex)
         collectors = (AutopilotCollector, CancelCollector, PriorityCollector, SequenceCollector)
@@ -259,6 +260,11 @@ class ServerMetrics(Observer):
             (self.handler_time, (*LABELS, "stage"), stages),
         ]
         return [*keyed, *((family, LABELS, [()]) for family in plain)]
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        """Version ``key``'s series are gone (observe.retired): its handler metrics' go too."""
+        self.cache.forget(key)
+        self.custom.forget(key)
 
     def _registered(self) -> list[tuple[str, str]]:
         return [(mv.name, mv.version) for mv in self.versions()]
