@@ -186,6 +186,9 @@ class MetricsCache:
         self._dropped = 0  # records past MAX_RECORDS since the last drain
         self._metrics: dict[tuple[str, str], Metric] = {}
         self.request_ids: dict[int, str] | None = None
+        # The worker's metrics spill (server.serving.spill): each record is also written there,
+        # for the frontend to read if the worker dies before the batch's results are sent.
+        self.spill: Any = None
         for row in definitions or ():
             try:
                 name, kind, unit, dims = row
@@ -245,10 +248,14 @@ class MetricsCache:
             self._dropped += 1
         else:
             self._buffer.append(record)
+            if self.spill is not None:
+                self.spill.add(record)
 
     def drain(self) -> list[dict[str, Any]]:
         """Return and clear every record made since the last drain."""
         out, self._buffer = self._buffer, []
+        if self.spill is not None:
+            self.spill.clear()  # they ride back with the batch's results
         if self._dropped:
             logger.warning(
                 "model %s: %d custom metric records dropped (past the %d of one batch, more "
