@@ -269,6 +269,20 @@ class MetricsCache:
             self._dropped = 0
         return out
 
+    def mark(self) -> int:
+        """Where the buffer stands now (for ``rewind``)."""
+        return len(self._buffer)
+
+    def rewind(self, mark: int) -> None:
+        """Forget the records made since ``mark``: a handler run that raised, whose batch is run
+        again in halves (handlers.runtime.service), so that each request's are made once."""
+        if len(self._buffer) > mark:
+            del self._buffer[mark:]
+            if self.spill is not None:
+                self.spill.clear()
+                for record in self._buffer:
+                    self.spill.add(record)
+
     # -- TorchServe's convenience API -----------------------------------------------------------
     def add_metric(
         self,

@@ -7,12 +7,14 @@ results come. Counted once: a batch that completes clears the spill."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from torchbay.handlers.metrics import MetricsCache
 from torchbay.server.serving import spill
 from torchbay.server.serving.spill import SpillWriter
 
@@ -37,6 +39,19 @@ class CrashHandler(BaseHandler):
             time.sleep(120)
         return [{"ok": what}]
 """
+BATCH_HANDLER = """
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class BatchHandler(BaseHandler):
+    def handle(self, data, context):
+        context.metrics.add_counter("Seen", len(data))
+        bodies = [(row.get("body") or row.get("data")) for row in data]
+        bodies = [b.decode() if isinstance(b, (bytes, bytearray)) else str(b) for b in bodies]
+        if "bad" in bodies:
+            raise ValueError("a bad input")
+        return [{"batch": len(data)} for _ in data]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +61,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     store = work / "store"
     store.mkdir()
     tiny_archive(work, store, "crash", str(work / "crash_handler.py"))
+    (work / "batch_handler.py").write_text(BATCH_HANDLER)
+    tiny_archive(work, store, "batched", str(work / "batch_handler.py"))
     settings = {"marName": "crash.mar", "batchSize": 1, "responseTimeout": 5}
+    batched = {"marName": "batched.mar", "batchSize": 4, "maxBatchDelay": 20000}
     config = make_config(
         store,
-        models={"crash": {"1.0": settings}},
+        models={"crash": {"1.0": settings}, "batched": {"1.0": batched}},
         disable_system_metrics=True,
         restart_backoff_s=(0.0, 0.1, 0.2),
     )
@@ -58,10 +76,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     live.stop()
 
 
-def _value(server: LiveServer, name: str) -> float | None:
+def _value(server: LiveServer, name: str, model: str = "crash") -> float | None:
     text = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
     for line in text.splitlines():
-        if line.startswith(name + "{") and 'model="crash"' in line:
+        if line.startswith(name + "{") and f'model="{model}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -97,3 +115,35 @@ def test_the_spill_is_unlinked_once_mapped_and_cleared_with_each_batch() -> None
     assert reader.take() == [{"name": "b", "value": 2.0, "dimensions": {"k": '\u00e9\n"'}}]
     assert reader.take() == []  # once
     assert spill.reader("/etc/passwd") is None  # not a spill: never mapped nor unlinked
+
+
+def test_a_batch_run_again_in_halves_records_each_request_once(server: LiveServer) -> None:
+    """A batch of four whose handler raises (one bad input) is run again in halves until the
+    bad one is alone: the handler's ``Seen`` counter (``len(data)`` per call) counted 4 + 2 + 1
+    + 1 + 2; each request is counted once now (TorchServe, which fails the whole batch, 4)."""
+
+    async def four() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            url = f"{server.url}/predictions/batched"
+            bodies = ("a", "b", "c", "bad")
+            return list(await asyncio.gather(*(client.post(url, content=b) for b in bodies)))
+
+    answers = asyncio.run(four())
+    assert [a.status_code for a in answers] == [200, 200, 200, 500], [a.text for a in answers]
+    # The good ones were answered by the halves of one batch of four (none ran alone first).
+    assert sorted(a.json()["batch"] for a in answers[:3]) == [1, 2, 2]
+    until(lambda: _value(server, "Seen_total", "batched") is not None, "the batch's metric")
+    assert _value(server, "Seen_total", "batched") == 4.0
+
+
+def test_a_rewound_run_leaves_the_spill_with_the_records_kept() -> None:
+    metrics = MetricsCache("m")
+    metrics.spill = SpillWriter()
+    reader = spill.reader(metrics.spill.path)
+    assert reader is not None
+    metrics.add_counter("Kept", 1)
+    mark = metrics.mark()
+    metrics.add_counter("Retried", 2)  # a run that raised: its halves run again
+    metrics.rewind(mark)
+    assert [r["name"] for r in reader.take()] == ["Kept"]
+    assert [r["name"] for r in metrics.drain()] == ["Kept"]
