@@ -6,7 +6,9 @@ ride back to the frontend with the results (workers never touch Prometheus). A r
     {"name": str, "type": "counter" | "gauge" | "histogram", "unit": str, "value": float,
      "dimensions": {str: str}}
 
-with ``ModelName`` and ``Level="Model"`` added after the dimensions unless given. Torch-free.
+with ``ModelName`` and ``Level="Model"`` added after the dimensions unless given, and a
+``"request_id"`` when the call named one request of the batch (``idx``, or ``add_or_update``'s
+``request_id``; else the batch's request ids are the record's). Torch-free.
 
 At most ``MAX_RECORDS`` records ride back with one batch (the frontend parses and records each
 on its event loop), each with at most ``MAX_DIMENSIONS`` dimensions and no name or value longer
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,7 +39,7 @@ MAX_CACHED = 1000
 
 def _bounded(record: dict[str, Any]) -> bool:
     dims = record["dimensions"]
-    texts = (record["name"], record["unit"], *dims, *dims.values())
+    texts = (record["name"], record["unit"], *dims, *dims.values(), record.get("request_id", ""))
     return len(dims) <= MAX_DIMENSIONS + 2 and all(len(t) <= MAX_TEXT for t in texts)
 
 
@@ -120,14 +123,14 @@ class Metric:
             )
             return
         dims = dict(zip(self.dimension_names, (str(v) for v in dimension_values), strict=True))
-        self._cache._emit(self.name, self.metric_type.value, self.unit, value, dims)
+        self._cache._emit(self.name, self.metric_type.value, self.unit, value, dims, request_id)
 
     def update(self, value: float, request_id: str = "", dimensions: DimensionsLike = None) -> None:
         """Record ``value`` with the given dimensions (or none beyond the defaults)."""
         dims = _dims(dimensions)
         dims.setdefault("ModelName", self._cache.model_name)
         dims.setdefault("Level", "Model")
-        self._cache._emit(self.name, self.metric_type.value, self.unit, value, dims)
+        self._cache._emit(self.name, self.metric_type.value, self.unit, value, dims, request_id)
 
 
 def _dims(dimensions: DimensionsLike) -> dict[str, str]:
@@ -149,7 +152,7 @@ def _fixed_unit(method: str, unit: str, default: MetricTypes) -> Callable[..., N
         dimensions: DimensionsLike = None,
         metric_type: MetricTypes | str = default,
     ) -> None:
-        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
+        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions), idx=idx)
 
     add.__name__ = add.__qualname__ = method
     return add
@@ -167,7 +170,7 @@ def _default_unit(method: str, default_unit: str, default: MetricTypes) -> Calla
         dimensions: DimensionsLike = None,
         metric_type: MetricTypes | str = default,
     ) -> None:
-        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
+        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions), idx=idx)
 
     add.__name__ = add.__qualname__ = method
     return add
@@ -185,6 +188,9 @@ class MetricsCache:
         self._dropped = 0  # records past MAX_RECORDS since the last drain
         self._metrics: dict[tuple[str, str], Metric] = {}
         self.request_ids: dict[int, str] | None = None
+        # The worker's metrics spill (server.serving.spill): each record is also written there,
+        # for the frontend to read if the worker dies before the batch's results are sent.
+        self.spill: Any = None
         for row in definitions or ():
             try:
                 name, kind, unit, dims = row
@@ -201,12 +207,16 @@ class MetricsCache:
         value: float,
         dims: dict[str, str],
         defaults: bool = True,
+        idx: int | None = None,
     ) -> None:
         """TorchServe's ``add_*``: the handler's dimensions, then ModelName and Level (its
         ``_add_default_dims`` appends them; ``defaults`` false: as given), recorded through the
         cached metric of this type and name (``_get_or_add_metric``): the metrics_config's, or
         the one the first call cached. Its dimension names take the values by position (another
-        count is logged and dropped) and its unit stays, as in TorchServe."""
+        count is logged and dropped) and its unit stays, as in TorchServe. With ``idx``, the
+        record names that request of the batch alone (TorchServe's ``_get_req``)."""
+        ids = self.request_ids
+        rid = ids.get(idx, "") if idx is not None and isinstance(ids, dict) else ""
         dimensions = {**dims}
         if defaults:
             dimensions.setdefault("ModelName", self.model_name)
@@ -214,22 +224,31 @@ class MetricsCache:
         key = (metric_type, str(name))
         metric = self._metrics.get(key)
         if metric is not None:
-            metric.add_or_update(value, list(dimensions.values()))
+            metric.add_or_update(value, list(dimensions.values()), rid)
             return
         if len(self._metrics) < MAX_CACHED:  # names come from the handler: keep the map bounded
             self._metrics[key] = Metric(self, str(name), str(unit), list(dimensions), metric_type)
-        self._emit(str(name), metric_type, unit, value, dimensions)
+        self._emit(str(name), metric_type, unit, value, dimensions, rid)
 
     def _emit(
-        self, name: str, metric_type: str, unit: str, value: float, dimensions: dict[str, str]
+        self,
+        name: str,
+        metric_type: str,
+        unit: str,
+        value: float,
+        dimensions: dict[str, str],
+        request_id: object = "",
     ) -> None:
-        """One record, with exactly these dimensions."""
+        """One record, with exactly these dimensions; ``request_id`` (a request of the batch, or
+        the handler's own) is the record's ``request_id``, else the batch's are its."""
         try:
             number = float(value)
         except (TypeError, ValueError, OverflowError):
-            # TorchServe's frontend cannot parse such a metric line: it logs it and drops it
-            # (the handler's call goes on).
-            logger.error("[METRICS]metric %s: value %r is no number, dropped", name, value)
+            number = math.nan
+        if not math.isfinite(number):
+            # TorchServe's frontend cannot parse such a metric line (``abc``, ``nan``, ``inf``):
+            # it logs it and drops it, whatever the type (the handler's call goes on).
+            logger.error("[METRICS]metric %s: value %r is no finite number, dropped", name, value)
             return
         record = {
             "name": str(name),
@@ -238,14 +257,20 @@ class MetricsCache:
             "value": number,
             "dimensions": dimensions,
         }
+        if request_id:
+            record["request_id"] = str(request_id)
         if len(self._buffer) >= MAX_RECORDS or not _bounded(record):
             self._dropped += 1
         else:
             self._buffer.append(record)
+            if self.spill is not None:
+                self.spill.add(record)
 
     def drain(self) -> list[dict[str, Any]]:
         """Return and clear every record made since the last drain."""
         out, self._buffer = self._buffer, []
+        if self.spill is not None:
+            self.spill.clear()  # they ride back with the batch's results
         if self._dropped:
             logger.warning(
                 "model %s: %d custom metric records dropped (past the %d of one batch, more "
@@ -259,6 +284,20 @@ class MetricsCache:
             self._dropped = 0
         return out
 
+    def mark(self) -> int:
+        """Where the buffer stands now (for ``rewind``)."""
+        return len(self._buffer)
+
+    def rewind(self, mark: int) -> None:
+        """Forget the records made since ``mark``: a handler run that raised, whose batch is run
+        again in halves (handlers.runtime.service), so that each request's are made once."""
+        if len(self._buffer) > mark:
+            del self._buffer[mark:]
+            if self.spill is not None:
+                self.spill.clear()
+                for record in self._buffer:
+                    self.spill.add(record)
+
     # -- TorchServe's convenience API -----------------------------------------------------------
     def add_metric(
         self,
@@ -269,7 +308,7 @@ class MetricsCache:
         dimensions: DimensionsLike = None,
         metric_type: MetricTypes | str = MetricTypes.COUNTER,
     ) -> None:
-        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions))
+        self._record(name, _type_name(metric_type), unit, value, _dims(dimensions), idx=idx)
 
     # TorchServe's signatures, positional order included (see _fixed_unit and _default_unit).
     add_counter = _fixed_unit("add_counter", "count", MetricTypes.COUNTER)

@@ -199,6 +199,8 @@ class Service:
 
     def _run_isolated(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response]:
         """Run ``jobs``; if the handler raises, run each half again until the culprit is alone."""
+        metrics = self.context.metrics
+        mark = metrics.mark() if metrics is not None else 0
         outcome = self._run(jobs, timings)
         if not isinstance(outcome, BaseException):
             return outcome
@@ -207,6 +209,8 @@ class Service:
         if len(jobs) == 1 or isinstance(outcome, StreamCancelled) or (stream and stream.sent):
             # never re-run a handler that streamed parts (see streaming.py)
             return [self._handler_failure(outcome, job) for job in jobs]
+        if metrics is not None:  # the metrics this run recorded: its halves record them again
+            metrics.rewind(mark)
         logger.warning(
             "handler raised %s on a batch of %d (request ids %s); retrying in halves",
             type(outcome).__name__,

@@ -115,11 +115,12 @@ class CustomMetrics:
     Labels are ``model``, ``version`` and the record's dimension names (sanitised). A record
     that cannot be recorded (another type or dimension set than the metric's first record, a
     name clashing with a server metric, TorchServe's families included, a negative counter
-    increment, a NaN or infinite counter increment or histogram observation, past
+    increment, a NaN or infinite value of any type (TorchServe's frontend cannot parse it), past
     ``max_metrics`` metrics) is dropped and logged once; past ``max_series`` label sets of one
     metric, the oldest label set goes (logged once), as a TorchServe family's do
     (observe.ts_families): a server that registers ever new versions keeps publishing the new
-    ones' series. The server never fails on a handler's metric.
+    ones' series. A version gone long ago loses its series with its others (``forget``,
+    observe.retired). The server never fails on a handler's metric.
     """
 
     def __init__(
@@ -172,7 +173,7 @@ class CustomMetrics:
             )
             return
         value = float(rec["value"])
-        if kind != "gauge" and not math.isfinite(value):  # it would stay NaN/Inf for good
+        if not math.isfinite(value):  # TorchServe drops it; a counter would stay NaN for good
             self._warn(f"finite:{raw}", "dropping custom metric %r: value %r", raw, value)
             return
         values = (mv.name, mv.version, *(str(dims[k]) for k in keys))
@@ -190,6 +191,16 @@ class CustomMetrics:
             child.set(value)
         else:
             child.observe(value)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop every series of version ``key`` (model, version): a version gone long ago, whose
+        other series observe.retired dropped. A scan of every series, once per version dropped."""
+        for entry in self._metrics.values():
+            if entry is None:
+                continue
+            for values in [v for v in entry.children if v[:2] == key]:
+                del entry.children[values]
+                entry.metric.remove(*values)
 
     def _register(self, raw: str, kind: str, keys: tuple[str, ...], unit: str) -> _Custom | None:
         if len(self._metrics) >= self.max_metrics:

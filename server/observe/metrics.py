@@ -42,14 +42,15 @@ named none; ``QueueTime``, ``WorkerThreadTime``, ``WorkerLoadTime``; ``HandlerTi
 ``PredictionTime`` per batch) and ``metrics_app`` serves the Prometheus ones after the registry's
 text, always as text format 0.0.4 (TorchServe serves no OpenMetrics), uncompressed.
 Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.custom_metrics.
-Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics.
-Open and ended sequences (``torchbay_open_sequences``, ``torchbay_sequences_ended_total``):
+Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics. Open and
+ended sequences (``torchbay_open_sequences``, ``torchbay_sequences_ended_total``):
 observe.sequence_metrics. Priority levels (``torchbay_priority_queue_depth``,
-``torchbay_priority_requests_total{level,code}``): observe.priority_metrics.
-Loaded models, loads and evictions (``max_loaded_models``): observe.multiplex_metrics.
+``torchbay_priority_requests_total{level,code}``): observe.priority_metrics. Loaded models, loads
+and evictions (``max_loaded_models``): observe.multiplex_metrics.
 
 An unregistered version's series stay (they count on when it comes back) for the 100 most
-recently used versions gone; older ones' are removed (observe.retired).
+recently used versions gone; older ones' are removed (observe.retired), its handler metrics'
+(observe.custom_metrics) too.
 
 The hot path only bumps floats and cached labelled children; everything that describes state
 (queue depth, in-flight, workers) is read when scraped, by a collector.
@@ -181,7 +182,7 @@ class ServerMetrics(Observer):
         self.ts.taken = lambda name: name in written or name in host
         self.cache = CacheMetrics(self.registry)  # the response cache's (plane/cache.py)
         # The series of versions gone stay for the KEEP most recently used (observe.retired).
-        self.retired = Retired(self._per_version(), self._registered, self.cache.forget)
+        self.retired = Retired(self._per_version(), self._registered, self._forget)
         self.registry.register(ModelStateCollector(self))
         self.registry.register(MultiplexCollector(self))  # max_loaded_models (serving/multiplex)
         collectors = (AutopilotCollector, CancelCollector, PriorityCollector, SequenceCollector)
@@ -260,6 +261,11 @@ class ServerMetrics(Observer):
         ]
         return [*keyed, *((family, LABELS, [()]) for family in plain)]
 
+    def _forget(self, key: tuple[str, str]) -> None:
+        """Version ``key``'s series are gone (observe.retired): its handler metrics' go too."""
+        self.cache.forget(key)
+        self.custom.forget(key)
+
     def _registered(self) -> list[tuple[str, str]]:
         return [(mv.name, mv.version) for mv in self.versions()]
 
@@ -303,12 +309,8 @@ class ServerMetrics(Observer):
 
     def request_done(self, request: RequestRecord) -> None:
         """One inference request answered. ``queue_s`` is None when no worker took it."""
-        status, seconds, queue_s, mv = (
-            request.status,
-            request.seconds,
-            request.queue_s,
-            request.model,
-        )
+        status, seconds, queue_s = request.status, request.seconds, request.queue_s
+        mv = request.model
         if mv is None:  # no per-model series: the name came from the URL (unbounded values)
             child = self._unrouted.get(status)
             if child is None:
@@ -366,8 +368,12 @@ class ServerMetrics(Observer):
             for name in ("HandlerTime", "PredictionTime"):  # TorchServe's handler and service
                 self.ts.model_update(name, "gauge", "ms", dims, round(handler_ms, 2), rids)
         if record.metrics:
-            records = utf8_records(record.metrics)
-            self.custom.record(model, self.ts.model_records(records, rids))
+            self.handler_metrics(model, record.metrics, rids)
+
+    def handler_metrics(self, model: ModelVersion, records: list[dict], rids: str) -> None:
+        """A handler's metric records (handlers.metrics): TorchServe's model metrics, the rest
+        torchbay's own; a batch's, its initialize's, or a batch's its worker died in."""
+        self.custom.record(model, self.ts.model_records(utf8_records(records), rids))
 
     def worker_started(self, model: ModelVersion, worker: WorkerProcess, restart: bool) -> None:
         self.retired.used((model.name, model.version))
@@ -382,8 +388,7 @@ class ServerMetrics(Observer):
             self.ts.update("WorkerLoadTime", labels, float(worker.load_time_ms))
         self.ts.update("WorkerThreadTime", self._host, 0.0)  # TorchServe's load is a job too
         if worker.load_metrics:  # what the handler's initialize recorded (TorchServe emits it)
-            records = utf8_records(worker.load_metrics)
-            self.custom.record(model, self.ts.model_records(records, ""))
+            self.handler_metrics(model, worker.load_metrics, "")
 
     def worker_start_failed(self, model: ModelVersion, error: Exception) -> None:
         self.retired.used((model.name, model.version))

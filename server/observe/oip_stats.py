@@ -197,6 +197,10 @@ class Observers(Observer):
         for o in self.observers:
             o.worker_recycled(model, worker)
 
+    def handler_metrics(self, model: ModelVersion, records: list[dict], rids: str) -> None:
+        for o in self.observers:
+            o.handler_metrics(model, records, rids)
+
 
 def chain(*hooks: RequestHook | None) -> RequestHook:
     """One RequestHook calling each of ``hooks`` in order."""

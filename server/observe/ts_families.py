@@ -308,9 +308,12 @@ class TsFamilies:
                     str(rec.get("type", "counter")),
                     rec.get("unit"),
                 )
-                taken = self.model_update(
-                    name, kind, str(unit or ""), dims, float(rec["value"]), rids
-                )
+                value = float(rec["value"])
+                if not math.isfinite(value):
+                    continue  # TorchServe's frontend cannot parse NaN or Inf: no family has it
+                own = rec.get("request_id")  # one request of the batch (handlers.metrics)
+                ids = own if isinstance(own, str) and own else rids
+                taken = self.model_update(name, kind, str(unit or ""), dims, value, ids)
             except (KeyError, TypeError, ValueError, AttributeError):
                 taken = False  # torchbay's registry logs a malformed record once
             if not taken:

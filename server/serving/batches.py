@@ -87,6 +87,15 @@ def batch_record(batch: Batch, result: Any, started: float) -> BatchRecord:
     )
 
 
+def lost_metrics(worker: WorkerProcess, batch: Batch) -> tuple[list[dict[str, Any]], str]:
+    """The handler's metric records of ``batch`` when its worker died in it (or was killed on
+    the response timeout), read from the worker's spill (serving.spill), and the batch's request
+    ids: TorchServe publishes what a handler recorded before its worker died."""
+    if worker.alive or worker.spill is None:
+        return [], ""
+    return worker.spill.take(), ",".join(str(item.payload.request_id) for item in batch)
+
+
 def _too_large(key: str, item: Pending, size: int, limit: int) -> HandlerFailed:
     """The 500 for a response past ``max_response_size`` (logged: a handler's bug)."""
     rid = item.payload.request_id

@@ -33,6 +33,7 @@ from typing import Any
 
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving import spill
 from torchbay.server.serving.spawning import (
     Spawned,
     SpawnFn,
@@ -109,6 +110,7 @@ class WorkerProcess:
         # counts them as configured and never re-tunes them.
         self.own_threads: int | None = None
         self.load_metrics: list[dict[str, Any]] = []  # the handler's, recorded while it loaded
+        self.spill: spill.SpillReader | None = None  # the metrics of a batch it dies in
         self.start_time = time.time()
         self.exit_code: int | None = None
         self.batches = 0
@@ -184,6 +186,7 @@ class WorkerProcess:
             raise WorkerLoadError(f"worker {self.name} sent {type(message).__name__} before Ready")
         self.pid, self.device, self.load_time_ms = message.pid, message.device, message.load_time_ms
         self.load_metrics = [m for m in message.metrics or () if isinstance(m, dict)]
+        self.spill = spill.reader(message.metrics_spill)
         if message.num_threads != max(1, self.load.num_threads):
             self.own_threads = message.num_threads
         if self.load.gpu_id is not None and self.device == "cpu":

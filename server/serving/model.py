@@ -75,6 +75,9 @@ class Observer:
     def worker_recycled(self, model: ModelVersion, worker: WorkerProcess) -> None:
         pass
 
+    def handler_metrics(self, model: ModelVersion, records: list[dict], rids: str) -> None:
+        pass
+
 
 class _Events(SlotEvents):
     """How the slots' reports reach their model version (counters) and its observer."""
@@ -102,6 +105,9 @@ class _Events(SlotEvents):
     def worker_recycled(self, worker: WorkerProcess) -> None:
         self.model.recycles += 1
         self.model.observer.worker_recycled(self.model, worker)
+
+    def handler_metrics(self, records: list[dict], request_ids: str) -> None:
+        self.model.observer.handler_metrics(self.model, records, request_ids)
 
     def gave_up(self) -> None:
         self.model.fail_if_unserved()
@@ -247,9 +253,8 @@ class ModelVersion(RequestPath):
             return []
         new = []
         for _ in range(count):
-            slot = WorkerSlot(
-                self._slot_context, self._slot_index, self._place(self, self._slot_index)
-            )
+            index = self._slot_index
+            slot = WorkerSlot(self._slot_context, index, self._place(self, index))
             self._slot_index += 1
             new.append(slot)
             self.slots.append(slot)

@@ -91,6 +91,7 @@ class Ready:
     num_threads: int
     torch_version: str = ""
     metrics: list[Any] | None = None  # the handler's metric records made while it loaded
+    metrics_spill: str = ""  # the worker's metrics spill file (serving.spill), "" for none
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,12 +316,8 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
             WireResponse(int(status), body, str(ctype), dict(headers))
             for (status, ctype, headers), body in zip(items, blobs, strict=True)
         ]
-        return Result(
-            batch_id=int(header["batch_id"]),
-            responses=responses,
-            timings=dict(header.get("timings") or {}),
-            metrics=list(header.get("metrics") or []),
-        )
+        timings, metrics = dict(header.get("timings") or {}), list(header.get("metrics") or [])
+        return Result(int(header["batch_id"]), responses, timings, metrics)
     if kind is Kind.PART:
         if len(blobs) != 1:
             raise ProtocolError("PART: one body expected")

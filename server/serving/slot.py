@@ -30,12 +30,13 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
 from torchbay.server.errors import HandlerFailed, TorchbayError
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving.batches import BatchRecord, run_batch
+from torchbay.server.serving.batches import BatchRecord, lost_metrics, run_batch
 from torchbay.server.serving.continuous import Carry, ContinuousSequenceQueue
 from torchbay.server.serving.handle import Spawned, WorkerLoadError, WorkerProcess, WorkerState
 from torchbay.server.serving.launch import ModelSettings, Placement
@@ -69,6 +70,9 @@ class SlotEvents:
 
     def worker_recycled(self, worker: WorkerProcess) -> None:
         pass
+
+    def handler_metrics(self, records: list[dict], request_ids: str) -> None:
+        """What the handler recorded in a batch its worker died in (batches.lost_metrics)."""
 
     def gave_up(self) -> None:
         """This slot's restarts were exhausted (it will never serve again)."""
@@ -305,15 +309,18 @@ class WorkerSlot:
                 self._running = []
                 self._idle.set()
             if record is not None:
-                self._report(record)
+                self._report(self.ctx.events.batch_done, record)
+            elif (lost := lost_metrics(worker, batch))[0]:
+                self._report(self.ctx.events.handler_metrics, *lost)
             if worker is self.worker and self._wants_recycle(worker):
                 self._recycle.set()
 
-    def _report(self, record: BatchRecord) -> None:
-        """The finished batch to the model's metrics and autopilot. What they raise is a bug of
-        ours, logged: the batch is answered already, and the slot must take the next one."""
+    def _report(self, event: Callable[..., None], *args: Any) -> None:
+        """A batch's event (done, or its handler metrics when its worker died) to the model's
+        metrics and autopilot. What they raise is a bug of ours, logged: the batch is answered
+        already, and the slot must take the next one."""
         try:
-            self.ctx.events.batch_done(record)
+            event(*args)
         except Exception:
             log.exception("model %s: recording a finished batch failed", self.ctx.key)
 

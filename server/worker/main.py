@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving.spill import SpillWriter
 from torchbay.server.worker.exits import FRONTEND_GONE, exit_now
 from torchbay.server.worker.worker_logs import configure_logging
 
@@ -248,11 +249,26 @@ def serve(sock: socket.socket) -> int:
             num_threads=threads,
             torch_version=torch.__version__,
             metrics=service.load_metrics or None,
+            metrics_spill=_spill(service),
         ),
     )
     # Every batch on this thread, which ran the handler's initialize (as TorchServe's backend):
     # what a handler set there for later is per thread (torch's grad mode, signal handlers).
     return _serve_batches(sock, service, started_on, load.max_response_size, own)
+
+
+def _spill(service: object) -> str:
+    """The path of the metrics spill (serving.spill) the handler's ``context.metrics`` writes
+    each record to from now on; "" when there is none (no such context, the file failed)."""
+    metrics = getattr(getattr(service, "context", None), "metrics", None)
+    if metrics is None:
+        return ""
+    try:
+        metrics.spill = SpillWriter()
+    except (OSError, ValueError) as exc:
+        log.warning("no metrics spill (%s): a crash loses its batch's handler metrics", exc)
+        return ""
+    return metrics.spill.path
 
 
 def _service_options(load: p.Load, load_service: Callable[..., object]) -> dict[str, object]:

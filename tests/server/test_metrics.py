@@ -23,10 +23,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.archiver.package import ArchiveOptions, package
+from torchbay.server.observe import retired
 from torchbay.server.observe.custom_metrics import CustomMetrics, label_name, metric_name
 from torchbay.server.observe.metrics import ServerMetrics
 from torchbay.server.observe.system_metrics import GPU_METRICS, HOST_METRICS, load_nvml
 from torchbay.server.observe.ts_metrics import ts_text
+from torchbay.server.serving.batches import BatchRecord
 from torchbay.server.serving.model import ModelSettings, ModelVersion
 from torchbay.server.serving.slot import Placement
 
@@ -436,6 +438,23 @@ def test_custom_metrics_are_capped_and_never_raise(caplog: pytest.LogCaptureFixt
     assert warnings and len(warnings) == len({r.getMessage() for r in warnings})  # logged once
 
 
+def test_a_nan_or_infinite_custom_value_is_dropped_whatever_its_type() -> None:
+    """TorchServe's frontend cannot parse ``nan`` or ``inf``: no family gets them. A gauge's
+    NaN or Inf was published (``g NaN``), and the gauge lost its last finite value."""
+    registry = CollectorRegistry()
+    custom = CustomMetrics(registry)
+    records = [{"name": "g", "type": "gauge", "value": 3, "dimensions": {}}]
+    records += [
+        {"name": name, "type": kind, "value": value, "dimensions": {}}
+        for name, kind in (("g", "gauge"), ("h", "histogram"), ("c", "counter"))
+        for value in (float("nan"), float("inf"), float("-inf"))
+    ]
+    custom.record(_model(), records)
+    page = _page(registry)
+    assert [(s.name, s.value) for s in page.series("g")] == [("g", 3.0)]
+    assert page.series("h_count") == page.series("c_total") == []
+
+
 def test_a_new_versions_custom_series_is_kept_past_the_cap() -> None:
     """Versions come and go (each registration a new label set): past ``max_series``, the
     oldest label set makes room, and the version serving now keeps being published."""
@@ -447,6 +466,24 @@ def test_a_new_versions_custom_series_is_kept_past_the_cap() -> None:
     page = _page(registry)
     assert page.value("hits_total", model="m", version="5.0") == 2
     assert [s.labels["version"] for s in page.series("hits_total")] == ["3.0", "4.0", "5.0"]
+
+
+def test_the_custom_series_of_versions_gone_go_with_their_own_series() -> None:
+    """Versions recorded by a handler's metric, then gone (a multi-model endpoint's churn): the
+    metric's series of the older versions gone go with their torchbay_* series (the KEEP most
+    recently used stay, observe.retired). Before, they stayed up to max_series per metric: each
+    of 100 handler metrics could hold 1000 label sets of versions long unregistered."""
+    metrics = ServerMetrics(hostname="h", system_metrics=False)  # watches no registry: all gone
+    hits = {"name": "hits", "type": "counter", "unit": "", "value": 1, "dimensions": {}}
+    for i in range(retired.KEEP + 3):
+        batch = BatchRecord(size=1, queue_times_s=[0.0], timings_ms={}, metrics=[dict(hits)])
+        metrics.batch_done(_model(version=str(i)), batch)
+    page = _page(metrics.registry)
+    kept = {str(i) for i in range(3, retired.KEEP + 3)}
+    assert {s.labels["version"] for s in page.series("torchbay_batch_size_count")} == kept
+    assert {s.labels["version"] for s in page.series("hits_total")} == kept
+    metrics.batch_done(_model(version="0"), batch)  # back: its series start again
+    assert _page(metrics.registry).value("hits_total", version="0") == 1
 
 
 def test_system_metrics_can_be_disabled() -> None:

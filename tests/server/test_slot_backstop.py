@@ -34,6 +34,7 @@ class FakeWorker:
         self.batches = 0  # batches run (a worker that ran one proved it loads and serves)
         self.own_threads: int | None = None  # the handler's own torch threads (none here)
         self.exited: asyncio.Future[int] | None = None
+        self.spill = None  # no metrics spill (serving/spill.py): nothing read when it dies
 
     @property
     def alive(self) -> bool:

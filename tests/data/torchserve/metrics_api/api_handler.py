@@ -28,6 +28,17 @@ def record(metrics, case):
     elif case == "unit_changed":  # the first call's unit stays
         metrics.add_time("UnitKept", 1)
         metrics.add_time("UnitKept", 2, None, "s")
+    elif case == "nan_gauge":  # TorchServe's frontend cannot parse "nan": nothing recorded
+        metrics.add_metric("NanGauge", float("nan"), "u", None, [], MetricTypes.GAUGE)
+    elif case == "infinite_gauge":  # nor "inf" / "-inf"
+        metrics.add_metric("InfGauge", float("inf"), "u", None, [], MetricTypes.GAUGE)
+        metrics.add_metric("NegInfGauge", float("-inf"), "u", None, [], MetricTypes.GAUGE)
+    elif case == "nan_histogram":  # whatever the type
+        metrics.add_metric("NanHist", float("nan"), "u", None, [], MetricTypes.HISTOGRAM)
+        metrics.add_metric("InfCounter", float("inf"), "u", None, [], MetricTypes.COUNTER)
+    elif case == "gauge_then_nan":  # the gauge keeps its last finite value
+        metrics.add_metric("ThenNan", 3, "u", None, [], MetricTypes.GAUGE)
+        metrics.add_metric("ThenNan", float("nan"), "u", None, [], MetricTypes.GAUGE)
     elif case == "get_missing":
         from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 

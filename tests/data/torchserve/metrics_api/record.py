@@ -36,8 +36,13 @@ CASES = (
     "get_missing",
     "dimension_renamed",
     "unit_changed",
+    "nan_gauge",
+    "infinite_gauge",
+    "nan_histogram",
+    "gauge_then_nan",
 )
-# The handler's families (what auto-detect may publish for them).
+# The handler's families (what auto-detect may publish for them; NanHist_count: its histogram's
+# count sample).
 FAMILIES = (
     "WrongDims",
     "StrGauge",
@@ -47,6 +52,13 @@ FAMILIES = (
     "NoSuchMetric",
     "Renamed",
     "UnitKept",
+    "NanGauge",
+    "InfGauge",
+    "NegInfGauge",
+    "NanHist",
+    "NanHist_count",
+    "InfCounter",
+    "ThenNan",
 )
 PORTS = {"inference": 18610, "management": 18611, "metrics": 18612}
 _LINE = re.compile(r"^(?P<name>\w+)\.(?P<rest>[^|]*\|#[^|]*)\|#hostname:")
