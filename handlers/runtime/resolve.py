@@ -88,15 +88,17 @@ def start_handler(
     """``resolve_handler``, then the handler's ``initialize(context)`` (a function handler:
     ``handle(None, context)``, TorchServe's convention); raises HandlerLoadError for either, naming
     the archive's requirements file when a module it imports is missing."""
+    from .exits import exits_refused
     from .loading import missing_packages
 
     manifest = context.manifest
     try:
-        resolved = resolve_handler(spec, model_dir, outside_ok=outside_ok)
-        if resolved.is_function:
-            resolved.entry(None, context)
-        else:
-            resolved.instance.initialize(context)
+        with exits_refused():  # sys.exit() in initialize: a failure to load (exits.py)
+            resolved = resolve_handler(spec, model_dir, outside_ok=outside_ok)
+            if resolved.is_function:
+                resolved.entry(None, context)
+            else:
+                resolved.instance.initialize(context)
     except HandlerLoadError as exc:
         raise missing_packages(exc, manifest, exc.__cause__) from exc.__cause__
     except HandlerError as exc:
