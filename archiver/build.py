@@ -20,6 +20,7 @@ from torchbay.archiver import record_signature as rs
 from torchbay.archiver.errors import ConversionError
 from torchbay.archiver.manifest import Format, Parity, Tolerance
 from torchbay.archiver.parity import DEFAULT_TOLERANCES, check, check_rows_independent
+from torchbay.handlers.runtime.exits import ProcessExit, exits_refused
 
 if TYPE_CHECKING:
     from torchbay.archiver.options import ArchiveOptions, Stage
@@ -38,7 +39,10 @@ def model_dir_on_path(stage: Stage) -> Iterator[None]:
         link.symlink_to(Path(source).resolve())
     sys.path.insert(0, str(folder))
     try:
-        yield
+        with exits_refused():  # the model's code (its class, its forward) that calls sys.exit()
+            yield
+    except ProcessExit as exc:
+        raise ConversionError(f"the model's code tried to end the process: {exc!r}") from None
     finally:
         sys.path.remove(str(folder))
         for name, module in list(sys.modules.items()):

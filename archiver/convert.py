@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from torchbay.archiver.errors import ArchiveArgumentError, ConversionError
+from torchbay.handlers.runtime.exits import exits_refused
 
 # The layer types int8-dynamic replaces (torchbay.handlers.runtime.int8), in every format.
 QUANTIZABLE: tuple[type[nn.Module], ...] = (nn.Linear,)
@@ -70,7 +71,8 @@ def import_model_class(model_file: Path) -> type[nn.Module]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
     try:
-        spec.loader.exec_module(module)
+        with exits_refused():  # a file that calls sys.exit(): one error line, not an exit
+            spec.loader.exec_module(module)
     except Exception as exc:
         hint = ""
         if isinstance(exc, ModuleNotFoundError):  # the worker finds only what the archive holds

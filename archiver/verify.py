@@ -197,8 +197,8 @@ def verify_archive(
             replies = runner.run([request for request, _ in pairs])
         except HandlerError as exc:
             said = str(exc)  # the loader's own words may name the handler already
-            prefix = f"handler {spec!r}: "
-            raise ArchiveError(said if said.startswith(prefix) else prefix + said) from None
+            named = said.startswith(f"handler {spec!r}")
+            raise ArchiveError(said if named else f"handler {spec!r}: {said}") from None
     results = [
         VerifyResult(
             manifest=manifest,

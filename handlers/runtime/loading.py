@@ -26,6 +26,7 @@ import torch
 
 from ..errors import HandlerLoadError
 from ..utils import exec_file, torchbay_info
+from .exits import exits_refused
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +260,8 @@ def import_file(path: Path, name: str | None = None) -> ModuleType:
     if not path.is_file():
         raise HandlerLoadError(f"model/handler file {path.name!r} not found in the archive")
     try:
-        return exec_file(path, name or path.stem)
+        with exits_refused():  # sys.exit() at import: a failure to load (exits.py)
+            return exec_file(path, name or path.stem)
     except Exception as exc:
         raise HandlerLoadError(f"importing {path.name!r} failed: {exc!r}") from exc
 

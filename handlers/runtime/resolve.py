@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import logging
 import sys
 import types
 from collections.abc import Callable
@@ -25,8 +24,6 @@ from typing import Any
 
 from .. import utils
 from ..errors import HandlerError, HandlerLoadError
-
-logger = logging.getLogger(__name__)
 
 BUILTIN_HANDLERS: dict[str, str] = {
     "tensor": "torchbay.handlers.tensor",
@@ -88,21 +85,22 @@ def start_handler(
     """``resolve_handler``, then the handler's ``initialize(context)`` (a function handler:
     ``handle(None, context)``, TorchServe's convention); raises HandlerLoadError for either, naming
     the archive's requirements file when a module it imports is missing."""
+    from .exits import exits_refused
     from .loading import missing_packages
 
     manifest = context.manifest
     try:
-        resolved = resolve_handler(spec, model_dir, outside_ok=outside_ok)
-        if resolved.is_function:
-            resolved.entry(None, context)
-        else:
-            resolved.instance.initialize(context)
+        with exits_refused():  # sys.exit() in initialize: a failure to load (exits.py)
+            resolved = resolve_handler(spec, model_dir, outside_ok=outside_ok)
+            if resolved.is_function:
+                resolved.entry(None, context)
+            else:
+                resolved.instance.initialize(context)
     except HandlerLoadError as exc:
         raise missing_packages(exc, manifest, exc.__cause__) from exc.__cause__
     except HandlerError as exc:
         raise HandlerLoadError(f"handler {spec!r} failed to initialize: {exc}") from exc
-    except Exception as exc:
-        logger.error("handler %r failed to initialize", spec, exc_info=True)
+    except Exception as exc:  # its traceback: the cause, in the worker's log of the failure
         failed = HandlerLoadError(f"handler {spec!r} failed to initialize: {exc!r}")
         raise missing_packages(failed, manifest, exc) from exc
     return resolved

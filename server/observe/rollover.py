@@ -11,7 +11,10 @@ has no ``%i``, writes it over the first), and only the newest ``backups`` archiv
 kept (log4j2's ``max="5"`` counts an ``%i`` its pattern lacks: it never deletes a day's archive).
 
 A file is renamed at once; the gzip (and the pruning) runs on one thread per file (log4j2
-compresses asynchronously too), so a 100 MB file never stalls the writer. Torch-free; imports
+compresses asynchronously too), so a 100 MB file never stalls the writer. The gzip is written as
+``<archive>.gz.part`` and renamed once whole: a ``.gz`` is never a cut one. What a server killed
+in the middle of a gzip left is done again at the next start, and the ``ts_log.log.1`` ... of
+torchbay before the daily names count among the archives kept. Torch-free; imports
 nothing of ours.
 """
 
@@ -35,6 +38,8 @@ from typing import Any
 # log4j2's %d{dd-MMM}: the day of the month and Java's English month abbreviation (never the
 # locale's: a server's archive names do not change with LANG).
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+_PART = ".part"  # a .gz being written: renamed to its name once whole
 
 
 @dataclass(frozen=True)
@@ -82,8 +87,10 @@ class RollingFile(logging.FileHandler):
         super().__init__(path, "a", encoding="utf-8")
         self.rotation = rotation
         self._stem = Path(self.baseFilename).name.removesuffix(".log")
+        # Its archives: ``ts_log.02-Dec.log.gz`` (``.log`` until gzipped), and the ``ts_log.log.1``
+        # ... that torchbay wrote before it rolled over daily: they count among the backups.
         self._archives = re.compile(
-            rf"^{re.escape(self._stem)}\.\d\d-[A-Z][a-z]{{2}}(\.\d+)?\.log(\.gz)?$"
+            rf"^{re.escape(self._stem)}\.(?:\d\d-[A-Z][a-z]{{2}}(\.\d+)?\.log(\.gz)?|log\.\d+)$"
         )
         self._pending: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
         self._archiver: threading.Thread | None = None
@@ -92,6 +99,8 @@ class RollingFile(logging.FileHandler):
         self.regular = S_ISREG(stat.st_mode)
         # A file that holds lines is of the day it was last written: an earlier day's rolls over.
         self._begin(stat.st_mtime if stat.st_size else rotation.clock())
+        if self.regular:
+            self._recover()
 
     def _begin(self, stamp: float) -> None:
         self._day, self._midnight = day_name(stamp), next_midnight(stamp)
@@ -170,14 +179,39 @@ class RollingFile(logging.FileHandler):
     def _archive_all(self) -> None:
         while (target := self._pending.get()) is not None:
             gz = target.with_name(target.name + ".gz")
+            part = gz.with_name(gz.name + _PART)  # a .gz is only ever a whole one
             try:
-                with open(target, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as out:
+                with open(target, "rb") as src, gzip.open(part, "wb", compresslevel=6) as out:
                     shutil.copyfileobj(src, out, 1 << 20)
                 stat = target.stat()
-                os.utime(gz, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+                os.utime(part, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+                os.replace(part, gz)
                 target.unlink()
             except OSError:  # a full disk (it stays uncompressed), pruned already (gone)
-                gz.unlink(missing_ok=True)
+                part.unlink(missing_ok=True)
+            self._prune()
+
+    def _recover(self) -> None:
+        """What a stop in the middle of a gzip left (the server killed): the ``.gz.part`` goes,
+        and each archive still uncompressed is gzipped again, a ``.gz`` beside it replaced (one
+        that torchbay before ``.part`` wrote in place may be cut short); then the archives are
+        pruned (``ts_log.log.1`` ... of torchbay before the daily names among them)."""
+        folder, left = Path(self.baseFilename).parent, []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                name = entry.name
+                if name.endswith(_PART) and self._archives.match(name.removesuffix(_PART)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+                elif name.endswith(".log") and self._archives.match(name):
+                    left.append(folder / name)
+        if self.rotation.backups <= 0:
+            left = []  # none kept: pruned, not gzipped first
+        for target in left:
+            with contextlib.suppress(OSError):
+                target.with_name(target.name + ".gz").unlink(missing_ok=True)
+            self._archive(target)
+        if not left:
             self._prune()
 
     def _prune(self) -> None:

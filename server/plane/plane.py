@@ -138,11 +138,14 @@ class DataPlane:
         ``model_name`` query parameter or header), else the only model loaded at start-up, as
         TorchServe picks it (``getStartupModels``), else the one its ``form`` field
         ``model_name`` names; else 400 with TorchServe's message, or an empty ``named``
-        (``?model_name=``) looked up as TorchServe looks it up: 404."""
+        (``?model_name=``) looked up as TorchServe looks it up: 404. A start-up model that
+        failed still counts, as TorchServe keeps it registered: the only one is a 503 naming
+        it, never another model's answer nor a 400 blaming the client."""
         if named:
             return named
         names = {key.rpartition("/")[0] for key in self.registry.startup_models}
-        if len(names) == 1:
+        failed = self._failed_startup_models()
+        if len(names) == 1 and not failed:
             return names.pop()
         if not names and self.starting:  # TorchServe: its model has no worker yet (503)
             raise ServiceUnavailable("The start-up models are still loading")
@@ -150,7 +153,22 @@ class DataPlane:
             return named
         if form is not None:
             return form
+        if not names and len(failed) == 1:
+            raise ServiceUnavailable(
+                f"The start-up model {failed[0]} did not load (see the server's log): "
+                "no model serves /invocations"
+            )
         raise BadRequest("Parameter model_name is required.")
+
+    def _failed_startup_models(self) -> list[str]:
+        """The start-up models that failed and are not loaded since (as ``ready`` reads them)."""
+        versions = self.registry.all_versions()
+        loaded = {mv.name for mv in versions} | {mv.url for mv in versions}
+        return [
+            label
+            for label in self.startup_failures
+            if not label.startswith("workflow ") and label not in loaded
+        ]
 
     def _changed(self) -> None:
         """After a management change: TorchServe's config snapshot, and the answers of a version

@@ -12,6 +12,8 @@ from tests.tiny_sources import saved_model
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.cli import main
 
+from .conftest import run_torchbay
+
 HANDLER = """\
 from torchbay.handlers.errors import BadInput
 
@@ -189,3 +191,17 @@ def test_a_handler_function_that_is_not_there_is_named_once(
     assert main(["verify", str(nope), "--input", str(root / "hello.txt")]) == 1
     errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
     assert errors == ["torchbay: error: handler 'echo.py:nope': 'echo.py' has no function 'nope'"]
+
+
+def test_a_handler_failing_to_initialize_is_one_line(echo_mar: Path) -> None:
+    """verify printed the handler's traceback (logged on the way) and named the handler twice:
+    handler 'starts.py': handler 'starts.py' failed to initialize: RuntimeError(...)."""
+    root = echo_mar.parent
+    (root / "starts.py").write_text(
+        "def handle(data, context):\n    raise RuntimeError('no GPU here')\n"
+    )
+    proc = run_torchbay("verify", str(_package(root, "starts")), "--input", str(root / "hello.txt"))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "torchbay: error: handler 'starts.py' failed to initialize: RuntimeError('no GPU here')"
+    ]
