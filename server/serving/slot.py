@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
-
 from torchbay.server.errors import HandlerFailed, TorchbayError
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.batches import BatchRecord, lost_metrics, run_batch
@@ -41,16 +39,14 @@ from torchbay.server.serving.continuous import Carry, ContinuousSequenceQueue
 from torchbay.server.serving.handle import Spawned, WorkerLoadError, WorkerProcess, WorkerState
 from torchbay.server.serving.launch import ModelSettings, Placement
 from torchbay.server.serving.queue import BatchQueue, Pending, reject
+from torchbay.server.serving.recycling import past_limit
 
 log = logging.getLogger("torchbay.model")
 
 # A worker that lived this long (or served a batch) before dying resets the back-off.
 HEALTHY_UPTIME_S = 10.0
-# A worker's RSS is read at most this often (recycling on memory).
-RSS_CHECK_INTERVAL_S = 1.0
 # After a replacement failed to start, the old worker serves on for this long before another try.
 RECYCLE_RETRY_S = 5.0
-_MIB = 1 << 20
 
 
 __all__ = ["BatchRecord", "Placement", "SlotContext", "SlotEvents", "WorkerSlot", "run_batch"]
@@ -335,34 +331,12 @@ class WorkerSlot:
         worker.kill()
 
     def _wants_recycle(self, worker: WorkerProcess) -> bool:
-        settings = self.ctx.settings()
         if not worker.alive or self._recycle.is_set() or self._replacing:
             return False
         loop_time = asyncio.get_running_loop().time()
         if loop_time < self._recycle_hold_until:
             return False
-        limit = settings.max_requests_per_worker
-        if limit and worker.requests >= limit:
-            log.info(
-                "model %s: worker %s served %d requests (limit %d); recycling it",
-                *(self.ctx.key, worker.name, worker.requests, limit),
-            )
-            return True
-        limit_mb = settings.max_worker_rss_mb
-        if not limit_mb or loop_time - worker.rss_checked_at < RSS_CHECK_INTERVAL_S:
-            return False
-        worker.rss_checked_at = loop_time
-        try:
-            rss = psutil.Process(worker.pid).memory_info().rss if worker.pid else 0
-        except (psutil.Error, OSError):
-            return False  # it is exiting; the supervisor sees that
-        if rss > limit_mb * _MIB:
-            log.info(
-                "model %s: worker %s uses %d MiB (limit %d MiB); recycling it",
-                *(self.ctx.key, worker.name, rss // _MIB, limit_mb),
-            )
-            return True
-        return False
+        return past_limit(worker, self.ctx.settings(), self.ctx.key, loop_time)
 
     def fail_running(self, exc: TorchbayError) -> None:
         for item in self._running:
