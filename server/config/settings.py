@@ -251,7 +251,8 @@ class ServerConfig(GrpcSettings):
     _declared: dict[str, Any] = PrivateAttr(default_factory=dict)
     # The models whose ``models`` entry is a restored snapshot's (config.model_layers).
     _restored: frozenset[str] = PrivateAttr(default_factory=frozenset)
-    shm_max_regions: int = Field(64, ge=1, le=4096)
+    # perf_analyzer registers a region per input and output per data step; Triton has no bound
+    shm_max_regions: int = Field(1024, ge=1, le=4096)
     shm_max_bytes: int = Field(16 << 30, ge=1, le=1 << 44)  # registered bytes, all regions
     cors_allowed_origin: str | None = None
     cors_allowed_methods: str | None = None
