@@ -11,7 +11,8 @@ OIP, REST and gRPC) has it, and none has its own.
 
 The key is a blake2b digest of what reaches the handler and can change its answer: the protocol,
 the content type, the query string, the request headers (all but the transport's own, which say
-how the body travelled, not what it says, and the cache directives, ``cache_control.py``) and
+how the body travelled, not what it says, those a proxy or tracer sets per request or per hop,
+``_UNKEYED``, and the cache directives, ``cache_control.py``) and
 the body's bytes, which hold the input tensors' bytes, datatypes and shapes, the requested
 outputs and the parameters. A request that differs
 from a stored one in any of these is another key. Its priority and timeout are not in the key:
@@ -59,14 +60,36 @@ if TYPE_CHECKING:
     from torchbay.server.config.model_settings import ResponseCacheConfig
     from torchbay.server.serving.model import ModelVersion
 
-# Headers that say how the body travelled (its length, the connection), not what it asks.
-_TRANSPORT = (
+# Headers not in the key: how the body travelled (its length, the connection), not what it asks;
+# and what a proxy, a mesh or a tracer sets per request or per hop (Istio's and KServe's
+# x-request-id, W3C and B3 tracing, the forwarding chain, the host name the client dialled): in
+# the key, no repeat behind KServe would ever hit (Triton's key has no header at all).
+_UNKEYED = (
     b"content-length:",
     b"connection:",
     b"keep-alive:",
     b"te:",
     b"transfer-encoding:",
     b"expect:",
+    b"host:",
+    b"user-agent:",
+    b"via:",
+    b"forwarded:",
+    b"x-forwarded-",
+    b"x-real-ip:",
+    b"x-envoy-",
+    b"x-request-id:",
+    b"x-correlation-id:",
+    b"x-amzn-trace-id:",
+    b"traceparent:",
+    b"tracestate:",
+    b"baggage:",
+    b"b3:",
+    b"x-b3-",
+    b"uber-trace-id:",
+    b"x-ot-span-context:",
+    b"x-cloud-trace-context:",
+    b"x-datadog-",
 )
 _ENCODED = b"content-encoding:"
 # A request's priority and timeout (plane/schedule.py): when it runs, not what it answers.
@@ -367,7 +390,7 @@ def _hash_headers(
             return None
         if low.startswith(_ENCODED) and not low.endswith(b"identity"):
             return None  # a compressed body hides what the checks of ``request_key`` read
-        if not low.startswith(_TRANSPORT) and not low.startswith(skipped):
+        if not low.startswith(_UNKEYED) and not low.startswith(skipped):
             # length-prefixed: no line can pass for the body
             h.update(len(line).to_bytes(4, "big") + line)
     return None if said.no_store else said

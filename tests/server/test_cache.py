@@ -120,6 +120,29 @@ def test_a_hit_answers_with_its_own_id_in_json_or_the_binary_extension() -> None
     assert without_id(broken, 99) is None
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"x-request-id: 4f0c",  # Istio's and KServe's, new per request
+        b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        b"x-b3-traceid: 80f198ee56343ba864fe8b2a57d3eff7",
+        b"x-forwarded-for: 10.0.0.7",
+        b"x-envoy-attempt-count: 2",
+        b"host: torchbay.default.svc.cluster.local",
+        b"user-agent: Python-urllib/3.11",
+    ],
+)
+def test_what_a_proxy_or_tracer_sets_per_request_is_not_in_the_key(line: bytes) -> None:
+    """Behind KServe every request carries its own x-request-id and trace ids: in the key, no
+    repeat would ever hit (Triton's key has no header). A header of the client's own still is."""
+    base = request_key(_http(V2_BODY, b"x-tenant: a"))
+    assert request_key(_http(V2_BODY, b"x-tenant: a", line)) == base
+    assert request_key(_http(V2_BODY, b"x-tenant: b", line)) != base
+    grpc = WireRequest("1", b"x", "", headers={"x-tenant": "a"}, protocol="v2")
+    name, _, value = line.decode().partition(": ")
+    assert request_key(replace(grpc, headers={"x-tenant": "a", name: value})) == request_key(grpc)
+
+
 def test_priority_and_timeout_are_not_in_the_key() -> None:
     """They say when a request runs, not what it answers (Triton's key has neither): over OIP
     (its parameters, REST's JSON or the binary extension's, gRPC's) and the TorchServe API (the
