@@ -37,8 +37,24 @@ _LEFT: set[asyncio.Task] = set()  # operations whose callers left, running to th
 # Raises Unauthorized unless ``authorization`` (the metadata value, or None) holds a valid key
 # of ``kind`` ("inference" or "management"): http.auth.TokenAuth.check.
 CheckKey = Callable[[str | None, str], None]
-# Metadata that is the transport's, not the request's: never passed to the handler.
-_TRANSPORT = ("authorization", "content-type", "user-agent", "te", "grpc-")
+# Metadata that is the transport's, not the request's: never passed to the handler. Besides
+# gRPC's own, the HTTP headers that say how an HTTP body travels or how its answer is to be
+# encoded: the call's message is no HTTP body, and its answer a protobuf message. Passed on,
+# ``accept-encoding`` had the worker gzip an OIP answer that ModelInfer then could not parse
+# (INTERNAL, every time), and ``content-encoding`` had it inflate a body never compressed (400);
+# Triton's gRPC endpoint reads neither (gRPC compresses with ``grpc-encoding``).
+_TRANSPORT = (
+    "authorization",
+    "content-type",
+    "user-agent",
+    "te",
+    "grpc-",
+    "accept-encoding",
+    "content-encoding",
+    "content-length",
+    "transfer-encoding",
+    "inference-header-content-length",
+)
 
 
 def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
