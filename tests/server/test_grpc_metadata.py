@@ -135,3 +135,17 @@ def test_predictions_take_metadata_as_headers_but_not_http_body_ones(server, ts_
     assert seen["x-tenant"] == "blue"
     assert not {name for extra in HTTP_BODY for name in extra} & set(seen), seen
     assert seen["content-type"].startswith("multipart/form-data; boundary=")
+
+
+def test_metadata_named_like_a_transport_header_reaches_the_handler(server, ts_stubs) -> None:
+    """Names that begin as a transport header does (``te``, ``authorization``, ...) are the
+    call's own: they were left out as if they were one (``tenant`` as ``te``)."""
+    metadata = {
+        "tenant": "blue",
+        "team": "red",
+        "authorization-scope": "read",
+        "content-type-hint": "csv",
+        "accept-encoding-hint": "none",
+    }
+    seen = _seen(server, ts_stubs, metadata)
+    assert {k: seen.get(k) for k in metadata} == metadata
