@@ -8,7 +8,7 @@ body and its answer a protobuf message, and Triton's gRPC endpoint reads none of
 compresses with its own ``grpc-encoding``).
 
 ``sub`` (TorchScript ``a - b``, the tensor handler) and ``headers`` (a function handler that
-answers the request headers it was given, as JSON)."""
+answers the request headers it was given, as JSON; it fails a request whose text is ``fail``)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ import json
 def handle(data, context):
     if data is None:
         return None
+    if any(row.get("body") == b"fail" for row in data):  # an OIP request whose text is fail
+        raise RuntimeError("the model failed")
     return [json.dumps(context.get_all_request_header(i)) for i in range(len(data))]
 """
 SUB = {
@@ -149,3 +151,38 @@ def test_metadata_named_like_a_transport_header_reaches_the_handler(server, ts_s
     }
     seen = _seen(server, ts_stubs, metadata)
     assert {k: seen.get(k) for k in metadata} == metadata
+
+
+def _text(text: bytes) -> list[triton.InferInput]:
+    tensor = triton.InferInput("text", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([text], dtype=np.object_))
+    return [tensor]
+
+
+def _stream(client, metadata: dict[str, str], texts: list[bytes]) -> list[tuple[Any, Any]]:
+    """``(result, error)`` of each answer of one ModelStreamInfer stream of requests to
+    ``headers`` (each request's id is its text), in order, once the stream has ended
+    (tritonclient's stop_stream waits for that)."""
+    answers: list[tuple[Any, Any]] = []
+    put = lambda result, error: answers.append((result, error))  # noqa: E731
+    client.start_stream(callback=put, headers=metadata)
+    try:
+        for text in texts:
+            client.async_stream_infer("headers", _text(text), request_id=text.decode())
+    finally:
+        client.stop_stream()
+    return answers
+
+
+def test_triton_grpc_error_ends_the_stream_with_the_first_error(client) -> None:
+    """Triton's ``triton_grpc_error: true`` stream metadata: the first error is the stream's
+    status (tritonclient gives it its code) and the stream ends; the answers before it come,
+    none after. Was ignored: the error came in the stream (no code) and the stream went on."""
+    texts = [b"s0", b"fail", b"s2"]
+    answers = _stream(client, {"triton_grpc_error": "true"}, texts)
+    assert len(answers) == 2, answers
+    (first, none), (gone, error) = answers
+    assert none is None and first.get_response().id == "s0"
+    assert gone is None and error.status() == "StatusCode.INTERNAL", error
+    plain = _stream(client, {}, texts)  # without it: each request answered, in order
+    assert [r.get_response().id if r else e.status() for r, e in plain] == ["s0", None, "s2"]
