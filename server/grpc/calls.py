@@ -37,8 +37,26 @@ _LEFT: set[asyncio.Task] = set()  # operations whose callers left, running to th
 # Raises Unauthorized unless ``authorization`` (the metadata value, or None) holds a valid key
 # of ``kind`` ("inference" or "management"): http.auth.TokenAuth.check.
 CheckKey = Callable[[str | None, str], None]
-# Metadata that is the transport's, not the request's: never passed to the handler.
-_TRANSPORT = ("authorization", "content-type", "user-agent", "te", "grpc-")
+# Metadata that is the transport's, not the request's: never passed to the handler. Besides
+# gRPC's own, the HTTP headers that say how an HTTP body travels or how its answer is to be
+# encoded: the call's message is no HTTP body, and its answer a protobuf message. Passed on,
+# ``accept-encoding`` had the worker gzip an OIP answer that ModelInfer then could not parse
+# (INTERNAL, every time), and ``content-encoding`` had it inflate a body never compressed (400);
+# Triton's gRPC endpoint reads neither (gRPC compresses with ``grpc-encoding``). Whole names
+# (and gRPC's ``grpc-`` prefix): as prefixes they took ``tenant`` or ``team`` (``te``) too.
+_TRANSPORT = frozenset(
+    (
+        "authorization",
+        "content-type",
+        "user-agent",
+        "te",
+        "accept-encoding",
+        "content-encoding",
+        "content-length",
+        "transfer-encoding",
+        "inference-header-content-length",
+    )
+)
 
 
 def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -76,7 +94,8 @@ class Calls:
         protocol: str,
         extra: dict[str, str] | None = None,
     ) -> WireRequest:
-        headers = {k: v for k, v in metadata(context).items() if not k.startswith(_TRANSPORT)}
+        pairs = metadata(context).items()
+        headers = {k: v for k, v in pairs if k not in _TRANSPORT and not k.startswith("grpc-")}
         headers.update(extra or {})
         if content_type:
             headers["content-type"] = content_type

@@ -15,7 +15,10 @@ whose parameter ``triton_enable_empty_final_response`` is true (tritonclient's
 ``enable_empty_final_response``) gets Triton's ``triton_final_response`` parameter on each of its
 responses: false on a streamed part, true on its final response; a streaming handler that ends
 without one (a generator's end) is answered, as Triton answers a decoupled model's bare final
-flag, with an empty response that carries only the flag (and the request's id and model).
+flag, with an empty response that carries only the flag (and the request's id and model). A
+stream started with the metadata ``triton_grpc_error: true`` (Triton's, since 24.08) instead
+ends at its first error, with that error as the call's status: the requests answered before it
+are written, none after.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import grpc
 
 from torchbay.server.errors import BadRequest, ModelNotFound, TorchbayError
 from torchbay.server.grpc import tensors
-from torchbay.server.grpc.calls import STOPPING, ClientStream, final
+from torchbay.server.grpc.calls import STOPPING, ClientStream, final, metadata
 from torchbay.server.grpc.messages import OIP_SERVICE, message
 from torchbay.server.grpc.shm import OPERATIONS as SHM_RPCS
 from torchbay.server.grpc.shm import SharedMemoryRpcs
@@ -51,6 +54,7 @@ _STREAM_PATH = f"/{OIP_SERVICE}/ModelStreamInfer"
 _AHEAD = 16
 EMPTY_FINAL = "triton_enable_empty_final_response"  # Triton's request parameter
 FINAL = "triton_final_response"  # and the response parameter it turns on
+GRPC_ERROR = "triton_grpc_error"  # the stream's metadata: "true" ends it at its first error
 TRITON_OPERATIONS = (*TRITON_RPCS, *SHM_RPCS)
 # Each RPC's plane operation (its ServerMetadata extensions come from them).
 _OPERATION = {"ModelInfer": "infer", **TRITON_RPCS, **SHM_RPCS}
@@ -194,6 +198,8 @@ class OipService(SharedMemoryRpcs):
         reader = asyncio.ensure_future(self._read_stream(stream, context, done))
         try:
             while (item := await done.get()) is not None:
+                if isinstance(item, RpcError):  # triton_grpc_error: the stream's status
+                    await abort(context, item)
                 yield item
             if stream.cut:  # the server stops: every request taken is answered
                 await abort(context, STOPPING)
@@ -254,7 +260,8 @@ class OipService(SharedMemoryRpcs):
     async def _stream_answers(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
-        """Each ModelStreamInferResponse of one request: its parts, or its error."""
+        """Each ModelStreamInferResponse of one request: its parts, or its error (the
+        RpcError itself in a ``triton_grpc_error`` stream: it ends the stream)."""
         out = message("inference.ModelStreamInferResponse")()
         flag = _asks_final(request)
         try:
@@ -262,12 +269,15 @@ class OipService(SharedMemoryRpcs):
                 yield message("inference.ModelStreamInferResponse")(infer_response=part)
             return
         except RpcError as exc:
-            out.error_message = exc.details
-            out.infer_response.id = request.id
+            error = exc
         except Exception:  # a bug of ours: this request's answer says so, the stream goes on
             log.exception("gRPC ModelStreamInfer request failed")
-            out.error_message = "Internal server error"
-            out.infer_response.id = request.id
+            error = RpcError(grpc.StatusCode.INTERNAL, "Internal server error")
+        if metadata(context).get(GRPC_ERROR) == "true":
+            yield error
+            return
+        out.error_message = error.details
+        out.infer_response.id = request.id
         if flag:  # an error ends the request: Triton flags its error response final
             out.infer_response.parameters[FINAL].bool_param = True
         yield out

@@ -5,8 +5,9 @@ unchanged) and, as Triton counts, no inference (``inference_count`` unchanged); 
 
 Models (real archives, our archiver): ``sub`` (TorchScript ``a - b``, the tensor handler; cache
 of at most 2 answers), ``probe`` 1.0 and 2.0 (the probe handler, JSON in and out), ``stream``
-(the streaming test handler), ``fault`` (the fault handler: too many headers on request) and
-``plain`` (the probe handler, no cache)."""
+(the streaming test handler), ``fault`` (the fault handler: too many headers on request),
+``unsendable`` (an OIP handler whose answers gRPC cannot send, ``UNSENDABLE``) and ``plain`` (the
+probe handler, no cache)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,22 @@ MODELS = {
     },
     "stream": {"1.0": {"marName": "stream.mar", "responseCache": True}},
     "fault": {"1.0": {"marName": "fault.mar", "responseCache": True}},
+    "unsendable": {"1.0": {"marName": "unsendable.mar", "responseCache": True}},
     "plain": {"1.0": {"marName": "plain.mar"}},
 }
+# A handler's mistake: a response parameter that is no Unicode text (a lone surrogate). JSON
+# escapes it (OIP over HTTP sends it); a protobuf string cannot hold it (ModelInfer cannot).
+UNSENDABLE = """
+from torchbay.handlers.base_handler import BaseHandler
+
+
+class Unsendable(BaseHandler):
+    supports_v2 = True
+
+    def handle(self, data, context):
+        out = {"name": "out", "datatype": "INT64", "shape": [1], "data": [1]}
+        return [{"outputs": [out], "parameters": {"note": "\\ud800"}} for _ in data]
+"""
 A = np.array([[5.0, 7.0, 9.0]], dtype=np.float32)
 B = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 
@@ -65,6 +80,9 @@ def _store(tmp_path_factory: pytest.TempPathFactory, versioned_store: Path) -> P
     probe = str(ASSETS / "probe_handler.py")
     handlers = {"stream": str(ASSETS / "stream_handler.py"), "plain": probe}
     handlers["fault"] = str(ASSETS / "fault_handler.py")
+    unsendable = tmp_path_factory.mktemp("cache-handler") / "unsendable_handler.py"
+    unsendable.write_text(UNSENDABLE)
+    handlers["unsendable"] = str(unsendable)
     root = build_store(tmp_path_factory, "cache", handlers)
     for name in ("probe.mar", "probe-v2.mar"):
         shutil.copy(versioned_store / name, root / name)
@@ -391,21 +409,20 @@ def test_an_answer_the_protocol_could_not_send_is_never_a_hit(server: LiveServer
     """A worker's 200 that the protocol cannot answer is a failure, each time: never stored,
     so never replayed from the cache (Triton caches only what it answered). Over HTTP: a
     handler that sets more header bytes than HTTP answers (500); over gRPC ModelInfer: an
-    answer that is no ModelInferResponse (here gzip, asked by an ``accept-encoding`` in the
-    call's metadata), which the statistics count as the failure it is, not a success."""
+    answer that makes no ModelInferResponse (a response parameter that is no Unicode text,
+    ``UNSENDABLE``), which the statistics count as the failure it is, not a success."""
     failed = {"hit": 0, "miss": 1, "executed": 1, "success": 0}
     for _ in range(2):
         moved = _moved(server, "fault", "1.0", lambda: _refused(server, {"headers": 200}))
         assert {k: moved[k] for k in failed} == failed
     with oip_client(server, "grpc") as client:
-        a, gzip = A * 11, {"accept-encoding": "gzip"}
 
         def broken() -> None:
             with pytest.raises(triton_grpc.InferenceServerException, match="malformed"):
-                _infer(triton_grpc, client, a, headers=gzip)
+                client.infer("unsendable", _inputs(triton_grpc, A * 11))
 
         for _ in range(2):
-            moved = _moved(server, "sub", "1", broken)
+            moved = _moved(server, "unsendable", "1.0", broken)
             assert {k: moved[k] for k in failed} == failed
 
 
