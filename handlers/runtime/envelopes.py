@@ -232,8 +232,8 @@ def wrap_result(
     request asks, else ``default`` (the signature's first output, or output0)."""
     names = output_names(request)
     name = names[0] if names else default
-    if isinstance(result, bytes):
-        result = result.decode("utf-8", "replace")
+    if isinstance(result, (bytes, bytearray, memoryview)):  # as /predictions takes them
+        result = bytes(result).decode("utf-8", "replace")
     if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):
         data = [result if isinstance(result, str) else dumps(result).decode()]
         return [{"name": name, "shape": [1], "datatype": "BYTES", "data": data}]

@@ -10,6 +10,7 @@ import pytest
 
 from torchbay.handlers.errors import HandlerLoadError
 from torchbay.handlers.runtime.service import load_service
+from torchbay.handlers.testing import run_handler
 
 from .conftest import body_json, req, write_manifest
 
@@ -158,6 +159,23 @@ def test_v2_envelope_for_non_native_handler(echo_dir: Path) -> None:
     assert body["id"] == "7" and body["model_name"] == "tiny"
     [out] = body["outputs"]
     assert out["datatype"] == "BYTES" and json.loads(out["data"][0])["body"] == "x"
+
+
+def _raw_reply(data, context):
+    if data is None:
+        return None
+    return [bytearray(b"hello"), memoryview(b"world"), b"!"][: len(data)]
+
+
+def test_a_v2_request_takes_a_bytearray_result_as_predictions_does() -> None:
+    """A handler answering a bytearray (as TorchServe's handlers often do) or a memoryview was
+    a 500 on the v2 routes ("the handler's result cannot be encoded"): only bytes were text."""
+    request = {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}
+    replies = run_handler(_raw_reply, [request] * 3, protocol="v2")
+    assert [r.status for r in replies] == [200, 200, 200]
+    outputs = [r.json()["outputs"] for r in replies]
+    assert [o[0]["data"] for o in outputs] == [["hello"], ["world"], ["!"]]
+    assert {o[0]["datatype"] for o in outputs} == {"BYTES"}
 
 
 TS_HANDLER = """
