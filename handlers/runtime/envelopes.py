@@ -107,18 +107,18 @@ def decode_value(data: bytes, mime: str, charset: str | None, decode: bool = Tru
             return decode_text(data, charset or "utf-8")
     except BadInput as exc:
         return Undecoded(data, exc.message)
-    return bytearray(data)
+    return data if type(data) is bytearray else bytearray(data)  # a file part's: no second copy
 
 
 def decode_body(body: bytes, content_type: str, decode: bool = True) -> dict[str, Any]:
     """The row entries a body yields: ``{"body": value}`` or one entry per form field. With
-    ``decode`` false (TorchServe's ``decode_input_request=false``), JSON and text stay bytes."""
+    ``decode`` false (TorchServe's ``decode_input_request=false``), JSON and text stay raw."""
     mime, params = split_content_type(content_type)
     if mime == "multipart/form-data":
         boundary = params.get("boundary")
         if not boundary:
             raise BadInput("multipart/form-data body without a boundary")
-        return parse_multipart(body, boundary, decode)
+        return parse_multipart(body, boundary, decode) if body else {}
     if mime == "application/x-www-form-urlencoded":
         text = bytes(body).decode("latin-1")  # each byte as itself, percent-decoded the same
         fields = parse_qsl(text, keep_blank_values=True, encoding="latin-1")
@@ -133,13 +133,12 @@ def _utf8(latin: str) -> str:
 def decode_request(
     body: bytes, content_type: str, query: str, decode: bool = True
 ) -> dict[str, Any]:
-    """TorchServe's input row for one request (fields and raw bodies as bytearray, as TorchServe
-    0.12 gives them; an empty body as an empty one); query parameters are added as ``str`` for
-    the keys the body did not set. Raises BadInput for a malformed multipart body."""
-    row: dict[str, Any] = decode_body(body, content_type, decode) if body else {}
-    if not row:
-        row["body"] = bytearray()
-    for key, value in parse_qsl(query or "", keep_blank_values=True):
+    """TorchServe's input row for one request (tests/data/torchserve/handler_inputs): a body or
+    a form's fields as TorchServe 0.12 gives them (an empty body too: an empty form is no key);
+    query parameters are added as ``str`` for the keys the body did not set, the last of a
+    repeated one, as on TorchServe. Raises BadInput for a malformed multipart body."""
+    row = decode_body(body, content_type, decode)
+    for key, value in dict(parse_qsl(query or "", keep_blank_values=True)).items():
         row.setdefault(key, value)
     return row
 

@@ -53,4 +53,8 @@ CASES: list[tuple[str, str, str, dict[str, str], bytes]] = [
     ("inv_urlencoded", "invocations", "", {"Content-Type": URLENCODED}, b"a=1"),
     ("inv_query", "invocations", "q=1", {"Content-Type": "text/plain"}, b"t"),
     ("inv_json_invalid", "invocations", "", {"Content-Type": "application/json"}, b"{bad"),
+    ("text_not_utf8", P, "", {"Content-Type": "text/plain"}, b"\xff\xfe"),
+    ("urlencoded_repeated", P, "", {"Content-Type": URLENCODED}, b"a=1&a=2"),
+    ("urlencoded_empty", P, "", {"Content-Type": URLENCODED}, b""),
+    ("inv_query_repeated", "invocations", "q=1&q=2", {"Content-Type": "text/plain"}, b"t"),
 ]
