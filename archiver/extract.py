@@ -49,6 +49,7 @@ from torchbay.archiver.manifest import (
     MAX_MANIFEST_BYTES,
     Manifest,
     is_tar,
+    missing_manifest,
     parse_manifest,
     read_manifest,
     safe_relpath,
@@ -200,7 +201,7 @@ def _zip_manifest(
                     f"{path.name}: member {name!r} is corrupt ({exc})"
                 ) from None
             return parse_manifest(raw, source=f"{path.name}:{MANIFEST_PATH}")
-    raise ManifestError(f"{path.name}: no {MANIFEST_PATH} in the archive")
+    raise ManifestError(missing_manifest(path.name, [name for name, _ in files]))
 
 
 def _tar_members(path: Path, tf: tarfile.TarFile, budget: Budget) -> list[tarfile.TarInfo]:

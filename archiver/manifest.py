@@ -343,6 +343,17 @@ def is_tar(path: Path) -> bool:
         return True
 
 
+def missing_manifest(label: str, names: list[str]) -> str:
+    """Why a zip has no model manifest: a workflow archive (torch-workflow-archiver's ``.war``)
+    says what it is and where it goes, anything else that the manifest is missing."""
+    if "WAR-INF/MANIFEST.json" in names:
+        return (
+            f"{label}: a workflow archive (WAR-INF/MANIFEST.json), not a model archive: register"
+            " it with POST /workflows?url=... (its models and handler are checked there)"
+        )
+    return f"{label}: no {MANIFEST_PATH} in the archive"
+
+
 def read_manifest(path: str | Path) -> Manifest:
     """Read the manifest of a ``.mar``/zip, a TorchServe ``.tar.gz`` or an archive directory.
 
@@ -366,7 +377,7 @@ def read_manifest(path: str | Path) -> Manifest:
                 try:
                     info = zf.getinfo(MANIFEST_PATH)
                 except KeyError:
-                    raise ManifestError(f"{label}: no {MANIFEST_PATH} in the archive") from None
+                    raise ManifestError(missing_manifest(label, zf.namelist())) from None
                 with zf.open(info) as fh:
                     raw = _read_limited(fh, MANIFEST_PATH)
         except UNREADABLE as exc:

@@ -23,8 +23,15 @@ from typing import Any
 
 import torch
 
-from .errors import PredictionException, UnprocessableInput, error_status, scrub_message
+from .errors import (
+    BadInput,
+    PredictionException,
+    UnprocessableInput,
+    error_status,
+    scrub_message,
+)
 from .runtime import accel, loading, pt2
+from .runtime.envelopes import Undecoded
 from .utils import load_label_mapping
 
 logger = logging.getLogger(__name__)
@@ -32,6 +39,16 @@ logger = logging.getLogger(__name__)
 
 class _AllItemsFailed(Exception):
     """Raised by map_items when no item of the batch is left to run."""
+
+
+def check_decoded(item: Any) -> None:
+    """Raise BadInput for a row (or an ``(index, row)`` pair) whose body or file part did not
+    decode as its content type says (``Undecoded``): TorchServe hands such bytes to a handler
+    raw, and so does torchbay, but its own handlers answer 400 rather than read them as data."""
+    row = item[1] if isinstance(item, tuple) and len(item) == 2 else item
+    for value in row.values() if isinstance(row, dict) else ():
+        if isinstance(value, Undecoded):
+            raise BadInput(value.reason)
 
 
 def error_body(exc: PredictionException) -> dict[str, Any]:
@@ -156,6 +173,7 @@ class BaseHandler:
         self.kept_indices = []
         for idx, item in enumerate(data):
             try:
+                check_decoded(item)
                 out.append(fn(item))
             except PredictionException as exc:
                 self.fail_item(idx, exc)

@@ -84,40 +84,68 @@ def decode_json(body: bytes) -> Any:
         raise BadInput(f"body is not valid JSON: {exc}") from exc
 
 
+class Undecoded(bytearray):
+    """A body or file part that its content type says is JSON or text but that does not decode:
+    handed to the handler raw, as TorchServe 0.12 hands it (a bytearray); ``reason`` says why,
+    so that torchbay's own handlers answer 400 (``BaseHandler.map_items``)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, data: bytes, reason: str) -> None:
+        super().__init__(data)
+        self.reason = reason
+
+
+def decode_value(data: bytes, mime: str, charset: str | None, decode: bool = True) -> Any:
+    """One input as TorchServe 0.12 decodes it by its content type: JSON parsed, text as str
+    (in its charset; TorchServe's is always UTF-8), anything else, or either when ``decode`` is
+    false, a bytearray; JSON or text that does not decode, an :class:`Undecoded` bytearray."""
+    try:
+        if decode and (mime == "application/json" or mime.endswith("+json")):
+            return decode_json(data)
+        if decode and mime.startswith("text/"):
+            return decode_text(data, charset or "utf-8")
+    except BadInput as exc:
+        return Undecoded(data, exc.message)
+    return data if type(data) is bytearray else bytearray(data)  # a file part's: no second copy
+
+
 def decode_body(body: bytes, content_type: str, decode: bool = True) -> dict[str, Any]:
     """The row entries a body yields: ``{"body": value}`` or one entry per form field. With
-    ``decode`` false (TorchServe's ``decode_input_request=false``), JSON and text stay bytes."""
+    ``decode`` false (TorchServe's ``decode_input_request=false``), JSON and text stay raw."""
     mime, params = split_content_type(content_type)
-    if mime == "application/json" or mime.endswith("+json"):
-        return {"body": decode_json(body) if decode else body}
-    if mime.startswith("text/"):
-        if not decode:
-            return {"body": body}
-        return {"body": decode_text(body, params.get("charset", "utf-8"))}
     if mime == "multipart/form-data":
         boundary = params.get("boundary")
         if not boundary:
             raise BadInput("multipart/form-data body without a boundary")
-        return parse_multipart(body, boundary)
+        return parse_multipart(body, boundary, decode) if body else {}
     if mime == "application/x-www-form-urlencoded":
-        return dict(parse_qsl(decode_text(body, params.get("charset", "utf-8")), True))
-    return {"body": body}
+        text = bytes(body).decode("latin-1")  # each byte as itself, percent-decoded the same
+        fields = parse_qsl(text, keep_blank_values=True, encoding="latin-1")
+        return {_utf8(k): bytearray(v.encode("latin-1")) for k, v in fields}
+    return {"body": decode_value(body, mime, params.get("charset"), decode)}
+
+
+def _utf8(latin: str) -> str:
+    return latin.encode("latin-1").decode("utf-8", "replace")
 
 
 def decode_request(
     body: bytes, content_type: str, query: str, decode: bool = True
 ) -> dict[str, Any]:
-    """TorchServe's input row for one request; raises BadInput for an undecodable body."""
-    row: dict[str, Any] = decode_body(body, content_type, decode) if body else {}
-    for key, value in parse_qsl(query or "", keep_blank_values=True):
+    """TorchServe's input row for one request (tests/data/torchserve/handler_inputs): a body or
+    a form's fields as TorchServe 0.12 gives them (an empty body too: an empty form is no key);
+    query parameters are added as ``str`` for the keys the body did not set, the last of a
+    repeated one, as on TorchServe. Raises BadInput for a malformed multipart body."""
+    row = decode_body(body, content_type, decode)
+    for key, value in dict(parse_qsl(query or "", keep_blank_values=True)).items():
         row.setdefault(key, value)
-    if not row:
-        row["body"] = body
     return row
 
 
-def parse_multipart(body: bytes, boundary: str) -> dict[str, Any]:
-    """Form fields as str, file parts as bytes (a part with a filename is a file)."""
+def parse_multipart(body: bytes, boundary: str, decode: bool = True) -> dict[str, Any]:
+    """A form's fields as TorchServe 0.12 gives them: a field as a bytearray, a file part (one
+    with a filename) by its Content-Type (default application/octet-stream), see decode_value."""
     fields: dict[str, Any] = {}
     state: dict[str, Any] = {}
 
@@ -140,11 +168,13 @@ def parse_multipart(body: bytes, boundary: str) -> dict[str, Any]:
     def on_part_end() -> None:
         _, opts = parse_options_header(state["headers"].get("content-disposition", b""))
         name = opts.get(b"name", b"").decode("utf-8", "replace")
-        data = bytes(state["data"])
+        data = state["data"]
         if b"filename" in opts:
-            fields[name] = data
+            ctype = state["headers"].get("content-type", b"").decode("latin-1")
+            mime, params = split_content_type(ctype or "application/octet-stream")
+            fields[name] = decode_value(data, mime, params.get("charset"), decode)
         else:
-            fields[name] = decode_text(data)
+            fields[name] = data
 
     parser = MultipartParser(
         boundary,
@@ -201,8 +231,8 @@ def wrap_result(
     request asks, else ``default`` (the signature's first output, or output0)."""
     names = output_names(request)
     name = names[0] if names else default
-    if isinstance(result, bytes):
-        result = result.decode("utf-8", "replace")
+    if isinstance(result, (bytes, bytearray, memoryview)):  # as /predictions takes them
+        result = bytes(result).decode("utf-8", "replace")
     if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):
         data = [result if isinstance(result, str) else dumps(result).decode()]
         return [{"name": name, "shape": [1], "datatype": "BYTES", "data": data}]

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
-from torchbay.server.errors import BadRequest, HandlerFailed, ServiceUnavailable, TorchbayError
+from torchbay.server.errors import HandlerFailed, ServiceUnavailable, TorchbayError
 from torchbay.server.http import disconnect, early, invocations, kserve_v1, streaming
 from torchbay.server.http.asgi import (
     Answer,
@@ -283,10 +283,17 @@ class InferenceApp:
     ) -> None:
         """The generate extension: its JSON object to the handler, the answer as one JSON
         object or as server-sent events (``answer``)."""
-        respond, scope = _generated(answer), _as_json(scope)
+        respond, scope = _generated(answer), streaming.as_json(scope)
         name, version = early.v2_model(match)
         await self._infer(
-            scope, receive, send, name, version, "predict", respond=respond, check=_json_object
+            scope,
+            receive,
+            send,
+            name,
+            version,
+            "predict",
+            respond=respond,
+            check=streaming.json_object,
         )
 
     async def _model_ready(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
@@ -298,24 +305,6 @@ class InferenceApp:
 
 # An endpoint's plane operation, where the names differ (the rest are the same name).
 _OPERATION = {"v2_infer": "infer"}
-
-
-def _as_json(scope: Scope) -> Scope:
-    """The generate extension's body is JSON whatever its content type says (``curl -d`` sends
-    a form type): the handler gets the decoded object as TorchServe's ``body``. The scope is
-    changed in place: the HTTP protocol reads the request's hooks from it (disconnect.py)."""
-    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-    scope["headers"] = [*headers, (b"content-type", b"application/json")]
-    return scope
-
-
-def _json_object(scope: Scope, body: bytes) -> None:
-    """A generate body is one JSON object (its keys: the inputs and parameters), as Triton
-    requires: an empty body or other JSON is a 400 here, not a call of the handler with
-    nothing. A byte test, not a parse: the worker parses it, and refuses a broken object. A
-    compressed body is left to the worker's decoding."""
-    if header(scope, b"content-encoding") is None and body.lstrip(b" \t\r\n")[:1] != b"{":
-        raise BadRequest("The generate request body must be a JSON object")
 
 
 def _generated(answer: Callable[..., Awaitable[int]]) -> Respond:

@@ -30,8 +30,8 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from torchbay.server.errors import TorchbayError
-from torchbay.server.http.asgi import Message, Receive, Scope, Send, dumps, send_bytes
+from torchbay.server.errors import BadRequest, TorchbayError
+from torchbay.server.http.asgi import Message, Receive, Scope, Send, dumps, header, send_bytes
 from torchbay.server.plane import Gathered, ModelVersion, WireResponse
 
 Parts = AsyncIterator[WireResponse]
@@ -119,6 +119,30 @@ def whole(send: Send, scope: Scope, limit: int) -> Send:
 
 
 # -- the generate extension -----------------------------------------------------------------
+
+
+def as_json(scope: Scope) -> Scope:
+    """The generate extension's body is JSON whatever its content type says (``curl -d`` sends
+    a form type): the handler gets the decoded object as TorchServe's ``body``. The scope is
+    changed in place: the HTTP protocol reads the request's hooks from it (disconnect.py)."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+    scope["headers"] = [*headers, (b"content-type", b"application/json")]
+    return scope
+
+
+def json_object(scope: Scope, body: bytes) -> None:
+    """A generate body is one JSON object (its keys: the inputs and parameters), as Triton
+    requires: anything else (empty, other JSON, no JSON) is a 400 here, not a call of the
+    handler with nothing or with the raw bytes (a body labelled JSON that is not JSON reaches a
+    handler raw, as on TorchServe). A compressed body is left to the worker's decoding."""
+    if header(scope, b"content-encoding") is not None:
+        return
+    try:
+        ok = body.lstrip(b" \t\r\n")[:1] == b"{" and isinstance(json.loads(body), dict)
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        ok = False
+    if not ok:
+        raise BadRequest("The generate request body must be a JSON object")
 
 
 def generate_object(response: WireResponse, name: str, version: str) -> dict[str, Any]:

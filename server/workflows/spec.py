@@ -7,6 +7,9 @@ maps each node to its children. A node named in the DAG is a model node when ``m
 else a function node: a function of the workflow's handler file, served with one worker, batch
 size 1 and no batch delay. Model entries the DAG never names are not served.
 
+A ``timeout-ms`` of 0 or below is refused (400): TorchServe 0.12 registers such a workflow and
+fails every node of every request at once (``tests/data/torchserve/workflow_timeout``).
+
 A node's workers, batch size and delay are its model's settings: TorchServe registers any
 number, torchbay reads one below the setting's bound (a batch size of 0, -1 workers) as the
 spec's default, as its model API reads such a parameter, and refuses one past the bound (400).
@@ -80,6 +83,11 @@ class WorkflowSpec:
 def _int(key: str, value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequest(f"Invalid workflow specification: {where} {key} must be an integer")
+    if key == "timeout-ms" and value <= 0:
+        # TorchServe 0.12 registers it and then fails every node at once (a wait of 0 ms).
+        raise BadRequest(
+            f"Invalid workflow specification: {where} timeout-ms must be above 0, got {value}"
+        )
     return value
 
 

@@ -18,8 +18,14 @@ RUNTIME = "torchbay.handlers.runtime"
 # The author-facing modules that import the runtime, and what each may import of it.
 SEAMS = {
     # BaseHandler loads its model and runs it as the worker does (initialize, run_model), and
-    # compiles it as model-config.yaml's pt2 asks
-    "torchbay.handlers.base_handler": {f"{RUNTIME}.loading", f"{RUNTIME}.accel", f"{RUNTIME}.pt2"},
+    # compiles it as model-config.yaml's pt2 asks; its map_items answers 400 for a body that
+    # did not decode (envelopes.Undecoded, handed to other handlers raw as TorchServe does)
+    "torchbay.handlers.base_handler": {
+        f"{RUNTIME}.loading",
+        f"{RUNTIME}.accel",
+        f"{RUNTIME}.pt2",
+        f"{RUNTIME}.envelopes",
+    },
     # the image and text classifiers' explanations (Captum, an optional extra)
     "torchbay.handlers.image_classifier": {f"{RUNTIME}.explain"},
     "torchbay.handlers.text_classifier": {f"{RUNTIME}.explain"},

@@ -318,3 +318,20 @@ def test_a_parity_limit_that_is_no_limit_is_refused(
     assert main([*args, flag, value]) == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "c.mar").exists()
+
+
+@pytest.mark.parametrize("verb", ["inspect", "verify"])
+def test_a_workflow_archive_is_named_as_one(verb: str, tmp_path: Path) -> None:
+    """``torchbay inspect`` / ``verify`` on a ``.war`` said only ``no MAR-INF/MANIFEST.json in
+    the archive``: they now say it is a workflow archive and that it is registered with
+    ``POST /workflows``."""
+    war = tmp_path / "flow.war"
+    with zipfile.ZipFile(war, "w") as zf:
+        zf.writestr("WAR-INF/MANIFEST.json", json.dumps({"workflow": {"workflowName": "flow"}}))
+        zf.writestr("flow.yaml", "models: {}\ndag: {a: []}\n")
+    proc = run_torchbay(verb, str(war))
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("torchbay: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "flow.war: a workflow archive (WAR-INF/MANIFEST.json), not a model archive" in errors[0]
+    assert "POST /workflows?url=" in errors[0]

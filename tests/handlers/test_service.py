@@ -10,6 +10,7 @@ import pytest
 
 from torchbay.handlers.errors import HandlerLoadError
 from torchbay.handlers.runtime.service import load_service
+from torchbay.handlers.testing import run_handler
 
 from .conftest import body_json, req, write_manifest
 
@@ -40,7 +41,8 @@ class Echo:
             elif row.get("kind") == "crash":
                 raise RuntimeError("boom")
             else:
-                out.append({k: (v.decode() if isinstance(v, bytes) else v) for k, v in row.items()})
+                raw = (bytes, bytearray)
+                out.append({k: (v.decode() if isinstance(v, raw) else v) for k, v in row.items()})
         context.metrics.add_counter("EchoCount", len(data), dimensions={"Kind": "echo"})
         context.metrics.add_metric_to_cache("EchoSize", "B", ["Part"]).add_or_update(7, ["x"])
         return out
@@ -130,9 +132,12 @@ def test_uncaught_exception_fails_only_its_request_without_traceback(echo_dir: P
     assert "handler" in outcome.timings
 
 
-def test_bad_json_is_answered_before_the_handler(echo_dir: Path) -> None:
+def test_bad_json_reaches_the_handler_raw_as_on_torchserve(echo_dir: Path) -> None:
+    """TorchServe 0.12 hands a body labelled JSON that is not JSON to the handler as its bytes
+    (tests/data/torchserve/handler_inputs); torchbay's own handlers answer it 400 (map_items)."""
     outcome = load_service(echo_dir).predict([req(b"{", "application/json"), req(b"ok")])
-    assert [r.status for r in outcome.responses] == [400, 200]
+    assert [r.status for r in outcome.responses] == [200, 200]
+    assert body_json(outcome.responses[0]) == {"body": "{"}
 
 
 def test_function_handler(echo_dir: Path) -> None:
@@ -154,6 +159,23 @@ def test_v2_envelope_for_non_native_handler(echo_dir: Path) -> None:
     assert body["id"] == "7" and body["model_name"] == "tiny"
     [out] = body["outputs"]
     assert out["datatype"] == "BYTES" and json.loads(out["data"][0])["body"] == "x"
+
+
+def _raw_reply(data, context):
+    if data is None:
+        return None
+    return [bytearray(b"hello"), memoryview(b"world"), b"!"][: len(data)]
+
+
+def test_a_v2_request_takes_a_bytearray_result_as_predictions_does() -> None:
+    """A handler answering a bytearray (as TorchServe's handlers often do) or a memoryview was
+    a 500 on the v2 routes ("the handler's result cannot be encoded"): only bytes were text."""
+    request = {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}
+    replies = run_handler(_raw_reply, [request] * 3, protocol="v2")
+    assert [r.status for r in replies] == [200, 200, 200]
+    outputs = [r.json()["outputs"] for r in replies]
+    assert [o[0]["data"] for o in outputs] == [["hello"], ["world"], ["!"]]
+    assert {o[0]["datatype"] for o in outputs} == {"BYTES"}
 
 
 TS_HANDLER = """

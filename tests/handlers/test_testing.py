@@ -50,9 +50,8 @@ class Greeter:
 
 
 def test_run_handler_decodes_isolates_and_hides_internals() -> None:
-    replies = run_handler(
-        doubler, [{"x": 1}, 21, (b"{not json", "application/json"), "boom", "bad", 5]
-    )
+    broken = (b"--x\r\nbroken", "multipart/form-data; boundary=x")
+    replies = run_handler(doubler, [{"x": 1}, 21, broken, "boom", "bad", 5])
     assert [r.status for r in replies] == [500, 200, 400, 500, 400, 200]
     # A dict has no "* 2"-able body: the TypeError is the handler's bug, answered alone.
     assert replies[1].json() == {"double": 42} and replies[5].json() == {"double": 10}

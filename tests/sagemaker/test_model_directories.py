@@ -143,4 +143,4 @@ def test_decode_input_request_false_hands_json_and_text_as_bytes() -> None:
     assert decode_request(b"[[1, 2]]", "application/json", "", False)["body"] == b"[[1, 2]]"
     assert decode_request(b"a,b", "text/csv", "", False)["body"] == b"a,b"
     # Form fields are TorchServe's frontend's parameters: parsed either way.
-    assert decode_request(b"x=1", "application/x-www-form-urlencoded", "", False) == {"x": "1"}
+    assert decode_request(b"x=1", "application/x-www-form-urlencoded", "", False) == {"x": b"1"}

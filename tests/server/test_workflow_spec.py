@@ -115,6 +115,26 @@ def test_a_model_nodes_setting_past_its_bound_is_a_400_naming_it(key: str, api: 
     assert api in caught.value.message
 
 
+@pytest.mark.parametrize(
+    ("models", "where", "value"),
+    [
+        ("  timeout-ms: 0\n  a:\n    url: a.mar\n", "models", 0),
+        ("  timeout-ms: -5\n  a:\n    url: a.mar\n", "models", -5),
+        ("  a:\n    url: a.mar\n    timeout-ms: 0\n", "model 'a'", 0),
+    ],
+)
+def test_a_timeout_of_zero_or_below_is_a_400(models: str, where: str, value: int) -> None:
+    """TorchServe 0.12 fails every node of such a workflow at once (``Timed out while executing
+    pre_processing``, tests/data/torchserve/workflow_timeout); torchbay ran its nodes with no
+    timeout. Refused when the spec is read, as the other bad settings are."""
+    with pytest.raises(BadRequest) as caught:
+        spec(f"models:\n{models}dag:\n  a: []\n")
+    assert caught.value.status == 400
+    assert caught.value.message == (
+        f"Invalid workflow specification: {where} timeout-ms must be above 0, got {value}"
+    )
+
+
 def test_a_war_url_stays_inside_the_store(tmp_path: Path) -> None:
     (tmp_path / "w.war").write_bytes(b"")
     assert war_path(tmp_path, "w.war") == (tmp_path / "w.war").resolve()

@@ -46,6 +46,7 @@ SPECS = {
     "dag:\n  passthrough: [constant, fields]\n  constant: [fields]\n",
     "leaves": "models:\n  retry-attempts: 0\ndag:\n  passthrough: [relay, constant]\n",
     "flood": "models:\n  retry-attempts: 0\ndag:\n  flood: []\n",
+    "no_wait": "models:\n  timeout-ms: 0\ndag:\n  echo: []\n",
 }
 
 
@@ -143,6 +144,20 @@ def test_a_node_past_its_timeout_fails_the_workflow(
     until(lambda: bool(_answered(live, "slow__nap")), "the nap request is recorded")
     assert _answered(live, "slow__nap") == {"504": 1.0}
     assert "node nap failed (attempt 1 of 1): no answer within its timeout-ms (300)" in caplog.text
+
+
+def test_a_timeout_of_zero_is_refused_at_registration(live: LiveServer) -> None:
+    """TorchServe 0.12 registers a workflow whose timeout-ms is 0 and fails every request
+    (tests/data/torchserve/workflow_timeout); torchbay ran it with no timeout at all. It is
+    refused now, with a 400 that names the setting, and nothing is registered."""
+    answer = httpx.post(f"{live.management_url}/workflows?url=no_wait.war", timeout=300)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["message"] == (
+        "Invalid workflow specification: models timeout-ms must be above 0, got 0"
+    )
+    listed = httpx.get(f"{live.management_url}/workflows", timeout=60).json()["workflows"]
+    assert "no_wait" not in {w["workflowName"] for w in listed}
+    assert httpx.get(f"{live.management_url}/models/no_wait__echo", timeout=60).status_code == 404
 
 
 def test_a_function_that_kills_its_worker_leaves_the_frontend_serving(live: LiveServer) -> None:
