@@ -28,7 +28,7 @@ import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
 
 from .conftest import ASSETS, LiveServer, build_store, make_config, oip_client, scripted_archive
-from .test_oip import Sub
+from .test_oip import A, B, Sub, sub_inputs
 
 _MODULES: dict[str, Any] = {"http": triton_http, "grpc": triton_grpc}
 
@@ -72,8 +72,6 @@ class Unsendable(BaseHandler):
         out = {"name": "out", "datatype": "INT64", "shape": [1], "data": [1]}
         return [{"outputs": [out], "parameters": {"note": "\\ud800"}} for _ in data]
 """
-A = np.array([[5.0, 7.0, 9.0]], dtype=np.float32)
-B = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 
 
 def _store(tmp_path_factory: pytest.TempPathFactory, versioned_store: Path) -> Path:
@@ -280,7 +278,7 @@ def test_another_request_id_is_a_hit_answered_with_its_own_id(
     with oip_client(server, kind) as client:
 
         def infer(rid: str) -> None:
-            answers.append(client.infer("sub", _inputs(module, a), outputs=out, request_id=rid))
+            answers.append(client.infer("sub", sub_inputs(module, a), outputs=out, request_id=rid))
 
         assert _moved(server, "sub", "1", lambda: infer("first")) == MISS
         assert _moved(server, "sub", "1", lambda: infer("second")) == HIT
@@ -321,17 +319,8 @@ def test_another_priority_or_timeout_is_a_hit(server: LiveServer) -> None:
     assert _posted(server, "probe", "1.0", "/predictions/probe", json=body, headers=timeout) == HIT
 
 
-def _inputs(module: Any, a: np.ndarray) -> list[Any]:
-    inputs = []
-    for name, array in (("a", a), ("b", B)):
-        tensor = module.InferInput(name, list(array.shape), "FP32")
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
-
-
 def _infer(module: Any, client: Any, a: np.ndarray, **kw: Any) -> np.ndarray:
-    return client.infer("sub", _inputs(module, a), **kw).as_numpy("diff")
+    return client.infer("sub", sub_inputs(module, a), **kw).as_numpy("diff")
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
@@ -419,7 +408,7 @@ def test_an_answer_the_protocol_could_not_send_is_never_a_hit(server: LiveServer
 
         def broken() -> None:
             with pytest.raises(triton_grpc.InferenceServerException, match="malformed"):
-                client.infer("unsendable", _inputs(triton_grpc, A * 11))
+                client.infer("unsendable", sub_inputs(triton_grpc, A * 11))
 
         for _ in range(2):
             moved = _moved(server, "unsendable", "1.0", broken)
@@ -440,7 +429,7 @@ def test_a_request_in_shared_memory_is_never_cached(server: LiveServer) -> None:
         client.register_system_shared_memory("cache-out", key, A.nbytes)
         out = triton_http.InferRequestedOutput("diff")
         out.set_shared_memory("cache-out", A.nbytes)
-        inputs = _inputs(triton_http, A * 5)
+        inputs = sub_inputs(triton_http, A * 5)
         infer = lambda: client.infer("sub", inputs, outputs=[out])  # noqa: E731
         for _ in range(2):
             shm.set_shared_memory_region(region, [np.zeros_like(A)])

@@ -26,8 +26,8 @@ import tritonclient.grpc as triton
 
 from torchbay.archiver.package import ArchiveOptions, package
 
-from .conftest import LiveServer, make_config
-from .test_oip import Sub
+from .conftest import LiveServer, make_config, oip_client
+from .test_oip import A, B, Sub, sub_inputs
 
 HEADERS = """
 import json
@@ -46,8 +46,6 @@ SUB = {
     ],
     "outputs": [{"name": "diff", "datatype": "FP32", "shape": [-1, 3]}],
 }
-A = np.array([[5.0, 7.0, 9.0]], dtype=np.float32)
-B = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 # HTTP headers of a body and its answer's encoding, as a client may put them in a call's metadata.
 HTTP_BODY = [
     {"accept-encoding": "gzip"},
@@ -81,18 +79,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def client(server: LiveServer) -> Iterator[triton.InferenceServerClient]:
-    c = triton.InferenceServerClient(f"127.0.0.1:{server.server.state.ports.grpc_inference}")
-    yield c
-    c.close()
-
-
-def _inputs() -> list[triton.InferInput]:
-    inputs = []
-    for name, array in (("a", A), ("b", B)):
-        tensor = triton.InferInput(name, list(array.shape), "FP32")
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
+    with oip_client(server, "grpc") as c:
+        yield c
 
 
 def _seen(server: LiveServer, ts: SimpleNamespace, metadata: dict[str, str]) -> dict[str, str]:
@@ -109,7 +97,7 @@ def _seen(server: LiveServer, ts: SimpleNamespace, metadata: dict[str, str]) -> 
 def test_http_body_headers_in_metadata_leave_model_infer_alone(client, metadata) -> None:
     """Were INTERNAL "malformed" (the worker gzipped the OIP answer ModelInfer then parses), or
     a 400/415 for a body never compressed; Triton's gRPC endpoint ignores them."""
-    result = client.infer("sub", _inputs(), headers=metadata)
+    result = client.infer("sub", sub_inputs(triton), headers=metadata)
     np.testing.assert_array_equal(result.as_numpy("diff"), A - B)
 
 
@@ -119,7 +107,7 @@ def test_http_body_headers_in_metadata_leave_model_stream_infer_alone(client) ->
     put = lambda result, error: answers.put((result, error))  # noqa: E731
     client.start_stream(callback=put, headers=metadata)
     try:
-        client.async_stream_infer("sub", _inputs(), request_id="s1")
+        client.async_stream_infer("sub", sub_inputs(triton), request_id="s1")
         result, error = answers.get(timeout=120)
     finally:
         client.stop_stream()

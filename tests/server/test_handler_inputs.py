@@ -12,8 +12,6 @@ raw bytes. Where torchbay differs on purpose (docs/handlers.md), ``_torchbays`` 
 from __future__ import annotations
 
 import copy
-import http.client
-import json
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +60,6 @@ def _kind(name: str) -> str:
     return "bytearray" if name == "Undecoded" else name
 
 
-def _ask(port: int, path: str, query: str, headers: dict[str, str], body: bytes) -> tuple:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    url = "/predictions/inputs" if path == "predictions" else "/invocations"
-    try:
-        connection.request("POST", url + (f"?{query}" if query else ""), body, headers)
-        response = connection.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        connection.close()
-
-
 def test_the_record_is_torchserve_0_12() -> None:
     assert RECORD["torchserve"] == "0.12.0"
     assert "handler_inputs/record.py" in RECORD["command"]
@@ -93,7 +80,8 @@ def test_a_torchserve_handler_gets_torchserves_input_types(tmp_path: Path) -> No
         port = server.server.state.ports.inference
         for answer in RECORD["answers"]:
             _, path, query, headers, body = by_id[answer["id"]]
-            status, got = _ask(port, path, query, headers, body)
+            asked = CASES.ask(port, path, query, headers, body)
+            status, got = asked["status"], asked["body"]
             assert status == answer["status"] == 200, (answer["id"], got)
             got["row"] = {key: [_kind(kind), value] for key, kind, value in got["row"]}
             assert got == _torchbays(answer, headers), answer["id"]

@@ -140,6 +140,16 @@ A = np.array([[5.0, 7.0, 9.0]], dtype=np.float32)
 B = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 
 
+def sub_inputs(module: Any, a: np.ndarray = A, b: np.ndarray = B) -> list[Any]:
+    """``Sub``'s two FP32 inputs as tritonclient's ``module`` (http or grpc) builds them."""
+    inputs = []
+    for name, array in (("a", a), ("b", b)):
+        tensor = module.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
 # -- inputs by name, in either order ------------------------------------------------------------
 
 

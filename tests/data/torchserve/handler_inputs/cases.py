@@ -4,6 +4,9 @@ query, headers, body). ``path`` is ``predictions`` (``/predictions/inputs``) or 
 
 from __future__ import annotations
 
+import http.client
+import json
+
 B = "XyZboundary"
 
 
@@ -58,3 +61,19 @@ CASES: list[tuple[str, str, str, dict[str, str], bytes]] = [
     ("urlencoded_empty", P, "", {"Content-Type": URLENCODED}, b""),
     ("inv_query_repeated", "invocations", "q=1&q=2", {"Content-Type": "text/plain"}, b"t"),
 ]
+
+
+def ask(port: int, path: str, query: str, headers: dict[str, str], body: bytes) -> dict:
+    """One case's request (http.client: the headers exactly as given, none added)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    url = "/predictions/inputs" if path == "predictions" else "/invocations"
+    try:
+        connection.request("POST", url + (f"?{query}" if query else ""), body, headers)
+        response = connection.getresponse()
+        raw = response.read()
+        try:
+            return {"status": response.status, "body": json.loads(raw)}
+        except ValueError:
+            return {"status": response.status, "body": raw.decode("latin-1")}
+    finally:
+        connection.close()

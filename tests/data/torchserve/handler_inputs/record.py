@@ -9,8 +9,6 @@ repository root (one command):
 
 from __future__ import annotations
 
-import http.client
-import json
 import sys
 from pathlib import Path
 
@@ -18,22 +16,6 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # cases, tsrun
 import cases  # noqa: E402
 import tsrun  # noqa: E402
-
-
-def ask(port: int, path: str, query: str, headers: dict[str, str], body: bytes) -> dict:
-    """One case's request (http.client: the headers exactly as given, none added)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    url = "/predictions/inputs" if path == "predictions" else "/invocations"
-    try:
-        connection.request("POST", url + (f"?{query}" if query else ""), body, headers)
-        response = connection.getresponse()
-        raw = response.read()
-        try:
-            return {"status": response.status, "body": json.loads(raw)}
-        except ValueError:
-            return {"status": response.status, "body": raw.decode("latin-1")}
-    finally:
-        connection.close()
 
 
 def main() -> None:
@@ -53,7 +35,7 @@ def main() -> None:
         base = f"http://127.0.0.1:{ports[0]}"
         ready = lambda: tsrun.call(base + "/ping", "GET")[0] == 200  # noqa: E731
         with tsrun.running(argv, work, ready, ports=ports[:3]):
-            answers = [{"id": c[0], **ask(ports[0], *c[1:])} for c in cases.CASES]
+            answers = [{"id": c[0], **cases.ask(ports[0], *c[1:])} for c in cases.CASES]
         tsrun.write_answers(HERE, tsrun.recorder_command(__file__), answers, work)
 
 
