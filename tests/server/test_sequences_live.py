@@ -293,8 +293,14 @@ def test_a_worker_that_dies_ends_its_sequences_with_a_clear_error(server) -> Non
 
 
 def test_grpc_without_a_sequence_id_gets_the_one_the_server_made(server, ts) -> None:  # noqa: F811
+    """A start without an id gets the id the server makes; neither an id nor a start is
+    refused, as TorchServe 0.12 refuses it ("Parameter sequenceId is required.")."""
     stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(server.channel)
-    first = ts.inference_pb2.PredictionsRequest(model_name="stateful", input={"data": b"6"})
+    bare = ts.inference_pb2.PredictionsRequest(model_name="stateful", input={"data": b"6"})
+    (refused,) = list(stub.StreamPredictions2(iter([bare]), timeout=120))
+    assert refused.status.message == "Parameter sequenceId is required."
+    start = {"data": b"6", "ts_request_sequence_start": b"true"}
+    first = ts.inference_pb2.PredictionsRequest(model_name="stateful", input=start)
     (answer,) = list(stub.StreamPredictions2(iter([first]), timeout=120))
     assert answer.sequence_id.startswith("ts-seq-") and answer.prediction == b"6"
     again = ts.inference_pb2.PredictionsRequest(
