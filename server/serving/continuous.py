@@ -72,11 +72,7 @@ class ContinuousSequenceQueue(SequenceQueue):
         ready.sort(key=lambda s: s.items[0].arrival)
         batch = []
         for seq in ready[: self._rooms.get(slot, 2 * self.batch_size)]:
-            item = seq.items.popleft()
-            del self._of[item]
-            self._queued -= 1
-            item.dispatched = now
-            seq.running = seq.ran = True
+            item = self._took(seq, now)
             self._sequence_of[item] = seq
             batch.append(item)
         return batch

@@ -37,8 +37,9 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from torchbay.server.errors import QueueFull, RequestTimeout, TorchbayError
+from torchbay.server.errors import QueueFull, TorchbayError
 from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject, resolve
+from torchbay.server.serving.sequence_ends import SequenceEnds
 from torchbay.server.serving.sequence_types import (
     Ended,
     Sequence,
@@ -52,9 +53,6 @@ from torchbay.server.serving.sequence_types import (
 
 __all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
 
-# Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
-REMEMBERED = 65_536
-
 
 def _keyed(ref: SequenceRef) -> SequenceRef:
     """``ref`` with its id as text: the handler reads the id as a header's text (and CORRID
@@ -63,7 +61,7 @@ def _keyed(ref: SequenceRef) -> SequenceRef:
     return ref if isinstance(ref.id, str) else dataclasses.replace(ref, id=str(ref.id))
 
 
-class SequenceQueue(BatchQueue):
+class SequenceQueue(SequenceEnds, BatchQueue):
     """The sequence scheduler of one model version (see the module docstring)."""
 
     def __init__(
@@ -281,88 +279,16 @@ class SequenceQueue(BatchQueue):
     def _pick(self, slot: Any, now: float) -> list[Pending]:
         ready = [s for s in self.open.values() if s.slot is slot and s.items and not s.running]
         ready.sort(key=lambda s: s.items[0].arrival)
-        batch = []
-        for seq in ready[: self.batch_size]:
-            item = seq.items.popleft()
-            del self._of[item]
-            self._queued -= 1
-            item.dispatched = now
-            seq.running = seq.ran = True
-            batch.append(item)
-        return batch
+        return [self._took(seq, now) for seq in ready[: self.batch_size]]
 
-    # -- ends and timeouts --------------------------------------------------------------------
-
-    def _sweep(self, now: float) -> None:
-        """End the sequences whose limits passed or whose worker is gone; drop the queued
-        requests whose caller left or whose deadline passed."""
-        for seq in list(self.open.values()):
-            if seq.slot is not None and not holds(seq):
-                self._end(seq, "was lost: its worker died or was replaced", "worker")
-            elif self.timeout_s and now - seq.opened >= self.timeout_s:
-                limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
-                self._end(seq, f"was closed after its time limit of {limit}", "timeout")
-            elif self._idle(seq) and now - seq.last >= self._idle_limit(seq):
-                limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
-                self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
-            else:
-                self._drop_expired(seq, now)
-        self._arm()
-
-    def _idle(self, seq: Sequence) -> bool:
-        """``seq`` has an idle limit and nothing queued, running or streaming."""
-        has_limit = bool(self.idle_s) or seq.implicit
-        return has_limit and not (seq.items or seq.running or seq.streaming)
-
-    def _idle_limit(self, seq: Sequence) -> float:
-        """Seconds ``seq`` may idle. Without ``sequenceMaxIdleMSec`` a sequence of TorchServe's
-        API closes once idle (TorchServe polls its job group with that 0 ms wait), else every
-        id-less request would hold a place of ``maxNumSequence`` for ever; named again, it
-        reopens on its worker (``_open``)."""
-        return self.idle_s if self.idle_s or not seq.implicit else 0.0
-
-    def _drop_expired(self, seq: Sequence, now: float) -> None:
-        for item in list(seq.items):
-            if item.future.done() or (item.deadline is not None and item.deadline <= now):
-                self._expire(item, now)
-
-    def _expire(self, item: Pending, now: float) -> None:
-        """``item`` waited past its deadline (or its caller left): answered, taken out."""
-        reject(item.future, RequestTimeout("The request waited past its deadline; not run"))
-        self.discard(item)
-
-    def _end(self, seq: Sequence, reason: str, why: str, idle: bool = False, fail: bool = True):
-        """Close ``seq``; its queued requests (if any) are answered with the reason."""
-        self.open.pop(seq.id, None)
-        self.ended[why] += 1
-        for item in list(seq.items):
-            self.discard(item)
-            if fail:
-                error = SequenceLost if why == "worker" else SequenceRefused
-                reject(item.future, error(f"Sequence {seq.id!r} {reason}; not run"))
-        self._ended[seq.id] = Ended(reason, seq.slot, seq.worker, idle)
-        while len(self._ended) > REMEMBERED:
-            self._ended.popitem(last=False)
-        self._wake_all()
-
-    def _arm(self) -> None:
-        """One timer at the earliest idle or total limit of the open sequences."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        limits = []
-        for seq in self.open.values():
-            if self.timeout_s:
-                limits.append(seq.opened + self.timeout_s)
-            if self._idle(seq):
-                limits.append(seq.last + self._idle_limit(seq))
-        if limits:
-            delay = max(0.0, min(limits) - clock()) + 0.001
-            self._timer = asyncio.get_running_loop().call_later(delay, self._sweep_now)
-
-    def _sweep_now(self) -> None:
-        self._timer = None
-        self._sweep(clock())
+    def _took(self, seq: Sequence, now: float) -> Pending:
+        """The head of ``seq``, taken into a batch."""
+        item = seq.items.popleft()
+        del self._of[item]
+        self._queued -= 1
+        item.dispatched = now
+        seq.running = seq.ran = True
+        return item
 
     def _wake_for(self, seq: Sequence) -> None:
         if seq.slot is None:

@@ -1,0 +1,116 @@
+"""How a sequence of the sequence scheduler (serving/sequences.py) ends: its end request, a
+start that joins it after its end, its idle and total limits, a request's timeout while it
+waits for a slot, its worker's death; and the one timer at the earliest limit. Torch-free."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from torchbay.server.errors import RequestTimeout
+from torchbay.server.serving.queue import Pending, clock, reject
+from torchbay.server.serving.sequence_types import (
+    Ended,
+    Sequence,
+    SequenceLost,
+    SequenceRefused,
+    holds,
+)
+
+# Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
+REMEMBERED = 65_536
+
+
+class SequenceEnds:
+    """The ends of ``SequenceQueue``'s sequences (a mixin: it reads the queue's state)."""
+
+    open: dict[str | int, Sequence]
+    ended: dict[str, int]
+    idle_s: float
+    timeout_s: float
+    _ended: collections.OrderedDict[str | int, Ended]
+    _timer: asyncio.TimerHandle | None
+
+    def discard(self, item: Pending) -> bool:
+        raise NotImplementedError
+
+    def _wake_all(self) -> None:
+        raise NotImplementedError
+
+    def _sweep(self, now: float) -> None:
+        """End the sequences whose limits passed or whose worker is gone; drop the queued
+        requests whose caller left or whose deadline passed."""
+        for seq in list(self.open.values()):
+            if seq.slot is not None and not holds(seq):
+                self._end(seq, "was lost: its worker died or was replaced", "worker")
+            elif self.timeout_s and now - seq.opened >= self.timeout_s:
+                limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
+                self._end(seq, f"was closed after its time limit of {limit}", "timeout")
+            elif self._idle(seq) and now - seq.last >= self._idle_limit(seq):
+                limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
+                self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
+            else:
+                self._drop_expired(seq, now)
+        self._arm()
+
+    def _idle(self, seq: Sequence) -> bool:
+        """``seq`` has an idle limit and nothing queued, running or streaming."""
+        has_limit = bool(self.idle_s) or seq.implicit
+        return has_limit and not (seq.items or seq.running or seq.streaming)
+
+    def _idle_limit(self, seq: Sequence) -> float:
+        """Seconds ``seq`` may idle. Without ``sequenceMaxIdleMSec`` a sequence of TorchServe's
+        API closes once idle (TorchServe polls its job group with that 0 ms wait), else every
+        id-less request would hold a place of ``maxNumSequence`` for ever; named again, it
+        reopens on its worker (``_open``)."""
+        return self.idle_s if self.idle_s or not seq.implicit else 0.0
+
+    def _drop_expired(self, seq: Sequence, now: float) -> None:
+        for item in list(seq.items):
+            if item.future.done() or (item.deadline is not None and item.deadline <= now):
+                self._expire(item, now)
+
+    def _expire(self, item: Pending, now: float) -> None:
+        """``item`` waited past its deadline (or its caller left): answered, taken out."""
+        reject(item.future, RequestTimeout("The request waited past its deadline; not run"))
+        self.discard(item)
+
+    def _end(
+        self,
+        seq: Sequence,
+        reason: str,
+        why: str,
+        idle: bool = False,
+        fail: bool = True,
+    ) -> None:
+        """Close ``seq``; its queued requests (if any) are answered with the reason."""
+        self.open.pop(seq.id, None)
+        self.ended[why] += 1
+        for item in list(seq.items):
+            self.discard(item)
+            if fail:
+                error = SequenceLost if why == "worker" else SequenceRefused
+                reject(item.future, error(f"Sequence {seq.id!r} {reason}; not run"))
+        self._ended[seq.id] = Ended(reason, seq.slot, seq.worker, idle)
+        while len(self._ended) > REMEMBERED:
+            self._ended.popitem(last=False)
+        self._wake_all()
+
+    def _arm(self) -> None:
+        """One timer at the earliest idle or total limit of the open sequences."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        limits = []
+        for seq in self.open.values():
+            if self.timeout_s:
+                limits.append(seq.opened + self.timeout_s)
+            if self._idle(seq):
+                limits.append(seq.last + self._idle_limit(seq))
+        if limits:
+            delay = max(0.0, min(limits) - clock()) + 0.001
+            self._timer = asyncio.get_running_loop().call_later(delay, self._sweep_now)
+
+    def _sweep_now(self) -> None:
+        self._timer = None
+        self._sweep(clock())
