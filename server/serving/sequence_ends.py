@@ -37,6 +37,30 @@ class SequenceEnds:
     def _wake_all(self) -> None:
         raise NotImplementedError
 
+    def _supersede(self, seq: Sequence, start: Pending) -> None:
+        """``start`` joins ``seq`` after its end: the sequence that ends is counted once its end
+        request is answered (or now, if it was answered or the handler ended it)."""
+        end = seq.end_request if seq.end_request in seq.items else None
+        if end is None and seq.running:
+            seq.end_ran = True
+        elif end is None:
+            self.ended["end"] += 1
+        seq.superseded[start] = end
+
+    def _unsupersede(self, seq: Sequence, start: Pending, later: list[Pending]) -> None:
+        """A start that joined ``seq`` after its end request left before it ran: the end
+        stands, and the sequence ends with it (at once if it was answered) unless requests
+        were queued after the start (they go on with the sequence)."""
+        end = seq.superseded.pop(start)
+        if later:
+            seq.superseded[later[0]] = end
+            return
+        seq.ending, seq.end_request = True, end
+        if end is None and seq.running:  # its end runs: counted as the sequence's at release
+            seq.end_ran = False
+        elif end is None and self.open.get(seq.id) is seq:  # counted when it was answered
+            self._end(seq, "has ended", "end", count=False)
+
     def _sweep(self, now: float) -> None:
         """End the sequences whose limits passed or whose worker is gone; drop the queued
         requests whose caller left or whose deadline passed."""
@@ -82,10 +106,11 @@ class SequenceEnds:
         why: str,
         idle: bool = False,
         fail: bool = True,
+        count: bool = True,
     ) -> None:
         """Close ``seq``; its queued requests (if any) are answered with the reason."""
         self.open.pop(seq.id, None)
-        self.ended[why] += 1
+        self.ended[why] += count
         for item in list(seq.items):
             self.discard(item)
             if fail:

@@ -50,6 +50,10 @@ class Sequence:
     streaming: int = 0  # its requests still answering over several calls (continuous batching)
     implicit: bool = False  # opened by TorchServe's API (see SequenceRef)
     restart: Pending | None = None  # the last start that joined it while open (queue.put)
+    # each queued start that joined it after its end request: that end request while queued
+    # (None: it ran, or the handler ended the sequence; counted then)
+    superseded: dict[Pending, Pending | None] = field(default_factory=dict)
+    end_ran: bool = False  # its running request is such an end: counted once answered
 
 
 @dataclass(frozen=True, slots=True)

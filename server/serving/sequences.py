@@ -130,6 +130,8 @@ class SequenceQueue(SequenceEnds, BatchQueue):
             )
         elif ref.start:  # a new sequence under its id: its time limit counts from here
             seq.opened, seq.restart = item.arrival, item
+            if seq.ending:
+                self._supersede(seq, item)
         seq.ending = ref.end
         seq.end_request = item if ref.end else None
         seq.items.append(item)
@@ -191,10 +193,15 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         seq = self._of.pop(item, None)
         if seq is None:
             return False
+        queued = list(seq.items)
         seq.items.remove(item)
         self._queued -= 1
         if seq.end_request is item:
             seq.ending, seq.end_request = False, None
+        if seq.superseded:
+            seq.superseded = {s: e for s, e in seq.superseded.items() if e is not item}
+        if item in seq.superseded:
+            self._unsupersede(seq, item, queued[queued.index(item) + 1 :])
         if not seq.ran and not seq.items and self.open.get(seq.id) is seq:
             del self.open[seq.id]
             self._arm()
@@ -245,6 +252,9 @@ class SequenceQueue(SequenceEnds, BatchQueue):
             if seq.slot is slot and seq.running:
                 seq.running = False
                 seq.last = now
+                if seq.end_ran:  # the end of a sequence that a start joined: it ended here
+                    seq.end_ran = False
+                    self.ended["end"] += 1
                 if seq.ending and not seq.items:
                     self._end(seq, "has ended", "end")
 
@@ -288,6 +298,10 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         self._queued -= 1
         item.dispatched = now
         seq.running = seq.ran = True
+        if item in seq.superseded.values():  # an end that a start joined: counted once answered
+            seq.end_ran = True
+            seq.superseded = {s: e if e is not item else None for s, e in seq.superseded.items()}
+        seq.superseded.pop(item, None)  # a start that runs: the previous sequence is over
         return item
 
     def _wake_for(self, seq: Sequence) -> None:

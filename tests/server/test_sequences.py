@@ -245,6 +245,62 @@ def test_a_start_for_an_open_id_runs_after_its_queued_requests_on_its_worker():
     assert run(scenario()) == (["a1", "a2", "b1"], True)
 
 
+def test_an_end_that_a_start_joined_counts_its_sequence_as_ended():
+    """An end and the next start under the id, sent without waiting: two sequences, each
+    counted once its end is answered. Was: the first one was never counted (reason=end)."""
+
+    async def scenario() -> list[int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", "a1", start=True)
+        _put(q, "a", "a2", end=True)
+        _put(q, "a", "b1", start=True)
+        counts = []
+        for _ in range(2):
+            _answer(await q.take(slot))
+        waiting = asyncio.ensure_future(q.take(slot))  # a2 answered and released
+        await asyncio.sleep(0)
+        counts.append(q.ended["end"])
+        _put(q, "a", "b2", end=True)
+        _answer(await waiting)  # b1
+        _answer(await q.take(slot))  # b2
+        waiting = asyncio.ensure_future(q.take(slot))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        return [*counts, q.ended["end"]]
+
+    assert run(scenario()) == [1, 2]
+
+
+@pytest.mark.parametrize("end_running", [False, True])
+def test_a_start_that_joined_an_end_and_left_leaves_the_sequence_ended(end_running: bool):
+    """A start that joined an open sequence after its end request, whose caller left while it
+    was queued, never happened: the sequence ends with its end request, as without it. Was:
+    the sequence stayed open (its next request ran on it; its place was kept)."""
+
+    async def scenario() -> tuple[bool, int, str]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", "a1", start=True)
+        _answer(await q.take(slot))
+        end = _put(q, "a", "a2", end=True)
+        if end_running:
+            assert await q.take(slot) == [end]
+        start = _put(q, "a", "b1", start=True)
+        start.future.cancel()  # its caller left (RequestPath.finish)
+        assert q.discard(start)
+        if not end_running:
+            assert await q.take(slot) == [end]
+        _answer([end])
+        waiting = asyncio.ensure_future(q.take(slot))  # releases a2: the sequence ends
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, "a", "a3")
+        return "a" in q.open, q.ended["end"], info.value.message
+
+    is_open, ended, message = run(scenario())
+    assert not is_open and ended == 1 and "has ended" in message
+
+
 def test_a_sequence_queue_is_bounded_and_unstarted_ids_refused():
     async def scenario() -> None:
         q = _queue(per_sequence=2)
