@@ -17,6 +17,9 @@ from torchbay.server.serving.sequence_types import (
     holds,
 )
 
+# Triton's default max_sequence_idle_microseconds: the idle limit of a sequence opened with
+# ``sequence_start`` when the model sets none.
+TRITON_IDLE_S = 1.0
 # Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
 REMEMBERED = 65_536
 
@@ -71,23 +74,33 @@ class SequenceEnds:
                 limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
                 self._end(seq, f"was closed after its time limit of {limit}", "timeout")
             elif self._idle(seq) and now - seq.last >= self._idle_limit(seq):
-                limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
-                self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
+                self._end(seq, self._idle_reason(seq), "idle", idle=True)
             else:
                 self._drop_expired(seq, now)
         self._arm()
 
     def _idle(self, seq: Sequence) -> bool:
-        """``seq`` has an idle limit and nothing queued, running or streaming."""
-        has_limit = bool(self.idle_s) or seq.implicit
-        return has_limit and not (seq.items or seq.running or seq.streaming)
+        """``seq`` has nothing queued, running or streaming: its idle limit runs."""
+        return not (seq.items or seq.running or seq.streaming)
 
     def _idle_limit(self, seq: Sequence) -> float:
-        """Seconds ``seq`` may idle. Without ``sequenceMaxIdleMSec`` a sequence of TorchServe's
-        API closes once idle (TorchServe polls its job group with that 0 ms wait), else every
-        id-less request would hold a place of ``maxNumSequence`` for ever; named again, it
-        reopens on its worker (``_open``)."""
-        return self.idle_s if self.idle_s or not seq.implicit else 0.0
+        """Seconds ``seq`` may idle: ``sequenceMaxIdleMSec`` when the model sets one, else the
+        default of the API that opened it. TorchServe's closes once idle (TorchServe polls its
+        job group with that 0 ms wait), else every id-less request would hold a place of
+        ``maxNumSequence`` for ever; named again, it reopens on its worker (``_open``).
+        Triton's (a ``sequence_start``) idles for Triton's default of 1 s, else an abandoned
+        sequence would hold its place for ever and every new one get 503."""
+        if self.idle_s:
+            return self.idle_s
+        return 0.0 if seq.implicit else TRITON_IDLE_S
+
+    def _idle_reason(self, seq: Sequence) -> str:
+        if self.idle_s:
+            return f"was closed after idling past {self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
+        return (
+            f"was closed after idling past {TRITON_IDLE_S * 1000:g} ms (Triton's default idle "
+            "limit: the model sets no sequenceMaxIdleMSec)"
+        )
 
     def _drop_expired(self, seq: Sequence, now: float) -> None:
         for item in list(seq.items):

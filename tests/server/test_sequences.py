@@ -167,6 +167,26 @@ def test_an_idle_sequence_is_closed_and_its_next_request_refused():
     assert "idling past 50 ms" in message and "sequenceMaxIdleMSec" in message
 
 
+def test_without_an_idle_limit_a_started_sequence_idles_for_triton_s_default():
+    """No ``sequenceMaxIdleMSec``: a sequence opened with ``sequence_start`` (Triton's API)
+    closes after Triton's default of 1 s idle, freeing its place of ``maxNumSequence``. Was:
+    never, so abandoned sequences kept every place and each new one got 503 for ever."""
+
+    async def scenario() -> tuple[str, float]:
+        q, slot = _queue(max_sequences=1), _Slot()
+        begun = clock()
+        waiting = await _closed_after_one(q, slot, "a", 1, start=True)
+        idled = clock() - begun
+        _put(q, "b", 1, start=True)  # its place is free
+        waiting.cancel()
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, "a", 2)
+        return info.value.message, idled
+
+    message, idled = run(scenario())
+    assert "1000 ms" in message and "Triton's default" in message and idled >= 1.0
+
+
 def test_torchserve_reopens_an_idle_sequence_on_its_living_worker():
     async def scenario() -> bool:
         q, slot = _queue(idle_s=0.05), _Slot()

@@ -10,12 +10,14 @@ beside another of its sequence in one batch would answer a wrong total."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import queue
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -373,3 +375,38 @@ def test_an_archive_whose_triton_idle_limit_is_infinite_is_refused_400(
         r = httpx.post(f"{live.management_url}/models", params={"url": "probe.mar"}, timeout=60)
     assert r.status_code == 400, r.text
     assert "sequence_max_idle_ms" in r.json()["message"]
+
+
+def test_without_an_idle_limit_abandoned_oip_sequences_free_their_places(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A model whose model-config.yaml sets no ``sequenceMaxIdleMSec``: an OIP sequence
+    (``sequence_start``) that its client abandons closes after Triton's default idle limit,
+    1 s, so a new sequence is served once the places of ``maxNumSequence`` were all taken,
+    and the abandoned id's next request says why it is refused. Was: never closed, every new
+    sequence a 503 for ever."""
+    root = tmp_path_factory.mktemp("seq-noidle-store")
+    work = tmp_path_factory.mktemp("seq-noidle-build")
+    config = work / "noidle.yaml"
+    config.write_text(
+        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxNumSequence: 2\n"
+        "sequenceBatching: true\nhandler:\n  cache:\n    capacity: 4\n"
+    )
+    archive(root, work, "stateful_noidle", config)
+    with contextlib.contextmanager(served)(root) as server:
+        for sid in ("a", "b"):  # abandoned: never ended
+            r = _v2(server, {"sequence_id": sid, "sequence_start": True}, 1, "stateful_noidle")
+            assert r.status_code == 200, r.text
+        answers: list[httpx.Response] = []
+
+        def served_new() -> bool:
+            params = {"sequence_id": "c", "sequence_start": True}
+            answers.append(_v2(server, params, 5, "stateful_noidle"))
+            if answers[-1].status_code == 503:  # both places still held: retry later
+                time.sleep(0.1)
+            return answers[-1].status_code != 503
+
+        until(served_new, "a new sequence is served", timeout=60)
+        assert answers[-1].status_code == 200, answers[-1].text
+        r = _v2(server, {"sequence_id": "a"}, 2, "stateful_noidle")
+        assert r.status_code == 400 and "Triton's default idle limit" in r.json()["error"]
