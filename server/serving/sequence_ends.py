@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from torchbay.server.errors import RequestTimeout
+from torchbay.server.errors import RequestTimeout, TorchbayError
 from torchbay.server.serving.queue import Pending, clock, reject
 from torchbay.server.serving.sequence_types import (
     Ended,
     Sequence,
+    SequenceExpired,
     SequenceLost,
     SequenceRefused,
     holds,
@@ -73,6 +74,9 @@ class SequenceEnds:
             elif self.timeout_s and now - seq.opened >= self.timeout_s:
                 limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
                 self._end(seq, f"was closed after its time limit of {limit}", "timeout")
+            elif seq.slot is None and seq.expires is not None and now >= seq.expires:
+                reason = "was closed: a request's timeout expired while it waited for a slot"
+                self._end(seq, reason, "timeout", error=SequenceExpired)
             elif self._idle(seq) and now - seq.last >= self._idle_limit(seq):
                 self._end(seq, self._idle_reason(seq), "idle", idle=True)
             else:
@@ -120,14 +124,15 @@ class SequenceEnds:
         idle: bool = False,
         fail: bool = True,
         count: bool = True,
+        error: type[TorchbayError] | None = None,
     ) -> None:
         """Close ``seq``; its queued requests (if any) are answered with the reason."""
         self.open.pop(seq.id, None)
         self.ended[why] += count
+        error = error or (SequenceLost if why == "worker" else SequenceRefused)
         for item in list(seq.items):
             self.discard(item)
             if fail:
-                error = SequenceLost if why == "worker" else SequenceRefused
                 reject(item.future, error(f"Sequence {seq.id!r} {reason}; not run"))
         self._ended[seq.id] = Ended(reason, seq.slot, seq.worker, idle)
         while len(self._ended) > REMEMBERED:
@@ -145,6 +150,8 @@ class SequenceEnds:
                 limits.append(seq.opened + self.timeout_s)
             if self._idle(seq):
                 limits.append(seq.last + self._idle_limit(seq))
+            if seq.slot is None and seq.expires is not None:
+                limits.append(seq.expires)
         if limits:
             delay = max(0.0, min(limits) - clock()) + 0.001
             self._timer = asyncio.get_running_loop().call_later(delay, self._sweep_now)

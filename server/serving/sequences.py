@@ -43,6 +43,7 @@ from torchbay.server.serving.sequence_ends import SequenceEnds
 from torchbay.server.serving.sequence_types import (
     Ended,
     Sequence,
+    SequenceExpired,
     SequenceLost,
     SequenceRef,
     SequenceRefused,
@@ -51,7 +52,7 @@ from torchbay.server.serving.sequence_types import (
     slot_alive,
 )
 
-__all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
+__all__ = ["SequenceExpired", "SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
 
 
 def _keyed(ref: SequenceRef) -> SequenceRef:
@@ -107,8 +108,13 @@ class SequenceQueue(SequenceEnds, BatchQueue):
 
     # -- producer side ------------------------------------------------------------------------
 
-    def put(self, item: Pending, ref: SequenceRef | None = None) -> None:
-        """Queue ``item`` on its sequence (None: a sequence of its own, started and ended)."""
+    def put(
+        self, item: Pending, ref: SequenceRef | None = None, timeout_us: int | None = None
+    ) -> None:
+        """Queue ``item`` on its sequence (None: a sequence of its own, started and ended).
+        ``timeout_us`` (the request's ``timeout``): as Triton's, the longest its sequence may
+        wait for a slot (unbound; ``direct``'s lanes all taken, or no live slot): past it the
+        sequence's queued requests are answered 503 and it ends."""
         if self._closed is not None:
             raise self._closed
         if ref is None:
@@ -140,6 +146,10 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         self._queued += 1
         self._arrivals += 1
         self.watch(item)
+        if timeout_us and seq.slot is None:
+            expires = item.arrival + timeout_us / 1e6
+            seq.expires = expires if seq.expires is None else min(seq.expires, expires)
+            self._arm()
         self._wake_for(seq)
 
     def _current(self, ref: SequenceRef) -> Sequence | None:
@@ -269,7 +279,7 @@ class SequenceQueue(SequenceEnds, BatchQueue):
                 return
             if any(self._load(other) < load for other in self._live_slots() if other is not slot):
                 return
-            seq.slot, seq.worker = slot, worker
+            seq.slot, seq.worker, seq.expires = slot, worker, None
             self._watch(worker)
 
     def _watch(self, worker: Any) -> None:

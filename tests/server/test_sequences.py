@@ -21,6 +21,7 @@ from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending, clock
 from torchbay.server.serving.sequences import (
+    SequenceExpired,
     SequenceLost,
     SequenceQueue,
     SequenceRef,
@@ -195,6 +196,36 @@ def test_torchserve_reopens_an_idle_sequence_on_its_living_worker():
         return q.open["s"].slot is slot and (await waiting)[0].payload == 2
 
     assert run(scenario())
+
+
+def test_a_sequence_waiting_for_a_slot_past_its_request_timeout_is_answered_503():
+    """Triton's ``timeout`` on a sequence model: a sequence that waits for a slot (``direct``:
+    every lane taken) past its request's timeout is rejected UNAVAILABLE, its queued
+    requests with it, and is not open after (a later request needs a start). A bound
+    sequence's requests are not timed out so. Was: the timeout was ignored."""
+
+    async def scenario() -> tuple[str, str, bool, int]:
+        q, slot = _queue(batch_size=1, strategy="direct"), _Slot()
+        held = _put(q, "a", 1, start=True)
+        assert await q.take(slot) == [held]  # a holds the one lane
+        item = Pending(1, asyncio.get_running_loop().create_future(), clock())
+        q.put(item, SequenceRef("b", start=True), timeout_us=50_000)
+        later = _put(q, "b", 2)
+        with pytest.raises(SequenceExpired) as info:
+            await item.future
+        with pytest.raises(SequenceExpired):
+            await later.future
+        with pytest.raises(SequenceRefused) as refused:
+            _put(q, "b", 3)
+        bound = Pending(2, asyncio.get_running_loop().create_future(), clock())
+        q.put(bound, SequenceRef("a"), timeout_us=1)  # a is bound: no timeout applies
+        _answer([held])
+        taken = await q.take(slot)
+        return info.value.message, refused.value.message, taken == [bound], info.value.status
+
+    message, refused, bound_ran, status = run(scenario())
+    assert "timeout" in message and "'b'" in message and status == 503
+    assert "timeout" in refused and bound_ran
 
 
 def test_a_sequence_past_its_total_limit_is_closed():

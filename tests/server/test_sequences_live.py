@@ -410,3 +410,32 @@ def test_without_an_idle_limit_abandoned_oip_sequences_free_their_places(
         assert answers[-1].status_code == 200, answers[-1].text
         r = _v2(server, {"sequence_id": "a"}, 2, "stateful_noidle")
         assert r.status_code == 400 and "Triton's default idle limit" in r.json()["error"]
+
+
+def test_a_sequence_waiting_for_a_slot_past_its_request_timeout_is_answered_503(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Triton's ``timeout`` parameter on a sequence model (``direct``, one lane, held by an
+    open sequence): a new sequence that waits for a slot past its request's timeout is
+    rejected 503 "timeout", as Triton's backlog is UNAVAILABLE; once the lane is free a new
+    start runs. Was: the timeout was ignored and the request waited for the lane."""
+    root = tmp_path_factory.mktemp("seq-timeout-store")
+    work = tmp_path_factory.mktemp("seq-timeout-build")
+    config = work / "direct.yaml"
+    config.write_text(
+        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxNumSequence: 2\n"
+        "sequenceMaxIdleMSec: 60000\nsequenceStrategy: direct\nsequenceBatching: true\n"
+        "handler:\n  cache:\n    capacity: 4\n"
+    )
+    archive(root, work, "stateful_direct", config)
+    with contextlib.contextmanager(served)(root) as server:
+        start = {"sequence_id": "a", "sequence_start": True}
+        assert _v2(server, start, 1, "stateful_direct").status_code == 200  # a holds the lane
+        waits = {"sequence_id": "b", "sequence_start": True, "timeout": 200_000}
+        r = _v2(server, waits, 5, "stateful_direct")
+        assert r.status_code == 503 and "timeout" in r.json()["error"], r.text
+        end = {"sequence_id": "a", "sequence_end": True}
+        assert _v2(server, end, 2, "stateful_direct").status_code == 200  # the lane is free
+        again = {"sequence_id": "b", "sequence_start": True, "sequence_end": True}
+        r = _v2(server, again, 5, "stateful_direct")
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [5], r.text
