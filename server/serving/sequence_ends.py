@@ -51,13 +51,13 @@ class SequenceEnds:
             self.ended["end"] += 1
         seq.superseded[start] = end
 
-    def _unsupersede(self, seq: Sequence, start: Pending, later: list[Pending]) -> None:
+    def _unsupersede(self, seq: Sequence, start: Pending, after: Pending | None) -> None:
         """A start that joined ``seq`` after its end request left before it ran: the end
-        stands, and the sequence ends with it (at once if it was answered) unless requests
-        were queued after the start (they go on with the sequence)."""
+        stands, and the sequence ends with it (at once if it was answered) unless a request
+        was queued after the start (``after``: the sequence goes on with it)."""
         end = seq.superseded.pop(start)
-        if later:
-            seq.superseded[later[0]] = end
+        if after is not None:
+            seq.superseded[after] = end
             return
         seq.ending, seq.end_request = True, end
         if end is None and seq.running:  # its end runs: counted as the sequence's at release

@@ -203,15 +203,16 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         seq = self._of.pop(item, None)
         if seq is None:
             return False
-        queued = list(seq.items)
-        seq.items.remove(item)
+        at = seq.items.index(item)
+        after = seq.items[at + 1] if at + 1 < len(seq.items) else None
+        del seq.items[at]
         self._queued -= 1
         if seq.end_request is item:
             seq.ending, seq.end_request = False, None
         if seq.superseded:
             seq.superseded = {s: e for s, e in seq.superseded.items() if e is not item}
         if item in seq.superseded:
-            self._unsupersede(seq, item, queued[queued.index(item) + 1 :])
+            self._unsupersede(seq, item, after)
         if not seq.ran and not seq.items and self.open.get(seq.id) is seq:
             del self.open[seq.id]
             self._arm()
