@@ -16,7 +16,9 @@ keeps: ``put`` never waits, ``take`` returns a non-empty batch, ``discard``, ``c
   A batch leaves at once (the next request of a sequence usually waits for this answer).
 * A sequence ends after its request with ``sequence_end``; it is closed when it idles past
   ``sequenceMaxIdleMSec`` (without it, one of TorchServe's API once idle, as TorchServe drops
-  its job group) or lives past ``sequenceTimeoutMSec``; it fails when its worker dies
+  its job group, and one of Triton's after Triton's default of 1 s), lives past
+  ``sequenceTimeoutMSec``, or waits unbound past a request's ``timeout`` (Triton's backlog,
+  answered 503; the ends: sequence_ends.py); it fails when its worker dies
   or is replaced (the handler's state died with it): its queued requests are answered 503 and
   the id is remembered, so that its next request is refused with the reason, never silently
   run on a fresh state. TorchServe's API reopens an idle-closed id on the same, still living,
