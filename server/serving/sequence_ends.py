@@ -41,6 +41,9 @@ class SequenceEnds:
     def _wake_all(self) -> None:
         raise NotImplementedError
 
+    def _backlogged(self) -> bool:
+        raise NotImplementedError
+
     def _supersede(self, seq: Sequence, start: Pending) -> None:
         """``start`` joins ``seq`` after its end: the sequence that ends is counted once its end
         request is answered (or now, if it was answered or the handler ended it)."""
@@ -74,7 +77,7 @@ class SequenceEnds:
             elif self.timeout_s and now - seq.opened >= self.timeout_s:
                 limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
                 self._end(seq, f"was closed after its time limit of {limit}", "timeout")
-            elif seq.slot is None and seq.expires is not None and now >= seq.expires:
+            elif self._expired(seq, now):
                 reason = "was closed: a request's timeout expired while it waited for a slot"
                 self._end(seq, reason, "timeout", error=SequenceExpired)
             elif self._idle(seq) and now - seq.last >= self._idle_limit(seq):
@@ -82,6 +85,17 @@ class SequenceEnds:
             else:
                 self._drop_expired(seq, now)
         self._arm()
+
+    def _expired(self, seq: Sequence, now: float) -> bool:
+        """``seq`` waited unbound past a request's timeout while no slot had room for it. A
+        slot has room now: it binds it when it next takes, and the timeout no longer counts
+        (Triton would have given it that slot at once)."""
+        if seq.slot is not None or seq.expires is None or now < seq.expires:
+            return False
+        if self._backlogged():
+            return True
+        seq.expires = None
+        return False
 
     def _idle(self, seq: Sequence) -> bool:
         """``seq`` has nothing queued, running or streaming: its idle limit runs."""

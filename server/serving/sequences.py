@@ -116,7 +116,8 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         """Queue ``item`` on its sequence (None: a sequence of its own, started and ended).
         ``timeout_us`` (the request's ``timeout``): as Triton's, the longest its sequence may
         wait for a slot (unbound; ``direct``'s lanes all taken, or no live slot): past it the
-        sequence's queued requests are answered 503 and it ends."""
+        sequence's queued requests are answered 503 and it ends. Only while no slot has
+        room for it (``_backlogged``): with room, Triton gives it a slot at once."""
         if self._closed is not None:
             raise self._closed
         if ref is None:
@@ -148,7 +149,7 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         self._queued += 1
         self._arrivals += 1
         self.watch(item)
-        if timeout_us and seq.slot is None:
+        if timeout_us and seq.slot is None and self._backlogged():
             expires = item.arrival + timeout_us / 1e6
             seq.expires = expires if seq.expires is None else min(seq.expires, expires)
             self._arm()
@@ -292,6 +293,18 @@ class SequenceQueue(SequenceEnds, BatchQueue):
             return
         self._watched.add(worker)
         exited.add_done_callback(lambda _: (self._watched.discard(worker), self._sweep(clock())))
+
+    def _backlogged(self) -> bool:
+        """No live slot has room for another sequence (``direct``: every lane taken; any
+        strategy: no live slot), so that a sequence not yet bound waits in what Triton calls
+        its backlog, where a request's timeout counts. (Triton gives a sequence a slot on its
+        arrival; here a slot with room binds it when it next takes, once its batch is done.)"""
+        room = (
+            s
+            for s in self._live_slots()
+            if self.strategy != "direct" or self._load(s) < self.batch_size
+        )
+        return next(room, None) is None
 
     def _load(self, slot: Any) -> int:
         return sum(1 for seq in self.open.values() if seq.slot is slot)

@@ -228,6 +228,26 @@ def test_a_sequence_waiting_for_a_slot_past_its_request_timeout_is_answered_503(
     assert "timeout" in refused and bound_ran
 
 
+@pytest.mark.parametrize("strategy", ["oldest", "direct"])
+def test_a_request_timeout_does_not_count_while_a_slot_has_room(strategy: str):
+    """A slot with room for a new sequence (``oldest``: any; ``direct``: a free lane) that is
+    busy with its batch binds it when it next takes: Triton gives such a sequence its slot at
+    once, so its request's timeout does not count (no 503 however long the batch runs)."""
+
+    async def scenario() -> list[object]:
+        q, slot = _queue(batch_size=2, strategy=strategy), _Slot()
+        held = _put(q, "a", 1, start=True)
+        assert await q.take(slot) == [held]  # the slot is busy with a's request
+        item = Pending("b1", asyncio.get_running_loop().create_future(), clock())
+        q.put(item, SequenceRef("b", start=True), timeout_us=1)
+        q._sweep(clock() + 1.0)  # a second later: far past the timeout
+        assert not item.future.done() and "b" in q.open
+        _answer([held])
+        return [i.payload for i in await q.take(slot)]
+
+    assert run(scenario()) == ["b1"]
+
+
 def test_a_sequence_past_its_total_limit_is_closed():
     async def scenario() -> str:
         q, slot = _queue(timeout_s=0.05), _Slot()
