@@ -226,7 +226,7 @@ class ModelConfig(BaseModel):
     )
     sequence_max_idle_ms: Annotated[int, _serving("sequenceMaxIdleMSec", "sequences")] = Field(
         0, ge=0, le=int(MAX_TIMEOUT_S * 1000), alias="sequenceMaxIdleMSec"
-    )  # 0: no idle limit
+    )  # 0: the API's default (serving/sequence_ends.py)
     sequence_timeout_ms: Annotated[int, _serving("sequenceTimeoutMSec", "sequences")] = Field(
         0, ge=0, le=int(MAX_TIMEOUT_S * 1000), alias="sequenceTimeoutMSec"
     )  # 0: no total limit

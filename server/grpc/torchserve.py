@@ -81,6 +81,20 @@ def _sequence_headers(request: Any, names: tuple[str, str, str]) -> dict[str, st
     return headers
 
 
+def _check_sequence(request: Any, names: tuple[str, str, str]) -> None:
+    """StreamPredictions2 streams a sequence: a request with neither a ``sequence_id`` nor a
+    start flag (``input``'s entry of the start name, true) is refused in TorchServe 0.12's
+    words (its InferenceImpl.java), whatever the model; the stream goes on. TorchServe answers
+    INTERNAL (and, reading the flag as a ByteString's text, refuses a start without an id
+    too); here INVALID_ARGUMENT, the client's mistake, and a start gets the id the server
+    makes (as over REST)."""
+    if request.HasField("sequence_id") and request.sequence_id:
+        return
+    start = [bytes(v) for k, v in request.input.items() if k.lower() == names[1]]
+    if not start or start[-1].decode("utf-8", "replace").strip().lower() != "true":
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Parameter sequenceId is required.")
+
+
 def _header(headers: dict[str, str], name: str) -> str | None:
     """The value of the header ``name`` (lower-case) in ``headers`` of any case."""
     found = [v for k, v in headers.items() if k.lower() == name]
@@ -150,6 +164,7 @@ class TorchServeInference(Service):
         stream = ClientStream(requests, self.calls.closing)
         async for request in stream:
             try:
+                _check_sequence(request, self.calls.plane.sequence_headers)
                 async for out in self._responses(request, context, "StreamPredictions2"):
                     yield out
             except RpcError as exc:

@@ -7,7 +7,8 @@ Per sequence model version (labels ``model``, ``version``)::
                                                to be), at most maxNumSequence
     torchbay_sequences_ended_total{reason}     sequences ended, by reason: end (its last request
                                                was answered), idle (sequenceMaxIdleMSec),
-                                               timeout (sequenceTimeoutMSec), worker (its worker
+                                               timeout (sequenceTimeoutMSec, or a request's
+                                               timeout while waiting for a slot), worker (its worker
                                                died or was replaced); and refused: requests
                                                refused for naming an ended sequence
 

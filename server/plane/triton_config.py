@@ -77,7 +77,8 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
 
 def sequence_batching(mv: ModelVersion) -> dict[str, Any]:
     """A sequence model's ``sequence_batching``: its strategy with the batch delay, its idle
-    limit (none when 0, where Triton's 0 would mean its default of 1 s) and the control inputs
+    limit (left out when 0: a Triton sequence then idles for Triton's default, 1 s, which is
+    what Triton reads from a field left out; serving/sequence_ends.py) and the control inputs
     its model-config.yaml declares (the server fills them; model_config.proto's form)."""
     settings = mv.settings
     delay = {"max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000)}

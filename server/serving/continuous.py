@@ -72,11 +72,7 @@ class ContinuousSequenceQueue(SequenceQueue):
         ready.sort(key=lambda s: s.items[0].arrival)
         batch = []
         for seq in ready[: self._rooms.get(slot, 2 * self.batch_size)]:
-            item = seq.items.popleft()
-            del self._of[item]
-            self._queued -= 1
-            item.dispatched = now
-            seq.running = seq.ran = True
+            item = self._took(seq, now)
             self._sequence_of[item] = seq
             batch.append(item)
         return batch
@@ -100,11 +96,25 @@ class ContinuousSequenceQueue(SequenceQueue):
     def finish(self, sequence_id: str) -> None:
         """The handler ended ``sequence_id``: nothing more joins it; it closes once done."""
         seq = self.open.get(sequence_id)
-        if seq is None or any(item is seq.restart for item in seq.items):
-            return  # (a start queued since: a new sequence under the id, which goes on)
+        if seq is None:
+            return
+        if any(item is seq.restart for item in seq.items):  # a start queued since: a new
+            self._ended_before(seq, seq.restart)  # sequence under the id, which goes on
+            return
         seq.ending, seq.end_request = True, None  # ended by the handler, whatever leaves
         if not seq.items and not seq.running:
             self._end(seq, "has ended", "end")
+
+    def _ended_before(self, seq: Sequence, start: Any) -> None:
+        """The handler ended the sequence before ``start`` (queued): counted as ended once its
+        request is answered, and ended still should ``start`` leave before it runs."""
+        if start in seq.superseded:
+            return
+        seq.superseded[start] = None
+        if seq.running:
+            seq.end_ran = True
+        else:
+            self.ended["end"] += 1
 
     def requeue_front(self, items: Any) -> None:
         items = list(items)

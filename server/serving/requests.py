@@ -73,7 +73,7 @@ class RequestPath:
             request, loop.create_future(), now, now + timeout_ms / 1000 if timeout_ms else None
         )
         if sequence is not None:  # a sequence model's queue is a SequenceQueue
-            self.queue.put(item, sequence)  # type: ignore[call-arg]
+            self.queue.put(item, sequence, timeout_us)  # type: ignore[call-arg]
             return item
         if self.queue.levels is not None:
             place(item, self.queue.levels, level, timeout_us, now)

@@ -24,6 +24,13 @@ class SequenceLost(ServiceUnavailable):
     code = "sequence_lost"
 
 
+class SequenceExpired(ServiceUnavailable):
+    """A request's ``timeout`` passed while its sequence waited for a slot (Triton's backlog):
+    the sequence's queued requests are answered so, as Triton's UNAVAILABLE."""
+
+    code = "sequence_expired"
+
+
 @dataclass(frozen=True, slots=True)
 class SequenceRef:
     """What a request says of its sequence (parsed by the plane, plane/sequence_params.py).
@@ -50,6 +57,11 @@ class Sequence:
     streaming: int = 0  # its requests still answering over several calls (continuous batching)
     implicit: bool = False  # opened by TorchServe's API (see SequenceRef)
     restart: Pending | None = None  # the last start that joined it while open (queue.put)
+    # each queued start that joined it after its end request: that end request while queued
+    # (None: it ran, or the handler ended the sequence; counted then)
+    superseded: dict[Pending, Pending | None] = field(default_factory=dict)
+    expires: float | None = None  # unbound: clock() its requests' earliest timeout passes at
+    end_ran: bool = False  # its running request is such an end: counted once answered
 
 
 @dataclass(frozen=True, slots=True)

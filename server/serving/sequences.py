@@ -16,7 +16,9 @@ keeps: ``put`` never waits, ``take`` returns a non-empty batch, ``discard``, ``c
   A batch leaves at once (the next request of a sequence usually waits for this answer).
 * A sequence ends after its request with ``sequence_end``; it is closed when it idles past
   ``sequenceMaxIdleMSec`` (without it, one of TorchServe's API once idle, as TorchServe drops
-  its job group) or lives past ``sequenceTimeoutMSec``; it fails when its worker dies
+  its job group, and one of Triton's after Triton's default of 1 s), lives past
+  ``sequenceTimeoutMSec``, or waits unbound past a request's ``timeout`` (Triton's backlog,
+  answered 503; the ends: sequence_ends.py); it fails when its worker dies
   or is replaced (the handler's state died with it): its queued requests are answered 503 and
   the id is remembered, so that its next request is refused with the reason, never silently
   run on a fresh state. TorchServe's API reopens an idle-closed id on the same, still living,
@@ -37,11 +39,13 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from torchbay.server.errors import QueueFull, RequestTimeout, TorchbayError
+from torchbay.server.errors import QueueFull, TorchbayError
 from torchbay.server.serving.queue import BatchQueue, Pending, clock, reject, resolve
+from torchbay.server.serving.sequence_ends import SequenceEnds
 from torchbay.server.serving.sequence_types import (
     Ended,
     Sequence,
+    SequenceExpired,
     SequenceLost,
     SequenceRef,
     SequenceRefused,
@@ -50,10 +54,7 @@ from torchbay.server.serving.sequence_types import (
     slot_alive,
 )
 
-__all__ = ["SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
-
-# Ended sequences remembered (to refuse their next request with the reason), oldest forgotten.
-REMEMBERED = 65_536
+__all__ = ["SequenceExpired", "SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
 
 
 def _keyed(ref: SequenceRef) -> SequenceRef:
@@ -63,7 +64,7 @@ def _keyed(ref: SequenceRef) -> SequenceRef:
     return ref if isinstance(ref.id, str) else dataclasses.replace(ref, id=str(ref.id))
 
 
-class SequenceQueue(BatchQueue):
+class SequenceQueue(SequenceEnds, BatchQueue):
     """The sequence scheduler of one model version (see the module docstring)."""
 
     def __init__(
@@ -109,8 +110,14 @@ class SequenceQueue(BatchQueue):
 
     # -- producer side ------------------------------------------------------------------------
 
-    def put(self, item: Pending, ref: SequenceRef | None = None) -> None:
-        """Queue ``item`` on its sequence (None: a sequence of its own, started and ended)."""
+    def put(
+        self, item: Pending, ref: SequenceRef | None = None, timeout_us: int | None = None
+    ) -> None:
+        """Queue ``item`` on its sequence (None: a sequence of its own, started and ended).
+        ``timeout_us`` (the request's ``timeout``): as Triton's, the longest its sequence may
+        wait for a slot (unbound; ``direct``'s lanes all taken, or no live slot): past it the
+        sequence's queued requests are answered 503 and it ends. Only while no slot has
+        room for it (``_backlogged``): with room, Triton gives it a slot at once."""
         if self._closed is not None:
             raise self._closed
         if ref is None:
@@ -132,6 +139,8 @@ class SequenceQueue(BatchQueue):
             )
         elif ref.start:  # a new sequence under its id: its time limit counts from here
             seq.opened, seq.restart = item.arrival, item
+            if seq.ending:
+                self._supersede(seq, item)
         seq.ending = ref.end
         seq.end_request = item if ref.end else None
         seq.items.append(item)
@@ -140,6 +149,10 @@ class SequenceQueue(BatchQueue):
         self._queued += 1
         self._arrivals += 1
         self.watch(item)
+        if timeout_us and seq.slot is None and self._backlogged():
+            expires = item.arrival + timeout_us / 1e6
+            seq.expires = expires if seq.expires is None else min(seq.expires, expires)
+            self._arm()
         self._wake_for(seq)
 
     def _current(self, ref: SequenceRef) -> Sequence | None:
@@ -193,10 +206,16 @@ class SequenceQueue(BatchQueue):
         seq = self._of.pop(item, None)
         if seq is None:
             return False
-        seq.items.remove(item)
+        at = seq.items.index(item)
+        after = seq.items[at + 1] if at + 1 < len(seq.items) else None
+        del seq.items[at]
         self._queued -= 1
         if seq.end_request is item:
             seq.ending, seq.end_request = False, None
+        if seq.superseded:
+            seq.superseded = {s: e for s, e in seq.superseded.items() if e is not item}
+        if item in seq.superseded:
+            self._unsupersede(seq, item, after)
         if not seq.ran and not seq.items and self.open.get(seq.id) is seq:
             del self.open[seq.id]
             self._arm()
@@ -247,6 +266,9 @@ class SequenceQueue(BatchQueue):
             if seq.slot is slot and seq.running:
                 seq.running = False
                 seq.last = now
+                if seq.end_ran:  # the end of a sequence that a start joined: it ended here
+                    seq.end_ran = False
+                    self.ended["end"] += 1
                 if seq.ending and not seq.items:
                     self._end(seq, "has ended", "end")
 
@@ -261,7 +283,7 @@ class SequenceQueue(BatchQueue):
                 return
             if any(self._load(other) < load for other in self._live_slots() if other is not slot):
                 return
-            seq.slot, seq.worker = slot, worker
+            seq.slot, seq.worker, seq.expires = slot, worker, None
             self._watch(worker)
 
     def _watch(self, worker: Any) -> None:
@@ -272,6 +294,18 @@ class SequenceQueue(BatchQueue):
         self._watched.add(worker)
         exited.add_done_callback(lambda _: (self._watched.discard(worker), self._sweep(clock())))
 
+    def _backlogged(self) -> bool:
+        """No live slot has room for another sequence (``direct``: every lane taken; any
+        strategy: no live slot), so that a sequence not yet bound waits in what Triton calls
+        its backlog, where a request's timeout counts. (Triton gives a sequence a slot on its
+        arrival; here a slot with room binds it when it next takes, once its batch is done.)"""
+        room = (
+            s
+            for s in self._live_slots()
+            if self.strategy != "direct" or self._load(s) < self.batch_size
+        )
+        return next(room, None) is None
+
     def _load(self, slot: Any) -> int:
         return sum(1 for seq in self.open.values() if seq.slot is slot)
 
@@ -281,88 +315,20 @@ class SequenceQueue(BatchQueue):
     def _pick(self, slot: Any, now: float) -> list[Pending]:
         ready = [s for s in self.open.values() if s.slot is slot and s.items and not s.running]
         ready.sort(key=lambda s: s.items[0].arrival)
-        batch = []
-        for seq in ready[: self.batch_size]:
-            item = seq.items.popleft()
-            del self._of[item]
-            self._queued -= 1
-            item.dispatched = now
-            seq.running = seq.ran = True
-            batch.append(item)
-        return batch
+        return [self._took(seq, now) for seq in ready[: self.batch_size]]
 
-    # -- ends and timeouts --------------------------------------------------------------------
-
-    def _sweep(self, now: float) -> None:
-        """End the sequences whose limits passed or whose worker is gone; drop the queued
-        requests whose caller left or whose deadline passed."""
-        for seq in list(self.open.values()):
-            if seq.slot is not None and not holds(seq):
-                self._end(seq, "was lost: its worker died or was replaced", "worker")
-            elif self.timeout_s and now - seq.opened >= self.timeout_s:
-                limit = f"{self.timeout_s * 1000:g} ms (sequenceTimeoutMSec)"
-                self._end(seq, f"was closed after its time limit of {limit}", "timeout")
-            elif self._idle(seq) and now - seq.last >= self._idle_limit(seq):
-                limit = f"{self.idle_s * 1000:g} ms (sequenceMaxIdleMSec)"
-                self._end(seq, f"was closed after idling past {limit}", "idle", idle=True)
-            else:
-                self._drop_expired(seq, now)
-        self._arm()
-
-    def _idle(self, seq: Sequence) -> bool:
-        """``seq`` has an idle limit and nothing queued, running or streaming."""
-        has_limit = bool(self.idle_s) or seq.implicit
-        return has_limit and not (seq.items or seq.running or seq.streaming)
-
-    def _idle_limit(self, seq: Sequence) -> float:
-        """Seconds ``seq`` may idle. Without ``sequenceMaxIdleMSec`` a sequence of TorchServe's
-        API closes once idle (TorchServe polls its job group with that 0 ms wait), else every
-        id-less request would hold a place of ``maxNumSequence`` for ever; named again, it
-        reopens on its worker (``_open``)."""
-        return self.idle_s if self.idle_s or not seq.implicit else 0.0
-
-    def _drop_expired(self, seq: Sequence, now: float) -> None:
-        for item in list(seq.items):
-            if item.future.done() or (item.deadline is not None and item.deadline <= now):
-                self._expire(item, now)
-
-    def _expire(self, item: Pending, now: float) -> None:
-        """``item`` waited past its deadline (or its caller left): answered, taken out."""
-        reject(item.future, RequestTimeout("The request waited past its deadline; not run"))
-        self.discard(item)
-
-    def _end(self, seq: Sequence, reason: str, why: str, idle: bool = False, fail: bool = True):
-        """Close ``seq``; its queued requests (if any) are answered with the reason."""
-        self.open.pop(seq.id, None)
-        self.ended[why] += 1
-        for item in list(seq.items):
-            self.discard(item)
-            if fail:
-                error = SequenceLost if why == "worker" else SequenceRefused
-                reject(item.future, error(f"Sequence {seq.id!r} {reason}; not run"))
-        self._ended[seq.id] = Ended(reason, seq.slot, seq.worker, idle)
-        while len(self._ended) > REMEMBERED:
-            self._ended.popitem(last=False)
-        self._wake_all()
-
-    def _arm(self) -> None:
-        """One timer at the earliest idle or total limit of the open sequences."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        limits = []
-        for seq in self.open.values():
-            if self.timeout_s:
-                limits.append(seq.opened + self.timeout_s)
-            if self._idle(seq):
-                limits.append(seq.last + self._idle_limit(seq))
-        if limits:
-            delay = max(0.0, min(limits) - clock()) + 0.001
-            self._timer = asyncio.get_running_loop().call_later(delay, self._sweep_now)
-
-    def _sweep_now(self) -> None:
-        self._timer = None
-        self._sweep(clock())
+    def _took(self, seq: Sequence, now: float) -> Pending:
+        """The head of ``seq``, taken into a batch."""
+        item = seq.items.popleft()
+        del self._of[item]
+        self._queued -= 1
+        item.dispatched = now
+        seq.running = seq.ran = True
+        if item in seq.superseded.values():  # an end that a start joined: counted once answered
+            seq.end_ran = True
+            seq.superseded = {s: e if e is not item else None for s, e in seq.superseded.items()}
+        seq.superseded.pop(item, None)  # a start that runs: the previous sequence is over
+        return item
 
     def _wake_for(self, seq: Sequence) -> None:
         if seq.slot is None:

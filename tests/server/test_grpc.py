@@ -214,6 +214,23 @@ def test_stream_predictions2_answers_each_request_and_carries_errors_in_status(s
     assert not replies[1].prediction
 
 
+def test_stream_predictions2_refuses_a_request_without_a_sequence_id(server, ts) -> None:
+    """As TorchServe 0.12's InferenceImpl: a StreamPredictions2 request with neither a
+    sequence id nor a start flag is answered "Parameter sequenceId is required." in the
+    stream, which goes on. Was: run as a sequence the server named."""
+    stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(server.inference)
+    request = ts.inference_pb2.PredictionsRequest
+    requests = [
+        request(model_name="echo", input={"data": b'{"echo": "a"}'}),
+        request(model_name="echo", input={"data": b'{"echo": "b"}'}, sequence_id="s1"),
+    ]
+    replies = list(stub.StreamPredictions2(iter(requests), metadata=server.ikey, timeout=60))
+    assert len(replies) == 2 and not replies[0].prediction
+    assert replies[0].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert replies[0].status.message == "Parameter sequenceId is required."
+    assert json.loads(replies[1].prediction)["echo"] == "b"
+
+
 @pytest.mark.parametrize(
     ("model", "body", "code", "words"),
     [

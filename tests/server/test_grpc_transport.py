@@ -113,7 +113,7 @@ def test_streams_held_open_do_not_hold_the_stop_for_the_grace(store: Path, ts) -
     )
     predict = ts.inference_pb2_grpc.InferenceAPIsServiceStub(channel).StreamPredictions2
     running = ts.inference_pb2.PredictionsRequest(
-        model_name="echo", input={"data": b'{"sleep": 1.5, "echo": "last"}'}
+        model_name="echo", input={"data": b'{"sleep": 1.5, "echo": "last"}'}, sequence_id="s"
     )
     release, streams, threads = threading.Event(), [], []
     for call, requests in ((oip, [_oip_request()]), (predict, [running])):

@@ -21,6 +21,7 @@ from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending, clock
 from torchbay.server.serving.sequences import (
+    SequenceExpired,
     SequenceLost,
     SequenceQueue,
     SequenceRef,
@@ -167,6 +168,26 @@ def test_an_idle_sequence_is_closed_and_its_next_request_refused():
     assert "idling past 50 ms" in message and "sequenceMaxIdleMSec" in message
 
 
+def test_without_an_idle_limit_a_started_sequence_idles_for_triton_s_default():
+    """No ``sequenceMaxIdleMSec``: a sequence opened with ``sequence_start`` (Triton's API)
+    closes after Triton's default of 1 s idle, freeing its place of ``maxNumSequence``. Was:
+    never, so abandoned sequences kept every place and each new one got 503 for ever."""
+
+    async def scenario() -> tuple[str, float]:
+        q, slot = _queue(max_sequences=1), _Slot()
+        begun = clock()
+        waiting = await _closed_after_one(q, slot, "a", 1, start=True)
+        idled = clock() - begun
+        _put(q, "b", 1, start=True)  # its place is free
+        waiting.cancel()
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, "a", 2)
+        return info.value.message, idled
+
+    message, idled = run(scenario())
+    assert "1000 ms" in message and "Triton's default" in message and idled >= 1.0
+
+
 def test_torchserve_reopens_an_idle_sequence_on_its_living_worker():
     async def scenario() -> bool:
         q, slot = _queue(idle_s=0.05), _Slot()
@@ -175,6 +196,56 @@ def test_torchserve_reopens_an_idle_sequence_on_its_living_worker():
         return q.open["s"].slot is slot and (await waiting)[0].payload == 2
 
     assert run(scenario())
+
+
+def test_a_sequence_waiting_for_a_slot_past_its_request_timeout_is_answered_503():
+    """Triton's ``timeout`` on a sequence model: a sequence that waits for a slot (``direct``:
+    every lane taken) past its request's timeout is rejected UNAVAILABLE, its queued
+    requests with it, and is not open after (a later request needs a start). A bound
+    sequence's requests are not timed out so. Was: the timeout was ignored."""
+
+    async def scenario() -> tuple[str, str, bool, int]:
+        q, slot = _queue(batch_size=1, strategy="direct"), _Slot()
+        held = _put(q, "a", 1, start=True)
+        assert await q.take(slot) == [held]  # a holds the one lane
+        item = Pending(1, asyncio.get_running_loop().create_future(), clock())
+        q.put(item, SequenceRef("b", start=True), timeout_us=50_000)
+        later = _put(q, "b", 2)
+        with pytest.raises(SequenceExpired) as info:
+            await item.future
+        with pytest.raises(SequenceExpired):
+            await later.future
+        with pytest.raises(SequenceRefused) as refused:
+            _put(q, "b", 3)
+        bound = Pending(2, asyncio.get_running_loop().create_future(), clock())
+        q.put(bound, SequenceRef("a"), timeout_us=1)  # a is bound: no timeout applies
+        _answer([held])
+        taken = await q.take(slot)
+        return info.value.message, refused.value.message, taken == [bound], info.value.status
+
+    message, refused, bound_ran, status = run(scenario())
+    assert "timeout" in message and "'b'" in message and status == 503
+    assert "timeout" in refused and bound_ran
+
+
+@pytest.mark.parametrize("strategy", ["oldest", "direct"])
+def test_a_request_timeout_does_not_count_while_a_slot_has_room(strategy: str):
+    """A slot with room for a new sequence (``oldest``: any; ``direct``: a free lane) that is
+    busy with its batch binds it when it next takes: Triton gives such a sequence its slot at
+    once, so its request's timeout does not count (no 503 however long the batch runs)."""
+
+    async def scenario() -> list[object]:
+        q, slot = _queue(batch_size=2, strategy=strategy), _Slot()
+        held = _put(q, "a", 1, start=True)
+        assert await q.take(slot) == [held]  # the slot is busy with a's request
+        item = Pending("b1", asyncio.get_running_loop().create_future(), clock())
+        q.put(item, SequenceRef("b", start=True), timeout_us=1)
+        q._sweep(clock() + 1.0)  # a second later: far past the timeout
+        assert not item.future.done() and "b" in q.open
+        _answer([held])
+        return [i.payload for i in await q.take(slot)]
+
+    assert run(scenario()) == ["b1"]
 
 
 def test_a_sequence_past_its_total_limit_is_closed():
@@ -243,6 +314,62 @@ def test_a_start_for_an_open_id_runs_after_its_queued_requests_on_its_worker():
         return order, taken is restart and not restart.future.done()
 
     assert run(scenario()) == (["a1", "a2", "b1"], True)
+
+
+def test_an_end_that_a_start_joined_counts_its_sequence_as_ended():
+    """An end and the next start under the id, sent without waiting: two sequences, each
+    counted once its end is answered. Was: the first one was never counted (reason=end)."""
+
+    async def scenario() -> list[int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", "a1", start=True)
+        _put(q, "a", "a2", end=True)
+        _put(q, "a", "b1", start=True)
+        counts = []
+        for _ in range(2):
+            _answer(await q.take(slot))
+        waiting = asyncio.ensure_future(q.take(slot))  # a2 answered and released
+        await asyncio.sleep(0)
+        counts.append(q.ended["end"])
+        _put(q, "a", "b2", end=True)
+        _answer(await waiting)  # b1
+        _answer(await q.take(slot))  # b2
+        waiting = asyncio.ensure_future(q.take(slot))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        return [*counts, q.ended["end"]]
+
+    assert run(scenario()) == [1, 2]
+
+
+@pytest.mark.parametrize("end_running", [False, True])
+def test_a_start_that_joined_an_end_and_left_leaves_the_sequence_ended(end_running: bool):
+    """A start that joined an open sequence after its end request, whose caller left while it
+    was queued, never happened: the sequence ends with its end request, as without it. Was:
+    the sequence stayed open (its next request ran on it; its place was kept)."""
+
+    async def scenario() -> tuple[bool, int, str]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", "a1", start=True)
+        _answer(await q.take(slot))
+        end = _put(q, "a", "a2", end=True)
+        if end_running:
+            assert await q.take(slot) == [end]
+        start = _put(q, "a", "b1", start=True)
+        start.future.cancel()  # its caller left (RequestPath.finish)
+        assert q.discard(start)
+        if not end_running:
+            assert await q.take(slot) == [end]
+        _answer([end])
+        waiting = asyncio.ensure_future(q.take(slot))  # releases a2: the sequence ends
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, "a", "a3")
+        return "a" in q.open, q.ended["end"], info.value.message
+
+    is_open, ended, message = run(scenario())
+    assert not is_open and ended == 1 and "has ended" in message
 
 
 def test_a_sequence_queue_is_bounded_and_unstarted_ids_refused():

@@ -7,6 +7,8 @@ stand-ins of test_sequences.py; test_sequences_continuous_live.py runs the real 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from torchbay.server.config.model_keys import split_model_keys
@@ -94,6 +96,34 @@ def test_a_start_queued_before_the_handler_ends_its_sequence_begins_a_new_one():
         return taken + [i.payload for i in await q.take(slot)]
 
     assert run(scenario()) == ["b0", "b1"]
+
+
+@pytest.mark.parametrize("leaves", [False, True])
+def test_a_handler_s_end_before_a_queued_start_counts_and_stands_if_the_start_leaves(leaves):
+    """The handler ends a sequence while a start under its id is queued: that sequence counts
+    as ended (reason end) once its request is answered; should the start's caller leave
+    before it runs, the sequence is over (its next request refused). Was: never counted, and
+    the sequence stayed open without the start."""
+
+    async def scenario() -> tuple[int, bool]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", "a0", start=True)
+        (first,) = await q.take(slot)  # a0 runs
+        start = _put(q, "a", "b0", start=True)
+        q.finish("a")  # the handler ends the sequence a0 belongs to
+        if leaves:
+            start.future.cancel()
+            assert q.discard(start)
+        first.future.set_result(None)
+        waiting = asyncio.ensure_future(q.take(slot))  # releases a0
+        await asyncio.sleep(0)
+        if leaves:
+            with pytest.raises(SequenceRefused):
+                _put(q, "a", "a1")
+        waiting.cancel()
+        return q.ended["end"], "a" in q.open
+
+    assert run(scenario()) == (1, not leaves)
 
 
 def test_a_handler_s_end_header_names_one_sequence_whose_id_holds_a_semicolon():

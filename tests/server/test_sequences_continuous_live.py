@@ -140,12 +140,11 @@ def test_a_cancel_joins_the_call_of_its_sequence_s_streaming_request(server) -> 
 
 
 def _grpc_sequence(ts, stub, numbers: list[bytes]) -> tuple[str, list[str]]:  # noqa: F811
-    """One StreamPredictions2 stream: the first request without an id, the rest with the id
-    its answer named, each sent once the previous one is answered."""
+    """One StreamPredictions2 stream: the first request a start without an id, the rest with
+    the id its answer named, each sent once the previous one is answered."""
     requests: queue.Queue = queue.Queue()
-    requests.put(
-        ts.inference_pb2.PredictionsRequest(model_name="stateful", input={"data": numbers[0]})
-    )
+    start = {"data": numbers[0], "ts_request_sequence_start": b"true"}
+    requests.put(ts.inference_pb2.PredictionsRequest(model_name="stateful", input=start))
     answers: list[str] = []
     sequence_id = ""
     pending = list(numbers[1:])

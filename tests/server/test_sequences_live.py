@@ -10,12 +10,14 @@ beside another of its sequence in one batch would answer a wrong total."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import queue
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -293,8 +295,14 @@ def test_a_worker_that_dies_ends_its_sequences_with_a_clear_error(server) -> Non
 
 
 def test_grpc_without_a_sequence_id_gets_the_one_the_server_made(server, ts) -> None:  # noqa: F811
+    """A start without an id gets the id the server makes; neither an id nor a start is
+    refused, as TorchServe 0.12 refuses it ("Parameter sequenceId is required.")."""
     stub = ts.inference_pb2_grpc.InferenceAPIsServiceStub(server.channel)
-    first = ts.inference_pb2.PredictionsRequest(model_name="stateful", input={"data": b"6"})
+    bare = ts.inference_pb2.PredictionsRequest(model_name="stateful", input={"data": b"6"})
+    (refused,) = list(stub.StreamPredictions2(iter([bare]), timeout=120))
+    assert refused.status.message == "Parameter sequenceId is required."
+    start = {"data": b"6", "ts_request_sequence_start": b"true"}
+    first = ts.inference_pb2.PredictionsRequest(model_name="stateful", input=start)
     (answer,) = list(stub.StreamPredictions2(iter([first]), timeout=120))
     assert answer.sequence_id.startswith("ts-seq-") and answer.prediction == b"6"
     again = ts.inference_pb2.PredictionsRequest(
@@ -367,3 +375,67 @@ def test_an_archive_whose_triton_idle_limit_is_infinite_is_refused_400(
         r = httpx.post(f"{live.management_url}/models", params={"url": "probe.mar"}, timeout=60)
     assert r.status_code == 400, r.text
     assert "sequence_max_idle_ms" in r.json()["message"]
+
+
+def test_without_an_idle_limit_abandoned_oip_sequences_free_their_places(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A model whose model-config.yaml sets no ``sequenceMaxIdleMSec``: an OIP sequence
+    (``sequence_start``) that its client abandons closes after Triton's default idle limit,
+    1 s, so a new sequence is served once the places of ``maxNumSequence`` were all taken,
+    and the abandoned id's next request says why it is refused. Was: never closed, every new
+    sequence a 503 for ever."""
+    root = tmp_path_factory.mktemp("seq-noidle-store")
+    work = tmp_path_factory.mktemp("seq-noidle-build")
+    config = work / "noidle.yaml"
+    config.write_text(
+        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxNumSequence: 2\n"
+        "sequenceBatching: true\nhandler:\n  cache:\n    capacity: 4\n"
+    )
+    archive(root, work, "stateful_noidle", config)
+    with contextlib.contextmanager(served)(root) as server:
+        for sid in ("a", "b"):  # abandoned: never ended
+            r = _v2(server, {"sequence_id": sid, "sequence_start": True}, 1, "stateful_noidle")
+            assert r.status_code == 200, r.text
+        answers: list[httpx.Response] = []
+
+        def served_new() -> bool:
+            params = {"sequence_id": "c", "sequence_start": True}
+            answers.append(_v2(server, params, 5, "stateful_noidle"))
+            if answers[-1].status_code == 503:  # both places still held: retry later
+                time.sleep(0.1)
+            return answers[-1].status_code != 503
+
+        until(served_new, "a new sequence is served", timeout=60)
+        assert answers[-1].status_code == 200, answers[-1].text
+        r = _v2(server, {"sequence_id": "a"}, 2, "stateful_noidle")
+        assert r.status_code == 400 and "Triton's default idle limit" in r.json()["error"]
+
+
+def test_a_sequence_waiting_for_a_slot_past_its_request_timeout_is_answered_503(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Triton's ``timeout`` parameter on a sequence model (``direct``, one lane, held by an
+    open sequence): a new sequence that waits for a slot past its request's timeout is
+    rejected 503 "timeout", as Triton's backlog is UNAVAILABLE; once the lane is free a new
+    start runs. Was: the timeout was ignored and the request waited for the lane."""
+    root = tmp_path_factory.mktemp("seq-timeout-store")
+    work = tmp_path_factory.mktemp("seq-timeout-build")
+    config = work / "direct.yaml"
+    config.write_text(
+        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxNumSequence: 2\n"
+        "sequenceMaxIdleMSec: 60000\nsequenceStrategy: direct\nsequenceBatching: true\n"
+        "handler:\n  cache:\n    capacity: 4\n"
+    )
+    archive(root, work, "stateful_direct", config)
+    with contextlib.contextmanager(served)(root) as server:
+        start = {"sequence_id": "a", "sequence_start": True}
+        assert _v2(server, start, 1, "stateful_direct").status_code == 200  # a holds the lane
+        waits = {"sequence_id": "b", "sequence_start": True, "timeout": 200_000}
+        r = _v2(server, waits, 5, "stateful_direct")
+        assert r.status_code == 503 and "timeout" in r.json()["error"], r.text
+        end = {"sequence_id": "a", "sequence_end": True}
+        assert _v2(server, end, 2, "stateful_direct").status_code == 200  # the lane is free
+        again = {"sequence_id": "b", "sequence_start": True, "sequence_end": True}
+        r = _v2(server, again, 5, "stateful_direct")
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [5], r.text
