@@ -238,16 +238,18 @@ def test_an_integer_id_and_its_text_name_one_sequence(server) -> None:
 
 
 def test_a_start_for_an_open_id_joins_it_as_triton_and_torchserve_do(server) -> None:
-    """A gRPC stream client sends an id's end and its next start without waiting, or restarts
-    a sequence it never ended (Triton: the previous one ends early; TorchServe: its job group
-    takes the request). Both run, in order, on the sequence's worker (the example's handler
-    keeps its total: 1+2+3, then +10, +20; then +5). Was: 400 "already open" for the start,
-    then "has ended" for the rest of the new sequence."""
+    """A gRPC stream client restarts a sequence it never ended (Triton: the previous one ends
+    early; TorchServe: its job group takes the request): the start runs after it, in order, on
+    the sequence's worker (the example's handler keeps its total: +5 on 30 or 36). Or it sends
+    an id's end and its next start without waiting: whether the end is answered before the
+    start arrives is the machine's timing, so the start either joins the sequence (its total
+    goes on: 16) or opens a new one (10); either way every request is answered, in order. Was:
+    400 "already open" for the start, then "has ended" for the rest of the new sequence."""
     answers: queue.Queue = queue.Queue()
     with oip_client(server.live, "grpc") as client:
         client.start_stream(callback=lambda result, error: answers.put((result, error)))
         steps = [(1, True, False), (2, False, False), (3, False, True), (10, True, False)]
-        steps += [(20, False, True), (5, True, False), (5, True, True)]
+        steps += [(20, False, False), (5, True, False), (5, True, True)]  # open: the starts join
         for value, start, end in steps:
             data = triton_grpc.InferInput("data", [1], "BYTES")
             data.set_data_from_numpy(np.array([str(value).encode()], dtype=object))
@@ -258,7 +260,8 @@ def test_a_start_for_an_open_id_joins_it_as_triton_and_torchserve_do(server) -> 
         client.stop_stream()
     assert [error for _, error in got] == [None] * len(steps)
     totals = [int(result.as_numpy("output0").reshape(-1)[0]) for result, _ in got]
-    assert totals == [1, 3, 6, 16, 36, 41, 46]
+    assert totals[:3] == [1, 3, 6] and totals[3] in (10, 16), totals
+    assert totals[4:] == [totals[3] + 20, totals[3] + 25, totals[3] + 30], totals
     r = _v2(server, {"sequence_id": 7007}, 1)
     assert r.status_code == 400 and "has ended" in r.json()["error"], r.text
 
