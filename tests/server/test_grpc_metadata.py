@@ -26,7 +26,7 @@ import tritonclient.grpc as triton
 
 from torchbay.archiver.package import ArchiveOptions, package
 
-from .conftest import LiveServer, make_config, oip_client
+from .conftest import LiveServer, oip_client, running
 from .test_oip import A, B, Sub, sub_inputs
 
 HEADERS = """
@@ -65,16 +65,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     (work / "sub.yaml").write_text(json.dumps(SUB))  # JSON is YAML
     torch.jit.save(torch.jit.script(Sub().eval()), str(work / "sub.pt"))
     (work / "headers.py").write_text(HEADERS)
-    for name, options in (
-        ("sub", {"handler": "tensor", "serialized_file": work / "sub.pt"}),
-        ("headers", {"handler": str(work / "headers.py")}),
-    ):
-        if name == "sub":
-            options["config_file"] = work / "sub.yaml"
+    sub = {
+        "handler": "tensor",
+        "serialized_file": work / "sub.pt",
+        "config_file": work / "sub.yaml",
+    }
+    for name, options in (("sub", sub), ("headers", {"handler": str(work / "headers.py")})):
         package(ArchiveOptions(model_name=name, version="1", export_path=root, **options))
-    live = LiveServer(make_config(root, load_models=["all"])).start()
-    yield live
-    live.stop()
+    with running(root, load_models=["all"]) as live:
+        yield live
 
 
 @pytest.fixture

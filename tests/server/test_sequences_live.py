@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import numpy as np
@@ -380,6 +381,21 @@ def test_an_archive_whose_triton_idle_limit_is_infinite_is_refused_400(
     assert "sequence_max_idle_ms" in r.json()["message"]
 
 
+@contextlib.contextmanager
+def _one_model(factory: pytest.TempPathFactory, name: str, settings: str) -> Iterator[Any]:
+    """A server of the stateful example alone, packed as ``name`` with one worker, batch size
+    1, a handler cache of 4 and ``settings`` (YAML lines) in its model-config.yaml."""
+    root, work = factory.mktemp(f"{name}-store"), factory.mktemp(f"{name}-build")
+    config = work / f"{name}.yaml"
+    config.write_text(
+        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nhandler:\n  cache:\n    capacity: 4\n"
+        + settings
+    )
+    archive(root, work, name, config)
+    with contextlib.contextmanager(served)(root) as server:
+        yield server
+
+
 def test_without_an_idle_limit_abandoned_oip_sequences_free_their_places(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -388,15 +404,8 @@ def test_without_an_idle_limit_abandoned_oip_sequences_free_their_places(
     1 s, so a new sequence is served once the places of ``maxNumSequence`` were all taken,
     and the abandoned id's next request says why it is refused. Was: never closed, every new
     sequence a 503 for ever."""
-    root = tmp_path_factory.mktemp("seq-noidle-store")
-    work = tmp_path_factory.mktemp("seq-noidle-build")
-    config = work / "noidle.yaml"
-    config.write_text(
-        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxNumSequence: 2\n"
-        "sequenceBatching: true\nhandler:\n  cache:\n    capacity: 4\n"
-    )
-    archive(root, work, "stateful_noidle", config)
-    with contextlib.contextmanager(served)(root) as server:
+    config = "maxNumSequence: 2\nsequenceBatching: true\n"
+    with _one_model(tmp_path_factory, "stateful_noidle", config) as server:
         for sid in ("a", "b"):  # abandoned: never ended
             r = _v2(server, {"sequence_id": sid, "sequence_start": True}, 1, "stateful_noidle")
             assert r.status_code == 200, r.text
@@ -422,16 +431,10 @@ def test_a_sequence_waiting_for_a_slot_past_its_request_timeout_is_answered_503(
     open sequence): a new sequence that waits for a slot past its request's timeout is
     rejected 503 "timeout", as Triton's backlog is UNAVAILABLE; once the lane is free a new
     start runs. Was: the timeout was ignored and the request waited for the lane."""
-    root = tmp_path_factory.mktemp("seq-timeout-store")
-    work = tmp_path_factory.mktemp("seq-timeout-build")
-    config = work / "direct.yaml"
-    config.write_text(
-        "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxNumSequence: 2\n"
-        "sequenceMaxIdleMSec: 60000\nsequenceStrategy: direct\nsequenceBatching: true\n"
-        "handler:\n  cache:\n    capacity: 4\n"
-    )
-    archive(root, work, "stateful_direct", config)
-    with contextlib.contextmanager(served)(root) as server:
+    config = "maxNumSequence: 2\nsequenceMaxIdleMSec: 60000\nsequenceStrategy: direct\n"
+    with _one_model(
+        tmp_path_factory, "stateful_direct", config + "sequenceBatching: true\n"
+    ) as server:
         start = {"sequence_id": "a", "sequence_start": True}
         assert _v2(server, start, 1, "stateful_direct").status_code == 200  # a holds the lane
         waits = {"sequence_id": "b", "sequence_start": True, "timeout": 200_000}
