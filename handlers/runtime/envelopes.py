@@ -84,6 +84,12 @@ def decode_json(body: bytes) -> Any:
         raise BadInput(f"body is not valid JSON: {exc}") from exc
 
 
+# The Content-Type parameter with which server/http/kserve_v1.py sends a KServe v1 instance of
+# strings as a form: the handler's row is the instance, its values str as in the JSON (a client's
+# form fields are bytearrays, as TorchServe 0.12 hands them).
+INSTANCE_PARAM = "torchbay-row"
+
+
 class Undecoded(bytearray):
     """A body or file part that its content type says is JSON or text but that does not decode:
     handed to the handler raw, as TorchServe 0.12 hands it (a bytearray); ``reason`` says why,
@@ -122,6 +128,8 @@ def decode_body(body: bytes, content_type: str, decode: bool = True) -> dict[str
     if mime == "application/x-www-form-urlencoded":
         text = bytes(body).decode("latin-1")  # each byte as itself, percent-decoded the same
         fields = parse_qsl(text, keep_blank_values=True, encoding="latin-1")
+        if params.get(INSTANCE_PARAM) == "instance":  # a KServe v1 instance: its strings as sent
+            return {_utf8(k): _utf8(v) for k, v in fields}
         return {_utf8(k): bytearray(v.encode("latin-1")) for k, v in fields}
     return {"body": decode_value(body, mime, params.get("charset"), decode)}
 

@@ -59,6 +59,9 @@ class Listener(Protocol):
 
 # The body is re-encoded here: its framing and its coding headers do not carry over.
 _DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding", b"content-encoding")
+# An instance of strings goes as a form whose values the worker hands over as str, not as the
+# bytearrays of a client's form (handlers/runtime/envelopes.INSTANCE_PARAM).
+_INSTANCE_FORM = b"application/x-www-form-urlencoded; torchbay-row=instance"
 
 
 class KServeV1:
@@ -114,7 +117,7 @@ def encode_instance(instance: Any) -> tuple[bytes, bytes]:
         and all(isinstance(v, str) for v in instance.values())
     ):
         try:
-            return urlencode(instance).encode(), b"application/x-www-form-urlencoded"
+            return urlencode(instance).encode(), _INSTANCE_FORM
         except UnicodeEncodeError:  # a JSON escape of half a UTF-16 pair ("\ud800")
             raise BadRequest(
                 "an instance's text holds a lone surrogate (half of a UTF-16 pair), which is "

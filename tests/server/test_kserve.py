@@ -367,3 +367,20 @@ def test_model_snapshot_from_the_environment_and_metrics_format_is_a_known_key(
     path = _write(tmp_path, "metrics_format=prometheus\n")
     _, notes = load_server_config(ts_config=path, env={}, cli={})
     assert any("ignored TorchServe key 'metrics_format'" in note for note in notes)
+
+
+@pytest.mark.parametrize(
+    "instance", [{"data": "iVBORw0KGgo="}, {"data": "caf\u00e9 + &=%", "target": "3"}]
+)
+def test_a_v1_instance_of_strings_is_the_handlers_row_with_its_strings(instance) -> None:
+    """KServe's image examples send ``{"data": "<base64>"}``: the handler's row is the instance,
+    its values str as in the JSON (the image handler base64-decodes a str), while a client's own
+    form fields are bytearrays, as TorchServe 0.12 hands them. Was: the instance's strings came
+    as bytearrays once form fields did, and every v1 image predict and explain was a 400."""
+    from torchbay.handlers.runtime.envelopes import decode_request
+    from torchbay.server.http.kserve_v1 import encode_instance
+
+    body, content_type = encode_instance(instance)
+    assert decode_request(body, content_type.decode(), "") == instance
+    form = decode_request(body, "application/x-www-form-urlencoded", "")
+    assert form == {k: bytearray(v.encode()) for k, v in instance.items()}
