@@ -2,7 +2,7 @@
 (random bytes) to /predictions/tiny, and the minimum, on a server started here. The tiny handler
 refuses the body with a 500 once the frontend and the worker have it all.
 
-    python results/ab/hunt3-big-body.py N
+    python results/ab/big-body-upload.py N
 
 Needs /tmp/ab/tiny.mar (RESULTS.md, "The third robustness hunt's hot-path changes")."""
 
