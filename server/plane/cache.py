@@ -31,8 +31,8 @@ answer live in the client's memory), a compressed body (``Content-Encoding``: th
 not read it), a non-200 answer, and a request carrying ``Cache-Control: no-store`` (HTTP
 header or gRPC metadata): the switch-off. ``no-cache`` (or ``Pragma: no-cache``) and ``max-age``
 keep a stored answer (or one older than that) from answering: the model runs, and its answer
-replaces it; ``only-if-cached`` is a 504 unless a stored answer answers it (``cache_control.py``:
-RFC 9111's request directives).
+replaces it; ``only-if-cached`` is a 504 unless a stored answer answers it, so always for a
+request never cached (``cache_control.py``: RFC 9111's request directives).
 
 Memory is bounded per version: at most ``maxEntries`` answers and ``maxBytes`` bytes (bodies,
 headers, keys and a fixed overhead per entry), least recently used first out; an answer larger
@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import RequestTimeout
-from torchbay.server.plane.cache_control import Directives
+from torchbay.server.plane.cache_control import UNCACHED, Directives, only_if_cached
 from torchbay.server.plane.cache_ids import with_id, without_id
 from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
@@ -192,9 +192,7 @@ class Lookup:
         self.key, self.oip, rid, max_age, only = keyed
         found = cache.get(self.key, max_age)
         if found is None and only:  # RFC 9111's only-if-cached: 504, the model does not run
-            raise RequestTimeout(
-                "The response cache holds no answer to this request (Cache-Control: only-if-cached)"
-            )
+            raise RequestTimeout(UNCACHED)
         # An OIP answer is held without its id (cache_ids.py): the asking request's is put in.
         self.hit = found if found is None or not self.oip else with_id(found, rid)
         self._counted = counted
@@ -256,15 +254,20 @@ class ResponseCache:
             cache.facts = facts
         return cache
 
-    def lookup(self, mv: ModelVersion, wire: p.WireRequest, path: str) -> Lookup | None:
+    def lookup(
+        self, mv: ModelVersion, wire: p.WireRequest, path: str, cacheable: bool = True
+    ) -> Lookup | None:
         """The look-up of a request to ``mv`` on ``path`` (its URL path or gRPC method), or None
-        when it is not to be cached (see the module docstring). RequestTimeout (504) for a miss
-        that asks ``only-if-cached``."""
+        when it is not to be cached (see the module docstring; ``cacheable`` False: a sequence's).
+        RequestTimeout (504) for a request that asks ``only-if-cached`` and is a miss, or one
+        that a cache of ``mv`` never holds (a stream, a sequence, ``no-store``, a region)."""
         cache = self.of(mv)
-        if cache is None or path.endswith(_STREAMING):
+        if cache is None:
             return None
         started = time.perf_counter()
-        found = keyed(wire)
+        found = keyed(wire) if cacheable and not path.endswith(_STREAMING) else None
+        if found is None and only_if_cached(wire.raw_headers, wire.headers):
+            raise RequestTimeout(UNCACHED)
         return None if found is None else Lookup(mv, cache, found, self._counted, started)
 
     def clear(self, mv: ModelVersion) -> None:

@@ -20,10 +20,11 @@ Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 CACHE_CONTROL = b"cache-control:"
 PRAGMA = b"pragma:"
+UNCACHED = "The response cache holds no answer to this request (Cache-Control: only-if-cached)"
 
 
 class Directives:
@@ -67,6 +68,16 @@ class Directives:
         if self._pragma and not self._control:
             return 0.0
         return self.max_age
+
+
+def only_if_cached(raw: bytes, headers: Mapping[str, str]) -> bool:
+    """Whether a request's HTTP lines (``raw``) or gRPC metadata ask ``only-if-cached``."""
+    said = Directives()
+    for line in raw.split(b"\r\n") if raw else ():
+        said.read(line.lower())
+    for name, value in headers.items():
+        said.read(f"{name}: {value}".lower().encode("utf-8", "replace"))
+    return said.only_if_cached
 
 
 def _split(value: bytes) -> Iterable[tuple[bytes, bytes | None]]:

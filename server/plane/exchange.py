@@ -151,7 +151,7 @@ class Exchange:
             check_ignored(wire, self._max_size())
         # Read before the look-up: a hit is counted at its priority level as any answer.
         schedule = self._leveled(schedule_of(wire, self._max_size()))
-        lookup = self._lookup(wire) if sequence is None else None
+        lookup = self._lookup(wire, sequence is None)
         if lookup is not None and lookup.hit is not None:
             level_of(self.model.queue.levels, schedule)  # the queue's 400, a hit's too
             return self._answered(wire, lookup.hit)
@@ -197,12 +197,13 @@ class Exchange:
                 self.level = levels.level_of(schedule.priority)
         return schedule
 
-    def _lookup(self, wire: p.WireRequest) -> Lookup | None:
+    def _lookup(self, wire: p.WireRequest, cacheable: bool) -> Lookup | None:
         """The cache's look-up of ``wire`` (None: no cache, or not to be cached)."""
         if self.wiring.cache is None:
             return None
         assert self.model is not None
-        return self.wiring.cache.lookup(self.model, wire, str(self.scope.get("path", "")))
+        path = str(self.scope.get("path", ""))
+        return self.wiring.cache.lookup(self.model, wire, path, cacheable)
 
     def _answered(self, wire: p.WireRequest, response: p.WireResponse) -> Item:
         """An item already answered with ``response`` (a cache hit), with nothing to stream

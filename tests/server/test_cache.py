@@ -20,7 +20,7 @@ from torchbay.server.config.model_settings import (
     ResponseCacheConfig,
     check_model_settings,
 )
-from torchbay.server.errors import BadRequest
+from torchbay.server.errors import BadRequest, RequestTimeout
 from torchbay.server.plane.cache import (
     ResponseCache,
     VersionCache,
@@ -264,6 +264,29 @@ def test_streaming_calls_and_disabled_versions_are_not_looked_up() -> None:
     off = _Version()
     off.config = ModelConfig()
     assert cache.lookup(off, _http(), "/v2/models/m/infer") is None  # type: ignore[arg-type]
+
+
+def test_only_if_cached_is_a_504_for_what_the_cache_never_holds() -> None:
+    """A caching version's request that asks ``only-if-cached`` but is never cached (a stream,
+    a sequence's request, ``no-store``, in any case) can have no stored answer: RFC 9111's 504,
+    as for a miss; the model must not run. Without a cache, the directive is not ours."""
+    cache, mv = ResponseCache(), _Version()
+    only = b"Cache-Control: max-age=5, Only-If-Cached"
+    never = [
+        (_http("{}", only), "/v2/models/m/generate_stream", True),
+        (_http("{}", only), "/v2/models/m/infer", False),  # a sequence's request
+        (_http("{}", b"cache-control: no-store, only-if-cached"), "/v2/models/m/infer", True),
+    ]
+    for wire, path, cacheable in never:
+        with pytest.raises(RequestTimeout, match="only-if-cached"):
+            cache.lookup(mv, wire, path, cacheable)  # type: ignore[arg-type]
+    grpc = replace(_http("{}"), headers={"cache-control": "only-if-cached"})
+    with pytest.raises(RequestTimeout):
+        cache.lookup(mv, grpc, "/inference.GRPCInferenceService/ModelStreamInfer")  # type: ignore[arg-type]
+    assert cache.lookup(mv, _http("{}"), "/v2/models/m/generate_stream") is None  # type: ignore[arg-type]
+    off = _Version()
+    off.config = ModelConfig()
+    assert cache.lookup(off, _http("{}", only), "/v2/models/m/infer") is None  # type: ignore[arg-type]
 
 
 def _answer(size: int, status: int = 200, partial: bool = False) -> WireResponse:

@@ -200,9 +200,11 @@ def test_a_request_s_cache_directives_are_honoured_as_rfc_9111_says(server: Live
     assert ran == [1, 2, 3, 3, 4, 4, 4, 5, 6, 5], answers
 
 
-def _post_only_if_cached(server: LiveServer, body: dict[str, Any]) -> None:
+def _post_only_if_cached(
+    server: LiveServer, body: dict[str, Any], path: str = "/predictions/probe"
+) -> None:
     only = {"cache-control": "only-if-cached"}
-    response = httpx.post(f"{server.url}/predictions/probe", json=body, headers=only, timeout=60)
+    response = httpx.post(f"{server.url}{path}", json=body, headers=only, timeout=60)
     assert response.status_code == 504 and "only-if-cached" in response.text, response.text
 
 
@@ -367,6 +369,11 @@ def test_a_streamed_answer_is_never_cached(server: LiveServer) -> None:
     plain = {"plain": 1}  # the same model's answers that do not stream are cached
     _post(server, "/predictions/stream", json=plain)
     assert _posted(server, "stream", "1.0", "/predictions/stream", json=plain) == HIT
+    # A streaming call is never answered from the cache: only-if-cached is its 504, unrun.
+    path, body = "/v2/models/stream/generate_stream", {"text_input": "a b"}
+    unrun = {"hit": 0, "miss": 0, "executed": 0, "success": 0}
+    moved = _moved(server, "stream", "1.0", lambda: _post_only_if_cached(server, body, path))
+    assert {k: moved[k] for k in unrun} == unrun
 
 
 def test_an_oip_answer_that_failed_is_never_a_hit(server: LiveServer) -> None:
