@@ -18,8 +18,10 @@ is still used by that request (the table it carried names it).
 
 As Triton (``--allow-client-shm``), clients may use shared memory only when the operator allows
 it (``allow_client_shm``): a client that registers a region makes the server read from, and
-write into, a memory object of the server's host, so it is off by default. Bounded: at most
-``max_regions`` regions and ``max_bytes`` registered bytes in all, system and CUDA together.
+write into, a memory object of the server's host, so it is off by default (then registering
+and unregistering are Triton's UNSUPPORTED: 501, gRPC UNIMPLEMENTED; status lists no region).
+Bounded: at most ``max_regions`` regions and ``max_bytes`` registered bytes in all, system and
+CUDA together.
 
 CUDA shared memory: the client allocates device memory, exports it as a ``cudaIpcMemHandle_t``
 (64 opaque bytes; base64 over REST) and registers it with its ``device_id`` and ``byte_size``.
@@ -41,7 +43,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchbay.server.errors import AlreadyExists, BadRequest, NotFound
+from torchbay.server.errors import AlreadyExists, BadRequest, NotFound, Unsupported
 from torchbay.server.plane import oip_body
 from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
@@ -56,9 +58,9 @@ IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 RESERVED_PREFIXES = ("triton_python_backend_shm_region_", "torch_")
 # A region named in an OIP request's JSON: the name's JSON string, escapes and all.
 _NAMED = re.compile(rb'"shared_memory_region"\s*:\s*("(?:[^"\\]|\\.)*")')
+# Triton's words (src/common.h kClientShmDisabledErrorStr), with its status: UNSUPPORTED.
 DISABLED = (
-    "Client shared memory is disabled. Start the server with '--allow-client-shm' "
-    "(allow_client_shm=true) to enable."
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 )
 
 
@@ -135,9 +137,9 @@ class SharedMemory:
 
     def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> Region:
         """Register ``byte_size`` bytes at ``offset`` of the POSIX shared-memory object ``key``.
-        400 when client shared memory is off, the name is taken, the arguments are wrong, the
-        object cannot be opened read-write or is smaller than ``offset + byte_size``, or a
-        limit would be passed."""
+        501 (gRPC UNIMPLEMENTED) when client shared memory is off; 400 when the name is taken,
+        the arguments are wrong, the object cannot be opened read-write or is smaller than
+        ``offset + byte_size``, or a limit would be passed."""
         self._may_register(name)
         _given(key=key, byte_size=byte_size)
         key = _key(name, key)
@@ -154,7 +156,8 @@ class SharedMemory:
         """Register ``byte_size`` bytes of device memory on GPU ``device_id``, exported by the
         client as ``raw_handle`` (the 64 bytes of a ``cudaIpcMemHandle_t``: raw over gRPC,
         ``{"b64": ...}`` over REST). 400 when client shared memory is off, this server has no
-        GPU, the name is taken, the arguments are wrong or a limit would be passed. Whether the
+        GPU, the name is taken, the arguments are wrong or a limit would be passed (501 when client
+        shared memory is off). Whether the
         handle opens is known in the worker, at the first request that uses it."""
         self._may_register(name)
         _given(raw_handle=raw_handle)
@@ -189,9 +192,10 @@ class SharedMemory:
 
     def unregister(self, kind: Kind, name: str | None = None) -> None:
         """Forget the region named, or every region of ``kind``; a name that is not registered
-        (or is of the other kind) is not an error, as in Triton."""
+        (or is of the other kind) is not an error, as in Triton; 501 when client shared memory
+        is off."""
         if not self.allow:
-            raise BadRequest(DISABLED)
+            raise Unsupported(DISABLED)
         if name:
             region = self._regions.get(name)
             if region is not None and region.kind == kind:
@@ -239,7 +243,7 @@ class SharedMemory:
 
     def _may_register(self, name: str) -> None:
         if not self.allow:
-            raise BadRequest(DISABLED)
+            raise Unsupported(DISABLED)
         if not name or len(name) > MAX_NAME:
             raise BadRequest(
                 f"'region name' is necessary to register shared memory region (1 to {MAX_NAME} "

@@ -352,12 +352,24 @@ def test_extension_listed_only_when_allowed(server: LiveServer, store: Path) -> 
     assert "system_shared_memory" in grpc_meta.extensions
     with running(store, load_models=[]) as closed:
         assert "system_shared_memory" not in httpx.get(f"{closed.url}/v2").json()["extensions"]
-        client = triton_http.InferenceServerClient(closed.url.removeprefix("http://"))
-        _refused(
-            lambda: client.register_system_shared_memory("r", "/whatever", 8),
-            "Client shared memory is disabled",
+        # Triton (src/common.h, http_server.cc, grpc_server.cc): registering and unregistering
+        # are UNSUPPORTED, HTTP 501 and gRPC UNIMPLEMENTED (were 400 INVALID_ARGUMENT, in other
+        # words); status answers the (empty) list.
+        words = (
+            "Client shared memory is disabled. Start the server with "
+            "'--allow-client-shm=true' to enable."
         )
-        assert client.get_system_shared_memory_status() == []
+        for protocol in ("http", "grpc"):
+            with oip_client(closed, protocol) as client:
+                for call in (
+                    lambda c=client: c.register_system_shared_memory("r", "/whatever", 8),
+                    lambda c=client: c.register_cuda_shared_memory("g", b"\0" * 64, 0, 8),
+                    client.unregister_system_shared_memory,
+                    lambda c=client: c.unregister_cuda_shared_memory("g"),
+                ):
+                    _refused(call, words, 501, "UNIMPLEMENTED")
+                status = client.get_system_shared_memory_status()
+                assert status in ([], {}) or not getattr(status, "regions", None)
 
 
 def test_an_object_made_again_under_the_same_key_is_read_anew(server: LiveServer, http) -> None:
