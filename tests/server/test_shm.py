@@ -252,7 +252,8 @@ def test_requests_naming_a_wrong_region_offset_or_size(
         (
             _inputs(module, "in", size=NBYTES - 4),
             None,
-            "shared_memory_byte_size 60 is not 16 INT32",
+            # Triton's words (core infer_request.cc), were "shared_memory_byte_size 60 is not.."
+            "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60",
         ),
         (_inputs(module, "in"), _outputs(module, "out", size=8), "should be at least 64 bytes"),
     ]

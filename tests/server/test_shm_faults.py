@@ -126,7 +126,7 @@ SPARSE = 1 << 30  # a sparse region of 1 GiB: no memory of the client's, zeros w
 @pytest.mark.parametrize(
     ("datatype", "fragment"),
     [
-        ("INT32", f"shared_memory_byte_size {SPARSE} is not 16 INT32 values"),
+        ("INT32", f"for input 'x' for model 'gate'. Expected 64, got {SPARSE}"),
         ("BYTES", f"{SPARSE - 4} bytes left after 1 BYTES elements"),
     ],
 )
