@@ -390,3 +390,57 @@ def test_an_object_made_again_under_the_same_key_is_read_anew(server: LiveServer
             http.unregister_system_shared_memory("in")
         finally:
             shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        (
+            {"shared_memory_byte_size": NBYTES},
+            "'shared_memory_byte_size' can not be specified without 'shared_memory_region' "
+            "parameter for tensor 'INPUT0'",
+        ),
+        (
+            {"shared_memory_offset": 0},
+            "'shared_memory_offset' can not be specified without 'shared_memory_region' "
+            "parameter for tensor 'INPUT0'",
+        ),
+        (
+            {"shared_memory_region": "in"},
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+            "parameter for tensor 'INPUT0'",
+        ),
+        (
+            {"shared_memory_region": "in", "shared_memory_byte_size": str(NBYTES)},
+            "invalid value type for 'shared_memory_byte_size' parameter for tensor 'INPUT0', "
+            "expected int64_param.",
+        ),
+    ],
+)
+def test_grpc_shared_memory_parameters_are_checked_as_triton_does(
+    server: LiveServer, http, regions, params: dict, words: str
+) -> None:
+    """Triton's gRPC frontend (grpc_utils.h ParseSharedMemoryParams) refuses a tensor whose
+    shared-memory parameters do not go together or are of the wrong type; a size or offset
+    without a region was ignored (the input read from the message), a region without a size
+    was refused in other words."""
+    ip, ip_key = regions("in", 2 * NBYTES)
+    shm.set_shared_memory_region(ip, list(_data()))
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        tensor = request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        tensor.contents.int_contents.extend([1] * 16)
+    first = request.inputs[0]
+    for key, value in params.items():
+        kind = "string_param" if isinstance(value, str) else "int64_param"
+        setattr(first.parameters[key], kind, value)
+    if "shared_memory_region" in params:
+        first.ClearField("contents")
+    port = server.server.state.ports.grpc_inference
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == words
