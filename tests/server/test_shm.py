@@ -444,3 +444,26 @@ def test_grpc_shared_memory_parameters_are_checked_as_triton_does(
             stub.ModelInfer(request, timeout=60)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == words
+
+
+def test_requests_refused_for_their_regions_are_no_executions(
+    server: LiveServer, http, regions
+) -> None:
+    """A request refused for its region (not registered: 404; its size not its shape's: 400)
+    never reaches the model: Triton refuses it before (its frontend, its core's checks), so its
+    statistics count no execution of it (execution_count counted one each)."""
+    ip, ip_key = regions("in", 2 * NBYTES)
+    shm.set_shared_memory_region(ip, list(_data()))
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+
+    def stats() -> tuple[int, int, int]:
+        (entry,) = http.get_inference_statistics("simple")["model_stats"]
+        executed = sum(b["compute_infer"]["count"] for b in entry["batch_stats"])
+        return entry["execution_count"], entry.get("inference_count", 0), executed
+
+    before = stats()
+    _refused(lambda: http.infer("simple", _inputs(triton_http, "nope")), "Unable to find", 404)
+    _refused(lambda: http.infer("simple", _inputs(triton_http, "in", size=NBYTES - 4)), "mismatch")
+    assert stats() == before
+    http.infer("simple", _inputs(triton_http, "in"))
+    assert stats() == (before[0] + 1, before[1] + 1, before[2] + 1)
