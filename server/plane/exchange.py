@@ -81,6 +81,8 @@ class Wiring:
     tracer: Tracer | None = None  # Triton's trace extension (plane/trace.py)
     cache: ResponseCache | None = None  # the response cache (plane/cache.py)
     starting: Callable[[], bool] = lambda: False  # the start-up models are not all in yet
+    # Lets go of the regions ``regions`` held for a request, once its exchange closes.
+    release: Callable[[dict[str, list[Any]]], None] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -99,6 +101,7 @@ class Exchange:
     closed: bool = False
     level: int | None = None  # its 0-based priority level, on a model with levels
     cached: Lookup | None = None  # a cache miss: its answer withdrawn if the protocol failed it
+    held: list[dict[str, list[Any]]] = field(default_factory=list)  # regions, released at close
 
     def __enter__(self) -> Exchange:
         return self
@@ -177,6 +180,8 @@ class Exchange:
         assert self.model is not None
         regions = self.wiring.regions
         table = regions(wire) if regions is not None else None
+        if table:
+            self.held.append(table)
         batch_size = self.model.settings.batch_size
         if table is None and batch_size == 1:
             return wire
@@ -316,6 +321,9 @@ class Exchange:
         if self.closed:
             return
         self.closed = True
+        release = self.wiring.release
+        for table in self.held if release is not None else ():
+            release(table)
         if self.cached is not None and self.status != 200:
             self.cached.withdraw()  # the protocol could not answer it (or its caller left)
         model = self.model

@@ -13,8 +13,9 @@ exists, can be opened read-write and is large enough (``fstat``), and each reque
 entries of the registered regions its JSON names (:meth:`SharedMemory.table_for`) to the
 worker, which reads and writes the object itself, through its file and never a mapping
 (``handlers/runtime/shm.py``: a client that shrinks or removes its object, even during a
-request, gets a 400 and never faults the worker). A region unregistered while a request uses it
-is still used by that request (the table it carried names it).
+request, gets a 400 and never faults the worker). A region unregistered while requests carry it
+stays, as Triton's does (listed, usable, its name taken), until the last of them is answered
+(:meth:`SharedMemory.hold` at admission, :meth:`SharedMemory.release` when the exchange closes).
 
 As Triton (``--allow-client-shm``), clients may use shared memory only when the operator allows
 it (``allow_client_shm``): a client that registers a region makes the server read from, and
@@ -116,6 +117,8 @@ class SharedMemory:
         self._regions: dict[str, Region] = {}
         self._table: dict[str, list[Any]] | None = None  # what requests carry; None: no region
         self._cuda: dict[str, list[Any]] = {}  # its CUDA regions, carried by every request
+        self._uses: dict[str, int] = {}  # requests in flight that carry each region (held)
+        self._leaving: set[str] = set()  # unregistered while in use: gone when the last lets go
 
     # -- status, register, unregister ------------------------------------------------------------
 
@@ -193,16 +196,39 @@ class SharedMemory:
     def unregister(self, kind: Kind, name: str | None = None) -> None:
         """Forget the region named, or every region of ``kind``; a name that is not registered
         (or is of the other kind) is not an error, as in Triton; 501 when client shared memory
-        is off."""
+        is off. A region that requests in flight carry stays (listed, usable, its name taken)
+        until the last of them lets it go (:meth:`release`), as Triton's does."""
         if not self.allow:
             raise Unsupported(DISABLED)
-        if name:
-            region = self._regions.get(name)
-            if region is not None and region.kind == kind:
-                del self._regions[name]
-        else:
-            self._regions = {n: r for n, r in self._regions.items() if r.kind != kind}
+        names = [name] if name else list(self._regions)
+        for n in names:
+            region = self._regions.get(n)
+            if region is None or region.kind != kind:
+                continue
+            if self._uses.get(n):
+                self._leaving.add(n)
+            else:
+                del self._regions[n]
         self._table = None
+
+    def hold(self, wire: p.WireRequest) -> dict[str, list[Any]] | None:
+        """:meth:`table_for` ``wire``, its regions held until :meth:`release` of that table."""
+        table = self.table_for(wire)
+        for name in table or ():
+            self._uses[name] = self._uses.get(name, 0) + 1
+        return table
+
+    def release(self, table: dict[str, list[Any]]) -> None:
+        """A request that :meth:`hold` gave ``table`` is done: a region unregistered meanwhile
+        goes once no request holds it."""
+        for name in table:
+            left = self._uses.pop(name, 1) - 1
+            if left > 0:
+                self._uses[name] = left
+            elif name in self._leaving:
+                self._leaving.discard(name)
+                self._regions.pop(name, None)
+                self._table = None
 
     # -- what a request carries ------------------------------------------------------------------
 

@@ -148,3 +148,39 @@ def test_a_region_larger_than_its_tensor_is_refused_without_reading_it(
     assert fragment in reply.json()["error"]
     assert server.worker_pids() == pids
     assert _peak_mib(server) - peak < 256, "the worker read the whole region"
+
+
+def test_a_region_unregistered_in_use_goes_when_its_request_is_done(
+    server: LiveServer, key: str, tmp_path: Path
+) -> None:
+    """Triton's qa (L0_shared_memory test_unregister_shm_during_inference_*): unregistering a
+    region a request still uses succeeds, but the region stays (listed, usable, its name taken)
+    until its last request is answered, then goes with no second unregister. It went at once:
+    the status listed nothing while the request ran, and the name could be taken again."""
+    handle = shm.create_shared_memory_region("in", key, NBYTES)
+    try:
+        shm.set_shared_memory_region(handle, [np.arange(16, dtype=np.int32)])
+        _register(server, key, NBYTES)
+        log, gate = tmp_path / "log", tmp_path / "gate"
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: answers.append(_infer(server, log=str(log), gate=str(gate)))
+        )
+        sender.start()
+        _wait_for(log)
+        status = f"{server.url}/v2/systemsharedmemory/status"
+        assert httpx.post(f"{server.url}/v2/systemsharedmemory/unregister").status_code == 200
+        assert [r["name"] for r in httpx.get(status).json()] == ["in"]
+        taken = httpx.post(
+            f"{server.url}/v2/systemsharedmemory/region/in/register",
+            json={"key": key, "byte_size": NBYTES},
+        )
+        assert taken.json() == {"error": "shared memory region 'in' already in manager"}
+        gate.touch()
+        sender.join(60)
+        assert answers[0].status_code == 200, answers[0].text
+        assert httpx.get(status).json() == []
+    finally:
+        gate.touch()
+        sender.join(60)
+        shm.destroy_shared_memory_region(handle)
