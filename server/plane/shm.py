@@ -211,17 +211,19 @@ class SharedMemory:
                 del self._regions[n]
         self._table = None
 
-    def hold(self, wire: p.WireRequest) -> dict[str, list[Any]] | None:
-        """:meth:`table_for` ``wire``, its regions held until :meth:`release` of that table."""
-        table = self.table_for(wire)
-        for name in table or ():
+    def hold(self, wire: p.WireRequest) -> tuple[dict[str, list[Any]] | None, tuple[str, ...]]:
+        """:meth:`table_for` ``wire``, and the regions its JSON names, held until
+        :meth:`release` of those names (a CUDA region it carries but does not name, or any
+        region of a body not read plainly, is not held: every request would hold them)."""
+        table, named = self._pick(wire)
+        for name in named:
             self._uses[name] = self._uses.get(name, 0) + 1
-        return table
+        return table, named
 
-    def release(self, table: dict[str, list[Any]]) -> None:
-        """A request that :meth:`hold` gave ``table`` is done: a region unregistered meanwhile
+    def release(self, names: tuple[str, ...]) -> None:
+        """A request that :meth:`hold` gave ``names`` is done: a region unregistered meanwhile
         goes once no request holds it."""
-        for name in table:
+        for name in names:
             left = self._uses.pop(name, 1) - 1
             if left > 0:
                 self._uses[name] = left
@@ -250,20 +252,24 @@ class SharedMemory:
         but those: 4096 regions made each v2 request ~5x slower, whatever it named. A body
         the frontend cannot read plainly (compressed, or with a ``\\u`` escape that may spell
         the name or the key) carries the whole table, as before."""
+        return self._pick(wire)[0]
+
+    def _pick(self, wire: p.WireRequest) -> tuple[dict[str, list[Any]] | None, tuple[str, ...]]:
+        """:meth:`table_for` ``wire``, and the registered regions its JSON plainly names."""
         table = self.table()
         if table is None or oip_body.encoding_of(wire) is not None:
-            return table
+            return table, ()
         if wire.raw_headers.count(b"inference-header-content-length") > 1:
-            return table  # which JSON the worker reads is its business (the last length)
+            return table, ()  # which JSON the worker reads is its business (the last length)
         head = json_header(wire)
         if b"\\u" in head:
-            return table
+            return table, ()
         try:
             named = {json.loads(m) for m in _NAMED.findall(head)}
         except ValueError:  # an escape JSON has not: the worker answers the request's 400
-            return table
+            return table, ()
         picked = {n: table[n] for n in named if n in table}
-        return {**self._cuda, **picked} or None
+        return {**self._cuda, **picked} or None, tuple(picked)
 
     # -- checks ------------------------------------------------------------------------------------
 
