@@ -319,16 +319,23 @@ def test_a_grpc_input_in_a_region_that_also_carries_contents_is_refused(
         tensor.parameters["shared_memory_byte_size"].int64_param = NBYTES
         tensor.parameters["shared_memory_offset"].int64_param = i * NBYTES
     request.inputs[1].contents.int_contents.extend([100] * 16)
+    _grpc_refused(
+        server,
+        request,
+        "unexpected 'content' provided when using shared memory for input tensor 'INPUT1' "
+        "for model 'simple'",
+    )
+
+
+def _grpc_refused(server: LiveServer, request: object, words: str) -> None:
+    """``request`` (a ModelInferRequest built by hand) is INVALID_ARGUMENT, in ``words``."""
     port = server.server.state.ports.grpc_inference
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelInfer(request, timeout=60)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == (
-        "unexpected 'content' provided when using shared memory for input tensor 'INPUT1' "
-        "for model 'simple'"
-    )
+    assert info.value.details() == words
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -437,13 +444,7 @@ def test_grpc_shared_memory_parameters_are_checked_as_triton_does(
         setattr(first.parameters[key], kind, value)
     if "shared_memory_region" in params:
         first.ClearField("contents")
-    port = server.server.state.ports.grpc_inference
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as info:
-            stub.ModelInfer(request, timeout=60)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == words
+    _grpc_refused(server, request, words)
 
 
 def test_requests_refused_for_their_regions_are_no_executions(
