@@ -20,6 +20,9 @@
     ├── InsufficientStorage (507 insufficient_storage)  no room to load a model (SageMaker's
     │                                                   "unload some and retry")
     ├── HandlerFailed (500 handler_error)         the handler raised or broke its contract
+    ├── Unsupported (501 unsupported)             a feature this server was started without
+    │                                             (Triton's UNSUPPORTED: HTTP 501, gRPC
+    │                                             UNIMPLEMENTED), e.g. client shared memory
     ├── StreamNotSupported (501 stream_not_supported)  a streaming handler's answer on an
     │                                             endpoint of one response (OIP infer)
     ├── ServiceUnavailable (503 service_unavailable)
@@ -155,6 +158,13 @@ class InsufficientStorage(TorchbayError):
 
 class HandlerFailed(TorchbayError):
     code = "handler_error"
+
+
+class Unsupported(TorchbayError):
+    """A feature the operator left off (client shared memory without ``allow_client_shm``):
+    Triton's TRITONSERVER_ERROR_UNSUPPORTED, HTTP 501 and gRPC UNIMPLEMENTED."""
+
+    status, code = 501, "unsupported"
 
 
 class StreamNotSupported(TorchbayError):

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..errors import BadInput
+from . import oip_binary
 from .oip_binary import NUMPY_DTYPES
 
 SEAM_ENV = "TORCHBAY_CUDA_IPC"
@@ -114,7 +115,9 @@ def bind(slot: Any, table: Mapping[str, Any] | None) -> Any:
     return dataclasses.replace(slot, owner=HANDLES.get(slot.key, slot.device))
 
 
-def read_input(slot: Any, datatype: str, shape: list[int], name: str) -> torch.Tensor:
+def read_input(
+    slot: Any, datatype: str, shape: list[int], name: str, model: str = ""
+) -> torch.Tensor:
     """The input's tensor over the client's device memory (no copy); 400 for a size that is
     not the shape's, a datatype that cannot lie there, or an offset the datatype cannot use."""
     dtype = DTYPES.get(datatype)
@@ -123,10 +126,7 @@ def read_input(slot: Any, datatype: str, shape: list[int], name: str) -> torch.T
     count = math.prod(shape)
     nbytes = count * dtype.itemsize
     if slot.size != nbytes:
-        raise BadInput(
-            f"input {name!r}: shared_memory_byte_size {slot.size} is not {count} {datatype} "
-            f"values of shape {shape} ({nbytes} bytes)"
-        )
+        raise oip_binary.size_mismatch(name, model, nbytes, slot.size)
     _aligned(slot, dtype.itemsize, name)
     opened = slot.owner
     return seam().tensor_at(opened.ptr, slot.start, nbytes, dtype, shape, opened.device)

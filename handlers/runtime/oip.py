@@ -35,10 +35,12 @@ def parse_request(
     headers: Mapping[str, str],
     max_size: int = DEFAULT_MAX_SIZE,
     regions: shm.Table | None = None,
+    model: str = "",
 ) -> dict[str, Any]:
     """The validated request with an ``"array"`` per input; raises BadInput (413 for a body that
     inflates past ``max_size``). ``regions``: the registered shared-memory regions that inputs
-    and outputs may name (``shm.py``); an output placed in one gets its ``shm.SLOT``."""
+    and outputs may name (``shm.py``); an output placed in one gets its ``shm.SLOT``. ``model``:
+    the name Triton's messages give."""
     body = decode_content(body, headers.get("content-encoding"), max_size)
     header_len = _header_length(headers.get(HEADER_LENGTH), len(body))
     view = memoryview(body)
@@ -48,7 +50,7 @@ def parse_request(
     binary = view[header_len:] if header_len is not None else view[:0]
     offset, names = 0, set()
     for i, tensor in enumerate(request["inputs"]):
-        offset = _decode_input(tensor, i, binary, offset, header_len is not None, regions)
+        offset = _decode_input(tensor, i, binary, offset, header_len is not None, regions, model)
         if tensor["name"] in names:  # as Triton, whatever the model declares
             raise BadInput(f"input {tensor['name']!r} is given twice")
         names.add(tensor["name"])
@@ -128,11 +130,12 @@ def _decode_input(
     offset: int,
     has_header: bool,
     regions: shm.Table | None = None,
+    model: str = "",
 ) -> int:
     """Add ``tensor["array"]``; returns the offset of the next input's binary data."""
     name, datatype, shape = _check_fields(tensor, i)
     if shm.placed(parameters(tensor)):
-        tensor["array"] = shm.read_input(regions, tensor, "data" in tensor)
+        tensor["array"] = shm.read_input(regions, tensor, "data" in tensor, model)
         return offset
     size = parameters(tensor).get("binary_data_size")
     if size is None:
@@ -157,7 +160,8 @@ def _decode_input(
             f"v2 input {name!r}: binary_data_size {size} runs past the end of the body "
             f"({len(binary) - offset} bytes left)"
         )
-    tensor["array"] = oip_binary.from_binary(binary[offset : offset + size], datatype, shape, name)
+    array = oip_binary.from_binary(binary[offset : offset + size], datatype, shape, name, model)
+    tensor["array"] = array
     return offset + size
 
 

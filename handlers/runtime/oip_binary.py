@@ -96,13 +96,16 @@ def _flat_strings(data: Any, name: str) -> list[Any]:
     return flat
 
 
-def from_binary(buffer: memoryview, datatype: str, shape: list[int], name: str) -> np.ndarray:
-    """The array for one tensor's binary data (``buffer`` is exactly its ``binary_data_size``)."""
+def from_binary(
+    buffer: memoryview, datatype: str, shape: list[int], name: str, model: str = ""
+) -> np.ndarray:
+    """The array for one tensor's binary data (``buffer`` is exactly its ``binary_data_size``)
+    of an input of ``model``."""
     count = math.prod(shape)
     if datatype == "BYTES":
         return _bytes_elements(buffer, count, name).reshape(shape)
     dtype = NUMPY_DTYPES[datatype]
-    check_size(len(buffer), datatype, shape, name)
+    check_size(len(buffer), datatype, shape, name, model)
     if datatype == "BOOL":
         raw = np.frombuffer(buffer, dtype=np.uint8)
         if raw.size and raw.max() > 1:
@@ -110,12 +113,10 @@ def from_binary(buffer: memoryview, datatype: str, shape: list[int], name: str) 
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
-def check_size(
-    size: int, datatype: str, shape: list[int], name: str, field: str = "binary_data_size"
-) -> None:
-    """400 unless ``size`` bytes are exactly ``shape``'s values of ``datatype`` (BYTES, of
-    elements of any length, needs at least their 4-byte lengths); ``field`` is the parameter
-    that gave the size (``shared_memory_byte_size`` for a tensor in a region)."""
+def check_size(size: int, datatype: str, shape: list[int], name: str, model: str = "") -> None:
+    """400 unless ``size`` bytes (its ``binary_data_size``, or ``shared_memory_byte_size`` for a
+    tensor in a region) are exactly ``shape``'s values of ``datatype`` (BYTES, of elements of
+    any length, needs at least their 4-byte lengths)."""
     count = math.prod(shape)
     if datatype == "BYTES":
         if count * 4 > size:
@@ -123,10 +124,16 @@ def check_size(
         return
     expected = count * NUMPY_DTYPES[datatype].itemsize
     if size != expected:
-        raise BadInput(
-            f"input {name!r}: {field} {size} is not {count} {datatype} "
-            f"values of shape {shape} ({expected} bytes)"
-        )
+        raise size_mismatch(name, model, expected, size)
+
+
+def size_mismatch(name: str, model: str, expected: int, size: int) -> BadInput:
+    """Triton's words for an input whose bytes are not its shape's (core ``infer_request.cc``:
+    what its clients' scripts match on)."""
+    return BadInput(
+        f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
+        f"got {size}"
+    )
 
 
 def _bytes_elements(buffer: memoryview, count: int, name: str) -> np.ndarray:

@@ -183,8 +183,8 @@ class Service:
         if continuous.continued(request):  # its body was in an earlier call
             return _Job(request, {}, None)
         if request.protocol == "v2":
-            regions = getattr(request, "regions", None)  # WireRequest's; a test's may lack it
-            v2 = oip.parse_request(request.body, request.headers, self.max_request_size, regions)
+            given = (self.max_request_size, getattr(request, "regions", None), self.model_name)
+            v2 = oip.parse_request(request.body, request.headers, *given)
             controls.fill(v2, request.headers, self.controls, self.context)  # START, READY...
             bound = getattr(request, "max_batch", 0)  # Triton's max_batch_size, when declared
             oip.check_signature(v2, self.signature, bound, self.model_name)

@@ -175,7 +175,7 @@ def _write(slot: Slot, data: memoryview) -> None:
         os.close(fd)
 
 
-def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> Any:
+def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool, model: str = "") -> Any:
     """The array of an input in a region (Triton's rule: one of ``data``, ``binary_data_size``
     or ``shared_memory_region``); in a CUDA region, a torch tensor on its GPU, whose slot the
     input keeps (``tensor[SLOT]``) for as long as the request lives."""
@@ -192,12 +192,12 @@ def read_input(table: Table | None, tensor: dict[str, Any], has_data: bool) -> A
         from . import cuda_shm  # torch: only in a worker that is sent a CUDA region
 
         slot = tensor[SLOT] = cuda_shm.bind(slot, table)
-        return cuda_shm.read_input(slot, tensor["datatype"], list(tensor["shape"]), name)
+        return cuda_shm.read_input(slot, tensor["datatype"], list(tensor["shape"]), name, model)
     datatype, shape = tensor["datatype"], list(tensor["shape"])
-    oip_binary.check_size(slot.size, datatype, shape, name, SIZE_FIELD)  # before reading them
+    oip_binary.check_size(slot.size, datatype, shape, name, model)  # before reading them
     if datatype == "BYTES":
         return _read_elements(slot, math.prod(shape), name).reshape(shape)
-    return oip_binary.from_binary(read(slot), datatype, shape, name)
+    return oip_binary.from_binary(read(slot), datatype, shape, name, model)
 
 
 def check_output(table: Table | None, output: dict[str, Any]) -> None:

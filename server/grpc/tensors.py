@@ -93,6 +93,38 @@ def in_shm(tensor: Any) -> bool:
     return "shared_memory_region" in tensor.parameters
 
 
+# A tensor's shared-memory parameters and the InferParameter field each must use (Triton's).
+_SHM_PARAMETERS = (
+    ("shared_memory_region", "string_param"),
+    ("shared_memory_offset", "int64_param"),
+    ("shared_memory_byte_size", "int64_param"),
+)
+
+
+def check_shm_parameters(tensor: Any) -> None:
+    """A request's input or output whose shared-memory parameters do not go together (a size or
+    an offset without a region, a region without a size) or are of the wrong type: Triton's
+    400s, in its words (``grpc_utils.h`` ``ParseSharedMemoryParams``)."""
+    params, name = tensor.parameters, tensor.name
+    for key, kind in _SHM_PARAMETERS:
+        if key not in params:
+            continue
+        if key != "shared_memory_region" and "shared_memory_region" not in params:
+            raise BadRequest(
+                f"'{key}' can not be specified without 'shared_memory_region' parameter for "
+                f"tensor '{name}'"
+            )
+        if params[key].WhichOneof("parameter_choice") != kind:
+            raise BadRequest(
+                f"invalid value type for '{key}' parameter for tensor '{name}', expected {kind}."
+            )
+    if "shared_memory_region" in params and "shared_memory_byte_size" not in params:
+        raise BadRequest(
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+            f"parameter for tensor '{name}'"
+        )
+
+
 def _raw_inputs(request: Any) -> list[bytes]:
     """Each input's bytes in order (empty for one in shared memory): ``raw_input_contents``
     holds those of the other inputs, in order, as Triton's clients send them; without it, each
@@ -152,6 +184,8 @@ def _typed(tensor: Any) -> bytes:
 
 def request_body(request: Any) -> tuple[bytes, int]:
     """A ``ModelInferRequest`` as the binary-extension body; (body, JSON header length)."""
+    for tensor in (*request.inputs, *request.outputs):
+        check_shm_parameters(tensor)
     raw = _raw_inputs(request)
     params = parameters_json(request.parameters)
     params["binary_data_output"] = True

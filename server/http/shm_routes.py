@@ -73,7 +73,7 @@ def _family(
             path,
             f"{prefix}_{op}",
             summary,
-            (401, 404) if op == "status" else (400, 401),  # 404: no such region (Triton's)
+            (401, 404) if op == "status" else (400, 401, 501),  # 404: no such region; 501: off
             kw.pop("answers", OK),
             oip=True,
             auth=True,

@@ -19,7 +19,9 @@ What each field counts (Triton's meanings, on torchbay's parts):
   also one ``success`` and one ``queue`` (no time), with no compute, execution or inference;
 * ``inference_count``: successful requests a worker ran (a cache hit is none, as Triton's
   count leaves hits out; torchbay does not look inside a request for its batch dimension);
-  ``execution_count``: batches executed; ``batch_stats``: per batch size,
+  ``execution_count``: batches executed (a batch whose every request the worker refused
+  before the handler ran, for its input or its shared-memory region, is none: Triton refuses
+  those before the model); ``batch_stats``: per batch size,
   the executions and their stage times; ``last_inference``: ms since the epoch.
 
 Statistics live as long as the version: a version loaded again starts from zero. Torch-free.
@@ -151,6 +153,8 @@ class OipStats(Observer):
     def batch_done(self, model: ModelVersion, record: BatchRecord) -> None:
         if not record.inference:  # a management describe's: no execution of Triton's
             return
+        if "handler" not in record.timings_ms:
+            return  # every request was refused before the handler (its input, its region)
         stats = self.of(model)
         stats.execution_count += 1
         per_batch = stats.batches.get(record.size)

@@ -63,8 +63,9 @@ if TYPE_CHECKING:
 Scope = MutableMapping[str, Any]
 Item = Pending[p.WireRequest, p.WireResponse]
 RecordFn = Callable[[RequestRecord], None]  # the plane's recorder (metrics, statistics, access)
-# The registered shared-memory regions a v2 request carries to its worker (plane/shm.py).
-RegionsFn = Callable[[p.WireRequest], "dict[str, list[Any]] | None"]
+# The registered shared-memory regions a v2 request carries to its worker (plane/shm.py), and the
+# ones it names, held until ``Wiring.release``.
+RegionsFn = Callable[[p.WireRequest], "tuple[dict[str, list[Any]] | None, tuple[str, ...]]"]
 log = logging.getLogger("torchbay.trace")
 # The status recorded for a caller that left (a gRPC cancel or deadline, an HTTP disconnect)
 # before its answer.
@@ -81,6 +82,8 @@ class Wiring:
     tracer: Tracer | None = None  # Triton's trace extension (plane/trace.py)
     cache: ResponseCache | None = None  # the response cache (plane/cache.py)
     starting: Callable[[], bool] = lambda: False  # the start-up models are not all in yet
+    # Lets go of the regions ``regions`` held for a request, once its exchange closes.
+    release: Callable[[tuple[str, ...]], None] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -99,6 +102,7 @@ class Exchange:
     closed: bool = False
     level: int | None = None  # its 0-based priority level, on a model with levels
     cached: Lookup | None = None  # a cache miss: its answer withdrawn if the protocol failed it
+    held: list[tuple[str, ...]] = field(default_factory=list)  # regions, released at close
 
     def __enter__(self) -> Exchange:
         return self
@@ -176,7 +180,9 @@ class Exchange:
         runs alone, whatever its batch dimension: a limit nobody declared is not enforced)."""
         assert self.model is not None
         regions = self.wiring.regions
-        table = regions(wire) if regions is not None else None
+        table, named = regions(wire) if regions is not None else (None, ())
+        if named:
+            self.held.append(named)
         batch_size = self.model.settings.batch_size
         if table is None and batch_size == 1:
             return wire
@@ -317,6 +323,9 @@ class Exchange:
         if self.closed:
             return
         self.closed = True
+        release = self.wiring.release
+        for names in self.held if release is not None else ():
+            release(names)
         if self.cached is not None and self.status != 200:
             self.cached.withdraw()  # the protocol could not answer it (or its caller left)
         model = self.model

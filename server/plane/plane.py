@@ -121,10 +121,11 @@ class DataPlane:
         self.wiring = Wiring(
             registry,
             self.record,
-            self.shm.table_for,
+            self.shm.hold,
             self.tracer,
             self.cache,
             lambda: self.starting,
+            self.shm.release,
         )
 
     # -- requests -------------------------------------------------------------------------------

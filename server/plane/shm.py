@@ -13,13 +13,16 @@ exists, can be opened read-write and is large enough (``fstat``), and each reque
 entries of the registered regions its JSON names (:meth:`SharedMemory.table_for`) to the
 worker, which reads and writes the object itself, through its file and never a mapping
 (``handlers/runtime/shm.py``: a client that shrinks or removes its object, even during a
-request, gets a 400 and never faults the worker). A region unregistered while a request uses it
-is still used by that request (the table it carried names it).
+request, gets a 400 and never faults the worker). A region unregistered while requests carry it
+stays, as Triton's does (listed, usable, its name taken), until the last of them is answered
+(:meth:`SharedMemory.hold` at admission, :meth:`SharedMemory.release` when the exchange closes).
 
 As Triton (``--allow-client-shm``), clients may use shared memory only when the operator allows
 it (``allow_client_shm``): a client that registers a region makes the server read from, and
-write into, a memory object of the server's host, so it is off by default. Bounded: at most
-``max_regions`` regions and ``max_bytes`` registered bytes in all, system and CUDA together.
+write into, a memory object of the server's host, so it is off by default (then registering
+and unregistering are Triton's UNSUPPORTED: 501, gRPC UNIMPLEMENTED; status lists no region).
+Bounded: at most ``max_regions`` regions and ``max_bytes`` registered bytes in all, system and
+CUDA together.
 
 CUDA shared memory: the client allocates device memory, exports it as a ``cudaIpcMemHandle_t``
 (64 opaque bytes; base64 over REST) and registers it with its ``device_id`` and ``byte_size``.
@@ -41,7 +44,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchbay.server.errors import AlreadyExists, BadRequest, NotFound
+from torchbay.server.errors import AlreadyExists, BadRequest, NotFound, Unsupported
 from torchbay.server.plane import oip_body
 from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
@@ -56,9 +59,9 @@ IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 RESERVED_PREFIXES = ("triton_python_backend_shm_region_", "torch_")
 # A region named in an OIP request's JSON: the name's JSON string, escapes and all.
 _NAMED = re.compile(rb'"shared_memory_region"\s*:\s*("(?:[^"\\]|\\.)*")')
+# Triton's words (src/common.h kClientShmDisabledErrorStr), with its status: UNSUPPORTED.
 DISABLED = (
-    "Client shared memory is disabled. Start the server with '--allow-client-shm' "
-    "(allow_client_shm=true) to enable."
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 )
 
 
@@ -114,6 +117,8 @@ class SharedMemory:
         self._regions: dict[str, Region] = {}
         self._table: dict[str, list[Any]] | None = None  # what requests carry; None: no region
         self._cuda: dict[str, list[Any]] = {}  # its CUDA regions, carried by every request
+        self._uses: dict[str, int] = {}  # requests in flight that carry each region (held)
+        self._leaving: set[str] = set()  # unregistered while in use: gone when the last lets go
 
     # -- status, register, unregister ------------------------------------------------------------
 
@@ -135,9 +140,9 @@ class SharedMemory:
 
     def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> Region:
         """Register ``byte_size`` bytes at ``offset`` of the POSIX shared-memory object ``key``.
-        400 when client shared memory is off, the name is taken, the arguments are wrong, the
-        object cannot be opened read-write or is smaller than ``offset + byte_size``, or a
-        limit would be passed."""
+        501 (gRPC UNIMPLEMENTED) when client shared memory is off; 400 when the name is taken,
+        the arguments are wrong, the object cannot be opened read-write or is smaller than
+        ``offset + byte_size``, or a limit would be passed."""
         self._may_register(name)
         _given(key=key, byte_size=byte_size)
         key = _key(name, key)
@@ -154,7 +159,8 @@ class SharedMemory:
         """Register ``byte_size`` bytes of device memory on GPU ``device_id``, exported by the
         client as ``raw_handle`` (the 64 bytes of a ``cudaIpcMemHandle_t``: raw over gRPC,
         ``{"b64": ...}`` over REST). 400 when client shared memory is off, this server has no
-        GPU, the name is taken, the arguments are wrong or a limit would be passed. Whether the
+        GPU, the name is taken, the arguments are wrong or a limit would be passed (501 when client
+        shared memory is off). Whether the
         handle opens is known in the worker, at the first request that uses it."""
         self._may_register(name)
         _given(raw_handle=raw_handle)
@@ -189,16 +195,42 @@ class SharedMemory:
 
     def unregister(self, kind: Kind, name: str | None = None) -> None:
         """Forget the region named, or every region of ``kind``; a name that is not registered
-        (or is of the other kind) is not an error, as in Triton."""
+        (or is of the other kind) is not an error, as in Triton; 501 when client shared memory
+        is off. A region that requests in flight carry stays (listed, usable, its name taken)
+        until the last of them lets it go (:meth:`release`), as Triton's does."""
         if not self.allow:
-            raise BadRequest(DISABLED)
-        if name:
-            region = self._regions.get(name)
-            if region is not None and region.kind == kind:
-                del self._regions[name]
-        else:
-            self._regions = {n: r for n, r in self._regions.items() if r.kind != kind}
+            raise Unsupported(DISABLED)
+        names = [name] if name else list(self._regions)
+        for n in names:
+            region = self._regions.get(n)
+            if region is None or region.kind != kind:
+                continue
+            if self._uses.get(n):
+                self._leaving.add(n)
+            else:
+                del self._regions[n]
         self._table = None
+
+    def hold(self, wire: p.WireRequest) -> tuple[dict[str, list[Any]] | None, tuple[str, ...]]:
+        """:meth:`table_for` ``wire``, and the regions its JSON names, held until
+        :meth:`release` of those names (a CUDA region it carries but does not name, or any
+        region of a body not read plainly, is not held: every request would hold them)."""
+        table, named = self._pick(wire)
+        for name in named:
+            self._uses[name] = self._uses.get(name, 0) + 1
+        return table, named
+
+    def release(self, names: tuple[str, ...]) -> None:
+        """A request that :meth:`hold` gave ``names`` is done: a region unregistered meanwhile
+        goes once no request holds it."""
+        for name in names:
+            left = self._uses.pop(name, 1) - 1
+            if left > 0:
+                self._uses[name] = left
+            elif name in self._leaving:
+                self._leaving.discard(name)
+                self._regions.pop(name, None)
+                self._table = None
 
     # -- what a request carries ------------------------------------------------------------------
 
@@ -220,26 +252,30 @@ class SharedMemory:
         but those: 4096 regions made each v2 request ~5x slower, whatever it named. A body
         the frontend cannot read plainly (compressed, or with a ``\\u`` escape that may spell
         the name or the key) carries the whole table, as before."""
+        return self._pick(wire)[0]
+
+    def _pick(self, wire: p.WireRequest) -> tuple[dict[str, list[Any]] | None, tuple[str, ...]]:
+        """:meth:`table_for` ``wire``, and the registered regions its JSON plainly names."""
         table = self.table()
         if table is None or oip_body.encoding_of(wire) is not None:
-            return table
+            return table, ()
         if wire.raw_headers.count(b"inference-header-content-length") > 1:
-            return table  # which JSON the worker reads is its business (the last length)
+            return table, ()  # which JSON the worker reads is its business (the last length)
         head = json_header(wire)
         if b"\\u" in head:
-            return table
+            return table, ()
         try:
             named = {json.loads(m) for m in _NAMED.findall(head)}
         except ValueError:  # an escape JSON has not: the worker answers the request's 400
-            return table
+            return table, ()
         picked = {n: table[n] for n in named if n in table}
-        return {**self._cuda, **picked} or None
+        return {**self._cuda, **picked} or None, tuple(picked)
 
     # -- checks ------------------------------------------------------------------------------------
 
     def _may_register(self, name: str) -> None:
         if not self.allow:
-            raise BadRequest(DISABLED)
+            raise Unsupported(DISABLED)
         if not name or len(name) > MAX_NAME:
             raise BadRequest(
                 f"'region name' is necessary to register shared memory region (1 to {MAX_NAME} "

@@ -85,7 +85,11 @@ def test_binary_inputs_are_views_of_the_body() -> None:
 @pytest.mark.parametrize(
     ("tensors", "extra", "message"),
     [
-        ([("a", "FP32", [2], b"\0" * 4)], b"", "is not 2 FP32 values"),
+        (
+            [("a", "FP32", [2], b"\0" * 4)],
+            b"",
+            "input byte size mismatch for input 'a' .*Expected 8, got 4",
+        ),
         ([("a", "FP32", [1], b"\0" * 4)], b"!", "add up to 4"),
         ([("a", "BOOL", [2], b"\x01\x02")], b"", "0 or 1"),
         ([("s", "BYTES", [1], struct.pack("<I", 5) + b"abc")], b"", "runs past"),

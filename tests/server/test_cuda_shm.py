@@ -227,7 +227,11 @@ def test_requests_naming_a_wrong_region_offset_size_or_handle(
     cases = [
         (_inputs(module, "in", offset=2 * NBYTES), None, "Invalid offset for shared memory"),
         (_inputs(module, "in", offset=NBYTES + 4), None, "Invalid offset + byte size"),
-        (_inputs(module, "in", size=NBYTES - 4), None, "shared_memory_byte_size 60 is not 16"),
+        (
+            _inputs(module, "in", size=NBYTES - 4),
+            None,
+            "'INPUT0' for model 'simple'. Expected 64, got 60",
+        ),
         (_inputs(module, "in", offset=2), None, "is not a multiple of the datatype's 4-byte"),
         (_inputs(module, "in"), _outputs(module, "out", size=8), "should be at least 64 bytes"),
         (_inputs(module, "dead"), None, "Unable to open CUDA shared memory handle"),

@@ -252,7 +252,8 @@ def test_requests_naming_a_wrong_region_offset_or_size(
         (
             _inputs(module, "in", size=NBYTES - 4),
             None,
-            "shared_memory_byte_size 60 is not 16 INT32",
+            # Triton's words (core infer_request.cc), were "shared_memory_byte_size 60 is not.."
+            "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60",
         ),
         (_inputs(module, "in"), _outputs(module, "out", size=8), "should be at least 64 bytes"),
     ]
@@ -318,16 +319,23 @@ def test_a_grpc_input_in_a_region_that_also_carries_contents_is_refused(
         tensor.parameters["shared_memory_byte_size"].int64_param = NBYTES
         tensor.parameters["shared_memory_offset"].int64_param = i * NBYTES
     request.inputs[1].contents.int_contents.extend([100] * 16)
+    _grpc_refused(
+        server,
+        request,
+        "unexpected 'content' provided when using shared memory for input tensor 'INPUT1' "
+        "for model 'simple'",
+    )
+
+
+def _grpc_refused(server: LiveServer, request: object, words: str) -> None:
+    """``request`` (a ModelInferRequest built by hand) is INVALID_ARGUMENT, in ``words``."""
     port = server.server.state.ports.grpc_inference
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelInfer(request, timeout=60)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == (
-        "unexpected 'content' provided when using shared memory for input tensor 'INPUT1' "
-        "for model 'simple'"
-    )
+    assert info.value.details() == words
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -352,12 +360,24 @@ def test_extension_listed_only_when_allowed(server: LiveServer, store: Path) -> 
     assert "system_shared_memory" in grpc_meta.extensions
     with running(store, load_models=[]) as closed:
         assert "system_shared_memory" not in httpx.get(f"{closed.url}/v2").json()["extensions"]
-        client = triton_http.InferenceServerClient(closed.url.removeprefix("http://"))
-        _refused(
-            lambda: client.register_system_shared_memory("r", "/whatever", 8),
-            "Client shared memory is disabled",
+        # Triton (src/common.h, http_server.cc, grpc_server.cc): registering and unregistering
+        # are UNSUPPORTED, HTTP 501 and gRPC UNIMPLEMENTED (were 400 INVALID_ARGUMENT, in other
+        # words); status answers the (empty) list.
+        words = (
+            "Client shared memory is disabled. Start the server with "
+            "'--allow-client-shm=true' to enable."
         )
-        assert client.get_system_shared_memory_status() == []
+        for protocol in ("http", "grpc"):
+            with oip_client(closed, protocol) as client:
+                for call in (
+                    lambda c=client: c.register_system_shared_memory("r", "/whatever", 8),
+                    lambda c=client: c.register_cuda_shared_memory("g", b"\0" * 64, 0, 8),
+                    client.unregister_system_shared_memory,
+                    lambda c=client: c.unregister_cuda_shared_memory("g"),
+                ):
+                    _refused(call, words, 501, "UNIMPLEMENTED")
+                status = client.get_system_shared_memory_status()
+                assert status in ([], {}) or not getattr(status, "regions", None)
 
 
 def test_an_object_made_again_under_the_same_key_is_read_anew(server: LiveServer, http) -> None:
@@ -377,3 +397,74 @@ def test_an_object_made_again_under_the_same_key_is_read_anew(server: LiveServer
             http.unregister_system_shared_memory("in")
         finally:
             shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        (
+            {"shared_memory_byte_size": NBYTES},
+            "'shared_memory_byte_size' can not be specified without 'shared_memory_region' "
+            "parameter for tensor 'INPUT0'",
+        ),
+        (
+            {"shared_memory_offset": 0},
+            "'shared_memory_offset' can not be specified without 'shared_memory_region' "
+            "parameter for tensor 'INPUT0'",
+        ),
+        (
+            {"shared_memory_region": "in"},
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+            "parameter for tensor 'INPUT0'",
+        ),
+        (
+            {"shared_memory_region": "in", "shared_memory_byte_size": str(NBYTES)},
+            "invalid value type for 'shared_memory_byte_size' parameter for tensor 'INPUT0', "
+            "expected int64_param.",
+        ),
+    ],
+)
+def test_grpc_shared_memory_parameters_are_checked_as_triton_does(
+    server: LiveServer, http, regions, params: dict, words: str
+) -> None:
+    """Triton's gRPC frontend (grpc_utils.h ParseSharedMemoryParams) refuses a tensor whose
+    shared-memory parameters do not go together or are of the wrong type; a size or offset
+    without a region was ignored (the input read from the message), a region without a size
+    was refused in other words."""
+    ip, ip_key = regions("in", 2 * NBYTES)
+    shm.set_shared_memory_region(ip, list(_data()))
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        tensor = request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        tensor.contents.int_contents.extend([1] * 16)
+    first = request.inputs[0]
+    for key, value in params.items():
+        kind = "string_param" if isinstance(value, str) else "int64_param"
+        setattr(first.parameters[key], kind, value)
+    if "shared_memory_region" in params:
+        first.ClearField("contents")
+    _grpc_refused(server, request, words)
+
+
+def test_requests_refused_for_their_regions_are_no_executions(
+    server: LiveServer, http, regions
+) -> None:
+    """A request refused for its region (not registered: 404; its size not its shape's: 400)
+    never reaches the model: Triton refuses it before (its frontend, its core's checks), so its
+    statistics count no execution of it (execution_count counted one each)."""
+    ip, ip_key = regions("in", 2 * NBYTES)
+    shm.set_shared_memory_region(ip, list(_data()))
+    http.register_system_shared_memory("in", ip_key, 2 * NBYTES)
+
+    def stats() -> tuple[int, int, int]:
+        (entry,) = http.get_inference_statistics("simple")["model_stats"]
+        executed = sum(b["compute_infer"]["count"] for b in entry["batch_stats"])
+        return entry["execution_count"], entry.get("inference_count", 0), executed
+
+    before = stats()
+    _refused(lambda: http.infer("simple", _inputs(triton_http, "nope")), "Unable to find", 404)
+    _refused(lambda: http.infer("simple", _inputs(triton_http, "in", size=NBYTES - 4)), "mismatch")
+    assert stats() == before
+    http.infer("simple", _inputs(triton_http, "in"))
+    assert stats() == (before[0] + 1, before[1] + 1, before[2] + 1)

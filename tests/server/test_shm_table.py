@@ -93,3 +93,26 @@ def test_a_register_body_without_a_field_says_which_in_tritons_words(registry) -
     with pytest.raises(BadRequest) as info:
         registry.register_cuda("new", None, 0, 8)
     assert info.value.message == "Shared memory register request has no 'raw_handle' field"
+
+
+def test_a_region_is_held_only_by_the_requests_that_name_it(registry) -> None:
+    """Unregistering a region that a request in flight names keeps it until that request lets
+    go (Triton's in-use regions); the CUDA regions every request carries, and a body not read
+    plainly, hold nothing: under load they would never go."""
+    table, held = registry.hold(_request({"inputs": [_tensor("x", "r1")]}))
+    assert set(table) == {"r1", "gpu"} and held == ("r1",)
+    packed = _request({"inputs": [_tensor("x", "r2")]}, b"content-encoding: gzip")
+    packed = WireRequest(
+        "2",
+        gzip.compress(packed.body),
+        packed.content_type,
+        protocol="v2",
+        raw_headers=packed.raw_headers,
+    )
+    assert registry.hold(packed)[1] == ()
+    registry.unregister("cuda")
+    registry.unregister("system")
+    assert [r["name"] for r in registry.status("system")] == ["r1"]
+    assert registry.status("cuda") == []
+    registry.release(held)
+    assert registry.status("system") == [] and registry.table() is None
