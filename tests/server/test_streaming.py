@@ -8,10 +8,13 @@ a gate file after sending part 1, and the test creates that file only after read
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import time
+import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +219,51 @@ def test_generate_body_must_be_a_json_object(server: LiveServer, path: str) -> N
         f"{server.url}/v2/models/stream/generate", content=b'\n {"text_input": "a"}'
     )
     assert spaced.status_code == 200 and spaced.json()["text_output"] == "a"
+
+
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_a_compressed_generate_body_must_be_a_json_object_too(
+    server: LiveServer, path: str
+) -> None:
+    # A gzip or deflate body skipped the check: its broken JSON reached the handler raw (200)
+    url = f"{server.url}/v2/models/stream/{path}"
+    for body in (b"{not json", b"[1, 2]", b'{"text_input": "a"'):
+        for coding, packed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+            answer = httpx.post(url, content=packed, headers={"content-encoding": coding})
+            assert answer.status_code == 400, (body, coding)
+            assert answer.json() == {"error": "The generate request body must be a JSON object"}
+    good = gzip.compress(b'{"text_input": "a b"}')
+    answer = httpx.post(url, content=good, headers={"content-encoding": "gzip"})
+    assert answer.status_code == 200 and "a " in answer.text
+
+
+def test_a_large_generate_body_does_not_hold_the_event_loop(server: LiveServer) -> None:
+    """The generate route parsed its JSON on the frontend's event loop: a body of
+    max_request_size (6.5 MB of small arrays) held every other request for the whole parse."""
+    body = b'{"a": [' + b",".join([b"[]"] * 2_000_000) + b"]}"
+    started = time.perf_counter()
+    json.loads(body)
+    parse_s = time.perf_counter() - started  # what the frontend spent before any await
+    with httpx.Client(timeout=120) as client:
+        client.get(f"{server.url}/v2/health/live")
+        slowest, done = 0.0, []
+
+        def probe() -> None:
+            nonlocal slowest
+            while not done:
+                sent = time.perf_counter()
+                client.get(f"{server.url}/v2/health/live")
+                slowest = max(slowest, time.perf_counter() - sent)
+
+        with ThreadPoolExecutor(1) as pool:
+            probing = pool.submit(probe)
+            answer = httpx.post(
+                f"{server.url}/v2/models/stream/generate", content=body, timeout=120
+            )
+            done.append(True)
+            probing.result()
+    assert answer.status_code == 200 and answer.json()["plain"] is True
+    assert slowest < max(parse_s / 2, 0.1), (slowest, parse_s)
 
 
 def test_response_timeout_bounds_each_part_not_the_stream(server: LiveServer) -> None:
