@@ -43,6 +43,38 @@ def ran_ids(log: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
+def slowest_probe(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float]:
+    """``action()``'s result, and the slowest of the GETs of ``probe_url`` sent one after
+    another while it ran (seconds): how long the server held its other requests meanwhile
+    (a parse on its event loop holds them all)."""
+    done = threading.Event()
+    slowest = [0.0]
+
+    def probe() -> None:
+        with httpx.Client(timeout=300) as client:
+            client.get(probe_url)
+            while not done.is_set():
+                sent = time.perf_counter()
+                client.get(probe_url)
+                slowest[0] = max(slowest[0], time.perf_counter() - sent)
+
+    thread = threading.Thread(target=probe, name="slowest-probe", daemon=True)
+    thread.start()
+    try:
+        result = action()
+    finally:
+        done.set()
+        thread.join(300)
+    return result, slowest[0]
+
+
+def parse_seconds(parse: Callable[[], Any]) -> float:
+    """How long ``parse()`` takes in this process (the yardstick of :func:`slowest_probe`)."""
+    started = time.perf_counter()
+    parse()
+    return time.perf_counter() - started
+
+
 class LiveServer:
     """A TorchbayServer running in a background thread with its own event loop."""
 

@@ -14,7 +14,6 @@ import socket
 import time
 import zlib
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.server.serving import protocol as p
 
-from .conftest import ASSETS, LiveServer, build_store, make_config
+from .conftest import (
+    ASSETS,
+    LiveServer,
+    build_store,
+    make_config,
+    parse_seconds,
+    slowest_probe,
+)
 
 
 @pytest.fixture(scope="module")
@@ -241,27 +247,11 @@ def test_a_large_generate_body_does_not_hold_the_event_loop(server: LiveServer) 
     """The generate route parsed its JSON on the frontend's event loop: a body of
     max_request_size (6.5 MB of small arrays) held every other request for the whole parse."""
     body = b'{"a": [' + b",".join([b"[]"] * 2_000_000) + b"]}"
-    started = time.perf_counter()
-    json.loads(body)
-    parse_s = time.perf_counter() - started  # what the frontend spent before any await
-    with httpx.Client(timeout=120) as client:
-        client.get(f"{server.url}/v2/health/live")
-        slowest, done = 0.0, []
-
-        def probe() -> None:
-            nonlocal slowest
-            while not done:
-                sent = time.perf_counter()
-                client.get(f"{server.url}/v2/health/live")
-                slowest = max(slowest, time.perf_counter() - sent)
-
-        with ThreadPoolExecutor(1) as pool:
-            probing = pool.submit(probe)
-            answer = httpx.post(
-                f"{server.url}/v2/models/stream/generate", content=body, timeout=120
-            )
-            done.append(True)
-            probing.result()
+    parse_s = parse_seconds(lambda: json.loads(body))  # what the frontend spent, no await
+    url = f"{server.url}/v2/models/stream/generate"
+    answer, slowest = slowest_probe(
+        f"{server.url}/v2/health/live", lambda: httpx.post(url, content=body, timeout=120)
+    )
     assert answer.status_code == 200 and answer.json()["plain"] is True
     assert slowest < max(parse_s / 2, 0.1), (slowest, parse_s)
 
