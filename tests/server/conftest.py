@@ -26,7 +26,6 @@ import torch
 from tests.server.live import (
     LiveServer,
     batch_running,
-    parse_seconds,
     ran_ids,
     slowest_probe,
     until,
@@ -37,7 +36,6 @@ from torchbay.server.config.settings import ServerConfig
 __all__ = [
     "LiveServer",
     "batch_running",
-    "parse_seconds",
     "ran_ids",
     "slowest_probe",
     "until",

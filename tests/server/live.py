@@ -68,13 +68,6 @@ def slowest_probe(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float
     return result, slowest[0]
 
 
-def parse_seconds(parse: Callable[[], Any]) -> float:
-    """How long ``parse()`` takes in this process (the yardstick of :func:`slowest_probe`)."""
-    started = time.perf_counter()
-    parse()
-    return time.perf_counter() - started
-
-
 class LiveServer:
     """A TorchbayServer running in a background thread with its own event loop."""
 

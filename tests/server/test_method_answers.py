@@ -5,6 +5,7 @@ requests here, to a live torchbay over archives of the same handler built by our
 from __future__ import annotations
 
 import socket
+import timeit
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import (
-    parse_seconds,
-    recorded,
-    recorded_store,
-    running,
-    slowest_probe,
-    until,
-)
+from tests.server.conftest import recorded, recorded_store, running, slowest_probe, until
 from torchbay.server.http import invocations
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "methods"
@@ -270,7 +264,7 @@ def test_an_invocations_form_is_read_off_the_event_loop(bases: dict[str, str]) -
         head.encode() + b"a\n" * 3_000_000 + tail.encode() + f"a.b-c\r\n--{boundary}--\r\n".encode()
     )
     scope = {"headers": [(b"content-type", f"multipart/form-data; boundary={boundary}".encode())]}
-    parse_s = parse_seconds(lambda: invocations.form_field(scope, body, "model_name"))
+    parse_s = timeit.timeit(lambda: invocations.form_field(scope, body, "model_name"), number=1)
     headers = {"content-type": scope["headers"][0][1].decode()}
     answer, slowest = slowest_probe(
         f"{bases['inference']}/ping",
