@@ -14,7 +14,9 @@ Every instance is admitted before any is awaited; if one is refused (queue full,
 ones already queued are cancelled (the batcher skips them) and the call gets that one error.
 More instances than the model's queue holds at all (``job_queue_size``, or their priority
 level's ``maxQueueSize``) are a 413 at once.
-The first failed instance's status and body are the response. The answer is bounded as one
+The first failed instance's status and body are the response. A streaming handler's
+instance is answered with its parts and final response joined, as TorchServe's client reads
+the chunks, bounded by ``max_response_size``. The answer is bounded as one
 response (``max_response_size``: 500 past it), as TorchServe answers a v1 call as one. A client
 that disconnects while
 its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
@@ -25,6 +27,7 @@ coding is a 415), and each instance is sent on uncoded. Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from re import Match
@@ -43,7 +46,14 @@ from torchbay.server.http.asgi import (
     send_json,
 )
 from torchbay.server.http.disconnect import all_answers
-from torchbay.server.plane import DataPlane, Exchange, WireRequest, WireResponse, oip_body
+from torchbay.server.plane import (
+    DataPlane,
+    Exchange,
+    Gathered,
+    WireRequest,
+    WireResponse,
+    oip_body,
+)
 
 
 class Listener(Protocol):
@@ -163,16 +173,35 @@ async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key:
     for result in results:
         if isinstance(result, BaseException):
             raise result  # TorchbayError (worker died, timeout): the app sends it
+    limit = ex.model.settings.max_response_size if ex.model is not None else 0
+    pairs = zip(items, results, strict=True)
+    results = [await _whole(ex, item, first, limit) for item, first in pairs]
     failed = next((r for r in results if r.status >= 400), None)
     if failed is not None:
         await send_bytes(send, failed.status, failed.body, failed.content_type.encode("latin-1"))
         return failed.status
-    limit = ex.model.settings.max_response_size if ex.model is not None else 0
     _bounded(sum(len(r.body) for r in results), len(results), limit)
     body = dumps({key: [decode_prediction(r) for r in results]})
     _bounded(len(body), len(results), limit)
     await send_bytes(send, 200, body)
     return 200
+
+
+async def _whole(ex: Exchange, item: Any, first: WireResponse, limit: int) -> WireResponse:
+    """An instance's one answer: a streaming handler's parts and its final response joined
+    (what TorchServe's client reads of its chunks), at most ``limit`` bytes (past it: 500);
+    an error after the first part is the instance's answer. Before, only the final response
+    was kept: a generator's answer was "" and every part was lost."""
+    if not first.partial:
+        return first
+    size = Gathered(limit)
+    bodies = [size.add(first.body)]
+    async with contextlib.aclosing(ex.rest(item)) as rest:
+        async for response in rest:
+            if response.status >= 400:
+                return response
+            bodies.append(size.add(response.body))
+    return WireResponse(first.status, b"".join(bodies), first.content_type)
 
 
 def _bounded(size: int, count: int, limit: int) -> None:

@@ -250,6 +250,20 @@ def test_a_large_generate_body_does_not_hold_the_event_loop(server: LiveServer) 
     assert slowest < max(parse_s / 2, 0.1), (slowest, parse_s)
 
 
+def test_a_kserve_v1_instance_of_a_streaming_handler_is_all_its_parts(server: LiveServer) -> None:
+    # Each instance's parts and final response, joined; only the final response was kept (a
+    # generator's: "", every part lost)
+    url = f"{server.url}/v1/models/stream:predict"
+    instances = [{"yield": ["a", "b", "c"]}, {"parts": ["x", "y"]}, {"x": 1}]
+    answer = httpx.post(url, json={"instances": instances}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"predictions": ["abc", "xyend", {"plain": True}]}
+    failing = {"instances": [{"yield": ["a", "b"], "fail_after": 1}]}
+    failed = httpx.post(url, json=failing, timeout=60)
+    assert failed.status_code == 500 and "RuntimeError" in failed.json()["message"]
+    _plain_request_served(server)
+
+
 def test_response_timeout_bounds_each_part_not_the_stream(server: LiveServer) -> None:
     # 16 parts 0.25 s apart: 4 s in all, past the model's 3 s responseTimeout
     items = [str(i) for i in range(16)]
