@@ -27,6 +27,7 @@ coding is a 415), and each instance is sent on uncoded. Torch-free.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Iterator
@@ -166,16 +167,15 @@ async def predict(
 
 async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key: str) -> int:
     """The call's answer, sent; its status. A client that disconnects while its instances wait
-    has them cancelled (never run when still queued) and nothing sent: 499."""
-    results = await all_answers(scope, ex, [item.future for item in items])
+    (or stream) has them cancelled (never run when still queued) and nothing sent: 499."""
+    limit = ex.model.settings.max_response_size if ex.model is not None else 0
+    answers = [asyncio.ensure_future(_whole(ex, item, limit)) for item in items]
+    results = await all_answers(scope, ex, answers)
     if results is None:
         return ex.status
     for result in results:
         if isinstance(result, BaseException):
             raise result  # TorchbayError (worker died, timeout): the app sends it
-    limit = ex.model.settings.max_response_size if ex.model is not None else 0
-    pairs = zip(items, results, strict=True)
-    results = [await _whole(ex, item, first, limit) for item, first in pairs]
     failed = next((r for r in results if r.status >= 400), None)
     if failed is not None:
         await send_bytes(send, failed.status, failed.body, failed.content_type.encode("latin-1"))
@@ -187,11 +187,12 @@ async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key:
     return 200
 
 
-async def _whole(ex: Exchange, item: Any, first: WireResponse, limit: int) -> WireResponse:
+async def _whole(ex: Exchange, item: Any, limit: int) -> WireResponse:
     """An instance's one answer: a streaming handler's parts and its final response joined
     (what TorchServe's client reads of its chunks), at most ``limit`` bytes (past it: 500);
     an error after the first part is the instance's answer. Before, only the final response
     was kept: a generator's answer was "" and every part was lost."""
+    first = await item.future
     if not first.partial:
         return first
     size = Gathered(limit)

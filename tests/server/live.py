@@ -47,12 +47,13 @@ def slowest_probe(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float
     """``action()``'s result, and the slowest of the GETs of ``probe_url`` sent one after
     another while it ran (seconds): how long the server held its other requests meanwhile
     (a parse on its event loop holds them all)."""
-    done = threading.Event()
+    ready, done = threading.Event(), threading.Event()
     slowest = [0.0]
 
     def probe() -> None:
         with httpx.Client(timeout=300) as client:
-            client.get(probe_url)
+            client.get(probe_url)  # connected: the probes measured from here on
+            ready.set()
             while not done.is_set():
                 sent = time.perf_counter()
                 client.get(probe_url)
@@ -60,6 +61,7 @@ def slowest_probe(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float
 
     thread = threading.Thread(target=probe, name="slowest-probe", daemon=True)
     thread.start()
+    assert ready.wait(300), f"{probe_url} never answered"
     try:
         result = action()
     finally:
