@@ -86,8 +86,11 @@ def decode_json(body: bytes) -> Any:
 
 # The Content-Type parameter with which server/http/kserve_v1.py sends a KServe v1 instance of
 # strings as a form: the handler's row is the instance, its values str as in the JSON (a client's
-# form fields are bytearrays, as TorchServe 0.12 hands them).
+# form fields are bytearrays, as TorchServe 0.12 hands them). With the value ``generate``
+# (server/http/streaming.py) the body is the generate extension's: one JSON object, else 400.
 INSTANCE_PARAM = "torchbay-row"
+GENERATE_ROW = "generate"
+GENERATE_MESSAGE = "The generate request body must be a JSON object"
 
 
 class Undecoded(bytearray):
@@ -131,7 +134,22 @@ def decode_body(body: bytes, content_type: str, decode: bool = True) -> dict[str
         if params.get(INSTANCE_PARAM) == "instance":  # a KServe v1 instance: its strings as sent
             return {_utf8(k): _utf8(v) for k, v in fields}
         return {_utf8(k): bytearray(v.encode("latin-1")) for k, v in fields}
+    if params.get(INSTANCE_PARAM) == GENERATE_ROW:
+        return {"body": generate_object(body, decode)}
     return {"body": decode_value(body, mime, params.get("charset"), decode)}
+
+
+def generate_object(body: bytes, decode: bool = True) -> Any:
+    """The generate extension's body: one JSON object (raw when ``decode`` is false), else
+    BadInput (400), as Triton refuses it; parsed here, in the worker, not on the frontend's
+    event loop (a body of ``max_request_size`` bytes takes seconds to parse)."""
+    try:
+        value = decode_json(body)
+    except BadInput:
+        value = None
+    if not isinstance(value, dict):
+        raise BadInput(GENERATE_MESSAGE)
+    return value if decode else bytearray(body)
 
 
 def _utf8(latin: str) -> str:

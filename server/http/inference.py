@@ -18,6 +18,7 @@ streaming.py.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -155,11 +156,14 @@ class InferenceApp:
     async def _invocations(self, scope: Scope, receive: Receive, send: Send, m: Match) -> None:
         """SageMaker's ``POST /invocations``: the model named as http/invocations.py says."""
         named, form = invocations.named(scope), None
-        if named is None and invocations.is_form(scope):  # its field model_name may name it
+        if invocations.is_form(scope) and self.plane.invocation_reads_form(named):
             if self.authorize is not None:
                 self.authorize(scope, "inference")  # 401 before the body is read
             body = await read_body(scope, receive, self.max_request_size)
-            form, receive = invocations.form_field(scope, body, "model_name"), replay(body, receive)
+            # A form's parse is pure Python, seconds for a body of many small fields or lines:
+            # in a thread, the event loop keeps serving meanwhile.
+            form = await asyncio.to_thread(invocations.form_field, scope, body, "model_name")
+            receive = replay(body, receive)
         choose = lambda: self.plane.invocation_model(named, form)  # noqa: E731
         await self._infer(scope, receive, send, "", None, "predict", choose=choose)
 

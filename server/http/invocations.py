@@ -4,7 +4,8 @@ only model loaded at start-up; else the request's form field ``model_name`` (an 
 multipart body: TorchServe's request parser makes each form field a parameter); else 400.
 
 The body is read for that only when nothing else names the model and it is a form; it is read
-as always (``max_request_size``) and handed on to the request (:func:`replay`). Torch-free.
+as always (``max_request_size``), its form parsed in a thread (pure Python: seconds for a
+form of many short lines, which held the event loop), and handed on (:func:`replay`). Torch-free.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ Every instance is admitted before any is awaited; if one is refused (queue full,
 ones already queued are cancelled (the batcher skips them) and the call gets that one error.
 More instances than the model's queue holds at all (``job_queue_size``, or their priority
 level's ``maxQueueSize``) are a 413 at once.
-The first failed instance's status and body are the response. The answer is bounded as one
+The first failed instance's status and body are the response. A streaming handler's
+instance is answered with its parts and final response joined, as TorchServe's client reads
+the chunks, bounded by ``max_response_size``. The answer is bounded as one
 response (``max_response_size``: 500 past it), as TorchServe answers a v1 call as one. A client
 that disconnects while
 its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
@@ -25,6 +27,8 @@ coding is a 415), and each instance is sent on uncoded. Torch-free.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from re import Match
@@ -43,7 +47,14 @@ from torchbay.server.http.asgi import (
     send_json,
 )
 from torchbay.server.http.disconnect import all_answers
-from torchbay.server.plane import DataPlane, Exchange, WireRequest, WireResponse, oip_body
+from torchbay.server.plane import (
+    DataPlane,
+    Exchange,
+    Gathered,
+    WireRequest,
+    WireResponse,
+    oip_body,
+)
 
 
 class Listener(Protocol):
@@ -156,8 +167,10 @@ async def predict(
 
 async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key: str) -> int:
     """The call's answer, sent; its status. A client that disconnects while its instances wait
-    has them cancelled (never run when still queued) and nothing sent: 499."""
-    results = await all_answers(scope, ex, [item.future for item in items])
+    (or stream) has them cancelled (never run when still queued) and nothing sent: 499."""
+    limit = ex.model.settings.max_response_size if ex.model is not None else 0
+    answers = [asyncio.ensure_future(_whole(ex, item, limit)) for item in items]
+    results = await all_answers(scope, ex, answers)
     if results is None:
         return ex.status
     for result in results:
@@ -167,12 +180,29 @@ async def _answer(scope: Scope, ex: Exchange, items: list[Any], send: Send, key:
     if failed is not None:
         await send_bytes(send, failed.status, failed.body, failed.content_type.encode("latin-1"))
         return failed.status
-    limit = ex.model.settings.max_response_size if ex.model is not None else 0
     _bounded(sum(len(r.body) for r in results), len(results), limit)
     body = dumps({key: [decode_prediction(r) for r in results]})
     _bounded(len(body), len(results), limit)
     await send_bytes(send, 200, body)
     return 200
+
+
+async def _whole(ex: Exchange, item: Any, limit: int) -> WireResponse:
+    """An instance's one answer: a streaming handler's parts and its final response joined
+    (what TorchServe's client reads of its chunks), at most ``limit`` bytes (past it: 500);
+    an error after the first part is the instance's answer. Before, only the final response
+    was kept: a generator's answer was "" and every part was lost."""
+    first = await item.future
+    if not first.partial:
+        return first
+    size = Gathered(limit)
+    bodies = [size.add(first.body)]
+    async with contextlib.aclosing(ex.rest(item)) as rest:
+        async for response in rest:
+            if response.status >= 400:
+                return response
+            bodies.append(size.add(response.body))
+    return WireResponse(first.status, b"".join(bodies), first.content_type)
 
 
 def _bounded(size: int, count: int, limit: int) -> None:

@@ -224,12 +224,12 @@ class Exchange:
     def admit_all(self, wires: Iterable[p.WireRequest], count: int) -> list[Item]:
         """Queue every request before any is awaited (KServe v1's instances); when one is
         refused, the ones queued before it are cancelled (the batcher skips them) and the
-        refusal is raised. The block's end finishes them all. Each is admitted without a
-        reader of parts: a streaming handler's final response is its answer. ``wires`` (``count``
-        of them) is read one at a time, each admitted before the next is made: a refusal (the
-        queue's bound) stops it, so a body of a million instances makes no more requests than
-        fit. More than the model's queue holds at all are a 413: that call could never be
-        queued whole (a 503 "queue full, retry later" it got was retried in vain)."""
+        refusal is raised. The block's end finishes them all. Each is admitted with a reader
+        of parts (``rest``): a streaming handler's parts are the caller's to gather. ``wires``
+        (``count`` of them) is read one at a time, each admitted before the next is made: a
+        refusal (the queue's bound) stops it, so a body of a million instances makes no more
+        requests than fit. More than the model's queue holds at all are a 413: that call could
+        never be queued whole (a 503 "queue full, retry later" it got was retried in vain)."""
         mv = self.model
         assert mv is not None, "resolve() first"
         try:
@@ -237,10 +237,9 @@ class Exchange:
                 schedule = self._leveled(schedule_of(wire))
                 if not self.items:  # the first: its level is known now
                     self._whole(count)
-                self.items.append(item := mv.admit(wire, schedule=schedule))
+                self.items.append(item := mv.admit_reader(wire, schedule=schedule))
                 if self.trace is not None:
                     item.future.add_done_callback(self._responded)
-                mv.inflight += 1  # as a reader's: ``finish`` takes it back
         except TorchbayError:
             for item in self.items:
                 item.future.cancel()

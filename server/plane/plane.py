@@ -142,24 +142,37 @@ class DataPlane:
         (``?model_name=``) looked up as TorchServe looks it up: 404. A start-up model that
         failed still counts, as TorchServe keeps it registered: the only one is a 503 naming
         it, never another model's answer nor a 400 blaming the client."""
-        if named:
-            return named
-        names = {key.rpartition("/")[0] for key in self.registry.startup_models}
-        failed = self._failed_startup_models()
-        if len(names) == 1 and not failed:
-            return names.pop()
-        if not names and self.starting:  # TorchServe: its model has no worker yet (503)
-            raise ServiceUnavailable("The start-up models are still loading")
-        if named is not None:
-            return named
+        chosen = self._invocation_default(named)
+        if chosen is not None:
+            return chosen
         if form is not None:
             return form
-        if not names and len(failed) == 1:
+        failed = self._failed_startup_models()
+        if not self.registry.startup_models and len(failed) == 1:
             raise ServiceUnavailable(
                 f"The start-up model {failed[0]} did not load (see the server's log): "
                 "no model serves /invocations"
             )
         raise BadRequest("Parameter model_name is required.")
+
+    def invocation_reads_form(self, named: str | None) -> bool:
+        """Whether :meth:`invocation_model` would look at the form field: only then is an
+        ``/invocations`` body read for it (never to be ignored for the one start-up model)."""
+        try:
+            return self._invocation_default(named) is None
+        except ServiceUnavailable:
+            return False  # answered by invocation_model itself
+
+    def _invocation_default(self, named: str | None) -> str | None:
+        """What names the model before any form field (None: nothing; 503 while loading)."""
+        if named:
+            return named
+        names = {key.rpartition("/")[0] for key in self.registry.startup_models}
+        if len(names) == 1 and not self._failed_startup_models():
+            return names.pop()
+        if not names and self.starting:  # TorchServe: its model has no worker yet (503)
+            raise ServiceUnavailable("The start-up models are still loading")
+        return named  # "" (an empty ?model_name=): looked up, a 404; None: not named
 
     def _failed_startup_models(self) -> list[str]:
         """The start-up models that failed and are not loaded since (as ``ready`` reads them)."""

@@ -23,11 +23,23 @@ import httpx
 import pytest
 import torch
 
-from tests.server.live import LiveServer, batch_running, ran_ids, until
+from tests.server.live import (
+    LiveServer,
+    batch_running,
+    ran_ids,
+    slowest_probe,
+    until,
+)
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.config.settings import ServerConfig
 
-__all__ = ["LiveServer", "batch_running", "ran_ids", "until"]  # what tests import from here
+__all__ = [
+    "LiveServer",
+    "batch_running",
+    "ran_ids",
+    "slowest_probe",
+    "until",
+]  # what tests import from here
 
 ASSETS = Path(__file__).parent / "assets"
 

@@ -43,6 +43,33 @@ def ran_ids(log: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
+def slowest_probe(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float]:
+    """``action()``'s result, and the slowest of the GETs of ``probe_url`` sent one after
+    another while it ran (seconds): how long the server held its other requests meanwhile
+    (a parse on its event loop holds them all)."""
+    ready, done = threading.Event(), threading.Event()
+    slowest = [0.0]
+
+    def probe() -> None:
+        with httpx.Client(timeout=300) as client:
+            client.get(probe_url)  # connected: the probes measured from here on
+            ready.set()
+            while not done.is_set():
+                sent = time.perf_counter()
+                client.get(probe_url)
+                slowest[0] = max(slowest[0], time.perf_counter() - sent)
+
+    thread = threading.Thread(target=probe, name="slowest-probe", daemon=True)
+    thread.start()
+    assert ready.wait(300), f"{probe_url} never answered"
+    try:
+        result = action()
+    finally:
+        done.set()
+        thread.join(300)
+    return result, slowest[0]
+
+
 class LiveServer:
     """A TorchbayServer running in a background thread with its own event loop."""
 

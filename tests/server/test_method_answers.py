@@ -5,6 +5,7 @@ requests here, to a live torchbay over archives of the same handler built by our
 from __future__ import annotations
 
 import socket
+import timeit
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import recorded, recorded_store, running, until
+from tests.server.conftest import recorded, recorded_store, running, slowest_probe, until
+from torchbay.server.http import invocations
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "methods"
 cases, RECORD = recorded(DATA, "cases.py")
@@ -249,6 +251,29 @@ def test_invocations_takes_the_model_from_a_form_field(bases: dict[str, str]) ->
         400,
         "Parameter model_name is required.",
     )
+
+
+def test_an_invocations_form_is_read_off_the_event_loop(bases: dict[str, str]) -> None:
+    """With several models, /invocations reads the model from a form field: the form was
+    parsed on the event loop (Python's email parser), so a 6 MB form of many short lines held
+    every other request of the server for seconds."""
+    boundary = "edge"
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="data"\r\n\r\n'
+    tail = f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="model_name"\r\n\r\n'
+    body = (
+        head.encode() + b"a\n" * 3_000_000 + tail.encode() + f"a.b-c\r\n--{boundary}--\r\n".encode()
+    )
+    scope = {"headers": [(b"content-type", f"multipart/form-data; boundary={boundary}".encode())]}
+    parse_s = timeit.timeit(lambda: invocations.form_field(scope, body, "model_name"), number=1)
+    headers = {"content-type": scope["headers"][0][1].decode()}
+    answer, slowest = slowest_probe(
+        f"{bases['inference']}/ping",
+        lambda: httpx.post(
+            f"{bases['inference']}/invocations", content=body, headers=headers, timeout=120
+        ),
+    )
+    assert answer.status_code == 200, answer.text
+    assert slowest < max(parse_s / 2, 0.1), (slowest, parse_s)
 
 
 def test_a_model_name_is_percent_decoded_once(bases: dict[str, str]) -> None:

@@ -8,9 +8,12 @@ a gate file after sending part 1, and the test creates that file only after read
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import time
+import timeit
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.server.serving import protocol as p
 
-from .conftest import ASSETS, LiveServer, build_store, make_config
+from .conftest import ASSETS, LiveServer, build_store, make_config, slowest_probe
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +219,66 @@ def test_generate_body_must_be_a_json_object(server: LiveServer, path: str) -> N
         f"{server.url}/v2/models/stream/generate", content=b'\n {"text_input": "a"}'
     )
     assert spaced.status_code == 200 and spaced.json()["text_output"] == "a"
+
+
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_a_compressed_generate_body_must_be_a_json_object_too(
+    server: LiveServer, path: str
+) -> None:
+    # A gzip or deflate body skipped the check: its broken JSON reached the handler raw (200)
+    url = f"{server.url}/v2/models/stream/{path}"
+    for body in (b"{not json", b"[1, 2]", b'{"text_input": "a"'):
+        for coding, packed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+            answer = httpx.post(url, content=packed, headers={"content-encoding": coding})
+            assert answer.status_code == 400, (body, coding)
+            assert answer.json() == {"error": "The generate request body must be a JSON object"}
+    good = gzip.compress(b'{"text_input": "a b"}')
+    answer = httpx.post(url, content=good, headers={"content-encoding": "gzip"})
+    assert answer.status_code == 200 and "a " in answer.text
+
+
+def test_a_large_generate_body_does_not_hold_the_event_loop(server: LiveServer) -> None:
+    """The generate route parsed its JSON on the frontend's event loop: a body of
+    max_request_size (6.5 MB of small arrays) held every other request for the whole parse.
+    Measured against the same body sent where nothing parses it (the upload's own cost)."""
+    body = b'{"a": [' + b",".join([b"[]"] * 2_000_000) + b"]}"
+    parse_s = timeit.timeit(lambda: json.loads(body), number=1)  # the frontend's, no await
+    live = f"{server.url}/v2/health/live"
+    raw = {"content-type": "application/octet-stream"}
+    upload = f"{server.url}/predictions/stream"
+    _, baseline = slowest_probe(
+        live, lambda: httpx.post(upload, content=body, headers=raw, timeout=120)
+    )
+    url = f"{server.url}/v2/models/stream/generate"
+    answer, slowest = slowest_probe(live, lambda: httpx.post(url, content=body, timeout=120))
+    assert answer.status_code == 200 and answer.json()["plain"] is True
+    assert slowest < baseline + parse_s / 2, (slowest, baseline, parse_s)
+
+
+def test_a_kserve_v1_instance_of_a_streaming_handler_is_all_its_parts(server: LiveServer) -> None:
+    # Each instance's parts and final response, joined; only the final response was kept (a
+    # generator's: "", every part lost)
+    url = f"{server.url}/v1/models/stream:predict"
+    instances = [{"yield": ["a", "b", "c"]}, {"parts": ["x", "y"]}, {"x": 1}]
+    answer = httpx.post(url, json={"instances": instances}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"predictions": ["abc", "xyend", {"plain": True}]}
+    failing = {"instances": [{"yield": ["a", "b"], "fail_after": 1}]}
+    failed = httpx.post(url, json=failing, timeout=60)
+    assert failed.status_code == 500 and "RuntimeError" in failed.json()["message"]
+    _plain_request_served(server)
+
+
+def test_a_kserve_v1_client_leaving_mid_stream_stops_the_handler(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    stopped = tmp_path / "stopped"
+    url = f"{server.url}/v1/models/stream:predict"
+    with pytest.raises(httpx.ReadTimeout):  # the stream never ends: the client gives up
+        instance = {"until_stopped": str(stopped), "size": 1}  # (not all strings: JSON)
+        httpx.post(url, json={"instances": [instance]}, timeout=1)
+    assert _poll(stopped) == "StreamCancelled"
+    _plain_request_served(server)
 
 
 def test_response_timeout_bounds_each_part_not_the_stream(server: LiveServer) -> None:

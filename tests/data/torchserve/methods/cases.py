@@ -100,6 +100,21 @@ CASES: list[tuple[str, str, str, str, bytes | None]] = [
     ("describe_slash", MAN, "GET", "/models/echo/", None),
     ("describe_dotted", MAN, "GET", "/models/a.b-c", None),
     ("describe_encoded", MAN, "GET", "/models/%65cho", None),
+    # a repeated model_name: the first is the one served (NettyUtils.getParameter)
+    (
+        "invocations_name_twice_unknown_first",
+        INF,
+        "POST",
+        "/invocations?model_name=nope&model_name=echo",
+        BODY,
+    ),
+    (
+        "invocations_name_twice_known_first",
+        INF,
+        "POST",
+        "/invocations?model_name=echo&model_name=nope",
+        BODY,
+    ),
 ]
 
 
