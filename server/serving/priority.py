@@ -18,6 +18,7 @@ Torch-free; it imports no model code.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 from torchbay.server.config.queue_policy import MAX_TIMEOUT_US, QueuePolicyConfig
 from torchbay.server.errors import BadRequest
 
+log = logging.getLogger("torchbay.model")
 __all__ = [
     "MAX_TIMEOUT_US",
     "NO_SCHEDULE",
@@ -118,7 +120,7 @@ class Levels:
     """The levels of one queue: each one's policy and the requests queued at each place (two
     places per level: live, then delayed). Level indexes here are 0-based (Triton's 1 is 0)."""
 
-    __slots__ = ("answered", "counts", "default", "delays", "name", "policies")
+    __slots__ = ("answered", "counts", "default", "delays", "fallbacks", "name", "policies")
 
     def __init__(self, policies: list[LevelPolicy], default_level: int, name: str = "") -> None:
         if not policies or not 1 <= default_level <= len(policies):
@@ -130,20 +132,29 @@ class Levels:
         self.delays = any(p.delay for p in policies)  # whether ``settle`` has anything to do
         # Requests answered at each level, by status (describe, observe/priority_metrics.py).
         self.answered: list[dict[int, int]] = [{} for _ in policies]
+        self.fallbacks: set[int] = set()  # priorities past the levels already logged (<= 16)
 
     def __len__(self) -> int:
         return len(self.policies)
 
     def level_of(self, priority: int | None) -> int:
-        """The 0-based level of a request's priority (0 or None: the default level); a priority
-        past the levels is a 400 (Triton quietly uses the default; a typo should not)."""
+        """The 0-based level of a request's priority: 0 or None, or a priority past the levels
+        (Triton's ``SetPriority``), is the default level; the first time a priority falls back
+        so, a warning names it and the level it got."""
         if not priority:
             return self.default
         if priority > len(self.policies):
-            raise BadRequest(
-                f"Invalid parameter(s): priority: must be 0 to {len(self.policies)} "
-                f"for model {self.name}, got {priority}"
-            )
+            if priority not in self.fallbacks:
+                self.fallbacks.add(priority)
+                log.warning(
+                    "Model %s has %d priority levels: a request's priority %d runs at its "
+                    "default level %d",
+                    self.name,
+                    len(self.policies),
+                    priority,
+                    self.default + 1,
+                )
+            return self.default
         return priority - 1
 
     def insert_at(self, place: int) -> int:
@@ -210,15 +221,10 @@ def settle(items: Any, levels: Levels, now: float) -> None:
 
 
 def level_of(levels: Levels | None, schedule: Schedule) -> int:
-    """The 0-based level of a request (BadRequest for a priority the model does not have). A
-    model without levels has one: priority 0 or 1."""
+    """The 0-based level of a request. A model without levels has one, whatever its priority
+    (Triton's: a priority past a model's levels is its default level)."""
     if levels is not None:
         return levels.level_of(schedule.priority)
-    if schedule.priority is not None and schedule.priority > 1:
-        raise BadRequest(
-            "Invalid parameter(s): priority: must be 0 or 1 for a model without priority "
-            f"levels, got {schedule.priority}"
-        )
     return 0
 
 

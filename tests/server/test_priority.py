@@ -74,8 +74,7 @@ def test_one_plain_level_has_no_levels_and_keeps_arrival_order():
         assert q.levels is None  # the plain queue: append and popleft, as before
         for i in range(4):
             _put(q, i, priority=1 if i % 2 else 0)  # 0 and 1 both name the one level
-        with pytest.raises(BadRequest, match="priority"):
-            level_of(None, Schedule(2))
+        assert level_of(None, Schedule(2)) == 0  # and any other (Triton's default level)
         return await _drain(q)
 
     assert asyncio.run(scenario()) == [0, 1, 2, 3]
@@ -206,9 +205,15 @@ def test_bad_schedule_values_are_400s_naming_the_field(wire: p.WireRequest, fiel
         schedule_of(wire)
 
 
-def test_priority_past_the_levels_is_a_400_naming_it():
-    with pytest.raises(BadRequest, match="priority: must be 0 to 2 for model m, got 3"):
-        _levels(LevelPolicy(), LevelPolicy()).level_of(3)
+def test_priority_past_the_levels_is_the_default_level(caplog: pytest.LogCaptureFixture):
+    """Triton's SetPriority: 0, or a priority above the levels, is the default level (it was a
+    400); the first fallback of each priority is logged, naming the level it got."""
+    levels = _levels(LevelPolicy(), LevelPolicy(), default=2)
+    with caplog.at_level("WARNING", logger="torchbay.model"):
+        assert [levels.level_of(p) for p in (0, None, 1, 2, 3, 16, 3)] == [1, 1, 0, 1, 1, 1, 1]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and "priority 3 runs at its default level 2" in warned[0]
+    assert level_of(None, Schedule(priority=16)) == 0  # no levels: one, whatever the priority
 
 
 def test_settings_are_bounded_and_checked():

@@ -170,6 +170,26 @@ def test_high_priority_overtakes_queued_low_ones(
     assert ran_ids(log) == ["held", "high", "low0", "low1"]
 
 
+def test_a_priority_past_the_levels_runs_at_the_default_level(
+    server: LiveServer, pool: ThreadPoolExecutor, gated: SimpleNamespace
+) -> None:
+    """Triton's SetPriority: a priority above the model's priority_levels is its default level
+    (here 2), not a 400 (it was one); past any model's levels (16) it is still refused."""
+    send, log, gate = gated.send, gated.log, gated.gate
+    low = pool.submit(send, {"id": "low", "log": str(log)}, 2)
+    until(lambda: len(_queue(server)) == 1, "the level-2 request queued")
+    past = pool.submit(send, {"id": "past", "log": str(log)}, 3)
+    try:
+        until(lambda: past.done() or len(_queue(server)) == 2, "the priority-3 request queued")
+        assert not past.done(), past.result()  # queued, not refused
+        high = pool.submit(send, {"id": "high", "log": str(log)}, 1)
+        until(lambda: len(_queue(server)) == 3, "the high-priority request queued")
+    finally:
+        gate.touch()
+    assert [f.result(60)[0] for f in (gated.held, low, past, high)] == [200] * 4
+    assert ran_ids(log) == ["held", "high", "low", "past"]  # behind level 2's earlier one
+
+
 def test_a_request_past_its_timeout_is_answered_504_and_never_runs(
     server: LiveServer, pool: ThreadPoolExecutor, gated: SimpleNamespace
 ) -> None:
@@ -188,11 +208,11 @@ def test_a_request_past_its_timeout_is_answered_504_and_never_runs(
 @pytest.mark.parametrize(
     ("api", "priority", "timeout", "field"),
     [
-        ("oip_rest", 3, None, "priority"),
-        ("oip_grpc", 3, None, "priority"),
+        ("oip_rest", 17, None, "priority"),
+        ("oip_grpc", 17, None, "priority"),
         ("ts_rest", "high", None, "X-Torchbay-Priority"),
         ("ts_rest", 1, -5, "X-Torchbay-Timeout-Us"),
-        ("ts_grpc", 9, None, "priority"),
+        ("ts_grpc", 99, None, "X-Torchbay-Priority"),
     ],
 )
 def test_bad_schedule_values_are_400s_naming_the_field(
@@ -226,7 +246,7 @@ def test_a_compressed_oip_request_s_schedule_is_read(server: LiveServer, algorit
     text = triton_http.InferInput("text", [1], "BYTES")
     text.set_data_from_numpy(np.array([b'{"id": "z", "log": "/dev/null"}'], dtype=object))
     with pytest.raises(InferenceServerException) as err:
-        client.infer("gate", [text], priority=3, request_compression_algorithm=algorithm)
+        client.infer("gate", [text], priority=17, request_compression_algorithm=algorithm)
     assert err.value.status() == "400" and "priority" in err.value.message()
 
 
