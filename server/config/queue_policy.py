@@ -19,7 +19,7 @@ MAX_TIMEOUT_US = 7 * 86_400 * 1_000_000  # a week, as every timeout, in microsec
 class QueuePolicyConfig(BaseModel):
     """Triton's ``ModelQueuePolicy`` for one priority level (or the model's one queue):
     ``maxQueueSize`` (0: only ``jobQueueSize`` bounds it), ``defaultTimeoutMicroseconds`` (0: none),
-    ``timeoutAction`` REJECT (504, never run) or DELAY (behind the level's others), and
+    ``timeoutAction`` REJECT (503, never run) or DELAY (behind the level's others), and
     ``allowTimeoutOverride`` (a request's own ``timeout``, only a shorter one, counts)."""
 
     model_config = ConfigDict(

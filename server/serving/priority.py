@@ -230,7 +230,8 @@ def level_of(levels: Levels | None, schedule: Schedule) -> int:
 
 def place(item: Any, levels: Levels, level: int, timeout_us: int | None, now: float) -> None:
     """Give a just-admitted ``item`` its place and its level's timeout (REJECT: a deadline, the
-    earlier of it and any the request has; DELAY: the time it moves behind)."""
+    earlier of it and any the request has, answered 503 when it is the level's; DELAY: the time
+    it moves behind)."""
     item.place = 2 * level
     policy = levels.policies[level]
     timeout = policy.timeout_us(timeout_us)
@@ -239,4 +240,5 @@ def place(item: Any, levels: Levels, level: int, timeout_us: int | None, now: fl
         if policy.delay:
             item.delay_at = at
         else:
+            item.timeout_at = at  # 503 at it (QueueTimeout), 504 at an earlier deadline
             item.deadline = at if item.deadline is None else min(item.deadline, at)

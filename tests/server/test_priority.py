@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from torchbay.server.config.model_settings import ModelConfig
-from torchbay.server.errors import BadRequest, QueueFull, RequestTimeout
+from torchbay.server.errors import BadRequest, QueueFull, QueueTimeout, RequestTimeout
 from torchbay.server.plane.schedule import queue_policies, schedule_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import Admission
@@ -97,17 +97,24 @@ def test_each_level_has_its_own_bound():
     asyncio.run(scenario())
 
 
-def test_reject_answers_504_and_never_dispatches():
+def test_reject_answers_503_and_never_dispatches():
+    """A level's timeout is Triton's REJECT: UNAVAILABLE (503) "Request timeout expired" (it
+    was a 504); an earlier deadline of the request's own (clientTimeoutInMills) stays a 504."""
+
     async def scenario() -> None:
         policy = LevelPolicy(default_timeout_us=1, allow_override=False)
         q = _queue(_levels(policy, LevelPolicy()), batch_size=4)
         late = _put(q, "late", 1)
+        own = _put(q, "own", 2)
         kept = _put(q, "kept", 2)
-        late.deadline = clock() - 1  # its 1 us timeout has passed (no sleep needed)
+        late.deadline = late.timeout_at = clock() - 1  # its 1 us timeout has passed (no sleep)
+        own.deadline = clock() - 1  # its own deadline passed; level 2 has no timeout
         batch = await asyncio.wait_for(q.take(), 5)
         assert [i.payload for i in batch] == ["kept"]
-        assert isinstance(late.future.exception(), RequestTimeout)
-        assert late.future.exception().oip_text == "Request timeout expired"
+        rejected = late.future.exception()
+        assert isinstance(rejected, QueueTimeout) and rejected.status == 503
+        assert rejected.oip_text == "Request timeout expired"
+        assert type(own.future.exception()) is RequestTimeout
         assert late.dispatched is None and kept.dispatched is not None
         assert q.levels.counts == [0, 0, 0, 0]
 

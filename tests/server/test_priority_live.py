@@ -6,7 +6,7 @@ names as call metadata). Real uvicorn, grpcio, worker processes and archives.
 The order is proven by construction (tests/server/assets/gate_handler.py): a first request holds
 the one worker until the test creates its gate file, so every later request is queued; the
 handler logs the ids it runs, in order. A request's timeout is known to have passed by reading
-its 504 coming while the worker is still held, never by sleeping."""
+its 503 coming while the worker is still held, never by sleeping."""
 
 from __future__ import annotations
 
@@ -190,15 +190,17 @@ def test_a_priority_past_the_levels_runs_at_the_default_level(
     assert ran_ids(log) == ["held", "high", "low", "past"]  # behind level 2's earlier one
 
 
-def test_a_request_past_its_timeout_is_answered_504_and_never_runs(
+def test_a_request_past_its_timeout_is_answered_503_and_never_runs(
     server: LiveServer, pool: ThreadPoolExecutor, gated: SimpleNamespace
 ) -> None:
+    """Triton's REJECT answers UNAVAILABLE "Request timeout expired" (its
+    qa/L0_batcher/queue_timeout_test.py); it was a 504 / DEADLINE_EXCEEDED."""
     send, log, gate = gated.send, gated.log, gated.gate
     late = pool.submit(send, {"id": "late", "log": str(log)}, 0, 1000)  # 1 ms
     # Answered at its own 1 ms (not the level's minute), while the worker is still busy.
     status, message = late.result(30)
     gate.touch()
-    assert status == 504
+    assert status == 503, message
     if gated.api.startswith("oip"):
         assert "Request timeout expired" in message  # Triton's words
     assert gated.held.result(60)[0] == 200
@@ -307,7 +309,7 @@ def test_metrics_and_describe_count_each_level(
     assert (samples[_depth(1)], samples[_depth(2)]) == (1.0, 2.0)
     assert [(lv["level"], lv["queued"]) for lv in levels] == [(1, 1), (2, 2)]
     late = pool.submit(_ts_rest, server, {"id": "late", "log": str(log)}, 1, 1000)  # 1 ms
-    assert late.result(30)[0] == 504  # answered at its timeout, the worker still busy
+    assert late.result(30)[0] == 503  # answered at its timeout, the worker still busy
     samples, levels = _per_level(server)  # and no longer counted as queued
     assert (samples[_depth(1)], samples[_depth(2)]) == (1.0, 2.0)
     gate.touch()
@@ -315,8 +317,8 @@ def test_metrics_and_describe_count_each_level(
     counted = before.get(_requests(2, 200), 0) + 3  # the exchanges count as they close
     until(lambda: _per_level(server)[0].get(_requests(2, 200)) == counted, "level 2's counted")
     after, levels = _per_level(server)
-    for level, code, count in ((1, 200, 1), (1, 504, 1), (2, 200, 3)):
+    for level, code, count in ((1, 200, 1), (1, 503, 1), (2, 200, 3)):
         key = _requests(level, code)
         assert after[key] - before.get(key, 0) == count, key
     assert (after[_depth(1)], after[_depth(2)]) == (0.0, 0.0)
-    assert levels[0]["requests"]["504"] >= 1 and levels[1]["requests"]["200"] >= 3
+    assert levels[0]["requests"]["503"] >= 1 and levels[1]["requests"]["200"] >= 3
