@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 MAX_PRIORITY_LEVELS = 16  # a queue scans its levels per request: a handful, never thousands
 MAX_QUEUE_SIZE = 1_000_000  # as a model's jobQueueSize
@@ -27,7 +27,16 @@ class QueuePolicyConfig(BaseModel):
     )
 
     max_queue_size: int = Field(0, ge=0, le=MAX_QUEUE_SIZE, alias="maxQueueSize")
-    default_timeout_us: int = Field(0, ge=0, le=MAX_TIMEOUT_US, alias="defaultTimeoutMicroseconds")
+    default_timeout_us: int = Field(
+        0,
+        ge=0,
+        le=MAX_TIMEOUT_US,
+        alias="defaultTimeoutMicroseconds",
+        # model_config.proto's name too (a dynamic_batching section, config.model_keys)
+        validation_alias=AliasChoices(
+            "defaultTimeoutMicroseconds", "default_timeout_microseconds", "default_timeout_us"
+        ),
+    )
     timeout_action: Literal["REJECT", "DELAY"] = Field("REJECT", alias="timeoutAction")
     allow_timeout_override: bool = Field(False, alias="allowTimeoutOverride")
 

@@ -40,6 +40,18 @@ GATE = {
     # Requests may shorten the level's timeout (a minute) to their own.
     "defaultQueuePolicy": {"defaultTimeoutMicroseconds": 60_000_000, "allowTimeoutOverride": True},
 }
+# Triton's form (model_config.proto's names, as protobuf's JSON writes a uint64: text) in the
+# archive's model-config.yaml.
+TRITON_YAML = """minWorkers: 1
+maxWorkers: 1
+dynamic_batching:
+  max_queue_delay_microseconds: 2000
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy: {timeout_action: DELAY, default_timeout_microseconds: "7000"}
+  priority_queue_policy:
+    "1": {max_queue_size: 4}
+"""
 APIS = ("oip_rest", "oip_grpc", "ts_rest", "ts_grpc")
 GRPC_STATUS = {
     grpc.StatusCode.OK: 200,
@@ -51,7 +63,12 @@ GRPC_STATUS = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    store = build_store(tmp_path_factory, "prio-store", {"gate": str(ASSETS / "gate_handler.py")})
+    triton_yaml = tmp_path_factory.mktemp("prio-config") / "model-config.yaml"
+    triton_yaml.write_text(TRITON_YAML)
+    handler = str(ASSETS / "gate_handler.py")
+    store = build_store(
+        tmp_path_factory, "prio-store", {"gate": handler, "tri": handler}, {"tri": triton_yaml}
+    )
     with running(store, models={"gate": {"1.0": GATE}}, load_models=["all"]) as live:
         yield live
 
@@ -265,6 +282,21 @@ def test_model_config_shows_the_levels_and_policies(server: LiveServer) -> None:
     assert "schedule_policy" in httpx.get(f"{server.url}/v2", timeout=30).json()["extensions"]
     described = httpx.get(f"{server.management_url}/models/gate", timeout=30).json()[0]
     assert [level["level"] for level in described["queueLevels"]] == [1, 2]
+
+
+def test_a_triton_dynamic_batching_section_sets_the_levels_and_policies(
+    server: LiveServer,
+) -> None:
+    """A model-config.yaml's Triton-form ``dynamic_batching`` section sets the levels, the
+    queue policies and the batch delay, as its ``sequence_batching`` sets the sequence
+    settings; it was left to the handler alone, and the model had no levels."""
+    described = httpx.get(f"{server.management_url}/models/tri", timeout=30).json()[0]
+    levels = [
+        (lv["level"], lv["maxQueueSize"], lv["defaultTimeoutMicroseconds"], lv["timeoutAction"])
+        for lv in described.get("queueLevels", [])
+    ]
+    assert levels == [(1, 4, 0, "REJECT"), (2, 0, 7000, "DELAY")], described
+    assert described["maxBatchDelay"] == 2, described
 
 
 def _per_level(server: LiveServer) -> tuple[dict[tuple, float], list[dict]]:
