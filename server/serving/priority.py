@@ -120,7 +120,16 @@ class Levels:
     """The levels of one queue: each one's policy and the requests queued at each place (two
     places per level: live, then delayed). Level indexes here are 0-based (Triton's 1 is 0)."""
 
-    __slots__ = ("answered", "counts", "default", "delays", "fallbacks", "name", "policies")
+    __slots__ = (
+        "answered",
+        "counts",
+        "default",
+        "delays",
+        "fallbacks",
+        "name",
+        "policies",
+        "timeouts",
+    )
 
     def __init__(self, policies: list[LevelPolicy], default_level: int, name: str = "") -> None:
         if not policies or not 1 <= default_level <= len(policies):
@@ -133,6 +142,9 @@ class Levels:
         # Requests answered at each level, by status (describe, observe/priority_metrics.py).
         self.answered: list[dict[int, int]] = [{} for _ in policies]
         self.fallbacks: set[int] = set()  # priorities past the levels already logged (<= 16)
+        # Requests whose level's timeout passed while queued, by level and action: REJECT
+        # (answered 503, as a full level's refusals are) and DELAY (moved behind).
+        self.timeouts: list[dict[str, int]] = [{"REJECT": 0, "DELAY": 0} for _ in policies]
 
     def __len__(self) -> int:
         return len(self.policies)
@@ -196,6 +208,7 @@ class Levels:
                 "level": i + 1,
                 "queued": self.queued_at(i),
                 "requests": {str(code): n for code, n in sorted(self.answered[i].items())},
+                "timeouts": dict(self.timeouts[i]),
                 "maxQueueSize": p.max_queue_size,
                 "defaultTimeoutMicroseconds": p.default_timeout_us,
                 "timeoutAction": "DELAY" if p.delay else "REJECT",
@@ -217,6 +230,7 @@ def settle(items: Any, levels: Levels, now: float) -> None:
         levels.counts[p.place] -= 1
         p.place |= 1
         p.delay_at = None
+        levels.timeouts[p.place // 2]["DELAY"] += 1
         items.insert(levels.insert_at(p.place), p)
 
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from torchbay.server.errors import Overloaded, QueueFull, TorchbayError
+from torchbay.server.errors import Overloaded, QueueFull, QueueTimeout, TorchbayError
 from torchbay.server.serving.deadlines import Deadlines, due, expiry, fill_by
 from torchbay.server.serving.parts import Parts
 from torchbay.server.serving.priority import Levels, settle
@@ -323,6 +323,8 @@ class BatchQueue(Generic[T, R]):
         error = expiry(p, now, self.max_wait_s, self.retry_after)
         if isinstance(error, Overloaded):
             self.expired += 1
+        elif isinstance(error, QueueTimeout) and self.levels is not None:
+            self.levels.timeouts[p.place // 2]["REJECT"] += 1
         return error
 
     def _drop_dead(self, now: float) -> None:

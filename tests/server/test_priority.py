@@ -115,6 +115,7 @@ def test_reject_answers_503_and_never_dispatches():
         assert isinstance(rejected, QueueTimeout) and rejected.status == 503
         assert rejected.oip_text == "Request timeout expired"
         assert type(own.future.exception()) is RequestTimeout
+        assert q.levels.timeouts == [{"REJECT": 1, "DELAY": 0}, {"REJECT": 0, "DELAY": 0}]
         assert late.dispatched is None and kept.dispatched is not None
         assert q.levels.counts == [0, 0, 0, 0]
 
@@ -131,6 +132,7 @@ def test_delay_moves_a_timed_out_request_behind_its_level_not_below_the_next():
         slow.delay_at = clock() - 1  # its timeout has passed: delayed, not rejected
         order = await _drain(q)
         assert not slow.future.done()  # never answered with an error
+        assert q.levels.timeouts[0] == {"REJECT": 0, "DELAY": 1}
         return order
 
     assert asyncio.run(scenario()) == ["live1", "delayed", "low"]

@@ -313,7 +313,7 @@ def _per_level(server: LiveServer) -> tuple[dict[tuple, float], list[dict]]:
             if sample.name == "torchbay_queue_depth":
                 assert set(labels) == {"model", "version"}  # unchanged: no level
             if sample.name.startswith("torchbay_priority_"):
-                key = (sample.name, int(labels["level"]), labels.get("code"))
+                key = (sample.name, int(labels["level"]), labels.get("code", labels.get("action")))
                 samples[key] = sample.value
     described = httpx.get(f"{server.management_url}/models/gate", timeout=30).json()[0]
     return samples, described["queueLevels"]
@@ -352,5 +352,9 @@ def test_metrics_and_describe_count_each_level(
     for level, code, count in ((1, 200, 1), (1, 503, 1), (2, 200, 3)):
         key = _requests(level, code)
         assert after[key] - before.get(key, 0) == count, key
+    # The 503 that was the level's timeout, told apart from a refusal's (Triton's REJECTED).
+    expired = ("torchbay_priority_timeouts_total", 1, "REJECT")
+    assert after[expired] - before.get(expired, 0) == 1
     assert (after[_depth(1)], after[_depth(2)]) == (0.0, 0.0)
     assert levels[0]["requests"]["503"] >= 1 and levels[1]["requests"]["200"] >= 3
+    assert levels[0]["timeouts"]["REJECT"] >= 1
