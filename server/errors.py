@@ -28,6 +28,8 @@
     ├── ServiceUnavailable (503 service_unavailable)
     │   ├── QueueFull (503 queue_full)            with Retry-After
     │   ├── Overloaded (503 overloaded)           with Retry-After: past max_queue_delay_ms
+    │   ├── QueueTimeout (503 queue_timeout)      a priority level's timeout passed while it was
+    │   │                                         queued (Triton's REJECT: UNAVAILABLE)
     │   ├── NoWorker (503 no_worker)
     │   ├── WorkerDied (503 worker_died)
     │   └── ShuttingDown (503 shutting_down)
@@ -186,6 +188,13 @@ class Overloaded(ServiceUnavailable):
     """A request that would wait (or waited) past its model's queue-time bound."""
 
     code = "overloaded"
+
+
+class QueueTimeout(ServiceUnavailable):
+    """A request its queue policy rejected: its timeout passed while it was queued (Triton's
+    ``timeout_action: REJECT``, answered UNAVAILABLE "Request timeout expired")."""
+
+    code = "queue_timeout"
 
 
 class NoWorker(ServiceUnavailable):

@@ -1,6 +1,7 @@
 """Which keys of a model-config.yaml (or a ``models={...}`` entry) are model settings, which
 are the handler's, and which TorchServe keys torchbay reads and ignores; Triton's
-``sequence_batching`` section read as the sequence settings. Torch-free.
+``sequence_batching`` section read as the sequence settings, its ``dynamic_batching`` section as
+the priority, queue-policy and batch-delay settings. Torch-free.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def split_model_keys(
             notes.append(f"{where}: ignored unknown key {key!r}")
     if backend_params:
         _triton_sequences(backend.get("sequence_batching"), fields)
+        _triton_batching(backend.get("dynamic_batching"), fields)
     if fields.get("continuous_batching") is True and fields.get("sequence_mode") is not True:
         del fields["continuous_batching"]  # serving/continuous.py serves sequence models only
         notes.append(f"{where}: ignored 'continuousBatching' (only with sequenceBatching: true)")
@@ -67,6 +69,40 @@ def _triton_sequences(section: Any, fields: dict[str, Any]) -> None:
     fields.setdefault("sequence_strategy", "direct" if "direct" in section else "oldest")
     idle_us = section.get("max_sequence_idle_microseconds", 0)
     fields.setdefault("sequence_max_idle_ms", _idle_ms(idle_us))
+
+
+def _triton_batching(section: Any, fields: dict[str, Any]) -> None:
+    """Triton's ``dynamic_batching`` section of a model-config.yaml (model_config.proto's form):
+    its priority levels and queue policies (model_config.proto's names, which ModelConfig
+    reads too) and ``max_queue_delay_microseconds`` set the settings that TorchServe's keys of
+    the same file did not set. It was left to the handler alone: a Triton user's levels and
+    timeouts never applied, and nothing said so."""
+    if not isinstance(section, Mapping):
+        return
+    for key in _LEVEL_KEYS:
+        if key in section:
+            fields.setdefault(key, section[key])
+    delay_us = section.get("max_queue_delay_microseconds")
+    if delay_us is not None:
+        fields.setdefault("max_batch_delay_ms", _ms(delay_us))
+
+
+_LEVEL_KEYS = (
+    "priority_levels",
+    "default_priority_level",
+    "default_queue_policy",
+    "priority_queue_policy",
+)
+
+
+def _ms(us: Any) -> Any:
+    """Microseconds (a uint64: protobuf's JSON writes it as a string of digits) in
+    milliseconds; anything else is passed on as it is, for ModelConfig's 400 naming it."""
+    if isinstance(us, str) and us.strip().isdecimal():
+        us = int(us)
+    if isinstance(us, bool) or not isinstance(us, int):
+        return us
+    return us / 1000
 
 
 def _idle_ms(idle_us: Any) -> Any:

@@ -286,6 +286,13 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _priorities(self) -> ModelConfig:
         check_levels(self.priority_levels, self.default_priority_level, self.priority_queue_policy)
+        queued = self.priority_levels or self.default_queue_policy or self.priority_queue_policy
+        if self.sequence_mode and queued:
+            # Triton's model config has one or the other (a oneof); ours ignored the levels.
+            raise ValueError(
+                "priorityLevels, defaultQueuePolicy and priorityQueuePolicy are dynamic "
+                "batching's: a sequence model (sequenceBatching) has none"
+            )
         return self
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 MAX_PRIORITY_LEVELS = 16  # a queue scans its levels per request: a handful, never thousands
 MAX_QUEUE_SIZE = 1_000_000  # as a model's jobQueueSize
@@ -19,7 +19,7 @@ MAX_TIMEOUT_US = 7 * 86_400 * 1_000_000  # a week, as every timeout, in microsec
 class QueuePolicyConfig(BaseModel):
     """Triton's ``ModelQueuePolicy`` for one priority level (or the model's one queue):
     ``maxQueueSize`` (0: only ``jobQueueSize`` bounds it), ``defaultTimeoutMicroseconds`` (0: none),
-    ``timeoutAction`` REJECT (504, never run) or DELAY (behind the level's others), and
+    ``timeoutAction`` REJECT (503, never run) or DELAY (behind the level's others), and
     ``allowTimeoutOverride`` (a request's own ``timeout``, only a shorter one, counts)."""
 
     model_config = ConfigDict(
@@ -27,7 +27,16 @@ class QueuePolicyConfig(BaseModel):
     )
 
     max_queue_size: int = Field(0, ge=0, le=MAX_QUEUE_SIZE, alias="maxQueueSize")
-    default_timeout_us: int = Field(0, ge=0, le=MAX_TIMEOUT_US, alias="defaultTimeoutMicroseconds")
+    default_timeout_us: int = Field(
+        0,
+        ge=0,
+        le=MAX_TIMEOUT_US,
+        alias="defaultTimeoutMicroseconds",
+        # model_config.proto's name too (a dynamic_batching section, config.model_keys)
+        validation_alias=AliasChoices(
+            "defaultTimeoutMicroseconds", "default_timeout_microseconds", "default_timeout_us"
+        ),
+    )
     timeout_action: Literal["REJECT", "DELAY"] = Field("REJECT", alias="timeoutAction")
     allow_timeout_override: bool = Field(False, alias="allowTimeoutOverride")
 

@@ -45,8 +45,9 @@ Host and GPU metrics: observe.system_metrics. Custom handler metrics: observe.cu
 Cancelled requests (``torchbay_cancelled_requests_total{stage}``): observe.cancel_metrics. Open and
 ended sequences (``torchbay_open_sequences``, ``torchbay_sequences_ended_total``):
 observe.sequence_metrics. Priority levels (``torchbay_priority_queue_depth``,
-``torchbay_priority_requests_total{level,code}``): observe.priority_metrics. Loaded models, loads
-and evictions (``max_loaded_models``): observe.multiplex_metrics.
+``torchbay_priority_requests_total{level,code}``,
+``torchbay_priority_timeouts_total{level,action}``): observe.priority_metrics. Loaded models,
+loads and evictions (``max_loaded_models``): observe.multiplex_metrics.
 
 An unregistered version's series stay (they count on when it comes back) for the 100 most
 recently used versions gone; older ones' are removed (observe.retired), its handler metrics'

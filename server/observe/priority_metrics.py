@@ -7,10 +7,13 @@ Per version of a model with ``priorityLevels`` (or a queue policy), labels ``mod
     torchbay_priority_queue_depth              requests waiting at the level now (live and
                                                delayed)
     torchbay_priority_requests_total{code}     requests of the level answered, by status code:
-                                               refusals at admission (503), expiries (504) and
+                                               refusals at admission and expiries (503) and
                                                callers that left (499) included; a response
-                                               cache hit and a priority the model has no level
-                                               for (400) count at no level
+                                               cache hit and a refused priority or timeout
+                                               (400) count at no level
+    torchbay_priority_timeouts_total{action}   requests whose level's timeout passed while
+                                               they were queued: action="REJECT" (answered
+                                               503, never run), "DELAY" (moved behind)
 
 They are families of their own: the per-model series (``torchbay_queue_depth``,
 ``torchbay_requests_total``) keep their labels. A version without levels has no series; the
@@ -36,7 +39,7 @@ LABELS = ("model", "version", "level")
 class PriorityCollector(VersionCollector):
     """Reads every model version's queue levels when scraped."""
 
-    def families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+    def families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily]:
         return (
             GaugeMetricFamily(
                 "torchbay_priority_queue_depth",
@@ -48,10 +51,19 @@ class PriorityCollector(VersionCollector):
                 "Requests answered at each priority level, by status code",
                 labels=(*LABELS, "code"),
             ),
+            CounterMetricFamily(
+                "torchbay_priority_timeouts",
+                "Requests whose priority level's timeout passed while queued, by action",
+                labels=(*LABELS, "action"),
+            ),
         )
 
     def fill(
-        self, mv: ModelVersion, depth: GaugeMetricFamily, requests: CounterMetricFamily
+        self,
+        mv: ModelVersion,
+        depth: GaugeMetricFamily,
+        requests: CounterMetricFamily,
+        timeouts: CounterMetricFamily,
     ) -> None:
         levels = mv.queue.levels
         for i in range(len(levels) if levels is not None else 0):
@@ -59,3 +71,5 @@ class PriorityCollector(VersionCollector):
             depth.add_metric(labels, levels.queued_at(i))
             for code, count in sorted(levels.answered[i].items()):
                 requests.add_metric([*labels, str(code)], count)
+            for action, count in levels.timeouts[i].items():
+                timeouts.add_metric([*labels, action], count)

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import (
-    BadRequest,
     HandlerFailed,
     ModelNotFound,
     PayloadTooLarge,
@@ -51,7 +50,7 @@ from torchbay.server.plane.sequence_params import check_ignored, sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.parts import NO_PARTS, Parts
-from torchbay.server.serving.priority import Schedule, level_of
+from torchbay.server.serving.priority import Schedule
 from torchbay.server.serving.queue import Pending, clock
 
 if TYPE_CHECKING:
@@ -157,7 +156,6 @@ class Exchange:
         schedule = self._leveled(schedule_of(wire, self._max_size()))
         lookup = self._lookup(wire, sequence is None)
         if lookup is not None and lookup.hit is not None:
-            level_of(self.model.queue.levels, schedule)  # the queue's 400, a hit's too
             return self._answered(wire, lookup.hit)
         if wire.protocol == "v2":
             wire = self._v2_facts(wire)
@@ -194,13 +192,11 @@ class Exchange:
         return self.wiring.registry.config.max_request_size
 
     def _leveled(self, schedule: Schedule) -> Schedule:
-        """``schedule``, its level noted when the model has levels (a priority it has no level
-        for is left to the queue's 400, counted at no level)."""
+        """``schedule``, its level noted when the model has levels."""
         assert self.model is not None
         levels = self.model.queue.levels
         if levels is not None and self.level is None:
-            with contextlib.suppress(BadRequest):
-                self.level = levels.level_of(schedule.priority)
+            self.level = levels.level_of(schedule.priority)
         return schedule
 
     def _lookup(self, wire: p.WireRequest, cacheable: bool) -> Lookup | None:

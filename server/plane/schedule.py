@@ -10,7 +10,8 @@ protocol from the request the adapter built.
   leaves the body (the handler's) untouched.
 
 A value that is not an integer, or is negative or past its bound, is a 400 naming the parameter;
-a priority the model has no level for is the queue's 400 (serving/priority.py). Reading costs a
+a priority within the bound that the model has no level for runs at the model's default level,
+as on Triton (serving/priority.py). Reading costs a
 byte search when the request names neither (a JSON header is parsed only when it may).
 """
 

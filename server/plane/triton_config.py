@@ -67,7 +67,10 @@ def model_config(mv: ModelVersion) -> dict[str, Any]:
     }
     if settings.sequence_mode:  # Triton's clients (perf_analyzer) tell a sequence model by it
         config["sequence_batching"] = sequence_batching(mv)
-    elif batched:  # none without a batch dimension: each request runs alone (the worker's rule)
+    elif batched or mv.queue.levels is not None:
+        # None without a batch dimension (each request runs alone, the worker's rule) unless
+        # the model has priority levels or a queue policy: Triton's dynamic batcher schedules
+        # a max_batch_size 0 model too, and its configuration shows them.
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
             **queue_policies(mv.config, settings.job_queue_size),

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from torchbay.server.errors import Overloaded, RequestTimeout, TorchbayError
+from torchbay.server.errors import Overloaded, QueueTimeout, RequestTimeout, TorchbayError
 
 clock = time.monotonic  # the queue's clock (serving/queue.py)
 
@@ -42,8 +42,14 @@ def expiry(
     p: Any, now: float, max_wait_s: float, retry_after: Callable[[], str]
 ) -> TorchbayError | None:
     """The answer of queued request ``p`` that must not run any more at ``now``: 504 past its
-    deadline, 503 past the queue-time bound ``max_wait_s`` (0: none); None: it may run."""
+    deadline, 503 when that is its priority level's timeout (Triton's REJECT is UNAVAILABLE)
+    or past the queue-time bound ``max_wait_s`` (0: none); None: it may run."""
     if p.deadline is not None and p.deadline <= now:
+        if p.timeout_at is not None and p.timeout_at <= now:
+            return QueueTimeout(
+                "The request's timeout passed while it was queued; not run",
+                oip_message="Request timeout expired",  # Triton's words
+            )
         return RequestTimeout(
             "The request waited past its deadline; not run",
             oip_message="Request timeout expired",  # Triton's words

@@ -18,6 +18,7 @@ Torch-free; it imports no model code.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 from torchbay.server.config.queue_policy import MAX_TIMEOUT_US, QueuePolicyConfig
 from torchbay.server.errors import BadRequest
 
+log = logging.getLogger("torchbay.model")
 __all__ = [
     "MAX_TIMEOUT_US",
     "NO_SCHEDULE",
@@ -118,7 +120,16 @@ class Levels:
     """The levels of one queue: each one's policy and the requests queued at each place (two
     places per level: live, then delayed). Level indexes here are 0-based (Triton's 1 is 0)."""
 
-    __slots__ = ("answered", "counts", "default", "delays", "name", "policies")
+    __slots__ = (
+        "answered",
+        "counts",
+        "default",
+        "delays",
+        "fallbacks",
+        "name",
+        "policies",
+        "timeouts",
+    )
 
     def __init__(self, policies: list[LevelPolicy], default_level: int, name: str = "") -> None:
         if not policies or not 1 <= default_level <= len(policies):
@@ -130,20 +141,32 @@ class Levels:
         self.delays = any(p.delay for p in policies)  # whether ``settle`` has anything to do
         # Requests answered at each level, by status (describe, observe/priority_metrics.py).
         self.answered: list[dict[int, int]] = [{} for _ in policies]
+        self.fallbacks: set[int] = set()  # priorities past the levels already logged (<= 16)
+        # Requests whose level's timeout passed while queued, by level and action: REJECT
+        # (answered 503, as a full level's refusals are) and DELAY (moved behind).
+        self.timeouts: list[dict[str, int]] = [{"REJECT": 0, "DELAY": 0} for _ in policies]
 
     def __len__(self) -> int:
         return len(self.policies)
 
     def level_of(self, priority: int | None) -> int:
-        """The 0-based level of a request's priority (0 or None: the default level); a priority
-        past the levels is a 400 (Triton quietly uses the default; a typo should not)."""
+        """The 0-based level of a request's priority: 0 or None, or a priority past the levels
+        (Triton's ``SetPriority``), is the default level; the first time a priority falls back
+        so, a warning names it and the level it got."""
         if not priority:
             return self.default
         if priority > len(self.policies):
-            raise BadRequest(
-                f"Invalid parameter(s): priority: must be 0 to {len(self.policies)} "
-                f"for model {self.name}, got {priority}"
-            )
+            if priority not in self.fallbacks:
+                self.fallbacks.add(priority)
+                log.warning(
+                    "Model %s has %d priority levels: a request's priority %d runs at its "
+                    "default level %d",
+                    self.name,
+                    len(self.policies),
+                    priority,
+                    self.default + 1,
+                )
+            return self.default
         return priority - 1
 
     def insert_at(self, place: int) -> int:
@@ -185,6 +208,7 @@ class Levels:
                 "level": i + 1,
                 "queued": self.queued_at(i),
                 "requests": {str(code): n for code, n in sorted(self.answered[i].items())},
+                "timeouts": dict(self.timeouts[i]),
                 "maxQueueSize": p.max_queue_size,
                 "defaultTimeoutMicroseconds": p.default_timeout_us,
                 "timeoutAction": "DELAY" if p.delay else "REJECT",
@@ -206,25 +230,22 @@ def settle(items: Any, levels: Levels, now: float) -> None:
         levels.counts[p.place] -= 1
         p.place |= 1
         p.delay_at = None
+        levels.timeouts[p.place // 2]["DELAY"] += 1
         items.insert(levels.insert_at(p.place), p)
 
 
 def level_of(levels: Levels | None, schedule: Schedule) -> int:
-    """The 0-based level of a request (BadRequest for a priority the model does not have). A
-    model without levels has one: priority 0 or 1."""
+    """The 0-based level of a request. A model without levels has one, whatever its priority
+    (Triton's: a priority past a model's levels is its default level)."""
     if levels is not None:
         return levels.level_of(schedule.priority)
-    if schedule.priority is not None and schedule.priority > 1:
-        raise BadRequest(
-            "Invalid parameter(s): priority: must be 0 or 1 for a model without priority "
-            f"levels, got {schedule.priority}"
-        )
     return 0
 
 
 def place(item: Any, levels: Levels, level: int, timeout_us: int | None, now: float) -> None:
     """Give a just-admitted ``item`` its place and its level's timeout (REJECT: a deadline, the
-    earlier of it and any the request has; DELAY: the time it moves behind)."""
+    earlier of it and any the request has, answered 503 when it is the level's; DELAY: the time
+    it moves behind)."""
     item.place = 2 * level
     policy = levels.policies[level]
     timeout = policy.timeout_us(timeout_us)
@@ -233,4 +254,5 @@ def place(item: Any, levels: Levels, level: int, timeout_us: int | None, now: fl
         if policy.delay:
             item.delay_at = at
         else:
+            item.timeout_at = at  # 503 at it (QueueTimeout), 504 at an earlier deadline
             item.deadline = at if item.deadline is None else min(item.deadline, at)

@@ -12,7 +12,8 @@ Contract:
   before the window ends. Every ``probe_interval`` seconds it waits once anyway.
 * A request whose caller left is taken out at once (``discard``: its reader's ``finish``); any
   other whose future is done is dropped before dispatch. A request still queued at its deadline
-  is answered :class:`RequestTimeout` (504), and one queued ``max_wait_s`` (the model's
+  is answered :class:`RequestTimeout` (504; :class:`QueueTimeout`, 503, when it is its priority
+  level's timeout, serving/priority.py), and one queued ``max_wait_s`` (the model's
   ``max_queue_delay_ms``, 0: off; see admission.py) :class:`Overloaded` (503), then, even while
   every worker is busy (serving/deadlines.py's timer), and never runs.
 * ``take`` pops requests only at its very end, synchronously, so cancelling a waiting ``take``
@@ -39,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from torchbay.server.errors import Overloaded, QueueFull, TorchbayError
+from torchbay.server.errors import Overloaded, QueueFull, QueueTimeout, TorchbayError
 from torchbay.server.serving.deadlines import Deadlines, due, expiry, fill_by
 from torchbay.server.serving.parts import Parts
 from torchbay.server.serving.priority import Levels, settle
@@ -64,6 +65,7 @@ class Pending(Generic[T, R]):
     parts: Parts[R] | None = None  # a streaming caller's intermediate parts (None: not streaming)
     place: int = 0  # its place in a queue with levels: 2 * level (0-based), + 1 once delayed
     delay_at: float | None = None  # clock() after which it is delayed (timeoutAction DELAY)
+    timeout_at: float | None = None  # clock() when its level's timeout rejects it (REJECT)
     counted: bool = True  # an inference; a management describe is not (plane/describe.py)
 
 
@@ -321,6 +323,8 @@ class BatchQueue(Generic[T, R]):
         error = expiry(p, now, self.max_wait_s, self.retry_after)
         if isinstance(error, Overloaded):
             self.expired += 1
+        elif isinstance(error, QueueTimeout) and self.levels is not None:
+            self.levels.timeouts[p.place // 2]["REJECT"] += 1
         return error
 
     def _drop_dead(self, now: float) -> None:

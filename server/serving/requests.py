@@ -47,8 +47,8 @@ class RequestPath:
     ) -> Pending[p.WireRequest, p.WireResponse]:
         """Queue one request: on ``sequence`` for a sequence model (serving/sequences.py), else
         at its priority level (``schedule``, serving/priority.py). Raises QueueFull / NoWorker /
-        ShuttingDown / Overloaded / a refused sequence's 400 at once, BadRequest for a priority
-        the model does not have (not counted as a refusal: the model is not pressed by it)."""
+        ShuttingDown / Overloaded / a refused sequence's 400 at once (a priority past the
+        model's levels runs at its default level)."""
         level = level_of(self.queue.levels, schedule)
         self.requests_received += 1
         try:

@@ -293,14 +293,20 @@ def test_another_request_id_is_a_hit_answered_with_its_own_id(
 
 def test_another_priority_or_timeout_is_a_hit(server: LiveServer) -> None:
     """Priority and timeout say when a request runs, not what it answers: Triton's key has
-    neither. A priority the model has no level for is still the queue's 400, hit or not."""
+    neither. A priority past the model's levels is its default level (Triton's), a hit too; one
+    past any model's levels (16) is still a 400, hit or not."""
     url = "/v2/models/sub/infer"
     first = _v2(A * 6, parameters={"priority": 2, "timeout": 5_000_000})
     assert _moved(server, "sub", "1", lambda: _post(server, url, json=first)) == MISS
-    for params in ({"priority": 1}, {"timeout": 7_000_000}, {"priority": 1, "timeout": 9}):
+    for params in (
+        {"priority": 1},
+        {"timeout": 7_000_000},
+        {"priority": 1, "timeout": 9},
+        {"priority": 3},
+    ):
         again = _v2(A * 6, parameters=params)
         assert _moved(server, "sub", "1", lambda a=again: _post(server, url, json=a)) == HIT
-    refused = httpx.post(f"{server.url}{url}", json=_v2(A * 6, parameters={"priority": 3}))
+    refused = httpx.post(f"{server.url}{url}", json=_v2(A * 6, parameters={"priority": 17}))
     assert refused.status_code == 400 and "priority" in refused.text, refused.text
     client = triton_grpc.InferenceServerClient(
         f"127.0.0.1:{server.server.state.ports.grpc_inference}"

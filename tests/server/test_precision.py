@@ -47,12 +47,12 @@ class Total(nn.Module):
         return x.sum(0)
 
 
-def _yaml(batch_size: int, delay_ms: int) -> str:
+def _yaml(batch_size: int, delay_ms: int, **settings: Any) -> str:
     signature = {
         "inputs": [{"name": "block", "datatype": "FP32", "shape": [3, 4]}],
         "outputs": [{"name": "total", "datatype": "FP32", "shape": [4]}],
     }
-    return json.dumps({"batchSize": batch_size, "maxBatchDelay": delay_ms, **signature})
+    return json.dumps({"batchSize": batch_size, "maxBatchDelay": delay_ms, **signature, **settings})
 
 
 def _affine_module() -> Any:
@@ -89,8 +89,10 @@ def _build_store(root: Path, work: Path) -> None:
         shutil.copyfile(DATA / legacy, root / legacy)
     torch.jit.save(torch.jit.script(Total().eval()), str(work / "total.pt"))
     # ``whole`` never waits for a batch; ``pair`` waits for two requests (each then runs alone)
-    for name, batch_size, delay_ms in (("whole", 4, 0), ("pair", 2, 60_000)):
-        (work / f"{name}.yaml").write_text(_yaml(batch_size, delay_ms))
+    # and has priority levels
+    levels = {"priorityLevels": 2, "defaultPriorityLevel": 2}
+    for name, batch_size, delay_ms, more in (("whole", 4, 0, {}), ("pair", 2, 60_000, levels)):
+        (work / f"{name}.yaml").write_text(_yaml(batch_size, delay_ms, **more))
         package(
             ArchiveOptions(
                 model_name=name,
@@ -248,6 +250,12 @@ def test_an_unbatched_model_is_described_without_a_batch_dimension(
     message = oip_grpc.get_model_config("whole").config
     assert message.max_batch_size == 0 and not message.HasField("dynamic_batching")
     assert list(message.input[0].dims) == [3, 4]
+    # With priority levels it shows them, as Triton's dynamic batcher takes max_batch_size 0
+    # models too (they were left out with the whole section).
+    config = oip_http.get_model_config("pair")
+    assert config["max_batch_size"] == 0 and config["dynamic_batching"]["priority_levels"] == 2
+    message = oip_grpc.get_model_config("pair").config
+    assert message.dynamic_batching.default_priority_level == 2
     [described] = httpx.get(f"{server.management_url}/models/whole").json()
     assert described["batched"] is False and described["batchSize"] == 4
 

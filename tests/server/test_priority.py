@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from torchbay.server.config.model_settings import ModelConfig
-from torchbay.server.errors import BadRequest, QueueFull, RequestTimeout
+from torchbay.server.errors import BadRequest, QueueFull, QueueTimeout, RequestTimeout
 from torchbay.server.plane.schedule import queue_policies, schedule_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import Admission
@@ -74,8 +74,7 @@ def test_one_plain_level_has_no_levels_and_keeps_arrival_order():
         assert q.levels is None  # the plain queue: append and popleft, as before
         for i in range(4):
             _put(q, i, priority=1 if i % 2 else 0)  # 0 and 1 both name the one level
-        with pytest.raises(BadRequest, match="priority"):
-            level_of(None, Schedule(2))
+        assert level_of(None, Schedule(2)) == 0  # and any other (Triton's default level)
         return await _drain(q)
 
     assert asyncio.run(scenario()) == [0, 1, 2, 3]
@@ -98,17 +97,25 @@ def test_each_level_has_its_own_bound():
     asyncio.run(scenario())
 
 
-def test_reject_answers_504_and_never_dispatches():
+def test_reject_answers_503_and_never_dispatches():
+    """A level's timeout is Triton's REJECT: UNAVAILABLE (503) "Request timeout expired" (it
+    was a 504); an earlier deadline of the request's own (clientTimeoutInMills) stays a 504."""
+
     async def scenario() -> None:
         policy = LevelPolicy(default_timeout_us=1, allow_override=False)
         q = _queue(_levels(policy, LevelPolicy()), batch_size=4)
         late = _put(q, "late", 1)
+        own = _put(q, "own", 2)
         kept = _put(q, "kept", 2)
-        late.deadline = clock() - 1  # its 1 us timeout has passed (no sleep needed)
+        late.deadline = late.timeout_at = clock() - 1  # its 1 us timeout has passed (no sleep)
+        own.deadline = clock() - 1  # its own deadline passed; level 2 has no timeout
         batch = await asyncio.wait_for(q.take(), 5)
         assert [i.payload for i in batch] == ["kept"]
-        assert isinstance(late.future.exception(), RequestTimeout)
-        assert late.future.exception().oip_text == "Request timeout expired"
+        rejected = late.future.exception()
+        assert isinstance(rejected, QueueTimeout) and rejected.status == 503
+        assert rejected.oip_text == "Request timeout expired"
+        assert type(own.future.exception()) is RequestTimeout
+        assert q.levels.timeouts == [{"REJECT": 1, "DELAY": 0}, {"REJECT": 0, "DELAY": 0}]
         assert late.dispatched is None and kept.dispatched is not None
         assert q.levels.counts == [0, 0, 0, 0]
 
@@ -125,6 +132,7 @@ def test_delay_moves_a_timed_out_request_behind_its_level_not_below_the_next():
         slow.delay_at = clock() - 1  # its timeout has passed: delayed, not rejected
         order = await _drain(q)
         assert not slow.future.done()  # never answered with an error
+        assert q.levels.timeouts[0] == {"REJECT": 0, "DELAY": 1}
         return order
 
     assert asyncio.run(scenario()) == ["live1", "delayed", "low"]
@@ -206,9 +214,15 @@ def test_bad_schedule_values_are_400s_naming_the_field(wire: p.WireRequest, fiel
         schedule_of(wire)
 
 
-def test_priority_past_the_levels_is_a_400_naming_it():
-    with pytest.raises(BadRequest, match="priority: must be 0 to 2 for model m, got 3"):
-        _levels(LevelPolicy(), LevelPolicy()).level_of(3)
+def test_priority_past_the_levels_is_the_default_level(caplog: pytest.LogCaptureFixture):
+    """Triton's SetPriority: 0, or a priority above the levels, is the default level (it was a
+    400); the first fallback of each priority is logged, naming the level it got."""
+    levels = _levels(LevelPolicy(), LevelPolicy(), default=2)
+    with caplog.at_level("WARNING", logger="torchbay.model"):
+        assert [levels.level_of(p) for p in (0, None, 1, 2, 3, 16, 3)] == [1, 1, 0, 1, 1, 1, 1]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and "priority 3 runs at its default level 2" in warned[0]
+    assert level_of(None, Schedule(priority=16)) == 0  # no levels: one, whatever the priority
 
 
 def test_settings_are_bounded_and_checked():

@@ -6,7 +6,7 @@ names as call metadata). Real uvicorn, grpcio, worker processes and archives.
 The order is proven by construction (tests/server/assets/gate_handler.py): a first request holds
 the one worker until the test creates its gate file, so every later request is queued; the
 handler logs the ids it runs, in order. A request's timeout is known to have passed by reading
-its 504 coming while the worker is still held, never by sleeping."""
+its 503 coming while the worker is still held, never by sleeping."""
 
 from __future__ import annotations
 
@@ -40,6 +40,18 @@ GATE = {
     # Requests may shorten the level's timeout (a minute) to their own.
     "defaultQueuePolicy": {"defaultTimeoutMicroseconds": 60_000_000, "allowTimeoutOverride": True},
 }
+# Triton's form (model_config.proto's names, as protobuf's JSON writes a uint64: text) in the
+# archive's model-config.yaml.
+TRITON_YAML = """minWorkers: 1
+maxWorkers: 1
+dynamic_batching:
+  max_queue_delay_microseconds: 2000
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy: {timeout_action: DELAY, default_timeout_microseconds: "7000"}
+  priority_queue_policy:
+    "1": {max_queue_size: 4}
+"""
 APIS = ("oip_rest", "oip_grpc", "ts_rest", "ts_grpc")
 GRPC_STATUS = {
     grpc.StatusCode.OK: 200,
@@ -51,7 +63,12 @@ GRPC_STATUS = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    store = build_store(tmp_path_factory, "prio-store", {"gate": str(ASSETS / "gate_handler.py")})
+    triton_yaml = tmp_path_factory.mktemp("prio-config") / "model-config.yaml"
+    triton_yaml.write_text(TRITON_YAML)
+    handler = str(ASSETS / "gate_handler.py")
+    store = build_store(
+        tmp_path_factory, "prio-store", {"gate": handler, "tri": handler}, {"tri": triton_yaml}
+    )
     with running(store, models={"gate": {"1.0": GATE}}, load_models=["all"]) as live:
         yield live
 
@@ -170,15 +187,37 @@ def test_high_priority_overtakes_queued_low_ones(
     assert ran_ids(log) == ["held", "high", "low0", "low1"]
 
 
-def test_a_request_past_its_timeout_is_answered_504_and_never_runs(
+def test_a_priority_past_the_levels_runs_at_the_default_level(
     server: LiveServer, pool: ThreadPoolExecutor, gated: SimpleNamespace
 ) -> None:
+    """Triton's SetPriority: a priority above the model's priority_levels is its default level
+    (here 2), not a 400 (it was one); past any model's levels (16) it is still refused."""
+    send, log, gate = gated.send, gated.log, gated.gate
+    low = pool.submit(send, {"id": "low", "log": str(log)}, 2)
+    until(lambda: len(_queue(server)) == 1, "the level-2 request queued")
+    past = pool.submit(send, {"id": "past", "log": str(log)}, 3)
+    try:
+        until(lambda: past.done() or len(_queue(server)) == 2, "the priority-3 request queued")
+        assert not past.done(), past.result()  # queued, not refused
+        high = pool.submit(send, {"id": "high", "log": str(log)}, 1)
+        until(lambda: len(_queue(server)) == 3, "the high-priority request queued")
+    finally:
+        gate.touch()
+    assert [f.result(60)[0] for f in (gated.held, low, past, high)] == [200] * 4
+    assert ran_ids(log) == ["held", "high", "low", "past"]  # behind level 2's earlier one
+
+
+def test_a_request_past_its_timeout_is_answered_503_and_never_runs(
+    server: LiveServer, pool: ThreadPoolExecutor, gated: SimpleNamespace
+) -> None:
+    """Triton's REJECT answers UNAVAILABLE "Request timeout expired" (its
+    qa/L0_batcher/queue_timeout_test.py); it was a 504 / DEADLINE_EXCEEDED."""
     send, log, gate = gated.send, gated.log, gated.gate
     late = pool.submit(send, {"id": "late", "log": str(log)}, 0, 1000)  # 1 ms
     # Answered at its own 1 ms (not the level's minute), while the worker is still busy.
     status, message = late.result(30)
     gate.touch()
-    assert status == 504
+    assert status == 503, message
     if gated.api.startswith("oip"):
         assert "Request timeout expired" in message  # Triton's words
     assert gated.held.result(60)[0] == 200
@@ -188,11 +227,11 @@ def test_a_request_past_its_timeout_is_answered_504_and_never_runs(
 @pytest.mark.parametrize(
     ("api", "priority", "timeout", "field"),
     [
-        ("oip_rest", 3, None, "priority"),
-        ("oip_grpc", 3, None, "priority"),
+        ("oip_rest", 17, None, "priority"),
+        ("oip_grpc", 17, None, "priority"),
         ("ts_rest", "high", None, "X-Torchbay-Priority"),
         ("ts_rest", 1, -5, "X-Torchbay-Timeout-Us"),
-        ("ts_grpc", 9, None, "priority"),
+        ("ts_grpc", 99, None, "X-Torchbay-Priority"),
     ],
 )
 def test_bad_schedule_values_are_400s_naming_the_field(
@@ -226,7 +265,7 @@ def test_a_compressed_oip_request_s_schedule_is_read(server: LiveServer, algorit
     text = triton_http.InferInput("text", [1], "BYTES")
     text.set_data_from_numpy(np.array([b'{"id": "z", "log": "/dev/null"}'], dtype=object))
     with pytest.raises(InferenceServerException) as err:
-        client.infer("gate", [text], priority=3, request_compression_algorithm=algorithm)
+        client.infer("gate", [text], priority=17, request_compression_algorithm=algorithm)
     assert err.value.status() == "400" and "priority" in err.value.message()
 
 
@@ -245,6 +284,21 @@ def test_model_config_shows_the_levels_and_policies(server: LiveServer) -> None:
     assert [level["level"] for level in described["queueLevels"]] == [1, 2]
 
 
+def test_a_triton_dynamic_batching_section_sets_the_levels_and_policies(
+    server: LiveServer,
+) -> None:
+    """A model-config.yaml's Triton-form ``dynamic_batching`` section sets the levels, the
+    queue policies and the batch delay, as its ``sequence_batching`` sets the sequence
+    settings; it was left to the handler alone, and the model had no levels."""
+    described = httpx.get(f"{server.management_url}/models/tri", timeout=30).json()[0]
+    levels = [
+        (lv["level"], lv["maxQueueSize"], lv["defaultTimeoutMicroseconds"], lv["timeoutAction"])
+        for lv in described.get("queueLevels", [])
+    ]
+    assert levels == [(1, 4, 0, "REJECT"), (2, 0, 7000, "DELAY")], described
+    assert described["maxBatchDelay"] == 2, described
+
+
 def _per_level(server: LiveServer) -> tuple[dict[tuple, float], list[dict]]:
     """The gate model's per-level samples of /metrics ({(name, level, code): value}; code None
     for the depth) and describe's ``queueLevels``."""
@@ -259,7 +313,7 @@ def _per_level(server: LiveServer) -> tuple[dict[tuple, float], list[dict]]:
             if sample.name == "torchbay_queue_depth":
                 assert set(labels) == {"model", "version"}  # unchanged: no level
             if sample.name.startswith("torchbay_priority_"):
-                key = (sample.name, int(labels["level"]), labels.get("code"))
+                key = (sample.name, int(labels["level"]), labels.get("code", labels.get("action")))
                 samples[key] = sample.value
     described = httpx.get(f"{server.management_url}/models/gate", timeout=30).json()[0]
     return samples, described["queueLevels"]
@@ -287,7 +341,7 @@ def test_metrics_and_describe_count_each_level(
     assert (samples[_depth(1)], samples[_depth(2)]) == (1.0, 2.0)
     assert [(lv["level"], lv["queued"]) for lv in levels] == [(1, 1), (2, 2)]
     late = pool.submit(_ts_rest, server, {"id": "late", "log": str(log)}, 1, 1000)  # 1 ms
-    assert late.result(30)[0] == 504  # answered at its timeout, the worker still busy
+    assert late.result(30)[0] == 503  # answered at its timeout, the worker still busy
     samples, levels = _per_level(server)  # and no longer counted as queued
     assert (samples[_depth(1)], samples[_depth(2)]) == (1.0, 2.0)
     gate.touch()
@@ -295,8 +349,12 @@ def test_metrics_and_describe_count_each_level(
     counted = before.get(_requests(2, 200), 0) + 3  # the exchanges count as they close
     until(lambda: _per_level(server)[0].get(_requests(2, 200)) == counted, "level 2's counted")
     after, levels = _per_level(server)
-    for level, code, count in ((1, 200, 1), (1, 504, 1), (2, 200, 3)):
+    for level, code, count in ((1, 200, 1), (1, 503, 1), (2, 200, 3)):
         key = _requests(level, code)
         assert after[key] - before.get(key, 0) == count, key
+    # The 503 that was the level's timeout, told apart from a refusal's (Triton's REJECTED).
+    expired = ("torchbay_priority_timeouts_total", 1, "REJECT")
+    assert after[expired] - before.get(expired, 0) == 1
     assert (after[_depth(1)], after[_depth(2)]) == (0.0, 0.0)
-    assert levels[0]["requests"]["504"] >= 1 and levels[1]["requests"]["200"] >= 3
+    assert levels[0]["requests"]["503"] >= 1 and levels[1]["requests"]["200"] >= 3
+    assert levels[0]["timeouts"]["REJECT"] >= 1

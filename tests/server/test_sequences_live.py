@@ -365,20 +365,29 @@ def test_without_an_idle_limit_id_less_requests_do_not_hold_every_place(
         assert httpx.post(url, json={}, headers=again, timeout=60).status_code == 200
 
 
-def test_an_archive_whose_triton_idle_limit_is_infinite_is_refused_400(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+@pytest.mark.parametrize(
+    ("yaml", "named"),
+    [
+        ("sequence_batching:\n  max_sequence_idle_microseconds: .inf\n", "sequence_max_idle_ms"),
+        ("sequenceBatching: true\npriorityLevels: 2\ndefaultPriorityLevel: 1\n", "priorityLevels"),
+    ],
+)
+def test_an_archive_whose_sequence_settings_cannot_hold_is_refused_400(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, yaml: str, named: str
 ) -> None:
     """A model-config.yaml with ``max_sequence_idle_microseconds: .inf`` (or ``.nan``): its
-    registration was a 500 (OverflowError, a traceback in the log); now a 400 naming it."""
+    registration was a 500 (OverflowError, a traceback in the log); now a 400 naming it. A
+    sequence model with priority levels (Triton's config has sequence_batching or
+    dynamic_batching, never both): the levels were quietly ignored; now a 400 naming them."""
     config = tmp_path / "model-config.yaml"
-    config.write_text("sequence_batching:\n  max_sequence_idle_microseconds: .inf\n")
+    config.write_text(yaml)
     store = build_store(
         tmp_path_factory, "idle-inf", {"probe": str(ASSETS / "probe_handler.py")}, {"probe": config}
     )
     with running(store, enable_model_api=True) as live:
         r = httpx.post(f"{live.management_url}/models", params={"url": "probe.mar"}, timeout=60)
     assert r.status_code == 400, r.text
-    assert "sequence_max_idle_ms" in r.json()["message"]
+    assert named in r.json()["message"]
 
 
 @contextlib.contextmanager
