@@ -45,6 +45,7 @@ from torchbay.server.serving.sequence_ends import SequenceEnds
 from torchbay.server.serving.sequence_types import (
     Ended,
     Sequence,
+    SequenceCancelled,
     SequenceExpired,
     SequenceLost,
     SequenceRef,
@@ -54,7 +55,14 @@ from torchbay.server.serving.sequence_types import (
     slot_alive,
 )
 
-__all__ = ["SequenceExpired", "SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
+__all__ = [
+    "SequenceCancelled",
+    "SequenceExpired",
+    "SequenceLost",
+    "SequenceQueue",
+    "SequenceRef",
+    "SequenceRefused",
+]
 
 
 def _keyed(ref: SequenceRef) -> SequenceRef:
@@ -93,7 +101,7 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         self._slots: dict[Any, None] = {}  # every slot that took, in order
         self._timer: asyncio.TimerHandle | None = None
         self._watched: set[Any] = set()  # workers whose exit sweeps
-        self.ended = {"end": 0, "idle": 0, "timeout": 0, "worker": 0, "refused": 0}
+        self.ended = {"end": 0, "idle": 0, "timeout": 0, "worker": 0, "cancelled": 0, "refused": 0}
 
     def __len__(self) -> int:
         return self._queued

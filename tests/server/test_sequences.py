@@ -21,6 +21,7 @@ from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending, clock
 from torchbay.server.serving.sequences import (
+    SequenceCancelled,
     SequenceExpired,
     SequenceLost,
     SequenceQueue,
@@ -474,3 +475,44 @@ def test_triton_s_idle_limit_out_of_range_is_the_settings_error(idle_us: float):
     fields, _, _ = split_model_keys({"sequence_batching": section}, where="x", backend_params=True)
     with pytest.raises(ValidationError, match="sequence_max_idle_ms"):
         ModelConfig.model_validate(fields)
+
+
+def test_a_cancelled_request_cancels_its_triton_sequence():
+    """A queued request whose caller left, of a sequence that Triton's API opened: the
+    sequence ends with it, its other queued requests answered cancelled and its next request
+    refused until a start, as Triton's sequence batcher (its docs' request_cancellation.md,
+    scheduler_test.py's queued sequence cancellation). Was: the request was dropped and the
+    sequence went on."""
+
+    async def scenario() -> tuple[BaseException | None, bool, str, int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "t", "t1", start=True)
+        assert len(await q.take(slot)) == 1  # running: its next requests wait
+        left, behind = (_put(q, "t", p) for p in ("t2", "t3"))
+        left.future.cancel()  # its caller left (RequestPath.finish)
+        assert q.cancel(left)
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, "t", "t4")
+        restarted = _put(q, "t", "t5", start=True)
+        exc = behind.future.exception()
+        return exc, restarted.future.done(), info.value.message, q.ended["cancelled"]
+
+    behind, restarted_done, message, ended = run(scenario())
+    assert isinstance(behind, SequenceCancelled) and behind.status == 400
+    assert "cancelled" in message and not restarted_done and ended == 1
+
+
+def test_a_torchserve_sequence_goes_on_past_a_cancelled_request():
+    """TorchServe's API: the request whose caller left never happened (discard)."""
+
+    async def scenario() -> tuple[list[object], int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "ts", "ts1", start=True, implicit=True)
+        _answer(await q.take(slot))
+        left = _put(q, "ts", "ts2", implicit=True)
+        _put(q, "ts", "ts3", implicit=True)
+        left.future.cancel()
+        assert q.cancel(left)
+        return [item.payload for item in await q.take(slot)], q.ended["cancelled"]
+
+    assert run(scenario()) == (["ts3"], 0)
