@@ -81,15 +81,13 @@ def _post(
     return httpx.post(server.url + path, content=content, headers=headers, timeout=60)
 
 
-def _leaving(
-    server: LiveServer,
-    api: str,
-    model: str,
-    body: dict[str, Any],
-    params: dict[str, Any] | None = None,
-) -> socket.socket:
+def _leaving(server: LiveServer, api: str, model: str, body: dict[str, Any]) -> socket.socket:
     """A raw HTTP/1.1 request whose client will leave: the caller closes the socket."""
-    path, content = _http_request(api, model, body, params)
+    return _leaving_with(server, *_http_request(api, model, body))
+
+
+def _leaving_with(server: LiveServer, path: str, content: bytes) -> socket.socket:
+    """``_leaving`` of a request already made (``_http_request``'s path and body)."""
     head = (
         f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
         f"content-length: {len(content)}\r\n\r\n"

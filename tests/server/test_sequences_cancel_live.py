@@ -25,8 +25,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from .conftest import LiveServer, gate_server, oip_client, ran_ids, until
-from .test_cancel import _leave, _post, _queued
-from .test_cancel import _leaving as _leaving_http
+from .test_cancel import _http_request, _leave, _leaving_with, _post, _queued
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +53,7 @@ def _ended(server: LiveServer) -> int:
 def _leaving(server: LiveServer, client: Any, protocol: str, body: dict, sid: str) -> Callable:
     """A queued request of ``sid`` whose client will leave: the callable that leaves."""
     if protocol == "http":
-        sock = _leaving_http(server, "oip", "gseq", body, {"sequence_id": sid})
+        sock = _leaving_with(server, *_http_request("oip", "gseq", body, {"sequence_id": sid}))
         return lambda: _leave(sock)
     call = client.async_infer("gseq", _text(body), lambda **_: None, sequence_id=sid)
     return call.cancel
