@@ -129,7 +129,8 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         if self._closed is not None:
             raise self._closed
         if ref is None:
-            ref = SequenceRef(f"torchbay-{id(item):x}", start=True, end=True)
+            # implicit: should its caller leave, it never happened (``cancel``: ``discard``)
+            ref = SequenceRef(f"torchbay-{id(item):x}", start=True, end=True, implicit=True)
         ref = _keyed(ref)
         if self._queued >= self.capacity:
             self.put_refused()

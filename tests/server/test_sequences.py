@@ -503,7 +503,8 @@ def test_a_cancelled_request_cancels_its_triton_sequence():
 
 
 def test_a_torchserve_sequence_goes_on_past_a_cancelled_request():
-    """TorchServe's API: the request whose caller left never happened (discard)."""
+    """TorchServe's API, and a request without a sequence: the request whose caller left never
+    happened (discard)."""
 
     async def scenario() -> tuple[list[object], int]:
         q, slot = _queue(), _Slot()
@@ -513,6 +514,10 @@ def test_a_torchserve_sequence_goes_on_past_a_cancelled_request():
         _put(q, "ts", "ts3", implicit=True)
         left.future.cancel()
         assert q.cancel(left)
+        alone = Pending("v1", asyncio.get_running_loop().create_future(), clock())
+        q.put(alone)  # no sequence (a KServe v1 instance): one of its own, which never happened
+        alone.future.cancel()
+        assert q.cancel(alone)
         return [item.payload for item in await q.take(slot)], q.ended["cancelled"]
 
     assert run(scenario()) == (["ts3"], 0)
