@@ -160,6 +160,9 @@ class SequenceEnds:
         """Close ``seq``; its queued requests (if any) are answered with the reason."""
         self.open.pop(seq.id, None)
         self.ended[why] += count
+        if seq.end_ran:  # the sequence a start joined ended by its end, which ran: counted here,
+            seq.end_ran = False  # as the id's release would have counted it
+            self.ended["end"] += 1
         error = error or (SequenceLost if why == "worker" else SequenceRefused)
         for item in list(seq.items):
             self.discard(item)

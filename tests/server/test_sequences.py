@@ -502,6 +502,30 @@ def test_a_cancelled_request_cancels_its_triton_sequence():
     assert "cancelled" in message and not restarted_done and ended == 1
 
 
+def test_a_cancelled_start_that_joined_a_running_end_counts_both_sequences_once():
+    """The end of a sequence runs, the next start under the id waits and is cancelled: the
+    first sequence ended by its end (counted ``end`` once), the second was cancelled. Was: the
+    first was never counted (its end's answer comes after the id closed)."""
+
+    async def scenario() -> dict[str, int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", "a1", start=True)
+        _answer(await q.take(slot))
+        _put(q, "a", "a2", end=True)
+        end = await q.take(slot)  # a2 runs
+        start = _put(q, "a", "b1", start=True)
+        start.future.cancel()
+        assert q.cancel(start)
+        _answer(end)
+        waiting = asyncio.ensure_future(q.take(slot))  # a2 answered and released
+        await asyncio.sleep(0)
+        waiting.cancel()
+        return q.ended
+
+    ended = run(scenario())
+    assert (ended["end"], ended["cancelled"]) == (1, 1)
+
+
 def test_a_torchserve_sequence_goes_on_past_a_cancelled_request():
     """TorchServe's API, and a request without a sequence: the request whose caller left never
     happened (discard)."""
