@@ -139,7 +139,11 @@ class SequenceEnds:
 
     def _drop_expired(self, seq: Sequence, now: float) -> None:
         for item in list(seq.items):
-            if item.future.done() or (item.deadline is not None and item.deadline <= now):
+            if self.open.get(seq.id) is not seq:  # a request's cancel ended it
+                return
+            if item.future.cancelled():  # its caller left, before its reader's ``finish``
+                self.cancel(item)
+            elif item.future.done() or (item.deadline is not None and item.deadline <= now):
                 self._expire(item, now)
 
     def _expire(self, item: Pending, now: float) -> None:

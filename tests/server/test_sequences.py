@@ -502,6 +502,27 @@ def test_a_cancelled_request_cancels_its_triton_sequence():
     assert "cancelled" in message and not restarted_done and ended == 1
 
 
+def test_a_request_whose_caller_left_cancels_its_sequence_before_its_reader_finishes():
+    """The caller left (its future cancelled) and a slot takes before the reader's ``finish``
+    reaches the queue: the sweep that drops the request cancels its sequence all the same.
+    Was: the sweep dropped it alone, and the request behind it ran."""
+
+    async def scenario() -> tuple[list[object], object]:
+        q, slot = _queue(), _Slot()
+        _put(q, "t", "t1", start=True)
+        _answer(await q.take(slot))
+        left, behind = (_put(q, "t", p) for p in ("t2", "t3"))
+        left.future.cancel()  # no q.cancel yet: the slot's take comes first
+        waiting = asyncio.ensure_future(q.take(slot))
+        await asyncio.sleep(0)
+        taken = [i.payload for i in waiting.result()] if waiting.done() else []
+        waiting.cancel()
+        return taken, behind.future.done() and behind.future.exception()
+
+    taken, behind = run(scenario())
+    assert taken == [] and isinstance(behind, SequenceCancelled), (taken, behind)
+
+
 def test_a_cancelled_start_that_joined_a_running_end_counts_both_sequences_once():
     """The end of a sequence runs, the next start under the id waits and is cancelled: the
     first sequence ended by its end (counted ``end`` once), the second was cancelled. Was: the
