@@ -90,6 +90,11 @@ def slot_alive(slot: Any) -> bool:
     )
 
 
+def gone_for_good(slot: Any) -> bool:
+    """``slot`` will never take again (retired, or its restarts given up)."""
+    return bool(getattr(slot, "retiring", False) or getattr(slot, "gave_up", False))
+
+
 def holds(seq: Sequence) -> bool:
     """The slot a sequence is bound to still serves with the worker that holds its state."""
     return slot_alive(seq.slot) and getattr(seq.slot, "worker", None) is seq.worker

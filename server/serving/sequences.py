@@ -50,6 +50,7 @@ from torchbay.server.serving.sequence_types import (
     SequenceLost,
     SequenceRef,
     SequenceRefused,
+    gone_for_good,
     holds,
     lives,
     slot_alive,
@@ -98,7 +99,7 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         self._of: dict[Pending, Sequence] = {}  # every queued request's sequence
         self._queued = 0
         self._wakers: dict[Any, asyncio.Future[None]] = {}  # slots waiting in take
-        self._slots: dict[Any, None] = {}  # every slot that took, in order
+        self._slots: dict[Any, None] = {}  # every slot that took and may take again, in order
         self._timer: asyncio.TimerHandle | None = None
         self._watched: set[Any] = set()  # workers whose exit sweeps
         self.ended = {"end": 0, "idle": 0, "timeout": 0, "worker": 0, "cancelled": 0, "refused": 0}
@@ -252,7 +253,7 @@ class SequenceQueue(SequenceEnds, BatchQueue):
 
     async def take(self, slot: Any = None) -> list[Pending]:
         """The next batch of ``slot``: at most one request of each of its sequences."""
-        self._slots.setdefault(slot, None)
+        self._joined(slot)
         self._release(slot)
         loop = asyncio.get_running_loop()
         while True:
@@ -267,6 +268,13 @@ class SequenceQueue(SequenceEnds, BatchQueue):
                 await waker
             finally:
                 self._wakers.pop(slot, None)
+
+    def _joined(self, slot: Any) -> None:
+        """``slot`` takes: it is among the slots, which forget those gone for good (retired,
+        given up), so that a model scaled down and up again keeps no slot it dropped."""
+        for gone in [s for s in self._slots if gone_for_good(s)]:
+            del self._slots[gone]
+        self._slots.setdefault(slot, None)
 
     def _release(self, slot: Any) -> None:
         """``slot``'s previous batch is answered: its sequences may run again."""

@@ -9,7 +9,9 @@ Slots here are plain stand-ins with the three attributes the scheduler reads of 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 
 import pytest
 from pydantic import ValidationError
@@ -521,6 +523,28 @@ def test_a_request_whose_caller_left_cancels_its_sequence_before_its_reader_fini
 
     taken, behind = run(scenario())
     assert taken == [] and isinstance(behind, SequenceCancelled), (taken, behind)
+
+
+def test_a_slot_gone_for_good_is_not_kept():
+    """A slot scaled down while it waited in ``take`` (its dispatcher cancelled there): once
+    another slot takes, the queue holds it no more. Was: every slot that ever took was kept,
+    with its worker, for the model's life (an autopilot scaling up and down leaked them)."""
+
+    async def scenario() -> bool:
+        q, old, new = _queue(), _Slot(), _Slot()
+        waiting = asyncio.ensure_future(q.take(old))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.wait([waiting])
+        old.retiring = True
+        gone = weakref.ref(old)
+        del old, waiting
+        _put(q, "a", "a1", start=True)
+        _answer(await q.take(new))
+        gc.collect()
+        return gone() is None
+
+    assert run(scenario())
 
 
 def test_a_cancelled_start_that_joined_a_running_end_counts_both_sequences_once():
