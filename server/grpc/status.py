@@ -4,7 +4,8 @@ The table is TorchServe's (``GRPCUtils.getGRPCStatusCode``), which agrees with h
 own errors: 400 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND,
 409 ABORTED, 413/429 RESOURCE_EXHAUSTED, 499 CANCELLED, 501 UNIMPLEMENTED, 503 UNAVAILABLE,
 504 DEADLINE_EXCEEDED; any other 4xx FAILED_PRECONDITION, any other 5xx INTERNAL; Triton's
-ALREADY_EXISTS (a taken shared-memory region name, ``AlreadyExists``) is 400 over HTTP. The details
+ALREADY_EXISTS (a taken shared-memory region name, ``AlreadyExists``) and CANCELLED (the requests
+of a cancelled sequence, ``SequenceCancelled``) are 400 over HTTP. The details
 string is the same clear message the HTTP API answers (never a traceback or a path: the worker
 and our errors already guarantee that of what they say).
 """
@@ -32,8 +33,12 @@ _CODES = {
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
-# Errors whose gRPC code is not their HTTP status's: Triton's ALREADY_EXISTS is HTTP 400.
-_BY_ERROR_CODE = {"already_exists": grpc.StatusCode.ALREADY_EXISTS}
+# Errors whose gRPC code is not their HTTP status's: Triton's ALREADY_EXISTS and CANCELLED (a
+# cancelled sequence's requests) are HTTP 400.
+_BY_ERROR_CODE = {
+    "already_exists": grpc.StatusCode.ALREADY_EXISTS,
+    "sequence_cancelled": grpc.StatusCode.CANCELLED,
+}
 MAX_DETAILS = 4096  # characters of a handler's message kept in the status details
 # ... and bytes of them as gRPC sends them (grpc-message: UTF-8, percent-encoded but for printable
 # ASCII): a client takes 8 KiB of metadata by default, and past it (with certainty past 16 KiB)

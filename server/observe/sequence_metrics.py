@@ -9,8 +9,10 @@ Per sequence model version (labels ``model``, ``version``)::
                                                was answered), idle (sequenceMaxIdleMSec),
                                                timeout (sequenceTimeoutMSec, or a request's
                                                timeout while waiting for a slot), worker (its worker
-                                               died or was replaced); and refused: requests
-                                               refused for naming an ended sequence
+                                               died or was replaced), cancelled (a queued
+                                               request's caller left: Triton's API); and
+                                               refused: requests refused for naming an ended
+                                               sequence
 
 A version that is not a sequence model has no series. TorchServe has none. Torch-free.
 """

@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import (
@@ -47,6 +48,7 @@ from torchbay.server.errors import (
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.plane.sequence_params import check_ignored, sequence_of
+from torchbay.server.plane.triton_config import batched
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.parts import NO_PARTS, Parts
@@ -149,7 +151,8 @@ class Exchange:
         sequence = None
         if self.model.settings.sequence_mode:  # never cached (a sequence's answers differ)
             names = self.model.settings.sequence_headers
-            wire, sequence = sequence_of(wire, self._max_size(), names)
+            sized = partial(batched, self.model)  # asked only of a request of several rows
+            wire, sequence = sequence_of(wire, self._max_size(), names, sized, self.model.name)
         elif wire.protocol == "v2":  # ignored, but checked as Triton does
             check_ignored(wire, self._max_size())
         # Read before the look-up: a hit is counted at its priority level as any answer.

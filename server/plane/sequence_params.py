@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchbay.server.config.settings import SEQUENCE_HEADERS
@@ -42,12 +42,20 @@ def sequence_of(
     wire: p.WireRequest,
     limit: int = oip_body.DEFAULT_LIMIT,
     names: tuple[str, str, str] = SEQUENCE_HEADERS,
+    batched: Callable[[], bool] = lambda: False,
+    model: str = "",
 ) -> tuple[p.WireRequest, SequenceRef]:
     """``wire`` with TorchServe's sequence headers in their one form, and its ``SequenceRef``.
     Raises BadRequest (400) naming the field for an id or flag that is not one. ``limit``: the
     most bytes a compressed OIP body may inflate to (413 past it; ``oip_body.py``); ``names``:
-    the headers' names (id, start, end; lower-case)."""
-    ref = _oip_ref(wire, limit) if wire.protocol == "v2" else _torchserve_ref(wire, names)
+    the headers' names (id, start, end; lower-case); ``batched``: whether the model's inputs
+    have a batch dimension (its configuration's ``max_batch_size`` > 0), asked only of an OIP
+    request whose first input's first dimension is over 1 (such a request of a batching
+    ``model`` is refused 400, as Triton's sequence batcher refuses it)."""
+    if wire.protocol == "v2":
+        ref = _oip_ref(wire, limit, batched, model)
+    else:
+        ref = _torchserve_ref(wire, names)
     return _with_headers(wire, ref, names), ref
 
 
@@ -82,8 +90,11 @@ def _checked_text(value: str, field: str) -> str:
     return value
 
 
-def _oip_ref(wire: p.WireRequest, limit: int) -> SequenceRef:
-    params = _oip_parameters(wire, limit)
+def _oip_ref(
+    wire: p.WireRequest, limit: int, batched: Callable[[], bool], model: str
+) -> SequenceRef:
+    doc = _oip_doc(wire, limit)
+    params = _oip_parameters(doc)
     if "sequence_id" not in params:
         raise BadRequest(
             "This model is a sequence model: the request must set the parameter sequence_id "
@@ -96,9 +107,25 @@ def _oip_ref(wire: p.WireRequest, limit: int) -> SequenceRef:
         if not value:
             raise BadRequest("Parameter sequence_id must not be an empty string")
         value = _checked_text(value, "Parameter sequence_id")
-    return SequenceRef(
+    ref = SequenceRef(
         value, start=_bool_param(params, "sequence_start"), end=_bool_param(params, "sequence_end")
     )
+    if _first_dim(doc) > 1 and batched():  # Triton's sequence batcher's refusal, in its words
+        raise BadRequest(
+            f"inference request to model '{model}' must specify batch-size 1 due to "
+            "requirements of sequence batcher"
+        )
+    return ref
+
+
+def _first_dim(doc: dict[str, Any]) -> int:
+    """The first dimension of the request's first input (its batch size when the model
+    batches); 0 when it has none (the worker's 400 for a malformed input)."""
+    inputs = doc.get("inputs")
+    first = inputs[0] if isinstance(inputs, list) and inputs else None
+    shape = first.get("shape") if isinstance(first, dict) else None
+    dim = shape[0] if isinstance(shape, list) and shape else 0
+    return dim if type(dim) is int else 0
 
 
 def _typed_id(value: Any) -> int | str:
@@ -139,10 +166,10 @@ def _bool_param(params: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _oip_parameters(wire: p.WireRequest, limit: int) -> dict[str, Any]:
-    """The request-level ``parameters`` of an OIP body (its JSON part: all of it, or the first
-    ``Inference-Header-Content-Length`` bytes of a binary-tensor body), inflated first when it
-    came compressed."""
+def _oip_doc(wire: p.WireRequest, limit: int) -> dict[str, Any]:
+    """The JSON part of an OIP body (all of it, or the first ``Inference-Header-Content-Length``
+    bytes of a binary-tensor body), inflated first when it came compressed; {} when it is no
+    JSON object (its ``parameters``, none, are checked; the worker answers the rest)."""
     headers = _headers(wire)
     body = oip_body.inflated(wire, limit)
     length = headers.get("inference-header-content-length")
@@ -155,7 +182,12 @@ def _oip_parameters(wire: p.WireRequest, limit: int) -> dict[str, Any]:
         doc = json.loads(body) if body else {}
     except (ValueError, RecursionError):
         raise BadRequest("The request body is not valid JSON") from None
-    params = doc.get("parameters") if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else {}
+
+
+def _oip_parameters(doc: dict[str, Any]) -> dict[str, Any]:
+    """The request-level ``parameters`` of an OIP body's JSON part."""
+    params = doc.get("parameters")
     if params is None:
         return {}
     if not isinstance(params, dict):

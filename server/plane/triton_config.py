@@ -23,6 +23,12 @@ def signature(mv: ModelVersion) -> Signature | None:
     return without_controls(sig, mv.config.handler_config)
 
 
+def batched(mv: ModelVersion) -> bool:
+    """Whether the version's configuration shows a batch dimension (``max_batch_size`` > 0):
+    its inputs all have one first, or nothing describes them."""
+    return (signature(mv) or Signature()).batched
+
+
 def platform(mv: ModelVersion) -> str:
     info = getattr(mv.manifest, "torchbay", None)
     return f"pytorch_{getattr(info, 'format', None) or 'torchscript'}"

@@ -57,10 +57,11 @@ class ContinuousSequenceQueue(SequenceQueue):
         """``slot``'s new requests for its next call, which also holds ``carried`` continued
         ones: at most one per sequence, none past the room left. With continued requests it
         returns at once, perhaps with none; without, it waits for a non-empty batch."""
+        self._rooms = {s: room for s, room in self._rooms.items() if s in self._slots}
         self._rooms[slot] = max(0, 2 * self.batch_size - carried)
         if not carried:
             return await super().take(slot)
-        self._slots.setdefault(slot, None)
+        self._joined(slot)
         self._release(slot)
         now = clock()
         self._sweep(now)

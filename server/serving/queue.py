@@ -217,6 +217,11 @@ class BatchQueue(Generic[T, R]):
             self.levels.counts[item.place] -= 1
         return True
 
+    def cancel(self, item: Pending[T, R]) -> bool:
+        """Take out a queued request whose caller left (``discard``; a sequence scheduler
+        also ends the sequence of a request so cancelled, where its API says so)."""
+        return self.discard(item)
+
     def close(self, exc: TorchbayError) -> list[Pending[T, R]]:
         """Refuse new requests with ``exc``; return (and remove) everything still queued."""
         self._closed = exc

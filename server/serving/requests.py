@@ -104,7 +104,8 @@ class RequestPath:
     def finish(self, item: Pending) -> None:
         """The reader is done. One that left before its answer (its future cancelled here, or by
         its caller: a gRPC call's task, an HTTP disconnect) cancels the request: still queued,
-        it is taken out and never runs; running, its result is dropped (and its worker told,
+        it is taken out and never runs (a sequence that Triton's API opened ends with it:
+        ``SequenceQueue.cancel``); running, its result is dropped (and its worker told,
         streams.py), the worker kept. Either way it is counted in ``cancelled``."""
         self.inflight -= 1
         future = item.future
@@ -114,7 +115,7 @@ class RequestPath:
             return  # answered
         queued = item.dispatched is None  # no worker took it
         if queued:
-            self.queue.discard(item)
+            self.queue.cancel(item)
         self.cancelled["queued" if queued else "running"] += 1
 
     async def stream(

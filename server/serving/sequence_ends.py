@@ -1,6 +1,7 @@
 """How a sequence of the sequence scheduler (serving/sequences.py) ends: its end request, a
 start that joins it after its end, its idle and total limits, a request's timeout while it
-waits for a slot, its worker's death; and the one timer at the earliest limit. Torch-free."""
+waits for a slot, a queued request's cancel (Triton's API), its worker's death; and the one
+timer at the earliest limit. Torch-free."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torchbay.server.serving.queue import Pending, clock, reject
 from torchbay.server.serving.sequence_types import (
     Ended,
     Sequence,
+    SequenceCancelled,
     SequenceExpired,
     SequenceLost,
     SequenceRefused,
@@ -33,6 +35,7 @@ class SequenceEnds:
     idle_s: float
     timeout_s: float
     _ended: collections.OrderedDict[str | int, Ended]
+    _of: dict[Pending, Sequence]
     _timer: asyncio.TimerHandle | None
 
     def discard(self, item: Pending) -> bool:
@@ -43,6 +46,20 @@ class SequenceEnds:
 
     def _backlogged(self) -> bool:
         raise NotImplementedError
+
+    def cancel(self, item: Pending) -> bool:
+        """Take out queued ``item``, whose caller left. Its sequence, when Triton's API opened
+        it (``sequence_start``), ends with it, as Triton's sequence batcher cancels the
+        sequence of a cancelled request: its other queued requests are answered cancelled
+        (``SequenceCancelled``), its running one answers, and its next request needs a start.
+        A sequence of TorchServe's API goes on as if ``item`` had never been sent
+        (``discard``)."""
+        seq = self._of.get(item)
+        if seq is None or seq.implicit:
+            return self.discard(item)
+        reason = "was cancelled: a request of it was cancelled while it waited"
+        self._end(seq, reason, "cancelled", error=SequenceCancelled)
+        return True
 
     def _supersede(self, seq: Sequence, start: Pending) -> None:
         """``start`` joins ``seq`` after its end: the sequence that ends is counted once its end
@@ -122,7 +139,11 @@ class SequenceEnds:
 
     def _drop_expired(self, seq: Sequence, now: float) -> None:
         for item in list(seq.items):
-            if item.future.done() or (item.deadline is not None and item.deadline <= now):
+            if self.open.get(seq.id) is not seq:  # a request's cancel ended it
+                return
+            if item.future.cancelled():  # its caller left, before its reader's ``finish``
+                self.cancel(item)
+            elif item.future.done() or (item.deadline is not None and item.deadline <= now):
                 self._expire(item, now)
 
     def _expire(self, item: Pending, now: float) -> None:
@@ -143,6 +164,9 @@ class SequenceEnds:
         """Close ``seq``; its queued requests (if any) are answered with the reason."""
         self.open.pop(seq.id, None)
         self.ended[why] += count
+        if seq.end_ran:  # the sequence a start joined ended by its end, which ran: counted here,
+            seq.end_ran = False  # as the id's release would have counted it
+            self.ended["end"] += 1
         error = error or (SequenceLost if why == "worker" else SequenceRefused)
         for item in list(seq.items):
             self.discard(item)

@@ -18,6 +18,14 @@ class SequenceRefused(BadRequest):
     code = "sequence_refused"
 
 
+class SequenceCancelled(BadRequest):
+    """A queued request of a sequence that Triton's API opened was cancelled (its caller
+    left): the sequence ends and its other queued requests are answered so, as Triton's
+    sequence batcher answers them CANCELLED (HTTP 400, gRPC CANCELLED: grpc/status.py)."""
+
+    code = "sequence_cancelled"
+
+
 class SequenceLost(ServiceUnavailable):
     """The worker that held a sequence's state died or was replaced: the sequence is over."""
 
@@ -80,6 +88,11 @@ def slot_alive(slot: Any) -> bool:
         and not getattr(slot, "retiring", False)
         and not getattr(slot, "gave_up", False)
     )
+
+
+def gone_for_good(slot: Any) -> bool:
+    """``slot`` will never take again (retired, or its restarts given up)."""
+    return bool(getattr(slot, "retiring", False) or getattr(slot, "gave_up", False))
 
 
 def holds(seq: Sequence) -> bool:

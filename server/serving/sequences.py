@@ -45,16 +45,25 @@ from torchbay.server.serving.sequence_ends import SequenceEnds
 from torchbay.server.serving.sequence_types import (
     Ended,
     Sequence,
+    SequenceCancelled,
     SequenceExpired,
     SequenceLost,
     SequenceRef,
     SequenceRefused,
+    gone_for_good,
     holds,
     lives,
     slot_alive,
 )
 
-__all__ = ["SequenceExpired", "SequenceLost", "SequenceQueue", "SequenceRef", "SequenceRefused"]
+__all__ = [
+    "SequenceCancelled",
+    "SequenceExpired",
+    "SequenceLost",
+    "SequenceQueue",
+    "SequenceRef",
+    "SequenceRefused",
+]
 
 
 def _keyed(ref: SequenceRef) -> SequenceRef:
@@ -90,10 +99,10 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         self._of: dict[Pending, Sequence] = {}  # every queued request's sequence
         self._queued = 0
         self._wakers: dict[Any, asyncio.Future[None]] = {}  # slots waiting in take
-        self._slots: dict[Any, None] = {}  # every slot that took, in order
+        self._slots: dict[Any, None] = {}  # every slot that took and may take again, in order
         self._timer: asyncio.TimerHandle | None = None
         self._watched: set[Any] = set()  # workers whose exit sweeps
-        self.ended = {"end": 0, "idle": 0, "timeout": 0, "worker": 0, "refused": 0}
+        self.ended = {"end": 0, "idle": 0, "timeout": 0, "worker": 0, "cancelled": 0, "refused": 0}
 
     def __len__(self) -> int:
         return self._queued
@@ -121,7 +130,8 @@ class SequenceQueue(SequenceEnds, BatchQueue):
         if self._closed is not None:
             raise self._closed
         if ref is None:
-            ref = SequenceRef(f"torchbay-{id(item):x}", start=True, end=True)
+            # implicit: should its caller leave, it never happened (``cancel``: ``discard``)
+            ref = SequenceRef(f"torchbay-{id(item):x}", start=True, end=True, implicit=True)
         ref = _keyed(ref)
         if self._queued >= self.capacity:
             self.put_refused()
@@ -243,7 +253,7 @@ class SequenceQueue(SequenceEnds, BatchQueue):
 
     async def take(self, slot: Any = None) -> list[Pending]:
         """The next batch of ``slot``: at most one request of each of its sequences."""
-        self._slots.setdefault(slot, None)
+        self._joined(slot)
         self._release(slot)
         loop = asyncio.get_running_loop()
         while True:
@@ -258,6 +268,13 @@ class SequenceQueue(SequenceEnds, BatchQueue):
                 await waker
             finally:
                 self._wakers.pop(slot, None)
+
+    def _joined(self, slot: Any) -> None:
+        """``slot`` takes: it is among the slots, which forget those gone for good (retired,
+        given up), so that a model scaled down and up again keeps no slot it dropped."""
+        for gone in [s for s in self._slots if gone_for_good(s)]:
+            del self._slots[gone]
+        self._slots.setdefault(slot, None)
 
     def _release(self, slot: Any) -> None:
         """``slot``'s previous batch is answered: its sequences may run again."""

@@ -273,6 +273,38 @@ def test_a_bytes_tensor_is_type_string_in_the_model_config(triton_server: Any) -
     assert [model_config_pb2.DataType.Name(t.data_type) for t in tensors] == ["TYPE_STRING"] * 4
 
 
+def _client(server: Any, protocol: str) -> Any:
+    """tritonclient's ``protocol`` client of ``server`` (the caller closes it)."""
+    ports = server.server.state.ports
+    if protocol == "http":
+        return httpclient.InferenceServerClient(f"127.0.0.1:{ports.inference}")
+    return grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_sequence_request_of_two_rows_is_refused_as_triton_does(
+    triton_server: Any, protocol: str
+) -> None:
+    """Triton's sequence batcher refuses a request whose batch size is over 1 (its
+    sequence_batch_scheduler.cc: INVALID_ARG, 400). Was: simple_sequence ran both rows as one
+    step of the sequence, 200 [[8], [10]]."""
+    client, module = (
+        _client(triton_server, protocol),
+        httpclient if protocol == "http" else grpcclient,
+    )
+    try:
+        tensor = module.InferInput("INPUT", [2, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[7], [9]], dtype=np.int32))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("simple_sequence", [tensor], sequence_id=4244, sequence_start=True)
+        assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), info.value
+        assert "must specify batch-size 1 due to requirements of sequence batcher" in str(
+            info.value
+        )
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_sequence_model_s_inputs_are_those_a_client_sends(
     triton_server: Any, protocol: str
@@ -281,13 +313,11 @@ def test_a_sequence_model_s_inputs_are_those_a_client_sends(
     request that sends one. Its metadata and configuration listed them among the inputs, so a
     client that builds its request from them (perf_analyzer does) was refused every time; as
     Triton's, they list INPUT alone, and a request built from them is served."""
-    ports = triton_server.server.state.ports
+    client = _client(triton_server, protocol)
     if protocol == "http":
-        client: Any = httpclient.InferenceServerClient(f"127.0.0.1:{ports.inference}")
         meta = client.get_model_metadata("simple_sequence")
         config = client.get_model_config("simple_sequence")
     else:
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc_inference}")
         meta = client.get_model_metadata("simple_sequence", as_json=True)
         config = client.get_model_config("simple_sequence", as_json=True)["config"]
     try:

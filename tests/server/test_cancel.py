@@ -57,23 +57,37 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 # -- the requests, per protocol ---------------------------------------------------------------
 
 
-def _http_request(api: str, model: str, body: dict[str, Any]) -> tuple[str, bytes]:
-    """The path and JSON body of ``body`` sent to ``model`` over TorchServe or OIP REST."""
+def _http_request(
+    api: str, model: str, body: dict[str, Any], params: dict[str, Any] | None = None
+) -> tuple[str, bytes]:
+    """The path and JSON body of ``body`` sent to ``model`` over TorchServe or OIP REST (with
+    the request ``parameters`` ``params``, if any: OIP)."""
     if api == "ts":
         return f"/predictions/{model}", json.dumps(body).encode()
     text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": [json.dumps(body)]}
-    return f"/v2/models/{model}/infer", json.dumps({"inputs": [text]}).encode()
+    doc = {"inputs": [text], **({"parameters": params} if params else {})}
+    return f"/v2/models/{model}/infer", json.dumps(doc).encode()
 
 
-def _post(server: LiveServer, api: str, model: str, body: dict[str, Any]) -> httpx.Response:
-    path, content = _http_request(api, model, body)
+def _post(
+    server: LiveServer,
+    api: str,
+    model: str,
+    body: dict[str, Any],
+    params: dict[str, Any] | None = None,
+) -> httpx.Response:
+    path, content = _http_request(api, model, body, params)
     headers = {"content-type": "application/json"}
     return httpx.post(server.url + path, content=content, headers=headers, timeout=60)
 
 
 def _leaving(server: LiveServer, api: str, model: str, body: dict[str, Any]) -> socket.socket:
     """A raw HTTP/1.1 request whose client will leave: the caller closes the socket."""
-    path, content = _http_request(api, model, body)
+    return _leaving_with(server, *_http_request(api, model, body))
+
+
+def _leaving_with(server: LiveServer, path: str, content: bytes) -> socket.socket:
+    """``_leaving`` of a request already made (``_http_request``'s path and body)."""
     head = (
         f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
         f"content-length: {len(content)}\r\n\r\n"

@@ -9,7 +9,9 @@ Slots here are plain stand-ins with the three attributes the scheduler reads of 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 
 import pytest
 from pydantic import ValidationError
@@ -21,6 +23,7 @@ from torchbay.server.plane.sequence_params import sequence_of
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.queue import Pending, clock
 from torchbay.server.serving.sequences import (
+    SequenceCancelled,
     SequenceExpired,
     SequenceLost,
     SequenceQueue,
@@ -474,3 +477,116 @@ def test_triton_s_idle_limit_out_of_range_is_the_settings_error(idle_us: float):
     fields, _, _ = split_model_keys({"sequence_batching": section}, where="x", backend_params=True)
     with pytest.raises(ValidationError, match="sequence_max_idle_ms"):
         ModelConfig.model_validate(fields)
+
+
+def test_a_cancelled_request_cancels_its_triton_sequence():
+    """A queued request whose caller left, of a sequence that Triton's API opened: the
+    sequence ends with it, its other queued requests answered cancelled and its next request
+    refused until a start, as Triton's sequence batcher (its docs' request_cancellation.md,
+    scheduler_test.py's queued sequence cancellation). Was: the request was dropped and the
+    sequence went on."""
+
+    async def scenario() -> tuple[BaseException | None, bool, str, int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "t", "t1", start=True)
+        assert len(await q.take(slot)) == 1  # running: its next requests wait
+        left, behind = (_put(q, "t", p) for p in ("t2", "t3"))
+        left.future.cancel()  # its caller left (RequestPath.finish)
+        assert q.cancel(left)
+        with pytest.raises(SequenceRefused) as info:
+            _put(q, "t", "t4")
+        restarted = _put(q, "t", "t5", start=True)
+        exc = behind.future.exception()
+        return exc, restarted.future.done(), info.value.message, q.ended["cancelled"]
+
+    behind, restarted_done, message, ended = run(scenario())
+    assert isinstance(behind, SequenceCancelled) and behind.status == 400
+    assert "cancelled" in message and not restarted_done and ended == 1
+
+
+def test_a_request_whose_caller_left_cancels_its_sequence_before_its_reader_finishes():
+    """The caller left (its future cancelled) and a slot takes before the reader's ``finish``
+    reaches the queue: the sweep that drops the request cancels its sequence all the same.
+    Was: the sweep dropped it alone, and the request behind it ran."""
+
+    async def scenario() -> tuple[list[object], object]:
+        q, slot = _queue(), _Slot()
+        _put(q, "t", "t1", start=True)
+        _answer(await q.take(slot))
+        left, behind = (_put(q, "t", p) for p in ("t2", "t3"))
+        left.future.cancel()  # no q.cancel yet: the slot's take comes first
+        waiting = asyncio.ensure_future(q.take(slot))
+        await asyncio.sleep(0)
+        taken = [i.payload for i in waiting.result()] if waiting.done() else []
+        waiting.cancel()
+        return taken, behind.future.done() and behind.future.exception()
+
+    taken, behind = run(scenario())
+    assert taken == [] and isinstance(behind, SequenceCancelled), (taken, behind)
+
+
+def test_a_slot_gone_for_good_is_not_kept():
+    """A slot scaled down while it waited in ``take`` (its dispatcher cancelled there): once
+    another slot takes, the queue holds it no more. Was: every slot that ever took was kept,
+    with its worker, for the model's life (an autopilot scaling up and down leaked them)."""
+
+    async def scenario() -> bool:
+        q, old, new = _queue(), _Slot(), _Slot()
+        waiting = asyncio.ensure_future(q.take(old))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.wait([waiting])
+        old.retiring = True
+        gone = weakref.ref(old)
+        del old, waiting
+        _put(q, "a", "a1", start=True)
+        _answer(await q.take(new))
+        gc.collect()
+        return gone() is None
+
+    assert run(scenario())
+
+
+def test_a_cancelled_start_that_joined_a_running_end_counts_both_sequences_once():
+    """The end of a sequence runs, the next start under the id waits and is cancelled: the
+    first sequence ended by its end (counted ``end`` once), the second was cancelled. Was: the
+    first was never counted (its end's answer comes after the id closed)."""
+
+    async def scenario() -> dict[str, int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "a", "a1", start=True)
+        _answer(await q.take(slot))
+        _put(q, "a", "a2", end=True)
+        end = await q.take(slot)  # a2 runs
+        start = _put(q, "a", "b1", start=True)
+        start.future.cancel()
+        assert q.cancel(start)
+        _answer(end)
+        waiting = asyncio.ensure_future(q.take(slot))  # a2 answered and released
+        await asyncio.sleep(0)
+        waiting.cancel()
+        return q.ended
+
+    ended = run(scenario())
+    assert (ended["end"], ended["cancelled"]) == (1, 1)
+
+
+def test_a_torchserve_sequence_goes_on_past_a_cancelled_request():
+    """TorchServe's API, and a request without a sequence: the request whose caller left never
+    happened (discard)."""
+
+    async def scenario() -> tuple[list[object], int]:
+        q, slot = _queue(), _Slot()
+        _put(q, "ts", "ts1", start=True, implicit=True)
+        _answer(await q.take(slot))
+        left = _put(q, "ts", "ts2", implicit=True)
+        _put(q, "ts", "ts3", implicit=True)
+        left.future.cancel()
+        assert q.cancel(left)
+        alone = Pending("v1", asyncio.get_running_loop().create_future(), clock())
+        q.put(alone)  # no sequence (a KServe v1 instance): one of its own, which never happened
+        alone.future.cancel()
+        assert q.cancel(alone)
+        return [item.payload for item in await q.take(slot)], q.ended["cancelled"]
+
+    assert run(scenario()) == (["ts3"], 0)
