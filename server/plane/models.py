@@ -133,12 +133,7 @@ class Models:
             raise BadRequest('"ready" must be true or false')
         entries: dict[tuple[str, str], dict[str, str]] = {}
         for mv in self.registry.all_versions():
-            status = mv.status
-            state = {ModelStatus.READY: "READY", ModelStatus.LOADING: "LOADING"}.get(
-                status, "UNLOADING" if mv.leaving else "UNAVAILABLE"
-            )
-            reason = "" if state != "UNAVAILABLE" else status.value.lower()
-            entries[(mv.name, mv.version)] = _entry(mv.name, mv.version, state, reason)
+            entries[(mv.name, mv.version)] = _entry(mv.name, mv.version, *self._state(mv))
         if not ready_only:
             for path, manifest in await self._store():
                 name, version = _store_name(path, manifest)
@@ -146,6 +141,28 @@ class Models:
                 entries.setdefault((name, version), _entry(name, version, "UNAVAILABLE", reason))
         body = [e for e in entries.values() if not ready_only or e["state"] == "READY"]
         return sorted(body, key=lambda e: (e["name"], e["version"]))
+
+    def _state(self, mv: ModelVersion) -> tuple[str, str]:
+        """A registered version's state and reason in Triton's index. One that loads on demand
+        (max_loaded_models) is READY only while it holds a ready worker: unloaded (evicted, or
+        registered past the budget) it is Triton's unloaded model, UNAVAILABLE "unloaded" (or
+        its last load's error), though still routable (its readiness, multiplex.py)."""
+        multiplexer = self.registry.multiplexer
+        if mv.leaving or multiplexer is None or mv.demand is None:
+            status = mv.status
+            state = {ModelStatus.READY: "READY", ModelStatus.LOADING: "LOADING"}.get(
+                status, "UNLOADING" if mv.leaving else "UNAVAILABLE"
+            )
+            return state, "" if state != "UNAVAILABLE" else status.value.lower()
+        residency = multiplexer.residency(mv)
+        if residency.leaving is not None:
+            return "UNLOADING", ""
+        if any(slot.ready and slot.may_serve for slot in mv.slots):
+            return "READY", ""
+        if residency.loading is not None or multiplexer.loaded(mv):
+            return "LOADING", ""
+        failure = residency.failure
+        return "UNAVAILABLE", failure.message if failure is not None else "unloaded"
 
     async def load(self, name: str, parameters: Any) -> None:
         """Load ``name`` from the model store (every version of it not loaded yet), with a

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import ASSETS, LiveServer, build_store, make_config, until
+from .conftest import ASSETS, LiveServer, build_store, make_config, oip_client, until
 from .stateful_store import EXAMPLE, archive
 
 # Each test spawns three to five workers, one after another; on a loaded 2-core host one takes
@@ -572,3 +572,34 @@ def test_a_model_that_cannot_load_does_not_evict_another_for_every_request(
     assert _describe(live, "broken")["loads"] == 2
     assert _loaded(live) == {"a": True, "b": True, "broken": False}
     assert (_describe(live, "a")["evictions"], _describe(live, "b")["evictions"]) == (1, 1)
+
+
+def _index(live: LiveServer, protocol: str) -> dict[str, tuple[str, str]]:
+    """Triton's repository index through tritonclient: name -> (state, reason)."""
+    with oip_client(live, protocol) as client:
+        index = client.get_model_repository_index()
+    if protocol == "grpc":
+        return {m.name: (m.state, m.reason) for m in index.models}
+    return {m["name"]: (m["state"], m["reason"]) for m in index}
+
+
+def test_the_repository_index_shows_an_unloaded_model_unavailable_and_a_loaded_one_ready(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b")  # past the budget: registered unloaded
+    assert _predict(live, "b", "b1").status_code == 200  # a goes for it
+    assert _loaded(live) == {"a": False, "b": True}
+    unloaded = ("UNAVAILABLE", "unloaded")
+    for protocol in ("http", "grpc"):
+        # Was: a READY too, though it held no worker (its next request a cold start).
+        assert _index(live, protocol)["a"] == unloaded
+        assert _index(live, protocol)["b"] == ("READY", "")
+    ready = httpx.post(f"{live.url}/v2/repository/index", json={"ready": True}, timeout=30)
+    assert [e["name"] for e in ready.json()] == ["b"]
+    # Still routable: ready for OIP (multiplex.py's readiness), and its request loads it.
+    assert httpx.get(f"{live.url}/v2/models/a/ready").status_code == 200
+    assert _predict(live, "a", "a1").status_code == 200
+    assert _index(live, "http")["b"] == unloaded
+
