@@ -531,6 +531,9 @@ def test_a_triton_repository_load_loads_an_unloaded_model_and_answers_once_loade
     assert message.startswith("failed to load 'broken'") and "on purpose" in message
     assert "Traceback" not in failed.text and str(tmp_path.parent) not in failed.text
     assert "broken" not in _loaded(live)
+    # Was "unloaded" in the index, as if nothing had tried: Triton's index gives the error.
+    state, reason = _index(live, "http")["broken"]
+    assert state == "UNAVAILABLE" and "fails to load on purpose" in reason, reason
 
 
 def test_a_load_on_demand_that_runs_out_of_memory_is_a_507(

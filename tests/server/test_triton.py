@@ -323,12 +323,19 @@ def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready
     with running(store, load_models=["flaky.mar"], enable_model_api=True) as live:
         assert "flaky.mar" in live.server.state.failed_models
         assert httpx.get(f"{live.url}/v2/health/ready").status_code == 503
+        index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=30).json()
+        # Was "unloaded", as if nothing had tried: Triton's index gives the load's error.
+        [(state, reason)] = [(e["state"], e["reason"]) for e in index if e["name"] == "flaky"]
+        assert state == "UNAVAILABLE" and "fails to load again on purpose" in reason, reason
         if verb == "load":
             flag.unlink()
         done = httpx.post(f"{live.url}/v2/repository/models/flaky/{verb}", json={}, timeout=120)
         assert done.status_code == 200, done.text
         assert httpx.get(f"{live.url}/v2/health/ready").json() == {"ready": True}
         assert ("flaky" in live.server.registry.models) is (verb == "load")
+        index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=30).json()
+        [entry] = [(e["state"], e["reason"]) for e in index if e["name"] == "flaky"]
+        assert entry == (("READY", "") if verb == "load" else ("UNAVAILABLE", "unloaded"))
 
 
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
