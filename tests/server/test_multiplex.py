@@ -606,3 +606,20 @@ def test_the_repository_index_shows_an_unloaded_model_unavailable_and_a_loaded_o
     assert _predict(live, "a", "a1").status_code == 200
     assert _index(live, "http")["b"] == unloaded
 
+
+def test_a_customized_describe_of_an_unloaded_model_loads_nothing(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b")  # past the budget: registered unloaded
+    url = f"{live.management_url}/models/b?customized=true"
+    described = httpx.get(url, timeout=120)
+    # Was: a read that loaded b, unloading a for it (a's next request a cold start).
+    assert described.status_code == 503, described.text
+    assert described.json()["message"] == (
+        'Model "b" has no worker to serve describe request. '
+        "Please use scale workers API to add workers."
+    )
+    assert _loaded(live) == {"a": True, "b": False}
+    assert (_describe(live, "a")["evictions"], _describe(live, "b")["loads"]) == (0, 0)
