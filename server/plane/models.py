@@ -77,6 +77,7 @@ class Models:
         self.cache = cache or ResponseCache()
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # name: its lock, its users
         self.startup_failures: dict[str, str] = {}  # the plane's (serve.py sets it)
+        self.startup_unloadable: set[str] = set()  # of those, whose workers failed to load
         self.load_failures: dict[str, str] = {}  # a store model's last repository load: why
 
     # -- metadata, configuration, statistics ----------------------------------------------------

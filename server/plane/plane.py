@@ -223,10 +223,18 @@ class DataPlane:
 
     def healthy(self) -> bool:
         """TorchServe's ``/ping`` and gRPC ``Ping``: the start-up models are in (TorchServe
-        listens only then) and every default version has at least its ``minWorkers`` ready
-        workers, or loads on demand (``max_loaded_models``, loaded or not:
-        serving/multiplex.py)."""
+        listens only then), none of them failed (until it loads or is unloaded), and every
+        default version has at least its ``minWorkers`` ready workers, or loads on demand
+        (``max_loaded_models``, loaded or not: serving/multiplex.py). A start-up model whose
+        workers could not load it is Unhealthy until it loads or is unloaded: TorchServe keeps
+        it registered and counts its workers healthy until they have failed for
+        ``maxRetryTimeoutInSec``, then answers Unhealthy (tests/data/torchserve/
+        startup_failure); here it is not retried, so it is past that at once. An archive
+        refused at start is no model of TorchServe's: it changes nothing here."""
         if self.starting:  # a start-up model not registered yet: its requests would be 404s
+            return False
+        unloadable = self.models.startup_unloadable
+        if any(label in unloadable for label in self._failed_startup_models()):
             return False
         defaults = (self.registry.models[n][v] for n, v in self.registry.defaults.items())
         return all(

@@ -323,6 +323,10 @@ def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready
     with running(store, load_models=["flaky.mar"], enable_model_api=True) as live:
         assert "flaky.mar" in live.server.state.failed_models
         assert httpx.get(f"{live.url}/v2/health/ready").status_code == 503
+        # Was 200 Healthy: TorchServe 0.12 answers 500 Unhealthy once a model's workers have
+        # failed past their retry window (tests/data/torchserve/startup_failure).
+        ping = httpx.get(f"{live.url}/ping", timeout=30)
+        assert (ping.status_code, ping.json()) == (500, {"status": "Unhealthy"})
         index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=30).json()
         # Was "unloaded", as if nothing had tried: Triton's index gives the load's error.
         [(state, reason)] = [(e["state"], e["reason"]) for e in index if e["name"] == "flaky"]
@@ -332,6 +336,7 @@ def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready
         done = httpx.post(f"{live.url}/v2/repository/models/flaky/{verb}", json={}, timeout=120)
         assert done.status_code == 200, done.text
         assert httpx.get(f"{live.url}/v2/health/ready").json() == {"ready": True}
+        assert httpx.get(f"{live.url}/ping", timeout=30).json() == {"status": "Healthy"}
         assert ("flaky" in live.server.registry.models) is (verb == "load")
         index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=30).json()
         [entry] = [(e["state"], e["reason"]) for e in index if e["name"] == "flaky"]
