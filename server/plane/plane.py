@@ -229,7 +229,7 @@ class DataPlane:
         start-up model whose workers could not load it is Unhealthy until it loads or is
         unloaded: TorchServe keeps it registered and counts its workers healthy until they have
         failed for ``maxRetryTimeoutInSec``, then answers Unhealthy (tests/data/torchserve/
-        startup_failure); here it is not retried, so it is past that at once. An archive
+        ping); here it is not retried, so it is past that at once. An archive
         refused at start is no model of TorchServe's: it changes nothing here."""
         if self.starting:  # a start-up model not registered yet: its requests would be 404s
             return False
@@ -312,7 +312,7 @@ def _healthy_workers(mv: ModelVersion) -> int:
     those failing past their retry window (``maxRetryTimeoutInSec``: a slot that gave up) and
     those being retired. A worker still loading, or restarting within the window, counts:
     TorchServe 0.12 answers Healthy while a registration's or a scale-up's workers load
-    (tests/data/torchserve/ping_loading), so a probe does not take the whole server out of
+    (tests/data/torchserve/ping), so a probe does not take the whole server out of
     service for one model's new worker."""
     return sum(1 for slot in mv.slots if not slot.retiring and not slot.gave_up)
 

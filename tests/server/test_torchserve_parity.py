@@ -225,7 +225,7 @@ def test_same_metrics(torchbay_answers: dict[str, dict[str, Any]]) -> None:
 def test_loaded_at_startup_and_ping_as_torchserve(parity_store: Path) -> None:
     """describe's loadedAtStartup is true only for start-up models; /ping counts a worker that
     is still loading healthy, as TorchServe 0.12 does (ApiUtils.isModelHealthy over
-    WorkerThread.isHealthy: tests/data/torchserve/ping_loading)."""
+    WorkerThread.isHealthy: tests/data/torchserve/ping)."""
     from tests.server.conftest import LiveServer, make_config
 
     config = make_config(
@@ -242,7 +242,7 @@ def test_loaded_at_startup_and_ping_as_torchserve(parity_store: Path) -> None:
             assert (ping.status_code, ping.json()) == (200, {"status": "Healthy"})
             # A second slow worker is loading (its import sleeps): 1 READY of min 2. Was 500
             # Unhealthy (a probe took the server out of service for one model's scale-up),
-            # where TorchServe 0.12 answers 200 Healthy (tests/data/torchserve/ping_loading).
+            # where TorchServe 0.12 answers 200 Healthy (tests/data/torchserve/ping).
             assert m.put("/models/slow", params={"min_worker": 2}).status_code == 202
             ping = httpx.get(f"{server.url}/ping")
             assert (ping.status_code, ping.json()) == (200, {"status": "Healthy"})

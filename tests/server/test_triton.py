@@ -324,7 +324,7 @@ def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready
         assert "flaky.mar" in live.server.state.failed_models
         assert httpx.get(f"{live.url}/v2/health/ready").status_code == 503
         # Was 200 Healthy: TorchServe 0.12 answers 500 Unhealthy once a model's workers have
-        # failed past their retry window (tests/data/torchserve/startup_failure).
+        # failed past their retry window (tests/data/torchserve/ping).
         ping = httpx.get(f"{live.url}/ping", timeout=30)
         assert (ping.status_code, ping.json()) == (500, {"status": "Unhealthy"})
         index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=30).json()
