@@ -116,6 +116,9 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
     ("name", "body", "status", "fragment"),
     [
         ("nope", {}, 404, "not in the model store"),
+        # Was 200 (an empty list or string taken for no parameters): Triton's is a 400.
+        ("two", {"parameters": []}, 400, '"parameters" must be an object'),
+        ("two", {"parameters": ""}, 400, '"parameters" must be an object'),
         ("two", {"parameters": {"config": json.dumps({"backend": "onnx"})}}, 400, "backend"),
         ("two", {"parameters": {"file:1/model.onnx": "AAAA"}}, 400, "file:1/model.onnx"),
         ("two", {"parameters": {"config": "{not json"}}, 400, "JSON"),
@@ -346,6 +349,10 @@ def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
     with pytest.raises(InferenceServerException, match="Model not found: nope"):
         client.unload_model("nope")
+    # Was 200 (an empty list taken for no parameters): Triton's is a 400.
+    url = f"{server.url}/v2/repository/models/two/unload"
+    refused = httpx.post(url, json={"parameters": []})
+    assert refused.status_code == 400 and "must be an object" in refused.json()["error"]
 
 
 def test_unloading_a_model_that_is_not_loaded_succeeds(server: LiveServer, client) -> None:
