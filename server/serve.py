@@ -332,9 +332,9 @@ class TorchbayServer:
 
     async def _load_startup_models(self) -> None:
         assert self.registry is not None
-        await load_startup_models(
-            self.registry, self.config, self.state.failed_models, self._late_loads
-        )
+        failed, late = self.state.failed_models, self._late_loads
+        unloadable = self.plane.models.startup_unloadable  # of failed: its workers failed
+        await load_startup_models(self.registry, self.config, failed, late, unloadable)
 
     def _write_ready_file(self) -> None:
         if self.ready_file is None:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from torchbay.server.config.settings import ServerConfig
+from torchbay.server.serving.handle import WorkerLoadError
 from torchbay.server.serving.registry import ModelRegistry
 
 log = logging.getLogger("torchbay.serve")
@@ -44,9 +45,11 @@ async def load_startup_models(
     config: ServerConfig,
     failed: dict[str, str],
     late: set[asyncio.Future[None]],
+    unloadable: set[str] | None = None,
 ) -> None:
     """Register every start-up model; return once all did or ``workers_start_timeout_s``
-    passed (those still loading are in ``late``)."""
+    passed (those still loading are in ``late``). The label of one whose workers could not
+    load its model (not a refused archive) goes in ``unloadable`` too."""
     jobs = startup_jobs(registry, config)
     if not jobs:
         return
@@ -57,6 +60,8 @@ async def load_startup_models(
             await registry.register(url, name=name)
         except Exception as exc:  # one bad model never stops the others
             failed[label] = str(exc)
+            if isinstance(exc, WorkerLoadError) and unloadable is not None:
+                unloadable.add(label)
             log.error("model %s failed to load: %s", label, exc)
         else:
             failed.pop(label, None)  # reported late, loaded at last

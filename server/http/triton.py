@@ -108,5 +108,6 @@ class TritonApi:
         name, _ = _params(m)
         assert name is not None
         body = await _json_body(scope, receive)
-        await self.models.unload(name, body.get("parameters") or {})
+        parameters = body.get("parameters")
+        await self.models.unload(name, {} if parameters is None else parameters)
         await send_json(send, 200, {})

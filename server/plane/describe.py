@@ -19,6 +19,7 @@ from torchbay.server.plane.models import signature
 from torchbay.server.serving.archives import Signature
 from torchbay.server.serving.handle import WorkerState
 from torchbay.server.serving.model import ModelVersion
+from torchbay.server.serving.multiplex import Multiplexer
 from torchbay.server.serving.protocol import WireRequest
 from torchbay.server.serving.queue import Pending
 from torchbay.server.serving.registry import ModelRegistry
@@ -153,9 +154,13 @@ async def customized(mv: ModelVersion) -> Any:
     """``?customized=true``: what the handler answers a request with TorchServe's ``describe:
     True`` header (BaseHandler's ``describe_handle``), JSON-decoded when it is JSON, as
     TorchServe's ``customizedMetadata``. The request runs on a worker in a batch of its own
-    (handlers.runtime.service); without one, TorchServe's 503 for a describe request."""
+    (handlers.runtime.service); without one, TorchServe's 503 for a describe request. A version
+    that loads on demand (max_loaded_models) and is not loaded is that 503 too: a read loads
+    nothing (its load would unload another model to make room)."""
     wire = WireRequest(request_id=uuid.uuid4().hex, body=b"", raw_headers=b"describe: True")
     try:
+        if mv.demand is not None and not Multiplexer.loaded(mv):
+            raise NoWorker("not loaded")
         answers = [response async for response in mv.stream(wire, _uncounted)]
     except NoWorker:
         raise NoWorker(

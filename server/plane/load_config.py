@@ -28,7 +28,7 @@ FIXED_CONFIG_KEYS = frozenset(
 def load_overrides(name: str, parameters: Any) -> tuple[dict[str, Any], int | None]:
     """(register overrides, initial workers) from a load request's ``parameters.config``;
     BadRequest for what torchbay does not support."""
-    parameters = parameters or {}
+    parameters = {} if parameters is None else parameters  # [], "", false: a 400 as Triton's
     if not isinstance(parameters, dict):
         raise BadRequest('"parameters" must be an object')
     unknown = sorted(k for k in parameters if k != "config")

@@ -77,6 +77,8 @@ class Models:
         self.cache = cache or ResponseCache()
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # name: its lock, its users
         self.startup_failures: dict[str, str] = {}  # the plane's (serve.py sets it)
+        self.startup_unloadable: set[str] = set()  # of those, whose workers failed to load
+        self.load_failures: dict[str, str] = {}  # a store model's last repository load: why
 
     # -- metadata, configuration, statistics ----------------------------------------------------
 
@@ -133,19 +135,43 @@ class Models:
             raise BadRequest('"ready" must be true or false')
         entries: dict[tuple[str, str], dict[str, str]] = {}
         for mv in self.registry.all_versions():
+            entries[(mv.name, mv.version)] = _entry(mv.name, mv.version, *self._state(mv))
+        if not ready_only:
+            for path, manifest in await self._store():
+                name, version = _store_name(path, manifest)
+                reason = self._why_unloaded(name) if manifest is not None else "not a valid archive"
+                entries.setdefault((name, version), _entry(name, version, "UNAVAILABLE", reason))
+        body = [e for e in entries.values() if not ready_only or e["state"] == "READY"]
+        return sorted(body, key=lambda e: (e["name"], e["version"]))
+
+    def _why_unloaded(self, name: str) -> str:
+        """The index's reason for a store model that is not loaded: its last repository load's
+        error, else its start-up load's, else "unloaded", as Triton's index gives a model
+        whose load failed that failure (until it loads or is unloaded)."""
+        failed = [why for k, why in self.startup_failures.items() if name in (k, _stem(Path(k)))]
+        return self.load_failures.get(name) or next(iter(failed), "unloaded")
+
+    def _state(self, mv: ModelVersion) -> tuple[str, str]:
+        """A registered version's state and reason in Triton's index. One that loads on demand
+        (max_loaded_models) is READY only while it holds a ready worker: unloaded (evicted, or
+        registered past the budget) it is Triton's unloaded model, UNAVAILABLE "unloaded" (or
+        its last load's error), though still routable (its readiness, multiplex.py)."""
+        multiplexer = self.registry.multiplexer
+        if mv.leaving or multiplexer is None or mv.demand is None:
             status = mv.status
             state = {ModelStatus.READY: "READY", ModelStatus.LOADING: "LOADING"}.get(
                 status, "UNLOADING" if mv.leaving else "UNAVAILABLE"
             )
-            reason = "" if state != "UNAVAILABLE" else status.value.lower()
-            entries[(mv.name, mv.version)] = _entry(mv.name, mv.version, state, reason)
-        if not ready_only:
-            for path, manifest in await self._store():
-                name, version = _store_name(path, manifest)
-                reason = "unloaded" if manifest is not None else "not a valid archive"
-                entries.setdefault((name, version), _entry(name, version, "UNAVAILABLE", reason))
-        body = [e for e in entries.values() if not ready_only or e["state"] == "READY"]
-        return sorted(body, key=lambda e: (e["name"], e["version"]))
+            return state, "" if state != "UNAVAILABLE" else status.value.lower()
+        residency = multiplexer.residency(mv)
+        if residency.leaving is not None:
+            return "UNLOADING", ""
+        if any(slot.ready and slot.may_serve for slot in mv.slots):
+            return "READY", ""
+        if residency.loading is not None or multiplexer.loaded(mv):
+            return "LOADING", ""
+        failure = residency.failure
+        return "UNAVAILABLE", failure.message if failure is not None else "unloaded"
 
     async def load(self, name: str, parameters: Any) -> None:
         """Load ``name`` from the model store (every version of it not loaded yet), with a
@@ -157,10 +183,19 @@ class Models:
             async with self._turn(name):
                 await self._load(name, parameters)
         except ConfigError as exc:
+            await self._load_failed(name, exc.message)
             raise BadRequest(exc.message, oip_message=_failed(name, exc.message)) from None
         except TorchbayError as exc:
+            await self._load_failed(name, exc.oip_text)
             exc.oip_message = _failed(name, exc.oip_text)
             raise
+        self.load_failures.pop(name, None)
+
+    async def _load_failed(self, name: str, why: str) -> None:
+        """Keep why a load of a model of the store failed, for the index (a name the store does
+        not have is a client's text: nothing is kept for it)."""
+        if any(_store_name(path, mf)[0] == name for path, mf in await self._store()):
+            self.load_failures[name] = why
 
     async def _load(self, name: str, parameters: Any) -> None:
         overrides, workers = load_overrides(name, parameters)
@@ -228,6 +263,7 @@ class Models:
             failed = [k for k in self.startup_failures if name in (k, _stem(Path(k)))]
             for label in failed:  # Triton: unloaded, so no longer a failure (readiness)
                 del self.startup_failures[label]
+            self.load_failures.pop(name, None)
             if not self.registry.models.get(name):
                 if failed or self.in_store(name):
                     return

@@ -237,14 +237,23 @@ class DataPlane:
 
     def healthy(self) -> bool:
         """TorchServe's ``/ping`` and gRPC ``Ping``: the start-up models are in (TorchServe
-        listens only then) and every default version has at least its ``minWorkers`` ready
-        workers, or loads on demand (``max_loaded_models``, loaded or not:
-        serving/multiplex.py)."""
+        listens only then), none of them failed (until it loads or is unloaded), and every
+        default version has at least its ``minWorkers`` healthy workers (``_healthy_workers``),
+        or loads on demand (``max_loaded_models``, loaded or not: serving/multiplex.py). A
+        start-up model whose workers could not load it is Unhealthy until it loads or is
+        unloaded: TorchServe keeps it registered and counts its workers healthy until they have
+        failed for ``maxRetryTimeoutInSec``, then answers Unhealthy (tests/data/torchserve/
+        ping); here it is not retried, so it is past that at once. An archive
+        refused at start is no model of TorchServe's: it changes nothing here."""
         if self.starting:  # a start-up model not registered yet: its requests would be 404s
+            return False
+        unloadable = self.models.startup_unloadable
+        if any(label in unloadable for label in self._failed_startup_models()):
             return False
         defaults = (self.registry.models[n][v] for n, v in self.registry.defaults.items())
         return all(
-            mv.demand is not None or mv.ready_workers >= mv.settings.min_workers for mv in defaults
+            mv.demand is not None or _healthy_workers(mv) >= mv.settings.min_workers
+            for mv in defaults
         )
 
     def ready(self) -> bool:
@@ -310,6 +319,16 @@ class DataPlane:
             "version": self.server_version,
             "extensions": [name for name in extensions_of(served) if self.shm.offers(name)],
         }
+
+
+def _healthy_workers(mv: ModelVersion) -> int:
+    """The workers TorchServe's ``/ping`` counts healthy (``WorkerThread.isHealthy``): all but
+    those failing past their retry window (``maxRetryTimeoutInSec``: a slot that gave up) and
+    those being retired. A worker still loading, or restarting within the window, counts:
+    TorchServe 0.12 answers Healthy while a registration's or a scale-up's workers load
+    (tests/data/torchserve/ping), so a probe does not take the whole server out of
+    service for one model's new worker."""
+    return sum(1 for slot in mv.slots if not slot.retiring and not slot.gave_up)
 
 
 def build_plane(

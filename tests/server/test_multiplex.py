@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import ASSETS, LiveServer, build_store, make_config, until
+from .conftest import ASSETS, LiveServer, build_store, make_config, oip_client, until
 from .stateful_store import EXAMPLE, archive
 
 # Each test spawns three to five workers, one after another; on a loaded 2-core host one takes
@@ -531,6 +531,9 @@ def test_a_triton_repository_load_loads_an_unloaded_model_and_answers_once_loade
     assert message.startswith("failed to load 'broken'") and "on purpose" in message
     assert "Traceback" not in failed.text and str(tmp_path.parent) not in failed.text
     assert "broken" not in _loaded(live)
+    # Was "unloaded" in the index, as if nothing had tried: Triton's index gives the error.
+    state, reason = _index(live, "http")["broken"]
+    assert state == "UNAVAILABLE" and "fails to load on purpose" in reason, reason
 
 
 def test_a_load_on_demand_that_runs_out_of_memory_is_a_507(
@@ -572,3 +575,51 @@ def test_a_model_that_cannot_load_does_not_evict_another_for_every_request(
     assert _describe(live, "broken")["loads"] == 2
     assert _loaded(live) == {"a": True, "b": True, "broken": False}
     assert (_describe(live, "a")["evictions"], _describe(live, "b")["evictions"]) == (1, 1)
+
+
+def _index(live: LiveServer, protocol: str) -> dict[str, tuple[str, str]]:
+    """Triton's repository index through tritonclient: name -> (state, reason)."""
+    with oip_client(live, protocol) as client:
+        index = client.get_model_repository_index()
+    if protocol == "grpc":
+        return {m.name: (m.state, m.reason) for m in index.models}
+    return {m["name"]: (m["state"], m["reason"]) for m in index}
+
+
+def test_the_repository_index_shows_an_unloaded_model_unavailable_and_a_loaded_one_ready(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b")  # past the budget: registered unloaded
+    assert _predict(live, "b", "b1").status_code == 200  # a goes for it
+    assert _loaded(live) == {"a": False, "b": True}
+    unloaded = ("UNAVAILABLE", "unloaded")
+    for protocol in ("http", "grpc"):
+        # Was: a READY too, though it held no worker (its next request a cold start).
+        assert _index(live, protocol)["a"] == unloaded
+        assert _index(live, protocol)["b"] == ("READY", "")
+    ready = httpx.post(f"{live.url}/v2/repository/index", json={"ready": True}, timeout=30)
+    assert [e["name"] for e in ready.json()] == ["b"]
+    # Still routable: ready for OIP (multiplex.py's readiness), and its request loads it.
+    assert httpx.get(f"{live.url}/v2/models/a/ready").status_code == 200
+    assert _predict(live, "a", "a1").status_code == 200
+    assert _index(live, "http")["b"] == unloaded
+
+
+def test_a_customized_describe_of_an_unloaded_model_loads_nothing(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b")  # past the budget: registered unloaded
+    url = f"{live.management_url}/models/b?customized=true"
+    described = httpx.get(url, timeout=120)
+    # Was: a read that loaded b, unloading a for it (a's next request a cold start).
+    assert described.status_code == 503, described.text
+    assert described.json()["message"] == (
+        'Model "b" has no worker to serve describe request. '
+        "Please use scale workers API to add workers."
+    )
+    assert _loaded(live) == {"a": True, "b": False}
+    assert (_describe(live, "a")["evictions"], _describe(live, "b")["loads"]) == (0, 0)

@@ -116,6 +116,9 @@ def test_repository_index_load_and_unload(server: LiveServer, client) -> None:
     ("name", "body", "status", "fragment"),
     [
         ("nope", {}, 404, "not in the model store"),
+        # Was 200 (an empty list or string taken for no parameters): Triton's is a 400.
+        ("two", {"parameters": []}, 400, '"parameters" must be an object'),
+        ("two", {"parameters": ""}, 400, '"parameters" must be an object'),
         ("two", {"parameters": {"config": json.dumps({"backend": "onnx"})}}, 400, "backend"),
         ("two", {"parameters": {"file:1/model.onnx": "AAAA"}}, 400, "file:1/model.onnx"),
         ("two", {"parameters": {"config": "{not json"}}, 400, "JSON"),
@@ -323,17 +326,33 @@ def test_a_failed_start_up_model_loaded_or_unloaded_later_makes_the_server_ready
     with running(store, load_models=["flaky.mar"], enable_model_api=True) as live:
         assert "flaky.mar" in live.server.state.failed_models
         assert httpx.get(f"{live.url}/v2/health/ready").status_code == 503
+        # Was 200 Healthy: TorchServe 0.12 answers 500 Unhealthy once a model's workers have
+        # failed past their retry window (tests/data/torchserve/ping).
+        ping = httpx.get(f"{live.url}/ping", timeout=30)
+        assert (ping.status_code, ping.json()) == (500, {"status": "Unhealthy"})
+        index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=30).json()
+        # Was "unloaded", as if nothing had tried: Triton's index gives the load's error.
+        [(state, reason)] = [(e["state"], e["reason"]) for e in index if e["name"] == "flaky"]
+        assert state == "UNAVAILABLE" and "fails to load again on purpose" in reason, reason
         if verb == "load":
             flag.unlink()
         done = httpx.post(f"{live.url}/v2/repository/models/flaky/{verb}", json={}, timeout=120)
         assert done.status_code == 200, done.text
         assert httpx.get(f"{live.url}/v2/health/ready").json() == {"ready": True}
+        assert httpx.get(f"{live.url}/ping", timeout=30).json() == {"status": "Healthy"}
         assert ("flaky" in live.server.registry.models) is (verb == "load")
+        index = httpx.post(f"{live.url}/v2/repository/index", json={}, timeout=30).json()
+        [entry] = [(e["state"], e["reason"]) for e in index if e["name"] == "flaky"]
+        assert entry == (("READY", "") if verb == "load" else ("UNAVAILABLE", "unloaded"))
 
 
 def test_unload_unknown_model_is_404(server: LiveServer, client) -> None:
     with pytest.raises(InferenceServerException, match="Model not found: nope"):
         client.unload_model("nope")
+    # Was 200 (an empty list taken for no parameters): Triton's is a 400.
+    url = f"{server.url}/v2/repository/models/two/unload"
+    refused = httpx.post(url, json={"parameters": []})
+    assert refused.status_code == 400 and "must be an object" in refused.json()["error"]
 
 
 def test_unloading_a_model_that_is_not_loaded_succeeds(server: LiveServer, client) -> None:
