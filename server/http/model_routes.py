@@ -148,6 +148,7 @@ async def scale_model(
     state: State,
     name: str,
     version: str | None = None,
+    model_version: str | None = None,  # TorchServe's: the version when the path names none
     min_worker: str | None = None,  # parsed as TorchServe does: junk is the default
     max_worker: str | None = None,
     synchronous: str | None = None,
@@ -160,7 +161,10 @@ async def scale_model(
 ) -> JSONResponse:
     # The parameters above are the API description; the query string as it came is what
     # plane.params.scale_params parses (TorchServe's leniency, torchbay's strict live settings).
-    return status(await plane.scale(state, name, version, first_values(request)))
+    query = first_values(request)
+    if version is None:  # PUT /models/m?model_version=v scales v, as TorchServe's handler does
+        version = query.get("model_version") or None
+    return status(await plane.scale(state, name, version, query))
 
 
 # -- default version, unregister ----------------------------------------------------------------
