@@ -17,7 +17,7 @@ from torchbay.server.config.sources import api_bool, api_int
 from torchbay.server.errors import BadRequest
 from torchbay.server.http.asgi import read_body
 from torchbay.server.http.auth import TokenAuth
-from torchbay.server.http.openapi import documented
+from torchbay.server.http.openapi import documented, model_document
 from torchbay.server.plane import management as plane
 from torchbay.server.plane.management import Management, Status
 from torchbay.server.plane.params import check_json_numbers, register_params
@@ -91,6 +91,18 @@ async def describe_version(
 ) -> list[dict[str, Any]]:
     wanted = api_bool(first_values(request).get("customized"), False)
     return await plane.describe(state, name, version, wanted)
+
+
+@models.options("/models/{name}", **documented(401, 404))
+@models.options("/models/{name}/{version}", **documented(401, 404))
+async def model_api(
+    request: Request, state: State, name: str, version: str | None = None
+) -> dict[str, Any]:
+    """TorchServe's ``OPTIONS /models/{m}[/{v}]``: this API's operations on one model the server
+    has (404 for a model or version it lacks)."""
+    mv = plane.present(state, name, version)
+    title = "RESTful Management API for"
+    return model_document(request.app.openapi(), mv.name, "{name}", title)
 
 
 # -- register -----------------------------------------------------------------------------------

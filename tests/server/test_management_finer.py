@@ -198,3 +198,25 @@ def test_register_json_whole_numbers_written_as_decimals(server: SimpleNamespace
     stringly = {"url": "tiny.mar", "model_name": "js", "batch_size": "4"}
     assert server.http.post("/models", json=stringly).status_code == 200
     assert _describe(server, "js")["batchSize"] == 4
+
+
+def test_options_on_a_model_answers_its_management_api(server: SimpleNamespace) -> None:
+    """TorchServe 0.12 answers ``OPTIONS /models/{m}[/{v}]`` (ManagementRequestHandler's
+    OPTIONS branch, OpenApiUtils.getModelManagementApi) 200 with the management API's
+    description for that model, titled ``RESTful Management API for: m``, and 404 for a model
+    it lacks; torchbay answered 405 (its inference port answers ``OPTIONS /predictions/{m}``)."""
+    _register(server, "opt")
+    for path in ("/models/opt", "/models/opt/1.0"):
+        answer = server.http.request("OPTIONS", path)
+        assert answer.status_code == 200, answer.text
+        document = answer.json()
+        assert document["info"]["title"] == "RESTful Management API for: opt"
+        assert {"get", "put", "delete"} <= set(document["paths"]["/models/opt"])
+        assert "put" in document["paths"]["/models/opt/{version}/set-default"]
+        assert all("opt" in p for p in document["paths"])  # that model's operations only
+    for path, message in (
+        ("/models/nope", "Model not found: nope"),
+        ("/models/opt/9.9", "Model version: 9.9 does not exist for model: opt"),
+    ):
+        missing = server.http.request("OPTIONS", path)
+        assert (missing.status_code, missing.json()["message"]) == (404, message)
