@@ -404,7 +404,10 @@ def test_a_change_that_ends_during_the_stop_leaves_the_shutdown_snapshot_newest(
 def test_every_snapshot_is_kept_as_torchserve_keeps_them(model_store, tmp_path: Path):
     """TorchServe 0.12 deletes no snapshot (tests/data/torchserve/snapshots, recorded with its
     record.py): three registrations and unregistrations, a stop, a start and a stop leave every
-    file each wrote, in the same order of kinds."""
+    file each wrote, in the same order of kinds. The registered version's entry holds
+    TorchServe's keys with its values and JSON types: integers (torchbay wrote
+    ``"maxBatchDelay": 100.0``, ``"responseTimeout": 120.0``), so a reader that decodes them into
+    integer fields (Go, serde, a Java int) takes torchbay's snapshots as TorchServe's."""
     recorded = json.loads((SNAPSHOTS_RECORD / "answers.json").read_text())
     folder = tmp_path / "config"
     config = make_config(model_store, snapshot_dir=folder, enable_model_api=True)
@@ -420,6 +423,9 @@ def test_every_snapshot_is_kept_as_torchserve_keeps_them(model_store, tmp_path: 
         live.stop()
     kinds = [kind.removesuffix(".cfg") for kind in _kinds(folder)]
     assert kinds == recorded["first_run"]["kinds"]
+    want = {**recorded["registered_entry"]["1.0"], "marName": "probe.mar"}
+    have = _models(sorted(folder.iterdir())[1])["probe"]["1.0"]
+    assert [(k, have[k], type(have[k])) for k in want] == [(k, v, type(v)) for k, v in want.items()]
     LiveServer(config).start().stop()
     kinds = [kind.removesuffix(".cfg") for kind in _kinds(folder)]
     assert kinds == recorded["second_run"]["kinds"]
