@@ -17,7 +17,7 @@ from torchbay.server.config.sources import api_bool, api_int
 from torchbay.server.errors import BadRequest
 from torchbay.server.http.asgi import read_body
 from torchbay.server.http.auth import TokenAuth
-from torchbay.server.http.openapi import documented
+from torchbay.server.http.openapi import documented, model_document
 from torchbay.server.plane import management as plane
 from torchbay.server.plane.management import Management, Status
 from torchbay.server.plane.params import check_json_numbers, register_params
@@ -93,6 +93,18 @@ async def describe_version(
     return await plane.describe(state, name, version, wanted)
 
 
+@models.options("/models/{name}", **documented(401, 404))
+@models.options("/models/{name}/{version}", **documented(401, 404))
+async def model_api(
+    request: Request, state: State, name: str, version: str | None = None
+) -> dict[str, Any]:
+    """TorchServe's ``OPTIONS /models/{m}[/{v}]``: this API's operations on one model the server
+    has (404 for a model or version it lacks)."""
+    mv = plane.present(state, name, version)
+    title = "RESTful Management API for"
+    return model_document(request.app.openapi(), mv.name, "{name}", title)
+
+
 # -- register -----------------------------------------------------------------------------------
 
 
@@ -148,6 +160,7 @@ async def scale_model(
     state: State,
     name: str,
     version: str | None = None,
+    model_version: str | None = None,  # TorchServe's: the version when the path names none
     min_worker: str | None = None,  # parsed as TorchServe does: junk is the default
     max_worker: str | None = None,
     synchronous: str | None = None,
@@ -160,7 +173,10 @@ async def scale_model(
 ) -> JSONResponse:
     # The parameters above are the API description; the query string as it came is what
     # plane.params.scale_params parses (TorchServe's leniency, torchbay's strict live settings).
-    return status(await plane.scale(state, name, version, first_values(request)))
+    query = first_values(request)
+    if version is None:  # PUT /models/m?model_version=v scales v, as TorchServe's handler does
+        version = query.get("model_version") or None
+    return status(await plane.scale(state, name, version, query))
 
 
 # -- default version, unregister ----------------------------------------------------------------

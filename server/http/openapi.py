@@ -136,15 +136,21 @@ def routes_document(
     return _document(title, version, paths, generic)
 
 
-def model_document(document: dict[str, Any], name: str) -> dict[str, Any]:
-    """TorchServe's ``OPTIONS /predictions/{m}``: the inference ``document``'s operations on one
-    model (``{model_name}`` filled in), titled as TorchServe titles it."""
+def model_document(
+    document: dict[str, Any],
+    name: str,
+    placeholder: str = "{model_name}",
+    title: str = "RESTful API for",
+) -> dict[str, Any]:
+    """TorchServe's ``OPTIONS /predictions/{m}`` (and, with the management document, its
+    ``placeholder`` and ``title``, ``OPTIONS /models/{m}``): ``document``'s operations on one
+    model (``placeholder`` filled in), titled as TorchServe titles it."""
     paths = {
-        path.replace("{model_name}", name): item
+        path.replace(placeholder, name): item
         for path, item in document["paths"].items()
-        if "{model_name}" in path
+        if placeholder in path
     }
-    info = {**document["info"], "title": f"RESTful API for: {name}"}
+    info = {**document["info"], "title": f"{title}: {name}"}
     return {**document, "info": info, "paths": paths}
 
 

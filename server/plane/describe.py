@@ -87,15 +87,15 @@ def described(
         value = getattr(source, setting.name, setting.default)
         # A nested setting (responseCache) is shown by its model-config.yaml keys.
         shown[setting.describe] = (
-            value.model_dump(by_alias=True) if isinstance(value, BaseModel) else _number(value)
+            value.model_dump(by_alias=True) if isinstance(value, BaseModel) else whole_number(value)
         )
     return shown
 
 
-def _number(value: Any) -> Any:
+def whole_number(value: Any) -> Any:
     """A whole number as an integer: settings that take decimals (milliseconds, seconds) are
-    floats here, and TorchServe's describe has integers (``"maxBatchDelay": 100``), which a
-    client decoding into an integer field (Go, serde) cannot take as ``100.0``."""
+    floats here, and TorchServe's describe and snapshots have integers (``"maxBatchDelay":
+    100``), which a client decoding into an integer field (Go, serde) cannot take as ``100.0``."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 

@@ -76,6 +76,9 @@ class Models:
         self.unload_timeout_s = unload_timeout_s
         self.cache = cache or ResponseCache()
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # name: its lock, its users
+        # Called after a load or unload that changed what runs (TorchServe's config snapshot,
+        # as after a register or an unregister: the plane sets it).
+        self.changed: Callable[[], object] = lambda: None
         self.startup_failures: dict[str, str] = {}  # the plane's (serve.py sets it)
         self.startup_unloadable: set[str] = set()  # of those, whose workers failed to load
         self.load_failures: dict[str, str] = {}  # a store model's last repository load: why
@@ -179,6 +182,7 @@ class Models:
         refusal past the model API check says "failed to load '<name>', ...", as Triton's does
         (its model-control examples look for those words)."""
         self.control()
+        before = self._running(name)
         try:
             async with self._turn(name):
                 await self._load(name, parameters)
@@ -189,13 +193,25 @@ class Models:
             await self._load_failed(name, exc.oip_text)
             exc.oip_message = _failed(name, exc.oip_text)
             raise
-        self.load_failures.pop(name, None)
+        else:
+            self.load_failures.pop(name, None)
+        finally:  # a load that failed half-way (a reload) changed what runs, too
+            if self._running(name) != before:
+                self.changed()
 
     async def _load_failed(self, name: str, why: str) -> None:
         """Keep why a load of a model of the store failed, for the index (a name the store does
         not have is a client's text: nothing is kept for it)."""
         if any(_store_name(path, mf)[0] == name for path, mf in await self._store()):
             self.load_failures[name] = why
+
+    def _running(self, name: str) -> list[tuple[Any, ...]]:
+        """What a snapshot holds of ``name``'s versions: each one, its workers and batching."""
+        fields = ("min_workers", "max_workers", "batch_size", "max_batch_delay_ms")
+        return [
+            (version, id(mv), *(getattr(mv.settings, f) for f in fields))
+            for version, mv in sorted(self.registry.models.get(name, {}).items())
+        ]
 
     async def _load(self, name: str, parameters: Any) -> None:
         overrides, workers = load_overrides(name, parameters)
@@ -268,7 +284,10 @@ class Models:
                 if failed or self.in_store(name):
                     return
                 raise ModelNotFound(f"Model not found: {name}")
-            await self._unload_all(name)
+            try:
+                await self._unload_all(name)
+            finally:  # one version gone is a change, even when another failed to go
+                self.changed()
 
     @contextlib.asynccontextmanager
     async def _turn(self, name: str) -> AsyncIterator[None]:

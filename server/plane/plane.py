@@ -109,6 +109,7 @@ class DataPlane:
             cache=self.cache,
             lock_for=self.management.lock_for,
         )
+        self.models.changed = self._changed  # a repository load or unload: a snapshot
         recorders = [metrics.request_done] if metrics is not None else []
         # Metrics, statistics and the access line, once per answered request of any protocol.
         self.record: RequestHook = request_hook(chain(*recorders, self.stats.request_done))

@@ -30,6 +30,7 @@ from torchbay.server.config.snapshots import (
     snapshot_name,
     write_snapshot,
 )
+from torchbay.server.plane.describe import whole_number
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 
@@ -108,8 +109,8 @@ class Snapshots:
             "marName": _mar_name(mv),
         }
         settings = mv.settings
-        for key, field in _TS_KEYS.items():
-            state[key] = getattr(settings, field, None)
+        for key, field in _TS_KEYS.items():  # integers, as TorchServe writes them
+            state[key] = whole_number(getattr(settings, field, None))
         state["runtimeType"] = "python"
         if mv.config is not None:
             own = mv.config.model_dump(

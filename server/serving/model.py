@@ -222,11 +222,11 @@ class ModelVersion(RequestPath):
         status = self.status
         return status is ModelStatus.READY or (status is ModelStatus.STOPPED and not self._final)
 
-    async def start(self, workers: int | None = None) -> None:
+    async def start(self, workers: int | None = None, keep: bool = False) -> None:
         """Start ``workers`` (default min_workers) and wait for their first load.
 
-        Raises WorkerLoadError when every worker fails to load (the model is FAILED). With zero
-        workers the model is registered but answers 503 until scaled, as TorchServe does.
+        Raises WorkerLoadError when every worker fails to load (the model is FAILED: stopped, or
+        with ``keep`` open, until scaled). With zero workers it answers 503 until scaled.
         """
         count = self.settings.min_workers if workers is None else workers
         try:
@@ -242,8 +242,9 @@ class ModelVersion(RequestPath):
                 return  # scaled to zero meanwhile: registered with no worker, as TorchServe
             error = errors[0] if errors else WorkerLoadError("no worker could load the model")
             self.load_error = str(error)
-            await self.stop(timeout=5)
-            self._final = ModelStatus.FAILED
+            if not keep:
+                await self.stop(timeout=5)
+                self._final = ModelStatus.FAILED
             raise error
 
     async def _add_slots(self, count: int) -> list[WorkerLoadError]:

@@ -35,7 +35,7 @@ from torchbay.server.serving.archives import (
     signature_of,
 )
 from torchbay.server.serving.budget import HostBudget
-from torchbay.server.serving.handle import Spawned, SpawnFn
+from torchbay.server.serving.handle import Spawned, SpawnFn, WorkerLoadError
 from torchbay.server.serving.launch import LaunchSpec, Placement, server_facts, settings_from
 from torchbay.server.serving.model import ModelVersion, Observer
 from torchbay.server.serving.multiplex import Multiplexer
@@ -298,17 +298,18 @@ class ModelRegistry:
         )
 
     async def _start(self, mv: ModelVersion, quiet: bool = False, from_api: bool = False) -> None:
-        """Start ``mv``'s workers (or place it in the loaded-models budget); a version that
-        cannot start is forgotten. ``from_api``: registered through an API (the budget refuses
-        one that could never load, serving/multiplex.py)."""
+        """Start ``mv``'s workers (or place it in the loaded-models budget); one that cannot
+        start is forgotten, unless an API registered it asynchronously (202): FAILED, kept."""
         multiplexer = self.multiplexer
+        keep = quiet and from_api and multiplexer is None
         try:
             if multiplexer is None:
-                await mv.start()
+                await mv.start(keep=keep)
             else:
                 await multiplexer.start(mv, refuse_unloadable=from_api)
         except Exception as exc:
-            self._forget(mv)
+            if not (keep and isinstance(exc, WorkerLoadError) and not mv.closing):
+                self._forget(mv)
             if not quiet:
                 raise
             if isinstance(exc, ShuttingDown):  # unregistered (or the server stopped) meanwhile

@@ -15,7 +15,15 @@ import grpc
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, make_config, tiny_archive
+from tests.server.conftest import (
+    ASSETS,
+    LiveServer,
+    build_store,
+    make_config,
+    running,
+    tiny_archive,
+    until,
+)
 
 HANDLER = Path(__file__).resolve().parents[1] / "data" / "torchserve_0.12" / "parity_handler.py"
 
@@ -198,3 +206,61 @@ def test_register_json_whole_numbers_written_as_decimals(server: SimpleNamespace
     stringly = {"url": "tiny.mar", "model_name": "js", "batch_size": "4"}
     assert server.http.post("/models", json=stringly).status_code == 200
     assert _describe(server, "js")["batchSize"] == 4
+
+
+def test_options_on_a_model_answers_its_management_api(server: SimpleNamespace) -> None:
+    """TorchServe 0.12 answers ``OPTIONS /models/{m}[/{v}]`` (ManagementRequestHandler's
+    OPTIONS branch, OpenApiUtils.getModelManagementApi) 200 with the management API's
+    description for that model, titled ``RESTful Management API for: m``, and 404 for a model
+    it lacks; torchbay answered 405 (its inference port answers ``OPTIONS /predictions/{m}``)."""
+    _register(server, "opt")
+    for path in ("/models/opt", "/models/opt/1.0"):
+        answer = server.http.request("OPTIONS", path)
+        assert answer.status_code == 200, answer.text
+        document = answer.json()
+        assert document["info"]["title"] == "RESTful Management API for: opt"
+        assert {"get", "put", "delete"} <= set(document["paths"]["/models/opt"])
+        assert "put" in document["paths"]["/models/opt/{version}/set-default"]
+        assert all("opt" in p for p in document["paths"])  # that model's operations only
+    for path, message in (
+        ("/models/nope", "Model not found: nope"),
+        ("/models/opt/9.9", "Model version: 9.9 does not exist for model: opt"),
+    ):
+        missing = server.http.request("OPTIONS", path)
+        assert (missing.status_code, missing.json()["message"]) == (404, message)
+
+
+def test_an_asynchronous_registration_that_cannot_load_stays_registered(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """TorchServe 0.12 keeps a version registered asynchronously (202) whose worker cannot load
+    (no onError runs without ``synchronous``): listed and described, its worker retrying, until
+    unregistered. torchbay forgot it: a 404 for the client that was told 202, nothing to
+    describe or unregister, while the config snapshot written at the 202 still held it. Now it
+    stays, FAILED with its load error, answers 503, and scales or unregisters as any version."""
+    yaml = tmp_path / "failing.yaml"
+    yaml.write_text("loadFails: true\n")
+    handler = {"failing": str(ASSETS / "load_gate_handler.py")}
+    store = build_store(tmp_path_factory, "failing-store", handler, {"failing": yaml})
+    with running(store, enable_model_api=True) as live:
+        http = httpx.Client(base_url=live.management_url, timeout=120)
+        params = {"url": "failing.mar", "initial_workers": "1", "synchronous": "false"}
+        assert http.post("/models", params=params).status_code == 202
+
+        def settled() -> bool:
+            answer = http.get("/models/failing")
+            return answer.status_code != 200 or answer.json()[0]["status"] != "LOADING"
+
+        until(settled, "the asynchronous load's end")
+        described = http.get("/models/failing")
+        assert described.status_code == 200, described.text
+        assert described.json()[0]["status"] == "FAILED"
+        assert "fails to load on purpose" in described.json()[0]["loadError"]
+        assert http.get("/models").json()["models"][0]["modelName"] == "failing"
+        predicted = httpx.post(f"{live.url}/predictions/failing", json={"id": "a"}, timeout=60)
+        assert predicted.status_code == 503, predicted.text
+        scaled = http.put("/models/failing", params={"min_worker": "1", "synchronous": "true"})
+        assert scaled.status_code == 500, scaled.text  # it still cannot load: TorchServe's 500
+        assert http.delete("/models/failing").json() == {"status": 'Model "failing" unregistered'}
+        assert http.get("/models").json()["models"] == []
+        http.close()

@@ -350,8 +350,8 @@ def test_a_management_405_names_every_method_of_the_path(bases: dict[str, str]) 
     assert_as_torchserve(bases, ("delete_models_root", "options_management_models", "head_models"))
     for method, path, allow in (
         ("DELETE", "/models", "GET, POST"),
-        ("PATCH", "/models/echo", "DELETE, GET, PUT"),
-        ("POST", "/models/echo/1.0", "DELETE, GET, PUT"),
+        ("PATCH", "/models/echo", "DELETE, GET, OPTIONS, PUT"),
+        ("POST", "/models/echo/1.0", "DELETE, GET, OPTIONS, PUT"),
         ("GET", "/models/echo/1.0/set-default", "PUT"),
         ("PUT", "/workflows/w", "DELETE, GET"),  # TorchServe's 405: no workflow is scaled
     ):

@@ -24,7 +24,15 @@ from torchbay.server.config.snapshots import (
 from torchbay.server.config.sources import load_server_config
 
 from .cli_helpers import free_addresses, read_ready, torchbay
-from .conftest import ASSETS, LiveServer, build_store, load_gated_store, make_config, until
+from .conftest import (
+    ASSETS,
+    LiveServer,
+    build_store,
+    load_gated_store,
+    make_config,
+    oip_client,
+    until,
+)
 
 SNAPSHOTS_RECORD = Path(__file__).parents[1] / "data" / "torchserve" / "snapshots"
 
@@ -396,7 +404,10 @@ def test_a_change_that_ends_during_the_stop_leaves_the_shutdown_snapshot_newest(
 def test_every_snapshot_is_kept_as_torchserve_keeps_them(model_store, tmp_path: Path):
     """TorchServe 0.12 deletes no snapshot (tests/data/torchserve/snapshots, recorded with its
     record.py): three registrations and unregistrations, a stop, a start and a stop leave every
-    file each wrote, in the same order of kinds."""
+    file each wrote, in the same order of kinds. The registered version's entry holds
+    TorchServe's keys with its values and JSON types: integers (torchbay wrote
+    ``"maxBatchDelay": 100.0``, ``"responseTimeout": 120.0``), so a reader that decodes them into
+    integer fields (Go, serde, a Java int) takes torchbay's snapshots as TorchServe's."""
     recorded = json.loads((SNAPSHOTS_RECORD / "answers.json").read_text())
     folder = tmp_path / "config"
     config = make_config(model_store, snapshot_dir=folder, enable_model_api=True)
@@ -412,6 +423,34 @@ def test_every_snapshot_is_kept_as_torchserve_keeps_them(model_store, tmp_path: 
         live.stop()
     kinds = [kind.removesuffix(".cfg") for kind in _kinds(folder)]
     assert kinds == recorded["first_run"]["kinds"]
+    want = {**recorded["registered_entry"]["1.0"], "marName": "probe.mar"}
+    have = _models(sorted(folder.iterdir())[1])["probe"]["1.0"]
+    assert [(k, have[k], type(have[k])) for k in want] == [(k, v, type(v)) for k, v in want.items()]
     LiveServer(config).start().stop()
     kinds = [kind.removesuffix(".cfg") for kind in _kinds(folder)]
     assert kinds == recorded["second_run"]["kinds"]
+
+
+@pytest.mark.slow
+def test_a_repository_load_or_unload_is_in_the_next_start(model_store, tmp_path: Path):
+    """A model loaded or unloaded through Triton's repository extension (REST or gRPC) is a
+    management change like a register or an unregister: torchbay wrote no snapshot for it,
+    so a restart (from the newest snapshot) dropped the model just loaded, or brought back the
+    one just unloaded."""
+    folder = tmp_path / "config"
+    config = make_config(model_store, snapshot_dir=folder, enable_model_api=True)
+    live = LiveServer(config).start()
+    try:
+        with oip_client(live, "http") as client:
+            client.load_model("probe")
+            loaded = last_snapshot(folder)
+            assert loaded is not None and "probe" in _models(loaded), loaded
+            client.unload_model("probe")
+            unloaded = last_snapshot(folder)
+            assert unloaded is not None and unloaded != loaded
+            assert "probe" not in _models(unloaded)
+            with pytest.raises(Exception, match="is not in the model store"):
+                client.load_model("nope")  # refused, nothing changed: no snapshot
+            assert last_snapshot(folder) == unloaded
+    finally:
+        live.stop()

@@ -16,6 +16,8 @@ file's kind (``startup``, ``snapshot``, ``shutdown``), in name order, and their 
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import sys
 import tempfile
@@ -34,6 +36,17 @@ def kinds(config_dir: Path) -> list[str]:
     """The snapshots' kinds in name order (the names start with their time)."""
     names = sorted(p.name for p in config_dir.iterdir())
     return [name.split("-", 1)[1].removesuffix(".cfg") for name in names]
+
+
+def model_entry(path: Path) -> dict:
+    """The ``tiny`` model's entry (its versions) in the ``model_snapshot`` of the snapshot
+    ``path``, as TorchServe wrote it (Java's properties escapes undone)."""
+    escapes = {"n": "\n", "t": "\t", "r": "\r", "f": "\f"}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("model_snapshot="):
+            value = re.sub(r"\\(.)", lambda m: escapes.get(m[1], m[1]), line.split("=", 1)[1])
+            return json.loads(value)["models"]["tiny"]
+    raise SystemExit(f"no model_snapshot in {path}")
 
 
 def run(work: Path, store: Path, calls: list[tuple[str, str]]) -> list[int]:
@@ -60,6 +73,8 @@ def main() -> None:
         cycle = [("POST", "/models?url=tiny.mar&initial_workers=1"), ("DELETE", "/models/tiny")]
         first = run(work, store, cycle * ROUNDS)
         after_first = kinds(work / "logs" / "config")
+        # The snapshot written once the first registration was answered: the model's entry.
+        entry = model_entry(sorted((work / "logs" / "config").iterdir())[1])
         # The first java server may still be exiting (its ports closed): its pid file would
         # make this start refuse ("TorchServe is already running").
         (work / "tmp" / ".model_server.pid").unlink(missing_ok=True)
@@ -73,6 +88,7 @@ def main() -> None:
         "rounds": ROUNDS,
         "first_run": {"statuses": first, "kinds": after_first, "count": len(after_first)},
         "second_run": {"statuses": second, "kinds": after_second, "count": len(after_second)},
+        "registered_entry": entry,
     }
     tsrun.write_json(HERE / "answers.json", record)
 
