@@ -114,6 +114,14 @@ class _Job:
     request: RequestLike
     row: Any
     v2: dict[str, Any] | None
+    types: dict[str, str] = field(default_factory=dict)  # each row key's content type
+
+    def headers(self) -> dict[str, Any]:
+        """What the handler's context gives as this request's headers: as TorchServe 0.12,
+        each input parameter's content type under its name (``{"content-type": ...}``), then
+        the request's headers (a header named as a parameter wins, as there)."""
+        types = {name: {"content-type": ctype} for name, ctype in self.types.items()}
+        return {**types, **self.request.headers}
 
 
 class _CountMismatch(Exception):
@@ -180,14 +188,18 @@ class Service(ResultEncoder):
             controls.fill(v2, request.headers, self.controls, self.context)  # START, READY...
             bound = getattr(request, "max_batch", 0)  # Triton's max_batch_size, when declared
             oip.check_signature(v2, self.signature, bound, self.model_name)
+            types = {"body": envelopes.mime_type(request.content_type)}
             if self.native_v2:
-                return _Job(request, {"body": v2, "protocol": "v2"}, v2)
+                return _Job(request, {"body": v2, "protocol": "v2"}, v2, types)
             body = oip.body_value(v2)
-            return _Job(request, {"body": body, "data": body}, v2)
+            return _Job(request, {"body": body, "data": body}, v2, types)
         encoding = request.headers.get("content-encoding")
         raw = decode_content(request.body, encoding, self.max_request_size)
-        row = envelopes.decode_request(raw, request.content_type, request.query, self.decode_input)
-        return _Job(request, row, None)
+        types: dict[str, str] = {}
+        row = envelopes.decode_request(
+            raw, request.content_type, request.query, self.decode_input, types
+        )
+        return _Job(request, row, None, types)
 
     def _run_isolated(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response]:
         """Run ``jobs``; if the handler raises, run each half again until the culprit is alone."""
@@ -230,9 +242,7 @@ class Service(ResultEncoder):
     def _run(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response] | BaseException:
         """The responses of one handler run over ``jobs``, or the exception it raised."""
         requests = [job.request for job in jobs]
-        self.context.reset_batch(
-            [r.request_id for r in requests], [dict(r.headers) for r in requests]
-        )
+        self.context.reset_batch([r.request_id for r in requests], [j.headers() for j in jobs])
         # A shallow copy per run: a handler that edits its rows must not spoil a retry.
         rows = [dict(job.row) if isinstance(job.row, dict) else job.row for job in jobs]
         stream = RunStream(

@@ -71,7 +71,9 @@ def test_a_torchserve_handler_gets_torchserves_input_types(tmp_path: Path) -> No
     """Form fields and urlencoded fields were str on torchbay (``field.decode()``, as a
     TorchServe handler does, failed: 500), file parts bytes whatever their type, a body
     labelled JSON that is not JSON a 400 before the handler ran; TorchServe hands bytearrays,
-    decodes a text or JSON file part, and hands the undecodable body raw."""
+    decodes a text or JSON file part, and hands the undecodable body raw. And each input
+    parameter's content type was missing from the request's headers, where TorchServe files it
+    under the parameter's name (``get_request_header(idx, "data")["content-type"]``)."""
     store = tmp_path / "store"
     store.mkdir()
     tiny_archive(tmp_path, store, "inputs", str(DATA / "inputs_handler.py"))
