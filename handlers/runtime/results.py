@@ -5,12 +5,15 @@ and the request's protocol. The Service's half that runs after the handler retur
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 from typing import Any, Protocol
 
 from ..context import Context
 from ..errors import PredictionException
 from . import oip_response
+from .envelopes import INSTANCE_PARAM, split_content_type
 from .responses import (
     FRAMING_HEADERS,
     Response,
@@ -22,6 +25,24 @@ from .responses import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _kserve_instance(content_type: str) -> bool:
+    """A KServe v1 instance (server/http/kserve_v1.py marks its content type): its answer is
+    one of the call's JSON predictions, a tensor's its values."""
+    return split_content_type(content_type)[1].get(INSTANCE_PARAM) == "instance"
+
+
+def _saved_tensor(item: Any) -> Any:
+    """A tensor result as TorchServe 0.12 answers it (otf_message_handler.create_predict_response):
+    what ``torch.save`` writes, which a client reads back with ``torch.load``; anything else as
+    it is. torch is in ``sys.modules`` whenever the result is a tensor: never imported here."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(item, torch.Tensor):
+        return item
+    buffer = io.BytesIO()
+    torch.save(item, buffer)
+    return buffer.getvalue()
 
 
 class JobLike(Protocol):
@@ -99,6 +120,8 @@ class ResultEncoder:
             return Response(status, body, ctype, {**headers, **more})
         if v2 is not None and isinstance(item, dict) and "message" in item:
             item = {**item, "error": item["message"]}
+        if v2 is None and not _kserve_instance(job.request.content_type):
+            item = _saved_tensor(item)
         if isinstance(item, (bytes, bytearray, memoryview)):
             return Response(
                 status, bytes(item), content_type or "application/octet-stream", headers
