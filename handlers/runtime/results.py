@@ -24,7 +24,7 @@ from .responses import (
     status_problem,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("torchbay.handlers.runtime.service")  # the Service's, as before
 
 
 def _kserve_instance(content_type: str) -> bool:

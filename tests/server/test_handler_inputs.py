@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import recorded, running, tiny_archive
+from tests.server.conftest import handler_port, recorded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "handler_inputs"
 CASES, RECORD = recorded(DATA, "cases.py")
@@ -74,12 +74,8 @@ def test_a_torchserve_handler_gets_torchserves_input_types(tmp_path: Path) -> No
     decodes a text or JSON file part, and hands the undecodable body raw. And each input
     parameter's content type was missing from the request's headers, where TorchServe files it
     under the parameter's name (``get_request_header(idx, "data")["content-type"]``)."""
-    store = tmp_path / "store"
-    store.mkdir()
-    tiny_archive(tmp_path, store, "inputs", str(DATA / "inputs_handler.py"))
     by_id = {case[0]: case for case in CASES.CASES}
-    with running(store, load_models=["inputs.mar"]) as server:
-        port = server.server.state.ports.inference
+    with handler_port(tmp_path, "inputs", DATA / "inputs_handler.py") as port:
         for answer in RECORD["answers"]:
             _, path, query, headers, body = by_id[answer["id"]]
             asked = CASES.ask(port, path, query, headers, body)

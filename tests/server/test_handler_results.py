@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import recorded, running, tiny_archive
+from tests.server.conftest import handler_port, recorded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "result_types"
 CASES, RECORD = recorded(DATA, "cases.py")
@@ -55,11 +55,7 @@ def test_the_record_is_torchserve_0_12() -> None:
 def test_a_handlers_results_are_answered_as_torchserve_answers_them(tmp_path: Path) -> None:
     """A tensor result was answered as JSON (its values as a list); TorchServe 0.12 answers
     it as ``torch.save`` writes it (a client reads it with ``torch.load``)."""
-    store = tmp_path / "store"
-    store.mkdir()
-    tiny_archive(tmp_path, store, "results", str(DATA / "results_handler.py"))
-    with running(store, load_models=["results.mar"]) as server:
-        port = server.server.state.ports.inference
+    with handler_port(tmp_path, "results", DATA / "results_handler.py") as port:
         for answer in RECORD["answers"]:
             got = CASES.ask(port, answer["id"])
             del got["reason"]
