@@ -193,15 +193,15 @@ def running(store: Path, *, gpu_count: int | None = None, **overrides: Any) -> I
 
 
 @contextlib.contextmanager
-def handler_port(tmp_path: Path, name: str, handler: Path) -> Iterator[int]:
-    """The inference port of a LiveServer that loaded ``name``.mar at start-up: ``handler`` over
-    the tiny model, packed by our archiver in ``tmp_path`` (a TorchServe recorder's handler,
-    asked what TorchServe was asked)."""
+def handler_ports(tmp_path: Path, name: str, handler: Path) -> Iterator[Any]:
+    """The ports of a LiveServer that loaded ``name``.mar at start-up: ``handler`` over the tiny
+    model, packed by our archiver in ``tmp_path`` (a TorchServe recorder's handler, asked what
+    TorchServe was asked)."""
     store = tmp_path / "store"
     store.mkdir()
     tiny_archive(tmp_path, store, name, str(handler))
     with running(store, load_models=[f"{name}.mar"]) as server:
-        yield server.server.state.ports.inference
+        yield server.server.state.ports
 
 
 def load_gated_store(

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import handler_port, recorded
+from tests.server.conftest import handler_ports, recorded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "result_types"
 CASES, RECORD = recorded(DATA, "cases.py")
@@ -55,7 +55,8 @@ def test_the_record_is_torchserve_0_12() -> None:
 def test_a_handlers_results_are_answered_as_torchserve_answers_them(tmp_path: Path) -> None:
     """A tensor result was answered as JSON (its values as a list); TorchServe 0.12 answers
     it as ``torch.save`` writes it (a client reads it with ``torch.load``)."""
-    with handler_port(tmp_path, "results", DATA / "results_handler.py") as port:
+    with handler_ports(tmp_path, "results", DATA / "results_handler.py") as ports:
+        port = ports.inference
         for answer in RECORD["answers"]:
             got = CASES.ask(port, answer["id"])
             del got["reason"]
