@@ -257,6 +257,9 @@ def output_names(request: dict[str, Any]) -> list[str]:
     return [str(o["name"]) for o in request.get("outputs") or []]
 
 
+_RAW = (bytes, bytearray, memoryview)
+
+
 def wrap_result(
     result: Any, request: dict[str, Any], default: str = "output0"
 ) -> list[dict[str, Any]]:
@@ -264,7 +267,9 @@ def wrap_result(
     request asks, else ``default`` (the signature's first output, or output0)."""
     names = output_names(request)
     name = names[0] if names else default
-    if isinstance(result, (bytes, bytearray, memoryview)):  # as /predictions takes them
+    if not isinstance(result, (list, str, *_RAW)) and callable(getattr(result, "tolist", None)):
+        result = result.tolist()  # a tensor or numpy array: its values (TorchServe's kservev2)
+    if isinstance(result, _RAW):  # as /predictions takes them
         result = bytes(result).decode("utf-8", "replace")
     if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):
         data = [result if isinstance(result, str) else dumps(result).decode()]

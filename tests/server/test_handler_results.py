@@ -54,7 +54,9 @@ def test_the_record_is_torchserve_0_12() -> None:
 @pytest.mark.timeout(300)
 def test_a_handlers_results_are_answered_as_torchserve_answers_them(tmp_path: Path) -> None:
     """A tensor result was answered as JSON (its values as a list); TorchServe 0.12 answers
-    it as ``torch.save`` writes it (a client reads it with ``torch.load``)."""
+    it as ``torch.save`` writes it (a client reads it with ``torch.load``). And on OIP infer
+    a tensor result was a 500 ("cannot reshape array of size 2 into shape ()"): TorchServe's
+    kservev2 envelope answers it as one output tensor."""
     with handler_ports(tmp_path, "results", DATA / "results_handler.py") as ports:
         port = ports.inference
         for answer in RECORD["answers"]:
@@ -66,3 +68,10 @@ def test_a_handlers_results_are_answered_as_torchserve_answers_them(tmp_path: Pa
         v1 = httpx.post(url, json={"instances": ["tensor", "dict"]}, timeout=60)
         assert v1.status_code == 200, v1.text
         assert v1.json() == {"predictions": [[1.0, 2.0], {"a": [1, 2.5]}]}
+        # OIP: a tensor is one output tensor, as TorchServe's kservev2 envelope makes it
+        url = f"http://127.0.0.1:{port}/v2/models/results/infer"
+        tensor = {"name": "kind", "shape": [1], "datatype": "BYTES", "data": ["tensor"]}
+        v2 = httpx.post(url, json={"inputs": [tensor]}, timeout=60)
+        assert v2.status_code == 200, v2.text
+        output = {"name": "output0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}
+        assert v2.json()["outputs"] == [output]
