@@ -28,8 +28,8 @@ logger = logging.getLogger("torchbay.handlers.runtime.service")  # the Service's
 
 
 def _kserve_instance(content_type: str) -> bool:
-    """A KServe v1 instance (server/http/kserve_v1.py marks its content type): its answer is
-    one of the call's JSON predictions, a tensor's its values."""
+    """A KServe v1 instance or a generate request (server/http/kserve_v1.py and streaming.py
+    mark their content type): its answer goes into a JSON answer, a tensor as its values."""
     return split_content_type(content_type)[1].get(INSTANCE_PARAM) == "instance"
 
 

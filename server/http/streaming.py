@@ -123,10 +123,13 @@ def whole(send: Send, scope: Scope, limit: int) -> Send:
 
 def as_json(scope: Scope) -> Scope:
     """The generate extension's body is JSON whatever its content type says (``curl -d`` sends
-    a form type): the handler gets the decoded object as TorchServe's ``body``. The scope is
-    changed in place: the HTTP protocol reads the request's hooks from it (disconnect.py)."""
+    a form type): the handler gets the decoded object as TorchServe's ``body``, marked as a
+    KServe v1 instance is (handlers/runtime/envelopes.INSTANCE_PARAM) since its answer is JSON
+    too (a tensor the handler returns is its values, not /predictions' torch.save bytes). The
+    scope is changed in place: the HTTP protocol reads the request's hooks from it
+    (disconnect.py)."""
     headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-    scope["headers"] = [*headers, (b"content-type", b"application/json")]
+    scope["headers"] = [*headers, (b"content-type", b"application/json; torchbay-row=instance")]
     return scope
 
 

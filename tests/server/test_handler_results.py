@@ -75,3 +75,8 @@ def test_a_handlers_results_are_answered_as_torchserve_answers_them(tmp_path: Pa
         assert v2.status_code == 200, v2.text
         output = {"name": "output0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}
         assert v2.json()["outputs"] == [output]
+        # the generate extension answers JSON too: a tensor is its values' text
+        url = f"http://127.0.0.1:{port}/v2/models/results/generate"
+        generated = httpx.post(url, json={"text_input": "tensor"}, timeout=60)
+        assert generated.status_code == 200, generated.text
+        assert generated.json()["text_output"] == "[1.0, 2.0]"
