@@ -276,11 +276,14 @@ class BaseHandler:
         """Model description returned for a request with the ``describe`` header."""
         return "{}"
 
-    def _header(self, name: str) -> Any:
+    def _header(self, name: str) -> str | None:
+        """The first request's header ``name``; None for an input parameter of that name (the
+        context lists each as ``{"content-type": ...}``, as TorchServe's does)."""
         try:
-            return self.context.get_request_header(0, name)
+            value = self.context.get_request_header(0, name)
         except (AttributeError, IndexError, TypeError):
             return None
+        return value if isinstance(value, str) else None
 
     def _is_explain(self) -> bool:
         if self._header("explain"):

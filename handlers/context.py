@@ -21,12 +21,13 @@ SEQUENCE_START = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_sta
 SEQUENCE_END = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
 
 
-class RequestHeaders(dict[str, str]):
+class RequestHeaders(dict[str, Any]):
     """One request's headers by lower-case name (as ASGI and HTTP/2 carry them), looked up in
     any case: TorchServe keeps the client's spelling, so handlers written for it read
-    ``props.get("X-Amzn-SageMaker-Custom-Attributes")`` or ``props["Content-Type"]``."""
+    ``props.get("X-Amzn-SageMaker-Custom-Attributes")`` or ``props["Content-Type"]``. As in
+    TorchServe, each input parameter (row key) is there too, as ``{"content-type": ...}``."""
 
-    def __init__(self, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, headers: Mapping[str, Any] | None = None) -> None:
         super().__init__((_lower(k), v) for k, v in (headers or {}).items())
 
     def __getitem__(self, key: Any) -> Any:
@@ -46,7 +47,7 @@ def _lower(key: Any) -> Any:
 class RequestProcessor:
     """Request headers in, response status and headers out, for one request of a batch."""
 
-    def __init__(self, request_header: Mapping[str, str]) -> None:
+    def __init__(self, request_header: Mapping[str, Any]) -> None:
         self._status_code = 200
         self._reason_phrase: str | None = None
         self._response_header: dict[str, str] = {}
@@ -132,14 +133,15 @@ class Context:
     def request_processor(self, request_processor: list[RequestProcessor] | None) -> None:
         self._request_processor = request_processor
 
-    def reset_batch(self, request_ids: list[str], headers: list[dict[str, str]]) -> None:
+    def reset_batch(self, request_ids: list[str], headers: list[dict[str, Any]]) -> None:
         """Start a new batch: fresh ids, request headers and response state (Service calls it)."""
         self.request_ids = dict(enumerate(request_ids))
         self._request_processor = [RequestProcessor(h) for h in headers]
         key = self.header_key_sequence_id
         for processor in self._request_processor:  # a sequence's id goes back in its response
             sequence_id = processor.get_request_property(key)  # (SageMaker's sticky routing
-            if sequence_id is not None:  # reads it); a handler may overwrite it
+            if isinstance(sequence_id, str):  # reads it); a handler may overwrite it (not a
+                # form field of that name: its {"content-type": ...} entry, see RequestHeaders)
                 processor.add_response_property(key, sequence_id)
         self.stage_timings = {}
         if hasattr(self.metrics, "request_ids"):

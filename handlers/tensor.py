@@ -142,9 +142,10 @@ class TensorHandler(BaseHandler):
 
     def _request_header(self, idx: int, name: str) -> str | None:
         try:
-            return self.context.get_request_header(idx, name)
+            value = self.context.get_request_header(idx, name)
         except (AttributeError, IndexError, TypeError):
             return None
+        return value if isinstance(value, str) else None  # not an input parameter's entry
 
     def _target_dtype(self, idx: int, tensor: torch.Tensor) -> torch.dtype:
         header = self._request_header(idx, "x-input-dtype")

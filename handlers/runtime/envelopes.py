@@ -119,21 +119,34 @@ def decode_value(data: bytes, mime: str, charset: str | None, decode: bool = Tru
     return data if type(data) is bytearray else bytearray(data)  # a file part's: no second copy
 
 
-def decode_body(body: bytes, content_type: str, decode: bool = True) -> dict[str, Any]:
+def mime_type(content_type: str) -> str:
+    """A Content-Type value without its parameters, as given (Netty's ``HttpUtil.getMimeType``,
+    the content type TorchServe 0.12 gives a body or file part)."""
+    return (content_type or "").split(";", 1)[0].strip()
+
+
+def decode_body(
+    body: bytes, content_type: str, decode: bool = True, types: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The row entries a body yields: ``{"body": value}`` or one entry per form field. With
-    ``decode`` false (TorchServe's ``decode_input_request=false``), JSON and text stay raw."""
+    ``decode`` false (TorchServe's ``decode_input_request=false``), JSON and text stay raw.
+    ``types`` gets each entry's content type as TorchServe 0.12 gives it the handler (among the
+    request's headers): the body's and a file part's without parameters, a field's empty."""
+    types = {} if types is None else types
     mime, params = split_content_type(content_type)
     if mime == "multipart/form-data":
         boundary = params.get("boundary")
         if not boundary:
             raise BadInput("multipart/form-data body without a boundary")
-        return parse_multipart(body, boundary, decode) if body else {}
+        return parse_multipart(body, boundary, decode, types) if body else {}
     if mime == "application/x-www-form-urlencoded":
         text = bytes(body).decode("latin-1")  # each byte as itself, percent-decoded the same
         fields = parse_qsl(text, keep_blank_values=True, encoding="latin-1")
+        types.update((_utf8(k), "") for k, _ in fields)
         if params.get(INSTANCE_PARAM) == "instance":  # a KServe v1 instance: its strings as sent
             return {_utf8(k): _utf8(v) for k, v in fields}
         return {_utf8(k): bytearray(v.encode("latin-1")) for k, v in fields}
+    types["body"] = mime_type(content_type)
     if params.get(INSTANCE_PARAM) == GENERATE_ROW:
         return {"body": generate_object(body, decode)}
     return {"body": decode_value(body, mime, params.get("charset"), decode)}
@@ -157,21 +170,32 @@ def _utf8(latin: str) -> str:
 
 
 def decode_request(
-    body: bytes, content_type: str, query: str, decode: bool = True
+    body: bytes,
+    content_type: str,
+    query: str,
+    decode: bool = True,
+    types: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """TorchServe's input row for one request (tests/data/torchserve/handler_inputs): a body or
     a form's fields as TorchServe 0.12 gives them (an empty body too: an empty form is no key);
     query parameters are added as ``str`` for the keys the body did not set, the last of a
-    repeated one, as on TorchServe. Raises BadInput for a malformed multipart body."""
-    row = decode_body(body, content_type, decode)
+    repeated one, as on TorchServe. ``types``: see decode_body (a query parameter's is empty).
+    Raises BadInput for a malformed multipart body."""
+    types = {} if types is None else types
+    row = decode_body(body, content_type, decode, types)
     for key, value in dict(parse_qsl(query or "", keep_blank_values=True)).items():
-        row.setdefault(key, value)
+        if key not in row:
+            row[key], types[key] = value, ""
     return row
 
 
-def parse_multipart(body: bytes, boundary: str, decode: bool = True) -> dict[str, Any]:
+def parse_multipart(
+    body: bytes, boundary: str, decode: bool = True, types: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A form's fields as TorchServe 0.12 gives them: a field as a bytearray, a file part (one
-    with a filename) by its Content-Type (default application/octet-stream), see decode_value."""
+    with a filename) by its Content-Type (default application/octet-stream), see decode_value;
+    ``types`` gets each one's content type (see decode_body)."""
+    types = {} if types is None else types
     fields: dict[str, Any] = {}
     state: dict[str, Any] = {}
 
@@ -199,8 +223,9 @@ def parse_multipart(body: bytes, boundary: str, decode: bool = True) -> dict[str
             ctype = state["headers"].get("content-type", b"").decode("latin-1")
             mime, params = split_content_type(ctype or "application/octet-stream")
             fields[name] = decode_value(data, mime, params.get("charset"), decode)
+            types[name] = mime_type(ctype) or "application/octet-stream"
         else:
-            fields[name] = data
+            fields[name], types[name] = data, ""
 
     parser = MultipartParser(
         boundary,
@@ -250,6 +275,9 @@ def output_names(request: dict[str, Any]) -> list[str]:
     return [str(o["name"]) for o in request.get("outputs") or []]
 
 
+_RAW = (bytes, bytearray, memoryview)
+
+
 def wrap_result(
     result: Any, request: dict[str, Any], default: str = "output0"
 ) -> list[dict[str, Any]]:
@@ -257,7 +285,9 @@ def wrap_result(
     request asks, else ``default`` (the signature's first output, or output0)."""
     names = output_names(request)
     name = names[0] if names else default
-    if isinstance(result, (bytes, bytearray, memoryview)):  # as /predictions takes them
+    if not isinstance(result, (list, str, *_RAW)) and callable(getattr(result, "tolist", None)):
+        result = result.tolist()  # a tensor or numpy array: its values (TorchServe's kservev2)
+    if isinstance(result, _RAW):  # as /predictions takes them
         result = bytes(result).decode("utf-8", "replace")
     if isinstance(result, (dict, str)) or (isinstance(result, list) and not _is_numeric(result)):
         data = [result if isinstance(result, str) else dumps(result).decode()]

@@ -70,18 +70,10 @@ from ..errors import (
 )
 from ..metrics import MetricsCache
 from ..streaming import StreamCancelled
-from . import continuous, controls, envelopes, modes, oip, oip_response
+from . import continuous, controls, envelopes, modes, oip
 from .oip_encoding import DEFAULT_MAX_SIZE, decode_content
-from .responses import (
-    FRAMING_HEADERS,
-    Response,
-    decode_failure,
-    dumps,
-    error_response,
-    header_problem,
-    prediction_error,
-    status_problem,
-)
+from .responses import Response, decode_failure, error_response, prediction_error
+from .results import ResultEncoder
 from .streams import NullSink, PartSink, RunStream, cancelled_response, drive_generators, streams
 
 __all__ = ["BatchOutcome", "Request", "Response", "Service", "error_response", "load_service"]
@@ -122,6 +114,14 @@ class _Job:
     request: RequestLike
     row: Any
     v2: dict[str, Any] | None
+    types: dict[str, str] = field(default_factory=dict)  # each row key's content type
+
+    def headers(self) -> dict[str, Any]:
+        """What the handler's context gives as this request's headers: as TorchServe 0.12,
+        each input parameter's content type under its name (``{"content-type": ...}``), then
+        the request's headers (a header named as a parameter wins, as there)."""
+        types = {name: {"content-type": ctype} for name, ctype in self.types.items()}
+        return {**types, **self.request.headers}
 
 
 class _CountMismatch(Exception):
@@ -132,7 +132,7 @@ def _add(timings: dict[str, float], stage: str, ms: float) -> None:
     timings[stage] = timings.get(stage, 0.0) + ms
 
 
-class Service:
+class Service(ResultEncoder):
     """A loaded handler bound to its Context; ``predict`` serves one batch at a time."""
 
     def __init__(
@@ -188,14 +188,18 @@ class Service:
             controls.fill(v2, request.headers, self.controls, self.context)  # START, READY...
             bound = getattr(request, "max_batch", 0)  # Triton's max_batch_size, when declared
             oip.check_signature(v2, self.signature, bound, self.model_name)
+            types = {"body": envelopes.mime_type(request.content_type)}
             if self.native_v2:
-                return _Job(request, {"body": v2, "protocol": "v2"}, v2)
+                return _Job(request, {"body": v2, "protocol": "v2"}, v2, types)
             body = oip.body_value(v2)
-            return _Job(request, {"body": body, "data": body}, v2)
+            return _Job(request, {"body": body, "data": body}, v2, types)
         encoding = request.headers.get("content-encoding")
         raw = decode_content(request.body, encoding, self.max_request_size)
-        row = envelopes.decode_request(raw, request.content_type, request.query, self.decode_input)
-        return _Job(request, row, None)
+        types: dict[str, str] = {}
+        row = envelopes.decode_request(
+            raw, request.content_type, request.query, self.decode_input, types
+        )
+        return _Job(request, row, None, types)
 
     def _run_isolated(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response]:
         """Run ``jobs``; if the handler raises, run each half again until the culprit is alone."""
@@ -238,9 +242,7 @@ class Service:
     def _run(self, jobs: list[_Job], timings: dict[str, float]) -> list[Response] | BaseException:
         """The responses of one handler run over ``jobs``, or the exception it raised."""
         requests = [job.request for job in jobs]
-        self.context.reset_batch(
-            [r.request_id for r in requests], [dict(r.headers) for r in requests]
-        )
+        self.context.reset_batch([r.request_id for r in requests], [j.headers() for j in jobs])
         # A shallow copy per run: a handler that edits its rows must not spoil a retry.
         rows = [dict(job.row) if isinstance(job.row, dict) else job.row for job in jobs]
         stream = RunStream(
@@ -272,71 +274,6 @@ class Service:
             return _CountMismatch(f"handler returned {got} results for a batch of {len(jobs)}")
         pairs = enumerate(zip(results, jobs, strict=True))
         return [finals.get(i) or self._encode(i, item, job) for i, (item, job) in pairs]
-
-    def _encode(self, idx: int, item: Any, job: _Job) -> Response:
-        """The response for result ``idx``; a result or header that cannot be sent is a 500."""
-        rid = job.request.request_id
-        try:
-            status, phrase = self.context.get_response_status(idx)
-            headers = self._headers(idx, status, rid)
-            if headers is None:
-                message = f"The handler set an invalid response status or header; request id {rid}"
-                return error_response(500, "InvalidResponse", message, job.v2 is not None)
-            content_type = headers.pop("content-type", None)
-            return self._body(status, phrase, item, job, headers, content_type)
-        except PredictionException as exc:  # e.g. an unknown requested output (400)
-            return prediction_error(exc, job.v2 is not None)
-        except Exception as exc:  # an unencodable result fails its own request only
-            logger.error("cannot encode the result of request %s", rid, exc_info=exc)
-            message = f"The handler's result cannot be encoded ({type(exc).__name__}); "
-            message += f"request id {rid}"
-            return error_response(500, type(exc).__name__, message, job.v2 is not None)
-
-    def _headers(self, idx: int, status: object, rid: str) -> dict[str, str] | None:
-        """The validated response headers (lower-case names), or None with the reason logged."""
-        problem = status_problem(status)
-        headers: dict[str, str] = {}
-        for name, value in dict(self.context.get_response_headers(idx)).items():
-            problem = problem or header_problem(name, value)
-            if problem is None and name.lower() in FRAMING_HEADERS:
-                logger.warning("request %s: dropping the handler's %s header", rid, name)
-            elif problem is None:
-                headers[name.lower()] = value
-        if problem is not None:
-            logger.error("request %s: the handler set an invalid response: %s", rid, problem)
-            return None
-        return headers
-
-    def _body(
-        self,
-        status: int,
-        phrase: str | None,
-        item: Any,
-        job: _Job,
-        headers: dict[str, str],
-        content_type: str | None,
-    ) -> Response:
-        v2 = job.v2
-        if status >= 400 and item is None:
-            return error_response(status, "PredictionException", phrase or "", v2 is not None)
-        if v2 is not None and status < 400:
-            labels = getattr(self.handler, "mapping", None)
-            model = (self.model_name, self.model_version, labels, self.signature)
-            body, ctype, more = oip_response.reply(
-                item, self.native_v2, v2, model, job.request.headers
-            )
-            return Response(status, body, ctype, {**headers, **more})
-        if v2 is not None and isinstance(item, dict) and "message" in item:
-            item = {**item, "error": item["message"]}
-        if isinstance(item, (bytes, bytearray, memoryview)):
-            return Response(
-                status, bytes(item), content_type or "application/octet-stream", headers
-            )
-        if isinstance(item, str):
-            return Response(
-                status, item.encode(), content_type or "text/plain; charset=utf-8", headers
-            )
-        return Response(status, dumps(item), content_type or "application/json", headers)
 
 
 def load_service(

@@ -3,10 +3,12 @@ StreamPredictions (server streaming) and StreamPredictions2 (bidirectional).
 
 A ``PredictionsRequest``'s ``input`` map reaches the handler as TorchServe builds it for gRPC
 (``InferenceImpl``: one ``InputParameter`` per entry, bytes, no content type): the entries travel
-as a multipart/form-data body, one file part per key, so the worker's row decoding gives the
-handler ``{"data": b"...", "key": b"..."}``. The answer's body is ``prediction``. An error is the
-call's status (TorchServe's ``GRPCUtils`` table, ``status.py``), except in StreamPredictions2,
-where (as in TorchServe) it is the ``status`` of that request's response and the stream goes on.
+as a multipart/form-data body, one field (no filename, no content type) per key, so the worker's
+row decoding gives the handler ``{"data": bytearray(b"..."), "key": ...}`` and each one's
+content type among its headers as ``""``, as TorchServe's. The answer's body is
+``prediction``. An error is the call's status (TorchServe's ``GRPCUtils`` table, ``status.py``),
+except in StreamPredictions2, where (as in TorchServe) it is the ``status`` of that request's
+response and the stream goes on.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ _FORBIDDEN_IN_NAMES = ('"', "\r", "\n", "\\")
 
 
 def multipart(fields: Any) -> tuple[bytes, str]:
-    """The ``input`` map as a multipart/form-data body (file parts: the handler gets bytes);
-    (body, content type). An empty map is an empty body with no content type."""
+    """The ``input`` map as a multipart/form-data body (fields: the handler gets bytearrays, of
+    no content type); (body, content type). An empty map is an empty body with no content
+    type."""
     if not fields:
         return b"", ""
     boundary = _boundary(fields)
@@ -42,11 +45,10 @@ def multipart(fields: Any) -> tuple[bytes, str]:
                 f"input key {key[:64]!r} may not contain quotes, backslashes or line breaks",
                 400,
             )
-        disposition = f'form-data; name="{key}"; filename="{key}"'.encode()
+        disposition = f'form-data; name="{key}"'.encode()
         chunks += (
             f"--{boundary}\r\n".encode(),
-            b"Content-Disposition: " + disposition + b"\r\n",
-            b"Content-Type: application/octet-stream\r\n\r\n",
+            b"Content-Disposition: " + disposition + b"\r\n\r\n",
             bytes(fields[key]),
             b"\r\n",
         )

@@ -71,8 +71,11 @@ class Listener(Protocol):
 # The body is re-encoded here: its framing and its coding headers do not carry over.
 _DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding", b"content-encoding")
 # An instance of strings goes as a form whose values the worker hands over as str, not as the
-# bytearrays of a client's form (handlers/runtime/envelopes.INSTANCE_PARAM).
+# bytearrays of a client's form (handlers/runtime/envelopes.INSTANCE_PARAM); any other as JSON,
+# marked the same, so that a tensor the handler returns for it is answered as its values (one
+# of the call's JSON predictions), not as the torch.save bytes of /predictions.
 _INSTANCE_FORM = b"application/x-www-form-urlencoded; torchbay-row=instance"
+_INSTANCE_JSON = b"application/json; torchbay-row=instance"
 
 
 class KServeV1:
@@ -134,7 +137,7 @@ def encode_instance(instance: Any) -> tuple[bytes, bytes]:
                 "an instance's text holds a lone surrogate (half of a UTF-16 pair), which is "
                 "not text"
             ) from None
-    return json.dumps(instance).encode(), b"application/json"
+    return json.dumps(instance).encode(), _INSTANCE_JSON
 
 
 def decode_prediction(response: WireResponse) -> Any:

@@ -129,8 +129,11 @@ GENERATE_MESSAGE = "The generate request body must be a JSON object"
 
 def as_json(scope: Scope) -> Scope:
     """The generate extension's body is JSON whatever its content type says (``curl -d`` sends
-    a form type): the handler gets the decoded object as TorchServe's ``body``. The scope is
-    changed in place: the HTTP protocol reads the request's hooks from it (disconnect.py)."""
+    a form type): the handler gets the decoded object as TorchServe's ``body``, its row marked
+    (handlers/runtime/envelopes.GENERATE_ROW): one JSON object, and an answer that is JSON as a
+    KServe v1 instance's is (a tensor the handler returns is its values, not /predictions'
+    torch.save bytes). The scope is changed in place: the HTTP protocol reads the request's
+    hooks from it (disconnect.py)."""
     headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
     scope["headers"] = [*headers, (b"content-type", _GENERATE_JSON)]
     return scope

@@ -279,3 +279,27 @@ def test_lightweight_modules_do_not_import_torch() -> None:
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_form_field_named_as_a_control_header_is_an_input_not_the_header(
+    torchscript_dir,
+) -> None:
+    """The context lists each input parameter among a request's headers (``{"content-type":
+    ...}`` under its name, as TorchServe 0.12 does): a form field named ``describe``,
+    ``explain``, ``x-input-dtype`` or ``ts_request_sequence_id`` must not read as that header
+    (a describe answer, an explanation, a 500 on ``.strip()`` or on a dict response header)."""
+    service = load_service(torchscript_dir())
+    boundary = "XyZ"
+    parts = [("data", '"a.json"', "application/json", "[1, 2, 3, 4]")]
+    names = ("describe", "explain", "x-input-dtype", "ts_request_sequence_id")
+    parts += [(name, None, None, "True") for name in names]
+    body = "".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"'
+        + (f"; filename={filename}\r\nContent-Type: {ctype}" if filename else "")
+        + f"\r\n\r\n{value}\r\n"
+        for name, filename, ctype, value in parts
+    )
+    form = req(f"{body}--{boundary}--\r\n", f"multipart/form-data; boundary={boundary}")
+    plain = service.predict([req("[1, 2, 3, 4]", "application/json")]).responses[0]
+    got = service.predict([form]).responses[0]
+    assert (got.status, got.headers, body_json(got)) == (200, {}, body_json(plain))

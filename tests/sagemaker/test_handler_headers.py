@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.conftest import running, tiny_archive
+from tests.server.conftest import handler_ports
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "sagemaker_headers"
 RECORD = json.loads((DATA / "answers.json").read_text())
@@ -54,11 +54,8 @@ def test_a_handler_reads_sagemakers_headers_by_sagemakers_names(tmp_path: Path) 
     """``props.get("X-Amzn-SageMaker-Custom-Attributes")`` was None on torchbay (its names were
     lower case only) where TorchServe answers the attributes: only ``get_request_header``
     found them."""
-    store = tmp_path / "store"
-    store.mkdir()
-    tiny_archive(tmp_path, store, "headers", str(DATA / "headers_handler.py"))
-    with running(store, load_models=["headers.mar"]) as server:
-        port = server.server.state.ports.inference
+    with handler_ports(tmp_path, "headers", DATA / "headers_handler.py") as ports:
+        port = ports.inference
         for answer in RECORD["answers"]:
             status, body = _ask(port, answer["headers"])
             assert status == answer["status"], body

@@ -204,6 +204,18 @@ def running(store: Path, *, gpu_count: int | None = None, **overrides: Any) -> I
         live.stop()
 
 
+@contextlib.contextmanager
+def handler_ports(tmp_path: Path, name: str, handler: Path) -> Iterator[Any]:
+    """The ports of a LiveServer that loaded ``name``.mar at start-up: ``handler`` over the tiny
+    model, packed by our archiver in ``tmp_path`` (a TorchServe recorder's handler, asked what
+    TorchServe was asked)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    tiny_archive(tmp_path, store, name, str(handler))
+    with running(store, load_models=[f"{name}.mar"]) as server:
+        yield server.server.state.ports
+
+
 def load_gated_store(
     factory: pytest.TempPathFactory,
     tmp_path: Path,

@@ -12,12 +12,15 @@ raw bytes. Where torchbay differs on purpose (docs/handlers.md), ``_torchbays`` 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
-from tests.server.conftest import recorded, running, tiny_archive
+from tests.server.conftest import handler_ports, recorded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchserve" / "handler_inputs"
 CASES, RECORD = recorded(DATA, "cases.py")
@@ -71,13 +74,12 @@ def test_a_torchserve_handler_gets_torchserves_input_types(tmp_path: Path) -> No
     """Form fields and urlencoded fields were str on torchbay (``field.decode()``, as a
     TorchServe handler does, failed: 500), file parts bytes whatever their type, a body
     labelled JSON that is not JSON a 400 before the handler ran; TorchServe hands bytearrays,
-    decodes a text or JSON file part, and hands the undecodable body raw."""
-    store = tmp_path / "store"
-    store.mkdir()
-    tiny_archive(tmp_path, store, "inputs", str(DATA / "inputs_handler.py"))
+    decodes a text or JSON file part, and hands the undecodable body raw. And each input
+    parameter's content type was missing from the request's headers, where TorchServe files it
+    under the parameter's name (``get_request_header(idx, "data")["content-type"]``)."""
     by_id = {case[0]: case for case in CASES.CASES}
-    with running(store, load_models=["inputs.mar"]) as server:
-        port = server.server.state.ports.inference
+    with handler_ports(tmp_path, "inputs", DATA / "inputs_handler.py") as ports:
+        port = ports.inference
         for answer in RECORD["answers"]:
             _, path, query, headers, body = by_id[answer["id"]]
             asked = CASES.ask(port, path, query, headers, body)
@@ -85,3 +87,23 @@ def test_a_torchserve_handler_gets_torchserves_input_types(tmp_path: Path) -> No
             assert status == answer["status"] == 200, (answer["id"], got)
             got["row"] = {key: [_kind(kind), value] for key, kind, value in got["row"]}
             assert got == _torchbays(answer, headers), answer["id"]
+
+
+@pytest.mark.timeout(300)
+def test_a_grpc_input_is_a_parameter_without_a_content_type(
+    tmp_path: Path, ts_stubs: SimpleNamespace
+) -> None:
+    """TorchServe's gRPC Predictions makes each entry of the input map a parameter with no
+    content type (InferenceImpl: ``InputParameter(name, bytes)``): the handler gets it as a
+    bytearray and ``get_request_header(idx, name)`` as ``{"content-type": ""}``; torchbay's
+    said application/octet-stream, the type of the file parts that carried the entries."""
+    inputs = {"body": b"\x00raw", "field": b"text"}
+    request = ts_stubs.inference_pb2.PredictionsRequest(model_name="inputs", input=inputs)
+    with (
+        handler_ports(tmp_path, "inputs", DATA / "inputs_handler.py") as ports,
+        grpc.insecure_channel(f"127.0.0.1:{ports.grpc_inference}") as channel,
+    ):
+        stub = ts_stubs.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        got = json.loads(stub.Predictions(request, timeout=120).prediction)
+    assert got["row"] == [["body", "bytearray", "\x00raw"], ["field", "bytearray", "text"]]
+    assert got["headers"]["body"] == got["headers"]["field"] == ["dict", {"content-type": ""}]
