@@ -88,12 +88,7 @@ class DataPlane:
         self.management = Management(registry, config)
         # TorchServe's config snapshots, after each management change (plane/snapshots.py).
         self.snapshots = Snapshots(config, registry)
-        # Triton's shared-memory regions, one registry for every protocol (plane/shm.py).
-        self.shm = SharedMemory(
-            allow=config.allow_client_shm,
-            max_regions=config.shm_max_regions,
-            max_bytes=config.shm_max_bytes,
-        )
+        self.shm = _shared_memory(config)
         # The response cache of the versions that enable it (plane/cache.py), counted in the
         # statistics' cache_hit / cache_miss and the metrics' torchbay_cache_*.
         self.cache = ResponseCache(self._cache_counted)
@@ -320,6 +315,12 @@ class DataPlane:
             "version": self.server_version,
             "extensions": [name for name in extensions_of(served) if self.shm.offers(name)],
         }
+
+
+def _shared_memory(config: ServerConfig) -> SharedMemory:
+    """Triton's shared-memory regions, one registry for every protocol (plane/shm.py)."""
+    limits = {"max_regions": config.shm_max_regions, "max_bytes": config.shm_max_bytes}
+    return SharedMemory(allow=config.allow_client_shm, **limits)
 
 
 def _healthy_workers(mv: ModelVersion) -> int:
