@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypeVar
 
 import grpc
 
-from torchbay.server.errors import TorchbayError
+from torchbay.server.errors import TorchbayError, Unauthorized
 from torchbay.server.grpc.status import RpcError, abort, from_error
 from torchbay.server.plane import DataPlane, WireRequest, WireResponse
 
@@ -76,12 +76,15 @@ class Calls:
         self.closing = asyncio.Event()  # set when the server begins to stop
 
     def authorize(self, context: grpc.aio.ServicerContext, kind: str = "inference") -> None:
-        """Raise RpcError(UNAUTHENTICATED) unless the call carries ``authorization: Bearer``
-        with a valid key of ``kind``."""
+        """Raise RpcError(PERMISSION_DENIED) unless the call carries ``authorization: Bearer``
+        with a valid key of ``kind``: TorchServe's GRPCInterceptor closes such a call so on
+        every service (REST answers it 401, which the status table maps to UNAUTHENTICATED)."""
         if self.check_key is None:
             return
         try:
             self.check_key(metadata(context).get("authorization"), kind)
+        except Unauthorized as exc:
+            raise RpcError(grpc.StatusCode.PERMISSION_DENIED, exc.message, exc.status) from None
         except TorchbayError as exc:
             raise from_error(exc) from None
 
@@ -226,7 +229,7 @@ class Service:
         return {rpc: getattr(self, _method_name(rpc)) for rpc in self.rpcs}
 
     async def authorize(self, context: grpc.aio.ServicerContext) -> None:
-        """Abort the call (UNAUTHENTICATED) unless it carries a valid inference key."""
+        """Abort the call (PERMISSION_DENIED) unless it carries a valid inference key."""
         try:
             self.calls.authorize(context)
         except RpcError as exc:

@@ -105,7 +105,7 @@ def test_triton_client_health_and_metadata(server: SimpleNamespace) -> None:
         assert "nope" in info.value.message()
     with pytest.raises(InferenceServerException) as info:
         client.is_model_ready("echo")  # no key: as REST, model routes need the inference key
-    assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+    assert info.value.status() == "StatusCode.PERMISSION_DENIED"
     assert "Token authorization failed" in info.value.message()
     client.close()
 
@@ -122,7 +122,7 @@ def test_triton_infer_errors_are_statuses_with_clear_messages(server: SimpleName
     assert info.value.message() == "Model not found: nope" or "nope" in info.value.message()
     with pytest.raises(InferenceServerException) as info:
         client.infer("echo", [tensor])
-    assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+    assert info.value.status() == "StatusCode.PERMISSION_DENIED"
     client.close()
 
 
@@ -168,7 +168,7 @@ def test_kserve_sdk_client_in_a_child_process(server: SimpleNamespace) -> None:
     assert (
         result["unknown"]["code"] == "NOT_FOUND" and "no-such-model" in result["unknown"]["details"]
     )
-    assert result["no_key"]["code"] == "UNAUTHENTICATED"
+    assert result["no_key"]["code"] == "PERMISSION_DENIED"
     assert result["infer_unknown"]["code"] == "NOT_FOUND"
 
 
@@ -259,6 +259,8 @@ def test_unknown_version_and_bad_input_keys(server, ts) -> None:
 
 
 def test_auth_on_every_grpc_service(server, ts) -> None:
+    """A call without a valid key is PERMISSION_DENIED on every service, as TorchServe 0.12's
+    GRPCInterceptor closes it (not UNAUTHENTICATED, REST's 401)."""
     cases = [
         lambda: _predict(server, ts, "echo", {}, metadata=None, timeout=30),
         lambda: _predict(server, ts, "echo", {}, metadata=server.mkey, timeout=30),
@@ -269,7 +271,7 @@ def test_auth_on_every_grpc_service(server, ts) -> None:
     ]
     for call in cases:
         error = _error(call)
-        assert error.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert error.code() is grpc.StatusCode.PERMISSION_DENIED
         assert error.details().startswith("Token authorization failed")
 
 

@@ -180,7 +180,7 @@ def test_the_management_key_and_a_trace_file_are_needed(oip_store: Path, tmp_pat
         try:
             with pytest.raises(InferenceServerException) as err:
                 grpc.get_trace_settings(headers={"authorization": inference["Authorization"]})
-            assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+            assert err.value.status() == "StatusCode.PERMISSION_DENIED"
             got = grpc.get_trace_settings(headers={"authorization": mgmt["Authorization"]})
             assert list(got.settings["trace_level"].value) == ["OFF"]
         finally:
