@@ -107,6 +107,12 @@ def _tensors(mv: ModelVersion) -> dict[str, Any]:
     return {**sig.to_json(), "batched": sig.batched}
 
 
+def runtime_of(mv: ModelVersion) -> str:
+    """The version's runtime as TorchServe keeps it: the registration's ``runtime``, else the
+    manifest's (describe's ``runtime``, a snapshot's ``runtimeType``)."""
+    return mv.runtime or getattr(mv.manifest, "runtime", None) or "python"
+
+
 def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
     """TorchServe's describe-model object, plus what torchbay knows beyond it."""
     config = registry.model_configs.get(mv.key)
@@ -115,7 +121,7 @@ def describe(registry: ModelRegistry, mv: ModelVersion) -> dict[str, Any]:
         "modelName": mv.name,
         "modelVersion": mv.version,
         "modelUrl": mv.url,
-        "runtime": mv.runtime or getattr(mv.manifest, "runtime", None) or "python",
+        "runtime": runtime_of(mv),
         **described(SETTINGS, mv.settings, config, "batching"),  # workers, batching, timeouts
         **mv.admission.describe(),  # maxQueueDelayMs, the service rate, rejections by reason
         **_device(registry, mv, config),

@@ -2,7 +2,8 @@
 
 ``model_snapshot`` holds, per model and version, TorchServe's keys (``defaultVersion``,
 ``marName``, ``minWorkers``, ``maxWorkers``, ``batchSize``, ``maxBatchDelay``,
-``responseTimeout``, ``startupTimeout``, ``runtimeType``) and every other model setting that
+``responseTimeout``, ``startupTimeout``, ``runtimeType``: the registered runtime, which a
+restore ignores) and every other model setting that
 differs from its default, under its model-config.yaml name, live changes included: a restore
 starts each version as it was. A version registered from a URL keeps that URL as its ``marName``
 (torchbay does not keep downloads in the model store), so a restore downloads it again, within
@@ -30,7 +31,7 @@ from torchbay.server.config.snapshots import (
     snapshot_name,
     write_snapshot,
 )
-from torchbay.server.plane.describe import whole_number
+from torchbay.server.plane.describe import runtime_of, whole_number
 from torchbay.server.serving.model import ModelStatus, ModelVersion
 from torchbay.server.serving.registry import ModelRegistry
 
@@ -111,7 +112,7 @@ class Snapshots:
         settings = mv.settings
         for key, field in _TS_KEYS.items():  # integers, as TorchServe writes them
             state[key] = whole_number(getattr(settings, field, None))
-        state["runtimeType"] = "python"
+        state["runtimeType"] = runtime_of(mv)  # the registered one, as TorchServe writes it
         if mv.config is not None:
             own = mv.config.model_dump(
                 mode="json", by_alias=True, exclude_defaults=True, exclude=set(_NOT_WRITTEN)

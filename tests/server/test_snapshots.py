@@ -431,6 +431,21 @@ def test_every_snapshot_is_kept_as_torchserve_keeps_them(model_store, tmp_path: 
     assert kinds == recorded["second_run"]["kinds"]
 
 
+def test_the_snapshot_holds_the_registered_runtime(model_store, tmp_path: Path):
+    """TorchServe 0.12 writes the model's runtime as its ``runtimeType`` (Model.getModelState:
+    the manifest's, which a registration's ``runtime`` replaces, ModelManager.createModelArchive);
+    torchbay wrote "python" whatever was registered."""
+    folder = tmp_path / "config"
+    live = LiveServer(make_config(model_store, snapshot_dir=folder, enable_model_api=True)).start()
+    try:
+        params = {"url": "probe.mar", "runtime": "python3", "synchronous": "true"}
+        registered = httpx.post(f"{live.management_url}/models", params=params, timeout=120)
+        assert registered.status_code == 200, registered.text
+    finally:
+        live.stop()
+    assert _models(sorted(folder.iterdir())[-1])["probe"]["1.0"]["runtimeType"] == "python3"
+
+
 @pytest.mark.slow
 def test_a_repository_load_or_unload_is_in_the_next_start(model_store, tmp_path: Path):
     """A model loaded or unloaded through Triton's repository extension (REST or gRPC) is a
