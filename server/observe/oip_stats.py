@@ -9,8 +9,9 @@ What each field counts (Triton's meanings, on torchbay's parts):
 
 * ``success`` / ``fail``: answered requests routed to the version, status < 400 / >= 400
   (rejected at admission, timed out, handler errors), with their total time;
-* ``queue``: requests a worker took, with their time in the version's queue, and cache hits
-  (Triton's ``queue`` includes them: counted, with no queue time);
+* ``queue``: successful requests, with their time in the version's queue, cache hits among
+  them (Triton's ``queue`` includes them: counted, with no queue time); a failed request,
+  wherever it failed, is in ``fail`` alone (Triton's ``UpdateFailure`` counts no queue);
 * ``compute_input`` / ``compute_infer`` / ``compute_output``: the handler's ``preprocess`` /
   ``inference`` (or the whole ``handler`` time when it reports no stages) / ``postprocess``
   time of each batch, charged to every request of the batch (as Triton does);
@@ -138,12 +139,11 @@ class OipStats(Observer):
             if request.queue_s is not None:  # a worker ran it: not a cache hit
                 stats.inference_count += 1
             stats.last_inference = int(time.time() * 1000)
+            # Triton's queue counts successes (a cache hit, which no worker took, with no
+            # time: its wait before the look-up is none here); a failure is in fail alone
+            stats.queue.add(1, _ns(request.queue_s or 0.0))
         else:
             stats.fail.add(1, _ns(request.seconds))
-        if request.queue_s is not None:
-            stats.queue.add(1, _ns(request.queue_s))
-        elif request.status < 400:  # answered, no worker took it: a cache hit, in Triton's queue
-            stats.queue.add(1, 0)  # count with its wait before the look-up (none here)
 
     def cache_done(self, model: ModelVersion, hit: bool, seconds: float) -> None:
         """One response cache look-up of ``model``: a hit, or a miss (once its answer came)."""
