@@ -14,7 +14,8 @@ What each field counts (Triton's meanings, on torchbay's parts):
   wherever it failed, is in ``fail`` alone (Triton's ``UpdateFailure`` counts no queue);
 * ``compute_input`` / ``compute_infer`` / ``compute_output``: the handler's ``preprocess`` /
   ``inference`` (or the whole ``handler`` time when it reports no stages) / ``postprocess``
-  time of each batch, charged to every request of the batch (as Triton does);
+  time of each batch, charged to every successful request of the batch (as Triton does: a
+  failed request has no compute time; ``batch_stats`` counts the execution all the same);
 * ``cache_hit`` / ``cache_miss``: response cache look-ups (``plane/cache.py``) that hit, with
   their digest and look-up time, and that missed, with that and the insertion time; a hit is
   also one ``success`` and one ``queue`` (no time), with no compute, execution or inference;
@@ -157,6 +158,7 @@ class OipStats(Observer):
             return  # every request was refused before the handler (its input, its region)
         stats = self.of(model)
         stats.execution_count += 1
+        charged = record.size if record.succeeded is None else record.succeeded
         per_batch = stats.batches.get(record.size)
         if per_batch is None and len(stats.batches) < MAX_BATCH_SIZES:
             per_batch = stats.batches[record.size] = _durations()
@@ -165,7 +167,7 @@ class OipStats(Observer):
             if ms is None:
                 continue
             ns = _ns(ms / 1000)
-            stats.compute[stat].add(record.size, ns * record.size)
+            stats.compute[stat].add(charged, ns * charged)
             if per_batch is not None:
                 per_batch[stat].add(1, ns)
 
