@@ -23,8 +23,9 @@ What each field counts (Triton's meanings, on torchbay's parts):
   count leaves hits out; torchbay does not look inside a request for its batch dimension);
   ``execution_count``: batches executed (a batch whose every request the worker refused
   before the handler ran, for its input or its shared-memory region, is none: Triton refuses
-  those before the model); ``batch_stats``: per batch size,
-  the executions and their stage times; ``last_inference``: ms since the epoch.
+  those before the model); ``batch_stats``: per batch size
+  (the requests the handler ran, not those it refused before), the executions and their
+  stage times; ``last_inference``: ms since the epoch.
 
 Statistics live as long as the version: a version loaded again starts from zero. Torch-free.
 """
@@ -159,9 +160,10 @@ class OipStats(Observer):
         stats = self.of(model)
         stats.execution_count += 1
         charged = record.size if record.succeeded is None else record.succeeded
-        per_batch = stats.batches.get(record.size)
+        size = record.size if record.executed is None else record.executed
+        per_batch = stats.batches.get(size)
         if per_batch is None and len(stats.batches) < MAX_BATCH_SIZES:
-            per_batch = stats.batches[record.size] = _durations()
+            per_batch = stats.batches[size] = _durations()
         for stat, sources in STAGE_SOURCES.items():
             ms = next((record.timings_ms[s] for s in sources if s in record.timings_ms), None)
             if ms is None:
