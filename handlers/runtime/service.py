@@ -105,6 +105,7 @@ class BatchOutcome:
     responses: list[Response]
     timings: dict[str, float]
     metrics: list[dict[str, Any]]
+    handled: int | None = None  # the requests the handler ran (not refused before it)
 
 
 @dataclass
@@ -177,7 +178,7 @@ class Service(ResultEncoder):
             for i, response in zip(kept, answers, strict=True):
                 responses[i] = response
         metrics = self.context.metrics.drain() if self.context.metrics is not None else []
-        return BatchOutcome([r for r in responses if r is not None], timings, metrics)
+        return BatchOutcome([r for r in responses if r is not None], timings, metrics, len(jobs))
 
     def _decode(self, request: RequestLike) -> _Job:
         if continuous.continued(request):  # its body was in an earlier call

@@ -9,11 +9,13 @@ What each field counts (Triton's meanings, on torchbay's parts):
 
 * ``success`` / ``fail``: answered requests routed to the version, status < 400 / >= 400
   (rejected at admission, timed out, handler errors), with their total time;
-* ``queue``: requests a worker took, with their time in the version's queue, and cache hits
-  (Triton's ``queue`` includes them: counted, with no queue time);
+* ``queue``: successful requests, with their time in the version's queue, cache hits among
+  them (Triton's ``queue`` includes them: counted, with no queue time); a failed request,
+  wherever it failed, is in ``fail`` alone (Triton's ``UpdateFailure`` counts no queue);
 * ``compute_input`` / ``compute_infer`` / ``compute_output``: the handler's ``preprocess`` /
   ``inference`` (or the whole ``handler`` time when it reports no stages) / ``postprocess``
-  time of each batch, charged to every request of the batch (as Triton does);
+  time of each batch, charged to every successful request of the batch (as Triton does: a
+  failed request has no compute time; ``batch_stats`` counts the execution all the same);
 * ``cache_hit`` / ``cache_miss``: response cache look-ups (``plane/cache.py``) that hit, with
   their digest and look-up time, and that missed, with that and the insertion time; a hit is
   also one ``success`` and one ``queue`` (no time), with no compute, execution or inference;
@@ -21,8 +23,9 @@ What each field counts (Triton's meanings, on torchbay's parts):
   count leaves hits out; torchbay does not look inside a request for its batch dimension);
   ``execution_count``: batches executed (a batch whose every request the worker refused
   before the handler ran, for its input or its shared-memory region, is none: Triton refuses
-  those before the model); ``batch_stats``: per batch size,
-  the executions and their stage times; ``last_inference``: ms since the epoch.
+  those before the model); ``batch_stats``: per batch size
+  (the requests the handler ran, not those it refused before), the executions and their
+  stage times; ``last_inference``: ms since the epoch.
 
 Statistics live as long as the version: a version loaded again starts from zero. Torch-free.
 """
@@ -138,12 +141,11 @@ class OipStats(Observer):
             if request.queue_s is not None:  # a worker ran it: not a cache hit
                 stats.inference_count += 1
             stats.last_inference = int(time.time() * 1000)
+            # Triton's queue counts successes (a cache hit, which no worker took, with no
+            # time: its wait before the look-up is none here); a failure is in fail alone
+            stats.queue.add(1, _ns(request.queue_s or 0.0))
         else:
             stats.fail.add(1, _ns(request.seconds))
-        if request.queue_s is not None:
-            stats.queue.add(1, _ns(request.queue_s))
-        elif request.status < 400:  # answered, no worker took it: a cache hit, in Triton's queue
-            stats.queue.add(1, 0)  # count with its wait before the look-up (none here)
 
     def cache_done(self, model: ModelVersion, hit: bool, seconds: float) -> None:
         """One response cache look-up of ``model``: a hit, or a miss (once its answer came)."""
@@ -157,15 +159,17 @@ class OipStats(Observer):
             return  # every request was refused before the handler (its input, its region)
         stats = self.of(model)
         stats.execution_count += 1
-        per_batch = stats.batches.get(record.size)
+        charged = record.size if record.succeeded is None else record.succeeded
+        size = record.size if record.executed is None else record.executed
+        per_batch = stats.batches.get(size)
         if per_batch is None and len(stats.batches) < MAX_BATCH_SIZES:
-            per_batch = stats.batches[record.size] = _durations()
+            per_batch = stats.batches[size] = _durations()
         for stat, sources in STAGE_SOURCES.items():
             ms = next((record.timings_ms[s] for s in sources if s in record.timings_ms), None)
             if ms is None:
                 continue
             ns = _ns(ms / 1000)
-            stats.compute[stat].add(record.size, ns * record.size)
+            stats.compute[stat].add(charged, ns * charged)
             if per_batch is not None:
                 per_batch[stat].add(1, ns)
 

@@ -37,6 +37,12 @@ class BatchRecord:
     # PredictionTime, WorkerThreadTime) but counts no inference: no batch metric, statistic,
     # service rate or autopilot sample.
     inference: bool = True
+    # The requests answered below 400 (None: all of them): Triton's per-request compute
+    # statistics count successful requests alone (its UpdateSuccess; a failure has none).
+    succeeded: int | None = None
+    # The requests the handler ran (None: all): Triton's batch_stats size is the batch the
+    # model executed, without those refused before it (for their input or region).
+    executed: int | None = None
 
 
 async def run_batch(
@@ -84,6 +90,8 @@ def batch_record(batch: Batch, result: Any, started: float) -> BatchRecord:
         answered=any(response.status < 400 for response in result.responses),
         levels=tuple(item.place >> 1 for item in batch),  # place: 2 * level (+1 delayed)
         inference=any(item.counted for item in batch),
+        succeeded=sum(response.status < 400 for response in result.responses),
+        executed=getattr(result, "handled", None),
     )
 
 

@@ -166,6 +166,7 @@ class Result:
     responses: list[WireResponse]
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
     metrics: list[dict[str, Any]] = field(default_factory=list)  # custom handler metrics
+    handled: int | None = None  # the requests the handler ran (None: all of them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +231,7 @@ def encode(message: Message) -> bytes:
             "responses": [[r.status, r.content_type, r.headers] for r in message.responses],
             "timings": message.timings,
             "metrics": message.metrics,
+            "handled": message.handled,
         }
         blobs = [r.body for r in message.responses]
     elif isinstance(message, Part):
@@ -317,7 +319,8 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
             for (status, ctype, headers), body in zip(items, blobs, strict=True)
         ]
         timings, metrics = dict(header.get("timings") or {}), list(header.get("metrics") or [])
-        return Result(int(header["batch_id"]), responses, timings, metrics)
+        handled = header.get("handled")
+        return Result(int(header["batch_id"]), responses, timings, metrics, handled)
     if kind is Kind.PART:
         if len(blobs) != 1:
             raise ProtocolError("PART: one body expected")

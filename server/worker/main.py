@@ -154,7 +154,8 @@ def _predict(service: object, message: p.Infer, limit: int = 0) -> p.Result:
         if len(responses) != len(requests):
             raise RuntimeError(f"{len(responses)} responses for {len(requests)} requests")
         responses = [_bounded(r, q, limit) for r, q in zip(responses, requests, strict=True)]
-        return p.Result(message.batch_id, responses, outcome.timings, outcome.metrics)
+        given = (outcome.timings, outcome.metrics, getattr(outcome, "handled", None))
+        return p.Result(message.batch_id, responses, *given)
     except Exception as exc:  # last resort: a worker death is never how an input error shows
         ids = [r.request_id for r in requests]
         log.error(

@@ -10,20 +10,26 @@ from typing import Any
 
 import httpx
 import pytest
+import tritonclient.http as triton_http
 
 from .conftest import batch_running, probe_models, until
 
 pytestmark = pytest.mark.slow
 
+GZIP_JSON = {"content-type": "application/json", "content-encoding": "gzip"}
+
 
 async def _post_many(
-    url: str, bodies: list[dict[str, Any]], stagger: float = 0.0
+    url: str, bodies: list[dict[str, Any] | bytes], stagger: float = 0.0
 ) -> list[httpx.Response]:
+    """POST each of ``bodies`` to ``url`` concurrently: as JSON, bytes as gzipped JSON."""
     async with httpx.AsyncClient(timeout=60) as client:
 
-        async def one(i: int, body: dict[str, Any]) -> httpx.Response:
+        async def one(i: int, body: dict[str, Any] | bytes) -> httpx.Response:
             if stagger:
                 await asyncio.sleep(stagger * i)
+            if isinstance(body, bytes):
+                return await client.post(url, content=body, headers=GZIP_JSON)
             return await client.post(url, json=body)
 
         return await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
@@ -121,6 +127,23 @@ def test_one_bad_item_fails_only_its_request(live_server):
     assert [r.status_code for r in responses] == [200, 200, 400, 200]
     assert responses[2].json()["type"] == "BadInput"
     assert responses[1].json()["batch_in"] == 3 and responses[1].json()["batch"] == 2
+
+
+def test_a_request_refused_before_the_handler_is_not_in_its_batch_size(live_server):
+    """Triton's batch_stats size is the batch the model ran: a request refused before the
+    handler (here its gzip body does not inflate) is a failure, not in its batch's size."""
+    server = live_server(models=probe_models(batchSize=3, maxBatchDelay=2000))
+    bodies = [{"sleep": 0.4}, {"echo": "a"}, b"not gzip", {"echo": "c"}]
+    responses = asyncio.run(_post_many(f"{server.url}/predictions/probe", bodies, stagger=0.05))
+    assert [r.status_code for r in responses] == [200, 200, 400, 200]
+    assert responses[1].json()["batch_in"] == 2
+    client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        (entry,) = client.get_inference_statistics("probe")["model_stats"]
+    finally:
+        client.close()
+    sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in entry["batch_stats"]}
+    assert sizes == {1: 1, 2: 1} and entry["execution_count"] == 2
 
 
 def test_killed_worker_answers_in_flight_and_comes_back(live_server):
