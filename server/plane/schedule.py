@@ -17,14 +17,13 @@ byte search when the request names neither (a JSON header is parsed only when it
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from torchbay.server.config.queue_policy import MAX_PRIORITY_LEVELS, QueuePolicyConfig
 from torchbay.server.errors import TorchbayError
-from torchbay.server.plane import oip_body
+from torchbay.server.plane import json_members, oip_body
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.priority import MAX_TIMEOUT_US, NO_SCHEDULE, Schedule, parse_int
 
@@ -63,10 +62,9 @@ def _from_oip(wire: p.WireRequest, limit: int) -> Schedule:
     if not any(mark in head for mark in _MARKS):
         return NO_SCHEDULE
     try:
-        doc = json.loads(head)
+        params: Any = json_members.at_path(head, ("parameters",))  # the tensors are not read
     except (ValueError, RecursionError):
         return NO_SCHEDULE  # not JSON: the worker answers the request's 400
-    params: Any = doc.get("parameters") if isinstance(doc, dict) else None
     if not isinstance(params, dict):
         return NO_SCHEDULE
     return Schedule(

@@ -21,14 +21,13 @@ a client's header under another name is none of the sequence's. Torch-free.
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchbay.server.config.settings import SEQUENCE_HEADERS
 from torchbay.server.errors import BadRequest
-from torchbay.server.plane import oip_body
+from torchbay.server.plane import json_members, oip_body
 from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.sequences import SequenceRef
@@ -93,8 +92,8 @@ def _checked_text(value: str, field: str) -> str:
 def _oip_ref(
     wire: p.WireRequest, limit: int, batched: Callable[[], bool], model: str
 ) -> SequenceRef:
-    doc = _oip_doc(wire, limit)
-    params = _oip_parameters(doc)
+    head = _oip_head(wire, limit)
+    params = _oip_parameters(head)
     if "sequence_id" not in params:
         raise BadRequest(
             "This model is a sequence model: the request must set the parameter sequence_id "
@@ -110,7 +109,7 @@ def _oip_ref(
     ref = SequenceRef(
         value, start=_bool_param(params, "sequence_start"), end=_bool_param(params, "sequence_end")
     )
-    if _first_dim(doc) > 1 and batched():  # Triton's sequence batcher's refusal, in its words
+    if _first_dim(head) > 1 and batched():  # Triton's sequence batcher's refusal, in its words
         raise BadRequest(
             f"inference request to model '{model}' must specify batch-size 1 due to "
             "requirements of sequence batcher"
@@ -118,13 +117,10 @@ def _oip_ref(
     return ref
 
 
-def _first_dim(doc: dict[str, Any]) -> int:
+def _first_dim(head: bytes) -> int:
     """The first dimension of the request's first input (its batch size when the model
     batches); 0 when it has none (the worker's 400 for a malformed input)."""
-    inputs = doc.get("inputs")
-    first = inputs[0] if isinstance(inputs, list) and inputs else None
-    shape = first.get("shape") if isinstance(first, dict) else None
-    dim = shape[0] if isinstance(shape, list) and shape else 0
+    dim = json_members.at_path(head, ("inputs", 0, "shape", 0))  # the tensors are not read
     return dim if type(dim) is int else 0
 
 
@@ -147,10 +143,9 @@ def check_ignored(wire: p.WireRequest, limit: int = oip_body.DEFAULT_LIMIT) -> N
     if b'"sequence_' not in head:
         return
     try:
-        doc = json.loads(head)
+        params = json_members.at_path(head, ("parameters",))  # the tensors are not read
     except (ValueError, RecursionError):
         return
-    params = doc.get("parameters") if isinstance(doc, dict) else None
     if not isinstance(params, dict):
         return
     if "sequence_id" in params:
@@ -166,10 +161,9 @@ def _bool_param(params: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _oip_doc(wire: p.WireRequest, limit: int) -> dict[str, Any]:
+def _oip_head(wire: p.WireRequest, limit: int) -> bytes:
     """The JSON part of an OIP body (all of it, or the first ``Inference-Header-Content-Length``
-    bytes of a binary-tensor body), inflated first when it came compressed; {} when it is no
-    JSON object (its ``parameters``, none, are checked; the worker answers the rest)."""
+    bytes of a binary-tensor body), inflated first when it came compressed."""
     headers = _headers(wire)
     body = oip_body.inflated(wire, limit)
     length = headers.get("inference-header-content-length")
@@ -178,17 +172,17 @@ def _oip_doc(wire: p.WireRequest, limit: int) -> dict[str, Any]:
             body = body[: int(length)]
         except ValueError:
             raise BadRequest("Inference-Header-Content-Length must be an integer") from None
+    return body
+
+
+def _oip_parameters(head: bytes) -> dict[str, Any]:
+    """The request-level ``parameters`` of an OIP body's JSON part ({} when it has none, or is
+    no JSON object: the worker answers the rest), read without its tensors."""
     try:
-        doc = json.loads(body) if body else {}
+        params = json_members.at_path(head, ("parameters",)) if head else None
     except (ValueError, RecursionError):
         raise BadRequest("The request body is not valid JSON") from None
-    return doc if isinstance(doc, dict) else {}
-
-
-def _oip_parameters(doc: dict[str, Any]) -> dict[str, Any]:
-    """The request-level ``parameters`` of an OIP body's JSON part."""
-    params = doc.get("parameters")
-    if params is None:
+    if params is None or params is json_members.MISSING:
         return {}
     if not isinstance(params, dict):
         raise BadRequest("The request's parameters must be a JSON object")
