@@ -42,7 +42,6 @@ than ``maxBytes`` is not stored. Torch-free.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 import weakref
@@ -52,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchbay.server.errors import RequestTimeout
 from torchbay.server.plane.cache_control import UNCACHED, Directives, only_if_cached
-from torchbay.server.plane.cache_ids import with_id, without_id
+from torchbay.server.plane.cache_ids import unscheduled, with_id, without_id
 from torchbay.server.plane.schedule import json_header
 from torchbay.server.serving import protocol as p
 
@@ -94,10 +93,7 @@ _UNKEYED = (
 _ENCODED = b"content-encoding:"
 # A request's priority and timeout (plane/schedule.py): when it runs, not what it answers.
 _SCHEDULE_HEADERS = (b"x-torchbay-priority:", b"x-torchbay-timeout-us:")
-_SCHEDULE_PARAMS = frozenset(("priority", "timeout"))
-_SCHEDULE_MARKS = (b'"priority"', b'"timeout"')
 _HEAD_LENGTH = b"inference-header-content-length:"
-_MARKS = (*_SCHEDULE_MARKS, b'"id"')
 # A look-up's key, whether it is an OIP request's (its id out of the key, cache_ids.py), its id,
 # the most seconds a stored answer may have to answer it (None: any; cache_control.py), and
 # whether it asks to be answered from the cache only (only-if-cached).
@@ -326,7 +322,7 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
         if len(head) < len(body):
             skipped += (_HEAD_LENGTH,)  # the JSON's length: its prefix below
         oip = True  # its answer is held without its id
-        plain, rid = _unscheduled(head)
+        plain, rid = unscheduled(head)
         parts = [len(plain).to_bytes(8, "big"), plain, memoryview(body)[len(head) :]]
     said = _hash_headers(h, wire.raw_headers, wire.headers, skipped)
     if said is None:
@@ -335,32 +331,6 @@ def keyed(wire: p.WireRequest) -> Keyed | None:
     for part in parts:
         h.update(part)
     return h.digest(), oip, rid, said.fresh_for(), said.only_if_cached
-
-
-def _unscheduled(head: bytes) -> tuple[bytes, str | None]:
-    """An OIP request's JSON without the ``priority`` and ``timeout`` of its ``parameters``
-    (and without ``parameters`` left empty) and without its ``id``, written
-    compactly; and that id. ``head`` itself when it has none of them (or is not a JSON object,
-    or its id is not a string: the worker answers its 400)."""
-    if not any(mark in head for mark in _MARKS):
-        return head, None
-    try:
-        doc = json.loads(head)
-    except (ValueError, RecursionError):
-        return head, None
-    if not isinstance(doc, dict) or not isinstance(doc.get("id", ""), str):
-        return head, None
-    rid = doc.pop("id", None)
-    params = doc.get("parameters")
-    if not isinstance(params, dict) or not params.keys() & _SCHEDULE_PARAMS:
-        return (head, None) if rid is None else (_compact(doc), rid)
-    rest = {k: v for k, v in params.items() if k not in _SCHEDULE_PARAMS}
-    doc = {k: rest if k == "parameters" else v for k, v in doc.items() if k != "parameters" or rest}
-    return _compact(doc), rid
-
-
-def _compact(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _names_uncacheable(body: bytes) -> bool:

@@ -8,7 +8,8 @@ in the JSON the worker wrote (REST's body, or the binary extension's JSON header
 ``Accept-Encoding``) is held inflated, and answered so: an HTTP answer may always be sent
 without a coding. Neither step reads the whole JSON (an answer's data may be megabytes of it):
 the worker writes the id among the first members, after the model's name and version, and a hit
-gets its id as the first member. Torch-free.
+gets its id as the first member. A request's JSON is keyed without its id, priority and timeout
+(:func:`unscheduled`), its members' texts copied, never parsed. Torch-free.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import dataclasses
 import json
 
 from torchbay.server.errors import TorchbayError
-from torchbay.server.plane import oip_body
+from torchbay.server.plane import json_members, oip_body
 from torchbay.server.serving import protocol as p
 
 HEAD_LENGTH = "inference-header-content-length"
@@ -25,6 +26,63 @@ _DECODER = json.JSONDecoder()
 _SPACE = " \t\n\r"
 _LEADING = 3  # the members read for the id: model_name, model_version, id (Triton's order)
 _FIRST = ("model_name", "model_version")
+# A request's priority and timeout (plane/schedule.py): when it runs, not what it answers.
+_SCHEDULE_PARAMS = frozenset(("priority", "timeout"))
+_MARKS = (b'"priority"', b'"timeout"', b'"id"')
+
+
+def unscheduled(head: bytes) -> tuple[bytes, str | None]:
+    """An OIP request's JSON as the cache keys it, and its ``id``: without that id, nor the
+    ``priority`` and ``timeout`` of its ``parameters`` (nor ``parameters`` left empty), its
+    members written ``"name":value`` in their first order (the last of a repeated name wins).
+    The values are copied, not parsed: a tensor's data is never read (json_members.py).
+    ``head`` itself when it has none of them (or is no JSON object, or its id is no string:
+    the worker answers its 400)."""
+    if not any(mark in head for mark in _MARKS):
+        return head, None
+    members = _member_texts(head)
+    if members is None:
+        return head, None
+    has_id = "id" in members
+    try:
+        rid = json.loads(bytes(members.pop("id"))) if has_id else None
+        changed = "parameters" in members and _unschedule(members)
+    except (ValueError, RecursionError):
+        return head, None
+    if not (isinstance(rid, str) if has_id else changed):
+        return head, None
+    parts: list[bytes | memoryview] = []
+    for name, value in members.items():  # the values not copied but once, by the join
+        parts += (b"," if parts else b"{", json.dumps(name).encode(), b":", value)
+    return b"".join([*parts, b"}"] if parts else [b"{}"]), rid
+
+
+def _member_texts(head: bytes) -> dict[str, bytes | memoryview] | None:
+    """Each top-level member's value of the JSON object ``head``, as text (not copied); None
+    when it is none. What the walk does not follow (a byte-order mark, UTF-16) is parsed whole."""
+    spans = json_members.members(head)
+    if spans is not None:
+        view = memoryview(head)
+        return {name: view[start:end] for name, (start, end) in spans.items()}
+    try:
+        doc = json.loads(head)
+    except (ValueError, RecursionError):
+        return None
+    return {k: json.dumps(v).encode() for k, v in doc.items()} if isinstance(doc, dict) else None
+
+
+def _unschedule(members: dict[str, bytes | memoryview]) -> bool:
+    """``parameters`` written compactly, without priority and timeout (gone when nothing is
+    left); whether it had either."""
+    params = json.loads(bytes(members["parameters"]))
+    if not isinstance(params, dict):
+        return False  # the worker's 400
+    rest = {k: v for k, v in params.items() if k not in _SCHEDULE_PARAMS}
+    if rest:
+        members["parameters"] = json.dumps(rest, separators=(",", ":")).encode()
+    else:
+        del members["parameters"]
+    return len(rest) < len(params)
 
 
 def without_id(response: p.WireResponse, limit: int) -> p.WireResponse | None:
