@@ -88,6 +88,7 @@ class RequestRecord:
     seconds: float  # from the request's arrival to its answer
     queue_s: float | None  # None when no worker took it
     model: ModelVersion | None  # None when it was not routed to a model
+    inferences: int = 1  # Triton's inference_count of it (plane/triton_config.py, inferences)
 
 
 # Called once per answered request: the listeners' on_request, ServerMetrics.request_done.

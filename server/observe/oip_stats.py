@@ -19,8 +19,10 @@ What each field counts (Triton's meanings, on torchbay's parts):
 * ``cache_hit`` / ``cache_miss``: response cache look-ups (``plane/cache.py``) that hit, with
   their digest and look-up time, and that missed, with that and the insertion time; a hit is
   also one ``success`` and one ``queue`` (no time), with no compute, execution or inference;
-* ``inference_count``: successful requests a worker ran (a cache hit is none, as Triton's
-  count leaves hits out; torchbay does not look inside a request for its batch dimension);
+* ``inference_count``: the inferences of the successful requests a worker ran, where, as
+  Triton counts, an OIP request to a model that batches is its batch dimension's (its first
+  input's first dimension) and any other request one (a cache hit is none, as Triton's count
+  leaves hits out);
   ``execution_count``: batches executed (a batch whose every request the worker refused
   before the handler ran, for its input or its shared-memory region, is none: Triton refuses
   those before the model); ``batch_stats``: per batch size
@@ -139,7 +141,7 @@ class OipStats(Observer):
         if request.status < 400:
             stats.success.add(1, _ns(request.seconds))
             if request.queue_s is not None:  # a worker ran it: not a cache hit
-                stats.inference_count += 1
+                stats.inference_count += request.inferences
             stats.last_inference = int(time.time() * 1000)
             # Triton's queue counts successes (a cache hit, which no worker took, with no
             # time: its wait before the look-up is none here); a failure is in fail alone

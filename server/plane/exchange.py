@@ -48,7 +48,7 @@ from torchbay.server.errors import (
 from torchbay.server.observe.logs import RequestRecord
 from torchbay.server.plane.schedule import schedule_of
 from torchbay.server.plane.sequence_params import check_ignored, sequence_of
-from torchbay.server.plane.triton_config import batched
+from torchbay.server.plane.triton_config import batched, inferences
 from torchbay.server.serving import protocol as p
 from torchbay.server.serving.admission import refuse_early
 from torchbay.server.serving.parts import NO_PARTS, Parts
@@ -333,8 +333,12 @@ class Exchange:
         waited = [i.dispatched - i.arrival for i in self.items if i.dispatched is not None]
         queue_s = max(waited) if waited else None
         seconds = time.perf_counter() - self.started
+        ran = [i.payload for i in self.items if i.dispatched is not None]
+        counted = 0
+        if model is not None and self.status < 400:
+            counted = inferences(model, ran, self._max_size())
         record = RequestRecord(
-            self.scope, self.name, self.version, self.status, seconds, queue_s, model
+            self.scope, self.name, self.version, self.status, seconds, queue_s, model, counted
         )
         self.wiring.record(record)
         levels = model.queue.levels if model is not None else None

@@ -33,6 +33,7 @@ _SCALAR = re.compile(
     rb"-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?(?:[eE][-+]?[0-9]++)?|true|false|null|NaN|-?Infinity"
 )
 _OPEN = b"[{"
+_SMALL = 1024  # bytes: json.loads reads less faster than the walk (3 µs for 300 against 12-30)
 
 Spans = dict[str, tuple[int, int]]
 Path = tuple[str | int, ...]
@@ -43,7 +44,7 @@ def at_path(data: bytes, path: Path) -> Any:
     """The value at ``path`` (member names and array indexes, from the top) in the JSON
     ``data``, parsed; :data:`MISSING` where there is none. Raises ``json.loads``' ValueError or
     RecursionError when ``data`` is no JSON (it is parsed whole where the walk cannot follow)."""
-    span = _span_at(data, path)
+    span = _span_at(data, path) if len(data) > _SMALL else None
     if span is not None:
         if span is MISSING:
             return MISSING

@@ -18,6 +18,18 @@ from torchbay.server.plane.sequence_params import check_ignored, sequence_of
 from torchbay.server.serving.protocol import WireRequest
 
 NAMES = ("parameters", "inputs", "id")
+
+
+def setup_module() -> None:
+    """Walk every text here: below ``_SMALL`` bytes at_path leaves it to json.loads."""
+    jm._SMALL = 0
+
+
+def teardown_module() -> None:
+    jm._SMALL = SMALL
+
+
+SMALL = jm._SMALL
 _SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 VALUES = st.recursive(
     _SCALARS,

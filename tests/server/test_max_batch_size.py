@@ -144,3 +144,29 @@ def test_inputs_whose_batch_sizes_differ_are_refused_in_tritons_words(
         assert _infer(client, protocol, "two", 3, two).as_numpy("output0").shape == (3, 5)
     finally:
         client.unload_model("two")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_inference_count_counts_a_batched_request_s_rows(
+    server: LiveServer,  # noqa: F811
+    clients: dict[str, Any],
+    protocol: str,
+) -> None:
+    """Triton's ``inference_count``: "each inference in a batched request is counted", so a
+    request of 5 rows to a model that batches (``one``: max_batch_size 1) counts 5; a
+    TorchServe request counts one, whatever its body. Before, every request counted one."""
+    client = clients[protocol]
+
+    def counted() -> int:
+        if protocol == "http":
+            stats = client.get_inference_statistics("one")
+        else:
+            stats = client.get_inference_statistics("one", as_json=True)
+        return int(stats["model_stats"][0].get("inference_count", 0))
+
+    before = counted()
+    _infer(client, protocol, "one", 5, {"input0": 64})
+    _infer(client, protocol, "one", 1, {"input0": 64})
+    rows = np.zeros((3, 64), dtype=np.float32).tobytes()
+    assert httpx.post(f"{server.url}/predictions/one", content=rows, timeout=60).status_code == 200
+    assert counted() - before == 5 + 1 + 1
