@@ -29,6 +29,7 @@ from .cli_helpers import (
     hold_import,
     kill_tree,
     read_ready,
+    terminal_job,
     torchbay,
     wait_for,
     wait_gone,
@@ -41,9 +42,8 @@ pytestmark = pytest.mark.slow
 def _start(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "torchbay", "serve", "--start", "--ncs", "--dt", *args]
     command += free_addresses()
-    return subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    return subprocess.Popen(command, cwd=cwd, env=env, text=True, preexec_fn=terminal_job, **pipes)
 
 
 def _gated_start(
@@ -154,8 +154,9 @@ def test_ctrl_c_during_the_commands_imports_is_no_traceback(tmp_path, talk_store
     env = clean_env(tmp_path / "tmp", **hold)
     command = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs"]
     command += ["--model-store", str(talk_store), "--models", "talk=talk.mar", *free_addresses()]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     proc = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command, cwd=tmp_path, env=env, text=True, preexec_fn=terminal_job, **pipes
     )
     try:
         wait_for(held, proc)
