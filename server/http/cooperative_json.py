@@ -14,8 +14,11 @@ separates members of this container (a comma inside a member or a string leaves 
 a string open), so its values are the ones ``json.loads`` makes; a run that does not parse is
 read again member by member, and such misses are bounded by the body's length (``spare``).
 Errors are found where ``json.loads`` finds them, by the same scanner on the whole text, or
-with their positions mapped back to it. Below ``DEPTH`` nested containers every container is
-one scanner call, so the depth ``json.loads`` refuses (``RecursionError``) is found as before.
+with their positions mapped back to it. Past ``DEPTH`` nested containers every container is one
+scanner call (no deeper Python frames), so nesting too deep is a ``RecursionError`` as with
+``json.loads`` (the depth where it starts depends on the caller's stack, as it always did). Not
+in steps: a body in UTF-16 or UTF-32 is decoded in one call, and a string with a backslash in
+every few characters for a whole window is read in one call.
 """
 
 from __future__ import annotations
@@ -40,9 +43,18 @@ _HEAD = re.compile(r'[\[ \t\n\r]{0,6}(?:\{[ \t\n\r]*"[^"\\]{0,40}"|\{|")?').matc
 _MISSED = (JSONDecodeError, StopIteration, RecursionError, ValueError)
 
 
-async def loads(body: bytes) -> Any:
-    """``json.loads(body)``, yielding to the loop between steps."""
+class Kept(list[Any]):
+    """An array of which ``loads`` kept the first items only (``keep``); ``total``: all it held."""
+
+    total = 0
+
+
+async def loads(body: bytes, keep: tuple[str, int] | None = None) -> Any:
+    """``json.loads(body)``, yielding to the loop between steps. ``keep=(key, n)``: the array
+    under ``key`` of a top-level object keeps its first ``n`` items, a ``Kept``: the others are
+    read (an error in them is the error) and dropped as they come, never all held at once."""
     parse = _Parse()
+    parse.keep = keep
     parse.s = await parse.text(body)
     parse.spare = len(parse.s)
     end = await parse.skip(0)
@@ -58,6 +70,7 @@ class _Parse:
         self.s = ""
         self.mark = time.perf_counter()
         self.spare = 0  # characters that runs may still be read in vain
+        self.keep: tuple[str, int] | None = None
 
     async def tick(self) -> None:
         if time.perf_counter() - self.mark >= SLICE_S:
@@ -97,7 +110,7 @@ class _Parse:
         except StopIteration as exc:  # what json's raw_decode makes of it
             raise JSONDecodeError("Expecting value", self.s, exc.value) from None
 
-    async def value(self, i: int, depth: int) -> tuple[Any, int]:
+    async def value(self, i: int, depth: int, keep: int | None = None) -> tuple[Any, int]:
         """The value at ``i`` and the index after it."""
         s = self.s
         first = s[i : i + 1]
@@ -111,7 +124,7 @@ class _Parse:
         except _MISSED:
             pass  # longer than PROBE (or wrong: read by parts, the error is found there)
         if first == "[":
-            return await self.members(i + 1, depth + 1, "[]")
+            return await self.members(i + 1, depth + 1, "[]", keep)
         return await self.members(i + 1, depth + 1, "{}")
 
     async def string(self, i: int) -> tuple[str, int]:
@@ -123,8 +136,8 @@ class _Parse:
             if plain is None:  # the rest fits a window (or escapes all along): one call
                 try:
                     text, end = scanstring(s, j, True)
-                except JSONDecodeError as exc:
-                    pos = i - 1 if exc.msg.startswith("Unterminated") else exc.pos
+                except JSONDecodeError as exc:  # "Unterminated string" is at the opening quote
+                    pos = i - 1 if exc.pos == j - 1 else exc.pos
                     raise JSONDecodeError(exc.msg, s, pos) from None
                 return "".join([*parts, text]), end
             piece = s[j : plain.end()] + '"'
@@ -138,11 +151,14 @@ class _Parse:
             j = plain.end()
             await self.tick()
 
-    async def members(self, i: int, depth: int, marks: str) -> tuple[Any, int]:
-        """The array (``marks`` ``"[]"``) or object (``"{}"``) whose members start at ``i``;
-        the C scanner's messages where a delimiter is wrong."""
+    async def members(
+        self, i: int, depth: int, marks: str, keep: int | None = None
+    ) -> tuple[Any, int]:
+        """The array (``marks`` ``"[]"``; its first ``keep`` items only: a ``Kept``) or object
+        (``"{}"``) whose members start at ``i``; the C scanner's messages where a delimiter is
+        wrong."""
         s, close = self.s, marks[1]
-        out: Any = [] if close == "]" else {}
+        out: Any = {} if close == "}" else [] if keep is None else Kept()
         i = await self.skip(i)
         if s[i : i + 1] == close:
             return out, i + 1
@@ -152,6 +168,7 @@ class _Parse:
             if run is not None:
                 if close == "]":
                     out.extend(run[0])
+                    _drop(out, keep)
                 else:
                     out.update(run[0])
                 i = await self.skip(run[1])
@@ -162,10 +179,12 @@ class _Parse:
             if close == "]":
                 item, end = await self.value(i, depth)
                 out.append(item)
+                _drop(out, keep)
             else:
                 end = await self.member(i, depth, out)
             i = await self.skip(end)
             if s[i : i + 1] == close:
+                _drop(out, keep, done=True)
                 return out, i + 1
             if s[i : i + 1] != ",":
                 raise JSONDecodeError("Expecting ',' delimiter", s, i)
@@ -182,7 +201,8 @@ class _Parse:
         i = await self.skip(i)
         if s[i : i + 1] != ":":
             raise JSONDecodeError("Expecting ':' delimiter", s, i)
-        value, end = await self.value(await self.skip(i + 1), depth)
+        keep = self.keep[1] if self.keep and depth == 1 and key == self.keep[0] else None
+        value, end = await self.value(await self.skip(i + 1), depth, keep)
         out[key] = value
         return end
 
@@ -203,6 +223,16 @@ class _Parse:
             self.spare -= comma - i
             return None
         return value, comma + 1
+
+
+def _drop(out: Kept, keep: int | None, done: bool = False) -> None:
+    """``out``'s items past ``keep`` dropped, counted in its ``total`` (all of them when
+    ``done``)."""
+    if keep is not None and len(out) > keep:
+        out.total += len(out) - keep
+        del out[keep:]
+    if keep is not None and done:
+        out.total += len(out)
 
 
 def _signature(s: str, start: int, end: int, comma: int, following: int) -> tuple[str, int]:

@@ -109,12 +109,14 @@ class KServeV1:
         await send_json(send, 200 if ready else 503, {"name": mv.name, "ready": ready})
 
 
-async def parse_instances(body: bytes) -> list[Any]:
+async def parse_instances(body: bytes, keep: int) -> tuple[list[Any], int]:
     """The body's instances, as ``json.loads`` reads them, parsed in steps that let the event
     loop serve other requests meanwhile (cooperative_json; one ``json.loads`` of a 6 MB body of
-    two million instances held the whole server for seconds)."""
+    two million instances held the whole server for seconds), and how many there are. Only the
+    first ``keep`` are kept: more than the model's queue holds are a 413 however many, decided
+    by the first instance (its row, its priority) and the count."""
     try:
-        data = await cooperative_json.loads(body)
+        data = await cooperative_json.loads(body, ("instances", max(1, keep)))
     except RecursionError:
         raise BadRequest("body is not valid JSON: nested too deep") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -122,7 +124,7 @@ async def parse_instances(body: bytes) -> list[Any]:
     instances = data.get("instances") if isinstance(data, dict) else None
     if not isinstance(instances, list) or not instances:
         raise BadRequest('KServe v1 body must be {"instances": [...]} with at least one instance')
-    return instances
+    return instances, getattr(instances, "total", len(instances))
 
 
 def encode_instance(instance: Any) -> tuple[bytes, bytes]:
@@ -166,8 +168,9 @@ async def predict(
         encoding = header(scope, b"content-encoding")
         if encoding is not None:  # gzip or deflate, as the other inference routes; else 415
             body = oip_body.decoded(body, encoding.decode("latin-1"), app.max_request_size)
-        instances = await parse_instances(body)
-        items = ex.admit_all(_wires(app, scope, instances, explain), len(instances))
+        assert ex.model is not None  # resolved
+        instances, count = await parse_instances(body, ex.model.queue.capacity)
+        items = ex.admit_all(_wires(app, scope, instances, explain), count)
         key = "explanations" if explain else "predictions"
         ex.status = await _answer(scope, ex, items, send, key)
 

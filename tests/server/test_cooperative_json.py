@@ -24,20 +24,27 @@ def small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cooperative_json, "BYTES", 7)
 
 
-def _outcome(parse: Any, body: bytes) -> tuple[Any, ...]:
+def _outcome(parse: Any, body: bytes, keep: int | None = None) -> tuple[Any, ...]:
     try:
         value = parse(body)
     except RecursionError:
         return ("RecursionError",)
     except (ValueError, UnicodeDecodeError) as exc:
         return (type(exc).__name__, str(exc))
+    instances = value.get("instances") if isinstance(value, dict) else None
+    if keep is not None and isinstance(instances, list):  # its first items, and how many
+        total = getattr(instances, "total", len(instances))
+        value = {**value, "instances": [total, instances[:keep]]}
     # NaN is not equal to itself: compare the text (a key's order is part of the answer)
     return ("value", json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
-def _same(body: bytes) -> None:
-    expected = _outcome(json.loads, body)
-    got = _outcome(lambda b: asyncio.run(cooperative_json.loads(b)), body)
+def _same(body: bytes, keep: int | None = None) -> None:
+    """``loads(body)`` is ``json.loads(body)``; with ``keep``, but for the instances past it,
+    which are counted, not kept (and an error in them is still the error)."""
+    expected = _outcome(json.loads, body, keep)
+    kept = ("instances", keep) if keep is not None else None
+    got = _outcome(lambda b: asyncio.run(cooperative_json.loads(b, kept)), body, keep)
     assert got == expected, body[:300]
 
 
@@ -93,6 +100,11 @@ def test_cases_with_the_real_windows(body: bytes) -> None:
     _same(body)
 
 
+@pytest.mark.parametrize("body", CASES, ids=range(len(CASES)))
+def test_cases_keeping_the_first_instances(body: bytes, small_windows: None) -> None:
+    _same(body, keep=2)
+
+
 _scalars = (
     st.none()
     | st.booleans()
@@ -135,21 +147,31 @@ _SETTINGS = settings(
     instances=st.lists(_values, min_size=1, max_size=30),
     extra=st.dictionaries(st.sampled_from(["instances", "x", "y"]), _values, max_size=2),
     layout=_layouts,
+    keep=st.none() | st.integers(1, 4),
 )
 def test_generated_documents_read_as_json_loads_reads_them(
-    instances: list[Any], extra: dict[str, Any], layout: dict[str, Any], small_windows: None
+    instances: list[Any],
+    extra: dict[str, Any],
+    layout: dict[str, Any],
+    keep: int | None,
+    small_windows: None,
 ) -> None:
-    _same(_document(instances, extra, layout))
+    _same(_document(instances, extra, layout), keep)
 
 
 @_SETTINGS
 @given(
     instances=st.lists(_values, min_size=1, max_size=20),
     layout=_layouts,
+    keep=st.none() | st.integers(1, 4),
     data=st.data(),
 )
 def test_mutated_documents_fail_as_json_loads_fails(
-    instances: list[Any], layout: dict[str, Any], data: st.DataObject, small_windows: None
+    instances: list[Any],
+    layout: dict[str, Any],
+    keep: int | None,
+    data: st.DataObject,
+    small_windows: None,
 ) -> None:
     body = _document(instances, {}, layout)
     at = data.draw(st.integers(0, len(body)))
@@ -161,7 +183,7 @@ def test_mutated_documents_fail_as_json_loads_fails(
         "delete": body[:at] + body[at + 1 :],
         "replace": body[:at] + bytes([byte]) + body[at + 1 :],
     }[kind]
-    _same(mutated)
+    _same(mutated, keep)
 
 
 def test_a_large_body_is_read_in_many_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,3 +212,10 @@ def test_a_large_body_is_read_in_many_steps(monkeypatch: pytest.MonkeyPatch) -> 
     value, turns = asyncio.run(parse())
     assert value == {"instances": [[]] * 2_000_000}
     assert turns > len(body) // cooperative_json.WINDOW // 2
+
+
+def test_instances_past_keep_are_counted_not_kept() -> None:
+    body = b'{"instances": [' + b",".join([b"[]"] * 100_000) + b'], "x": 1}'
+    value = asyncio.run(cooperative_json.loads(body, ("instances", 3)))
+    assert value == {"instances": [[], [], []], "x": 1}
+    assert value["instances"].total == 100_000
