@@ -20,9 +20,11 @@ the chunks, bounded by ``max_response_size``. The answer is bounded as one
 response (``max_response_size``: 500 past it), as TorchServe answers a v1 call as one. A client
 that disconnects while
 its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
-``/predictions`` (disconnect.py). A body in a ``Content-Encoding`` is inflated first, bounded by
-``max_request_size`` (gzip and deflate, as ``/predictions`` and OIP infer take them; another
-coding is a 415), and each instance is sent on uncoded. Torch-free.
+``/predictions`` (disconnect.py); one that disconnects while its body is parsed (in steps,
+the server serving others meanwhile) has none queued, 499 too. A body in a
+``Content-Encoding`` is inflated first, bounded by ``max_request_size`` (gzip and deflate,
+as ``/predictions`` and OIP infer take them; another coding is a 415), and each instance is
+sent on uncoded. Torch-free.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from torchbay.server.http.asgi import (
     send_bytes,
     send_json,
 )
-from torchbay.server.http.disconnect import all_answers
+from torchbay.server.http.disconnect import all_answers, unless_left
 from torchbay.server.plane import (
     DataPlane,
     Exchange,
@@ -169,7 +171,10 @@ async def predict(
         if encoding is not None:  # gzip or deflate, as the other inference routes; else 415
             body = oip_body.decoded(body, encoding.decode("latin-1"), app.max_request_size)
         assert ex.model is not None  # resolved
-        instances, count = await parse_instances(body, ex.model.queue.capacity)
+        parsed = await unless_left(scope, ex, parse_instances(body, ex.model.queue.capacity))
+        if parsed is None:
+            return  # the client left while its body was parsed: nothing queued, 499
+        instances, count = parsed
         items = ex.admit_all(_wires(app, scope, instances, explain), count)
         key = "explanations" if explain else "predictions"
         ex.status = await _answer(scope, ex, items, send, key)
