@@ -19,13 +19,14 @@ so it is cancelled rather than run for nobody. Torch-free.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 from torchbay.server.http.asgi import Scope
 from torchbay.server.plane import CLIENT_LEFT, Exchange, WireResponse
 
 LEFT = "torchbay.left"  # the scope key of the waiting request's hook (the exchange's leave)
+T = TypeVar("T")
 
 
 def client_left(cycle: Any) -> None:
@@ -48,6 +49,19 @@ async def first_answer(scope: Scope, ex: Exchange, future: asyncio.Future) -> Wi
         return None
     finally:
         del scope[LEFT]
+
+
+async def unless_left(scope: Scope, ex: Exchange, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None when the client disconnected while it ran (the exchange then
+    records 499): work that gives the loop turns before anything is queued, such as KServe v1's
+    body parsed in steps, during which a disconnect went unnoticed and every instance ran for
+    nobody."""
+    scope[LEFT] = ex.leave
+    try:
+        result = await work
+    finally:
+        del scope[LEFT]
+    return None if ex.status == CLIENT_LEFT else result
 
 
 async def all_answers(

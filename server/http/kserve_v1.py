@@ -20,9 +20,11 @@ the chunks, bounded by ``max_response_size``. The answer is bounded as one
 response (``max_response_size``: 500 past it), as TorchServe answers a v1 call as one. A client
 that disconnects while
 its instances wait has every one cancelled (queued: never run) and is recorded 499, as on
-``/predictions`` (disconnect.py). A body in a ``Content-Encoding`` is inflated first, bounded by
-``max_request_size`` (gzip and deflate, as ``/predictions`` and OIP infer take them; another
-coding is a 415), and each instance is sent on uncoded. Torch-free.
+``/predictions`` (disconnect.py); one that disconnects while its body is parsed (in steps,
+the server serving others meanwhile) has none queued, 499 too. A body in a
+``Content-Encoding`` is inflated first, bounded by ``max_request_size`` (gzip and deflate,
+as ``/predictions`` and OIP infer take them; another coding is a 415), and each instance is
+sent on uncoded. Torch-free.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from torchbay.server.errors import BadRequest, HandlerFailed
+from torchbay.server.http import cooperative_json
 from torchbay.server.http.asgi import (
     Receive,
     Scope,
@@ -46,7 +49,7 @@ from torchbay.server.http.asgi import (
     send_bytes,
     send_json,
 )
-from torchbay.server.http.disconnect import all_answers
+from torchbay.server.http.disconnect import all_answers, unless_left
 from torchbay.server.plane import (
     DataPlane,
     Exchange,
@@ -108,9 +111,14 @@ class KServeV1:
         await send_json(send, 200 if ready else 503, {"name": mv.name, "ready": ready})
 
 
-def parse_instances(body: bytes) -> list[Any]:
+async def parse_instances(body: bytes, keep: int) -> tuple[list[Any], int]:
+    """The body's instances, as ``json.loads`` reads them, parsed in steps that let the event
+    loop serve other requests meanwhile (cooperative_json; one ``json.loads`` of a 6 MB body of
+    two million instances held the whole server for seconds), and how many there are. Only the
+    first ``keep`` are kept: more than the model's queue holds are a 413 however many, decided
+    by the first instance (its row, its priority) and the count."""
     try:
-        data = json.loads(body)
+        data = await cooperative_json.loads(body, ("instances", max(1, keep)))
     except RecursionError:
         raise BadRequest("body is not valid JSON: nested too deep") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -118,7 +126,7 @@ def parse_instances(body: bytes) -> list[Any]:
     instances = data.get("instances") if isinstance(data, dict) else None
     if not isinstance(instances, list) or not instances:
         raise BadRequest('KServe v1 body must be {"instances": [...]} with at least one instance')
-    return instances
+    return instances, getattr(instances, "total", len(instances))
 
 
 def encode_instance(instance: Any) -> tuple[bytes, bytes]:
@@ -162,8 +170,12 @@ async def predict(
         encoding = header(scope, b"content-encoding")
         if encoding is not None:  # gzip or deflate, as the other inference routes; else 415
             body = oip_body.decoded(body, encoding.decode("latin-1"), app.max_request_size)
-        instances = parse_instances(body)
-        items = ex.admit_all(_wires(app, scope, instances, explain), len(instances))
+        assert ex.model is not None  # resolved
+        parsed = await unless_left(scope, ex, parse_instances(body, ex.model.queue.capacity))
+        if parsed is None:
+            return  # the client left while its body was parsed: nothing queued, 499
+        instances, count = parsed
+        items = ex.admit_all(_wires(app, scope, instances, explain), count)
         key = "explanations" if explain else "predictions"
         ex.status = await _answer(scope, ex, items, send, key)
 

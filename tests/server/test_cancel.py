@@ -11,9 +11,11 @@ and then waits for a gate file, which the test creates only after it has seen wh
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import socket
 import struct
+import termios
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -262,6 +264,41 @@ def test_a_kserve_v1_client_that_leaves_while_queued_has_no_instance_run(
     until(lambda: _queued(server, "gate") == 2, "both instances are queued")
     _leave(sock)
     _removed_and_counted(server, before, 2, held, gate, log, pids)
+
+
+def test_a_kserve_v1_client_that_leaves_while_its_body_is_parsed_has_no_instance_run(
+    server: LiveServer, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    """A large v1 body is parsed in steps, the loop serving others meanwhile: a client that
+    leaves then is noticed, and none of its instances runs; one 499. (Was: the leave went
+    unnoticed, every instance was queued and ran for nobody, and the call was recorded 200.)"""
+    pids, before = server.worker_pids(), _counts(server, "gate")
+    held, log, gate = _run_behind(pool, server, "gate", tmp_path)
+    pad = b",".join([b"[]"] * 1_000_000)  # 3 MB of small lists per instance: a long parse
+    path = json.dumps(str(log)).encode()
+    rows = [b'{"id": "gone%d", "log": %s, "pad": [%s]}' % (i, path, pad) for i in range(2)]
+    content = b'{"instances": [' + b",".join(rows) + b"]}"
+    # All but its last bytes, read; then those (a read that small leaves the connection read
+    # on, so its close is seen), read too, the parse begun: then the client leaves.
+    sock = socket.create_connection(("127.0.0.1", server.server.state.ports.inference))
+    head = b"POST /v1/models/gate:predict HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+    head += b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(content)
+    for part in (head + content[:-2], content[-2:]):
+        sock.sendall(part)
+        until(lambda: _unsent(sock) == 0, "the body is delivered")
+        for _ in range(3):  # turns of the server's loop: what was delivered is read
+            assert httpx.get(f"{server.url}/ping", timeout=60).status_code == 200
+    _leave(sock)
+    until(lambda: _counts(server, "gate")["499"] == before["499"] + 1, "the call is counted 499")
+    gate.touch()
+    assert held.result(timeout=60).status_code == 200
+    _still_served(server, "gate", log, pids)
+    assert ran_ids(log) == ["held", "later"]  # no instance of the call that left ever ran
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes of ``sock``'s output the server's side has not acknowledged yet."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
 
 
 # -- running: the result dropped, the batch answered, the worker kept -------------------------

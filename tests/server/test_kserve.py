@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import itertools
 import json
 import subprocess
 import sys
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +246,39 @@ def test_v1_predict_of_a_million_instances_is_refused_without_making_them_all(
     assert time.monotonic() - started < 10  # was 60 s and more
     ok = httpx.post(f"{server.url}/predictions/probe", json={"echo": "after"}, timeout=30)
     assert ok.status_code == 200
+
+
+def test_v1_predict_parses_a_large_body_in_steps_while_other_requests_are_answered(
+    live_server: Any,
+) -> None:
+    """A body at the size limit (two million instances, 6 MB) is parsed in steps: /ping on
+    another connection is answered all along, its longest wait a small part of the call. One
+    json.loads held the event loop for the whole parse (seconds on a loaded machine): no other
+    request on the server was answered meanwhile."""
+    server = live_server(models=probe_models())
+    body = b'{"instances": [' + b",".join([b"[]"] * 2_000_000) + b"]}"
+
+    def big() -> tuple[httpx.Response, float, float]:
+        started = time.monotonic()
+        reply = httpx.post(
+            f"{server.url}/v1/models/probe:predict",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=300,
+        )
+        return reply, started, time.monotonic()
+
+    answered = []
+    with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=300) as client:
+        call = pool.submit(big)
+        while not call.done():
+            assert client.get(f"{server.url}/ping").status_code == 200
+            answered.append(time.monotonic())
+        reply, started, finished = call.result()
+    assert reply.status_code == 413 and "2000000 instances" in reply.text, reply.text
+    marks = [started, *(t for t in answered if started < t < finished), finished]
+    longest = max(later - earlier for earlier, later in itertools.pairwise(marks))
+    assert longest < (finished - started) / 2, (longest, finished - started, len(marks))
 
 
 def test_v1_predict_past_its_priority_levels_own_bound_is_a_413(live_server: Any) -> None:
