@@ -32,10 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import string
 from collections.abc import Callable, Iterator
 from re import Match
 from typing import Any, Protocol
-from urllib.parse import urlencode
+from urllib.parse import quote_plus
 
 from torchbay.server.errors import BadRequest, HandlerFailed
 from torchbay.server.http import cooperative_json
@@ -78,6 +79,8 @@ _DROPPED_HEADERS = (b"content-type", b"content-length", b"transfer-encoding", b"
 # marked the same, so that a tensor the handler returns for it is answered as its values (one
 # of the call's JSON predictions), not as the torch.save bytes of /predictions.
 _INSTANCE_FORM = b"application/x-www-form-urlencoded; torchbay-row=instance"
+# What quote_plus leaves as it is (letters, digits, "_.-~"), and base64's "+/=" it escapes.
+_BASE64_FORM = (string.ascii_letters + string.digits + "_.-~+/=").encode()
 _INSTANCE_JSON = b"application/json; torchbay-row=instance"
 
 
@@ -129,6 +132,17 @@ async def parse_instances(body: bytes, keep: int) -> tuple[list[Any], int]:
     return instances, getattr(instances, "total", len(instances))
 
 
+def _form(text: str) -> bytes:
+    """``text`` as ``urlencode`` writes a form's name or value (``quote_plus``). A base64 image
+    (letters, digits, ``+/=``: KServe's image instances) in three C replaces: quote_plus goes
+    a character at a time in Python, 484 ms on the event loop for a 6 MB image, 16 ms so."""
+    if text.isascii():
+        data = text.encode()
+        if not data.translate(None, _BASE64_FORM):
+            return data.replace(b"+", b"%2B").replace(b"/", b"%2F").replace(b"=", b"%3D")
+    return quote_plus(text).encode()
+
+
 def encode_instance(instance: Any) -> tuple[bytes, bytes]:
     """One instance as a request body. An object of strings (``{"data": "<base64>"}``, KServe's
     image examples) goes form-encoded, so the handler's row IS the instance, as with
@@ -139,12 +153,13 @@ def encode_instance(instance: Any) -> tuple[bytes, bytes]:
         and all(isinstance(v, str) for v in instance.values())
     ):
         try:
-            return urlencode(instance).encode(), _INSTANCE_FORM
+            body = b"&".join(_form(k) + b"=" + _form(v) for k, v in instance.items())
         except UnicodeEncodeError:  # a JSON escape of half a UTF-16 pair ("\ud800")
             raise BadRequest(
                 "an instance's text holds a lone surrogate (half of a UTF-16 pair), which is "
                 "not text"
             ) from None
+        return body, _INSTANCE_FORM
     return json.dumps(instance).encode(), _INSTANCE_JSON
 
 

@@ -4,6 +4,7 @@ inference/management listener (the rest of the KServe layout runs in tests/deplo
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import itertools
 import json
@@ -14,14 +15,17 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torchbay.archiver.package import ArchiveOptions, package
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.config.sources import load_server_config
-from torchbay.server.errors import ConfigError
+from torchbay.server.errors import BadRequest, ConfigError
 from torchbay.server.http.combined import is_management_path, same_address
 from torchbay.server.http.listeners import listener_names
 
@@ -402,6 +406,32 @@ def test_model_snapshot_from_the_environment_and_metrics_format_is_a_known_key(
     path = _write(tmp_path, "metrics_format=prometheus\n")
     _, notes = load_server_config(ts_config=path, env={}, cli={})
     assert any("ignored TorchServe key 'metrics_format'" in note for note in notes)
+
+
+FORM_TEXT = st.text() | st.text(alphabet="aZ09+/=_.-~ %&\u00e9")  # base64's letters and others
+
+
+@given(st.dictionaries(FORM_TEXT, FORM_TEXT, min_size=1))
+@settings(max_examples=200, deadline=None)
+def test_an_instance_of_strings_is_form_encoded_as_urlencode_does(instance) -> None:
+    """The form of an instance of strings is ``urlencode``'s, written faster for base64 (a 6 MB
+    image held the event loop 484 ms in ``quote_plus``)."""
+    from torchbay.server.http.kserve_v1 import encode_instance
+
+    try:
+        expected = urlencode(instance).encode()
+    except UnicodeEncodeError:  # a lone surrogate: the 400 below
+        with pytest.raises(BadRequest):
+            encode_instance(instance)
+        return
+    assert encode_instance(instance)[0] == expected
+
+
+def test_a_base64_image_instance_is_form_encoded_as_urlencode_does() -> None:
+    from torchbay.server.http.kserve_v1 import encode_instance
+
+    image = base64.b64encode(bytes(range(256)) * 9000).decode()
+    assert encode_instance({"data": image})[0] == urlencode({"data": image}).encode()
 
 
 @pytest.mark.parametrize(
