@@ -62,6 +62,15 @@ def _register(live: LiveServer, name: str, workers: int = 1) -> None:
     assert response.status_code == 200, response.text
 
 
+def _a_and_b_over_a_budget_of_one(serve: Callable[..., LiveServer]) -> LiveServer:
+    """A server whose memory budget holds one model, with ``a`` registered and loaded, then
+    ``b`` registered past the budget (unloaded)."""
+    live = serve(max_loaded_models=1)
+    _register(live, "a")
+    _register(live, "b")
+    return live
+
+
 def _predict(live: LiveServer, model: str, ident: str, gate: Path | None = None) -> httpx.Response:
     body = {"id": ident, **({"gate": str(gate)} if gate else {})}
     return httpx.post(f"{live.url}/predictions/{model}", json=body, timeout=120)
@@ -366,9 +375,7 @@ def test_a_model_whose_worker_gave_up_loads_again_on_its_next_request(
 def test_a_load_waiting_for_room_makes_none_once_its_model_is_unregistered(
     serve: Callable[..., LiveServer], tmp_path: Path
 ) -> None:
-    live = serve(max_loaded_models=1)
-    _register(live, "a")
-    _register(live, "b")  # past the budget: registered unloaded
+    live = _a_and_b_over_a_budget_of_one(serve)
     gate = tmp_path / "gate"
     with ThreadPoolExecutor(2) as pool:
         busy = pool.submit(_predict, live, "a", "busy", gate)  # a is busy: no room for b yet
@@ -589,9 +596,7 @@ def _index(live: LiveServer, protocol: str) -> dict[str, tuple[str, str]]:
 def test_the_repository_index_shows_an_unloaded_model_unavailable_and_a_loaded_one_ready(
     serve: Callable[..., LiveServer],
 ) -> None:
-    live = serve(max_loaded_models=1)
-    _register(live, "a")
-    _register(live, "b")  # past the budget: registered unloaded
+    live = _a_and_b_over_a_budget_of_one(serve)
     assert _predict(live, "b", "b1").status_code == 200  # a goes for it
     assert _loaded(live) == {"a": False, "b": True}
     unloaded = ("UNAVAILABLE", "unloaded")
@@ -610,9 +615,7 @@ def test_the_repository_index_shows_an_unloaded_model_unavailable_and_a_loaded_o
 def test_a_customized_describe_of_an_unloaded_model_loads_nothing(
     serve: Callable[..., LiveServer],
 ) -> None:
-    live = serve(max_loaded_models=1)
-    _register(live, "a")
-    _register(live, "b")  # past the budget: registered unloaded
+    live = _a_and_b_over_a_budget_of_one(serve)
     url = f"{live.management_url}/models/b?customized=true"
     described = httpx.get(url, timeout=120)
     # Was: a read that loaded b, unloading a for it (a's next request a cold start).
