@@ -78,11 +78,15 @@ def listening(port: int) -> bool:
 
 
 def call(
-    url: str, method: str, body: bytes | None = None, content_type: str = "text/plain"
+    url: str,
+    method: str,
+    body: bytes | None = None,
+    content_type: str = "text/plain",
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, str, bytes]:
-    """(status, content type, body) of one request; an error status is an answer, not an
-    exception. A connection that fails raises OSError (the server is not up yet)."""
-    request = urllib.request.Request(url, data=body, method=method)
+    """(status, content type, body) of one request (with ``headers``); an error status is an
+    answer, not an exception. A connection that fails raises OSError (the server is not up)."""
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     if body is not None:
         request.add_header("Content-Type", content_type)
     try:

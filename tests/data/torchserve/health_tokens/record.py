@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -33,14 +31,8 @@ CALLS = (  # (listener, method, path)
 
 
 def ask(url: str, method: str, key: str | None) -> list:
-    request = urllib.request.Request(url, method=method)
-    if key is not None:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            status, body = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, body = exc.code, exc.read()
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    status, _, body = tsrun.call(url, method, headers=headers)
     if status < 400 and len(body) > 200:
         return [status, f"{len(body)} bytes"]  # a description or a metrics page
     try:
