@@ -59,6 +59,20 @@ class BoundedPipeline:
         cycle = self.cycle
         return cycle is not None and cycle.more_body and not self.pipeline
 
+    def on_message_complete(self) -> None:
+        """A request's body is whole: reading resumes unless pipelining paused it. uvicorn
+        pauses reading while more than 64 KiB of body waits for the app (``on_body``) and
+        resumes when the app asks for more; a body whose last read passed 64 KiB left reading
+        paused once the app took it, so a client that then left went unnoticed while its
+        request waited (no ``connection_lost``: the worker ran for nobody, 200 recorded instead
+        of 499). Nothing more of this body can come; what does is a pipelined request, which
+        pauses reading again (``on_headers_complete``) and is bounded here."""
+        super().on_message_complete()
+        flow = self.flow
+        paused_for_body = flow.read_paused and self._held is None and not self.pipeline
+        if paused_for_body and not self.transport.is_closing():
+            flow.resume_reading()
+
     def on_response_complete(self) -> None:
         if self._held is None:
             super().on_response_complete()  # the next pipelined request starts; reading resumes

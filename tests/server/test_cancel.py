@@ -90,13 +90,17 @@ def _leaving(server: LiveServer, api: str, model: str, body: dict[str, Any]) -> 
 
 def _leaving_with(server: LiveServer, path: str, content: bytes) -> socket.socket:
     """``_leaving`` of a request already made (``_http_request``'s path and body)."""
-    head = (
-        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(content)}\r\n\r\n"
-    )
     sock = socket.create_connection(("127.0.0.1", server.server.state.ports.inference))
-    sock.sendall(head.encode() + content)
+    sock.sendall(_head(path, len(content)) + content)
     return sock
+
+
+def _head(path: str, length: int) -> bytes:
+    """The request line and headers of a JSON POST of ``length`` bytes to ``path``."""
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"content-length: {length}\r\n\r\n"
+    ).encode()
 
 
 def _leave(sock: socket.socket) -> None:
@@ -255,12 +259,7 @@ def test_a_kserve_v1_client_that_leaves_while_queued_has_no_instance_run(
     held, log, gate = _run_behind(pool, server, "gate", tmp_path)
     instances = [{"id": f"gone{i}", "log": str(log), "n": i} for i in range(2)]  # JSON rows
     content = json.dumps({"instances": instances}).encode()
-    sock = socket.create_connection(("127.0.0.1", server.server.state.ports.inference))
-    sock.sendall(
-        b"POST /v1/models/gate:predict HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-        + f"content-type: application/json\r\ncontent-length: {len(content)}\r\n\r\n".encode()
-        + content
-    )
+    sock = _leaving_with(server, "/v1/models/gate:predict", content)
     until(lambda: _queued(server, "gate") == 2, "both instances are queued")
     _leave(sock)
     _removed_and_counted(server, before, 2, held, gate, log, pids)
@@ -281,8 +280,7 @@ def test_a_kserve_v1_client_that_leaves_while_its_body_is_parsed_has_no_instance
     # All but its last bytes, read; then those (a read that small leaves the connection read
     # on, so its close is seen), read too, the parse begun: then the client leaves.
     sock = socket.create_connection(("127.0.0.1", server.server.state.ports.inference))
-    head = b"POST /v1/models/gate:predict HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-    head += b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(content)
+    head = _head("/v1/models/gate:predict", len(content))
     for part in (head + content[:-2], content[-2:]):
         sock.sendall(part)
         until(lambda: _unsent(sock) == 0, "the body is delivered")

@@ -1,12 +1,19 @@
 """The pipelining bound's feeding (server/http/pipelining.py): a read is parsed a step at a time
 between requests, but the rest of a body in one go. In steps, a 16 MiB upload cost ~7% more
 (uvicorn joins each step's bytes to the body read so far); the live bound on pipelined requests
-is tested in test_http_limits."""
+is tested in test_http_limits. And reading, paused for a large body, goes on once the body is
+whole (the real protocol over a transport that records it: the socket is the seam)."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
+from typing import Any
 
+import uvicorn
+from uvicorn.server import ServerState
+
+from torchbay.server.http.limits import HttpLimits, protocol_class
 from torchbay.server.http.pipelining import FEED_STEP, BoundedPipeline
 
 
@@ -45,3 +52,78 @@ def test_with_requests_waiting_a_body_is_fed_in_steps_too() -> None:
     waiting.pipeline.append(object())  # one request waits behind the one answered
     waiting._feed_bounded(read)
     assert waiting.fed == [FEED_STEP, FEED_STEP]
+
+
+class _Transport(asyncio.Transport):
+    """The socket seam: whether the protocol reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading, self.closed = True, False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8080)}.get(name)
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+HEAD = b"POST /x HTTP/1.1\r\nHost: a\r\ncontent-length: 200000\r\n\r\n"
+
+
+async def _reading_once_taken(then: bytes) -> bool:
+    """Whether the connection reads once an app that waits for its answer has taken the body
+    of a request whose head was read first (the app waits for its body) and then ``then``, in
+    one read (its 200 KB body, and whatever follows)."""
+    started, taken, answer = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        started.set()
+        while (await receive()).get("more_body"):
+            pass
+        taken.set()
+        await answer.wait()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    config = uvicorn.Config(
+        app, http=protocol_class(HttpLimits()), lifespan="off", log_config=None, access_log=False
+    )
+    config.load()
+    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = _Transport()
+    protocol.connection_made(transport)
+    protocol.data_received(HEAD)
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.sleep(0)  # the app waits in receive(), reading on
+    protocol.data_received(then)
+    await asyncio.wait_for(taken.wait(), 5)
+    reading = transport.reading
+    answer.set()
+    protocol.connection_lost(None)
+    await asyncio.sleep(0)
+    return reading
+
+
+def test_reading_goes_on_once_a_large_body_is_taken() -> None:
+    """uvicorn pauses reading while more than 64 KiB of body waits for the app and resumed only
+    when the app asked for more: once the app had it all, reading stayed paused and a client
+    that then left went unseen while its request waited (it ran for nobody, recorded 200)."""
+    assert asyncio.run(_reading_once_taken(bytes(200_000)))
+
+
+def test_a_pipelined_request_behind_it_still_pauses_reading() -> None:
+    pipelined = b"GET /y HTTP/1.1\r\nHost: a\r\n\r\n"
+    assert not asyncio.run(_reading_once_taken(bytes(200_000) + pipelined))
