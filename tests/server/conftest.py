@@ -194,10 +194,13 @@ def stream_server(factory: pytest.TempPathFactory, name: str) -> Iterator[LiveSe
 
 
 @contextlib.contextmanager
-def running(store: Path, *, gpu_count: int | None = None, **overrides: Any) -> Iterator[LiveServer]:
+def running(
+    store: Path, *, gpu_count: int | None = None, uvloop: bool = False, **overrides: Any
+) -> Iterator[LiveServer]:
     """A LiveServer over ``store`` (``make_config(store, **overrides)``), stopped on leaving;
-    ``gpu_count``: the GPUs it sees (the seam), else those detected."""
-    live = LiveServer(make_config(store, **overrides), gpu_count=gpu_count).start()
+    ``gpu_count``: the GPUs it sees (the seam), else those detected; ``uvloop``: LiveServer's."""
+    config = make_config(store, **overrides)
+    live = LiveServer(config, gpu_count=gpu_count, uvloop=uvloop).start()
     try:
         yield live
     finally:
@@ -235,13 +238,13 @@ def load_gated_store(
 
 @contextlib.contextmanager
 def gate_server(
-    factory: pytest.TempPathFactory, prefix: str, models: dict[str, Any]
+    factory: pytest.TempPathFactory, prefix: str, models: dict[str, Any], uvloop: bool = False
 ) -> Iterator[LiveServer]:
     """A LiveServer of ``models`` (``models={...}``), each name an archive of the gate handler
-    (assets/gate_handler.py), all loaded."""
+    (assets/gate_handler.py), all loaded; ``uvloop``: LiveServer's."""
     handler = str(ASSETS / "gate_handler.py")
     store = build_store(factory, prefix, dict.fromkeys(models, handler))
-    with running(store, models=models, load_models=["all"]) as live:
+    with running(store, models=models, load_models=["all"], uvloop=uvloop) as live:
         yield live
 
 

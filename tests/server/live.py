@@ -73,14 +73,23 @@ def slowest_probe(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float
 class LiveServer:
     """A TorchbayServer running in a background thread with its own event loop."""
 
-    def __init__(self, config: ServerConfig, **kwargs: Any) -> None:
+    def __init__(self, config: ServerConfig, *, uvloop: bool = False, **kwargs: Any) -> None:
+        """``uvloop``: the server runs on uvloop, as ``torchbay serve`` runs it (cli.py), not
+        asyncio's loop: the two read a socket differently (libuv reads up to 32 times per
+        wake-up, asyncio once)."""
         self.server = TorchbayServer(config, env=dict(os.environ), **kwargs)
         self._thread = threading.Thread(target=self._run, name="torchbay-test-server", daemon=True)
         self._error: BaseException | None = None
+        self._uvloop = uvloop
 
     def _run(self) -> None:
         try:
-            asyncio.run(self.server.serve())
+            if self._uvloop:
+                import uvloop
+
+                uvloop.run(self.server.serve())
+            else:
+                asyncio.run(self.server.serve())
         except BaseException as exc:  # surfaced by start()/stop()
             self._error = exc
             self.server.state.started.set()
