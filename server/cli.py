@@ -191,7 +191,10 @@ def _prewarmed(args: argparse.Namespace, config: Any) -> list[Any]:
     of start-up) while the frontend imports the rest and unpacks the archives. They inherit
     stdout and stderr: the pipe that WorkerOutput reads into model_log.log. Workers the CLI
     spawned before its imports (spawn_early) count towards that number, unless
-    ``blacklist_env_vars`` hides variables: they were started with every one."""
+    ``blacklist_env_vars`` hides variables: they were started with every one. With a worker
+    template (``worker_start: fork``) only those: the server starts the template first and the
+    other start-up workers fork from it, one import of torch for them all."""
+    from torchbay.server.serving import forkserver
     from torchbay.server.serving.handle import spawn_process
     from torchbay.server.serving.worker_env import visible_env
 
@@ -200,6 +203,8 @@ def _prewarmed(args: argparse.Namespace, config: Any) -> list[Any]:
         early.close()
         early = None
     prewarmed = early.adopt(config.log_format) if early is not None else []
+    if config.worker_start == "fork" and forkserver.supported():
+        return prewarmed
     env = visible_env(os.environ, config.blacklist_env_vars)
     return prewarmed + [
         spawn_process(env, log_format=config.log_format)

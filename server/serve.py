@@ -219,6 +219,8 @@ class TorchbayServer:
         self.grpc.bind()  # TorchbayError naming the listener; nothing written yet
         self.state.ports.grpc_inference = self.grpc.ports["inference"]
         self.state.ports.grpc_management = self.grpc.ports["management"]
+        if self.forks is not None:  # first: the start-up models' workers fork from it (one
+            self.forks.start()  # torch import for them all, in parallel with what follows)
         self.plane = self._build_plane()
         apps = build_apps(config, self.plane)  # writes the key file: every listener is bound
         self.registry = apps.registry
@@ -248,8 +250,6 @@ class TorchbayServer:
         self.plane.starting = False  # ready (OIP, Kubernetes) once the start-up models are in
         self.plane.snapshots.save("startup")
         await asyncio.to_thread(self._discard_prewarmed)
-        if self.forks is not None:  # after the start-up models: its import does not slow theirs
-            self.forks.start()
         self.state.started.set()
         self._write_ready_file()
         log.info(

@@ -8,8 +8,9 @@ talks to a forked worker exactly as to a spawned one (``Spawned``: a process han
 socket). Torch-free.
 
 It spawns the old way instead (``handle.spawn_process``) when forking cannot give the same worker:
-the template is not up yet (its own start takes as long as a spawned worker's), it died (it is
-restarted for the next one), the worker needs another python, or an environment that differs in
+no template was started, it died (it is restarted for the next one), it is still not up after
+``TEMPLATE_START_WAIT_S`` (a worker start waits for a template still starting: its start takes
+as long as a spawned worker's), the worker needs another python, or an environment that differs in
 a variable read when a process or library starts (``frozen_env``: the allocator's, the dynamic
 loader's, Python's, OpenMP's and BLAS's; the template read them once, a fork cannot change them).
 Every other variable is the worker's own: the child replaces its environment before the worker
@@ -46,6 +47,10 @@ FROZEN_PREFIXES = ("MALLOC_", "LD_", "GLIBC_", "PYTHON", "OMP_", "GOMP_", "KMP_"
 FROZEN_PREFIXES += ("OPENBLAS_", "TORCH", "PYTORCH_")
 # The template answers a fork within milliseconds; past this it is taken for broken.
 FORK_REPLY_TIMEOUT_S = 10.0
+# A worker start waits this long for a template still starting before it spawns instead: the
+# template's start is a spawned worker's (an import of torch), so waiting costs the worker no
+# time, and the fork saves its own import (N start-up models: one import, not N + 1).
+TEMPLATE_START_WAIT_S = 30.0
 UNKNOWN_EXIT = -1  # a forked worker that outlived its template: nobody could reap it for us
 
 
@@ -155,6 +160,7 @@ class _Template:
         finally:
             child.close()
         self.ready = threading.Event()
+        self.settled = threading.Event()  # ready, or known dead: a starting template is neither
         self.dead = False
         self.closing = False  # close() ended it: its exit code is ours, not news
         self._lock = threading.Lock()
@@ -216,6 +222,7 @@ class _Template:
             self.dead = True
             replies, self._replies = list(self._replies.values()), {}
             procs, self._procs = list(self._procs.values()), {}
+        self.settled.set()
         for reply in replies:
             reply.event.set()
         for proc in procs:
@@ -230,6 +237,7 @@ class _Template:
         op = message.get("op")
         if op == "ready":
             self.ready.set()
+            self.settled.set()
         elif op == "exit":
             with self._lock:
                 proc = self._procs.pop(message["pid"], None)
@@ -327,10 +335,14 @@ class ForkServer:
         python: str = sys.executable,
         log_format: str = "text",
     ) -> Spawned:
-        """A worker: forked when the template can give the same one, else spawned."""
+        """A worker: forked when the template can give the same one, else spawned. A template
+        still starting is waited for (``TEMPLATE_START_WAIT_S``). Called in a thread."""
         env = os.environ if env is None else env
         template = self._template
-        if template is not None and template.usable and self._same(env, python):
+        same = template is not None and self._same(env, python)
+        if same and not template.settled.wait(TEMPLATE_START_WAIT_S):
+            log.warning("the worker template is not up in %gs; spawning", TEMPLATE_START_WAIT_S)
+        if same and template.usable:
             try:
                 spawned = template.fork(worker_env(env), log_format)
             except OSError as exc:
@@ -340,8 +352,7 @@ class ForkServer:
                 return spawned
         if template is not None and not template.alive:
             # Restarted for the next worker: this one is spawned now, not after its import. (The
-            # first template is the server's to start: after the start-up models, whose own
-            # workers it would only slow down.)
+            # first template is the server's to start, before its start-up models.)
             self.start()
         self.spawns += 1
         return spawn_process(env, python, log_format)

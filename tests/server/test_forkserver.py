@@ -119,10 +119,11 @@ def test_scale_up_forks_workers_that_set_their_own_threads(
     server = forking(cores=4)
     forks = server.server.forks
     template = forks.pid
-    first = report(server)  # the start-up worker: pre-warmed or spawned, the frontend's child
-    assert first["ppid"] == os.getpid() and first["threads"] == 4
+    first = report(server)  # the start-up worker: forked too (the template started first)
+    assert first["ppid"] == template and first["threads"] == 4
+    assert (forks.forks, forks.spawns) == (1, 0)
     scale(server, 2)
-    assert forks.forks == 1
+    assert forks.forks == 2
     new = [s.worker for s in slots(server) if s.worker.pid != first["pid"]]
     [worker] = new
     assert psutil.Process(worker.pid).ppid() == template
@@ -147,8 +148,9 @@ def test_scale_up_forks_workers_that_set_their_own_threads(
 def test_kill_9_restart_forks_and_reports_the_exit_code(forking: Any) -> None:
     server = forking()
     scale(server, 2)
-    [slot] = [s for s in slots(server) if isinstance(s.worker._proc, ForkedProc)]
+    slot = slots(server)[-1]
     victim = slot.worker
+    assert isinstance(victim._proc, ForkedProc)
     os.kill(victim.pid, signal.SIGKILL)
     assert victim._proc.wait(timeout=60) == -signal.SIGKILL  # the template reaped and told us
     pids = {r["pid"] for r in reports(server, 8)}
@@ -181,8 +183,9 @@ def test_a_dead_template_means_a_spawned_worker_and_a_new_template(forking: Any)
     server = forking()
     forks = server.server.forks
     scale(server, 2)
-    [slot] = [s for s in slots(server) if isinstance(s.worker._proc, ForkedProc)]
+    slot = slots(server)[-1]
     forked = slot.worker
+    assert isinstance(forked._proc, ForkedProc)
     old_template = forks._template.proc
     old_template.kill()
     old_template.wait(timeout=60)
@@ -263,5 +266,46 @@ def test_an_environment_a_fork_cannot_give_is_spawned() -> None:
         assert same.proc.returncode == 0
         other.discard()  # (still importing torch, it may be killed after discard's 10 s)
         assert (forks.forks, forks.spawns) == (1, 1)
+    finally:
+        forks.close()
+
+
+def test_the_start_up_models_workers_all_fork_from_one_template(
+    live_server: Any, fork_store: Path
+) -> None:
+    """The template starts first and every start-up worker forks from it: one import of torch
+    for them all (they were spawned, each importing torch, and the template after them)."""
+    loads = ["a=forked.mar", "b=forked.mar"]
+    server = live_server(model_store=fork_store, load_models=loads, default_workers_per_model=2)
+    forks = server.server.forks
+    assert (forks.forks, forks.spawns) == (4, 0)
+    assert {psutil.Process(p).ppid() for p in server.worker_pids()} == {forks.pid}
+
+
+def test_a_worker_start_waits_for_a_template_still_starting() -> None:
+    forks = ForkServer(os.environ)
+    forks.start()
+    try:
+        assert not forks._template.settled.is_set()  # importing torch for a second or more
+        started = forks.spawn(os.environ)
+        assert isinstance(started.proc, ForkedProc)
+        started.discard()
+        assert (forks.forks, forks.spawns) == (1, 0)
+    finally:
+        forks.close()
+
+
+def test_a_template_that_dies_while_starting_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(forkserver, "TEMPLATE_START_WAIT_S", 600.0)  # past the test's timeout
+    forks = ForkServer(os.environ)
+    forks.start()
+    try:
+        forks._template.proc.kill()
+        started = forks.spawn(os.environ)  # at once: spawned (and a new template started)
+        assert isinstance(started.proc, subprocess.Popen)
+        started.discard()
+        assert (forks.forks, forks.spawns, forks.restarts) == (0, 1, 1)
     finally:
         forks.close()

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from torchbay.server.early_workers import _serves_models
@@ -93,10 +94,11 @@ def test_the_early_worker_runs_what_spawn_process_runs(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
-def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_factory):
-    """One worker process for one start-up model (the early one, adopted: no second spawn, no
-    spare left), its log lines in model_log.log, the archive unpacked once, and no libtorch in
-    the frontend."""
+@pytest.mark.parametrize("models", [["talk=talk.mar"], ["talk=talk.mar", "again=talk.mar"]])
+def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_factory, models):
+    """One worker process spawned for the start-up models (the early one, adopted: no second
+    spawn, no spare left; a second model's worker forks from the worker template), its log
+    lines in model_log.log, the archive unpacked once, and no libtorch in the frontend."""
     store = build_talk_store(tmp_path_factory, "talk-early")
     cwd, logs = tmp_path / "run", tmp_path / "logs"
     cwd.mkdir()
@@ -106,7 +108,7 @@ def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_fac
     with (cwd / "console.log").open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
-             "--models", "talk=talk.mar", "--ts-config", "config.properties",
+             "--models", *models, "--ts-config", "config.properties",
              "--disable-token-auth", "--ready-file", str(ready), *free_addresses()],
             cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -119,6 +121,8 @@ def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_fac
         workers = spawned_workers(proc.pid)
         assert len(workers) == 1, [w.cmdline() for w in workers]
         assert "torchbay.server.worker" in workers[0].cmdline()
+        [template] = [p for p in psutil.Process(proc.pid).children() if p not in workers]
+        assert len(template.children()) == len(models) - 1  # forked
         front = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libtorch" not in front
         assert "libtorch" in Path(f"/proc/{workers[0].pid}/maps").read_text()
