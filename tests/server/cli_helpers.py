@@ -69,7 +69,7 @@ def predict(port: int, model: str = "talk") -> httpx.Response:
 
 def spawned_workers(pid: int, recursive: bool = False) -> list[psutil.Process]:
     """The server ``pid``'s worker processes, less its worker template (serving/forkserver.py:
-    started once the server is ready, a template is no worker; nor, with ``recursive``, its
+    started first, a template is no worker; nor, with ``recursive``, its
     forked children, which carry its command line)."""
     family = psutil.Process(pid).children(recursive=recursive)
     return [p for p in family if "torchbay.server.worker.template" not in p.cmdline()]
