@@ -75,9 +75,7 @@ def test_ctrl_c_while_the_model_file_is_imported_still_stops_the_archiver(tmp_pa
         [sys.executable, "-m", "torchbay", *converted],
         cwd=folder,
         stderr=subprocess.PIPE,
-        text=True,
-        # SIGINT as a terminal's Ctrl-C finds it: Python's handler (not one ignored by a shell)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        text=True,  # (SIGINT at its default, not ignored by a shell: tests/conftest.py)
     )
     try:
         deadline = time.monotonic() + 120

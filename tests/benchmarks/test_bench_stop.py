@@ -51,18 +51,12 @@ def test_sigterm_stops_the_server_it_started(tiny: tuple[Path, Path]) -> None:
         proc.communicate()
 
 
-def _terminal_job() -> None:
-    """The bench as a shell's foreground job: its own process group, Ctrl-C not ignored."""
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_prints_a_partial_report_and_stops_the_server(tiny: tuple[Path, Path]) -> None:
     """Ctrl-C (SIGINT to the job's process group): the bench printed nothing and exited 130, its
     generator process a KeyboardInterrupt traceback, and the server (in the same group) shut
     down under the load. Now the load halts, the part measured is reported as partial, with
     no error of that stop, and the server is stopped after."""
-    proc, server = _bench_under_load(tiny, preexec_fn=_terminal_job)
+    proc, server = _bench_under_load(tiny, process_group=0)  # a foreground job
     run_dir, tree = Path(server.cwd()), [server, *server.children(recursive=True)]
     try:
         os.killpg(proc.pid, signal.SIGINT)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -153,14 +152,6 @@ class _Hold(importlib.abc.MetaPathFinder):
 if os.environ.get("HOLD_IMPORT"):
     sys.meta_path.insert(0, _Hold())
 """
-
-
-def terminal_job() -> None:
-    """``preexec_fn`` of a command a test Ctrl-Cs before its server's loop takes the signal:
-    SIGINT at its default, as a terminal's foreground job has it. A suite started in the
-    background by a shell without job control runs with SIGINT ignored, and a child inherits
-    that: its Ctrl-C did nothing, and the test waited out its timeout."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def hold_import(folder: Path, module: str) -> tuple[dict[str, str], Path]:

@@ -29,7 +29,6 @@ from .cli_helpers import (
     hold_import,
     kill_tree,
     read_ready,
-    terminal_job,
     torchbay,
     wait_for,
     wait_gone,
@@ -43,7 +42,7 @@ def _start(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "torchbay", "serve", "--start", "--ncs", "--dt", *args]
     command += free_addresses()
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-    return subprocess.Popen(command, cwd=cwd, env=env, text=True, preexec_fn=terminal_job, **pipes)
+    return subprocess.Popen(command, cwd=cwd, env=env, text=True, **pipes)
 
 
 def _gated_start(
@@ -155,9 +154,7 @@ def test_ctrl_c_during_the_commands_imports_is_no_traceback(tmp_path, talk_store
     command = [sys.executable, "-m", "torchbay", "serve", "--foreground", "--ncs"]
     command += ["--model-store", str(talk_store), "--models", "talk=talk.mar", *free_addresses()]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-    proc = subprocess.Popen(
-        command, cwd=tmp_path, env=env, text=True, preexec_fn=terminal_job, **pipes
-    )
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, text=True, **pipes)
     try:
         wait_for(held, proc)
         early = psutil.Process(proc.pid).children()  # the worker spawned before the imports

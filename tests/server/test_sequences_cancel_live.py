@@ -24,8 +24,8 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from .cancel_helpers import hang_up, http_request, leaving_with, post, queue_length
 from .conftest import LiveServer, gate_server, oip_client, ran_ids, until
-from .test_cancel import _http_request, _leave, _leaving_with, _post, _queued
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +53,8 @@ def _ended(server: LiveServer) -> int:
 def _leaving(server: LiveServer, client: Any, protocol: str, body: dict, sid: str) -> Callable:
     """A queued request of ``sid`` whose client will leave: the callable that leaves."""
     if protocol == "http":
-        sock = _leaving_with(server, *_http_request("oip", "gseq", body, {"sequence_id": sid}))
-        return lambda: _leave(sock)
+        sock = leaving_with(server, *http_request("oip", "gseq", body, {"sequence_id": sid}))
+        return lambda: hang_up(sock)
     call = client.async_infer("gseq", _text(body), lambda **_: None, sequence_id=sid)
     return call.cancel
 
@@ -67,7 +67,7 @@ def _behind(pool: Executor, server: LiveServer, client: Any, protocol: str, body
     """A queued request of ``sid`` whose client waits: the callable that returns its error
     (the HTTP status and text; the gRPC status and message)."""
     if protocol == "http":
-        answer = pool.submit(_post, server, "oip", "gseq", body, {"sequence_id": sid})
+        answer = pool.submit(post, server, "oip", "gseq", body, {"sequence_id": sid})
         return lambda: (answer.result(timeout=60).status_code, answer.result().text)
     errors: queue.Queue[InferenceServerException | None] = queue.Queue()
     client.async_infer("gseq", _text(body), partial(_put_error, errors), sequence_id=sid)
@@ -90,20 +90,20 @@ def test_a_request_cancelled_in_a_sequence_cancels_the_sequence_as_triton_does(
     ended = _ended(server)
     with ThreadPoolExecutor(2) as pool, oip_client(server, "grpc") as client:
         first = {**body, "id": "held", "gate": str(gate)}
-        held = pool.submit(_post, server, "oip", "gseq", first, start)
+        held = pool.submit(post, server, "oip", "gseq", first, start)
         until(lambda: ran_ids(log) == ["held"], "the sequence's first request runs")
         leave = _leaving(server, client, protocol, {**body, "id": "left"}, sid)
-        until(lambda: _queued(server, "gseq") == 1, "the second request waits")
+        until(lambda: queue_length(server, "gseq") == 1, "the second request waits")
         behind = _behind(pool, server, client, protocol, {**body, "id": "behind"}, sid)
-        until(lambda: _queued(server, "gseq") == 2, "the third request waits behind it")
+        until(lambda: queue_length(server, "gseq") == 2, "the third request waits behind it")
         leave()
         got, text = behind()
         assert got == status and "cancelled" in text, text
         gate.touch()
         assert held.result(timeout=60).status_code == 200
-    later = _post(server, "oip", "gseq", {**body, "id": "later"}, {"sequence_id": sid})
+    later = post(server, "oip", "gseq", {**body, "id": "later"}, {"sequence_id": sid})
     assert later.status_code == 400 and "cancelled" in later.json()["error"], later.text
-    again = _post(server, "oip", "gseq", {**body, "id": "again"}, {**start, "sequence_end": True})
+    again = post(server, "oip", "gseq", {**body, "id": "again"}, {**start, "sequence_end": True})
     assert again.status_code == 200, again.text
     assert ran_ids(log) == ["held", "again"]  # neither the cancelled nor the one behind ran
     assert _ended(server) == ended + 1
