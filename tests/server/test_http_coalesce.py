@@ -6,50 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import uvicorn
-from uvicorn.server import ServerState
-
-from torchbay.server.http.limits import HttpLimits, protocol_class
-
-
-class RecordingTransport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-        self.closed = False
-        self.open_after_response = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8080)}.get(name)
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(bytes(data))
-
-    def writelines(self, parts: Any) -> None:
-        self.writes.append(b"".join(parts))
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
+from .http_seam import RecordingTransport, connected
 
 
 async def _exchange(app: Any, request: bytes) -> RecordingTransport:
-    # log_config None and no log_level: uvicorn leaves the logging setup of other tests alone
-    config = uvicorn.Config(
-        app, http=protocol_class(HttpLimits()), lifespan="off", log_config=None, access_log=False
-    )
-    config.load()
-    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
-    transport = RecordingTransport()
-    protocol.connection_made(transport)
+    protocol, transport = connected(app)
     protocol.data_received(request)
     for _ in range(50):
         await asyncio.sleep(0.01)

@@ -10,11 +10,9 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-import uvicorn
-from uvicorn.server import ServerState
-
-from torchbay.server.http.limits import HttpLimits, protocol_class
 from torchbay.server.http.pipelining import FEED_STEP, BoundedPipeline
+
+from .http_seam import connected
 
 
 class _Fed(BoundedPipeline):
@@ -54,32 +52,6 @@ def test_with_requests_waiting_a_body_is_fed_in_steps_too() -> None:
     assert waiting.fed == [FEED_STEP, FEED_STEP]
 
 
-class _Transport(asyncio.Transport):
-    """The socket seam: whether the protocol reads."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reading, self.closed = True, False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8080)}.get(name)
-
-    def write(self, data: Any) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-
 HEAD = b"POST /x HTTP/1.1\r\nHost: a\r\ncontent-length: 200000\r\n\r\n"
 
 
@@ -98,13 +70,7 @@ async def _reading_once_taken(then: bytes) -> bool:
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    config = uvicorn.Config(
-        app, http=protocol_class(HttpLimits()), lifespan="off", log_config=None, access_log=False
-    )
-    config.load()
-    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
-    transport = _Transport()
-    protocol.connection_made(transport)
+    protocol, transport = connected(app)
     protocol.data_received(HEAD)
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.sleep(0)  # the app waits in receive(), reading on
