@@ -80,6 +80,7 @@ def _while_starting(
     finally:
         if starting.poll() is None:
             starting.kill()
+        if not starting.stdout.closed:  # (communicate closes its pipes: none left to a later gc)
             starting.communicate()
     return pid, out, err
 
