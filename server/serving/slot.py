@@ -197,7 +197,9 @@ class WorkerSlot:
                 self._first.set_result(None)
                 return  # a model that cannot load at all is reported, not retried
             window_start = loop.time() if window_start is None else window_start
-            if loop.time() - window_start > self.ctx.settings().max_retry_timeout_s:
+            # At or past: a window of 0 gives up at the first failure on uvloop too, whose clock
+            # stands still within a loop iteration (it retried once there; asyncio's moved on).
+            if loop.time() - window_start >= self.ctx.settings().max_retry_timeout_s:
                 log.error("model %s: worker keeps failing; giving up", self.ctx.key)
                 self._give_up()
                 return
