@@ -195,7 +195,7 @@ def stream_server(factory: pytest.TempPathFactory, name: str) -> Iterator[LiveSe
 
 @contextlib.contextmanager
 def running(
-    store: Path, *, gpu_count: int | None = None, uvloop: bool = False, **overrides: Any
+    store: Path, *, gpu_count: int | None = None, uvloop: bool = True, **overrides: Any
 ) -> Iterator[LiveServer]:
     """A LiveServer over ``store`` (``make_config(store, **overrides)``), stopped on leaving;
     ``gpu_count``: the GPUs it sees (the seam), else those detected; ``uvloop``: LiveServer's."""
@@ -238,13 +238,13 @@ def load_gated_store(
 
 @contextlib.contextmanager
 def gate_server(
-    factory: pytest.TempPathFactory, prefix: str, models: dict[str, Any], uvloop: bool = False
+    factory: pytest.TempPathFactory, prefix: str, models: dict[str, Any]
 ) -> Iterator[LiveServer]:
     """A LiveServer of ``models`` (``models={...}``), each name an archive of the gate handler
-    (assets/gate_handler.py), all loaded; ``uvloop``: LiveServer's."""
+    (assets/gate_handler.py), all loaded."""
     handler = str(ASSETS / "gate_handler.py")
     store = build_store(factory, prefix, dict.fromkeys(models, handler))
-    with running(store, models=models, load_models=["all"], uvloop=uvloop) as live:
+    with running(store, models=models, load_models=["all"]) as live:
         yield live
 
 

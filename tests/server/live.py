@@ -73,10 +73,11 @@ def slowest_probe(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float
 class LiveServer:
     """A TorchbayServer running in a background thread with its own event loop."""
 
-    def __init__(self, config: ServerConfig, *, uvloop: bool = False, **kwargs: Any) -> None:
-        """``uvloop``: the server runs on uvloop, as ``torchbay serve`` runs it (cli.py), not
-        asyncio's loop: the two read a socket differently (libuv reads up to 32 times per
-        wake-up, asyncio once)."""
+    def __init__(self, config: ServerConfig, *, uvloop: bool = True, **kwargs: Any) -> None:
+        """``uvloop``: the server runs on uvloop, as ``torchbay serve`` runs it (cli.py); False:
+        on asyncio's own loop. The two differ where a test can see it: libuv reads a socket up
+        to 32 times per wake-up, asyncio once (a client that left after a large body went
+        unnoticed on uvloop only: test_cancel)."""
         self.server = TorchbayServer(config, env=dict(os.environ), **kwargs)
         self._thread = threading.Thread(target=self._run, name="torchbay-test-server", daemon=True)
         self._error: BaseException | None = None
