@@ -203,7 +203,7 @@ def _prewarmed(args: argparse.Namespace, config: Any) -> list[Any]:
         early.close()
         early = None
     prewarmed = early.adopt(config.log_format) if early is not None else []
-    if config.worker_start == "fork" and forkserver.supported():
+    if forkserver.forks(config):
         return prewarmed
     env = visible_env(os.environ, config.blacklist_env_vars)
     return prewarmed + [

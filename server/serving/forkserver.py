@@ -59,6 +59,11 @@ def supported() -> bool:
     return hasattr(os, "fork") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
 
 
+def forks(config: ServerConfig) -> bool:
+    """Whether a server of ``config`` forks its workers from a template."""
+    return config.worker_start == "fork" and supported()
+
+
 def frozen_env(env: Mapping[str, str]) -> dict[str, str]:
     """The part of a worker's environment (after ``worker_env``) a fork cannot change."""
     return {k: v for k, v in worker_env(env).items() if k.startswith(FROZEN_PREFIXES)}
@@ -299,7 +304,7 @@ class ForkServer:
     def configured(cls, config: ServerConfig, env: Mapping[str, str] | None) -> ForkServer | None:
         """The server's fork server for its ``worker_start`` setting (None: spawn every worker,
         as on a platform without fork or pidfds)."""
-        if config.worker_start != "fork" or not supported():
+        if not forks(config):
             return None
         visible = visible_env(os.environ if env is None else env, config.blacklist_env_vars)
         return cls(visible, log_format=config.log_format)  # (the workers' /proc environ too)
@@ -322,7 +327,7 @@ class ForkServer:
     def wait_ready(self, timeout: float) -> bool:
         """Wait until the template can fork (tests, benchmarks); whether it can."""
         template = self._template
-        return template is not None and template.ready.wait(timeout) and not template.dead
+        return template is not None and template.settled.wait(timeout) and template.usable
 
     @property
     def pid(self) -> int | None:
