@@ -1,24 +1,19 @@
-"""``torchbay bench``: ``run`` (one load test), ``sla`` (the SLA search), ``scenario`` (a suite,
-:func:`run_scenario`). Importable without torch: every verb imports its core lazily."""
+"""``torchbay bench``: ``run`` (one load test) and ``sla`` (the SLA search). Importable without
+torch: every verb imports its core lazily."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO, get_args, get_origin
 
-from torchbay.benchmarks.errors import BenchError
-
 if TYPE_CHECKING:
     from torchbay.benchmarks.loadgen import Progress
-    from torchbay.benchmarks.scenarios import Suite
 
 
 def _csv(kind: type) -> Any:
@@ -99,7 +94,6 @@ def register(subparsers: Any) -> None:
     sla = verbs.add_parser("sla", help="find the configuration with the most traffic under a p99")
     sla.populate = _add_sla
     sla.set_defaults(func=run_sla)
-    _add_scenario(verbs)
 
 
 def _add_run(run: argparse.ArgumentParser) -> None:
@@ -119,19 +113,6 @@ def _add_sla(sla: argparse.ArgumentParser) -> None:
     from torchbay.benchmarks.sla_model import SlaOptions
 
     add_flags(sla, SlaOptions)
-
-
-def _add_scenario(verbs: Any) -> None:
-    scen = verbs.add_parser(
-        "scenario", help="run a scenario suite (benchmarks/scenarios.py: tiny, cnn, digits)"
-    )
-    scen.add_argument("name", help="the suite: tiny, cnn or digits")
-    scen.add_argument("--out", type=Path, default=None, help="work folder (default benchmarks/out)")
-    scen.add_argument("--sla", action="store_true", help="also run the suite's SLA search")
-    scen.add_argument("--duration", type=float, metavar="S", help="override every run's duration")
-    scen.add_argument("--warmup", type=float, metavar="S", help="override every run's warm-up")
-    scen.add_argument("--json", action="store_true")
-    scen.set_defaults(func=run_scenario)
 
 
 def _options(model: Any, args: argparse.Namespace) -> Any:
@@ -220,62 +201,3 @@ class ProgressLine:
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "out"
-
-
-def build_archive(
-    suite: Suite, out_dir: Path, log: Callable[[str], None]
-) -> tuple[Path, list[Path]]:
-    """Make the suite's archive (and bodies, for reference models); returns (archive, inputs)."""
-    inputs = [REPO_ROOT / p for p in suite.inputs]  # an absolute path stays as it is
-    if suite.archive is None:
-        from torchbay.benchmarks import runner
-
-        log(f"building the {suite.model} reference model and archive in {out_dir}")
-        assets = runner.archive_models(runner.prepare_models(out_dir), out_dir, sys.executable)
-        assert assets.model_store is not None
-        return assets.model_store / f"{suite.model}.mar", inputs or [assets.body[suite.model]]
-    archive = REPO_ROOT / suite.archive
-    if not archive.exists() or any(not p.exists() for p in inputs):
-        if suite.script is None:
-            raise BenchError(f"{archive} is missing and the suite has no build script")
-        log(f"building with {suite.script}")
-        script = [sys.executable, str(REPO_ROOT / suite.script)]
-        proc = subprocess.run(script, cwd=REPO_ROOT, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BenchError(f"{suite.script} failed:\n{proc.stderr.strip()[-2000:]}")
-    if not inputs:
-        raise BenchError(f"suite {suite.name}: give inputs")
-    return archive, inputs
-
-
-def run_scenario(args: argparse.Namespace) -> int:
-    """Build the suite's archive, run each of its scenarios with ``bench run`` on a fresh server
-    and, with ``--sla``, its SLA search; everything lands under ``<out>/scenarios/<suite>/``."""
-    from torchbay.benchmarks.bench import format_report, run_bench
-    from torchbay.benchmarks.scenarios import find_suite
-
-    _stop_as_ctrl_c()
-    suite = find_suite(args.name)
-    durations = {"duration_s": args.duration, "warmup_s": args.warmup}  # 0: refused, not unset
-    suite = replace(suite, **{k: v for k, v in durations.items() if v is not None})
-    out = (args.out or DEFAULT_OUT) / "scenarios" / suite.name
-    out.mkdir(parents=True, exist_ok=True)
-    archive, inputs = build_archive(suite, out.parent.parent, _err)
-    reports, texts = [], []
-    for run in suite.runs:
-        _err(f"{suite.name}/{run.name}")
-        report = run_bench(suite.run_options(run, archive, inputs, out / run.name))
-        reports.append({"name": run.name, **report.as_dict()})
-        texts.append(f"== {suite.name}/{run.name}\n{format_report(report)}")
-    winner = None
-    if args.sla and suite.sla:
-        from torchbay.benchmarks.sla import SlaOptions, run_sla
-
-        where = {"out_dir": out / "sla", "content_type": suite.content_type}
-        options = SlaOptions(archive=archive, inputs=tuple(inputs), **where, **suite.sla)
-        winner = getattr(run_sla(options, log=_err).winner, "label", None)
-        texts.append(f"== {suite.name}/sla: winner {winner}; report {out / 'sla'}")
-    outcome = {"scenario": suite.name, "runs": reports, "sla": winner, "text": "\n\n".join(texts)}
-    print(json.dumps(outcome, indent=2, default=str) if args.json else outcome["text"])
-    return 0

@@ -97,16 +97,6 @@ def cpu_by_role(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
     return used
 
 
-def cpu_seconds_between(before: CpuSnapshot, after: CpuSnapshot) -> float:
-    """CPU seconds the tree spent between two snapshots (never negative)."""
-    return max(sum(cpu_by_role(before, after).values()), 0.0)
-
-
-def cpu_ms_per_request(cpu_seconds: float, requests: int) -> float:
-    """Server CPU milliseconds per request; NaN when no request was served."""
-    return cpu_seconds * 1000.0 / requests if requests > 0 else math.nan
-
-
 def memory_snapshot(pid: int, with_pss: bool = True) -> MemorySnapshot:
     """RSS/PSS of ``pid`` (the frontend) and of its whole tree. PSS is None where the platform or
     permissions do not give it (it needs /proc/PID/smaps), or without ``with_pss``: reading smaps
@@ -133,23 +123,6 @@ def memory_snapshot(pid: int, with_pss: bool = True) -> MemorySnapshot:
         processes=len(sizes),
         largest_child_rss_mb=max(children, default=0.0),
     )
-
-
-def system_busy_seconds() -> float:
-    """CPU seconds all cores of the machine spent not idle since boot (idle and iowait excluded)."""
-    times = psutil.cpu_times()
-    idle = times.idle + getattr(times, "iowait", 0.0)
-    return sum(times) - idle - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
-
-
-def foreign_cpu_percent(
-    busy_s: float, server_s: float, client_s: float, wall_s: float, cores: int
-) -> float:
-    """Share of the machine's capacity (``wall_s * cores``) used by processes that are neither the
-    server nor the load generator during a run: a noise flag for shared machines (0 when quiet)."""
-    if wall_s <= 0 or cores <= 0:
-        return float("nan")
-    return max(busy_s - server_s - client_s, 0.0) / (wall_s * cores) * 100.0
 
 
 def machine_info() -> dict[str, Any]:

@@ -4,32 +4,26 @@ system under test from one ``models={...}`` description (:func:`make_system`; co
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from torchbay.archiver.errors import ArchiveError
-from torchbay.benchmarks import bench, managed, models, procstat
+from torchbay.benchmarks import bench, managed, models
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, LoadResult, Target
 from torchbay.benchmarks.report import Eta, Ratio, RowResult, failed, fmt
-from torchbay.benchmarks.scenarios import Batching, Goal, Scenario, models_json
+from torchbay.benchmarks.scenarios import Batching, Goal, models_json
 
 HANDLER_FILE = Path(__file__).with_name("handler_raw.py")
 MODEL_VERSION = "1.0"
-TORCHBAY, TORCHSERVE, ECHO, NAIVE = "torchbay", "torchserve", "echo", "naive"
-CEILINGS = {ECHO: "echo_asgi", NAIVE: "naive_fastapi"}  # their modules in ceilings/
+TORCHBAY, TORCHSERVE, ECHO = "torchbay", "torchserve", "echo"
 # config.properties keys TorchServe 0.12 does not have; it gets every other key unchanged.
 TORCHBAY_ONLY_KEYS = ("max_queue_delay_ms", "cpu_thread_budget")
 OCTETS = (("Content-Type", "application/octet-stream"),)
@@ -97,7 +91,6 @@ class Ctx:
     python: str = sys.executable
     start_timeout_s: float = 120.0
     starts: int = 3  # the start row's samples per system (at least; ``repeat`` if more)
-    inprocess_seconds: float = 2.0  # per batch size in the reference table's in-process loop
     log: Any = print
     eta: Eta = field(default_factory=lambda: Eta(0.0, print))
 
@@ -128,14 +121,11 @@ def make_system(
 ) -> managed.ManagedServer:
     """``system`` serving ``served`` (name -> batching; ``names`` maps a name to its reference
     model when they differ) with ``props`` in config.properties and ``args`` as extra
-    ``torchbay serve`` flags; not started yet. The ceilings take the model only (naive)."""
+    ``torchbay serve`` flags; not started yet. The ceiling (echo) takes no model."""
     names = names or {name: name for name in served}
     store, props = ctx.model_store(names) if system in (TORCHBAY, TORCHSERVE) else None, props or {}
-    if system in (ECHO, NAIVE):
-        cmd = [ctx.python, "-m", f"torchbay.benchmarks.ceilings.{CEILINGS[system]}"]
-        if system == NAIVE:
-            ((name, model),) = names.items()
-            cmd += ["--model", name, "--pt", str(ctx.assets.pt[model])]
+    if system == ECHO:
+        cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.echo_asgi"]
         server = managed.ManagedServer(cmd, run_dir)
     elif system == TORCHSERVE:
         if ctx.torchserve is None:
@@ -208,56 +198,6 @@ def run_dir(ctx: Ctx, *parts: object) -> Path:
 def closed(ctx: Ctx, tgt: Target, concurrency: int, gen: LoadGenerator | None = None) -> LoadResult:
     plan = LoadPlan(tgt, "closed", concurrency, duration_s=ctx.duration_s)
     return warm_and_measure(ctx, plan, gen)
-
-
-def run_scenario(scenario: Scenario, ctx: Ctx, round_no: int) -> dict[str, float]:
-    """One :func:`bench.window` on the scenario's own server: the client's figures, its start, the
-    server tree's CPU and memory, and the CPU other processes took meanwhile."""
-    model, where = scenario.model, run_dir(ctx, scenario.name, f"r{round_no}")
-    served = {model: scenario.batching}
-    with serving(ctx, scenario.server, served, where, args=scenario.server_args) as server:
-        tgt = target(ctx, server, model, model)
-        start_s = server.first_answer(tgt.path, tgt.payloads[0], ctx.start_timeout_s)
-        plan, watch = scenario.plan(tgt, ctx.duration_s), partial(_busy, server.pid)
-        load, before, after = bench.window(ctx.gen, plan, watch, warmup_s=ctx.warmup_s)
-        memory = procstat.memory_snapshot(server.pid)
-    cpu_s = procstat.cpu_seconds_between(before[0], after[0])
-    busy = (after[1] - before[1], cpu_s, load.generator_cpu_s, after[2] - before[2])
-    return {
-        "req_per_s": load.req_per_s,
-        "p50_ms": load.latency.p50_ms,
-        "p90_ms": load.latency.p90_ms,
-        "p99_ms": load.latency.p99_ms,
-        "requests": float(load.completed),
-        "errors": float(load.errors),
-        "cpu_ms_per_req": procstat.cpu_ms_per_request(cpu_s, load.completed),
-        "frontend_rss_mb": memory.frontend_rss_mb,
-        "tree_pss_mb": math.nan if memory.tree_pss_mb is None else memory.tree_pss_mb,
-        "processes": float(memory.processes),
-        "start_s": start_s,
-        "foreign_cpu_pct": procstat.foreign_cpu_percent(*busy, os.cpu_count() or 1),
-    }
-
-
-def _busy(pid: int) -> tuple[procstat.CpuSnapshot, float, float]:
-    """:func:`run_scenario`'s watch: the server tree's CPU, the machine's busy time, the clock."""
-    return procstat.cpu_snapshot(pid), procstat.system_busy_seconds(), time.monotonic()
-
-
-def run_inprocess(
-    ctx: Ctx, models: tuple[str, ...] | None = None, *flags: str, env: dict | None = None
-) -> dict[str, dict[int, float]]:
-    """The in-process model loop (``ceilings/inprocess.py`` with ``flags``) in a fresh process,
-    nothing else loaded (``env``: its environment, None: ours): samples/s per model and batch."""
-    cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.inprocess"]
-    cmd += ["--seconds", str(ctx.inprocess_seconds), *flags]
-    for name in models or ctx.assets.pt:
-        cmd += ["--pt", f"{name}={ctx.assets.pt[name]}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise BenchError(f"in-process loop failed: {proc.stderr.strip()[-300:]}")
-    raw = json.loads(proc.stdout)
-    return {name: {int(b): rate for b, rate in per.items()} for name, per in raw.items()}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Ceilings measured beside torchbay in the same run: a bare ASGI echo, a naive FastAPI server
-running the model in its thread pool, and the model in process (no HTTP at all). The servers run
-one way (:func:`serve`), so the harness starts every server under test one way."""
+"""The ceiling measured beside torchbay in the same run: a bare ASGI echo (``echo_asgi``), served
+as :func:`serve` serves an app, ready as ``torchbay serve`` is (the naive FastAPI server and the
+in-process loop of the reference table ran up to commit 1adc89d)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from torchbay.benchmarks.loadgen import LoadGenerator
 
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> runner.Assets:
-    """Scripted tiny/cnn models and one raw body each, as the scenario runner prepares them."""
+    """Scripted tiny/cnn models and one raw body each, as round two's runner prepares them."""
     return runner.prepare_models(Path(tmp_path_factory.mktemp("bench-assets")))
 
 
@@ -33,7 +33,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def gen() -> Iterator[LoadGenerator]:
-    """One load-generator process, reused by a module's runs (as run_scenarios reuses it)."""
+    """One load-generator process, reused by a module's runs (as a table's rows reuse it)."""
     with LoadGenerator(1) as generator:
         yield generator
 

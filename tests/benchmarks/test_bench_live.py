@@ -28,7 +28,7 @@ from torchbay.benchmarks.apply import apply_settings
 from torchbay.benchmarks.bench import RunOptions, format_report, run_bench
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.managed import Endpoints, ManagedServer
-from torchbay.benchmarks.scenarios import Batching, find_suite, suite_names
+from torchbay.benchmarks.scenarios import Batching
 from torchbay.benchmarks.sla import SlaOptions, run_sla
 from torchbay.cli import main
 
@@ -276,13 +276,6 @@ def test_apply_refuses_a_config_that_is_not_a_mapping(tiny, tmp_path) -> None:
         apply_settings(archive, Batching(8, 5.0, 2))
     assert archive.read_bytes() == original
     assert not archive.with_name("tiny.mar.orig").exists()
-
-
-def test_bundled_scenarios_parse() -> None:
-    assert {"tiny", "cnn", "digits"} <= set(suite_names())
-    for name in suite_names():
-        scenario = find_suite(name)
-        assert scenario.runs and scenario.sla and scenario.sla["sla_p99_ms"] > 0
 
 
 def test_apply_that_cannot_write_keeps_the_report(tiny, tmp_path) -> None:

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from torchbay.benchmarks import cli, grpc_pair, runner, tables
+from torchbay.benchmarks import cli, grpc_pair, models, runner
 from torchbay.benchmarks.bench import RunOptions, open_server
 from torchbay.benchmarks.errors import BenchError
 from torchbay.handlers.runtime import oip
@@ -73,8 +73,14 @@ def test_a_npy_tensor_is_the_same_over_http_and_model_infer(tmp_path: Path) -> N
 def test_an_archive_input_is_its_recorded_example(
     assets: runner.Assets, tiny: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    only = runner.Assets(pt={"tiny": assets.pt["tiny"]}, body={"tiny": assets.body["tiny"]})
-    typed = tables.tensor_archives(only, tmp_path)["tiny"]
+    """An archive packed with the built-in ``tensor`` handler and ``--example-input`` (one
+    sample as a batch of 1) gives that example as the input tensor."""
+    example = tmp_path / "tiny-example.npy"
+    np.save(example, models.sample_tensor("tiny").numpy()[None])
+    flags = ("--example-input", str(example), "--force")
+    typed = runner.archive(
+        "tiny", assets.pt["tiny"], tmp_path, sys.executable, *flags, handler="tensor"
+    )
     tensor = grpc_pair.load_tensor(typed)
     assert (tensor.name, tensor.datatype, tensor.shape) == ("input0", "FP32", (1, 64))
     assert tensor.raw == tiny[1].read_bytes()  # the same sample as the raw body

@@ -11,8 +11,8 @@ import pytest
 
 from torchbay.benchmarks import round2_rows, tables
 
-# A hang guard, not a speed bound: the TorchServe-beside test took 73 s and a batch sweep of
-# four servers past 120 s with other suites beside it (load average 7.5).
+# A hang guard, not a speed bound: the TorchServe-beside test took 73 s with other suites beside
+# it (load average 7.5).
 pytestmark = pytest.mark.timeout(300)
 TS_VENV = Path("/work/ts-venv")
 QUICK = ["--repeat", "1", "--duration", "1", "--warmup", "0.2", "--starts", "1"]
@@ -58,41 +58,15 @@ def test_closed_loop_rows_and_start(tmp_path: Path) -> None:
     assert "python -m torchbay.benchmarks.tables round2" in markdown
 
 
-def test_in_process_and_two_model_rows(tmp_path: Path) -> None:
-    report, markdown = _run(tmp_path, "--only", "cnn-c16", "two-models", "--duration", "0.5")
-    rows = report["rows"]
-    assert set(rows) == {"cnn-c16", "two-models"}
-    assert _positive(
-        [rows["cnn-c16"]["systems"][s][0]["req_s"] for s in ("in-process", "torchbay")]
-    )
-    (two,) = rows["two-models"]["systems"]["torchbay"]
-    assert _positive([two[k] for k in ("alone_a", "alone_b", "together_a", "together_b")])
-    names = [r["name"] for r in rows["two-models"]["ratios"]]
-    assert "combined together / alone" in names
-    for row in rows.values():
-        assert f"### {row['title']}" in markdown
-
-
-def test_batch_sweep_pairs_batch_8_with_batch_1_at_every_concurrency(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The sweep's two ends: a server per concurrency either way, so two prove the pairing.
-    monkeypatch.setattr(round2_rows, "SWEEP_CONCURRENCY", (2, 16))
-    report, markdown = _run(tmp_path, "--only", "batch-sweep", "--duration", "0.5")
-    row = report["rows"]["batch-sweep"]
-    assert row["title"] == "cnn, batch 8 vs batch 1 at c=2..16"
-    labels = {f"torchbay c={c} b{b}" for c in (2, 16) for b in (1, 8)}
-    assert set(row["systems"]) == labels
-    for label in labels:
-        (run,) = row["systems"][label]
-        assert run["req_s"] > 0 and run["errors"] == 0, (label, run)
-    ratios = {r["name"]: r for r in row["ratios"]}
-    assert set(ratios) == {f"torchbay c={c}: batch 8 / batch 1" for c in (2, 16)}
-    for ratio in ratios.values():
-        assert (ratio["bound"], ratio["aggregate"]) == (0.97, "min")
-        (value,) = ratio["values"]
-        assert math.isfinite(value) and value > 0
-    assert f"### {row['title']}" in markdown
+def test_rows_run_at_an_earlier_commit_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """The rows that ran up to commit 1adc89d (cnn-c16, two-models, batch-sweep) are not
+    choices any more: the flag says which rows exist, before anything is built."""
+    for retired in ("cnn-c16", "two-models", "batch-sweep"):
+        with pytest.raises(SystemExit) as stop:
+            tables.parse(["round2", "--only", retired])
+        assert stop.value.code == 2
+        assert "invalid choice" in capsys.readouterr().err
+    assert list(round2_rows.ROWS) == ["tiny-c16", "cnn-c1", "overload", "start"]
 
 
 def test_overload_row_counts_add_up(tmp_path: Path) -> None:
@@ -119,14 +93,15 @@ def test_overload_row_counts_add_up(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (TS_VENV / "bin" / "torchserve").exists(), reason="no TorchServe here")
 def test_torchserve_beside_torchbay_on_the_same_mar(tmp_path: Path) -> None:
-    report, markdown = _run(tmp_path, "--only", "start", "two-models", "--torchserve", str(TS_VENV))
+    report, markdown = _run(tmp_path, "--only", "start", "cnn-c1", "--torchserve", str(TS_VENV))
     systems = report["rows"]["start"]["systems"]
     assert _positive([systems["torchserve"][0]["start_s"], systems["torchbay"][0]["start_s"]])
     assert "torchserve | start_s" in markdown
-    two = report["rows"]["two-models"]
-    assert "torchserve" not in two["not_run"]
-    (ts,) = two["systems"]["torchserve"]
-    assert _positive([ts[k] for k in ("alone_a", "alone_b", "together_a", "together_b")])
-    bounds = {r["name"]: r["bound"] for r in two["ratios"]}
-    assert bounds["combined together / alone"] == 0.90
-    assert bounds["torchserve: combined together / alone"] is None
+    paired = report["rows"]["cnn-c1"]
+    assert "torchserve" not in paired["not_run"]
+    for label in ("torchserve b1", "torchserve b8"):
+        (run,) = paired["systems"][label]
+        assert run["req_s"] > 0 and run["errors"] == 0, (label, run)
+    bounds = {r["name"]: r["bound"] for r in paired["ratios"]}
+    assert bounds["torchbay: batch 8 / batch 1"] == 0.97
+    assert bounds["torchserve: batch 8 / batch 1"] is None
