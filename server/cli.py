@@ -186,30 +186,31 @@ def _load_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
     )
 
 
-def _prewarmed(args: argparse.Namespace, config: Any) -> list[Any]:
-    """The start-up models' worker processes, started now: each imports torch (the slowest part
-    of start-up) while the frontend imports the rest and unpacks the archives. They inherit
-    stdout and stderr: the pipe that WorkerOutput reads into model_log.log. Workers the CLI
-    spawned before its imports (spawn_early) count towards that number, unless
-    ``blacklist_env_vars`` hides variables: they were started with every one. With a worker
-    template (``worker_start: fork``) only those: the server starts the template first and the
-    other start-up workers fork from it, one import of torch for them all."""
+def _prewarmed(args: argparse.Namespace, config: Any) -> tuple[list[Any], Any]:
+    """The start-up models' worker processes, started now, and the worker template the CLI
+    started before its imports (spawn_early), for the server to adopt. A template
+    (``worker_start: fork``) is all there is: every start-up worker forks from it, one import of
+    torch for them all, begun before the frontend's. Otherwise each worker imports torch (the
+    slowest part of start-up) while the frontend imports the rest and unpacks the archives;
+    the CLI's early worker counts towards them. They inherit stdout and stderr: the pipe that
+    WorkerOutput reads into model_log.log. Nothing early is used when ``blacklist_env_vars``
+    hides variables: it was started with every one."""
     from torchbay.server.serving import forkserver
     from torchbay.server.serving.handle import spawn_process
     from torchbay.server.serving.worker_env import visible_env
 
-    early = getattr(args, "early_workers", None)
+    early, forking = getattr(args, "early_workers", None), forkserver.forks(config)
     if early is not None and config.blacklist_env_vars:
         early.close()
         early = None
-    prewarmed = early.adopt(config.log_format) if early is not None else []
-    if forkserver.forks(config):
-        return prewarmed
+    prewarmed, template = early.adopt(config.log_format, forking) if early else ([], None)
+    if forking:
+        return prewarmed, template
     env = visible_env(os.environ, config.blacklist_env_vars)
     return prewarmed + [
         spawn_process(env, log_format=config.log_format)
         for _ in range(expected_startup_workers(config) - len(prewarmed))
-    ]
+    ], None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -242,17 +243,18 @@ def _serve(args: argparse.Namespace) -> int:
     early = getattr(args, "early_workers", None)
     try:
         output, stop_logging = _start_logging(config, log_config, notes, notice is not None)
-        prewarmed = _prewarmed(args, config)
+        prewarmed, template = _prewarmed(args, config)
         try:
             server = _server_class(lambda: _on_ready(notice, output, stop_logging))(
                 config,
                 env=dict(os.environ),
                 ready_file=ready_file,
                 prewarmed=prewarmed,
+                template=template,
                 listeners=listeners,
             )
         except BaseException:  # a SIGTERM in the server's imports (early_stop.Terminated), ...
-            _discard(prewarmed)
+            _discard(prewarmed, template)
             raise
         _run(server)
     finally:
@@ -269,12 +271,18 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _discard(prewarmed: list[Any]) -> None:
-    """Workers spawned for a server that never took them: idle, killed now (a worker still
-    importing torch would read the EOF of its socket only once the import is done)."""
+def _discard(prewarmed: list[Any], template: Any = None) -> None:
+    """Workers (and the early template) started for a server that never took them: idle,
+    killed now (one still importing torch would read the EOF of its socket only once the
+    import is done)."""
     for spawned in prewarmed:
         spawned.proc.kill()
         spawned.discard()
+    if template is not None:
+        proc, ctl, _ = template
+        proc.kill()
+        proc.wait()
+        ctl.close()
 
 
 def _ready_file(value: str | None) -> Path | None:

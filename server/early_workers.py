@@ -1,5 +1,5 @@
-"""Worker processes ``torchbay serve`` spawns first thing, before its own imports (see
-:class:`EarlyWorkers`)."""
+"""The worker template (or, where workers cannot be forked, a worker) that ``torchbay serve``
+starts first thing, before its own imports (see :class:`EarlyWorkers`)."""
 
 from __future__ import annotations
 
@@ -37,32 +37,37 @@ def _serves_models(argv: list[str]) -> bool:
 
 @dataclass
 class EarlyWorkers:
-    """Worker processes ``serve`` spawned first thing (``spawn_early``), so that their torch
-    import, the slowest step of a start, overlaps the frontend's imports and config instead of
-    following them. Their stdout and stderr are a pipe of their own until ``adopt`` forwards it
-    into the frontend's ``WorkerOutput`` (model_log.log), line by line."""
+    """The process ``serve`` started first thing (``spawn_early``), so that its torch import,
+    the slowest step of a start, overlaps the frontend's imports and config instead of following
+    them: the worker template (``template``: its process, socket and environment), which the
+    server's fork server adopts and forks every start-up worker from; or, where workers cannot
+    be forked (serving/forkserver.py), one worker. Its stdout and stderr are a pipe of their own
+    until ``adopt`` forwards it into the frontend's ``WorkerOutput`` (model_log.log), line by
+    line (a forked worker writes there itself: its fork request carries the frontend's)."""
 
     log_format: str
     spawned: list[Any]
     read_fd: int
     forwarder: threading.Thread | None = None
+    template: tuple[Any, Any, dict[str, str]] | None = None
 
-    def adopt(self, log_format: str) -> list[Any]:
-        """The workers for a server whose fds 1 and 2 are now its WorkerOutput pipe; none (all
-        discarded) when the config chose another log format than the one they were given."""
-        if log_format != self.log_format:
+    def adopt(self, log_format: str, forking: bool) -> tuple[list[Any], Any]:
+        """(the workers, the template) for a server whose fds 1 and 2 are now its WorkerOutput
+        pipe and that forks its workers (``forking``) or not; what it cannot use is stopped: a
+        template when it spawns, everything when the config chose another log format."""
+        if log_format != self.log_format or (self.template is not None and not forking):
             self.close()
-            return []
+            return [], None
         from torchbay.server.serving.handle import Spawned
 
         spawned = [Spawned(early.proc, early.sock) for early in self.spawned]
-        self.spawned = []
+        template, self.spawned, self.template = self.template, [], None
         read_fd, self.read_fd = self.read_fd, -1
         self.forwarder = threading.Thread(
             target=_forward, args=(read_fd,), name="torchbay-early-output", daemon=True
         )
         self.forwarder.start()
-        return spawned
+        return spawned, template
 
     def join_output(self, timeout: float = 5.0) -> None:
         """Wait (bounded) until the adopted workers' last lines are forwarded: they have exited
@@ -71,7 +76,10 @@ class EarlyWorkers:
             self.forwarder.join(timeout)
 
     def close(self) -> None:
-        """Stop the workers nobody adopted (idle: they have nothing to lose)."""
+        """Stop what nobody adopted (idle: it has nothing to lose)."""
+        if self.template is not None:
+            self.spawned.append(_Early(*self.template[:2]))
+            self.template = None
         for spawned in self.spawned:
             spawned.sock.close()
             spawned.proc.kill()
@@ -91,49 +99,54 @@ def _forward(read_fd: int) -> None:
 
 
 def spawn_early(argv: list[str]) -> EarlyWorkers | None:
-    """One worker process for a ``serve`` that names start-up models, before anything else is
-    imported or read; None for any other command (or when the spawn fails: the server then
-    spawns its workers as it always did)."""
+    """The worker template (one worker where workers cannot be forked) for a ``serve`` that
+    names start-up models, before anything else is imported or read; None for any other command
+    (or when the start fails: the server then starts its own, as it always did)."""
     if not _serves_models(argv):
         return None
     log_format = _flag(argv, "--log-format") or "text"
     read_fd, write_fd = os.pipe()
     try:
-        spawned = _spawn_worker(log_format, write_fd)
+        early, env = _start(log_format, write_fd, template=_forks_here())
     except OSError:
         os.close(read_fd)
         return None
     finally:
         os.close(write_fd)
-    return EarlyWorkers(log_format, [spawned], read_fd)
+    if env is not None:
+        return EarlyWorkers(log_format, [], read_fd, template=(early.proc, early.sock, env))
+    return EarlyWorkers(log_format, [early], read_fd)
 
 
-def _spawn_worker(log_format: str, output_fd: int) -> Any:
-    """``serving.handle.spawn_process``'s worker with ``output_fd`` as its stdout and stderr,
-    started before that module (and asyncio, which it imports) is: subprocess and socket only."""
+def _forks_here() -> bool:
+    """``forkserver.supported()``, without importing it (it imports the config's models)."""
     import socket
-    import subprocess
 
-    from torchbay.server.serving.worker_env import worker_env
+    return hasattr(os, "fork") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
 
-    parent, child = socket.socketpair()
-    args = [sys.executable, "-m", "torchbay.server.worker", "--fd", str(child.fileno())]
+
+def _start(log_format: str, output_fd: int, template: bool) -> tuple[_Early, dict | None]:
+    """A worker (``serving.spawning.spawn_process``'s) or the worker template
+    (``serving.forkserver.launch``'s) with ``output_fd`` as its stdout and stderr, started before
+    those modules (and asyncio, which they import) are: subprocess and socket only. The
+    template's environment comes back with it (None for a worker)."""
+    import socket
+
+    from torchbay.server.serving.worker_env import popen_worker, worker_env
+
+    env = worker_env(os.environ)
+    kind = socket.SOCK_SEQPACKET if template else socket.SOCK_STREAM
+    parent, child = socket.socketpair(socket.AF_UNIX, kind)
     try:
-        proc = subprocess.Popen(
-            [*args, "--log-format", log_format],
-            pass_fds=(child.fileno(),),
-            env=worker_env(os.environ),
-            stdin=subprocess.DEVNULL,
-            stdout=output_fd,
-            stderr=output_fd,
-            start_new_session=True,  # as spawn_process: the frontend stops it, not a signal
+        proc = popen_worker(
+            sys.executable, child.fileno(), log_format, env, template=template, output=output_fd
         )
     except BaseException:
         parent.close()
         raise
     finally:
         child.close()
-    return _Early(proc, parent)
+    return _Early(proc, parent), env if template else None
 
 
 @dataclass

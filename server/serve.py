@@ -43,7 +43,7 @@ from torchbay.server.job_threads import JobThreads
 from torchbay.server.plane import build_plane
 from torchbay.server.serving.budget import GPU_WORKER_THREADS, HostBudget
 from torchbay.server.serving.devices import DeviceAssigner, detect_gpu_count, usable_cores
-from torchbay.server.serving.forkserver import ForkServer
+from torchbay.server.serving.forkserver import EarlyTemplate, ForkServer
 from torchbay.server.serving.handle import TERM_GRACE_S, Spawned
 from torchbay.server.serving.launch import Placement
 from torchbay.server.serving.model import ModelVersion
@@ -92,6 +92,7 @@ class TorchbayServer:
         cores: int | None = None,
         ready_file: Path | None = None,
         prewarmed: list[Spawned] | None = None,
+        template: EarlyTemplate | None = None,
         listeners: dict[str, socket.socket] | None = None,
     ) -> None:
         self.config = config
@@ -107,8 +108,9 @@ class TorchbayServer:
         if config.number_of_gpu is not None:
             gpu_count = min(gpu_count, config.number_of_gpu)
         self.gpu_count = gpu_count
-        # New workers fork from a template process (``worker_start``; serving/forkserver.py).
-        self.forks = ForkServer.configured(config, self.env or None)
+        # New workers fork from a template process (``worker_start``; serving/forkserver.py),
+        # the CLI's when it started one before its imports (``template``).
+        self.forks = ForkServer.configured(config, self.env or None, template)
         core_ids = usable_cores(cores)
         self.cores = len(core_ids)
         # One budget of CPU threads (and cores) for all workers of all models (serving/budget.py).

@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if runs_server(words):
         take_sigterm()
     try:
-        # `serve` with start-up models: a worker process first, so that its torch import (the
+        # `serve` with start-up models: the worker template first, so that its torch import (the
         # slowest step of a start) overlaps everything below instead of following it.
         from torchbay.server.early_workers import spawn_early
         from torchbay.server.serving.worker_env import tag_worker_logs

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.serving.spawning import Spawned, spawn_process
-from torchbay.server.serving.worker_env import visible_env, worker_env
+from torchbay.server.serving.worker_env import popen_worker, visible_env, worker_env
 
 log = logging.getLogger("torchbay.workers")
 
@@ -52,6 +52,8 @@ FORK_REPLY_TIMEOUT_S = 10.0
 # time, and the fork saves its own import (N start-up models: one import, not N + 1).
 TEMPLATE_START_WAIT_S = 30.0
 UNKNOWN_EXIT = -1  # a forked worker that outlived its template: nobody could reap it for us
+# A template the CLI started before its imports: its process, socket and environment.
+EarlyTemplate = tuple[subprocess.Popen, socket.socket, Mapping[str, str]]
 
 
 def supported() -> bool:
@@ -133,6 +135,24 @@ class ForkedProc:
         threading.Thread(target=watch, name=f"orphan-{self.pid}", daemon=True).start()
 
 
+def launch(
+    env: Mapping[str, str], python: str, log_format: str
+) -> tuple[subprocess.Popen, socket.socket]:
+    """Start a template process: (the process, the frontend's end of its ``SOCK_SEQPACKET``
+    socketpair), its stdout and stderr ours. (The CLI starts one the same way before its own
+    imports, with a pipe of its own as its output: server/early_workers.py. Each forked worker
+    gets the frontend's stdout and stderr with its fork request, whichever the template has.)"""
+    ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        proc = popen_worker(python, child.fileno(), log_format, env, template=True)
+    except BaseException:
+        ctl.close()
+        raise
+    finally:
+        child.close()
+    return proc, ctl
+
+
 class _Reply:
     """One fork request's answer, handed from the reader thread to the caller."""
 
@@ -147,23 +167,9 @@ class _Template:
 
     _ids = itertools.count(1)
 
-    def __init__(self, env: dict[str, str], python: str, log_format: str) -> None:
-        self.ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        args = [python, "-m", "torchbay.server.worker.template", "--fd", str(child.fileno())]
-        args += ["--log-format", log_format]
-        try:
-            self.proc = subprocess.Popen(
-                args,
-                pass_fds=(child.fileno(),),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # as a worker: a Ctrl-C to the server's group is ours
-            )
-        except BaseException:
-            self.ctl.close()
-            raise
-        finally:
-            child.close()
+    def __init__(self, proc: subprocess.Popen, ctl: socket.socket) -> None:
+        """A started template process (:func:`launch`) and the frontend's end of its socket."""
+        self.proc, self.ctl = proc, ctl
         self.ready = threading.Event()
         self.settled = threading.Event()  # ready, or known dead: a starting template is neither
         self.dead = False
@@ -191,8 +197,8 @@ class _Template:
             self._replies[request_id] = reply
         request = {"op": "fork", "id": request_id, "env": dict(env), "log_format": log_format}
         parent, child = socket.socketpair()
-        try:
-            socket.send_fds(self.ctl, [json.dumps(request).encode()], [child.fileno()])
+        try:  # with our stdout and stderr: where a spawned worker would write
+            socket.send_fds(self.ctl, [json.dumps(request).encode()], [child.fileno(), 1, 2])
             if not reply.event.wait(FORK_REPLY_TIMEOUT_S):
                 self._broken()
                 raise OSError(f"the worker template did not fork in {FORK_REPLY_TIMEOUT_S:g}s")
@@ -301,13 +307,32 @@ class ForkServer:
         self.forks = self.spawns = self.restarts = 0
 
     @classmethod
-    def configured(cls, config: ServerConfig, env: Mapping[str, str] | None) -> ForkServer | None:
+    def configured(
+        cls,
+        config: ServerConfig,
+        env: Mapping[str, str] | None,
+        early: EarlyTemplate | None = None,
+    ) -> ForkServer | None:
         """The server's fork server for its ``worker_start`` setting (None: spawn every worker,
-        as on a platform without fork or pidfds)."""
+        as on a platform without fork or pidfds), with the template the CLI started ``early``
+        (:meth:`adopt`)."""
         if not forks(config):
             return None
         visible = visible_env(os.environ if env is None else env, config.blacklist_env_vars)
-        return cls(visible, log_format=config.log_format)  # (the workers' /proc environ too)
+        server = cls(visible, log_format=config.log_format)  # (the workers' /proc environ too)
+        if early is not None:
+            server.adopt(*early)
+        return server
+
+    def adopt(self, proc: subprocess.Popen, ctl: socket.socket, env: Mapping[str, str]) -> None:
+        """Take a template started before the server's imports (server/early_workers.py, with
+        ``env``, this python and log format) as this one's: ``start`` then keeps it. Closed
+        instead when a fork of it would not be the worker this server spawns (``_same``)."""
+        template = _Template(proc, ctl)
+        if not self._same(env, self.python) or self._template is not None:
+            template.close()
+            return
+        self._template = template
 
     def start(self) -> None:
         """Launch the template unless one is running (a dead one is replaced)."""
@@ -319,7 +344,7 @@ class ForkServer:
                 self.restarts += 1
                 log.warning("the worker template is gone; starting another")
             try:
-                self._template = _Template(self.env, self.python, self.log_format)
+                self._template = _Template(*launch(self.env, self.python, self.log_format))
             except OSError as exc:
                 log.warning("could not start the worker template: %r", exc)
                 self._template = None

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from torchbay.server.serving.worker_env import worker_env
+from torchbay.server.serving.worker_env import popen_worker, worker_env
 
 __all__ = ["SpawnFn", "Spawned", "end_group", "spawn_off_loop", "spawn_process"]
 
@@ -51,19 +51,9 @@ def spawn_process(
     process spawned early overlaps torch's import with the frontend's own start-up.
     """
     parent, child = socket.socketpair()
-    args = [python, "-m", "torchbay.server.worker", "--fd", str(child.fileno())]
-    args += ["--log-format", log_format]
     try:
-        proc = subprocess.Popen(
-            args,
-            pass_fds=(child.fileno(),),
-            env=worker_env(os.environ if env is None else env),
-            stdin=subprocess.DEVNULL,
-            # Own session: a signal to the server's process group (Ctrl-C, `timeout`) must not
-            # kill workers mid-batch; the frontend stops them after draining. A worker whose
-            # frontend vanished sees EOF on its socket and exits.
-            start_new_session=True,
-        )
+        env = worker_env(os.environ if env is None else env)
+        proc = popen_worker(python, child.fileno(), log_format, env)
     except BaseException:
         parent.close()
         raise

@@ -13,7 +13,8 @@ its own threads, cores and device in ``main.serve``, as a spawned worker does.
 Messages, one JSON object per packet; file descriptors ride along as SCM_RIGHTS:
 
 * frontend -> template: ``{"op": "fork", "id", "env", "log_format"}`` with the worker's end of
-  its socketpair;
+  its socketpair, then the frontend's stdout and stderr: the worker writes where a spawned one
+  would (the frontend's WorkerOutput pipe), whatever the template was started with;
 * template -> frontend: ``{"op": "ready"}`` once the imports are done; ``{"op": "forked", "id",
   "pid"}`` with a pidfd of the child (so the frontend can signal and watch a process that is not
   its own child, without a pid that could be reused); ``{"op": "error", "id", "error"}`` when
@@ -40,19 +41,24 @@ from torchbay.server.serving.spawning import end_group
 log = logging.getLogger("torchbay.template")
 
 MAX_PACKET = 1 << 20  # a fork request carries the worker's whole environment
+MAX_FDS = 3  # the worker's socket, its stdout and its stderr
 
 
 def _send(ctl: socket.socket, message: dict, fds: list[int] | None = None) -> None:
     socket.send_fds(ctl, [json.dumps(message).encode()], fds or [])
 
 
-def _child(request: dict, fd: int, inherited: list[int]) -> int:
-    """In the forked child: become a worker on ``fd`` (its exit code)."""
+def _child(request: dict, fds: list[int], inherited: list[int]) -> int:
+    """In the forked child: become a worker on ``fds[0]`` writing to ``fds[1:]`` (its stdout and
+    stderr, when given); its exit code."""
     from torchbay.server.worker import main
     from torchbay.server.worker.worker_logs import configure_logging
 
     for other in inherited:  # the template's socket, selector and its other children's pidfds
         os.close(other)
+    for target, fd in zip((1, 2), fds[1:], strict=False):
+        os.dup2(fd, target)
+        os.close(fd)
     os.setsid()  # own session, as a spawned worker: the frontend stops it, not a signal
     # The worker's environment, before anything of the worker reads it. What was read when the
     # template started (the allocator's, OpenMP's) stays the template's: the frontend forks only
@@ -62,11 +68,11 @@ def _child(request: dict, fd: int, inherited: list[int]) -> int:
     if "numpy" in sys.modules:  # numpy seeded its global generator at import: one per worker
         sys.modules["numpy"].random.seed()
     configure_logging("INFO", request.get("log_format", "text"))
-    return main.run(socket.socket(fileno=fd))
+    return main.run(socket.socket(fileno=fds[0]))
 
 
-def _fork(request: dict, fd: int, inherited: list[int]) -> int:
-    """Fork a worker on ``fd``; its pid (in the template)."""
+def _fork(request: dict, fds: list[int], inherited: list[int]) -> int:
+    """Fork a worker on ``fds`` (:func:`_child`); its pid (in the template)."""
     from torchbay.server.worker.exits import exit_now, flush_stdio  # (the template has them)
 
     flush_stdio()  # else the child inherits, and later writes, a copy of what is buffered
@@ -74,12 +80,13 @@ def _fork(request: dict, fd: int, inherited: list[int]) -> int:
     if pid == 0:
         code = 1
         try:
-            code = _child(request, fd, inherited)
+            code = _child(request, fds, inherited)
         except BaseException:
             log.exception("forked worker failed")
         finally:
             exit_now(code)  # atexit hooks (logging's flush) run; no interpreter teardown
-    os.close(fd)
+    for fd in fds:
+        os.close(fd)
     return pid
 
 
@@ -104,20 +111,21 @@ class Template:
 
     def _request(self) -> bool:
         """Serve one request; False at EOF."""
-        data, fds, _, _ = socket.recv_fds(self.ctl, MAX_PACKET, 1)
+        data, fds, _, _ = socket.recv_fds(self.ctl, MAX_PACKET, MAX_FDS)
         if not data:
             return False
         request = json.loads(data)
-        if request.get("op") != "fork" or len(fds) != 1:
+        if request.get("op") != "fork" or len(fds) not in (1, 3):
             log.error("unexpected request %r; ignored", request.get("op"))
             for fd in fds:
                 os.close(fd)
             return True
         inherited = [self.ctl.fileno(), *self._selector_fd(), *self.children]
         try:
-            pid = _fork(request, fds[0], inherited)
+            pid = _fork(request, fds, inherited)
         except OSError as exc:  # EAGAIN, ENOMEM: the frontend spawns instead
-            os.close(fds[0])
+            for fd in fds:
+                os.close(fd)
             _send(self.ctl, {"op": "error", "id": request["id"], "error": repr(exc)})
             return True
         pidfd = os.pidfd_open(pid)  # not reaped before it is registered: the pid is still ours

@@ -66,12 +66,20 @@ def predict(port: int, model: str = "talk") -> httpx.Response:
     return httpx.post(f"http://127.0.0.1:{port}/predictions/{model}", json=INPUT, timeout=60)
 
 
-def spawned_workers(pid: int, recursive: bool = False) -> list[psutil.Process]:
-    """The server ``pid``'s worker processes, less its worker template (serving/forkserver.py:
-    started first, a template is no worker; nor, with ``recursive``, its
-    forked children, which carry its command line)."""
-    family = psutil.Process(pid).children(recursive=recursive)
-    return [p for p in family if "torchbay.server.worker.template" not in p.cmdline()]
+TEMPLATE = "torchbay.server.worker.template"
+
+
+def spawned_workers(pid: int) -> list[psutil.Process]:
+    """The worker processes the server ``pid`` spawned: its children, less its worker template
+    (serving/forkserver.py: a template is no worker)."""
+    return [p for p in psutil.Process(pid).children() if TEMPLATE not in p.cmdline()]
+
+
+def all_workers(pid: int) -> list[psutil.Process]:
+    """Every worker process of the server ``pid``: those it spawned, and those forked from its
+    template (the template's children, which carry its command line)."""
+    templates = [p for p in psutil.Process(pid).children() if TEMPLATE in p.cmdline()]
+    return spawned_workers(pid) + [child for t in templates for child in t.children()]
 
 
 def kill_tree(pid: int) -> None:

@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import pytest
 from tests.server.conftest import build_store, until
 from torchbay.server.serving import forkserver
 from torchbay.server.serving.forkserver import ForkedProc, ForkServer, supported
+from torchbay.server.serving.worker_env import popen_worker, worker_env
 
 pytestmark = pytest.mark.skipif(not supported(), reason="needs fork, pidfds and SCM_RIGHTS")
 
@@ -307,5 +310,53 @@ def test_a_template_that_dies_while_starting_is_not_waited_for(
         assert isinstance(started.proc, subprocess.Popen)
         started.discard()
         assert (forks.forks, forks.spawns, forks.restarts) == (0, 1, 1)
+    finally:
+        forks.close()
+
+
+def _fd_target(pid: int, fd: int) -> str:
+    return os.readlink(f"/proc/{pid}/fd/{fd}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads /proc/PID/fd")
+def test_an_adopted_template_forks_workers_that_write_where_the_frontend_does(
+    tmp_path: Path,
+) -> None:
+    """The CLI's early template writes to a pipe of its own (server/early_workers.py); the
+    workers forked from it write to the frontend's stdout and stderr, as spawned ones do: the
+    fork request carries them."""
+    env = worker_env(os.environ)
+    ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with (tmp_path / "template.out").open("wb") as own:
+        proc = popen_worker(
+            sys.executable, child.fileno(), "text", env, template=True, output=own.fileno()
+        )
+    child.close()
+    forks = ForkServer(os.environ)
+    forks.adopt(proc, ctl, env)
+    forks.start()  # keeps the adopted one
+    try:
+        assert forks.pid == proc.pid and forks.wait_ready(READY_S)
+        worker = forks.spawn(os.environ)
+        assert isinstance(worker.proc, ForkedProc) and forks.restarts == 0
+        assert _fd_target(proc.pid, 1).endswith("template.out")
+        for fd in (1, 2):  # (the fork is answered before the child has dup2'ed them)
+            ours = _fd_target(os.getpid(), fd)
+            until(lambda fd=fd, ours=ours: _fd_target(worker.proc.pid, fd) == ours, "dup2")
+        worker.discard()
+        assert worker.proc.returncode == 0
+    finally:
+        forks.close()
+
+
+def test_an_early_template_a_fork_could_not_match_is_closed() -> None:
+    """An early template started with another allocator setting than the server's workers get
+    is stopped, not adopted: the server starts its own."""
+    env = {**worker_env(os.environ), "MALLOC_ARENA_MAX": "2"}
+    proc, ctl = forkserver.launch(env, sys.executable, "text")
+    forks = ForkServer(os.environ)
+    try:
+        forks.adopt(proc, ctl, env)
+        assert proc.poll() is not None and forks.pid is None
     finally:
         forks.close()

@@ -18,7 +18,7 @@ import pytest
 
 from torchbay.server.serving.handle import TERM_GRACE_S
 
-from .cli_helpers import spawned_workers
+from .cli_helpers import all_workers
 from .conftest import ASSETS, LiveServer, build_store, load_gated_store, make_config, until
 
 pytestmark = pytest.mark.slow
@@ -116,7 +116,7 @@ def _sigterm_during(
 
 def test_sigterm_drains_in_flight_requests(model_store, tmp_path):
     proc, info = _start(model_store, tmp_path)
-    workers = [c.pid for c in spawned_workers(proc.pid, recursive=True)]
+    workers = [c.pid for c in all_workers(proc.pid)]
     assert workers, "no worker process found"
 
     # The frontend never loads torch: no libtorch mapped in the serving process, while its
@@ -157,7 +157,7 @@ def test_a_stuck_batch_holds_the_stop_for_the_grace_and_term_grace_only(
     # (docs/shutdown.md). Was: a Shutdown it could not read and 10 s for it, then SIGTERM and
     # 10 s more, then SIGKILL: grace + 20 s, past Kubernetes' 30 s with KServe's 15 s grace.
     proc, info = _start(model_store, tmp_path, env={"TORCHBAY_SHUTDOWN_GRACE_S": "1"})
-    workers = [c.pid for c in spawned_workers(proc.pid, recursive=True)]
+    workers = [c.pid for c in all_workers(proc.pid)]
     responses, code, took = _sigterm_during(proc, info, sleep=90.0, n=1, deaf=deaf)
     assert [r.status_code for r in responses] == [503]
     assert responses[0].json()["type"] == "ShuttingDown"
@@ -222,7 +222,7 @@ def test_sigterm_while_a_start_up_model_loads_stops_at_once(tmp_path_factory, tm
     proc = _launch(store, tmp_path, models + "shutdown_grace_s=5\n")
     try:
         until(started.exists, "the start-up model's load", timeout=120.0)
-        workers = [c.pid for c in spawned_workers(proc.pid, recursive=True)]
+        workers = [c.pid for c in all_workers(proc.pid)]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0  # was: once the load had failed, 60 s later
     finally:

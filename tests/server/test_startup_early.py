@@ -1,5 +1,5 @@
-"""Fast start (issue 15 item 4): ``serve`` spawns its first worker before its own imports, the
-frontend never loads torch, and an idle pre-warmed worker never holds up the ready file.
+"""Fast start (issue 15 item 4, issue 31 item 1): ``serve`` starts its worker template before
+its own imports, the frontend never loads torch, and nothing idle holds up the ready file.
 
 Structural checks only (what is imported, which process maps what), never timings."""
 
@@ -48,45 +48,54 @@ def test_which_commands_spawn_a_worker_first(argv, expected):
     assert _serves_models(argv) is expected
 
 
-def test_the_first_worker_is_spawned_before_the_frontends_heavy_imports(tmp_path):
+def test_the_template_is_started_before_the_frontends_heavy_imports(tmp_path):
     code = (
         "import sys\n"
         "from torchbay.server.early_workers import spawn_early\n"
         "early = spawn_early(['serve', '--models', 'a.mar', '--log-format', 'json'])\n"
         f"print(sorted(m for m in {_HEAVY!r} if m in sys.modules))\n"
-        "print(len(early.spawned), early.log_format, early.spawned[0].proc.poll())\n"
+        "proc, sock, env = early.template\n"
+        "print(early.spawned, early.log_format, proc.poll(), 'template' in proc.args[2])\n"
         "early.close()\n"
-        "print(early.spawned, early.spawned == [] and early.read_fd == -1)\n"
+        "print(early.template, proc.poll() is not None and early.read_fd == -1)\n"
     )
     env = clean_env(tmp_path / "tmp")
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    heavy, spawned, closed = out.stdout.splitlines()
-    assert heavy == "[]"  # none of them loaded when the worker started
-    assert spawned == "1 json None"  # one worker, running, told the log format of the flags
-    assert closed == "[] True"  # close() stops a worker nobody adopted
+    heavy, started, closed = out.stdout.splitlines()
+    assert heavy == "[]"  # none of them loaded when the template started
+    assert started == "[] json None True"  # the template, running, told the flags' log format
+    assert closed == "None True"  # close() stops a template nobody adopted
 
 
-def test_the_early_worker_runs_what_spawn_process_runs(tmp_path):
-    """spawn_early starts its worker without serving.handle: the same command line, so the two
+@pytest.mark.parametrize("template", [False, True])
+def test_the_early_process_runs_what_the_server_runs(template):
+    """spawn_early starts its template (its worker, where workers cannot be forked) without
+    serving.forkserver and serving.spawning: the same command line as they run, so the two
     cannot drift apart (the socket's fd number aside)."""
-    from torchbay.server.early_workers import spawn_early
+    from torchbay.server.early_workers import _start
+    from torchbay.server.serving import forkserver
     from torchbay.server.serving.handle import spawn_process
 
-    early = spawn_early(["serve", "--models", "a.mar", "--log-format=json"])
-    assert early is not None
+    early, _ = _start("json", 1, template=template)
     try:
-        ours = list(early.spawned[0].proc.args)
-        theirs = spawn_process(log_format="json")
+        ours = list(early.proc.args)
+        if template:
+            proc, ctl = forkserver.launch({}, sys.executable, "json")
+            theirs = forkserver._Template(proc, ctl)
+        else:
+            theirs = spawn_process(log_format="json")
         try:
             reference = list(theirs.proc.args)
         finally:
             theirs.proc.kill()
-            theirs.discard()
+            theirs.close() if template else theirs.discard()
     finally:
-        early.close()
+        early.proc.kill()
+        early.proc.wait()
+        early.sock.close()
     fd = ours.index("--fd") + 1
     ours[fd] = reference[fd] = "N"
     assert ours == reference
@@ -95,10 +104,13 @@ def test_the_early_worker_runs_what_spawn_process_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
 @pytest.mark.parametrize("models", [["talk=talk.mar"], ["talk=talk.mar", "again=talk.mar"]])
-def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_factory, models):
-    """One worker process spawned for the start-up models (the early one, adopted: no second
-    spawn, no spare left; a second model's worker forks from the worker template), its log
-    lines in model_log.log, the archive unpacked once, and no libtorch in the frontend."""
+def test_serve_forks_from_the_early_template_and_never_maps_torch(
+    tmp_path, tmp_path_factory, models
+):
+    """No worker spawned for the start-up models: each forks from the template the CLI started
+    before its imports (adopted: no second template), its log lines in model_log.log (the
+    template's stdout is the CLI's early pipe; a fork writes to the frontend's), the archive
+    unpacked once, and no libtorch in the frontend."""
     store = build_talk_store(tmp_path_factory, "talk-early")
     cwd, logs = tmp_path / "run", tmp_path / "logs"
     cwd.mkdir()
@@ -118,19 +130,20 @@ def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_fac
         assert info["failed_models"] == {}
         assert info["grpc_inference"] > 0
         assert predict(info["inference"]).status_code == 200
-        workers = spawned_workers(proc.pid)
-        assert len(workers) == 1, [w.cmdline() for w in workers]
-        assert "torchbay.server.worker" in workers[0].cmdline()
-        [template] = [p for p in psutil.Process(proc.pid).children() if p not in workers]
-        assert len(template.children()) == len(models) - 1  # forked
+        assert spawned_workers(proc.pid) == []
+        [template] = psutil.Process(proc.pid).children()
+        assert "torchbay.server.worker.template" in template.cmdline()
+        forked = template.children()
+        assert len(forked) == len(models)
         front = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libtorch" not in front
-        assert "libtorch" in Path(f"/proc/{workers[0].pid}/maps").read_text()
+        assert "libtorch" in Path(f"/proc/{forked[0].pid}/maps").read_text()
         # The archive was unpacked once (TMPDIR is the test's: the registry's work folder).
         unpacked = list((tmp_path / "tmp").glob("torchbay-models-*/talk-*"))
         assert len(unpacked) == 1, unpacked
         model_log = (logs / "model_log.log").read_text()
-        assert f"worker[{workers[0].pid}]" in model_log, model_log  # its output was forwarded
+        for worker in forked:  # its output reached WorkerOutput
+            assert f"worker[{worker.pid}]" in model_log, model_log
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     finally:
@@ -138,8 +151,39 @@ def test_serve_uses_the_early_worker_and_never_maps_torch(tmp_path, tmp_path_fac
 
 
 @pytest.mark.slow
-def test_a_spare_early_worker_is_stopped_once_the_server_is_ready(tmp_path):
-    """``--ts-config`` that names no model: the worker spawned on spec is not left running."""
+def test_worker_start_spawn_stops_the_early_template_and_spawns(tmp_path, tmp_path_factory):
+    """``worker_start=spawn`` in the config: the CLI's early template is stopped, the start-up
+    worker is spawned (the server's child), and no template is left."""
+    store = build_talk_store(tmp_path_factory, "talk-early")
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    (cwd / "config.properties").write_text(
+        "grpc_inference_port=0\ngrpc_management_port=0\nworker_start=spawn\n"
+    )
+    ready = cwd / "ready.json"
+    with (cwd / "console.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
+             "--models", "talk=talk.mar", "--ts-config", "config.properties",
+             "--disable-token-auth", "--ready-file", str(ready), *free_addresses()],
+            cwd=cwd, env=clean_env(tmp_path / "tmp"), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        _wait_ready(proc, ready, cwd)
+        assert predict(read_ready(ready)["inference"]).status_code == 200
+        children = psutil.Process(proc.pid).children()
+        assert [w.pid for w in spawned_workers(proc.pid)] == [c.pid for c in children]
+        assert len(children) == 1 and "torchbay.server.worker" in children[0].cmdline()
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc.pid)
+
+
+@pytest.mark.slow
+def test_a_config_that_names_no_model_leaves_no_worker_running(tmp_path):
+    """``--ts-config`` that names no model: no worker process is left running (the template the
+    CLI started on spec is the server's, which would start one anyway)."""
     store, cwd = tmp_path / "store", tmp_path / "run"
     store.mkdir()
     cwd.mkdir()
@@ -214,3 +258,16 @@ def test_the_worker_skips_the_signature_only_where_model_signature_finds_none(in
 
     manifest = {} if info is None else {"torchbay": info}
     assert oip_signature.load(manifest, yaml_config) == model_signature(info, yaml_config)
+
+
+@pytest.mark.parametrize(("log_format", "forking"), [("json", False), ("text", True)])
+def test_an_early_template_the_server_cannot_use_is_stopped(log_format, forking):
+    """``worker_start=spawn``, or another log format in the config than the flags said: the
+    template is stopped at once, and the server starts its own workers."""
+    from torchbay.server.early_workers import spawn_early
+
+    early = spawn_early(["serve", "--models", "a.mar", "--log-format=json"])
+    assert early is not None and early.template is not None
+    proc = early.template[0]
+    assert early.adopt(log_format, forking) == ([], None)
+    assert proc.poll() is not None and early.read_fd == -1 and early.forwarder is None

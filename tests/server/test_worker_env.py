@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.server.conftest import until
-from torchbay.server.early_workers import _spawn_worker
+from torchbay.server.early_workers import _start
 from torchbay.server.serving.handle import Spawned, spawn_process
 from torchbay.server.serving.worker_env import MALLOC_DEFAULTS, worker_env
 
@@ -62,13 +62,18 @@ def _environ(spawned: Spawned) -> list[bytes]:
     reason="Linux only: a running process's environment is readable only from /proc/PID/environ",
 )
 def test_spawned_workers_start_with_them() -> None:
-    """Both ways a worker is spawned: by the pool, and by the CLI before its own imports."""
+    """Every way a worker process starts: spawned by the pool, and by the CLI before its own
+    imports, a worker or the worker template (whose allocator settings its forks inherit)."""
     spawned = spawn_process({"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
-    output = os.open(os.devnull, os.O_WRONLY)  # the early worker's stdout and stderr
+    output = os.open(os.devnull, os.O_WRONLY)  # the early process's stdout and stderr
     try:
-        early = _spawn_worker("text", output)
+        early = [_start("text", output, template=template) for template in (False, True)]
     finally:
         os.close(output)
-    for environ in (_environ(spawned), _environ(Spawned(early.proc, early.sock))):
+    (worker, none), (template, env) = early
+    assert none is None and env is not None and env == worker_env(os.environ)
+    environs = [_environ(s) for s in (spawned, Spawned(worker.proc, worker.sock))]
+    environs.append(_environ(Spawned(template.proc, template.sock)))
+    for environ in environs:
         for key, value in TUNED.items():
             assert f"{key}={value}".encode() in environ

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from .cli_helpers import kill_tree, serve_foreground, spawned_workers, wait_gone
+from .cli_helpers import all_workers, kill_tree, serve_foreground, wait_gone
 from .conftest import ASSETS, LiveServer, build_store, running
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def test_a_worker_whose_frontend_died_ends_with_the_children_its_handler_left(
     try:
         url = f"http://127.0.0.1:{ready['inference']}/predictions/leftover"
         assert httpx.post(url, json={"mp_child": str(note)}, timeout=90).status_code == 200
-        [worker] = [p.pid for p in spawned_workers(proc.pid)]
+        [worker] = [p.pid for p in all_workers(proc.pid)]
         child = int(note.read_text())
         pids += [worker, child]
         os.kill(proc.pid, signal.SIGKILL)
