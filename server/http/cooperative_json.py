@@ -14,11 +14,15 @@ separates members of this container (a comma inside a member or a string leaves 
 a string open), so its values are the ones ``json.loads`` makes; a run that does not parse is
 read again member by member, and such misses are bounded by the body's length (``spare``).
 Errors are found where ``json.loads`` finds them, by the same scanner on the whole text, or
-with their positions mapped back to it. Past ``DEPTH`` nested containers every container is one
-scanner call (no deeper Python frames), so nesting too deep is a ``RecursionError`` as with
-``json.loads`` (the depth where it starts depends on the caller's stack, as it always did). Not
+with their positions mapped back to it. The containers being read are a stack of their own, not
+a Python frame each, so a container at any depth is read in steps (it was one scanner call past
+8 levels: one deep, long container held the loop as ``json.loads`` did). The scanner is called
+as many Python frames down as its container is deep (``_scan_at``), so it runs out of stack
+where ``json.loads`` would: nesting too deep is a ``RecursionError`` as with ``json.loads``,
+raised there (the depth where it starts depends on the caller's stack, as it always did). Not
 in steps: a body in UTF-16 or UTF-32 is decoded in one call, and a string with a backslash in
-every few characters for a whole window is read in one call.
+every few characters for a whole window is read in one call (the C decoder and scanner:
+milliseconds a megabyte).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 import time
 from json.decoder import JSONDecodeError, scanstring
 from typing import Any
@@ -34,7 +39,6 @@ SLICE_S = 0.002  # the loop gets a turn after this much parsing
 BYTES = 1 << 17  # bytes decoded per step
 WINDOW = 1 << 14  # characters one scanner call reads at most (a run, a piece of a string)
 PROBE = 1 << 12  # a container this short is read in one call
-DEPTH = 8  # deeper containers are each one call
 
 _scan = json.JSONDecoder().scan_once  # json.loads' scanner (the C one), its defaults
 _WS = re.compile(r"[ \t\n\r]*").match  # json.decoder.WHITESPACE
@@ -58,7 +62,7 @@ async def loads(body: bytes, keep: tuple[str, int] | None = None) -> Any:
     parse.s = await parse.text(body)
     parse.spare = len(parse.s)
     end = await parse.skip(0)
-    value, end = await parse.value(end, 0)
+    value, end = await parse.value(end)
     end = await parse.skip(end)
     if end != len(parse.s):
         raise JSONDecodeError("Extra data", parse.s, end)
@@ -110,22 +114,65 @@ class _Parse:
         except StopIteration as exc:  # what json's raw_decode makes of it
             raise JSONDecodeError("Expecting value", self.s, exc.value) from None
 
-    async def value(self, i: int, depth: int, keep: int | None = None) -> tuple[Any, int]:
-        """The value at ``i`` and the index after it."""
+    async def value(self, i: int) -> tuple[Any, int]:
+        """The value at ``i`` and the index after it. The containers it opens are ``stack``;
+        a value read is handed to the innermost, and each one closed to the next."""
+        stack: list[_Open] = []
+        while True:
+            value, i, opened = await self.atom(i, len(stack), self._kept(stack))
+            if opened is not None:
+                if len(stack) >= sys.getrecursionlimit():
+                    raise RecursionError("maximum recursion depth exceeded while decoding JSON")
+                stack.append(opened)
+                i = await self.skip(i)
+                await self.tick()
+                if self.s[i : i + 1] != opened.close:
+                    i = await self.begin(opened, i, len(stack))
+                    continue
+                value, i = stack.pop().done(), i + 1
+            while stack:  # ``value`` ends at ``i``: its container's next member, or its end
+                top, end = stack[-1], i
+                top.add(value)
+                i = await self.skip(i)
+                if self.s[i : i + 1] == top.close:
+                    value, i = stack.pop().done(), i + 1
+                    continue
+                if self.s[i : i + 1] != ",":
+                    raise JSONDecodeError("Expecting ',' delimiter", self.s, i)
+                comma, i = i, await self.skip(i + 1)
+                top.sig, top.at = _signature(self.s, top.start, end, comma, i)
+                await self.tick()
+                i = await self.begin(top, i, len(stack))
+                break
+            else:
+                return value, i
+
+    def _kept(self, stack: list[_Open]) -> int | None:
+        """How many items the array about to be read keeps: ``keep``'s, when it is the value of
+        ``keep``'s key in the top-level object."""
+        top = stack[0] if len(stack) == 1 else None
+        if self.keep and top is not None and top.close == "}" and top.key == self.keep[0]:
+            return self.keep[1]
+        return None
+
+    async def atom(self, i: int, depth: int, keep: int | None) -> tuple[Any, int, _Open | None]:
+        """The value at ``i``, ``depth`` containers deep, read whole (a string in steps, a
+        container shorter than ``PROBE`` in one call) and the index after it; or a container
+        opened (``_Open``) and the index after its bracket."""
         s = self.s
         first = s[i : i + 1]
         if first == '"':
-            return await self.string(i + 1)
-        if first not in ("[", "{") or depth >= DEPTH:
-            return self.scan(i)
+            return (*await self.string(i + 1), None)
+        if first not in ("[", "{"):
+            return (*self.scan(i), None)
         try:  # a container is read alike from any text that holds it whole
-            value, end = _scan(s[i : i + PROBE], 0)
-            return value, i + end
+            value, end = _scan_at(depth, s[i : i + PROBE])
+            return value, i + end, None
+        except RecursionError:  # json.loads, as deep, runs out of stack here too
+            raise
         except _MISSED:
             pass  # longer than PROBE (or wrong: read by parts, the error is found there)
-        if first == "[":
-            return await self.members(i + 1, depth + 1, "[]", keep)
-        return await self.members(i + 1, depth + 1, "{}")
+        return None, i + 1, _Open("]" if first == "[" else "}", keep)
 
     async def string(self, i: int) -> tuple[str, int]:
         """The string whose opening quote is at ``i - 1``, a ``WINDOW`` of it a step."""
@@ -151,62 +198,30 @@ class _Parse:
             j = plain.end()
             await self.tick()
 
-    async def members(
-        self, i: int, depth: int, marks: str, keep: int | None = None
-    ) -> tuple[Any, int]:
-        """The array (``marks`` ``"[]"``; its first ``keep`` items only: a ``Kept``) or object
-        (``"{}"``) whose members start at ``i``; the C scanner's messages where a delimiter is
-        wrong."""
-        s, close = self.s, marks[1]
-        out: Any = {} if close == "}" else [] if keep is None else Kept()
-        i = await self.skip(i)
-        if s[i : i + 1] == close:
-            return out, i + 1
-        sig, at, hold = "", 0, 0
-        while True:
-            run = self.run(i, sig, at, marks) if sig and hold <= 0 and self.spare > 0 else None
-            if run is not None:
-                if close == "]":
-                    out.extend(run[0])
-                    _drop(out, keep)
-                else:
-                    out.update(run[0])
-                i = await self.skip(run[1])
-                await self.tick()
-                continue
-            hold = 8 if sig and hold <= 0 else hold - 1  # after a miss: 8 members one by one
-            start = i
-            if close == "]":
-                item, end = await self.value(i, depth)
-                out.append(item)
-                _drop(out, keep)
-            else:
-                end = await self.member(i, depth, out)
-            i = await self.skip(end)
-            if s[i : i + 1] == close:
-                _drop(out, keep, done=True)
-                return out, i + 1
-            if s[i : i + 1] != ",":
-                raise JSONDecodeError("Expecting ',' delimiter", s, i)
-            comma, i = i, await self.skip(i + 1)
-            sig, at = _signature(s, start, end, comma, i)
+    async def begin(self, top: _Open, i: int, depth: int) -> int:
+        """From ``i``, the members of ``top`` (``depth`` containers deep) that runs read (while
+        they parse), then the start of its next member: where that member's value begins (an
+        object's key read)."""
+        while top.sig and top.hold <= 0 and self.spare > 0:
+            run = self.run(i, top.sig, top.at, top.marks, depth)
+            if run is None:
+                break
+            top.extend(run[0])
+            i = await self.skip(run[1])
             await self.tick()
-
-    async def member(self, i: int, depth: int, out: dict[str, Any]) -> int:
-        """One ``"key": value`` at ``i`` put in ``out`` (the last of a key wins); its end."""
-        s = self.s
+        top.hold = 8 if top.sig and top.hold <= 0 else top.hold - 1  # after a miss: 8 one by one
+        top.start, s = i, self.s
+        if top.close == "]":
+            return i
         if s[i : i + 1] != '"':
             raise JSONDecodeError("Expecting property name enclosed in double quotes", s, i)
-        key, i = await self.string(i + 1)
+        top.key, i = await self.string(i + 1)
         i = await self.skip(i)
         if s[i : i + 1] != ":":
             raise JSONDecodeError("Expecting ':' delimiter", s, i)
-        keep = self.keep[1] if self.keep and depth == 1 and key == self.keep[0] else None
-        value, end = await self.value(await self.skip(i + 1), depth, keep)
-        out[key] = value
-        return end
+        return await self.skip(i + 1)
 
-    def run(self, i: int, sig: str, at: int, marks: str) -> tuple[Any, int] | None:
+    def run(self, i: int, sig: str, at: int, marks: str, depth: int) -> tuple[Any, int] | None:
         """The members from ``i`` to the last comma in a window that ``sig`` finds, read in one
         call, and the index after that comma; ``None`` when there is none or it is no
         separator of this container."""
@@ -216,13 +231,54 @@ class _Parse:
             return None
         text = marks[0] + self.s[i:comma] + marks[1]
         try:
-            value, end = _scan(text, 0)
+            value, end = _scan_at(depth - 1, text)
         except _MISSED:
             end = -1
         if end != len(text):
             self.spare -= comma - i
             return None
         return value, comma + 1
+
+
+def _scan_at(depth: int, text: str) -> tuple[Any, int]:
+    """``_scan(text, 0)`` called ``depth`` Python frames down: a container ``depth`` deep in
+    the body leaves the scanner the recursion budget ``json.loads`` would have left it there
+    (the stack of open containers takes no frames of its own)."""
+    if depth > 0:
+        return _scan_at(depth - 1, text)
+    return _scan(text, 0)
+
+
+class _Open:
+    """A container being read member by member: an array (``close`` "]"; its first ``keep``
+    items only, a ``Kept``) or an object ("}", ``key`` the member being read); ``sig``, ``at``
+    and ``hold``: the runs of its members (``_Parse.run``); ``start``: its member being read."""
+
+    def __init__(self, close: str, keep: int | None) -> None:
+        self.close, self.keep = close, keep
+        self.marks = "[]" if close == "]" else "{}"
+        self.out: Any = {} if close == "}" else [] if keep is None else Kept()
+        self.sig, self.at, self.hold, self.start = "", 0, 0, 0
+        self.key = ""
+
+    def add(self, value: Any) -> None:
+        if self.close == "}":
+            self.out[self.key] = value  # the last of a key wins
+        else:
+            self.out.append(value)
+            _drop(self.out, self.keep)
+
+    def extend(self, run: Any) -> None:
+        if self.close == "}":
+            self.out.update(run)
+        else:
+            self.out.extend(run)
+            _drop(self.out, self.keep)
+
+    def done(self) -> Any:
+        if self.close == "]":
+            _drop(self.out, self.keep, done=True)
+        return self.out
 
 
 def _drop(out: Kept, keep: int | None, done: bool = False) -> None:

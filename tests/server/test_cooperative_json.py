@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 from typing import Any
 
 import pytest
@@ -212,6 +213,45 @@ def test_a_large_body_is_read_in_many_steps(monkeypatch: pytest.MonkeyPatch) -> 
     value, turns = asyncio.run(parse())
     assert value == {"instances": [[]] * 2_000_000}
     assert turns > len(body) // cooperative_json.WINDOW // 2
+
+
+def test_a_long_container_deep_in_the_body_is_read_in_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long array 20 containers deep gives the loop as many turns as one at the top: the
+    containers being read are a stack of their own. Past 8 levels each container was one
+    scanner call: 6 turns for this 1.2 MB body, as if json.loads had held the loop."""
+    monkeypatch.setattr(cooperative_json, "SLICE_S", 0.0)
+    body = b'{"instances": ' + b"[" * 20 + b",".join([b"[]"] * 200_000) + b"]" * 20 + b"}"
+    turns: list[int] = []
+
+    async def parse() -> Any:
+        async def count() -> None:
+            while True:
+                await asyncio.sleep(0)
+                turns.append(1)
+
+        counter = asyncio.ensure_future(count())
+        await asyncio.sleep(0)
+        try:
+            return await cooperative_json.loads(body)
+        finally:
+            counter.cancel()
+
+    assert asyncio.run(parse()) == json.loads(body)
+    assert len(turns) > len(body) // cooperative_json.WINDOW // 2
+
+
+def test_nesting_past_the_recursion_limit_is_a_recursion_error() -> None:
+    """As json.loads: nesting deeper than the interpreter allows is a RecursionError (read
+    without a Python frame per level, it is counted)."""
+    deep = b"[" * (sys.getrecursionlimit() + 1) + b"]" * (sys.getrecursionlimit() + 1)
+    with pytest.raises(RecursionError):
+        json.loads(deep)
+    with pytest.raises(RecursionError):
+        asyncio.run(cooperative_json.loads(deep))
+    shallow = b"[" * 500 + b"1" + b"]" * 500
+    assert asyncio.run(cooperative_json.loads(shallow)) == json.loads(shallow)
 
 
 def test_instances_past_keep_are_counted_not_kept() -> None:
