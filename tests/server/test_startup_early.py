@@ -181,6 +181,45 @@ def test_worker_start_spawn_stops_the_early_template_and_spawns(tmp_path, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/PID/environ")
+def test_blacklisted_variables_never_reach_the_template_the_workers_fork_from(
+    tmp_path, tmp_path_factory
+):
+    """``blacklist_env_vars``: the CLI's early template, started with every variable before the
+    config was read, is stopped; the server's own template (and so each forked worker's
+    /proc/PID/environ, which is the template's) never had the hidden ones."""
+    store = build_talk_store(tmp_path_factory, "talk-early")
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    (cwd / "config.properties").write_text(
+        "grpc_inference_port=0\ngrpc_management_port=0\nblacklist_env_vars=TB_HIDDEN_.*\n"
+    )
+    env = clean_env(tmp_path / "tmp", TB_HIDDEN_SECRET="x", TB_SHOWN_SETTING="on")
+    ready = cwd / "ready.json"
+    with (cwd / "console.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
+             "--models", "talk=talk.mar", "--ts-config", "config.properties",
+             "--disable-token-auth", "--ready-file", str(ready), *free_addresses()],
+            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        _wait_ready(proc, ready, cwd)
+        assert predict(read_ready(ready)["inference"]).status_code == 200
+        [template] = psutil.Process(proc.pid).children()
+        assert "torchbay.server.worker.template" in template.cmdline()
+        [worker] = template.children()  # forked
+        for pid in (template.pid, worker.pid):
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"TB_SHOWN_SETTING=on" in environ
+            assert not any(v.startswith(b"TB_HIDDEN_SECRET=") for v in environ)
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc.pid)
+
+
+@pytest.mark.slow
 def test_a_config_that_names_no_model_leaves_no_worker_running(tmp_path):
     """``--ts-config`` that names no model: no worker process is left running (the template the
     CLI started on spec is the server's, which would start one anyway)."""
