@@ -5,9 +5,11 @@ Structural checks only (what is imported, which process maps what), never timing
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -111,22 +113,8 @@ def test_serve_forks_from_the_early_template_and_never_maps_torch(
     before its imports (adopted: no second template), its log lines in model_log.log (the
     template's stdout is the CLI's early pipe; a fork writes to the frontend's), the archive
     unpacked once, and no libtorch in the frontend."""
-    store = build_talk_store(tmp_path_factory, "talk-early")
-    cwd, logs = tmp_path / "run", tmp_path / "logs"
-    cwd.mkdir()
-    (cwd / "config.properties").write_text("grpc_inference_port=0\ngrpc_management_port=0\n")
-    env = clean_env(tmp_path / "tmp", LOG_LOCATION=str(logs))
-    ready = cwd / "ready.json"
-    with (cwd / "console.log").open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
-             "--models", *models, "--ts-config", "config.properties",
-             "--disable-token-auth", "--ready-file", str(ready), *free_addresses()],
-            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        _wait_ready(proc, ready, cwd)
-        info = read_ready(ready)
+    store, logs = build_talk_store(tmp_path_factory, "talk-early"), tmp_path / "logs"
+    with _serve(tmp_path, store, models, LOG_LOCATION=str(logs)) as (proc, info):
         assert info["failed_models"] == {}
         assert info["grpc_inference"] > 0
         assert predict(info["inference"]).status_code == 200
@@ -144,10 +132,6 @@ def test_serve_forks_from_the_early_template_and_never_maps_torch(
         model_log = (logs / "model_log.log").read_text()
         for worker in forked:  # its output reached WorkerOutput
             assert f"worker[{worker.pid}]" in model_log, model_log
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0
-    finally:
-        kill_tree(proc.pid)
 
 
 @pytest.mark.slow
@@ -155,29 +139,11 @@ def test_worker_start_spawn_stops_the_early_template_and_spawns(tmp_path, tmp_pa
     """``worker_start=spawn`` in the config: the CLI's early template is stopped, the start-up
     worker is spawned (the server's child), and no template is left."""
     store = build_talk_store(tmp_path_factory, "talk-early")
-    cwd = tmp_path / "run"
-    cwd.mkdir()
-    (cwd / "config.properties").write_text(
-        "grpc_inference_port=0\ngrpc_management_port=0\nworker_start=spawn\n"
-    )
-    ready = cwd / "ready.json"
-    with (cwd / "console.log").open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
-             "--models", "talk=talk.mar", "--ts-config", "config.properties",
-             "--disable-token-auth", "--ready-file", str(ready), *free_addresses()],
-            cwd=cwd, env=clean_env(tmp_path / "tmp"), stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        _wait_ready(proc, ready, cwd)
-        assert predict(read_ready(ready)["inference"]).status_code == 200
+    with _serve(tmp_path, store, ["talk=talk.mar"], "worker_start=spawn\n") as (proc, info):
+        assert predict(info["inference"]).status_code == 200
         children = psutil.Process(proc.pid).children()
         assert [w.pid for w in spawned_workers(proc.pid)] == [c.pid for c in children]
         assert len(children) == 1 and "torchbay.server.worker" in children[0].cmdline()
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0
-    finally:
-        kill_tree(proc.pid)
 
 
 @pytest.mark.slow
@@ -189,23 +155,10 @@ def test_blacklisted_variables_never_reach_the_template_the_workers_fork_from(
     config was read, is stopped; the server's own template (and so each forked worker's
     /proc/PID/environ, which is the template's) never had the hidden ones."""
     store = build_talk_store(tmp_path_factory, "talk-early")
-    cwd = tmp_path / "run"
-    cwd.mkdir()
-    (cwd / "config.properties").write_text(
-        "grpc_inference_port=0\ngrpc_management_port=0\nblacklist_env_vars=TB_HIDDEN_.*\n"
-    )
-    env = clean_env(tmp_path / "tmp", TB_HIDDEN_SECRET="x", TB_SHOWN_SETTING="on")
-    ready = cwd / "ready.json"
-    with (cwd / "console.log").open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
-             "--models", "talk=talk.mar", "--ts-config", "config.properties",
-             "--disable-token-auth", "--ready-file", str(ready), *free_addresses()],
-            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        _wait_ready(proc, ready, cwd)
-        assert predict(read_ready(ready)["inference"]).status_code == 200
+    hidden = {"TB_HIDDEN_SECRET": "x", "TB_SHOWN_SETTING": "on"}
+    config = "blacklist_env_vars=TB_HIDDEN_.*\n"
+    with _serve(tmp_path, store, ["talk=talk.mar"], config, **hidden) as (proc, info):
+        assert predict(info["inference"]).status_code == 200
         [template] = psutil.Process(proc.pid).children()
         assert "torchbay.server.worker.template" in template.cmdline()
         [worker] = template.children()  # forked
@@ -213,32 +166,51 @@ def test_blacklisted_variables_never_reach_the_template_the_workers_fork_from(
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             assert b"TB_SHOWN_SETTING=on" in environ
             assert not any(v.startswith(b"TB_HIDDEN_SECRET=") for v in environ)
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0
-    finally:
-        kill_tree(proc.pid)
 
 
 @pytest.mark.slow
 def test_a_config_that_names_no_model_leaves_no_worker_running(tmp_path):
     """``--ts-config`` that names no model: no worker process is left running (the template the
     CLI started on spec is the server's, which would start one anyway)."""
-    store, cwd = tmp_path / "store", tmp_path / "run"
+    store = tmp_path / "store"
     store.mkdir()
+    with _serve(tmp_path, store, []) as (proc, info):
+        assert info["failed_models"] == {}
+        assert spawned_workers(proc.pid) == []
+
+
+@contextlib.contextmanager
+def _serve(
+    tmp_path: Path, store: Path, models: list[str], config: str = "", **env: str
+) -> Iterator[tuple[subprocess.Popen, dict]]:
+    """``torchbay serve`` over ``store`` with ``models`` (``--models``; none: the config's),
+    ``config`` in its config.properties (gRPC on free ports), ``env`` over a clean environment:
+    (the process, its ready file) once ready; then stopped, and it exits 0."""
+    cwd = tmp_path / "run"
     cwd.mkdir()
-    (cwd / "config.properties").write_text("grpc_inference_port=0\ngrpc_management_port=0\n")
+    (cwd / "config.properties").write_text(
+        "grpc_inference_port=0\ngrpc_management_port=0\n" + config
+    )
     ready = cwd / "ready.json"
+    args = [
+        "serve",
+        "--ncs",
+        "--model-store",
+        str(store),
+        *(["--models", *models] if models else []),
+    ]
+    args += ["--ts-config", "config.properties", "--disable-token-auth", "--ready-file", str(ready)]
     with (cwd / "console.log").open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "torchbay", "serve", "--ncs", "--model-store", str(store),
-             "--ts-config", "config.properties", "--disable-token-auth",
-             "--ready-file", str(ready), *free_addresses()],
-            cwd=cwd, env=clean_env(tmp_path / "tmp"), stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [sys.executable, "-m", "torchbay", *args, *free_addresses()],
+            cwd=cwd,
+            env=clean_env(tmp_path / "tmp", **env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_ready(proc, ready, cwd)
-        assert read_ready(ready)["failed_models"] == {}
-        assert spawned_workers(proc.pid) == []
+        yield proc, read_ready(ready)
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     finally:
