@@ -126,27 +126,15 @@ def _forks_here() -> bool:
 
 
 def _start(log_format: str, output_fd: int, template: bool) -> tuple[_Early, dict | None]:
-    """A worker (``serving.spawning.spawn_process``'s) or the worker template
-    (``serving.forkserver.launch``'s) with ``output_fd`` as its stdout and stderr, started before
-    those modules (and asyncio, which they import) are: subprocess and socket only. The
-    template's environment comes back with it (None for a worker)."""
-    import socket
-
-    from torchbay.server.serving.worker_env import popen_worker, worker_env
+    """A worker or the worker template as the server starts them (``worker_env.start_worker``)
+    with ``output_fd`` as its stdout and stderr, before the serving modules (and asyncio, which
+    they import) are imported. The template's environment comes back with it (None for a
+    worker)."""
+    from torchbay.server.serving.worker_env import start_worker, worker_env
 
     env = worker_env(os.environ)
-    kind = socket.SOCK_SEQPACKET if template else socket.SOCK_STREAM
-    parent, child = socket.socketpair(socket.AF_UNIX, kind)
-    try:
-        proc = popen_worker(
-            sys.executable, child.fileno(), log_format, env, template=template, output=output_fd
-        )
-    except BaseException:
-        parent.close()
-        raise
-    finally:
-        child.close()
-    return _Early(proc, parent), env if template else None
+    proc, sock = start_worker(sys.executable, log_format, env, template=template, output=output_fd)
+    return _Early(proc, sock), env if template else None
 
 
 @dataclass

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 from torchbay.server.config.settings import ServerConfig
 from torchbay.server.serving.spawning import Spawned, spawn_process
-from torchbay.server.serving.worker_env import popen_worker, visible_env, worker_env
+from torchbay.server.serving.worker_env import start_worker, visible_env, worker_env
 
 log = logging.getLogger("torchbay.workers")
 
@@ -135,24 +135,6 @@ class ForkedProc:
         threading.Thread(target=watch, name=f"orphan-{self.pid}", daemon=True).start()
 
 
-def launch(
-    env: Mapping[str, str], python: str, log_format: str
-) -> tuple[subprocess.Popen, socket.socket]:
-    """Start a template process: (the process, the frontend's end of its ``SOCK_SEQPACKET``
-    socketpair), its stdout and stderr ours. (The CLI starts one the same way before its own
-    imports, with a pipe of its own as its output: server/early_workers.py. Each forked worker
-    gets the frontend's stdout and stderr with its fork request, whichever the template has.)"""
-    ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        proc = popen_worker(python, child.fileno(), log_format, env, template=True)
-    except BaseException:
-        ctl.close()
-        raise
-    finally:
-        child.close()
-    return proc, ctl
-
-
 class _Reply:
     """One fork request's answer, handed from the reader thread to the caller."""
 
@@ -168,7 +150,9 @@ class _Template:
     _ids = itertools.count(1)
 
     def __init__(self, proc: subprocess.Popen, ctl: socket.socket) -> None:
-        """A started template process (:func:`launch`) and the frontend's end of its socket."""
+        """A started template process (``worker_env.start_worker``; the CLI's early one writes
+        to a pipe of its own, and each fork gets the frontend's stdout and stderr with its
+        request) and the frontend's end of its socket."""
         self.proc, self.ctl = proc, ctl
         self.ready = threading.Event()
         self.settled = threading.Event()  # ready, or known dead: a starting template is neither
@@ -344,7 +328,9 @@ class ForkServer:
                 self.restarts += 1
                 log.warning("the worker template is gone; starting another")
             try:
-                self._template = _Template(*launch(self.env, self.python, self.log_format))
+                self._template = _Template(
+                    *start_worker(self.python, self.log_format, self.env, template=True)
+                )
             except OSError as exc:
                 log.warning("could not start the worker template: %r", exc)
                 self._template = None

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from torchbay.server.serving.worker_env import popen_worker, worker_env
+from torchbay.server.serving.worker_env import start_worker, worker_env
 
 __all__ = ["SpawnFn", "Spawned", "end_group", "spawn_off_loop", "spawn_process"]
 
@@ -50,16 +50,8 @@ def spawn_process(
     The worker imports torch and the handlers at once and then waits for its ``Load``, so a
     process spawned early overlaps torch's import with the frontend's own start-up.
     """
-    parent, child = socket.socketpair()
-    try:
-        env = worker_env(os.environ if env is None else env)
-        proc = popen_worker(python, child.fileno(), log_format, env)
-    except BaseException:
-        parent.close()
-        raise
-    finally:
-        child.close()
-    return Spawned(proc, parent)
+    env = worker_env(os.environ if env is None else env)
+    return Spawned(*start_worker(python, log_format, env))
 
 
 def end_group(pid: int) -> None:

@@ -16,16 +16,17 @@ buys, from glibc alone. Left alone when the environment already chooses: ``LD_PR
 jemalloc, tcmalloc or mimalloc, ``GLIBC_TUNABLES`` with ``glibc.malloc`` settings, either variable
 set, or ``TORCHBAY_MALLOC_TUNING=0``. Other C libraries (musl, macOS) ignore the variables.
 
-And the command line every worker process and worker template starts with (:func:`popen_worker`),
-written once. Imports nothing but the standard library: the CLI starts its first one before its
-own imports (server/early_workers.py), as ``spawning.spawn_process`` and ``forkserver.launch``
-start the others.
+And how every worker process and worker template starts (:func:`start_worker`), written
+once. Imports nothing but the standard library: the CLI starts its first one before its own
+imports (server/early_workers.py), as ``spawning.spawn_process`` and ``ForkServer.start`` start
+the others.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+import socket
 import subprocess
 from collections.abc import Mapping, MutableMapping
 
@@ -75,37 +76,46 @@ def visible_env(base: Mapping[str, str], hidden: str) -> dict[str, str]:
     return {k: v for k, v in base.items() if not pattern.fullmatch(k)}
 
 
-def popen_worker(
+def start_worker(
     python: str,
-    fd: int,
     log_format: str,
     env: Mapping[str, str],
     *,
     template: bool = False,
     output: int | None = None,
-) -> subprocess.Popen:
-    """``python -m torchbay.server.worker`` (``template``: the worker template) on the inherited
-    socket ``fd``, with ``env`` as it is and ``output`` as its stdout and stderr (None: ours). In
-    its own session: a signal to the server's process group (Ctrl-C, ``timeout``) must not kill a
-    worker mid-batch; the frontend stops it after draining, and one whose frontend vanished sees
-    EOF on its socket and exits."""
+) -> tuple[subprocess.Popen, socket.socket]:
+    """``python -m torchbay.server.worker`` (``template``: the worker template) on a new
+    socketpair (``SOCK_SEQPACKET`` for the template), with ``env`` as it is and ``output`` as its
+    stdout and stderr (None: ours): the process and our end of the pair. In its own session: a
+    signal to the server's process group (Ctrl-C, ``timeout``) must not kill a worker mid-batch;
+    the frontend stops it after draining, and one whose frontend vanished sees EOF on its socket
+    and exits."""
     module = "torchbay.server.worker.template" if template else "torchbay.server.worker"
-    return subprocess.Popen(
-        [python, "-m", module, "--fd", str(fd), "--log-format", log_format],
-        pass_fds=(fd,),
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=output,
-        stderr=output,
-        start_new_session=True,
-    )
+    kind = socket.SOCK_SEQPACKET if template else socket.SOCK_STREAM
+    ours, theirs = socket.socketpair(socket.AF_UNIX, kind)
+    try:
+        proc = subprocess.Popen(
+            [python, "-m", module, "--fd", str(theirs.fileno()), "--log-format", log_format],
+            pass_fds=(theirs.fileno(),),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, ours
 
 
 __all__ = [
     "LOG_TAG",
     "MALLOC_DEFAULTS",
     "OPT_OUT",
-    "popen_worker",
+    "start_worker",
     "tag_worker_logs",
     "visible_env",
     "worker_env",

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 from tests.server.conftest import build_store, until
 from torchbay.server.serving import forkserver
 from torchbay.server.serving.forkserver import ForkedProc, ForkServer, supported
-from torchbay.server.serving.worker_env import popen_worker, worker_env
+from torchbay.server.serving.worker_env import start_worker, worker_env
 
 pytestmark = pytest.mark.skipif(not supported(), reason="needs fork, pidfds and SCM_RIGHTS")
 
@@ -326,12 +325,8 @@ def test_an_adopted_template_forks_workers_that_write_where_the_frontend_does(
     workers forked from it write to the frontend's stdout and stderr, as spawned ones do: the
     fork request carries them."""
     env = worker_env(os.environ)
-    ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with (tmp_path / "template.out").open("wb") as own:
-        proc = popen_worker(
-            sys.executable, child.fileno(), "text", env, template=True, output=own.fileno()
-        )
-    child.close()
+        proc, ctl = start_worker(sys.executable, "text", env, template=True, output=own.fileno())
     forks = ForkServer(os.environ)
     forks.adopt(proc, ctl, env)
     forks.start()  # keeps the adopted one
@@ -353,7 +348,7 @@ def test_an_early_template_a_fork_could_not_match_is_closed() -> None:
     """An early template started with another allocator setting than the server's workers get
     is stopped, not adopted: the server starts its own."""
     env = {**worker_env(os.environ), "MALLOC_ARENA_MAX": "2"}
-    proc, ctl = forkserver.launch(env, sys.executable, "text")
+    proc, ctl = start_worker(sys.executable, "text", env, template=True)
     forks = ForkServer(os.environ)
     try:
         forks.adopt(proc, ctl, env)

@@ -75,8 +75,8 @@ def test_the_template_is_started_before_the_frontends_heavy_imports(tmp_path):
 @pytest.mark.parametrize("template", [False, True])
 def test_the_early_process_runs_what_the_server_runs(template):
     """spawn_early starts its template (its worker, where workers cannot be forked) without
-    serving.forkserver and serving.spawning: the same command line as they run, so the two
-    cannot drift apart (the socket's fd number aside)."""
+    serving.forkserver and serving.spawning, through the one worker_env.start_worker they use:
+    the same command line as the server's (the socket's fd number aside)."""
     from torchbay.server.early_workers import _start
     from torchbay.server.serving import forkserver
     from torchbay.server.serving.handle import spawn_process
@@ -85,15 +85,19 @@ def test_the_early_process_runs_what_the_server_runs(template):
     try:
         ours = list(early.proc.args)
         if template:
-            proc, ctl = forkserver.launch({}, sys.executable, "json")
-            theirs = forkserver._Template(proc, ctl)
+            forks = forkserver.ForkServer(log_format="json")
+            forks.start()  # the server's own template
+            try:
+                reference = list(forks._template.proc.args)
+            finally:
+                forks.close()
         else:
             theirs = spawn_process(log_format="json")
-        try:
-            reference = list(theirs.proc.args)
-        finally:
-            theirs.proc.kill()
-            theirs.close() if template else theirs.discard()
+            try:
+                reference = list(theirs.proc.args)
+            finally:
+                theirs.proc.kill()
+                theirs.discard()
     finally:
         early.proc.kill()
         early.proc.wait()
