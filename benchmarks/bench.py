@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import mimetypes
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -27,13 +28,6 @@ from torchbay.benchmarks.stats import Arrival, LatencySummary
 Protocol = Literal["predict", "v2"]
 W = TypeVar("W")  # what a window's watch returns
 LOAD_SETTINGS = ("arrival", "warmup_s", "duration_s", "requests", "timeout_s", "processes")
-_CONTENT_TYPES = {
-    ".png": "image/png",
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".json": "application/json",
-    ".txt": "text/plain",
-}
 
 
 def flag(default: Any, *names: str, help: str | None = None, **kw: Any) -> Any:
@@ -176,7 +170,7 @@ def make_target(
     endpoints: Endpoints, options: LoadOptions, model: str, version: str | None
 ) -> Target:
     """The HTTP target of ``options`` (``bench run``'s or the SLA search's) on ``endpoints``."""
-    by_suffix = _CONTENT_TYPES.get(options.inputs[0].suffix.lower(), "application/octet-stream")
+    by_suffix = mimetypes.guess_type(options.inputs[0].name)[0] or "application/octet-stream"
     v2 = "application/json"  # a v2 body is JSON, wrapped or not
     content_type = options.content_type or (v2 if options.protocol == "v2" else by_suffix)
     headers = {"Content-Type": content_type, **bearer(endpoints.inference_key)}

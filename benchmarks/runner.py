@@ -125,7 +125,7 @@ def make_system(
     names = names or {name: name for name in served}
     store, props = ctx.model_store(names) if system in (TORCHBAY, TORCHSERVE) else None, props or {}
     if system == ECHO:
-        cmd = [ctx.python, "-m", "torchbay.benchmarks.ceilings.echo_asgi"]
+        cmd = [ctx.python, "-m", "torchbay.benchmarks.echo_asgi"]
         server = managed.ManagedServer(cmd, run_dir)
     elif system == TORCHSERVE:
         if ctx.torchserve is None:

@@ -27,7 +27,7 @@ WIRE = (
 
 
 def load_rounds(rounds: int) -> None:
-    echo = [sys.executable, "-m", "torchbay.benchmarks.ceilings.echo_asgi"]
+    echo = [sys.executable, "-m", "torchbay.benchmarks.echo_asgi"]
     with tempfile.TemporaryDirectory() as tmp, ManagedServer(echo, Path(tmp)) as endpoints:
         gens, runs = {}, {"old": [], "new": []}
         for name, pkg in (("old", "oldbench"), ("new", "torchbay.benchmarks")):

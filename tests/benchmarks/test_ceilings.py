@@ -10,8 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from torchbay.benchmarks import report, runner, scenarios
-from torchbay.benchmarks.ceilings import echo_asgi
+from torchbay.benchmarks import echo_asgi, report, runner, scenarios
 from torchbay.benchmarks.errors import BenchError
 from torchbay.benchmarks.loadgen import LoadGenerator, LoadPlan, Target
 from torchbay.benchmarks.report import RowResult
