@@ -105,7 +105,9 @@ class TensorHandler(BaseHandler):
 
     # -- preprocess: one entry per remaining request: (inputs, single) --------------------------
     def preprocess(self, data: list[Any]) -> list[tuple[list[torch.Tensor], bool]]:
-        self._rows = data
+        # What postprocess needs of the rows, not the rows: a batch's inputs (a client's CUDA
+        # shared memory among them) are not kept alive past their batch.
+        self._v2_rows = [isinstance(row, dict) and row.get("protocol") == "v2" for row in data]
         items = self.map_items(list(enumerate(data)), self._item)
         self._single = [single for _, single in items]
         return items
@@ -316,8 +318,7 @@ class TensorHandler(BaseHandler):
         return [_v2_output(n, t, declared.get(n)) for n, t in zip(names, tensors, strict=True)]
 
     def _is_v2(self, j: int) -> bool:
-        row = self._rows[self.kept_indices[j]]
-        return isinstance(row, dict) and row.get("protocol") == "v2"
+        return self._v2_rows[self.kept_indices[j]]
 
 
 def _host_tensor(array: np.ndarray, datatype: str, name: str | None) -> torch.Tensor:

@@ -14,8 +14,9 @@ Every CUDA call goes through one seam, :func:`seam` (``cuda_ipc.py``: open, clos
 an address, a copy into one). ``TORCHBAY_CUDA_IPC`` names a Python file that replaces it; the
 tests use a fake there that backs "device memory" by host memory, to run all of this on CPU.
 
-A handle is closed (``cudaIpcCloseMemHandle``) once no registered region names it any more (a
-request's table shows it) AND no request still holds a slot of it: each slot holds its
+A handle is closed (``cudaIpcCloseMemHandle``) once no registered region names it any more (the
+frontend tells every worker when a CUDA region is unregistered, as Triton closes it then; a
+request's table shows it too) AND no request still holds a slot of it: each slot holds its
 ``Opened``, and the close runs when the last reference goes. So a client that unregisters a
 region while a request uses it never makes the worker read unmapped memory; the handles still
 open when the worker exits are closed then (the driver releases them with the process anyway).

@@ -266,7 +266,7 @@ class Service(ResultEncoder):
                 raise
             return exc
         finally:
-            stream.ended = True
+            stream.end()
             _add(timings, "handler", (perf_counter() - start) * 1000)
             for stage, ms in (getattr(self.context, "stage_timings", None) or {}).items():
                 _add(timings, stage, ms)

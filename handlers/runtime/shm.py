@@ -219,9 +219,9 @@ def check_output(table: Table | None, output: dict[str, Any]) -> None:
 
 
 def release_unnamed(table: Table | None) -> None:
-    """Let go of the CUDA handles no region of ``table`` names any more (called for every v2
-    request, which carries the current table: a region unregistered is let go at the worker's
-    next request, not only at its next request that names a region)."""
+    """Let go of the CUDA handles no region of ``table`` names any more: called when the
+    frontend says a CUDA region was unregistered (its ``Regions`` message, the regions left), and
+    for every v2 request, which carries them too."""
     cuda = sys.modules.get(f"{__package__}.cuda_shm")  # loaded once a CUDA region was used
     if cuda is not None:
         cuda.HANDLES.forget_unnamed(table)

@@ -36,6 +36,9 @@ class NullSink:
         return False
 
 
+AFTER_RUN = "send_intermediate_predict_response after the handler returned"
+
+
 class RunStream:
     """The parts of one handler run; the Service binds it to ``context.stream`` for the run.
 
@@ -52,12 +55,19 @@ class RunStream:
         self.sent = 0  # parts sent in this run: the run must not be retried
         self.ended = False  # the run returned: its requests are answered, no part may follow
 
+    def end(self) -> None:
+        """The run returned: no part may follow, and its requests are let go (``context.stream``
+        holds this stream until the next run; a client's CUDA shared memory must not stay
+        mapped that long)."""
+        self.ended = True
+        self.encode = _ended
+
     def cancelled(self, idx: int) -> bool:
         return self.sink.cancelled(self.request_ids[idx])
 
     def send(self, ret: Any, req_id_map: dict[int, str]) -> None:
         if self.ended:  # e.g. from a thread the handler left running
-            raise RuntimeError("send_intermediate_predict_response after the handler returned")
+            raise RuntimeError(AFTER_RUN)
         live = 0
         for idx, request_id in dict(req_id_map).items():
             if self.sink.cancelled(request_id):
@@ -67,6 +77,10 @@ class RunStream:
             self.sent += 1
         if not live:
             raise StreamCancelled("the client went away; stop producing")
+
+
+def _ended(idx: int, item: Any) -> Response:
+    raise RuntimeError(AFTER_RUN)
 
 
 def is_generator(item: Any) -> bool:

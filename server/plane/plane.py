@@ -19,6 +19,7 @@ Each protocol's list of extensions is derived from what that adapter serves
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from torchbay.server.config.settings import ServerConfig
@@ -89,6 +90,7 @@ class DataPlane:
         # TorchServe's config snapshots, after each management change (plane/snapshots.py).
         self.snapshots = Snapshots(config, registry)
         self.shm = _shared_memory(config)
+        self.shm.cuda_gone = partial(_keep_cuda_regions, registry)
         # The response cache of the versions that enable it (plane/cache.py), counted in the
         # statistics' cache_hit / cache_miss and the metrics' torchbay_cache_*.
         self.cache = ResponseCache(self._cache_counted)
@@ -321,6 +323,14 @@ def _shared_memory(config: ServerConfig) -> SharedMemory:
     """Triton's shared-memory regions, one registry for every protocol (plane/shm.py)."""
     limits = {"max_regions": config.shm_max_regions, "max_bytes": config.shm_max_bytes}
     return SharedMemory(allow=config.allow_client_shm, **limits)
+
+
+def _keep_cuda_regions(registry: ModelRegistry, cuda: dict[str, list[Any]]) -> None:
+    """A CUDA region is gone: every running worker closes the handles of all but ``cuda``."""
+    for mv in registry.all_versions():
+        for slot in mv.slots:
+            if slot.worker is not None:
+                slot.worker.keep_regions(cuda)
 
 
 def _healthy_workers(mv: ModelVersion) -> int:

@@ -29,8 +29,11 @@ CUDA shared memory: the client allocates device memory, exports it as a ``cudaIp
 The frontend cannot check the handle (it holds no CUDA context, and keeps torch out): it checks
 the handle's length and that ``device_id`` is one of the server's GPUs (``cuda_devices``, the
 GPUs the workers are placed on), and carries the handle to the worker, which opens it once
-(``handlers/runtime/cuda_shm.py``). A server without a GPU refuses the registration with the
-reason, and does not advertise ``cuda_shared_memory``. Torch-free.
+(``handlers/runtime/cuda_shm.py``). Once a CUDA region is gone (unregistered, and no request
+holds it) ``cuda_gone`` is told the CUDA regions left, so that the workers close its handle
+then, as Triton does at unregister: an open handle keeps the client's allocation alive. A server
+without a GPU refuses the registration with the reason, and does not advertise
+``cuda_shared_memory``. Torch-free.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -119,6 +123,8 @@ class SharedMemory:
         self._cuda: dict[str, list[Any]] = {}  # its CUDA regions, carried by every request
         self._uses: dict[str, int] = {}  # requests in flight that carry each region (held)
         self._leaving: set[str] = set()  # unregistered while in use: gone when the last lets go
+        # Told the CUDA regions left ({name: carried}) when one is gone (the plane's workers).
+        self.cuda_gone: Callable[[dict[str, list[Any]]], None] | None = None
 
     # -- status, register, unregister ------------------------------------------------------------
 
@@ -208,8 +214,7 @@ class SharedMemory:
             if self._uses.get(n):
                 self._leaving.add(n)
             else:
-                del self._regions[n]
-        self._table = None
+                self._drop(n)
 
     def hold(self, wire: p.WireRequest) -> tuple[dict[str, list[Any]] | None, tuple[str, ...]]:
         """:meth:`table_for` ``wire``, and the regions its JSON names, held until
@@ -229,8 +234,15 @@ class SharedMemory:
                 self._uses[name] = left
             elif name in self._leaving:
                 self._leaving.discard(name)
-                self._regions.pop(name, None)
-                self._table = None
+                self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """The region ``name`` is gone; a CUDA one's handle is let go in every worker."""
+        region = self._regions.pop(name, None)
+        self._table = None
+        if region is not None and region.kind == "cuda" and self.cuda_gone is not None:
+            left = {r.name: r.carried() for r in self._regions.values() if r.kind == "cuda"}
+            self.cuda_gone(left)
 
     # -- what a request carries ------------------------------------------------------------------
 

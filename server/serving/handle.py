@@ -33,7 +33,7 @@ from typing import Any
 
 from torchbay.server.errors import RequestTimeout, TorchbayError, WorkerDied
 from torchbay.server.serving import protocol as p
-from torchbay.server.serving import spill
+from torchbay.server.serving import spill, transport
 from torchbay.server.serving.spawning import (
     Spawned,
     SpawnFn,
@@ -41,6 +41,7 @@ from torchbay.server.serving.spawning import (
     spawn_off_loop,
     spawn_process,
 )
+from torchbay.server.serving.watchdog import FrameWatchdog
 
 __all__ = ["SpawnFn", "Spawned", "WorkerLoadError", "WorkerProcess", "WorkerState", "spawn_process"]
 
@@ -122,8 +123,8 @@ class WorkerProcess:
         self._batch_ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[p.Result]] = {}
         self._on_part: dict[int, PartFn] = {}
-        self._parts_seen = 0  # Part frames received (a streaming batch's progress)
-        self._part_at = 0.0  # time.monotonic() of the last one
+        self.parts_seen = 0  # Part frames received (a streaming batch's progress)
+        self.part_at = 0.0  # time.monotonic() of the last one
         self._tasks: set[asyncio.Task] = set()
         self.exited: asyncio.Future[int] | None = None
 
@@ -168,7 +169,7 @@ class WorkerProcess:
         self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
         self._writer.write(p.encode(self.load))
         try:
-            message = await asyncio.wait_for(p.read_message(self._reader), timeout)
+            message = await asyncio.wait_for(transport.read_message(self._reader), timeout)
         except asyncio.TimeoutError:
             self.kill()
             raise WorkerLoadError(f"worker {self.name} did not load within {timeout:g}s") from None
@@ -222,7 +223,7 @@ class WorkerProcess:
             self._writer.write(p.encode(p.Infer(batch_id, requests)))
             if timeout is None:
                 return await future
-            watchdog = _FrameWatchdog(self, future, timeout)
+            watchdog = FrameWatchdog(self, future, timeout)
             try:
                 return await future
             finally:
@@ -244,9 +245,12 @@ class WorkerProcess:
 
     def cancel(self, request_id: str) -> None:
         """Tell the worker the client of ``request_id`` (in the running batch) went away."""
-        if self.alive and self._writer is not None and not self._writer.is_closing():
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                self._writer.write(p.encode(p.Cancel(request_id)))
+        self._tell(p.Cancel(request_id))
+
+    def keep_regions(self, cuda: dict[str, list[Any]]) -> None:
+        """Tell the worker which CUDA shared-memory regions are still registered: it closes the
+        handles of any other (``p.Regions``)."""
+        self._tell(p.Regions(cuda))
 
     async def stop(self, timeout: float = 5.0, *, busy: bool = False) -> None:
         """Ask the worker to exit (Shutdown), SIGTERM it once ``timeout`` passed, SIGKILL it
@@ -277,8 +281,7 @@ class WorkerProcess:
 
     def tune(self, num_threads: int, cpu_affinity: list[int] | None = None) -> None:
         """Change the worker's torch threads (and cores); it applies them before its next batch."""
-        if self.alive and self._writer is not None and not self._writer.is_closing():
-            self._writer.write(p.encode(p.Tune(num_threads, cpu_affinity)))
+        if self._tell(p.Tune(num_threads, cpu_affinity)):
             self.load = replace(self.load, num_threads=num_threads, cpu_affinity=cpu_affinity)
 
     def kill(self) -> None:
@@ -287,6 +290,15 @@ class WorkerProcess:
                 self._proc.send_signal(signal.SIGKILL)
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _tell(self, message: p.Message) -> bool:
+        """Write ``message`` to a running worker, beside or between its batches; False (nothing
+        written) when it is not running."""
+        if not self.alive or self._writer is None or self._writer.is_closing():
+            return False
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            self._writer.write(p.encode(message))
+        return True
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.ensure_future(coro)
@@ -334,7 +346,7 @@ class WorkerProcess:
         assert self._reader is not None
         try:
             while True:
-                message = await p.read_message(self._reader)
+                message = await transport.read_message(self._reader)
                 if isinstance(message, p.Part):
                     self._part(message)
                     continue
@@ -350,8 +362,8 @@ class WorkerProcess:
             self.kill()
 
     def _part(self, part: p.Part) -> None:
-        self._parts_seen += 1
-        self._part_at = time.monotonic()
+        self.parts_seen += 1
+        self.part_at = time.monotonic()
         on_part = self._on_part.get(part.batch_id)
         if on_part is not None:
             on_part(part)
@@ -366,34 +378,3 @@ class WorkerProcess:
     def _mark_stopped(self) -> None:
         if self.state is not WorkerState.FAILED:
             self.state = WorkerState.STOPPED
-
-
-class _FrameWatchdog:
-    """``response_timeout`` for one batch: fails ``future`` with TimeoutError once ``timeout``
-    passes without a frame from the worker (each Part starts the clock again: when the timer
-    fires after parts came, it waits again from the last one, so a stream that stalls fails
-    ``timeout`` after its last part, never up to twice that). One timer, so the dispatcher
-    awaits the Result's future itself and runs the next batch one loop turn after the Result
-    arrives (``wait_for(shield(...))`` took three turns, each behind every ready callback: the
-    worker sat idle that long between batches)."""
-
-    __slots__ = ("_future", "_handle", "_seen", "_timeout", "_worker")
-
-    def __init__(self, worker: WorkerProcess, future: asyncio.Future, timeout: float) -> None:
-        self._worker, self._future, self._timeout = worker, future, timeout
-        self._arm(timeout)
-
-    def _arm(self, delay: float) -> None:
-        self._seen = self._worker._parts_seen
-        self._handle = asyncio.get_running_loop().call_later(delay, self._fire)
-
-    def _fire(self) -> None:
-        if self._future.done():
-            return
-        if self._worker._parts_seen != self._seen:  # a part came: the worker is alive, streaming
-            self._arm(max(0.0, self._worker._part_at + self._timeout - time.monotonic()))
-        else:
-            self._future.set_exception(asyncio.TimeoutError())
-
-    def cancel(self) -> None:
-        self._handle.cancel()

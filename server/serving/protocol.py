@@ -1,4 +1,5 @@
-"""The frontend <-> worker protocol. This module owns every byte that crosses the worker socket.
+"""The frontend <-> worker protocol. This module owns every byte that crosses the worker socket
+(``transport.py`` reads and writes the frames it makes).
 
 A frame is::
 
@@ -26,10 +27,8 @@ worker then stops producing for it (see ``handlers.streaming``) and still answer
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
-import socket
 import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -54,6 +53,7 @@ class Kind(enum.IntEnum):
     TUNE = 7
     PART = 8
     CANCEL = 9
+    REGIONS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +202,17 @@ class Tune:
     cpu_affinity: list[int] | None = None  # None: the cores the worker started with
 
 
-Message = Load | Ready | LoadFailed | Infer | Result | Part | Cancel | Shutdown | Tune
+@dataclass(frozen=True, slots=True)
+class Regions:
+    """Frontend -> worker, after a CUDA shared-memory region was unregistered: the CUDA regions
+    still registered (``{name: [handle, offset, byte_size, device]}``); the worker closes the
+    handles it opened that none of them names, at once or after its running batch."""
+
+    kind: ClassVar[Kind] = Kind.REGIONS
+    cuda: dict[str, list[Any]]
+
+
+Message = Load | Ready | LoadFailed | Infer | Result | Part | Cancel | Shutdown | Tune | Regions
 
 
 # -- encoding ---------------------------------------------------------------------------------
@@ -329,6 +339,8 @@ def _build(kind: Kind, header: dict[str, Any], blobs: list[bytes]) -> Message:
         return Part(int(header["batch_id"]), str(header["request_id"]), response)
     if blobs:
         raise ProtocolError(f"{kind.name} carries no blobs")
+    if kind is Kind.REGIONS:
+        return Regions(_regions(header["cuda"]) or {})
     cls = {
         Kind.LOAD: Load,
         Kind.READY: Ready,
@@ -352,49 +364,3 @@ def _str_dict(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ProtocolError("headers must be a JSON object")
     return {str(k): str(v) for k, v in value.items()}
-
-
-# -- transport --------------------------------------------------------------------------------
-
-
-def _prefix(prefix: bytes | bytearray) -> tuple[int, int]:
-    """A frame's (length, kind), checked before its payload is waited for: bytes that are no
-    frame (a handler writing to the wrong descriptor) fail here, not after a wait for gigabytes."""
-    length, kind = struct.unpack("!IB", prefix)
-    if length < 5:
-        raise ProtocolError(f"frame length {length} is too short")
-    if length >= MAX_FRAME or kind not in _KINDS:
-        raise ProtocolError(f"not a frame: kind {kind}, length {length}")
-    return length, kind
-
-
-_KINDS = frozenset(Kind)
-
-
-async def read_message(reader: asyncio.StreamReader) -> Message:
-    """Read one frame; ``asyncio.IncompleteReadError`` means the peer closed the socket."""
-    length, kind = _prefix(await reader.readexactly(5))
-    payload = await reader.readexactly(length - 1)
-    return decode(kind, payload)
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        chunk = sock.recv_into(view[got:], n - got)
-        if chunk == 0:
-            raise EOFError("peer closed the socket")
-        got += chunk
-    return buf
-
-
-def recv_message(sock: socket.socket) -> Message:
-    """Blocking read of one frame (the worker side). ``EOFError`` when the frontend is gone."""
-    length, kind = _prefix(_recv_exactly(sock, 5))
-    return decode(kind, _recv_exactly(sock, length - 1))
-
-
-def send_message(sock: socket.socket, message: Message) -> None:
-    sock.sendall(encode(message))

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving import transport
 from torchbay.server.serving.spill import SpillWriter
 from torchbay.server.worker.exits import FRONTEND_GONE, exit_now
 from torchbay.server.worker.worker_logs import configure_logging
@@ -95,7 +96,7 @@ class _Channel:
     def _read(self) -> None:
         while True:
             try:
-                message = p.recv_message(self.sock)
+                message = transport.recv_message(self.sock)
             except (EOFError, OSError) as exc:
                 if isinstance(exc, EOFError | ConnectionResetError):  # not the handler's close
                     FRONTEND_GONE.set()
@@ -220,7 +221,7 @@ def serve(sock: socket.socket) -> int:
     from torchbay.handlers.runtime.service import load_service
 
     try:
-        load = p.recv_message(sock)
+        load = transport.recv_message(sock)
     except EOFError:
         return 0  # a pre-warmed worker nobody needed
     if not isinstance(load, p.Load):
@@ -235,13 +236,13 @@ def serve(sock: socket.socket) -> int:
         # The reason reaches API answers (a registration's 500, describe's loadError): no
         # traceback or server path in it; this worker's log above has them.
         reason = scrub_message(str(exc) or repr(exc))
-        p.send_message(sock, p.LoadFailed(_load_error_type(exc), reason))
+        transport.send_message(sock, p.LoadFailed(_load_error_type(exc), reason))
         return 1
     threads = torch.get_num_threads()
     own = threads != max(1, load.num_threads)  # the handler's initialize set its own
     if own:
         log.info("the handler set %d intra-op threads (given %d): kept", threads, load.num_threads)
-    p.send_message(
+    transport.send_message(
         sock,
         p.Ready(
             pid=os.getpid(),
@@ -302,6 +303,11 @@ def _serve_batches(
             return 0
         if isinstance(message, p.Tune):
             _retune(message, started_on, keep_threads)
+            continue
+        if isinstance(message, p.Regions):  # a CUDA region was unregistered: let its handle go
+            from torchbay.handlers.runtime.shm import release_unnamed
+
+            release_unnamed(message.cuda)
             continue
         if not isinstance(message, p.Infer):
             raise p.ProtocolError(f"unexpected {type(message).__name__} while serving")

@@ -15,6 +15,7 @@ from torchbay.handlers.errors import BadInput, failure_message, scrub_message
 from torchbay.handlers.runtime.envelopes import MAX_JSON_DEPTH, decode_json, flatten, json_depth
 from torchbay.handlers.runtime.service import load_service
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving import transport
 from torchbay.server.worker.main import _predict
 
 from .conftest import body_json, req, write_manifest
@@ -412,7 +413,7 @@ def test_worker_answers_every_request_when_a_result_cannot_be_framed() -> None:
     left, right = socket.socketpair()
     with left, right:
         left.sendall(_frame(unframable, infer))
-        result = p.recv_message(right)
+        result = transport.recv_message(right)
     assert isinstance(result, p.Result) and result.batch_id == 4
     assert [r.status for r in result.responses] == [500, 500]
     assert body_json(result.responses[0])["message"].endswith("request id a")

@@ -19,8 +19,9 @@ import contextlib
 import gc
 import os
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -140,13 +141,22 @@ def test_inputs_and_outputs_in_cuda_shared_memory(
     if protocol == "http":  # as for system regions: the entry carries no data
         assert "data" not in output and "binary_data_size" not in output.get("parameters", {})
     assert _events(log, ip) == _events(log, op) == ["open"]
-    client.unregister_cuda_shared_memory()
+    client.unregister_cuda_shared_memory()  # closed then, as Triton does: no request needed
+    _wait_until(lambda: _events(log, ip) == _events(log, op) == ["open", "close"])
     plain = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
     plain[0].set_data_from_numpy(a)
     plain[1].set_data_from_numpy(b)
-    client.infer("simple", plain)  # its table names no region: the handles are let go
+    client.infer("simple", plain)
     assert _events(log, ip) == _events(log, op) == ["open", "close"]
     assert server.worker_pids() == pids
+
+
+def _wait_until(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll ``done`` (the worker closes a handle when it reads the frontend's frame)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.02)
 
 
 def test_status_register_and_unregister_share_one_registry(

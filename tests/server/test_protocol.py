@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from torchbay.server.serving import protocol as p
+from torchbay.server.serving import transport
 
 from .protocol_frames import frame, roundtrip
 
@@ -36,6 +37,9 @@ from .protocol_frames import frame, roundtrip
         ),
         p.Shutdown(),
         p.Tune(num_threads=3),
+        p.Cancel("a"),
+        p.Regions({"gpu": ["aGFuZGxl", 0, 64, 0]}),
+        p.Regions({}),
     ],
 )
 def test_every_message_round_trips(message):
@@ -66,6 +70,8 @@ def test_every_message_round_trips(message):
         ),  # blob sizes lie
         frame(p.Kind.INFER, {"batch_id": 1, "requests": [], "_blobs": [3]}, b"abc"),
         frame(p.Kind.SHUTDOWN, {"_blobs": [1]}, b"x"),
+        frame(p.Kind.REGIONS, {"cuda": {"gpu": "not a list"}}),
+        frame(p.Kind.REGIONS, {}),
         b"\x01\x00",  # shorter than a header length
     ],
 )
@@ -88,7 +94,7 @@ def test_bytes_that_are_no_frame_fail_before_their_payload_is_waited_for(prefix)
     async def read() -> None:
         reader = asyncio.StreamReader()
         reader.feed_data(prefix)
-        await asyncio.wait_for(p.read_message(reader), 30)
+        await asyncio.wait_for(transport.read_message(reader), 30)
 
     with pytest.raises(p.ProtocolError):
         asyncio.run(read())
@@ -96,7 +102,7 @@ def test_bytes_that_are_no_frame_fail_before_their_payload_is_waited_for(prefix)
     with parent, child:
         parent.sendall(prefix)
         with pytest.raises(p.ProtocolError):
-            p.recv_message(child)
+            transport.recv_message(child)
 
 
 def test_a_real_worker_exits_on_a_malformed_first_frame():
@@ -129,8 +135,8 @@ def test_a_real_worker_reports_load_failure_as_a_message(tmp_path):
     )
     child.close()
     try:
-        p.send_message(parent, p.Load(str(tmp_path), "ghost", "1.0", 1))
-        reply = p.recv_message(parent)
+        transport.send_message(parent, p.Load(str(tmp_path), "ghost", "1.0", 1))
+        reply = transport.recv_message(parent)
         code = proc.wait(timeout=30)
     finally:
         parent.close()

@@ -116,3 +116,24 @@ def test_a_region_is_held_only_by_the_requests_that_name_it(registry) -> None:
     assert registry.status("cuda") == []
     registry.release(held)
     assert registry.status("system") == [] and registry.table() is None
+
+
+def test_the_workers_are_told_when_a_cuda_region_is_gone(registry) -> None:
+    """Once a CUDA region is gone (unregistered, and no request holds it) the workers are told
+    the CUDA regions left, so that they close its handle then; a system region's unregister, or
+    a CUDA one still held, tells them nothing."""
+    told: list[dict] = []
+    registry.cuda_gone = told.append
+    registry.register_cuda("gpu2", b"\2" * 64, 0, 64)
+    gpu2 = registry.table()["gpu2"]
+    registry.unregister("system", "r1")
+    registry.unregister("cuda", "gpu")
+    assert told == [{"gpu2": gpu2}]
+    table, held = registry.hold(_request({"inputs": [_tensor("x", "gpu2")]}))
+    assert held == ("gpu2",) and "gpu2" in table
+    registry.unregister("cuda")
+    assert told == [{"gpu2": gpu2}]  # a request still reads it: listed, not gone
+    assert [r["name"] for r in registry.status("cuda")] == ["gpu2"]
+    registry.release(held)
+    assert told == [{"gpu2": gpu2}, {}]
+    assert registry.status("cuda") == []
