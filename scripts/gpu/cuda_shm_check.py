@@ -15,6 +15,9 @@
    library). Their time includes the client copying its input from its own device tensor into
    the region and the output out of it (device-to-device), as the system modes' include
    ``np.copyto`` both ways.
+4. Unregistering gives the memory back: a 1 GiB region used by one request, unregistered and
+   freed by the client; the GPU's free memory must come back (the worker closes its IPC handle
+   at the unregister, not at its next request).
 
 Exit status 0 when every step passed. It needs a GPU; it was written without one (read, not run).
 """
@@ -169,6 +172,7 @@ def run_latency(latency, work: Path, rounds: int, requests: int) -> bool:
         try:
             runs.update(cuda_modes(latency, ports, regions))
             times = latency.measure(runs, rounds, requests)
+            released = check_release(latency, ports)
         finally:
             for handle in system.values():
                 shm.destroy_shared_memory_region(handle)
@@ -178,7 +182,43 @@ def run_latency(latency, work: Path, rounds: int, requests: int) -> bool:
     for proto in ("http", "grpc"):
         med = {k: float(np.median(v)) for k, v in times.items()}
         print(f"{proto}: binary / cuda = {med[proto] / med[proto + '+cuda']:.1f}x")
-    return True
+    return released
+
+
+def check_release(latency, ports, size: int = 1 << 30, timeout_s: float = 5.0) -> bool:
+    """Step 4: the GPU's free memory is back within ``timeout_s`` of a ``size`` region's
+    unregister and cudaFree (the worker mapped it for one request)."""
+    import time
+
+    import tritonclient.http as httpclient
+
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{ports.inference_port}")
+    torch.cuda.synchronize()
+    before = torch.cuda.mem_get_info()[0]
+    big, out = DeviceRegion(size), DeviceRegion(latency.NBYTES)
+    http.register_cuda_shared_memory("big_in", big.raw_handle, 0, size)
+    http.register_cuda_shared_memory("big_out", out.raw_handle, 0, latency.NBYTES)
+    inp = httpclient.InferInput("INPUT0", [1, latency.N], "FP32")
+    inp.set_shared_memory("big_in", latency.NBYTES)
+    output = httpclient.InferRequestedOutput("OUTPUT0")
+    output.set_shared_memory("big_out", latency.NBYTES)
+    http.infer("plus1", [inp], outputs=[output])
+    for name in ("big_in", "big_out"):
+        http.unregister_cuda_shared_memory(name)
+    big.free()
+    out.free()
+    deadline = time.monotonic() + timeout_s
+    while (after := torch.cuda.mem_get_info()[0]) < before - (64 << 20):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    ok = after >= before - (64 << 20)
+    mib = 1 << 20
+    print(
+        f"{'PASS' if ok else 'FAIL'} release: GPU free {before // mib} MiB before a "
+        f"{size // mib} MiB region, {after // mib} MiB after its unregister and cudaFree"
+    )
+    return ok
 
 
 def main() -> int:
