@@ -183,7 +183,12 @@ def main() -> None:
             + ", ".join(f"{k} {v:.0f}" for k, v in figures.items()),
             flush=True,
         )
-    print("\n| server, call | server CPU µs per call (each round) | median |\n|---|---|---:|")
+    print_table(results, "server, call", "server CPU µs per call")
+
+
+def print_table(results: dict[str, list[float]], what: str, figure: str) -> None:
+    """A markdown table: each row's figure in every round, and their median."""
+    print(f"\n| {what} | {figure} (each round) | median |\n|---|---|---:|")
     for name, values in results.items():
         each = ", ".join(f"{v:.0f}" for v in values)
         print(f"| {name} | {each} | {statistics.median(values):.0f} |")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from call_cost import model_infer_request, print_table  # beside this script
 
 from torchbay.benchmarks import runner
 from torchbay.benchmarks.managed import ManagedServer
@@ -67,11 +68,8 @@ def calls(endpoints, body: bytes) -> dict[str, Callable[[], object]]:
     channel = grpc.insecure_channel(f"127.0.0.1:{endpoints.grpc_port}")
     service = "/inference.GRPCInferenceService/"
     live, model_infer = (channel.unary_unary(service + m) for m in ("ServerLive", "ModelInfer"))
-    request = message("inference.ModelInferRequest")(model_name="tiny")
-    request.inputs.add(name="data", datatype="BYTES", shape=[1])
-    request.raw_input_contents.append(struct.pack("<I", len(body)) + body)
     live_raw = message("inference.ServerLiveRequest")().SerializeToString()
-    infer_raw = request.SerializeToString()
+    infer_raw = model_infer_request()  # the same ModelInfer call_cost.py measures
     return {
         "HTTP GET /v2/health/live": http_call(
             sock, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -99,10 +97,7 @@ def main() -> None:
             for name, call in calls(endpoints, body).items():
                 results.setdefault(name, []).append(p50_us(call))
         print(", ".join(f"{k} {v[-1]:.0f}" for k, v in results.items()), flush=True)
-    print("\n| call | p50 µs (each round) | median |\n|---|---|---:|")
-    for name, values in results.items():
-        each = ", ".join(f"{v:.0f}" for v in values)
-        print(f"| {name} | {each} | {statistics.median(values):.0f} |")
+    print_table(results, "call", "p50 µs")
 
 
 if __name__ == "__main__":
