@@ -26,8 +26,8 @@ import torch
 from tests.server.live import (
     LiveServer,
     batch_running,
+    longest_gap,
     ran_ids,
-    slowest_probe,
     until,
 )
 from torchbay.archiver.package import ArchiveOptions, package
@@ -36,8 +36,8 @@ from torchbay.server.config.settings import ServerConfig
 __all__ = [
     "LiveServer",
     "batch_running",
+    "longest_gap",
     "ran_ids",
-    "slowest_probe",
     "until",
 ]  # what tests import from here
 

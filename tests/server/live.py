@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,31 +45,28 @@ def ran_ids(log: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
-def slowest_probe(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float]:
-    """``action()``'s result, and the slowest of the GETs of ``probe_url`` sent one after
-    another while it ran (seconds): how long the server held its other requests meanwhile
-    (a parse on its event loop holds them all)."""
-    ready, done = threading.Event(), threading.Event()
-    slowest = [0.0]
+def longest_gap(probe_url: str, action: Callable[[], Any]) -> tuple[Any, float, float]:
+    """``action()``'s result, the longest wait between two answers of the GETs of ``probe_url``
+    sent one after another while it ran (its start and end count as answers), and how long it
+    ran (seconds). A server whose event loop a step of ``action`` holds answers no GET for that
+    long. On a loaded machine the gaps and the run grow alike: compare the one with the other
+    (a step that holds the loop for most of the run), never with a time measured apart."""
+    answered: list[float] = []
 
-    def probe() -> None:
-        with httpx.Client(timeout=300) as client:
-            client.get(probe_url)  # connected: the probes measured from here on
-            ready.set()
-            while not done.is_set():
-                sent = time.perf_counter()
-                client.get(probe_url)
-                slowest[0] = max(slowest[0], time.perf_counter() - sent)
+    def timed() -> tuple[Any, float, float]:
+        started = time.monotonic()
+        return action(), started, time.monotonic()
 
-    thread = threading.Thread(target=probe, name="slowest-probe", daemon=True)
-    thread.start()
-    assert ready.wait(300), f"{probe_url} never answered"
-    try:
-        result = action()
-    finally:
-        done.set()
-        thread.join(300)
-    return result, slowest[0]
+    with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=300) as client:
+        client.get(probe_url)  # connected: the probes measured from here on
+        call = pool.submit(timed)
+        while not call.done():
+            client.get(probe_url)
+            answered.append(time.monotonic())
+        result, started, finished = call.result()
+    marks = [started, *(t for t in answered if started < t < finished), finished]
+    longest = max(later - earlier for earlier, later in itertools.pairwise(marks))
+    return result, longest, finished - started
 
 
 class LiveServer:

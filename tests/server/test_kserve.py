@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
-import itertools
 import json
 import subprocess
 import sys
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -29,7 +27,7 @@ from torchbay.server.errors import BadRequest, ConfigError
 from torchbay.server.http.combined import is_management_path, same_address
 from torchbay.server.http.listeners import listener_names
 
-from .conftest import ASSETS, _tiny_model, batch_running, probe_models, until
+from .conftest import ASSETS, _tiny_model, batch_running, longest_gap, probe_models, until
 
 pytestmark = pytest.mark.slow
 
@@ -262,27 +260,17 @@ def test_v1_predict_parses_a_large_body_in_steps_while_other_requests_are_answer
     server = live_server(models=probe_models())
     body = b'{"instances": [' + b",".join([b"[]"] * 2_000_000) + b"]}"
 
-    def big() -> tuple[httpx.Response, float, float]:
-        started = time.monotonic()
-        reply = httpx.post(
+    reply, longest, took = longest_gap(
+        f"{server.url}/ping",
+        lambda: httpx.post(
             f"{server.url}/v1/models/probe:predict",
             content=body,
             headers={"content-type": "application/json"},
             timeout=300,
-        )
-        return reply, started, time.monotonic()
-
-    answered = []
-    with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=300) as client:
-        call = pool.submit(big)
-        while not call.done():
-            assert client.get(f"{server.url}/ping").status_code == 200
-            answered.append(time.monotonic())
-        reply, started, finished = call.result()
+        ),
+    )
     assert reply.status_code == 413 and "2000000 instances" in reply.text, reply.text
-    marks = [started, *(t for t in answered if started < t < finished), finished]
-    longest = max(later - earlier for earlier, later in itertools.pairwise(marks))
-    assert longest < (finished - started) / 2, (longest, finished - started, len(marks))
+    assert longest < took / 2, (longest, took)
 
 
 def test_v1_predict_past_its_priority_levels_own_bound_is_a_413(live_server: Any) -> None:

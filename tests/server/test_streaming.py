@@ -12,7 +12,6 @@ import gzip
 import json
 import socket
 import time
-import timeit
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from torchbay.server.serving import protocol as p
 
-from .conftest import ASSETS, LiveServer, build_store, make_config, slowest_probe
+from .conftest import ASSETS, LiveServer, build_store, longest_gap, make_config
 
 
 @pytest.fixture(scope="module")
@@ -239,20 +238,16 @@ def test_a_compressed_generate_body_must_be_a_json_object_too(
 
 def test_a_large_generate_body_does_not_hold_the_event_loop(server: LiveServer) -> None:
     """The generate route parsed its JSON on the frontend's event loop: a body of
-    max_request_size (6.5 MB of small arrays) held every other request for the whole parse.
-    Measured against the same body sent where nothing parses it (the upload's own cost)."""
+    max_request_size (6.5 MB of small arrays) held every other request for the whole parse,
+    most of the call (half of it: the worker parses it too). Now /v2/health/live is answered
+    all along: its longest wait was 0.3% of the call here, against 53% with the parse put back."""
     body = b'{"a": [' + b",".join([b"[]"] * 2_000_000) + b"]}"
-    parse_s = timeit.timeit(lambda: json.loads(body), number=1)  # the frontend's, no await
-    live = f"{server.url}/v2/health/live"
-    raw = {"content-type": "application/octet-stream"}
-    upload = f"{server.url}/predictions/stream"
-    _, baseline = slowest_probe(
-        live, lambda: httpx.post(upload, content=body, headers=raw, timeout=120)
-    )
     url = f"{server.url}/v2/models/stream/generate"
-    answer, slowest = slowest_probe(live, lambda: httpx.post(url, content=body, timeout=120))
+    answer, longest, took = longest_gap(
+        f"{server.url}/v2/health/live", lambda: httpx.post(url, content=body, timeout=120)
+    )
     assert answer.status_code == 200 and answer.json()["plain"] is True
-    assert slowest < baseline + parse_s / 2, (slowest, baseline, parse_s)
+    assert longest < took / 4, (longest, took)
 
 
 def test_a_kserve_v1_instance_of_a_streaming_handler_is_all_its_parts(server: LiveServer) -> None:
