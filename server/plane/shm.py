@@ -207,6 +207,7 @@ class SharedMemory:
         if not self.allow:
             raise Unsupported(DISABLED)
         names = [name] if name else list(self._regions)
+        gone = []
         for n in names:
             region = self._regions.get(n)
             if region is None or region.kind != kind:
@@ -214,7 +215,8 @@ class SharedMemory:
             if self._uses.get(n):
                 self._leaving.add(n)
             else:
-                self._drop(n)
+                gone.append(n)
+        self._drop(gone)
 
     def hold(self, wire: p.WireRequest) -> tuple[dict[str, list[Any]] | None, tuple[str, ...]]:
         """:meth:`table_for` ``wire``, and the regions its JSON names, held until
@@ -228,19 +230,24 @@ class SharedMemory:
     def release(self, names: tuple[str, ...]) -> None:
         """A request that :meth:`hold` gave ``names`` is done: a region unregistered meanwhile
         goes once no request holds it."""
+        gone = []
         for name in names:
             left = self._uses.pop(name, 1) - 1
             if left > 0:
                 self._uses[name] = left
             elif name in self._leaving:
                 self._leaving.discard(name)
-                self._drop(name)
+                gone.append(name)
+        self._drop(gone)
 
-    def _drop(self, name: str) -> None:
-        """The region ``name`` is gone; a CUDA one's handle is let go in every worker."""
-        region = self._regions.pop(name, None)
+    def _drop(self, names: list[str]) -> None:
+        """The regions ``names`` are gone; if one was CUDA's, the workers are told once (its
+        handle is let go in every worker)."""
+        if not names:
+            return
+        dropped = [self._regions.pop(name, None) for name in names]
         self._table = None
-        if region is not None and region.kind == "cuda" and self.cuda_gone is not None:
+        if self.cuda_gone is not None and any(r is not None and r.kind == "cuda" for r in dropped):
             left = {r.name: r.carried() for r in self._regions.values() if r.kind == "cuda"}
             self.cuda_gone(left)
 

@@ -137,3 +137,14 @@ def test_the_workers_are_told_when_a_cuda_region_is_gone(registry) -> None:
     registry.release(held)
     assert told == [{"gpu2": gpu2}, {}]
     assert registry.status("cuda") == []
+
+
+def test_unregistering_every_cuda_region_tells_the_workers_once(registry) -> None:
+    told: list[dict] = []
+    registry.cuda_gone = told.append
+    for i in range(3):
+        registry.register_cuda(f"more{i}", bytes([i + 2]) * 64, 0, 64)
+    registry.unregister("cuda")
+    assert told == [{}]
+    registry.unregister("cuda")  # nothing left to go: nothing told
+    assert told == [{}]
